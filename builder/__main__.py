@@ -1,0 +1,3 @@
+from trtllm.builder.cli import main
+
+main()

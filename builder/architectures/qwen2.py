@@ -1,0 +1,8 @@
+"""Qwen2: Llama's layout with biases on the q/k/v projections."""
+from __future__ import annotations
+
+from trtllm.builder.architectures.llama import base_spec
+
+
+def spec_from_config(config):
+    return base_spec(config, attention_bias=True)

@@ -1,0 +1,8 @@
+"""Qwen3: Llama's layout plus an RMSNorm over each q and k head before RoPE."""
+from __future__ import annotations
+
+from trtllm.builder.architectures.llama import base_spec
+
+
+def spec_from_config(config):
+    return base_spec(config, qk_norm=True)

@@ -1,0 +1,90 @@
+"""Load a checkpoint (HF directory, .gguf file or hub ID) into a float32 transformers model."""
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+
+class CheckpointError(ValueError):
+    """The --model argument cannot be loaded."""
+
+
+@dataclass
+class Checkpoint:
+    model: "torch.nn.Module"
+    tokenizer: object
+    source: dict  # {"model": arg, "kind": dir|gguf|hub, "sha256": hash of the weight files}
+
+
+def weights_hash(paths: list[Path]) -> str:
+    """sha256 over the weight files' names and bytes, so an engine records what it was built from."""
+    h = hashlib.sha256()
+    for p in sorted(paths):
+        h.update(p.name.encode())
+        with open(p, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                h.update(chunk)
+    return h.hexdigest()
+
+
+def load(model_arg: str) -> Checkpoint:
+    path = Path(model_arg)
+    if path.suffix == ".gguf":
+        if not path.is_file():
+            raise CheckpointError(f"--model {model_arg!r}: no such GGUF file")
+        return load_gguf(path)
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise CheckpointError(f"--model {model_arg!r} must be a Hugging Face checkpoint directory "
+                                  "(with config.json), a .gguf file or a hub ID; config.json is missing")
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+        tok = AutoTokenizer.from_pretrained(path)
+        files = [p for p in path.iterdir() if p.suffix in (".safetensors", ".bin")]
+        return Checkpoint(model.eval(), tok, {"model": str(path.resolve()), "kind": "dir",
+                                              "sha256": weights_hash(files)})
+    if os.sep in model_arg or model_arg.startswith("."):
+        raise CheckpointError(f"--model {model_arg!r}: no such directory or file")
+    return load_hub(model_arg)
+
+
+def load_hub(hub_id: str) -> Checkpoint:
+    try:
+        model = AutoModelForCausalLM.from_pretrained(hub_id, dtype=torch.float32)
+        tok = AutoTokenizer.from_pretrained(hub_id)
+    except OSError as e:
+        raise CheckpointError(
+            f"--model {hub_id!r} is not a local directory or .gguf file, and downloading it from the "
+            f"Hugging Face hub failed (offline?): {str(e).splitlines()[0]}. "
+            "Pass a local checkpoint directory or .gguf file instead.") from e
+    return Checkpoint(model.eval(), tok, {"model": hub_id, "kind": "hub", "sha256": None})
+
+
+def load_gguf(path: Path) -> Checkpoint:
+    """transformers dequantizes the GGUF to float32; the loaded model then behaves as a normal one."""
+    tok = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
+    return Checkpoint(model.eval(), tok, {"model": str(path.resolve()), "kind": "gguf",
+                                          "sha256": weights_hash([path])})
+
+
+def state_dict_numpy(model) -> dict:
+    """Weights as float32 numpy arrays under their HF names (lm_head kept even when tied)."""
+    return {k: v.detach().to(torch.float32).numpy() for k, v in model.state_dict().items()}
+
+
+def rope_tables(model, num_positions: int) -> tuple:
+    """cos/sin [positions, head_dim/2] from the model's own rotary module, so every RoPE variant
+    (scaling types, attention factor) matches transformers by construction."""
+    rotary = model.model.rotary_emb
+    if getattr(rotary, "rope_type", "default") == "dynamic":
+        raise CheckpointError("rope_type 'dynamic' is not supported: its frequencies depend on the sequence length")
+    pos = torch.arange(num_positions, dtype=torch.int64)[None, :]
+    with torch.no_grad():
+        cos, sin = rotary(torch.zeros(1, dtype=torch.float32), pos)
+    half = cos.shape[-1] // 2
+    return cos[0, :, :half].numpy(), sin[0, :, :half].numpy()

@@ -1,0 +1,182 @@
+"""The canonical decoder graph (DESIGN.md §4), written op by op from a checkpoint's weights.
+
+One step of the graph, for every architecture in the registry:
+
+    input_ids [B,S] -> Gather(embed) -> h [B,S,H]
+    per layer i:
+        x = RMSNormalization(h)
+        q,k,v = MatMul(x, W) (+ bias)            -> [B,heads,S,D]   (Qwen3: RMSNorm per head)
+        q,k   = RotaryEmbedding(q|k, position_ids)
+        K_i   = TensorScatter(past_key.i, k, write_index)   # in place: present_key.i aliases past_key.i
+        V_i   = TensorScatter(past_value.i, v, write_index)
+        h    += o_proj(Attention(q, K_i, V_i, mask))        # mask: slot j visible to query s of row b
+        h    += down(silu(gate(x')) * up(x'))               #   iff j <= write_index[b] + s (+ window)
+    logits [B,V] = lm_head(norm(h[b, last_index[b]]))
+    token_ids, top_logprobs = trtllm::Sample(logits, logit_bias, temperature, top_k, top_p, uniform)
+
+KV slots are positions: a row's token at position p lives in slot p, so right-padding a batch of
+prompts of different lengths is harmless (the pad's slots are masked, then overwritten).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from onnx import TensorProto
+
+from trtllm.builder.graph import GraphWriter
+from trtllm.plugins.sample import body as sample_body
+from trtllm.runtime.manifest import GraphIO
+
+F32, I64 = TensorProto.FLOAT, TensorProto.INT64
+
+
+@dataclass(frozen=True)
+class DecoderSpec:
+    """Everything about a decoder-only model that changes its graph."""
+
+    architecture: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    attention_bias: bool = False      # q/k/v projections carry a bias (Qwen2)
+    qk_norm: bool = False             # RMSNorm on q and k per head before RoPE (Qwen3)
+    tie_word_embeddings: bool = False
+    sliding_window: int | None = None
+
+
+class DecoderWriter:
+    def __init__(self, spec: DecoderSpec, weights: dict[str, np.ndarray], rope_cos: np.ndarray,
+                 rope_sin: np.ndarray, max_top_k: int, io: GraphIO = GraphIO()):
+        self.spec, self.w, self.io = spec, weights, io
+        self.g = GraphWriter("trtllm_decoder")
+        self.cos = self.g.weight("/model/rotary/cos_cache", rope_cos.astype(np.float32))
+        self.sin = self.g.weight("/model/rotary/sin_cache", rope_sin.astype(np.float32))
+        self.max_top_k = max_top_k
+
+    def linear(self, name: str, x: str, prefix: str, bias: bool = False) -> str:
+        """x @ W.T (+ b), with W stored transposed as [in, out] so MatMul needs no Transpose."""
+        wt = self.g.weight(f"{prefix}.weight", self.w[f"{prefix}.weight"].T)
+        y = self.g.op("MatMul", f"{name}/MatMul", [x, wt])
+        if bias:
+            y = self.g.op("Add", f"{name}/Add", [y, self.g.weight(f"{prefix}.bias", self.w[f"{prefix}.bias"])])
+        return y
+
+    def rms_norm(self, name: str, x: str, weight_name: str) -> str:
+        scale = self.g.weight(weight_name, self.w[weight_name])
+        return self.g.op("RMSNormalization", f"{name}/RMSNormalization", [x, scale], axis=-1,
+                         epsilon=self.spec.rms_norm_eps, stash_type=1)
+
+    def heads(self, name: str, x: str, num_heads: int, norm: str | None) -> str:
+        """[B,S,heads*D] -> [B,heads,S,D], with an optional per-head RMSNorm (Qwen3 q/k norm)."""
+        g, d = self.g, self.spec.head_dim
+        x = g.op("Reshape", f"{name}/Reshape", [x, g.const([0, 0, num_heads, d])])
+        if norm:
+            x = self.rms_norm(f"{name}/norm", x, norm)
+        return g.op("Transpose", f"{name}/Transpose", [x], perm=[0, 2, 1, 3])
+
+    def attention(self, i: int, x: str, position_ids: str, write_index: str, mask: str) -> str:
+        g, s, p = self.g, self.spec, f"model.layers.{i}.self_attn"
+        name = f"/model/layers.{i}/attn"
+        q = self.linear(f"{name}/q_proj", x, f"{p}.q_proj", s.attention_bias)
+        k = self.linear(f"{name}/k_proj", x, f"{p}.k_proj", s.attention_bias)
+        v = self.linear(f"{name}/v_proj", x, f"{p}.v_proj", s.attention_bias)
+        q = self.heads(f"{name}/q", q, s.num_heads, f"{p}.q_norm.weight" if s.qk_norm else None)
+        k = self.heads(f"{name}/k", k, s.num_kv_heads, f"{p}.k_norm.weight" if s.qk_norm else None)
+        v = self.heads(f"{name}/v", v, s.num_kv_heads, None)
+        q = g.op("RotaryEmbedding", f"{name}/q_rotary/RotaryEmbedding", [q, self.cos, self.sin, position_ids])
+        k = g.op("RotaryEmbedding", f"{name}/k_rotary/RotaryEmbedding", [k, self.cos, self.sin, position_ids])
+        kv_shape = ["batch", s.num_kv_heads, "kv_capacity", s.head_dim]
+        caches = []
+        for kind, new in (("key", k), ("value", v)):
+            past = g.input(getattr(self.io, f"past_{kind}").format(i=i), F32, kv_shape)
+            present = getattr(self.io, f"present_{kind}").format(i=i)
+            g.op("TensorScatter", f"{name}/{kind}_cache/TensorScatter", [past, new, write_index],
+                 outputs=[present], axis=-2)
+            g.output(present, F32, kv_shape)
+            caches.append(present)
+        y = g.op("Attention", f"{name}/Attention", [q, caches[0], caches[1], mask],
+                 scale=float(s.head_dim) ** -0.5)
+        y = g.op("Transpose", f"{name}/out/Transpose", [y], perm=[0, 2, 1, 3])
+        y = g.op("Reshape", f"{name}/out/Reshape", [y, g.const([0, 0, s.num_heads * s.head_dim])])
+        return self.linear(f"{name}/o_proj", y, f"{p}.o_proj")
+
+    def mlp(self, i: int, x: str) -> str:
+        g, p, name = self.g, f"model.layers.{i}.mlp", f"/model/layers.{i}/mlp"
+        gate = self.linear(f"{name}/gate_proj", x, f"{p}.gate_proj")
+        up = self.linear(f"{name}/up_proj", x, f"{p}.up_proj")
+        # SiLU as x*sigmoid(x): Swish is only in TensorRT >= 11.0's parser.
+        act = g.op("Mul", f"{name}/act/Mul", [gate, g.op("Sigmoid", f"{name}/act/Sigmoid", [gate])])
+        return self.linear(f"{name}/down_proj", g.op("Mul", f"{name}/Mul", [act, up]), f"{p}.down_proj")
+
+    def mask(self, input_ids: str, write_index: str) -> str:
+        """bool [B,1,S,C]: slot j is visible to query s of row b iff j <= write_index[b] + s."""
+        g = self.g
+        zero, one = g.const(0), g.const(1)
+        seq = g.op("Gather", "/model/mask/seq_len", [g.op("Shape", "/model/mask/ids_shape", [input_ids]), one], axis=0)
+        past0 = self.io.past_key.format(i=0)
+        cap = g.op("Gather", "/model/mask/capacity", [g.op("Shape", "/model/mask/kv_shape", [past0]), g.const(2)], axis=0)
+        q_off = g.op("Range", "/model/mask/q_range", [zero, seq, one])                      # [S]
+        kv_slot = g.op("Range", "/model/mask/kv_range", [zero, cap, one])                   # [C]
+        wi = g.op("Unsqueeze", "/model/mask/wi", [write_index, g.const([1])])               # [B,1]
+        q_slot = g.op("Add", "/model/mask/q_slot", [wi, q_off])                             # [B,S]
+        q_slot = g.op("Unsqueeze", "/model/mask/q_slot4", [q_slot, g.const([1, 3])])        # [B,1,S,1]
+        visible = g.op("LessOrEqual", "/model/mask/causal", [kv_slot, q_slot])              # [B,1,S,C]
+        if self.spec.sliding_window:
+            lo = g.op("Sub", "/model/mask/window_lo", [q_slot, g.const(self.spec.sliding_window)])
+            visible = g.op("And", "/model/mask/window", [visible, g.op("Greater", "/model/mask/in_window", [kv_slot, lo])])
+        return visible
+
+    def write(self) -> "onnx.ModelProto":  # noqa: F821
+        g, s, io = self.g, self.spec, self.io
+        input_ids = g.input(io.input_ids, I64, ["batch", "seq"])
+        position_ids = g.input(io.position_ids, I64, ["batch", "seq"])
+        write_index = g.input(io.write_index, I64, ["batch"])
+        last_index = g.input(io.last_index, I64, ["batch"])
+        embed = g.weight("model.embed_tokens.weight", self.w["model.embed_tokens.weight"])
+        h = g.op("Gather", "/model/embed_tokens/Gather", [embed, input_ids], axis=0)
+        mask = self.mask(input_ids, write_index)
+        for i in range(s.num_layers):
+            x = self.rms_norm(f"/model/layers.{i}/input_layernorm", h, f"model.layers.{i}.input_layernorm.weight")
+            h = g.op("Add", f"/model/layers.{i}/attn/residual", [h, self.attention(i, x, position_ids, write_index, mask)])
+            x = self.rms_norm(f"/model/layers.{i}/post_attention_layernorm", h,
+                              f"model.layers.{i}.post_attention_layernorm.weight")
+            h = g.op("Add", f"/model/layers.{i}/mlp/residual", [h, self.mlp(i, x)])
+        logits = self.lm_head(h, last_index)
+        self.sampler(logits)
+        return g.model("trtllm-edge", extra_opsets={sample_body.DOMAIN: 1})
+
+    def lm_head(self, h: str, last_index: str) -> str:
+        """Gather each row's last_index position first, so norm and lm_head run on [B,H] only."""
+        g, s = self.g, self.spec
+        idx = g.op("Reshape", "/model/last/Reshape", [last_index, g.const([-1, 1, 1])])
+        idx = g.op("Expand", "/model/last/Expand", [idx, g.const([1, 1, s.hidden_size])])
+        h = g.op("GatherElements", "/model/last/GatherElements", [h, idx], axis=1)           # [B,1,H]
+        h = g.op("Squeeze", "/model/last/Squeeze", [h, g.const([1])])                         # [B,H]
+        h = self.rms_norm("/model/norm", h, "model.norm.weight")
+        if s.tie_word_embeddings:
+            # Gemm with transB shares the embedding table instead of storing a transposed copy.
+            logits = g.op("Gemm", "/lm_head/Gemm", [h, "model.embed_tokens.weight"], outputs=[self.io.logits], transB=1)
+        else:
+            wt = g.weight("lm_head.weight", self.w["lm_head.weight"].T)
+            logits = g.op("MatMul", "/lm_head/MatMul", [h, wt], outputs=[self.io.logits])
+        g.output(self.io.logits, F32, ["batch", s.vocab_size])
+        return logits
+
+    def sampler(self, logits: str) -> None:
+        g, io = self.g, self.io
+        ins = [logits, g.input(io.logit_bias, F32, ["batch", self.spec.vocab_size]),
+               g.input(io.temperature, F32, ["batch"]), g.input(io.top_k, I64, ["batch"]),
+               g.input(io.top_p, F32, ["batch"]), g.input(io.uniform, F32, ["batch"]),
+               g.input(io.num_logprobs, I64, [1])]
+        outs = [io.token_ids, io.top_logprobs, io.top_logprob_ids]
+        g.nodes.append(sample_body.make_node(ins, outs, self.max_top_k))
+        g.functions.append(sample_body.make_function(self.max_top_k))
+        g.output(io.token_ids, I64, ["batch"])
+        g.output(io.top_logprobs, F32, ["batch", "num_logprobs"])
+        g.output(io.top_logprob_ids, I64, ["batch", "num_logprobs"])

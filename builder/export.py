@@ -1,0 +1,147 @@
+"""trtllm-build's pipeline: checkpoint -> canonical ONNX -> lint -> backend form -> engine dir -> verify.
+
+The engine directory is assembled in `<output>.partial` and renamed into place at the end, so a
+failed or interrupted build never leaves a half-written engine where a good one was.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from importlib import metadata
+from pathlib import Path
+
+import onnx
+
+from trtllm.builder import checkpoint as ckpt
+from trtllm.builder.architectures import spec_for
+from trtllm.builder.config import BuildConfig
+from trtllm.builder.decoder import DecoderWriter
+from trtllm.plugins import lint
+from trtllm.runtime import manifest as mf
+
+ONNX_NAME, ORT_NAME = "llm.onnx", "llm.ort.onnx"
+MAX_TOP_K = 1024  # the sampler's top-k/top-p candidate set; TensorRT's TopK needs K < 3840
+
+
+def versions() -> dict:
+    out = {}
+    for dist in ("trtllm-edge", "torch", "transformers", "onnx", "onnxruntime", "tokenizers"):
+        try:
+            out[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            out[dist] = None
+    return out
+
+
+def export_onnx(ck: ckpt.Checkpoint, config: BuildConfig, out_dir: Path, log) -> tuple:
+    spec = spec_for(ck.model.config)
+    num_positions = min(config.max_kv_cache_capacity, ck.model.config.max_position_embeddings)
+    cos, sin = ckpt.rope_tables(ck.model, num_positions)
+    log(f"writing the {spec.architecture} graph ({spec.num_layers} layers, hidden {spec.hidden_size}, "
+        f"{spec.num_heads}/{spec.num_kv_heads} heads)")
+    weights = ckpt.state_dict_numpy(ck.model)
+    max_top_k = min(MAX_TOP_K, spec.vocab_size)
+    model = DecoderWriter(spec, weights, cos, sin, max_top_k).write()
+    del weights
+    issues = lint.lint_model(model)
+    if issues:
+        raise RuntimeError("the exported graph fails the TensorRT op lint:\n" +
+                           "\n".join(f"  {i.node} ({i.op}): {i.message}" for i in issues))
+    onnx.save_model(model, out_dir / ONNX_NAME, save_as_external_data=True, all_tensors_to_one_file=True,
+                    location=ONNX_NAME + ".data", size_threshold=1024)
+    return spec, max_top_k, num_positions
+
+
+def compile_onnxruntime(out_dir: Path, log) -> None:
+    """Save ONNX Runtime's offline-optimised graph, so loading the engine skips those passes."""
+    import onnxruntime as ort
+
+    log("compiling for ONNX Runtime")
+    opts = ort.SessionOptions()
+    # EXTENDED, not ALL: level-ALL fusions are tied to this CPU's instruction set.
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+    opts.optimized_model_filepath = str(out_dir / ORT_NAME)
+    opts.add_session_config_entry("session.optimized_model_external_initializers_file_name", ORT_NAME + ".data")
+    opts.add_session_config_entry("session.optimized_model_external_initializers_min_size_in_bytes", "1024")
+    opts.log_severity_level = 3
+    ort.InferenceSession(str(out_dir / ONNX_NAME), opts, providers=["CPUExecutionProvider"])
+
+
+def eos_ids(ck: ckpt.Checkpoint) -> list[int]:
+    """generation_config's eos ids (what HF generate stops on), else the tokenizer's eos."""
+    eos = getattr(ck.model.generation_config, "eos_token_id", None)
+    if eos is None:
+        eos = ck.tokenizer.eos_token_id
+    ids = eos if isinstance(eos, (list, tuple)) else [eos]
+    return [int(i) for i in ids if i is not None]
+
+
+def save_tokenizer(ck: ckpt.Checkpoint, out_dir: Path) -> None:
+    ck.tokenizer.save_pretrained(out_dir)
+    ck.model.generation_config.to_json_file(out_dir / "generation_config.json")
+    if not (out_dir / "tokenizer.json").is_file():
+        raise RuntimeError("the checkpoint's tokenizer has no fast (tokenizer.json) form, "
+                           "which the runtime needs")
+
+
+def write_manifest(ck, config: BuildConfig, spec, max_top_k: int, num_positions: int, out_dir: Path) -> mf.Manifest:
+    pad = ck.tokenizer.pad_token_id
+    manifest = mf.Manifest(
+        architecture=spec.architecture, backend="onnxruntime", dtype=config.dtype,
+        quantization=config.quantization,
+        limits=mf.Limits(max_batch_size=config.max_batch_size, max_input_len=min(config.max_input_len, num_positions),
+                         max_kv_cache_capacity=num_positions),
+        model=mf.ModelShape(vocab_size=spec.vocab_size, hidden_size=spec.hidden_size, num_layers=spec.num_layers,
+                            num_heads=spec.num_heads, num_kv_heads=spec.num_kv_heads, head_dim=spec.head_dim,
+                            sliding_window=spec.sliding_window),
+        eos_token_ids=tuple(eos_ids(ck)), max_top_k=max_top_k, pad_token_id=int(pad) if pad is not None else 0,
+        files={"onnx": ONNX_NAME, "compiled": ORT_NAME, "tokenizer": "tokenizer.json",
+               "tokenizer_config": "tokenizer_config.json", "chat_template": "chat_template.jinja",
+               "generation_config": "generation_config.json"},
+        build_config=config.to_json(), source=ck.source, versions=versions(),
+    )
+    mf.save(manifest, out_dir)
+    return manifest
+
+
+def resolve_backend(config: BuildConfig, log) -> str:
+    if config.backend == "auto":
+        log("backend auto: TensorRT is not available in this version, using onnxruntime")
+    return "onnxruntime"
+
+
+def build(config: BuildConfig, log=print) -> Path:
+    """Run the whole build; returns the engine directory."""
+    resolve_backend(config, log)
+    out_dir = Path(config.output)
+    tmp = out_dir.with_name(out_dir.name + ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    try:
+        log(f"loading {config.model}")
+        ck = ckpt.load(config.model)
+        spec, max_top_k, num_positions = export_onnx(ck, config, tmp, log)
+        compile_onnxruntime(tmp, log)
+        save_tokenizer(ck, tmp)
+        write_manifest(ck, config, spec, max_top_k, num_positions, tmp)
+        if config.verify:
+            from trtllm.builder.verify import verify_engine
+
+            log("verifying the engine against transformers")
+            report = verify_engine(tmp, ck)
+            (tmp / "verify.json").write_text(json.dumps(report, indent=2) + "\n")
+            log(f"verified: max |logit error| {report['max_abs_error']:.2e} over {report['num_positions']} "
+                f"positions, greedy tokens agree: {report['tokens_agree']}")
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if out_dir.exists():
+        old = out_dir.with_name(out_dir.name + ".old")
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(out_dir, old)
+        os.replace(tmp, out_dir)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(tmp, out_dir)
+    return out_dir

@@ -1,0 +1,1 @@
+"""Build profiles shipped as package data (see builder/config.py)."""

@@ -1,0 +1,50 @@
+"""trtllm::Sample as plain data: names, dtypes, shapes, attributes, limits (stdlib only).
+
+B = batch, V = vocabulary, M = max_top_k attribute, K = num_logprobs (a runtime value).
+"""
+from __future__ import annotations
+
+import numbers
+
+DOMAIN = "trtllm"
+OP = "Sample"
+DOMAIN_VERSION = 1          # opset_import version of the trtllm domain
+OPSET = 24                  # default-domain opset of the body (our graphs use opset 24)
+PLUGIN_NAMESPACE = "trtllm"
+PLUGIN_VERSION = "1"
+
+MAX_NUM_LOGPROBS = 50       # K <= 50 (and K <= M: the logprobs come from the same top-M)
+TRT_TOPK_LIMIT = 3840       # TensorRT TopK needs K < 3840, so M must be < 3840
+DEFAULT_MAX_TOP_K = 1024    # callers use min(DEFAULT_MAX_TOP_K, V)
+
+# (name, dtype, shape); dtypes are numpy names, shapes use the symbols above.
+INPUTS = (
+    ("logits", "float32", ("B", "V")),
+    ("logit_bias", "float32", ("B", "V")),    # dense, added first
+    ("temperature", "float32", ("B",)),       # >= 0; 0 = greedy
+    ("top_k", "int64", ("B",)),               # 0 = disabled; 1..M
+    ("top_p", "float32", ("B",)),             # (0, 1]; 1 = disabled
+    ("uniform", "float32", ("B",)),           # [0, 1): the caller's random draw
+    ("num_logprobs", "int64", (1,)),          # K in [1, min(50, M)]
+)
+OUTPUTS = (
+    ("token_ids", "int64", ("B",)),
+    ("top_logprobs", "float32", ("B", "K")),
+    ("top_logprob_ids", "int64", ("B", "K")),
+)
+# name -> (type, meaning); all are declared on the FunctionProto and set on the call node.
+ATTRIBUTES = {
+    "max_top_k": ("int", "M: top-k limit and the top-p candidate set; 1 <= M < 3840"),
+    "plugin_namespace": ("string", "TensorRT plugin namespace, always 'trtllm'"),
+    "plugin_version": ("string", "TensorRT plugin version, always '1'"),
+}
+
+INPUT_NAMES = tuple(name for name, _, _ in INPUTS)
+OUTPUT_NAMES = tuple(name for name, _, _ in OUTPUTS)
+
+
+def check_max_top_k(max_top_k: int) -> None:
+    """Raise unless max_top_k is a valid M (an int in [1, 3840))."""
+    if (isinstance(max_top_k, bool) or not isinstance(max_top_k, numbers.Integral)
+            or not 1 <= max_top_k < TRT_TOPK_LIMIT):
+        raise ValueError(f"max_top_k must be an int in [1, {TRT_TOPK_LIMIT}), got {max_top_k!r}")

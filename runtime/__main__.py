@@ -1,0 +1,3 @@
+from trtllm.runtime.cli import main
+
+main()

@@ -1,0 +1,86 @@
+"""ONNX Runtime backend: the embedded default, on any CPU.
+
+KV buffers are numpy arrays wrapped as OrtValues without a copy, and each layer's
+`present_*` output is bound to the same OrtValue as its `past_*` input, so TensorScatter
+writes the new positions in place: no per-step copy or concatenation of the cache.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+
+from trtllm.runtime.engine import StepInputs, StepOutputs
+from trtllm.runtime.manifest import Manifest, ManifestError, rebuild_hint
+
+
+def session_options(num_threads: int | None = None) -> ort.SessionOptions:
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    opts.intra_op_num_threads = num_threads or int(os.environ.get("TRTLLM_NUM_THREADS", 0)) or 0
+    opts.inter_op_num_threads = 1
+    opts.log_severity_level = 3
+    return opts
+
+
+class OnnxRuntimeEngine:
+    def __init__(self, engine_dir, manifest: Manifest, num_threads: int | None = None, graph: str = "compiled"):
+        self.manifest = manifest
+        path = Path(engine_dir) / manifest.files.get(graph, manifest.files.get("onnx", "llm.onnx"))
+        if not path.is_file():
+            raise ManifestError(f"{path} is missing; {rebuild_hint(engine_dir)}")
+        self.session = ort.InferenceSession(str(path), session_options(num_threads),
+                                            providers=["CPUExecutionProvider"])
+        self.io = manifest.io
+        self.binding = None
+        self.kv: list[np.ndarray] = []
+
+    def allocate(self, batch_size: int, capacity: int) -> None:
+        """Zeroed KV buffers: unwritten slots are masked, but must not hold NaN (0 * NaN = NaN)."""
+        m = self.manifest.model
+        shape = (batch_size, m.num_kv_heads, capacity, m.head_dim)
+        binding = self.session.io_binding()
+        self.kv = []
+        for i in range(m.num_layers):
+            for past, present in ((self.io.past_key, self.io.present_key), (self.io.past_value, self.io.present_value)):
+                buf = np.zeros(shape, np.float32)
+                value = ort.OrtValue.ortvalue_from_numpy(buf)
+                binding.bind_ortvalue_input(past.format(i=i), value)
+                binding.bind_ortvalue_output(present.format(i=i), value)
+                self.kv.append(buf)
+        self.binding = binding
+
+    def step(self, inputs: StepInputs, want_logits: bool = False) -> StepOutputs:
+        if self.binding is None:
+            raise RuntimeError("allocate() must be called before step()")
+        b, io, s = self.binding, self.io, inputs.sampling
+        feeds = {
+            io.input_ids: inputs.input_ids, io.position_ids: inputs.position_ids,
+            io.write_index: inputs.write_index, io.last_index: inputs.last_index,
+            io.logit_bias: s.logit_bias, io.temperature: s.temperature, io.top_k: s.top_k,
+            io.top_p: s.top_p, io.uniform: s.uniform,
+            io.num_logprobs: np.array([s.num_logprobs], np.int64),
+        }
+        for name, array in feeds.items():
+            b.bind_cpu_input(name, np.ascontiguousarray(array))
+        batch, k = inputs.input_ids.shape[0], s.num_logprobs
+        result = {
+            io.token_ids: np.empty(batch, np.int64),
+            io.top_logprobs: np.empty((batch, k), np.float32),
+            io.top_logprob_ids: np.empty((batch, k), np.int64),
+            io.logits: np.empty((batch, self.manifest.model.vocab_size), np.float32),
+        }
+        # Outputs go straight into numpy arrays we own: no copies, and no reliance on output order.
+        for name, array in result.items():
+            b.bind_ortvalue_output(name, ort.OrtValue.ortvalue_from_numpy(array))
+        self.session.run_with_iobinding(b)
+        return StepOutputs(token_ids=result[io.token_ids], top_logprobs=result[io.top_logprobs],
+                           top_logprob_ids=result[io.top_logprob_ids],
+                           logits=result[io.logits] if want_logits else None)
+
+    def close(self) -> None:
+        self.binding = None
+        self.kv = []
+        self.session = None

@@ -1,0 +1,91 @@
+"""trtllm-run INPUT.json --engine ENGINE_DIR [--output OUT.json] [--profile PROFILE.json]
+
+Exit codes: 0 every request succeeded; 1 some request failed (its response says why);
+2 the input file or command line is invalid (nothing was run).
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+import click
+
+from trtllm.runtime import input_format as fmt
+
+
+def write_atomic(path: Path, data: dict, indent: int) -> None:
+    """Write next to the target and rename: a crash never leaves half a file where a good one was."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(data, f, indent=indent, ensure_ascii=False)
+            f.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+
+
+def fail_usage(message: str) -> None:
+    click.echo(f"error: {message}", err=True)
+    sys.exit(2)
+
+
+def check_engine_limits(inp: fmt.InputFile, manifest) -> None:
+    if inp.batch_size > manifest.limits.max_batch_size:
+        fail_usage(f"batch_size must be <= {manifest.limits.max_batch_size} (the engine's max_batch_size), "
+                   f"got {inp.batch_size}; rebuild with a larger --max-batch-size")
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.argument("input_file", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--engine", "engine_dir", required=True, type=click.Path(path_type=Path),
+              help="Engine directory written by trtllm-build.")
+@click.option("--output", type=click.Path(dir_okay=False, path_type=Path),
+              help="Output JSON file (default: print it to stdout).")
+@click.option("--profile", type=click.Path(dir_okay=False, path_type=Path),
+              help="Write timing and peak memory to this JSON file.")
+@click.option("--stream", is_flag=True, help="Print each request's text as it is generated (not supported yet).")
+@click.option("--threads", type=click.IntRange(min=1), default=None, help="CPU threads (default: all cores).")
+def main(input_file: Path, engine_dir: Path, output: Path | None, profile: Path | None, stream: bool,
+         threads: int | None) -> None:
+    """Answer the requests in INPUT_FILE with the engine in --engine."""
+    if stream:
+        fail_usage("--stream is not supported yet; run without it")
+    try:
+        inp = fmt.read_input(input_file)
+    except fmt.InputError as e:
+        fail_usage(f"{input_file}: {e}")
+    from trtllm.runtime.chat_template import ChatTemplate
+    from trtllm.runtime.engine import load_engine
+    from trtllm.runtime.manifest import ManifestError
+    from trtllm.runtime.runner import Runner
+    from trtllm.runtime.tokenizer import Tokenizer
+
+    try:
+        engine = load_engine(engine_dir, num_threads=threads)
+    except ManifestError as e:
+        fail_usage(str(e))
+    check_engine_limits(inp, engine.manifest)
+    # Problems only the engine can see (a token id past its vocabulary) fail that request alone.
+    engine_errors = dict(fmt.check_against_engine(inp, engine.manifest.model.vocab_size))
+    runner = Runner(engine, Tokenizer.from_engine_dir(engine_dir), ChatTemplate.from_engine_dir(engine_dir))
+    responses = runner.run(inp, engine_errors)
+    result = {"input_file": str(input_file), "responses": responses}
+    if output is None:
+        click.echo(json.dumps(result, indent=4, ensure_ascii=False))
+    else:
+        write_atomic(output, result, indent=4)
+        for r in responses:
+            click.echo(f"[{r['request_idx']}] ({r['finish_reason']}) {r['output_text']}")
+        click.echo(f"wrote {len(responses)} responses to {output}", err=True)
+    if profile is not None:
+        write_atomic(profile, runner.profile(), indent=2)
+    failed = sum(r["finish_reason"] == "error" for r in responses)
+    if failed:
+        click.echo(f"{failed} of {len(responses)} requests failed", err=True)
+    sys.exit(1 if failed else 0)

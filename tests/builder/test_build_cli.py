@@ -1,0 +1,86 @@
+"""trtllm-build: refused options, bad --model values, the engine directory contract, the op lint."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from click.testing import CliRunner
+
+pytest.importorskip("torch")
+from trtllm.builder.cli import main  # noqa: E402
+from trtllm.plugins.lint import lint_model  # noqa: E402
+
+pytestmark = pytest.mark.hf
+ARCHS = ["llama", "mistral", "qwen2", "qwen3"]
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--dtype", "float16"], "--dtype float16 is not supported yet"),
+    (["--quantization", "int4"], "--quantization int4 is not supported yet"),
+    (["--lora", "fr=/tmp/fr"], "--lora is not supported yet"),
+    (["--lora", "broken"], "NAME=PEFT_DIR"),
+    (["--eagle", "/tmp/draft"], "--eagle is not supported yet"),
+    (["--backend", "tensorrt"], "--backend tensorrt is not supported yet"),
+    (["--max-batch-size", "0"], "--max-batch-size must be a positive integer"),
+    (["--max-input-len", "9000"], "--max-input-len must be <="),
+])
+def test_refused_options(tmp_path, args, needle):
+    result = CliRunner().invoke(main, ["--model", str(tmp_path), "--output", str(tmp_path / "e"), *args])
+    assert result.exit_code == 2
+    assert needle in result.output
+    assert not (tmp_path / "e").exists()
+
+
+def test_missing_model(tmp_path):
+    result = CliRunner().invoke(main, ["--model", str(tmp_path / "nope"), "--output", str(tmp_path / "e")])
+    assert result.exit_code == 2 and "no such directory" in result.output
+    result = CliRunner().invoke(main, ["--model", str(tmp_path), "--output", str(tmp_path / "e")])
+    assert result.exit_code == 2 and "config.json" in result.output
+
+
+def test_hub_id_offline_fails_clearly(tmp_path):
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.run([sys.executable, "-m", "trtllm.builder", "--model", "someone/some-model",
+                           "--output", str(tmp_path / "e")], capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert "someone/some-model" in proc.stderr and "offline" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_engine_directory_contract(arch, tiny_engine):
+    engine = tiny_engine(arch)
+    names = {p.name for p in engine.iterdir()}
+    assert {"manifest.json", "llm.onnx", "llm.onnx.data", "llm.ort.onnx", "tokenizer.json",
+            "tokenizer_config.json", "chat_template.jinja", "generation_config.json", "verify.json"} <= names
+    manifest = json.loads((engine / "manifest.json").read_text())
+    assert manifest["format_version"] == 1 and manifest["backend"] == "onnxruntime"
+    assert manifest["architecture"].lower().startswith(arch)
+    assert manifest["limits"] == {"max_batch_size": 4, "max_input_len": 256, "max_kv_cache_capacity": 512,
+                                  "max_lora_rank": 0}
+    assert manifest["eos_token_ids"] and manifest["source"]["sha256"]
+    assert manifest["versions"]["onnxruntime"] and manifest["build_config"]["dtype"] == "float32"
+    report = json.loads((engine / "verify.json").read_text())
+    assert report["max_abs_error"] < 1e-4 and report["tokens_agree"]
+    # Every exported graph passes the TensorRT op lint (11.1: the modern profile's target).
+    assert lint_model(str(engine / "llm.onnx")) == []
+
+
+def test_failed_build_keeps_the_old_engine(tmp_path, tiny_checkpoint, tiny_engine):
+    import shutil
+
+    engine = tmp_path / "engine"
+    shutil.copytree(tiny_engine("llama"), engine)
+    before = (engine / "manifest.json").read_text()
+    bad = tmp_path / "bad"
+    shutil.copytree(tiny_checkpoint("llama"), bad)
+    config = json.loads((bad / "config.json").read_text())
+    config["hidden_act"] = "gelu"
+    (bad / "config.json").write_text(json.dumps(config))
+    result = CliRunner().invoke(main, ["--model", str(bad), "--output", str(engine)])
+    assert result.exit_code == 1 and "hidden_act" in result.output
+    assert (engine / "manifest.json").read_text() == before
+    assert not (tmp_path / "engine.partial").exists()

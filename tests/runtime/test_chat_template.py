@@ -1,0 +1,320 @@
+"""Chat templates: our renderer against transformers' apply_chat_template, and the system prefix.
+
+The templates below are written from the structure of the real ones (SmolLM2, Llama-3,
+Llama-3.2, Qwen3, Mistral, Gemma); each is saved with transformers' save_pretrained, so the
+engine-dir loading path is the one the builder produces.
+"""
+from __future__ import annotations
+
+import json
+from datetime import datetime
+
+import pytest
+
+from trtllm.runtime.chat_template import ChatTemplate, ChatTemplateError, FormattedPrompt, raw_prompt
+
+transformers = pytest.importorskip("transformers")
+pytestmark = pytest.mark.hf
+
+SMOLLM2 = (
+    "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
+    "{{ '<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n' }}"
+    "{% endif %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
+LLAMA3 = (
+    "{% set loop_messages = messages %}{% for message in loop_messages %}"
+    "{% set content = '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n'"
+    "+ message['content'] | trim + '<|eot_id|>' %}{% if loop.index0 == 0 %}"
+    "{% set content = bos_token + content %}{% endif %}{{ content }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %}")
+LLAMA32 = """{{- bos_token }}
+{%- if not date_string is defined %}
+    {%- set date_string = strftime_now("%d %b %Y") %}
+{%- endif %}
+{%- if messages[0]['role'] == 'system' %}
+    {%- set system_message = messages[0]['content']|trim %}
+    {%- set messages = messages[1:] %}
+{%- else %}
+    {%- set system_message = "" %}
+{%- endif %}
+{{- "<|start_header_id|>system<|end_header_id|>\\n\\n" }}
+{{- "Cutting Knowledge Date: December 2023\\n" }}
+{{- "Today Date: " + date_string + "\\n\\n" }}
+{{- system_message }}
+{{- "<|eot_id|>" }}
+{%- for message in messages %}
+    {{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n'+ message['content'] | trim + '<|eot_id|>' }}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}
+{%- endif %}
+"""
+QWEN3 = """{%- if messages[0].role == 'system' %}
+    {{- '<|im_start|>system\\n' + messages[0].content + '<|im_end|>\\n' }}
+{%- endif %}
+{%- set ns = namespace(multi_step_tool=true, last_query_index=messages|length - 1) %}
+{%- for message in messages[::-1] %}
+    {%- set index = (messages|length - 1) - loop.index0 %}
+    {%- if ns.multi_step_tool and message.role == "user" and message.content is string %}
+        {%- set ns.multi_step_tool = false %}
+        {%- set ns.last_query_index = index %}
+    {%- endif %}
+{%- endfor %}
+{%- for message in messages %}
+    {%- set content = message.content if message.content is string else '' %}
+    {%- if (message.role == "user") or (message.role == "system" and not loop.first) %}
+        {{- '<|im_start|>' + message.role + '\\n' + content + '<|im_end|>' + '\\n' }}
+    {%- elif message.role == "assistant" %}
+        {%- set reasoning_content = '' %}
+        {%- if message.reasoning_content is string %}
+            {%- set reasoning_content = message.reasoning_content %}
+        {%- elif '</think>' in content %}
+            {%- set reasoning_content = content.split('</think>')[0].rstrip('\\n').split('<think>')[-1].lstrip('\\n') %}
+            {%- set content = content.split('</think>')[-1].lstrip('\\n') %}
+        {%- endif %}
+        {%- if loop.index0 > ns.last_query_index and (loop.last or reasoning_content) %}
+            {{- '<|im_start|>' + message.role + '\\n<think>\\n' + reasoning_content.strip('\\n') + '\\n</think>\\n\\n' + content.lstrip('\\n') }}
+        {%- else %}
+            {{- '<|im_start|>' + message.role + '\\n' + content }}
+        {%- endif %}
+        {{- '<|im_end|>\\n' }}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|im_start|>assistant\\n' }}
+    {%- if enable_thinking is defined and enable_thinking is false %}
+        {{- '<think>\\n\\n</think>\\n\\n' }}
+    {%- endif %}
+{%- endif %}
+"""
+MISTRAL = (
+    "{{ bos_token }}{% for message in messages %}"
+    "{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+    "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}"
+    "{% if message['role'] == 'user' %}{{ '[INST] ' + message['content'] + ' [/INST]' }}"
+    "{% elif message['role'] == 'assistant' %}{{ message['content'] + eos_token}}"
+    "{% else %}{{ raise_exception('Only user and assistant roles are supported!') }}{% endif %}{% endfor %}")
+GEMMA = (
+    "{{ bos_token }}{% if messages[0]['role'] == 'system' %}"
+    "{% set first_user_prefix = messages[0]['content'] + '\n\n' %}{% set loop_messages = messages[1:] %}"
+    "{% else %}{% set first_user_prefix = '' %}{% set loop_messages = messages %}{% endif %}"
+    "{% for message in loop_messages %}{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+    "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}"
+    "{% set role = 'model' if message['role'] == 'assistant' else message['role'] %}"
+    "{{ '<start_of_turn>' + role + '\n' + (first_user_prefix if loop.first else '') "
+    "+ message['content'] | trim + '<end_of_turn>\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{'<start_of_turn>model\n'}}{% endif %}")
+
+# name: (template, bos, eos)
+TEMPLATES = {
+    "smollm2": (SMOLLM2, "<|im_start|>", "<|im_end|>"),
+    "llama3": (LLAMA3, "<|begin_of_text|>", "<|eot_id|>"),
+    "llama32": (LLAMA32, "<|begin_of_text|>", "<|eot_id|>"),
+    "qwen3": (QWEN3, None, "<|im_end|>"),
+    "mistral": (MISTRAL, "<s>", "</s>"),
+    "gemma": (GEMMA, "<bos>", "<eos>"),
+}
+SPECIALS = ["<unk>", "<|im_start|>", "<|im_end|>", "<|begin_of_text|>", "<|start_header_id|>",
+            "<|end_header_id|>", "<|eot_id|>", "<s>", "</s>", "<bos>", "<eos>", "<start_of_turn>",
+            "<end_of_turn>"]
+
+SYS = "You are terse."
+CONVERSATIONS = {
+    "single": [{"role": "user", "content": "Hello!"}],
+    "system": [{"role": "system", "content": SYS}, {"role": "user", "content": "Hi there"}],
+    "multi": [{"role": "user", "content": "What is 2+2?"}, {"role": "assistant", "content": "4"},
+              {"role": "user", "content": "And 3+3?"}],
+    "system_multi": [{"role": "system", "content": SYS}, {"role": "user", "content": "a"},
+                     {"role": "assistant", "content": "b"}, {"role": "user", "content": "c"}],
+    "unicode": [{"role": "user", "content": "  héllo 世界 🙂👍🏽 ❤️‍🔥 ∑  "}],
+    "thinking": [{"role": "user", "content": "q"},
+                 {"role": "assistant", "content": "<think>\nhmm\n</think>\n\nA1", "name": None},
+                 {"role": "user", "content": "q2"}, {"role": "assistant", "content": "A2",
+                                                     "reasoning_content": "why"}],
+    "bad_order": [{"role": "user", "content": "x"}, {"role": "user", "content": "y"}],
+}
+
+
+def _hf_tokenizer(chat_template, bos, eos, out_dir):
+    from tokenizers import Tokenizer, models
+
+    backend = Tokenizer(models.WordLevel({"<unk>": 0}, unk_token="<unk>"))
+    backend.add_special_tokens(SPECIALS)
+    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=backend, bos_token=bos, eos_token=eos,
+                                                unk_token="<unk>")
+    fast.chat_template = chat_template
+    fast.save_pretrained(out_dir)
+    return fast
+
+
+@pytest.fixture(scope="module", params=sorted(TEMPLATES))
+def pair(request, tmp_path_factory):
+    """(transformers tokenizer, our ChatTemplate loaded from its saved directory, name)."""
+    source, bos, eos = TEMPLATES[request.param]
+    out_dir = tmp_path_factory.mktemp(request.param)
+    hf = _hf_tokenizer(source, bos, eos, out_dir)
+    assert (out_dir / "chat_template.jinja").exists()
+    return hf, ChatTemplate.from_engine_dir(out_dir), request.param
+
+
+def _hf_render(hf, messages, **kwargs):
+    try:
+        return hf.apply_chat_template(messages, tokenize=False, **kwargs)
+    except Exception as e:  # noqa: BLE001 - any refusal by transformers must be one by us too
+        return e
+
+
+@pytest.mark.parametrize("add_generation_prompt", [True, False])
+@pytest.mark.parametrize("extra", [{}, {"enable_thinking": False}, {"enable_thinking": True}])
+def test_render_matches_transformers(pair, add_generation_prompt, extra):
+    hf, ours, _ = pair
+    for name, messages in CONVERSATIONS.items():
+        expected = _hf_render(hf, messages, add_generation_prompt=add_generation_prompt, **extra)
+        if isinstance(expected, Exception):
+            with pytest.raises(ChatTemplateError):
+                ours.render(messages, add_generation_prompt, **extra)
+            continue
+        assert ours.render(messages, add_generation_prompt, **extra) == expected, name
+        formatted = ours.format(messages, add_generation_prompt, **extra)
+        assert formatted.text == expected and expected.startswith(formatted.system_prefix), name
+
+
+def test_render_empty_conversation(pair):
+    # transformers' apply_chat_template refuses [] up front; its renderer underneath does not.
+    from transformers.utils.chat_template_utils import render_jinja_template
+
+    hf, ours, _ = pair
+    for add_generation_prompt in (True, False):
+        try:
+            expected = render_jinja_template([[]], chat_template=hf.chat_template,
+                                             add_generation_prompt=add_generation_prompt,
+                                             **hf.special_tokens_map)[0][0]
+        except Exception:  # noqa: BLE001
+            with pytest.raises(ChatTemplateError):
+                ours.render([], add_generation_prompt)
+            continue
+        assert ours.render([], add_generation_prompt) == expected
+        # No user turn: the prefix is what the template prints for no messages (e.g. a bos token).
+        assert ours.format([], add_generation_prompt).system_prefix == ours.render([], False)
+
+
+def _llama32_system(text):
+    date = datetime.now().strftime("%d %b %Y")
+    return ("<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nCutting Knowledge Date: "
+            f"December 2023\nToday Date: {date}\n\n{text}<|eot_id|>")
+
+
+# name: (system prefix without a system message, with system message SYS)
+EXPECTED_PREFIX = {
+    "smollm2": ("<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face"
+                "<|im_end|>\n", f"<|im_start|>system\n{SYS}<|im_end|>\n"),
+    "llama3": ("<|begin_of_text|>",
+               f"<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\n{SYS}<|eot_id|>"),
+    "llama32": (_llama32_system(""), _llama32_system(SYS)),
+    "qwen3": ("", f"<|im_start|>system\n{SYS}<|im_end|>\n"),
+    "mistral": ("<s>", None),  # the template refuses a system role
+    "gemma": ("<bos>", f"<bos><start_of_turn>user\n{SYS}\n\n"),  # system text merged into the user turn
+}
+
+
+@pytest.mark.parametrize("add_generation_prompt", [True, False])
+@pytest.mark.parametrize("extra", [{}, {"enable_thinking": False}])
+def test_system_prefix(pair, add_generation_prompt, extra):
+    _, ours, name = pair
+    without, with_system = EXPECTED_PREFIX[name]
+    for conversation in ("single", "multi", "unicode"):
+        got = ours.format(CONVERSATIONS[conversation], add_generation_prompt, **extra)
+        assert got.system_prefix == without, conversation
+        assert got.text.startswith(got.system_prefix)
+    for conversation in ("system", "system_multi"):
+        messages = CONVERSATIONS[conversation]
+        if with_system is None:
+            with pytest.raises(ChatTemplateError):
+                ours.format(messages, add_generation_prompt, **extra)
+            continue
+        got = ours.format(messages, add_generation_prompt, **extra)
+        assert got.system_prefix == with_system, conversation
+        assert got.text.startswith(got.system_prefix)
+        # The default system prompt only applies when the conversation has none.
+        assert ours.format(messages, add_generation_prompt, default_system_prompt="other", **extra) == got
+        injected = ours.format(messages[1:], add_generation_prompt, default_system_prompt=SYS, **extra)
+        assert injected == got
+
+
+@pytest.mark.parametrize("name", ["mistral", "gemma"])
+def test_raise_exception_becomes_chat_template_error(name):
+    ours = ChatTemplate(TEMPLATES[name][0], {"bos_token": "<s>", "eos_token": "</s>"})
+    with pytest.raises(ChatTemplateError, match="Conversation roles must alternate"):
+        ours.render(CONVERSATIONS["bad_order"])
+
+
+def _template(source, tmp_path, bos="<s>"):
+    hf = _hf_tokenizer(source, bos, "</s>", tmp_path)
+    return hf, ChatTemplate.from_engine_dir(tmp_path)
+
+
+@pytest.mark.parametrize("source", [
+    "{{ messages | tojson }}|{{ {'b': '<é>', 'a': [1, 2]} | tojson(indent=2, sort_keys=True) }}",
+    "{{ {'k': 'v'} | tojson(separators=(',', ':')) }}{{ dict(a=1) | tojson }}",
+    "{% for m in messages %}{% if loop.index > 1 %}{% break %}{% endif %}{{ m.content }}{% endfor %}",
+    "{% for m in messages %}{% generation %}{{ m.content }}{% endgeneration %}{% endfor %}",
+    "{% set ns = namespace(n=0) %}{% for m in messages %}{% set ns.n = ns.n + 1 %}{% endfor %}{{ ns.n }}",
+    "{{ bos_token }}{{ eos_token }}{{ unk_token }}[{{ pad_token }}]{{ tools }}{{ documents }}",
+])
+def test_environment_matches_transformers(source, tmp_path):
+    hf, ours = _template(source, tmp_path)
+    messages = CONVERSATIONS["multi"] + CONVERSATIONS["unicode"]
+    assert ours.render(messages) == hf.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+
+def test_strftime_now(tmp_path):
+    _, ours = _template("{{ strftime_now('%Y') }}", tmp_path)
+    assert ours.render(CONVERSATIONS["single"]) == str(datetime.now().year)
+
+
+def test_template_errors_are_chat_template_errors(tmp_path):
+    with pytest.raises(ChatTemplateError, match="does not compile"):
+        ChatTemplate("{% for m in messages %}", {})
+    sandbox_escape = ChatTemplate("{% set ns = namespace() %}{% set ns._x = 1 %}", {})
+    with pytest.raises(ChatTemplateError):
+        sandbox_escape.render([])
+    with pytest.raises(ChatTemplateError, match="render"):
+        ChatTemplate("{{ messages[0].content + 1 }}", {}).render(CONVERSATIONS["single"])
+
+
+def _write_engine(tmp_path, config, jinja=None):
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
+    if jinja is not None:
+        (tmp_path / "chat_template.jinja").write_text(jinja)
+    return ChatTemplate.from_engine_dir(tmp_path)
+
+
+def test_engine_dir_template_sources(tmp_path):
+    added = {"content": "<s>", "lstrip": False, "normalized": False, "rstrip": False, "special": True,
+             "__type": "AddedToken"}
+    config = {"bos_token": added, "eos_token": "</s>", "pad_token": None, "add_bos_token": True}
+    assert _write_engine(tmp_path, config) is None
+    named = [{"name": "tool_use", "template": "T"}, {"name": "default", "template": "{{ bos_token }}D"}]
+    ours = _write_engine(tmp_path, {**config, "chat_template": named})
+    assert ours.render([]) == "<s>D" and ours.special_tokens == {"bos_token": "<s>", "eos_token": "</s>"}
+    # The .jinja file wins over the config key (transformers 5 writes the file).
+    assert _write_engine(tmp_path, {**config, "chat_template": "C"}, jinja="J{{ eos_token }}").render([]) == "J</s>"
+    (tmp_path / "chat_template.jinja").unlink()
+    assert _write_engine(tmp_path, {**config, "chat_template": "C"}).render([]) == "C"
+    with pytest.raises(ChatTemplateError, match="default"):
+        _write_engine(tmp_path, {"chat_template": named[:1]})
+
+
+def test_named_templates_match_transformers(tmp_path):
+    hf = _hf_tokenizer({"default": SMOLLM2, "other": "X"}, "<s>", "</s>", tmp_path)
+    (tmp_path / "chat_template.jinja").unlink(missing_ok=True)  # keep only the legacy config form
+    config = json.loads((tmp_path / "tokenizer_config.json").read_text())
+    config["chat_template"] = [{"name": "other", "template": "X"}, {"name": "default", "template": SMOLLM2}]
+    ours = _write_engine(tmp_path, config)
+    messages = CONVERSATIONS["system_multi"]
+    assert ours.render(messages) == hf.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+
+def test_raw_prompt():
+    assert raw_prompt(CONVERSATIONS["system"]) == FormattedPrompt(text=f"{SYS}\nHi there", system_prefix="")
+    assert raw_prompt([]) == FormattedPrompt(text="", system_prefix="")

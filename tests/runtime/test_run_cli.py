@@ -1,0 +1,110 @@
+"""trtllm-run end to end on a tiny engine: output format, exit codes, error isolation, atomic output."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from trtllm.runtime.cli import main
+
+pytest.importorskip("torch")  # the tiny engine is built with the builder
+pytestmark = pytest.mark.hf
+
+
+def run(tmp_path, engine, payload, *extra):
+    inp = tmp_path / "input.json"
+    inp.write_text(payload if isinstance(payload, str) else json.dumps(payload))
+    out = tmp_path / "out.json"
+    result = CliRunner().invoke(main, [str(inp), "--engine", str(engine), "--output", str(out), *extra])
+    return result, (json.loads(out.read_text()) if out.exists() else None)
+
+
+def chat(text, **extra):
+    return {"messages": [{"role": "user", "content": text}], **extra}
+
+
+def test_output_format_and_greedy_determinism(tmp_path, tiny_engine):
+    engine = tiny_engine("llama")
+    payload = {"batch_size": 2, "temperature": 0, "max_generate_length": 8,
+               "requests": [chat("Hello there"), chat("The quick brown fox"), chat("Paris")]}
+    result, out = run(tmp_path, engine, payload, "--profile", str(tmp_path / "profile.json"))
+    assert result.exit_code == 0, result.output
+    assert out["input_file"].endswith("input.json")
+    keys = {"output_text", "request_idx", "batch_idx", "finish_reason", "messages",
+            "formatted_system_prompt", "formatted_complete_request"}
+    assert [set(r) for r in out["responses"]] == [keys] * 3
+    assert [(r["request_idx"], r["batch_idx"]) for r in out["responses"]] == [(0, 0), (1, 1), (2, 0)]
+    assert all(r["finish_reason"] in ("max-length", "end-of-sequence") for r in out["responses"])
+    first = out["responses"][0]
+    assert first["messages"] == [{"role": "user", "content": [{"type": "text", "text": "Hello there"}]}]
+    assert first["formatted_complete_request"].startswith(first["formatted_system_prompt"])
+    assert "Hello there" in first["formatted_complete_request"]
+    profile = json.loads((tmp_path / "profile.json").read_text())
+    assert profile["prefill"]["total_runs"] == 2 and profile["generation"]["generated_tokens"] > 0
+    # Greedy is deterministic, and a request's answer does not depend on its batch neighbours.
+    _, alone = run(tmp_path, engine, {**payload, "batch_size": 1, "requests": [chat("The quick brown fox")]})
+    assert alone["responses"][0]["output_text"] == out["responses"][1]["output_text"]
+
+
+def test_bad_request_fails_alone(tmp_path, tiny_engine):
+    engine = tiny_engine("llama")
+    long_text = "word " * 400  # more tokens than the engine's max_input_len (256)
+    payload = {"batch_size": 3, "temperature": 0, "max_generate_length": 4, "available_lora_weights": {"a": "x"},
+               "requests": [chat("fine"), chat(long_text), chat("also fine", lora_name="a"),
+                            {"messages": [{"role": "user", "content": [{"type": "image", "image": "x.png"}]}]},
+                            chat("saved", save_system_prompt_kv_cache=True), chat("last")]}
+    result, out = run(tmp_path, engine, payload)
+    assert result.exit_code == 1
+    reasons = [r["finish_reason"] for r in out["responses"]]
+    assert reasons[0] != "error" and reasons[5] != "error"
+    assert reasons[1:5] == ["error"] * 4
+    assert "max_input_len" in out["responses"][1]["error"]
+    assert "lora_name" in out["responses"][2]["error"]
+    assert "image" in out["responses"][3]["error"]
+    assert "save_system_prompt_kv_cache" in out["responses"][4]["error"]
+
+
+@pytest.mark.parametrize("payload, field", [
+    ('{"requests": [', "line 1"),
+    ({"requests": [chat("x")], "temprature": 0.5}, "temprature"),
+    ({"requests": [chat("x")], "top_p": 0}, "top_p"),
+    ({"requests": [chat("x")], "batch_size": 0}, "batch_size"),
+    ({"requests": [{"messages": [{"role": "bot", "content": "x"}]}]}, "requests[0].messages[0].role"),
+    ({"requests": [chat("x", stop=[1])]}, "requests[0].stop[0]"),
+    ({"requests": [chat("x")], "max_generate_length": -1}, "max_generate_length"),
+    ({"requests": [chat("x")], "batch_size": 16}, "batch_size"),  # over the engine's max_batch_size (4)
+])
+def test_invalid_input_exits_2_naming_the_field(tmp_path, tiny_engine, payload, field):
+    result, out = run(tmp_path, tiny_engine("llama"), payload)
+    assert result.exit_code == 2, result.output
+    assert field in result.output
+    assert out is None
+
+
+def test_invalid_input_keeps_the_previous_output(tmp_path, tiny_engine):
+    out = tmp_path / "out.json"
+    out.write_text('{"good": true}')
+    result, kept = run(tmp_path, tiny_engine("llama"), {"requests": []})
+    assert result.exit_code == 2
+    assert kept == {"good": True}
+
+
+def test_logit_bias_past_vocab_fails_that_request(tmp_path, tiny_engine):
+    payload = {"temperature": 0, "max_generate_length": 2,
+               "requests": [chat("a"), chat("b", logit_bias={"99999": 5})]}
+    result, out = run(tmp_path, tiny_engine("llama"), payload)
+    assert result.exit_code == 1
+    assert out["responses"][0]["finish_reason"] != "error"
+    assert out["responses"][1]["finish_reason"] == "error"
+    assert "99999" in out["responses"][1]["error"]
+
+
+def test_engine_dir_errors(tmp_path):
+    (tmp_path / "input.json").write_text(json.dumps({"requests": [chat("x")]}))
+    result = CliRunner().invoke(main, [str(tmp_path / "input.json"), "--engine", str(tmp_path / "nope")])
+    assert result.exit_code == 2 and "trtllm-build" in result.output
+    (tmp_path / "eng").mkdir()
+    (tmp_path / "eng" / "manifest.json").write_text(json.dumps({"format_version": 99, "backend": "onnxruntime"}))
+    result = CliRunner().invoke(main, [str(tmp_path / "input.json"), "--engine", str(tmp_path / "eng")])
+    assert result.exit_code == 2 and "format_version" in result.output and "trtllm-build" in result.output

@@ -1,0 +1,218 @@
+"""Tokenizer wrapper and streaming decoder against transformers' PreTrainedTokenizerFast.
+
+The byte-level BPE tokenizer is trained in the test on text with accents, CJK and emoji, with
+fewer merges than characters, so many characters span several tokens (the interesting case for
+token bytes and incremental decoding).
+"""
+from __future__ import annotations
+
+import json
+
+import pytest
+from tokenizers import Tokenizer as BackendTokenizer
+from tokenizers import decoders, models, pre_tokenizers, trainers
+
+from trtllm.runtime.chat_template import ChatTemplate
+from trtllm.runtime.tokenizer import IncrementalDecoder, Tokenizer
+
+SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+ADDED = ["<think>", "</think>", "世界"]  # added but not special, like Qwen's think tags
+CORPUS = [
+    "The quick brown fox jumps over the lazy dog.",
+    "Edge devices run small language models on CPUs and GPUs!",
+    "Héllo wörld, ünïcode çafé, naïve — “quotes” and ‘single’ ones.",
+    "日本語のテキストと中文文本，还有한국어 텍스트。",
+    "Emoji: 🙂🚀👍🏽 ❤️‍🔥 👨‍👩‍👧 and flags 🇫🇷🇯🇵.",
+    "Code: def f(x):\n    return x ** 2  # square\n\tindented",
+] * 40
+CHATML = (
+    "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content']"
+    " + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
+TEXTS = [
+    "",
+    "Hello world",
+    "  leading and trailing spaces  ",
+    "Héllo wörld — naïve çafé",
+    "日本語のテキスト、中文文本、한국어",
+    "🙂🚀👍🏽 ❤️‍🔥 👨‍👩‍👧 🇫🇷",
+    "unseen scripts: Ελληνικά עברית العربية ไทย देवनागरी 𝔘𝔫𝔦𝔠𝔬𝔡𝔢",
+    "<|im_start|>user\nhi 🙂<|im_end|>\n<|im_start|>assistant\n<think>\nok\n</think>\n\n世界<|endoftext|>",
+    "tabs\tand\nnewlines\r\n and \x00 control \x7f bytes",
+    "don't , stop . now ? yes ! they 're here",
+]
+
+
+def _backend() -> BackendTokenizer:
+    tok = BackendTokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=420, special_tokens=SPECIALS,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(CORPUS, trainer)
+    tok.add_tokens(ADDED)
+    return tok
+
+
+@pytest.fixture(scope="module")
+def engine_dir(tmp_path_factory):
+    """An engine directory as the builder writes it (transformers' save_pretrained) when
+    transformers is installed, else the same files written by hand."""
+    out_dir = tmp_path_factory.mktemp("tok")
+    backend = _backend()
+    try:
+        from transformers import PreTrainedTokenizerFast
+    except ImportError:
+        backend.save(str(out_dir / "tokenizer.json"))
+        config = {"bos_token": "<|im_start|>", "eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"}
+        (out_dir / "tokenizer_config.json").write_text(json.dumps(config))
+        (out_dir / "chat_template.jinja").write_text(CHATML)
+        return out_dir
+    fast = PreTrainedTokenizerFast(tokenizer_object=backend, bos_token="<|im_start|>", eos_token="<|im_end|>",
+                                   pad_token="<|endoftext|>")
+    fast.chat_template = CHATML
+    fast.save_pretrained(out_dir)
+    return out_dir
+
+
+@pytest.fixture(scope="module")
+def ours(engine_dir):
+    return Tokenizer.from_engine_dir(engine_dir)
+
+
+@pytest.fixture(scope="module")
+def hf(engine_dir):
+    transformers = pytest.importorskip("transformers")
+    return transformers.AutoTokenizer.from_pretrained(engine_dir)
+
+
+@pytest.mark.hf
+def test_encode_decode_match_transformers(ours, hf):
+    assert ours.vocab_size == len(hf)
+    for text in TEXTS:
+        ids = ours.encode(text)
+        assert ids == hf.encode(text, add_special_tokens=False), text
+        assert ours.encode(text, add_special_tokens=True) == hf.encode(text), text
+        for skip in (True, False):
+            assert ours.decode(ids, skip_special_tokens=skip) == hf.decode(ids, skip_special_tokens=skip), text
+    for name in ("bos_token", "eos_token", "pad_token", "unk_token"):
+        assert ours.special_token(name) == getattr(hf, name)
+    assert ours.token_to_id("<|im_end|>") == hf.convert_tokens_to_ids("<|im_end|>")
+    assert ours.token_to_id("not-a-token-xyz") is None
+
+
+@pytest.mark.hf
+def test_chat_template_then_encode_matches_transformers(engine_dir, ours, hf):
+    template = ChatTemplate.from_engine_dir(engine_dir)
+    messages = [{"role": "system", "content": "Be brief 🙂"}, {"role": "user", "content": TEXTS[4]},
+                {"role": "assistant", "content": TEXTS[5]}, {"role": "user", "content": TEXTS[6]}]
+    expected = hf.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
+    assert ours.encode(template.render(messages, add_generation_prompt=True)) == expected
+
+
+@pytest.mark.hf
+def test_decode_every_token_matches_transformers(ours, hf):
+    for token_id in range(ours.vocab_size):
+        assert ours.decode([token_id], skip_special_tokens=False) == hf.decode([token_id]), token_id
+
+
+def test_token_bytes_rebuild_text(ours):
+    for text in TEXTS:
+        ids = ours.encode(text)
+        assert b"".join(ours.token_bytes(i) for i in ids) == text.encode("utf-8"), text
+    # Some characters really are split across tokens, so the test above covers partial bytes.
+    assert any(_is_partial(ours.token_bytes(i)) for text in TEXTS for i in ours.encode(text))
+    assert ours.token_bytes(ours.token_to_id("<|im_start|>")) == b"<|im_start|>"
+    assert ours.token_bytes(ours.token_to_id("世界")) == "世界".encode("utf-8")
+    with pytest.raises(ValueError, match="token_id"):
+        ours.token_bytes(ours.vocab_size + 5)
+
+
+def test_token_bytes_agree_with_decode(ours):
+    # Every whole-character token decodes to its own bytes.
+    for token_id in range(ours.vocab_size):
+        raw = ours.token_bytes(token_id)
+        if not _is_partial(raw):
+            assert raw.decode("utf-8") == ours.decode([token_id], skip_special_tokens=False), token_id
+
+
+def _is_partial(raw: bytes) -> bool:
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return True
+    return False
+
+
+def _stream(tokenizer, ids, skip_special_tokens=True):
+    decoder = IncrementalDecoder(tokenizer, skip_special_tokens=skip_special_tokens)
+    pieces = [decoder.push(i) for i in ids]
+    pieces.append(decoder.flush())
+    assert "".join(pieces) == decoder.text
+    return pieces
+
+
+@pytest.mark.parametrize("skip_special_tokens", [True, False])
+def test_incremental_decoder_matches_decode(ours, skip_special_tokens):
+    for text in TEXTS + ["".join(TEXTS)]:
+        ids = ours.encode(text)
+        pieces = _stream(ours, ids, skip_special_tokens)
+        assert "".join(pieces) == ours.decode(ids, skip_special_tokens=skip_special_tokens), text
+        assert not any("\ufffd" in piece for piece in pieces), text
+
+
+def test_incremental_decoder_holds_partial_characters(ours):
+    ids = ours.encode("a🙂")
+    assert len(ids) > 2, "the emoji must span several tokens for this test"
+    decoder = IncrementalDecoder(ours)
+    assert [decoder.push(i) for i in ids] == ["a"] + [""] * (len(ids) - 2) + ["🙂"]
+    # An incomplete character at the end of the stream comes out as U+FFFD only at flush().
+    truncated = IncrementalDecoder(ours)
+    assert "".join(truncated.push(i) for i in ids[:-1]) == "a"
+    assert truncated.flush() == ours.decode(ids[:-1])[1:] and truncated.text == ours.decode(ids[:-1])
+    # Invalid bytes in the middle are not held back forever.
+    broken = ids[1:2] + ours.encode("xyz")
+    assert "".join(_stream(ours, broken)) == ours.decode(broken)
+
+
+def _wordlevel_dir(tmp_path, clean_up):
+    backend = BackendTokenizer(models.WordLevel({w: i for i, w in enumerate(
+        ["[UNK]", "don", "'", "t", ",", "stop", ".", "now", "?", "they", "'re", "here"])}, unk_token="[UNK]"))
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    backend.save(str(tmp_path / "tokenizer.json"))
+    config = {"unk_token": "[UNK]", "clean_up_tokenization_spaces": clean_up}
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
+    return tmp_path
+
+
+@pytest.mark.parametrize("clean_up", [True, False])
+def test_clean_up_tokenization_spaces(tmp_path, clean_up):
+    # Without a decoder, tokens are joined by spaces; the clean-up (not for BPE) removes some.
+    ours = Tokenizer.from_engine_dir(_wordlevel_dir(tmp_path, clean_up))
+    ids = ours.encode("don ' t , stop . now ? they 're here")
+    expected = "don't, stop. now? they're here" if clean_up else "don ' t , stop . now ? they 're here"
+    assert ours.decode(ids) == expected
+    transformers = pytest.importorskip("transformers")
+    assert ours.decode(ids) == transformers.AutoTokenizer.from_pretrained(tmp_path).decode(ids)
+
+
+def test_clean_up_is_ignored_for_bpe(engine_dir, ours, tmp_path):
+    config = json.loads((engine_dir / "tokenizer_config.json").read_text())
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({**config, "clean_up_tokenization_spaces": True}))
+    (tmp_path / "tokenizer.json").write_bytes((engine_dir / "tokenizer.json").read_bytes())
+    ids = ours.encode(TEXTS[-1])
+    assert Tokenizer.from_engine_dir(tmp_path).decode(ids) == TEXTS[-1]
+
+
+def test_sentencepiece_style_token_bytes(tmp_path):
+    # Llama/Mistral style: "▁" stands for a space and <0xNN> tokens for raw bytes.
+    vocab = {"<unk>": 0, "<s>": 1, "▁hi": 2, "<0xE2>": 3, "<0x9C>": 4, "<0x93>": 5, "▁": 6}
+    backend = BackendTokenizer(models.BPE(vocab, [], unk_token="<unk>", byte_fallback=True))
+    backend.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(),
+                                         decoders.Strip(" ", 1, 0)])
+    backend.add_special_tokens(["<s>"])
+    backend.save(str(tmp_path / "tokenizer.json"))
+    ours = Tokenizer.from_engine_dir(tmp_path)
+    assert [ours.token_bytes(i) for i in range(7)] == [b"<unk>", b"<s>", b" hi", b"\xe2", b"\x9c", b"\x93", b" "]
+    ids = [1, 2, 6, 3, 4, 5, 2]
+    assert ours.decode(ids) == "hi ✓ hi"
+    assert "".join(_stream(ours, ids)) == ours.decode(ids)

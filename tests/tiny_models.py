@@ -1,0 +1,81 @@
+"""Tiny random checkpoints (Llama, Mistral, Qwen2, Qwen3) with a real BPE tokenizer, made in the
+test run with transformers: nothing is downloaded.
+
+Weights are drawn with a large std so the logits are well separated: greedy decoding then does
+not hinge on float rounding, and token-exact comparisons with transformers are meaningful.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+CHATML = (
+    "{% for message in messages %}"
+    "{% if loop.first and messages[0]['role'] != 'system' %}"
+    "{{ '<|im_start|>system\nYou are a tiny test model.<|im_end|>\n' }}{% endif %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+CORPUS = [
+    "The quick brown fox jumps over the lazy dog.",
+    "Edge devices run small language models on CPUs and GPUs.",
+    "What is the capital of France? Paris is the capital of France.",
+    "Numbers 0 1 2 3 4 5 6 7 8 9 and symbols !?.,;:'\"()[]{}",
+    "Héllo wörld, ünïcode çafé, naïve — emoji 🙂🚀 and 中文 text.",
+    "system user assistant tokens templates prompts answers",
+] * 20
+
+ARCHS = {
+    "llama": ("LlamaConfig", "LlamaForCausalLM", {}),
+    "mistral": ("MistralConfig", "MistralForCausalLM", {"sliding_window": 4096}),
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", {}),
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", {}),
+}
+
+
+def make_tokenizer(out_dir: Path):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=SPECIALS,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(CORPUS, trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<|im_start|>", eos_token="<|im_end|>",
+                                   pad_token="<|endoftext|>", unk_token=None)
+    fast.chat_template = CHATML
+    return fast
+
+
+def make_checkpoint(arch: str, out_dir: Path, seed: int = 0, num_layers: int = 2, tie: bool = True) -> Path:
+    """Write a tiny random `arch` checkpoint (config, safetensors, tokenizer) to out_dir."""
+    import torch
+    import transformers
+    from transformers import GenerationConfig
+
+    cfg_name, _, extra = ARCHS[arch]
+    out_dir = Path(out_dir)
+    tok = make_tokenizer(out_dir)
+    config = getattr(transformers, cfg_name)(
+        vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=num_layers,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=512,
+        rms_norm_eps=1e-6, tie_word_embeddings=tie, bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, rope_theta=10000.0, **extra)
+    if arch == "qwen3":
+        config.attention_bias = False
+    torch.manual_seed(seed)
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.copy_(1.0 + 0.1 * torch.randn_like(p))
+            else:
+                p.copy_(torch.randn_like(p) * (0.5 if "bias" in name else 1.0) / p.shape[-1] ** 0.5 * 2.0)
+    model.generation_config = GenerationConfig(bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+                                               pad_token_id=tok.pad_token_id, do_sample=False)
+    model.save_pretrained(out_dir)
+    tok.save_pretrained(out_dir)
+    return out_dir
