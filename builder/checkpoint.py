@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import hashlib
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -47,7 +46,7 @@ def load(model_arg: str) -> Checkpoint:
         files = [p for p in path.iterdir() if p.suffix in (".safetensors", ".bin")]
         return Checkpoint(model.eval(), tok, {"model": str(path.resolve()), "kind": "dir",
                                               "sha256": weights_hash(files)})
-    if os.sep in model_arg or model_arg.startswith("."):
+    if model_arg.startswith((".", "/", "~")) or model_arg.count("/") > 1:  # a path, not "org/name"
         raise CheckpointError(f"--model {model_arg!r}: no such directory or file")
     return load_hub(model_arg)
 

@@ -35,7 +35,7 @@ def versions() -> dict:
 
 
 def export_onnx(ck: ckpt.Checkpoint, config: BuildConfig, out_dir: Path, log) -> tuple:
-    spec = spec_for(ck.model.config)
+    spec = spec_for(ck.model.config, type(ck.model).__name__)
     num_positions = min(config.max_kv_cache_capacity, ck.model.config.max_position_embeddings)
     cos, sin = ckpt.rope_tables(ck.model, num_positions)
     log(f"writing the {spec.architecture} graph ({spec.num_layers} layers, hidden {spec.hidden_size}, "

@@ -81,15 +81,14 @@ class _Scope:
         self.parent, self.types, self.opset = parent, types, opset
 
     def is_const(self, name: str) -> bool:
-        return name in self.consts or (self.parent is not None and self.parent.is_const(name))
+        return name in self.consts or bool(self.parent and self.parent.is_const(name))
 
     def value(self, name: str):
-        if name in self.consts:
-            return self.consts[name]
-        return self.parent.value(name) if self.parent is not None else None
+        return self.consts[name] if name in self.consts else (self.parent and self.parent.value(name))
 
     def type_of(self, name: str):
-        return self.types.get(name) or (self.parent.type_of(name) if self.parent is not None else None)
+        """(dtype name, dims or None) when shape inference knows the value, else None."""
+        return self.types.get(name) or (self.parent and self.parent.type_of(name))
 
 
 class _Linter:
@@ -119,11 +118,9 @@ class _Linter:
     def _lint_graph(self, graph, prefix: str, scope: _Scope) -> None:
         from onnx import numpy_helper
 
-        for init in graph.initializer:
-            external = init.data_location == init.EXTERNAL
-            scope.consts[init.name] = None if external else numpy_helper.to_array(init)
-        for init in graph.sparse_initializer:
-            scope.consts[init.values.name] = None
+        for init in graph.initializer:         # values of external tensors are not loaded
+            scope.consts[init.name] = None if init.data_location == init.EXTERNAL else numpy_helper.to_array(init)
+        scope.consts.update((init.values.name, None) for init in graph.sparse_initializer)
         self._lint_nodes(graph.node, prefix, scope)
 
     def _lint_nodes(self, nodes, prefix: str, scope: _Scope) -> None:
@@ -160,11 +157,10 @@ class _Linter:
         key = (node.domain, node.op_type, node.overload)
         function = self.functions.get(key)
         if function is None:
-            self.issues.append(LintIssue(where, f"{node.domain}::{node.op_type}",
-                                         f"domain {node.domain!r} is not a TensorRT op and the model has no "
-                                         "local function for it (TensorRT would need a registered plugin)"))
-            return
-        if key in self.linted_functions:
+            return self.issues.append(LintIssue(where, f"{node.domain}::{node.op_type}", (
+                f"domain {node.domain!r} is not a TensorRT op and the model has no local function for it "
+                "(TensorRT would need a registered plugin)")))
+        if key in self.linted_functions:             # one body, linted once (types of its first call)
             return
         self.linted_functions.add(key)
         fprefix = f"{node.domain}::{node.op_type}/"
@@ -178,21 +174,17 @@ def _fold(node, scope: _Scope) -> None:
     if node.op_type == "Constant":
         scope.consts[node.output[0]] = _constant_value(node)
     elif node.op_type not in _NOT_FOLDABLE and node.input and all(not i or scope.is_const(i) for i in node.input):
-        for out in node.output:
-            scope.consts[out] = None
+        scope.consts.update((out, None) for out in node.output)
 
 
 def _constant_value(node):
     from onnx import helper, numpy_helper
 
-    for attr in node.attribute:
-        if attr.ref_attr_name:
-            return None
-        if attr.name == "value":
-            return numpy_helper.to_array(attr.t)
-        if attr.name in ("value_int", "value_ints", "value_float", "value_floats"):
-            return helper.get_attribute_value(attr)
-    return None
+    attr = node.attribute[0] if len(node.attribute) == 1 else None      # a Constant has exactly one
+    if attr is None or attr.ref_attr_name or attr.name in ("sparse_value", "value_string", "value_strings"):
+        return None
+    value = helper.get_attribute_value(attr)
+    return numpy_helper.to_array(value) if attr.name == "value" else value
 
 
 # --- types from shape inference ---------------------------------------------------------------
@@ -250,7 +242,7 @@ def _collect_types(graph, types: dict) -> None:
 
 
 def _dtype(scope: _Scope, node, index: int):
-    known = scope.type_of(node.input[index]) if index < len(node.input) and node.input[index] else None
+    known = scope.type_of(node.input[index]) if _present(node.input, index) else None
     return known[0] if known else None
 
 
@@ -260,17 +252,15 @@ def _attr(node, name: str, scope: _Scope):
     """The attribute's value, else the ONNX schema default, else None (also for attribute refs)."""
     from onnx import defs, helper
 
-    for attr in node.attribute:
-        if attr.name == name:
-            value = None if attr.ref_attr_name else helper.get_attribute_value(attr)
-            return value.decode() if isinstance(value, bytes) else value
-    try:
-        default = defs.get_schema(node.op_type, scope.opset, "").attributes[name].default_value
-    except Exception:  # noqa: BLE001 - unknown op/attribute: nothing to compare
+    found = [a for a in node.attribute if a.name == name]
+    if not found:
+        try:
+            found = [defs.get_schema(node.op_type, scope.opset, "").attributes[name].default_value]
+        except Exception:  # noqa: BLE001 - unknown op/attribute: nothing to compare
+            return None
+    if found[0].ref_attr_name or not found[0].type:
         return None
-    if not default.type:
-        return None
-    value = helper.get_attribute_value(default)
+    value = helper.get_attribute_value(found[0])
     return value.decode() if isinstance(value, bytes) else value
 
 
@@ -303,21 +293,16 @@ def _check_attr_in(node, arg, scope, table):
 
 
 def _check_forbidden_inputs(node, arg, scope, table):
-    for index in arg:
-        if _present(node.input, index):
-            yield f"{_input_name(node, index, scope)} is not supported by TensorRT"
+    yield from (f"{_input_name(node, i, scope)} is not supported by TensorRT" for i in arg if _present(node.input, i))
 
 
 def _check_forbidden_outputs(node, arg, scope, table):
-    for index in arg:
-        if _present(node.output, index):
-            yield f"output {index} ({node.output[index]!r}) is not supported by TensorRT"
+    yield from (f"output {i} ({node.output[i]!r}) is not supported by TensorRT"
+                for i in arg if _present(node.output, i))
 
 
 def _check_forbidden_attrs(node, arg, scope, table):
-    for attr in node.attribute:
-        if attr.name in arg:
-            yield f"attribute {attr.name} is not supported by TensorRT"
+    yield from (f"attribute {a.name} is not supported by TensorRT" for a in node.attribute if a.name in arg)
 
 
 def _check_const_inputs(node, arg, scope, table):
@@ -377,22 +362,20 @@ def _check_k_max_exclusive(node, arg, scope, table):
         if k is not None and k >= arg:
             yield f"K must be < {arg}, got {k}"
         return
-    name = node.input[1]
-    value = scope.value(name)
-    if not scope.is_const(name) or value is None:
-        yield f"K must be a build-time constant below {arg} (an initializer or Constant), got {name!r}"
+    value = scope.value(node.input[1])
+    if not scope.is_const(node.input[1]) or value is None:
+        yield f"K must be a build-time constant below {arg} (an initializer or Constant), got {node.input[1]!r}"
     elif int(np.max(value)) >= arg:
         yield f"K must be < {arg}, got {int(np.max(value))}"
 
 
 _CHECKS = {
-    "attr_equals": _check_attr_equals, "attr_in": _check_attr_in,
+    "attr_equals": _check_attr_equals, "attr_in": _check_attr_in, "const_inputs": _check_const_inputs,
     "forbidden_inputs": _check_forbidden_inputs, "forbidden_outputs": _check_forbidden_outputs,
-    "forbidden_attrs": _check_forbidden_attrs, "const_inputs": _check_const_inputs,
-    "zero_point_zero": _check_zero_point_zero, "max_outputs": _check_max_outputs,
-    "seed_ignored": _check_seed_ignored, "rank": _check_rank,
-    "static_input_shape": _check_static_input_shape, "input_dtype": _check_input_dtype,
-    "k_max_exclusive": _check_k_max_exclusive,
+    "forbidden_attrs": _check_forbidden_attrs, "input_dtype": _check_input_dtype,
+    "k_max_exclusive": _check_k_max_exclusive, "max_outputs": _check_max_outputs, "rank": _check_rank,
+    "seed_ignored": _check_seed_ignored, "static_input_shape": _check_static_input_shape,
+    "zero_point_zero": _check_zero_point_zero,
 }
 
 
@@ -404,12 +387,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         issues = lint_model(args.model, args.trt_version)
-    except ValueError as err:
+    except (ValueError, OSError) as err:             # a bad version or an unreadable file: exit 2
         parser.error(str(err))
     for issue in issues:
         print(issue)
-    verdict = f"{len(issues)} issue(s)" if issues else "ok"
-    print(f"{args.model}: {verdict} for TensorRT {args.trt_version}")
+    print(f"{args.model}: {f'{len(issues)} issue(s)' if issues else 'ok'} for TensorRT {args.trt_version}")
     return 1 if issues else 0
 
 

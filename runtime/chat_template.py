@@ -201,8 +201,9 @@ class ChatTemplate:
         allows it.
         """
         variables = {**self.special_tokens, **kwargs}  # kwargs win, as in transformers
+        messages = _normalize(messages)
         try:
-            return self._template.render(messages=_normalize(messages), tools=None, documents=None,
+            return self._template.render(messages=messages, tools=None, documents=None,
                                          add_generation_prompt=add_generation_prompt, **variables)
         except _TemplateRaised as e:
             raise ChatTemplateError(f"chat template rejected the conversation: {e.message}") from e
@@ -236,7 +237,8 @@ class ChatTemplate:
         that differ only in that content. Then, with R the render of the messages before it alone:
           1. system text given and R (a prefix of P) holds all of it: R (ChatML, Llama-3, Qwen3);
           2. system text given and merged into the user turn (it lies in P but not in R): P, less
-             the user header if P ends with it (Gemma, Llama-2 `<<SYS>>`);
+             the user header if P ends with it and the system text survives the cut (Gemma,
+             Llama-2 `<<SYS>>`; also templates whose R differs, e.g. ends with an eos);
           3. no system text before the user turn (none given, a default injected by the template,
              or moved to a later turn): P less the user-turn header H (`_user_header`), the cut
              moved past any special token it would split. "" when that cannot be found.
@@ -262,7 +264,8 @@ class ChatTemplate:
                 return alone
             if all(t in before for t in system_texts):
                 header = self._user_header(add_generation_prompt, kwargs)
-                return before[:-len(header)] if header and before.endswith(header) else before
+                trimmed = before[:len(before) - len(header)] if before.endswith(header) else before
+                return trimmed if all(t in trimmed for t in system_texts) else before
         header = self._user_header(add_generation_prompt, kwargs)
         if not header or not before.endswith(header):
             return ""

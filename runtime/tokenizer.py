@@ -24,7 +24,8 @@ _CLEANUPS = ((" .", "."), (" ?", "?"), (" !", "!"), (" ,", ","), (" ' ", "'"), (
 def _byte_decoder() -> dict[str, int]:
     """GPT-2's byte-to-unicode alphabet, inverted: printable bytes stand for themselves, the
     others (controls, space, 0x7F-0xA0, 0xAD) are shifted to U+0100 and up."""
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
+                 *range(ord("®"), ord("ÿ") + 1)]
     chars = {b: chr(b) for b in printable}
     shifted = [b for b in range(256) if b not in chars]
     chars.update({b: chr(256 + i) for i, b in enumerate(shifted)})

@@ -14,9 +14,11 @@ ARCHITECTURES = {
 }
 
 
-def spec_for(config):
-    """The DecoderSpec for a transformers config, or a ValueError naming the supported ones."""
-    names = list(getattr(config, "architectures", None) or [])
+def spec_for(config, model_class: str | None = None):
+    """The DecoderSpec for a transformers config, or a ValueError naming the supported ones.
+    `model_class` (the loaded model's class name) stands in when the config names no
+    architecture, as with checkpoints loaded from GGUF."""
+    names = list(getattr(config, "architectures", None) or []) or ([model_class] if model_class else [])
     for name in names:
         if name in ARCHITECTURES:
             return ARCHITECTURES[name](config)

@@ -30,11 +30,11 @@ def sliding_window(config) -> int | None:
     return int(window)
 
 
-def base_spec(config, **overrides) -> DecoderSpec:
+def base_spec(config, architecture: str, **overrides) -> DecoderSpec:
     check_common(config)
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     fields = dict(
-        architecture=config.architectures[0],
+        architecture=architecture,
         vocab_size=config.vocab_size,
         hidden_size=config.hidden_size,
         intermediate_size=config.intermediate_size,
@@ -52,4 +52,4 @@ def base_spec(config, **overrides) -> DecoderSpec:
 
 
 def spec_from_config(config) -> DecoderSpec:
-    return base_spec(config)
+    return base_spec(config, "LlamaForCausalLM")

@@ -5,4 +5,4 @@ from trtllm.builder.architectures.llama import base_spec
 
 
 def spec_from_config(config):
-    return base_spec(config)
+    return base_spec(config, "MistralForCausalLM")

@@ -5,4 +5,4 @@ from trtllm.builder.architectures.llama import base_spec
 
 
 def spec_from_config(config):
-    return base_spec(config, attention_bias=True)
+    return base_spec(config, "Qwen2ForCausalLM", attention_bias=True)

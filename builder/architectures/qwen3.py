@@ -5,4 +5,4 @@ from trtllm.builder.architectures.llama import base_spec
 
 
 def spec_from_config(config):
-    return base_spec(config, qk_norm=True)
+    return base_spec(config, "Qwen3ForCausalLM", qk_norm=True)

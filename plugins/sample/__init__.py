@@ -1,1 +1,6 @@
-"""trtllm-edge."""
+"""trtllm::Sample: in-graph sampling (logit bias, temperature, top-k, top-p, greedy, top-K logprobs).
+
+schema.py (plain data) and reference.py (numpy) import without onnx, so the runtime can use them;
+body.py builds the ONNX function and needs onnx. Nothing is imported here, so importing this
+package stays cheap: import the module you need.
+"""

@@ -298,7 +298,8 @@ def test_engine_dir_template_sources(tmp_path):
     ours = _write_engine(tmp_path, {**config, "chat_template": named})
     assert ours.render([]) == "<s>D" and ours.special_tokens == {"bos_token": "<s>", "eos_token": "</s>"}
     # The .jinja file wins over the config key (transformers 5 writes the file).
-    assert _write_engine(tmp_path, {**config, "chat_template": "C"}, jinja="J{{ eos_token }}").render([]) == "J</s>"
+    preferred = _write_engine(tmp_path, {**config, "chat_template": "C"}, jinja="J{{ eos_token }}")
+    assert preferred.render([]) == "J</s>"
     (tmp_path / "chat_template.jinja").unlink()
     assert _write_engine(tmp_path, {**config, "chat_template": "C"}).render([]) == "C"
     with pytest.raises(ChatTemplateError, match="default"):

