@@ -66,7 +66,9 @@ def make_batch(params: list[SamplingParams], vocab_size: int, max_top_k: int) ->
         top_k=np.array(top_k, np.int64),
         top_p=np.array([p.top_p for p in params], np.float32),
         uniform=np.zeros(len(params), np.float32),
-        num_logprobs=max([p.num_logprobs for p in params] + [1]),
+        # The graph takes its logprobs from the sampler's top-M, so K <= M (only a vocabulary
+        # under 50 tokens has M < 50, and then there are no more tokens to list anyway).
+        num_logprobs=min(max([p.num_logprobs for p in params] + [1]), max_top_k),
     )
 
 

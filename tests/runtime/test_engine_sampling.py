@@ -1,0 +1,55 @@
+"""The sampler inside a real engine graph: first-token frequencies follow the renormalised
+top-k/top-p distribution of transformers' logits, and a fixed seed replays exactly."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from trtllm.plugins.sample.reference import kept_probs  # noqa: E402
+from trtllm.runtime.engine import load_engine  # noqa: E402
+from trtllm.runtime.generate import RowState, run_batch  # noqa: E402
+from trtllm.runtime.sampling import SamplingParams  # noqa: E402
+
+pytestmark = pytest.mark.hf
+PROMPT = [5, 17, 42, 99, 7, 31]
+ROWS, ROUNDS = 256, 8
+
+
+def first_tokens(engine, params: SamplingParams, seed: int) -> np.ndarray:
+    seeds = np.random.SeedSequence(seed).spawn(ROWS)
+    rows = [RowState(prompt_ids=PROMPT, max_new_tokens=1, rng=np.random.default_rng(s), eos_ids=frozenset())
+            for s in seeds]
+    run_batch(engine, rows, [params] * ROWS)
+    return np.array([r.output_ids[0] for r in rows])
+
+
+@pytest.mark.parametrize("params", [
+    SamplingParams(temperature=1.0, top_k=0, top_p=1.0),
+    SamplingParams(temperature=0.7, top_k=5, top_p=1.0),
+    SamplingParams(temperature=1.3, top_k=0, top_p=0.6),
+    SamplingParams(temperature=1.0, top_k=8, top_p=0.8),
+])
+def test_first_token_frequencies(params, tiny_checkpoint, tiny_engine):
+    engine = load_engine(tiny_engine("llama"))
+    model = transformers.AutoModelForCausalLM.from_pretrained(tiny_checkpoint("llama"), dtype=torch.float32)
+    with torch.no_grad():
+        logits = model(torch.tensor([PROMPT])).logits[0, -1].numpy()[None]
+    expected = kept_probs(logits, np.zeros_like(logits), np.array([params.temperature], np.float32),
+                          np.array([params.top_k]), np.array([params.top_p], np.float32),
+                          engine.manifest.max_top_k)[0]
+    draws = np.concatenate([first_tokens(engine, params, seed) for seed in range(ROUNDS)])
+    freq = np.bincount(draws, minlength=expected.size) / draws.size
+    sigma = np.sqrt(expected * (1 - expected) / draws.size)
+    assert np.all(freq[expected == 0] == 0), "sampled a token outside the top-k/top-p set"
+    assert np.all(np.abs(freq - expected) <= 4.5 * sigma + 1e-3)
+
+
+def test_same_seed_same_tokens(tiny_engine):
+    engine = load_engine(tiny_engine("llama"))
+    params = SamplingParams(temperature=1.0, top_k=0, top_p=1.0)
+    a, b = first_tokens(engine, params, 123), first_tokens(engine, params, 123)
+    assert np.array_equal(a, b)
+    assert len(set(a.tolist())) > 1  # it really sampled
