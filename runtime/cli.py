@@ -39,6 +39,9 @@ def check_engine_limits(inp: fmt.InputFile, manifest) -> None:
     if inp.batch_size > manifest.limits.max_batch_size:
         fail_usage(f"batch_size must be <= {manifest.limits.max_batch_size} (the engine's max_batch_size), "
                    f"got {inp.batch_size}; rebuild with a larger --max-batch-size")
+    if manifest.max_top_k < inp.top_k < manifest.model.vocab_size:
+        fail_usage(f"top_k must be <= {manifest.max_top_k} (the engine's sampler limit) or >= the vocabulary "
+                   f"size {manifest.model.vocab_size} (all tokens), got {inp.top_k}")
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})

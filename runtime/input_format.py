@@ -3,8 +3,13 @@
 Every field is type- and range-checked, unknown and duplicate keys are refused, and each error is
 an `InputError` whose `json_path` names the bad value (`requests[2].messages[0].role`). Nothing is
 clamped or silently defaulted. Checks that need the engine (token id < vocab size) live in
-`check_against_engine`. The format is documented in docs/input_format.md. Stdlib only: this runs
-on the device.
+`check_against_engine` and `check_limits`. The format is documented in docs/input_format.md, the
+sampling settings' semantics in docs/sampling.md. Stdlib only: this runs on the device.
+
+Sampling settings (`_SAMPLING_FIELDS`) may be given at the top level, as the default for every
+request, and in a request, where they replace the top-level value. Each `Request` holds them
+resolved, and `Request.own_fields` remembers which keys the request gave itself, so that a later
+check can name the path where the user wrote the value.
 
 Unlike the upstream reader, JSON NaN/Infinity (and overflowing numbers such as 1e400) parse to
 non-finite floats and are then refused by the field that holds them, so the error names its path.
@@ -12,6 +17,7 @@ non-finite floats and are then refused by the field that holds them, so the erro
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import json
 import math
@@ -28,6 +34,15 @@ MAX_REQUEST_TEXT_BYTES = 1024 * 1024  # all text of one request, UTF-8 bytes
 MAX_LOGIT_BIAS_ENTRIES = 1024
 MAX_ABS_LOGIT_BIAS = 100
 MAX_NUM_LOGPROBS = 50
+MAX_STOP_STRINGS = 16
+MAX_STOP_CHARS = 256  # one stop string, in characters (code points)
+MAX_STOP_TOKEN_IDS = 64
+MAX_TEMPERATURE = 100
+MAX_REPETITION_PENALTY = 10
+MAX_ABS_PENALTY = 2  # presence_penalty and frequency_penalty (the OpenAI range)
+MAX_SEED = 2**63 - 1
+MAX_N = 16
+MAX_LISTED_KEYS = 8  # an unknown-key error lists the known keys only when there are this few
 ROLES = ("system", "user", "assistant")
 CONTENT_TYPES = ("text", "image", "audio", "video")
 MEDIA_TYPES = frozenset({"image", "audio", "video"})
@@ -79,13 +94,32 @@ class Message:
 
 @dataclass(frozen=True, slots=True)
 class Request:
+    """One request. The sampling fields are resolved: the request's own value, else the top-level
+    one, else the default below (the Edge-LLM defaults; docs/sampling.md has their meaning)."""
+
     messages: tuple[Message, ...]
     lora_name: str | None
     save_system_prompt_kv_cache: bool
     disable_spec_decode: bool
     stop: tuple[str, ...]
-    logit_bias: dict[int, float]  # resolved: the request's own, else the top-level one (read-only)
-    num_logprobs: int  # resolved: the request's own, else the top-level one
+    logit_bias: dict[int, float]  # read-only: requests that inherit it share the top-level dict
+    num_logprobs: int
+    temperature: float = 1.0  # [0, 100]; 0 = greedy
+    top_k: int = 50  # >= 0; 0 = off
+    top_p: float = 0.8  # (0, 1]; 1 = off
+    max_generate_length: int = 256  # >= 0
+    seed: int | None = None  # [0, 2**63 - 1]; None = a fresh random seed
+    min_p: float = 0.0  # [0, 1]; 0 = off
+    repetition_penalty: float = 1.0  # (0, 10]; 1 = off
+    presence_penalty: float = 0.0  # [-2, 2]; 0 = off
+    frequency_penalty: float = 0.0  # [-2, 2]; 0 = off
+    stop_token_ids: tuple[int, ...] = ()  # at most 64 ids; () = none
+    ignore_eos: bool = False
+    min_new_tokens: int = 0  # <= max_generate_length; 0 = off
+    n: int = 1  # [1, 16] independent samples
+    # the keys this request gave itself (parse_input fills it); a setting not in it was inherited
+    # from the top level, so errors about it name the top-level path. Not part of equality.
+    own_fields: frozenset[str] = field(default=frozenset(), compare=False)
 
     def media_types(self) -> set[str]:
         """The media kinds ("image", "audio", "video") present in this request's messages."""
@@ -108,6 +142,15 @@ class InputFile:
     available_lora_weights: dict[str, str] = field(default_factory=dict)
     num_logprobs: int = 0
     logit_bias: dict[int, float] = field(default_factory=dict)
+    seed: int | None = None
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+    min_new_tokens: int = 0
+    n: int = 1
 
 
 # --- errors and paths ---------------------------------------------------------------------------
@@ -174,9 +217,11 @@ def _one_of(options) -> str:
 
 def _check_keys(obj: dict, path: str, known: tuple[str, ...], what: str) -> None:
     _check_duplicates(obj, lambda key: _key_path(path, key))
+    listed = (f"one of {_one_of(known)}" if len(known) <= MAX_LISTED_KEYS
+              else "see docs/input_format.md")
     for key in obj:
         if key not in known:
-            _fail(_key_path(path, key), f"a known key of {what} (one of {_one_of(known)})", key,
+            _fail(_key_path(path, key), f"a known key of {what} ({listed})", key,
                   _did_you_mean(key, known), shown=f"unknown key {_show(key)}")
 
 
@@ -301,12 +346,28 @@ def _lora_weights(value: object, path: str) -> dict[str, str]:
     return out
 
 
+def _stop_string(value: object, path: str) -> str:
+    text = _string(value, path, nonempty=True)
+    if len(text) > MAX_STOP_CHARS:
+        _fail(path, f"at most {MAX_STOP_CHARS} characters", value, shown=f"{len(text)} characters")
+    return text
+
+
 def _stop(value: object, path: str) -> tuple[str, ...]:
-    if isinstance(value, list):
-        return tuple(_string(s, f"{path}[{i}]", nonempty=True) for i, s in enumerate(value))
-    if not isinstance(value, str):
-        _fail(path, "a non-empty string or an array of non-empty strings", value)
-    return (_string(value, path, nonempty=True),)
+    if isinstance(value, str):
+        return (_stop_string(value, path),)
+    if not isinstance(value, list) or len(value) > MAX_STOP_STRINGS:
+        _fail(path, f"a non-empty string or an array of at most {MAX_STOP_STRINGS} non-empty "
+              "strings", value)
+    return tuple(_stop_string(s, f"{path}[{i}]") for i, s in enumerate(value))
+
+
+_token_id = _number(int, 0)
+
+
+def _stop_token_ids(value: object, path: str) -> tuple[int, ...]:
+    items = _array(value, path, "token ids", MAX_STOP_TOKEN_IDS)
+    return tuple(_token_id(v, f"{path}[{i}]") for i, v in enumerate(items))
 
 
 def _content_item(value: object, path: str) -> ContentItem:
@@ -351,20 +412,40 @@ def _messages(value: object, path: str) -> tuple[Message, ...]:
 
 # --- requests and the file ----------------------------------------------------------------------
 
+_penalty = _number(float, -MAX_ABS_PENALTY, MAX_ABS_PENALTY)
+
+# Given at the top level (the default for every request) or in a request (replacing it).
+_SAMPLING_FIELDS = {
+    "temperature": _number(float, 0, MAX_TEMPERATURE),
+    "top_k": _number(int, 0),
+    "top_p": _number(float, 0, 1, lo_open=True),
+    "max_generate_length": _number(int, 0),
+    "seed": _number(int, 0, MAX_SEED),
+    "min_p": _number(float, 0, 1),
+    "repetition_penalty": _number(float, 0, MAX_REPETITION_PENALTY, lo_open=True),
+    "presence_penalty": _penalty,
+    "frequency_penalty": _penalty,
+    "stop_token_ids": _stop_token_ids,
+    "ignore_eos": _bool,
+    "min_new_tokens": _number(int, 0),
+    "n": _number(int, 1, MAX_N),
+    "num_logprobs": _num_logprobs,
+    "logit_bias": _logit_bias,
+}
+
 _REQUEST_FIELDS = {
     "messages": _messages,
     "lora_name": lambda v, p: _string(v, p, nonempty=True),
     "save_system_prompt_kv_cache": _bool,
     "disable_spec_decode": _bool,
     "stop": _stop,
-    "logit_bias": _logit_bias,
-    "num_logprobs": _num_logprobs,
+    **_SAMPLING_FIELDS,
 }
 
 
-def _request(value: object, path: str, top: dict) -> Request:
+def _request(value: object, path: str, top: InputFile) -> Request:
     f = _fields(value, path, _REQUEST_FIELDS, "a request", ("messages",))
-    loras = top.get("available_lora_weights", {})
+    loras = top.available_lora_weights
     lora_name = f.get("lora_name")
     if lora_name is not None and lora_name not in loras:
         hint = _did_you_mean(lora_name, loras) or "add it to `available_lora_weights`"
@@ -374,30 +455,32 @@ def _request(value: object, path: str, top: dict) -> Request:
     if total > MAX_REQUEST_TEXT_BYTES:
         _fail(f"{path}.messages", f"at most {MAX_REQUEST_TEXT_BYTES} UTF-8 bytes (1 MiB) of "
               "text in total", None, shown=f"{total} bytes")
+    # inherited values are the top-level objects themselves (one shared logit_bias dict)
+    sampling = {name: f[name] if name in f else getattr(top, name) for name in _SAMPLING_FIELDS}
+    if sampling["min_new_tokens"] > sampling["max_generate_length"]:
+        def where(name: str) -> str:
+            return f"{path}.{name}" if name in f else name
+        _fail(where("min_new_tokens"), f"<= `{where('max_generate_length')}` "
+              f"({sampling['max_generate_length']})", sampling["min_new_tokens"])
     return Request(
         messages=f["messages"],
         lora_name=lora_name,
         save_system_prompt_kv_cache=f.get("save_system_prompt_kv_cache", False),
         disable_spec_decode=f.get("disable_spec_decode", False),
         stop=f.get("stop", ()),
-        logit_bias=f["logit_bias"] if "logit_bias" in f else top.get("logit_bias", {}),
-        num_logprobs=f.get("num_logprobs", top.get("num_logprobs", 0)),
+        **sampling,
+        own_fields=frozenset(f),
     )
 
 
 _TOP_FIELDS = {
     "batch_size": _number(int, 1, MAX_BATCH_SIZE),
-    "temperature": _number(float, 0, 100),
-    "top_p": _number(float, 0, 1, lo_open=True),
-    "top_k": _number(int, 0),
-    "max_generate_length": _number(int, 0),
+    **_SAMPLING_FIELDS,
     "apply_chat_template": _bool,
     "add_generation_prompt": _bool,
     "enable_thinking": _bool,
     "default_system_prompt": _string,
     "available_lora_weights": _lora_weights,
-    "num_logprobs": _num_logprobs,
-    "logit_bias": _logit_bias,
     "requests": lambda v, p: v,  # parsed below, once the LoRA names and defaults are known
 }
 
@@ -408,10 +491,9 @@ def parse_input(obj: object) -> InputFile:
     raw_requests = top.pop("requests")
     if not isinstance(raw_requests, list) or not raw_requests:
         _fail("requests", "a non-empty array of request objects", raw_requests)
-    if "logit_bias" not in top:
-        top["logit_bias"] = {}  # one dict shared by every request that inherits it
-    requests = tuple(_request(r, f"requests[{i}]", top) for i, r in enumerate(raw_requests))
-    return InputFile(requests=requests, **top)
+    settings = InputFile(requests=(), **top)  # the top level with its defaults filled in
+    requests = tuple(_request(r, f"requests[{i}]", settings) for i, r in enumerate(raw_requests))
+    return dataclasses.replace(settings, requests=requests)
 
 
 def read_input(path: str | os.PathLike) -> InputFile:
@@ -439,16 +521,38 @@ def read_input(path: str | os.PathLike) -> InputFile:
     return parse_input(obj)
 
 
+def _check_positive(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"`{name}` must be a positive integer, got {value!r}")
+
+
+def _where(req: Request, i: int, name: str) -> str:
+    """The JSON path of a request's setting: its own, or the top-level one it inherited."""
+    return f"requests[{i}].{name}" if name in req.own_fields else name
+
+
 def check_against_engine(inp: InputFile, vocab_size: int) -> list[tuple[int, str]]:
-    """Per-request problems that need the engine: (request index, message naming the JSON path)."""
-    if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < 1:
-        raise ValueError(f"`vocab_size` must be a positive integer, got {vocab_size!r}")
+    """Per-request problems that need the engine: (request index, message naming the JSON path).
+
+    Token ids in `logit_bias` and `stop_token_ids` must be below `vocab_size`."""
+    _check_positive("vocab_size", vocab_size)
     problems = []
     for i, req in enumerate(inp.requests):
-        # an inherited bias is reported at its top-level path, where the user has to fix it
-        prefix = "" if req.logit_bias is inp.logit_bias else f"requests[{i}]."
-        for token_id in sorted(req.logit_bias):
-            if token_id >= vocab_size:
-                problems.append((i, f'`{prefix}logit_bias["{token_id}"]` must be a token id '
-                                    f"below the vocabulary size {vocab_size}, got {token_id}"))
+        bias_path, stop_path = _where(req, i, "logit_bias"), _where(req, i, "stop_token_ids")
+        bad = [(f'{bias_path}["{token_id}"]', token_id) for token_id in sorted(req.logit_bias)]
+        bad += [(f"{stop_path}[{j}]", token_id) for j, token_id in enumerate(req.stop_token_ids)]
+        problems += [(i, f"`{path}` must be a token id below the vocabulary size {vocab_size}, "
+                         f"got {token_id}") for path, token_id in bad if token_id >= vocab_size]
     return problems
+
+
+def check_limits(inp: InputFile, max_top_k: int, vocab_size: int) -> list[tuple[int, str]]:
+    """Per-request settings the engine's sampler cannot run: (request index, message).
+
+    The sampler's top-k/top-p work among the `max_top_k` most likely tokens (manifest.json), so a
+    `top_k` between that and the vocabulary size cannot be honoured; `>= vocab_size` means all."""
+    _check_positive("max_top_k", max_top_k)
+    _check_positive("vocab_size", vocab_size)
+    return [(i, f"`{_where(req, i, 'top_k')}` must be <= {max_top_k} (the engine's sampler limit) "
+                f"or >= the vocabulary size {vocab_size} (all tokens), got {req.top_k}")
+            for i, req in enumerate(inp.requests) if max_top_k < req.top_k < vocab_size]

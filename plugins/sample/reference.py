@@ -3,31 +3,41 @@
 Per row b (all float32; B rows, V vocabulary, M = max_top_k, K = num_logprobs):
 
   1. x  = logits + logit_bias
-  2. logprobs = log_softmax(x) (temperature 1, after the bias); top_logprobs / top_logprob_ids
-     = the K largest logprobs, descending, ties lower id first (what ONNX TopK sorted=1 does)
-  3. greedy = argmax(x), the first maximum
-  4. t = temperature, or 1 when temperature == 0 (the sampling branch is computed for every row)
-     d = (x - max x) / t  (= z - max z for z = x / t; never NaN for finite x)
-  5. sx = the M largest x, descending; e = exp((sx - max x) / t)   (the top-M of z, as weights)
-  6. top-k (first, as HF and vLLM): k' = top_k if top_k > 0 else M; in_k = index < k'
-  7. top-p over the distribution renormalised to the top-k survivors:
-       D = sum(e[in_k]) if top_k > 0 else sum(exp(d)) over the whole vocabulary
+  2. logprobs = log_softmax(x) (temperature 1, after the bias, before the penalties);
+     top_logprobs / top_logprob_ids = the K largest logprobs, descending, ties lower id first
+     (what ONNX TopK sorted=1 does)
+  3. penalties (vLLM / SGLang; r = repetition_penalty, 1 = off; seen = prompt + output tokens):
+       y = where(seen, where(x > 0, x / r, x * r), x) + penalty_bias
+     penalty_bias comes from the runtime: -(frequency_penalty * count + presence_penalty * (count > 0))
+     over output tokens, and -inf for tokens banned this step (e.g. EOS before min_new_tokens)
+  4. greedy = argmax(y), the first maximum (penalties apply to greedy decoding too)
+  5. t = temperature, or 1 when temperature == 0 (the sampling branch is computed for every row)
+     d = (y - max y) / t  (= z - max z for z = y / t; never NaN for a finite max y)
+  6. sy = the M largest y, descending; sd = (sy - max y) / t; e = exp(sd)   (the top-M of z - max z)
+  7. min-p, then top-k (vLLM's order; both only shorten the sorted prefix):
+       m = count(sd >= log(min_p))  (prob >= min_p * max prob; >= 1 since sd[0] = 0; M when min_p = 0)
+       k' = min(top_k if top_k > 0 else M, m); in_k = index < k'
+       restricted = top_k > 0 or min_p > 0
+  8. top-p over the distribution renormalised to the min-p and top-k survivors:
+       D = sum(e[in_k]) if restricted else sum(exp(d)) over the whole vocabulary
        p = where(in_k, e, 0) / D;  excl = exclusive cumsum of p
        n = count(excl < top_p) (>= 1, since excl[0] = 0); n' = n if top_p < 1 else M
-  8. threshold thr = sx[min(k', n') - 1], or -inf when top_k == 0 and top_p == 1;
-     keep = x >= thr (ties with the threshold are kept, as in HF's `scores < kth` masking)
-  9. w = where(keep, exp(d), 0); c = cumsum(w) in vocabulary order; total = c[-1]
+  9. threshold thr = sy[min(k', n') - 1], or -inf when not restricted and top_p == 1;
+     keep = y >= thr (ties with the threshold are kept, as in HF's `scores < kth` masking)
+ 10. w = where(keep, exp(d), 0); c = cumsum(w) in vocabulary order; total = c[-1]
      token = first index with c > uniform * total or c >= total (the second clause only matters
      when uniform * total rounds up to total; it picks the last token with weight)
- 10. token_ids = where(temperature == 0, greedy, token)
+ 11. token_ids = where(temperature == 0, greedy, token)
 
-Thresholds compare x with sx, which TopK returns bit-for-bit, instead of comparing z = x / t with
-sx / t: a backend that divides with a different rounding (a fused or approximate GPU division)
-then still keeps the k-th token. Mathematically it is the same set (x -> x / t is increasing).
+Thresholds compare y with sy, which TopK returns bit-for-bit, instead of comparing z = y / t with
+sy / t: a backend that divides with a different rounding (a fused or approximate GPU division)
+then still keeps the k-th token. Mathematically it is the same set (y -> y / t is increasing).
+The min-p and top-p decisions are counts along the sorted prefix, so they only choose the index.
 
-Limits: the nucleus is searched only among the top M; when more than M tokens are needed to
-reach top_p (flat distributions) it is capped at the top M. With top_k = 0 and top_p = 1 the
-whole vocabulary is sampled exactly. Every row needs a finite max(x) (no NaN, no +inf).
+Limits: min-p survivors and the nucleus are searched only among the top M; when more than M
+tokens pass min_p or are needed to reach top_p (flat distributions) the set is capped at the top M.
+With top_k = 0, min_p = 0 and top_p = 1 the whole vocabulary is sampled exactly. Every row needs a
+finite max(x) and a finite max(y) (no NaN, no +inf, at least one token not banned).
 """
 from __future__ import annotations
 
@@ -36,16 +46,17 @@ import numpy as np
 from trtllm.plugins.sample import schema
 
 
-def sample(logits, logit_bias, temperature, top_k, top_p, uniform, num_logprobs: int,
-           max_top_k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def sample(logits, logit_bias, penalty_bias, seen, repetition_penalty, temperature, min_p, top_k, top_p,
+           uniform, num_logprobs: int, max_top_k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Run the op. Returns (token_ids int64 [B], top_logprobs f32 [B,K], top_logprob_ids int64 [B,K])."""
-    x, t, k, p, u = _check(logits, logit_bias, temperature, top_k, top_p, uniform, max_top_k)
+    x, y, t, m, k, p, u = _check(logits, logit_bias, penalty_bias, seen, repetition_penalty, temperature,
+                                 min_p, top_k, top_p, uniform, max_top_k)
     _check_num_logprobs(num_logprobs, max_top_k)
-    logprobs = _log_softmax(x)                                          # [B, V]
+    logprobs = _log_softmax(x)                                          # [B, V]  step 2
     top_logprob_ids = np.argsort(-logprobs, axis=1, kind="stable")[:, :num_logprobs]  # [B, K]
     top_logprobs = np.take_along_axis(logprobs, top_logprob_ids, axis=1)
-    greedy = np.argmax(x, axis=1)                                       # first maximum
-    keep, d = _keep_mask(x, t, k, p, max_top_k)
+    greedy = np.argmax(y, axis=1)                                       # first maximum, step 4
+    keep, d = _keep_mask(y, t, m, k, p, max_top_k)
     w = np.where(keep, np.exp(d), np.float32(0))                        # [B, V]
     c = np.cumsum(w, axis=1, dtype=np.float32)                          # sequential, like CumSum
     total = c[:, -1:]
@@ -55,29 +66,43 @@ def sample(logits, logit_bias, temperature, top_k, top_p, uniform, num_logprobs:
     return token_ids, top_logprobs.astype(np.float32), top_logprob_ids.astype(np.int64)
 
 
-def kept_probs(logits, logit_bias, temperature, top_k, top_p, max_top_k: int) -> np.ndarray:
+def kept_probs(logits, logit_bias, penalty_bias, seen, repetition_penalty, temperature, min_p, top_k, top_p,
+               max_top_k: int) -> np.ndarray:
     """The distribution each row is drawn from, f32 [B,V]: renormalised w, one-hot for greedy rows."""
-    x, t, k, p, _ = _check(logits, logit_bias, temperature, top_k, top_p, None, max_top_k)
-    keep, d = _keep_mask(x, t, k, p, max_top_k)
+    _, y, t, m, k, p, _ = _check(logits, logit_bias, penalty_bias, seen, repetition_penalty, temperature,
+                                 min_p, top_k, top_p, None, max_top_k)
+    keep, d = _keep_mask(y, t, m, k, p, max_top_k)
     w = np.where(keep, np.exp(d.astype(np.float64)), 0.0)
     probs = w / w.sum(axis=1, keepdims=True)
-    greedy = np.eye(x.shape[1])[np.argmax(x, axis=1)]
+    greedy = np.eye(y.shape[1])[np.argmax(y, axis=1)]
     return np.where((t == 0)[:, None], greedy, probs).astype(np.float32)
 
 
-def _keep_mask(x, t, top_k, top_p, max_top_k):
-    """Steps 4-8: the bool mask [B,V] of tokens that survive top-k/top-p, and d = z - max z [B,V]."""
+def _penalize(x, penalty_bias, seen, repetition_penalty):
+    """Step 3: y [B,V] from x [B,V] (float32, the body's exact op order)."""
+    r = repetition_penalty[:, None]                                     # [B, 1]
+    return np.where(seen, np.where(x > 0, x / r, x * r), x) + penalty_bias
+
+
+def _keep_mask(y, t, min_p, top_k, top_p, max_top_k):
+    """Steps 5-9: the bool mask [B,V] of tokens that survive min-p/top-k/top-p, and d = z - max z [B,V]."""
     f32 = np.float32
     t_eff = np.where(t == 0, f32(1), t)[:, None]                        # [B, 1]
-    sx = -np.sort(-x, axis=1)[:, :max_top_k]                            # [B, M] descending
-    xmax = sx[:, :1]
-    d = (x - xmax) / t_eff                                              # [B, V]
-    e = np.exp((sx - xmax) / t_eff)                                     # [B, M]
+    sy = -np.sort(-y, axis=1)[:, :max_top_k]                            # [B, M] descending
+    ymax = sy[:, :1]
+    d = (y - ymax) / t_eff                                              # [B, V]
+    sd = (sy - ymax) / t_eff                                            # [B, M]
+    e = np.exp(sd)
+    m_on = (min_p > 0)[:, None]
+    with np.errstate(divide="ignore"):                                  # log(0) = -inf: keeps all
+        log_min_p = np.where(m_on, np.log(min_p[:, None]), f32(-np.inf))
+    num_min_p = (sd >= log_min_p).sum(axis=1, keepdims=True)            # [B, 1], >= 1
     k_on = (top_k > 0)[:, None]
-    k_eff = np.where(k_on, top_k[:, None], max_top_k)                   # [B, 1]
+    k_eff = np.minimum(np.where(k_on, top_k[:, None], max_top_k), num_min_p)  # [B, 1]
+    restricted = k_on | m_on
     in_k = np.arange(max_top_k)[None, :] < k_eff                        # [B, M]
     e_k = np.where(in_k, e, f32(0))
-    denom = np.where(k_on, e_k.sum(axis=1, keepdims=True), np.exp(d).sum(axis=1, keepdims=True))
+    denom = np.where(restricted, e_k.sum(axis=1, keepdims=True), np.exp(d).sum(axis=1, keepdims=True))
     prob = e_k / denom
     incl = np.cumsum(prob, axis=1, dtype=f32)
     excl = np.concatenate([np.zeros_like(incl[:, :1]), incl[:, :-1]], axis=1)  # not incl - p: exact
@@ -85,9 +110,9 @@ def _keep_mask(x, t, top_k, top_p, max_top_k):
     n = (excl < top_p[:, None]).sum(axis=1, keepdims=True)              # >= 1
     n_eff = np.where(p_on, n, max_top_k)
     idx = np.minimum(k_eff, n_eff) - 1                                  # [B, 1]
-    thr = np.take_along_axis(sx, idx, axis=1)
-    thr = np.where(k_on | p_on, thr, f32(-np.inf))
-    return x >= thr, d
+    thr = np.take_along_axis(sy, idx, axis=1)
+    thr = np.where(restricted | p_on, thr, f32(-np.inf))
+    return y >= thr, d
 
 
 def _log_softmax(x):
@@ -96,8 +121,9 @@ def _log_softmax(x):
     return shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
 
 
-def _check(logits, logit_bias, temperature, top_k, top_p, uniform, max_top_k):
-    """Validate the inputs against the schema; return x, temperature, top_k, top_p, uniform."""
+def _check(logits, logit_bias, penalty_bias, seen, repetition_penalty, temperature, min_p, top_k, top_p,
+           uniform, max_top_k):
+    """Validate the inputs against the schema; return x, y, temperature, min_p, top_k, top_p, uniform."""
     schema.check_max_top_k(max_top_k)
     logits = np.asarray(logits, np.float32)
     if logits.ndim != 2:
@@ -106,19 +132,32 @@ def _check(logits, logit_bias, temperature, top_k, top_p, uniform, max_top_k):
     if max_top_k > vocab_size:
         raise ValueError(f"max_top_k must be <= the vocabulary size {vocab_size}, got {max_top_k}")
     bias = _array("logit_bias", logit_bias, np.float32, logits.shape)
-    t = _array("temperature", temperature, np.float32, (num_rows,))
+    pbias = _array("penalty_bias", penalty_bias, np.float32, logits.shape)
+    seen = _array("seen", seen, np.bool_, logits.shape)
+    r, t, m, p = (_array(name, value, np.float32, (num_rows,)) for name, value in (
+        ("repetition_penalty", repetition_penalty), ("temperature", temperature), ("min_p", min_p),
+        ("top_p", top_p)))
     k = _array("top_k", top_k, np.int64, (num_rows,))
-    p = _array("top_p", top_p, np.float32, (num_rows,))
     u = None if uniform is None else _array("uniform", uniform, np.float32, (num_rows,))
     x = logits + bias
-    _require(~np.isnan(x).any(axis=1) & (x.max(axis=1) < np.inf) & (x.max(axis=1) > -np.inf),
-             "logits + logit_bias", "free of NaN and +inf with a finite maximum in every row", x)
+    _require(_finite_max(x), "logits + logit_bias", "free of NaN and +inf with a finite maximum in every row", x)
+    _require(~np.isnan(pbias) & (pbias < np.inf), "penalty_bias", "free of NaN and +inf", pbias)
+    _require(np.isfinite(r) & (r > 0), "repetition_penalty", "finite and > 0", r)
+    y = _penalize(x, pbias, seen, r)
+    _require(_finite_max(y), "penalty_bias", "-inf on fewer than all tokens, so that the penalised logits "
+             "have a finite maximum in every row (check repetition_penalty too)", y)
     _require(np.isfinite(t) & (t >= 0), "temperature", "finite and >= 0", t)
+    _require((m >= 0) & (m <= 1), "min_p", "in [0, 1]", m)
     _require((k >= 0) & (k <= max_top_k), "top_k", f"in [0, max_top_k={max_top_k}]", k)
     _require((p > 0) & (p <= 1), "top_p", "in (0, 1]", p)
     if u is not None:
         _require((u >= 0) & (u < 1), "uniform", "in [0, 1)", u)
-    return x, t, k, p, u
+    return x, y, t, m, k, p, u
+
+
+def _finite_max(x):
+    """[B] True where the row has no NaN and a finite maximum."""
+    return ~np.isnan(x).any(axis=1) & (x.max(axis=1) < np.inf) & (x.max(axis=1) > -np.inf)
 
 
 def _check_num_logprobs(num_logprobs, max_top_k):
@@ -133,6 +172,8 @@ def _array(name, value, dtype, shape):
     arr = np.asarray(value)
     if arr.shape != shape:
         raise ValueError(f"{name} must have shape {shape}, got {arr.shape}")
+    if dtype is np.bool_ and arr.dtype != np.bool_:
+        raise TypeError(f"{name} must be bool, got dtype {arr.dtype}")
     if np.issubdtype(dtype, np.integer) and arr.size and not np.issubdtype(arr.dtype, np.integer):
         raise TypeError(f"{name} must be integers, got dtype {arr.dtype}")
     return arr.astype(dtype)

@@ -11,17 +11,21 @@ OP = "Sample"
 DOMAIN_VERSION = 1          # opset_import version of the trtllm domain
 OPSET = 24                  # default-domain opset of the body (our graphs use opset 24)
 PLUGIN_NAMESPACE = "trtllm"
-PLUGIN_VERSION = "1"
+PLUGIN_VERSION = "2"        # "2" added penalty_bias, seen, repetition_penalty, min_p
 
-MAX_NUM_LOGPROBS = 50       # K <= 50 (and K <= M: the logprobs come from the same top-M)
+MAX_NUM_LOGPROBS = 50       # K <= 50 and K <= M (the logprobs TopK has the constant K min(50, M))
 TRT_TOPK_LIMIT = 3840       # TensorRT TopK needs K < 3840, so M must be < 3840
 DEFAULT_MAX_TOP_K = 1024    # callers use min(DEFAULT_MAX_TOP_K, V)
 
 # (name, dtype, shape); dtypes are numpy names, shapes use the symbols above.
 INPUTS = (
     ("logits", "float32", ("B", "V")),
-    ("logit_bias", "float32", ("B", "V")),    # dense, added first
+    ("logit_bias", "float32", ("B", "V")),    # dense, added first; -inf bans a token
+    ("penalty_bias", "float32", ("B", "V")),  # added after the repetition penalty; no NaN or +inf
+    ("seen", "bool", ("B", "V")),             # prompt + output tokens: the repetition penalty applies
+    ("repetition_penalty", "float32", ("B",)),  # > 0; 1 = disabled
     ("temperature", "float32", ("B",)),       # >= 0; 0 = greedy
+    ("min_p", "float32", ("B",)),             # [0, 1]; 0 = disabled
     ("top_k", "int64", ("B",)),               # 0 = disabled; 1..M
     ("top_p", "float32", ("B",)),             # (0, 1]; 1 = disabled
     ("uniform", "float32", ("B",)),           # [0, 1): the caller's random draw
@@ -34,9 +38,9 @@ OUTPUTS = (
 )
 # name -> (type, meaning); all are declared on the FunctionProto and set on the call node.
 ATTRIBUTES = {
-    "max_top_k": ("int", "M: top-k limit and the top-p candidate set; 1 <= M < 3840"),
+    "max_top_k": ("int", "M: top-k limit and the min-p/top-p candidate set; 1 <= M < 3840"),
     "plugin_namespace": ("string", "TensorRT plugin namespace, always 'trtllm'"),
-    "plugin_version": ("string", "TensorRT plugin version, always '1'"),
+    "plugin_version": ("string", "TensorRT plugin version, always PLUGIN_VERSION ('2')"),
 }
 
 INPUT_NAMES = tuple(name for name, _, _ in INPUTS)
