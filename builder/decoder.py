@@ -12,7 +12,7 @@ One step of the graph, for every architecture in the registry:
         h    += o_proj(Attention(q, K_i, V_i, mask))        # mask: slot j visible to query s of row b
         h    += down(silu(gate(x')) * up(x'))               #   iff j <= write_index[b] + s (+ window)
     logits [B,V] = lm_head(norm(h[b, last_index[b]]))
-    token_ids, top_logprobs = trtllm::Sample(logits, logit_bias, temperature, top_k, top_p, uniform)
+    token_ids, top_logprobs = trtllm::Sample(logits, logit_bias, penalties, temperature, min_p, top_k, top_p, uniform)
 
 KV slots are positions: a row's token at position p lives in slot p, so right-padding a batch of
 prompts of different lengths is harmless (the pad's slots are masked, then overwritten).
@@ -170,10 +170,12 @@ class DecoderWriter:
 
     def sampler(self, logits: str) -> None:
         g, io = self.g, self.io
-        ins = [logits, g.input(io.logit_bias, F32, ["batch", self.spec.vocab_size]),
-               g.input(io.temperature, F32, ["batch"]), g.input(io.top_k, I64, ["batch"]),
-               g.input(io.top_p, F32, ["batch"]), g.input(io.uniform, F32, ["batch"]),
-               g.input(io.num_logprobs, I64, [1])]
+        vocab = ["batch", self.spec.vocab_size]
+        ins = [logits, g.input(io.logit_bias, F32, vocab), g.input(io.penalty_bias, F32, vocab),
+               g.input(io.seen, TensorProto.BOOL, vocab), g.input(io.repetition_penalty, F32, ["batch"]),
+               g.input(io.temperature, F32, ["batch"]), g.input(io.min_p, F32, ["batch"]),
+               g.input(io.top_k, I64, ["batch"]), g.input(io.top_p, F32, ["batch"]),
+               g.input(io.uniform, F32, ["batch"]), g.input(io.num_logprobs, I64, [1])]
         outs = [io.token_ids, io.top_logprobs, io.top_logprob_ids]
         g.nodes.append(sample_body.make_node(ins, outs, self.max_top_k))
         g.functions.append(sample_body.make_function(self.max_top_k))

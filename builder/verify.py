@@ -22,10 +22,9 @@ class VerifyError(RuntimeError):
 
 def engine_logits(engine, prompt_ids: list[int], num_decode: int) -> tuple[list[int], np.ndarray]:
     """Greedy decode with the engine; returns (generated ids, logits [1 + num_decode, V])."""
-    row = RowState(prompt_ids=prompt_ids, max_new_tokens=num_decode + 1, rng=np.random.default_rng(0),
-                   eos_ids=frozenset())
-    batch = sampling.make_batch([sampling.SamplingParams(temperature=0.0)], engine.manifest.model.vocab_size,
-                                engine.manifest.max_top_k)
+    params = sampling.SamplingParams(temperature=0.0, max_new_tokens=num_decode + 1)
+    row = RowState(prompt_ids=prompt_ids, params=params, rng=np.random.default_rng(0), eos_ids=frozenset())
+    batch = sampling.make_batch([params], engine.manifest.model.vocab_size, engine.manifest.max_top_k)
     engine.allocate(1, len(prompt_ids) + num_decode + 1)
     inputs, logits = prefill_inputs([row], engine.manifest.pad_token_id, batch), []
     for _ in range(num_decode + 1):

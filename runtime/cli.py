@@ -30,6 +30,19 @@ def write_atomic(path: Path, data: dict, indent: int) -> None:
         raise
 
 
+def print_line(record: dict) -> None:
+    click.echo(json.dumps(record, ensure_ascii=False))
+    sys.stdout.flush()
+
+
+def print_chunk(sample, text: str, finish_reason: str | None) -> None:
+    """One streamed piece: {"request_idx", "sample_idx", "text"[, "finish_reason"]} per line."""
+    record = {"request_idx": sample.prepared.index, "sample_idx": sample.sample_idx, "text": text}
+    if finish_reason:
+        record["finish_reason"] = finish_reason
+    print_line(record)
+
+
 def fail_usage(message: str) -> None:
     click.echo(f"error: {message}", err=True)
     sys.exit(2)
@@ -39,9 +52,6 @@ def check_engine_limits(inp: fmt.InputFile, manifest) -> None:
     if inp.batch_size > manifest.limits.max_batch_size:
         fail_usage(f"batch_size must be <= {manifest.limits.max_batch_size} (the engine's max_batch_size), "
                    f"got {inp.batch_size}; rebuild with a larger --max-batch-size")
-    if manifest.max_top_k < inp.top_k < manifest.model.vocab_size:
-        fail_usage(f"top_k must be <= {manifest.max_top_k} (the engine's sampler limit) or >= the vocabulary "
-                   f"size {manifest.model.vocab_size} (all tokens), got {inp.top_k}")
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
@@ -52,13 +62,12 @@ def check_engine_limits(inp: fmt.InputFile, manifest) -> None:
               help="Output JSON file (default: print it to stdout).")
 @click.option("--profile", type=click.Path(dir_okay=False, path_type=Path),
               help="Write timing and peak memory to this JSON file.")
-@click.option("--stream", is_flag=True, help="Print each request's text as it is generated (not supported yet).")
+@click.option("--stream", is_flag=True,
+              help="Print each request's text to stdout as it is generated, as JSON lines.")
 @click.option("--threads", type=click.IntRange(min=1), default=None, help="CPU threads (default: all cores).")
 def main(input_file: Path, engine_dir: Path, output: Path | None, profile: Path | None, stream: bool,
          threads: int | None) -> None:
     """Answer the requests in INPUT_FILE with the engine in --engine."""
-    if stream:
-        fail_usage("--stream is not supported yet; run without it")
     try:
         inp = fmt.read_input(input_file)
     except fmt.InputError as e:
@@ -75,17 +84,27 @@ def main(input_file: Path, engine_dir: Path, output: Path | None, profile: Path 
         fail_usage(str(e))
     check_engine_limits(inp, engine.manifest)
     # Problems only the engine can see (a token id past its vocabulary) fail that request alone.
-    engine_errors = dict(fmt.check_against_engine(inp, engine.manifest.model.vocab_size))
+    m = engine.manifest
+    engine_errors = dict(fmt.check_limits(inp, m.max_top_k, m.model.vocab_size))
+    engine_errors.update(fmt.check_against_engine(inp, m.model.vocab_size))
     runner = Runner(engine, Tokenizer.from_engine_dir(engine_dir), ChatTemplate.from_engine_dir(engine_dir))
-    responses = runner.run(inp, engine_errors)
+    responses = runner.run(inp, engine_errors, on_text=print_chunk if stream else None)
     result = {"input_file": str(input_file), "responses": responses}
-    if output is None:
+    if stream:
+        for r in responses:  # requests that never ran still end their stream
+            if r["finish_reason"] == "error":
+                print_line({"request_idx": r["request_idx"], "sample_idx": r.get("sample_idx", 0), "text": "",
+                            "finish_reason": "error", "error": r.get("error")})
+    if output is not None:
+        write_atomic(output, result, indent=4)
+        click.echo(f"wrote {len(responses)} responses to {output}", err=True)
+    if stream:
+        pass  # stdout already carries the text, as JSON lines
+    elif output is None:
         click.echo(json.dumps(result, indent=4, ensure_ascii=False))
     else:
-        write_atomic(output, result, indent=4)
         for r in responses:
             click.echo(f"[{r['request_idx']}] ({r['finish_reason']}) {r['output_text']}")
-        click.echo(f"wrote {len(responses)} responses to {output}", err=True)
     if profile is not None:
         write_atomic(profile, runner.profile(), indent=2)
     failed = sum(r["finish_reason"] == "error" for r in responses)

@@ -16,33 +16,59 @@ import numpy as np
 
 from trtllm.runtime import sampling
 from trtllm.runtime.engine import Engine, StepInputs
+from trtllm.runtime.text import TextStream
 
 CAPACITY_ROUNDING = 64  # KV buffers grow in steps of this many slots
 
 
 @dataclass
 class RowState:
-    """One request's progress. `stopper(ids) -> (finish_reason or None)` adds stop-string checks."""
+    """One request sample's progress; `text` (stop strings, streaming) is optional."""
 
     prompt_ids: list[int]
-    max_new_tokens: int
+    params: sampling.SamplingParams
     rng: np.random.Generator
     eos_ids: frozenset[int]
-    stopper: object = None
+    text: TextStream | None = None
     output_ids: list[int] = field(default_factory=list)
     logprobs: list[tuple[np.ndarray, np.ndarray]] = field(default_factory=list)
+    counts: dict[int, int] = field(default_factory=dict)
     finish_reason: str | None = None
+    max_new_tokens: int = -1  # params.max_new_tokens, capped by the batch's KV capacity
+
+    def __post_init__(self):
+        if self.max_new_tokens < 0:
+            self.max_new_tokens = self.params.max_new_tokens
+
+    @property
+    def banned(self) -> frozenset[int]:
+        """What min_new_tokens holds back: EOS (unless ignored) and the stop token ids."""
+        eos = frozenset() if self.params.ignore_eos else self.eos_ids
+        return eos | frozenset(self.params.stop_token_ids)
 
     def accept(self, token_id: int, top: tuple[np.ndarray, np.ndarray] | None) -> None:
         self.output_ids.append(token_id)
+        self.counts[token_id] = self.counts.get(token_id, 0) + 1
         if top is not None:
             self.logprobs.append(top)
-        if token_id in self.eos_ids:
+        n, p = len(self.output_ids), self.params
+        if token_id in self.eos_ids and not p.ignore_eos:
             self.finish_reason = "end-of-sequence"
-        elif self.stopper is not None and (reason := self.stopper(self.output_ids)):
-            self.finish_reason = reason
-        elif len(self.output_ids) >= self.max_new_tokens:
+        elif token_id in p.stop_token_ids:
+            self.finish_reason = "stop-words"
+        elif self.text is not None and self.text.push(token_id, check_stops=n >= p.min_new_tokens):
+            self.finish_reason = "stop-words"
+        elif n >= self.max_new_tokens:
             self.finish_reason = "max-length"
+        if self.finish_reason and self.text is not None:
+            self.text.finish()
+
+    def visible_ids(self) -> list[int]:
+        """The output without a final EOS or stop token (they are not part of output_text)."""
+        if self.finish_reason == "end-of-sequence" or (
+                self.finish_reason == "stop-words" and self.output_ids and self.output_ids[-1] in self.params.stop_token_ids):
+            return self.output_ids[:-1]
+        return self.output_ids
 
 
 @dataclass
@@ -80,8 +106,7 @@ def decode_inputs(rows: list[RowState], batch: sampling.SamplingBatch) -> StepIn
                       sampling=batch)
 
 
-def run_batch(engine: Engine, rows: list[RowState], params: list[sampling.SamplingParams],
-              timing: Timing | None = None, on_token=None) -> None:
+def run_batch(engine: Engine, rows: list[RowState], timing: Timing | None = None, on_token=None) -> None:
     """Generate until every row has a finish_reason. `on_token(row_index)` is called after each
     accepted token (for streaming)."""
     m = engine.manifest
@@ -93,7 +118,9 @@ def run_batch(engine: Engine, rows: list[RowState], params: list[sampling.Sampli
             r.finish_reason = "max-length"
     if all(r.finish_reason for r in rows):
         return
-    batch = sampling.make_batch(params, m.model.vocab_size, m.max_top_k)
+    params = [r.params for r in rows]
+    batch = sampling.make_batch(params, m.model.vocab_size, m.max_top_k, prompts=[r.prompt_ids for r in rows],
+                                banned=[r.banned for r in rows])
     engine.allocate(len(rows), capacity)
     want_top = any(p.num_logprobs > 0 for p in params)
     inputs = prefill_inputs(rows, m.pad_token_id, batch)
@@ -113,8 +140,9 @@ def run_batch(engine: Engine, rows: list[RowState], params: list[sampling.Sampli
             timing.generation_seconds += elapsed
             timing.generated_tokens += len(live)
         for b in live:
-            top = (out.top_logprobs[b].copy(), out.top_logprob_ids[b].copy()) if want_top else None
-            rows[b].accept(int(out.token_ids[b]), top)
+            row, token = rows[b], int(out.token_ids[b])
+            row.accept(token, (out.top_logprobs[b].copy(), out.top_logprob_ids[b].copy()) if want_top else None)
+            sampling.penalize(batch, b, row.params, row.counts, token, len(row.output_ids), row.banned)
             if on_token is not None:
                 on_token(b)
         first = False

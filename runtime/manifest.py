@@ -18,7 +18,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: the sampler takes penalties and min_p
 MANIFEST_NAME = "manifest.json"
 SUPPORTED_BACKENDS = ("onnxruntime", "tensorrt")
 
@@ -61,6 +61,10 @@ class GraphIO:
     present_key: str = "present_key.{i}"      # the same buffer, updated in place
     present_value: str = "present_value.{i}"
     logit_bias: str = "logit_bias"            # f32 [batch, vocab]
+    penalty_bias: str = "penalty_bias"        # f32 [batch, vocab]: frequency/presence, -inf = banned
+    seen: str = "seen"                        # bool [batch, vocab]: prompt + output tokens
+    repetition_penalty: str = "repetition_penalty"  # f32 [batch]
+    min_p: str = "min_p"                      # f32 [batch]
     temperature: str = "temperature"          # f32 [batch]
     top_k: str = "top_k"                      # int64 [batch]
     top_p: str = "top_p"                      # f32 [batch]

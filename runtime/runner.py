@@ -15,6 +15,7 @@ from trtllm.runtime.chat_template import ChatTemplate, ChatTemplateError, raw_pr
 from trtllm.runtime.engine import Engine
 from trtllm.runtime.generate import RowState, Timing, run_batch
 from trtllm.runtime.sampling import SamplingParams
+from trtllm.runtime.text import TextStream
 from trtllm.runtime.tokenizer import Tokenizer
 
 FAILED_TEXT = "trtllm-edge cannot handle this request."
@@ -32,19 +33,27 @@ class Prepared:
     error: str | None = None
 
 
-class StopStrings:
-    """Finds the earliest stop string in the decoded output; `text` is the output cut before it."""
+@dataclass
+class Sample:
+    """One of a request's n samples: one batch slot."""
 
-    def __init__(self, tokenizer: Tokenizer, stops: tuple[str, ...]):
-        self.tokenizer, self.stops, self.text = tokenizer, stops, None
+    prepared: Prepared
+    sample_idx: int
+    row: RowState | None = None
 
-    def __call__(self, ids: list[int]) -> str | None:
-        text = self.tokenizer.decode(ids)
-        hits = [i for i in (text.find(s) for s in self.stops) if i >= 0]
-        if hits:
-            self.text = text[: min(hits)]
-            return "stop-words"
-        return None
+
+def sampling_params(req: fmt.Request) -> SamplingParams:
+    return SamplingParams(
+        temperature=req.temperature, top_k=req.top_k, top_p=req.top_p, min_p=req.min_p,
+        repetition_penalty=req.repetition_penalty, presence_penalty=req.presence_penalty,
+        frequency_penalty=req.frequency_penalty, logit_bias=req.logit_bias, num_logprobs=req.num_logprobs,
+        max_new_tokens=req.max_generate_length, min_new_tokens=req.min_new_tokens, stop=req.stop,
+        stop_token_ids=req.stop_token_ids, ignore_eos=req.ignore_eos)
+
+
+def sample_rng(req: fmt.Request, sample_idx: int) -> np.random.Generator:
+    """Sample i of a seeded request draws from PCG64(seed + i); unseeded requests get fresh entropy."""
+    return np.random.default_rng(None if req.seed is None else req.seed + sample_idx)
 
 
 def unsupported(req: fmt.Request) -> str | None:
@@ -90,42 +99,45 @@ class Runner:
                        f"{limit}; rebuild with a larger --max-input-len")
         return p
 
-    def run_group(self, group: list[Prepared], inp: fmt.InputFile) -> list[dict]:
-        ok = [p for p in group if p.error is None]
-        rows, params, stoppers = [], [], []
-        for p in ok:
-            stop = StopStrings(self.tokenizer, p.request.stop) if p.request.stop else None
-            stoppers.append(stop)
-            rows.append(RowState(prompt_ids=p.prompt_ids, max_new_tokens=inp.max_generate_length,
-                                 rng=np.random.default_rng(), eos_ids=frozenset(self.engine.manifest.eos_token_ids),
-                                 stopper=stop))
-            params.append(SamplingParams(temperature=inp.temperature, top_k=inp.top_k, top_p=inp.top_p,
-                                         logit_bias=p.request.logit_bias, num_logprobs=p.request.num_logprobs))
-        if rows:
-            try:
-                run_batch(self.engine, rows, params, self.timing)
-            except Exception as e:  # one failing batch must not take down the others
-                for p in ok:
-                    p.error = f"the engine failed on this batch: {type(e).__name__}: {e}"
-        by_index = {p.index: (r, s) for p, r, s in zip(ok, rows, stoppers)}
-        out = []
-        for slot, p in enumerate(group):
-            row, stop = by_index.get(p.index, (None, None))
-            out.append(self.response(p, slot, row, stop))
-        return out
+    def run_group(self, group: list[Sample], on_text=None) -> list[dict]:
+        """Run one static batch; `on_text(sample, text, finish_reason)` streams text as it is made."""
+        live = [smp for smp in group if smp.prepared.error is None]
+        eos = frozenset(self.engine.manifest.eos_token_ids)
+        for smp in live:
+            req = smp.prepared.request
+            smp.row = RowState(prompt_ids=smp.prepared.prompt_ids, params=sampling_params(req),
+                               rng=sample_rng(req, smp.sample_idx), eos_ids=eos,
+                               text=TextStream(self.tokenizer, req.stop))
 
-    def response(self, p: Prepared, slot: int, row: RowState | None, stop: StopStrings | None) -> dict:
+        def on_token(b: int) -> None:
+            row = live[b].row
+            chunk = row.text.take(final=row.finish_reason is not None)
+            if chunk or row.finish_reason:
+                on_text(live[b], chunk, row.finish_reason)
+
+        if live:
+            try:
+                run_batch(self.engine, [smp.row for smp in live], self.timing, on_token if on_text else None)
+            except Exception as e:  # one failing batch must not take down the others
+                for smp in live:
+                    smp.prepared.error = f"the engine failed on this batch: {type(e).__name__}: {e}"
+        return [self.response(smp, slot) for slot, smp in enumerate(group)]
+
+    def response(self, smp: Sample, slot: int) -> dict:
+        p, row = smp.prepared, smp.row
         res = {"output_text": FAILED_TEXT, "request_idx": p.index, "batch_idx": slot, "finish_reason": "error",
                "messages": [m.to_json() for m in p.request.messages],
                "formatted_system_prompt": p.system_prefix, "formatted_complete_request": p.text}
+        if p.request.n > 1:
+            res["sample_idx"] = smp.sample_idx
         if p.error is not None or row is None:
             res["error"] = p.error
             return res
-        ids = row.output_ids
-        if row.finish_reason == "end-of-sequence":
-            ids = ids[:-1]
         res["finish_reason"] = row.finish_reason
-        res["output_text"] = stop.text if row.finish_reason == "stop-words" else self.tokenizer.decode(ids)
+        if row.finish_reason == "stop-words" and row.text.stop_at is not None:
+            res["output_text"] = row.text.final_text()
+        else:
+            res["output_text"] = self.tokenizer.decode(row.visible_ids())
         if p.request.num_logprobs > 0:
             res["logprobs"] = [self.logprob_step(vals, toks, p.request.num_logprobs) for vals, toks in row.logprobs]
         return res
@@ -138,15 +150,18 @@ class Runner:
                         "bytes": list(raw), "logprob": float(v)})
         return out
 
-    def run(self, inp: fmt.InputFile, errors: dict[int, str] | None = None) -> list[dict]:
-        """Answer every request; `errors` (request index -> message) fail requests up front."""
-        prepared = [self.prepare(i, r, inp) for i, r in enumerate(inp.requests)]
-        for p in prepared:
-            if errors and p.index in errors and p.error is None:
-                p.error = errors[p.index]
+    def run(self, inp: fmt.InputFile, errors: dict[int, str] | None = None, on_text=None) -> list[dict]:
+        """Answer every request; `errors` (request index -> message) fail requests up front.
+        Each request becomes n samples; batches take batch_size samples in order."""
+        samples = []
+        for i, req in enumerate(inp.requests):
+            p = self.prepare(i, req, inp)
+            if errors and i in errors and p.error is None:
+                p.error = errors[i]
+            samples += [Sample(p, k) for k in range(req.n)]
         responses = []
-        for start in range(0, len(prepared), inp.batch_size):
-            responses += self.run_group(prepared[start:start + inp.batch_size], inp)
+        for start in range(0, len(samples), inp.batch_size):
+            responses += self.run_group(samples[start:start + inp.batch_size], on_text)
         return responses
 
     def profile(self) -> dict:

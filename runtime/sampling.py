@@ -1,9 +1,15 @@
-"""Sampling parameters: one validated dataclass per request, a pure function to batch them.
+"""Sampling parameters: one validated dataclass per request, pure functions to batch them.
 
-Stage order (applied in the graph by trtllm::Sample, see plugins/sample/reference.py):
-  logit_bias -> logprobs (log_softmax, temperature 1) -> temperature -> top-k -> top-p -> draw.
-temperature 0 is greedy (argmax of the biased logits). The random numbers the draw uses come from
-a numpy Generator seeded per request, so a run can be replayed and any backend draws the same.
+Stage order (the graph's trtllm::Sample applies 1-2 and 4-8; see docs/sampling.md):
+  1. logit_bias            added to the logits
+  2. logprobs              log_softmax of the biased logits, temperature 1 (before penalties)
+  3. penalties             repetition (prompt + output), frequency and presence (output), and
+                           -inf for EOS / stop_token_ids until min_new_tokens  [host: penalty_bias, seen]
+  4. temperature           0 = greedy: argmax of the penalised logits
+  5. min_p  6. top-k  7. top-p (renormalised over the min_p/top-k survivors)
+  8. draw                  with a uniform number from the request's own seeded generator
+Penalty history (token counts) lives in the request's row state, not here: `penalize` updates
+one row of the batch arrays after each generated token.
 """
 from __future__ import annotations
 
@@ -11,6 +17,11 @@ import math
 from dataclasses import dataclass, field
 
 import numpy as np
+
+
+def _check(ok: bool, name: str, constraint: str, value) -> None:
+    if not ok:
+        raise ValueError(f"{name} must be {constraint}, got {value!r}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -21,55 +32,113 @@ class SamplingParams:
     """>= 0; 0 = disabled (a value >= the vocabulary size also keeps every token)."""
     top_p: float = 0.8
     """in (0, 1]; 1 = disabled."""
+    min_p: float = 0.0
+    """in [0, 1]; 0 = disabled. Keep tokens with prob >= min_p * the top token's prob."""
+    repetition_penalty: float = 1.0
+    """> 0; 1 = disabled. Over prompt + output: positive logits divided, negative multiplied."""
+    presence_penalty: float = 0.0
+    """in [-2, 2]; 0 = disabled. Subtracted once from every token already generated."""
+    frequency_penalty: float = 0.0
+    """in [-2, 2]; 0 = disabled. Subtracted once per earlier occurrence in the output."""
     logit_bias: dict[int, float] = field(default_factory=dict)
     """token id -> added to its logit before everything else; {} = none."""
     num_logprobs: int = 0
     """in [0, 50]; 0 = none. Top-K log_softmax of the biased logits, temperature 1."""
+    max_new_tokens: int = 256
+    """>= 0: generation stops with max-length after this many tokens."""
+    min_new_tokens: int = 0
+    """in [0, max_new_tokens]; 0 = disabled. EOS, stop_token_ids and stop strings wait until then."""
+    stop: tuple[str, ...] = ()
+    """stop strings; () = none. The earliest match ends the output, without the match."""
+    stop_token_ids: tuple[int, ...] = ()
+    """token ids that end generation like EOS (finish_reason stop-words); () = none."""
+    ignore_eos: bool = False
+    """keep generating past EOS; False = EOS ends the output."""
 
     def __post_init__(self):
-        if not (math.isfinite(self.temperature) and self.temperature >= 0):
-            raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature!r}")
-        if self.top_k < 0:
-            raise ValueError(f"top_k must be >= 0, got {self.top_k!r}")
-        if not (0 < self.top_p <= 1):
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
-        if not 0 <= self.num_logprobs <= 50:
-            raise ValueError(f"num_logprobs must be in [0, 50], got {self.num_logprobs!r}")
+        _check(math.isfinite(self.temperature) and self.temperature >= 0, "temperature", "a finite number >= 0",
+               self.temperature)
+        _check(self.top_k >= 0, "top_k", ">= 0", self.top_k)
+        _check(0 < self.top_p <= 1, "top_p", "in (0, 1]", self.top_p)
+        _check(0 <= self.min_p <= 1, "min_p", "in [0, 1]", self.min_p)
+        _check(math.isfinite(self.repetition_penalty) and self.repetition_penalty > 0, "repetition_penalty",
+               "a finite number > 0", self.repetition_penalty)
+        _check(-2 <= self.presence_penalty <= 2, "presence_penalty", "in [-2, 2]", self.presence_penalty)
+        _check(-2 <= self.frequency_penalty <= 2, "frequency_penalty", "in [-2, 2]", self.frequency_penalty)
+        _check(0 <= self.num_logprobs <= 50, "num_logprobs", "in [0, 50]", self.num_logprobs)
+        _check(self.max_new_tokens >= 0, "max_new_tokens", ">= 0", self.max_new_tokens)
+        _check(0 <= self.min_new_tokens <= self.max_new_tokens, "min_new_tokens",
+               f"in [0, max_new_tokens={self.max_new_tokens}]", self.min_new_tokens)
+
+    @property
+    def penalized(self) -> bool:
+        return self.repetition_penalty != 1 or self.presence_penalty != 0 or self.frequency_penalty != 0
 
 
 @dataclass(frozen=True, slots=True)
 class SamplingBatch:
-    """Per-row arrays the graph takes; `uniform` is refilled every step by `draw`."""
+    """Per-row arrays the graph takes. `uniform` is refilled every step by `draw`; `penalty_bias`
+    and `seen` are updated in place by `penalize` after each token."""
 
-    logit_bias: np.ndarray    # f32 [B, V]
-    temperature: np.ndarray   # f32 [B]
-    top_k: np.ndarray         # int64 [B]
-    top_p: np.ndarray         # f32 [B]
-    uniform: np.ndarray       # f32 [B]
-    num_logprobs: int         # K for the whole batch (>= 1 in the graph; rows slice their own)
+    logit_bias: np.ndarray          # f32 [B, V]
+    penalty_bias: np.ndarray        # f32 [B, V]: -(freq*count + presence*(count>0)), -inf = banned
+    seen: np.ndarray                # bool [B, V]: prompt + output tokens (repetition penalty)
+    repetition_penalty: np.ndarray  # f32 [B]
+    temperature: np.ndarray         # f32 [B]
+    min_p: np.ndarray               # f32 [B]
+    top_k: np.ndarray               # int64 [B]
+    top_p: np.ndarray               # f32 [B]
+    uniform: np.ndarray             # f32 [B]
+    num_logprobs: int               # K for the whole batch (>= 1 in the graph; rows slice their own)
 
 
-def make_batch(params: list[SamplingParams], vocab_size: int, max_top_k: int) -> SamplingBatch:
-    """Batch the params. top_k >= vocab_size means 'all tokens' and becomes 0 (disabled)."""
-    bias = np.zeros((len(params), vocab_size), np.float32)
-    for row, p in enumerate(params):
+def make_batch(params: list[SamplingParams], vocab_size: int, max_top_k: int,
+               prompts: list[list[int]] | None = None, banned: list[frozenset[int]] | None = None) -> SamplingBatch:
+    """Batch the params. top_k >= vocab_size means 'all tokens' and becomes 0 (disabled).
+    `banned[b]` are the ids row b may not produce before its min_new_tokens."""
+    rows = len(params)
+    bias = np.zeros((rows, vocab_size), np.float32)
+    penalty = np.zeros((rows, vocab_size), np.float32)
+    seen = np.zeros((rows, vocab_size), np.bool_)
+    for b, p in enumerate(params):
         for token_id, value in p.logit_bias.items():
-            bias[row, token_id] = value
+            bias[b, token_id] = value
+        if prompts is not None and p.repetition_penalty != 1:
+            seen[b, prompts[b]] = True
+        if banned is not None and p.min_new_tokens > 0:
+            penalty[b, list(banned[b])] = -np.inf
     top_k = [0 if p.top_k >= vocab_size else p.top_k for p in params]
     too_big = [k for k in top_k if k > max_top_k]
-    if too_big:
-        raise ValueError(f"top_k must be <= {max_top_k} (the engine's max_top_k) or >= the vocabulary "
-                         f"size {vocab_size}, got {too_big[0]}")
+    _check(not too_big, "top_k", f"<= {max_top_k} (the engine's max_top_k) or >= the vocabulary size {vocab_size}",
+           too_big[0] if too_big else None)
     return SamplingBatch(
-        logit_bias=bias,
+        logit_bias=bias, penalty_bias=penalty, seen=seen,
+        repetition_penalty=np.array([p.repetition_penalty for p in params], np.float32),
         temperature=np.array([p.temperature for p in params], np.float32),
+        min_p=np.array([p.min_p for p in params], np.float32),
         top_k=np.array(top_k, np.int64),
         top_p=np.array([p.top_p for p in params], np.float32),
-        uniform=np.zeros(len(params), np.float32),
+        uniform=np.zeros(rows, np.float32),
         # The graph takes its logprobs from the sampler's top-M, so K <= M (only a vocabulary
         # under 50 tokens has M < 50, and then there are no more tokens to list anyway).
         num_logprobs=min(max([p.num_logprobs for p in params] + [1]), max_top_k),
     )
+
+
+def penalize(batch: SamplingBatch, row: int, params: SamplingParams, counts: dict[int, int], token_id: int,
+             num_generated: int, banned: frozenset[int]) -> None:
+    """Account for `token_id`, just generated by `row` (its count already in `counts`)."""
+    if params.penalized:
+        count = counts[token_id]
+        batch.penalty_bias[row, token_id] = -(params.frequency_penalty * count + params.presence_penalty)
+        if params.repetition_penalty != 1:
+            batch.seen[row, token_id] = True
+    if params.min_new_tokens and num_generated == params.min_new_tokens:  # the ban ends now
+        for t in banned:
+            c = counts.get(t, 0)
+            batch.penalty_bias[row, t] = -(params.frequency_penalty * c + params.presence_penalty * (c > 0))
+    elif params.min_new_tokens and num_generated < params.min_new_tokens and token_id in banned:
+        batch.penalty_bias[row, token_id] = -np.inf  # still banned, whatever the count says
 
 
 def draw(batch: SamplingBatch, rngs: list[np.random.Generator]) -> None:

@@ -64,3 +64,22 @@ def demo_engine(demo_model, tmp_path_factory):
     build(BuildConfig(model=str(demo_model), output=str(out), max_batch_size=8, max_input_len=1024,
                       max_kv_cache_capacity=2048), log=lambda m: None)
     return out
+
+
+@pytest.fixture
+def run_cli(tmp_path):
+    """run_cli(engine, payload, *args) -> (click result, parsed output JSON or None)."""
+    import json
+
+    from click.testing import CliRunner
+
+    from trtllm.runtime.cli import main
+
+    def run(engine, payload, *extra):
+        inp = tmp_path / "input.json"
+        inp.write_text(payload if isinstance(payload, str) else json.dumps(payload))
+        out = tmp_path / "out.json"
+        result = CliRunner().invoke(main, [str(inp), "--engine", str(engine), "--output", str(out), *extra])
+        return result, (json.loads(out.read_text()) if out.exists() else None)
+
+    return run

@@ -2,18 +2,20 @@
 
 The body follows reference.py step by step (the step numbers below are the reference's). Only ops
 of TensorRT's ONNX table are used (plugins/lint.py checks it): no Multinomial, no RandomUniform;
-the one TopK has a constant K = M < 3840 and sorted=1; CumSum axes and Reduce* axes are Constants.
-M is baked into the body (`make_function(max_top_k)`), so one model uses one M.
+the two TopKs have constant K (min(50, M) and M, both < 3840) and sorted=1; CumSum axes and
+Reduce* axes are Constants. M is baked into the body (`make_function(max_top_k)`), so one model
+uses one M.
 
-    logits, logit_bias -> x --LogSoftmax--> logprobs --GatherElements(ids[:, :K])--> top_logprobs
-                          x --TopK(M)--> sx, ids           (one TopK serves logprobs and sampling)
-                          x == sx[:, 0] --first index--> greedy
-    sx, temperature, top_k, top_p --> threshold thr (steps 5-8)
-    x >= thr, exp((x - max) / t) --> w --CumSum--> c --first c > uniform * c[-1]--> token
+    logits, logit_bias -> x --LogSoftmax--> logprobs --TopK(min(50, M))--> [:, :K] -> top_logprobs, ids
+    x, seen, repetition_penalty, penalty_bias -> y                          (step 3)
+    y --TopK(M)--> sy;  y == sy[:, 0] --first index--> greedy
+    sy, temperature, min_p, top_k, top_p --> threshold thr (steps 5-9)
+    y >= thr, exp((y - max y) / t) --> w --CumSum--> c --first c > uniform * c[-1]--> token
     where(temperature == 0, greedy, token) -> token_ids
 
-"First index where cond" is ReduceMin(where(cond, arange(V), V)), not ArgMax, because TensorRT
-does not promise which index ArgMax/TopK return for ties.
+Two TopKs because the logprobs are of x (before the penalties) and the thresholds of y; the small
+one costs little next to TopK(M). "First index where cond" is ReduceMin(where(cond, arange(V), V)),
+not ArgMax, because TensorRT does not promise which index ArgMax/TopK return for ties.
 """
 from __future__ import annotations
 
@@ -50,15 +52,17 @@ def make_function(max_top_k: int) -> onnx.FunctionProto:
     b = _Body()
     _constants(b, max_top_k)
     b.op("Add", "logits", "logit_bias", out="x")                                  # [B, V]  step 1
-    _logprobs_and_greedy(b)                                                         # steps 2-3
-    _threshold(b)                                                                   # steps 4-8
-    _draw(b)                                                                        # steps 9-10
+    _logprobs(b)                                                                    # step 2
+    _penalties(b)                                                                   # step 3
+    _greedy(b)                                                                      # step 4
+    _threshold(b)                                                                   # steps 5-9
+    _draw(b)                                                                        # steps 10-11
     return helper.make_function(
         DOMAIN, OP, list(schema.INPUT_NAMES), list(schema.OUTPUT_NAMES), b.nodes,
         opset_imports=[helper.make_opsetid("", schema.OPSET)],
         attributes=list(schema.ATTRIBUTES),
-        doc_string=f"Sampling with temperature, top-k, top-p and logit bias; max_top_k={max_top_k} "
-                   "(see trtllm/plugins/sample/reference.py).",
+        doc_string=f"Sampling with logit bias, repetition/frequency/presence penalties, temperature, "
+                   f"min-p, top-k and top-p; max_top_k={max_top_k} (see trtllm/plugins/sample/reference.py).",
     )
 
 
@@ -75,26 +79,51 @@ def _constants(b: _Body, max_top_k: int) -> None:
     b.const("one_f", np.array(1, np.float32))
     b.const("neg_inf", np.array(-np.inf, np.float32))
     b.const("max_top_k", np.array([max_top_k], np.int64))                       # TopK K, [1]
+    b.const("max_num_logprobs", np.array([min(schema.MAX_NUM_LOGPROBS, max_top_k)], np.int64))
     b.const("arange_m", np.arange(max_top_k, dtype=np.int64)[None, :])          # [1, M]
 
 
-def _logprobs_and_greedy(b: _Body) -> None:
-    """TopK of x once; logprobs gathered at its first K ids; greedy = first index of max x."""
+def _logprobs(b: _Body) -> None:
+    """Step 2: the K largest log_softmax(x); TopK of the logprobs themselves, so ties go lower id first."""
     b.op("LogSoftmax", "x", out="logprobs", axis=-1)                                # [B, V]
-    b.op("TopK", "x", "max_top_k", out=["sx", "sx_ids"], axis=-1, largest=1, sorted=1)  # [B, M]
-    b.op("Slice", "sx_ids", "zero_i", "num_logprobs", "axes_1", out="top_logprob_ids")  # [B, K]
-    b.op("GatherElements", "logprobs", "top_logprob_ids", out="top_logprobs", axis=1)
-    b.op("Slice", "sx", "zero_i", "one_i_1d", "axes_1", out="xmax")              # [B, 1]
+    b.op("TopK", "logprobs", "max_num_logprobs", out=["top_lp", "top_lp_ids"], axis=-1, largest=1,
+         sorted=1)                                                                  # [B, min(50, M)]
+    b.op("Slice", "top_lp", "zero_i", "num_logprobs", "axes_1", out="top_logprobs")        # [B, K]
+    b.op("Slice", "top_lp_ids", "zero_i", "num_logprobs", "axes_1", out="top_logprob_ids")
+
+
+def _penalties(b: _Body) -> None:
+    """Step 3: y = where(seen, where(x > 0, x / r, x * r), x) + penalty_bias."""
+    # where(x > 0, x / r, x * r) as Min or Max: a Where on the 50/50 mask x > 0 costs 400 us on
+    # ONNX Runtime at V = 49152 (it branches per element), Min + Max + a per-row Where 60 us.
+    # x / r and x * r have the sign of x and rounding is monotonic, so for r >= 1 the wanted
+    # one is the smaller (x / r <= x <= x * r for x > 0, the reverse for x <= 0) and for r < 1
+    # the larger: bit-exact, zeros, -inf and overflow included (the test checks y bit for bit).
+    b.op("Unsqueeze", "repetition_penalty", "axes_1", out="r2")                     # [B, 1]
+    b.op("Div", "x", "r2", out="x_div")                                             # [B, V]
+    b.op("Mul", "x", "r2", out="x_mul")
+    b.op("Min", "x_div", "x_mul", out="x_rep_lo")
+    b.op("Max", "x_div", "x_mul", out="x_rep_hi")
+    b.op("GreaterOrEqual", "r2", "one_f", out="r_ge_1")                             # [B, 1]
+    b.op("Where", "r_ge_1", "x_rep_lo", "x_rep_hi", out="x_rep")
+    b.op("Where", "seen", "x_rep", "x", out="x_seen")
+    b.op("Add", "x_seen", "penalty_bias", out="y")                                  # [B, V]
+
+
+def _greedy(b: _Body) -> None:
+    """Step 4 and the sorted top-M of y: greedy = first index of max y."""
+    b.op("TopK", "y", "max_top_k", out=["sy", "sy_ids"], axis=-1, largest=1, sorted=1)  # [B, M]
+    b.op("Slice", "sy", "zero_i", "one_i_1d", "axes_1", out="ymax")              # [B, 1]
     # arange(V) and V for "first index where", in int32: Where + ReduceMin over int32 take
     # 70 us instead of 170 us at V = 49152 on ONNX Runtime (V < 2**31 always).
     # (Range runs in int64 and is cast after: with a static V, ONNX Runtime's shape inference
     # rejects a Range fed by Cast(Shape) as mixing types.)
-    b.op("Shape", "x", out="vocab_i64", start=1, end=2)                             # [1]
+    b.op("Shape", "y", out="vocab_i64", start=1, end=2)                             # [1]
     b.op("Squeeze", "vocab_i64", "zero_i", out="vocab")                             # []
     b.op("Range", "zero_i_s", "vocab", "one_i", out="arange_i64")                   # [V]
     b.op("Cast", "arange_i64", out="arange_v", to=TensorProto.INT32)
     b.op("Cast", "vocab_i64", out="vocab_1d", to=TensorProto.INT32)                 # [1]
-    b.op("Equal", "x", "xmax", out="is_max")                                        # [B, V]
+    b.op("Equal", "y", "ymax", out="is_max")                                        # [B, V]
     _first_true(b, "is_max", out="greedy")                                          # [B]
 
 
@@ -106,26 +135,21 @@ def _first_true(b: _Body, cond: str, out: str) -> str:
 
 
 def _threshold(b: _Body) -> None:
-    """Steps 4-8: keep [B, V] = x >= thr, and d = (x - max x) / t [B, V]."""
+    """Steps 5-9: keep [B, V] = y >= thr, and d = (y - max y) / t [B, V]."""
     b.op("Unsqueeze", "temperature", "axes_1", out="t2")                            # [B, 1]
     b.op("Equal", "t2", "zero_f", out="t_is_zero")
-    b.op("Where", "t_is_zero", "one_f", "t2", out="t_eff")                          # step 4
-    b.op("Sub", "x", "xmax", out="x_shift")
-    b.op("Div", "x_shift", "t_eff", out="d")                                        # [B, V]
+    b.op("Where", "t_is_zero", "one_f", "t2", out="t_eff")                          # step 5
+    b.op("Sub", "y", "ymax", out="y_shift")
+    b.op("Div", "y_shift", "t_eff", out="d")                                        # [B, V]
     b.op("Exp", "d", out="exp_d")
-    b.op("Sub", "sx", "xmax", out="sx_shift")                                       # step 5
-    b.op("Div", "sx_shift", "t_eff", out="sd")
-    b.op("Exp", "sd", out="e")                                                      # [B, M]
-    b.op("Unsqueeze", "top_k", "axes_1", out="k2")                                  # step 6
-    b.op("Greater", "k2", "zero_i", out="k_on")
-    # Min keeps GatherElements in bounds for an invalid top_k > M (the reference rejects it).
-    b.op("Min", "k2", "max_top_k", out="k_clamped")
-    b.op("Where", "k_on", "k_clamped", "max_top_k", out="k_eff")                    # [B, 1]
-    b.op("Less", "arange_m", "k_eff", out="in_k")                                   # [B, M]
+    b.op("Sub", "sy", "ymax", out="sy_shift")                                       # step 6
+    b.op("Div", "sy_shift", "t_eff", out="sd")                                      # [B, M]
+    b.op("Exp", "sd", out="e")
+    _min_p_and_top_k(b)                                                             # step 7
     b.op("Where", "in_k", "e", "zero_f", out="e_k")
-    b.op("ReduceSum", "e_k", "axes_1", out="sum_k", keepdims=1)                     # step 7
+    b.op("ReduceSum", "e_k", "axes_1", out="sum_k", keepdims=1)                     # step 8
     b.op("ReduceSum", "exp_d", "axes_1", out="sum_all", keepdims=1)
-    b.op("Where", "k_on", "sum_k", "sum_all", out="denom")
+    b.op("Where", "restricted", "sum_k", "sum_all", out="denom")
     b.op("Div", "e_k", "denom", out="prob")
     b.op("CumSum", "prob", "axis_1", out="excl", exclusive=1)
     b.op("Unsqueeze", "top_p", "axes_1", out="p2")
@@ -134,16 +158,36 @@ def _threshold(b: _Body) -> None:
     b.op("ReduceSum", "in_p_i", "axes_1", out="n", keepdims=1)                      # >= 1
     b.op("Less", "p2", "one_f", out="p_on")
     b.op("Where", "p_on", "n", "max_top_k", out="n_eff")
-    b.op("Min", "k_eff", "n_eff", out="num_kept")                                   # step 8
+    b.op("Min", "k_eff", "n_eff", out="num_kept")                                   # step 9
     b.op("Sub", "num_kept", "one_i", out="thr_idx")
-    b.op("GatherElements", "sx", "thr_idx", out="thr_sorted", axis=1)              # [B, 1]
-    b.op("Or", "k_on", "p_on", out="any_on")
+    b.op("GatherElements", "sy", "thr_idx", out="thr_sorted", axis=1)              # [B, 1]
+    b.op("Or", "restricted", "p_on", out="any_on")
     b.op("Where", "any_on", "thr_sorted", "neg_inf", out="thr")
-    b.op("GreaterOrEqual", "x", "thr", out="keep")                                  # [B, V]
+    b.op("GreaterOrEqual", "y", "thr", out="keep")                                  # [B, V]
+
+
+def _min_p_and_top_k(b: _Body) -> None:
+    """Step 7: k_eff [B, 1] = min(top_k or M, count(sd >= log(min_p))), in_k [B, M], restricted [B, 1]."""
+    b.op("Unsqueeze", "min_p", "axes_1", out="m2")                                  # [B, 1]
+    b.op("Greater", "m2", "zero_f", out="m_on")
+    b.op("Log", "m2", out="log_m2")
+    # min_p = 0 keeps everything whatever Log(0) returns on the backend.
+    b.op("Where", "m_on", "log_m2", "neg_inf", out="log_min_p")
+    b.op("GreaterOrEqual", "sd", "log_min_p", out="in_min_p")                       # [B, M]
+    b.op("Cast", "in_min_p", out="in_min_p_i", to=TensorProto.INT64)
+    b.op("ReduceSum", "in_min_p_i", "axes_1", out="num_min_p", keepdims=1)          # >= 1 (sd[0] = 0)
+    b.op("Unsqueeze", "top_k", "axes_1", out="k2")
+    b.op("Greater", "k2", "zero_i", out="k_on")
+    # Min keeps GatherElements in bounds for an invalid top_k > M (the reference rejects it).
+    b.op("Min", "k2", "max_top_k", out="k_clamped")
+    b.op("Where", "k_on", "k_clamped", "max_top_k", out="k_top")
+    b.op("Min", "k_top", "num_min_p", out="k_eff")                                  # [B, 1]
+    b.op("Or", "k_on", "m_on", out="restricted")
+    b.op("Less", "arange_m", "k_eff", out="in_k")                                   # [B, M]
 
 
 def _draw(b: _Body) -> None:
-    """Steps 9-10: inverse CDF with the caller's uniform, then the greedy override."""
+    """Steps 10-11: inverse CDF with the caller's uniform, then the greedy override."""
     b.op("Where", "keep", "exp_d", "zero_f", out="w")                               # [B, V]
     b.op("CumSum", "w", "axis_1", out="c")
     b.op("Slice", "c", "last_start", "int64_max", "axes_1", out="total")            # [B, 1]
@@ -171,7 +215,7 @@ def make_node(inputs: list[str], outputs: list[str], max_top_k: int,
 def make_model(max_top_k: int, vocab_size: int | None = None) -> onnx.ModelProto:
     """A one-node model (graph I/O named as the schema), for tests and benchmarks."""
     dims = {"B": "batch", "V": vocab_size or "vocab", "K": "num_logprobs"}
-    dtypes = {"float32": TensorProto.FLOAT, "int64": TensorProto.INT64}
+    dtypes = {"float32": TensorProto.FLOAT, "int64": TensorProto.INT64, "bool": TensorProto.BOOL}
 
     def info(name, dtype, shape):
         return helper.make_tensor_value_info(name, dtypes[dtype], [dims.get(s, s) for s in shape])

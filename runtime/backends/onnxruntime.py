@@ -59,8 +59,9 @@ class OnnxRuntimeEngine:
         feeds = {
             io.input_ids: inputs.input_ids, io.position_ids: inputs.position_ids,
             io.write_index: inputs.write_index, io.last_index: inputs.last_index,
-            io.logit_bias: s.logit_bias, io.temperature: s.temperature, io.top_k: s.top_k,
-            io.top_p: s.top_p, io.uniform: s.uniform,
+            io.logit_bias: s.logit_bias, io.penalty_bias: s.penalty_bias, io.seen: s.seen,
+            io.repetition_penalty: s.repetition_penalty, io.temperature: s.temperature, io.min_p: s.min_p,
+            io.top_k: s.top_k, io.top_p: s.top_p, io.uniform: s.uniform,
             io.num_logprobs: np.array([s.num_logprobs], np.int64),
         }
         for name, array in feeds.items():

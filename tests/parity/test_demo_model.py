@@ -73,9 +73,9 @@ def test_token_ids_match_transformers(demo_engine, reference):
     for conv, want in zip(CONVERSATIONS, reference):
         ids = tokenizer.encode(template.format(conv).text)
         assert ids == want["prompt_ids"]
-        rows.append(RowState(prompt_ids=ids, max_new_tokens=NUM_TOKENS, rng=np.random.default_rng(0),
-                             eos_ids=frozenset(engine.manifest.eos_token_ids)))
-    run_batch(engine, rows, [SamplingParams(temperature=0.0)] * len(rows))
+        rows.append(RowState(prompt_ids=ids, params=SamplingParams(temperature=0.0, max_new_tokens=NUM_TOKENS),
+                             rng=np.random.default_rng(0), eos_ids=frozenset(engine.manifest.eos_token_ids)))
+    run_batch(engine, rows)
     assert [r.output_ids for r in rows] == [w["tokens"] for w in reference]
 
 
@@ -91,7 +91,35 @@ def test_gguf_build_matches_checkpoint_build(demo_engine, tmp_path):
     prompt = Tokenizer.from_engine_dir(out).encode(ChatTemplate.from_engine_dir(out).format(CONVERSATIONS[0]).text)
     answers = []
     for engine_dir in (out, demo_engine):
-        row = RowState(prompt_ids=prompt, max_new_tokens=16, rng=np.random.default_rng(0), eos_ids=frozenset())
-        run_batch(load_engine(engine_dir), [row], [SamplingParams(temperature=0.0)])
+        row = RowState(prompt_ids=prompt, params=SamplingParams(temperature=0.0, max_new_tokens=16),
+                       rng=np.random.default_rng(0), eos_ids=frozenset())
+        run_batch(load_engine(engine_dir), [row])
         answers.append(row.output_ids)
     assert answers[0] == answers[1]
+
+
+def test_logprobs_match_transformers(demo_engine, demo_model, tmp_path, run_cli):
+    """num_logprobs: top-K log_softmax of the (biased) logits within 1e-4 of transformers', and the
+    top-1 bytes of a greedy answer concatenate to exactly its UTF-8 text (here with 'é')."""
+    conv = [{"role": "user", "content": "Write the French word for coffee (café) three times."}]
+    bias = {"330": 1.5}
+    result, out = run_cli(demo_engine, {"temperature": 0, "max_generate_length": 12, "num_logprobs": 5,
+                                        "logit_bias": bias, "requests": [{"messages": conv}]})
+    assert result.exit_code == 0, result.output
+    r = out["responses"][0]
+    tok = transformers.AutoTokenizer.from_pretrained(demo_model)
+    model = transformers.AutoModelForCausalLM.from_pretrained(demo_model, dtype=torch.float32).eval()
+    prompt = tok(r["formatted_complete_request"], add_special_tokens=False).input_ids
+    chosen = [step[0]["token_id"] for step in r["logprobs"]]
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt + chosen[:-1]])).logits[0, len(prompt) - 1:].double()
+    logits[:, 330] += 1.5
+    ref = torch.log_softmax(logits, -1).numpy()
+    for step, row in zip(r["logprobs"], ref):
+        assert len(step) == 5
+        assert [e["token_id"] for e in step] == list(np.argsort(-row, kind="stable")[:5])
+        np.testing.assert_allclose([e["logprob"] for e in step], row[[e["token_id"] for e in step]], atol=1e-4)
+    text = b"".join(bytes(step[0]["bytes"]) for step in r["logprobs"]
+                    if step[0]["token_id"] not in (tok.eos_token_id,))
+    assert text.decode("utf-8") == r["output_text"]
+    assert any(b >= 0x80 for step in r["logprobs"] for b in step[0]["bytes"]), "no multi-byte character generated"

@@ -31,9 +31,10 @@ def hf_greedy(model, prompt: list[int], n: int) -> list[int]:
 
 
 def run_greedy(engine, prompts: list[list[int]], n: int) -> list[list[int]]:
-    rows = [RowState(prompt_ids=p, max_new_tokens=n, rng=np.random.default_rng(0), eos_ids=frozenset())
+    greedy = sampling.SamplingParams(temperature=0.0, max_new_tokens=n)
+    rows = [RowState(prompt_ids=p, params=greedy, rng=np.random.default_rng(0), eos_ids=frozenset())
             for p in prompts]
-    run_batch(engine, rows, [sampling.SamplingParams(temperature=0.0)] * len(rows))
+    run_batch(engine, rows)
     return [r.output_ids for r in rows]
 
 
@@ -64,7 +65,8 @@ def test_wrong_positions_are_caught(tiny_checkpoint, tiny_engine):
     prompt = PROMPTS[1]
     batch = sampling.make_batch([sampling.SamplingParams(temperature=0.0)], engine.manifest.model.vocab_size,
                                 engine.manifest.max_top_k)
-    row = RowState(prompt_ids=prompt, max_new_tokens=1, rng=np.random.default_rng(0), eos_ids=frozenset())
+    row = RowState(prompt_ids=prompt, params=sampling.SamplingParams(temperature=0.0, max_new_tokens=1),
+                   rng=np.random.default_rng(0), eos_ids=frozenset())
     inputs = prefill_inputs([row], engine.manifest.pad_token_id, batch)
     wrong = type(inputs)(input_ids=inputs.input_ids, position_ids=inputs.position_ids * 2,
                          write_index=inputs.write_index, last_index=inputs.last_index, sampling=batch)

@@ -9,9 +9,11 @@ import pytest
 onnx = pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")
 
+from trtllm.plugins import lint  # noqa: E402
 from trtllm.plugins.sample import body, reference, schema  # noqa: E402
 
-ARGS = ("logits", "logit_bias", "temperature", "top_k", "top_p", "uniform")
+ARGS = schema.INPUT_NAMES[:-1]                                 # every input but num_logprobs
+KEPT_ARGS = tuple(name for name in ARGS if name != "uniform")  # kept_probs' inputs
 
 
 @functools.lru_cache(maxsize=None)
@@ -28,14 +30,21 @@ def _run(case: dict, num_logprobs: int, max_top_k: int):
     return _session(max_top_k).run(None, feeds)
 
 
-def _case(logits, temperature, top_k, top_p, uniform, bias=None) -> dict:
+def _case(logits, temperature, top_k, top_p, uniform, bias=None, *, penalty_bias=None, seen=None,
+          repetition_penalty=1.0, min_p=0.0) -> dict:
     logits = np.asarray(logits, np.float32)
     rows = logits.shape[0]
     full = lambda v, dtype: np.broadcast_to(np.asarray(v, dtype), (rows,)).copy()  # noqa: E731
-    return {"logits": logits,
-            "logit_bias": np.zeros_like(logits) if bias is None else np.asarray(bias, np.float32),
-            "temperature": full(temperature, np.float32), "top_k": full(top_k, np.int64),
-            "top_p": full(top_p, np.float32), "uniform": full(uniform, np.float32)}
+    dense = lambda v: np.zeros_like(logits) if v is None else np.asarray(v, np.float32)  # noqa: E731
+    return {"logits": logits, "logit_bias": dense(bias), "penalty_bias": dense(penalty_bias),
+            "seen": np.zeros(logits.shape, bool) if seen is None else np.asarray(seen, bool),
+            "repetition_penalty": full(repetition_penalty, np.float32),
+            "temperature": full(temperature, np.float32), "min_p": full(min_p, np.float32),
+            "top_k": full(top_k, np.int64), "top_p": full(top_p, np.float32), "uniform": full(uniform, np.float32)}
+
+
+def _kept(case, max_top_k, rows=slice(None)):
+    return reference.kept_probs(*(case[name][rows] for name in KEPT_ARGS), max_top_k=max_top_k)
 
 
 def _assert_close(name, got, want, atol, eps=1e-6):
@@ -49,32 +58,66 @@ def _assert_close(name, got, want, atol, eps=1e-6):
 
 # --- an independent float64 statement of the distribution, for kept_probs and ambiguity -------
 
-def _naive_kept(x, temperature, top_k, top_p):
-    """softmax(x / t) restricted to the top-k then nucleus set, renormalised (one row, float64)."""
-    x = x.astype(np.float64)
+def _naive_penalized(x, seen, repetition_penalty, penalty_bias):
+    """vLLM's apply_penalties shape in float64: divide positive / multiply others, then subtract."""
+    y = np.array(x, np.float64)
+    rep = np.where(seen, float(repetition_penalty), 1.0)
+    positive = y > 0
+    y[positive] /= rep[positive]
+    y[~positive] *= rep[~positive]
+    return y + penalty_bias
+
+
+def _naive_kept(y, temperature, top_k, top_p, min_p=0.0):
+    """softmax(y / t) restricted to min-p, top-k, then nucleus, renormalised (one row, float64).
+
+    Returns (probs, margin): margin is how close a min-p or top-p cut is to flipping."""
+    y = y.astype(np.float64)
     if temperature == 0:
-        return np.eye(len(x))[np.argmax(x)], np.inf
-    probs = np.exp(x / temperature - np.max(x / temperature))
-    probs /= probs.sum()
-    order = np.argsort(-x, kind="stable")
-    kept = order[:top_k] if top_k > 0 else order
+        return np.eye(len(y))[np.argmax(y)], np.inf
+    z = y / temperature - np.max(y / temperature)
+    probs = np.exp(z) / np.exp(z).sum()
+    order = np.argsort(-y, kind="stable")
+    kept, margin = order, np.inf
+    if min_p > 0:                                    # prob >= min_p * max prob, in log space
+        margin = np.min(np.abs(z - np.log(min_p)))
+        kept = kept[z[kept] >= np.log(min_p)]
+    kept = kept[:top_k] if top_k > 0 else kept
     q = probs[kept] / probs[kept].sum()
-    margin = np.inf                                  # distance of the nucleus cut from top_p
-    if top_p < 1:
+    if top_p < 1:                                    # distance of the nucleus cut from top_p
         excl = np.concatenate([[0.0], np.cumsum(q)[:-1]])
-        margin = np.min(np.abs(excl - top_p))
+        margin = min(margin, np.min(np.abs(excl - top_p)))
         kept = kept[excl < top_p]
-    out = np.zeros(len(x))
+    out = np.zeros(len(y))
     out[kept] = probs[kept] / probs[kept].sum()
     return out, margin
 
 
+def _naive_row(case, row):
+    x = case["logits"][row].astype(np.float64) + case["logit_bias"][row]
+    y = _naive_penalized(x, case["seen"][row], case["repetition_penalty"][row], case["penalty_bias"][row])
+    return _naive_kept(y, case["temperature"][row], case["top_k"][row], case["top_p"][row], case["min_p"][row])
+
+
 def _ambiguous(case, row, tol=1e-5):
     """True when float rounding may legitimately change this row's token."""
-    x = case["logits"][row].astype(np.float64) + case["logit_bias"][row]
-    probs, margin = _naive_kept(x, case["temperature"][row], case["top_k"][row], case["top_p"][row])
+    probs, margin = _naive_row(case, row)
     cdf = np.cumsum(probs)
     return margin < tol or np.min(np.abs(cdf - case["uniform"][row])) < tol
+
+
+def _random_penalties(rng, rows, vocab_size):
+    """Per row: none, or a seen mask, a repetition penalty and a penalty_bias with some -inf."""
+    on = rng.random(rows) < 0.7
+    seen = (rng.random((rows, vocab_size)) < rng.choice([0.05, 0.3], (rows, 1))) & on[:, None]
+    repetition_penalty = np.where(on, rng.choice([1.0, 0.8, 1.3, 2.0], rows), 1.0)
+    counts = rng.poisson(0.5, (rows, vocab_size)) * seen
+    frequency, presence = rng.choice([0.0, 0.5], (2, rows, 1))
+    penalty_bias = -(frequency * counts + presence * (counts > 0))
+    banned = rng.random((rows, vocab_size)) < rng.choice([0.0, 0.05, 0.5], (rows, 1))
+    banned[np.arange(rows), rng.integers(0, vocab_size, rows)] = False   # at least one allowed
+    penalty_bias = np.where(banned & on[:, None], -np.inf, penalty_bias)
+    return {"seen": seen, "repetition_penalty": repetition_penalty, "penalty_bias": penalty_bias}
 
 
 def _random_case(rng):
@@ -85,19 +128,21 @@ def _random_case(rng):
     bias = np.where(rng.random((rows, vocab_size)) < 0.1, rng.uniform(-100, 100, (rows, vocab_size)), 0)
     case = _case(logits, rng.choice([0.0, 0.5, 1.0, 2.0], rows),
                  rng.choice([k for k in (0, 1, 5, max_top_k) if k <= max_top_k], rows),
-                 rng.choice([0.3, 0.9, 1.0], rows), rng.random(rows, dtype=np.float32), bias)
+                 rng.choice([0.3, 0.9, 1.0], rows), rng.random(rows, dtype=np.float32), bias,
+                 min_p=rng.choice([0.0, 0.0, 0.05, 0.3, 1.0], rows), **_random_penalties(rng, rows, vocab_size))
     return case, int(rng.integers(1, min(5, max_top_k) + 1)), max_top_k
 
 
 def test_body_matches_reference_on_random_cases():
     rng = np.random.default_rng(1234)
     num_rows = num_skipped = 0
-    for _ in range(150):
+    for _ in range(200):
         case, num_logprobs, max_top_k = _random_case(rng)
         got = _run(case, num_logprobs, max_top_k)
         want = reference.sample(*(case[name] for name in ARGS), num_logprobs, max_top_k)
         for g, w, name in zip(got, want, schema.OUTPUT_NAMES):
             assert g.shape == w.shape and g.dtype == w.dtype, (name, g.shape, g.dtype, w.shape, w.dtype)
+            assert g.dtype.kind != "f" or not np.isnan(g).any(), name
         _assert_close("top_logprobs", got[1], want[1], atol=1e-5)
         logprobs = np.sort(reference._log_softmax(case["logits"] + case["logit_bias"]), axis=1)[:, ::-1]
         gaps = np.diff(logprobs[:, :num_logprobs + 1], axis=1) if logprobs.shape[1] > num_logprobs else None
@@ -109,17 +154,53 @@ def test_body_matches_reference_on_random_cases():
             if got[0][row] != want[0][row]:
                 assert _ambiguous(case, row), (row, got[0][row], want[0][row], {k: v[row] for k, v in case.items()})
                 num_skipped += 1
-    assert num_rows > 500 and num_skipped <= num_rows // 100, (num_rows, num_skipped)
+            assert _kept(case, max_top_k, slice(row, row + 1))[0, got[0][row]] > 0 or _ambiguous(case, row)
+    assert num_rows > 700 and num_skipped <= num_rows // 100, (num_rows, num_skipped)
 
 
-def test_reference_kept_probs_matches_naive_statement():
+KEPT_CASES = [  # temperature, top_k, top_p, min_p, penalised
+    (1.0, 0, 1.0, 0.0, False), (0.7, 5, 1.0, 0.0, False), (1.3, 0, 0.8, 0.0, False), (0.8, 10, 0.7, 0.0, False),
+    (0.0, 3, 0.5, 0.0, False), (1.0, 0, 1.0, 0.1, False), (1.5, 0, 0.9, 0.05, True), (0.9, 8, 0.8, 0.02, True),
+    (1.0, 0, 1.0, 0.0, True), (0.0, 0, 1.0, 0.2, True), (2.0, 4, 1.0, 0.5, True),
+]
+
+
+@pytest.mark.parametrize("temperature, top_k, top_p, min_p, penalised", KEPT_CASES)
+def test_reference_kept_probs_matches_naive_statement(temperature, top_k, top_p, min_p, penalised):
     rng = np.random.default_rng(7)
-    for temperature, top_k, top_p in [(1.0, 0, 1.0), (0.7, 5, 1.0), (1.3, 0, 0.8), (0.8, 10, 0.7), (0.0, 3, 0.5)]:
-        case = _case(rng.normal(size=(3, 50)) * 2, temperature, top_k, top_p, 0.5)
-        got = reference.kept_probs(*(case[name] for name in ARGS[:5]), max_top_k=50)
-        for row in range(3):
-            naive, _ = _naive_kept(case["logits"][row], temperature, top_k, top_p)
-            _assert_close("kept_probs", got[row].astype(np.float64), naive, atol=1e-6)
+    logits = rng.normal(size=(3, 50)) * 2
+    penalties = _random_penalties(np.random.default_rng(8), 3, 50) if penalised else {}
+    case = _case(logits, temperature, top_k, top_p, 0.5, min_p=min_p, **penalties)
+    got = _kept(case, 50)
+    for row in range(3):
+        naive, margin = _naive_row(case, row)
+        assert margin > 1e-4, "the case sits on a cut: pick other values"
+        _assert_close("kept_probs", got[row].astype(np.float64), naive, atol=1e-6)
+
+
+def test_penalties_match_vllm_from_token_counts():
+    """kept_probs against vLLM's formula written from prompt/output token ids, all in float64."""
+    rng = np.random.default_rng(11)
+    vocab_size, eos_id = 60, 3
+    logits = rng.normal(size=vocab_size) * 3
+    prompt_ids, output_ids = rng.integers(0, vocab_size, 12), rng.integers(0, vocab_size, 20)
+    rep, frequency, presence = 1.4, 0.3, 0.7
+    counts = np.bincount(output_ids, minlength=vocab_size)
+    seen = (np.bincount(prompt_ids, minlength=vocab_size) > 0) | (counts > 0)
+    # vLLM v1 apply_penalties, then the min_new_tokens ban of EOS.
+    want = logits.copy()
+    positive = want > 0
+    want[positive & seen] /= rep
+    want[~positive & seen] *= rep
+    want -= frequency * counts + presence * (counts > 0)
+    want[eos_id] = -np.inf
+    penalty_bias = -(frequency * counts + presence * (counts > 0))
+    penalty_bias[eos_id] = -np.inf
+    case = _case(logits[None], 1.0, 0, 1.0, 0.5, penalty_bias=penalty_bias[None], seen=seen[None],
+                 repetition_penalty=rep)
+    probs = np.exp(want - want.max())
+    _assert_close("kept_probs", _kept(case, vocab_size)[0].astype(np.float64), probs / probs.sum(), atol=1e-6)
+    assert _kept(case, vocab_size)[0, eos_id] == 0
 
 
 # --- statistics: ORT frequencies against kept_probs --------------------------------------------
@@ -131,8 +212,11 @@ def _frequency_failures(tokens, probs, num_draws):
     return np.flatnonzero(np.abs(freq - probs) > 4 * sigma + 1e-12)
 
 
-STAT_CASES = {"full": (1.0, 0, 1.0), "top_k": (0.7, 5, 1.0), "top_p": (1.3, 0, 0.8), "both": (0.8, 10, 0.7),
-              "cold": (0.5, 0, 1.0)}
+STAT_CASES = {  # temperature, top_k, top_p, min_p, penalised
+    "full": (1.0, 0, 1.0, 0.0, False), "top_k": (0.7, 5, 1.0, 0.0, False), "top_p": (1.3, 0, 0.8, 0.0, False),
+    "both": (0.8, 10, 0.7, 0.0, False), "cold": (0.5, 0, 1.0, 0.0, False), "min_p": (1.0, 0, 1.0, 0.1, False),
+    "penalties_top_p": (0.9, 0, 0.8, 0.0, True), "min_p_top_k_top_p": (1.2, 12, 0.85, 0.04, True),
+}
 
 
 @pytest.fixture(scope="module")
@@ -140,27 +224,47 @@ def stat_logits():
     return np.random.default_rng(99).normal(size=50).astype(np.float32) * 1.5
 
 
-def _draw_tokens(logits, temperature, top_k, top_p, num_draws=20000):
+def _stat_penalties(num_draws):
+    """One fixed set of penalties (seen mask, -inf bans), the same for every draw."""
+    one = _random_penalties(np.random.default_rng(12), 1, 50)
+    one["penalty_bias"][0, :3] = -np.inf
+    one["repetition_penalty"][:] = 1.5
+    return {"seen": np.repeat(one["seen"], num_draws, axis=0), "repetition_penalty": 1.5,
+            "penalty_bias": np.repeat(one["penalty_bias"], num_draws, axis=0)}
+
+
+def _draw_tokens(logits, temperature, top_k, top_p, min_p, penalised, num_draws=20000):
     uniform = np.random.default_rng(5).random(num_draws, dtype=np.float32)
-    case = _case(np.tile(logits, (num_draws, 1)), temperature, top_k, top_p, uniform)
+    penalties = _stat_penalties(num_draws) if penalised else {}
+    case = _case(np.tile(logits, (num_draws, 1)), temperature, top_k, top_p, uniform, min_p=min_p, **penalties)
     return _run(case, 1, len(logits))[0], case
 
 
 @pytest.mark.parametrize("name", list(STAT_CASES))
 def test_sampled_frequencies_match_kept_probs(name, stat_logits):
-    temperature, top_k, top_p = STAT_CASES[name]
-    tokens, case = _draw_tokens(stat_logits, temperature, top_k, top_p)
-    probs = reference.kept_probs(*(case[n][:1] for n in ARGS[:5]), max_top_k=50)[0].astype(np.float64)
-    naive, _ = _naive_kept(stat_logits, temperature, top_k, top_p)
+    tokens, case = _draw_tokens(stat_logits, *STAT_CASES[name])
+    probs = _kept(case, 50, slice(0, 1))[0].astype(np.float64)
+    naive, margin = _naive_row(case, 0)
+    assert margin > 1e-4
     _assert_close("kept_probs", probs, naive, atol=1e-6)
+    assert 1 < np.count_nonzero(probs) < 50 or name in ("full", "cold")   # the filters really cut
     assert not len(_frequency_failures(tokens, probs, len(tokens)))
 
 
 def test_frequency_check_rejects_a_wrong_distribution(stat_logits):
     """The deliberately wrong variant: the temperature ignored. The same check must fail."""
     tokens, case = _draw_tokens(stat_logits, *STAT_CASES["cold"])
-    wrong = reference.kept_probs(case["logits"][:1], case["logit_bias"][:1], np.ones(1, np.float32),
-                                 case["top_k"][:1], case["top_p"][:1], max_top_k=50)[0].astype(np.float64)
+    case = dict(case, temperature=np.ones_like(case["temperature"]))
+    wrong = _kept(case, 50, slice(0, 1))[0].astype(np.float64)
+    assert len(_frequency_failures(tokens, wrong, len(tokens))) > 0
+
+
+def test_frequency_check_rejects_ignored_penalties(stat_logits):
+    """A second wrong variant: the same draws against the unpenalised distribution."""
+    tokens, case = _draw_tokens(stat_logits, *STAT_CASES["penalties_top_p"])
+    case = dict(case, penalty_bias=np.zeros_like(case["penalty_bias"]),
+                repetition_penalty=np.ones_like(case["repetition_penalty"]))
+    wrong = _kept(case, 50, slice(0, 1))[0].astype(np.float64)
     assert len(_frequency_failures(tokens, wrong, len(tokens))) > 0
 
 
@@ -171,7 +275,8 @@ def test_greedy_rows_ignore_uniform_and_logprobs_are_log_softmax():
     logits = np.repeat(rng.normal(size=(1, 300)) * 3, 4, axis=0)
     bias = np.zeros_like(logits)
     bias[:, 17] = 15.0                                    # the bias decides the argmax
-    case = _case(logits, 0.0, [0, 1, 5, 300], [1.0, 0.3, 0.9, 1.0], [0.0, 0.5, 0.9, 0.99999994], bias)
+    case = _case(logits, 0.0, [0, 1, 5, 300], [1.0, 0.3, 0.9, 1.0], [0.0, 0.5, 0.9, 0.99999994], bias,
+                 min_p=[0.0, 0.5, 0.0, 1.0])
     token_ids, top_logprobs, top_ids = _run(case, 5, 300)
     x = logits.astype(np.float64) + bias
     assert (token_ids == np.argmax(x, axis=1)).all()
@@ -181,6 +286,62 @@ def test_greedy_rows_ignore_uniform_and_logprobs_are_log_softmax():
     assert (top_ids == want_ids).all()
     _assert_close("top_logprobs", top_logprobs.astype(np.float64),
                   np.take_along_axis(log_softmax, want_ids, axis=1), atol=1e-5)
+
+
+def test_greedy_rows_pick_argmax_of_penalised_logits():
+    logits = np.array([[5.0, 4.0, 3.0, -1.0, 2.9]] * 4, np.float32)
+    seen = np.zeros((4, 5), bool)
+    seen[:, 0] = True
+    penalty_bias = np.zeros((4, 5), np.float32)
+    penalty_bias[2, 1] = -np.inf                          # row 2: 0 penalised to 2.5, 1 banned -> 2
+    penalty_bias[3, 0] = -1.5                             # row 3: no repetition penalty, 0 drops to 3.5
+    case = _case(logits, 0.0, 0, 1.0, 0.5, seen=seen, penalty_bias=penalty_bias,
+                 repetition_penalty=[1.0, 2.0, 2.0, 1.0])
+    got, want = _run_both(case, 2, 5)
+    assert got[0].tolist() == want[0].tolist() == [0, 1, 2, 1]
+    for row in range(4):
+        y = _naive_penalized(logits[row], seen[row], case["repetition_penalty"][row], penalty_bias[row])
+        assert got[0][row] == np.argmax(y)
+
+
+def _body_tensor(name: str, case: dict, max_top_k: int) -> np.ndarray:
+    """An intermediate tensor of the body (the reference's variable `name`), run on ONNX Runtime."""
+    function = body.make_function(max_top_k)
+    model = body.make_model(max_top_k)
+    graph = onnx.helper.make_graph(function.node, "body", model.graph.input,
+                                   [onnx.helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, None)])
+    model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", schema.OPSET)], ir_version=11)
+    feeds = {n: case[n] for n in ARGS} | {"num_logprobs": np.array([1], np.int64)}
+    return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+
+
+def test_body_penalties_are_bit_exact():
+    """The body's Min/Max form of step 3 equals the reference's where(x > 0, x / r, x * r) bit for bit."""
+    tiny, huge = np.finfo(np.float32).tiny, np.finfo(np.float32).max
+    values = np.array([0.0, -0.0, 1e-45, -1e-45, tiny, -tiny, 1.0, -1.0, 3.3, -3.3, huge, -huge, -np.inf,
+                       1e30, -1e30, 0.1, -0.1, 7e-39, -7e-39], np.float32)
+    rs = np.array([1.0, 1.5, 0.5, 3.0, 0.3, 1e-20, 1e20, 1.0000001, 0.99999994], np.float32)
+    logits = np.tile(values, (len(rs), 1))
+    seen = np.ones(logits.shape, bool)
+    seen[:, 1::4] = False
+    case = _case(logits, 1.0, 0, 1.0, 0.5, seen=seen, repetition_penalty=rs)
+    with np.errstate(over="ignore"):
+        want = reference._penalize(logits, case["penalty_bias"], seen, rs)
+        got = _body_tensor("y", case, 8)
+    assert got.dtype == want.dtype and np.array_equal(got.view(np.int32), want.view(np.int32)), \
+        np.argwhere(got.view(np.int32) != want.view(np.int32))[:5].tolist()
+
+
+def test_logprobs_ignore_penalties():
+    rng = np.random.default_rng(21)
+    logits = rng.normal(size=(4, 300)) * 3
+    args = (logits, [0.0, 1.0, 0.7, 1.0], 0, 1.0, [0.1, 0.5, 0.9, 0.3])
+    plain = _case(*args)
+    penalties = dict(_random_penalties(rng, 4, 300), seen=np.ones((4, 300), bool), repetition_penalty=3.0)
+    penalised = _case(*args, min_p=0.1, **penalties)
+    a, b = _run(plain, 7, 300), _run(penalised, 7, 300)
+    assert np.array_equal(a[1], b[1]) and np.array_equal(a[2], b[2])
+    assert not np.array_equal(a[0], b[0])                 # while the tokens did change
 
 
 def _run_both(case, num_logprobs, max_top_k):
@@ -203,21 +364,46 @@ def test_minus_inf_bias_never_sampled_and_no_nan():
     assert np.isfinite(got[1]).all()
 
 
+def test_minus_inf_penalty_bias_never_sampled_and_no_nan():
+    logits = np.random.default_rng(6).normal(size=(6, 50)).astype(np.float32)
+    penalty_bias = np.zeros_like(logits)
+    penalty_bias[:, 5:] = -np.inf                         # only tokens 0..4 are allowed
+    penalty_bias[5, 1:] = -np.inf                         # row 5: only token 0
+    seen = np.ones(logits.shape, bool)                    # -inf * r and -inf / r stay -inf
+    case = _case(logits, [0.0, 1.0, 2.0, 0.5, 1.0, 1.0], [0, 0, 3, 50, 0, 2], [1.0, 0.9, 1.0, 0.3, 1.0, 0.5],
+                 [0.1, 0.99999994, 0.5, 0.7, 0.0, 0.6], penalty_bias=penalty_bias, seen=seen,
+                 repetition_penalty=[1.0, 1.5, 0.5, 2.0, 1.0, 1.2], min_p=[0.0, 0.0, 0.1, 0.0, 1.0, 0.5])
+    got, want = _run_both(case, 3, 50)
+    assert (got[0] < 5).all() and got[0][5] == 0 and (got[0] == want[0]).all(), (got[0], want[0])
+    assert np.isfinite(got[1]).all()
+
+
 def test_all_equal_and_huge_logits():
-    equal = _case(np.full((3, 50), 3.0), [0.0, 1.0, 0.5], [5, 0, 5], [1.0, 0.5, 0.9], [0.3, 0.6, 0.99])
+    equal = _case(np.full((3, 50), 3.0), [0.0, 1.0, 0.5], [5, 0, 5], [1.0, 0.5, 0.9], [0.3, 0.6, 0.99],
+                  min_p=[0.0, 1.0, 0.5])
     got, want = _run_both(equal, 2, 50)
     assert got[0][0] == 0 and (got[0] == want[0]).all()  # ties: greedy is the first, the rest all kept
     huge = _case(np.random.default_rng(0).normal(size=(3, 300)) * 1e30, [0.5, 2.0, 1.0], [0, 5, 300],
-                 [0.9, 1.0, 0.3], [0.2, 0.5, 0.8])
+                 [0.9, 1.0, 0.3], [0.2, 0.5, 0.8], min_p=[0.0, 0.1, 0.0], seen=np.ones((3, 300), bool),
+                 repetition_penalty=[1.0, 1.0, 2.0])
     got, want = _run_both(huge, 3, 300)
     assert (got[0] == want[0]).all() and (got[2] == want[2]).all()
 
 
 def test_uniform_just_below_one_picks_a_kept_token():
-    logits = np.random.default_rng(4).normal(size=(2, 300)).astype(np.float32)
-    case = _case(logits, 1.0, [3, 0], [1.0, 1.0], np.nextafter(np.float32(1), np.float32(0)))
+    logits = np.random.default_rng(4).normal(size=(3, 300)).astype(np.float32)
+    case = _case(logits, 1.0, [3, 0, 0], [1.0, 1.0, 1.0], np.nextafter(np.float32(1), np.float32(0)),
+                 min_p=[0.0, 0.0, 0.5])
     got, want = _run_both(case, 1, 300)
     assert got[0][0] in np.argsort(-logits[0])[:3] and (got[0] == want[0]).all()
+    assert _kept(case, 300)[2, got[0][2]] > 0
+
+
+def test_min_p_keeps_tokens_within_the_ratio_of_the_max():
+    logits = np.log(np.array([[0.4, 0.3, 0.15, 0.1, 0.05]] * 3, np.float32))
+    case = _case(logits, 1.0, 0, 1.0, 0.5, min_p=[0.3, 0.5, 1.0])   # ratios 1, .75, .375, .25, .125
+    kept = _kept(case, 5) > 0
+    assert kept.tolist() == [[True] * 3 + [False] * 2, [True] * 2 + [False] * 3, [True] + [False] * 4]
 
 
 def test_model_checks_and_declares_its_attributes():
@@ -225,21 +411,42 @@ def test_model_checks_and_declares_its_attributes():
     onnx.checker.check_model(model, full_check=True)
     function = model.functions[0]
     assert (function.domain, function.name) == ("trtllm", "Sample")
+    assert list(function.input) == list(schema.INPUT_NAMES) == [
+        "logits", "logit_bias", "penalty_bias", "seen", "repetition_penalty", "temperature", "min_p", "top_k",
+        "top_p", "uniform", "num_logprobs"]
     assert set(function.attribute) == set(schema.ATTRIBUTES)
     node = model.graph.node[0]
     attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
-    assert attrs == {"max_top_k": 16, "plugin_namespace": b"trtllm", "plugin_version": b"1"}
+    assert attrs == {"max_top_k": 16, "plugin_namespace": b"trtllm", "plugin_version": b"2"}
+
+
+@pytest.mark.parametrize("trt_version", ["11.1", "10.3"])
+@pytest.mark.parametrize("max_top_k", [16, 1024])
+def test_body_passes_tensorrt_lint(trt_version, max_top_k):
+    assert lint.lint_model(body.make_model(max_top_k, 49152), trt_version) == []
 
 
 @pytest.mark.parametrize("change, field", [
     ({"top_k": [6]}, "top_k"), ({"top_k": [-1]}, "top_k"), ({"top_p": [0.0]}, "top_p"),
     ({"top_p": [1.5]}, "top_p"), ({"temperature": [-1.0]}, "temperature"), ({"uniform": [1.0]}, "uniform"),
     ({"logit_bias": np.zeros((1, 4))}, "logit_bias"), ({"logits": np.full((1, 8), np.nan)}, "logits"),
+    ({"min_p": [-0.1]}, "min_p"), ({"min_p": [1.5]}, "min_p"), ({"min_p": [np.nan]}, "min_p"),
+    ({"repetition_penalty": [0.0]}, "repetition_penalty"), ({"repetition_penalty": [np.inf]}, "repetition_penalty"),
+    ({"penalty_bias": np.full((1, 8), np.nan)}, "penalty_bias"), ({"penalty_bias": np.full((1, 8), np.inf)},
+                                                                  "penalty_bias"),
+    ({"penalty_bias": np.full((1, 8), -np.inf)}, "penalty_bias"), ({"seen": np.zeros((1, 7), bool)}, "seen"),
 ])
 def test_reference_validation_names_the_field(change, field):
     case = _case(np.zeros((1, 8)), 1.0, 0, 1.0, 0.5)
     case.update({k: np.asarray(v) for k, v in change.items()})
     with pytest.raises(ValueError, match=field):
+        reference.sample(*(case[name] for name in ARGS), 1, 5)
+
+
+def test_reference_seen_must_be_bool():
+    case = _case(np.zeros((1, 8)), 1.0, 0, 1.0, 0.5)
+    case["seen"] = np.ones((1, 8), np.int64)
+    with pytest.raises(TypeError, match="seen"):
         reference.sample(*(case[name] for name in ARGS), 1, 5)
 
 

@@ -2,6 +2,8 @@
 top-k/top-p distribution of transformers' logits, and a fixed seed replays exactly."""
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -20,9 +22,10 @@ ROWS, ROUNDS = 256, 8
 
 def first_tokens(engine, params: SamplingParams, seed: int) -> np.ndarray:
     seeds = np.random.SeedSequence(seed).spawn(ROWS)
-    rows = [RowState(prompt_ids=PROMPT, max_new_tokens=1, rng=np.random.default_rng(s), eos_ids=frozenset())
+    params = dataclasses.replace(params, max_new_tokens=1)
+    rows = [RowState(prompt_ids=PROMPT, params=params, rng=np.random.default_rng(s), eos_ids=frozenset())
             for s in seeds]
-    run_batch(engine, rows, [params] * ROWS)
+    run_batch(engine, rows)
     return np.array([r.output_ids[0] for r in rows])
 
 
@@ -31,15 +34,18 @@ def first_tokens(engine, params: SamplingParams, seed: int) -> np.ndarray:
     SamplingParams(temperature=0.7, top_k=5, top_p=1.0),
     SamplingParams(temperature=1.3, top_k=0, top_p=0.6),
     SamplingParams(temperature=1.0, top_k=8, top_p=0.8),
+    SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.05),
+    SamplingParams(temperature=0.8, top_k=20, top_p=0.9, min_p=0.02),
 ])
 def test_first_token_frequencies(params, tiny_checkpoint, tiny_engine):
     engine = load_engine(tiny_engine("llama"))
     model = transformers.AutoModelForCausalLM.from_pretrained(tiny_checkpoint("llama"), dtype=torch.float32)
     with torch.no_grad():
         logits = model(torch.tensor([PROMPT])).logits[0, -1].numpy()[None]
-    expected = kept_probs(logits, np.zeros_like(logits), np.array([params.temperature], np.float32),
-                          np.array([params.top_k]), np.array([params.top_p], np.float32),
-                          engine.manifest.max_top_k)[0]
+    expected = kept_probs(logits, np.zeros_like(logits), np.zeros_like(logits), np.zeros(logits.shape, bool),
+                          np.ones(1, np.float32), np.array([params.temperature], np.float32),
+                          np.array([params.min_p], np.float32), np.array([params.top_k]),
+                          np.array([params.top_p], np.float32), engine.manifest.max_top_k)[0]
     draws = np.concatenate([first_tokens(engine, params, seed) for seed in range(ROUNDS)])
     freq = np.bincount(draws, minlength=expected.size) / draws.size
     sigma = np.sqrt(expected * (1 - expected) / draws.size)

@@ -17,6 +17,7 @@ from trtllm.runtime.input_format import (
     Message,
     Request,
     check_against_engine,
+    check_limits,
     parse_input,
     read_input,
 )
@@ -38,6 +39,15 @@ FULL = {
     "available_lora_weights": {"math": "/loras/math"},
     "num_logprobs": 3,
     "logit_bias": {"5": -100, "7": 2.5},
+    "seed": 7,
+    "min_p": 0.05,
+    "repetition_penalty": 1.1,
+    "presence_penalty": 0.5,
+    "frequency_penalty": -0.5,
+    "stop_token_ids": [2, 3],
+    "ignore_eos": False,
+    "min_new_tokens": 4,
+    "n": 2,
     "requests": [
         {"messages": [{"role": "system", "content": "Be brief."},
                       {"role": "user", "content": "Hi"}]},
@@ -53,6 +63,19 @@ FULL = {
             "stop": ["\n\n", "END"],
             "logit_bias": {"9": 1},
             "num_logprobs": 0,
+            "temperature": 0,
+            "top_k": 0,
+            "top_p": 1,
+            "max_generate_length": 8,
+            "seed": 0,
+            "min_p": 0,
+            "repetition_penalty": 1,
+            "presence_penalty": 2,
+            "frequency_penalty": -2,
+            "stop_token_ids": [],
+            "ignore_eos": True,
+            "min_new_tokens": 8,
+            "n": 16,
         },
         {"messages": [], "stop": "x"},
     ],
@@ -103,6 +126,113 @@ def test_ints_are_accepted_where_floats_are_expected():
     inp = parse_input(doc)
     assert inp.temperature == 0.0 and type(inp.temperature) is float
     assert type(inp.top_p) is float and type(inp.logit_bias[0]) is float
+
+
+SAMPLING = ("temperature", "top_k", "top_p", "max_generate_length", "seed", "min_p",
+            "repetition_penalty", "presence_penalty", "frequency_penalty", "stop_token_ids",
+            "ignore_eos", "min_new_tokens", "n", "num_logprobs", "logit_bias")
+
+
+def _sampling(obj):
+    return {name: getattr(obj, name) for name in SAMPLING}
+
+
+def test_request_sampling_defaults_are_the_input_file_defaults():
+    (req,) = parse_input(copy.deepcopy(MINIMAL)).requests
+    assert _sampling(req) == _sampling(InputFile(requests=())) == {
+        "temperature": 1.0, "top_k": 50, "top_p": 0.8, "max_generate_length": 256, "seed": None,
+        "min_p": 0.0, "repetition_penalty": 1.0, "presence_penalty": 0.0,
+        "frequency_penalty": 0.0, "stop_token_ids": (), "ignore_eos": False,
+        "min_new_tokens": 0, "n": 1, "num_logprobs": 0, "logit_bias": {}}
+    # a Request built by hand with only the original fields gets the same defaults
+    old = Request((Message("user", "Hi"),), None, False, False, (), {}, 0)
+    assert _sampling(old) == _sampling(req) and old == req
+
+
+def test_sampling_settings_are_inherited_or_overridden_per_request():
+    inp = parse_input(copy.deepcopy(FULL))
+    assert (inp.seed, inp.min_p, inp.repetition_penalty) == (7, 0.05, 1.1)
+    assert (inp.presence_penalty, inp.frequency_penalty) == (0.5, -0.5)
+    assert (inp.stop_token_ids, inp.ignore_eos, inp.min_new_tokens, inp.n) == ((2, 3), False, 4, 2)
+    first, second, third = inp.requests
+    # requests 0 and 2 set no sampling field: each holds the top-level value itself
+    for req in (first, third):
+        assert _sampling(req) == _sampling(inp)
+        assert req.logit_bias is inp.logit_bias and req.stop_token_ids is inp.stop_token_ids
+    assert _sampling(second) == {
+        "temperature": 0.0, "top_k": 0, "top_p": 1.0, "max_generate_length": 8, "seed": 0,
+        "min_p": 0.0, "repetition_penalty": 1.0, "presence_penalty": 2.0,
+        "frequency_penalty": -2.0, "stop_token_ids": (), "ignore_eos": True,
+        "min_new_tokens": 8, "n": 16, "num_logprobs": 0, "logit_bias": {9: 1.0}}
+    for name in ("temperature", "top_p", "min_p", "repetition_penalty", "presence_penalty",
+                 "frequency_penalty"):
+        assert type(getattr(second, name)) is float, name
+    # an empty array overrides a non-empty top-level one, it does not fall back to it
+    assert second.stop_token_ids == () and first.stop_token_ids == (2, 3)
+
+
+def test_own_fields_record_what_the_request_set_itself():
+    inp = parse_input(copy.deepcopy(FULL))
+    first, second, third = inp.requests
+    assert first.own_fields == {"messages"} and third.own_fields == {"messages", "stop"}
+    assert {"temperature", "n", "stop_token_ids", "logit_bias", "lora_name"} <= second.own_fields
+    # own_fields is bookkeeping, not part of a request's value
+    assert dataclasses.replace(second, own_fields=frozenset()) == second
+
+
+def test_a_request_may_set_only_some_sampling_fields():
+    doc = {"temperature": 0.5, "top_k": 20, "seed": 3, "requests": [
+        {"messages": [], "top_k": 5},
+        {"messages": [], "seed": 4, "temperature": 0},
+    ]}
+    first, second = parse_input(doc).requests
+    assert (first.temperature, first.top_k, first.seed) == (0.5, 5, 3)
+    assert (second.temperature, second.top_k, second.seed) == (0.0, 20, 4)
+
+
+def test_min_new_tokens_is_checked_against_each_requests_max_generate_length():
+    ok = {"min_new_tokens": 4, "max_generate_length": 4, "requests": [{"messages": []}]}
+    assert parse_input(ok).requests[0].min_new_tokens == 4
+
+    def error(doc):
+        with pytest.raises(InputError) as info:
+            parse_input(doc)
+        return info.value.json_path, str(info.value)
+
+    # both inherited: the top-level pair is wrong
+    both = {"min_new_tokens": 5, "max_generate_length": 4, "requests": [{"messages": []}]}
+    assert error(both) == (
+        "min_new_tokens", "`min_new_tokens` must be <= `max_generate_length` (4), got 5")
+    # inherited min_new_tokens, the request's own max_generate_length
+    assert error({"min_new_tokens": 5, "requests": [
+        {"messages": []}, {"messages": [], "max_generate_length": 3}]}) == (
+        "min_new_tokens",
+        "`min_new_tokens` must be <= `requests[1].max_generate_length` (3), got 5")
+    # the request's own min_new_tokens, the inherited (default 256) max_generate_length
+    assert error({"requests": [{"messages": [], "min_new_tokens": 257}]}) == (
+        "requests[0].min_new_tokens",
+        "`requests[0].min_new_tokens` must be <= `max_generate_length` (256), got 257")
+    # a top-level pair that no request uses is not an error
+    unused = {"min_new_tokens": 5, "max_generate_length": 4,
+              "requests": [{"messages": [], "max_generate_length": 5}]}
+    assert parse_input(unused).requests[0].min_new_tokens == 5
+
+
+def test_stop_string_limits():
+    base = {"requests": [{"messages": [], "stop": ["x" * 256] * 16}]}
+    assert parse_input(base).requests[0].stop == ("x" * 256,) * 16
+    base["requests"][0]["stop"] = "é" * 256  # characters, not bytes
+    assert parse_input(base).requests[0].stop == ("é" * 256,)
+
+
+def test_unknown_keys_in_large_objects_point_to_the_doc():
+    doc = copy.deepcopy(FULL)
+    doc["requests"][0]["temprature"] = 0
+    with pytest.raises(InputError) as info:
+        parse_input(doc)
+    assert str(info.value) == (
+        "`requests[0].temprature` must be a known key of a request (see docs/input_format.md), "
+        "got unknown key 'temprature'; did you mean 'temperature'?")
 
 
 def test_dataclasses_are_frozen():
@@ -217,6 +347,70 @@ ERROR_CASES = [
     (_set("logit_bias", "5", True), 'logit_bias["5"]'),
     (_set("logit_bias", "5", math.nan), 'logit_bias["5"]'),
     (_set("logit_bias", {str(i): 1 for i in range(1025)}), "logit_bias"),
+    # sampling settings, top level (the default for every request)
+    (_set("seed", -1), "seed"),
+    (_set("seed", 2**63), "seed"),
+    (_set("seed", 1.5), "seed"),
+    (_set("seed", None), "seed"),
+    (_set("seed", 2**63 - 1), None),  # valid: the largest seed
+    (_set("min_p", -0.1), "min_p"),
+    (_set("min_p", 1.01), "min_p"),
+    (_set("repetition_penalty", 0), "repetition_penalty"),
+    (_set("repetition_penalty", 10.01), "repetition_penalty"),
+    (_set("repetition_penalty", math.inf), "repetition_penalty"),
+    (_set("repetition_penalty", 10), None),  # valid: the upper bound is included
+    (_set("presence_penalty", 2.01), "presence_penalty"),
+    (_set("presence_penalty", "0"), "presence_penalty"),
+    (_set("frequency_penalty", -2.5), "frequency_penalty"),
+    (_set("frequency_penalty", math.nan), "frequency_penalty"),
+    (_set("stop_token_ids", 2), "stop_token_ids"),
+    (_set("stop_token_ids", [2, -1]), "stop_token_ids[1]"),
+    (_set("stop_token_ids", [2.0]), "stop_token_ids[0]"),
+    (_set("stop_token_ids", list(range(65))), "stop_token_ids"),
+    (_set("stop_token_ids", list(range(64))), None),  # valid: 64 ids
+    (_set("ignore_eos", 0), "ignore_eos"),
+    (_set("min_new_tokens", -1), "min_new_tokens"),
+    (_set("min_new_tokens", 65), "min_new_tokens"),  # > max_generate_length 64
+    (_set("n", 0), "n"),
+    (_set("n", 17), "n"),
+    (_set("n", True), "n"),
+    # sampling settings, per request (replacing the top-level value)
+    (_set(*R0, "temperature", -1), "requests[0].temperature"),
+    (_set(*R0, "temperature", 100.5), "requests[0].temperature"),
+    (_set(*R0, "temperature", math.inf), "requests[0].temperature"),
+    (_set(*R0, "top_k", 1.5), "requests[0].top_k"),
+    (_set(*R0, "top_k", -1), "requests[0].top_k"),
+    (_set(*R0, "top_p", 0), "requests[0].top_p"),
+    (_set(*R0, "top_p", 1.5), "requests[0].top_p"),
+    (_set(*R0, "max_generate_length", -1), "requests[0].max_generate_length"),
+    (_set(*R0, "max_generate_length", "64"), "requests[0].max_generate_length"),
+    (_set(*R0, "max_generate_length", 3), "min_new_tokens"),  # the inherited 4 is now too big
+    (_set(*R0, "seed", True), "requests[0].seed"),
+    (_set(*R0, "seed", -5), "requests[0].seed"),
+    (_set(*R0, "min_p", math.nan), "requests[0].min_p"),
+    (_set(*R0, "min_p", 2), "requests[0].min_p"),
+    (_set(*R0, "repetition_penalty", -1), "requests[0].repetition_penalty"),
+    (_set(*R0, "repetition_penalty", 11), "requests[0].repetition_penalty"),
+    (_set(*R0, "presence_penalty", -2.01), "requests[0].presence_penalty"),
+    (_set(*R0, "frequency_penalty", 3), "requests[0].frequency_penalty"),
+    (_set(*R0, "frequency_penalty", False), "requests[0].frequency_penalty"),
+    (_set(*R0, "stop_token_ids", [True]), "requests[0].stop_token_ids[0]"),
+    (_set(*R0, "stop_token_ids", {"1": 2}), "requests[0].stop_token_ids"),
+    (_set(*R0, "stop_token_ids", [1, None]), "requests[0].stop_token_ids[1]"),
+    (_set(*R0, "ignore_eos", "yes"), "requests[0].ignore_eos"),
+    (_set(*R0, "min_new_tokens", 1.5), "requests[0].min_new_tokens"),
+    (_set(*R0, "min_new_tokens", 65), "requests[0].min_new_tokens"),
+    (_set(*R1, "min_new_tokens", 9), "requests[1].min_new_tokens"),  # its own limit is 8
+    (_set(*R1, "max_generate_length", 7), "requests[1].min_new_tokens"),
+    (_set(*R0, "n", 0), "requests[0].n"),
+    (_set(*R0, "n", 16.0), "requests[0].n"),
+    (_set(*R0, "n", 17), "requests[0].n"),
+    (_set(*R0, "n", None), "requests[0].n"),
+    # stop strings: at most 16, each 1 to 256 characters
+    (_set(*R1, "stop", ["a"] * 17), "requests[1].stop"),
+    (_set(*R1, "stop", ["a", "b" * 257]), "requests[1].stop[1]"),
+    (_set(*R2, "stop", "b" * 257), "requests[2].stop"),
+    (_set(*R1, "stop", ["a"] * 16), None),  # valid: 16 strings
     # requests
     (_set("requests", []), "requests"),
     (_set("requests", {}), "requests"),
@@ -391,6 +585,60 @@ def test_check_against_engine():
     assert check_against_engine(inp, vocab_size=100_000) == []
     with pytest.raises(ValueError, match="vocab_size"):
         check_against_engine(inp, vocab_size=0)
+
+
+def test_check_against_engine_stop_token_ids():
+    doc = copy.deepcopy(FULL)
+    doc["stop_token_ids"] = [2, 49152]
+    doc["requests"][1]["stop_token_ids"] = [49151, 60000, 3]
+    inp = parse_input(doc)
+    problems = check_against_engine(inp, vocab_size=49152)
+    assert problems == [
+        (0, "`stop_token_ids[1]` must be a token id below the vocabulary size 49152, got 49152"),
+        (1, "`requests[1].stop_token_ids[1]` must be a token id below the vocabulary size 49152, "
+            "got 60000"),
+        (2, "`stop_token_ids[1]` must be a token id below the vocabulary size 49152, got 49152"),
+    ]
+
+
+def _top_k_doc(top, *own):
+    """A file with top-level top_k `top` and one request per entry of `own` (None = inherit)."""
+    requests = [{"messages": []} if k is None else {"messages": [], "top_k": k} for k in own]
+    return parse_input({"top_k": top, "requests": requests})
+
+
+def test_check_limits():
+    inp = _top_k_doc(2000, None, 2000, 40, 1025, 1024, 0, 49151, 49152, 10**6)
+    assert check_limits(inp, max_top_k=1024, vocab_size=49152) == [
+        (0, "`top_k` must be <= 1024 (the engine's sampler limit) or >= the vocabulary size "
+            "49152 (all tokens), got 2000"),
+        # the request repeats the top-level value but wrote it itself: its own path
+        (1, "`requests[1].top_k` must be <= 1024 (the engine's sampler limit) or >= the "
+            "vocabulary size 49152 (all tokens), got 2000"),
+        (3, "`requests[3].top_k` must be <= 1024 (the engine's sampler limit) or >= the "
+            "vocabulary size 49152 (all tokens), got 1025"),
+        (6, "`requests[6].top_k` must be <= 1024 (the engine's sampler limit) or >= the "
+            "vocabulary size 49152 (all tokens), got 49151"),
+    ]
+    assert check_limits(inp, max_top_k=1024, vocab_size=1025) == []  # 1025 = all tokens
+    assert check_limits(_top_k_doc(50, None), max_top_k=1024, vocab_size=49152) == []
+
+
+def test_check_limits_small_values_keep_their_paths():
+    # small ints are shared objects in CPython: the path must not depend on object identity
+    inp = _top_k_doc(100, None, 100)
+    problems = check_limits(inp, max_top_k=64, vocab_size=49152)
+    assert [p.split("`")[1] for _, p in problems] == ["top_k", "requests[1].top_k"]
+
+
+@pytest.mark.parametrize("max_top_k, vocab_size, name", [
+    (0, 49152, "max_top_k"),
+    (1024.0, 49152, "max_top_k"),
+    (1024, True, "vocab_size"),
+])
+def test_check_limits_refuses_bad_engine_values(max_top_k, vocab_size, name):
+    with pytest.raises(ValueError, match=f"`{name}` must be a positive integer"):
+        check_limits(parse_input(copy.deepcopy(MINIMAL)), max_top_k, vocab_size)
 
 
 def test_imports_only_the_standard_library():

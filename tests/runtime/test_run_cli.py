@@ -12,23 +12,15 @@ pytest.importorskip("torch")  # the tiny engine is built with the builder
 pytestmark = pytest.mark.hf
 
 
-def run(tmp_path, engine, payload, *extra):
-    inp = tmp_path / "input.json"
-    inp.write_text(payload if isinstance(payload, str) else json.dumps(payload))
-    out = tmp_path / "out.json"
-    result = CliRunner().invoke(main, [str(inp), "--engine", str(engine), "--output", str(out), *extra])
-    return result, (json.loads(out.read_text()) if out.exists() else None)
-
-
 def chat(text, **extra):
     return {"messages": [{"role": "user", "content": text}], **extra}
 
 
-def test_output_format_and_greedy_determinism(tmp_path, tiny_engine):
+def test_output_format_and_greedy_determinism(run_cli, tmp_path, tiny_engine):
     engine = tiny_engine("llama")
     payload = {"batch_size": 2, "temperature": 0, "max_generate_length": 8,
                "requests": [chat("Hello there"), chat("The quick brown fox"), chat("Paris")]}
-    result, out = run(tmp_path, engine, payload, "--profile", str(tmp_path / "profile.json"))
+    result, out = run_cli(engine, payload, "--profile", str(tmp_path / "profile.json"))
     assert result.exit_code == 0, result.output
     assert out["input_file"].endswith("input.json")
     keys = {"output_text", "request_idx", "batch_idx", "finish_reason", "messages",
@@ -43,18 +35,18 @@ def test_output_format_and_greedy_determinism(tmp_path, tiny_engine):
     profile = json.loads((tmp_path / "profile.json").read_text())
     assert profile["prefill"]["total_runs"] == 2 and profile["generation"]["generated_tokens"] > 0
     # Greedy is deterministic, and a request's answer does not depend on its batch neighbours.
-    _, alone = run(tmp_path, engine, {**payload, "batch_size": 1, "requests": [chat("The quick brown fox")]})
+    _, alone = run_cli(engine, {**payload, "batch_size": 1, "requests": [chat("The quick brown fox")]})
     assert alone["responses"][0]["output_text"] == out["responses"][1]["output_text"]
 
 
-def test_bad_request_fails_alone(tmp_path, tiny_engine):
+def test_bad_request_fails_alone(run_cli, tmp_path, tiny_engine):
     engine = tiny_engine("llama")
     long_text = "word " * 400  # more tokens than the engine's max_input_len (256)
     payload = {"batch_size": 3, "temperature": 0, "max_generate_length": 4, "available_lora_weights": {"a": "x"},
                "requests": [chat("fine"), chat(long_text), chat("also fine", lora_name="a"),
                             {"messages": [{"role": "user", "content": [{"type": "image", "image": "x.png"}]}]},
                             chat("saved", save_system_prompt_kv_cache=True), chat("last")]}
-    result, out = run(tmp_path, engine, payload)
+    result, out = run_cli(engine, payload)
     assert result.exit_code == 1
     reasons = [r["finish_reason"] for r in out["responses"]]
     assert reasons[0] != "error" and reasons[5] != "error"
@@ -75,25 +67,25 @@ def test_bad_request_fails_alone(tmp_path, tiny_engine):
     ({"requests": [chat("x")], "max_generate_length": -1}, "max_generate_length"),
     ({"requests": [chat("x")], "batch_size": 16}, "batch_size"),  # over the engine's max_batch_size (4)
 ])
-def test_invalid_input_exits_2_naming_the_field(tmp_path, tiny_engine, payload, field):
-    result, out = run(tmp_path, tiny_engine("llama"), payload)
+def test_invalid_input_exits_2_naming_the_field(run_cli, tiny_engine, payload, field):
+    result, out = run_cli(tiny_engine("llama"), payload)
     assert result.exit_code == 2, result.output
     assert field in result.output
     assert out is None
 
 
-def test_invalid_input_keeps_the_previous_output(tmp_path, tiny_engine):
+def test_invalid_input_keeps_the_previous_output(run_cli, tmp_path, tiny_engine):
     out = tmp_path / "out.json"
     out.write_text('{"good": true}')
-    result, kept = run(tmp_path, tiny_engine("llama"), {"requests": []})
+    result, kept = run_cli(tiny_engine("llama"), {"requests": []})
     assert result.exit_code == 2
     assert kept == {"good": True}
 
 
-def test_logit_bias_past_vocab_fails_that_request(tmp_path, tiny_engine):
+def test_logit_bias_past_vocab_fails_that_request(run_cli, tmp_path, tiny_engine):
     payload = {"temperature": 0, "max_generate_length": 2,
                "requests": [chat("a"), chat("b", logit_bias={"99999": 5})]}
-    result, out = run(tmp_path, tiny_engine("llama"), payload)
+    result, out = run_cli(tiny_engine("llama"), payload)
     assert result.exit_code == 1
     assert out["responses"][0]["finish_reason"] != "error"
     assert out["responses"][1]["finish_reason"] == "error"

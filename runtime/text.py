@@ -1,0 +1,53 @@
+"""Per-row output text: incremental detokenisation, stop strings, and what is safe to stream.
+
+Streaming holds back the last (longest stop string - 1) characters, so text that a later token
+turns into a stop string is never printed; the decoder itself holds back incomplete UTF-8.
+
+    text:    "The answer is 42.\n\nUs"      stop = ["\n\nUser:"] (7 chars) -> hold back 6
+    emitted: "The answer is 4"              the rest waits until it cannot start a match
+"""
+from __future__ import annotations
+
+from trtllm.runtime.tokenizer import IncrementalDecoder, Tokenizer
+
+
+class TextStream:
+    def __init__(self, tokenizer: Tokenizer, stops: tuple[str, ...] = ()):
+        self.decoder = IncrementalDecoder(tokenizer)
+        self.stops = stops
+        self.hold = max((len(s) for s in stops), default=1) - 1
+        self.text = ""
+        self.stop_at: int | None = None
+        self.emitted = 0
+
+    def push(self, token_id: int, check_stops: bool = True) -> bool:
+        """Add one generated token; True when a stop string now appears (earliest match wins)."""
+        start = max(0, len(self.text) - self.hold)  # a new match must end in the new text
+        self.text += self.decoder.push(token_id)
+        if not (check_stops and self.stops):
+            return False
+        hits = [i for i in (self.text.find(s, start) for s in self.stops) if i >= 0]
+        if hits:
+            self.stop_at = min(hits)
+            return True
+        return False
+
+    def finish(self) -> None:
+        if self.stop_at is None:
+            self.text += self.decoder.flush()
+
+    def final_text(self) -> str:
+        return self.text if self.stop_at is None else self.text[: self.stop_at]
+
+    def take(self, final: bool = False) -> str:
+        """The text not yet handed out that can no longer become part of a stop string."""
+        if self.stop_at is not None:
+            end = self.stop_at
+        elif final:
+            end = len(self.text)
+        else:
+            end = len(self.text) - self.hold
+        if end <= self.emitted:
+            return ""
+        out, self.emitted = self.text[self.emitted:end], end
+        return out

@@ -1,0 +1,159 @@
+"""Every sampling parameter end to end on a tiny engine, through trtllm-run; penalties are
+token-exact against transformers (repetition) or a numpy re-implementation (frequency/presence)."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from trtllm.runtime.tokenizer import Tokenizer  # noqa: E402
+
+pytestmark = pytest.mark.hf
+
+
+def chat(text, **extra):
+    return {"messages": [{"role": "user", "content": text}], **extra}
+
+
+def texts(out):
+    return [r["output_text"] for r in out["responses"]]
+
+
+@pytest.fixture(scope="module")
+def eos_id(tiny_engine):
+    return json.loads((tiny_engine("llama") / "manifest.json").read_text())["eos_token_ids"][0]
+
+
+def test_seed_reproducible_and_fresh_without(run_cli, tiny_engine):
+    engine = tiny_engine("llama")
+    payload = {"temperature": 1.0, "top_k": 0, "top_p": 1.0, "max_generate_length": 16,
+               "requests": [chat("Hello", seed=7), chat("Hello", seed=7), chat("Hello", seed=8), chat("Hello")]}
+    _, a = run_cli(engine, payload)
+    _, b = run_cli(engine, payload)
+    assert texts(a)[0] == texts(a)[1] == texts(b)[0]
+    assert texts(a)[0] != texts(a)[2]
+    assert texts(a)[3] != texts(b)[3]  # no seed: a fresh one each run
+
+
+def test_n_samples(run_cli, tiny_engine):
+    payload = {"batch_size": 4, "temperature": 1.0, "top_k": 0, "top_p": 1.0, "max_generate_length": 12,
+               "requests": [chat("Hello", n=3, seed=1), chat("Paris")]}
+    result, out = run_cli(tiny_engine("llama"), payload)
+    assert result.exit_code == 0
+    rs = out["responses"]
+    assert [(r["request_idx"], r.get("sample_idx")) for r in rs] == [(0, 0), (0, 1), (0, 2), (1, None)]
+    assert len({r["output_text"] for r in rs[:3]}) == 3
+    _, again = run_cli(tiny_engine("llama"), payload)
+    assert texts(again)[:3] == texts(out)[:3]
+
+
+def test_per_request_sampling_in_one_batch(run_cli, tiny_engine):
+    """A greedy request answers the same alone and next to a hot sampled neighbour."""
+    engine = tiny_engine("llama")
+    greedy = chat("The quick brown fox", temperature=0)
+    _, alone = run_cli(engine, {"max_generate_length": 16, "requests": [greedy]})
+    hot = chat("Hello", temperature=2.0, top_k=0, top_p=1.0, min_p=0.0, seed=3)
+    _, mixed = run_cli(engine, {"batch_size": 2, "max_generate_length": 16, "requests": [hot, greedy]})
+    assert texts(mixed)[1] == texts(alone)[0]
+
+
+def test_logit_bias_and_eos_controls(run_cli, tiny_engine, eos_id):
+    engine = tiny_engine("llama")
+    tok = Tokenizer.from_engine_dir(engine)
+    x = tok.encode("fox")[0]
+    payload = {"temperature": 0, "max_generate_length": 6, "logit_bias": {str(x): 100},
+               "requests": [chat("a"), chat("b", logit_bias={str(eos_id): 100}),
+                            chat("c", logit_bias={str(eos_id): 100}, ignore_eos=True),
+                            chat("d", logit_bias={str(eos_id): 100}, min_new_tokens=3, num_logprobs=1),
+                            chat("e", stop_token_ids=[x])]}
+    result, out = run_cli(engine, payload)
+    assert result.exit_code == 0
+    rs = out["responses"]
+    assert rs[0]["output_text"] == tok.decode([x] * 6) and rs[0]["finish_reason"] == "max-length"
+    assert rs[1]["output_text"] == "" and rs[1]["finish_reason"] == "end-of-sequence"
+    assert rs[2]["finish_reason"] == "max-length"
+    # three tokens while EOS is banned, then EOS as soon as it is allowed
+    assert rs[3]["finish_reason"] == "end-of-sequence"
+    assert [step[0]["token_id"] for step in rs[3]["logprobs"]][3:] == [eos_id]
+    assert rs[4]["output_text"] == "" and rs[4]["finish_reason"] == "stop-words"
+
+
+def hf_penalised_greedy(model, prompt, n, rep=1.0, freq=0.0, pres=0.0):
+    """Greedy decoding with the vLLM penalty formulas applied to transformers' logits (float64)."""
+    ids = list(prompt)
+    for _ in range(n):
+        with torch.no_grad():
+            x = model(torch.tensor([ids])).logits[0, -1].double().numpy()
+        seen = np.zeros_like(x, bool)
+        seen[ids] = True
+        x = np.where(seen, np.where(x > 0, x / rep, x * rep), x)
+        out = ids[len(prompt):]
+        counts = np.bincount(out, minlength=x.size) if out else np.zeros(x.size)
+        x = x - freq * counts - pres * (counts > 0)
+        ids.append(int(np.argmax(x)))
+    return ids[len(prompt):]
+
+
+@pytest.mark.parametrize("rep, freq, pres", [(1.5, 0, 0), (1, 1.0, 0), (1, 0, 1.5), (1.2, 0.4, 0.3)])
+def test_penalties_match_reference(rep, freq, pres, tiny_checkpoint, tiny_engine):
+    from trtllm.runtime.engine import load_engine
+    from trtllm.runtime.generate import RowState, run_batch
+    from trtllm.runtime.sampling import SamplingParams
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(tiny_checkpoint("llama"), dtype=torch.float32).eval()
+    prompt = [5, 17, 42, 5, 17, 99]
+    want = hf_penalised_greedy(model, prompt, 24, rep, freq, pres)
+    params = SamplingParams(temperature=0, repetition_penalty=rep, frequency_penalty=freq, presence_penalty=pres,
+                            max_new_tokens=24)
+    row = RowState(prompt_ids=prompt, params=params, rng=np.random.default_rng(0), eos_ids=frozenset())
+    run_batch(load_engine(tiny_engine("llama")), [row])
+    assert row.output_ids == want
+    if rep != 1:  # and transformers' own processor agrees for the repetition penalty
+        with torch.no_grad():
+            hf = model.generate(torch.tensor([prompt]), max_new_tokens=24, min_new_tokens=24, do_sample=False,
+                                repetition_penalty=rep, eos_token_id=None) if freq == pres == 0 else None
+        if hf is not None:
+            assert hf[0, len(prompt):].tolist() == want
+
+
+def test_edge_cases(run_cli, tiny_engine):
+    engine = tiny_engine("llama")
+    payload = {"temperature": 0, "max_generate_length": 8,
+               "requests": [{"messages": []}, chat("x", max_generate_length=0), chat("y", max_generate_length=5000, ignore_eos=True, num_logprobs=1),
+                            chat("Héllo 🙂 中文", stop=["🙂", "中"]), chat("z", top_k=100000, temperature=1.0)]}
+    result, out = run_cli(engine, payload)
+    assert result.exit_code == 0, result.output
+    rs = out["responses"]
+    assert rs[0]["finish_reason"] != "error"
+    assert rs[1]["output_text"] == "" and rs[1]["finish_reason"] == "max-length"
+    # capped by the engine's KV capacity (512 slots for prompt + output)
+    prompt_len = len(Tokenizer.from_engine_dir(engine).encode(rs[2]["formatted_complete_request"]))
+    assert rs[2]["finish_reason"] == "max-length" and len(rs[2]["logprobs"]) == 512 - prompt_len
+    assert "🙂" in rs[3]["formatted_complete_request"]
+    assert "🙂" not in rs[3]["output_text"] and "中" not in rs[3]["output_text"]
+    assert rs[4]["finish_reason"] != "error"
+
+
+def test_stream_matches_output(tiny_engine, tmp_path):
+    import subprocess
+    import sys
+
+    payload = {"batch_size": 2, "temperature": 0, "max_generate_length": 24,
+               "requests": [chat("Hello"), chat("The quick", stop=[" the", "."]), chat("Paris", n=2, temperature=1.0)]}
+    (tmp_path / "in.json").write_text(json.dumps(payload))
+    proc = subprocess.run([sys.executable, "-m", "trtllm.runtime", str(tmp_path / "in.json"), "--engine",
+                           str(tiny_engine("llama")), "--stream", "--output", str(tmp_path / "out.json")],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    lines = [json.loads(line) for line in proc.stdout.splitlines()]
+    out = json.loads((tmp_path / "out.json").read_text())["responses"]
+    for r in out:
+        key = (r["request_idx"], r.get("sample_idx", 0))
+        mine = [ln for ln in lines if (ln["request_idx"], ln["sample_idx"]) == key]
+        assert "".join(ln["text"] for ln in mine) == r["output_text"]
+        assert mine[-1]["finish_reason"] == r["finish_reason"]
+        assert all("finish_reason" not in ln for ln in mine[:-1])

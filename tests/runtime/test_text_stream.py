@@ -1,0 +1,91 @@
+"""TextStream (stop strings, streaming hold-back) and the penalty bookkeeping, without an engine."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from trtllm.runtime import sampling
+from trtllm.runtime.text import TextStream
+
+
+class CharTokenizer:
+    """Each id is one character of ALPHABET; enough for IncrementalDecoder's interface."""
+
+    ALPHABET = "abc XYZ\n:!é🙂中"
+    special_ids = frozenset()
+
+    def decode(self, ids, skip_special_tokens=True):
+        return "".join(self.ALPHABET[i] for i in ids)
+
+
+def stream(text: str, stops=(), check_from: int = 0):
+    ts = TextStream(CharTokenizer(), tuple(stops))
+    pieces, stopped = [], False
+    for k, ch in enumerate(text):
+        stopped = ts.push(CharTokenizer.ALPHABET.index(ch), check_stops=k + 1 >= check_from)
+        if stopped:
+            break
+        pieces.append(ts.take())
+    ts.finish()
+    pieces.append(ts.take(final=True))
+    return ts, "".join(pieces), stopped
+
+
+def test_no_stops_streams_everything():
+    ts, streamed, stopped = stream("abc XYZ")
+    assert not stopped and streamed == ts.final_text() == "abc XYZ"
+
+
+@pytest.mark.parametrize("text, stops, expected", [
+    ("abc XYZ abc", ["XYZ"], "abc "),
+    ("abc XYZ abc", ["c X", "Y"], "ab"),             # earliest position wins, not first listed
+    ("abc\n\nXYZ", ["\n\n"], "abc"),
+    ("abé🙂中 c", ["🙂中"], "abé"),                   # multi-character unicode stop
+    ("aaaa", ["aa"], ""),
+])
+def test_stop_strings(text, stops, expected):
+    ts, streamed, stopped = stream(text, stops)
+    assert stopped and ts.final_text() == expected
+    assert streamed == expected  # nothing past (or inside) the stop string is ever streamed
+
+
+def test_stop_strings_wait_for_min_new_tokens():
+    ts, _, stopped = stream("XYZ abc XYZ", ["XYZ"], check_from=4)
+    assert stopped and ts.final_text() == "XYZ abc "
+
+
+def test_hold_back_never_leaks_a_partial_stop():
+    ts = TextStream(CharTokenizer(), ("XYZ!",))
+    out = ""
+    for ch in "ab XYZ":
+        ts.push(CharTokenizer.ALPHABET.index(ch))
+        out += ts.take()
+    assert out == "ab "  # "XYZ" could still become "XYZ!"
+
+
+def test_sampling_params_errors_name_their_field():
+    for kwargs, name in [({"temperature": -1}, "temperature"), ({"top_p": 0}, "top_p"), ({"min_p": 2}, "min_p"),
+                         ({"repetition_penalty": 0}, "repetition_penalty"), ({"presence_penalty": 3}, "presence_penalty"),
+                         ({"frequency_penalty": -3}, "frequency_penalty"), ({"num_logprobs": 51}, "num_logprobs"),
+                         ({"max_new_tokens": 2, "min_new_tokens": 3}, "min_new_tokens"), ({"top_k": -1}, "top_k")]:
+        with pytest.raises(ValueError, match=f"^{name} must be"):
+            sampling.SamplingParams(**kwargs)
+
+
+def test_penalty_bookkeeping():
+    params = sampling.SamplingParams(frequency_penalty=0.5, presence_penalty=0.25, repetition_penalty=1.2,
+                                     min_new_tokens=2, max_new_tokens=8)
+    banned = frozenset({9})
+    batch = sampling.make_batch([params], vocab_size=10, max_top_k=10, prompts=[[1, 2]], banned=[banned])
+    assert batch.seen[0].tolist() == [False, True, True] + [False] * 7
+    assert batch.penalty_bias[0, 9] == -np.inf
+    counts = {}
+    for n, token in enumerate([3, 3], start=1):
+        counts[token] = counts.get(token, 0) + 1
+        sampling.penalize(batch, 0, params, counts, token, n, banned)
+    assert batch.penalty_bias[0, 3] == pytest.approx(-(0.5 * 2 + 0.25))
+    assert batch.seen[0, 3]
+    assert batch.penalty_bias[0, 9] == 0  # the ban on EOS ended at min_new_tokens
+    assert sampling.make_batch([sampling.SamplingParams(top_k=10)], 10, 4).top_k[0] == 0  # >= vocab: all tokens
+    with pytest.raises(ValueError, match="top_k must be <= 4"):
+        sampling.make_batch([sampling.SamplingParams(top_k=5)], 10, 4)
