@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import uuid
 from importlib import metadata
 from pathlib import Path
 
@@ -99,7 +100,7 @@ def write_manifest(ck, config: BuildConfig, spec, max_top_k: int, num_positions:
         files={"onnx": ONNX_NAME, "compiled": ORT_NAME, "tokenizer": "tokenizer.json",
                "tokenizer_config": "tokenizer_config.json", "chat_template": "chat_template.jinja",
                "generation_config": "generation_config.json"},
-        build_config=config.to_json(), source=ck.source, versions=versions(),
+        build_config=config.to_json(), source=ck.source, versions=versions(), build_id=uuid.uuid4().hex,
     )
     mf.save(manifest, out_dir)
     return manifest

@@ -10,7 +10,8 @@ import torch
 
 from trtllm.runtime import sampling
 from trtllm.runtime.engine import load_engine
-from trtllm.runtime.generate import decode_inputs, prefill_inputs, RowState
+from trtllm.runtime.generate import RowState, decode_inputs, prefill_inputs
+from trtllm.runtime.kv_cache import KVCacheManager
 
 VERIFY_TEXT = "The quick brown fox jumps over the lazy dog. Edge devices run language models"
 NUM_DECODE = 8
@@ -25,13 +26,13 @@ def engine_logits(engine, prompt_ids: list[int], num_decode: int) -> tuple[list[
     params = sampling.SamplingParams(temperature=0.0, max_new_tokens=num_decode + 1)
     row = RowState(prompt_ids=prompt_ids, params=params, rng=np.random.default_rng(0), eos_ids=frozenset())
     batch = sampling.make_batch([params], engine.manifest.model.vocab_size, engine.manifest.max_top_k)
-    engine.allocate(1, len(prompt_ids) + num_decode + 1)
+    kv = KVCacheManager(engine.manifest.model, 1, len(prompt_ids) + num_decode + 1)
     inputs, logits = prefill_inputs([row], engine.manifest.pad_token_id, batch), []
     for _ in range(num_decode + 1):
-        out = engine.step(inputs, want_logits=True)
+        out = engine.step(inputs, kv.view(0, 1), want_logits=True)
         logits.append(out.logits[0])
         row.output_ids.append(int(out.token_ids[0]))
-        inputs = decode_inputs([row], batch)
+        inputs = decode_inputs([row], engine.manifest.pad_token_id, batch)
     return row.output_ids, np.stack(logits)
 
 

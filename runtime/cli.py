@@ -64,14 +64,24 @@ def check_engine_limits(inp: fmt.InputFile, manifest) -> None:
               help="Write timing and peak memory to this JSON file.")
 @click.option("--stream", is_flag=True,
               help="Print each request's text to stdout as it is generated, as JSON lines.")
+@click.option("--kv-cache-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Where saved system-prompt KV lives (default: ENGINE_DIR/cache). Several engines may share one.")
+@click.option("--kv-cache-size", default="2G", show_default=True,
+              help="Size limit of --kv-cache-dir; least recently used entries are removed beyond it.")
 @click.option("--threads", type=click.IntRange(min=1), default=None, help="CPU threads (default: all cores).")
 def main(input_file: Path, engine_dir: Path, output: Path | None, profile: Path | None, stream: bool,
-         threads: int | None) -> None:
+         kv_cache_dir: Path | None, kv_cache_size: str, threads: int | None) -> None:
     """Answer the requests in INPUT_FILE with the engine in --engine."""
     try:
         inp = fmt.read_input(input_file)
     except fmt.InputError as e:
         fail_usage(f"{input_file}: {e}")
+    from trtllm.runtime.prefix_cache import PrefixStore, engine_identity, parse_size
+
+    try:
+        max_bytes = parse_size(kv_cache_size)
+    except ValueError as e:
+        fail_usage(str(e))
     from trtllm.runtime.chat_template import ChatTemplate
     from trtllm.runtime.engine import load_engine
     from trtllm.runtime.manifest import ManifestError
@@ -87,7 +97,8 @@ def main(input_file: Path, engine_dir: Path, output: Path | None, profile: Path 
     m = engine.manifest
     engine_errors = dict(fmt.check_limits(inp, m.max_top_k, m.model.vocab_size))
     engine_errors.update(fmt.check_against_engine(inp, m.model.vocab_size))
-    runner = Runner(engine, Tokenizer.from_engine_dir(engine_dir), ChatTemplate.from_engine_dir(engine_dir))
+    prefixes = PrefixStore(kv_cache_dir or engine_dir / "cache", engine_identity(engine_dir), max_bytes=max_bytes)
+    runner = Runner(engine, Tokenizer.from_engine_dir(engine_dir), ChatTemplate.from_engine_dir(engine_dir), prefixes)
     responses = runner.run(inp, engine_errors, on_text=print_chunk if stream else None)
     result = {"input_file": str(input_file), "responses": responses}
     if stream:

@@ -2,10 +2,10 @@
 
     StepInputs                         engine.step()                 StepOutputs
     input_ids    [B,S] int64   ──►  decoder + KV update + sampler ──► token_ids       [B]   int64
-    position_ids [B,S] int64        (KV buffers live in the engine,  top_logprobs    [B,K] f32
-    write_index  [B]   int64         sized by allocate())            top_logprob_ids [B,K] int64
-    last_index   [B]   int64                                         logits          [B,V] f32 (on request)
-    sampling     SamplingBatch
+    position_ids [B,S] int64        KV: per layer K,V numpy views    top_logprobs    [B,K] f32
+    write_index  [B]   int64        [B, kv_heads, capacity, head]    top_logprob_ids [B,K] int64
+    last_index   [B]   int64        (the KV manager's), updated      logits          [B,V] f32 (on request)
+    sampling     SamplingBatch      in place
 
 `load_engine(engine_dir)` picks the backend named in the manifest through BACKENDS, a registry
 of import paths, so each backend imports its own library (onnxruntime or tensorrt) only when used.
@@ -47,10 +47,9 @@ class StepOutputs:
 class Engine(Protocol):
     manifest: manifest_mod.Manifest
 
-    def allocate(self, batch_size: int, capacity: int) -> None:
-        """Give the next steps fresh KV buffers [batch_size, kv_heads, capacity, head_dim]."""
-
-    def step(self, inputs: StepInputs, want_logits: bool = False) -> StepOutputs: ...
+    def step(self, inputs: StepInputs, kv: list[np.ndarray], want_logits: bool = False) -> StepOutputs:
+        """One graph run; `kv` = [K0, V0, K1, V1, ...], each contiguous [B, kv_heads, capacity,
+        head_dim], written in place at write_index.."""
 
     def close(self) -> None: ...
 

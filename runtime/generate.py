@@ -1,21 +1,29 @@
-"""Generate for one static batch: prefill all prompts in one step, then decode token by token.
+"""Generate for a list of requests on token ids: in-flight batching over KV slots.
 
-Works on token ids only. Each row owns KV slots 0..capacity-1 of its batch buffers; a token at
-position p sits in slot p, so prompts of different lengths are right-padded in the prefill step
-and every row stays exactly what it would be alone.
+Up to `num_slots` requests run at once, each in its own slot of the KV cache manager. A new
+request takes a free slot, optionally restores a saved system-prompt prefix there, and is
+prefilled (requests admitted together share one prefill step, right-padded); then every active
+slot advances one token per decode step. A finished request frees its slot for the next one.
+A token at position p sits in KV position p of its slot, so every request computes exactly what
+it would alone, whatever its neighbours.
 
-    row 0: [p p p p p . . . . . ]   p prompt, g generated, . free / masked
-    row 1: [p p p g g g . . . . ]   write_index[b] = next free slot = next position
+    step:     prefill(0,1,2)  decode  decode  prefill(1)  decode ...
+    slot 0:   [p p p p]       g       g       .           g
+    slot 1:   [p p]           g       EOS ->  [p p p]     g        (freed, then reused)
+    slot 2:   [p p p]         g       g       .           g
 """
 from __future__ import annotations
 
 import time
+from collections import deque
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 
 from trtllm.runtime import sampling
 from trtllm.runtime.engine import Engine, StepInputs
+from trtllm.runtime.kv_cache import KVCacheManager
 from trtllm.runtime.text import TextStream
 
 CAPACITY_ROUNDING = 64  # KV buffers grow in steps of this many slots
@@ -34,7 +42,11 @@ class RowState:
     logprobs: list[tuple[np.ndarray, np.ndarray]] = field(default_factory=list)
     counts: dict[int, int] = field(default_factory=dict)
     finish_reason: str | None = None
-    max_new_tokens: int = -1  # params.max_new_tokens, capped by the batch's KV capacity
+    max_new_tokens: int = -1  # params.max_new_tokens, capped by the KV capacity
+    prefix_ids: tuple[int, ...] = ()  # its system-prompt prefix (a prefix of prompt_ids), if any
+    save_prefix: bool = False         # store that prefix's KV for later requests
+    num_reused: int = 0               # prompt tokens restored from a saved prefix
+    slot: int | None = None
 
     def __post_init__(self):
         if self.max_new_tokens < 0:
@@ -74,11 +86,20 @@ class RowState:
 @dataclass
 class Timing:
     prefill_runs: int = 0
-    prefill_tokens: int = 0
+    prefill_tokens: int = 0   # computed prompt tokens
+    reused_tokens: int = 0    # prompt tokens restored from saved prefixes
     prefill_seconds: float = 0.0
     generation_runs: int = 0
     generated_tokens: int = 0
     generation_seconds: float = 0.0
+
+
+class PrefixSource(Protocol):
+    """Saved system-prompt KV (runtime/prefix_cache.py); kv is [2*layers, kv_heads, n, head_dim]."""
+
+    def load(self, prefix_ids: tuple[int, ...]) -> np.ndarray | None: ...
+
+    def save(self, prefix_ids: tuple[int, ...], kv: np.ndarray) -> None: ...
 
 
 def capacity_for(rows: list[RowState], max_capacity: int) -> int:
@@ -86,64 +107,151 @@ def capacity_for(rows: list[RowState], max_capacity: int) -> int:
     return min(max_capacity, -(-need // CAPACITY_ROUNDING) * CAPACITY_ROUNDING)
 
 
+def runs(slots: list[int]) -> list[tuple[int, int]]:
+    """Sorted slots -> maximal contiguous [start, stop) ranges: each is one step's batch."""
+    out: list[tuple[int, int]] = []
+    for s in sorted(slots):
+        if out and out[-1][1] == s:
+            out[-1] = (out[-1][0], s + 1)
+        else:
+            out.append((s, s + 1))
+    return out
+
+
 def prefill_inputs(rows: list[RowState], pad_id: int, batch: sampling.SamplingBatch) -> StepInputs:
-    lens = [len(r.prompt_ids) for r in rows]
-    width = max(lens)
+    """Each row's prompt after its restored prefix, right-padded; it writes from its first new position."""
+    starts = [r.num_reused for r in rows]
+    rests = [r.prompt_ids[r.num_reused:] for r in rows]
+    width = max(len(t) for t in rests)
     ids = np.full((len(rows), width), pad_id, np.int64)
-    for b, r in enumerate(rows):
-        ids[b, : lens[b]] = r.prompt_ids
-    positions = np.broadcast_to(np.arange(width, dtype=np.int64), ids.shape).copy()
-    return StepInputs(input_ids=ids, position_ids=positions, write_index=np.zeros(len(rows), np.int64),
-                      last_index=np.array(lens, np.int64) - 1, sampling=batch)
+    for b, t in enumerate(rests):
+        ids[b, : len(t)] = t
+    positions = np.array(starts, np.int64)[:, None] + np.arange(width, dtype=np.int64)[None, :]
+    return StepInputs(input_ids=ids, position_ids=positions, write_index=np.array(starts, np.int64),
+                      last_index=np.array([len(t) - 1 for t in rests], np.int64), sampling=batch)
 
 
-def decode_inputs(rows: list[RowState], batch: sampling.SamplingBatch) -> StepInputs:
-    """A finished row re-feeds its last token at its last slot: harmless, its result is ignored."""
-    last = [(r.output_ids or r.prompt_ids)[-1] for r in rows]
-    pos = [len(r.prompt_ids) + len(r.output_ids) - 1 for r in rows]
+def decode_inputs(rows: list[RowState | None], pad_id: int, batch: sampling.SamplingBatch) -> StepInputs:
+    """Each active row feeds its last token at its next position; an idle slot (None) feeds a pad
+    at position 0, which only touches its own, unused, KV."""
+    last = [pad_id if r is None else (r.output_ids or r.prompt_ids)[-1] for r in rows]
+    pos = [0 if r is None else len(r.prompt_ids) + len(r.output_ids) - 1 for r in rows]
     return StepInputs(input_ids=np.array(last, np.int64)[:, None], position_ids=np.array(pos, np.int64)[:, None],
                       write_index=np.array(pos, np.int64), last_index=np.zeros(len(rows), np.int64),
                       sampling=batch)
 
 
-def run_batch(engine: Engine, rows: list[RowState], timing: Timing | None = None, on_token=None) -> None:
-    """Generate until every row has a finish_reason. `on_token(row_index)` is called after each
-    accepted token (for streaming)."""
-    m = engine.manifest
-    timing = timing or Timing()
-    capacity = capacity_for(rows, m.limits.max_kv_cache_capacity)
-    for r in rows:  # the KV buffer bounds what any row can generate
-        r.max_new_tokens = min(r.max_new_tokens, capacity - len(r.prompt_ids))
-        if r.max_new_tokens <= 0:
-            r.finish_reason = "max-length"
-    if all(r.finish_reason for r in rows):
-        return
-    params = [r.params for r in rows]
-    batch = sampling.make_batch(params, m.model.vocab_size, m.max_top_k, prompts=[r.prompt_ids for r in rows],
-                                banned=[r.banned for r in rows])
-    engine.allocate(len(rows), capacity)
-    want_top = any(p.num_logprobs > 0 for p in params)
-    inputs = prefill_inputs(rows, m.pad_token_id, batch)
-    first = True
-    while not all(r.finish_reason for r in rows):
-        sampling.draw(batch, [r.rng for r in rows])
+class Scheduler:
+    def __init__(self, engine: Engine, rows: list[RowState], num_slots: int, timing: Timing | None,
+                 on_token=None, prefixes: PrefixSource | None = None):
+        m = engine.manifest
+        self.engine, self.timing, self.on_token, self.prefixes = engine, timing or Timing(), on_token, prefixes
+        capacity = capacity_for(rows, m.limits.max_kv_cache_capacity)
+        for r in rows:  # the KV buffer bounds what any row can generate
+            r.max_new_tokens = min(r.max_new_tokens, capacity - len(r.prompt_ids))
+            if r.max_new_tokens <= 0:
+                r.finish_reason = "max-length"
+        self.pending = deque(r for r in rows if not r.finish_reason)
+        num_slots = max(1, min(num_slots, len(self.pending)))
+        self.kv = KVCacheManager(m.model, num_slots, capacity)
+        self.batch = sampling.empty_batch(num_slots, m.model.vocab_size,
+                                          max([r.params.num_logprobs for r in rows] + [1]), m.max_top_k)
+        self.want_top = any(r.params.num_logprobs > 0 for r in rows)
+        self.active: dict[int, RowState] = {}
+
+    def run(self) -> None:
+        while self.pending or self.active:
+            admitted = self.admit()
+            for start, stop in runs(admitted):
+                self.prefill(start, stop)
+            self.release_finished()
+            if self.active:
+                self.decode()
+                self.release_finished()
+
+    def admit(self) -> list[int]:
+        m, admitted = self.engine.manifest, []
+        while self.pending:
+            row = self.pending[0]
+            slot = self.kv.acquire(row, len(row.prompt_ids) + row.max_new_tokens)
+            if slot is None:
+                break
+            self.pending.popleft()
+            row.slot, self.active[slot] = slot, row
+            sampling.set_row(self.batch, slot, row.params, m.max_top_k, row.prompt_ids, row.banned)
+            self.restore_prefix(row)
+            admitted.append(slot)
+        return admitted
+
+    def restore_prefix(self, row: RowState) -> None:
+        """A reused prefix leaves at least one prompt token to compute, for the first logits."""
+        if not (self.prefixes and row.prefix_ids):
+            return
+        kv = self.prefixes.load(row.prefix_ids)
+        if kv is not None:
+            n = min(kv.shape[2], len(row.prompt_ids) - 1)
+            self.kv.write(row.slot, kv[:, :, :n])
+            row.num_reused = n
+
+    def step(self, start: int, stop: int, inputs: StepInputs):
+        rows = [self.active.get(s) for s in range(start, stop)]
+        sampling.draw(inputs.sampling, [r.rng if r is not None and not r.finish_reason else None for r in rows])
         t0 = time.perf_counter()
-        out = engine.step(inputs)
-        elapsed = time.perf_counter() - t0
-        live = [b for b, r in enumerate(rows) if not r.finish_reason]
-        if first:
-            timing.prefill_runs += 1
-            timing.prefill_tokens += sum(len(r.prompt_ids) for r in rows)
-            timing.prefill_seconds += elapsed
-        else:
-            timing.generation_runs += 1
-            timing.generation_seconds += elapsed
-            timing.generated_tokens += len(live)
-        for b in live:
-            row, token = rows[b], int(out.token_ids[b])
-            row.accept(token, (out.top_logprobs[b].copy(), out.top_logprob_ids[b].copy()) if want_top else None)
-            sampling.penalize(batch, b, row.params, row.counts, token, len(row.output_ids), row.banned)
-            if on_token is not None:
-                on_token(b)
-        first = False
-        inputs = decode_inputs(rows, batch)
+        out = self.engine.step(inputs, self.kv.view(start, stop))
+        return out, time.perf_counter() - t0
+
+    def accept(self, slot: int, out, b: int) -> None:
+        row, token = self.active[slot], int(out.token_ids[b])
+        row.accept(token, (out.top_logprobs[b].copy(), out.top_logprob_ids[b].copy()) if self.want_top else None)
+        sampling.penalize(self.batch, slot, row.params, row.counts, token, len(row.output_ids), row.banned)
+        if self.on_token is not None:
+            self.on_token(row)
+
+    def prefill(self, start: int, stop: int) -> None:
+        rows = [self.active[s] for s in range(start, stop)]
+        width = max(len(r.prompt_ids) - r.num_reused for r in rows)
+        if stop - start > 1 and max(r.num_reused for r in rows) + width > self.kv.capacity:
+            for s in range(start, stop):  # right-padding would run past a row's buffer: one at a time
+                self.prefill(s, s + 1)
+            return
+        view = sampling.rows(self.batch, start, stop)
+        out, elapsed = self.step(start, stop, prefill_inputs(rows, self.engine.manifest.pad_token_id, view))
+        t = self.timing
+        t.prefill_runs += 1
+        t.prefill_tokens += sum(len(r.prompt_ids) - r.num_reused for r in rows)
+        t.reused_tokens += sum(r.num_reused for r in rows)
+        t.prefill_seconds += elapsed
+        for b, r in enumerate(rows):
+            self.accept(start + b, out, b)
+            if r.save_prefix and self.prefixes and r.num_reused == 0 and len(r.prefix_ids) < len(r.prompt_ids):
+                self.prefixes.save(r.prefix_ids, self.kv.read(r.slot, len(r.prefix_ids)))
+
+    def decode(self) -> None:
+        hi = max(self.active) + 1  # idle slots below it ride along; above it are not computed
+        rows = [self.active.get(s) for s in range(hi)]
+        out, elapsed = self.step(0, hi, decode_inputs(rows, self.engine.manifest.pad_token_id,
+                                                      sampling.rows(self.batch, 0, hi)))
+        live = [s for s, r in enumerate(rows) if r is not None and not r.finish_reason]
+        self.timing.generation_runs += 1
+        self.timing.generation_seconds += elapsed
+        self.timing.generated_tokens += len(live)
+        for s in live:
+            self.accept(s, out, s)
+
+    def release_finished(self) -> None:
+        for slot in [s for s, r in self.active.items() if r.finish_reason]:
+            del self.active[slot]
+            self.kv.release(slot)
+
+
+def run_rows(engine: Engine, rows: list[RowState], num_slots: int | None = None, timing: Timing | None = None,
+             on_token=None, prefixes: PrefixSource | None = None) -> None:
+    """Generate until every row has a finish_reason, `num_slots` at a time (default: all at once).
+    `on_token(row)` is called after each accepted token (for streaming)."""
+    if rows:
+        Scheduler(engine, rows, num_slots or len(rows), timing, on_token, prefixes).run()
+
+
+def run_batch(engine: Engine, rows: list[RowState], timing: Timing | None = None, on_token=None) -> None:
+    """All rows at once, as one static batch."""
+    run_rows(engine, rows, len(rows), timing, on_token)

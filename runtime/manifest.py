@@ -93,6 +93,7 @@ class Manifest:
     build_config: dict = field(default_factory=dict)
     source: dict = field(default_factory=dict)
     versions: dict = field(default_factory=dict)
+    build_id: str = ""  # fresh per build: saved KV of one build is never reused by another
     format_version: int = FORMAT_VERSION
 
     def to_json(self) -> dict:

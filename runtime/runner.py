@@ -13,7 +13,7 @@ import numpy as np
 from trtllm.runtime import input_format as fmt
 from trtllm.runtime.chat_template import ChatTemplate, ChatTemplateError, raw_prompt
 from trtllm.runtime.engine import Engine
-from trtllm.runtime.generate import RowState, Timing, run_batch
+from trtllm.runtime.generate import PrefixSource, RowState, Timing, run_rows
 from trtllm.runtime.sampling import SamplingParams
 from trtllm.runtime.text import TextStream
 from trtllm.runtime.tokenizer import Tokenizer
@@ -30,6 +30,7 @@ class Prepared:
     text: str = ""
     system_prefix: str = ""
     prompt_ids: list[int] = field(default_factory=list)
+    prefix_ids: tuple[int, ...] = ()  # the system prefix's tokens, when they start prompt_ids
     error: str | None = None
 
 
@@ -63,14 +64,13 @@ def unsupported(req: fmt.Request) -> str | None:
     media = req.media_types()
     if media:
         return f"messages contain {', '.join(sorted(media))} content: this engine is text-only"
-    if req.save_system_prompt_kv_cache:
-        return "save_system_prompt_kv_cache: saved system-prompt KV caches are not supported yet"
     return None
 
 
 class Runner:
-    def __init__(self, engine: Engine, tokenizer: Tokenizer, template: ChatTemplate | None):
-        self.engine, self.tokenizer, self.template = engine, tokenizer, template
+    def __init__(self, engine: Engine, tokenizer: Tokenizer, template: ChatTemplate | None,
+                 prefixes: PrefixSource | None = None):
+        self.engine, self.tokenizer, self.template, self.prefixes = engine, tokenizer, template, prefixes
         self.timing = Timing()
 
     def prepare(self, index: int, req: fmt.Request, inp: fmt.InputFile) -> Prepared:
@@ -91,6 +91,12 @@ class Runner:
             return p
         p.text, p.system_prefix = fp.text, fp.system_prefix
         p.prompt_ids = self.tokenizer.encode(fp.text, add_special_tokens=not inp.apply_chat_template)
+        if fp.system_prefix:
+            # Reusable only if tokenising the prefix alone gives the prompt's first tokens
+            # (a BPE merge across the boundary would make the saved KV belong to other tokens).
+            prefix = self.tokenizer.encode(fp.system_prefix, add_special_tokens=not inp.apply_chat_template)
+            if p.prompt_ids[: len(prefix)] == prefix:
+                p.prefix_ids = tuple(prefix)
         limit = self.engine.manifest.limits.max_input_len
         if not p.prompt_ids:
             p.error = "the prompt is empty: there is nothing to generate from"
@@ -99,39 +105,44 @@ class Runner:
                        f"{limit}; rebuild with a larger --max-input-len")
         return p
 
-    def run_group(self, group: list[Sample], on_text=None) -> list[dict]:
-        """Run one static batch; `on_text(sample, text, finish_reason)` streams text as it is made."""
-        live = [smp for smp in group if smp.prepared.error is None]
-        eos = frozenset(self.engine.manifest.eos_token_ids)
-        for smp in live:
-            req = smp.prepared.request
-            smp.row = RowState(prompt_ids=smp.prepared.prompt_ids, params=sampling_params(req),
-                               rng=sample_rng(req, smp.sample_idx), eos_ids=eos,
-                               text=TextStream(self.tokenizer, req.stop))
+    def make_row(self, smp: Sample) -> RowState:
+        p, req = smp.prepared, smp.prepared.request
+        return RowState(prompt_ids=p.prompt_ids, params=sampling_params(req), rng=sample_rng(req, smp.sample_idx),
+                        eos_ids=frozenset(self.engine.manifest.eos_token_ids),
+                        text=TextStream(self.tokenizer, req.stop), prefix_ids=p.prefix_ids,
+                        save_prefix=req.save_system_prompt_kv_cache)
 
-        def on_token(b: int) -> None:
-            row = live[b].row
+    def generate(self, samples: list[Sample], num_slots: int, on_text=None) -> None:
+        """Run every sample that can run, num_slots at a time (in-flight: a finished sample's slot
+        goes to the next one). `on_text(sample, text, finish_reason)` streams text as it is made."""
+        live = [smp for smp in samples if smp.prepared.error is None]
+        for smp in live:
+            smp.row = self.make_row(smp)
+        owner = {id(smp.row): smp for smp in live}
+
+        def on_token(row: RowState) -> None:
             chunk = row.text.take(final=row.finish_reason is not None)
             if chunk or row.finish_reason:
-                on_text(live[b], chunk, row.finish_reason)
+                on_text(owner[id(row)], chunk, row.finish_reason)
 
-        if live:
-            try:
-                run_batch(self.engine, [smp.row for smp in live], self.timing, on_token if on_text else None)
-            except Exception as e:  # one failing batch must not take down the others
-                for smp in live:
-                    smp.prepared.error = f"the engine failed on this batch: {type(e).__name__}: {e}"
-        return [self.response(smp, slot) for slot, smp in enumerate(group)]
+        try:
+            run_rows(self.engine, [smp.row for smp in live], num_slots, self.timing,
+                     on_token if on_text else None, self.prefixes)
+        except Exception as e:  # the engine itself failed: fail what did not finish, keep the rest
+            for smp in live:
+                if not smp.row.finish_reason:
+                    smp.prepared.error = f"the engine failed: {type(e).__name__}: {e}"
 
-    def response(self, smp: Sample, slot: int) -> dict:
+    def response(self, smp: Sample) -> dict:
         p, row = smp.prepared, smp.row
+        slot = None if row is None else row.slot  # the KV slot it ran in; None if it never ran
         res = {"output_text": FAILED_TEXT, "request_idx": p.index, "batch_idx": slot, "finish_reason": "error",
                "messages": [m.to_json() for m in p.request.messages],
                "formatted_system_prompt": p.system_prefix, "formatted_complete_request": p.text}
         if p.request.n > 1:
             res["sample_idx"] = smp.sample_idx
-        if p.error is not None or row is None:
-            res["error"] = p.error
+        if p.error is not None or row is None or not row.finish_reason:
+            res["error"] = p.error or "the request did not finish"
             return res
         res["finish_reason"] = row.finish_reason
         if row.finish_reason == "stop-words" and row.text.stop_at is not None:
@@ -152,24 +163,23 @@ class Runner:
 
     def run(self, inp: fmt.InputFile, errors: dict[int, str] | None = None, on_text=None) -> list[dict]:
         """Answer every request; `errors` (request index -> message) fail requests up front.
-        Each request becomes n samples; batches take batch_size samples in order."""
+        Each request becomes n samples; batch_size of them run at once, in order."""
         samples = []
         for i, req in enumerate(inp.requests):
             p = self.prepare(i, req, inp)
             if errors and i in errors and p.error is None:
                 p.error = errors[i]
             samples += [Sample(p, k) for k in range(req.n)]
-        responses = []
-        for start in range(0, len(samples), inp.batch_size):
-            responses += self.run_group(samples[start:start + inp.batch_size], on_text)
-        return responses
+        self.generate(samples, inp.batch_size, on_text)
+        return [self.response(smp) for smp in samples]
 
     def profile(self) -> dict:
         t = self.timing
         gen_tokens = t.generated_tokens  # decode steps only: each prefill's first token is prefill's
         rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
         return {
-            "prefill": {"total_runs": t.prefill_runs, "reused_tokens": 0, "computed_tokens": t.prefill_tokens,
+            "prefill": {"total_runs": t.prefill_runs, "reused_tokens": t.reused_tokens,
+                        "computed_tokens": t.prefill_tokens,
                         "average_tokens_per_run": t.prefill_tokens / max(t.prefill_runs, 1),
                         "average_time_per_run_ms": 1e3 * t.prefill_seconds / max(t.prefill_runs, 1),
                         "tokens_per_second": t.prefill_tokens / t.prefill_seconds if t.prefill_seconds else 0.0,

@@ -92,37 +92,61 @@ class SamplingBatch:
     num_logprobs: int               # K for the whole batch (>= 1 in the graph; rows slice their own)
 
 
-def make_batch(params: list[SamplingParams], vocab_size: int, max_top_k: int,
-               prompts: list[list[int]] | None = None, banned: list[frozenset[int]] | None = None) -> SamplingBatch:
-    """Batch the params. top_k >= vocab_size means 'all tokens' and becomes 0 (disabled).
-    `banned[b]` are the ids row b may not produce before its min_new_tokens."""
-    rows = len(params)
-    bias = np.zeros((rows, vocab_size), np.float32)
-    penalty = np.zeros((rows, vocab_size), np.float32)
-    seen = np.zeros((rows, vocab_size), np.bool_)
-    for b, p in enumerate(params):
-        for token_id, value in p.logit_bias.items():
-            bias[b, token_id] = value
-        if prompts is not None and p.repetition_penalty != 1:
-            seen[b, prompts[b]] = True
-        if banned is not None and p.min_new_tokens > 0:
-            penalty[b, list(banned[b])] = -np.inf
-    top_k = [0 if p.top_k >= vocab_size else p.top_k for p in params]
-    too_big = [k for k in top_k if k > max_top_k]
-    _check(not too_big, "top_k", f"<= {max_top_k} (the engine's max_top_k) or >= the vocabulary size {vocab_size}",
-           too_big[0] if too_big else None)
+def empty_batch(num_rows: int, vocab_size: int, num_logprobs: int, max_top_k: int) -> SamplingBatch:
+    """A batch of neutral rows (greedy, nothing applied), filled later slot by slot with `set_row`."""
     return SamplingBatch(
-        logit_bias=bias, penalty_bias=penalty, seen=seen,
-        repetition_penalty=np.array([p.repetition_penalty for p in params], np.float32),
-        temperature=np.array([p.temperature for p in params], np.float32),
-        min_p=np.array([p.min_p for p in params], np.float32),
-        top_k=np.array(top_k, np.int64),
-        top_p=np.array([p.top_p for p in params], np.float32),
-        uniform=np.zeros(rows, np.float32),
+        logit_bias=np.zeros((num_rows, vocab_size), np.float32),
+        penalty_bias=np.zeros((num_rows, vocab_size), np.float32),
+        seen=np.zeros((num_rows, vocab_size), np.bool_),
+        repetition_penalty=np.ones(num_rows, np.float32),
+        temperature=np.zeros(num_rows, np.float32),
+        min_p=np.zeros(num_rows, np.float32),
+        top_k=np.zeros(num_rows, np.int64),
+        top_p=np.ones(num_rows, np.float32),
+        uniform=np.zeros(num_rows, np.float32),
         # The graph takes its logprobs from the sampler's top-M, so K <= M (only a vocabulary
         # under 50 tokens has M < 50, and then there are no more tokens to list anyway).
-        num_logprobs=min(max([p.num_logprobs for p in params] + [1]), max_top_k),
+        num_logprobs=min(max(num_logprobs, 1), max_top_k),
     )
+
+
+def set_row(batch: SamplingBatch, row: int, p: SamplingParams, max_top_k: int,
+            prompt: list[int] | None = None, banned: frozenset[int] = frozenset()) -> None:
+    """Put one request's params in `row`. top_k >= vocab_size means 'all tokens' (0, disabled).
+    `banned` are the ids it may not produce before its min_new_tokens."""
+    vocab_size = batch.logit_bias.shape[1]
+    top_k = 0 if p.top_k >= vocab_size else p.top_k
+    _check(top_k <= max_top_k, "top_k", f"<= {max_top_k} (the engine's max_top_k) or >= the vocabulary size "
+           f"{vocab_size}", p.top_k)
+    batch.logit_bias[row] = 0
+    for token_id, value in p.logit_bias.items():
+        batch.logit_bias[row, token_id] = value
+    batch.penalty_bias[row] = 0
+    if p.min_new_tokens > 0 and banned:
+        batch.penalty_bias[row, list(banned)] = -np.inf
+    batch.seen[row] = False
+    if prompt is not None and p.repetition_penalty != 1:
+        batch.seen[row, prompt] = True
+    batch.repetition_penalty[row] = p.repetition_penalty
+    batch.temperature[row] = p.temperature
+    batch.min_p[row] = p.min_p
+    batch.top_k[row] = top_k
+    batch.top_p[row] = p.top_p
+
+
+def make_batch(params: list[SamplingParams], vocab_size: int, max_top_k: int,
+               prompts: list[list[int]] | None = None, banned: list[frozenset[int]] | None = None) -> SamplingBatch:
+    """Batch the params, one row each (see `set_row`)."""
+    batch = empty_batch(len(params), vocab_size, max([p.num_logprobs for p in params] + [1]), max_top_k)
+    for row, p in enumerate(params):
+        set_row(batch, row, p, max_top_k, prompts[row] if prompts else None, banned[row] if banned else frozenset())
+    return batch
+
+
+def rows(batch: SamplingBatch, start: int, stop: int) -> SamplingBatch:
+    """Rows start..stop-1 as views: updates through either batch are shared."""
+    fields = {name: getattr(batch, name)[start:stop] for name in SamplingBatch.__slots__ if name != "num_logprobs"}
+    return SamplingBatch(num_logprobs=batch.num_logprobs, **fields)
 
 
 def penalize(batch: SamplingBatch, row: int, params: SamplingParams, counts: dict[int, int], token_id: int,
@@ -141,7 +165,8 @@ def penalize(batch: SamplingBatch, row: int, params: SamplingParams, counts: dic
         batch.penalty_bias[row, token_id] = -np.inf  # still banned, whatever the count says
 
 
-def draw(batch: SamplingBatch, rngs: list[np.random.Generator]) -> None:
-    """Fill batch.uniform in place with one draw in [0, 1) per row from that row's generator."""
+def draw(batch: SamplingBatch, rngs: list[np.random.Generator | None]) -> None:
+    """Fill batch.uniform in place with one draw in [0, 1) per row from that row's generator
+    (None: an idle row, which gets 0 and consumes nothing)."""
     for row, rng in enumerate(rngs):
-        batch.uniform[row] = rng.random(dtype=np.float32)
+        batch.uniform[row] = 0.0 if rng is None else rng.random(dtype=np.float32)

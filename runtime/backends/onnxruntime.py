@@ -1,6 +1,6 @@
 """ONNX Runtime backend: the embedded default, on any CPU.
 
-KV buffers are numpy arrays wrapped as OrtValues without a copy, and each layer's
+KV buffers (the KV manager's numpy arrays) are wrapped as OrtValues without a copy, and each layer's
 `present_*` output is bound to the same OrtValue as its `past_*` input, so TensorScatter
 writes the new positions in place: no per-step copy or concatenation of the cache.
 """
@@ -34,28 +34,32 @@ class OnnxRuntimeEngine:
         self.session = ort.InferenceSession(str(path), session_options(num_threads),
                                             providers=["CPUExecutionProvider"])
         self.io = manifest.io
-        self.binding = None
-        self.kv: list[np.ndarray] = []
+        self.bindings: dict = {}
 
-    def allocate(self, batch_size: int, capacity: int) -> None:
-        """Zeroed KV buffers: unwritten slots are masked, but must not hold NaN (0 * NaN = NaN)."""
-        m = self.manifest.model
-        shape = (batch_size, m.num_kv_heads, capacity, m.head_dim)
-        binding = self.session.io_binding()
-        self.kv = []
-        for i in range(m.num_layers):
-            for past, present in ((self.io.past_key, self.io.present_key), (self.io.past_value, self.io.present_value)):
-                buf = np.zeros(shape, np.float32)
+    def binding_for(self, kv: list[np.ndarray]):
+        """An IOBinding with `kv` bound as both past_* and present_* (in place), made once per set
+        of buffers: the scheduler reuses a few views (all slots, single slots) step after step."""
+        key = (kv[0].ctypes.data, kv[0].shape)
+        binding = self.bindings.get(key)
+        if binding is None:
+            if len(self.bindings) > 64:
+                self.bindings.clear()
+            binding = self.session.io_binding()
+            names = []
+            for i in range(self.manifest.model.num_layers):
+                names += [(self.io.past_key.format(i=i), self.io.present_key.format(i=i)),
+                          (self.io.past_value.format(i=i), self.io.present_value.format(i=i))]
+            for (past, present), buf in zip(names, kv):
+                if not buf.flags.c_contiguous:
+                    raise ValueError(f"KV buffer for {past} must be C-contiguous")
                 value = ort.OrtValue.ortvalue_from_numpy(buf)
-                binding.bind_ortvalue_input(past.format(i=i), value)
-                binding.bind_ortvalue_output(present.format(i=i), value)
-                self.kv.append(buf)
-        self.binding = binding
+                binding.bind_ortvalue_input(past, value)
+                binding.bind_ortvalue_output(present, value)
+            self.bindings[key] = binding
+        return binding
 
-    def step(self, inputs: StepInputs, want_logits: bool = False) -> StepOutputs:
-        if self.binding is None:
-            raise RuntimeError("allocate() must be called before step()")
-        b, io, s = self.binding, self.io, inputs.sampling
+    def step(self, inputs: StepInputs, kv: list[np.ndarray], want_logits: bool = False) -> StepOutputs:
+        b, io, s = self.binding_for(kv), self.io, inputs.sampling
         feeds = {
             io.input_ids: inputs.input_ids, io.position_ids: inputs.position_ids,
             io.write_index: inputs.write_index, io.last_index: inputs.last_index,
@@ -82,6 +86,5 @@ class OnnxRuntimeEngine:
                            logits=result[io.logits] if want_logits else None)
 
     def close(self) -> None:
-        self.binding = None
-        self.kv = []
+        self.bindings = {}
         self.session = None

@@ -12,6 +12,7 @@ from trtllm.builder.verify import engine_logits  # noqa: E402
 from trtllm.runtime import sampling  # noqa: E402
 from trtllm.runtime.engine import load_engine  # noqa: E402
 from trtllm.runtime.generate import RowState, prefill_inputs, run_batch  # noqa: E402
+from trtllm.runtime.kv_cache import KVCacheManager  # noqa: E402
 
 pytestmark = pytest.mark.hf
 ARCHS = ["llama", "mistral", "qwen2", "qwen3"]
@@ -70,8 +71,7 @@ def test_wrong_positions_are_caught(tiny_checkpoint, tiny_engine):
     inputs = prefill_inputs([row], engine.manifest.pad_token_id, batch)
     wrong = type(inputs)(input_ids=inputs.input_ids, position_ids=inputs.position_ids * 2,
                          write_index=inputs.write_index, last_index=inputs.last_index, sampling=batch)
-    engine.allocate(1, 64)
-    got = engine.step(wrong, want_logits=True).logits[0]
+    got = engine.step(wrong, KVCacheManager(engine.manifest.model, 1, 64).view(0, 1), want_logits=True).logits[0]
     with torch.no_grad():
         ref = model(torch.tensor([prompt])).logits[0, -1].numpy()
     with pytest.raises(AssertionError):

@@ -49,12 +49,12 @@ def test_bad_request_fails_alone(run_cli, tmp_path, tiny_engine):
     result, out = run_cli(engine, payload)
     assert result.exit_code == 1
     reasons = [r["finish_reason"] for r in out["responses"]]
-    assert reasons[0] != "error" and reasons[5] != "error"
-    assert reasons[1:5] == ["error"] * 4
+    assert reasons[0] != "error" and reasons[4] != "error" and reasons[5] != "error"
+    assert reasons[1:4] == ["error"] * 3
     assert "max_input_len" in out["responses"][1]["error"]
     assert "lora_name" in out["responses"][2]["error"]
     assert "image" in out["responses"][3]["error"]
-    assert "save_system_prompt_kv_cache" in out["responses"][4]["error"]
+    assert [r["batch_idx"] for r in out["responses"]] == [0, None, None, None, 1, 2]
 
 
 @pytest.mark.parametrize("payload, field", [

@@ -1,0 +1,73 @@
+"""The KV cache manager: the per-slot KV buffers of one run, and the books of who owns which slot.
+
+Per layer, one K and one V buffer `[num_slots, kv_heads, capacity, head_dim]`; a slot is one row.
+A token at position p of the request in slot s lives at [s, :, p, :]:
+
+    slot 0  [S S S S p p g g . . . . ]   S restored saved system-prompt KV, p computed prompt,
+    slot 1  [p p p g g g g g g . . . ]   g generated, . free (masked by the graph, overwritten later)
+    slot 2  [                  free  ]   released by a finished request, taken by the next one
+            0                    capacity-1
+
+Memory is known before anything runs: `bytes_for(model, num_slots, capacity)`, at most
+max_batch_size x max_kv_cache_capacity tokens from the manifest. Slots of a contiguous range are a
+contiguous `[n, kv_heads, capacity, head_dim]` view, which is what the engine binds for a step.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from trtllm.runtime.manifest import ModelShape
+
+KV_DTYPE = np.float32
+
+
+def bytes_per_token(model: ModelShape) -> int:
+    return model.num_layers * 2 * model.num_kv_heads * model.head_dim * np.dtype(KV_DTYPE).itemsize
+
+
+def bytes_for(model: ModelShape, num_slots: int, capacity: int) -> int:
+    return num_slots * capacity * bytes_per_token(model)
+
+
+class KVCacheManager:
+    def __init__(self, model: ModelShape, num_slots: int, capacity: int):
+        self.model, self.num_slots, self.capacity = model, num_slots, capacity
+        shape = (num_slots, model.num_kv_heads, capacity, model.head_dim)
+        # Zeroed: unwritten slots are masked, but must not hold NaN (0 * NaN = NaN in attention).
+        self.buffers = [np.zeros(shape, KV_DTYPE) for _ in range(2 * model.num_layers)]
+        self.owners: list[object | None] = [None] * num_slots
+
+    @property
+    def nbytes(self) -> int:
+        return sum(b.nbytes for b in self.buffers)
+
+    def acquire(self, owner: object, num_tokens: int) -> int | None:
+        """The lowest free slot for `owner`, or None when every slot is taken or it cannot fit."""
+        if num_tokens > self.capacity:
+            return None
+        for slot, current in enumerate(self.owners):
+            if current is None:
+                self.owners[slot] = owner
+                return slot
+        return None
+
+    def release(self, slot: int) -> None:
+        assert self.owners[slot] is not None, f"slot {slot} is already free"
+        self.owners[slot] = None
+
+    def active(self) -> list[int]:
+        return [s for s, o in enumerate(self.owners) if o is not None]
+
+    def view(self, start: int, stop: int) -> list[np.ndarray]:
+        """Per-layer [K0, V0, K1, V1, ...] views of slots start..stop-1 (no copy)."""
+        return [b[start:stop] for b in self.buffers]
+
+    def read(self, slot: int, length: int) -> np.ndarray:
+        """A copy of positions 0..length-1 of a slot: [2 * num_layers, kv_heads, length, head_dim]."""
+        return np.stack([b[slot, :, :length] for b in self.buffers])
+
+    def write(self, slot: int, kv: np.ndarray) -> None:
+        """Restore `kv` (as returned by `read`) into positions 0..n-1 of a slot."""
+        n = kv.shape[2]
+        for b, layer_kv in zip(self.buffers, kv):
+            b[slot, :, :n] = layer_kv

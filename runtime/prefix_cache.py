@@ -1,0 +1,173 @@
+"""Saved system-prompt KV on disk, reused across requests and across trtllm-run processes.
+
+An entry is the KV of one system-prompt prefix, keyed by everything that changes those values:
+
+    key = sha256(engine identity, adapter name, prefix token ids)
+    engine identity = sha256 of the engine's manifest.json (it carries a fresh build_id per build)
+
+One file per entry, `<key>.kv`:
+
+    b"TRTLLM-KV\\n" | header length (8 bytes, little endian) | header JSON | payload
+    header: {"format", "key", "engine", "adapter", "prefix_ids", "shape", "dtype", "sha256"}
+    payload: float32 [2 * layers, kv_heads, num_tokens, head_dim], C order
+
+Writes go to a temporary file in the same directory, fsync'd, then renamed: a crash mid-write
+leaves no entry. A load checks magic, header, sizes, checksum and that the stored key, engine and
+prefix ids are the asked-for ones; anything else is a warning, the file is removed, and the KV is
+recomputed. The directory is bounded: after each save, least recently used entries (file mtime,
+refreshed on every hit) are removed until the total is under max_bytes.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import struct
+import tempfile
+import warnings
+from pathlib import Path
+
+import numpy as np
+
+MAGIC = b"TRTLLM-KV\n"
+FORMAT = 1
+DEFAULT_MAX_BYTES = 2 << 30
+
+
+class PrefixCacheWarning(UserWarning):
+    """A cache entry was unusable and has been discarded."""
+
+
+def engine_identity(engine_dir) -> str:
+    return hashlib.sha256((Path(engine_dir) / "manifest.json").read_bytes()).hexdigest()
+
+
+def parse_size(text: str) -> int:
+    """'2G', '512M', '1000000' -> bytes (binary units)."""
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+    t = text.strip().upper().removesuffix("IB").removesuffix("B")
+    scale = units.get(t[-1:], 1)
+    number = t[:-1] if t[-1:] in units else t
+    try:
+        value = float(number) * scale
+    except ValueError:
+        raise ValueError(f"--kv-cache-size must be a size like 2G, 512M or 1000000, got {text!r}") from None
+    if value < 0:
+        raise ValueError(f"--kv-cache-size must be >= 0, got {text!r}")
+    return int(value)
+
+
+class PrefixStore:
+    def __init__(self, directory, engine_id: str, adapter: str | None = None, max_bytes: int = DEFAULT_MAX_BYTES):
+        self.dir = Path(directory)
+        self.engine_id, self.adapter, self.max_bytes = engine_id, adapter, max_bytes
+        self.memory: dict[str, np.ndarray] = {}  # entries already read by this process
+        self.hits = self.misses = self.saves = 0
+
+    def key(self, prefix_ids: tuple[int, ...]) -> str:
+        h = hashlib.sha256(f"{self.engine_id}\0{self.adapter or ''}\0".encode())
+        h.update(np.asarray(prefix_ids, np.int64).tobytes())
+        return h.hexdigest()
+
+    def path(self, key: str) -> Path:
+        return self.dir / f"{key}.kv"
+
+    def load(self, prefix_ids: tuple[int, ...]) -> np.ndarray | None:
+        key = self.key(prefix_ids)
+        kv = self.memory.get(key)
+        if kv is None:
+            kv = self.read(key, prefix_ids)
+        if kv is None:
+            self.misses += 1
+            return None
+        self.memory[key] = kv
+        self.hits += 1
+        try:
+            os.utime(self.path(key))  # least-recently-used order is file mtime
+        except OSError:
+            pass
+        return kv
+
+    def read(self, key: str, prefix_ids: tuple[int, ...]) -> np.ndarray | None:
+        path = self.path(key)
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            return None
+        except OSError as e:
+            return self.discard(path, f"cannot be read ({e})")
+        try:
+            return self.decode(data, key, prefix_ids)
+        except ValueError as e:
+            return self.discard(path, str(e))
+
+    def decode(self, data: bytes, key: str, prefix_ids: tuple[int, ...]) -> np.ndarray:
+        if not data.startswith(MAGIC) or len(data) < len(MAGIC) + 8:
+            raise ValueError("is not a trtllm-edge KV entry")
+        (size,) = struct.unpack("<Q", data[len(MAGIC):len(MAGIC) + 8])
+        start = len(MAGIC) + 8 + size
+        try:
+            header = json.loads(data[len(MAGIC) + 8:start])
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            raise ValueError("has a corrupt header") from None
+        expected = {"format": FORMAT, "key": key, "engine": self.engine_id, "adapter": self.adapter,
+                    "prefix_ids": list(prefix_ids), "dtype": "float32"}
+        for name, value in expected.items():
+            if header.get(name) != value:
+                raise ValueError(f"header.{name} does not match")
+        payload = data[start:]
+        shape = tuple(header.get("shape", ()))
+        if len(payload) != int(np.prod(shape, dtype=np.int64)) * 4 or len(shape) != 4:
+            raise ValueError(f"is truncated ({len(payload)} payload bytes for shape {shape})")
+        if hashlib.sha256(payload).hexdigest() != header.get("sha256"):
+            raise ValueError("fails its checksum")
+        return np.frombuffer(payload, np.float32).reshape(shape)
+
+    def discard(self, path: Path, why: str) -> None:
+        warnings.warn(f"saved system-prompt KV {path} {why}; removed, it will be recomputed",
+                      PrefixCacheWarning, stacklevel=3)
+        try:
+            path.unlink()
+        except OSError:
+            pass
+        return None
+
+    def save(self, prefix_ids: tuple[int, ...], kv: np.ndarray) -> None:
+        key = self.key(prefix_ids)
+        kv = np.ascontiguousarray(kv, np.float32)
+        payload = kv.tobytes()
+        header = json.dumps({"format": FORMAT, "key": key, "engine": self.engine_id, "adapter": self.adapter,
+                             "prefix_ids": list(prefix_ids), "shape": list(kv.shape), "dtype": "float32",
+                             "sha256": hashlib.sha256(payload).hexdigest()}).encode()
+        if len(payload) > self.max_bytes:
+            return  # would be evicted at once
+        self.dir.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=self.dir, prefix=".tmp-", suffix=".kv")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(MAGIC + struct.pack("<Q", len(header)) + header + payload)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, self.path(key))
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        self.memory[key] = kv
+        self.saves += 1
+        self.evict()
+
+    def evict(self) -> None:
+        """Remove least recently used entries until the directory holds at most max_bytes."""
+        entries = []
+        for p in self.dir.glob("*.kv"):
+            try:
+                st = p.stat()
+            except FileNotFoundError:  # another process evicted it first
+                continue
+            entries.append((st.st_mtime, st.st_size, p))
+        total = sum(size for _, size, _ in entries)
+        for _, size, p in sorted(entries):
+            if total <= self.max_bytes:
+                break
+            p.unlink(missing_ok=True)
+            total -= size

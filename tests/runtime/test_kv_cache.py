@@ -1,0 +1,126 @@
+"""The KV cache manager and the slot scheduler on a FakeEngine: no model, no onnxruntime.
+
+The fake writes each input token id into its KV (key buffer, layer 0) at the step's positions,
+and its next token is a hash of every token visible to the row: so any slot mix-up, missed
+write, wrong prefix restore or masking error changes the output."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from trtllm.runtime import manifest as mf
+from trtllm.runtime.engine import StepOutputs
+from trtllm.runtime.generate import RowState, run_rows
+from trtllm.runtime.kv_cache import KVCacheManager, bytes_for, bytes_per_token
+from trtllm.runtime.sampling import SamplingParams
+
+VOCAB = 97
+SHAPE = mf.ModelShape(vocab_size=VOCAB, hidden_size=8, num_layers=2, num_heads=2, num_kv_heads=1, head_dim=4)
+
+
+class FakeEngine:
+    def __init__(self, capacity: int = 256):
+        self.manifest = mf.Manifest(architecture="Fake", backend="onnxruntime", dtype="float32",
+                                    limits=mf.Limits(4, 128, capacity), model=SHAPE, eos_token_ids=(0,),
+                                    max_top_k=VOCAB)
+        self.steps = []
+
+    def step(self, inputs, kv, want_logits=False):
+        keys = kv[0]  # layer 0 K: [B, 1, C, 4]; token ids live in [..., 0]
+        batch, width = inputs.input_ids.shape
+        self.steps.append((batch, width))
+        tokens = np.empty(batch, np.int64)
+        for b in range(batch):
+            start = inputs.write_index[b]
+            keys[b, 0, start:start + width, 0] = inputs.input_ids[b] + 1  # +1: 0 means "never written"
+            last = start + inputs.last_index[b]
+            visible = keys[b, 0, : last + 1, 0].astype(np.int64)
+            assert np.all(visible > 0), "the row sees a position that was never written"
+            tokens[b] = 1 + int((visible * np.arange(1, last + 2)).sum() % (VOCAB - 1))
+        k = inputs.sampling.num_logprobs
+        return StepOutputs(token_ids=tokens, top_logprobs=np.zeros((batch, k), np.float32),
+                           top_logprob_ids=np.zeros((batch, k), np.int64))
+
+
+def row(prompt, n=6, prefix=(), save=False):
+    return RowState(prompt_ids=list(prompt), params=SamplingParams(temperature=0, max_new_tokens=n),
+                    rng=np.random.default_rng(0), eos_ids=frozenset({0}), prefix_ids=tuple(prefix), save_prefix=save)
+
+
+PROMPTS = [[5, 6, 7], [8] * 10, [9, 10], [11, 12, 13, 14, 15], [16], [17, 18, 19, 20]]
+
+
+def alone(prompt, n=6):
+    r = row(prompt, n)
+    run_rows(FakeEngine(), [r], 1)
+    return r.output_ids
+
+
+def test_manager_books_slots():
+    kv = KVCacheManager(SHAPE, num_slots=2, capacity=16)
+    assert kv.nbytes == bytes_for(SHAPE, 2, 16) == 2 * 16 * bytes_per_token(SHAPE)
+    a, b = kv.acquire("a", 10), kv.acquire("b", 16)
+    assert (a, b) == (0, 1)
+    assert kv.acquire("c", 1) is None  # full
+    assert kv.acquire("d", 17) is None  # can never fit
+    kv.release(a)
+    assert kv.acquire("c", 3) == 0 and kv.active() == [0, 1]
+    view = kv.view(0, 2)
+    assert all(v.flags.c_contiguous and v.shape == (2, 1, 16, 4) for v in view)
+    data = np.arange(2 * 2 * 1 * 5 * 4, dtype=np.float32).reshape(4, 1, 5, 4)
+    kv.write(1, data)
+    assert np.array_equal(kv.read(1, 5), data)
+    with pytest.raises(AssertionError):
+        kv.release(1) or kv.release(1)
+
+
+def test_in_flight_batching_matches_alone():
+    expected = [alone(p) for p in PROMPTS]
+    rows = [row(p) for p in PROMPTS]
+    engine = FakeEngine()
+    run_rows(engine, rows, num_slots=2)  # 6 requests through 2 slots: finished slots are reused
+    assert [r.output_ids for r in rows] == expected
+    assert {r.slot for r in rows} == {0, 1}
+    assert max(b for b, _ in engine.steps) == 2
+
+
+def test_different_lengths_finish_independently():
+    rows = [row(p, n) for p, n in zip(PROMPTS, [1, 9, 3, 6, 2, 4])]
+    run_rows(FakeEngine(), rows, num_slots=3)
+    assert [len(r.output_ids) for r in rows] == [1, 9, 3, 6, 2, 4]
+    assert [r.output_ids for r in rows] == [alone(p, n) for p, n in zip(PROMPTS, [1, 9, 3, 6, 2, 4])]
+
+
+class MemoryPrefixes:
+    def __init__(self):
+        self.saved = {}
+
+    def load(self, prefix_ids):
+        return self.saved.get(prefix_ids)
+
+    def save(self, prefix_ids, kv):
+        self.saved[prefix_ids] = kv.copy()
+
+
+def test_saved_prefix_is_restored_and_gives_the_same_tokens():
+    system = [21, 22, 23, 24, 25, 26]
+    prompts = [system + [30, 31], system + [32], system, [40, 41]]
+    expected = [alone(p) for p in prompts]
+    store = MemoryPrefixes()
+    first = [row(prompts[0], prefix=system, save=True)]
+    run_rows(FakeEngine(), first, 2, prefixes=store)
+    assert list(store.saved) == [tuple(system)] and first[0].num_reused == 0
+    rows = [row(p, prefix=system if p[:6] == system else ()) for p in prompts]
+    engine = FakeEngine()
+    run_rows(engine, rows, num_slots=4, prefixes=store)
+    assert [r.output_ids for r in rows] == expected
+    # whole prefix reused, except that a prompt equal to its prefix recomputes its last token
+    assert [r.num_reused for r in rows] == [6, 6, 5, 0]
+    assert engine.steps[0] == (4, 2)  # one prefill computes only what was not restored
+
+
+def test_idle_slots_do_not_disturb():
+    """A long request keeps running while its neighbours' slots sit idle or are refilled."""
+    rows = [row(PROMPTS[0], 20), row(PROMPTS[1], 2), row(PROMPTS[2], 2), row(PROMPTS[3], 2)]
+    run_rows(FakeEngine(), rows, num_slots=3)
+    assert rows[0].output_ids == alone(PROMPTS[0], 20)

@@ -1,0 +1,158 @@
+"""Saved system-prompt KV: the on-disk store alone, then end to end on a tiny engine."""
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import numpy as np
+import pytest
+
+from trtllm.runtime.prefix_cache import PrefixCacheWarning, PrefixStore, parse_size
+
+PREFIX = (1, 2, 3, 4)
+
+
+def kv(n=4, seed=0):
+    return np.random.default_rng(seed).standard_normal((4, 2, n, 8)).astype(np.float32)
+
+
+def test_roundtrip_in_memory_and_across_processes(tmp_path):
+    store = PrefixStore(tmp_path, "engine-a")
+    assert store.load(PREFIX) is None
+    store.save(PREFIX, kv())
+    assert np.array_equal(store.load(PREFIX), kv())
+    fresh = PrefixStore(tmp_path, "engine-a")  # a later process: reads the file
+    assert np.array_equal(fresh.load(PREFIX), kv())
+    assert fresh.hits == 1 and list(tmp_path.iterdir()) == [store.path(store.key(PREFIX))]
+
+
+def test_key_covers_engine_adapter_and_prefix(tmp_path):
+    PrefixStore(tmp_path, "engine-a").save(PREFIX, kv())
+    assert PrefixStore(tmp_path, "engine-b").load(PREFIX) is None
+    assert PrefixStore(tmp_path, "engine-a", adapter="french").load(PREFIX) is None
+    assert PrefixStore(tmp_path, "engine-a").load(PREFIX + (5,)) is None
+    assert PrefixStore(tmp_path, "engine-a").load(PREFIX) is not None
+
+
+@pytest.mark.parametrize("damage", ["flip", "truncate", "empty", "header", "garbage"])
+def test_damaged_entry_is_discarded_with_a_warning(tmp_path, damage):
+    store = PrefixStore(tmp_path, "engine-a")
+    store.save(PREFIX, kv())
+    path = store.path(store.key(PREFIX))
+    data = bytearray(path.read_bytes())
+    if damage == "flip":
+        data[-5] ^= 0xFF
+    elif damage == "truncate":
+        data = data[:-16]
+    elif damage == "empty":
+        data = bytearray()
+    elif damage == "header":
+        data = data.replace(b'"engine-a"', b'"engine-x"')
+    else:
+        data = bytearray(b"not a kv file at all")
+    path.write_bytes(bytes(data))
+    with pytest.warns(PrefixCacheWarning):
+        assert PrefixStore(tmp_path, "engine-a").load(PREFIX) is None
+    assert not path.exists()
+
+
+def test_interrupted_write_leaves_no_entry(tmp_path, monkeypatch):
+    store = PrefixStore(tmp_path, "engine-a")
+
+    def crash(*args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(os, "replace", crash)
+    with pytest.raises(KeyboardInterrupt):
+        store.save(PREFIX, kv())
+    monkeypatch.undo()
+    assert list(tmp_path.iterdir()) == []
+    assert PrefixStore(tmp_path, "engine-a").load(PREFIX) is None
+
+
+def test_lru_eviction_keeps_the_directory_bounded(tmp_path):
+    size = len(PrefixStore(tmp_path, "x").key(PREFIX))  # any small number; real size measured below
+    store = PrefixStore(tmp_path, "engine-a")
+    store.save((1,), kv(seed=1))
+    entry = store.path(store.key((1,))).stat().st_size
+    store.max_bytes = 2 * entry + size
+    store.save((2,), kv(seed=2))
+    old = time.time() - 100
+    os.utime(store.path(store.key((1,))), (old, old))
+    os.utime(store.path(store.key((2,))), (old + 1, old + 1))
+    assert store.load((1,)) is not None  # a hit refreshes (1,): (2,) is now the least recent
+    store.save((3,), kv(seed=3))
+    names = {p.name for p in tmp_path.iterdir()}
+    assert names == {store.path(store.key(k)).name for k in [(1,), (3,)]}
+
+
+def test_parse_size():
+    assert parse_size("2G") == 2 << 30 and parse_size("512MiB") == 512 << 20 and parse_size("1000") == 1000
+    with pytest.raises(ValueError, match="--kv-cache-size"):
+        parse_size("lots")
+
+
+# --- end to end on a tiny engine -------------------------------------------------------------
+
+SYSTEM = "You are a careful assistant. " * 3
+
+
+def requests(save_first=True, extra=()):
+    reqs = [{"messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": q}]}
+            for q in ["Paris?", "The quick brown fox", "Numbers 0 1 2"]]
+    if save_first:
+        reqs[0]["save_system_prompt_kv_cache"] = True
+    return reqs + [{"messages": [{"role": "user", "content": "no system prompt"}]}, *extra]
+
+
+def run(run_cli, engine, reqs, cache_dir, tmp_path, batch_size=2):
+    prof = tmp_path / "prof.json"
+    result, out = run_cli(engine, {"temperature": 0, "max_generate_length": 12, "batch_size": batch_size,
+                                   "requests": reqs}, "--kv-cache-dir", str(cache_dir), "--profile", str(prof))
+    assert result.exit_code == 0, result.output
+    return [r["output_text"] for r in out["responses"]], json.loads(prof.read_text())["prefill"]
+
+
+@pytest.mark.hf
+def test_reuse_is_token_exact_within_and_across_runs(run_cli, tiny_engine, tmp_path):
+    pytest.importorskip("torch")
+    engine = tiny_engine("llama")
+    baseline, prof = run(run_cli, engine, requests(save_first=False), tmp_path / "none", tmp_path)
+    assert prof["reused_tokens"] == 0 and not (tmp_path / "none").exists()
+    cache = tmp_path / "cache"
+    # batch_size 1: request 0 saves, requests 1 and 2 (same system prompt) reuse it in the same run
+    first, prof1 = run(run_cli, engine, requests(), cache, tmp_path, batch_size=1)
+    assert first == baseline
+    assert prof1["reused_tokens"] > 0 and len(list(cache.glob("*.kv"))) == 1
+    # a later process: all three reuse it; mixed with a request without a system prompt
+    second, prof2 = run(run_cli, engine, requests(), cache, tmp_path, batch_size=4)
+    assert second == baseline
+    assert prof2["reused_tokens"] == 3 * prof1["reused_tokens"] // 2
+    assert prof2["computed_tokens"] < prof["computed_tokens"]
+
+
+@pytest.mark.hf
+def test_corrupt_entry_is_recomputed(run_cli, tiny_engine, tmp_path):
+    pytest.importorskip("torch")
+    engine, cache = tiny_engine("llama"), tmp_path / "cache"
+    baseline, _ = run(run_cli, engine, requests(), cache, tmp_path)
+    (entry,) = cache.glob("*.kv")
+    entry.write_bytes(entry.read_bytes()[:-100])
+    again, prof = run(run_cli, engine, requests(), cache, tmp_path, batch_size=1)
+    assert again == baseline
+    assert prof["reused_tokens"] > 0  # recomputed by request 0, saved again, reused by 1 and 2
+
+
+@pytest.mark.hf
+def test_two_engines_share_a_cache_dir(run_cli, tiny_engine, tmp_path):
+    pytest.importorskip("torch")
+    cache = tmp_path / "cache"
+    a, _ = run(run_cli, tiny_engine("llama"), requests(), cache, tmp_path)
+    b_alone, _ = run(run_cli, tiny_engine("qwen2"), requests(save_first=False), tmp_path / "none", tmp_path)
+    b, _ = run(run_cli, tiny_engine("qwen2"), requests(), cache, tmp_path)
+    assert b == b_alone  # the llama engine's entry (same prefix ids) was not used by qwen2
+    assert len(list(cache.glob("*.kv"))) == 2  # one entry per engine
+    a2, _ = run(run_cli, tiny_engine("llama"), requests(), cache, tmp_path)
+    b2, _ = run(run_cli, tiny_engine("qwen2"), requests(), cache, tmp_path)
+    assert (a2, b2) == (a, b)
