@@ -8,9 +8,11 @@ An entry is the KV of one system-prompt prefix, keyed by everything that changes
 One file per entry, `<key>.kv`:
 
     b"TRTLLM-KV\\n" | header length (8 bytes, little endian) | header JSON | payload
-    header: {"format", "key", "engine", "adapter", "prefix_ids", "shape", "dtype", "sha256"}
+    header: {"format", "key", "engine", "adapter", "prefix_ids", "shape", "dtype", "crc32"}
     payload: float32 [2 * layers, kv_heads, num_tokens, head_dim], C order
 
+The payload checksum is CRC-32: it catches corruption and truncation at twice sha256's speed,
+and the key already binds an entry to its engine and prefix (nothing here is adversarial).
 Writes go to a temporary file in the same directory, fsync'd, then renamed: a crash mid-write
 leaves no entry. A load checks magic, header, sizes, checksum and that the stored key, engine and
 prefix ids are the asked-for ones; anything else is a warning, the file is removed, and the KV is
@@ -25,12 +27,13 @@ import os
 import struct
 import tempfile
 import warnings
+import zlib
 from pathlib import Path
 
 import numpy as np
 
 MAGIC = b"TRTLLM-KV\n"
-FORMAT = 1
+FORMAT = 2
 DEFAULT_MAX_BYTES = 2 << 30
 
 
@@ -115,13 +118,13 @@ class PrefixStore:
         for name, value in expected.items():
             if header.get(name) != value:
                 raise ValueError(f"header.{name} does not match")
-        payload = data[start:]
+        payload = memoryview(data)[start:]  # no copy of the (large) payload
         shape = tuple(header.get("shape", ()))
         if len(payload) != int(np.prod(shape, dtype=np.int64)) * 4 or len(shape) != 4:
             raise ValueError(f"is truncated ({len(payload)} payload bytes for shape {shape})")
-        if hashlib.sha256(payload).hexdigest() != header.get("sha256"):
+        if zlib.crc32(payload) != header.get("crc32"):
             raise ValueError("fails its checksum")
-        return np.frombuffer(payload, np.float32).reshape(shape)
+        return np.frombuffer(payload, np.float32).reshape(shape)  # read-only view of `data`
 
     def discard(self, path: Path, why: str) -> None:
         warnings.warn(f"saved system-prompt KV {path} {why}; removed, it will be recomputed",
@@ -138,7 +141,7 @@ class PrefixStore:
         payload = kv.tobytes()
         header = json.dumps({"format": FORMAT, "key": key, "engine": self.engine_id, "adapter": self.adapter,
                              "prefix_ids": list(prefix_ids), "shape": list(kv.shape), "dtype": "float32",
-                             "sha256": hashlib.sha256(payload).hexdigest()}).encode()
+                             "crc32": zlib.crc32(payload)}).encode()
         if len(payload) > self.max_bytes:
             return  # would be evicted at once
         self.dir.mkdir(parents=True, exist_ok=True)

@@ -35,15 +35,17 @@ class OnnxRuntimeEngine:
                                             providers=["CPUExecutionProvider"])
         self.io = manifest.io
         self.bindings: dict = {}
+        self.kv_root = None
 
     def binding_for(self, kv: list[np.ndarray]):
         """An IOBinding with `kv` bound as both past_* and present_* (in place), made once per set
         of buffers: the scheduler reuses a few views (all slots, single slots) step after step."""
+        root = kv[0] if kv[0].base is None else kv[0].base
+        if root is not self.kv_root:  # a new KV manager: drop bindings that keep the old one alive
+            self.bindings, self.kv_root = {}, root
         key = (kv[0].ctypes.data, kv[0].shape)
         binding = self.bindings.get(key)
         if binding is None:
-            if len(self.bindings) > 64:
-                self.bindings.clear()
             binding = self.session.io_binding()
             names = []
             for i in range(self.manifest.model.num_layers):

@@ -123,3 +123,27 @@ def test_logprobs_match_transformers(demo_engine, demo_model, tmp_path, run_cli)
                     if step[0]["token_id"] not in (tok.eos_token_id,))
     assert text.decode("utf-8") == r["output_text"]
     assert any(b >= 0x80 for step in r["logprobs"] for b in step[0]["bytes"]), "no multi-byte character generated"
+
+
+def test_saved_system_prompt_is_token_exact(demo_engine, run_cli, tmp_path):
+    """Greedy output with a reused system prefix equals output without it, id for id (num_logprobs=1
+    exposes each greedy id), in a batch mixing requests with and without a saved prefix."""
+    system = "You are a helpful assistant for a bakery. Answer briefly and kindly. " * 6
+    questions = ["What bread is best for sandwiches?", "Do you sell croissants?", "When do you open?"]
+    reqs = [{"messages": [{"role": "system", "content": system}, {"role": "user", "content": q}], "num_logprobs": 1}
+            for q in questions] + [{"messages": CONVERSATIONS[0], "num_logprobs": 1}]
+    reqs[0]["save_system_prompt_kv_cache"] = True
+
+    def ids(cache, batch_size):
+        result, out = run_cli(demo_engine, {"temperature": 0, "max_generate_length": 48, "batch_size": batch_size,
+                                            "requests": reqs}, "--kv-cache-dir", str(cache),
+                              "--profile", str(tmp_path / "p.json"))
+        assert result.exit_code == 0, result.output
+        reused = json.loads((tmp_path / "p.json").read_text())["prefill"]["reused_tokens"]
+        return [[s[0]["token_id"] for s in r["logprobs"]] for r in out["responses"]], reused
+
+    fresh, reused0 = ids(tmp_path / "a", 4)   # all four prefilled together: nothing to reuse yet
+    same_run, reused1 = ids(tmp_path / "b", 1)  # request 0 saves, 1 and 2 reuse in the same run
+    next_run, reused2 = ids(tmp_path / "b", 4)  # a later process: 0, 1 and 2 reuse
+    assert reused0 == 0 and reused1 > 0 and reused2 == reused1 * 3 // 2
+    assert same_run == fresh and next_run == fresh
