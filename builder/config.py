@@ -51,9 +51,9 @@ class BuildConfig:
         """Options from the CLI contract that this version cannot honour fail loudly, never silently."""
         if self.dtype != "float32":
             raise ConfigError(f"--dtype {self.dtype} is not supported yet: only float32 engines can be built so far")
-        if self.quantization != "none":
-            raise ConfigError(f"--quantization {self.quantization} is not supported yet: "
-                              "only unquantized (none) engines can be built so far")
+        if self.quantization != "none" and self.dtype != "float32":
+            raise ConfigError(f"--quantization {self.quantization} needs --dtype float32 (the activations' "
+                              f"type), got {self.dtype}")
         if self.lora:
             raise ConfigError("--lora is not supported yet: LoRA adapters cannot be built into an engine so far")
         if self.eagle:

@@ -19,12 +19,14 @@ prompts of different lengths is harmless (the pad's slots are masked, then overw
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
 from onnx import TensorProto
 
 from trtllm.builder.graph import GraphWriter
+from trtllm.builder.quantize import QuantScheme, quantize
 from trtllm.plugins.sample import body as sample_body
 from trtllm.runtime.manifest import GraphIO
 
@@ -52,17 +54,37 @@ class DecoderSpec:
 
 class DecoderWriter:
     def __init__(self, spec: DecoderSpec, weights: dict[str, np.ndarray], rope_cos: np.ndarray,
-                 rope_sin: np.ndarray, max_top_k: int, io: GraphIO = GraphIO()):
-        self.spec, self.w, self.io = spec, weights, io
+                 rope_sin: np.ndarray, max_top_k: int, io: GraphIO = GraphIO(), quant: QuantScheme | None = None):
+        self.spec, self.w, self.io, self.quant = spec, weights, io, quant
         self.g = GraphWriter("trtllm_decoder")
         self.cos = self.g.weight("/model/rotary/cos_cache", rope_cos.astype(np.float32))
         self.sin = self.g.weight("/model/rotary/sin_cache", rope_sin.astype(np.float32))
         self.max_top_k = max_top_k
 
+    def matmul(self, name: str, x: str, prefix: str, w: np.ndarray, rank: int = 3) -> str:
+        """x @ w.T, with w.T stored as [in, out] (no Transpose); block-quantized when asked."""
+        g, scheme = self.g, self.quant
+        if scheme is None:
+            return g.op("MatMul", f"{name}/MatMul", [x, g.weight(f"{prefix}.weight", w.T)])
+        if prefix == "lm_head" and scheme.lm_head_bits and scheme.lm_head_bits != scheme.bits:
+            scheme = dataclasses.replace(scheme, bits=scheme.lm_head_bits, asymmetric=scheme.lm_head_bits == 4)
+        codes, scale, offset = quantize(np.ascontiguousarray(w.T), scheme)
+        wq = g.op("DequantizeLinear", f"{name}/DequantizeLinear",
+                  [g.weight(f"{prefix}.weight_q{scheme.bits}", codes), g.weight(f"{prefix}.weight_scale", scale)],
+                  axis=0, block_size=scheme.block_size)
+        y = g.op("MatMul", f"{name}/MatMul", [x, wq])
+        if offset is None:
+            return y
+        # x @ (s c + o) = x @ (s c) + blocksum(x) @ o, with blocksum over each block of inputs
+        blocks = g.op("Reshape", f"{name}/offset/Reshape",
+                      [x, g.const([0] * (rank - 1) + [offset.shape[0], scheme.block_size])])
+        sums = g.op("ReduceSum", f"{name}/offset/ReduceSum", [blocks, g.const([-1])], keepdims=0)
+        extra = g.op("MatMul", f"{name}/offset/MatMul", [sums, g.weight(f"{prefix}.weight_offset", offset)])
+        return g.op("Add", f"{name}/offset/Add", [y, extra])
+
     def linear(self, name: str, x: str, prefix: str, bias: bool = False) -> str:
-        """x @ W.T (+ b), with W stored transposed as [in, out] so MatMul needs no Transpose."""
-        wt = self.g.weight(f"{prefix}.weight", self.w[f"{prefix}.weight"].T)
-        y = self.g.op("MatMul", f"{name}/MatMul", [x, wt])
+        """x @ W.T (+ b)."""
+        y = self.matmul(name, x, prefix, self.w[f"{prefix}.weight"])
         if bias:
             y = self.g.op("Add", f"{name}/Add", [y, self.g.weight(f"{prefix}.bias", self.w[f"{prefix}.bias"])])
         return y
@@ -159,12 +181,13 @@ class DecoderWriter:
         h = g.op("GatherElements", "/model/last/GatherElements", [h, idx], axis=1)           # [B,1,H]
         h = g.op("Squeeze", "/model/last/Squeeze", [h, g.const([1])])                         # [B,H]
         h = self.rms_norm("/model/norm", h, "model.norm.weight")
-        if s.tie_word_embeddings:
+        if s.tie_word_embeddings and self.quant is None:
             # Gemm with transB shares the embedding table instead of storing a transposed copy.
             logits = g.op("Gemm", "/lm_head/Gemm", [h, "model.embed_tokens.weight"], outputs=[self.io.logits], transB=1)
-        else:
-            wt = g.weight("lm_head.weight", self.w["lm_head.weight"].T)
-            logits = g.op("MatMul", "/lm_head/MatMul", [h, wt], outputs=[self.io.logits])
+        else:  # quantized: the lm_head gets its own quantized copy; the embedding stays float32
+            w = self.w["model.embed_tokens.weight" if s.tie_word_embeddings else "lm_head.weight"]
+            y = self.matmul("/lm_head", h, "lm_head", w, rank=2)
+            logits = g.op("Identity", "/lm_head/Identity", [y], outputs=[self.io.logits])
         g.output(self.io.logits, F32, ["batch", s.vocab_size])
         return logits
 

@@ -18,6 +18,7 @@ from trtllm.builder import checkpoint as ckpt
 from trtllm.builder.architectures import spec_for
 from trtllm.builder.config import BuildConfig
 from trtllm.builder.decoder import DecoderWriter
+from trtllm.builder.quantize import QuantScheme
 from trtllm.plugins import lint
 from trtllm.runtime import manifest as mf
 
@@ -43,7 +44,10 @@ def export_onnx(ck: ckpt.Checkpoint, config: BuildConfig, out_dir: Path, log) ->
         f"{spec.num_heads}/{spec.num_kv_heads} heads)")
     weights = ckpt.state_dict_numpy(ck.model)
     max_top_k = min(MAX_TOP_K, spec.vocab_size)
-    model = DecoderWriter(spec, weights, cos, sin, max_top_k).write()
+    quant = QuantScheme.named(config.quantization)
+    if quant:
+        log(f"quantizing the linear layers to int{quant.bits} (block {quant.block_size}, {quant.method})")
+    model = DecoderWriter(spec, weights, cos, sin, max_top_k, quant=quant).write()
     del weights
     issues = lint.lint_model(model)
     if issues:
@@ -54,7 +58,7 @@ def export_onnx(ck: ckpt.Checkpoint, config: BuildConfig, out_dir: Path, log) ->
     return spec, max_top_k, num_positions
 
 
-def compile_onnxruntime(out_dir: Path, log) -> None:
+def compile_onnxruntime(out_dir: Path, log, quant: "QuantScheme | None" = None) -> None:
     """Save ONNX Runtime's offline-optimised graph, so loading the engine skips those passes."""
     import onnxruntime as ort
 
@@ -65,6 +69,8 @@ def compile_onnxruntime(out_dir: Path, log) -> None:
     opts.optimized_model_filepath = str(out_dir / ORT_NAME)
     opts.add_session_config_entry("session.optimized_model_external_initializers_file_name", ORT_NAME + ".data")
     opts.add_session_config_entry("session.optimized_model_external_initializers_min_size_in_bytes", "1024")
+    if quant is not None:  # DequantizeLinear + MatMul -> MatMulNBits with int8 activations
+        opts.add_session_config_entry("session.qdq_matmulnbits_accuracy_level", str(quant.ort_accuracy_level))
     opts.log_severity_level = 3
     ort.InferenceSession(str(out_dir / ONNX_NAME), opts, providers=["CPUExecutionProvider"])
 
@@ -91,6 +97,7 @@ def write_manifest(ck, config: BuildConfig, spec, max_top_k: int, num_positions:
     manifest = mf.Manifest(
         architecture=spec.architecture, backend="onnxruntime", dtype=config.dtype,
         quantization=config.quantization,
+        quantization_scheme=q.to_json() if (q := QuantScheme.named(config.quantization)) else {},
         limits=mf.Limits(max_batch_size=config.max_batch_size, max_input_len=min(config.max_input_len, num_positions),
                          max_kv_cache_capacity=num_positions),
         model=mf.ModelShape(vocab_size=spec.vocab_size, hidden_size=spec.hidden_size, num_layers=spec.num_layers,
@@ -123,17 +130,18 @@ def build(config: BuildConfig, log=print) -> Path:
         log(f"loading {config.model}")
         ck = ckpt.load(config.model)
         spec, max_top_k, num_positions = export_onnx(ck, config, tmp, log)
-        compile_onnxruntime(tmp, log)
+        compile_onnxruntime(tmp, log, QuantScheme.named(config.quantization))
         save_tokenizer(ck, tmp)
         write_manifest(ck, config, spec, max_top_k, num_positions, tmp)
         if config.verify:
             from trtllm.builder.verify import verify_engine
 
             log("verifying the engine against transformers")
-            report = verify_engine(tmp, ck)
+            report = verify_engine(tmp, ck, config.quantization)
             (tmp / "verify.json").write_text(json.dumps(report, indent=2) + "\n")
             log(f"verified: max |logit error| {report['max_abs_error']:.2e} over {report['num_positions']} "
-                f"positions, greedy tokens agree: {report['tokens_agree']}")
+                f"positions (greedy tokens agree: {report['tokens_agree']}); top-1 agreement "
+                f"{report['top1_agreement']:.1%} over {report['agreement_positions']} positions of a fixed text")
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -32,6 +32,7 @@ class GraphWriter:
         self.outputs.append(helper.make_tensor_value_info(name, elem_type, shape))
 
     def weight(self, name: str, array: np.ndarray) -> str:
+        # from_array handles ml_dtypes.int4 too (packed two per byte)
         self.initializers.append(numpy_helper.from_array(np.ascontiguousarray(array), name))
         return name
 

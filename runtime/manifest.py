@@ -87,6 +87,7 @@ class Manifest:
     max_top_k: int
     max_num_logprobs: int = 50
     quantization: str = "none"
+    quantization_scheme: dict = field(default_factory=dict)  # bits, block size, method (builder/quantize.py)
     pad_token_id: int = 0
     io: GraphIO = field(default_factory=GraphIO)
     files: dict[str, str] = field(default_factory=dict)
