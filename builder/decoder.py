@@ -5,12 +5,12 @@ One step of the graph, for every architecture in the registry:
     input_ids [B,S] -> Gather(embed) -> h [B,S,H]
     per layer i:
         x = RMSNormalization(h)
-        q,k,v = MatMul(x, W) (+ bias)            -> [B,heads,S,D]   (Qwen3: RMSNorm per head)
+        q,k,v = Split(MatMul(x, W_qkv) (+ bias)) -> [B,heads,S,D]   (Qwen3: RMSNorm per head)
         q,k   = RotaryEmbedding(q|k, position_ids)
         K_i   = TensorScatter(past_key.i, k, write_index)   # in place: present_key.i aliases past_key.i
         V_i   = TensorScatter(past_value.i, v, write_index)
         h    += o_proj(Attention(q, K_i, V_i, mask))        # mask: slot j visible to query s of row b
-        h    += down(silu(gate(x')) * up(x'))               #   iff j <= write_index[b] + s (+ window)
+        h    += down(silu(gate) * up), gate|up = Split(MatMul(x', W_gate_up))   # mask: j <= write_index[b] + s
     logits [B,V] = lm_head(norm(h[b, last_index[b]]))
     token_ids, top_logprobs = trtllm::Sample(logits, logit_bias, penalties, temperature, min_p, top_k, top_p, uniform)
 
@@ -89,6 +89,17 @@ class DecoderWriter:
             y = self.g.op("Add", f"{name}/Add", [y, self.g.weight(f"{prefix}.bias", self.w[f"{prefix}.bias"])])
         return y
 
+    def fused_linear(self, name: str, x: str, prefix: str, parts: list[str], bias: bool = False) -> list[str]:
+        """Projections of the same input as one MatMul (q|k|v, gate|up), then Split: one weight
+        read and one kernel instead of several."""
+        w = np.concatenate([self.w[f"{p}.weight"] for p in parts], axis=0)   # [sum(out), in]
+        y = self.matmul(name, x, prefix, w)
+        if bias:
+            b = np.concatenate([self.w[f"{p}.bias"] for p in parts])
+            y = self.g.op("Add", f"{name}/Add", [y, self.g.weight(f"{prefix}.bias", b)])
+        sizes = self.g.const([self.w[f"{p}.weight"].shape[0] for p in parts])
+        return self.g.op("Split", f"{name}/Split", [y, sizes], num_outputs=len(parts), axis=-1)
+
     def rms_norm(self, name: str, x: str, weight_name: str) -> str:
         scale = self.g.weight(weight_name, self.w[weight_name])
         return self.g.op("RMSNormalization", f"{name}/RMSNormalization", [x, scale], axis=-1,
@@ -105,9 +116,8 @@ class DecoderWriter:
     def attention(self, i: int, x: str, position_ids: str, write_index: str, mask: str) -> str:
         g, s, p = self.g, self.spec, f"model.layers.{i}.self_attn"
         name = f"/model/layers.{i}/attn"
-        q = self.linear(f"{name}/q_proj", x, f"{p}.q_proj", s.attention_bias)
-        k = self.linear(f"{name}/k_proj", x, f"{p}.k_proj", s.attention_bias)
-        v = self.linear(f"{name}/v_proj", x, f"{p}.v_proj", s.attention_bias)
+        q, k, v = self.fused_linear(f"{name}/qkv_proj", x, f"{p}.qkv_proj",
+                                    [f"{p}.q_proj", f"{p}.k_proj", f"{p}.v_proj"], s.attention_bias)
         q = self.heads(f"{name}/q", q, s.num_heads, f"{p}.q_norm.weight" if s.qk_norm else None)
         k = self.heads(f"{name}/k", k, s.num_kv_heads, f"{p}.k_norm.weight" if s.qk_norm else None)
         v = self.heads(f"{name}/v", v, s.num_kv_heads, None)
@@ -130,8 +140,8 @@ class DecoderWriter:
 
     def mlp(self, i: int, x: str) -> str:
         g, p, name = self.g, f"model.layers.{i}.mlp", f"/model/layers.{i}/mlp"
-        gate = self.linear(f"{name}/gate_proj", x, f"{p}.gate_proj")
-        up = self.linear(f"{name}/up_proj", x, f"{p}.up_proj")
+        gate, up = self.fused_linear(f"{name}/gate_up_proj", x, f"{p}.gate_up_proj",
+                                     [f"{p}.gate_proj", f"{p}.up_proj"])
         # SiLU as x*sigmoid(x): Swish is only in TensorRT >= 11.0's parser.
         act = g.op("Mul", f"{name}/act/Mul", [gate, g.op("Sigmoid", f"{name}/act/Sigmoid", [gate])])
         return self.linear(f"{name}/down_proj", g.op("Mul", f"{name}/Mul", [act, up]), f"{p}.down_proj")

@@ -1,0 +1,310 @@
+#!/usr/bin/env python3
+"""Our engines against the peers (../shared/peers), side by side in one run, on the same prompts.
+
+    python scripts/bench.py                       # full: fp32/int8/int4 engines + every installed peer
+    python scripts/bench.py --smoke               # tiny model, few tokens, no peers (CI)
+
+Every system runs in its own subprocess, one after the other, interleaved by precision, with
+the same thread count and the same token ids (the peers' own prompt recipe: a chat-templated
+"summarize" request cut to exactly 128 and 512 tokens). Greedy, EOS ignored. Figures, as in
+the peers' script: TTFT at 128 and 512 prompt tokens, decode tokens/s at batch 1 and batch 8
+(8 copies of the 128-token prompt), each the median of --runs after a warm-up; peak memory is
+the subprocess tree's max RSS (wait4). Each figure is also given as a ratio to the best peer of
+the same precision (> 1 means we are better), next to the memory-bandwidth bound for decode:
+weight bytes read per token / measured copy bandwidth. Results go to --out (JSON).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+SHARED_PEERS = ROOT.parent / "shared" / "peers"
+PEERS_DIR = Path(os.environ.get("PEERS_DIR", Path.home() / "peers"))
+DEMO = ROOT / "models" / "smollm2-135m-instruct"
+OURS = {"fp32": "none", "int8": "int8", "int4": "int4"}
+PEER_PRECISION = {"hf-fp32": "fp32", "ortgenai-fp32": "fp32", "llamacpp-f32": "fp32", "llamacpp-f16": "fp16",
+                  "ortgenai-int4": "int4", "llamacpp-q4_1": "int4"}
+ORDER = ["fp32", "ortgenai-fp32", "llamacpp-f32", "hf-fp32", "int4", "ortgenai-int4", "llamacpp-q4_1",
+         "int8", "llamacpp-f16"]
+METRICS = [("ttft128_ms", "lower"), ("ttft512_ms", "lower"), ("dec_b1_tps", "higher"), ("dec_b8_tps", "higher")]
+
+
+def build_prompts(tokenizer, lengths):
+    """The peers' prompts when their script is there (identical token ids), else the same recipe."""
+    if (SHARED_PEERS / "bench_peers.py").is_file():
+        sys.path.insert(0, str(SHARED_PEERS))
+        import bench_peers
+
+        return bench_peers.build_prompts(tokenizer, lengths)
+    text = "Edge devices run small language models close to their users, without a network. " * 60
+    ids = tokenizer.apply_chat_template([{"role": "user", "content": "Summarize:\n\n" + text}],
+                                        add_generation_prompt=True, tokenize=True)
+    ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+    return {n: ids[:n] for n in lengths}
+
+
+def weight_bytes(engine_dir: Path) -> int:
+    """Bytes of the initializers every decode step reads in full: the matmul weights (float or
+    quantized codes + scales + offsets). The embedding table is read one row per token, unless
+    it doubles as a (tied, unquantized) lm_head."""
+    import onnx
+    from onnx import helper
+
+    model = onnx.load(engine_dir / "llm.onnx", load_external_data=False)
+    sizes = {t.name: helper.tensor_dtype_to_np_dtype(t.data_type).itemsize * int(_prod(t.dims)) for t in model.graph.initializer}
+    sizes.update({t.name: (int(_prod(t.dims)) + 1) // 2 for t in model.graph.initializer if t.data_type == 22})  # int4
+    read = set()
+    for node in model.graph.node:
+        if node.op_type in ("MatMul", "Gemm", "DequantizeLinear"):
+            read.update(name for name in node.input if name in sizes and not name.startswith("/const"))
+    return sum(sizes[n] for n in read)
+
+
+def _prod(dims) -> int:
+    out = 1
+    for d in dims:
+        out *= d
+    return out
+
+
+def copy_bandwidth() -> float:
+    """Bytes per second (read + written) of one large numpy copy, best of 5: the memory speed."""
+    import numpy as np
+
+    a = np.ones(64 << 20, np.float32)
+    b = np.empty_like(a)
+    best = min(_timed(lambda: np.copyto(b, a)) for _ in range(5))
+    return 2 * a.nbytes / best
+
+
+def _timed(fn) -> float:
+    t = time.perf_counter()
+    fn()
+    return time.perf_counter() - t
+
+
+# --- our worker (runs in its own process) ------------------------------------------------------
+
+def our_run(engine, prompts: list[list[int]], gen: int):
+    """(time to first token, time from first to last token, ids of row 0), the peers' protocol."""
+    import numpy as np
+
+    from trtllm.runtime.generate import RowState, Timing, run_rows
+    from trtllm.runtime.sampling import SamplingParams
+
+    params = SamplingParams(temperature=0, max_new_tokens=gen, ignore_eos=True)
+    rows = [RowState(prompt_ids=p, params=params, rng=np.random.default_rng(0), eos_ids=frozenset()) for p in prompts]
+    stamps: list[float] = []
+    t0 = time.perf_counter()
+    run_rows(engine, rows, len(rows), Timing(), on_token=lambda r: stamps.append(time.perf_counter()))
+    if len(stamps) < len(rows):
+        raise RuntimeError(f"generated {len(stamps)} tokens for {len(rows)} prompts: the engine's KV capacity is too small")
+    first = stamps[len(rows) - 1]  # every row's first token comes from the one prefill step
+    return first - t0, stamps[-1] - first, rows[0].output_ids
+
+
+def worker(name: str, engine_dir: Path, tokenizer_dir: Path, args) -> dict:
+    from transformers import AutoTokenizer
+
+    from trtllm.runtime.engine import load_engine
+
+    prompts = build_prompts(AutoTokenizer.from_pretrained(tokenizer_dir), [128, 512])
+    t = time.perf_counter()
+    engine = load_engine(engine_dir, num_threads=args.threads)
+    res = {"peer": f"trtllm-{name}", "load_s": round(time.perf_counter() - t, 2)}
+    gen, ort_time = args.gen, [0.0]
+    run = engine.session.run_with_iobinding
+
+    def timed_run(*a):  # ORT's share of the decode time, to measure our Python overhead
+        s = time.perf_counter()
+        run(*a)
+        ort_time[0] += time.perf_counter() - s
+
+    engine.session.run_with_iobinding = timed_run
+
+    def median_of(fn):
+        fn()
+        return [fn() for _ in range(args.runs)]
+
+    start, ort_time[0] = time.perf_counter(), 0.0
+    runs = median_of(lambda: our_run(engine, [prompts[128]], gen))
+    res["python_overhead"] = round(1 - ort_time[0] / (time.perf_counter() - start), 4)
+    res["ttft128_ms"] = round(1000 * statistics.median(v[0] for v in runs), 1)
+    res["dec_b1_tps"] = round(statistics.median((gen - 1) / v[1] for v in runs), 1)
+    res["tokens_128"] = runs[0][2]
+    runs = median_of(lambda: our_run(engine, [prompts[512]], 1))
+    res["ttft512_ms"] = round(1000 * statistics.median(v[0] for v in runs), 1)
+    runs = median_of(lambda: our_run(engine, [prompts[128]] * args.batch, gen))
+    res["dec_b8_tps"] = round(statistics.median(args.batch * (gen - 1) / v[1] for v in runs), 1)
+    res["weight_bytes_per_token"] = weight_bytes(engine_dir)
+    return res
+
+
+# --- the driver ----------------------------------------------------------------------------------
+
+def run_measured(cmd: list[str], timeout: int, env=None) -> tuple[str, int, float]:
+    """Run cmd; returns (stdout, exit code, peak RSS in MiB of the process tree, from wait4)."""
+    with tempfile.TemporaryFile("w+") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.DEVNULL, env=env)
+        deadline = time.time() + timeout
+        while True:
+            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+            if pid:
+                break
+            if time.time() > deadline:
+                proc.kill()
+                pid, status, usage = os.wait4(proc.pid, 0)
+                break
+            time.sleep(0.2)
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        out.seek(0)
+        return out.read(), proc.returncode, usage.ru_maxrss / 1024
+
+
+def result_line(stdout: str) -> dict | None:
+    lines = [ln for ln in stdout.splitlines() if ln.startswith("@@RESULT@@")]
+    return json.loads(lines[-1][len("@@RESULT@@"):]) if lines else None
+
+
+def measure_ours(name: str, engine_dir: Path, tokenizer_dir: Path, args) -> dict:
+    cmd = [sys.executable, __file__, "--_worker", name, "--_engine", str(engine_dir), "--_tokenizer",
+           str(tokenizer_dir), "--threads", str(args.threads), "--gen", str(args.gen), "--runs", str(args.runs),
+           "--batch", str(args.batch)]
+    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
+    stdout, code, rss = run_measured(cmd, args.timeout, env)
+    res = result_line(stdout) or {"peer": f"trtllm-{name}", "error": f"exit code {code}"}
+    res.update(precision=name, peak_rss_mb=round(rss, 1))
+    return res
+
+
+def measure_peer(peer: str, args) -> dict:
+    python = PEERS_DIR / "venv" / "bin" / "python"
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "peer.json"
+        cmd = [str(python), str(SHARED_PEERS / "bench_peers.py"), "--peers", peer, "--threads", str(args.threads),
+               "--gen", str(args.gen), "--runs", str(args.runs), "--batch", str(args.batch), "--out", str(out)]
+        _, code, rss = run_measured(cmd, args.timeout * 2, {**os.environ, "PEERS_DIR": str(PEERS_DIR)})
+        results = json.loads(out.read_text())["results"] if out.is_file() else []
+    res = results[0] if results else {"peer": peer, "error": f"exit code {code}"}
+    res.update(precision=PEER_PRECISION[peer], peak_rss_mb=round(rss, 1))
+    return res
+
+
+def installed_peers() -> list[str]:
+    if not ((PEERS_DIR / "venv" / "bin" / "python").is_file() and (SHARED_PEERS / "bench_peers.py").is_file()):
+        return []
+    return list(PEER_PRECISION)
+
+
+def ensure_engine(model: Path, engine_dir: Path, quantization: str, extra: list[str]) -> None:
+    if (engine_dir / "manifest.json").is_file():
+        return
+    trtllm_build = Path(sys.executable).parent / "trtllm-build"
+    subprocess.run([str(trtllm_build), "--model", str(model), "--output", str(engine_dir),
+                    "--quantization", quantization, *extra], check=True)
+
+
+def add_ratios(results: list[dict]) -> None:
+    """ratio_<metric> = ours / best peer of the same precision (inverted for times: > 1 is better)."""
+    for r in results:
+        if not r["peer"].startswith("trtllm-"):
+            continue
+        peers = [p for p in results if not p["peer"].startswith("trtllm-") and p["precision"] == r["precision"]
+                 and "error" not in p]
+        for metric, better in METRICS:
+            vals = [p[metric] for p in peers if p.get(metric)]
+            if vals and r.get(metric):
+                best = min(vals) if better == "lower" else max(vals)
+                r[f"ratio_{metric}"] = round(best / r[metric] if better == "lower" else r[metric] / best, 2)
+
+
+def print_table(results: list[dict], bandwidth: float) -> None:
+    head = f"{'system':<16}{'prec':>5}{'ttft128':>9}{'ttft512':>9}{'dec b1':>8}{'dec b8':>8}{'peak MB':>9}  ratios vs best peer (ttft128/ttft512/b1/b8)"
+    print(head)
+    print("-" * len(head))
+    for r in results:
+        if "error" in r:
+            print(f"{r['peer']:<16}{r['precision']:>5}  failed: {r['error']}")
+            continue
+        ratios = "/".join(f"{r[f'ratio_{m}']:.2f}" if f"ratio_{m}" in r else "-" for m, _ in METRICS)
+        print(f"{r['peer']:<16}{r['precision']:>5}{r['ttft128_ms']:>9.0f}{r['ttft512_ms']:>9.0f}"
+              f"{r['dec_b1_tps']:>8.1f}{r.get('dec_b8_tps', 0):>8.1f}{r['peak_rss_mb']:>9.0f}  "
+              f"{ratios if r['peer'].startswith('trtllm-') else ''}")
+    print(f"\nmemory copy bandwidth {bandwidth / 1e9:.1f} GB/s; decode bound at batch 1 = bandwidth / weight bytes:")
+    for r in results:
+        if r.get("weight_bytes_per_token"):
+            bound = bandwidth / r["weight_bytes_per_token"]
+            print(f"  {r['peer']:<16} {r['weight_bytes_per_token'] / 1e6:7.1f} MB/token -> at most {bound:6.1f} tok/s; "
+                  f"measured {r['dec_b1_tps']:.1f} ({r['dec_b1_tps'] / bound:.0%} of the bound), "
+                  f"Python overhead {r['python_overhead']:.1%} of decode time")
+
+
+def smoke_setup(tmp: Path) -> tuple[Path, dict[str, Path]]:
+    sys.path.insert(0, str(ROOT))
+    from tests.tiny_models import make_checkpoint
+
+    ckpt = make_checkpoint("llama", tmp / "ckpt", max_positions=1024)
+    engines = {}
+    for name, quant in OURS.items():
+        engines[name] = tmp / f"engine-{name}"
+        ensure_engine(ckpt, engines[name], quant, ["--max-input-len", "512", "--max-kv-cache-capacity", "1024",
+                                                     "--no-verify"])
+    return ckpt, engines
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--smoke", action="store_true", help="tiny model, 4 tokens, 1 run, no peers")
+    ap.add_argument("--ours", default="fp32,int8,int4")
+    ap.add_argument("--peers", default=None, help="comma list (default: all installed; 'none' for none)")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--gen", type=int, default=128)
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--timeout", type=int, default=600)
+    ap.add_argument("--out", type=Path, default=ROOT / "out" / "bench.json")
+    ap.add_argument("--_worker"), ap.add_argument("--_engine", type=Path), ap.add_argument("--_tokenizer", type=Path)
+    args = ap.parse_args()
+    if args._worker:
+        print("@@RESULT@@" + json.dumps(worker(args._worker, args._engine, args._tokenizer, args)))
+        return
+    ours = args.ours.split(",")
+    tmp = Path(tempfile.mkdtemp(prefix="trtllm-bench-"))
+    if args.smoke:
+        args.gen, args.runs, args.batch = 4, 1, 2
+        tokenizer_dir, engines = smoke_setup(tmp)
+        peers = [] if args.peers in (None, "none") else args.peers.split(",")
+    else:
+        tokenizer_dir = DEMO
+        engines = {n: ROOT / "engines" / ("smollm2-135m-instruct" if n == "fp32" else f"smollm2-{n}") for n in ours}
+        for n in ours:
+            ensure_engine(DEMO, engines[n], OURS[n], [])
+        peers = installed_peers() if args.peers is None else [] if args.peers == "none" else args.peers.split(",")
+    results = []
+    for name in [n for n in ORDER if n in ours or n in peers]:
+        print(f"[bench] {name} ...", file=sys.stderr, flush=True)
+        results.append(measure_ours(name, engines[name], tokenizer_dir, args) if name in ours
+                       else measure_peer(name, args))
+    add_ratios(results)
+    bandwidth = copy_bandwidth()
+    meta = {"threads": args.threads, "gen": args.gen, "batch": args.batch, "runs": args.runs, "smoke": args.smoke,
+            "copy_bandwidth_bytes_per_s": bandwidth, "time": time.strftime("%Y-%m-%d %H:%M:%S"),
+            "command": " ".join([Path(sys.argv[0]).name] + sys.argv[1:])}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"meta": meta, "results": results}, indent=2) + "\n")
+    print_table(results, bandwidth)
+    print(f"\nwrote {args.out}")
+    if any("error" in r for r in results if r["peer"].startswith("trtllm-")):
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
