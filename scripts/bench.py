@@ -10,7 +10,9 @@ the same thread count and the same token ids (the peers' own prompt recipe: a ch
 the peers' script: TTFT at 128 and 512 prompt tokens, decode tokens/s at batch 1 and batch 8
 (8 copies of the 128-token prompt), each the median of --runs after a warm-up; peak memory is
 the subprocess tree's max RSS (wait4). Each figure is also given as a ratio to the best peer of
-the same precision (> 1 means we are better), next to the memory-bandwidth bound for decode:
+the same precision (> 1 means we are better), `agree` counts how many of the 128 greedy tokens
+match transformers fp32 before the first difference, and the memory-bandwidth bound for decode is
+given:
 weight bytes read per token / measured copy bandwidth. Results go to --out (JSON).
 """
 from __future__ import annotations
@@ -212,6 +214,19 @@ def ensure_engine(model: Path, engine_dir: Path, quantization: str, extra: list[
                     "--quantization", quantization, *extra], check=True)
 
 
+def add_agreement(results: list[dict]) -> None:
+    """agree_hf: how many of the 128 greedy tokens match transformers fp32 before the first difference."""
+    hf = next((r.get("tokens_128") for r in results if r["peer"] == "hf-fp32"), None)
+    for r in results:
+        if hf and r.get("tokens_128"):
+            same = 0
+            for a, b in zip(r["tokens_128"], hf):
+                if a != b:
+                    break
+                same += 1
+            r["agree_hf"] = same
+
+
 def add_ratios(results: list[dict]) -> None:
     """ratio_<metric> = ours / best peer of the same precision (inverted for times: > 1 is better)."""
     for r in results:
@@ -227,7 +242,8 @@ def add_ratios(results: list[dict]) -> None:
 
 
 def print_table(results: list[dict], bandwidth: float) -> None:
-    head = f"{'system':<16}{'prec':>5}{'ttft128':>9}{'ttft512':>9}{'dec b1':>8}{'dec b8':>8}{'peak MB':>9}  ratios vs best peer (ttft128/ttft512/b1/b8)"
+    head = (f"{'system':<16}{'prec':>5}{'ttft128':>9}{'ttft512':>9}{'dec b1':>8}{'dec b8':>8}{'peak MB':>9}"
+            f"{'agree':>7}  ratios vs best peer (ttft128/ttft512/b1/b8)")
     print(head)
     print("-" * len(head))
     for r in results:
@@ -236,7 +252,8 @@ def print_table(results: list[dict], bandwidth: float) -> None:
             continue
         ratios = "/".join(f"{r[f'ratio_{m}']:.2f}" if f"ratio_{m}" in r else "-" for m, _ in METRICS)
         print(f"{r['peer']:<16}{r['precision']:>5}{r['ttft128_ms']:>9.0f}{r['ttft512_ms']:>9.0f}"
-              f"{r['dec_b1_tps']:>8.1f}{r.get('dec_b8_tps', 0):>8.1f}{r['peak_rss_mb']:>9.0f}  "
+              f"{r['dec_b1_tps']:>8.1f}{r.get('dec_b8_tps', 0):>8.1f}{r['peak_rss_mb']:>9.0f}"
+              f"{r.get('agree_hf', '-'):>7}  "
               f"{ratios if r['peer'].startswith('trtllm-') else ''}")
     print(f"\nmemory copy bandwidth {bandwidth / 1e9:.1f} GB/s; decode bound at batch 1 = bandwidth / weight bytes:")
     for r in results:
@@ -294,6 +311,7 @@ def main() -> None:
         results.append(measure_ours(name, engines[name], tokenizer_dir, args) if name in ours
                        else measure_peer(name, args))
     add_ratios(results)
+    add_agreement(results)
     bandwidth = copy_bandwidth()
     meta = {"threads": args.threads, "gen": args.gen, "batch": args.batch, "runs": args.runs, "smoke": args.smoke,
             "copy_bandwidth_bytes_per_s": bandwidth, "time": time.strftime("%Y-%m-%d %H:%M:%S"),

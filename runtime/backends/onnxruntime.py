@@ -35,6 +35,8 @@ class OnnxRuntimeEngine:
                                             providers=["CPUExecutionProvider"])
         self.io = manifest.io
         self.bindings: dict = {}
+        self.bound: dict = {}    # per binding: input name -> (pointer, shape, dtype) bound now
+        self.outputs: dict = {}  # per (binding, batch, K): numpy arrays the outputs are written to
         self.kv_root = None
 
     def binding_for(self, kv: list[np.ndarray]):
@@ -42,7 +44,7 @@ class OnnxRuntimeEngine:
         of buffers: the scheduler reuses a few views (all slots, single slots) step after step."""
         root = kv[0] if kv[0].base is None else kv[0].base
         if root is not self.kv_root:  # a new KV manager: drop bindings that keep the old one alive
-            self.bindings, self.kv_root = {}, root
+            self.bindings, self.kv_root, self.bound, self.outputs = {}, root, {}, {}
         key = (kv[0].ctypes.data, kv[0].shape)
         binding = self.bindings.get(key)
         if binding is None:
@@ -68,24 +70,36 @@ class OnnxRuntimeEngine:
             io.logit_bias: s.logit_bias, io.penalty_bias: s.penalty_bias, io.seen: s.seen,
             io.repetition_penalty: s.repetition_penalty, io.temperature: s.temperature, io.min_p: s.min_p,
             io.top_k: s.top_k, io.top_p: s.top_p, io.uniform: s.uniform,
-            io.num_logprobs: np.array([s.num_logprobs], np.int64),
         }
+        # Inputs are bound without a copy (ORT reads the numpy buffer). The sampler's arrays are
+        # the same buffers step after step (updated in place), so they are bound only when the
+        # buffer changes: per-step Python work stays a few small binds.
+        bound = self.bound.setdefault(id(b), {})
         for name, array in feeds.items():
-            b.bind_cpu_input(name, np.ascontiguousarray(array))
+            key = (array.ctypes.data, array.shape, array.dtype.str)
+            if bound.get(name) != key or not array.flags.c_contiguous:
+                array = np.ascontiguousarray(array)
+                b.bind_cpu_input(name, array)
+                bound[name] = (array.ctypes.data, array.shape, array.dtype.str)
         batch, k = inputs.input_ids.shape[0], s.num_logprobs
-        result = {
-            io.token_ids: np.empty(batch, np.int64),
-            io.top_logprobs: np.empty((batch, k), np.float32),
-            io.top_logprob_ids: np.empty((batch, k), np.int64),
-            io.logits: np.empty((batch, self.manifest.model.vocab_size), np.float32),
-        }
-        # Outputs go straight into numpy arrays we own: no copies, and no reliance on output order.
-        for name, array in result.items():
-            b.bind_ortvalue_output(name, ort.OrtValue.ortvalue_from_numpy(array))
+        outs = self.outputs.get((id(b), batch, k))
+        if outs is None:
+            outs = {io.num_logprobs: np.array([k], np.int64),
+                    io.token_ids: np.empty(batch, np.int64),
+                    io.top_logprobs: np.empty((batch, k), np.float32),
+                    io.top_logprob_ids: np.empty((batch, k), np.int64),
+                    io.logits: np.empty((batch, self.manifest.model.vocab_size), np.float32)}
+            self.outputs[(id(b), batch, k)] = outs
+        if bound.get("outputs") != (batch, k):
+            b.bind_cpu_input(io.num_logprobs, outs[io.num_logprobs])
+            for name in (io.token_ids, io.top_logprobs, io.top_logprob_ids, io.logits):
+                b.bind_ortvalue_output(name, ort.OrtValue.ortvalue_from_numpy(outs[name]))
+            bound["outputs"] = (batch, k)
         self.session.run_with_iobinding(b)
-        return StepOutputs(token_ids=result[io.token_ids], top_logprobs=result[io.top_logprobs],
-                           top_logprob_ids=result[io.top_logprob_ids],
-                           logits=result[io.logits] if want_logits else None)
+        # Copies: the output buffers are reused by the next step.
+        return StepOutputs(token_ids=outs[io.token_ids].copy(), top_logprobs=outs[io.top_logprobs].copy(),
+                           top_logprob_ids=outs[io.top_logprob_ids].copy(),
+                           logits=outs[io.logits].copy() if want_logits else None)
 
     def close(self) -> None:
         self.bindings = {}

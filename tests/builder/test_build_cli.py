@@ -19,7 +19,7 @@ ARCHS = ["llama", "mistral", "qwen2", "qwen3"]
 
 @pytest.mark.parametrize("args, needle", [
     (["--dtype", "float16"], "--dtype float16 is not supported yet"),
-    (["--quantization", "int4"], "--quantization int4 is not supported yet"),
+    (["--quantization", "int3"], "Invalid value for '--quantization'"),
     (["--lora", "fr=/tmp/fr"], "--lora is not supported yet"),
     (["--lora", "broken"], "NAME=PEFT_DIR"),
     (["--eagle", "/tmp/draft"], "--eagle is not supported yet"),

@@ -1,0 +1,130 @@
+"""--quantization int8|int4: the quantizer's maths, the canonical graph against transformers with
+the same (dequantized) weights, ONNX Runtime's fused form, and answers end to end."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from trtllm.builder.config import BuildConfig  # noqa: E402
+from trtllm.builder.export import build  # noqa: E402
+from trtllm.builder.quantize import QuantScheme, dequantize, quantize  # noqa: E402
+from trtllm.builder.verify import engine_logits  # noqa: E402
+from trtllm.plugins.lint import lint_model  # noqa: E402
+from trtllm.runtime.engine import load_engine  # noqa: E402
+
+pytestmark = pytest.mark.hf
+SCHEMES = ["int8", "int4"]
+
+
+@pytest.mark.parametrize("name", SCHEMES)
+def test_quantizer_round_trip(name):
+    scheme = QuantScheme.named(name)
+    w = np.random.default_rng(0).standard_normal((128, 48)).astype(np.float32)
+    codes, scale, offset = quantize(w, scheme)
+    assert codes.shape == w.shape and scale.shape == (128 // scheme.block_size, 48)
+    back = dequantize(codes, scale, offset, scheme.block_size)
+    step = np.repeat(scale, scheme.block_size, axis=0)
+    assert np.all(np.abs(back - w) <= 0.5 * step + 1e-6)  # round to nearest: at most half a step off
+    ints = codes.astype(np.int8)
+    assert ints.min() >= -(2 ** (scheme.bits - 1)) and ints.max() <= 2 ** (scheme.bits - 1) - 1
+
+
+@pytest.fixture(scope="module")
+def quantized(tiny_checkpoint, tmp_path_factory):
+    """(checkpoint, {scheme: engine dir}); random tiny weights are too fragile for the build's
+    agreement check, so these are built with verify off and checked here instead."""
+    ckpt = tiny_checkpoint("qwen2")  # biases too
+    engines = {}
+    for name in SCHEMES:
+        out = tmp_path_factory.mktemp(f"q-{name}") / "engine"
+        build(BuildConfig(model=str(ckpt), output=str(out), quantization=name, max_input_len=128,
+                          max_kv_cache_capacity=256, verify=False), log=lambda m: None)
+        engines[name] = out
+    return ckpt, engines
+
+
+def dequantized_model(ckpt, scheme: QuantScheme):
+    """transformers with every projection (and the lm_head) replaced by what the graph computes."""
+    model = transformers.AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.float32).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("proj.weight"):
+                codes, scale, offset = quantize(p.numpy().T.copy(), scheme)
+                p.copy_(torch.from_numpy(dequantize(codes, scale, offset, scheme.block_size).T.copy()))
+        head = dataclass_head(scheme)
+        codes, scale, offset = quantize(model.model.embed_tokens.weight.numpy().T.copy(), head)
+        model.lm_head.weight = torch.nn.Parameter(torch.from_numpy(dequantize(codes, scale, offset, head.block_size).T.copy()))
+    return model
+
+
+def dataclass_head(scheme: QuantScheme) -> QuantScheme:
+    import dataclasses
+
+    bits = scheme.lm_head_bits or scheme.bits
+    return dataclasses.replace(scheme, bits=bits, asymmetric=scheme.asymmetric and bits == 4)
+
+
+@pytest.mark.parametrize("name", SCHEMES)
+def test_canonical_graph_matches_dequantized_transformers(name, quantized):
+    """The canonical graph (ONNX Runtime with its optimisations off, as TensorRT would parse it)
+    computes exactly transformers with the dequantized weights."""
+    import onnxruntime as ort
+
+    from trtllm.runtime.backends import onnxruntime as backend
+
+    ckpt, engines = quantized
+    original = backend.session_options
+
+    def plain(num_threads=None):
+        opts = original(num_threads)
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        return opts
+
+    backend.session_options = plain
+    try:
+        engine = load_engine(engines[name], graph="onnx")
+    finally:
+        backend.session_options = original
+    prompt = [5, 17, 42, 99, 7, 31, 8]
+    generated, got = engine_logits(engine, prompt, num_decode=4)
+    with torch.no_grad():
+        ref = dequantized_model(ckpt, QuantScheme.named(name))(torch.tensor([prompt + generated[:-1]])).logits
+    np.testing.assert_allclose(got, ref[0, len(prompt) - 1:].numpy(), atol=1e-4, rtol=0)
+    # the deliberately wrong variant: the unquantized model must NOT match at this tolerance
+    with torch.no_grad():
+        exact = transformers.AutoModelForCausalLM.from_pretrained(ckpt)(torch.tensor([prompt])).logits[0, -1].numpy()
+    assert np.abs(got[0] - exact).max() > 1e-3
+
+
+@pytest.mark.parametrize("name", SCHEMES)
+def test_fused_engine_answers_and_records_its_scheme(name, quantized, run_cli):
+    _, engines = quantized
+    manifest = json.loads((engines[name] / "manifest.json").read_text())
+    assert manifest["quantization"] == name
+    assert manifest["quantization_scheme"]["bits"] == int(name[-1]) and manifest["quantization_scheme"]["block_size"] == 32
+    assert lint_model(str(engines[name] / "llm.onnx")) == []
+    import onnx
+
+    ops = {n.op_type for n in onnx.load(engines[name] / "llm.ort.onnx", load_external_data=False).graph.node}
+    assert "MatMulNBits" in ops and "DequantizeLinear" not in ops  # ONNX Runtime fused the weight-only GEMMs
+    result, out = run_cli(engines[name], {"temperature": 0, "max_generate_length": 8,
+                                          "requests": [{"messages": [{"role": "user", "content": "Hello"}]}]})
+    assert result.exit_code == 0, result.output
+    assert out["responses"][0]["finish_reason"] in ("max-length", "end-of-sequence")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name, floor", [("int8", 0.93), ("int4", 0.90)])
+def test_demo_model_quantized_builds_verify_and_answer(name, floor, demo_model, tmp_path, run_cli):
+    out = build(BuildConfig(model=str(demo_model), output=str(tmp_path / "engine"), quantization=name,
+                            max_input_len=512, max_kv_cache_capacity=1024), log=lambda m: None)
+    report = json.loads((out / "verify.json").read_text())
+    assert report["top1_agreement"] >= floor and report["quantization"] == name
+    result, answers = run_cli(out, {"temperature": 0, "max_generate_length": 16, "requests": [
+        {"messages": [{"role": "user", "content": "What is the capital of France?"}]}]})
+    assert result.exit_code == 0 and "Paris" in answers["responses"][0]["output_text"]
