@@ -49,8 +49,9 @@ class BuildConfig:
 
     def refuse_unimplemented(self) -> None:
         """Options from the CLI contract that this version cannot honour fail loudly, never silently."""
-        if self.dtype != "float32":
-            raise ConfigError(f"--dtype {self.dtype} is not supported yet: only float32 engines can be built so far")
+        if self.dtype == "bfloat16":
+            raise ConfigError("--dtype bfloat16 needs the TensorRT backend: ONNX Runtime's CPU kernels have no "
+                              "bfloat16 MatMul; use --dtype float16 or float32")
         if self.quantization != "none" and self.dtype != "float32":
             raise ConfigError(f"--quantization {self.quantization} needs --dtype float32 (the activations' "
                               f"type), got {self.dtype}")

@@ -54,18 +54,27 @@ class DecoderSpec:
 
 class DecoderWriter:
     def __init__(self, spec: DecoderSpec, weights: dict[str, np.ndarray], rope_cos: np.ndarray,
-                 rope_sin: np.ndarray, max_top_k: int, io: GraphIO = GraphIO(), quant: QuantScheme | None = None):
+                 rope_sin: np.ndarray, max_top_k: int, io: GraphIO = GraphIO(), quant: QuantScheme | None = None,
+                 dtype: str = "float32"):
         self.spec, self.w, self.io, self.quant = spec, weights, io, quant
+        # float16: weights, activations and the KV cache in half precision; norms accumulate in
+        # float32 (stash_type), attention's softmax too, and the logits are cast to float32.
+        self.dtype = np.dtype(dtype)
+        self.ftype = TensorProto.FLOAT16 if self.dtype == np.float16 else F32
         self.g = GraphWriter("trtllm_decoder")
-        self.cos = self.g.weight("/model/rotary/cos_cache", rope_cos.astype(np.float32))
-        self.sin = self.g.weight("/model/rotary/sin_cache", rope_sin.astype(np.float32))
+        self.cos = self.fw("/model/rotary/cos_cache", rope_cos)
+        self.sin = self.fw("/model/rotary/sin_cache", rope_sin)
         self.max_top_k = max_top_k
+
+    def fw(self, name: str, array: np.ndarray) -> str:
+        """A float weight in the graph's dtype."""
+        return self.g.weight(name, np.asarray(array).astype(self.dtype))
 
     def matmul(self, name: str, x: str, prefix: str, w: np.ndarray, rank: int = 3) -> str:
         """x @ w.T, with w.T stored as [in, out] (no Transpose); block-quantized when asked."""
         g, scheme = self.g, self.quant
         if scheme is None:
-            return g.op("MatMul", f"{name}/MatMul", [x, g.weight(f"{prefix}.weight", w.T)])
+            return g.op("MatMul", f"{name}/MatMul", [x, self.fw(f"{prefix}.weight", w.T)])
         if prefix == "lm_head" and scheme.lm_head_bits and scheme.lm_head_bits != scheme.bits:
             scheme = dataclasses.replace(scheme, bits=scheme.lm_head_bits, asymmetric=scheme.lm_head_bits == 4)
         codes, scale, offset = quantize(np.ascontiguousarray(w.T), scheme)
@@ -86,7 +95,7 @@ class DecoderWriter:
         """x @ W.T (+ b)."""
         y = self.matmul(name, x, prefix, self.w[f"{prefix}.weight"])
         if bias:
-            y = self.g.op("Add", f"{name}/Add", [y, self.g.weight(f"{prefix}.bias", self.w[f"{prefix}.bias"])])
+            y = self.g.op("Add", f"{name}/Add", [y, self.fw(f"{prefix}.bias", self.w[f"{prefix}.bias"])])
         return y
 
     def fused_linear(self, name: str, x: str, prefix: str, parts: list[str], bias: bool = False) -> list[str]:
@@ -96,12 +105,12 @@ class DecoderWriter:
         y = self.matmul(name, x, prefix, w)
         if bias:
             b = np.concatenate([self.w[f"{p}.bias"] for p in parts])
-            y = self.g.op("Add", f"{name}/Add", [y, self.g.weight(f"{prefix}.bias", b)])
+            y = self.g.op("Add", f"{name}/Add", [y, self.fw(f"{prefix}.bias", b)])
         sizes = self.g.const([self.w[f"{p}.weight"].shape[0] for p in parts])
         return self.g.op("Split", f"{name}/Split", [y, sizes], num_outputs=len(parts), axis=-1)
 
     def rms_norm(self, name: str, x: str, weight_name: str) -> str:
-        scale = self.g.weight(weight_name, self.w[weight_name])
+        scale = self.fw(weight_name, self.w[weight_name])
         return self.g.op("RMSNormalization", f"{name}/RMSNormalization", [x, scale], axis=-1,
                          epsilon=self.spec.rms_norm_eps, stash_type=1)
 
@@ -123,17 +132,17 @@ class DecoderWriter:
         v = self.heads(f"{name}/v", v, s.num_kv_heads, None)
         q = g.op("RotaryEmbedding", f"{name}/q_rotary/RotaryEmbedding", [q, self.cos, self.sin, position_ids])
         k = g.op("RotaryEmbedding", f"{name}/k_rotary/RotaryEmbedding", [k, self.cos, self.sin, position_ids])
-        kv_shape = ["batch", s.num_kv_heads, "kv_capacity", s.head_dim]
+        kv_shape, kv_type = ["batch", s.num_kv_heads, "kv_capacity", s.head_dim], self.ftype
         caches = []
         for kind, new in (("key", k), ("value", v)):
-            past = g.input(getattr(self.io, f"past_{kind}").format(i=i), F32, kv_shape)
+            past = g.input(getattr(self.io, f"past_{kind}").format(i=i), kv_type, kv_shape)
             present = getattr(self.io, f"present_{kind}").format(i=i)
             g.op("TensorScatter", f"{name}/{kind}_cache/TensorScatter", [past, new, write_index],
                  outputs=[present], axis=-2)
-            g.output(present, F32, kv_shape)
+            g.output(present, kv_type, kv_shape)
             caches.append(present)
         y = g.op("Attention", f"{name}/Attention", [q, caches[0], caches[1], mask],
-                 scale=float(s.head_dim) ** -0.5)
+                 scale=float(s.head_dim) ** -0.5, softmax_precision=TensorProto.FLOAT)
         y = g.op("Transpose", f"{name}/out/Transpose", [y], perm=[0, 2, 1, 3])
         y = g.op("Reshape", f"{name}/out/Reshape", [y, g.const([0, 0, s.num_heads * s.head_dim])])
         return self.linear(f"{name}/o_proj", y, f"{p}.o_proj")
@@ -170,7 +179,7 @@ class DecoderWriter:
         position_ids = g.input(io.position_ids, I64, ["batch", "seq"])
         write_index = g.input(io.write_index, I64, ["batch"])
         last_index = g.input(io.last_index, I64, ["batch"])
-        embed = g.weight("model.embed_tokens.weight", self.w["model.embed_tokens.weight"])
+        embed = self.fw("model.embed_tokens.weight", self.w["model.embed_tokens.weight"])
         h = g.op("Gather", "/model/embed_tokens/Gather", [embed, input_ids], axis=0)
         mask = self.mask(input_ids, write_index)
         for i in range(s.num_layers):
@@ -193,11 +202,11 @@ class DecoderWriter:
         h = self.rms_norm("/model/norm", h, "model.norm.weight")
         if s.tie_word_embeddings and self.quant is None:
             # Gemm with transB shares the embedding table instead of storing a transposed copy.
-            logits = g.op("Gemm", "/lm_head/Gemm", [h, "model.embed_tokens.weight"], outputs=[self.io.logits], transB=1)
+            logits = g.op("Gemm", "/lm_head/Gemm", [h, "model.embed_tokens.weight"], transB=1)
         else:  # quantized: the lm_head gets its own quantized copy; the embedding stays float32
             w = self.w["model.embed_tokens.weight" if s.tie_word_embeddings else "lm_head.weight"]
-            y = self.matmul("/lm_head", h, "lm_head", w, rank=2)
-            logits = g.op("Identity", "/lm_head/Identity", [y], outputs=[self.io.logits])
+            logits = self.matmul("/lm_head", h, "lm_head", w, rank=2)
+        logits = g.op("Cast", "/lm_head/Cast", [logits], outputs=[self.io.logits], to=F32)  # the sampler's type
         g.output(self.io.logits, F32, ["batch", s.vocab_size])
         return logits
 

@@ -47,7 +47,7 @@ def export_onnx(ck: ckpt.Checkpoint, config: BuildConfig, out_dir: Path, log) ->
     quant = QuantScheme.named(config.quantization)
     if quant:
         log(f"quantizing the linear layers to int{quant.bits} (block {quant.block_size}, {quant.method})")
-    model = DecoderWriter(spec, weights, cos, sin, max_top_k, quant=quant).write()
+    model = DecoderWriter(spec, weights, cos, sin, max_top_k, quant=quant, dtype=config.dtype).write()
     del weights
     issues = lint.lint_model(model)
     if issues:
@@ -102,7 +102,7 @@ def write_manifest(ck, config: BuildConfig, spec, max_top_k: int, num_positions:
                          max_kv_cache_capacity=num_positions),
         model=mf.ModelShape(vocab_size=spec.vocab_size, hidden_size=spec.hidden_size, num_layers=spec.num_layers,
                             num_heads=spec.num_heads, num_kv_heads=spec.num_kv_heads, head_dim=spec.head_dim,
-                            sliding_window=spec.sliding_window),
+                            sliding_window=spec.sliding_window, kv_dtype=config.dtype),
         eos_token_ids=tuple(eos_ids(ck)), max_top_k=max_top_k, pad_token_id=int(pad) if pad is not None else 0,
         files={"onnx": ONNX_NAME, "compiled": ORT_NAME, "tokenizer": "tokenizer.json",
                "tokenizer_config": "tokenizer_config.json", "chat_template": "chat_template.jinja",
@@ -137,7 +137,7 @@ def build(config: BuildConfig, log=print) -> Path:
             from trtllm.builder.verify import verify_engine
 
             log("verifying the engine against transformers")
-            report = verify_engine(tmp, ck, config.quantization)
+            report = verify_engine(tmp, ck, config.quantization if config.quantization != "none" else config.dtype)
             (tmp / "verify.json").write_text(json.dumps(report, indent=2) + "\n")
             log(f"verified: max |logit error| {report['max_abs_error']:.2e} over {report['num_positions']} "
                 f"positions (greedy tokens agree: {report['tokens_agree']}); top-1 agreement "

@@ -18,11 +18,8 @@ import numpy as np
 
 from trtllm.runtime.manifest import ModelShape
 
-KV_DTYPE = np.float32
-
-
 def bytes_per_token(model: ModelShape) -> int:
-    return model.num_layers * 2 * model.num_kv_heads * model.head_dim * np.dtype(KV_DTYPE).itemsize
+    return model.num_layers * 2 * model.num_kv_heads * model.head_dim * np.dtype(model.kv_dtype).itemsize
 
 
 def bytes_for(model: ModelShape, num_slots: int, capacity: int) -> int:
@@ -34,7 +31,7 @@ class KVCacheManager:
         self.model, self.num_slots, self.capacity = model, num_slots, capacity
         shape = (num_slots, model.num_kv_heads, capacity, model.head_dim)
         # Zeroed: unwritten slots are masked, but must not hold NaN (0 * NaN = NaN in attention).
-        self.buffers = [np.zeros(shape, KV_DTYPE) for _ in range(2 * model.num_layers)]
+        self.buffers = [np.zeros(shape, model.kv_dtype) for _ in range(2 * model.num_layers)]
         self.owners: list[object | None] = [None] * num_slots
 
     @property

@@ -46,6 +46,7 @@ class ModelShape:
     num_kv_heads: int
     head_dim: int
     sliding_window: int | None = None
+    kv_dtype: str = "float32"  # the KV buffers' numpy dtype (float16 for --dtype float16 engines)
 
 
 @dataclass(frozen=True, slots=True)

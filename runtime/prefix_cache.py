@@ -9,7 +9,7 @@ One file per entry, `<key>.kv`:
 
     b"TRTLLM-KV\\n" | header length (8 bytes, little endian) | header JSON | payload
     header: {"format", "key", "engine", "adapter", "prefix_ids", "shape", "dtype", "crc32"}
-    payload: float32 [2 * layers, kv_heads, num_tokens, head_dim], C order
+    payload: the engine's KV dtype (float32 or float16) [2 * layers, kv_heads, num_tokens, head_dim], C order
 
 The payload checksum is CRC-32: it catches corruption and truncation at twice sha256's speed,
 and the key already binds an entry to its engine and prefix (nothing here is adversarial).
@@ -114,17 +114,20 @@ class PrefixStore:
         except (json.JSONDecodeError, UnicodeDecodeError):
             raise ValueError("has a corrupt header") from None
         expected = {"format": FORMAT, "key": key, "engine": self.engine_id, "adapter": self.adapter,
-                    "prefix_ids": list(prefix_ids), "dtype": "float32"}
+                    "prefix_ids": list(prefix_ids)}
         for name, value in expected.items():
             if header.get(name) != value:
                 raise ValueError(f"header.{name} does not match")
         payload = memoryview(data)[start:]  # no copy of the (large) payload
         shape = tuple(header.get("shape", ()))
-        if len(payload) != int(np.prod(shape, dtype=np.int64)) * 4 or len(shape) != 4:
+        if header.get("dtype") not in ("float32", "float16"):
+            raise ValueError(f"has an unknown dtype {header.get('dtype')!r}")
+        dtype = np.dtype(header["dtype"])
+        if len(payload) != int(np.prod(shape, dtype=np.int64)) * dtype.itemsize or len(shape) != 4:
             raise ValueError(f"is truncated ({len(payload)} payload bytes for shape {shape})")
         if zlib.crc32(payload) != header.get("crc32"):
             raise ValueError("fails its checksum")
-        return np.frombuffer(payload, np.float32).reshape(shape)  # read-only view of `data`
+        return np.frombuffer(payload, dtype).reshape(shape)  # read-only view of `data`
 
     def discard(self, path: Path, why: str) -> None:
         warnings.warn(f"saved system-prompt KV {path} {why}; removed, it will be recomputed",
@@ -137,10 +140,10 @@ class PrefixStore:
 
     def save(self, prefix_ids: tuple[int, ...], kv: np.ndarray) -> None:
         key = self.key(prefix_ids)
-        kv = np.ascontiguousarray(kv, np.float32)
+        kv = np.ascontiguousarray(kv)
         payload = kv.tobytes()
         header = json.dumps({"format": FORMAT, "key": key, "engine": self.engine_id, "adapter": self.adapter,
-                             "prefix_ids": list(prefix_ids), "shape": list(kv.shape), "dtype": "float32",
+                             "prefix_ids": list(prefix_ids), "shape": list(kv.shape), "dtype": kv.dtype.name,
                              "crc32": zlib.crc32(payload)}).encode()
         if len(payload) > self.max_bytes:
             return  # would be evicted at once

@@ -31,11 +31,12 @@ ROOT = Path(__file__).resolve().parent.parent
 SHARED_PEERS = ROOT.parent / "shared" / "peers"
 PEERS_DIR = Path(os.environ.get("PEERS_DIR", Path.home() / "peers"))
 DEMO = ROOT / "models" / "smollm2-135m-instruct"
-OURS = {"fp32": "none", "int8": "int8", "int4": "int4"}
+OURS = {"fp32": ["--dtype", "float32"], "fp16": ["--dtype", "float16"], "int8": ["--quantization", "int8"],
+        "int4": ["--quantization", "int4"]}
 PEER_PRECISION = {"hf-fp32": "fp32", "ortgenai-fp32": "fp32", "llamacpp-f32": "fp32", "llamacpp-f16": "fp16",
                   "ortgenai-int4": "int4", "llamacpp-q4_1": "int4"}
 ORDER = ["fp32", "ortgenai-fp32", "llamacpp-f32", "hf-fp32", "int4", "ortgenai-int4", "llamacpp-q4_1",
-         "int8", "llamacpp-f16"]
+         "int8", "fp16", "llamacpp-f16"]
 METRICS = [("ttft128_ms", "lower"), ("ttft512_ms", "lower"), ("dec_b1_tps", "higher"), ("dec_b8_tps", "higher")]
 
 
@@ -206,12 +207,12 @@ def installed_peers() -> list[str]:
     return list(PEER_PRECISION)
 
 
-def ensure_engine(model: Path, engine_dir: Path, quantization: str, extra: list[str]) -> None:
+def ensure_engine(model: Path, engine_dir: Path, options: list[str], extra: list[str]) -> None:
     if (engine_dir / "manifest.json").is_file():
         return
     trtllm_build = Path(sys.executable).parent / "trtllm-build"
-    subprocess.run([str(trtllm_build), "--model", str(model), "--output", str(engine_dir),
-                    "--quantization", quantization, *extra], check=True)
+    subprocess.run([str(trtllm_build), "--model", str(model), "--output", str(engine_dir), *options, *extra],
+                   check=True)
 
 
 def add_agreement(results: list[dict]) -> None:
@@ -270,17 +271,17 @@ def smoke_setup(tmp: Path) -> tuple[Path, dict[str, Path]]:
 
     ckpt = make_checkpoint("llama", tmp / "ckpt", max_positions=1024)
     engines = {}
-    for name, quant in OURS.items():
+    for name, options in OURS.items():
         engines[name] = tmp / f"engine-{name}"
-        ensure_engine(ckpt, engines[name], quant, ["--max-input-len", "512", "--max-kv-cache-capacity", "1024",
-                                                     "--no-verify"])
+        ensure_engine(ckpt, engines[name], options, ["--max-input-len", "512", "--max-kv-cache-capacity", "1024",
+                                                       "--no-verify"])
     return ckpt, engines
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--smoke", action="store_true", help="tiny model, 4 tokens, 1 run, no peers")
-    ap.add_argument("--ours", default="fp32,int8,int4")
+    ap.add_argument("--ours", default="fp32,fp16,int8,int4")
     ap.add_argument("--peers", default=None, help="comma list (default: all installed; 'none' for none)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--gen", type=int, default=128)

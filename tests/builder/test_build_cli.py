@@ -18,7 +18,8 @@ ARCHS = ["llama", "mistral", "qwen2", "qwen3"]
 
 
 @pytest.mark.parametrize("args, needle", [
-    (["--dtype", "float16"], "--dtype float16 is not supported yet"),
+    (["--dtype", "bfloat16"], "--dtype bfloat16 needs the TensorRT backend"),
+    (["--dtype", "float16", "--quantization", "int8"], "needs --dtype float32"),
     (["--quantization", "int3"], "Invalid value for '--quantization'"),
     (["--lora", "fr=/tmp/fr"], "--lora is not supported yet"),
     (["--lora", "broken"], "NAME=PEFT_DIR"),

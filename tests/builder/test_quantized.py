@@ -18,7 +18,7 @@ from trtllm.plugins.lint import lint_model  # noqa: E402
 from trtllm.runtime.engine import load_engine  # noqa: E402
 
 pytestmark = pytest.mark.hf
-SCHEMES = ["int8", "int4"]
+SCHEMES = ["int8", "int4"]  # and float16 below
 
 
 @pytest.mark.parametrize("name", SCHEMES)
@@ -119,12 +119,35 @@ def test_fused_engine_answers_and_records_its_scheme(name, quantized, run_cli):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name, floor", [("int8", 0.93), ("int4", 0.90)])
+@pytest.mark.parametrize("name, floor", [("int8", 0.93), ("int4", 0.90), ("float16", 0.95)])
 def test_demo_model_quantized_builds_verify_and_answer(name, floor, demo_model, tmp_path, run_cli):
-    out = build(BuildConfig(model=str(demo_model), output=str(tmp_path / "engine"), quantization=name,
-                            max_input_len=512, max_kv_cache_capacity=1024), log=lambda m: None)
+    options = {"dtype": name} if name == "float16" else {"quantization": name}
+    out = build(BuildConfig(model=str(demo_model), output=str(tmp_path / "engine"), max_input_len=512,
+                            max_kv_cache_capacity=1024, **options), log=lambda m: None)
     report = json.loads((out / "verify.json").read_text())
     assert report["top1_agreement"] >= floor and report["quantization"] == name
     result, answers = run_cli(out, {"temperature": 0, "max_generate_length": 16, "requests": [
         {"messages": [{"role": "user", "content": "What is the capital of France?"}]}]})
     assert result.exit_code == 0 and "Paris" in answers["responses"][0]["output_text"]
+
+
+def test_float16_engine_matches_transformers(tiny_checkpoint, tmp_path, run_cli):
+    """--dtype float16: weights, activations and KV in half precision, logits cast to float32;
+    within float16 tolerance of transformers' float32 and the same greedy tokens on a short run."""
+    ckpt = tiny_checkpoint("llama")
+    out = build(BuildConfig(model=str(ckpt), output=str(tmp_path / "fp16"), dtype="float16", max_input_len=128,
+                            max_kv_cache_capacity=256), log=lambda m: None)
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["dtype"] == "float16" and manifest["model"]["kv_dtype"] == "float16"
+    assert lint_model(str(out / "llm.onnx")) == []
+    prompt = [5, 17, 42, 99, 7, 31, 8]
+    generated, got = engine_logits(load_engine(out), prompt, num_decode=4)
+    with torch.no_grad():
+        ref = transformers.AutoModelForCausalLM.from_pretrained(ckpt)(torch.tensor([prompt + generated[:-1]])).logits
+    ref = ref[0, len(prompt) - 1:].numpy()
+    np.testing.assert_allclose(got, ref, atol=3e-2 * np.abs(ref).max(), rtol=0)
+    assert list(ref.argmax(-1)) == generated
+    result, answers = run_cli(out, {"temperature": 0, "max_generate_length": 6, "requests": [
+        {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}],
+         "save_system_prompt_kv_cache": True}]})  # the saved KV is float16 too
+    assert result.exit_code == 0, result.output
