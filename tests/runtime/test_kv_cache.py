@@ -124,3 +124,28 @@ def test_idle_slots_do_not_disturb():
     rows = [row(PROMPTS[0], 20), row(PROMPTS[1], 2), row(PROMPTS[2], 2), row(PROMPTS[3], 2)]
     run_rows(FakeEngine(), rows, num_slots=3)
     assert rows[0].output_ids == alone(PROMPTS[0], 20)
+
+
+def test_onnxruntime_updates_the_kv_buffer_in_place(tiny_engine):
+    """The graph's TensorScatter writes straight into the KV manager's numpy buffers (bound as
+    both past and present): new positions change, nothing else does, and nothing is copied."""
+    pytest.importorskip("torch")
+    from trtllm.runtime import sampling
+    from trtllm.runtime.engine import load_engine
+    from trtllm.runtime.generate import decode_inputs, prefill_inputs
+
+    engine = load_engine(tiny_engine("llama"))
+    kv = KVCacheManager(engine.manifest.model, 2, 64)
+    r = row([5, 6, 7, 8])
+    batch = sampling.make_batch([r.params], engine.manifest.model.vocab_size, engine.manifest.max_top_k)
+    before = [b.copy() for b in kv.buffers]
+    ids = [id(b) for b in kv.buffers]
+    engine.step(prefill_inputs([r], 0, batch), kv.view(1, 2))  # slot 1 only
+    assert [id(b) for b in kv.buffers] == ids
+    for b, old in zip(kv.buffers, before):
+        assert np.abs(b[1, :, :4]).sum() > 0             # the prompt's positions were written
+        assert np.array_equal(b[1, :, 4:], old[1, :, 4:])  # the rest of the slot untouched
+        assert np.array_equal(b[0], old[0])                # the other slot untouched
+    r.output_ids.append(9)
+    engine.step(decode_inputs([r], 0, batch), kv.view(1, 2))
+    assert all(np.abs(b[1, :, 4]).sum() > 0 for b in kv.buffers)
