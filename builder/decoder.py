@@ -52,11 +52,19 @@ class DecoderSpec:
     sliding_window: int | None = None
 
 
+def gqa_supported(spec: DecoderSpec, dtype: str) -> bool:
+    """Where ONNX Runtime's GroupQueryAttention is proven equal to the canonical attention (tests):
+    its CPU kernel needs head_dim % 16 == 0; sliding windows, Qwen3's q/k norm and float16 are not
+    lowered yet."""
+    return spec.head_dim % 16 == 0 and not spec.sliding_window and not spec.qk_norm and dtype == "float32"
+
+
 class DecoderWriter:
     def __init__(self, spec: DecoderSpec, weights: dict[str, np.ndarray], rope_cos: np.ndarray,
                  rope_sin: np.ndarray, max_top_k: int, io: GraphIO = GraphIO(), quant: QuantScheme | None = None,
-                 dtype: str = "float32"):
+                 dtype: str = "float32", ort_attention: bool = False):
         self.spec, self.w, self.io, self.quant = spec, weights, io, quant
+        self.gqa = ort_attention and gqa_supported(spec, dtype)
         # float16: weights, activations and the KV cache in half precision; norms accumulate in
         # float32 (stash_type), attention's softmax too, and the logits are cast to float32.
         self.dtype = np.dtype(dtype)
@@ -98,14 +106,19 @@ class DecoderWriter:
             y = self.g.op("Add", f"{name}/Add", [y, self.fw(f"{prefix}.bias", self.w[f"{prefix}.bias"])])
         return y
 
-    def fused_linear(self, name: str, x: str, prefix: str, parts: list[str], bias: bool = False) -> list[str]:
-        """Projections of the same input as one MatMul (q|k|v, gate|up), then Split: one weight
-        read and one kernel instead of several."""
+    def fused_proj(self, name: str, x: str, prefix: str, parts: list[str], bias: bool = False) -> str:
+        """Projections of the same input as one MatMul (q|k|v, gate|up): one weight read and one
+        kernel instead of several."""
         w = np.concatenate([self.w[f"{p}.weight"] for p in parts], axis=0)   # [sum(out), in]
         y = self.matmul(name, x, prefix, w)
         if bias:
             b = np.concatenate([self.w[f"{p}.bias"] for p in parts])
             y = self.g.op("Add", f"{name}/Add", [y, self.fw(f"{prefix}.bias", b)])
+        return y
+
+    def fused_linear(self, name: str, x: str, prefix: str, parts: list[str], bias: bool = False) -> list[str]:
+        """fused_proj, then Split into the parts."""
+        y = self.fused_proj(name, x, prefix, parts, bias)
         sizes = self.g.const([self.w[f"{p}.weight"].shape[0] for p in parts])
         return self.g.op("Split", f"{name}/Split", [y, sizes], num_outputs=len(parts), axis=-1)
 
@@ -125,6 +138,8 @@ class DecoderWriter:
     def attention(self, i: int, x: str, position_ids: str, write_index: str, mask: str) -> str:
         g, s, p = self.g, self.spec, f"model.layers.{i}.self_attn"
         name = f"/model/layers.{i}/attn"
+        if self.gqa:
+            return self.attention_gqa(i, x, position_ids)
         q, k, v = self.fused_linear(f"{name}/qkv_proj", x, f"{p}.qkv_proj",
                                     [f"{p}.q_proj", f"{p}.k_proj", f"{p}.v_proj"], s.attention_bias)
         q = self.heads(f"{name}/q", q, s.num_heads, f"{p}.q_norm.weight" if s.qk_norm else None)
@@ -146,6 +161,38 @@ class DecoderWriter:
         y = g.op("Transpose", f"{name}/out/Transpose", [y], perm=[0, 2, 1, 3])
         y = g.op("Reshape", f"{name}/out/Reshape", [y, g.const([0, 0, s.num_heads * s.head_dim])])
         return self.linear(f"{name}/o_proj", y, f"{p}.o_proj")
+
+    def attention_gqa(self, i: int, x: str, position_ids: str) -> str:
+        """ONNX Runtime only: com.microsoft GroupQueryAttention does RoPE, the in-place KV write and
+        attention over the valid length in one kernel (see docs/notes/ort_lowering.md for the recipe)."""
+        g, s, p = self.g, self.spec, f"model.layers.{i}.self_attn"
+        name = f"/model/layers.{i}/attn"
+        qkv = self.fused_proj(f"{name}/qkv_proj", x, f"{p}.qkv_proj",
+                              [f"{p}.q_proj", f"{p}.k_proj", f"{p}.v_proj"], s.attention_bias)
+        kv_shape = ["batch", s.num_kv_heads, "kv_capacity", s.head_dim]
+        past = [g.input(getattr(self.io, f"past_{k}").format(i=i), self.ftype, kv_shape) for k in ("key", "value")]
+        present = [getattr(self.io, f"present_{k}").format(i=i) for k in ("key", "value")]
+        for name_out in present:
+            g.output(name_out, self.ftype, kv_shape)
+        ins = [qkv, "", "", *past, self.seqlens_k, self.total_len, self.cos, self.sin, position_ids,
+               "", "", "", "", "", "", self.query_seqlens]
+        y = g.op("GroupQueryAttention", f"{name}/GroupQueryAttention", ins,
+                 outputs=[f"{name}/GroupQueryAttention/output_0", *present], domain="com.microsoft",
+                 num_heads=s.num_heads, kv_num_heads=s.num_kv_heads, do_rotary=1, rotary_interleaved=0,
+                 scale=float(s.head_dim) ** -0.5)[0]
+        return self.linear(f"{name}/o_proj", y, f"{p}.o_proj")
+
+    def gqa_lengths(self, write_index: str, last_index: str) -> None:
+        """GroupQueryAttention's per-row lengths: Q = last_index + 1 new tokens, P + Q - 1 =
+        write_index + last_index, and the buffer capacity as the total."""
+        g, i32 = self.g, TensorProto.INT32
+        q = g.op("Add", "/model/gqa/q_len", [last_index, g.const(1)])
+        self.query_seqlens = g.op("Cast", "/model/gqa/query_seqlens", [q], to=i32)
+        k = g.op("Add", "/model/gqa/k_len", [write_index, last_index])
+        self.seqlens_k = g.op("Cast", "/model/gqa/seqlens_k", [k], to=i32)
+        cap = g.op("Gather", "/model/gqa/capacity", [g.op("Shape", "/model/gqa/kv_shape", [self.io.past_key.format(i=0)]),
+                                                      g.const(2)], axis=0)
+        self.total_len = g.op("Cast", "/model/gqa/total", [cap], to=i32)
 
     def mlp(self, i: int, x: str) -> str:
         g, p, name = self.g, f"model.layers.{i}.mlp", f"/model/layers.{i}/mlp"
@@ -181,7 +228,11 @@ class DecoderWriter:
         last_index = g.input(io.last_index, I64, ["batch"])
         embed = self.fw("model.embed_tokens.weight", self.w["model.embed_tokens.weight"])
         h = g.op("Gather", "/model/embed_tokens/Gather", [embed, input_ids], axis=0)
-        mask = self.mask(input_ids, write_index)
+        if self.gqa:
+            mask = None
+            self.gqa_lengths(write_index, last_index)
+        else:
+            mask = self.mask(input_ids, write_index)
         for i in range(s.num_layers):
             x = self.rms_norm(f"/model/layers.{i}/input_layernorm", h, f"model.layers.{i}.input_layernorm.weight")
             h = g.op("Add", f"/model/layers.{i}/attn/residual", [h, self.attention(i, x, position_ids, write_index, mask)])
@@ -190,7 +241,8 @@ class DecoderWriter:
             h = g.op("Add", f"/model/layers.{i}/mlp/residual", [h, self.mlp(i, x)])
         logits = self.lm_head(h, last_index)
         self.sampler(logits)
-        return g.model("trtllm-edge", extra_opsets={sample_body.DOMAIN: 1})
+        extra = {sample_body.DOMAIN: 1, **({"com.microsoft": 1} if self.gqa else {})}
+        return g.model("trtllm-edge", extra_opsets=extra)
 
     def lm_head(self, h: str, last_index: str) -> str:
         """Gather each row's last_index position first, so norm and lm_head run on [B,H] only."""

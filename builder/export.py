@@ -17,12 +17,12 @@ import onnx
 from trtllm.builder import checkpoint as ckpt
 from trtllm.builder.architectures import spec_for
 from trtllm.builder.config import BuildConfig
-from trtllm.builder.decoder import DecoderWriter
+from trtllm.builder.decoder import DecoderWriter, gqa_supported
 from trtllm.builder.quantize import QuantScheme
 from trtllm.plugins import lint
 from trtllm.runtime import manifest as mf
 
-ONNX_NAME, ORT_NAME = "llm.onnx", "llm.ort.onnx"
+ONNX_NAME, ORT_NAME, ORT_SOURCE = "llm.onnx", "llm.ort.onnx", "llm.ort-source.onnx"
 MAX_TOP_K = 1024  # the sampler's top-k/top-p candidate set; TensorRT's TopK needs K < 3840
 
 
@@ -48,17 +48,31 @@ def export_onnx(ck: ckpt.Checkpoint, config: BuildConfig, out_dir: Path, log) ->
     if quant:
         log(f"quantizing the linear layers to int{quant.bits} (block {quant.block_size}, {quant.method})")
     model = DecoderWriter(spec, weights, cos, sin, max_top_k, quant=quant, dtype=config.dtype).write()
-    del weights
     issues = lint.lint_model(model)
     if issues:
         raise RuntimeError("the exported graph fails the TensorRT op lint:\n" +
                            "\n".join(f"  {i.node} ({i.op}): {i.message}" for i in issues))
-    onnx.save_model(model, out_dir / ONNX_NAME, save_as_external_data=True, all_tensors_to_one_file=True,
-                    location=ONNX_NAME + ".data", size_threshold=1024)
-    return spec, max_top_k, num_positions
+    save(model, out_dir, ONNX_NAME)
+    del model
+    lowerings = []
+    if gqa_supported(spec, config.dtype):
+        # The ONNX Runtime form starts from a graph whose attention is ORT's fused kernel;
+        # the canonical llm.onnx (what TensorRT parses) keeps the standard ops.
+        log("lowering attention to ONNX Runtime's GroupQueryAttention")
+        ort_model = DecoderWriter(spec, weights, cos, sin, max_top_k, quant=quant, dtype=config.dtype,
+                                  ort_attention=True).write()
+        save(ort_model, out_dir, ORT_SOURCE)
+        lowerings.append("GroupQueryAttention")
+    return spec, max_top_k, num_positions, lowerings
+
+
+def save(model: onnx.ModelProto, out_dir: Path, name: str) -> None:
+    onnx.save_model(model, out_dir / name, save_as_external_data=True, all_tensors_to_one_file=True,
+                    location=name + ".data", size_threshold=1024)
 
 
 def compile_onnxruntime(out_dir: Path, log, quant: "QuantScheme | None" = None) -> None:
+    """From the lowered source graph when there is one (deleted after), else the canonical one."""
     """Save ONNX Runtime's offline-optimised graph, so loading the engine skips those passes."""
     import onnxruntime as ort
 
@@ -72,7 +86,11 @@ def compile_onnxruntime(out_dir: Path, log, quant: "QuantScheme | None" = None) 
     if quant is not None:  # DequantizeLinear + MatMul -> MatMulNBits with int8 activations
         opts.add_session_config_entry("session.qdq_matmulnbits_accuracy_level", str(quant.ort_accuracy_level))
     opts.log_severity_level = 3
-    ort.InferenceSession(str(out_dir / ONNX_NAME), opts, providers=["CPUExecutionProvider"])
+    source = out_dir / ORT_SOURCE if (out_dir / ORT_SOURCE).is_file() else out_dir / ONNX_NAME
+    ort.InferenceSession(str(source), opts, providers=["CPUExecutionProvider"])
+    if source.name == ORT_SOURCE:
+        source.unlink()
+        (out_dir / (ORT_SOURCE + ".data")).unlink()
 
 
 def eos_ids(ck: ckpt.Checkpoint) -> list[int]:
@@ -92,7 +110,8 @@ def save_tokenizer(ck: ckpt.Checkpoint, out_dir: Path) -> None:
                            "which the runtime needs")
 
 
-def write_manifest(ck, config: BuildConfig, spec, max_top_k: int, num_positions: int, out_dir: Path) -> mf.Manifest:
+def write_manifest(ck, config: BuildConfig, spec, max_top_k: int, num_positions: int, out_dir: Path,
+                   lowerings: list[str] = ()) -> mf.Manifest:
     pad = ck.tokenizer.pad_token_id
     manifest = mf.Manifest(
         architecture=spec.architecture, backend="onnxruntime", dtype=config.dtype,
@@ -108,6 +127,7 @@ def write_manifest(ck, config: BuildConfig, spec, max_top_k: int, num_positions:
                "tokenizer_config": "tokenizer_config.json", "chat_template": "chat_template.jinja",
                "generation_config": "generation_config.json"},
         build_config=config.to_json(), source=ck.source, versions=versions(), build_id=uuid.uuid4().hex,
+        lowerings=tuple(lowerings),
     )
     mf.save(manifest, out_dir)
     return manifest
@@ -129,10 +149,10 @@ def build(config: BuildConfig, log=print) -> Path:
     try:
         log(f"loading {config.model}")
         ck = ckpt.load(config.model)
-        spec, max_top_k, num_positions = export_onnx(ck, config, tmp, log)
+        spec, max_top_k, num_positions, lowerings = export_onnx(ck, config, tmp, log)
         compile_onnxruntime(tmp, log, QuantScheme.named(config.quantization))
         save_tokenizer(ck, tmp)
-        write_manifest(ck, config, spec, max_top_k, num_positions, tmp)
+        write_manifest(ck, config, spec, max_top_k, num_positions, tmp, lowerings)
         if config.verify:
             from trtllm.builder.verify import verify_engine
 

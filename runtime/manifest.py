@@ -96,6 +96,7 @@ class Manifest:
     source: dict = field(default_factory=dict)
     versions: dict = field(default_factory=dict)
     build_id: str = ""  # fresh per build: saved KV of one build is never reused by another
+    lowerings: tuple[str, ...] = ()  # backend-specific ops the compiled form uses (e.g. GroupQueryAttention)
     format_version: int = FORMAT_VERSION
 
     def to_json(self) -> dict:

@@ -96,3 +96,24 @@ def test_sliding_window_matches_transformers(tmp_path):
     with torch.no_grad():
         ref = model(torch.tensor([prompt + generated[:-1]])).logits[0, len(prompt) - 1:].numpy()
     np.testing.assert_allclose(got, ref, atol=ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("arch, lowered", [("llama", True), ("qwen2", True), ("mistral", False), ("qwen3", False)])
+def test_onnxruntime_lowering_matches_the_canonical_graph(arch, lowered, tiny_engine):
+    """The compiled ONNX Runtime form may use GroupQueryAttention (one fused kernel) where it is
+    proven equal: its logits match the canonical standard-op graph's (and, above, transformers')."""
+    import json
+
+    import onnx
+
+    engine_dir = tiny_engine(arch)
+    manifest = json.loads((engine_dir / "manifest.json").read_text())
+    assert manifest["lowerings"] == (["GroupQueryAttention"] if lowered else [])
+    ops = {n.op_type for n in onnx.load(engine_dir / "llm.ort.onnx", load_external_data=False).graph.node}
+    assert ("GroupQueryAttention" in ops) == lowered
+    assert "GroupQueryAttention" not in {n.op_type for n in onnx.load(engine_dir / "llm.onnx",
+                                                                     load_external_data=False).graph.node}
+    for prompt in PROMPTS:
+        _, compiled = engine_logits(load_engine(engine_dir, graph="compiled"), prompt, num_decode=6)
+        _, canonical = engine_logits(load_engine(engine_dir, graph="onnx"), prompt, num_decode=6)
+        np.testing.assert_allclose(compiled, canonical, atol=ATOL, rtol=0)
