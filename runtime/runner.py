@@ -1,7 +1,7 @@
-"""The front end of trtllm-run: requests -> prompts -> static batches -> responses.
+"""The front end of trtllm-run: requests -> prompts -> samples in KV slots -> responses.
 
 Text lives only here (chat template, tokenizer, stop strings); below this the engine sees ids.
-A request that cannot be served becomes an `error` response; its batch neighbours still run.
+A request that cannot be served becomes an `error` response; its neighbours still run.
 """
 from __future__ import annotations
 
