@@ -92,6 +92,7 @@ class Timing:
     generation_runs: int = 0
     generated_tokens: int = 0
     generation_seconds: float = 0.0
+    kv_cache_bytes: int = 0   # the largest KV allocation of the run (slots x capacity x bytes/token)
 
 
 class PrefixSource(Protocol):
@@ -154,6 +155,7 @@ class Scheduler:
         self.pending = deque(r for r in rows if not r.finish_reason)
         num_slots = max(1, min(num_slots, len(self.pending)))
         self.kv = KVCacheManager(m.model, num_slots, capacity)
+        self.timing.kv_cache_bytes = max(self.timing.kv_cache_bytes, self.kv.nbytes)
         self.batch = sampling.empty_batch(num_slots, m.model.vocab_size,
                                           max([r.params.num_logprobs for r in rows] + [1]), m.max_top_k)
         self.want_top = any(r.params.num_logprobs > 0 for r in rows)

@@ -14,6 +14,7 @@ from trtllm.runtime import input_format as fmt
 from trtllm.runtime.chat_template import ChatTemplate, ChatTemplateError, raw_prompt
 from trtllm.runtime.engine import Engine
 from trtllm.runtime.generate import PrefixSource, RowState, Timing, run_rows
+from trtllm.runtime.kv_cache import bytes_for, bytes_per_token
 from trtllm.runtime.sampling import SamplingParams
 from trtllm.runtime.text import TextStream
 from trtllm.runtime.tokenizer import Tokenizer
@@ -173,6 +174,12 @@ class Runner:
         self.generate(samples, inp.batch_size, on_text)
         return [self.response(smp) for smp in samples]
 
+    def kv_cache_profile(self) -> dict:
+        """What the KV buffers took, and the most they can take (manifest limits), known up front."""
+        m = self.engine.manifest
+        return {"allocated_bytes": self.timing.kv_cache_bytes, "bytes_per_token": bytes_per_token(m.model),
+                "max_bytes": bytes_for(m.model, m.limits.max_batch_size, m.limits.max_kv_cache_capacity)}
+
     def profile(self) -> dict:
         t = self.timing
         gen_tokens = t.generated_tokens  # decode steps only: each prefill's first token is prefill's
@@ -189,4 +196,5 @@ class Runner:
                            "tokens_per_second": gen_tokens / t.generation_seconds if t.generation_seconds else 0.0,
                            "average_time_per_token_ms": 1e3 * t.generation_seconds / max(gen_tokens, 1)},
             "peak_cpu_memory_bytes": rss, "peak_cpu_memory_mb": rss / 2**20,
+            "kv_cache": self.kv_cache_profile(),
         }

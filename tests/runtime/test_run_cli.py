@@ -34,6 +34,9 @@ def test_output_format_and_greedy_determinism(run_cli, tmp_path, tiny_engine):
     assert "Hello there" in first["formatted_complete_request"]
     profile = json.loads((tmp_path / "profile.json").read_text())
     assert profile["prefill"]["total_runs"] == 2 and profile["generation"]["generated_tokens"] > 0
+    kv = profile["kv_cache"]  # 2 slots x capacity rounded to 64 x bytes per token, within the limits
+    assert kv["allocated_bytes"] % (2 * 64 * kv["bytes_per_token"]) == 0
+    assert 0 < kv["allocated_bytes"] <= kv["max_bytes"]
     # Greedy is deterministic, and a request's answer does not depend on its batch neighbours.
     _, alone = run_cli(engine, {**payload, "batch_size": 1, "requests": [chat("The quick brown fox")]})
     assert alone["responses"][0]["output_text"] == out["responses"][1]["output_text"]
