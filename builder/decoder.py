@@ -19,7 +19,6 @@ prompts of different lengths is harmless (the pad's slots are masked, then overw
 """
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -83,8 +82,8 @@ class DecoderWriter:
         g, scheme = self.g, self.quant
         if scheme is None:
             return g.op("MatMul", f"{name}/MatMul", [x, self.fw(f"{prefix}.weight", w.T)])
-        if prefix == "lm_head" and scheme.lm_head_bits and scheme.lm_head_bits != scheme.bits:
-            scheme = dataclasses.replace(scheme, bits=scheme.lm_head_bits, asymmetric=scheme.lm_head_bits == 4)
+        if prefix == "lm_head":
+            scheme = scheme.for_lm_head()
         codes, scale, offset = quantize(np.ascontiguousarray(w.T), scheme)
         wq = g.op("DequantizeLinear", f"{name}/DequantizeLinear",
                   [g.weight(f"{prefix}.weight_q{scheme.bits}", codes), g.weight(f"{prefix}.weight_scale", scale)],

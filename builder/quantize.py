@@ -17,7 +17,7 @@ int8 inside the kernel (accuracy level 4), which is what makes it fast on a CPU.
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import ml_dtypes
 import numpy as np
@@ -41,6 +41,12 @@ class QuantScheme:
         # int4 keeps the lm_head in int8: on SmolLM2-135M an int4 lm_head alone drops top-1
         # agreement from 92% to 80% (measured on builder/verify.py's text).
         return {"none": None, "int8": cls(8), "int4": cls(4, asymmetric=True, lm_head_bits=8)}[name]
+
+    def for_lm_head(self) -> "QuantScheme":
+        """The lm_head's scheme: `lm_head_bits` when set (asymmetric only at 4 bits)."""
+        if not self.lm_head_bits or self.lm_head_bits == self.bits:
+            return self
+        return replace(self, bits=self.lm_head_bits, asymmetric=self.asymmetric and self.lm_head_bits == 4)
 
     def to_json(self) -> dict:
         return {"scheme": f"int{self.bits}", **asdict(self),

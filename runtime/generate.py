@@ -47,16 +47,13 @@ class RowState:
     save_prefix: bool = False         # store that prefix's KV for later requests
     num_reused: int = 0               # prompt tokens restored from a saved prefix
     slot: int | None = None
+    banned: frozenset[int] = field(init=False)  # what min_new_tokens holds back: EOS, stop token ids
 
     def __post_init__(self):
         if self.max_new_tokens < 0:
             self.max_new_tokens = self.params.max_new_tokens
-
-    @property
-    def banned(self) -> frozenset[int]:
-        """What min_new_tokens holds back: EOS (unless ignored) and the stop token ids."""
         eos = frozenset() if self.params.ignore_eos else self.eos_ids
-        return eos | frozenset(self.params.stop_token_ids)
+        self.banned = eos | frozenset(self.params.stop_token_ids)  # once: it is read every token
 
     def accept(self, token_id: int, top: tuple[np.ndarray, np.ndarray] | None) -> None:
         self.output_ids.append(token_id)

@@ -56,17 +56,10 @@ def dequantized_model(ckpt, scheme: QuantScheme):
             if name.endswith("proj.weight"):
                 codes, scale, offset = quantize(p.numpy().T.copy(), scheme)
                 p.copy_(torch.from_numpy(dequantize(codes, scale, offset, scheme.block_size).T.copy()))
-        head = dataclass_head(scheme)
+        head = scheme.for_lm_head()
         codes, scale, offset = quantize(model.model.embed_tokens.weight.numpy().T.copy(), head)
         model.lm_head.weight = torch.nn.Parameter(torch.from_numpy(dequantize(codes, scale, offset, head.block_size).T.copy()))
     return model
-
-
-def dataclass_head(scheme: QuantScheme) -> QuantScheme:
-    import dataclasses
-
-    bits = scheme.lm_head_bits or scheme.bits
-    return dataclasses.replace(scheme, bits=bits, asymmetric=scheme.asymmetric and bits == 4)
 
 
 @pytest.mark.parametrize("name", SCHEMES)
