@@ -6,9 +6,12 @@ import time
 
 import click
 
-from trtllm.builder.config import BACKENDS, DTYPES, QUANTIZATIONS, BuildConfig, ConfigError, profile_defaults
+from trtllm.builder.config import (BACKENDS, DTYPES, GRAPHS, QUANTIZATIONS, BuildConfig, ConfigError,
+                                   profile_defaults)
 
+# Shown in --help; the chosen --profile supplies these when the option is not given.
 DEFAULTS = profile_defaults("cpu-default")
+BUILTIN = {"workspace_gib": 4.0, "opt_level": 3}
 
 
 def parse_lora(values: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
@@ -21,30 +24,42 @@ def parse_lora(values: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
     return tuple(pairs)
 
 
+def resolve(options: dict, profile: str) -> dict:
+    """Command-line values where given, else the profile's, else the built-in defaults."""
+    defaults = {**BUILTIN, **profile_defaults(profile)}
+    defaults.pop("description", None)
+    return {**defaults, **{k: v for k, v in options.items() if v is not None}}
+
+
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--model", required=True, help="Hugging Face checkpoint directory, .gguf file, or hub ID.")
 @click.option("--output", required=True, help="Engine directory to write.")
-@click.option("--backend", type=click.Choice(BACKENDS), default="auto", show_default=True)
-@click.option("--dtype", type=click.Choice(DTYPES), default=DEFAULTS["dtype"], show_default=True)
+@click.option("--profile", default="cpu-default", show_default=True,
+              help="Build profile: cpu-default, tensorrt-modern, tensorrt-legacy (JetPack 6), or a .json file.")
+@click.option("--backend", type=click.Choice(BACKENDS), help=f"[profile; default {DEFAULTS['backend']}]")
+@click.option("--dtype", type=click.Choice(DTYPES), help=f"[profile; default {DEFAULTS['dtype']}]")
 @click.option("--quantization", type=click.Choice(QUANTIZATIONS), default="none", show_default=True)
-@click.option("--max-batch-size", type=int, default=DEFAULTS["max_batch_size"], show_default=True)
-@click.option("--max-input-len", type=int, default=DEFAULTS["max_input_len"], show_default=True)
-@click.option("--max-kv-cache-capacity", type=int, default=DEFAULTS["max_kv_cache_capacity"], show_default=True)
+@click.option("--graph", type=click.Choice(GRAPHS), help="Graph op set: modern (opset 24) or legacy (opset 20). [profile]")
+@click.option("--max-batch-size", type=int, help=f"[profile; default {DEFAULTS['max_batch_size']}]")
+@click.option("--max-input-len", type=int, help=f"[profile; default {DEFAULTS['max_input_len']}]")
+@click.option("--max-kv-cache-capacity", type=int, help=f"[profile; default {DEFAULTS['max_kv_cache_capacity']}]")
+@click.option("--workspace-gib", type=float, help="TensorRT builder workspace in GiB. [profile; default 4]")
+@click.option("--opt-level", type=int, help="TensorRT builder optimization level 0-5. [profile; default 3]")
+@click.option("--timing-cache", type=click.Path(dir_okay=False), help="TensorRT timing cache file (read and updated).")
 @click.option("--lora", multiple=True, metavar="NAME=PEFT_DIR", help="LoRA adapter (not supported yet).")
 @click.option("--eagle", metavar="DRAFT_DIR", help="EAGLE draft head (not supported yet).")
 @click.option("--no-verify", is_flag=True, help="Skip the logit check against transformers after building.")
-def main(model, output, backend, dtype, quantization, max_batch_size, max_input_len, max_kv_cache_capacity,
-         lora, eagle, no_verify):
+def main(model, output, profile, lora, eagle, no_verify, **options):
     """Build an engine directory from a checkpoint."""
     try:
-        config = BuildConfig(model=model, output=output, backend=backend, dtype=dtype, quantization=quantization,
-                             max_batch_size=max_batch_size, max_input_len=max_input_len,
-                             max_kv_cache_capacity=max_kv_cache_capacity, lora=parse_lora(lora), eagle=eagle,
-                             verify=not no_verify)
+        values = resolve(options, profile)
+        config = BuildConfig(model=model, output=output, profile=profile, lora=parse_lora(lora), eagle=eagle,
+                             verify=not no_verify, **values)
     except ConfigError as e:
         raise click.UsageError(str(e)) from e
     from trtllm.builder.checkpoint import CheckpointError
     from trtllm.builder.export import build
+    from trtllm.builder.tensorrt import TensorRTUnavailable
 
     start = time.perf_counter()
 
@@ -53,7 +68,7 @@ def main(model, output, backend, dtype, quantization, max_batch_size, max_input_
 
     try:
         out = build(config, log)
-    except CheckpointError as e:
+    except (CheckpointError, TensorRTUnavailable) as e:
         click.echo(f"error: {e}", err=True)
         sys.exit(2)
     except Exception as e:

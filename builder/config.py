@@ -1,13 +1,24 @@
-"""BuildConfig: everything that decides what `trtllm-build` writes. One typed object, no string options."""
+"""BuildConfig: everything that decides what `trtllm-build` writes. One typed object, no string options.
+
+A build profile (configs/*.json, or a path to such a file) supplies defaults for the target: backend,
+dtype, graph profile, the TensorRT version the graph must parse on, limits and TensorRT build
+options. Options given on the command line win over the profile.
+"""
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
 from importlib import resources
+from pathlib import Path
 
 BACKENDS = ("auto", "onnxruntime", "tensorrt")
 DTYPES = ("float32", "float16", "bfloat16")
 QUANTIZATIONS = ("none", "int8", "int4")
+GRAPHS = ("modern", "legacy")
+PROFILES = ("cpu-default", "tensorrt-modern", "tensorrt-legacy")
+MODERN_MIN_TRT = (10, 15)  # Attention (10.14) and TensorScatter, RotaryEmbedding, RMSNormalization (10.15)
+PROFILE_KEYS = {"description", "backend", "dtype", "graph", "trt_version", "max_batch_size", "max_input_len",
+                "max_kv_cache_capacity", "workspace_gib", "opt_level"}
 
 
 class ConfigError(ValueError):
@@ -15,9 +26,30 @@ class ConfigError(ValueError):
 
 
 def profile_defaults(name: str = "cpu-default") -> dict:
-    """Limits and options of a build profile shipped in configs/."""
-    text = resources.files("trtllm.configs").joinpath(f"{name}.json").read_text()
-    return json.loads(text)
+    """A build profile: a name from configs/ or a path to a JSON file of the same keys."""
+    path = Path(name)
+    if name in PROFILES:
+        text = resources.files("trtllm.configs").joinpath(f"{name}.json").read_text()
+    elif path.suffix == ".json" and path.is_file():
+        text = path.read_text()
+    else:
+        raise ConfigError(f"--profile must be one of {', '.join(PROFILES)} or a .json file, got {name!r}")
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"--profile {name}: not valid JSON ({e})") from None
+    unknown = sorted(set(data) - PROFILE_KEYS)
+    if unknown:
+        raise ConfigError(f"--profile {name}: unknown keys {unknown}; allowed: {sorted(PROFILE_KEYS)}")
+    return data
+
+
+def parse_trt_version(text: str) -> tuple[int, int]:
+    parts = str(text).split(".")
+    try:
+        return int(parts[0]), int(parts[1])
+    except (ValueError, IndexError):
+        raise ConfigError(f"trt_version must be MAJOR.MINOR, got {text!r}") from None
 
 
 @dataclass(frozen=True)
@@ -33,9 +65,16 @@ class BuildConfig:
     lora: tuple[tuple[str, str], ...] = field(default_factory=tuple)
     eagle: str | None = None
     verify: bool = True
+    profile: str = "cpu-default"
+    graph: str = "modern"           # llm.onnx's op set: modern (opset 24) or legacy (opset 20, TensorRT 10.3)
+    trt_version: str = "11.1"       # the oldest TensorRT the graph must parse on (the op lint's target)
+    workspace_gib: float = 4.0      # TensorRT builder workspace
+    opt_level: int = 3              # TensorRT builder_optimization_level, 0..5
+    timing_cache: str | None = None  # TensorRT timing cache file, read and updated (faster rebuilds)
 
     def __post_init__(self):
-        for name, allowed in (("backend", BACKENDS), ("dtype", DTYPES), ("quantization", QUANTIZATIONS)):
+        for name, allowed in (("backend", BACKENDS), ("dtype", DTYPES), ("quantization", QUANTIZATIONS),
+                              ("graph", GRAPHS)):
             if getattr(self, name) not in allowed:
                 raise ConfigError(f"--{name} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}")
         for name in ("max_batch_size", "max_input_len", "max_kv_cache_capacity"):
@@ -45,13 +84,24 @@ class BuildConfig:
         if self.max_input_len > self.max_kv_cache_capacity:
             raise ConfigError(f"--max-input-len must be <= --max-kv-cache-capacity "
                               f"({self.max_kv_cache_capacity}), got {self.max_input_len}")
+        if not isinstance(self.opt_level, int) or not 0 <= self.opt_level <= 5:
+            raise ConfigError(f"--opt-level must be an integer in [0, 5], got {self.opt_level!r}")
+        if not isinstance(self.workspace_gib, (int, float)) or self.workspace_gib <= 0:
+            raise ConfigError(f"--workspace-gib must be > 0, got {self.workspace_gib!r}")
+        if self.graph == "modern" and parse_trt_version(self.trt_version) < MODERN_MIN_TRT:
+            raise ConfigError(f"the modern graph (opset 24 Attention, TensorScatter) needs TensorRT >= 10.15, but "
+                              f"trt_version is {self.trt_version}; use --profile tensorrt-legacy")
+        if self.graph == "legacy" and self.quantization != "none":
+            raise ConfigError(f"--quantization {self.quantization} needs the modern graph: block-wise and int4 "
+                              "DequantizeLinear are opset 21, the legacy graph is opset 20 (TensorRT 10.3)")
         self.refuse_unimplemented()
 
     def refuse_unimplemented(self) -> None:
         """Options from the CLI contract that this version cannot honour fail loudly, never silently."""
         if self.dtype == "bfloat16":
-            raise ConfigError("--dtype bfloat16 needs the TensorRT backend: ONNX Runtime's CPU kernels have no "
-                              "bfloat16 MatMul; use --dtype float16 or float32")
+            raise ConfigError("--dtype bfloat16 is not supported yet: the graph writer stores float16 or float32 "
+                              "weights, and ONNX Runtime's CPU kernels have no bfloat16 MatMul; use --dtype float16 "
+                              "(TensorRT and ONNX Runtime) or float32")
         if self.quantization != "none" and self.dtype != "float32":
             raise ConfigError(f"--quantization {self.quantization} needs --dtype float32 (the activations' "
                               f"type), got {self.dtype}")
@@ -59,9 +109,6 @@ class BuildConfig:
             raise ConfigError("--lora is not supported yet: LoRA adapters cannot be built into an engine so far")
         if self.eagle:
             raise ConfigError("--eagle is not supported yet: EAGLE draft heads cannot be built so far")
-        if self.backend == "tensorrt":
-            raise ConfigError("--backend tensorrt is not supported yet: build for onnxruntime "
-                              "(or auto) until the TensorRT backend lands")
 
     def to_json(self) -> dict:
         return {k: (list(map(list, v)) if k == "lora" else v) for k, v in self.__dict__.items()}

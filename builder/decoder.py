@@ -16,6 +16,10 @@ One step of the graph, for every architecture in the registry:
 
 KV slots are positions: a row's token at position p lives in slot p, so right-padding a batch of
 prompts of different lengths is harmless (the pad's slots are masked, then overwritten).
+
+Two profiles (DESIGN.md §4): graph="modern" is the above at opset 24 (TensorRT >= 10.15);
+graph="legacy" is opset 20 for TensorRT 10.3 (JetPack 6), the four newer ops written as older
+ones (builder/legacy_ops.py), with the same I/O, KV layout and results.
 """
 from __future__ import annotations
 
@@ -24,12 +28,14 @@ from dataclasses import dataclass
 import numpy as np
 from onnx import TensorProto
 
-from trtllm.builder.graph import GraphWriter
+from trtllm.builder import legacy_ops
+from trtllm.builder.graph import OPSET, GraphWriter
 from trtllm.builder.quantize import QuantScheme, quantize
 from trtllm.plugins.sample import body as sample_body
 from trtllm.runtime.manifest import GraphIO
 
 F32, I64 = TensorProto.FLOAT, TensorProto.INT64
+GRAPHS = ("modern", "legacy")
 
 
 @dataclass(frozen=True)
@@ -59,9 +65,17 @@ def gqa_supported(spec: DecoderSpec, dtype: str) -> bool:
 
 
 class DecoderWriter:
+    """Writes one decoder graph; `graph` picks the profile ("modern" opset 24, "legacy" opset 20,
+    which refuses `quant` and `ort_attention`)."""
+
     def __init__(self, spec: DecoderSpec, weights: dict[str, np.ndarray], rope_cos: np.ndarray,
                  rope_sin: np.ndarray, max_top_k: int, io: GraphIO = GraphIO(), quant: QuantScheme | None = None,
-                 dtype: str = "float32", ort_attention: bool = False):
+                 dtype: str = "float32", ort_attention: bool = False, graph: str = "modern"):
+        if graph not in GRAPHS:
+            raise ValueError(f"graph must be one of {GRAPHS}, got {graph!r}")
+        self.legacy = graph == "legacy"
+        if self.legacy:
+            legacy_ops.refuse(quant, ort_attention)
         self.spec, self.w, self.io, self.quant = spec, weights, io, quant
         self.gqa = ort_attention and gqa_supported(spec, dtype)
         # float16: weights, activations and the KV cache in half precision; norms accumulate in
@@ -123,6 +137,8 @@ class DecoderWriter:
 
     def rms_norm(self, name: str, x: str, weight_name: str) -> str:
         scale = self.fw(weight_name, self.w[weight_name])
+        if self.legacy:
+            return legacy_ops.rms_norm(self.g, name, x, scale, self.spec.rms_norm_eps, self.ftype)
         return self.g.op("RMSNormalization", f"{name}/RMSNormalization", [x, scale], axis=-1,
                          epsilon=self.spec.rms_norm_eps, stash_type=1)
 
@@ -144,22 +160,37 @@ class DecoderWriter:
         q = self.heads(f"{name}/q", q, s.num_heads, f"{p}.q_norm.weight" if s.qk_norm else None)
         k = self.heads(f"{name}/k", k, s.num_kv_heads, f"{p}.k_norm.weight" if s.qk_norm else None)
         v = self.heads(f"{name}/v", v, s.num_kv_heads, None)
-        q = g.op("RotaryEmbedding", f"{name}/q_rotary/RotaryEmbedding", [q, self.cos, self.sin, position_ids])
-        k = g.op("RotaryEmbedding", f"{name}/k_rotary/RotaryEmbedding", [k, self.cos, self.sin, position_ids])
+        q = self.rotary(f"{name}/q_rotary", q, position_ids)
+        k = self.rotary(f"{name}/k_rotary", k, position_ids)
         kv_shape, kv_type = ["batch", s.num_kv_heads, "kv_capacity", s.head_dim], self.ftype
         caches = []
         for kind, new in (("key", k), ("value", v)):
             past = g.input(getattr(self.io, f"past_{kind}").format(i=i), kv_type, kv_shape)
             present = getattr(self.io, f"present_{kind}").format(i=i)
-            g.op("TensorScatter", f"{name}/{kind}_cache/TensorScatter", [past, new, write_index],
-                 outputs=[present], axis=-2)
+            self.kv_write(f"{name}/{kind}_cache", past, new, write_index, present)
             g.output(present, kv_type, kv_shape)
             caches.append(present)
-        y = g.op("Attention", f"{name}/Attention", [q, caches[0], caches[1], mask],
-                 scale=float(s.head_dim) ** -0.5, softmax_precision=TensorProto.FLOAT)
+        if self.legacy:
+            y = legacy_ops.attention(g, f"{name}/attention", q, caches[0], caches[1], mask, s.num_heads,
+                                     s.num_kv_heads, s.head_dim, self.ftype)
+        else:
+            y = g.op("Attention", f"{name}/Attention", [q, caches[0], caches[1], mask],
+                     scale=float(s.head_dim) ** -0.5, softmax_precision=TensorProto.FLOAT)
         y = g.op("Transpose", f"{name}/out/Transpose", [y], perm=[0, 2, 1, 3])
         y = g.op("Reshape", f"{name}/out/Reshape", [y, g.const([0, 0, s.num_heads * s.head_dim])])
         return self.linear(f"{name}/o_proj", y, f"{p}.o_proj")
+
+    def rotary(self, name: str, x: str, position_ids: str) -> str:
+        if self.legacy:
+            return legacy_ops.rotary(self.g, name, x, self.rope, self.spec.head_dim)
+        return self.g.op("RotaryEmbedding", f"{name}/RotaryEmbedding", [x, self.cos, self.sin, position_ids])
+
+    def kv_write(self, name: str, past: str, new: str, write_index: str, present: str) -> None:
+        """new [B,kv_heads,S,D] into slots write_index[b].. of past; present is the same buffer."""
+        if self.legacy:
+            legacy_ops.kv_write(self.g, name, past, new, self.kv_index, present)
+        else:
+            self.g.op("TensorScatter", f"{name}/TensorScatter", [past, new, write_index], outputs=[present], axis=-2)
 
     def attention_gqa(self, i: int, x: str, position_ids: str) -> str:
         """ONNX Runtime only: com.microsoft GroupQueryAttention does RoPE, the in-place KV write and
@@ -232,6 +263,10 @@ class DecoderWriter:
             self.gqa_lengths(write_index, last_index)
         else:
             mask = self.mask(input_ids, write_index)
+        if self.legacy:  # what every layer shares, built once: an additive mask, the cos/sin rows, KV addresses
+            mask = legacy_ops.attention_bias(g, mask, s.num_heads // s.num_kv_heads)
+            self.rope = legacy_ops.rope_tables(g, position_ids, self.cos, self.sin)
+            self.kv_index = legacy_ops.scatter_indices(g, input_ids, write_index, s.num_kv_heads)
         for i in range(s.num_layers):
             x = self.rms_norm(f"/model/layers.{i}/input_layernorm", h, f"model.layers.{i}.input_layernorm.weight")
             h = g.op("Add", f"/model/layers.{i}/attn/residual", [h, self.attention(i, x, position_ids, write_index, mask)])
@@ -241,7 +276,11 @@ class DecoderWriter:
         logits = self.lm_head(h, last_index)
         self.sampler(logits)
         extra = {sample_body.DOMAIN: 1, **({"com.microsoft": 1} if self.gqa else {})}
-        return g.model("trtllm-edge", extra_opsets=extra)
+        model = g.model("trtllm-edge", extra_opsets=extra)
+        if self.legacy:
+            next(o for o in model.opset_import if o.domain == "").version = legacy_ops.OPSET
+            model.ir_version = legacy_ops.IR_VERSION
+        return model
 
     def lm_head(self, h: str, last_index: str) -> str:
         """Gather each row's last_index position first, so norm and lm_head run on [B,H] only."""
@@ -271,7 +310,7 @@ class DecoderWriter:
                g.input(io.uniform, F32, ["batch"]), g.input(io.num_logprobs, I64, [1])]
         outs = [io.token_ids, io.top_logprobs, io.top_logprob_ids]
         g.nodes.append(sample_body.make_node(ins, outs, self.max_top_k))
-        g.functions.append(sample_body.make_function(self.max_top_k))
+        g.functions.append(sample_body.make_function(self.max_top_k, opset=legacy_ops.OPSET if self.legacy else OPSET))
         g.output(io.token_ids, I64, ["batch"])
         g.output(io.top_logprobs, F32, ["batch", "num_logprobs"])
         g.output(io.top_logprob_ids, I64, ["batch", "num_logprobs"])

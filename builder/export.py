@@ -1,10 +1,14 @@
 """trtllm-build's pipeline: checkpoint -> canonical ONNX -> lint -> backend form -> engine dir -> verify.
 
+The backend form is `llm.ort.onnx` (ONNX Runtime: offline-optimised, optionally lowered to contrib
+ops) or `llm.plan` (TensorRT: built from llm.onnx on this machine's GPU, builder/tensorrt.py).
+
 The engine directory is assembled in `<output>.partial` and renamed into place at the end, so a
 failed or interrupted build never leaves a half-written engine where a good one was.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -15,8 +19,9 @@ from pathlib import Path
 import onnx
 
 from trtllm.builder import checkpoint as ckpt
+from trtllm.builder import tensorrt as trt_build
 from trtllm.builder.architectures import spec_for
-from trtllm.builder.config import BuildConfig
+from trtllm.builder.config import MODERN_MIN_TRT, BuildConfig, parse_trt_version
 from trtllm.builder.decoder import DecoderWriter, gqa_supported
 from trtllm.builder.quantize import QuantScheme
 from trtllm.plugins import lint
@@ -36,26 +41,27 @@ def versions() -> dict:
     return out
 
 
-def export_onnx(ck: ckpt.Checkpoint, config: BuildConfig, out_dir: Path, log) -> tuple:
+def export_onnx(ck: ckpt.Checkpoint, config: BuildConfig, out_dir: Path, log, lower: bool = True) -> tuple:
     spec = spec_for(ck.model.config, type(ck.model).__name__)
     num_positions = min(config.max_kv_cache_capacity, ck.model.config.max_position_embeddings)
     cos, sin = ckpt.rope_tables(ck.model, num_positions)
-    log(f"writing the {spec.architecture} graph ({spec.num_layers} layers, hidden {spec.hidden_size}, "
-        f"{spec.num_heads}/{spec.num_kv_heads} heads)")
+    log(f"writing the {spec.architecture} graph ({config.graph} profile; {spec.num_layers} layers, hidden "
+        f"{spec.hidden_size}, {spec.num_heads}/{spec.num_kv_heads} heads)")
     weights = ckpt.state_dict_numpy(ck.model)
     max_top_k = min(MAX_TOP_K, spec.vocab_size)
     quant = QuantScheme.named(config.quantization)
     if quant:
         log(f"quantizing the linear layers to int{quant.bits} (block {quant.block_size}, {quant.method})")
-    model = DecoderWriter(spec, weights, cos, sin, max_top_k, quant=quant, dtype=config.dtype).write()
-    issues = lint.lint_model(model)
+    model = DecoderWriter(spec, weights, cos, sin, max_top_k, quant=quant, dtype=config.dtype,
+                          graph=config.graph).write()
+    issues = lint.lint_model(model, config.trt_version)
     if issues:
-        raise RuntimeError("the exported graph fails the TensorRT op lint:\n" +
+        raise RuntimeError(f"the exported graph fails the TensorRT {config.trt_version} op lint:\n" +
                            "\n".join(f"  {i.node} ({i.op}): {i.message}" for i in issues))
     save(model, out_dir, ONNX_NAME)
     del model
     lowerings = []
-    if gqa_supported(spec, config.dtype):
+    if lower and config.graph == "modern" and gqa_supported(spec, config.dtype):
         # The ONNX Runtime form starts from a graph whose attention is ORT's fused kernel;
         # the canonical llm.onnx (what TensorRT parses) keeps the standard ops.
         log("lowering attention to ONNX Runtime's GroupQueryAttention")
@@ -110,11 +116,12 @@ def save_tokenizer(ck: ckpt.Checkpoint, out_dir: Path) -> None:
                            "which the runtime needs")
 
 
-def write_manifest(ck, config: BuildConfig, spec, max_top_k: int, num_positions: int, out_dir: Path,
-                   lowerings: list[str] = ()) -> mf.Manifest:
+def make_manifest(ck, config: BuildConfig, backend: str, spec, max_top_k: int, num_positions: int,
+                  lowerings: list[str] = ()) -> mf.Manifest:
     pad = ck.tokenizer.pad_token_id
-    manifest = mf.Manifest(
-        architecture=spec.architecture, backend="onnxruntime", dtype=config.dtype,
+    compiled = {"onnxruntime": {"compiled": ORT_NAME}, "tensorrt": {"plan": trt_build.PLAN_NAME}}[backend]
+    return mf.Manifest(
+        architecture=spec.architecture, backend=backend, dtype=config.dtype, graph_profile=config.graph,
         quantization=config.quantization,
         quantization_scheme=q.to_json() if (q := QuantScheme.named(config.quantization)) else {},
         limits=mf.Limits(max_batch_size=config.max_batch_size, max_input_len=min(config.max_input_len, num_positions),
@@ -123,25 +130,53 @@ def write_manifest(ck, config: BuildConfig, spec, max_top_k: int, num_positions:
                             num_heads=spec.num_heads, num_kv_heads=spec.num_kv_heads, head_dim=spec.head_dim,
                             sliding_window=spec.sliding_window, kv_dtype=config.dtype),
         eos_token_ids=tuple(eos_ids(ck)), max_top_k=max_top_k, pad_token_id=int(pad) if pad is not None else 0,
-        files={"onnx": ONNX_NAME, "compiled": ORT_NAME, "tokenizer": "tokenizer.json",
+        files={"onnx": ONNX_NAME, **compiled, "tokenizer": "tokenizer.json",
                "tokenizer_config": "tokenizer_config.json", "chat_template": "chat_template.jinja",
                "generation_config": "generation_config.json"},
         build_config=config.to_json(), source=ck.source, versions=versions(), build_id=uuid.uuid4().hex,
         lowerings=tuple(lowerings),
     )
-    mf.save(manifest, out_dir)
-    return manifest
 
 
 def resolve_backend(config: BuildConfig, log) -> str:
-    if config.backend == "auto":
-        log("backend auto: TensorRT is not available in this version, using onnxruntime")
-    return "onnxruntime"
+    """onnxruntime or tensorrt; auto takes TensorRT when it imports and a GPU is there, and says why."""
+    if config.backend == "onnxruntime":
+        return "onnxruntime"
+    usable, why = trt_build.availability()
+    if config.backend == "tensorrt":
+        if not usable:
+            raise trt_build.TensorRTUnavailable(f"--backend tensorrt needs TensorRT and a CUDA GPU: {why}; "
+                                                "build on the target device, or use --backend onnxruntime")
+        installed = ".".join(trt_build.import_tensorrt().__version__.split(".")[:2])
+        if config.graph == "modern" and parse_trt_version(installed) < MODERN_MIN_TRT:
+            raise trt_build.TensorRTUnavailable(f"TensorRT {installed} cannot parse the modern graph (it needs "
+                                                ">= 10.15); use --profile tensorrt-legacy")
+        log(f"backend tensorrt: {why}")
+        return "tensorrt"
+    log(f"backend auto: {'tensorrt' if usable else 'onnxruntime'} ({why})")
+    return "tensorrt" if usable else "onnxruntime"
+
+
+def build_tensorrt(out_dir: Path, config: BuildConfig, manifest: mf.Manifest, log) -> mf.Manifest:
+    """llm.onnx -> llm.plan; returns the manifest with its tensorrt section (version, GPU, profiles)."""
+    trt = trt_build.import_tensorrt()
+    installed = ".".join(trt.__version__.split(".")[:2])
+    lint.check_model(out_dir / ONNX_NAME, installed)  # the graph must parse on the TensorRT that is here
+    profiles = trt_build.optimization_profiles(manifest.limits, manifest.model, manifest.io, manifest.max_top_k,
+                                               manifest.max_num_logprobs)
+    plan = trt_build.build_plan(out_dir / ONNX_NAME, profiles, workspace_gib=config.workspace_gib,
+                                opt_level=config.opt_level,
+                                timing_cache=Path(config.timing_cache) if config.timing_cache else None, log=log)
+    (out_dir / trt_build.PLAN_NAME).write_bytes(plan)
+    log(f"wrote {trt_build.PLAN_NAME} ({len(plan) / 2**20:.1f} MiB)")
+    section = trt_build.manifest_section(trt.__version__, trt_build.gpu_info(), profiles, config.graph,
+                                         config.trt_version)
+    return dataclasses.replace(manifest, tensorrt=section)
 
 
 def build(config: BuildConfig, log=print) -> Path:
     """Run the whole build; returns the engine directory."""
-    resolve_backend(config, log)
+    backend = resolve_backend(config, log)
     out_dir = Path(config.output)
     tmp = out_dir.with_name(out_dir.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -149,10 +184,14 @@ def build(config: BuildConfig, log=print) -> Path:
     try:
         log(f"loading {config.model}")
         ck = ckpt.load(config.model)
-        spec, max_top_k, num_positions, lowerings = export_onnx(ck, config, tmp, log)
-        compile_onnxruntime(tmp, log, QuantScheme.named(config.quantization))
+        spec, max_top_k, num_positions, lowerings = export_onnx(ck, config, tmp, log, lower=backend == "onnxruntime")
+        manifest = make_manifest(ck, config, backend, spec, max_top_k, num_positions, lowerings)
+        if backend == "tensorrt":
+            manifest = build_tensorrt(tmp, config, manifest, log)
+        else:
+            compile_onnxruntime(tmp, log, QuantScheme.named(config.quantization))
         save_tokenizer(ck, tmp)
-        write_manifest(ck, config, spec, max_top_k, num_positions, tmp, lowerings)
+        mf.save(manifest, tmp)
         if config.verify:
             from trtllm.builder.verify import verify_engine
 

@@ -38,7 +38,8 @@ def engine_logits(engine, prompt_ids: list[int], num_decode: int, forced: list[i
     params = sampling.SamplingParams(temperature=0.0, max_new_tokens=num_decode + 1)
     row = RowState(prompt_ids=prompt_ids, params=params, rng=np.random.default_rng(0), eos_ids=frozenset())
     batch = sampling.make_batch([params], engine.manifest.model.vocab_size, engine.manifest.max_top_k)
-    kv = KVCacheManager(engine.manifest.model, 1, len(prompt_ids) + num_decode + 1)
+    make_kv = getattr(engine, "make_kv_cache", KVCacheManager)  # device KV on TensorRT
+    kv = make_kv(engine.manifest.model, 1, len(prompt_ids) + num_decode + 1)
     inputs, logits, chosen = prefill_inputs([row], engine.manifest.pad_token_id, batch), [], []
     for step in range(num_decode + 1):
         out = engine.step(inputs, kv.view(0, 1), want_logits=True)

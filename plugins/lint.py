@@ -1,7 +1,8 @@
 """Check an ONNX model against TensorRT's ONNX operator table (plugins/data/trt_onnx_ops.json).
 
 What is checked, for the graph, every subgraph and every model-local function body:
-  - the default-domain opset is within the table's [opset_min, opset_max];
+  - the default-domain opset is within [opset_min, the ceiling of the TensorRT version linted for]
+    (`opset_max_by_trt`: 20 before 10.15, 24 from 10.15 on);
   - each default-domain op is in the table and, for an older TensorRT, not newer than the op's
     `since_trt` tag (ops without a tag are in the 10.0 table, so every 10.x has them);
   - the dtype of the op's first input is one of the table's `types` (where shape inference knows it);
@@ -110,9 +111,10 @@ class _Linter:
     def _check_opset(self, opset_imports, where: str) -> int:
         versions = [o.version for o in opset_imports if o.domain in self.table["default_domains"]]
         opset = max(versions, default=self.table["opset_max"])
-        lo, hi = self.table["opset_min"], self.table["opset_max"]
+        lo, hi = self.table["opset_min"], opset_max(self.table, self.version)
         if not lo <= opset <= hi:
-            self.issues.append(LintIssue(where, "opset", f"default-domain opset must be in [{lo}, {hi}], got {opset}"))
+            self.issues.append(LintIssue(where, "opset", f"default-domain opset must be in [{lo}, {hi}] for TensorRT "
+                                                         f"{'.'.join(map(str, self.version))}, got {opset}"))
         return opset
 
     def _lint_graph(self, graph, prefix: str, scope: _Scope) -> None:
@@ -167,6 +169,14 @@ class _Linter:
         opset = self._check_opset(function.opset_import, fprefix.rstrip("/"))
         types = _infer_function_types(self.model, function, node, scope)
         self._lint_nodes(function.node, fprefix, _Scope(None, types, opset))
+
+
+def opset_max(table: dict, version: tuple[int, ...]) -> int:
+    """The newest default-domain opset TensorRT `version` parses: the ceiling of the newest
+    `opset_max_by_trt` key <= version, never above the table's own opset_max."""
+    ceilings = table["opset_max_by_trt"]["ceilings"]
+    known = [(_parse_version(since), ceiling) for since, ceiling in ceilings.items()]
+    return min(max((k for k in known if k[0] <= version), default=min(known))[1], table["opset_max"])
 
 
 def _fold(node, scope: _Scope) -> None:

@@ -53,6 +53,9 @@ class Engine(Protocol):
 
     def close(self) -> None: ...
 
+    # Optional: make_kv_cache(model, num_slots, capacity) -> a KVCacheManager whose view() gives what
+    # step() binds (the TensorRT backend keeps the cache in device memory). Default: host numpy.
+
 
 def load_engine(engine_dir, **options) -> Engine:
     m = manifest_mod.load(engine_dir)

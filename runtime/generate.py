@@ -151,7 +151,9 @@ class Scheduler:
                 r.finish_reason = "max-length"
         self.pending = deque(r for r in rows if not r.finish_reason)
         num_slots = max(1, min(num_slots, len(self.pending)))
-        self.kv = KVCacheManager(m.model, num_slots, capacity)
+        # A backend with device memory (TensorRT) supplies its own KV storage; the books are the same.
+        make_kv = getattr(engine, "make_kv_cache", KVCacheManager)
+        self.kv = make_kv(m.model, num_slots, capacity)
         self.timing.kv_cache_bytes = max(self.timing.kv_cache_bytes, self.kv.nbytes)
         self.batch = sampling.empty_batch(num_slots, m.model.vocab_size,
                                           max([r.params.num_logprobs for r in rows] + [1]), m.max_top_k)

@@ -29,10 +29,13 @@ def bytes_for(model: ModelShape, num_slots: int, capacity: int) -> int:
 class KVCacheManager:
     def __init__(self, model: ModelShape, num_slots: int, capacity: int):
         self.model, self.num_slots, self.capacity = model, num_slots, capacity
-        shape = (num_slots, model.num_kv_heads, capacity, model.head_dim)
-        # Zeroed: unwritten slots are masked, but must not hold NaN (0 * NaN = NaN in attention).
-        self.buffers = [np.zeros(shape, model.kv_dtype) for _ in range(2 * model.num_layers)]
         self.owners: list[object | None] = [None] * num_slots
+        self.buffers = self.allocate((num_slots, model.num_kv_heads, capacity, model.head_dim))
+
+    def allocate(self, shape: tuple[int, ...]) -> list:
+        """Per layer K and V storage (host numpy here; device memory in the TensorRT backend)."""
+        # Zeroed: unwritten slots are masked, but must not hold NaN (0 * NaN = NaN in attention).
+        return [np.zeros(shape, self.model.kv_dtype) for _ in range(2 * self.model.num_layers)]
 
     @property
     def nbytes(self) -> int:

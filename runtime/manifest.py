@@ -9,6 +9,7 @@ cannot run and names the `trtllm-build` command to re-run.
       tokenizer.json, tokenizer_config.json, chat_template.jinja, generation_config.json
       llm.onnx (+ llm.onnx.data)    canonical graph (opset 24 profile)
       llm.ort.onnx (+ .data)        the ONNX Runtime form (graph optimisations applied offline)
+      llm.plan                      the TensorRT engine (backend "tensorrt"), for one TensorRT version and GPU
 """
 from __future__ import annotations
 
@@ -97,6 +98,8 @@ class Manifest:
     versions: dict = field(default_factory=dict)
     build_id: str = ""  # fresh per build: saved KV of one build is never reused by another
     lowerings: tuple[str, ...] = ()  # backend-specific ops the compiled form uses (e.g. GroupQueryAttention)
+    graph_profile: str = "modern"  # llm.onnx's op set: "modern" (opset 24) or "legacy" (opset 20, TensorRT 10.3)
+    tensorrt: dict = field(default_factory=dict)  # TensorRT builds: version, GPU, profiles (builder/tensorrt.py)
     format_version: int = FORMAT_VERSION
 
     def to_json(self) -> dict:

@@ -27,6 +27,7 @@ from trtllm.plugins.sample import schema
 
 DOMAIN = schema.DOMAIN
 OP = schema.OP
+MIN_OPSET = 18   # the oldest opset where every op of the body has the signature used here
 
 
 class _Body:
@@ -46,9 +47,13 @@ class _Body:
         return out
 
 
-def make_function(max_top_k: int) -> onnx.FunctionProto:
-    """The FunctionProto trtllm::Sample with M = max_top_k baked in."""
+def make_function(max_top_k: int, opset: int = schema.OPSET) -> onnx.FunctionProto:
+    """The FunctionProto trtllm::Sample with M = max_top_k baked in; `opset` is the body's default-domain
+    opset (the calling model's: 24, or 20 for the legacy graph). Every op of the body means the same
+    from opset 18 (ReduceMax/ReduceMin axes as inputs) to 24."""
     schema.check_max_top_k(max_top_k)
+    if not MIN_OPSET <= opset <= schema.OPSET:
+        raise ValueError(f"opset must be in [{MIN_OPSET}, {schema.OPSET}], got {opset!r}")
     b = _Body()
     _constants(b, max_top_k)
     b.op("Add", "logits", "logit_bias", out="x")                                  # [B, V]  step 1
@@ -63,7 +68,7 @@ def make_function(max_top_k: int) -> onnx.FunctionProto:
          else_branch=_branch("greedy", _greedy_only))
     return helper.make_function(
         DOMAIN, OP, list(schema.INPUT_NAMES), list(schema.OUTPUT_NAMES), b.nodes,
-        opset_imports=[helper.make_opsetid("", schema.OPSET)],
+        opset_imports=[helper.make_opsetid("", opset)],
         attributes=list(schema.ATTRIBUTES),
         doc_string=f"Sampling with logit bias, repetition/frequency/presence penalties, temperature, "
                    f"min-p, top-k and top-p; max_top_k={max_top_k} (see trtllm/plugins/sample/reference.py).",
@@ -237,7 +242,7 @@ def make_node(inputs: list[str], outputs: list[str], max_top_k: int,
                             plugin_namespace=schema.PLUGIN_NAMESPACE, plugin_version=schema.PLUGIN_VERSION)
 
 
-def make_model(max_top_k: int, vocab_size: int | None = None) -> onnx.ModelProto:
+def make_model(max_top_k: int, vocab_size: int | None = None, opset: int = schema.OPSET) -> onnx.ModelProto:
     """A one-node model (graph I/O named as the schema), for tests and benchmarks."""
     dims = {"B": "batch", "V": vocab_size or "vocab", "K": "num_logprobs"}
     dtypes = {"float32": TensorProto.FLOAT, "int64": TensorProto.INT64, "bool": TensorProto.BOOL}
@@ -249,6 +254,6 @@ def make_model(max_top_k: int, vocab_size: int | None = None) -> onnx.ModelProto
         [make_node(list(schema.INPUT_NAMES), list(schema.OUTPUT_NAMES), max_top_k)], "sample",
         [info(*spec) for spec in schema.INPUTS], [info(*spec) for spec in schema.OUTPUTS])
     return helper.make_model(
-        graph, functions=[make_function(max_top_k)], ir_version=11,
-        opset_imports=[helper.make_opsetid("", schema.OPSET),
+        graph, functions=[make_function(max_top_k, opset)], ir_version=11,
+        opset_imports=[helper.make_opsetid("", opset),
                        helper.make_opsetid(DOMAIN, schema.DOMAIN_VERSION)])

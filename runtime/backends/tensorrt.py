@@ -1,18 +1,236 @@
-"""TensorRT backend (NVIDIA GPUs and Jetson). `tensorrt` is imported only when an engine asks for it.
+"""TensorRT backend (NVIDIA GPUs and Jetson): runs `llm.plan` with cuda-python buffers and streams.
 
-Not implemented yet: an engine whose manifest names this backend is refused with one clear line.
+`tensorrt` and `cuda` are imported only when an engine is loaded. The KV cache lives on the device
+(DeviceKVCache: the same slot books as the host KV manager, device storage) and is bound in place:
+
+    step(S > 1) -> optimization profile 0 (prefill)    step(S == 1) -> profile 1 (decode)
+    host inputs --H2D--> preallocated device inputs ─┐
+    KV slots [start:stop] = base + start * slot_bytes ├─> execute_async_v3 ─> token ids, logprobs --D2H--> host
+    present_* bound to the same address as past_* ───┘   (legacy graphs: present_* -> scratch, copied back)
+
+A plan is tied to the TensorRT version and GPU it was built with; loading it anywhere else is
+refused with the build command to re-run.
 """
 from __future__ import annotations
 
-from trtllm.runtime.manifest import Manifest, ManifestError, rebuild_hint
+import weakref
+from pathlib import Path
+from typing import NamedTuple
+
+import numpy as np
+
+from trtllm.runtime.engine import StepInputs, StepOutputs
+from trtllm.runtime.kv_cache import KVCacheManager
+from trtllm.runtime.manifest import Manifest, ManifestError, ModelShape, rebuild_hint
+
+PREFILL, DECODE = 0, 1  # the builder's profile order (builder/tensorrt.py)
+
+
+def trt_rebuild_hint(engine_dir) -> str:
+    return f"{rebuild_hint(engine_dir)} --backend tensorrt (on this machine)"
+
+
+def import_tensorrt(engine_dir):
+    try:
+        import tensorrt as trt
+    except ImportError:
+        raise ManifestError(f"{engine_dir} is a TensorRT engine, but TensorRT does not import here; install "
+                            f"TensorRT (on Jetson: JetPack's python3-libnvinfer) or {rebuild_hint(engine_dir)} "
+                            "--backend onnxruntime") from None
+    return trt
+
+
+class DeviceView(NamedTuple):
+    """Slots [start, stop) of one layer's K or V buffer: contiguous device memory."""
+
+    ptr: int
+    shape: tuple[int, ...]
+    nbytes: int
+
+
+class DeviceKVCache(KVCacheManager):
+    """KVCacheManager with device storage; read/write copy one slot to and from the host."""
+
+    def __init__(self, model: ModelShape, num_slots: int, capacity: int, stream):
+        self.stream = stream
+        super().__init__(model, num_slots, capacity)
+
+    def allocate(self, shape):
+        from trtllm.runtime.backends import cuda
+
+        self.shape, self.itemsize = shape, np.dtype(self.model.kv_dtype).itemsize
+        buffers = [cuda.DeviceBuffer(int(np.prod(shape)) * self.itemsize) for _ in range(2 * self.model.num_layers)]
+        weakref.finalize(self, lambda bs=buffers: [b.close() for b in bs])
+        return buffers
+
+    @property
+    def nbytes(self) -> int:
+        return sum(b.nbytes for b in self.buffers)
+
+    def view(self, start: int, stop: int) -> list[DeviceView]:
+        slot = int(np.prod(self.shape[1:])) * self.itemsize
+        shape = (stop - start, *self.shape[1:])
+        return [DeviceView(b.ptr + start * slot, shape, (stop - start) * slot) for b in self.buffers]
+
+    def _rows(self, slot: int, length: int):
+        """Per buffer: kv_heads rows of `length` positions inside one slot (pitch = capacity)."""
+        _, heads, cap, dim = self.shape
+        row, pitch = length * dim * self.itemsize, cap * dim * self.itemsize
+        return [(b.ptr + slot * heads * pitch, pitch, row, heads) for b in self.buffers]
+
+    def read(self, slot: int, length: int) -> np.ndarray:
+        _, heads, _, dim = self.shape
+        out = np.empty((len(self.buffers), heads, length, dim), self.model.kv_dtype)
+        for i, (src, pitch, row, rows) in enumerate(self._rows(slot, length)):
+            self.stream.copy_2d(out[i].ctypes.data, row, src, pitch, row, rows, "d2h")
+        self.stream.sync()
+        return out
+
+    def write(self, slot: int, kv: np.ndarray) -> None:
+        kv = np.ascontiguousarray(kv, self.model.kv_dtype)
+        for i, (dst, pitch, row, rows) in enumerate(self._rows(slot, kv.shape[2])):
+            self.stream.copy_2d(dst, pitch, kv[i].ctypes.data, row, row, rows, "h2d")
+        self.stream.sync()
 
 
 class TensorRTEngine:
     def __init__(self, engine_dir, manifest: Manifest, **options):
-        try:
-            import tensorrt  # noqa: F401
-        except ImportError:
-            raise ManifestError(f"{engine_dir} was built for TensorRT, which is not installed here; "
-                                f"install TensorRT or {rebuild_hint(engine_dir)} --backend onnxruntime") from None
-        raise ManifestError(f"{engine_dir}: the TensorRT runtime is not implemented in this version; "
-                            f"{rebuild_hint(engine_dir)} --backend onnxruntime")
+        trt = import_tensorrt(engine_dir)
+        from trtllm.runtime.backends import cuda
+
+        self.trt, self.cuda, self.manifest, self.io = trt, cuda, manifest, manifest.io
+        self.check_plan(engine_dir, trt.__version__, cuda.device_info())
+        path = Path(engine_dir) / manifest.files.get("plan", "llm.plan")
+        if not path.is_file():
+            raise ManifestError(f"{path} is missing; {trt_rebuild_hint(engine_dir)}")
+        self.runtime = trt.Runtime(trt.Logger(trt.Logger.WARNING))
+        self.engine = self.runtime.deserialize_cuda_engine(path.read_bytes())
+        if self.engine is None:
+            raise ManifestError(f"TensorRT could not deserialize {path}; {trt_rebuild_hint(engine_dir)}")
+        self.context = self.engine.create_execution_context()
+        self.stream = cuda.Stream()
+        self.profile: int | None = None
+        self.in_place = manifest.tensorrt.get("kv_update", "in_place") == "in_place"
+        names = [self.engine.get_tensor_name(i) for i in range(self.engine.num_io_tensors)]
+        self.dtypes = {n: np.dtype(trt.nptype(self.engine.get_tensor_dtype(n))) for n in names}
+        self.on_host = {n for n in names if self.engine.get_tensor_location(n) == trt.TensorLocation.HOST}
+        self.buffers = {n: cuda.DeviceBuffer(self.max_bytes(n)) for n in names
+                        if not self.is_kv(n) and n not in self.on_host}
+        self.scratch: dict[str, object] = {}   # legacy graphs: present_* outputs, copied back into the KV
+
+    def check_plan(self, engine_dir, version: str, gpu: dict) -> None:
+        built = self.manifest.tensorrt
+        if built.get("version") != version:
+            raise ManifestError(f"{engine_dir} was built with TensorRT {built.get('version')}, this machine has "
+                                f"{version}: plans only run on the TensorRT version that built them; "
+                                f"{trt_rebuild_hint(engine_dir)}")
+        want = built.get("gpu", {})
+        if (want.get("name"), want.get("compute_capability")) != (gpu["name"], gpu["compute_capability"]):
+            raise ManifestError(f"{engine_dir} was built for {want.get('name')} (compute capability "
+                                f"{want.get('compute_capability')}), this machine has {gpu['name']} "
+                                f"({gpu['compute_capability']}); {trt_rebuild_hint(engine_dir)}")
+
+    def is_kv(self, name: str) -> bool:
+        return name.startswith(tuple(n.split("{")[0] for n in (self.io.past_key, self.io.past_value,
+                                                                  self.io.present_key, self.io.present_value)))
+
+    def max_bytes(self, name: str) -> int:
+        """The largest this tensor gets: the prefill profile's max shape (inputs) or the limits (outputs)."""
+        m, io = self.manifest, self.io
+        if self.engine.get_tensor_mode(name) == self.trt.TensorIOMode.INPUT:
+            shape = self.engine.get_tensor_profile_shape(name, PREFILL)[2]
+        else:
+            b, k = m.limits.max_batch_size, min(m.max_num_logprobs, m.max_top_k)
+            shape = {io.token_ids: (b,), io.top_logprobs: (b, k), io.top_logprob_ids: (b, k),
+                     io.logits: (b, m.model.vocab_size)}[name]
+        return int(np.prod(shape)) * self.dtypes[name].itemsize
+
+    def make_kv_cache(self, model: ModelShape, num_slots: int, capacity: int) -> DeviceKVCache:
+        # The plan's KV capacity is static (TensorScatter needs it), whatever the run asked for.
+        return DeviceKVCache(model, num_slots, self.manifest.limits.max_kv_cache_capacity, self.stream)
+
+    def bind(self, name: str, array: np.ndarray, keep: list) -> None:
+        array = np.ascontiguousarray(array, self.dtypes[name])
+        keep.append(array)  # alive until the stream is synchronized
+        self.set_shape(name, array.shape)
+        if name in self.on_host:  # shape tensors (num_logprobs) are read from host memory
+            self.context.set_tensor_address(name, array.ctypes.data)
+        else:
+            self.stream.upload(self.buffers[name].ptr, array)
+            self.context.set_tensor_address(name, self.buffers[name].ptr)
+
+    def set_shape(self, name: str, shape: tuple[int, ...]) -> None:
+        if not self.context.set_input_shape(name, tuple(shape)):
+            lo, _, hi = self.engine.get_tensor_profile_shape(name, self.profile)
+            raise RuntimeError(f"TensorRT rejected shape {tuple(shape)} for {name} (profile {self.profile} allows "
+                               f"{tuple(lo)} to {tuple(hi)}); the engine's limits are in manifest.json")
+
+    def step(self, inputs: StepInputs, kv: list[DeviceView], want_logits: bool = False) -> StepOutputs:
+        io, s, ctx = self.io, inputs.sampling, self.context
+        batch, seq = inputs.input_ids.shape
+        profile = PREFILL if seq > 1 else DECODE
+        if profile != self.profile:
+            ctx.set_optimization_profile_async(profile, int(self.stream))
+            self.profile = profile
+        keep: list = []
+        feeds = {io.input_ids: inputs.input_ids, io.position_ids: inputs.position_ids,
+                 io.write_index: inputs.write_index, io.last_index: inputs.last_index,
+                 io.logit_bias: s.logit_bias, io.penalty_bias: s.penalty_bias, io.seen: s.seen,
+                 io.repetition_penalty: s.repetition_penalty, io.temperature: s.temperature, io.min_p: s.min_p,
+                 io.top_k: s.top_k, io.top_p: s.top_p, io.uniform: s.uniform,
+                 io.num_logprobs: np.array([s.num_logprobs], np.int64)}
+        for name, array in feeds.items():
+            self.bind(name, array, keep)
+        copies = self.bind_kv(kv)
+        for name in (io.token_ids, io.top_logprobs, io.top_logprob_ids, io.logits):
+            ctx.set_tensor_address(name, self.buffers[name].ptr)
+        if not ctx.execute_async_v3(int(self.stream)):
+            raise RuntimeError("TensorRT failed to enqueue the step (see its log)")
+        for dst, src, nbytes in copies:
+            self.stream.copy(dst, src, nbytes)
+        k = s.num_logprobs
+        out = {io.token_ids: np.empty(batch, self.dtypes[io.token_ids]),
+               io.top_logprobs: np.empty((batch, k), self.dtypes[io.top_logprobs]),
+               io.top_logprob_ids: np.empty((batch, k), self.dtypes[io.top_logprob_ids])}
+        if want_logits:
+            out[io.logits] = np.empty((batch, self.manifest.model.vocab_size), self.dtypes[io.logits])
+        for name, array in out.items():
+            self.stream.download(array, self.buffers[name].ptr)
+        self.stream.sync()
+        return StepOutputs(token_ids=out[io.token_ids].astype(np.int64),
+                           top_logprobs=out[io.top_logprobs], top_logprob_ids=out[io.top_logprob_ids].astype(np.int64),
+                           logits=out.get(io.logits))
+
+    def bind_kv(self, kv: list[DeviceView]) -> list[tuple[int, int, int]]:
+        """Bind each layer's KV view as past_* and present_*; returns device copies to make after the run
+        (legacy graphs only: their scatter is not in place, so present_* goes to scratch first)."""
+        io, ctx, copies = self.io, self.context, []
+        names = []
+        for i in range(self.manifest.model.num_layers):
+            names += [(io.past_key.format(i=i), io.present_key.format(i=i)),
+                      (io.past_value.format(i=i), io.present_value.format(i=i))]
+        for (past, present), view in zip(names, kv):
+            self.set_shape(past, view.shape)
+            ctx.set_tensor_address(past, view.ptr)
+            if self.in_place:
+                ctx.set_tensor_address(present, view.ptr)
+                continue
+            scratch = self.scratch.get(present)
+            if scratch is None or scratch.nbytes < view.nbytes:
+                if scratch is not None:
+                    scratch.close()
+                scratch = self.scratch[present] = self.cuda.DeviceBuffer(view.nbytes)
+            ctx.set_tensor_address(present, scratch.ptr)
+            copies.append((view.ptr, scratch.ptr, view.nbytes))
+        return copies
+
+    def close(self) -> None:
+        if getattr(self, "stream", None) is None:
+            return
+        self.stream.sync()
+        for buf in [*self.buffers.values(), *self.scratch.values()]:
+            buf.close()
+        self.buffers, self.scratch = {}, {}
+        self.context = self.engine = None
+        self.stream.close()
+        self.stream = None

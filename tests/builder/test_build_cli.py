@@ -18,13 +18,17 @@ ARCHS = ["llama", "mistral", "qwen2", "qwen3"]
 
 
 @pytest.mark.parametrize("args, needle", [
-    (["--dtype", "bfloat16"], "--dtype bfloat16 needs the TensorRT backend"),
+    (["--dtype", "bfloat16"], "--dtype bfloat16 is not supported yet"),
     (["--dtype", "float16", "--quantization", "int8"], "needs --dtype float32"),
     (["--quantization", "int3"], "Invalid value for '--quantization'"),
     (["--lora", "fr=/tmp/fr"], "--lora is not supported yet"),
     (["--lora", "broken"], "NAME=PEFT_DIR"),
     (["--eagle", "/tmp/draft"], "--eagle is not supported yet"),
-    (["--backend", "tensorrt"], "--backend tensorrt is not supported yet"),
+    (["--backend", "tensorrt"], "--backend tensorrt needs TensorRT and a CUDA GPU: TensorRT is not installed"),
+    (["--profile", "jetson-nano"], "--profile must be one of cpu-default, tensorrt-modern, tensorrt-legacy"),
+    (["--profile", "tensorrt-legacy", "--quantization", "int4"], "--quantization int4 needs the modern graph"),
+    (["--graph", "modern", "--profile", "tensorrt-legacy"], "needs TensorRT >= 10.15, but trt_version is 10.3"),
+    (["--opt-level", "9"], "--opt-level must be an integer in [0, 5]"),
     (["--max-batch-size", "0"], "--max-batch-size must be a positive integer"),
     (["--max-input-len", "9000"], "--max-input-len must be <="),
 ])

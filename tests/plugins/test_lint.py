@@ -42,10 +42,19 @@ def _topk_model(k, sorted_=1, k_as_input=False):
     return _model([node], inputs, [("vals", F, None), ("ids", I64, None)], inits)
 
 
-@pytest.mark.parametrize("trt_version", ["11.1", "10.3"])
+@pytest.mark.parametrize("trt_version, opset", [("11.1", 24), ("10.3", 20)])
 @pytest.mark.parametrize("vocab_size", [None, 49152])
-def test_sample_model_is_clean(trt_version, vocab_size):
-    assert lint.lint_model(body.make_model(1024, vocab_size), trt_version) == []
+def test_sample_model_is_clean(trt_version, opset, vocab_size):
+    assert lint.lint_model(body.make_model(1024, vocab_size, opset=opset), trt_version) == []
+
+
+def test_sample_model_at_opset_24_is_too_new_for_trt_10_3():
+    """Both the graph and the function body declare their opset; each is checked."""
+    issues = lint.lint_model(body.make_model(64), "10.3")
+    assert _ops(issues) == {"opset"} and {i.node for i in issues} == {"graph", "trtllm::Sample"}
+    model = body.make_model(64, opset=20)
+    model.functions[0].CopyFrom(body.make_function(64))          # an opset-24 body in an opset-20 graph
+    assert [(i.node, i.op) for i in lint.lint_model(model, "10.3")] == [("trtllm::Sample", "opset")]
 
 
 @pytest.mark.parametrize("opset", [23, 24])
@@ -53,7 +62,34 @@ def test_attention_needs_trt_10_14(opset):
     model = _attention_model(opset)
     assert lint.lint_model(model, "11.1") == []
     issues = lint.lint_model(model, "10.3")
-    assert _ops(issues) == {"Attention"} and "10.14" in issues[0].message and issues[0].node == "/attn"
+    attention = [issue for issue in issues if issue.op == "Attention"]
+    assert _ops(issues) == {"opset", "Attention"}
+    assert "10.14" in attention[0].message and attention[0].node == "/attn"
+    assert _ops(lint.lint_model(model, "10.14")) == {"opset"}     # the op is there, opset 23+ is not
+
+
+@pytest.mark.parametrize("opset, trt_version, ok", [
+    (20, "10.0", True), (20, "10.3", True), (20, "11.1", True), (21, "10.3", False), (21, "10.14", False),
+    (21, "10.15", True), (24, "10.13", False), (24, "10.15", True), (24, "11.1", True),
+])
+def test_opset_ceiling_depends_on_the_trt_version(opset, trt_version, ok):
+    model = _model([helper.make_node("Relu", ["x"], ["y"], name="/relu")], [("x", F, [2])], [("y", F, None)],
+                   opset=opset)
+    issues = lint.lint_model(model, trt_version)
+    assert (issues == []) == ok, issues
+    if not ok:
+        assert _ops(issues) == {"opset"} and f"[9, 20] for TensorRT {trt_version}, got {opset}" in issues[0].message
+
+
+def test_opset_ceilings_are_table_data(monkeypatch):
+    """The ceilings live in trt_onnx_ops.json with where they come from; the lint reads them."""
+    table = lint.load_table()
+    entry = table["opset_max_by_trt"]
+    assert entry["ceilings"] == {"10.0": 20, "10.15": 24} and "10.0/10.1" in entry["notes"]
+    entry["ceilings"] = {"10.0": 20, "10.5": 22}
+    monkeypatch.setattr(lint, "load_table", lambda: table)
+    model = _model([helper.make_node("Relu", ["x"], ["y"])], [("x", F, [2])], [("y", F, None)], opset=22)
+    assert _ops(lint.lint_model(model, "10.3")) == {"opset"} and lint.lint_model(model, "10.5") == []
 
 
 def test_attention_constraints():

@@ -420,10 +420,28 @@ def test_model_checks_and_declares_its_attributes():
     assert attrs == {"max_top_k": 16, "plugin_namespace": b"trtllm", "plugin_version": b"2"}
 
 
-@pytest.mark.parametrize("trt_version", ["11.1", "10.3"])
+@pytest.mark.parametrize("trt_version, opset", [("11.1", 24), ("10.3", 20)])
 @pytest.mark.parametrize("max_top_k", [16, 1024])
-def test_body_passes_tensorrt_lint(trt_version, max_top_k):
-    assert lint.lint_model(body.make_model(max_top_k, 49152), trt_version) == []
+def test_body_passes_tensorrt_lint(trt_version, opset, max_top_k):
+    assert lint.lint_model(body.make_model(max_top_k, 49152, opset=opset), trt_version) == []
+
+
+def test_body_at_opset_20_samples_as_at_24():
+    """The legacy graph's body (opset 20) on sampled and greedy rows: the same outputs as opset 24."""
+    rng = np.random.default_rng(7)
+    case = _case(rng.standard_normal((4, 300)) * 3, [0.0, 0.7, 1.0, 1.3], [0, 5, 0, 40], [1.0, 0.9, 0.5, 1.0],
+                 rng.random(4), min_p=[0.0, 0.0, 0.05, 0.0], repetition_penalty=[1.0, 1.2, 1.0, 0.9])
+    feeds = {name: case[name] for name in ARGS} | {"num_logprobs": np.array([3], np.int64)}
+    outs = [ort.InferenceSession(body.make_model(64, opset=opset).SerializeToString(),
+                                 providers=["CPUExecutionProvider"]).run(None, feeds) for opset in (20, 24)]
+    for got, want in zip(*outs):
+        np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("opset", [17, 25])
+def test_body_opset_out_of_range_is_refused(opset):
+    with pytest.raises(ValueError, match="opset must be in"):
+        body.make_function(8, opset=opset)
 
 
 @pytest.mark.parametrize("change, field", [

@@ -1,0 +1,167 @@
+"""The TensorRT half of trtllm-build: canonical ONNX -> `llm.plan`, on the machine that will run it.
+
+Written against TensorRT's documented Python API (10.x >= 10.3 and 11.x); `tensorrt` is imported
+only inside these functions, so the builder imports without it.
+
+    llm.onnx --OnnxParser--> strongly typed network --2 optimization profiles--> llm.plan
+                             (precision comes from      0 prefill [B, 1..max_input_len]
+                              the ONNX: TensorRT 11      1 decode  [B, 1]
+                              removed the precision      KV [B, kv_heads, capacity, head_dim],
+                              flags)                     capacity static (TensorScatter needs it)
+
+Everything up to `build_plan` is pure Python (profile shapes from the limits, the manifest's
+`tensorrt` section) and is tested without TensorRT.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from trtllm.runtime.manifest import GraphIO, Limits, ModelShape
+
+PREFILL, DECODE = 0, 1  # optimization profile indices; the runtime switches between them
+PLAN_NAME = "llm.plan"
+
+
+class TensorRTUnavailable(RuntimeError):
+    """TensorRT or a CUDA GPU is missing on this machine."""
+
+
+@dataclass(frozen=True)
+class Profile:
+    """One optimization profile: (min, opt, max) per input shape, and per shape-tensor value."""
+
+    name: str
+    shapes: dict[str, tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]]
+    values: dict[str, tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]] = field(default_factory=dict)
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "shapes": {k: [list(d) for d in v] for k, v in self.shapes.items()},
+                "values": {k: [list(d) for d in v] for k, v in self.values.items()}}
+
+
+def optimization_profiles(limits: Limits, model: ModelShape, io: GraphIO, max_top_k: int,
+                          max_num_logprobs: int) -> list[Profile]:
+    """The prefill and decode profiles for every graph input, sized from the build limits.
+
+    Batch is 1..max_batch_size in both (the runtime batches whichever KV slots are busy). Prefill
+    takes 1..max_input_len new tokens per row, decode exactly 1, so TensorRT can pick kernels for
+    each. The KV capacity is static at max_kv_cache_capacity: TensorScatter (IKVCacheUpdateLayer)
+    needs a static sequence axis on the cache, and the runtime allocates it at that size.
+    """
+    b, s_max, cap = limits.max_batch_size, limits.max_input_len, limits.max_kv_cache_capacity
+    vocab, k_max = model.vocab_size, min(max_num_logprobs, max_top_k)
+    kv = (model.num_kv_heads, cap, model.head_dim)
+
+    def batch(*rest):  # min batch 1, opt and max the full batch
+        return ((1, *rest), (b, *rest), (b, *rest))
+
+    profiles = []
+    for name, seq in (("prefill", ((1, 1), (b, max(1, s_max // 2)), (b, s_max))), ("decode", ((1, 1), (b, 1), (b, 1)))):
+        shapes = {io.input_ids: seq, io.position_ids: seq}
+        for n in (io.write_index, io.last_index, io.repetition_penalty, io.temperature, io.min_p, io.top_k,
+                  io.top_p, io.uniform):
+            shapes[n] = batch()
+        for n in (io.logit_bias, io.penalty_bias, io.seen):
+            shapes[n] = batch(vocab)
+        for i in range(model.num_layers):
+            shapes[io.past_key.format(i=i)] = batch(*kv)
+            shapes[io.past_value.format(i=i)] = batch(*kv)
+        shapes[io.num_logprobs] = ((1,), (1,), (1,))
+        # num_logprobs sets the width of the logprob outputs, so TensorRT treats it as a shape tensor.
+        values = {io.num_logprobs: ((1,), (1,), (k_max,))}
+        profiles.append(Profile(name, shapes, values))
+    return profiles
+
+
+def workspace_bytes(gib: float) -> int:
+    return int(gib * (1 << 30))
+
+
+def import_tensorrt():
+    """`tensorrt`, or TensorRTUnavailable with one line saying what to do."""
+    try:
+        import tensorrt as trt
+    except ImportError as e:  # also raised when the wheel is there but its native libraries are not
+        raise TensorRTUnavailable(f"TensorRT's Python package does not import here ({e}); on Jetson it comes "
+                                  "with JetPack (python3-libnvinfer), elsewhere install it from NVIDIA; or build "
+                                  "with --backend onnxruntime") from None
+    return trt
+
+
+def gpu_info() -> dict:
+    """The current CUDA device, as recorded in the manifest and checked by the runtime."""
+    from trtllm.runtime.backends import cuda
+
+    return cuda.device_info()
+
+
+def availability() -> tuple[bool, str]:
+    """(usable, why): TensorRT imports and a CUDA GPU is present."""
+    try:
+        trt = import_tensorrt()
+    except TensorRTUnavailable:
+        return False, "TensorRT is not installed"
+    try:
+        gpu = gpu_info()
+    except Exception as e:  # noqa: BLE001 - no driver, no cuda-python, no device: all mean "no GPU"
+        return False, f"TensorRT {trt.__version__} imports but no CUDA GPU is usable ({e})"
+    return True, f"TensorRT {trt.__version__} on {gpu['name']} (sm_{gpu['compute_capability'].replace('.', '')})"
+
+
+def build_plan(onnx_path: Path, profiles: list[Profile], *, workspace_gib: float, opt_level: int,
+               timing_cache: Path | None, log=print) -> bytes:
+    """Parse `onnx_path` (its external data next to it) and build a serialized engine."""
+    trt = import_tensorrt()
+    logger = trt.Logger(trt.Logger.WARNING)
+    builder = trt.Builder(logger)
+    # Strongly typed: the ONNX's own dtypes decide precision. Always on (flag ignored) in TensorRT 11.
+    network = builder.create_network(1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED))
+    parser = trt.OnnxParser(network, logger)
+    log(f"TensorRT {trt.__version__}: parsing {onnx_path.name}")
+    if not parser.parse_from_file(str(onnx_path)):
+        errors = [parser.get_error(i) for i in range(parser.num_errors)]
+        raise RuntimeError("TensorRT's ONNX parser rejected the graph:\n" + "\n".join(
+            f"  {e.node_name()} [{e.node_operator()}]: {e.desc()}" for e in errors))
+    inputs = [network.get_input(i) for i in range(network.num_inputs)]
+    shape_tensors = {t.name for t in inputs if t.is_shape_tensor}
+    missing = [t.name for t in inputs if t.name not in profiles[0].shapes]
+    if missing:
+        raise RuntimeError(f"no optimization profile shapes for the network inputs {missing}")
+
+    config = builder.create_builder_config()
+    config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, workspace_bytes(workspace_gib))
+    config.builder_optimization_level = opt_level
+    if hasattr(trt.BuilderFlag, "MONITOR_MEMORY"):  # 10.6+: bounds build-time memory (Jetson)
+        config.set_flag(trt.BuilderFlag.MONITOR_MEMORY)
+    cache_bytes = timing_cache.read_bytes() if timing_cache and timing_cache.is_file() else b""
+    cache = config.create_timing_cache(cache_bytes)
+    config.set_timing_cache(cache, ignore_mismatch=False)
+    for prof in profiles:
+        p = builder.create_optimization_profile()
+        for name, (lo, opt, hi) in prof.shapes.items():
+            p.set_shape(name, lo, opt, hi)
+        for name, (lo, opt, hi) in prof.values.items():
+            if name in shape_tensors:
+                p.set_shape_input(name, lo, opt, hi)
+        config.add_optimization_profile(p)
+
+    log(f"TensorRT: building {len(profiles)} optimization profiles ({', '.join(p.name for p in profiles)}), "
+        f"optimization level {opt_level}, workspace {workspace_gib:g} GiB"
+        + (f", timing cache {timing_cache}" if timing_cache else ""))
+    plan = builder.build_serialized_network(network, config)
+    if plan is None:
+        raise RuntimeError("TensorRT failed to build the engine (see its log above); lower --max-batch-size, "
+                           "--max-input-len or --max-kv-cache-capacity if it ran out of memory")
+    if timing_cache:
+        timing_cache.parent.mkdir(parents=True, exist_ok=True)
+        timing_cache.write_bytes(bytes(memoryview(cache.serialize())))
+    return bytes(memoryview(plan))
+
+
+def manifest_section(trt_version: str, gpu: dict, profiles: list[Profile], graph: str, lint_version: str) -> dict:
+    """What the runtime checks before it deserializes a plan (plans are tied to both) and uses to
+    bind: profile order, and whether the KV update is in place (modern graph) or a copy (legacy)."""
+    return {"version": trt_version, "gpu": gpu, "graph": graph, "lint_version": lint_version,
+            "kv_update": "in_place" if graph == "modern" else "copy",
+            "profiles": [p.to_json() for p in profiles]}

@@ -1,0 +1,133 @@
+"""Compare an engine's compiled form with its canonical llm.onnx run by ONNX Runtime, through Polygraphy.
+
+    python scripts/trt_compare.py ENGINE_DIR [--atol 0.05] [--rtol 0.01] [--json OUT.json]
+
+The compiled form is llm.plan on a TensorRT engine (Polygraphy's TrtRunner, one runner per
+optimization profile) or llm.ort.onnx on an ONNX Runtime engine (the ORT lowerings). Two steps
+are compared from the same inputs: a prefill of two prompts of different lengths (profile 0) and
+one decode step from the reference's KV (profile 1). The greedy row's token must be equal; logits
+and the KV each row wrote must be within tolerance. Exit status 1 on a mismatch.
+Needs polygraphy (pip install polygraphy) and, for a plan, TensorRT and a CUDA GPU.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+from polygraphy.backend.onnxrt import OnnxrtRunner, SessionFromOnnx
+from polygraphy.comparator import Comparator, CompareFunc
+
+from trtllm.runtime import manifest as mf
+from trtllm.runtime import sampling
+
+PROMPTS = ([1, 17, 23, 99, 5, 64, 8, 12, 33, 7, 2, 41], [9, 31, 4, 77, 15])
+
+
+def feeds(m: mf.Manifest) -> tuple[dict, callable]:
+    """The prefill feed, and a function making the decode feed from the reference's prefill outputs."""
+    io, shape, vocab = m.io, m.model, m.model.vocab_size
+    capacity = m.limits.max_kv_cache_capacity
+    ids = [[t % vocab for t in p] for p in PROMPTS]
+    width, batch = max(map(len, ids)), len(ids)
+    params = [sampling.SamplingParams(temperature=0.0), sampling.SamplingParams(temperature=0.7, top_p=0.9)]
+    s = sampling.make_batch(params, vocab, m.max_top_k)
+    s.uniform[:] = [0.25, 0.75]
+    common = {io.logit_bias: s.logit_bias, io.penalty_bias: s.penalty_bias, io.seen: s.seen,
+              io.repetition_penalty: s.repetition_penalty, io.temperature: s.temperature, io.min_p: s.min_p,
+              io.top_k: s.top_k, io.top_p: s.top_p, io.uniform: s.uniform, io.num_logprobs: np.array([3], np.int64)}
+    kv = np.zeros((batch, shape.num_kv_heads, capacity, shape.head_dim), shape.kv_dtype)
+    prefill = {io.input_ids: np.array([p + [0] * (width - len(p)) for p in ids], np.int64),
+               io.position_ids: np.tile(np.arange(width, dtype=np.int64), (batch, 1)),
+               io.write_index: np.zeros(batch, np.int64), io.last_index: np.array([len(p) - 1 for p in ids], np.int64),
+               **common}
+    for i in range(shape.num_layers):
+        prefill[io.past_key.format(i=i)] = kv
+        prefill[io.past_value.format(i=i)] = kv
+
+    def decode(out: dict) -> dict:
+        step = {io.input_ids: out[io.token_ids][:, None].astype(np.int64),
+                io.position_ids: np.array([[len(p)] for p in ids], np.int64),
+                io.write_index: np.array([len(p) for p in ids], np.int64), io.last_index: np.zeros(batch, np.int64),
+                **common}
+        for i in range(shape.num_layers):
+            step[io.past_key.format(i=i)] = out[io.present_key.format(i=i)]
+            step[io.past_value.format(i=i)] = out[io.present_value.format(i=i)]
+        return step
+
+    return prefill, decode
+
+
+def compiled_runners(engine_dir: Path, m: mf.Manifest) -> list:
+    """One runner per step: the plan with profile 0 then 1, or the ONNX Runtime form twice."""
+    if m.backend == "tensorrt":
+        from polygraphy.backend.trt import EngineFromBytes, TrtRunner
+
+        plan = (engine_dir / m.files["plan"]).read_bytes()
+        return [TrtRunner(EngineFromBytes(plan), name=f"tensorrt-profile{p}", optimization_profile=p) for p in (0, 1)]
+    path = str(engine_dir / m.files.get("compiled", m.files["onnx"]))
+    return [OnnxrtRunner(SessionFromOnnx(path), name=f"onnxruntime-compiled-{step}") for step in ("prefill", "decode")]
+
+
+def kv_error(m: mf.Manifest, ref: dict, got: dict, written: list[int]) -> float:
+    """Largest KV difference over the slots each row has written (pad slots are masked, and a
+    lowered attention may leave them unwritten)."""
+    worst = 0.0
+    for i in range(m.model.num_layers):
+        for name in (m.io.present_key.format(i=i), m.io.present_value.format(i=i)):
+            for b, n in enumerate(written):
+                diff = np.abs(ref[name][b, :, :n].astype(np.float64) - got[name][b, :, :n])
+                worst = max(worst, float(diff.max()))
+    return worst
+
+
+def compare(engine_dir: Path, atol: float, rtol: float) -> dict:
+    m = mf.load(engine_dir)
+    io = m.io
+    reference = OnnxrtRunner(SessionFromOnnx(str(engine_dir / m.files["onnx"])), name="onnxruntime-llm.onnx")
+    prefill, decode = feeds(m)
+    report, ok = {"engine": str(engine_dir), "backend": m.backend, "atol": atol, "rtol": rtol, "steps": []}, True
+    feed = prefill
+    for step, runner in zip(("prefill", "decode"), compiled_runners(engine_dir, m)):
+        results = Comparator.run([reference, runner], data_loader=[feed])
+        ref_out, got_out = (dict(r[0]) for _, r in results.items())
+        # Sampled rows may legitimately differ (a draw near a CDF boundary), so only the greedy row's token.
+        tokens_equal = bool(ref_out[io.token_ids][0] == got_out[io.token_ids][0])
+        err = float(np.max(np.abs(ref_out[io.logits].astype(np.float64) - got_out[io.logits])))
+        accurate = bool(Comparator.compare_accuracy(results, compare_func=CompareFunc.simple(
+            atol=atol, rtol=rtol, find_output_func=lambda name, idx, other: [name] if name == io.logits else [])))
+        kv_err = kv_error(m, ref_out, got_out, written=[len(p) + (step == "decode") for p in PROMPTS])
+        report["steps"].append({"step": step, "runner": runner.name, "greedy_token_equal": tokens_equal,
+                                "max_abs_logit_error": err, "logits_within_tolerance": accurate,
+                                "max_abs_kv_error": kv_err})
+        ok &= tokens_equal and accurate and kv_err <= atol + rtol
+        feed = decode(ref_out)
+    report["ok"] = ok
+    return report
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("engine", type=Path)
+    parser.add_argument("--atol", type=float, default=None, help="default: 1e-3 float32, 0.05 float16")
+    parser.add_argument("--rtol", type=float, default=0.01)
+    parser.add_argument("--json", type=Path, help="write the report here")
+    args = parser.parse_args(argv)
+    dtype = mf.load(args.engine).dtype
+    atol = args.atol if args.atol is not None else (1e-3 if dtype == "float32" else 0.05)
+    report = compare(args.engine, atol, args.rtol)
+    for s in report["steps"]:
+        print(f"{s['step']:8s} {s['runner']:28s} greedy token equal: {s['greedy_token_equal']}  max |logit error| "
+              f"{s['max_abs_logit_error']:.3g} (within atol {atol} rtol {args.rtol}: {s['logits_within_tolerance']})  "
+              f"max |KV error| {s['max_abs_kv_error']:.3g}")
+    print("OK" if report["ok"] else "MISMATCH")
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(report, indent=2) + "\n")
+    return 0 if report["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,137 @@
+"""trtllm-build's TensorRT path: profiles, build profiles from configs/, backend choice, and the build
+itself against tests/fakes/tensorrt (TensorRT's API contract, executed through ONNX Runtime)."""
+from __future__ import annotations
+
+import json
+
+import onnx
+import pytest
+from click.testing import CliRunner
+
+from tests import fakes
+from trtllm.builder import tensorrt as trt_build
+from trtllm.builder.cli import main as build_main
+from trtllm.builder.config import PROFILES, BuildConfig, ConfigError, profile_defaults
+from trtllm.builder.export import build
+from trtllm.runtime.manifest import GraphIO, Limits, ModelShape, load
+
+LIMITS = dict(max_batch_size=4, max_input_len=128, max_kv_cache_capacity=256)
+SHAPE = ModelShape(vocab_size=400, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16)
+
+
+def build_trt(ckpt, out, env=None, **options):
+    logs: list[str] = []
+    with fakes.installed(**(env or {})):
+        config = BuildConfig(model=str(ckpt), output=str(out), backend="tensorrt", **{**LIMITS, **options})
+        build(config, log=logs.append)
+    return logs
+
+
+def test_profiles_come_from_the_limits():
+    io = GraphIO()
+    prefill, decode = trt_build.optimization_profiles(Limits(**LIMITS), SHAPE, io, max_top_k=400, max_num_logprobs=50)
+    assert (prefill.name, decode.name) == ("prefill", "decode")
+    assert prefill.shapes[io.input_ids] == ((1, 1), (4, 64), (4, 128))
+    assert decode.shapes[io.input_ids] == ((1, 1), (4, 1), (4, 1))
+    for p in (prefill, decode):
+        lo, opt, hi = p.shapes[io.past_key.format(i=1)]
+        assert lo == (1, 2, 256, 16) and opt == hi == (4, 2, 256, 16)  # static capacity, batch 1..4
+        assert p.shapes[io.logit_bias] == ((1, 400), (4, 400), (4, 400))
+        assert p.values[io.num_logprobs] == ((1,), (1,), (50,))
+    small = trt_build.optimization_profiles(Limits(**LIMITS), SHAPE, io, max_top_k=8, max_num_logprobs=50)
+    assert small[0].values[io.num_logprobs][2] == (8,)  # K <= min(50, M)
+
+
+@pytest.mark.parametrize("graph", ["modern", "legacy"])
+def test_profiles_cover_every_graph_input(tiny_checkpoint, tmp_path, graph):
+    build(BuildConfig(model=str(tiny_checkpoint("qwen3")), output=str(tmp_path / "e"), backend="onnxruntime",
+                      graph=graph, trt_version="10.3" if graph == "legacy" else "11.1", verify=False, **LIMITS),
+          log=lambda m: None)
+    m = load(tmp_path / "e")
+    inputs = {i.name for i in onnx.load(str(tmp_path / "e" / "llm.onnx"), load_external_data=False).graph.input}
+    for p in trt_build.optimization_profiles(m.limits, m.model, m.io, m.max_top_k, m.max_num_logprobs):
+        assert set(p.shapes) == inputs
+    assert m.graph_profile == graph
+
+
+@pytest.mark.parametrize("name", PROFILES)
+def test_shipped_profiles_are_valid_configs(name):
+    values = {k: v for k, v in profile_defaults(name).items() if k != "description"}
+    config = BuildConfig(model="m", output="o", profile=name, **values)
+    assert config.graph in ("modern", "legacy")
+
+
+def test_profile_options_are_checked(tmp_path):
+    bad = tmp_path / "p.json"
+    bad.write_text(json.dumps({"backend": "tensorrt", "max_batchsize": 2}))
+    with pytest.raises(ConfigError, match=r"unknown keys \['max_batchsize'\]"):
+        profile_defaults(str(bad))
+    with pytest.raises(ConfigError, match="--profile must be one of"):
+        profile_defaults("jetson-nano")
+    with pytest.raises(ConfigError, match="modern graph .* needs TensorRT >= 10.15"):
+        BuildConfig(model="m", output="o", graph="modern", trt_version="10.3")
+    with pytest.raises(ConfigError, match="--quantization int4 needs the modern graph"):
+        BuildConfig(model="m", output="o", graph="legacy", trt_version="10.3", quantization="int4")
+
+
+def test_cli_flags_win_over_the_profile(tiny_checkpoint, tmp_path):
+    out = tmp_path / "e"
+    result = CliRunner().invoke(build_main, ["--model", str(tiny_checkpoint("llama")), "--output", str(out),
+                                             "--profile", "tensorrt-legacy", "--backend", "onnxruntime",
+                                             "--dtype", "float32", "--max-input-len", "64", "--no-verify"])
+    assert result.exit_code == 0, result.output
+    m = load(out)
+    assert (m.backend, m.dtype, m.graph_profile, m.limits.max_input_len) == ("onnxruntime", "float32", "legacy", 64)
+    assert m.limits.max_batch_size == profile_defaults("tensorrt-legacy")["max_batch_size"]
+    assert m.build_config["profile"] == "tensorrt-legacy"
+
+
+def test_backend_tensorrt_without_tensorrt_is_one_clear_line(tiny_checkpoint, tmp_path):
+    result = CliRunner().invoke(build_main, ["--model", str(tiny_checkpoint("llama")), "--output", str(tmp_path / "e"),
+                                             "--backend", "tensorrt"])
+    assert result.exit_code == 2
+    lines = result.output.strip().splitlines()
+    assert lines[-1].startswith("error: --backend tensorrt needs TensorRT and a CUDA GPU: TensorRT is not installed")
+    assert "--backend onnxruntime" in lines[-1]
+    assert not (tmp_path / "e").exists() and not (tmp_path / "e.partial").exists()
+
+
+def test_backend_auto_says_what_it_picked(tiny_checkpoint, tmp_path):
+    logs: list[str] = []
+    build(BuildConfig(model=str(tiny_checkpoint("llama")), output=str(tmp_path / "a"), verify=False, **LIMITS),
+          log=logs.append)
+    assert "backend auto: onnxruntime (TensorRT is not installed)" in logs
+    assert load(tmp_path / "a").backend == "onnxruntime"
+    with fakes.installed():
+        build(BuildConfig(model=str(tiny_checkpoint("llama")), output=str(tmp_path / "b"), verify=False, **LIMITS),
+              log=logs.append)
+    assert "backend auto: tensorrt (TensorRT 10.16.0.1 on Fake H200 (sm_90))" in logs
+    assert load(tmp_path / "b").backend == "tensorrt"
+
+
+def test_build_writes_plan_and_manifest(tiny_checkpoint, tmp_path):
+    cache = tmp_path / "cache" / "timing.bin"
+    logs = build_trt(tiny_checkpoint("llama"), tmp_path / "e", timing_cache=str(cache), opt_level=2)
+    m = load(tmp_path / "e")
+    assert m.backend == "tensorrt" and m.files["plan"] == "llm.plan" and "compiled" not in m.files
+    assert (tmp_path / "e" / "llm.plan").is_file() and (tmp_path / "e" / "llm.onnx").is_file()
+    assert not (tmp_path / "e" / "llm.ort.onnx").exists()
+    t = m.tensorrt
+    assert t["version"] == "10.16.0.1" and t["gpu"] == {"name": "Fake H200", "compute_capability": "9.0"}
+    assert t["graph"] == "modern" and t["kv_update"] == "in_place"
+    assert [p["name"] for p in t["profiles"]] == ["prefill", "decode"]
+    assert cache.is_file()  # written for the next build
+    assert any("optimization level 2" in line for line in logs)
+    assert json.loads((tmp_path / "e" / "verify.json").read_text())["tokens_agree"]
+
+
+def test_modern_graph_is_refused_by_an_old_tensorrt(tiny_checkpoint, tmp_path):
+    with pytest.raises(trt_build.TensorRTUnavailable, match="TensorRT 10.3 cannot parse the modern graph"):
+        build_trt(tiny_checkpoint("llama"), tmp_path / "e", env={"FAKE_TRT_VERSION": "10.3.0.30"})
+
+
+def test_legacy_build_for_tensorrt_10_3(tiny_checkpoint, tmp_path):
+    build_trt(tiny_checkpoint("mistral"), tmp_path / "e", env={"FAKE_TRT_VERSION": "10.3.0.30"},
+              graph="legacy", trt_version="10.3")
+    t = load(tmp_path / "e").tensorrt
+    assert (t["version"], t["graph"], t["kv_update"], t["lint_version"]) == ("10.3.0.30", "legacy", "copy", "10.3")

@@ -1,0 +1,318 @@
+"""A stand-in for the `tensorrt` Python API (the parts trtllm-edge uses), for tests without TensorRT.
+
+It follows TensorRT 10's documented contract and is strict where TensorRT would fail:
+  - create_network must ask for STRONGLY_TYPED; the parser runs our op lint for this version and
+    reports the issues as parser errors; int64 [1] inputs are shape tensors (host memory);
+  - build_serialized_network needs every input in every profile, min <= opt <= max, shape-tensor
+    values for shape tensors, and a static KV capacity; the "plan" embeds the ONNX model;
+  - a plan deserializes only under the version that built it;
+  - set_input_shape returns False outside the active profile; execute_async_v3 needs a profile,
+    every shape and address, device memory for device tensors and host memory for shape tensors.
+Execution runs the embedded ONNX with ONNX Runtime and writes the outputs to the bound addresses,
+so present_* written to the past_* address is an in-place update, as TensorRT's KV update is.
+FAKE_TRT_VERSION sets __version__.
+"""
+from __future__ import annotations
+
+import ctypes
+import enum
+import json
+import os
+
+import numpy as np
+
+__version__ = os.environ.get("FAKE_TRT_VERSION", "10.16.0.1")
+_MAGIC = b"FAKEPLAN"
+
+
+class Logger:
+    ERROR, WARNING, INFO = 1, 2, 3
+
+    def __init__(self, severity=WARNING):
+        self.severity = severity
+
+
+class NetworkDefinitionCreationFlag(enum.IntEnum):
+    STRONGLY_TYPED = 1
+
+
+class MemoryPoolType(enum.IntEnum):
+    WORKSPACE = 0
+
+
+class BuilderFlag(enum.IntEnum):
+    TF32 = 0
+    MONITOR_MEMORY = 19
+
+
+class TensorIOMode(enum.Enum):
+    NONE, INPUT, OUTPUT = 0, 1, 2
+
+
+class TensorLocation(enum.Enum):
+    DEVICE, HOST = 0, 1
+
+
+class DataType(enum.Enum):
+    FLOAT, HALF, INT8, INT32, BOOL, INT64 = 0, 1, 2, 3, 4, 5
+
+
+float32, float16, int8, int32, bool, int64 = (DataType.FLOAT, DataType.HALF, DataType.INT8, DataType.INT32,
+                                              DataType.BOOL, DataType.INT64)
+_NP = {DataType.FLOAT: np.float32, DataType.HALF: np.float16, DataType.INT8: np.int8, DataType.INT32: np.int32,
+       DataType.BOOL: np.bool_, DataType.INT64: np.int64}
+_ONNX = {1: DataType.FLOAT, 10: DataType.HALF, 3: DataType.INT8, 6: DataType.INT32, 9: DataType.BOOL, 7: DataType.INT64}
+
+
+def nptype(dtype: DataType):
+    return _NP[dtype]
+
+
+def _minor() -> str:
+    return ".".join(__version__.split(".")[:2])
+
+
+class _ITensor:
+    def __init__(self, info):
+        t = info.type.tensor_type
+        self.name, self.dtype = info.name, _ONNX[t.elem_type]
+        self.shape = tuple(d.dim_value if d.HasField("dim_value") else -1 for d in t.shape.dim)
+        self.is_shape_tensor = self.dtype == DataType.INT64 and self.shape == (1,)
+
+
+class _Network:
+    def __init__(self):
+        self.model, self.inputs, self.outputs = None, [], []
+
+    @property
+    def num_inputs(self):
+        return len(self.inputs)
+
+    def get_input(self, index):
+        return self.inputs[index]
+
+
+class _ParserError:
+    def __init__(self, issue):
+        self.issue = issue
+
+    def node_name(self):
+        return self.issue.node
+
+    def node_operator(self):
+        return self.issue.op
+
+    def desc(self):
+        return self.issue.message
+
+
+class OnnxParser:
+    def __init__(self, network, logger):
+        self.network, self.errors = network, []
+
+    @property
+    def num_errors(self):
+        return len(self.errors)
+
+    def get_error(self, index):
+        return self.errors[index]
+
+    def parse_from_file(self, path) -> bool:
+        import onnx
+
+        from trtllm.plugins import lint
+
+        model = onnx.load(str(path))  # with its external data, as TensorRT reads it
+        self.errors = [_ParserError(i) for i in lint.lint_model(model, _minor())]
+        self.network.model = model
+        self.network.inputs = [_ITensor(i) for i in model.graph.input]
+        self.network.outputs = [_ITensor(o) for o in model.graph.output]
+        return not self.errors
+
+
+class _Profile:
+    def __init__(self):
+        self.shapes, self.values = {}, {}
+
+    def set_shape(self, name, lo, opt, hi):
+        lo, opt, hi = (tuple(int(d) for d in s) for s in (lo, opt, hi))
+        if not (len(lo) == len(opt) == len(hi) and all(a <= b <= c for a, b, c in zip(lo, opt, hi))):
+            raise ValueError(f"{name}: need min <= opt <= max, got {lo} {opt} {hi}")
+        self.shapes[name] = (lo, opt, hi)
+
+    def set_shape_input(self, name, lo, opt, hi):
+        self.values[name] = tuple(tuple(int(v) for v in s) for s in (lo, opt, hi))
+
+
+class _TimingCache:
+    def __init__(self, data: bytes):
+        self.data = bytes(data) or b"fake-timing-cache"
+
+    def serialize(self):
+        return memoryview(self.data)
+
+
+class _BuilderConfig:
+    def __init__(self):
+        self.profiles, self.flags, self.pools, self.cache = [], set(), {}, None
+        self.builder_optimization_level = 3
+
+    def set_memory_pool_limit(self, pool, nbytes):
+        self.pools[pool] = int(nbytes)
+
+    def set_flag(self, flag):
+        self.flags.add(flag)
+
+    def create_timing_cache(self, data):
+        return _TimingCache(data)
+
+    def set_timing_cache(self, cache, ignore_mismatch):
+        self.cache = cache
+        return True
+
+    def add_optimization_profile(self, profile):
+        self.profiles.append(profile)
+        return len(self.profiles) - 1
+
+
+class Builder:
+    def __init__(self, logger):
+        self.logger = logger
+
+    def create_network(self, flags):
+        if not flags & (1 << int(NetworkDefinitionCreationFlag.STRONGLY_TYPED)):
+            raise ValueError("trtllm-edge networks must be strongly typed")
+        return _Network()
+
+    def create_builder_config(self):
+        return _BuilderConfig()
+
+    def create_optimization_profile(self):
+        return _Profile()
+
+    def build_serialized_network(self, network, config):
+        if not config.profiles or config.cache is None:
+            return None
+        for index, p in enumerate(config.profiles):
+            for t in network.inputs:
+                if t.name not in p.shapes or (t.is_shape_tensor and t.name not in p.values):
+                    raise ValueError(f"profile {index} has no shape for input {t.name}")
+                lo, _, hi = p.shapes[t.name]
+                if t.name.startswith("past_") and lo[2] != hi[2]:
+                    raise ValueError(f"{t.name}: the KV capacity axis must be static for the KV update")
+        header = {"version": __version__, "profiles": [{"shapes": p.shapes, "values": p.values} for p in config.profiles]}
+        head = json.dumps(header).encode()
+        return _MAGIC + len(head).to_bytes(8, "little") + head + network.model.SerializeToString()
+
+
+class Runtime:
+    def __init__(self, logger):
+        self.logger = logger
+
+    def deserialize_cuda_engine(self, plan: bytes):
+        if not plan.startswith(_MAGIC):
+            return None
+        n = int.from_bytes(plan[8:16], "little")
+        header = json.loads(plan[16:16 + n])
+        if header["version"] != __version__:  # TensorRT refuses plans of another version
+            return None
+        return ICudaEngine(header, plan[16 + n:])
+
+
+class ICudaEngine:
+    def __init__(self, header, model_bytes):
+        import onnx
+        import onnxruntime as ort
+
+        model = onnx.load_from_string(model_bytes)
+        self.inputs = [_ITensor(i) for i in model.graph.input]
+        self.outputs = [_ITensor(o) for o in model.graph.output]
+        self.tensors = {t.name: t for t in self.inputs + self.outputs}
+        self.profiles = [{k: tuple(tuple(d) for d in v) for k, v in p["shapes"].items()} for p in header["profiles"]]
+        self.values = [{k: tuple(tuple(d) for d in v) for k, v in p["values"].items()} for p in header["profiles"]]
+        opts = ort.SessionOptions()
+        opts.log_severity_level = 3  # the copy-not-in-place warnings are about ORT, not the fake
+        self.session = ort.InferenceSession(model_bytes, opts, providers=["CPUExecutionProvider"])
+        self.runs = 0
+
+    @property
+    def num_io_tensors(self):
+        return len(self.tensors)
+
+    @property
+    def num_optimization_profiles(self):
+        return len(self.profiles)
+
+    def get_tensor_name(self, index):
+        return list(self.tensors)[index]
+
+    def get_tensor_mode(self, name):
+        return TensorIOMode.INPUT if name in {t.name for t in self.inputs} else TensorIOMode.OUTPUT
+
+    def get_tensor_dtype(self, name):
+        return self.tensors[name].dtype
+
+    def get_tensor_location(self, name):
+        return TensorLocation.HOST if self.tensors[name].is_shape_tensor else TensorLocation.DEVICE
+
+    def is_shape_inference_io(self, name):
+        return self.tensors[name].is_shape_tensor
+
+    def get_tensor_profile_shape(self, name, index):
+        return [list(d) for d in self.profiles[index][name]]
+
+    def create_execution_context(self):
+        return IExecutionContext(self)
+
+
+class IExecutionContext:
+    def __init__(self, engine: ICudaEngine):
+        self.engine, self.profile, self.shapes, self.addresses = engine, None, {}, {}
+
+    def set_optimization_profile_async(self, index, stream_handle: int) -> bool:
+        if not isinstance(stream_handle, int) or not 0 <= index < self.engine.num_optimization_profiles:
+            return False
+        self.profile, self.shapes = index, {}
+        return True
+
+    def set_input_shape(self, name, shape) -> bool:
+        lo, _, hi = self.engine.profiles[self.profile][name]
+        shape = tuple(int(d) for d in shape)
+        if len(shape) != len(lo) or not all(a <= d <= b for a, d, b in zip(lo, shape, hi)):
+            return False
+        self.shapes[name] = shape
+        return True
+
+    def set_tensor_address(self, name, ptr) -> bool:
+        self.addresses[name] = int(ptr)
+        return True
+
+    def execute_async_v3(self, stream_handle: int) -> bool:
+        from cuda.bindings import runtime as cudart
+
+        e = self.engine
+        if self.profile is None or not isinstance(stream_handle, int) or stream_handle not in cudart.live_streams:
+            return False
+        feeds = {}
+        for t in e.inputs:
+            shape, ptr = self.shapes[t.name], self.addresses[t.name]
+            nbytes = int(np.prod(shape)) * np.dtype(_NP[t.dtype]).itemsize
+            if cudart.is_device(ptr, nbytes) == t.is_shape_tensor:
+                raise AssertionError(f"{t.name} bound to {'device' if t.is_shape_tensor else 'host'} memory")
+            feeds[t.name] = _read(ptr, shape, _NP[t.dtype])
+            if t.is_shape_tensor:
+                lo, _, hi = e.values[self.profile][t.name]
+                assert all(a <= v <= b for a, v, b in zip(lo, feeds[t.name], hi)), f"{t.name} out of range"
+        results = e.session.run(None, feeds)
+        for t, value in zip(e.outputs, results):
+            ptr = self.addresses[t.name]
+            assert cudart.is_device(ptr, value.nbytes), f"{t.name} must be bound to device memory"
+            ctypes.memmove(ptr, np.ascontiguousarray(value).ctypes.data, value.nbytes)
+        e.runs += 1
+        return True
+
+
+def _read(ptr: int, shape, dtype) -> np.ndarray:
+    count = int(np.prod(shape))
+    raw = (ctypes.c_char * (count * np.dtype(dtype).itemsize)).from_address(ptr)
+    return np.frombuffer(raw, dtype=dtype, count=count).reshape(shape).copy()

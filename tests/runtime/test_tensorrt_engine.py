@@ -1,0 +1,165 @@
+"""The TensorRT engine (runtime/backends/tensorrt.py) against tests/fakes: refusals, device KV, profile
+switching, and the same outputs as the ONNX Runtime engine built from the same checkpoint."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from tests import fakes
+from trtllm.builder.config import BuildConfig
+from trtllm.builder.export import build
+from trtllm.runtime.manifest import ManifestError
+
+LIMITS = dict(max_batch_size=3, max_input_len=96, max_kv_cache_capacity=160)
+PAYLOAD = {
+    "batch_size": 3, "max_generate_length": 10, "temperature": 0,
+    "requests": [
+        {"messages": [{"role": "user", "content": "hello there"}]},
+        {"messages": [{"role": "user", "content": "a longer prompt with more words in it"}],
+         "temperature": 0.8, "seed": 3, "top_p": 0.9, "num_logprobs": 3},
+        {"messages": [{"role": "system", "content": "You answer briefly."}, {"role": "user", "content": "x"}],
+         "top_k": 5, "temperature": 1.0, "seed": 7, "n": 2, "save_system_prompt_kv_cache": True},
+        {"messages": [{"role": "user", "content": "a fourth request joins in flight"}], "repetition_penalty": 1.3,
+         "num_logprobs": 2},
+    ],
+}
+
+
+@pytest.fixture(scope="module")
+def engines(tiny_checkpoint, tmp_path_factory):
+    """ONNX Runtime engine, TensorRT engines with the modern graph and the legacy graph (fake TRT 10.3)."""
+    root, ckpt = tmp_path_factory.mktemp("trt"), str(tiny_checkpoint("qwen2"))
+    build(BuildConfig(model=ckpt, output=str(root / "ort"), backend="onnxruntime", **LIMITS), log=lambda m: None)
+    with fakes.installed():
+        build(BuildConfig(model=ckpt, output=str(root / "modern"), backend="tensorrt", **LIMITS), log=lambda m: None)
+    with fakes.installed(FAKE_TRT_VERSION="10.3.0.30"):
+        build(BuildConfig(model=ckpt, output=str(root / "legacy"), backend="tensorrt", graph="legacy",
+                          trt_version="10.3", **LIMITS), log=lambda m: None)
+    return root
+
+
+def outputs(run_cli, engine, *extra):
+    result, out = run_cli(engine, PAYLOAD, *extra)
+    assert result.exit_code == 0, result.output
+    return out["responses"]
+
+
+def same(a, b):
+    """Token-exact text and finish reasons; logprobs within fp32 tolerance (the graphs differ:
+    ONNX Runtime runs its lowered form, the fake TensorRT the canonical llm.onnx)."""
+    assert [(r["output_text"], r["finish_reason"], r["batch_idx"]) for r in a] == \
+           [(r["output_text"], r["finish_reason"], r["batch_idx"]) for r in b]
+    for x, y in zip(a, b):
+        for px, py in zip(x.get("logprobs") or [], y.get("logprobs") or []):
+            assert [t["token_id"] for t in px] == [t["token_id"] for t in py]
+            np.testing.assert_allclose([t["logprob"] for t in px], [t["logprob"] for t in py], atol=1e-4)
+
+
+@pytest.mark.parametrize("graph", ["modern", "legacy"])
+def test_same_outputs_as_onnxruntime(engines, run_cli, tmp_path, graph):
+    env = {"FAKE_TRT_VERSION": "10.3.0.30"} if graph == "legacy" else {}
+    want = outputs(run_cli, engines / "ort")
+    with fakes.installed(**env):
+        same(outputs(run_cli, engines / graph), want)
+        # saved system-prompt KV: written from device memory, then restored into it
+        cache = ["--kv-cache-dir", str(tmp_path / "kv")]
+        same(outputs(run_cli, engines / graph, *cache), want)
+        assert list((tmp_path / "kv").iterdir())
+        same(outputs(run_cli, engines / graph, *cache), want)
+
+
+def test_a_kv_update_that_is_not_copied_back_is_caught(engines, run_cli, monkeypatch):
+    """The deliberately wrong variant: the legacy graph's present_* never reaches the cache."""
+    from trtllm.runtime.backends import tensorrt as backend
+
+    want = outputs(run_cli, engines / "ort")
+    real = backend.TensorRTEngine.bind_kv
+    monkeypatch.setattr(backend.TensorRTEngine, "bind_kv", lambda self, kv: (real(self, kv), [])[1])
+    with fakes.installed(FAKE_TRT_VERSION="10.3.0.30"):
+        with pytest.raises(AssertionError):
+            same(outputs(run_cli, engines / "legacy"), want)
+
+
+def test_profiles_switch_between_prefill_and_decode(engines):
+    from trtllm.runtime import sampling
+    from trtllm.runtime.engine import load_engine
+    from trtllm.runtime.generate import RowState, run_rows
+
+    with fakes.installed():
+        engine = load_engine(engines / "modern")
+        switches = []
+        real = engine.context.set_optimization_profile_async
+        engine.context.set_optimization_profile_async = lambda i, s: switches.append(i) or real(i, s)
+        params = sampling.SamplingParams(temperature=0.0, max_new_tokens=4)
+        rows = [RowState(prompt_ids=[5, 6, 7, 8], params=params, rng=np.random.default_rng(0), eos_ids=frozenset())]
+        run_rows(engine, rows)
+        assert switches == [0, 1] and len(rows[0].output_ids) == 4
+        engine.close()
+
+
+def test_shape_outside_the_profile_names_the_limits(engines):
+    from trtllm.runtime import sampling
+    from trtllm.runtime.engine import StepInputs, load_engine
+
+    with fakes.installed():
+        engine = load_engine(engines / "modern")
+        m = engine.manifest
+        kv = engine.make_kv_cache(m.model, 4, 160)
+        batch = sampling.empty_batch(4, m.model.vocab_size, 1, m.max_top_k)
+        ids = np.ones((4, 2), np.int64)  # batch 4 > max_batch_size 3
+        step = StepInputs(ids, np.tile(np.arange(2), (4, 1)), np.zeros(4, np.int64), np.ones(4, np.int64), batch)
+        with pytest.raises(RuntimeError, match=r"rejected shape \(4, 2\) for input_ids .* \(1, 1\) to \(3, 96\)"):
+            engine.step(step, kv.view(0, 4))
+        engine.close()
+
+
+def test_device_kv_read_write_round_trip(engines):
+    from trtllm.runtime.engine import load_engine
+
+    with fakes.installed():
+        engine = load_engine(engines / "modern")
+        m = engine.manifest
+        kv = engine.make_kv_cache(m.model, 2, 16)   # capacity is the plan's static one, not 16
+        assert kv.capacity == 160 and kv.nbytes == 2 * 2 * m.model.num_layers * m.model.num_kv_heads * 160 * \
+            m.model.head_dim * 4
+        data = np.random.default_rng(0).standard_normal((2 * m.model.num_layers, m.model.num_kv_heads, 7,
+                                                         m.model.head_dim)).astype(np.float32)
+        kv.write(1, data)
+        np.testing.assert_array_equal(kv.read(1, 7), data)
+        assert not kv.read(0, 7).any()  # the other slot is untouched
+        engine.close()
+
+
+def test_refused_without_tensorrt(engines, run_cli):
+    result, out = run_cli(engines / "modern", PAYLOAD)
+    assert result.exit_code == 2 and out is None
+    line = result.output.strip().splitlines()[-1]
+    assert "is a TensorRT engine, but TensorRT does not import here" in line
+    assert "trtllm-build --model <checkpoint> --output" in line and "--backend onnxruntime" in line
+
+
+@pytest.mark.parametrize("env, message", [
+    ({"FAKE_TRT_VERSION": "10.16.1.2"}, "was built with TensorRT 10.16.0.1, this machine has 10.16.1.2"),
+    ({"FAKE_GPU_NAME": "Orin", "FAKE_GPU_CC": "8.7"}, r"was built for Fake H200 \(compute capability 9.0\), "
+                                                      r"this machine has Orin \(8.7\)"),
+])
+def test_plan_from_another_tensorrt_or_gpu_is_refused(engines, env, message):
+    from trtllm.runtime.engine import load_engine
+
+    with fakes.installed(**env):
+        with pytest.raises(ManifestError, match=message) as err:
+            load_engine(engines / "modern")
+    assert "--backend tensorrt (on this machine)" in str(err.value)
+
+
+def test_runtime_modules_do_not_import_tensorrt(engines):
+    import subprocess
+    import sys
+
+    code = ("import sys; import trtllm.runtime.backends.tensorrt, trtllm.runtime.engine, trtllm.runtime.cli; "
+            "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in ('tensorrt', 'cuda'))))")
+    out = subprocess.run([sys.executable, "-c", "import json; " + code], capture_output=True, text=True, check=True,
+                         env={"PYTHONPATH": str(fakes.FAKES)})
+    assert json.loads(out.stdout) == []

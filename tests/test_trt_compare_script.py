@@ -1,0 +1,33 @@
+"""scripts/trt_compare.py (the Polygraphy comparison in scripts/trt_acceptance.sh), run here on an
+ONNX Runtime engine: its compiled form against llm.onnx. On a TensorRT machine the same code compares
+llm.plan."""
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("polygraphy")
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+import trt_compare  # noqa: E402
+
+
+def test_compiled_form_matches_the_canonical_graph(tiny_engine, tmp_path):
+    report = trt_compare.compare(tiny_engine("llama"), atol=1e-3, rtol=0.01)
+    assert report["ok"], report
+    assert [s["step"] for s in report["steps"]] == ["prefill", "decode"]
+    assert all(s["max_abs_logit_error"] < 1e-4 for s in report["steps"])
+
+
+def test_a_corrupted_compiled_form_is_caught(tiny_engine, tmp_path):
+    """The deliberately wrong variant: weights of the compiled form perturbed."""
+    engine = tmp_path / "engine"
+    shutil.copytree(tiny_engine("llama"), engine)
+    data = engine / "llm.ort.onnx.data"
+    weights = np.fromfile(data, np.float32)
+    weights[len(weights) // 2:] *= 1.5
+    weights.tofile(data)
+    assert trt_compare.main([str(engine), "--json", str(tmp_path / "r.json")]) == 1
