@@ -142,6 +142,20 @@ class DecoderWriter:
         return self.g.op("RMSNormalization", f"{name}/RMSNormalization", [x, scale], axis=-1,
                          epsilon=self.spec.rms_norm_eps, stash_type=1)
 
+    def residual_norm(self, name: str, h: str, branch: tuple[str, str] | None, weight_name: str) -> tuple[str, str]:
+        """h += branch, then RMSNorm: (normed, new h). The ONNX Runtime lowering does both in one
+        com.microsoft SkipSimplifiedLayerNormalization, which ONNX Runtime does not fuse by itself."""
+        if branch is None:
+            return self.rms_norm(name, h, weight_name), h
+        if not self.gqa:
+            h = self.g.op("Add", branch[0], [h, branch[1]])
+            return self.rms_norm(name, h, weight_name), h
+        scale = self.fw(weight_name, self.w[weight_name])
+        normed, _, _, h = self.g.op("SkipSimplifiedLayerNormalization", f"{name}/SkipSimplifiedLayerNormalization",
+                                    [h, branch[1], scale], outputs=[f"{name}/output_0", "", "", f"{branch[0]}/output_0"],
+                                    domain="com.microsoft", epsilon=self.spec.rms_norm_eps)
+        return normed, h
+
     def heads(self, name: str, x: str, num_heads: int, norm: str | None) -> str:
         """[B,S,heads*D] -> [B,heads,S,D], with an optional per-head RMSNorm (Qwen3 q/k norm)."""
         g, d = self.g, self.spec.head_dim
@@ -267,12 +281,15 @@ class DecoderWriter:
             mask = legacy_ops.attention_bias(g, mask, s.num_heads // s.num_kv_heads)
             self.rope = legacy_ops.rope_tables(g, position_ids, self.cos, self.sin)
             self.kv_index = legacy_ops.scatter_indices(g, input_ids, write_index, s.num_kv_heads)
+        branch = None  # (residual Add name, the attention or MLP output still to be added into h)
         for i in range(s.num_layers):
-            x = self.rms_norm(f"/model/layers.{i}/input_layernorm", h, f"model.layers.{i}.input_layernorm.weight")
-            h = g.op("Add", f"/model/layers.{i}/attn/residual", [h, self.attention(i, x, position_ids, write_index, mask)])
-            x = self.rms_norm(f"/model/layers.{i}/post_attention_layernorm", h,
-                              f"model.layers.{i}.post_attention_layernorm.weight")
-            h = g.op("Add", f"/model/layers.{i}/mlp/residual", [h, self.mlp(i, x)])
+            x, h = self.residual_norm(f"/model/layers.{i}/input_layernorm", h, branch,
+                                      f"model.layers.{i}.input_layernorm.weight")
+            branch = (f"/model/layers.{i}/attn/residual", self.attention(i, x, position_ids, write_index, mask))
+            x, h = self.residual_norm(f"/model/layers.{i}/post_attention_layernorm", h, branch,
+                                      f"model.layers.{i}.post_attention_layernorm.weight")
+            branch = (f"/model/layers.{i}/mlp/residual", self.mlp(i, x))
+        h = g.op("Add", branch[0], [h, branch[1]])
         logits = self.lm_head(h, last_index)
         self.sampler(logits)
         extra = {sample_body.DOMAIN: 1, **({"com.microsoft": 1} if self.gqa else {})}

@@ -64,11 +64,12 @@ def export_onnx(ck: ckpt.Checkpoint, config: BuildConfig, out_dir: Path, log, lo
     if lower and config.graph == "modern" and gqa_supported(spec, config.dtype):
         # The ONNX Runtime form starts from a graph whose attention is ORT's fused kernel;
         # the canonical llm.onnx (what TensorRT parses) keeps the standard ops.
-        log("lowering attention to ONNX Runtime's GroupQueryAttention")
+        log("lowering attention to ONNX Runtime's GroupQueryAttention, residual + RMSNorm to "
+            "SkipSimplifiedLayerNormalization")
         ort_model = DecoderWriter(spec, weights, cos, sin, max_top_k, quant=quant, dtype=config.dtype,
                                   ort_attention=True).write()
         save(ort_model, out_dir, ORT_SOURCE)
-        lowerings.append("GroupQueryAttention")
+        lowerings += ["GroupQueryAttention", "SkipSimplifiedLayerNormalization"]
     return spec, max_top_k, num_positions, lowerings
 
 

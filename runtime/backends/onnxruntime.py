@@ -2,7 +2,8 @@
 
 KV buffers (the KV manager's numpy arrays) are wrapped as OrtValues without a copy, and each layer's
 `present_*` output is bound to the same OrtValue as its `past_*` input, so TensorScatter
-writes the new positions in place: no per-step copy or concatenation of the cache.
+(GroupQueryAttention in the lowered form, ScatterND in the legacy graph) writes the new positions in
+place: no per-step copy or concatenation of the cache.
 """
 from __future__ import annotations
 

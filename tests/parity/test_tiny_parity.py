@@ -108,9 +108,10 @@ def test_onnxruntime_lowering_matches_the_canonical_graph(arch, lowered, tiny_en
 
     engine_dir = tiny_engine(arch)
     manifest = json.loads((engine_dir / "manifest.json").read_text())
-    assert manifest["lowerings"] == (["GroupQueryAttention"] if lowered else [])
+    assert manifest["lowerings"] == (["GroupQueryAttention", "SkipSimplifiedLayerNormalization"] if lowered else [])
     ops = {n.op_type for n in onnx.load(engine_dir / "llm.ort.onnx", load_external_data=False).graph.node}
     assert ("GroupQueryAttention" in ops) == lowered
+    assert ("SkipSimplifiedLayerNormalization" in ops) == lowered
     assert "GroupQueryAttention" not in {n.op_type for n in onnx.load(engine_dir / "llm.onnx",
                                                                      load_external_data=False).graph.node}
     for prompt in PROMPTS:
