@@ -41,9 +41,11 @@ def versions() -> dict:
     return out
 
 
-def export_onnx(ck: ckpt.Checkpoint, config: BuildConfig, out_dir: Path, log, lower: bool = True) -> tuple:
+def export_onnx(ck: ckpt.Checkpoint, config: BuildConfig, out_dir: Path, log, backend: str = "onnxruntime") -> tuple:
     spec = spec_for(ck.model.config, type(ck.model).__name__)
     num_positions = min(config.max_kv_cache_capacity, ck.model.config.max_position_embeddings)
+    if backend == "tensorrt":
+        num_positions = trt_build.aligned_capacity(num_positions, spec, config.dtype, log)
     cos, sin = ckpt.rope_tables(ck.model, num_positions)
     log(f"writing the {spec.architecture} graph ({config.graph} profile; {spec.num_layers} layers, hidden "
         f"{spec.hidden_size}, {spec.num_heads}/{spec.num_kv_heads} heads)")
@@ -61,7 +63,7 @@ def export_onnx(ck: ckpt.Checkpoint, config: BuildConfig, out_dir: Path, log, lo
     save(model, out_dir, ONNX_NAME)
     del model
     lowerings = []
-    if lower and config.graph == "modern" and gqa_supported(spec, config.dtype):
+    if backend == "onnxruntime" and config.graph == "modern" and gqa_supported(spec, config.dtype):
         # The ONNX Runtime form starts from a graph whose attention is ORT's fused kernel;
         # the canonical llm.onnx (what TensorRT parses) keeps the standard ops.
         log("lowering attention to ONNX Runtime's GroupQueryAttention, residual + RMSNorm to "
@@ -185,7 +187,7 @@ def build(config: BuildConfig, log=print) -> Path:
     try:
         log(f"loading {config.model}")
         ck = ckpt.load(config.model)
-        spec, max_top_k, num_positions, lowerings = export_onnx(ck, config, tmp, log, lower=backend == "onnxruntime")
+        spec, max_top_k, num_positions, lowerings = export_onnx(ck, config, tmp, log, backend)
         manifest = make_manifest(ck, config, backend, spec, max_top_k, num_positions, lowerings)
         if backend == "tensorrt":
             manifest = build_tensorrt(tmp, config, manifest, log)

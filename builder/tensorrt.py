@@ -14,8 +14,11 @@ Everything up to `build_plan` is pure Python (profile shapes from the limits, th
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import numpy as np
 
 from trtllm.runtime.manifest import GraphIO, Limits, ModelShape
 
@@ -72,6 +75,23 @@ def optimization_profiles(limits: Limits, model: ModelShape, io: GraphIO, max_to
         values = {io.num_logprobs: ((1,), (1,), (k_max,))}
         profiles.append(Profile(name, shapes, values))
     return profiles
+
+
+ALIGNMENT = 256  # TensorRT needs every bound tensor address 256-byte aligned
+
+
+def aligned_capacity(capacity: int, spec, dtype: str, log=print) -> int:
+    """The largest KV capacity <= `capacity` whose per-slot bytes are a multiple of ALIGNMENT: the
+    runtime binds slot ranges of one buffer, at base + start * slot_bytes."""
+    row = spec.num_kv_heads * spec.head_dim * np.dtype(dtype).itemsize  # bytes per position per slot
+    step = ALIGNMENT // math.gcd(ALIGNMENT, row)
+    aligned = capacity // step * step
+    if aligned < 1:
+        raise ValueError(f"--max-kv-cache-capacity {capacity} is below the {step} positions a KV slot needs to "
+                         f"stay {ALIGNMENT}-byte aligned")
+    if aligned != capacity:
+        log(f"KV capacity {capacity} -> {aligned} so each slot is a multiple of {ALIGNMENT} bytes")
+    return aligned
 
 
 def workspace_bytes(gib: float) -> int:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 from polygraphy.backend.onnxrt import OnnxrtRunner, SessionFromOnnx
-from polygraphy.comparator import Comparator, CompareFunc
+from polygraphy.comparator import Comparator, SimpleCompareFunc
 
 from trtllm.runtime import manifest as mf
 from trtllm.runtime import sampling
@@ -96,7 +96,7 @@ def compare(engine_dir: Path, atol: float, rtol: float) -> dict:
         # Sampled rows may legitimately differ (a draw near a CDF boundary), so only the greedy row's token.
         tokens_equal = bool(ref_out[io.token_ids][0] == got_out[io.token_ids][0])
         err = float(np.max(np.abs(ref_out[io.logits].astype(np.float64) - got_out[io.logits])))
-        accurate = bool(Comparator.compare_accuracy(results, compare_func=CompareFunc.simple(
+        accurate = bool(Comparator.compare_accuracy(results, compare_func=SimpleCompareFunc(
             atol=atol, rtol=rtol, find_output_func=lambda name, idx, other: [name] if name == io.logits else [])))
         kv_err = kv_error(m, ref_out, got_out, written=[len(p) + (step == "decode") for p in PROMPTS])
         report["steps"].append({"step": step, "runner": runner.name, "greedy_token_equal": tokens_equal,

@@ -24,6 +24,7 @@ from trtllm.runtime.kv_cache import KVCacheManager
 from trtllm.runtime.manifest import Manifest, ManifestError, ModelShape, rebuild_hint
 
 PREFILL, DECODE = 0, 1  # the builder's profile order (builder/tensorrt.py)
+ALIGNMENT = 256         # TensorRT: every tensor address must be 256-byte aligned
 
 
 def trt_rebuild_hint(engine_dir) -> str:
@@ -59,6 +60,9 @@ class DeviceKVCache(KVCacheManager):
         from trtllm.runtime.backends import cuda
 
         self.shape, self.itemsize = shape, np.dtype(self.model.kv_dtype).itemsize
+        if int(np.prod(shape[1:])) * self.itemsize % ALIGNMENT:  # every slot's view is a bound address
+            raise ManifestError(f"a KV slot of {shape[1:]} {self.model.kv_dtype} is not a multiple of {ALIGNMENT} "
+                                "bytes, which TensorRT needs for each bound address; rebuild the engine")
         buffers = [cuda.DeviceBuffer(int(np.prod(shape)) * self.itemsize) for _ in range(2 * self.model.num_layers)]
         weakref.finalize(self, lambda bs=buffers: [b.close() for b in bs])
         return buffers
@@ -138,7 +142,7 @@ class TensorRTEngine:
         """The largest this tensor gets: the prefill profile's max shape (inputs) or the limits (outputs)."""
         m, io = self.manifest, self.io
         if self.engine.get_tensor_mode(name) == self.trt.TensorIOMode.INPUT:
-            shape = self.engine.get_tensor_profile_shape(name, PREFILL)[2]
+            shape = tuple(self.engine.get_tensor_profile_shape(name, PREFILL)[2])  # a trt.Dims
         else:
             b, k = m.limits.max_batch_size, min(m.max_num_logprobs, m.max_top_k)
             shape = {io.token_ids: (b,), io.top_logprobs: (b, k), io.top_logprob_ids: (b, k),
@@ -154,10 +158,15 @@ class TensorRTEngine:
         keep.append(array)  # alive until the stream is synchronized
         self.set_shape(name, array.shape)
         if name in self.on_host:  # shape tensors (num_logprobs) are read from host memory
-            self.context.set_tensor_address(name, array.ctypes.data)
+            self.set_address(name, array.ctypes.data)
         else:
             self.stream.upload(self.buffers[name].ptr, array)
-            self.context.set_tensor_address(name, self.buffers[name].ptr)
+            self.set_address(name, self.buffers[name].ptr)
+
+    def set_address(self, name: str, ptr: int) -> None:
+        if not self.context.set_tensor_address(name, ptr):
+            raise RuntimeError(f"TensorRT rejected the address of {name}: the plan has no such tensor; "
+                               "the engine directory's manifest and llm.plan disagree")
 
     def set_shape(self, name: str, shape: tuple[int, ...]) -> None:
         if not self.context.set_input_shape(name, tuple(shape)):
@@ -183,7 +192,7 @@ class TensorRTEngine:
             self.bind(name, array, keep)
         copies = self.bind_kv(kv)
         for name in (io.token_ids, io.top_logprobs, io.top_logprob_ids, io.logits):
-            ctx.set_tensor_address(name, self.buffers[name].ptr)
+            self.set_address(name, self.buffers[name].ptr)
         if not ctx.execute_async_v3(int(self.stream)):
             raise RuntimeError("TensorRT failed to enqueue the step (see its log)")
         for dst, src, nbytes in copies:
@@ -211,16 +220,16 @@ class TensorRTEngine:
                       (io.past_value.format(i=i), io.present_value.format(i=i))]
         for (past, present), view in zip(names, kv):
             self.set_shape(past, view.shape)
-            ctx.set_tensor_address(past, view.ptr)
+            self.set_address(past, view.ptr)
             if self.in_place:
-                ctx.set_tensor_address(present, view.ptr)
+                self.set_address(present, view.ptr)
                 continue
             scratch = self.scratch.get(present)
             if scratch is None or scratch.nbytes < view.nbytes:
                 if scratch is not None:
                     scratch.close()
                 scratch = self.scratch[present] = self.cuda.DeviceBuffer(view.nbytes)
-            ctx.set_tensor_address(present, scratch.ptr)
+            self.set_address(present, scratch.ptr)
             copies.append((view.ptr, scratch.ptr, view.nbytes))
         return copies
 

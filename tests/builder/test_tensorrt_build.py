@@ -135,3 +135,15 @@ def test_legacy_build_for_tensorrt_10_3(tiny_checkpoint, tmp_path):
               graph="legacy", trt_version="10.3")
     t = load(tmp_path / "e").tensorrt
     assert (t["version"], t["graph"], t["kv_update"], t["lint_version"]) == ("10.3.0.30", "legacy", "copy", "10.3")
+
+
+def test_kv_capacity_keeps_every_slot_256_byte_aligned():
+    from types import SimpleNamespace
+
+    demo = SimpleNamespace(num_kv_heads=3, head_dim=64)          # 384 bytes per position in float16
+    assert trt_build.aligned_capacity(2048, demo, "float16") == 2048
+    assert trt_build.aligned_capacity(2047, demo, "float16", log=lambda m: None) == 2046
+    odd = SimpleNamespace(num_kv_heads=1, head_dim=6)            # 12 bytes per position in float16
+    assert trt_build.aligned_capacity(100, odd, "float16", log=lambda m: None) == 64
+    with pytest.raises(ValueError, match="below the 64 positions"):
+        trt_build.aligned_capacity(63, odd, "float16")

@@ -6,8 +6,11 @@ It follows TensorRT 10's documented contract and is strict where TensorRT would 
   - build_serialized_network needs every input in every profile, min <= opt <= max, shape-tensor
     values for shape tensors, and a static KV capacity; the "plan" embeds the ONNX model;
   - a plan deserializes only under the version that built it;
-  - set_input_shape returns False outside the active profile; execute_async_v3 needs a profile,
-    every shape and address, device memory for device tensors and host memory for shape tensors.
+  - a context starts on profile 0; set_optimization_profile_async raises on a bad index;
+    set_input_shape / set_tensor_address return False for a shape outside the active profile or
+    an unknown name; execute_async_v3 needs every shape and address, 256-byte aligned device
+    memory for device tensors, host memory for shape tensors, and present_* at the same address
+    as past_* when the graph updates the KV in place (TensorScatter) and elsewhere when it does not.
 Execution runs the embedded ONNX with ONNX Runtime and writes the outputs to the bound addresses,
 so present_* written to the past_* address is an in-place update, as TensorRT's KV update is.
 FAKE_TRT_VERSION sets __version__.
@@ -62,6 +65,25 @@ float32, float16, int8, int32, bool, int64 = (DataType.FLOAT, DataType.HALF, Dat
 _NP = {DataType.FLOAT: np.float32, DataType.HALF: np.float16, DataType.INT8: np.int8, DataType.INT32: np.int32,
        DataType.BOOL: np.bool_, DataType.INT64: np.int64}
 _ONNX = {1: DataType.FLOAT, 10: DataType.HALF, 3: DataType.INT8, 6: DataType.INT32, 9: DataType.BOOL, 7: DataType.INT64}
+
+
+class Dims:
+    """trt.Dims: iterable and indexable, but not a list."""
+
+    def __init__(self, dims):
+        self._dims = tuple(dims)
+
+    def __len__(self):
+        return len(self._dims)
+
+    def __getitem__(self, i):
+        return self._dims[i]
+
+    def __iter__(self):
+        return iter(self._dims)
+
+    def __array__(self, *args, **kwargs):
+        raise TypeError("trt.Dims is not an array; convert with tuple() first")
 
 
 def nptype(dtype: DataType):
@@ -137,11 +159,14 @@ class _Profile:
     def set_shape(self, name, lo, opt, hi):
         lo, opt, hi = (tuple(int(d) for d in s) for s in (lo, opt, hi))
         if not (len(lo) == len(opt) == len(hi) and all(a <= b <= c for a, b, c in zip(lo, opt, hi))):
-            raise ValueError(f"{name}: need min <= opt <= max, got {lo} {opt} {hi}")
+            raise RuntimeError(f"{name}: need min <= opt <= max, got {lo} {opt} {hi}")
         self.shapes[name] = (lo, opt, hi)
 
     def set_shape_input(self, name, lo, opt, hi):
-        self.values[name] = tuple(tuple(int(v) for v in s) for s in (lo, opt, hi))
+        lo, opt, hi = (tuple(int(v) for v in s) for s in (lo, opt, hi))
+        if not all(a <= b <= c for a, b, c in zip(lo, opt, hi)):
+            raise RuntimeError(f"{name}: need min <= opt <= max shape values, got {lo} {opt} {hi}")
+        self.values[name] = (lo, opt, hi)
 
 
 class _TimingCache:
@@ -191,18 +216,20 @@ class Builder:
         return _Profile()
 
     def build_serialized_network(self, network, config):
+        """IHostMemory (here a memoryview: only the buffer protocol), or None on failure."""
         if not config.profiles or config.cache is None:
             return None
-        for index, p in enumerate(config.profiles):
+        for p in config.profiles:
             for t in network.inputs:
                 if t.name not in p.shapes or (t.is_shape_tensor and t.name not in p.values):
-                    raise ValueError(f"profile {index} has no shape for input {t.name}")
+                    return None  # TensorRT logs "profile has no shape for input ..." and returns null
                 lo, _, hi = p.shapes[t.name]
                 if t.name.startswith("past_") and lo[2] != hi[2]:
-                    raise ValueError(f"{t.name}: the KV capacity axis must be static for the KV update")
-        header = {"version": __version__, "profiles": [{"shapes": p.shapes, "values": p.values} for p in config.profiles]}
+                    return None  # the KV update needs a static capacity axis
+        header = {"version": __version__, "in_place": any(n.op_type == "TensorScatter" for n in network.model.graph.node),
+                  "profiles": [{"shapes": p.shapes, "values": p.values} for p in config.profiles]}
         head = json.dumps(header).encode()
-        return _MAGIC + len(head).to_bytes(8, "little") + head + network.model.SerializeToString()
+        return memoryview(_MAGIC + len(head).to_bytes(8, "little") + head + network.model.SerializeToString())
 
 
 class Runtime:
@@ -233,6 +260,7 @@ class ICudaEngine:
         opts = ort.SessionOptions()
         opts.log_severity_level = 3  # the copy-not-in-place warnings are about ORT, not the fake
         self.session = ort.InferenceSession(model_bytes, opts, providers=["CPUExecutionProvider"])
+        self.in_place = header["in_place"]
         self.runs = 0
 
     @property
@@ -259,7 +287,7 @@ class ICudaEngine:
         return self.tensors[name].is_shape_tensor
 
     def get_tensor_profile_shape(self, name, index):
-        return [list(d) for d in self.profiles[index][name]]
+        return [Dims(d) for d in self.profiles[index][name]]
 
     def create_execution_context(self):
         return IExecutionContext(self)
@@ -267,15 +295,17 @@ class ICudaEngine:
 
 class IExecutionContext:
     def __init__(self, engine: ICudaEngine):
-        self.engine, self.profile, self.shapes, self.addresses = engine, None, {}, {}
+        self.engine, self.profile, self.shapes, self.addresses = engine, 0, {}, {}
 
     def set_optimization_profile_async(self, index, stream_handle: int) -> bool:
         if not isinstance(stream_handle, int) or not 0 <= index < self.engine.num_optimization_profiles:
-            return False
+            raise RuntimeError("Error in set optimization profile async.")
         self.profile, self.shapes = index, {}
         return True
 
     def set_input_shape(self, name, shape) -> bool:
+        if name not in self.engine.profiles[self.profile]:
+            return False
         lo, _, hi = self.engine.profiles[self.profile][name]
         shape = tuple(int(d) for d in shape)
         if len(shape) != len(lo) or not all(a <= d <= b for a, d, b in zip(lo, shape, hi)):
@@ -284,6 +314,8 @@ class IExecutionContext:
         return True
 
     def set_tensor_address(self, name, ptr) -> bool:
+        if name not in self.engine.tensors:
+            return False
         self.addresses[name] = int(ptr)
         return True
 
@@ -293,12 +325,18 @@ class IExecutionContext:
         e = self.engine
         if self.profile is None or not isinstance(stream_handle, int) or stream_handle not in cudart.live_streams:
             return False
+        for past in (n for n in self.addresses if n.startswith("past_")):
+            present = past.replace("past_", "present_", 1)
+            if (self.addresses[past] == self.addresses[present]) != e.in_place:
+                raise AssertionError(f"{present} must {'' if e.in_place else 'not '}share {past}'s address")
         feeds = {}
         for t in e.inputs:
             shape, ptr = self.shapes[t.name], self.addresses[t.name]
             nbytes = int(np.prod(shape)) * np.dtype(_NP[t.dtype]).itemsize
             if cudart.is_device(ptr, nbytes) == t.is_shape_tensor:
                 raise AssertionError(f"{t.name} bound to {'device' if t.is_shape_tensor else 'host'} memory")
+            if not t.is_shape_tensor and ptr % 256:
+                raise AssertionError(f"{t.name} bound to {ptr:#x}, not 256-byte aligned")
             feeds[t.name] = _read(ptr, shape, _NP[t.dtype])
             if t.is_shape_tensor:
                 lo, _, hi = e.values[self.profile][t.name]
@@ -306,7 +344,7 @@ class IExecutionContext:
         results = e.session.run(None, feeds)
         for t, value in zip(e.outputs, results):
             ptr = self.addresses[t.name]
-            assert cudart.is_device(ptr, value.nbytes), f"{t.name} must be bound to device memory"
+            assert cudart.is_device(ptr, value.nbytes) and ptr % 256 == 0, f"{t.name}: aligned device memory"
             ctypes.memmove(ptr, np.ascontiguousarray(value).ctypes.data, value.nbytes)
         e.runs += 1
         return True

@@ -27,7 +27,7 @@ class cudaMemcpyKind(enum.IntEnum):  # noqa: N801
 
 
 OK = cudaError_t.cudaSuccess
-_allocations: dict[int, ctypes.Array] = {}
+_allocations: dict[int, tuple[ctypes.Array, int]] = {}  # aligned pointer -> (backing buffer, size)
 _streams = itertools.count(0x5000)
 live_streams: set[int] = set()
 
@@ -48,7 +48,7 @@ class cudaDeviceProp:  # noqa: N801
 
 
 def is_device(ptr: int, nbytes: int = 1) -> bool:
-    return any(start <= ptr and ptr + nbytes <= start + len(buf) for start, buf in _allocations.items())
+    return any(start <= ptr and ptr + nbytes <= start + size for start, (_, size) in _allocations.items())
 
 
 def _copy_ok(dst: int, src: int, nbytes: int, kind) -> bool:
@@ -76,9 +76,10 @@ def cudaGetDeviceProperties(device):  # noqa: N802
 def cudaMalloc(nbytes):  # noqa: N802
     if nbytes <= 0:
         return cudaError_t.cudaErrorInvalidValue, 0
-    buf = ctypes.create_string_buffer(int(nbytes))
-    _allocations[ctypes.addressof(buf)] = buf
-    return OK, ctypes.addressof(buf)
+    buf = ctypes.create_string_buffer(int(nbytes) + 256)  # cudaMalloc is at least 256-byte aligned
+    ptr = -(-ctypes.addressof(buf) // 256) * 256
+    _allocations[ptr] = (buf, int(nbytes))
+    return OK, ptr
 
 
 def cudaFree(ptr):  # noqa: N802
