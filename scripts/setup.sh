@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Create .venv (if needed) and install trtllm-edge with its builder and test extras.
+# Create .venv (if needed) and install trtllm-edge with its builder, test and kernels extras.
 # Idempotent: a second run only checks what is installed. Sourced by quickstart.sh and test.sh.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -11,5 +11,5 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 # torch first and pinned: 2.13.0 is the CPU wheel on these machines; any other version pulls GBs of CUDA.
 "$VENV/bin/python" -m pip install -q --disable-pip-version-check "torch==2.13.0"
-"$VENV/bin/python" -m pip install -q --disable-pip-version-check -e "$ROOT[build,test]"
+"$VENV/bin/python" -m pip install -q --disable-pip-version-check -e "$ROOT[build,test,kernels]"
 "$VENV/bin/python" "$ROOT/scripts/fetch_demo_model.py"

@@ -1,0 +1,95 @@
+"""trtllm::Sample as a TensorRT Quickly Deployable Plugin (tensorrt.plugin, JIT), on triton_kernel.
+
+Importing this module imports nothing heavy: `register()` imports tensorrt, tensorrt.plugin, torch
+and the Triton kernel, and registers the plugin. A TensorRT backend calls it before parsing (so the
+parser can pick the plugin) and before deserializing an engine built with it (the JIT impl is a
+Python callback, so the process running the engine needs it registered too).
+
+How TensorRT's ONNX parser would pick it (onnx-tensorrt ModelImporter.cpp parseNode, and
+onnxOpImporters.cpp FallbackPluginImporter / loadFields, TensorRT 10.x-11.x):
+
+  * a node whose op_type has a model-local function goes to the plugin when the registry has a
+    creator (op_type, plugin_version attr or "1", plugin_namespace attr); else the body is imported;
+  * the plugin's attributes are read from the node by the names the creator declares (here only
+    max_top_k; plugin_namespace / plugin_version are matching keys, not fields), INT as int32;
+  * the layer must have as many outputs as the node.
+
+Two facts of tensorrt.plugin (python/packaging/bindings_wheel/tensorrt/plugin/_lib.py,
+_plugin_class.py) keep it from matching today's node, so until the schema changes the parser
+imports the ONNX body and this plugin is never used (safe, as DESIGN.md §5 wants):
+
+  1. Every QDP creator and plugin is version "1" (hard-coded); our node says plugin_version "2".
+  2. K = the value of num_logprobs makes the logprob outputs data-dependent. QDPs reject shape
+     inputs (`assert len(shape_inputs) == 0`), and a size tensor (trtp.size_tensor) must be an
+     extra plugin output, which the parser's "as many outputs as the node" check refuses (and a
+     data-dependent graph output needs an IOutputAllocator in the runtime).
+
+What is registered is therefore the proposed schema change: the same 11 inputs, but
+top_logprobs / top_logprob_ids of static width L = min(50, max_top_k) (the [:, :K] Slice moves out
+of the function into the graph) and plugin_version "1". `impl` ignores the num_logprobs input.
+No annotations import from __future__ here: tensorrt.plugin inspects the annotation objects.
+"""
+from trtllm.plugins.sample import schema
+
+PLUGIN_ID = f"{schema.PLUGIN_NAMESPACE}::{schema.OP}"
+_TYPESTR = {"float32": "<f4", "int64": "<i8", "bool": "|b1"}   # __cuda_array_interface__ typestrs
+_registered = False
+
+
+def register() -> None:
+    """Register trtllm::Sample (JIT impl on the Triton kernel) with TensorRT; idempotent."""
+    global _registered
+    if _registered:
+        return
+    try:
+        import tensorrt as trt
+        import tensorrt.plugin as trtp
+    except (ImportError, OSError) as e:
+        raise ImportError(f"trtllm::Sample's TensorRT plugin needs tensorrt >= 10.6 with tensorrt.plugin "
+                          f"(import failed: {str(e).splitlines()[0] if str(e) else type(e).__name__})") from None
+    import torch
+
+    from trtllm.plugins.sample import triton_kernel
+
+    _define(trt, trtp, torch, triton_kernel)
+    _registered = True
+
+
+def num_logprob_columns(max_top_k: int) -> int:
+    """L = min(50, max_top_k): the static width of the plugin's logprob outputs."""
+    return min(schema.MAX_NUM_LOGPROBS, max_top_k)
+
+
+def _define(trt, trtp, torch, triton_kernel) -> None:
+    """The @trtp.register and @trtp.impl pair (annotations are real objects: QDP inspects them)."""
+    desc, tensor = trtp.TensorDesc, trtp.Tensor
+
+    @trtp.register(PLUGIN_ID)
+    def describe(logits: desc, logit_bias: desc, penalty_bias: desc, seen: desc, repetition_penalty: desc,
+                 temperature: desc, min_p: desc, top_k: desc, top_p: desc, uniform: desc, num_logprobs: desc,
+                 max_top_k: int) -> tuple[desc, desc, desc]:
+        batch = logits.shape_expr[0]
+        width = num_logprob_columns(max_top_k)
+        return (trtp.from_shape_expr((batch,), dtype=trt.int64),
+                trtp.from_shape_expr((batch, width), dtype=trt.float32),
+                trtp.from_shape_expr((batch, width), dtype=trt.int64))
+
+    @trtp.impl(PLUGIN_ID)
+    def run(logits: tensor, logit_bias: tensor, penalty_bias: tensor, seen: tensor, repetition_penalty: tensor,
+            temperature: tensor, min_p: tensor, top_k: tensor, top_p: tensor, uniform: tensor, num_logprobs: tensor,
+            max_top_k: int, outputs: tuple[tensor], stream: int) -> None:
+        inputs = (logits, logit_bias, penalty_bias, seen, repetition_penalty, temperature, min_p, top_k, top_p,
+                  uniform)
+        args = [_as_torch(torch, t, dtype) for t, (_, dtype, _) in zip(inputs, schema.INPUTS)]
+        outs = [_as_torch(torch, t, dtype) for t, (_, dtype, _) in zip(outputs, schema.OUTPUTS)]
+        triton_kernel.launch(*args, max_top_k, outs, stream=stream)
+
+
+def _as_torch(torch, tensor, dtype: str):
+    """A zero-copy torch view of a trtp.Tensor, from its data pointer and shape (dtype from the schema)."""
+    class _View:
+        __cuda_array_interface__ = {"shape": tuple(int(d) for d in tensor.shape), "typestr": _TYPESTR[dtype],
+                                    "data": (int(tensor.data_ptr), False), "strides": None, "version": 3}
+
+    return torch.as_tensor(_View(), device="cuda")
+
