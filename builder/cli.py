@@ -46,6 +46,9 @@ def resolve(options: dict, profile: str) -> dict:
 @click.option("--workspace-gib", type=float, help="TensorRT builder workspace in GiB. [profile; default 4]")
 @click.option("--opt-level", type=int, help="TensorRT builder optimization level 0-5. [profile; default 3]")
 @click.option("--timing-cache", type=click.Path(dir_okay=False), help="TensorRT timing cache file (read and updated).")
+@click.option("--sampling-plugin", is_flag=True, default=None,
+              help="TensorRT >= 10.6: run the sampler as its Triton kernel plugin (needs torch and triton "
+                   "wherever the engine runs) instead of TensorRT's import of the ONNX body.")
 @click.option("--lora", multiple=True, metavar="NAME=PEFT_DIR", help="LoRA adapter (not supported yet).")
 @click.option("--eagle", metavar="DRAFT_DIR", help="EAGLE draft head (not supported yet).")
 @click.option("--no-verify", is_flag=True, help="Skip the logit check against transformers after building.")

@@ -71,6 +71,7 @@ class BuildConfig:
     workspace_gib: float = 4.0      # TensorRT builder workspace
     opt_level: int = 3              # TensorRT builder_optimization_level, 0..5
     timing_cache: str | None = None  # TensorRT timing cache file, read and updated (faster rebuilds)
+    sampling_plugin: bool = False   # TensorRT: trtllm::Sample as the Triton kernel plugin, not the ONNX body
 
     def __post_init__(self):
         for name, allowed in (("backend", BACKENDS), ("dtype", DTYPES), ("quantization", QUANTIZATIONS),
@@ -91,6 +92,8 @@ class BuildConfig:
         if self.graph == "modern" and parse_trt_version(self.trt_version) < MODERN_MIN_TRT:
             raise ConfigError(f"the modern graph (opset 24 Attention, TensorScatter) needs TensorRT >= 10.15, but "
                               f"trt_version is {self.trt_version}; use --profile tensorrt-legacy")
+        if self.sampling_plugin and self.backend != "tensorrt":
+            raise ConfigError("--sampling-plugin needs --backend tensorrt (it registers a TensorRT plugin)")
         if self.graph == "legacy" and self.quantization != "none":
             raise ConfigError(f"--quantization {self.quantization} needs the modern graph: block-wise and int4 "
                               "DequantizeLinear are opset 21, the legacy graph is opset 20 (TensorRT 10.3)")

@@ -32,6 +32,7 @@ from trtllm.builder import legacy_ops
 from trtllm.builder.graph import OPSET, GraphWriter
 from trtllm.builder.quantize import QuantScheme, quantize
 from trtllm.plugins.sample import body as sample_body
+from trtllm.plugins.sample import schema as sample_schema
 from trtllm.runtime.manifest import GraphIO
 
 F32, I64 = TensorProto.FLOAT, TensorProto.INT64
@@ -292,7 +293,7 @@ class DecoderWriter:
         h = g.op("Add", branch[0], [h, branch[1]])
         logits = self.lm_head(h, last_index)
         self.sampler(logits)
-        extra = {sample_body.DOMAIN: 1, **({"com.microsoft": 1} if self.gqa else {})}
+        extra = {sample_body.DOMAIN: sample_schema.DOMAIN_VERSION, **({"com.microsoft": 1} if self.gqa else {})}
         model = g.model("trtllm-edge", extra_opsets=extra)
         if self.legacy:
             next(o for o in model.opset_import if o.domain == "").version = legacy_ops.OPSET
@@ -324,10 +325,11 @@ class DecoderWriter:
                g.input(io.seen, TensorProto.BOOL, vocab), g.input(io.repetition_penalty, F32, ["batch"]),
                g.input(io.temperature, F32, ["batch"]), g.input(io.min_p, F32, ["batch"]),
                g.input(io.top_k, I64, ["batch"]), g.input(io.top_p, F32, ["batch"]),
-               g.input(io.uniform, F32, ["batch"]), g.input(io.num_logprobs, I64, [1])]
+               g.input(io.uniform, F32, ["batch"])]
         outs = [io.token_ids, io.top_logprobs, io.top_logprob_ids]
         g.nodes.append(sample_body.make_node(ins, outs, self.max_top_k))
         g.functions.append(sample_body.make_function(self.max_top_k, opset=legacy_ops.OPSET if self.legacy else OPSET))
         g.output(io.token_ids, I64, ["batch"])
-        g.output(io.top_logprobs, F32, ["batch", "num_logprobs"])
-        g.output(io.top_logprob_ids, I64, ["batch", "num_logprobs"])
+        k = sample_schema.num_logprob_columns(self.max_top_k)   # static: the runtime keeps what a request asked
+        g.output(io.top_logprobs, F32, ["batch", k])
+        g.output(io.top_logprob_ids, I64, ["batch", k])

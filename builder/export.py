@@ -165,15 +165,20 @@ def build_tensorrt(out_dir: Path, config: BuildConfig, manifest: mf.Manifest, lo
     trt = trt_build.import_tensorrt()
     installed = ".".join(trt.__version__.split(".")[:2])
     lint.check_model(out_dir / ONNX_NAME, installed)  # the graph must parse on the TensorRT that is here
-    profiles = trt_build.optimization_profiles(manifest.limits, manifest.model, manifest.io, manifest.max_top_k,
-                                               manifest.max_num_logprobs)
+    profiles = trt_build.optimization_profiles(manifest.limits, manifest.model, manifest.io)
+    plugins = []
+    if config.sampling_plugin:  # registered before parsing, so the parser picks it over the ONNX body
+        from trtllm.plugins.sample import trt_plugin
+
+        trt_plugin.register()
+        plugins.append(trt_plugin.PLUGIN_ID)
     plan = trt_build.build_plan(out_dir / ONNX_NAME, profiles, workspace_gib=config.workspace_gib,
                                 opt_level=config.opt_level,
                                 timing_cache=Path(config.timing_cache) if config.timing_cache else None, log=log)
     (out_dir / trt_build.PLAN_NAME).write_bytes(plan)
     log(f"wrote {trt_build.PLAN_NAME} ({len(plan) / 2**20:.1f} MiB)")
     section = trt_build.manifest_section(trt.__version__, trt_build.gpu_info(), profiles, config.graph,
-                                         config.trt_version)
+                                         config.trt_version, plugins)
     return dataclasses.replace(manifest, tensorrt=section)
 
 

@@ -15,7 +15,7 @@ Everything up to `build_plan` is pure Python (profile shapes from the limits, th
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -32,19 +32,16 @@ class TensorRTUnavailable(RuntimeError):
 
 @dataclass(frozen=True)
 class Profile:
-    """One optimization profile: (min, opt, max) per input shape, and per shape-tensor value."""
+    """One optimization profile: (min, opt, max) per input shape."""
 
     name: str
     shapes: dict[str, tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]]
-    values: dict[str, tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]] = field(default_factory=dict)
 
     def to_json(self) -> dict:
-        return {"name": self.name, "shapes": {k: [list(d) for d in v] for k, v in self.shapes.items()},
-                "values": {k: [list(d) for d in v] for k, v in self.values.items()}}
+        return {"name": self.name, "shapes": {k: [list(d) for d in v] for k, v in self.shapes.items()}}
 
 
-def optimization_profiles(limits: Limits, model: ModelShape, io: GraphIO, max_top_k: int,
-                          max_num_logprobs: int) -> list[Profile]:
+def optimization_profiles(limits: Limits, model: ModelShape, io: GraphIO) -> list[Profile]:
     """The prefill and decode profiles for every graph input, sized from the build limits.
 
     Batch is 1..max_batch_size in both (the runtime batches whichever KV slots are busy). Prefill
@@ -53,7 +50,7 @@ def optimization_profiles(limits: Limits, model: ModelShape, io: GraphIO, max_to
     needs a static sequence axis on the cache, and the runtime allocates it at that size.
     """
     b, s_max, cap = limits.max_batch_size, limits.max_input_len, limits.max_kv_cache_capacity
-    vocab, k_max = model.vocab_size, min(max_num_logprobs, max_top_k)
+    vocab = model.vocab_size
     kv = (model.num_kv_heads, cap, model.head_dim)
 
     def batch(*rest):  # min batch 1, opt and max the full batch
@@ -70,10 +67,7 @@ def optimization_profiles(limits: Limits, model: ModelShape, io: GraphIO, max_to
         for i in range(model.num_layers):
             shapes[io.past_key.format(i=i)] = batch(*kv)
             shapes[io.past_value.format(i=i)] = batch(*kv)
-        shapes[io.num_logprobs] = ((1,), (1,), (1,))
-        # num_logprobs sets the width of the logprob outputs, so TensorRT treats it as a shape tensor.
-        values = {io.num_logprobs: ((1,), (1,), (k_max,))}
-        profiles.append(Profile(name, shapes, values))
+        profiles.append(Profile(name, shapes))
     return profiles
 
 
@@ -144,10 +138,12 @@ def build_plan(onnx_path: Path, profiles: list[Profile], *, workspace_gib: float
         raise RuntimeError("TensorRT's ONNX parser rejected the graph:\n" + "\n".join(
             f"  {e.node_name()} [{e.node_operator()}]: {e.desc()}" for e in errors))
     inputs = [network.get_input(i) for i in range(network.num_inputs)]
-    shape_tensors = {t.name for t in inputs if t.is_shape_tensor}
     missing = [t.name for t in inputs if t.name not in profiles[0].shapes]
     if missing:
         raise RuntimeError(f"no optimization profile shapes for the network inputs {missing}")
+    shape_tensors = [t.name for t in inputs if t.is_shape_tensor]
+    if shape_tensors:  # their int64 profile values need TensorRT >= 10.11; our graphs avoid them
+        raise RuntimeError(f"the graph has shape-tensor inputs {shape_tensors}, which trtllm-edge does not bind")
 
     config = builder.create_builder_config()
     config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, workspace_bytes(workspace_gib))
@@ -161,9 +157,6 @@ def build_plan(onnx_path: Path, profiles: list[Profile], *, workspace_gib: float
         p = builder.create_optimization_profile()
         for name, (lo, opt, hi) in prof.shapes.items():
             p.set_shape(name, lo, opt, hi)
-        for name, (lo, opt, hi) in prof.values.items():
-            if name in shape_tensors:
-                p.set_shape_input(name, lo, opt, hi)
         config.add_optimization_profile(p)
 
     log(f"TensorRT: building {len(profiles)} optimization profiles ({', '.join(p.name for p in profiles)}), "
@@ -179,9 +172,10 @@ def build_plan(onnx_path: Path, profiles: list[Profile], *, workspace_gib: float
     return bytes(memoryview(plan))
 
 
-def manifest_section(trt_version: str, gpu: dict, profiles: list[Profile], graph: str, lint_version: str) -> dict:
+def manifest_section(trt_version: str, gpu: dict, profiles: list[Profile], graph: str, lint_version: str,
+                     plugins: list[str] = ()) -> dict:
     """What the runtime checks before it deserializes a plan (plans are tied to both) and uses to
     bind: profile order, and whether the KV update is in place (modern graph) or a copy (legacy)."""
     return {"version": trt_version, "gpu": gpu, "graph": graph, "lint_version": lint_version,
-            "kv_update": "in_place" if graph == "modern" else "copy",
+            "kv_update": "in_place" if graph == "modern" else "copy", "plugins": list(plugins),
             "profiles": [p.to_json() for p in profiles]}

@@ -19,7 +19,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-FORMAT_VERSION = 2  # 2: the sampler takes penalties and min_p
+FORMAT_VERSION = 3  # 2: the sampler takes penalties and min_p; 3: static-width logprob outputs
 MANIFEST_NAME = "manifest.json"
 SUPPORTED_BACKENDS = ("onnxruntime", "tensorrt")
 
@@ -71,11 +71,10 @@ class GraphIO:
     top_k: str = "top_k"                      # int64 [batch]
     top_p: str = "top_p"                      # f32 [batch]
     uniform: str = "uniform"                  # f32 [batch]
-    num_logprobs: str = "num_logprobs"        # int64 [1]
     logits: str = "logits"                    # f32 [batch, vocab] at last_index
     token_ids: str = "token_ids"              # int64 [batch]
-    top_logprobs: str = "top_logprobs"        # f32 [batch, K]
-    top_logprob_ids: str = "top_logprob_ids"  # int64 [batch, K]
+    top_logprobs: str = "top_logprobs"        # f32 [batch, K = min(max_num_logprobs, max_top_k)]
+    top_logprob_ids: str = "top_logprob_ids"  # int64 [batch, K]; a step's rows keep their first k
 
 
 @dataclass(frozen=True, slots=True)

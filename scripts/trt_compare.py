@@ -37,7 +37,7 @@ def feeds(m: mf.Manifest) -> tuple[dict, callable]:
     s.uniform[:] = [0.25, 0.75]
     common = {io.logit_bias: s.logit_bias, io.penalty_bias: s.penalty_bias, io.seen: s.seen,
               io.repetition_penalty: s.repetition_penalty, io.temperature: s.temperature, io.min_p: s.min_p,
-              io.top_k: s.top_k, io.top_p: s.top_p, io.uniform: s.uniform, io.num_logprobs: np.array([3], np.int64)}
+              io.top_k: s.top_k, io.top_p: s.top_p, io.uniform: s.uniform}
     kv = np.zeros((batch, shape.num_kv_heads, capacity, shape.head_dim), shape.kv_dtype)
     prefill = {io.input_ids: np.array([p + [0] * (width - len(p)) for p in ids], np.int64),
                io.position_ids: np.tile(np.arange(width, dtype=np.int64), (batch, 1)),

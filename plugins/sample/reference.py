@@ -1,6 +1,6 @@
 """trtllm::Sample in numpy: the single source of truth for the ONNX body and any GPU kernel.
 
-Per row b (all float32; B rows, V vocabulary, M = max_top_k, K = num_logprobs):
+Per row b (all float32; B rows, V vocabulary, M = max_top_k, K = min(50, M) logprob columns):
 
   1. x  = logits + logit_bias
   2. logprobs = log_softmax(x) (temperature 1, after the bias, before the penalties);
@@ -47,13 +47,13 @@ from trtllm.plugins.sample import schema
 
 
 def sample(logits, logit_bias, penalty_bias, seen, repetition_penalty, temperature, min_p, top_k, top_p,
-           uniform, num_logprobs: int, max_top_k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+           uniform, max_top_k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Run the op. Returns (token_ids int64 [B], top_logprobs f32 [B,K], top_logprob_ids int64 [B,K])."""
     x, y, t, m, k, p, u = _check(logits, logit_bias, penalty_bias, seen, repetition_penalty, temperature,
                                  min_p, top_k, top_p, uniform, max_top_k)
-    _check_num_logprobs(num_logprobs, max_top_k)
     logprobs = _log_softmax(x)                                          # [B, V]  step 2
-    top_logprob_ids = np.argsort(-logprobs, axis=1, kind="stable")[:, :num_logprobs]  # [B, K]
+    columns = schema.num_logprob_columns(max_top_k)
+    top_logprob_ids = np.argsort(-logprobs, axis=1, kind="stable")[:, :columns]  # [B, K]
     top_logprobs = np.take_along_axis(logprobs, top_logprob_ids, axis=1)
     greedy = np.argmax(y, axis=1)                                       # first maximum, step 4
     keep, d = _keep_mask(y, t, m, k, p, max_top_k)
@@ -158,14 +158,6 @@ def _check(logits, logit_bias, penalty_bias, seen, repetition_penalty, temperatu
 def _finite_max(x):
     """[B] True where the row has no NaN and a finite maximum."""
     return ~np.isnan(x).any(axis=1) & (x.max(axis=1) < np.inf) & (x.max(axis=1) > -np.inf)
-
-
-def _check_num_logprobs(num_logprobs, max_top_k):
-    limit = min(schema.MAX_NUM_LOGPROBS, max_top_k)
-    if isinstance(num_logprobs, bool) or not isinstance(num_logprobs, (int, np.integer)) \
-            or not 1 <= num_logprobs <= limit:
-        raise ValueError(f"num_logprobs must be an int in [1, min(50, max_top_k)={limit}], "
-                         f"got {num_logprobs!r}")
 
 
 def _array(name, value, dtype, shape):

@@ -1,6 +1,8 @@
 """trtllm::Sample as plain data: names, dtypes, shapes, attributes, limits (stdlib only).
 
-B = batch, V = vocabulary, M = max_top_k attribute, K = num_logprobs (a runtime value).
+B = batch, V = vocabulary, M = max_top_k attribute, K = min(50, M) logprob columns (static: callers
+keep the first k <= K; a runtime K would make the outputs' shape depend on an input's value, which
+TensorRT can only build as a shape tensor and its Python plugins cannot express at all).
 """
 from __future__ import annotations
 
@@ -8,12 +10,12 @@ import numbers
 
 DOMAIN = "trtllm"
 OP = "Sample"
-DOMAIN_VERSION = 1          # opset_import version of the trtllm domain
+DOMAIN_VERSION = 3          # the op's revision: 2 added penalties and min_p, 3 static-width logprobs
 OPSET = 24                  # default-domain opset of the body (our graphs use opset 24)
 PLUGIN_NAMESPACE = "trtllm"
-PLUGIN_VERSION = "2"        # "2" added penalty_bias, seen, repetition_penalty, min_p
+PLUGIN_VERSION = "1"        # tensorrt.plugin registers every plugin as version "1"
 
-MAX_NUM_LOGPROBS = 50       # K <= 50 and K <= M (the logprobs TopK has the constant K min(50, M))
+MAX_NUM_LOGPROBS = 50       # K = min(50, M): the logprobs TopK's constant K
 TRT_TOPK_LIMIT = 3840       # TensorRT TopK needs K < 3840, so M must be < 3840
 DEFAULT_MAX_TOP_K = 1024    # callers use min(DEFAULT_MAX_TOP_K, V)
 
@@ -29,7 +31,6 @@ INPUTS = (
     ("top_k", "int64", ("B",)),               # 0 = disabled; 1..M
     ("top_p", "float32", ("B",)),             # (0, 1]; 1 = disabled
     ("uniform", "float32", ("B",)),           # [0, 1): the caller's random draw
-    ("num_logprobs", "int64", (1,)),          # K in [1, min(50, M)]
 )
 OUTPUTS = (
     ("token_ids", "int64", ("B",)),
@@ -40,7 +41,7 @@ OUTPUTS = (
 ATTRIBUTES = {
     "max_top_k": ("int", "M: top-k limit and the min-p/top-p candidate set; 1 <= M < 3840"),
     "plugin_namespace": ("string", "TensorRT plugin namespace, always 'trtllm'"),
-    "plugin_version": ("string", "TensorRT plugin version, always PLUGIN_VERSION ('2')"),
+    "plugin_version": ("string", "TensorRT plugin version, always PLUGIN_VERSION ('1')"),
 }
 
 INPUT_NAMES = tuple(name for name, _, _ in INPUTS)
@@ -52,3 +53,8 @@ def check_max_top_k(max_top_k: int) -> None:
     if (isinstance(max_top_k, bool) or not isinstance(max_top_k, numbers.Integral)
             or not 1 <= max_top_k < TRT_TOPK_LIMIT):
         raise ValueError(f"max_top_k must be an int in [1, {TRT_TOPK_LIMIT}), got {max_top_k!r}")
+
+
+def num_logprob_columns(max_top_k: int) -> int:
+    """K: the width of top_logprobs / top_logprob_ids for M = max_top_k."""
+    return min(MAX_NUM_LOGPROBS, max_top_k)

@@ -272,7 +272,7 @@ def launch(logits, logit_bias, penalty_bias, seen, repetition_penalty, temperatu
     """Run the kernel into preallocated outputs (token_ids [B] i64, top_logprobs [B,K] f32, ids [B,K] i64).
 
     Inputs are contiguous torch tensors on one device with the schema's dtypes (seen bool);
-    K is the outputs' width (the op's num_logprobs). `stream` is a raw cudaStream_t (the
+    K is the outputs' width (the op's min(50, max_top_k); fewer columns also work). `stream` is a raw cudaStream_t (the
     tensorrt.plugin impl passes its own); None launches on torch's current stream. `workspace`
     (f32, >= B * (2V + MP) elements, MP = next power of 2 >= max_top_k) is allocated on that
     stream when not given. Only shapes and devices are checked: values would need a synchronise.
@@ -323,7 +323,7 @@ def _check_shapes(inputs, outputs, num_rows, vocab_size, num_logprobs, max_top_k
 
 
 def sample(logits, logit_bias, penalty_bias, seen, repetition_penalty, temperature, min_p, top_k, top_p,
-           uniform, num_logprobs: int, max_top_k: int, *, ties_last: bool = False):
+           uniform, max_top_k: int, *, ties_last: bool = False):
     """reference.sample on torch tensors (CUDA, or CPU under TRITON_INTERPRET=1).
 
     Returns (token_ids int64 [B], top_logprobs f32 [B,K], top_logprob_ids int64 [B,K]) on the
@@ -338,6 +338,7 @@ def sample(logits, logit_bias, penalty_bias, seen, repetition_penalty, temperatu
     inputs = [torch.as_tensor(v).to(device=device, dtype=getattr(torch, dtype)).contiguous()
               for v, (_, dtype, _) in zip(values, schema.INPUTS)]
     num_rows = inputs[0].shape[0] if inputs[0].dim() else 0
+    num_logprobs = schema.num_logprob_columns(max_top_k)
     outputs = (torch.empty(num_rows, dtype=torch.int64, device=device),
                torch.empty(num_rows, num_logprobs, dtype=torch.float32, device=device),
                torch.empty(num_rows, num_logprobs, dtype=torch.int64, device=device))

@@ -15,18 +15,10 @@ onnxOpImporters.cpp FallbackPluginImporter / loadFields, TensorRT 10.x-11.x):
   * the layer must have as many outputs as the node.
 
 Two facts of tensorrt.plugin (python/packaging/bindings_wheel/tensorrt/plugin/_lib.py,
-_plugin_class.py) keep it from matching today's node, so until the schema changes the parser
-imports the ONNX body and this plugin is never used (safe, as DESIGN.md §5 wants):
-
-  1. Every QDP creator and plugin is version "1" (hard-coded); our node says plugin_version "2".
-  2. K = the value of num_logprobs makes the logprob outputs data-dependent. QDPs reject shape
-     inputs (`assert len(shape_inputs) == 0`), and a size tensor (trtp.size_tensor) must be an
-     extra plugin output, which the parser's "as many outputs as the node" check refuses (and a
-     data-dependent graph output needs an IOutputAllocator in the runtime).
-
-What is registered is therefore the proposed schema change: the same 11 inputs, but
-top_logprobs / top_logprob_ids of static width L = min(50, max_top_k) (the [:, :K] Slice moves out
-of the function into the graph) and plugin_version "1". `impl` ignores the num_logprobs input.
+_plugin_class.py) shaped the op's schema (revision 3): every QDP is plugin version "1" (so the node
+says "1"), and QDPs cannot express outputs whose shape depends on an input's value (no shape
+inputs; a size tensor would be an extra output the parser refuses), so the logprob outputs have
+the static width min(50, max_top_k) and the runtime keeps the columns a request asked for.
 No annotations import from __future__ here: tensorrt.plugin inspects the annotation objects.
 """
 from trtllm.plugins.sample import schema
@@ -55,28 +47,23 @@ def register() -> None:
     _registered = True
 
 
-def num_logprob_columns(max_top_k: int) -> int:
-    """L = min(50, max_top_k): the static width of the plugin's logprob outputs."""
-    return min(schema.MAX_NUM_LOGPROBS, max_top_k)
-
-
 def _define(trt, trtp, torch, triton_kernel) -> None:
     """The @trtp.register and @trtp.impl pair (annotations are real objects: QDP inspects them)."""
     desc, tensor = trtp.TensorDesc, trtp.Tensor
 
     @trtp.register(PLUGIN_ID)
     def describe(logits: desc, logit_bias: desc, penalty_bias: desc, seen: desc, repetition_penalty: desc,
-                 temperature: desc, min_p: desc, top_k: desc, top_p: desc, uniform: desc, num_logprobs: desc,
+                 temperature: desc, min_p: desc, top_k: desc, top_p: desc, uniform: desc,
                  max_top_k: int) -> tuple[desc, desc, desc]:
         batch = logits.shape_expr[0]
-        width = num_logprob_columns(max_top_k)
+        width = schema.num_logprob_columns(max_top_k)
         return (trtp.from_shape_expr((batch,), dtype=trt.int64),
                 trtp.from_shape_expr((batch, width), dtype=trt.float32),
                 trtp.from_shape_expr((batch, width), dtype=trt.int64))
 
     @trtp.impl(PLUGIN_ID)
     def run(logits: tensor, logit_bias: tensor, penalty_bias: tensor, seen: tensor, repetition_penalty: tensor,
-            temperature: tensor, min_p: tensor, top_k: tensor, top_p: tensor, uniform: tensor, num_logprobs: tensor,
+            temperature: tensor, min_p: tensor, top_k: tensor, top_p: tensor, uniform: tensor,
             max_top_k: int, outputs: tuple[tensor], stream: int) -> None:
         inputs = (logits, logit_bias, penalty_bias, seen, repetition_penalty, temperature, min_p, top_k, top_p,
                   uniform)

@@ -82,24 +82,24 @@ class OnnxRuntimeEngine:
                 array = np.ascontiguousarray(array)
                 b.bind_cpu_input(name, array)
                 bound[name] = (array.ctypes.data, array.shape, array.dtype.str)
-        batch, k = inputs.input_ids.shape[0], s.num_logprobs
-        outs = self.outputs.get((id(b), batch, k))
+        batch, m = inputs.input_ids.shape[0], self.manifest
+        outs = self.outputs.get((id(b), batch))
         if outs is None:
-            outs = {io.num_logprobs: np.array([k], np.int64),
-                    io.token_ids: np.empty(batch, np.int64),
+            k = min(m.max_num_logprobs, m.max_top_k)  # the graph's static logprob width
+            outs = {io.token_ids: np.empty(batch, np.int64),
                     io.top_logprobs: np.empty((batch, k), np.float32),
                     io.top_logprob_ids: np.empty((batch, k), np.int64),
-                    io.logits: np.empty((batch, self.manifest.model.vocab_size), np.float32)}
-            self.outputs[(id(b), batch, k)] = outs
-        if bound.get("outputs") != (batch, k):
-            b.bind_cpu_input(io.num_logprobs, outs[io.num_logprobs])
+                    io.logits: np.empty((batch, m.model.vocab_size), np.float32)}
+            self.outputs[(id(b), batch)] = outs
+        if bound.get("outputs") != batch:
             for name in (io.token_ids, io.top_logprobs, io.top_logprob_ids, io.logits):
                 b.bind_ortvalue_output(name, ort.OrtValue.ortvalue_from_numpy(outs[name]))
-            bound["outputs"] = (batch, k)
+            bound["outputs"] = batch
         self.session.run_with_iobinding(b)
-        # Copies: the output buffers are reused by the next step.
-        return StepOutputs(token_ids=outs[io.token_ids].copy(), top_logprobs=outs[io.top_logprobs].copy(),
-                           top_logprob_ids=outs[io.top_logprob_ids].copy(),
+        # Copies: the output buffers are reused by the next step. Rows keep the k logprobs asked for.
+        k = s.num_logprobs
+        return StepOutputs(token_ids=outs[io.token_ids].copy(), top_logprobs=outs[io.top_logprobs][:, :k].copy(),
+                           top_logprob_ids=outs[io.top_logprob_ids][:, :k].copy(),
                            logits=outs[io.logits].copy() if want_logits else None)
 
     def close(self) -> None:

@@ -107,6 +107,7 @@ class TensorRTEngine:
         path = Path(engine_dir) / manifest.files.get("plan", "llm.plan")
         if not path.is_file():
             raise ManifestError(f"{path} is missing; {trt_rebuild_hint(engine_dir)}")
+        self.register_plugins(engine_dir)
         self.runtime = trt.Runtime(trt.Logger(trt.Logger.WARNING))
         self.engine = self.runtime.deserialize_cuda_engine(path.read_bytes())
         if self.engine is None:
@@ -134,6 +135,20 @@ class TensorRTEngine:
                                 f"{want.get('compute_capability')}), this machine has {gpu['name']} "
                                 f"({gpu['compute_capability']}); {trt_rebuild_hint(engine_dir)}")
 
+    def register_plugins(self, engine_dir) -> None:
+        """Plugins the plan was built with (a JIT plugin is a Python callback: this process needs it)."""
+        for plugin in self.manifest.tensorrt.get("plugins", []):
+            if plugin != "trtllm::Sample":
+                raise ManifestError(f"{engine_dir} needs the TensorRT plugin {plugin}, unknown to this version; "
+                                    f"{trt_rebuild_hint(engine_dir)}")
+            from trtllm.plugins.sample import trt_plugin
+
+            try:
+                trt_plugin.register()
+            except ImportError as e:
+                raise ManifestError(f"{engine_dir} runs its sampler as a TensorRT plugin: {e}; install torch and "
+                                    f"triton, or {trt_rebuild_hint(engine_dir)} without --sampling-plugin") from None
+
     def is_kv(self, name: str) -> bool:
         return name.startswith(tuple(n.split("{")[0] for n in (self.io.past_key, self.io.past_value,
                                                                   self.io.present_key, self.io.present_value)))
@@ -157,7 +172,7 @@ class TensorRTEngine:
         array = np.ascontiguousarray(array, self.dtypes[name])
         keep.append(array)  # alive until the stream is synchronized
         self.set_shape(name, array.shape)
-        if name in self.on_host:  # shape tensors (num_logprobs) are read from host memory
+        if name in self.on_host:  # shape tensors live in host memory (our graphs have none today)
             self.set_address(name, array.ctypes.data)
         else:
             self.stream.upload(self.buffers[name].ptr, array)
@@ -186,8 +201,7 @@ class TensorRTEngine:
                  io.write_index: inputs.write_index, io.last_index: inputs.last_index,
                  io.logit_bias: s.logit_bias, io.penalty_bias: s.penalty_bias, io.seen: s.seen,
                  io.repetition_penalty: s.repetition_penalty, io.temperature: s.temperature, io.min_p: s.min_p,
-                 io.top_k: s.top_k, io.top_p: s.top_p, io.uniform: s.uniform,
-                 io.num_logprobs: np.array([s.num_logprobs], np.int64)}
+                 io.top_k: s.top_k, io.top_p: s.top_p, io.uniform: s.uniform}
         for name, array in feeds.items():
             self.bind(name, array, keep)
         copies = self.bind_kv(kv)
@@ -197,7 +211,7 @@ class TensorRTEngine:
             raise RuntimeError("TensorRT failed to enqueue the step (see its log)")
         for dst, src, nbytes in copies:
             self.stream.copy(dst, src, nbytes)
-        k = s.num_logprobs
+        k = min(self.manifest.max_num_logprobs, self.manifest.max_top_k)  # the plan's static logprob width
         out = {io.token_ids: np.empty(batch, self.dtypes[io.token_ids]),
                io.top_logprobs: np.empty((batch, k), self.dtypes[io.top_logprobs]),
                io.top_logprob_ids: np.empty((batch, k), self.dtypes[io.top_logprob_ids])}
@@ -206,8 +220,9 @@ class TensorRTEngine:
         for name, array in out.items():
             self.stream.download(array, self.buffers[name].ptr)
         self.stream.sync()
-        return StepOutputs(token_ids=out[io.token_ids].astype(np.int64),
-                           top_logprobs=out[io.top_logprobs], top_logprob_ids=out[io.top_logprob_ids].astype(np.int64),
+        keep = s.num_logprobs  # rows keep the logprobs they asked for
+        return StepOutputs(token_ids=out[io.token_ids].astype(np.int64), top_logprobs=out[io.top_logprobs][:, :keep],
+                           top_logprob_ids=out[io.top_logprob_ids][:, :keep].astype(np.int64),
                            logits=out.get(io.logits))
 
     def bind_kv(self, kv: list[DeviceView]) -> list[tuple[int, int, int]]:

@@ -29,7 +29,7 @@ def build_trt(ckpt, out, env=None, **options):
 
 def test_profiles_come_from_the_limits():
     io = GraphIO()
-    prefill, decode = trt_build.optimization_profiles(Limits(**LIMITS), SHAPE, io, max_top_k=400, max_num_logprobs=50)
+    prefill, decode = trt_build.optimization_profiles(Limits(**LIMITS), SHAPE, io)
     assert (prefill.name, decode.name) == ("prefill", "decode")
     assert prefill.shapes[io.input_ids] == ((1, 1), (4, 64), (4, 128))
     assert decode.shapes[io.input_ids] == ((1, 1), (4, 1), (4, 1))
@@ -37,9 +37,6 @@ def test_profiles_come_from_the_limits():
         lo, opt, hi = p.shapes[io.past_key.format(i=1)]
         assert lo == (1, 2, 256, 16) and opt == hi == (4, 2, 256, 16)  # static capacity, batch 1..4
         assert p.shapes[io.logit_bias] == ((1, 400), (4, 400), (4, 400))
-        assert p.values[io.num_logprobs] == ((1,), (1,), (50,))
-    small = trt_build.optimization_profiles(Limits(**LIMITS), SHAPE, io, max_top_k=8, max_num_logprobs=50)
-    assert small[0].values[io.num_logprobs][2] == (8,)  # K <= min(50, M)
 
 
 @pytest.mark.parametrize("graph", ["modern", "legacy"])
@@ -49,7 +46,7 @@ def test_profiles_cover_every_graph_input(tiny_checkpoint, tmp_path, graph):
           log=lambda m: None)
     m = load(tmp_path / "e")
     inputs = {i.name for i in onnx.load(str(tmp_path / "e" / "llm.onnx"), load_external_data=False).graph.input}
-    for p in trt_build.optimization_profiles(m.limits, m.model, m.io, m.max_top_k, m.max_num_logprobs):
+    for p in trt_build.optimization_profiles(m.limits, m.model, m.io):
         assert set(p.shapes) == inputs
     assert m.graph_profile == graph
 
@@ -147,3 +144,12 @@ def test_kv_capacity_keeps_every_slot_256_byte_aligned():
     assert trt_build.aligned_capacity(100, odd, "float16", log=lambda m: None) == 64
     with pytest.raises(ValueError, match="below the 64 positions"):
         trt_build.aligned_capacity(63, odd, "float16")
+
+
+def test_sampling_plugin_needs_tensorrt_plugin_support(tiny_checkpoint, tmp_path):
+    with pytest.raises(ConfigError, match="--sampling-plugin needs --backend tensorrt"):
+        BuildConfig(model="m", output="o", backend="onnxruntime", sampling_plugin=True)
+    # the stand-in TensorRT has no tensorrt.plugin (as TensorRT < 10.6): the build says so and writes nothing
+    with pytest.raises(ImportError, match=r"needs tensorrt >= 10.6 with tensorrt.plugin"):
+        build_trt(tiny_checkpoint("llama"), tmp_path / "e", sampling_plugin=True)
+    assert not (tmp_path / "e").exists()

@@ -12,7 +12,7 @@ ort = pytest.importorskip("onnxruntime")
 from trtllm.plugins import lint  # noqa: E402
 from trtllm.plugins.sample import body, reference, schema  # noqa: E402
 
-ARGS = schema.INPUT_NAMES[:-1]                                 # every input but num_logprobs
+ARGS = schema.INPUT_NAMES
 KEPT_ARGS = tuple(name for name in ARGS if name != "uniform")  # kept_probs' inputs
 
 
@@ -25,9 +25,15 @@ def _session(max_top_k: int):
 
 
 def _run(case: dict, num_logprobs: int, max_top_k: int):
-    feeds = {name: case[name] for name in ARGS}
-    feeds["num_logprobs"] = np.array([num_logprobs], np.int64)
-    return _session(max_top_k).run(None, feeds)
+    """The body's outputs, logprob columns cut to the first num_logprobs (as the runtime keeps them)."""
+    tokens, values, ids = _session(max_top_k).run(None, {name: case[name] for name in ARGS})
+    assert values.shape[1] == ids.shape[1] == schema.num_logprob_columns(max_top_k)  # static width
+    return tokens, values[:, :num_logprobs], ids[:, :num_logprobs]
+
+
+def _ref(case: dict, num_logprobs: int, max_top_k: int):
+    tokens, values, ids = reference.sample(*(case[name] for name in ARGS), max_top_k)
+    return tokens, values[:, :num_logprobs], ids[:, :num_logprobs]
 
 
 def _case(logits, temperature, top_k, top_p, uniform, bias=None, *, penalty_bias=None, seen=None,
@@ -139,7 +145,7 @@ def test_body_matches_reference_on_random_cases():
     for _ in range(200):
         case, num_logprobs, max_top_k = _random_case(rng)
         got = _run(case, num_logprobs, max_top_k)
-        want = reference.sample(*(case[name] for name in ARGS), num_logprobs, max_top_k)
+        want = _ref(case, num_logprobs, max_top_k)
         for g, w, name in zip(got, want, schema.OUTPUT_NAMES):
             assert g.shape == w.shape and g.dtype == w.dtype, (name, g.shape, g.dtype, w.shape, w.dtype)
             assert g.dtype.kind != "f" or not np.isnan(g).any(), name
@@ -311,7 +317,7 @@ def _body_tensor(name: str, case: dict, max_top_k: int) -> np.ndarray:
     graph = onnx.helper.make_graph(function.node, "body", model.graph.input,
                                    [onnx.helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, None)])
     model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", schema.OPSET)], ir_version=11)
-    feeds = {n: case[n] for n in ARGS} | {"num_logprobs": np.array([1], np.int64)}
+    feeds = {n: case[n] for n in ARGS}
     return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
 
 
@@ -346,7 +352,7 @@ def test_logprobs_ignore_penalties():
 
 def _run_both(case, num_logprobs, max_top_k):
     got = _run(case, num_logprobs, max_top_k)
-    want = reference.sample(*(case[name] for name in ARGS), num_logprobs, max_top_k)
+    want = _ref(case, num_logprobs, max_top_k)
     for g in got:
         if g.dtype.kind == "f":
             assert not np.isnan(g).any()
@@ -413,11 +419,13 @@ def test_model_checks_and_declares_its_attributes():
     assert (function.domain, function.name) == ("trtllm", "Sample")
     assert list(function.input) == list(schema.INPUT_NAMES) == [
         "logits", "logit_bias", "penalty_bias", "seen", "repetition_penalty", "temperature", "min_p", "top_k",
-        "top_p", "uniform", "num_logprobs"]
+        "top_p", "uniform"]
     assert set(function.attribute) == set(schema.ATTRIBUTES)
     node = model.graph.node[0]
     attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
-    assert attrs == {"max_top_k": 16, "plugin_namespace": b"trtllm", "plugin_version": b"2"}
+    assert attrs == {"max_top_k": 16, "plugin_namespace": b"trtllm", "plugin_version": b"1"}
+    widths = [[d.dim_value for d in o.type.tensor_type.shape.dim][1:] for o in model.graph.output]
+    assert widths == [[], [16], [16]]                      # K = min(50, M), static
 
 
 @pytest.mark.parametrize("trt_version, opset", [("11.1", 24), ("10.3", 20)])
@@ -431,7 +439,7 @@ def test_body_at_opset_20_samples_as_at_24():
     rng = np.random.default_rng(7)
     case = _case(rng.standard_normal((4, 300)) * 3, [0.0, 0.7, 1.0, 1.3], [0, 5, 0, 40], [1.0, 0.9, 0.5, 1.0],
                  rng.random(4), min_p=[0.0, 0.0, 0.05, 0.0], repetition_penalty=[1.0, 1.2, 1.0, 0.9])
-    feeds = {name: case[name] for name in ARGS} | {"num_logprobs": np.array([3], np.int64)}
+    feeds = {name: case[name] for name in ARGS}
     outs = [ort.InferenceSession(body.make_model(64, opset=opset).SerializeToString(),
                                  providers=["CPUExecutionProvider"]).run(None, feeds) for opset in (20, 24)]
     for got, want in zip(*outs):
@@ -458,23 +466,21 @@ def test_reference_validation_names_the_field(change, field):
     case = _case(np.zeros((1, 8)), 1.0, 0, 1.0, 0.5)
     case.update({k: np.asarray(v) for k, v in change.items()})
     with pytest.raises(ValueError, match=field):
-        reference.sample(*(case[name] for name in ARGS), 1, 5)
+        reference.sample(*(case[name] for name in ARGS), 5)
 
 
 def test_reference_seen_must_be_bool():
     case = _case(np.zeros((1, 8)), 1.0, 0, 1.0, 0.5)
     case["seen"] = np.ones((1, 8), np.int64)
     with pytest.raises(TypeError, match="seen"):
-        reference.sample(*(case[name] for name in ARGS), 1, 5)
+        reference.sample(*(case[name] for name in ARGS), 5)
 
 
-@pytest.mark.parametrize("num_logprobs, max_top_k, field", [(0, 5, "num_logprobs"), (6, 5, "num_logprobs"),
-                                                              (51, 100, "num_logprobs"), (1, 0, "max_top_k"),
-                                                              (1, 9, "max_top_k")])
-def test_reference_rejects_bad_limits(num_logprobs, max_top_k, field):
-    case = _case(np.zeros((1, 8 if max_top_k < 100 else 200)), 1.0, 0, 1.0, 0.5)
-    with pytest.raises(ValueError, match=field):
-        reference.sample(*(case[name] for name in ARGS), num_logprobs, max_top_k)
+@pytest.mark.parametrize("max_top_k", [0, 9])
+def test_reference_rejects_bad_limits(max_top_k):
+    case = _case(np.zeros((1, 8)), 1.0, 0, 1.0, 0.5)
+    with pytest.raises(ValueError, match="max_top_k"):
+        reference.sample(*(case[name] for name in ARGS), max_top_k)
 
 
 def test_make_node_and_function_validate():

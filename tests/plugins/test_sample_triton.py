@@ -23,7 +23,7 @@ import pytest
 
 from trtllm.plugins.sample import reference, schema
 
-ARGS = schema.INPUT_NAMES[:-1]                                 # every input but num_logprobs
+ARGS = schema.INPUT_NAMES
 KEPT_ARGS = tuple(name for name in ARGS if name != "uniform")
 # (V, M): V below, at and above the block sizes used, M < V and M == V.
 INTERPRET_CONFIGS = [(7, 7), (300, 300), (300, 16), (1000, 64), (1025, 1024), (2000, 1024), (2000, 2000)]
@@ -104,10 +104,11 @@ def run_cases(kernel, configs, seed: int, num_cases: int, device: str, ties_last
     num_rows, problems = 0, []
     for vocab_size, max_top_k in configs:
         for i in range(num_cases):
-            case, num_logprobs = random_case(rng, vocab_size, max_top_k, int(rng.integers(1, 9)))
-            want = reference.sample(*(case[name] for name in ARGS), num_logprobs, max_top_k)
-            got = kernel.sample(*(torch.as_tensor(case[name], device=device) for name in ARGS), num_logprobs,
-                                max_top_k, ties_last=ties_last)
+            case, _ = random_case(rng, vocab_size, max_top_k, int(rng.integers(1, 9)))
+            num_logprobs = schema.num_logprob_columns(max_top_k)   # the op's static width
+            want = reference.sample(*(case[name] for name in ARGS), max_top_k)
+            got = kernel.sample(*(torch.as_tensor(case[name], device=device) for name in ARGS), max_top_k,
+                                ties_last=ties_last)
             got = [g.cpu().numpy() for g in got]
             problems += [f"V={vocab_size} M={max_top_k} K={num_logprobs} case {i}: {p}"
                          for p in compare(got, want, case, max_top_k)]

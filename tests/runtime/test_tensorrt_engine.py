@@ -2,6 +2,7 @@
 switching, and the same outputs as the ONNX Runtime engine built from the same checkpoint."""
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -163,3 +164,18 @@ def test_runtime_modules_do_not_import_tensorrt(engines):
     out = subprocess.run([sys.executable, "-c", "import json; " + code], capture_output=True, text=True, check=True,
                          env={"PYTHONPATH": str(fakes.FAKES)})
     assert json.loads(out.stdout) == []
+
+
+def test_plan_with_the_sampling_plugin_needs_it_registered(engines, tmp_path):
+    import shutil
+
+    from trtllm.runtime import manifest as mf
+    from trtllm.runtime.engine import load_engine
+
+    engine = tmp_path / "engine"
+    shutil.copytree(engines / "modern", engine)
+    m = mf.load(engine)
+    mf.save(dataclasses.replace(m, tensorrt={**m.tensorrt, "plugins": ["trtllm::Sample"]}), engine)
+    with fakes.installed():
+        with pytest.raises(ManifestError, match="runs its sampler as a TensorRT plugin: .*without --sampling-plugin"):
+            load_engine(engine)
