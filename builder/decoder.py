@@ -241,8 +241,12 @@ class DecoderWriter:
 
     def mlp(self, i: int, x: str) -> str:
         g, p, name = self.g, f"model.layers.{i}.mlp", f"/model/layers.{i}/mlp"
-        gate, up = self.fused_linear(f"{name}/gate_up_proj", x, f"{p}.gate_up_proj",
-                                     [f"{p}.gate_proj", f"{p}.up_proj"])
+        if self.gqa:  # ONNX Runtime's form: two MatMuls cost less than one plus a Split (its copy)
+            gate = self.linear(f"{name}/gate_proj", x, f"{p}.gate_proj")
+            up = self.linear(f"{name}/up_proj", x, f"{p}.up_proj")
+        else:
+            gate, up = self.fused_linear(f"{name}/gate_up_proj", x, f"{p}.gate_up_proj",
+                                         [f"{p}.gate_proj", f"{p}.up_proj"])
         # SiLU as x*sigmoid(x): Swish is only in TensorRT >= 11.0's parser.
         act = g.op("Mul", f"{name}/act/Mul", [gate, g.op("Sigmoid", f"{name}/act/Sigmoid", [gate])])
         return self.linear(f"{name}/down_proj", g.op("Mul", f"{name}/Mul", [act, up]), f"{p}.down_proj")
@@ -328,7 +332,8 @@ class DecoderWriter:
                g.input(io.uniform, F32, ["batch"])]
         outs = [io.token_ids, io.top_logprobs, io.top_logprob_ids]
         g.nodes.append(sample_body.make_node(ins, outs, self.max_top_k))
-        g.functions.append(sample_body.make_function(self.max_top_k, opset=legacy_ops.OPSET if self.legacy else OPSET))
+        g.functions.append(sample_body.make_function(self.max_top_k, opset=legacy_ops.OPSET if self.legacy else OPSET,
+                                                     argmax=self.gqa))   # ArgMax only in ONNX Runtime's form
         g.output(io.token_ids, I64, ["batch"])
         k = sample_schema.num_logprob_columns(self.max_top_k)   # static: the runtime keeps what a request asked
         g.output(io.top_logprobs, F32, ["batch", k])

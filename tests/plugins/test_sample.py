@@ -488,3 +488,21 @@ def test_make_node_and_function_validate():
         body.make_function(3840)
     with pytest.raises(ValueError, match="inputs"):
         body.make_node(["logits"], list(schema.OUTPUT_NAMES), 8)
+
+
+def test_argmax_form_gives_the_same_outputs():
+    """ONNX Runtime's form takes greedy from ArgMax (first maximum): same outputs, ties included."""
+    rng = np.random.default_rng(5)
+    logits = np.round(rng.standard_normal((6, 300)) * 2) / 2          # many exact ties, at the max too
+    case = _case(logits, [0.0, 0.0, 0.7, 1.0, 0.0, 1.3], [0, 5, 0, 40, 0, 0], [1.0, 0.9, 0.5, 1.0, 1.0, 1.0],
+                 rng.random(6), repetition_penalty=[1.0, 1.2, 1.0, 0.9, 1.0, 1.0])
+    feeds = {name: case[name] for name in ARGS}
+    outs = [ort.InferenceSession(body.make_model(64, argmax=argmax).SerializeToString(),
+                                 providers=["CPUExecutionProvider"]).run(None, feeds) for argmax in (False, True)]
+    for got, want in zip(*outs):
+        np.testing.assert_array_equal(got, want)
+    greedy = {name: case[name][[0, 1, 4]] for name in ARGS}          # the all-greedy branch too
+    outs = [ort.InferenceSession(body.make_model(64, argmax=argmax).SerializeToString(),
+                                 providers=["CPUExecutionProvider"]).run(None, greedy) for argmax in (False, True)]
+    np.testing.assert_array_equal(outs[0][0], outs[1][0])
+    assert (outs[1][0] == reference.sample(*greedy.values(), 64)[0]).all()
