@@ -208,8 +208,14 @@ def installed_peers() -> list[str]:
 
 
 def ensure_engine(model: Path, engine_dir: Path, options: list[str], extra: list[str]) -> None:
-    if (engine_dir / "manifest.json").is_file():
+    """Build the engine unless a usable one is there (an engine of an older format is rebuilt)."""
+    from trtllm.runtime import manifest as mf
+
+    try:
+        mf.load(engine_dir)
         return
+    except mf.ManifestError:
+        pass
     trtllm_build = Path(sys.executable).parent / "trtllm-build"
     subprocess.run([str(trtllm_build), "--model", str(model), "--output", str(engine_dir), *options, *extra],
                    check=True)

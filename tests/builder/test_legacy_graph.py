@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import shutil
-from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -29,8 +28,10 @@ from trtllm.plugins.lint import lint_model  # noqa: E402
 from trtllm.runtime import manifest as mf  # noqa: E402
 from trtllm.runtime import sampling  # noqa: E402
 from trtllm.runtime.engine import load_engine  # noqa: E402
-from trtllm.runtime.generate import RowState, decode_inputs, prefill_inputs, run_batch  # noqa: E402
+from trtllm.runtime.generate import RowState, decode_inputs, prefill_inputs  # noqa: E402
 from trtllm.runtime.kv_cache import KVCacheManager  # noqa: E402
+
+from tests.engine_helpers import run_greedy, unoptimized_sessions  # noqa: E402
 
 ARCHS = ["llama", "mistral", "qwen2", "qwen3"]
 DTYPES = ["float32", "float16"]
@@ -72,28 +73,6 @@ def write_legacy_engine(modern: Path, checkpoint: Path, out: Path, writer=Decode
     return out
 
 
-@contextmanager
-def unoptimized_sessions():
-    """Engines loaded inside run the graph as written (ORT's graph optimisations off), as TensorRT
-    would parse it: ORT's fusions cannot hide a wrong decomposition."""
-    import onnxruntime as ort
-
-    from trtllm.runtime.backends import onnxruntime as backend
-
-    original = backend.session_options
-
-    def plain(num_threads=None):
-        opts = original(num_threads)
-        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-        return opts
-
-    backend.session_options = plain
-    try:
-        yield
-    finally:
-        backend.session_options = original
-
-
 @pytest.fixture(scope="module")
 def engines(tiny_checkpoint, tmp_path_factory):
     """engines(arch, dtype) -> (modern engine dir, legacy engine dir), built once."""
@@ -129,15 +108,6 @@ def batch_logits(engine, prompts: list[list[int]], forced: np.ndarray | None = N
             row.output_ids.append(int(forced[step, b] if forced is not None else out.token_ids[b]))
         inputs = decode_inputs(rows, m.pad_token_id, batch)
     return np.stack(logits), np.stack(tokens), kv.buffers
-
-
-def run_greedy(engine, prompts: list[list[int]], n: int) -> list[list[int]]:
-    """Through the Scheduler (run_batch), as trtllm-run generates."""
-    greedy = sampling.SamplingParams(temperature=0.0, max_new_tokens=n)
-    rows = [RowState(prompt_ids=p, params=greedy, rng=np.random.default_rng(0), eos_ids=frozenset())
-            for p in prompts]
-    run_batch(engine, rows)
-    return [r.output_ids for r in rows]
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

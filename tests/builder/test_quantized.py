@@ -17,6 +17,8 @@ from trtllm.builder.verify import engine_logits  # noqa: E402
 from trtllm.plugins.lint import lint_model  # noqa: E402
 from trtllm.runtime.engine import load_engine  # noqa: E402
 
+from tests.engine_helpers import unoptimized_sessions  # noqa: E402
+
 pytestmark = pytest.mark.hf
 SCHEMES = ["int8", "int4"]  # and float16 below
 
@@ -66,23 +68,9 @@ def dequantized_model(ckpt, scheme: QuantScheme):
 def test_canonical_graph_matches_dequantized_transformers(name, quantized):
     """The canonical graph (ONNX Runtime with its optimisations off, as TensorRT would parse it)
     computes exactly transformers with the dequantized weights."""
-    import onnxruntime as ort
-
-    from trtllm.runtime.backends import onnxruntime as backend
-
     ckpt, engines = quantized
-    original = backend.session_options
-
-    def plain(num_threads=None):
-        opts = original(num_threads)
-        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-        return opts
-
-    backend.session_options = plain
-    try:
+    with unoptimized_sessions():
         engine = load_engine(engines[name], graph="onnx")
-    finally:
-        backend.session_options = original
     prompt = [5, 17, 42, 99, 7, 31, 8]
     generated, got = engine_logits(engine, prompt, num_decode=4)
     with torch.no_grad():

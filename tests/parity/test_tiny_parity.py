@@ -11,8 +11,10 @@ transformers = pytest.importorskip("transformers")
 from trtllm.builder.verify import engine_logits  # noqa: E402
 from trtllm.runtime import sampling  # noqa: E402
 from trtllm.runtime.engine import load_engine  # noqa: E402
-from trtllm.runtime.generate import RowState, prefill_inputs, run_batch  # noqa: E402
+from trtllm.runtime.generate import RowState, prefill_inputs  # noqa: E402
 from trtllm.runtime.kv_cache import KVCacheManager  # noqa: E402
+
+from tests.engine_helpers import run_greedy  # noqa: E402
 
 pytestmark = pytest.mark.hf
 ARCHS = ["llama", "mistral", "qwen2", "qwen3"]
@@ -29,14 +31,6 @@ def hf_greedy(model, prompt: list[int], n: int) -> list[int]:
         out = model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.int64),
                              max_new_tokens=n, min_new_tokens=n, do_sample=False, eos_token_id=None)
     return out[0, len(prompt):].tolist()
-
-
-def run_greedy(engine, prompts: list[list[int]], n: int) -> list[list[int]]:
-    greedy = sampling.SamplingParams(temperature=0.0, max_new_tokens=n)
-    rows = [RowState(prompt_ids=p, params=greedy, rng=np.random.default_rng(0), eos_ids=frozenset())
-            for p in prompts]
-    run_batch(engine, rows)
-    return [r.output_ids for r in rows]
 
 
 @pytest.mark.parametrize("arch", ARCHS)
