@@ -320,7 +320,12 @@ class DecoderWriter:
         else:  # quantized: the lm_head gets its own quantized copy; the embedding stays float32
             w = self.w["model.embed_tokens.weight" if s.tie_word_embeddings else "lm_head.weight"]
             logits = self.matmul("/lm_head", h, "lm_head", w, rank=2)
-        logits = g.op("Cast", "/lm_head/Cast", [logits], outputs=[self.io.logits], to=F32)  # the sampler's type
+        # The sampler's type is float32; a float32 graph names the product itself (a Cast would copy it).
+        if self.ftype == F32:
+            g.nodes[-1].output[0] = self.io.logits
+            logits = self.io.logits
+        else:
+            logits = g.op("Cast", "/lm_head/Cast", [logits], outputs=[self.io.logits], to=F32)
         g.output(self.io.logits, F32, ["batch", s.vocab_size])
         return logits
 

@@ -114,13 +114,14 @@ def _penalties(b: _Body) -> None:
     b.op("Abs", "r_minus_1", out="r_off_by")
     b.op("ReduceMax", "r_off_by", out="r_off_by_max", keepdims=0)
     b.op("Greater", "r_off_by_max", "zero_f", out="any_repetition")
-    b.op("If", "any_repetition", out="x_seen", then_branch=_branch("repetition", _repetition, TensorProto.FLOAT),
-         else_branch=_branch("no_repetition", lambda sub: sub.op("Identity", "x", out="x_as_is"), TensorProto.FLOAT))
-    b.op("Add", "x_seen", "penalty_bias", out="y")                                  # [B, V]
+    # Each branch ends in the Add of penalty_bias, so the plain one needs no copy of x (an Identity).
+    b.op("If", "any_repetition", out="y", then_branch=_branch("repetition", _repetition, TensorProto.FLOAT),
+         else_branch=_branch("no_repetition", lambda sub: sub.op("Add", "x", "penalty_bias", out="y_plain"),
+                             TensorProto.FLOAT))                                    # [B, V]
 
 
 def _repetition(b: _Body) -> str:
-    """where(seen, where(x > 0, x / r, x * r), x)."""
+    """where(seen, where(x > 0, x / r, x * r), x) + penalty_bias."""
     # where(x > 0, x / r, x * r) as Min or Max: a Where on the 50/50 mask x > 0 costs 400 us on
     # ONNX Runtime at V = 49152 (it branches per element), Min + Max + a per-row Where 60 us.
     # x / r and x * r have the sign of x and rounding is monotonic, so for r >= 1 the wanted
@@ -133,7 +134,8 @@ def _repetition(b: _Body) -> str:
     b.op("Max", "x_div", "x_mul", out="x_rep_hi")
     b.op("GreaterOrEqual", "r2", "one_f", out="r_ge_1")                             # [B, 1]
     b.op("Where", "r_ge_1", "x_rep_lo", "x_rep_hi", out="x_rep")
-    return b.op("Where", "seen", "x_rep", "x", out="x_repeated")
+    b.op("Where", "seen", "x_rep", "x", out="x_seen")
+    return b.op("Add", "x_seen", "penalty_bias", out="y_repeated")
 
 
 def _branch(name: str, build, dtype: int = TensorProto.INT64) -> onnx.GraphProto:
