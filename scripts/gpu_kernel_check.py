@@ -133,8 +133,7 @@ def timing_inputs(device: str, vocab_size: int, num_rows: int, greedy: bool):
               "uniform": rng.random(num_rows, dtype=np.float32)}
     from trtllm.plugins.sample import schema
 
-    names = schema.INPUT_NAMES[:-1]
-    return [torch.as_tensor(values[name], device=device) for name in names], values
+    return [torch.as_tensor(values[name], device=device) for name in schema.INPUT_NAMES], values
 
 
 def time_one(device: str, vocab_size: int, num_rows: int, greedy: bool, reps: int, ort_threads: int,
