@@ -122,6 +122,7 @@ class TensorRTEngine:
         self.buffers = {n: cuda.DeviceBuffer(self.max_bytes(n)) for n in names
                         if not self.is_kv(n) and n not in self.on_host}
         self.scratch: dict[str, object] = {}   # legacy graphs: present_* outputs, copied back into the KV
+        self.device_rows: dict[str, dict] = {}  # [B, V] sampler inputs: what each device row holds
 
     def check_plan(self, engine_dir, version: str, gpu: dict) -> None:
         built = self.manifest.tensorrt
@@ -178,6 +179,21 @@ class TensorRTEngine:
             self.stream.upload(self.buffers[name].ptr, array)
             self.set_address(name, self.buffers[name].ptr)
 
+    def bind_vocab_rows(self, name: str, array: np.ndarray, dirty: np.ndarray) -> None:
+        """A [B, V] sampler input, uploaded row by row and only where the device row holds something
+        else: rows change only when a request is admitted or penalised (set_row / penalize mark them
+        dirty), so a decode step without penalties uploads none of the B x V bytes."""
+        self.set_shape(name, array.shape)
+        ptr, row_bytes = self.buffers[name].ptr, array.strides[0]
+        base = array if array.base is None else array.base
+        start = (array.ctypes.data - base.ctypes.data) // row_bytes
+        held = self.device_rows.setdefault(name, {})   # device row -> (host base array, its row)
+        for r in range(array.shape[0]):
+            if dirty[r] or held.get(r, (None, None))[0] is not base or held[r][1] != start + r:
+                self.stream.upload(ptr + r * row_bytes, array[r])   # the host row outlives the sync
+                held[r] = (base, start + r)
+        self.set_address(name, ptr)
+
     def set_address(self, name: str, ptr: int) -> None:
         if not self.context.set_tensor_address(name, ptr):
             raise RuntimeError(f"TensorRT rejected the address of {name}: the plan has no such tensor; "
@@ -202,8 +218,13 @@ class TensorRTEngine:
                  io.logit_bias: s.logit_bias, io.penalty_bias: s.penalty_bias, io.seen: s.seen,
                  io.repetition_penalty: s.repetition_penalty, io.temperature: s.temperature, io.min_p: s.min_p,
                  io.top_k: s.top_k, io.top_p: s.top_p, io.uniform: s.uniform}
+        vocab_rows = {io.logit_bias: s.logit_bias, io.penalty_bias: s.penalty_bias, io.seen: s.seen}
         for name, array in feeds.items():
-            self.bind(name, array, keep)
+            if name in vocab_rows:
+                self.bind_vocab_rows(name, array, s.dirty)
+            else:
+                self.bind(name, array, keep)
+        s.dirty[:] = False  # every [B, V] row of this view is on the device now
         copies = self.bind_kv(kv)
         for name in (io.token_ids, io.top_logprobs, io.top_logprob_ids, io.logits):
             self.set_address(name, self.buffers[name].ptr)

@@ -179,3 +179,39 @@ def test_plan_with_the_sampling_plugin_needs_it_registered(engines, tmp_path):
     with fakes.installed():
         with pytest.raises(ManifestError, match="runs its sampler as a TensorRT plugin: .*without --sampling-plugin"):
             load_engine(engine)
+
+
+def test_decode_uploads_only_the_vocabulary_rows_that_changed(engines):
+    """The [B, V] sampler inputs go to the device when a row is admitted or penalised, not every step."""
+    from trtllm.runtime import sampling
+    from trtllm.runtime.engine import load_engine
+    from trtllm.runtime.generate import RowState, run_rows
+
+    with fakes.installed():
+        from cuda.bindings import runtime as cudart
+
+        engine = load_engine(engines / "modern")
+        vocab = engine.manifest.model.vocab_size
+        uploads: list[int] = []
+        real = cudart.cudaMemcpyAsync
+
+        def counting(dst, src, nbytes, kind, stream):
+            if kind == cudart.cudaMemcpyKind.cudaMemcpyHostToDevice:
+                uploads.append(nbytes)
+            return real(dst, src, nbytes, kind, stream)
+
+        cudart.cudaMemcpyAsync = counting
+        steps = []
+        real_step = engine.step
+        engine.step = lambda *a, **k: (steps.append(len(uploads)), real_step(*a, **k))[1]
+        plain = sampling.SamplingParams(temperature=0.0, max_new_tokens=6)
+        penalised = sampling.SamplingParams(temperature=0.0, max_new_tokens=6, repetition_penalty=1.3)
+        rows = [RowState(prompt_ids=[5, 6, 7, 8], params=p, rng=np.random.default_rng(0), eos_ids=frozenset())
+                for p in (plain, plain, penalised)]
+        run_rows(engine, rows)
+        steps.append(len(uploads))
+        per_step = [sum(uploads[a:b]) for a, b in zip(steps, steps[1:])]
+        vocab_bytes = vocab * (4 + 4 + 1)                       # logit_bias, penalty_bias, seen: one row
+        assert per_step[0] >= 3 * vocab_bytes                    # the prefill takes every row
+        assert all(vocab_bytes <= n < 2 * vocab_bytes for n in per_step[1:])  # then only the penalised row
+        engine.close()
