@@ -153,3 +153,24 @@ def test_sampling_plugin_needs_tensorrt_plugin_support(tiny_checkpoint, tmp_path
     with pytest.raises(ImportError, match=r"needs tensorrt >= 10.6 with tensorrt.plugin"):
         build_trt(tiny_checkpoint("llama"), tmp_path / "e", sampling_plugin=True)
     assert not (tmp_path / "e").exists()
+
+
+def test_shipped_tensorrt_profiles_lint_and_agree(tiny_checkpoint, tmp_path):
+    """configs/tensorrt-modern.json and tensorrt-legacy.json, exported (ONNX Runtime backend here):
+    each graph passes the op lint for its profile's TensorRT and gives the other's greedy tokens."""
+    from tests.engine_helpers import run_greedy
+    from trtllm.plugins.lint import lint_model
+    from trtllm.runtime.engine import load_engine
+
+    tokens = {}
+    for name in ("tensorrt-modern", "tensorrt-legacy"):
+        out = tmp_path / name
+        result = CliRunner().invoke(build_main, ["--model", str(tiny_checkpoint("qwen2")), "--output", str(out),
+                                                 "--profile", name, "--backend", "onnxruntime", "--dtype", "float32",
+                                                 "--max-input-len", "64", "--max-kv-cache-capacity", "128"])
+        assert result.exit_code == 0, result.output
+        trt_version = profile_defaults(name)["trt_version"]
+        assert lint_model(out / "llm.onnx", trt_version) == []
+        assert (lint_model(out / "llm.onnx", "10.3") == []) == (name == "tensorrt-legacy")
+        tokens[name] = run_greedy(load_engine(out, graph="onnx"), [[5, 17, 42, 99, 7], [3, 8, 1]], 12)
+    assert tokens["tensorrt-modern"] == tokens["tensorrt-legacy"]
