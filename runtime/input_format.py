@@ -18,13 +18,28 @@ non-finite floats and are then refused by the field that holds them, so the erro
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import json
-import math
 import os
 import re
 from dataclasses import dataclass, field
-from typing import Callable, NoReturn
+
+from trtllm.runtime.strict_json import (  # the parsers, under this module's private names
+    InputError,  # noqa: F401 - part of this module's API
+    fail as _fail,
+    object_hook as _object_hook,
+    entry_path as _entry_path,
+    check_duplicates as _check_duplicates,
+    did_you_mean as _did_you_mean,
+    one_of as _one_of,
+    check_keys as _check_keys,
+    number as _number,
+    boolean as _bool,
+    string as _string,
+    choice as _choice,
+    array as _array,
+    json_object as _object,
+    fields as _fields,
+)
 
 MAX_BATCH_SIZE = 16
 MAX_MESSAGES = 64
@@ -42,21 +57,11 @@ MAX_REPETITION_PENALTY = 10
 MAX_ABS_PENALTY = 2  # presence_penalty and frequency_penalty (the OpenAI range)
 MAX_SEED = 2**63 - 1
 MAX_N = 16
-MAX_LISTED_KEYS = 8  # an unknown-key error lists the known keys only when there are this few
 ROLES = ("system", "user", "assistant")
 CONTENT_TYPES = ("text", "image", "audio", "video")
 MEDIA_TYPES = frozenset({"image", "audio", "video"})
 
 _TOKEN_ID_KEY = re.compile(r"0|[1-9][0-9]*")
-_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-
-
-class InputError(ValueError):
-    """A bad input file; `json_path` names the bad value ("" for the file or the whole document)."""
-
-    def __init__(self, json_path: str, message: str):
-        super().__init__(message)
-        self.json_path = json_path
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,127 +158,6 @@ class InputFile:
     n: int = 1
 
 
-# --- errors and paths ---------------------------------------------------------------------------
-
-def _show(value: object) -> str:
-    """A short, JSON-flavoured rendering of a bad value for an error message."""
-    if value is True or value is False or value is None:
-        return json.dumps(value)
-    if isinstance(value, dict):
-        return "an object"
-    if isinstance(value, list):
-        return f"an array of {len(value)} item{'' if len(value) == 1 else 's'}"
-    text = repr(value)
-    if len(text) <= 60:
-        return text
-    return f"{text[:50]}... ({len(value)} chars)" if isinstance(value, str) else text[:60] + "..."
-
-
-def _fail(path: str, constraint: str, value: object, hint: str = "", *, shown: str = "",
-          label: str = "") -> NoReturn:
-    label = label or (f"`{path}`" if path else "the top level")
-    message = f"{label} must be {constraint}, got {shown or _show(value)}"
-    raise InputError(path, message + (f"; {hint}" if hint else ""))
-
-
-def _key_path(parent: str, key: object) -> str:
-    if isinstance(key, str) and _IDENTIFIER.fullmatch(key):
-        return f"{parent}.{key}" if parent else key
-    return _entry_path(parent, key)
-
-
-class _JsonObject(dict):
-    """A decoded JSON object that remembers keys it saw more than once (json keeps the last)."""
-
-    __slots__ = ("duplicates",)
-
-
-def _object_hook(pairs: list[tuple[str, object]]) -> _JsonObject:
-    obj = _JsonObject(pairs)
-    obj.duplicates = ()
-    if len(obj) < len(pairs):
-        seen: set[str] = set()
-        obj.duplicates = tuple(dict.fromkeys(k for k, _ in pairs if k in seen or seen.add(k)))
-    return obj
-
-
-def _entry_path(parent: str, key: object) -> str:
-    return f"{parent}[{json.dumps(key)}]"  # a map entry: logit_bias["123"]
-
-
-def _check_duplicates(obj: dict, path_of: Callable[[object], str]) -> None:
-    for key in getattr(obj, "duplicates", ()):
-        _fail(path_of(key), "given once", key, shown="it more than once")
-
-
-def _did_you_mean(word: object, options) -> str:
-    close = difflib.get_close_matches(word, list(options), n=1) if isinstance(word, str) else []
-    return f"did you mean {close[0]!r}?" if close else ""
-
-
-def _one_of(options) -> str:
-    return ", ".join(repr(o) for o in options)
-
-
-def _check_keys(obj: dict, path: str, known: tuple[str, ...], what: str) -> None:
-    _check_duplicates(obj, lambda key: _key_path(path, key))
-    listed = (f"one of {_one_of(known)}" if len(known) <= MAX_LISTED_KEYS
-              else "see docs/input_format.md")
-    for key in obj:
-        if key not in known:
-            _fail(_key_path(path, key), f"a known key of {what} ({listed})", key,
-                  _did_you_mean(key, known), shown=f"unknown key {_show(key)}")
-
-
-# --- field parsers: (value, path) -> parsed value -----------------------------------------------
-
-def _fmt(x: float) -> str:
-    return str(int(x)) if float(x).is_integer() else str(x)
-
-
-def _number(kind: type, lo: float, hi: float | None = None, lo_open: bool = False) -> Callable:
-    """A parser for an int or float field; ints are accepted for floats, never the reverse."""
-    noun = "an integer" if kind is int else "a finite number"
-    if hi is None:
-        desc = f"{noun} {'>' if lo_open else '>='} {_fmt(lo)}"
-    else:
-        desc = f"{noun} in {'(' if lo_open else '['}{_fmt(lo)}, {_fmt(hi)}]"
-
-    def parse(value: object, path: str):
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            hint = "JSON true/false are not numbers" if isinstance(value, bool) else ""
-            _fail(path, desc, value, hint)
-        if kind is int and isinstance(value, float):
-            hint = f"write {int(value)}" if value.is_integer() else ""
-            _fail(path, desc, value, hint)
-        if isinstance(value, float) and not math.isfinite(value):
-            _fail(path, desc, value, "NaN and Infinity are not allowed")
-        if value < lo or (lo_open and value == lo) or (hi is not None and value > hi):
-            _fail(path, desc, value)
-        return kind(value)
-
-    return parse
-
-
-def _bool(value: object, path: str) -> bool:
-    if not isinstance(value, bool):
-        _fail(path, "true or false", value)
-    return value
-
-
-def _string(value: object, path: str, nonempty: bool = False) -> str:
-    desc = "a non-empty string" if nonempty else "a string"
-    if not isinstance(value, str):
-        _fail(path, desc, value, "omit the key instead" if value is None else "")
-    if nonempty and not value:
-        _fail(path, desc, value)
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        _fail(path, "valid Unicode text", value, shown="a string with a lone surrogate escape")
-    return value
-
-
 def _text(value: object, path: str) -> str:
     text = _string(value, path)
     num_bytes = len(text.encode("utf-8"))
@@ -281,37 +165,6 @@ def _text(value: object, path: str) -> str:
         _fail(path, f"at most {MAX_CONTENT_BYTES} UTF-8 bytes (128 KiB)", value,
               shown=f"{num_bytes} bytes")
     return text
-
-
-def _choice(options: tuple[str, ...]) -> Callable:
-    def parse(value: object, path: str) -> str:
-        if not isinstance(value, str) or value not in options:
-            _fail(path, f"one of {_one_of(options)}", value, _did_you_mean(value, options))
-        return value
-    return parse
-
-
-def _array(value: object, path: str, what: str, max_items: int) -> list:
-    if not isinstance(value, list) or len(value) > max_items:
-        _fail(path, f"an array of at most {max_items} {what}", value)
-    return value
-
-
-def _object(value: object, path: str, what: str) -> dict:
-    if not isinstance(value, dict):
-        _fail(path, f"a JSON object ({what})", value)
-    return value
-
-
-def _fields(value: object, path: str, table: dict[str, Callable], what: str,
-            required: tuple[str, ...] = ()) -> dict:
-    """Check an object's keys against `table`, then parse each present field in document order."""
-    obj = _object(value, path, what)
-    _check_keys(obj, path, tuple(table), what)
-    for name in required:
-        if name not in obj:
-            _fail(_key_path(path, name), f"given ({what} needs it)", None, shown="nothing")
-    return {name: table[name](v, _key_path(path, name)) for name, v in obj.items()}
 
 
 def _logit_bias(value: object, path: str) -> dict[int, float]:

@@ -1,0 +1,176 @@
+"""Strict JSON field parsing with paths: every error names the JSON path of the bad value.
+
+Used by input_format.py (the trtllm-run input file). Stdlib only. A parser is `(value, path) ->
+parsed value` and raises InputError(path, message); `fields` checks an object's keys against a
+table of parsers (unknown and duplicate keys refused, with a "did you mean") and parses each one.
+"""
+from __future__ import annotations
+
+import difflib
+import json
+import math
+import re
+from typing import Callable, NoReturn
+
+MAX_LISTED_KEYS = 8  # an unknown-key error lists the known keys only when there are this few
+IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+class InputError(ValueError):
+    """A bad input file; `json_path` names the bad value ("" for the file or the whole document)."""
+
+    def __init__(self, json_path: str, message: str):
+        super().__init__(message)
+        self.json_path = json_path
+
+
+# --- errors and paths ---------------------------------------------------------------------------
+
+def show(value: object) -> str:
+    """A short, JSON-flavoured rendering of a bad value for an error message."""
+    if value is True or value is False or value is None:
+        return json.dumps(value)
+    if isinstance(value, dict):
+        return "an object"
+    if isinstance(value, list):
+        return f"an array of {len(value)} item{'' if len(value) == 1 else 's'}"
+    text = repr(value)
+    if len(text) <= 60:
+        return text
+    return f"{text[:50]}... ({len(value)} chars)" if isinstance(value, str) else text[:60] + "..."
+
+
+def fail(path: str, constraint: str, value: object, hint: str = "", *, shown: str = "",
+         label: str = "") -> NoReturn:
+    label = label or (f"`{path}`" if path else "the top level")
+    message = f"{label} must be {constraint}, got {shown or show(value)}"
+    raise InputError(path, message + (f"; {hint}" if hint else ""))
+
+
+def key_path(parent: str, key: object) -> str:
+    if isinstance(key, str) and IDENTIFIER.fullmatch(key):
+        return f"{parent}.{key}" if parent else key
+    return entry_path(parent, key)
+
+
+class JsonObject(dict):
+    """A decoded JSON object that remembers keys it saw more than once (json keeps the last)."""
+
+    __slots__ = ("duplicates",)
+
+
+def object_hook(pairs: list[tuple[str, object]]) -> JsonObject:
+    obj = JsonObject(pairs)
+    obj.duplicates = ()
+    if len(obj) < len(pairs):
+        seen: set[str] = set()
+        obj.duplicates = tuple(dict.fromkeys(k for k, _ in pairs if k in seen or seen.add(k)))
+    return obj
+
+
+def entry_path(parent: str, key: object) -> str:
+    return f"{parent}[{json.dumps(key)}]"  # a map entry: logit_bias["123"]
+
+
+def check_duplicates(obj: dict, path_of: Callable[[object], str]) -> None:
+    for key in getattr(obj, "duplicates", ()):
+        fail(path_of(key), "given once", key, shown="it more than once")
+
+
+def did_you_mean(word: object, options) -> str:
+    close = difflib.get_close_matches(word, list(options), n=1) if isinstance(word, str) else []
+    return f"did you mean {close[0]!r}?" if close else ""
+
+
+def one_of(options) -> str:
+    return ", ".join(repr(o) for o in options)
+
+
+def check_keys(obj: dict, path: str, known: tuple[str, ...], what: str) -> None:
+    check_duplicates(obj, lambda key: key_path(path, key))
+    listed = (f"one of {one_of(known)}" if len(known) <= MAX_LISTED_KEYS
+              else "see docs/input_format.md")
+    for key in obj:
+        if key not in known:
+            fail(key_path(path, key), f"a known key of {what} ({listed})", key,
+                  did_you_mean(key, known), shown=f"unknown key {show(key)}")
+
+
+# --- field parsers: (value, path) -> parsed value -----------------------------------------------
+
+def fmt(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else str(x)
+
+
+def number(kind: type, lo: float, hi: float | None = None, lo_open: bool = False) -> Callable:
+    """A parser for an int or float field; ints are accepted for floats, never the reverse."""
+    noun = "an integer" if kind is int else "a finite number"
+    if hi is None:
+        desc = f"{noun} {'>' if lo_open else '>='} {fmt(lo)}"
+    else:
+        desc = f"{noun} in {'(' if lo_open else '['}{fmt(lo)}, {fmt(hi)}]"
+
+    def parse(value: object, path: str):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            hint = "JSON true/false are not numbers" if isinstance(value, bool) else ""
+            fail(path, desc, value, hint)
+        if kind is int and isinstance(value, float):
+            hint = f"write {int(value)}" if value.is_integer() else ""
+            fail(path, desc, value, hint)
+        if isinstance(value, float) and not math.isfinite(value):
+            fail(path, desc, value, "NaN and Infinity are not allowed")
+        if value < lo or (lo_open and value == lo) or (hi is not None and value > hi):
+            fail(path, desc, value)
+        return kind(value)
+
+    return parse
+
+
+def boolean(value: object, path: str) -> bool:
+    if not isinstance(value, bool):
+        fail(path, "true or false", value)
+    return value
+
+
+def string(value: object, path: str, nonempty: bool = False) -> str:
+    desc = "a non-empty string" if nonempty else "a string"
+    if not isinstance(value, str):
+        fail(path, desc, value, "omit the key instead" if value is None else "")
+    if nonempty and not value:
+        fail(path, desc, value)
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        fail(path, "valid Unicode text", value, shown="a string with a lone surrogate escape")
+    return value
+
+
+def choice(options: tuple[str, ...]) -> Callable:
+    def parse(value: object, path: str) -> str:
+        if not isinstance(value, str) or value not in options:
+            fail(path, f"one of {one_of(options)}", value, did_you_mean(value, options))
+        return value
+    return parse
+
+
+def array(value: object, path: str, what: str, max_items: int) -> list:
+    if not isinstance(value, list) or len(value) > max_items:
+        fail(path, f"an array of at most {max_items} {what}", value)
+    return value
+
+
+def json_object(value: object, path: str, what: str) -> dict:
+    if not isinstance(value, dict):
+        fail(path, f"a JSON object ({what})", value)
+    return value
+
+
+def fields(value: object, path: str, table: dict[str, Callable], what: str,
+            required: tuple[str, ...] = ()) -> dict:
+    """Check an object's keys against `table`, then parse each present field in document order."""
+    obj = json_object(value, path, what)
+    check_keys(obj, path, tuple(table), what)
+    for name in required:
+        if name not in obj:
+            fail(key_path(path, name), f"given ({what} needs it)", None, shown="nothing")
+    return {name: table[name](v, key_path(path, name)) for name, v in obj.items()}
