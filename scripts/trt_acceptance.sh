@@ -65,5 +65,5 @@ EOF
 
 "$PY" scripts/trt_compare.py "$ENGINES/demo-trt" --json "$OUT/trt_compare.json"
 "$PY" -m pytest -q -m "trt or gpu" tests/ 2>&1 | tee "$OUT/pytest.log"
-"$PY" scripts/gpu_kernel_check.py --json "$OUT/kernel.json"
+"$PY" scripts/gpu_kernel_check.py "$OUT/kernel.json"
 echo "[acceptance] done: results in $OUT"
