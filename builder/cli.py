@@ -11,7 +11,6 @@ from trtllm.builder.config import (BACKENDS, DTYPES, GRAPHS, QUANTIZATIONS, Buil
 
 # Shown in --help; the chosen --profile supplies these when the option is not given.
 DEFAULTS = profile_defaults("cpu-default")
-BUILTIN = {"workspace_gib": 4.0, "opt_level": 3}
 
 
 def parse_lora(values: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
@@ -25,8 +24,8 @@ def parse_lora(values: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
 
 
 def resolve(options: dict, profile: str) -> dict:
-    """Command-line values where given, else the profile's, else the built-in defaults."""
-    defaults = {**BUILTIN, **profile_defaults(profile)}
+    """Command-line values where given, else the profile's (BuildConfig's own defaults fill the rest)."""
+    defaults = profile_defaults(profile)
     defaults.pop("description", None)
     return {**defaults, **{k: v for k, v in options.items() if v is not None}}
 

@@ -29,6 +29,7 @@ import numpy as np
 from onnx import TensorProto
 
 from trtllm.builder import legacy_ops
+from trtllm.builder.config import GRAPHS
 from trtllm.builder.graph import OPSET, GraphWriter
 from trtllm.builder.quantize import QuantScheme, quantize
 from trtllm.plugins.sample import body as sample_body
@@ -36,7 +37,6 @@ from trtllm.plugins.sample import schema as sample_schema
 from trtllm.runtime.manifest import GraphIO
 
 F32, I64 = TensorProto.FLOAT, TensorProto.INT64
-GRAPHS = ("modern", "legacy")
 
 
 @dataclass(frozen=True)

@@ -150,7 +150,7 @@ def resolve_backend(config: BuildConfig, log) -> str:
         if not usable:
             raise trt_build.TensorRTUnavailable(f"--backend tensorrt needs TensorRT and a CUDA GPU: {why}; "
                                                 "build on the target device, or use --backend onnxruntime")
-        installed = ".".join(trt_build.import_tensorrt().__version__.split(".")[:2])
+        installed = trt_build.minor_version(trt_build.import_tensorrt())
         if config.graph == "modern" and parse_trt_version(installed) < MODERN_MIN_TRT:
             raise trt_build.TensorRTUnavailable(f"TensorRT {installed} cannot parse the modern graph (it needs "
                                                 ">= 10.15); use --profile tensorrt-legacy")
@@ -163,8 +163,7 @@ def resolve_backend(config: BuildConfig, log) -> str:
 def build_tensorrt(out_dir: Path, config: BuildConfig, manifest: mf.Manifest, log) -> mf.Manifest:
     """llm.onnx -> llm.plan; returns the manifest with its tensorrt section (version, GPU, profiles)."""
     trt = trt_build.import_tensorrt()
-    installed = ".".join(trt.__version__.split(".")[:2])
-    lint.check_model(out_dir / ONNX_NAME, installed)  # the graph must parse on the TensorRT that is here
+    lint.check_model(out_dir / ONNX_NAME, trt_build.minor_version(trt))  # the graph must parse on the TensorRT that is here
     profiles = trt_build.optimization_profiles(manifest.limits, manifest.model, manifest.io)
     plugins = []
     if config.sampling_plugin:  # registered before parsing, so the parser picks it over the ONNX body

@@ -20,9 +20,9 @@ from pathlib import Path
 
 import numpy as np
 
+from trtllm.runtime.backends.tensorrt import ALIGNMENT
 from trtllm.runtime.manifest import GraphIO, Limits, ModelShape
 
-PREFILL, DECODE = 0, 1  # optimization profile indices; the runtime switches between them
 PLAN_NAME = "llm.plan"
 
 
@@ -42,7 +42,8 @@ class Profile:
 
 
 def optimization_profiles(limits: Limits, model: ModelShape, io: GraphIO) -> list[Profile]:
-    """The prefill and decode profiles for every graph input, sized from the build limits.
+    """The prefill and decode profiles for every graph input, sized from the build limits, in the
+    order the runtime indexes them (runtime/backends/tensorrt.py PREFILL, DECODE).
 
     Batch is 1..max_batch_size in both (the runtime batches whichever KV slots are busy). Prefill
     takes 1..max_input_len new tokens per row, decode exactly 1, so TensorRT can pick kernels for
@@ -69,9 +70,6 @@ def optimization_profiles(limits: Limits, model: ModelShape, io: GraphIO) -> lis
             shapes[io.past_value.format(i=i)] = batch(*kv)
         profiles.append(Profile(name, shapes))
     return profiles
-
-
-ALIGNMENT = 256  # TensorRT needs every bound tensor address 256-byte aligned
 
 
 def aligned_capacity(capacity: int, spec, dtype: str, log=print) -> int:
@@ -101,6 +99,11 @@ def import_tensorrt():
                                   "with JetPack (python3-libnvinfer), elsewhere install it from NVIDIA; or build "
                                   "with --backend onnxruntime") from None
     return trt
+
+
+def minor_version(trt) -> str:
+    """"MAJOR.MINOR" of an imported tensorrt module: what the op lint and the graph choice go by."""
+    return ".".join(trt.__version__.split(".")[:2])
 
 
 def gpu_info() -> dict:

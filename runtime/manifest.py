@@ -76,6 +76,11 @@ class GraphIO:
     top_logprobs: str = "top_logprobs"        # f32 [batch, K = min(max_num_logprobs, max_top_k)]
     top_logprob_ids: str = "top_logprob_ids"  # int64 [batch, K]; a step's rows keep their first k
 
+    def kv_pairs(self, num_layers: int) -> list[tuple[str, str]]:
+        """(past, present) names in the order of the KV manager's buffers: K0, V0, K1, V1, ..."""
+        return [(past.format(i=i), present.format(i=i)) for i in range(num_layers)
+                for past, present in ((self.past_key, self.present_key), (self.past_value, self.present_value))]
+
 
 @dataclass(frozen=True, slots=True)
 class Manifest:
@@ -100,6 +105,11 @@ class Manifest:
     graph_profile: str = "modern"  # llm.onnx's op set: "modern" (opset 24) or "legacy" (opset 20, TensorRT 10.3)
     tensorrt: dict = field(default_factory=dict)  # TensorRT builds: version, GPU, profiles (builder/tensorrt.py)
     format_version: int = FORMAT_VERSION
+
+    @property
+    def logprob_width(self) -> int:
+        """K: the graph's static width of top_logprobs / top_logprob_ids."""
+        return min(self.max_num_logprobs, self.max_top_k)
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)

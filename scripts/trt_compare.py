@@ -43,18 +43,15 @@ def feeds(m: mf.Manifest) -> tuple[dict, callable]:
                io.position_ids: np.tile(np.arange(width, dtype=np.int64), (batch, 1)),
                io.write_index: np.zeros(batch, np.int64), io.last_index: np.array([len(p) - 1 for p in ids], np.int64),
                **common}
-    for i in range(shape.num_layers):
-        prefill[io.past_key.format(i=i)] = kv
-        prefill[io.past_value.format(i=i)] = kv
+    kv_pairs = io.kv_pairs(shape.num_layers)
+    prefill.update((past, kv) for past, _ in kv_pairs)
 
     def decode(out: dict) -> dict:
         step = {io.input_ids: out[io.token_ids][:, None].astype(np.int64),
                 io.position_ids: np.array([[len(p)] for p in ids], np.int64),
                 io.write_index: np.array([len(p) for p in ids], np.int64), io.last_index: np.zeros(batch, np.int64),
                 **common}
-        for i in range(shape.num_layers):
-            step[io.past_key.format(i=i)] = out[io.present_key.format(i=i)]
-            step[io.past_value.format(i=i)] = out[io.present_value.format(i=i)]
+        step.update((past, out[present]) for past, present in kv_pairs)
         return step
 
     return prefill, decode
@@ -75,11 +72,10 @@ def kv_error(m: mf.Manifest, ref: dict, got: dict, written: list[int]) -> float:
     """Largest KV difference over the slots each row has written (pad slots are masked, and a
     lowered attention may leave them unwritten)."""
     worst = 0.0
-    for i in range(m.model.num_layers):
-        for name in (m.io.present_key.format(i=i), m.io.present_value.format(i=i)):
-            for b, n in enumerate(written):
-                diff = np.abs(ref[name][b, :, :n].astype(np.float64) - got[name][b, :, :n])
-                worst = max(worst, float(diff.max()))
+    for _, name in m.io.kv_pairs(m.model.num_layers):
+        for b, n in enumerate(written):
+            diff = np.abs(ref[name][b, :, :n].astype(np.float64) - got[name][b, :, :n])
+            worst = max(worst, float(diff.max()))
     return worst
 
 

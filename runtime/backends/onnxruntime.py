@@ -50,11 +50,7 @@ class OnnxRuntimeEngine:
         binding = self.bindings.get(key)
         if binding is None:
             binding = self.session.io_binding()
-            names = []
-            for i in range(self.manifest.model.num_layers):
-                names += [(self.io.past_key.format(i=i), self.io.present_key.format(i=i)),
-                          (self.io.past_value.format(i=i), self.io.present_value.format(i=i))]
-            for (past, present), buf in zip(names, kv):
+            for (past, present), buf in zip(self.io.kv_pairs(self.manifest.model.num_layers), kv):
                 if not buf.flags.c_contiguous:
                     raise ValueError(f"KV buffer for {past} must be C-contiguous")
                 value = ort.OrtValue.ortvalue_from_numpy(buf)
@@ -85,7 +81,7 @@ class OnnxRuntimeEngine:
         batch, m = inputs.input_ids.shape[0], self.manifest
         outs = self.outputs.get((id(b), batch))
         if outs is None:
-            k = min(m.max_num_logprobs, m.max_top_k)  # the graph's static logprob width
+            k = m.logprob_width
             outs = {io.token_ids: np.empty(batch, np.int64),
                     io.top_logprobs: np.empty((batch, k), np.float32),
                     io.top_logprob_ids: np.empty((batch, k), np.int64),

@@ -60,7 +60,8 @@ class DeviceKVCache(KVCacheManager):
         from trtllm.runtime.backends import cuda
 
         self.shape, self.itemsize = shape, np.dtype(self.model.kv_dtype).itemsize
-        if int(np.prod(shape[1:])) * self.itemsize % ALIGNMENT:  # every slot's view is a bound address
+        self.slot_bytes = int(np.prod(shape[1:])) * self.itemsize
+        if self.slot_bytes % ALIGNMENT:  # every slot's view is a bound address
             raise ManifestError(f"a KV slot of {shape[1:]} {self.model.kv_dtype} is not a multiple of {ALIGNMENT} "
                                 "bytes, which TensorRT needs for each bound address; rebuild the engine")
         buffers = [cuda.DeviceBuffer(int(np.prod(shape)) * self.itemsize) for _ in range(2 * self.model.num_layers)]
@@ -72,8 +73,7 @@ class DeviceKVCache(KVCacheManager):
         return sum(b.nbytes for b in self.buffers)
 
     def view(self, start: int, stop: int) -> list[DeviceView]:
-        slot = int(np.prod(self.shape[1:])) * self.itemsize
-        shape = (stop - start, *self.shape[1:])
+        shape, slot = (stop - start, *self.shape[1:]), self.slot_bytes
         return [DeviceView(b.ptr + start * slot, shape, (stop - start) * slot) for b in self.buffers]
 
     def _rows(self, slot: int, length: int):
@@ -116,11 +116,13 @@ class TensorRTEngine:
         self.stream = cuda.Stream()
         self.profile: int | None = None
         self.in_place = manifest.tensorrt.get("kv_update", "in_place") == "in_place"
+        self.kv_pairs = self.io.kv_pairs(manifest.model.num_layers)
+        kv_names = {name for pair in self.kv_pairs for name in pair}
         names = [self.engine.get_tensor_name(i) for i in range(self.engine.num_io_tensors)]
         self.dtypes = {n: np.dtype(trt.nptype(self.engine.get_tensor_dtype(n))) for n in names}
         self.on_host = {n for n in names if self.engine.get_tensor_location(n) == trt.TensorLocation.HOST}
         self.buffers = {n: cuda.DeviceBuffer(self.max_bytes(n)) for n in names
-                        if not self.is_kv(n) and n not in self.on_host}
+                        if n not in kv_names and n not in self.on_host}
         self.scratch: dict[str, object] = {}   # legacy graphs: present_* outputs, copied back into the KV
         self.device_rows: dict[str, dict] = {}  # [B, V] sampler inputs: what each device row holds
 
@@ -150,17 +152,13 @@ class TensorRTEngine:
                 raise ManifestError(f"{engine_dir} runs its sampler as a TensorRT plugin: {e}; install torch and "
                                     f"triton, or {trt_rebuild_hint(engine_dir)} without --sampling-plugin") from None
 
-    def is_kv(self, name: str) -> bool:
-        return name.startswith(tuple(n.split("{")[0] for n in (self.io.past_key, self.io.past_value,
-                                                                  self.io.present_key, self.io.present_value)))
-
     def max_bytes(self, name: str) -> int:
         """The largest this tensor gets: the prefill profile's max shape (inputs) or the limits (outputs)."""
         m, io = self.manifest, self.io
         if self.engine.get_tensor_mode(name) == self.trt.TensorIOMode.INPUT:
             shape = tuple(self.engine.get_tensor_profile_shape(name, PREFILL)[2])  # a trt.Dims
         else:
-            b, k = m.limits.max_batch_size, min(m.max_num_logprobs, m.max_top_k)
+            b, k = m.limits.max_batch_size, m.logprob_width
             shape = {io.token_ids: (b,), io.top_logprobs: (b, k), io.top_logprob_ids: (b, k),
                      io.logits: (b, m.model.vocab_size)}[name]
         return int(np.prod(shape)) * self.dtypes[name].itemsize
@@ -169,9 +167,9 @@ class TensorRTEngine:
         # The plan's KV capacity is static (TensorScatter needs it), whatever the run asked for.
         return DeviceKVCache(model, num_slots, self.manifest.limits.max_kv_cache_capacity, self.stream)
 
-    def bind(self, name: str, array: np.ndarray, keep: list) -> None:
+    def bind(self, name: str, array: np.ndarray, alive: list) -> None:
         array = np.ascontiguousarray(array, self.dtypes[name])
-        keep.append(array)  # alive until the stream is synchronized
+        alive.append(array)
         self.set_shape(name, array.shape)
         if name in self.on_host:  # shape tensors live in host memory (our graphs have none today)
             self.set_address(name, array.ctypes.data)
@@ -189,7 +187,8 @@ class TensorRTEngine:
         start = (array.ctypes.data - base.ctypes.data) // row_bytes
         held = self.device_rows.setdefault(name, {})   # device row -> (host base array, its row)
         for r in range(array.shape[0]):
-            if dirty[r] or held.get(r, (None, None))[0] is not base or held[r][1] != start + r:
+            held_base, held_row = held.get(r, (None, None))
+            if dirty[r] or held_base is not base or held_row != start + r:
                 self.stream.upload(ptr + r * row_bytes, array[r])   # the host row outlives the sync
                 held[r] = (base, start + r)
         self.set_address(name, ptr)
@@ -212,18 +211,15 @@ class TensorRTEngine:
         if profile != self.profile:
             ctx.set_optimization_profile_async(profile, int(self.stream))
             self.profile = profile
-        keep: list = []
+        alive: list = []  # host arrays of the copies, until the stream is synchronized
         feeds = {io.input_ids: inputs.input_ids, io.position_ids: inputs.position_ids,
                  io.write_index: inputs.write_index, io.last_index: inputs.last_index,
-                 io.logit_bias: s.logit_bias, io.penalty_bias: s.penalty_bias, io.seen: s.seen,
                  io.repetition_penalty: s.repetition_penalty, io.temperature: s.temperature, io.min_p: s.min_p,
                  io.top_k: s.top_k, io.top_p: s.top_p, io.uniform: s.uniform}
-        vocab_rows = {io.logit_bias: s.logit_bias, io.penalty_bias: s.penalty_bias, io.seen: s.seen}
         for name, array in feeds.items():
-            if name in vocab_rows:
-                self.bind_vocab_rows(name, array, s.dirty)
-            else:
-                self.bind(name, array, keep)
+            self.bind(name, array, alive)
+        for name, array in ((io.logit_bias, s.logit_bias), (io.penalty_bias, s.penalty_bias), (io.seen, s.seen)):
+            self.bind_vocab_rows(name, array, s.dirty)
         s.dirty[:] = False  # every [B, V] row of this view is on the device now
         copies = self.bind_kv(kv)
         for name in (io.token_ids, io.top_logprobs, io.top_logprob_ids, io.logits):
@@ -232,7 +228,7 @@ class TensorRTEngine:
             raise RuntimeError("TensorRT failed to enqueue the step (see its log)")
         for dst, src, nbytes in copies:
             self.stream.copy(dst, src, nbytes)
-        k = min(self.manifest.max_num_logprobs, self.manifest.max_top_k)  # the plan's static logprob width
+        k = self.manifest.logprob_width  # the plan's static logprob width
         out = {io.token_ids: np.empty(batch, self.dtypes[io.token_ids]),
                io.top_logprobs: np.empty((batch, k), self.dtypes[io.top_logprobs]),
                io.top_logprob_ids: np.empty((batch, k), self.dtypes[io.top_logprob_ids])}
@@ -241,20 +237,16 @@ class TensorRTEngine:
         for name, array in out.items():
             self.stream.download(array, self.buffers[name].ptr)
         self.stream.sync()
-        keep = s.num_logprobs  # rows keep the logprobs they asked for
-        return StepOutputs(token_ids=out[io.token_ids].astype(np.int64), top_logprobs=out[io.top_logprobs][:, :keep],
-                           top_logprob_ids=out[io.top_logprob_ids][:, :keep].astype(np.int64),
+        kept = s.num_logprobs  # rows keep the logprobs they asked for
+        return StepOutputs(token_ids=out[io.token_ids].astype(np.int64), top_logprobs=out[io.top_logprobs][:, :kept],
+                           top_logprob_ids=out[io.top_logprob_ids][:, :kept].astype(np.int64),
                            logits=out.get(io.logits))
 
     def bind_kv(self, kv: list[DeviceView]) -> list[tuple[int, int, int]]:
         """Bind each layer's KV view as past_* and present_*; returns device copies to make after the run
         (legacy graphs only: their scatter is not in place, so present_* goes to scratch first)."""
-        io, ctx, copies = self.io, self.context, []
-        names = []
-        for i in range(self.manifest.model.num_layers):
-            names += [(io.past_key.format(i=i), io.present_key.format(i=i)),
-                      (io.past_value.format(i=i), io.present_value.format(i=i))]
-        for (past, present), view in zip(names, kv):
+        copies = []
+        for (past, present), view in zip(self.kv_pairs, kv):
             self.set_shape(past, view.shape)
             self.set_address(past, view.ptr)
             if self.in_place:
