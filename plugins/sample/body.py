@@ -153,18 +153,19 @@ def _sampled(b: _Body, greedy, arange: bool) -> str:
         _arange(b)
     b.op("TopK", "y", "max_top_k", out=["sy", "sy_ids"], axis=-1, largest=1, sorted=1)  # [B, M]
     b.op("Slice", "sy", "zero_i", "one_i_1d", "axes_1", out="ymax")              # [B, 1]
-    greedy(b, "greedy")                                                             # [B]
+    greedy(b, "greedy", ymax="ymax")                       # [B]; the max comes from TopK, not a second pass
     _threshold(b)                                                                   # steps 5-9
     _draw(b)                                                                        # steps 10-11
     return "token_ids_sampled"
 
 
-def _greedy(b: _Body, out: str, argmax: bool) -> str:
-    """Step 4: the first index of max y."""
+def _greedy(b: _Body, out: str, argmax: bool, ymax: str | None = None) -> str:
+    """Step 4: the first index of max y; `ymax` [B, 1] when the caller already has it."""
     if argmax:
         return b.op("ArgMax", "y", out=out, axis=1, keepdims=0, select_last_index=0)
-    b.op("ReduceMax", "y", "axes_1", out=f"{out}_ymax", keepdims=1)                 # [B, 1]
-    b.op("Equal", "y", f"{out}_ymax", out=f"{out}_is_max")
+    if ymax is None:
+        ymax = b.op("ReduceMax", "y", "axes_1", out=f"{out}_ymax", keepdims=1)      # [B, 1]
+    b.op("Equal", "y", ymax, out=f"{out}_is_max")
     return _first_true(b, f"{out}_is_max", out=out)
 
 
