@@ -69,8 +69,11 @@ def check_engine_limits(inp: fmt.InputFile, manifest) -> None:
 @click.option("--kv-cache-size", default="2G", show_default=True,
               help="Size limit of --kv-cache-dir; least recently used entries are removed beyond it.")
 @click.option("--threads", type=click.IntRange(min=1), default=None, help="CPU threads (default: all cores).")
+@click.option("--huge-pages/--no-huge-pages", default=True, show_default=True,
+              help="Put the engine's weights on 2 MiB pages (Linux, CPU backend): faster decode, a second "
+                   "or so more to load. TRTLLM_HUGE_PAGES=0 turns it off too.")
 def main(input_file: Path, engine_dir: Path, output: Path | None, profile: Path | None, stream: bool,
-         kv_cache_dir: Path | None, kv_cache_size: str, threads: int | None) -> None:
+         kv_cache_dir: Path | None, kv_cache_size: str, threads: int | None, huge_pages: bool) -> None:
     """Answer the requests in INPUT_FILE with the engine in --engine."""
     try:
         inp = fmt.read_input(input_file)
@@ -89,7 +92,7 @@ def main(input_file: Path, engine_dir: Path, output: Path | None, profile: Path 
     from trtllm.runtime.tokenizer import Tokenizer
 
     try:
-        engine = load_engine(engine_dir, num_threads=threads)
+        engine = load_engine(engine_dir, num_threads=threads, huge_pages=huge_pages)
     except ManifestError as e:
         fail_usage(str(e))
     check_engine_limits(inp, engine.manifest)

@@ -197,4 +197,5 @@ class Runner:
                            "average_time_per_token_ms": 1e3 * t.generation_seconds / max(gen_tokens, 1)},
             "peak_cpu_memory_bytes": rss, "peak_cpu_memory_mb": rss / 2**20,
             "kv_cache": self.kv_cache_profile(),
+            **({"huge_pages": hp.to_json()} if (hp := getattr(self.engine, "huge_pages", None)) else {}),
         }

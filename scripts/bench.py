@@ -122,7 +122,8 @@ def worker(name: str, engine_dir: Path, tokenizer_dir: Path, args) -> dict:
     prompts = build_prompts(AutoTokenizer.from_pretrained(tokenizer_dir), [128, 512])
     t = time.perf_counter()
     engine = load_engine(engine_dir, num_threads=args.threads)
-    res = {"peer": f"trtllm-{name}", "load_s": round(time.perf_counter() - t, 2)}
+    res = {"peer": f"trtllm-{name}", "load_s": round(time.perf_counter() - t, 2),
+           "huge_pages": engine.huge_pages.to_json()}
     gen, ort_time = args.gen, [0.0]
     run = engine.session.run_with_iobinding
 

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
+from trtllm.runtime import hugepages
 from trtllm.runtime.engine import StepInputs, StepOutputs
 from trtllm.runtime.manifest import Manifest, ManifestError, rebuild_hint
 
@@ -27,13 +28,17 @@ def session_options(num_threads: int | None = None) -> ort.SessionOptions:
 
 
 class OnnxRuntimeEngine:
-    def __init__(self, engine_dir, manifest: Manifest, num_threads: int | None = None, graph: str = "compiled"):
+    def __init__(self, engine_dir, manifest: Manifest, num_threads: int | None = None, graph: str = "compiled",
+                 huge_pages: bool = True):
         self.manifest = manifest
         path = Path(engine_dir) / manifest.files.get(graph, manifest.files.get("onnx", "llm.onnx"))
         if not path.is_file():
             raise ManifestError(f"{path} is missing; {rebuild_hint(engine_dir)}")
+        before = hugepages.snapshot() if huge_pages else None
         self.session = ort.InferenceSession(str(path), session_options(num_threads),
                                             providers=["CPUExecutionProvider"])
+        # The packed weights ONNX Runtime just allocated, onto 2 MiB pages (see runtime/hugepages.py).
+        self.huge_pages = hugepages.promote(before) if huge_pages else hugepages.Report(skipped="turned off")
         self.io = manifest.io
         self.bindings: dict = {}
         self.bound: dict = {}    # per binding: input name -> (pointer, shape, dtype) bound now

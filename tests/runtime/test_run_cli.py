@@ -37,9 +37,12 @@ def test_output_format_and_greedy_determinism(run_cli, tmp_path, tiny_engine):
     kv = profile["kv_cache"]  # 2 slots x capacity rounded to 64 x bytes per token, within the limits
     assert kv["allocated_bytes"] % (2 * 64 * kv["bytes_per_token"]) == 0
     assert 0 < kv["allocated_bytes"] <= kv["max_bytes"]
+    assert set(profile["huge_pages"]) >= {"mappings", "mib", "collapsed_mib", "seconds"}
     # Greedy is deterministic, and a request's answer does not depend on its batch neighbours.
-    _, alone = run_cli(engine, {**payload, "batch_size": 1, "requests": [chat("The quick brown fox")]})
+    _, alone = run_cli(engine, {**payload, "batch_size": 1, "requests": [chat("The quick brown fox")]},
+                       "--no-huge-pages", "--profile", str(tmp_path / "plain.json"))
     assert alone["responses"][0]["output_text"] == out["responses"][1]["output_text"]
+    assert json.loads((tmp_path / "plain.json").read_text())["huge_pages"]["skipped"] == "turned off"
 
 
 def test_bad_request_fails_alone(run_cli, tmp_path, tiny_engine):
