@@ -129,11 +129,19 @@ def prefill_inputs(rows: list[RowState], pad_id: int, batch: sampling.SamplingBa
                       last_index=np.array([len(t) - 1 for t in rests], np.int64), sampling=batch)
 
 
-def decode_inputs(rows: list[RowState | None], pad_id: int, batch: sampling.SamplingBatch) -> StepInputs:
+def decode_inputs(rows: list[RowState | None], pad_id: int, batch: sampling.SamplingBatch,
+                  reuse: StepInputs | None = None) -> StepInputs:
     """Each active row feeds its last token at its next position; an idle slot (None) feeds a pad
-    at position 0, which only touches its own, unused, KV."""
+    at position 0, which only touches its own, unused, KV. With `reuse` (an earlier result for the
+    same rows and batch), its arrays are overwritten in place: a backend that bound them once
+    (ONNX Runtime's IOBinding) has nothing to bind again."""
     last = [pad_id if r is None else (r.output_ids or r.prompt_ids)[-1] for r in rows]
     pos = [0 if r is None else len(r.prompt_ids) + len(r.output_ids) - 1 for r in rows]
+    if reuse is not None:
+        reuse.input_ids[:, 0] = last
+        reuse.position_ids[:, 0] = pos
+        reuse.write_index[:] = pos
+        return reuse
     return StepInputs(input_ids=np.array(last, np.int64)[:, None], position_ids=np.array(pos, np.int64)[:, None],
                       write_index=np.array(pos, np.int64), last_index=np.zeros(len(rows), np.int64),
                       sampling=batch)
@@ -159,6 +167,7 @@ class Scheduler:
                                           max([r.params.num_logprobs for r in rows] + [1]), m.max_top_k)
         self.want_top = any(r.params.num_logprobs > 0 for r in rows)
         self.active: dict[int, RowState] = {}
+        self.decode_feeds: dict[int, StepInputs] = {}  # per batch width: reused step after step
 
     def run(self) -> None:
         while self.pending or self.active:
@@ -230,8 +239,11 @@ class Scheduler:
     def decode(self) -> None:
         hi = max(self.active) + 1  # idle slots below it ride along; above it are not computed
         rows = [self.active.get(s) for s in range(hi)]
-        out, elapsed = self.step(0, hi, decode_inputs(rows, self.engine.manifest.pad_token_id,
-                                                      sampling.rows(self.batch, 0, hi)))
+        reuse = self.decode_feeds.get(hi)
+        feeds = decode_inputs(rows, self.engine.manifest.pad_token_id,
+                              reuse.sampling if reuse else sampling.rows(self.batch, 0, hi), reuse)
+        self.decode_feeds[hi] = feeds
+        out, elapsed = self.step(0, hi, feeds)
         live = [s for s, r in enumerate(rows) if r is not None and not r.finish_reason]
         self.timing.generation_runs += 1
         self.timing.generation_seconds += elapsed

@@ -149,3 +149,39 @@ def test_onnxruntime_updates_the_kv_buffer_in_place(tiny_engine):
     r.output_ids.append(9)
     engine.step(decode_inputs([r], 0, batch), kv.view(1, 2))
     assert all(np.abs(b[1, :, 4]).sum() > 0 for b in kv.buffers)
+
+
+def test_onnxruntime_decode_steps_bind_nothing_new(tiny_engine, monkeypatch):
+    """After the first decode step, the scheduler's feeds, sampler rows and KV views are the same
+    arrays, rewritten in place, so a decode step binds nothing: only the graph runs."""
+    pytest.importorskip("torch")
+    import onnxruntime as ort
+
+    from trtllm.runtime.engine import load_engine
+
+    engine = load_engine(tiny_engine("llama"))
+    binds, per_run = [0], []
+    real_bind, real_run = ort.IOBinding.bind_cpu_input, engine.session.run_with_iobinding
+
+    def bind(self, name, array):
+        binds[0] += 1
+        return real_bind(self, name, array)
+
+    def run(binding, *a):
+        per_run.append(binds[0])
+        binds[0] = 0
+        return real_run(binding, *a)
+
+    monkeypatch.setattr(ort.IOBinding, "bind_cpu_input", bind)
+    engine.session.run_with_iobinding = run
+    rows = [row(PROMPTS[0], 8), row(PROMPTS[1], 8)]
+    run_rows(engine, rows, num_slots=2)
+    assert per_run[0] > 0 and per_run[1] > 0  # the prefill and the first decode step bind their feeds
+    assert per_run[2:] == [0] * (len(per_run) - 2) and len(per_run) == 8
+    assert rows[0].output_ids == run_alone(engine, PROMPTS[0], 8)
+
+
+def run_alone(engine, prompt, n):
+    r = row(prompt, n)
+    run_rows(engine, [r], num_slots=1)
+    return r.output_ids
