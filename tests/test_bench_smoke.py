@@ -28,3 +28,16 @@ def test_bench_smoke(tmp_path):
     by = {r["peer"]: r["weight_bytes_per_token"] for r in data["results"]}
     assert by["trtllm-int4"] < by["trtllm-int8"] < by["trtllm-fp16"] < by["trtllm-fp32"]
     assert data["meta"]["copy_bandwidth_bytes_per_s"] > 0 and "memory copy bandwidth" in proc.stdout
+    assert all(len(r["rounds"]) == 1 for r in data["results"]) and data["meta"]["rounds"] == 1
+
+
+def test_each_system_keeps_its_best_round():
+    from scripts.bench import best_of
+
+    a = {"peer": "x", "ttft128_ms": 120.0, "ttft512_ms": 500.0, "dec_b1_tps": 40.0, "dec_b8_tps": 200.0,
+         "peak_rss_mb": 900.0}
+    b = {**a, "ttft128_ms": 110.0, "ttft512_ms": 520.0, "dec_b1_tps": 38.0, "dec_b8_tps": 210.0, "peak_rss_mb": 950.0}
+    best = best_of([a, b, {"peer": "x", "error": "exit code -11"}])
+    assert (best["ttft128_ms"], best["ttft512_ms"], best["dec_b1_tps"], best["dec_b8_tps"]) == (110.0, 500.0, 40.0, 210.0)
+    assert best["peak_rss_mb"] == 950.0 and len(best["rounds"]) == 3 and best["rounds"][2]["error"]
+    assert best_of([{"peer": "x", "error": "e"}]) == {"peer": "x", "error": "e"}  # every round failed
