@@ -81,8 +81,8 @@ def save(model: onnx.ModelProto, out_dir: Path, name: str) -> None:
 
 
 def compile_onnxruntime(out_dir: Path, log, quant: "QuantScheme | None" = None) -> None:
-    """From the lowered source graph when there is one (deleted after), else the canonical one."""
-    """Save ONNX Runtime's offline-optimised graph, so loading the engine skips those passes."""
+    """Save ONNX Runtime's offline-optimised graph, so loading the engine skips those passes; made
+    from the lowered source graph when there is one (deleted after), else the canonical one."""
     import onnxruntime as ort
 
     log("compiling for ONNX Runtime")

@@ -1,0 +1,192 @@
+"""Tests for reading input files (syntax, encoding, duplicates) and the checks that need the engine's
+limits (runtime/input_format.py). Fast, no model."""
+
+import copy
+import json
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+from tests.runtime.input_samples import FULL, MINIMAL
+from trtllm.runtime.input_format import (
+    InputError,
+    InputFile,
+    check_against_engine,
+    check_limits,
+    parse_input,
+    read_input,
+)
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+
+
+# --- files ------------------------------------------------------------------------------------
+
+def _write(tmp_path, text, name="input.json"):
+    path = tmp_path / name
+    path.write_bytes(text.encode("utf-8", "surrogatepass") if isinstance(text, str) else text)
+    return path
+
+
+def test_read_input_reads_a_file(tmp_path):
+    assert read_input(_write(tmp_path, json.dumps(FULL))) == parse_input(copy.deepcopy(FULL))
+    minimal = read_input(str(_write(tmp_path, json.dumps(MINIMAL))))
+    assert minimal.requests[0].messages[0].text() == "Hi"
+
+
+def test_bad_json_syntax_reports_line_and_column(tmp_path):
+    path = _write(tmp_path, '{\n  "batch_size": 2\n  "requests": []\n}')
+    with pytest.raises(InputError) as info:
+        read_input(path)
+    assert info.value.json_path == ""
+    assert "line 3 column 3" in str(info.value) and "input.json" in str(info.value)
+
+
+def test_invalid_utf8_reports_line_and_column(tmp_path):
+    path = _write(tmp_path, b'{"requests":\n [\xff]}')
+    with pytest.raises(InputError, match="line 2 column 3"):
+        read_input(path)
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(InputError) as info:
+        read_input(tmp_path / "nope.json")
+    assert info.value.json_path == "" and "nope.json" in str(info.value)
+
+
+def test_a_directory_is_not_a_file(tmp_path):
+    with pytest.raises(InputError):
+        read_input(tmp_path)
+
+
+@pytest.mark.parametrize("literal", ["NaN", "Infinity", "-Infinity", "1e400"])
+def test_non_finite_json_numbers_are_refused_at_their_path(tmp_path, literal):
+    path = _write(tmp_path, '{"temperature": %s, "requests": [{"messages": []}]}' % literal)
+    with pytest.raises(InputError) as info:
+        read_input(path)
+    assert info.value.json_path == "temperature"
+
+
+@pytest.mark.parametrize("text, path", [
+    ('{"top_k": 1, "top_k": 2, "requests": [{"messages": []}]}', "top_k"),
+    ('{"requests": [{"messages": [], "stop": "a", "stop": "b"}]}', "requests[0].stop"),
+    ('{"logit_bias": {"3": 1, "3": 2}, "requests": [{"messages": []}]}', 'logit_bias["3"]'),
+])
+def test_duplicate_keys_are_refused(tmp_path, text, path):
+    with pytest.raises(InputError) as info:
+        read_input(_write(tmp_path, text))
+    assert info.value.json_path == path and "more than once" in str(info.value)
+
+
+def test_lone_surrogate_escape_is_refused(tmp_path):
+    text = '{"requests": [{"messages": [{"role": "user", "content": "\\ud800"}]}]}'
+    path = _write(tmp_path, text)
+    with pytest.raises(InputError) as info:
+        read_input(path)
+    assert info.value.json_path == "requests[0].messages[0].content"
+
+
+def test_example_input_parses():
+    inp = read_input(REPO / "examples" / "input.json")
+    assert inp.batch_size == 2 and inp.temperature == 0.0 and inp.max_generate_length == 64
+    assert len(inp.requests) == 4
+    assert any(m.role == "system" for r in inp.requests for m in r.messages)
+    assert any(len(r.messages) >= 3 for r in inp.requests)
+    assert any(r.stop for r in inp.requests)
+
+
+# --- engine checks ----------------------------------------------------------------------------
+
+def test_check_against_engine():
+    doc = copy.deepcopy(FULL)
+    doc["logit_bias"] = {"5": 1, "60000": 2}
+    doc["requests"][1]["logit_bias"] = {"49151": 1, "49152": -1}
+    inp = parse_input(doc)
+    problems = check_against_engine(inp, vocab_size=49152)
+    assert [i for i, _ in problems] == [0, 1, 2]
+    # an inherited bias is reported where the user wrote it
+    assert problems[0][1].startswith('`logit_bias["60000"]` must be a token id below')
+    assert problems[1][1] == ('`requests[1].logit_bias["49152"]` must be a token id below the '
+                              "vocabulary size 49152, got 49152")
+    assert check_against_engine(inp, vocab_size=100_000) == []
+    with pytest.raises(ValueError, match="vocab_size"):
+        check_against_engine(inp, vocab_size=0)
+
+
+def test_check_against_engine_stop_token_ids():
+    doc = copy.deepcopy(FULL)
+    doc["stop_token_ids"] = [2, 49152]
+    doc["requests"][1]["stop_token_ids"] = [49151, 60000, 3]
+    inp = parse_input(doc)
+    problems = check_against_engine(inp, vocab_size=49152)
+    assert problems == [
+        (0, "`stop_token_ids[1]` must be a token id below the vocabulary size 49152, got 49152"),
+        (1, "`requests[1].stop_token_ids[1]` must be a token id below the vocabulary size 49152, "
+            "got 60000"),
+        (2, "`stop_token_ids[1]` must be a token id below the vocabulary size 49152, got 49152"),
+    ]
+
+
+def _top_k_doc(top, *own):
+    """A file with top-level top_k `top` and one request per entry of `own` (None = inherit)."""
+    requests = [{"messages": []} if k is None else {"messages": [], "top_k": k} for k in own]
+    return parse_input({"top_k": top, "requests": requests})
+
+
+def test_check_limits():
+    inp = _top_k_doc(2000, None, 2000, 40, 1025, 1024, 0, 49151, 49152, 10**6)
+    assert check_limits(inp, max_top_k=1024, vocab_size=49152) == [
+        (0, "`top_k` must be <= 1024 (the engine's sampler limit) or >= the vocabulary size "
+            "49152 (all tokens), got 2000"),
+        # the request repeats the top-level value but wrote it itself: its own path
+        (1, "`requests[1].top_k` must be <= 1024 (the engine's sampler limit) or >= the "
+            "vocabulary size 49152 (all tokens), got 2000"),
+        (3, "`requests[3].top_k` must be <= 1024 (the engine's sampler limit) or >= the "
+            "vocabulary size 49152 (all tokens), got 1025"),
+        (6, "`requests[6].top_k` must be <= 1024 (the engine's sampler limit) or >= the "
+            "vocabulary size 49152 (all tokens), got 49151"),
+    ]
+    assert check_limits(inp, max_top_k=1024, vocab_size=1025) == []  # 1025 = all tokens
+    assert check_limits(_top_k_doc(50, None), max_top_k=1024, vocab_size=49152) == []
+
+
+def test_check_limits_small_values_keep_their_paths():
+    # small ints are shared objects in CPython: the path must not depend on object identity
+    inp = _top_k_doc(100, None, 100)
+    problems = check_limits(inp, max_top_k=64, vocab_size=49152)
+    assert [p.split("`")[1] for _, p in problems] == ["top_k", "requests[1].top_k"]
+
+
+@pytest.mark.parametrize("max_top_k, vocab_size, name", [
+    (0, 49152, "max_top_k"),
+    (1024.0, 49152, "max_top_k"),
+    (1024, True, "vocab_size"),
+])
+def test_check_limits_refuses_bad_engine_values(max_top_k, vocab_size, name):
+    with pytest.raises(ValueError, match=f"`{name}` must be a positive integer"):
+        check_limits(parse_input(copy.deepcopy(MINIMAL)), max_top_k, vocab_size)
+
+
+def test_imports_only_the_standard_library():
+    code = ("import sys, trtllm.runtime.input_format; "
+            "print([m for m in ('torch', 'transformers', 'onnx', 'numpy') if m in sys.modules])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_input_file_defaults_match_the_dataclass():
+    inp = InputFile(requests=())
+    assert inp.available_lora_weights == {} and inp.logit_bias == {}
+    assert InputFile(requests=()).logit_bias is not inp.logit_bias
+
+
+def test_json_examples_in_the_doc_parse():
+    text = (REPO / "docs" / "input_format.md").read_text(encoding="utf-8")
+    blocks = text.split("```json\n")[1:]
+    assert len(blocks) >= 2
+    for block in blocks:
+        parse_input(json.loads(block.split("```")[0]))
+    example = json.loads((REPO / "examples" / "input.json").read_text(encoding="utf-8"))
+    assert json.loads(blocks[0].split("```")[0]) == example  # the doc shows the real file
