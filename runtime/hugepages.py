@@ -22,10 +22,22 @@ import time
 from dataclasses import dataclass
 
 MADV_HUGEPAGE, MADV_COLLAPSE = 14, 25
-HUGE_PAGE = 2 << 20
-MIN_BYTES = 4 << 20
-MIN_RESIDENT = 0.9  # share of a mapping that must be in memory already
 THP_MODE = "/sys/kernel/mm/transparent_hugepage/enabled"
+THP_SIZE = "/sys/kernel/mm/transparent_hugepage/hpage_pmd_size"
+MIN_RESIDENT = 0.9  # share of a mapping that must be in memory already
+
+
+def huge_page_size() -> int:
+    """The kernel's THP size: 2 MiB with 4 KiB base pages (x86-64, Jetson), 512 MiB with 64 KiB."""
+    try:
+        with open(THP_SIZE, encoding="ascii") as f:
+            return int(f.read())
+    except (OSError, ValueError):
+        return 2 << 20
+
+
+HUGE_PAGE = huge_page_size()
+MIN_BYTES = 2 * HUGE_PAGE  # smaller mappings cannot hold a whole aligned huge page often enough
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,7 +47,7 @@ class Mapping:
     rss: int  # bytes resident
 
     def huge_range(self) -> tuple[int, int]:
-        """The part of the mapping that whole 2 MiB pages can cover."""
+        """The part of the mapping that whole huge pages can cover."""
         lo = (self.start + HUGE_PAGE - 1) & ~(HUGE_PAGE - 1)
         return lo, max(lo, self.end & ~(HUGE_PAGE - 1))
 

@@ -31,13 +31,20 @@ Rss:                8192 kB
 """
 
 
+@pytest.fixture
+def two_mib_pages(monkeypatch):
+    """The synthetic maps below are laid out for 2 MiB huge pages (x86-64, 4 KiB base pages)."""
+    monkeypatch.setattr(hp, "HUGE_PAGE", 2 << 20)
+    monkeypatch.setattr(hp, "MIN_BYTES", 4 << 20)
+
+
 def test_parse_smaps_keeps_private_anonymous_mappings_and_the_heap():
     got = hp.parse_smaps(SMAPS)
     assert [(hex(m.start), m.rss >> 10) for m in got] == [
         ("0x1000000", 32000), ("0x7f0000000000", 16384), ("0x7f0002000000", 100), ("0x7f0008000000", 1024)]
 
 
-def test_candidates_are_new_large_and_resident():
+def test_candidates_are_new_large_and_resident(two_mib_pages):
     got = hp.parse_smaps(SMAPS)
     before = {(0x7F0000000000, 0x7F0001000000)}  # existed before the session: left alone
     picked = hp.candidates(before, got)
