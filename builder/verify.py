@@ -61,7 +61,7 @@ def text_ids(tokenizer, text: str, limit: int) -> list[int]:
 
 
 def verify_engine(engine_dir, ck, quantization: str = "none", atol: float = 1e-3) -> dict:
-    engine = load_engine(engine_dir, graph="compiled")
+    engine = load_engine(engine_dir, graph="compiled", huge_pages=False)  # checked, then closed
     report = {"quantization": quantization}
     try:
         ids = text_ids(ck.tokenizer, VERIFY_TEXT, 24)

@@ -70,7 +70,7 @@ def check_engine_limits(inp: fmt.InputFile, manifest) -> None:
               help="Size limit of --kv-cache-dir; least recently used entries are removed beyond it.")
 @click.option("--threads", type=click.IntRange(min=1), default=None, help="CPU threads (default: all cores).")
 @click.option("--huge-pages/--no-huge-pages", default=True, show_default=True,
-              help="Put the engine's weights on 2 MiB pages (Linux, CPU backend): faster decode, a second "
+              help="Put the engine's weights on huge pages (Linux, CPU backend): faster decode, a second "
                    "or so more to load. TRTLLM_HUGE_PAGES=0 turns it off too.")
 def main(input_file: Path, engine_dir: Path, output: Path | None, profile: Path | None, stream: bool,
          kv_cache_dir: Path | None, kv_cache_size: str, threads: int | None, huge_pages: bool) -> None:

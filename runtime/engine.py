@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
+from collections.abc import Sequence
 from typing import Protocol
 
 import numpy as np
@@ -47,7 +48,7 @@ class StepOutputs:
 class Engine(Protocol):
     manifest: manifest_mod.Manifest
 
-    def step(self, inputs: StepInputs, kv: list[np.ndarray], want_logits: bool = False) -> StepOutputs:
+    def step(self, inputs: StepInputs, kv: Sequence[np.ndarray], want_logits: bool = False) -> StepOutputs:
         """One graph run; `kv` = [K0, V0, K1, V1, ...], each contiguous [B, kv_heads, capacity,
         head_dim], written in place at write_index.."""
 

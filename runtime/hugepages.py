@@ -1,17 +1,19 @@
-"""Back the engine's weights with 2 MiB pages (Linux transparent huge pages).
+"""Back the engine's weights with huge pages (Linux transparent huge pages: 2 MiB on x86-64).
 
 A decode step reads every weight once. With 4 KiB pages that stream crosses a page boundary every
 4 KiB: each crossing can miss the TLB, and the hardware prefetcher stops at it. ONNX Runtime packs
 its weights into malloc'd memory, which on a system whose THP mode is "madvise" (the default on
-Debian, Ubuntu and JetPack) gets 4 KiB pages. So after the session is built we mark the mappings
-that appeared while it was built MADV_HUGEPAGE and ask the kernel to MADV_COLLAPSE them (Linux >=
-6.1) into huge pages now, rather than whenever khugepaged gets to them. Measured on the demo model
-(docs/performance.md): fp32 decode 8-18% faster, int4 4-7%.
+Debian, Ubuntu and JetPack) gets 4 KiB pages. So after the session is built we ask the kernel to
+MADV_COLLAPSE the mappings that appeared while it was built (Linux >= 6.1: huge pages now, and no
+lasting change to how the range faults later); on older kernels we mark them MADV_HUGEPAGE, which
+khugepaged acts on in the background. Measured on the demo model (docs/performance.md): fp32
+decode 5-20% faster in A/B pairs, int4 0-7%.
 
-Only mappings that are anonymous, private, at least MIN_BYTES and almost fully resident are
-touched: that is packed weights, not thread stacks or sparse arenas, whose untouched pages huge
-pages would fill. Best effort: elsewhere (not Linux, THP "never", an older kernel) it changes
-nothing and says so in the returned report.
+Only mappings that are wholly new (no overlap with any mapping from before: not the brk heap or an
+older area the kernel merged a new one into), anonymous, private, at least MIN_BYTES and almost
+fully resident are touched: that is ONNX Runtime's packed weights, not the host program's memory,
+thread stacks or sparse arenas, whose untouched pages huge pages would fill. Best effort:
+elsewhere (not Linux, THP "never", no such mapping) it changes nothing and says why in its report.
 """
 from __future__ import annotations
 
@@ -54,7 +56,7 @@ class Mapping:
 
 @dataclass(frozen=True, slots=True)
 class Report:
-    mappings: int = 0        # mappings advised
+    mappings: int = 0        # mappings collapsed or advised
     bytes: int = 0           # bytes they cover
     collapsed_bytes: int = 0  # bytes the kernel turned into huge pages at once
     seconds: float = 0.0
@@ -66,14 +68,14 @@ class Report:
 
 
 def parse_smaps(text: str) -> list[Mapping]:
-    """Anonymous private writable mappings (and the brk heap) from /proc/PID/smaps text."""
+    """Anonymous private writable mappings (no name: not the heap, stack or a file) from smaps text."""
     out, current = [], None
     for line in text.splitlines():
         head = line.split(None, 5)
         if head and "-" in head[0] and len(head) >= 5 and ":" not in head[0]:
             current = None
-            path = head[5].strip() if len(head) > 5 else ""
-            if head[1].startswith("rw") and head[1].endswith("p") and head[4] == "0" and path in ("", "[heap]"):
+            named = len(head) > 5 and head[5].strip()
+            if head[1].startswith("rw") and head[1].endswith("p") and head[4] == "0" and not named:
                 lo, hi = (int(x, 16) for x in head[0].split("-"))
                 current = [lo, hi]
         elif current is not None and head and head[0] == "Rss:":
@@ -83,9 +85,9 @@ def parse_smaps(text: str) -> list[Mapping]:
 
 
 def candidates(before: set[tuple[int, int]], now: list[Mapping]) -> list[Mapping]:
-    """Mappings new since `before` (or grown: their range changed), large and almost resident."""
-    return [m for m in now if (m.start, m.end) not in before and m.end - m.start >= MIN_BYTES
-            and m.rss >= MIN_RESIDENT * (m.end - m.start)]
+    """Mappings that overlap nothing in `before`, are large and almost resident."""
+    return [m for m in now if m.end - m.start >= MIN_BYTES and m.rss >= MIN_RESIDENT * (m.end - m.start)
+            and not any(lo < m.end and m.start < hi for lo, hi in before)]
 
 
 def snapshot() -> set[tuple[int, int]]:
@@ -125,10 +127,13 @@ def promote(before: set[tuple[int, int]]) -> Report:
     n = total = collapsed = 0
     for m in candidates(before, parse_smaps(read_smaps())):
         lo, hi = m.huge_range()
-        if hi <= lo or libc.madvise(lo, hi - lo, MADV_HUGEPAGE) != 0:
+        if hi <= lo:
             continue
-        n, total = n + 1, total + hi - lo
-        # EINVAL on kernels before 6.1; the advice alone still lets khugepaged collapse it later.
         if libc.madvise(lo, hi - lo, MADV_COLLAPSE) == 0:
             collapsed += hi - lo
+        elif libc.madvise(lo, hi - lo, MADV_HUGEPAGE) != 0:  # kernels before 6.1: khugepaged, later
+            continue
+        n, total = n + 1, total + hi - lo
+    if not n:
+        return Report(seconds=time.perf_counter() - t0, skipped="no new mapping large enough")
     return Report(n, total, collapsed, time.perf_counter() - t0)

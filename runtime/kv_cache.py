@@ -30,7 +30,7 @@ class KVCacheManager:
     def __init__(self, model: ModelShape, num_slots: int, capacity: int):
         self.model, self.num_slots, self.capacity = model, num_slots, capacity
         self.owners: list[object | None] = [None] * num_slots
-        self.views: dict[tuple[int, int], list] = {}
+        self.views: dict[tuple[int, int], tuple] = {}
         self.buffers = self.allocate((num_slots, model.num_kv_heads, capacity, model.head_dim))
 
     def allocate(self, shape: tuple[int, ...]) -> list:
@@ -62,12 +62,12 @@ class KVCacheManager:
     def active(self) -> list[int]:
         return [s for s, o in enumerate(self.owners) if o is not None]
 
-    def view(self, start: int, stop: int) -> list[np.ndarray]:
-        """Per-layer [K0, V0, K1, V1, ...] views of slots start..stop-1 (no copy); the same list
+    def view(self, start: int, stop: int) -> tuple[np.ndarray, ...]:
+        """Per-layer (K0, V0, K1, V1, ...) views of slots start..stop-1 (no copy); the same tuple
         for the same range, so a backend can tell at a glance that nothing needs binding again."""
         views = self.views.get((start, stop))
         if views is None:
-            views = self.views[(start, stop)] = [b[start:stop] for b in self.buffers]
+            views = self.views[(start, stop)] = tuple(b[start:stop] for b in self.buffers)
         return views
 
     def read(self, slot: int, length: int) -> np.ndarray:

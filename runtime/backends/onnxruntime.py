@@ -8,6 +8,7 @@ place: no per-step copy or concatenation of the cache.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -37,7 +38,7 @@ class OnnxRuntimeEngine:
         before = hugepages.snapshot() if huge_pages else None
         self.session = ort.InferenceSession(str(path), session_options(num_threads),
                                             providers=["CPUExecutionProvider"])
-        # The packed weights ONNX Runtime just allocated, onto 2 MiB pages (see runtime/hugepages.py).
+        # The packed weights ONNX Runtime just allocated, onto huge pages (see runtime/hugepages.py).
         self.huge_pages = hugepages.promote(before) if huge_pages else hugepages.Report(skipped="turned off")
         self.io = manifest.io
         self.bindings: dict = {}
@@ -46,7 +47,7 @@ class OnnxRuntimeEngine:
         self.kv_root = None
         self.last_kv = self.last_binding = None
 
-    def binding_for(self, kv: list[np.ndarray]):
+    def binding_for(self, kv: Sequence[np.ndarray]):
         """An IOBinding with `kv` bound as both past_* and present_* (in place), made once per set
         of buffers: the scheduler reuses a few views (all slots, single slots) step after step."""
         if kv is self.last_kv:  # the KV manager hands out the same list for the same slots
@@ -68,7 +69,7 @@ class OnnxRuntimeEngine:
         self.last_kv, self.last_binding = kv, binding
         return binding
 
-    def step(self, inputs: StepInputs, kv: list[np.ndarray], want_logits: bool = False) -> StepOutputs:
+    def step(self, inputs: StepInputs, kv: Sequence[np.ndarray], want_logits: bool = False) -> StepOutputs:
         b, io, s = self.binding_for(kv), self.io, inputs.sampling
         feeds = {
             io.input_ids: inputs.input_ids, io.position_ids: inputs.position_ids,
@@ -115,5 +116,7 @@ class OnnxRuntimeEngine:
                            logits=outs[io.logits].copy() if want_logits else None)
 
     def close(self) -> None:
-        self.bindings = {}
+        # Everything that holds the session (bindings) or the last run's arrays goes, not just the session.
+        self.bindings, self.bound, self.outputs = {}, {}, {}
+        self.kv_root = self.last_kv = self.last_binding = None
         self.session = None
