@@ -9,10 +9,12 @@ lasting change to how the range faults later); on older kernels we mark them MAD
 khugepaged acts on in the background. Measured on the demo model (docs/performance.md): fp32
 decode 5-20% faster in A/B pairs, int4 0-7%.
 
-Only mappings that are wholly new (no overlap with any mapping from before: not the brk heap or an
-older area the kernel merged a new one into), anonymous, private, at least MIN_BYTES and almost
-fully resident are touched: that is ONNX Runtime's packed weights, not the host program's memory,
-thread stacks or sparse arenas, whose untouched pages huge pages would fill. Best effort:
+Only memory that is new since the snapshot (the part of each mapping that no earlier mapping
+covered: the kernel merges new anonymous mappings into adjacent older ones, and the brk heap grows
+in place), anonymous, private, at least MIN_BYTES and almost fully resident is touched: that is
+ONNX Runtime's packed weights (in the heap when glibc's mmap threshold has risen, as it does after
+a library like tokenizers frees large blocks), not the host program's memory from before, thread
+stacks or sparse arenas, whose untouched pages huge pages would fill. Best effort:
 elsewhere (not Linux, THP "never", no such mapping) it changes nothing and says why in its report.
 """
 from __future__ import annotations
@@ -68,14 +70,14 @@ class Report:
 
 
 def parse_smaps(text: str) -> list[Mapping]:
-    """Anonymous private writable mappings (no name: not the heap, stack or a file) from smaps text."""
+    """Anonymous private writable mappings (unnamed, or the brk heap) from smaps text."""
     out, current = [], None
     for line in text.splitlines():
         head = line.split(None, 5)
         if head and "-" in head[0] and len(head) >= 5 and ":" not in head[0]:
             current = None
-            named = len(head) > 5 and head[5].strip()
-            if head[1].startswith("rw") and head[1].endswith("p") and head[4] == "0" and not named:
+            name = head[5].strip() if len(head) > 5 else ""
+            if head[1].startswith("rw") and head[1].endswith("p") and head[4] == "0" and name in ("", "[heap]"):
                 lo, hi = (int(x, 16) for x in head[0].split("-"))
                 current = [lo, hi]
         elif current is not None and head and head[0] == "Rss:":
@@ -85,9 +87,25 @@ def parse_smaps(text: str) -> list[Mapping]:
 
 
 def candidates(before: set[tuple[int, int]], now: list[Mapping]) -> list[Mapping]:
-    """Mappings that overlap nothing in `before`, are large and almost resident."""
-    return [m for m in now if m.end - m.start >= MIN_BYTES and m.rss >= MIN_RESIDENT * (m.end - m.start)
-            and not any(lo < m.end and m.start < hi for lo, hi in before)]
+    """The parts of `now` that no mapping of `before` covered, large and almost resident.
+
+    The kernel merges a new anonymous mapping into an adjacent older one, so a mapping of `now` can
+    be part old, part new: only the new part (memory allocated since `before`) is taken. smaps gives
+    one resident count per mapping, so a part's residency is bounded below by the mapping's
+    resident bytes minus the size of the rest of it."""
+    out = []
+    for m in now:
+        covered = sorted((max(lo, m.start), min(hi, m.end)) for lo, hi in before if lo < m.end and m.start < hi)
+        gaps, pos = [], m.start
+        for lo, hi in covered + [(m.end, m.end)]:
+            if lo > pos:
+                gaps.append((pos, lo))
+            pos = max(pos, hi)
+        for lo, hi in gaps:
+            resident = m.rss - ((m.end - m.start) - (hi - lo))
+            if hi - lo >= MIN_BYTES and resident >= MIN_RESIDENT * (hi - lo):
+                out.append(Mapping(lo, hi, resident))
+    return out
 
 
 def snapshot() -> set[tuple[int, int]]:

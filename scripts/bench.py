@@ -16,7 +16,9 @@ in a quiet spell (every round's figures are kept in the JSON). Each figure is al
 the same precision (> 1 means we are better), `agree` counts how many of the 128 greedy tokens
 match transformers fp32 before the first difference, and the memory-bandwidth bound for decode is
 given:
-weight bytes read per token / measured copy bandwidth. Results go to --out (JSON).
+weight bytes read per token / measured copy bandwidth. Results go to --out (JSON). A llama.cpp peer
+whose Python bindings crash is measured by llama.cpp's own llama-bench instead (decode at batch 1
+only, from an empty context; marked in the table and the JSON).
 """
 from __future__ import annotations
 
@@ -38,6 +40,10 @@ OURS = {"fp32": ["--dtype", "float32"], "fp16": ["--dtype", "float16"], "int8": 
         "int4": ["--quantization", "int4"]}
 PEER_PRECISION = {"hf-fp32": "fp32", "ortgenai-fp32": "fp32", "llamacpp-f32": "fp32", "llamacpp-f16": "fp16",
                   "ortgenai-int4": "int4", "llamacpp-q4_1": "int4"}
+LLAMA_GGUF = {  # under PEERS_DIR, as ../shared/peers lays it out
+    "llamacpp-q4_1": "models/SmolLM2-135M-Instruct.Q4_1.gguf",
+    "llamacpp-f16": "gguf/smollm2-135m-instruct-f16.gguf",
+    "llamacpp-f32": "gguf/smollm2-135m-instruct-f32.gguf"}
 ORDER = ["fp32", "ortgenai-fp32", "llamacpp-f32", "hf-fp32", "int4", "ortgenai-int4", "llamacpp-q4_1",
          "int8", "fp16", "llamacpp-f16"]
 METRICS = [("ttft128_ms", "lower"), ("ttft512_ms", "lower"), ("dec_b1_tps", "higher"), ("dec_b8_tps", "higher")]
@@ -202,7 +208,30 @@ def measure_peer(peer: str, args) -> dict:
         results = json.loads(out.read_text())["results"] if out.is_file() else []
     res = results[0] if results else {"peer": peer, "error": f"exit code {code}"}
     res.update(precision=PEER_PRECISION[peer], peak_rss_mb=round(rss, 1))
+    if "error" in res and peer in LLAMA_GGUF:
+        res = llama_bench_decode(peer, res, args)
     return res
+
+
+def llama_bench_decode(peer: str, failed: dict, args) -> dict:
+    """When llama.cpp's Python bindings crash (Q4_1 here: its batched prompt kernels die with SIGILL
+    or SIGSEGV on this CPU), its own llama-bench still measures decode: `tg` tokens from an empty
+    context, one token per step. Only dec_b1 comes out; the protocol differs (no prompt in the KV),
+    which if anything favours llama.cpp, so it is marked and kept rather than the peer left out."""
+    binary = PEERS_DIR / "llama.cpp" / "build" / "bin" / "llama-bench"
+    gguf = PEERS_DIR / LLAMA_GGUF[peer]
+    if not (binary.is_file() and gguf.is_file()):
+        return failed
+    cmd = [str(binary), "-m", str(gguf), "-t", str(args.threads), "-p", "0", "-n", str(args.gen),
+           "-r", str(args.runs), "-o", "json"]
+    stdout, code, rss = run_measured(cmd, args.timeout)
+    try:
+        tps = json.loads(stdout)[0]["avg_ts"]
+    except (ValueError, LookupError, TypeError):
+        return failed
+    return {"peer": peer, "precision": failed["precision"], "dec_b1_tps": round(tps, 1),
+            "peak_rss_mb": round(rss, 1), "protocol": f"llama-bench tg{args.gen}, empty context",
+            "bindings_error": failed["error"]}
 
 
 def installed_peers() -> list[str]:
@@ -278,10 +307,11 @@ def print_table(results: list[dict], bandwidth: float) -> None:
             print(f"{r['peer']:<16}{r['precision']:>5}  failed: {r['error']}")
             continue
         ratios = "/".join(f"{r[f'ratio_{m}']:.2f}" if f"ratio_{m}" in r else "-" for m, _ in METRICS)
-        print(f"{r['peer']:<16}{r['precision']:>5}{r['ttft128_ms']:>9.0f}{r['ttft512_ms']:>9.0f}"
-              f"{r['dec_b1_tps']:>8.1f}{r.get('dec_b8_tps', 0):>8.1f}{r['peak_rss_mb']:>9.0f}"
+        cell = lambda m, width, fmt: f"{r[m]:>{width}{fmt}}" if r.get(m) is not None else f"{'-':>{width}}"
+        print(f"{r['peer']:<16}{r['precision']:>5}{cell('ttft128_ms', 9, '.0f')}{cell('ttft512_ms', 9, '.0f')}"
+              f"{cell('dec_b1_tps', 8, '.1f')}{cell('dec_b8_tps', 8, '.1f')}{r['peak_rss_mb']:>9.0f}"
               f"{r.get('agree_hf', '-'):>7}  "
-              f"{ratios if r['peer'].startswith('trtllm-') else ''}")
+              f"{ratios if r['peer'].startswith('trtllm-') else r.get('protocol', '')}")
     print(f"\nmemory copy bandwidth {bandwidth / 1e9:.1f} GB/s; decode bound at batch 1 = bandwidth / weight bytes:")
     for r in results:
         if r.get("weight_bytes_per_token"):

@@ -41,3 +41,31 @@ def test_each_system_keeps_its_best_round():
     assert (best["ttft128_ms"], best["ttft512_ms"], best["dec_b1_tps"], best["dec_b8_tps"]) == (110.0, 500.0, 40.0, 210.0)
     assert best["peak_rss_mb"] == 950.0 and len(best["rounds"]) == 3 and best["rounds"][2]["error"]
     assert best_of([{"peer": "x", "error": "e"}]) == {"peer": "x", "error": "e"}  # every round failed
+
+
+def test_llama_bench_stands_in_when_the_bindings_crash(tmp_path, monkeypatch):
+    """A llama.cpp peer whose Python bindings crashed is measured by llama-bench (decode only, marked)."""
+    import argparse
+
+    from scripts import bench
+
+    (tmp_path / "llama.cpp" / "build" / "bin").mkdir(parents=True)
+    (tmp_path / "llama.cpp" / "build" / "bin" / "llama-bench").write_text("")
+    (tmp_path / "models").mkdir()
+    (tmp_path / bench.LLAMA_GGUF["llamacpp-q4_1"]).write_text("")
+    monkeypatch.setattr(bench, "PEERS_DIR", tmp_path)
+    seen = []
+
+    def fake_run(cmd, timeout, env=None):
+        seen.append(cmd)
+        return '[{"n_prompt": 0, "n_gen": 128, "avg_ts": 209.123}]', 0, 250.0
+
+    monkeypatch.setattr(bench, "run_measured", fake_run)
+    args = argparse.Namespace(threads=2, gen=128, runs=3, timeout=60)
+    failed = {"peer": "llamacpp-q4_1", "precision": "int4", "error": "exit code -11", "peak_rss_mb": 1.0}
+    got = bench.llama_bench_decode("llamacpp-q4_1", failed, args)
+    assert got["dec_b1_tps"] == 209.1 and "error" not in got and got["bindings_error"] == "exit code -11"
+    assert got["protocol"] == "llama-bench tg128, empty context"
+    assert seen[0][seen[0].index("-p") + 1] == "0" and seen[0][seen[0].index("-t") + 1] == "2"
+    monkeypatch.setattr(bench, "run_measured", lambda cmd, timeout, env=None: ("", -4, 1.0))  # it crashed too
+    assert bench.llama_bench_decode("llamacpp-q4_1", failed, args) is failed

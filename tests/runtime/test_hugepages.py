@@ -40,22 +40,31 @@ def two_mib_pages(monkeypatch):
     monkeypatch.setattr(hp, "MIN_BYTES", 4 << 20)
 
 
-def test_parse_smaps_keeps_unnamed_private_anonymous_mappings():
+def test_parse_smaps_keeps_private_anonymous_mappings_and_the_heap():
     got = hp.parse_smaps(SMAPS)
     assert [(hex(m.start), m.rss >> 10) for m in got] == [
-        ("0x7f0000000000", 16384), ("0x7f0002000000", 100), ("0x7f0008000000", 1024)]
+        ("0x1000000", 32000), ("0x7f0000000000", 16384), ("0x7f0002000000", 100), ("0x7f0008000000", 1024)]
+
+
+def test_only_the_heap_growth_is_taken(two_mib_pages):
+    heap = hp.parse_smaps(SMAPS)[:1]  # 0x1000000-0x3000000, 32000 kB resident
+    assert hp.candidates({(0x1000000, 0x1800000)}, heap) == [hp.Mapping(0x1800000, 0x3000000, (32000 << 10) - (8 << 20))]
+    assert hp.candidates({(0x1000000, 0x3000000)}, heap) == []  # no growth: the host's heap, left alone
 
 
 def test_candidates_are_new_large_and_resident(two_mib_pages):
     now = hp.parse_smaps(SMAPS) + [hp.Mapping(0x7F000A000000, 0x7F000B000000, 16 << 20)]
-    # 0x7f0000000000 existed before; 0x7f000a000000 grew out of an older mapping (the kernel merged
-    # them): both left alone. The 100 kB-resident mapping would be filled by huge pages (a stack or
-    # sparse arena); the 1 MiB one is below MIN_BYTES. What is left is wholly new.
-    before = {(0x7F0000000000, 0x7F0001000000), (0x7F000A000000, 0x7F000A100000)}
-    assert hp.candidates(before, now) == []
-    picked = hp.candidates(set(), now)
-    assert [hex(m.start) for m in picked] == ["0x7f0000000000", "0x7f000a000000"]
-    assert picked[0].huge_range() == (0x7F0000000000, 0x7F0001000000)
+    # 0x7f0000000000 existed before: left alone. 0x7f000a000000 is an older 1 MiB mapping the kernel
+    # merged a new 15 MiB one into: only the new part is taken. The 100 kB-resident mapping would be
+    # filled by huge pages (a stack or sparse arena); the 1 MiB one is below MIN_BYTES.
+    before = {(0x1000000, 0x3000000), (0x7F0000000000, 0x7F0001000000), (0x7F000A000000, 0x7F000A100000)}
+    picked = hp.candidates(before, now)
+    assert [(hex(m.start), hex(m.end), m.rss >> 20) for m in picked] == [("0x7f000a100000", "0x7f000b000000", 15)]
+    assert picked[0].huge_range() == (0x7F000A200000, 0x7F000B000000)
+    assert [hex(m.start) for m in hp.candidates(set(), now)] == ["0x1000000", "0x7f0000000000", "0x7f000a000000"]
+    # a merged mapping whose new part is mostly not resident (its old part holds the resident bytes)
+    sparse = [hp.Mapping(0x7F000C000000, 0x7F000E000000, 17 << 20)]
+    assert hp.candidates({(0x7F000C000000, 0x7F000D000000)}, sparse) == []
     assert hp.Mapping(0x1000100, 0x3000100, 0).huge_range() == (0x1200000, 0x3000000)
 
 
