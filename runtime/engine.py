@@ -13,8 +13,8 @@ of import paths, so each backend imports its own library (onnxruntime or tensorr
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np

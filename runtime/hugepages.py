@@ -131,7 +131,7 @@ def thp_mode() -> str:
 
 
 def promote(before: set[tuple[int, int]]) -> Report:
-    """madvise(MADV_HUGEPAGE) then madvise(MADV_COLLAPSE) each candidate mapping."""
+    """MADV_COLLAPSE each candidate (MADV_HUGEPAGE where the kernel cannot collapse: before 6.1)."""
     if not sys.platform.startswith("linux"):
         return Report(skipped="not Linux")
     if os.environ.get("TRTLLM_HUGE_PAGES", "1") == "0":

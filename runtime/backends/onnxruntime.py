@@ -42,7 +42,7 @@ class OnnxRuntimeEngine:
         self.huge_pages = hugepages.promote(before) if huge_pages else hugepages.Report(skipped="turned off")
         self.io = manifest.io
         self.bindings: dict = {}
-        self.bound: dict = {}    # per binding: input name -> (pointer, shape, dtype) bound now
+        self.bound: dict = {}    # per binding: input name -> (array, (pointer, shape, dtype)) bound now
         self.outputs: dict = {}  # per (binding, batch, K): numpy arrays the outputs are written to
         self.kv_root = None
         self.last_kv = self.last_binding = None
@@ -50,7 +50,7 @@ class OnnxRuntimeEngine:
     def binding_for(self, kv: Sequence[np.ndarray]):
         """An IOBinding with `kv` bound as both past_* and present_* (in place), made once per set
         of buffers: the scheduler reuses a few views (all slots, single slots) step after step."""
-        if kv is self.last_kv:  # the KV manager hands out the same list for the same slots
+        if kv is self.last_kv:  # the KV manager hands out the same tuple for the same slots
             return self.last_binding
         root = kv[0] if kv[0].base is None else kv[0].base
         if root is not self.kv_root:  # a new KV manager: drop bindings that keep the old one alive
