@@ -6,8 +6,8 @@ import time
 
 import click
 
-from trtllm.builder.config import (BACKENDS, DTYPES, GRAPHS, QUANTIZATIONS, BuildConfig, ConfigError,
-                                   profile_defaults)
+from trtllm.builder.config import (BACKENDS, CPU_KERNELS, DTYPES, GRAPHS, QUANTIZATIONS, BuildConfig,
+                                   ConfigError, profile_defaults)
 
 # Shown in --help; the chosen --profile supplies these when the option is not given.
 DEFAULTS = profile_defaults("cpu-default")
@@ -38,6 +38,10 @@ def resolve(options: dict, profile: str) -> dict:
 @click.option("--backend", type=click.Choice(BACKENDS), help=f"[profile; default {DEFAULTS['backend']}]")
 @click.option("--dtype", type=click.Choice(DTYPES), help=f"[profile; default {DEFAULTS['dtype']}]")
 @click.option("--quantization", type=click.Choice(QUANTIZATIONS), default="none", show_default=True)
+@click.option("--cpu-kernels", type=click.Choice(CPU_KERNELS), default="auto", show_default=True,
+              help="ONNX Runtime, --quantization int8/int4: run the quantized MatMuls as trtllm-edge's native "
+                   "kernels (plugins/cpu, built by scripts/setup.sh) or as ONNX Runtime's MatMulNBits; auto takes "
+                   "native when the library is built.")
 @click.option("--graph", type=click.Choice(GRAPHS), help="Graph op set: modern (opset 24) or legacy (opset 20). [profile]")
 @click.option("--max-batch-size", type=int, help=f"[profile; default {DEFAULTS['max_batch_size']}]")
 @click.option("--max-input-len", type=int, help=f"[profile; default {DEFAULTS['max_input_len']}]")

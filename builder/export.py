@@ -24,6 +24,7 @@ from trtllm.builder.architectures import spec_for
 from trtllm.builder.config import MODERN_MIN_TRT, BuildConfig, parse_trt_version
 from trtllm.builder.decoder import DecoderWriter, gqa_supported
 from trtllm.builder.quantize import QuantScheme
+from trtllm.plugins import cpu as cpu_kernels
 from trtllm.plugins import lint
 from trtllm.runtime import manifest as mf
 
@@ -63,16 +64,34 @@ def export_onnx(ck: ckpt.Checkpoint, config: BuildConfig, out_dir: Path, log, ba
     save(model, out_dir, ONNX_NAME)
     del model
     lowerings = []
-    if backend == "onnxruntime" and config.graph == "modern" and gqa_supported(spec, config.dtype):
-        # The ONNX Runtime form starts from a graph whose attention is ORT's fused kernel;
-        # the canonical llm.onnx (what TensorRT parses) keeps the standard ops.
-        log("lowering attention to ONNX Runtime's GroupQueryAttention, residual + RMSNorm to "
-            "SkipSimplifiedLayerNormalization")
+    gqa = gqa_supported(spec, config.dtype)
+    native = backend == "onnxruntime" and use_native_kernels(config, log)
+    if backend == "onnxruntime" and config.graph == "modern" and (gqa or native):
+        # The ONNX Runtime form starts from a graph whose attention is ORT's fused kernel and whose
+        # quantized MatMuls are ours; the canonical llm.onnx (what TensorRT parses) keeps the standard ops.
+        if gqa:
+            log("lowering attention to ONNX Runtime's GroupQueryAttention, residual + RMSNorm to "
+                "SkipSimplifiedLayerNormalization")
+            lowerings += ["GroupQueryAttention", "SkipSimplifiedLayerNormalization"]
+        if native:
+            log(f"lowering the quantized MatMuls to {cpu_kernels.DOMAIN}::{cpu_kernels.OP} (plugins/cpu)")
+            lowerings.append(cpu_kernels.LOWERING)
         ort_model = DecoderWriter(spec, weights, cos, sin, max_top_k, quant=quant, dtype=config.dtype,
-                                  ort_attention=True).write()
+                                  ort_attention=gqa, native_kernels=native).write()
         save(ort_model, out_dir, ORT_SOURCE)
-        lowerings += ["GroupQueryAttention", "SkipSimplifiedLayerNormalization"]
     return spec, max_top_k, num_positions, lowerings
+
+
+def use_native_kernels(config: BuildConfig, log) -> bool:
+    """--cpu-kernels: native needs the built library; auto takes it when it is there, and says so."""
+    if config.quantization == "none" or config.cpu_kernels == "onnxruntime":
+        return False
+    if cpu_kernels.library() is None:
+        if config.cpu_kernels == "native":
+            raise RuntimeError(f"--cpu-kernels native: {cpu_kernels.missing_hint()}")
+        log(f"cpu kernels: ONNX Runtime's MatMulNBits ({cpu_kernels.missing_hint()})")
+        return False
+    return True
 
 
 def save(model: onnx.ModelProto, out_dir: Path, name: str) -> None:
@@ -80,7 +99,7 @@ def save(model: onnx.ModelProto, out_dir: Path, name: str) -> None:
                     location=name + ".data", size_threshold=1024)
 
 
-def compile_onnxruntime(out_dir: Path, log, quant: "QuantScheme | None" = None) -> None:
+def compile_onnxruntime(out_dir: Path, log, quant: "QuantScheme | None" = None, native: bool = False) -> None:
     """Save ONNX Runtime's offline-optimised graph, so loading the engine skips those passes; made
     from the lowered source graph when there is one (deleted after), else the canonical one."""
     import onnxruntime as ort
@@ -94,6 +113,8 @@ def compile_onnxruntime(out_dir: Path, log, quant: "QuantScheme | None" = None) 
     opts.add_session_config_entry("session.optimized_model_external_initializers_min_size_in_bytes", "1024")
     if quant is not None:  # DequantizeLinear + MatMul -> MatMulNBits with int8 activations
         opts.add_session_config_entry("session.qdq_matmulnbits_accuracy_level", str(quant.ort_accuracy_level))
+    if native:
+        opts.register_custom_ops_library(str(cpu_kernels.library()))
     opts.log_severity_level = 3
     source = out_dir / ORT_SOURCE if (out_dir / ORT_SOURCE).is_file() else out_dir / ONNX_NAME
     ort.InferenceSession(str(source), opts, providers=["CPUExecutionProvider"])
@@ -196,7 +217,8 @@ def build(config: BuildConfig, log=print) -> Path:
         if backend == "tensorrt":
             manifest = build_tensorrt(tmp, config, manifest, log)
         else:
-            compile_onnxruntime(tmp, log, QuantScheme.named(config.quantization))
+            compile_onnxruntime(tmp, log, QuantScheme.named(config.quantization),
+                                native=cpu_kernels.LOWERING in lowerings)
         save_tokenizer(ck, tmp)
         mf.save(manifest, tmp)
         if config.verify:

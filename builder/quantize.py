@@ -2,6 +2,8 @@
 
 A linear layer's transposed weight W [in, out] becomes signed integer codes c [in, out] and
 float32 scales s [in / block, out], one per `block` consecutive input rows of each output column.
+Scales (and int4's block minimums) are rounded to values float16 holds exactly, as GGUF stores them,
+so the native CPU kernel keeps them in 2 bytes while every form of the engine computes the same weights.
 
 - int8 (symmetric): s = max|W_block| / 127, c = round(W / s), W ~ s * c.
 - int4 (asymmetric, float offset): s = (max - min) / 15, c = round((W - min) / s) - 8 in [-8, 7],
@@ -11,9 +13,11 @@ float32 scales s [in / block, out], one per `block` consecutive input rows of ea
 The graph computes `MatMul(x, DequantizeLinear(c, s, axis=0, block_size=block))` (zero point 0,
 as TensorRT requires) plus, for int4, the offset term `MatMul(blocksum(x), o)` where
 blocksum(x)[.., j] = sum of x over block j: x @ (s c + o) = x @ (s c) + blocksum(x) @ o. TensorRT
-parses that as a weight-only quantized GEMM; ONNX Runtime fuses DequantizeLinear + MatMul into
-its MatMulNBits kernel (com.microsoft) when compiling the engine, with activations quantized to
-int8 inside the kernel (accuracy level 4), which is what makes it fast on a CPU.
+parses that as a weight-only quantized GEMM. ONNX Runtime engines run each projection as one
+trtllm.cpu::MatMulBlockQuant node instead (plugins/cpu, `pack_rows` below: float32 activations,
+the offset fused in), or, with `--cpu-kernels onnxruntime`, let ONNX Runtime fuse DequantizeLinear +
+MatMul into its MatMulNBits kernel (com.microsoft), with activations quantized to int8 inside the
+kernel (accuracy level 4).
 """
 from __future__ import annotations
 
@@ -69,6 +73,8 @@ def quantize(w_t: np.ndarray, scheme: QuantScheme) -> tuple[np.ndarray, np.ndarr
     scale = np.where(absmax == 0, 1.0, absmax / qmax).astype(np.float32)
     if scheme.scale_search:
         scale = search_scales(grouped, scale, qmax)
+    scale = half_grid(scale)
+    scale[scale == 0] = 1.0  # a block of weights below float16's range: all codes 0
     codes = np.clip(np.rint(grouped / scale[:, None, :]), -qmax, qmax).reshape(k, n)
     return codes.astype(np.int8).astype(ONNX_DTYPE[scheme.bits]), scale, None
 
@@ -77,11 +83,23 @@ def quantize_asymmetric(grouped: np.ndarray, bits: int):
     """[blocks, block, out] -> codes in [-2^(bits-1), 2^(bits-1) - 1], scales, offsets."""
     levels, half = 2 ** bits - 1, 2 ** (bits - 1)
     lo, hi = grouped.min(axis=1), grouped.max(axis=1)
-    scale = np.where(hi > lo, (hi - lo) / levels, 1.0).astype(np.float32)
+    scale = half_grid(np.where(hi > lo, (hi - lo) / levels, 1.0))
+    scale[scale == 0] = 1.0
+    lo = half_grid(lo)
     codes = np.clip(np.rint((grouped - lo[:, None, :]) / scale[:, None, :]), 0, levels) - half
     offset = (lo + half * scale).astype(np.float32)
     k = grouped.shape[0] * grouped.shape[1]
     return codes.reshape(k, -1).astype(np.int8).astype(ONNX_DTYPE[bits]), scale, offset
+
+
+def half_grid(values: np.ndarray) -> np.ndarray:
+    """float32 values that float16 holds exactly (scales and block minimums, as GGUF stores them), so
+    the native CPU kernel keeps them in 2 bytes with no change."""
+    with np.errstate(over="ignore"):
+        half = np.asarray(values, np.float32).astype(np.float16)
+    if not np.isfinite(half).all():
+        raise ValueError("a quantization scale or offset is beyond float16's range (|x| > 65504)")
+    return half.astype(np.float32)
 
 
 def search_scales(grouped: np.ndarray, scale: np.ndarray, qmax: int) -> np.ndarray:
@@ -103,3 +121,33 @@ def dequantize(codes: np.ndarray, scale: np.ndarray, offset: np.ndarray | None, 
     """The float32 weight the graph computes with (for tests and error reports)."""
     w = codes.astype(np.float32) * np.repeat(scale, block_size, axis=0)
     return w if offset is None else w + np.repeat(offset, block_size, axis=0)
+
+
+def pack_rows(codes: np.ndarray, scale: np.ndarray, offset: np.ndarray | None, bits: int, block_size: int = 32):
+    """quantize()'s [in, out] layout -> trtllm.cpu::MatMulBlockQuant's row-major one (plugins/cpu):
+    codes uint8 [out, in / 2] (int4: q = c + 8 in [0, 15], per block of 32 byte i = q[i] | q[i + 16] << 4,
+    GGUF's Q4_1 layout) or [out, in] (int8), scale and offset [out, in / 32] float16 (quantize() put
+    them on float16's grid). int4's offset becomes the block minimum o - 8 s: w = s q + offset."""
+    if block_size != 32:
+        raise ValueError("MatMulBlockQuant takes blocks of 32")
+    c = np.ascontiguousarray(codes.astype(np.int8).T)            # [out, in]
+    n, k = c.shape
+    if bits == 4:
+        q = (c.astype(np.int16) + 8).astype(np.uint8).reshape(n, k // 32, 32)
+        packed = (q[..., :16] | (q[..., 16:] << 4)).reshape(n, k // 2)
+    else:
+        packed = c.view(np.uint8)
+    if offset is not None and bits == 4:
+        offset = offset - np.float32(8) * scale  # the block minimum, on float16's grid (quantize_asymmetric)
+    off = None if offset is None else np.ascontiguousarray(offset.T.astype(np.float16))
+    return np.ascontiguousarray(packed), np.ascontiguousarray(scale.T.astype(np.float16)), off
+
+
+def swiglu_rows(f: int, group: int = 16) -> np.ndarray:
+    """The row order of a SwiGLU MatMulBlockQuant over [gate; up] (2f rows): per group of outputs,
+    its gate rows then its up rows, so each of the kernel's 32-row tasks holds matching pairs."""
+    order = []
+    for start in range(0, f, group):
+        rows = np.arange(start, min(start + group, f))
+        order += [rows, rows + f]
+    return np.concatenate(order)

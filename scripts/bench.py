@@ -65,18 +65,24 @@ def build_prompts(tokenizer, lengths):
 
 def weight_bytes(engine_dir: Path) -> int:
     """Bytes of the initializers every decode step reads in full: the matmul weights (float or
-    quantized codes + scales + offsets). The embedding table is read one row per token, unless
-    it doubles as a (tied, unquantized) lm_head."""
+    quantized codes + scales + offsets), in the form ONNX Runtime runs (llm.ort.onnx) when there is
+    one. The embedding table is read one row per token, unless it doubles as a (tied, unquantized)
+    lm_head."""
     import onnx
     from onnx import helper
 
-    model = onnx.load(engine_dir / "llm.onnx", load_external_data=False)
+    path = engine_dir / "llm.ort.onnx"
+    model = onnx.load(path if path.is_file() else engine_dir / "llm.onnx", load_external_data=False)
     sizes = {t.name: helper.tensor_dtype_to_np_dtype(t.data_type).itemsize * int(_prod(t.dims)) for t in model.graph.initializer}
     sizes.update({t.name: (int(_prod(t.dims)) + 1) // 2 for t in model.graph.initializer if t.data_type == 22})  # int4
+    # ONNX Runtime's form runs float16 MatMuls on Casts of the weights to float32; they are counted
+    # as float16, as the canonical graph has them (ONNX Runtime may fold those Casts at load)
+    cast_of = {n.output[0]: n.input[0] for n in model.graph.node if n.op_type == "Cast"}
     read = set()
     for node in model.graph.node:
-        if node.op_type in ("MatMul", "Gemm", "DequantizeLinear"):
-            read.update(name for name in node.input if name in sizes and not name.startswith("/const"))
+        if node.op_type in ("MatMul", "Gemm", "DequantizeLinear", "MatMulNBits", "MatMulBlockQuant"):
+            names = [cast_of.get(name, name) for name in node.input]
+            read.update(name for name in names if name in sizes and not name.startswith("/const"))
     return sum(sizes[n] for n in read)
 
 

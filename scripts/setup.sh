@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Create .venv (if needed) and install trtllm-edge with its builder, test and kernels extras.
+# Create .venv (if needed), install trtllm-edge with its builder, test and kernels extras, and build
+# the native CPU kernel library.
 # Idempotent: a second run only checks what is installed. Sourced by quickstart.sh and test.sh.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -12,4 +13,6 @@ fi
 # torch first and pinned: 2.13.0 is the CPU wheel on these machines; any other version pulls GBs of CUDA.
 "$VENV/bin/python" -m pip install -q --disable-pip-version-check "torch==2.13.0"
 "$VENV/bin/python" -m pip install -q --disable-pip-version-check -e "$ROOT[build,test,kernels]"
+# The native CPU kernels (plugins/cpu): g++ and ONNX Runtime's headers (fetched once from Debian).
+"$VENV/bin/python" -m trtllm.plugins.cpu.build
 "$VENV/bin/python" "$ROOT/scripts/fetch_demo_model.py"

@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
+from trtllm.plugins import cpu as cpu_kernels
 from trtllm.runtime import hugepages
 from trtllm.runtime.engine import StepInputs, StepOutputs
 from trtllm.runtime.manifest import Manifest, ManifestError, rebuild_hint
@@ -35,9 +36,16 @@ class OnnxRuntimeEngine:
         path = Path(engine_dir) / manifest.files.get(graph, manifest.files.get("onnx", "llm.onnx"))
         if not path.is_file():
             raise ManifestError(f"{path} is missing; {rebuild_hint(engine_dir)}")
+        opts = session_options(num_threads)
+        if cpu_kernels.LOWERING in manifest.lowerings:  # quantized MatMuls as plugins/cpu's kernels
+            library = cpu_kernels.library()
+            if library is None:
+                raise ManifestError(f"{engine_dir} runs its quantized MatMuls on trtllm-edge's native CPU kernels, "
+                                    f"but {cpu_kernels.missing_hint()}; or rebuild the engine with "
+                                    "--cpu-kernels onnxruntime")
+            opts.register_custom_ops_library(str(library))
         before = hugepages.snapshot() if huge_pages else None
-        self.session = ort.InferenceSession(str(path), session_options(num_threads),
-                                            providers=["CPUExecutionProvider"])
+        self.session = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
         # The packed weights ONNX Runtime just allocated, onto huge pages (see runtime/hugepages.py).
         self.huge_pages = hugepages.promote(before) if huge_pages else hugepages.Report(skipped="turned off")
         self.io = manifest.io

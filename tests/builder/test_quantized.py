@@ -1,5 +1,6 @@
 """--quantization int8|int4: the quantizer's maths, the canonical graph against transformers with
-the same (dequantized) weights, ONNX Runtime's fused form, and answers end to end."""
+the same (dequantized) weights, the ONNX Runtime forms (our native kernels, and MatMulNBits), and
+answers end to end."""
 from __future__ import annotations
 
 import json
@@ -14,6 +15,7 @@ from trtllm.builder.config import BuildConfig  # noqa: E402
 from trtllm.builder.export import build  # noqa: E402
 from trtllm.builder.quantize import QuantScheme, dequantize, quantize  # noqa: E402
 from trtllm.builder.verify import engine_logits  # noqa: E402
+from trtllm.plugins import cpu as cpu_kernels  # noqa: E402
 from trtllm.plugins.lint import lint_model  # noqa: E402
 from trtllm.runtime.engine import load_engine  # noqa: E402
 
@@ -43,10 +45,11 @@ def quantized(tiny_checkpoint, tmp_path_factory):
     ckpt = tiny_checkpoint("qwen2")  # biases too
     engines = {}
     for name in SCHEMES:
-        out = tmp_path_factory.mktemp(f"q-{name}") / "engine"
-        build(BuildConfig(model=str(ckpt), output=str(out), quantization=name, max_input_len=128,
-                          max_kv_cache_capacity=256, verify=False), log=lambda m: None)
-        engines[name] = out
+        for kernels in ("native", "onnxruntime"):
+            out = tmp_path_factory.mktemp(f"q-{name}-{kernels}") / "engine"
+            build(BuildConfig(model=str(ckpt), output=str(out), quantization=name, max_input_len=128,
+                              max_kv_cache_capacity=256, verify=False, cpu_kernels=kernels), log=lambda m: None)
+            engines[name if kernels == "native" else f"{name}-ort"] = out
     return ckpt, engines
 
 
@@ -83,17 +86,40 @@ def test_canonical_graph_matches_dequantized_transformers(name, quantized):
 
 
 @pytest.mark.parametrize("name", SCHEMES)
-def test_fused_engine_answers_and_records_its_scheme(name, quantized, run_cli):
+def test_native_kernel_engine_matches_dequantized_transformers(name, quantized):
+    """The ONNX Runtime form on our kernels (float32 activations) is as exact as the canonical graph:
+    the same logits as transformers with the dequantized weights, at float32 tolerance. MatMulNBits'
+    form quantizes the activations to int8 and is only close."""
+    ckpt, engines = quantized
+    prompt = [5, 17, 42, 99, 7, 31, 8]
+    generated, got = engine_logits(load_engine(engines[name]), prompt, num_decode=4)
+    with torch.no_grad():
+        ref = dequantized_model(ckpt, QuantScheme.named(name))(torch.tensor([prompt + generated[:-1]])).logits
+    ref = ref[0, len(prompt) - 1:].numpy()
+    np.testing.assert_allclose(got, ref, atol=1e-4, rtol=0)
+    generated_ort, got_ort = engine_logits(load_engine(engines[f"{name}-ort"]), prompt, num_decode=4)
+    assert np.abs(got_ort[0] - ref[0]).max() > 1e-4  # int8 activations: the wrong variant at this tolerance
+
+
+@pytest.mark.parametrize("name", SCHEMES)
+@pytest.mark.parametrize("kernels", ["native", "onnxruntime"])
+def test_fused_engine_answers_and_records_its_scheme(name, kernels, quantized, run_cli):
     _, engines = quantized
-    manifest = json.loads((engines[name] / "manifest.json").read_text())
-    assert manifest["quantization"] == name
+    engine = engines[name if kernels == "native" else f"{name}-ort"]
+    manifest = json.loads((engine / "manifest.json").read_text())
+    assert manifest["quantization"] == name and manifest["build_config"]["cpu_kernels"] == kernels
     assert manifest["quantization_scheme"]["bits"] == int(name[-1]) and manifest["quantization_scheme"]["block_size"] == 32
-    assert lint_model(str(engines[name] / "llm.onnx")) == []
+    assert (cpu_kernels.LOWERING in manifest["lowerings"]) == (kernels == "native")
+    assert lint_model(str(engine / "llm.onnx")) == []
     import onnx
 
-    ops = {n.op_type for n in onnx.load(engines[name] / "llm.ort.onnx", load_external_data=False).graph.node}
-    assert "MatMulNBits" in ops and "DequantizeLinear" not in ops  # ONNX Runtime fused the weight-only GEMMs
-    result, out = run_cli(engines[name], {"temperature": 0, "max_generate_length": 8,
+    ops = {n.op_type for n in onnx.load(engine / "llm.ort.onnx", load_external_data=False).graph.node}
+    assert "DequantizeLinear" not in ops
+    if kernels == "native":  # one node per projection, no offset kernels
+        assert cpu_kernels.OP in ops and not {"MatMulNBits", "ReduceSum"} & ops
+    else:  # ONNX Runtime fused the weight-only GEMMs
+        assert "MatMulNBits" in ops and cpu_kernels.OP not in ops
+    result, out = run_cli(engine, {"temperature": 0, "max_generate_length": 8,
                                           "requests": [{"messages": [{"role": "user", "content": "Hello"}]}]})
     assert result.exit_code == 0, result.output
     assert out["responses"][0]["finish_reason"] in ("max-length", "end-of-sequence")
@@ -134,3 +160,26 @@ def test_float16_engine_matches_transformers(tiny_checkpoint, tmp_path, run_cli)
         {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}],
          "save_system_prompt_kv_cache": True}]})  # the saved KV is float16 too
     assert result.exit_code == 0, result.output
+
+
+def test_without_the_library(quantized, tiny_checkpoint, tmp_path, monkeypatch):
+    """An engine that needs the native kernels refuses to load without them, naming both fixes;
+    --cpu-kernels native refuses to build; auto builds on MatMulNBits and says so."""
+    from trtllm.builder.config import ConfigError
+    from trtllm.runtime.manifest import ManifestError
+
+    _, engines = quantized
+    monkeypatch.setattr(cpu_kernels, "library", lambda: None)
+    with pytest.raises(ManifestError, match="scripts/setup.sh.*--cpu-kernels onnxruntime"):
+        load_engine(engines["int4"])
+    load_engine(engines["int4-ort"])  # MatMulNBits: needs nothing of ours
+    ckpt = tiny_checkpoint("llama")
+    config = dict(model=str(ckpt), quantization="int4", max_input_len=64, max_kv_cache_capacity=128, verify=False)
+    with pytest.raises(RuntimeError, match="--cpu-kernels native: the native CPU kernel library"):
+        build(BuildConfig(output=str(tmp_path / "a"), cpu_kernels="native", **config), log=lambda m: None)
+    logs = []
+    out = build(BuildConfig(output=str(tmp_path / "b"), **config), log=logs.append)
+    assert any("MatMulNBits" in line for line in logs)
+    assert cpu_kernels.LOWERING not in json.loads((out / "manifest.json").read_text())["lowerings"]
+    with pytest.raises(ConfigError, match="--cpu-kernels native needs --quantization"):
+        BuildConfig(model="m", output="o", cpu_kernels="native")

@@ -1,0 +1,24 @@
+"""trtllm.cpu: native ONNX Runtime CPU kernels (a C++ custom-op library), used by ONNX Runtime engines.
+
+`library()` is the built shared library or None; `scripts/setup.sh` builds it with
+`python -m trtllm.plugins.cpu.build`. Nothing here imports onnxruntime or onnx: the runtime and
+the builder each register the library with their own session options.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+DOMAIN = "trtllm.cpu"
+OP = "MatMulBlockQuant"
+LOWERING = f"{DOMAIN}::{OP}"  # how an engine's manifest (`lowerings`) says it needs this library
+LIBRARY = Path(__file__).with_name("libtrtllm_cpu.so")
+
+
+def library() -> Path | None:
+    """The built library, or None when `python -m trtllm.plugins.cpu.build` has not run here."""
+    return LIBRARY if LIBRARY.is_file() else None
+
+
+def missing_hint() -> str:
+    return (f"the native CPU kernel library {LIBRARY} is not built: run `bash scripts/setup.sh` "
+            "(or `python -m trtllm.plugins.cpu.build`)")

@@ -1,0 +1,98 @@
+"""Build libtrtllm_cpu.so: `python -m trtllm.plugins.cpu.build [--force]`.
+
+ONNX Runtime's PyPI wheel ships no C headers, so they come from Debian's libonnxruntime-dev package
+(pinned by SHA-256, fetched once into build/ort-headers). The custom-op ABI is versioned: a library
+built against the 1.21 headers asks the runtime for API version 21, which every later ONNX Runtime
+provides. The compiler is the system's g++ (the library is C++17, one file).
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import io
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import urllib.request
+from pathlib import Path
+
+from trtllm.plugins.cpu import LIBRARY
+
+HERE = Path(__file__).resolve().parent
+SOURCE = HERE / "matmul_block_quant.cc"
+ROOT = HERE.parent.parent
+HEADERS_DEB = ("https://deb.debian.org/debian/pool/main/o/onnxruntime/libonnxruntime-dev_1.21.0+dfsg-1_amd64.deb",
+               "14f7d959d5deacbcf1504830d4189f91fc67382b399ed9ae9d3aa9c4050ced08")
+HEADER = "onnxruntime_cxx_api.h"
+
+
+def ar_members(blob: bytes):
+    """The members of a .deb (a Unix ar archive): (name, data)."""
+    if not blob.startswith(b"!<arch>\n"):
+        raise RuntimeError("not an ar archive")
+    pos = 8
+    while pos + 60 <= len(blob):
+        header = blob[pos:pos + 60]
+        name, size = header[:16].decode().strip().rstrip("/"), int(header[48:58].decode().strip())
+        yield name, blob[pos + 60:pos + 60 + size]
+        pos += 60 + size + (size & 1)
+
+
+def fetch_headers(dest: Path) -> Path:
+    """dest/onnxruntime/*.h from the pinned Debian package; returns the include directory."""
+    include = dest / "onnxruntime"
+    if (include / HEADER).is_file():
+        return include
+    url, sha = HEADERS_DEB
+    print(f"[cpu kernels] fetching ONNX Runtime headers: {url}", file=sys.stderr)
+    blob = urllib.request.urlopen(url, timeout=120).read()
+    if hashlib.sha256(blob).hexdigest() != sha:
+        raise RuntimeError(f"{url}: SHA-256 mismatch (expected {sha})")
+    data = next(d for n, d in ar_members(blob) if n.startswith("data.tar"))
+    tmp = dest.with_name(dest.name + ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        members = [m for m in tar.getmembers() if m.isfile() and "/usr/include/onnxruntime/" in m.name]
+        for m in members:
+            rel = m.name.split("/usr/include/", 1)[1]
+            (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
+            (tmp / rel).write_bytes(tar.extractfile(m).read())
+    shutil.rmtree(dest, ignore_errors=True)
+    os.replace(tmp, dest)
+    return include
+
+
+def compile_library(include: Path, out: Path = LIBRARY) -> Path:
+    cxx = os.environ.get("CXX", "g++")
+    tmp = out.with_name(out.name + ".partial")
+    # -Wno-uninitialized: GCC 12's own AVX-512 headers trip it (`__m256d __Y = __Y;` in _mm512_reduce_add_ps).
+    cmd = [cxx, "-std=c++17", "-O3", "-fPIC", "-shared", "-fvisibility=hidden", "-Wall", "-Wno-uninitialized",
+           f"-I{include}", str(SOURCE), "-o", str(tmp)]
+    print("[cpu kernels] " + " ".join(cmd), file=sys.stderr)
+    subprocess.run(cmd, check=True)
+    os.replace(tmp, out)  # a failed compile never replaces a good library
+    return out
+
+
+def needs_build(out: Path = LIBRARY) -> bool:
+    return not out.is_file() or out.stat().st_mtime < SOURCE.stat().st_mtime
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--force", action="store_true", help="rebuild even when the library is up to date")
+    parser.add_argument("--headers", type=Path, default=ROOT / "build" / "ort-headers",
+                        help="where the ONNX Runtime headers are (fetched there when missing)")
+    args = parser.parse_args(argv)
+    if not args.force and not needs_build():
+        print(f"[cpu kernels] {LIBRARY} is up to date", file=sys.stderr)
+        return 0
+    compile_library(fetch_headers(args.headers))
+    print(f"[cpu kernels] built {LIBRARY}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,536 @@
+// trtllm.cpu::MatMulBlockQuant: y = x @ W.T for block-quantized W, as an ONNX Runtime custom op.
+//
+// Why: ONNX Runtime's MatMulNBits has no float per-block offset on its fast path, so the graph
+// added it with four more kernels per projection, and it streams 4-bit weights at about half of
+// what a memory copy moves. This kernel dequantizes a few weight rows at a time into L1 (codes,
+// scale and offset in one fused multiply-add) and multiplies them with fp32 activations:
+// activations are never quantized, so it is also closer to transformers than MatMulNBits' int8
+// activations. The math is exactly the canonical graph's DequantizeLinear + MatMul + offset.
+//
+// Inputs:  x [..., K] float32; codes uint8; scale [N, K/32] float16; offset [N, K/32] float16 (optional)
+// Output:  y [..., N] float32
+// Attributes: bits (4 or 8), n (N), activation ("none" or "swiglu"). Blocks of 32 inputs.
+//   swiglu: y [..., N/2] = silu(gate) * up, where the rows come in groups of 32 (the last one
+//           shorter): h gate rows then the h up rows of the same outputs (Llama's MLP in one node).
+//   bits 4: codes [N, K/2]; per row and block, 16 bytes: byte i holds q[i] in its low nibble and
+//           q[i + 16] in its high nibble, q in [0, 15] (GGUF's Q4_1 layout); offset required.
+//   bits 8: codes [N, K] as int8 values q in [-127, 127]; offset optional (0).
+//   w[n, k] = scale[n, k / 32] * q[n, k] + offset[n, k / 32], in float32
+// Scales and offsets are float16 as in GGUF (the builder rounds them so before it quantizes): 20 bytes
+// per 32 weights at 4 bits instead of 24, and a decode step is a stream of weights.
+#define ORT_API_MANUAL_INIT
+#include <onnxruntime_cxx_api.h>
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace {
+
+constexpr int64_t kBlock = 32;
+constexpr int kRows = 4;     // weight rows per tile (NR)
+constexpr int kBatch = 6;    // activation rows per tile (MR): 6 x 4 accumulators + 4 weights + 1 x <= 32 zmm
+constexpr int64_t kChunkRows = 32;  // weight rows per parallel task
+constexpr int64_t kPanel = 48;      // activation rows kept in L2 while a chunk's rows are reused
+constexpr int64_t kSmallBatch = 16; // up to this many activation rows, the weights are dequantized in registers
+
+struct Weights {
+  const uint8_t* codes;
+  const uint16_t* scale;   // float16 bits
+  const uint16_t* offset;  // float16 bits; may be null
+  int64_t n, k, bits;
+  int64_t blocks() const { return k / kBlock; }
+};
+
+// ---- portable code: the reference the AVX-512 path is tested against, and the fallback ----
+
+float half_to_float(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000) << 16, exp = (h >> 10) & 0x1F, man = h & 0x3FF;
+  uint32_t bits;
+  if (exp == 0x1F) {
+    bits = sign | 0x7F800000 | (man << 13);  // inf, nan
+  } else if (exp != 0) {
+    bits = sign | ((exp + 112) << 23) | (man << 13);
+  } else if (man == 0) {
+    bits = sign;
+  } else {  // subnormal: normalise
+    int e = -1;
+    uint32_t m = man;
+    do { m <<= 1; ++e; } while (!(m & 0x400));
+    bits = sign | ((112 - e) << 23) | ((m & 0x3FF) << 13);
+  }
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+// One row's scales and offsets as float32 (offsets 0 when absent).
+void row_params_generic(const Weights& w, int64_t row, float* s, float* o) {
+  const int64_t nb = w.blocks();
+  for (int64_t b = 0; b < nb; ++b) {
+    s[b] = half_to_float(w.scale[row * nb + b]);
+    o[b] = w.offset ? half_to_float(w.offset[row * nb + b]) : 0.0f;
+  }
+}
+
+void dequant_rows_generic(const Weights& w, int64_t r0, int nr, float* out) {
+  const int64_t nb = w.blocks();
+  std::vector<float> params(2 * nb);
+  for (int r = 0; r < nr; ++r) {
+    const int64_t row = r0 + r;
+    row_params_generic(w, row, params.data(), params.data() + nb);
+    for (int64_t b = 0; b < nb; ++b) {
+      const float s = params[b], o = params[nb + b];
+      float* dst = out + r * w.k + b * kBlock;
+      if (w.bits == 4) {
+        const uint8_t* p = w.codes + (row * nb + b) * (kBlock / 2);
+        for (int i = 0; i < 16; ++i) {
+          dst[i] = s * static_cast<float>(p[i] & 0x0F) + o;
+          dst[i + 16] = s * static_cast<float>(p[i] >> 4) + o;
+        }
+      } else {
+        const int8_t* p = reinterpret_cast<const int8_t*>(w.codes) + row * w.k + b * kBlock;
+        for (int i = 0; i < kBlock; ++i) dst[i] = s * static_cast<float>(p[i]) + o;
+      }
+    }
+  }
+}
+
+void tile_generic(const float* w, int nr, int64_t k, const float* x, int mr, int64_t ldx, float* y, int64_t ldy) {
+  for (int m = 0; m < mr; ++m)
+    for (int r = 0; r < nr; ++r) {
+      float acc = 0.0f;
+      for (int64_t i = 0; i < k; ++i) acc += x[m * ldx + i] * w[r * k + i];
+      y[m * ldy + r] = acc;
+    }
+}
+
+// ---- AVX-512 ----
+
+__attribute__((target("avx512f,avx512bw,avx512vl,fma"))) void halves_avx512(const uint16_t* h, int64_t count,
+                                                                          float* out) {
+  int64_t i = 0;
+  for (; i + 16 <= count; i += 16)
+    _mm512_storeu_ps(out + i, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(h + i))));
+  if (i < count) {
+    const __mmask16 tail = static_cast<__mmask16>((1u << (count - i)) - 1);
+    _mm512_mask_storeu_ps(out + i, tail, _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(tail, h + i)));
+  }
+}
+
+__attribute__((target("avx512f,avx512bw,avx512vl,fma"))) void row_params_avx512(const Weights& w, int64_t row,
+                                                                              float* s, float* o) {
+  const int64_t nb = w.blocks();
+  halves_avx512(w.scale + row * nb, nb, s);
+  if (w.offset) halves_avx512(w.offset + row * nb, nb, o);
+  else std::fill(o, o + nb, 0.0f);
+}
+
+__attribute__((target("avx512f,avx512bw,avx512vl,fma"))) void dequant_rows_avx512(const Weights& w, int64_t r0, int nr,
+                                                                                float* out) {
+  const int64_t nb = w.blocks();
+  const __m128i low = _mm_set1_epi8(0x0F);
+  thread_local std::vector<float> params;
+  params.resize(2 * nb);
+  for (int r = 0; r < nr; ++r) {
+    const int64_t row = r0 + r;
+    row_params_avx512(w, row, params.data(), params.data() + nb);
+    const float* scale = params.data();
+    const float* offset = params.data() + nb;
+    float* dst = out + r * w.k;
+    if (w.bits == 4) {
+      const uint8_t* p = w.codes + row * nb * (kBlock / 2);
+      for (int64_t b = 0; b < nb; ++b, p += kBlock / 2, dst += kBlock) {
+        const __m512 s = _mm512_set1_ps(scale[b]), o = _mm512_set1_ps(offset[b]);
+        const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+        const __m128i lo = _mm_and_si128(raw, low), hi = _mm_and_si128(_mm_srli_epi16(raw, 4), low);
+        _mm512_storeu_ps(dst, _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(lo)), s, o));
+        _mm512_storeu_ps(dst + 16, _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(hi)), s, o));
+      }
+    } else {
+      const int8_t* p = reinterpret_cast<const int8_t*>(w.codes) + row * w.k;
+      for (int64_t b = 0; b < nb; ++b, p += kBlock, dst += kBlock) {
+        const __m512 s = _mm512_set1_ps(scale[b]), o = _mm512_set1_ps(offset[b]);
+        const __m128i c0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+        const __m128i c1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16));
+        _mm512_storeu_ps(dst, _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(c0)), s, o));
+        _mm512_storeu_ps(dst + 16, _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(c1)), s, o));
+      }
+    }
+  }
+}
+
+// MR activation rows times NR dequantized weight rows, accumulated in 16 lanes each and summed at
+// the end: every weight vector loaded once serves MR rows, every activation vector NR rows.
+template <int MR, int NR>
+__attribute__((target("avx512f,avx512bw,avx512vl,fma"))) void tile_avx512(const float* w, int64_t k, const float* x,
+                                                                        int64_t ldx, float* y, int64_t ldy) {
+  __m512 acc[MR][NR];
+#pragma GCC unroll 8
+  for (int m = 0; m < MR; ++m)
+#pragma GCC unroll 4
+    for (int r = 0; r < NR; ++r) acc[m][r] = _mm512_setzero_ps();
+  for (int64_t i = 0; i < k; i += 16) {
+    __m512 wv[NR];
+#pragma GCC unroll 4
+    for (int r = 0; r < NR; ++r) wv[r] = _mm512_loadu_ps(w + r * k + i);
+#pragma GCC unroll 8
+    for (int m = 0; m < MR; ++m) {
+      const __m512 xv = _mm512_loadu_ps(x + m * ldx + i);
+#pragma GCC unroll 4
+      for (int r = 0; r < NR; ++r) acc[m][r] = _mm512_fmadd_ps(xv, wv[r], acc[m][r]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int m = 0; m < MR; ++m)
+#pragma GCC unroll 4
+    for (int r = 0; r < NR; ++r) y[m * ldy + r] = _mm512_reduce_add_ps(acc[m][r]);
+}
+
+constexpr int64_t kAhead = 4;  // tiles prefetched ahead
+
+// Decode (few activation rows): NR rows' block is dequantized straight into registers and used by
+// MR activation rows at once, so nothing goes through memory but the codes and the activations.
+template <int BITS, int MR, int NR>
+__attribute__((target("avx512f,avx512bw,avx512vl,fma"))) void fused_avx512(const Weights& w, int64_t row,
+                                                                         const float* x, int64_t ldx, const float* xs,
+                                                                         float* y, int64_t ldy) {
+  // With one or two activation rows, the scale is taken out of the block's dot product and the
+  // offset out of the loop: sum_b s_b (q_b . x_b) + sum_b o_b sum(x_b) (xs: the block sums) takes
+  // fewer instructions per weight than dequantizing (s q + o) first. With more rows, dequantizing
+  // once and sharing it wins.
+  constexpr bool kFactor = MR <= 2;
+  const int64_t nb = w.blocks();
+  const __m128i low = _mm_set1_epi8(0x0F);
+  __m512 acc[MR][NR];
+#pragma GCC unroll 4
+  for (int m = 0; m < MR; ++m)
+#pragma GCC unroll 4
+    for (int r = 0; r < NR; ++r) acc[m][r] = _mm512_setzero_ps();
+  // The next tiles' codes, scales and offsets are prefetched while this one is computed: rows are
+  // short (K / 2 bytes), so the hardware prefetcher alone leaves most of the bandwidth unused.
+  const char* ahead_codes = reinterpret_cast<const char*>(w.codes) + (row + kAhead * NR) * nb * (kBlock * BITS / 8);
+  const char* ahead_scale = reinterpret_cast<const char*>(w.scale + (row + kAhead * NR) * nb);
+  const char* ahead_offset = w.offset ? reinterpret_cast<const char*>(w.offset + (row + kAhead * NR) * nb) : nullptr;
+  alignas(64) float scale[NR][16], offset[NR][16];  // 16 blocks' parameters as float32, per row
+  for (int64_t b0 = 0; b0 < nb; b0 += 16) {
+    const int64_t count = std::min<int64_t>(16, nb - b0);
+    const __mmask16 valid = static_cast<__mmask16>((1u << count) - 1);
+#pragma GCC unroll 4
+    for (int r = 0; r < NR; ++r) {
+      const int64_t at = (row + r) * nb + b0;
+      _mm512_store_ps(scale[r], _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(valid, w.scale + at)));
+      const __m512 o = w.offset ? _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(valid, w.offset + at)) : _mm512_setzero_ps();
+      if (kFactor) {  // the offsets' share, 16 blocks at once: lanes are summed at the end anyway
+#pragma GCC unroll 2
+        for (int m = 0; m < MR; ++m)
+          acc[m][r] = _mm512_fmadd_ps(o, _mm512_maskz_loadu_ps(valid, xs + m * nb + b0), acc[m][r]);
+      } else {
+        _mm512_store_ps(offset[r], o);
+      }
+    }
+    for (int64_t b = b0; b < b0 + count; ++b) {
+      // One tile's codes are NR * nb * 16 bytes (4-bit): NR / 4 lines per block; its scales an eighth of that.
+#pragma GCC unroll 4
+      for (int l = 0; l < NR * BITS / 16; ++l) _mm_prefetch(ahead_codes + (b * NR * BITS / 16 + l) * 64, _MM_HINT_T0);
+      if (b * 64 < NR * nb * 2) {
+        _mm_prefetch(ahead_scale + b * 64, _MM_HINT_T0);
+        if (ahead_offset) _mm_prefetch(ahead_offset + b * 64, _MM_HINT_T0);
+      }
+      __m512 wlo[NR], whi[NR];
+#pragma GCC unroll 4
+      for (int r = 0; r < NR; ++r) {
+        const int64_t at = (row + r) * nb + b;
+        __m512i lo, hi;
+        if (BITS == 4) {
+          const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w.codes + at * (kBlock / 2)));
+          lo = _mm512_cvtepu8_epi32(_mm_and_si128(raw, low));
+          hi = _mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(raw, 4), low));
+        } else {
+          const int8_t* p = reinterpret_cast<const int8_t*>(w.codes) + at * kBlock;
+          lo = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+          hi = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16)));
+        }
+        if (kFactor) {
+          wlo[r] = _mm512_cvtepi32_ps(lo);
+          whi[r] = _mm512_cvtepi32_ps(hi);
+        } else {
+          const __m512 s = _mm512_set1_ps(scale[r][b - b0]), o = _mm512_set1_ps(offset[r][b - b0]);
+          wlo[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(lo), s, o);
+          whi[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(hi), s, o);
+        }
+      }
+#pragma GCC unroll 4
+      for (int m = 0; m < MR; ++m) {
+        const __m512 xlo = _mm512_loadu_ps(x + m * ldx + b * kBlock), xhi = _mm512_loadu_ps(x + m * ldx + b * kBlock + 16);
+#pragma GCC unroll 4
+        for (int r = 0; r < NR; ++r) {
+          if (kFactor) {
+            const __m512 dot = _mm512_fmadd_ps(xhi, whi[r], _mm512_mul_ps(xlo, wlo[r]));
+            acc[m][r] = _mm512_fmadd_ps(dot, _mm512_set1_ps(scale[r][b - b0]), acc[m][r]);
+          } else {
+            acc[m][r] = _mm512_fmadd_ps(xhi, whi[r], _mm512_fmadd_ps(xlo, wlo[r], acc[m][r]));
+          }
+        }
+      }
+    }
+  }
+#pragma GCC unroll 4
+  for (int m = 0; m < MR; ++m)
+#pragma GCC unroll 4
+    for (int r = 0; r < NR; ++r) y[m * ldy + r] = _mm512_reduce_add_ps(acc[m][r]);
+}
+
+constexpr int kFusedBatch = 4;  // 4 x 4 accumulators + 8 weight vectors + 2 activations <= 32 zmm
+using FusedFn = void (*)(const Weights&, int64_t, const float*, int64_t, const float*, float*, int64_t);
+
+template <int BITS, int MR>
+constexpr FusedFn fused_row[kRows] = {fused_avx512<BITS, MR, 1>, fused_avx512<BITS, MR, 2>, fused_avx512<BITS, MR, 3>,
+                                      fused_avx512<BITS, MR, 4>};
+template <int BITS>
+constexpr const FusedFn* kFused[kFusedBatch] = {fused_row<BITS, 1>, fused_row<BITS, 2>, fused_row<BITS, 3>,
+                                                fused_row<BITS, 4>};
+
+using TileFn = void (*)(const float*, int64_t, const float*, int64_t, float*, int64_t);
+
+template <int MR>
+constexpr TileFn tile_row[kRows] = {tile_avx512<MR, 1>, tile_avx512<MR, 2>, tile_avx512<MR, 3>, tile_avx512<MR, 4>};
+constexpr const TileFn* kTiles[kBatch] = {tile_row<1>, tile_row<2>, tile_row<3>, tile_row<4>, tile_row<5>, tile_row<6>};
+
+bool use_avx512() {
+  static const bool yes = [] {
+    const char* force = std::getenv("TRTLLM_CPU_KERNEL");  // "generic": the portable path (tests)
+    if (force && std::string(force) == "generic") return false;
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vl");
+  }();
+  return yes;
+}
+
+void dequant_rows(const Weights& w, int64_t r0, int nr, float* out) {
+  if (use_avx512()) dequant_rows_avx512(w, r0, nr, out);
+  else dequant_rows_generic(w, r0, nr, out);
+}
+
+void tile(const float* w, int nr, int64_t k, const float* x, int mr, int64_t ldx, float* y, int64_t ldy) {
+  if (use_avx512()) kTiles[mr - 1][nr - 1](w, k, x, ldx, y, ldy);
+  else tile_generic(w, nr, k, x, mr, ldx, y, ldy);
+}
+
+struct Job {
+  Weights w;
+  const float* x;
+  const float* xs;  // x's block sums [m, K / 32] (the fused path's offsets)
+  float* y;
+  int64_t m;
+  bool swiglu;
+};
+
+// exp for the SwiGLU epilogue: 2^n * p(r), r = x - n ln2 in [-ln2/2, ln2/2], p of degree 6 (Taylor):
+// relative error below 2e-7, as good as float32's own rounding of the product that follows.
+__attribute__((target("avx512f,avx512bw,avx512vl,fma"))) __m512 exp_avx512(__m512 x) {
+  x = _mm512_max_ps(_mm512_min_ps(x, _mm512_set1_ps(88.0f)), _mm512_set1_ps(-88.0f));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)), _MM_FROUND_TO_NEAREST_INT);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145752f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.42860677e-6f), r);
+  __m512 p = _mm512_set1_ps(1.0f / 720);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  return _mm512_scalef_ps(p, n);
+}
+
+// out[i] = silu(gate[i]) * up[i] = gate * up / (1 + exp(-gate))
+__attribute__((target("avx512f,avx512bw,avx512vl,fma"))) void swiglu_avx512(const float* gate, const float* up,
+                                                                          int64_t count, float* out) {
+  for (int64_t i = 0; i < count; i += 16) {
+    const __mmask16 valid = count - i >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (count - i)) - 1);
+    const __m512 g = _mm512_maskz_loadu_ps(valid, gate + i), u = _mm512_maskz_loadu_ps(valid, up + i);
+    const __m512 e = exp_avx512(_mm512_sub_ps(_mm512_setzero_ps(), g));
+    _mm512_mask_storeu_ps(out + i, valid, _mm512_div_ps(_mm512_mul_ps(g, u), _mm512_add_ps(_mm512_set1_ps(1.0f), e)));
+  }
+}
+
+void swiglu(const float* gate, const float* up, int64_t count, float* out) {
+  if (use_avx512()) return swiglu_avx512(gate, up, count, out);
+  for (int64_t i = 0; i < count; ++i) out[i] = gate[i] * up[i] / (1.0f + std::exp(-gate[i]));
+}
+
+// One task: weight rows [c * kChunkRows, ...) for every activation row. With SwiGLU, a task's rows
+// are h gate rows then the h matching up rows (the builder orders them so), and the task writes
+// silu(gate) * up for those h outputs: y's last dimension is n / 2.
+void run_chunk(void* data, size_t chunk) {
+  const Job& job = *static_cast<const Job*>(data);
+  const Weights& w = job.w;
+  const int64_t r0 = static_cast<int64_t>(chunk) * kChunkRows, r1 = std::min(w.n, r0 + kChunkRows);
+  thread_local std::vector<float> scratch, staged;
+  float* out = job.y + r0;  // row r of activation m goes to out[m * ldy + r - r0]
+  int64_t ldy = w.n;
+  if (job.swiglu) {
+    if (staged.size() < static_cast<size_t>(job.m * kChunkRows)) staged.resize(job.m * kChunkRows);
+    out = staged.data();
+    ldy = kChunkRows;
+  }
+  if (job.m <= kSmallBatch) {
+    for (int64_t r = r0; r < r1; r += kRows) {
+      const int nr = static_cast<int>(std::min<int64_t>(kRows, r1 - r));
+      if (use_avx512()) {
+        // Decode: the weights go from their codes into registers; a batch re-reads them from L1.
+        for (int64_t m = 0; m < job.m; m += kFusedBatch) {
+          const int mr = static_cast<int>(std::min<int64_t>(kFusedBatch, job.m - m));
+          (w.bits == 4 ? kFused<4> : kFused<8>)[mr - 1][nr - 1](w, r, job.x + m * w.k, w.k,
+                                                                job.xs + m * w.blocks(), out + m * ldy + (r - r0), ldy);
+        }
+        continue;
+      }
+      if (scratch.size() < static_cast<size_t>(kRows * w.k)) scratch.resize(kRows * w.k);
+      dequant_rows_generic(w, r, nr, scratch.data());
+      tile_generic(scratch.data(), nr, w.k, job.x, static_cast<int>(job.m), w.k, out + (r - r0), ldy);
+    }
+  } else {
+    // Prefill: the chunk's rows are dequantized once (L2) and reused by panels of activation rows.
+    if (scratch.size() < static_cast<size_t>(kChunkRows * w.k)) scratch.resize(kChunkRows * w.k);
+    dequant_rows(w, r0, static_cast<int>(r1 - r0), scratch.data());
+    for (int64_t m0 = 0; m0 < job.m; m0 += kPanel) {
+      const int64_t m1 = std::min(job.m, m0 + kPanel);
+      for (int64_t r = r0; r < r1; r += kRows) {
+        const int nr = static_cast<int>(std::min<int64_t>(kRows, r1 - r));
+        const float* wr = scratch.data() + (r - r0) * w.k;
+        for (int64_t m = m0; m < m1; m += kBatch) {
+          const int mr = static_cast<int>(std::min<int64_t>(kBatch, m1 - m));
+          tile(wr, nr, w.k, job.x + m * w.k, mr, w.k, out + m * ldy + (r - r0), ldy);
+        }
+      }
+    }
+  }
+  if (job.swiglu) {
+    const int64_t h = (r1 - r0) / 2, half = w.n / 2;
+    for (int64_t m = 0; m < job.m; ++m) swiglu(out + m * ldy, out + m * ldy + h, h, job.y + m * half + r0 / 2);
+  }
+}
+
+OrtStatusPtr fail(const std::string& message) {
+  return Ort::GetApi().CreateStatus(ORT_INVALID_ARGUMENT, ("MatMulBlockQuant: " + message).c_str());
+}
+
+struct Kernel {
+  int64_t bits, n;
+  bool swiglu;
+
+  OrtStatusPtr ComputeV2(OrtKernelContext* raw) {
+    try {
+      Ort::KernelContext ctx(raw);
+      auto x = ctx.GetInput(0), codes = ctx.GetInput(1), scale = ctx.GetInput(2);
+      auto offset = ctx.GetInputCount() > 3 ? ctx.GetInput(3) : Ort::ConstValue{nullptr};
+      std::vector<int64_t> shape = x.GetTensorTypeAndShapeInfo().GetShape();
+      if (shape.empty()) return fail("x must have at least one dimension");
+      const int64_t k = shape.back();
+      if (k % kBlock) return fail("x's last dimension (" + std::to_string(k) + ") is not a multiple of 32");
+      const int64_t nb = k / kBlock;
+      const int64_t want_codes = bits == 4 ? n * k / 2 : n * k;
+      if (codes.GetTensorTypeAndShapeInfo().GetElementCount() != static_cast<size_t>(want_codes))
+        return fail("codes hold " + std::to_string(codes.GetTensorTypeAndShapeInfo().GetElementCount()) +
+                    " bytes, expected " + std::to_string(want_codes) + " for n=" + std::to_string(n) +
+                    ", K=" + std::to_string(k));
+      if (scale.GetTensorTypeAndShapeInfo().GetElementCount() != static_cast<size_t>(n * nb))
+        return fail("scale must hold n * K / 32 values");
+      if (bits == 4 && !offset) return fail("4-bit weights need their offset input");
+      if (offset && offset.GetTensorTypeAndShapeInfo().GetElementCount() != static_cast<size_t>(n * nb))
+        return fail("offset must hold n * K / 32 values");
+      int64_t m = 1;
+      for (size_t i = 0; i + 1 < shape.size(); ++i) m *= shape[i];
+      shape.back() = swiglu ? n / 2 : n;
+      auto y = ctx.GetOutput(0, shape);
+      if (m == 0) return nullptr;
+      const float* xd = x.GetTensorData<float>();
+      std::vector<float> sums;  // decode only: a few rows of K / 32 sums
+      if (m <= kSmallBatch) {
+        sums.assign(m * nb, 0.0f);
+        for (int64_t i = 0; i < m * nb; ++i)
+          for (int64_t j = 0; j < kBlock; ++j) sums[i] += xd[i * kBlock + j];
+      }
+      Job job{{codes.GetTensorData<uint8_t>(), reinterpret_cast<const uint16_t*>(scale.GetTensorRawData()),
+               offset ? reinterpret_cast<const uint16_t*>(offset.GetTensorRawData()) : nullptr, n, k, bits},
+              xd, sums.data(), y.GetTensorMutableData<float>(), m, swiglu};
+      const size_t chunks = static_cast<size_t>((n + kChunkRows - 1) / kChunkRows);
+      ctx.ParallelFor(run_chunk, chunks, 0, &job);
+      return nullptr;
+    } catch (const std::exception& e) {
+      return fail(e.what());
+    }
+  }
+};
+
+struct Op : Ort::CustomOpBase<Op, Kernel, true> {
+  OrtStatusPtr CreateKernelV2(const OrtApi&, const OrtKernelInfo* info, void** kernel) const {
+    try {
+      Ort::ConstKernelInfo ki(info);
+      const int64_t bits = ki.GetAttribute<int64_t>("bits"), n = ki.GetAttribute<int64_t>("n");
+      if (bits != 4 && bits != 8) return fail("bits must be 4 or 8, got " + std::to_string(bits));
+      if (n < 1) return fail("n must be positive");
+      std::string activation = "none";
+      try {
+        activation = ki.GetAttribute<std::string>("activation");
+      } catch (const Ort::Exception&) {  // absent: none
+      }
+      if (activation != "none" && activation != "swiglu")
+        return fail("activation must be none or swiglu, got " + activation);
+      if (activation == "swiglu" && n % 2) return fail("swiglu needs an even n (gate and up rows)");
+      *kernel = new Kernel{bits, n, activation == "swiglu"};
+      return nullptr;
+    } catch (const std::exception& e) {
+      return fail(e.what());
+    }
+  }
+  const char* GetName() const { return "MatMulBlockQuant"; }
+  const char* GetExecutionProviderType() const { return "CPUExecutionProvider"; }
+  size_t GetInputTypeCount() const { return 4; }
+  ONNXTensorElementDataType GetInputType(size_t i) const {
+    return i == 0 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT
+                  : i == 1 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8 : ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16;
+  }
+  OrtCustomOpInputOutputCharacteristic GetInputCharacteristic(size_t i) const {
+    return i == 3 ? INPUT_OUTPUT_OPTIONAL : INPUT_OUTPUT_REQUIRED;
+  }
+  size_t GetOutputTypeCount() const { return 1; }
+  ONNXTensorElementDataType GetOutputType(size_t) const { return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT; }
+};
+
+}  // namespace
+
+extern "C" {
+
+// Called by SessionOptions.register_custom_ops_library.
+__attribute__((visibility("default"))) OrtStatus* ORT_API_CALL RegisterCustomOps(OrtSessionOptions* options,
+                                                                                const OrtApiBase* api) {
+  Ort::InitApi(api->GetApi(ORT_API_VERSION));
+  static Op op;
+  static std::once_flag once;
+  static Ort::CustomOpDomain* domain = nullptr;
+  try {
+    std::call_once(once, [] {
+      domain = new Ort::CustomOpDomain("trtllm.cpu");  // lives as long as the process: sessions keep pointers
+      domain->Add(&op);
+    });
+    Ort::UnownedSessionOptions(options).Add(*domain);
+  } catch (const std::exception& e) {
+    return Ort::GetApi().CreateStatus(ORT_FAIL, e.what());
+  }
+  return nullptr;
+}
+
+// Which code path this CPU takes (for reports): 2 = AVX-512, 1 = portable.
+__attribute__((visibility("default"))) int trtllm_cpu_kernel_path() { return use_avx512() ? 2 : 1; }
+}

@@ -1,0 +1,178 @@
+"""trtllm.cpu::MatMulBlockQuant (plugins/cpu): the native kernel against a float64 numpy reference,
+on both of its code paths (AVX-512 and portable), with the shapes that exercise every tail."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+onnx = pytest.importorskip("onnx")
+from onnx import TensorProto, helper, numpy_helper  # noqa: E402
+
+from trtllm.builder.quantize import (QuantScheme, dequantize, half_grid, pack_rows, quantize,  # noqa: E402
+                                     swiglu_rows)
+from trtllm.plugins import cpu  # noqa: E402
+
+
+def test_the_library_is_built():
+    # scripts/setup.sh builds it; every engine test with --quantization relies on it
+    assert cpu.library() is not None, cpu.missing_hint()
+
+
+def op_model(k: int, n: int, bits: int, packed, scale, offset, rank: int = 3, activation: str = "none") -> bytes:
+    inits = [numpy_helper.from_array(packed, "codes"), numpy_helper.from_array(scale, "scale")]
+    inputs = ["x", "codes", "scale"]
+    if offset is not None:
+        inits.append(numpy_helper.from_array(offset, "offset"))
+        inputs.append("offset")
+    node = helper.make_node(cpu.OP, inputs, ["y"], domain=cpu.DOMAIN, bits=bits, n=n, activation=activation)
+    dims = [f"d{i}" for i in range(rank - 1)]
+    out = n // 2 if activation == "swiglu" else n
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, dims + [k])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, dims + [out])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 24), helper.make_opsetid(cpu.DOMAIN, 1)])
+    model.ir_version = 11
+    return model.SerializeToString()
+
+
+def session(model: bytes, threads: int = 2) -> ort.InferenceSession:
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = threads
+    opts.register_custom_ops_library(str(cpu.library()))
+    return ort.InferenceSession(model, opts, providers=["CPUExecutionProvider"])
+
+
+def case(bits: int, k: int, n: int, seed: int = 0, pack=pack_rows):
+    """(float weight [k, n] the graph means, packed inputs)."""
+    w = np.random.default_rng(seed).standard_normal((k, n)).astype(np.float32) * 0.1
+    scheme = QuantScheme(bits, asymmetric=bits == 4)
+    codes, scale, offset = quantize(w, scheme)
+    return dequantize(codes, scale, offset, 32), pack(codes, scale, offset, bits)
+
+
+# M = activation rows: 1 and 8 (decode), 5 and 17 (tails of the register tiles), 50 and 130 (prefill
+# panels of 48 rows); N: 1, 5 and 70 (tails of the 4-row tiles and 32-row tasks); K: 32 and 576.
+SHAPES = [(1, 576, 70), (8, 576, 70), (5, 64, 5), (17, 32, 33), (50, 576, 70), (130, 64, 1), (3, 1536, 64)]
+
+
+def check(bits: int, m: int, k: int, n: int, threads: int = 2, rank: int = 3) -> float:
+    wd, packed = case(bits, k, n, seed=m + k + n)
+    x = np.random.default_rng(m).standard_normal((m, k)).astype(np.float32)
+    x = x.reshape(1, m, k) if rank == 3 else x
+    y = session(op_model(k, n, bits, *packed, rank=rank), threads).run(None, {"x": x})[0]
+    ref = x.astype(np.float64) @ wd.astype(np.float64)
+    assert y.shape == ref.shape
+    return float(np.abs(y - ref).max() / np.abs(ref).max())
+
+
+def check_swiglu(bits: int, m: int, k: int, f: int) -> float:
+    """activation=swiglu over [gate; up] rows in swiglu_rows order: silu(x @ gate) * (x @ up)."""
+    wd, (packed, scale, offset) = case(bits, k, 2 * f, seed=m + k + f)
+    order = swiglu_rows(f)
+    model = op_model(k, 2 * f, bits, packed[order], scale[order], None if offset is None else offset[order],
+                     activation="swiglu")
+    x = np.random.default_rng(m).standard_normal((1, m, k)).astype(np.float32)
+    y = session(model).run(None, {"x": x})[0]
+    both = x.astype(np.float64) @ wd.astype(np.float64)
+    gate, up = both[..., :f], both[..., f:]
+    ref = gate / (1 + np.exp(-gate)) * up
+    assert y.shape == ref.shape
+    return float(np.abs(y - ref).max() / np.abs(ref).max())
+
+
+# F = outputs: 1, 5, 17 and 40 (tails of the 16-output groups); M: decode, a register tail, prefill panels
+SWIGLU = [(1, 576, 40), (8, 64, 17), (5, 32, 1), (50, 64, 5), (100, 576, 16)]
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("m, k, n", SHAPES)
+def test_matches_the_dequantized_matmul(bits, m, k, n):
+    assert check(bits, m, k, n) < 2e-6
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("m, k, f", SWIGLU)
+def test_swiglu_matches_silu_gate_times_up(bits, m, k, f):
+    assert check_swiglu(bits, m, k, f) < 2e-6
+
+
+def test_swiglu_rows_pair_gate_and_up_in_groups():
+    assert list(swiglu_rows(5, group=2)) == [0, 1, 5, 6, 2, 3, 7, 8, 4, 9]
+    assert sorted(swiglu_rows(40)) == list(range(80))
+
+
+def test_one_thread_and_a_2d_input():
+    assert check(4, 9, 576, 37, threads=1, rank=2) < 2e-6
+
+
+def test_portable_path_matches_too():
+    """TRTLLM_CPU_KERNEL=generic forces the portable C++ (what a CPU without AVX-512 runs); the
+    choice is made once per process, hence the subprocess."""
+    code = ("import json, sys; sys.path.insert(0, '.'); from tests.plugins.test_cpu_kernels import *; "
+            "print(json.dumps([check(b, *s) for b in (4, 8) for s in SHAPES] + "
+            "[check_swiglu(b, *s) for b in (4, 8) for s in SWIGLU]))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env={**os.environ, "TRTLLM_CPU_KERNEL": "generic"},
+                         cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
+    errors = json.loads(out.stdout.strip().splitlines()[-1])
+    assert len(errors) == 2 * (len(SHAPES) + len(SWIGLU)) and max(errors) < 2e-6
+
+
+def wrong_nibble_order(codes, scale, offset, bits):
+    """The deliberately wrong variant: neighbours share a byte (ONNX's int4 order) instead of q[i]
+    and q[i + 16] (the kernel's, GGUF's)."""
+    packed, s, o = pack_rows(codes, scale, offset, bits)
+    q = (codes.astype(np.int8).T.astype(np.int16) + 8).astype(np.uint8)
+    return np.ascontiguousarray(q[:, 0::2] | (q[:, 1::2] << 4)), s, o
+
+
+def test_a_wrong_packing_fails():
+    wd, packed = case(4, 64, 8, pack=wrong_nibble_order)
+    x = np.random.default_rng(1).standard_normal((1, 2, 64)).astype(np.float32)
+    y = session(op_model(64, 8, 4, *packed)).run(None, {"x": x})[0]
+    ref = x.astype(np.float64) @ wd
+    assert np.abs(y - ref).max() / np.abs(ref).max() > 1e-2
+
+
+def test_packing_layout():
+    codes = np.arange(-8, 8, dtype=np.int8).repeat(4).reshape(64, 1)     # one column, two blocks
+    scale = np.full((2, 1), 0.5, np.float32)
+    packed, s, o = pack_rows(codes, scale, np.ones((2, 1), np.float32), 4)
+    q = codes[:, 0] + 8
+    assert packed.shape == (1, 32) and packed.dtype == np.uint8
+    assert list(packed[0, :16]) == list(q[:16] | (q[16:32] << 4))
+    assert s.dtype == np.float16 and o.dtype == np.float16
+    assert o[0, 0] == np.float16(1 - 8 * 0.5)  # the block minimum: w = s q + o with q = c + 8
+
+
+def test_scales_sit_on_the_float16_grid():
+    w = np.random.default_rng(3).standard_normal((96, 40)).astype(np.float32)
+    for scheme in (QuantScheme(8), QuantScheme(4, asymmetric=True)):
+        codes, scale, offset = quantize(w, scheme)
+        assert np.array_equal(half_grid(scale), scale)
+        if offset is not None:  # o = min + 8 s with both on the grid: min is recovered exactly
+            assert np.array_equal(half_grid(offset - 8 * scale), offset - 8 * scale)
+    with pytest.raises(ValueError, match="float16"):
+        half_grid(np.array([1e6], np.float32))
+
+
+@pytest.mark.parametrize("attrs, inputs, message", [
+    ({"bits": 3, "n": 4}, 4, "bits must be 4 or 8"),
+    ({"bits": 4, "n": 4, "activation": "gelu"}, 4, "activation must be none or swiglu, got gelu"),
+    ({"bits": 4, "n": 5}, 4, "codes hold 64 bytes, expected 80"),
+    ({"bits": 4, "n": 4}, 3, "4-bit weights need their offset"),
+])
+def test_bad_nodes_fail_with_a_message(attrs, inputs, message):
+    _, (packed, scale, offset) = case(4, 32, 4)
+    model = onnx.load_from_string(op_model(32, 4, 4, packed, scale, offset))
+    node = model.graph.node[0]
+    del node.attribute[:]
+    node.attribute.extend([helper.make_attribute(k, v) for k, v in attrs.items()])
+    del node.input[inputs:]
+    with pytest.raises(Exception, match=message):
+        session(model.SerializeToString()).run(None, {"x": np.ones((1, 1, 32), np.float32)})
