@@ -110,7 +110,7 @@ class DecoderWriter:
             if offset is not None:
                 inputs.append(g.weight(f"{prefix}.weight_offset", offset))
             return g.op(cpu_kernels.OP, f"{name}/MatMulBlockQuant", inputs, domain=cpu_kernels.DOMAIN,
-                        bits=scheme.bits, n=w.shape[0])
+                        bits=scheme.bits, n=w.shape[0], layout=cpu_kernels.LAYOUT)
         wq = g.op("DequantizeLinear", f"{name}/DequantizeLinear",
                   [g.weight(f"{prefix}.weight_q{scheme.bits}", codes), g.weight(f"{prefix}.weight_scale", scale)],
                   axis=0, block_size=scheme.block_size)
@@ -136,7 +136,7 @@ class DecoderWriter:
         if offset is not None:
             inputs.append(g.weight(f"{prefix}.weight_offset", offset[order]))
         return g.op(cpu_kernels.OP, f"{name}/MatMulBlockQuant", inputs, domain=cpu_kernels.DOMAIN,
-                    bits=scheme.bits, n=2 * gate.shape[0], activation="swiglu")
+                    bits=scheme.bits, n=2 * gate.shape[0], activation="swiglu", layout=cpu_kernels.LAYOUT)
 
     def linear(self, name: str, x: str, prefix: str, bias: bool = False) -> str:
         """x @ W.T (+ b)."""

@@ -26,6 +26,8 @@ from dataclasses import asdict, dataclass, replace
 import ml_dtypes
 import numpy as np
 
+from trtllm.plugins.cpu import SWIGLU_GROUP
+
 QMAX = {4: 7, 8: 127}
 ONNX_DTYPE = {4: ml_dtypes.int4, 8: np.int8}
 
@@ -143,7 +145,7 @@ def pack_rows(codes: np.ndarray, scale: np.ndarray, offset: np.ndarray | None, b
     return np.ascontiguousarray(packed), np.ascontiguousarray(scale.T.astype(np.float16)), off
 
 
-def swiglu_rows(f: int, group: int = 16) -> np.ndarray:
+def swiglu_rows(f: int, group: int = SWIGLU_GROUP) -> np.ndarray:
     """The row order of a SwiGLU MatMulBlockQuant over [gate; up] (2f rows): per group of outputs,
     its gate rows then its up rows, so each of the kernel's 32-row tasks holds matching pairs."""
     order = []

@@ -14,5 +14,8 @@ fi
 "$VENV/bin/python" -m pip install -q --disable-pip-version-check "torch==2.13.0"
 "$VENV/bin/python" -m pip install -q --disable-pip-version-check -e "$ROOT[build,test,kernels]"
 # The native CPU kernels (plugins/cpu): g++ and ONNX Runtime's headers (fetched once from Debian).
-"$VENV/bin/python" -m trtllm.plugins.cpu.build
+# Without them quantized engines still build (on ONNX Runtime's MatMulNBits) and the test suite says
+# what is missing, so a failure here warns instead of stopping the setup.
+"$VENV/bin/python" -m trtllm.plugins.cpu.build || echo "[setup] WARNING: the native CPU kernels did not build;" \
+    "int4/int8 engines will use ONNX Runtime's MatMulNBits (slower, int8 activations)" >&2
 "$VENV/bin/python" "$ROOT/scripts/fetch_demo_model.py"

@@ -11,6 +11,8 @@ from pathlib import Path
 DOMAIN = "trtllm.cpu"
 OP = "MatMulBlockQuant"
 LOWERING = f"{DOMAIN}::{OP}"  # how an engine's manifest (`lowerings`) says it needs this library
+LAYOUT = 1         # the weight packing the kernel reads (its `layout` attribute; kLayout in the .cc)
+SWIGLU_GROUP = 16  # activation=swiglu: outputs per 32-row task (kChunkRows / 2 in the .cc)
 LIBRARY = Path(__file__).with_name("libtrtllm_cpu.so")
 
 

@@ -71,13 +71,18 @@ def compile_library(include: Path, out: Path = LIBRARY) -> Path:
     cmd = [cxx, "-std=c++17", "-O3", "-fPIC", "-shared", "-fvisibility=hidden", "-Wall", "-Wno-uninitialized",
            f"-I{include}", str(SOURCE), "-o", str(tmp)]
     print("[cpu kernels] " + " ".join(cmd), file=sys.stderr)
-    subprocess.run(cmd, check=True)
+    try:
+        subprocess.run(cmd, check=True)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     os.replace(tmp, out)  # a failed compile never replaces a good library
     return out
 
 
 def needs_build(out: Path = LIBRARY) -> bool:
-    return not out.is_file() or out.stat().st_mtime < SOURCE.stat().st_mtime
+    newest = max(SOURCE.stat().st_mtime, Path(__file__).stat().st_mtime)
+    return not out.is_file() or out.stat().st_mtime < newest
 
 
 def main(argv=None) -> int:

@@ -9,7 +9,8 @@
 //
 // Inputs:  x [..., K] float32; codes uint8; scale [N, K/32] float16; offset [N, K/32] float16 (optional)
 // Output:  y [..., N] float32
-// Attributes: bits (4 or 8), n (N), activation ("none" or "swiglu"). Blocks of 32 inputs.
+// Attributes: bits (4 or 8), n (N), activation ("none" or "swiglu"), layout (1: what follows; an
+// engine packed otherwise is refused). Blocks of 32 inputs.
 //   swiglu: y [..., N/2] = silu(gate) * up, where the rows come in groups of 32 (the last one
 //           shorter): h gate rows then the h up rows of the same outputs (Llama's MLP in one node).
 //   bits 4: codes [N, K/2]; per row and block, 16 bytes: byte i holds q[i] in its low nibble and
@@ -21,11 +22,16 @@
 #define ORT_API_MANUAL_INIT
 #include <onnxruntime_cxx_api.h>
 
+#if defined(__x86_64__) || defined(__i386__)
+#define TRTLLM_X86 1
 #include <immintrin.h>
+#endif
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
@@ -35,6 +41,7 @@
 
 namespace {
 
+constexpr int64_t kLayout = 1;  // the weight packing below; the builder writes it as the `layout` attribute
 constexpr int64_t kBlock = 32;
 constexpr int kRows = 4;     // weight rows per tile (NR)
 constexpr int kBatch = 6;    // activation rows per tile (MR): 6 x 4 accumulators + 4 weights + 1 x <= 32 zmm
@@ -83,7 +90,8 @@ void row_params_generic(const Weights& w, int64_t row, float* s, float* o) {
 
 void dequant_rows_generic(const Weights& w, int64_t r0, int nr, float* out) {
   const int64_t nb = w.blocks();
-  std::vector<float> params(2 * nb);
+  thread_local std::vector<float> params;
+  params.resize(2 * nb);
   for (int r = 0; r < nr; ++r) {
     const int64_t row = r0 + r;
     row_params_generic(w, row, params.data(), params.data() + nb);
@@ -114,6 +122,8 @@ void tile_generic(const float* w, int nr, int64_t k, const float* x, int mr, int
 }
 
 // ---- AVX-512 ----
+
+#ifdef TRTLLM_X86  // ---- AVX-512 (the rest of the file dispatches on use_avx512()) ----
 
 __attribute__((target("avx512f,avx512bw,avx512vl,fma"))) void halves_avx512(const uint16_t* h, int64_t count,
                                                                           float* out) {
@@ -305,25 +315,35 @@ template <int MR>
 constexpr TileFn tile_row[kRows] = {tile_avx512<MR, 1>, tile_avx512<MR, 2>, tile_avx512<MR, 3>, tile_avx512<MR, 4>};
 constexpr const TileFn* kTiles[kBatch] = {tile_row<1>, tile_row<2>, tile_row<3>, tile_row<4>, tile_row<5>, tile_row<6>};
 
+#endif  // TRTLLM_X86
+
 bool use_avx512() {
   static const bool yes = [] {
     const char* force = std::getenv("TRTLLM_CPU_KERNEL");  // "generic": the portable path (tests)
     if (force && std::string(force) == "generic") return false;
+#ifdef TRTLLM_X86
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
            __builtin_cpu_supports("avx512vl");
+#else
+    return false;
+#endif
   }();
   return yes;
 }
 
 void dequant_rows(const Weights& w, int64_t r0, int nr, float* out) {
-  if (use_avx512()) dequant_rows_avx512(w, r0, nr, out);
-  else dequant_rows_generic(w, r0, nr, out);
+#ifdef TRTLLM_X86
+  if (use_avx512()) return dequant_rows_avx512(w, r0, nr, out);
+#endif
+  dequant_rows_generic(w, r0, nr, out);
 }
 
 void tile(const float* w, int nr, int64_t k, const float* x, int mr, int64_t ldx, float* y, int64_t ldy) {
-  if (use_avx512()) kTiles[mr - 1][nr - 1](w, k, x, ldx, y, ldy);
-  else tile_generic(w, nr, k, x, mr, ldx, y, ldy);
+#ifdef TRTLLM_X86
+  if (use_avx512()) return kTiles[mr - 1][nr - 1](w, k, x, ldx, y, ldy);
+#endif
+  tile_generic(w, nr, k, x, mr, ldx, y, ldy);
 }
 
 struct Job {
@@ -333,8 +353,11 @@ struct Job {
   float* y;
   int64_t m;
   bool swiglu;
+  std::atomic<bool> failed{false};
+  std::string error;  // written once, by whoever set `failed` first
 };
 
+#ifdef TRTLLM_X86
 // exp for the SwiGLU epilogue: 2^n * p(r), r = x - n ln2 in [-ln2/2, ln2/2], p of degree 6 (Taylor):
 // relative error below 2e-7, as good as float32's own rounding of the product that follows.
 __attribute__((target("avx512f,avx512bw,avx512vl,fma"))) __m512 exp_avx512(__m512 x) {
@@ -363,16 +386,34 @@ __attribute__((target("avx512f,avx512bw,avx512vl,fma"))) void swiglu_avx512(cons
   }
 }
 
+#endif  // TRTLLM_X86
+
 void swiglu(const float* gate, const float* up, int64_t count, float* out) {
+#ifdef TRTLLM_X86
   if (use_avx512()) return swiglu_avx512(gate, up, count, out);
+#endif
   for (int64_t i = 0; i < count; ++i) out[i] = gate[i] * up[i] / (1.0f + std::exp(-gate[i]));
 }
 
 // One task: weight rows [c * kChunkRows, ...) for every activation row. With SwiGLU, a task's rows
 // are h gate rows then the h matching up rows (the builder orders them so), and the task writes
 // silu(gate) * up for those h outputs: y's last dimension is n / 2.
+void run_chunk_body(const Job& job, size_t chunk);
+
+// ParallelFor runs tasks on ONNX Runtime's pool threads, where an exception has nowhere to go: the
+// first one is kept and reported by ComputeV2 after the loop.
 void run_chunk(void* data, size_t chunk) {
-  const Job& job = *static_cast<const Job*>(data);
+  Job& job = *static_cast<Job*>(data);
+  try {
+    run_chunk_body(job, chunk);
+  } catch (const std::exception& e) {
+    if (!job.failed.exchange(true)) job.error = e.what();
+  } catch (...) {
+    if (!job.failed.exchange(true)) job.error = "unknown error";
+  }
+}
+
+void run_chunk_body(const Job& job, size_t chunk) {
   const Weights& w = job.w;
   const int64_t r0 = static_cast<int64_t>(chunk) * kChunkRows, r1 = std::min(w.n, r0 + kChunkRows);
   thread_local std::vector<float> scratch, staged;
@@ -386,6 +427,7 @@ void run_chunk(void* data, size_t chunk) {
   if (job.m <= kSmallBatch) {
     for (int64_t r = r0; r < r1; r += kRows) {
       const int nr = static_cast<int>(std::min<int64_t>(kRows, r1 - r));
+#ifdef TRTLLM_X86
       if (use_avx512()) {
         // Decode: the weights go from their codes into registers; a batch re-reads them from L1.
         for (int64_t m = 0; m < job.m; m += kFusedBatch) {
@@ -395,6 +437,7 @@ void run_chunk(void* data, size_t chunk) {
         }
         continue;
       }
+#endif
       if (scratch.size() < static_cast<size_t>(kRows * w.k)) scratch.resize(kRows * w.k);
       dequant_rows_generic(w, r, nr, scratch.data());
       tile_generic(scratch.data(), nr, w.k, job.x, static_cast<int>(job.m), w.k, out + (r - r0), ldy);
@@ -466,6 +509,7 @@ struct Kernel {
               xd, sums.data(), y.GetTensorMutableData<float>(), m, swiglu};
       const size_t chunks = static_cast<size_t>((n + kChunkRows - 1) / kChunkRows);
       ctx.ParallelFor(run_chunk, chunks, 0, &job);
+      if (job.failed) return fail(job.error);
       return nullptr;
     } catch (const std::exception& e) {
       return fail(e.what());
@@ -480,6 +524,14 @@ struct Op : Ort::CustomOpBase<Op, Kernel, true> {
       const int64_t bits = ki.GetAttribute<int64_t>("bits"), n = ki.GetAttribute<int64_t>("n");
       if (bits != 4 && bits != 8) return fail("bits must be 4 or 8, got " + std::to_string(bits));
       if (n < 1) return fail("n must be positive");
+      int64_t layout = 0;  // none recorded: an engine from before the attribute
+      try {
+        layout = ki.GetAttribute<int64_t>("layout");
+      } catch (const Ort::Exception&) {
+      }
+      if (layout != kLayout)
+        return fail("the engine's weights are in packing layout " + std::to_string(layout) + ", this library reads layout " +
+                    std::to_string(kLayout) + ": rebuild the engine with trtllm-build");
       std::string activation = "none";
       try {
         activation = ki.GetAttribute<std::string>("activation");
@@ -515,7 +567,12 @@ extern "C" {
 // Called by SessionOptions.register_custom_ops_library.
 __attribute__((visibility("default"))) OrtStatus* ORT_API_CALL RegisterCustomOps(OrtSessionOptions* options,
                                                                                 const OrtApiBase* api) {
-  Ort::InitApi(api->GetApi(ORT_API_VERSION));
+  const OrtApi* ort_api = api->GetApi(ORT_API_VERSION);
+  if (!ort_api) {  // an ONNX Runtime older than the headers: no way to return a status without its API
+    std::fprintf(stderr, "trtllm.cpu: ONNX Runtime %s lacks C API version %d\n", api->GetVersionString(), ORT_API_VERSION);
+    return nullptr;
+  }
+  Ort::InitApi(ort_api);
   static Op op;
   static std::once_flag once;
   static Ort::CustomOpDomain* domain = nullptr;

@@ -30,7 +30,8 @@ def op_model(k: int, n: int, bits: int, packed, scale, offset, rank: int = 3, ac
     if offset is not None:
         inits.append(numpy_helper.from_array(offset, "offset"))
         inputs.append("offset")
-    node = helper.make_node(cpu.OP, inputs, ["y"], domain=cpu.DOMAIN, bits=bits, n=n, activation=activation)
+    node = helper.make_node(cpu.OP, inputs, ["y"], domain=cpu.DOMAIN, bits=bits, n=n, activation=activation,
+                            layout=cpu.LAYOUT)
     dims = [f"d{i}" for i in range(rank - 1)]
     out = n // 2 if activation == "swiglu" else n
     graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, dims + [k])],
@@ -55,9 +56,11 @@ def case(bits: int, k: int, n: int, seed: int = 0, pack=pack_rows):
     return dequantize(codes, scale, offset, 32), pack(codes, scale, offset, bits)
 
 
-# M = activation rows: 1 and 8 (decode), 5 and 17 (tails of the register tiles), 50 and 130 (prefill
-# panels of 48 rows); N: 1, 5 and 70 (tails of the 4-row tiles and 32-row tasks); K: 32 and 576.
-SHAPES = [(1, 576, 70), (8, 576, 70), (5, 64, 5), (17, 32, 33), (50, 576, 70), (130, 64, 1), (3, 1536, 64)]
+# M = activation rows: 1 and 2 (decode, scale factored out), 8 (decode, a batch), 5 and 17 (tails of
+# the register tiles), 50 and 130 (prefill panels of 48 rows); N: 1, 5 and 70 (tails of the 4-row
+# tiles and 32-row tasks); K: 32, 96, 576 and 1536 (16-block groups of parameters and their tails).
+SHAPES = [(1, 576, 70), (2, 96, 9), (1, 32, 5), (6, 64, 7), (8, 576, 70), (5, 64, 5), (16, 64, 9), (17, 32, 33),
+          (50, 576, 70), (130, 64, 1), (3, 1536, 64), (1, 1536, 33)]
 
 
 def check(bits: int, m: int, k: int, n: int, threads: int = 2, rank: int = 3) -> float:
@@ -70,17 +73,17 @@ def check(bits: int, m: int, k: int, n: int, threads: int = 2, rank: int = 3) ->
     return float(np.abs(y - ref).max() / np.abs(ref).max())
 
 
-def check_swiglu(bits: int, m: int, k: int, f: int) -> float:
+def check_swiglu(bits: int, m: int, k: int, f: int, x_scale: float = 1.0) -> float:
     """activation=swiglu over [gate; up] rows in swiglu_rows order: silu(x @ gate) * (x @ up)."""
     wd, (packed, scale, offset) = case(bits, k, 2 * f, seed=m + k + f)
     order = swiglu_rows(f)
     model = op_model(k, 2 * f, bits, packed[order], scale[order], None if offset is None else offset[order],
                      activation="swiglu")
-    x = np.random.default_rng(m).standard_normal((1, m, k)).astype(np.float32)
+    x = np.random.default_rng(m).standard_normal((1, m, k)).astype(np.float32) * np.float32(x_scale)
     y = session(model).run(None, {"x": x})[0]
     both = x.astype(np.float64) @ wd.astype(np.float64)
     gate, up = both[..., :f], both[..., f:]
-    ref = gate / (1 + np.exp(-gate)) * up
+    ref = gate * 0.5 * (1 + np.tanh(gate / 2)) * up  # silu, without exp's overflow
     assert y.shape == ref.shape
     return float(np.abs(y - ref).max() / np.abs(ref).max())
 
@@ -99,6 +102,29 @@ def test_matches_the_dequantized_matmul(bits, m, k, n):
 @pytest.mark.parametrize("m, k, f", SWIGLU)
 def test_swiglu_matches_silu_gate_times_up(bits, m, k, f):
     assert check_swiglu(bits, m, k, f) < 2e-6
+
+
+def test_swiglu_saturates_like_silu():
+    # gates of several hundred: exp(-gate) beyond float32's range on both sides
+    assert check_swiglu(4, 3, 576, 40, x_scale=400.0) < 2e-6
+
+
+def test_concurrent_runs_share_nothing():
+    """Sessions run from several Python threads at once (ONNX Runtime's pools, the kernel's
+    thread-local buffers) give each caller its own right answer."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    wd, packed = case(4, 576, 70)
+    sessions = [session(op_model(576, 70, 4, *packed), threads=3) for _ in range(3)]
+    xs = [np.random.default_rng(i).standard_normal((1, m, 576)).astype(np.float32) for i, m in enumerate([1, 8, 60])]
+
+    def run(i):
+        y = sessions[i % 3].run(None, {"x": xs[i % 3]})[0]
+        ref = xs[i % 3].astype(np.float64) @ wd
+        return np.abs(y - ref).max() / np.abs(ref).max()
+
+    with ThreadPoolExecutor(4) as pool:
+        assert max(pool.map(run, range(60))) < 2e-6
 
 
 def test_swiglu_rows_pair_gate_and_up_in_groups():
@@ -162,10 +188,11 @@ def test_scales_sit_on_the_float16_grid():
 
 
 @pytest.mark.parametrize("attrs, inputs, message", [
-    ({"bits": 3, "n": 4}, 4, "bits must be 4 or 8"),
-    ({"bits": 4, "n": 4, "activation": "gelu"}, 4, "activation must be none or swiglu, got gelu"),
-    ({"bits": 4, "n": 5}, 4, "codes hold 64 bytes, expected 80"),
-    ({"bits": 4, "n": 4}, 3, "4-bit weights need their offset"),
+    ({"bits": 3, "n": 4, "layout": 1}, 4, "bits must be 4 or 8"),
+    ({"bits": 4, "n": 4, "activation": "gelu", "layout": 1}, 4, "activation must be none or swiglu, got gelu"),
+    ({"bits": 4, "n": 4, "layout": 2}, 4, "packing layout 2, this library reads layout 1: rebuild the engine"),
+    ({"bits": 4, "n": 5, "layout": 1}, 4, "codes hold 64 bytes, expected 80"),
+    ({"bits": 4, "n": 4, "layout": 1}, 3, "4-bit weights need their offset"),
 ])
 def test_bad_nodes_fail_with_a_message(attrs, inputs, message):
     _, (packed, scale, offset) = case(4, 32, 4)
