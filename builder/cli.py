@@ -39,9 +39,9 @@ def resolve(options: dict, profile: str) -> dict:
 @click.option("--dtype", type=click.Choice(DTYPES), help=f"[profile; default {DEFAULTS['dtype']}]")
 @click.option("--quantization", type=click.Choice(QUANTIZATIONS), default="none", show_default=True)
 @click.option("--cpu-kernels", type=click.Choice(CPU_KERNELS), default="auto", show_default=True,
-              help="ONNX Runtime, --quantization int8/int4: run the quantized MatMuls as trtllm-edge's native "
-                   "kernels (plugins/cpu, built by scripts/setup.sh) or as ONNX Runtime's MatMulNBits; auto takes "
-                   "native when the library is built.")
+              help="ONNX Runtime engines: run attention and the quantized MatMuls on trtllm-edge's native "
+                   "kernels (plugins/cpu, built by scripts/setup.sh) or on ONNX Runtime's own (GroupQueryAttention, "
+                   "MatMulNBits); auto takes native when the library is built.")
 @click.option("--graph", type=click.Choice(GRAPHS), help="Graph op set: modern (opset 24) or legacy (opset 20). [profile]")
 @click.option("--max-batch-size", type=int, help=f"[profile; default {DEFAULTS['max_batch_size']}]")
 @click.option("--max-input-len", type=int, help=f"[profile; default {DEFAULTS['max_input_len']}]")

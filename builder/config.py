@@ -15,7 +15,7 @@ BACKENDS = ("auto", "onnxruntime", "tensorrt")
 DTYPES = ("float32", "float16", "bfloat16")
 QUANTIZATIONS = ("none", "int8", "int4")
 GRAPHS = ("modern", "legacy")
-CPU_KERNELS = ("auto", "native", "onnxruntime")  # quantized MatMuls on ONNX Runtime: plugins/cpu or MatMulNBits
+CPU_KERNELS = ("auto", "native", "onnxruntime")  # ONNX Runtime engines: plugins/cpu's kernels, or ORT's own
 PROFILES = ("cpu-default", "tensorrt-modern", "tensorrt-legacy")
 MODERN_MIN_TRT = (10, 15)  # Attention (10.14) and TensorScatter, RotaryEmbedding, RMSNormalization (10.15)
 PROFILE_KEYS = {"description", "backend", "dtype", "graph", "trt_version", "max_batch_size", "max_input_len",
@@ -73,13 +73,13 @@ class BuildConfig:
     opt_level: int = 3              # TensorRT builder_optimization_level, 0..5
     timing_cache: str | None = None  # TensorRT timing cache file, read and updated (faster rebuilds)
     sampling_plugin: bool = False   # TensorRT: trtllm::Sample as the Triton kernel plugin, not the ONNX body
-    cpu_kernels: str = "auto"       # ONNX Runtime, quantized: native (plugins/cpu) or onnxruntime; auto = native if built
+    cpu_kernels: str = "auto"       # ONNX Runtime: native (plugins/cpu: attention, quantized MatMuls) or onnxruntime
 
     def __post_init__(self):
         for name, allowed in (("backend", BACKENDS), ("dtype", DTYPES), ("quantization", QUANTIZATIONS),
                               ("graph", GRAPHS), ("cpu_kernels", CPU_KERNELS)):
             if getattr(self, name) not in allowed:
-                raise ConfigError(f"--{name} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}")
+                raise ConfigError(f"--{name.replace('_', '-')} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}")
         for name in ("max_batch_size", "max_input_len", "max_kv_cache_capacity"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
@@ -96,9 +96,6 @@ class BuildConfig:
                               f"trt_version is {self.trt_version}; use --profile tensorrt-legacy")
         if self.sampling_plugin and self.backend != "tensorrt":
             raise ConfigError("--sampling-plugin needs --backend tensorrt (it registers a TensorRT plugin)")
-        if self.cpu_kernels == "native" and self.quantization == "none":
-            raise ConfigError("--cpu-kernels native needs --quantization int8 or int4 (the native kernels are "
-                              "block-quantized MatMuls; float engines use ONNX Runtime's own)")
         if self.graph == "legacy" and self.quantization != "none":
             raise ConfigError(f"--quantization {self.quantization} needs the modern graph: block-wise and int4 "
                               "DequantizeLinear are opset 21, the legacy graph is opset 20 (TensorRT 10.3)")

@@ -81,8 +81,10 @@ class DecoderWriter:
             legacy_ops.refuse(quant, ort_attention)
         self.spec, self.w, self.io, self.quant = spec, weights, io, quant
         self.gqa = ort_attention and gqa_supported(spec, dtype)
-        # ONNX Runtime form only: quantized projections as trtllm.cpu::MatMulBlockQuant (plugins/cpu)
+        # ONNX Runtime form only: plugins/cpu's kernels for the quantized projections
+        # (trtllm.cpu::MatMulBlockQuant) and, where GroupQueryAttention would go, trtllm.cpu::Attention
         self.native = native_kernels and quant is not None and quant.block_size == 32 and dtype == "float32"
+        self.native_attention = native_kernels and self.gqa
         # float16: weights, activations and the KV cache in half precision; norms accumulate in
         # float32 (stash_type), attention's softmax too, and the logits are cast to float32.
         self.dtype = np.dtype(dtype)
@@ -244,6 +246,12 @@ class DecoderWriter:
         present = [getattr(self.io, f"present_{k}").format(i=i) for k in ("key", "value")]
         for name_out in present:
             g.output(name_out, self.ftype, kv_shape)
+        if self.native_attention:  # the same semantics, plugins/cpu/attention.cc
+            ins = [qkv, *past, self.io.write_index, self.io.last_index, position_ids, self.cos, self.sin]
+            y = g.op(cpu_kernels.ATTENTION, f"{name}/Attention", ins, outputs=[f"{name}/Attention/output_0", *present],
+                     domain=cpu_kernels.DOMAIN, num_heads=s.num_heads, kv_num_heads=s.num_kv_heads,
+                     scale=float(s.head_dim) ** -0.5)[0]
+            return self.linear(f"{name}/o_proj", y, f"{p}.o_proj")
         ins = [qkv, "", "", *past, self.seqlens_k, self.total_len, self.cos, self.sin, position_ids,
                "", "", "", "", "", "", self.query_seqlens]
         y = g.op("GroupQueryAttention", f"{name}/GroupQueryAttention", ins,
@@ -310,7 +318,8 @@ class DecoderWriter:
         h = g.op("Gather", "/model/embed_tokens/Gather", [embed, input_ids], axis=0)
         if self.gqa:
             mask = None
-            self.gqa_lengths(write_index, last_index)
+            if not self.native_attention:
+                self.gqa_lengths(write_index, last_index)
         else:
             mask = self.mask(input_ids, write_index)
         if self.legacy:  # what every layer shares, built once: an additive mask, the cos/sin rows, KV addresses
@@ -329,7 +338,7 @@ class DecoderWriter:
         logits = self.lm_head(h, last_index)
         self.sampler(logits)
         extra = {sample_body.DOMAIN: sample_schema.DOMAIN_VERSION, **({"com.microsoft": 1} if self.gqa else {}),
-                 **({cpu_kernels.DOMAIN: 1} if self.native else {})}
+                 **({cpu_kernels.DOMAIN: 1} if self.native or self.native_attention else {})}
         model = g.model("trtllm-edge", extra_opsets=extra)
         if self.legacy:
             next(o for o in model.opset_import if o.domain == "").version = legacy_ops.OPSET

@@ -65,16 +65,18 @@ def export_onnx(ck: ckpt.Checkpoint, config: BuildConfig, out_dir: Path, log, ba
     del model
     lowerings = []
     gqa = gqa_supported(spec, config.dtype)
-    native = backend == "onnxruntime" and use_native_kernels(config, log)
-    if backend == "onnxruntime" and config.graph == "modern" and (gqa or native):
-        # The ONNX Runtime form starts from a graph whose attention is ORT's fused kernel and whose
-        # quantized MatMuls are ours; the canonical llm.onnx (what TensorRT parses) keeps the standard ops.
+    native = backend == "onnxruntime" and config.graph == "modern" and use_native_kernels(config, gqa, log)
+    quant_native = native and quant is not None
+    if backend == "onnxruntime" and config.graph == "modern" and (gqa or quant_native):
+        # The ONNX Runtime form starts from a graph whose attention is a fused kernel (ours or ORT's)
+        # and whose quantized MatMuls are ours; the canonical llm.onnx (what TensorRT parses) keeps
+        # the standard ops.
         if gqa:
-            log("lowering attention to ONNX Runtime's GroupQueryAttention, residual + RMSNorm to "
-                "SkipSimplifiedLayerNormalization")
-            lowerings += ["GroupQueryAttention", "SkipSimplifiedLayerNormalization"]
-        if native:
-            log(f"lowering the quantized MatMuls to {cpu_kernels.DOMAIN}::{cpu_kernels.OP} (plugins/cpu)")
+            attention = cpu_kernels.ATTENTION_LOWERING if native else "GroupQueryAttention"
+            log(f"lowering attention to {attention}, residual + RMSNorm to SkipSimplifiedLayerNormalization")
+            lowerings += [attention, "SkipSimplifiedLayerNormalization"]
+        if quant_native:
+            log(f"lowering the quantized MatMuls to {cpu_kernels.LOWERING} (plugins/cpu)")
             lowerings.append(cpu_kernels.LOWERING)
         ort_model = DecoderWriter(spec, weights, cos, sin, max_top_k, quant=quant, dtype=config.dtype,
                                   ort_attention=gqa, native_kernels=native).write()
@@ -82,14 +84,18 @@ def export_onnx(ck: ckpt.Checkpoint, config: BuildConfig, out_dir: Path, log, ba
     return spec, max_top_k, num_positions, lowerings
 
 
-def use_native_kernels(config: BuildConfig, log) -> bool:
-    """--cpu-kernels: native needs the built library; auto takes it when it is there, and says so."""
-    if config.quantization == "none" or config.cpu_kernels == "onnxruntime":
+def use_native_kernels(config: BuildConfig, gqa: bool, log) -> bool:
+    """--cpu-kernels: native needs the built library and something to run on it (attention where
+    GroupQueryAttention would go, quantized MatMuls); auto takes it when it is there, and says so."""
+    if config.cpu_kernels == "onnxruntime" or not (gqa or config.quantization != "none"):
+        if config.cpu_kernels == "native":
+            raise RuntimeError("--cpu-kernels native: this model has nothing the native kernels run (they need "
+                               "--quantization int8/int4, or float32 attention without a sliding window or q/k norm)")
         return False
     if cpu_kernels.library() is None:
         if config.cpu_kernels == "native":
             raise RuntimeError(f"--cpu-kernels native: {cpu_kernels.missing_hint()}")
-        log(f"cpu kernels: ONNX Runtime's MatMulNBits ({cpu_kernels.missing_hint()})")
+        log(f"cpu kernels: ONNX Runtime's own, GroupQueryAttention and MatMulNBits ({cpu_kernels.missing_hint()})")
         return False
     return True
 
@@ -218,7 +224,7 @@ def build(config: BuildConfig, log=print) -> Path:
             manifest = build_tensorrt(tmp, config, manifest, log)
         else:
             compile_onnxruntime(tmp, log, QuantScheme.named(config.quantization),
-                                native=cpu_kernels.LOWERING in lowerings)
+                                native=cpu_kernels.needed_by(lowerings))
         save_tokenizer(ck, tmp)
         mf.save(manifest, tmp)
         if config.verify:

@@ -20,6 +20,7 @@ import numpy as np
 from polygraphy.backend.onnxrt import OnnxrtRunner, SessionFromOnnx
 from polygraphy.comparator import Comparator, SimpleCompareFunc
 
+from trtllm.plugins import cpu as cpu_kernels
 from trtllm.runtime import manifest as mf
 from trtllm.runtime import sampling
 
@@ -65,7 +66,20 @@ def compiled_runners(engine_dir: Path, m: mf.Manifest) -> list:
         plan = (engine_dir / m.files["plan"]).read_bytes()
         return [TrtRunner(EngineFromBytes(plan), name=f"tensorrt-profile{p}", optimization_profile=p) for p in (0, 1)]
     path = str(engine_dir / m.files.get("compiled", m.files["onnx"]))
-    return [OnnxrtRunner(SessionFromOnnx(path), name=f"onnxruntime-compiled-{step}") for step in ("prefill", "decode")]
+    return [OnnxrtRunner(compiled_session(path, m), name=f"onnxruntime-compiled-{step}") for step in ("prefill", "decode")]
+
+
+def compiled_session(path: str, m: mf.Manifest):
+    """ONNX Runtime's compiled form, with plugins/cpu's kernels registered when the engine uses them."""
+    if not cpu_kernels.needed_by(m.lowerings):
+        return SessionFromOnnx(path)
+    import onnxruntime as ort
+
+    if cpu_kernels.library() is None:
+        raise mf.ManifestError(f"{path} needs {cpu_kernels.missing_hint()}")
+    opts = ort.SessionOptions()
+    opts.register_custom_ops_library(str(cpu_kernels.library()))
+    return lambda: ort.InferenceSession(path, opts, providers=["CPUExecutionProvider"])
 
 
 def kv_error(m: mf.Manifest, ref: dict, got: dict, written: list[int]) -> float:

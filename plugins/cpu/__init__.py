@@ -10,10 +10,17 @@ from pathlib import Path
 
 DOMAIN = "trtllm.cpu"
 OP = "MatMulBlockQuant"
+ATTENTION = "Attention"
 LOWERING = f"{DOMAIN}::{OP}"  # how an engine's manifest (`lowerings`) says it needs this library
+ATTENTION_LOWERING = f"{DOMAIN}::{ATTENTION}"
 LAYOUT = 1         # the weight packing the kernel reads (its `layout` attribute; kLayout in the .cc)
 SWIGLU_GROUP = 16  # activation=swiglu: outputs per 32-row task (kChunkRows / 2 in the .cc)
 LIBRARY = Path(__file__).with_name("libtrtllm_cpu.so")
+
+
+def needed_by(lowerings) -> bool:
+    """Whether an engine with these manifest `lowerings` runs kernels of this library."""
+    return any(name.startswith(DOMAIN + "::") for name in lowerings)
 
 
 def library() -> Path | None:

@@ -3,7 +3,7 @@
 ONNX Runtime's PyPI wheel ships no C headers, so they come from Debian's libonnxruntime-dev package
 (pinned by SHA-256, fetched once into build/ort-headers). The custom-op ABI is versioned: a library
 built against the 1.21 headers asks the runtime for API version 21, which every later ONNX Runtime
-provides. The compiler is the system's g++ (the library is C++17, one file).
+provides. The compiler is the system's g++ (C++17).
 """
 from __future__ import annotations
 
@@ -21,7 +21,8 @@ from pathlib import Path
 from trtllm.plugins.cpu import LIBRARY
 
 HERE = Path(__file__).resolve().parent
-SOURCE = HERE / "matmul_block_quant.cc"
+SOURCES = [HERE / "matmul_block_quant.cc", HERE / "attention.cc", HERE / "register.cc"]
+HEADERS = [HERE / "common.h"]
 ROOT = HERE.parent.parent
 HEADERS_DEB = ("https://deb.debian.org/debian/pool/main/o/onnxruntime/libonnxruntime-dev_1.21.0+dfsg-1_amd64.deb",
                "14f7d959d5deacbcf1504830d4189f91fc67382b399ed9ae9d3aa9c4050ced08")
@@ -69,7 +70,7 @@ def compile_library(include: Path, out: Path = LIBRARY) -> Path:
     tmp = out.with_name(out.name + ".partial")
     # -Wno-uninitialized: GCC 12's own AVX-512 headers trip it (`__m256d __Y = __Y;` in _mm512_reduce_add_ps).
     cmd = [cxx, "-std=c++17", "-O3", "-fPIC", "-shared", "-fvisibility=hidden", "-Wall", "-Wno-uninitialized",
-           f"-I{include}", str(SOURCE), "-o", str(tmp)]
+           f"-I{include}", *map(str, SOURCES), "-o", str(tmp)]
     print("[cpu kernels] " + " ".join(cmd), file=sys.stderr)
     try:
         subprocess.run(cmd, check=True)
@@ -81,7 +82,7 @@ def compile_library(include: Path, out: Path = LIBRARY) -> Path:
 
 
 def needs_build(out: Path = LIBRARY) -> bool:
-    newest = max(SOURCE.stat().st_mtime, Path(__file__).stat().st_mtime)
+    newest = max(p.stat().st_mtime for p in [*SOURCES, *HEADERS, Path(__file__)])
     return not out.is_file() or out.stat().st_mtime < newest
 
 

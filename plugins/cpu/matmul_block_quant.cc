@@ -19,13 +19,7 @@
 //   w[n, k] = scale[n, k / 32] * q[n, k] + offset[n, k / 32], in float32
 // Scales and offsets are float16 as in GGUF (the builder rounds them so before it quantizes): 20 bytes
 // per 32 weights at 4 bits instead of 24, and a decode step is a stream of weights.
-#define ORT_API_MANUAL_INIT
-#include <onnxruntime_cxx_api.h>
-
-#if defined(__x86_64__) || defined(__i386__)
-#define TRTLLM_X86 1
-#include <immintrin.h>
-#endif
+#include "common.h"
 
 #include <algorithm>
 #include <atomic>
@@ -40,6 +34,11 @@
 #include <vector>
 
 namespace {
+
+using trtllm_cpu::use_avx512;
+#ifdef TRTLLM_X86
+using trtllm_cpu::exp_avx512;
+#endif
 
 constexpr int64_t kLayout = 1;  // the weight packing below; the builder writes it as the `layout` attribute
 constexpr int64_t kBlock = 32;
@@ -317,21 +316,6 @@ constexpr const TileFn* kTiles[kBatch] = {tile_row<1>, tile_row<2>, tile_row<3>,
 
 #endif  // TRTLLM_X86
 
-bool use_avx512() {
-  static const bool yes = [] {
-    const char* force = std::getenv("TRTLLM_CPU_KERNEL");  // "generic": the portable path (tests)
-    if (force && std::string(force) == "generic") return false;
-#ifdef TRTLLM_X86
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-           __builtin_cpu_supports("avx512vl");
-#else
-    return false;
-#endif
-  }();
-  return yes;
-}
-
 void dequant_rows(const Weights& w, int64_t r0, int nr, float* out) {
 #ifdef TRTLLM_X86
   if (use_avx512()) return dequant_rows_avx512(w, r0, nr, out);
@@ -358,23 +342,6 @@ struct Job {
 };
 
 #ifdef TRTLLM_X86
-// exp for the SwiGLU epilogue: 2^n * p(r), r = x - n ln2 in [-ln2/2, ln2/2], p of degree 6 (Taylor):
-// relative error below 2e-7, as good as float32's own rounding of the product that follows.
-__attribute__((target("avx512f,avx512bw,avx512vl,fma"))) __m512 exp_avx512(__m512 x) {
-  x = _mm512_max_ps(_mm512_min_ps(x, _mm512_set1_ps(88.0f)), _mm512_set1_ps(-88.0f));
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)), _MM_FROUND_TO_NEAREST_INT);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145752f), x);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.42860677e-6f), r);
-  __m512 p = _mm512_set1_ps(1.0f / 720);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-  return _mm512_scalef_ps(p, n);
-}
-
 // out[i] = silu(gate[i]) * up[i] = gate * up / (1 + exp(-gate))
 __attribute__((target("avx512f,avx512bw,avx512vl,fma"))) void swiglu_avx512(const float* gate, const float* up,
                                                                           int64_t count, float* out) {
@@ -562,32 +529,9 @@ struct Op : Ort::CustomOpBase<Op, Kernel, true> {
 
 }  // namespace
 
-extern "C" {
-
-// Called by SessionOptions.register_custom_ops_library.
-__attribute__((visibility("default"))) OrtStatus* ORT_API_CALL RegisterCustomOps(OrtSessionOptions* options,
-                                                                                const OrtApiBase* api) {
-  const OrtApi* ort_api = api->GetApi(ORT_API_VERSION);
-  if (!ort_api) {  // an ONNX Runtime older than the headers: no way to return a status without its API
-    std::fprintf(stderr, "trtllm.cpu: ONNX Runtime %s lacks C API version %d\n", api->GetVersionString(), ORT_API_VERSION);
-    return nullptr;
-  }
-  Ort::InitApi(ort_api);
+namespace trtllm_cpu {
+OrtCustomOp* matmul_block_quant_op() {
   static Op op;
-  static std::once_flag once;
-  static Ort::CustomOpDomain* domain = nullptr;
-  try {
-    std::call_once(once, [] {
-      domain = new Ort::CustomOpDomain("trtllm.cpu");  // lives as long as the process: sessions keep pointers
-      domain->Add(&op);
-    });
-    Ort::UnownedSessionOptions(options).Add(*domain);
-  } catch (const std::exception& e) {
-    return Ort::GetApi().CreateStatus(ORT_FAIL, e.what());
-  }
-  return nullptr;
+  return &op;
 }
-
-// Which code path this CPU takes (for reports): 2 = AVX-512, 1 = portable.
-__attribute__((visibility("default"))) int trtllm_cpu_kernel_path() { return use_avx512() ? 2 : 1; }
-}
+}  // namespace trtllm_cpu

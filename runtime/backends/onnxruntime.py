@@ -37,10 +37,10 @@ class OnnxRuntimeEngine:
         if not path.is_file():
             raise ManifestError(f"{path} is missing; {rebuild_hint(engine_dir)}")
         opts = session_options(num_threads)
-        if cpu_kernels.LOWERING in manifest.lowerings:  # quantized MatMuls as plugins/cpu's kernels
+        if cpu_kernels.needed_by(manifest.lowerings):  # attention or quantized MatMuls as plugins/cpu's kernels
             library = cpu_kernels.library()
             if library is None:
-                raise ManifestError(f"{engine_dir} runs its quantized MatMuls on trtllm-edge's native CPU kernels, "
+                raise ManifestError(f"{engine_dir} runs on trtllm-edge's native CPU kernels, "
                                     f"but {cpu_kernels.missing_hint()}; or rebuild the engine with "
                                     "--cpu-kernels onnxruntime")
             opts.register_custom_ops_library(str(library))

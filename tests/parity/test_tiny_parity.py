@@ -100,15 +100,39 @@ def test_onnxruntime_lowering_matches_the_canonical_graph(arch, lowered, tiny_en
 
     import onnx
 
+    from trtllm.plugins import cpu
+
     engine_dir = tiny_engine(arch)
     manifest = json.loads((engine_dir / "manifest.json").read_text())
-    assert manifest["lowerings"] == (["GroupQueryAttention", "SkipSimplifiedLayerNormalization"] if lowered else [])
-    ops = {n.op_type for n in onnx.load(engine_dir / "llm.ort.onnx", load_external_data=False).graph.node}
-    assert ("GroupQueryAttention" in ops) == lowered
-    assert ("SkipSimplifiedLayerNormalization" in ops) == lowered
+    # the attention kernel is ours (plugins/cpu) where the library is built, as scripts/setup.sh does
+    assert manifest["lowerings"] == ([cpu.ATTENTION_LOWERING, "SkipSimplifiedLayerNormalization"] if lowered else [])
+    ops = {(n.domain, n.op_type) for n in onnx.load(engine_dir / "llm.ort.onnx", load_external_data=False).graph.node}
+    assert ((cpu.DOMAIN, cpu.ATTENTION) in ops) == lowered
+    assert ("com.microsoft", "SkipSimplifiedLayerNormalization") in ops if lowered else not ops & {
+        ("com.microsoft", "SkipSimplifiedLayerNormalization")}
     assert "GroupQueryAttention" not in {n.op_type for n in onnx.load(engine_dir / "llm.onnx",
                                                                      load_external_data=False).graph.node}
     for prompt in PROMPTS:
         _, compiled = engine_logits(load_engine(engine_dir, graph="compiled"), prompt, num_decode=6)
         _, canonical = engine_logits(load_engine(engine_dir, graph="onnx"), prompt, num_decode=6)
+        np.testing.assert_allclose(compiled, canonical, atol=ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_onnxruntime_attention_kernel_matches_too(arch, tiny_checkpoint, tmp_path):
+    """--cpu-kernels onnxruntime keeps ONNX Runtime's GroupQueryAttention (the form before
+    plugins/cpu's attention): its logits match the canonical graph's as well."""
+    import json
+
+    from trtllm.builder.config import BuildConfig
+    from trtllm.builder.export import build
+
+    out = build(BuildConfig(model=str(tiny_checkpoint(arch)), output=str(tmp_path / "e"), max_batch_size=4,
+                            max_input_len=256, max_kv_cache_capacity=512, cpu_kernels="onnxruntime"),
+                log=lambda m: None)
+    assert json.loads((out / "manifest.json").read_text())["lowerings"] == [
+        "GroupQueryAttention", "SkipSimplifiedLayerNormalization"]
+    for prompt in PROMPTS[:2]:
+        _, compiled = engine_logits(load_engine(out, graph="compiled"), prompt, num_decode=6)
+        _, canonical = engine_logits(load_engine(out, graph="onnx"), prompt, num_decode=6)
         np.testing.assert_allclose(compiled, canonical, atol=ATOL, rtol=0)

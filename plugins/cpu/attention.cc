@@ -1,0 +1,280 @@
+// trtllm.cpu::Attention: rotary, the in-place KV write and grouped-query attention in one node per
+// layer, for any mix of prefill chunks and decode rows.
+//
+// Why: ONNX Runtime's GroupQueryAttention is a third of a batch-1 int4 decode step here; most of it
+// is 128-bit loops over the cache. This kernel reads each row's keys and values once per head with
+// AVX-512 and splits the work over (row, head, block of queries).
+//
+// Inputs:  0 qkv [B, S, (H + 2 Hk) D] float32 (the q heads, then the k heads, then the v heads)
+//          1 past_key, 2 past_value [B, Hk, C, D] float32
+//          3 write_index [B] int64: the slot of the row's first new token
+//          4 last_index [B] int64: the row's new tokens are s = 0 .. last_index (the rest is padding)
+//          5 position_ids [B, S] int64
+//          6 cos_cache, 7 sin_cache [P, D / 2] float32
+// Outputs: 0 y [B, S, H D]; 1 present_key, 2 present_value [B, Hk, C, D]: the past buffers when the
+//          caller binds them so (the runtime does); otherwise past is copied first.
+// Attributes: num_heads H, kv_num_heads Hk, scale (0: 1 / sqrt(D)).
+// For row b and s <= last_index[b]: slot = write_index[b] + s; q and k get the rotary embedding of
+// position_ids[b, s] (rotate_half: x[i] cos - x[i + D/2] sin, x[i + D/2] cos + x[i] sin); k and v
+// are written at the slot; query s attends to slots [0, slot] of its kv head h / (H / Hk).
+// Padding tokens write nothing and their output is 0.
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "common.h"
+
+namespace {
+
+using trtllm_cpu::use_avx512;
+#ifdef TRTLLM_X86
+using trtllm_cpu::exp_avx512;
+#endif
+
+constexpr int64_t kQueries = 8;  // queries per task (prefill): a task reads its keys once per query
+
+struct Shape {
+  int64_t b, s, h, hk, d, c, p;
+};
+
+struct Job {
+  Shape n;
+  const float* qkv;
+  const int64_t* write_index;
+  const int64_t* last_index;
+  const int64_t* position_ids;
+  const float* cos;
+  const float* sin;
+  const float* key;    // present_key
+  const float* value;  // present_value
+  float scale;
+  float* y;
+};
+
+// out[0:D] = rotate_half rotary of x at position pos, times `times`
+void rotary(const float* x, const float* cos, const float* sin, int64_t d, float times, float* out) {
+  const int64_t half = d / 2;
+  for (int64_t i = 0; i < half; ++i) {
+    out[i] = (x[i] * cos[i] - x[i + half] * sin[i]) * times;
+    out[i + half] = (x[i + half] * cos[i] + x[i] * sin[i]) * times;
+  }
+}
+
+// One query against slots [0, t): scores, softmax, the weighted sum of values. Portable.
+void attend_generic(const float* q, const float* key, const float* value, int64_t t, int64_t d, float* scores,
+                    float* out) {
+  float top = -INFINITY;
+  for (int64_t j = 0; j < t; ++j) {
+    float acc = 0.0f;
+    for (int64_t i = 0; i < d; ++i) acc += q[i] * key[j * d + i];
+    scores[j] = acc;
+    top = std::max(top, acc);
+  }
+  float total = 0.0f;
+  for (int64_t j = 0; j < t; ++j) total += scores[j] = std::exp(scores[j] - top);
+  std::fill(out, out + d, 0.0f);
+  for (int64_t j = 0; j < t; ++j)
+    for (int64_t i = 0; i < d; ++i) out[i] += scores[j] * value[j * d + i];
+  for (int64_t i = 0; i < d; ++i) out[i] /= total;
+}
+
+#ifdef TRTLLM_X86
+// The same with D = 16 ND: the query and the output stay in registers.
+template <int ND>
+__attribute__((target("avx512f,avx512bw,avx512vl,fma"))) void attend_avx512(const float* q, const float* key,
+                                                                          const float* value, int64_t t,
+                                                                          float* scores, float* out) {
+  constexpr int64_t d = 16 * ND;
+  __m512 qv[ND];
+#pragma GCC unroll 8
+  for (int i = 0; i < ND; ++i) qv[i] = _mm512_loadu_ps(q + 16 * i);
+  __m512 top = _mm512_set1_ps(-INFINITY);
+  int64_t j = 0;
+  for (; j + 4 <= t; j += 4) {  // four keys at a time: four independent chains
+    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+#pragma GCC unroll 8
+    for (int i = 0; i < ND; ++i) {
+      a0 = _mm512_fmadd_ps(qv[i], _mm512_loadu_ps(key + (j + 0) * d + 16 * i), a0);
+      a1 = _mm512_fmadd_ps(qv[i], _mm512_loadu_ps(key + (j + 1) * d + 16 * i), a1);
+      a2 = _mm512_fmadd_ps(qv[i], _mm512_loadu_ps(key + (j + 2) * d + 16 * i), a2);
+      a3 = _mm512_fmadd_ps(qv[i], _mm512_loadu_ps(key + (j + 3) * d + 16 * i), a3);
+    }
+    scores[j] = _mm512_reduce_add_ps(a0);
+    scores[j + 1] = _mm512_reduce_add_ps(a1);
+    scores[j + 2] = _mm512_reduce_add_ps(a2);
+    scores[j + 3] = _mm512_reduce_add_ps(a3);
+  }
+  for (; j < t; ++j) {
+    __m512 a = _mm512_setzero_ps();
+#pragma GCC unroll 8
+    for (int i = 0; i < ND; ++i) a = _mm512_fmadd_ps(qv[i], _mm512_loadu_ps(key + j * d + 16 * i), a);
+    scores[j] = _mm512_reduce_add_ps(a);
+  }
+  for (j = 0; j < t; j += 16) {
+    const __mmask16 valid = t - j >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (t - j)) - 1);
+    top = _mm512_mask_max_ps(top, valid, top, _mm512_maskz_loadu_ps(valid, scores + j));
+  }
+  const __m512 peak = _mm512_set1_ps(_mm512_reduce_max_ps(top));
+  __m512 sum = _mm512_setzero_ps();
+  for (j = 0; j < t; j += 16) {
+    const __mmask16 valid = t - j >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (t - j)) - 1);
+    const __m512 e = exp_avx512(_mm512_sub_ps(_mm512_maskz_loadu_ps(valid, scores + j), peak));
+    sum = _mm512_add_ps(sum, _mm512_maskz_mov_ps(valid, e));
+    _mm512_mask_storeu_ps(scores + j, valid, e);
+  }
+  __m512 acc[ND];
+#pragma GCC unroll 8
+  for (int i = 0; i < ND; ++i) acc[i] = _mm512_setzero_ps();
+  for (j = 0; j < t; ++j) {
+    const __m512 p = _mm512_set1_ps(scores[j]);
+#pragma GCC unroll 8
+    for (int i = 0; i < ND; ++i) acc[i] = _mm512_fmadd_ps(p, _mm512_loadu_ps(value + j * d + 16 * i), acc[i]);
+  }
+  const __m512 inv = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(sum));
+#pragma GCC unroll 8
+  for (int i = 0; i < ND; ++i) _mm512_storeu_ps(out + 16 * i, _mm512_mul_ps(acc[i], inv));
+}
+
+using AttendFn = void (*)(const float*, const float*, const float*, int64_t, float*, float*);
+constexpr AttendFn kAttend[8] = {attend_avx512<1>, attend_avx512<2>, attend_avx512<3>, attend_avx512<4>,
+                                 attend_avx512<5>, attend_avx512<6>, attend_avx512<7>, attend_avx512<8>};
+#endif
+
+void attend(const float* q, const float* key, const float* value, int64_t t, int64_t d, float* scores, float* out) {
+#ifdef TRTLLM_X86
+  if (use_avx512() && d % 16 == 0 && d <= 128) return kAttend[d / 16 - 1](q, key, value, t, scores, out);
+#endif
+  attend_generic(q, key, value, t, d, scores, out);
+}
+
+// One task: row b, query head h, queries [s0, s0 + kQueries).
+void run_task(void* data, size_t task) {
+  const Job& job = *static_cast<const Job*>(data);
+  const Shape& n = job.n;
+  const int64_t blocks = (n.s + kQueries - 1) / kQueries;
+  const int64_t b = static_cast<int64_t>(task) / (n.h * blocks), h = (static_cast<int64_t>(task) / blocks) % n.h;
+  const int64_t s0 = (static_cast<int64_t>(task) % blocks) * kQueries, g = h / (n.h / n.hk);
+  const int64_t width = (n.h + 2 * n.hk) * n.d;
+  thread_local std::vector<float> scores, q;
+  q.resize(n.d);
+  const float* key = job.key + (b * n.hk + g) * n.c * n.d;
+  const float* value = job.value + (b * n.hk + g) * n.c * n.d;
+  for (int64_t s = s0; s < std::min(n.s, s0 + kQueries); ++s) {
+    float* out = job.y + ((b * n.s + s) * n.h + h) * n.d;
+    if (s > job.last_index[b]) {
+      std::fill(out, out + n.d, 0.0f);
+      continue;
+    }
+    const int64_t pos = job.position_ids[b * n.s + s], t = job.write_index[b] + s + 1;
+    rotary(job.qkv + (b * n.s + s) * width + h * n.d, job.cos + pos * (n.d / 2), job.sin + pos * (n.d / 2), n.d,
+           job.scale, q.data());
+    if (scores.size() < static_cast<size_t>(t + 16)) scores.resize(t + 16);
+    attend(q.data(), key, value, t, n.d, scores.data(), out);
+  }
+}
+
+OrtStatusPtr fail(const std::string& message) {
+  return Ort::GetApi().CreateStatus(ORT_INVALID_ARGUMENT, ("trtllm.cpu::Attention: " + message).c_str());
+}
+
+struct Kernel {
+  int64_t h, hk;
+  float scale;
+
+  OrtStatusPtr ComputeV2(OrtKernelContext* raw) {
+    try {
+      Ort::KernelContext ctx(raw);
+      auto qkv = ctx.GetInput(0), past_key = ctx.GetInput(1), past_value = ctx.GetInput(2);
+      auto write_index = ctx.GetInput(3), last_index = ctx.GetInput(4), position_ids = ctx.GetInput(5);
+      auto cos = ctx.GetInput(6), sin = ctx.GetInput(7);
+      const auto qs = qkv.GetTensorTypeAndShapeInfo().GetShape();
+      const auto ks = past_key.GetTensorTypeAndShapeInfo().GetShape();
+      const auto cs = cos.GetTensorTypeAndShapeInfo().GetShape();
+      if (qs.size() != 3 || ks.size() != 4 || cs.size() != 2) return fail("qkv must be 3-D, the KV 4-D, cos 2-D");
+      Shape n{qs[0], qs[1], h, hk, ks[3], ks[2], cs[0]};
+      if (ks[0] != n.b || ks[1] != hk || qs[2] != (h + 2 * hk) * n.d)
+        return fail("qkv's width " + std::to_string(qs[2]) + " is not (num_heads + 2 kv_num_heads) x the KV's head size " +
+                    std::to_string(n.d) + ", or the KV's batch/heads differ");
+      if (cs[1] * 2 != n.d || n.d % 2) return fail("cos/sin must be [positions, head_size / 2]");
+      if (past_value.GetTensorTypeAndShapeInfo().GetShape() != ks) return fail("past_key and past_value differ in shape");
+      auto y = ctx.GetOutput(0, {n.b, n.s, h * n.d});
+      auto present_key = ctx.GetOutput(1, ks), present_value = ctx.GetOutput(2, ks);
+      float* key = present_key.GetTensorMutableData<float>();
+      float* value = present_value.GetTensorMutableData<float>();
+      const size_t kv_bytes = static_cast<size_t>(n.b * n.hk * n.c * n.d) * sizeof(float);
+      if (key != past_key.GetTensorData<float>()) std::memcpy(key, past_key.GetTensorData<float>(), kv_bytes);
+      if (value != past_value.GetTensorData<float>()) std::memcpy(value, past_value.GetTensorData<float>(), kv_bytes);
+      const int64_t* wi = write_index.GetTensorData<int64_t>();
+      const int64_t* li = last_index.GetTensorData<int64_t>();
+      const int64_t* pos = position_ids.GetTensorData<int64_t>();
+      const float* x = qkv.GetTensorData<float>();
+      const float* cosd = cos.GetTensorData<float>();
+      const float* sind = sin.GetTensorData<float>();
+      // The new keys (with their rotary) and values, into the cache: before any query reads them.
+      const int64_t width = (h + 2 * hk) * n.d;
+      for (int64_t b = 0; b < n.b; ++b) {
+        if (li[b] < 0 || li[b] >= n.s) return fail("last_index[" + std::to_string(b) + "] is outside the chunk");
+        if (wi[b] < 0 || wi[b] + li[b] >= n.c)
+          return fail("row " + std::to_string(b) + " writes slots " + std::to_string(wi[b]) + ".." +
+                      std::to_string(wi[b] + li[b]) + " of a KV cache of " + std::to_string(n.c));
+        for (int64_t s = 0; s <= li[b]; ++s) {
+          const int64_t p = pos[b * n.s + s], slot = wi[b] + s;
+          if (p < 0 || p >= n.p) return fail("position " + std::to_string(p) + " is beyond the rotary tables");
+          for (int64_t g = 0; g < hk; ++g) {
+            const float* src = x + (b * n.s + s) * width + (h + g) * n.d;
+            const int64_t at = ((b * hk + g) * n.c + slot) * n.d;
+            rotary(src, cosd + p * (n.d / 2), sind + p * (n.d / 2), n.d, 1.0f, key + at);
+            std::memcpy(value + at, src + hk * n.d, n.d * sizeof(float));
+          }
+        }
+      }
+      Job job{n, x, wi, li, pos, cosd, sind, key, value, scale > 0 ? scale : 1.0f / std::sqrt(static_cast<float>(n.d)),
+              y.GetTensorMutableData<float>()};
+      const size_t tasks = static_cast<size_t>(n.b * h * ((n.s + kQueries - 1) / kQueries));
+      if (tasks) ctx.ParallelFor(run_task, tasks, 0, &job);
+      return nullptr;
+    } catch (const std::exception& e) {
+      return fail(e.what());
+    }
+  }
+};
+
+struct Op : Ort::CustomOpBase<Op, Kernel, true> {
+  OrtStatusPtr CreateKernelV2(const OrtApi&, const OrtKernelInfo* info, void** kernel) const {
+    try {
+      Ort::ConstKernelInfo ki(info);
+      const int64_t h = ki.GetAttribute<int64_t>("num_heads"), hk = ki.GetAttribute<int64_t>("kv_num_heads");
+      float scale = 0.0f;
+      try {
+        scale = ki.GetAttribute<float>("scale");
+      } catch (const Ort::Exception&) {  // absent: 1 / sqrt(D)
+      }
+      if (h < 1 || hk < 1 || h % hk) return fail("num_heads must be a positive multiple of kv_num_heads");
+      *kernel = new Kernel{h, hk, scale};
+      return nullptr;
+    } catch (const std::exception& e) {
+      return fail(e.what());
+    }
+  }
+  const char* GetName() const { return "Attention"; }
+  const char* GetExecutionProviderType() const { return "CPUExecutionProvider"; }
+  size_t GetInputTypeCount() const { return 8; }
+  ONNXTensorElementDataType GetInputType(size_t i) const {
+    return i >= 3 && i <= 5 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64 : ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
+  }
+  size_t GetOutputTypeCount() const { return 3; }
+  ONNXTensorElementDataType GetOutputType(size_t) const { return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT; }
+};
+
+}  // namespace
+
+namespace trtllm_cpu {
+OrtCustomOp* attention_op() {
+  static Op op;
+  return &op;
+}
+}  // namespace trtllm_cpu

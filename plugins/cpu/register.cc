@@ -1,0 +1,56 @@
+// The library's entry points: RegisterCustomOps (SessionOptions.register_custom_ops_library) and the
+// code-path choice the kernels share.
+#include <cstdio>
+#include <cstdlib>
+#include <mutex>
+#include <string>
+
+#include "common.h"
+
+namespace trtllm_cpu {
+
+bool use_avx512() {
+  static const bool yes = [] {
+    const char* force = std::getenv("TRTLLM_CPU_KERNEL");
+    if (force && std::string(force) == "generic") return false;
+#ifdef TRTLLM_X86
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vl");
+#else
+    return false;
+#endif
+  }();
+  return yes;
+}
+
+}  // namespace trtllm_cpu
+
+extern "C" {
+
+__attribute__((visibility("default"))) OrtStatus* ORT_API_CALL RegisterCustomOps(OrtSessionOptions* options,
+                                                                                const OrtApiBase* api) {
+  const OrtApi* ort_api = api->GetApi(ORT_API_VERSION);
+  if (!ort_api) {  // an ONNX Runtime older than the headers: no way to return a status without its API
+    std::fprintf(stderr, "trtllm.cpu: ONNX Runtime %s lacks C API version %d\n", api->GetVersionString(), ORT_API_VERSION);
+    return nullptr;
+  }
+  Ort::InitApi(ort_api);
+  static std::once_flag once;
+  static Ort::CustomOpDomain* domain = nullptr;
+  try {
+    std::call_once(once, [] {
+      domain = new Ort::CustomOpDomain("trtllm.cpu");  // lives as long as the process: sessions keep pointers
+      domain->Add(trtllm_cpu::matmul_block_quant_op());
+      domain->Add(trtllm_cpu::attention_op());
+    });
+    Ort::UnownedSessionOptions(options).Add(*domain);
+  } catch (const std::exception& e) {
+    return Ort::GetApi().CreateStatus(ORT_FAIL, e.what());
+  }
+  return nullptr;
+}
+
+// Which code path this CPU takes (for reports): 2 = AVX-512, 1 = portable.
+__attribute__((visibility("default"))) int trtllm_cpu_kernel_path() { return trtllm_cpu::use_avx512() ? 2 : 1; }
+}

@@ -1,0 +1,153 @@
+"""trtllm.cpu::Attention (plugins/cpu/attention.cc): rotary + in-place KV write + grouped-query
+attention, against a float64 numpy reference of the same semantics, on both code paths."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+onnx = pytest.importorskip("onnx")
+from onnx import TensorProto, helper  # noqa: E402
+
+from trtllm.plugins import cpu  # noqa: E402
+
+F32, I64 = TensorProto.FLOAT, TensorProto.INT64
+
+
+def op_model(h: int, hk: int, d: int, scale: float | None = None) -> bytes:
+    names = ["qkv", "past_key", "past_value", "write_index", "last_index", "position_ids", "cos", "sin"]
+    types = [F32, F32, F32, I64, I64, I64, F32, F32]
+    inputs = [helper.make_tensor_value_info(n, t, None) for n, t in zip(names, types)]
+    outputs = [helper.make_tensor_value_info(n, F32, None) for n in ("y", "present_key", "present_value")]
+    attrs = {"num_heads": h, "kv_num_heads": hk, **({"scale": scale} if scale else {})}
+    node = helper.make_node("Attention", names, [o.name for o in outputs], domain=cpu.DOMAIN, **attrs)
+    model = helper.make_model(helper.make_graph([node], "g", inputs, outputs),
+                              opset_imports=[helper.make_opsetid("", 24), helper.make_opsetid(cpu.DOMAIN, 1)])
+    model.ir_version = 11
+    return model.SerializeToString()
+
+
+def session(model: bytes) -> ort.InferenceSession:
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = 2
+    opts.register_custom_ops_library(str(cpu.library()))
+    return ort.InferenceSession(model, opts, providers=["CPUExecutionProvider"])
+
+
+def rope(x, cos, sin):
+    half = x.shape[-1] // 2
+    return np.concatenate([x[..., :half] * cos - x[..., half:] * sin, x[..., half:] * cos + x[..., :half] * sin], -1)
+
+
+def reference(qkv, key, value, write_index, last_index, position_ids, cos, sin, h, hk, scale):
+    """float64: the op's documented semantics, token by token."""
+    b_, s_, _ = qkv.shape
+    d = key.shape[-1]
+    key, value = key.astype(np.float64).copy(), value.astype(np.float64).copy()
+    y = np.zeros((b_, s_, h * d))
+    for b in range(b_):
+        for s in range(last_index[b] + 1):
+            p, slot = position_ids[b, s], write_index[b] + s
+            row = qkv[b, s].astype(np.float64)
+            for g in range(hk):
+                key[b, g, slot] = rope(row[(h + g) * d:(h + g + 1) * d], cos[p], sin[p])
+                value[b, g, slot] = row[(h + hk + g) * d:(h + hk + g + 1) * d]
+        for s in range(last_index[b] + 1):
+            p, t = position_ids[b, s], write_index[b] + s + 1
+            for head in range(h):
+                g = head // (h // hk)
+                q = rope(qkv[b, s, head * d:(head + 1) * d].astype(np.float64), cos[p], sin[p])
+                scores = key[b, g, :t] @ q * scale
+                w = np.exp(scores - scores.max())
+                y[b, s, head * d:(head + 1) * d] = (w / w.sum()) @ value[b, g, :t]
+    return y, key, value
+
+
+def case(b, s, h, hk, d, c, past, seed=0):
+    rng = np.random.default_rng(seed)
+    write_index = np.array([past[i % len(past)] for i in range(b)], np.int64)
+    last_index = np.array([max(0, s - 1 - (i % 3)) for i in range(b)], np.int64)  # some rows padded
+    position_ids = write_index[:, None] + np.arange(s)[None, :]
+    inv = 1.0 / (10000 ** (np.arange(0, d, 2) / d))
+    angles = np.arange(c + s)[:, None] * inv[None, :]
+    feeds = {"qkv": rng.standard_normal((b, s, (h + 2 * hk) * d)).astype(np.float32),
+             "past_key": rng.standard_normal((b, hk, c, d)).astype(np.float32),
+             "past_value": rng.standard_normal((b, hk, c, d)).astype(np.float32),
+             "write_index": write_index, "last_index": last_index, "position_ids": position_ids.astype(np.int64),
+             "cos": np.cos(angles).astype(np.float32), "sin": np.sin(angles).astype(np.float32)}
+    return feeds
+
+
+# (batch, new tokens, heads, kv heads, head size, capacity, past lengths): decode, prefill after a
+# prefix, odd head sizes (the portable path), multi-query, a query block tail
+CASES = [(1, 1, 9, 3, 64, 40, [17]), (3, 1, 4, 2, 32, 50, [0, 5, 44]), (2, 11, 4, 1, 16, 64, [0, 9]),
+         (2, 5, 6, 3, 24, 30, [3, 20]), (1, 20, 2, 2, 128, 48, [7]), (4, 3, 2, 1, 8, 16, [1, 2, 3, 12])]
+
+
+def check(b, s, h, hk, d, c, past) -> float:
+    feeds = case(b, s, h, hk, d, c, past, seed=b + s + d)
+    scale = d ** -0.5
+    y, key, value = session(op_model(h, hk, d)).run(None, feeds)
+    ref_y, ref_k, ref_v = reference(*feeds.values(), h, hk, scale)
+    for row in range(b):  # padding tokens are zero
+        assert not y[row, feeds["last_index"][row] + 1:].any()
+    err = max(np.abs(y - ref_y).max(), np.abs(key - ref_k).max(), np.abs(value - ref_v).max())
+    return float(err)
+
+
+@pytest.mark.parametrize("shape", CASES)
+def test_matches_the_reference(shape):
+    assert check(*shape) < 1e-5
+
+
+def test_portable_path_matches_too():
+    code = ("import json, sys; sys.path.insert(0, '.'); from tests.plugins.test_cpu_attention import *; "
+            "print(json.dumps([check(*c) for c in CASES]))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env={**os.environ, "TRTLLM_CPU_KERNEL": "generic"},
+                         cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
+    assert max(json.loads(out.stdout.strip().splitlines()[-1])) < 1e-5
+
+
+def test_writes_in_place_when_bound_so():
+    """The runtime binds present_* to the past_* buffers: the op writes the new slots there."""
+    feeds = case(2, 3, 4, 2, 16, 12, [2, 5])
+    sess = session(op_model(4, 2, 16))
+    binding = sess.io_binding()
+    values = {}
+    for name, array in feeds.items():
+        values[name] = ort.OrtValue.ortvalue_from_numpy(array)
+        binding.bind_ortvalue_input(name, values[name])
+    binding.bind_ortvalue_output("present_key", values["past_key"])
+    binding.bind_ortvalue_output("present_value", values["past_value"])
+    binding.bind_output("y")
+    before = feeds["past_key"].copy()
+    sess.run_with_iobinding(binding)
+    _, ref_k, _ = reference(*case(2, 3, 4, 2, 16, 12, [2, 5]).values(), 4, 2, 16 ** -0.5)
+    assert not np.array_equal(before, feeds["past_key"])
+    np.testing.assert_allclose(feeds["past_key"], ref_k, atol=1e-5)
+
+
+def test_the_wrong_rotary_fails():
+    """The deliberately wrong variant: interleaved rotary (GPT-J's) instead of rotate_half."""
+    feeds = case(1, 4, 2, 1, 16, 8, [1])
+    y = session(op_model(2, 1, 16)).run(None, feeds)[0]
+    wrong = dict(feeds)
+    wrong["cos"] = np.repeat(feeds["cos"][:, ::2], 2, axis=1)
+    ref_y, _, _ = reference(*wrong.values(), 2, 1, 16 ** -0.5)
+    assert np.abs(y - ref_y).max() > 1e-2
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"write_index": np.array([10], np.int64)}, "writes slots 10..13 of a KV cache of 12"),
+    ({"last_index": np.array([4], np.int64)}, r"last_index\[0\] is outside the chunk"),
+])
+def test_bad_inputs_fail_with_a_message(change, message):
+    feeds = {**case(1, 4, 2, 1, 16, 12, [1]), **change}
+    with pytest.raises(Exception, match=message):
+        session(op_model(2, 1, 16)).run(None, feeds)
