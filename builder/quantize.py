@@ -46,7 +46,8 @@ class QuantScheme:
     def named(cls, name: str) -> "QuantScheme | None":
         # int4 keeps the lm_head in int8: on SmolLM2-135M an int4 lm_head alone drops top-1
         # agreement from 92% to 80% (measured on builder/verify.py's text).
-        return {"none": None, "int8": cls(8), "int4": cls(4, asymmetric=True, lm_head_bits=8)}[name]
+        return {"none": None, "int8": cls(8),
+                "int4": cls(4, method="rtn-asymmetric", asymmetric=True, lm_head_bits=8)}[name]
 
     def for_lm_head(self) -> "QuantScheme":
         """The lm_head's scheme: `lm_head_bits` when set (asymmetric only at 4 bits)."""

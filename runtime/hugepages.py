@@ -109,8 +109,9 @@ def candidates(before: set[tuple[int, int]], now: list[Mapping]) -> list[Mapping
 
 
 def snapshot() -> set[tuple[int, int]]:
-    """The process's anonymous mappings now; pass it to promote() after allocating the weights."""
-    if not sys.platform.startswith("linux"):
+    """The process's anonymous mappings now; pass it to promote() after allocating the weights.
+    Empty (nothing read) where promote() will do nothing: not Linux, or TRTLLM_HUGE_PAGES=0."""
+    if not sys.platform.startswith("linux") or os.environ.get("TRTLLM_HUGE_PAGES", "1") == "0":
         return set()
     return {(m.start, m.end) for m in parse_smaps(read_smaps())}
 
