@@ -28,6 +28,15 @@ def library() -> Path | None:
     return LIBRARY if LIBRARY.is_file() else None
 
 
+def set_huge_pages(on: bool) -> None:
+    """Whether the kernels copy their weights onto huge pages (trtllm-run --huge-pages/--no-huge-pages;
+    the library is the one ONNX Runtime loads: the same path is the same library in a process)."""
+    import ctypes
+
+    if library() is not None:
+        ctypes.CDLL(str(LIBRARY)).trtllm_cpu_set_huge_pages(1 if on else 0)
+
+
 def missing_hint() -> str:
     return (f"the native CPU kernel library {LIBRARY} is not built: run `bash scripts/setup.sh` "
             "(or `python -m trtllm.plugins.cpu.build`)")

@@ -35,7 +35,7 @@ using trtllm_cpu::use_avx512;
 using trtllm_cpu::exp_avx512;
 #endif
 
-constexpr int64_t kQueries = 8;  // queries per task (prefill): a task reads its keys once per query
+constexpr int64_t kQueries = 8;  // queries per task (prefill): they share each read of the keys and values
 
 struct Shape {
   int64_t b, s, h, hk, d, c, p;
@@ -83,73 +83,119 @@ void attend_generic(const float* q, const float* key, const float* value, int64_
 }
 
 #ifdef TRTLLM_X86
-// The same with D = 16 ND: the query and the output stay in registers.
+// 16 vectors -> one vector of their 16 sums, in 4 rounds of shuffles and adds (instead of a
+// horizontal sum each). Sum k lands in lane kTranspose[k] (a 4x4 transpose, its own inverse), so
+// callers pass their vectors in that order.
+constexpr int kTranspose[16] = {0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15};
+
+__attribute__((target("avx512f,avx512bw,avx512vl,fma"))) inline __m512 sum16(const __m512* a) {
+  __m512 s8[8], s4[4], s2[2];
+#pragma GCC unroll 8
+  for (int i = 0; i < 8; ++i)
+    s8[i] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], 0x44),
+                          _mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], 0xEE));
+#pragma GCC unroll 4
+  for (int i = 0; i < 4; ++i)
+    s4[i] = _mm512_add_ps(_mm512_shuffle_f32x4(s8[2 * i], s8[2 * i + 1], 0x88),
+                          _mm512_shuffle_f32x4(s8[2 * i], s8[2 * i + 1], 0xDD));
+#pragma GCC unroll 2
+  for (int i = 0; i < 2; ++i)
+    s2[i] = _mm512_add_ps(_mm512_shuffle_ps(s4[2 * i], s4[2 * i + 1], 0x44), _mm512_shuffle_ps(s4[2 * i], s4[2 * i + 1], 0xEE));
+  return _mm512_add_ps(_mm512_shuffle_ps(s2[0], s2[1], 0x88), _mm512_shuffle_ps(s2[0], s2[1], 0xDD));
+}
+
+// A block of queries of one head (consecutive tokens: query r sees t[r] slots, t rising by one)
+// against their shared keys and values, D = 16 ND. Keys and values are read in groups of 16 that
+// stay in L1 while every query of the block uses them: a prefill chunk reads its cache once per
+// block, not once per query. scores: [qn][ld] scratch; out: query r's output at out + r * ostride.
 template <int ND>
-__attribute__((target("avx512f,avx512bw,avx512vl,fma"))) void attend_avx512(const float* q, const float* key,
-                                                                          const float* value, int64_t t,
-                                                                          float* scores, float* out) {
+__attribute__((target("avx512f,avx512bw,avx512vl,fma"))) void attend_block_avx512(
+    const float* q, int qn, const int64_t* t, const float* key, const float* value, float* scores, int64_t ld,
+    float* out, int64_t ostride) {
   constexpr int64_t d = 16 * ND;
-  __m512 qv[ND];
+  const int64_t tmax = t[qn - 1];
+  // 1. scores
+  for (int64_t j0 = 0; j0 < tmax; j0 += 16) {
+    for (int r = 0; r < qn; ++r) {
+      if (j0 >= t[r]) continue;
+      __m512 qv[ND];
 #pragma GCC unroll 8
-  for (int i = 0; i < ND; ++i) qv[i] = _mm512_loadu_ps(q + 16 * i);
-  __m512 top = _mm512_set1_ps(-INFINITY);
-  int64_t j = 0;
-  for (; j + 4 <= t; j += 4) {  // four keys at a time: four independent chains
-    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+      for (int i = 0; i < ND; ++i) qv[i] = _mm512_loadu_ps(q + r * d + 16 * i);
+      float* row = scores + r * ld;
+      if (j0 + 16 <= tmax) {  // tmax <= capacity, so all 16 keys exist (later ones masked below)
+        __m512 acc[16];
+#pragma GCC unroll 16
+        for (int k = 0; k < 16; ++k) acc[k] = _mm512_setzero_ps();
 #pragma GCC unroll 8
-    for (int i = 0; i < ND; ++i) {
-      a0 = _mm512_fmadd_ps(qv[i], _mm512_loadu_ps(key + (j + 0) * d + 16 * i), a0);
-      a1 = _mm512_fmadd_ps(qv[i], _mm512_loadu_ps(key + (j + 1) * d + 16 * i), a1);
-      a2 = _mm512_fmadd_ps(qv[i], _mm512_loadu_ps(key + (j + 2) * d + 16 * i), a2);
-      a3 = _mm512_fmadd_ps(qv[i], _mm512_loadu_ps(key + (j + 3) * d + 16 * i), a3);
+        for (int i = 0; i < ND; ++i)
+#pragma GCC unroll 16
+          for (int k = 0; k < 16; ++k) acc[k] = _mm512_fmadd_ps(qv[i], _mm512_loadu_ps(key + (j0 + k) * d + 16 * i), acc[k]);
+        __m512 ordered[16];
+#pragma GCC unroll 16
+        for (int k = 0; k < 16; ++k) ordered[k] = acc[kTranspose[k]];
+        _mm512_storeu_ps(row + j0, sum16(ordered));
+      } else {
+        for (int64_t j = j0; j < tmax; ++j) {
+          __m512 acc = _mm512_setzero_ps();
+#pragma GCC unroll 8
+          for (int i = 0; i < ND; ++i) acc = _mm512_fmadd_ps(qv[i], _mm512_loadu_ps(key + j * d + 16 * i), acc);
+          row[j] = _mm512_reduce_add_ps(acc);
+        }
+      }
     }
-    scores[j] = _mm512_reduce_add_ps(a0);
-    scores[j + 1] = _mm512_reduce_add_ps(a1);
-    scores[j + 2] = _mm512_reduce_add_ps(a2);
-    scores[j + 3] = _mm512_reduce_add_ps(a3);
   }
-  for (; j < t; ++j) {
-    __m512 a = _mm512_setzero_ps();
+  // 2. softmax of each query's t[r] scores (exp in place), 1 / sum kept
+  float inv[64];
+  for (int r = 0; r < qn; ++r) {
+    float* row = scores + r * ld;
+    __m512 top = _mm512_set1_ps(-INFINITY), sum = _mm512_setzero_ps();
+    for (int64_t j = 0; j < t[r]; j += 16) {
+      const __mmask16 valid = t[r] - j >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (t[r] - j)) - 1);
+      top = _mm512_mask_max_ps(top, valid, top, _mm512_maskz_loadu_ps(valid, row + j));
+    }
+    const __m512 peak = _mm512_set1_ps(_mm512_reduce_max_ps(top));
+    for (int64_t j = 0; j < t[r]; j += 16) {
+      const __mmask16 valid = t[r] - j >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (t[r] - j)) - 1);
+      const __m512 e = exp_avx512(_mm512_sub_ps(_mm512_maskz_loadu_ps(valid, row + j), peak));
+      sum = _mm512_add_ps(sum, _mm512_maskz_mov_ps(valid, e));
+      _mm512_mask_storeu_ps(row + j, valid, e);
+    }
+    inv[r] = 1.0f / _mm512_reduce_add_ps(sum);
+  }
+  // 3. the weighted sums of values, 16 values at a time for every query
+  for (int r = 0; r < qn; ++r)
 #pragma GCC unroll 8
-    for (int i = 0; i < ND; ++i) a = _mm512_fmadd_ps(qv[i], _mm512_loadu_ps(key + j * d + 16 * i), a);
-    scores[j] = _mm512_reduce_add_ps(a);
-  }
-  for (j = 0; j < t; j += 16) {
-    const __mmask16 valid = t - j >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (t - j)) - 1);
-    top = _mm512_mask_max_ps(top, valid, top, _mm512_maskz_loadu_ps(valid, scores + j));
-  }
-  const __m512 peak = _mm512_set1_ps(_mm512_reduce_max_ps(top));
-  __m512 sum = _mm512_setzero_ps();
-  for (j = 0; j < t; j += 16) {
-    const __mmask16 valid = t - j >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (t - j)) - 1);
-    const __m512 e = exp_avx512(_mm512_sub_ps(_mm512_maskz_loadu_ps(valid, scores + j), peak));
-    sum = _mm512_add_ps(sum, _mm512_maskz_mov_ps(valid, e));
-    _mm512_mask_storeu_ps(scores + j, valid, e);
-  }
-  __m512 acc[ND];
+    for (int i = 0; i < ND; ++i) _mm512_storeu_ps(out + r * ostride + 16 * i, _mm512_setzero_ps());
+  for (int64_t j0 = 0; j0 < tmax; j0 += 16) {
+    for (int r = 0; r < qn; ++r) {
+      const int64_t end = std::min(t[r], j0 + 16);
+      if (j0 >= end) continue;
+      const float* p = scores + r * ld;
+      __m512 acc[ND];
 #pragma GCC unroll 8
-  for (int i = 0; i < ND; ++i) acc[i] = _mm512_setzero_ps();
-  for (j = 0; j < t; ++j) {
-    const __m512 p = _mm512_set1_ps(scores[j]);
+      for (int i = 0; i < ND; ++i) acc[i] = _mm512_loadu_ps(out + r * ostride + 16 * i);
+      for (int64_t j = j0; j < end; ++j) {
+        const __m512 w = _mm512_set1_ps(p[j]);
 #pragma GCC unroll 8
-    for (int i = 0; i < ND; ++i) acc[i] = _mm512_fmadd_ps(p, _mm512_loadu_ps(value + j * d + 16 * i), acc[i]);
+        for (int i = 0; i < ND; ++i) acc[i] = _mm512_fmadd_ps(w, _mm512_loadu_ps(value + j * d + 16 * i), acc[i]);
+      }
+#pragma GCC unroll 8
+      for (int i = 0; i < ND; ++i) _mm512_storeu_ps(out + r * ostride + 16 * i, acc[i]);
+    }
   }
-  const __m512 inv = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(sum));
+  for (int r = 0; r < qn; ++r) {
+    const __m512 scale = _mm512_set1_ps(inv[r]);
 #pragma GCC unroll 8
-  for (int i = 0; i < ND; ++i) _mm512_storeu_ps(out + 16 * i, _mm512_mul_ps(acc[i], inv));
+    for (int i = 0; i < ND; ++i)
+      _mm512_storeu_ps(out + r * ostride + 16 * i, _mm512_mul_ps(_mm512_loadu_ps(out + r * ostride + 16 * i), scale));
+  }
 }
 
-using AttendFn = void (*)(const float*, const float*, const float*, int64_t, float*, float*);
-constexpr AttendFn kAttend[8] = {attend_avx512<1>, attend_avx512<2>, attend_avx512<3>, attend_avx512<4>,
-                                 attend_avx512<5>, attend_avx512<6>, attend_avx512<7>, attend_avx512<8>};
+using BlockFn = void (*)(const float*, int, const int64_t*, const float*, const float*, float*, int64_t, float*, int64_t);
+constexpr BlockFn kBlock[8] = {attend_block_avx512<1>, attend_block_avx512<2>, attend_block_avx512<3>,
+                               attend_block_avx512<4>, attend_block_avx512<5>, attend_block_avx512<6>,
+                               attend_block_avx512<7>, attend_block_avx512<8>};
 #endif
-
-void attend(const float* q, const float* key, const float* value, int64_t t, int64_t d, float* scores, float* out) {
-#ifdef TRTLLM_X86
-  if (use_avx512() && d % 16 == 0 && d <= 128) return kAttend[d / 16 - 1](q, key, value, t, scores, out);
-#endif
-  attend_generic(q, key, value, t, d, scores, out);
-}
 
 // One task: row b, query head h, queries [s0, s0 + kQueries).
 void run_task(void* data, size_t task) {
@@ -159,22 +205,34 @@ void run_task(void* data, size_t task) {
   const int64_t b = static_cast<int64_t>(task) / (n.h * blocks), h = (static_cast<int64_t>(task) / blocks) % n.h;
   const int64_t s0 = (static_cast<int64_t>(task) % blocks) * kQueries, g = h / (n.h / n.hk);
   const int64_t width = (n.h + 2 * n.hk) * n.d;
-  thread_local std::vector<float> scores, q;
-  q.resize(n.d);
   const float* key = job.key + (b * n.hk + g) * n.c * n.d;
   const float* value = job.value + (b * n.hk + g) * n.c * n.d;
-  for (int64_t s = s0; s < std::min(n.s, s0 + kQueries); ++s) {
+  const int64_t s1 = std::min(n.s, s0 + kQueries), last = std::min(s1, job.last_index[b] + 1);
+  for (int64_t s = std::max(s0, last); s < s1; ++s) {  // padding tokens: 0
     float* out = job.y + ((b * n.s + s) * n.h + h) * n.d;
-    if (s > job.last_index[b]) {
-      std::fill(out, out + n.d, 0.0f);
-      continue;
-    }
-    const int64_t pos = job.position_ids[b * n.s + s], t = job.write_index[b] + s + 1;
-    rotary(job.qkv + (b * n.s + s) * width + h * n.d, job.cos + pos * (n.d / 2), job.sin + pos * (n.d / 2), n.d,
-           job.scale, q.data());
-    if (scores.size() < static_cast<size_t>(t + 16)) scores.resize(t + 16);
-    attend(q.data(), key, value, t, n.d, scores.data(), out);
+    std::fill(out, out + n.d, 0.0f);
   }
+  const int qn = static_cast<int>(last - s0);
+  if (qn <= 0) return;
+  thread_local std::vector<float> scores, q;
+  int64_t t[kQueries];
+  q.resize(qn * n.d);
+  for (int r = 0; r < qn; ++r) {
+    const int64_t s = s0 + r, pos = job.position_ids[b * n.s + s];
+    t[r] = job.write_index[b] + s + 1;
+    rotary(job.qkv + (b * n.s + s) * width + h * n.d, job.cos + pos * (n.d / 2), job.sin + pos * (n.d / 2), n.d,
+           job.scale, q.data() + r * n.d);
+  }
+  const int64_t ld = t[qn - 1] + 16;
+  if (scores.size() < static_cast<size_t>(qn * ld)) scores.resize(qn * ld);
+  float* out = job.y + ((b * n.s + s0) * n.h + h) * n.d;
+  const int64_t ostride = n.h * n.d;
+#ifdef TRTLLM_X86
+  if (use_avx512() && n.d % 16 == 0 && n.d <= 128)
+    return kBlock[n.d / 16 - 1](q.data(), qn, t, key, value, scores.data(), ld, out, ostride);
+#endif
+  for (int r = 0; r < qn; ++r)
+    attend_generic(q.data() + r * n.d, key, value, t[r], n.d, scores.data(), out + r * ostride);
 }
 
 OrtStatusPtr fail(const std::string& message) {

@@ -15,6 +15,10 @@ namespace trtllm_cpu {
 // AVX-512 (F, BW, VL) kernels, unless TRTLLM_CPU_KERNEL=generic asks for the portable ones (tests).
 bool use_avx512();
 
+// Whether to copy weights onto huge pages: trtllm_cpu_set_huge_pages() if called, else not
+// TRTLLM_HUGE_PAGES=0.
+bool huge_pages_wanted();
+
 OrtCustomOp* matmul_block_quant_op();
 OrtCustomOp* attention_op();
 

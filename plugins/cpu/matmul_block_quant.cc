@@ -445,7 +445,8 @@ OrtStatusPtr fail(const std::string& message) {
 // cannot promote (it takes anonymous memory). A decode step streams every weight once, so on first
 // use each weight is copied into an arena of 2 MiB-aligned chunks marked for huge pages (one
 // projection is far smaller than a huge page, so they share chunks), and the file pages are let go.
-// TRTLLM_HUGE_PAGES=0 keeps ONNX Runtime's memory.
+// TRTLLM_HUGE_PAGES=0 (or trtllm_cpu_set_huge_pages(0), what trtllm-run --no-huge-pages calls)
+// keeps ONNX Runtime's memory.
 class Arena {
  public:
   static constexpr size_t kHuge = size_t(2) << 20, kChunk = size_t(64) << 20;
@@ -455,8 +456,7 @@ class Arena {
     static std::mutex lock;
     static std::shared_ptr<void> chunk;  // the chunk being filled
     static size_t used = 0, capacity = 0;
-    const char* env = std::getenv("TRTLLM_HUGE_PAGES");
-    if (env && std::string(env) == "0") return {nullptr, nullptr};
+    if (!trtllm_cpu::huge_pages_wanted()) return {nullptr, nullptr};
     std::lock_guard<std::mutex> hold(lock);
     size = (size + 63) / 64 * 64;
     if (!chunk || used + size > capacity) {

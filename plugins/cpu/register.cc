@@ -1,5 +1,6 @@
 // The library's entry points: RegisterCustomOps (SessionOptions.register_custom_ops_library) and the
 // code-path choice the kernels share.
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <mutex>
@@ -24,9 +25,23 @@ bool use_avx512() {
   return yes;
 }
 
+std::atomic<int> huge_pages_setting{-1};  // -1: the environment decides
+
+bool huge_pages_wanted() {
+  const int set = huge_pages_setting.load();
+  if (set >= 0) return set != 0;
+  const char* env = std::getenv("TRTLLM_HUGE_PAGES");
+  return !(env && std::string(env) == "0");
+}
+
 }  // namespace trtllm_cpu
 
 extern "C" {
+
+// trtllm-run --no-huge-pages: the runtime's switch, for weights the kernels copy from here on.
+__attribute__((visibility("default"))) void trtllm_cpu_set_huge_pages(int on) {
+  trtllm_cpu::huge_pages_setting.store(on ? 1 : 0);
+}
 
 __attribute__((visibility("default"))) OrtStatus* ORT_API_CALL RegisterCustomOps(OrtSessionOptions* options,
                                                                                 const OrtApiBase* api) {

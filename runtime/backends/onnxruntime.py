@@ -44,6 +44,7 @@ class OnnxRuntimeEngine:
                                     f"but {cpu_kernels.missing_hint()}; or rebuild the engine with "
                                     "--cpu-kernels onnxruntime")
             opts.register_custom_ops_library(str(library))
+            cpu_kernels.set_huge_pages(huge_pages)  # they copy their weights onto huge pages themselves
         before = hugepages.snapshot() if huge_pages else None
         self.session = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
         # The packed weights ONNX Runtime just allocated, onto huge pages (see runtime/hugepages.py).

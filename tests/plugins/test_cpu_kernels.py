@@ -127,6 +127,17 @@ def test_concurrent_runs_share_nothing():
         assert max(pool.map(run, range(60))) < 2e-6
 
 
+def test_huge_page_copies_on_or_off_compute_the_same():
+    """trtllm-run --no-huge-pages reaches the kernels through trtllm_cpu_set_huge_pages: weights
+    then stay where ONNX Runtime put them, with the same results."""
+    try:
+        for on in (False, True):
+            cpu.set_huge_pages(on)
+            assert check(4, 3, 576, 70) < 2e-6
+    finally:
+        cpu.set_huge_pages(True)
+
+
 def test_swiglu_rows_pair_gate_and_up_in_groups():
     assert list(swiglu_rows(5, group=2)) == [0, 1, 5, 6, 2, 3, 7, 8, 4, 9]
     assert sorted(swiglu_rows(40)) == list(range(80))
