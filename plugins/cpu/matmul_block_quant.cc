@@ -20,8 +20,7 @@
 // Scales and offsets are float16 as in GGUF (the builder rounds them so before it quantizes): 20 bytes
 // per 32 weights at 4 bits instead of 24, and a decode step is a stream of weights.
 #include "common.h"
-
-#include <sys/mman.h>
+#include "resident.h"
 
 #include <algorithm>
 #include <atomic>
@@ -33,8 +32,6 @@
 #include <memory>
 #include <mutex>
 #include <stdexcept>
-#include <tuple>
-#include <utility>
 #include <string>
 #include <vector>
 
@@ -440,103 +437,11 @@ OrtStatusPtr fail(const std::string& message) {
   return Ort::GetApi().CreateStatus(ORT_INVALID_ARGUMENT, ("MatMulBlockQuant: " + message).c_str());
 }
 
-// Weights on huge pages. ONNX Runtime hands the kernel its initializers where it loaded them: for an
-// engine's external data file, private file mappings on 4 KiB pages, which runtime/hugepages.py
-// cannot promote (it takes anonymous memory). A decode step streams every weight once, so on first
-// use each weight is copied into an arena of 2 MiB-aligned chunks marked for huge pages (one
-// projection is far smaller than a huge page, so they share chunks), and the file pages are let go.
-// TRTLLM_HUGE_PAGES=0 (or trtllm_cpu_set_huge_pages(0), what trtllm-run --no-huge-pages calls)
-// keeps ONNX Runtime's memory.
-class Arena {
- public:
-  static constexpr size_t kHuge = size_t(2) << 20, kChunk = size_t(64) << 20;
-
-  // A copy of src (64-byte aligned) and the chunk that holds it, or null when huge pages are off.
-  static std::pair<void*, std::shared_ptr<void>> copy(const void* src, size_t size) {
-    static std::mutex lock;
-    static std::shared_ptr<void> chunk;  // the chunk being filled
-    static size_t used = 0, capacity = 0;
-    if (!trtllm_cpu::huge_pages_wanted()) return {nullptr, nullptr};
-    std::lock_guard<std::mutex> hold(lock);
-    size = (size + 63) / 64 * 64;
-    if (!chunk || used + size > capacity) {
-      capacity = std::max(kChunk, (size + kHuge - 1) / kHuge * kHuge);
-      void* raw = std::aligned_alloc(kHuge, capacity);
-      if (!raw) return {nullptr, nullptr};
-#ifdef __linux__
-      madvise(raw, capacity, MADV_HUGEPAGE);  // before the first touch: the faults take huge pages
-#endif
-      chunk = std::shared_ptr<void>(raw, std::free);  // freed with the last weight in it
-      used = 0;
-    }
-    void* at = static_cast<char*>(chunk.get()) + used;
-    used += size;
-    return {at, chunk};
-  }
-};
-
-// Whether src lies in a private file mapping (dropping anonymous memory would zero it). The maps
-// are parsed once and again only for an address they do not cover: an engine has hundreds.
-bool file_backed(const void* src) {
-#ifdef __linux__
-  struct Range {
-    uintptr_t lo, hi;
-    bool private_file;
-  };
-  static std::mutex lock;
-  static std::vector<Range> ranges;
-  const uintptr_t at = reinterpret_cast<uintptr_t>(src);
-  std::lock_guard<std::mutex> hold(lock);
-  for (int attempt = 0; attempt < 2; ++attempt) {
-    for (const Range& r : ranges)
-      if (at >= r.lo && at < r.hi) return r.private_file;
-    ranges.clear();
-    FILE* maps = std::fopen("/proc/self/maps", "r");
-    if (!maps) return false;
-    char line[512];
-    while (std::fgets(line, sizeof line, maps)) {
-      unsigned long lo, hi, offset, inode;
-      char perms[8], dev[16];
-      if (std::sscanf(line, "%lx-%lx %7s %lx %15s %lu", &lo, &hi, perms, &offset, dev, &inode) == 6)
-        ranges.push_back({lo, hi, inode != 0 && perms[3] == 'p'});
-    }
-    std::fclose(maps);
-  }
-  return false;
-#else
-  (void)src;
-  return false;
-#endif
-}
-
-struct Resident {
-  const void* source = nullptr;
-  size_t bytes = 0;
-  void* copy = nullptr;
-  std::shared_ptr<void> chunk;
-
-  const void* get(const void* src, size_t size) {
-    if (src == source && size == bytes) return copy ? copy : src;
-    source = src, bytes = size;
-    std::tie(copy, chunk) = Arena::copy(src, size);
-    if (!copy) return src;
-    std::memcpy(copy, src, size);
-#ifdef __linux__
-    // Clean private file pages: dropping them costs nothing (a later read, if any, faults them back
-    // in from the file) and keeps the weights resident once, not twice.
-    const uintptr_t lo = (reinterpret_cast<uintptr_t>(src) + 4095) & ~uintptr_t(4095);
-    const uintptr_t hi = (reinterpret_cast<uintptr_t>(src) + size) & ~uintptr_t(4095);
-    if (hi > lo && file_backed(src)) madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_DONTNEED);
-#endif
-    return copy;
-  }
-};
-
 struct Kernel {
   int64_t bits, n;
   bool swiglu;
   std::mutex lock;  // guards the copies (sessions may run from several threads)
-  Resident codes_copy, scale_copy, offset_copy;
+  trtllm_cpu::Resident codes_copy, scale_copy, offset_copy;
 
   OrtStatusPtr ComputeV2(OrtKernelContext* raw) {
     try {
