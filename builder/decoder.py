@@ -105,14 +105,9 @@ class DecoderWriter:
             return g.op("MatMul", f"{name}/MatMul", [x, self.fw(f"{prefix}.weight", w.T)])
         if prefix == "lm_head":
             scheme = scheme.for_lm_head()
-        codes, scale, offset = quantize(np.ascontiguousarray(w.T), scheme)
         if self.native:  # the same weights, in the kernel's row-major layout: one node instead of six
-            packed, scale, offset = pack_rows(codes, scale, offset, scheme.bits, scheme.block_size)
-            inputs = [x, g.weight(f"{prefix}.weight_q{scheme.bits}", packed), g.weight(f"{prefix}.weight_scale", scale)]
-            if offset is not None:
-                inputs.append(g.weight(f"{prefix}.weight_offset", offset))
-            return g.op(cpu_kernels.OP, f"{name}/MatMulBlockQuant", inputs, domain=cpu_kernels.DOMAIN,
-                        bits=scheme.bits, n=w.shape[0], layout=cpu_kernels.LAYOUT)
+            return self.block_quant(name, x, prefix, w, scheme)
+        codes, scale, offset = quantize(np.ascontiguousarray(w.T), scheme)
         wq = g.op("DequantizeLinear", f"{name}/DequantizeLinear",
                   [g.weight(f"{prefix}.weight_q{scheme.bits}", codes), g.weight(f"{prefix}.weight_scale", scale)],
                   axis=0, block_size=scheme.block_size)
@@ -129,16 +124,24 @@ class DecoderWriter:
     def swiglu_matmul(self, name: str, x: str, prefix: str, gate: np.ndarray, up: np.ndarray) -> str:
         """silu(x @ gate.T) * (x @ up.T) as one trtllm.cpu::MatMulBlockQuant (activation swiglu):
         the same quantized weights as two projections, rows ordered as the kernel pairs them."""
-        g, scheme = self.g, self.quant
-        codes, scale, offset = quantize(np.ascontiguousarray(np.concatenate([gate, up]).T), scheme)
+        return self.block_quant(name, x, prefix, np.concatenate([gate, up]), self.quant,
+                                order=swiglu_rows(gate.shape[0]), activation="swiglu")
+
+    def block_quant(self, name: str, x: str, prefix: str, w: np.ndarray, scheme: QuantScheme,
+                    order: np.ndarray | None = None, **attrs) -> str:
+        """x @ w.T as one trtllm.cpu::MatMulBlockQuant node: w [out, in] quantized, packed in the
+        kernel's layout (pack_rows), its rows optionally reordered."""
+        g = self.g
+        codes, scale, offset = quantize(np.ascontiguousarray(w.T), scheme)
         packed, scale, offset = pack_rows(codes, scale, offset, scheme.bits, scheme.block_size)
-        order = swiglu_rows(gate.shape[0])
-        inputs = [x, g.weight(f"{prefix}.weight_q{scheme.bits}", packed[order]),
-                  g.weight(f"{prefix}.weight_scale", scale[order])]
+        if order is not None:
+            packed, scale = packed[order], scale[order]
+            offset = None if offset is None else offset[order]
+        inputs = [x, g.weight(f"{prefix}.weight_q{scheme.bits}", packed), g.weight(f"{prefix}.weight_scale", scale)]
         if offset is not None:
-            inputs.append(g.weight(f"{prefix}.weight_offset", offset[order]))
+            inputs.append(g.weight(f"{prefix}.weight_offset", offset))
         return g.op(cpu_kernels.OP, f"{name}/MatMulBlockQuant", inputs, domain=cpu_kernels.DOMAIN,
-                    bits=scheme.bits, n=2 * gate.shape[0], activation="swiglu", layout=cpu_kernels.LAYOUT)
+                    bits=scheme.bits, n=w.shape[0], layout=cpu_kernels.LAYOUT, **attrs)
 
     def linear(self, name: str, x: str, prefix: str, bias: bool = False) -> str:
         """x @ W.T (+ b)."""

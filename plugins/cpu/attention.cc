@@ -306,11 +306,7 @@ struct Op : Ort::CustomOpBase<Op, Kernel, true> {
     try {
       Ort::ConstKernelInfo ki(info);
       const int64_t h = ki.GetAttribute<int64_t>("num_heads"), hk = ki.GetAttribute<int64_t>("kv_num_heads");
-      float scale = 0.0f;
-      try {
-        scale = ki.GetAttribute<float>("scale");
-      } catch (const Ort::Exception&) {  // absent: 1 / sqrt(D)
-      }
+      const float scale = trtllm_cpu::attribute_or<float>(ki, "scale", 0.0f);  // 0: 1 / sqrt(D)
       if (h < 1 || hk < 1 || h % hk) return fail("num_heads must be a positive multiple of kv_num_heads");
       *kernel = new Kernel{h, hk, scale};
       return nullptr;

@@ -19,6 +19,16 @@ bool use_avx512();
 // TRTLLM_HUGE_PAGES=0.
 bool huge_pages_wanted();
 
+// A node attribute, or `fallback` when the node does not have it.
+template <typename T>
+T attribute_or(const Ort::ConstKernelInfo& info, const char* name, T fallback) {
+  try {
+    return info.GetAttribute<T>(name);
+  } catch (const Ort::Exception&) {
+    return fallback;
+  }
+}
+
 OrtCustomOp* matmul_block_quant_op();
 OrtCustomOp* attention_op();
 

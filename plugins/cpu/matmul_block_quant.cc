@@ -502,19 +502,11 @@ struct Op : Ort::CustomOpBase<Op, Kernel, true> {
       const int64_t bits = ki.GetAttribute<int64_t>("bits"), n = ki.GetAttribute<int64_t>("n");
       if (bits != 4 && bits != 8) return fail("bits must be 4 or 8, got " + std::to_string(bits));
       if (n < 1) return fail("n must be positive");
-      int64_t layout = 0;  // none recorded: an engine from before the attribute
-      try {
-        layout = ki.GetAttribute<int64_t>("layout");
-      } catch (const Ort::Exception&) {
-      }
+      const int64_t layout = trtllm_cpu::attribute_or<int64_t>(ki, "layout", 0);  // 0: from before the attribute
       if (layout != kLayout)
         return fail("the engine's weights are in packing layout " + std::to_string(layout) + ", this library reads layout " +
                     std::to_string(kLayout) + ": rebuild the engine with trtllm-build");
-      std::string activation = "none";
-      try {
-        activation = ki.GetAttribute<std::string>("activation");
-      } catch (const Ort::Exception&) {  // absent: none
-      }
+      const std::string activation = trtllm_cpu::attribute_or<std::string>(ki, "activation", "none");
       if (activation != "none" && activation != "swiglu")
         return fail("activation must be none or swiglu, got " + activation);
       if (activation == "swiglu" && n % 2) return fail("swiglu needs an even n (gate and up rows)");
