@@ -66,6 +66,14 @@ def gqa_supported(spec: DecoderSpec, dtype: str) -> bool:
     return spec.head_dim % 16 == 0 and not spec.sliding_window and not spec.qk_norm and dtype == "float32"
 
 
+def half_supported(spec: DecoderSpec) -> bool:
+    """Where a float16 engine's ONNX Runtime form runs on trtllm.cpu::MatMulHalf and Attention
+    (float32 activations, float16 weights and cache): attention as gqa_supported, and every
+    projection's input width a multiple of 32."""
+    widths = (spec.hidden_size, spec.intermediate_size, spec.num_heads * spec.head_dim)
+    return gqa_supported(spec, "float32") and all(w % 32 == 0 for w in widths)
+
+
 class DecoderWriter:
     """Writes one decoder graph; `graph` picks the profile ("modern" opset 24, "legacy" opset 20,
     which refuses `quant` and `ort_attention`)."""
@@ -80,27 +88,36 @@ class DecoderWriter:
         if self.legacy:
             legacy_ops.refuse(quant, ort_attention)
         self.spec, self.w, self.io, self.quant = spec, weights, io, quant
-        self.gqa = ort_attention and gqa_supported(spec, dtype)
         # ONNX Runtime form only: plugins/cpu's kernels for the quantized projections
-        # (trtllm.cpu::MatMulBlockQuant) and, where GroupQueryAttention would go, trtllm.cpu::Attention
+        # (trtllm.cpu::MatMulBlockQuant) and, where GroupQueryAttention would go, trtllm.cpu::Attention.
+        # A float16 engine's form there (`half`) keeps its weights and cache in float16 but computes
+        # in float32 (trtllm.cpu::MatMulHalf): ONNX Runtime has no fast float16 kernels on CPUs.
         self.native = native_kernels and quant is not None and quant.block_size == 32 and dtype == "float32"
+        self.half = native_kernels and ort_attention and quant is None and dtype == "float16" and half_supported(spec)
+        self.gqa = ort_attention and gqa_supported(spec, "float32" if self.half else dtype)
         self.native_attention = native_kernels and self.gqa
-        # float16: weights, activations and the KV cache in half precision; norms accumulate in
-        # float32 (stash_type), attention's softmax too, and the logits are cast to float32.
-        self.dtype = np.dtype(dtype)
+        # float16 (elsewhere): weights, activations and the KV cache in half precision; norms
+        # accumulate in float32 (stash_type), attention's softmax too, and the logits are cast to float32.
+        self.dtype = np.dtype("float32" if self.half else dtype)
         self.ftype = TensorProto.FLOAT16 if self.dtype == np.float16 else F32
+        self.kv_type = TensorProto.FLOAT16 if dtype == "float16" else self.ftype
         self.g = GraphWriter("trtllm_decoder")
-        self.cos = self.fw("/model/rotary/cos_cache", rope_cos)
-        self.sin = self.fw("/model/rotary/sin_cache", rope_sin)
+        self.cos = self.g.weight("/model/rotary/cos_cache", rope_cos.astype(self.dtype))
+        self.sin = self.g.weight("/model/rotary/sin_cache", rope_sin.astype(self.dtype))
         self.max_top_k = max_top_k
 
     def fw(self, name: str, array: np.ndarray) -> str:
-        """A float weight in the graph's dtype."""
-        return self.g.weight(name, np.asarray(array).astype(self.dtype))
+        """A float weight in the graph's dtype (`half`: float16 values, held as float32)."""
+        array = np.asarray(array)
+        if self.half:
+            array = array.astype(np.float16)
+        return self.g.weight(name, array.astype(self.dtype))
 
     def matmul(self, name: str, x: str, prefix: str, w: np.ndarray, rank: int = 3) -> str:
         """x @ w.T, with w.T stored as [in, out] (no Transpose); block-quantized when asked."""
         g, scheme = self.g, self.quant
+        if self.half:
+            return self.half_matmul(name, x, g.weight(f"{prefix}.weight", w.astype(np.float16)), w.shape[0])
         if scheme is None:
             return g.op("MatMul", f"{name}/MatMul", [x, self.fw(f"{prefix}.weight", w.T)])
         if prefix == "lm_head":
@@ -121,11 +138,18 @@ class DecoderWriter:
         extra = g.op("MatMul", f"{name}/offset/MatMul", [sums, g.weight(f"{prefix}.weight_offset", offset)])
         return g.op("Add", f"{name}/offset/Add", [y, extra])
 
+    def half_matmul(self, name: str, x: str, w: str, n: int, **attrs) -> str:
+        """x @ w.T as one trtllm.cpu::MatMulHalf node: w a float16 [n, in] initializer."""
+        return self.g.op(cpu_kernels.HALF, f"{name}/MatMulHalf", [x, w], domain=cpu_kernels.DOMAIN, n=n, **attrs)
+
     def swiglu_matmul(self, name: str, x: str, prefix: str, gate: np.ndarray, up: np.ndarray) -> str:
-        """silu(x @ gate.T) * (x @ up.T) as one trtllm.cpu::MatMulBlockQuant (activation swiglu):
-        the same quantized weights as two projections, rows ordered as the kernel pairs them."""
-        return self.block_quant(name, x, prefix, np.concatenate([gate, up]), self.quant,
-                                order=swiglu_rows(gate.shape[0]), activation="swiglu")
+        """silu(x @ gate.T) * (x @ up.T) as one trtllm.cpu node (activation swiglu): the same
+        weights as two projections, rows ordered as the kernel pairs them."""
+        both, order = np.concatenate([gate, up]), swiglu_rows(gate.shape[0])
+        if self.half:
+            w = self.g.weight(f"{prefix}.weight", both[order].astype(np.float16))
+            return self.half_matmul(name, x, w, both.shape[0], activation="swiglu")
+        return self.block_quant(name, x, prefix, both, self.quant, order=order, activation="swiglu")
 
     def block_quant(self, name: str, x: str, prefix: str, w: np.ndarray, scheme: QuantScheme,
                     order: np.ndarray | None = None, **attrs) -> str:
@@ -245,10 +269,10 @@ class DecoderWriter:
         qkv = self.fused_proj(f"{name}/qkv_proj", x, f"{p}.qkv_proj",
                               [f"{p}.q_proj", f"{p}.k_proj", f"{p}.v_proj"], s.attention_bias)
         kv_shape = ["batch", s.num_kv_heads, "kv_capacity", s.head_dim]
-        past = [g.input(getattr(self.io, f"past_{k}").format(i=i), self.ftype, kv_shape) for k in ("key", "value")]
+        past = [g.input(getattr(self.io, f"past_{k}").format(i=i), self.kv_type, kv_shape) for k in ("key", "value")]
         present = [getattr(self.io, f"present_{k}").format(i=i) for k in ("key", "value")]
         for name_out in present:
-            g.output(name_out, self.ftype, kv_shape)
+            g.output(name_out, self.kv_type, kv_shape)
         if self.native_attention:  # the same semantics, plugins/cpu/attention.cc
             ins = [qkv, *past, self.io.write_index, self.io.last_index, position_ids, self.cos, self.sin]
             y = g.op(cpu_kernels.ATTENTION, f"{name}/Attention", ins, outputs=[f"{name}/Attention/output_0", *present],
@@ -279,7 +303,7 @@ class DecoderWriter:
         g, p, name = self.g, f"model.layers.{i}.mlp", f"/model/layers.{i}/mlp"
         # ONNX Runtime's float form: two MatMuls cost less than one plus a Split (its copy). Not for
         # int4/int8: each quantized projection carries its own offset kernels (measured 6% slower).
-        if self.native:  # gate, up and silu(gate) * up in one node of ours
+        if self.native or self.half:  # gate, up and silu(gate) * up in one node of ours
             act = self.swiglu_matmul(f"{name}/gate_up_proj", x, f"{p}.gate_up_proj",
                                      self.w[f"{p}.gate_proj.weight"], self.w[f"{p}.up_proj.weight"])
             return self.linear(f"{name}/down_proj", act, f"{p}.down_proj")
@@ -317,8 +341,13 @@ class DecoderWriter:
         position_ids = g.input(io.position_ids, I64, ["batch", "seq"])
         write_index = g.input(io.write_index, I64, ["batch"])
         last_index = g.input(io.last_index, I64, ["batch"])
-        embed = self.fw("model.embed_tokens.weight", self.w["model.embed_tokens.weight"])
-        h = g.op("Gather", "/model/embed_tokens/Gather", [embed, input_ids], axis=0)
+        if self.half:  # one float16 table for the lookup and a tied lm_head
+            embed = g.weight("model.embed_tokens.weight", self.w["model.embed_tokens.weight"].astype(np.float16))
+            h = g.op("Cast", "/model/embed_tokens/Cast",
+                     [g.op("Gather", "/model/embed_tokens/Gather", [embed, input_ids], axis=0)], to=F32)
+        else:
+            embed = self.fw("model.embed_tokens.weight", self.w["model.embed_tokens.weight"])
+            h = g.op("Gather", "/model/embed_tokens/Gather", [embed, input_ids], axis=0)
         if self.gqa:
             mask = None
             if not self.native_attention:
@@ -341,7 +370,7 @@ class DecoderWriter:
         logits = self.lm_head(h, last_index)
         self.sampler(logits)
         extra = {sample_body.DOMAIN: sample_schema.DOMAIN_VERSION, **({"com.microsoft": 1} if self.gqa else {}),
-                 **({cpu_kernels.DOMAIN: 1} if self.native or self.native_attention else {})}
+                 **({cpu_kernels.DOMAIN: 1} if self.native or self.native_attention or self.half else {})}
         model = g.model("trtllm-edge", extra_opsets=extra)
         if self.legacy:
             next(o for o in model.opset_import if o.domain == "").version = legacy_ops.OPSET
@@ -356,7 +385,9 @@ class DecoderWriter:
         h = g.op("GatherElements", "/model/last/GatherElements", [h, idx], axis=1)           # [B,1,H]
         h = g.op("Squeeze", "/model/last/Squeeze", [h, g.const([1])])                         # [B,H]
         h = self.rms_norm("/model/norm", h, "model.norm.weight")
-        if s.tie_word_embeddings and self.quant is None:
+        if s.tie_word_embeddings and self.half:
+            logits = self.half_matmul("/lm_head", h, "model.embed_tokens.weight", s.vocab_size)
+        elif s.tie_word_embeddings and self.quant is None:
             # Gemm with transB shares the embedding table instead of storing a transposed copy.
             logits = g.op("Gemm", "/lm_head/Gemm", [h, "model.embed_tokens.weight"], transB=1)
         else:  # quantized: the lm_head gets its own quantized copy; the embedding stays float32

@@ -22,7 +22,7 @@ from trtllm.builder import checkpoint as ckpt
 from trtllm.builder import tensorrt as trt_build
 from trtllm.builder.architectures import spec_for
 from trtllm.builder.config import MODERN_MIN_TRT, BuildConfig, parse_trt_version
-from trtllm.builder.decoder import DecoderWriter, gqa_supported
+from trtllm.builder.decoder import DecoderWriter, gqa_supported, half_supported
 from trtllm.builder.quantize import QuantScheme
 from trtllm.plugins import cpu as cpu_kernels
 from trtllm.plugins import lint
@@ -65,32 +65,39 @@ def export_onnx(ck: ckpt.Checkpoint, config: BuildConfig, out_dir: Path, log, ba
     del model
     lowerings = []
     gqa = gqa_supported(spec, config.dtype)
-    native = backend == "onnxruntime" and config.graph == "modern" and use_native_kernels(config, gqa, log)
+    half = config.dtype == "float16" and quant is None and half_supported(spec)  # only on the native kernels
+    native = backend == "onnxruntime" and config.graph == "modern" and use_native_kernels(config, gqa or half, log)
     quant_native = native and quant is not None
-    if backend == "onnxruntime" and config.graph == "modern" and (gqa or quant_native):
+    half = half and native
+    if backend == "onnxruntime" and config.graph == "modern" and (gqa or quant_native or half):
         # The ONNX Runtime form starts from a graph whose attention is a fused kernel (ours or ORT's)
-        # and whose quantized MatMuls are ours; the canonical llm.onnx (what TensorRT parses) keeps
-        # the standard ops.
-        if gqa:
+        # and whose quantized or float16 MatMuls are ours; the canonical llm.onnx (what TensorRT
+        # parses) keeps the standard ops.
+        if gqa or half:
             attention = cpu_kernels.ATTENTION_LOWERING if native else "GroupQueryAttention"
             log(f"lowering attention to {attention}, residual + RMSNorm to SkipSimplifiedLayerNormalization")
             lowerings += [attention, "SkipSimplifiedLayerNormalization"]
         if quant_native:
             log(f"lowering the quantized MatMuls to {cpu_kernels.LOWERING} (plugins/cpu)")
             lowerings.append(cpu_kernels.LOWERING)
+        if half:
+            log(f"lowering the float16 MatMuls to {cpu_kernels.HALF_LOWERING} (plugins/cpu: float16 weights and "
+                "cache, float32 arithmetic)")
+            lowerings.append(cpu_kernels.HALF_LOWERING)
         ort_model = DecoderWriter(spec, weights, cos, sin, max_top_k, quant=quant, dtype=config.dtype,
-                                  ort_attention=gqa, native_kernels=native).write()
+                                  ort_attention=gqa or half, native_kernels=native).write()
         save(ort_model, out_dir, ORT_SOURCE)
     return spec, max_top_k, num_positions, lowerings
 
 
-def use_native_kernels(config: BuildConfig, gqa: bool, log) -> bool:
+def use_native_kernels(config: BuildConfig, runs_here: bool, log) -> bool:
     """--cpu-kernels: native needs the built library and something to run on it (attention where
-    GroupQueryAttention would go, quantized MatMuls); auto takes it when it is there, and says so."""
-    if config.cpu_kernels == "onnxruntime" or not (gqa or config.quantization != "none"):
+    GroupQueryAttention would go, a float16 model, quantized MatMuls: `runs_here` or quantization);
+    auto takes it when it is there, and says so."""
+    if config.cpu_kernels == "onnxruntime" or not (runs_here or config.quantization != "none"):
         if config.cpu_kernels == "native":
             raise RuntimeError("--cpu-kernels native: this model has nothing the native kernels run (they need "
-                               "--quantization int8/int4, or float32 attention without a sliding window or q/k norm)")
+                               "--quantization int8/int4, or attention without a sliding window or q/k norm)")
         return False
     if cpu_kernels.library() is None:
         if config.cpu_kernels == "native":

@@ -75,12 +75,13 @@ def weight_bytes(engine_dir: Path) -> int:
     model = onnx.load(path if path.is_file() else engine_dir / "llm.onnx", load_external_data=False)
     sizes = {t.name: helper.tensor_dtype_to_np_dtype(t.data_type).itemsize * int(_prod(t.dims)) for t in model.graph.initializer}
     sizes.update({t.name: (int(_prod(t.dims)) + 1) // 2 for t in model.graph.initializer if t.data_type == 22})  # int4
-    # ONNX Runtime's form runs float16 MatMuls on Casts of the weights to float32; they are counted
-    # as float16, as the canonical graph has them (ONNX Runtime may fold those Casts at load)
+    # On ONNX Runtime's own kernels, a float16 form runs its MatMuls on Casts of the weights to
+    # float32; they are counted as float16, as the canonical graph has them (ONNX Runtime may fold
+    # those Casts at load). Ours (MatMulHalf) read the float16 weights themselves.
     cast_of = {n.output[0]: n.input[0] for n in model.graph.node if n.op_type == "Cast"}
     read = set()
     for node in model.graph.node:
-        if node.op_type in ("MatMul", "Gemm", "DequantizeLinear", "MatMulNBits", "MatMulBlockQuant"):
+        if node.op_type in ("MatMul", "Gemm", "DequantizeLinear", "MatMulNBits", "MatMulBlockQuant", "MatMulHalf"):
             names = [cast_of.get(name, name) for name in node.input]
             read.update(name for name in names if name in sizes and not name.startswith("/const"))
     return sum(sizes[n] for n in read)

@@ -6,7 +6,8 @@
 // AVX-512 and splits the work over (row, head, block of queries).
 //
 // Inputs:  0 qkv [B, S, (H + 2 Hk) D] float32 (the q heads, then the k heads, then the v heads)
-//          1 past_key, 2 past_value [B, Hk, C, D] float32
+//          1 past_key, 2 past_value [B, Hk, C, D] float32, or both float16 (a float16 engine's cache:
+//            read and written in half precision, computed in float32)
 //          3 write_index [B] int64: the slot of the row's first new token
 //          4 last_index [B] int64: the row's new tokens are s = 0 .. last_index (the rest is padding)
 //          5 position_ids [B, S] int64
@@ -41,6 +42,11 @@ struct Shape {
   int64_t b, s, h, hk, d, c, p;
 };
 
+// The cache's element: float, or float16 bits.
+inline float to_float(float x) { return x; }
+inline float to_float(uint16_t h) { return trtllm_cpu::half_to_float(h); }
+
+template <typename T>
 struct Job {
   Shape n;
   const float* qkv;
@@ -49,8 +55,8 @@ struct Job {
   const int64_t* position_ids;
   const float* cos;
   const float* sin;
-  const float* key;    // present_key
-  const float* value;  // present_value
+  const T* key;    // present_key
+  const T* value;  // present_value
   float scale;
   float* y;
 };
@@ -65,12 +71,12 @@ void rotary(const float* x, const float* cos, const float* sin, int64_t d, float
 }
 
 // One query against slots [0, t): scores, softmax, the weighted sum of values. Portable.
-void attend_generic(const float* q, const float* key, const float* value, int64_t t, int64_t d, float* scores,
-                    float* out) {
+template <typename T>
+void attend_generic(const float* q, const T* key, const T* value, int64_t t, int64_t d, float* scores, float* out) {
   float top = -INFINITY;
   for (int64_t j = 0; j < t; ++j) {
     float acc = 0.0f;
-    for (int64_t i = 0; i < d; ++i) acc += q[i] * key[j * d + i];
+    for (int64_t i = 0; i < d; ++i) acc += q[i] * to_float(key[j * d + i]);
     scores[j] = acc;
     top = std::max(top, acc);
   }
@@ -78,11 +84,16 @@ void attend_generic(const float* q, const float* key, const float* value, int64_
   for (int64_t j = 0; j < t; ++j) total += scores[j] = std::exp(scores[j] - top);
   std::fill(out, out + d, 0.0f);
   for (int64_t j = 0; j < t; ++j)
-    for (int64_t i = 0; i < d; ++i) out[i] += scores[j] * value[j * d + i];
+    for (int64_t i = 0; i < d; ++i) out[i] += scores[j] * to_float(value[j * d + i]);
   for (int64_t i = 0; i < d; ++i) out[i] /= total;
 }
 
 #ifdef TRTLLM_X86
+__attribute__((target("avx512f,avx512bw,avx512vl,fma"))) inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+__attribute__((target("avx512f,avx512bw,avx512vl,fma"))) inline __m512 load16(const uint16_t* p) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+
 // 16 vectors -> one vector of their 16 sums, in 4 rounds of shuffles and adds (instead of a
 // horizontal sum each). Sum k lands in lane kTranspose[k] (a 4x4 transpose, its own inverse), so
 // callers pass their vectors in that order.
@@ -108,9 +119,9 @@ __attribute__((target("avx512f,avx512bw,avx512vl,fma"))) inline __m512 sum16(con
 // against their shared keys and values, D = 16 ND. Keys and values are read in groups of 16 that
 // stay in L1 while every query of the block uses them: a prefill chunk reads its cache once per
 // block, not once per query. scores: [qn][ld] scratch; out: query r's output at out + r * ostride.
-template <int ND>
+template <int ND, typename T>
 __attribute__((target("avx512f,avx512bw,avx512vl,fma"))) void attend_block_avx512(
-    const float* q, int qn, const int64_t* t, const float* key, const float* value, float* scores, int64_t ld,
+    const float* q, int qn, const int64_t* t, const T* key, const T* value, float* scores, int64_t ld,
     float* out, int64_t ostride) {
   constexpr int64_t d = 16 * ND;
   const int64_t tmax = t[qn - 1];
@@ -129,7 +140,7 @@ __attribute__((target("avx512f,avx512bw,avx512vl,fma"))) void attend_block_avx51
 #pragma GCC unroll 8
         for (int i = 0; i < ND; ++i)
 #pragma GCC unroll 16
-          for (int k = 0; k < 16; ++k) acc[k] = _mm512_fmadd_ps(qv[i], _mm512_loadu_ps(key + (j0 + k) * d + 16 * i), acc[k]);
+          for (int k = 0; k < 16; ++k) acc[k] = _mm512_fmadd_ps(qv[i], load16(key + (j0 + k) * d + 16 * i), acc[k]);
         __m512 ordered[16];
 #pragma GCC unroll 16
         for (int k = 0; k < 16; ++k) ordered[k] = acc[kTranspose[k]];
@@ -138,7 +149,7 @@ __attribute__((target("avx512f,avx512bw,avx512vl,fma"))) void attend_block_avx51
         for (int64_t j = j0; j < tmax; ++j) {
           __m512 acc = _mm512_setzero_ps();
 #pragma GCC unroll 8
-          for (int i = 0; i < ND; ++i) acc = _mm512_fmadd_ps(qv[i], _mm512_loadu_ps(key + j * d + 16 * i), acc);
+          for (int i = 0; i < ND; ++i) acc = _mm512_fmadd_ps(qv[i], load16(key + j * d + 16 * i), acc);
           row[j] = _mm512_reduce_add_ps(acc);
         }
       }
@@ -177,7 +188,7 @@ __attribute__((target("avx512f,avx512bw,avx512vl,fma"))) void attend_block_avx51
       for (int64_t j = j0; j < end; ++j) {
         const __m512 w = _mm512_set1_ps(p[j]);
 #pragma GCC unroll 8
-        for (int i = 0; i < ND; ++i) acc[i] = _mm512_fmadd_ps(w, _mm512_loadu_ps(value + j * d + 16 * i), acc[i]);
+        for (int i = 0; i < ND; ++i) acc[i] = _mm512_fmadd_ps(w, load16(value + j * d + 16 * i), acc[i]);
       }
 #pragma GCC unroll 8
       for (int i = 0; i < ND; ++i) _mm512_storeu_ps(out + r * ostride + 16 * i, acc[i]);
@@ -191,22 +202,25 @@ __attribute__((target("avx512f,avx512bw,avx512vl,fma"))) void attend_block_avx51
   }
 }
 
-using BlockFn = void (*)(const float*, int, const int64_t*, const float*, const float*, float*, int64_t, float*, int64_t);
-constexpr BlockFn kBlock[8] = {attend_block_avx512<1>, attend_block_avx512<2>, attend_block_avx512<3>,
-                               attend_block_avx512<4>, attend_block_avx512<5>, attend_block_avx512<6>,
-                               attend_block_avx512<7>, attend_block_avx512<8>};
+template <typename T>
+using BlockFn = void (*)(const float*, int, const int64_t*, const T*, const T*, float*, int64_t, float*, int64_t);
+template <typename T>
+constexpr BlockFn<T> kBlock[8] = {attend_block_avx512<1, T>, attend_block_avx512<2, T>, attend_block_avx512<3, T>,
+                                  attend_block_avx512<4, T>, attend_block_avx512<5, T>, attend_block_avx512<6, T>,
+                                  attend_block_avx512<7, T>, attend_block_avx512<8, T>};
 #endif
 
 // One task: row b, query head h, queries [s0, s0 + kQueries).
+template <typename T>
 void run_task(void* data, size_t task) {
-  const Job& job = *static_cast<const Job*>(data);
+  const Job<T>& job = *static_cast<const Job<T>*>(data);
   const Shape& n = job.n;
   const int64_t blocks = (n.s + kQueries - 1) / kQueries;
   const int64_t b = static_cast<int64_t>(task) / (n.h * blocks), h = (static_cast<int64_t>(task) / blocks) % n.h;
   const int64_t s0 = (static_cast<int64_t>(task) % blocks) * kQueries, g = h / (n.h / n.hk);
   const int64_t width = (n.h + 2 * n.hk) * n.d;
-  const float* key = job.key + (b * n.hk + g) * n.c * n.d;
-  const float* value = job.value + (b * n.hk + g) * n.c * n.d;
+  const T* key = job.key + (b * n.hk + g) * n.c * n.d;
+  const T* value = job.value + (b * n.hk + g) * n.c * n.d;
   const int64_t s1 = std::min(n.s, s0 + kQueries), last = std::min(s1, job.last_index[b] + 1);
   for (int64_t s = std::max(s0, last); s < s1; ++s) {  // padding tokens: 0
     float* out = job.y + ((b * n.s + s) * n.h + h) * n.d;
@@ -229,10 +243,16 @@ void run_task(void* data, size_t task) {
   const int64_t ostride = n.h * n.d;
 #ifdef TRTLLM_X86
   if (use_avx512() && n.d % 16 == 0 && n.d <= 128)
-    return kBlock[n.d / 16 - 1](q.data(), qn, t, key, value, scores.data(), ld, out, ostride);
+    return kBlock<T>[n.d / 16 - 1](q.data(), qn, t, key, value, scores.data(), ld, out, ostride);
 #endif
   for (int r = 0; r < qn; ++r)
     attend_generic(q.data() + r * n.d, key, value, t[r], n.d, scores.data(), out + r * ostride);
+}
+
+// A row of the cache from float32: copied, or rounded to float16.
+void store(const float* src, int64_t d, float* dst) { std::memcpy(dst, src, d * sizeof(float)); }
+void store(const float* src, int64_t d, uint16_t* dst) {
+  for (int64_t i = 0; i < d; ++i) dst[i] = trtllm_cpu::float_to_half(src[i]);
 }
 
 OrtStatusPtr fail(const std::string& message) {
@@ -247,8 +267,7 @@ struct Kernel {
     try {
       Ort::KernelContext ctx(raw);
       auto qkv = ctx.GetInput(0), past_key = ctx.GetInput(1), past_value = ctx.GetInput(2);
-      auto write_index = ctx.GetInput(3), last_index = ctx.GetInput(4), position_ids = ctx.GetInput(5);
-      auto cos = ctx.GetInput(6), sin = ctx.GetInput(7);
+      auto cos = ctx.GetInput(6);
       const auto qs = qkv.GetTensorTypeAndShapeInfo().GetShape();
       const auto ks = past_key.GetTensorTypeAndShapeInfo().GetShape();
       const auto cs = cos.GetTensorTypeAndShapeInfo().GetShape();
@@ -259,49 +278,66 @@ struct Kernel {
                     std::to_string(n.d) + ", or the KV's batch/heads differ");
       if (cs[1] * 2 != n.d || n.d % 2) return fail("cos/sin must be [positions, head_size / 2]");
       if (past_value.GetTensorTypeAndShapeInfo().GetShape() != ks) return fail("past_key and past_value differ in shape");
+      const auto kv_type = past_key.GetTensorTypeAndShapeInfo().GetElementType();
+      if (past_value.GetTensorTypeAndShapeInfo().GetElementType() != kv_type)
+        return fail("past_key and past_value differ in element type");
       auto y = ctx.GetOutput(0, {n.b, n.s, h * n.d});
-      auto present_key = ctx.GetOutput(1, ks), present_value = ctx.GetOutput(2, ks);
-      float* key = present_key.GetTensorMutableData<float>();
-      float* value = present_value.GetTensorMutableData<float>();
-      const size_t kv_bytes = static_cast<size_t>(n.b * n.hk * n.c * n.d) * sizeof(float);
-      if (key != past_key.GetTensorData<float>()) std::memcpy(key, past_key.GetTensorData<float>(), kv_bytes);
-      if (value != past_value.GetTensorData<float>()) std::memcpy(value, past_value.GetTensorData<float>(), kv_bytes);
-      const int64_t* wi = write_index.GetTensorData<int64_t>();
-      const int64_t* li = last_index.GetTensorData<int64_t>();
-      const int64_t* pos = position_ids.GetTensorData<int64_t>();
-      const float* x = qkv.GetTensorData<float>();
-      const float* cosd = cos.GetTensorData<float>();
-      const float* sind = sin.GetTensorData<float>();
-      // The new keys (with their rotary) and values, into the cache: before any query reads them.
-      const int64_t width = (h + 2 * hk) * n.d;
-      for (int64_t b = 0; b < n.b; ++b) {
-        if (li[b] < 0 || li[b] >= n.s) return fail("last_index[" + std::to_string(b) + "] is outside the chunk");
-        if (wi[b] < 0 || wi[b] + li[b] >= n.c)
-          return fail("row " + std::to_string(b) + " writes slots " + std::to_string(wi[b]) + ".." +
-                      std::to_string(wi[b] + li[b]) + " of a KV cache of " + std::to_string(n.c));
-        for (int64_t s = 0; s <= li[b]; ++s) {
-          const int64_t p = pos[b * n.s + s], slot = wi[b] + s;
-          if (p < 0 || p >= n.p) return fail("position " + std::to_string(p) + " is beyond the rotary tables");
-          for (int64_t g = 0; g < hk; ++g) {
-            const float* src = x + (b * n.s + s) * width + (h + g) * n.d;
-            const int64_t at = ((b * hk + g) * n.c + slot) * n.d;
-            rotary(src, cosd + p * (n.d / 2), sind + p * (n.d / 2), n.d, 1.0f, key + at);
-            std::memcpy(value + at, src + hk * n.d, n.d * sizeof(float));
-          }
-        }
-      }
-      Job job{n, x, wi, li, pos, cosd, sind, key, value, scale > 0 ? scale : 1.0f / std::sqrt(static_cast<float>(n.d)),
-              y.GetTensorMutableData<float>()};
-      const size_t tasks = static_cast<size_t>(n.b * h * ((n.s + kQueries - 1) / kQueries));
-      if (tasks) ctx.ParallelFor(run_task, tasks, 0, &job);
-      return nullptr;
+      if (kv_type == ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT) return run<float>(ctx, n, y);
+      if (kv_type == ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16) return run<uint16_t>(ctx, n, y);
+      return fail("the KV cache must be float32 or float16");
     } catch (const std::exception& e) {
       return fail(e.what());
     }
   }
+
+  // The new keys (with their rotary) and values go into the cache before any query reads them.
+  template <typename T>
+  OrtStatusPtr run(Ort::KernelContext& ctx, const Shape& n, Ort::UnownedValue& y) {
+    auto qkv = ctx.GetInput(0), past_key = ctx.GetInput(1), past_value = ctx.GetInput(2);
+    const auto ks = past_key.GetTensorTypeAndShapeInfo().GetShape();
+    auto present_key = ctx.GetOutput(1, ks), present_value = ctx.GetOutput(2, ks);
+    T* key = static_cast<T*>(present_key.GetTensorMutableRawData());
+    T* value = static_cast<T*>(present_value.GetTensorMutableRawData());
+    const size_t kv_bytes = static_cast<size_t>(n.b * n.hk * n.c * n.d) * sizeof(T);
+    if (key != past_key.GetTensorRawData()) std::memcpy(key, past_key.GetTensorRawData(), kv_bytes);
+    if (value != past_value.GetTensorRawData()) std::memcpy(value, past_value.GetTensorRawData(), kv_bytes);
+    const int64_t* wi = ctx.GetInput(3).GetTensorData<int64_t>();
+    const int64_t* li = ctx.GetInput(4).GetTensorData<int64_t>();
+    const int64_t* pos = ctx.GetInput(5).GetTensorData<int64_t>();
+    const float* x = qkv.GetTensorData<float>();
+    const float* cosd = ctx.GetInput(6).GetTensorData<float>();
+    const float* sind = ctx.GetInput(7).GetTensorData<float>();
+    const int64_t width = (h + 2 * hk) * n.d;
+    std::vector<float> rotated(n.d);
+    for (int64_t b = 0; b < n.b; ++b) {
+      if (li[b] < 0 || li[b] >= n.s) return fail("last_index[" + std::to_string(b) + "] is outside the chunk");
+      if (wi[b] < 0 || wi[b] + li[b] >= n.c)
+        return fail("row " + std::to_string(b) + " writes slots " + std::to_string(wi[b]) + ".." +
+                    std::to_string(wi[b] + li[b]) + " of a KV cache of " + std::to_string(n.c));
+      for (int64_t s = 0; s <= li[b]; ++s) {
+        const int64_t p = pos[b * n.s + s], slot = wi[b] + s;
+        if (p < 0 || p >= n.p) return fail("position " + std::to_string(p) + " is beyond the rotary tables");
+        for (int64_t g = 0; g < hk; ++g) {
+          const float* src = x + (b * n.s + s) * width + (h + g) * n.d;
+          const int64_t at = ((b * hk + g) * n.c + slot) * n.d;
+          rotary(src, cosd + p * (n.d / 2), sind + p * (n.d / 2), n.d, 1.0f, rotated.data());
+          store(rotated.data(), n.d, key + at);
+          store(src + hk * n.d, n.d, value + at);
+        }
+      }
+    }
+    Job<T> job{n, x, wi, li, pos, cosd, sind, key, value, scale > 0 ? scale : 1.0f / std::sqrt(static_cast<float>(n.d)),
+               y.GetTensorMutableData<float>()};
+    const size_t tasks = static_cast<size_t>(n.b * h * ((n.s + kQueries - 1) / kQueries));
+    if (tasks) ctx.ParallelFor(run_task<T>, tasks, 0, &job);
+    return nullptr;
+  }
 };
 
-struct Op : Ort::CustomOpBase<Op, Kernel, true> {
+// Registered twice under one name, once per cache type: ONNX Runtime makes one schema of the two and
+// picks the kernel by the cache's type.
+template <ONNXTensorElementDataType KV>
+struct Op : Ort::CustomOpBase<Op<KV>, Kernel, true> {
   OrtStatusPtr CreateKernelV2(const OrtApi&, const OrtKernelInfo* info, void** kernel) const {
     try {
       Ort::ConstKernelInfo ki(info);
@@ -318,17 +354,21 @@ struct Op : Ort::CustomOpBase<Op, Kernel, true> {
   const char* GetExecutionProviderType() const { return "CPUExecutionProvider"; }
   size_t GetInputTypeCount() const { return 8; }
   ONNXTensorElementDataType GetInputType(size_t i) const {
-    return i >= 3 && i <= 5 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64 : ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
+    return i == 1 || i == 2 ? KV : i >= 3 && i <= 5 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64 : ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
   }
   size_t GetOutputTypeCount() const { return 3; }
-  ONNXTensorElementDataType GetOutputType(size_t) const { return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT; }
+  ONNXTensorElementDataType GetOutputType(size_t i) const { return i == 0 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT : KV; }
 };
 
 }  // namespace
 
 namespace trtllm_cpu {
 OrtCustomOp* attention_op() {
-  static Op op;
+  static Op<ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT> op;
+  return &op;
+}
+OrtCustomOp* attention_half_cache_op() {
+  static Op<ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16> op;
   return &op;
 }
 }  // namespace trtllm_cpu

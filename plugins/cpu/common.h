@@ -5,6 +5,10 @@
 #define ORT_API_MANUAL_INIT
 #include <onnxruntime_cxx_api.h>
 
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
 #if defined(__x86_64__) || defined(__i386__)
 #define TRTLLM_X86 1
 #include <immintrin.h>
@@ -30,7 +34,48 @@ T attribute_or(const Ort::ConstKernelInfo& info, const char* name, T fallback) {
 }
 
 OrtCustomOp* matmul_block_quant_op();
-OrtCustomOp* attention_op();
+OrtCustomOp* matmul_half_op();
+OrtCustomOp* attention_op();             // a float32 KV cache
+OrtCustomOp* attention_half_cache_op();  // the same op for a float16 cache
+
+// IEEE float16 bits <-> float32, portable (the AVX-512 paths use F16C's conversions, which agree).
+inline float half_to_float(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000) << 16, exp = (h >> 10) & 0x1F, man = h & 0x3FF;
+  uint32_t bits;
+  if (exp == 0x1F) {
+    bits = sign | 0x7F800000 | (man << 13);  // inf, nan
+  } else if (exp != 0) {
+    bits = sign | ((exp + 112) << 23) | (man << 13);
+  } else if (man == 0) {
+    bits = sign;
+  } else {  // subnormal: normalise
+    int e = -1;
+    uint32_t m = man;
+    do { m <<= 1; ++e; } while (!(m & 0x400));
+    bits = sign | ((112 - e) << 23) | ((m & 0x3FF) << 13);
+  }
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+// Rounded to nearest, ties to even (as numpy's astype(float16) and _mm512_cvtps_ph).
+inline uint16_t float_to_half(float f) {
+  uint32_t x;
+  std::memcpy(&x, &f, 4);
+  const uint32_t sign = (x >> 16) & 0x8000;
+  x &= 0x7FFFFFFF;
+  if (x >= 0x7F800000) return static_cast<uint16_t>(sign | 0x7C00 | (x > 0x7F800000 ? 0x200 : 0));  // inf, nan
+  if (x >= 0x477FF000) return static_cast<uint16_t>(sign | 0x7C00);  // >= 65520 rounds past 65504
+  if (x < 0x38800000) {  // below 2^-14: a multiple of 2^-24 (nearbyint rounds half to even)
+    float a;
+    std::memcpy(&a, &x, 4);
+    return static_cast<uint16_t>(sign | static_cast<uint32_t>(std::nearbyint(a * 16777216.0f)));
+  }
+  uint32_t r = x - 0x38000000;  // exponent bias 127 -> 15
+  r += 0x0FFF + ((r >> 13) & 1);
+  return static_cast<uint16_t>(sign | (r >> 13));
+}
 
 #ifdef TRTLLM_X86
 // exp(x) as 2^n * p(r), r = x - n ln2 in [-ln2/2, ln2/2], p of degree 6 (Taylor): relative error

@@ -19,6 +19,12 @@
 //   w[n, k] = scale[n, k / 32] * q[n, k] + offset[n, k / 32], in float32
 // Scales and offsets are float16 as in GGUF (the builder rounds them so before it quantizes): 20 bytes
 // per 32 weights at 4 bits instead of 24, and a decode step is a stream of weights.
+//
+// trtllm.cpu::MatMulHalf, the same kernels for float16 weights (a float16 engine's projections):
+// Inputs:  x [..., K] float32 (K a multiple of 32); w [N, K] float16 (row-major: a tied lm_head
+//          shares the embedding table)
+// Output:  y [..., N] float32, or [..., N/2] with activation "swiglu" (rows ordered as above)
+// Attributes: n (N), activation. Products accumulate in float32; only the weights are half precision.
 #include "common.h"
 #include "resident.h"
 
@@ -51,34 +57,16 @@ constexpr int64_t kPanel = 48;      // activation rows kept in L2 while a chunk'
 constexpr int64_t kSmallBatch = 16; // up to this many activation rows, the weights are dequantized in registers
 
 struct Weights {
-  const uint8_t* codes;
+  const uint8_t* codes;    // bits 16: float16 weights [n, k]
   const uint16_t* scale;   // float16 bits
   const uint16_t* offset;  // float16 bits; may be null
-  int64_t n, k, bits;
+  int64_t n, k, bits;     // 4, 8, or 16 (MatMulHalf)
   int64_t blocks() const { return k / kBlock; }
 };
 
 // ---- portable code: the reference the AVX-512 path is tested against, and the fallback ----
 
-float half_to_float(uint16_t h) {
-  const uint32_t sign = static_cast<uint32_t>(h & 0x8000) << 16, exp = (h >> 10) & 0x1F, man = h & 0x3FF;
-  uint32_t bits;
-  if (exp == 0x1F) {
-    bits = sign | 0x7F800000 | (man << 13);  // inf, nan
-  } else if (exp != 0) {
-    bits = sign | ((exp + 112) << 23) | (man << 13);
-  } else if (man == 0) {
-    bits = sign;
-  } else {  // subnormal: normalise
-    int e = -1;
-    uint32_t m = man;
-    do { m <<= 1; ++e; } while (!(m & 0x400));
-    bits = sign | ((112 - e) << 23) | ((m & 0x3FF) << 13);
-  }
-  float f;
-  std::memcpy(&f, &bits, 4);
-  return f;
-}
+using trtllm_cpu::half_to_float;
 
 // One row's scales and offsets as float32 (offsets 0 when absent).
 void row_params_generic(const Weights& w, int64_t row, float* s, float* o) {
@@ -95,6 +83,11 @@ void dequant_rows_generic(const Weights& w, int64_t r0, int nr, float* out) {
   params.resize(2 * nb);
   for (int r = 0; r < nr; ++r) {
     const int64_t row = r0 + r;
+    if (w.bits == 16) {
+      const uint16_t* h = reinterpret_cast<const uint16_t*>(w.codes) + row * w.k;
+      for (int64_t i = 0; i < w.k; ++i) out[r * w.k + i] = half_to_float(h[i]);
+      continue;
+    }
     row_params_generic(w, row, params.data(), params.data() + nb);
     for (int64_t b = 0; b < nb; ++b) {
       const float s = params[b], o = params[nb + b];
@@ -153,6 +146,10 @@ __attribute__((target("avx512f,avx512bw,avx512vl,fma"))) void dequant_rows_avx51
   params.resize(2 * nb);
   for (int r = 0; r < nr; ++r) {
     const int64_t row = r0 + r;
+    if (w.bits == 16) {
+      halves_avx512(reinterpret_cast<const uint16_t*>(w.codes) + row * w.k, w.k, out + r * w.k);
+      continue;
+    }
     row_params_avx512(w, row, params.data(), params.data() + nb);
     const float* scale = params.data();
     const float* offset = params.data() + nb;
@@ -300,6 +297,41 @@ __attribute__((target("avx512f,avx512bw,avx512vl,fma"))) void fused_avx512(const
     for (int r = 0; r < NR; ++r) y[m * ldy + r] = _mm512_reduce_add_ps(acc[m][r]);
 }
 
+// Decode with float16 weights: NR rows converted into registers (F16C) and used by MR activation
+// rows; the next tiles are prefetched as above (a row is 2K bytes).
+template <int MR, int NR>
+__attribute__((target("avx512f,avx512bw,avx512vl,fma"))) void half_avx512(const Weights& w, int64_t row,
+                                                                        const float* x, int64_t ldx, const float*,
+                                                                        float* y, int64_t ldy) {
+  const uint16_t* base = reinterpret_cast<const uint16_t*>(w.codes) + row * w.k;
+  const char* ahead = reinterpret_cast<const char*>(base + kAhead * NR * w.k);
+  __m512 acc[MR][NR];
+#pragma GCC unroll 4
+  for (int m = 0; m < MR; ++m)
+#pragma GCC unroll 4
+    for (int r = 0; r < NR; ++r) acc[m][r] = _mm512_setzero_ps();
+  for (int64_t i = 0; i < w.k; i += kBlock) {
+#pragma GCC unroll 4
+    for (int r = 0; r < NR; ++r) _mm_prefetch(ahead + (r * w.k + i) * 2, _MM_HINT_T0);
+    __m512 wlo[NR], whi[NR];
+#pragma GCC unroll 4
+    for (int r = 0; r < NR; ++r) {
+      wlo[r] = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(base + r * w.k + i)));
+      whi[r] = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(base + r * w.k + i + 16)));
+    }
+#pragma GCC unroll 4
+    for (int m = 0; m < MR; ++m) {
+      const __m512 xlo = _mm512_loadu_ps(x + m * ldx + i), xhi = _mm512_loadu_ps(x + m * ldx + i + 16);
+#pragma GCC unroll 4
+      for (int r = 0; r < NR; ++r) acc[m][r] = _mm512_fmadd_ps(xhi, whi[r], _mm512_fmadd_ps(xlo, wlo[r], acc[m][r]));
+    }
+  }
+#pragma GCC unroll 4
+  for (int m = 0; m < MR; ++m)
+#pragma GCC unroll 4
+    for (int r = 0; r < NR; ++r) y[m * ldy + r] = _mm512_reduce_add_ps(acc[m][r]);
+}
+
 constexpr int kFusedBatch = 4;  // 4 x 4 accumulators + 8 weight vectors + 2 activations <= 32 zmm
 using FusedFn = void (*)(const Weights&, int64_t, const float*, int64_t, const float*, float*, int64_t);
 
@@ -309,6 +341,9 @@ constexpr FusedFn fused_row[kRows] = {fused_avx512<BITS, MR, 1>, fused_avx512<BI
 template <int BITS>
 constexpr const FusedFn* kFused[kFusedBatch] = {fused_row<BITS, 1>, fused_row<BITS, 2>, fused_row<BITS, 3>,
                                                 fused_row<BITS, 4>};
+template <int MR>
+constexpr FusedFn half_row[kRows] = {half_avx512<MR, 1>, half_avx512<MR, 2>, half_avx512<MR, 3>, half_avx512<MR, 4>};
+constexpr const FusedFn* kHalf[kFusedBatch] = {half_row<1>, half_row<2>, half_row<3>, half_row<4>};
 
 using TileFn = void (*)(const float*, int64_t, const float*, int64_t, float*, int64_t);
 
@@ -401,8 +436,9 @@ void run_chunk_body(const Job& job, size_t chunk) {
         // Decode: the weights go from their codes into registers; a batch re-reads them from L1.
         for (int64_t m = 0; m < job.m; m += kFusedBatch) {
           const int mr = static_cast<int>(std::min<int64_t>(kFusedBatch, job.m - m));
-          (w.bits == 4 ? kFused<4> : kFused<8>)[mr - 1][nr - 1](w, r, job.x + m * w.k, w.k,
-                                                                job.xs + m * w.blocks(), out + m * ldy + (r - r0), ldy);
+          const FusedFn* const* table = w.bits == 4 ? kFused<4> : w.bits == 8 ? kFused<8> : kHalf;
+          table[mr - 1][nr - 1](w, r, job.x + m * w.k, w.k, job.xs ? job.xs + m * w.blocks() : nullptr,
+                                out + m * ldy + (r - r0), ldy);
         }
         continue;
       }
@@ -433,8 +469,15 @@ void run_chunk_body(const Job& job, size_t chunk) {
   }
 }
 
-OrtStatusPtr fail(const std::string& message) {
-  return Ort::GetApi().CreateStatus(ORT_INVALID_ARGUMENT, ("MatMulBlockQuant: " + message).c_str());
+OrtStatusPtr fail(const std::string& message, const char* op = "MatMulBlockQuant") {
+  return Ort::GetApi().CreateStatus(ORT_INVALID_ARGUMENT, (std::string(op) + ": " + message).c_str());
+}
+
+// The activation attribute: "none" or "swiglu" (which needs an even n); empty when valid.
+std::string check_activation(const std::string& activation, int64_t n) {
+  if (activation != "none" && activation != "swiglu") return "activation must be none or swiglu, got " + activation;
+  if (activation == "swiglu" && n % 2) return "swiglu needs an even n (gate and up rows)";
+  return "";
 }
 
 struct Kernel {
@@ -507,9 +550,7 @@ struct Op : Ort::CustomOpBase<Op, Kernel, true> {
         return fail("the engine's weights are in packing layout " + std::to_string(layout) + ", this library reads layout " +
                     std::to_string(kLayout) + ": rebuild the engine with trtllm-build");
       const std::string activation = trtllm_cpu::attribute_or<std::string>(ki, "activation", "none");
-      if (activation != "none" && activation != "swiglu")
-        return fail("activation must be none or swiglu, got " + activation);
-      if (activation == "swiglu" && n % 2) return fail("swiglu needs an even n (gate and up rows)");
+      if (const std::string bad = check_activation(activation, n); !bad.empty()) return fail(bad);
       *kernel = new Kernel{bits, n, activation == "swiglu", {}, {}, {}, {}};
       return nullptr;
     } catch (const std::exception& e) {
@@ -530,11 +571,79 @@ struct Op : Ort::CustomOpBase<Op, Kernel, true> {
   ONNXTensorElementDataType GetOutputType(size_t) const { return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT; }
 };
 
+constexpr char kHalfName[] = "MatMulHalf";
+
+struct HalfKernel {
+  int64_t n;
+  bool swiglu;
+  std::mutex lock;  // guards the copy
+  trtllm_cpu::Resident copy;
+
+  OrtStatusPtr ComputeV2(OrtKernelContext* raw) {
+    try {
+      Ort::KernelContext ctx(raw);
+      auto x = ctx.GetInput(0), w = ctx.GetInput(1);
+      std::vector<int64_t> shape = x.GetTensorTypeAndShapeInfo().GetShape();
+      if (shape.empty()) return fail("x must have at least one dimension", kHalfName);
+      const int64_t k = shape.back();
+      if (k % kBlock) return fail("x's last dimension (" + std::to_string(k) + ") is not a multiple of 32", kHalfName);
+      const auto ws = w.GetTensorTypeAndShapeInfo().GetShape();
+      if (ws.size() != 2 || ws[0] != n || ws[1] != k)
+        return fail("w must be [n, K] = [" + std::to_string(n) + ", " + std::to_string(k) + "]", kHalfName);
+      int64_t m = 1;
+      for (size_t i = 0; i + 1 < shape.size(); ++i) m *= shape[i];
+      shape.back() = swiglu ? n / 2 : n;
+      auto y = ctx.GetOutput(0, shape);
+      if (m == 0) return nullptr;
+      const void* at;
+      {
+        std::lock_guard<std::mutex> hold(lock);
+        at = copy.get(w.GetTensorRawData(), static_cast<size_t>(n * k) * 2);
+      }
+      Job job{{static_cast<const uint8_t*>(at), nullptr, nullptr, n, k, 16}, x.GetTensorData<float>(), nullptr,
+              y.GetTensorMutableData<float>(), m, swiglu};
+      ctx.ParallelFor(run_chunk, static_cast<size_t>((n + kChunkRows - 1) / kChunkRows), 0, &job);
+      if (job.failed) return fail(job.error, kHalfName);
+      return nullptr;
+    } catch (const std::exception& e) {
+      return fail(e.what(), kHalfName);
+    }
+  }
+};
+
+struct HalfOp : Ort::CustomOpBase<HalfOp, HalfKernel, true> {
+  OrtStatusPtr CreateKernelV2(const OrtApi&, const OrtKernelInfo* info, void** kernel) const {
+    try {
+      Ort::ConstKernelInfo ki(info);
+      const int64_t n = ki.GetAttribute<int64_t>("n");
+      if (n < 1) return fail("n must be positive", kHalfName);
+      const std::string activation = trtllm_cpu::attribute_or<std::string>(ki, "activation", "none");
+      if (const std::string bad = check_activation(activation, n); !bad.empty()) return fail(bad, kHalfName);
+      *kernel = new HalfKernel{n, activation == "swiglu", {}, {}};
+      return nullptr;
+    } catch (const std::exception& e) {
+      return fail(e.what(), kHalfName);
+    }
+  }
+  const char* GetName() const { return kHalfName; }
+  const char* GetExecutionProviderType() const { return "CPUExecutionProvider"; }
+  size_t GetInputTypeCount() const { return 2; }
+  ONNXTensorElementDataType GetInputType(size_t i) const {
+    return i == 0 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT : ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16;
+  }
+  size_t GetOutputTypeCount() const { return 1; }
+  ONNXTensorElementDataType GetOutputType(size_t) const { return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT; }
+};
+
 }  // namespace
 
 namespace trtllm_cpu {
 OrtCustomOp* matmul_block_quant_op() {
   static Op op;
+  return &op;
+}
+OrtCustomOp* matmul_half_op() {
+  static HalfOp op;
   return &op;
 }
 }  // namespace trtllm_cpu

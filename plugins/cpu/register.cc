@@ -57,7 +57,9 @@ __attribute__((visibility("default"))) OrtStatus* ORT_API_CALL RegisterCustomOps
     std::call_once(once, [] {
       domain = new Ort::CustomOpDomain("trtllm.cpu");  // lives as long as the process: sessions keep pointers
       domain->Add(trtllm_cpu::matmul_block_quant_op());
+      domain->Add(trtllm_cpu::matmul_half_op());
       domain->Add(trtllm_cpu::attention_op());
+      domain->Add(trtllm_cpu::attention_half_cache_op());
     });
     Ort::UnownedSessionOptions(options).Add(*domain);
   } catch (const std::exception& e) {

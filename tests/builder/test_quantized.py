@@ -140,14 +140,17 @@ def test_demo_model_quantized_builds_verify_and_answer(name, floor, demo_model, 
     assert result.exit_code == 0 and answers["responses"][0]["output_text"].strip()
 
 
-def test_float16_engine_matches_transformers(tiny_checkpoint, tmp_path, run_cli):
-    """--dtype float16: weights, activations and KV in half precision, logits cast to float32;
-    within float16 tolerance of transformers' float32 and the same greedy tokens on a short run."""
+@pytest.mark.parametrize("kernels", ["native", "onnxruntime"])
+def test_float16_engine_matches_transformers(kernels, tiny_checkpoint, tmp_path, run_cli):
+    """--dtype float16: weights and KV in half precision, logits float32 (activations too on our
+    kernels, half precision on ONNX Runtime's); within float16 tolerance of transformers' float32 and
+    the same greedy tokens on a short run."""
     ckpt = tiny_checkpoint("llama")
     out = build(BuildConfig(model=str(ckpt), output=str(tmp_path / "fp16"), dtype="float16", max_input_len=128,
-                            max_kv_cache_capacity=256), log=lambda m: None)
+                            max_kv_cache_capacity=256, cpu_kernels=kernels), log=lambda m: None)
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["dtype"] == "float16" and manifest["model"]["kv_dtype"] == "float16"
+    assert (cpu_kernels.HALF_LOWERING in manifest["lowerings"]) == (kernels == "native")
     assert lint_model(str(out / "llm.onnx")) == []
     prompt = [5, 17, 42, 99, 7, 31, 8]
     generated, got = engine_logits(load_engine(out), prompt, num_decode=4)
@@ -160,6 +163,44 @@ def test_float16_engine_matches_transformers(tiny_checkpoint, tmp_path, run_cli)
         {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}],
          "save_system_prompt_kv_cache": True}]})  # the saved KV is float16 too
     assert result.exit_code == 0, result.output
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_float16_native_engine_is_transformers_on_float16_weights(arch, tiny_checkpoint, tmp_path, monkeypatch):
+    """On trtllm.cpu::MatMulHalf and Attention, a float16 engine is transformers in float32 with the
+    weights rounded to float16 and the cache's keys (after rotary) and values rounded as they are
+    stored. The deliberately wrong variant (weights not rounded) must miss the tolerance."""
+    import sys
+
+    ckpt = tiny_checkpoint(arch)
+    out = build(BuildConfig(model=str(ckpt), output=str(tmp_path / "fp16"), dtype="float16", max_input_len=128,
+                            max_kv_cache_capacity=256, verify=False), log=lambda m: None)
+    prompt = [5, 17, 42, 99, 7, 31, 8, 64, 3, 11]
+    generated, got = engine_logits(load_engine(out), prompt, num_decode=6)
+    ids = torch.tensor([prompt + generated[:-1]])
+
+    def reference(round_weights: bool):
+        model = transformers.AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.float32).eval()
+        code = sys.modules[type(model).__module__]
+        rotary = code.apply_rotary_pos_emb
+
+        def rounded_keys(*args, **kwargs):  # what the cache holds: keys after rotary, in float16
+            q, k = rotary(*args, **kwargs)
+            return q, k.half().float()
+
+        monkeypatch.setattr(code, "apply_rotary_pos_emb", rounded_keys)
+        for layer in model.model.layers:  # and values
+            layer.self_attn.v_proj.register_forward_hook(lambda mod, inp, out: out.half().float())
+        with torch.no_grad():
+            if round_weights:
+                for p in model.parameters():
+                    p.copy_(p.half().float())
+            return model(ids).logits[0, len(prompt) - 1:].numpy()
+
+    ref, unrounded = reference(True), reference(False)
+    tol = 2e-5 * np.abs(ref).max()
+    np.testing.assert_allclose(got, ref, atol=tol, rtol=0)
+    assert np.abs(got - unrounded).max() > 10 * tol
 
 
 def test_without_the_library(quantized, tiny_checkpoint, tmp_path, monkeypatch):

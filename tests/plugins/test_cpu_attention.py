@@ -16,14 +16,14 @@ from onnx import TensorProto, helper  # noqa: E402
 
 from trtllm.plugins import cpu  # noqa: E402
 
-F32, I64 = TensorProto.FLOAT, TensorProto.INT64
+F32, F16, I64 = TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.INT64
 
 
-def op_model(h: int, hk: int, d: int, scale: float | None = None) -> bytes:
+def op_model(h: int, hk: int, d: int, scale: float | None = None, kv: int = F32) -> bytes:
     names = ["qkv", "past_key", "past_value", "write_index", "last_index", "position_ids", "cos", "sin"]
-    types = [F32, F32, F32, I64, I64, I64, F32, F32]
+    types = [F32, kv, kv, I64, I64, I64, F32, F32]
     inputs = [helper.make_tensor_value_info(n, t, None) for n, t in zip(names, types)]
-    outputs = [helper.make_tensor_value_info(n, F32, None) for n in ("y", "present_key", "present_value")]
+    outputs = [helper.make_tensor_value_info(n, t, None) for n, t in (("y", F32), ("present_key", kv), ("present_value", kv))]
     attrs = {"num_heads": h, "kv_num_heads": hk, **({"scale": scale} if scale else {})}
     node = helper.make_node("Attention", names, [o.name for o in outputs], domain=cpu.DOMAIN, **attrs)
     model = helper.make_model(helper.make_graph([node], "g", inputs, outputs),
@@ -44,8 +44,9 @@ def rope(x, cos, sin):
     return np.concatenate([x[..., :half] * cos - x[..., half:] * sin, x[..., half:] * cos + x[..., :half] * sin], -1)
 
 
-def reference(qkv, key, value, write_index, last_index, position_ids, cos, sin, h, hk, scale):
-    """float64: the op's documented semantics, token by token."""
+def reference(qkv, key, value, write_index, last_index, position_ids, cos, sin, h, hk, scale, cache=None):
+    """float64: the op's documented semantics, token by token. `cache` (key, value): attend over
+    these instead of the reference's own writes (a float16 cache's contents, checked apart)."""
     b_, s_, _ = qkv.shape
     d = key.shape[-1]
     key, value = key.astype(np.float64).copy(), value.astype(np.float64).copy()
@@ -57,6 +58,10 @@ def reference(qkv, key, value, write_index, last_index, position_ids, cos, sin, 
             for g in range(hk):
                 key[b, g, slot] = rope(row[(h + g) * d:(h + g + 1) * d], cos[p], sin[p])
                 value[b, g, slot] = row[(h + hk + g) * d:(h + hk + g + 1) * d]
+    written = key, value
+    if cache is not None:
+        key, value = (c.astype(np.float64) for c in cache)
+    for b in range(b_):
         for s in range(last_index[b] + 1):
             p, t = position_ids[b, s], write_index[b] + s + 1
             for head in range(h):
@@ -65,7 +70,7 @@ def reference(qkv, key, value, write_index, last_index, position_ids, cos, sin, 
                 scores = key[b, g, :t] @ q * scale
                 w = np.exp(scores - scores.max())
                 y[b, s, head * d:(head + 1) * d] = (w / w.sum()) @ value[b, g, :t]
-    return y, key, value
+    return (y, *written)
 
 
 def case(b, s, h, hk, d, c, past, seed=0):
@@ -100,18 +105,42 @@ def check(b, s, h, hk, d, c, past) -> float:
     return float(err)
 
 
+def check_half_cache(b, s, h, hk, d, c, past) -> float:
+    """A float16 cache: each new key and value is the float64 reference's rounded to the nearest
+    float16 (half a float16 step; a hair more where the op's float32 rotary lands by a tie), the old
+    slots are untouched, and the attention is over what the cache holds (1e-5). Returns the largest
+    error relative to its bound (pass: <= 1; truncating instead of rounding gives up to 2)."""
+    feeds = case(b, s, h, hk, d, c, past, seed=b + s + d)
+    for name in ("past_key", "past_value"):
+        feeds[name] = feeds[name].astype(np.float16)
+    y, key, value = session(op_model(h, hk, d, kv=F16)).run(None, feeds)
+    assert key.dtype == value.dtype == np.float16
+    ref_y, ref_k, ref_v = reference(*feeds.values(), h, hk, d ** -0.5, cache=(key, value))
+    worst = 0.0
+    for got, want in ((key, ref_k), (value, ref_v)):
+        step = np.spacing(np.abs(want).astype(np.float16)).astype(np.float64)
+        worst = max(worst, float((np.abs(got.astype(np.float64) - want) / step).max()) / 0.501)
+    return max(worst, float(np.abs(y - ref_y).max() / 1e-5))
+
+
 @pytest.mark.parametrize("shape", CASES)
 def test_matches_the_reference(shape):
     assert check(*shape) < 1e-5
 
 
+@pytest.mark.parametrize("shape", CASES)
+def test_a_float16_cache_matches_the_reference(shape):
+    assert check_half_cache(*shape) <= 1
+
+
 def test_portable_path_matches_too():
     code = ("import json, sys; sys.path.insert(0, '.'); from tests.plugins.test_cpu_attention import *; "
-            "print(json.dumps([check(*c) for c in CASES]))")
+            "print(json.dumps([[check(*c), check_half_cache(*c)] for c in CASES]))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env={**os.environ, "TRTLLM_CPU_KERNEL": "generic"},
                          cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
-    assert max(json.loads(out.stdout.strip().splitlines()[-1])) < 1e-5
+    errors = np.array(json.loads(out.stdout.strip().splitlines()[-1]))
+    assert errors[:, 0].max() < 1e-5 and errors[:, 1].max() <= 1
 
 
 def test_writes_in_place_when_bound_so():

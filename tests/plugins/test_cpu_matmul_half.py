@@ -1,0 +1,111 @@
+"""trtllm.cpu::MatMulHalf (plugins/cpu/matmul_block_quant.cc): float16 weights [N, K], float32
+activations and accumulation, against a float64 numpy reference, on both code paths."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+onnx = pytest.importorskip("onnx")
+from onnx import TensorProto, helper, numpy_helper  # noqa: E402
+
+from trtllm.builder.quantize import swiglu_rows  # noqa: E402
+from trtllm.plugins import cpu  # noqa: E402
+
+# (M, K, N): decode rows 1-4 and their tails up to 16, prefill panels past 48; N tails of the 4-row
+# tiles and 32-row tasks; K = 32 .. 1536
+SHAPES = [(1, 576, 70), (2, 96, 9), (1, 32, 5), (4, 64, 7), (8, 576, 70), (16, 64, 9), (17, 32, 33),
+          (50, 576, 70), (130, 64, 1), (3, 1536, 64)]
+SWIGLU = [(1, 576, 40), (8, 64, 17), (50, 64, 5)]
+
+
+def op_model(w: np.ndarray, activation: str = "none", rank: int = 3, k: int | None = None) -> bytes:
+    n, k = w.shape[0], k or w.shape[1]
+    node = helper.make_node(cpu.HALF, ["x", "w"], ["y"], domain=cpu.DOMAIN, n=n, activation=activation)
+    dims = [f"d{i}" for i in range(rank - 1)]
+    out = n // 2 if activation == "swiglu" else n
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, dims + [k])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, dims + [out])],
+                              [numpy_helper.from_array(w, "w")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 24), helper.make_opsetid(cpu.DOMAIN, 1)])
+    model.ir_version = 11
+    return model.SerializeToString()
+
+
+def session(model: bytes, threads: int = 2) -> ort.InferenceSession:
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = threads
+    opts.register_custom_ops_library(str(cpu.library()))
+    return ort.InferenceSession(model, opts, providers=["CPUExecutionProvider"])
+
+
+def weights(n: int, k: int, seed: int) -> np.ndarray:
+    return (np.random.default_rng(seed).standard_normal((n, k)) * 0.1).astype(np.float16)
+
+
+def check(m: int, k: int, n: int, rank: int = 3, threads: int = 2) -> float:
+    w = weights(n, k, m + k + n)
+    x = np.random.default_rng(m).standard_normal((1, m, k) if rank == 3 else (m, k)).astype(np.float32)
+    y = session(op_model(w, rank=rank), threads).run(None, {"x": x})[0]
+    ref = x.astype(np.float64) @ w.astype(np.float64).T
+    assert y.shape == ref.shape
+    return float(np.abs(y - ref).max() / np.abs(ref).max())
+
+
+def check_swiglu(m: int, k: int, f: int) -> float:
+    w = weights(2 * f, k, m + k + f)
+    x = np.random.default_rng(m).standard_normal((1, m, k)).astype(np.float32)
+    y = session(op_model(w[swiglu_rows(f)], "swiglu")).run(None, {"x": x})[0]
+    both = x.astype(np.float64) @ w.astype(np.float64).T
+    gate, up = both[..., :f], both[..., f:]
+    ref = gate * 0.5 * (1 + np.tanh(gate / 2)) * up  # silu, without exp's overflow
+    assert y.shape == ref.shape
+    return float(np.abs(y - ref).max() / np.abs(ref).max())
+
+
+@pytest.mark.parametrize("m, k, n", SHAPES)
+def test_matches_the_float64_matmul(m, k, n):
+    assert check(m, k, n) < 2e-6
+
+
+@pytest.mark.parametrize("m, k, f", SWIGLU)
+def test_swiglu_matches_silu_gate_times_up(m, k, f):
+    assert check_swiglu(m, k, f) < 2e-6
+
+
+def test_one_thread_and_a_2d_input():
+    assert check(9, 576, 37, rank=2, threads=1) < 2e-6
+
+
+def test_portable_path_matches_too():
+    code = ("import json, sys; sys.path.insert(0, '.'); from tests.plugins.test_cpu_matmul_half import *; "
+            "print(json.dumps([check(*s) for s in SHAPES] + [check_swiglu(*s) for s in SWIGLU]))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env={**os.environ, "TRTLLM_CPU_KERNEL": "generic"},
+                         cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
+    errors = json.loads(out.stdout.strip().splitlines()[-1])
+    assert len(errors) == len(SHAPES) + len(SWIGLU) and max(errors) < 2e-6
+
+
+def test_a_transposed_weight_fails():
+    """The deliberately wrong variant: w stored [K, N] (MatMul's order) where the op reads [N, K]."""
+    w = weights(64, 64, 0)
+    x = np.random.default_rng(1).standard_normal((1, 3, 64)).astype(np.float32)
+    y = session(op_model(np.ascontiguousarray(w.T))).run(None, {"x": x})[0]
+    ref = x.astype(np.float64) @ w.astype(np.float64).T
+    assert np.abs(y - ref).max() > 0.1
+
+
+@pytest.mark.parametrize("w_shape, x_k, message", [
+    ((4, 64), 32, r"w must be \[n, K\] = \[4, 32\]"),
+    ((4, 48), 48, "is not a multiple of 32"),
+])
+def test_bad_inputs_fail_with_a_message(w_shape, x_k, message):
+    model = op_model(np.zeros(w_shape, np.float16), k=x_k)
+    with pytest.raises(Exception, match=message):
+        session(model).run(None, {"x": np.ones((1, 1, x_k), np.float32)})
