@@ -44,7 +44,8 @@ def test_each_system_keeps_its_best_round():
 
 
 def test_llama_bench_stands_in_when_the_bindings_crash(tmp_path, monkeypatch):
-    """A llama.cpp peer whose Python bindings crashed is measured by llama-bench (decode only, marked)."""
+    """A llama.cpp peer whose Python bindings crashed is measured by llama-bench (decode only, marked),
+    after the same 128-token context as ours; the empty-context figure is kept beside it."""
     import argparse
 
     from scripts import bench
@@ -58,14 +59,17 @@ def test_llama_bench_stands_in_when_the_bindings_crash(tmp_path, monkeypatch):
 
     def fake_run(cmd, timeout, env=None):
         seen.append(cmd)
-        return '[{"n_prompt": 0, "n_gen": 128, "avg_ts": 209.123}]', 0, 250.0
+        return ('[{"n_prompt": 0, "n_gen": 128, "n_depth": 128, "avg_ts": 140.04}, '
+                '{"n_prompt": 0, "n_gen": 128, "n_depth": 0, "avg_ts": 209.123}]', 0, 250.0)
 
     monkeypatch.setattr(bench, "run_measured", fake_run)
     args = argparse.Namespace(threads=2, gen=128, runs=3, timeout=60)
     failed = {"peer": "llamacpp-q4_1", "precision": "int4", "error": "exit code -11", "peak_rss_mb": 1.0}
     got = bench.llama_bench_decode("llamacpp-q4_1", failed, args)
-    assert got["dec_b1_tps"] == 209.1 and "error" not in got and got["bindings_error"] == "exit code -11"
-    assert got["protocol"] == "llama-bench tg128, empty context"
-    assert seen[0][seen[0].index("-p") + 1] == "0" and seen[0][seen[0].index("-t") + 1] == "2"
+    assert got["dec_b1_tps"] == 140.0 and got["dec_b1_tps_empty_context"] == 209.1
+    assert "error" not in got and got["bindings_error"] == "exit code -11"
+    assert got["protocol"] == "llama-bench tg128 after 128 tokens"
+    cmd = seen[0]
+    assert [cmd[cmd.index(flag) + 1] for flag in ("-p", "-t", "-d", "-ub")] == ["0", "2", "128,0", "1"]
     monkeypatch.setattr(bench, "run_measured", lambda cmd, timeout, env=None: ("", -4, 1.0))  # it crashed too
     assert bench.llama_bench_decode("llamacpp-q4_1", failed, args) is failed
