@@ -341,6 +341,79 @@ __attribute__((target("avx512f,avx512bw,avx512vl,fma"))) void half_avx512(const 
     for (int r = 0; r < NR; ++r) y[m * ldy + r] = _mm512_reduce_add_ps(acc[m][r]);
 }
 
+// Prefill: the chunk's 32 weight rows transposed into a panel [K][32] (two vectors per input), so
+// each input k is an outer product: MR activations, broadcast one at a time, times the panel's two
+// vectors, into MR x 32 sums that stay in registers (no horizontal sums, two loads per 2 MR FMAs).
+constexpr int kPanelRows = 12;  // MR: 12 x 2 accumulators + 2 weight vectors + 1 broadcast <= 32 zmm
+
+// rows [32][k] (row-major, stride k; k a multiple of 16) -> panel [k][32], in 16 x 16 blocks.
+__attribute__((target("avx512f,avx512bw,avx512vl,fma"))) void transpose_panel(const float* rows, int64_t k,
+                                                                           float* panel) {
+  for (int64_t k0 = 0; k0 < k; k0 += 16)
+    for (int half = 0; half < 2; ++half) {
+      __m512 r[16], t[16];
+#pragma GCC unroll 16
+      for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_ps(rows + (half * 16 + i) * k + k0);
+#pragma GCC unroll 8
+      for (int i = 0; i < 8; ++i) {  // pairs of rows, interleaved by element
+        t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+      }
+#pragma GCC unroll 4
+      for (int i = 0; i < 4; ++i) {  // quads, by 64-bit pairs
+        const __m512d a = _mm512_castps_pd(t[4 * i]), b = _mm512_castps_pd(t[4 * i + 1]);
+        const __m512d c = _mm512_castps_pd(t[4 * i + 2]), d = _mm512_castps_pd(t[4 * i + 3]);
+        r[4 * i] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, c));
+        r[4 * i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, c));
+        r[4 * i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(b, d));
+        r[4 * i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(b, d));
+      }
+      // r[4i + j] holds, in each 128-bit lane l, element 4l + j' of rows 4i..4i+3 (j' = 0, 1, 2, 3 for
+      // j = 0, 1, 2, 3): gather the lanes of the four quads into columns.
+#pragma GCC unroll 4
+      for (int j = 0; j < 4; ++j) {
+        const __m512 a = _mm512_shuffle_f32x4(r[j], r[4 + j], 0x44), b = _mm512_shuffle_f32x4(r[j], r[4 + j], 0xEE);
+        const __m512 c = _mm512_shuffle_f32x4(r[8 + j], r[12 + j], 0x44), d = _mm512_shuffle_f32x4(r[8 + j], r[12 + j], 0xEE);
+        t[j] = _mm512_shuffle_f32x4(a, c, 0x88);       // lane 0: column j
+        t[4 + j] = _mm512_shuffle_f32x4(a, c, 0xDD);   // lane 1: column 4 + j
+        t[8 + j] = _mm512_shuffle_f32x4(b, d, 0x88);   // lane 2: column 8 + j
+        t[12 + j] = _mm512_shuffle_f32x4(b, d, 0xDD);  // lane 3: column 12 + j
+      }
+#pragma GCC unroll 16
+      for (int i = 0; i < 16; ++i) _mm512_storeu_ps(panel + (k0 + i) * 32 + half * 16, t[i]);
+    }
+}
+
+// y[m][0:nr] = x[m] . panel columns, for MR activation rows.
+template <int MR>
+__attribute__((target("avx512f,avx512bw,avx512vl,fma"))) void panel_avx512(const float* panel, int64_t k, const float* x,
+                                                                         int64_t ldx, float* y, int64_t ldy, int nr) {
+  __m512 acc[MR][2];
+#pragma GCC unroll 12
+  for (int m = 0; m < MR; ++m) acc[m][0] = acc[m][1] = _mm512_setzero_ps();
+  for (int64_t i = 0; i < k; ++i) {
+    const __m512 w0 = _mm512_loadu_ps(panel + i * 32), w1 = _mm512_loadu_ps(panel + i * 32 + 16);
+#pragma GCC unroll 12
+    for (int m = 0; m < MR; ++m) {
+      const __m512 xb = _mm512_set1_ps(x[m * ldx + i]);
+      acc[m][0] = _mm512_fmadd_ps(xb, w0, acc[m][0]);
+      acc[m][1] = _mm512_fmadd_ps(xb, w1, acc[m][1]);
+    }
+  }
+  const __mmask16 lo = nr >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << nr) - 1);
+  const __mmask16 hi = nr >= 32 ? 0xFFFF : nr <= 16 ? 0 : static_cast<__mmask16>((1u << (nr - 16)) - 1);
+#pragma GCC unroll 12
+  for (int m = 0; m < MR; ++m) {
+    _mm512_mask_storeu_ps(y + m * ldy, lo, acc[m][0]);
+    _mm512_mask_storeu_ps(y + m * ldy + 16, hi, acc[m][1]);
+  }
+}
+
+using PanelFn = void (*)(const float*, int64_t, const float*, int64_t, float*, int64_t, int);
+constexpr PanelFn kPanelFns[kPanelRows] = {panel_avx512<1>,  panel_avx512<2>,  panel_avx512<3>,  panel_avx512<4>,
+                                           panel_avx512<5>,  panel_avx512<6>,  panel_avx512<7>,  panel_avx512<8>,
+                                           panel_avx512<9>,  panel_avx512<10>, panel_avx512<11>, panel_avx512<12>};
+
 constexpr int kFusedBatch = 4;  // 4 x 4 accumulators + 8 weight vectors + 2 activations <= 32 zmm
 using FusedFn = void (*)(const Weights&, int64_t, const float*, int64_t, const float*, float*, int64_t);
 
@@ -462,7 +535,20 @@ void run_chunk_body(const Job& job, size_t chunk) {
     // Prefill: the chunk's rows are dequantized once (L2) and reused by panels of activation rows.
     if (scratch.size() < static_cast<size_t>(kChunkRows * w.k)) scratch.resize(kChunkRows * w.k);
     dequant_rows(w, r0, static_cast<int>(r1 - r0), scratch.data());
-    for (int64_t m0 = 0; m0 < job.m; m0 += kPanel) {
+#ifdef TRTLLM_X86
+    if (use_avx512() && w.k % 16 == 0) {  // outer products over a transposed panel (kPanelRows above)
+      thread_local std::vector<float> panel;
+      if (panel.size() < static_cast<size_t>(kChunkRows * w.k)) panel.resize(kChunkRows * w.k);
+      const int nr = static_cast<int>(r1 - r0);
+      std::fill(scratch.begin() + nr * w.k, scratch.begin() + kChunkRows * w.k, 0.0f);  // a short chunk's rest
+      transpose_panel(scratch.data(), w.k, panel.data());
+      for (int64_t m = 0; m < job.m; m += kPanelRows) {
+        const int mr = static_cast<int>(std::min<int64_t>(kPanelRows, job.m - m));
+        kPanelFns[mr - 1](panel.data(), w.k, job.x + m * w.k, w.k, out + m * ldy, ldy, nr);
+      }
+    } else
+#endif
+    for (int64_t m0 = 0; m0 < job.m; m0 += kPanel) {  // portable: 6 x 4 tiles of dot products
       const int64_t m1 = std::min(job.m, m0 + kPanel);
       for (int64_t r = r0; r < r1; r += kRows) {
         const int nr = static_cast<int>(std::min<int64_t>(kRows, r1 - r));
