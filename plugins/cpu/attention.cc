@@ -3,7 +3,7 @@
 //
 // Why: ONNX Runtime's GroupQueryAttention is a third of a batch-1 int4 decode step here; most of it
 // is 128-bit loops over the cache. This kernel reads each row's keys and values once per head with
-// AVX-512 and splits the work over (row, head, block of queries).
+// AVX-512 and splits the work over (row, heads of one kv head, block of queries).
 //
 // Inputs:  0 qkv [B, S, (H + 2 Hk) D] float32 (the q heads, then the k heads, then the v heads)
 //          1 past_key, 2 past_value [B, Hk, C, D] float32, or both float16 (a float16 engine's cache:
@@ -36,7 +36,8 @@ using trtllm_cpu::use_avx512;
 using trtllm_cpu::exp_avx512;
 #endif
 
-constexpr int64_t kQueries = 8;  // queries per task (prefill): they share each read of the keys and values
+constexpr int64_t kQueries = 8;  // tokens per task (prefill): they share each read of the keys and values
+constexpr int kMaxRows = 64;     // query rows per task: tokens x the heads of a group that share a task
 
 struct Shape {
   int64_t b, s, h, hk, d, c, p;
@@ -118,13 +119,13 @@ __attribute__((target("avx512f,avx512bw,avx512vl,fma"))) inline __m512 sum16(con
 // A block of queries of one head (consecutive tokens: query r sees t[r] slots, t rising by one)
 // against their shared keys and values, D = 16 ND. Keys and values are read in groups of 16 that
 // stay in L1 while every query of the block uses them: a prefill chunk reads its cache once per
-// block, not once per query. scores: [qn][ld] scratch; out: query r's output at out + r * ostride.
+// block, not once per query. scores: [qn][ld] scratch; out[r]: query r's output.
 template <int ND, typename T>
 __attribute__((target("avx512f,avx512bw,avx512vl,fma"))) void attend_block_avx512(
     const float* q, int qn, const int64_t* t, const T* key, const T* value, float* scores, int64_t ld,
-    float* out, int64_t ostride) {
+    float* const* out) {
   constexpr int64_t d = 16 * ND;
-  const int64_t tmax = t[qn - 1];
+  const int64_t tmax = *std::max_element(t, t + qn);
   // 1. scores
   for (int64_t j0 = 0; j0 < tmax; j0 += 16) {
     for (int r = 0; r < qn; ++r) {
@@ -156,7 +157,7 @@ __attribute__((target("avx512f,avx512bw,avx512vl,fma"))) void attend_block_avx51
     }
   }
   // 2. softmax of each query's t[r] scores (exp in place), 1 / sum kept
-  float inv[64];
+  float inv[kMaxRows];
   for (int r = 0; r < qn; ++r) {
     float* row = scores + r * ld;
     __m512 top = _mm512_set1_ps(-INFINITY), sum = _mm512_setzero_ps();
@@ -176,7 +177,7 @@ __attribute__((target("avx512f,avx512bw,avx512vl,fma"))) void attend_block_avx51
   // 3. the weighted sums of values, 16 values at a time for every query
   for (int r = 0; r < qn; ++r)
 #pragma GCC unroll 8
-    for (int i = 0; i < ND; ++i) _mm512_storeu_ps(out + r * ostride + 16 * i, _mm512_setzero_ps());
+    for (int i = 0; i < ND; ++i) _mm512_storeu_ps(out[r] + 16 * i, _mm512_setzero_ps());
   for (int64_t j0 = 0; j0 < tmax; j0 += 16) {
     for (int r = 0; r < qn; ++r) {
       const int64_t end = std::min(t[r], j0 + 16);
@@ -184,69 +185,83 @@ __attribute__((target("avx512f,avx512bw,avx512vl,fma"))) void attend_block_avx51
       const float* p = scores + r * ld;
       __m512 acc[ND];
 #pragma GCC unroll 8
-      for (int i = 0; i < ND; ++i) acc[i] = _mm512_loadu_ps(out + r * ostride + 16 * i);
+      for (int i = 0; i < ND; ++i) acc[i] = _mm512_loadu_ps(out[r] + 16 * i);
       for (int64_t j = j0; j < end; ++j) {
         const __m512 w = _mm512_set1_ps(p[j]);
 #pragma GCC unroll 8
         for (int i = 0; i < ND; ++i) acc[i] = _mm512_fmadd_ps(w, load16(value + j * d + 16 * i), acc[i]);
       }
 #pragma GCC unroll 8
-      for (int i = 0; i < ND; ++i) _mm512_storeu_ps(out + r * ostride + 16 * i, acc[i]);
+      for (int i = 0; i < ND; ++i) _mm512_storeu_ps(out[r] + 16 * i, acc[i]);
     }
   }
   for (int r = 0; r < qn; ++r) {
     const __m512 scale = _mm512_set1_ps(inv[r]);
 #pragma GCC unroll 8
     for (int i = 0; i < ND; ++i)
-      _mm512_storeu_ps(out + r * ostride + 16 * i, _mm512_mul_ps(_mm512_loadu_ps(out + r * ostride + 16 * i), scale));
+      _mm512_storeu_ps(out[r] + 16 * i, _mm512_mul_ps(_mm512_loadu_ps(out[r] + 16 * i), scale));
   }
 }
 
 template <typename T>
-using BlockFn = void (*)(const float*, int, const int64_t*, const T*, const T*, float*, int64_t, float*, int64_t);
+using BlockFn = void (*)(const float*, int, const int64_t*, const T*, const T*, float*, int64_t, float* const*);
 template <typename T>
 constexpr BlockFn<T> kBlock[8] = {attend_block_avx512<1, T>, attend_block_avx512<2, T>, attend_block_avx512<3, T>,
                                   attend_block_avx512<4, T>, attend_block_avx512<5, T>, attend_block_avx512<6, T>,
                                   attend_block_avx512<7, T>, attend_block_avx512<8, T>};
 #endif
 
-// One task: row b, query head h, queries [s0, s0 + kQueries).
+// How a layer's work is split: tasks of (row, a group of `heads` query heads that share one kv
+// head, up to kQueries tokens). Sharing a task, the heads read each key and value once (grouped
+// query attention reads them once per query head otherwise); a batch-1 decode step keeps one head
+// per task instead, or it would leave some of the threads idle (kv_num_heads tasks).
+struct Split {
+  int64_t heads, head_groups, blocks;
+  Split(const Shape& n) : blocks((n.s + kQueries - 1) / kQueries) {
+    const int64_t group = n.h / n.hk;
+    heads = group * kQueries <= kMaxRows && n.b * n.hk * blocks >= 8 ? group : 1;
+    head_groups = n.h / heads;
+  }
+  size_t tasks(const Shape& n) const { return static_cast<size_t>(n.b * head_groups * blocks); }
+};
+
 template <typename T>
 void run_task(void* data, size_t task) {
   const Job<T>& job = *static_cast<const Job<T>*>(data);
   const Shape& n = job.n;
-  const int64_t blocks = (n.s + kQueries - 1) / kQueries;
-  const int64_t b = static_cast<int64_t>(task) / (n.h * blocks), h = (static_cast<int64_t>(task) / blocks) % n.h;
-  const int64_t s0 = (static_cast<int64_t>(task) % blocks) * kQueries, g = h / (n.h / n.hk);
+  const Split split(n);
+  const int64_t b = static_cast<int64_t>(task) / (split.head_groups * split.blocks);
+  const int64_t h0 = (static_cast<int64_t>(task) / split.blocks) % split.head_groups * split.heads;
+  const int64_t s0 = (static_cast<int64_t>(task) % split.blocks) * kQueries, g = h0 / (n.h / n.hk);
   const int64_t width = (n.h + 2 * n.hk) * n.d;
   const T* key = job.key + (b * n.hk + g) * n.c * n.d;
   const T* value = job.value + (b * n.hk + g) * n.c * n.d;
   const int64_t s1 = std::min(n.s, s0 + kQueries), last = std::min(s1, job.last_index[b] + 1);
-  for (int64_t s = std::max(s0, last); s < s1; ++s) {  // padding tokens: 0
-    float* out = job.y + ((b * n.s + s) * n.h + h) * n.d;
-    std::fill(out, out + n.d, 0.0f);
-  }
-  const int qn = static_cast<int>(last - s0);
+  for (int64_t s = std::max(s0, last); s < s1; ++s)  // padding tokens: 0
+    for (int64_t h = h0; h < h0 + split.heads; ++h) {
+      float* out = job.y + ((b * n.s + s) * n.h + h) * n.d;
+      std::fill(out, out + n.d, 0.0f);
+    }
+  const int qn = static_cast<int>(std::max<int64_t>(0, last - s0) * split.heads);  // rows: token-major
   if (qn <= 0) return;
   thread_local std::vector<float> scores, q;
-  int64_t t[kQueries];
+  int64_t t[kMaxRows];
+  float* outs[kMaxRows];
   q.resize(qn * n.d);
   for (int r = 0; r < qn; ++r) {
-    const int64_t s = s0 + r, pos = job.position_ids[b * n.s + s];
+    const int64_t s = s0 + r / split.heads, h = h0 + r % split.heads, pos = job.position_ids[b * n.s + s];
     t[r] = job.write_index[b] + s + 1;
+    outs[r] = job.y + ((b * n.s + s) * n.h + h) * n.d;
     rotary(job.qkv + (b * n.s + s) * width + h * n.d, job.cos + pos * (n.d / 2), job.sin + pos * (n.d / 2), n.d,
            job.scale, q.data() + r * n.d);
   }
   const int64_t ld = t[qn - 1] + 16;
   if (scores.size() < static_cast<size_t>(qn * ld)) scores.resize(qn * ld);
-  float* out = job.y + ((b * n.s + s0) * n.h + h) * n.d;
-  const int64_t ostride = n.h * n.d;
 #ifdef TRTLLM_X86
   if (use_avx512() && n.d % 16 == 0 && n.d <= 128)
-    return kBlock<T>[n.d / 16 - 1](q.data(), qn, t, key, value, scores.data(), ld, out, ostride);
+    return kBlock<T>[n.d / 16 - 1](q.data(), qn, t, key, value, scores.data(), ld, outs);
 #endif
-  for (int r = 0; r < qn; ++r)
-    attend_generic(q.data() + r * n.d, key, value, t[r], n.d, scores.data(), out + r * ostride);
+  for (int r = 0; r < qn; ++r) attend_generic(q.data() + r * n.d, key, value, t[r], n.d, scores.data(), outs[r]);
 }
 
 // A row of the cache from float32: copied, or rounded to float16.
@@ -328,7 +343,7 @@ struct Kernel {
     }
     Job<T> job{n, x, wi, li, pos, cosd, sind, key, value, scale > 0 ? scale : 1.0f / std::sqrt(static_cast<float>(n.d)),
                y.GetTensorMutableData<float>()};
-    const size_t tasks = static_cast<size_t>(n.b * h * ((n.s + kQueries - 1) / kQueries));
+    const size_t tasks = Split(n).tasks(n);
     if (tasks) ctx.ParallelFor(run_task<T>, tasks, 0, &job);
     return nullptr;
   }
