@@ -323,7 +323,8 @@ struct Kernel {
     const float* cosd = ctx.GetInput(6).GetTensorData<float>();
     const float* sind = ctx.GetInput(7).GetTensorData<float>();
     const int64_t width = (h + 2 * hk) * n.d;
-    std::vector<float> rotated(n.d);
+    thread_local std::vector<float> rotated;
+    rotated.resize(n.d);
     for (int64_t b = 0; b < n.b; ++b) {
       if (li[b] < 0 || li[b] >= n.s) return fail("last_index[" + std::to_string(b) + "] is outside the chunk");
       if (wi[b] < 0 || wi[b] + li[b] >= n.c)

@@ -582,6 +582,23 @@ struct Kernel {
   bool swiglu;
   std::mutex lock;  // guards the copies (sessions may run from several threads)
   trtllm_cpu::Resident codes_copy, scale_copy, offset_copy;
+  std::atomic<int64_t> checked_k{0};  // the K whose weight sizes were checked (they are initializers)
+
+  OrtStatusPtr check(const Ort::ConstValue& codes, const Ort::ConstValue& scale, const Ort::ConstValue& offset,
+                     int64_t k) {
+    const int64_t nb = k / kBlock, want_codes = bits == 4 ? n * k / 2 : n * k;
+    const size_t have_codes = codes.GetTensorTypeAndShapeInfo().GetElementCount();
+    if (have_codes != static_cast<size_t>(want_codes))
+      return fail("codes hold " + std::to_string(have_codes) + " bytes, expected " + std::to_string(want_codes) +
+                  " for n=" + std::to_string(n) + ", K=" + std::to_string(k));
+    if (scale.GetTensorTypeAndShapeInfo().GetElementCount() != static_cast<size_t>(n * nb))
+      return fail("scale must hold n * K / 32 values");
+    if (bits == 4 && !offset) return fail("4-bit weights need their offset input");
+    if (offset && offset.GetTensorTypeAndShapeInfo().GetElementCount() != static_cast<size_t>(n * nb))
+      return fail("offset must hold n * K / 32 values");
+    checked_k = k;
+    return nullptr;
+  }
 
   OrtStatusPtr ComputeV2(OrtKernelContext* raw) {
     try {
@@ -593,23 +610,17 @@ struct Kernel {
       const int64_t k = shape.back();
       if (k % kBlock) return fail("x's last dimension (" + std::to_string(k) + ") is not a multiple of 32");
       const int64_t nb = k / kBlock;
-      const int64_t want_codes = bits == 4 ? n * k / 2 : n * k;
-      if (codes.GetTensorTypeAndShapeInfo().GetElementCount() != static_cast<size_t>(want_codes))
-        return fail("codes hold " + std::to_string(codes.GetTensorTypeAndShapeInfo().GetElementCount()) +
-                    " bytes, expected " + std::to_string(want_codes) + " for n=" + std::to_string(n) +
-                    ", K=" + std::to_string(k));
-      if (scale.GetTensorTypeAndShapeInfo().GetElementCount() != static_cast<size_t>(n * nb))
-        return fail("scale must hold n * K / 32 values");
-      if (bits == 4 && !offset) return fail("4-bit weights need their offset input");
-      if (offset && offset.GetTensorTypeAndShapeInfo().GetElementCount() != static_cast<size_t>(n * nb))
-        return fail("offset must hold n * K / 32 values");
+      if (k != checked_k)
+        if (OrtStatusPtr bad = check(codes, scale, offset, k)) return bad;
       int64_t m = 1;
       for (size_t i = 0; i + 1 < shape.size(); ++i) m *= shape[i];
       shape.back() = swiglu ? n / 2 : n;
       auto y = ctx.GetOutput(0, shape);
       if (m == 0) return nullptr;
       const float* xd = x.GetTensorData<float>();
-      std::vector<float> sums, split;  // decode only: a few rows of K / 32 sums, and x split (fused_avx512)
+      // Decode only: a few rows of K / 32 sums, and x split (fused_avx512). Kept per calling thread:
+      // a decode step has over a hundred of these nodes, and allocations add up.
+      thread_local std::vector<float> sums, split;
       if (m <= kSmallBatch) {
         sums.assign(m * nb, 0.0f);
         for (int64_t i = 0; i < m * nb; ++i)
@@ -627,7 +638,7 @@ struct Kernel {
       const void *codes_at, *scale_at, *offset_at = nullptr;
       {
         std::lock_guard<std::mutex> hold(lock);
-        codes_at = codes_copy.get(codes.GetTensorRawData(), codes.GetTensorTypeAndShapeInfo().GetElementCount());
+        codes_at = codes_copy.get(codes.GetTensorRawData(), static_cast<size_t>(bits == 4 ? n * k / 2 : n * k));
         scale_at = scale_copy.get(scale.GetTensorRawData(), n * nb * 2);
         if (offset) offset_at = offset_copy.get(offset.GetTensorRawData(), n * nb * 2);
       }
@@ -657,7 +668,7 @@ struct Op : Ort::CustomOpBase<Op, Kernel, true> {
                     std::to_string(kLayout) + ": rebuild the engine with trtllm-build");
       const std::string activation = trtllm_cpu::attribute_or<std::string>(ki, "activation", "none");
       if (const std::string bad = check_activation(activation, n); !bad.empty()) return fail(bad);
-      *kernel = new Kernel{bits, n, activation == "swiglu", {}, {}, {}, {}};
+      *kernel = new Kernel{bits, n, activation == "swiglu", {}, {}, {}, {}, {0}};
       return nullptr;
     } catch (const std::exception& e) {
       return fail(e.what());
