@@ -47,6 +47,7 @@ LLAMA_GGUF = {  # under PEERS_DIR, as ../shared/peers lays it out
 ORDER = ["fp32", "ortgenai-fp32", "llamacpp-f32", "hf-fp32", "int4", "ortgenai-int4", "llamacpp-q4_1",
          "int8", "fp16", "llamacpp-f16"]
 METRICS = [("ttft128_ms", "lower"), ("ttft512_ms", "lower"), ("dec_b1_tps", "higher"), ("dec_b8_tps", "higher")]
+OWN = [("python_overhead", "lower")]  # ours only, best round too; no ratio
 
 
 def build_prompts(tokenizer, lengths):
@@ -271,13 +272,13 @@ def best_of(rounds: list[dict]) -> dict:
     if not ok:
         return rounds[-1]
     out = dict(ok[0])
-    for metric, better in METRICS:
+    for metric, better in METRICS + OWN:
         vals = [r[metric] for r in ok if r.get(metric)]
         if vals:
             out[metric] = min(vals) if better == "lower" else max(vals)
     out["peak_rss_mb"] = max(r.get("peak_rss_mb", 0) for r in ok)
-    out["rounds"] = [{m: r.get(m) for m, _ in METRICS} | ({"error": r["error"]} if "error" in r else {})
-                     for r in rounds]
+    out["rounds"] = [{m: r.get(m) for m, _ in METRICS} | {m: r[m] for m, _ in OWN if m in r} |
+                     ({"error": r["error"]} if "error" in r else {}) for r in rounds]
     return out
 
 

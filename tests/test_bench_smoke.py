@@ -35,10 +35,12 @@ def test_each_system_keeps_its_best_round():
     from scripts.bench import best_of
 
     a = {"peer": "x", "ttft128_ms": 120.0, "ttft512_ms": 500.0, "dec_b1_tps": 40.0, "dec_b8_tps": 200.0,
-         "peak_rss_mb": 900.0}
-    b = {**a, "ttft128_ms": 110.0, "ttft512_ms": 520.0, "dec_b1_tps": 38.0, "dec_b8_tps": 210.0, "peak_rss_mb": 950.0}
+         "peak_rss_mb": 900.0, "python_overhead": 0.05}
+    b = {**a, "ttft128_ms": 110.0, "ttft512_ms": 520.0, "dec_b1_tps": 38.0, "dec_b8_tps": 210.0, "peak_rss_mb": 950.0,
+         "python_overhead": 0.03}
     best = best_of([a, b, {"peer": "x", "error": "exit code -11"}])
     assert (best["ttft128_ms"], best["ttft512_ms"], best["dec_b1_tps"], best["dec_b8_tps"]) == (110.0, 500.0, 40.0, 210.0)
+    assert best["python_overhead"] == 0.03 and [r.get("python_overhead") for r in best["rounds"]] == [0.05, 0.03, None]
     assert best["peak_rss_mb"] == 950.0 and len(best["rounds"]) == 3 and best["rounds"][2]["error"]
     assert best_of([{"peer": "x", "error": "e"}]) == {"peer": "x", "error": "e"}  # every round failed
 
