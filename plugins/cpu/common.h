@@ -9,7 +9,8 @@
 #include <cstdint>
 #include <cstring>
 
-#if defined(__x86_64__) || defined(__i386__)
+// TRTLLM_PORTABLE_ONLY: the portable code alone, as a CPU other than x86 builds it (a compile check).
+#if (defined(__x86_64__) || defined(__i386__)) && !defined(TRTLLM_PORTABLE_ONLY)
 #define TRTLLM_X86 1
 #include <immintrin.h>
 #endif

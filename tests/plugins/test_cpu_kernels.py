@@ -214,3 +214,15 @@ def test_bad_nodes_fail_with_a_message(attrs, inputs, message):
     del node.input[inputs:]
     with pytest.raises(Exception, match=message):
         session(model.SerializeToString()).run(None, {"x": np.ones((1, 1, 32), np.float32)})
+
+
+def test_the_portable_code_compiles_alone():
+    """What a CPU other than x86 builds (TRTLLM_PORTABLE_ONLY leaves out every AVX-512 path) must
+    compile warning-free too, not only the x86 library this machine runs."""
+    from trtllm.plugins.cpu import build
+
+    include = build.ROOT / "build" / "ort-headers" / "onnxruntime"
+    cmd = [os.environ.get("CXX", "g++"), "-std=c++17", "-fsyntax-only", "-Wall", "-Werror", "-DTRTLLM_PORTABLE_ONLY",
+           f"-I{include}", *map(str, build.SOURCES)]
+    out = subprocess.run(cmd, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr

@@ -1,0 +1,48 @@
+// The MatMul kernels behind trtllm.cpu::MatMulBlockQuant and MatMulHalf (matmul.cc): weights of
+// N rows by K inputs, float32 activations, the work split into tasks of kChunkRows weight rows.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "common.h"
+
+namespace trtllm_cpu::matmul {
+
+constexpr int64_t kBlock = 32;
+constexpr int kRows = 4;     // weight rows per tile (NR)
+constexpr int kBatch = 6;    // activation rows per tile (MR): 6 x 4 accumulators + 4 weights + 1 x <= 32 zmm
+constexpr int64_t kChunkRows = 32;  // weight rows per parallel task
+constexpr int64_t kPanel = 48;      // activation rows kept in L2 while a chunk's rows are reused
+constexpr int64_t kSmallBatch = 16; // up to this many activation rows, the weights are dequantized in registers
+
+struct Weights {
+  const uint8_t* codes;    // bits 16: float16 weights [n, k]
+  const uint16_t* scale;   // float16 bits
+  const uint16_t* offset;  // float16 bits; may be null
+  int64_t n, k, bits;     // 4, 8, or 16 (MatMulHalf)
+  int64_t blocks() const { return k / kBlock; }
+};
+
+struct Job {
+  Weights w;
+  const float* x;
+  const float* xs;  // x's block sums [m, K / 32] (the fused path's offsets)
+  const float* xt;  // 4 bits, decode: x split as fused_avx512 takes it, [m, K]
+  float* y;
+  int64_t m;
+  bool swiglu;
+  std::atomic<bool> failed{false};
+  std::string error;  // written once, by whoever set `failed` first
+};
+
+// ParallelFor's task: weight rows [chunk * kChunkRows, ...) for every activation row (a Job*).
+void run_chunk(void* job, size_t chunk);
+
+// An ONNX Runtime status naming the op; check_activation: "" when `activation` is valid for n.
+OrtStatusPtr fail(const std::string& message, const char* op);
+std::string check_activation(const std::string& activation, int64_t n);
+
+}  // namespace trtllm_cpu::matmul
