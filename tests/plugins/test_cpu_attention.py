@@ -89,11 +89,13 @@ def case(b, s, h, hk, d, c, past, seed=0):
 
 
 # (batch, new tokens, heads, kv heads, head size, capacity, past lengths): decode, prefill after a
-# prefix, odd head sizes (the portable path), multi-query, a query block tail; the last two have
-# enough work for a task to take all the heads of a kv head (a batch-8 decode, a prefill)
+# prefix, odd head sizes (the portable path), multi-query, a query block tail, a batch-8 decode, a
+# prefill of several blocks; most let a task take all the heads of a kv head, the last two not (one
+# task in all; 16 heads per kv head, more rows than a task holds)
 CASES = [(1, 1, 9, 3, 64, 40, [17]), (3, 1, 4, 2, 32, 50, [0, 5, 44]), (2, 11, 4, 1, 16, 64, [0, 9]),
          (2, 5, 6, 3, 24, 30, [3, 20]), (1, 20, 2, 2, 128, 48, [7]), (4, 3, 2, 1, 8, 16, [1, 2, 3, 12]),
-         (8, 1, 9, 3, 64, 40, [17, 0, 39, 5]), (2, 37, 8, 2, 32, 64, [0, 20])]
+         (8, 1, 9, 3, 64, 40, [17, 0, 39, 5]), (2, 37, 8, 2, 32, 64, [0, 20]), (1, 1, 4, 1, 32, 40, [9]),
+         (1, 3, 16, 1, 16, 32, [4])]
 
 
 def check(b, s, h, hk, d, c, past) -> float:
