@@ -492,10 +492,8 @@ void run_chunk_body(const Job& job, size_t chunk) {
   }
 }
 
-}  // namespace
-
 // ParallelFor runs tasks on ONNX Runtime's pool threads, where an exception has nowhere to go: the
-// first one is kept and reported by ComputeV2 after the loop.
+// first one is kept and reported by run() after the loop.
 void run_chunk(void* data, size_t chunk) {
   Job& job = *static_cast<Job*>(data);
   try {
@@ -505,6 +503,27 @@ void run_chunk(void* data, size_t chunk) {
   } catch (...) {
     if (!job.failed.exchange(true)) job.error = "unknown error";
   }
+}
+
+}  // namespace
+
+Rows rows_of(std::vector<int64_t> x_shape, int64_t n, bool swiglu) {
+  Rows rows;
+  if (x_shape.empty()) {
+    rows.error = "x must have at least one dimension";
+    return rows;
+  }
+  rows.k = x_shape.back();
+  if (rows.k % kBlock) rows.error = "x's last dimension (" + std::to_string(rows.k) + ") is not a multiple of 32";
+  for (size_t i = 0; i + 1 < x_shape.size(); ++i) rows.m *= x_shape[i];
+  x_shape.back() = swiglu ? n / 2 : n;
+  rows.y_shape = std::move(x_shape);
+  return rows;
+}
+
+std::string run(Ort::KernelContext& ctx, Job& job) {
+  ctx.ParallelFor(run_chunk, static_cast<size_t>((job.w.n + kChunkRows - 1) / kChunkRows), 0, &job);
+  return job.failed ? job.error : "";
 }
 
 OrtStatusPtr fail(const std::string& message, const char* op) {

@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "common.h"
 
@@ -38,8 +39,17 @@ struct Job {
   std::string error;  // written once, by whoever set `failed` first
 };
 
-// ParallelFor's task: weight rows [chunk * kChunkRows, ...) for every activation row (a Job*).
-void run_chunk(void* job, size_t chunk);
+// x [..., K] as m rows of k inputs, and y's shape (n outputs, or n / 2 with swiglu); `error` says
+// what is wrong with x, or is empty.
+struct Rows {
+  int64_t m = 1, k = 0;
+  std::vector<int64_t> y_shape;
+  std::string error;
+};
+Rows rows_of(std::vector<int64_t> x_shape, int64_t n, bool swiglu);
+
+// The job on ONNX Runtime's threads, in tasks of kChunkRows weight rows: the first task's error, or "".
+std::string run(Ort::KernelContext& ctx, Job& job);
 
 // An ONNX Runtime status naming the op; check_activation: "" when `activation` is valid for n.
 OrtStatusPtr fail(const std::string& message, const char* op);

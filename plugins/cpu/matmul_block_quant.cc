@@ -44,12 +44,14 @@ struct Kernel {
   trtllm_cpu::Resident codes_copy, scale_copy, offset_copy;
   std::atomic<int64_t> checked_k{0};  // the K whose weight sizes were checked (they are initializers)
 
+  size_t codes_bytes(int64_t k) const { return static_cast<size_t>(bits == 4 ? n * k / 2 : n * k); }
+
   OrtStatusPtr check(const Ort::ConstValue& codes, const Ort::ConstValue& scale, const Ort::ConstValue& offset,
                      int64_t k) {
-    const int64_t nb = k / kBlock, want_codes = bits == 4 ? n * k / 2 : n * k;
+    const int64_t nb = k / kBlock;
     const size_t have_codes = codes.GetTensorTypeAndShapeInfo().GetElementCount();
-    if (have_codes != static_cast<size_t>(want_codes))
-      return fail("codes hold " + std::to_string(have_codes) + " bytes, expected " + std::to_string(want_codes) +
+    if (have_codes != codes_bytes(k))
+      return fail("codes hold " + std::to_string(have_codes) + " bytes, expected " + std::to_string(codes_bytes(k)) +
                   " for n=" + std::to_string(n) + ", K=" + std::to_string(k));
     if (scale.GetTensorTypeAndShapeInfo().GetElementCount() != static_cast<size_t>(n * nb))
       return fail("scale must hold n * K / 32 values");
@@ -65,17 +67,12 @@ struct Kernel {
       Ort::KernelContext ctx(raw);
       auto x = ctx.GetInput(0), codes = ctx.GetInput(1), scale = ctx.GetInput(2);
       auto offset = ctx.GetInputCount() > 3 ? ctx.GetInput(3) : Ort::ConstValue{nullptr};
-      std::vector<int64_t> shape = x.GetTensorTypeAndShapeInfo().GetShape();
-      if (shape.empty()) return fail("x must have at least one dimension");
-      const int64_t k = shape.back();
-      if (k % kBlock) return fail("x's last dimension (" + std::to_string(k) + ") is not a multiple of 32");
-      const int64_t nb = k / kBlock;
+      const Rows rows = rows_of(x.GetTensorTypeAndShapeInfo().GetShape(), n, swiglu);
+      if (!rows.error.empty()) return fail(rows.error);
+      const int64_t m = rows.m, k = rows.k, nb = k / kBlock;
       if (k != checked_k)
         if (OrtStatusPtr bad = check(codes, scale, offset, k)) return bad;
-      int64_t m = 1;
-      for (size_t i = 0; i + 1 < shape.size(); ++i) m *= shape[i];
-      shape.back() = swiglu ? n / 2 : n;
-      auto y = ctx.GetOutput(0, shape);
+      auto y = ctx.GetOutput(0, rows.y_shape);
       if (m == 0) return nullptr;
       const float* xd = x.GetTensorData<float>();
       // Decode only: a few rows of K / 32 sums, and x split (fused_avx512). Kept per calling thread:
@@ -98,16 +95,14 @@ struct Kernel {
       const void *codes_at, *scale_at, *offset_at = nullptr;
       {
         std::lock_guard<std::mutex> hold(lock);
-        codes_at = codes_copy.get(codes.GetTensorRawData(), static_cast<size_t>(bits == 4 ? n * k / 2 : n * k));
+        codes_at = codes_copy.get(codes.GetTensorRawData(), codes_bytes(k));
         scale_at = scale_copy.get(scale.GetTensorRawData(), n * nb * 2);
         if (offset) offset_at = offset_copy.get(offset.GetTensorRawData(), n * nb * 2);
       }
       Job job{{static_cast<const uint8_t*>(codes_at), static_cast<const uint16_t*>(scale_at),
                static_cast<const uint16_t*>(offset_at), n, k, bits},
               xd, sums.data(), split.data(), y.GetTensorMutableData<float>(), m, swiglu};
-      const size_t chunks = static_cast<size_t>((n + kChunkRows - 1) / kChunkRows);
-      ctx.ParallelFor(run_chunk, chunks, 0, &job);
-      if (job.failed) return fail(job.error);
+      if (const std::string bad = run(ctx, job); !bad.empty()) return fail(bad);
       return nullptr;
     } catch (const std::exception& e) {
       return fail(e.what());

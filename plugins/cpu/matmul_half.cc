@@ -35,17 +35,13 @@ struct HalfKernel {
     try {
       Ort::KernelContext ctx(raw);
       auto x = ctx.GetInput(0), w = ctx.GetInput(1);
-      std::vector<int64_t> shape = x.GetTensorTypeAndShapeInfo().GetShape();
-      if (shape.empty()) return fail("x must have at least one dimension", kHalfName);
-      const int64_t k = shape.back();
-      if (k % kBlock) return fail("x's last dimension (" + std::to_string(k) + ") is not a multiple of 32", kHalfName);
+      const Rows rows = rows_of(x.GetTensorTypeAndShapeInfo().GetShape(), n, swiglu);
+      if (!rows.error.empty()) return fail(rows.error, kHalfName);
+      const int64_t m = rows.m, k = rows.k;
       const auto ws = w.GetTensorTypeAndShapeInfo().GetShape();
       if (ws.size() != 2 || ws[0] != n || ws[1] != k)
         return fail("w must be [n, K] = [" + std::to_string(n) + ", " + std::to_string(k) + "]", kHalfName);
-      int64_t m = 1;
-      for (size_t i = 0; i + 1 < shape.size(); ++i) m *= shape[i];
-      shape.back() = swiglu ? n / 2 : n;
-      auto y = ctx.GetOutput(0, shape);
+      auto y = ctx.GetOutput(0, rows.y_shape);
       if (m == 0) return nullptr;
       const void* at;
       {
@@ -54,8 +50,7 @@ struct HalfKernel {
       }
       Job job{{static_cast<const uint8_t*>(at), nullptr, nullptr, n, k, 16}, x.GetTensorData<float>(), nullptr,
               nullptr, y.GetTensorMutableData<float>(), m, swiglu};
-      ctx.ParallelFor(run_chunk, static_cast<size_t>((n + kChunkRows - 1) / kChunkRows), 0, &job);
-      if (job.failed) return fail(job.error, kHalfName);
+      if (const std::string bad = run(ctx, job); !bad.empty()) return fail(bad, kHalfName);
       return nullptr;
     } catch (const std::exception& e) {
       return fail(e.what(), kHalfName);
