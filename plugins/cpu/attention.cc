@@ -2,8 +2,8 @@
 // layer, for any mix of prefill chunks and decode rows.
 //
 // Why: ONNX Runtime's GroupQueryAttention is a third of a batch-1 int4 decode step here; most of it
-// is 128-bit loops over the cache. This kernel reads each row's keys and values once per head with
-// AVX-512 and splits the work over (row, heads of one kv head, block of queries).
+// is 128-bit loops over the cache. This kernel reads each row's keys and values once per kv head
+// with AVX-512 and splits the work over (row, heads of one kv head, block of queries).
 //
 // Inputs:  0 qkv [B, S, (H + 2 Hk) D] float32 (the q heads, then the k heads, then the v heads)
 //          1 past_key, 2 past_value [B, Hk, C, D] float32, or both float16 (a float16 engine's cache:
@@ -43,6 +43,22 @@ struct Shape {
   int64_t b, s, h, hk, d, c, p;
 };
 
+// How a layer's work is split: tasks of (row, a group of `heads` query heads that share one kv
+// head, up to kQueries tokens). Sharing a task, the heads read each key and value once (grouped
+// query attention reads them once per query head otherwise): faster even where that leaves fewer
+// tasks than threads (batch-1 decode of 3 kv heads on 2 threads: 11.3 -> 10.0 us at 200 tokens,
+// 38 -> 30 us at 1000). One task in all (one kv head, one row, one block) keeps one head per task.
+struct Split {
+  int64_t heads, head_groups, blocks;
+  size_t tasks;
+  explicit Split(const Shape& n) : blocks((n.s + kQueries - 1) / kQueries) {
+    const int64_t group = n.h / n.hk;
+    heads = group * kQueries <= kMaxRows && n.b * n.hk * blocks >= 2 ? group : 1;
+    head_groups = n.h / heads;
+    tasks = static_cast<size_t>(n.b * head_groups * blocks);
+  }
+};
+
 // The cache's element: float, or float16 bits.
 inline float to_float(float x) { return x; }
 inline float to_float(uint16_t h) { return trtllm_cpu::half_to_float(h); }
@@ -50,6 +66,7 @@ inline float to_float(uint16_t h) { return trtllm_cpu::half_to_float(h); }
 template <typename T>
 struct Job {
   Shape n;
+  Split split;  // of n
   const float* qkv;
   const int64_t* write_index;
   const int64_t* last_index;
@@ -116,10 +133,11 @@ __attribute__((target("avx512f,avx512bw,avx512vl,fma"))) inline __m512 sum16(con
   return _mm512_add_ps(_mm512_shuffle_ps(s2[0], s2[1], 0x88), _mm512_shuffle_ps(s2[0], s2[1], 0xDD));
 }
 
-// A block of queries of one head (consecutive tokens: query r sees t[r] slots, t rising by one)
-// against their shared keys and values, D = 16 ND. Keys and values are read in groups of 16 that
-// stay in L1 while every query of the block uses them: a prefill chunk reads its cache once per
-// block, not once per query. scores: [qn][ld] scratch; out[r]: query r's output.
+// A block of query rows sharing one kv head (tokens in order, each with its task's heads: row r
+// sees t[r] slots, t never falling) against their keys and values, D = 16 ND. Keys and values are
+// read in groups of 16 that stay in L1 while every row of the block uses them: a prefill chunk
+// reads its cache once per block, not once per query. scores: [qn][ld] scratch; out[r]: row r's
+// output.
 template <int ND, typename T>
 __attribute__((target("avx512f,avx512bw,avx512vl,fma"))) void attend_block_avx512(
     const float* q, int qn, const int64_t* t, const T* key, const T* value, float* scores, int64_t ld,
@@ -211,26 +229,11 @@ constexpr BlockFn<T> kBlock[8] = {attend_block_avx512<1, T>, attend_block_avx512
                                   attend_block_avx512<7, T>, attend_block_avx512<8, T>};
 #endif
 
-// How a layer's work is split: tasks of (row, a group of `heads` query heads that share one kv
-// head, up to kQueries tokens). Sharing a task, the heads read each key and value once (grouped
-// query attention reads them once per query head otherwise): faster even where that leaves fewer
-// tasks than threads (batch-1 decode of 3 kv heads on 2 threads: 11.3 -> 10.0 us at 200 tokens,
-// 38 -> 30 us at 1000). One task in all (one kv head, one row, one block) keeps one head per task.
-struct Split {
-  int64_t heads, head_groups, blocks;
-  Split(const Shape& n) : blocks((n.s + kQueries - 1) / kQueries) {
-    const int64_t group = n.h / n.hk;
-    heads = group * kQueries <= kMaxRows && n.b * n.hk * blocks >= 2 ? group : 1;
-    head_groups = n.h / heads;
-  }
-  size_t tasks(const Shape& n) const { return static_cast<size_t>(n.b * head_groups * blocks); }
-};
-
 template <typename T>
 void run_task(void* data, size_t task) {
   const Job<T>& job = *static_cast<const Job<T>*>(data);
   const Shape& n = job.n;
-  const Split split(n);
+  const Split& split = job.split;
   const int64_t b = static_cast<int64_t>(task) / (split.head_groups * split.blocks);
   const int64_t h0 = (static_cast<int64_t>(task) / split.blocks) % split.head_groups * split.heads;
   const int64_t s0 = (static_cast<int64_t>(task) % split.blocks) * kQueries, g = h0 / (n.h / n.hk);
@@ -343,10 +346,9 @@ struct Kernel {
         }
       }
     }
-    Job<T> job{n, x, wi, li, pos, cosd, sind, key, value, scale > 0 ? scale : 1.0f / std::sqrt(static_cast<float>(n.d)),
+    Job<T> job{n, Split(n), x, wi, li, pos, cosd, sind, key, value, scale > 0 ? scale : 1.0f / std::sqrt(static_cast<float>(n.d)),
                y.GetTensorMutableData<float>()};
-    const size_t tasks = Split(n).tasks(n);
-    if (tasks) ctx.ParallelFor(run_task<T>, tasks, 0, &job);
+    if (job.split.tasks) ctx.ParallelFor(run_task<T>, job.split.tasks, 0, &job);
     return nullptr;
   }
 };
