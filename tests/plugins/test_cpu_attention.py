@@ -2,11 +2,6 @@
 attention, against a float64 numpy reference of the same semantics, on both code paths."""
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-
 import numpy as np
 import onnxruntime as ort
 import pytest
@@ -15,6 +10,8 @@ onnx = pytest.importorskip("onnx")
 from onnx import TensorProto, helper  # noqa: E402
 
 from trtllm.plugins import cpu  # noqa: E402
+
+from tests.plugins.cpu_ops import on_portable_path, one_node_model, session  # noqa: E402
 
 F32, F16, I64 = TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.INT64
 
@@ -26,17 +23,7 @@ def op_model(h: int, hk: int, d: int, scale: float | None = None, kv: int = F32)
     outputs = [helper.make_tensor_value_info(n, t, None) for n, t in (("y", F32), ("present_key", kv), ("present_value", kv))]
     attrs = {"num_heads": h, "kv_num_heads": hk, **({"scale": scale} if scale else {})}
     node = helper.make_node("Attention", names, [o.name for o in outputs], domain=cpu.DOMAIN, **attrs)
-    model = helper.make_model(helper.make_graph([node], "g", inputs, outputs),
-                              opset_imports=[helper.make_opsetid("", 24), helper.make_opsetid(cpu.DOMAIN, 1)])
-    model.ir_version = 11
-    return model.SerializeToString()
-
-
-def session(model: bytes) -> ort.InferenceSession:
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads = 2
-    opts.register_custom_ops_library(str(cpu.library()))
-    return ort.InferenceSession(model, opts, providers=["CPUExecutionProvider"])
+    return one_node_model(node, inputs, outputs)
 
 
 def rope(x, cos, sin):
@@ -138,12 +125,7 @@ def test_a_float16_cache_matches_the_reference(shape):
 
 
 def test_portable_path_matches_too():
-    code = ("import json, sys; sys.path.insert(0, '.'); from tests.plugins.test_cpu_attention import *; "
-            "print(json.dumps([[check(*c), check_half_cache(*c)] for c in CASES]))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                         env={**os.environ, "TRTLLM_CPU_KERNEL": "generic"},
-                         cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
-    errors = np.array(json.loads(out.stdout.strip().splitlines()[-1]))
+    errors = np.array(on_portable_path("test_cpu_attention", "[[check(*c), check_half_cache(*c)] for c in CASES]"))
     assert errors[:, 0].max() < 1e-5 and errors[:, 1].max() <= 1
 
 

@@ -2,13 +2,10 @@
 on both of its code paths (AVX-512 and portable), with the shapes that exercise every tail."""
 from __future__ import annotations
 
-import json
 import os
 import subprocess
-import sys
 
 import numpy as np
-import onnxruntime as ort
 import pytest
 
 onnx = pytest.importorskip("onnx")
@@ -17,6 +14,8 @@ from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 from trtllm.builder.quantize import (QuantScheme, dequantize, half_grid, pack_rows, quantize,  # noqa: E402
                                      swiglu_rows)
 from trtllm.plugins import cpu  # noqa: E402
+
+from tests.plugins.cpu_ops import on_portable_path, one_node_model, session  # noqa: E402
 
 
 def test_the_library_is_built():
@@ -34,18 +33,8 @@ def op_model(k: int, n: int, bits: int, packed, scale, offset, rank: int = 3, ac
                             layout=cpu.LAYOUT)
     dims = [f"d{i}" for i in range(rank - 1)]
     out = n // 2 if activation == "swiglu" else n
-    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, dims + [k])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, dims + [out])], inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 24), helper.make_opsetid(cpu.DOMAIN, 1)])
-    model.ir_version = 11
-    return model.SerializeToString()
-
-
-def session(model: bytes, threads: int = 2) -> ort.InferenceSession:
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads = threads
-    opts.register_custom_ops_library(str(cpu.library()))
-    return ort.InferenceSession(model, opts, providers=["CPUExecutionProvider"])
+    return one_node_model(node, [helper.make_tensor_value_info("x", TensorProto.FLOAT, dims + [k])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, dims + [out])], inits)
 
 
 def case(bits: int, k: int, n: int, seed: int = 0, pack=pack_rows):
@@ -148,15 +137,8 @@ def test_one_thread_and_a_2d_input():
 
 
 def test_portable_path_matches_too():
-    """TRTLLM_CPU_KERNEL=generic forces the portable C++ (what a CPU without AVX-512 runs); the
-    choice is made once per process, hence the subprocess."""
-    code = ("import json, sys; sys.path.insert(0, '.'); from tests.plugins.test_cpu_kernels import *; "
-            "print(json.dumps([check(b, *s) for b in (4, 8) for s in SHAPES] + "
-            "[check_swiglu(b, *s) for b in (4, 8) for s in SWIGLU]))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                         env={**os.environ, "TRTLLM_CPU_KERNEL": "generic"},
-                         cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
-    errors = json.loads(out.stdout.strip().splitlines()[-1])
+    errors = on_portable_path("test_cpu_kernels", "[check(b, *s) for b in (4, 8) for s in SHAPES] + "
+                                                  "[check_swiglu(b, *s) for b in (4, 8) for s in SWIGLU]")
     assert len(errors) == 2 * (len(SHAPES) + len(SWIGLU)) and max(errors) < 2e-6
 
 

@@ -2,13 +2,7 @@
 activations and accumulation, against a float64 numpy reference, on both code paths."""
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-
 import numpy as np
-import onnxruntime as ort
 import pytest
 
 onnx = pytest.importorskip("onnx")
@@ -16,6 +10,8 @@ from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
 from trtllm.builder.quantize import swiglu_rows  # noqa: E402
 from trtllm.plugins import cpu  # noqa: E402
+
+from tests.plugins.cpu_ops import on_portable_path, one_node_model, session  # noqa: E402
 
 # (M, K, N): decode rows 1-4 and their tails up to 16, prefill panels past 48; N tails of the 4-row
 # tiles and 32-row tasks; K = 32 .. 1536
@@ -29,19 +25,9 @@ def op_model(w: np.ndarray, activation: str = "none", rank: int = 3, k: int | No
     node = helper.make_node(cpu.HALF, ["x", "w"], ["y"], domain=cpu.DOMAIN, n=n, activation=activation)
     dims = [f"d{i}" for i in range(rank - 1)]
     out = n // 2 if activation == "swiglu" else n
-    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, dims + [k])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, dims + [out])],
-                              [numpy_helper.from_array(w, "w")])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 24), helper.make_opsetid(cpu.DOMAIN, 1)])
-    model.ir_version = 11
-    return model.SerializeToString()
-
-
-def session(model: bytes, threads: int = 2) -> ort.InferenceSession:
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads = threads
-    opts.register_custom_ops_library(str(cpu.library()))
-    return ort.InferenceSession(model, opts, providers=["CPUExecutionProvider"])
+    return one_node_model(node, [helper.make_tensor_value_info("x", TensorProto.FLOAT, dims + [k])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, dims + [out])],
+                          [numpy_helper.from_array(w, "w")])
 
 
 def weights(n: int, k: int, seed: int) -> np.ndarray:
@@ -83,12 +69,8 @@ def test_one_thread_and_a_2d_input():
 
 
 def test_portable_path_matches_too():
-    code = ("import json, sys; sys.path.insert(0, '.'); from tests.plugins.test_cpu_matmul_half import *; "
-            "print(json.dumps([check(*s) for s in SHAPES] + [check_swiglu(*s) for s in SWIGLU]))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                         env={**os.environ, "TRTLLM_CPU_KERNEL": "generic"},
-                         cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
-    errors = json.loads(out.stdout.strip().splitlines()[-1])
+    errors = on_portable_path("test_cpu_matmul_half",
+                              "[check(*s) for s in SHAPES] + [check_swiglu(*s) for s in SWIGLU]")
     assert len(errors) == len(SHAPES) + len(SWIGLU) and max(errors) < 2e-6
 
 

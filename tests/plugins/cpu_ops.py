@@ -1,0 +1,42 @@
+"""Shared by the trtllm.cpu op tests: one-node models, sessions with the library registered, and a
+run of the same checks on the portable code path."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import onnxruntime as ort
+from onnx import helper
+
+from trtllm.plugins import cpu
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def one_node_model(node, inputs: list, outputs: list, initializers: list = ()) -> bytes:
+    """A model of one trtllm.cpu node: value infos in, value infos out, initializers."""
+    graph = helper.make_graph([node], "g", inputs, outputs, list(initializers))
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 24), helper.make_opsetid(cpu.DOMAIN, 1)])
+    model.ir_version = 11
+    return model.SerializeToString()
+
+
+def session(model: bytes, threads: int = 2) -> ort.InferenceSession:
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = threads
+    opts.register_custom_ops_library(str(cpu.library()))
+    return ort.InferenceSession(model, opts, providers=["CPUExecutionProvider"])
+
+
+def on_portable_path(module: str, expression: str):
+    """`expression` evaluated after `from tests.plugins.<module> import *`, with TRTLLM_CPU_KERNEL=generic
+    forcing the portable C++ (what a CPU without AVX-512 runs); the library makes that choice once per
+    process, hence a new one. Returns the expression's value (through JSON)."""
+    code = (f"import json, sys; sys.path.insert(0, '.'); from tests.plugins.{module} import *; "
+            f"print(json.dumps({expression}))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env={**os.environ, "TRTLLM_CPU_KERNEL": "generic"}, cwd=ROOT)
+    return json.loads(out.stdout.strip().splitlines()[-1])
