@@ -14,6 +14,7 @@ from pathlib import Path
 BACKENDS = ("auto", "onnxruntime", "tensorrt")
 DTYPES = ("float32", "float16", "bfloat16")
 QUANTIZATIONS = ("none", "int8", "int4")
+ACTIVATIONS = ("float32", "int16", "int8")  # int4 MatMuls' activations on our CPU kernels' decode steps
 GRAPHS = ("modern", "legacy")
 CPU_KERNELS = ("auto", "native", "onnxruntime")  # ONNX Runtime engines: plugins/cpu's kernels, or ORT's own
 PROFILES = ("cpu-default", "tensorrt-modern", "tensorrt-legacy")
@@ -74,10 +75,11 @@ class BuildConfig:
     timing_cache: str | None = None  # TensorRT timing cache file, read and updated (faster rebuilds)
     sampling_plugin: bool = False   # TensorRT: trtllm::Sample as the Triton kernel plugin, not the ONNX body
     cpu_kernels: str = "auto"       # ONNX Runtime: native (plugins/cpu: attention, quantized MatMuls) or onnxruntime
+    activations: str = "float32"    # int16/int8: int4 decode steps multiply quantized activations (plugins/cpu)
 
     def __post_init__(self):
         for name, allowed in (("backend", BACKENDS), ("dtype", DTYPES), ("quantization", QUANTIZATIONS),
-                              ("graph", GRAPHS), ("cpu_kernels", CPU_KERNELS)):
+                              ("graph", GRAPHS), ("cpu_kernels", CPU_KERNELS), ("activations", ACTIVATIONS)):
             if getattr(self, name) not in allowed:
                 raise ConfigError(f"--{name.replace('_', '-')} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}")
         for name in ("max_batch_size", "max_input_len", "max_kv_cache_capacity"):
@@ -96,6 +98,10 @@ class BuildConfig:
                               f"trt_version is {self.trt_version}; use --profile tensorrt-legacy")
         if self.sampling_plugin and self.backend != "tensorrt":
             raise ConfigError("--sampling-plugin needs --backend tensorrt (it registers a TensorRT plugin)")
+        if self.activations != "float32" and (self.quantization != "int4" or self.backend == "tensorrt"):
+            raise ConfigError(f"--activations {self.activations} needs --quantization int4 on ONNX Runtime (the native "
+                              f"int4 kernel quantizes its activations), got --quantization {self.quantization} "
+                              f"--backend {self.backend}")
         if self.graph == "legacy" and self.quantization != "none":
             raise ConfigError(f"--quantization {self.quantization} needs the modern graph: block-wise and int4 "
                               "DequantizeLinear are opset 21, the legacy graph is opset 20 (TensorRT 10.3)")

@@ -46,13 +46,16 @@ def export_onnx(ck: ckpt.Checkpoint, config: BuildConfig, out_dir: Path, log, ba
     spec = spec_for(ck.model.config, type(ck.model).__name__)
     num_positions = min(config.max_kv_cache_capacity, ck.model.config.max_position_embeddings)
     if backend == "tensorrt":
+        if config.activations != "float32":  # --backend auto picked TensorRT
+            raise RuntimeError(f"--activations {config.activations} is for ONNX Runtime's CPU kernels; TensorRT was "
+                               "picked: add --backend onnxruntime")
         num_positions = trt_build.aligned_capacity(num_positions, spec, config.dtype, log)
     cos, sin = ckpt.rope_tables(ck.model, num_positions)
     log(f"writing the {spec.architecture} graph ({config.graph} profile; {spec.num_layers} layers, hidden "
         f"{spec.hidden_size}, {spec.num_heads}/{spec.num_kv_heads} heads)")
     weights = ckpt.state_dict_numpy(ck.model)
     max_top_k = min(MAX_TOP_K, spec.vocab_size)
-    quant = QuantScheme.named(config.quantization)
+    quant = QuantScheme.named(config.quantization, config.activations)
     if quant:
         log(f"quantizing the linear layers to int{quant.bits} (block {quant.block_size}, {quant.method})")
     model = DecoderWriter(spec, weights, cos, sin, max_top_k, quant=quant, dtype=config.dtype,
@@ -105,6 +108,13 @@ def use_native_kernels(config: BuildConfig, runs_here: bool, log) -> bool:
         log(f"cpu kernels: ONNX Runtime's own, GroupQueryAttention and MatMulNBits ({cpu_kernels.missing_hint()})")
         return False
     return True
+
+
+def number_format(config: BuildConfig) -> str:
+    """What verify.py calls the engine's numbers: int8, int4, int4/int8 (activations) or the dtype."""
+    if config.quantization == "none":
+        return config.dtype
+    return config.quantization + ("" if config.activations == "float32" else "/" + config.activations)
 
 
 def save(model: onnx.ModelProto, out_dir: Path, name: str) -> None:
@@ -160,7 +170,7 @@ def make_manifest(ck, config: BuildConfig, backend: str, spec, max_top_k: int, n
     return mf.Manifest(
         architecture=spec.architecture, backend=backend, dtype=config.dtype, graph_profile=config.graph,
         quantization=config.quantization,
-        quantization_scheme=q.to_json() if (q := QuantScheme.named(config.quantization)) else {},
+        quantization_scheme=q.to_json() if (q := QuantScheme.named(config.quantization, config.activations)) else {},
         limits=mf.Limits(max_batch_size=config.max_batch_size, max_input_len=min(config.max_input_len, num_positions),
                          max_kv_cache_capacity=num_positions),
         model=mf.ModelShape(vocab_size=spec.vocab_size, hidden_size=spec.hidden_size, num_layers=spec.num_layers,
@@ -230,7 +240,7 @@ def build(config: BuildConfig, log=print) -> Path:
         if backend == "tensorrt":
             manifest = build_tensorrt(tmp, config, manifest, log)
         else:
-            compile_onnxruntime(tmp, log, QuantScheme.named(config.quantization),
+            compile_onnxruntime(tmp, log, QuantScheme.named(config.quantization, config.activations),
                                 native=cpu_kernels.needed_by(lowerings))
         save_tokenizer(ck, tmp)
         mf.save(manifest, tmp)
@@ -238,7 +248,7 @@ def build(config: BuildConfig, log=print) -> Path:
             from trtllm.builder.verify import verify_engine
 
             log("verifying the engine against transformers")
-            report = verify_engine(tmp, ck, config.quantization if config.quantization != "none" else config.dtype)
+            report = verify_engine(tmp, ck, number_format(config))
             (tmp / "verify.json").write_text(json.dumps(report, indent=2) + "\n")
             log(f"verified: max |logit error| {report['max_abs_error']:.2e} over {report['num_positions']} "
                 f"positions (greedy tokens agree: {report['tokens_agree']}); top-1 agreement "

@@ -17,7 +17,8 @@ parses that as a weight-only quantized GEMM. ONNX Runtime engines run each proje
 trtllm.cpu::MatMulBlockQuant node instead (plugins/cpu, `pack_rows` below: float32 activations,
 the offset fused in), or, with `--cpu-kernels onnxruntime`, let ONNX Runtime fuse DequantizeLinear +
 MatMul into its MatMulNBits kernel (com.microsoft), with activations quantized to int8 inside the
-kernel (accuracy level 4).
+kernel (accuracy level 4). `--activations int8` has the native kernel do the same for int4's decode
+steps (QuantScheme.activations).
 """
 from __future__ import annotations
 
@@ -41,13 +42,16 @@ class QuantScheme:
     lm_head_bits: int | None = None  # None: same as `bits`
     scale_search: bool = False       # per block, pick the scale that minimises the squared error
     asymmetric: bool = False         # per-block float offset (see the module docstring)
+    # "int16", "int8": the native kernel quantizes decode steps' activations per block of 32 and
+    # multiplies in integers (plugins/cpu/matmul_int8.cc; 4-bit projections only, prefill stays float32).
+    activations: str = "float32"
 
     @classmethod
-    def named(cls, name: str) -> "QuantScheme | None":
+    def named(cls, name: str, activations: str = "float32") -> "QuantScheme | None":
         # int4 keeps the lm_head in int8: on SmolLM2-135M an int4 lm_head alone drops top-1
         # agreement from 92% to 80% (measured on builder/verify.py's text).
-        return {"none": None, "int8": cls(8),
-                "int4": cls(4, method="rtn-asymmetric", asymmetric=True, lm_head_bits=8)}[name]
+        return {"none": None, "int8": cls(8, activations=activations),
+                "int4": cls(4, method="rtn-asymmetric", asymmetric=True, lm_head_bits=8, activations=activations)}[name]
 
     def for_lm_head(self) -> "QuantScheme":
         """The lm_head's scheme: `lm_head_bits` when set (asymmetric only at 4 bits)."""

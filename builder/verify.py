@@ -4,8 +4,10 @@
    every position's logits must be within `atol` of one transformers forward pass.
 2. Agreement (every engine): a fixed English text is fed token by token (teacher forcing); the
    engine's top-1 next token must match transformers' at `min_agreement` of the positions
-   (float32 0.98, for ties; float16 0.95; int8 0.93; int4 0.90). The logit error is reported alongside.
-`quantization` names the engine's number format: a quantization scheme, or its dtype when unquantized.
+   (float32 0.98, for ties; float16 0.95; int8 0.93; int4 0.90, with int8 activations 0.85). The logit
+   error is reported alongside.
+`quantization` names the engine's number format: a quantization scheme, or its dtype when unquantized,
+and "/int16" or "/int8" for integer activations (--activations).
 """
 from __future__ import annotations
 
@@ -25,7 +27,10 @@ AGREEMENT_TEXT = (
     "Running such a model well on a laptop or an embedded board means reading every weight once per token, "
     "so memory bandwidth, not arithmetic, sets the speed. Quantized weights help because they are smaller.")
 NUM_DECODE = 8
-MIN_AGREEMENT = {"none": 0.98, "float32": 0.98, "float16": 0.95, "int8": 0.93, "int4": 0.90}
+# int4/int8 (llama.cpp's numerics) measured 89-93% on the demo model, moving with the kernels' float
+# sum order: its floor is lower, and still far above a broken build (58% for symmetric int4).
+MIN_AGREEMENT = {"none": 0.98, "float32": 0.98, "float16": 0.95, "int8": 0.93, "int4": 0.90, "int4/int16": 0.90,
+                 "int4/int8": 0.85}
 
 
 class VerifyError(RuntimeError):

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Our engines against the peers (../shared/peers), side by side in one run, on the same prompts.
 
-    python scripts/bench.py                       # full: fp32/int8/int4 engines + every installed peer
+    python scripts/bench.py                       # full: our engines (OURS) + every installed peer
     python scripts/bench.py --smoke               # tiny model, few tokens, no peers (CI)
 
 Every system runs in its own subprocess, one after the other, interleaved by precision, with
@@ -37,15 +37,19 @@ SHARED_PEERS = ROOT.parent / "shared" / "peers"
 PEERS_DIR = Path(os.environ.get("PEERS_DIR", Path.home() / "peers"))
 DEMO = ROOT / "models" / "smollm2-135m-instruct"
 OURS = {"fp32": ["--dtype", "float32"], "fp16": ["--dtype", "float16"], "int8": ["--quantization", "int8"],
-        "int4": ["--quantization", "int4"]}
+        "int4": ["--quantization", "int4"],
+        # int4 with integer activations (--activations): int8 is the numerics of llama.cpp's Q4_1 and
+        # onnxruntime-genai's int4, int16 within 2e-5 of float32's; compared with the int4 peers
+        "int4-a16": ["--quantization", "int4", "--activations", "int16"],
+        "int4-a8": ["--quantization", "int4", "--activations", "int8"]}
 PEER_PRECISION = {"hf-fp32": "fp32", "ortgenai-fp32": "fp32", "llamacpp-f32": "fp32", "llamacpp-f16": "fp16",
                   "ortgenai-int4": "int4", "llamacpp-q4_1": "int4"}
 LLAMA_GGUF = {  # under PEERS_DIR, as ../shared/peers lays it out
     "llamacpp-q4_1": "models/SmolLM2-135M-Instruct.Q4_1.gguf",
     "llamacpp-f16": "gguf/smollm2-135m-instruct-f16.gguf",
     "llamacpp-f32": "gguf/smollm2-135m-instruct-f32.gguf"}
-ORDER = ["fp32", "ortgenai-fp32", "llamacpp-f32", "hf-fp32", "int4", "ortgenai-int4", "llamacpp-q4_1",
-         "int8", "fp16", "llamacpp-f16"]
+ORDER = ["fp32", "ortgenai-fp32", "llamacpp-f32", "hf-fp32", "int4", "int4-a16", "int4-a8", "ortgenai-int4",
+         "llamacpp-q4_1", "int8", "fp16", "llamacpp-f16"]
 METRICS = [("ttft128_ms", "lower"), ("ttft512_ms", "lower"), ("dec_b1_tps", "higher"), ("dec_b8_tps", "higher")]
 OWN = [("python_overhead", "lower")]  # ours only, best round too; no ratio
 
@@ -202,7 +206,7 @@ def measure_ours(name: str, engine_dir: Path, tokenizer_dir: Path, args) -> dict
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
     stdout, code, rss = run_measured(cmd, args.timeout, env)
     res = result_line(stdout) or {"peer": f"trtllm-{name}", "error": f"exit code {code}"}
-    res.update(precision=name, peak_rss_mb=round(rss, 1))
+    res.update(precision=name.split("-")[0], peak_rss_mb=round(rss, 1))  # int4-a8: an int4 engine
     return res
 
 
@@ -349,7 +353,7 @@ def smoke_setup(tmp: Path) -> tuple[Path, dict[str, Path]]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--smoke", action="store_true", help="tiny model, 4 tokens, 1 run, no peers")
-    ap.add_argument("--ours", default="fp32,fp16,int8,int4")
+    ap.add_argument("--ours", default=",".join(OURS))
     ap.add_argument("--peers", default=None, help="comma list (default: all installed; 'none' for none)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--gen", type=int, default=128)

@@ -19,6 +19,8 @@ namespace trtllm_cpu {
 
 // AVX-512 (F, BW, VL) kernels, unless TRTLLM_CPU_KERNEL=generic asks for the portable ones (tests).
 bool use_avx512();
+// And AVX-512 VNNI's int8 dot products, unless TRTLLM_CPU_KERNEL=avx512 asks for AVX-512BW's (tests).
+bool use_vnni();
 
 // Whether to copy weights onto huge pages: trtllm_cpu_set_huge_pages() if called, else not
 // TRTLLM_HUGE_PAGES=0.

@@ -37,6 +37,10 @@ struct Job {
   bool swiglu;
   std::atomic<bool> failed{false};
   std::string error;  // written once, by whoever set `failed` first
+  // Integer activations (matmul_int8.cc), decode: x quantized by quantize_rows, int_row(K) per row.
+  const int8_t* xq = nullptr;
+  const float* xd = nullptr;
+  int levels = 0;  // 1: int8, 2: int16 (two int8 parts)
 };
 
 // x [..., K] as m rows of k inputs, and y's shape (n outputs, or n / 2 with swiglu); `error` says
@@ -47,6 +51,17 @@ struct Rows {
   std::string error;
 };
 Rows rows_of(std::vector<int64_t> x_shape, int64_t n, bool swiglu);
+
+// Integer activations for 4-bit weights (matmul_int8.cc): x's m rows quantized per block of 32 in
+// `levels` int8 parts, and nr weight rows from `row` times them (out[m * ldy + r]); the job's xq,
+// xd, levels and xs must be set. IntRow: one row's quantized size (bytes, of which `part` per level)
+// and scale count.
+struct IntRow {
+  int64_t bytes, scales, part;
+};
+IntRow int_row(int64_t k, int levels);
+void quantize_rows(const float* x, int64_t m, int64_t k, int levels, int8_t* q, float* d);
+void int_tile(const Job& job, int64_t row, int nr, float* out, int64_t ldy);
 
 // The job on ONNX Runtime's threads, in tasks of kChunkRows weight rows: the first task's error, or "".
 std::string run(Ort::KernelContext& ctx, Job& job);

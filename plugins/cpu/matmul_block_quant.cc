@@ -10,7 +10,8 @@
 // Inputs:  x [..., K] float32; codes uint8; scale [N, K/32] float16; offset [N, K/32] float16 (optional)
 // Output:  y [..., N] float32
 // Attributes: bits (4 or 8), n (N), activation ("none" or "swiglu"), layout (1: what follows; an
-// engine packed otherwise is refused). Blocks of 32 inputs.
+// engine packed otherwise is refused), activations ("float32", or with bits 4 "int8" or "int16":
+// decode rows quantized per block, matmul_int8.cc; prefill rows stay float32). Blocks of 32 inputs.
 //   swiglu: y [..., N/2] = silu(gate) * up, where the rows come in groups of 32 (the last one
 //           shorter): h gate rows then the h up rows of the same outputs (Llama's MLP in one node).
 //   bits 4: codes [N, K/2]; per row and block, 16 bytes: byte i holds q[i] in its low nibble and
@@ -40,6 +41,7 @@ OrtStatusPtr fail(const std::string& message) { return trtllm_cpu::matmul::fail(
 struct Kernel {
   int64_t bits, n;
   bool swiglu;
+  int levels;  // integer activations: 0 (float32), 1 (int8) or 2 (int16)
   std::mutex lock;  // guards the copies (sessions may run from several threads)
   trtllm_cpu::Resident codes_copy, scale_copy, offset_copy;
   std::atomic<int64_t> checked_k{0};  // the K whose weight sizes were checked (they are initializers)
@@ -77,12 +79,18 @@ struct Kernel {
       const float* xd = x.GetTensorData<float>();
       // Decode only: a few rows of K / 32 sums, and x split (fused_avx512). Kept per calling thread:
       // a decode step has over a hundred of these nodes, and allocations add up.
-      thread_local std::vector<float> sums, split;
+      thread_local std::vector<float> sums, split, quant_scale;
+      thread_local std::vector<int8_t> quant;
       if (m <= kSmallBatch) {
         sums.assign(m * nb, 0.0f);
         for (int64_t i = 0; i < m * nb; ++i)
           for (int64_t j = 0; j < kBlock; ++j) sums[i] += xd[i * kBlock + j];
-        if (bits == 4) {
+        if (levels) {
+          const IntRow shape = int_row(k, levels);
+          quant.resize(m * shape.bytes);
+          quant_scale.resize(m * shape.scales);
+          quantize_rows(xd, m, k, levels, quant.data(), quant_scale.data());
+        } else if (bits == 4) {
           split.resize(m * k);
           for (int64_t i = 0; i < m * nb; ++i)
             for (int64_t j = 0; j < kBlock / 2; ++j) {
@@ -102,6 +110,11 @@ struct Kernel {
       Job job{{static_cast<const uint8_t*>(codes_at), static_cast<const uint16_t*>(scale_at),
                static_cast<const uint16_t*>(offset_at), n, k, bits},
               xd, sums.data(), split.data(), y.GetTensorMutableData<float>(), m, swiglu};
+      if (levels && m <= kSmallBatch) {
+        job.xq = quant.data();
+        job.xd = quant_scale.data();
+        job.levels = levels;
+      }
       if (const std::string bad = run(ctx, job); !bad.empty()) return fail(bad);
       return nullptr;
     } catch (const std::exception& e) {
@@ -123,7 +136,12 @@ struct Op : Ort::CustomOpBase<Op, Kernel, true> {
                     std::to_string(kLayout) + ": rebuild the engine with trtllm-build");
       const std::string activation = trtllm_cpu::attribute_or<std::string>(ki, "activation", "none");
       if (const std::string bad = check_activation(activation, n); !bad.empty()) return fail(bad);
-      *kernel = new Kernel{bits, n, activation == "swiglu", {}, {}, {}, {}, {0}};
+      const std::string activations = trtllm_cpu::attribute_or<std::string>(ki, "activations", "float32");
+      const int levels = activations == "int8" ? 1 : activations == "int16" ? 2 : 0;
+      if (activations != "float32" && !(levels && bits == 4))
+        return fail("activations must be float32, or int8 or int16 with bits 4; got " + activations + " with bits " +
+                    std::to_string(bits));
+      *kernel = new Kernel{bits, n, activation == "swiglu", levels, {}, {}, {}, {}, {0}};
       return nullptr;
     } catch (const std::exception& e) {
       return fail(e.what());

@@ -25,6 +25,19 @@ bool use_avx512() {
   return yes;
 }
 
+bool use_vnni() {
+  static const bool yes = [] {
+    const char* force = std::getenv("TRTLLM_CPU_KERNEL");
+    if (!use_avx512() || (force && std::string(force) == "avx512")) return false;
+#ifdef TRTLLM_X86
+    return __builtin_cpu_supports("avx512vnni") != 0;
+#else
+    return false;
+#endif
+  }();
+  return yes;
+}
+
 std::atomic<int> huge_pages_setting{-1};  // -1: the environment decides
 
 bool huge_pages_wanted() {
@@ -68,6 +81,8 @@ __attribute__((visibility("default"))) OrtStatus* ORT_API_CALL RegisterCustomOps
   return nullptr;
 }
 
-// Which code path this CPU takes (for reports): 2 = AVX-512, 1 = portable.
-__attribute__((visibility("default"))) int trtllm_cpu_kernel_path() { return trtllm_cpu::use_avx512() ? 2 : 1; }
+// Which code path this CPU takes (for reports): 3 = AVX-512 with VNNI, 2 = AVX-512, 1 = portable.
+__attribute__((visibility("default"))) int trtllm_cpu_kernel_path() {
+  return trtllm_cpu::use_vnni() ? 3 : trtllm_cpu::use_avx512() ? 2 : 1;
+}
 }

@@ -125,10 +125,64 @@ def test_fused_engine_answers_and_records_its_scheme(name, kernels, quantized, r
     assert out["responses"][0]["finish_reason"] in ("max-length", "end-of-sequence")
 
 
+@pytest.fixture(scope="module")
+def integer_activations(quantized, tmp_path_factory):
+    """{activations: engine dir}: int4 on our kernels with --activations int16 and int8."""
+    ckpt, _ = quantized
+    engines = {}
+    for activations in ("int16", "int8"):
+        out = tmp_path_factory.mktemp(f"q-int4-{activations}") / "engine"
+        build(BuildConfig(model=str(ckpt), output=str(out), quantization="int4", activations=activations,
+                          max_input_len=128, max_kv_cache_capacity=256, verify=False), log=lambda m: None)
+        engines[activations] = out
+    return engines
+
+
+def test_integer_activations_stay_close_to_transformers(quantized, integer_activations):
+    """--activations against transformers with the dequantized weights, relative to the largest logit
+    (every step here has at most 16 rows, so every step is quantized): int16 within 2e-3 (measured
+    5.6e-4), int8 within 0.2 (9.2e-2: random tiny weights amplify what a trained model shrugs off), and
+    int16 far closer than int8. The float32-activation engine is the exact one (1e-4 above)."""
+    ckpt, engines = quantized
+    prompt = [5, 17, 42, 99, 7, 31, 8]
+    forced = [3, 14, 15, 92, 65]
+    with torch.no_grad():
+        ref = dequantized_model(ckpt, QuantScheme.named("int4"))(torch.tensor([prompt + forced[:-1]])).logits
+    ref = ref[0, len(prompt) - 1:].numpy()
+    scale = np.abs(ref).max()
+    errors = {}
+    for activations in ("int16", "int8"):
+        _, got = engine_logits(load_engine(integer_activations[activations]), prompt, num_decode=4, forced=forced)
+        errors[activations] = np.abs(got - ref).max() / scale
+    assert errors["int16"] < 2e-3 and errors["int8"] < 0.2, errors
+    assert errors["int8"] > 20 * errors["int16"], errors
+
+
+def test_integer_activations_are_recorded(integer_activations):
+    import onnx
+
+    for activations, engine in integer_activations.items():
+        manifest = json.loads((engine / "manifest.json").read_text())
+        assert manifest["build_config"]["activations"] == activations
+        assert manifest["quantization_scheme"]["activations"] == activations
+        nodes = [n for n in onnx.load(engine / "llm.ort.onnx", load_external_data=False).graph.node
+                 if n.op_type == cpu_kernels.OP]
+        attrs = [{a.name: a for a in n.attribute} for n in nodes]
+        # the int4 projections take integer activations, the int8 lm_head keeps float32
+        assert all((a["activations"].s.decode() == activations) == (a["bits"].i == 4) for a in attrs
+                   if "activations" in a or a["bits"].i == 4)
+        assert sum("activations" in a for a in attrs) == len(nodes) - 1
+        canonical = onnx.load(engine / "llm.onnx", load_external_data=False)  # TensorRT's graph: unchanged
+        assert cpu_kernels.OP not in {n.op_type for n in canonical.graph.node}
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("name, floor", [("int8", 0.93), ("int4", 0.90), ("float16", 0.95)])
+@pytest.mark.parametrize("name, floor", [("int8", 0.93), ("int4", 0.90), ("float16", 0.95), ("int4/int16", 0.90),
+                                         ("int4/int8", 0.85)])
 def test_demo_model_quantized_builds_verify_and_answer(name, floor, demo_model, tmp_path, run_cli):
-    options = {"dtype": name} if name == "float16" else {"quantization": name}
+    quantization, _, activations = name.partition("/")
+    options = ({"dtype": name} if name == "float16" else
+               {"quantization": quantization, "activations": activations or "float32"})
     out = build(BuildConfig(model=str(demo_model), output=str(tmp_path / "engine"), max_input_len=512,
                             max_kv_cache_capacity=1024, **options), log=lambda m: None)
     report = json.loads((out / "verify.json").read_text())

@@ -31,12 +31,13 @@ def session(model: bytes, threads: int = 2) -> ort.InferenceSession:
     return ort.InferenceSession(model, opts, providers=["CPUExecutionProvider"])
 
 
-def on_portable_path(module: str, expression: str):
+def on_portable_path(module: str, expression: str, kernel: str = "generic"):
     """`expression` evaluated after `from tests.plugins.<module> import *`, with TRTLLM_CPU_KERNEL=generic
-    forcing the portable C++ (what a CPU without AVX-512 runs); the library makes that choice once per
-    process, hence a new one. Returns the expression's value (through JSON)."""
+    forcing the portable C++ (what a CPU without AVX-512 runs; `kernel="avx512"`: AVX-512 without
+    VNNI); the library makes that choice once per process, hence a new one. Returns the expression's
+    value (through JSON)."""
     code = (f"import json, sys; sys.path.insert(0, '.'); from tests.plugins.{module} import *; "
             f"print(json.dumps({expression}))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                         env={**os.environ, "TRTLLM_CPU_KERNEL": "generic"}, cwd=ROOT)
+                         env={**os.environ, "TRTLLM_CPU_KERNEL": kernel}, cwd=ROOT)
     return json.loads(out.stdout.strip().splitlines()[-1])

@@ -1,0 +1,118 @@
+"""MatMulBlockQuant with activations="int8" or "int16" (plugins/cpu/matmul_int8.cc): decode rows
+quantized per block of 32 and multiplied in integers, against a numpy reference of the same quantization, on all
+three code paths (VNNI, AVX-512BW, portable); prefill rows stay float32."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+onnx = pytest.importorskip("onnx")
+from onnx import helper  # noqa: E402
+
+from tests.plugins.cpu_ops import on_portable_path, session  # noqa: E402
+from tests.plugins.test_cpu_kernels import case, op_model  # noqa: E402
+
+
+def int8_model(k: int, n: int, packed, scale, offset, activations: str = "int8", bits: int = 4) -> bytes:
+    model = onnx.load_from_string(op_model(k, n, bits, packed, scale, offset))
+    model.graph.node[0].attribute.append(helper.make_attribute("activations", activations))
+    return model.SerializeToString()
+
+
+def quantized(x: np.ndarray, levels: int = 1, per_block: bool = True) -> np.ndarray:
+    """x as the kernel sees it, per block of 32 (per row with per_block=False, the wrong variant):
+    d a with a = round(x * 127 / max|x|), d = max|x| / 127; levels 2 adds d / 256 a2 with
+    a2 = round((x - d a) * 256 / d). Computed in float32 where the kernel is."""
+    m, k = x.shape
+    groups = x.reshape(m, k // 32, 32) if per_block else x.reshape(m, 1, k)
+    amax = np.abs(groups).max(axis=-1, keepdims=True)
+    inv = np.where(amax > 0, np.float32(127) / np.where(amax > 0, amax, 1), 0).astype(np.float32)
+    d = (amax / np.float32(127)).astype(np.float32)
+    whole = np.rint(groups * inv)
+    value = whole.astype(np.float64) * d
+    if levels == 2:
+        rest = (groups.astype(np.float64) - whole.astype(np.float64) * d).astype(np.float32)  # one rounding, as fnmadd
+        part = np.clip(np.rint(rest * (np.float32(256) * inv)), -127, 127)
+        value += part.astype(np.float64) * (d.astype(np.float64) / 256)
+    return value.reshape(m, k)
+
+
+def reference(x: np.ndarray, wd: np.ndarray, offset: np.ndarray, levels: int = 1, per_block: bool = True):
+    """sum_b s_b d_b (q_b . a_b) + o_b sum(x_b): the quantized x times the weights, with the offsets'
+    share taken from the exact block sums (offset: [n, k / 32], the block minimum)."""
+    m, k = x.shape
+    xq = quantized(x, levels, per_block)
+    exact = x.astype(np.float64).reshape(m, k // 32, 32).sum(-1)
+    moved = xq.reshape(m, k // 32, 32).sum(-1)
+    return xq @ wd.astype(np.float64) + (exact - moved) @ offset.astype(np.float64).T
+
+
+LEVELS = {"int8": 1, "int16": 2}
+
+
+def check(m: int, k: int, n: int, activations: str = "int8", per_block: bool = True, x_scale: float = 1.0) -> float:
+    wd, packed = case(4, k, n, seed=m + k + n)
+    x = (np.random.default_rng(m).standard_normal((m, k)) * x_scale).astype(np.float32)
+    if m % 2 and k > 32:
+        x[:, :32] = 0.0  # an all-zero block: d = 0
+    y = session(int8_model(k, n, *packed, activations)).run(None, {"x": x.reshape(1, m, k)})[0][0]
+    ref = reference(x, wd, packed[2], LEVELS[activations], per_block)
+    return float(np.abs(y - ref).max() / np.abs(ref).max())
+
+
+# M: 1 to 16 decode rows (tiles of up to 8 and their tails); K (in blocks of 32): runs of 16 blocks and
+# groups of 4 for the rest: 1, 5, 16 + 2, 16 + 1, 2 x 16, 16 + 15 (a 3-block group), 3 x 16; N: tails of
+# the 4-row steps and 32-row tasks.
+SHAPES = [(1, 576, 70), (2, 96, 9), (1, 32, 5), (3, 160, 7), (4, 544, 64), (5, 64, 5), (8, 576, 70),
+          (16, 1536, 33), (7, 1024, 4), (9, 992, 6), (1, 224, 1)]
+
+
+@pytest.mark.parametrize("activations", ["int8", "int16"])
+@pytest.mark.parametrize("m, k, n", SHAPES)
+def test_matches_the_integer_reference(m, k, n, activations):
+    assert check(m, k, n, activations) < 2e-6
+
+
+@pytest.mark.parametrize("activations", ["int8", "int16"])
+def test_large_and_tiny_activations(activations):
+    assert check(3, 576, 40, activations, x_scale=300.0) < 2e-6
+    assert check(3, 576, 40, activations, x_scale=1e-3) < 2e-6
+
+
+def test_a_per_row_scale_fails():
+    """The deliberately wrong variant: one scale per row instead of per block of 32."""
+    assert check(2, 576, 70, per_block=False) > 1e-3
+
+
+@pytest.mark.parametrize("activations, low, high", [("int8", 1e-4, 2e-2), ("int16", 1e-7, 1e-4)])
+def test_within_quantization_error_of_float32(activations, low, high):
+    wd, packed = case(4, 576, 64, seed=5)
+    x = np.random.default_rng(5).standard_normal((1, 2, 576)).astype(np.float32)
+    y = session(int8_model(576, 64, *packed, activations)).run(None, {"x": x})[0]
+    exact = x.astype(np.float64) @ wd
+    err = np.abs(y - exact).max() / np.abs(exact).max()
+    assert low < err < high  # int8: steps of max|x| / 127; int16: of max|x| / 32512
+
+
+def test_prefill_rows_stay_float32():
+    wd, packed = case(4, 576, 40, seed=2)
+    x = np.random.default_rng(2).standard_normal((1, 17, 576)).astype(np.float32)
+    int8 = session(int8_model(576, 40, *packed)).run(None, {"x": x})[0]
+    float32 = session(int8_model(576, 40, *packed, activations="float32")).run(None, {"x": x})[0]
+    assert np.array_equal(int8, float32)
+
+
+@pytest.mark.parametrize("kernel", ["generic", "avx512"])
+def test_every_code_path_matches(kernel):
+    errors = on_portable_path("test_cpu_matmul_int8", "[check(*s, a) for s in SHAPES for a in LEVELS]", kernel=kernel)
+    assert len(errors) == 2 * len(SHAPES) and max(errors) < 2e-6
+
+
+@pytest.mark.parametrize("activations, bits, message", [
+    ("int8", 8, "activations must be float32, or int8 or int16 with bits 4; got int8 with bits 8"),
+    ("bfloat16", 4, "activations must be float32, or int8 or int16 with bits 4; got bfloat16"),
+])
+def test_bad_activations_fail_with_a_message(activations, bits, message):
+    _, (packed, scale, offset) = case(bits, 32, 4)
+    with pytest.raises(Exception, match=message):
+        session(int8_model(32, 4, packed, scale, offset, activations, bits))
