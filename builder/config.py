@@ -14,7 +14,7 @@ from pathlib import Path
 BACKENDS = ("auto", "onnxruntime", "tensorrt")
 DTYPES = ("float32", "float16", "bfloat16")
 QUANTIZATIONS = ("none", "int8", "int4")
-ACTIVATIONS = ("float32", "int16", "int8")  # int4 MatMuls' activations on our CPU kernels' decode steps
+ACTIVATIONS = ("float32", "int16", "int8")  # quantized MatMuls' activations on our CPU kernels' decode steps
 GRAPHS = ("modern", "legacy")
 CPU_KERNELS = ("auto", "native", "onnxruntime")  # ONNX Runtime engines: plugins/cpu's kernels, or ORT's own
 PROFILES = ("cpu-default", "tensorrt-modern", "tensorrt-legacy")
@@ -75,7 +75,7 @@ class BuildConfig:
     timing_cache: str | None = None  # TensorRT timing cache file, read and updated (faster rebuilds)
     sampling_plugin: bool = False   # TensorRT: trtllm::Sample as the Triton kernel plugin, not the ONNX body
     cpu_kernels: str = "auto"       # ONNX Runtime: native (plugins/cpu: attention, quantized MatMuls) or onnxruntime
-    activations: str = "float32"    # int16/int8: int4 decode steps multiply quantized activations (plugins/cpu)
+    activations: str = "float32"    # int16/int8: quantized decode steps multiply quantized activations (plugins/cpu)
 
     def __post_init__(self):
         for name, allowed in (("backend", BACKENDS), ("dtype", DTYPES), ("quantization", QUANTIZATIONS),
@@ -98,9 +98,9 @@ class BuildConfig:
                               f"trt_version is {self.trt_version}; use --profile tensorrt-legacy")
         if self.sampling_plugin and self.backend != "tensorrt":
             raise ConfigError("--sampling-plugin needs --backend tensorrt (it registers a TensorRT plugin)")
-        if self.activations != "float32" and (self.quantization != "int4" or self.backend == "tensorrt"):
-            raise ConfigError(f"--activations {self.activations} needs --quantization int4 on ONNX Runtime (the native "
-                              f"int4 kernel quantizes its activations), got --quantization {self.quantization} "
+        if self.activations != "float32" and (self.quantization == "none" or self.backend == "tensorrt"):
+            raise ConfigError(f"--activations {self.activations} needs --quantization int8|int4 on ONNX Runtime (our "
+                              f"quantized kernel quantizes its activations), got --quantization {self.quantization} "
                               f"--backend {self.backend}")
         if self.graph == "legacy" and self.quantization != "none":
             raise ConfigError(f"--quantization {self.quantization} needs the modern graph: block-wise and int4 "

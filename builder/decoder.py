@@ -158,7 +158,7 @@ class DecoderWriter:
         g = self.g
         codes, scale, offset = quantize(np.ascontiguousarray(w.T), scheme)
         packed, scale, offset = pack_rows(codes, scale, offset, scheme.bits, scheme.block_size)
-        if scheme.activations != "float32" and scheme.bits == 4:  # an int8 lm_head keeps float32 activations
+        if scheme.activations != "float32":
             attrs["activations"] = scheme.activations
         if order is not None:
             packed, scale = packed[order], scale[order]

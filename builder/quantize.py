@@ -43,7 +43,7 @@ class QuantScheme:
     scale_search: bool = False       # per block, pick the scale that minimises the squared error
     asymmetric: bool = False         # per-block float offset (see the module docstring)
     # "int16", "int8": the native kernel quantizes decode steps' activations per block of 32 and
-    # multiplies in integers (plugins/cpu/matmul_int8.cc; 4-bit projections only, prefill stays float32).
+    # multiplies in integers (plugins/cpu/matmul_int8.cc; calls of more than 16 rows stay float32).
     activations: str = "float32"
 
     @classmethod

@@ -4,8 +4,8 @@
    every position's logits must be within `atol` of one transformers forward pass.
 2. Agreement (every engine): a fixed English text is fed token by token (teacher forcing); the
    engine's top-1 next token must match transformers' at `min_agreement` of the positions
-   (float32 0.98, for ties; float16 0.95; int8 0.93; int4 0.90, with int8 activations 0.85). The logit
-   error is reported alongside.
+   (float32 0.98, for ties; float16 0.95; int8 0.93; int4 0.90; with int8 activations int8 0.90 and
+   int4 0.85). The logit error is reported alongside.
 `quantization` names the engine's number format: a quantization scheme, or its dtype when unquantized,
 and "/int16" or "/int8" for integer activations (--activations).
 """
@@ -27,10 +27,11 @@ AGREEMENT_TEXT = (
     "Running such a model well on a laptop or an embedded board means reading every weight once per token, "
     "so memory bandwidth, not arithmetic, sets the speed. Quantized weights help because they are smaller.")
 NUM_DECODE = 8
-# int4/int8 (llama.cpp's numerics) measured 89-93% on the demo model, moving with the kernels' float
-# sum order: its floor is lower, and still far above a broken build (58% for symmetric int4).
-MIN_AGREEMENT = {"none": 0.98, "float32": 0.98, "float16": 0.95, "int8": 0.93, "int4": 0.90, "int4/int16": 0.90,
-                 "int4/int8": 0.85}
+# With int8 activations (llama.cpp's numerics) the demo model measured 89-94% (int4) and 98% (int8),
+# moving with the kernels' float sum order: their floors are lower, and still far above a broken
+# build (58% for symmetric int4). int16 activations keep their weights' floors (measured 100%).
+MIN_AGREEMENT = {"none": 0.98, "float32": 0.98, "float16": 0.95, "int8": 0.93, "int4": 0.90, "int8/int16": 0.93,
+                 "int4/int16": 0.90, "int8/int8": 0.90, "int4/int8": 0.85}
 
 
 class VerifyError(RuntimeError):

@@ -52,15 +52,15 @@ struct Rows {
 };
 Rows rows_of(std::vector<int64_t> x_shape, int64_t n, bool swiglu);
 
-// Integer activations for 4-bit weights (matmul_int8.cc): x's m rows quantized per block of 32 in
-// `levels` int8 parts, and nr weight rows from `row` times them (out[m * ldy + r]); the job's xq,
-// xd, levels and xs must be set. IntRow: one row's quantized size (bytes, of which `part` per level)
-// and scale count.
+// Integer activations (matmul_int8.cc): x's m rows quantized per block of 32 in `levels` int8
+// digits, laid out for weights of `bits`, and nr weight rows from `row` times them (out[m * ldy + r]);
+// the job's xq, xd, levels and xs must be set. IntRow: one row's quantized size (bytes, of which
+// `part` per digit) and count of scales.
 struct IntRow {
   int64_t bytes, scales, part;
 };
-IntRow int_row(int64_t k, int levels);
-void quantize_rows(const float* x, int64_t m, int64_t k, int levels, int8_t* q, float* d);
+IntRow int_row(int64_t k, int bits, int levels);
+void quantize_rows(const float* x, int64_t m, int64_t k, int bits, int levels, int8_t* q, float* d);
 void int_tile(const Job& job, int64_t row, int nr, float* out, int64_t ldy);
 
 // The job on ONNX Runtime's threads, in tasks of kChunkRows weight rows: the first task's error, or "".

@@ -10,8 +10,8 @@
 // Inputs:  x [..., K] float32; codes uint8; scale [N, K/32] float16; offset [N, K/32] float16 (optional)
 // Output:  y [..., N] float32
 // Attributes: bits (4 or 8), n (N), activation ("none" or "swiglu"), layout (1: what follows; an
-// engine packed otherwise is refused), activations ("float32", or with bits 4 "int8" or "int16":
-// decode rows quantized per block, matmul_int8.cc; prefill rows stay float32). Blocks of 32 inputs.
+// engine packed otherwise is refused), activations ("float32", "int16" or "int8": calls of up to 16
+// rows quantize x per block, matmul_int8.cc; longer ones stay float32). Blocks of 32 inputs.
 //   swiglu: y [..., N/2] = silu(gate) * up, where the rows come in groups of 32 (the last one
 //           shorter): h gate rows then the h up rows of the same outputs (Llama's MLP in one node).
 //   bits 4: codes [N, K/2]; per row and block, 16 bytes: byte i holds q[i] in its low nibble and
@@ -86,10 +86,10 @@ struct Kernel {
         for (int64_t i = 0; i < m * nb; ++i)
           for (int64_t j = 0; j < kBlock; ++j) sums[i] += xd[i * kBlock + j];
         if (levels) {
-          const IntRow shape = int_row(k, levels);
+          const IntRow shape = int_row(k, static_cast<int>(bits), levels);
           quant.resize(m * shape.bytes);
           quant_scale.resize(m * shape.scales);
-          quantize_rows(xd, m, k, levels, quant.data(), quant_scale.data());
+          quantize_rows(xd, m, k, static_cast<int>(bits), levels, quant.data(), quant_scale.data());
         } else if (bits == 4) {
           split.resize(m * k);
           for (int64_t i = 0; i < m * nb; ++i)
@@ -138,9 +138,8 @@ struct Op : Ort::CustomOpBase<Op, Kernel, true> {
       if (const std::string bad = check_activation(activation, n); !bad.empty()) return fail(bad);
       const std::string activations = trtllm_cpu::attribute_or<std::string>(ki, "activations", "float32");
       const int levels = activations == "int8" ? 1 : activations == "int16" ? 2 : 0;
-      if (activations != "float32" && !(levels && bits == 4))
-        return fail("activations must be float32, or int8 or int16 with bits 4; got " + activations + " with bits " +
-                    std::to_string(bits));
+      if (activations != "float32" && !levels)
+        return fail("activations must be float32, int16 or int8, got " + activations);
       *kernel = new Kernel{bits, n, activation == "swiglu", levels, {}, {}, {}, {}, {0}};
       return nullptr;
     } catch (const std::exception& e) {

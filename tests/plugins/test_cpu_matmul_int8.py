@@ -1,5 +1,5 @@
-"""MatMulBlockQuant with activations="int8" or "int16" (plugins/cpu/matmul_int8.cc): decode rows
-quantized per block of 32 and multiplied in integers, against a numpy reference of the same quantization, on all
+"""MatMulBlockQuant with activations="int8" or "int16" (plugins/cpu/matmul_int8.cc): calls of up to
+16 rows quantized per block of 32 and multiplied in integers, with 4-bit and 8-bit weights, against a numpy reference of the same quantization, on all
 three code paths (VNNI, AVX-512BW, portable); prefill rows stay float32."""
 from __future__ import annotations
 
@@ -37,51 +37,58 @@ def quantized(x: np.ndarray, levels: int = 1, per_block: bool = True) -> np.ndar
     return value.reshape(m, k)
 
 
-def reference(x: np.ndarray, wd: np.ndarray, offset: np.ndarray, levels: int = 1, per_block: bool = True):
+def reference(x: np.ndarray, wd: np.ndarray, offset, levels: int = 1, per_block: bool = True):
     """sum_b s_b d_b (q_b . a_b) + o_b sum(x_b): the quantized x times the weights, with the offsets'
-    share taken from the exact block sums (offset: [n, k / 32], the block minimum)."""
+    share taken from the exact block sums (offset: [n, k / 32], the block minimum, or None)."""
     m, k = x.shape
     xq = quantized(x, levels, per_block)
+    y = xq @ wd.astype(np.float64)
+    if offset is None:
+        return y
     exact = x.astype(np.float64).reshape(m, k // 32, 32).sum(-1)
     moved = xq.reshape(m, k // 32, 32).sum(-1)
-    return xq @ wd.astype(np.float64) + (exact - moved) @ offset.astype(np.float64).T
+    return y + (exact - moved) @ offset.astype(np.float64).T
 
 
 LEVELS = {"int8": 1, "int16": 2}
 
 
-def check(m: int, k: int, n: int, activations: str = "int8", per_block: bool = True, x_scale: float = 1.0) -> float:
-    wd, packed = case(4, k, n, seed=m + k + n)
+def check(m: int, k: int, n: int, activations: str = "int8", bits: int = 4, per_block: bool = True,
+          x_scale: float = 1.0) -> float:
+    wd, packed = case(bits, k, n, seed=m + k + n)
     x = (np.random.default_rng(m).standard_normal((m, k)) * x_scale).astype(np.float32)
     if m % 2 and k > 32:
         x[:, :32] = 0.0  # an all-zero block: d = 0
-    y = session(int8_model(k, n, *packed, activations)).run(None, {"x": x.reshape(1, m, k)})[0][0]
+    y = session(int8_model(k, n, *packed, activations, bits)).run(None, {"x": x.reshape(1, m, k)})[0][0]
     ref = reference(x, wd, packed[2], LEVELS[activations], per_block)
     return float(np.abs(y - ref).max() / np.abs(ref).max())
 
 
 # M: 1 to 16 decode rows (tiles of up to 8 and their tails); K (in blocks of 32): runs of 16 blocks and
-# groups of 4 for the rest: 1, 5, 16 + 2, 16 + 1, 2 x 16, 16 + 15 (a 3-block group), 3 x 16; N: tails of
-# the 4-row steps and 32-row tasks.
+# units of 4 (4-bit) or 2 (8-bit) for the rest: 1, 5, 16 + 2, 16 + 1, 2 x 16, 16 + 15 (a 3-block unit),
+# 3 x 16; N: tails of the 4-row steps and 32-row tasks.
 SHAPES = [(1, 576, 70), (2, 96, 9), (1, 32, 5), (3, 160, 7), (4, 544, 64), (5, 64, 5), (8, 576, 70),
           (16, 1536, 33), (7, 1024, 4), (9, 992, 6), (1, 224, 1)]
 
 
+@pytest.mark.parametrize("bits", [4, 8])
 @pytest.mark.parametrize("activations", ["int8", "int16"])
 @pytest.mark.parametrize("m, k, n", SHAPES)
-def test_matches_the_integer_reference(m, k, n, activations):
-    assert check(m, k, n, activations) < 2e-6
+def test_matches_the_integer_reference(m, k, n, activations, bits):
+    assert check(m, k, n, activations, bits) < 2e-6
 
 
+@pytest.mark.parametrize("bits", [4, 8])
 @pytest.mark.parametrize("activations", ["int8", "int16"])
-def test_large_and_tiny_activations(activations):
-    assert check(3, 576, 40, activations, x_scale=300.0) < 2e-6
-    assert check(3, 576, 40, activations, x_scale=1e-3) < 2e-6
+def test_large_and_tiny_activations(activations, bits):
+    assert check(3, 576, 40, activations, bits, x_scale=300.0) < 2e-6
+    assert check(3, 576, 40, activations, bits, x_scale=1e-3) < 2e-6
 
 
-def test_a_per_row_scale_fails():
+@pytest.mark.parametrize("bits", [4, 8])
+def test_a_per_row_scale_fails(bits):
     """The deliberately wrong variant: one scale per row instead of per block of 32."""
-    assert check(2, 576, 70, per_block=False) > 1e-3
+    assert check(2, 576, 70, bits=bits, per_block=False) > 1e-3
 
 
 @pytest.mark.parametrize("activations, low, high", [("int8", 1e-4, 2e-2), ("int16", 1e-7, 1e-4)])
@@ -94,25 +101,23 @@ def test_within_quantization_error_of_float32(activations, low, high):
     assert low < err < high  # int8: steps of max|x| / 127; int16: of max|x| / 32512
 
 
-def test_prefill_rows_stay_float32():
-    wd, packed = case(4, 576, 40, seed=2)
+@pytest.mark.parametrize("bits", [4, 8])
+def test_calls_of_more_than_16_rows_stay_float32(bits):
+    wd, packed = case(bits, 576, 40, seed=2)
     x = np.random.default_rng(2).standard_normal((1, 17, 576)).astype(np.float32)
-    int8 = session(int8_model(576, 40, *packed)).run(None, {"x": x})[0]
-    float32 = session(int8_model(576, 40, *packed, activations="float32")).run(None, {"x": x})[0]
+    int8 = session(int8_model(576, 40, *packed, bits=bits)).run(None, {"x": x})[0]
+    float32 = session(int8_model(576, 40, *packed, activations="float32", bits=bits)).run(None, {"x": x})[0]
     assert np.array_equal(int8, float32)
 
 
 @pytest.mark.parametrize("kernel", ["generic", "avx512"])
 def test_every_code_path_matches(kernel):
-    errors = on_portable_path("test_cpu_matmul_int8", "[check(*s, a) for s in SHAPES for a in LEVELS]", kernel=kernel)
-    assert len(errors) == 2 * len(SHAPES) and max(errors) < 2e-6
+    errors = on_portable_path("test_cpu_matmul_int8",
+                              "[check(*s, a, b) for s in SHAPES for a in LEVELS for b in (4, 8)]", kernel=kernel)
+    assert len(errors) == 4 * len(SHAPES) and max(errors) < 2e-6
 
 
-@pytest.mark.parametrize("activations, bits, message", [
-    ("int8", 8, "activations must be float32, or int8 or int16 with bits 4; got int8 with bits 8"),
-    ("bfloat16", 4, "activations must be float32, or int8 or int16 with bits 4; got bfloat16"),
-])
-def test_bad_activations_fail_with_a_message(activations, bits, message):
-    _, (packed, scale, offset) = case(bits, 32, 4)
-    with pytest.raises(Exception, match=message):
-        session(int8_model(32, 4, packed, scale, offset, activations, bits))
+def test_bad_activations_fail_with_a_message():
+    _, (packed, scale, offset) = case(4, 32, 4)
+    with pytest.raises(Exception, match="activations must be float32, int16 or int8, got bfloat16"):
+        session(int8_model(32, 4, packed, scale, offset, "bfloat16"))
