@@ -98,6 +98,9 @@ class BuildConfig:
                               f"trt_version is {self.trt_version}; use --profile tensorrt-legacy")
         if self.sampling_plugin and self.backend != "tensorrt":
             raise ConfigError("--sampling-plugin needs --backend tensorrt (it registers a TensorRT plugin)")
+        if self.activations != "float32" and self.cpu_kernels == "onnxruntime":
+            raise ConfigError(f"--activations {self.activations} is for our kernels: with --cpu-kernels onnxruntime, "
+                              "MatMulNBits always quantizes activations to int8")
         if self.activations != "float32" and (self.quantization == "none" or self.backend == "tensorrt"):
             raise ConfigError(f"--activations {self.activations} needs --quantization int8|int4 on ONNX Runtime (our "
                               f"quantized kernel quantizes its activations), got --quantization {self.quantization} "

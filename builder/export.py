@@ -71,6 +71,8 @@ def export_onnx(ck: ckpt.Checkpoint, config: BuildConfig, out_dir: Path, log, ba
     half = config.dtype == "float16" and quant is None and half_supported(spec)  # only on the native kernels
     native = backend == "onnxruntime" and config.graph == "modern" and use_native_kernels(config, gqa or half, log)
     quant_native = native and quant is not None
+    if quant is not None and config.activations != "float32" and not quant_native:
+        raise RuntimeError(f"--activations {config.activations} needs our CPU kernels: {cpu_kernels.missing_hint()}")
     half = half and native
     if backend == "onnxruntime" and config.graph == "modern" and (gqa or quant_native or half):
         # The ONNX Runtime form starts from a graph whose attention is a fused kernel (ours or ORT's)

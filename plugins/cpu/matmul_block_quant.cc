@@ -3,9 +3,10 @@
 // Why: ONNX Runtime's MatMulNBits has no float per-block offset on its fast path, so the graph
 // added it with four more kernels per projection, and it streams 4-bit weights at about half of
 // what a memory copy moves. This kernel dequantizes a few weight rows at a time into L1 (codes,
-// scale and offset in one fused multiply-add) and multiplies them with fp32 activations:
-// activations are never quantized, so it is also closer to transformers than MatMulNBits' int8
-// activations. The math is exactly the canonical graph's DequantizeLinear + MatMul + offset.
+// scale and offset in one fused multiply-add) and multiplies them with fp32 activations, so it is
+// also closer to transformers than MatMulNBits' int8 activations: the math is exactly the canonical
+// graph's DequantizeLinear + MatMul + offset. Integer activations are the build's choice
+// (`activations`, matmul_int8.cc): faster decode, inexact.
 //
 // Inputs:  x [..., K] float32; codes uint8; scale [N, K/32] float16; offset [N, K/32] float16 (optional)
 // Output:  y [..., N] float32
@@ -77,8 +78,8 @@ struct Kernel {
       auto y = ctx.GetOutput(0, rows.y_shape);
       if (m == 0) return nullptr;
       const float* xd = x.GetTensorData<float>();
-      // Decode only: a few rows of K / 32 sums, and x split (fused_avx512). Kept per calling thread:
-      // a decode step has over a hundred of these nodes, and allocations add up.
+      // Decode only: a few rows of K / 32 sums, and x split (fused_avx512) or quantized (matmul_int8.cc).
+      // Kept per calling thread: a decode step has over a hundred of these nodes, and allocations add up.
       thread_local std::vector<float> sums, split, quant_scale;
       thread_local std::vector<int8_t> quant;
       if (m <= kSmallBatch) {

@@ -34,6 +34,7 @@ ARCHS = ["llama", "mistral", "qwen2", "qwen3"]
     (["--activations", "int8"], "--activations int8 needs --quantization int8|int4 on ONNX Runtime"),
     (["--activations", "int8", "--quantization", "int4", "--backend", "tensorrt"], "--backend tensorrt"),
     (["--activations", "int4"], "Invalid value for '--activations'"),
+    (["--activations", "int16", "--quantization", "int4", "--cpu-kernels", "onnxruntime"], "MatMulNBits always"),
 ])
 def test_refused_options(tmp_path, args, needle):
     result = CliRunner().invoke(main, ["--model", str(tmp_path), "--output", str(tmp_path / "e"), *args])

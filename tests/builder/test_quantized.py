@@ -258,7 +258,8 @@ def test_float16_native_engine_is_transformers_on_float16_weights(arch, tiny_che
 
 def test_without_the_library(quantized, tiny_checkpoint, tmp_path, monkeypatch):
     """An engine that needs the native kernels refuses to load without them, naming both fixes;
-    --cpu-kernels native refuses to build; auto builds on ONNX Runtime's kernels and says so."""
+    --cpu-kernels native refuses to build; auto builds on ONNX Runtime's kernels and says so, unless
+    --activations asks for what only ours do."""
     from trtllm.builder.config import ConfigError
     from trtllm.runtime.manifest import ManifestError
 
@@ -275,5 +276,7 @@ def test_without_the_library(quantized, tiny_checkpoint, tmp_path, monkeypatch):
     out = build(BuildConfig(output=str(tmp_path / "b"), **config), log=logs.append)
     assert any("MatMulNBits" in line for line in logs)
     assert not cpu_kernels.needed_by(json.loads((out / "manifest.json").read_text())["lowerings"])
+    with pytest.raises(RuntimeError, match="--activations int8 needs our CPU kernels: .*scripts/setup.sh"):
+        build(BuildConfig(output=str(tmp_path / "c"), activations="int8", **config), log=lambda m: None)
     with pytest.raises(ConfigError, match="--cpu-kernels must be one of"):
         BuildConfig(model="m", output="o", cpu_kernels="fast")

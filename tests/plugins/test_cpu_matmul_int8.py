@@ -1,6 +1,7 @@
 """MatMulBlockQuant with activations="int8" or "int16" (plugins/cpu/matmul_int8.cc): calls of up to
-16 rows quantized per block of 32 and multiplied in integers, with 4-bit and 8-bit weights, against a numpy reference of the same quantization, on all
-three code paths (VNNI, AVX-512BW, portable); prefill rows stay float32."""
+16 rows quantized per block of 32 and multiplied in integers, 4-bit and 8-bit weights, against a
+numpy reference of the same quantization, on all three code paths (VNNI, AVX-512BW, portable);
+longer calls stay float32."""
 from __future__ import annotations
 
 import numpy as np
