@@ -3,7 +3,9 @@
 ONNX Runtime's PyPI wheel ships no C headers, so they come from Debian's libonnxruntime-dev package
 (pinned by SHA-256, fetched once into build/ort-headers). The custom-op ABI is versioned: a library
 built against the 1.21 headers asks the runtime for API version 21, which every later ONNX Runtime
-provides. The compiler is the system's g++ (C++17).
+provides. The compiler is the system's g++ (C++17). The library is rebuilt when what it is built from
+changes (a SHA-256 of the sources, headers, this script and the compiler, kept next to it), not when
+a file is newer: a checkout of older sources leaves older times.
 """
 from __future__ import annotations
 
@@ -78,12 +80,27 @@ def compile_library(include: Path, out: Path = LIBRARY) -> Path:
         tmp.unlink(missing_ok=True)
         raise
     os.replace(tmp, out)  # a failed compile never replaces a good library
+    stamp = stamp_of(out)
+    stamp.with_name(stamp.name + ".partial").write_text(source_digest() + "\n")
+    os.replace(stamp.with_name(stamp.name + ".partial"), stamp)  # written last: a crash before it rebuilds
     return out
 
 
+def stamp_of(out: Path) -> Path:
+    return out.with_name(out.name + ".sha256")
+
+
+def source_digest() -> str:
+    """SHA-256 of what the library is built from: sources, headers, this script, the compiler."""
+    digest = hashlib.sha256(os.environ.get("CXX", "g++").encode())
+    for path in [*SOURCES, *HEADERS, Path(__file__)]:
+        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()
+
+
 def needs_build(out: Path = LIBRARY) -> bool:
-    newest = max(p.stat().st_mtime for p in [*SOURCES, *HEADERS, Path(__file__)])
-    return not out.is_file() or out.stat().st_mtime < newest
+    stamp = stamp_of(out)
+    return not (out.is_file() and stamp.is_file() and stamp.read_text().strip() == source_digest())
 
 
 def main(argv=None) -> int:

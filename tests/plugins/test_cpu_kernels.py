@@ -208,3 +208,28 @@ def test_the_portable_code_compiles_alone():
            f"-I{include}", *map(str, build.SOURCES)]
     out = subprocess.run(cmd, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
+
+
+def test_the_library_is_rebuilt_when_its_sources_change_not_when_they_are_newer(tmp_path, monkeypatch):
+    """A checkout of older sources leaves older file times: the library's stamp is a digest of its
+    sources, so a stale library is rebuilt and a touched but unchanged source is not."""
+    from trtllm.plugins.cpu import build
+
+    sources = []
+    for path in [*build.SOURCES, *build.HEADERS]:
+        sources.append(tmp_path / path.name)
+        sources[-1].write_bytes(path.read_bytes())
+    monkeypatch.setattr(build, "SOURCES", sources[:len(build.SOURCES)])
+    monkeypatch.setattr(build, "HEADERS", sources[len(build.SOURCES):])
+    library = tmp_path / "lib.so"
+    assert build.needs_build(library)  # nothing built
+    library.write_bytes(b"built")
+    assert build.needs_build(library)  # no stamp: built by something else
+    build.stamp_of(library).write_text(build.source_digest() + "\n")
+    assert not build.needs_build(library)
+    os.utime(sources[0], (1e9, 1e9))  # older, same content
+    os.utime(library, (2e9, 2e9))
+    assert not build.needs_build(library)
+    sources[0].write_text(sources[0].read_text() + "\n// changed\n")
+    os.utime(sources[0], (1e9, 1e9))  # changed but older than the library: still rebuilt
+    assert build.needs_build(library)

@@ -1,7 +1,6 @@
-"""trtllm::Sample: the ONNX body on ONNX Runtime against the numpy reference, plus statistics."""
+"""trtllm::Sample: the ONNX body on ONNX Runtime against the numpy reference (statistics of its
+draws: test_sample_statistics.py)."""
 from __future__ import annotations
-
-import functools
 
 import numpy as np
 import pytest
@@ -12,144 +11,21 @@ ort = pytest.importorskip("onnxruntime")
 from trtllm.plugins import lint  # noqa: E402
 from trtllm.plugins.sample import body, reference, schema  # noqa: E402
 
-ARGS = schema.INPUT_NAMES
-KEPT_ARGS = tuple(name for name in ARGS if name != "uniform")  # kept_probs' inputs
-
-
-@functools.lru_cache(maxsize=None)
-def _session(max_top_k: int):
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = 1
-    return ort.InferenceSession(body.make_model(max_top_k).SerializeToString(), options,
-                                providers=["CPUExecutionProvider"])
-
-
-def _run(case: dict, num_logprobs: int, max_top_k: int):
-    """The body's outputs, logprob columns cut to the first num_logprobs (as the runtime keeps them)."""
-    tokens, values, ids = _session(max_top_k).run(None, {name: case[name] for name in ARGS})
-    assert values.shape[1] == ids.shape[1] == schema.num_logprob_columns(max_top_k)  # static width
-    return tokens, values[:, :num_logprobs], ids[:, :num_logprobs]
-
-
-def _ref(case: dict, num_logprobs: int, max_top_k: int):
-    tokens, values, ids = reference.sample(*(case[name] for name in ARGS), max_top_k)
-    return tokens, values[:, :num_logprobs], ids[:, :num_logprobs]
-
-
-def _case(logits, temperature, top_k, top_p, uniform, bias=None, *, penalty_bias=None, seen=None,
-          repetition_penalty=1.0, min_p=0.0) -> dict:
-    logits = np.asarray(logits, np.float32)
-    rows = logits.shape[0]
-    full = lambda v, dtype: np.broadcast_to(np.asarray(v, dtype), (rows,)).copy()  # noqa: E731
-    dense = lambda v: np.zeros_like(logits) if v is None else np.asarray(v, np.float32)  # noqa: E731
-    return {"logits": logits, "logit_bias": dense(bias), "penalty_bias": dense(penalty_bias),
-            "seen": np.zeros(logits.shape, bool) if seen is None else np.asarray(seen, bool),
-            "repetition_penalty": full(repetition_penalty, np.float32),
-            "temperature": full(temperature, np.float32), "min_p": full(min_p, np.float32),
-            "top_k": full(top_k, np.int64), "top_p": full(top_p, np.float32), "uniform": full(uniform, np.float32)}
-
-
-def _kept(case, max_top_k, rows=slice(None)):
-    return reference.kept_probs(*(case[name][rows] for name in KEPT_ARGS), max_top_k=max_top_k)
-
-
-def _assert_close(name, got, want, atol, eps=1e-6):
-    """atol + |want| * eps, reporting the first bad indices and the largest errors."""
-    assert got.shape == want.shape and got.dtype == want.dtype, (name, got.shape, got.dtype, want.shape, want.dtype)
-    err = np.abs(got.astype(np.float64) - want)
-    bad = np.argwhere(~(err <= atol + np.abs(want) * eps))
-    assert not len(bad), (f"{name}: {len(bad)} bad, first at {bad[:5].tolist()}; max abs err {err.max():.3g}, "
-                          f"max rel err {(err / np.maximum(np.abs(want), 1e-30)).max():.3g}")
-
-
-# --- an independent float64 statement of the distribution, for kept_probs and ambiguity -------
-
-def _naive_penalized(x, seen, repetition_penalty, penalty_bias):
-    """vLLM's apply_penalties shape in float64: divide positive / multiply others, then subtract."""
-    y = np.array(x, np.float64)
-    rep = np.where(seen, float(repetition_penalty), 1.0)
-    positive = y > 0
-    y[positive] /= rep[positive]
-    y[~positive] *= rep[~positive]
-    return y + penalty_bias
-
-
-def _naive_kept(y, temperature, top_k, top_p, min_p=0.0):
-    """softmax(y / t) restricted to min-p, top-k, then nucleus, renormalised (one row, float64).
-
-    Returns (probs, margin): margin is how close a min-p or top-p cut is to flipping."""
-    y = y.astype(np.float64)
-    if temperature == 0:
-        return np.eye(len(y))[np.argmax(y)], np.inf
-    z = y / temperature - np.max(y / temperature)
-    probs = np.exp(z) / np.exp(z).sum()
-    order = np.argsort(-y, kind="stable")
-    kept, margin = order, np.inf
-    if min_p > 0:                                    # prob >= min_p * max prob, in log space
-        margin = np.min(np.abs(z - np.log(min_p)))
-        kept = kept[z[kept] >= np.log(min_p)]
-    kept = kept[:top_k] if top_k > 0 else kept
-    q = probs[kept] / probs[kept].sum()
-    if top_p < 1:                                    # distance of the nucleus cut from top_p
-        excl = np.concatenate([[0.0], np.cumsum(q)[:-1]])
-        margin = min(margin, np.min(np.abs(excl - top_p)))
-        kept = kept[excl < top_p]
-    out = np.zeros(len(y))
-    out[kept] = probs[kept] / probs[kept].sum()
-    return out, margin
-
-
-def _naive_row(case, row):
-    x = case["logits"][row].astype(np.float64) + case["logit_bias"][row]
-    y = _naive_penalized(x, case["seen"][row], case["repetition_penalty"][row], case["penalty_bias"][row])
-    return _naive_kept(y, case["temperature"][row], case["top_k"][row], case["top_p"][row], case["min_p"][row])
-
-
-def _ambiguous(case, row, tol=1e-5):
-    """True when float rounding may legitimately change this row's token."""
-    probs, margin = _naive_row(case, row)
-    cdf = np.cumsum(probs)
-    return margin < tol or np.min(np.abs(cdf - case["uniform"][row])) < tol
-
-
-def _random_penalties(rng, rows, vocab_size):
-    """Per row: none, or a seen mask, a repetition penalty and a penalty_bias with some -inf."""
-    on = rng.random(rows) < 0.7
-    seen = (rng.random((rows, vocab_size)) < rng.choice([0.05, 0.3], (rows, 1))) & on[:, None]
-    repetition_penalty = np.where(on, rng.choice([1.0, 0.8, 1.3, 2.0], rows), 1.0)
-    counts = rng.poisson(0.5, (rows, vocab_size)) * seen
-    frequency, presence = rng.choice([0.0, 0.5], (2, rows, 1))
-    penalty_bias = -(frequency * counts + presence * (counts > 0))
-    banned = rng.random((rows, vocab_size)) < rng.choice([0.0, 0.05, 0.5], (rows, 1))
-    banned[np.arange(rows), rng.integers(0, vocab_size, rows)] = False   # at least one allowed
-    penalty_bias = np.where(banned & on[:, None], -np.inf, penalty_bias)
-    return {"seen": seen, "repetition_penalty": repetition_penalty, "penalty_bias": penalty_bias}
-
-
-def _random_case(rng):
-    vocab_size = int(rng.choice([7, 50, 300, 2000]))
-    max_top_k = min(schema.DEFAULT_MAX_TOP_K, vocab_size)
-    rows = int(rng.integers(1, 9))
-    logits = rng.normal(size=(rows, vocab_size)) * rng.choice([0.5, 2.0, 8.0])
-    bias = np.where(rng.random((rows, vocab_size)) < 0.1, rng.uniform(-100, 100, (rows, vocab_size)), 0)
-    case = _case(logits, rng.choice([0.0, 0.5, 1.0, 2.0], rows),
-                 rng.choice([k for k in (0, 1, 5, max_top_k) if k <= max_top_k], rows),
-                 rng.choice([0.3, 0.9, 1.0], rows), rng.random(rows, dtype=np.float32), bias,
-                 min_p=rng.choice([0.0, 0.0, 0.05, 0.3, 1.0], rows), **_random_penalties(rng, rows, vocab_size))
-    return case, int(rng.integers(1, min(5, max_top_k) + 1)), max_top_k
-
+from tests.plugins.sample_cases import (ARGS, ambiguous, assert_close, kept_of, make_case,  # noqa: E402
+                                        naive_penalized, naive_row, random_case, random_penalties, run_body,
+                                        run_reference)
 
 def test_body_matches_reference_on_random_cases():
     rng = np.random.default_rng(1234)
     num_rows = num_skipped = 0
     for _ in range(200):
-        case, num_logprobs, max_top_k = _random_case(rng)
-        got = _run(case, num_logprobs, max_top_k)
-        want = _ref(case, num_logprobs, max_top_k)
+        case, num_logprobs, max_top_k = random_case(rng)
+        got = run_body(case, num_logprobs, max_top_k)
+        want = run_reference(case, num_logprobs, max_top_k)
         for g, w, name in zip(got, want, schema.OUTPUT_NAMES):
             assert g.shape == w.shape and g.dtype == w.dtype, (name, g.shape, g.dtype, w.shape, w.dtype)
             assert g.dtype.kind != "f" or not np.isnan(g).any(), name
-        _assert_close("top_logprobs", got[1], want[1], atol=1e-5)
+        assert_close("top_logprobs", got[1], want[1], atol=1e-5)
         logprobs = np.sort(reference._log_softmax(case["logits"] + case["logit_bias"]), axis=1)[:, ::-1]
         gaps = np.diff(logprobs[:, :num_logprobs + 1], axis=1) if logprobs.shape[1] > num_logprobs else None
         for row in range(len(got[0])):
@@ -158,9 +34,9 @@ def test_body_matches_reference_on_random_cases():
             if not tied:
                 assert (got[2][row] == want[2][row]).all(), (row, got[2][row], want[2][row])
             if got[0][row] != want[0][row]:
-                assert _ambiguous(case, row), (row, got[0][row], want[0][row], {k: v[row] for k, v in case.items()})
+                assert ambiguous(case, row), (row, got[0][row], want[0][row], {k: v[row] for k, v in case.items()})
                 num_skipped += 1
-            assert _kept(case, max_top_k, slice(row, row + 1))[0, got[0][row]] > 0 or _ambiguous(case, row)
+            assert kept_of(case, max_top_k, slice(row, row + 1))[0, got[0][row]] > 0 or ambiguous(case, row)
     assert num_rows > 700 and num_skipped <= num_rows // 100, (num_rows, num_skipped)
 
 
@@ -175,13 +51,13 @@ KEPT_CASES = [  # temperature, top_k, top_p, min_p, penalised
 def test_reference_kept_probs_matches_naive_statement(temperature, top_k, top_p, min_p, penalised):
     rng = np.random.default_rng(7)
     logits = rng.normal(size=(3, 50)) * 2
-    penalties = _random_penalties(np.random.default_rng(8), 3, 50) if penalised else {}
-    case = _case(logits, temperature, top_k, top_p, 0.5, min_p=min_p, **penalties)
-    got = _kept(case, 50)
+    penalties = random_penalties(np.random.default_rng(8), 3, 50) if penalised else {}
+    case = make_case(logits, temperature, top_k, top_p, 0.5, min_p=min_p, **penalties)
+    got = kept_of(case, 50)
     for row in range(3):
-        naive, margin = _naive_row(case, row)
+        naive, margin = naive_row(case, row)
         assert margin > 1e-4, "the case sits on a cut: pick other values"
-        _assert_close("kept_probs", got[row].astype(np.float64), naive, atol=1e-6)
+        assert_close("kept_probs", got[row].astype(np.float64), naive, atol=1e-6)
 
 
 def test_penalties_match_vllm_from_token_counts():
@@ -202,76 +78,11 @@ def test_penalties_match_vllm_from_token_counts():
     want[eos_id] = -np.inf
     penalty_bias = -(frequency * counts + presence * (counts > 0))
     penalty_bias[eos_id] = -np.inf
-    case = _case(logits[None], 1.0, 0, 1.0, 0.5, penalty_bias=penalty_bias[None], seen=seen[None],
+    case = make_case(logits[None], 1.0, 0, 1.0, 0.5, penalty_bias=penalty_bias[None], seen=seen[None],
                  repetition_penalty=rep)
     probs = np.exp(want - want.max())
-    _assert_close("kept_probs", _kept(case, vocab_size)[0].astype(np.float64), probs / probs.sum(), atol=1e-6)
-    assert _kept(case, vocab_size)[0, eos_id] == 0
-
-
-# --- statistics: ORT frequencies against kept_probs --------------------------------------------
-
-def _frequency_failures(tokens, probs, num_draws):
-    """Tokens whose frequency is off by more than 4 sigma (a token of probability 0 must not occur)."""
-    freq = np.bincount(tokens, minlength=len(probs)) / num_draws
-    sigma = np.sqrt(probs * (1 - probs) / num_draws)
-    return np.flatnonzero(np.abs(freq - probs) > 4 * sigma + 1e-12)
-
-
-STAT_CASES = {  # temperature, top_k, top_p, min_p, penalised
-    "full": (1.0, 0, 1.0, 0.0, False), "top_k": (0.7, 5, 1.0, 0.0, False), "top_p": (1.3, 0, 0.8, 0.0, False),
-    "both": (0.8, 10, 0.7, 0.0, False), "cold": (0.5, 0, 1.0, 0.0, False), "min_p": (1.0, 0, 1.0, 0.1, False),
-    "penalties_top_p": (0.9, 0, 0.8, 0.0, True), "min_p_top_k_top_p": (1.2, 12, 0.85, 0.04, True),
-}
-
-
-@pytest.fixture(scope="module")
-def stat_logits():
-    return np.random.default_rng(99).normal(size=50).astype(np.float32) * 1.5
-
-
-def _stat_penalties(num_draws):
-    """One fixed set of penalties (seen mask, -inf bans), the same for every draw."""
-    one = _random_penalties(np.random.default_rng(12), 1, 50)
-    one["penalty_bias"][0, :3] = -np.inf
-    one["repetition_penalty"][:] = 1.5
-    return {"seen": np.repeat(one["seen"], num_draws, axis=0), "repetition_penalty": 1.5,
-            "penalty_bias": np.repeat(one["penalty_bias"], num_draws, axis=0)}
-
-
-def _draw_tokens(logits, temperature, top_k, top_p, min_p, penalised, num_draws=20000):
-    uniform = np.random.default_rng(5).random(num_draws, dtype=np.float32)
-    penalties = _stat_penalties(num_draws) if penalised else {}
-    case = _case(np.tile(logits, (num_draws, 1)), temperature, top_k, top_p, uniform, min_p=min_p, **penalties)
-    return _run(case, 1, len(logits))[0], case
-
-
-@pytest.mark.parametrize("name", list(STAT_CASES))
-def test_sampled_frequencies_match_kept_probs(name, stat_logits):
-    tokens, case = _draw_tokens(stat_logits, *STAT_CASES[name])
-    probs = _kept(case, 50, slice(0, 1))[0].astype(np.float64)
-    naive, margin = _naive_row(case, 0)
-    assert margin > 1e-4
-    _assert_close("kept_probs", probs, naive, atol=1e-6)
-    assert 1 < np.count_nonzero(probs) < 50 or name in ("full", "cold")   # the filters really cut
-    assert not len(_frequency_failures(tokens, probs, len(tokens)))
-
-
-def test_frequency_check_rejects_a_wrong_distribution(stat_logits):
-    """The deliberately wrong variant: the temperature ignored. The same check must fail."""
-    tokens, case = _draw_tokens(stat_logits, *STAT_CASES["cold"])
-    case = dict(case, temperature=np.ones_like(case["temperature"]))
-    wrong = _kept(case, 50, slice(0, 1))[0].astype(np.float64)
-    assert len(_frequency_failures(tokens, wrong, len(tokens))) > 0
-
-
-def test_frequency_check_rejects_ignored_penalties(stat_logits):
-    """A second wrong variant: the same draws against the unpenalised distribution."""
-    tokens, case = _draw_tokens(stat_logits, *STAT_CASES["penalties_top_p"])
-    case = dict(case, penalty_bias=np.zeros_like(case["penalty_bias"]),
-                repetition_penalty=np.ones_like(case["repetition_penalty"]))
-    wrong = _kept(case, 50, slice(0, 1))[0].astype(np.float64)
-    assert len(_frequency_failures(tokens, wrong, len(tokens))) > 0
+    assert_close("kept_probs", kept_of(case, vocab_size)[0].astype(np.float64), probs / probs.sum(), atol=1e-6)
+    assert kept_of(case, vocab_size)[0, eos_id] == 0
 
 
 # --- greedy rows, logprobs and numerical robustness --------------------------------------------
@@ -281,16 +92,16 @@ def test_greedy_rows_ignore_uniform_and_logprobs_are_log_softmax():
     logits = np.repeat(rng.normal(size=(1, 300)) * 3, 4, axis=0)
     bias = np.zeros_like(logits)
     bias[:, 17] = 15.0                                    # the bias decides the argmax
-    case = _case(logits, 0.0, [0, 1, 5, 300], [1.0, 0.3, 0.9, 1.0], [0.0, 0.5, 0.9, 0.99999994], bias,
+    case = make_case(logits, 0.0, [0, 1, 5, 300], [1.0, 0.3, 0.9, 1.0], [0.0, 0.5, 0.9, 0.99999994], bias,
                  min_p=[0.0, 0.5, 0.0, 1.0])
-    token_ids, top_logprobs, top_ids = _run(case, 5, 300)
+    token_ids, top_logprobs, top_ids = run_body(case, 5, 300)
     x = logits.astype(np.float64) + bias
     assert (token_ids == np.argmax(x, axis=1)).all()
     log_softmax = x - x.max(axis=1, keepdims=True)
     log_softmax -= np.log(np.exp(log_softmax).sum(axis=1, keepdims=True))
     want_ids = np.argsort(-log_softmax, axis=1, kind="stable")[:, :5]
     assert (top_ids == want_ids).all()
-    _assert_close("top_logprobs", top_logprobs.astype(np.float64),
+    assert_close("top_logprobs", top_logprobs.astype(np.float64),
                   np.take_along_axis(log_softmax, want_ids, axis=1), atol=1e-5)
 
 
@@ -301,12 +112,12 @@ def test_greedy_rows_pick_argmax_of_penalised_logits():
     penalty_bias = np.zeros((4, 5), np.float32)
     penalty_bias[2, 1] = -np.inf                          # row 2: 0 penalised to 2.5, 1 banned -> 2
     penalty_bias[3, 0] = -1.5                             # row 3: no repetition penalty, 0 drops to 3.5
-    case = _case(logits, 0.0, 0, 1.0, 0.5, seen=seen, penalty_bias=penalty_bias,
+    case = make_case(logits, 0.0, 0, 1.0, 0.5, seen=seen, penalty_bias=penalty_bias,
                  repetition_penalty=[1.0, 2.0, 2.0, 1.0])
     got, want = _run_both(case, 2, 5)
     assert got[0].tolist() == want[0].tolist() == [0, 1, 2, 1]
     for row in range(4):
-        y = _naive_penalized(logits[row], seen[row], case["repetition_penalty"][row], penalty_bias[row])
+        y = naive_penalized(logits[row], seen[row], case["repetition_penalty"][row], penalty_bias[row])
         assert got[0][row] == np.argmax(y)
 
 
@@ -330,7 +141,7 @@ def test_body_penalties_are_bit_exact():
     logits = np.tile(values, (len(rs), 1))
     seen = np.ones(logits.shape, bool)
     seen[:, 1::4] = False
-    case = _case(logits, 1.0, 0, 1.0, 0.5, seen=seen, repetition_penalty=rs)
+    case = make_case(logits, 1.0, 0, 1.0, 0.5, seen=seen, repetition_penalty=rs)
     with np.errstate(over="ignore"):
         want = reference._penalize(logits, case["penalty_bias"], seen, rs)
         got = _body_tensor("y", case, 8)
@@ -342,17 +153,17 @@ def test_logprobs_ignore_penalties():
     rng = np.random.default_rng(21)
     logits = rng.normal(size=(4, 300)) * 3
     args = (logits, [0.0, 1.0, 0.7, 1.0], 0, 1.0, [0.1, 0.5, 0.9, 0.3])
-    plain = _case(*args)
-    penalties = dict(_random_penalties(rng, 4, 300), seen=np.ones((4, 300), bool), repetition_penalty=3.0)
-    penalised = _case(*args, min_p=0.1, **penalties)
-    a, b = _run(plain, 7, 300), _run(penalised, 7, 300)
+    plain = make_case(*args)
+    penalties = dict(random_penalties(rng, 4, 300), seen=np.ones((4, 300), bool), repetition_penalty=3.0)
+    penalised = make_case(*args, min_p=0.1, **penalties)
+    a, b = run_body(plain, 7, 300), run_body(penalised, 7, 300)
     assert np.array_equal(a[1], b[1]) and np.array_equal(a[2], b[2])
     assert not np.array_equal(a[0], b[0])                 # while the tokens did change
 
 
 def _run_both(case, num_logprobs, max_top_k):
-    got = _run(case, num_logprobs, max_top_k)
-    want = _ref(case, num_logprobs, max_top_k)
+    got = run_body(case, num_logprobs, max_top_k)
+    want = run_reference(case, num_logprobs, max_top_k)
     for g in got:
         if g.dtype.kind == "f":
             assert not np.isnan(g).any()
@@ -363,7 +174,7 @@ def test_minus_inf_bias_never_sampled_and_no_nan():
     logits = np.zeros((4, 50), np.float32)
     bias = np.zeros_like(logits)
     bias[:, :45] = -np.inf                                # only tokens 45..49 are allowed
-    case = _case(logits, [0.0, 1.0, 2.0, 0.5], [0, 0, 3, 50], [1.0, 0.9, 1.0, 0.3],
+    case = make_case(logits, [0.0, 1.0, 2.0, 0.5], [0, 0, 3, 50], [1.0, 0.9, 1.0, 0.3],
                  [0.1, 0.99999994, 0.5, 0.7], bias)
     got, want = _run_both(case, 3, 50)
     assert (got[0] >= 45).all() and (got[0] == want[0]).all(), (got[0], want[0])
@@ -376,7 +187,7 @@ def test_minus_inf_penalty_bias_never_sampled_and_no_nan():
     penalty_bias[:, 5:] = -np.inf                         # only tokens 0..4 are allowed
     penalty_bias[5, 1:] = -np.inf                         # row 5: only token 0
     seen = np.ones(logits.shape, bool)                    # -inf * r and -inf / r stay -inf
-    case = _case(logits, [0.0, 1.0, 2.0, 0.5, 1.0, 1.0], [0, 0, 3, 50, 0, 2], [1.0, 0.9, 1.0, 0.3, 1.0, 0.5],
+    case = make_case(logits, [0.0, 1.0, 2.0, 0.5, 1.0, 1.0], [0, 0, 3, 50, 0, 2], [1.0, 0.9, 1.0, 0.3, 1.0, 0.5],
                  [0.1, 0.99999994, 0.5, 0.7, 0.0, 0.6], penalty_bias=penalty_bias, seen=seen,
                  repetition_penalty=[1.0, 1.5, 0.5, 2.0, 1.0, 1.2], min_p=[0.0, 0.0, 0.1, 0.0, 1.0, 0.5])
     got, want = _run_both(case, 3, 50)
@@ -385,11 +196,11 @@ def test_minus_inf_penalty_bias_never_sampled_and_no_nan():
 
 
 def test_all_equal_and_huge_logits():
-    equal = _case(np.full((3, 50), 3.0), [0.0, 1.0, 0.5], [5, 0, 5], [1.0, 0.5, 0.9], [0.3, 0.6, 0.99],
+    equal = make_case(np.full((3, 50), 3.0), [0.0, 1.0, 0.5], [5, 0, 5], [1.0, 0.5, 0.9], [0.3, 0.6, 0.99],
                   min_p=[0.0, 1.0, 0.5])
     got, want = _run_both(equal, 2, 50)
     assert got[0][0] == 0 and (got[0] == want[0]).all()  # ties: greedy is the first, the rest all kept
-    huge = _case(np.random.default_rng(0).normal(size=(3, 300)) * 1e30, [0.5, 2.0, 1.0], [0, 5, 300],
+    huge = make_case(np.random.default_rng(0).normal(size=(3, 300)) * 1e30, [0.5, 2.0, 1.0], [0, 5, 300],
                  [0.9, 1.0, 0.3], [0.2, 0.5, 0.8], min_p=[0.0, 0.1, 0.0], seen=np.ones((3, 300), bool),
                  repetition_penalty=[1.0, 1.0, 2.0])
     got, want = _run_both(huge, 3, 300)
@@ -398,17 +209,17 @@ def test_all_equal_and_huge_logits():
 
 def test_uniform_just_below_one_picks_a_kept_token():
     logits = np.random.default_rng(4).normal(size=(3, 300)).astype(np.float32)
-    case = _case(logits, 1.0, [3, 0, 0], [1.0, 1.0, 1.0], np.nextafter(np.float32(1), np.float32(0)),
+    case = make_case(logits, 1.0, [3, 0, 0], [1.0, 1.0, 1.0], np.nextafter(np.float32(1), np.float32(0)),
                  min_p=[0.0, 0.0, 0.5])
     got, want = _run_both(case, 1, 300)
     assert got[0][0] in np.argsort(-logits[0])[:3] and (got[0] == want[0]).all()
-    assert _kept(case, 300)[2, got[0][2]] > 0
+    assert kept_of(case, 300)[2, got[0][2]] > 0
 
 
 def test_min_p_keeps_tokens_within_the_ratio_of_the_max():
     logits = np.log(np.array([[0.4, 0.3, 0.15, 0.1, 0.05]] * 3, np.float32))
-    case = _case(logits, 1.0, 0, 1.0, 0.5, min_p=[0.3, 0.5, 1.0])   # ratios 1, .75, .375, .25, .125
-    kept = _kept(case, 5) > 0
+    case = make_case(logits, 1.0, 0, 1.0, 0.5, min_p=[0.3, 0.5, 1.0])   # ratios 1, .75, .375, .25, .125
+    kept = kept_of(case, 5) > 0
     assert kept.tolist() == [[True] * 3 + [False] * 2, [True] * 2 + [False] * 3, [True] + [False] * 4]
 
 
@@ -437,7 +248,7 @@ def test_body_passes_tensorrt_lint(trt_version, opset, max_top_k):
 def test_body_at_opset_20_samples_as_at_24():
     """The legacy graph's body (opset 20) on sampled and greedy rows: the same outputs as opset 24."""
     rng = np.random.default_rng(7)
-    case = _case(rng.standard_normal((4, 300)) * 3, [0.0, 0.7, 1.0, 1.3], [0, 5, 0, 40], [1.0, 0.9, 0.5, 1.0],
+    case = make_case(rng.standard_normal((4, 300)) * 3, [0.0, 0.7, 1.0, 1.3], [0, 5, 0, 40], [1.0, 0.9, 0.5, 1.0],
                  rng.random(4), min_p=[0.0, 0.0, 0.05, 0.0], repetition_penalty=[1.0, 1.2, 1.0, 0.9])
     feeds = {name: case[name] for name in ARGS}
     outs = [ort.InferenceSession(body.make_model(64, opset=opset).SerializeToString(),
@@ -463,14 +274,14 @@ def test_body_opset_out_of_range_is_refused(opset):
     ({"penalty_bias": np.full((1, 8), -np.inf)}, "penalty_bias"), ({"seen": np.zeros((1, 7), bool)}, "seen"),
 ])
 def test_reference_validation_names_the_field(change, field):
-    case = _case(np.zeros((1, 8)), 1.0, 0, 1.0, 0.5)
+    case = make_case(np.zeros((1, 8)), 1.0, 0, 1.0, 0.5)
     case.update({k: np.asarray(v) for k, v in change.items()})
     with pytest.raises(ValueError, match=field):
         reference.sample(*(case[name] for name in ARGS), 5)
 
 
 def test_reference_seen_must_be_bool():
-    case = _case(np.zeros((1, 8)), 1.0, 0, 1.0, 0.5)
+    case = make_case(np.zeros((1, 8)), 1.0, 0, 1.0, 0.5)
     case["seen"] = np.ones((1, 8), np.int64)
     with pytest.raises(TypeError, match="seen"):
         reference.sample(*(case[name] for name in ARGS), 5)
@@ -478,7 +289,7 @@ def test_reference_seen_must_be_bool():
 
 @pytest.mark.parametrize("max_top_k", [0, 9])
 def test_reference_rejects_bad_limits(max_top_k):
-    case = _case(np.zeros((1, 8)), 1.0, 0, 1.0, 0.5)
+    case = make_case(np.zeros((1, 8)), 1.0, 0, 1.0, 0.5)
     with pytest.raises(ValueError, match="max_top_k"):
         reference.sample(*(case[name] for name in ARGS), max_top_k)
 
@@ -494,7 +305,7 @@ def test_argmax_form_gives_the_same_outputs():
     """ONNX Runtime's form takes greedy from ArgMax (first maximum): same outputs, ties included."""
     rng = np.random.default_rng(5)
     logits = np.round(rng.standard_normal((6, 300)) * 2) / 2          # many exact ties, at the max too
-    case = _case(logits, [0.0, 0.0, 0.7, 1.0, 0.0, 1.3], [0, 5, 0, 40, 0, 0], [1.0, 0.9, 0.5, 1.0, 1.0, 1.0],
+    case = make_case(logits, [0.0, 0.0, 0.7, 1.0, 0.0, 1.3], [0, 5, 0, 40, 0, 0], [1.0, 0.9, 0.5, 1.0, 1.0, 1.0],
                  rng.random(6), repetition_penalty=[1.0, 1.2, 1.0, 0.9, 1.0, 1.0])
     feeds = {name: case[name] for name in ARGS}
     outs = [ort.InferenceSession(body.make_model(64, argmax=argmax).SerializeToString(),
