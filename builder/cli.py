@@ -44,8 +44,9 @@ def resolve(options: dict, profile: str) -> dict:
                    "MatMulNBits); auto takes native when the library is built.")
 @click.option("--activations", type=click.Choice(ACTIVATIONS), default="float32", show_default=True,
               help="--quantization on our CPU kernels: quantize each decode step's activations per block of 32 "
-                   "and multiply in integers (VNNI). int16: within 2e-5 of each block's largest value, a little "
-                   "faster; int8: as llama.cpp does, fastest, less accurate. Prompts (prefill) stay float32.")
+                   "and multiply in integers (VNNI). int16: within 3e-5 of each block's largest value, faster "
+                   "at batch 1; int8: as llama.cpp does, faster still with batches, less accurate. Steps of "
+                   "more than 16 tokens (prompts) stay float32.")
 @click.option("--graph", type=click.Choice(GRAPHS), help="Graph op set: modern (opset 24) or legacy (opset 20). [profile]")
 @click.option("--max-batch-size", type=int, help=f"[profile; default {DEFAULTS['max_batch_size']}]")
 @click.option("--max-input-len", type=int, help=f"[profile; default {DEFAULTS['max_input_len']}]")

@@ -17,8 +17,8 @@ parses that as a weight-only quantized GEMM. ONNX Runtime engines run each proje
 trtllm.cpu::MatMulBlockQuant node instead (plugins/cpu, `pack_rows` below: float32 activations,
 the offset fused in), or, with `--cpu-kernels onnxruntime`, let ONNX Runtime fuse DequantizeLinear +
 MatMul into its MatMulNBits kernel (com.microsoft), with activations quantized to int8 inside the
-kernel (accuracy level 4). `--activations int8` has the native kernel do the same for int4's decode
-steps (QuantScheme.activations).
+kernel (accuracy level 4). `--activations int8` has our kernel do the same for its calls of up to 16
+rows, and `--activations int16` with a second int8 digit (QuantScheme.activations).
 """
 from __future__ import annotations
 

@@ -26,8 +26,20 @@ def needed_by(lowerings) -> bool:
 
 
 def library() -> Path | None:
-    """The built library, or None when `python -m trtllm.plugins.cpu.build` has not run here."""
-    return LIBRARY if LIBRARY.is_file() else None
+    """The built library, or None when `python -m trtllm.plugins.cpu.build` has not run here, or not
+    since the sources changed: ONNX Runtime ignores attributes an op does not know, so an old library
+    would run an engine with, say, `activations` int8 in float32 without a word."""
+    return LIBRARY if LIBRARY.is_file() and not stale() else None
+
+
+def stale() -> bool:
+    """Whether the library was built from other sources than these (build.py's SHA-256 stamp)."""
+    from trtllm.plugins.cpu import build  # stdlib only; imported here, when a library is there
+
+    try:
+        return build.needs_build()
+    except OSError:  # the sources are not shipped beside the library: nothing to compare with
+        return False
 
 
 def set_huge_pages(on: bool) -> None:
@@ -40,5 +52,6 @@ def set_huge_pages(on: bool) -> None:
 
 
 def missing_hint() -> str:
-    return (f"the native CPU kernel library {LIBRARY} is not built: run `bash scripts/setup.sh` "
+    state = "was built from other sources than these" if LIBRARY.is_file() else "is not built"
+    return (f"the native CPU kernel library {LIBRARY} {state}: run `bash scripts/setup.sh` "
             "(or `python -m trtllm.plugins.cpu.build`)")

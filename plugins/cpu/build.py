@@ -4,8 +4,9 @@ ONNX Runtime's PyPI wheel ships no C headers, so they come from Debian's libonnx
 (pinned by SHA-256, fetched once into build/ort-headers). The custom-op ABI is versioned: a library
 built against the 1.21 headers asks the runtime for API version 21, which every later ONNX Runtime
 provides. The compiler is the system's g++ (C++17). The library is rebuilt when what it is built from
-changes (a SHA-256 of the sources, headers, this script and the compiler, kept next to it), not when
-a file is newer: a checkout of older sources leaves older times.
+changes (a SHA-256 of the sources, headers, this script and $CXX, kept next to it), not when a file
+is newer: a checkout of older sources leaves older times. A library out of step with its sources is
+not used (trtllm.plugins.cpu.library()).
 """
 from __future__ import annotations
 
@@ -69,6 +70,7 @@ def fetch_headers(dest: Path) -> Path:
 
 def compile_library(include: Path, out: Path = LIBRARY) -> Path:
     cxx = os.environ.get("CXX", "g++")
+    digest = source_digest()  # of the sources as they are compiled (one edited meanwhile is not stamped)
     tmp = out.with_name(out.name + ".partial")
     # -Wno-uninitialized: GCC 12's own AVX-512 headers trip it (`__m256d __Y = __Y;` in _mm512_reduce_add_ps).
     cmd = [cxx, "-std=c++17", "-O3", "-fPIC", "-shared", "-fvisibility=hidden", "-Wall", "-Wno-uninitialized",
@@ -81,7 +83,7 @@ def compile_library(include: Path, out: Path = LIBRARY) -> Path:
         raise
     os.replace(tmp, out)  # a failed compile never replaces a good library
     stamp = stamp_of(out)
-    stamp.with_name(stamp.name + ".partial").write_text(source_digest() + "\n")
+    stamp.with_name(stamp.name + ".partial").write_text(digest + "\n")
     os.replace(stamp.with_name(stamp.name + ".partial"), stamp)  # written last: a crash before it rebuilds
     return out
 
@@ -91,7 +93,8 @@ def stamp_of(out: Path) -> Path:
 
 
 def source_digest() -> str:
-    """SHA-256 of what the library is built from: sources, headers, this script, the compiler."""
+    """SHA-256 of what the library is built from: sources, headers, this script and the compiler's
+    name (not its version: a new g++ does not rebuild; --force does)."""
     digest = hashlib.sha256(os.environ.get("CXX", "g++").encode())
     for path in [*SOURCES, *HEADERS, Path(__file__)]:
         digest.update(path.name.encode() + b"\0" + path.read_bytes())

@@ -7,9 +7,9 @@
 // dot product into integer multiply-adds of 64 byte pairs per instruction (VNNI):
 //   int8:  a = round(x / d), d = max|x_b| / 127: llama.cpp's and MatMulNBits' numerics. Each x moves
 //          by up to d / 2, and top-1 agreement with transformers drops (measured in docs/performance.md).
-//   int16: the rest too, in a second int8 digit: x ~ d (a + a2 / 256), a2 = round((x - d a) 256 / d):
-//          each x moves by at most d / 512, about 1.5e-5 of the block's largest value, for twice the
-//          dot products.
+//   int16: the rest too, in a second int8 digit: x ~ d (a + a2 / 256), a2 = round((x - d a) 256 / d)
+//          clamped to 127: each x moves by at most d / 256 (d / 512 but where the rest is near d / 2),
+//          about 3e-5 of the block's largest value, for twice the dot products.
 //
 // The math, per activation row and weight row, with q the codes, s and o the block's scale and
 // offset:  y = sum_b s_b d_b (q_b . a_b) + o_b sum(x_b)   (int16: d_b / 256 and 256 a + a2)
@@ -110,6 +110,15 @@ void place(const int8_t* a, const int8_t* a2, float d, const Layout& lay, int64_
   for (int l = 0; l < count; ++l) ds[first + l * step] = d;
 }
 
+// A block's scales from its largest |x|: inv = 127 / amax to quantize, d = amax / 127 to multiply.
+// A block with a NaN gets d = NaN (its outputs are NaN, as float32's would be); a block below 1e-30
+// counts as zeros, so that 256 * inv stays finite for the second digit (such values add nothing).
+inline void block_scales(float amax, bool nan, float& inv, float& d) {
+  constexpr float kTiny = 1e-30f;
+  inv = !nan && amax > kTiny ? 127.0f / amax : 0.0f;
+  d = nan ? std::nanf("") : amax > kTiny ? amax / 127.0f : 0.0f;
+}
+
 // Rows of padding count as a = 0: stored 128 where shifted.
 void clear(int8_t* q, float* ds, int64_t m, const IntRow& shape, int bits) {
   std::fill(q, q + m * shape.bytes, static_cast<int8_t>(shifted(bits) ? 0x80 : 0));
@@ -124,14 +133,16 @@ void quantize_rows_generic(const float* x, int64_t m, int64_t k, int bits, int l
   for (int64_t r = 0; r < m; ++r)
     for (int64_t b = 0; b < lay.nb; ++b) {
       const float* v = x + r * k + b * kBlock;
-      float amax = 0.0f;
-      for (int i = 0; i < kBlock; ++i) amax = std::max(amax, std::fabs(v[i]));
-      const float inv = amax > 0.0f ? 127.0f / amax : 0.0f, d = amax / 127.0f;
+      float amax = 0.0f, inv, d;
+      bool nan = false;
+      for (int i = 0; i < kBlock; ++i) amax = std::max(amax, std::fabs(v[i])), nan |= std::isnan(v[i]);
+      block_scales(amax, nan, inv, d);
+      // A NaN digit (a NaN or infinite x, where d is NaN or infinite anyway) is 0, as the AVX-512 path has it.
+      auto digit = [](float f) { return static_cast<int8_t>(std::isnan(f) ? 0.0f : std::min(127.0f, std::max(-127.0f, f))); };
       for (int i = 0; i < kBlock; ++i) {
         const float whole = std::nearbyint(v[i] * inv);
-        a[i] = static_cast<int8_t>(whole);
-        const float rest = std::nearbyint(std::fma(-whole, d, v[i]) * (256.0f * inv));  // as fnmadd
-        a2[i] = static_cast<int8_t>(std::min(127.0f, std::max(-127.0f, rest)));
+        a[i] = digit(whole);
+        a2[i] = digit(std::nearbyint(std::fma(-whole, d, v[i]) * (256.0f * inv)));  // fma: as fnmadd
       }
       place(a, levels == 2 ? a2 : nullptr, levels == 2 ? d / 256.0f : d, lay, b, shape, q + r * shape.bytes,
             ds + r * shape.scales);
@@ -179,7 +190,7 @@ void tile_generic(const Job& job, int64_t row, int nr, float* out, int64_t ldy) 
 #ifdef TRTLLM_X86
 #define TRTLLM_INT8_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,fma")))
 
-TRTLLM_INT8_TARGET void quantize_rows_avx512(const float* x, int64_t m, int64_t k, int bits, int levels, int8_t* q,
+__attribute__((target("avx512f,avx512bw,avx512vl,fma"))) void quantize_rows_avx512(const float* x, int64_t m, int64_t k, int bits, int levels, int8_t* q,
                                              float* ds) {
   const Layout lay{k / kBlock, k / kBlock / kRun, bits};
   const IntRow shape = int_row(k, bits, levels);
@@ -191,13 +202,16 @@ TRTLLM_INT8_TARGET void quantize_rows_avx512(const float* x, int64_t m, int64_t 
       const float* v = x + r * k + b * kBlock;
       const __m512 x0 = _mm512_loadu_ps(v), x1 = _mm512_loadu_ps(v + 16);
       const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(x0), _mm512_abs_ps(x1)));
-      const float inv = amax > 0.0f ? 127.0f / amax : 0.0f, d = amax / 127.0f;
+      const bool nan = (_mm512_cmp_ps_mask(x0, x0, _CMP_UNORD_Q) | _mm512_cmp_ps_mask(x1, x1, _CMP_UNORD_Q)) != 0;
+      float inv, d;
+      block_scales(amax, nan, inv, d);
       int half = 0;
       for (const __m512 xv : {x0, x1}) {  // cvtps_epi32 rounds to nearest even, as nearbyint does
         const __m512i whole = _mm512_cvtps_epi32(_mm512_mul_ps(xv, _mm512_set1_ps(inv)));
         _mm_store_si128(reinterpret_cast<__m128i*>(a + 16 * half), _mm512_cvtepi32_epi8(whole));
         if (levels == 2) {
-          const __m512 rest = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(whole), _mm512_set1_ps(d), xv);
+          __m512 rest = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(whole), _mm512_set1_ps(d), xv);
+          rest = _mm512_mask_mov_ps(rest, _mm512_cmp_ps_mask(rest, rest, _CMP_UNORD_Q), _mm512_setzero_ps());
           __m512i part = _mm512_cvtps_epi32(_mm512_mul_ps(rest, _mm512_set1_ps(256.0f * inv)));
           part = _mm512_min_epi32(_mm512_max_epi32(part, bottom), top);
           _mm_store_si128(reinterpret_cast<__m128i*>(a2 + 16 * half), _mm512_cvtepi32_epi8(part));
@@ -266,6 +280,9 @@ constexpr int kTileBatch = 8;   // MR: 8 accumulators + 8 code vectors + a few t
 // nr weight rows from row0 times MR activation rows from m0, one weight row at a time: its codes are
 // loaded (and split into nibbles) once and used by all MR rows. One call per chunk of rows: a call
 // per row costs more than a short row's work.
+// (Compiled with VNNI enabled for both VNNI = true and false: only the intrinsics emit VNNI
+// instructions, and the false instances have none, checked with objdump; there are no loops here
+// for the compiler to vectorize into dot products.)
 template <bool VNNI, int BITS, int LEVELS, int MR>
 TRTLLM_INT8_TARGET void tile_avx512(const Job& job, int64_t row0, int nr, int64_t m0, float* out, int64_t ldy) {
   const Weights& w = job.w;

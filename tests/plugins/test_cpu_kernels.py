@@ -233,3 +233,14 @@ def test_the_library_is_rebuilt_when_its_sources_change_not_when_they_are_newer(
     sources[0].write_text(sources[0].read_text() + "\n// changed\n")
     os.utime(sources[0], (1e9, 1e9))  # changed but older than the library: still rebuilt
     assert build.needs_build(library)
+
+
+def test_a_library_out_of_step_with_its_sources_is_not_used(monkeypatch):
+    """ONNX Runtime ignores attributes an op does not know: an old library would run new engines
+    wrongly without a word, so it counts as missing, with its own fix."""
+    from trtllm.plugins.cpu import build
+
+    assert cpu.library() is not None
+    monkeypatch.setattr(build, "needs_build", lambda out=build.LIBRARY: True)
+    assert cpu.library() is None
+    assert "was built from other sources than these: run `bash scripts/setup.sh`" in cpu.missing_hint()

@@ -10,6 +10,8 @@ import pytest
 onnx = pytest.importorskip("onnx")
 from onnx import helper  # noqa: E402
 
+from trtllm.plugins import cpu  # noqa: E402
+
 from tests.plugins.cpu_ops import on_portable_path, session  # noqa: E402
 from tests.plugins.test_cpu_kernels import case, op_model  # noqa: E402
 
@@ -27,6 +29,7 @@ def quantized(x: np.ndarray, levels: int = 1, per_block: bool = True) -> np.ndar
     m, k = x.shape
     groups = x.reshape(m, k // 32, 32) if per_block else x.reshape(m, 1, k)
     amax = np.abs(groups).max(axis=-1, keepdims=True)
+    amax = np.where(amax > np.float32(1e-30), amax, 0).astype(np.float32)  # tinier blocks count as zeros
     inv = np.where(amax > 0, np.float32(127) / np.where(amax > 0, amax, 1), 0).astype(np.float32)
     d = (amax / np.float32(127)).astype(np.float32)
     whole = np.rint(groups * inv)
@@ -60,6 +63,8 @@ def check(m: int, k: int, n: int, activations: str = "int8", bits: int = 4, per_
     x = (np.random.default_rng(m).standard_normal((m, k)) * x_scale).astype(np.float32)
     if m % 2 and k > 32:
         x[:, :32] = 0.0  # an all-zero block: d = 0
+    if m > 2 and k > 64:
+        x[1, 32:64] *= np.float32(1e-32)  # a block below 1e-30: zeros
     y = session(int8_model(k, n, *packed, activations, bits)).run(None, {"x": x.reshape(1, m, k)})[0][0]
     ref = reference(x, wd, packed[2], LEVELS[activations], per_block)
     return float(np.abs(y - ref).max() / np.abs(ref).max())
@@ -111,11 +116,37 @@ def test_calls_of_more_than_16_rows_stay_float32(bits):
     assert np.array_equal(int8, float32)
 
 
-@pytest.mark.parametrize("kernel", ["generic", "avx512"])
-def test_every_code_path_matches(kernel):
-    errors = on_portable_path("test_cpu_matmul_int8",
-                              "[check(*s, a, b) for s in SHAPES for a in LEVELS for b in (4, 8)]", kernel=kernel)
-    assert len(errors) == 4 * len(SHAPES) and max(errors) < 2e-6
+def kernel_path() -> int:
+    """The code path the library runs in this process: 3 VNNI, 2 AVX-512BW, 1 portable."""
+    import ctypes
+
+    return ctypes.CDLL(str(cpu.library())).trtllm_cpu_kernel_path()
+
+
+@pytest.mark.parametrize("kernel, path", [("generic", 1), ("avx512", 2)])
+def test_every_code_path_matches(kernel, path):
+    errors = on_portable_path("test_cpu_matmul_int8", "[check(*s, a, b) for s in SHAPES for a in LEVELS "
+                              "for b in (4, 8)] + [nan_rows(a, b) for a in LEVELS for b in (4, 8)] + [kernel_path()]",
+                              kernel=kernel)
+    assert errors[-1] == path  # the path asked for is the one that ran
+    assert len(errors) == 4 * len(SHAPES) + 5 and max(errors[:-5]) < 2e-6 and all(errors[-5:-1])
+
+
+def nan_rows(activations: str, bits: int) -> bool:
+    """A row with a NaN or an infinity gives no finite output, as in float32; its neighbours are exact."""
+    wd, packed = case(bits, 576, 9, seed=4)
+    x = np.random.default_rng(4).standard_normal((3, 576)).astype(np.float32)
+    x[0, 40], x[2, 500] = np.nan, np.inf
+    y = session(int8_model(576, 9, *packed, activations, bits)).run(None, {"x": x[None]})[0][0]
+    ref = reference(x[1:2], wd, packed[2], LEVELS[activations])
+    return bool(np.isnan(y[0]).all() and not np.isfinite(y[2]).any()
+                and np.abs(y[1] - ref[0]).max() / np.abs(ref).max() < 2e-6)
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("activations", ["int8", "int16"])
+def test_nan_and_infinity_are_not_lost(activations, bits):
+    assert nan_rows(activations, bits)
 
 
 def test_bad_activations_fail_with_a_message():
