@@ -47,7 +47,7 @@ def set_huge_pages(on: bool) -> None:
     the library is the one ONNX Runtime loads: the same path is the same library in a process)."""
     import ctypes
 
-    if library() is not None:
+    if LIBRARY.is_file():  # whether it is current is the loader's question (library()), asked before this
         ctypes.CDLL(str(LIBRARY)).trtllm_cpu_set_huge_pages(1 if on else 0)
 
 

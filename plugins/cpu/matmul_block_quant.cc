@@ -82,11 +82,12 @@ struct Kernel {
       // Kept per calling thread: a decode step has over a hundred of these nodes, and allocations add up.
       thread_local std::vector<float> sums, split, quant_scale;
       thread_local std::vector<int8_t> quant;
+      const bool integer = levels && m <= kSmallBatch;  // longer calls (prompts) stay float32
       if (m <= kSmallBatch) {
         sums.assign(m * nb, 0.0f);
         for (int64_t i = 0; i < m * nb; ++i)
           for (int64_t j = 0; j < kBlock; ++j) sums[i] += xd[i * kBlock + j];
-        if (levels) {
+        if (integer) {
           const IntRow shape = int_row(k, static_cast<int>(bits), levels);
           quant.resize(m * shape.bytes);
           quant_scale.resize(m * shape.scales);
@@ -111,7 +112,7 @@ struct Kernel {
       Job job{{static_cast<const uint8_t*>(codes_at), static_cast<const uint16_t*>(scale_at),
                static_cast<const uint16_t*>(offset_at), n, k, bits},
               xd, sums.data(), split.data(), y.GetTensorMutableData<float>(), m, swiglu};
-      if (levels && m <= kSmallBatch) {
+      if (integer) {
         job.xq = quant.data();
         job.xd = quant_scale.data();
         job.levels = levels;

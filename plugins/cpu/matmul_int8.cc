@@ -38,13 +38,18 @@
 
 namespace trtllm_cpu::matmul {
 
-constexpr int64_t kRun = 16;  // blocks per run
+// The layout's sizes (one digit of a row): a run of 16 blocks is 512 bytes and holds its d in 16
+// lanes (4-bit) or 32 (8-bit); a unit of the rest is 4 blocks (4-bit) or 2 (8-bit), 16 lanes of d.
+constexpr int64_t kRun = 16, kRunBytes = kRun * kBlock, kUnitScales = 16;
+constexpr int64_t run_scales(int bits) { return bits == 4 ? 16 : 32; }
+constexpr int64_t unit_blocks(int bits) { return bits == 4 ? 4 : 2; }
+constexpr int64_t unit_bytes(int bits) { return unit_blocks(bits) * kBlock; }
 
 IntRow int_row(int64_t k, int bits, int levels) {
-  const int64_t nb = k / kBlock, runs = nb / kRun, per_unit = bits == 4 ? 4 : 2;
-  const int64_t units = (nb - runs * kRun + per_unit - 1) / per_unit;
-  const int64_t part = runs * 512 + units * (bits == 4 ? 128 : 64);
-  return {levels * part, runs * (bits == 4 ? 16 : 32) + units * 16, part};
+  const int64_t nb = k / kBlock, runs = nb / kRun;
+  const int64_t units = (nb - runs * kRun + unit_blocks(bits) - 1) / unit_blocks(bits);
+  const int64_t part = runs * kRunBytes + units * unit_bytes(bits);
+  return {levels * part, runs * run_scales(bits) + units * kUnitScales, part};
 }
 
 namespace {
@@ -58,32 +63,33 @@ struct Layout {
   int bits;
 
   int64_t slot(int64_t b, int i) const {
-    const int64_t at = runs * 512, bb = b % kRun;
+    const int64_t bb = b % kRun;
     if (b >= runs * kRun) {
-      const int64_t t = b - runs * kRun;
-      if (bits == 4) return at + (t / 4) * 128 + (i / 16) * 64 + (t % 4) * 16 + i % 16;
-      return at + (t / 2) * 64 + (t % 2) * 32 + i;
+      const int64_t t = b - runs * kRun, per = unit_blocks(bits);
+      const int64_t at = runs * kRunBytes + (t / per) * unit_bytes(bits);
+      if (bits == 4) return at + (i / 16) * 64 + (t % 4) * 16 + i % 16;
+      return at + (t % 2) * 32 + i;
     }
     if (bits == 4)  // vector 2j + (i >= 16) meets code bytes 4j..4j+3; block 4 (e % 4) + e / 4 in lane e
-      return (b / kRun) * 512 + (2 * ((i % 16) / 4) + i / 16) * 64 + (4 * (bb % 4) + bb / 4) * 4 + i % 4;
+      return (b / kRun) * kRunBytes + (2 * ((i % 16) / 4) + i / 16) * 64 + (4 * (bb % 4) + bb / 4) * 4 + i % 4;
     // 8-bit: half h = bb / 8, vector 4h + j meets 32-bit words j and 4 + j; lane e = 4L + i' holds
     // block 8h + 2i' + L / 2, word 4 (L % 2) + j
     const int64_t hb = bb % 8, word = i / 4, lane = 4 * (2 * (hb % 2) + word / 4) + hb / 2;
-    return (b / kRun) * 512 + ((bb / 8) * 4 + word % 4) * 64 + lane * 4 + i % 4;
+    return (b / kRun) * kRunBytes + ((bb / 8) * 4 + word % 4) * 64 + lane * 4 + i % 4;
   }
 
   // d's lanes for block b: `count` of them from `first`, `step` apart.
   void lanes(int64_t b, int64_t& first, int& count, int& step) const {
-    const int64_t bb = b % kRun, per_run = bits == 4 ? 16 : 32;
+    const int64_t bb = b % kRun, per_run = run_scales(bits);
     if (b >= runs * kRun) {
-      const int64_t t = b - runs * kRun, per_unit = bits == 4 ? 4 : 2;
-      first = runs * per_run + (t / per_unit) * 16 + (t % per_unit) * (16 / per_unit);
-      count = static_cast<int>(16 / per_unit), step = 1;
+      const int64_t t = b - runs * kRun, per_unit = unit_blocks(bits), lanes = kUnitScales / per_unit;
+      first = runs * per_run + (t / per_unit) * kUnitScales + (t % per_unit) * lanes;
+      count = static_cast<int>(lanes), step = 1;
     } else if (bits == 4) {
-      first = (b / kRun) * 16 + 4 * (bb % 4) + bb / 4, count = 1, step = 1;
+      first = (b / kRun) * per_run + 4 * (bb % 4) + bb / 4, count = 1, step = 1;
     } else {
       const int64_t hb = bb % 8;
-      first = (b / kRun) * 32 + (bb / 8) * 16 + 8 * (hb % 2) + hb / 2, count = 2, step = 4;
+      first = (b / kRun) * per_run + (bb / 8) * 16 + 8 * (hb % 2) + hb / 2, count = 2, step = 4;
     }
   }
 };
@@ -125,28 +131,20 @@ void clear(int8_t* q, float* ds, int64_t m, const IntRow& shape, int bits) {
   std::fill(ds, ds + m * shape.scales, 0.0f);
 }
 
-void quantize_rows_generic(const float* x, int64_t m, int64_t k, int bits, int levels, int8_t* q, float* ds) {
-  const Layout lay{k / kBlock, k / kBlock / kRun, bits};
-  const IntRow shape = int_row(k, bits, levels);
-  clear(q, ds, m, shape, bits);
-  int8_t a[kBlock], a2[kBlock];
-  for (int64_t r = 0; r < m; ++r)
-    for (int64_t b = 0; b < lay.nb; ++b) {
-      const float* v = x + r * k + b * kBlock;
-      float amax = 0.0f, inv, d;
-      bool nan = false;
-      for (int i = 0; i < kBlock; ++i) amax = std::max(amax, std::fabs(v[i])), nan |= std::isnan(v[i]);
-      block_scales(amax, nan, inv, d);
-      // A NaN digit (a NaN or infinite x, where d is NaN or infinite anyway) is 0, as the AVX-512 path has it.
-      auto digit = [](float f) { return static_cast<int8_t>(std::isnan(f) ? 0.0f : std::min(127.0f, std::max(-127.0f, f))); };
-      for (int i = 0; i < kBlock; ++i) {
-        const float whole = std::nearbyint(v[i] * inv);
-        a[i] = digit(whole);
-        a2[i] = digit(std::nearbyint(std::fma(-whole, d, v[i]) * (256.0f * inv)));  // fma: as fnmadd
-      }
-      place(a, levels == 2 ? a2 : nullptr, levels == 2 ? d / 256.0f : d, lay, b, shape, q + r * shape.bytes,
-            ds + r * shape.scales);
-    }
+// One block of 32 values: its digits a (and a2 for levels 2) and its d (d / 256 for levels 2).
+float digits_generic(const float* v, int levels, int8_t* a, int8_t* a2) {
+  float amax = 0.0f, inv, d;
+  bool nan = false;
+  for (int i = 0; i < kBlock; ++i) amax = std::max(amax, std::fabs(v[i])), nan |= std::isnan(v[i]);
+  block_scales(amax, nan, inv, d);
+  // A NaN digit (a NaN or infinite x, where d is NaN or infinite anyway) is 0, as the AVX-512 path has it.
+  auto digit = [](float f) { return static_cast<int8_t>(std::isnan(f) ? 0.0f : std::min(127.0f, std::max(-127.0f, f))); };
+  for (int i = 0; i < kBlock; ++i) {
+    const float whole = std::nearbyint(v[i] * inv);
+    a[i] = digit(whole);
+    if (levels == 2) a2[i] = digit(std::nearbyint(std::fma(-whole, d, v[i]) * (256.0f * inv)));  // fma: as fnmadd
+  }
+  return levels == 2 ? d / 256.0f : d;
 }
 
 // nr weight rows from `row` times every activation row: out[m * ldy + r].
@@ -190,37 +188,28 @@ void tile_generic(const Job& job, int64_t row, int nr, float* out, int64_t ldy) 
 #ifdef TRTLLM_X86
 #define TRTLLM_INT8_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,fma")))
 
-__attribute__((target("avx512f,avx512bw,avx512vl,fma"))) void quantize_rows_avx512(const float* x, int64_t m, int64_t k, int bits, int levels, int8_t* q,
-                                             float* ds) {
-  const Layout lay{k / kBlock, k / kBlock / kRun, bits};
-  const IntRow shape = int_row(k, bits, levels);
-  clear(q, ds, m, shape, bits);
-  alignas(16) int8_t a[kBlock], a2[kBlock];
+__attribute__((target("avx512f,avx512bw,avx512vl,fma"))) float digits_avx512(const float* v, int levels, int8_t* a,
+                                                                           int8_t* a2) {
   const __m512i top = _mm512_set1_epi32(127), bottom = _mm512_set1_epi32(-127);
-  for (int64_t r = 0; r < m; ++r)
-    for (int64_t b = 0; b < lay.nb; ++b) {
-      const float* v = x + r * k + b * kBlock;
-      const __m512 x0 = _mm512_loadu_ps(v), x1 = _mm512_loadu_ps(v + 16);
-      const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(x0), _mm512_abs_ps(x1)));
-      const bool nan = (_mm512_cmp_ps_mask(x0, x0, _CMP_UNORD_Q) | _mm512_cmp_ps_mask(x1, x1, _CMP_UNORD_Q)) != 0;
-      float inv, d;
-      block_scales(amax, nan, inv, d);
-      int half = 0;
-      for (const __m512 xv : {x0, x1}) {  // cvtps_epi32 rounds to nearest even, as nearbyint does
-        const __m512i whole = _mm512_cvtps_epi32(_mm512_mul_ps(xv, _mm512_set1_ps(inv)));
-        _mm_store_si128(reinterpret_cast<__m128i*>(a + 16 * half), _mm512_cvtepi32_epi8(whole));
-        if (levels == 2) {
-          __m512 rest = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(whole), _mm512_set1_ps(d), xv);
-          rest = _mm512_mask_mov_ps(rest, _mm512_cmp_ps_mask(rest, rest, _CMP_UNORD_Q), _mm512_setzero_ps());
-          __m512i part = _mm512_cvtps_epi32(_mm512_mul_ps(rest, _mm512_set1_ps(256.0f * inv)));
-          part = _mm512_min_epi32(_mm512_max_epi32(part, bottom), top);
-          _mm_store_si128(reinterpret_cast<__m128i*>(a2 + 16 * half), _mm512_cvtepi32_epi8(part));
-        }
-        ++half;
-      }
-      place(a, levels == 2 ? a2 : nullptr, levels == 2 ? d / 256.0f : d, lay, b, shape, q + r * shape.bytes,
-            ds + r * shape.scales);
+  const __m512 x0 = _mm512_loadu_ps(v), x1 = _mm512_loadu_ps(v + 16);
+  const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(x0), _mm512_abs_ps(x1)));
+  const bool nan = (_mm512_cmp_ps_mask(x0, x0, _CMP_UNORD_Q) | _mm512_cmp_ps_mask(x1, x1, _CMP_UNORD_Q)) != 0;
+  float inv, d;
+  block_scales(amax, nan, inv, d);
+  int half = 0;
+  for (const __m512 xv : {x0, x1}) {  // cvtps_epi32 rounds to nearest even, as nearbyint does
+    const __m512i whole = _mm512_cvtps_epi32(_mm512_mul_ps(xv, _mm512_set1_ps(inv)));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(a + 16 * half), _mm512_cvtepi32_epi8(whole));
+    if (levels == 2) {
+      __m512 rest = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(whole), _mm512_set1_ps(d), xv);
+      rest = _mm512_mask_mov_ps(rest, _mm512_cmp_ps_mask(rest, rest, _CMP_UNORD_Q), _mm512_setzero_ps());
+      __m512i part = _mm512_cvtps_epi32(_mm512_mul_ps(rest, _mm512_set1_ps(256.0f * inv)));
+      part = _mm512_min_epi32(_mm512_max_epi32(part, bottom), top);
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(a2 + 16 * half), _mm512_cvtepi32_epi8(part));
     }
+    ++half;
+  }
+  return levels == 2 ? d / 256.0f : d;
 }
 
 // acc + sums of four byte products per 32-bit lane, codes times activations. 4-bit: codes unsigned,
@@ -313,7 +302,7 @@ TRTLLM_INT8_TARGET void tile_avx512(const Job& job, int64_t row0, int nr, int64_
 #pragma GCC unroll 8
       for (int l = 0; l < BITS; ++l) _mm_prefetch(ahead + b0 * kBlock * BITS / 8 + l * 64, _MM_HINT_T0);  // 16 blocks
       if (count == kRun) {
-        const int64_t at = (b0 / kRun) * 512, d_at = (b0 / kRun) * (BITS == 4 ? 16 : 32);
+        const int64_t at = (b0 / kRun) * kRunBytes, d_at = (b0 / kRun) * run_scales(BITS);
         if constexpr (BITS == 4) {  // 4 loads of 4 blocks; their nibbles, one vector per 16 blocks of sums
           __m512i v[4], u[4], nib[8];
 #pragma GCC unroll 4
@@ -359,7 +348,7 @@ TRTLLM_INT8_TARGET void tile_avx512(const Job& job, int64_t row0, int nr, int64_
         continue;
       }
       // The rest, in units of 4 blocks (4-bit: sums in 4 lanes per block) or 2 (8-bit: 8 lanes).
-      constexpr int64_t kUnit = BITS == 4 ? 4 : 2;
+      constexpr int64_t kUnit = unit_blocks(BITS);
       for (int64_t g = 0; g * kUnit < count; ++g) {
         const int64_t left = count - kUnit * g;
         const __mmask64 bytes = left >= kUnit ? ~0ull : (1ull << (32 * BITS / 8 * left)) - 1;
@@ -370,7 +359,7 @@ TRTLLM_INT8_TARGET void tile_avx512(const Job& job, int64_t row0, int nr, int64_
                                                _mm512_srli_epi32(ids, BITS == 4 ? 2 : 3));
         const __m512 scale = _mm512_permutexvar_ps(order, s);
         const __m512i bias = biases<VNNI, BITS, LEVELS, 1>(vec);
-        const int64_t at = runs * 512 + g * (BITS == 4 ? 128 : 64), d_at = runs * (BITS == 4 ? 16 : 32) + g * 16;
+        const int64_t at = runs * kRunBytes + g * unit_bytes(BITS), d_at = runs * run_scales(BITS) + g * kUnitScales;
 #pragma GCC unroll 8
         for (int m = 0; m < MR; ++m) {
           const __m512i sum = dots<VNNI, BITS, LEVELS, BITS == 4 ? 2 : 1>(vec, xq + m * shape.bytes + at, shape.part, bias);
@@ -401,11 +390,20 @@ const TileFn* tiles_for(int bits, int levels) {
 
 }  // namespace
 
-void quantize_rows(const float* x, int64_t m, int64_t k, int bits, int levels, int8_t* q, float* d) {
+void quantize_rows(const float* x, int64_t m, int64_t k, int bits, int levels, int8_t* q, float* ds) {
+  float (*digits)(const float*, int, int8_t*, int8_t*) = digits_generic;
 #ifdef TRTLLM_X86
-  if (use_avx512()) return quantize_rows_avx512(x, m, k, bits, levels, q, d);
+  if (use_avx512()) digits = digits_avx512;
 #endif
-  quantize_rows_generic(x, m, k, bits, levels, q, d);
+  const Layout lay{k / kBlock, k / kBlock / kRun, bits};
+  const IntRow shape = int_row(k, bits, levels);
+  clear(q, ds, m, shape, bits);
+  int8_t a[kBlock], a2[kBlock];
+  for (int64_t r = 0; r < m; ++r)
+    for (int64_t b = 0; b < lay.nb; ++b) {
+      const float d = digits(x + r * k + b * kBlock, levels, a, a2);
+      place(a, levels == 2 ? a2 : nullptr, d, lay, b, shape, q + r * shape.bytes, ds + r * shape.scales);
+    }
 }
 
 void int_tile(const Job& job, int64_t row, int nr, float* out, int64_t ldy) {

@@ -23,14 +23,15 @@ def test_the_library_is_built():
     assert cpu.library() is not None, cpu.missing_hint()
 
 
-def op_model(k: int, n: int, bits: int, packed, scale, offset, rank: int = 3, activation: str = "none") -> bytes:
+def op_model(k: int, n: int, bits: int, packed, scale, offset, rank: int = 3, activation: str = "none",
+             **attrs) -> bytes:
     inits = [numpy_helper.from_array(packed, "codes"), numpy_helper.from_array(scale, "scale")]
     inputs = ["x", "codes", "scale"]
     if offset is not None:
         inits.append(numpy_helper.from_array(offset, "offset"))
         inputs.append("offset")
     node = helper.make_node(cpu.OP, inputs, ["y"], domain=cpu.DOMAIN, bits=bits, n=n, activation=activation,
-                            layout=cpu.LAYOUT)
+                            layout=cpu.LAYOUT, **attrs)
     dims = [f"d{i}" for i in range(rank - 1)]
     out = n // 2 if activation == "swiglu" else n
     return one_node_model(node, [helper.make_tensor_value_info("x", TensorProto.FLOAT, dims + [k])],

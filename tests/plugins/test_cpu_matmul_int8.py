@@ -7,8 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-onnx = pytest.importorskip("onnx")
-from onnx import helper  # noqa: E402
+pytest.importorskip("onnx")
 
 from trtllm.plugins import cpu  # noqa: E402
 
@@ -17,9 +16,7 @@ from tests.plugins.test_cpu_kernels import case, op_model  # noqa: E402
 
 
 def int8_model(k: int, n: int, packed, scale, offset, activations: str = "int8", bits: int = 4) -> bytes:
-    model = onnx.load_from_string(op_model(k, n, bits, packed, scale, offset))
-    model.graph.node[0].attribute.append(helper.make_attribute("activations", activations))
-    return model.SerializeToString()
+    return op_model(k, n, bits, packed, scale, offset, activations=activations)
 
 
 def quantized(x: np.ndarray, levels: int = 1, per_block: bool = True) -> np.ndarray:
