@@ -66,12 +66,13 @@ def gqa_supported(spec: DecoderSpec, dtype: str) -> bool:
     return spec.head_dim % 16 == 0 and not spec.sliding_window and not spec.qk_norm and dtype == "float32"
 
 
-def half_supported(spec: DecoderSpec) -> bool:
+def half_supported(spec: DecoderSpec, dtype: str, quant: QuantScheme | None) -> bool:
     """Where a float16 engine's ONNX Runtime form runs on trtllm.cpu::MatMulHalf and Attention
-    (float32 activations, float16 weights and cache): attention as gqa_supported, and every
-    projection's input width a multiple of 32."""
+    (float32 activations, float16 weights and cache), given our kernels: float16 and unquantized,
+    attention as gqa_supported, and every projection's input width a multiple of 32."""
     widths = (spec.hidden_size, spec.intermediate_size, spec.num_heads * spec.head_dim)
-    return gqa_supported(spec, "float32") and all(w % 32 == 0 for w in widths)
+    return (dtype == "float16" and quant is None and gqa_supported(spec, "float32")
+            and all(w % 32 == 0 for w in widths))
 
 
 class DecoderWriter:
@@ -93,7 +94,7 @@ class DecoderWriter:
         # A float16 engine's form there (`half`) keeps its weights and cache in float16 but computes
         # in float32 (trtllm.cpu::MatMulHalf): ONNX Runtime has no fast float16 kernels on CPUs.
         self.native = native_kernels and quant is not None and quant.block_size == 32 and dtype == "float32"
-        self.half = native_kernels and ort_attention and quant is None and dtype == "float16" and half_supported(spec)
+        self.half = native_kernels and ort_attention and half_supported(spec, dtype, quant)
         self.gqa = ort_attention and gqa_supported(spec, "float32" if self.half else dtype)
         self.native_attention = native_kernels and self.gqa
         # float16 (elsewhere): weights, activations and the KV cache in half precision; norms

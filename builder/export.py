@@ -68,7 +68,7 @@ def export_onnx(ck: ckpt.Checkpoint, config: BuildConfig, out_dir: Path, log, ba
     del model
     lowerings = []
     gqa = gqa_supported(spec, config.dtype)
-    half = config.dtype == "float16" and quant is None and half_supported(spec)  # only on the native kernels
+    half = half_supported(spec, config.dtype, quant)  # only on the native kernels
     native = backend == "onnxruntime" and config.graph == "modern" and use_native_kernels(config, gqa or half, log)
     quant_native = native and quant is not None
     if quant is not None and config.activations != "float32" and not quant_native:
