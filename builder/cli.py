@@ -57,7 +57,11 @@ def resolve(options: dict, profile: str) -> dict:
 @click.option("--sampling-plugin", is_flag=True, default=None,
               help="TensorRT >= 10.6: run the sampler as its Triton kernel plugin (needs torch and triton "
                    "wherever the engine runs) instead of TensorRT's import of the ONNX body.")
-@click.option("--lora", multiple=True, metavar="NAME=PEFT_DIR", help="LoRA adapter (not supported yet).")
+@click.option("--max-lora-rank", type=int,
+              help="Give the graph LoRA inputs for adapters of rank up to this (0: none); requests pick an adapter "
+                   "by lora_name at run time. [profile; default 0, or the largest --lora rank]")
+@click.option("--lora", multiple=True, metavar="NAME=PEFT_DIR",
+              help="Bundle a PEFT LoRA adapter into the engine under NAME (repeatable); implies LoRA inputs.")
 @click.option("--eagle", metavar="DRAFT_DIR", help="EAGLE draft head (not supported yet).")
 @click.option("--no-verify", is_flag=True, help="Skip the logit check against transformers after building.")
 def main(model, output, profile, lora, eagle, no_verify, **options):
@@ -79,7 +83,7 @@ def main(model, output, profile, lora, eagle, no_verify, **options):
 
     try:
         out = build(config, log)
-    except (CheckpointError, TensorRTUnavailable) as e:
+    except (CheckpointError, TensorRTUnavailable, ConfigError) as e:  # ConfigError: a --lora adapter that does not fit
         click.echo(f"error: {e}", err=True)
         sys.exit(2)
     except Exception as e:

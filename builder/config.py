@@ -7,6 +7,7 @@ options. Options given on the command line win over the profile.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -20,7 +21,9 @@ CPU_KERNELS = ("auto", "native", "onnxruntime")  # ONNX Runtime engines: plugins
 PROFILES = ("cpu-default", "tensorrt-modern", "tensorrt-legacy")
 MODERN_MIN_TRT = (10, 15)  # Attention (10.14) and TensorScatter, RotaryEmbedding, RMSNormalization (10.15)
 PROFILE_KEYS = {"description", "backend", "dtype", "graph", "trt_version", "max_batch_size", "max_input_len",
-                "max_kv_cache_capacity", "workspace_gib", "opt_level"}
+                "max_kv_cache_capacity", "max_lora_rank", "workspace_gib", "opt_level"}
+MAX_LORA_RANK = 256
+LORA_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")  # bundled adapters live in ENGINE_DIR/lora/NAME
 
 
 class ConfigError(ValueError):
@@ -64,7 +67,8 @@ class BuildConfig:
     max_batch_size: int = 8
     max_input_len: int = 2048
     max_kv_cache_capacity: int = 4096
-    lora: tuple[tuple[str, str], ...] = field(default_factory=tuple)
+    max_lora_rank: int = 0          # > 0: LoRA inputs in the graph, adapters of rank <= this at run time
+    lora: tuple[tuple[str, str], ...] = field(default_factory=tuple)  # (name, PEFT dir) bundled into the engine
     eagle: str | None = None
     verify: bool = True
     profile: str = "cpu-default"
@@ -86,6 +90,16 @@ class BuildConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ConfigError(f"--{name.replace('_', '-')} must be a positive integer, got {value!r}")
+        if isinstance(self.max_lora_rank, bool) or not isinstance(self.max_lora_rank, int) \
+                or not 0 <= self.max_lora_rank <= MAX_LORA_RANK:
+            raise ConfigError(f"--max-lora-rank must be an integer in [0, {MAX_LORA_RANK}], got {self.max_lora_rank!r}")
+        names = [name for name, _ in self.lora]
+        for name in names:
+            if not LORA_NAME.fullmatch(name):
+                raise ConfigError(f"--lora {name}=...: the name must be letters, digits, '.', '_' or '-' "
+                                  "(it names a directory in the engine)")
+        if len(set(names)) != len(names):
+            raise ConfigError(f"--lora names must be distinct, got {names}")
         if self.max_input_len > self.max_kv_cache_capacity:
             raise ConfigError(f"--max-input-len must be <= --max-kv-cache-capacity "
                               f"({self.max_kv_cache_capacity}), got {self.max_input_len}")
@@ -119,8 +133,6 @@ class BuildConfig:
         if self.quantization != "none" and self.dtype != "float32":
             raise ConfigError(f"--quantization {self.quantization} needs --dtype float32 (the activations' "
                               f"type), got {self.dtype}")
-        if self.lora:
-            raise ConfigError("--lora is not supported yet: LoRA adapters cannot be built into an engine so far")
         if self.eagle:
             raise ConfigError("--eagle is not supported yet: EAGLE draft heads cannot be built so far")
 

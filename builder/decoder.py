@@ -11,6 +11,8 @@ One step of the graph, for every architecture in the registry:
         V_i   = TensorScatter(past_value.i, v, write_index)
         h    += o_proj(Attention(q, K_i, V_i, mask))        # mask: slot j visible to query s of row b
         h    += down(silu(gate) * up), gate|up = Split(MatMul(x', W_gate_up))   # mask: j <= write_index[b] + s
+        LoRA engines (lora_rank > 0) add (x @ lora_a) @ lora_b, graph inputs, to the output of each
+        of qkv, o, gate|up and down (`lora_sites`) before it is split or activated.
     logits [B,V] = lm_head(norm(h[b, last_index[b]]))
     token_ids, top_logprobs = trtllm::Sample(logits, logit_bias, penalties, temperature, min_p, top_k, top_p, uniform)
 
@@ -59,6 +61,27 @@ class DecoderSpec:
     sliding_window: int | None = None
 
 
+def lora_sites(spec: DecoderSpec) -> dict[str, dict]:
+    """Where a LoRA delta enters a layer: each fused projection, with its input width and, per PEFT
+    module, the columns of its output [name, start, stop]. An adapter of rank r on k modules of a
+    site is one delta of rank k*r there (lora_a side by side, lora_b block-diagonal: runtime/lora.py)."""
+    h, i = spec.hidden_size, spec.intermediate_size
+    q, kv = spec.num_heads * spec.head_dim, spec.num_kv_heads * spec.head_dim
+
+    def columns(*modules: tuple[str, int]) -> list[list]:
+        out, start = [], 0
+        for name, width in modules:
+            out.append([name, start, start + width])
+            start += width
+        return out
+
+    return {"qkv": {"in": h, "modules": columns(("self_attn.q_proj", q), ("self_attn.k_proj", kv),
+                                               ("self_attn.v_proj", kv))},
+            "o": {"in": q, "modules": columns(("self_attn.o_proj", h))},
+            "gate_up": {"in": h, "modules": columns(("mlp.gate_proj", i), ("mlp.up_proj", i))},
+            "down": {"in": i, "modules": columns(("mlp.down_proj", h))}}
+
+
 def gqa_supported(spec: DecoderSpec, dtype: str) -> bool:
     """Where ONNX Runtime's GroupQueryAttention is proven equal to the canonical attention (tests):
     its CPU kernel needs head_dim % 16 == 0; sliding windows, Qwen3's q/k norm and float16 are not
@@ -82,7 +105,7 @@ class DecoderWriter:
     def __init__(self, spec: DecoderSpec, weights: dict[str, np.ndarray], rope_cos: np.ndarray,
                  rope_sin: np.ndarray, max_top_k: int, io: GraphIO = GraphIO(), quant: QuantScheme | None = None,
                  dtype: str = "float32", ort_attention: bool = False, graph: str = "modern",
-                 native_kernels: bool = False):
+                 native_kernels: bool = False, lora_rank: int = 0):
         if graph not in GRAPHS:
             raise ValueError(f"graph must be one of {GRAPHS}, got {graph!r}")
         self.legacy = graph == "legacy"
@@ -106,6 +129,8 @@ class DecoderWriter:
         self.cos = self.g.weight("/model/rotary/cos_cache", rope_cos.astype(self.dtype))
         self.sin = self.g.weight("/model/rotary/sin_cache", rope_sin.astype(self.dtype))
         self.max_top_k = max_top_k
+        self.lora_rank = lora_rank  # > 0: LoRA inputs on every site (lora_sites)
+        self.sites = lora_sites(spec)
 
     def fw(self, name: str, array: np.ndarray) -> str:
         """A float weight in the graph's dtype (`half`: float16 values, held as float32)."""
@@ -177,19 +202,33 @@ class DecoderWriter:
             y = self.g.op("Add", f"{name}/Add", [y, self.fw(f"{prefix}.bias", self.w[f"{prefix}.bias"])])
         return y
 
-    def fused_proj(self, name: str, x: str, prefix: str, parts: list[str], bias: bool = False) -> str:
+    def fused_proj(self, name: str, x: str, prefix: str, parts: list[str], bias: bool = False,
+                   lora: tuple[int, str] | None = None) -> str:
         """Projections of the same input as one MatMul (q|k|v, gate|up): one weight read and one
-        kernel instead of several."""
+        kernel instead of several; `lora` = (layer, site) adds that site's LoRA delta."""
         w = np.concatenate([self.w[f"{p}.weight"] for p in parts], axis=0)   # [sum(out), in]
         y = self.matmul(name, x, prefix, w)
         if bias:
             b = np.concatenate([self.w[f"{p}.bias"] for p in parts])
             y = self.g.op("Add", f"{name}/Add", [y, self.fw(f"{prefix}.bias", b)])
-        return y
+        return y if lora is None else self.lora(name, x, y, *lora)
 
-    def fused_linear(self, name: str, x: str, prefix: str, parts: list[str], bias: bool = False) -> list[str]:
+    def lora(self, name: str, x: str, y: str, layer: int, site: str) -> str:
+        """y + (x @ lora_a) @ lora_b: [B,S,in] @ [1|B, in, r] @ [1|B, r, out]. A leading 1 shares one
+        adapter across the batch, B gives each row its own; r = 0 adds zeros (no adapter)."""
+        if not self.lora_rank:
+            return y
+        g, site_io = self.g, self.sites[site]
+        rank, out = f"lora_rank.{layer}.{site}", site_io["modules"][-1][2]
+        a = g.input(self.io.lora_a.format(i=layer, site=site), self.ftype, ["lora_batch", site_io["in"], rank])
+        b = g.input(self.io.lora_b.format(i=layer, site=site), self.ftype, ["lora_batch", rank, out])
+        d = g.op("MatMul", f"{name}/lora/MatMul_b", [g.op("MatMul", f"{name}/lora/MatMul_a", [x, a]), b])
+        return g.op("Add", f"{name}/lora/Add", [y, d])
+
+    def fused_linear(self, name: str, x: str, prefix: str, parts: list[str], bias: bool = False,
+                     lora: tuple[int, str] | None = None) -> list[str]:
         """fused_proj, then Split into the parts."""
-        y = self.fused_proj(name, x, prefix, parts, bias)
+        y = self.fused_proj(name, x, prefix, parts, bias, lora)
         sizes = self.g.const([self.w[f"{p}.weight"].shape[0] for p in parts])
         return self.g.op("Split", f"{name}/Split", [y, sizes], num_outputs=len(parts), axis=-1)
 
@@ -228,7 +267,7 @@ class DecoderWriter:
         if self.gqa:
             return self.attention_gqa(i, x, position_ids)
         q, k, v = self.fused_linear(f"{name}/qkv_proj", x, f"{p}.qkv_proj",
-                                    [f"{p}.q_proj", f"{p}.k_proj", f"{p}.v_proj"], s.attention_bias)
+                                    [f"{p}.q_proj", f"{p}.k_proj", f"{p}.v_proj"], s.attention_bias, (i, "qkv"))
         q = self.heads(f"{name}/q", q, s.num_heads, f"{p}.q_norm.weight" if s.qk_norm else None)
         k = self.heads(f"{name}/k", k, s.num_kv_heads, f"{p}.k_norm.weight" if s.qk_norm else None)
         v = self.heads(f"{name}/v", v, s.num_kv_heads, None)
@@ -250,7 +289,7 @@ class DecoderWriter:
                      scale=float(s.head_dim) ** -0.5, softmax_precision=TensorProto.FLOAT)
         y = g.op("Transpose", f"{name}/out/Transpose", [y], perm=[0, 2, 1, 3])
         y = g.op("Reshape", f"{name}/out/Reshape", [y, g.const([0, 0, s.num_heads * s.head_dim])])
-        return self.linear(f"{name}/o_proj", y, f"{p}.o_proj")
+        return self.lora(f"{name}/o_proj", y, self.linear(f"{name}/o_proj", y, f"{p}.o_proj"), i, "o")
 
     def rotary(self, name: str, x: str, position_ids: str) -> str:
         if self.legacy:
@@ -270,7 +309,7 @@ class DecoderWriter:
         g, s, p = self.g, self.spec, f"model.layers.{i}.self_attn"
         name = f"/model/layers.{i}/attn"
         qkv = self.fused_proj(f"{name}/qkv_proj", x, f"{p}.qkv_proj",
-                              [f"{p}.q_proj", f"{p}.k_proj", f"{p}.v_proj"], s.attention_bias)
+                              [f"{p}.q_proj", f"{p}.k_proj", f"{p}.v_proj"], s.attention_bias, (i, "qkv"))
         kv_shape = ["batch", s.num_kv_heads, "kv_capacity", s.head_dim]
         past = [g.input(getattr(self.io, f"past_{k}").format(i=i), self.kv_type, kv_shape) for k in ("key", "value")]
         present = [getattr(self.io, f"present_{k}").format(i=i) for k in ("key", "value")]
@@ -281,14 +320,14 @@ class DecoderWriter:
             y = g.op(cpu_kernels.ATTENTION, f"{name}/Attention", ins, outputs=[f"{name}/Attention/output_0", *present],
                      domain=cpu_kernels.DOMAIN, num_heads=s.num_heads, kv_num_heads=s.num_kv_heads,
                      scale=float(s.head_dim) ** -0.5)[0]
-            return self.linear(f"{name}/o_proj", y, f"{p}.o_proj")
+            return self.lora(f"{name}/o_proj", y, self.linear(f"{name}/o_proj", y, f"{p}.o_proj"), i, "o")
         ins = [qkv, "", "", *past, self.seqlens_k, self.total_len, self.cos, self.sin, position_ids,
                "", "", "", "", "", "", self.query_seqlens]
         y = g.op("GroupQueryAttention", f"{name}/GroupQueryAttention", ins,
                  outputs=[f"{name}/GroupQueryAttention/output_0", *present], domain="com.microsoft",
                  num_heads=s.num_heads, kv_num_heads=s.num_kv_heads, do_rotary=1, rotary_interleaved=0,
                  scale=float(s.head_dim) ** -0.5)[0]
-        return self.linear(f"{name}/o_proj", y, f"{p}.o_proj")
+        return self.lora(f"{name}/o_proj", y, self.linear(f"{name}/o_proj", y, f"{p}.o_proj"), i, "o")
 
     def gqa_lengths(self, write_index: str, last_index: str) -> None:
         """GroupQueryAttention's per-row lengths: Q = last_index + 1 new tokens, P + Q - 1 =
@@ -306,19 +345,21 @@ class DecoderWriter:
         g, p, name = self.g, f"model.layers.{i}.mlp", f"/model/layers.{i}/mlp"
         # ONNX Runtime's float form: two MatMuls cost less than one plus a Split (its copy). Not for
         # int4/int8: each quantized projection carries its own offset kernels (measured 6% slower).
-        if self.native or self.half:  # gate, up and silu(gate) * up in one node of ours
+        if (self.native or self.half) and not self.lora_rank:  # gate, up and silu(gate) * up in one node of ours
             act = self.swiglu_matmul(f"{name}/gate_up_proj", x, f"{p}.gate_up_proj",
                                      self.w[f"{p}.gate_proj.weight"], self.w[f"{p}.up_proj.weight"])
             return self.linear(f"{name}/down_proj", act, f"{p}.down_proj")
-        if self.gqa and self.quant is None:
+        if self.gqa and self.quant is None and not self.lora_rank:
             gate = self.linear(f"{name}/gate_proj", x, f"{p}.gate_proj")
             up = self.linear(f"{name}/up_proj", x, f"{p}.up_proj")
         else:
+            # LoRA: the delta joins gate|up before the activation, so no fused SwiGLU kernel here
             gate, up = self.fused_linear(f"{name}/gate_up_proj", x, f"{p}.gate_up_proj",
-                                         [f"{p}.gate_proj", f"{p}.up_proj"])
+                                         [f"{p}.gate_proj", f"{p}.up_proj"], lora=(i, "gate_up"))
         # SiLU as x*sigmoid(x): Swish is only in TensorRT >= 11.0's parser.
         act = g.op("Mul", f"{name}/act/Mul", [gate, g.op("Sigmoid", f"{name}/act/Sigmoid", [gate])])
-        return self.linear(f"{name}/down_proj", g.op("Mul", f"{name}/Mul", [act, up]), f"{p}.down_proj")
+        act = g.op("Mul", f"{name}/Mul", [act, up])
+        return self.lora(f"{name}/down_proj", act, self.linear(f"{name}/down_proj", act, f"{p}.down_proj"), i, "down")
 
     def mask(self, input_ids: str, write_index: str) -> str:
         """bool [B,1,S,C]: slot j is visible to query s of row b iff j <= write_index[b] + s."""

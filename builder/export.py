@@ -22,7 +22,8 @@ from trtllm.builder import checkpoint as ckpt
 from trtllm.builder import tensorrt as trt_build
 from trtllm.builder.architectures import spec_for
 from trtllm.builder.config import MODERN_MIN_TRT, BuildConfig, parse_trt_version
-from trtllm.builder.decoder import DecoderWriter, gqa_supported, half_supported
+from trtllm.builder import lora
+from trtllm.builder.decoder import DecoderWriter, gqa_supported, half_supported, lora_sites
 from trtllm.builder.quantize import QuantScheme
 from trtllm.plugins import cpu as cpu_kernels
 from trtllm.plugins import lint
@@ -58,8 +59,10 @@ def export_onnx(ck: ckpt.Checkpoint, config: BuildConfig, out_dir: Path, log, ba
     quant = QuantScheme.named(config.quantization, config.activations)
     if quant:
         log(f"quantizing the linear layers to int{quant.bits} (block {quant.block_size}, {quant.method})")
+    if config.max_lora_rank:
+        log(f"LoRA inputs on every layer's qkv, o, gate|up and down projections (rank <= {config.max_lora_rank})")
     model = DecoderWriter(spec, weights, cos, sin, max_top_k, quant=quant, dtype=config.dtype,
-                          graph=config.graph).write()
+                          graph=config.graph, lora_rank=config.max_lora_rank).write()
     issues = lint.lint_model(model, config.trt_version)
     if issues:
         raise RuntimeError(f"the exported graph fails the TensorRT {config.trt_version} op lint:\n" +
@@ -90,7 +93,8 @@ def export_onnx(ck: ckpt.Checkpoint, config: BuildConfig, out_dir: Path, log, ba
                 "cache, float32 arithmetic)")
             lowerings.append(cpu_kernels.HALF_LOWERING)
         ort_model = DecoderWriter(spec, weights, cos, sin, max_top_k, quant=quant, dtype=config.dtype,
-                                  ort_attention=gqa or half, native_kernels=native).write()
+                                  ort_attention=gqa or half, native_kernels=native,
+                                  lora_rank=config.max_lora_rank).write()
         save(ort_model, out_dir, ORT_SOURCE)
     return spec, max_top_k, num_positions, lowerings
 
@@ -174,7 +178,7 @@ def make_manifest(ck, config: BuildConfig, backend: str, spec, max_top_k: int, n
         quantization=config.quantization,
         quantization_scheme=q.to_json() if (q := QuantScheme.named(config.quantization, config.activations)) else {},
         limits=mf.Limits(max_batch_size=config.max_batch_size, max_input_len=min(config.max_input_len, num_positions),
-                         max_kv_cache_capacity=num_positions),
+                         max_kv_cache_capacity=num_positions, max_lora_rank=config.max_lora_rank),
         model=mf.ModelShape(vocab_size=spec.vocab_size, hidden_size=spec.hidden_size, num_layers=spec.num_layers,
                             num_heads=spec.num_heads, num_kv_heads=spec.num_kv_heads, head_dim=spec.head_dim,
                             sliding_window=spec.sliding_window, kv_dtype=config.dtype),
@@ -184,6 +188,7 @@ def make_manifest(ck, config: BuildConfig, backend: str, spec, max_top_k: int, n
                "generation_config": "generation_config.json"},
         build_config=config.to_json(), source=ck.source, versions=versions(), build_id=uuid.uuid4().hex,
         lowerings=tuple(lowerings),
+        lora={"sites": lora_sites(spec), "adapters": {}} if config.max_lora_rank else {},
     )
 
 
@@ -210,7 +215,7 @@ def build_tensorrt(out_dir: Path, config: BuildConfig, manifest: mf.Manifest, lo
     """llm.onnx -> llm.plan; returns the manifest with its tensorrt section (version, GPU, profiles)."""
     trt = trt_build.import_tensorrt()
     lint.check_model(out_dir / ONNX_NAME, trt_build.minor_version(trt))  # the graph must parse on the TensorRT that is here
-    profiles = trt_build.optimization_profiles(manifest.limits, manifest.model, manifest.io)
+    profiles = trt_build.optimization_profiles(manifest.limits, manifest.model, manifest.io, manifest.lora)
     plugins = []
     if config.sampling_plugin:  # registered before parsing, so the parser picks it over the ONNX body
         from trtllm.plugins.sample import trt_plugin
@@ -229,6 +234,7 @@ def build_tensorrt(out_dir: Path, config: BuildConfig, manifest: mf.Manifest, lo
 
 def build(config: BuildConfig, log=print) -> Path:
     """Run the whole build; returns the engine directory."""
+    config = lora.with_rank(config)
     backend = resolve_backend(config, log)
     out_dir = Path(config.output)
     tmp = out_dir.with_name(out_dir.name + ".partial")
@@ -239,6 +245,8 @@ def build(config: BuildConfig, log=print) -> Path:
         ck = ckpt.load(config.model)
         spec, max_top_k, num_positions, lowerings = export_onnx(ck, config, tmp, log, backend)
         manifest = make_manifest(ck, config, backend, spec, max_top_k, num_positions, lowerings)
+        if config.lora:
+            manifest = lora.bundle(config, manifest, tmp, log)
         if backend == "tensorrt":
             manifest = build_tensorrt(tmp, config, manifest, log)
         else:

@@ -41,7 +41,7 @@ class Profile:
         return {"name": self.name, "shapes": {k: [list(d) for d in v] for k, v in self.shapes.items()}}
 
 
-def optimization_profiles(limits: Limits, model: ModelShape, io: GraphIO) -> list[Profile]:
+def optimization_profiles(limits: Limits, model: ModelShape, io: GraphIO, lora: dict | None = None) -> list[Profile]:
     """The prefill and decode profiles for every graph input, sized from the build limits, in the
     order the runtime indexes them (runtime/backends/tensorrt.py PREFILL, DECODE).
 
@@ -49,6 +49,8 @@ def optimization_profiles(limits: Limits, model: ModelShape, io: GraphIO) -> lis
     takes 1..max_input_len new tokens per row, decode exactly 1, so TensorRT can pick kernels for
     each. The KV capacity is static at max_kv_cache_capacity: TensorScatter (IKVCacheUpdateLayer)
     needs a static sequence axis on the cache, and the runtime allocates it at that size.
+    LoRA inputs (manifest `lora`): 1 (one adapter for the batch) to batch rows, rank 0 (none) to
+    max_lora_rank per module of the site, optimised for one shared adapter of the full rank.
     """
     b, s_max, cap = limits.max_batch_size, limits.max_input_len, limits.max_kv_cache_capacity
     vocab = model.vocab_size
@@ -68,6 +70,10 @@ def optimization_profiles(limits: Limits, model: ModelShape, io: GraphIO) -> lis
         for i in range(model.num_layers):
             shapes[io.past_key.format(i=i)] = batch(*kv)
             shapes[io.past_value.format(i=i)] = batch(*kv)
+            for site, s in (lora or {}).get("sites", {}).items():
+                r, n_in, n_out = limits.max_lora_rank * len(s["modules"]), s["in"], s["modules"][-1][2]
+                shapes[io.lora_a.format(i=i, site=site)] = ((1, n_in, 0), (1, n_in, r), (b, n_in, r))
+                shapes[io.lora_b.format(i=i, site=site)] = ((1, 0, n_out), (1, r, n_out), (b, r, n_out))
         profiles.append(Profile(name, shapes))
     return profiles
 

@@ -11,6 +11,8 @@ and "/int16" or "/int8" for integer activations (--activations).
 """
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import torch
 
@@ -38,9 +40,10 @@ class VerifyError(RuntimeError):
     """The engine's logits differ from transformers'."""
 
 
-def engine_logits(engine, prompt_ids: list[int], num_decode: int, forced: list[int] | None = None):
+def engine_logits(engine, prompt_ids: list[int], num_decode: int, forced: list[int] | None = None,
+                  lora: dict | None = None):
     """Prefill prompt_ids, then decode greedily (or feed `forced` tokens); returns the engine's
-    chosen ids and its logits [1 + num_decode, V]."""
+    chosen ids and its logits [1 + num_decode, V]. `lora`: an adapter's arrays (runtime/lora.py)."""
     params = sampling.SamplingParams(temperature=0.0, max_new_tokens=num_decode + 1)
     row = RowState(prompt_ids=prompt_ids, params=params, rng=np.random.default_rng(0), eos_ids=frozenset())
     batch = sampling.make_batch([params], engine.manifest.model.vocab_size, engine.manifest.max_top_k)
@@ -48,7 +51,7 @@ def engine_logits(engine, prompt_ids: list[int], num_decode: int, forced: list[i
     kv = make_kv(engine.manifest.model, 1, len(prompt_ids) + num_decode + 1)
     inputs, logits, chosen = prefill_inputs([row], engine.manifest.pad_token_id, batch), [], []
     for step in range(num_decode + 1):
-        out = engine.step(inputs, kv.view(0, 1), want_logits=True)
+        out = engine.step(dataclasses.replace(inputs, lora=lora), kv.view(0, 1), want_logits=True)
         logits.append(out.logits[0])
         chosen.append(int(out.token_ids[0]))
         row.output_ids.append(forced[step] if forced else chosen[-1])

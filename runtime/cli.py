@@ -75,8 +75,14 @@ def check_engine_limits(inp: fmt.InputFile, manifest) -> None:
 def main(input_file: Path, engine_dir: Path, output: Path | None, profile: Path | None, stream: bool,
          kv_cache_dir: Path | None, kv_cache_size: str, threads: int | None, huge_pages: bool) -> None:
     """Answer the requests in INPUT_FILE with the engine in --engine."""
+    from trtllm.runtime import manifest as mf
+
+    try:  # the adapters bundled in the engine are names a request may use; a bad engine is reported below
+        bundled = tuple(mf.load(engine_dir).lora.get("adapters", {}))
+    except mf.ManifestError:
+        bundled = ()
     try:
-        inp = fmt.read_input(input_file)
+        inp = fmt.read_input(input_file, bundled)
     except fmt.InputError as e:
         fail_usage(f"{input_file}: {e}")
     from trtllm.runtime.prefix_cache import PrefixStore, engine_identity, parse_size
@@ -87,6 +93,7 @@ def main(input_file: Path, engine_dir: Path, output: Path | None, profile: Path 
         fail_usage(str(e))
     from trtllm.runtime.chat_template import ChatTemplate
     from trtllm.runtime.engine import load_engine
+    from trtllm.runtime.lora import AdapterSet
     from trtllm.runtime.manifest import ManifestError
     from trtllm.runtime.runner import Runner
     from trtllm.runtime.tokenizer import Tokenizer
@@ -102,7 +109,8 @@ def main(input_file: Path, engine_dir: Path, output: Path | None, profile: Path 
     engine_errors.update(fmt.check_against_engine(inp, m.model.vocab_size))
     prefixes = PrefixStore(kv_cache_dir or engine_dir / "cache", engine_identity(engine_dir), max_bytes=max_bytes)
     runner = Runner(engine, Tokenizer.from_engine_dir(engine_dir), ChatTemplate.from_engine_dir(engine_dir), prefixes)
-    responses = runner.run(inp, engine_errors, on_text=print_chunk if stream else None)
+    adapters = AdapterSet.for_run(engine, engine_dir, inp.available_lora_weights, input_file.parent)
+    responses = runner.run(inp, engine_errors, on_text=print_chunk if stream else None, adapters=adapters)
     result = {"input_file": str(input_file), "responses": responses}
     if stream:
         for r in responses:  # requests that never ran still end their stream

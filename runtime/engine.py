@@ -6,6 +6,7 @@
     write_index  [B]   int64        [B, kv_heads, capacity, head]    top_logprob_ids [B,K] int64
     last_index   [B]   int64        (the KV manager's), updated      logits          [B,V] f32 (on request)
     sampling     SamplingBatch      in place
+    lora         {name: array}      LoRA engines: lora_a/lora_b per layer and site (runtime/lora.py)
 
 `load_engine(engine_dir)` picks the backend named in the manifest through BACKENDS, a registry
 of import paths, so each backend imports its own library (onnxruntime or tensorrt) only when used.
@@ -35,6 +36,7 @@ class StepInputs:
     write_index: np.ndarray
     last_index: np.ndarray
     sampling: SamplingBatch
+    lora: dict | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,6 +14,7 @@ it would alone, whatever its neighbours.
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -24,6 +25,7 @@ import numpy as np
 from trtllm.runtime import sampling
 from trtllm.runtime.engine import Engine, StepInputs
 from trtllm.runtime.kv_cache import KVCacheManager
+from trtllm.runtime.lora import StepAdapters
 from trtllm.runtime.text import TextStream
 
 CAPACITY_ROUNDING = 64  # KV buffers grow in steps of this many slots
@@ -46,6 +48,7 @@ class RowState:
     prefix_ids: tuple[int, ...] = ()  # its system-prompt prefix (a prefix of prompt_ids), if any
     save_prefix: bool = False         # store that prefix's KV for later requests
     num_reused: int = 0               # prompt tokens restored from a saved prefix
+    adapter: object = None            # its LoRA adapter (runtime/lora.py Adapter), None for the base model
     slot: int | None = None
     banned: frozenset[int] = field(init=False)  # what min_new_tokens holds back: EOS, stop token ids
 
@@ -93,11 +96,16 @@ class Timing:
 
 
 class PrefixSource(Protocol):
-    """Saved system-prompt KV (runtime/prefix_cache.py); kv is [2*layers, kv_heads, n, head_dim]."""
+    """Saved system-prompt KV (runtime/prefix_cache.py); kv is [2*layers, kv_heads, n, head_dim],
+    keyed by the prefix and the adapter's digest (an adapter changes the KV)."""
 
-    def load(self, prefix_ids: tuple[int, ...]) -> np.ndarray | None: ...
+    def load(self, prefix_ids: tuple[int, ...], adapter: str | None = None) -> np.ndarray | None: ...
 
-    def save(self, prefix_ids: tuple[int, ...], kv: np.ndarray) -> None: ...
+    def save(self, prefix_ids: tuple[int, ...], kv: np.ndarray, adapter: str | None = None) -> None: ...
+
+
+def adapter_key(row: RowState) -> str | None:
+    return None if row.adapter is None else row.adapter.digest
 
 
 def capacity_for(rows: list[RowState], max_capacity: int) -> int:
@@ -167,6 +175,7 @@ class Scheduler:
                                           max([r.params.num_logprobs for r in rows] + [1]), m.max_top_k)
         self.want_top = any(r.params.num_logprobs > 0 for r in rows)
         self.active: dict[int, RowState] = {}
+        self.lora = StepAdapters(m, getattr(engine, "lora_dtype", np.float32)) if m.lora else None
         self.decode_feeds: dict[int, StepInputs] = {}  # per batch width: reused step after step
 
     def run(self) -> None:
@@ -197,7 +206,7 @@ class Scheduler:
         """A reused prefix leaves at least one prompt token to compute, for the first logits."""
         if not (self.prefixes and row.prefix_ids):
             return
-        kv = self.prefixes.load(row.prefix_ids)
+        kv = self.prefixes.load(row.prefix_ids, adapter_key(row))
         if kv is not None:
             n = min(kv.shape[2], len(row.prompt_ids) - 1)
             self.kv.write(row.slot, kv[:, :, :n])
@@ -206,6 +215,9 @@ class Scheduler:
     def step(self, start: int, stop: int, inputs: StepInputs):
         rows = [self.active.get(s) for s in range(start, stop)]
         sampling.draw(inputs.sampling, [r.rng if r is not None and not r.finish_reason else None for r in rows])
+        if self.lora is not None:
+            inputs = dataclasses.replace(inputs, lora=self.lora.feeds(
+                [StepAdapters.IDLE if r is None else r.adapter for r in rows]))
         t0 = time.perf_counter()
         out = self.engine.step(inputs, self.kv.view(start, stop))
         return out, time.perf_counter() - t0
@@ -234,7 +246,7 @@ class Scheduler:
         for b, r in enumerate(rows):
             self.accept(start + b, out, b)
             if r.save_prefix and self.prefixes and r.num_reused == 0 and len(r.prefix_ids) < len(r.prompt_ids):
-                self.prefixes.save(r.prefix_ids, self.kv.read(r.slot, len(r.prefix_ids)))
+                self.prefixes.save(r.prefix_ids, self.kv.read(r.slot, len(r.prefix_ids)), adapter_key(r))
 
     def decode(self) -> None:
         hi = max(self.active) + 1  # idle slots below it ride along; above it are not computed

@@ -296,13 +296,13 @@ _REQUEST_FIELDS = {
 }
 
 
-def _request(value: object, path: str, top: InputFile) -> Request:
+def _request(value: object, path: str, top: InputFile, bundled: tuple[str, ...] = ()) -> Request:
     f = _fields(value, path, _REQUEST_FIELDS, "a request", ("messages",))
-    loras = top.available_lora_weights
+    loras = {**dict.fromkeys(bundled, ""), **top.available_lora_weights}
     lora_name = f.get("lora_name")
     if lora_name is not None and lora_name not in loras:
         hint = _did_you_mean(lora_name, loras) or "add it to `available_lora_weights`"
-        _fail(f"{path}.lora_name", "a key of `available_lora_weights` "
+        _fail(f"{path}.lora_name", "a key of `available_lora_weights` or an adapter in the engine "
               f"({_one_of(loras) or 'none are given'})", lora_name, hint)
     total = sum(len(m.text().encode("utf-8")) for m in f["messages"])
     if total > MAX_REQUEST_TEXT_BYTES:
@@ -338,18 +338,19 @@ _TOP_FIELDS = {
 }
 
 
-def parse_input(obj: object) -> InputFile:
-    """Validate a decoded input document; raise `InputError` at the first bad value."""
+def parse_input(obj: object, bundled_loras: tuple[str, ...] = ()) -> InputFile:
+    """Validate a decoded input document; raise `InputError` at the first bad value.
+    `bundled_loras`: adapter names the engine carries, which `lora_name` may use as well."""
     top = _fields(obj, "", _TOP_FIELDS, "the input file", ("requests",))
     raw_requests = top.pop("requests")
     if not isinstance(raw_requests, list) or not raw_requests:
         _fail("requests", "a non-empty array of request objects", raw_requests)
     settings = InputFile(requests=(), **top)  # the top level with its defaults filled in
-    requests = tuple(_request(r, f"requests[{i}]", settings) for i, r in enumerate(raw_requests))
+    requests = tuple(_request(r, f"requests[{i}]", settings, bundled_loras) for i, r in enumerate(raw_requests))
     return dataclasses.replace(settings, requests=requests)
 
 
-def read_input(path: str | os.PathLike) -> InputFile:
+def read_input(path: str | os.PathLike, bundled_loras: tuple[str, ...] = ()) -> InputFile:
     """Read and validate an input JSON file; every failure is an `InputError`."""
     name = os.fspath(path)
     label = f"input file `{name}`"
@@ -371,7 +372,7 @@ def read_input(path: str | os.PathLike) -> InputFile:
     except json.JSONDecodeError as e:
         _fail("", "valid JSON", None, label=label,
               shown=f"{e.msg} at line {e.lineno} column {e.colno}")
-    return parse_input(obj)
+    return parse_input(obj, bundled_loras)
 
 
 def _check_positive(name: str, value: object) -> None:

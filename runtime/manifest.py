@@ -75,6 +75,8 @@ class GraphIO:
     token_ids: str = "token_ids"              # int64 [batch]
     top_logprobs: str = "top_logprobs"        # f32 [batch, K = min(max_num_logprobs, max_top_k)]
     top_logprob_ids: str = "top_logprob_ids"  # int64 [batch, K]; a step's rows keep their first k
+    lora_a: str = "lora_a.{i}.{site}"         # [1 or batch, in, rank]: LoRA engines only (manifest.lora)
+    lora_b: str = "lora_b.{i}.{site}"         # [1 or batch, rank, out], alpha/r folded in
 
     def kv_pairs(self, num_layers: int) -> list[tuple[str, str]]:
         """(past, present) names in the order of the KV manager's buffers: K0, V0, K1, V1, ..."""
@@ -104,6 +106,7 @@ class Manifest:
     lowerings: tuple[str, ...] = ()  # backend-specific ops the compiled form uses (e.g. GroupQueryAttention)
     graph_profile: str = "modern"  # llm.onnx's op set: "modern" (opset 24) or "legacy" (opset 20, TensorRT 10.3)
     tensorrt: dict = field(default_factory=dict)  # TensorRT builds: version, GPU, profiles (builder/tensorrt.py)
+    lora: dict = field(default_factory=dict)  # LoRA engines: sites, dtype, bundled adapters (runtime/lora.py)
     format_version: int = FORMAT_VERSION
 
     @property

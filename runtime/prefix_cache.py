@@ -61,25 +61,26 @@ def parse_size(text: str) -> int:
 
 
 class PrefixStore:
-    def __init__(self, directory, engine_id: str, adapter: str | None = None, max_bytes: int = DEFAULT_MAX_BYTES):
+    def __init__(self, directory, engine_id: str, max_bytes: int = DEFAULT_MAX_BYTES):
         self.dir = Path(directory)
-        self.engine_id, self.adapter, self.max_bytes = engine_id, adapter, max_bytes
+        self.engine_id, self.max_bytes = engine_id, max_bytes
         self.memory: dict[str, np.ndarray] = {}  # entries already read by this process
         self.hits = self.misses = self.saves = 0
 
-    def key(self, prefix_ids: tuple[int, ...]) -> str:
-        h = hashlib.sha256(f"{self.engine_id}\0{self.adapter or ''}\0".encode())
+    def key(self, prefix_ids: tuple[int, ...], adapter: str | None = None) -> str:
+        """`adapter`: the LoRA adapter's digest (runtime/lora.py), None for the base model."""
+        h = hashlib.sha256(f"{self.engine_id}\0{adapter or ''}\0".encode())
         h.update(np.asarray(prefix_ids, np.int64).tobytes())
         return h.hexdigest()
 
     def path(self, key: str) -> Path:
         return self.dir / f"{key}.kv"
 
-    def load(self, prefix_ids: tuple[int, ...]) -> np.ndarray | None:
-        key = self.key(prefix_ids)
+    def load(self, prefix_ids: tuple[int, ...], adapter: str | None = None) -> np.ndarray | None:
+        key = self.key(prefix_ids, adapter)
         kv = self.memory.get(key)
         if kv is None:
-            kv = self.read(key, prefix_ids)
+            kv = self.read(key, prefix_ids, adapter)
         if kv is None:
             self.misses += 1
             return None
@@ -91,7 +92,7 @@ class PrefixStore:
             pass
         return kv
 
-    def read(self, key: str, prefix_ids: tuple[int, ...]) -> np.ndarray | None:
+    def read(self, key: str, prefix_ids: tuple[int, ...], adapter: str | None = None) -> np.ndarray | None:
         path = self.path(key)
         try:
             data = path.read_bytes()
@@ -100,11 +101,11 @@ class PrefixStore:
         except OSError as e:
             return self.discard(path, f"cannot be read ({e})")
         try:
-            return self.decode(data, key, prefix_ids)
+            return self.decode(data, key, prefix_ids, adapter)
         except ValueError as e:
             return self.discard(path, str(e))
 
-    def decode(self, data: bytes, key: str, prefix_ids: tuple[int, ...]) -> np.ndarray:
+    def decode(self, data: bytes, key: str, prefix_ids: tuple[int, ...], adapter: str | None = None) -> np.ndarray:
         if not data.startswith(MAGIC) or len(data) < len(MAGIC) + 8:
             raise ValueError("is not a trtllm-edge KV entry")
         (size,) = struct.unpack("<Q", data[len(MAGIC):len(MAGIC) + 8])
@@ -113,7 +114,7 @@ class PrefixStore:
             header = json.loads(data[len(MAGIC) + 8:start])
         except (json.JSONDecodeError, UnicodeDecodeError):
             raise ValueError("has a corrupt header") from None
-        expected = {"format": FORMAT, "key": key, "engine": self.engine_id, "adapter": self.adapter,
+        expected = {"format": FORMAT, "key": key, "engine": self.engine_id, "adapter": adapter,
                     "prefix_ids": list(prefix_ids)}
         for name, value in expected.items():
             if header.get(name) != value:
@@ -138,11 +139,11 @@ class PrefixStore:
             pass
         return None
 
-    def save(self, prefix_ids: tuple[int, ...], kv: np.ndarray) -> None:
-        key = self.key(prefix_ids)
+    def save(self, prefix_ids: tuple[int, ...], kv: np.ndarray, adapter: str | None = None) -> None:
+        key = self.key(prefix_ids, adapter)
         kv = np.ascontiguousarray(kv)
         payload = kv.tobytes()
-        header = json.dumps({"format": FORMAT, "key": key, "engine": self.engine_id, "adapter": self.adapter,
+        header = json.dumps({"format": FORMAT, "key": key, "engine": self.engine_id, "adapter": adapter,
                              "prefix_ids": list(prefix_ids), "shape": list(kv.shape), "dtype": kv.dtype.name,
                              "crc32": zlib.crc32(payload)}).encode()
         if len(payload) > self.max_bytes:

@@ -14,6 +14,7 @@ from trtllm.runtime import input_format as fmt
 from trtllm.runtime.chat_template import ChatTemplate, ChatTemplateError, raw_prompt
 from trtllm.runtime.engine import Engine
 from trtllm.runtime.generate import PrefixSource, RowState, Timing, run_rows
+from trtllm.runtime.lora import AdapterError, AdapterSet
 from trtllm.runtime.kv_cache import bytes_for, bytes_per_token
 from trtllm.runtime.sampling import SamplingParams
 from trtllm.runtime.text import TextStream
@@ -32,6 +33,7 @@ class Prepared:
     system_prefix: str = ""
     prompt_ids: list[int] = field(default_factory=list)
     prefix_ids: tuple[int, ...] = ()  # the system prefix's tokens, when they start prompt_ids
+    adapter: object = None            # its LoRA adapter (runtime/lora.py), None for the base model
     error: str | None = None
 
 
@@ -60,8 +62,6 @@ def sample_rng(req: fmt.Request, sample_idx: int) -> np.random.Generator:
 
 def unsupported(req: fmt.Request) -> str | None:
     """Features this engine cannot serve yet: the request fails, its neighbours do not."""
-    if req.lora_name is not None:
-        return f"lora_name {req.lora_name!r}: LoRA adapters are not supported by this engine yet"
     media = req.media_types()
     if media:
         return f"messages contain {', '.join(sorted(media))} content: this engine is text-only"
@@ -74,11 +74,17 @@ class Runner:
         self.engine, self.tokenizer, self.template, self.prefixes = engine, tokenizer, template, prefixes
         self.timing = Timing()
 
-    def prepare(self, index: int, req: fmt.Request, inp: fmt.InputFile) -> Prepared:
+    def prepare(self, index: int, req: fmt.Request, inp: fmt.InputFile, adapters: AdapterSet) -> Prepared:
         p = Prepared(index, req)
         p.error = unsupported(req)
         if p.error:
             return p
+        if req.lora_name is not None:
+            try:
+                p.adapter = adapters.get(req.lora_name)
+            except AdapterError as e:
+                p.error = f"lora_name {req.lora_name!r}: {e}"
+                return p
         messages = [{"role": m.role, "content": m.text()} for m in req.messages]
         try:
             if inp.apply_chat_template and self.template is not None:
@@ -111,7 +117,7 @@ class Runner:
         return RowState(prompt_ids=p.prompt_ids, params=sampling_params(req), rng=sample_rng(req, smp.sample_idx),
                         eos_ids=frozenset(self.engine.manifest.eos_token_ids),
                         text=TextStream(self.tokenizer, req.stop), prefix_ids=p.prefix_ids,
-                        save_prefix=req.save_system_prompt_kv_cache)
+                        save_prefix=req.save_system_prompt_kv_cache, adapter=p.adapter)
 
     def generate(self, samples: list[Sample], num_slots: int, on_text=None) -> None:
         """Run every sample that can run, num_slots at a time (in-flight: a finished sample's slot
@@ -162,12 +168,16 @@ class Runner:
                         "bytes": list(raw), "logprob": float(v)})
         return out
 
-    def run(self, inp: fmt.InputFile, errors: dict[int, str] | None = None, on_text=None) -> list[dict]:
+    def run(self, inp: fmt.InputFile, errors: dict[int, str] | None = None, on_text=None,
+            adapters: AdapterSet | None = None) -> list[dict]:
         """Answer every request; `errors` (request index -> message) fail requests up front.
-        Each request becomes n samples; batch_size of them run at once, in order."""
+        Each request becomes n samples; batch_size of them run at once, in order. `adapters`: the
+        LoRA adapters requests may name (default: the input's available_lora_weights, from here)."""
+        if adapters is None:
+            adapters = AdapterSet.for_run(self.engine, ".", inp.available_lora_weights)
         samples = []
         for i, req in enumerate(inp.requests):
-            p = self.prepare(i, req, inp)
+            p = self.prepare(i, req, inp, adapters)
             if errors and i in errors and p.error is None:
                 p.error = errors[i]
             samples += [Sample(p, k) for k in range(req.n)]

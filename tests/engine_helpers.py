@@ -7,15 +7,17 @@ from contextlib import contextmanager
 import numpy as np
 
 from trtllm.runtime import sampling
-from trtllm.runtime.generate import RowState, run_batch
+from trtllm.runtime.generate import RowState, run_rows
 
 
-def run_greedy(engine, prompts: list[list[int]], n: int) -> list[list[int]]:
-    """n greedy tokens per prompt, all prompts in one batch through the Scheduler, as trtllm-run does."""
+def run_greedy(engine, prompts: list[list[int]], n: int, adapters: list | None = None,
+               num_slots: int | None = None) -> list[list[int]]:
+    """n greedy tokens per prompt through the Scheduler, as trtllm-run does: all prompts in one batch,
+    or `num_slots` at a time (in flight); `adapters`: each prompt's LoRA adapter (None: the base model)."""
     greedy = sampling.SamplingParams(temperature=0.0, max_new_tokens=n)
-    rows = [RowState(prompt_ids=p, params=greedy, rng=np.random.default_rng(0), eos_ids=frozenset())
-            for p in prompts]
-    run_batch(engine, rows)
+    rows = [RowState(prompt_ids=p, params=greedy, rng=np.random.default_rng(0), eos_ids=frozenset(), adapter=a)
+            for p, a in zip(prompts, adapters or [None] * len(prompts))]
+    run_rows(engine, rows, num_slots)
     return [r.output_ids for r in rows]
 
 

@@ -15,7 +15,7 @@ import numpy as np
 import onnxruntime as ort
 
 from trtllm.plugins import cpu as cpu_kernels
-from trtllm.runtime import hugepages
+from trtllm.runtime import hugepages, lora
 from trtllm.runtime.engine import StepInputs, StepOutputs
 from trtllm.runtime.manifest import Manifest, ManifestError, rebuild_hint
 
@@ -55,6 +55,11 @@ class OnnxRuntimeEngine:
         self.outputs: dict = {}  # per (binding, batch, K): numpy arrays the outputs are written to
         self.kv_root = None
         self.last_kv = self.last_binding = None
+        # LoRA inputs' type: float16 in a float16 canonical graph, else float32 (the activations')
+        types = {i.name: i.type for i in self.session.get_inputs()}
+        lora_a = manifest.io.lora_a.format(i=0, site="qkv")
+        self.lora_dtype = np.float16 if types.get(lora_a) == "tensor(float16)" else np.float32
+        self.no_adapter = lora.base_adapter(manifest, self.lora_dtype).arrays if manifest.lora else {}
 
     def binding_for(self, kv: Sequence[np.ndarray]):
         """An IOBinding with `kv` bound as both past_* and present_* (in place), made once per set
@@ -86,10 +91,12 @@ class OnnxRuntimeEngine:
             io.logit_bias: s.logit_bias, io.penalty_bias: s.penalty_bias, io.seen: s.seen,
             io.repetition_penalty: s.repetition_penalty, io.temperature: s.temperature, io.min_p: s.min_p,
             io.top_k: s.top_k, io.top_p: s.top_p, io.uniform: s.uniform,
+            **(inputs.lora or self.no_adapter),
         }
         # Inputs are bound without a copy (ORT reads the numpy buffer). The sampler's arrays are
-        # the same buffers step after step (updated in place), so they are bound only when the
-        # buffer changes: per-step Python work stays a few small binds.
+        # the same buffers step after step (updated in place), and so are a LoRA batch's adapter
+        # arrays, so they are bound only when the buffer changes: per-step Python work stays a few
+        # small binds.
         # `bound` keeps each bound array (alive, so its memory is never reused by another) and its
         # key: the same object is the same memory, checked first because it is the common case
         # (the scheduler reuses its decode feeds and sampler views) and costs no ctypes lookup.

@@ -19,6 +19,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from trtllm.runtime import lora
 from trtllm.runtime.engine import StepInputs, StepOutputs
 from trtllm.runtime.kv_cache import KVCacheManager
 from trtllm.runtime.manifest import Manifest, ManifestError, ModelShape, rebuild_hint
@@ -125,6 +126,9 @@ class TensorRTEngine:
                         if n not in kv_names and n not in self.on_host}
         self.scratch: dict[str, object] = {}   # legacy graphs: present_* outputs, copied back into the KV
         self.device_rows: dict[str, dict] = {}  # [B, V] sampler inputs: what each device row holds
+        self.held: dict[str, np.ndarray] = {}   # LoRA inputs: the host array each device buffer holds
+        self.lora_dtype = self.dtypes.get(self.io.lora_a.format(i=0, site="qkv"), np.dtype(np.float32))
+        self.no_adapter = lora.base_adapter(manifest, self.lora_dtype).arrays if manifest.lora else {}
 
     def check_plan(self, engine_dir, version: str, gpu: dict) -> None:
         built = self.manifest.tensorrt
@@ -177,6 +181,18 @@ class TensorRTEngine:
             self.stream.upload(self.buffers[name].ptr, array)
             self.set_address(name, self.buffers[name].ptr)
 
+    def bind_held(self, name: str, array: np.ndarray, alive: list) -> None:
+        """An input that stays the same host array for many steps (a batch's LoRA adapter): uploaded
+        only when another array comes, so switching adapters costs one upload, keeping one nothing."""
+        self.set_shape(name, array.shape)
+        if self.held.get(name) is not array:
+            host = np.ascontiguousarray(array, self.dtypes[name])
+            alive.append(host)
+            if host.size:
+                self.stream.upload(self.buffers[name].ptr, host)
+            self.held[name] = array
+        self.set_address(name, self.buffers[name].ptr)
+
     def bind_vocab_rows(self, name: str, array: np.ndarray, dirty: np.ndarray) -> None:
         """A [B, V] sampler input, uploaded row by row and only where the device row holds something
         else: rows change only when a request is admitted or penalised (set_row / penalize mark them
@@ -218,6 +234,8 @@ class TensorRTEngine:
                  io.top_k: s.top_k, io.top_p: s.top_p, io.uniform: s.uniform}
         for name, array in feeds.items():
             self.bind(name, array, alive)
+        for name, array in (inputs.lora or self.no_adapter).items():
+            self.bind_held(name, array, alive)
         for name, array in ((io.logit_bias, s.logit_bias), (io.penalty_bias, s.penalty_bias), (io.seen, s.seen)):
             self.bind_vocab_rows(name, array, s.dirty)
         s.dirty[:] = False  # every [B, V] row of this view is on the device now

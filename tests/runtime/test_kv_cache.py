@@ -95,11 +95,11 @@ class MemoryPrefixes:
     def __init__(self):
         self.saved = {}
 
-    def load(self, prefix_ids):
-        return self.saved.get(prefix_ids)
+    def load(self, prefix_ids, adapter=None):
+        return self.saved.get((adapter, prefix_ids))
 
-    def save(self, prefix_ids, kv):
-        self.saved[prefix_ids] = kv.copy()
+    def save(self, prefix_ids, kv, adapter=None):
+        self.saved[adapter, prefix_ids] = kv.copy()
 
 
 def test_saved_prefix_is_restored_and_gives_the_same_tokens():
@@ -109,7 +109,7 @@ def test_saved_prefix_is_restored_and_gives_the_same_tokens():
     store = MemoryPrefixes()
     first = [row(prompts[0], prefix=system, save=True)]
     run_rows(FakeEngine(), first, 2, prefixes=store)
-    assert list(store.saved) == [tuple(system)] and first[0].num_reused == 0
+    assert list(store.saved) == [(None, tuple(system))] and first[0].num_reused == 0
     rows = [row(p, prefix=system if p[:6] == system else ()) for p in prompts]
     engine = FakeEngine()
     run_rows(engine, rows, num_slots=4, prefixes=store)

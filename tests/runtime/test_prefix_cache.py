@@ -30,7 +30,7 @@ def test_roundtrip_in_memory_and_across_processes(tmp_path):
 def test_key_covers_engine_adapter_and_prefix(tmp_path):
     PrefixStore(tmp_path, "engine-a").save(PREFIX, kv())
     assert PrefixStore(tmp_path, "engine-b").load(PREFIX) is None
-    assert PrefixStore(tmp_path, "engine-a", adapter="french").load(PREFIX) is None
+    assert PrefixStore(tmp_path, "engine-a").load(PREFIX, adapter="french") is None
     assert PrefixStore(tmp_path, "engine-a").load(PREFIX + (5,)) is None
     assert PrefixStore(tmp_path, "engine-a").load(PREFIX) is not None
 

@@ -1,0 +1,51 @@
+"""LoRA at build time: `--max-lora-rank` gives the graph LoRA inputs (builder/decoder.py), and
+`--lora NAME=PEFT_DIR` bundles adapters into ENGINE_DIR/lora/NAME/, checked by the same loader the
+runtime uses (runtime/lora.py), so an adapter that would fail at run time fails the build instead."""
+from __future__ import annotations
+
+import dataclasses
+import shutil
+from pathlib import Path
+
+from trtllm.builder.config import BuildConfig, ConfigError
+from trtllm.runtime import lora as rt_lora
+from trtllm.runtime.manifest import Manifest
+
+BUNDLE_DIR = "lora"
+
+
+def adapter_rank(path: str) -> int:
+    """The largest rank among an adapter's modules (its lora_A matrices are [r, in])."""
+    _, weights = rt_lora.adapter_files(path)
+    ranks = [t.shape[0] for k, t in rt_lora.read_safetensors(weights).items() if ".lora_A." in k]
+    if not ranks:
+        raise rt_lora.AdapterError(f"{weights} holds no lora_A matrices")
+    return max(ranks)
+
+
+def with_rank(config: BuildConfig) -> BuildConfig:
+    """--max-lora-rank defaults to the largest rank of the bundled adapters."""
+    if not config.lora or config.max_lora_rank:
+        return config
+    try:
+        rank = max(adapter_rank(path) for _, path in config.lora)
+    except rt_lora.AdapterError as e:
+        raise ConfigError(f"--lora: {e}") from None
+    return dataclasses.replace(config, max_lora_rank=rank)
+
+
+def bundle(config: BuildConfig, manifest: Manifest, out_dir: Path, log) -> Manifest:
+    """Check each --lora adapter against the engine and copy its two files to lora/NAME/."""
+    adapters = {}
+    for name, path in config.lora:
+        try:
+            adapter = rt_lora.load_adapter(name, path, manifest)
+        except rt_lora.AdapterError as e:
+            raise ConfigError(f"--lora {name}: {e}") from None
+        dest = out_dir / BUNDLE_DIR / name
+        dest.mkdir(parents=True)
+        for src, file_name in zip(rt_lora.adapter_files(path), (rt_lora.CONFIG_NAME, rt_lora.WEIGHTS_NAME)):
+            shutil.copyfile(src, dest / file_name)
+        adapters[name] = f"{BUNDLE_DIR}/{name}"
+        log(f"bundled LoRA adapter {name} (rank {adapter.rank}) from {path}")
+    return dataclasses.replace(manifest, lora={**manifest.lora, "adapters": adapters})

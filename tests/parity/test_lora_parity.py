@@ -1,0 +1,193 @@
+"""LoRA engines against PEFT on transformers: every architecture, adapters of several shapes
+(all projections or some, rank and alpha patterns, rsLoRA, some layers, bfloat16 files), logits
+within 1e-4 and greedy tokens token-exact, alone, in mixed batches and in flight. The
+deliberately wrong variant (PEFT's scale not applied) must miss the tolerance."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+peft = pytest.importorskip("peft")
+
+from trtllm.builder.config import BuildConfig  # noqa: E402
+from trtllm.builder.export import build  # noqa: E402
+from trtllm.builder.verify import engine_logits  # noqa: E402
+from trtllm.runtime import lora  # noqa: E402
+from trtllm.runtime.engine import load_engine  # noqa: E402
+
+from tests.engine_helpers import run_greedy  # noqa: E402
+
+pytestmark = pytest.mark.hf
+ARCHS = ["llama", "mistral", "qwen2", "qwen3"]
+ALL = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+PROMPTS = [[5, 17, 42, 99, 7], list(range(30, 52)), [3, 200, 11]]
+ATOL = 1e-4
+MAX_RANK = 8
+LORA_STD = 0.2  # every adapter changes the greedy tokens; no near-ties (top-2 gap > 1e-3) on these paths
+ADAPTERS = {  # name -> LoraConfig arguments (init_lora_weights=False: B is not zero, so the delta shows)
+    "all": dict(r=4, lora_alpha=8, target_modules=ALL),
+    "qv-rslora": dict(r=8, lora_alpha=4, target_modules=["q_proj", "v_proj"], use_rslora=True),
+    "patterns": dict(r=2, lora_alpha=16, target_modules=ALL, rank_pattern={"down_proj": 8, "q_proj": 6},
+                     alpha_pattern={"o_proj": 3}),
+    "layer1-mlp": dict(r=4, lora_alpha=4, target_modules=["gate_proj", "up_proj", "down_proj"], layers_to_transform=[1]),
+}
+
+
+def make_adapter(ckpt, out_dir, seed: int, bfloat16: bool = False, **config) -> "peft.PeftModel":
+    """A PEFT adapter with random (large enough to matter) weights, saved to out_dir; returns the
+    PeftModel, whose weights equal the saved ones (rounded first when saved as bfloat16)."""
+    torch.manual_seed(seed)
+    model = transformers.AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.float32).eval()
+    pm = peft.get_peft_model(model, peft.LoraConfig(init_lora_weights=False, **config)).eval()
+    with torch.no_grad():
+        for name, p in pm.named_parameters():
+            if "lora_" in name:
+                p.normal_(0, LORA_STD)
+                if bfloat16:
+                    p.copy_(p.bfloat16().float())
+    pm.save_pretrained(out_dir)
+    if bfloat16:  # the same (rounded) values, stored as bfloat16
+        from safetensors.torch import load_file, save_file
+
+        path = out_dir / "adapter_model.safetensors"
+        save_file({k: v.bfloat16() for k, v in load_file(path).items()}, path)
+    return pm
+
+
+@pytest.fixture(scope="module")
+def lora_engine(tiny_checkpoint, tmp_path_factory):
+    built = {}
+
+    def get(arch: str):
+        if arch not in built:
+            out = tmp_path_factory.mktemp(f"{arch}-lora") / "engine"
+            build(BuildConfig(model=str(tiny_checkpoint(arch)), output=str(out), max_batch_size=4,
+                              max_input_len=128, max_kv_cache_capacity=256, max_lora_rank=MAX_RANK), log=lambda m: None)
+            built[arch] = load_engine(out)
+        return built[arch]
+
+    return get
+
+
+@pytest.fixture(scope="module")
+def adapters(tiny_checkpoint, tmp_path_factory):
+    """adapters(arch) -> {name: (PeftModel, adapter dir)}."""
+    made = {}
+
+    def get(arch: str):
+        if arch not in made:
+            root, ckpt = tmp_path_factory.mktemp(f"{arch}-adapters"), tiny_checkpoint(arch)
+            made[arch] = {name: (make_adapter(ckpt, root / name, seed, **cfg), root / name)
+                          for seed, (name, cfg) in enumerate(ADAPTERS.items())}
+        return made[arch]
+
+    return get
+
+
+def peft_logits(pm, prompt: list[int], generated: list[int]) -> np.ndarray:
+    with torch.no_grad():
+        return pm(torch.tensor([prompt + generated[:-1]])).logits[0, len(prompt) - 1:].numpy()
+
+
+def peft_greedy(pm, prompt: list[int], n: int) -> list[int]:
+    with torch.no_grad():
+        out = pm.generate(input_ids=torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.int64),
+                          max_new_tokens=n, min_new_tokens=n, do_sample=False, eos_token_id=None)
+    return out[0, len(prompt):].tolist()
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_logits_and_tokens_match_peft(arch, lora_engine, adapters):
+    engine = lora_engine(arch)
+    for name, (pm, path) in adapters(arch).items():
+        adapter = lora.load_adapter(name, path, engine.manifest)
+        for prompt in PROMPTS:
+            generated, got = engine_logits(engine, prompt, num_decode=4, lora=adapter.arrays)
+            np.testing.assert_allclose(got, peft_logits(pm, prompt, generated), atol=ATOL, rtol=0, err_msg=name)
+        want = [peft_greedy(pm, p, 16) for p in PROMPTS]
+        assert run_greedy(engine, PROMPTS, 16, [adapter] * len(PROMPTS)) == want, name
+        with pm.disable_adapter():
+            assert [peft_greedy(pm, p, 16) for p in PROMPTS] != want, f"{name} does not change the tokens"
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_mixed_adapters_in_one_batch_and_in_flight(arch, lora_engine, adapters):
+    """Rows with different adapters (and none) in one step compute what each computes alone, in one
+    static batch and in flight (2 slots, so adapters change under running rows)."""
+    engine, made = lora_engine(arch), adapters(arch)
+    loaded = [lora.load_adapter(n, path, engine.manifest) for n, (_, path) in made.items()]
+    prompts = PROMPTS + PROMPTS[:2]
+    picks = [loaded[0], None, loaded[1], loaded[3], loaded[2]]
+    alone = [run_greedy(engine, [p], 12, [a])[0] for p, a in zip(prompts, picks)]
+    assert run_greedy(engine, prompts[:4], 12, picks[:4]) == alone[:4]
+    assert run_greedy(engine, prompts, 12, picks, num_slots=2) == alone
+    with torch.no_grad(), made["all"][0].disable_adapter():
+        assert alone[1] == peft_greedy(made["all"][0], prompts[1], 12)
+
+
+def test_no_adapter_is_the_base_model(lora_engine, tiny_engine):
+    """A LoRA engine without an adapter (rank 0 everywhere) is the plain engine."""
+    plain, with_inputs = load_engine(tiny_engine("qwen2")), lora_engine("qwen2")
+    for prompt in PROMPTS:
+        ids, base = engine_logits(plain, prompt, num_decode=4)
+        ids2, got = engine_logits(with_inputs, prompt, num_decode=4)
+        assert ids == ids2
+        np.testing.assert_allclose(got, base, atol=1e-5, rtol=0)
+
+
+def test_bfloat16_adapter_file(tiny_checkpoint, lora_engine, tmp_path):
+    """A bfloat16 adapter file (numpy has no bfloat16: runtime/lora.py widens it) gives PEFT's
+    logits with the same (bfloat16-valued) weights."""
+    pm = make_adapter(tiny_checkpoint("llama"), tmp_path / "bf16", 7, bfloat16=True, **ADAPTERS["all"])
+    engine = lora_engine("llama")
+    adapter = lora.load_adapter("bf16", tmp_path / "bf16", engine.manifest)
+    generated, got = engine_logits(engine, PROMPTS[1], num_decode=4, lora=adapter.arrays)
+    np.testing.assert_allclose(got, peft_logits(pm, PROMPTS[1], generated), atol=ATOL, rtol=0)
+
+
+def test_unscaled_adapter_is_caught(lora_engine, adapters, monkeypatch):
+    """The deliberately wrong variant: PEFT's alpha / r left out of lora_b must miss the tolerance."""
+    engine = lora_engine("llama")
+    pm, path = adapters("llama")["all"]
+    monkeypatch.setattr(lora, "module_scale", lambda *args: 1.0)
+    adapter = lora.load_adapter("all", path, engine.manifest)
+    generated, got = engine_logits(engine, PROMPTS[1], num_decode=4, lora=adapter.arrays)
+    assert np.abs(got - peft_logits(pm, PROMPTS[1], generated)).max() > 100 * ATOL
+
+
+@pytest.mark.parametrize("scheme", ["int4", "int8"])
+def test_quantized_engine_adds_the_adapter_to_its_dequantized_weights(scheme, tiny_checkpoint, adapters, tmp_path):
+    """On our quantized kernels (the SwiGLU kernel gives way to gate|up + delta + activation), a LoRA
+    engine is PEFT on transformers with the dequantized weights, at float32 tolerance."""
+    from tests.builder.test_quantized import dequantized_model
+    from trtllm.builder.quantize import QuantScheme
+
+    ckpt = tiny_checkpoint("qwen2")
+    out = build(BuildConfig(model=str(ckpt), output=str(tmp_path / "q"), quantization=scheme, max_input_len=128,
+                            max_kv_cache_capacity=256, max_lora_rank=MAX_RANK, verify=False), log=lambda m: None)
+    engine = load_engine(out)
+    assert "trtllm.cpu::MatMulBlockQuant" in engine.manifest.lowerings
+    _, path = adapters("qwen2")["patterns"]
+    pm = peft.PeftModel.from_pretrained(dequantized_model(ckpt, QuantScheme.named(scheme)), path).eval()
+    adapter = lora.load_adapter("patterns", path, engine.manifest)
+    generated, got = engine_logits(engine, PROMPTS[1], num_decode=4, lora=adapter.arrays)
+    np.testing.assert_allclose(got, peft_logits(pm, PROMPTS[1], generated), atol=ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("kernels", ["native", "onnxruntime"])
+def test_float16_engine_takes_adapters(kernels, tiny_checkpoint, adapters, tmp_path):
+    """--dtype float16: the adapter in the activations' type (float32 on our kernels, float16 in the
+    canonical graph ONNX Runtime runs otherwise), within float16 tolerance of PEFT in float32."""
+    out = build(BuildConfig(model=str(tiny_checkpoint("llama")), output=str(tmp_path / "h"), dtype="float16",
+                            max_input_len=128, max_kv_cache_capacity=256, max_lora_rank=MAX_RANK, cpu_kernels=kernels),
+                log=lambda m: None)
+    engine = load_engine(out)
+    assert engine.lora_dtype == (np.float32 if kernels == "native" else np.float16)
+    pm, path = adapters("llama")["all"]
+    adapter = lora.load_adapter("all", path, engine.manifest, engine.lora_dtype)
+    generated, got = engine_logits(engine, PROMPTS[1], num_decode=4, lora=adapter.arrays)
+    ref = peft_logits(pm, PROMPTS[1], generated)
+    np.testing.assert_allclose(got, ref, atol=3e-2 * np.abs(ref).max(), rtol=0)
+    assert list(ref.argmax(-1)) == generated

@@ -1,0 +1,204 @@
+"""runtime/lora.py: PEFT adapters into graph inputs (scales, module placement, patterns), every
+refusal naming the file and the fix, and the per-step feeds (shared, none, mixed, idle rows)."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+
+import numpy as np
+import pytest
+
+from trtllm.runtime import lora
+from trtllm.runtime.manifest import Limits, Manifest, ModelShape
+
+save_file = pytest.importorskip("safetensors.numpy").save_file
+
+H, I, Q, KV = 8, 12, 8, 4
+SITES = {"qkv": {"in": H, "modules": [["self_attn.q_proj", 0, Q], ["self_attn.k_proj", Q, Q + KV],
+                                       ["self_attn.v_proj", Q + KV, Q + 2 * KV]]},
+         "o": {"in": Q, "modules": [["self_attn.o_proj", 0, H]]},
+         "gate_up": {"in": H, "modules": [["mlp.gate_proj", 0, I], ["mlp.up_proj", I, 2 * I]]},
+         "down": {"in": I, "modules": [["mlp.down_proj", 0, H]]}}
+MANIFEST = Manifest(architecture="llama", backend="onnxruntime", dtype="float32",
+                    limits=Limits(max_batch_size=4, max_input_len=16, max_kv_cache_capacity=32, max_lora_rank=4),
+                    model=ModelShape(vocab_size=32, hidden_size=H, num_layers=2, num_heads=2, num_kv_heads=1, head_dim=4),
+                    eos_token_ids=(0,), max_top_k=8, lora={"sites": SITES, "adapters": {}})
+SHAPES = {"self_attn.q_proj": (H, Q), "self_attn.k_proj": (H, KV), "self_attn.v_proj": (H, KV),
+          "self_attn.o_proj": (Q, H), "mlp.gate_proj": (H, I), "mlp.up_proj": (H, I), "mlp.down_proj": (I, H)}
+
+
+def key(layer: int, module: str, ab: str) -> str:
+    return f"base_model.model.model.layers.{layer}.{module}.lora_{ab}.weight"
+
+
+def write_adapter(path, modules: dict, seed: int = 0, **config) -> dict:
+    """modules: {(layer, module): rank}; returns the tensors written (lora_A [r, in], lora_B [out, r])."""
+    rng = np.random.default_rng(seed)
+    tensors = {}
+    for (layer, module), r in modules.items():
+        n_in, n_out = SHAPES[module]
+        tensors[key(layer, module, "A")] = rng.standard_normal((r, n_in)).astype(np.float32)
+        tensors[key(layer, module, "B")] = rng.standard_normal((n_out, r)).astype(np.float32)
+    path.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(path / lora.WEIGHTS_NAME))
+    (path / lora.CONFIG_NAME).write_text(json.dumps({"peft_type": "LORA", "r": 4, "lora_alpha": 8, **config}))
+    return tensors
+
+
+def delta(adapter: lora.Adapter, layer: int, site: str, x: np.ndarray) -> np.ndarray:
+    io = MANIFEST.io
+    return x @ adapter.arrays[io.lora_a.format(i=layer, site=site)][0] @ adapter.arrays[io.lora_b.format(i=layer, site=site)][0]
+
+
+def test_modules_land_in_their_columns_with_their_scales(tmp_path):
+    t = write_adapter(tmp_path, {(0, "self_attn.q_proj"): 2, (0, "self_attn.v_proj"): 4, (1, "mlp.down_proj"): 3},
+                      alpha_pattern={"v_proj": 2})
+    adapter = lora.load_adapter("a", tmp_path, MANIFEST)
+    x = np.random.default_rng(1).standard_normal((3, H)).astype(np.float32)
+    got = delta(adapter, 0, "qkv", x)
+
+    def module(x, layer, name, scale):  # PEFT: scale * x @ A.T @ B.T, scale = alpha / r
+        return scale * x @ t[key(layer, name, "A")].T @ t[key(layer, name, "B")].T
+
+    np.testing.assert_allclose(got[:, :Q], module(x, 0, "self_attn.q_proj", 8 / 2), rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(got[:, Q:Q + KV], 0)   # k_proj is not adapted
+    np.testing.assert_allclose(got[:, Q + KV:], module(x, 0, "self_attn.v_proj", 2 / 4), rtol=1e-5, atol=1e-5)
+    xi = np.random.default_rng(2).standard_normal((3, I)).astype(np.float32)
+    np.testing.assert_allclose(delta(adapter, 1, "down", xi), module(xi, 1, "mlp.down_proj", 8 / 3), rtol=1e-5, atol=1e-5)
+    assert adapter.arrays[MANIFEST.io.lora_a.format(i=1, site="qkv")].shape == (1, H, 0)  # nothing there: rank 0
+    assert adapter.rank == 4
+
+
+def test_rslora_scale(tmp_path):
+    write_adapter(tmp_path, {(0, "self_attn.o_proj"): 4}, use_rslora=True, lora_alpha=6)
+    assert lora.module_scale(json.loads((tmp_path / lora.CONFIG_NAME).read_text()), 0, "self_attn.o_proj", 4) == 6 / math.sqrt(4)
+
+
+def test_patterns_match_the_end_of_a_module_name():
+    assert lora.pattern_value({"q_proj": 1, "layers.1.self_attn.o_proj": 2}, "model.layers.0.self_attn.q_proj", 9) == 1
+    assert lora.pattern_value({"layers.1.self_attn.o_proj": 2}, "model.layers.1.self_attn.o_proj", 9) == 2
+    assert lora.pattern_value({"layers.1.self_attn.o_proj": 2}, "model.layers.11.self_attn.o_proj", 9) == 9
+
+
+def _rank(path):
+    write_adapter(path, {(0, "self_attn.q_proj"): 8})
+
+
+def _shape(path):
+    t = write_adapter(path, {(0, "self_attn.q_proj"): 2})
+    t[key(0, "self_attn.q_proj", "A")] = np.ones((2, H + 1), np.float32)
+    save_file(t, str(path / lora.WEIGHTS_NAME))
+
+
+def _extra_key(name):
+    def make(path):
+        t = write_adapter(path, {(0, "self_attn.q_proj"): 2})
+        t[name] = np.ones((2, H), np.float32)
+        save_file(t, str(path / lora.WEIGHTS_NAME))
+    return make
+
+
+def _half_pair(path):
+    t = write_adapter(path, {(0, "self_attn.q_proj"): 2})
+    del t[key(0, "self_attn.q_proj", "B")]
+    save_file(t, str(path / lora.WEIGHTS_NAME))
+
+
+def _nan(path):
+    t = write_adapter(path, {(0, "self_attn.q_proj"): 2})
+    t[key(0, "self_attn.q_proj", "A")][0, 0] = np.nan
+    save_file(t, str(path / lora.WEIGHTS_NAME))
+
+
+def _config(**cfg):
+    return lambda path: write_adapter(path, {(0, "self_attn.q_proj"): 2}, **cfg)
+
+
+def _no_config(path):
+    write_adapter(path, {(0, "self_attn.q_proj"): 2})
+    (path / lora.CONFIG_NAME).unlink()
+
+
+def _bin_only(path):
+    path.mkdir()
+    (path / "adapter_model.bin").write_bytes(b"x")
+
+
+def _not_safetensors(path):
+    write_adapter(path, {(0, "self_attn.q_proj"): 2})
+    (path / lora.WEIGHTS_NAME).write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not json")
+
+
+@pytest.mark.parametrize("make, message", [
+    (_rank, "rank 8, above the engine's max_lora_rank 4; rebuild with --max-lora-rank 8"),
+    (_shape, "do not fit this model"),
+    (_extra_key("base_model.model.lm_head.lora_A.weight"), "lm_head.lora_A.weight is not a LoRA matrix"),
+    (_extra_key(key(2, "self_attn.q_proj", "A")), "is for layer 2; the model has 2"),
+    (_half_pair, "has lora_A without lora_B"),
+    (_nan, "NaN or infinite"),
+    (_config(use_dora=True), "use_dora = True is not supported"),
+    (_config(modules_to_save=["lm_head"]), "modules_to_save"),
+    (_config(lora_alpha=0), "lora_alpha must be a positive number"),
+    (_no_config, "adapter_config.json is missing"),
+    (_bin_only, "save it with safe_serialization=True"),
+    (_not_safetensors, "is not a readable safetensors file"),
+])
+def test_refusals_name_the_file_and_the_fix(make, message, tmp_path):
+    path = tmp_path / "adapter"
+    make(path)
+    with pytest.raises(lora.AdapterError) as e:
+        lora.load_adapter("a", path, MANIFEST)
+    assert message in str(e.value) and str(path) in str(e.value)
+
+
+def test_an_engine_without_lora_inputs_says_how_to_rebuild(tmp_path):
+    write_adapter(tmp_path, {(0, "self_attn.q_proj"): 2})
+    plain = dataclasses.replace(MANIFEST, lora={})
+    with pytest.raises(lora.AdapterError, match="built without LoRA inputs; rebuild it with --max-lora-rank"):
+        lora.load_adapter("a", tmp_path, plain)
+
+
+def test_a_safetensors_file_with_its_config_beside_it(tmp_path):
+    write_adapter(tmp_path, {(1, "mlp.up_proj"): 3})
+    by_file = lora.load_adapter("a", tmp_path / lora.WEIGHTS_NAME, MANIFEST)
+    by_dir = lora.load_adapter("a", tmp_path, MANIFEST)
+    assert by_file.digest == by_dir.digest and by_file.rank == 3
+
+
+def test_step_feeds_shared_none_and_mixed(tmp_path):
+    a = lora.load_adapter("a", write_dir(tmp_path / "a", {(0, "self_attn.q_proj"): 2, (1, "mlp.gate_proj"): 4}), MANIFEST)
+    b = lora.load_adapter("b", write_dir(tmp_path / "b", {(0, "self_attn.q_proj"): 4}, seed=3), MANIFEST)
+    steps = lora.StepAdapters(MANIFEST)
+    idle = lora.StepAdapters.IDLE
+    assert steps.feeds([a, a, idle]) is a.arrays            # one adapter: its own [1, ...] arrays, no copy
+    assert steps.feeds([None, idle]) is steps.base.arrays   # none: rank 0
+    mixed = steps.feeds([a, None, b, idle])
+    assert steps.feeds([a, None, b, idle]) is mixed         # the same combination is stacked once
+    io = MANIFEST.io
+    name_a, name_b = io.lora_a.format(i=0, site="qkv"), io.lora_b.format(i=0, site="qkv")
+    assert mixed[name_a].shape == (4, H, 4) and mixed[name_b].shape == (4, 4, 2 * KV + Q)
+    x = np.random.default_rng(0).standard_normal((4, 3, H)).astype(np.float32)
+    got = x @ mixed[name_a] @ mixed[name_b]                 # what the graph computes, row by row
+    for row, adapter in enumerate([a, None, b, None]):
+        want = 0 if adapter is None else delta(adapter, 0, "qkv", x[row])
+        np.testing.assert_allclose(got[row], want, rtol=1e-5, atol=1e-5)
+
+
+def write_dir(path, modules, seed=0):
+    write_adapter(path, modules, seed)
+    return path
+
+
+def test_adapter_set_resolves_paths_and_remembers_failures(tmp_path):
+    class Engine:
+        manifest = MANIFEST
+    write_adapter(tmp_path / "inputs" / "adapters" / "a", {(0, "self_attn.q_proj"): 2})
+    write_adapter(tmp_path / "big", {(0, "self_attn.q_proj"): 8})
+    adapters = lora.AdapterSet.for_run(Engine(), tmp_path / "engine", {"a": "adapters/a", "big": str(tmp_path / "big")},
+                                       tmp_path / "inputs")
+    assert adapters.get("a").rank == 2
+    for _ in range(2):  # the same message every time, loaded once
+        with pytest.raises(lora.AdapterError, match="max_lora_rank"):
+            adapters.get("big")
+    assert isinstance(adapters.loaded["big"], lora.AdapterError)

@@ -1,0 +1,151 @@
+"""LoRA through trtllm-build and trtllm-run: bundled adapters, adapters named by the input file,
+mixed batches, a bad adapter failing only its requests, saved system-prompt KV kept per adapter,
+the legacy graph and the TensorRT engine (tests/fakes) giving the ONNX Runtime engine's answers."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from tests import fakes
+from trtllm.builder.config import BuildConfig, ConfigError
+from trtllm.builder.export import build
+from trtllm.plugins.lint import lint_model
+from trtllm.runtime import lora
+from trtllm.runtime import manifest as mf
+
+save_file = pytest.importorskip("safetensors.numpy").save_file
+pytestmark = pytest.mark.hf
+LIMITS = dict(max_batch_size=4, max_input_len=96, max_kv_cache_capacity=192)
+
+
+def random_adapter(path, manifest: mf.Manifest, rank: int, seed: int, modules=None):
+    """A PEFT-layout adapter of `rank` on every module of every layer (or those in `modules`)."""
+    rng, tensors = np.random.default_rng(seed), {}
+    for site in manifest.lora["sites"].values():
+        for name, lo, hi in site["modules"]:
+            if modules and name.split(".")[-1] not in modules:
+                continue
+            for i in range(manifest.model.num_layers):
+                prefix = f"base_model.model.model.layers.{i}.{name}"
+                tensors[f"{prefix}.lora_A.weight"] = rng.normal(0, 0.3, (rank, site["in"])).astype(np.float32)
+                tensors[f"{prefix}.lora_B.weight"] = rng.normal(0, 0.3, (hi - lo, rank)).astype(np.float32)
+    path.mkdir(parents=True)
+    save_file(tensors, str(path / lora.WEIGHTS_NAME))
+    (path / lora.CONFIG_NAME).write_text(json.dumps({"peft_type": "LORA", "r": rank, "lora_alpha": 2 * rank}))
+    return path
+
+
+@pytest.fixture(scope="module")
+def lora_engines(tiny_checkpoint, tmp_path_factory):
+    """{ort, legacy, trt}: LoRA engines (max rank 4) of one checkpoint, the first with a bundled adapter;
+    plus the adapters' directory."""
+    root, ckpt = tmp_path_factory.mktemp("lora-cli"), str(tiny_checkpoint("llama"))
+    plain = build(BuildConfig(model=ckpt, output=str(root / "probe"), max_lora_rank=4, verify=False, **LIMITS),
+                  log=lambda m: None)
+    m = mf.load(plain)
+    adapters = root / "inputs" / "adapters"
+    random_adapter(root / "bundled", m, 4, seed=0)
+    random_adapter(adapters / "a", m, 2, seed=1, modules=["q_proj", "v_proj", "down_proj"])
+    random_adapter(adapters / "big", m, 8, seed=2)
+    engines = {"ort": build(BuildConfig(model=ckpt, output=str(root / "ort"), lora=(("bundled", str(root / "bundled")),),
+                                        **LIMITS), log=lambda m: None),
+               "legacy": build(BuildConfig(model=ckpt, output=str(root / "legacy"), graph="legacy", trt_version="10.3",
+                                           max_lora_rank=4, backend="onnxruntime", **LIMITS), log=lambda m: None)}
+    with fakes.installed():
+        engines["trt"] = build(BuildConfig(model=ckpt, output=str(root / "trt"), backend="tensorrt", max_lora_rank=4,
+                                           **LIMITS), log=lambda m: None)
+    return engines, adapters
+
+
+def chat(text, **extra):
+    return {"messages": [{"role": "user", "content": text}], **extra}
+
+
+def payload(adapters, requests, **top):
+    return {"temperature": 0, "max_generate_length": 8, "batch_size": 4,
+            "available_lora_weights": {"a": "adapters/a", "big": str(adapters / "big")}, "requests": requests, **top}
+
+
+@pytest.fixture
+def cli(run_cli, tmp_path, lora_engines):
+    """Runs with the input file next to the adapters directory (relative paths resolve from it)."""
+    import shutil
+
+    engines, adapters = lora_engines
+    shutil.copytree(adapters, tmp_path / "adapters")
+
+    def go(engine: str, requests, *extra, **top):
+        result, out = run_cli(engines[engine], payload(tmp_path / "adapters", requests, **top), *extra)
+        return result, out
+
+    return go
+
+
+def texts(out):
+    return [r["output_text"] for r in out["responses"]]
+
+
+def test_the_build_records_limits_and_bundles_adapters(lora_engines):
+    engines, _ = lora_engines
+    m = mf.load(engines["ort"])
+    assert m.limits.max_lora_rank == 4  # from the bundled adapter's rank
+    assert m.lora["adapters"] == {"bundled": "lora/bundled"} and set(m.lora["sites"]) == {"qkv", "o", "gate_up", "down"}
+    assert (engines["ort"] / "lora" / "bundled" / lora.WEIGHTS_NAME).is_file()
+    assert lint_model(str(engines["ort"] / "llm.onnx")) == []
+    shapes = {p["name"]: p["shapes"] for p in mf.load(engines["trt"]).tensorrt["profiles"]}
+    assert shapes["decode"][m.io.lora_a.format(i=0, site="qkv")] == [[1, 64, 0], [1, 64, 12], [4, 64, 12]]
+
+
+def test_requests_pick_adapters_and_a_bad_one_fails_alone(cli):
+    requests = [chat("hello"), chat("hello", lora_name="a"), chat("hello", lora_name="bundled"),
+                chat("hello", lora_name="big"), chat("hello", lora_name="a")]
+    result, out = cli("ort", requests)
+    assert result.exit_code == 1, result.output
+    r = out["responses"]
+    assert r[3]["finish_reason"] == "error" and "rank 8, above the engine's max_lora_rank 4" in r[3]["error"]
+    assert [x["finish_reason"] for x in r[:3] + r[4:]] == ["max-length"] * 4
+    assert len({r[0]["output_text"], r[1]["output_text"], r[2]["output_text"]}) == 3  # each adapter changes the text
+    assert r[1]["output_text"] == r[4]["output_text"]
+    alone = [texts(cli("ort", [q], batch_size=1)[1])[0] for q in requests[:3]]
+    assert alone == texts(out)[:3]  # mixed in one batch = each alone
+
+
+def test_unknown_adapter_name_is_an_input_error(cli):
+    result, out = cli("ort", [chat("hi"), chat("hi", lora_name="nope")])
+    assert result.exit_code == 2 and out is None
+    assert "requests[1].lora_name" in result.output and "bundled" in result.output
+
+
+def test_saved_system_prompt_kv_is_kept_per_adapter(cli, tmp_path):
+    system = [{"role": "system", "content": "You are a terse assistant that answers in one line."}]
+    req = {"messages": system + [{"role": "user", "content": "hi"}], "save_system_prompt_kv_cache": True}
+    cache = ["--kv-cache-dir", str(tmp_path / "kv")]
+    fresh = texts(cli("ort", [dict(req, lora_name="a")], "--kv-cache-dir", str(tmp_path / "other"))[1])
+    assert cli("ort", [req], *cache)[0].exit_code == 0               # saves the base model's prefix KV
+    result, out = cli("ort", [dict(req, lora_name="a")], *cache, "--profile", str(tmp_path / "p.json"))
+    assert texts(out) == fresh
+    assert json.loads((tmp_path / "p.json").read_text())["prefill"]["reused_tokens"] == 0
+    result, out = cli("ort", [dict(req, lora_name="a")], *cache, "--profile", str(tmp_path / "p.json"))
+    assert texts(out) == fresh                                      # now its own saved prefix
+    assert json.loads((tmp_path / "p.json").read_text())["prefill"]["reused_tokens"] > 0
+
+
+@pytest.mark.parametrize("engine", ["legacy", "trt"])
+def test_legacy_graph_and_tensorrt_give_the_same_answers(engine, cli):
+    requests = [chat("hello there", lora_name="a"), chat("hello there"), chat("a longer prompt for this", lora_name="a")]
+    want = texts(cli("ort", requests)[1])
+    assert want[0] != want[1]  # the adapter shows
+    with fakes.installed():
+        result, out = cli(engine, requests)
+    assert result.exit_code == 0, result.output
+    assert texts(out) == want
+
+
+def test_bundled_adapter_above_the_rank_fails_the_build(tiny_checkpoint, lora_engines, tmp_path):
+    _, adapters = lora_engines
+    with pytest.raises(ConfigError, match="rank 8, above the engine's max_lora_rank 4; rebuild with --max-lora-rank 8"):
+        build(BuildConfig(model=str(tiny_checkpoint("llama")), output=str(tmp_path / "e"), max_lora_rank=4,
+                          lora=(("big", str(adapters / "big")),), verify=False, **LIMITS), log=lambda m: None)
+    assert not (tmp_path / "e").exists() and not (tmp_path / "e.partial").exists()
