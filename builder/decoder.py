@@ -11,8 +11,8 @@ One step of the graph, for every architecture in the registry:
         V_i   = TensorScatter(past_value.i, v, write_index)
         h    += o_proj(Attention(q, K_i, V_i, mask))        # mask: slot j visible to query s of row b
         h    += down(silu(gate) * up), gate|up = Split(MatMul(x', W_gate_up))   # mask: j <= write_index[b] + s
-        LoRA engines (lora_rank > 0) add (x @ lora_a) @ lora_b, graph inputs, to the output of each
-        of qkv, o, gate|up and down (`lora_sites`) before it is split or activated.
+        LoRA engines (lora_rank > 0) add (x @ lora_a) @ lora_b, graph inputs per projection, to the
+        output of each of qkv, o, gate|up and down (`lora_sites`) before it is split or activated.
     logits [B,V] = lm_head(norm(h[b, last_index[b]]))
     token_ids, top_logprobs = trtllm::Sample(logits, logit_bias, penalties, temperature, min_p, top_k, top_p, uniform)
 
@@ -62,9 +62,8 @@ class DecoderSpec:
 
 
 def lora_sites(spec: DecoderSpec) -> dict[str, dict]:
-    """Where a LoRA delta enters a layer: each fused projection, with its input width and, per PEFT
-    module, the columns of its output [name, start, stop]. An adapter of rank r on k modules of a
-    site is one delta of rank k*r there (lora_a side by side, lora_b block-diagonal: runtime/lora.py)."""
+    """Where LoRA deltas enter a layer: each fused projection (site), with its input width and, per
+    PEFT module, the columns of its output [name, start, stop]; each module has its own inputs."""
     h, i = spec.hidden_size, spec.intermediate_size
     q, kv = spec.num_heads * spec.head_dim, spec.num_kv_heads * spec.head_dim
 
@@ -130,6 +129,7 @@ class DecoderWriter:
         self.sin = self.g.weight("/model/rotary/sin_cache", rope_sin.astype(self.dtype))
         self.max_top_k = max_top_k
         self.lora_rank = lora_rank  # > 0: LoRA inputs on every site (lora_sites)
+        self.native_lora = native_kernels and lora_rank > 0  # as trtllm.cpu::LoraAdd nodes
         self.sites = lora_sites(spec)
 
     def fw(self, name: str, array: np.ndarray) -> str:
@@ -213,17 +213,41 @@ class DecoderWriter:
             y = self.g.op("Add", f"{name}/Add", [y, self.fw(f"{prefix}.bias", b)])
         return y if lora is None else self.lora(name, x, y, *lora)
 
-    def lora(self, name: str, x: str, y: str, layer: int, site: str) -> str:
-        """y + (x @ lora_a) @ lora_b: [B,S,in] @ [1|B, in, r] @ [1|B, r, out]. A leading 1 shares one
-        adapter across the batch, B gives each row its own; r = 0 adds zeros (no adapter)."""
+    def lora(self, name: str, x: str, y: str, layer: int, site: str, swiglu: bool = False) -> str:
+        """y + Concat over the site's modules of (x @ lora_a) @ lora_b: [B,S,in] @ [1|B, in, r] @
+        [1|B, r, out]. A leading 1 shares one adapter across the batch, B gives each row its own;
+        r = 0 adds zeros (no adapter on that module). `swiglu`: then silu(gate) * up of the sum.
+        On our kernels, one trtllm.cpu::LoraAdd node does it all (plugins/cpu/lora.cc)."""
         if not self.lora_rank:
             return y
-        g, site_io = self.g, self.sites[site]
-        rank, out = f"lora_rank.{layer}.{site}", site_io["modules"][-1][2]
-        a = g.input(self.io.lora_a.format(i=layer, site=site), self.ftype, ["lora_batch", site_io["in"], rank])
-        b = g.input(self.io.lora_b.format(i=layer, site=site), self.ftype, ["lora_batch", rank, out])
-        d = g.op("MatMul", f"{name}/lora/MatMul_b", [g.op("MatMul", f"{name}/lora/MatMul_a", [x, a]), b])
-        return g.op("Add", f"{name}/lora/Add", [y, d])
+        g, site_io, deltas, pairs = self.g, self.sites[site], [], []
+        for module, lo, hi in site_io["modules"]:
+            rank, where = f"lora_rank.{layer}.{module}", f"{name}/lora/{module.split('.')[-1]}"
+            # in the engine's dtype (the manifest's), whatever its activations: the half form casts
+            a, b = self.io.lora_a.format(i=layer, module=module), self.io.lora_b.format(i=layer, module=module)
+            a = g.input(a, self.kv_type, ["lora_batch", site_io["in"], rank])
+            b = g.input(b, self.kv_type, ["lora_batch", rank, hi - lo])
+            if self.kv_type != self.ftype:
+                a = g.op("Cast", f"{where}/Cast_a", [a], to=self.ftype)
+                b = g.op("Cast", f"{where}/Cast_b", [b], to=self.ftype)
+            pairs += [a, b]
+            if not self.native_lora:
+                deltas.append(g.op("MatMul", f"{where}/MatMul_b", [g.op("MatMul", f"{where}/MatMul_a", [x, a]), b]))
+        if self.native_lora:
+            columns = [c for _, lo, hi in site_io["modules"] for c in (lo, hi)]
+            op = cpu_kernels.LORA_SWIGLU if swiglu else cpu_kernels.LORA
+            return g.op(op, f"{name}/lora/{op}", [y, x, *pairs], domain=cpu_kernels.DOMAIN, columns=columns)
+        d = deltas[0] if len(deltas) == 1 else g.op("Concat", f"{name}/lora/Concat", deltas, axis=-1)
+        y = g.op("Add", f"{name}/lora/Add", [y, d])
+        if not swiglu:
+            return y
+        half = site_io["modules"][-1][2] // 2
+        return self.swiglu(name, *g.op("Split", f"{name}/Split", [y, g.const([half, half])], num_outputs=2, axis=-1))
+
+    def swiglu(self, name: str, gate: str, up: str) -> str:
+        # SiLU as x*sigmoid(x): Swish is only in TensorRT >= 11.0's parser.
+        act = self.g.op("Mul", f"{name}/act/Mul", [gate, self.g.op("Sigmoid", f"{name}/act/Sigmoid", [gate])])
+        return self.g.op("Mul", f"{name}/Mul", [act, up])
 
     def fused_linear(self, name: str, x: str, prefix: str, parts: list[str], bias: bool = False,
                      lora: tuple[int, str] | None = None) -> list[str]:
@@ -342,24 +366,25 @@ class DecoderWriter:
         self.total_len = g.op("Cast", "/model/gqa/total", [cap], to=i32)
 
     def mlp(self, i: int, x: str) -> str:
-        g, p, name = self.g, f"model.layers.{i}.mlp", f"/model/layers.{i}/mlp"
+        p, name = f"model.layers.{i}.mlp", f"/model/layers.{i}/mlp"
         # ONNX Runtime's float form: two MatMuls cost less than one plus a Split (its copy). Not for
         # int4/int8: each quantized projection carries its own offset kernels (measured 6% slower).
-        if (self.native or self.half) and not self.lora_rank:  # gate, up and silu(gate) * up in one node of ours
+        if self.lora_rank:  # the delta joins gate|up before the activation: LoRA's own node activates
+            y = self.fused_proj(f"{name}/gate_up_proj", x, f"{p}.gate_up_proj", [f"{p}.gate_proj", f"{p}.up_proj"])
+            act = self.lora(f"{name}/gate_up_proj", x, y, i, "gate_up", swiglu=True)
+            down = self.linear(f"{name}/down_proj", act, f"{p}.down_proj")
+            return self.lora(f"{name}/down_proj", act, down, i, "down")
+        if self.native or self.half:  # gate, up and silu(gate) * up in one node of ours
             act = self.swiglu_matmul(f"{name}/gate_up_proj", x, f"{p}.gate_up_proj",
                                      self.w[f"{p}.gate_proj.weight"], self.w[f"{p}.up_proj.weight"])
             return self.linear(f"{name}/down_proj", act, f"{p}.down_proj")
-        if self.gqa and self.quant is None and not self.lora_rank:
+        if self.gqa and self.quant is None:
             gate = self.linear(f"{name}/gate_proj", x, f"{p}.gate_proj")
             up = self.linear(f"{name}/up_proj", x, f"{p}.up_proj")
         else:
-            # LoRA: the delta joins gate|up before the activation, so no fused SwiGLU kernel here
             gate, up = self.fused_linear(f"{name}/gate_up_proj", x, f"{p}.gate_up_proj",
-                                         [f"{p}.gate_proj", f"{p}.up_proj"], lora=(i, "gate_up"))
-        # SiLU as x*sigmoid(x): Swish is only in TensorRT >= 11.0's parser.
-        act = g.op("Mul", f"{name}/act/Mul", [gate, g.op("Sigmoid", f"{name}/act/Sigmoid", [gate])])
-        act = g.op("Mul", f"{name}/Mul", [act, up])
-        return self.lora(f"{name}/down_proj", act, self.linear(f"{name}/down_proj", act, f"{p}.down_proj"), i, "down")
+                                         [f"{p}.gate_proj", f"{p}.up_proj"])
+        return self.linear(f"{name}/down_proj", self.swiglu(name, gate, up), f"{p}.down_proj")
 
     def mask(self, input_ids: str, write_index: str) -> str:
         """bool [B,1,S,C]: slot j is visible to query s of row b iff j <= write_index[b] + s."""
@@ -414,7 +439,8 @@ class DecoderWriter:
         logits = self.lm_head(h, last_index)
         self.sampler(logits)
         extra = {sample_body.DOMAIN: sample_schema.DOMAIN_VERSION, **({"com.microsoft": 1} if self.gqa else {}),
-                 **({cpu_kernels.DOMAIN: 1} if self.native or self.native_attention or self.half else {})}
+                 **({cpu_kernels.DOMAIN: 1} if self.native or self.native_attention or self.half or self.native_lora
+                    else {})}
         model = g.model("trtllm-edge", extra_opsets=extra)
         if self.legacy:
             next(o for o in model.opset_import if o.domain == "").version = legacy_ops.OPSET

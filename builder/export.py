@@ -92,6 +92,9 @@ def export_onnx(ck: ckpt.Checkpoint, config: BuildConfig, out_dir: Path, log, ba
             log(f"lowering the float16 MatMuls to {cpu_kernels.HALF_LOWERING} (plugins/cpu: float16 weights and "
                 "cache, float32 arithmetic)")
             lowerings.append(cpu_kernels.HALF_LOWERING)
+        if native and config.max_lora_rank:
+            log(f"lowering the LoRA deltas to {cpu_kernels.LORA_LOWERING} (plugins/cpu: one node per projection)")
+            lowerings.append(cpu_kernels.LORA_LOWERING)
         ort_model = DecoderWriter(spec, weights, cos, sin, max_top_k, quant=quant, dtype=config.dtype,
                                   ort_attention=gqa or half, native_kernels=native,
                                   lora_rank=config.max_lora_rank).write()

@@ -17,7 +17,7 @@ BUNDLE_DIR = "lora"
 def adapter_rank(path: str) -> int:
     """The largest rank among an adapter's modules (its lora_A matrices are [r, in])."""
     _, weights = rt_lora.adapter_files(path)
-    ranks = [t.shape[0] for k, t in rt_lora.read_safetensors(weights).items() if ".lora_A." in k]
+    ranks = [t.shape[0] for k, t in rt_lora.read_safetensors(weights).items() if ".lora_A." in k and t.ndim == 2]
     if not ranks:
         raise rt_lora.AdapterError(f"{weights} holds no lora_A matrices")
     return max(ranks)

@@ -50,7 +50,7 @@ def optimization_profiles(limits: Limits, model: ModelShape, io: GraphIO, lora: 
     each. The KV capacity is static at max_kv_cache_capacity: TensorScatter (IKVCacheUpdateLayer)
     needs a static sequence axis on the cache, and the runtime allocates it at that size.
     LoRA inputs (manifest `lora`): 1 (one adapter for the batch) to batch rows, rank 0 (none) to
-    max_lora_rank per module of the site, optimised for one shared adapter of the full rank.
+    max_lora_rank, optimised for one shared adapter of the full rank.
     """
     b, s_max, cap = limits.max_batch_size, limits.max_input_len, limits.max_kv_cache_capacity
     vocab = model.vocab_size
@@ -70,10 +70,12 @@ def optimization_profiles(limits: Limits, model: ModelShape, io: GraphIO, lora: 
         for i in range(model.num_layers):
             shapes[io.past_key.format(i=i)] = batch(*kv)
             shapes[io.past_value.format(i=i)] = batch(*kv)
-            for site, s in (lora or {}).get("sites", {}).items():
-                r, n_in, n_out = limits.max_lora_rank * len(s["modules"]), s["in"], s["modules"][-1][2]
-                shapes[io.lora_a.format(i=i, site=site)] = ((1, n_in, 0), (1, n_in, r), (b, n_in, r))
-                shapes[io.lora_b.format(i=i, site=site)] = ((1, 0, n_out), (1, r, n_out), (b, r, n_out))
+            r = limits.max_lora_rank
+            for s in (lora or {}).get("sites", {}).values():
+                for module, lo, hi in s["modules"]:
+                    n_in, n_out = s["in"], hi - lo
+                    shapes[io.lora_a.format(i=i, module=module)] = ((1, n_in, 0), (1, n_in, r), (b, n_in, r))
+                    shapes[io.lora_b.format(i=i, module=module)] = ((1, 0, n_out), (1, r, n_out), (b, r, n_out))
         profiles.append(Profile(name, shapes))
     return profiles
 

@@ -6,12 +6,16 @@
    engine's top-1 next token must match transformers' at `min_agreement` of the positions
    (float32 0.98, for ties; float16 0.95; int8 0.93; int4 0.90; with int8 activations int8 0.90 and
    int4 0.85). The logit error is reported alongside.
+3. Bundled LoRA adapters (--lora): the same prompt with each adapter, against transformers with the
+   adapter merged into its weights; exactness as in 1.
 `quantization` names the engine's number format: a quantization scheme, or its dtype when unquantized,
 and "/int16" or "/int8" for integer activations (--activations).
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -69,6 +73,32 @@ def text_ids(tokenizer, text: str, limit: int) -> list[int]:
     return ids if len(ids) >= 8 else list(range(1, limit + 1))  # tiny test tokenizers may not cover text
 
 
+def merged_model(model, adapter, manifest):
+    """A copy of the transformers model with the adapter merged into its weights (W += (A @ B)^T per
+    module, from the engine's own lora_a / lora_b): what the engine must compute with that adapter."""
+    merged, io = copy.deepcopy(model), manifest.io
+    with torch.no_grad():
+        for i, layer in enumerate(merged.model.layers):
+            for s in manifest.lora["sites"].values():
+                for name, _, _ in s["modules"]:
+                    a = adapter.arrays[io.lora_a.format(i=i, module=name)][0].astype(np.float64)  # [in, r]
+                    b = adapter.arrays[io.lora_b.format(i=i, module=name)][0].astype(np.float64)  # [r, out]
+                    weight = layer.get_submodule(name).weight
+                    weight += torch.from_numpy((a @ b).T).to(weight.dtype)
+    return merged
+
+
+def verify_adapter(engine, engine_dir, name: str, ck, ids: list[int]) -> dict:
+    """A bundled adapter: the engine's logits with it against transformers with it merged."""
+    from trtllm.runtime import lora
+
+    adapter = lora.load_adapter(name, Path(engine_dir) / engine.manifest.lora["adapters"][name], engine.manifest)
+    generated, got = engine_logits(engine, ids, NUM_DECODE, lora=adapter.arrays)
+    ref = hf_logits(merged_model(ck.model, adapter, engine.manifest), ids + generated[:-1])[len(ids) - 1:]
+    return {"max_abs_error": float(np.abs(got - ref).max()),
+            "tokens_agree": [int(t) for t in ref.argmax(-1)] == generated}
+
+
 def verify_engine(engine_dir, ck, quantization: str = "none", atol: float = 1e-3) -> dict:
     engine = load_engine(engine_dir, graph="compiled", huge_pages=False)  # checked, then closed
     report = {"quantization": quantization}
@@ -88,11 +118,17 @@ def verify_engine(engine_dir, ck, quantization: str = "none", atol: float = 1e-3
                       min_agreement=MIN_AGREEMENT[quantization],
                       agreement_max_abs_error=float(np.abs(got - ref).max()),
                       agreement_mean_abs_error=float(np.abs(got - ref).mean()))
+        adapters = {name: verify_adapter(engine, engine_dir, name, ck, ids)
+                    for name in engine.manifest.lora.get("adapters", {})}
+        if adapters:
+            report["adapters"] = adapters
     finally:
         engine.close()
-    if quantization in ("none", "float32") and err > atol:
-        raise VerifyError(f"engine logits differ from transformers by up to {err:.3g} (> {atol}); "
-                          "the build is wrong. Rebuild with --no-verify only to inspect it")
+    exact = quantization in ("none", "float32")
+    for name, r in [("", report)] + [(f"with adapter {n} ", r) for n, r in report.get("adapters", {}).items()]:
+        if exact and r["max_abs_error"] > atol:
+            raise VerifyError(f"engine logits {name}differ from transformers by up to {r['max_abs_error']:.3g} "
+                              f"(> {atol}); the build is wrong. Rebuild with --no-verify only to inspect it")
     if agreement < MIN_AGREEMENT[quantization]:
         raise VerifyError(f"the engine's top-1 token agrees with transformers at {agreement:.1%} of "
                           f"{len(chosen)} positions (< {MIN_AGREEMENT[quantization]:.0%}); the build is too "

@@ -109,7 +109,7 @@ def main(input_file: Path, engine_dir: Path, output: Path | None, profile: Path 
     engine_errors.update(fmt.check_against_engine(inp, m.model.vocab_size))
     prefixes = PrefixStore(kv_cache_dir or engine_dir / "cache", engine_identity(engine_dir), max_bytes=max_bytes)
     runner = Runner(engine, Tokenizer.from_engine_dir(engine_dir), ChatTemplate.from_engine_dir(engine_dir), prefixes)
-    adapters = AdapterSet.for_run(engine, engine_dir, inp.available_lora_weights, input_file.parent)
+    adapters = AdapterSet.for_run(engine, inp.available_lora_weights, input_file.parent)
     responses = runner.run(inp, engine_errors, on_text=print_chunk if stream else None, adapters=adapters)
     result = {"input_file": str(input_file), "responses": responses}
     if stream:

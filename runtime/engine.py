@@ -16,6 +16,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Protocol
 
 import numpy as np
@@ -49,6 +50,7 @@ class StepOutputs:
 
 class Engine(Protocol):
     manifest: manifest_mod.Manifest
+    engine_dir: Path  # where its files are (bundled LoRA adapters)
 
     def step(self, inputs: StepInputs, kv: Sequence[np.ndarray], want_logits: bool = False) -> StepOutputs:
         """One graph run; `kv` = [K0, V0, K1, V1, ...], each contiguous [B, kv_heads, capacity,

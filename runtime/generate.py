@@ -175,7 +175,7 @@ class Scheduler:
                                           max([r.params.num_logprobs for r in rows] + [1]), m.max_top_k)
         self.want_top = any(r.params.num_logprobs > 0 for r in rows)
         self.active: dict[int, RowState] = {}
-        self.lora = StepAdapters(m, getattr(engine, "lora_dtype", np.float32)) if m.lora else None
+        self.lora = StepAdapters(m) if m.lora else None
         self.decode_feeds: dict[int, StepInputs] = {}  # per batch width: reused step after step
 
     def run(self) -> None:

@@ -1,19 +1,15 @@
 """LoRA adapters at run time (DESIGN.md §4): switching adapters is binding other arrays, never a rebuild.
 
-A LoRA engine (`trtllm-build --max-lora-rank R`) has, per layer i and site (qkv, o, gate_up, down:
-builder/decoder.py `lora_sites`), the inputs lora_a.{i}.{site} [n, in, r] and lora_b.{i}.{site}
-[n, r, out], and adds (x @ lora_a) @ lora_b to that site's projection. A PEFT adapter becomes those
-arrays once, when it is loaded, with PEFT's scale (alpha / r, or alpha / sqrt(r) with rsLoRA) folded
-into lora_b. Modules of one site sit side by side in lora_a and block-diagonally in lora_b:
-
-    site qkv, adapter on q_proj and v_proj (rank 8 each):
-        lora_a = [A_q^T  A_v^T]                       [in, 16]
-        lora_b = [[s B_q^T   0   0      ]             [16, q + k + v]
-                  [0         0   s B_v^T]]
+A LoRA engine (`trtllm-build --max-lora-rank R`) has, per layer i and projection (PEFT's module
+name, e.g. self_attn.q_proj), the inputs lora_a.{i}.{module} [n, in, r] and lora_b.{i}.{module}
+[n, r, out], and adds (x @ lora_a) @ lora_b to that projection's columns of its fused projection
+(builder/decoder.py `lora_sites`). A PEFT adapter becomes those arrays once, when it is loaded:
+lora_a = A^T, lora_b = scale * B^T with PEFT's scale (alpha / r, or alpha / sqrt(r) with rsLoRA);
+a module it does not adapt gets rank 0 (its delta is zero).
 
 A step's rows may use different adapters (`StepAdapters`): when they share one, or none, its own
-[1, ...] arrays are bound as they are (n = 1 broadcasts over the batch; no adapter is rank 0);
-otherwise each row's arrays, zero-padded to the step's largest rank, are stacked to n = batch.
+[1, ...] arrays are bound as they are (n = 1 broadcasts over the batch); otherwise each row's
+arrays, zero-padded to the step's largest rank, are stacked to n = batch.
 """
 from __future__ import annotations
 
@@ -54,10 +50,12 @@ def read_safetensors(path: Path) -> dict[str, np.ndarray]:
     """The tensors of a .safetensors file as numpy arrays. Read here, not with safetensors' numpy
     loader, because numpy has no bfloat16 (that loader refuses it) and PEFT adapters trained in
     bfloat16 are common: bfloat16 is widened to float32 exactly (it is float32's upper half)."""
-    data = path.read_bytes()
     try:
+        data = path.read_bytes()
         size = int.from_bytes(data[:8], "little")
         header = json.loads(data[8:8 + size])
+        if not isinstance(header, dict):
+            raise ValueError("the header is not a JSON object")
         out = {}
         for name, info in header.items():
             if name == "__metadata__":
@@ -73,7 +71,7 @@ def read_safetensors(path: Path) -> dict[str, np.ndarray]:
             out[name] = raw.reshape(info["shape"])
     except AdapterError:
         raise
-    except (ValueError, KeyError, TypeError) as e:  # JSON, offsets or shapes that do not add up
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:  # unreadable, or parts that do not add up
         raise AdapterError(f"{path} is not a readable safetensors file ({type(e).__name__}: {e})") from None
     return out
 
@@ -102,22 +100,43 @@ def read_config(path: Path) -> dict:
         raise AdapterError(f"{path} is not valid JSON ({e})") from None
     if not isinstance(cfg, dict):
         raise AdapterError(f"{path} must hold a JSON object")
-    problems = {
-        "peft_type": cfg.get("peft_type", "LORA") != "LORA",
-        "use_dora": bool(cfg.get("use_dora")),
-        "modules_to_save": bool(cfg.get("modules_to_save")),
-        "fan_in_fan_out": bool(cfg.get("fan_in_fan_out")),
-        "bias": cfg.get("bias", "none") != "none",
+    init = str(cfg.get("init_lora_weights", True)).lower()
+    problems = {  # settings that change what the adapter computes beyond W x + s B A x
+        "peft_type": (cfg.get("peft_type", "LORA") != "LORA", "only LoRA adapters"),
+        "use_dora": (bool(cfg.get("use_dora")), "no DoRA"),
+        "modules_to_save": (bool(cfg.get("modules_to_save")), "no fully saved modules"),
+        "fan_in_fan_out": (bool(cfg.get("fan_in_fan_out")), "Conv1D layouts are not this model's"),
+        "bias": (cfg.get("bias", "none") != "none", "no trained biases"),
+        "lora_bias": (bool(cfg.get("lora_bias")), "no trained biases"),
+        "use_bdlora": (bool(cfg.get("use_bdlora")), "no block-diagonal LoRA"),
+        "alora_invocation_tokens": (bool(cfg.get("alora_invocation_tokens")),
+                                    "activated LoRA applies from its invocation tokens on; this engine would apply it everywhere"),
+        "layer_replication": (bool(cfg.get("layer_replication")), "its layer numbers are of a model with replicated layers"),
+        "init_lora_weights": (init.startswith(("pissa", "corda", "olora", "loftq", "lora_ga", "eva")),
+                              "this initialisation also rewrites the base weights; save the adapter with PEFT's "
+                              "path_initial_model_for_weight_conversion to make it a plain LoRA"),
     }
-    for key, bad in problems.items():
+    for key, (bad, why) in problems.items():
         if bad:
-            raise AdapterError(f"{path}: {key} = {cfg.get(key)!r} is not supported (plain LoRA on the decoder's "
-                               "linear layers only: no DoRA, trained biases or fully saved modules)")
+            raise AdapterError(f"{path}: {key} = {cfg.get(key)!r} is not supported ({why})")
     for key in ("r", "lora_alpha"):
-        value = cfg.get(key)
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-            raise AdapterError(f"{path}: {key} must be a positive number, got {value!r}")
+        positive(cfg.get(key), f"{path}: {key}")
+    for key in ("rank_pattern", "alpha_pattern"):
+        patterns = cfg.get(key) or {}
+        if not isinstance(patterns, dict):
+            raise AdapterError(f"{path}: {key} must be an object of module pattern -> number, got {patterns!r}")
+        for pattern, value in patterns.items():
+            positive(value, f"{path}: {key}[{pattern!r}]")
+            try:
+                re.compile(pattern)
+            except re.error as e:
+                raise AdapterError(f"{path}: {key} key {pattern!r} is not a valid regular expression ({e})") from None
     return cfg
+
+
+def positive(value, where: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0 or not math.isfinite(value):
+        raise AdapterError(f"{where} must be a positive number, got {value!r}")
 
 
 def pattern_value(patterns: dict, module: str, default):
@@ -133,9 +152,23 @@ def module_scale(cfg: dict, layer: int, module: str, rank: int) -> float:
     return alpha / math.sqrt(rank) if cfg.get("use_rslora") else alpha / rank
 
 
-def load_adapter(name: str, path: str | Path, manifest: Manifest, dtype=np.float32) -> Adapter:
+def dtype_of(manifest: Manifest) -> np.dtype:
+    """LoRA inputs are in the engine's dtype (the graph casts them where it computes in float32)."""
+    return np.dtype(np.float16 if manifest.dtype == "float16" else np.float32)
+
+
+def load_adapter(name: str, path: str | Path, manifest: Manifest) -> Adapter:
     """Read a PEFT LoRA adapter and turn it into this engine's LoRA inputs (AdapterError if it does
     not fit: a module the graph has no site for, a shape of another model, a rank above the engine's)."""
+    try:
+        return convert(name, path, manifest)
+    except AdapterError:
+        raise
+    except Exception as e:  # a malformed file the checks did not foresee still fails only its requests
+        raise AdapterError(f"{path} cannot be read as a LoRA adapter ({type(e).__name__}: {e})") from None
+
+
+def convert(name: str, path: str | Path, manifest: Manifest) -> Adapter:
     if not manifest.lora:
         raise AdapterError(f"the engine was built without LoRA inputs; rebuild it with --max-lora-rank N "
                            f"(N >= the adapter's rank) to use adapter {name!r}")
@@ -143,6 +176,7 @@ def load_adapter(name: str, path: str | Path, manifest: Manifest, dtype=np.float
     cfg = read_config(config_path)
     tensors = read_safetensors(weights_path)
     digest = hashlib.sha256(config_path.read_bytes() + weights_path.read_bytes()).hexdigest()
+    dtype = dtype_of(manifest)
     sites, max_rank = manifest.lora["sites"], manifest.limits.max_lora_rank
     site_of = {m[0]: site for site, s in sites.items() for m in s["modules"]}
     pairs: dict[tuple[int, str], dict[str, np.ndarray]] = {}
@@ -159,18 +193,18 @@ def load_adapter(name: str, path: str | Path, manifest: Manifest, dtype=np.float
     arrays: dict[str, np.ndarray] = {}
     top = 0
     for layer in range(manifest.model.num_layers):
-        for site, s in sites.items():
-            parts = []  # (lo, hi, A [r, in], scale * B [out_m, r])
+        for s in sites.values():
             for mod, lo, hi in s["modules"]:
                 pair, where = pairs.get((layer, mod)), f"{weights_path}: layer {layer} {mod}"
                 if pair is None:
+                    arrays.update(module_arrays(manifest, layer, mod, np.zeros((0, s["in"])), np.zeros((hi - lo, 0)), dtype))
                     continue
                 if set(pair) != {"A", "B"}:
                     have = next(iter(pair))
                     raise AdapterError(f"{where} has lora_{have} without lora_{'B' if have == 'A' else 'A'}")
                 a, b = pair["A"], pair["B"]
-                r = a.shape[0]
-                if a.shape != (r, s["in"]) or b.shape != (hi - lo, r):
+                r = a.shape[0] if a.ndim == 2 else -1
+                if r < 1 or a.shape != (r, s["in"]) or b.shape != (hi - lo, r):
                     raise AdapterError(f"{where}: lora_A {list(a.shape)} and lora_B {list(b.shape)} do not fit this "
                                        f"model ([r, {s['in']}] and [{hi - lo}, r]): an adapter for another model?")
                 if r > max_rank:
@@ -179,33 +213,26 @@ def load_adapter(name: str, path: str | Path, manifest: Manifest, dtype=np.float
                 if not (np.isfinite(a).all() and np.isfinite(b).all()):
                     raise AdapterError(f"{where} holds NaN or infinite values")
                 top = max(top, r)
-                parts.append((lo, hi, a, module_scale(cfg, layer, mod, r) * b.astype(np.float32)))
-            arrays.update(site_arrays(manifest, layer, site, s, parts, dtype))
+                scale = module_scale(cfg, layer, mod, r)
+                arrays.update(module_arrays(manifest, layer, mod, a, scale * b.astype(np.float32), dtype))
     return Adapter(name=name, digest=digest, arrays=arrays, rank=top)
 
 
-def site_arrays(manifest: Manifest, layer: int, site: str, s: dict, parts: list, dtype) -> dict:
-    """One site's [1, in, R] and [1, R, out] (R = the sum of its modules' ranks; 0 when none)."""
-    rank = sum(a.shape[0] for _, _, a, _ in parts)
-    lora_a = np.zeros((1, s["in"], rank), np.float32)
-    lora_b = np.zeros((1, rank, s["modules"][-1][2]), np.float32)
-    col = 0
-    for lo, hi, a, b in parts:
-        r = a.shape[0]
-        lora_a[0, :, col:col + r] = a.T
-        lora_b[0, col:col + r, lo:hi] = b.T
-        col += r
+def module_arrays(manifest: Manifest, layer: int, module: str, a: np.ndarray, b: np.ndarray, dtype) -> dict:
+    """PEFT's A [r, in] and (scaled) B [out, r] as the graph's lora_a [1, in, r] and lora_b [1, r, out]."""
     io = manifest.io
-    return {io.lora_a.format(i=layer, site=site): lora_a.astype(dtype),
-            io.lora_b.format(i=layer, site=site): lora_b.astype(dtype)}
+    return {io.lora_a.format(i=layer, module=module): np.ascontiguousarray(a.T[None], dtype),
+            io.lora_b.format(i=layer, module=module): np.ascontiguousarray(b.T[None], dtype)}
 
 
-def base_adapter(manifest: Manifest, dtype=np.float32) -> Adapter:
-    """No adapter: rank 0 at every site, so every delta is zero."""
+def base_adapter(manifest: Manifest) -> Adapter:
+    """No adapter: rank 0 on every module, so every delta is zero."""
+    dtype = dtype_of(manifest)
     arrays = {}
     for layer in range(manifest.model.num_layers):
-        for site, s in manifest.lora["sites"].items():
-            arrays.update(site_arrays(manifest, layer, site, s, [], dtype))
+        for s in manifest.lora["sites"].values():
+            for mod, lo, hi in s["modules"]:
+                arrays.update(module_arrays(manifest, layer, mod, np.zeros((0, s["in"])), np.zeros((hi - lo, 0)), dtype))
     return Adapter(name="", digest="", arrays=arrays, rank=0)
 
 
@@ -215,12 +242,13 @@ class StepAdapters:
     decode step whose rows keep their adapters binds the same arrays again."""
 
     IDLE = object()
-    CACHED = 4  # stacked combinations kept (a decode batch changes combination when a row finishes)
+    CACHED = 2  # stacked combinations kept (batch x adapter size each): the decode batch's, and one more
 
-    def __init__(self, manifest: Manifest, dtype=np.float32):
-        self.base = base_adapter(manifest, dtype)
+    def __init__(self, manifest: Manifest):
+        self.base = base_adapter(manifest)
         io, m = manifest.io, manifest
-        self.a_names = {io.lora_a.format(i=i, site=site) for i in range(m.model.num_layers) for site in m.lora["sites"]}
+        self.a_names = {io.lora_a.format(i=i, module=mod) for i in range(m.model.num_layers)
+                        for s in m.lora["sites"].values() for mod, _, _ in s["modules"]}
         self.stacked: dict[tuple, dict[str, np.ndarray]] = {}
 
     def feeds(self, adapters: Sequence) -> dict[str, np.ndarray]:
@@ -258,21 +286,21 @@ class AdapterSet:
     file's directory). Each is loaded on first use and kept; a failure is remembered too, so every
     request naming it fails with the same message and the others run."""
 
-    def __init__(self, manifest: Manifest, dtype, paths: dict[str, Path]):
-        self.manifest, self.dtype, self.paths = manifest, dtype, paths
+    def __init__(self, manifest: Manifest, paths: dict[str, Path]):
+        self.manifest, self.paths = manifest, paths
         self.loaded: dict[str, Adapter | AdapterError] = {}
 
     @classmethod
-    def for_run(cls, engine, engine_dir, available: dict[str, str], input_dir=".") -> "AdapterSet":
+    def for_run(cls, engine, available: dict[str, str], input_dir=".") -> "AdapterSet":
         m = engine.manifest
-        paths = {name: Path(engine_dir) / rel for name, rel in m.lora.get("adapters", {}).items()}
+        paths = {name: Path(engine.engine_dir) / rel for name, rel in m.lora.get("adapters", {}).items()}
         paths.update({name: Path(input_dir) / p for name, p in available.items()})  # an absolute p stays p
-        return cls(m, getattr(engine, "lora_dtype", np.float32), paths)
+        return cls(m, paths)
 
     def get(self, name: str) -> Adapter:
         if name not in self.loaded:
             try:
-                self.loaded[name] = load_adapter(name, self.paths[name], self.manifest, self.dtype)
+                self.loaded[name] = load_adapter(name, self.paths[name], self.manifest)
             except AdapterError as e:
                 self.loaded[name] = e
         found = self.loaded[name]

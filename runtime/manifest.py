@@ -75,8 +75,8 @@ class GraphIO:
     token_ids: str = "token_ids"              # int64 [batch]
     top_logprobs: str = "top_logprobs"        # f32 [batch, K = min(max_num_logprobs, max_top_k)]
     top_logprob_ids: str = "top_logprob_ids"  # int64 [batch, K]; a step's rows keep their first k
-    lora_a: str = "lora_a.{i}.{site}"         # [1 or batch, in, rank]: LoRA engines only (manifest.lora)
-    lora_b: str = "lora_b.{i}.{site}"         # [1 or batch, rank, out], alpha/r folded in
+    lora_a: str = "lora_a.{i}.{module}"       # [1 or batch, in, rank]: LoRA engines only (manifest.lora)
+    lora_b: str = "lora_b.{i}.{module}"       # [1 or batch, rank, out], alpha/r folded in
 
     def kv_pairs(self, num_layers: int) -> list[tuple[str, str]]:
         """(past, present) names in the order of the KV manager's buffers: K0, V0, K1, V1, ..."""

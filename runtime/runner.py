@@ -172,9 +172,10 @@ class Runner:
             adapters: AdapterSet | None = None) -> list[dict]:
         """Answer every request; `errors` (request index -> message) fail requests up front.
         Each request becomes n samples; batch_size of them run at once, in order. `adapters`: the
-        LoRA adapters requests may name (default: the input's available_lora_weights, from here)."""
+        LoRA adapters requests may name (default: the engine's and the input's available_lora_weights,
+        relative paths from the current directory)."""
         if adapters is None:
-            adapters = AdapterSet.for_run(self.engine, ".", inp.available_lora_weights)
+            adapters = AdapterSet.for_run(self.engine, inp.available_lora_weights)
         samples = []
         for i, req in enumerate(inp.requests):
             p = self.prepare(i, req, inp, adapters)

@@ -22,9 +22,23 @@ from polygraphy.comparator import Comparator, SimpleCompareFunc
 
 from trtllm.plugins import cpu as cpu_kernels
 from trtllm.runtime import manifest as mf
-from trtllm.runtime import sampling
+from trtllm.runtime import lora, sampling
 
 PROMPTS = ([1, 17, 23, 99, 5, 64, 8, 12, 33, 7, 2, 41], [9, 31, 4, 77, 15])
+
+
+def lora_feeds(m: mf.Manifest) -> dict:
+    """A LoRA engine's inputs: a random adapter of rank min(4, max_lora_rank) on every projection,
+    shared by the batch, so the comparison covers the LoRA path too."""
+    if not m.lora:
+        return {}
+    rng, r, dtype, out = np.random.default_rng(0), min(4, m.limits.max_lora_rank), lora.dtype_of(m), {}
+    for i in range(m.model.num_layers):
+        for site in m.lora["sites"].values():
+            for module, lo, hi in site["modules"]:
+                out[m.io.lora_a.format(i=i, module=module)] = rng.normal(0, 0.05, (1, site["in"], r)).astype(dtype)
+                out[m.io.lora_b.format(i=i, module=module)] = rng.normal(0, 0.05, (1, r, hi - lo)).astype(dtype)
+    return out
 
 
 def feeds(m: mf.Manifest) -> tuple[dict, callable]:
@@ -38,7 +52,7 @@ def feeds(m: mf.Manifest) -> tuple[dict, callable]:
     s.uniform[:] = [0.25, 0.75]
     common = {io.logit_bias: s.logit_bias, io.penalty_bias: s.penalty_bias, io.seen: s.seen,
               io.repetition_penalty: s.repetition_penalty, io.temperature: s.temperature, io.min_p: s.min_p,
-              io.top_k: s.top_k, io.top_p: s.top_p, io.uniform: s.uniform}
+              io.top_k: s.top_k, io.top_p: s.top_p, io.uniform: s.uniform, **lora_feeds(m)}
     kv = np.zeros((batch, shape.num_kv_heads, capacity, shape.head_dim), shape.kv_dtype)
     prefill = {io.input_ids: np.array([p + [0] * (width - len(p)) for p in ids], np.int64),
                io.position_ids: np.tile(np.arange(width, dtype=np.int64), (batch, 1)),

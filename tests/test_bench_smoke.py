@@ -77,3 +77,23 @@ def test_llama_bench_stands_in_when_the_bindings_crash(tmp_path, monkeypatch):
     assert [cmd[cmd.index(flag) + 1] for flag in ("-p", "-t", "-d", "-ub")] == ["0", "2", "128,0", "1"]
     monkeypatch.setattr(bench, "run_measured", lambda cmd, timeout, env=None: ("", -4, 1.0))  # it crashed too
     assert bench.llama_bench_decode("llamacpp-q4_1", failed, args) is failed
+
+
+def test_bench_lora_smoke(tiny_checkpoint, tmp_path):
+    """scripts/bench_lora.py end to end on a tiny model: every case reports, as a ratio to the plain engine."""
+    from trtllm.builder.config import BuildConfig
+    from trtllm.builder.export import build
+
+    limits = dict(max_input_len=256, max_kv_cache_capacity=512, verify=False)
+    plain = build(BuildConfig(model=str(tiny_checkpoint("llama")), output=str(tmp_path / "plain"), **limits),
+                  log=lambda m: None)
+    with_lora = build(BuildConfig(model=str(tiny_checkpoint("llama")), output=str(tmp_path / "lora"), max_lora_rank=16,
+                                  **limits), log=lambda m: None)
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_lora.py"), str(plain), str(with_lora),
+                           "--rounds", "1", "--gen", "4"], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stdout.splitlines()
+    assert len(lines) == 9
+    plain_lines = [line for line in lines if "no LoRA inputs" in line]
+    assert len(plain_lines) == 2 and all(line.count("(1.00x)") == 2 for line in plain_lines)  # its own baseline
+    assert any("two rank-16 adapters mixed" in line for line in lines)

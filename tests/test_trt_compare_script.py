@@ -31,3 +31,18 @@ def test_a_corrupted_compiled_form_is_caught(tiny_engine, tmp_path):
     weights[len(weights) // 2:] *= 1.5
     weights.tofile(data)
     assert trt_compare.main([str(engine), "--json", str(tmp_path / "r.json")]) == 1
+
+
+@pytest.mark.parametrize("dtype, atol", [("float32", 1e-3), ("float16", 0.05)])
+def test_lora_engines_are_compared_with_an_adapter(dtype, atol, tiny_checkpoint, tmp_path):
+    """LoRA engines get a random adapter on every projection (both forms take it in the engine's dtype)."""
+    from trtllm.builder.config import BuildConfig
+    from trtllm.builder.export import build
+    from trtllm.runtime import manifest as mf
+
+    engine = build(BuildConfig(model=str(tiny_checkpoint("llama")), output=str(tmp_path / "e"), dtype=dtype,
+                               max_lora_rank=4, max_input_len=64, max_kv_cache_capacity=128, verify=False),
+                   log=lambda m: None)
+    assert trt_compare.lora_feeds(mf.load(engine))
+    report = trt_compare.compare(engine, atol=atol, rtol=0.01)
+    assert report["ok"], report

@@ -40,6 +40,8 @@ OrtCustomOp* matmul_block_quant_op();
 OrtCustomOp* matmul_half_op();
 OrtCustomOp* attention_op();             // a float32 KV cache
 OrtCustomOp* attention_half_cache_op();  // the same op for a float16 cache
+OrtCustomOp* lora_add_op();
+OrtCustomOp* lora_add_swiglu_op();
 
 // IEEE float16 bits <-> float32, portable (the AVX-512 paths use F16C's conversions, which agree).
 inline float half_to_float(uint16_t h) {

@@ -402,6 +402,8 @@ void tile(const float* w, int nr, int64_t k, const float* x, int mr, int64_t ldx
   tile_generic(w, nr, k, x, mr, ldx, y, ldy);
 }
 
+}  // namespace
+
 #ifdef TRTLLM_X86
 // out[i] = silu(gate[i]) * up[i] = gate * up / (1 + exp(-gate))
 __attribute__((target("avx512f,avx512bw,avx512vl,fma"))) void swiglu_avx512(const float* gate, const float* up,
@@ -422,6 +424,8 @@ void swiglu(const float* gate, const float* up, int64_t count, float* out) {
 #endif
   for (int64_t i = 0; i < count; ++i) out[i] = gate[i] * up[i] / (1.0f + std::exp(-gate[i]));
 }
+
+namespace {
 
 // One task: weight rows [c * kChunkRows, ...) for every activation row. With SwiGLU, a task's rows
 // are h gate rows then the h matching up rows (the builder orders them so), and the task writes

@@ -63,6 +63,9 @@ IntRow int_row(int64_t k, int bits, int levels);
 void quantize_rows(const float* x, int64_t m, int64_t k, int bits, int levels, int8_t* q, float* d);
 void int_tile(const Job& job, int64_t row, int nr, float* out, int64_t ldy);
 
+// out[i] = silu(gate[i]) * up[i] (AVX-512 or portable).
+void swiglu(const float* gate, const float* up, int64_t count, float* out);
+
 // The job on ONNX Runtime's threads, in tasks of kChunkRows weight rows: the first task's error, or "".
 std::string run(Ort::KernelContext& ctx, Job& job);
 

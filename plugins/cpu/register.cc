@@ -73,6 +73,8 @@ __attribute__((visibility("default"))) OrtStatus* ORT_API_CALL RegisterCustomOps
       domain->Add(trtllm_cpu::matmul_half_op());
       domain->Add(trtllm_cpu::attention_op());
       domain->Add(trtllm_cpu::attention_half_cache_op());
+      domain->Add(trtllm_cpu::lora_add_op());
+      domain->Add(trtllm_cpu::lora_add_swiglu_op());
     });
     Ort::UnownedSessionOptions(options).Add(*domain);
   } catch (const std::exception& e) {

@@ -32,7 +32,7 @@ def session_options(num_threads: int | None = None) -> ort.SessionOptions:
 class OnnxRuntimeEngine:
     def __init__(self, engine_dir, manifest: Manifest, num_threads: int | None = None, graph: str = "compiled",
                  huge_pages: bool = True):
-        self.manifest = manifest
+        self.manifest, self.engine_dir = manifest, Path(engine_dir)
         path = Path(engine_dir) / manifest.files.get(graph, manifest.files.get("onnx", "llm.onnx"))
         if not path.is_file():
             raise ManifestError(f"{path} is missing; {rebuild_hint(engine_dir)}")
@@ -55,11 +55,7 @@ class OnnxRuntimeEngine:
         self.outputs: dict = {}  # per (binding, batch, K): numpy arrays the outputs are written to
         self.kv_root = None
         self.last_kv = self.last_binding = None
-        # LoRA inputs' type: float16 in a float16 canonical graph, else float32 (the activations')
-        types = {i.name: i.type for i in self.session.get_inputs()}
-        lora_a = manifest.io.lora_a.format(i=0, site="qkv")
-        self.lora_dtype = np.float16 if types.get(lora_a) == "tensor(float16)" else np.float32
-        self.no_adapter = lora.base_adapter(manifest, self.lora_dtype).arrays if manifest.lora else {}
+        self.no_adapter = lora.base_adapter(manifest).arrays if manifest.lora else {}
 
     def binding_for(self, kv: Sequence[np.ndarray]):
         """An IOBinding with `kv` bound as both past_* and present_* (in place), made once per set

@@ -104,6 +104,7 @@ class TensorRTEngine:
         from trtllm.runtime.backends import cuda
 
         self.trt, self.cuda, self.manifest, self.io = trt, cuda, manifest, manifest.io
+        self.engine_dir = Path(engine_dir)
         self.check_plan(engine_dir, trt.__version__, cuda.device_info())
         path = Path(engine_dir) / manifest.files.get("plan", "llm.plan")
         if not path.is_file():
@@ -127,8 +128,7 @@ class TensorRTEngine:
         self.scratch: dict[str, object] = {}   # legacy graphs: present_* outputs, copied back into the KV
         self.device_rows: dict[str, dict] = {}  # [B, V] sampler inputs: what each device row holds
         self.held: dict[str, np.ndarray] = {}   # LoRA inputs: the host array each device buffer holds
-        self.lora_dtype = self.dtypes.get(self.io.lora_a.format(i=0, site="qkv"), np.dtype(np.float32))
-        self.no_adapter = lora.base_adapter(manifest, self.lora_dtype).arrays if manifest.lora else {}
+        self.no_adapter = lora.base_adapter(manifest).arrays if manifest.lora else {}
 
     def check_plan(self, engine_dir, version: str, gpu: dict) -> None:
         built = self.manifest.tensorrt

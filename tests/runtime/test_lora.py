@@ -47,8 +47,10 @@ def write_adapter(path, modules: dict, seed: int = 0, **config) -> dict:
 
 
 def delta(adapter: lora.Adapter, layer: int, site: str, x: np.ndarray) -> np.ndarray:
-    io = MANIFEST.io
-    return x @ adapter.arrays[io.lora_a.format(i=layer, site=site)][0] @ adapter.arrays[io.lora_b.format(i=layer, site=site)][0]
+    """What the graph adds to a site's fused projection: its modules' deltas side by side."""
+    io, arrays = MANIFEST.io, adapter.arrays
+    return np.concatenate([x @ arrays[io.lora_a.format(i=layer, module=m)][0] @ arrays[io.lora_b.format(i=layer, module=m)][0]
+                           for m, _, _ in SITES[site]["modules"]], axis=-1)
 
 
 def test_modules_land_in_their_columns_with_their_scales(tmp_path):
@@ -66,7 +68,7 @@ def test_modules_land_in_their_columns_with_their_scales(tmp_path):
     np.testing.assert_allclose(got[:, Q + KV:], module(x, 0, "self_attn.v_proj", 2 / 4), rtol=1e-5, atol=1e-5)
     xi = np.random.default_rng(2).standard_normal((3, I)).astype(np.float32)
     np.testing.assert_allclose(delta(adapter, 1, "down", xi), module(xi, 1, "mlp.down_proj", 8 / 3), rtol=1e-5, atol=1e-5)
-    assert adapter.arrays[MANIFEST.io.lora_a.format(i=1, site="qkv")].shape == (1, H, 0)  # nothing there: rank 0
+    assert adapter.arrays[MANIFEST.io.lora_a.format(i=1, module="self_attn.q_proj")].shape == (1, H, 0)  # not adapted
     assert adapter.rank == 4
 
 
@@ -115,6 +117,19 @@ def _config(**cfg):
     return lambda path: write_adapter(path, {(0, "self_attn.q_proj"): 2}, **cfg)
 
 
+def _tensor(name, value):
+    def make(path):
+        t = write_adapter(path, {(0, "self_attn.q_proj"): 2})
+        t[key(0, "self_attn.q_proj", name)] = value
+        save_file(t, str(path / lora.WEIGHTS_NAME))
+    return make
+
+
+def _header(path):
+    write_adapter(path, {(0, "self_attn.q_proj"): 2})
+    (path / lora.WEIGHTS_NAME).write_bytes(b"\x02\x00\x00\x00\x00\x00\x00\x00[]")
+
+
 def _no_config(path):
     write_adapter(path, {(0, "self_attn.q_proj"): 2})
     (path / lora.CONFIG_NAME).unlink()
@@ -140,6 +155,19 @@ def _not_safetensors(path):
     (_config(use_dora=True), "use_dora = True is not supported"),
     (_config(modules_to_save=["lm_head"]), "modules_to_save"),
     (_config(lora_alpha=0), "lora_alpha must be a positive number"),
+    (_config(alora_invocation_tokens=[42, 99]), "activated LoRA applies from its invocation tokens on"),
+    (_config(layer_replication=[[0, 1], [0, 1]]), "layer_replication"),
+    (_config(init_lora_weights="pissa_niter_4"), "path_initial_model_for_weight_conversion"),
+    (_config(init_lora_weights="olora"), "also rewrites the base weights"),
+    (_config(lora_bias=True), "no trained biases"),
+    (_config(use_bdlora={"nblocks": 2}), "block-diagonal"),
+    (_config(alpha_pattern=["q_proj"]), "alpha_pattern must be an object"),
+    (_config(alpha_pattern={"q_proj(": 2}), "is not a valid regular expression"),
+    (_config(alpha_pattern={"q_proj": "3"}), "alpha_pattern['q_proj'] must be a positive number"),
+    (_config(rank_pattern={"q_proj": -1}), "rank_pattern['q_proj'] must be a positive number"),
+    (_tensor("A", np.zeros((0, H), np.float32)), "do not fit this model"),
+    (_tensor("A", np.array(1.0, np.float32)), "do not fit this model"),
+    (_header, "is not a readable safetensors file"),
     (_no_config, "adapter_config.json is missing"),
     (_bin_only, "save it with safe_serialization=True"),
     (_not_safetensors, "is not a readable safetensors file"),
@@ -176,12 +204,12 @@ def test_step_feeds_shared_none_and_mixed(tmp_path):
     mixed = steps.feeds([a, None, b, idle])
     assert steps.feeds([a, None, b, idle]) is mixed         # the same combination is stacked once
     io = MANIFEST.io
-    name_a, name_b = io.lora_a.format(i=0, site="qkv"), io.lora_b.format(i=0, site="qkv")
-    assert mixed[name_a].shape == (4, H, 4) and mixed[name_b].shape == (4, 4, 2 * KV + Q)
+    name_a, name_b = io.lora_a.format(i=0, module="self_attn.q_proj"), io.lora_b.format(i=0, module="self_attn.q_proj")
+    assert mixed[name_a].shape == (4, H, 4) and mixed[name_b].shape == (4, 4, Q)  # ranks 2 and 4, padded to 4
     x = np.random.default_rng(0).standard_normal((4, 3, H)).astype(np.float32)
     got = x @ mixed[name_a] @ mixed[name_b]                 # what the graph computes, row by row
     for row, adapter in enumerate([a, None, b, None]):
-        want = 0 if adapter is None else delta(adapter, 0, "qkv", x[row])
+        want = 0 if adapter is None else delta(adapter, 0, "qkv", x[row])[..., :Q]
         np.testing.assert_allclose(got[row], want, rtol=1e-5, atol=1e-5)
 
 
@@ -192,11 +220,10 @@ def write_dir(path, modules, seed=0):
 
 def test_adapter_set_resolves_paths_and_remembers_failures(tmp_path):
     class Engine:
-        manifest = MANIFEST
+        manifest, engine_dir = MANIFEST, tmp_path / "engine"
     write_adapter(tmp_path / "inputs" / "adapters" / "a", {(0, "self_attn.q_proj"): 2})
     write_adapter(tmp_path / "big", {(0, "self_attn.q_proj"): 8})
-    adapters = lora.AdapterSet.for_run(Engine(), tmp_path / "engine", {"a": "adapters/a", "big": str(tmp_path / "big")},
-                                       tmp_path / "inputs")
+    adapters = lora.AdapterSet.for_run(Engine(), {"a": "adapters/a", "big": str(tmp_path / "big")}, tmp_path / "inputs")
     assert adapters.get("a").rank == 2
     for _ in range(2):  # the same message every time, loaded once
         with pytest.raises(lora.AdapterError, match="max_lora_rank"):

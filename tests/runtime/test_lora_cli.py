@@ -91,11 +91,15 @@ def test_the_build_records_limits_and_bundles_adapters(lora_engines):
     engines, _ = lora_engines
     m = mf.load(engines["ort"])
     assert m.limits.max_lora_rank == 4  # from the bundled adapter's rank
+    assert "trtllm.cpu::LoraAdd" in m.lowerings  # the ONNX Runtime form's deltas run on our kernel
     assert m.lora["adapters"] == {"bundled": "lora/bundled"} and set(m.lora["sites"]) == {"qkv", "o", "gate_up", "down"}
     assert (engines["ort"] / "lora" / "bundled" / lora.WEIGHTS_NAME).is_file()
+    report = json.loads((engines["ort"] / "verify.json").read_text())["adapters"]["bundled"]
+    assert report["max_abs_error"] < 1e-4 and report["tokens_agree"]  # checked against transformers, merged
     assert lint_model(str(engines["ort"] / "llm.onnx")) == []
     shapes = {p["name"]: p["shapes"] for p in mf.load(engines["trt"]).tensorrt["profiles"]}
-    assert shapes["decode"][m.io.lora_a.format(i=0, site="qkv")] == [[1, 64, 0], [1, 64, 12], [4, 64, 12]]
+    assert shapes["decode"][m.io.lora_a.format(i=0, module="self_attn.q_proj")] == [[1, 64, 0], [1, 64, 4], [4, 64, 4]]
+    assert shapes["prefill"][m.io.lora_b.format(i=1, module="mlp.down_proj")] == [[1, 0, 64], [1, 4, 64], [4, 4, 64]]
 
 
 def test_requests_pick_adapters_and_a_bad_one_fails_alone(cli):
@@ -149,3 +153,17 @@ def test_bundled_adapter_above_the_rank_fails_the_build(tiny_checkpoint, lora_en
         build(BuildConfig(model=str(tiny_checkpoint("llama")), output=str(tmp_path / "e"), max_lora_rank=4,
                           lora=(("big", str(adapters / "big")),), verify=False, **LIMITS), log=lambda m: None)
     assert not (tmp_path / "e").exists() and not (tmp_path / "e.partial").exists()
+
+
+def test_the_build_check_catches_an_adapter_the_engine_gets_wrong(tiny_checkpoint, tmp_path, monkeypatch):
+    """The wrong variant of the build's adapter check: transformers without the adapter merged."""
+    from trtllm.builder import verify
+
+    ckpt = str(tiny_checkpoint("llama"))
+    probe = build(BuildConfig(model=ckpt, output=str(tmp_path / "probe"), max_lora_rank=4, verify=False, **LIMITS),
+                  log=lambda m: None)
+    adapter = random_adapter(tmp_path / "adapter", mf.load(probe), 4, seed=5)
+    monkeypatch.setattr(verify, "merged_model", lambda model, adapter, manifest: model)
+    with pytest.raises(verify.VerifyError, match="with adapter x differ from transformers"):
+        build(BuildConfig(model=ckpt, output=str(tmp_path / "e"), lora=(("x", str(adapter)),), **LIMITS),
+              log=lambda m: None)
