@@ -178,11 +178,11 @@ def convert(name: str, path: str | Path, manifest: Manifest) -> Adapter:
     digest = hashlib.sha256(config_path.read_bytes() + weights_path.read_bytes()).hexdigest()
     dtype = dtype_of(manifest)
     sites, max_rank = manifest.lora["sites"], manifest.limits.max_lora_rank
-    site_of = {m[0]: site for site, s in sites.items() for m in s["modules"]}
+    known = {m[0] for s in sites.values() for m in s["modules"]}
     pairs: dict[tuple[int, str], dict[str, np.ndarray]] = {}
     for key, value in tensors.items():
         m = KEY.fullmatch(key.replace(".default.", "."))
-        if m is None or m[2] not in site_of:
+        if m is None or m[2] not in known:
             raise AdapterError(f"{weights_path}: tensor {key} is not a LoRA matrix of a layer's q/k/v/o, gate, up "
                                "or down projection, the modules this engine can adapt")
         layer = int(m[1])
@@ -195,27 +195,33 @@ def convert(name: str, path: str | Path, manifest: Manifest) -> Adapter:
     for layer in range(manifest.model.num_layers):
         for s in sites.values():
             for mod, lo, hi in s["modules"]:
-                pair, where = pairs.get((layer, mod)), f"{weights_path}: layer {layer} {mod}"
-                if pair is None:
+                pair = pairs.get((layer, mod))
+                if pair is None:  # not adapted: rank 0
                     arrays.update(module_arrays(manifest, layer, mod, np.zeros((0, s["in"])), np.zeros((hi - lo, 0)), dtype))
                     continue
-                if set(pair) != {"A", "B"}:
-                    have = next(iter(pair))
-                    raise AdapterError(f"{where} has lora_{have} without lora_{'B' if have == 'A' else 'A'}")
-                a, b = pair["A"], pair["B"]
-                r = a.shape[0] if a.ndim == 2 else -1
-                if r < 1 or a.shape != (r, s["in"]) or b.shape != (hi - lo, r):
-                    raise AdapterError(f"{where}: lora_A {list(a.shape)} and lora_B {list(b.shape)} do not fit this "
-                                       f"model ([r, {s['in']}] and [{hi - lo}, r]): an adapter for another model?")
-                if r > max_rank:
-                    raise AdapterError(f"{where} has rank {r}, above the engine's max_lora_rank {max_rank}; "
-                                       f"rebuild with --max-lora-rank {r} or more")
-                if not (np.isfinite(a).all() and np.isfinite(b).all()):
-                    raise AdapterError(f"{where} holds NaN or infinite values")
-                top = max(top, r)
-                scale = module_scale(cfg, layer, mod, r)
+                a, b = checked_pair(pair, f"{weights_path}: layer {layer} {mod}", s["in"], hi - lo, max_rank)
+                top = max(top, a.shape[0])
+                scale = module_scale(cfg, layer, mod, a.shape[0])
                 arrays.update(module_arrays(manifest, layer, mod, a, scale * b.astype(np.float32), dtype))
     return Adapter(name=name, digest=digest, arrays=arrays, rank=top)
+
+
+def checked_pair(pair: dict, where: str, n_in: int, n_out: int, max_rank: int) -> tuple[np.ndarray, np.ndarray]:
+    """A module's lora_A [r, in] and lora_B [out, r], or AdapterError saying what does not fit."""
+    if set(pair) != {"A", "B"}:
+        have = next(iter(pair))
+        raise AdapterError(f"{where} has lora_{have} without lora_{'B' if have == 'A' else 'A'}")
+    a, b = pair["A"], pair["B"]
+    r = a.shape[0] if a.ndim == 2 else -1
+    if r < 1 or a.shape != (r, n_in) or b.shape != (n_out, r):
+        raise AdapterError(f"{where}: lora_A {list(a.shape)} and lora_B {list(b.shape)} do not fit this model "
+                           f"([r, {n_in}] and [{n_out}, r]): an adapter for another model?")
+    if r > max_rank:
+        raise AdapterError(f"{where} has rank {r}, above the engine's max_lora_rank {max_rank}; "
+                           f"rebuild with --max-lora-rank {r} or more")
+    if not (np.isfinite(a).all() and np.isfinite(b).all()):
+        raise AdapterError(f"{where} holds NaN or infinite values")
+    return a, b
 
 
 def module_arrays(manifest: Manifest, layer: int, module: str, a: np.ndarray, b: np.ndarray, dtype) -> dict:
