@@ -175,7 +175,7 @@ class Scheduler:
                                           max([r.params.num_logprobs for r in rows] + [1]), m.max_top_k)
         self.want_top = any(r.params.num_logprobs > 0 for r in rows)
         self.active: dict[int, RowState] = {}
-        self.lora = StepAdapters(m) if m.lora else None
+        self.lora = StepAdapters(m, num_slots) if m.lora else None
         self.decode_feeds: dict[int, StepInputs] = {}  # per batch width: reused step after step
 
     def run(self) -> None:
@@ -217,7 +217,7 @@ class Scheduler:
         sampling.draw(inputs.sampling, [r.rng if r is not None and not r.finish_reason else None for r in rows])
         if self.lora is not None:
             inputs = dataclasses.replace(inputs, lora=self.lora.feeds(
-                [StepAdapters.IDLE if r is None else r.adapter for r in rows]))
+                start, [StepAdapters.IDLE if r is None else r.adapter for r in rows]))
         t0 = time.perf_counter()
         out = self.engine.step(inputs, self.kv.view(start, stop))
         return out, time.perf_counter() - t0

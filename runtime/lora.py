@@ -243,47 +243,65 @@ def base_adapter(manifest: Manifest) -> Adapter:
 
 
 class StepAdapters:
-    """The LoRA inputs of one step, from its rows' adapters (None: no adapter; IDLE: an idle slot,
-    whose output nobody reads). Mixed steps are stacked once per combination and then reused, so a
-    decode step whose rows keep their adapters binds the same arrays again."""
+    """The LoRA inputs of a step over KV slots [start, start + len(rows)), from its rows' adapters
+    (None: no adapter; IDLE: an idle slot, whose output nobody reads).
+
+    Rows that share one adapter (or none) bind its own [1, ...] arrays. Mixed rows bind views of
+    per-slot buffers [num_slots, in, R] and [num_slots, R, out], R the largest rank written so far
+    (zero beyond each adapter's): a slot's rows are rewritten only when its adapter changes, so an
+    in-flight batch copies one adapter per admitted request, not the batch per step."""
 
     IDLE = object()
-    CACHED = 2  # stacked combinations kept (batch x adapter size each): the decode batch's, and one more
 
-    def __init__(self, manifest: Manifest):
+    def __init__(self, manifest: Manifest, num_slots: int):
         self.base = base_adapter(manifest)
         io, m = manifest.io, manifest
         self.a_names = {io.lora_a.format(i=i, module=mod) for i in range(m.model.num_layers)
                         for s in m.lora["sites"].values() for mod, _, _ in s["modules"]}
-        self.stacked: dict[tuple, dict[str, np.ndarray]] = {}
+        self.num_slots = num_slots
+        self.held: list = [None] * num_slots  # the adapter each slot's buffer rows hold
+        self.buffers: dict[str, np.ndarray] = {}
+        self.views: dict[tuple[int, int], dict[str, np.ndarray]] = {}  # the same objects step after step
 
-    def feeds(self, adapters: Sequence) -> dict[str, np.ndarray]:
+    def feeds(self, start: int, adapters: Sequence) -> dict[str, np.ndarray]:
         rows = [self.base if a is None else a for a in adapters]
         used = {id(a): a for a in rows if a is not self.IDLE}
         if len(used) <= 1:
             return next(iter(used.values()), self.base).arrays
-        key = tuple(id(a) for a in rows)
-        stacked = self.stacked.pop(key, None)
-        if stacked is None:
-            stacked = {name: self.stack([self.base if a is self.IDLE else a for a in rows], name,
-                                        2 if name in self.a_names else 1) for name in self.base.arrays}
-        self.stacked[key] = stacked  # most recently used last
-        while len(self.stacked) > self.CACHED:
-            del self.stacked[next(iter(self.stacked))]
-        return stacked
+        self.fit(used.values())
+        for slot, adapter in enumerate(rows, start):
+            if adapter is not self.IDLE and self.held[slot] is not adapter:
+                self.write(slot, adapter)
+        span = (start, start + len(rows))
+        if span not in self.views:
+            self.views[span] = {name: buf[span[0]:span[1]] for name, buf in self.buffers.items()}
+        return self.views[span]
 
-    @staticmethod
-    def stack(rows: list[Adapter], name: str, axis: int) -> np.ndarray:
-        """Row b's [1, in, r_b] (or [1, r_b, out]: `axis` is r's) into [B, in, R], zero beyond r_b:
-        zero columns of lora_a meet zero rows of lora_b, so padding adds nothing."""
-        parts = [a.arrays[name] for a in rows]
-        shape = list(parts[0].shape)
-        shape[0], shape[axis] = len(parts), max(p.shape[axis] for p in parts)
-        out = np.zeros(shape, parts[0].dtype)
-        for b, p in enumerate(parts):
-            index = (b, slice(None), slice(0, p.shape[2])) if axis == 2 else (b, slice(0, p.shape[1]))
-            out[index] = p[0]
-        return out
+    def rank_axis(self, name: str) -> int:
+        return 2 if name in self.a_names else 1
+
+    def fit(self, adapters) -> None:
+        """Buffers at least as wide as these adapters' ranks, growing (content kept) when one is wider."""
+        for name, base in self.base.arrays.items():
+            axis = self.rank_axis(name)
+            need = max(a.arrays[name].shape[axis] for a in adapters)
+            old = self.buffers.get(name)
+            if old is not None and old.shape[axis] >= need:
+                continue
+            shape = list(base.shape)
+            shape[0], shape[axis] = self.num_slots, need
+            new = np.zeros(shape, base.dtype)
+            if old is not None:
+                new[(slice(None),) * axis + (slice(0, old.shape[axis]),)] = old
+            self.buffers[name] = new
+            self.views = {}
+
+    def write(self, slot: int, adapter: Adapter) -> None:
+        for name, buf in self.buffers.items():
+            src = adapter.arrays[name][0]
+            buf[slot] = 0
+            buf[slot][(slice(None),) * (self.rank_axis(name) - 1) + (slice(0, src.shape[self.rank_axis(name) - 1]),)] = src
+        self.held[slot] = adapter
 
 
 class AdapterSet:

@@ -197,20 +197,43 @@ def test_a_safetensors_file_with_its_config_beside_it(tmp_path):
 def test_step_feeds_shared_none_and_mixed(tmp_path):
     a = lora.load_adapter("a", write_dir(tmp_path / "a", {(0, "self_attn.q_proj"): 2, (1, "mlp.gate_proj"): 4}), MANIFEST)
     b = lora.load_adapter("b", write_dir(tmp_path / "b", {(0, "self_attn.q_proj"): 4}, seed=3), MANIFEST)
-    steps = lora.StepAdapters(MANIFEST)
+    steps = lora.StepAdapters(MANIFEST, num_slots=4)
     idle = lora.StepAdapters.IDLE
-    assert steps.feeds([a, a, idle]) is a.arrays            # one adapter: its own [1, ...] arrays, no copy
-    assert steps.feeds([None, idle]) is steps.base.arrays   # none: rank 0
-    mixed = steps.feeds([a, None, b, idle])
-    assert steps.feeds([a, None, b, idle]) is mixed         # the same combination is stacked once
+    assert steps.feeds(0, [a, a, idle]) is a.arrays            # one adapter: its own [1, ...] arrays, no copy
+    assert steps.feeds(0, [None, idle]) is steps.base.arrays   # none: rank 0
+    mixed = steps.feeds(0, [a, None, b, idle])
+    assert steps.feeds(0, [a, None, b, idle]) is mixed         # the same views again: nothing to rebind
+    check_rows(mixed, [a, None, b, None], (4, H, 4), (4, 4, Q))  # q_proj: ranks 2 and 4, padded to 4
+
+
+def check_rows(feeds: dict, adapters: list, a_shape, b_shape) -> None:
+    """What the graph computes from q_proj's feeds, row by row, against each row's adapter alone."""
     io = MANIFEST.io
     name_a, name_b = io.lora_a.format(i=0, module="self_attn.q_proj"), io.lora_b.format(i=0, module="self_attn.q_proj")
-    assert mixed[name_a].shape == (4, H, 4) and mixed[name_b].shape == (4, 4, Q)  # ranks 2 and 4, padded to 4
-    x = np.random.default_rng(0).standard_normal((4, 3, H)).astype(np.float32)
-    got = x @ mixed[name_a] @ mixed[name_b]                 # what the graph computes, row by row
-    for row, adapter in enumerate([a, None, b, None]):
+    assert feeds[name_a].shape == a_shape and feeds[name_b].shape == b_shape
+    x = np.random.default_rng(0).standard_normal((len(adapters), 3, H)).astype(np.float32)
+    got = x @ feeds[name_a] @ feeds[name_b]
+    for row, adapter in enumerate(adapters):
         want = 0 if adapter is None else delta(adapter, 0, "qkv", x[row])[..., :Q]
         np.testing.assert_allclose(got[row], want, rtol=1e-5, atol=1e-5)
+
+
+def test_slots_are_rewritten_only_when_their_adapter_changes(tmp_path):
+    """In flight: a slot takes a new adapter (its rows rewritten, the others kept); a wider adapter
+    grows the buffers and keeps what they hold; a sub-range of slots (a prefill) is a view."""
+    a = lora.load_adapter("a", write_dir(tmp_path / "a", {(0, "self_attn.q_proj"): 2}), MANIFEST)
+    b = lora.load_adapter("b", write_dir(tmp_path / "b", {(0, "self_attn.q_proj"): 3}, seed=3), MANIFEST)
+    c = lora.load_adapter("c", write_dir(tmp_path / "c", {(0, "self_attn.q_proj"): 4, (1, "mlp.up_proj"): 4}, seed=5),
+                          MANIFEST)
+    steps = lora.StepAdapters(MANIFEST, num_slots=3)
+    check_rows(steps.feeds(0, [a, b, None]), [a, b, None], (3, H, 3), (3, 3, Q))
+    written = []
+    steps.write = lambda slot, adapter, write=steps.write: (written.append(slot), write(slot, adapter))[1]
+    check_rows(steps.feeds(0, [a, a, None]), [a, a, None], (3, H, 3), (3, 3, Q))
+    assert written == [1]                                     # only the slot whose adapter changed
+    check_rows(steps.feeds(1, [c, None]), [c, None], (2, H, 4), (2, 4, Q))  # a prefill of slots 1, 2; rank grows
+    check_rows(steps.feeds(0, [a, c, None]), [a, c, None], (3, H, 4), (3, 4, Q))  # slot 0 kept through the growth
+    assert written == [1, 1]
 
 
 def write_dir(path, modules, seed=0):
