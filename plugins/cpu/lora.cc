@@ -10,12 +10,14 @@
 // Inputs:  y [B, S, N] float32 (the fused projection); x [B, S, K] float32 (its input); then per
 //          module a_j [n, K, r_j] and b_j [n, r_j, hi_j - lo_j] float32, where n = 1 (one adapter
 //          for the batch) or B (row b uses a_j[b], b_j[b]). Up to 3 modules (q|k|v).
-// Output:  [B, S, N], written over y when ONNX Runtime lets it (y is its only reader); or, as
-//          trtllm.cpu::LoraAddSwiglu, silu(gate) * up of the sum, [B, S, N / 2] (gate columns first).
+// Output:  [B, S, N]; or, as trtllm.cpu::LoraAddSwiglu, silu(gate) * up of the sum, [B, S, N / 2]
+//          (gate columns first).
 // Attributes: columns [lo_0, hi_0, lo_1, hi_1, ...] (adjacent, from 0 to N).
 //
-// Two parallel phases: t_j = x @ a_j in parts of K (partial sums per part), then per chunk of
-// output columns out = y + t_j @ b_j, reading each b_j chunk once per row from L1.
+// Decode (<= 16 rows): one dispatch of (module, part of K) tasks, the last of a module's adding
+// t @ b_j (module_task). Longer inputs: t_j = x @ a_j in parts of K, the parts added together, then
+// per chunk of output columns out = y + t_j @ b_j, reading each b_j chunk once per row from L1.
+// SwiGLU, when asked, is one more pass (on the calling thread when small).
 #include <algorithm>
 #include <atomic>
 #include <cstring>
@@ -193,22 +195,36 @@ void phase_xa(void* data, size_t task) {
   for (int64_t row = 0, g; row < job.rows; row += g) part_xa(job, mod, part, row, g = group(job, mod, row));
 }
 
-// Phase 2, one task per kColumns output columns: sum = y + the parts' t_j @ b_j there.
+constexpr int64_t kReduceRows = 64;  // rows per task adding the parts of t together
+
+// Between the phases, one task per kReduceRows rows: each module's parts of t added into part 0
+// (once, not again in every column task).
+void phase_reduce(void* data, size_t task) {
+  Job& job = *static_cast<Job*>(data);
+  const int64_t r0 = static_cast<int64_t>(task) * kReduceRows, r1 = std::min(r0 + kReduceRows, job.rows);
+  for (const Module& mod : job.modules) {
+    float* t0 = job.t.data() + mod.t_offset + r0 * mod.r;
+    for (int64_t part = 1; part < job.parts; ++part) {
+      const float* tp = job.t.data() + mod.t_offset + (part * job.rows + r0) * mod.r;
+      for (int64_t q = 0; q < (r1 - r0) * mod.r; ++q) t0[q] += tp[q];
+    }
+  }
+}
+
+// Phase 2, one task per kColumns output columns: sum = y + t_j @ b_j there (t_j in part 0).
 void phase_tb(void* data, size_t task) {
   Job& job = *static_cast<Job*>(data);
   const int64_t c0 = static_cast<int64_t>(task) * kColumns, c1 = std::min(c0 + kColumns, job.n);
-  std::vector<float> t;
-  if (job.sum != job.y)  // else ONNX Runtime gave y's buffer as the output: the sum is made in place
-    for (int64_t row = 0; row < job.rows; ++row)
-      std::memcpy(job.sum + row * job.n + c0, job.y + row * job.n + c0, (c1 - c0) * sizeof(float));
+  for (int64_t row = 0; row < job.rows; ++row)
+    std::memcpy(job.sum + row * job.n + c0, job.y + row * job.n + c0, (c1 - c0) * sizeof(float));
   for (const Module& mod : job.modules) {
     const int64_t lo = std::max(c0, mod.lo), hi = std::min(c1, mod.hi);
     if (lo >= hi) continue;
-    t.resize(kGroup * mod.r);
     for (int64_t row = 0, g; row < job.rows; row += g) {
-      sum_parts(job, mod, row, g = group(job, mod, row), t.data());
+      g = group(job, mod, row);
       const float* b = mod.b + (row / job.seq) * mod.b_step + (lo - mod.lo);
-      job.fn.tb[g - 1](t.data(), b, mod.r, mod.hi - mod.lo, hi - lo, job.sum + row * job.n + lo, job.n);
+      job.fn.tb[g - 1](job.t.data() + mod.t_offset + row * mod.r, b, mod.r, mod.hi - mod.lo, hi - lo,
+                       job.sum + row * job.n + lo, job.n);
     }
   }
 }
@@ -225,9 +241,8 @@ void module_task(void* data, size_t task) {
     for (int64_t row = 0, g; row < job.rows; row += g) part_xa(job, mod, part, row, g = group(job, mod, row));
     if (job.left[range].fetch_sub(1, std::memory_order_acq_rel) != 1) return;  // not the last part
   }
-  if (job.sum != job.y)
-    for (int64_t row = 0; row < job.rows; ++row)
-      std::memcpy(job.sum + row * job.n + mod.lo, job.y + row * job.n + mod.lo, (mod.hi - mod.lo) * sizeof(float));
+  for (int64_t row = 0; row < job.rows; ++row)
+    std::memcpy(job.sum + row * job.n + mod.lo, job.y + row * job.n + mod.lo, (mod.hi - mod.lo) * sizeof(float));
   if (!mod.r) return;
   std::vector<float> t(kGroup * mod.r);
   for (int64_t row = 0, g; row < job.rows; row += g) {
@@ -305,24 +320,27 @@ struct Kernel {
       for (const Module& mod : job.modules)
         work += mod.r * (job.k + mod.hi - mod.lo) * (mod.a_step ? xs[0] : 1) + job.rows * mod.r * (job.k + mod.hi - mod.lo);
       const bool parallel = work >= kParallelFloats;
-      const bool summed = adapted || (!swiglu && job.sum != job.y);  // else the output is y, or swiglu(y)
+      const bool summed = adapted || !swiglu;  // else the output is swiglu(y), straight from y
       if (summed && job.rows <= kFewRows) {
         job.left.reset(new std::atomic<int64_t>[job.ranges.size()]);
         for (size_t j = 0; j < job.ranges.size(); ++j) {
           job.left[j].store(job.parts);
           if (job.ranges[j].r)
             for (int64_t p = 0; p < job.parts; ++p) job.tasks.emplace_back(j, p);
-          else if (job.sum != job.y)
-            job.tasks.emplace_back(j, -1);
+          else
+            job.tasks.emplace_back(j, -1);  // y's columns only
         }
         run_tasks(ctx, module_task, job.tasks.size(), &job, parallel && job.tasks.size() > 1);
       } else if (summed) {
         if (adapted) run_tasks(ctx, phase_xa, job.modules.size() * job.parts, &job, parallel);
+        if (adapted && job.parts > 1)
+          run_tasks(ctx, phase_reduce, static_cast<size_t>((job.rows + kReduceRows - 1) / kReduceRows), &job, parallel);
         run_tasks(ctx, phase_tb, static_cast<size_t>((n + kColumns - 1) / kColumns), &job, parallel);
       }
       if (swiglu) {
         Swiglu s{adapted ? scratch.data() : job.y, out.GetTensorMutableData<float>(), job.rows, n / 2};
-        run_tasks(ctx, phase_swiglu, static_cast<size_t>((n / 2 + kColumns - 1) / kColumns), &s, parallel);
+        run_tasks(ctx, phase_swiglu, static_cast<size_t>((n / 2 + kColumns - 1) / kColumns), &s,
+                  job.rows * n / 2 >= kParallelFloats);
       }
       return nullptr;
     } catch (const std::exception& e) {
@@ -331,27 +349,9 @@ struct Kernel {
   }
 };
 
-// Output 0 may take input 0's buffer (LoraAdd only: LoraAddSwiglu's output is half as wide).
-size_t may_inplace(int** input_index, int** output_index) {
-  *input_index = new int[1]{0};
-  *output_index = new int[1]{0};
-  return 1;
-}
-
-void release_inplace(int* input_index, int* output_index) {
-  delete[] input_index;
-  delete[] output_index;
-}
-
 template <bool kSwiglu>
 struct Op : Ort::CustomOpBase<Op<kSwiglu>, Kernel, true> {
   static constexpr const char* kOpName = kSwiglu ? kSwigluName : kName;
-  Op() {
-    if (!kSwiglu) {
-      OrtCustomOp::GetMayInplace = may_inplace;
-      OrtCustomOp::ReleaseMayInplace = release_inplace;
-    }
-  }
   OrtStatusPtr CreateKernelV2(const OrtApi&, const OrtKernelInfo* info, void** kernel) const {
     try {
       Ort::ConstKernelInfo ki(info);

@@ -16,16 +16,16 @@ from tests.plugins.cpu_ops import on_portable_path, one_node_model, session  # n
 F = TensorProto.FLOAT
 
 
-def op_model(columns: list[int], activation: str = "none", in_place: bool = False) -> bytes:
-    """One LoraAdd (LoraAddSwiglu) node; `in_place`: y made by an Add first, so ONNX Runtime may give
-    its buffer to the output (a graph input's it never does)."""
+def op_model(columns: list[int], activation: str = "none", y_from_a_node: bool = False) -> bytes:
+    """One LoraAdd (LoraAddSwiglu) node; `y_from_a_node`: y made by an Add first, as in an engine
+    (y = the fused projection), not a graph input."""
     modules = len(columns) // 2
     names = ["y", "x"] + [f"{ab}{j}" for j in range(modules) for ab in "ab"]
     op = cpu.LORA_SWIGLU if activation == "swiglu" else cpu.LORA
-    node = helper.make_node(op, ["y1" if in_place else "y", *names[1:]], ["out"], domain=cpu.DOMAIN, columns=columns)
+    node = helper.make_node(op, ["y1" if y_from_a_node else "y", *names[1:]], ["out"], domain=cpu.DOMAIN, columns=columns)
     inputs = [helper.make_tensor_value_info(name, F, None) for name in names]
     outputs = [helper.make_tensor_value_info("out", F, None)]
-    if not in_place:
+    if not y_from_a_node:
         return one_node_model(node, inputs, outputs)
     graph = helper.make_graph([helper.make_node("Add", ["y", "y"], ["y1"]), node], "g", inputs, outputs)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 24), helper.make_opsetid(cpu.DOMAIN, 1)])
@@ -95,9 +95,9 @@ def test_swiglu_and_one_thread():
 
 
 @pytest.mark.parametrize("ranks", [[8, 0, 8], [0, 0, 0]])
-def test_in_place_on_the_projections_buffer(ranks):
+def test_y_made_by_another_node(ranks):
     feeds, columns = case(3, 40, 256, [256, 64, 64], ranks, shared=True)
-    got = session(op_model(columns, in_place=True)).run(None, feeds)[0]
+    got = session(op_model(columns, y_from_a_node=True)).run(None, feeds)[0]
     doubled = dict(feeds, y=2 * feeds["y"])
     np.testing.assert_allclose(got, reference(doubled, 3), atol=1e-4, rtol=1e-5)
 
