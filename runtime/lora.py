@@ -261,7 +261,9 @@ class StepAdapters:
         self.num_slots = num_slots
         self.held: list = [None] * num_slots  # the adapter each slot's buffer rows hold
         self.buffers: dict[str, np.ndarray] = {}
-        self.views: dict[tuple[int, int], dict[str, np.ndarray]] = {}  # the same objects step after step
+        # The same view objects step after step while no slot changes, new ones after a change: the
+        # TensorRT backend uploads an input again only when its array object is another one.
+        self.views: dict[tuple[int, int], dict[str, np.ndarray]] = {}
 
     def feeds(self, start: int, adapters: Sequence) -> dict[str, np.ndarray]:
         rows = [self.base if a is None else a for a in adapters]
@@ -272,6 +274,7 @@ class StepAdapters:
         for slot, adapter in enumerate(rows, start):
             if adapter is not self.IDLE and self.held[slot] is not adapter:
                 self.write(slot, adapter)
+                self.views = {}  # new view objects: a backend that copies inputs by identity copies again
         span = (start, start + len(rows))
         if span not in self.views:
             self.views[span] = {name: buf[span[0]:span[1]] for name, buf in self.buffers.items()}

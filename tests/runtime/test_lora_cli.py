@@ -49,6 +49,7 @@ def lora_engines(tiny_checkpoint, tmp_path_factory):
     random_adapter(root / "bundled", m, 4, seed=0)
     random_adapter(adapters / "a", m, 2, seed=1, modules=["q_proj", "v_proj", "down_proj"])
     random_adapter(adapters / "big", m, 8, seed=2)
+    random_adapter(adapters / "b", m, 2, seed=4, modules=["q_proj", "v_proj", "down_proj"])  # a's shapes: no growth
     engines = {"ort": build(BuildConfig(model=ckpt, output=str(root / "ort"), lora=(("bundled", str(root / "bundled")),),
                                         **LIMITS), log=lambda m: None),
                "legacy": build(BuildConfig(model=ckpt, output=str(root / "legacy"), graph="legacy", trt_version="10.3",
@@ -65,7 +66,8 @@ def chat(text, **extra):
 
 def payload(adapters, requests, **top):
     return {"temperature": 0, "max_generate_length": 8, "batch_size": 4,
-            "available_lora_weights": {"a": "adapters/a", "big": str(adapters / "big")}, "requests": requests, **top}
+            "available_lora_weights": {"a": "adapters/a", "b": "adapters/b", "big": str(adapters / "big")},
+            "requests": requests, **top}
 
 
 @pytest.fixture
@@ -137,12 +139,16 @@ def test_saved_system_prompt_kv_is_kept_per_adapter(cli, tmp_path):
 
 
 @pytest.mark.parametrize("engine", ["legacy", "trt"])
-def test_legacy_graph_and_tensorrt_give_the_same_answers(engine, cli):
-    requests = [chat("hello there", lora_name="a"), chat("hello there"), chat("a longer prompt for this", lora_name="a")]
-    want = texts(cli("ort", requests)[1])
+@pytest.mark.parametrize("batch_size", [4, 2])
+def test_legacy_graph_and_tensorrt_give_the_same_answers(engine, batch_size, cli):
+    """batch_size 2: in flight, slots change adapters under a running row (device copies must follow)."""
+    requests = [chat("hello there", lora_name="a"), chat("hello there"), chat("a longer prompt for this", lora_name="a"),
+                chat("and one more", lora_name="b", max_generate_length=3), chat("the last one", lora_name="a")]
+    want = texts(cli("ort", requests[:3])[1])
     assert want[0] != want[1]  # the adapter shows
+    want = texts(cli("ort", requests, batch_size=batch_size)[1])
     with fakes.installed():
-        result, out = cli(engine, requests)
+        result, out = cli(engine, requests, batch_size=batch_size)
     assert result.exit_code == 0, result.output
     assert texts(out) == want
 
