@@ -76,15 +76,15 @@ def text_ids(tokenizer, text: str, limit: int) -> list[int]:
 def merged_model(model, adapter, manifest):
     """A copy of the transformers model with the adapter merged into its weights (W += (A @ B)^T per
     module, from the engine's own lora_a / lora_b): what the engine must compute with that adapter."""
+    from trtllm.runtime.lora import projections
+
     merged, io = copy.deepcopy(model), manifest.io
     with torch.no_grad():
-        for i, layer in enumerate(merged.model.layers):
-            for s in manifest.lora["sites"].values():
-                for name, _, _ in s["modules"]:
-                    a = adapter.arrays[io.lora_a.format(i=i, module=name)][0].astype(np.float64)  # [in, r]
-                    b = adapter.arrays[io.lora_b.format(i=i, module=name)][0].astype(np.float64)  # [r, out]
-                    weight = layer.get_submodule(name).weight
-                    weight += torch.from_numpy((a @ b).T).to(weight.dtype)
+        for i, name, _, _ in projections(manifest):
+            a = adapter.arrays[io.lora_a.format(i=i, module=name)][0].astype(np.float64)  # [in, r]
+            b = adapter.arrays[io.lora_b.format(i=i, module=name)][0].astype(np.float64)  # [r, out]
+            weight = merged.model.layers[i].get_submodule(name).weight
+            weight += torch.from_numpy((a @ b).T).to(weight.dtype)
     return merged
 
 

@@ -17,7 +17,7 @@ import hashlib
 import json
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -177,8 +177,8 @@ def convert(name: str, path: str | Path, manifest: Manifest) -> Adapter:
     tensors = read_safetensors(weights_path)
     digest = hashlib.sha256(config_path.read_bytes() + weights_path.read_bytes()).hexdigest()
     dtype = dtype_of(manifest)
-    sites, max_rank = manifest.lora["sites"], manifest.limits.max_lora_rank
-    known = {m[0] for s in sites.values() for m in s["modules"]}
+    max_rank = manifest.limits.max_lora_rank
+    known = {module for _, module, _, _ in projections(manifest)}
     pairs: dict[tuple[int, str], dict[str, np.ndarray]] = {}
     for key, value in tensors.items():
         m = KEY.fullmatch(key.replace(".default.", "."))
@@ -192,18 +192,24 @@ def convert(name: str, path: str | Path, manifest: Manifest) -> Adapter:
         pairs.setdefault((layer, m[2]), {})[m[3]] = value
     arrays: dict[str, np.ndarray] = {}
     top = 0
-    for layer in range(manifest.model.num_layers):
-        for s in sites.values():
-            for mod, lo, hi in s["modules"]:
-                pair = pairs.get((layer, mod))
-                if pair is None:  # not adapted: rank 0
-                    arrays.update(module_arrays(manifest, layer, mod, np.zeros((0, s["in"])), np.zeros((hi - lo, 0)), dtype))
-                    continue
-                a, b = checked_pair(pair, f"{weights_path}: layer {layer} {mod}", s["in"], hi - lo, max_rank)
-                top = max(top, a.shape[0])
-                scale = module_scale(cfg, layer, mod, a.shape[0])
-                arrays.update(module_arrays(manifest, layer, mod, a, scale * b.astype(np.float32), dtype))
+    for layer, mod, n_in, n_out in projections(manifest):
+        pair = pairs.get((layer, mod))
+        if pair is None:  # not adapted: rank 0
+            a, b = np.zeros((0, n_in)), np.zeros((n_out, 0))
+        else:
+            a, b = checked_pair(pair, f"{weights_path}: layer {layer} {mod}", n_in, n_out, max_rank)
+            top = max(top, a.shape[0])
+            b = module_scale(cfg, layer, mod, a.shape[0]) * b.astype(np.float32)
+        arrays.update(module_arrays(manifest, layer, mod, a, b, dtype))
     return Adapter(name=name, digest=digest, arrays=arrays, rank=top)
+
+
+def projections(manifest: Manifest) -> Iterator[tuple[int, str, int, int]]:
+    """(layer, PEFT module, in, out) of every LoRA input pair of a LoRA engine, layer by layer."""
+    for layer in range(manifest.model.num_layers):
+        for s in manifest.lora["sites"].values():
+            for module, lo, hi in s["modules"]:
+                yield layer, module, s["in"], hi - lo
 
 
 def checked_pair(pair: dict, where: str, n_in: int, n_out: int, max_rank: int) -> tuple[np.ndarray, np.ndarray]:
@@ -235,10 +241,8 @@ def base_adapter(manifest: Manifest) -> Adapter:
     """No adapter: rank 0 on every module, so every delta is zero."""
     dtype = dtype_of(manifest)
     arrays = {}
-    for layer in range(manifest.model.num_layers):
-        for s in manifest.lora["sites"].values():
-            for mod, lo, hi in s["modules"]:
-                arrays.update(module_arrays(manifest, layer, mod, np.zeros((0, s["in"])), np.zeros((hi - lo, 0)), dtype))
+    for layer, mod, n_in, n_out in projections(manifest):
+        arrays.update(module_arrays(manifest, layer, mod, np.zeros((0, n_in)), np.zeros((n_out, 0)), dtype))
     return Adapter(name="", digest="", arrays=arrays, rank=0)
 
 
@@ -255,9 +259,7 @@ class StepAdapters:
 
     def __init__(self, manifest: Manifest, num_slots: int):
         self.base = base_adapter(manifest)
-        io, m = manifest.io, manifest
-        self.a_names = {io.lora_a.format(i=i, module=mod) for i in range(m.model.num_layers)
-                        for s in m.lora["sites"].values() for mod, _, _ in s["modules"]}
+        self.a_names = {manifest.io.lora_a.format(i=i, module=mod) for i, mod, _, _ in projections(manifest)}
         self.num_slots = num_slots
         self.held: list = [None] * num_slots  # the adapter each slot's buffer rows hold
         self.buffers: dict[str, np.ndarray] = {}

@@ -42,22 +42,24 @@ from trtllm.runtime.sampling import SamplingParams  # noqa: E402
 ALL = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
-def random_adapter(path: Path, m, rank: int, modules, seed: int) -> lora.Adapter:
+def random_adapter(path: Path, m, rank: int, seed: int, modules=ALL, std: float = 0.02,
+                   alpha: float | None = None) -> Path:
+    """A PEFT adapter directory for a LoRA engine's model: rank `rank` on `modules` of every layer,
+    weights drawn from N(0, std), lora_alpha `alpha` (default: the rank, a scale of 1)."""
     from safetensors.numpy import save_file
 
     rng, tensors = np.random.default_rng(seed), {}
-    for site in m.lora["sites"].values():
-        for name, lo, hi in site["modules"]:
-            if name.split(".")[-1] in modules:
-                for i in range(m.model.num_layers):
-                    prefix = f"base_model.model.model.layers.{i}.{name}"
-                    tensors[f"{prefix}.lora_A.weight"] = rng.normal(0, 0.02, (rank, site["in"])).astype(np.float32)
-                    tensors[f"{prefix}.lora_B.weight"] = rng.normal(0, 0.02, (hi - lo, rank)).astype(np.float32)
+    for i, name, n_in, n_out in lora.projections(m):
+        if name.split(".")[-1] in modules:
+            prefix = f"base_model.model.model.layers.{i}.{name}"
+            tensors[f"{prefix}.lora_A.weight"] = rng.normal(0, std, (rank, n_in)).astype(np.float32)
+            tensors[f"{prefix}.lora_B.weight"] = rng.normal(0, std, (n_out, rank)).astype(np.float32)
     path.mkdir(parents=True)
     save_file(tensors, str(path / lora.WEIGHTS_NAME))
-    (path / lora.CONFIG_NAME).write_text(json.dumps({"peft_type": "LORA", "r": rank, "lora_alpha": rank,
-                                                     "target_modules": list(modules), "task_type": "CAUSAL_LM"}))
-    return lora.load_adapter(path.name, path, m)
+    config = {"peft_type": "LORA", "r": rank, "lora_alpha": alpha or rank, "target_modules": list(modules),
+              "task_type": "CAUSAL_LM"}
+    (path / lora.CONFIG_NAME).write_text(json.dumps(config))
+    return path
 
 
 # Run in the peers' environment: llama.cpp on the token ids, without and with the adapter.
@@ -129,9 +131,9 @@ def main() -> None:
     ours: dict[int, dict] = {}
     with tempfile.TemporaryDirectory() as tmp:
         m = with_lora.manifest
-        all16 = random_adapter(Path(tmp) / "all16", m, 16, ALL, 0)
-        other16 = random_adapter(Path(tmp) / "other16", m, 16, ALL, 1)
-        qv8 = random_adapter(Path(tmp) / "qv8", m, 8, ("q_proj", "v_proj"), 2)
+        all16, other16, qv8 = (lora.load_adapter(path.name, path, m) for path in (
+            random_adapter(Path(tmp) / "all16", m, 16, 0), random_adapter(Path(tmp) / "other16", m, 16, 1),
+            random_adapter(Path(tmp) / "qv8", m, 8, 2, ("q_proj", "v_proj"))))
         for batch in (1, 8):
             cases = {"no LoRA inputs": (plain, [None] * batch), "LoRA inputs, no adapter": (with_lora, [None] * batch),
                      "rank 8 on q, v": (with_lora, [qv8] * batch), "rank 16 on all": (with_lora, [all16] * batch)}

@@ -33,11 +33,9 @@ def lora_feeds(m: mf.Manifest) -> dict:
     if not m.lora:
         return {}
     rng, r, dtype, out = np.random.default_rng(0), min(4, m.limits.max_lora_rank), lora.dtype_of(m), {}
-    for i in range(m.model.num_layers):
-        for site in m.lora["sites"].values():
-            for module, lo, hi in site["modules"]:
-                out[m.io.lora_a.format(i=i, module=module)] = rng.normal(0, 0.05, (1, site["in"], r)).astype(dtype)
-                out[m.io.lora_b.format(i=i, module=module)] = rng.normal(0, 0.05, (1, r, hi - lo)).astype(dtype)
+    for i, module, n_in, n_out in lora.projections(m):
+        out[m.io.lora_a.format(i=i, module=module)] = rng.normal(0, 0.05, (1, n_in, r)).astype(dtype)
+        out[m.io.lora_b.format(i=i, module=module)] = rng.normal(0, 0.05, (1, r, n_out)).astype(dtype)
     return out
 
 

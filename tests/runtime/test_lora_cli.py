@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import json
 
-import numpy as np
 import pytest
 
+from scripts.bench_lora import ALL
+from scripts.bench_lora import random_adapter as write_adapter
 from tests import fakes
 from trtllm.builder.config import BuildConfig, ConfigError
 from trtllm.builder.export import build
@@ -15,26 +16,14 @@ from trtllm.plugins.lint import lint_model
 from trtllm.runtime import lora
 from trtllm.runtime import manifest as mf
 
-save_file = pytest.importorskip("safetensors.numpy").save_file
+pytest.importorskip("safetensors.numpy")  # the adapters' files
 pytestmark = pytest.mark.hf
 LIMITS = dict(max_batch_size=4, max_input_len=96, max_kv_cache_capacity=192)
 
 
-def random_adapter(path, manifest: mf.Manifest, rank: int, seed: int, modules=None):
-    """A PEFT-layout adapter of `rank` on every module of every layer (or those in `modules`)."""
-    rng, tensors = np.random.default_rng(seed), {}
-    for site in manifest.lora["sites"].values():
-        for name, lo, hi in site["modules"]:
-            if modules and name.split(".")[-1] not in modules:
-                continue
-            for i in range(manifest.model.num_layers):
-                prefix = f"base_model.model.model.layers.{i}.{name}"
-                tensors[f"{prefix}.lora_A.weight"] = rng.normal(0, 0.3, (rank, site["in"])).astype(np.float32)
-                tensors[f"{prefix}.lora_B.weight"] = rng.normal(0, 0.3, (hi - lo, rank)).astype(np.float32)
-    path.mkdir(parents=True)
-    save_file(tensors, str(path / lora.WEIGHTS_NAME))
-    (path / lora.CONFIG_NAME).write_text(json.dumps({"peft_type": "LORA", "r": rank, "lora_alpha": 2 * rank}))
-    return path
+def random_adapter(path, manifest: mf.Manifest, rank: int, seed: int, modules=ALL):
+    """scripts/bench_lora.py's adapter, strong enough (N(0, 0.3), alpha 2r) that it changes the text."""
+    return write_adapter(path, manifest, rank, seed, modules, std=0.3, alpha=2 * rank)
 
 
 @pytest.fixture(scope="module")
