@@ -79,7 +79,11 @@ def state_dict_numpy(model) -> dict:
 def rope_tables(model, num_positions: int) -> tuple:
     """cos/sin [positions, head_dim/2] from the model's own rotary module, so every RoPE variant
     (scaling types, attention factor) matches transformers by construction."""
-    rotary = model.model.rotary_emb
+    return rotary_tables(model.model.rotary_emb, num_positions)
+
+
+def rotary_tables(rotary, num_positions: int) -> tuple:
+    """cos/sin [positions, head_dim/2] of a transformers rotary embedding module."""
     if getattr(rotary, "rope_type", "default") == "dynamic":
         raise CheckpointError("rope_type 'dynamic' is not supported: its frequencies depend on the sequence length")
     pos = torch.arange(num_positions, dtype=torch.int64)[None, :]

@@ -62,7 +62,9 @@ def resolve(options: dict, profile: str) -> dict:
                    "by lora_name at run time. [profile; default 0, or the largest --lora rank]")
 @click.option("--lora", multiple=True, metavar="NAME=PEFT_DIR",
               help="Bundle a PEFT LoRA adapter into the engine under NAME (repeatable); implies LoRA inputs.")
-@click.option("--eagle", metavar="DRAFT_DIR", help="EAGLE draft head (not supported yet).")
+@click.option("--eagle", metavar="DRAFT_DIR",
+              help="An EAGLE-3 draft head (config.json + model.safetensors, as SpecForge writes them): the engine "
+                   "then decodes greedy requests speculatively (ONNX Runtime).")
 @click.option("--no-verify", is_flag=True, help="Skip the logit check against transformers after building.")
 def main(model, output, profile, lora, eagle, no_verify, **options):
     """Build an engine directory from a checkpoint."""

@@ -69,7 +69,7 @@ class BuildConfig:
     max_kv_cache_capacity: int = 4096
     max_lora_rank: int = 0          # > 0: LoRA inputs in the graph, adapters of rank <= this at run time
     lora: tuple[tuple[str, str], ...] = field(default_factory=tuple)  # (name, PEFT dir) bundled into the engine
-    eagle: str | None = None
+    eagle: str | None = None       # an EAGLE-3 draft head directory (builder/eagle.py)
     verify: bool = True
     profile: str = "cpu-default"
     graph: str = "modern"           # llm.onnx's op set: modern (opset 24) or legacy (opset 20, TensorRT 10.3)
@@ -133,8 +133,9 @@ class BuildConfig:
         if self.quantization != "none" and self.dtype != "float32":
             raise ConfigError(f"--quantization {self.quantization} needs --dtype float32 (the activations' "
                               f"type), got {self.dtype}")
-        if self.eagle:
-            raise ConfigError("--eagle is not supported yet: EAGLE draft heads cannot be built so far")
+        if self.eagle and self.backend == "tensorrt":
+            raise ConfigError("--eagle builds for ONNX Runtime only so far (the draft head's TensorRT plan is not "
+                              "written yet); use --backend onnxruntime")
 
     def to_json(self) -> dict:
         return {k: (list(map(list, v)) if k == "lora" else v) for k, v in self.__dict__.items()}

@@ -104,7 +104,8 @@ class DecoderWriter:
     def __init__(self, spec: DecoderSpec, weights: dict[str, np.ndarray], rope_cos: np.ndarray,
                  rope_sin: np.ndarray, max_top_k: int, io: GraphIO = GraphIO(), quant: QuantScheme | None = None,
                  dtype: str = "float32", ort_attention: bool = False, graph: str = "modern",
-                 native_kernels: bool = False, lora_rank: int = 0):
+                 native_kernels: bool = False, lora_rank: int = 0,
+                 eagle: tuple[tuple[int, ...], np.ndarray] | None = None):
         if graph not in GRAPHS:
             raise ValueError(f"graph must be one of {GRAPHS}, got {graph!r}")
         self.legacy = graph == "legacy"
@@ -131,6 +132,7 @@ class DecoderWriter:
         self.lora_rank = lora_rank  # > 0: LoRA inputs on every site (lora_sites)
         self.native_lora = native_kernels and lora_rank > 0  # as trtllm.cpu::LoraAdd nodes
         self.sites = lora_sites(spec)
+        self.eagle = eagle  # (the draft's three layers, its fc [H, 3H]): EAGLE-3 outputs (builder/eagle.py)
 
     def fw(self, name: str, array: np.ndarray) -> str:
         """A float weight in the graph's dtype (`half`: float16 values, held as float32)."""
@@ -404,7 +406,9 @@ class DecoderWriter:
             visible = g.op("And", "/model/mask/window", [visible, g.op("Greater", "/model/mask/in_window", [kv_slot, lo])])
         return visible
 
-    def write(self) -> "onnx.ModelProto":  # noqa: F821
+    def prologue(self) -> tuple[str, str, str, str, str, str | None]:
+        """The step inputs every graph takes, the token embeddings and the attention mask:
+        (input_ids, position_ids, write_index, last_index, embeddings, mask)."""
         g, s, io = self.g, self.spec, self.io
         input_ids = g.input(io.input_ids, I64, ["batch", "seq"])
         position_ids = g.input(io.position_ids, I64, ["batch", "seq"])
@@ -427,50 +431,110 @@ class DecoderWriter:
             mask = legacy_ops.attention_bias(g, mask, s.num_heads // s.num_kv_heads)
             self.rope = legacy_ops.rope_tables(g, position_ids, self.cos, self.sin)
             self.kv_index = legacy_ops.scatter_indices(g, input_ids, write_index, s.num_kv_heads)
-        branch = None  # (residual Add name, the attention or MLP output still to be added into h)
-        for i in range(s.num_layers):
-            x, h = self.residual_norm(f"/model/layers.{i}/input_layernorm", h, branch,
-                                      f"model.layers.{i}.input_layernorm.weight")
-            branch = (f"/model/layers.{i}/attn/residual", self.attention(i, x, position_ids, write_index, mask))
-            x, h = self.residual_norm(f"/model/layers.{i}/post_attention_layernorm", h, branch,
-                                      f"model.layers.{i}.post_attention_layernorm.weight")
-            branch = (f"/model/layers.{i}/mlp/residual", self.mlp(i, x))
-        h = g.op("Add", branch[0], [h, branch[1]])
-        logits = self.lm_head(h, last_index)
-        self.sampler(logits)
+        return input_ids, position_ids, write_index, last_index, h, mask
+
+    def finish(self) -> "onnx.ModelProto":  # noqa: F821
         extra = {sample_body.DOMAIN: sample_schema.DOMAIN_VERSION, **({"com.microsoft": 1} if self.gqa else {}),
                  **({cpu_kernels.DOMAIN: 1} if self.native or self.native_attention or self.half or self.native_lora
                     else {})}
-        model = g.model("trtllm-edge", extra_opsets=extra)
+        model = self.g.model("trtllm-edge", extra_opsets=extra)
         if self.legacy:
             next(o for o in model.opset_import if o.domain == "").version = legacy_ops.OPSET
             model.ir_version = legacy_ops.IR_VERSION
         return model
 
-    def lm_head(self, h: str, last_index: str) -> str:
-        """Gather each row's last_index position first, so norm and lm_head run on [B,H] only."""
+    def write(self) -> "onnx.ModelProto":  # noqa: F821
+        g, s = self.g, self.spec
+        input_ids, position_ids, write_index, last_index, h, mask = self.prologue()
+        aux = {}  # EAGLE: the residual stream at the input of the draft head's three layers
+        branch = None  # (residual Add name, the attention or MLP output still to be added into h)
+        for i in range(s.num_layers):
+            x, h = self.residual_norm(f"/model/layers.{i}/input_layernorm", h, branch,
+                                      f"model.layers.{i}.input_layernorm.weight")
+            aux[i] = h
+            branch = (f"/model/layers.{i}/attn/residual", self.attention(i, x, position_ids, write_index, mask))
+            x, h = self.residual_norm(f"/model/layers.{i}/post_attention_layernorm", h, branch,
+                                      f"model.layers.{i}.post_attention_layernorm.weight")
+            branch = (f"/model/layers.{i}/mlp/residual", self.mlp(i, x))
+        h = g.op("Add", branch[0], [h, branch[1]])
+        if self.eagle is not None:
+            self.eagle_hidden([aux[i] for i in self.eagle[0]])
+        logits = self.lm_head(h, last_index)
+        self.sampler(logits)
+        return self.finish()
+
+    def to_float32(self, name: str, x: str, output: str) -> str:
+        """The graph's float output `output`: x itself renamed (float32 graphs), else a Cast of it."""
+        if self.ftype == F32:
+            assert self.g.nodes[-1].output[0] == x, "only the last node's output can be renamed"
+            self.g.nodes[-1].output[0] = output
+            return output
+        return self.g.op("Cast", f"{name}/Cast", [x], outputs=[output], to=F32)
+
+    def eagle_hidden(self, aux: list[str]) -> None:
+        """EAGLE-3: the draft head's fc over the three layers' hidden states, every position [B,S,H]."""
+        g = self.g
+        cat = g.op("Concat", "/eagle/aux/Concat", aux, axis=-1)
+        y = self.matmul("/eagle/fc", cat, "eagle.fc", self.eagle[1])
+        self.to_float32("/eagle/fc", y, self.io.eagle_hidden)
+        g.output(self.io.eagle_hidden, F32, ["batch", "seq", self.spec.hidden_size])
+
+    def head(self, h: str, last_index: str) -> str:
+        """norm and lm_head on each row's last_index position: [B,V] in the graph's float type."""
         g, s = self.g, self.spec
         idx = g.op("Reshape", "/model/last/Reshape", [last_index, g.const([-1, 1, 1])])
         idx = g.op("Expand", "/model/last/Expand", [idx, g.const([1, 1, s.hidden_size])])
         h = g.op("GatherElements", "/model/last/GatherElements", [h, idx], axis=1)           # [B,1,H]
         h = g.op("Squeeze", "/model/last/Squeeze", [h, g.const([1])])                         # [B,H]
-        h = self.rms_norm("/model/norm", h, "model.norm.weight")
+        return self.lm_matmul(self.rms_norm("/model/norm", h, "model.norm.weight"))
+
+    def lm_matmul(self, h: str) -> str:
+        """[N,H] -> [N,V] logits."""
+        g, s = self.g, self.spec
         if s.tie_word_embeddings and self.half:
-            logits = self.half_matmul("/lm_head", h, "model.embed_tokens.weight", s.vocab_size)
-        elif s.tie_word_embeddings and self.quant is None:
+            return self.half_matmul("/lm_head", h, "model.embed_tokens.weight", s.vocab_size)
+        if s.tie_word_embeddings and self.quant is None:
             # Gemm with transB shares the embedding table instead of storing a transposed copy.
-            logits = g.op("Gemm", "/lm_head/Gemm", [h, "model.embed_tokens.weight"], transB=1)
-        else:  # quantized: the lm_head gets its own quantized copy; the embedding stays float32
-            w = self.w["model.embed_tokens.weight" if s.tie_word_embeddings else "lm_head.weight"]
-            logits = self.matmul("/lm_head", h, "lm_head", w, rank=2)
+            return g.op("Gemm", "/lm_head/Gemm", [h, "model.embed_tokens.weight"], transB=1)
+        # quantized: the lm_head gets its own quantized copy; the embedding stays float32
+        w = self.w["model.embed_tokens.weight" if s.tie_word_embeddings else "lm_head.weight"]
+        return self.matmul("/lm_head", h, "lm_head", w, rank=2)
+
+    def lm_head(self, h: str, last_index: str) -> str:
+        """Gather each row's last_index position first, so norm and lm_head run on [B,H] only.
+        EAGLE engines gather the verify_index positions too, and give their greedy tokens."""
+        g, s = self.g, self.spec
+        if self.eagle is not None:
+            return self.verify_head(h, last_index)
         # The sampler's type is float32; a float32 graph names the product itself (a Cast would copy it).
-        if self.ftype == F32:
-            g.nodes[-1].output[0] = self.io.logits
-            logits = self.io.logits
-        else:
-            logits = g.op("Cast", "/lm_head/Cast", [logits], outputs=[self.io.logits], to=F32)
+        logits = self.to_float32("/lm_head", self.head(h, last_index), self.io.logits)
         g.output(self.io.logits, F32, ["batch", s.vocab_size])
         return logits
+
+    def verify_head(self, h: str, last_index: str) -> str:
+        """[B,1+T] positions (last_index, then verify_index) through norm and lm_head at once: the
+        sampler takes the first, verify_ids are the argmax of the others (EAGLE's verification)."""
+        g, s, io = self.g, self.spec, self.io
+        verify_index = g.input(io.verify_index, I64, ["batch", "verify"])
+        last = g.op("Unsqueeze", "/verify/last", [last_index, g.const([1])])
+        idx = g.op("Concat", "/verify/index", [last, verify_index], axis=1)                 # [B,1+T]
+        idx3 = g.op("Expand", "/verify/Expand", [g.op("Unsqueeze", "/verify/idx3", [idx, g.const([2])]),
+                                                  g.const([1, 1, s.hidden_size])])
+        h = g.op("GatherElements", "/verify/GatherElements", [h, idx3], axis=1)              # [B,1+T,H]
+        h = g.op("Reshape", "/verify/flat", [h, g.const([-1, s.hidden_size])])
+        logits = self.lm_matmul(self.rms_norm("/model/norm", h, "model.norm.weight"))       # [B*(1+T),V]
+        if self.ftype != F32:
+            logits = g.op("Cast", "/lm_head/Cast", [logits], to=F32)
+        shape = g.op("Concat", "/verify/shape", [g.op("Shape", "/verify/idx_shape", [idx]), g.const([s.vocab_size])],
+                     axis=0)
+        logits = g.op("Reshape", "/verify/logits", [logits, shape])                          # [B,1+T,V]
+        first = g.op("Gather", "/verify/first", [logits, g.const([0])], axis=1)              # [B,1,V]
+        g.op("Squeeze", "/verify/sampled", [first, g.const([1])], outputs=[io.logits])
+        g.output(io.logits, F32, ["batch", s.vocab_size])
+        rest = g.op("Slice", "/verify/rest", [logits, g.const([1]), g.const([2**62]), g.const([1])])
+        g.op("ArgMax", "/verify/ArgMax", [rest], outputs=[io.verify_ids], axis=2, keepdims=0)
+        g.output(io.verify_ids, I64, ["batch", "verify"])
+        return io.logits
 
     def sampler(self, logits: str) -> None:
         g, io = self.g, self.io

@@ -21,8 +21,8 @@ import onnx
 from trtllm.builder import checkpoint as ckpt
 from trtllm.builder import tensorrt as trt_build
 from trtllm.builder.architectures import spec_for
-from trtllm.builder.config import MODERN_MIN_TRT, BuildConfig, parse_trt_version
-from trtllm.builder import lora
+from trtllm.builder.config import MODERN_MIN_TRT, BuildConfig, ConfigError, parse_trt_version
+from trtllm.builder import eagle, lora
 from trtllm.builder.decoder import DecoderWriter, gqa_supported, half_supported, lora_sites
 from trtllm.builder.quantize import QuantScheme
 from trtllm.plugins import cpu as cpu_kernels
@@ -44,6 +44,8 @@ def versions() -> dict:
 
 
 def export_onnx(ck: ckpt.Checkpoint, config: BuildConfig, out_dir: Path, log, backend: str = "onnxruntime") -> tuple:
+    """llm.onnx and, for ONNX Runtime, the lowered source of its compiled form; with --eagle, the
+    draft head's graphs too (export_draft). Returns (spec, max_top_k, num_positions, lowerings, eagle section)."""
     spec = spec_for(ck.model.config, type(ck.model).__name__)
     num_positions = min(config.max_kv_cache_capacity, ck.model.config.max_position_embeddings)
     if backend == "tensorrt":
@@ -61,8 +63,13 @@ def export_onnx(ck: ckpt.Checkpoint, config: BuildConfig, out_dir: Path, log, ba
         log(f"quantizing the linear layers to int{quant.bits} (block {quant.block_size}, {quant.method})")
     if config.max_lora_rank:
         log(f"LoRA inputs on every layer's qkv, o, gate|up and down projections (rank <= {config.max_lora_rank})")
+    draft = eagle.load(config.eagle, spec, weights["model.embed_tokens.weight"]) if config.eagle else None
+    joint = (draft.aux_layers, draft.fc) if draft else None
+    if draft:
+        log(f"EAGLE-3 draft head {config.eagle}: hidden states of layers {list(draft.aux_layers)}, draft vocabulary "
+            f"{draft.spec.vocab_size}")
     model = DecoderWriter(spec, weights, cos, sin, max_top_k, quant=quant, dtype=config.dtype,
-                          graph=config.graph, lora_rank=config.max_lora_rank).write()
+                          graph=config.graph, lora_rank=config.max_lora_rank, eagle=joint).write()
     issues = lint.lint_model(model, config.trt_version)
     if issues:
         raise RuntimeError(f"the exported graph fails the TensorRT {config.trt_version} op lint:\n" +
@@ -97,9 +104,42 @@ def export_onnx(ck: ckpt.Checkpoint, config: BuildConfig, out_dir: Path, log, ba
             lowerings.append(cpu_kernels.LORA_LOWERING)
         ort_model = DecoderWriter(spec, weights, cos, sin, max_top_k, quant=quant, dtype=config.dtype,
                                   ort_attention=gqa or half, native_kernels=native,
-                                  lora_rank=config.max_lora_rank).write()
+                                  lora_rank=config.max_lora_rank, eagle=joint).write()
         save(ort_model, out_dir, ORT_SOURCE)
-    return spec, max_top_k, num_positions, lowerings
+    section = export_draft(draft, config, out_dir, log, num_positions, quant, native) if draft else {}
+    return spec, max_top_k, num_positions, lowerings, section
+
+
+def export_draft(draft: "eagle.Draft", config: BuildConfig, out_dir: Path, log, num_positions: int,
+                 quant: QuantScheme | None, native: bool) -> dict:
+    """eagle/draft.onnx (canonical, linted) and the source of its ONNX Runtime form, lowered as the
+    base graph is; returns the manifest's eagle section."""
+    (out_dir / eagle.DRAFT_DIR).mkdir()
+    cos, sin = eagle.rope_tables(draft, num_positions)
+    model = eagle.DraftWriter(draft, cos, sin, quant=quant, dtype=config.dtype, graph=config.graph).write()
+    issues = lint.lint_model(model, config.trt_version)
+    if issues:
+        raise RuntimeError(f"the draft graph fails the TensorRT {config.trt_version} op lint:\n" +
+                           "\n".join(f"  {i.node} ({i.op}): {i.message}" for i in issues))
+    save(model, out_dir, eagle.DRAFT_ONNX)
+    spec, lowerings = draft.spec, []
+    gqa = gqa_supported(spec, config.dtype)
+    half = native and half_supported(spec, config.dtype, quant)
+    if config.graph == "modern" and (gqa or half or (native and quant is not None)):
+        lowerings = [cpu_kernels.ATTENTION_LOWERING if native else "GroupQueryAttention",
+                     "SkipSimplifiedLayerNormalization"] if gqa or half else []
+        lowerings += [cpu_kernels.LOWERING] if native and quant is not None else []
+        lowerings += [cpu_kernels.HALF_LOWERING] if half else []
+        model = eagle.DraftWriter(draft, cos, sin, quant=quant, dtype=config.dtype, ort_attention=gqa or half,
+                                  native_kernels=native).write()
+        save(model, out_dir, eagle.DRAFT_SOURCE)
+    log(f"wrote the draft head's graph ({', '.join(lowerings) or 'standard ops'})")
+    return {"onnx": eagle.DRAFT_ONNX, "compiled": eagle.DRAFT_COMPILED, "aux_layers": list(draft.aux_layers),
+            "model": dataclasses.asdict(mf.ModelShape(
+                vocab_size=spec.vocab_size, hidden_size=spec.hidden_size, num_layers=1, num_heads=spec.num_heads,
+                num_kv_heads=spec.num_kv_heads, head_dim=spec.head_dim, kv_dtype=config.dtype)),
+            "lowerings": lowerings, "draft_step": eagle.DRAFT_STEP,
+            "source": {"path": str(draft.path.resolve()), "sha256": ckpt.weights_hash(sorted(draft.path.glob("*.safetensors")))}}
 
 
 def use_native_kernels(config: BuildConfig, runs_here: bool, log) -> bool:
@@ -127,32 +167,37 @@ def number_format(config: BuildConfig) -> str:
 
 
 def save(model: onnx.ModelProto, out_dir: Path, name: str) -> None:
+    """`name` may be in a subdirectory (eagle/draft.onnx); its data file sits next to it."""
     onnx.save_model(model, out_dir / name, save_as_external_data=True, all_tensors_to_one_file=True,
-                    location=name + ".data", size_threshold=1024)
+                    location=Path(name).name + ".data", size_threshold=1024)
 
 
-def compile_onnxruntime(out_dir: Path, log, quant: "QuantScheme | None" = None, native: bool = False) -> None:
+def compile_onnxruntime(out_dir: Path, log, quant: "QuantScheme | None" = None, native: bool = False,
+                        names: tuple[str, str, str] = (ONNX_NAME, ORT_SOURCE, ORT_NAME)) -> None:
     """Save ONNX Runtime's offline-optimised graph, so loading the engine skips those passes; made
-    from the lowered source graph when there is one (deleted after), else the canonical one."""
+    from the lowered source graph when there is one (deleted after), else the canonical one.
+    `names`: (canonical, lowered source, compiled) files."""
     import onnxruntime as ort
 
-    log("compiling for ONNX Runtime")
+    onnx_name, source_name, compiled_name = names
+    log(f"compiling {compiled_name} for ONNX Runtime")
     opts = ort.SessionOptions()
     # EXTENDED, not ALL: level-ALL fusions are tied to this CPU's instruction set.
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
-    opts.optimized_model_filepath = str(out_dir / ORT_NAME)
-    opts.add_session_config_entry("session.optimized_model_external_initializers_file_name", ORT_NAME + ".data")
+    opts.optimized_model_filepath = str(out_dir / compiled_name)
+    opts.add_session_config_entry("session.optimized_model_external_initializers_file_name",
+                                  Path(compiled_name).name + ".data")
     opts.add_session_config_entry("session.optimized_model_external_initializers_min_size_in_bytes", "1024")
     if quant is not None:  # DequantizeLinear + MatMul -> MatMulNBits with int8 activations
         opts.add_session_config_entry("session.qdq_matmulnbits_accuracy_level", str(quant.ort_accuracy_level))
     if native:
         opts.register_custom_ops_library(str(cpu_kernels.library()))
     opts.log_severity_level = 3
-    source = out_dir / ORT_SOURCE if (out_dir / ORT_SOURCE).is_file() else out_dir / ONNX_NAME
+    source = out_dir / source_name if (out_dir / source_name).is_file() else out_dir / onnx_name
     ort.InferenceSession(str(source), opts, providers=["CPUExecutionProvider"])
-    if source.name == ORT_SOURCE:
+    if source.name == Path(source_name).name:
         source.unlink()
-        (out_dir / (ORT_SOURCE + ".data")).unlink()
+        source.with_name(source.name + ".data").unlink()
 
 
 def eos_ids(ck: ckpt.Checkpoint) -> list[int]:
@@ -173,7 +218,7 @@ def save_tokenizer(ck: ckpt.Checkpoint, out_dir: Path) -> None:
 
 
 def make_manifest(ck, config: BuildConfig, backend: str, spec, max_top_k: int, num_positions: int,
-                  lowerings: list[str] = ()) -> mf.Manifest:
+                  lowerings: list[str] = (), eagle_section: dict | None = None) -> mf.Manifest:
     pad = ck.tokenizer.pad_token_id
     compiled = {"onnxruntime": {"compiled": ORT_NAME}, "tensorrt": {"plan": trt_build.PLAN_NAME}}[backend]
     return mf.Manifest(
@@ -192,6 +237,7 @@ def make_manifest(ck, config: BuildConfig, backend: str, spec, max_top_k: int, n
         build_config=config.to_json(), source=ck.source, versions=versions(), build_id=uuid.uuid4().hex,
         lowerings=tuple(lowerings),
         lora={"sites": lora_sites(spec), "adapters": {}} if config.max_lora_rank else {},
+        eagle=eagle_section or {},
     )
 
 
@@ -239,6 +285,8 @@ def build(config: BuildConfig, log=print) -> Path:
     """Run the whole build; returns the engine directory."""
     config = lora.with_rank(config)
     backend = resolve_backend(config, log)
+    if config.eagle and backend == "tensorrt":  # --backend auto picked TensorRT
+        raise ConfigError("--eagle builds for ONNX Runtime only so far; add --backend onnxruntime")
     out_dir = Path(config.output)
     tmp = out_dir.with_name(out_dir.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -246,15 +294,18 @@ def build(config: BuildConfig, log=print) -> Path:
     try:
         log(f"loading {config.model}")
         ck = ckpt.load(config.model)
-        spec, max_top_k, num_positions, lowerings = export_onnx(ck, config, tmp, log, backend)
-        manifest = make_manifest(ck, config, backend, spec, max_top_k, num_positions, lowerings)
+        spec, max_top_k, num_positions, lowerings, eagle_section = export_onnx(ck, config, tmp, log, backend)
+        manifest = make_manifest(ck, config, backend, spec, max_top_k, num_positions, lowerings, eagle_section)
         if config.lora:
             manifest = lora.bundle(config, manifest, tmp, log)
         if backend == "tensorrt":
             manifest = build_tensorrt(tmp, config, manifest, log)
         else:
-            compile_onnxruntime(tmp, log, QuantScheme.named(config.quantization, config.activations),
-                                native=cpu_kernels.needed_by(lowerings))
+            quant = QuantScheme.named(config.quantization, config.activations)
+            compile_onnxruntime(tmp, log, quant, native=cpu_kernels.needed_by(lowerings))
+            if eagle_section:
+                compile_onnxruntime(tmp, log, quant, native=cpu_kernels.needed_by(eagle_section["lowerings"]),
+                                    names=(eagle.DRAFT_ONNX, eagle.DRAFT_SOURCE, eagle.DRAFT_COMPILED))
         save_tokenizer(ck, tmp)
         mf.save(manifest, tmp)
         if config.verify:

@@ -72,8 +72,12 @@ def check_engine_limits(inp: fmt.InputFile, manifest) -> None:
 @click.option("--huge-pages/--no-huge-pages", default=True, show_default=True,
               help="Put the engine's weights on huge pages (Linux, CPU backend): faster decode, a second "
                    "or so more to load. TRTLLM_HUGE_PAGES=0 turns it off too.")
+@click.option("--spec-draft-step", type=click.IntRange(min=0), default=None,
+              help="EAGLE engines: tokens the draft head proposes per verification step (0: no speculative "
+                   "decoding). [default: the engine's, 4]")
 def main(input_file: Path, engine_dir: Path, output: Path | None, profile: Path | None, stream: bool,
-         kv_cache_dir: Path | None, kv_cache_size: str, threads: int | None, huge_pages: bool) -> None:
+         kv_cache_dir: Path | None, kv_cache_size: str, threads: int | None, huge_pages: bool,
+         spec_draft_step: int | None) -> None:
     """Answer the requests in INPUT_FILE with the engine in --engine."""
     from trtllm.runtime import manifest as mf
 
@@ -108,7 +112,14 @@ def main(input_file: Path, engine_dir: Path, output: Path | None, profile: Path 
     engine_errors = dict(fmt.check_limits(inp, m.max_top_k, m.model.vocab_size))
     engine_errors.update(fmt.check_against_engine(inp, m.model.vocab_size))
     prefixes = PrefixStore(kv_cache_dir or engine_dir / "cache", engine_identity(engine_dir), max_bytes=max_bytes)
-    runner = Runner(engine, Tokenizer.from_engine_dir(engine_dir), ChatTemplate.from_engine_dir(engine_dir), prefixes)
+    from trtllm.runtime.speculative import Drafter
+
+    try:
+        drafter = Drafter.load(engine_dir, engine.manifest, spec_draft_step, num_threads=threads, huge_pages=huge_pages)
+    except ManifestError as e:
+        fail_usage(str(e))
+    runner = Runner(engine, Tokenizer.from_engine_dir(engine_dir), ChatTemplate.from_engine_dir(engine_dir), prefixes,
+                    drafter)
     adapters = AdapterSet.for_run(engine, inp.available_lora_weights, input_file.parent)
     responses = runner.run(inp, engine_errors, on_text=print_chunk if stream else None, adapters=adapters)
     result = {"input_file": str(input_file), "responses": responses}

@@ -7,6 +7,8 @@
     last_index   [B]   int64        (the KV manager's), updated      logits          [B,V] f32 (on request)
     sampling     SamplingBatch      in place
     lora         {name: array}      LoRA engines: lora_a/lora_b per layer and site (runtime/lora.py)
+    verify_index [B,T] int64        EAGLE engines: positions   ──►  verify_ids  [B,T]   int64 (greedy)
+                                    to verify (default [B,1] 0)     hidden      [B,S,H] f32 (draft's input)
 
 `load_engine(engine_dir)` picks the backend named in the manifest through BACKENDS, a registry
 of import paths, so each backend imports its own library (onnxruntime or tensorrt) only when used.
@@ -38,6 +40,7 @@ class StepInputs:
     last_index: np.ndarray
     sampling: SamplingBatch
     lora: dict | None = None
+    verify_index: np.ndarray | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +49,8 @@ class StepOutputs:
     top_logprobs: np.ndarray
     top_logprob_ids: np.ndarray
     logits: np.ndarray | None = None
+    verify_ids: np.ndarray | None = None  # EAGLE engines: the greedy token at each verify_index position
+    hidden: np.ndarray | None = None      # EAGLE engines: eagle_hidden, every position
 
 
 class Engine(Protocol):

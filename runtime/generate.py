@@ -49,6 +49,7 @@ class RowState:
     save_prefix: bool = False         # store that prefix's KV for later requests
     num_reused: int = 0               # prompt tokens restored from a saved prefix
     adapter: object = None            # its LoRA adapter (runtime/lora.py Adapter), None for the base model
+    speculative: bool = True          # may decode speculatively (EAGLE engines, greedy rows; disable_spec_decode)
     slot: int | None = None
     banned: frozenset[int] = field(init=False)  # what min_new_tokens holds back: EOS, stop token ids
 
@@ -93,6 +94,15 @@ class Timing:
     generated_tokens: int = 0
     generation_seconds: float = 0.0
     kv_cache_bytes: int = 0   # the largest KV allocation of the run (slots x capacity x bytes/token)
+    # EAGLE (runtime/speculative.py): verify steps, draft graph runs and their time (in prefill_seconds
+    # and generation_seconds too), tokens drafted for verification, those accepted, and what the
+    # speculating rows emitted in verify steps (accepted drafts plus each step's own token)
+    verify_runs: int = 0
+    draft_runs: int = 0
+    draft_seconds: float = 0.0
+    drafted_tokens: int = 0
+    accepted_tokens: int = 0
+    speculative_tokens: int = 0
 
 
 class PrefixSource(Protocol):
@@ -223,8 +233,12 @@ class Scheduler:
         return out, time.perf_counter() - t0
 
     def accept(self, slot: int, out, b: int) -> None:
-        row, token = self.active[slot], int(out.token_ids[b])
-        row.accept(token, (out.top_logprobs[b].copy(), out.top_logprob_ids[b].copy()) if self.want_top else None)
+        top = (out.top_logprobs[b].copy(), out.top_logprob_ids[b].copy()) if self.want_top else None
+        self.accept_token(slot, int(out.token_ids[b]), top)
+
+    def accept_token(self, slot: int, token: int, top=None) -> None:
+        row = self.active[slot]
+        row.accept(token, top)
         sampling.penalize(self.batch, slot, row.params, row.counts, token, len(row.output_ids), row.banned)
         if self.on_token is not None:
             self.on_token(row)
@@ -237,7 +251,8 @@ class Scheduler:
                 self.prefill(s, s + 1)
             return
         view = sampling.rows(self.batch, start, stop)
-        out, elapsed = self.step(start, stop, prefill_inputs(rows, self.engine.manifest.pad_token_id, view))
+        inputs = prefill_inputs(rows, self.engine.manifest.pad_token_id, view)
+        out, elapsed = self.step(start, stop, inputs)
         t = self.timing
         t.prefill_runs += 1
         t.prefill_tokens += sum(len(r.prompt_ids) - r.num_reused for r in rows)
@@ -247,6 +262,10 @@ class Scheduler:
             self.accept(start + b, out, b)
             if r.save_prefix and self.prefixes and r.num_reused == 0 and len(r.prefix_ids) < len(r.prompt_ids):
                 self.prefixes.save(r.prefix_ids, self.kv.read(r.slot, len(r.prefix_ids)), adapter_key(r))
+        self.prefilled(start, rows, inputs, out)
+
+    def prefilled(self, start: int, rows: list[RowState], inputs: StepInputs, out) -> None:
+        """After a prefill step's tokens are accepted (the speculative scheduler drafts from here)."""
 
     def decode(self) -> None:
         hi = max(self.active) + 1  # idle slots below it ride along; above it are not computed
@@ -270,10 +289,17 @@ class Scheduler:
 
 
 def run_rows(engine: Engine, rows: list[RowState], num_slots: int | None = None, timing: Timing | None = None,
-             on_token=None, prefixes: PrefixSource | None = None) -> None:
+             on_token=None, prefixes: PrefixSource | None = None, drafter=None) -> None:
     """Generate until every row has a finish_reason, `num_slots` at a time (default: all at once).
-    `on_token(row)` is called after each accepted token (for streaming)."""
-    if rows:
+    `on_token(row)` is called after each accepted token (for streaming). `drafter`: an EAGLE
+    engine's draft head (runtime/speculative.py), which greedy rows then decode with."""
+    if not rows:
+        return
+    if drafter is not None:
+        from trtllm.runtime.speculative import SpecScheduler
+
+        SpecScheduler(engine, rows, num_slots or len(rows), timing, on_token, prefixes, drafter).run()
+    else:
         Scheduler(engine, rows, num_slots or len(rows), timing, on_token, prefixes).run()
 
 

@@ -77,6 +77,12 @@ class GraphIO:
     top_logprob_ids: str = "top_logprob_ids"  # int64 [batch, K]; a step's rows keep their first k
     lora_a: str = "lora_a.{i}.{module}"       # [1 or batch, in, rank]: LoRA engines only (manifest.lora)
     lora_b: str = "lora_b.{i}.{module}"       # [1 or batch, rank, out], alpha/r folded in
+    verify_index: str = "verify_index"        # int64 [batch, T]: EAGLE engines only (manifest.eagle), the
+    verify_ids: str = "verify_ids"            # positions whose greedy tokens come out as int64 [batch, T]
+    eagle_hidden: str = "eagle_hidden"        # f32 [batch, seq, H]: the draft head's fc(aux hidden states)
+    hidden_in: str = "hidden_in"              # draft graph: f32 [batch, seq, H] in,
+    draft_hidden: str = "draft_hidden"        # f32 [batch, H] out (at last_index, before the final norm)
+    draft_ids: str = "draft_ids"              # int64 [batch]: the drafted token (a target vocabulary id)
 
     def kv_pairs(self, num_layers: int) -> list[tuple[str, str]]:
         """(past, present) names in the order of the KV manager's buffers: K0, V0, K1, V1, ..."""
@@ -107,6 +113,7 @@ class Manifest:
     graph_profile: str = "modern"  # llm.onnx's op set: "modern" (opset 24) or "legacy" (opset 20, TensorRT 10.3)
     tensorrt: dict = field(default_factory=dict)  # TensorRT builds: version, GPU, profiles (builder/tensorrt.py)
     lora: dict = field(default_factory=dict)  # LoRA engines: sites, dtype, bundled adapters (runtime/lora.py)
+    eagle: dict = field(default_factory=dict)  # EAGLE engines: the draft graph, its shape and files (builder/eagle.py)
     format_version: int = FORMAT_VERSION
 
     @property

@@ -70,8 +70,10 @@ def unsupported(req: fmt.Request) -> str | None:
 
 class Runner:
     def __init__(self, engine: Engine, tokenizer: Tokenizer, template: ChatTemplate | None,
-                 prefixes: PrefixSource | None = None):
+                 prefixes: PrefixSource | None = None, drafter=None):
+        """`drafter`: an EAGLE engine's draft head (runtime/speculative.py Drafter), or None."""
         self.engine, self.tokenizer, self.template, self.prefixes = engine, tokenizer, template, prefixes
+        self.drafter = drafter
         self.timing = Timing()
 
     def prepare(self, index: int, req: fmt.Request, inp: fmt.InputFile, adapters: AdapterSet) -> Prepared:
@@ -117,7 +119,8 @@ class Runner:
         return RowState(prompt_ids=p.prompt_ids, params=sampling_params(req), rng=sample_rng(req, smp.sample_idx),
                         eos_ids=frozenset(self.engine.manifest.eos_token_ids),
                         text=TextStream(self.tokenizer, req.stop), prefix_ids=p.prefix_ids,
-                        save_prefix=req.save_system_prompt_kv_cache, adapter=p.adapter)
+                        save_prefix=req.save_system_prompt_kv_cache, adapter=p.adapter,
+                        speculative=not req.disable_spec_decode)
 
     def generate(self, samples: list[Sample], num_slots: int, on_text=None) -> None:
         """Run every sample that can run, num_slots at a time (in-flight: a finished sample's slot
@@ -134,7 +137,7 @@ class Runner:
 
         try:
             run_rows(self.engine, [smp.row for smp in live], num_slots, self.timing,
-                     on_token if on_text else None, self.prefixes)
+                     on_token if on_text else None, self.prefixes, self.drafter)
         except Exception as e:  # the engine itself failed: fail what did not finish, keep the rest
             for smp in live:
                 if not smp.row.finish_reason:
@@ -191,6 +194,15 @@ class Runner:
         return {"allocated_bytes": self.timing.kv_cache_bytes, "bytes_per_token": bytes_per_token(m.model),
                 "max_bytes": bytes_for(m.model, m.limits.max_batch_size, m.limits.max_kv_cache_capacity)}
 
+    def spec_profile(self) -> dict:
+        """EAGLE: Edge-LLM's eagle_generation keys (total_iterations: verify steps), and ours."""
+        t = self.timing
+        return {"draft_step": self.drafter.step, "total_iterations": t.verify_runs,
+                "total_generated_tokens": t.speculative_tokens, "drafted_tokens": t.drafted_tokens,
+                "accepted_tokens": t.accepted_tokens,
+                "average_acceptance_rate": t.accepted_tokens / t.drafted_tokens if t.drafted_tokens else 0.0,
+                "draft_runs": t.draft_runs, "draft_time_ms": 1e3 * t.draft_seconds}
+
     def profile(self) -> dict:
         t = self.timing
         gen_tokens = t.generated_tokens  # decode steps only: each prefill's first token is prefill's
@@ -206,6 +218,7 @@ class Runner:
                            "average_tokens_per_run": gen_tokens / max(t.generation_runs, 1),
                            "tokens_per_second": gen_tokens / t.generation_seconds if t.generation_seconds else 0.0,
                            "average_time_per_token_ms": 1e3 * t.generation_seconds / max(gen_tokens, 1)},
+            **({"eagle_generation": self.spec_profile()} if self.drafter is not None else {}),
             "peak_cpu_memory_bytes": rss, "peak_cpu_memory_mb": rss / 2**20,
             "kv_cache": self.kv_cache_profile(),
             **({"huge_pages": hp.to_json()} if (hp := getattr(self.engine, "huge_pages", None)) else {}),

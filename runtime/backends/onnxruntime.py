@@ -7,6 +7,7 @@ place: no per-step copy or concatenation of the cache.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -17,7 +18,7 @@ import onnxruntime as ort
 from trtllm.plugins import cpu as cpu_kernels
 from trtllm.runtime import hugepages, lora
 from trtllm.runtime.engine import StepInputs, StepOutputs
-from trtllm.runtime.manifest import Manifest, ManifestError, rebuild_hint
+from trtllm.runtime.manifest import Manifest, ManifestError, ModelShape, rebuild_hint
 
 
 def session_options(num_threads: int | None = None) -> ort.SessionOptions:
@@ -89,6 +90,10 @@ class OnnxRuntimeEngine:
             io.top_k: s.top_k, io.top_p: s.top_p, io.uniform: s.uniform,
             **(inputs.lora or self.no_adapter),
         }
+        batch, m = inputs.input_ids.shape[0], self.manifest
+        if m.eagle:
+            feeds[io.verify_index] = inputs.verify_index if inputs.verify_index is not None \
+                else np.zeros((batch, 1), np.int64)
         # Inputs are bound without a copy (ORT reads the numpy buffer). The sampler's arrays are
         # the same buffers step after step (updated in place), and so are a LoRA batch's adapter
         # arrays, so they are bound only when the buffer changes: per-step Python work stays a few
@@ -107,7 +112,6 @@ class OnnxRuntimeEngine:
                 b.bind_cpu_input(name, array)
                 key = (array.ctypes.data, array.shape, array.dtype.str)
             bound[name] = (array, key)
-        batch, m = inputs.input_ids.shape[0], self.manifest
         outs = self.outputs.get((id(b), batch))
         if outs is None:
             k = m.logprob_width
@@ -120,15 +124,59 @@ class OnnxRuntimeEngine:
             for name in (io.token_ids, io.top_logprobs, io.top_logprob_ids, io.logits):
                 b.bind_ortvalue_output(name, ort.OrtValue.ortvalue_from_numpy(outs[name]))
             bound["outputs"] = batch
+        eagle = self.bind_eagle(b, bound, inputs.input_ids.shape[1], feeds[io.verify_index].shape[1]) \
+            if m.eagle else None
         self.session.run_with_iobinding(b)
         # Copies: the output buffers are reused by the next step. Rows keep the k logprobs asked for.
         k = s.num_logprobs
         return StepOutputs(token_ids=outs[io.token_ids].copy(), top_logprobs=outs[io.top_logprobs][:, :k].copy(),
                            top_logprob_ids=outs[io.top_logprob_ids][:, :k].copy(),
-                           logits=outs[io.logits].copy() if want_logits else None)
+                           logits=outs[io.logits].copy() if want_logits else None,
+                           **({} if eagle is None else {"verify_ids": eagle[0].copy(), "hidden": eagle[1].copy()}))
+
+    def bind_eagle(self, b, bound: dict, seq: int, width: int) -> tuple[np.ndarray, np.ndarray]:
+        """EAGLE outputs, verify_ids [B,T] and eagle_hidden [B,S,H]: their shapes change with the
+        step, so they are bound whenever the shape is not the one bound."""
+        io, key = self.io, (bound["outputs"], seq, width)
+        held = bound.get("eagle")
+        if held is None or held[0] != key:
+            arrays = (np.empty((key[0], width), np.int64),
+                      np.empty((key[0], seq, self.manifest.model.hidden_size), np.float32))
+            for name, array in zip((io.verify_ids, io.eagle_hidden), arrays):
+                b.bind_ortvalue_output(name, ort.OrtValue.ortvalue_from_numpy(array))
+            held = bound["eagle"] = (key, arrays)
+        return held[1]
 
     def close(self) -> None:
         # Everything that holds the session (bindings) or the last run's arrays goes, not just the session.
         self.bindings, self.bound, self.outputs = {}, {}, {}
         self.kv_root = self.last_kv = self.last_binding = None
         self.session = None
+
+
+class DraftEngine(OnnxRuntimeEngine):
+    """The draft head's ONNX Runtime session; its KV buffers are bound in place like the base's."""
+
+    def __init__(self, engine_dir, manifest: Manifest, **options):
+        e = manifest.eagle
+        draft = dataclasses.replace(manifest, model=ModelShape(**e["model"]), files={"compiled": e["compiled"]},
+                                    lowerings=tuple(e["lowerings"]), lora={}, eagle={})
+        super().__init__(engine_dir, draft, graph="compiled", **options)
+
+    def draft(self, ids, hidden, positions, write_index, last_index, kv) -> tuple[np.ndarray, np.ndarray]:
+        """One draft step: (drafted token ids [B], the draft's hidden state at last_index [B,H])."""
+        b, io = self.binding_for(kv), self.io
+        feeds = ((io.input_ids, ids), (io.hidden_in, hidden), (io.position_ids, positions),
+                 (io.write_index, write_index), (io.last_index, last_index))
+        held = [np.ascontiguousarray(a) for _, a in feeds]  # alive until the run is over
+        for (name, _), array in zip(feeds, held):
+            b.bind_cpu_input(name, array)
+        batch = ids.shape[0]
+        outs = self.outputs.get((id(b), batch))
+        if outs is None:
+            outs = self.outputs[(id(b), batch)] = (np.empty(batch, np.int64),
+                                                   np.empty((batch, self.manifest.model.hidden_size), np.float32))
+            b.bind_ortvalue_output(io.draft_ids, ort.OrtValue.ortvalue_from_numpy(outs[0]))
+            b.bind_ortvalue_output(io.draft_hidden, ort.OrtValue.ortvalue_from_numpy(outs[1]))
+        self.session.run_with_iobinding(b)
+        return outs[0].copy(), outs[1].copy()

@@ -1,0 +1,190 @@
+"""EAGLE-3 draft heads at build time: `--eagle DRAFT_DIR` reads a draft head in the format EAGLE-3's
+trainers write (SpecForge, the EAGLE repo; vLLM and TensorRT Edge-LLM read the same), and the build
+writes two things from it:
+
+- into the base graph (builder/decoder.py): `eagle_hidden` = fc(concat of the residual stream at the
+  input of three layers) for every position, and `verify_ids`, the greedy token at any positions;
+- ENGINE_DIR/eagle/draft.onnx (+ its ONNX Runtime form): the draft's one decoder layer, which takes
+  (token, hidden) pairs and gives the drafted token and its own hidden state.
+
+    DRAFT_DIR/config.json        architectures [LlamaForCausalLMEagle3], the layer's shape, draft_vocab_size,
+                                 eagle_config.eagle_aux_hidden_state_layer_ids (default [2, L//2, L-3])
+    DRAFT_DIR/model.safetensors  fc.weight [H, 3H], midlayer.{input_layernorm, hidden_norm,
+                                 post_attention_layernorm, self_attn.{q,k,v}_proj [*, 2H], o_proj, mlp.*},
+                                 norm.weight, lm_head.weight [Vd, H], d2t [Vd] (target id = draft id + d2t)
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from onnx import TensorProto
+
+from trtllm.builder.config import ConfigError
+from trtllm.builder.decoder import DecoderSpec, DecoderWriter
+
+ARCHITECTURES = ("LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM")
+DRAFT_DIR = "eagle"
+DRAFT_ONNX, DRAFT_SOURCE, DRAFT_COMPILED = (f"{DRAFT_DIR}/draft.onnx", f"{DRAFT_DIR}/draft.ort-source.onnx",
+                                            f"{DRAFT_DIR}/draft.ort.onnx")
+DRAFT_STEP = 4  # tokens drafted per verification, unless trtllm-run --spec-draft-step says otherwise
+F32, I64 = TensorProto.FLOAT, TensorProto.INT64
+LAYER_KEYS = ("input_layernorm.weight", "hidden_norm.weight", "post_attention_layernorm.weight",
+              "self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",
+              "self_attn.o_proj.weight", "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight")
+
+
+@dataclass
+class Draft:
+    """A loaded draft head: its layer as a one-layer DecoderSpec (vocabulary: the draft's), its
+    weights under the decoder writer's names, and what joins it to the target."""
+
+    path: Path
+    spec: DecoderSpec
+    weights: dict[str, np.ndarray]
+    fc: np.ndarray          # [H, 3H]
+    d2t: np.ndarray         # int64 [Vd]
+    aux_layers: tuple[int, int, int]
+    config: dict
+
+
+def fail(path: Path, message: str) -> None:
+    raise ConfigError(f"--eagle {path}: {message}")
+
+
+def read(path: Path) -> tuple[dict, dict]:
+    from safetensors.numpy import load_file
+
+    files = sorted(path.glob("*.safetensors")) if path.is_dir() else []
+    if not (path / "config.json").is_file() or not files:
+        fail(path, "must be a directory with config.json and model.safetensors (an EAGLE-3 draft head)")
+    try:
+        config = json.loads((path / "config.json").read_text())
+        tensors = {}
+        for f in files:
+            tensors.update(load_file(f))
+    except (OSError, ValueError) as e:
+        fail(path, f"cannot be read: {e}")
+    return config, {k.removeprefix("model."): v for k, v in tensors.items()}
+
+
+def load(path_arg: str, target: DecoderSpec, embed: np.ndarray) -> Draft:
+    """Read and check a draft head against its target (`embed`: the target's token embedding,
+    which EAGLE-3 heads share unless they carry their own)."""
+    path = Path(path_arg)
+    config, t = read(path)
+    arch = config.get("architectures") or []
+    if not set(arch) & set(ARCHITECTURES):
+        fail(path, f"architectures is {arch}; only EAGLE-3 heads ({ARCHITECTURES[0]}) are supported "
+                   "(EAGLE-1/2 heads have no fc over three layers)")
+    h, layers = target.hidden_size, target.num_layers
+    if config.get("hidden_size") != h:
+        fail(path, f"hidden_size {config.get('hidden_size')} differs from the target's {h}")
+    if config.get("num_hidden_layers", 1) != 1:
+        fail(path, f"num_hidden_layers is {config.get('num_hidden_layers')}; EAGLE-3 heads have one layer")
+    aux = (config.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids") or [2, layers // 2, layers - 3]
+    if len(aux) != 3 or not all(isinstance(i, int) and 0 <= i < layers for i in aux):
+        fail(path, f"eagle_aux_hidden_state_layer_ids must be three layer indices in [0, {layers}), got {aux}")
+    heads = config.get("num_attention_heads", target.num_heads)
+    kv_heads = config.get("num_key_value_heads", heads)
+    head_dim = config.get("head_dim") or h // heads
+    inter = config.get("intermediate_size", target.intermediate_size)
+    vocab = target.vocab_size
+    draft_vocab = config.get("draft_vocab_size") or vocab
+    expected = {"fc.weight": (h, 3 * h), "norm.weight": (h,), "lm_head.weight": (draft_vocab, h),
+                "midlayer.input_layernorm.weight": (h,), "midlayer.hidden_norm.weight": (h,),
+                "midlayer.post_attention_layernorm.weight": (h,),
+                "midlayer.self_attn.q_proj.weight": (heads * head_dim, 2 * h),
+                "midlayer.self_attn.k_proj.weight": (kv_heads * head_dim, 2 * h),
+                "midlayer.self_attn.v_proj.weight": (kv_heads * head_dim, 2 * h),
+                "midlayer.self_attn.o_proj.weight": (h, heads * head_dim),
+                "midlayer.mlp.gate_proj.weight": (inter, h), "midlayer.mlp.up_proj.weight": (inter, h),
+                "midlayer.mlp.down_proj.weight": (h, inter)}
+    for key, shape in expected.items():
+        if key not in t:
+            fail(path, f"{key} is missing")
+        if tuple(t[key].shape) != shape:
+            fail(path, f"{key} is {list(t[key].shape)}, expected {list(shape)}")
+    extra = sorted(k for k in t if k not in expected and k not in ("d2t", "t2d", "embed_tokens.weight"))
+    if extra:
+        fail(path, f"unexpected tensors {extra[:4]}: not an EAGLE-3 head this version can build")
+    d2t = np.asarray(t.get("d2t", np.zeros(draft_vocab, np.int64))).astype(np.int64)
+    if d2t.shape != (draft_vocab,):
+        fail(path, f"d2t is {list(d2t.shape)}, expected [{draft_vocab}]")
+    mapped = np.arange(draft_vocab) + d2t
+    if mapped.min() < 0 or mapped.max() >= vocab:
+        fail(path, f"d2t maps draft ids outside the target vocabulary [0, {vocab})")
+    if "embed_tokens.weight" in t:
+        embed = t["embed_tokens.weight"]
+        if embed.shape != (vocab, h):
+            fail(path, f"embed_tokens.weight is {list(embed.shape)}, expected [{vocab}, {h}]")
+    f32 = {k: np.asarray(v, np.float32) for k, v in t.items() if k not in ("d2t", "t2d")}
+    weights = {f"model.layers.0.{k}": f32[f"midlayer.{k}"] for k in LAYER_KEYS}
+    weights.update({"model.norm.weight": f32["norm.weight"], "lm_head.weight": f32["lm_head.weight"],
+                    "model.embed_tokens.weight": f32.get("embed_tokens.weight", embed)})
+    spec = DecoderSpec(architecture="eagle3", vocab_size=draft_vocab, hidden_size=h, intermediate_size=inter,
+                       num_layers=1, num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim,
+                       rms_norm_eps=float(config.get("rms_norm_eps", target.rms_norm_eps)))
+    return Draft(path, spec, weights, f32["fc.weight"], d2t, tuple(aux), config)
+
+
+def rope_tables(draft: Draft, num_positions: int):
+    """The draft's own RoPE (its config's rope_theta / rope_scaling), from transformers' Llama rotary."""
+    from transformers import LlamaConfig
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+    from trtllm.builder.checkpoint import rotary_tables
+
+    keys = ("rope_theta", "rope_scaling", "rope_parameters", "max_position_embeddings", "partial_rotary_factor")
+    cfg = LlamaConfig(hidden_size=draft.spec.hidden_size, num_attention_heads=draft.spec.num_heads,
+                      num_key_value_heads=draft.spec.num_kv_heads, head_dim=draft.spec.head_dim,
+                      **{k: draft.config[k] for k in keys if draft.config.get(k) is not None})
+    return rotary_tables(LlamaRotaryEmbedding(cfg), num_positions)
+
+
+class DraftWriter(DecoderWriter):
+    """The draft head's graph: one step over (token, hidden) pairs, its KV cache as the base's.
+
+        input_ids [B,S], hidden_in [B,S,H] (fc'd target hidden states, or the draft's own)
+        x = concat(input_layernorm(embed(input_ids)), hidden_norm(hidden_in))     [B,S,2H]
+        h = hidden_in + o_proj(attention(q|k|v_proj(x)))                            (past_key.0 etc.)
+        h = h + mlp(post_attention_layernorm(h))
+        draft_hidden [B,H] = h[b, last_index[b]]
+        draft_ids [B] = argmax(lm_head(norm(draft_hidden))) + d2t[argmax]
+    """
+
+    def __init__(self, draft: Draft, rope_cos: np.ndarray, rope_sin: np.ndarray, **options):
+        super().__init__(draft.spec, draft.weights, rope_cos, rope_sin, max_top_k=1, **options)
+        self.d2t = draft.d2t
+
+    def write(self) -> "onnx.ModelProto":  # noqa: F821
+        g, s, io = self.g, self.spec, self.io
+        input_ids, position_ids, write_index, last_index, e, mask = self.prologue()
+        hidden = g.input(io.hidden_in, F32, ["batch", "seq", s.hidden_size])
+        if self.ftype != F32:
+            hidden = g.op("Cast", "/draft/hidden/Cast", [hidden], to=self.ftype)
+        e = self.rms_norm("/model/layers.0/input_layernorm", e, "model.layers.0.input_layernorm.weight")
+        x = self.rms_norm("/model/layers.0/hidden_norm", hidden, "model.layers.0.hidden_norm.weight")
+        x = g.op("Concat", "/model/layers.0/concat", [e, x], axis=-1)
+        branch = ("/model/layers.0/attn/residual", self.attention(0, x, position_ids, write_index, mask))
+        x, h = self.residual_norm("/model/layers.0/post_attention_layernorm", hidden, branch,
+                                  "model.layers.0.post_attention_layernorm.weight")
+        h = g.op("Add", "/model/layers.0/mlp/residual", [h, self.mlp(0, x)])
+        idx = g.op("Reshape", "/model/last/Reshape", [last_index, g.const([-1, 1, 1])])
+        idx = g.op("Expand", "/model/last/Expand", [idx, g.const([1, 1, s.hidden_size])])
+        h = g.op("GatherElements", "/model/last/GatherElements", [h, idx], axis=1)
+        h = g.op("Squeeze", "/model/last/Squeeze", [h, g.const([1])])                       # [B,H]
+        logits = self.matmul("/lm_head", self.rms_norm("/model/norm", h, "model.norm.weight"), "lm_head",
+                             self.w["lm_head.weight"], rank=2)
+        best = g.op("ArgMax", "/draft/ArgMax", [logits], axis=-1, keepdims=0)                # a draft vocab id
+        offset = g.op("Gather", "/draft/d2t", [g.weight("d2t", self.d2t), best], axis=0)
+        g.op("Add", "/draft/target_id", [best, offset], outputs=[io.draft_ids])
+        g.output(io.draft_ids, I64, ["batch"])
+        if self.ftype == F32:
+            g.op("Identity", "/draft/hidden_out", [h], outputs=[io.draft_hidden])
+        else:
+            g.op("Cast", "/draft/hidden_out", [h], outputs=[io.draft_hidden], to=F32)
+        g.output(io.draft_hidden, F32, ["batch", s.hidden_size])
+        return self.finish()

@@ -1,0 +1,207 @@
+"""EAGLE-3 speculative decoding: a draft head proposes k tokens, the base model checks them in one step.
+
+The draft head (ENGINE_DIR/eagle/, builder/eagle.py) is one decoder layer with its own KV cache,
+slot for slot beside the base model's. At position q it takes the pair (hidden state h_q, token
+x_{q+1}) and proposes x_{q+2}; the hidden state is the base graph's `eagle_hidden` at q, or, while
+drafting ahead, the draft's own output at q-1. One decode cycle of a greedy row at position p
+(x_p is its last token, not yet in the base KV):
+
+    draft:   d1 is ready (from the last catch-up); d2..dk from k-1 single-token draft steps
+    verify:  the base model runs [x_p, d1 .. dk] at positions p .. p+k; verify_ids v0 .. vk are its
+             greedy tokens there. Emitted: d1 .. dj (each equal to v_{i-1}) and v_j, the first
+             disagreement's token (or the token after dk): j+1 tokens, exactly what greedy
+             decoding would emit one step at a time.
+    catch-up: the draft runs the pairs (h_{p+i}, emitted_i), i = 0..j, at positions p .. p+j (its
+             KV for the rejected drafts is overwritten), which gives d1 for the next cycle.
+
+Rows that do not speculate (sampled, penalties, logit_bias, logprobs, min_new_tokens,
+disable_spec_decode) share the step: they feed one token and take the sampler's, as in plain
+decoding. A slot's draft KV past a row's position is never read before it is written again, as in
+the base cache.
+
+Saved system prompts (runtime/prefix_cache.py) keep the draft's KV beside the base's, under their
+own key. The draft's pair at the prefix's last position holds the token after the prefix, which
+differs per request, so a restored prefix recomputes its last position in the base model and the
+draft KV of the positions before it is restored: the proposals are then exactly those of an
+uncached run.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from trtllm.runtime import sampling
+from trtllm.runtime.engine import StepInputs
+from trtllm.runtime.generate import RowState, Scheduler
+from trtllm.runtime.kv_cache import KVCacheManager
+from trtllm.runtime.manifest import Manifest
+
+
+def draft_key(row: RowState) -> str:
+    """The prefix store's key for the draft's KV of a saved prefix (beside the base's, per adapter)."""
+    return "eagle-draft" + ("" if row.adapter is None else ":" + row.adapter.digest)
+
+
+def greedy(p: sampling.SamplingParams) -> bool:
+    """What verification reproduces exactly: the argmax of the raw logits."""
+    return ((p.temperature == 0 or p.top_k == 1) and not p.logit_bias and not p.penalized
+            and p.num_logprobs == 0 and p.min_new_tokens == 0)
+
+
+@dataclass
+class Drafter:
+    """What trtllm-run hands the scheduler: the draft engine and how many tokens to draft per step."""
+
+    engine: "DraftEngine"  # noqa: F821 (runtime/backends/onnxruntime.py, imported when used)
+    step: int
+
+    @classmethod
+    def load(cls, engine_dir, manifest: Manifest, step: int | None = None, **options) -> "Drafter | None":
+        """None when the engine has no draft head or `step` is 0 (speculation off)."""
+        step = manifest.eagle.get("draft_step", 4) if step is None else step
+        if not manifest.eagle or step <= 0:
+            return None
+        from trtllm.runtime.backends.onnxruntime import DraftEngine
+
+        return cls(DraftEngine(engine_dir, manifest, **options), step)
+
+    def close(self) -> None:
+        self.engine.close()
+
+
+class SpecScheduler(Scheduler):
+    def __init__(self, engine, rows: list[RowState], num_slots: int, timing, on_token, prefixes, drafter: Drafter):
+        super().__init__(engine, rows, num_slots, timing, on_token, prefixes)
+        self.drafter, self.k = drafter.engine, drafter.step
+        self.dkv = KVCacheManager(self.drafter.manifest.model, self.kv.num_slots, self.kv.capacity)
+        self.hidden_size = self.drafter.manifest.model.hidden_size
+        self.pad = engine.manifest.pad_token_id
+        self.ready: dict[int, tuple[int, np.ndarray]] = {}  # slot -> (d1, the draft's hidden state it came with)
+
+    def speculates(self, row: RowState | None) -> bool:
+        return row is not None and not row.finish_reason and row.speculative and greedy(row.params)
+
+    def draft_step(self, start: int, ids, hidden, positions, last_index):
+        t0 = time.perf_counter()
+        d, h = self.drafter.draft(ids, hidden, positions, positions[:, 0].copy(), last_index,
+                                  self.dkv.view(start, start + ids.shape[0]))
+        elapsed = time.perf_counter() - t0
+        self.timing.draft_runs += 1
+        self.timing.draft_seconds += elapsed
+        return d, h, elapsed
+
+    def catch_up(self, start: int, rows: list, tokens: list[list[int] | None], hidden: np.ndarray,
+                 positions: list[int]) -> float:
+        """The draft runs (hidden[b, i], tokens[b][i]) at positions[b] + i for every speculating row
+        (None: not), and keeps each one's next proposal in `ready`."""
+        width = max(len(t) for t in tokens if t)
+        ids = np.full((len(rows), width), self.pad, np.int64)
+        hid = np.zeros((len(rows), width, self.hidden_size), np.float32)
+        pos = np.zeros((len(rows), width), np.int64)
+        last = np.zeros(len(rows), np.int64)
+        for b, t in enumerate(tokens):
+            if t:
+                ids[b, : len(t)], hid[b, : len(t)], last[b] = t, hidden[b, : len(t)], len(t) - 1
+                pos[b] = positions[b] + np.arange(width)
+        d, h, elapsed = self.draft_step(start, ids, hid, pos, last)
+        for b, t in enumerate(tokens):
+            if t and self.speculates(rows[b]):
+                self.ready[start + b] = (int(d[b]), h[b])
+        return elapsed
+
+    def prefilled(self, start: int, rows: list[RowState], inputs: StepInputs, out) -> None:
+        """The prompt's pairs: hidden state at q with the token at q+1 (the last one is the first output)."""
+        tokens = []
+        for b, r in enumerate(rows):
+            n = int(inputs.last_index[b]) + 1
+            tokens.append([*inputs.input_ids[b, 1:n].tolist(), r.output_ids[-1]] if self.speculates(r) else None)
+        if any(tokens):
+            self.timing.prefill_seconds += self.catch_up(start, rows, tokens, out.hidden, inputs.write_index.tolist())
+        for b, r in enumerate(rows):
+            if (tokens[b] and r.save_prefix and self.prefixes and r.num_reused == 0
+                    and 1 < len(r.prefix_ids) < len(r.prompt_ids)):
+                self.prefixes.save(r.prefix_ids, self.dkv.read(start + b, len(r.prefix_ids) - 1), draft_key(r))
+
+    def restore_prefix(self, row: RowState) -> None:
+        super().restore_prefix(row)
+        if row.num_reused and row.speculative and greedy(row.params):
+            row.num_reused -= 1  # the last position's pair needs its hidden state: recomputed
+            kv = self.prefixes.load(row.prefix_ids, draft_key(row))
+            if kv is not None and kv.shape[2] >= row.num_reused:
+                self.dkv.write(row.slot, kv[:, :, : row.num_reused])
+
+    def decode(self) -> None:
+        hi = max(self.active) + 1
+        rows = [self.active.get(s) for s in range(hi)]
+        pos = [0 if r is None else len(r.prompt_ids) + len(r.output_ids) - 1 for r in rows]
+        width = min(self.k + 1, min(self.kv.capacity - p for p in pos))  # padding stays inside every slot
+        ks = [min(width - 1, r.max_new_tokens - len(r.output_ids) - 1) if s in self.ready and self.speculates(r)
+              else 0 for s, r in enumerate(rows)]
+        drafts = {s: [self.ready[s][0]] for s in range(hi) if ks[s] > 0}
+        elapsed = self.draft_ahead(hi, rows, pos, ks, drafts)
+        w = 1 + max(ks)
+        ids = np.full((hi, w), self.pad, np.int64)
+        for s, r in enumerate(rows):
+            if r is not None:
+                ids[s, 0] = (r.output_ids or r.prompt_ids)[-1]
+                ids[s, 1: 1 + ks[s]] = drafts.get(s, [])[: ks[s]]
+        start = np.array(pos, np.int64)
+        inputs = StepInputs(input_ids=ids, position_ids=start[:, None] + np.arange(w), write_index=start,
+                            last_index=np.array(ks, np.int64), sampling=sampling.rows(self.batch, 0, hi),
+                            verify_index=np.tile(np.arange(w, dtype=np.int64), (hi, 1)))
+        out, step_time = self.step(0, hi, inputs)
+        self.timing.generation_runs += 1
+        self.timing.verify_runs += 1
+        emitted: list[list[int] | None] = [None] * hi
+        for s, r in enumerate(rows):
+            if r is None or r.finish_reason:
+                continue
+            if not self.speculates(r):
+                self.accept(s, out, s)
+                self.timing.generated_tokens += 1
+                continue
+            emitted[s] = self.verify(s, r, [int(v) for v in out.verify_ids[s, : ks[s] + 1]], drafts.get(s, []))
+            self.timing.drafted_tokens += ks[s]
+            self.timing.accepted_tokens += len(emitted[s]) - 1
+        for s, r in enumerate(rows):
+            if emitted[s] is not None and r.finish_reason:
+                emitted[s] = None
+        if any(emitted):
+            elapsed += self.catch_up(0, rows, emitted, out.hidden, pos)
+        self.timing.generation_seconds += step_time + elapsed
+
+    def draft_ahead(self, hi: int, rows: list, pos: list[int], ks: list[int], drafts: dict) -> float:
+        """d2 .. dk: single-token draft steps from each drafting row's last proposal."""
+        elapsed, hidden = 0.0, {s: self.ready[s][1] for s in drafts}
+        for j in range(1, max(ks, default=0)):
+            ids = np.full((hi, 1), self.pad, np.int64)
+            hid = np.zeros((hi, 1, self.hidden_size), np.float32)
+            positions = np.zeros((hi, 1), np.int64)
+            for s, d in drafts.items():
+                ids[s, 0], hid[s, 0], positions[s, 0] = d[-1], hidden[s], pos[s] + j - 1
+            d, h, t = self.draft_step(0, ids, hid, positions, np.zeros(hi, np.int64))
+            elapsed += t
+            for s in drafts:
+                if ks[s] > j:
+                    drafts[s].append(int(d[s]))
+                    hidden[s] = h[s]
+        return elapsed
+
+    def verify(self, slot: int, row: RowState, greedy_ids: list[int], drafts: list[int]) -> list[int]:
+        """Emit the greedy tokens while the drafts agree with them; returns what was emitted."""
+        emitted = []
+        for i, token in enumerate(greedy_ids):
+            emitted.append(token)
+            self.accept_token(slot, token)
+            if row.finish_reason or i >= len(drafts) or drafts[i] != token:
+                break
+        self.timing.generated_tokens += len(emitted)
+        self.timing.speculative_tokens += len(emitted)
+        return emitted
+
+    def release_finished(self) -> None:
+        for slot in [s for s, r in self.active.items() if r.finish_reason]:
+            self.ready.pop(slot, None)
+        super().release_finished()

@@ -1,0 +1,197 @@
+"""EAGLE-3 speculative decoding against transformers, on tiny random checkpoints with random heads:
+
+- the base graph's eagle_hidden and the draft graph equal transformers' modules (tests/eagle_drafts.py),
+  within 1e-4;
+- greedy tokens with speculation are exactly transformers' greedy tokens, in a batch and in flight;
+- every proposal the runtime verifies is the reference's proposal for the same text (the draft's
+  cached, rewritten KV and the hidden-state alignment are right);
+- the wrong variant, drafts emitted without verification, must miss.
+
+Random heads rarely guess right; test_eagle_trained.py covers accepted drafts.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from trtllm.runtime import sampling  # noqa: E402
+from trtllm.runtime.engine import load_engine  # noqa: E402
+from trtllm.runtime.generate import RowState, Timing, prefill_inputs, run_rows  # noqa: E402
+from trtllm.runtime.kv_cache import KVCacheManager  # noqa: E402
+from trtllm.runtime.speculative import Drafter, SpecScheduler  # noqa: E402
+
+from tests.eagle_drafts import Reference, random_draft  # noqa: E402
+from tests.parity.test_tiny_parity import hf_greedy, hf_model  # noqa: E402
+from tests.tiny_models import make_checkpoint  # noqa: E402
+
+pytestmark = pytest.mark.hf
+ARCHS = ["llama", "mistral", "qwen2", "qwen3"]
+PROMPTS = [[5, 17, 42, 99, 7], list(range(30, 52)), [3, 200, 11]]
+ATOL = 1e-4
+
+
+@pytest.fixture(scope="module")
+def eagle_setup(tmp_path_factory):
+    """arch -> (checkpoint, draft dir, engine dir), built once per arch."""
+    from trtllm.builder.config import BuildConfig
+    from trtllm.builder.export import build
+
+    made = {}
+
+    def get(arch: str, kernels: str = "auto", draft_vocab: int | None = None):
+        key = (arch, kernels, draft_vocab)
+        if key not in made:
+            root = tmp_path_factory.mktemp(f"eagle-{arch}-{kernels}")
+            ck = make_checkpoint(arch, root / "model", num_layers=6)
+            draft = random_draft(ck, root / "draft", seed=1, draft_vocab=draft_vocab)
+            build(BuildConfig(model=str(ck), output=str(root / "engine"), eagle=str(draft), cpu_kernels=kernels,
+                              max_input_len=128, max_kv_cache_capacity=256), log=lambda m: None)
+            made[key] = (ck, draft, root / "engine")
+        return made[key]
+
+    return get
+
+
+def greedy_rows(prompts, n):
+    params = sampling.SamplingParams(temperature=0.0, max_new_tokens=n)
+    return [RowState(prompt_ids=p, params=params, rng=np.random.default_rng(0), eos_ids=frozenset()) for p in prompts]
+
+
+class MemoryPrefixes:
+    """An in-memory saved-prefix store (runtime/prefix_cache.py's interface)."""
+
+    def __init__(self):
+        self.saved = {}
+
+    def load(self, prefix_ids, adapter=None):
+        return self.saved.get((tuple(prefix_ids), adapter))
+
+    def save(self, prefix_ids, kv, adapter=None):
+        self.saved[(tuple(prefix_ids), adapter)] = kv.copy()
+
+
+def speculate(engine_dir, prompts, n, num_slots=None, step=4, prefixes=None, prefix_len=0):
+    """Greedy tokens with speculation, and every verification: (text before it, its drafts).
+    With `prefixes`, each prompt's first prefix_len tokens are a saved system prompt."""
+    engine = load_engine(engine_dir)
+    drafter = Drafter.load(engine_dir, engine.manifest, step)
+    seen, original = [], SpecScheduler.verify
+
+    def record(self, slot, row, greedy_ids, drafts):
+        seen.append((row.prompt_ids + row.output_ids, list(drafts)))
+        return original(self, slot, row, greedy_ids, drafts)
+
+    rows, timing = greedy_rows(prompts, n), Timing()
+    for r in rows:
+        r.prefix_ids, r.save_prefix = tuple(r.prompt_ids[:prefix_len]), prefix_len > 0
+    SpecScheduler.verify = record
+    try:
+        run_rows(engine, rows, num_slots, timing, prefixes=prefixes, drafter=drafter)
+    finally:
+        SpecScheduler.verify = original
+    return [r.output_ids for r in rows], seen, timing
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_eagle_hidden_and_draft_match_reference(arch, eagle_setup):
+    ck, draft_dir, engine_dir = eagle_setup(arch)
+    ref = Reference(draft_dir, hf_model(ck))
+    engine = load_engine(engine_dir)
+    prompt = PROMPTS[1]
+    params = sampling.SamplingParams(temperature=0.0)
+    batch = sampling.make_batch([params], engine.manifest.model.vocab_size, engine.manifest.max_top_k)
+    row = RowState(prompt_ids=prompt, params=params, rng=np.random.default_rng(0), eos_ids=frozenset())
+    out = engine.step(prefill_inputs([row], engine.manifest.pad_token_id, batch),
+                      KVCacheManager(engine.manifest.model, 1, 64).view(0, 1))
+    want = ref.target_hidden(prompt)
+    np.testing.assert_allclose(out.hidden[0], want.numpy(), atol=ATOL, rtol=1e-5)  # values up to ~40
+    # The draft over the prompt's pairs (hidden q, token q+1), then one step on its own hidden.
+    drafter = Drafter.load(engine_dir, engine.manifest)
+    kv = KVCacheManager(drafter.engine.manifest.model, 1, 64)
+    ids, hidden = prompt[1:], want[:-1]
+    n = len(ids)
+    got_id, got_h = drafter.engine.draft(np.array([ids]), hidden.numpy()[None], np.arange(n)[None],
+                                         np.array([0]), np.array([n - 1]), kv.view(0, 1))
+    ref_ids, ref_h = ref.forward(ids, hidden)
+    assert int(got_id[0]) == ref_ids[-1]
+    np.testing.assert_allclose(got_h[0], ref_h[-1].numpy(), atol=ATOL, rtol=1e-5)
+    got_id2, got_h2 = drafter.engine.draft(got_id[None].astype(np.int64), got_h[None], np.array([[n]]),
+                                           np.array([n]), np.array([0]), kv.view(0, 1))
+    ref_ids2, ref_h2 = ref.forward(ids + ref_ids[-1:], torch.cat([hidden, ref_h[-1:]]))
+    assert int(got_id2[0]) == ref_ids2[-1]
+    np.testing.assert_allclose(got_h2[0], ref_h2[-1].numpy(), atol=ATOL, rtol=1e-5)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_speculative_greedy_equals_transformers(arch, eagle_setup):
+    ck, draft_dir, engine_dir = eagle_setup(arch)
+    model = hf_model(ck)
+    expected = [hf_greedy(model, p, 24) for p in PROMPTS]
+    got, seen, timing = speculate(engine_dir, PROMPTS, 24)
+    assert got == expected
+    assert timing.verify_runs > 0 and timing.drafted_tokens > 0
+    got, _, _ = speculate(engine_dir, PROMPTS, 24, num_slots=2)  # in flight: a slot changes hands
+    assert got == expected
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_proposals_match_reference(arch, eagle_setup):
+    """Each verification's drafts are what the reference proposes for the same text."""
+    ck, draft_dir, engine_dir = eagle_setup(arch)
+    ref = Reference(draft_dir, hf_model(ck))
+    _, seen, _ = speculate(engine_dir, PROMPTS[:2], 12)
+    assert len(seen) >= 6
+    for text, drafts in seen:
+        assert ref.propose(text, len(drafts)) == drafts
+
+
+def test_restored_system_prompt_keeps_the_proposals(eagle_setup):
+    """A saved prefix restores the draft's KV too: the proposals after it are the reference's."""
+    ck, draft_dir, engine_dir = eagle_setup("llama")
+    ref, store = Reference(draft_dir, hf_model(ck)), MemoryPrefixes()
+    system = list(range(60, 75))
+    prompts = [system + [5, 17, 42], system + [99, 7, 3, 8]]
+    first, _, _ = speculate(engine_dir, prompts[:1], 10, prefixes=store, prefix_len=len(system))
+    assert len(store.saved) == 2  # the base's KV and the draft's
+    got, seen, timing = speculate(engine_dir, prompts, 10, prefixes=store, prefix_len=len(system))
+    assert timing.reused_tokens == 2 * (len(system) - 1)
+    assert got == [hf_greedy(hf_model(ck), p, 10) for p in prompts] and got[0] == first[0]
+    for text, drafts in seen:
+        assert ref.propose(text, len(drafts)) == drafts
+
+
+def test_reduced_draft_vocabulary(eagle_setup):
+    """A draft vocabulary smaller than the target's: d2t maps proposals back to target ids."""
+    ck, draft_dir, engine_dir = eagle_setup("llama", draft_vocab=150)
+    ref = Reference(draft_dir, hf_model(ck))
+    got, seen, _ = speculate(engine_dir, PROMPTS, 16)
+    assert got == [hf_greedy(hf_model(ck), p, 16) for p in PROMPTS]
+    assert all(d >= 3 and (d - 3) % 2 == 0 for _, drafts in seen for d in drafts)
+    for text, drafts in seen[:6]:
+        assert ref.propose(text, len(drafts)) == drafts
+
+
+def test_onnxruntime_kernels(eagle_setup):
+    """The same engine on ONNX Runtime's own kernels (GroupQueryAttention) gives the same tokens."""
+    ck, _, engine_dir = eagle_setup("llama", kernels="onnxruntime")
+    got, _, _ = speculate(engine_dir, PROMPTS, 16, step=3)
+    assert got == [hf_greedy(hf_model(ck), p, 16) for p in PROMPTS]
+
+
+def test_unverified_drafts_are_caught(eagle_setup):
+    """The wrong variant: emitting the drafts without checking them must not match transformers."""
+    ck, _, engine_dir = eagle_setup("llama")
+    original = SpecScheduler.verify
+
+    def trusting(self, slot, row, greedy_ids, drafts):  # d1 .. dk, then the base's token after dk
+        return original(self, slot, row, [*drafts, greedy_ids[len(drafts)]], drafts)
+
+    SpecScheduler.verify = trusting
+    try:
+        got, _, _ = speculate(engine_dir, PROMPTS, 24)
+    finally:
+        SpecScheduler.verify = original
+    assert got != [hf_greedy(hf_model(ck), p, 24) for p in PROMPTS]

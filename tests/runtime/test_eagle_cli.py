@@ -1,0 +1,114 @@
+"""EAGLE through trtllm-build and trtllm-run: the answers with speculation are the answers without
+it (greedy, sampled, logprobs, stop strings, disable_spec_decode, in flight, saved system-prompt KV),
+the profile reports it, and bad draft heads fail the build with a message naming --eagle."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from tests.eagle_drafts import random_draft
+from trtllm.builder.cli import main as build_main
+from trtllm.builder.config import BuildConfig, ConfigError
+from trtllm.builder.export import build
+from trtllm.runtime import manifest as mf
+
+pytest.importorskip("safetensors.numpy")
+pytestmark = pytest.mark.hf
+LIMITS = dict(max_batch_size=4, max_input_len=96, max_kv_cache_capacity=192)
+
+
+@pytest.fixture(scope="module")
+def eagle_engine(tiny_checkpoint, tmp_path_factory):
+    root, ckpt = tmp_path_factory.mktemp("eagle-cli"), tiny_checkpoint("llama")
+    draft = random_draft(ckpt, root / "draft", seed=3, aux=[0, 1, 1])  # the tiny model has 2 layers
+    return build(BuildConfig(model=str(ckpt), output=str(root / "engine"), eagle=str(draft), **LIMITS),
+                 log=lambda m: None), draft
+
+
+def chat(text, **extra):
+    return {"messages": [{"role": "user", "content": text}], **extra}
+
+
+REQUESTS = [chat("Edge devices run small language models"),
+            chat("What is the capital of France?", temperature=0.8, top_k=20, seed=7),
+            chat("The quick brown fox", num_logprobs=3),
+            chat("Numbers 0 1 2 3", stop=["4"], disable_spec_decode=True),
+            chat("system user assistant tokens"),
+            chat("Héllo wörld")]
+
+
+def answers(run_cli, engine, tmp_path, *extra, batch_size=4, requests=REQUESTS):
+    profile = tmp_path / "profile.json"
+    result, out = run_cli(engine, {"temperature": 0, "max_generate_length": 24, "batch_size": batch_size,
+                                   "requests": requests}, "--profile", str(profile), *extra)
+    assert result.exit_code == 0, result.output
+    return [(r["output_text"], r["finish_reason"], r.get("logprobs")) for r in out["responses"]], \
+        json.loads(profile.read_text())
+
+
+@pytest.mark.parametrize("batch_size", [4, 2])
+def test_speculation_changes_no_answer(eagle_engine, run_cli, tmp_path, batch_size):
+    engine, _ = eagle_engine
+    plain, plain_profile = answers(run_cli, engine, tmp_path, "--spec-draft-step", "0", batch_size=batch_size)
+    assert "eagle_generation" not in plain_profile
+    for step in ("1", "4"):
+        got, profile = answers(run_cli, engine, tmp_path, "--spec-draft-step", step, batch_size=batch_size)
+        assert got == plain
+        spec = profile["eagle_generation"]
+        assert spec["draft_step"] == int(step) and spec["total_iterations"] > 0
+        assert spec["drafted_tokens"] > 0 and 0 <= spec["accepted_tokens"] <= spec["drafted_tokens"]
+
+
+def test_default_step_and_manifest(eagle_engine, run_cli, tmp_path):
+    engine, draft = eagle_engine
+    m = mf.load(engine)
+    assert m.eagle["aux_layers"] == [0, 1, 1] and m.eagle["draft_step"] == 4
+    assert (engine / m.eagle["onnx"]).is_file() and (engine / m.eagle["compiled"]).is_file()
+    _, profile = answers(run_cli, engine, tmp_path, requests=REQUESTS[:1])
+    assert profile["eagle_generation"]["draft_step"] == 4
+
+
+def test_saved_system_prompt_reuse(eagle_engine, run_cli, tmp_path):
+    """A restored system prompt has no draft KV: fewer drafts may be accepted, the text is the same."""
+    engine, _ = eagle_engine
+    system = {"role": "system", "content": "You are a careful assistant who answers briefly."}
+    reqs = [{"messages": [system, {"role": "user", "content": t}], "save_system_prompt_kv_cache": True}
+            for t in ("Edge devices", "The quick brown fox")]
+    cache = ["--kv-cache-dir", str(tmp_path / "kv")]
+    plain, _ = answers(run_cli, engine, tmp_path, "--spec-draft-step", "0", *cache, requests=reqs)
+    first, _ = answers(run_cli, engine, tmp_path, *cache, requests=reqs)
+    again, profile = answers(run_cli, engine, tmp_path, *cache, requests=reqs)
+    assert profile["prefill"]["reused_tokens"] > 0
+    assert first == plain and again == plain
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda d: (d / "config.json").write_text(json.dumps({**json.loads((d / "config.json").read_text()),
+                                                          "architectures": ["LlamaForCausalLMEagle"]})),
+     "only EAGLE-3 heads"),
+    (lambda d: (d / "model.safetensors").unlink(), "config.json and model.safetensors"),
+    (lambda d: (d / "config.json").write_text(json.dumps({**json.loads((d / "config.json").read_text()),
+                                                          "hidden_size": 32})),
+     "hidden_size 32 differs"),
+    (lambda d: (d / "config.json").write_text(json.dumps({**json.loads((d / "config.json").read_text()),
+                                                          "eagle_config": {"eagle_aux_hidden_state_layer_ids": [0, 1, 5]}})),
+     "three layer indices in [0, 2)"),
+    (lambda d: (d / "config.json").write_text(json.dumps({**json.loads((d / "config.json").read_text()),
+                                                          "draft_vocab_size": 7})),
+     "lm_head.weight is"),
+])
+def test_bad_draft_heads_fail_the_build(tiny_checkpoint, tmp_path, change, message):
+    draft = random_draft(tiny_checkpoint("llama"), tmp_path / "draft", aux=[0, 1, 1])
+    change(draft)
+    result = CliRunner().invoke(build_main, ["--model", str(tiny_checkpoint("llama")), "--output",
+                                             str(tmp_path / "engine"), "--eagle", str(draft), "--no-verify"])
+    assert result.exit_code == 2, result.output
+    assert "--eagle" in result.output and message in result.output
+    assert not (tmp_path / "engine").exists()
+
+
+def test_tensorrt_is_refused():
+    with pytest.raises(ConfigError, match="--eagle builds for ONNX Runtime only"):
+        BuildConfig(model="m", output="o", eagle="d", backend="tensorrt")
