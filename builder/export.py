@@ -312,11 +312,15 @@ def build(config: BuildConfig, log=print) -> Path:
             from trtllm.builder.verify import verify_engine
 
             log("verifying the engine against transformers")
-            report = verify_engine(tmp, ck, number_format(config))
+            report = verify_engine(tmp, ck, number_format(config), eagle=config.eagle)
             (tmp / "verify.json").write_text(json.dumps(report, indent=2) + "\n")
             log(f"verified: max |logit error| {report['max_abs_error']:.2e} over {report['num_positions']} "
                 f"positions (greedy tokens agree: {report['tokens_agree']}); top-1 agreement "
                 f"{report['top1_agreement']:.1%} over {report['agreement_positions']} positions of a fixed text")
+            if "eagle" in report:
+                e = report["eagle"]
+                log(f"verified the EAGLE outputs: eagle_hidden within {e['hidden_max_abs_error']:.2e}, the draft head "
+                    f"within {e['draft_max_abs_error']:.2e}, proposals agree: {e['proposals_agree']}")
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

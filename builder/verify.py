@@ -8,6 +8,9 @@
    int4 0.85). The logit error is reported alongside.
 3. Bundled LoRA adapters (--lora): the same prompt with each adapter, against transformers with the
    adapter merged into its weights; exactness as in 1.
+4. EAGLE (--eagle): the graph's eagle_hidden and the draft head's two steps against the reference
+   head of transformers' modules (builder/eagle_reference.py); float32 engines within 1e-3 of the
+   largest value and the same proposals, others reported only.
 `quantization` names the engine's number format: a quantization scheme, or its dtype when unquantized,
 and "/int16" or "/int8" for integer activations (--activations).
 """
@@ -99,7 +102,40 @@ def verify_adapter(engine, engine_dir, name: str, ck, ids: list[int]) -> dict:
             "tokens_agree": [int(t) for t in ref.argmax(-1)] == generated}
 
 
-def verify_engine(engine_dir, ck, quantization: str = "none", atol: float = 1e-3) -> dict:
+def verify_eagle(engine, engine_dir, draft_dir, ck, ids: list[int]) -> dict:
+    """The model's eagle_hidden over ids, then the head on the reference's hidden states (so each
+    graph is judged alone): its proposal and hidden state, and a second step on its own."""
+    from trtllm.builder.eagle_reference import Reference
+    from trtllm.runtime.speculative import Drafter
+
+    ref, m = Reference(draft_dir, ck.model), engine.manifest
+    params = sampling.SamplingParams(temperature=0.0)
+    batch = sampling.make_batch([params], m.model.vocab_size, m.max_top_k)
+    row = RowState(prompt_ids=ids, params=params, rng=np.random.default_rng(0), eos_ids=frozenset())
+    out = engine.step(prefill_inputs([row], m.pad_token_id, batch), KVCacheManager(m.model, 1, len(ids) + 2).view(0, 1))
+    want = ref.target_hidden(ids)
+    drafter = Drafter.load(engine_dir, m, huge_pages=False)
+    try:
+        kv = KVCacheManager(drafter.engine.manifest.model, 1, len(ids) + 2)
+        n, hidden = len(ids) - 1, want[:-1]
+        got_id, got_h = drafter.engine.draft(np.array([ids[1:]]), hidden.numpy()[None], np.arange(n)[None],
+                                             np.array([0]), np.array([n - 1]), kv.view(0, 1))
+        ref_ids, ref_h = ref.forward(ids[1:], hidden)
+        got_id2, got_h2 = drafter.engine.draft(np.array([[ref_ids[-1]]]), ref_h[-1:].numpy()[None], np.array([[n]]),
+                                               np.array([n]), np.array([0]), kv.view(0, 1))
+        ref_ids2, ref_h2 = ref.forward(ids[1:] + ref_ids[-1:], torch.cat([hidden, ref_h[-1:]]))
+    finally:
+        drafter.close()
+    draft_ref = np.stack([ref_h[-1].numpy(), ref_h2[-1].numpy()])
+    return {"hidden_max_abs_error": float(np.abs(out.hidden[0] - want.numpy()).max()),
+            "hidden_max_abs": float(np.abs(want.numpy()).max()),
+            "draft_max_abs_error": float(np.abs(np.stack([got_h[0], got_h2[0]]) - draft_ref).max()),
+            "draft_max_abs": float(np.abs(draft_ref).max()),
+            "proposals_agree": [int(got_id[0]), int(got_id2[0])] == [ref_ids[-1], ref_ids2[-1]]}
+
+
+def verify_engine(engine_dir, ck, quantization: str = "none", atol: float = 1e-3, eagle: str | None = None) -> dict:
+    """`eagle`: the draft head's directory, for an engine built with one."""
     engine = load_engine(engine_dir, graph="compiled", huge_pages=False)  # checked, then closed
     report = {"quantization": quantization}
     try:
@@ -122,6 +158,8 @@ def verify_engine(engine_dir, ck, quantization: str = "none", atol: float = 1e-3
                     for name in engine.manifest.lora.get("adapters", {})}
         if adapters:
             report["adapters"] = adapters
+        if eagle:
+            report["eagle"] = verify_eagle(engine, engine_dir, eagle, ck, ids)
     finally:
         engine.close()
     exact = quantization in ("none", "float32")
@@ -129,6 +167,13 @@ def verify_engine(engine_dir, ck, quantization: str = "none", atol: float = 1e-3
         if exact and r["max_abs_error"] > atol:
             raise VerifyError(f"engine logits {name}differ from transformers by up to {r['max_abs_error']:.3g} "
                               f"(> {atol}); the build is wrong. Rebuild with --no-verify only to inspect it")
+    e = report.get("eagle")
+    if exact and e and (e["hidden_max_abs_error"] > atol * max(1.0, e["hidden_max_abs"])
+                        or e["draft_max_abs_error"] > atol * max(1.0, e["draft_max_abs"]) or not e["proposals_agree"]):
+        raise VerifyError(f"the EAGLE outputs differ from the reference head (eagle_hidden by "
+                          f"{e['hidden_max_abs_error']:.3g}, the draft head's hidden state by {e['draft_max_abs_error']:.3g}, "
+                          f"proposals agree: {e['proposals_agree']}); the build is wrong. Rebuild with --no-verify only "
+                          "to inspect it")
     if agreement < MIN_AGREEMENT[quantization]:
         raise VerifyError(f"the engine's top-1 token agrees with transformers at {agreement:.1%} of "
                           f"{len(chosen)} positions (< {MIN_AGREEMENT[quantization]:.0%}); the build is too "

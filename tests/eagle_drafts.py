@@ -1,9 +1,5 @@
-"""EAGLE-3 draft heads for tests: random ones in the trainers' format, and a reference made of
-transformers' own Llama modules (attention, MLP, RMSNorm, rotary), which the draft graph must equal.
-
-The reference recomputes the draft over the whole sequence of (hidden, token) pairs each time it
-proposes (no cache): the runtime's cached, rewritten draft KV must give the same proposals.
-"""
+"""Random EAGLE-3 draft heads for tests, in the trainers' format (the reference they are checked
+with is builder/eagle_reference.py)."""
 from __future__ import annotations
 
 import json
@@ -52,72 +48,3 @@ def random_draft(target_dir: Path, out_dir: Path, seed: int = 0, draft_vocab: in
         config["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": aux}
     (out_dir / "config.json").write_text(json.dumps(config, indent=2))
     return out_dir
-
-
-class Reference:
-    """The EAGLE-3 draft forward with transformers' modules, and greedy chain speculation with it."""
-
-    def __init__(self, draft_dir: Path, target):
-        import torch
-        from safetensors.torch import load_file
-        from transformers import LlamaConfig
-        from transformers.models.llama import modeling_llama as m
-
-        cfg = json.loads((Path(draft_dir) / "config.json").read_text())
-        keep = {k: v for k, v in cfg.items() if k not in ("architectures", "draft_vocab_size", "eagle_config")}
-        config = LlamaConfig(**keep)
-        config._attn_implementation = "eager"
-        t = load_file(str(Path(draft_dir) / "model.safetensors"))
-        h, layers = config.hidden_size, target.config.num_hidden_layers
-        self.aux = (cfg.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids") or [2, layers // 2, layers - 3]
-        self.attn = m.LlamaAttention(config, layer_idx=0)
-        for name in ("q_proj", "k_proj", "v_proj"):  # EAGLE-3: q/k/v read concat(embedding, hidden), 2H wide
-            setattr(self.attn, name, torch.nn.Linear(2 * h, t[f"midlayer.self_attn.{name}.weight"].shape[0], bias=False))
-        self.mlp = m.LlamaMLP(config)
-        self.norms = {n: m.LlamaRMSNorm(h, eps=config.rms_norm_eps)
-                      for n in ("input_layernorm", "hidden_norm", "post_attention_layernorm", "norm")}
-        with torch.no_grad():
-            for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
-                getattr(self.attn, name).weight.copy_(t[f"midlayer.self_attn.{name}.weight"])
-            for name in ("gate_proj", "up_proj", "down_proj"):
-                getattr(self.mlp, name).weight.copy_(t[f"midlayer.mlp.{name}.weight"])
-            for name, mod in self.norms.items():
-                mod.weight.copy_(t["norm.weight" if name == "norm" else f"midlayer.{name}.weight"])
-        self.fc, self.lm_head, self.d2t = t["fc.weight"], t["lm_head.weight"], t["d2t"]
-        self.rotary, self.target = m.LlamaRotaryEmbedding(config), target
-
-    def target_hidden(self, ids: list[int]):
-        """fc(concat of the residual stream at the input of the aux layers), every position [S,H]."""
-        import torch
-
-        with torch.no_grad():
-            hs = self.target(torch.tensor([ids]), output_hidden_states=True).hidden_states
-            return torch.cat([hs[i][0] for i in self.aux], -1) @ self.fc.T
-
-    def forward(self, ids: list[int], hidden):
-        """Draft outputs for (hidden[q], ids[q]) at positions 0..S-1: (proposed target ids, hidden out)."""
-        import torch
-
-        with torch.no_grad():
-            s = len(ids)
-            e = self.target.model.embed_tokens(torch.tensor([ids]))
-            x = torch.cat([self.norms["input_layernorm"](e), self.norms["hidden_norm"](hidden[None])], -1)
-            pos = self.rotary(x, torch.arange(s)[None])
-            mask = torch.full((s, s), float("-inf")).triu(1)[None, None]
-            g = hidden[None] + self.attn(x, pos, mask)[0]
-            g = g + self.mlp(self.norms["post_attention_layernorm"](g))
-            best = (self.norms["norm"](g) @ self.lm_head.T).argmax(-1)[0]
-            return (best + self.d2t[best]).tolist(), g[0]
-
-    def propose(self, tokens: list[int], k: int) -> list[int]:
-        """k drafts after `tokens`: pairs (target hidden q, token q+1) up to the last token, then the
-        draft's own hidden out with each drafted token."""
-        import torch
-
-        hidden, ids = self.target_hidden(tokens[:-1]), list(tokens[1:])
-        drafts = []
-        for _ in range(k):
-            proposed, out = self.forward(ids, hidden)
-            drafts.append(proposed[-1])
-            hidden, ids = torch.cat([hidden, out[-1:]]), ids + [proposed[-1]]
-        return drafts

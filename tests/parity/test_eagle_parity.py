@@ -23,7 +23,8 @@ from trtllm.runtime.generate import RowState, Timing, prefill_inputs, run_rows  
 from trtllm.runtime.kv_cache import KVCacheManager  # noqa: E402
 from trtllm.runtime.speculative import Drafter, SpecScheduler  # noqa: E402
 
-from tests.eagle_drafts import Reference, random_draft  # noqa: E402
+from trtllm.builder.eagle_reference import Reference  # noqa: E402
+from tests.eagle_drafts import random_draft  # noqa: E402
 from tests.parity.test_tiny_parity import hf_greedy, hf_model  # noqa: E402
 from tests.tiny_models import make_checkpoint  # noqa: E402
 

@@ -112,3 +112,27 @@ def test_bad_draft_heads_fail_the_build(tiny_checkpoint, tmp_path, change, messa
 def test_tensorrt_is_refused():
     with pytest.raises(ConfigError, match="--eagle builds for ONNX Runtime only"):
         BuildConfig(model="m", output="o", eagle="d", backend="tensorrt")
+
+
+def test_build_check_catches_a_wrong_head_graph(tiny_checkpoint, tmp_path, monkeypatch):
+    """The build's check is the reference head: a draft graph that norms the hidden state with the
+    embedding's weights (the wrong variant) fails the build, and leaves no engine."""
+    from trtllm.builder import eagle
+    from trtllm.builder.verify import VerifyError
+
+    class Wrong(eagle.DraftWriter):
+        def rms_norm(self, name, x, weight_name):
+            return super().rms_norm(name, x, weight_name.replace("hidden_norm", "input_layernorm"))
+
+    monkeypatch.setattr(eagle, "DraftWriter", Wrong)
+    draft = random_draft(tiny_checkpoint("llama"), tmp_path / "draft", aux=[0, 1, 1])
+    with pytest.raises(VerifyError, match="EAGLE outputs differ from the reference head"):
+        build(BuildConfig(model=str(tiny_checkpoint("llama")), output=str(tmp_path / "engine"), eagle=str(draft),
+                          **LIMITS), log=lambda m: None)
+    assert not (tmp_path / "engine").exists()
+
+
+def test_verify_report(eagle_engine):
+    engine, _ = eagle_engine
+    report = json.loads((engine / "verify.json").read_text())["eagle"]
+    assert report["proposals_agree"] and report["hidden_max_abs_error"] < 1e-3 * max(1, report["hidden_max_abs"])
