@@ -115,7 +115,7 @@ def main(input_file: Path, engine_dir: Path, output: Path | None, profile: Path 
     from trtllm.runtime.speculative import Drafter
 
     try:
-        drafter = Drafter.load(engine_dir, engine.manifest, spec_draft_step, num_threads=threads, huge_pages=huge_pages)
+        drafter = Drafter.load(engine_dir, engine.manifest, spec_draft_step, huge_pages=huge_pages)
     except ManifestError as e:
         fail_usage(str(e))
     runner = Runner(engine, Tokenizer.from_engine_dir(engine_dir), ChatTemplate.from_engine_dir(engine_dir), prefixes,

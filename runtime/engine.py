@@ -8,7 +8,7 @@
     sampling     SamplingBatch      in place
     lora         {name: array}      LoRA engines: lora_a/lora_b per layer and site (runtime/lora.py)
     verify_index [B,T] int64        EAGLE engines: positions   ──►  verify_ids  [B,T]   int64 (greedy)
-                                    to verify (default [B,1] 0)     hidden      [B,S,H] f32 (draft's input)
+                                    to verify (default [B,0])     hidden      [B,S,H] f32 (draft's input)
 
 `load_engine(engine_dir)` picks the backend named in the manifest through BACKENDS, a registry
 of import paths, so each backend imports its own library (onnxruntime or tensorrt) only when used.

@@ -57,6 +57,7 @@ class OnnxRuntimeEngine:
         self.kv_root = None
         self.last_kv = self.last_binding = None
         self.no_adapter = lora.base_adapter(manifest).arrays if manifest.lora else {}
+        self.no_verify: dict[int, np.ndarray] = {}  # EAGLE engines, per batch size: verify_index [B, 0]
 
     def binding_for(self, kv: Sequence[np.ndarray]):
         """An IOBinding with `kv` bound as both past_* and present_* (in place), made once per set
@@ -92,8 +93,9 @@ class OnnxRuntimeEngine:
         }
         batch, m = inputs.input_ids.shape[0], self.manifest
         if m.eagle:
+            # no positions to verify: [B, 0], and lm_head runs on the sampler's row alone
             feeds[io.verify_index] = inputs.verify_index if inputs.verify_index is not None \
-                else np.zeros((batch, 1), np.int64)
+                else self.no_verify.setdefault(batch, np.zeros((batch, 0), np.int64))
         # Inputs are bound without a copy (ORT reads the numpy buffer). The sampler's arrays are
         # the same buffers step after step (updated in place), and so are a LoRA batch's adapter
         # arrays, so they are bound only when the buffer changes: per-step Python work stays a few
@@ -155,13 +157,17 @@ class OnnxRuntimeEngine:
 
 
 class DraftEngine(OnnxRuntimeEngine):
-    """The draft head's ONNX Runtime session; its KV buffers are bound in place like the base's."""
+    """The draft head's ONNX Runtime session; its KV buffers are bound in place like the base's.
 
-    def __init__(self, engine_dir, manifest: Manifest, **options):
+    It runs on the calling thread only: the head is one layer, and a thread pool of its own would
+    fight the model's pool, whose workers spin for a while after each step, for the same cores
+    (on 2 cores, 2 threads made a k=1 cycle 2.1x slower than 1)."""
+
+    def __init__(self, engine_dir, manifest: Manifest, huge_pages: bool = True, **_):
         e = manifest.eagle
         draft = dataclasses.replace(manifest, model=ModelShape(**e["model"]), files={"compiled": e["compiled"]},
                                     lowerings=tuple(e["lowerings"]), lora={}, eagle={})
-        super().__init__(engine_dir, draft, graph="compiled", **options)
+        super().__init__(engine_dir, draft, num_threads=1, graph="compiled", huge_pages=huge_pages)
 
     def draft(self, ids, hidden, positions, write_index, last_index, kv) -> tuple[np.ndarray, np.ndarray]:
         """One draft step: (drafted token ids [B], the draft's hidden state at last_index [B,H])."""
