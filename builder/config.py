@@ -133,9 +133,6 @@ class BuildConfig:
         if self.quantization != "none" and self.dtype != "float32":
             raise ConfigError(f"--quantization {self.quantization} needs --dtype float32 (the activations' "
                               f"type), got {self.dtype}")
-        if self.eagle and self.backend == "tensorrt":
-            raise ConfigError("--eagle builds for ONNX Runtime only so far (the draft head's TensorRT plan is not "
-                              "written yet); use --backend onnxruntime")
 
     def to_json(self) -> dict:
         return {k: (list(map(list, v)) if k == "lora" else v) for k, v in self.__dict__.items()}

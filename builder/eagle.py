@@ -29,6 +29,7 @@ ARCHITECTURES = ("LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM")
 DRAFT_DIR = "eagle"
 DRAFT_ONNX, DRAFT_SOURCE, DRAFT_COMPILED = (f"{DRAFT_DIR}/draft.onnx", f"{DRAFT_DIR}/draft.ort-source.onnx",
                                             f"{DRAFT_DIR}/draft.ort.onnx")
+DRAFT_PLAN = f"{DRAFT_DIR}/draft.plan"  # TensorRT
 DRAFT_STEP = 4  # tokens drafted per verification, unless trtllm-run --spec-draft-step says otherwise
 F32, I64 = TensorProto.FLOAT, TensorProto.INT64
 LAYER_KEYS = ("input_layernorm.weight", "hidden_norm.weight", "post_attention_layernorm.weight",

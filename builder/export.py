@@ -21,7 +21,7 @@ import onnx
 from trtllm.builder import checkpoint as ckpt
 from trtllm.builder import tensorrt as trt_build
 from trtllm.builder.architectures import spec_for
-from trtllm.builder.config import MODERN_MIN_TRT, BuildConfig, ConfigError, parse_trt_version
+from trtllm.builder.config import MODERN_MIN_TRT, BuildConfig, parse_trt_version
 from trtllm.builder import eagle, lora
 from trtllm.builder.decoder import DecoderWriter, gqa_supported, half_supported, lora_sites
 from trtllm.builder.quantize import QuantScheme
@@ -47,23 +47,24 @@ def export_onnx(ck: ckpt.Checkpoint, config: BuildConfig, out_dir: Path, log, ba
     """llm.onnx and, for ONNX Runtime, the lowered source of its compiled form; with --eagle, the
     draft head's graphs too (export_draft). Returns (spec, max_top_k, num_positions, lowerings, eagle section)."""
     spec = spec_for(ck.model.config, type(ck.model).__name__)
+    weights = ckpt.state_dict_numpy(ck.model)
+    draft = eagle.load(config.eagle, spec, weights["model.embed_tokens.weight"]) if config.eagle else None
     num_positions = min(config.max_kv_cache_capacity, ck.model.config.max_position_embeddings)
     if backend == "tensorrt":
         if config.activations != "float32":  # --backend auto picked TensorRT
             raise RuntimeError(f"--activations {config.activations} is for ONNX Runtime's CPU kernels; TensorRT was "
                                "picked: add --backend onnxruntime")
-        num_positions = trt_build.aligned_capacity(num_positions, spec, config.dtype, log)
+        num_positions = trt_build.aligned_capacity(num_positions, spec, config.dtype, log,
+                                                   draft=draft.spec if draft else None)
     cos, sin = ckpt.rope_tables(ck.model, num_positions)
     log(f"writing the {spec.architecture} graph ({config.graph} profile; {spec.num_layers} layers, hidden "
         f"{spec.hidden_size}, {spec.num_heads}/{spec.num_kv_heads} heads)")
-    weights = ckpt.state_dict_numpy(ck.model)
     max_top_k = min(MAX_TOP_K, spec.vocab_size)
     quant = QuantScheme.named(config.quantization, config.activations)
     if quant:
         log(f"quantizing the linear layers to int{quant.bits} (block {quant.block_size}, {quant.method})")
     if config.max_lora_rank:
         log(f"LoRA inputs on every layer's qkv, o, gate|up and down projections (rank <= {config.max_lora_rank})")
-    draft = eagle.load(config.eagle, spec, weights["model.embed_tokens.weight"]) if config.eagle else None
     joint = (draft.aux_layers, draft.fc) if draft else None
     if draft:
         log(f"EAGLE-3 draft head {config.eagle}: hidden states of layers {list(draft.aux_layers)}, draft vocabulary "
@@ -106,14 +107,14 @@ def export_onnx(ck: ckpt.Checkpoint, config: BuildConfig, out_dir: Path, log, ba
                                   ort_attention=gqa or half, native_kernels=native,
                                   lora_rank=config.max_lora_rank, eagle=joint).write()
         save(ort_model, out_dir, ORT_SOURCE)
-    section = export_draft(draft, config, out_dir, log, num_positions, quant, native) if draft else {}
+    section = export_draft(draft, config, out_dir, log, num_positions, quant, native, backend) if draft else {}
     return spec, max_top_k, num_positions, lowerings, section
 
 
 def export_draft(draft: "eagle.Draft", config: BuildConfig, out_dir: Path, log, num_positions: int,
-                 quant: QuantScheme | None, native: bool) -> dict:
-    """eagle/draft.onnx (canonical, linted) and the source of its ONNX Runtime form, lowered as the
-    base graph is; returns the manifest's eagle section."""
+                 quant: QuantScheme | None, native: bool, backend: str) -> dict:
+    """eagle/draft.onnx (canonical, linted) and, for ONNX Runtime, the source of its compiled form,
+    lowered as the base graph is; returns the manifest's eagle section."""
     (out_dir / eagle.DRAFT_DIR).mkdir()
     cos, sin = eagle.rope_tables(draft, num_positions)
     model = eagle.DraftWriter(draft, cos, sin, quant=quant, dtype=config.dtype, graph=config.graph).write()
@@ -125,7 +126,7 @@ def export_draft(draft: "eagle.Draft", config: BuildConfig, out_dir: Path, log, 
     spec, lowerings = draft.spec, []
     gqa = gqa_supported(spec, config.dtype)
     half = native and half_supported(spec, config.dtype, quant)
-    if config.graph == "modern" and (gqa or half or (native and quant is not None)):
+    if backend == "onnxruntime" and config.graph == "modern" and (gqa or half or (native and quant is not None)):
         lowerings = [cpu_kernels.ATTENTION_LOWERING if native else "GroupQueryAttention",
                      "SkipSimplifiedLayerNormalization"] if gqa or half else []
         lowerings += [cpu_kernels.LOWERING] if native and quant is not None else []
@@ -134,7 +135,8 @@ def export_draft(draft: "eagle.Draft", config: BuildConfig, out_dir: Path, log, 
                                   native_kernels=native).write()
         save(model, out_dir, eagle.DRAFT_SOURCE)
     log(f"wrote the draft head's graph ({', '.join(lowerings) or 'standard ops'})")
-    return {"onnx": eagle.DRAFT_ONNX, "compiled": eagle.DRAFT_COMPILED, "aux_layers": list(draft.aux_layers),
+    compiled = {"onnxruntime": {"compiled": eagle.DRAFT_COMPILED}, "tensorrt": {"plan": eagle.DRAFT_PLAN}}[backend]
+    return {"onnx": eagle.DRAFT_ONNX, **compiled, "aux_layers": list(draft.aux_layers),
             "model": dataclasses.asdict(mf.ModelShape(
                 vocab_size=spec.vocab_size, hidden_size=spec.hidden_size, num_layers=1, num_heads=spec.num_heads,
                 num_kv_heads=spec.num_kv_heads, head_dim=spec.head_dim, kv_dtype=config.dtype)),
@@ -264,7 +266,8 @@ def build_tensorrt(out_dir: Path, config: BuildConfig, manifest: mf.Manifest, lo
     """llm.onnx -> llm.plan; returns the manifest with its tensorrt section (version, GPU, profiles)."""
     trt = trt_build.import_tensorrt()
     lint.check_model(out_dir / ONNX_NAME, trt_build.minor_version(trt))  # the graph must parse on the TensorRT that is here
-    profiles = trt_build.optimization_profiles(manifest.limits, manifest.model, manifest.io, manifest.lora)
+    profiles = trt_build.optimization_profiles(manifest.limits, manifest.model, manifest.io, manifest.lora,
+                                               eagle=bool(manifest.eagle))
     plugins = []
     if config.sampling_plugin:  # registered before parsing, so the parser picks it over the ONNX body
         from trtllm.plugins.sample import trt_plugin
@@ -278,6 +281,15 @@ def build_tensorrt(out_dir: Path, config: BuildConfig, manifest: mf.Manifest, lo
     log(f"wrote {trt_build.PLAN_NAME} ({len(plan) / 2**20:.1f} MiB)")
     section = trt_build.manifest_section(trt.__version__, trt_build.gpu_info(), profiles, config.graph,
                                          config.trt_version, plugins)
+    if manifest.eagle:  # the draft head's own plan, built the same way
+        lint.check_model(out_dir / eagle.DRAFT_ONNX, trt_build.minor_version(trt))
+        draft = trt_build.draft_profiles(manifest.limits, mf.ModelShape(**manifest.eagle["model"]), manifest.io)
+        plan = trt_build.build_plan(out_dir / eagle.DRAFT_ONNX, draft, workspace_gib=config.workspace_gib,
+                                    opt_level=config.opt_level,
+                                    timing_cache=Path(config.timing_cache) if config.timing_cache else None, log=log)
+        (out_dir / eagle.DRAFT_PLAN).write_bytes(plan)
+        log(f"wrote {eagle.DRAFT_PLAN} ({len(plan) / 2**20:.1f} MiB)")
+        manifest = dataclasses.replace(manifest, eagle={**manifest.eagle, "profiles": [p.to_json() for p in draft]})
     return dataclasses.replace(manifest, tensorrt=section)
 
 
@@ -285,8 +297,6 @@ def build(config: BuildConfig, log=print) -> Path:
     """Run the whole build; returns the engine directory."""
     config = lora.with_rank(config)
     backend = resolve_backend(config, log)
-    if config.eagle and backend == "tensorrt":  # --backend auto picked TensorRT
-        raise ConfigError("--eagle builds for ONNX Runtime only so far; add --backend onnxruntime")
     out_dir = Path(config.output)
     tmp = out_dir.with_name(out_dir.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)

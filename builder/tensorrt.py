@@ -41,7 +41,8 @@ class Profile:
         return {"name": self.name, "shapes": {k: [list(d) for d in v] for k, v in self.shapes.items()}}
 
 
-def optimization_profiles(limits: Limits, model: ModelShape, io: GraphIO, lora: dict | None = None) -> list[Profile]:
+def optimization_profiles(limits: Limits, model: ModelShape, io: GraphIO, lora: dict | None = None,
+                          eagle: bool = False) -> list[Profile]:
     """The prefill and decode profiles for every graph input, sized from the build limits, in the
     order the runtime indexes them (runtime/backends/tensorrt.py PREFILL, DECODE).
 
@@ -51,6 +52,8 @@ def optimization_profiles(limits: Limits, model: ModelShape, io: GraphIO, lora: 
     needs a static sequence axis on the cache, and the runtime allocates it at that size.
     LoRA inputs (manifest `lora`): 1 (one adapter for the batch) to batch rows, rank 0 (none) to
     max_lora_rank, optimised for one shared adapter of the full rank.
+    EAGLE engines: verify_index [B, T], T 0 (a plain step) up to the step's tokens; a verification
+    step has more than one token, so it runs in the prefill profile.
     """
     b, s_max, cap = limits.max_batch_size, limits.max_input_len, limits.max_kv_cache_capacity
     vocab = model.vocab_size
@@ -76,15 +79,36 @@ def optimization_profiles(limits: Limits, model: ModelShape, io: GraphIO, lora: 
                     n_in, n_out = s["in"], hi - lo
                     shapes[io.lora_a.format(i=i, module=module)] = ((1, n_in, 0), (1, n_in, r), (b, n_in, r))
                     shapes[io.lora_b.format(i=i, module=module)] = ((1, 0, n_out), (1, r, n_out), (b, r, n_out))
+        if eagle:
+            shapes[io.verify_index] = ((1, 0), (b, 0), (b, seq[2][1]))
         profiles.append(Profile(name, shapes))
     return profiles
 
 
-def aligned_capacity(capacity: int, spec, dtype: str, log=print) -> int:
+def draft_profiles(limits: Limits, draft: ModelShape, io: GraphIO) -> list[Profile]:
+    """The EAGLE draft head's prefill (catching up on a prompt or a verified run of tokens) and
+    decode (one drafted token) profiles, as the model's."""
+    b, s_max, cap = limits.max_batch_size, limits.max_input_len, limits.max_kv_cache_capacity
+    kv = ((1, draft.num_kv_heads, cap, draft.head_dim), (b, draft.num_kv_heads, cap, draft.head_dim),
+          (b, draft.num_kv_heads, cap, draft.head_dim))
+    profiles = []
+    for name, hi, opt in (("prefill", s_max, max(1, s_max // 2)), ("decode", 1, 1)):
+        seq = ((1, 1), (b, opt), (b, hi))
+        shapes = {io.input_ids: seq, io.position_ids: seq, io.write_index: ((1,), (b,), (b,)),
+                  io.last_index: ((1,), (b,), (b,)), io.hidden_in: tuple((*d, draft.hidden_size) for d in seq),
+                  io.past_key.format(i=0): kv, io.past_value.format(i=0): kv}
+        profiles.append(Profile(name, shapes))
+    return profiles
+
+
+def aligned_capacity(capacity: int, spec, dtype: str, log=print, draft=None) -> int:
     """The largest KV capacity <= `capacity` whose per-slot bytes are a multiple of ALIGNMENT: the
-    runtime binds slot ranges of one buffer, at base + start * slot_bytes."""
-    row = spec.num_kv_heads * spec.head_dim * np.dtype(dtype).itemsize  # bytes per position per slot
-    step = ALIGNMENT // math.gcd(ALIGNMENT, row)
+    runtime binds slot ranges of one buffer, at base + start * slot_bytes (and of the EAGLE `draft`
+    head's KV buffers too, which have the same capacity)."""
+    step = 1
+    for s in (spec, draft) if draft is not None else (spec,):
+        row = s.num_kv_heads * s.head_dim * np.dtype(dtype).itemsize  # bytes per position per slot
+        step = math.lcm(step, ALIGNMENT // math.gcd(ALIGNMENT, row))
     aligned = capacity // step * step
     if aligned < 1:
         raise ValueError(f"--max-kv-cache-capacity {capacity} is below the {step} positions a KV slot needs to "

@@ -112,11 +112,12 @@ def verify_eagle(engine, engine_dir, draft_dir, ck, ids: list[int]) -> dict:
     params = sampling.SamplingParams(temperature=0.0)
     batch = sampling.make_batch([params], m.model.vocab_size, m.max_top_k)
     row = RowState(prompt_ids=ids, params=params, rng=np.random.default_rng(0), eos_ids=frozenset())
-    out = engine.step(prefill_inputs([row], m.pad_token_id, batch), KVCacheManager(m.model, 1, len(ids) + 2).view(0, 1))
+    base_kv = getattr(engine, "make_kv_cache", KVCacheManager)(m.model, 1, len(ids) + 2)  # device KV on TensorRT
+    out = engine.step(prefill_inputs([row], m.pad_token_id, batch), base_kv.view(0, 1))
     want = ref.target_hidden(ids)
     drafter = Drafter.load(engine_dir, m, huge_pages=False)
     try:
-        kv = KVCacheManager(drafter.engine.manifest.model, 1, len(ids) + 2)
+        kv = getattr(drafter.engine, "make_kv_cache", KVCacheManager)(drafter.engine.manifest.model, 1, len(ids) + 2)
         n, hidden = len(ids) - 1, want[:-1]
         got_id, got_h = drafter.engine.draft(np.array([ids[1:]]), hidden.numpy()[None], np.arange(n)[None],
                                              np.array([0]), np.array([n - 1]), kv.view(0, 1))

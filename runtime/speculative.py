@@ -63,8 +63,10 @@ class Drafter:
         step = manifest.eagle.get("draft_step", 4) if step is None else step
         if not manifest.eagle or step <= 0:
             return None
-        from trtllm.runtime.backends.onnxruntime import DraftEngine
-
+        if manifest.backend == "tensorrt":
+            from trtllm.runtime.backends.tensorrt import TensorRTDraftEngine as DraftEngine
+        else:
+            from trtllm.runtime.backends.onnxruntime import DraftEngine
         return cls(DraftEngine(engine_dir, manifest, **options), step)
 
     def close(self) -> None:
@@ -75,7 +77,8 @@ class SpecScheduler(Scheduler):
     def __init__(self, engine, rows: list[RowState], num_slots: int, timing, on_token, prefixes, drafter: Drafter):
         super().__init__(engine, rows, num_slots, timing, on_token, prefixes)
         self.drafter, self.k = drafter.engine, drafter.step
-        self.dkv = KVCacheManager(self.drafter.manifest.model, self.kv.num_slots, self.kv.capacity)
+        make_kv = getattr(self.drafter, "make_kv_cache", KVCacheManager)  # device KV on TensorRT
+        self.dkv = make_kv(self.drafter.manifest.model, self.kv.num_slots, self.kv.capacity)
         self.hidden_size = self.drafter.manifest.model.hidden_size
         self.pad = engine.manifest.pad_token_id
         self.ready: dict[int, tuple[int, np.ndarray]] = {}  # slot -> (d1, the draft's hidden state it came with)

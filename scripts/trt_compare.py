@@ -56,6 +56,8 @@ def feeds(m: mf.Manifest) -> tuple[dict, callable]:
                io.position_ids: np.tile(np.arange(width, dtype=np.int64), (batch, 1)),
                io.write_index: np.zeros(batch, np.int64), io.last_index: np.array([len(p) - 1 for p in ids], np.int64),
                **common}
+    if m.eagle:  # EAGLE engines: verify every prompt position, so verify_ids and eagle_hidden are compared too
+        prefill[io.verify_index] = np.tile(np.arange(width, dtype=np.int64), (batch, 1))
     kv_pairs = io.kv_pairs(shape.num_layers)
     prefill.update((past, kv) for past, _ in kv_pairs)
 
@@ -64,6 +66,8 @@ def feeds(m: mf.Manifest) -> tuple[dict, callable]:
                 io.position_ids: np.array([[len(p)] for p in ids], np.int64),
                 io.write_index: np.array([len(p) for p in ids], np.int64), io.last_index: np.zeros(batch, np.int64),
                 **common}
+        if m.eagle:
+            step[io.verify_index] = np.zeros((batch, 1), np.int64)
         step.update((past, out[present]) for past, present in kv_pairs)
         return step
 
@@ -125,6 +129,15 @@ def compare(engine_dir: Path, atol: float, rtol: float) -> dict:
                                 "max_abs_logit_error": err, "logits_within_tolerance": accurate,
                                 "max_abs_kv_error": kv_err})
         ok &= tokens_equal and accurate and kv_err <= atol + rtol
+        if m.eagle:  # the greedy tokens at the verified positions, and the draft head's input (pads aside)
+            valid = [len(p) if step == "prefill" else 1 for p in PROMPTS]
+            verify_equal = all(np.array_equal(ref_out[io.verify_ids][b, :n], got_out[io.verify_ids][b, :n])
+                               for b, n in enumerate(valid))
+            hidden = np.concatenate([ref_out[io.eagle_hidden][b, :n] for b, n in enumerate(valid)]).astype(np.float64)
+            hidden_err = float(np.max(np.abs(hidden - np.concatenate(
+                [got_out[io.eagle_hidden][b, :n] for b, n in enumerate(valid)]))))
+            report["steps"][-1].update(verify_ids_equal=verify_equal, max_abs_eagle_hidden_error=hidden_err)
+            ok &= verify_equal and hidden_err <= atol + rtol * float(np.abs(hidden).max())
         feed = decode(ref_out)
     report["ok"] = ok
     return report

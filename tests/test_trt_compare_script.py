@@ -46,3 +46,17 @@ def test_lora_engines_are_compared_with_an_adapter(dtype, atol, tiny_checkpoint,
     assert trt_compare.lora_feeds(mf.load(engine))
     report = trt_compare.compare(engine, atol=atol, rtol=0.01)
     assert report["ok"], report
+
+
+def test_eagle_engines_compare_their_eagle_outputs(tiny_checkpoint, tmp_path):
+    """EAGLE engines verify every prompt position: verify_ids and eagle_hidden are compared too."""
+    from tests.eagle_drafts import random_draft
+    from trtllm.builder.config import BuildConfig
+    from trtllm.builder.export import build
+
+    draft = random_draft(tiny_checkpoint("llama"), tmp_path / "draft", aux=[0, 1, 1])
+    engine = build(BuildConfig(model=str(tiny_checkpoint("llama")), output=str(tmp_path / "e"), eagle=str(draft),
+                               max_input_len=64, max_kv_cache_capacity=128, verify=False), log=lambda m: None)
+    report = trt_compare.compare(engine, atol=1e-3, rtol=0.01)
+    assert report["ok"], report
+    assert all(s["verify_ids_equal"] and s["max_abs_eagle_hidden_error"] < 1e-3 for s in report["steps"])

@@ -13,6 +13,7 @@ refused with the build command to re-run.
 """
 from __future__ import annotations
 
+import dataclasses
 import weakref
 from pathlib import Path
 from typing import NamedTuple
@@ -162,9 +163,10 @@ class TensorRTEngine:
         if self.engine.get_tensor_mode(name) == self.trt.TensorIOMode.INPUT:
             shape = tuple(self.engine.get_tensor_profile_shape(name, PREFILL)[2])  # a trt.Dims
         else:
-            b, k = m.limits.max_batch_size, m.logprob_width
+            b, k, s, h = m.limits.max_batch_size, m.logprob_width, m.limits.max_input_len, m.model.hidden_size
             shape = {io.token_ids: (b,), io.top_logprobs: (b, k), io.top_logprob_ids: (b, k),
-                     io.logits: (b, m.model.vocab_size)}[name]
+                     io.logits: (b, m.model.vocab_size), io.verify_ids: (b, s), io.eagle_hidden: (b, s, h),
+                     io.draft_ids: (b,), io.draft_hidden: (b, h)}[name]
         return int(np.prod(shape)) * self.dtypes[name].itemsize
 
     def make_kv_cache(self, model: ModelShape, num_slots: int, capacity: int) -> DeviceKVCache:
@@ -178,7 +180,8 @@ class TensorRTEngine:
         if name in self.on_host:  # shape tensors live in host memory (our graphs have none today)
             self.set_address(name, array.ctypes.data)
         else:
-            self.stream.upload(self.buffers[name].ptr, array)
+            if array.size:  # an empty input (EAGLE's verify_index [B, 0]) has nothing to copy
+                self.stream.upload(self.buffers[name].ptr, array)
             self.set_address(name, self.buffers[name].ptr)
 
     def bind_held(self, name: str, array: np.ndarray, alive: list) -> None:
@@ -223,15 +226,15 @@ class TensorRTEngine:
     def step(self, inputs: StepInputs, kv: list[DeviceView], want_logits: bool = False) -> StepOutputs:
         io, s, ctx = self.io, inputs.sampling, self.context
         batch, seq = inputs.input_ids.shape
-        profile = PREFILL if seq > 1 else DECODE
-        if profile != self.profile:
-            ctx.set_optimization_profile_async(profile, int(self.stream))
-            self.profile = profile
+        self.set_profile(seq)
         alive: list = []  # host arrays of the copies, until the stream is synchronized
         feeds = {io.input_ids: inputs.input_ids, io.position_ids: inputs.position_ids,
                  io.write_index: inputs.write_index, io.last_index: inputs.last_index,
                  io.repetition_penalty: s.repetition_penalty, io.temperature: s.temperature, io.min_p: s.min_p,
                  io.top_k: s.top_k, io.top_p: s.top_p, io.uniform: s.uniform}
+        if self.manifest.eagle:  # no positions to verify: [B, 0]
+            feeds[io.verify_index] = inputs.verify_index if inputs.verify_index is not None \
+                else np.zeros((batch, 0), np.int64)
         for name, array in feeds.items():
             self.bind(name, array, alive)
         for name, array in (inputs.lora or self.no_adapter).items():
@@ -240,7 +243,8 @@ class TensorRTEngine:
             self.bind_vocab_rows(name, array, s.dirty)
         s.dirty[:] = False  # every [B, V] row of this view is on the device now
         copies = self.bind_kv(kv)
-        for name in (io.token_ids, io.top_logprobs, io.top_logprob_ids, io.logits):
+        for name in (io.token_ids, io.top_logprobs, io.top_logprob_ids, io.logits) + \
+                ((io.verify_ids, io.eagle_hidden) if self.manifest.eagle else ()):
             self.set_address(name, self.buffers[name].ptr)
         if not ctx.execute_async_v3(int(self.stream)):
             raise RuntimeError("TensorRT failed to enqueue the step (see its log)")
@@ -252,13 +256,24 @@ class TensorRTEngine:
                io.top_logprob_ids: np.empty((batch, k), self.dtypes[io.top_logprob_ids])}
         if want_logits:
             out[io.logits] = np.empty((batch, self.manifest.model.vocab_size), self.dtypes[io.logits])
+        if self.manifest.eagle:
+            out[io.verify_ids] = np.empty(feeds[io.verify_index].shape, self.dtypes[io.verify_ids])
+            out[io.eagle_hidden] = np.empty((batch, seq, self.manifest.model.hidden_size), self.dtypes[io.eagle_hidden])
         for name, array in out.items():
             self.stream.download(array, self.buffers[name].ptr)
         self.stream.sync()
         kept = s.num_logprobs  # rows keep the logprobs they asked for
         return StepOutputs(token_ids=out[io.token_ids].astype(np.int64), top_logprobs=out[io.top_logprobs][:, :kept],
                            top_logprob_ids=out[io.top_logprob_ids][:, :kept].astype(np.int64),
-                           logits=out.get(io.logits))
+                           logits=out.get(io.logits),
+                           verify_ids=out[io.verify_ids].astype(np.int64) if io.verify_ids in out else None,
+                           hidden=out.get(io.eagle_hidden))
+
+    def set_profile(self, seq: int) -> None:
+        profile = PREFILL if seq > 1 else DECODE
+        if profile != self.profile:
+            self.context.set_optimization_profile_async(profile, int(self.stream))
+            self.profile = profile
 
     def bind_kv(self, kv: list[DeviceView]) -> list[tuple[int, int, int]]:
         """Bind each layer's KV view as past_* and present_*; returns device copies to make after the run
@@ -289,3 +304,37 @@ class TensorRTEngine:
         self.context = self.engine = None
         self.stream.close()
         self.stream = None
+
+
+class TensorRTDraftEngine(TensorRTEngine):
+    """The EAGLE draft head's plan (eagle/draft.plan): the same binding, its own KV and profiles."""
+
+    def __init__(self, engine_dir, manifest: Manifest, **_):
+        e = manifest.eagle
+        draft = dataclasses.replace(manifest, model=ModelShape(**e["model"]), files={"plan": e["plan"]},
+                                    tensorrt={**manifest.tensorrt, "plugins": [], "profiles": e.get("profiles", [])},
+                                    lora={}, eagle={})
+        super().__init__(engine_dir, draft)
+
+    def draft(self, ids, hidden, positions, write_index, last_index, kv) -> tuple[np.ndarray, np.ndarray]:
+        """One draft step: (drafted token ids [B], the head's hidden state at last_index [B,H])."""
+        io = self.io
+        batch, seq = ids.shape
+        self.set_profile(seq)
+        alive: list = []
+        for name, array in ((io.input_ids, ids), (io.hidden_in, hidden), (io.position_ids, positions),
+                            (io.write_index, write_index), (io.last_index, last_index)):
+            self.bind(name, array, alive)
+        copies = self.bind_kv(kv)
+        for name in (io.draft_ids, io.draft_hidden):
+            self.set_address(name, self.buffers[name].ptr)
+        if not self.context.execute_async_v3(int(self.stream)):
+            raise RuntimeError("TensorRT failed to enqueue the draft step (see its log)")
+        for dst, src, nbytes in copies:
+            self.stream.copy(dst, src, nbytes)
+        ids_out = np.empty(batch, self.dtypes[io.draft_ids])
+        hidden_out = np.empty((batch, self.manifest.model.hidden_size), self.dtypes[io.draft_hidden])
+        self.stream.download(ids_out, self.buffers[io.draft_ids].ptr)
+        self.stream.download(hidden_out, self.buffers[io.draft_hidden].ptr)
+        self.stream.sync()
+        return ids_out.astype(np.int64), hidden_out.astype(np.float32)

@@ -26,7 +26,6 @@ ARCHS = ["llama", "mistral", "qwen2", "qwen3"]
     (["--lora", "a b=/tmp/x"], "the name must be letters, digits"),
     (["--lora", "a=/tmp/x", "--lora", "a=/tmp/y"], "--lora names must be distinct"),
     (["--max-lora-rank", "-1"], "--max-lora-rank must be an integer in [0, 256]"),
-    (["--eagle", "/tmp/draft", "--backend", "tensorrt"], "--eagle builds for ONNX Runtime only"),
     (["--backend", "tensorrt"], "--backend tensorrt needs TensorRT and a CUDA GPU: TensorRT is not installed"),
     (["--profile", "jetson-nano"], "--profile must be one of cpu-default, tensorrt-modern, tensorrt-legacy"),
     (["--profile", "tensorrt-legacy", "--quantization", "int4"], "--quantization int4 needs the modern graph"),

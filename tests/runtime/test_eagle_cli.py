@@ -8,9 +8,10 @@ import json
 import pytest
 from click.testing import CliRunner
 
+from tests import fakes
 from tests.eagle_drafts import random_draft
 from trtllm.builder.cli import main as build_main
-from trtllm.builder.config import BuildConfig, ConfigError
+from trtllm.builder.config import BuildConfig
 from trtllm.builder.export import build
 from trtllm.runtime import manifest as mf
 
@@ -109,9 +110,37 @@ def test_bad_draft_heads_fail_the_build(tiny_checkpoint, tmp_path, change, messa
     assert not (tmp_path / "engine").exists()
 
 
-def test_tensorrt_is_refused():
-    with pytest.raises(ConfigError, match="--eagle builds for ONNX Runtime only"):
-        BuildConfig(model="m", output="o", eagle="d", backend="tensorrt")
+def same(got, want):
+    """Texts and finish reasons equal; log-probabilities within float32 rounding of another graph."""
+    assert [g[:2] for g in got] == [w[:2] for w in want]
+    for g, w in zip(got, want):
+        if w[2] is not None:
+            assert [[t["token_id"] for t in s] for s in g[2]] == [[t["token_id"] for t in s] for s in w[2]]
+            assert max(abs(a["logprob"] - b["logprob"]) for s, r in zip(g[2], w[2]) for a, b in zip(s, r)) < 1e-4
+    return True
+
+
+@pytest.mark.parametrize("batch_size", [4, 2])
+def test_tensorrt_and_legacy_graph_give_the_same_answers(eagle_engine, tiny_checkpoint, run_cli, tmp_path, batch_size):
+    """The TensorRT backend (tests/fakes: a strict stand-in that runs the plan's ONNX) builds the head's
+    own plan and speculates with it; the legacy graph (opset 20) speculates on ONNX Runtime."""
+    engine, draft = eagle_engine
+    want, _ = answers(run_cli, engine, tmp_path, batch_size=batch_size)
+    ckpt, root = str(tiny_checkpoint("llama")), tmp_path / "engines"
+    legacy = build(BuildConfig(model=ckpt, output=str(root / "legacy"), eagle=str(draft), graph="legacy",
+                               trt_version="10.3", backend="onnxruntime", **LIMITS), log=lambda m: None)
+    got, profile = answers(run_cli, legacy, tmp_path, batch_size=batch_size)
+    assert same(got, want) and profile["eagle_generation"]["drafted_tokens"] > 0
+    with fakes.installed():
+        trt = build(BuildConfig(model=ckpt, output=str(root / "trt"), eagle=str(draft), backend="tensorrt", **LIMITS),
+                    log=lambda m: None)
+        got, profile = answers(run_cli, trt, tmp_path, batch_size=batch_size)
+    assert same(got, want) and profile["eagle_generation"]["drafted_tokens"] > 0
+    m = mf.load(trt)
+    assert (trt / m.eagle["plan"]).is_file() and [p["name"] for p in m.eagle["profiles"]] == ["prefill", "decode"]
+    shapes = {p["name"]: p["shapes"] for p in m.tensorrt["profiles"]}
+    assert shapes["prefill"]["verify_index"] == [[1, 0], [4, 0], [4, 96]]
+    assert shapes["decode"]["verify_index"] == [[1, 0], [4, 0], [4, 1]]
 
 
 def test_build_check_catches_a_wrong_head_graph(tiny_checkpoint, tmp_path, monkeypatch):
