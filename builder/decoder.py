@@ -133,6 +133,7 @@ class DecoderWriter:
         self.native_lora = native_kernels and lora_rank > 0  # as trtllm.cpu::LoraAdd nodes
         self.sites = lora_sites(spec)
         self.eagle = eagle  # (the draft's three layers, its fc [H, 3H]): EAGLE-3 outputs (builder/eagle.py)
+        self.half_embedding = False  # the token embedding table in float16, computing in float32 (EAGLE heads)
 
     def fw(self, name: str, array: np.ndarray) -> str:
         """A float weight in the graph's dtype (`half`: float16 values, held as float32)."""
@@ -414,7 +415,7 @@ class DecoderWriter:
         position_ids = g.input(io.position_ids, I64, ["batch", "seq"])
         write_index = g.input(io.write_index, I64, ["batch"])
         last_index = g.input(io.last_index, I64, ["batch"])
-        if self.half:  # one float16 table for the lookup and a tied lm_head
+        if self.half or self.half_embedding:  # one float16 table for the lookup and a tied lm_head
             embed = g.weight("model.embed_tokens.weight", self.w["model.embed_tokens.weight"].astype(np.float16))
             h = g.op("Cast", "/model/embed_tokens/Cast",
                      [g.op("Gather", "/model/embed_tokens/Gather", [embed, input_ids], axis=0)], to=F32)

@@ -159,6 +159,10 @@ class DraftWriter(DecoderWriter):
     def __init__(self, draft: Draft, rope_cos: np.ndarray, rope_sin: np.ndarray, **options):
         super().__init__(draft.spec, draft.weights, rope_cos, rope_sin, max_top_k=1, **options)
         self.d2t = draft.d2t
+        # A quantized engine's head keeps its copy of the token embedding (vocab x hidden) in float16:
+        # the head only proposes, and the copy would otherwise be the largest thing in the engine
+        # (float32: 113 MB for SmolLM2-135M, beside 88 MB of int4 model weights).
+        self.half_embedding = self.quant is not None and self.ftype == F32
 
     def write(self) -> "onnx.ModelProto":  # noqa: F821
         g, s, io = self.g, self.spec, self.io

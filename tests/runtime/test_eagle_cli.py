@@ -165,3 +165,20 @@ def test_verify_report(eagle_engine):
     engine, _ = eagle_engine
     report = json.loads((engine / "verify.json").read_text())["eagle"]
     assert report["proposals_agree"] and report["hidden_max_abs_error"] < 1e-3 * max(1, report["hidden_max_abs"])
+
+
+def test_quantized_engine(eagle_engine, tiny_checkpoint, run_cli, tmp_path):
+    """int4: the head is quantized as the model is (int4 layer, int8 lm_head) and keeps its token
+    embedding in float16; speculation still changes no answer."""
+    import onnx
+
+    _, draft = eagle_engine
+    engine = build(BuildConfig(model=str(tiny_checkpoint("llama")), output=str(tmp_path / "int4"), eagle=str(draft),
+                               quantization="int4", verify=False, **LIMITS), log=lambda m: None)  # tiny random weights: int4 is inexact
+    graph = onnx.load(str(engine / mf.load(engine).eagle["onnx"]), load_external_data=False).graph
+    types = {t.name: t.data_type for t in graph.initializer}
+    assert types["model.embed_tokens.weight"] == onnx.TensorProto.FLOAT16
+    assert any(n.op_type == "DequantizeLinear" for n in graph.node)
+    plain, _ = answers(run_cli, engine, tmp_path, "--spec-draft-step", "0")
+    got, profile = answers(run_cli, engine, tmp_path, "--spec-draft-step", "3")
+    assert same(got, plain) and profile["eagle_generation"]["drafted_tokens"] > 0
