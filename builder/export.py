@@ -140,7 +140,7 @@ def export_draft(draft: "eagle.Draft", config: BuildConfig, out_dir: Path, log, 
             "model": dataclasses.asdict(mf.ModelShape(
                 vocab_size=spec.vocab_size, hidden_size=spec.hidden_size, num_layers=1, num_heads=spec.num_heads,
                 num_kv_heads=spec.num_kv_heads, head_dim=spec.head_dim, kv_dtype=config.dtype)),
-            "lowerings": lowerings, "draft_step": eagle.DRAFT_STEP,
+            "lowerings": lowerings, "draft_step": eagle.DRAFT_STEP[backend],
             "source": {"path": str(draft.path.resolve()), "sha256": ckpt.weights_hash(sorted(draft.path.glob("*.safetensors")))}}
 
 

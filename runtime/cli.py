@@ -74,7 +74,7 @@ def check_engine_limits(inp: fmt.InputFile, manifest) -> None:
                    "or so more to load. TRTLLM_HUGE_PAGES=0 turns it off too.")
 @click.option("--spec-draft-step", type=click.IntRange(min=0), default=None,
               help="EAGLE engines: tokens the draft head proposes per verification step (0: no speculative "
-                   "decoding). [default: the engine's, 4]")
+                   "decoding). [default: the engine's: 2 on ONNX Runtime, 4 on TensorRT]")
 def main(input_file: Path, engine_dir: Path, output: Path | None, profile: Path | None, stream: bool,
          kv_cache_dir: Path | None, kv_cache_size: str, threads: int | None, huge_pages: bool,
          spec_draft_step: int | None) -> None:

@@ -60,7 +60,7 @@ class Drafter:
     @classmethod
     def load(cls, engine_dir, manifest: Manifest, step: int | None = None, **options) -> "Drafter | None":
         """None when the engine has no draft head or `step` is 0 (speculation off)."""
-        step = manifest.eagle.get("draft_step", 4) if step is None else step
+        step = manifest.eagle.get("draft_step", 2) if step is None else step
         if not manifest.eagle or step <= 0:
             return None
         if manifest.backend == "tensorrt":

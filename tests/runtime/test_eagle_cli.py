@@ -65,10 +65,10 @@ def test_speculation_changes_no_answer(eagle_engine, run_cli, tmp_path, batch_si
 def test_default_step_and_manifest(eagle_engine, run_cli, tmp_path):
     engine, draft = eagle_engine
     m = mf.load(engine)
-    assert m.eagle["aux_layers"] == [0, 1, 1] and m.eagle["draft_step"] == 4
+    assert m.eagle["aux_layers"] == [0, 1, 1] and m.eagle["draft_step"] == 2
     assert (engine / m.eagle["onnx"]).is_file() and (engine / m.eagle["compiled"]).is_file()
     _, profile = answers(run_cli, engine, tmp_path, requests=REQUESTS[:1])
-    assert profile["eagle_generation"]["draft_step"] == 4
+    assert profile["eagle_generation"]["draft_step"] == 2
 
 
 def test_saved_system_prompt_reuse(eagle_engine, run_cli, tmp_path):
@@ -137,6 +137,7 @@ def test_tensorrt_and_legacy_graph_give_the_same_answers(eagle_engine, tiny_chec
         got, profile = answers(run_cli, trt, tmp_path, batch_size=batch_size)
     assert same(got, want) and profile["eagle_generation"]["drafted_tokens"] > 0
     m = mf.load(trt)
+    assert m.eagle["draft_step"] == 4  # a GPU verifies several tokens for about the price of one
     assert (trt / m.eagle["plan"]).is_file() and [p["name"] for p in m.eagle["profiles"]] == ["prefill", "decode"]
     shapes = {p["name"]: p["shapes"] for p in m.tensorrt["profiles"]}
     assert shapes["prefill"]["verify_index"] == [[1, 0], [4, 0], [4, 96]]
