@@ -1,0 +1,104 @@
+"""What EAGLE speculation buys: greedy decode tok/s of an EAGLE engine with speculation off and with
+k drafted tokens per step, at batch 1 and 4, on chat prompts the draft head was not trained on.
+
+    python scripts/bench_eagle.py ENGINE [--steps 0,2,3,4,5] [--batches 1,4] [--rounds 3] [--threads 2]
+
+e.g. after
+    python scripts/train_eagle.py --model models/smollm2-135m-instruct --output models/smollm2-eagle3
+    trtllm-build --model models/smollm2-135m-instruct --output engines/smollm2-int4-eagle \\
+        --quantization int4 --eagle models/smollm2-eagle3
+
+Greedy tokens are the same whatever k (tests/parity/test_eagle_parity.py); the runs check it. Every
+case runs once per round, alternating, in one process; each reports its best round and its ratio
+to k = 0 (this machine is shared: only ratios mean anything), with the share of drafts accepted.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from trtllm.runtime.chat_template import ChatTemplate  # noqa: E402
+from trtllm.runtime.engine import load_engine  # noqa: E402
+from trtllm.runtime.generate import RowState, Timing, run_rows  # noqa: E402
+from trtllm.runtime.sampling import SamplingParams  # noqa: E402
+from trtllm.runtime.speculative import Drafter  # noqa: E402
+from trtllm.runtime.tokenizer import Tokenizer  # noqa: E402
+
+QUESTIONS = [
+    "Why do leaves change colour in autumn?",
+    "Write a short poem about a lighthouse keeper.",
+    "Explain how a bicycle gear system works.",
+    "Give me three tips for learning a new language.",
+    "What is the difference between weather and climate?",
+    "Describe how to make a simple tomato sauce.",
+    "Summarise the causes of the French Revolution in a few sentences.",
+    "How does a refrigerator keep food cold?",
+]
+
+
+def prompts(engine_dir: Path) -> list[list[int]]:
+    tok, template = Tokenizer.from_engine_dir(engine_dir), ChatTemplate.from_engine_dir(engine_dir)
+    return [tok.encode(template.format([{"role": "user", "content": q}]).text, add_special_tokens=False)
+            for q in QUESTIONS]
+
+
+def run(engine, drafter, batch: list[list[int]], gen: int, eos) -> tuple[float, list[list[int]], Timing]:
+    """(decode tok/s: tokens after each row's first over the time from the batch's first token)."""
+    params = SamplingParams(temperature=0, max_new_tokens=gen)
+    rows = [RowState(prompt_ids=p, params=params, rng=np.random.default_rng(0), eos_ids=eos) for p in batch]
+    stamps: list[float] = []
+    timing = Timing()
+    run_rows(engine, rows, len(rows), timing, on_token=lambda r: stamps.append(time.perf_counter()),
+             drafter=drafter)
+    decoded = sum(len(r.output_ids) - 1 for r in rows)
+    return decoded / (stamps[-1] - stamps[len(rows) - 1]), [r.output_ids for r in rows], timing
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("engine", type=Path)
+    parser.add_argument("--steps", default="0,2,3,4,5")
+    parser.add_argument("--batches", default="1,4")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--gen", type=int, default=128)
+    args = parser.parse_args()
+    engine = load_engine(args.engine, num_threads=args.threads)
+    eos = frozenset(engine.manifest.eos_token_ids)
+    steps = [int(s) for s in args.steps.split(",")]
+    drafters = {k: Drafter.load(args.engine, engine.manifest, k) for k in steps}
+    texts = prompts(args.engine)
+    for batch in (int(b) for b in args.batches.split(",")):
+        groups = [texts[i: i + batch] for i in range(0, len(texts), batch)]
+        best = {k: 0.0 for k in steps}
+        stats = {k: [0, 0] for k in steps}
+        reference = None
+        for _ in range(args.rounds):
+            for k in steps:
+                tps, outputs, spent = [], [], Timing()
+                for group in groups:
+                    rate, out, timing = run(engine, drafters[k], group, args.gen, eos)
+                    tps.append(rate)
+                    outputs += out
+                    spent.accepted_tokens += timing.accepted_tokens
+                    spent.drafted_tokens += timing.drafted_tokens
+                if reference is None:
+                    reference = outputs
+                assert outputs == reference, f"k={k} changed the greedy tokens"
+                best[k] = max(best[k], float(np.mean(tps)))
+                stats[k] = [spent.accepted_tokens, spent.drafted_tokens]
+        base = best[steps[0]]
+        for k in steps:
+            accepted, drafted = stats[k]
+            share = f", {accepted / drafted:.0%} of {drafted} drafts accepted" if drafted else ""
+            print(f"batch {batch}  k={k}  {best[k]:7.1f} tok/s ({best[k] / base:.2f}x){share}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
