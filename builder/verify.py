@@ -91,12 +91,12 @@ def merged_model(model, adapter, manifest):
     return merged
 
 
-def verify_adapter(engine, engine_dir, name: str, ck, ids: list[int]) -> dict:
+def verify_adapter(engine, engine_dir, name: str, ck, ids: list[int], num_decode: int) -> dict:
     """A bundled adapter: the engine's logits with it against transformers with it merged."""
     from trtllm.runtime import lora
 
     adapter = lora.load_adapter(name, Path(engine_dir) / engine.manifest.lora["adapters"][name], engine.manifest)
-    generated, got = engine_logits(engine, ids, NUM_DECODE, lora=adapter.arrays)
+    generated, got = engine_logits(engine, ids, num_decode, lora=adapter.arrays)
     ref = hf_logits(merged_model(ck.model, adapter, engine.manifest), ids + generated[:-1])[len(ids) - 1:]
     return {"max_abs_error": float(np.abs(got - ref).max()),
             "tokens_agree": [int(t) for t in ref.argmax(-1)] == generated}
@@ -140,14 +140,18 @@ def verify_engine(engine_dir, ck, quantization: str = "none", atol: float = 1e-3
     engine = load_engine(engine_dir, graph="compiled", huge_pages=False)  # checked, then closed
     report = {"quantization": quantization}
     try:
-        ids = text_ids(ck.tokenizer, VERIFY_TEXT, 24)
-        generated, got = engine_logits(engine, ids, NUM_DECODE)
+        # Every check fits the engine's limits: a build with a small KV capacity is checked within it.
+        limits = engine.manifest.limits
+        room = limits.max_kv_cache_capacity
+        num_decode = max(1, min(NUM_DECODE, room // 2))
+        ids = text_ids(ck.tokenizer, VERIFY_TEXT, max(2, min(24, limits.max_input_len, room - num_decode)))
+        generated, got = engine_logits(engine, ids, num_decode)
         ref = hf_logits(ck.model, ids + generated[:-1])[len(ids) - 1:]
         err = float(np.abs(got - ref).max())
         report.update(num_positions=int(ref.shape[0]), max_abs_error=err, atol=atol,
                       max_abs_logit=float(np.abs(ref).max()),
                       tokens_agree=[int(t) for t in ref.argmax(-1)] == generated)
-        text = text_ids(ck.tokenizer, AGREEMENT_TEXT, 128)
+        text = text_ids(ck.tokenizer, AGREEMENT_TEXT, min(128, room))
         chosen, got = engine_logits(engine, text[:1], len(text) - 2, forced=text[1:])
         ref = hf_logits(ck.model, text)[: len(chosen)]
         agreement = float(np.mean(np.array(chosen) == ref.argmax(-1)))
@@ -155,7 +159,7 @@ def verify_engine(engine_dir, ck, quantization: str = "none", atol: float = 1e-3
                       min_agreement=MIN_AGREEMENT[quantization],
                       agreement_max_abs_error=float(np.abs(got - ref).max()),
                       agreement_mean_abs_error=float(np.abs(got - ref).mean()))
-        adapters = {name: verify_adapter(engine, engine_dir, name, ck, ids)
+        adapters = {name: verify_adapter(engine, engine_dir, name, ck, ids, num_decode)
                     for name in engine.manifest.lora.get("adapters", {})}
         if adapters:
             report["adapters"] = adapters

@@ -164,3 +164,18 @@ def test_unrolled_steps_are_aligned(trained):
         q = torch.arange(prompt_len - 1 - t, n - t).clamp(min=0).unique()  # q + t in [prompt_len - 1, n - 1]
         assert torch.equal(ids[q], item["ids"][q + t]) and torch.equal(positions[q], q + t - 1)
         assert torch.equal(target, item["greedy"][q + t]) and torch.equal(labels, target)
+
+
+def test_trtllm_build_takes_the_trained_head(trained, tmp_path):
+    """What the script writes is what --eagle reads: the build loads it, exports its graph and checks
+    that graph against the reference head (verify.json's eagle section)."""
+    from trtllm.builder.config import BuildConfig
+    from trtllm.builder.export import build
+
+    model, draft, _ = trained
+    engine = build(BuildConfig(model=str(model), output=str(tmp_path / "engine"), eagle=str(draft),
+                               max_batch_size=2, max_input_len=32, max_kv_cache_capacity=64), log=lambda m: None)
+    report = json.loads((engine / "verify.json").read_text())["eagle"]
+    assert report["proposals_agree"], report
+    assert report["hidden_max_abs_error"] <= 1e-3 * max(1.0, report["hidden_max_abs"]), report
+    assert report["draft_max_abs_error"] <= 1e-3 * max(1.0, report["draft_max_abs"]), report

@@ -95,3 +95,15 @@ def test_failed_build_keeps_the_old_engine(tmp_path, tiny_checkpoint, tiny_engin
     assert result.exit_code == 1 and "hidden_act" in result.output
     assert (engine / "manifest.json").read_text() == before
     assert not (tmp_path / "engine.partial").exists()
+
+
+def test_small_limits_are_verified_within_them(tmp_path, tiny_checkpoint):
+    """The build's checks fit the engine: a KV capacity of 16 and prompts of 8 tokens (the agreement
+    text alone is 128 tokens) build, verify and answer."""
+    engine = tmp_path / "engine"
+    result = CliRunner().invoke(main, ["--model", str(tiny_checkpoint("llama")), "--output", str(engine),
+                                       "--max-kv-cache-capacity", "16", "--max-input-len", "8"])
+    assert result.exit_code == 0, result.output
+    report = json.loads((engine / "verify.json").read_text())
+    assert report["tokens_agree"] and report["max_abs_error"] < 1e-4
+    assert report["num_positions"] == 9 and report["agreement_positions"] == 15
