@@ -30,11 +30,12 @@ DRAFT_DIR = "eagle"
 DRAFT_ONNX, DRAFT_SOURCE, DRAFT_COMPILED = (f"{DRAFT_DIR}/draft.onnx", f"{DRAFT_DIR}/draft.ort-source.onnx",
                                             f"{DRAFT_DIR}/draft.ort.onnx")
 DRAFT_PLAN = f"{DRAFT_DIR}/draft.plan"  # TensorRT
-# Tokens drafted per verification, unless trtllm-run --spec-draft-step says otherwise. On a CPU a
-# verified token is not free: a step of k+1 tokens of the int4 demo model cost 1.3x (k=1) to 2.3x
-# (k=4) a one-token step here, so short drafts win; a GPU decode step is bound by reading the
-# weights, and verifies several tokens for about the price of one.
-DRAFT_STEP = {"onnxruntime": 2, "tensorrt": 4}
+# Tokens drafted per verification when a run starts (trtllm-run's --spec-draft-step auto then
+# moves it cycle by cycle, runtime/draft_policy.py). On a CPU a verified token is not free: a step
+# of k+1 tokens of the int4 demo model cost 1.3x (k=1) to 2.3x (k=4) a one-token step here, so
+# short drafts win; a GPU decode step is bound by reading the weights, and verifies several tokens
+# for about the price of one.
+DRAFT_STEP = {"onnxruntime": 1, "tensorrt": 4}
 F32, I64 = TensorProto.FLOAT, TensorProto.INT64
 LAYER_KEYS = ("input_layernorm.weight", "hidden_norm.weight", "post_attention_layernorm.weight",
               "self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",

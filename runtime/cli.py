@@ -48,6 +48,19 @@ def fail_usage(message: str) -> None:
     sys.exit(2)
 
 
+def draft_step(value: str) -> int | str:
+    """--spec-draft-step: "auto" or a number >= 0."""
+    if value == "auto":
+        return value
+    try:
+        step = int(value)
+    except ValueError:
+        step = -1
+    if step < 0:
+        raise click.BadParameter(f"must be auto or an integer >= 0, got {value!r}")
+    return step
+
+
 def check_engine_limits(inp: fmt.InputFile, manifest) -> None:
     if inp.batch_size > manifest.limits.max_batch_size:
         fail_usage(f"batch_size must be <= {manifest.limits.max_batch_size} (the engine's max_batch_size), "
@@ -72,12 +85,14 @@ def check_engine_limits(inp: fmt.InputFile, manifest) -> None:
 @click.option("--huge-pages/--no-huge-pages", default=True, show_default=True,
               help="Put the engine's weights on huge pages (Linux, CPU backend): faster decode, a second "
                    "or so more to load. TRTLLM_HUGE_PAGES=0 turns it off too.")
-@click.option("--spec-draft-step", type=click.IntRange(min=0), default=None,
-              help="EAGLE engines: tokens the draft head proposes per verification step (0: no speculative "
-                   "decoding). [default: the engine's: 2 on ONNX Runtime, 4 on TensorRT]")
+@click.option("--spec-draft-step", default="auto", show_default=True, callback=lambda ctx, param, v: draft_step(v),
+              help="EAGLE engines: tokens the draft head proposes per verification step: a number (0: no "
+                   "speculative decoding), or auto: 0-4 per step, whatever has given the most tokens per "
+                   "second so far in the run, starting from the engine's draft_step (2 on ONNX Runtime, 4 on "
+                   "TensorRT).")
 def main(input_file: Path, engine_dir: Path, output: Path | None, profile: Path | None, stream: bool,
          kv_cache_dir: Path | None, kv_cache_size: str, threads: int | None, huge_pages: bool,
-         spec_draft_step: int | None) -> None:
+         spec_draft_step: int | str) -> None:
     """Answer the requests in INPUT_FILE with the engine in --engine."""
     from trtllm.runtime import manifest as mf
 

@@ -103,6 +103,7 @@ class Timing:
     drafted_tokens: int = 0
     accepted_tokens: int = 0
     speculative_tokens: int = 0
+    draft_steps: dict[int, int] = field(default_factory=dict)  # k -> decode cycles that drafted k (0: paused)
 
 
 class PrefixSource(Protocol):
@@ -267,7 +268,8 @@ class Scheduler:
     def prefilled(self, start: int, rows: list[RowState], inputs: StepInputs, out) -> None:
         """After a prefill step's tokens are accepted (the speculative scheduler drafts from here)."""
 
-    def decode(self) -> None:
+    def decode(self):
+        """One token for every active row; returns the step's outputs and its time."""
         hi = max(self.active) + 1  # idle slots below it ride along; above it are not computed
         rows = [self.active.get(s) for s in range(hi)]
         reuse = self.decode_feeds.get(hi)
@@ -281,6 +283,7 @@ class Scheduler:
         self.timing.generated_tokens += len(live)
         for s in live:
             self.accept(s, out, s)
+        return out, elapsed
 
     def release_finished(self) -> None:
         for slot in [s for s, r in self.active.items() if r.finish_reason]:

@@ -197,7 +197,8 @@ class Runner:
     def spec_profile(self) -> dict:
         """EAGLE: Edge-LLM's eagle_generation keys (total_iterations: verify steps), and ours."""
         t = self.timing
-        return {"draft_step": self.drafter.step, "total_iterations": t.verify_runs,
+        return {"draft_step": "auto" if self.drafter.auto else self.drafter.step,
+                "draft_steps": {str(k): n for k, n in sorted(t.draft_steps.items())}, "total_iterations": t.verify_runs,
                 "total_generated_tokens": t.speculative_tokens, "drafted_tokens": t.drafted_tokens,
                 "accepted_tokens": t.accepted_tokens,
                 "average_acceptance_rate": t.accepted_tokens / t.drafted_tokens if t.drafted_tokens else 0.0,

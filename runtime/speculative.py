@@ -19,6 +19,11 @@ disable_spec_decode) share the step: they feed one token and take the sampler's,
 decoding. A slot's draft KV past a row's position is never read before it is written again, as in
 the base cache.
 
+With --spec-draft-step auto (runtime/draft_policy.py), k changes from cycle to cycle, and k = 0
+pauses: a plain step, no draft run; each speculating row keeps its pair (h_p, emitted token) and
+the draft catches up on all kept pairs in one run when drafting resumes, so its KV and proposals
+are then exactly those of a run that never paused.
+
 Saved system prompts (runtime/prefix_cache.py) keep the draft's KV beside the base's, under their
 own key. The draft's pair at the prefix's last position holds the token after the prefix, which
 differs per request, so a restored prefix recomputes its last position in the base model and the
@@ -33,8 +38,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from trtllm.runtime import sampling
+from trtllm.runtime.draft_policy import DraftPolicy
 from trtllm.runtime.engine import StepInputs
-from trtllm.runtime.generate import RowState, Scheduler
+from trtllm.runtime.generate import RowState, Scheduler, runs
 from trtllm.runtime.kv_cache import KVCacheManager
 from trtllm.runtime.manifest import Manifest
 
@@ -50,24 +56,35 @@ def greedy(p: sampling.SamplingParams) -> bool:
             and p.num_logprobs == 0 and p.min_new_tokens == 0)
 
 
+AUTO_MAX_STEP = 4  # the most `auto` drafts per cycle (or the engine's draft_step, if higher)
+PAUSE_FLUSH = 256  # while paused, the draft catches up once a row has kept this many pairs
+
+
 @dataclass
 class Drafter:
-    """What trtllm-run hands the scheduler: the draft engine and how many tokens to draft per step."""
+    """What trtllm-run hands the scheduler: the draft engine and how many tokens to draft per step:
+    `step` drafts every cycle, or with `auto` (runtime/draft_policy.py) 0 to `step` per cycle, chosen
+    as the run goes, starting from `start`."""
 
     engine: "DraftEngine"  # noqa: F821 (runtime/backends/onnxruntime.py, imported when used)
     step: int
+    auto: bool = False
+    start: int = 0
 
     @classmethod
-    def load(cls, engine_dir, manifest: Manifest, step: int | None = None, **options) -> "Drafter | None":
-        """None when the engine has no draft head or `step` is 0 (speculation off)."""
-        step = manifest.eagle.get("draft_step", 2) if step is None else step
-        if not manifest.eagle or step <= 0:
+    def load(cls, engine_dir, manifest: Manifest, step: int | str | None = "auto", **options) -> "Drafter | None":
+        """`step`: "auto" (also None), or a fixed number of drafts per cycle. None when the engine
+        has no draft head or `step` is 0 (speculation off)."""
+        if not manifest.eagle or step == 0:
             return None
+        start = manifest.eagle.get("draft_step", 2)
+        auto = step in (None, "auto")
         if manifest.backend == "tensorrt":
             from trtllm.runtime.backends.tensorrt import TensorRTDraftEngine as DraftEngine
         else:
             from trtllm.runtime.backends.onnxruntime import DraftEngine
-        return cls(DraftEngine(engine_dir, manifest, **options), step)
+        engine = DraftEngine(engine_dir, manifest, **options)
+        return cls(engine, max(AUTO_MAX_STEP, start), True, start) if auto else cls(engine, int(step))
 
     def close(self) -> None:
         self.engine.close()
@@ -82,6 +99,11 @@ class SpecScheduler(Scheduler):
         self.hidden_size = self.drafter.manifest.model.hidden_size
         self.pad = engine.manifest.pad_token_id
         self.ready: dict[int, tuple[int, np.ndarray]] = {}  # slot -> (d1, the draft's hidden state it came with)
+        self.policy = DraftPolicy(drafter.step, drafter.start) if drafter.auto else None
+        # slot -> (position of its first pair, tokens, hidden states): pairs the draft has not seen
+        # because speculation was paused (auto's k = 0)
+        self.kept: dict[int, tuple[int, list[int], list[np.ndarray]]] = {}
+        self.flush_at = min(PAUSE_FLUSH, engine.manifest.limits.max_input_len)
 
     def speculates(self, row: RowState | None) -> bool:
         return row is not None and not row.finish_reason and row.speculative and greedy(row.params)
@@ -138,12 +160,21 @@ class SpecScheduler(Scheduler):
     def decode(self) -> None:
         hi = max(self.active) + 1
         rows = [self.active.get(s) for s in range(hi)]
+        k = self.k
+        if self.policy is not None:
+            spec = sum(self.speculates(r) for r in rows)
+            live = sum(r is not None and not r.finish_reason for r in rows)
+            k = self.policy.choose(hi, spec, live - spec) if spec else 0
+        self.timing.draft_steps[k] = self.timing.draft_steps.get(k, 0) + 1
+        if k == 0 and self.policy is not None:
+            return self.paused(hi, rows)
+        elapsed = self.resume(hi, rows)
         pos = [0 if r is None else len(r.prompt_ids) + len(r.output_ids) - 1 for r in rows]
-        width = min(self.k + 1, min(self.kv.capacity - p for p in pos))  # padding stays inside every slot
+        width = min(k + 1, min(self.kv.capacity - p for p in pos))  # padding stays inside every slot
         ks = [min(width - 1, r.max_new_tokens - len(r.output_ids) - 1) if s in self.ready and self.speculates(r)
               else 0 for s, r in enumerate(rows)]
         drafts = {s: [self.ready[s][0]] for s in range(hi) if ks[s] > 0}
-        elapsed = self.draft_ahead(hi, rows, pos, ks, drafts)
+        ahead = self.draft_ahead(hi, rows, pos, ks, drafts)
         w = 1 + max(ks)
         ids = np.full((hi, w), self.pad, np.int64)
         for s, r in enumerate(rows):
@@ -168,12 +199,54 @@ class SpecScheduler(Scheduler):
             emitted[s] = self.verify(s, r, [int(v) for v in out.verify_ids[s, : ks[s] + 1]], drafts.get(s, []))
             self.timing.drafted_tokens += ks[s]
             self.timing.accepted_tokens += len(emitted[s]) - 1
+            if self.policy is not None:
+                self.policy.record_row(ks[s], len(emitted[s]) - 1)
         for s, r in enumerate(rows):
             if emitted[s] is not None and r.finish_reason:
                 emitted[s] = None
-        if any(emitted):
-            elapsed += self.catch_up(0, rows, emitted, out.hidden, pos)
-        self.timing.generation_seconds += step_time + elapsed
+        catch = self.catch_up(0, rows, emitted, out.hidden, pos) if any(emitted) else 0.0
+        if self.policy is not None:
+            self.policy.record_step(hi, w, step_time)
+            calls = max(0, max(ks) - 1) + (1 if any(emitted) else 0)
+            if calls:
+                self.policy.record_draft(hi, (ahead + catch) / calls)
+        self.timing.generation_seconds += step_time + elapsed + ahead + catch
+
+    def paused(self, hi: int, rows: list) -> None:
+        """auto's k = 0: a plain step; each speculating row keeps its (hidden state, token) pair for
+        the draft, which catches up on them when drafting resumes (or once PAUSE_FLUSH are kept)."""
+        pos = {s: len(r.prompt_ids) + len(r.output_ids) - 1 for s, r in enumerate(rows) if self.speculates(r)}
+        out, step_time = super().decode()
+        self.policy.record_step(hi, 1, step_time)
+        for s, p in pos.items():
+            self.ready.pop(s, None)  # proposed before the pause: stale
+            if rows[s].finish_reason:
+                self.kept.pop(s, None)
+                continue
+            _, tokens, hidden = self.kept.setdefault(s, (p, [], []))
+            tokens.append(rows[s].output_ids[-1])
+            hidden.append(out.hidden[s, 0].copy())
+        if any(len(t) >= self.flush_at for _, t, _ in self.kept.values()):
+            self.timing.generation_seconds += self.resume(hi, rows)
+
+    def resume(self, hi: int, rows: list) -> float:
+        """The draft runs the pairs kept while paused (one call for all rows): its KV is then
+        complete up to each row's position, and `ready` holds each row's next proposal."""
+        slots = sorted(s for s in self.kept if s < hi and self.speculates(rows[s]))
+        elapsed, width = 0.0, max((len(self.kept[s][1]) for s in slots), default=0)
+        # Contiguous runs of slots that kept pairs: a slot without any (admitted since the pause)
+        # must not ride along, as the draft would write its KV at positions it already holds; and
+        # one at a time where right-padding would run past a row's buffer.
+        fits = all(self.kept[s][0] + width <= self.dkv.capacity for s in slots)
+        for start, stop in runs(slots) if fits else [(s, s + 1) for s in slots]:
+            kept = [self.kept[s] for s in range(start, stop)]
+            width = max(len(t) for _, t, _ in kept)
+            hidden = np.zeros((stop - start, width, self.hidden_size), np.float32)
+            for b, (_, _, h) in enumerate(kept):
+                hidden[b, : len(h)] = np.stack(h)
+            elapsed += self.catch_up(start, rows[start:stop], [t for _, t, _ in kept], hidden, [p for p, _, _ in kept])
+        self.kept.clear()
+        return elapsed
 
     def draft_ahead(self, hi: int, rows: list, pos: list[int], ks: list[int], drafts: dict) -> float:
         """d2 .. dk: single-token draft steps from each drafting row's last proposal."""
@@ -207,4 +280,5 @@ class SpecScheduler(Scheduler):
     def release_finished(self) -> None:
         for slot in [s for s, r in self.active.items() if r.finish_reason]:
             self.ready.pop(slot, None)
+            self.kept.pop(slot, None)
         super().release_finished()

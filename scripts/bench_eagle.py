@@ -1,7 +1,7 @@
 """What EAGLE speculation buys: greedy decode tok/s of an EAGLE engine with speculation off and with
 k drafted tokens per step, at batch 1 and 4, on chat prompts the draft head was not trained on.
 
-    python scripts/bench_eagle.py ENGINE [--steps 0,2,3,4,5] [--batches 1,4] [--rounds 3] [--threads 2]
+    python scripts/bench_eagle.py ENGINE [--steps 0,auto,1,2,3,4] [--batches 1,4] [--rounds 3] [--threads 2]
 
 e.g. after
     python scripts/train_eagle.py --model models/smollm2-135m-instruct --output models/smollm2-eagle3
@@ -63,7 +63,7 @@ def run(engine, drafter, batch: list[list[int]], gen: int, eos) -> tuple[float, 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("engine", type=Path)
-    parser.add_argument("--steps", default="0,2,3,4,5")
+    parser.add_argument("--steps", default="0,auto,1,2,3,4")
     parser.add_argument("--batches", default="1,4")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
@@ -71,32 +71,36 @@ def main() -> None:
     args = parser.parse_args()
     engine = load_engine(args.engine, num_threads=args.threads)
     eos = frozenset(engine.manifest.eos_token_ids)
-    steps = [int(s) for s in args.steps.split(",")]
+    steps = [s if s == "auto" else int(s) for s in args.steps.split(",")]
     drafters = {k: Drafter.load(args.engine, engine.manifest, k) for k in steps}
     texts = prompts(args.engine)
     for batch in (int(b) for b in args.batches.split(",")):
         groups = [texts[i: i + batch] for i in range(0, len(texts), batch)]
         best = {k: 0.0 for k in steps}
-        stats = {k: [0, 0] for k in steps}
+        stats = {k: [0, 0, {}] for k in steps}
         reference = None
         for _ in range(args.rounds):
             for k in steps:
-                tps, outputs, spent = [], [], Timing()
+                tps, outputs, spent = [], [], Timing()  # this round's
                 for group in groups:
                     rate, out, timing = run(engine, drafters[k], group, args.gen, eos)
                     tps.append(rate)
                     outputs += out
                     spent.accepted_tokens += timing.accepted_tokens
                     spent.drafted_tokens += timing.drafted_tokens
+                    for j, n in timing.draft_steps.items():
+                        spent.draft_steps[j] = spent.draft_steps.get(j, 0) + n
                 if reference is None:
                     reference = outputs
                 assert outputs == reference, f"k={k} changed the greedy tokens"
                 best[k] = max(best[k], float(np.mean(tps)))
-                stats[k] = [spent.accepted_tokens, spent.drafted_tokens]
+                stats[k] = [spent.accepted_tokens, spent.drafted_tokens, spent.draft_steps]
         base = best[steps[0]]
         for k in steps:
-            accepted, drafted = stats[k]
+            accepted, drafted, chosen = stats[k]
             share = f", {accepted / drafted:.0%} of {drafted} drafts accepted" if drafted else ""
+            if k == "auto":
+                share += ", cycles per k: " + " ".join(f"{j}:{n}" for j, n in sorted(chosen.items()))
             print(f"batch {batch}  k={k}  {best[k]:7.1f} tok/s ({best[k] / base:.2f}x){share}", flush=True)
 
 

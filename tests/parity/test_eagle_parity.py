@@ -7,7 +7,7 @@
   cached, rewritten KV and the hidden-state alignment are right);
 - the wrong variant, drafts emitted without verification, must miss.
 
-Random heads rarely guess right; test_eagle_trained.py covers accepted drafts.
+Random heads are rarely right; test_eagle_trained.py covers accepted drafts and auto's pauses.
 """
 from __future__ import annotations
 

@@ -60,15 +60,29 @@ def test_speculation_changes_no_answer(eagle_engine, run_cli, tmp_path, batch_si
         spec = profile["eagle_generation"]
         assert spec["draft_step"] == int(step) and spec["total_iterations"] > 0
         assert spec["drafted_tokens"] > 0 and 0 <= spec["accepted_tokens"] <= spec["drafted_tokens"]
+        assert spec["draft_steps"] == {step: spec["total_iterations"]}
+    got, profile = answers(run_cli, engine, tmp_path, batch_size=batch_size)  # auto, the default
+    assert got == plain
+    spec = profile["eagle_generation"]
+    assert spec["draft_step"] == "auto" and set(spec["draft_steps"]) <= {"0", "1", "2", "3", "4"}
+    assert sum(spec["draft_steps"].values()) == profile["generation"]["total_runs"]
+    assert spec["total_iterations"] == sum(n for k, n in spec["draft_steps"].items() if k != "0")
+
+
+@pytest.mark.parametrize("value", ["-1", "two", "1.5"])
+def test_bad_draft_step_is_a_usage_error(eagle_engine, run_cli, value):
+    engine, _ = eagle_engine
+    result, _ = run_cli(engine, {"requests": REQUESTS[:1]}, "--spec-draft-step", value)
+    assert result.exit_code == 2 and "--spec-draft-step" in result.output and "auto or an integer" in result.output
 
 
 def test_default_step_and_manifest(eagle_engine, run_cli, tmp_path):
     engine, draft = eagle_engine
     m = mf.load(engine)
-    assert m.eagle["aux_layers"] == [0, 1, 1] and m.eagle["draft_step"] == 2
+    assert m.eagle["aux_layers"] == [0, 1, 1] and m.eagle["draft_step"] == 1  # where auto starts on a CPU
     assert (engine / m.eagle["onnx"]).is_file() and (engine / m.eagle["compiled"]).is_file()
     _, profile = answers(run_cli, engine, tmp_path, requests=REQUESTS[:1])
-    assert profile["eagle_generation"]["draft_step"] == 2
+    assert profile["eagle_generation"]["draft_step"] == "auto"
 
 
 def test_saved_system_prompt_reuse(eagle_engine, run_cli, tmp_path):
