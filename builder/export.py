@@ -21,7 +21,7 @@ import onnx
 from trtllm.builder import checkpoint as ckpt
 from trtllm.builder import tensorrt as trt_build
 from trtllm.builder.architectures import spec_for
-from trtllm.builder.config import MODERN_MIN_TRT, BuildConfig, parse_trt_version
+from trtllm.builder.config import MODERN_MIN_TRT, BuildConfig, ConfigError, parse_trt_version
 from trtllm.builder import eagle, lora
 from trtllm.builder.decoder import DecoderWriter, gqa_supported, half_supported, lora_sites
 from trtllm.builder.quantize import QuantScheme
@@ -297,7 +297,11 @@ def build(config: BuildConfig, log=print) -> Path:
     """Run the whole build; returns the engine directory."""
     config = lora.with_rank(config)
     backend = resolve_backend(config, log)
-    out_dir = Path(config.output)
+    out_dir = Path(config.output).resolve()
+    # Replacing the output is only safe for an earlier engine: never delete anything else.
+    if out_dir.exists() and not (out_dir / "manifest.json").is_file() and (not out_dir.is_dir() or any(out_dir.iterdir())):
+        raise ConfigError(f"--output {config.output} exists and is not an engine directory; choose a new or empty "
+                          "directory (only an earlier engine is replaced)")
     tmp = out_dir.with_name(out_dir.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)

@@ -107,3 +107,13 @@ def test_small_limits_are_verified_within_them(tmp_path, tiny_checkpoint):
     report = json.loads((engine / "verify.json").read_text())
     assert report["tokens_agree"] and report["max_abs_error"] < 1e-4
     assert report["num_positions"] == 9 and report["agreement_positions"] == 15
+
+
+def test_output_that_is_not_an_engine_is_never_deleted(tmp_path, tiny_checkpoint):
+    """--output over a checkpoint or any other non-empty directory is refused (exit 2), nothing deleted."""
+    keep = tmp_path / "notes"
+    keep.mkdir()
+    (keep / "notes.txt").write_text("x")
+    result = CliRunner().invoke(main, ["--model", str(tiny_checkpoint("llama")), "--output", str(keep)])
+    assert result.exit_code == 2 and "is not an engine directory" in result.output
+    assert (keep / "notes.txt").read_text() == "x"
