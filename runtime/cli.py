@@ -88,7 +88,7 @@ def check_engine_limits(inp: fmt.InputFile, manifest) -> None:
 @click.option("--spec-draft-step", default="auto", show_default=True, callback=lambda ctx, param, v: draft_step(v),
               help="EAGLE engines: tokens the draft head proposes per verification step: a number (0: no "
                    "speculative decoding), or auto: 0-4 per step, whatever has given the most tokens per "
-                   "second so far in the run, starting from the engine's draft_step (2 on ONNX Runtime, 4 on "
+                   "second so far in the run, starting from the engine's draft_step (1 on ONNX Runtime, 4 on "
                    "TensorRT).")
 def main(input_file: Path, engine_dir: Path, output: Path | None, profile: Path | None, stream: bool,
          kv_cache_dir: Path | None, kv_cache_size: str, threads: int | None, huge_pages: bool,

@@ -15,8 +15,8 @@ and the batch; costs are kept per batch width. The policy takes the k with the m
 second, and now and then tries a neighbour of it, which keeps the estimates it would otherwise stop
 measuring fresh: first after 8 cycles, then after gaps that double up to 256 cycles while the
 choice stays the same and the neighbour looks more than 10% worse (a try costs a cycle at a worse
-k, and resuming after a pause costs a catch-up); a near tie keeps being tried every 8 cycles. It never changes a token: greedy verification emits what
-plain greedy decoding would, whatever k is.
+k, and resuming after a pause costs a catch-up); a near tie keeps being tried every 8 cycles.
+It never changes a token: greedy verification emits what plain greedy decoding would, whatever k is.
 """
 from __future__ import annotations
 
@@ -31,6 +31,12 @@ PRIOR_SLOPE = 0.3    # before two widths are measured, each extra token in a ste
 EXPLORE_FIRST = 8    # the first try of a neighbour, at this cycle; the gap to the next one doubles
 EXPLORE_MAX_GAP = 256  # each time, up to this, and goes back to EXPLORE_FIRST when the choice changes
 NEAR_TIE = 0.9       # or when the neighbour tried is estimated within 10% of the choice
+
+
+def average(table: dict, key: int, seconds: float) -> None:
+    """The running cost average of table[key] (the first measurement as it is)."""
+    old = table.get(key)
+    table[key] = seconds if old is None else COST_DECAY * old + (1 - COST_DECAY) * seconds
 
 
 class DraftPolicy:
@@ -59,13 +65,11 @@ class DraftPolicy:
         self.accepted[1: accepted + 1] += 1
 
     def record_step(self, batch: int, width: int, seconds: float) -> None:
-        costs = self.step_cost.setdefault(batch, {})
-        costs[width] = seconds if width not in costs else COST_DECAY * costs[width] + (1 - COST_DECAY) * seconds
+        average(self.step_cost.setdefault(batch, {}), width, seconds)
         self.cycles += 1
 
     def record_draft(self, batch: int, seconds: float) -> None:
-        old = self.draft_cost.get(batch)
-        self.draft_cost[batch] = seconds if old is None else COST_DECAY * old + (1 - COST_DECAY) * seconds
+        average(self.draft_cost, batch, seconds)
 
     # -- the estimates -------------------------------------------------------------------------
     def rates(self) -> np.ndarray:
