@@ -158,6 +158,27 @@ def availability() -> tuple[bool, str]:
     return True, f"TensorRT {trt.__version__} on {gpu['name']} (sm_{gpu['compute_capability'].replace('.', '')})"
 
 
+def static_shape(shape: tuple[int, ...], name: str, profiles: list[Profile]) -> tuple[int, ...]:
+    """`shape` (-1 = dynamic) with every axis that all profiles give one value made that value."""
+    out = list(shape)
+    for axis, dim in enumerate(shape):
+        values = {dims[axis] for p in profiles for dims in p.shapes[name]}
+        if dim == -1 and len(values) == 1:
+            out[axis] = values.pop()
+    return tuple(out)
+
+
+def pin_static_axes(inputs, profiles: list[Profile]) -> None:
+    """Make the network's inputs static where the profiles fix them, above all the KV capacity: the
+    ONNX leaves it symbolic (ONNX Runtime engines size it per run), but TensorRT's KV update
+    (IKVCacheUpdateLayer, from TensorScatter) needs a cache input with a static sequence axis."""
+    for t in inputs:
+        if t.name in profiles[0].shapes:
+            shape = static_shape(tuple(t.shape), t.name, profiles)
+            if shape != tuple(t.shape):
+                t.shape = shape
+
+
 def build_plan(onnx_path: Path, profiles: list[Profile], *, workspace_gib: float, opt_level: int,
                timing_cache: Path | None, log=print) -> bytes:
     """Parse `onnx_path` (its external data next to it) and build a serialized engine."""
@@ -176,6 +197,7 @@ def build_plan(onnx_path: Path, profiles: list[Profile], *, workspace_gib: float
     missing = [t.name for t in inputs if t.name not in profiles[0].shapes]
     if missing:
         raise RuntimeError(f"no optimization profile shapes for the network inputs {missing}")
+    pin_static_axes(inputs, profiles)
     shape_tensors = [t.name for t in inputs if t.is_shape_tensor]
     if shape_tensors:  # their int64 profile values need TensorRT >= 10.11; our graphs avoid them
         raise RuntimeError(f"the graph has shape-tensor inputs {shape_tensors}, which trtllm-edge does not bind")
@@ -183,16 +205,21 @@ def build_plan(onnx_path: Path, profiles: list[Profile], *, workspace_gib: float
     config = builder.create_builder_config()
     config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, workspace_bytes(workspace_gib))
     config.builder_optimization_level = opt_level
-    if hasattr(trt.BuilderFlag, "MONITOR_MEMORY"):  # 10.6+: bounds build-time memory (Jetson)
+    if hasattr(trt.BuilderFlag, "MONITOR_MEMORY"):  # 10.6+: reports build-time memory use (the workspace bounds it)
         config.set_flag(trt.BuilderFlag.MONITOR_MEMORY)
     cache_bytes = timing_cache.read_bytes() if timing_cache and timing_cache.is_file() else b""
     cache = config.create_timing_cache(cache_bytes)
-    config.set_timing_cache(cache, ignore_mismatch=False)
+    if not config.set_timing_cache(cache, ignore_mismatch=False):
+        # A cache from another TensorRT or GPU is refused: start afresh (and overwrite it below).
+        log(f"TensorRT: timing cache {timing_cache} is from another TensorRT version or GPU; starting a new one")
+        cache = config.create_timing_cache(b"")
+        config.set_timing_cache(cache, ignore_mismatch=False)
     for prof in profiles:
         p = builder.create_optimization_profile()
         for name, (lo, opt, hi) in prof.shapes.items():
             p.set_shape(name, lo, opt, hi)
-        config.add_optimization_profile(p)
+        if config.add_optimization_profile(p) < 0:
+            raise RuntimeError(f"TensorRT refused the {prof.name} optimization profile (see its log above)")
 
     log(f"TensorRT: building {len(profiles)} optimization profiles ({', '.join(p.name for p in profiles)}), "
         f"optimization level {opt_level}, workspace {workspace_gib:g} GiB"

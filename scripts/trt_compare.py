@@ -79,6 +79,10 @@ def compiled_runners(engine_dir: Path, m: mf.Manifest) -> list:
     if m.backend == "tensorrt":
         from polygraphy.backend.trt import EngineFromBytes, TrtRunner
 
+        if m.tensorrt.get("plugins"):  # a --sampling-plugin plan deserializes only with its plugin registered
+            from trtllm.plugins.sample import trt_plugin
+
+            trt_plugin.register()
         plan = (engine_dir / m.files["plan"]).read_bytes()
         return [TrtRunner(EngineFromBytes(plan), name=f"tensorrt-profile{p}", optimization_profile=p) for p in (0, 1)]
     path = str(engine_dir / m.files.get("compiled", m.files["onnx"]))

@@ -48,15 +48,22 @@ def register() -> None:
 
 
 def _define(trt, trtp, torch, triton_kernel) -> None:
-    """The @trtp.register and @trtp.impl pair (annotations are real objects: QDP inspects them)."""
-    desc, tensor = trtp.TensorDesc, trtp.Tensor
+    """The @trtp.register and @trtp.impl pair (annotations are real objects: QDP inspects them).
+
+    max_top_k is a 1-element int32 array, not an int: the ONNX parser hands an INT attribute over as
+    an int32 field of length 1, and QDP's creator converts a field with its annotation, so `int`
+    would be int(array([k])), which NumPy 2.4 refuses (an NDArray annotation is converted with astype)."""
+    import numpy as np
+    import numpy.typing as npt
+
+    desc, tensor, attr = trtp.TensorDesc, trtp.Tensor, npt.NDArray[np.int32]
 
     @trtp.register(PLUGIN_ID)
     def describe(logits: desc, logit_bias: desc, penalty_bias: desc, seen: desc, repetition_penalty: desc,
                  temperature: desc, min_p: desc, top_k: desc, top_p: desc, uniform: desc,
-                 max_top_k: int) -> tuple[desc, desc, desc]:
+                 max_top_k: attr) -> tuple[desc, desc, desc]:
         batch = logits.shape_expr[0]
-        width = schema.num_logprob_columns(max_top_k)
+        width = schema.num_logprob_columns(int(max_top_k[0]))
         return (trtp.from_shape_expr((batch,), dtype=trt.int64),
                 trtp.from_shape_expr((batch, width), dtype=trt.float32),
                 trtp.from_shape_expr((batch, width), dtype=trt.int64))
@@ -64,12 +71,12 @@ def _define(trt, trtp, torch, triton_kernel) -> None:
     @trtp.impl(PLUGIN_ID)
     def run(logits: tensor, logit_bias: tensor, penalty_bias: tensor, seen: tensor, repetition_penalty: tensor,
             temperature: tensor, min_p: tensor, top_k: tensor, top_p: tensor, uniform: tensor,
-            max_top_k: int, outputs: tuple[tensor], stream: int) -> None:
+            max_top_k: attr, outputs: tuple[tensor], stream: int) -> None:
         inputs = (logits, logit_bias, penalty_bias, seen, repetition_penalty, temperature, min_p, top_k, top_p,
                   uniform)
         args = [_as_torch(torch, t, dtype) for t, (_, dtype, _) in zip(inputs, schema.INPUTS)]
         outs = [_as_torch(torch, t, dtype) for t, (_, dtype, _) in zip(outputs, schema.OUTPUTS)]
-        triton_kernel.launch(*args, max_top_k, outs, stream=stream)
+        triton_kernel.launch(*args, int(max_top_k[0]), outs, stream=stream)
 
 
 def _as_torch(torch, tensor, dtype: str):

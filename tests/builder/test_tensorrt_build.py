@@ -39,6 +39,19 @@ def test_profiles_come_from_the_limits():
         assert p.shapes[io.logit_bias] == ((1, 400), (4, 400), (4, 400))
 
 
+def test_static_axes_come_from_the_profiles():
+    """The KV capacity (symbolic in the ONNX) becomes static in the network; batch and sequence,
+    which the profiles vary, stay dynamic; an axis already static is left alone."""
+    io = GraphIO()
+    profiles = trt_build.optimization_profiles(Limits(**LIMITS), SHAPE, io)
+    kv = io.past_key.format(i=0)
+    assert trt_build.static_shape((-1, 2, -1, 16), kv, profiles) == (-1, 2, 256, 16)
+    assert trt_build.static_shape((-1, -1), io.input_ids, profiles) == (-1, -1)
+    assert trt_build.static_shape((-1, 400), io.logit_bias, profiles) == (-1, 400)
+    one = trt_build.optimization_profiles(Limits(1, 1, 8), SHAPE, io)  # batch 1, one token: all static
+    assert trt_build.static_shape((-1, -1), io.input_ids, one) == (1, 1)
+
+
 @pytest.mark.parametrize("graph", ["modern", "legacy"])
 def test_profiles_cover_every_graph_input(tiny_checkpoint, tmp_path, graph):
     build(BuildConfig(model=str(tiny_checkpoint("qwen3")), output=str(tmp_path / "e"), backend="onnxruntime",
@@ -120,6 +133,14 @@ def test_build_writes_plan_and_manifest(tiny_checkpoint, tmp_path):
     assert cache.is_file()  # written for the next build
     assert any("optimization level 2" in line for line in logs)
     assert json.loads((tmp_path / "e" / "verify.json").read_text())["tokens_agree"]
+
+
+def test_timing_cache_from_another_tensorrt_is_replaced(tiny_checkpoint, tmp_path):
+    cache = tmp_path / "timing.bin"
+    cache.write_bytes(b"fake-timing-cache 10.3.0.26")  # what another TensorRT wrote
+    logs = build_trt(tiny_checkpoint("llama"), tmp_path / "e", timing_cache=str(cache))
+    assert any("is from another TensorRT version or GPU; starting a new one" in line for line in logs)
+    assert cache.read_bytes() == b"fake-timing-cache 10.16.0.1"
 
 
 def test_modern_graph_is_refused_by_an_old_tensorrt(tiny_checkpoint, tmp_path):

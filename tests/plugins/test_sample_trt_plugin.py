@@ -10,6 +10,8 @@ import sys
 import types
 import typing
 
+import numpy as np
+import numpy.typing as npt
 import pytest
 
 from trtllm.plugins.sample import schema, trt_plugin
@@ -84,13 +86,25 @@ def stub_trtp(monkeypatch):
     return trtp
 
 
+def field_value(annotation, data: np.ndarray):
+    """What QDP's _TemplatePluginCreator.create_plugin makes of a plugin field: astype for an
+    NDArray annotation, else annotation(data), which NumPy >= 2.4 refuses for a 1-element array."""
+    if typing.get_origin(annotation) is np.ndarray:
+        return data.astype(typing.get_args(typing.get_args(annotation)[1])[0])
+    if data.ndim:
+        raise TypeError("only 0-dimensional arrays can be converted to Python scalars")
+    return annotation(data)
+
+
 def test_register_describes_static_width_outputs(stub_trtp):
     assert set(stub_trtp.defined) == {("register", "trtllm::Sample"), ("impl", "trtllm::Sample")}
     describe = stub_trtp.defined[("register", "trtllm::Sample")]
+    annotation = inspect.signature(describe).parameters["max_top_k"].annotation
     inputs = [_Desc(("B", "V"))] + [_Desc(("B",))] * (len(schema.INPUTS) - 1)
     for max_top_k, width in ((16, 16), (1024, 50)):
-        assert describe(*inputs, max_top_k=max_top_k) == ((("B",), "int64"), (("B", width), "float32"),
-                                                           (("B", width), "int64"))
+        field = np.array([max_top_k], np.int32)  # how the ONNX parser passes an INT attribute
+        assert describe(*inputs, max_top_k=field_value(annotation, field)) == (
+            (("B",), "int64"), (("B", width), "float32"), (("B", width), "int64"))
 
 
 def test_signatures_follow_tensorrt_plugin_rules(stub_trtp):
@@ -99,10 +113,12 @@ def test_signatures_follow_tensorrt_plugin_rules(stub_trtp):
     describe = inspect.signature(stub_trtp.defined[("register", "trtllm::Sample")])
     params = list(describe.parameters.values())
     assert [p.name for p in params] == [*schema.INPUT_NAMES, "max_top_k"]
-    assert all(p.annotation is _Desc for p in params[:-1]) and params[-1].annotation is int
+    assert all(p.annotation is _Desc for p in params[:-1])
+    assert params[-1].annotation == npt.NDArray[np.int32]  # a 1-D int32 array attribute (see field_value)
     assert typing.get_origin(describe.return_annotation) is tuple
     assert typing.get_args(describe.return_annotation) == (_Desc,) * len(schema.OUTPUTS)
     impl = inspect.signature(stub_trtp.defined[("impl", "trtllm::Sample")])
     assert list(impl.parameters) == [*schema.INPUT_NAMES, "max_top_k", "outputs", "stream"]
-    assert impl.parameters["max_top_k"].annotation is int and impl.parameters["stream"].annotation is int
+    assert impl.parameters["max_top_k"].annotation == npt.NDArray[np.int32]
+    assert impl.parameters["stream"].annotation is int
     assert typing.get_args(impl.parameters["outputs"].annotation) == (_Tensor,)

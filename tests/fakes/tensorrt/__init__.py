@@ -4,7 +4,8 @@ It follows TensorRT 10's documented contract and is strict where TensorRT would 
   - create_network must ask for STRONGLY_TYPED; the parser runs our op lint for this version and
     reports the issues as parser errors; int64 [1] inputs are shape tensors (host memory);
   - build_serialized_network needs every input in every profile, min <= opt <= max, shape-tensor
-    values for shape tensors, and a static KV capacity; the "plan" embeds the ONNX model;
+    values for shape tensors, profiles that agree with static axes, and past_* inputs whose
+    capacity axis is static in the network (IKVCacheUpdateLayer); the "plan" embeds the ONNX model;
   - a plan deserializes only under the version that built it;
   - a context starts on profile 0; set_optimization_profile_async raises on a bad index;
     set_input_shape / set_tensor_address return False for a shape outside the active profile or
@@ -171,7 +172,7 @@ class _Profile:
 
 class _TimingCache:
     def __init__(self, data: bytes):
-        self.data = bytes(data) or b"fake-timing-cache"
+        self.data = bytes(data) or f"fake-timing-cache {__version__}".encode()
 
     def serialize(self):
         return memoryview(self.data)
@@ -192,6 +193,9 @@ class _BuilderConfig:
         return _TimingCache(data)
 
     def set_timing_cache(self, cache, ignore_mismatch):
+        """False (cache not set) for a cache another TensorRT version wrote, unless told to ignore it."""
+        if cache.data != f"fake-timing-cache {__version__}".encode() and not ignore_mismatch:
+            return False
         self.cache = cache
         return True
 
@@ -224,8 +228,10 @@ class Builder:
                 if t.name not in p.shapes or (t.is_shape_tensor and t.name not in p.values):
                     return None  # TensorRT logs "profile has no shape for input ..." and returns null
                 lo, _, hi = p.shapes[t.name]
-                if t.name.startswith("past_") and lo[2] != hi[2]:
-                    return None  # the KV update needs a static capacity axis
+                if any(d != -1 and not a == d == b for a, d, b in zip(lo, t.shape, hi)):
+                    return None  # a profile disagrees with a static axis of the network
+                if t.name.startswith("past_") and t.shape[2] == -1:
+                    return None  # the KV update needs a cache input with a static sequence axis
         header = {"version": __version__, "in_place": any(n.op_type == "TensorScatter" for n in network.model.graph.node),
                   "profiles": [{"shapes": p.shapes, "values": p.values} for p in config.profiles]}
         head = json.dumps(header).encode()
