@@ -11,6 +11,7 @@ from trtllm.builder.config import (ACTIVATIONS, BACKENDS, CPU_KERNELS, DTYPES, G
 
 # Shown in --help; the chosen --profile supplies these when the option is not given.
 DEFAULTS = profile_defaults("cpu-default")
+TENSORRT_OPTIONS = ("workspace_gib", "opt_level", "timing_cache")  # they shape the TensorRT builder only
 
 
 def parse_lora(values: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
@@ -64,14 +65,15 @@ def resolve(options: dict, profile: str) -> dict:
               help="Bundle a PEFT LoRA adapter into the engine under NAME (repeatable); implies LoRA inputs.")
 @click.option("--eagle", metavar="DRAFT_DIR",
               help="An EAGLE-3 draft head (config.json + model.safetensors, as SpecForge writes them): the engine "
-                   "then decodes greedy requests speculatively (ONNX Runtime).")
+                   "then decodes greedy requests speculatively.")
 @click.option("--no-verify", is_flag=True, help="Skip the logit check against transformers after building.")
 def main(model, output, profile, lora, eagle, no_verify, **options):
     """Build an engine directory from a checkpoint."""
     try:
         values = resolve(options, profile)
+        given = tuple(f"--{name.replace('_', '-')}" for name in TENSORRT_OPTIONS if options.get(name) is not None)
         config = BuildConfig(model=model, output=output, profile=profile, lora=parse_lora(lora), eagle=eagle,
-                             verify=not no_verify, **values)
+                             verify=not no_verify, tensorrt_options=given, **values)
     except ConfigError as e:
         raise click.UsageError(str(e)) from e
     from trtllm.builder.checkpoint import CheckpointError

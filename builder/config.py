@@ -80,6 +80,7 @@ class BuildConfig:
     sampling_plugin: bool = False   # TensorRT: trtllm::Sample as the Triton kernel plugin, not the ONNX body
     cpu_kernels: str = "auto"       # ONNX Runtime: native (plugins/cpu: attention, quantized MatMuls) or onnxruntime
     activations: str = "float32"    # int16/int8: quantized decode steps multiply quantized activations (plugins/cpu)
+    tensorrt_options: tuple[str, ...] = ()  # TensorRT-only flags given on the command line (--timing-cache, ...)
 
     def __post_init__(self):
         for name, allowed in (("backend", BACKENDS), ("dtype", DTYPES), ("quantization", QUANTIZATIONS),
@@ -100,6 +101,8 @@ class BuildConfig:
                                   "(it names a directory in the engine)")
         if len(set(names)) != len(names):
             raise ConfigError(f"--lora names must be distinct, got {names}")
+        if self.eagle and self.max_input_len < 2:  # the head drafts from a prompt's second token on
+            raise ConfigError(f"--eagle needs --max-input-len >= 2, got {self.max_input_len}")
         if self.max_input_len > self.max_kv_cache_capacity:
             raise ConfigError(f"--max-input-len must be <= --max-kv-cache-capacity "
                               f"({self.max_kv_cache_capacity}), got {self.max_input_len}")
@@ -110,6 +113,9 @@ class BuildConfig:
         if self.graph == "modern" and parse_trt_version(self.trt_version) < MODERN_MIN_TRT:
             raise ConfigError(f"the modern graph (opset 24 Attention, TensorScatter) needs TensorRT >= 10.15, but "
                               f"trt_version is {self.trt_version}; use --profile tensorrt-legacy")
+        if self.tensorrt_options and self.backend == "onnxruntime":
+            raise ConfigError(f"{', '.join(self.tensorrt_options)}: TensorRT build options, and the backend is "
+                              "onnxruntime; drop them or use --backend tensorrt")
         if self.sampling_plugin and self.backend != "tensorrt":
             raise ConfigError("--sampling-plugin needs --backend tensorrt (it registers a TensorRT plugin)")
         if self.activations != "float32" and self.cpu_kernels == "onnxruntime":

@@ -170,8 +170,14 @@ def number_format(config: BuildConfig) -> str:
 
 def save(model: onnx.ModelProto, out_dir: Path, name: str) -> None:
     """`name` may be in a subdirectory (eagle/draft.onnx); its data file sits next to it."""
-    onnx.save_model(model, out_dir / name, save_as_external_data=True, all_tensors_to_one_file=True,
-                    location=Path(name).name + ".data", size_threshold=1024)
+    path = out_dir / name
+    cwd = os.getcwd()
+    os.chdir(path.parent)  # onnx refuses a data file name that exists in the *current* directory
+    try:
+        onnx.save_model(model, path.name, save_as_external_data=True, all_tensors_to_one_file=True,
+                        location=path.name + ".data", size_threshold=1024)
+    finally:
+        os.chdir(cwd)
 
 
 def compile_onnxruntime(out_dir: Path, log, quant: "QuantScheme | None" = None, native: bool = False,
@@ -259,6 +265,9 @@ def resolve_backend(config: BuildConfig, log) -> str:
         log(f"backend tensorrt: {why}")
         return "tensorrt"
     log(f"backend auto: {'tensorrt' if usable else 'onnxruntime'} ({why})")
+    if not usable and config.tensorrt_options:
+        log(f"warning: {', '.join(config.tensorrt_options)} ignored: TensorRT build options, and the backend "
+            "is onnxruntime")
     return "tensorrt" if usable else "onnxruntime"
 
 
@@ -338,12 +347,28 @@ def build(config: BuildConfig, log=print) -> Path:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    readable_by_all(tmp)
     if out_dir.exists():
+        # Entries are swapped, not the directory, so the directory itself stays (a shell in it, as
+        # with --output ., still sees the engine); an earlier engine's files go only after.
         old = out_dir.with_name(out_dir.name + ".old")
         shutil.rmtree(old, ignore_errors=True)
-        os.replace(out_dir, old)
-        os.replace(tmp, out_dir)
+        old.mkdir()
+        for entry in list(out_dir.iterdir()):
+            os.replace(entry, old / entry.name)
+        for entry in list(tmp.iterdir()):
+            os.replace(entry, out_dir / entry.name)
+        tmp.rmdir()
         shutil.rmtree(old, ignore_errors=True)
     else:
         os.replace(tmp, out_dir)
     return out_dir
+
+
+def readable_by_all(engine_dir: Path) -> None:
+    """Files as the umask allows (onnx writes external data as 600): an engine is copied to devices
+    and run by other users."""
+    mask = os.umask(0)  # reading the umask means setting it
+    os.umask(mask)
+    for path in [engine_dir, *engine_dir.rglob("*")]:
+        os.chmod(path, (0o777 if path.is_dir() else 0o666) & ~mask)

@@ -55,7 +55,7 @@ def engine_logits(engine, prompt_ids: list[int], num_decode: int, forced: list[i
     row = RowState(prompt_ids=prompt_ids, params=params, rng=np.random.default_rng(0), eos_ids=frozenset())
     batch = sampling.make_batch([params], engine.manifest.model.vocab_size, engine.manifest.max_top_k)
     make_kv = getattr(engine, "make_kv_cache", KVCacheManager)  # device KV on TensorRT
-    kv = make_kv(engine.manifest.model, 1, len(prompt_ids) + num_decode + 1)
+    kv = make_kv(engine.manifest.model, 1, len(prompt_ids) + num_decode)  # the last token is never fed
     inputs, logits, chosen = prefill_inputs([row], engine.manifest.pad_token_id, batch), [], []
     for step in range(num_decode + 1):
         out = engine.step(dataclasses.replace(inputs, lora=lora), kv.view(0, 1), want_logits=True)
@@ -72,8 +72,8 @@ def hf_logits(model, ids: list[int]) -> np.ndarray:
 
 
 def text_ids(tokenizer, text: str, limit: int) -> list[int]:
-    ids = tokenizer.encode(text, add_special_tokens=False)[:limit]
-    return ids if len(ids) >= 8 else list(range(1, limit + 1))  # tiny test tokenizers may not cover text
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    return ids[:limit] if len(ids) >= 8 else list(range(1, limit + 1))  # tiny test tokenizers may not cover text
 
 
 def merged_model(model, adapter, manifest):
@@ -112,12 +112,12 @@ def verify_eagle(engine, engine_dir, draft_dir, ck, ids: list[int]) -> dict:
     params = sampling.SamplingParams(temperature=0.0)
     batch = sampling.make_batch([params], m.model.vocab_size, m.max_top_k)
     row = RowState(prompt_ids=ids, params=params, rng=np.random.default_rng(0), eos_ids=frozenset())
-    base_kv = getattr(engine, "make_kv_cache", KVCacheManager)(m.model, 1, len(ids) + 2)  # device KV on TensorRT
+    base_kv = getattr(engine, "make_kv_cache", KVCacheManager)(m.model, 1, len(ids))  # device KV on TensorRT
     out = engine.step(prefill_inputs([row], m.pad_token_id, batch), base_kv.view(0, 1))
     want = ref.target_hidden(ids)
     drafter = Drafter.load(engine_dir, m, huge_pages=False)
     try:
-        kv = getattr(drafter.engine, "make_kv_cache", KVCacheManager)(drafter.engine.manifest.model, 1, len(ids) + 2)
+        kv = getattr(drafter.engine, "make_kv_cache", KVCacheManager)(drafter.engine.manifest.model, 1, len(ids))
         n, hidden = len(ids) - 1, want[:-1]
         got_id, got_h = drafter.engine.draft(np.array([ids[1:]]), hidden.numpy()[None], np.arange(n)[None],
                                              np.array([0]), np.array([n - 1]), kv.view(0, 1))
@@ -140,18 +140,19 @@ def verify_engine(engine_dir, ck, quantization: str = "none", atol: float = 1e-3
     engine = load_engine(engine_dir, graph="compiled", huge_pages=False)  # checked, then closed
     report = {"quantization": quantization}
     try:
-        # Every check fits the engine's limits: a build with a small KV capacity is checked within it.
+        # Every check fits the engine's limits, down to one prompt token and no decode step: a
+        # prompt of P tokens and D decode steps fill P + D KV positions (the last token is not fed).
         limits = engine.manifest.limits
         room = limits.max_kv_cache_capacity
-        num_decode = max(1, min(NUM_DECODE, room // 2))
-        ids = text_ids(ck.tokenizer, VERIFY_TEXT, max(2, min(24, limits.max_input_len, room - num_decode)))
+        num_decode = min(NUM_DECODE, room // 2)
+        ids = text_ids(ck.tokenizer, VERIFY_TEXT, max(1, min(24, limits.max_input_len, room - num_decode)))
         generated, got = engine_logits(engine, ids, num_decode)
         ref = hf_logits(ck.model, ids + generated[:-1])[len(ids) - 1:]
         err = float(np.abs(got - ref).max())
         report.update(num_positions=int(ref.shape[0]), max_abs_error=err, atol=atol,
                       max_abs_logit=float(np.abs(ref).max()),
                       tokens_agree=[int(t) for t in ref.argmax(-1)] == generated)
-        text = text_ids(ck.tokenizer, AGREEMENT_TEXT, min(128, room))
+        text = text_ids(ck.tokenizer, AGREEMENT_TEXT, min(128, room + 1))
         chosen, got = engine_logits(engine, text[:1], len(text) - 2, forced=text[1:])
         ref = hf_logits(ck.model, text)[: len(chosen)]
         agreement = float(np.mean(np.array(chosen) == ref.argmax(-1)))
@@ -164,7 +165,9 @@ def verify_engine(engine_dir, ck, quantization: str = "none", atol: float = 1e-3
         if adapters:
             report["adapters"] = adapters
         if eagle:
-            report["eagle"] = verify_eagle(engine, engine_dir, eagle, ck, ids)
+            # The head drafts from the prompt's second token: >= 2 tokens (config.py asks max_input_len >= 2).
+            eagle_ids = text_ids(ck.tokenizer, VERIFY_TEXT, max(2, min(24, limits.max_input_len, room)))
+            report["eagle"] = verify_eagle(engine, engine_dir, eagle, ck, eagle_ids)
     finally:
         engine.close()
     exact = quantization in ("none", "float32")

@@ -44,6 +44,7 @@ class RowState:
     logprobs: list[tuple[np.ndarray, np.ndarray]] = field(default_factory=list)
     counts: dict[int, int] = field(default_factory=dict)
     finish_reason: str | None = None
+    error: str | None = None          # why it failed alone (finish_reason "error"), e.g. a broken draw
     max_new_tokens: int = -1  # params.max_new_tokens, capped by the KV capacity
     prefix_ids: tuple[int, ...] = ()  # its system-prompt prefix (a prefix of prompt_ids), if any
     save_prefix: bool = False         # store that prefix's KV for later requests
@@ -74,6 +75,11 @@ class RowState:
         elif n >= self.max_new_tokens:
             self.finish_reason = "max-length"
         if self.finish_reason and self.text is not None:
+            self.text.finish()
+
+    def fail(self, error: str) -> None:
+        self.finish_reason, self.error = "error", error
+        if self.text is not None:
             self.text.finish()
 
     def visible_ids(self) -> list[int]:
@@ -119,8 +125,14 @@ def adapter_key(row: RowState) -> str | None:
     return None if row.adapter is None else row.adapter.digest
 
 
+def kv_need(row: RowState) -> int:
+    """KV positions a row fills: its prompt and every generated token but the last, which is
+    never fed back (so a prompt that fills the capacity still gets one token)."""
+    return len(row.prompt_ids) + max(row.max_new_tokens - 1, 0)
+
+
 def capacity_for(rows: list[RowState], max_capacity: int) -> int:
-    need = max(len(r.prompt_ids) + r.max_new_tokens for r in rows)
+    need = max(kv_need(r) for r in rows)
     return min(max_capacity, -(-need // CAPACITY_ROUNDING) * CAPACITY_ROUNDING)
 
 
@@ -172,10 +184,12 @@ class Scheduler:
         m = engine.manifest
         self.engine, self.timing, self.on_token, self.prefixes = engine, timing or Timing(), on_token, prefixes
         capacity = capacity_for(rows, m.limits.max_kv_cache_capacity)
-        for r in rows:  # the KV buffer bounds what any row can generate
-            r.max_new_tokens = min(r.max_new_tokens, capacity - len(r.prompt_ids))
-            if r.max_new_tokens <= 0:
+        for r in rows:  # the KV buffer bounds what any row can generate (see kv_need)
+            r.max_new_tokens = min(r.max_new_tokens, capacity + 1 - len(r.prompt_ids))
+            if r.max_new_tokens <= 0:  # max_generate_length 0: done without a step (nor a slot)
                 r.finish_reason = "max-length"
+                if on_token is not None:  # its stream still ends, with an empty line
+                    on_token(r)
         self.pending = deque(r for r in rows if not r.finish_reason)
         num_slots = max(1, min(num_slots, len(self.pending)))
         # A backend with device memory (TensorRT) supplies its own KV storage; the books are the same.
@@ -203,7 +217,7 @@ class Scheduler:
         m, admitted = self.engine.manifest, []
         while self.pending:
             row = self.pending[0]
-            slot = self.kv.acquire(row, len(row.prompt_ids) + row.max_new_tokens)
+            slot = self.kv.acquire(row, kv_need(row))
             if slot is None:
                 break
             self.pending.popleft()
@@ -239,6 +253,13 @@ class Scheduler:
 
     def accept_token(self, slot: int, token: int, top=None) -> None:
         row = self.active[slot]
+        if not 0 <= token < self.batch.logit_bias.shape[1]:
+            # Only non-finite logits make the sampler answer past the vocabulary: that row alone fails.
+            row.fail(f"the sampler returned token id {token}, outside the vocabulary: the request's "
+                     "logits were not finite")
+            if self.on_token is not None:
+                self.on_token(row)
+            return
         row.accept(token, top)
         sampling.penalize(self.batch, slot, row.params, row.counts, token, len(row.output_ids), row.banned)
         if self.on_token is not None:

@@ -198,6 +198,10 @@ def convert(name: str, path: str | Path, manifest: Manifest) -> Adapter:
             a, b = np.zeros((0, n_in)), np.zeros((n_out, 0))
         else:
             a, b = checked_pair(pair, f"{weights_path}: layer {layer} {mod}", n_in, n_out, max_rank)
+            declared = pattern_value(cfg.get("rank_pattern"), f"model.layers.{layer}.{mod}", cfg["r"])
+            if a.shape[0] != declared:  # PEFT scales by the declared rank, and would not load this either
+                raise AdapterError(f"{weights_path}: layer {layer} {mod} has rank {a.shape[0]}, but {config_path} "
+                                   f"says {declared} (r or rank_pattern)")
             top = max(top, a.shape[0])
             b = module_scale(cfg, layer, mod, a.shape[0]) * b.astype(np.float32)
         arrays.update(module_arrays(manifest, layer, mod, a, b, dtype))

@@ -151,8 +151,8 @@ class Runner:
                "formatted_system_prompt": p.system_prefix, "formatted_complete_request": p.text}
         if p.request.n > 1:
             res["sample_idx"] = smp.sample_idx
-        if p.error is not None or row is None or not row.finish_reason:
-            res["error"] = p.error or "the request did not finish"
+        if p.error is not None or row is None or not row.finish_reason or row.error:
+            res["error"] = p.error or (row and row.error) or "the request did not finish"
             return res
         res["finish_reason"] = row.finish_reason
         if row.finish_reason == "stop-words" and row.text.stop_at is not None:

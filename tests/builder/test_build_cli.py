@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import subprocess
 import sys
 
@@ -33,6 +34,9 @@ ARCHS = ["llama", "mistral", "qwen2", "qwen3"]
     (["--opt-level", "9"], "--opt-level must be an integer in [0, 5]"),
     (["--max-batch-size", "0"], "--max-batch-size must be a positive integer"),
     (["--max-input-len", "9000"], "--max-input-len must be <="),
+    (["--eagle", "/tmp/no-such-head", "--max-input-len", "1"], "--eagle needs --max-input-len >= 2"),
+    (["--backend", "onnxruntime", "--timing-cache", "t.cache", "--opt-level", "2"],
+     "--opt-level, --timing-cache: TensorRT build options, and the backend is onnxruntime"),
     (["--activations", "int8"], "--activations int8 needs --quantization int8|int4 on ONNX Runtime"),
     (["--activations", "int8", "--quantization", "int4", "--backend", "tensorrt"], "--backend tensorrt"),
     (["--activations", "int4"], "Invalid value for '--activations'"),
@@ -97,16 +101,53 @@ def test_failed_build_keeps_the_old_engine(tmp_path, tiny_checkpoint, tiny_engin
     assert not (tmp_path / "engine.partial").exists()
 
 
-def test_small_limits_are_verified_within_them(tmp_path, tiny_checkpoint):
-    """The build's checks fit the engine: a KV capacity of 16 and prompts of 8 tokens (the agreement
-    text alone is 128 tokens) build, verify and answer."""
+@pytest.mark.parametrize("capacity, max_input_len, positions, agreement", [
+    (16, 8, 9, 16),  # the agreement text alone is 128 tokens; the prompt check 24 + 8
+    (2, 2, 2, 2),
+    (1, 1, 1, 1),    # one prompt token, no decode step: still checked against transformers
+])
+def test_small_limits_are_verified_within_them(tmp_path, tiny_checkpoint, capacity, max_input_len, positions,
+                                               agreement):
+    """The build's checks fit the engine's limits, however small, then the engine answers."""
     engine = tmp_path / "engine"
     result = CliRunner().invoke(main, ["--model", str(tiny_checkpoint("llama")), "--output", str(engine),
-                                       "--max-kv-cache-capacity", "16", "--max-input-len", "8"])
+                                       "--max-kv-cache-capacity", str(capacity),
+                                       "--max-input-len", str(max_input_len)])
     assert result.exit_code == 0, result.output
     report = json.loads((engine / "verify.json").read_text())
     assert report["tokens_agree"] and report["max_abs_error"] < 1e-4
-    assert report["num_positions"] == 9 and report["agreement_positions"] == 15
+    assert report["num_positions"] == positions and report["agreement_positions"] == agreement
+
+
+def test_rebuild_in_place_keeps_the_directory(tmp_path, tiny_checkpoint, monkeypatch):
+    """--output . rebuilds the engine the shell stands in: the directory stays (same inode), its old
+    files are replaced, and every file is readable as the umask allows (onnx writes data as 600)."""
+    engine = tmp_path / "engine"
+    engine.mkdir()
+    monkeypatch.chdir(engine)
+    old_mask = os.umask(0o022)
+    try:
+        for extra in ([], ["--max-input-len", "32"]):
+            inode = engine.stat().st_ino
+            result = CliRunner().invoke(main, ["--model", str(tiny_checkpoint("llama")), "--output", ".",
+                                               "--no-verify", *extra])
+            assert result.exit_code == 0, result.output
+            assert engine.stat().st_ino == inode
+    finally:
+        os.umask(old_mask)
+    assert json.loads((engine / "manifest.json").read_text())["limits"]["max_input_len"] == 32
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["engine"]  # no .partial or .old left
+    modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in engine.rglob("*") if p.is_file()}
+    assert set(modes.values()) == {0o644}, modes
+
+
+def test_tensorrt_options_without_tensorrt_are_named(tmp_path, tiny_checkpoint):
+    """--backend auto without TensorRT builds for ONNX Runtime and says the TensorRT flags did nothing."""
+    result = CliRunner().invoke(main, ["--model", str(tiny_checkpoint("llama")), "--output", str(tmp_path / "e"),
+                                       "--timing-cache", str(tmp_path / "t.cache"), "--no-verify"])
+    assert result.exit_code == 0, result.output
+    assert "warning: --timing-cache ignored: TensorRT build options, and the backend is onnxruntime" in result.output
+    assert not (tmp_path / "t.cache").exists()
 
 
 def test_output_that_is_not_an_engine_is_never_deleted(tmp_path, tiny_checkpoint):

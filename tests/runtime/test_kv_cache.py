@@ -185,3 +185,38 @@ def run_alone(engine, prompt, n):
     r = row(prompt, n)
     run_rows(engine, [r], num_slots=1)
     return r.output_ids
+
+
+class BrokenRowEngine(FakeEngine):
+    """Answers past the vocabulary for any row that has seen token 42 (what a sampler does with
+    non-finite logits)."""
+
+    def step(self, inputs, kv, want_logits=False):
+        out = super().step(inputs, kv, want_logits)
+        for b in range(len(out.token_ids)):
+            last = inputs.write_index[b] + inputs.last_index[b]
+            if (kv[0][b, 0, : last + 1, 0] == 42 + 1).any():
+                out.token_ids[b] = VOCAB
+        return out
+
+
+def test_a_broken_draw_fails_its_row_alone():
+    rows = [row(p) for p in PROMPTS[:2]] + [row([40, 41, 42])] + [row(p) for p in PROMPTS[2:]]
+    streamed = []
+    run_rows(BrokenRowEngine(), rows, num_slots=3, on_token=lambda r: streamed.append(r.finish_reason))
+    bad = rows[2]
+    assert bad.finish_reason == "error" and bad.output_ids == []
+    assert "outside the vocabulary" in bad.error
+    assert "error" in streamed
+    for r, prompt in zip(rows[:2] + rows[3:], PROMPTS):
+        assert r.error is None and r.output_ids == alone(prompt)
+
+
+@pytest.mark.parametrize("prompt_len, expected", [(5, 12), (15, 2), (16, 1)])
+def test_generation_fills_the_kv_capacity(prompt_len, expected):
+    """A capacity-16 engine holds prompt + output but the last token (never fed back): a 5-token
+    prompt gets 12 tokens, and one that fills the capacity still gets its first token."""
+    r = row(range(1, prompt_len + 1), n=100)
+    engine = FakeEngine(capacity=16)
+    run_rows(engine, [r], 1)
+    assert r.finish_reason == "max-length" and len(r.output_ids) == expected and r.slot == 0

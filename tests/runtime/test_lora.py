@@ -42,7 +42,11 @@ def write_adapter(path, modules: dict, seed: int = 0, **config) -> dict:
         tensors[key(layer, module, "B")] = rng.standard_normal((n_out, r)).astype(np.float32)
     path.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(path / lora.WEIGHTS_NAME))
-    (path / lora.CONFIG_NAME).write_text(json.dumps({"peft_type": "LORA", "r": 4, "lora_alpha": 8, **config}))
+    # PEFT's form: r for most modules, rank_pattern for the others
+    ranks = {f"layers.{layer}.{module}": r for (layer, module), r in modules.items() if r != config.get("r", 4)}
+    config = {"peft_type": "LORA", "r": 4, "lora_alpha": 8, **config}
+    config["rank_pattern"] = {**ranks, **config.get("rank_pattern", {})}
+    (path / lora.CONFIG_NAME).write_text(json.dumps(config))
     return tensors
 
 
@@ -101,6 +105,12 @@ def _extra_key(name):
     return make
 
 
+def _declared_rank(path):
+    write_adapter(path, {(0, "self_attn.q_proj"): 2})
+    cfg = json.loads((path / lora.CONFIG_NAME).read_text())
+    (path / lora.CONFIG_NAME).write_text(json.dumps({**cfg, "rank_pattern": {}}))  # says r = 4 for every module
+
+
 def _half_pair(path):
     t = write_adapter(path, {(0, "self_attn.q_proj"): 2})
     del t[key(0, "self_attn.q_proj", "B")]
@@ -151,6 +161,7 @@ def _not_safetensors(path):
     (_extra_key("base_model.model.lm_head.lora_A.weight"), "lm_head.lora_A.weight is not a LoRA matrix"),
     (_extra_key(key(2, "self_attn.q_proj", "A")), "is for layer 2; the model has 2"),
     (_half_pair, "has lora_A without lora_B"),
+    (_declared_rank, "layer 0 self_attn.q_proj has rank 2, but"),
     (_nan, "NaN or infinite"),
     (_config(use_dora=True), "use_dora = True is not supported"),
     (_config(modules_to_save=["lm_head"]), "modules_to_save"),

@@ -130,9 +130,9 @@ def test_edge_cases(run_cli, tiny_engine):
     rs = out["responses"]
     assert rs[0]["finish_reason"] != "error"
     assert rs[1]["output_text"] == "" and rs[1]["finish_reason"] == "max-length"
-    # capped by the engine's KV capacity (512 slots for prompt + output)
+    # capped by the engine's KV capacity: 512 positions for the prompt and every output token but the last
     prompt_len = len(Tokenizer.from_engine_dir(engine).encode(rs[2]["formatted_complete_request"]))
-    assert rs[2]["finish_reason"] == "max-length" and len(rs[2]["logprobs"]) == 512 - prompt_len
+    assert rs[2]["finish_reason"] == "max-length" and len(rs[2]["logprobs"]) == 512 + 1 - prompt_len
     assert "🙂" in rs[3]["formatted_complete_request"]
     assert "🙂" not in rs[3]["output_text"] and "中" not in rs[3]["output_text"]
     assert rs[4]["finish_reason"] != "error"
@@ -143,7 +143,8 @@ def test_stream_matches_output(tiny_engine, tmp_path):
     import sys
 
     payload = {"batch_size": 2, "temperature": 0, "max_generate_length": 24,
-               "requests": [chat("Hello"), chat("The quick", stop=[" the", "."]), chat("Paris", n=2, temperature=1.0)]}
+               "requests": [chat("Hello"), chat("The quick", stop=[" the", "."]), chat("Paris", n=2, temperature=1.0),
+                            chat("Nothing", max_generate_length=0)]}  # never runs, yet its stream ends
     (tmp_path / "in.json").write_text(json.dumps(payload))
     proc = subprocess.run([sys.executable, "-m", "trtllm.runtime", str(tmp_path / "in.json"), "--engine",
                            str(tiny_engine("llama")), "--stream", "--output", str(tmp_path / "out.json")],
