@@ -17,17 +17,57 @@ from trtllm.runtime import input_format as fmt
 
 
 def write_atomic(path: Path, data: dict, indent: int) -> None:
-    """Write next to the target and rename: a crash never leaves half a file where a good one was."""
+    """Write next to the target and rename: a crash never leaves half a file where a good one was.
+
+    A symlink is followed (its target is replaced, the link kept); a device or pipe such as
+    /dev/stdout cannot be renamed over, so it is written directly. The new file gets the mode the
+    old one had, or what the umask allows, not mkstemp's 600.
+    """
+    text = json.dumps(data, indent=indent, ensure_ascii=False) + "\n"
+    path = Path(os.path.realpath(path))
+    if path.exists() and not path.is_file():
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(text)
+        return
     path.parent.mkdir(parents=True, exist_ok=True)
+    mode = path.stat().st_mode & 0o7777 if path.exists() else 0o666 & ~current_umask()
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(data, f, indent=indent, ensure_ascii=False)
-            f.write("\n")
+            f.write(text)
+        os.chmod(tmp, mode)
         os.replace(tmp, path)
     except BaseException:
         os.unlink(tmp)
         raise
+
+
+def current_umask() -> int:
+    mask = os.umask(0)  # the only way to read it is to set it
+    os.umask(mask)
+    return mask
+
+
+def check_writable(path: Path | None, option: str) -> None:
+    """Exit 2 now, before anything runs, if `path` cannot be written: its answers would be lost."""
+    if path is None:
+        return
+    target = Path(os.path.realpath(path))
+    if target.is_dir():
+        fail_usage(f"{option} {path} is a directory")
+    if target.exists() and not target.is_file():
+        return  # a pipe or device: written in place
+    ancestor = target.parent
+    while not ancestor.exists():  # the directories write_atomic would create
+        ancestor = ancestor.parent
+    try:
+        if not ancestor.is_dir():
+            raise NotADirectoryError(f"{ancestor} is not a directory")
+        fd, probe = tempfile.mkstemp(dir=ancestor, prefix=".trtllm-probe-")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        fail_usage(f"{option} {path} cannot be written: {e}")
 
 
 def print_line(record: dict) -> None:
@@ -104,6 +144,8 @@ def main(input_file: Path, engine_dir: Path, output: Path | None, profile: Path 
         inp = fmt.read_input(input_file, bundled)
     except fmt.InputError as e:
         fail_usage(f"{input_file}: {e}")
+    check_writable(output, "--output")
+    check_writable(profile, "--profile")
     from trtllm.runtime.prefix_cache import PrefixStore, engine_identity, parse_size
 
     try:
@@ -124,17 +166,27 @@ def main(input_file: Path, engine_dir: Path, output: Path | None, profile: Path 
     check_engine_limits(inp, engine.manifest)
     # Problems only the engine can see (a token id past its vocabulary) fail that request alone.
     m = engine.manifest
-    engine_errors = dict(fmt.check_limits(inp, m.max_top_k, m.model.vocab_size))
-    engine_errors.update(fmt.check_against_engine(inp, m.model.vocab_size))
+    engine_errors: dict[int, str] = {}
+    for i, problem in [*fmt.check_limits(inp, m.max_top_k, m.model.vocab_size),
+                       *fmt.check_against_engine(inp, m.model.vocab_size)]:
+        engine_errors[i] = f"{engine_errors[i]}; {problem}" if i in engine_errors else problem  # all of them
     prefixes = PrefixStore(kv_cache_dir or engine_dir / "cache", engine_identity(engine_dir), max_bytes=max_bytes)
     from trtllm.runtime.speculative import Drafter
 
+    source = click.get_current_context().get_parameter_source("spec_draft_step")
+    if not engine.manifest.eagle and source is click.core.ParameterSource.COMMANDLINE:
+        click.echo(f"warning: --spec-draft-step ignored: {engine_dir} has no EAGLE draft head "
+                   "(trtllm-build --eagle adds one)", err=True)
     try:
         drafter = Drafter.load(engine_dir, engine.manifest, spec_draft_step, huge_pages=huge_pages)
     except ManifestError as e:
         fail_usage(str(e))
-    runner = Runner(engine, Tokenizer.from_engine_dir(engine_dir), ChatTemplate.from_engine_dir(engine_dir), prefixes,
-                    drafter)
+    try:
+        tokenizer, template = Tokenizer.from_engine_dir(engine_dir), ChatTemplate.from_engine_dir(engine_dir)
+    except Exception as e:  # noqa: BLE001 - a missing or broken tokenizer file: the engine dir is incomplete
+        fail_usage(f"{engine_dir}: its tokenizer or chat template cannot be loaded ({type(e).__name__}: {e}); "
+                   "rebuild it with trtllm-build")
+    runner = Runner(engine, tokenizer, template, prefixes, drafter)
     adapters = AdapterSet.for_run(engine, inp.available_lora_weights, input_file.parent)
     responses = runner.run(inp, engine_errors, on_text=print_chunk if stream else None, adapters=adapters)
     result = {"input_file": str(input_file), "responses": responses}

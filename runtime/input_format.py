@@ -54,6 +54,8 @@ MAX_STOP_CHARS = 256  # one stop string, in characters (code points)
 MAX_STOP_TOKEN_IDS = 64
 MAX_TEMPERATURE = 100
 MAX_REPETITION_PENALTY = 10
+# Below this a positive logit divided by it could overflow float32 (the draw would then be garbage).
+MIN_REPETITION_PENALTY = 0.01
 MAX_ABS_PENALTY = 2  # presence_penalty and frequency_penalty (the OpenAI range)
 MAX_SEED = 2**63 - 1
 MAX_N = 16
@@ -115,7 +117,7 @@ class Request:
     max_generate_length: int = 256  # >= 0
     seed: int | None = None  # [0, 2**63 - 1]; None = a fresh random seed
     min_p: float = 0.0  # [0, 1]; 0 = off
-    repetition_penalty: float = 1.0  # (0, 10]; 1 = off
+    repetition_penalty: float = 1.0  # [0.01, 10]; 1 = off
     presence_penalty: float = 0.0  # [-2, 2]; 0 = off
     frequency_penalty: float = 0.0  # [-2, 2]; 0 = off
     stop_token_ids: tuple[int, ...] = ()  # at most 64 ids; () = none
@@ -275,7 +277,7 @@ _SAMPLING_FIELDS = {
     "max_generate_length": _number(int, 0),
     "seed": _number(int, 0, MAX_SEED),
     "min_p": _number(float, 0, 1),
-    "repetition_penalty": _number(float, 0, MAX_REPETITION_PENALTY, lo_open=True),
+    "repetition_penalty": _number(float, MIN_REPETITION_PENALTY, MAX_REPETITION_PENALTY),
     "presence_penalty": _penalty,
     "frequency_penalty": _penalty,
     "stop_token_ids": _stop_token_ids,

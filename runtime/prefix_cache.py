@@ -14,7 +14,8 @@ One file per entry, `<key>.kv`:
 The payload checksum is CRC-32: it catches corruption and truncation at twice sha256's speed,
 and the key already binds an entry to its engine and prefix (nothing here is adversarial).
 Writes go to a temporary file in the same directory, fsync'd, then renamed: a crash mid-write
-leaves no entry. A load checks magic, header, sizes, checksum and that the stored key, engine and
+leaves no entry. A directory that cannot be written (read-only, full) is a warning: the entry is
+still reused by this process, and the request goes on. A load checks magic, header, sizes, checksum and that the stored key, engine and
 prefix ids are the asked-for ones; anything else is a warning, the file is removed, and the KV is
 recomputed. The directory is bounded: after each save, least recently used entries (file mtime,
 refreshed on every hit) are removed until the total is under max_bytes.
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import struct
 import tempfile
@@ -35,6 +37,7 @@ import numpy as np
 MAGIC = b"TRTLLM-KV\n"
 FORMAT = 2
 DEFAULT_MAX_BYTES = 2 << 30
+TMP_PREFIX = ".tmp-"  # entries being written; eviction leaves them alone
 
 
 class PrefixCacheWarning(UserWarning):
@@ -54,7 +57,9 @@ def parse_size(text: str) -> int:
     try:
         value = float(number) * scale
     except ValueError:
-        raise ValueError(f"--kv-cache-size must be a size like 2G, 512M or 1000000, got {text!r}") from None
+        value = math.nan
+    if not math.isfinite(value):  # also "inf", "nan" and 1e400
+        raise ValueError(f"--kv-cache-size must be a size like 2G, 512M or 1000000, got {text!r}")
     if value < 0:
         raise ValueError(f"--kv-cache-size must be >= 0, got {text!r}")
     return int(value)
@@ -146,27 +151,37 @@ class PrefixStore:
         header = json.dumps({"format": FORMAT, "key": key, "engine": self.engine_id, "adapter": adapter,
                              "prefix_ids": list(prefix_ids), "shape": list(kv.shape), "dtype": kv.dtype.name,
                              "crc32": zlib.crc32(payload)}).encode()
+        self.memory[key] = kv  # this process reuses it even if the disk will not take it
         if len(payload) > self.max_bytes:
             return  # would be evicted at once
+        try:
+            self.write(key, MAGIC + struct.pack("<Q", len(header)) + header + payload)
+        except OSError as e:  # a read-only or full cache directory costs the reuse, not the request
+            warnings.warn(f"saved system-prompt KV cannot be written to {self.dir} ({e}); later runs will "
+                          "recompute it (see --kv-cache-dir)", PrefixCacheWarning, stacklevel=2)
+            return
+        self.saves += 1
+        self.evict()
+
+    def write(self, key: str, data: bytes) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=self.dir, prefix=".tmp-", suffix=".kv")
+        fd, tmp = tempfile.mkstemp(dir=self.dir, prefix=TMP_PREFIX, suffix=".kv")
         try:
             with os.fdopen(fd, "wb") as f:
-                f.write(MAGIC + struct.pack("<Q", len(header)) + header + payload)
+                f.write(data)
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(tmp, self.path(key))
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise
-        self.memory[key] = kv
-        self.saves += 1
-        self.evict()
 
     def evict(self) -> None:
         """Remove least recently used entries until the directory holds at most max_bytes."""
         entries = []
         for p in self.dir.glob("*.kv"):
+            if p.name.startswith(TMP_PREFIX):  # another process's write in progress
+                continue
             try:
                 st = p.stat()
             except FileNotFoundError:  # another process evicted it first
@@ -176,5 +191,8 @@ class PrefixStore:
         for _, size, p in sorted(entries):
             if total <= self.max_bytes:
                 break
-            p.unlink(missing_ok=True)
+            try:
+                p.unlink(missing_ok=True)
+            except OSError:  # not ours to remove (permissions): it still counts, nothing else to do
+                continue
             total -= size

@@ -22,11 +22,13 @@ class TextStream:
 
     def push(self, token_id: int, check_stops: bool = True) -> bool:
         """Add one generated token; True when a stop string now appears (earliest match wins)."""
-        start = max(0, len(self.text) - self.hold)  # a new match must end in the new text
+        old = len(self.text)
         self.text += self.decoder.push(token_id)
         if not (check_stops and self.stops):
             return False
-        hits = [i for i in (self.text.find(s, start) for s in self.stops) if i >= 0]
+        # A match must end in the new text: each stop string starts at most len(s) - 1 characters
+        # back (one start for all would find a short stop that ended before, e.g. before min_new_tokens).
+        hits = [i for i in (self.text.find(s, max(0, old - len(s) + 1)) for s in self.stops) if i >= 0]
         if hits:
             self.stop_at = min(hits)
             return True

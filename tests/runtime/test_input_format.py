@@ -291,6 +291,8 @@ ERROR_CASES = [
     (_set("min_p", -0.1), "min_p"),
     (_set("min_p", 1.01), "min_p"),
     (_set("repetition_penalty", 0), "repetition_penalty"),
+    (_set("repetition_penalty", 1e-39), "repetition_penalty"),  # would overflow a divided logit
+    (_set("repetition_penalty", 0.01), None),  # valid: the lower bound is included
     (_set("repetition_penalty", 10.01), "repetition_penalty"),
     (_set("repetition_penalty", math.inf), "repetition_penalty"),
     (_set("repetition_penalty", 10), None),  # valid: the upper bound is included

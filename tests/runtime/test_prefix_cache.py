@@ -87,10 +87,29 @@ def test_lru_eviction_keeps_the_directory_bounded(tmp_path):
     assert names == {store.path(store.key(k)).name for k in [(1,), (3,)]}
 
 
+def test_unwritable_directory_is_a_warning_and_the_entry_still_serves(tmp_path):
+    (tmp_path / "afile").write_text("x")
+    store = PrefixStore(tmp_path / "afile" / "cache", "engine-a")  # cannot be created (root ignores modes)
+    with pytest.warns(PrefixCacheWarning, match="cannot be written to"):
+        store.save(PREFIX, kv())
+    np.testing.assert_array_equal(store.load(PREFIX), kv())  # this process reuses it from memory
+    assert store.saves == 0
+
+
+def test_eviction_leaves_writes_in_progress_alone(tmp_path):
+    """Another process's temporary file is not an entry: evicting it would fail that process's save."""
+    other = tmp_path / ".tmp-other.kv"
+    other.write_bytes(b"x" * 100_000)
+    store = PrefixStore(tmp_path, "engine-a", max_bytes=10_000)
+    store.save(PREFIX, kv())
+    assert other.exists() and store.path(store.key(PREFIX)).exists()
+
+
 def test_parse_size():
     assert parse_size("2G") == 2 << 30 and parse_size("512MiB") == 512 << 20 and parse_size("1000") == 1000
-    with pytest.raises(ValueError, match="--kv-cache-size"):
-        parse_size("lots")
+    for bad in ("lots", "inf", "nan", "1e400", "-1G"):
+        with pytest.raises(ValueError, match="--kv-cache-size"):
+            parse_size(bad)
 
 
 # --- end to end on a tiny engine -------------------------------------------------------------
@@ -156,3 +175,16 @@ def test_two_engines_share_a_cache_dir(run_cli, tiny_engine, tmp_path):
     a2, _ = run(run_cli, tiny_engine("llama"), requests(), cache, tmp_path)
     b2, _ = run(run_cli, tiny_engine("qwen2"), requests(), cache, tmp_path)
     assert (a2, b2) == (a, b)
+
+
+@pytest.mark.hf
+def test_unwritable_cache_dir_fails_no_request(run_cli, tiny_engine, tmp_path):
+    """A --kv-cache-dir that cannot be written: every request answers as without a cache, and
+    requests of this run still reuse the prefix from memory."""
+    pytest.importorskip("torch")
+    engine = tiny_engine("llama")
+    baseline, _ = run(run_cli, engine, requests(save_first=False), tmp_path / "none", tmp_path)
+    (tmp_path / "afile").write_text("x")
+    got, prof = run(run_cli, engine, requests(), tmp_path / "afile" / "cache", tmp_path, batch_size=1)
+    assert got == baseline
+    assert prof["reused_tokens"] > 0

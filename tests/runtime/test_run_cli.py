@@ -106,3 +106,67 @@ def test_engine_dir_errors(tmp_path):
     (tmp_path / "eng" / "manifest.json").write_text(json.dumps({"format_version": 99, "backend": "onnxruntime"}))
     result = CliRunner().invoke(main, [str(tmp_path / "input.json"), "--engine", str(tmp_path / "eng")])
     assert result.exit_code == 2 and "format_version" in result.output and "trtllm-build" in result.output
+
+
+def test_draft_step_on_a_plain_engine_is_named(run_cli, tiny_engine):
+    payload = {"temperature": 0, "max_generate_length": 2, "requests": [chat("a")]}
+    result, out = run_cli(tiny_engine("llama"), payload, "--spec-draft-step", "2")
+    assert result.exit_code == 0 and out["responses"][0]["finish_reason"] != "error"
+    assert "warning: --spec-draft-step ignored" in result.output and "--eagle" in result.output
+    result, _ = run_cli(tiny_engine("llama"), payload)
+    assert "warning" not in result.output
+
+
+def test_prompt_filling_the_kv_capacity_gets_a_token(run_cli, tmp_path, tiny_checkpoint):
+    """A prompt as long as the KV capacity still runs: one token, max-length, in slot 0."""
+    from trtllm.builder.config import BuildConfig
+    from trtllm.builder.export import build
+    from trtllm.runtime.tokenizer import Tokenizer
+
+    engine = build(BuildConfig(model=str(tiny_checkpoint("llama")), output=str(tmp_path / "e"),
+                               max_input_len=64, max_kv_cache_capacity=64, verify=False), log=lambda m: None)
+    tokenizer = Tokenizer.from_engine_dir(engine)
+    text = "word " * 200
+    while len(tokenizer.encode(text, add_special_tokens=True)) > 64:
+        text = text[:-1]
+    assert len(tokenizer.encode(text, add_special_tokens=True)) == 64
+    payload = {"apply_chat_template": False, "temperature": 0, "max_generate_length": 10,
+               "requests": [{"messages": [{"role": "user", "content": text}]}, chat("hi")]}
+    result, out = run_cli(engine, payload)
+    assert result.exit_code == 0, result.output
+    first = out["responses"][0]
+    assert first["finish_reason"] == "max-length" and first["batch_idx"] == 0
+    assert first["output_text"]
+
+
+def test_unwritable_output_is_refused_before_running(tmp_path, tiny_engine):
+    (tmp_path / "afile").write_text("x")
+    (tmp_path / "in.json").write_text(json.dumps({"requests": [chat("a")]}))
+    for option in ("--output", "--profile"):
+        result = CliRunner().invoke(main, [str(tmp_path / "in.json"), "--engine", str(tiny_engine("llama")),
+                                           option, str(tmp_path / "afile" / "out.json")])
+        assert result.exit_code == 2 and f"{option} {tmp_path / 'afile' / 'out.json'} cannot be written" in result.output
+    result = CliRunner().invoke(main, [str(tmp_path / "in.json"), "--engine", str(tiny_engine("llama")),
+                                       "--output", str(tmp_path / "new" / "dirs" / "out.json")])
+    assert result.exit_code == 0 and (tmp_path / "new" / "dirs" / "out.json").is_file()
+
+
+def test_engine_without_tokenizer_is_a_usage_error(tmp_path, tiny_engine):
+    import shutil
+
+    engine = tmp_path / "engine"
+    shutil.copytree(tiny_engine("llama"), engine)
+    (engine / "tokenizer.json").unlink()
+    (tmp_path / "in.json").write_text(json.dumps({"requests": [chat("a")]}))
+    result = CliRunner().invoke(main, [str(tmp_path / "in.json"), "--engine", str(engine)])
+    assert result.exit_code == 2 and "tokenizer" in result.output and "trtllm-build" in result.output
+
+
+def test_every_engine_problem_of_a_request_is_named(run_cli, tiny_engine):
+    payload = {"temperature": 0, "max_generate_length": 2, "stop_token_ids": [99998],
+               "requests": [chat("a"), chat("b", logit_bias={"99999": 5})]}
+    result, out = run_cli(tiny_engine("llama"), payload)
+    assert result.exit_code == 1
+    first, second = (r["error"] for r in out["responses"])
+    assert "stop_token_ids[0]" in first and "logit_bias" not in first
+    assert "stop_token_ids[0]" in second and 'requests[1].logit_bias["99999"]' in second

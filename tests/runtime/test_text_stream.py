@@ -54,6 +54,12 @@ def test_stop_strings_wait_for_min_new_tokens():
     assert stopped and ts.final_text() == "XYZ abc "
 
 
+def test_a_short_stop_before_min_new_tokens_stays_unmatched_beside_a_long_one():
+    """The long stop holds back 6 characters; "XY" ended before checking began, so it is not a match."""
+    ts, _, stopped = stream("abXYc abc", ["XY", "ZZZZZZZ"], check_from=5)
+    assert not stopped and ts.final_text() == "abXYc abc"
+
+
 def test_hold_back_never_leaks_a_partial_stop():
     ts = TextStream(CharTokenizer(), ("XYZ!",))
     out = ""
