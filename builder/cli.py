@@ -46,8 +46,8 @@ def resolve(options: dict, profile: str) -> dict:
 @click.option("--activations", type=click.Choice(ACTIVATIONS), default="float32", show_default=True,
               help="--quantization on our CPU kernels: quantize each decode step's activations per block of 32 "
                    "and multiply in integers (VNNI). int16: within 3e-5 of each block's largest value, faster "
-                   "at batch 1; int8: as llama.cpp does, faster still with batches, less accurate. Steps of "
-                   "more than 16 tokens (prompts) stay float32.")
+                   "at batch 1; int8: as llama.cpp does, faster still with batches, less accurate. Prompt steps "
+                   "stay float32.")
 @click.option("--graph", type=click.Choice(GRAPHS), help="Graph op set: modern (opset 24) or legacy (opset 20). [profile]")
 @click.option("--max-batch-size", type=int, help=f"[profile; default {DEFAULTS['max_batch_size']}]")
 @click.option("--max-input-len", type=int, help=f"[profile; default {DEFAULTS['max_input_len']}]")

@@ -134,6 +134,7 @@ class DecoderWriter:
         self.sites = lora_sites(spec)
         self.eagle = eagle  # (the draft's three layers, its fc [H, 3H]): EAGLE-3 outputs (builder/eagle.py)
         self.half_embedding = False  # the token embedding table in float16, computing in float32 (EAGLE heads)
+        self.has_generated = False  # integer activations: the `generated` input is declared (generated_input)
 
     def fw(self, name: str, array: np.ndarray) -> str:
         """A float weight in the graph's dtype (`half`: float16 values, held as float32)."""
@@ -195,8 +196,17 @@ class DecoderWriter:
         inputs = [x, g.weight(f"{prefix}.weight_q{scheme.bits}", packed), g.weight(f"{prefix}.weight_scale", scale)]
         if offset is not None:
             inputs.append(g.weight(f"{prefix}.weight_offset", offset))
+        if scheme.activations != "float32":  # the runtime says which steps quantize (see plugins/cpu)
+            inputs += [""] * (4 - len(inputs)) + [self.generated_input()]
         return g.op(cpu_kernels.OP, f"{name}/MatMulBlockQuant", inputs, domain=cpu_kernels.DOMAIN,
                     bits=scheme.bits, n=w.shape[0], layout=cpu_kernels.LAYOUT, **attrs)
+
+    def generated_input(self) -> str:
+        """The graph input `generated` (int64 [1]), declared on first use."""
+        if not self.has_generated:
+            self.g.input(self.io.generated, I64, [1])
+            self.has_generated = True
+        return self.io.generated
 
     def linear(self, name: str, x: str, prefix: str, bias: bool = False) -> str:
         """x @ W.T (+ b)."""

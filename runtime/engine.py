@@ -41,6 +41,7 @@ class StepInputs:
     sampling: SamplingBatch
     lora: dict | None = None
     verify_index: np.ndarray | None = None
+    prompt: bool = False  # the tokens come from the request (prefill), not from generation
 
 
 @dataclass(frozen=True, slots=True)

@@ -156,7 +156,7 @@ def prefill_inputs(rows: list[RowState], pad_id: int, batch: sampling.SamplingBa
     for b, t in enumerate(rests):
         ids[b, : len(t)] = t
     positions = np.array(starts, np.int64)[:, None] + np.arange(width, dtype=np.int64)[None, :]
-    return StepInputs(input_ids=ids, position_ids=positions, write_index=np.array(starts, np.int64),
+    return StepInputs(input_ids=ids, position_ids=positions, write_index=np.array(starts, np.int64), prompt=True,
                       last_index=np.array([len(t) - 1 for t in rests], np.int64), sampling=batch)
 
 

@@ -108,19 +108,19 @@ class SpecScheduler(Scheduler):
     def speculates(self, row: RowState | None) -> bool:
         return row is not None and not row.finish_reason and row.speculative and greedy(row.params)
 
-    def draft_step(self, start: int, ids, hidden, positions, last_index):
+    def draft_step(self, start: int, ids, hidden, positions, last_index, prompt: bool = False):
         t0 = time.perf_counter()
         d, h = self.drafter.draft(ids, hidden, positions, positions[:, 0].copy(), last_index,
-                                  self.dkv.view(start, start + ids.shape[0]))
+                                  self.dkv.view(start, start + ids.shape[0]), prompt=prompt)
         elapsed = time.perf_counter() - t0
         self.timing.draft_runs += 1
         self.timing.draft_seconds += elapsed
         return d, h, elapsed
 
     def catch_up(self, start: int, rows: list, tokens: list[list[int] | None], hidden: np.ndarray,
-                 positions: list[int]) -> float:
+                 positions: list[int], prompt: bool = False) -> float:
         """The draft runs (hidden[b, i], tokens[b][i]) at positions[b] + i for every speculating row
-        (None: not), and keeps each one's next proposal in `ready`."""
+        (None: not), and keeps each one's next proposal in `ready`. `prompt`: over a prompt's pairs."""
         width = max(len(t) for t in tokens if t)
         ids = np.full((len(rows), width), self.pad, np.int64)
         hid = np.zeros((len(rows), width, self.hidden_size), np.float32)
@@ -130,7 +130,7 @@ class SpecScheduler(Scheduler):
             if t:
                 ids[b, : len(t)], hid[b, : len(t)], last[b] = t, hidden[b, : len(t)], len(t) - 1
                 pos[b] = positions[b] + np.arange(width)
-        d, h, elapsed = self.draft_step(start, ids, hid, pos, last)
+        d, h, elapsed = self.draft_step(start, ids, hid, pos, last, prompt)
         for b, t in enumerate(tokens):
             if t and self.speculates(rows[b]):
                 self.ready[start + b] = (int(d[b]), h[b])
@@ -143,7 +143,8 @@ class SpecScheduler(Scheduler):
             n = int(inputs.last_index[b]) + 1
             tokens.append([*inputs.input_ids[b, 1:n].tolist(), r.output_ids[-1]] if self.speculates(r) else None)
         if any(tokens):
-            self.timing.prefill_seconds += self.catch_up(start, rows, tokens, out.hidden, inputs.write_index.tolist())
+            self.timing.prefill_seconds += self.catch_up(start, rows, tokens, out.hidden, inputs.write_index.tolist(),
+                                                         prompt=True)
         for b, r in enumerate(rows):
             if (tokens[b] and r.save_prefix and self.prefixes and r.num_reused == 0
                     and 1 < len(r.prefix_ids) < len(r.prompt_ids)):

@@ -443,7 +443,7 @@ void run_chunk_body(const Job& job, size_t chunk) {
   }
   if (job.xq) {  // integer activations (matmul_int8.cc): the whole chunk in one call
     int_tile(job, r0, static_cast<int>(r1 - r0), out, ldy);
-  } else if (job.m <= kSmallBatch) {
+  } else if (job.m <= kSmallBatch && !job.prompt) {
     for (int64_t r = r0; r < r1; r += kRows) {
       const int nr = static_cast<int>(std::min<int64_t>(kRows, r1 - r));
 #ifdef TRTLLM_X86

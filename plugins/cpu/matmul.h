@@ -41,6 +41,7 @@ struct Job {
   const int8_t* xq = nullptr;
   const float* xd = nullptr;
   int levels = 0;  // 1: int8, 2: int16 (two int8 parts)
+  bool prompt = false;  // a prompt's rows: the prefill path even for a few (one path per row role)
 };
 
 // x [..., K] as m rows of k inputs, and y's shape (n outputs, or n / 2 with swiglu); `error` says

@@ -82,8 +82,19 @@ struct Kernel {
       // Kept per calling thread: a decode step has over a hundred of these nodes, and allocations add up.
       thread_local std::vector<float> sums, split, quant_scale;
       thread_local std::vector<int8_t> quant;
-      const bool integer = levels && m <= kSmallBatch;  // longer calls (prompts) stay float32
-      if (m <= kSmallBatch) {
+      // Integer activations go by the tokens, not by the call's size: the runtime says through
+      // input 4 (`generated`) whether this step's tokens are generated ones (decode, EAGLE
+      // verification: quantized) or a prompt's (float32, on the prefill path however few rows).
+      // Each row then takes one path whatever its neighbours, so an answer does not depend on
+      // batching or on a restored prefix: quantization would magnify any rounding difference
+      // between the two float paths. Engines from before that input go by size.
+      bool integer = false, prompt = false;
+      if (levels) {
+        const auto generated = ctx.GetInputCount() > 4 ? ctx.GetInput(4) : Ort::ConstValue{nullptr};
+        integer = generated ? generated.GetTensorData<int64_t>()[0] != 0 : m <= kSmallBatch;
+        prompt = generated && !integer;
+      }
+      if (integer || (m <= kSmallBatch && !prompt)) {
         sums.assign(m * nb, 0.0f);
         for (int64_t i = 0; i < m * nb; ++i)
           for (int64_t j = 0; j < kBlock; ++j) sums[i] += xd[i * kBlock + j];
@@ -112,6 +123,7 @@ struct Kernel {
       Job job{{static_cast<const uint8_t*>(codes_at), static_cast<const uint16_t*>(scale_at),
                static_cast<const uint16_t*>(offset_at), n, k, bits},
               xd, sums.data(), split.data(), y.GetTensorMutableData<float>(), m, swiglu};
+      job.prompt = prompt;
       if (integer) {
         job.xq = quant.data();
         job.xd = quant_scale.data();
@@ -150,13 +162,16 @@ struct Op : Ort::CustomOpBase<Op, Kernel, true> {
   }
   const char* GetName() const { return kName; }
   const char* GetExecutionProviderType() const { return "CPUExecutionProvider"; }
-  size_t GetInputTypeCount() const { return 4; }
+  // x, codes, scale, offset (4-bit only), generated (int64 [1]; integer-activation engines only)
+  size_t GetInputTypeCount() const { return 5; }
   ONNXTensorElementDataType GetInputType(size_t i) const {
-    return i == 0 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT
-                  : i == 1 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8 : ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16;
+    return i == 0   ? ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT
+           : i == 1 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8
+           : i == 4 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64
+                    : ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16;
   }
   OrtCustomOpInputOutputCharacteristic GetInputCharacteristic(size_t i) const {
-    return i == 3 ? INPUT_OUTPUT_OPTIONAL : INPUT_OUTPUT_REQUIRED;
+    return i >= 3 ? INPUT_OUTPUT_OPTIONAL : INPUT_OUTPUT_REQUIRED;
   }
   size_t GetOutputTypeCount() const { return 1; }
   ONNXTensorElementDataType GetOutputType(size_t) const { return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT; }

@@ -21,6 +21,9 @@ from trtllm.runtime.engine import StepInputs, StepOutputs
 from trtllm.runtime.manifest import Manifest, ManifestError, ModelShape, rebuild_hint
 
 
+PROMPT, GENERATED = np.zeros(1, np.int64), np.ones(1, np.int64)  # the `generated` input's two values
+
+
 def session_options(num_threads: int | None = None) -> ort.SessionOptions:
     opts = ort.SessionOptions()
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
@@ -51,6 +54,8 @@ class OnnxRuntimeEngine:
         # The packed weights ONNX Runtime just allocated, onto huge pages (see runtime/hugepages.py).
         self.huge_pages = hugepages.promote(before) if huge_pages else hugepages.Report(skipped="turned off")
         self.io = manifest.io
+        # --activations int8/int16 engines: whether a step's tokens are generated (quantized) or a prompt's
+        self.has_generated = self.io.generated in {i.name for i in self.session.get_inputs()}
         self.bindings: dict = {}
         self.bound: dict = {}    # per binding: input name -> (array, (pointer, shape, dtype)) bound now
         self.outputs: dict = {}  # per (binding, batch, K): numpy arrays the outputs are written to
@@ -91,6 +96,8 @@ class OnnxRuntimeEngine:
             io.top_k: s.top_k, io.top_p: s.top_p, io.uniform: s.uniform,
             **(inputs.lora or self.no_adapter),
         }
+        if self.has_generated:
+            feeds[io.generated] = PROMPT if inputs.prompt else GENERATED
         batch, m = inputs.input_ids.shape[0], self.manifest
         if m.eagle:
             # no positions to verify: [B, 0], and lm_head runs on the sampler's row alone
@@ -169,11 +176,15 @@ class DraftEngine(OnnxRuntimeEngine):
                                     lowerings=tuple(e["lowerings"]), lora={}, eagle={})
         super().__init__(engine_dir, draft, num_threads=1, graph="compiled", huge_pages=huge_pages)
 
-    def draft(self, ids, hidden, positions, write_index, last_index, kv) -> tuple[np.ndarray, np.ndarray]:
-        """One draft step: (drafted token ids [B], the draft's hidden state at last_index [B,H])."""
+    def draft(self, ids, hidden, positions, write_index, last_index, kv,
+              prompt: bool = False) -> tuple[np.ndarray, np.ndarray]:
+        """One draft step: (drafted token ids [B], the draft's hidden state at last_index [B,H]).
+        `prompt`: the step runs over a prompt's pairs (see StepInputs.prompt)."""
         b, io = self.binding_for(kv), self.io
         feeds = ((io.input_ids, ids), (io.hidden_in, hidden), (io.position_ids, positions),
                  (io.write_index, write_index), (io.last_index, last_index))
+        if self.has_generated:
+            feeds += ((io.generated, PROMPT if prompt else GENERATED),)
         held = [np.ascontiguousarray(a) for _, a in feeds]  # alive until the run is over
         for (name, _), array in zip(feeds, held):
             b.bind_cpu_input(name, array)

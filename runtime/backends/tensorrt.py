@@ -316,8 +316,10 @@ class TensorRTDraftEngine(TensorRTEngine):
                                     lora={}, eagle={})
         super().__init__(engine_dir, draft)
 
-    def draft(self, ids, hidden, positions, write_index, last_index, kv) -> tuple[np.ndarray, np.ndarray]:
-        """One draft step: (drafted token ids [B], the head's hidden state at last_index [B,H])."""
+    def draft(self, ids, hidden, positions, write_index, last_index, kv,
+              prompt: bool = False) -> tuple[np.ndarray, np.ndarray]:
+        """One draft step: (drafted token ids [B], the head's hidden state at last_index [B,H]).
+        `prompt` is for ONNX Runtime's integer-activation heads; TensorRT heads have none."""
         io = self.io
         batch, seq = ids.shape
         self.set_profile(seq)

@@ -140,7 +140,7 @@ def integer_activations(quantized, tmp_path_factory):
 
 def test_integer_activations_stay_close_to_transformers(quantized, integer_activations):
     """--activations against transformers with the dequantized weights, relative to the largest logit
-    (every step here has at most 16 rows, so every step is quantized): int16 within 2e-3 (measured
+    (the prompt step is float32, each decode step quantized): int16 within 2e-3 (measured
     5.6e-4), int8 within 0.2 (9.2e-2: random tiny weights amplify what a trained model shrugs off), and
     int16 far closer than int8. The float32-activation engine is the exact one (1e-4 above)."""
     ckpt, engines = quantized
@@ -280,3 +280,30 @@ def test_without_the_library(quantized, tiny_checkpoint, tmp_path, monkeypatch):
         build(BuildConfig(output=str(tmp_path / "c"), activations="int8", **config), log=lambda m: None)
     with pytest.raises(ConfigError, match="--cpu-kernels must be one of"):
         BuildConfig(model="m", output="o", cpu_kernels="fast")
+
+
+@pytest.mark.parametrize("activations", ["int8", "int16"])
+def test_integer_activation_answers_do_not_depend_on_batching(integer_activations, activations, run_cli, tmp_path):
+    """A prompt's tokens are computed in float32 and generated ones quantized, whatever a step's
+    size: batch_size and a restored system prompt leave every answer as it is alone. (The kernel
+    used to go by the call's row count, so a short prompt alone was quantized and in a batch not:
+    5 of 6 demo answers changed with a saved system prompt.)"""
+    engine = integer_activations[activations]
+    system = "Answer in one short sentence, and be kind to the reader. "
+    reqs = [{"messages": [{"role": "system", "content": system}, {"role": "user", "content": q}]}
+            for q in ("Hi", "Tell me about rivers", "2+2?", "Why is the sky blue at noon?", "ok")]
+
+    def answers(batch_size, save=False, cache="none"):
+        payload = {"temperature": 0, "max_generate_length": 12, "ignore_eos": True, "batch_size": batch_size,
+                   "requests": [{**r, "save_system_prompt_kv_cache": save} for r in reqs]}
+        result, out = run_cli(engine, payload, "--kv-cache-dir", str(tmp_path / cache), "--profile",
+                              str(tmp_path / "profile.json"))
+        assert result.exit_code == 0, result.output
+        reused = json.loads((tmp_path / "profile.json").read_text())["prefill"]["reused_tokens"]
+        return [r["output_text"] for r in out["responses"]], reused
+
+    alone, _ = answers(1)
+    assert answers(4)[0] == alone
+    saved, reused = answers(1, save=True, cache="kv")  # request 0 saves, 1-4 restore the system prompt
+    assert reused > 0 and saved == alone
+    assert answers(4, save=True, cache="kv")[0] == alone  # a later run restores it for all five

@@ -1,7 +1,8 @@
-"""MatMulBlockQuant with activations="int8" or "int16" (plugins/cpu/matmul_int8.cc): calls of up to
-16 rows quantized per block of 32 and multiplied in integers, 4-bit and 8-bit weights, against a
-numpy reference of the same quantization, on all three code paths (VNNI, AVX-512BW, portable);
-longer calls stay float32."""
+"""MatMulBlockQuant with activations="int8" or "int16" (plugins/cpu/matmul_int8.cc): rows quantized
+per block of 32 and multiplied in integers, 4-bit and 8-bit weights, against a numpy reference of
+the same quantization, on all three code paths (VNNI, AVX-512BW, portable). Without the `generated`
+input (engines from before it) calls of up to 16 rows are quantized and longer ones stay float32;
+with it, the runtime's flag decides for any number of rows."""
 from __future__ import annotations
 
 import numpy as np
@@ -111,6 +112,44 @@ def test_calls_of_more_than_16_rows_stay_float32(bits):
     int8 = session(int8_model(576, 40, *packed, bits=bits)).run(None, {"x": x})[0]
     float32 = session(int8_model(576, 40, *packed, activations="float32", bits=bits)).run(None, {"x": x})[0]
     assert np.array_equal(int8, float32)
+
+
+def flagged_model(k: int, n: int, packed, scale, offset, activations: str = "int8", bits: int = 4) -> bytes:
+    """The op with its fifth input, `generated` (int64 [1]), as integer-activation engines have it."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    model = onnx.load_from_string(int8_model(k, n, packed, scale, offset, activations, bits))
+    node = model.graph.node[0]
+    while len(node.input) < 4:  # 8-bit weights have no offset: an empty name skips it
+        node.input.append("")
+    node.input.append("generated")
+    model.graph.input.append(helper.make_tensor_value_info("generated", TensorProto.INT64, [1]))
+    return model.SerializeToString()
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("activations", ["int8", "int16"])
+def test_generated_input_decides_not_the_call_size(activations, bits):
+    """generated=1: every row quantized, however many (an EAGLE verification step of a batch);
+    generated=0: float32 on the prefill path, even for one row (a prompt's last token after a
+    restored prefix). Either way each row's result is bit for bit the one it gets alone, so an
+    answer does not depend on batching."""
+    wd, packed = case(bits, 576, 40, seed=3)
+    x = np.random.default_rng(3).standard_normal((1, 40, 576)).astype(np.float32)
+    flagged = session(flagged_model(576, 40, *packed, activations, bits))
+    float32 = session(int8_model(576, 40, *packed, activations="float32", bits=bits))
+    many = flagged.run(None, {"x": x, "generated": np.ones(1, np.int64)})[0][0]
+    ref = reference(x[0], wd, packed[2], LEVELS[activations])
+    assert np.abs(many - ref).max() / np.abs(ref).max() < 2e-6
+    for r in (0, 17, 39):
+        alone = flagged.run(None, {"x": x[:, r:r + 1], "generated": np.ones(1, np.int64)})[0][0]
+        assert np.array_equal(alone[0], many[r])
+    prompt = flagged.run(None, {"x": x, "generated": np.zeros(1, np.int64)})[0][0]
+    assert np.array_equal(prompt, float32.run(None, {"x": x})[0][0])  # 40 rows: the float32 prefill path
+    for r in (0, 17, 39):
+        alone = flagged.run(None, {"x": x[:, r:r + 1], "generated": np.zeros(1, np.int64)})[0][0]
+        assert np.array_equal(alone[0], prompt[r])
 
 
 def kernel_path() -> int:
