@@ -170,7 +170,8 @@ class DecoderWriter:
 
     def half_matmul(self, name: str, x: str, w: str, n: int, **attrs) -> str:
         """x @ w.T as one trtllm.cpu::MatMulHalf node: w a float16 [n, in] initializer."""
-        return self.g.op(cpu_kernels.HALF, f"{name}/MatMulHalf", [x, w], domain=cpu_kernels.DOMAIN, n=n, **attrs)
+        return self.g.op(cpu_kernels.HALF, f"{name}/MatMulHalf", [x, w, self.generated_input()],
+                         domain=cpu_kernels.DOMAIN, n=n, **attrs)
 
     def swiglu_matmul(self, name: str, x: str, prefix: str, gate: np.ndarray, up: np.ndarray) -> str:
         """silu(x @ gate.T) * (x @ up.T) as one trtllm.cpu node (activation swiglu): the same
@@ -196,8 +197,9 @@ class DecoderWriter:
         inputs = [x, g.weight(f"{prefix}.weight_q{scheme.bits}", packed), g.weight(f"{prefix}.weight_scale", scale)]
         if offset is not None:
             inputs.append(g.weight(f"{prefix}.weight_offset", offset))
-        if scheme.activations != "float32":  # the runtime says which steps quantize (see plugins/cpu)
-            inputs += [""] * (4 - len(inputs)) + [self.generated_input()]
+        # The runtime says which steps are a prompt's and which generated: each row then takes one
+        # kernel path whatever its batch (plugins/cpu; integer activations quantize generated rows).
+        inputs += [""] * (4 - len(inputs)) + [self.generated_input()]
         return g.op(cpu_kernels.OP, f"{name}/MatMulBlockQuant", inputs, domain=cpu_kernels.DOMAIN,
                     bits=scheme.bits, n=w.shape[0], layout=cpu_kernels.LAYOUT, **attrs)
 

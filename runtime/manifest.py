@@ -83,8 +83,8 @@ class GraphIO:
     hidden_in: str = "hidden_in"              # draft graph: f32 [batch, seq, H] in,
     draft_hidden: str = "draft_hidden"        # f32 [batch, H] out (at last_index, before the final norm)
     draft_ids: str = "draft_ids"              # int64 [batch]: the drafted token (a target vocabulary id)
-    generated: str = "generated"              # int64 [1]: --activations int8/int16 engines only: 1 when the
-                                              # step's tokens were generated (quantized activations), 0 for a prompt
+    generated: str = "generated"              # int64 [1], graphs on plugins/cpu's MatMul kernels: 1 when the
+                                              # step's tokens were generated, 0 for a prompt (kernel path per role)
 
     def kv_pairs(self, num_layers: int) -> list[tuple[str, str]]:
         """(past, present) names in the order of the KV manager's buffers: K0, V0, K1, V1, ..."""

@@ -55,7 +55,7 @@ def feeds(m: mf.Manifest) -> tuple[dict, callable]:
     prefill = {io.input_ids: np.array([p + [0] * (width - len(p)) for p in ids], np.int64),
                io.position_ids: np.tile(np.arange(width, dtype=np.int64), (batch, 1)),
                io.write_index: np.zeros(batch, np.int64), io.last_index: np.array([len(p) - 1 for p in ids], np.int64),
-               **common}
+               io.generated: np.zeros(1, np.int64), **common}  # generated: only graphs on plugins/cpu read it
     if m.eagle:  # EAGLE engines: verify every prompt position, so verify_ids and eagle_hidden are compared too
         prefill[io.verify_index] = np.tile(np.arange(width, dtype=np.int64), (batch, 1))
     kv_pairs = io.kv_pairs(shape.num_layers)
@@ -65,7 +65,7 @@ def feeds(m: mf.Manifest) -> tuple[dict, callable]:
         step = {io.input_ids: out[io.token_ids][:, None].astype(np.int64),
                 io.position_ids: np.array([[len(p)] for p in ids], np.int64),
                 io.write_index: np.array([len(p) for p in ids], np.int64), io.last_index: np.zeros(batch, np.int64),
-                **common}
+                io.generated: np.ones(1, np.int64), **common}
         if m.eagle:
             step[io.verify_index] = np.zeros((batch, 1), np.int64)
         step.update((past, out[present]) for past, present in kv_pairs)

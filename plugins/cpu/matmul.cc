@@ -443,7 +443,7 @@ void run_chunk_body(const Job& job, size_t chunk) {
   }
   if (job.xq) {  // integer activations (matmul_int8.cc): the whole chunk in one call
     int_tile(job, r0, static_cast<int>(r1 - r0), out, ldy);
-  } else if (job.m <= kSmallBatch && !job.prompt) {
+  } else if (job.decode_path()) {
     for (int64_t r = r0; r < r1; r += kRows) {
       const int nr = static_cast<int>(std::min<int64_t>(kRows, r1 - r));
 #ifdef TRTLLM_X86
@@ -525,6 +525,12 @@ Rows rows_of(std::vector<int64_t> x_shape, int64_t n, bool swiglu) {
   x_shape.back() = swiglu ? n / 2 : n;
   rows.y_shape = std::move(x_shape);
   return rows;
+}
+
+int generated_flag(Ort::KernelContext& ctx, size_t index) {
+  if (ctx.GetInputCount() <= index) return -1;
+  const auto flag = ctx.GetInput(index);
+  return flag ? (flag.GetTensorData<int64_t>()[0] != 0 ? 1 : 0) : -1;
 }
 
 std::string run(Ort::KernelContext& ctx, Job& job) {

@@ -41,8 +41,16 @@ struct Job {
   const int8_t* xq = nullptr;
   const float* xd = nullptr;
   int levels = 0;  // 1: int8, 2: int16 (two int8 parts)
-  bool prompt = false;  // a prompt's rows: the prefill path even for a few (one path per row role)
+  // The rows' role, from the node's `generated` input (generated_flag): a prompt's rows take the
+  // prefill path however few they are, and `generated` rows the decode path however many, so each
+  // row is computed the same whatever its neighbours. Neither: by size, m <= kSmallBatch.
+  bool prompt = false, generated = false;
+  bool decode_path() const { return !prompt && (generated || m <= kSmallBatch); }
 };
+
+// The node's optional `generated` input (int64 [1]) at `index`: 1 (generated tokens), 0 (a
+// prompt's), or -1 when the node has none (engines from before it).
+int generated_flag(Ort::KernelContext& ctx, size_t index);
 
 // x [..., K] as m rows of k inputs, and y's shape (n outputs, or n / 2 with swiglu); `error` says
 // what is wrong with x, or is empty.

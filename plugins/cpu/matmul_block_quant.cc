@@ -82,19 +82,20 @@ struct Kernel {
       // Kept per calling thread: a decode step has over a hundred of these nodes, and allocations add up.
       thread_local std::vector<float> sums, split, quant_scale;
       thread_local std::vector<int8_t> quant;
-      // Integer activations go by the tokens, not by the call's size: the runtime says through
-      // input 4 (`generated`) whether this step's tokens are generated ones (decode, EAGLE
-      // verification: quantized) or a prompt's (float32, on the prefill path however few rows).
-      // Each row then takes one path whatever its neighbours, so an answer does not depend on
-      // batching or on a restored prefix: quantization would magnify any rounding difference
-      // between the two float paths. Engines from before that input go by size.
-      bool integer = false, prompt = false;
-      if (levels) {
-        const auto generated = ctx.GetInputCount() > 4 ? ctx.GetInput(4) : Ort::ConstValue{nullptr};
-        integer = generated ? generated.GetTensorData<int64_t>()[0] != 0 : m <= kSmallBatch;
-        prompt = generated && !integer;
-      }
-      if (integer || (m <= kSmallBatch && !prompt)) {
+      // The path goes by the tokens, not by the call's size: the runtime says through input 4
+      // (`generated`) whether this step's tokens are a prompt's (the prefill path, float32,
+      // however few rows: a restored prefix or a batch leaves a prompt's rows as they are alone)
+      // or generated ones (decode, EAGLE verification). With integer activations generated rows
+      // are quantized however many, which makes them exact across batches too (quantization
+      // would magnify any rounding difference). With float32 activations they go by size: the
+      // decode kernels specialise by row count anyway (1-2 rows take x split), and past 16 rows
+      // the prefill path is faster. Engines from before that input go by size for both.
+      const int flag = generated_flag(ctx, 4);
+      Job job{{nullptr, nullptr, nullptr, n, k, bits}, xd, nullptr, nullptr, nullptr, m, swiglu};
+      job.prompt = flag == 0;
+      job.generated = flag == 1 && levels;
+      const bool integer = levels && job.decode_path();
+      if (job.decode_path()) {
         sums.assign(m * nb, 0.0f);
         for (int64_t i = 0; i < m * nb; ++i)
           for (int64_t j = 0; j < kBlock; ++j) sums[i] += xd[i * kBlock + j];
@@ -120,10 +121,11 @@ struct Kernel {
         scale_at = scale_copy.get(scale.GetTensorRawData(), n * nb * 2);
         if (offset) offset_at = offset_copy.get(offset.GetTensorRawData(), n * nb * 2);
       }
-      Job job{{static_cast<const uint8_t*>(codes_at), static_cast<const uint16_t*>(scale_at),
-               static_cast<const uint16_t*>(offset_at), n, k, bits},
-              xd, sums.data(), split.data(), y.GetTensorMutableData<float>(), m, swiglu};
-      job.prompt = prompt;
+      job.w = {static_cast<const uint8_t*>(codes_at), static_cast<const uint16_t*>(scale_at),
+               static_cast<const uint16_t*>(offset_at), n, k, bits};
+      job.xs = sums.data();
+      job.xt = split.data();
+      job.y = y.GetTensorMutableData<float>();
       if (integer) {
         job.xq = quant.data();
         job.xd = quant_scale.data();
@@ -162,7 +164,7 @@ struct Op : Ort::CustomOpBase<Op, Kernel, true> {
   }
   const char* GetName() const { return kName; }
   const char* GetExecutionProviderType() const { return "CPUExecutionProvider"; }
-  // x, codes, scale, offset (4-bit only), generated (int64 [1]; integer-activation engines only)
+  // x, codes, scale, offset (4-bit only), generated (int64 [1]; engines from before it have none)
   size_t GetInputTypeCount() const { return 5; }
   ONNXTensorElementDataType GetInputType(size_t i) const {
     return i == 0   ? ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT

@@ -50,6 +50,9 @@ struct HalfKernel {
       }
       Job job{{static_cast<const uint8_t*>(at), nullptr, nullptr, n, k, 16}, x.GetTensorData<float>(), nullptr,
               nullptr, y.GetTensorMutableData<float>(), m, swiglu};
+      const int flag = generated_flag(ctx, 2);  // one path per row role, as in MatMulBlockQuant
+      job.prompt = flag == 0;
+      job.generated = flag == 1;
       if (const std::string bad = run(ctx, job); !bad.empty()) return fail(bad, kHalfName);
       return nullptr;
     } catch (const std::exception& e) {
@@ -74,9 +77,14 @@ struct HalfOp : Ort::CustomOpBase<HalfOp, HalfKernel, true> {
   }
   const char* GetName() const { return kHalfName; }
   const char* GetExecutionProviderType() const { return "CPUExecutionProvider"; }
-  size_t GetInputTypeCount() const { return 2; }
+  // x, w, generated (int64 [1]; engines from before it have none)
+  size_t GetInputTypeCount() const { return 3; }
   ONNXTensorElementDataType GetInputType(size_t i) const {
-    return i == 0 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT : ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16;
+    return i == 0 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT
+                  : i == 1 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16 : ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64;
+  }
+  OrtCustomOpInputOutputCharacteristic GetInputCharacteristic(size_t i) const {
+    return i == 2 ? INPUT_OUTPUT_OPTIONAL : INPUT_OUTPUT_REQUIRED;
   }
   size_t GetOutputTypeCount() const { return 1; }
   ONNXTensorElementDataType GetOutputType(size_t) const { return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT; }

@@ -54,7 +54,7 @@ class OnnxRuntimeEngine:
         # The packed weights ONNX Runtime just allocated, onto huge pages (see runtime/hugepages.py).
         self.huge_pages = hugepages.promote(before) if huge_pages else hugepages.Report(skipped="turned off")
         self.io = manifest.io
-        # --activations int8/int16 engines: whether a step's tokens are generated (quantized) or a prompt's
+        # engines on plugins/cpu's MatMul kernels: whether a step's tokens are generated or a prompt's
         self.has_generated = self.io.generated in {i.name for i in self.session.get_inputs()}
         self.bindings: dict = {}
         self.bound: dict = {}    # per binding: input name -> (array, (pointer, shape, dtype)) bound now

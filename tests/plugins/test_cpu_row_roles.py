@@ -1,0 +1,72 @@
+"""The `generated` input of trtllm.cpu's MatMul kernels: a row's path goes by its role (a prompt's
+rows the prefill path, generated rows the decode path), not by how many rows share the call, so
+a prompt row's result is bit for bit the same alone or in any batch. Without the input (engines from
+before it) a call of <= 16 rows takes the decode path, a longer one the prefill path, and those two
+round differently: the wrong variant, which must show a difference here."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+onnx = pytest.importorskip("onnx")
+from onnx import TensorProto, helper  # noqa: E402
+
+from tests.plugins.cpu_ops import on_portable_path, session  # noqa: E402
+from tests.plugins.test_cpu_kernels import case, op_model  # noqa: E402
+from tests.plugins.test_cpu_matmul_half import op_model as half_model  # noqa: E402
+from tests.plugins.test_cpu_matmul_half import weights  # noqa: E402
+
+K, N, M = 576, 40, 40
+
+
+def with_flag(model: bytes, position: int) -> bytes:
+    """The node with its `generated` input at `position` (empty names for skipped optional inputs)."""
+    m = onnx.load_from_string(model)
+    node = m.graph.node[0]
+    while len(node.input) < position:
+        node.input.append("")
+    node.input.append("generated")
+    m.graph.input.append(helper.make_tensor_value_info("generated", TensorProto.INT64, [1]))
+    return m.SerializeToString()
+
+
+def models(kind: str) -> tuple[bytes, int]:
+    """(one-node model, the flag's input position) for 'int4', 'int8' (float32 activations) or 'half'."""
+    if kind == "half":
+        return half_model(weights(N, K, 5)), 2
+    bits = int(kind[-1])
+    _, packed = case(bits, K, N, seed=5)
+    return op_model(K, N, bits, *packed), 4
+
+
+def rows_alone_and_together(kind: str, flag: int | None) -> list[bool]:
+    """For rows 0, 17 and 39: is the row alone bit-identical to the same row in a 40-row call?"""
+    model, position = models(kind)
+    s = session(with_flag(model, position) if flag is not None else model)
+    x = np.random.default_rng(6).standard_normal((1, M, K)).astype(np.float32)
+
+    def run(rows):
+        feeds = {"x": rows} if flag is None else {"x": rows, "generated": np.full(1, flag, np.int64)}
+        return s.run(None, feeds)[0][0]
+
+    together = run(x)
+    return [bool(np.array_equal(run(x[:, r:r + 1])[0], together[r])) for r in (0, 17, 39)]
+
+
+@pytest.mark.parametrize("kind, flag", [("int4", 0), ("int8", 0), ("half", 0), ("half", 1)])
+def test_a_row_is_the_same_alone_and_in_a_batch(kind, flag):
+    """Prompt rows everywhere; generated rows of float16 weights. (Generated rows of block-quantized
+    weights with float32 activations are not: their decode kernels specialise by row count, 1-2 rows
+    taking a split form of x; with integer activations they are, test_cpu_matmul_int8.py.)"""
+    assert rows_alone_and_together(kind, flag) == [True] * 3
+
+
+@pytest.mark.parametrize("kind", ["int4", "half"])
+def test_without_the_input_the_call_size_decides(kind):
+    """The wrong variant: 1 row takes the decode path, 40 rows the prefill path; they differ."""
+    assert rows_alone_and_together(kind, None) != [True] * 3
+
+
+@pytest.mark.parametrize("kind", ["int4", "half"])
+def test_portable_path_too(kind):
+    assert on_portable_path("test_cpu_row_roles", f"rows_alone_and_together({kind!r}, 0)") == [True] * 3

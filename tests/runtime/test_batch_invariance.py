@@ -1,0 +1,128 @@
+"""A prompt's logits do not depend on its batch or on a restored prefix, bit for bit, on the CPU
+engines (float32, int4 on our kernels, float16 on our kernels): each kernel computes a prompt's rows
+the same way whatever else shares the step (the graph's `generated` input tells our MatMul kernels
+a prompt step from a generated one; plugins/cpu)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+pytest.importorskip("torch")
+
+from trtllm.builder.config import BuildConfig  # noqa: E402
+from trtllm.builder.export import build  # noqa: E402
+from trtllm.runtime import sampling  # noqa: E402
+from trtllm.runtime.engine import load_engine  # noqa: E402
+from trtllm.runtime.generate import RowState, prefill_inputs  # noqa: E402
+from trtllm.runtime.kv_cache import KVCacheManager  # noqa: E402
+
+pytestmark = pytest.mark.hf
+CAPACITY = 128
+PROMPT = [(7 * i + 3) % 50 + 1 for i in range(24)]
+OTHERS = [[(5 * i + 1) % 40 + 2 for i in range(40)], [9, 4, 11]]
+
+
+@pytest.fixture(scope="module")
+def engines(tiny_checkpoint, tmp_path_factory):
+    """kind -> a loaded tiny engine: float32, int4 (our kernels, float32 activations), float16."""
+    loaded = {}
+    for kind in ("float32", "int4", "float16"):
+        options = {"quantization": "int4"} if kind == "int4" else {"dtype": kind}
+        out = tmp_path_factory.mktemp(f"invariance-{kind}") / "engine"
+        build(BuildConfig(model=str(tiny_checkpoint("llama")), output=str(out), max_input_len=64,
+                          max_kv_cache_capacity=CAPACITY, verify=False, **options), log=lambda m: None)
+        loaded[kind] = load_engine(out, huge_pages=False)
+    yield loaded
+    for e in loaded.values():
+        e.close()
+
+
+@pytest.fixture(params=["float32", "int4", "float16"])
+def engine(request, engines):
+    return engines[request.param]
+
+
+def prefill(engine, prompts, kv=None, reused=()):
+    """The first-token logits [B, V] of a prefill of `prompts` (row b's first reused[b] positions
+    already in `kv`)."""
+    m = engine.manifest
+    rows = [RowState(prompt_ids=p, params=sampling.SamplingParams(temperature=0), rng=np.random.default_rng(0),
+                     eos_ids=frozenset()) for p in prompts]
+    for r, n in zip(rows, reused):
+        r.num_reused = n
+    kv = kv or KVCacheManager(m.model, len(rows), CAPACITY)
+    batch = sampling.make_batch([r.params for r in rows], m.model.vocab_size, m.max_top_k)
+    return engine.step(prefill_inputs(rows, m.pad_token_id, batch), kv.view(0, len(rows)), want_logits=True).logits
+
+
+def test_a_prompt_in_a_batch_is_the_prompt_alone(engine):
+    alone = prefill(engine, [PROMPT])[0]
+    for batch in ([PROMPT, *OTHERS], [*OTHERS, PROMPT]):
+        together = prefill(engine, batch)
+        assert np.array_equal(together[batch.index(PROMPT)], alone)
+
+
+@pytest.mark.parametrize("split", [23, 12])  # the rest: 1 token (a short step), 12 tokens
+def test_a_restored_prefix_gives_the_same_logits(engine, split):
+    alone = prefill(engine, [PROMPT])[0]
+    kv = KVCacheManager(engine.manifest.model, 1, CAPACITY)
+    prefill(engine, [PROMPT[:split]], kv)  # what a saved system prompt's KV holds
+    assert np.array_equal(prefill(engine, [PROMPT], kv, reused=[split])[0], alone)
+
+
+def test_wrong_variant_prompt_steps_called_generated(tiny_checkpoint, tmp_path, monkeypatch):
+    """The runtime telling the kernels every step is generated: an int4 prompt of <= 16 rows then
+    takes the decode path, and a restored prefix changes the logits."""
+    from trtllm.runtime.backends import onnxruntime as ort_backend
+
+    monkeypatch.setattr(ort_backend, "PROMPT", ort_backend.GENERATED)
+    build(BuildConfig(model=str(tiny_checkpoint("llama")), output=str(tmp_path / "e"), max_input_len=64,
+                      max_kv_cache_capacity=CAPACITY, verify=False, quantization="int4"), log=lambda m: None)
+    engine = load_engine(tmp_path / "e", huge_pages=False)
+    try:
+        alone = prefill(engine, [PROMPT])[0]
+        kv = KVCacheManager(engine.manifest.model, 1, CAPACITY)
+        prefill(engine, [PROMPT[:12]], kv)
+        assert not np.array_equal(prefill(engine, [PROMPT], kv, reused=[12])[0], alone)
+    finally:
+        engine.close()
+
+
+@pytest.mark.parametrize("kind", ["float32", "float16"])
+def test_a_decode_step_in_a_batch_is_the_step_alone(engines, kind):
+    """Generated rows too, on float32 and float16 engines (and int16/int8-activation ones:
+    tests/builder/test_quantized.py). int4 and int8 with float32 activations are the exception: their
+    decode kernels specialise by row count (one or two rows take x split), so only their prompts are
+    exact (docs/input_format.md says so)."""
+    from trtllm.runtime.engine import StepInputs
+
+    engine = engines[kind]
+    m = engine.manifest
+    prompts = [PROMPT, *OTHERS]
+    kv = KVCacheManager(m.model, len(prompts), CAPACITY)
+    prefill(engine, prompts, kv)
+    params = [sampling.SamplingParams(temperature=0)] * len(prompts)
+
+    def decode(n):  # one generated token for the first n rows, each at the position after its prompt
+        pos = np.array([len(p) for p in prompts[:n]], np.int64)
+        step = StepInputs(input_ids=np.full((n, 1), 5, np.int64), position_ids=pos[:, None], write_index=pos,
+                          last_index=np.zeros(n, np.int64),
+                          sampling=sampling.make_batch(params[:n], m.model.vocab_size, m.max_top_k))
+        return engine.step(step, kv.view(0, n), want_logits=True).logits[0]
+
+    together, alone = decode(3), decode(1)  # the same KV writes both times: position len(prompt)
+    assert np.array_equal(together, alone)
+
+
+def test_prompt_path_bench_runs(engines):
+    """scripts/bench_prompt_path.py on the tiny int4 engine: both paths measured."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "scripts" / "bench_prompt_path.py"
+    spec = importlib.util.spec_from_file_location("bench_prompt_path", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    rows = bench.main([str(engines["int4"].engine_dir), "--tokens", "1,3", "--repeats", "2"])
+    assert [r["tokens"] for r in rows] == [1, 3]
+    assert all(r["prefill_path_ms"] > 0 and r["decode_path_ms"] > 0 for r in rows)
