@@ -118,8 +118,8 @@ class TensorRTEngine:
         self.context = self.engine.create_execution_context()
         self.stream = cuda.Stream()
         self.profile: int | None = None
-        self.in_place = manifest.tensorrt.get("kv_update", "in_place") == "in_place"
         self.kv_pairs = self.io.kv_pairs(manifest.model.num_layers)
+        self.in_place = self.kv_in_place(engine_dir)
         kv_names = {name for pair in self.kv_pairs for name in pair}
         names = [self.engine.get_tensor_name(i) for i in range(self.engine.num_io_tensors)]
         self.dtypes = {n: np.dtype(trt.nptype(self.engine.get_tensor_dtype(n))) for n in names}
@@ -130,6 +130,20 @@ class TensorRTEngine:
         self.device_rows: dict[str, dict] = {}  # [B, V] sampler inputs: what each device row holds
         self.held: dict[str, np.ndarray] = {}   # LoRA inputs: the host array each device buffer holds
         self.no_adapter = lora.base_adapter(manifest).arrays if manifest.lora else {}
+
+    def kv_in_place(self, engine_dir) -> bool:
+        """Whether each present_* must share its past_* address (an in-place KV update) or needs a
+        buffer of its own. The plan says, where TensorRT can tell (get_aliased_input_tensor), and
+        binding otherwise is an API error; else the manifest (modern graph: in place; legacy: a copy)."""
+        said = self.manifest.tensorrt.get("kv_update", "in_place") == "in_place"
+        ask = getattr(self.engine, "get_aliased_input_tensor", None)
+        if ask is None:
+            return said
+        aliased = [ask(present) == past for past, present in self.kv_pairs]
+        if all(aliased) or not any(aliased):
+            return all(aliased)
+        raise ManifestError(f"{engine_dir}/{self.manifest.files.get('plan', 'llm.plan')} updates only some of its "
+                            f"KV outputs in place; {trt_rebuild_hint(engine_dir)}")
 
     def check_plan(self, engine_dir, version: str, gpu: dict) -> None:
         built = self.manifest.tensorrt

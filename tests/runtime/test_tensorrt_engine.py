@@ -83,6 +83,23 @@ def test_a_kv_update_that_is_not_copied_back_is_caught(engines, run_cli, monkeyp
             same(outputs(run_cli, engines / "legacy"), want)
 
 
+@pytest.mark.parametrize("graph, wrong", [("modern", "copy"), ("legacy", "in_place")])
+def test_the_plan_decides_the_kv_binding(engines, run_cli, tmp_path, graph, wrong):
+    """A manifest whose kv_update disagrees with its plan (as TensorRT reports it through
+    get_aliased_input_tensor) still runs right: the plan decides how present_* is bound."""
+    import shutil
+
+    engine = tmp_path / graph
+    shutil.copytree(engines / graph, engine)
+    manifest = json.loads((engine / "manifest.json").read_text())
+    manifest["tensorrt"]["kv_update"] = wrong
+    (engine / "manifest.json").write_text(json.dumps(manifest))
+    env = {"FAKE_TRT_VERSION": "10.3.0.30"} if graph == "legacy" else {}
+    want = outputs(run_cli, engines / "ort")
+    with fakes.installed(**env):
+        same(outputs(run_cli, engine), want)
+
+
 def test_profiles_switch_between_prefill_and_decode(engines):
     from trtllm.runtime import sampling
     from trtllm.runtime.engine import load_engine

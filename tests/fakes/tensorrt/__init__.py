@@ -292,6 +292,12 @@ class ICudaEngine:
     def is_shape_inference_io(self, name):
         return self.tensors[name].is_shape_tensor
 
+    def get_aliased_input_tensor(self, name):
+        """TensorRT >= 10.x: the input an output updates in place (a KV update), else None."""
+        if self.in_place and name.startswith("present_") and name in self.tensors:
+            return name.replace("present_", "past_", 1)
+        return None
+
     def get_tensor_profile_shape(self, name, index):
         return [Dims(d) for d in self.profiles[index][name]]
 
