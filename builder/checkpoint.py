@@ -41,7 +41,8 @@ def load(model_arg: str) -> Checkpoint:
         if not (path / "config.json").is_file():
             raise CheckpointError(f"--model {model_arg!r} must be a Hugging Face checkpoint directory "
                                   "(with config.json), a .gguf file or a hub ID; config.json is missing")
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+        model, info = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, output_loading_info=True)
+        check_loaded(info, model_arg)
         tok = AutoTokenizer.from_pretrained(path)
         files = [p for p in path.iterdir() if p.suffix in (".safetensors", ".bin")]
         return Checkpoint(model.eval(), tok, {"model": str(path.resolve()), "kind": "dir",
@@ -53,14 +54,25 @@ def load(model_arg: str) -> Checkpoint:
 
 def load_hub(hub_id: str) -> Checkpoint:
     try:
-        model = AutoModelForCausalLM.from_pretrained(hub_id, dtype=torch.float32)
+        model, info = AutoModelForCausalLM.from_pretrained(hub_id, dtype=torch.float32, output_loading_info=True)
         tok = AutoTokenizer.from_pretrained(hub_id)
     except OSError as e:
         raise CheckpointError(
             f"--model {hub_id!r} is not a local directory or .gguf file, and downloading it from the "
             f"Hugging Face hub failed (offline?): {str(e).splitlines()[0]}. "
             "Pass a local checkpoint directory or .gguf file instead.") from e
+    check_loaded(info, hub_id)
     return Checkpoint(model.eval(), tok, {"model": hub_id, "kind": "hub", "sha256": None})
+
+
+def check_loaded(info: dict, model_arg: str) -> None:
+    """transformers fills weights the checkpoint lacks (or has in another shape) with random values
+    and only warns; an engine of those would pass its own check against the same random model."""
+    for kind, what in (("missing_keys", "lacks"), ("mismatched_keys", "has other shapes for")):
+        names = sorted(k if isinstance(k, str) else k[0] for k in info.get(kind) or [])
+        if names:
+            shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+            raise CheckpointError(f"--model {model_arg!r} {what} weights the model needs: {shown}")
 
 
 def load_gguf(path: Path) -> Checkpoint:

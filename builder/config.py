@@ -22,6 +22,9 @@ PROFILES = ("cpu-default", "tensorrt-modern", "tensorrt-legacy")
 MODERN_MIN_TRT = (10, 15)  # Attention (10.14) and TensorScatter, RotaryEmbedding, RMSNormalization (10.15)
 PROFILE_KEYS = {"description", "backend", "dtype", "graph", "trt_version", "max_batch_size", "max_input_len",
                 "max_kv_cache_capacity", "max_lora_rank", "workspace_gib", "opt_level"}
+PROFILE_TYPES = {**{k: str for k in ("description", "backend", "dtype", "graph", "trt_version")},
+                 **{k: int for k in ("max_batch_size", "max_input_len", "max_kv_cache_capacity", "max_lora_rank",
+                                     "opt_level")}, "workspace_gib": (int, float)}
 MAX_LORA_RANK = 256
 LORA_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")  # bundled adapters live in ENGINE_DIR/lora/NAME
 
@@ -36,16 +39,26 @@ def profile_defaults(name: str = "cpu-default") -> dict:
     if name in PROFILES:
         text = resources.files("trtllm.configs").joinpath(f"{name}.json").read_text()
     elif path.suffix == ".json" and path.is_file():
-        text = path.read_text()
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise ConfigError(f"--profile {name}: cannot be read as UTF-8 text ({e})") from None
     else:
         raise ConfigError(f"--profile must be one of {', '.join(PROFILES)} or a .json file, got {name!r}")
     try:
         data = json.loads(text)
     except json.JSONDecodeError as e:
         raise ConfigError(f"--profile {name}: not valid JSON ({e})") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"--profile {name}: must be a JSON object of build options, got {type(data).__name__}")
     unknown = sorted(set(data) - PROFILE_KEYS)
     if unknown:
         raise ConfigError(f"--profile {name}: unknown keys {unknown}; allowed: {sorted(PROFILE_KEYS)}")
+    for key, value in data.items():  # a profile's own mistakes name the profile, not a flag never given
+        want = PROFILE_TYPES[key]
+        if isinstance(value, bool) or not isinstance(value, want):
+            kind = "a number" if want == (int, float) else {str: "a string", int: "an integer"}[want]
+            raise ConfigError(f"--profile {name}: \"{key}\" must be {kind}, got {json.dumps(value)}")
     return data
 
 

@@ -348,21 +348,31 @@ def build(config: BuildConfig, log=print) -> Path:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     readable_by_all(tmp)
-    if out_dir.exists():
-        # Entries are swapped, not the directory, so the directory itself stays (a shell in it, as
-        # with --output ., still sees the engine); an earlier engine's files go only after.
-        old = out_dir.with_name(out_dir.name + ".old")
-        shutil.rmtree(old, ignore_errors=True)
+    replace_engine(tmp, out_dir)
+    return out_dir
+
+
+def replace_engine(new: Path, out_dir: Path) -> None:
+    """Put the built engine `new` at `out_dir`. An earlier engine is swapped out as a directory (two
+    renames: a trtllm-run starting meanwhile sees the old engine or the new one, never a mix), and
+    deleted after. When the current directory is inside `out_dir` (--output .) the entries are
+    swapped instead, so the directory a shell stands in stays the engine's."""
+    if not out_dir.exists():
+        os.replace(new, out_dir)
+        return
+    old = out_dir.with_name(out_dir.name + ".old")
+    shutil.rmtree(old, ignore_errors=True)
+    if not Path.cwd().is_relative_to(out_dir):
+        os.replace(out_dir, old)
+        os.replace(new, out_dir)
+    else:
         old.mkdir()
         for entry in list(out_dir.iterdir()):
             os.replace(entry, old / entry.name)
-        for entry in list(tmp.iterdir()):
+        for entry in list(new.iterdir()):
             os.replace(entry, out_dir / entry.name)
-        tmp.rmdir()
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.replace(tmp, out_dir)
-    return out_dir
+        new.rmdir()
+    shutil.rmtree(old, ignore_errors=True)
 
 
 def readable_by_all(engine_dir: Path) -> None:

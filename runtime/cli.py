@@ -159,10 +159,19 @@ def main(input_file: Path, engine_dir: Path, output: Path | None, profile: Path 
     from trtllm.runtime.runner import Runner
     from trtllm.runtime.tokenizer import Tokenizer
 
+    def identity_now() -> str | None:
+        try:
+            return engine_identity(engine_dir)
+        except OSError:
+            return None  # no manifest: load_engine says what is wrong
+
+    identity = identity_now()  # what saved KV is keyed by: it must be the engine that gets loaded
     try:
         engine = load_engine(engine_dir, num_threads=threads, huge_pages=huge_pages)
     except ManifestError as e:
         fail_usage(str(e))
+    if identity is None or identity_now() != identity:
+        fail_usage(f"{engine_dir} changed while it was loading (a trtllm-build replacing it?); run again")
     check_engine_limits(inp, engine.manifest)
     # Problems only the engine can see (a token id past its vocabulary) fail that request alone.
     m = engine.manifest
@@ -170,7 +179,7 @@ def main(input_file: Path, engine_dir: Path, output: Path | None, profile: Path 
     for i, problem in [*fmt.check_limits(inp, m.max_top_k, m.model.vocab_size),
                        *fmt.check_against_engine(inp, m.model.vocab_size)]:
         engine_errors[i] = f"{engine_errors[i]}; {problem}" if i in engine_errors else problem  # all of them
-    prefixes = PrefixStore(kv_cache_dir or engine_dir / "cache", engine_identity(engine_dir), max_bytes=max_bytes)
+    prefixes = PrefixStore(kv_cache_dir or engine_dir / "cache", identity, max_bytes=max_bytes)
     from trtllm.runtime.speculative import Drafter
 
     source = click.get_current_context().get_parameter_source("spec_draft_step")

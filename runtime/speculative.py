@@ -151,12 +151,19 @@ class SpecScheduler(Scheduler):
                 self.prefixes.save(r.prefix_ids, self.dkv.read(start + b, len(r.prefix_ids) - 1), draft_key(r))
 
     def restore_prefix(self, row: RowState) -> None:
+        speculating = row.speculative and greedy(row.params)
+        draft = None
+        if speculating and self.prefixes and row.prefix_ids:
+            draft = self.prefixes.load(row.prefix_ids, draft_key(row))
+            if draft is None and row.save_prefix:
+                # Saved by a request that did not speculate: the head's KV is not there. Computing the
+                # whole prompt saves it next to the model's, so later requests restore both.
+                return
         super().restore_prefix(row)
-        if row.num_reused and row.speculative and greedy(row.params):
+        if row.num_reused and speculating:
             row.num_reused -= 1  # the last position's pair needs its hidden state: recomputed
-            kv = self.prefixes.load(row.prefix_ids, draft_key(row))
-            if kv is not None and kv.shape[2] >= row.num_reused:
-                self.dkv.write(row.slot, kv[:, :, : row.num_reused])
+            if draft is not None and draft.shape[2] >= row.num_reused:
+                self.dkv.write(row.slot, draft[:, :, : row.num_reused])
 
     def decode(self) -> None:
         hi = max(self.active) + 1

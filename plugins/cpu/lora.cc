@@ -40,7 +40,6 @@ constexpr int64_t kPartK = 128;    // inputs per phase-1 part
 // calling thread: waking ONNX Runtime's pool costs microseconds, as much as a decode step's copy.
 constexpr int64_t kParallelFloats = 32 * 1024;
 constexpr int64_t kFewRows = 16;  // up to this many rows (decode): one dispatch, see module_task
-constexpr int64_t kFewParts = 2;  // ... where each module's K is split in this many tasks
 
 // The two products, for g <= 4 rows at once (rows that share an adapter share each load of it):
 //   xa: t[i][0:r] += sum_k x[i][k] a[k][0:r]   (x rows ldx apart, t rows r apart)
@@ -70,10 +69,11 @@ inline __mmask16 tail_mask(int64_t left) {
 
 // 32 ranks at a time (2 vectors, masked), each row's sum split in C chains of k (k mod C): short
 // dependency chains, and less rounding than one long sum (the logit error against PEFT fell 3x).
+// C is the same for every G, so a row's sum is the same however many rows share the call.
 template <int G>
 __attribute__((target("avx512f,avx512bw,avx512vl,fma"))) void xa_avx512(const float* x, int64_t ldx, const float* a,
                                                                          int64_t k_count, int64_t r, float* t) {
-  constexpr int C = G == 1 ? 4 : 2;
+  constexpr int C = 2;
   for (int64_t q0 = 0; q0 < r; q0 += 32) {
     const __mmask16 mask[2] = {tail_mask(r - q0), tail_mask(r - q0 - 16)};
     __m512 acc[G][2][C];
@@ -287,7 +287,9 @@ struct Kernel {
       if (xs.size() != 3 || ys.size() != 3 || ys[0] != xs[0] || ys[1] != xs[1] || ys[2] != n)
         return fail("x must be [B, S, K] and y [B, S, " + std::to_string(n) + "]", name);
       const int64_t rows = xs[0] * xs[1];
-      const int64_t parts = std::max<int64_t>(1, rows <= kFewRows ? std::min(kFewParts, xs[2]) : (xs[2] + kPartK - 1) / kPartK);
+      // K's split depends on K alone: the parts are summed in order, so a row's result is the same
+      // whatever the number of rows in the call (batch and saved-prefix invariance, as the MatMuls).
+      const int64_t parts = std::max<int64_t>(1, (xs[2] + kPartK - 1) / kPartK);
       Job job{x.GetTensorData<float>(), y.GetTensorData<float>(), nullptr, rows, std::max<int64_t>(xs[1], 1),
               xs[2], n, parts, (xs[2] + parts - 1) / parts, {}, {}, {}, {}, {}, kernels()};
       int64_t t_size = 0;

@@ -139,6 +139,13 @@ def test_rebuild_in_place_keeps_the_directory(tmp_path, tiny_checkpoint, monkeyp
     assert sorted(p.name for p in tmp_path.iterdir()) == ["engine"]  # no .partial or .old left
     modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in engine.rglob("*") if p.is_file()}
     assert set(modes.values()) == {0o644}, modes
+    # From elsewhere the engine is replaced as a whole directory (a run starting meanwhile never sees
+    # half of each build)
+    monkeypatch.chdir(tmp_path)
+    inode = engine.stat().st_ino
+    result = CliRunner().invoke(main, ["--model", str(tiny_checkpoint("llama")), "--output", str(engine), "--no-verify"])
+    assert result.exit_code == 0, result.output
+    assert engine.stat().st_ino != inode and sorted(p.name for p in tmp_path.iterdir()) == ["engine"]
 
 
 def test_tensorrt_options_without_tensorrt_are_named(tmp_path, tiny_checkpoint):
@@ -158,3 +165,19 @@ def test_output_that_is_not_an_engine_is_never_deleted(tmp_path, tiny_checkpoint
     result = CliRunner().invoke(main, ["--model", str(tiny_checkpoint("llama")), "--output", str(keep)])
     assert result.exit_code == 2 and "is not an engine directory" in result.output
     assert (keep / "notes.txt").read_text() == "x"
+
+
+def test_checkpoint_missing_a_weight_is_refused(tmp_path):
+    """transformers would fill the missing lm_head with random values (and the build's check would
+    pass against that same random model): the build names the weight and stops."""
+    from safetensors.numpy import load_file, save_file
+
+    from tests.tiny_models import make_checkpoint
+
+    ckpt = make_checkpoint("llama", tmp_path / "ckpt", tie=False)
+    weights = load_file(str(ckpt / "model.safetensors"))
+    del weights["lm_head.weight"]
+    save_file(weights, str(ckpt / "model.safetensors"))
+    result = CliRunner().invoke(main, ["--model", str(ckpt), "--output", str(tmp_path / "e")])
+    assert result.exit_code == 2 and "lacks weights the model needs: lm_head.weight" in result.output
+    assert not (tmp_path / "e").exists()

@@ -3,6 +3,7 @@ itself against tests/fakes/tensorrt (TensorRT's API contract, executed through O
 from __future__ import annotations
 
 import json
+import re
 
 import onnx
 import pytest
@@ -78,10 +79,35 @@ def test_profile_options_are_checked(tmp_path):
         profile_defaults(str(bad))
     with pytest.raises(ConfigError, match="--profile must be one of"):
         profile_defaults("jetson-nano")
+    for content, needle in [("5", "must be a JSON object"), ('["dtype"]', "must be a JSON object"),
+                            ('{"max_batch_size": true}', '"max_batch_size" must be an integer, got true'),
+                            ('{"max_batch_size": "8"}', '"max_batch_size" must be an integer, got "8"'),
+                            ('{"dtype": 16}', '"dtype" must be a string'),
+                            ('{"workspace_gib": "1"}', '"workspace_gib" must be a number')]:
+        bad.write_text(content)
+        with pytest.raises(ConfigError, match=f"--profile {bad}: .*" + re.escape(needle)):
+            profile_defaults(str(bad))
+    bad.write_bytes(b'{"dtype": "\xff"}')
+    with pytest.raises(ConfigError, match="cannot be read as UTF-8"):
+        profile_defaults(str(bad))
+    bad.write_text('{"workspace_gib": 1.5, "max_batch_size": 2}')
+    assert profile_defaults(str(bad)) == {"workspace_gib": 1.5, "max_batch_size": 2}
     with pytest.raises(ConfigError, match="modern graph .* needs TensorRT >= 10.15"):
         BuildConfig(model="m", output="o", graph="modern", trt_version="10.3")
     with pytest.raises(ConfigError, match="--quantization int4 needs the modern graph"):
         BuildConfig(model="m", output="o", graph="legacy", trt_version="10.3", quantization="int4")
+
+
+def test_quantization_with_a_float16_profile_builds_float32(tmp_path):
+    """docs/tensorrt.md: --quantization with the modern profile (float16) takes float32 by itself,
+    saying so; an explicit --dtype float16 is still refused."""
+    from trtllm.builder.cli import resolve
+
+    values = resolve({"quantization": "int4", "dtype": None}, "tensorrt-modern")
+    assert values["dtype"] == "float32" and values["backend"] == "tensorrt"
+    BuildConfig(model="m", output="o", **values)  # valid
+    with pytest.raises(ConfigError, match="needs --dtype float32"):
+        BuildConfig(model="m", output="o", **resolve({"quantization": "int4", "dtype": "float16"}, "tensorrt-modern"))
 
 
 def test_cli_flags_win_over_the_profile(tiny_checkpoint, tmp_path):

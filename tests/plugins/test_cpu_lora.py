@@ -123,3 +123,29 @@ def test_bad_shapes_fail_with_a_message(change, message):
     change(feeds)
     with pytest.raises(Exception, match=message.replace("[", r"\[").replace("]", r"\]")):
         session(op_model(columns)).run(None, feeds)
+
+
+def rows_alone_match(shared: bool, swiglu: bool = False) -> bool:
+    """Every batch row's first and last position computed alone (one row in the call) equal, bit for
+    bit, the same rows inside the whole [4, 10] call: the kernel's sums do not depend on how many
+    rows share a call (batch and saved-prefix invariance)."""
+    widths = [64, 64] if swiglu else [64, 32, 32]
+    feeds, columns = case(4, 10, 576, widths, [8] * len(widths), shared, seed=3)
+    s = session(op_model(columns, "swiglu" if swiglu else "none"))
+    full = s.run(None, feeds)[0]
+    for b in range(4):
+        for pos in (0, 9):
+            one = {name: (v[b:b + 1, pos:pos + 1] if name in ("x", "y") else v if shared else v[b:b + 1])
+                   for name, v in feeds.items()}
+            if not np.array_equal(s.run(None, one)[0][0, 0], full[b, pos]):
+                return False
+    return True
+
+
+@pytest.mark.parametrize("shared, swiglu", [(True, False), (False, False), (True, True)])
+def test_a_row_alone_is_the_row_in_a_batch(shared, swiglu):
+    assert rows_alone_match(shared, swiglu)
+
+
+def test_a_row_alone_is_the_row_in_a_batch_on_the_portable_path():
+    assert on_portable_path("test_cpu_lora", "[rows_alone_match(s) for s in (True, False)]") == [True, True]

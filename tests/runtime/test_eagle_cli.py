@@ -86,14 +86,18 @@ def test_default_step_and_manifest(eagle_engine, run_cli, tmp_path):
 
 
 def test_saved_system_prompt_reuse(eagle_engine, run_cli, tmp_path):
-    """A restored system prompt has no draft KV: fewer drafts may be accepted, the text is the same."""
+    """A system prompt saved without speculating has no head KV: a speculating request that saves
+    computes the whole prompt again and saves the head's KV beside it; later ones restore both. The
+    text is the same throughout."""
     engine, _ = eagle_engine
     system = {"role": "system", "content": "You are a careful assistant who answers briefly."}
     reqs = [{"messages": [system, {"role": "user", "content": t}], "save_system_prompt_kv_cache": True}
             for t in ("Edge devices", "The quick brown fox")]
     cache = ["--kv-cache-dir", str(tmp_path / "kv")]
     plain, _ = answers(run_cli, engine, tmp_path, "--spec-draft-step", "0", *cache, requests=reqs)
-    first, _ = answers(run_cli, engine, tmp_path, *cache, requests=reqs)
+    assert len(list((tmp_path / "kv").glob("*.kv"))) == 1  # the model's KV only
+    first, profile = answers(run_cli, engine, tmp_path, *cache, requests=reqs, batch_size=4)
+    assert profile["prefill"]["reused_tokens"] == 0 and len(list((tmp_path / "kv").glob("*.kv"))) == 2
     again, profile = answers(run_cli, engine, tmp_path, *cache, requests=reqs)
     assert profile["prefill"]["reused_tokens"] > 0
     assert first == plain and again == plain

@@ -170,3 +170,26 @@ def test_every_engine_problem_of_a_request_is_named(run_cli, tiny_engine):
     first, second = (r["error"] for r in out["responses"])
     assert "stop_token_ids[0]" in first and "logit_bias" not in first
     assert "stop_token_ids[0]" in second and 'requests[1].logit_bias["99999"]' in second
+
+
+def test_engine_replaced_while_loading_is_refused(tmp_path, tiny_engine, monkeypatch):
+    """Saved KV is keyed by the engine's manifest: a rebuild landing between reading it and loading
+    the engine would file one engine's KV under the other's name, so the run stops instead."""
+    import shutil
+
+    from trtllm.runtime import engine as engine_mod
+
+    engine = tmp_path / "engine"
+    shutil.copytree(tiny_engine("llama"), engine)
+    real = engine_mod.load_engine
+
+    def rebuilt_meanwhile(*args, **kwargs):
+        loaded = real(*args, **kwargs)
+        manifest = json.loads((engine / "manifest.json").read_text())
+        (engine / "manifest.json").write_text(json.dumps({**manifest, "build_id": "another build"}))
+        return loaded
+
+    monkeypatch.setattr(engine_mod, "load_engine", rebuilt_meanwhile)
+    (tmp_path / "in.json").write_text(json.dumps({"requests": [chat("a")]}))
+    result = CliRunner().invoke(main, [str(tmp_path / "in.json"), "--engine", str(engine)])
+    assert result.exit_code == 2 and "changed while it was loading" in result.output
