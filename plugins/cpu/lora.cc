@@ -40,6 +40,7 @@ constexpr int64_t kPartK = 128;    // inputs per phase-1 part
 // calling thread: waking ONNX Runtime's pool costs microseconds, as much as a decode step's copy.
 constexpr int64_t kParallelFloats = 32 * 1024;
 constexpr int64_t kFewRows = 16;  // up to this many rows (decode): one dispatch, see module_task
+constexpr int64_t kMaxParts = 2;  // K is split in at most this many parts (tasks per module)
 
 // The two products, for g <= 4 rows at once (rows that share an adapter share each load of it):
 //   xa: t[i][0:r] += sum_k x[i][k] a[k][0:r]   (x rows ldx apart, t rows r apart)
@@ -289,7 +290,8 @@ struct Kernel {
       const int64_t rows = xs[0] * xs[1];
       // K's split depends on K alone: the parts are summed in order, so a row's result is the same
       // whatever the number of rows in the call (batch and saved-prefix invariance, as the MatMuls).
-      const int64_t parts = std::max<int64_t>(1, (xs[2] + kPartK - 1) / kPartK);
+      // Two parts at most: a decode step's tasks stay few (one dispatch a node, module_task).
+      const int64_t parts = std::clamp<int64_t>((xs[2] + kPartK - 1) / kPartK, 1, kMaxParts);
       Job job{x.GetTensorData<float>(), y.GetTensorData<float>(), nullptr, rows, std::max<int64_t>(xs[1], 1),
               xs[2], n, parts, (xs[2] + parts - 1) / parts, {}, {}, {}, {}, {}, kernels()};
       int64_t t_size = 0;
