@@ -134,7 +134,7 @@ class DecoderWriter:
         self.sites = lora_sites(spec)
         self.eagle = eagle  # (the draft's three layers, its fc [H, 3H]): EAGLE-3 outputs (builder/eagle.py)
         self.half_embedding = False  # the token embedding table in float16, computing in float32 (EAGLE heads)
-        self.has_generated = False  # integer activations: the `generated` input is declared (generated_input)
+        self.has_generated = False  # plugins/cpu MatMuls: the `generated` input is declared (generated_input)
 
     def fw(self, name: str, array: np.ndarray) -> str:
         """A float weight in the graph's dtype (`half`: float16 values, held as float32)."""

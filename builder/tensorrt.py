@@ -172,11 +172,10 @@ def pin_static_axes(inputs, profiles: list[Profile]) -> None:
     """Make the network's inputs static where the profiles fix them, above all the KV capacity: the
     ONNX leaves it symbolic (ONNX Runtime engines size it per run), but TensorRT's KV update
     (IKVCacheUpdateLayer, from TensorScatter) needs a cache input with a static sequence axis."""
-    for t in inputs:
-        if t.name in profiles[0].shapes:
-            shape = static_shape(tuple(t.shape), t.name, profiles)
-            if shape != tuple(t.shape):
-                t.shape = shape
+    for t in inputs:  # every input has profile shapes (build_plan checked)
+        shape = static_shape(tuple(t.shape), t.name, profiles)
+        if shape != tuple(t.shape):
+            t.shape = shape
 
 
 def build_plan(onnx_path: Path, profiles: list[Profile], *, workspace_gib: float, opt_level: int,

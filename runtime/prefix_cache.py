@@ -15,9 +15,9 @@ The payload checksum is CRC-32: it catches corruption and truncation at twice sh
 and the key already binds an entry to its engine and prefix (nothing here is adversarial).
 Writes go to a temporary file in the same directory, fsync'd, then renamed: a crash mid-write
 leaves no entry. A directory that cannot be written (read-only, full) is a warning: the entry is
-still reused by this process, and the request goes on. A load checks magic, header, sizes, checksum and that the stored key, engine and
-prefix ids are the asked-for ones; anything else is a warning, the file is removed, and the KV is
-recomputed. The directory is bounded: after each save, least recently used entries (file mtime,
+still reused by this process, and the request goes on. A load checks magic, header, sizes, checksum
+and that the stored key, engine and prefix ids are the asked-for ones; anything else is a warning,
+the file is removed, and the KV is recomputed. The directory is bounded: after each save, least recently used entries (file mtime,
 refreshed on every hit) are removed until the total is under max_bytes.
 """
 from __future__ import annotations

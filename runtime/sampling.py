@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from trtllm.runtime.input_format import MAX_REPETITION_PENALTY, MIN_REPETITION_PENALTY  # the input's bounds
+
 
 def _check(ok: bool, name: str, constraint: str, value) -> None:
     if not ok:
@@ -35,7 +37,7 @@ class SamplingParams:
     min_p: float = 0.0
     """in [0, 1]; 0 = disabled. Keep tokens with prob >= min_p * the top token's prob."""
     repetition_penalty: float = 1.0
-    """in [0.01, 10]; 1 = disabled. Over prompt + output: positive logits divided, negative multiplied."""
+    """in [0.01, 10] (input_format's bounds); 1 = disabled. Over prompt + output: positive logits divided, negative multiplied."""
     presence_penalty: float = 0.0
     """in [-2, 2]; 0 = disabled. Subtracted once from every token already generated."""
     frequency_penalty: float = 0.0
@@ -62,7 +64,8 @@ class SamplingParams:
         _check(0 < self.top_p <= 1, "top_p", "in (0, 1]", self.top_p)
         _check(0 <= self.min_p <= 1, "min_p", "in [0, 1]", self.min_p)
         # Bounded below: x / r must stay finite for any logit (the sampler needs a finite max).
-        _check(0.01 <= self.repetition_penalty <= 10, "repetition_penalty", "in [0.01, 10]", self.repetition_penalty)
+        _check(MIN_REPETITION_PENALTY <= self.repetition_penalty <= MAX_REPETITION_PENALTY, "repetition_penalty",
+               f"in [{MIN_REPETITION_PENALTY}, {MAX_REPETITION_PENALTY}]", self.repetition_penalty)
         _check(-2 <= self.presence_penalty <= 2, "presence_penalty", "in [-2, 2]", self.presence_penalty)
         _check(-2 <= self.frequency_penalty <= 2, "frequency_penalty", "in [-2, 2]", self.frequency_penalty)
         _check(0 <= self.num_logprobs <= 50, "num_logprobs", "in [0, 50]", self.num_logprobs)
