@@ -197,6 +197,7 @@ def _lora_weights(value: object, path: str) -> dict[str, str]:
         entry = _entry_path(path, name)
         if not isinstance(name, str) or not name:
             _fail(entry, "keyed by a non-empty adapter name", name)
+        _string(name, entry)  # valid Unicode, as every other string of the file
         out[name] = _string(weights_path, entry, nonempty=True)
     return out
 
@@ -373,7 +374,8 @@ def read_input(path: str | os.PathLike, bundled_loras: tuple[str, ...] = ()) -> 
         obj = json.loads(text, object_pairs_hook=_object_hook, parse_constant=float)
     except json.JSONDecodeError as e:
         _fail("", "valid JSON", None, label=label,
-              shown=f"{e.msg} at line {e.lineno} column {e.colno}")
+              # some of json's messages end in "at" already ("Invalid control character at")
+              shown=f"{e.msg.removesuffix(' at')} at line {e.lineno} column {e.colno}")
     return parse_input(obj, bundled_loras)
 
 

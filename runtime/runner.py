@@ -88,22 +88,28 @@ class Runner:
                 p.error = f"lora_name {req.lora_name!r}: {e}"
                 return p
         messages = [{"role": m.role, "content": m.text()} for m in req.messages]
+        # Without the template the text goes to the tokenizer as a plain string, so it gets the
+        # tokenizer's own special tokens (a base model's BOS), as transformers' tokenizer(text) does;
+        # a template writes its special tokens into the text itself.
+        templated = inp.apply_chat_template and self.template is not None
         try:
-            if inp.apply_chat_template and self.template is not None:
+            if templated:
                 fp = self.template.format(messages, add_generation_prompt=inp.add_generation_prompt,
                                           default_system_prompt=inp.default_system_prompt,
                                           enable_thinking=inp.enable_thinking)
             else:
+                if inp.default_system_prompt is not None and not any(m["role"] == "system" for m in messages):
+                    messages = [{"role": "system", "content": inp.default_system_prompt}, *messages]
                 fp = raw_prompt(messages)
         except ChatTemplateError as e:
             p.error = f"chat template: {e}"
             return p
         p.text, p.system_prefix = fp.text, fp.system_prefix
-        p.prompt_ids = self.tokenizer.encode(fp.text, add_special_tokens=not inp.apply_chat_template)
+        p.prompt_ids = self.tokenizer.encode(fp.text, add_special_tokens=not templated)
         if fp.system_prefix:
             # Reusable only if tokenising the prefix alone gives the prompt's first tokens
             # (a BPE merge across the boundary would make the saved KV belong to other tokens).
-            prefix = self.tokenizer.encode(fp.system_prefix, add_special_tokens=not inp.apply_chat_template)
+            prefix = self.tokenizer.encode(fp.system_prefix, add_special_tokens=not templated)
             if p.prompt_ids[: len(prefix)] == prefix:
                 p.prefix_ids = tuple(prefix)
         limit = self.engine.manifest.limits.max_input_len
@@ -124,13 +130,16 @@ class Runner:
 
     def generate(self, samples: list[Sample], num_slots: int, on_text=None) -> None:
         """Run every sample that can run, num_slots at a time (in-flight: a finished sample's slot
-        goes to the next one). `on_text(sample, text, finish_reason)` streams text as it is made."""
+        goes to the next one). `on_text(sample, text, finish_reason)` streams text as it is made; a
+        sample that fails is not ended there (its one error line comes with the responses)."""
         live = [smp for smp in samples if smp.prepared.error is None]
         for smp in live:
             smp.row = self.make_row(smp)
         owner = {id(smp.row): smp for smp in live}
 
         def on_token(row: RowState) -> None:
+            if row.error is not None:
+                return
             chunk = row.text.take(final=row.finish_reason is not None)
             if chunk or row.finish_reason:
                 on_text(owner[id(row)], chunk, row.finish_reason)

@@ -193,3 +193,29 @@ def test_engine_replaced_while_loading_is_refused(tmp_path, tiny_engine, monkeyp
     (tmp_path / "in.json").write_text(json.dumps({"requests": [chat("a")]}))
     result = CliRunner().invoke(main, [str(tmp_path / "in.json"), "--engine", str(engine)])
     assert result.exit_code == 2 and "changed while it was loading" in result.output
+
+
+def test_a_row_failing_mid_stream_ends_with_one_error_line(tmp_path, tiny_engine, monkeypatch):
+    from trtllm.runtime.backends import onnxruntime as ort_backend
+
+    engine = tiny_engine("llama")  # built (and verified) before the patch
+    step, calls = ort_backend.OnnxRuntimeEngine.step, [0]
+
+    def step_failing_row_0_at_step_3(self, inputs, kv, want_logits=False):
+        out = step(self, inputs, kv, want_logits)
+        calls[0] += 1
+        if calls[0] == 3:
+            out.token_ids[0] = 10**6  # what the sampler answers for non-finite logits
+        return out
+
+    monkeypatch.setattr(ort_backend.OnnxRuntimeEngine, "step", step_failing_row_0_at_step_3)
+    (tmp_path / "in.json").write_text(json.dumps({"batch_size": 2, "temperature": 0, "max_generate_length": 6,
+                                                  "requests": [chat("a"), chat("b")]}))
+    result = CliRunner().invoke(main, [str(tmp_path / "in.json"), "--engine", str(engine), "--stream"])
+    assert result.exit_code == 1
+    lines = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+    failed = [ln for ln in lines if ln["request_idx"] == 0]
+    assert [ln.get("finish_reason") for ln in failed if "finish_reason" in ln] == ["error"]
+    assert "outside the vocabulary" in failed[-1]["error"]
+    other = [ln for ln in lines if ln["request_idx"] == 1]
+    assert other[-1]["finish_reason"] == "max-length" and all("finish_reason" not in ln for ln in other[:-1])
