@@ -27,6 +27,7 @@ from trtllm.builder.decoder import DecoderWriter, gqa_supported, half_supported,
 from trtllm.builder.quantize import QuantScheme
 from trtllm.plugins import cpu as cpu_kernels
 from trtllm.plugins import lint
+from trtllm.runtime import files
 from trtllm.runtime import manifest as mf
 
 ONNX_NAME, ORT_NAME, ORT_SOURCE = "llm.onnx", "llm.ort.onnx", "llm.ort-source.onnx"
@@ -378,7 +379,6 @@ def replace_engine(new: Path, out_dir: Path) -> None:
 def readable_by_all(engine_dir: Path) -> None:
     """Files as the umask allows (onnx writes external data as 600): an engine is copied to devices
     and run by other users."""
-    mask = os.umask(0)  # reading the umask means setting it
-    os.umask(mask)
+    mask = files.current_umask()
     for path in [engine_dir, *engine_dir.rglob("*")]:
         os.chmod(path, (0o777 if path.is_dir() else 0o666) & ~mask)

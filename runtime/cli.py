@@ -1,86 +1,59 @@
 """trtllm-run INPUT.json --engine ENGINE_DIR [--output OUT.json] [--profile PROFILE.json]
 
 Exit codes: 0 every request succeeded; 1 some request failed (its response says why);
-2 the input file or command line is invalid (nothing was run).
+2 the input file or command line is invalid (nothing was run); 3 --output or --profile could not be
+written at the end (the answers then go to stdout); 130 interrupted (files not yet written are left
+as they were).
 """
 from __future__ import annotations
 
 import json
 import os
 import sys
-import tempfile
 from pathlib import Path
 
 import click
 
+from trtllm.runtime import files
 from trtllm.runtime import input_format as fmt
 
 
-def write_atomic(path: Path, data: dict, indent: int) -> None:
-    """Write next to the target and rename: a crash never leaves half a file where a good one was.
-
-    A symlink is followed (its target is replaced, the link kept); a device or pipe such as
-    /dev/stdout cannot be renamed over, so it is written directly. The new file gets the mode the
-    old one had, or what the umask allows, not mkstemp's 600.
-    """
-    text = json.dumps(data, indent=indent, ensure_ascii=False) + "\n"
-    path = Path(os.path.realpath(path))
-    if path.exists() and not path.is_file():
-        with open(path, "w", encoding="utf-8") as f:
-            f.write(text)
-        return
-    path.parent.mkdir(parents=True, exist_ok=True)
-    mode = path.stat().st_mode & 0o7777 if path.exists() else 0o666 & ~current_umask()
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
-
-
-def current_umask() -> int:
-    mask = os.umask(0)  # the only way to read it is to set it
-    os.umask(mask)
-    return mask
-
-
-def check_writable(path: Path | None, option: str) -> None:
+def check_writable(path: str | None, option: str) -> None:
     """Exit 2 now, before anything runs, if `path` cannot be written: its answers would be lost."""
-    if path is None:
-        return
-    target = Path(os.path.realpath(path))
-    if target.is_dir():
-        fail_usage(f"{option} {path} is a directory")
-    if target.exists() and not target.is_file():
-        return  # a pipe or device: written in place
-    ancestor = target.parent
-    while not ancestor.exists():  # the directories write_atomic would create
-        ancestor = ancestor.parent
-    try:
-        if not ancestor.is_dir():
-            raise NotADirectoryError(f"{ancestor} is not a directory")
-        fd, probe = tempfile.mkstemp(dir=ancestor, prefix=".trtllm-probe-")
-        os.close(fd)
-        os.unlink(probe)
-    except OSError as e:
-        fail_usage(f"{option} {path} cannot be written: {e}")
+    if path is not None:
+        try:
+            files.check_writable(path)
+        except files.NotWritable as e:
+            fail_usage(f"{option} {path} {e}")
 
 
-def print_line(record: dict) -> None:
-    click.echo(json.dumps(record, ensure_ascii=False))
-    sys.stdout.flush()
+class Printer:
+    """stdout's JSON lines (--stream). A reader that goes away (a closed pipe: `| head`) stops the
+    printing, not the run, while --output still wants the answers; without it no one is left, and
+    the run ends as a program killed by SIGPIPE would (141)."""
 
+    def __init__(self, answers_wanted: bool):
+        self.answers_wanted, self.gone = answers_wanted, False
 
-def print_chunk(sample, text: str, finish_reason: str | None) -> None:
-    """One streamed piece: {"request_idx", "sample_idx", "text"[, "finish_reason"]} per line."""
-    record = {"request_idx": sample.prepared.index, "sample_idx": sample.sample_idx, "text": text}
-    if finish_reason:
-        record["finish_reason"] = finish_reason
-    print_line(record)
+    def line(self, record: dict) -> None:
+        if self.gone:
+            return
+        try:
+            click.echo(json.dumps(record, ensure_ascii=False))
+            sys.stdout.flush()
+        except BrokenPipeError:
+            self.gone = True
+            # stdout onto /dev/null: Python would otherwise report the pipe again as it exits
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            if not self.answers_wanted:
+                sys.exit(141)
+
+    def chunk(self, sample, text: str, finish_reason: str | None) -> None:
+        """One streamed piece: {"request_idx", "sample_idx", "text"[, "finish_reason"]} per line."""
+        record = {"request_idx": sample.prepared.index, "sample_idx": sample.sample_idx, "text": text}
+        if finish_reason:
+            record["finish_reason"] = finish_reason
+        self.line(record)
 
 
 def fail_usage(message: str) -> None:
@@ -111,9 +84,9 @@ def check_engine_limits(inp: fmt.InputFile, manifest) -> None:
 @click.argument("input_file", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--engine", "engine_dir", required=True, type=click.Path(path_type=Path),
               help="Engine directory written by trtllm-build.")
-@click.option("--output", type=click.Path(dir_okay=False, path_type=Path),
+@click.option("--output", type=click.Path(dir_okay=False),  # a str: Path would drop a trailing /
               help="Output JSON file (default: print it to stdout).")
-@click.option("--profile", type=click.Path(dir_okay=False, path_type=Path),
+@click.option("--profile", type=click.Path(dir_okay=False),
               help="Write timing and peak memory to this JSON file.")
 @click.option("--stream", is_flag=True,
               help="Print each request's text to stdout as it is generated, as JSON lines.")
@@ -130,10 +103,21 @@ def check_engine_limits(inp: fmt.InputFile, manifest) -> None:
                    "speculative decoding), or auto: 0-4 per step, whatever has given the most tokens per "
                    "second so far in the run, starting from the engine's draft_step (1 on ONNX Runtime, 4 on "
                    "TensorRT).")
-def main(input_file: Path, engine_dir: Path, output: Path | None, profile: Path | None, stream: bool,
+def main(input_file: Path, engine_dir: Path, output: str | None, profile: str | None, stream: bool,
          kv_cache_dir: Path | None, kv_cache_size: str, threads: int | None, huge_pages: bool,
          spec_draft_step: int | str) -> None:
     """Answer the requests in INPUT_FILE with the engine in --engine."""
+    try:
+        serve(input_file, engine_dir, output, profile, stream, kv_cache_dir, kv_cache_size, threads, huge_pages,
+              spec_draft_step)
+    except KeyboardInterrupt:  # not click's Abort: its exit code 1 means "some request failed"
+        click.echo("interrupted: files not yet written were left as they were", err=True)
+        sys.exit(130)
+
+
+def serve(input_file: Path, engine_dir: Path, output: str | None, profile: str | None, stream: bool,
+          kv_cache_dir: Path | None, kv_cache_size: str, threads: int | None, huge_pages: bool,
+          spec_draft_step: int | str) -> None:
     from trtllm.runtime import manifest as mf
 
     try:  # the adapters bundled in the engine are names a request may use; a bad engine is reported below
@@ -146,6 +130,11 @@ def main(input_file: Path, engine_dir: Path, output: Path | None, profile: Path 
         fail_usage(f"{input_file}: {e}")
     check_writable(output, "--output")
     check_writable(profile, "--profile")
+    to_stdout = output is not None and files.descriptor(output) == 1
+    if output is not None and profile is not None and os.path.realpath(output) == os.path.realpath(profile):
+        fail_usage(f"--output and --profile are the same file ({output})")
+    if stream and to_stdout:
+        fail_usage(f"--output {output} is stdout, which --stream writes its lines to")
     from trtllm.runtime.prefix_cache import PrefixStore, engine_identity, parse_size
 
     try:
@@ -197,26 +186,38 @@ def main(input_file: Path, engine_dir: Path, output: Path | None, profile: Path 
                    "rebuild it with trtllm-build")
     runner = Runner(engine, tokenizer, template, prefixes, drafter)
     adapters = AdapterSet.for_run(engine, inp.available_lora_weights, input_file.parent)
-    responses = runner.run(inp, engine_errors, on_text=print_chunk if stream else None, adapters=adapters)
+    printer = Printer(answers_wanted=output is not None)
+    responses = runner.run(inp, engine_errors, on_text=printer.chunk if stream else None, adapters=adapters)
     result = {"input_file": str(input_file), "responses": responses}
     if stream:
-        for r in responses:  # requests that never ran still end their stream
+        for r in responses:  # requests that failed, or never ran, end their stream here
             if r["finish_reason"] == "error":
-                print_line({"request_idx": r["request_idx"], "sample_idx": r.get("sample_idx", 0), "text": "",
-                            "finish_reason": "error", "error": r.get("error")})
+                printer.line({"request_idx": r["request_idx"], "sample_idx": r.get("sample_idx", 0), "text": "",
+                              "finish_reason": "error", "error": r.get("error")})
+    unwritten = []
     if output is not None:
-        write_atomic(output, result, indent=4)
-        click.echo(f"wrote {len(responses)} responses to {output}", err=True)
+        try:
+            files.write_atomic(output, result, indent=4)
+            click.echo(f"wrote {len(responses)} responses to {output}", err=True)
+        except OSError as e:
+            unwritten.append(f"--output {output} could not be written ({e})")
     if stream:
         pass  # stdout already carries the text, as JSON lines
-    elif output is None:
+    elif output is None or (unwritten and not to_stdout):
         click.echo(json.dumps(result, indent=4, ensure_ascii=False))
     else:
-        for r in responses:
-            click.echo(f"[{r['request_idx']}] ({r['finish_reason']}) {r['output_text']}")
+        for r in responses:  # a line per answer; on stderr when the JSON went to stdout
+            sample = f" #{r['sample_idx']}" if "sample_idx" in r else ""
+            click.echo(f"[{r['request_idx']}{sample}] ({r['finish_reason']}) {r['output_text']}", err=to_stdout)
     if profile is not None:
-        write_atomic(profile, runner.profile(), indent=2)
-    failed = sum(r["finish_reason"] == "error" for r in responses)
+        try:
+            files.write_atomic(profile, runner.profile(), indent=2)
+        except OSError as e:
+            unwritten.append(f"--profile {profile} could not be written ({e})")
+    failed = sorted({r["request_idx"] for r in responses if r["finish_reason"] == "error"})
     if failed:
-        click.echo(f"{failed} of {len(responses)} requests failed", err=True)
-    sys.exit(1 if failed else 0)
+        click.echo(f"{len(failed)} of {len(inp.requests)} requests failed", err=True)
+    for problem in unwritten:
+        click.echo(f"error: {problem}" + ("; the answers are on stdout" if "--output" in problem and not stream
+                                          and not to_stdout else ""), err=True)
+    sys.exit(3 if unwritten else 1 if failed else 0)

@@ -282,7 +282,7 @@ class Scheduler:
         t.prefill_seconds += elapsed
         for b, r in enumerate(rows):
             self.accept(start + b, out, b)
-            if r.save_prefix and self.prefixes and r.num_reused == 0 and len(r.prefix_ids) < len(r.prompt_ids):
+            if r.save_prefix and self.prefixes and r.num_reused == 0 and len(r.prefix_ids) <= len(r.prompt_ids):
                 self.prefixes.save(r.prefix_ids, self.kv.read(r.slot, len(r.prefix_ids)), adapter_key(r))
         self.prefilled(start, rows, inputs, out)
 

@@ -17,8 +17,11 @@ Writes go to a temporary file in the same directory, fsync'd, then renamed: a cr
 leaves no entry. A directory that cannot be written (read-only, full) is a warning: the entry is
 still reused by this process, and the request goes on. A load checks magic, header, sizes, checksum
 and that the stored key, engine and prefix ids are the asked-for ones; anything else is a warning,
-the file is removed, and the KV is recomputed. The directory is bounded: after each save, least recently used entries (file mtime,
-refreshed on every hit) are removed until the total is under max_bytes.
+the file is removed, and the KV is recomputed. The directory is bounded: after each save, least
+recently used entries (file mtime, refreshed on every hit) are removed until the total is under
+max_bytes; so is this process's copy of the entries it has used (the newest always kept: it is
+what a request is reusing). Entries are written with the mode the umask allows, so that a cache
+directory can be shared.
 """
 from __future__ import annotations
 
@@ -26,7 +29,9 @@ import hashlib
 import json
 import math
 import os
+import re
 import struct
+import time
 import tempfile
 import warnings
 import zlib
@@ -34,10 +39,14 @@ from pathlib import Path
 
 import numpy as np
 
+from trtllm.runtime import files
+
 MAGIC = b"TRTLLM-KV\n"
 FORMAT = 2
 DEFAULT_MAX_BYTES = 2 << 30
 TMP_PREFIX = ".tmp-"  # entries being written; eviction leaves them alone
+STALE_TMP_SECONDS = 3600  # unless they are this old: a process killed mid-write left them
+SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*(?:([KMGT])(?:I?B?)?|B)?", re.IGNORECASE)
 
 
 class PrefixCacheWarning(UserWarning):
@@ -49,19 +58,11 @@ def engine_identity(engine_dir) -> str:
 
 
 def parse_size(text: str) -> int:
-    """'2G', '512M', '1000000' -> bytes (binary units)."""
-    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
-    t = text.strip().upper().removesuffix("IB").removesuffix("B")
-    scale = units.get(t[-1:], 1)
-    number = t[:-1] if t[-1:] in units else t
-    try:
-        value = float(number) * scale
-    except ValueError:
-        value = math.nan
-    if not math.isfinite(value):  # also "inf", "nan" and 1e400
+    """'2G', '2GiB', '512M', '1000000' -> bytes (binary units)."""
+    match = SIZE.fullmatch(text.strip())
+    value = float(match[1]) * (1 << 10 * ("KMGT".index(match[2].upper()) + 1) if match[2] else 1) if match else 0
+    if not match or not math.isfinite(value):  # 1e400 and the like
         raise ValueError(f"--kv-cache-size must be a size like 2G, 512M or 1000000, got {text!r}")
-    if value < 0:
-        raise ValueError(f"--kv-cache-size must be >= 0, got {text!r}")
     return int(value)
 
 
@@ -69,7 +70,7 @@ class PrefixStore:
     def __init__(self, directory, engine_id: str, max_bytes: int = DEFAULT_MAX_BYTES):
         self.dir = Path(directory)
         self.engine_id, self.max_bytes = engine_id, max_bytes
-        self.memory: dict[str, np.ndarray] = {}  # entries already read by this process
+        self.memory: dict[str, np.ndarray] = {}  # entries this process has used, least recent first
         self.hits = self.misses = self.saves = 0
 
     def key(self, prefix_ids: tuple[int, ...], adapter: str | None = None) -> str:
@@ -89,7 +90,7 @@ class PrefixStore:
         if kv is None:
             self.misses += 1
             return None
-        self.memory[key] = kv
+        self.remember(key, kv)
         self.hits += 1
         try:
             os.utime(self.path(key))  # least-recently-used order is file mtime
@@ -101,7 +102,7 @@ class PrefixStore:
         path = self.path(key)
         try:
             data = path.read_bytes()
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):  # no entry, or no directory to hold one
             return None
         except OSError as e:
             return self.discard(path, f"cannot be read ({e})")
@@ -109,6 +110,8 @@ class PrefixStore:
             return self.decode(data, key, prefix_ids, adapter)
         except ValueError as e:
             return self.discard(path, str(e))
+        except Exception as e:  # noqa: BLE001 - a header of the wrong types: as corrupt as any
+            return self.discard(path, f"has a malformed header ({type(e).__name__}: {e})")
 
     def decode(self, data: bytes, key: str, prefix_ids: tuple[int, ...], adapter: str | None = None) -> np.ndarray:
         if not data.startswith(MAGIC) or len(data) < len(MAGIC) + 8:
@@ -119,6 +122,8 @@ class PrefixStore:
             header = json.loads(data[len(MAGIC) + 8:start])
         except (json.JSONDecodeError, UnicodeDecodeError):
             raise ValueError("has a corrupt header") from None
+        if not isinstance(header, dict):
+            raise ValueError("has a corrupt header")
         expected = {"format": FORMAT, "key": key, "engine": self.engine_id, "adapter": adapter,
                     "prefix_ids": list(prefix_ids)}
         for name, value in expected.items():
@@ -151,17 +156,30 @@ class PrefixStore:
         header = json.dumps({"format": FORMAT, "key": key, "engine": self.engine_id, "adapter": adapter,
                              "prefix_ids": list(prefix_ids), "shape": list(kv.shape), "dtype": kv.dtype.name,
                              "crc32": zlib.crc32(payload)}).encode()
-        self.memory[key] = kv  # this process reuses it even if the disk will not take it
-        if len(payload) > self.max_bytes:
-            return  # would be evicted at once
+        self.remember(key, kv)  # this process reuses it even if the disk will not take it
+        data = MAGIC + struct.pack("<Q", len(header)) + header + payload
+        if len(data) > self.max_bytes:  # it would be evicted at once
+            warnings.warn(f"saved system-prompt KV of {len(prefix_ids)} tokens is {len(data)} bytes, more than "
+                          f"--kv-cache-size ({self.max_bytes}): later runs will recompute it",
+                          PrefixCacheWarning, stacklevel=2)
+            self.evict()  # a lowered limit still applies to what is there
+            return
         try:
-            self.write(key, MAGIC + struct.pack("<Q", len(header)) + header + payload)
+            self.write(key, data)
         except OSError as e:  # a read-only or full cache directory costs the reuse, not the request
             warnings.warn(f"saved system-prompt KV cannot be written to {self.dir} ({e}); later runs will "
                           "recompute it (see --kv-cache-dir)", PrefixCacheWarning, stacklevel=2)
             return
         self.saves += 1
         self.evict()
+
+    def remember(self, key: str, kv: np.ndarray) -> None:
+        """Keep `kv` in this process, most recent last, within max_bytes but for the newest."""
+        self.memory.pop(key, None)
+        self.memory[key] = kv
+        total = sum(v.nbytes for v in self.memory.values())
+        while total > self.max_bytes and len(self.memory) > 1:
+            total -= self.memory.pop(next(iter(self.memory))).nbytes
 
     def write(self, key: str, data: bytes) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -171,6 +189,7 @@ class PrefixStore:
                 f.write(data)
                 f.flush()
                 os.fsync(f.fileno())
+            os.chmod(tmp, 0o666 & ~files.current_umask())  # not mkstemp's 600: a cache directory may be shared
             os.replace(tmp, self.path(key))
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
@@ -180,11 +199,13 @@ class PrefixStore:
         """Remove least recently used entries until the directory holds at most max_bytes."""
         entries = []
         for p in self.dir.glob("*.kv"):
-            if p.name.startswith(TMP_PREFIX):  # another process's write in progress
-                continue
             try:
                 st = p.stat()
             except FileNotFoundError:  # another process evicted it first
+                continue
+            if p.name.startswith(TMP_PREFIX):  # another process's write in progress, or a dead one's
+                if time.time() - st.st_mtime > STALE_TMP_SECONDS:
+                    p.unlink(missing_ok=True)
                 continue
             entries.append((st.st_mtime, st.st_size, p))
         total = sum(size for _, size, _ in entries)

@@ -60,11 +60,11 @@ def sample_rng(req: fmt.Request, sample_idx: int) -> np.random.Generator:
     return np.random.default_rng(None if req.seed is None else req.seed + sample_idx)
 
 
-def unsupported(req: fmt.Request) -> str | None:
+def unsupported(req: fmt.Request, index: int) -> str | None:
     """Features this engine cannot serve yet: the request fails, its neighbours do not."""
     media = req.media_types()
     if media:
-        return f"messages contain {', '.join(sorted(media))} content: this engine is text-only"
+        return f"`requests[{index}].messages` contain {', '.join(sorted(media))} content: this engine is text-only"
     return None
 
 
@@ -78,14 +78,14 @@ class Runner:
 
     def prepare(self, index: int, req: fmt.Request, inp: fmt.InputFile, adapters: AdapterSet) -> Prepared:
         p = Prepared(index, req)
-        p.error = unsupported(req)
+        p.error = unsupported(req, index)
         if p.error:
             return p
         if req.lora_name is not None:
             try:
                 p.adapter = adapters.get(req.lora_name)
             except AdapterError as e:
-                p.error = f"lora_name {req.lora_name!r}: {e}"
+                p.error = f"`requests[{index}].lora_name` {req.lora_name!r}: {e}"
                 return p
         messages = [{"role": m.role, "content": m.text()} for m in req.messages]
         # Without the template the text goes to the tokenizer as a plain string, so it gets the
@@ -102,7 +102,7 @@ class Runner:
                     messages = [{"role": "system", "content": inp.default_system_prompt}, *messages]
                 fp = raw_prompt(messages)
         except ChatTemplateError as e:
-            p.error = f"chat template: {e}"
+            p.error = f"`requests[{index}].messages`: the chat template failed: {e}"
             return p
         p.text, p.system_prefix = fp.text, fp.system_prefix
         p.prompt_ids = self.tokenizer.encode(fp.text, add_special_tokens=not templated)
@@ -114,9 +114,9 @@ class Runner:
                 p.prefix_ids = tuple(prefix)
         limit = self.engine.manifest.limits.max_input_len
         if not p.prompt_ids:
-            p.error = "the prompt is empty: there is nothing to generate from"
+            p.error = f"`requests[{index}].messages`: the prompt is empty: there is nothing to generate from"
         elif len(p.prompt_ids) > limit:
-            p.error = (f"the prompt is {len(p.prompt_ids)} tokens, more than the engine's max_input_len "
+            p.error = (f"`requests[{index}].messages`: the prompt is {len(p.prompt_ids)} tokens, more than the engine's max_input_len "
                        f"{limit}; rebuild with a larger --max-input-len")
         return p
 

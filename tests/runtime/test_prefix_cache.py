@@ -35,7 +35,7 @@ def test_key_covers_engine_adapter_and_prefix(tmp_path):
     assert PrefixStore(tmp_path, "engine-a").load(PREFIX) is not None
 
 
-@pytest.mark.parametrize("damage", ["flip", "truncate", "empty", "header", "garbage"])
+@pytest.mark.parametrize("damage", ["flip", "truncate", "empty", "header", "garbage", "list", "types"])
 def test_damaged_entry_is_discarded_with_a_warning(tmp_path, damage):
     store = PrefixStore(tmp_path, "engine-a")
     store.save(PREFIX, kv())
@@ -49,6 +49,10 @@ def test_damaged_entry_is_discarded_with_a_warning(tmp_path, damage):
         data = bytearray()
     elif damage == "header":
         data = data.replace(b'"engine-a"', b'"engine-x"')
+    elif damage in ("list", "types"):  # valid JSON of the wrong shape: not a crash of every request
+        header = b"[1]" if damage == "list" else json.dumps(
+            {**json.loads(bytes(data[18:18 + int.from_bytes(data[10:18], "little")])), "shape": 7}).encode()
+        data = bytearray(b"TRTLLM-KV\n" + len(header).to_bytes(8, "little") + header)
     else:
         data = bytearray(b"not a kv file at all")
     path.write_bytes(bytes(data))
@@ -105,9 +109,52 @@ def test_eviction_leaves_writes_in_progress_alone(tmp_path):
     assert other.exists() and store.path(store.key(PREFIX)).exists()
 
 
+def test_too_large_entry_is_a_warning_and_a_lowered_limit_applies(tmp_path):
+    store = PrefixStore(tmp_path, "engine-a")
+    for n in range(3):
+        store.save((n,), kv(seed=n))
+    entry = store.path(store.key((0,))).stat().st_size
+    assert kv().nbytes < entry  # the header counts: a payload of exactly the limit does not fit
+    smaller = PrefixStore(tmp_path, "engine-a", max_bytes=kv().nbytes)
+    with pytest.warns(PrefixCacheWarning, match="more than --kv-cache-size"):
+        smaller.save((9,), kv(seed=9))
+    assert list(tmp_path.iterdir()) == []  # the three older entries went too
+    assert smaller.load((9,)) is not None  # this process still reuses it
+
+
+def test_memory_copy_is_bounded(tmp_path):
+    store = PrefixStore(tmp_path, "engine-a", max_bytes=2 * kv().nbytes + 1000)
+    for n in range(5):
+        store.save((n,), kv(seed=n))
+    assert list(store.memory) == [store.key((3,)), store.key((4,))]
+    assert store.load((3,)) is not None  # a hit makes it the most recent
+    store.save((5,), kv(seed=5))
+    assert list(store.memory) == [store.key((3,)), store.key((5,))]
+    none = PrefixStore(tmp_path / "none", "engine-a", max_bytes=0)
+    for n in range(3):
+        with pytest.warns(PrefixCacheWarning):
+            none.save((n,), kv(seed=n))
+    assert list(none.memory) == [none.key((2,))]  # only what the current request reuses
+
+
+def test_entries_get_the_umask_mode_and_dead_writes_are_cleared(tmp_path):
+    stale = tmp_path / ".tmp-dead.kv"
+    stale.write_bytes(b"x")
+    old = time.time() - 2 * 3600
+    os.utime(stale, (old, old))
+    mask = os.umask(0o022)
+    try:
+        PrefixStore(tmp_path, "engine-a").save(PREFIX, kv())
+    finally:
+        os.umask(mask)
+    (entry,) = tmp_path.iterdir()
+    assert entry.stat().st_mode & 0o777 == 0o644
+
+
 def test_parse_size():
     assert parse_size("2G") == 2 << 30 and parse_size("512MiB") == 512 << 20 and parse_size("1000") == 1000
-    for bad in ("lots", "inf", "nan", "1e400", "-1G"):
+    assert parse_size("2Gi") == parse_size("2gb") == 2 << 30 and parse_size("1.5K") == 1536
+    for bad in ("lots", "inf", "nan", "1e400", "-1G", "2IB", "1_000", "G", ""):
         with pytest.raises(ValueError, match="--kv-cache-size"):
             parse_size(bad)
 
@@ -188,3 +235,19 @@ def test_unwritable_cache_dir_fails_no_request(run_cli, tiny_engine, tmp_path):
     got, prof = run(run_cli, engine, requests(), tmp_path / "afile" / "cache", tmp_path, batch_size=1)
     assert got == baseline
     assert prof["reused_tokens"] > 0
+
+
+@pytest.mark.hf
+def test_a_prompt_that_is_its_system_prompt_is_saved(run_cli, tiny_engine, tmp_path):
+    pytest.importorskip("torch")
+    engine, cache = tiny_engine("llama"), tmp_path / "cache"
+    only_system = {"messages": [{"role": "system", "content": SYSTEM}], "save_system_prompt_kv_cache": True}
+    result, out = run_cli(engine, {"temperature": 0, "max_generate_length": 4, "add_generation_prompt": False,
+                                   "requests": [only_system]}, "--kv-cache-dir", str(cache))
+    assert result.exit_code == 0, result.output
+    r = out["responses"][0]
+    assert r["formatted_complete_request"] == r["formatted_system_prompt"]
+    assert len(list(cache.glob("*.kv"))) == 1
+    baseline, _ = run(run_cli, engine, requests(save_first=False), tmp_path / "none", tmp_path)
+    again, prof = run(run_cli, engine, requests(save_first=False), cache, tmp_path)
+    assert again == baseline and prof["reused_tokens"] > 0

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
 from click.testing import CliRunner
@@ -219,3 +221,86 @@ def test_a_row_failing_mid_stream_ends_with_one_error_line(tmp_path, tiny_engine
     assert "outside the vocabulary" in failed[-1]["error"]
     other = [ln for ln in lines if ln["request_idx"] == 1]
     assert other[-1]["finish_reason"] == "max-length" and all("finish_reason" not in ln for ln in other[:-1])
+
+
+def run_process(tmp_path, engine, payload, *extra, stdout=subprocess.PIPE):
+    (tmp_path / "in.json").write_text(json.dumps(payload))
+    return subprocess.Popen([sys.executable, "-m", "trtllm.runtime", str(tmp_path / "in.json"), "--engine", str(engine),
+                             *extra], stdout=stdout, stderr=subprocess.PIPE, text=True)
+
+
+def test_output_to_redirected_stdout_appends(tmp_path, tiny_engine):
+    # `trtllm-run ... --output /dev/stdout >> log`: the log keeps its lines, the answers follow them
+    log = tmp_path / "log"
+    log.write_text("earlier line\n")
+    with open(log, "a") as f:
+        proc = run_process(tmp_path, tiny_engine("llama"), {"requests": [chat("a")], "max_generate_length": 2},
+                           "--output", "/dev/stdout", stdout=f)
+        _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err
+    first, rest = log.read_text().split("\n", 1)
+    assert first == "earlier line" and json.loads(rest)["responses"][0]["finish_reason"] == "max-length"
+    assert "[0] (max-length)" in err  # the summary lines go to stderr when the JSON is on stdout
+
+
+@pytest.mark.parametrize("with_output", [True, False])
+def test_stream_reader_gone(tmp_path, tiny_engine, with_output):
+    # `trtllm-run --stream ... | head -1`: the stream stops; the run still writes --output, or, with
+    # nothing to write, ends as a program killed by SIGPIPE would
+    extra = ["--output", str(tmp_path / "out.json")] if with_output else []
+    proc = run_process(tmp_path, tiny_engine("llama"), {"requests": [chat("a"), chat("b")], "max_generate_length": 3},
+                       "--stream", *extra)
+    proc.stdout.close()  # the reader is gone before the first line
+    err = proc.stderr.read()
+    proc.wait(timeout=300)
+    if with_output:
+        assert proc.returncode == 0, err
+        assert [r["finish_reason"] for r in json.loads((tmp_path / "out.json").read_text())["responses"]] == \
+            ["max-length"] * 2
+        assert "Broken pipe" not in err and "Exception" not in err
+    else:
+        assert proc.returncode == 141, err
+
+
+def test_interrupt_exits_130_and_keeps_the_old_output(tmp_path, tiny_engine, monkeypatch):
+    from trtllm.runtime.runner import Runner
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    engine = tiny_engine("llama")
+    monkeypatch.setattr(Runner, "run", interrupted)
+    (tmp_path / "out.json").write_text('{"good": true}')
+    (tmp_path / "in.json").write_text(json.dumps({"requests": [chat("a")]}))
+    result = CliRunner().invoke(main, [str(tmp_path / "in.json"), "--engine", str(engine),
+                                       "--output", str(tmp_path / "out.json")])
+    assert result.exit_code == 130 and "interrupted" in result.output
+    assert json.loads((tmp_path / "out.json").read_text()) == {"good": True}
+
+
+def test_output_failing_at_the_end_prints_the_answers(tmp_path, tiny_engine, monkeypatch):
+    from trtllm.runtime import files
+
+    write = files.write_atomic
+
+    def disk_full(path, data, indent):
+        if str(path).endswith("out.json"):
+            raise OSError(28, "No space left on device")
+        write(path, data, indent)
+
+    engine = tiny_engine("llama")
+    monkeypatch.setattr(files, "write_atomic", disk_full)
+    (tmp_path / "in.json").write_text(json.dumps({"requests": [chat("a")], "max_generate_length": 2}))
+    result = CliRunner().invoke(main, [str(tmp_path / "in.json"), "--engine", str(engine), "--output",
+                                       str(tmp_path / "out.json"), "--profile", str(tmp_path / "profile.json")])
+    assert result.exit_code == 3
+    assert json.loads(result.stdout)["responses"][0]["finish_reason"] == "max-length"
+    assert "No space left on device" in result.stderr and "the answers are on stdout" in result.stderr
+    assert (tmp_path / "profile.json").is_file()
+
+
+def test_output_and_profile_must_differ(tmp_path, tiny_engine):
+    (tmp_path / "in.json").write_text(json.dumps({"requests": [chat("a")]}))
+    result = CliRunner().invoke(main, [str(tmp_path / "in.json"), "--engine", str(tiny_engine("llama")),
+                                       "--output", str(tmp_path / "x.json"), "--profile", str(tmp_path / "x.json")])
+    assert result.exit_code == 2 and "the same file" in result.output

@@ -4,11 +4,14 @@ from __future__ import annotations
 import json
 import os
 import stat
+import subprocess
+import sys
 import threading
+from pathlib import Path
 
 import pytest
 
-from trtllm.runtime.cli import write_atomic
+from trtllm.runtime.files import NotWritable, check_writable, descriptor, write_atomic
 
 
 def test_new_file_gets_the_umask_mode_not_600(tmp_path):
@@ -62,3 +65,54 @@ def test_failed_write_keeps_the_old_file(tmp_path):
         write_atomic(out, {"bad": object()}, indent=2)
     assert json.loads(out.read_text()) == {"good": True}
     assert os.listdir(tmp_path) == ["out.json"]
+
+
+def test_descriptor_paths():
+    assert descriptor(Path("/dev/stdout")) == 1 and descriptor(Path("/dev/stderr")) == 2
+    assert descriptor(Path("/dev/fd/7")) == 7 and descriptor(Path("/proc/self/fd/3")) == 3
+    assert descriptor(Path(f"/proc/{os.getpid()}/fd/4")) == 4
+    assert descriptor(Path("/proc/1/fd/4")) is None or os.getpid() == 1  # another process's
+    assert descriptor(Path("/tmp/fd/1")) is None and descriptor(Path("out.json")) is None
+
+
+def test_descriptor_of_an_appended_file_keeps_what_was_there(tmp_path):
+    # `trtllm-run ... --output /dev/stdout >> log`: reopening /dev/stdout would truncate the log,
+    # renaming over it would unlink it
+    log = tmp_path / "log"
+    log.write_text("earlier line\n")
+    fd = os.open(log, os.O_WRONLY | os.O_APPEND)
+    try:
+        check_writable(Path(f"/dev/fd/{fd}"))
+        write_atomic(Path(f"/dev/fd/{fd}"), {"e": 5}, indent=None)
+    finally:
+        os.close(fd)
+    assert log.read_text() == 'earlier line\n{"e": 5}\n'
+    assert os.listdir(tmp_path) == ["log"]
+
+
+def test_descriptor_of_a_pipe_is_written(tmp_path):
+    r, w = os.pipe()
+    try:
+        write_atomic(Path(f"/proc/self/fd/{w}"), {"f": 6}, indent=None)
+        os.close(w)
+        assert os.read(r, 100) == b'{"f": 6}\n'
+    finally:
+        os.close(r)
+
+
+def test_unwritable_descriptors_and_directories_are_refused(tmp_path):
+    fd = os.open(tmp_path, os.O_RDONLY)
+    os.close(fd)
+    with pytest.raises(NotWritable, match="not open"):
+        check_writable(Path(f"/dev/fd/{fd}"))
+    r, w = os.pipe()
+    try:
+        with pytest.raises(NotWritable, match="reading only"):
+            check_writable(Path(f"/dev/fd/{r}"))
+    finally:
+        os.close(r)
+        os.close(w)
+    with pytest.raises(NotWritable, match="ends with /"):
+        check_writable(str(tmp_path / "newdir") + "/")
+    with pytest.raises(NotWritable, match="is a directory"):
+        check_writable(tmp_path)

@@ -1,0 +1,106 @@
+"""Writing trtllm-run's output files without ever losing a good one.
+
+A file is written next to its target and renamed over it, so a crash never leaves half a file where
+a good one was. A path naming one of this process's open descriptors (/dev/stdout, /dev/fd/N,
+/proc/self/fd/N) is written to that descriptor: reopening it would truncate a file redirected with
+`>>` and fail on a pipe, and renaming over the file behind it would unlink what the shell opened.
+Any other pipe or device is written in place.
+"""
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import re
+import stat
+import sys
+import tempfile
+from pathlib import Path
+
+DESCRIPTOR = re.compile(r"/dev/(?:fd/(\d+)|(stdout|stderr))|/proc/(?:self|(\d+))/fd/(\d+)")
+STANDARD = {"stdout": 1, "stderr": 2}
+
+
+class NotWritable(Exception):
+    """The path cannot take the output; the message says why."""
+
+
+def current_umask() -> int:
+    mask = os.umask(0)  # the only way to read it is to set it
+    os.umask(mask)
+    return mask
+
+
+def descriptor(path: str | Path) -> int | None:
+    """The descriptor number if `path` names one of this process's open descriptors, else None."""
+    match = DESCRIPTOR.fullmatch(os.path.abspath(path))
+    if not match or (match[3] is not None and int(match[3]) != os.getpid()):
+        return None
+    return int(match[1] or match[4]) if match[2] is None else STANDARD[match[2]]
+
+
+def check_writable(path: str | Path) -> None:
+    """Raise NotWritable now, before anything runs, if `path` cannot be written: its answers would
+    be lost at the end."""
+    fd = descriptor(path)
+    if fd is not None:
+        try:
+            flags = fcntl.fcntl(fd, fcntl.F_GETFL)
+        except OSError:
+            raise NotWritable(f"descriptor {fd} is not open") from None
+        if flags & os.O_ACCMODE == os.O_RDONLY:
+            raise NotWritable(f"descriptor {fd} is open for reading only")
+        return
+    if str(path).endswith(os.sep) and not Path(path).is_dir():  # a str: Path drops the /
+        raise NotWritable("names a directory (it ends with /), not a file")
+    target = Path(os.path.realpath(path))
+    if target.is_dir():
+        raise NotWritable("is a directory")
+    if target.exists() and not target.is_file():
+        return  # a pipe or device: written in place
+    ancestor = target.parent
+    while not ancestor.exists():  # the directories write_atomic would create
+        ancestor = ancestor.parent
+    try:
+        if not ancestor.is_dir():
+            raise NotADirectoryError(f"{ancestor} is not a directory")
+        fd, probe = tempfile.mkstemp(dir=ancestor, prefix=".trtllm-probe-")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        raise NotWritable(f"cannot be written: {e}") from None
+
+
+def write_atomic(path: str | Path, data: dict, indent: int | None) -> None:
+    """Write `data` as JSON to `path` (see the module's docstring). A symlink is followed (its
+    target is replaced, the link kept). The new file gets the mode the old one had, or what the
+    umask allows, not mkstemp's 600."""
+    text = json.dumps(data, indent=indent, ensure_ascii=False) + "\n"
+    fd = descriptor(path)
+    if fd is not None:
+        for stream in (sys.stdout, sys.stderr):  # what was printed before comes first
+            stream.flush()
+        write_all(fd, text.encode("utf-8"))
+        return
+    path = Path(os.path.realpath(path))
+    if path.exists() and not stat.S_ISREG(path.stat().st_mode):
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(text)
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    mode = path.stat().st_mode & 0o7777 if path.exists() else 0o666 & ~current_umask()
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+
+
+def write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
