@@ -74,13 +74,14 @@ class RowState:
             self.finish_reason = "stop-words"
         elif n >= self.max_new_tokens:
             self.finish_reason = "max-length"
-        if self.finish_reason and self.text is not None:
-            self.text.finish()
+        # the text held back comes out now, and may hold a stop string that ends the text sooner
+        if self.finish_reason and self.text is not None and self.text.finish(check_stops=n >= p.min_new_tokens):
+            self.finish_reason = "stop-words"
 
     def fail(self, error: str) -> None:
         self.finish_reason, self.error = "error", error
         if self.text is not None:
-            self.text.finish()
+            self.text.finish(check_stops=False)
 
     def visible_ids(self) -> list[int]:
         """The output without a final EOS or stop token (they are not part of output_text)."""

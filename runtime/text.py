@@ -24,7 +24,11 @@ class TextStream:
         """Add one generated token; True when a stop string now appears (earliest match wins)."""
         old = len(self.text)
         self.text += self.decoder.push(token_id)
-        if not (check_stops and self.stops):
+        return self.check(old) if check_stops else False
+
+    def check(self, old: int) -> bool:
+        """Whether a stop string ends in text[old:] (then stop_at is where the earliest starts)."""
+        if not self.stops:
             return False
         # A match must end in the new text: each stop string starts at most len(s) - 1 characters
         # back (one start for all would find a short stop that ended before, e.g. before min_new_tokens).
@@ -34,9 +38,14 @@ class TextStream:
             return True
         return False
 
-    def finish(self) -> None:
-        if self.stop_at is None:
-            self.text += self.decoder.flush()
+    def finish(self, check_stops: bool = True) -> bool:
+        """The row has ended: the text held back comes out. True when a stop string is in it (a
+        tokenizer that cleans up spaces holds back a few characters, not only a broken one)."""
+        if self.stop_at is not None:
+            return False
+        old = len(self.text)
+        self.text += self.decoder.flush()
+        return self.check(old) if check_stops else False
 
     def final_text(self) -> str:
         return self.text if self.stop_at is None else self.text[: self.stop_at]

@@ -78,8 +78,18 @@ class Tokenizer:
         False default, as in transformers' apply_chat_template(tokenize=True)."""
         return self._backend.encode(text, add_special_tokens=add_special_tokens).ids
 
-    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True, clean_up: bool = True) -> str:
+        """As transformers' decode; `clean_up=False` skips the clean-up of spaces (IncrementalDecoder
+        applies it to the whole text instead)."""
         text = self._backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
+        return self.clean_up(text) if clean_up else text
+
+    @property
+    def cleans_up(self) -> bool:
+        """Whether decode removes spaces before punctuation (clean_up_tokenization_spaces, not BPE)."""
+        return self._clean_up
+
+    def clean_up(self, text: str) -> str:
         if self._clean_up:
             for old, new in _CLEANUPS:
                 text = text.replace(old, new)
@@ -134,7 +144,15 @@ class IncrementalDecoder:
     Text ending in U+FFFD (an incomplete UTF-8 character) is held back until the ids that complete
     it arrive, or until flush(). Skipped special tokens are dropped before they enter the window,
     so they cannot change how the window's first token decodes.
+
+    A tokenizer that cleans up spaces (" ." -> ".", " ' " -> "'") rewrites text that came before
+    the newest token, and streamed text cannot be taken back. So the window is decoded without the
+    clean-up, which is applied to the whole text so far instead, and its last CLEAN_UP_HOLD
+    characters are held back: a match needs at most 3 more characters, and the passes' chained
+    effects stay within a few more.
     """
+
+    CLEAN_UP_HOLD = 16
 
     def __init__(self, tokenizer: Tokenizer, skip_special_tokens: bool = True):
         self._tokenizer = tokenizer
@@ -143,6 +161,7 @@ class IncrementalDecoder:
         self._prefix_offset = 0
         self._read_offset = 0
         self._pieces: list[str] = []
+        self._raw: list[str] = []  # the text before the clean-up, when the tokenizer cleans up
 
     @property
     def text(self) -> str:
@@ -160,13 +179,20 @@ class IncrementalDecoder:
         return self._emit(final=True)
 
     def _emit(self, final: bool) -> str:
-        decode = self._tokenizer.decode
-        skip = self._skip_special_tokens
-        prefix_text = decode(self._ids[self._prefix_offset:self._read_offset], skip_special_tokens=skip)
-        new_text = decode(self._ids[self._prefix_offset:], skip_special_tokens=skip)
-        if len(new_text) <= len(prefix_text) or (not final and new_text.endswith("\ufffd")):
-            return ""
-        delta = new_text[len(prefix_text):]
-        self._prefix_offset, self._read_offset = self._read_offset, len(self._ids)
-        self._pieces.append(delta)
+        tok, skip = self._tokenizer, self._skip_special_tokens
+        cleans_up = getattr(tok, "cleans_up", False)  # (tests stand in tokenizers that do not)
+        extra = {"clean_up": False} if cleans_up else {}
+        prefix_text = tok.decode(self._ids[self._prefix_offset:self._read_offset], skip, **extra)
+        new_text = tok.decode(self._ids[self._prefix_offset:], skip, **extra)
+        delta = ""
+        if len(new_text) > len(prefix_text) and (final or not new_text.endswith("\ufffd")):
+            delta = new_text[len(prefix_text):]
+            self._prefix_offset, self._read_offset = self._read_offset, len(self._ids)
+        if cleans_up:
+            self._raw.append(delta)
+            cleaned = tok.clean_up("".join(self._raw))
+            done = sum(map(len, self._pieces))
+            delta = cleaned[done:len(cleaned) if final else max(done, len(cleaned) - self.CLEAN_UP_HOLD)]
+        if delta:
+            self._pieces.append(delta)
         return delta

@@ -195,6 +195,26 @@ def test_clean_up_tokenization_spaces(tmp_path, clean_up):
     assert ours.decode(ids) == transformers.AutoTokenizer.from_pretrained(tmp_path).decode(ids)
 
 
+def test_streaming_with_clean_up_equals_decode(tmp_path):
+    # The clean-up rewrites text before the newest token (" ' " -> "'"): streamed pieces must still
+    # add up to decode(ids), and a stop string must be found in the cleaned text.
+    import random
+
+    from trtllm.runtime.text import TextStream
+
+    ours = Tokenizer.from_engine_dir(_wordlevel_dir(tmp_path, True))
+    rng = random.Random(0)
+    for length in [*range(1, 12), *[40] * 300]:
+        ids = [rng.randrange(1, 12) for _ in range(length)]
+        decoder = IncrementalDecoder(ours)
+        pieces = [decoder.push(i) for i in ids] + [decoder.flush()]
+        assert "".join(pieces) == ours.decode(ids), ids
+    stream = TextStream(ours, stops=("don't",))
+    ids = ours.encode("they 're here now don ' t stop")
+    assert not any(stream.push(i) for i in ids)  # all within the last characters held back
+    assert stream.finish() and stream.final_text() == "they're here now "
+
+
 def test_clean_up_is_ignored_for_bpe(engine_dir, ours, tmp_path):
     config = json.loads((engine_dir / "tokenizer_config.json").read_text())
     (tmp_path / "tokenizer_config.json").write_text(json.dumps({**config, "clean_up_tokenization_spaces": True}))
