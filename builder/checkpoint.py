@@ -76,11 +76,33 @@ def check_loaded(info: dict, model_arg: str) -> None:
 
 
 def load_gguf(path: Path) -> Checkpoint:
-    """transformers dequantizes the GGUF to float32; the loaded model then behaves as a normal one."""
+    """transformers dequantizes the GGUF to float32; the loaded model then behaves as a normal one.
+    What its loader drops is refused first: the build would check the engine against the same
+    wrong model and pass."""
+    check_gguf_rope(path)
     tok = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
-    model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
+    model, info = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32,
+                                                       output_loading_info=True)
+    check_loaded(info, str(path))
     return Checkpoint(model.eval(), tok, {"model": str(path.resolve()), "kind": "gguf",
                                           "sha256": weights_hash([path])})
+
+
+def check_gguf_rope(path: Path) -> None:
+    """llama.cpp stores RoPE scaling as `<arch>.rope.scaling.*` keys and Llama 3's as a
+    `rope_freqs.weight` tensor; transformers' GGUF loader (5.x) ignores both and builds plain RoPE."""
+    import gguf
+
+    reader = gguf.GGUFReader(path)
+    scaling = [name for name in reader.fields if ".rope.scaling." in name]
+    kind = next((name for name in scaling if name.endswith(".rope.scaling.type")), None)
+    kind = bytes(reader.fields[kind].parts[-1]).decode() if kind else None
+    freqs = any(t.name == "rope_freqs.weight" for t in reader.tensors)
+    if freqs or (kind not in (None, "none")):
+        what = "a rope_freqs.weight tensor (Llama 3 RoPE scaling)" if freqs else f"RoPE scaling {kind!r}"
+        raise CheckpointError(f"--model {str(path)!r} has {what}, which transformers' GGUF loader drops: "
+                              "the engine would compute plain RoPE. Build from the Hugging Face checkpoint "
+                              "directory instead")
 
 
 def state_dict_numpy(model) -> dict:
@@ -96,8 +118,9 @@ def rope_tables(model, num_positions: int) -> tuple:
 
 def rotary_tables(rotary, num_positions: int) -> tuple:
     """cos/sin [positions, head_dim/2] of a transformers rotary embedding module."""
-    if getattr(rotary, "rope_type", "default") == "dynamic":
-        raise CheckpointError("rope_type 'dynamic' is not supported: its frequencies depend on the sequence length")
+    kind = getattr(rotary, "rope_type", "default")
+    if kind in ("dynamic", "longrope"):  # longrope: short factors up to original_max_position_embeddings
+        raise CheckpointError(f"rope_type {kind!r} is not supported: its frequencies depend on the sequence length")
     pos = torch.arange(num_positions, dtype=torch.int64)[None, :]
     with torch.no_grad():
         cos, sin = rotary(torch.zeros(1, dtype=torch.float32), pos)

@@ -7,6 +7,7 @@ options. Options given on the command line win over the profile.
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import dataclass, field
 from importlib import resources
@@ -63,11 +64,11 @@ def profile_defaults(name: str = "cpu-default") -> dict:
 
 
 def parse_trt_version(text: str) -> tuple[int, int]:
-    parts = str(text).split(".")
-    try:
-        return int(parts[0]), int(parts[1])
-    except (ValueError, IndexError):
-        raise ConfigError(f"trt_version must be MAJOR.MINOR, got {text!r}") from None
+    """'10.3' or '10.15.1' (a full version) -> (major, minor); TensorRT 10.0 is the oldest we know."""
+    match = re.fullmatch(r"(\d+)\.(\d+)(?:\.\d+){0,2}", str(text))
+    if not match or (int(match[1]), int(match[2])) < (10, 0):
+        raise ConfigError(f"trt_version must be MAJOR.MINOR (or a full version) and >= 10.0, got {text!r}")
+    return int(match[1]), int(match[2])
 
 
 @dataclass(frozen=True)
@@ -121,9 +122,9 @@ class BuildConfig:
                               f"({self.max_kv_cache_capacity}), got {self.max_input_len}")
         if not isinstance(self.opt_level, int) or not 0 <= self.opt_level <= 5:
             raise ConfigError(f"--opt-level must be an integer in [0, 5], got {self.opt_level!r}")
-        if not isinstance(self.workspace_gib, (int, float)) or self.workspace_gib <= 0:
+        if not isinstance(self.workspace_gib, (int, float)) or not 0 < self.workspace_gib < math.inf:
             raise ConfigError(f"--workspace-gib must be > 0, got {self.workspace_gib!r}")
-        if self.graph == "modern" and parse_trt_version(self.trt_version) < MODERN_MIN_TRT:
+        if parse_trt_version(self.trt_version) < MODERN_MIN_TRT and self.graph == "modern":
             raise ConfigError(f"the modern graph (opset 24 Attention, TensorScatter) needs TensorRT >= 10.15, but "
                               f"trt_version is {self.trt_version}; use --profile tensorrt-legacy")
         if self.tensorrt_options and self.backend == "onnxruntime":

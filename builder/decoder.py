@@ -55,7 +55,8 @@ class DecoderSpec:
     num_kv_heads: int
     head_dim: int
     rms_norm_eps: float
-    attention_bias: bool = False      # q/k/v projections carry a bias (Qwen2)
+    attention_bias: bool = False      # q/k/v projections carry a bias (Qwen2; Llama/Qwen3 attention_bias)
+    o_proj_bias: bool = False         # so does o_proj (Llama/Qwen3 attention_bias; not Qwen2)
     qk_norm: bool = False             # RMSNorm on q and k per head before RoPE (Qwen3)
     tie_word_embeddings: bool = False
     sliding_window: int | None = None
@@ -328,7 +329,7 @@ class DecoderWriter:
                      scale=float(s.head_dim) ** -0.5, softmax_precision=TensorProto.FLOAT)
         y = g.op("Transpose", f"{name}/out/Transpose", [y], perm=[0, 2, 1, 3])
         y = g.op("Reshape", f"{name}/out/Reshape", [y, g.const([0, 0, s.num_heads * s.head_dim])])
-        return self.lora(f"{name}/o_proj", y, self.linear(f"{name}/o_proj", y, f"{p}.o_proj"), i, "o")
+        return self.lora(f"{name}/o_proj", y, self.linear(f"{name}/o_proj", y, f"{p}.o_proj", s.o_proj_bias), i, "o")
 
     def rotary(self, name: str, x: str, position_ids: str) -> str:
         if self.legacy:
@@ -359,14 +360,14 @@ class DecoderWriter:
             y = g.op(cpu_kernels.ATTENTION, f"{name}/Attention", ins, outputs=[f"{name}/Attention/output_0", *present],
                      domain=cpu_kernels.DOMAIN, num_heads=s.num_heads, kv_num_heads=s.num_kv_heads,
                      scale=float(s.head_dim) ** -0.5)[0]
-            return self.lora(f"{name}/o_proj", y, self.linear(f"{name}/o_proj", y, f"{p}.o_proj"), i, "o")
+            return self.lora(f"{name}/o_proj", y, self.linear(f"{name}/o_proj", y, f"{p}.o_proj", s.o_proj_bias), i, "o")
         ins = [qkv, "", "", *past, self.seqlens_k, self.total_len, self.cos, self.sin, position_ids,
                "", "", "", "", "", "", self.query_seqlens]
         y = g.op("GroupQueryAttention", f"{name}/GroupQueryAttention", ins,
                  outputs=[f"{name}/GroupQueryAttention/output_0", *present], domain="com.microsoft",
                  num_heads=s.num_heads, kv_num_heads=s.num_kv_heads, do_rotary=1, rotary_interleaved=0,
                  scale=float(s.head_dim) ** -0.5)[0]
-        return self.lora(f"{name}/o_proj", y, self.linear(f"{name}/o_proj", y, f"{p}.o_proj"), i, "o")
+        return self.lora(f"{name}/o_proj", y, self.linear(f"{name}/o_proj", y, f"{p}.o_proj", s.o_proj_bias), i, "o")
 
     def gqa_lengths(self, write_index: str, last_index: str) -> None:
         """GroupQueryAttention's per-row lengths: Q = last_index + 1 new tokens, P + Q - 1 =

@@ -3,8 +3,9 @@
 The backend form is `llm.ort.onnx` (ONNX Runtime: offline-optimised, optionally lowered to contrib
 ops) or `llm.plan` (TensorRT: built from llm.onnx on this machine's GPU, builder/tensorrt.py).
 
-The engine directory is assembled in `<output>.partial` and renamed into place at the end, so a
-failed or interrupted build never leaves a half-written engine where a good one was.
+The engine directory is assembled in a fresh `.<output>.partial-XXXX` beside it and renamed into
+place at the end, so a failed or interrupted build never leaves a half-written engine where a good
+one was. Its names are new each build: a user's `<output>.old` or `<output>.partial` is not ours.
 """
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import dataclasses
 import json
 import os
 import shutil
+import tempfile
 import uuid
 from importlib import metadata
 from pathlib import Path
@@ -47,10 +49,14 @@ def versions() -> dict:
 def export_onnx(ck: ckpt.Checkpoint, config: BuildConfig, out_dir: Path, log, backend: str = "onnxruntime") -> tuple:
     """llm.onnx and, for ONNX Runtime, the lowered source of its compiled form; with --eagle, the
     draft head's graphs too (export_draft). Returns (spec, max_top_k, num_positions, lowerings, eagle section)."""
-    spec = spec_for(ck.model.config, type(ck.model).__name__)
+    spec = spec_for(ck.model)
     weights = ckpt.state_dict_numpy(ck.model)
     draft = eagle.load(config.eagle, spec, weights["model.embed_tokens.weight"]) if config.eagle else None
     num_positions = min(config.max_kv_cache_capacity, ck.model.config.max_position_embeddings)
+    if num_positions < config.max_kv_cache_capacity:
+        log(f"note: KV capacity {config.max_kv_cache_capacity} lowered to the model's max_position_embeddings "
+            f"{num_positions}" + (f" (and max_input_len {config.max_input_len} with it)"
+                                  if config.max_input_len > num_positions else ""))
     if backend == "tensorrt":
         if config.activations != "float32":  # --backend auto picked TensorRT
             raise RuntimeError(f"--activations {config.activations} is for ONNX Runtime's CPU kernels; TensorRT was "
@@ -312,9 +318,8 @@ def build(config: BuildConfig, log=print) -> Path:
     if out_dir.exists() and not (out_dir / "manifest.json").is_file() and (not out_dir.is_dir() or any(out_dir.iterdir())):
         raise ConfigError(f"--output {config.output} exists and is not an engine directory; choose a new or empty "
                           "directory (only an earlier engine is replaced)")
-    tmp = out_dir.with_name(out_dir.name + ".partial")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}.partial-"))
     try:
         log(f"loading {config.model}")
         ck = ckpt.load(config.model)
@@ -361,13 +366,11 @@ def replace_engine(new: Path, out_dir: Path) -> None:
     if not out_dir.exists():
         os.replace(new, out_dir)
         return
-    old = out_dir.with_name(out_dir.name + ".old")
-    shutil.rmtree(old, ignore_errors=True)
+    old = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}.old-"))  # empty: a rename may replace it
     if not Path.cwd().is_relative_to(out_dir):
         os.replace(out_dir, old)
         os.replace(new, out_dir)
     else:
-        old.mkdir()
         for entry in list(out_dir.iterdir()):
             os.replace(entry, old / entry.name)
         for entry in list(new.iterdir()):

@@ -1,8 +1,11 @@
-"""Architecture registry: HF `architectures[0]` -> a function turning its config into a DecoderSpec.
+"""Architecture registry: the transformers class a checkpoint loads as -> a function turning its
+config into a DecoderSpec.
 
 A new architecture is one file here and one line in ARCHITECTURES.
 """
 from __future__ import annotations
+
+import dataclasses
 
 from trtllm.builder.architectures import llama, mistral, qwen2, qwen3
 
@@ -14,12 +17,39 @@ ARCHITECTURES = {
 }
 
 
-def spec_for(config, model_class: str | None = None):
-    """The DecoderSpec for a transformers config, or a ValueError naming the supported ones.
-    `model_class` (the loaded model's class name) stands in when the config names no
-    architecture, as with checkpoints loaded from GGUF."""
-    names = list(getattr(config, "architectures", None) or []) or ([model_class] if model_class else [])
-    for name in names:
-        if name in ARCHITECTURES:
-            return ARCHITECTURES[name](config)
-    raise ValueError(f"config.architectures must name one of {sorted(ARCHITECTURES)}, got {names!r}")
+def spec_for(model):
+    """The DecoderSpec of a loaded transformers model, or a ValueError naming the supported ones.
+
+    The class is the one transformers built (from config.model_type), not config.architectures:
+    the weights went into that class, whatever the config's label says. What the class reads from
+    the config is then checked against its modules, since a config may carry keys a class ignores
+    (sliding_window on Llama) or a class may do more than a key says (attention_bias also puts a
+    bias on Llama's o_proj)."""
+    name = type(model).__name__
+    if name not in ARCHITECTURES:
+        raise ValueError(f"the checkpoint loads as {name} (config.model_type "
+                         f"{getattr(model.config, 'model_type', None)!r}); supported: {sorted(ARCHITECTURES)}")
+    spec = ARCHITECTURES[name](model.config)
+    return dataclasses.replace(spec, **from_modules(model, spec))
+
+
+def from_modules(model, spec) -> dict:
+    """The biases and the lm_head tie as the loaded modules have them; refuses what the graph lacks."""
+    layers = model.model.layers
+    attn, mlp = layers[0].self_attn, layers[0].mlp
+
+    def has_bias(module) -> bool:
+        return getattr(module, "bias", None) is not None
+
+    qkv = {has_bias(m) for m in (attn.q_proj, attn.k_proj, attn.v_proj)}
+    if len(qkv) > 1:
+        raise ValueError("q_proj, k_proj and v_proj must all have a bias or none")
+    if any(has_bias(m) for m in (mlp.gate_proj, mlp.up_proj, mlp.down_proj)):
+        raise ValueError("MLP biases (config.mlp_bias) are not supported")
+    windows = {getattr(layer.self_attn, "sliding_window", spec.sliding_window) for layer in layers}
+    if windows != {spec.sliding_window}:  # a class that keeps its window per layer says what it uses
+        raise ValueError(f"the layers' sliding windows {sorted(windows, key=str)} differ from what the config "
+                         f"gives ({spec.sliding_window}): mixed sliding/full attention is not supported yet")
+    head = model.get_output_embeddings().weight
+    tied = head.data_ptr() == model.get_input_embeddings().weight.data_ptr()
+    return {"attention_bias": qkv.pop(), "o_proj_bias": has_bias(attn.o_proj), "tie_word_embeddings": tied}

@@ -1,4 +1,6 @@
-"""Llama (and the SmolLM2 demo model): the base decoder every other architecture tweaks."""
+"""Llama (and the SmolLM2 demo model): the base decoder every other architecture tweaks.
+
+The biases and the lm_head tie are then taken from the loaded modules (architectures.spec_for)."""
 from __future__ import annotations
 
 from trtllm.builder.decoder import DecoderSpec
@@ -45,11 +47,10 @@ def base_spec(config, architecture: str, **overrides) -> DecoderSpec:
         rms_norm_eps=config.rms_norm_eps,
         attention_bias=bool(getattr(config, "attention_bias", False)),
         tie_word_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
-        sliding_window=sliding_window(config),
     )
     fields.update(overrides)
     return DecoderSpec(**fields)
 
 
 def spec_from_config(config) -> DecoderSpec:
-    return base_spec(config, "LlamaForCausalLM")
+    return base_spec(config, "LlamaForCausalLM")  # no window: Llama ignores config.sliding_window

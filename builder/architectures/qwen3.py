@@ -1,8 +1,8 @@
 """Qwen3: Llama's layout plus an RMSNorm over each q and k head before RoPE."""
 from __future__ import annotations
 
-from trtllm.builder.architectures.llama import base_spec
+from trtllm.builder.architectures.llama import base_spec, sliding_window
 
 
 def spec_from_config(config):
-    return base_spec(config, "Qwen3ForCausalLM", qk_norm=True)
+    return base_spec(config, "Qwen3ForCausalLM", qk_norm=True, sliding_window=sliding_window(config))

@@ -98,7 +98,7 @@ def test_failed_build_keeps_the_old_engine(tmp_path, tiny_checkpoint, tiny_engin
     result = CliRunner().invoke(main, ["--model", str(bad), "--output", str(engine)])
     assert result.exit_code == 1 and "hidden_act" in result.output
     assert (engine / "manifest.json").read_text() == before
-    assert not (tmp_path / "engine.partial").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad", "engine"]  # no partial engine left
 
 
 @pytest.mark.parametrize("capacity, max_input_len, positions, agreement", [
@@ -136,7 +136,7 @@ def test_rebuild_in_place_keeps_the_directory(tmp_path, tiny_checkpoint, monkeyp
     finally:
         os.umask(old_mask)
     assert json.loads((engine / "manifest.json").read_text())["limits"]["max_input_len"] == 32
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["engine"]  # no .partial or .old left
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["engine"]  # no partial or old engine left
     modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in engine.rglob("*") if p.is_file()}
     assert set(modes.values()) == {0o644}, modes
     # From elsewhere the engine is replaced as a whole directory (a run starting meanwhile never sees
@@ -181,3 +181,16 @@ def test_checkpoint_missing_a_weight_is_refused(tmp_path):
     result = CliRunner().invoke(main, ["--model", str(ckpt), "--output", str(tmp_path / "e")])
     assert result.exit_code == 2 and "lacks weights the model needs: lm_head.weight" in result.output
     assert not (tmp_path / "e").exists()
+
+
+def test_a_rebuild_leaves_the_users_old_and_partial_alone(tmp_path, tiny_checkpoint):
+    engine = tmp_path / "engine"
+    for name in ("engine.old", "engine.partial"):  # a user's backup, say
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "notes.txt").write_text("keep")
+    for _ in range(2):
+        result = CliRunner().invoke(main, ["--model", str(tiny_checkpoint("llama")), "--output", str(engine),
+                                           "--no-verify"])
+        assert result.exit_code == 0, result.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["engine", "engine.old", "engine.partial"]
+    assert all((tmp_path / name / "notes.txt").read_text() == "keep" for name in ("engine.old", "engine.partial"))

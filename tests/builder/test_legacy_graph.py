@@ -52,7 +52,7 @@ def assert_logits_close(got: np.ndarray, want: np.ndarray, dtype: str) -> None:
 def load_parts(checkpoint: Path, num_positions: int):
     ck = ckpt.load(str(checkpoint))
     cos, sin = ckpt.rope_tables(ck.model, num_positions)
-    return spec_for(ck.model.config, type(ck.model).__name__), ckpt.state_dict_numpy(ck.model), cos, sin
+    return spec_for(ck.model), ckpt.state_dict_numpy(ck.model), cos, sin
 
 
 def write_legacy_engine(modern: Path, checkpoint: Path, out: Path, writer=DecoderWriter) -> Path:

@@ -96,6 +96,12 @@ def test_profile_options_are_checked(tmp_path):
         BuildConfig(model="m", output="o", graph="modern", trt_version="10.3")
     with pytest.raises(ConfigError, match="--quantization int4 needs the modern graph"):
         BuildConfig(model="m", output="o", graph="legacy", trt_version="10.3", quantization="int4")
+    for version in ("abc", "9.0", "10.15.1.junk", "10"):  # refused up front, on either graph
+        with pytest.raises(ConfigError, match="trt_version must be MAJOR.MINOR"):
+            BuildConfig(model="m", output="o", graph="legacy", trt_version=version)
+    assert BuildConfig(model="m", output="o", graph="legacy", trt_version="10.3.0").trt_version == "10.3.0"
+    with pytest.raises(ConfigError, match="--workspace-gib must be > 0"):
+        BuildConfig(model="m", output="o", workspace_gib=float("nan"))
 
 
 def test_quantization_with_a_float16_profile_builds_float32(tmp_path):
@@ -129,7 +135,7 @@ def test_backend_tensorrt_without_tensorrt_is_one_clear_line(tiny_checkpoint, tm
     lines = result.output.strip().splitlines()
     assert lines[-1].startswith("error: --backend tensorrt needs TensorRT and a CUDA GPU: TensorRT is not installed")
     assert "--backend onnxruntime" in lines[-1]
-    assert not (tmp_path / "e").exists() and not (tmp_path / "e.partial").exists()
+    assert list(tmp_path.iterdir()) == []  # no engine, partial or not
 
 
 def test_backend_auto_says_what_it_picked(tiny_checkpoint, tmp_path):

@@ -72,24 +72,68 @@ def test_wrong_positions_are_caught(tiny_checkpoint, tiny_engine):
         np.testing.assert_allclose(got, ref, atol=ATOL, rtol=0)
 
 
-def test_sliding_window_matches_transformers(tmp_path):
-    """Mistral with a window shorter than the sequence: the in-graph window mask matches HF."""
+def variant(tmp_path, arch: str, edit) -> "Path":
+    """A tiny `arch` checkpoint with its config (and weights) changed by edit(config, state_dict)."""
+    from safetensors.torch import load_file, save_file
+
     from tests.tiny_models import make_checkpoint
+
+    ckpt = make_checkpoint(arch, tmp_path / "ckpt", seed=3)
+    config = transformers.AutoConfig.from_pretrained(ckpt)
+    weights = load_file(ckpt / "model.safetensors")
+    edit(config, weights)
+    config.save_pretrained(ckpt)
+    save_file(weights, ckpt / "model.safetensors", metadata={"format": "pt"})
+    return ckpt
+
+
+def with_attention_bias(config, weights):
+    """attention_bias on Llama and Qwen3 puts a bias on o_proj too (Qwen2's q/k/v only)."""
+    config.attention_bias = True
+    for key in [k for k in weights if k.endswith(("q_proj.weight", "k_proj.weight", "v_proj.weight", "o_proj.weight"))]:
+        weights[key.replace(".weight", ".bias")] = torch.randn(weights[key].shape[0]) * 0.5
+
+
+def untied_head_kept(config, weights):
+    """tie_word_embeddings with its own lm_head.weight: transformers keeps the head (it warns)."""
+    weights["lm_head.weight"] = torch.randn_like(weights["model.embed_tokens.weight"]) * 0.1
+
+
+VARIANTS = {
+    # Mistral with a window shorter than the prompt: the in-graph window mask matches HF
+    "mistral window 8": ("mistral", lambda c, w: setattr(c, "sliding_window", 8)),
+    # Llama ignores sliding_window: an engine with a window would be wrong past it
+    "llama ignores sliding_window": ("llama", lambda c, w: setattr(c, "sliding_window", 8)),
+    "llama attention_bias": ("llama", with_attention_bias),
+    "qwen3 attention_bias": ("qwen3", with_attention_bias),
+    "llama tied, own lm_head": ("llama", untied_head_kept),
+    # the class comes from model_type, whatever config.architectures says
+    "qwen2 labelled llama": ("qwen2", lambda c, w: setattr(c, "architectures", ["LlamaForCausalLM"])),
+}
+
+
+@pytest.mark.parametrize("name", VARIANTS)
+def test_config_variants_match_transformers(name, tmp_path):
     from trtllm.builder.config import BuildConfig
     from trtllm.builder.export import build
 
-    ckpt = make_checkpoint("mistral", tmp_path / "ckpt", seed=3)
-    config = transformers.AutoConfig.from_pretrained(ckpt)
-    config.sliding_window = 8
-    config.save_pretrained(ckpt)
+    ckpt = variant(tmp_path, *VARIANTS[name])
     out = build(BuildConfig(model=str(ckpt), output=str(tmp_path / "engine"), max_kv_cache_capacity=128,
-                            max_input_len=64), log=lambda m: None)
+                            max_input_len=64, verify=False), log=lambda m: None)
     model, engine = hf_model(ckpt), load_engine(out)
     prompt = PROMPTS[1]
     generated, got = engine_logits(engine, prompt, num_decode=6)
     with torch.no_grad():
         ref = model(torch.tensor([prompt + generated[:-1]])).logits[0, len(prompt) - 1:].numpy()
     np.testing.assert_allclose(got, ref, atol=ATOL, rtol=0)
+
+
+def test_a_class_without_a_graph_is_refused(tmp_path):
+    from trtllm.builder.architectures import spec_for
+
+    model = transformers.AutoModelForCausalLM.from_config(transformers.GPT2Config(n_layer=1, n_embd=32, n_head=2))
+    with pytest.raises(ValueError, match="loads as GPT2LMHeadModel"):
+        spec_for(model)
 
 
 @pytest.mark.parametrize("arch, lowered", [("llama", True), ("qwen2", True), ("mistral", False), ("qwen3", False)])

@@ -1,0 +1,79 @@
+"""Tiny GGUF files from the tiny checkpoints, laid out as llama.cpp's converter writes a Llama:
+float32 tensors under GGUF names, q/k rows permuted for its RoPE, a GPT-2 style BPE vocabulary."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+LAYER_NAMES = {"input_layernorm.weight": "attn_norm.weight", "post_attention_layernorm.weight": "ffn_norm.weight",
+               "self_attn.q_proj.weight": "attn_q.weight", "self_attn.k_proj.weight": "attn_k.weight",
+               "self_attn.v_proj.weight": "attn_v.weight", "self_attn.o_proj.weight": "attn_output.weight",
+               "mlp.gate_proj.weight": "ffn_gate.weight", "mlp.up_proj.weight": "ffn_up.weight",
+               "mlp.down_proj.weight": "ffn_down.weight"}
+TOP_NAMES = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
+             "lm_head.weight": "output.weight"}
+
+
+def gguf_name(key: str) -> str:
+    if key.startswith("model.layers."):
+        _, _, layer, rest = key.split(".", 3)
+        return f"blk.{layer}.{LAYER_NAMES[rest]}"
+    return TOP_NAMES[key]
+
+
+def rope_rows(w: np.ndarray, heads: int) -> np.ndarray:
+    """llama.cpp's order of a q/k projection's rows: each head's two halves interleaved."""
+    return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def write_llama_gguf(ckpt: Path, out: Path, drop: tuple[str, ...] = (), extra_tensors: dict | None = None,
+                     rope_scaling: tuple[str, float] | None = None) -> Path:
+    """`ckpt` (a tiny Llama checkpoint) as a GGUF; `drop` leaves tensors out (GGUF names),
+    `rope_scaling` = (type, factor) adds llama.cpp's scaling keys."""
+    import gguf
+    from safetensors.numpy import load_file
+
+    cfg = json.loads((ckpt / "config.json").read_text())
+    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+    w = gguf.GGUFWriter(str(out), "llama")
+    w.add_name("tiny")
+    w.add_context_length(cfg["max_position_embeddings"])
+    w.add_embedding_length(cfg["hidden_size"])
+    w.add_block_count(cfg["num_hidden_layers"])
+    w.add_feed_forward_length(cfg["intermediate_size"])
+    w.add_head_count(cfg["num_attention_heads"])
+    w.add_head_count_kv(cfg["num_key_value_heads"])
+    w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+    w.add_rope_freq_base(cfg.get("rope_theta") or cfg.get("rope_parameters", {}).get("rope_theta", 10000.0))
+    w.add_rope_dimension_count(head_dim)
+    if rope_scaling:
+        w.add_rope_scaling_type(gguf.RopeScalingType(rope_scaling[0]))
+        w.add_rope_scaling_factor(rope_scaling[1])
+    tokenizer = json.loads((ckpt / "tokenizer.json").read_text())
+    added = {a["id"]: a["content"] for a in tokenizer["added_tokens"]}
+    tokens = {**{i: t for t, i in tokenizer["model"]["vocab"].items()}, **added}
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("default")
+    w.add_token_list([tokens[i] for i in range(len(tokens))])
+    w.add_token_types([gguf.TokenType.CONTROL if i in added else gguf.TokenType.NORMAL for i in range(len(tokens))])
+    w.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in tokenizer["model"]["merges"]])
+    w.add_bos_token_id(cfg["bos_token_id"])
+    w.add_eos_token_id(cfg["eos_token_id"])
+    for key, value in load_file(ckpt / "model.safetensors").items():
+        name = gguf_name(key)
+        if name in drop:
+            continue
+        if name.endswith("attn_q.weight"):
+            value = rope_rows(value, cfg["num_attention_heads"])
+        elif name.endswith("attn_k.weight"):
+            value = rope_rows(value, cfg["num_key_value_heads"])
+        w.add_tensor(name, np.ascontiguousarray(value, np.float32))
+    for name, value in (extra_tensors or {}).items():
+        w.add_tensor(name, value)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return out
