@@ -32,11 +32,14 @@ def weights_hash(paths: list[Path]) -> str:
 
 
 def load(model_arg: str) -> Checkpoint:
-    path = Path(model_arg)
-    if path.suffix == ".gguf":
+    path = Path(model_arg).expanduser()
+    if path.suffix.lower() == ".gguf":
         if not path.is_file():
             raise CheckpointError(f"--model {model_arg!r}: no such GGUF file")
-        return load_gguf(path)
+        return check_vocab(load_gguf(path), model_arg)
+    if path.is_file():
+        raise CheckpointError(f"--model {model_arg!r} is a file: pass the checkpoint's directory (with config.json), "
+                              "or a .gguf file")
     if path.is_dir():
         if not (path / "config.json").is_file():
             raise CheckpointError(f"--model {model_arg!r} must be a Hugging Face checkpoint directory "
@@ -45,8 +48,8 @@ def load(model_arg: str) -> Checkpoint:
         check_loaded(info, model_arg)
         tok = AutoTokenizer.from_pretrained(path)
         files = [p for p in path.iterdir() if p.suffix in (".safetensors", ".bin")]
-        return Checkpoint(model.eval(), tok, {"model": str(path.resolve()), "kind": "dir",
-                                              "sha256": weights_hash(files)})
+        return check_vocab(Checkpoint(model.eval(), tok, {"model": str(path.resolve()), "kind": "dir",
+                                                          "sha256": weights_hash(files)}), model_arg)
     if model_arg.startswith((".", "/", "~")) or model_arg.count("/") > 1:  # a path, not "org/name"
         raise CheckpointError(f"--model {model_arg!r}: no such directory or file")
     return load_hub(model_arg)
@@ -62,7 +65,16 @@ def load_hub(hub_id: str) -> Checkpoint:
             f"Hugging Face hub failed (offline?): {str(e).splitlines()[0]}. "
             "Pass a local checkpoint directory or .gguf file instead.") from e
     check_loaded(info, hub_id)
-    return Checkpoint(model.eval(), tok, {"model": hub_id, "kind": "hub", "sha256": None})
+    return check_vocab(Checkpoint(model.eval(), tok, {"model": hub_id, "kind": "hub", "sha256": None}), hub_id)
+
+
+def check_vocab(ck: Checkpoint, model_arg: str) -> Checkpoint:
+    """A tokenizer with ids past the embedding table would fail at run time, on the first such token."""
+    rows = ck.model.get_input_embeddings().weight.shape[0]
+    if len(ck.tokenizer) > rows:
+        raise CheckpointError(f"--model {model_arg!r}: its tokenizer has {len(ck.tokenizer)} tokens, more than the "
+                              f"{rows} rows of its embedding table (config.vocab_size)")
+    return ck
 
 
 def check_loaded(info: dict, model_arg: str) -> None:

@@ -3,7 +3,7 @@
 Exit codes: 0 every request succeeded; 1 some request failed (its response says why);
 2 the input file or command line is invalid (nothing was run); 3 --output or --profile could not be
 written at the end (the answers then go to stdout); 130 interrupted (files not yet written are left
-as they were).
+as they were); 141 --stream's reader went away and there is no --output to write.
 """
 from __future__ import annotations
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import stat
 import subprocess
 import sys
@@ -54,6 +55,26 @@ def test_missing_model(tmp_path):
     assert result.exit_code == 2 and "no such directory" in result.output
     result = CliRunner().invoke(main, ["--model", str(tmp_path), "--output", str(tmp_path / "e")])
     assert result.exit_code == 2 and "config.json" in result.output
+    (tmp_path / "model.safetensors").write_bytes(b"")
+    for model, needle in ((tmp_path / "X.GGUF", "no such GGUF file"), (tmp_path / "model.safetensors", "is a file"),
+                          ("~/no-such-checkpoint-dir", "no such directory")):
+        result = CliRunner().invoke(main, ["--model", str(model), "--output", str(tmp_path / "e")])
+        assert result.exit_code == 2 and needle in result.output, result.output
+
+
+def test_tokenizer_past_the_embedding_table_is_refused(tmp_path, tiny_checkpoint):
+    from safetensors.torch import load_file, save_file
+
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(tiny_checkpoint("llama"), ckpt)
+    config = json.loads((ckpt / "config.json").read_text())
+    weights = load_file(ckpt / "model.safetensors")
+    rows = config["vocab_size"] = config["vocab_size"] - 20
+    weights = {k: v[:rows] if k in ("model.embed_tokens.weight", "lm_head.weight") else v for k, v in weights.items()}
+    (ckpt / "config.json").write_text(json.dumps(config))
+    save_file(weights, ckpt / "model.safetensors", metadata={"format": "pt"})
+    result = CliRunner().invoke(main, ["--model", str(ckpt), "--output", str(tmp_path / "e")])
+    assert result.exit_code == 2 and f"more than the {rows} rows of its embedding table" in result.output
 
 
 def test_hub_id_offline_fails_clearly(tmp_path):
