@@ -215,3 +215,10 @@ def test_a_rebuild_leaves_the_users_old_and_partial_alone(tmp_path, tiny_checkpo
         assert result.exit_code == 0, result.output
     assert sorted(p.name for p in tmp_path.iterdir()) == ["engine", "engine.old", "engine.partial"]
     assert all((tmp_path / name / "notes.txt").read_text() == "keep" for name in ("engine.old", "engine.partial"))
+
+
+def test_a_bad_profile_value_names_the_profile(tmp_path):
+    (tmp_path / "p.json").write_text('{"max_batch_size": 0}')
+    result = CliRunner().invoke(main, ["--model", str(tmp_path), "--output", str(tmp_path / "e"),
+                                       "--profile", str(tmp_path / "p.json")])
+    assert result.exit_code == 2 and f'"max_batch_size" comes from --profile {tmp_path / "p.json"}' in result.output
