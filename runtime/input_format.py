@@ -21,6 +21,7 @@ import dataclasses
 import json
 import os
 import re
+import struct
 from dataclasses import dataclass, field
 
 from trtllm.runtime.strict_json import (  # the parsers, under this module's private names
@@ -185,6 +186,13 @@ def _logit_bias(value: object, path: str) -> dict[int, float]:
     return bias
 
 
+def _top_p(value: object, path: str) -> float:
+    top_p = _number(float, 0, 1, lo_open=True)(value, path)
+    if struct.unpack("f", struct.pack("f", top_p))[0] == 0:  # the sampler computes in float32
+        _fail(path, "a finite number in (0, 1]", value, "it is 0 in float32; 1e-30 or more keeps the top token")
+    return top_p
+
+
 _bias_value = _number(float, -MAX_ABS_LOGIT_BIAS, MAX_ABS_LOGIT_BIAS)
 _num_logprobs = _number(int, 0, MAX_NUM_LOGPROBS)
 
@@ -274,7 +282,7 @@ _penalty = _number(float, -MAX_ABS_PENALTY, MAX_ABS_PENALTY)
 _SAMPLING_FIELDS = {
     "temperature": _number(float, 0, MAX_TEMPERATURE),
     "top_k": _number(int, 0),
-    "top_p": _number(float, 0, 1, lo_open=True),
+    "top_p": lambda v, p: _top_p(v, p),
     "max_generate_length": _number(int, 0),
     "seed": _number(int, 0, MAX_SEED),
     "min_p": _number(float, 0, 1),

@@ -178,7 +178,9 @@ class SpecScheduler(Scheduler):
             return self.paused(hi, rows)
         elapsed = self.resume(hi, rows)
         pos = [0 if r is None else len(r.prompt_ids) + len(r.output_ids) - 1 for r in rows]
-        width = min(k + 1, min(self.kv.capacity - p for p in pos))  # padding stays inside every slot
+        # padding stays inside every slot, and a step is never wider than the engine's inputs go
+        # (max_input_len: TensorRT's prefill profile ends there; a larger --spec-draft-step is capped)
+        width = min(k + 1, self.engine.manifest.limits.max_input_len, min(self.kv.capacity - p for p in pos))
         ks = [min(width - 1, r.max_new_tokens - len(r.output_ids) - 1) if s in self.ready and self.speculates(r)
               else 0 for s, r in enumerate(rows)]
         drafts = {s: [self.ready[s][0]] for s in range(hi) if ks[s] > 0}

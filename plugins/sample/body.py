@@ -204,13 +204,19 @@ def _threshold(b: _Body) -> None:
     b.op("Where", "in_k", "e", "zero_f", out="e_k")
     b.op("ReduceSum", "e_k", "axes_1", out="sum_k", keepdims=1)                     # step 8
     b.op("ReduceSum", "exp_d", "axes_1", out="sum_all", keepdims=1)
-    b.op("Where", "restricted", "sum_k", "sum_all", out="denom")
+    # min-p alone: its survivors' mass over the whole vocabulary (they may be more than M)
+    b.op("GreaterOrEqual", "d", "log_min_p", out="in_min_p_all")                    # [B, V]
+    b.op("Where", "in_min_p_all", "exp_d", "zero_f", out="exp_min_p")
+    b.op("ReduceSum", "exp_min_p", "axes_1", out="sum_min_p", keepdims=1)
+    b.op("Where", "m_on", "sum_min_p", "sum_all", out="sum_unranked")
+    b.op("Where", "k_on", "sum_k", "sum_unranked", out="denom")
     b.op("Div", "e_k", "denom", out="prob")
     b.op("CumSum", "prob", "axis_1", out="excl", exclusive=1)
     b.op("Unsqueeze", "top_p", "axes_1", out="p2")
     b.op("Less", "excl", "p2", out="in_p")
     b.op("Cast", "in_p", out="in_p_i", to=TensorProto.INT64)
-    b.op("ReduceSum", "in_p_i", "axes_1", out="n", keepdims=1)                      # >= 1
+    b.op("ReduceSum", "in_p_i", "axes_1", out="n_in_p", keepdims=1)
+    b.op("Max", "n_in_p", "one_i", out="n")                                         # >= 1 even if top_p is 0
     b.op("Less", "p2", "one_f", out="p_on")
     b.op("Where", "p_on", "n", "max_top_k", out="n_eff")
     b.op("Min", "k_eff", "n_eff", out="num_kept")                                   # step 9

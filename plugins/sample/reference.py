@@ -102,12 +102,19 @@ def _keep_mask(y, t, min_p, top_k, top_p, max_top_k):
     restricted = k_on | m_on
     in_k = np.arange(max_top_k)[None, :] < k_eff                        # [B, M]
     e_k = np.where(in_k, e, f32(0))
-    denom = np.where(restricted, e_k.sum(axis=1, keepdims=True), np.exp(d).sum(axis=1, keepdims=True))
+    # Top-p renormalises over the survivors of min-p and top-k. With top-k the survivors are the
+    # first k_eff sorted values; with min-p alone they may be more than the M sorted ones, so their
+    # mass is summed over the whole vocabulary (summing the first M would inflate every probability
+    # and cut the nucleus short).
+    sum_min_p = np.where(d >= log_min_p, np.exp(d), f32(0)).sum(axis=1, keepdims=True)
+    denom = np.where(k_on, e_k.sum(axis=1, keepdims=True),
+                     np.where(m_on, sum_min_p, np.exp(d).sum(axis=1, keepdims=True)))
     prob = e_k / denom
     incl = np.cumsum(prob, axis=1, dtype=f32)
     excl = np.concatenate([np.zeros_like(incl[:, :1]), incl[:, :-1]], axis=1)  # not incl - p: exact
     p_on = (top_p < 1)[:, None]
-    n = (excl < top_p[:, None]).sum(axis=1, keepdims=True)              # >= 1
+    # >= 1 (excl[0] = 0), also for a top_p that rounded to 0 in float32 (the runtime refuses those)
+    n = np.maximum((excl < top_p[:, None]).sum(axis=1, keepdims=True), 1)
     n_eff = np.where(p_on, n, max_top_k)
     idx = np.minimum(k_eff, n_eff) - 1                                  # [B, 1]
     thr = np.take_along_axis(sy, idx, axis=1)

@@ -137,7 +137,7 @@ def _top_logprobs(ws_x, V: tl.constexpr, K, xmax, lse, out_lp, out_ids, BLOCK: t
 
 
 @triton.jit
-def _threshold(ws_y, ws_top, V: tl.constexpr, ymax, t_div, min_p, top_k, top_p, sum_all,
+def _threshold(ws_y, ws_top, V: tl.constexpr, ymax, t_div, min_p, top_k, top_p, sum_all, sum_min_p,
                M: tl.constexpr, MP: tl.constexpr, BLOCK: tl.constexpr):
     """Steps 5-9: thr, the smallest kept y (-inf when nothing is restricted)."""
     thr_m, num_gt = _select(ws_y, V, M, 0.0, 0.0, False, BLOCK)
@@ -167,7 +167,8 @@ def _threshold(ws_y, ws_top, V: tl.constexpr, ymax, t_div, min_p, top_k, top_p, 
     restricted = k_on | m_on
     e_k = tl.where(mm < k_eff, e, 0.0)
     # step 8: top-p over the renormalised survivors; excl[j] = incl[j-1], excl[0] = 0 < top_p
-    denom = tl.where(restricted, tl.sum(e_k, 0), sum_all)
+    # min-p alone: its survivors' mass over the whole vocabulary (they may be more than M)
+    denom = tl.where(k_on, tl.sum(e_k, 0), tl.where(m_on, sum_min_p, sum_all))
     incl = tl.cumsum(tl.math.div_rn(e_k, denom), 0)
     n = 1 + tl.sum(((mm < M - 1) & (incl < top_p)).to(tl.int32), 0)
     p_on = top_p < 1.0
@@ -249,19 +250,24 @@ def sample_kernel(logits, logit_bias, penalty_bias, seen, repetition_penalty, te
     tl.debug_barrier()                         # the workspace is read back by other threads
     sum_x = 0.0
     sum_all = 0.0
+    sum_min_p = 0.0
+    min_p_b = tl.load(min_p + b)
+    log_min_p = tl.where(min_p_b > 0, tl.log(tl.where(min_p_b > 0, min_p_b, 1.0)), float("-inf"))
     for start in range(0, V, BLOCK):           # S2
         offs = start + tl.arange(0, BLOCK)
         ok = offs < V
         sum_x += tl.sum(tl.exp(tl.load(ws_x + offs, mask=ok, other=float("-inf")) - xmax), 0)
         y = tl.load(ws_y + offs, mask=ok, other=float("-inf"))
-        sum_all += tl.sum(tl.exp(tl.math.div_rn(y - ymax, t_div)), 0)
+        d = tl.math.div_rn(y - ymax, t_div)
+        sum_all += tl.sum(tl.exp(d), 0)
+        sum_min_p += tl.sum(tl.where(d >= log_min_p, tl.exp(d), 0.0), 0)
     lse = tl.log(sum_x)
     _top_logprobs(ws_x, V, K, xmax, lse, top_logprobs + b.to(tl.int64) * K,
                   top_logprob_ids + b.to(tl.int64) * K, BLOCK, KP, TIES_LAST)
     token = greedy
     if t != 0:                                 # step 11: greedy rows skip the draw
-        thr = _threshold(ws_y, ws_top, V, ymax, t_div, tl.load(min_p + b), tl.load(top_k + b),
-                         tl.load(top_p + b), sum_all, M, MP, BLOCK)
+        thr = _threshold(ws_y, ws_top, V, ymax, t_div, min_p_b, tl.load(top_k + b),
+                         tl.load(top_p + b), sum_all, sum_min_p, M, MP, BLOCK)
         token = _draw(ws_y, V, ymax, t_div, thr, tl.load(uniform + b), BLOCK)
     tl.store(token_ids + b, token.to(tl.int64))
 

@@ -317,3 +317,25 @@ def test_argmax_form_gives_the_same_outputs():
                                  providers=["CPUExecutionProvider"]).run(None, greedy) for argmax in (False, True)]
     np.testing.assert_array_equal(outs[0][0], outs[1][0])
     assert (outs[1][0] == reference.sample(*greedy.values(), 64)[0]).all()
+
+
+@pytest.mark.parametrize("min_p", [0.0, 0.01])
+def test_min_p_survivors_beyond_max_top_k_renormalise_top_p(min_p):
+    """More tokens pass min-p than the sampler sorts (M = 8 of 200): top-p must still divide by all
+    of their mass. Dividing by the first M inflated every probability and cut the nucleus to one
+    token here, where it is two (the wrong variant: any min_p > 0 then differed from min_p 0)."""
+    logits = np.concatenate([[3.0, 2.9], np.zeros(198)])[None, :]
+    case = make_case(logits, 1.0, 0, 0.15, 0.5, min_p=min_p)
+    got = kept_of(case, 8)[0].astype(np.float64)
+    naive, margin = naive_row(case, 0)
+    assert margin > 1e-4
+    assert np.count_nonzero(got) == 2
+    assert_close("kept_probs", got, naive, atol=1e-6)
+
+
+def test_the_body_with_a_top_p_of_zero_keeps_the_top_token():
+    """A top_p that rounds to 0 in float32 (the runtime refuses those, the graph does not see why):
+    the nucleus is still the top token, not the top M (a threshold index of -1 wrapped to M - 1)."""
+    logits = np.random.default_rng(3).normal(size=(4, 50)).astype(np.float32)
+    case = make_case(logits, 1.0, 0, 0.0, np.array([0.0, 0.3, 0.6, 0.999]))
+    assert (run_body(case, 1, 16)[0] == np.argmax(logits, axis=1)).all()

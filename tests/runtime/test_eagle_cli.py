@@ -153,7 +153,13 @@ def test_tensorrt_and_legacy_graph_give_the_same_answers(eagle_engine, tiny_chec
         trt = build(BuildConfig(model=ckpt, output=str(root / "trt"), eagle=str(draft), backend="tensorrt", **LIMITS),
                     log=lambda m: None)
         got, profile = answers(run_cli, trt, tmp_path, batch_size=batch_size)
+        # a step wider than max_input_len (the prefill profile's top) is capped, not refused by TensorRT
+        long = [{**r, "max_generate_length": 120, "ignore_eos": True} for r in REQUESTS[:2]]
+        narrow, _ = answers(run_cli, trt, tmp_path, batch_size=batch_size, requests=long)
+        wide, _ = answers(run_cli, trt, tmp_path, "--spec-draft-step", str(LIMITS["max_input_len"] + 10),
+                          batch_size=batch_size, requests=long)
     assert same(got, want) and profile["eagle_generation"]["drafted_tokens"] > 0
+    assert same(wide, narrow)
     m = mf.load(trt)
     assert m.eagle["draft_step"] == 4  # a GPU verifies several tokens for about the price of one
     assert (trt / m.eagle["plan"]).is_file() and [p["name"] for p in m.eagle["profiles"]] == ["prefill", "decode"]

@@ -255,6 +255,7 @@ ERROR_CASES = [
     (_set("temperature", math.inf), "temperature"),
     (_set("top_p", 0), "top_p"),
     (_set("top_p", 1.01), "top_p"),
+    (_set("top_p", 1e-46), "top_p"),  # 0 in float32, where the sampler computes
     (_set("top_k", 2.0), "top_k"),
     (_set("top_k", -1), "top_k"),
     (_set("top_k", False), "top_k"),
