@@ -83,8 +83,11 @@ def main(model, output, profile, lora, eagle, no_verify, **options):
                              verify=not no_verify, tensorrt_options=given, **values)
     except ConfigError as e:
         # a value the profile gave: say so, the flag the message names was not on the command line
-        from_profile = [key for key in profile_defaults(profile) if options.get(key) is None
-                        and f"--{key.replace('_', '-')} " in f"{e} "]
+        try:
+            given = profile_defaults(profile)
+        except ConfigError:  # the profile itself is what is wrong
+            given = {}
+        from_profile = [key for key in given if options.get(key) is None and f"--{key.replace('_', '-')} " in f"{e} "]
         where = f" (\"{from_profile[0]}\" comes from --profile {profile})" if from_profile else ""
         raise click.UsageError(f"{e}{where}") from e
     from trtllm.builder.checkpoint import CheckpointError
