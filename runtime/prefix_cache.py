@@ -31,8 +31,8 @@ import math
 import os
 import re
 import struct
-import time
 import tempfile
+import time
 import warnings
 import zlib
 from pathlib import Path
