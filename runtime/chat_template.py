@@ -242,11 +242,20 @@ class ChatTemplate:
           3. no system text before the user turn (none given, a default injected by the template,
              or moved to a later turn): P less the user-turn header H (`_user_header`), the cut
              moved past any special token it would split. "" when that cannot be found.
-        Without a user message it is the render of the leading system messages alone.
+        Without a user message (e.g. only an assistant turn to continue) it is the prefix the
+        leading system messages would get before a user turn, so that a template's injected default
+        system prompt counts the same with or without one; if `text` does not start with that, it
+        is the render of the leading system messages alone.
         """
         first_user = next((i for i, m in enumerate(messages) if m.get("role") == "user"), None)
         if first_user is None:
             num_system = next((i for i, m in enumerate(messages) if m.get("role") != "system"), len(messages))
+            probe = [*messages[:num_system], {"role": "user", "content": _USER_A}]
+            probe_text = self._try_render(probe, add_generation_prompt, kwargs)
+            if probe_text is not None:
+                prefix = self._system_prefix(probe, probe_text, add_generation_prompt, kwargs)
+                if prefix and text.startswith(prefix):
+                    return prefix
             alone = self._try_render(messages[:num_system], False, kwargs) or ""
             return text[:_common_prefix_len(alone, text)]
         render_a = self._try_render(_with_content(messages, first_user, _USER_A), add_generation_prompt, kwargs)

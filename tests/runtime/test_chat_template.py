@@ -226,6 +226,11 @@ def test_system_prefix(pair, add_generation_prompt, extra):
         got = ours.format(CONVERSATIONS[conversation], add_generation_prompt, **extra)
         assert got.system_prefix == without, conversation
         assert got.text.startswith(got.system_prefix)
+    # An assistant turn alone (a reply to continue) gets the same prefix as a user turn would,
+    # including a default system prompt the template injects (SmolLM2's).
+    if name not in ("mistral", "gemma"):  # these refuse a conversation that does not start with a user
+        alone = ours.format([{"role": "assistant", "content": "Sure"}], add_generation_prompt, **extra)
+        assert alone.system_prefix == without
     for conversation in ("system", "system_multi"):
         messages = CONVERSATIONS[conversation]
         if with_system is None:
