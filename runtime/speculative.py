@@ -168,13 +168,13 @@ class SpecScheduler(Scheduler):
     def decode(self) -> None:
         hi = max(self.active) + 1
         rows = [self.active.get(s) for s in range(hi)]
-        k = self.k
-        if self.policy is not None:
-            spec = sum(self.speculates(r) for r in rows)
+        spec = sum(self.speculates(r) for r in rows)
+        k = self.k if spec else 0  # no row speculates (all sampling, or disable_spec_decode): a plain step
+        if self.policy is not None and spec:
             live = sum(r is not None and not r.finish_reason for r in rows)
-            k = self.policy.choose(hi, spec, live - spec) if spec else 0
+            k = self.policy.choose(hi, spec, live - spec)
         self.timing.draft_steps[k] = self.timing.draft_steps.get(k, 0) + 1
-        if k == 0 and self.policy is not None:
+        if k == 0:
             return self.paused(hi, rows)
         elapsed = self.resume(hi, rows)
         pos = [0 if r is None else len(r.prompt_ids) + len(r.output_ids) - 1 for r in rows]
@@ -223,11 +223,12 @@ class SpecScheduler(Scheduler):
         self.timing.generation_seconds += step_time + elapsed + ahead + catch
 
     def paused(self, hi: int, rows: list) -> None:
-        """auto's k = 0: a plain step; each speculating row keeps its (hidden state, token) pair for
+        """k = 0 (auto's pause, or no row speculating): a plain step; each speculating row keeps its (hidden state, token) pair for
         the draft, which catches up on them when drafting resumes (or once PAUSE_FLUSH are kept)."""
         pos = {s: len(r.prompt_ids) + len(r.output_ids) - 1 for s, r in enumerate(rows) if self.speculates(r)}
         out, step_time = super().decode()
-        self.policy.record_step(hi, 1, step_time)
+        if self.policy is not None:
+            self.policy.record_step(hi, 1, step_time)
         for s, p in pos.items():
             self.ready.pop(s, None)  # proposed before the pause: stale
             if rows[s].finish_reason:

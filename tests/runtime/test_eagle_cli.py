@@ -60,13 +60,27 @@ def test_speculation_changes_no_answer(eagle_engine, run_cli, tmp_path, batch_si
         spec = profile["eagle_generation"]
         assert spec["draft_step"] == int(step) and spec["total_iterations"] > 0
         assert spec["drafted_tokens"] > 0 and 0 <= spec["accepted_tokens"] <= spec["drafted_tokens"]
-        assert spec["draft_steps"] == {step: spec["total_iterations"]}
+        # a step with no greedy row left to speculate is a plain one ("0"), not a verification
+        assert set(spec["draft_steps"]) <= {"0", step} and spec["draft_steps"][step] == spec["total_iterations"]
+        assert sum(spec["draft_steps"].values()) == profile["generation"]["total_runs"]
     got, profile = answers(run_cli, engine, tmp_path, batch_size=batch_size)  # auto, the default
     assert got == plain
     spec = profile["eagle_generation"]
     assert spec["draft_step"] == "auto" and set(spec["draft_steps"]) <= {"0", "1", "2", "3", "4"}
     assert sum(spec["draft_steps"].values()) == profile["generation"]["total_runs"]
     assert spec["total_iterations"] == sum(n for k, n in spec["draft_steps"].items() if k != "0")
+
+
+@pytest.mark.parametrize("step", ["2", "auto"])
+def test_no_speculating_row_takes_plain_steps(eagle_engine, run_cli, tmp_path, step):
+    """Sampling rows and disable_spec_decode never speculate: every decode step is a plain one."""
+    engine, _ = eagle_engine
+    requests = [REQUESTS[1], REQUESTS[3]]
+    plain, _ = answers(run_cli, engine, tmp_path, "--spec-draft-step", "0", requests=requests)
+    got, profile = answers(run_cli, engine, tmp_path, "--spec-draft-step", step, requests=requests)
+    spec = profile["eagle_generation"]
+    assert got == plain and spec["total_iterations"] == 0 and spec["drafted_tokens"] == 0
+    assert spec["draft_steps"] == {"0": profile["generation"]["total_runs"]}
 
 
 @pytest.mark.parametrize("value", ["-1", "two", "1.5"])
