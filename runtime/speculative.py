@@ -40,7 +40,7 @@ import numpy as np
 from trtllm.runtime import sampling
 from trtllm.runtime.draft_policy import DraftPolicy
 from trtllm.runtime.engine import StepInputs
-from trtllm.runtime.generate import RowState, Scheduler, runs
+from trtllm.runtime.generate import RowState, Scheduler, adapter_key, runs
 from trtllm.runtime.kv_cache import KVCacheManager
 from trtllm.runtime.manifest import Manifest
 
@@ -104,6 +104,7 @@ class SpecScheduler(Scheduler):
         # because speculation was paused (auto's k = 0)
         self.kept: dict[int, tuple[int, list[int], list[np.ndarray]]] = {}
         self.flush_at = min(PAUSE_FLUSH, engine.manifest.limits.max_input_len)
+        self.save_head: set[int] = set()  # id() of rows whose prefill saves the head's prefix KV
 
     def speculates(self, row: RowState | None) -> bool:
         return row is not None and not row.finish_reason and row.speculative and greedy(row.params)
@@ -146,7 +147,7 @@ class SpecScheduler(Scheduler):
             self.timing.prefill_seconds += self.catch_up(start, rows, tokens, out.hidden, inputs.write_index.tolist(),
                                                          prompt=True)
         for b, r in enumerate(rows):
-            if (tokens[b] and r.save_prefix and self.prefixes and r.num_reused == 0
+            if (tokens[b] and id(r) in self.save_head and self.prefixes and r.num_reused == 0
                     and 1 < len(r.prefix_ids) < len(r.prompt_ids)):
                 self.prefixes.save(r.prefix_ids, self.dkv.read(start + b, len(r.prefix_ids) - 1), draft_key(r))
 
@@ -155,9 +156,12 @@ class SpecScheduler(Scheduler):
         draft = None
         if speculating and self.prefixes and row.prefix_ids:
             draft = self.prefixes.load(row.prefix_ids, draft_key(row))
-            if draft is None and row.save_prefix:
-                # Saved by a request that did not speculate: the head's KV is not there. Computing the
-                # whole prompt saves it next to the model's, so later requests restore both.
+            if draft is None:
+                # No head KV (the model's was saved by a request that did not speculate, or nothing
+                # was): the whole prompt is computed, so the draft proposes as in an uncached run,
+                # and the head's KV is saved next to the model's so that later requests restore both.
+                if row.save_prefix or self.prefixes.load(row.prefix_ids, adapter_key(row)) is not None:
+                    self.save_head.add(id(row))
                 return
         super().restore_prefix(row)
         if row.num_reused and speculating:

@@ -117,6 +117,26 @@ def test_saved_system_prompt_reuse(eagle_engine, run_cli, tmp_path):
     assert first == plain and again == plain
 
 
+def test_restored_prompt_without_head_kv_proposes_as_uncached(eagle_engine, run_cli, tmp_path):
+    """Speculating requests that do not save, on a prompt whose model KV was saved without the
+    head's: they compute it whole (the draft needs its hidden states) and save the head's KV, so
+    their proposals, and every later run's, are those of an uncached run."""
+    engine, _ = eagle_engine
+    system = {"role": "system", "content": "You are a careful assistant who answers briefly."}
+    reqs = [{"messages": [system, {"role": "user", "content": t}]} for t in ("Edge devices", "The quick brown fox")]
+    cache = ["--kv-cache-dir", str(tmp_path / "kv")]
+    saving = [{**r, "save_system_prompt_kv_cache": True} for r in reqs]
+    answers(run_cli, engine, tmp_path, "--spec-draft-step", "0", *cache, requests=saving)
+    assert len(list((tmp_path / "kv").glob("*.kv"))) == 1  # the model's KV only
+    uncached, profile = answers(run_cli, engine, tmp_path, "--spec-draft-step", "2", requests=reqs)
+    want = profile["eagle_generation"]["accepted_tokens"]
+    for reused in (False, True):
+        got, profile = answers(run_cli, engine, tmp_path, "--spec-draft-step", "2", *cache, requests=reqs)
+        assert got == uncached and profile["eagle_generation"]["accepted_tokens"] == want
+        assert (profile["prefill"]["reused_tokens"] > 0) == reused
+        assert len(list((tmp_path / "kv").glob("*.kv"))) == 2
+
+
 @pytest.mark.parametrize("change, message", [
     (lambda d: (d / "config.json").write_text(json.dumps({**json.loads((d / "config.json").read_text()),
                                                           "architectures": ["LlamaForCausalLMEagle"]})),
