@@ -207,10 +207,12 @@ def build_plan(onnx_path: Path, profiles: list[Profile], *, workspace_gib: float
     if hasattr(trt.BuilderFlag, "MONITOR_MEMORY"):  # 10.6+: reports build-time memory use (the workspace bounds it)
         config.set_flag(trt.BuilderFlag.MONITOR_MEMORY)
     cache_bytes = timing_cache.read_bytes() if timing_cache and timing_cache.is_file() else b""
-    cache = config.create_timing_cache(cache_bytes)
-    if not config.set_timing_cache(cache, ignore_mismatch=False):
-        # A cache from another TensorRT or GPU is refused: start afresh (and overwrite it below).
-        log(f"TensorRT: timing cache {timing_cache} is from another TensorRT version or GPU; starting a new one")
+    cache = config.create_timing_cache(cache_bytes)  # None when TensorRT cannot read the bytes at all
+    if cache is None or not config.set_timing_cache(cache, ignore_mismatch=False):
+        # A cache from another TensorRT or GPU is refused, a corrupt one unreadable: start afresh (and
+        # overwrite it below). Polygraphy recovers the same way (backend/trt/config.py).
+        log(f"TensorRT: timing cache {timing_cache} is unreadable or from another TensorRT version or GPU; "
+            "starting a new one")
         cache = config.create_timing_cache(b"")
         config.set_timing_cache(cache, ignore_mismatch=False)
     for prof in profiles:

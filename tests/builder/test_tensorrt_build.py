@@ -167,11 +167,13 @@ def test_build_writes_plan_and_manifest(tiny_checkpoint, tmp_path):
     assert json.loads((tmp_path / "e" / "verify.json").read_text())["tokens_agree"]
 
 
-def test_timing_cache_from_another_tensorrt_is_replaced(tiny_checkpoint, tmp_path):
+@pytest.mark.parametrize("stale", [b"fake-timing-cache 10.3.0.26",  # what another TensorRT wrote
+                                   b"\x00 not a timing cache"])    # unreadable: create_timing_cache gives None
+def test_unusable_timing_cache_is_replaced(tiny_checkpoint, tmp_path, stale):
     cache = tmp_path / "timing.bin"
-    cache.write_bytes(b"fake-timing-cache 10.3.0.26")  # what another TensorRT wrote
+    cache.write_bytes(stale)
     logs = build_trt(tiny_checkpoint("llama"), tmp_path / "e", timing_cache=str(cache))
-    assert any("is from another TensorRT version or GPU; starting a new one" in line for line in logs)
+    assert any("from another TensorRT version or GPU; starting a new one" in line for line in logs)
     assert cache.read_bytes() == b"fake-timing-cache 10.16.0.1"
 
 

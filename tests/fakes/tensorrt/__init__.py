@@ -44,9 +44,9 @@ class MemoryPoolType(enum.IntEnum):
     WORKSPACE = 0
 
 
-class BuilderFlag(enum.IntEnum):
-    TF32 = 0
-    MONITOR_MEMORY = 19
+class BuilderFlag(enum.IntEnum):  # TensorRT 10.16's values
+    TF32 = 6
+    MONITOR_MEMORY = 25
 
 
 class TensorIOMode(enum.Enum):
@@ -190,6 +190,10 @@ class _BuilderConfig:
         self.flags.add(flag)
 
     def create_timing_cache(self, data):
+        """None for bytes that are not a timing cache at all, as real TensorRT's binding returns
+        createTimingCache's nullptr."""
+        if data and not bytes(data).startswith(b"fake-timing-cache"):
+            return None
         return _TimingCache(data)
 
     def set_timing_cache(self, cache, ignore_mismatch):
