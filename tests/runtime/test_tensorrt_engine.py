@@ -100,6 +100,19 @@ def test_the_plan_decides_the_kv_binding(engines, run_cli, tmp_path, graph, wron
         same(outputs(run_cli, engine), want)
 
 
+@pytest.mark.parametrize("graph", ["modern", "legacy"])
+def test_without_the_alias_query_the_manifest_decides(engines, run_cli, monkeypatch, graph):
+    """A TensorRT whose engine cannot report aliases (no get_aliased_input_tensor): the manifest's
+    kv_update says how present_* is bound."""
+    env = {"FAKE_TRT_VERSION": "10.3.0.30"} if graph == "legacy" else {}
+    want = outputs(run_cli, engines / "ort")
+    with fakes.installed(**env):
+        import tensorrt
+
+        monkeypatch.delattr(tensorrt.ICudaEngine, "get_aliased_input_tensor")
+        same(outputs(run_cli, engines / graph), want)
+
+
 def test_profiles_switch_between_prefill_and_decode(engines):
     from trtllm.runtime import sampling
     from trtllm.runtime.engine import load_engine
