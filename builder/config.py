@@ -139,6 +139,9 @@ class BuildConfig:
             raise ConfigError(f"--activations {self.activations} needs --quantization int8|int4 on ONNX Runtime (our "
                               f"quantized kernel quantizes its activations), got --quantization {self.quantization} "
                               f"--backend {self.backend}")
+        if self.cpu_kernels == "native" and (self.graph == "legacy" or self.backend == "tensorrt"):
+            raise ConfigError(f"--cpu-kernels native runs the modern graph on ONNX Runtime, got --graph {self.graph} "
+                              f"--backend {self.backend}")
         if self.graph == "legacy" and self.quantization != "none":
             raise ConfigError(f"--quantization {self.quantization} needs the modern graph: block-wise and int4 "
                               "DequantizeLinear are opset 21, the legacy graph is opset 20 (TensorRT 10.3)")

@@ -69,6 +69,9 @@ def export_onnx(ck: ckpt.Checkpoint, config: BuildConfig, out_dir: Path, log, ba
     max_top_k = min(MAX_TOP_K, spec.vocab_size)
     quant = QuantScheme.named(config.quantization, config.activations)
     if quant:
+        check_blocks(spec, quant, "the model")
+        if draft:
+            check_blocks(draft.spec, quant, f"the EAGLE head {config.eagle}")
         log(f"quantizing the linear layers to int{quant.bits} (block {quant.block_size}, {quant.method})")
     if config.max_lora_rank:
         log(f"LoRA inputs on every layer's qkv, o, gate|up and down projections (rank <= {config.max_lora_rank})")
@@ -116,6 +119,17 @@ def export_onnx(ck: ckpt.Checkpoint, config: BuildConfig, out_dir: Path, log, ba
         save(ort_model, out_dir, ORT_SOURCE)
     section = export_draft(draft, config, out_dir, log, num_positions, quant, native, backend) if draft else {}
     return spec, max_top_k, num_positions, lowerings, section
+
+
+def check_blocks(spec, quant: QuantScheme, what: str) -> None:
+    """Each quantized MatMul's input features must split into whole blocks: hidden_size (q/k/v,
+    gate/up, lm_head), heads x head_dim (o_proj) and intermediate_size (down_proj)."""
+    sizes = {"hidden_size": spec.hidden_size, "num_attention_heads x head_dim": spec.num_heads * spec.head_dim,
+             "intermediate_size": spec.intermediate_size}
+    bad = [f"{name} {n}" for name, n in sizes.items() if n % quant.block_size]
+    if bad:
+        raise ConfigError(f"--quantization int{quant.bits}: {what} has {', '.join(bad)}, not a "
+                          f"multiple of the quantization block ({quant.block_size}); build it unquantized")
 
 
 def export_draft(draft: "eagle.Draft", config: BuildConfig, out_dir: Path, log, num_positions: int,
@@ -346,6 +360,9 @@ def build(config: BuildConfig, log=print) -> Path:
             log(f"verified: max |logit error| {report['max_abs_error']:.2e} over {report['num_positions']} "
                 f"positions (greedy tokens agree: {report['tokens_agree']}); top-1 agreement "
                 f"{report['top1_agreement']:.1%} over {report['agreement_positions']} positions of a fixed text")
+            for name, a in report.get("adapters", {}).items():
+                log(f"verified adapter {name}: max |logit error| {a['max_abs_error']:.2e} (greedy tokens agree: "
+                    f"{a['tokens_agree']}); top-1 agreement {a['top1_agreement']:.1%}")
             if "eagle" in report:
                 e = report["eagle"]
                 log(f"verified the EAGLE outputs: eagle_hidden within {e['hidden_max_abs_error']:.2e}, the draft head "

@@ -42,6 +42,9 @@ ARCHS = ["llama", "mistral", "qwen2", "qwen3"]
     (["--activations", "int8", "--quantization", "int4", "--backend", "tensorrt"], "--backend tensorrt"),
     (["--activations", "int4"], "Invalid value for '--activations'"),
     (["--activations", "int16", "--quantization", "int4", "--cpu-kernels", "onnxruntime"], "MatMulNBits always"),
+    (["--graph", "legacy", "--cpu-kernels", "native"], "--cpu-kernels native runs the modern graph"),
+    (["--profile", "tensorrt-legacy", "--backend", "onnxruntime", "--cpu-kernels", "native"],
+     "--cpu-kernels native runs the modern graph"),
 ])
 def test_refused_options(tmp_path, args, needle):
     result = CliRunner().invoke(main, ["--model", str(tmp_path), "--output", str(tmp_path / "e"), *args])

@@ -307,3 +307,26 @@ def test_integer_activation_answers_do_not_depend_on_batching(integer_activation
     saved, reused = answers(1, save=True, cache="kv")  # request 0 saves, 1-4 restore the system prompt
     assert reused > 0 and saved == alone
     assert answers(4, save=True, cache="kv")[0] == alone  # a later run restores it for all five
+
+
+def test_dimension_off_the_block_is_a_config_error(tiny_checkpoint, tmp_path):
+    """intermediate_size 100 cannot split into blocks of 32: refused up front (exit 2), naming it."""
+    import shutil
+
+    from click.testing import CliRunner
+    from safetensors.torch import load_file, save_file
+
+    from trtllm.builder.cli import main
+
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(tiny_checkpoint("llama"), ckpt)
+    config = json.loads((ckpt / "config.json").read_text())
+    config["intermediate_size"] = 100
+    weights = {k: (v[:100] if "gate_proj" in k or "up_proj" in k else v[:, :100] if "down_proj" in k else v)
+               for k, v in load_file(ckpt / "model.safetensors").items()}
+    (ckpt / "config.json").write_text(json.dumps(config))
+    save_file({k: v.contiguous() for k, v in weights.items()}, ckpt / "model.safetensors", metadata={"format": "pt"})
+    result = CliRunner().invoke(main, ["--model", str(ckpt), "--output", str(tmp_path / "e"), "--quantization", "int4"])
+    assert result.exit_code == 2, result.output
+    assert "intermediate_size 100, not a multiple of the quantization block (32)" in result.output
+    assert not (tmp_path / "e").exists()

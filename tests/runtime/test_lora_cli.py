@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
+
 import pytest
 
 from scripts.bench_lora import ALL
@@ -162,3 +164,45 @@ def test_the_build_check_catches_an_adapter_the_engine_gets_wrong(tiny_checkpoin
     with pytest.raises(verify.VerifyError, match="with adapter x differ from transformers"):
         build(BuildConfig(model=ckpt, output=str(tmp_path / "e"), lora=(("x", str(adapter)),), **LIMITS),
               log=lambda m: None)
+
+
+def test_the_build_check_judges_adapters_of_a_float16_engine(tiny_checkpoint, tmp_path, monkeypatch):
+    """Not only float32 engines: a float16 engine's adapter must reach the agreement floor too (the
+    wrong variant again: transformers without the adapter merged)."""
+    from trtllm.builder import verify
+
+    ckpt = str(tiny_checkpoint("llama"))
+    probe = build(BuildConfig(model=ckpt, output=str(tmp_path / "probe"), max_lora_rank=4, verify=False, **LIMITS),
+                  log=lambda m: None)
+    adapter = random_adapter(tmp_path / "adapter", mf.load(probe), 4, seed=5)
+    config = BuildConfig(model=ckpt, output=str(tmp_path / "e"), lora=(("x", str(adapter)),), dtype="float16", **LIMITS)
+    logs = []
+    build(config, log=logs.append)
+    assert any(line.startswith("verified adapter x:") for line in logs)
+    monkeypatch.setattr(verify, "merged_model", lambda model, adapter, manifest: model)
+    with pytest.raises(verify.VerifyError, match="top-1 token with adapter x agrees with transformers at"):
+        build(config, log=lambda m: None)
+
+
+def test_the_build_check_refuses_logits_that_are_not_finite(tiny_checkpoint, tmp_path, monkeypatch):
+    """One NaN position must fail the build (a NaN error compares False with every bound)."""
+    from trtllm.builder import verify
+
+    real = verify.engine_logits
+
+    def one_nan(*args, **kwargs):
+        chosen, logits = real(*args, **kwargs)
+        logits[min(3, len(logits) - 1)] = np.nan
+        return chosen, logits
+
+    monkeypatch.setattr(verify, "engine_logits", one_nan)
+    with pytest.raises(verify.VerifyError, match="logits are not finite at 1 of"):
+        build(BuildConfig(model=str(tiny_checkpoint("llama")), output=str(tmp_path / "e"), **LIMITS), log=lambda m: None)
+    assert not (tmp_path / "e").exists()
+
+
+def test_agreement_floor_allows_one_mismatch_on_a_short_text():
+    from trtllm.builder.verify import allowed_mismatches
+
+    assert allowed_mismatches(9, 0.95) == 1 and allowed_mismatches(127, 0.98) == 2
+    assert allowed_mismatches(127, 0.90) == 12 and allowed_mismatches(100, 0.90) == 10
