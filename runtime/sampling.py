@@ -92,7 +92,8 @@ class SamplingBatch:
     top_k: np.ndarray               # int64 [B]
     top_p: np.ndarray               # f32 [B]
     uniform: np.ndarray             # f32 [B]
-    dirty: np.ndarray               # bool [B]: the row's [B, V] arrays changed since a device copy took them
+    version: np.ndarray             # int64 [B]: bumped when the row's [B, V] arrays change (a device copy
+                                    # of a row is current while it holds the row's version)
     num_logprobs: int               # K for the whole batch (>= 1 in the graph; rows slice their own)
 
 
@@ -108,7 +109,7 @@ def empty_batch(num_rows: int, vocab_size: int, num_logprobs: int, max_top_k: in
         top_k=np.zeros(num_rows, np.int64),
         top_p=np.ones(num_rows, np.float32),
         uniform=np.zeros(num_rows, np.float32),
-        dirty=np.ones(num_rows, np.bool_),
+        version=np.zeros(num_rows, np.int64),
         # The graph takes its logprobs from the sampler's top-M, so K <= M (only a vocabulary
         # under 50 tokens has M < 50, and then there are no more tokens to list anyway).
         num_logprobs=min(max(num_logprobs, 1), max_top_k),
@@ -137,7 +138,7 @@ def set_row(batch: SamplingBatch, row: int, p: SamplingParams, max_top_k: int,
     batch.min_p[row] = p.min_p
     batch.top_k[row] = top_k
     batch.top_p[row] = p.top_p
-    batch.dirty[row] = True
+    batch.version[row] += 1
 
 
 def make_batch(params: list[SamplingParams], vocab_size: int, max_top_k: int,
@@ -163,15 +164,15 @@ def penalize(batch: SamplingBatch, row: int, params: SamplingParams, counts: dic
         batch.penalty_bias[row, token_id] = -(params.frequency_penalty * count + params.presence_penalty)
         if params.repetition_penalty != 1:
             batch.seen[row, token_id] = True
-        batch.dirty[row] = True
+        batch.version[row] += 1
     if params.min_new_tokens and num_generated == params.min_new_tokens:  # the ban ends now
         for t in banned:
             c = counts.get(t, 0)
             batch.penalty_bias[row, t] = -(params.frequency_penalty * c + params.presence_penalty * (c > 0))
-        batch.dirty[row] = True
+        batch.version[row] += 1
     elif params.min_new_tokens and num_generated < params.min_new_tokens and token_id in banned:
         batch.penalty_bias[row, token_id] = -np.inf  # still banned, whatever the count says
-        batch.dirty[row] = True
+        batch.version[row] += 1
 
 
 def draw(batch: SamplingBatch, rngs: list[np.random.Generator | None]) -> None:

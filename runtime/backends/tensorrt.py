@@ -210,20 +210,22 @@ class TensorRTEngine:
             self.held[name] = array
         self.set_address(name, self.buffers[name].ptr)
 
-    def bind_vocab_rows(self, name: str, array: np.ndarray, dirty: np.ndarray) -> None:
+    def bind_vocab_rows(self, name: str, array: np.ndarray, version: np.ndarray) -> None:
         """A [B, V] sampler input, uploaded row by row and only where the device row holds something
-        else: rows change only when a request is admitted or penalised (set_row / penalize mark them
-        dirty), so a decode step without penalties uploads none of the B x V bytes."""
+        else: rows change only when a request is admitted or penalised (set_row / penalize bump the
+        row's version), so a decode step without penalties uploads none of the B x V bytes. A device
+        row records the version it took: a host row copied to another device row (a slot prefilled
+        alone goes to device row 0) leaves the copy in its own device row stale, and it is seen so."""
         self.set_shape(name, array.shape)
         ptr, row_bytes = self.buffers[name].ptr, array.strides[0]
         base = array if array.base is None else array.base
         start = (array.ctypes.data - base.ctypes.data) // row_bytes
-        held = self.device_rows.setdefault(name, {})   # device row -> (host base array, its row)
+        held = self.device_rows.setdefault(name, {})   # device row -> (host base array, its row, version)
         for r in range(array.shape[0]):
-            held_base, held_row = held.get(r, (None, None))
-            if dirty[r] or held_base is not base or held_row != start + r:
+            held_base, held_row, held_version = held.get(r, (None, None, None))
+            if held_base is not base or held_row != start + r or held_version != version[r]:
                 self.stream.upload(ptr + r * row_bytes, array[r])   # the host row outlives the sync
-                held[r] = (base, start + r)
+                held[r] = (base, start + r, int(version[r]))
         self.set_address(name, ptr)
 
     def set_address(self, name: str, ptr: int) -> None:
@@ -254,8 +256,7 @@ class TensorRTEngine:
         for name, array in (inputs.lora or self.no_adapter).items():
             self.bind_held(name, array, alive)
         for name, array in ((io.logit_bias, s.logit_bias), (io.penalty_bias, s.penalty_bias), (io.seen, s.seen)):
-            self.bind_vocab_rows(name, array, s.dirty)
-        s.dirty[:] = False  # every [B, V] row of this view is on the device now
+            self.bind_vocab_rows(name, array, s.version)
         copies = self.bind_kv(kv)
         for name in (io.token_ids, io.top_logprobs, io.top_logprob_ids, io.logits) + \
                 ((io.verify_ids, io.eagle_hidden) if self.manifest.eagle else ()):

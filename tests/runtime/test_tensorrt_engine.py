@@ -130,6 +130,35 @@ def test_profiles_switch_between_prefill_and_decode(engines):
         engine.close()
 
 
+def test_a_freed_slot_does_not_keep_its_last_requests_logit_bias(engines):
+    """A request admitted into a freed slot is prefilled alone (its sampler rows go to device row
+    0); the device row of its own slot must not keep the previous request's [B, V] rows."""
+    from trtllm.runtime import sampling
+    from trtllm.runtime.generate import RowState, run_rows
+
+    def row(prompt, n, **kw):
+        params = sampling.SamplingParams(temperature=0.0, max_new_tokens=n, **kw)
+        return RowState(prompt_ids=prompt, params=params, rng=np.random.default_rng(0), eos_ids=frozenset())
+
+    def batched_and_alone(engine):
+        rows = [row([10, 11, 12], 12), row([20, 21], 1, logit_bias={5: 100.0}), row([30, 31, 32], 6)]
+        run_rows(engine, rows, 2)  # the third takes the second's slot when it is done
+        alone = row([30, 31, 32], 6)
+        run_rows(engine, [alone], 1)
+        return rows[2].output_ids, alone.output_ids
+
+    from trtllm.runtime.engine import load_engine
+
+    ort = load_engine(engines / "ort")
+    want, want_alone = batched_and_alone(ort)
+    ort.close()
+    assert want == want_alone and 5 not in want
+    with fakes.installed():
+        engine = load_engine(engines / "modern")
+        assert batched_and_alone(engine) == (want, want)
+        engine.close()
+
+
 def test_shape_outside_the_profile_names_the_limits(engines):
     from trtllm.runtime import sampling
     from trtllm.runtime.engine import StepInputs, load_engine
