@@ -13,23 +13,6 @@ def check_common(config) -> None:
         raise ValueError(f"config.hidden_act must be 'silu', got {act!r}")
     if getattr(config, "mlp_bias", False):
         raise ValueError("config.mlp_bias must be false, got True")
-    layer_types = getattr(config, "layer_types", None) or []
-    if any(t != "full_attention" for t in layer_types) and len(set(layer_types)) > 1:
-        raise ValueError(f"config.layer_types must be all the same, got {sorted(set(layer_types))!r}: "
-                         "mixed sliding/full attention layers are not supported yet")
-
-
-def sliding_window(config) -> int | None:
-    """The window when every layer slides, else None (HF ignores sliding_window unless enabled)."""
-    window = getattr(config, "sliding_window", None)
-    if not window:
-        return None
-    if hasattr(config, "use_sliding_window") and not config.use_sliding_window:
-        return None
-    layer_types = getattr(config, "layer_types", None)
-    if layer_types and all(t == "full_attention" for t in layer_types):
-        return None
-    return int(window)
 
 
 def base_spec(config, architecture: str, **overrides) -> DecoderSpec:

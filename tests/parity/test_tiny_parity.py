@@ -102,6 +102,15 @@ def untied_head_kept(config, weights):
 VARIANTS = {
     # Mistral with a window shorter than the prompt: the in-graph window mask matches HF
     "mistral window 8": ("mistral", lambda c, w: setattr(c, "sliding_window", 8)),
+    # Mistral slides whatever Qwen's use_sliding_window says (transformers' Mistral reads
+    # sliding_window alone; a Mistral config with layer_types loads as Ministral, which is refused)
+    "mistral window 8, use_sliding_window false": ("mistral", lambda c, w: (
+        setattr(c, "sliding_window", 8), setattr(c, "use_sliding_window", False))),
+    # Qwen2 with every layer sliding (use_sliding_window, layer_types), and with the switch off
+    "qwen2 window 8": ("qwen2", lambda c, w: (
+        setattr(c, "sliding_window", 8), setattr(c, "use_sliding_window", True), setattr(c, "max_window_layers", 0),
+        setattr(c, "layer_types", ["sliding_attention"] * c.num_hidden_layers))),
+    "qwen2 window off": ("qwen2", lambda c, w: (setattr(c, "sliding_window", 8), setattr(c, "use_sliding_window", False))),
     # Llama ignores sliding_window: an engine with a window would be wrong past it
     "llama ignores sliding_window": ("llama", lambda c, w: setattr(c, "sliding_window", 8)),
     "llama attention_bias": ("llama", with_attention_bias),
@@ -126,6 +135,16 @@ def test_config_variants_match_transformers(name, tmp_path):
     with torch.no_grad():
         ref = model(torch.tensor([prompt + generated[:-1]])).logits[0, len(prompt) - 1:].numpy()
     np.testing.assert_allclose(got, ref, atol=ATOL, rtol=0)
+
+
+def test_mixed_sliding_and_full_layers_are_refused(tmp_path):
+    from trtllm.builder.architectures import spec_for
+
+    ckpt = variant(tmp_path, "qwen2", lambda c, w: (
+        setattr(c, "sliding_window", 8), setattr(c, "use_sliding_window", True),
+        setattr(c, "layer_types", ["full_attention", "sliding_attention"])))
+    with pytest.raises(ValueError, match="mixed sliding/full attention layers are not supported yet"):
+        spec_for(hf_model(ckpt))
 
 
 def test_a_class_without_a_graph_is_refused(tmp_path):
