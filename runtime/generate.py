@@ -250,14 +250,16 @@ class Scheduler:
 
     def accept(self, slot: int, out, b: int) -> None:
         top = (out.top_logprobs[b].copy(), out.top_logprob_ids[b].copy()) if self.want_top else None
-        self.accept_token(slot, int(out.token_ids[b]), top)
+        self.accept_token(slot, int(out.token_ids[b]), top, finite=bool(np.isfinite(out.top_logprobs[b, 0])))
 
-    def accept_token(self, slot: int, token: int, top=None) -> None:
+    def accept_token(self, slot: int, token: int, top=None, finite: bool = True) -> None:
+        """`finite`: the row's top log-probability is a number. It is NaN when any logit is NaN or
+        +inf (an overflow: a float16 engine, a LoRA adapter with huge weights), and the sampler then
+        answers token 0 or a token past the vocabulary: either way that row alone fails."""
         row = self.active[slot]
-        if not 0 <= token < self.batch.logit_bias.shape[1]:
-            # Only non-finite logits make the sampler answer past the vocabulary: that row alone fails.
-            row.fail(f"the sampler returned token id {token}, outside the vocabulary: the request's "
-                     "logits were not finite")
+        if not finite or not 0 <= token < self.batch.logit_bias.shape[1]:
+            row.fail(f"the request's logits were not finite (NaN or infinite) at its token {len(row.output_ids) + 1}: "
+                     "the model overflowed (a float16 engine or a LoRA adapter's weights can)")
             if self.on_token is not None:
                 self.on_token(row)
             return

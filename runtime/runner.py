@@ -177,7 +177,7 @@ class Runner:
         for v, t in zip(values[:k], ids[:k]):
             raw = self.tokenizer.token_bytes(int(t))
             out.append({"token_id": int(t), "token": raw.decode("utf-8", errors="replace"),
-                        "bytes": list(raw), "logprob": float(v)})
+                        "bytes": list(raw), "logprob": float(v) if np.isfinite(v) else None})  # -inf: JSON has none
         return out
 
     def run(self, inp: fmt.InputFile, errors: dict[int, str] | None = None, on_text=None,

@@ -210,6 +210,9 @@ class SpecScheduler(Scheduler):
                 self.accept(s, out, s)
                 self.timing.generated_tokens += 1
                 continue
+            if not np.isfinite(out.top_logprobs[s, 0]):  # the row's logits overflowed: it fails alone
+                self.accept_token(s, int(out.token_ids[s]), finite=False)
+                continue
             emitted[s] = self.verify(s, r, [int(v) for v in out.verify_ids[s, : ks[s] + 1]], drafts.get(s, []))
             self.timing.drafted_tokens += ks[s]
             self.timing.accepted_tokens += len(emitted[s]) - 1

@@ -206,3 +206,26 @@ def test_agreement_floor_allows_one_mismatch_on_a_short_text():
 
     assert allowed_mismatches(9, 0.95) == 1 and allowed_mismatches(127, 0.98) == 2
     assert allowed_mismatches(127, 0.90) == 12 and allowed_mismatches(100, 0.90) == 10
+
+
+def test_an_adapter_that_overflows_fails_its_requests_alone(lora_engines, run_cli, tmp_path):
+    """Huge (finite) adapter weights make the logits NaN: the sampler then answers token 0, inside
+    the vocabulary. Those requests fail with an error, greedy or sampled; the neighbour without the
+    adapter is answered; the output file stays strict JSON (no NaN)."""
+    engines, _ = lora_engines
+    write_adapter(tmp_path / "huge", mf.load(engines["ort"]), 4, 7, ALL, std=1e18, alpha=4)
+    requests = [chat("The quick", lora_name="huge", num_logprobs=2), chat("The quick", lora_name="huge",
+                                                                          temperature=1.0, seed=1), chat("The quick")]
+    result, _ = run_cli(engines["ort"], {"temperature": 0, "max_generate_length": 6, "batch_size": 3,
+                                         "available_lora_weights": {"huge": str(tmp_path / "huge")},
+                                         "requests": requests})
+    assert result.exit_code == 1, result.output
+
+    def no_constants(name):
+        raise AssertionError(f"{name} in the output JSON")
+
+    out = json.loads((tmp_path / "out.json").read_text(), parse_constant=no_constants)
+    bad, good = out["responses"][:2], out["responses"][2]
+    assert [r["finish_reason"] for r in bad] == ["error", "error"]
+    assert all("logits were not finite" in r["error"] for r in bad)
+    assert good["finish_reason"] == "max-length" and good["output_text"]
