@@ -51,8 +51,9 @@ def draft_key(row: RowState) -> str:
 
 
 def greedy(p: sampling.SamplingParams) -> bool:
-    """What verification reproduces exactly: the argmax of the raw logits."""
-    return ((p.temperature == 0 or p.top_k == 1) and not p.logit_bias and not p.penalized
+    """What verification reproduces exactly: the argmax of the raw logits. Not top_k 1 at a
+    temperature: the sampler keeps every token tied with the k-th, and draws among them."""
+    return (p.temperature == 0 and not p.logit_bias and not p.penalized
             and p.num_logprobs == 0 and p.min_new_tokens == 0)
 
 

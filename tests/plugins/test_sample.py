@@ -339,3 +339,16 @@ def test_the_body_with_a_top_p_of_zero_keeps_the_top_token():
     logits = np.random.default_rng(3).normal(size=(4, 50)).astype(np.float32)
     case = make_case(logits, 1.0, 0, 0.0, np.array([0.0, 0.3, 0.6, 0.999]))
     assert (run_body(case, 1, 16)[0] == np.argmax(logits, axis=1)).all()
+
+
+def test_top_k_keeps_ties_so_top_k_1_is_not_greedy():
+    """top_k keeps every token tied with the k-th (transformers' rule): top_k 1 at temperature 1
+    draws among tied top tokens, so EAGLE must not treat it as greedy (argmax takes the first)."""
+    from trtllm.runtime.sampling import SamplingParams
+    from trtllm.runtime.speculative import greedy
+
+    logits = [[3.0, 3.0, 1.0, 0.0]] * 2
+    case = make_case(logits, 1.0, 1, 1.0, [0.2, 0.7])
+    for tokens in (run_reference(case, 1, 4)[0], run_body(case, 1, 4)[0]):
+        assert tokens.tolist() == [0, 1]
+    assert not greedy(SamplingParams(temperature=1.0, top_k=1)) and greedy(SamplingParams(temperature=0.0))
