@@ -58,6 +58,9 @@ def check_writable(path: str | Path) -> None:
         raise NotWritable("is a directory")
     if target.exists() and not target.is_file():
         return  # a pipe or device: written in place
+    if target.is_file() and not os.access(target, os.W_OK):
+        # The rename would replace it all the same: honour its protection, as the shell's > does.
+        raise NotWritable("is read-only")
     ancestor = target.parent
     while not ancestor.exists():  # the directories write_atomic would create
         ancestor = ancestor.parent
@@ -93,6 +96,8 @@ def write_atomic(path: str | Path, data: dict, indent: int | None) -> None:
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
+            f.flush()
+            os.fsync(f.fileno())  # on disk before the rename: a power cut leaves the old file or the new
         os.chmod(tmp, mode)
         os.replace(tmp, path)
     except BaseException:

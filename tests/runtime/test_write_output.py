@@ -116,3 +116,43 @@ def test_unwritable_descriptors_and_directories_are_refused(tmp_path):
         check_writable(str(tmp_path / "newdir") + "/")
     with pytest.raises(NotWritable, match="is a directory"):
         check_writable(tmp_path)
+
+
+def test_a_read_only_file_is_refused(tmp_path):
+    """A file the user may not write is refused up front (the rename would replace it anyway).
+    Root may write anything, so as root the check runs in a child that is uid 65534."""
+    import tempfile
+
+    shared = Path(tempfile.mkdtemp(dir="/tmp"))
+    try:
+        shared.chmod(0o777)
+        protected, open_file = shared / "ro.json", shared / "rw.json"
+        for f, mode in ((protected, 0o444), (open_file, 0o666)):
+            f.write_text("{}")
+            f.chmod(mode)
+
+        def check() -> int:
+            try:
+                check_writable(open_file)
+                check_writable(protected)
+            except NotWritable as e:
+                return 0 if "read-only" in str(e) else 2
+            return 1
+
+        if os.geteuid() != 0:
+            assert check() == 0
+            return
+        pid = os.fork()
+        if pid == 0:  # the child: never back into pytest
+            code = 3
+            try:
+                os.setgid(65534)
+                os.setuid(65534)
+                code = check()
+            finally:
+                os._exit(code)
+        assert os.waitpid(pid, 0)[1] >> 8 == 0
+    finally:
+        import shutil
+
+        shutil.rmtree(shared)
