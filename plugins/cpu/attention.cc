@@ -262,7 +262,7 @@ void run_task(void* data, size_t task) {
   const int64_t ld = t[qn - 1] + 16;
   if (scores.size() < static_cast<size_t>(qn * ld)) scores.resize(qn * ld);
 #ifdef TRTLLM_X86
-  if (use_avx512() && n.d % 16 == 0 && n.d <= 128)
+  if (use_avx512() && n.d % 16 == 0 && n.d >= 16 && n.d <= 128)
     return kBlock<T>[n.d / 16 - 1](q.data(), qn, t, key, value, scores.data(), ld, outs);
 #endif
   for (int r = 0; r < qn; ++r) attend_generic(q.data() + r * n.d, key, value, t[r], n.d, scores.data(), outs[r]);
@@ -295,7 +295,14 @@ struct Kernel {
       if (ks[0] != n.b || ks[1] != hk || qs[2] != (h + 2 * hk) * n.d)
         return fail("qkv's width " + std::to_string(qs[2]) + " is not (num_heads + 2 kv_num_heads) x the KV's head size " +
                     std::to_string(n.d) + ", or the KV's batch/heads differ");
-      if (cs[1] * 2 != n.d || n.d % 2) return fail("cos/sin must be [positions, head_size / 2]");
+      if (cs[1] * 2 != n.d || n.d % 2 || n.d < 2) return fail("cos/sin must be [positions, head_size / 2]");
+      // The per-row inputs are read by index below: a tensor of another shape would be read past its end.
+      const std::vector<int64_t> rows{n.b}, grid{n.b, n.s};
+      if (ctx.GetInput(3).GetTensorTypeAndShapeInfo().GetShape() != rows ||
+          ctx.GetInput(4).GetTensorTypeAndShapeInfo().GetShape() != rows)
+        return fail("write_index and last_index must be [batch]");
+      if (ctx.GetInput(5).GetTensorTypeAndShapeInfo().GetShape() != grid) return fail("position_ids must be [batch, seq]");
+      if (ctx.GetInput(7).GetTensorTypeAndShapeInfo().GetShape() != cs) return fail("sin must have cos's shape");
       if (past_value.GetTensorTypeAndShapeInfo().GetShape() != ks) return fail("past_key and past_value differ in shape");
       const auto kv_type = past_key.GetTensorTypeAndShapeInfo().GetElementType();
       if (past_value.GetTensorTypeAndShapeInfo().GetElementType() != kv_type)
@@ -331,7 +338,7 @@ struct Kernel {
     rotated.resize(n.d);
     for (int64_t b = 0; b < n.b; ++b) {
       if (li[b] < 0 || li[b] >= n.s) return fail("last_index[" + std::to_string(b) + "] is outside the chunk");
-      if (wi[b] < 0 || wi[b] + li[b] >= n.c)
+      if (wi[b] < 0 || wi[b] >= n.c || li[b] >= n.c - wi[b])  // no wi + li: it could overflow
         return fail("row " + std::to_string(b) + " writes slots " + std::to_string(wi[b]) + ".." +
                     std::to_string(wi[b] + li[b]) + " of a KV cache of " + std::to_string(n.c));
       for (int64_t s = 0; s <= li[b]; ++s) {

@@ -530,7 +530,10 @@ Rows rows_of(std::vector<int64_t> x_shape, int64_t n, bool swiglu) {
 int generated_flag(Ort::KernelContext& ctx, size_t index) {
   if (ctx.GetInputCount() <= index) return -1;
   const auto flag = ctx.GetInput(index);
-  return flag ? (flag.GetTensorData<int64_t>()[0] != 0 ? 1 : 0) : -1;
+  if (!flag) return -1;
+  if (flag.GetTensorTypeAndShapeInfo().GetElementCount() != 1)
+    throw std::runtime_error("generated must hold one value (1: generated rows, 0: a prompt's)");
+  return flag.GetTensorData<int64_t>()[0] != 0 ? 1 : 0;
 }
 
 std::string run(Ort::KernelContext& ctx, Job& job) {

@@ -45,7 +45,6 @@ struct Kernel {
   int levels;  // integer activations: 0 (float32), 1 (int8) or 2 (int16)
   std::mutex lock;  // guards the copies (sessions may run from several threads)
   trtllm_cpu::Resident codes_copy, scale_copy, offset_copy;
-  std::atomic<int64_t> checked_k{0};  // the K whose weight sizes were checked (they are initializers)
 
   size_t codes_bytes(int64_t k) const { return static_cast<size_t>(bits == 4 ? n * k / 2 : n * k); }
 
@@ -61,7 +60,6 @@ struct Kernel {
     if (bits == 4 && !offset) return fail("4-bit weights need their offset input");
     if (offset && offset.GetTensorTypeAndShapeInfo().GetElementCount() != static_cast<size_t>(n * nb))
       return fail("offset must hold n * K / 32 values");
-    checked_k = k;
     return nullptr;
   }
 
@@ -73,8 +71,8 @@ struct Kernel {
       const Rows rows = rows_of(x.GetTensorTypeAndShapeInfo().GetShape(), n, swiglu);
       if (!rows.error.empty()) return fail(rows.error);
       const int64_t m = rows.m, k = rows.k, nb = k / kBlock;
-      if (k != checked_k)
-        if (OrtStatusPtr bad = check(codes, scale, offset, k)) return bad;
+      // Every call (a few size reads): the weights are read, and copied once, by these sizes.
+      if (OrtStatusPtr bad = check(codes, scale, offset, k)) return bad;
       auto y = ctx.GetOutput(0, rows.y_shape);
       if (m == 0) return nullptr;
       const float* xd = x.GetTensorData<float>();
@@ -156,7 +154,7 @@ struct Op : Ort::CustomOpBase<Op, Kernel, true> {
       const int levels = activations == "int8" ? 1 : activations == "int16" ? 2 : 0;
       if (activations != "float32" && !levels)
         return fail("activations must be float32, int16 or int8, got " + activations);
-      *kernel = new Kernel{bits, n, activation == "swiglu", levels, {}, {}, {}, {}, {0}};
+      *kernel = new Kernel{bits, n, activation == "swiglu", levels, {}, {}, {}, {}};
       return nullptr;
     } catch (const std::exception& e) {
       return fail(e.what());

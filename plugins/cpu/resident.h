@@ -55,36 +55,31 @@ class Arena {
   }
 };
 
-// Whether src lies in a private file mapping (dropping anonymous memory would zero it). The maps
-// are parsed once and again only for an address they do not cover: an engine has hundreds.
-inline bool file_backed(const void* src) {
+// Whether [src, src + size) lies in one private file mapping (dropping anonymous memory would zero
+// it). The maps are read afresh each time (once per weight, on its first use; ~0.2 ms): a cached
+// copy goes stale when a closed engine's file is unmapped and anonymous memory takes its place.
+inline bool file_backed(const void* src, size_t size) {
 #ifdef __linux__
-  struct Range {
-    uintptr_t lo, hi;
-    bool private_file;
-  };
-  static std::mutex lock;
-  static std::vector<Range> ranges;
   const uintptr_t at = reinterpret_cast<uintptr_t>(src);
-  std::lock_guard<std::mutex> hold(lock);
-  for (int attempt = 0; attempt < 2; ++attempt) {
-    for (const Range& r : ranges)
-      if (at >= r.lo && at < r.hi) return r.private_file;
-    ranges.clear();
-    FILE* maps = std::fopen("/proc/self/maps", "r");
-    if (!maps) return false;
-    char line[512];
-    while (std::fgets(line, sizeof line, maps)) {
-      unsigned long lo, hi, offset, inode;
-      char perms[8], dev[16];
-      if (std::sscanf(line, "%lx-%lx %7s %lx %15s %lu", &lo, &hi, perms, &offset, dev, &inode) == 6)
-        ranges.push_back({lo, hi, inode != 0 && perms[3] == 'p'});
+  FILE* maps = std::fopen("/proc/self/maps", "r");
+  if (!maps) return false;
+  bool found = false;
+  char line[512];
+  while (std::fgets(line, sizeof line, maps)) {
+    unsigned long lo, hi, offset, inode;
+    char perms[8], dev[16];
+    if (std::sscanf(line, "%lx-%lx %7s %lx %15s %lu", &lo, &hi, perms, &offset, dev, &inode) != 6) continue;
+    if (at < lo) break;  // sorted by address: no later line covers it
+    if (at < hi) {
+      found = inode != 0 && perms[3] == 'p' && at + size <= hi;
+      break;
     }
-    std::fclose(maps);
   }
-  return false;
+  std::fclose(maps);
+  return found;
 #else
   (void)src;
+  (void)size;
   return false;
 #endif
 }
@@ -106,7 +101,7 @@ struct Resident {
     // in from the file) and keeps the weights resident once, not twice.
     const uintptr_t lo = (reinterpret_cast<uintptr_t>(src) + 4095) & ~uintptr_t(4095);
     const uintptr_t hi = (reinterpret_cast<uintptr_t>(src) + size) & ~uintptr_t(4095);
-    if (hi > lo && file_backed(src)) madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_DONTNEED);
+    if (hi > lo && file_backed(src, size)) madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_DONTNEED);
 #endif
     return copy;
   }

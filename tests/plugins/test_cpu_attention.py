@@ -161,8 +161,25 @@ def test_the_wrong_rotary_fails():
 @pytest.mark.parametrize("change, message", [
     ({"write_index": np.array([10], np.int64)}, "writes slots 10..13 of a KV cache of 12"),
     ({"last_index": np.array([4], np.int64)}, r"last_index\[0\] is outside the chunk"),
+    # write_index + last_index would overflow int64 and pass a bounds check written as a sum
+    ({"write_index": np.array([np.iinfo(np.int64).max], np.int64), "last_index": np.array([1], np.int64)},
+     "writes slots"),
+    # per-row inputs of the wrong shape would be read past their end
+    ({"write_index": np.array([1, 1], np.int64)}, r"write_index and last_index must be \[batch\]"),
+    ({"position_ids": np.zeros((1, 1), np.int64)}, r"position_ids must be \[batch, seq\]"),
+    (lambda f: {"sin": f["sin"][:1].copy()}, "sin must have cos's shape"),
 ])
 def test_bad_inputs_fail_with_a_message(change, message):
-    feeds = {**case(1, 4, 2, 1, 16, 12, [1]), **change}
+    feeds = case(1, 4, 2, 1, 16, 12, [1])
+    feeds.update(change(feeds) if callable(change) else change)
     with pytest.raises(Exception, match=message):
         session(op_model(2, 1, 16)).run(None, feeds)
+
+
+def test_head_size_0_fails_with_a_message():
+    feeds = case(1, 2, 2, 1, 2, 8, [1])
+    feeds.update(qkv=np.zeros((1, 2, 0), np.float32), past_key=np.zeros((1, 1, 8, 0), np.float32),
+                 past_value=np.zeros((1, 1, 8, 0), np.float32), cos=np.zeros((10, 0), np.float32),
+                 sin=np.zeros((10, 0), np.float32))
+    with pytest.raises(Exception, match="cos/sin must be"):
+        session(op_model(2, 1, 0)).run(None, feeds)

@@ -91,3 +91,41 @@ def test_bad_inputs_fail_with_a_message(w_shape, x_k, message):
     model = op_model(np.zeros(w_shape, np.float16), k=x_k)
     with pytest.raises(Exception, match=message):
         session(model).run(None, {"x": np.ones((1, 1, x_k), np.float32)})
+
+
+def test_anonymous_memory_where_a_file_was_mapped_is_not_dropped(tmp_path):
+    """The kernel copies its weights and drops the source pages only when they are a private file
+    mapping. Memory mapped anonymously where a closed file mapping was (a closed engine's weights)
+    must not be classed by an old reading of /proc/self/maps: dropping it would zero the caller's
+    array."""
+    import ctypes
+    import mmap
+
+    n, k = 2048, 1024
+    node = helper.make_node(cpu.HALF, ["x", "w"], ["y"], domain=cpu.DOMAIN, n=n)
+    model = one_node_model(node, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, k]),
+                                  helper.make_tensor_value_info("w", TensorProto.FLOAT16, [n, k])],
+                           [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    s = session(model, threads=1)
+    x = np.ones((1, k), np.float32)
+    path = tmp_path / "w.bin"
+    np.full((n + 64, k), 0.5, np.float16).tofile(path)
+    mapped = np.memmap(path, np.float16, "c", shape=(n + 64, k))  # a private file mapping
+    s.run(None, {"x": x, "w": mapped[:n]})
+    lo = mapped.ctypes.data
+    del mapped  # unmapped
+    libc = ctypes.CDLL(None)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    fixed_noreplace = 0x100000
+    addr = libc.mmap(lo + 4096, n * k * 2, mmap.PROT_READ | mmap.PROT_WRITE,
+                     mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | fixed_noreplace, -1, 0)
+    assert addr == lo + 4096, "the old range was taken"  # the test needs that hole
+    try:
+        w = np.ctypeslib.as_array((ctypes.c_uint16 * (n * k)).from_address(addr)).view(np.float16).reshape(n, k)
+        w[:] = 1.0
+        y = s.run(None, {"x": x, "w": w})[0]
+        assert (w == 1.0).all() and np.allclose(y, k)
+    finally:
+        libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+        libc.munmap(addr, n * k * 2)

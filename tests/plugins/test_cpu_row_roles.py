@@ -70,3 +70,34 @@ def test_without_the_input_the_call_size_decides(kind):
 @pytest.mark.parametrize("kind", ["int4", "half"])
 def test_portable_path_too(kind):
     assert on_portable_path("test_cpu_row_roles", f"rows_alone_and_together({kind!r}, 0)") == [True] * 3
+
+
+@pytest.mark.parametrize("kind", ["int4", "half"])
+def test_a_generated_input_without_one_value_fails_with_a_message(kind):
+    """It was read at [0] whatever its size (past the end of an empty tensor)."""
+    model, position = models(kind)
+    m = onnx.load_from_string(with_flag(model, position))
+    m.graph.input[-1].type.tensor_type.shape.dim[0].dim_param = "g"
+    x = np.zeros((1, 1, K), np.float32)
+    for flag in (np.zeros(0, np.int64), np.zeros(2, np.int64)):
+        with pytest.raises(Exception, match="generated must hold one value"):
+            session(m.SerializeToString()).run(None, {"x": x, "generated": flag})
+
+
+def test_weights_are_checked_on_every_call():
+    """Weights fed as graph inputs (the builder makes them initializers): a later call with
+    smaller tensors and the same K is refused, not read past their end."""
+    from tests.plugins.cpu_ops import one_node_model
+    from trtllm.plugins import cpu
+
+    k, n = 64, 8
+    _, (codes, scale, _) = case(8, k, n)
+    node = helper.make_node(cpu.OP, ["x", "codes", "scale"], ["y"], domain=cpu.DOMAIN, bits=8, n=n, layout=cpu.LAYOUT)
+    model = one_node_model(node, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, None, k]),
+                                  helper.make_tensor_value_info("codes", TensorProto.UINT8, None),
+                                  helper.make_tensor_value_info("scale", TensorProto.FLOAT16, None)],
+                           [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    s, x = session(model), np.ones((1, 1, k), np.float32)
+    s.run(None, {"x": x, "codes": codes, "scale": scale})
+    with pytest.raises(Exception, match="codes hold"):
+        s.run(None, {"x": x, "codes": codes[:1].copy(), "scale": scale[:1].copy()})
