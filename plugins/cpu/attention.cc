@@ -355,7 +355,7 @@ struct Kernel {
     }
     Job<T> job{n, Split(n), x, wi, li, pos, cosd, sind, key, value, scale > 0 ? scale : 1.0f / std::sqrt(static_cast<float>(n.d)),
                y.GetTensorMutableData<float>()};
-    if (job.split.tasks) ctx.ParallelFor(run_task<T>, job.split.tasks, 0, &job);
+    if (job.split.tasks) trtllm_cpu::parallel_for(ctx, run_task<T>, job.split.tasks, &job);
     return nullptr;
   }
 };

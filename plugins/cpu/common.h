@@ -5,9 +5,12 @@
 #define ORT_API_MANUAL_INIT
 #include <onnxruntime_cxx_api.h>
 
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <stdexcept>
+#include <string>
 
 // TRTLLM_PORTABLE_ONLY: the portable code alone, as a CPU other than x86 builds it (a compile check).
 #if (defined(__x86_64__) || defined(__i386__)) && !defined(TRTLLM_PORTABLE_ONLY)
@@ -34,6 +37,31 @@ T attribute_or(const Ort::ConstKernelInfo& info, const char* name, T fallback) {
   } catch (const Ort::Exception&) {
     return fallback;
   }
+}
+
+// task(data, i) for i < count on ONNX Runtime's pool. An exception there (a bad_alloc) would end the
+// process (std::terminate): it is caught in the pool thread and thrown again here, for the
+// kernel's own catch to turn into an error status.
+inline void parallel_for(Ort::KernelContext& ctx, void (*task)(void*, size_t), size_t count, void* data) {
+  struct Guard {
+    void (*task)(void*, size_t);
+    void* data;
+    std::atomic<bool> failed{false};
+    std::string error;
+  } guard{task, data};
+  ctx.ParallelFor(
+      [](void* p, size_t i) {
+        Guard& g = *static_cast<Guard*>(p);
+        try {
+          g.task(g.data, i);
+        } catch (const std::exception& e) {
+          if (!g.failed.exchange(true)) g.error = e.what();
+        } catch (...) {
+          if (!g.failed.exchange(true)) g.error = "unknown error";
+        }
+      },
+      count, 0, &guard);
+  if (guard.failed) throw std::runtime_error(guard.error);
 }
 
 OrtCustomOp* matmul_block_quant_op();

@@ -255,7 +255,7 @@ void module_task(void* data, size_t task) {
 
 // The tasks on ONNX Runtime's pool, or in a loop here when the work is too small to share.
 void run_tasks(Ort::KernelContext& ctx, void (*task)(void*, size_t), size_t count, void* data, bool parallel) {
-  if (parallel) return ctx.ParallelFor(task, count, 0, data);
+  if (parallel) return trtllm_cpu::parallel_for(ctx, task, count, data);
   for (size_t i = 0; i < count; ++i) task(data, i);
 }
 
