@@ -1,7 +1,8 @@
 """Writing trtllm-run's output files without ever losing a good one.
 
-A file is written next to its target and renamed over it, so a crash never leaves half a file where
-a good one was. A path naming one of this process's open descriptors (/dev/stdout, /dev/fd/N,
+A file is written next to its target, synced and renamed over it, so a crash never leaves half a
+file where a good one was (in a directory the user may not write, a file they may is rewritten in
+place). A path naming one of this process's open descriptors (/dev/stdout, /dev/fd/N,
 /proc/self/fd/N) is written to that descriptor: reopening it would truncate a file redirected with
 `>>` and fail on a pipe, and renaming over the file behind it would unlink what the shell opened.
 Any other pipe or device is written in place.
@@ -70,6 +71,9 @@ def check_writable(path: str | Path) -> None:
         fd, probe = tempfile.mkstemp(dir=ancestor, prefix=".trtllm-probe-")
         os.close(fd)
         os.unlink(probe)
+    except PermissionError as e:
+        if not target.is_file():  # (a writable file in a read-only directory is rewritten in place)
+            raise NotWritable(f"cannot be written: {e}") from None
     except OSError as e:
         raise NotWritable(f"cannot be written: {e}") from None
 
@@ -92,7 +96,18 @@ def write_atomic(path: str | Path, data: dict, indent: int | None) -> None:
         return
     path.parent.mkdir(parents=True, exist_ok=True)
     mode = path.stat().st_mode & 0o7777 if path.exists() else 0o666 & ~current_umask()
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    except PermissionError:
+        if not path.is_file():
+            raise
+        # A directory we may not write, holding a file we may: rewrite the file in place, as the
+        # shell's > would (not atomic: there is nowhere to put a temporary file).
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        return
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)

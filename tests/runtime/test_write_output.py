@@ -118,41 +118,69 @@ def test_unwritable_descriptors_and_directories_are_refused(tmp_path):
         check_writable(tmp_path)
 
 
-def test_a_read_only_file_is_refused(tmp_path):
-    """A file the user may not write is refused up front (the rename would replace it anyway).
-    Root may write anything, so as root the check runs in a child that is uid 65534."""
+def as_a_user(check) -> int:
+    """check()'s result, run as a user without root's right to write anything: in a child that is
+    uid 65534 when this is root."""
+    if os.geteuid() != 0:
+        return check()
+    pid = os.fork()
+    if pid == 0:  # the child: never back into pytest
+        code = 3
+        try:
+            os.setgid(65534)
+            os.setuid(65534)
+            code = check()
+        finally:
+            os._exit(code)
+    return os.waitpid(pid, 0)[1] >> 8
+
+
+@pytest.fixture
+def shared_dir():
+    """A directory under /tmp that uid 65534 can reach."""
+    import shutil
     import tempfile
 
-    shared = Path(tempfile.mkdtemp(dir="/tmp"))
-    try:
-        shared.chmod(0o777)
-        protected, open_file = shared / "ro.json", shared / "rw.json"
-        for f, mode in ((protected, 0o444), (open_file, 0o666)):
-            f.write_text("{}")
-            f.chmod(mode)
+    path = Path(tempfile.mkdtemp(dir="/tmp"))
+    path.chmod(0o777)
+    yield path
+    path.chmod(0o777)
+    shutil.rmtree(path)
 
-        def check() -> int:
-            try:
-                check_writable(open_file)
-                check_writable(protected)
-            except NotWritable as e:
-                return 0 if "read-only" in str(e) else 2
-            return 1
 
-        if os.geteuid() != 0:
-            assert check() == 0
-            return
-        pid = os.fork()
-        if pid == 0:  # the child: never back into pytest
-            code = 3
-            try:
-                os.setgid(65534)
-                os.setuid(65534)
-                code = check()
-            finally:
-                os._exit(code)
-        assert os.waitpid(pid, 0)[1] >> 8 == 0
-    finally:
-        import shutil
+def test_a_read_only_file_is_refused(shared_dir):
+    """A file the user may not write is refused up front (the rename would replace it anyway)."""
+    protected, open_file = shared_dir / "ro.json", shared_dir / "rw.json"
+    for f, mode in ((protected, 0o444), (open_file, 0o666)):
+        f.write_text("{}")
+        f.chmod(mode)
 
-        shutil.rmtree(shared)
+    def check() -> int:
+        try:
+            check_writable(open_file)
+            check_writable(protected)
+        except NotWritable as e:
+            return 0 if "read-only" in str(e) else 2
+        return 1
+
+    assert as_a_user(check) == 0
+
+
+def test_a_writable_file_in_a_read_only_directory_is_rewritten_in_place(shared_dir):
+    """No temporary file can go beside it: the file itself is rewritten, as the shell's > would;
+    a new file there is refused."""
+    target = shared_dir / "out.json"
+    target.write_text("{}")
+    target.chmod(0o666)
+    shared_dir.chmod(0o555)
+
+    def check() -> int:
+        check_writable(target)
+        write_atomic(target, {"a": 1}, indent=None)
+        try:
+            check_writable(shared_dir / "new.json")
+        except NotWritable:
+            return 0 if json.loads(target.read_text()) == {"a": 1} else 2
+        return 1
+
+    assert as_a_user(check) == 0
