@@ -24,7 +24,7 @@ def check_writable(path: str | None, option: str) -> None:
         try:
             files.check_writable(path)
         except files.NotWritable as e:
-            fail_usage(f"{option} {path} {e}")
+            fail_usage(f"{option} {files.shown(path)} {e}")
 
 
 class Printer:
@@ -127,14 +127,14 @@ def serve(input_file: Path, engine_dir: Path, output: str | None, profile: str |
     try:
         inp = fmt.read_input(input_file, bundled)
     except fmt.InputError as e:
-        fail_usage(f"{input_file}: {e}")
+        fail_usage(f"{files.shown(input_file)}: {e}")
     check_writable(output, "--output")
     check_writable(profile, "--profile")
     to_stdout = output is not None and files.descriptor(output) == 1
     if output is not None and profile is not None and os.path.realpath(output) == os.path.realpath(profile):
-        fail_usage(f"--output and --profile are the same file ({output})")
+        fail_usage(f"--output and --profile are the same file ({files.shown(output)})")
     if stream and to_stdout:
-        fail_usage(f"--output {output} is stdout, which --stream writes its lines to")
+        fail_usage(f"--output {files.shown(output)} is stdout, which --stream writes its lines to")
     from trtllm.runtime.prefix_cache import PrefixStore, engine_identity, parse_size
 
     try:
@@ -188,7 +188,7 @@ def serve(input_file: Path, engine_dir: Path, output: str | None, profile: str |
     adapters = AdapterSet.for_run(engine, inp.available_lora_weights, input_file.parent)
     printer = Printer(answers_wanted=output is not None)
     responses = runner.run(inp, engine_errors, on_text=printer.chunk if stream else None, adapters=adapters)
-    result = {"input_file": str(input_file), "responses": responses}
+    result = {"input_file": files.shown(input_file), "responses": responses}
     if stream:
         for r in responses:  # requests that failed, or never ran, end their stream here
             if r["finish_reason"] == "error":
@@ -198,9 +198,9 @@ def serve(input_file: Path, engine_dir: Path, output: str | None, profile: str |
     if output is not None:
         try:
             files.write_atomic(output, result, indent=4)
-            click.echo(f"wrote {len(responses)} responses to {output}", err=True)
+            click.echo(f"wrote {len(responses)} responses to {files.shown(output)}", err=True)
         except OSError as e:
-            unwritten.append(f"--output {output} could not be written ({e})")
+            unwritten.append(f"--output {files.shown(output)} could not be written ({e})")
     if stream:
         pass  # stdout already carries the text, as JSON lines
     elif output is None or (unwritten and not to_stdout):
@@ -213,7 +213,7 @@ def serve(input_file: Path, engine_dir: Path, output: str | None, profile: str |
         try:
             files.write_atomic(profile, runner.profile(), indent=2)
         except OSError as e:
-            unwritten.append(f"--profile {profile} could not be written ({e})")
+            unwritten.append(f"--profile {files.shown(profile)} could not be written ({e})")
     failed = sorted({r["request_idx"] for r in responses if r["finish_reason"] == "error"})
     if failed:
         click.echo(f"{len(failed)} of {len(inp.requests)} requests failed", err=True)

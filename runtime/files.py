@@ -32,6 +32,12 @@ def current_umask() -> int:
     return mask
 
 
+def shown(path: str | Path) -> str:
+    """A path for a message or the output JSON: bytes that are not UTF-8 (a file name can hold any)
+    written as escapes, since they cannot be encoded as they are."""
+    return os.fsencode(path).decode("utf-8", "backslashreplace")
+
+
 def descriptor(path: str | Path) -> int | None:
     """The descriptor number if `path` names one of this process's open descriptors, else None."""
     match = DESCRIPTOR.fullmatch(os.path.abspath(path))

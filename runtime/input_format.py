@@ -28,6 +28,7 @@ from trtllm.runtime.strict_json import (  # the parsers, under this module's pri
     InputError,  # noqa: F401 - part of this module's API
     fail as _fail,
     object_hook as _object_hook,
+    parse_int as _parse_int,
     entry_path as _entry_path,
     check_duplicates as _check_duplicates,
     did_you_mean as _did_you_mean,
@@ -65,6 +66,7 @@ CONTENT_TYPES = ("text", "image", "audio", "video")
 MEDIA_TYPES = frozenset({"image", "audio", "video"})
 
 _TOKEN_ID_KEY = re.compile(r"0|[1-9][0-9]*")
+MAX_TOKEN_ID_DIGITS = 18
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,6 +184,8 @@ def _logit_bias(value: object, path: str) -> dict[int, float]:
         if not isinstance(key, str) or not _TOKEN_ID_KEY.fullmatch(key):
             _fail(key_path, "keyed by a token id in decimal without sign or leading zeros",
                   key, 'e.g. "123"')
+        if len(key) > MAX_TOKEN_ID_DIGITS:  # no vocabulary is that large (and int() refuses 4300+)
+            _fail(key_path, "keyed by a token id", key, shown=f"a token id of {len(key)} digits")
         bias[int(key)] = _bias_value(v, key_path)
     return bias
 
@@ -352,6 +356,9 @@ _TOP_FIELDS = {
 def parse_input(obj: object, bundled_loras: tuple[str, ...] = ()) -> InputFile:
     """Validate a decoded input document; raise `InputError` at the first bad value.
     `bundled_loras`: adapter names the engine carries, which `lora_name` may use as well."""
+    for key in obj if isinstance(obj, dict) else ():
+        if key in _REQUEST_FIELDS and key not in _TOP_FIELDS:  # not an unknown key: a misplaced one
+            _fail(key, f"set in each request (`requests[i].{key}`)", obj[key], shown="it at the top level")
     top = _fields(obj, "", _TOP_FIELDS, "the input file", ("requests",))
     raw_requests = top.pop("requests")
     if not isinstance(raw_requests, list) or not raw_requests:
@@ -364,7 +371,7 @@ def parse_input(obj: object, bundled_loras: tuple[str, ...] = ()) -> InputFile:
 def read_input(path: str | os.PathLike, bundled_loras: tuple[str, ...] = ()) -> InputFile:
     """Read and validate an input JSON file; every failure is an `InputError`."""
     name = os.fspath(path)
-    label = f"input file `{name}`"
+    label = f"input file `{os.fsencode(name).decode('utf-8', 'backslashreplace')}`"  # any bytes a name holds
     try:
         with open(name, "rb") as f:
             data = f.read()
@@ -379,11 +386,14 @@ def read_input(path: str | os.PathLike, bundled_loras: tuple[str, ...] = ()) -> 
               shown=f"an invalid byte at line {line} column {column} (byte {e.start})")
     try:
         # NaN/Infinity become floats here so that the field holding them reports its own path.
-        obj = json.loads(text, object_pairs_hook=_object_hook, parse_constant=float)
+        # Integers past MAX_INT_DIGITS digits (Python refuses to convert them) likewise.
+        obj = json.loads(text, object_pairs_hook=_object_hook, parse_constant=float, parse_int=_parse_int)
     except json.JSONDecodeError as e:
         _fail("", "valid JSON", None, label=label,
               # some of json's messages end in "at" already ("Invalid control character at")
               shown=f"{e.msg.removesuffix(' at')} at line {e.lineno} column {e.colno}")
+    except RecursionError:
+        _fail("", "valid JSON", None, label=label, shown="arrays or objects nested deeper than the parser goes")
     return parse_input(obj, bundled_loras)
 
 

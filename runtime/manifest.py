@@ -147,9 +147,11 @@ def load(engine_dir: str | os.PathLike) -> Manifest:
         raise ManifestError(f"{path} not found: {engine_dir} is not an engine directory; "
                             f"build one with trtllm-build --model <checkpoint> --output {engine_dir}")
     try:
-        raw = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
+        raw = json.loads(path.read_bytes().decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
         raise ManifestError(f"{path} is not valid JSON ({e}); {rebuild_hint(engine_dir)}") from e
+    if not isinstance(raw, dict):
+        raise ManifestError(f"{path} must hold a JSON object, got {type(raw).__name__}; {rebuild_hint(engine_dir)}")
     version = raw.get("format_version")
     if version != FORMAT_VERSION:
         raise ManifestError(f"manifest.format_version must be {FORMAT_VERSION}, got {version!r}: "
@@ -166,5 +168,5 @@ def load(engine_dir: str | os.PathLike) -> Manifest:
             io=GraphIO(**raw.get("io", {})),
             eos_token_ids=tuple(raw["eos_token_ids"]),
         )
-    except (KeyError, TypeError) as e:
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
         raise ManifestError(f"{path} is malformed ({e}); {rebuild_hint(engine_dir)}") from e

@@ -24,6 +24,23 @@ class InputError(ValueError):
         self.json_path = json_path
 
 
+class LongNumber:
+    """A JSON integer of more digits than Python converts (4300, sys.get_int_max_str_digits): kept
+    as this, which no field parser accepts, so the error names the field that holds it."""
+
+    def __init__(self, digits: str):
+        self.digits = len(digits.lstrip("-"))
+
+
+def parse_int(digits: str) -> int | LongNumber:
+    """json.loads' parse_int."""
+    return LongNumber(digits) if len(digits) > MAX_INT_DIGITS else int(digits)
+
+
+MAX_INT_DIGITS = 4000
+MAX_KEY_SHOWN = 60  # characters of a key shown in a path
+
+
 # --- errors and paths ---------------------------------------------------------------------------
 
 def show(value: object) -> str:
@@ -34,6 +51,8 @@ def show(value: object) -> str:
         return "an object"
     if isinstance(value, list):
         return f"an array of {len(value)} item{'' if len(value) == 1 else 's'}"
+    if isinstance(value, LongNumber):
+        return f"an integer of {value.digits} digits"
     text = repr(value)
     if len(text) <= 60:
         return text
@@ -48,7 +67,7 @@ def fail(path: str, constraint: str, value: object, hint: str = "", *, shown: st
 
 
 def key_path(parent: str, key: object) -> str:
-    if isinstance(key, str) and IDENTIFIER.fullmatch(key):
+    if isinstance(key, str) and len(key) <= MAX_KEY_SHOWN and IDENTIFIER.fullmatch(key):
         return f"{parent}.{key}" if parent else key
     return entry_path(parent, key)
 
@@ -69,7 +88,10 @@ def object_hook(pairs: list[tuple[str, object]]) -> JsonObject:
 
 
 def entry_path(parent: str, key: object) -> str:
-    return f"{parent}[{json.dumps(key)}]"  # a map entry: logit_bias["123"]
+    shown = json.dumps(key)  # a map entry: logit_bias["123"]
+    if len(shown) > MAX_KEY_SHOWN:  # a key of a megabyte would make a megabyte of message
+        shown = f"{shown[:MAX_KEY_SHOWN - 10]}...\" ({len(key)} chars)"
+    return f"{parent}[{shown}]"
 
 
 def check_duplicates(obj: dict, path_of: Callable[[object], str]) -> None:
@@ -114,12 +136,14 @@ def number(kind: type, lo: float, hi: float | None = None, lo_open: bool = False
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             hint = "JSON true/false are not numbers" if isinstance(value, bool) else ""
             fail(path, desc, value, hint)
-        if kind is int and isinstance(value, float):
-            hint = f"write {int(value)}" if value.is_integer() else ""
-            fail(path, desc, value, hint)
         if isinstance(value, float) and not math.isfinite(value):
             fail(path, desc, value, "NaN and Infinity are not allowed")
-        if value < lo or (lo_open and value == lo) or (hi is not None and value > hi):
+        in_range = not (value < lo or (lo_open and value == lo) or (hi is not None and value > hi))
+        if kind is int and isinstance(value, float):
+            # the integer it spells, when that is allowed
+            hint = f"write {int(value)}" if value.is_integer() and in_range else ""
+            fail(path, desc, value, hint)
+        if not in_range:
             fail(path, desc, value)
         return kind(value)
 

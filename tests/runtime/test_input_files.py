@@ -190,3 +190,42 @@ def test_json_examples_in_the_doc_parse():
         parse_input(json.loads(block.split("```")[0]))
     example = json.loads((REPO / "examples" / "input.json").read_text(encoding="utf-8"))
     assert json.loads(blocks[0].split("```")[0]) == example  # the doc shows the real file
+
+
+MESSAGE = '{"messages": [{"role": "user", "content": "hi"}]}'
+
+
+@pytest.mark.parametrize("text, path, needle", [
+    # nesting past what json.loads recurses into (it raised RecursionError)
+    ('{"requests": [{"messages": [], "stop": ' + "[" * 5000 + "]" * 5000 + "}]}", "", "nested deeper"),
+    # integers of more digits than Python converts (json.loads raised ValueError)
+    ('{"top_k": ' + "1" * 4301 + ', "requests": [%s]}' % MESSAGE, "top_k", "an integer of 4301 digits"),
+    ('{"requests": [{"messages": [{"role": "user", "content": ' + "9" * 5000 + "}]}]}",
+     "requests[0].messages[0].content", "an integer of 5000 digits"),
+    # a logit_bias key of 5000 digits passed the pattern, then int() refused it
+    ('{"logit_bias": {"' + "1" * 5000 + '": 1}, "requests": [%s]}' % MESSAGE, None, "a token id of 5000 digits"),
+    # a request's own field at the top level is named as such, not "did you mean 'top_p'?"
+    ('{"stop": ["x"], "requests": [%s]}' % MESSAGE, "stop", "must be set in each request (`requests[i].stop`)"),
+])
+def test_pathological_files_are_usage_errors(tmp_path, text, path, needle):
+    with pytest.raises(InputError) as info:
+        read_input(_write(tmp_path, text))
+    assert needle in str(info.value)
+    if path is not None:
+        assert info.value.json_path == path
+
+
+def test_a_huge_key_is_shortened_in_its_path(tmp_path):
+    text = '{"%s": 1, "requests": [%s]}' % ("a" * 100_000, MESSAGE)
+    with pytest.raises(InputError) as info:
+        read_input(_write(tmp_path, text))
+    assert len(str(info.value)) < 500 and "(100000 chars)" in info.value.json_path
+
+
+@pytest.mark.parametrize("field, value, hint", [("n", "0.0", False), ("seed", "1e19", False), ("top_k", "-3.0", False),
+                                               ("top_k", "3.0", True)])
+def test_write_n_hints_only_a_valid_value(tmp_path, field, value, hint):
+    """`write N` is offered for an integer written as a float only when N itself is allowed."""
+    with pytest.raises(InputError) as info:
+        read_input(_write(tmp_path, '{"%s": %s, "requests": [%s]}' % (field, value, MESSAGE)))
+    assert ("; write" in str(info.value)) == hint

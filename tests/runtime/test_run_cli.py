@@ -9,6 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 from trtllm.runtime.cli import main
+from trtllm.runtime.manifest import FORMAT_VERSION
 
 pytest.importorskip("torch")  # the tiny engine is built with the builder
 pytestmark = pytest.mark.hf
@@ -108,6 +109,12 @@ def test_engine_dir_errors(tmp_path):
     (tmp_path / "eng" / "manifest.json").write_text(json.dumps({"format_version": 99, "backend": "onnxruntime"}))
     result = CliRunner().invoke(main, [str(tmp_path / "input.json"), "--engine", str(tmp_path / "eng")])
     assert result.exit_code == 2 and "format_version" in result.output and "trtllm-build" in result.output
+    for broken, needle in ((b"[]", "must hold a JSON object"), (b"\xff", "is not valid JSON"),
+                           (json.dumps({"format_version": FORMAT_VERSION, "backend": "onnxruntime", "limits": 3}).encode(),
+                            "is malformed")):
+        (tmp_path / "eng" / "manifest.json").write_bytes(broken)
+        result = CliRunner().invoke(main, [str(tmp_path / "input.json"), "--engine", str(tmp_path / "eng")])
+        assert result.exit_code == 2 and needle in result.output and "trtllm-build" in result.output, result.output
 
 
 def test_draft_step_on_a_plain_engine_is_named(run_cli, tiny_engine):
@@ -304,3 +311,19 @@ def test_output_and_profile_must_differ(tmp_path, tiny_engine):
     result = CliRunner().invoke(main, [str(tmp_path / "in.json"), "--engine", str(tiny_engine("llama")),
                                        "--output", str(tmp_path / "x.json"), "--profile", str(tmp_path / "x.json")])
     assert result.exit_code == 2 and "the same file" in result.output
+
+
+def test_an_input_file_name_that_is_not_utf8(tmp_path, tiny_engine):
+    """A file name may hold any bytes: the output JSON and the messages show them escaped."""
+    import os
+
+    name = os.fsdecode(bytes(tmp_path) + b"/in\xff.json")
+    with open(name, "w") as f:
+        json.dump({"temperature": 0, "max_generate_length": 2, "requests": [chat("a")]}, f)
+    result = CliRunner().invoke(main, [name, "--engine", str(tiny_engine("llama")), "--output", str(tmp_path / "o.json")])
+    assert result.exit_code == 0, result.output
+    assert json.loads((tmp_path / "o.json").read_text())["input_file"].endswith("in\\xff.json")
+    with open(name, "w") as f:
+        f.write("{")
+    result = CliRunner().invoke(main, [name, "--engine", str(tiny_engine("llama"))])
+    assert result.exit_code == 2 and "in\\xff.json" in result.output
