@@ -50,7 +50,13 @@ class OnnxRuntimeEngine:
             opts.register_custom_ops_library(str(library))
             cpu_kernels.set_huge_pages(huge_pages)  # they copy their weights onto huge pages themselves
         before = hugepages.snapshot() if huge_pages else None
-        self.session = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+        try:
+            self.session = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+        except Exception as e:  # noqa: BLE001 - ORT's own error types (a truncated or corrupt model file)
+            if isinstance(e, MemoryError):
+                raise
+            raise ManifestError(f"{path} cannot be loaded by ONNX Runtime ({type(e).__name__}: "
+                                f"{str(e)[:300]}); {rebuild_hint(engine_dir)}") from e
         # The packed weights ONNX Runtime just allocated, onto huge pages (see runtime/hugepages.py).
         self.huge_pages = hugepages.promote(before) if huge_pages else hugepages.Report(skipped="turned off")
         self.io = manifest.io

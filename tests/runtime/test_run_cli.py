@@ -327,3 +327,15 @@ def test_an_input_file_name_that_is_not_utf8(tmp_path, tiny_engine):
         f.write("{")
     result = CliRunner().invoke(main, [name, "--engine", str(tiny_engine("llama"))])
     assert result.exit_code == 2 and "in\\xff.json" in result.output
+
+
+def test_a_corrupt_model_file_is_a_usage_error(tmp_path, tiny_engine):
+    import shutil
+
+    engine = tmp_path / "engine"
+    shutil.copytree(tiny_engine("llama"), engine)
+    (engine / "llm.ort.onnx").write_bytes(b"not a model")
+    (tmp_path / "input.json").write_text(json.dumps({"requests": [chat("x")]}))
+    result = CliRunner().invoke(main, [str(tmp_path / "input.json"), "--engine", str(engine)])
+    assert result.exit_code == 2 and "cannot be loaded by ONNX Runtime" in result.output
+    assert "trtllm-build" in result.output
