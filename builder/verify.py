@@ -8,11 +8,11 @@
    int4 0.85). The logit error is reported alongside.
 3. Bundled LoRA adapters (--lora): 1 and 2 with each adapter, against transformers with the
    adapter merged into its weights.
-Engine logits that are not finite fail every check. The agreement floor allows at least one
-mismatch, for a short text (a small --max-kv-cache-capacity).
 4. EAGLE (--eagle): the graph's eagle_hidden and the draft head's two steps against the reference
    head of transformers' modules (builder/eagle_reference.py); float32 engines within 1e-3 of the
    largest value and the same proposals, others reported only.
+Engine logits that are not finite fail every check. The agreement floor allows at least one
+mismatch, for a short text (a small --max-kv-cache-capacity).
 `quantization` names the engine's number format: a quantization scheme, or its dtype when unquantized,
 and "/int16" or "/int8" for integer activations (--activations).
 """

@@ -178,8 +178,8 @@ class SpecScheduler(Scheduler):
         if self.policy is not None and spec:
             live = sum(r is not None and not r.finish_reason for r in rows)
             k = self.policy.choose(hi, spec, live - spec)
-        self.timing.draft_steps[k] = self.timing.draft_steps.get(k, 0) + 1
         if k == 0:
+            self.timing.draft_steps[0] = self.timing.draft_steps.get(0, 0) + 1
             return self.paused(hi, rows)
         elapsed = self.resume(hi, rows)
         pos = [0 if r is None else len(r.prompt_ids) + len(r.output_ids) - 1 for r in rows]
@@ -188,6 +188,11 @@ class SpecScheduler(Scheduler):
         width = min(k + 1, self.engine.manifest.limits.max_input_len, min(self.kv.capacity - p for p in pos))
         ks = [min(width - 1, r.max_new_tokens - len(r.output_ids) - 1) if s in self.ready and self.speculates(r)
               else 0 for s, r in enumerate(rows)]
+        drafted = max(ks)  # what the step drafts: less than k for rows near their end or the KV's
+        self.timing.draft_steps[drafted] = self.timing.draft_steps.get(drafted, 0) + 1
+        if drafted == 0:  # nothing to verify (each row at its last token, or no room): a plain step
+            self.timing.generation_seconds += elapsed
+            return self.paused(hi, rows)
         drafts = {s: [self.ready[s][0]] for s in range(hi) if ks[s] > 0}
         ahead = self.draft_ahead(hi, rows, pos, ks, drafts)
         w = 1 + max(ks)
@@ -231,8 +236,9 @@ class SpecScheduler(Scheduler):
         self.timing.generation_seconds += step_time + elapsed + ahead + catch
 
     def paused(self, hi: int, rows: list) -> None:
-        """k = 0 (auto's pause, or no row speculating): a plain step; each speculating row keeps its (hidden state, token) pair for
-        the draft, which catches up on them when drafting resumes (or once PAUSE_FLUSH are kept)."""
+        """A plain step (auto's k = 0, no row speculating, or nothing to draft): each speculating
+        row keeps its (hidden state, token) pair for the draft, which catches up on them when
+        drafting resumes (or once PAUSE_FLUSH are kept)."""
         pos = {s: len(r.prompt_ids) + len(r.output_ids) - 1 for s, r in enumerate(rows) if self.speculates(r)}
         out, step_time = super().decode()
         if self.policy is not None:

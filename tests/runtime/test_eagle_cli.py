@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
+
 import pytest
 from click.testing import CliRunner
 
@@ -60,9 +62,11 @@ def test_speculation_changes_no_answer(eagle_engine, run_cli, tmp_path, batch_si
         spec = profile["eagle_generation"]
         assert spec["draft_step"] == int(step) and spec["total_iterations"] > 0
         assert spec["drafted_tokens"] > 0 and 0 <= spec["accepted_tokens"] <= spec["drafted_tokens"]
-        # a step with no greedy row left to speculate is a plain one ("0"), not a verification
-        assert set(spec["draft_steps"]) <= {"0", step} and spec["draft_steps"][step] == spec["total_iterations"]
-        assert sum(spec["draft_steps"].values()) == profile["generation"]["total_runs"]
+        # each step is counted under what it drafted: at most the step, fewer near a row's end, and
+        # "0" for a plain one (no greedy row left to speculate, or nothing to draft)
+        drafted = {int(k): n for k, n in spec["draft_steps"].items()}
+        assert max(drafted) == int(step) and spec["total_iterations"] == sum(n for k, n in drafted.items() if k)
+        assert sum(drafted.values()) == profile["generation"]["total_runs"]
     got, profile = answers(run_cli, engine, tmp_path, batch_size=batch_size)  # auto, the default
     assert got == plain
     spec = profile["eagle_generation"]
@@ -81,6 +85,46 @@ def test_no_speculating_row_takes_plain_steps(eagle_engine, run_cli, tmp_path, s
     spec = profile["eagle_generation"]
     assert got == plain and spec["total_iterations"] == 0 and spec["drafted_tokens"] == 0
     assert spec["draft_steps"] == {"0": profile["generation"]["total_runs"]}
+
+
+def test_steps_are_counted_under_what_they_drafted(eagle_engine, run_cli, tmp_path):
+    """Two greedy requests of 5 tokens with --spec-draft-step 2: the last steps draft fewer (a row
+    at its last token drafts none), and are counted so; a step that drafts nothing is a plain one."""
+    engine, _ = eagle_engine
+    requests = [chat("Edge devices run small language models", max_generate_length=5),
+                chat("The quick brown fox", max_generate_length=5)]
+    got, profile = answers(run_cli, engine, tmp_path, "--spec-draft-step", "2", requests=requests)
+    spec, drafted = profile["eagle_generation"], {int(k): n for k, n in profile["eagle_generation"]["draft_steps"].items()}
+    assert drafted.get(0, 0) >= 1 and set(drafted) <= {0, 1, 2}
+    assert spec["total_iterations"] == sum(n for k, n in drafted.items() if k)
+    assert spec["drafted_tokens"] <= sum(k * n for k, n in drafted.items()) * len(requests)
+    plain, _ = answers(run_cli, engine, tmp_path, "--spec-draft-step", "0", requests=requests)
+    assert got == plain
+
+
+def test_non_finite_logits_in_a_verification_fail_that_row(eagle_engine, run_cli, tmp_path, monkeypatch):
+    from trtllm.runtime.backends import onnxruntime as ort_backend
+
+    engine, _ = eagle_engine
+    requests = [chat("Edge devices run small language models"), chat("The quick brown fox")]
+    plain, _ = answers(run_cli, engine, tmp_path, "--spec-draft-step", "0", requests=requests)
+    step, calls = ort_backend.OnnxRuntimeEngine.step, []
+
+    def overflow_row_0_in_a_verification(self, inputs, kv, want_logits=False):
+        out = step(self, inputs, kv, want_logits)
+        calls.append(inputs.verify_index is not None)
+        if calls.count(True) == 2 and calls[-1]:
+            out.top_logprobs[0, 0] = np.nan
+        return out
+
+    monkeypatch.setattr(ort_backend.OnnxRuntimeEngine, "step", overflow_row_0_in_a_verification)
+    profile = tmp_path / "p.json"
+    result, out = run_cli(engine, {"temperature": 0, "max_generate_length": 24, "batch_size": 2,
+                                   "requests": requests}, "--spec-draft-step", "2", "--profile", str(profile))
+    assert result.exit_code == 1 and json.loads(profile.read_text())["eagle_generation"]["total_iterations"] > 1
+    bad, good = out["responses"]
+    assert bad["finish_reason"] == "error" and "logits were not finite" in bad["error"]
+    assert (good["output_text"], good["finish_reason"]) == plain[1][:2]
 
 
 @pytest.mark.parametrize("value", ["-1", "two", "1.5"])
@@ -117,7 +161,9 @@ def test_saved_system_prompt_reuse(eagle_engine, run_cli, tmp_path):
     assert first == plain and again == plain
 
 
-def test_restored_prompt_without_head_kv_proposes_as_uncached(eagle_engine, run_cli, tmp_path):
+def test_restored_prompt_without_head_kv_proposes_as_uncached(eagle_engine, run_cli, tmp_path, monkeypatch):
+    from trtllm.runtime.speculative import SpecScheduler
+
     """Speculating requests that do not save, on a prompt whose model KV was saved without the
     head's: they compute it whole (the draft needs its hidden states) and save the head's KV, so
     their proposals, and every later run's, are those of an uncached run."""
@@ -128,13 +174,19 @@ def test_restored_prompt_without_head_kv_proposes_as_uncached(eagle_engine, run_
     saving = [{**r, "save_system_prompt_kv_cache": True} for r in reqs]
     answers(run_cli, engine, tmp_path, "--spec-draft-step", "0", *cache, requests=saving)
     assert len(list((tmp_path / "kv").glob("*.kv"))) == 1  # the model's KV only
-    uncached, profile = answers(run_cli, engine, tmp_path, "--spec-draft-step", "2", requests=reqs)
-    want = profile["eagle_generation"]["accepted_tokens"]
+    proposals = []  # every verification's drafts, row by row: the head's proposals
+    real = SpecScheduler.verify
+    monkeypatch.setattr(SpecScheduler, "verify", lambda self, slot, row, ids, drafts:
+                        proposals.append((row.prompt_ids[-1], tuple(drafts))) or real(self, slot, row, ids, drafts))
+    uncached, _ = answers(run_cli, engine, tmp_path, "--spec-draft-step", "2", requests=reqs)
+    want, proposals[:] = sorted(proposals), []
+    assert any(drafts for _, drafts in want)
     for reused in (False, True):
         got, profile = answers(run_cli, engine, tmp_path, "--spec-draft-step", "2", *cache, requests=reqs)
-        assert got == uncached and profile["eagle_generation"]["accepted_tokens"] == want
+        assert got == uncached and sorted(proposals) == want
         assert (profile["prefill"]["reused_tokens"] > 0) == reused
         assert len(list((tmp_path / "kv").glob("*.kv"))) == 2
+        proposals[:] = []
 
 
 @pytest.mark.parametrize("change, message", [
