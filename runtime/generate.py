@@ -101,6 +101,7 @@ class Timing:
     generated_tokens: int = 0
     generation_seconds: float = 0.0
     kv_cache_bytes: int = 0   # the largest KV allocation of the run (slots x capacity x bytes/token)
+    draft_kv_bytes: int = 0   # EAGLE: the largest allocation of the draft head's own KV
     # EAGLE (runtime/speculative.py): verify steps, draft graph runs and their time (in prefill_seconds
     # and generation_seconds too), tokens drafted for verification, those accepted, and what the
     # speculating rows emitted in verify steps (accepted drafts plus each step's own token)

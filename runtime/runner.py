@@ -200,8 +200,14 @@ class Runner:
     def kv_cache_profile(self) -> dict:
         """What the KV buffers took, and the most they can take (manifest limits), known up front."""
         m = self.engine.manifest
-        return {"allocated_bytes": self.timing.kv_cache_bytes, "bytes_per_token": bytes_per_token(m.model),
-                "max_bytes": bytes_for(m.model, m.limits.max_batch_size, m.limits.max_kv_cache_capacity)}
+        out = {"allocated_bytes": self.timing.kv_cache_bytes, "bytes_per_token": bytes_per_token(m.model),
+               "max_bytes": bytes_for(m.model, m.limits.max_batch_size, m.limits.max_kv_cache_capacity)}
+        if self.drafter is not None:  # the EAGLE head's KV: its own layer, as many slots and positions
+            out["draft_allocated_bytes"] = self.timing.draft_kv_bytes
+        scratch = getattr(self.engine, "scratch", None)
+        if scratch:  # TensorRT legacy graphs: present_* is written apart, then copied into the KV
+            out["present_copy_bytes"] = sum(b.nbytes for b in scratch.values())
+        return out
 
     def spec_profile(self) -> dict:
         """EAGLE: Edge-LLM's eagle_generation keys (total_iterations: verify steps), and ours."""

@@ -97,6 +97,7 @@ class SpecScheduler(Scheduler):
         self.drafter, self.k = drafter.engine, drafter.step
         make_kv = getattr(self.drafter, "make_kv_cache", KVCacheManager)  # device KV on TensorRT
         self.dkv = make_kv(self.drafter.manifest.model, self.kv.num_slots, self.kv.capacity)
+        self.timing.draft_kv_bytes = max(self.timing.draft_kv_bytes, self.dkv.nbytes)
         self.hidden_size = self.drafter.manifest.model.hidden_size
         self.pad = engine.manifest.pad_token_id
         self.ready: dict[int, tuple[int, np.ndarray]] = {}  # slot -> (d1, the draft's hidden state it came with)

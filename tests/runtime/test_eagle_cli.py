@@ -141,6 +141,8 @@ def test_default_step_and_manifest(eagle_engine, run_cli, tmp_path):
     assert (engine / m.eagle["onnx"]).is_file() and (engine / m.eagle["compiled"]).is_file()
     _, profile = answers(run_cli, engine, tmp_path, requests=REQUESTS[:1])
     assert profile["eagle_generation"]["draft_step"] == "auto"
+    kv = profile["kv_cache"]  # the head's KV: one layer of the model's shape here
+    assert 0 < kv["draft_allocated_bytes"] < kv["allocated_bytes"] and "present_copy_bytes" not in kv
 
 
 def test_saved_system_prompt_reuse(eagle_engine, run_cli, tmp_path):

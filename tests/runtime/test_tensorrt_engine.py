@@ -113,6 +113,16 @@ def test_without_the_alias_query_the_manifest_decides(engines, run_cli, monkeypa
         same(outputs(run_cli, engines / graph), want)
 
 
+def test_the_profile_counts_the_legacy_graphs_kv_copy(engines, run_cli, tmp_path):
+    profiles = {}
+    for graph in ("modern", "legacy"):
+        with fakes.installed(**({"FAKE_TRT_VERSION": "10.3.0.30"} if graph == "legacy" else {})):
+            outputs(run_cli, engines / graph, "--profile", str(tmp_path / f"{graph}.json"))
+        profiles[graph] = json.loads((tmp_path / f"{graph}.json").read_text())["kv_cache"]
+    assert "present_copy_bytes" not in profiles["modern"]
+    assert 0 < profiles["legacy"]["present_copy_bytes"] <= profiles["legacy"]["allocated_bytes"]
+
+
 def test_profiles_switch_between_prefill_and_decode(engines):
     from trtllm.runtime import sampling
     from trtllm.runtime.engine import load_engine
