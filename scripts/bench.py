@@ -4,16 +4,16 @@
     python scripts/bench.py                       # full: our engines (OURS) + every installed peer
     python scripts/bench.py --smoke               # tiny model, few tokens, no peers (CI)
 
-Every system runs in its own subprocess, one after the other, interleaved by precision, with
-the same thread count and the same token ids (the peers' own prompt recipe: a chat-templated
+Every system runs in its own subprocess, one after the other, grouped by precision (every other
+round in reverse order), with the same thread count and the same token ids (the peers' own prompt recipe: a chat-templated
 "summarize" request cut to exactly 128 and 512 tokens). Greedy, EOS ignored. Figures, as in
 the peers' script: TTFT at 128 and 512 prompt tokens, decode tokens/s at batch 1 and batch 8
 (8 copies of the 128-token prompt), each the median of --runs after a warm-up; peak memory is
-the subprocess tree's max RSS (wait4). The whole sequence is run --rounds times (default 2) and
-each system keeps its best round per figure, the same rule for every system: on a shared machine a
-neighbour's burst slows whoever runs at that moment, and a second pass lets each one be measured
-in a quiet spell (every round's figures are kept in the JSON). Each figure is also given as a ratio to the best peer of
-the same precision (> 1 means we are better), `agree` counts how many of the 128 greedy tokens
+the subprocess tree's max RSS (wait4). The whole sequence is run --rounds times (default 4); the
+table shows each system's best round per figure (every round's figures are kept in the JSON). The
+ratios to the best peer of the same precision (> 1 means we are better) are paired by round, each
+round's ours against that round's peers, and given as the median with its range over the rounds
+(see add_ratios); `agree` counts how many of the 128 greedy tokens
 match transformers fp32 before the first difference, and the memory-bandwidth bound for decode is
 given:
 weight bytes read per token / measured copy bandwidth. Results go to --out (JSON). A llama.cpp peer
@@ -223,6 +223,8 @@ def measure_peer(peer: str, args) -> dict:
         _, code, rss = run_measured(cmd, args.timeout * 2, {**os.environ, "PEERS_DIR": str(PEERS_DIR)})
         results = json.loads(out.read_text())["results"] if out.is_file() else []
     res = results[0] if results else {"peer": peer, "error": f"exit code {code}"}
+    if f"dec_b{args.batch}_tps" in res:  # the peers' script names it by the batch
+        res["dec_b8_tps"] = res.pop(f"dec_b{args.batch}_tps")
     res.update(precision=PEER_PRECISION[peer], peak_rss_mb=round(rss, 1))
     if "error" in res and peer in LLAMA_GGUF:
         res = llama_bench_decode(peer, res, args)
@@ -303,30 +305,46 @@ def add_agreement(results: list[dict]) -> None:
             r["agree_hf"] = same
 
 
-def add_ratios(results: list[dict]) -> None:
-    """ratio_<metric> = ours / best peer of the same precision (inverted for times: > 1 is better)."""
+def ratio(ours: float, peer_values: list[float], better: str) -> float:
+    """ours against the best peer value (inverted for times: > 1 is better)."""
+    best = min(peer_values) if better == "lower" else max(peer_values)
+    return best / ours if better == "lower" else ours / best
+
+
+def add_ratios(results: list[dict], rounds: dict[str, list[dict]]) -> None:
+    """Paired ratios: in each round, ours / the best peer of the same precision in that same round
+    (systems of a round run minutes apart; the best of each system's rounds may come from different
+    rounds, which on a noisy machine compares a quiet spell with a busy one). ratio_<metric> is their
+    median, ratio_<metric>_range their min and max, paired_<metric> each round's: ours is ahead only
+    where the whole range is above 1."""
     for r in results:
         if not r["peer"].startswith("trtllm-"):
             continue
-        peers = [p for p in results if not p["peer"].startswith("trtllm-") and p["precision"] == r["precision"]
-                 and "error" not in p]
+        peers = [p["peer"] for p in results if not p["peer"].startswith("trtllm-") and p["precision"] == r["precision"]]
+        mine = rounds[r["peer"].removeprefix("trtllm-")]
         for metric, better in METRICS:
-            vals = [p[metric] for p in peers if p.get(metric)]
-            if vals and r.get(metric):
-                best = min(vals) if better == "lower" else max(vals)
-                r[f"ratio_{metric}"] = round(best / r[metric] if better == "lower" else r[metric] / best, 2)
+            paired = []
+            for k, own in enumerate(mine):
+                vals = [rounds[p][k][metric] for p in peers if k < len(rounds[p]) and rounds[p][k].get(metric)]
+                if vals and own.get(metric):
+                    paired.append(round(ratio(own[metric], vals, better), 2))
+            if paired:
+                r[f"paired_{metric}"] = paired
+                r[f"ratio_{metric}"] = round(statistics.median(paired), 2)
+                r[f"ratio_{metric}_range"] = [min(paired), max(paired)]
 
 
 def print_table(results: list[dict], bandwidth: float) -> None:
     head = (f"{'system':<16}{'prec':>5}{'ttft128':>9}{'ttft512':>9}{'dec b1':>8}{'dec b8':>8}{'peak MB':>9}"
-            f"{'agree':>7}  ratios vs best peer (ttft128/ttft512/b1/b8)")
+            f"{'agree':>7}  ratios vs best peer, paired by round: median [min-max] (ttft128/ttft512/b1/b8)")
     print(head)
     print("-" * len(head))
     for r in results:
         if "error" in r:
             print(f"{r['peer']:<16}{r['precision']:>5}  failed: {r['error']}")
             continue
-        ratios = "/".join(f"{r[f'ratio_{m}']:.2f}" if f"ratio_{m}" in r else "-" for m, _ in METRICS)
+        ratios = " / ".join(f"{r[f'ratio_{m}']:.2f} [{r[f'ratio_{m}_range'][0]:.2f}-{r[f'ratio_{m}_range'][1]:.2f}]"
+                            if f"ratio_{m}" in r else "-" for m, _ in METRICS)
         cell = lambda m, width, fmt: f"{r[m]:>{width}{fmt}}" if r.get(m) is not None else f"{'-':>{width}}"
         print(f"{r['peer']:<16}{r['precision']:>5}{cell('ttft128_ms', 9, '.0f')}{cell('ttft512_ms', 9, '.0f')}"
               f"{cell('dec_b1_tps', 8, '.1f')}{cell('dec_b8_tps', 8, '.1f')}{r['peak_rss_mb']:>9.0f}"
@@ -363,7 +381,8 @@ def main() -> None:
     ap.add_argument("--gen", type=int, default=128)
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--runs", type=int, default=3)
-    ap.add_argument("--rounds", type=int, default=2, help="passes over every system; each keeps its best")
+    ap.add_argument("--rounds", type=int, default=4,
+                    help="passes over every system (every other one in reverse order); ratios are paired by round")
     ap.add_argument("--timeout", type=int, default=600)
     ap.add_argument("--out", type=Path, default=ROOT / "out" / "bench.json")
     ap.add_argument("--_worker"), ap.add_argument("--_engine", type=Path), ap.add_argument("--_tokenizer", type=Path)
@@ -386,12 +405,13 @@ def main() -> None:
     names = [n for n in ORDER if n in ours or n in peers]
     rounds: dict[str, list[dict]] = {n: [] for n in names}
     for k in range(args.rounds):
-        for name in names:
+        # every other round in reverse: no system always runs just after (or before) the same one
+        for name in names if k % 2 == 0 else names[::-1]:
             print(f"[bench] round {k + 1}/{args.rounds}: {name} ...", file=sys.stderr, flush=True)
             rounds[name].append(measure_ours(name, engines[name], tokenizer_dir, args) if name in ours
                                 else measure_peer(name, args))
     results = [best_of(rounds[n]) for n in names]
-    add_ratios(results)
+    add_ratios(results, rounds)
     add_agreement(results)
     bandwidth = copy_bandwidth()
     meta = {"threads": args.threads, "gen": args.gen, "batch": args.batch, "runs": args.runs,

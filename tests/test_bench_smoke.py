@@ -97,3 +97,25 @@ def test_bench_lora_smoke(tiny_checkpoint, tmp_path):
     plain_lines = [line for line in lines if "no LoRA inputs" in line]
     assert len(plain_lines) == 2 and all(line.count("(1.00x)") == 2 for line in plain_lines)  # its own baseline
     assert any("two rank-16 adapters mixed" in line for line in lines)
+
+
+def test_ratios_are_paired_by_round():
+    """Round 1: ours 100 tok/s against the peer's 120; round 2: ours 200 against 80. Best-of would
+    say 200 / 120 = 1.67; paired, the rounds say 0.83 and 2.5: median 1.67, range 0.83-2.5, so not
+    'ahead'. Times are inverted (> 1 better)."""
+    from scripts.bench import add_ratios, best_of
+
+    rounds = {"int4": [{"peer": "trtllm-int4", "dec_b1_tps": 100.0, "ttft128_ms": 50.0},
+                       {"peer": "trtllm-int4", "dec_b1_tps": 200.0, "ttft128_ms": 40.0}],
+              "llamacpp-q4_1": [{"peer": "llamacpp-q4_1", "dec_b1_tps": 120.0, "ttft128_ms": 100.0},
+                                {"peer": "llamacpp-q4_1", "error": "exit code -4"}],
+              "ortgenai-int4": [{"peer": "ortgenai-int4", "dec_b1_tps": 90.0, "ttft128_ms": 60.0},
+                                {"peer": "ortgenai-int4", "dec_b1_tps": 80.0, "ttft128_ms": 80.0}]}
+    results = [{**best_of(rounds["int4"]), "precision": "int4"},
+               {**best_of(rounds["llamacpp-q4_1"]), "precision": "int4"},
+               {**best_of(rounds["ortgenai-int4"]), "precision": "int4"}]
+    add_ratios(results, rounds)
+    ours = results[0]
+    assert ours["paired_dec_b1_tps"] == [0.83, 2.5] and ours["ratio_dec_b1_tps_range"] == [0.83, 2.5]
+    assert ours["paired_ttft128_ms"] == [1.2, 2.0] and ours["ratio_ttft128_ms"] == 1.6
+    assert "ratio_dec_b1_tps" not in results[1]
