@@ -160,6 +160,11 @@ def test_restored_system_prompt_keeps_the_proposals(eagle_setup):
     got, seen, timing = speculate(engine_dir, prompts, 10, prefixes=store, prefix_len=len(system))
     assert timing.reused_tokens == 2 * (len(system) - 1)
     assert got == [hf_greedy(hf_model(ck), p, 10) for p in prompts] and got[0] == first[0]
+    # both restored prompts were verified with drafts (a restore that stopped drafting would pass
+    # the loop below vacuously)
+    drafted = [text for text, drafts in seen if drafts]
+    assert timing.drafted_tokens > 0 and len(drafted) >= 4
+    assert all(any(text[:len(p)] == p for text in drafted) for p in prompts)
     for text, drafts in seen:
         assert ref.propose(text, len(drafts)) == drafts
 
@@ -170,7 +175,7 @@ def test_reduced_draft_vocabulary(eagle_setup):
     ref = Reference(draft_dir, hf_model(ck))
     got, seen, _ = speculate(engine_dir, PROMPTS, 16)
     assert got == [hf_greedy(hf_model(ck), p, 16) for p in PROMPTS]
-    assert all(d >= 3 and (d - 3) % 2 == 0 for _, drafts in seen for d in drafts)
+    assert len(seen) >= 6 and all(d >= 3 and (d - 3) % 2 == 0 for _, drafts in seen for d in drafts)
     for text, drafts in seen[:6]:
         assert ref.propose(text, len(drafts)) == drafts
 

@@ -149,7 +149,8 @@ def test_writes_in_place_when_bound_so():
 
 
 def test_the_wrong_rotary_fails():
-    """The deliberately wrong variant: interleaved rotary (GPT-J's) instead of rotate_half."""
+    """The deliberately wrong variant: a reference whose cos table pairs the dimensions as an
+    interleaved rotary would ([c0, c0, c2, c2, ...]) must disagree with the kernel."""
     feeds = case(1, 4, 2, 1, 16, 8, [1])
     y = session(op_model(2, 1, 16)).run(None, feeds)[0]
     wrong = dict(feeds)

@@ -9,8 +9,6 @@ from onnx import TensorProto, helper
 
 from trtllm.plugins import cpu
 
-pytestmark = pytest.mark.skipif(cpu.library() is None, reason="the native CPU kernel library is not built")
-
 from tests.plugins.cpu_ops import on_portable_path, one_node_model, session  # noqa: E402
 
 F = TensorProto.FLOAT

@@ -15,6 +15,19 @@ from tests.plugins.sample_cases import (ARGS, ambiguous, assert_close, kept_of, 
                                         naive_penalized, naive_row, random_case, random_penalties, run_body,
                                         run_reference)
 
+def test_the_random_comparison_catches_a_sampler_without_penalties():
+    """The deliberately wrong variant: the reference with its penalty stage left out must disagree
+    with the body on the same random cases, so the comparison below can see such a bug."""
+    rng = np.random.default_rng(1234)
+    differ = 0
+    for _ in range(40):
+        case, num_logprobs, max_top_k = random_case(rng)
+        wrong = {**case, "penalty_bias": np.zeros_like(case["penalty_bias"]),
+                 "repetition_penalty": np.ones_like(case["repetition_penalty"])}
+        differ += int((run_body(case, num_logprobs, max_top_k)[0] != run_reference(wrong, num_logprobs, max_top_k)[0]).any())
+    assert differ >= 5
+
+
 def test_body_matches_reference_on_random_cases():
     rng = np.random.default_rng(1234)
     num_rows = num_skipped = 0
