@@ -60,6 +60,7 @@ def test_cli_answers_match_transformers(demo_engine, reference, tmp_path):
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr
     responses = json.loads((tmp_path / "out.json").read_text())["responses"]
+    assert len(responses) == len(reference)
     for got, want in zip(responses, reference):
         assert got["output_text"] == want["text"]
         assert got["finish_reason"] == want["finish_reason"]
@@ -77,6 +78,22 @@ def test_token_ids_match_transformers(demo_engine, reference):
                              rng=np.random.default_rng(0), eos_ids=frozenset(engine.manifest.eos_token_ids)))
     run_batch(engine, rows)
     assert [r.output_ids for r in rows] == [w["tokens"] for w in reference]
+
+
+def test_a_position_off_by_one_is_caught(demo_engine, reference):
+    """The deliberately wrong variant: the same engine fed positions one too far (a RoPE offset bug)
+    must not give transformers' tokens."""
+    import dataclasses
+
+    engine = load_engine(demo_engine)
+    step = engine.step
+    engine.step = lambda inputs, kv, want_logits=False: step(
+        dataclasses.replace(inputs, position_ids=inputs.position_ids + 1), kv, want_logits)
+    rows = [RowState(prompt_ids=want["prompt_ids"], params=SamplingParams(temperature=0.0, max_new_tokens=NUM_TOKENS),
+                     rng=np.random.default_rng(0), eos_ids=frozenset(engine.manifest.eos_token_ids))
+            for want in reference]
+    run_batch(engine, rows)
+    assert [r.output_ids for r in rows] != [w["tokens"] for w in reference]
 
 
 def test_gguf_build_matches_checkpoint_build(demo_engine, tmp_path):
