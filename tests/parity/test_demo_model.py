@@ -80,15 +80,16 @@ def test_token_ids_match_transformers(demo_engine, reference):
     assert [r.output_ids for r in rows] == [w["tokens"] for w in reference]
 
 
-def test_a_position_off_by_one_is_caught(demo_engine, reference):
-    """The deliberately wrong variant: the same engine fed positions one too far (a RoPE offset bug)
-    must not give transformers' tokens."""
+def test_doubled_positions_are_caught(demo_engine, reference):
+    """The deliberately wrong variant: the same engine fed doubled positions (a RoPE bug; a constant
+    offset would not show, since rotary attention sees only position differences) must not give
+    transformers' tokens."""
     import dataclasses
 
     engine = load_engine(demo_engine)
     step = engine.step
     engine.step = lambda inputs, kv, want_logits=False: step(
-        dataclasses.replace(inputs, position_ids=inputs.position_ids + 1), kv, want_logits)
+        dataclasses.replace(inputs, position_ids=inputs.position_ids * 2), kv, want_logits)
     rows = [RowState(prompt_ids=want["prompt_ids"], params=SamplingParams(temperature=0.0, max_new_tokens=NUM_TOKENS),
                      rng=np.random.default_rng(0), eos_ids=frozenset(engine.manifest.eos_token_ids))
             for want in reference]
