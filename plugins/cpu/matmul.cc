@@ -430,7 +430,8 @@ namespace {
 // One task: weight rows [c * kChunkRows, ...) for every activation row. With SwiGLU, a task's rows
 // are h gate rows then the h matching up rows (the builder orders them so), and the task writes
 // silu(gate) * up for those h outputs: y's last dimension is n / 2.
-void run_chunk_body(const Job& job, size_t chunk) {
+void run_chunk(void* data, size_t chunk) {
+  const Job& job = *static_cast<const Job*>(data);
   const Weights& w = job.w;
   const int64_t r0 = static_cast<int64_t>(chunk) * kChunkRows, r1 = std::min(w.n, r0 + kChunkRows);
   thread_local std::vector<float> scratch, staged;
@@ -498,19 +499,6 @@ void run_chunk_body(const Job& job, size_t chunk) {
   }
 }
 
-// ParallelFor runs tasks on ONNX Runtime's pool threads, where an exception has nowhere to go: the
-// first one is kept and reported by run() after the loop.
-void run_chunk(void* data, size_t chunk) {
-  Job& job = *static_cast<Job*>(data);
-  try {
-    run_chunk_body(job, chunk);
-  } catch (const std::exception& e) {
-    if (!job.failed.exchange(true)) job.error = e.what();
-  } catch (...) {
-    if (!job.failed.exchange(true)) job.error = "unknown error";
-  }
-}
-
 }  // namespace
 
 Rows rows_of(std::vector<int64_t> x_shape, int64_t n, bool swiglu) {
@@ -536,9 +524,8 @@ int generated_flag(Ort::KernelContext& ctx, size_t index) {
   return flag.GetTensorData<int64_t>()[0] != 0 ? 1 : 0;
 }
 
-std::string run(Ort::KernelContext& ctx, Job& job) {
-  ctx.ParallelFor(run_chunk, static_cast<size_t>((job.w.n + kChunkRows - 1) / kChunkRows), 0, &job);
-  return job.failed ? job.error : "";
+void run(Ort::KernelContext& ctx, Job& job) {
+  parallel_for(ctx, run_chunk, static_cast<size_t>((job.w.n + kChunkRows - 1) / kChunkRows), &job);
 }
 
 OrtStatusPtr fail(const std::string& message, const char* op) {

@@ -2,7 +2,6 @@
 // N rows by K inputs, float32 activations, the work split into tasks of kChunkRows weight rows.
 #pragma once
 
-#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -35,8 +34,6 @@ struct Job {
   float* y;
   int64_t m;
   bool swiglu;
-  std::atomic<bool> failed{false};
-  std::string error;  // written once, by whoever set `failed` first
   // Integer activations (matmul_int8.cc), decode: x quantized by quantize_rows, int_row(K) per row.
   const int8_t* xq = nullptr;
   const float* xd = nullptr;
@@ -75,8 +72,9 @@ void int_tile(const Job& job, int64_t row, int nr, float* out, int64_t ldy);
 // out[i] = silu(gate[i]) * up[i] (AVX-512 or portable).
 void swiglu(const float* gate, const float* up, int64_t count, float* out);
 
-// The job on ONNX Runtime's threads, in tasks of kChunkRows weight rows: the first task's error, or "".
-std::string run(Ort::KernelContext& ctx, Job& job);
+// The job on ONNX Runtime's threads, in tasks of kChunkRows weight rows; a task's exception is
+// thrown again here (parallel_for).
+void run(Ort::KernelContext& ctx, Job& job);
 
 // An ONNX Runtime status naming the op; check_activation: "" when `activation` is valid for n.
 OrtStatusPtr fail(const std::string& message, const char* op);
