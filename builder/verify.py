@@ -119,14 +119,15 @@ def check_finite(logits: np.ndarray, what: str = "") -> None:
 
 
 def agreement(chosen: list[int], ref: np.ndarray) -> dict:
-    """Teacher-forced top-1 agreement, and the mismatches it allows: the floor's share of the
-    positions, but at least one (a tie), so a short text at a small KV capacity is not failed by one."""
+    """Teacher-forced top-1 agreement: the engine's chosen ids against transformers' argmax."""
     mismatches = int(np.sum(np.array(chosen) != ref.argmax(-1)))
     return {"agreement_positions": len(chosen), "top1_agreement": 1 - mismatches / len(chosen),
             "mismatches": mismatches}
 
 
 def allowed_mismatches(positions: int, floor: float) -> int:
+    """The floor's share of the positions, but at least one (a tie), so a short text at a small KV
+    capacity is not failed by one."""
     return max(1, int((1 - floor) * positions + 1e-9))
 
 

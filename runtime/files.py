@@ -110,20 +110,23 @@ def write_atomic(path: str | Path, data: dict, indent: int | None) -> None:
         # A directory we may not write, holding a file we may: rewrite the file in place, as the
         # shell's > would (not atomic: there is nowhere to put a temporary file).
         with open(path, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
+            write_synced(f, text)
         return
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())  # on disk before the rename: a power cut leaves the old file or the new
+            write_synced(f, text)  # on disk before the rename: a power cut leaves the old file or the new
         os.chmod(tmp, mode)
         os.replace(tmp, path)
     except BaseException:
         os.unlink(tmp)
         raise
+
+
+def write_synced(f, text: str | bytes) -> None:
+    """Write to an open file and get it onto the disk before anything renames it."""
+    f.write(text)
+    f.flush()
+    os.fsync(f.fileno())
 
 
 def write_all(fd: int, data: bytes) -> None:

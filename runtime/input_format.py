@@ -24,6 +24,7 @@ import re
 import struct
 from dataclasses import dataclass, field
 
+from trtllm.runtime import files
 from trtllm.runtime.strict_json import (  # the parsers, under this module's private names
     InputError,  # noqa: F401 - part of this module's API
     fail as _fail,
@@ -371,7 +372,7 @@ def parse_input(obj: object, bundled_loras: tuple[str, ...] = ()) -> InputFile:
 def read_input(path: str | os.PathLike, bundled_loras: tuple[str, ...] = ()) -> InputFile:
     """Read and validate an input JSON file; every failure is an `InputError`."""
     name = os.fspath(path)
-    label = f"input file `{os.fsencode(name).decode('utf-8', 'backslashreplace')}`"  # any bytes a name holds
+    label = f"input file `{files.shown(name)}`"
     try:
         with open(name, "rb") as f:
             data = f.read()

@@ -186,9 +186,7 @@ class PrefixStore:
         fd, tmp = tempfile.mkstemp(dir=self.dir, prefix=TMP_PREFIX, suffix=".kv")
         try:
             with os.fdopen(fd, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
+                files.write_synced(f, data)
             os.chmod(tmp, 0o666 & ~files.current_umask())  # not mkstemp's 600: a cache directory may be shared
             os.replace(tmp, self.path(key))
         except BaseException:
