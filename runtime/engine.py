@@ -66,6 +66,8 @@ class Engine(Protocol):
 
     # Optional: make_kv_cache(model, num_slots, capacity) -> a KVCacheManager whose view() gives what
     # step() binds (the TensorRT backend keeps the cache in device memory). Default: host numpy.
+    # Optional: kv_memory() -> {name: bytes}, the backend's own KV-sized buffers, for the profile's
+    # kv_cache section (the TensorRT legacy graph's present_copy_bytes). Default: none.
 
 
 def load_engine(engine_dir, **options) -> Engine:

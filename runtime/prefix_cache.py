@@ -82,6 +82,12 @@ class PrefixStore:
     def path(self, key: str) -> Path:
         return self.dir / f"{key}.kv"
 
+    def has(self, prefix_ids: tuple[int, ...], adapter: str | None = None) -> bool:
+        """Whether an entry is there, without reading it or counting a hit (a corrupt one counts:
+        reading it later discards it)."""
+        key = self.key(prefix_ids, adapter)
+        return key in self.memory or self.path(key).is_file()
+
     def load(self, prefix_ids: tuple[int, ...], adapter: str | None = None) -> np.ndarray | None:
         key = self.key(prefix_ids, adapter)
         kv = self.memory.get(key)

@@ -204,10 +204,8 @@ class Runner:
                "max_bytes": bytes_for(m.model, m.limits.max_batch_size, m.limits.max_kv_cache_capacity)}
         if self.drafter is not None:  # the EAGLE head's KV: its own layer, as many slots and positions
             out["draft_allocated_bytes"] = self.timing.draft_kv_bytes
-        scratch = getattr(self.engine, "scratch", None)
-        if scratch:  # TensorRT legacy graphs: present_* is written apart, then copied into the KV
-            out["present_copy_bytes"] = sum(b.nbytes for b in scratch.values())
-        return out
+        kv_memory = getattr(self.engine, "kv_memory", None)  # optional (runtime/engine.py)
+        return {**out, **(kv_memory() if kv_memory else {})}
 
     def spec_profile(self) -> dict:
         """EAGLE: Edge-LLM's eagle_generation keys (total_iterations: verify steps), and ours."""

@@ -162,7 +162,7 @@ class SpecScheduler(Scheduler):
                 # No head KV (the model's was saved by a request that did not speculate, or nothing
                 # was): the whole prompt is computed, so the draft proposes as in an uncached run,
                 # and the head's KV is saved next to the model's so that later requests restore both.
-                if row.save_prefix or self.prefixes.load(row.prefix_ids, adapter_key(row)) is not None:
+                if row.save_prefix or self.prefixes.has(row.prefix_ids, adapter_key(row)):
                     self.save_head.add(id(row))
                 return
         super().restore_prefix(row)

@@ -309,6 +309,10 @@ class TensorRTEngine:
             copies.append((view.ptr, scratch.ptr, view.nbytes))
         return copies
 
+    def kv_memory(self) -> dict[str, int]:
+        """Legacy graphs write present_* apart and copy it into the KV: that copy's device bytes."""
+        return {"present_copy_bytes": sum(b.nbytes for b in self.scratch.values())} if self.scratch else {}
+
     def close(self) -> None:
         if getattr(self, "stream", None) is None:
             return

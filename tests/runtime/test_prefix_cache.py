@@ -27,6 +27,15 @@ def test_roundtrip_in_memory_and_across_processes(tmp_path):
     assert fresh.hits == 1 and list(tmp_path.iterdir()) == [store.path(store.key(PREFIX))]
 
 
+def test_has_tells_without_reading_or_counting(tmp_path):
+    store = PrefixStore(tmp_path, "engine-a")
+    assert not store.has(PREFIX)
+    store.save(PREFIX, kv())
+    fresh = PrefixStore(tmp_path, "engine-a")  # a later process: the file only
+    assert store.has(PREFIX) and fresh.has(PREFIX) and not fresh.has(PREFIX, adapter="french")
+    assert fresh.hits == fresh.misses == 0 and not fresh.memory  # nothing read
+
+
 def test_key_covers_engine_adapter_and_prefix(tmp_path):
     PrefixStore(tmp_path, "engine-a").save(PREFIX, kv())
     assert PrefixStore(tmp_path, "engine-b").load(PREFIX) is None
