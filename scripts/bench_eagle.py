@@ -9,8 +9,10 @@ e.g. after
         --quantization int4 --eagle models/smollm2-eagle3
 
 Greedy tokens are the same whatever k (tests/parity/test_eagle_parity.py); the runs check it. Every
-case runs once per round, alternating, in one process; each reports its best round and its ratio
-to k = 0 (this machine is shared: only ratios mean anything), with the share of drafts accepted.
+case runs once per round in one process, every other round in reverse order; each reports its
+median tok/s and its ratio to the first --steps entry (k = 0) paired by round, as the median and
+[min-max] over the rounds (this machine is shared: only ratios of one spell mean anything), with
+the share of drafts accepted.
 """
 from __future__ import annotations
 
@@ -76,11 +78,11 @@ def main() -> None:
     texts = prompts(args.engine)
     for batch in (int(b) for b in args.batches.split(",")):
         groups = [texts[i: i + batch] for i in range(0, len(texts), batch)]
-        best = {k: 0.0 for k in steps}
+        rates = {k: [] for k in steps}  # tok/s per round
         stats = {k: [0, 0, {}] for k in steps}
         reference = None
-        for _ in range(args.rounds):
-            for k in steps:
+        for r in range(args.rounds):
+            for k in (steps if r % 2 == 0 else steps[::-1]):  # every other round reversed
                 tps, outputs, spent = [], [], Timing()  # this round's
                 for group in groups:
                     rate, out, timing = run(engine, drafters[k], group, args.gen, eos)
@@ -93,16 +95,17 @@ def main() -> None:
                 if reference is None:
                     reference = outputs
                 assert outputs == reference, f"k={k} changed the greedy tokens"
-                best[k] = max(best[k], float(np.mean(tps)))
+                rates[k].append(float(np.mean(tps)))
                 stats[k] = [spent.accepted_tokens, spent.drafted_tokens, spent.draft_steps]
-        base = best[steps[0]]
+        base = rates[steps[0]]
         for k in steps:
             accepted, drafted, chosen = stats[k]
             share = f", {accepted / drafted:.0%} of {drafted} drafts accepted" if drafted else ""
             if k == "auto":
                 share += ", cycles per k: " + " ".join(f"{j}:{n}" for j, n in sorted(chosen.items()))
-            print(f"batch {batch}  k={k}  {best[k]:7.1f} tok/s ({best[k] / base:.2f}x){share}", flush=True)
-
+            ratios = [a / b for a, b in zip(rates[k], base)]  # paired by round: same spell of the machine
+            print(f"batch {batch}  k={k}  {np.median(rates[k]):7.1f} tok/s  {np.median(ratios):.2f}x "
+                  f"[{min(ratios):.2f}-{max(ratios):.2f}]{share}", flush=True)
 
 if __name__ == "__main__":
     main()

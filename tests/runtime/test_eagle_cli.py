@@ -4,6 +4,7 @@ the profile reports it, and bad draft heads fail the build with a message naming
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 
@@ -295,3 +296,19 @@ def test_quantized_engine(eagle_engine, tiny_checkpoint, run_cli, tmp_path):
     plain, _ = answers(run_cli, engine, tmp_path, "--spec-draft-step", "0")
     got, profile = answers(run_cli, engine, tmp_path, "--spec-draft-step", "3")
     assert same(got, plain) and profile["eagle_generation"]["drafted_tokens"] > 0
+
+
+def test_bench_eagle_script_pairs_rounds(eagle_engine, tmp_path):
+    """scripts/bench_eagle.py runs on an EAGLE engine and prints, per setting, a paired ratio to
+    k=0 with its range over the rounds (k=0 against itself: exactly 1)."""
+    import subprocess
+    import sys
+
+    engine, _ = eagle_engine
+    script = Path(__file__).resolve().parents[2] / "scripts" / "bench_eagle.py"
+    out = subprocess.run([sys.executable, str(script), str(engine), "--steps", "0,1", "--batches", "2",
+                          "--rounds", "2", "--threads", "1", "--gen", "6"],
+                         capture_output=True, text=True, timeout=600, check=True).stdout
+    lines = out.splitlines()
+    assert len(lines) == 2 and "k=0" in lines[0] and "1.00x [1.00-1.00]" in lines[0]
+    assert "k=1" in lines[1] and "drafts accepted" in lines[1], out
