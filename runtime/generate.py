@@ -66,16 +66,19 @@ class RowState:
         if top is not None:
             self.logprobs.append(top)
         n, p = len(self.output_ids), self.params
+        # Stop strings count from token min_new_tokens + 1 on (vLLM's min_tokens): those first
+        # tokens are always kept, as EOS cannot come before token min_new_tokens + 1 either.
+        look = n > p.min_new_tokens
         if token_id in self.eos_ids and not p.ignore_eos:
             self.finish_reason = "end-of-sequence"
         elif token_id in p.stop_token_ids:
             self.finish_reason = "stop-words"
-        elif self.text is not None and self.text.push(token_id, check_stops=n >= p.min_new_tokens):
+        elif self.text is not None and self.text.push(token_id, check_stops=look):
             self.finish_reason = "stop-words"
         elif n >= self.max_new_tokens:
             self.finish_reason = "max-length"
         # the text held back comes out now, and may hold a stop string that ends the text sooner
-        if self.finish_reason and self.text is not None and self.text.finish(check_stops=n >= p.min_new_tokens):
+        if self.finish_reason and self.text is not None and self.text.finish(check_stops=look):
             self.finish_reason = "stop-words"
 
     def fail(self, error: str) -> None:

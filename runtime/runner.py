@@ -148,9 +148,9 @@ class Runner:
             run_rows(self.engine, [smp.row for smp in live], num_slots, self.timing,
                      on_token if on_text else None, self.prefixes, self.drafter)
         except Exception as e:  # the engine itself failed: fail what did not finish, keep the rest
-            for smp in live:
+            for smp in live:  # per sample: a request's finished samples (n > 1) keep their answers
                 if not smp.row.finish_reason:
-                    smp.prepared.error = f"the engine failed: {type(e).__name__}: {e}"
+                    smp.row.fail(f"the engine failed: {type(e).__name__}: {e}")
 
     def response(self, smp: Sample) -> dict:
         p, row = smp.prepared, smp.row

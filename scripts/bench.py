@@ -220,7 +220,10 @@ def measure_peer(peer: str, args) -> dict:
         out = Path(tmp) / "peer.json"
         cmd = [str(python), str(SHARED_PEERS / "bench_peers.py"), "--peers", peer, "--threads", str(args.threads),
                "--gen", str(args.gen), "--runs", str(args.runs), "--batch", str(args.batch), "--out", str(out)]
-        _, code, rss = run_measured(cmd, args.timeout * 2, {**os.environ, "PEERS_DIR": str(PEERS_DIR)})
+        env = {**os.environ, "PEERS_DIR": str(PEERS_DIR)}
+        if args.llama_build:  # llama-cpp-python loads libllama from here instead of its lib/ link
+            env["LLAMA_CPP_LIB_PATH"] = str(args.llama_build / "bin")
+        _, code, rss = run_measured(cmd, args.timeout * 2, env)
         results = json.loads(out.read_text())["results"] if out.is_file() else []
     res = results[0] if results else {"peer": peer, "error": f"exit code {code}"}
     if f"dec_b{args.batch}_tps" in res:  # the peers' script names it by the batch
@@ -238,7 +241,7 @@ def llama_bench_decode(peer: str, failed: dict, args) -> dict:
     token per micro-batch (`-ub 1`, which avoids the crashing kernels; it is not timed). Only dec_b1
     comes out, marked with its protocol; decode from an empty context (llama-bench's default, faster:
     no attention over the prompt) is kept beside it for reference."""
-    binary = PEERS_DIR / "llama.cpp" / "build" / "bin" / "llama-bench"
+    binary = (args.llama_build or PEERS_DIR / "llama.cpp" / "build") / "bin" / "llama-bench"
     gguf = PEERS_DIR / LLAMA_GGUF[peer]
     if not (binary.is_file() and gguf.is_file()):
         return failed
@@ -384,6 +387,9 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=4,
                     help="passes over every system (every other one in reverse order); ratios are paired by round")
     ap.add_argument("--timeout", type=int, default=600)
+    ap.add_argument("--llama-build", type=Path, default=None,
+                    help="a llama.cpp build directory to use instead of the peers' (its bin/ holds libllama and "
+                         "llama-bench), e.g. one built without AMX where the CPU reports AMX the VM does not enable")
     ap.add_argument("--out", type=Path, default=ROOT / "out" / "bench.json")
     ap.add_argument("--_worker"), ap.add_argument("--_engine", type=Path), ap.add_argument("--_tokenizer", type=Path)
     args = ap.parse_args()
@@ -416,6 +422,7 @@ def main() -> None:
     bandwidth = copy_bandwidth()
     meta = {"threads": args.threads, "gen": args.gen, "batch": args.batch, "runs": args.runs,
             "rounds": args.rounds, "smoke": args.smoke,
+            "llama_build": str(args.llama_build or PEERS_DIR / "llama.cpp" / "build"),
             "copy_bandwidth_bytes_per_s": bandwidth, "time": time.strftime("%Y-%m-%d %H:%M:%S"),
             "command": " ".join([Path(sys.argv[0]).name] + sys.argv[1:])}
     args.out.parent.mkdir(parents=True, exist_ok=True)

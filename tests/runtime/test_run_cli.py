@@ -230,6 +230,32 @@ def test_a_row_failing_mid_stream_ends_with_one_error_line(tmp_path, tiny_engine
     assert other[-1]["finish_reason"] == "max-length" and all("finish_reason" not in ln for ln in other[:-1])
 
 
+def test_an_engine_failure_keeps_the_samples_that_finished(tmp_path, tiny_engine, monkeypatch):
+    """n = 2 with one slot: sample 0 finishes in step 1, the engine raises in step 2 (sample 1's
+    prefill). Only sample 1 fails; sample 0 keeps its answer."""
+    from trtllm.runtime.backends import onnxruntime as ort_backend
+
+    engine = tiny_engine("llama")
+    step, calls = ort_backend.OnnxRuntimeEngine.step, [0]
+
+    def step_raising_at_step_2(self, inputs, kv, want_logits=False):
+        calls[0] += 1
+        if calls[0] == 2:
+            raise RuntimeError("device lost")
+        return step(self, inputs, kv, want_logits)
+
+    monkeypatch.setattr(ort_backend.OnnxRuntimeEngine, "step", step_raising_at_step_2)
+    (tmp_path / "in.json").write_text(json.dumps({"batch_size": 1, "temperature": 1.0, "seed": 1,
+                                                  "max_generate_length": 1, "requests": [chat("a", n=2)]}))
+    result = CliRunner().invoke(main, [str(tmp_path / "in.json"), "--engine", str(engine),
+                                       "--output", str(tmp_path / "out.json")])
+    assert result.exit_code == 1
+    first, second = json.loads((tmp_path / "out.json").read_text())["responses"]
+    assert (first["sample_idx"], first["finish_reason"], "error" in first) == (0, "max-length", False)
+    assert (second["sample_idx"], second["finish_reason"]) == (1, "error")
+    assert second["error"] == "the engine failed: RuntimeError: device lost"
+
+
 def run_process(tmp_path, engine, payload, *extra, stdout=subprocess.PIPE):
     (tmp_path / "in.json").write_text(json.dumps(payload))
     return subprocess.Popen([sys.executable, "-m", "trtllm.runtime", str(tmp_path / "in.json"), "--engine", str(engine),

@@ -54,6 +54,22 @@ def test_stop_strings_wait_for_min_new_tokens():
     assert stopped and ts.final_text() == "XYZ abc "
 
 
+@pytest.mark.parametrize("min_new, expected", [(0, ""), (1, "X"), (2, "XX")])
+def test_row_keeps_min_new_tokens_before_a_stop_string(min_new, expected):
+    """A row keeps its first min_new_tokens tokens whatever they spell (a stop string must end in
+    a later token's text), as it keeps them free of EOS."""
+    from trtllm.runtime.generate import RowState
+
+    params = sampling.SamplingParams(temperature=0, max_new_tokens=8, min_new_tokens=min_new)
+    row = RowState([0], params, np.random.default_rng(0), frozenset(),
+                   text=TextStream(CharTokenizer(), ("X",)))
+    for ch in "XXXX":
+        row.accept(CharTokenizer.ALPHABET.index(ch), None)
+        if row.finish_reason:
+            break
+    assert row.finish_reason == "stop-words" and row.text.final_text() == expected
+
+
 def test_a_short_stop_before_min_new_tokens_stays_unmatched_beside_a_long_one():
     """The long stop holds back 6 characters; "XY" ended before checking began, so it is not a match."""
     ts, _, stopped = stream("abXYc abc", ["XY", "ZZZZZZZ"], check_from=5)
