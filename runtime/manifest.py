@@ -19,7 +19,8 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-FORMAT_VERSION = 3  # 2: the sampler takes penalties and min_p; 3: static-width logprob outputs
+FORMAT_VERSION = 4  # 2: the sampler takes penalties and min_p; 3: static-width logprob outputs;
+# 4: with min_p and no top_k, top-p measures its mass over every min-p survivor (the sampler in the graph)
 MANIFEST_NAME = "manifest.json"
 SUPPORTED_BACKENDS = ("onnxruntime", "tensorrt")
 

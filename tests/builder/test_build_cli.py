@@ -96,7 +96,7 @@ def test_engine_directory_contract(arch, tiny_engine):
     assert {"manifest.json", "llm.onnx", "llm.onnx.data", "llm.ort.onnx", "tokenizer.json",
             "tokenizer_config.json", "chat_template.jinja", "generation_config.json", "verify.json"} <= names
     manifest = json.loads((engine / "manifest.json").read_text())
-    assert manifest["format_version"] == 3 and manifest["backend"] == "onnxruntime"
+    assert manifest["format_version"] == 4 and manifest["backend"] == "onnxruntime"
     assert manifest["architecture"].lower().startswith(arch)
     assert manifest["limits"] == {"max_batch_size": 4, "max_input_len": 256, "max_kv_cache_capacity": 512,
                                   "max_lora_rank": 0}
