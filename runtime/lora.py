@@ -65,6 +65,8 @@ def read_safetensors(path: Path) -> dict[str, np.ndarray]:
                 raise AdapterError(f"{path}: tensor {name} is {info['dtype']}; adapters must be float32, "
                                    "float16 or bfloat16")
             start, stop = info["data_offsets"]
+            if not 0 <= start <= stop:  # numpy would read a count of -1 as "to the end"
+                raise ValueError(f"tensor {name} has data_offsets {[start, stop]}")
             raw = np.frombuffer(data, dtype, (stop - start) // np.dtype(dtype).itemsize, 8 + size + start)
             if info["dtype"] == "BF16":
                 raw = (raw.astype(np.uint32) << 16).view(np.float32)
@@ -112,7 +114,9 @@ def read_config(path: Path) -> dict:
         "alora_invocation_tokens": (bool(cfg.get("alora_invocation_tokens")),
                                     "activated LoRA applies from its invocation tokens on; this engine would apply it everywhere"),
         "layer_replication": (bool(cfg.get("layer_replication")), "its layer numbers are of a model with replicated layers"),
-        "init_lora_weights": (init.startswith(("pissa", "corda", "olora", "loftq", "lora_ga", "eva")),
+        # (EVA is not here: it sets lora_A and the ranks, which it saves in rank_pattern and
+        # alpha_pattern, and leaves the base weights alone)
+        "init_lora_weights": (init.startswith(("pissa", "corda", "olora", "loftq", "lora_ga")),
                               "this initialisation also rewrites the base weights; save the adapter with PEFT's "
                               "path_initial_model_for_weight_conversion to make it a plain LoRA"),
     }
@@ -175,7 +179,10 @@ def convert(name: str, path: str | Path, manifest: Manifest) -> Adapter:
     config_path, weights_path = adapter_files(path)
     cfg = read_config(config_path)
     tensors = read_safetensors(weights_path)
-    digest = hashlib.sha256(config_path.read_bytes() + weights_path.read_bytes()).hexdigest()
+    h = hashlib.sha256()
+    for part in (config_path.read_bytes(), weights_path.read_bytes()):  # each after its length: no two
+        h.update(len(part).to_bytes(8, "little") + part)                 # splits of one byte string match
+    digest = h.hexdigest()
     dtype = dtype_of(manifest)
     max_rank = manifest.limits.max_lora_rank
     known = {module for _, module, _, _ in projections(manifest)}

@@ -191,6 +191,37 @@ def test_refusals_name_the_file_and_the_fix(make, message, tmp_path):
     assert message in str(e.value) and str(path) in str(e.value)
 
 
+def _offsets_backwards(path):
+    write_adapter(path, {(0, "self_attn.q_proj"): 2})
+    data = (path / lora.WEIGHTS_NAME).read_bytes()
+    size = int.from_bytes(data[:8], "little")
+    header = json.loads(data[8:8 + size])
+    name = max((n for n in header if n != "__metadata__"), key=lambda n: header[n]["data_offsets"][0])
+    start = header[name]["data_offsets"][0]  # the last tensor: "to the end" is its bytes, and fits its shape
+    header[name]["data_offsets"] = [start, start - 1]  # numpy reads count (-1) // 4 = -1 as: to the end
+    text = json.dumps(header).encode().ljust(size)
+    (path / lora.WEIGHTS_NAME).write_bytes(data[:8] + text + data[8 + size:])
+
+
+def test_backwards_data_offsets_are_refused(tmp_path):
+    _offsets_backwards(tmp_path / "adapter")
+    with pytest.raises(lora.AdapterError, match="data_offsets"):
+        lora.load_adapter("a", tmp_path / "adapter", MANIFEST)
+
+
+def test_eva_is_read_as_the_plain_lora_it_saves(tmp_path):
+    """EVA sets lora_A and per-module ranks (saved in rank_pattern/alpha_pattern) and leaves the base
+    weights alone: the adapter computes what the same tensors with plain init do."""
+    modules = {(0, "self_attn.q_proj"): 2, (1, "mlp.down_proj"): 3}
+    write_adapter(tmp_path / "plain", modules, alpha_pattern={"model.layers.1.mlp.down_proj": 6})
+    write_adapter(tmp_path / "eva", modules, alpha_pattern={"model.layers.1.mlp.down_proj": 6},
+                  init_lora_weights="eva", eva_config={"rho": 2.0})
+    plain, eva = (lora.load_adapter("a", tmp_path / n, MANIFEST) for n in ("plain", "eva"))
+    assert plain.arrays.keys() == eva.arrays.keys()
+    assert all(np.array_equal(plain.arrays[k], eva.arrays[k]) for k in plain.arrays)
+    assert plain.digest != eva.digest  # the configs differ: their saved KV is kept apart
+
+
 def test_an_engine_without_lora_inputs_says_how_to_rebuild(tmp_path):
     write_adapter(tmp_path, {(0, "self_attn.q_proj"): 2})
     plain = dataclasses.replace(MANIFEST, lora={})
