@@ -135,7 +135,7 @@ def serve(input_file: Path, engine_dir: Path, output: str | None, profile: str |
         fail_usage(f"--output and --profile are the same file ({files.shown(output)})")
     if stream and to_stdout:
         fail_usage(f"--output {files.shown(output)} is stdout, which --stream writes its lines to")
-    from trtllm.runtime.prefix_cache import PrefixStore, engine_identity, parse_size
+    from trtllm.runtime.prefix_cache import PrefixStore, engine_identity, parse_size, prefix_identity
 
     try:
         max_bytes = parse_size(kv_cache_size)
@@ -168,7 +168,10 @@ def serve(input_file: Path, engine_dir: Path, output: str | None, profile: str |
     for i, problem in [*fmt.check_limits(inp, m.max_top_k, m.model.vocab_size),
                        *fmt.check_against_engine(inp, m.model.vocab_size)]:
         engine_errors[i] = f"{engine_errors[i]}; {problem}" if i in engine_errors else problem  # all of them
-    prefixes = PrefixStore(kv_cache_dir or engine_dir / "cache", identity, max_bytes=max_bytes)
+    # Saved KV is reused only where it would be computed again bit for bit: the same engine files,
+    # and the same libraries and code path (an engine directory, and its cache, can be copied).
+    prefixes = PrefixStore(kv_cache_dir or engine_dir / "cache", prefix_identity(identity, engine),
+                           max_bytes=max_bytes)
     from trtllm.runtime.speculative import Drafter
 
     source = click.get_current_context().get_parameter_source("spec_draft_step")

@@ -233,12 +233,13 @@ class Scheduler:
         return admitted
 
     def restore_prefix(self, row: RowState) -> None:
-        """A reused prefix leaves at least one prompt token to compute, for the first logits."""
+        """A reused prefix leaves at least two prompt tokens to compute: the first logits need one,
+        and ONNX Runtime's GroupQueryAttention takes a one-token step for a decode step, whose
+        arithmetic differs in the last bits from a prompt's (our attention kernel does not)."""
         if not (self.prefixes and row.prefix_ids):
             return
         kv = self.prefixes.load(row.prefix_ids, adapter_key(row))
-        if kv is not None:
-            n = min(kv.shape[2], len(row.prompt_ids) - 1)
+        if kv is not None and (n := min(kv.shape[2], len(row.prompt_ids) - 2)) > 0:
             self.kv.write(row.slot, kv[:, :, :n])
             row.num_reused = n
 

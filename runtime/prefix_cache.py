@@ -57,6 +57,12 @@ def engine_identity(engine_dir) -> str:
     return hashlib.sha256((Path(engine_dir) / "manifest.json").read_bytes()).hexdigest()
 
 
+def prefix_identity(identity: str, engine) -> str:
+    """What saved KV is keyed by: the engine's files (`identity`) and its backend's `numerics`."""
+    numerics = getattr(engine, "numerics", "")
+    return hashlib.sha256(f"{identity}\0{numerics}".encode()).hexdigest() if numerics else identity
+
+
 def parse_size(text: str) -> int:
     """'2G', '2GiB', '512M', '1000000' -> bytes (binary units)."""
     match = SIZE.fullmatch(text.strip())
@@ -110,8 +116,10 @@ class PrefixStore:
             data = path.read_bytes()
         except (FileNotFoundError, NotADirectoryError):  # no entry, or no directory to hold one
             return None
-        except OSError as e:
-            return self.discard(path, f"cannot be read ({e})")
+        except OSError as e:  # another user's entry (umask 077), an I/O error: a miss, not corrupt
+            warnings.warn(f"saved system-prompt KV {path} cannot be read ({e}); it will be recomputed",
+                          PrefixCacheWarning, stacklevel=3)
+            return None
         try:
             return self.decode(data, key, prefix_ids, adapter)
         except ValueError as e:

@@ -54,6 +54,16 @@ def set_huge_pages(on: bool) -> None:
         ctypes.CDLL(str(LIBRARY)).trtllm_cpu_set_huge_pages(1 if on else 0)
 
 
+def fingerprint() -> str:
+    """The loaded library and the code path it takes on this CPU: results differ in their low bits
+    between paths (AVX-512 with VNNI, AVX-512, portable) and between builds."""
+    import ctypes
+    import hashlib
+
+    level = ctypes.CDLL(str(LIBRARY)).trtllm_cpu_kernel_path()
+    return f"trtllm.cpu {hashlib.sha256(LIBRARY.read_bytes()).hexdigest()[:16]} path {level}"
+
+
 def missing_hint() -> str:
     state = "was built from other sources than these" if LIBRARY.is_file() else "is not built"
     return (f"the native CPU kernel library {LIBRARY} {state}: run `bash scripts/setup.sh` "

@@ -8,7 +8,9 @@ place: no per-step copy or concatenation of the cache.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import os
+import platform
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -31,6 +33,17 @@ def session_options(num_threads: int | None = None) -> ort.SessionOptions:
     opts.inter_op_num_threads = 1
     opts.log_severity_level = 3
     return opts
+
+
+def cpu_signature() -> str:
+    """This CPU's instruction sets: ONNX Runtime's MLAS and our kernels pick their code by them."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((ln.split(":", 1)[1] for ln in f if ln.startswith(("flags", "Features"))), "")
+    except OSError:
+        flags = ""
+    digest = hashlib.sha256(" ".join(sorted(flags.split())).encode()).hexdigest()[:16]
+    return f"cpu {platform.machine()} {digest}"
 
 
 class OnnxRuntimeEngine:
@@ -59,6 +72,8 @@ class OnnxRuntimeEngine:
                                 f"{str(e)[:300]}); {rebuild_hint(engine_dir)}") from e
         # The packed weights ONNX Runtime just allocated, onto huge pages (see runtime/hugepages.py).
         self.huge_pages = hugepages.promote(before) if huge_pages else hugepages.Report(skipped="turned off")
+        kernels = cpu_kernels.fingerprint() if cpu_kernels.needed_by(manifest.lowerings) else "no trtllm.cpu"
+        self.numerics = f"onnxruntime {ort.__version__}; {kernels}; {cpu_signature()}"
         self.io = manifest.io
         # engines on plugins/cpu's MatMul kernels: whether a step's tokens are generated or a prompt's
         self.has_generated = self.io.generated in {i.name for i in self.session.get_inputs()}

@@ -126,3 +126,31 @@ def test_prompt_path_bench_runs(engines):
     rows = bench.main([str(engines["int4"].engine_dir), "--tokens", "1,3", "--repeats", "2"])
     assert [r["tokens"] for r in rows] == [1, 3]
     assert all(r["prefill_path_ms"] > 0 and r["decode_path_ms"] > 0 for r in rows)
+
+
+def test_a_restored_prefix_is_exact_on_onnxruntime_attention(tiny_checkpoint, tmp_path):
+    """ONNX Runtime's GroupQueryAttention (--cpu-kernels onnxruntime) rounds a one-token step as a
+    decode step: a saved prefix that left one prompt token changed the first logits (3e-6 here, a
+    flipped near-tie on real prompts). The scheduler leaves two."""
+    from trtllm.runtime.generate import run_rows
+    from trtllm.runtime.prefix_cache import PrefixStore
+
+    build(BuildConfig(model=str(tiny_checkpoint("llama")), output=str(tmp_path / "e"), max_input_len=64,
+                      max_kv_cache_capacity=CAPACITY, verify=False, cpu_kernels="onnxruntime"), log=lambda m: None)
+    engine, store = load_engine(tmp_path / "e", huge_pages=False), PrefixStore(tmp_path / "kv", "engine")
+    assert not any(name.startswith("trtllm.cpu") for name in engine.manifest.lowerings)
+
+    def first_step(save: bool):
+        row = RowState(prompt_ids=list(PROMPT), params=sampling.SamplingParams(temperature=0, max_new_tokens=1,
+                                                                                num_logprobs=8),
+                       rng=np.random.default_rng(0), eos_ids=frozenset(), prefix_ids=tuple(PROMPT[:-1]),
+                       save_prefix=save)
+        run_rows(engine, [row], 1, prefixes=store)
+        return row.num_reused, row.logprobs[0]
+
+    try:
+        (fresh, uncached), (reused, restored) = first_step(True), first_step(False)
+    finally:
+        engine.close()
+    assert fresh == 0 and reused == len(PROMPT) - 2
+    assert np.array_equal(uncached[0], restored[0]) and np.array_equal(uncached[1], restored[1])

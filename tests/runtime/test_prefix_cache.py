@@ -36,6 +36,21 @@ def test_has_tells_without_reading_or_counting(tmp_path):
     assert fresh.hits == fresh.misses == 0 and not fresh.memory  # nothing read
 
 
+def test_an_entry_it_may_not_read_is_a_miss_and_stays(tmp_path, monkeypatch):
+    """Another user's entry (saved with umask 077) in a shared directory: reading it fails with a
+    permission error, which is no reason to delete it for its owner."""
+    from pathlib import Path
+
+    PrefixStore(tmp_path, "engine-a").save(PREFIX, kv())
+    real = Path.read_bytes
+    monkeypatch.setattr(Path, "read_bytes", lambda p: (_ for _ in ()).throw(PermissionError(13, "Permission denied"))
+                        if p.suffix == ".kv" else real(p))
+    store = PrefixStore(tmp_path, "engine-a")
+    with pytest.warns(PrefixCacheWarning, match="cannot be read"):
+        assert store.load(PREFIX) is None
+    assert store.path(store.key(PREFIX)).is_file()
+
+
 def test_key_covers_engine_adapter_and_prefix(tmp_path):
     PrefixStore(tmp_path, "engine-a").save(PREFIX, kv())
     assert PrefixStore(tmp_path, "engine-b").load(PREFIX) is None
@@ -205,6 +220,22 @@ def test_reuse_is_token_exact_within_and_across_runs(run_cli, tiny_engine, tmp_p
     assert second == baseline
     assert prof2["reused_tokens"] == 3 * prof1["reused_tokens"] // 2
     assert prof2["computed_tokens"] < prof["computed_tokens"]
+
+
+@pytest.mark.hf
+def test_another_cpu_or_runtime_recomputes(run_cli, tiny_engine, tmp_path, monkeypatch):
+    """Saved KV is keyed by what computes it too: a copied engine directory (or a shared cache) on a
+    CPU with other instruction sets, whose kernels round differently, does not reuse it."""
+    pytest.importorskip("torch")
+    from trtllm.runtime.backends import onnxruntime as ort_backend
+
+    engine, cache = tiny_engine("llama"), tmp_path / "cache"
+    run(run_cli, engine, requests(), cache, tmp_path)
+    _, same = run(run_cli, engine, requests(), cache, tmp_path)
+    assert same["reused_tokens"] > 0
+    monkeypatch.setattr(ort_backend, "cpu_signature", lambda: "cpu another-one")
+    _, other = run(run_cli, engine, requests(save_first=False), cache, tmp_path)
+    assert other["reused_tokens"] == 0
 
 
 @pytest.mark.hf
