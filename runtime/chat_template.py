@@ -207,7 +207,9 @@ class ChatTemplate:
                                          add_generation_prompt=add_generation_prompt, **variables)
         except _TemplateRaised as e:
             raise ChatTemplateError(f"chat template rejected the conversation: {e.message}") from e
-        except (jinja2.TemplateError, TypeError, ValueError, KeyError, IndexError, AttributeError) as e:
+        except MemoryError:
+            raise
+        except Exception as e:  # noqa: BLE001 - a 1 / 0, a RecursionError: as much the template's as a TypeError
             # A template is someone else's code: any failure in it is this request's error.
             raise ChatTemplateError(f"chat template failed to render: {type(e).__name__}: {e}") from e
 

@@ -64,6 +64,17 @@ class Tokenizer:
             type(backend.model).__name__ != "BPE"
             or bool(config.get("clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output")))
         self._bytes_cache: dict[int, bytes] = {}
+        # Byte-fallback tokens (<0xNN>): the decoder turns a run of them that is not valid UTF-8
+        # into U+FFFD as a whole, complete characters in it included, so a run is streamed whole.
+        self.byte_token_ids = frozenset(
+            i for t, i in backend.get_vocab(with_added_tokens=False).items() if _BYTE_TOKEN.fullmatch(t)
+        ) if "ByteFallback" in self._decoder_types else frozenset()
+        # transformers turns off a truncation or padding block saved in tokenizer.json for every
+        # call unless asked; left on, it would cut or pad every prompt without a word
+        backend.no_truncation()
+        backend.no_padding()
+        # split_special_tokens: control tokens in the text are encoded as plain text, as transformers does
+        backend.encode_special_tokens = bool(config.get("split_special_tokens", False))
 
     @classmethod
     def from_engine_dir(cls, engine_dir) -> Tokenizer:
@@ -142,7 +153,8 @@ class IncrementalDecoder:
                      '-- already emitted --'  '--- pending ---'
 
     Text ending in U+FFFD (an incomplete UTF-8 character) is held back until the ids that complete
-    it arrive, or until flush(). Skipped special tokens are dropped before they enter the window,
+    it arrive, or until flush(); so is a run of byte-fallback tokens (<0xNN>) until a token that is
+    not one ends it, because the decoder replaces a whole run that is not valid UTF-8. Skipped special tokens are dropped before they enter the window,
     so they cannot change how the window's first token decodes.
 
     A tokenizer that cleans up spaces (" ." -> ".", " ' " -> "'") rewrites text that came before
@@ -185,7 +197,9 @@ class IncrementalDecoder:
         prefix_text = tok.decode(self._ids[self._prefix_offset:self._read_offset], skip, **extra)
         new_text = tok.decode(self._ids[self._prefix_offset:], skip, **extra)
         delta = ""
-        if len(new_text) > len(prefix_text) and (final or not new_text.endswith("\ufffd")):
+        held = not final and (new_text.endswith("\ufffd")
+                              or self._ids[-1] in getattr(tok, "byte_token_ids", ()))  # a run may go on
+        if len(new_text) > len(prefix_text) and not held:
             delta = new_text[len(prefix_text):]
             self._prefix_offset, self._read_offset = self._read_offset, len(self._ids)
         if cleans_up:

@@ -285,6 +285,11 @@ def test_template_errors_are_chat_template_errors(tmp_path):
         sandbox_escape.render([])
     with pytest.raises(ChatTemplateError, match="render"):
         ChatTemplate("{{ messages[0].content + 1 }}", {}).render(CONVERSATIONS["single"])
+    with pytest.raises(ChatTemplateError, match="ZeroDivisionError"):  # any failure: the request's alone
+        ChatTemplate("{{ 1 // (messages | length - 1) }}", {}).render(CONVERSATIONS["single"])
+    recursive = "{% macro r(n) %}{{ r(n + 1) }}{% endmacro %}{{ r(0) }}"
+    with pytest.raises(ChatTemplateError, match="RecursionError"):
+        ChatTemplate(recursive, {}).render(CONVERSATIONS["single"])
 
 
 def _write_engine(tmp_path, config, jinja=None):

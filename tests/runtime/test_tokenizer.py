@@ -236,3 +236,50 @@ def test_sentencepiece_style_token_bytes(tmp_path):
     ids = [1, 2, 6, 3, 4, 5, 2]
     assert ours.decode(ids) == "hi ✓ hi"
     assert "".join(_stream(ours, ids)) == ours.decode(ids)
+
+
+def _byte_fallback_tokenizer(tmp_path) -> Tokenizer:
+    vocab = {"<unk>": 0, "<s>": 1, "▁hi": 2, "<0xE4>": 3, "<0xB8>": 4, "<0xAD>": 5, "<0x0A>": 6, "▁": 7}
+    backend = BackendTokenizer(models.BPE(vocab, [], unk_token="<unk>", byte_fallback=True))
+    backend.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(),
+                                         decoders.Strip(" ", 1, 0)])
+    backend.save(str(tmp_path / "tokenizer.json"))
+    return Tokenizer.from_engine_dir(tmp_path)
+
+
+@pytest.mark.parametrize("ids", [
+    [2, 3, 4, 5, 3, 4],     # "中" then a cut-off "中": the decoder turns the whole run into U+FFFD
+    [2, 6, 3, 2],           # a newline byte in a run with a broken character
+    [2, 3, 4, 5, 2, 6, 7],  # valid runs
+])
+def test_byte_fallback_runs_stream_as_decode_does(tmp_path, ids):
+    """Streamed text adds up to decode() at every length (max_generate_length can cut anywhere)."""
+    ours = _byte_fallback_tokenizer(tmp_path)
+    for n in range(1, len(ids) + 1):
+        assert "".join(_stream(ours, ids[:n])) == ours.decode(ids[:n]), ids[:n]
+
+
+@pytest.mark.parametrize("block", ["truncation", "padding"])
+def test_a_saved_truncation_or_padding_block_is_ignored(engine_dir, ours, tmp_path, block):
+    """A tokenizer.json saved after a truncating or padding call keeps the setting; transformers
+    turns it off per call, and so must we, or every prompt is cut or padded."""
+    state = json.loads((engine_dir / "tokenizer.json").read_text())
+    state[block] = ({"direction": "Right", "max_length": 4, "strategy": "LongestFirst", "stride": 0}
+                    if block == "truncation" else
+                    {"strategy": {"Fixed": 64}, "direction": "Right", "pad_to_multiple_of": None, "pad_id": 2,
+                     "pad_type_id": 0, "pad_token": "<|im_end|>"})
+    (tmp_path / "tokenizer.json").write_text(json.dumps(state))
+    (tmp_path / "tokenizer_config.json").write_bytes((engine_dir / "tokenizer_config.json").read_bytes())
+    assert Tokenizer.from_engine_dir(tmp_path).encode(TEXTS[-1]) == ours.encode(TEXTS[-1])
+
+
+def test_split_special_tokens_encodes_control_tokens_as_text(engine_dir, ours, hf, tmp_path):
+    config = json.loads((engine_dir / "tokenizer_config.json").read_text())
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({**config, "split_special_tokens": True}))
+    (tmp_path / "tokenizer.json").write_bytes((engine_dir / "tokenizer.json").read_bytes())
+    text = "<|im_start|>user\nhi<|im_end|>"
+    split = Tokenizer.from_engine_dir(tmp_path).encode(text)
+    assert split != ours.encode(text)
+    from transformers import AutoTokenizer
+
+    assert split == AutoTokenizer.from_pretrained(tmp_path).encode(text, add_special_tokens=False)
