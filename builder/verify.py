@@ -93,19 +93,32 @@ def merged_model(model, adapter, manifest):
     return merged
 
 
+def peft_merged_model(model, adapter_dir):
+    """A copy of the transformers model with the adapter merged by PEFT itself: a reference that
+    does not share our reading of the adapter's config (scales, rank and alpha patterns, rsLoRA)."""
+    import peft
+
+    return peft.PeftModel.from_pretrained(copy.deepcopy(model), str(adapter_dir)).merge_and_unload().eval()
+
+
 def verify_adapter(engine, engine_dir, name: str, ck, ids: list[int], num_decode: int, text: list[int]) -> dict:
-    """A bundled adapter: the engine's logits with it against transformers with it merged, on the
-    short prompt (exactness) and on the agreement text."""
+    """A bundled adapter: the engine's logits with it against transformers with it merged (by PEFT
+    when it is installed, as `pip install .[build]` does), on the short prompt (exactness) and on
+    the agreement text."""
     from trtllm.runtime import lora
 
-    adapter = lora.load_adapter(name, Path(engine_dir) / engine.manifest.lora["adapters"][name], engine.manifest)
-    model = merged_model(ck.model, adapter, engine.manifest)
+    path = Path(engine_dir) / engine.manifest.lora["adapters"][name]
+    adapter = lora.load_adapter(name, path, engine.manifest)
+    try:
+        model, reference = peft_merged_model(ck.model, path if path.is_dir() else path.parent), "peft"
+    except ImportError:
+        model, reference = merged_model(ck.model, adapter, engine.manifest), "the engine's reading of the adapter"
     generated, got = engine_logits(engine, ids, num_decode, lora=adapter.arrays)
     check_finite(got, f"with adapter {name} ")
     ref = hf_logits(model, ids + generated[:-1])[len(ids) - 1:]
     chosen, forced = engine_logits(engine, text[:1], len(text) - 2, forced=text[1:], lora=adapter.arrays)
     check_finite(forced, f"with adapter {name} ")
-    return {"max_abs_error": float(np.abs(got - ref).max()),
+    return {"reference": reference, "max_abs_error": float(np.abs(got - ref).max()),
             "tokens_agree": [int(t) for t in ref.argmax(-1)] == generated,
             **agreement(chosen, hf_logits(model, text)[: len(chosen)])}
 

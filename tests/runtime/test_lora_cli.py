@@ -89,6 +89,7 @@ def test_the_build_records_limits_and_bundles_adapters(lora_engines):
     assert (engines["ort"] / "lora" / "bundled" / lora.WEIGHTS_NAME).is_file()
     report = json.loads((engines["ort"] / "verify.json").read_text())["adapters"]["bundled"]
     assert report["max_abs_error"] < 1e-4 and report["tokens_agree"]  # checked against transformers, merged
+    assert report["reference"] == "peft"  # by PEFT itself, not by our reading of the adapter
     assert lint_model(str(engines["ort"] / "llm.onnx")) == []
     shapes = {p["name"]: p["shapes"] for p in mf.load(engines["trt"]).tensorrt["profiles"]}
     assert shapes["decode"][m.io.lora_a.format(i=0, module="self_attn.q_proj")] == [[1, 64, 0], [1, 64, 4], [4, 64, 4]]
@@ -160,7 +161,34 @@ def test_the_build_check_catches_an_adapter_the_engine_gets_wrong(tiny_checkpoin
     probe = build(BuildConfig(model=ckpt, output=str(tmp_path / "probe"), max_lora_rank=4, verify=False, **LIMITS),
                   log=lambda m: None)
     adapter = random_adapter(tmp_path / "adapter", mf.load(probe), 4, seed=5)
-    monkeypatch.setattr(verify, "merged_model", lambda model, adapter, manifest: model)
+    monkeypatch.setattr(verify, "peft_merged_model", lambda model, path: model)
+    with pytest.raises(verify.VerifyError, match="with adapter x differ from transformers"):
+        build(BuildConfig(model=ckpt, output=str(tmp_path / "e"), lora=(("x", str(adapter)),), **LIMITS),
+              log=lambda m: None)
+
+
+@pytest.mark.parametrize("peft_installed", [True, False])
+def test_the_build_check_reads_the_adapter_apart_from_the_engine(tiny_checkpoint, tmp_path, monkeypatch,
+                                                                  peft_installed):
+    """With PEFT installed the reference is PEFT's own merge, so a wrong reading of the adapter's
+    config (here: rsLoRA's scale ignored) fails the build; without PEFT the reference shares our
+    reading, and the report says so."""
+    from trtllm.builder import verify
+
+    ckpt = str(tiny_checkpoint("llama"))
+    probe = build(BuildConfig(model=ckpt, output=str(tmp_path / "probe"), max_lora_rank=4, verify=False, **LIMITS),
+                  log=lambda m: None)
+    adapter = random_adapter(tmp_path / "adapter", mf.load(probe), 4, seed=5)
+    config = json.loads((adapter / lora.CONFIG_NAME).read_text())
+    (adapter / lora.CONFIG_NAME).write_text(json.dumps({**config, "use_rslora": True}))
+    monkeypatch.setattr(lora, "module_scale", lambda cfg, layer, module, rank: cfg["lora_alpha"] / rank)
+    if not peft_installed:
+        monkeypatch.setattr(verify, "peft_merged_model", lambda model, path: (_ for _ in ()).throw(ImportError("peft")))
+        out = build(BuildConfig(model=ckpt, output=str(tmp_path / "e"), lora=(("x", str(adapter)),), **LIMITS),
+                    log=lambda m: None)
+        report = json.loads((out / "verify.json").read_text())["adapters"]["x"]
+        assert report["reference"] == "the engine's reading of the adapter"
+        return
     with pytest.raises(verify.VerifyError, match="with adapter x differ from transformers"):
         build(BuildConfig(model=ckpt, output=str(tmp_path / "e"), lora=(("x", str(adapter)),), **LIMITS),
               log=lambda m: None)
@@ -179,7 +207,7 @@ def test_the_build_check_judges_adapters_of_a_float16_engine(tiny_checkpoint, tm
     logs = []
     build(config, log=logs.append)
     assert any(line.startswith("verified adapter x:") for line in logs)
-    monkeypatch.setattr(verify, "merged_model", lambda model, adapter, manifest: model)
+    monkeypatch.setattr(verify, "peft_merged_model", lambda model, path: model)
     with pytest.raises(verify.VerifyError, match="top-1 token with adapter x agrees with transformers at"):
         build(config, log=lambda m: None)
 
