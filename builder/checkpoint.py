@@ -9,6 +9,10 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 
+# What a tokenizer's vocabulary comes in (fast, SentencePiece, GPT-2 BPE, WordPiece); config files alone are not one
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt")
+
+
 class CheckpointError(ValueError):
     """The --model argument cannot be loaded."""
 
@@ -44,6 +48,9 @@ def load(model_arg: str) -> Checkpoint:
         if not (path / "config.json").is_file():
             raise CheckpointError(f"--model {model_arg!r} must be a Hugging Face checkpoint directory "
                                   "(with config.json), a .gguf file or a hub ID; config.json is missing")
+        if not any((path / name).is_file() for name in TOKENIZER_FILES):
+            raise CheckpointError(f"--model {model_arg!r} has no tokenizer ({', '.join(TOKENIZER_FILES)}): the engine "
+                                  "needs one; copy the model's tokenizer files into the directory")
         model, info = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, output_loading_info=True)
         check_loaded(info, model_arg)
         tok = AutoTokenizer.from_pretrained(path)

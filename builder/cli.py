@@ -104,6 +104,9 @@ def main(model, output, profile, lora, eagle, no_verify, **options):
     except (CheckpointError, TensorRTUnavailable, ConfigError) as e:  # ConfigError: a --lora adapter that does not fit
         click.echo(f"error: {e}", err=True)
         sys.exit(2)
+    except KeyboardInterrupt:  # as trtllm-run: 130, not click's Abort (1, "the build failed")
+        click.echo("interrupted: the build was stopped; an engine already at --output is left as it was", err=True)
+        sys.exit(130)
     except Exception as e:
         click.echo(f"error: the build failed: {type(e).__name__}: {e}", err=True)
         sys.exit(1)

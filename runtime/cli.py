@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import warnings
 from pathlib import Path
 
 import click
@@ -56,6 +57,19 @@ class Printer:
         self.line(record)
 
 
+def same_file(path: str, other: Path) -> bool:
+    try:
+        return os.path.samefile(path, other)  # hard links too
+    except OSError:  # not there yet
+        return os.path.realpath(path) == os.path.realpath(other)
+
+
+def show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """Warnings (saved system-prompt KV that cannot be written, say) as one plain line, not
+    Python's file:line and source text."""
+    click.echo(f"warning: {message}", err=True)
+
+
 def fail_usage(message: str) -> None:
     click.echo(f"error: {message}", err=True)
     sys.exit(2)
@@ -74,10 +88,13 @@ def draft_step(value: str) -> int | str:
     return step
 
 
-def check_engine_limits(inp: fmt.InputFile, manifest) -> None:
-    if inp.batch_size > manifest.limits.max_batch_size:
-        fail_usage(f"batch_size must be <= {manifest.limits.max_batch_size} (the engine's max_batch_size), "
-                   f"got {inp.batch_size}; rebuild with a larger --max-batch-size")
+def check_batch_size(inp: fmt.InputFile, manifest) -> None:
+    """A batch_size above the engine's max_batch_size runs max_batch_size at a time (Runner.run):
+    the rest waits its turn, as on a server. The answers are the same, only later: say so."""
+    most = manifest.limits.max_batch_size
+    if inp.batch_size > most:
+        click.echo(f"warning: batch_size {inp.batch_size} is more than the engine's max_batch_size {most}: "
+                   f"running {most} at a time (rebuild with --max-batch-size {inp.batch_size} for more)", err=True)
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
@@ -108,8 +125,10 @@ def main(input_file: Path, engine_dir: Path, output: str | None, profile: str | 
          spec_draft_step: int | str) -> None:
     """Answer the requests in INPUT_FILE with the engine in --engine."""
     try:
-        serve(input_file, engine_dir, output, profile, stream, kv_cache_dir, kv_cache_size, threads, huge_pages,
-              spec_draft_step)
+        with warnings.catch_warnings():  # restores Python's own printing after the run (tests, the API)
+            warnings.showwarning = show_warning
+            serve(input_file, engine_dir, output, profile, stream, kv_cache_dir, kv_cache_size, threads, huge_pages,
+                  spec_draft_step)
     except KeyboardInterrupt:  # not click's Abort: its exit code 1 means "some request failed"
         click.echo("interrupted: files not yet written were left as they were", err=True)
         sys.exit(130)
@@ -130,6 +149,9 @@ def serve(input_file: Path, engine_dir: Path, output: str | None, profile: str |
         fail_usage(f"{files.shown(input_file)}: {e}")
     check_writable(output, "--output")
     check_writable(profile, "--profile")
+    for option, path in (("--output", output), ("--profile", profile)):
+        if path is not None and same_file(path, input_file):  # the run would replace its own input
+            fail_usage(f"{option} {files.shown(path)} is the input file")
     to_stdout = output is not None and files.descriptor(output) == 1
     if output is not None and profile is not None and os.path.realpath(output) == os.path.realpath(profile):
         fail_usage(f"--output and --profile are the same file ({files.shown(output)})")
@@ -161,7 +183,7 @@ def serve(input_file: Path, engine_dir: Path, output: str | None, profile: str |
         fail_usage(str(e))
     if identity is None or identity_now() != identity:
         fail_usage(f"{engine_dir} changed while it was loading (a trtllm-build replacing it?); run again")
-    check_engine_limits(inp, engine.manifest)
+    check_batch_size(inp, engine.manifest)
     # Problems only the engine can see (a token id past its vocabulary) fail that request alone.
     m = engine.manifest
     engine_errors: dict[int, str] = {}

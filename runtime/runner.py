@@ -183,7 +183,8 @@ class Runner:
     def run(self, inp: fmt.InputFile, errors: dict[int, str] | None = None, on_text=None,
             adapters: AdapterSet | None = None) -> list[dict]:
         """Answer every request; `errors` (request index -> message) fail requests up front.
-        Each request becomes n samples; batch_size of them run at once, in order. `adapters`: the
+        Each request becomes n samples; batch_size of them (at most the engine's max_batch_size) run
+        at once, in order. `adapters`: the
         LoRA adapters requests may name (default: the engine's and the input's available_lora_weights,
         relative paths from the current directory)."""
         if adapters is None:
@@ -194,7 +195,8 @@ class Runner:
             if errors and i in errors and p.error is None:
                 p.error = errors[i]
             samples += [Sample(p, k) for k in range(req.n)]
-        self.generate(samples, inp.batch_size, on_text)
+        # batch_size at most the engine's max_batch_size: the rest waits for a free slot
+        self.generate(samples, min(inp.batch_size, self.engine.manifest.limits.max_batch_size), on_text)
         return [self.response(smp) for smp in samples]
 
     def kv_cache_profile(self) -> dict:

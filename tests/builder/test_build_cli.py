@@ -207,6 +207,16 @@ def test_checkpoint_missing_a_weight_is_refused(tmp_path):
     assert not (tmp_path / "e").exists()
 
 
+def test_checkpoint_without_a_tokenizer_is_refused_up_front(tmp_path):
+    from tests.tiny_models import make_checkpoint
+
+    ckpt = make_checkpoint("llama", tmp_path / "ckpt")
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        (ckpt / name).unlink(missing_ok=True)
+    result = CliRunner().invoke(main, ["--model", str(ckpt), "--output", str(tmp_path / "e")])
+    assert result.exit_code == 2 and "has no tokenizer (tokenizer.json" in result.output, result.output
+
+
 def test_a_rebuild_leaves_the_users_old_and_partial_alone(tmp_path, tiny_checkpoint):
     engine = tmp_path / "engine"
     for name in ("engine.old", "engine.partial"):  # a user's backup, say

@@ -275,6 +275,11 @@ def test_unwritable_cache_dir_fails_no_request(run_cli, tiny_engine, tmp_path):
     got, prof = run(run_cli, engine, requests(), tmp_path / "afile" / "cache", tmp_path, batch_size=1)
     assert got == baseline
     assert prof["reused_tokens"] > 0
+    result, _ = run_cli(engine, {"max_generate_length": 2, "requests": requests()},
+                        "--kv-cache-dir", str(tmp_path / "afile" / "cache"))
+    # one plain line, not Python's "file.py:293: PrefixCacheWarning: ..." and the source line
+    assert "warning: saved system-prompt KV cannot be written to" in result.output
+    assert "PrefixCacheWarning" not in result.output and ".py:" not in result.output
 
 
 @pytest.mark.hf

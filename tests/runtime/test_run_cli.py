@@ -74,13 +74,37 @@ def test_bad_request_fails_alone(run_cli, tmp_path, tiny_engine):
     ({"requests": [{"messages": [{"role": "bot", "content": "x"}]}]}, "requests[0].messages[0].role"),
     ({"requests": [chat("x", stop=[1])]}, "requests[0].stop[0]"),
     ({"requests": [chat("x")], "max_generate_length": -1}, "max_generate_length"),
-    ({"requests": [chat("x")], "batch_size": 16}, "batch_size"),  # over the engine's max_batch_size (4)
 ])
 def test_invalid_input_exits_2_naming_the_field(run_cli, tiny_engine, payload, field):
     result, out = run_cli(tiny_engine("llama"), payload)
     assert result.exit_code == 2, result.output
     assert field in result.output
     assert out is None
+
+
+def test_batch_size_over_the_engines_runs_at_its_max_with_a_warning(run_cli, tiny_engine):
+    """batch_size 16 on an engine of max_batch_size 4: four at a time, the same answers."""
+    requests = [chat(t) for t in ("a", "b", "c", "d", "e", "f")]
+    small, want = run_cli(tiny_engine("llama"), {"requests": requests, "batch_size": 4, "temperature": 0,
+                                                 "max_generate_length": 4})
+    result, out = run_cli(tiny_engine("llama"), {"requests": requests, "batch_size": 16, "temperature": 0,
+                                                 "max_generate_length": 4})
+    assert small.exit_code == result.exit_code == 0, result.output
+    assert "warning: batch_size 16 is more than the engine's max_batch_size 4: running 4 at a time" in result.output
+    assert [r["output_text"] for r in out["responses"]] == [r["output_text"] for r in want["responses"]]
+    assert max(r["batch_idx"] for r in out["responses"]) == 3
+
+
+@pytest.mark.parametrize("option", ["--output", "--profile"])
+def test_an_output_that_is_the_input_file_is_refused(tmp_path, tiny_engine, option):
+    payload = json.dumps({"requests": [chat("a")], "max_generate_length": 2})
+    (tmp_path / "in.json").write_text(payload)
+    (tmp_path / "link.json").hardlink_to(tmp_path / "in.json")
+    for target in ("in.json", "link.json"):
+        result = CliRunner().invoke(main, [str(tmp_path / "in.json"), "--engine", str(tiny_engine("llama")), option,
+                                           str(tmp_path / target)])
+        assert result.exit_code == 2 and f"{option} " in result.output and "is the input file" in result.output
+    assert (tmp_path / "in.json").read_text() == payload
 
 
 def test_invalid_input_keeps_the_previous_output(run_cli, tmp_path, tiny_engine):
