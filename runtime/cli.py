@@ -2,8 +2,10 @@
 
 Exit codes: 0 every request succeeded; 1 some request failed (its response says why);
 2 the input file or command line is invalid (nothing was run); 3 --output or --profile could not be
-written at the end (the answers then go to stdout); 130 interrupted (files not yet written are left
-as they were); 141 --stream's reader went away and there is no --output to write.
+written at the end (the answers then go to stdout); 130 interrupted: a Ctrl-C while generating
+ends every unfinished request as "cancelled" with its text so far and writes the answers; one
+before (loading) or after (writing) leaves the files as they were; 141 --stream's reader went
+away and there is no --output to write.
 """
 from __future__ import annotations
 
@@ -242,7 +244,11 @@ def serve(input_file: Path, engine_dir: Path, output: str | None, profile: str |
     failed = sorted({r["request_idx"] for r in responses if r["finish_reason"] == "error"})
     if failed:
         click.echo(f"{len(failed)} of {len(inp.requests)} requests failed", err=True)
+    if runner.cancelled:
+        cut = sorted({r["request_idx"] for r in responses if r["finish_reason"] == "cancelled"})
+        click.echo(f"interrupted: {len(cut)} of {len(inp.requests)} requests were cancelled (their text so far is "
+                   "their answer); the others finished", err=True)
     for problem in unwritten:
         click.echo(f"error: {problem}" + ("; the answers are on stdout" if "--output" in problem and not stream
                                           and not to_stdout else ""), err=True)
-    sys.exit(3 if unwritten else 1 if failed else 0)
+    sys.exit(3 if unwritten else 130 if runner.cancelled else 1 if failed else 0)

@@ -81,6 +81,12 @@ class RowState:
         if self.finish_reason and self.text is not None and self.text.finish(check_stops=look):
             self.finish_reason = "stop-words"
 
+    def cancel(self) -> None:
+        """Ctrl-C: the row ends where it is; what it generated so far is its answer."""
+        self.finish_reason = "cancelled"
+        if self.text is not None:
+            self.text.finish(check_stops=False)
+
     def fail(self, error: str) -> None:
         self.finish_reason, self.error = "error", error
         if self.text is not None:

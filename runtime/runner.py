@@ -75,6 +75,7 @@ class Runner:
         self.engine, self.tokenizer, self.template, self.prefixes = engine, tokenizer, template, prefixes
         self.drafter = drafter
         self.timing = Timing()
+        self.cancelled = False  # a Ctrl-C ended the run: unfinished samples are "cancelled"
 
     def prepare(self, index: int, req: fmt.Request, inp: fmt.InputFile, adapters: AdapterSet) -> Prepared:
         p = Prepared(index, req)
@@ -151,6 +152,13 @@ class Runner:
             for smp in live:  # per sample: a request's finished samples (n > 1) keep their answers
                 if not smp.row.finish_reason:
                     smp.row.fail(f"the engine failed: {type(e).__name__}: {e}")
+        except KeyboardInterrupt:  # Ctrl-C: keep what finished, end the rest with what they have
+            for smp in live:
+                if not smp.row.finish_reason:
+                    smp.row.cancel()
+                    if on_text:
+                        on_token(smp.row)  # its last line: the text held back, and "cancelled"
+            self.cancelled = True
 
     def response(self, smp: Sample) -> dict:
         p, row = smp.prepared, smp.row

@@ -235,3 +235,14 @@ def test_a_bad_profile_value_names_the_profile(tmp_path):
     result = CliRunner().invoke(main, ["--model", str(tmp_path), "--output", str(tmp_path / "e"),
                                        "--profile", str(tmp_path / "p.json")])
     assert result.exit_code == 2 and f'"max_batch_size" comes from --profile {tmp_path / "p.json"}' in result.output
+
+
+def test_interrupted_build_exits_130(tmp_path, tiny_checkpoint, monkeypatch):
+    from trtllm.builder import export
+
+    def interrupted(config, log):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(export, "build", interrupted)
+    result = CliRunner().invoke(main, ["--model", str(tiny_checkpoint("llama")), "--output", str(tmp_path / "e")])
+    assert result.exit_code == 130 and "interrupted" in result.output

@@ -335,6 +335,44 @@ def test_interrupt_exits_130_and_keeps_the_old_output(tmp_path, tiny_engine, mon
     assert json.loads((tmp_path / "out.json").read_text()) == {"good": True}
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_interrupt_while_generating_keeps_the_answers_and_cancels_the_rest(tmp_path, tiny_engine, monkeypatch,
+                                                                           stream):
+    """One slot, three requests of 4 tokens: request 0 takes steps 1-4, request 1's prefill is step 5,
+    and a Ctrl-C comes in step 6. Request 0 keeps its answer, request 1 ends with its one token as
+    "cancelled", request 2 never ran; the output is written and the exit code is 130."""
+    from trtllm.runtime.backends import onnxruntime as ort_backend
+
+    engine = tiny_engine("llama")
+    payload = {"batch_size": 1, "temperature": 0, "max_generate_length": 4, "requests": [chat("a"), chat("b"), chat("c")]}
+    (tmp_path / "in.json").write_text(json.dumps(payload))
+    args = [str(tmp_path / "in.json"), "--engine", str(engine), "--output", str(tmp_path / "out.json")]
+    CliRunner().invoke(main, [*args[:3], "--output", str(tmp_path / "full.json")])
+    full = json.loads((tmp_path / "full.json").read_text())["responses"]
+    step, calls = ort_backend.OnnxRuntimeEngine.step, [0]
+
+    def ctrl_c_at_step_6(self, inputs, kv, want_logits=False):
+        calls[0] += 1
+        if calls[0] == 6:
+            raise KeyboardInterrupt
+        return step(self, inputs, kv, want_logits)
+
+    monkeypatch.setattr(ort_backend.OnnxRuntimeEngine, "step", ctrl_c_at_step_6)
+    result = CliRunner().invoke(main, args + (["--stream"] if stream else []))
+    assert result.exit_code == 130 and "2 of 3 requests were cancelled" in result.output, result.output
+    first, second, third = json.loads((tmp_path / "out.json").read_text())["responses"]
+    assert first == full[0]
+    assert second["finish_reason"] == "cancelled" and second["batch_idx"] == 0 and "error" not in second
+    assert full[1]["output_text"].startswith(second["output_text"]) and second["output_text"]
+    assert (third["finish_reason"], third["output_text"], third["batch_idx"]) == ("cancelled", "", None)
+    if stream:
+        lines = [json.loads(ln) for ln in result.stdout.splitlines() if ln.startswith("{")]
+        for k, response in enumerate((first, second, third)):
+            mine = [ln for ln in lines if ln["request_idx"] == k]
+            assert "".join(ln["text"] for ln in mine) == response["output_text"]
+            assert mine[-1]["finish_reason"] == response["finish_reason"]
+
+
 def test_output_failing_at_the_end_prints_the_answers(tmp_path, tiny_engine, monkeypatch):
     from trtllm.runtime import files
 
