@@ -147,6 +147,25 @@ def capacity_for(rows: list[RowState], max_capacity: int) -> int:
     return min(max_capacity, -(-need // CAPACITY_ROUNDING) * CAPACITY_ROUNDING)
 
 
+PAD_WASTE = 1.25  # a prefill step may compute at most this much more than its rows' real tokens
+
+
+def by_width(widths: list[int], start: int) -> list[tuple[int, int]]:
+    """Contiguous slots [start, start + len(widths)) -> [start, stop) steps in which right-padding
+    to the widest row costs at most PAD_WASTE x the real tokens: one 4000-token prompt admitted with
+    fifteen 20-token ones would make every row compute 4000 (4.5x the work, and every row's first
+    token waits for it). A prompt's logits do not depend on what shares its step."""
+    out: list[tuple[int, int]] = []
+    lo, widest, real = start, 0, 0
+    for s, w in enumerate(widths, start):
+        if s > lo and (s + 1 - lo) * max(widest, w) > PAD_WASTE * (real + w):
+            out.append((lo, s))
+            lo, widest, real = s, 0, 0
+        widest, real = max(widest, w), real + w
+    out.append((lo, start + len(widths)))
+    return out
+
+
 def runs(slots: list[int]) -> list[tuple[int, int]]:
     """Sorted slots -> maximal contiguous [start, stop) ranges: each is one step's batch."""
     out: list[tuple[int, int]] = []
@@ -281,6 +300,11 @@ class Scheduler:
 
     def prefill(self, start: int, stop: int) -> None:
         rows = [self.active[s] for s in range(start, stop)]
+        steps = by_width([len(r.prompt_ids) - r.num_reused for r in rows], start)
+        if len(steps) > 1:
+            for lo, hi in steps:
+                self.prefill(lo, hi)
+            return
         width = max(len(r.prompt_ids) - r.num_reused for r in rows)
         if stop - start > 1 and max(r.num_reused for r in rows) + width > self.kv.capacity:
             for s in range(start, stop):  # right-padding would run past a row's buffer: one at a time

@@ -114,8 +114,8 @@ def test_saved_prefix_is_restored_and_gives_the_same_tokens():
     engine = FakeEngine()
     run_rows(engine, rows, num_slots=4, prefixes=store)
     assert [r.output_ids for r in rows] == expected
-    # whole prefix reused, except that a prompt equal to its prefix recomputes its last token
-    assert [r.num_reused for r in rows] == [6, 6, 5, 0]
+    # whole prefix reused, but at least two prompt tokens are computed (generate.restore_prefix)
+    assert [r.num_reused for r in rows] == [6, 5, 4, 0]
     assert engine.steps[0] == (4, 2)  # one prefill computes only what was not restored
 
 
@@ -174,11 +174,11 @@ def test_onnxruntime_decode_steps_bind_nothing_new(tiny_engine, monkeypatch):
 
     monkeypatch.setattr(ort.IOBinding, "bind_cpu_input", bind)
     engine.session.run_with_iobinding = run
-    rows = [row(PROMPTS[0], 8), row(PROMPTS[1], 8)]
+    rows = [row(PROMPTS[3], 8), row(PROMPTS[5], 8)]  # 5 and 4 tokens: one prefill step
     run_rows(engine, rows, num_slots=2)
     assert per_run[0] > 0 and per_run[1] > 0  # the prefill and the first decode step bind their feeds
     assert per_run[2:] == [0] * (len(per_run) - 2) and len(per_run) == 8
-    assert rows[0].output_ids == run_alone(engine, PROMPTS[0], 8)
+    assert rows[0].output_ids == run_alone(engine, PROMPTS[3], 8)
 
 
 def run_alone(engine, prompt, n):
@@ -220,3 +220,16 @@ def test_generation_fills_the_kv_capacity(prompt_len, expected):
     engine = FakeEngine(capacity=16)
     run_rows(engine, [r], 1)
     assert r.finish_reason == "max-length" and len(r.output_ids) == expected and r.slot == 0
+
+
+def test_prompts_of_very_different_lengths_are_not_padded_to_the_longest():
+    """A 60-token prompt admitted with three 3-token ones: padding all to 60 would compute 240
+    positions for 69 real ones. They are split into steps that waste at most 25%, and each row's
+    tokens are what it gets alone."""
+    prompts = [[5, 6, 7], list(range(1, 61)), [9, 10, 11], [12, 13, 14]]
+    expected = [alone(p) for p in prompts]
+    rows, engine = [row(p) for p in prompts], FakeEngine()
+    run_rows(engine, rows, 4)
+    assert [r.output_ids for r in rows] == expected
+    prefills = [s for s in engine.steps if s[1] > 1]
+    assert sorted(prefills) == [(1, 3), (1, 60), (2, 3)]
