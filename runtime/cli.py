@@ -252,3 +252,7 @@ def serve(input_file: Path, engine_dir: Path, output: str | None, profile: str |
         click.echo(f"error: {problem}" + ("; the answers are on stdout" if "--output" in problem and not stream
                                           and not to_stdout else ""), err=True)
     sys.exit(3 if unwritten else 130 if runner.cancelled else 1 if failed else 0)
+
+
+if __name__ == "__main__":  # python -m trtllm.runtime.cli, as python -m trtllm.runtime
+    main()
