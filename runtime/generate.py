@@ -233,10 +233,18 @@ class Scheduler:
         self.lora = StepAdapters(m, num_slots) if m.lora else None
         self.decode_feeds: dict[int, StepInputs] = {}  # per batch width: reused step after step
 
+    share_prompts = True  # rows admitted together copy a neighbour's prompt KV (not EAGLE: the head's KV)
+
     def run(self) -> None:
         while self.pending or self.active:
             admitted = self.admit()
-            for start, stop in runs(admitted):
+            followers = self.shared(admitted) if self.share_prompts else {}
+            for start, stop in runs([s for s in admitted if s not in followers]):
+                self.prefill(start, stop)
+            for slot, (leader, n) in followers.items():  # the leaders' KV is there now
+                self.kv.write(slot, self.kv.read(leader, n))
+                self.active[slot].num_reused = n
+            for start, stop in runs(list(followers)):
                 self.prefill(start, stop)
             self.release_finished()
             if self.active:
@@ -256,6 +264,32 @@ class Scheduler:
             self.restore_prefix(row)
             admitted.append(slot)
         return admitted
+
+    def shared(self, admitted: list[int]) -> dict[int, tuple[int, int]]:
+        """Rows admitted together that share prompt tokens with an earlier one (a request's n
+        samples: the whole prompt; a common system prompt: its prefix) copy that row's KV after it is
+        prefilled instead of computing it again: slot -> (leader slot, positions to copy). As with a
+        saved prefix, at least two prompt tokens are left to compute, and the logits are the same."""
+        leaders: dict[tuple, int] = {}
+        followers: dict[int, tuple[int, int]] = {}
+        for slot in admitted:
+            row = self.active[slot]
+            if row.num_reused:  # restored from the store already
+                continue
+            keys = [((adapter_key(row), "prompt", tuple(row.prompt_ids)), len(row.prompt_ids) - 2)]
+            if row.prefix_ids:
+                keys.append(((adapter_key(row), "prefix", row.prefix_ids),
+                             min(len(row.prefix_ids), len(row.prompt_ids) - 2)))
+            found = next(((leaders[k], n) for k, n in keys if k in leaders and n > 0), None)
+            if found is None:
+                for k, _ in keys:
+                    leaders.setdefault(k, slot)
+                continue
+            followers[slot] = found
+            leader = self.active[found[0]]
+            if row.save_prefix and leader.prefix_ids == row.prefix_ids:
+                leader.save_prefix = True  # the same entry: the leader, which computes it, saves it
+        return followers
 
     def restore_prefix(self, row: RowState) -> None:
         """A reused prefix leaves at least two prompt tokens to compute: the first logits need one,

@@ -233,3 +233,22 @@ def test_prompts_of_very_different_lengths_are_not_padded_to_the_longest():
     assert [r.output_ids for r in rows] == expected
     prefills = [s for s in engine.steps if s[1] > 1]
     assert sorted(prefills) == [(1, 3), (1, 60), (2, 3)]
+
+
+def test_rows_admitted_together_share_their_common_prompt():
+    """A request's n samples (one prompt) and requests with one system prompt, admitted in one
+    wave: the first computes, the others copy its KV and compute only the rest (at least two
+    tokens), with the tokens each gets alone; a follower asking to save has the leader save."""
+    system = [21, 22, 23, 24, 25, 26]
+    same = system + [30, 31, 32]
+    prompts = [same, same, same, system + [40, 41, 42], [50, 51, 52]]
+    expected = [alone(p) for p in prompts]
+    store = MemoryPrefixes()
+    rows = [row(p, prefix=system if p[:6] == system else (), save=k == 3) for k, p in enumerate(prompts)]
+    engine = FakeEngine()
+    run_rows(engine, rows, 5, prefixes=store)
+    assert [r.output_ids for r in rows] == expected
+    assert [r.num_reused for r in rows] == [0, 7, 7, 6, 0]
+    # leaders [0] (9 tokens) and [4] (3); then the followers' rests: [1, 2] (2 each) and [3] (3)
+    assert [s for s in engine.steps if s[1] > 1] == [(1, 9), (1, 3), (2, 2), (1, 3)]
+    assert list(store.saved) == [(None, tuple(system))]

@@ -427,3 +427,24 @@ def test_a_corrupt_model_file_is_a_usage_error(tmp_path, tiny_engine):
     result = CliRunner().invoke(main, [str(tmp_path / "input.json"), "--engine", str(engine)])
     assert result.exit_code == 2 and "cannot be loaded by ONNX Runtime" in result.output
     assert "trtllm-build" in result.output
+
+
+def test_samples_admitted_together_share_the_prompt_and_answer_as_alone(run_cli, tiny_engine, tmp_path):
+    """n = 3 seeded samples and a request with the same prompt, in one wave: the first computes the
+    prompt, the others copy its KV (profile: reused_tokens); each answer is the one it gets when
+    the requests run one at a time."""
+    import shutil
+
+    requests = [chat("A prompt shared by samples", n=3, temperature=0.9, seed=5, num_logprobs=2),
+                chat("A prompt shared by samples", temperature=0), chat("another one", temperature=0)]
+    answers = {}
+    for batch_size in (1, 4):
+        result, out = run_cli(tiny_engine("llama"), {"requests": requests, "batch_size": batch_size,
+                                                     "max_generate_length": 6}, "--profile", str(tmp_path / "p.json"))
+        assert result.exit_code == 0, result.output
+        answers[batch_size] = [(r["output_text"], r["logprobs"]) if "logprobs" in r else r["output_text"]
+                               for r in out["responses"]]
+        shutil.copy(tmp_path / "p.json", tmp_path / f"p{batch_size}.json")
+    assert answers[4] == answers[1]
+    reused = {b: json.loads((tmp_path / f"p{b}.json").read_text())["prefill"]["reused_tokens"] for b in (1, 4)}
+    assert reused[1] == 0 and reused[4] > 0
