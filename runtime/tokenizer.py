@@ -190,6 +190,23 @@ class IncrementalDecoder:
         """Emits whatever is held back, an incomplete character included (as U+FFFD)."""
         return self._emit(final=True)
 
+    def _may_complete(self) -> bool:
+        """Whether the pending tokens' bytes end in the start of a UTF-8 character that later
+        bytes can complete. A U+FFFD that no byte can fix (a stray continuation byte, a lead byte
+        followed by a non-continuation) is final: holding it would stall the stream and grow the
+        decode window for good (quadratic in a model that loops on such a token)."""
+        token_bytes = getattr(self._tokenizer, "token_bytes", None)
+        if token_bytes is None:  # (test stand-ins): hold, as before
+            return True
+        tail = b"".join(token_bytes(i) for i in self._ids[max(self._read_offset, len(self._ids) - 4):])[-3:]
+        for k in range(1, len(tail) + 1):
+            b = tail[-k]
+            if b & 0xC0 == 0x80:  # a continuation byte: look further back for its lead
+                continue
+            need = 2 if 0xC2 <= b <= 0xDF else 3 if 0xE0 <= b <= 0xEF else 4 if 0xF0 <= b <= 0xF4 else 0
+            return need > k
+        return False
+
     def _emit(self, final: bool) -> str:
         tok, skip = self._tokenizer, self._skip_special_tokens
         cleans_up = getattr(tok, "cleans_up", False)  # (tests stand in tokenizers that do not)
@@ -197,7 +214,7 @@ class IncrementalDecoder:
         prefix_text = tok.decode(self._ids[self._prefix_offset:self._read_offset], skip, **extra)
         new_text = tok.decode(self._ids[self._prefix_offset:], skip, **extra)
         delta = ""
-        held = not final and (new_text.endswith("\ufffd")
+        held = not final and ((new_text.endswith("\ufffd") and self._may_complete())
                               or self._ids[-1] in getattr(tok, "byte_token_ids", ()))  # a run may go on
         if len(new_text) > len(prefix_text) and not held:
             delta = new_text[len(prefix_text):]

@@ -283,3 +283,17 @@ def test_split_special_tokens_encodes_control_tokens_as_text(engine_dir, ours, h
     from transformers import AutoTokenizer
 
     assert split == AutoTokenizer.from_pretrained(tmp_path).encode(text, add_special_tokens=False)
+
+
+def test_a_replacement_character_no_byte_can_complete_is_streamed_at_once(ours):
+    """A stray continuation byte (0x80) or a lead byte followed by a non-continuation is U+FFFD for
+    good: it streams at once (holding it stalled the stream and grew the decode window for good),
+    while a lead byte alone still waits for the bytes that may complete it."""
+    byte_id = {ours.token_bytes(i): i for i in range(ours.vocab_size) if len(ours.token_bytes(i)) == 1}
+    stray, lead, a = byte_id[b"\x80"], byte_id[b"\xe4"], byte_id[b"a"]
+    decoder = IncrementalDecoder(ours)
+    assert [decoder.push(stray) for _ in range(3)] == ["\ufffd"] * 3
+    assert decoder.push(lead) == ""  # may still become a character
+    assert decoder.push(a) == "\ufffda"  # it did not
+    ids = [stray, lead, a, lead, stray, stray]
+    assert "".join(_stream(ours, ids)) == ours.decode(ids)
