@@ -155,11 +155,18 @@ def _normalize(messages: list[dict]) -> list[dict]:
 
 
 def _common_prefix_len(a: str, b: str) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
+    """By bisection over slice comparisons, which run in C: a character loop in Python took 28 ms
+    per call on a 120,000-character system prompt, two or three calls per request."""
+    lo, hi = 0, min(len(a), len(b))  # a[:lo] == b[:lo]; the answer is <= hi
+    if a[:hi] == b[:hi]:
+        return hi
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if a[lo:mid] == b[lo:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
 
 
 def _common_suffix(a: str, b: str) -> str:

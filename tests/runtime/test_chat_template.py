@@ -329,3 +329,15 @@ def test_named_templates_match_transformers(tmp_path):
 def test_raw_prompt():
     assert raw_prompt(CONVERSATIONS["system"]) == FormattedPrompt(text=f"{SYS}\nHi there", system_prefix="")
     assert raw_prompt([]) == FormattedPrompt(text="", system_prefix="")
+
+
+def test_common_prefix_len_by_bisection():
+    import random
+
+    from trtllm.runtime.chat_template import _common_prefix_len
+
+    rng = random.Random(0)
+    for _ in range(3000):
+        a, b = ("".join(rng.choice("ab") for _ in range(rng.randint(0, 12))) for _ in range(2))
+        same = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+        assert _common_prefix_len(a, b) == same, (a, b)
