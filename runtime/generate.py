@@ -52,6 +52,7 @@ class RowState:
     adapter: object = None            # its LoRA adapter (runtime/lora.py Adapter), None for the base model
     speculative: bool = True          # may decode speculatively (EAGLE engines, greedy rows; disable_spec_decode)
     slot: int | None = None
+    batch_idx: int | None = None      # the slot it was admitted to (the output's batch_idx); `slot` may move
     banned: frozenset[int] = field(init=False)  # what min_new_tokens holds back: EOS, stop token ids
 
     def __post_init__(self):
@@ -234,6 +235,7 @@ class Scheduler:
         self.decode_feeds: dict[int, StepInputs] = {}  # per batch width: reused step after step
 
     share_prompts = True  # rows admitted together copy a neighbour's prompt KV (not EAGLE: the head's KV)
+    compact_slots = True  # the last rows move down into free slots (not EAGLE: its per-slot draft state)
 
     def run(self) -> None:
         while self.pending or self.active:
@@ -250,6 +252,7 @@ class Scheduler:
             if self.active:
                 self.decode()
                 self.release_finished()
+                self.compact()
 
     def admit(self) -> list[int]:
         m, admitted = self.engine.manifest, []
@@ -259,7 +262,8 @@ class Scheduler:
             if slot is None:
                 break
             self.pending.popleft()
-            row.slot, self.active[slot] = slot, row
+            row.slot = row.batch_idx = slot
+            self.active[slot] = row
             sampling.set_row(self.batch, slot, row.params, m.max_top_k, row.prompt_ids, row.banned)
             self.restore_prefix(row)
             admitted.append(slot)
@@ -377,6 +381,27 @@ class Scheduler:
         for s in live:
             self.accept(s, out, s)
         return out, elapsed
+
+    def compact(self) -> None:
+        """With no request waiting for a slot, move the highest live row down into the lowest free
+        slot until the live rows are slots 0..n-1. A decode step computes every slot up to the
+        highest live one: a long request left in slot 7 of 8 made the run's tail compute 8 rows
+        per step for its one (2.6x the time per step on the demo model). A move copies the row's
+        KV so far and its sampler rows (about 1 ms for 200 tokens of the demo model)."""
+        if self.pending or not self.compact_slots:
+            return
+        while self.active:
+            top = max(self.active)
+            free = next((s for s in range(top) if s not in self.active), None)
+            if free is None:
+                return
+            row = self.active.pop(top)
+            filled = len(row.prompt_ids) + len(row.output_ids) - 1  # the last token is not in the KV yet
+            self.kv.write(free, self.kv.read(top, filled))
+            self.kv.release(top)
+            assert self.kv.acquire(row, kv_need(row)) == free
+            sampling.move_row(self.batch, top, free)
+            row.slot, self.active[free] = free, row
 
     def release_finished(self) -> None:
         for slot in [s for s, r in self.active.items() if r.finish_reason]:

@@ -162,7 +162,7 @@ class Runner:
 
     def response(self, smp: Sample) -> dict:
         p, row = smp.prepared, smp.row
-        slot = None if row is None else row.slot  # the KV slot it ran in; None if it never ran
+        slot = None if row is None else row.batch_idx  # the KV slot it was admitted to; None if it never ran
         res = {"output_text": FAILED_TEXT, "request_idx": p.index, "batch_idx": slot, "finish_reason": "error",
                "messages": [m.to_json() for m in p.request.messages],
                "formatted_system_prompt": p.system_prefix, "formatted_complete_request": p.text}

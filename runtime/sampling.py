@@ -175,6 +175,14 @@ def penalize(batch: SamplingBatch, row: int, params: SamplingParams, counts: dic
         batch.version[row] += 1
 
 
+def move_row(batch: SamplingBatch, src: int, dst: int) -> None:
+    """Row `src` (params, penalties so far) into row `dst`, whose version becomes new."""
+    for name in SamplingBatch.__slots__:
+        if name not in ("num_logprobs", "version"):
+            getattr(batch, name)[dst] = getattr(batch, name)[src]
+    batch.version[dst] = max(batch.version[dst], batch.version[src]) + 1
+
+
 def draw(batch: SamplingBatch, rngs: list[np.random.Generator | None]) -> None:
     """Fill batch.uniform in place with one draw in [0, 1) per row from that row's generator
     (None: an idle row, which gets 0 and consumes nothing)."""

@@ -252,3 +252,18 @@ def test_rows_admitted_together_share_their_common_prompt():
     # leaders [0] (9 tokens) and [4] (3); then the followers' rests: [1, 2] (2 each) and [3] (3)
     assert [s for s in engine.steps if s[1] > 1] == [(1, 9), (1, 3), (2, 2), (1, 3)]
     assert list(store.saved) == [(None, tuple(system))]
+
+
+def test_the_last_long_row_moves_down_and_decodes_alone():
+    """Four slots; the long request is admitted last (slot 3). Once the short ones finish and
+    nothing waits, it moves to slot 0 (its KV and sampler rows copied) and each step computes one
+    row, not four; its tokens are those it gets alone, and its batch_idx stays the slot it got."""
+    prompts = [[5, 6, 7], [9, 10], [11, 12, 13], [17, 18, 19, 20]]
+    lengths = [2, 3, 2, 12]
+    expected = [alone(p, n) for p, n in zip(prompts, lengths)]
+    rows, engine = [row(p, n) for p, n in zip(prompts, lengths)], FakeEngine()
+    run_rows(engine, rows, 4)
+    assert [r.output_ids for r in rows] == expected
+    assert rows[3].batch_idx == 3 and rows[3].slot == 0
+    decode_widths = [b for b, w in engine.steps if w == 1]
+    assert decode_widths[-1] == 1 and decode_widths.count(1) >= 8

@@ -448,3 +448,21 @@ def test_samples_admitted_together_share_the_prompt_and_answer_as_alone(run_cli,
     assert answers[4] == answers[1]
     reused = {b: json.loads((tmp_path / f"p{b}.json").read_text())["prefill"]["reused_tokens"] for b in (1, 4)}
     assert reused[1] == 0 and reused[4] > 0
+
+
+def test_a_long_request_that_moves_slots_answers_as_alone(run_cli, tiny_engine):
+    """The long request is admitted last; when the others finish it moves to slot 0 with its KV,
+    penalties, logit_bias and seeded draws: its answer is the one it gets alone."""
+    # +6 on token 7 against a frequency penalty of 1.5 per use: which tokens come depends on every
+    # count so far, so a move that lost the penalties (or the bias) would change the text
+    long = chat("the long one", temperature=0.8, seed=3, repetition_penalty=1.3, frequency_penalty=1.5,
+                logit_bias={"7": 6.0}, max_generate_length=24, num_logprobs=2)
+    requests = [chat("a", max_generate_length=6), chat("b", max_generate_length=3), long]
+    outs = {}
+    for batch_size in (1, 3):
+        result, out = run_cli(tiny_engine("llama"), {"requests": requests, "batch_size": batch_size, "temperature": 0})
+        assert result.exit_code == 0, result.output
+        outs[batch_size] = out["responses"]
+    assert [(r["output_text"], r.get("logprobs")) for r in outs[3]] == [(r["output_text"], r.get("logprobs"))
+                                                                        for r in outs[1]]
+    assert outs[3][2]["batch_idx"] == 2  # where it was admitted, though it moved
