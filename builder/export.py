@@ -327,13 +327,11 @@ def build(config: BuildConfig, log=print) -> Path:
     """Run the whole build; returns the engine directory."""
     config = lora.with_rank(config)
     backend = resolve_backend(config, log)
-    out_dir = Path(config.output).resolve()
-    # Replacing the output is only safe for an earlier engine: never delete anything else.
-    if out_dir.exists() and not (out_dir / "manifest.json").is_file() and (not out_dir.is_dir() or any(out_dir.iterdir())):
-        raise ConfigError(f"--output {config.output} exists and is not an engine directory; choose a new or empty "
-                          "directory (only an earlier engine is replaced)")
+    out_dir = Path(config.output).expanduser().resolve()
+    check_output(config, out_dir)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}.partial-"))
+    stage = out_dir if in_place(out_dir) else out_dir.parent
+    tmp = Path(tempfile.mkdtemp(dir=stage, prefix=f".{out_dir.name}.partial-"))
     try:
         log(f"loading {config.model}")
         ck = ckpt.load(config.model)
@@ -367,33 +365,88 @@ def build(config: BuildConfig, log=print) -> Path:
                 e = report["eagle"]
                 log(f"verified the EAGLE outputs: eagle_hidden within {e['hidden_max_abs_error']:.2e}, the draft head "
                     f"within {e['draft_max_abs_error']:.2e}, proposals agree: {e['proposals_agree']}")
+        readable_by_all(tmp)
+        replace_engine(tmp, out_dir, stage)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    readable_by_all(tmp)
-    replace_engine(tmp, out_dir)
     return out_dir
 
 
-def replace_engine(new: Path, out_dir: Path) -> None:
+def is_engine(path: Path) -> bool:
+    """Whether `path` holds an engine of ours (of any format version): a manifest.json that parses
+    as one. A web app's or an extension's manifest.json is not one, and its directory is kept."""
+    try:
+        manifest = json.loads((path / mf.MANIFEST_NAME).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(manifest, dict) and {"format_version", "backend", "build_id"} <= manifest.keys()
+
+
+def check_output(config: BuildConfig, out_dir: Path) -> None:
+    """Replacing the output is only safe for an earlier engine: never delete anything else, nor an
+    input of this build kept inside it."""
+    if out_dir.exists() and not is_engine(out_dir) and (not out_dir.is_dir() or any(out_dir.iterdir())):
+        raise ConfigError(f"--output {config.output} exists and is not an engine directory; choose a new or empty "
+                          "directory (only an earlier engine is replaced)")
+    inputs = [("--model", config.model), ("--eagle", config.eagle), *(("--lora", p) for _, p in config.lora)]
+    for option, value in inputs:
+        if value and out_dir.exists() and Path(value).expanduser().resolve().is_relative_to(out_dir):
+            raise ConfigError(f"{option} {value} is inside --output {config.output}, which the build replaces; "
+                              "move it out first")
+
+
+def in_place(out_dir: Path) -> bool:
+    """Whether the engine must be assembled and swapped in entry by entry inside `out_dir` rather
+    than renamed over it: the directory a shell stands in (--output .), a mount point (a Docker
+    volume, an SD card: a rename over it fails, and the parent is another file system), or a
+    directory whose parent this user may not write."""
+    if not out_dir.is_dir():
+        return False
+    return (Path.cwd().is_relative_to(out_dir) or os.path.ismount(out_dir)
+            or not os.access(out_dir.parent, os.W_OK))
+
+
+def replace_engine(new: Path, out_dir: Path, stage: Path) -> None:
     """Put the built engine `new` at `out_dir`. An earlier engine is swapped out as a directory (two
     renames: a trtllm-run starting meanwhile sees the old engine or the new one, never a mix), and
-    deleted after. When the current directory is inside `out_dir` (--output .) the entries are
-    swapped instead, so the directory a shell stands in stays the engine's."""
+    deleted after. In place (see in_place) the entries are swapped instead, and moved back if a
+    move fails, so the old engine is whole or the new one is; a mount point inside (a cache
+    directory on its own volume) stays where it is."""
     if not out_dir.exists():
         os.replace(new, out_dir)
         return
-    old = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}.old-"))  # empty: a rename may replace it
-    if not Path.cwd().is_relative_to(out_dir):
-        os.replace(out_dir, old)
-        os.replace(new, out_dir)
-    else:
+    old = Path(tempfile.mkdtemp(dir=stage, prefix=f".{out_dir.name}.old-"))  # empty: a rename may replace it
+    try:
+        if stage != out_dir:
+            os.replace(out_dir, old)
+            try:
+                os.replace(new, out_dir)
+            except BaseException:
+                os.replace(old, out_dir)
+                raise
+        else:
+            swap_entries(new, out_dir, old)
+    finally:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def swap_entries(new: Path, out_dir: Path, old: Path) -> None:
+    moved: list[tuple[Path, Path]] = []  # (from, to), to undo in reverse
+    try:
         for entry in list(out_dir.iterdir()):
+            if entry in (new, old) or os.path.ismount(entry):
+                continue
             os.replace(entry, old / entry.name)
+            moved.append((entry, old / entry.name))
         for entry in list(new.iterdir()):
             os.replace(entry, out_dir / entry.name)
-        new.rmdir()
-    shutil.rmtree(old, ignore_errors=True)
+            moved.append((entry, out_dir / entry.name))
+    except BaseException:
+        for source, target in reversed(moved):
+            os.replace(target, source)
+        raise
+    new.rmdir()
 
 
 def readable_by_all(engine_dir: Path) -> None:

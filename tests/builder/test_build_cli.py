@@ -217,6 +217,56 @@ def test_checkpoint_without_a_tokenizer_is_refused_up_front(tmp_path):
     assert result.exit_code == 2 and "has no tokenizer (tokenizer.json" in result.output, result.output
 
 
+def test_a_directory_with_someone_elses_manifest_is_not_an_engine(tmp_path, tiny_checkpoint):
+    """A web app's manifest.json does not make its directory an engine to replace."""
+    app = tmp_path / "webapp"
+    (app / "src").mkdir(parents=True)
+    (app / "manifest.json").write_text('{"name": "My PWA"}')
+    (app / "src" / "app.js").write_text("code")
+    result = CliRunner().invoke(main, ["--model", str(tiny_checkpoint("llama")), "--output", str(app), "--no-verify"])
+    assert result.exit_code == 2 and "is not an engine directory" in result.output
+    assert (app / "src" / "app.js").read_text() == "code"
+
+
+def test_an_input_inside_the_output_is_refused(tmp_path, tiny_checkpoint):
+    engine = tmp_path / "engine"
+    result = CliRunner().invoke(main, ["--model", str(tiny_checkpoint("llama")), "--output", str(engine), "--no-verify"])
+    assert result.exit_code == 0, result.output
+    shutil.copytree(tiny_checkpoint("llama"), engine / "hf_source")
+    result = CliRunner().invoke(main, ["--model", str(engine / "hf_source"), "--output", str(engine), "--no-verify"])
+    assert result.exit_code == 2 and "--model" in result.output and "is inside --output" in result.output
+    assert (engine / "hf_source" / "config.json").is_file()
+
+
+def test_an_in_place_swap_that_fails_puts_the_old_engine_back(tmp_path, tiny_checkpoint, monkeypatch):
+    """--output . (or a mount point): the entries are swapped one by one; a move that fails half way
+    (a busy mount, Ctrl-C) moves back what was moved, so the old engine is whole, and no hidden
+    directory is left."""
+    from trtllm.builder import export
+
+    engine = tmp_path / "engine"
+    args = ["--model", str(tiny_checkpoint("llama")), "--output", ".", "--no-verify"]
+    engine.mkdir()
+    monkeypatch.chdir(engine)
+    assert CliRunner().invoke(main, args).exit_code == 0
+    before = {p.name: p.read_bytes() for p in engine.iterdir() if p.is_file()}
+    real, calls = os.replace, [0]
+
+    def busy_on_the_third_new_entry(src, dst):
+        if ".partial-" in str(src):
+            calls[0] += 1
+            if calls[0] == 3:
+                raise OSError(16, "Device or resource busy")
+        return real(src, dst)
+
+    monkeypatch.setattr(export.os, "replace", busy_on_the_third_new_entry)
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 1 and "Device or resource busy" in result.output
+    assert {p.name: p.read_bytes() for p in engine.iterdir() if p.is_file()} == before
+    assert not [p for p in engine.iterdir() if p.name.startswith(".")]
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+
+
 def test_a_rebuild_leaves_the_users_old_and_partial_alone(tmp_path, tiny_checkpoint):
     engine = tmp_path / "engine"
     for name in ("engine.old", "engine.partial"):  # a user's backup, say
