@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import hashlib
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -98,7 +99,7 @@ def load_gguf(path: Path) -> Checkpoint:
     """transformers dequantizes the GGUF to float32; the loaded model then behaves as a normal one.
     What its loader drops is refused first: the build would check the engine against the same
     wrong model and pass."""
-    check_gguf_rope(path)
+    check_gguf(path)
     tok = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
     model, info = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32,
                                                        output_loading_info=True)
@@ -107,21 +108,50 @@ def load_gguf(path: Path) -> Checkpoint:
                                           "sha256": weights_hash([path])})
 
 
-def check_gguf_rope(path: Path) -> None:
-    """llama.cpp stores RoPE scaling as `<arch>.rope.scaling.*` keys and Llama 3's as a
-    `rope_freqs.weight` tensor; transformers' GGUF loader (5.x) ignores both and builds plain RoPE."""
+# The tensors transformers' GGUF loader maps, per layer and per architecture; it drops any other
+# (attention biases in a llama GGUF, say) without a word, and llama.cpp would use them.
+GGUF_TENSORS = re.compile(r"token_embd\.weight|output_norm\.weight|output\.weight|blk\.\d+\.(attn_norm|attn_q|attn_k|"
+                          r"attn_v|attn_output|ffn_norm|ffn_gate|ffn_up|ffn_down)\.weight")
+GGUF_EXTRA = {"qwen2": re.compile(r"blk\.\d+\.attn_[qkv]\.bias"),
+              "qwen3": re.compile(r"blk\.\d+\.attn_[qk]_norm\.weight")}
+
+
+def check_gguf(path: Path) -> None:
+    """What transformers' GGUF loader (5.x) drops, refused: RoPE scaling (llama.cpp's
+    `<arch>.rope.scaling.*` keys, the older `<arch>.rope.scale_linear`, which llama.cpp reads as
+    linear scaling when no type is given, and Llama 3's `rope_freqs.weight` tensor), tensors it does
+    not map, and a split GGUF's other parts."""
     import gguf
 
     reader = gguf.GGUFReader(path)
-    scaling = [name for name in reader.fields if ".rope.scaling." in name]
-    kind = next((name for name in scaling if name.endswith(".rope.scaling.type")), None)
-    kind = bytes(reader.fields[kind].parts[-1]).decode() if kind else None
-    freqs = any(t.name == "rope_freqs.weight" for t in reader.tensors)
-    if freqs or (kind not in (None, "none")):
-        what = "a rope_freqs.weight tensor (Llama 3 RoPE scaling)" if freqs else f"RoPE scaling {kind!r}"
-        raise CheckpointError(f"--model {str(path)!r} has {what}, which transformers' GGUF loader drops: "
-                              "the engine would compute plain RoPE. Build from the Hugging Face checkpoint "
-                              "directory instead")
+
+    def value(name):
+        part = reader.fields[name].parts[-1]
+        return bytes(part).decode() if reader.fields[name].types[-1] == gguf.GGUFValueType.STRING else float(part[0])
+
+    def refuse(what: str, fix: str = "Build from the Hugging Face checkpoint directory instead"):
+        raise CheckpointError(f"--model {str(path)!r} has {what}, which transformers' GGUF loader drops: {fix}")
+
+    if "split.count" in reader.fields and value("split.count") > 1:
+        raise CheckpointError(f"--model {str(path)!r} is part of a split GGUF ({int(value('split.count'))} files): "
+                              "merge it first (llama-gguf-split --merge FIRST.gguf OUT.gguf)")
+    kind = next((value(n) for n in reader.fields if n.endswith(".rope.scaling.type")), None)
+    factors = [n for n in reader.fields if n.endswith((".rope.scaling.factor", ".rope.scale_linear"))
+               and value(n) not in (0.0, 1.0)]
+    if any(t.name == "rope_freqs.weight" for t in reader.tensors):
+        refuse("a rope_freqs.weight tensor (Llama 3 RoPE scaling)", "the engine would compute plain RoPE. Build from "
+               "the Hugging Face checkpoint directory instead")
+    if kind not in (None, "none") or (kind is None and factors):
+        what = f"RoPE scaling {kind!r}" if kind else f"RoPE scaling ({factors[0]} = {value(factors[0])})"
+        refuse(what, "the engine would compute plain RoPE. Build from the Hugging Face checkpoint directory instead")
+    arch = value("general.architecture") if "general.architecture" in reader.fields else ""
+    extra = GGUF_EXTRA.get(arch)
+    dropped = [t.name for t in reader.tensors
+               if not GGUF_TENSORS.fullmatch(t.name) and not (extra and extra.fullmatch(t.name))]
+    if dropped:
+        shown = ", ".join(dropped[:4]) + (f" and {len(dropped) - 4} more" if len(dropped) > 4 else "")
+        refuse(f"tensors {shown}", "the engine would compute without them. Build from the Hugging Face checkpoint "
+               "directory instead")
 
 
 def state_dict_numpy(model) -> dict:

@@ -29,9 +29,10 @@ def rope_rows(w: np.ndarray, heads: int) -> np.ndarray:
 
 
 def write_llama_gguf(ckpt: Path, out: Path, drop: tuple[str, ...] = (), extra_tensors: dict | None = None,
-                     rope_scaling: tuple[str, float] | None = None) -> Path:
+                     rope_scaling: tuple[str, float] | None = None, fields: dict | None = None) -> Path:
     """`ckpt` (a tiny Llama checkpoint) as a GGUF; `drop` leaves tensors out (GGUF names),
-    `rope_scaling` = (type, factor) adds llama.cpp's scaling keys."""
+    `rope_scaling` = (type, factor) adds llama.cpp's scaling keys, `fields` more keys: name ->
+    float (float32) or int (uint16)."""
     import gguf
     from safetensors.numpy import load_file
 
@@ -51,6 +52,8 @@ def write_llama_gguf(ckpt: Path, out: Path, drop: tuple[str, ...] = (), extra_te
     if rope_scaling:
         w.add_rope_scaling_type(gguf.RopeScalingType(rope_scaling[0]))
         w.add_rope_scaling_factor(rope_scaling[1])
+    for name, field in (fields or {}).items():
+        (w.add_float32 if isinstance(field, float) else w.add_uint16)(name, field)
     tokenizer = json.loads((ckpt / "tokenizer.json").read_text())
     added = {a["id"]: a["content"] for a in tokenizer["added_tokens"]}
     tokens = {**{i: t for t, i in tokenizer["model"]["vocab"].items()}, **added}

@@ -40,6 +40,23 @@ def test_a_missing_tensor_is_refused(untied_llama, tmp_path):
         checkpoint.load(str(path))
 
 
+@pytest.mark.parametrize("fields, extra, match", [
+    ({"llama.rope.scaling.factor": 4.0}, {}, r"RoPE scaling \(llama.rope.scaling.factor = 4.0\)"),  # linear, no type
+    ({"llama.rope.scale_linear": 4.0}, {}, r"RoPE scaling \(llama.rope.scale_linear = 4.0\)"),      # the old key
+    ({}, {"blk.0.attn_q.bias": np.ones(64, np.float32)}, "tensors blk.0.attn_q.bias"),  # llama.cpp adds them
+    ({"split.count": 3}, {}, "part of a split GGUF"),
+])
+def test_what_the_loader_would_drop_is_refused(untied_llama, tmp_path, fields, extra, match):
+    path = write_llama_gguf(untied_llama, tmp_path / "x.gguf", fields=fields, extra_tensors=extra)
+    with pytest.raises(checkpoint.CheckpointError, match=match):
+        checkpoint.load(str(path))
+
+
+def test_a_scaling_factor_of_one_is_plain_rope(untied_llama, tmp_path):
+    path = write_llama_gguf(untied_llama, tmp_path / "one.gguf", fields={"llama.rope.scaling.factor": 1.0})
+    assert checkpoint.load(str(path)).source["kind"] == "gguf"
+
+
 @pytest.mark.parametrize("scaling", ["rope_freqs", "linear"])
 def test_rope_scaling_the_loader_drops_is_refused(untied_llama, tmp_path, scaling):
     if scaling == "rope_freqs":  # Llama 3's scaling, stored as a tensor of frequency factors
