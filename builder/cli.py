@@ -8,6 +8,7 @@ import click
 
 from trtllm.builder.config import (ACTIVATIONS, BACKENDS, CPU_KERNELS, DTYPES, GRAPHS, QUANTIZATIONS, BuildConfig,
                                    ConfigError, profile_defaults)
+from trtllm.runtime.interrupt import terminate_as_interrupt
 
 # Shown in --help; the chosen --profile supplies these when the option is not given.
 DEFAULTS = profile_defaults("cpu-default")
@@ -100,7 +101,8 @@ def main(model, output, profile, lora, eagle, no_verify, **options):
         click.echo(f"[{time.perf_counter() - start:6.1f}s] {message}", err=True)
 
     try:
-        out = build(config, log)
+        with terminate_as_interrupt():  # timeout, docker stop: clean up as for Ctrl-C
+            out = build(config, log)
     except (CheckpointError, TensorRTUnavailable, ConfigError) as e:  # ConfigError: a --lora adapter that does not fit
         click.echo(f"error: {e}", err=True)
         sys.exit(2)

@@ -58,9 +58,6 @@ def export_onnx(ck: ckpt.Checkpoint, config: BuildConfig, out_dir: Path, log, ba
             f"{num_positions}" + (f" (and max_input_len {config.max_input_len} with it)"
                                   if config.max_input_len > num_positions else ""))
     if backend == "tensorrt":
-        if config.activations != "float32":  # --backend auto picked TensorRT
-            raise RuntimeError(f"--activations {config.activations} is for ONNX Runtime's CPU kernels; TensorRT was "
-                               "picked: add --backend onnxruntime")
         num_positions = trt_build.aligned_capacity(num_positions, spec, config.dtype, log,
                                                    draft=draft.spec if draft else None)
     cos, sin = ckpt.rope_tables(ck.model, num_positions)
@@ -327,6 +324,12 @@ def build(config: BuildConfig, log=print) -> Path:
     """Run the whole build; returns the engine directory."""
     config = lora.with_rank(config)
     backend = resolve_backend(config, log)
+    if backend == "tensorrt":  # --backend auto picked TensorRT: what only ONNX Runtime's kernels do is refused
+        for option, value, default in (("--activations", config.activations, "float32"),
+                                       ("--cpu-kernels", config.cpu_kernels, "auto")):
+            if value not in (default, "onnxruntime"):
+                raise ConfigError(f"{option} {value} is for ONNX Runtime's CPU kernels, and --backend auto picked "
+                                  "TensorRT: add --backend onnxruntime")
     out_dir = Path(config.output).expanduser().resolve()
     check_output(config, out_dir)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
@@ -367,9 +370,15 @@ def build(config: BuildConfig, log=print) -> Path:
                     f"within {e['draft_max_abs_error']:.2e}, proposals agree: {e['proposals_agree']}")
         readable_by_all(tmp)
         replace_engine(tmp, out_dir, stage)
-    except BaseException:
+    except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
+        report = getattr(e, "report", None)  # a failed verification: its figures, beside the engine it kept
+        if report is not None:
+            failed = out_dir.parent / f"{out_dir.name}.verify-failed.json"
+            failed.write_text(json.dumps(report, indent=2) + "\n")
+            e.args = (f"{e} (the report: {failed})",)
         raise
+    (out_dir.parent / f"{out_dir.name}.verify-failed.json").unlink(missing_ok=True)  # an earlier failure's
     return out_dir
 
 

@@ -46,7 +46,9 @@ MIN_AGREEMENT = {"none": 0.98, "float32": 0.98, "float16": 0.95, "int8": 0.93, "
 
 
 class VerifyError(RuntimeError):
-    """The engine's logits differ from transformers'."""
+    """The engine's logits differ from transformers'; `report`: what was measured up to there."""
+
+    report: dict | None = None
 
 
 def engine_logits(engine, prompt_ids: list[int], num_decode: int, forced: list[int] | None = None,
@@ -178,9 +180,18 @@ def verify_eagle(engine, engine_dir, draft_dir, ck, ids: list[int]) -> dict:
 
 
 def verify_engine(engine_dir, ck, quantization: str = "none", atol: float = 1e-3, eagle: str | None = None) -> dict:
-    """`eagle`: the draft head's directory, for an engine built with one."""
-    engine = load_engine(engine_dir, graph="compiled", huge_pages=False)  # checked, then closed
+    """`eagle`: the draft head's directory, for an engine built with one. A VerifyError carries the
+    report so far (the build writes it beside the engine it did not replace)."""
     report = {"quantization": quantization}
+    try:
+        return checked(engine_dir, ck, quantization, atol, eagle, report)
+    except VerifyError as e:
+        e.report = report
+        raise
+
+
+def checked(engine_dir, ck, quantization: str, atol: float, eagle: str | None, report: dict) -> dict:
+    engine = load_engine(engine_dir, graph="compiled", huge_pages=False)  # checked, then closed
     try:
         # Every check fits the engine's limits, down to one prompt token and no decode step: a
         # prompt of P tokens and D decode steps fill P + D KV positions (the last token is not fed).
@@ -188,6 +199,9 @@ def verify_engine(engine_dir, ck, quantization: str = "none", atol: float = 1e-3
         room = limits.max_kv_cache_capacity
         num_decode = min(NUM_DECODE, room // 2)
         ids = text_ids(ck.tokenizer, VERIFY_TEXT, max(1, min(24, limits.max_input_len, room - num_decode)))
+        if not np.isfinite(hf_logits(ck.model, ids)).all():  # not the engine's fault: say whose it is
+            raise VerifyError("transformers' own logits for this checkpoint are NaN or infinite: the checkpoint is "
+                              "broken (NaN or infinite weights?), not the build")
         generated, got = engine_logits(engine, ids, num_decode)
         check_finite(got)
         ref = hf_logits(ck.model, ids + generated[:-1])[len(ids) - 1:]

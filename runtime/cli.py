@@ -18,6 +18,7 @@ from pathlib import Path
 import click
 
 from trtllm.runtime import files
+from trtllm.runtime.interrupt import terminate_as_interrupt
 from trtllm.runtime import input_format as fmt
 
 
@@ -127,7 +128,7 @@ def main(input_file: Path, engine_dir: Path, output: str | None, profile: str | 
          spec_draft_step: int | str) -> None:
     """Answer the requests in INPUT_FILE with the engine in --engine."""
     try:
-        with warnings.catch_warnings():  # restores Python's own printing after the run (tests, the API)
+        with warnings.catch_warnings(), terminate_as_interrupt():  # (both restored after the run)
             warnings.showwarning = show_warning
             serve(input_file, engine_dir, output, profile, stream, kv_cache_dir, kv_cache_size, threads, huge_pages,
                   spec_draft_step)

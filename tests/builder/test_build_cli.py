@@ -267,6 +267,27 @@ def test_an_in_place_swap_that_fails_puts_the_old_engine_back(tmp_path, tiny_che
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
 
 
+def test_a_broken_checkpoint_is_named_and_the_old_engine_kept(tmp_path, tiny_checkpoint):
+    """NaN weights: transformers' own logits are NaN, so the checkpoint is at fault, not the build;
+    the old engine stays, and the failed report is beside it."""
+    from safetensors.numpy import load_file, save_file
+
+    engine = tmp_path / "engine"
+    assert CliRunner().invoke(main, ["--model", str(tiny_checkpoint("llama")), "--output", str(engine)]).exit_code == 0
+    good = (engine / "verify.json").read_text()
+    ckpt = tmp_path / "nan"
+    shutil.copytree(tiny_checkpoint("llama"), ckpt)
+    weights = load_file(str(ckpt / "model.safetensors"))
+    weights["model.norm.weight"][:] = float("nan")
+    save_file(weights, str(ckpt / "model.safetensors"))
+    result = CliRunner().invoke(main, ["--model", str(ckpt), "--output", str(engine)])
+    assert result.exit_code == 1 and "the checkpoint is broken" in result.output, result.output
+    assert f"the report: {tmp_path / 'engine.verify-failed.json'}" in result.output
+    assert (engine / "verify.json").read_text() == good
+    assert CliRunner().invoke(main, ["--model", str(tiny_checkpoint("llama")), "--output", str(engine)]).exit_code == 0
+    assert not (tmp_path / "engine.verify-failed.json").exists()  # a later success clears it
+
+
 def test_a_rebuild_leaves_the_users_old_and_partial_alone(tmp_path, tiny_checkpoint):
     engine = tmp_path / "engine"
     for name in ("engine.old", "engine.partial"):  # a user's backup, say
@@ -296,3 +317,18 @@ def test_interrupted_build_exits_130(tmp_path, tiny_checkpoint, monkeypatch):
     monkeypatch.setattr(export, "build", interrupted)
     result = CliRunner().invoke(main, ["--model", str(tiny_checkpoint("llama")), "--output", str(tmp_path / "e")])
     assert result.exit_code == 130 and "interrupted" in result.output
+
+
+def test_sigterm_cleans_up_as_ctrl_c(tmp_path, tiny_checkpoint):
+    """timeout, docker stop: SIGTERM mid-build exits 130 and leaves no partial engine directory."""
+    import signal
+
+    proc = subprocess.Popen([sys.executable, "-m", "trtllm.builder", "--model", str(tiny_checkpoint("llama")),
+                             "--output", str(tmp_path / "engine")], stderr=subprocess.PIPE, text=True)
+    for line in proc.stderr:
+        if "writing the" in line:  # the graph is being written into the partial directory
+            proc.send_signal(signal.SIGTERM)
+            break
+    rest = proc.stderr.read()
+    assert proc.wait(timeout=120) == 130, rest
+    assert list(tmp_path.iterdir()) == []

@@ -151,6 +151,16 @@ def test_backend_auto_says_what_it_picked(tiny_checkpoint, tmp_path):
     assert load(tmp_path / "b").backend == "tensorrt"
 
 
+@pytest.mark.parametrize("option", [{"cpu_kernels": "native"}, {"activations": "int8", "quantization": "int4"}])
+def test_cpu_only_options_are_refused_when_auto_picks_tensorrt(tiny_checkpoint, tmp_path, option):
+    """They did nothing (--cpu-kernels native) or failed after the model was loaded (--activations)."""
+    with fakes.installed(), pytest.raises(ConfigError, match="is for ONNX Runtime's CPU kernels, and --backend "
+                                                             "auto picked TensorRT"):
+        build(BuildConfig(model=str(tiny_checkpoint("llama")), output=str(tmp_path / "e"), verify=False,
+                          **option, **LIMITS), log=lambda m: None)
+    assert not (tmp_path / "e").exists()
+
+
 def test_build_writes_plan_and_manifest(tiny_checkpoint, tmp_path):
     cache = tmp_path / "cache" / "timing.bin"
     logs = build_trt(tiny_checkpoint("llama"), tmp_path / "e", timing_cache=str(cache), opt_level=2)

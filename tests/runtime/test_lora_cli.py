@@ -165,6 +165,8 @@ def test_the_build_check_catches_an_adapter_the_engine_gets_wrong(tiny_checkpoin
     with pytest.raises(verify.VerifyError, match="with adapter x differ from transformers"):
         build(BuildConfig(model=ckpt, output=str(tmp_path / "e"), lora=(("x", str(adapter)),), **LIMITS),
               log=lambda m: None)
+    failed = json.loads((tmp_path / "e.verify-failed.json").read_text())  # the figures, for a look
+    assert failed["adapters"]["x"]["max_abs_error"] > 1e-3 and not (tmp_path / "e").exists()
 
 
 @pytest.mark.parametrize("peft_installed", [True, False])

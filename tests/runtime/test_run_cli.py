@@ -466,3 +466,17 @@ def test_a_long_request_that_moves_slots_answers_as_alone(run_cli, tiny_engine):
     assert [(r["output_text"], r.get("logprobs")) for r in outs[3]] == [(r["output_text"], r.get("logprobs"))
                                                                         for r in outs[1]]
     assert outs[3][2]["batch_idx"] == 2  # where it was admitted, though it moved
+
+
+def test_sigterm_while_generating_writes_the_answers(tmp_path, tiny_engine):
+    """docker stop sends SIGTERM: handled as Ctrl-C, the answers so far are written (cancelled)."""
+    import signal
+
+    payload = {"temperature": 0, "max_generate_length": 100000, "ignore_eos": True, "requests": [chat("a")]}
+    proc = run_process(tmp_path, tiny_engine("llama"), payload, "--stream", "--output", str(tmp_path / "out.json"))
+    proc.stdout.readline()  # generating
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    (response,) = json.loads((tmp_path / "out.json").read_text())["responses"]
+    assert response["finish_reason"] == "cancelled" and response["output_text"]

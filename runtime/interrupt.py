@@ -1,0 +1,31 @@
+"""SIGTERM and SIGHUP handled as Ctrl-C (KeyboardInterrupt) while a command runs.
+
+`timeout`, systemd, `docker stop` and a closed terminal send them; Python's default for SIGTERM
+ends the process at once, so a build left its partial engine directory behind and a run lost the
+answers it had. As a KeyboardInterrupt, each command's own Ctrl-C path runs: the build cleans up,
+the run writes what finished (exit 130).
+"""
+from __future__ import annotations
+
+import contextlib
+import signal
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
+@contextlib.contextmanager
+def terminate_as_interrupt():
+    """Within the block (the main thread), SIGTERM and SIGHUP raise KeyboardInterrupt."""
+    previous = {}
+    try:
+        for sig in (signal.SIGTERM, signal.SIGHUP):
+            previous[sig] = signal.signal(sig, _interrupt)
+    except ValueError:  # not the main thread (an embedding application's): leave its handlers alone
+        pass
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
