@@ -152,16 +152,17 @@ def test_saved_system_prompt_is_token_exact(demo_engine, run_cli, tmp_path):
             for q in questions] + [{"messages": CONVERSATIONS[0], "num_logprobs": 1}]
     reqs[0]["save_system_prompt_kv_cache"] = True
 
-    def ids(cache, batch_size):
+    def ids(cache, batch_size, requests=reqs):
         result, out = run_cli(demo_engine, {"temperature": 0, "max_generate_length": 48, "batch_size": batch_size,
-                                            "requests": reqs}, "--kv-cache-dir", str(cache),
+                                            "requests": requests}, "--kv-cache-dir", str(cache),
                               "--profile", str(tmp_path / "p.json"))
         assert result.exit_code == 0, result.output
         reused = json.loads((tmp_path / "p.json").read_text())["prefill"]["reused_tokens"]
         return [[s[0]["token_id"] for s in r["logprobs"]] for r in out["responses"]], reused
 
-    fresh, reused0 = ids(tmp_path / "a", 4)   # all four prefilled together: nothing to reuse yet
-    same_run, reused1 = ids(tmp_path / "b", 1)  # request 0 saves, 1 and 2 reuse in the same run
-    next_run, reused2 = ids(tmp_path / "b", 4)  # a later process: 0, 1 and 2 reuse
-    assert reused0 == 0 and reused1 > 0 and reused2 == reused1 * 3 // 2
-    assert same_run == fresh and next_run == fresh
+    fresh, reused0 = ids(tmp_path / "a", 4)   # admitted together: 1 and 2 copy request 0's prefix KV
+    same_run, reused1 = ids(tmp_path / "b", 1)  # request 0 saves, 1 and 2 restore it in the same run
+    next_run, reused2 = ids(tmp_path / "b", 4)  # a later process: 0, 1 and 2 restore it
+    plain, none = ids(tmp_path / "c", 1, [{**r, "save_system_prompt_kv_cache": False} for r in reqs])  # no reuse
+    assert reused0 == reused1 > 0 and reused2 == reused1 * 3 // 2 and none == 0
+    assert fresh == plain and same_run == plain and next_run == plain
