@@ -67,7 +67,7 @@ def test_llama_bench_stands_in_when_the_bindings_crash(tmp_path, monkeypatch):
                 '{"n_prompt": 0, "n_gen": 128, "n_depth": 0, "avg_ts": 209.123}]', 0, 250.0)
 
     monkeypatch.setattr(bench, "run_measured", fake_run)
-    args = argparse.Namespace(threads=2, gen=128, runs=3, timeout=60)
+    args = argparse.Namespace(threads=2, gen=128, runs=3, timeout=60, llama_build=None)
     failed = {"peer": "llamacpp-q4_1", "precision": "int4", "error": "exit code -11", "peak_rss_mb": 1.0}
     got = bench.llama_bench_decode("llamacpp-q4_1", failed, args)
     assert got["dec_b1_tps"] == 140.0 and got["dec_b1_tps_empty_context"] == 209.1
@@ -75,6 +75,11 @@ def test_llama_bench_stands_in_when_the_bindings_crash(tmp_path, monkeypatch):
     assert got["protocol"] == "llama-bench tg128 after 128 tokens"
     cmd = seen[0]
     assert [cmd[cmd.index(flag) + 1] for flag in ("-p", "-t", "-d", "-ub")] == ["0", "2", "128,0", "1"]
+    other = tmp_path / "build-noamx"  # --llama-build: that build's llama-bench instead of the peers'
+    (other / "bin").mkdir(parents=True)
+    (other / "bin" / "llama-bench").write_text("")
+    bench.llama_bench_decode("llamacpp-q4_1", failed, argparse.Namespace(**{**vars(args), "llama_build": other}))
+    assert seen[-1][0] == str(other / "bin" / "llama-bench")
     monkeypatch.setattr(bench, "run_measured", lambda cmd, timeout, env=None: ("", -4, 1.0))  # it crashed too
     assert bench.llama_bench_decode("llamacpp-q4_1", failed, args) is failed
 

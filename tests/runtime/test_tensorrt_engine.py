@@ -275,8 +275,8 @@ def test_decode_uploads_only_the_vocabulary_rows_that_changed(engines):
         engine.step = lambda *a, **k: (steps.append(len(uploads)), real_step(*a, **k))[1]
         plain = sampling.SamplingParams(temperature=0.0, max_new_tokens=6)
         penalised = sampling.SamplingParams(temperature=0.0, max_new_tokens=6, repetition_penalty=1.3)
-        rows = [RowState(prompt_ids=[5, 6, 7, 8], params=p, rng=np.random.default_rng(0), eos_ids=frozenset())
-                for p in (plain, plain, penalised)]
+        rows = [RowState(prompt_ids=[5 + k, 6, 7, 8], params=p, rng=np.random.default_rng(0), eos_ids=frozenset())
+                for k, p in enumerate((plain, plain, penalised))]  # other prompts: one prefill step, none shared
         run_rows(engine, rows)
         steps.append(len(uploads))
         per_step = [sum(uploads[a:b]) for a, b in zip(steps, steps[1:])]
