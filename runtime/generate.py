@@ -291,7 +291,7 @@ class Scheduler:
                 continue
             followers[slot] = found
             leader = self.active[found[0]]
-            if row.save_prefix and leader.prefix_ids == row.prefix_ids:
+            if row.save_prefix and row.prefix_ids and leader.prefix_ids == row.prefix_ids:
                 leader.save_prefix = True  # the same entry: the leader, which computes it, saves it
         return followers
 
@@ -358,7 +358,8 @@ class Scheduler:
         t.prefill_seconds += elapsed
         for b, r in enumerate(rows):
             self.accept(start + b, out, b)
-            if r.save_prefix and self.prefixes and r.num_reused == 0 and len(r.prefix_ids) <= len(r.prompt_ids):
+            if (r.save_prefix and self.prefixes and r.num_reused == 0 and r.prefix_ids
+                    and len(r.prefix_ids) <= len(r.prompt_ids)):  # (no system prompt: nothing to save)
                 self.prefixes.save(r.prefix_ids, self.kv.read(r.slot, len(r.prefix_ids)), adapter_key(r))
         self.prefilled(start, rows, inputs, out)
 
@@ -399,7 +400,8 @@ class Scheduler:
             filled = len(row.prompt_ids) + len(row.output_ids) - 1  # the last token is not in the KV yet
             self.kv.write(free, self.kv.read(top, filled))
             self.kv.release(top)
-            assert self.kv.acquire(row, kv_need(row)) == free
+            slot = self.kv.acquire(row, kv_need(row))  # the books: the lowest free slot is `free`
+            assert slot == free
             sampling.move_row(self.batch, top, free)
             row.slot, self.active[free] = free, row
 

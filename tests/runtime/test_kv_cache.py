@@ -267,3 +267,12 @@ def test_the_last_long_row_moves_down_and_decodes_alone():
     assert rows[3].batch_idx == 3 and rows[3].slot == 0
     decode_widths = [b for b, w in engine.steps if w == 1]
     assert decode_widths[-1] == 1 and decode_widths.count(1) >= 8
+
+
+def test_a_request_without_a_system_prompt_saves_nothing():
+    """save_system_prompt_kv_cache on a prompt with no system prefix (alone, or as a follower of
+    the same prompt): no empty entry, which could never be loaded."""
+    store = MemoryPrefixes()
+    run_rows(FakeEngine(), [row([5, 6, 7, 8]), row([5, 6, 7, 8], save=True)], 2, prefixes=store)
+    run_rows(FakeEngine(), [row([9, 10, 11], save=True)], 1, prefixes=store)
+    assert store.saved == {}
