@@ -129,8 +129,9 @@ def check_gguf(path: Path) -> None:
         part = reader.fields[name].parts[-1]
         return bytes(part).decode() if reader.fields[name].types[-1] == gguf.GGUFValueType.STRING else float(part[0])
 
-    def refuse(what: str, fix: str = "Build from the Hugging Face checkpoint directory instead"):
-        raise CheckpointError(f"--model {str(path)!r} has {what}, which transformers' GGUF loader drops: {fix}")
+    def refuse(what: str, consequence: str = "the engine would compute plain RoPE"):
+        raise CheckpointError(f"--model {str(path)!r} has {what}, which transformers' GGUF loader drops: "
+                              f"{consequence}. Build from the Hugging Face checkpoint directory instead")
 
     if "split.count" in reader.fields and value("split.count") > 1:
         raise CheckpointError(f"--model {str(path)!r} is part of a split GGUF ({int(value('split.count'))} files): "
@@ -139,19 +140,17 @@ def check_gguf(path: Path) -> None:
     factors = [n for n in reader.fields if n.endswith((".rope.scaling.factor", ".rope.scale_linear"))
                and value(n) not in (0.0, 1.0)]
     if any(t.name == "rope_freqs.weight" for t in reader.tensors):
-        refuse("a rope_freqs.weight tensor (Llama 3 RoPE scaling)", "the engine would compute plain RoPE. Build from "
-               "the Hugging Face checkpoint directory instead")
+        refuse("a rope_freqs.weight tensor (Llama 3 RoPE scaling)")
     if kind not in (None, "none") or (kind is None and factors):
         what = f"RoPE scaling {kind!r}" if kind else f"RoPE scaling ({factors[0]} = {value(factors[0])})"
-        refuse(what, "the engine would compute plain RoPE. Build from the Hugging Face checkpoint directory instead")
+        refuse(what)
     arch = value("general.architecture") if "general.architecture" in reader.fields else ""
     extra = GGUF_EXTRA.get(arch)
     dropped = [t.name for t in reader.tensors
                if not GGUF_TENSORS.fullmatch(t.name) and not (extra and extra.fullmatch(t.name))]
     if dropped:
         shown = ", ".join(dropped[:4]) + (f" and {len(dropped) - 4} more" if len(dropped) > 4 else "")
-        refuse(f"tensors {shown}", "the engine would compute without them. Build from the Hugging Face checkpoint "
-               "directory instead")
+        refuse(f"tensors {shown}", "the engine would compute without them")
 
 
 def state_dict_numpy(model) -> dict:

@@ -334,6 +334,7 @@ def build(config: BuildConfig, log=print) -> Path:
     check_output(config, out_dir)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     stage = out_dir if in_place(out_dir) else out_dir.parent
+    failed_report = out_dir.parent / f"{out_dir.name}.verify-failed.json"  # beside the engine a failure keeps
     tmp = Path(tempfile.mkdtemp(dir=stage, prefix=f".{out_dir.name}.partial-"))
     try:
         log(f"loading {config.model}")
@@ -372,13 +373,12 @@ def build(config: BuildConfig, log=print) -> Path:
         replace_engine(tmp, out_dir, stage)
     except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
-        report = getattr(e, "report", None)  # a failed verification: its figures, beside the engine it kept
+        report = getattr(e, "report", None)  # a failed verification: its figures
         if report is not None:
-            failed = out_dir.parent / f"{out_dir.name}.verify-failed.json"
-            failed.write_text(json.dumps(report, indent=2) + "\n")
-            e.args = (f"{e} (the report: {failed})",)
+            failed_report.write_text(json.dumps(report, indent=2) + "\n")
+            e.args = (f"{e} (the report: {failed_report})",)
         raise
-    (out_dir.parent / f"{out_dir.name}.verify-failed.json").unlink(missing_ok=True)  # an earlier failure's
+    failed_report.unlink(missing_ok=True)  # an earlier failure's
     return out_dir
 
 

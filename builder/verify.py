@@ -199,6 +199,8 @@ def checked(engine_dir, ck, quantization: str, atol: float, eagle: str | None, r
         room = limits.max_kv_cache_capacity
         num_decode = min(NUM_DECODE, room // 2)
         ids = text_ids(ck.tokenizer, VERIFY_TEXT, max(1, min(24, limits.max_input_len, room - num_decode)))
+        # Before the engine's run: on NaN weights its tokens may lie past the vocabulary, which
+        # transformers cannot be fed (one 24-token forward more, once per build).
         if not np.isfinite(hf_logits(ck.model, ids)).all():  # not the engine's fault: say whose it is
             raise VerifyError("transformers' own logits for this checkpoint are NaN or infinite: the checkpoint is "
                               "broken (NaN or infinite weights?), not the build")

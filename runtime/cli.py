@@ -18,8 +18,8 @@ from pathlib import Path
 import click
 
 from trtllm.runtime import files
-from trtllm.runtime.interrupt import terminate_as_interrupt
 from trtllm.runtime import input_format as fmt
+from trtllm.runtime.interrupt import terminate_as_interrupt
 
 
 def check_writable(path: str | None, option: str) -> None:
@@ -60,7 +60,7 @@ class Printer:
         self.line(record)
 
 
-def same_file(path: str, other: Path) -> bool:
+def same_file(path: str, other: str | Path) -> bool:
     try:
         return os.path.samefile(path, other)  # hard links too
     except OSError:  # not there yet
@@ -156,7 +156,7 @@ def serve(input_file: Path, engine_dir: Path, output: str | None, profile: str |
         if path is not None and same_file(path, input_file):  # the run would replace its own input
             fail_usage(f"{option} {files.shown(path)} is the input file")
     to_stdout = output is not None and files.descriptor(output) == 1
-    if output is not None and profile is not None and os.path.realpath(output) == os.path.realpath(profile):
+    if output is not None and profile is not None and same_file(output, profile):
         fail_usage(f"--output and --profile are the same file ({files.shown(output)})")
     if stream and to_stdout:
         fail_usage(f"--output {files.shown(output)} is stdout, which --stream writes its lines to")

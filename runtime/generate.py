@@ -148,6 +148,11 @@ def capacity_for(rows: list[RowState], max_capacity: int) -> int:
     return min(max_capacity, -(-need // CAPACITY_ROUNDING) * CAPACITY_ROUNDING)
 
 
+# Prompt tokens a row computes itself when the rest of its prompt's KV is copied in (from a saved
+# prefix or a neighbour): the first logits need one, and ONNX Runtime's GroupQueryAttention takes a
+# one-token step for a decode step, whose arithmetic differs in the last bits from a prompt's (our
+# attention kernel does not).
+MIN_COMPUTED = 2
 PAD_WASTE = 1.25  # a prefill step may compute at most this much more than its rows' real tokens
 
 
@@ -273,17 +278,17 @@ class Scheduler:
         """Rows admitted together that share prompt tokens with an earlier one (a request's n
         samples: the whole prompt; a common system prompt: its prefix) copy that row's KV after it is
         prefilled instead of computing it again: slot -> (leader slot, positions to copy). As with a
-        saved prefix, at least two prompt tokens are left to compute, and the logits are the same."""
+        saved prefix, MIN_COMPUTED prompt tokens are left to compute, and the logits are the same."""
         leaders: dict[tuple, int] = {}
         followers: dict[int, tuple[int, int]] = {}
         for slot in admitted:
             row = self.active[slot]
             if row.num_reused:  # restored from the store already
                 continue
-            keys = [((adapter_key(row), "prompt", tuple(row.prompt_ids)), len(row.prompt_ids) - 2)]
+            most = len(row.prompt_ids) - MIN_COMPUTED
+            keys = [((adapter_key(row), "prompt", tuple(row.prompt_ids)), most)]
             if row.prefix_ids:
-                keys.append(((adapter_key(row), "prefix", row.prefix_ids),
-                             min(len(row.prefix_ids), len(row.prompt_ids) - 2)))
+                keys.append(((adapter_key(row), "prefix", row.prefix_ids), min(len(row.prefix_ids), most)))
             found = next(((leaders[k], n) for k, n in keys if k in leaders and n > 0), None)
             if found is None:
                 for k, _ in keys:
@@ -296,13 +301,11 @@ class Scheduler:
         return followers
 
     def restore_prefix(self, row: RowState) -> None:
-        """A reused prefix leaves at least two prompt tokens to compute: the first logits need one,
-        and ONNX Runtime's GroupQueryAttention takes a one-token step for a decode step, whose
-        arithmetic differs in the last bits from a prompt's (our attention kernel does not)."""
+        """A reused prefix leaves at least MIN_COMPUTED prompt tokens to compute."""
         if not (self.prefixes and row.prefix_ids):
             return
         kv = self.prefixes.load(row.prefix_ids, adapter_key(row))
-        if kv is not None and (n := min(kv.shape[2], len(row.prompt_ids) - 2)) > 0:
+        if kv is not None and (n := min(kv.shape[2], len(row.prompt_ids) - MIN_COMPUTED)) > 0:
             self.kv.write(row.slot, kv[:, :, :n])
             row.num_reused = n
 
@@ -397,11 +400,7 @@ class Scheduler:
             if free is None:
                 return
             row = self.active.pop(top)
-            filled = len(row.prompt_ids) + len(row.output_ids) - 1  # the last token is not in the KV yet
-            self.kv.write(free, self.kv.read(top, filled))
-            self.kv.release(top)
-            slot = self.kv.acquire(row, kv_need(row))  # the books: the lowest free slot is `free`
-            assert slot == free
+            self.kv.move(top, free, len(row.prompt_ids) + len(row.output_ids) - 1)  # (the last token is not fed yet)
             sampling.move_row(self.batch, top, free)
             row.slot, self.active[free] = free, row
 

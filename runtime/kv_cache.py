@@ -59,6 +59,12 @@ class KVCacheManager:
         assert self.owners[slot] is not None, f"slot {slot} is already free"
         self.owners[slot] = None
 
+    def move(self, src: int, dst: int, length: int) -> None:
+        """Slot `src`'s first `length` positions, and its owner, into the free slot `dst`."""
+        assert self.owners[src] is not None and self.owners[dst] is None, f"cannot move slot {src} to {dst}"
+        self.write(dst, self.read(src, length))
+        self.owners[dst], self.owners[src] = self.owners[src], None
+
     def active(self) -> list[int]:
         return [s for s, o in enumerate(self.owners) if o is not None]
 

@@ -154,8 +154,9 @@ class IncrementalDecoder:
 
     Text ending in U+FFFD (an incomplete UTF-8 character) is held back until the ids that complete
     it arrive, or until flush(); so is a run of byte-fallback tokens (<0xNN>) until a token that is
-    not one ends it, because the decoder replaces a whole run that is not valid UTF-8. Skipped special tokens are dropped before they enter the window,
-    so they cannot change how the window's first token decodes.
+    not one ends it, because the decoder replaces a whole run that is not valid UTF-8. Skipped
+    special tokens are dropped before they enter the window, so they cannot change how the
+    window's first token decodes.
 
     A tokenizer that cleans up spaces (" ." -> ".", " ' " -> "'") rewrites text that came before
     the newest token, and streamed text cannot be taken back. So the window is decoded without the

@@ -5,8 +5,8 @@
     python scripts/bench.py --smoke               # tiny model, few tokens, no peers (CI)
 
 Every system runs in its own subprocess, one after the other, grouped by precision (every other
-round in reverse order), with the same thread count and the same token ids (the peers' own prompt recipe: a chat-templated
-"summarize" request cut to exactly 128 and 512 tokens). Greedy, EOS ignored. Figures, as in
+round in reverse order), with the same thread count and the same token ids (the peers' own
+prompt recipe: a chat-templated "summarize" request cut to exactly 128 and 512 tokens). Greedy, EOS ignored. Figures, as in
 the peers' script: TTFT at 128 and 512 prompt tokens, decode tokens/s at batch 1 and batch 8
 (8 copies of the 128-token prompt), each the median of --runs after a warm-up; peak memory is
 the subprocess tree's max RSS (wait4). The whole sequence is run --rounds times (default 4); the

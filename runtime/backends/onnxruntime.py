@@ -8,6 +8,7 @@ place: no per-step copy or concatenation of the cache.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import os
 import platform
@@ -72,8 +73,6 @@ class OnnxRuntimeEngine:
                                 f"{str(e)[:300]}); {rebuild_hint(engine_dir)}") from e
         # The packed weights ONNX Runtime just allocated, onto huge pages (see runtime/hugepages.py).
         self.huge_pages = hugepages.promote(before) if huge_pages else hugepages.Report(skipped="turned off")
-        kernels = cpu_kernels.fingerprint() if cpu_kernels.needed_by(manifest.lowerings) else "no trtllm.cpu"
-        self.numerics = f"onnxruntime {ort.__version__}; {kernels}; {cpu_signature()}"
         self.io = manifest.io
         # engines on plugins/cpu's MatMul kernels: whether a step's tokens are generated or a prompt's
         self.has_generated = self.io.generated in {i.name for i in self.session.get_inputs()}
@@ -106,6 +105,14 @@ class OnnxRuntimeEngine:
             self.bindings[key] = binding
         self.last_kv, self.last_binding = kv, binding
         return binding
+
+    @functools.cached_property
+    def numerics(self) -> str:
+        """What besides the engine's files decides the low bits of its results (saved system-prompt
+        KV is keyed by it). Asked for by trtllm-run's prefix store only: not work for every load
+        (the build's check, the EAGLE head, the benchmarks), as it hashes the kernel library."""
+        kernels = cpu_kernels.fingerprint() if cpu_kernels.needed_by(self.manifest.lowerings) else "no trtllm.cpu"
+        return f"onnxruntime {ort.__version__}; {kernels}; {cpu_signature()}"
 
     def step(self, inputs: StepInputs, kv: Sequence[np.ndarray], want_logits: bool = False) -> StepOutputs:
         b, io, s = self.binding_for(kv), self.io, inputs.sampling

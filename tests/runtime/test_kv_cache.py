@@ -70,8 +70,13 @@ def test_manager_books_slots():
     data = np.arange(2 * 2 * 1 * 5 * 4, dtype=np.float32).reshape(4, 1, 5, 4)
     kv.write(1, data)
     assert np.array_equal(kv.read(1, 5), data)
+    kv.release(0)
+    kv.move(1, 0, 5)  # the row in slot 1, its 5 positions and its booking, into free slot 0
+    assert np.array_equal(kv.read(0, 5), data) and kv.active() == [0]
     with pytest.raises(AssertionError):
-        kv.release(1) or kv.release(1)
+        kv.move(1, 0, 5)  # slot 1 is free now, slot 0 is not
+    with pytest.raises(AssertionError):
+        kv.release(0) or kv.release(0)
 
 
 def test_in_flight_batching_matches_alone():
