@@ -21,6 +21,11 @@ from trtllm.runtime import files
 from trtllm.runtime import input_format as fmt
 from trtllm.runtime.interrupt import terminate_as_interrupt
 
+# --prefill-chunk's default. On the demo model (2 threads) a 256-token chunk takes about 0.5 s, so
+# the other streams keep a token per half second while a 2000-token prompt (4 s whole) is
+# prefilled; that prompt's own prefill took no longer in chunks (docs/kv_cache.md).
+PREFILL_CHUNK = 256
+
 
 def check_writable(path: str | None, option: str) -> None:
     """Exit 2 now, before anything runs, if `path` cannot be written: its answers would be lost."""
@@ -91,6 +96,16 @@ def draft_step(value: str) -> int | str:
     return step
 
 
+def prefill_chunk(value: int) -> int:
+    """--prefill-chunk: 0 (off), or at least MIN_CHUNK tokens."""
+    if 0 < value < MIN_CHUNK:
+        raise click.BadParameter(f"must be 0 (prompts whole) or at least {MIN_CHUNK} tokens, got {value}")
+    return value
+
+
+MIN_CHUNK = 16  # smaller chunks only add steps: a step's cost is mostly reading the weights
+
+
 def check_batch_size(inp: fmt.InputFile, manifest) -> None:
     """A batch_size above the engine's max_batch_size runs max_batch_size at a time (Runner.run):
     the rest waits its turn, as on a server. The answers are the same, only later: say so."""
@@ -123,15 +138,20 @@ def check_batch_size(inp: fmt.InputFile, manifest) -> None:
                    "speculative decoding), or auto: 0-4 per step, whatever has given the most tokens per "
                    "second so far in the run, starting from the engine's draft_step (1 on ONNX Runtime, 4 on "
                    "TensorRT).")
+@click.option("--prefill-chunk", type=int, default=PREFILL_CHUNK, show_default=True,
+              callback=lambda ctx, param, v: prefill_chunk(v),
+              help="While other requests generate, prefill a new prompt at most this many tokens per step, "
+                   "with a decode step between chunks, so their streams keep going (0: each prompt in one "
+                   "step). Not on EAGLE engines.")
 def main(input_file: Path, engine_dir: Path, output: str | None, profile: str | None, stream: bool,
          kv_cache_dir: Path | None, kv_cache_size: str, threads: int | None, huge_pages: bool,
-         spec_draft_step: int | str) -> None:
+         spec_draft_step: int | str, prefill_chunk: int) -> None:
     """Answer the requests in INPUT_FILE with the engine in --engine."""
     try:
         with warnings.catch_warnings(), terminate_as_interrupt():  # (both restored after the run)
             warnings.showwarning = show_warning
             serve(input_file, engine_dir, output, profile, stream, kv_cache_dir, kv_cache_size, threads, huge_pages,
-                  spec_draft_step)
+                  spec_draft_step, prefill_chunk)
     except KeyboardInterrupt:  # not click's Abort: its exit code 1 means "some request failed"
         click.echo("interrupted: files not yet written were left as they were", err=True)
         sys.exit(130)
@@ -139,7 +159,7 @@ def main(input_file: Path, engine_dir: Path, output: str | None, profile: str | 
 
 def serve(input_file: Path, engine_dir: Path, output: str | None, profile: str | None, stream: bool,
           kv_cache_dir: Path | None, kv_cache_size: str, threads: int | None, huge_pages: bool,
-          spec_draft_step: int | str) -> None:
+          spec_draft_step: int | str, prefill_chunk: int = 0) -> None:
     from trtllm.runtime import manifest as mf
 
     try:  # the adapters bundled in the engine are names a request may use; a bad engine is reported below
@@ -212,7 +232,7 @@ def serve(input_file: Path, engine_dir: Path, output: str | None, profile: str |
     except Exception as e:  # noqa: BLE001 - a missing or broken tokenizer file: the engine dir is incomplete
         fail_usage(f"{engine_dir}: its tokenizer or chat template cannot be loaded ({type(e).__name__}: {e}); "
                    "rebuild it with trtllm-build")
-    runner = Runner(engine, tokenizer, template, prefixes, drafter)
+    runner = Runner(engine, tokenizer, template, prefixes, drafter, prefill_chunk)
     adapters = AdapterSet.for_run(engine, inp.available_lora_weights, input_file.parent)
     printer = Printer(answers_wanted=output is not None)
     responses = runner.run(inp, engine_errors, on_text=printer.chunk if stream else None, adapters=adapters)

@@ -11,6 +11,10 @@ it would alone, whatever its neighbours.
     slot 0:   [p p p p]       g       g       .           g
     slot 1:   [p p]           g       EOS ->  [p p p]     g        (freed, then reused)
     slot 2:   [p p p]         g       g       .           g
+
+A long prompt admitted while others decode is prefilled in chunks of `prefill_chunk` tokens, one
+chunk between two decode steps, so the others keep streaming (chunked prefill); in the decode
+steps between its chunks its slot is parked (it writes a pad where its next chunk will write).
 """
 from __future__ import annotations
 
@@ -49,6 +53,7 @@ class RowState:
     prefix_ids: tuple[int, ...] = ()  # its system-prompt prefix (a prefix of prompt_ids), if any
     save_prefix: bool = False         # store that prefix's KV for later requests
     num_reused: int = 0               # prompt tokens restored from a saved prefix
+    computed: int = 0                 # prompt positions whose KV is in its slot (restored, copied or computed)
     adapter: object = None            # its LoRA adapter (runtime/lora.py Adapter), None for the base model
     speculative: bool = True          # may decode speculatively (EAGLE engines, greedy rows; disable_spec_decode)
     slot: int | None = None
@@ -81,6 +86,15 @@ class RowState:
         # the text held back comes out now, and may hold a stop string that ends the text sooner
         if self.finish_reason and self.text is not None and self.text.finish(check_stops=look):
             self.finish_reason = "stop-words"
+
+    @property
+    def prefilling(self) -> bool:
+        """Part of its prompt is not in its KV yet: a chunked prompt, or a copy still to come."""
+        return self.computed < len(self.prompt_ids)
+
+    def filled(self) -> int:
+        """KV positions written so far: the prompt's, and every output token but the last."""
+        return self.computed + max(len(self.output_ids) - 1, 0)
 
     def cancel(self) -> None:
         """Ctrl-C: the row ends where it is; what it generated so far is its answer."""
@@ -183,10 +197,21 @@ def runs(slots: list[int]) -> list[tuple[int, int]]:
     return out
 
 
-def prefill_inputs(rows: list[RowState], pad_id: int, batch: sampling.SamplingBatch) -> StepInputs:
-    """Each row's prompt after its restored prefix, right-padded; it writes from its first new position."""
-    starts = [r.num_reused for r in rows]
-    rests = [r.prompt_ids[r.num_reused:] for r in rows]
+def chunk_end(row: RowState, chunk: int) -> int:
+    """Where a prefill step stops in a row's prompt: `chunk` tokens on (0: at its end), but never
+    short of the end by less than MIN_COMPUTED: a last chunk of one token would take ONNX Runtime's
+    one-token (decode) attention, whose low bits differ from a prompt's."""
+    n = len(row.prompt_ids)
+    end = row.computed + chunk
+    return n if chunk <= 0 or n - end < MIN_COMPUTED else end
+
+
+def prefill_inputs(rows: list[RowState], pad_id: int, batch: sampling.SamplingBatch,
+                   ends: list[int] | None = None) -> StepInputs:
+    """Each row's prompt from its first position not in its KV (`computed`) to `ends` (default:
+    the prompt's end), right-padded; it writes from that position."""
+    starts = [r.computed for r in rows]
+    rests = [r.prompt_ids[r.computed:end] for r, end in zip(rows, ends or [None] * len(rows))]
     width = max(len(t) for t in rests)
     ids = np.full((len(rows), width), pad_id, np.int64)
     for b, t in enumerate(rests):
@@ -199,11 +224,14 @@ def prefill_inputs(rows: list[RowState], pad_id: int, batch: sampling.SamplingBa
 def decode_inputs(rows: list[RowState | None], pad_id: int, batch: sampling.SamplingBatch,
                   reuse: StepInputs | None = None) -> StepInputs:
     """Each active row feeds its last token at its next position; an idle slot (None) feeds a pad
-    at position 0, which only touches its own, unused, KV. With `reuse` (an earlier result for the
-    same rows and batch), its arrays are overwritten in place: a backend that bound them once
-    (ONNX Runtime's IOBinding) has nothing to bind again."""
-    last = [pad_id if r is None else (r.output_ids or r.prompt_ids)[-1] for r in rows]
-    pos = [0 if r is None else len(r.prompt_ids) + len(r.output_ids) - 1 for r in rows]
+    at position 0, which only touches its own, unused, KV, and a parked one (prefilling) a pad at
+    its next prompt position, which its next chunk (or copy) overwrites before anything reads it.
+    With `reuse` (an earlier result for the same rows and batch), its arrays are overwritten in
+    place: a backend that bound them once (ONNX Runtime's IOBinding) has nothing to bind again."""
+    parked = [r is None or not r.output_ids for r in rows]  # (a row has a token once its prompt is all in)
+    last = [pad_id if p else r.output_ids[-1] for r, p in zip(rows, parked)]
+    pos = [(0 if r is None else r.computed) if p else len(r.prompt_ids) + len(r.output_ids) - 1
+           for r, p in zip(rows, parked)]
     if reuse is not None:
         reuse.input_ids[:, 0] = last
         reuse.position_ids[:, 0] = pos
@@ -216,9 +244,10 @@ def decode_inputs(rows: list[RowState | None], pad_id: int, batch: sampling.Samp
 
 class Scheduler:
     def __init__(self, engine: Engine, rows: list[RowState], num_slots: int, timing: Timing | None,
-                 on_token=None, prefixes: PrefixSource | None = None):
+                 on_token=None, prefixes: PrefixSource | None = None, prefill_chunk: int = 0):
         m = engine.manifest
         self.engine, self.timing, self.on_token, self.prefixes = engine, timing or Timing(), on_token, prefixes
+        self.prefill_chunk = prefill_chunk if self.chunk_prompts else 0
         capacity = capacity_for(rows, m.limits.max_kv_cache_capacity)
         for r in rows:  # the KV buffer bounds what any row can generate (see kv_need)
             r.max_new_tokens = min(r.max_new_tokens, capacity + 1 - len(r.prompt_ids))
@@ -238,26 +267,39 @@ class Scheduler:
         self.active: dict[int, RowState] = {}
         self.lora = StepAdapters(m, num_slots) if m.lora else None
         self.decode_feeds: dict[int, StepInputs] = {}  # per batch width: reused step after step
+        self.waiting: dict[int, tuple[int, int]] = {}  # slot -> (leader slot, positions): shared(), to copy
 
     share_prompts = True  # rows admitted together copy a neighbour's prompt KV (not EAGLE: the head's KV)
     compact_slots = True  # the last rows move down into free slots (not EAGLE: its per-slot draft state)
+    chunk_prompts = True  # long prompts are prefilled in chunks between decode steps (not EAGLE: its draft
+    #                       head catches up on a prompt's hidden states in one run)
 
     def run(self) -> None:
         while self.pending or self.active:
             admitted = self.admit()
-            followers = self.shared(admitted) if self.share_prompts else {}
-            for start, stop in runs([s for s in admitted if s not in followers]):
-                self.prefill(start, stop)
-            for slot, (leader, n) in followers.items():  # the leaders' KV is there now
+            if self.share_prompts:
+                self.waiting.update(self.shared(admitted))
+            # every prompt not complete: the wave just admitted, and the next chunk of chunked ones
+            self.prefill_all([s for s, r in sorted(self.active.items()) if r.prefilling and s not in self.waiting])
+            ready = sorted(s for s, (leader, _) in self.waiting.items() if not self.active[leader].prefilling)
+            for slot in ready:  # their leader's KV is all there now
+                leader, n = self.waiting.pop(slot)
                 self.kv.write(slot, self.kv.read(leader, n))
-                self.active[slot].num_reused = n
-            for start, stop in runs(list(followers)):
-                self.prefill(start, stop)
+                self.active[slot].num_reused = self.active[slot].computed = n
+            self.prefill_all(ready)
             self.release_finished()
-            if self.active:
+            if self.decoding():
                 self.decode()
                 self.release_finished()
                 self.compact()
+
+    def decoding(self) -> list[int]:
+        """Slots whose row is generating (its prompt all in its KV, not finished)."""
+        return [s for s, r in self.active.items() if not r.prefilling and not r.finish_reason]
+
+    def prefill_all(self, slots: list[int]) -> None:
+        for start, stop in runs(slots):
+            self.prefill(start, stop)
 
     def admit(self) -> list[int]:
         m, admitted = self.engine.manifest, []
@@ -271,6 +313,7 @@ class Scheduler:
             self.active[slot] = row
             sampling.set_row(self.batch, slot, row.params, m.max_top_k, row.prompt_ids, row.banned)
             self.restore_prefix(row)
+            row.computed = row.num_reused
             admitted.append(slot)
         return admitted
 
@@ -310,8 +353,11 @@ class Scheduler:
             row.num_reused = n
 
     def step(self, start: int, stop: int, inputs: StepInputs):
+        """A row draws its random numbers only when the step's token is its own: not while it is
+        prefilling (a chunk, a parked slot), so chunking leaves a seeded row's draws as they were."""
         rows = [self.active.get(s) for s in range(start, stop)]
-        sampling.draw(inputs.sampling, [r.rng if r is not None and not r.finish_reason else None for r in rows])
+        sampling.draw(inputs.sampling, [r.rng if r is not None and not r.finish_reason and not r.prefilling else None
+                                        for r in rows])
         if self.lora is not None:
             inputs = dataclasses.replace(inputs, lora=self.lora.feeds(
                 start, [StepAdapters.IDLE if r is None else r.adapter for r in rows]))
@@ -339,27 +385,40 @@ class Scheduler:
         if self.on_token is not None:
             self.on_token(row)
 
+    def chunk_now(self) -> int:
+        """Chunk prompts (0: do not) only while another row is generating: with no stream to keep
+        going, a prompt is one step (one graph run; on TensorRT one profile switch)."""
+        return self.prefill_chunk if self.prefill_chunk and self.decoding() else 0
+
     def prefill(self, start: int, stop: int) -> None:
         rows = [self.active[s] for s in range(start, stop)]
-        steps = by_width([len(r.prompt_ids) - r.num_reused for r in rows], start)
+        chunk = self.chunk_now()
+        ends = [chunk_end(r, chunk) for r in rows]
+        steps = by_width([e - r.computed for r, e in zip(rows, ends)], start)
         if len(steps) > 1:
-            for lo, hi in steps:
+            # narrowest first: short prompts start generating, and the long ones' chunks interleave
+            for lo, hi in sorted(steps, key=lambda st: max(ends[s - start] - rows[s - start].computed
+                                                           for s in range(*st))):
                 self.prefill(lo, hi)
             return
-        width = max(len(r.prompt_ids) - r.num_reused for r in rows)
-        if stop - start > 1 and max(r.num_reused for r in rows) + width > self.kv.capacity:
+        width = max(e - r.computed for r, e in zip(rows, ends))
+        if stop - start > 1 and max(r.computed for r in rows) + width > self.kv.capacity:
             for s in range(start, stop):  # right-padding would run past a row's buffer: one at a time
                 self.prefill(s, s + 1)
             return
         view = sampling.rows(self.batch, start, stop)
-        inputs = prefill_inputs(rows, self.engine.manifest.pad_token_id, view)
-        out, elapsed = self.step(start, stop, inputs)
+        inputs = prefill_inputs(rows, self.engine.manifest.pad_token_id, view, ends)
         t = self.timing
+        t.prefill_tokens += sum(e - r.computed for r, e in zip(rows, ends))
+        for r, e in zip(rows, ends):
+            r.computed = e  # (before the step: a row whose prompt is not done yet draws nothing)
+        out, elapsed = self.step(start, stop, inputs)
         t.prefill_runs += 1
-        t.prefill_tokens += sum(len(r.prompt_ids) - r.num_reused for r in rows)
-        t.reused_tokens += sum(r.num_reused for r in rows)
         t.prefill_seconds += elapsed
         for b, r in enumerate(rows):
+            if r.prefilling:  # a chunk: its token is not the prompt's next one
+                continue
+            t.reused_tokens += r.num_reused
             self.accept(start + b, out, b)
             if (r.save_prefix and self.prefixes and r.num_reused == 0 and r.prefix_ids
                     and len(r.prefix_ids) <= len(r.prompt_ids)):  # (no system prompt: nothing to save)
@@ -370,15 +429,15 @@ class Scheduler:
         """After a prefill step's tokens are accepted (the speculative scheduler drafts from here)."""
 
     def decode(self):
-        """One token for every active row; returns the step's outputs and its time."""
-        hi = max(self.active) + 1  # idle slots below it ride along; above it are not computed
+        """One token for every generating row; returns the step's outputs and its time."""
+        hi = max(self.decoding()) + 1  # idle and parked slots below it ride along; above it are not computed
         rows = [self.active.get(s) for s in range(hi)]
         reuse = self.decode_feeds.get(hi)
         feeds = decode_inputs(rows, self.engine.manifest.pad_token_id,
                               reuse.sampling if reuse else sampling.rows(self.batch, 0, hi), reuse)
         self.decode_feeds[hi] = feeds
         out, elapsed = self.step(0, hi, feeds)
-        live = [s for s, r in enumerate(rows) if r is not None and not r.finish_reason]
+        live = [s for s, r in enumerate(rows) if r is not None and not r.finish_reason and not r.prefilling]
         self.timing.generation_runs += 1
         self.timing.generation_seconds += elapsed
         self.timing.generated_tokens += len(live)
@@ -392,7 +451,7 @@ class Scheduler:
         highest live one: a long request left in slot 7 of 8 made the run's tail compute 8 rows
         per step for its one (2.6x the time per step on the demo model). A move copies the row's
         KV so far and its sampler rows (about 1 ms for 200 tokens of the demo model)."""
-        if self.pending or not self.compact_slots:
+        if self.pending or self.waiting or not self.compact_slots:  # (a waiting row's leader is named by its slot)
             return
         while self.active:
             top = max(self.active)
@@ -400,7 +459,7 @@ class Scheduler:
             if free is None:
                 return
             row = self.active.pop(top)
-            self.kv.move(top, free, len(row.prompt_ids) + len(row.output_ids) - 1)  # (the last token is not fed yet)
+            self.kv.move(top, free, row.filled())
             sampling.move_row(self.batch, top, free)
             row.slot, self.active[free] = free, row
 
@@ -411,10 +470,12 @@ class Scheduler:
 
 
 def run_rows(engine: Engine, rows: list[RowState], num_slots: int | None = None, timing: Timing | None = None,
-             on_token=None, prefixes: PrefixSource | None = None, drafter=None) -> None:
+             on_token=None, prefixes: PrefixSource | None = None, drafter=None, prefill_chunk: int = 0) -> None:
     """Generate until every row has a finish_reason, `num_slots` at a time (default: all at once).
     `on_token(row)` is called after each accepted token (for streaming). `drafter`: an EAGLE
-    engine's draft head (runtime/speculative.py), which greedy rows then decode with."""
+    engine's draft head (runtime/speculative.py), which greedy rows then decode with.
+    `prefill_chunk`: prefill prompts at most this many tokens per step while other rows generate
+    (0: whole)."""
     if not rows:
         return
     if drafter is not None:
@@ -422,7 +483,7 @@ def run_rows(engine: Engine, rows: list[RowState], num_slots: int | None = None,
 
         SpecScheduler(engine, rows, num_slots or len(rows), timing, on_token, prefixes, drafter).run()
     else:
-        Scheduler(engine, rows, num_slots or len(rows), timing, on_token, prefixes).run()
+        Scheduler(engine, rows, num_slots or len(rows), timing, on_token, prefixes, prefill_chunk).run()
 
 
 def run_batch(engine: Engine, rows: list[RowState], timing: Timing | None = None, on_token=None) -> None:

@@ -70,10 +70,12 @@ def unsupported(req: fmt.Request, index: int) -> str | None:
 
 class Runner:
     def __init__(self, engine: Engine, tokenizer: Tokenizer, template: ChatTemplate | None,
-                 prefixes: PrefixSource | None = None, drafter=None):
-        """`drafter`: an EAGLE engine's draft head (runtime/speculative.py Drafter), or None."""
+                 prefixes: PrefixSource | None = None, drafter=None, prefill_chunk: int = 0):
+        """`drafter`: an EAGLE engine's draft head (runtime/speculative.py Drafter), or None.
+        `prefill_chunk`: while other requests generate, prefill a prompt this many tokens per step
+        (0: whole; trtllm-run's --prefill-chunk)."""
         self.engine, self.tokenizer, self.template, self.prefixes = engine, tokenizer, template, prefixes
-        self.drafter = drafter
+        self.drafter, self.prefill_chunk = drafter, prefill_chunk
         self.timing = Timing()
         self.cancelled = False  # a Ctrl-C ended the run: unfinished samples are "cancelled"
 
@@ -147,7 +149,7 @@ class Runner:
 
         try:
             run_rows(self.engine, [smp.row for smp in live], num_slots, self.timing,
-                     on_token if on_text else None, self.prefixes, self.drafter)
+                     on_token if on_text else None, self.prefixes, self.drafter, self.prefill_chunk)
         except Exception as e:  # the engine itself failed: fail what did not finish, keep the rest
             for smp in live:  # per sample: a request's finished samples (n > 1) keep their answers
                 if not smp.row.finish_reason:

@@ -49,7 +49,7 @@ def prefill(engine, prompts, kv=None, reused=()):
     rows = [RowState(prompt_ids=p, params=sampling.SamplingParams(temperature=0), rng=np.random.default_rng(0),
                      eos_ids=frozenset()) for p in prompts]
     for r, n in zip(rows, reused):
-        r.num_reused = n
+        r.num_reused = r.computed = n
     kv = kv or KVCacheManager(m.model, len(rows), CAPACITY)
     batch = sampling.make_batch([r.params for r in rows], m.model.vocab_size, m.max_top_k)
     return engine.step(prefill_inputs(rows, m.pad_token_id, batch), kv.view(0, len(rows)), want_logits=True).logits
@@ -154,3 +154,42 @@ def test_a_restored_prefix_is_exact_on_onnxruntime_attention(tiny_checkpoint, tm
         engine.close()
     assert fresh == 0 and reused == len(PROMPT) - 2
     assert np.array_equal(uncached[0], restored[0]) and np.array_equal(uncached[1], restored[1])
+
+
+def chunked_vs_whole(engine, chunk: int = 16) -> None:
+    """C, a 40-token prompt sampled with a seed and logprobs, takes slot 0 while A generates in
+    slot 1: with --prefill-chunk 16 it is prefilled in three steps (16, 16, 8) between A's decode
+    steps, parked in them (with 13: 13, 13, 14, never a lone last token); its tokens and logprobs
+    are bit for bit those of a whole prefill (and it draws no random numbers for the chunks). A
+    generates throughout, so C's decode steps have the same batch either way."""
+    from trtllm.runtime.generate import Timing, run_rows
+
+    def run(chunk: int):
+        params = [sampling.SamplingParams(temperature=0, max_new_tokens=1),
+                  sampling.SamplingParams(temperature=0, max_new_tokens=40),
+                  sampling.SamplingParams(temperature=0.9, top_p=0.95, max_new_tokens=8, num_logprobs=4)]
+        rows = [RowState(prompt_ids=p, params=sp, rng=np.random.default_rng(7), eos_ids=frozenset())
+                for p, sp in zip([[9, 4, 11], [3, 5, 8, 13], OTHERS[0]], params)]
+        timing = Timing()
+        run_rows(engine, rows, 2, timing, prefill_chunk=chunk)
+        return rows[2], timing
+
+    (chunked, t), (whole, _) = run(chunk), run(0)
+    assert chunked.batch_idx == 0 and t.prefill_runs == 1 + 3  # B and A in one step, then C's three chunks
+    assert chunked.output_ids == whole.output_ids
+    for (v1, i1), (v2, i2) in zip(chunked.logprobs, whole.logprobs, strict=True):
+        assert np.array_equal(v1, v2) and np.array_equal(i1, i2)
+
+
+def test_a_chunked_prompt_is_computed_as_a_whole_one(engine):
+    chunked_vs_whole(engine)
+
+
+def test_a_chunked_prompt_is_exact_on_onnxruntime_attention(tiny_checkpoint, tmp_path):
+    build(BuildConfig(model=str(tiny_checkpoint("llama")), output=str(tmp_path / "e"), max_input_len=64,
+                      max_kv_cache_capacity=CAPACITY, verify=False, cpu_kernels="onnxruntime"), log=lambda m: None)
+    engine = load_engine(tmp_path / "e", huge_pages=False)
+    try:
+        chunked_vs_whole(engine, 13)  # wrong variant: a last chunk of one token (13, 13, 13, 1) changes its logprobs
+    finally:
+        engine.close()

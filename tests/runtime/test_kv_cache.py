@@ -10,7 +10,7 @@ import pytest
 
 from trtllm.runtime import manifest as mf
 from trtllm.runtime.engine import StepOutputs
-from trtllm.runtime.generate import RowState, run_rows
+from trtllm.runtime.generate import RowState, chunk_end, run_rows
 from trtllm.runtime.kv_cache import KVCacheManager, bytes_for, bytes_per_token
 from trtllm.runtime.sampling import SamplingParams
 
@@ -281,3 +281,70 @@ def test_a_request_without_a_system_prompt_saves_nothing():
     run_rows(FakeEngine(), [row([5, 6, 7, 8]), row([5, 6, 7, 8], save=True)], 2, prefixes=store)
     run_rows(FakeEngine(), [row([9, 10, 11], save=True)], 1, prefixes=store)
     assert store.saved == {}
+
+
+def test_chunk_end_never_leaves_a_lone_last_token():
+    r = row(range(1, 41))
+    assert chunk_end(r, 0) == 40 and chunk_end(r, 16) == 16
+    r.computed = 16
+    assert chunk_end(r, 16) == 32
+    r.computed = 23  # 17 left: a chunk of 16 would leave one token for a one-token (decode) step
+    assert chunk_end(r, 16) == 40
+    r.computed = 22  # 18 left: 16, then the last 2
+    assert chunk_end(r, 16) == 38
+
+
+def chunked_run(prefill_chunk=16):
+    """Two slots: B (slot 0) stops after 2 tokens, A (slot 1) generates long, and C (a 60-token
+    prompt) takes slot 0 while A is generating: in A's decode steps, C's slot is parked."""
+    prompts, lengths = [[9, 10], [5, 6, 7], list(range(20, 80))], [2, 20, 5]
+    rows, engine = [row(p, n) for p, n in zip(prompts, lengths)], FakeEngine()
+    run_rows(engine, rows, 2, prefill_chunk=prefill_chunk)
+    return rows, engine, [alone(p, n) for p, n in zip(prompts, lengths)]
+
+
+def test_a_long_prompt_admitted_mid_run_is_prefilled_in_chunks_between_decode_steps():
+    rows, engine, expected = chunked_run()
+    assert [r.output_ids for r in rows] == expected
+    first = engine.steps.index((1, 16))  # C's first chunk
+    # chunks of 16, 16, 16 and the last 12, each followed by a decode step for A (C parked in slot 0)
+    assert engine.steps[first:first + 8] == [(1, 16), (2, 1), (1, 16), (2, 1), (1, 16), (2, 1), (1, 12), (2, 1)]
+    whole, engine, _ = chunked_run(prefill_chunk=0)
+    assert (1, 60) in engine.steps and [r.output_ids for r in whole] == expected
+
+
+def test_a_prompt_admitted_alone_is_prefilled_whole():
+    """No other row generating: nothing to keep streaming, so the prompt is one step."""
+    r, engine = row(list(range(20, 80))), FakeEngine()
+    run_rows(engine, [r], 1, prefill_chunk=16)
+    assert engine.steps[0] == (1, 60) and r.output_ids == alone(list(range(20, 80)))
+
+
+def test_wrong_variant_a_parked_slot_writing_at_position_0_fails(monkeypatch):
+    """The parked row's pad must go where its next chunk writes: at position 0 it overwrites the
+    prompt's first token, and the chunked row's tokens change."""
+    from trtllm.runtime import generate
+
+    real = generate.decode_inputs
+
+    def at_zero(rows, pad_id, batch, reuse=None):
+        feeds = real(rows, pad_id, batch, reuse)
+        for b, r in enumerate(rows):
+            if r is not None and not r.output_ids:
+                feeds.position_ids[b, 0] = feeds.write_index[b] = 0
+        return feeds
+
+    monkeypatch.setattr(generate, "decode_inputs", at_zero)
+    rows, _, expected = chunked_run()
+    assert rows[2].output_ids != expected[2]
+
+
+def test_followers_of_a_chunked_leader_copy_its_kv_after_its_last_chunk():
+    """C and D (one 40-token prompt) are admitted while A generates: C is prefilled in chunks, D
+    waits, parked, and copies C's KV once all of it is there."""
+    prompts, lengths = [[5, 6, 7], [9, 10], [11, 12], list(range(20, 60)), list(range(20, 60))], [20, 2, 2, 4, 4]
+    rows, engine = [row(p, n) for p, n in zip(prompts, lengths)], FakeEngine()
+    run_rows(engine, rows, 3, prefill_chunk=16)
+    assert [r.output_ids for r in rows] == [alone(p, n) for p, n in zip(prompts, lengths)]
+    assert rows[4].num_reused == 38 and rows[3].num_reused == 0
+    assert (1, 16) in engine.steps and (1, 2) in engine.steps  # C's chunks, then D's last 2 tokens

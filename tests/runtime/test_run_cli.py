@@ -484,3 +484,23 @@ def test_sigterm_while_generating_writes_the_answers(tmp_path, tiny_engine):
     assert proc.returncode == 130, err
     (response,) = json.loads((tmp_path / "out.json").read_text())["responses"]
     assert response["finish_reason"] == "cancelled" and response["output_text"]
+
+
+def test_a_long_prompt_admitted_mid_run_is_chunked_and_answers_the_same(run_cli, tiny_engine, tmp_path):
+    """batch_size 2: the third request (a long prompt) takes the first one's slot while the second
+    generates, so --prefill-chunk 16 prefills it in several steps; the answers are those of
+    --prefill-chunk 0. A chunk below 16 tokens is refused up front."""
+    long = chat(" ".join(f"word{i}" for i in range(8)), temperature=0.7, seed=1, num_logprobs=2)
+    requests = [chat("a", max_generate_length=1), chat("b", max_generate_length=30), long]
+    outs, runs = {}, {}
+    for chunk in ("0", "16"):
+        result, out = run_cli(tiny_engine("llama"), {"requests": requests, "batch_size": 2, "temperature": 0,
+                                                     "max_generate_length": 8},
+                              "--prefill-chunk", chunk, "--profile", str(tmp_path / "p.json"))
+        assert result.exit_code == 0, result.output
+        outs[chunk] = [(r["output_text"], r.get("logprobs")) for r in out["responses"]]
+        runs[chunk] = json.loads((tmp_path / "p.json").read_text())["prefill"]["total_runs"]
+    assert outs["16"] == outs["0"]
+    assert runs["16"] >= runs["0"] + 2
+    result, _ = run_cli(tiny_engine("llama"), {"requests": requests}, "--prefill-chunk", "8")
+    assert result.exit_code == 2 and "--prefill-chunk" in result.output and "at least 16" in result.output
