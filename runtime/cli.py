@@ -25,6 +25,9 @@ from trtllm.runtime.interrupt import terminate_as_interrupt
 # the other streams keep a token per half second while a 2000-token prompt (4 s whole) is
 # prefilled; that prompt's own prefill took no longer in chunks (docs/kv_cache.md).
 PREFILL_CHUNK = 256
+# The output JSON is indented down to each response's lists; deeper (a message, one token's
+# logprobs) each on one line: files.dumps.
+OUTPUT_INLINE = 4
 
 
 def check_writable(path: str | None, option: str) -> None:
@@ -245,14 +248,14 @@ def serve(input_file: Path, engine_dir: Path, output: str | None, profile: str |
     unwritten = []
     if output is not None:
         try:
-            files.write_atomic(output, result, indent=4)
+            files.write_atomic(output, result, indent=4, inline_from=OUTPUT_INLINE)
             click.echo(f"wrote {len(responses)} responses to {files.shown(output)}", err=True)
         except OSError as e:
             unwritten.append(f"--output {files.shown(output)} could not be written ({e})")
     if stream:
         pass  # stdout already carries the text, as JSON lines
     elif output is None or (unwritten and not to_stdout):
-        click.echo(json.dumps(result, indent=4, ensure_ascii=False))
+        click.echo(files.dumps(result, 4, OUTPUT_INLINE))
     else:
         for r in responses:  # a line per answer; on stderr when the JSON went to stdout
             sample = f" #{r['sample_idx']}" if "sample_idx" in r else ""

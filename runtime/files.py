@@ -85,11 +85,34 @@ def check_writable(path: str | Path) -> None:
                           f"({e.strerror or type(e).__name__})") from None
 
 
-def write_atomic(path: str | Path, data: dict, indent: int | None) -> None:
-    """Write `data` as JSON to `path` (see the module's docstring). A symlink is followed (its
-    target is replaced, the link kept). The new file gets the mode the old one had, or what the
-    umask allows, not mkstemp's 600."""
-    text = json.dumps(data, indent=indent, ensure_ascii=False) + "\n"
+_encode = json.JSONEncoder(ensure_ascii=False).encode  # without an indent: the C encoder
+
+
+def dumps(data, indent: int | None, inline_from: int | None = None) -> str:
+    """JSON text; with `inline_from`, containers nested that deep or deeper are written on one line.
+    Python's encoder is pure Python with an indent, C without: an output with 4,096 tokens x 50
+    logprobs took 2.9-3.2 s and 84 MB indented throughout, 1.1 s and 22 MB with each logprob step on
+    its line. The levels above stay indented (the format's readable shape)."""
+    if indent is None or inline_from is None:
+        return json.dumps(data, indent=indent, ensure_ascii=False)
+
+    def dump(x, depth: int) -> str:
+        if depth >= inline_from or not isinstance(x, (dict, list)) or not x:
+            return _encode(x)
+        inner, outer = " " * (indent * (depth + 1)), " " * (indent * depth)
+        if isinstance(x, dict):
+            items = [f"{inner}{_encode(str(k))}: {dump(v, depth + 1)}" for k, v in x.items()]
+            return "{\n" + ",\n".join(items) + "\n" + outer + "}"
+        return "[\n" + ",\n".join(inner + dump(v, depth + 1) for v in x) + "\n" + outer + "]"
+
+    return dump(data, 0)
+
+
+def write_atomic(path: str | Path, data: dict, indent: int | None, inline_from: int | None = None) -> None:
+    """Write `data` as JSON to `path` (see the module's docstring; `dumps` for the layout). A
+    symlink is followed (its target is replaced, the link kept). The new file gets the mode the old
+    one had, or what the umask allows, not mkstemp's 600."""
+    text = dumps(data, indent, inline_from) + "\n"
     fd = descriptor(path)
     if fd is not None:
         for stream in (sys.stdout, sys.stderr):  # what was printed before comes first

@@ -381,10 +381,10 @@ def test_output_failing_at_the_end_prints_the_answers(tmp_path, tiny_engine, mon
 
     write = files.write_atomic
 
-    def disk_full(path, data, indent):
+    def disk_full(path, data, indent, **layout):
         if str(path).endswith("out.json"):
             raise OSError(28, "No space left on device")
-        write(path, data, indent)
+        write(path, data, indent, **layout)
 
     engine = tiny_engine("llama")
     monkeypatch.setattr(files, "write_atomic", disk_full)
