@@ -32,7 +32,12 @@ from trtllm.runtime.kv_cache import KVCacheManager
 from trtllm.runtime.lora import StepAdapters
 from trtllm.runtime.text import TextStream
 
-CAPACITY_ROUNDING = 64  # KV buffers grow in steps of this many slots
+CAPACITY_ROUNDING = 64  # KV capacities are multiples of this many positions
+# The KV buffers start at the longest prompt plus this many positions and double as generation
+# needs more (up to what the longest request may need): a run allowed 4,096 new tokens per request
+# that stops after 100 no longer holds slots x 4,096 positions (numpy backs them with 2 MiB pages,
+# which makes all of them resident).
+GENERATION_HEADROOM = 256
 
 
 @dataclass
@@ -157,9 +162,13 @@ def kv_need(row: RowState) -> int:
     return len(row.prompt_ids) + max(row.max_new_tokens - 1, 0)
 
 
+def rounded(positions: int) -> int:
+    return -(-positions // CAPACITY_ROUNDING) * CAPACITY_ROUNDING
+
+
 def capacity_for(rows: list[RowState], max_capacity: int) -> int:
-    need = max(kv_need(r) for r in rows)
-    return min(max_capacity, -(-need // CAPACITY_ROUNDING) * CAPACITY_ROUNDING)
+    """The most KV positions a slot of this run can need."""
+    return min(max_capacity, rounded(max(kv_need(r) for r in rows)))
 
 
 # Prompt tokens a row computes itself when the rest of its prompt's KV is copied in (from a saved
@@ -257,9 +266,14 @@ class Scheduler:
                     on_token(r)
         self.pending = deque(r for r in rows if not r.finish_reason)
         num_slots = max(1, min(num_slots, len(self.pending)))
-        # A backend with device memory (TensorRT) supplies its own KV storage; the books are the same.
+        # A backend with device memory (TensorRT) supplies its own KV storage (at its plan's static
+        # capacity, so it never grows); the books are the same. Every prompt fits from the start.
+        start = capacity
+        if self.grow_kv:
+            start = min(capacity, rounded(max([len(r.prompt_ids) for r in self.pending] + [1]) + GENERATION_HEADROOM))
         make_kv = getattr(engine, "make_kv_cache", KVCacheManager)
-        self.kv = make_kv(m.model, num_slots, capacity)
+        self.kv = make_kv(m.model, num_slots, start)
+        self.kv.limit = max(self.kv.capacity, capacity)
         self.timing.kv_cache_bytes = max(self.timing.kv_cache_bytes, self.kv.nbytes)
         self.batch = sampling.empty_batch(num_slots, m.model.vocab_size,
                                           max([r.params.num_logprobs for r in rows] + [1]), m.max_top_k)
@@ -273,6 +287,7 @@ class Scheduler:
     compact_slots = True  # the last rows move down into free slots (not EAGLE: its per-slot draft state)
     chunk_prompts = True  # long prompts are prefilled in chunks between decode steps (not EAGLE: its draft
     #                       head catches up on a prompt's hidden states in one run)
+    grow_kv = True  # the KV buffers start small and grow (not EAGLE: the draft head's KV matches them)
 
     def run(self) -> None:
         while self.pending or self.active:
@@ -432,6 +447,10 @@ class Scheduler:
         """One token for every generating row; returns the step's outputs and its time."""
         hi = max(self.decoding()) + 1  # idle and parked slots below it ride along; above it are not computed
         rows = [self.active.get(s) for s in range(hi)]
+        need = max(r.filled() + 1 for r in rows if r is not None and not r.prefilling)  # (parked rows write below)
+        if need > self.kv.capacity:
+            self.kv.grow(max(rounded(need), 2 * self.kv.capacity))
+            self.timing.kv_cache_bytes = max(self.timing.kv_cache_bytes, self.kv.nbytes)
         reuse = self.decode_feeds.get(hi)
         feeds = decode_inputs(rows, self.engine.manifest.pad_token_id,
                               reuse.sampling if reuse else sampling.rows(self.batch, 0, hi), reuse)

@@ -8,9 +8,11 @@ A token at position p of the request in slot s lives at [s, :, p, :]:
     slot 2  [                  free  ]   released by a finished request, taken by the next one
             0                    capacity-1
 
-Memory is known before anything runs: `bytes_for(model, num_slots, capacity)`, at most
-max_batch_size x max_kv_cache_capacity tokens from the manifest. Slots of a contiguous range are a
-contiguous `[n, kv_heads, capacity, head_dim]` view, which is what the engine binds for a step.
+The most memory a run can take is known before anything runs: `bytes_for(model, num_slots,
+limit)`, at most max_batch_size x max_kv_cache_capacity tokens from the manifest. The buffers
+start smaller and `grow` (copying what they hold) as generation needs positions, up to `limit`.
+Slots of a contiguous range are a contiguous `[n, kv_heads, capacity, head_dim]` view, which is
+what the engine binds for a step.
 """
 from __future__ import annotations
 
@@ -29,6 +31,7 @@ def bytes_for(model: ModelShape, num_slots: int, capacity: int) -> int:
 class KVCacheManager:
     def __init__(self, model: ModelShape, num_slots: int, capacity: int):
         self.model, self.num_slots, self.capacity = model, num_slots, capacity
+        self.limit = capacity  # what `grow` may reach (the scheduler raises it) and `acquire` admits
         self.owners: list[object | None] = [None] * num_slots
         self.views: dict[tuple[int, int], tuple] = {}
         self.buffers = self.allocate((num_slots, model.num_kv_heads, capacity, model.head_dim))
@@ -41,13 +44,25 @@ class KVCacheManager:
         # of the weights' bytes).
         return list(np.zeros((2 * self.model.num_layers, *shape), self.model.kv_dtype))
 
+    def grow(self, capacity: int) -> None:
+        """Positions 0..capacity-1 per slot (at most `limit`), the KV so far copied over. A new
+        buffer: the engine binds it at the next step (the views are new)."""
+        capacity = min(capacity, self.limit)
+        if capacity <= self.capacity:
+            return
+        old = self.buffers
+        self.buffers = self.allocate((self.num_slots, self.model.num_kv_heads, capacity, self.model.head_dim))
+        for new, b in zip(self.buffers, old):
+            new[:, :, : self.capacity] = b
+        self.capacity, self.views = capacity, {}
+
     @property
     def nbytes(self) -> int:
         return sum(b.nbytes for b in self.buffers)
 
     def acquire(self, owner: object, num_tokens: int) -> int | None:
         """The lowest free slot for `owner`, or None when every slot is taken or it cannot fit."""
-        if num_tokens > self.capacity:
+        if num_tokens > self.limit:
             return None
         for slot, current in enumerate(self.owners):
             if current is None:

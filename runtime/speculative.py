@@ -95,6 +95,7 @@ class SpecScheduler(Scheduler):
     share_prompts = False  # a copied prompt would need the head's KV too: computed whole instead
     compact_slots = False  # the draft's KV and pending pairs are kept per slot
     chunk_prompts = False  # the draft catches up on a prompt's hidden states in one run (prefilled)
+    grow_kv = False  # the draft head's KV is allocated beside the base's, at the same capacity
 
     def __init__(self, engine, rows: list[RowState], num_slots: int, timing, on_token, prefixes, drafter: Drafter):
         super().__init__(engine, rows, num_slots, timing, on_token, prefixes)

@@ -181,15 +181,41 @@ def chunked_vs_whole(engine, chunk: int = 16) -> None:
         assert np.array_equal(v1, v2) and np.array_equal(i1, i2)
 
 
+def grown_vs_fixed(engine, monkeypatch) -> None:
+    """A row generating 100 tokens from a KV buffer that starts at 64 positions and grows to 128
+    (its KV copied over) gets the tokens and logprobs of one allocated at 128 from the start."""
+    from trtllm.runtime import generate
+
+    def run(grow: bool):
+        monkeypatch.setattr(generate.Scheduler, "grow_kv", grow)
+        r = RowState(prompt_ids=list(PROMPT), rng=np.random.default_rng(3), eos_ids=frozenset(),
+                     params=sampling.SamplingParams(temperature=0.8, max_new_tokens=100, num_logprobs=4))
+        timing = generate.Timing()
+        generate.run_rows(engine, [r], 1, timing)
+        return r, timing.kv_cache_bytes
+
+    monkeypatch.setattr(generate, "GENERATION_HEADROOM", 0)
+    (grown, grown_bytes), (fixed, fixed_bytes) = run(True), run(False)
+    assert grown_bytes == fixed_bytes and len(grown.output_ids) == 100  # it did reach 128
+    assert grown.output_ids == fixed.output_ids
+    for (v1, i1), (v2, i2) in zip(grown.logprobs, fixed.logprobs, strict=True):
+        assert np.array_equal(v1, v2) and np.array_equal(i1, i2)
+
+
 def test_a_chunked_prompt_is_computed_as_a_whole_one(engine):
     chunked_vs_whole(engine)
 
 
-def test_a_chunked_prompt_is_exact_on_onnxruntime_attention(tiny_checkpoint, tmp_path):
+def test_a_grown_kv_buffer_is_the_same_as_a_full_one(engine, monkeypatch):
+    grown_vs_fixed(engine, monkeypatch)
+
+
+def test_chunks_and_growth_are_exact_on_onnxruntime_attention(tiny_checkpoint, tmp_path, monkeypatch):
     build(BuildConfig(model=str(tiny_checkpoint("llama")), output=str(tmp_path / "e"), max_input_len=64,
                       max_kv_cache_capacity=CAPACITY, verify=False, cpu_kernels="onnxruntime"), log=lambda m: None)
     engine = load_engine(tmp_path / "e", huge_pages=False)
     try:
         chunked_vs_whole(engine, 13)  # wrong variant: a last chunk of one token (13, 13, 13, 1) changes its logprobs
+        grown_vs_fixed(engine, monkeypatch)
     finally:
         engine.close()

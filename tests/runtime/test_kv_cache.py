@@ -348,3 +348,47 @@ def test_followers_of_a_chunked_leader_copy_its_kv_after_its_last_chunk():
     assert [r.output_ids for r in rows] == [alone(p, n) for p, n in zip(prompts, lengths)]
     assert rows[4].num_reused == 38 and rows[3].num_reused == 0
     assert (1, 16) in engine.steps and (1, 2) in engine.steps  # C's chunks, then D's last 2 tokens
+
+
+class CapacityEngine(FakeEngine):
+    """Records the KV capacity each step sees."""
+
+    def step(self, inputs, kv, want_logits=False):
+        self.capacities = getattr(self, "capacities", []) + [kv[0].shape[2]]
+        return super().step(inputs, kv, want_logits)
+
+
+def test_the_kv_buffers_grow_as_generation_needs_them(monkeypatch):
+    """A request allowed 1,000 new tokens: its slot starts at its prompt + 256 positions (320) and
+    doubles as it generates (640, then the 1,024 it can need at most), its KV copied over, with
+    the tokens of a run allocated at 1,024 from the start. One that stops early (a stop token)
+    never holds more than the 320."""
+    from trtllm.runtime.generate import Scheduler, Timing
+
+    long = row([5, 6, 7], 1000)
+    engine, timing = CapacityEngine(capacity=2048), Timing()
+    run_rows(engine, [long], 1, timing)
+    assert sorted(set(engine.capacities)) == [320, 640, 1024]
+    assert timing.kv_cache_bytes == bytes_for(SHAPE, 1, 1024)
+    early = row([5, 6, 7], 1000)
+    early.params = SamplingParams(temperature=0, max_new_tokens=1000, stop_token_ids=(long.output_ids[20],))
+    timing = Timing()
+    run_rows(CapacityEngine(capacity=2048), [early], 1, timing)
+    assert early.finish_reason == "stop-words" and timing.kv_cache_bytes == bytes_for(SHAPE, 1, 320)
+    fixed, engine = row([5, 6, 7], 1000), CapacityEngine(capacity=2048)
+    monkeypatch.setattr(Scheduler, "grow_kv", False)
+    run_rows(engine, [fixed], 1)
+    assert set(engine.capacities) == {1024} and fixed.output_ids == long.output_ids
+
+
+def test_growing_with_rows_in_every_state_keeps_their_tokens(monkeypatch):
+    """Growth while other slots hold a parked chunked prompt, a finished row's free slot and a
+    moved row: every row's tokens are the ones it gets alone."""
+    from trtllm.runtime import generate
+
+    monkeypatch.setattr(generate, "GENERATION_HEADROOM", 0)  # start at the longest prompt: grow early
+    prompts, lengths = [[9, 10], [5, 6, 7], list(range(20, 80)), [11, 12, 13]], [2, 150, 5, 40]
+    rows, engine = [row(p, n) for p, n in zip(prompts, lengths)], CapacityEngine(capacity=512)
+    run_rows(engine, rows, 3, prefill_chunk=16)
+    assert [r.output_ids for r in rows] == [alone(p, n) for p, n in zip(prompts, lengths)]
+    assert sorted(set(engine.capacities)) == [64, 128, 192]
