@@ -160,12 +160,18 @@ class IncrementalDecoder:
 
     A tokenizer that cleans up spaces (" ." -> ".", " ' " -> "'") rewrites text that came before
     the newest token, and streamed text cannot be taken back. So the window is decoded without the
-    clean-up, which is applied to the whole text so far instead, and its last CLEAN_UP_HOLD
+    clean-up, which is applied to the text since the last cut instead, and its last CLEAN_UP_HOLD
     characters are held back: a match needs at most 3 more characters, and the passes' chained
-    effects stay within a few more.
+    effects stay within a few more. The text is cut (what is before the cut never looked at again)
+    where the 3 characters before the cut hold no space: every clean-up pattern starts with a space
+    and is at most 4 long, and each only deletes spaces, so no match can ever span such a cut, and
+    cleaning the two sides apart gives the whole's clean-up. Cleaning all the text every token was
+    quadratic in the output's length. (Text with no such place, one-character tokens between
+    spaces for ever, is not cut.)
     """
 
     CLEAN_UP_HOLD = 16
+    CLEAN_UP_WINDOW = 256  # raw characters kept after the last cut, about
 
     def __init__(self, tokenizer: Tokenizer, skip_special_tokens: bool = True):
         self._tokenizer = tokenizer
@@ -174,7 +180,9 @@ class IncrementalDecoder:
         self._prefix_offset = 0
         self._read_offset = 0
         self._pieces: list[str] = []
-        self._raw: list[str] = []  # the text before the clean-up, when the tokenizer cleans up
+        self._raw = ""        # the text since the last cut, before the clean-up (a tokenizer that cleans up)
+        self._cut = 0         # cleaned characters before that cut (all emitted)
+        self._emitted = 0     # characters emitted
 
     @property
     def text(self) -> str:
@@ -221,10 +229,22 @@ class IncrementalDecoder:
             delta = new_text[len(prefix_text):]
             self._prefix_offset, self._read_offset = self._read_offset, len(self._ids)
         if cleans_up:
-            self._raw.append(delta)
-            cleaned = tok.clean_up("".join(self._raw))
-            done = sum(map(len, self._pieces))
-            delta = cleaned[done:len(cleaned) if final else max(done, len(cleaned) - self.CLEAN_UP_HOLD)]
+            delta = self._cleaned(delta, final)
         if delta:
             self._pieces.append(delta)
+            self._emitted += len(delta)
         return delta
+
+    def _cleaned(self, raw: str, final: bool) -> str:
+        """The cleaned text that `raw` (new, not cleaned) makes safe to emit; cuts the text kept."""
+        tok, self._raw = self._tokenizer, self._raw + raw
+        cleaned = tok.clean_up(self._raw)
+        done = self._emitted - self._cut  # of `cleaned`
+        out = cleaned[done:len(cleaned) if final else max(done, len(cleaned) - self.CLEAN_UP_HOLD)]
+        if len(self._raw) > self.CLEAN_UP_WINDOW:
+            cut = next((c for c in range(len(self._raw) - self.CLEAN_UP_WINDOW // 2, 3, -1)
+                        if " " not in self._raw[c - 3:c]), 0)
+            head = len(tok.clean_up(self._raw[:cut])) if cut else 0
+            if cut and head <= done + len(out):  # (only what is emitted is left behind)
+                self._cut, self._raw = self._cut + head, self._raw[cut:]
+        return out

@@ -297,3 +297,21 @@ def test_a_replacement_character_no_byte_can_complete_is_streamed_at_once(ours):
     assert decoder.push(a) == "\ufffda"  # it did not
     ids = [stray, lead, a, lead, stray, stray]
     assert "".join(_stream(ours, ids)) == ours.decode(ids)
+
+
+def test_streaming_with_clean_up_keeps_a_bounded_window(tmp_path):
+    """3,000 tokens: the pieces still add up to decode(ids), and the clean-up looks only at the
+    text since its last cut (cleaning everything each token was quadratic)."""
+    import random
+
+    ours = Tokenizer.from_engine_dir(_wordlevel_dir(tmp_path, True))
+    rng = random.Random(1)
+    for seed_ids in ([rng.randrange(1, 12) for _ in range(3000)], [5, 7, 11, 6] * 750):  # "stop now here ."
+        decoder, longest = IncrementalDecoder(ours), 0
+        pieces = []
+        for i in seed_ids:
+            pieces.append(decoder.push(i))
+            longest = max(longest, len(decoder._raw))
+        pieces.append(decoder.flush())
+        assert "".join(pieces) == ours.decode(seed_ids)
+        assert longest <= 2 * IncrementalDecoder.CLEAN_UP_WINDOW
