@@ -44,6 +44,10 @@ from trtllm.runtime import files
 MAGIC = b"TRTLLM-KV\n"
 FORMAT = 2
 DEFAULT_MAX_BYTES = 2 << 30
+# What a process keeps of the entries it used, beside the disk's copy, at most: --kv-cache-size
+# (2 GiB by default) is a disk budget, and RAM beside the run's own KV buffer is scarcer on the
+# devices this runs on. Reading an entry back costs a read and a checksum (47 MB: tens of ms).
+DEFAULT_MEMORY_BYTES = 256 << 20
 TMP_PREFIX = ".tmp-"  # entries being written; eviction leaves them alone
 STALE_TMP_SECONDS = 3600  # unless they are this old: a process killed mid-write left them
 SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*(?:([KMGT])(?:I?B?)?|B)?", re.IGNORECASE)
@@ -73,9 +77,11 @@ def parse_size(text: str) -> int:
 
 
 class PrefixStore:
-    def __init__(self, directory, engine_id: str, max_bytes: int = DEFAULT_MAX_BYTES):
+    def __init__(self, directory, engine_id: str, max_bytes: int = DEFAULT_MAX_BYTES,
+                 memory_bytes: int = DEFAULT_MEMORY_BYTES):
         self.dir = Path(directory)
         self.engine_id, self.max_bytes = engine_id, max_bytes
+        self.memory_bytes = min(memory_bytes, max_bytes)
         self.memory: dict[str, np.ndarray] = {}  # entries this process has used, least recent first
         self.hits = self.misses = self.saves = 0
 
@@ -188,11 +194,11 @@ class PrefixStore:
         self.evict()
 
     def remember(self, key: str, kv: np.ndarray) -> None:
-        """Keep `kv` in this process, most recent last, within max_bytes but for the newest."""
+        """Keep `kv` in this process, most recent last, within memory_bytes but for the newest."""
         self.memory.pop(key, None)
         self.memory[key] = kv
         total = sum(v.nbytes for v in self.memory.values())
-        while total > self.max_bytes and len(self.memory) > 1:
+        while total > self.memory_bytes and len(self.memory) > 1:
             total -= self.memory.pop(next(iter(self.memory))).nbytes
 
     def write(self, key: str, data: bytes) -> None:

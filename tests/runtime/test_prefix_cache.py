@@ -159,6 +159,12 @@ def test_memory_copy_is_bounded(tmp_path):
         with pytest.warns(PrefixCacheWarning):
             none.save((n,), kv(seed=n))
     assert list(none.memory) == [none.key((2,))]  # only what the current request reuses
+    # RAM is bounded apart from the disk (256 MiB by default, 2 GiB of disk)
+    ram = PrefixStore(tmp_path / "ram", "engine-a", max_bytes=10 * kv().nbytes, memory_bytes=kv().nbytes)
+    for n in range(3):
+        ram.save((n,), kv(seed=n))
+    assert list(ram.memory) == [ram.key((2,))] and len(list((tmp_path / "ram").iterdir())) == 3
+    assert ram.load((0,)) is not None and list(ram.memory) == [ram.key((0,))]  # read back from disk
 
 
 def test_entries_get_the_umask_mode_and_dead_writes_are_cleared(tmp_path):
