@@ -101,7 +101,7 @@ def draft_step(value: str) -> int | str:
 
 def prefill_chunk(value: int) -> int:
     """--prefill-chunk: 0 (off), or at least MIN_CHUNK tokens."""
-    if 0 < value < MIN_CHUNK:
+    if value < 0 or 0 < value < MIN_CHUNK:
         raise click.BadParameter(f"must be 0 (prompts whole) or at least {MIN_CHUNK} tokens, got {value}")
     return value
 

@@ -256,7 +256,8 @@ class Scheduler:
                  on_token=None, prefixes: PrefixSource | None = None, prefill_chunk: int = 0):
         m = engine.manifest
         self.engine, self.timing, self.on_token, self.prefixes = engine, timing or Timing(), on_token, prefixes
-        self.prefill_chunk = prefill_chunk if self.chunk_prompts else 0
+        # (a chunk of one token would take ONNX Runtime's decode attention: see chunk_end)
+        self.prefill_chunk = max(prefill_chunk, MIN_COMPUTED) if prefill_chunk > 0 and self.chunk_prompts else 0
         capacity = capacity_for(rows, m.limits.max_kv_cache_capacity)
         for r in rows:  # the KV buffer bounds what any row can generate (see kv_need)
             r.max_new_tokens = min(r.max_new_tokens, capacity + 1 - len(r.prompt_ids))
@@ -296,8 +297,10 @@ class Scheduler:
                 self.waiting.update(self.shared(admitted))
             # every prompt not complete: the wave just admitted, and the next chunk of chunked ones
             self.prefill_all([s for s, r in sorted(self.active.items()) if r.prefilling and s not in self.waiting])
-            ready = sorted(s for s, (leader, _) in self.waiting.items() if not self.active[leader].prefilling)
-            for slot in ready:  # their leader's KV is all there now
+            # a follower copies once its leader has computed what it shares (a system prompt: the
+            # first chunk of a long leader may hold it)
+            ready = sorted(s for s, (leader, n) in self.waiting.items() if self.active[leader].computed >= n)
+            for slot in ready:  # what they share of their leader's KV is there now
                 leader, n = self.waiting.pop(slot)
                 self.kv.write(slot, self.kv.read(leader, n))
                 self.active[slot].num_reused = self.active[slot].computed = n

@@ -392,3 +392,20 @@ def test_growing_with_rows_in_every_state_keeps_their_tokens(monkeypatch):
     run_rows(engine, rows, 3, prefill_chunk=16)
     assert [r.output_ids for r in rows] == [alone(p, n) for p, n in zip(prompts, lengths)]
     assert sorted(set(engine.capacities)) == [64, 128, 192]
+
+
+def test_a_follower_sharing_a_system_prompt_copies_after_the_leaders_first_chunk():
+    """C (60 tokens) and D share a 6-token system prompt and are admitted while A generates: D
+    copies the 6 positions once C's first chunk holds them, not after C's last chunk."""
+    system = [21, 22, 23, 24, 25, 26]
+    prompts = [[9, 10], [5, 6, 7], [11, 12], system + list(range(30, 84)), system + [90, 91, 92]]
+    lengths = [1, 30, 1, 3, 3]
+    rows = [row(p, n, prefix=system if p[:6] == system else ()) for p, n in zip(prompts, lengths)]
+    engine = FakeEngine()
+    run_rows(engine, rows, 3, prefill_chunk=16)
+    assert [r.output_ids for r in rows] == [alone(p, n) for p, n in zip(prompts, lengths)]
+    assert rows[4].num_reused == 6
+    first = engine.steps.index((1, 16))  # C's first chunk; D's rest (3 tokens) comes right after it
+    assert engine.steps[first + 1] == (1, 3)
+    chunk = [s for s in engine.steps if s[0] == 1 and s[1] > 3]
+    assert sum(w for _, w in chunk) == 60
