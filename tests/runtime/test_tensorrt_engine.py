@@ -284,3 +284,26 @@ def test_decode_uploads_only_the_vocabulary_rows_that_changed(engines):
         assert per_step[0] >= 3 * vocab_bytes                    # the prefill takes every row
         assert all(vocab_bytes <= n < 2 * vocab_bytes for n in per_step[1:])  # then only the penalised row
         engine.close()
+
+
+@pytest.mark.parametrize("graph", ["modern", "legacy"])
+def test_a_chunked_prompt_on_tensorrt_answers_as_on_onnxruntime(engines, run_cli, graph):
+    """A long prompt that joins in flight, prefilled in chunks of 16 between decode steps (its
+    device KV slot parked in them): the answers of the ONNX Runtime engine, which prefills it whole."""
+    long = {"messages": [{"role": "user", "content": " ".join(f"w{i}" for i in range(12))}],
+            "temperature": 0.9, "seed": 2, "num_logprobs": 2}
+    payload = {**PAYLOAD, "batch_size": 2, "max_generate_length": 12,
+               "requests": [{"messages": [{"role": "user", "content": "hi"}], "max_generate_length": 1},
+                            {"messages": [{"role": "user", "content": "keep going"}]}, long]}
+    result, want = run_cli(engines / "ort", payload, "--prefill-chunk", "0")
+    assert result.exit_code == 0, result.output
+    env = {"FAKE_TRT_VERSION": "10.3.0.30"} if graph == "legacy" else {}
+    runs = {}
+    for chunk in ("16", "0"):
+        with fakes.installed(**env):
+            result, got = run_cli(engines / graph, payload, "--prefill-chunk", chunk, "--profile",
+                                  str(engines / f"chunk-{graph}.json"))
+        assert result.exit_code == 0, result.output
+        same(got["responses"], want["responses"])
+        runs[chunk] = json.loads((engines / f"chunk-{graph}.json").read_text())["prefill"]["total_runs"]
+    assert runs["16"] >= runs["0"] + 2  # the long prompt took three or more steps, not one
