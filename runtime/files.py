@@ -101,7 +101,9 @@ def dumps(data, indent: int | None, inline_from: int | None = None) -> str:
             return _encode(x)
         inner, outer = " " * (indent * (depth + 1)), " " * (indent * depth)
         if isinstance(x, dict):
-            items = [f"{inner}{_encode(str(k))}: {dump(v, depth + 1)}" for k, v in x.items()]
+            if not all(isinstance(k, str) for k in x):  # (json would write True as "true", not "True")
+                raise TypeError(f"dumps: keys must be strings, got {[k for k in x if not isinstance(k, str)]}")
+            items = [f"{inner}{_encode(k)}: {dump(v, depth + 1)}" for k, v in x.items()]
             return "{\n" + ",\n".join(items) + "\n" + outer + "}"
         return "[\n" + ",\n".join(inner + dump(v, depth + 1) for v in x) + "\n" + outer + "]"
 

@@ -242,7 +242,8 @@ class IncrementalDecoder:
         done = self._emitted - self._cut  # of `cleaned`
         out = cleaned[done:len(cleaned) if final else max(done, len(cleaned) - self.CLEAN_UP_HOLD)]
         if len(self._raw) > self.CLEAN_UP_WINDOW:
-            cut = next((c for c in range(len(self._raw) - self.CLEAN_UP_WINDOW // 2, 3, -1)
+            n = len(self._raw)  # (only the newest half-window: the older places were looked at before)
+            cut = next((c for c in range(n - self.CLEAN_UP_WINDOW // 2, max(3, n - self.CLEAN_UP_WINDOW), -1)
                         if " " not in self._raw[c - 3:c]), 0)
             head = len(tok.clean_up(self._raw[:cut])) if cut else 0
             if cut and head <= done + len(out):  # (only what is emitted is left behind)

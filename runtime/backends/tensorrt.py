@@ -70,6 +70,11 @@ class DeviceKVCache(KVCacheManager):
         weakref.finalize(self, lambda bs=buffers: [b.close() for b in bs])
         return buffers
 
+    def grow(self, capacity: int) -> None:
+        """Never needed: the plan's capacity is static, and the cache is allocated at it (make_kv_cache)."""
+        if min(capacity, self.limit) > self.capacity:
+            raise RuntimeError(f"the TensorRT KV cache cannot grow past the plan's capacity {self.capacity}")
+
     @property
     def nbytes(self) -> int:
         return sum(b.nbytes for b in self.buffers)

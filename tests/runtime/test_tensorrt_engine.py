@@ -199,6 +199,10 @@ def test_device_kv_read_write_round_trip(engines):
         kv.write(1, data)
         np.testing.assert_array_equal(kv.read(1, 7), data)
         assert not kv.read(0, 7).any()  # the other slot is untouched
+        kv.grow(160)  # at its capacity already: nothing to do
+        kv.limit = 320
+        with pytest.raises(RuntimeError, match="cannot grow past the plan's capacity 160"):
+            kv.grow(320)  # the scheduler never asks (its limit is the plan's), and device buffers cannot
         engine.close()
 
 

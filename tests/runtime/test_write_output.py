@@ -204,3 +204,5 @@ def test_dumps_inlines_deep_containers_and_keeps_the_data():
     assert lines.count('                [{"token_id": 1, "token": "a", "bytes": [97], "logprob": -0.5}],') == 1
     assert '"output_text": "é\\n"' in text and '"empty": []' in text and '"none": {}' in text
     assert dumps(doc, 2) == json.dumps(doc, indent=2, ensure_ascii=False)
+    with pytest.raises(TypeError, match="keys must be strings"):
+        dumps({True: 1}, 4, 4)  # json writes "true"; str() would write "True"
