@@ -43,7 +43,8 @@ def resolve(options: dict, profile: str) -> dict:
 @click.option("--model", required=True, help="Hugging Face checkpoint directory, .gguf file, or hub ID.")
 @click.option("--output", required=True, help="Engine directory to write.")
 @click.option("--profile", default="cpu-default", show_default=True,
-              help="Build profile: cpu-default, tensorrt-modern, tensorrt-legacy (JetPack 6), or a .json file.")
+              help="Build profile: cpu-default, tensorrt-modern (TensorRT >= 10.15), tensorrt-legacy (older TensorRT), "
+                   "jetson-orin-jp6 (= tensorrt-legacy), jetson-thor-jp7 (JetPack 7.0/7.1), or a .json file.")
 @click.option("--backend", type=click.Choice(BACKENDS), help=f"[profile; default {DEFAULTS['backend']}]")
 @click.option("--dtype", type=click.Choice(DTYPES), help=f"[profile; default {DEFAULTS['dtype']}]")
 @click.option("--quantization", type=click.Choice(QUANTIZATIONS), default="none", show_default=True)

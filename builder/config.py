@@ -19,7 +19,9 @@ QUANTIZATIONS = ("none", "int8", "int4")
 ACTIVATIONS = ("float32", "int16", "int8")  # quantized MatMuls' activations on our CPU kernels' decode steps
 GRAPHS = ("modern", "legacy")
 CPU_KERNELS = ("auto", "native", "onnxruntime")  # ONNX Runtime engines: plugins/cpu's kernels, or ORT's own
-PROFILES = ("cpu-default", "tensorrt-modern", "tensorrt-legacy")
+PROFILES = ("cpu-default", "tensorrt-modern", "tensorrt-legacy", "jetson-orin-jp6", "jetson-thor-jp7")
+# DESIGN.md's device names for a profile that is ours under a graph's name (JetPack 6 is TensorRT 10.3)
+PROFILE_ALIASES = {"jetson-orin-jp6": "tensorrt-legacy"}
 MODERN_MIN_TRT = (10, 15)  # Attention (10.14) and TensorScatter, RotaryEmbedding, RMSNormalization (10.15)
 PROFILE_KEYS = {"description", "backend", "dtype", "graph", "trt_version", "max_batch_size", "max_input_len",
                 "max_kv_cache_capacity", "max_lora_rank", "workspace_gib", "opt_level"}
@@ -38,7 +40,7 @@ def profile_defaults(name: str = "cpu-default") -> dict:
     """A build profile: a name from configs/ or a path to a JSON file of the same keys."""
     path = Path(name)
     if name in PROFILES:
-        text = resources.files("trtllm.configs").joinpath(f"{name}.json").read_text()
+        text = resources.files("trtllm.configs").joinpath(f"{PROFILE_ALIASES.get(name, name)}.json").read_text()
     elif path.suffix == ".json" and path.is_file():
         try:
             text = path.read_text(encoding="utf-8")

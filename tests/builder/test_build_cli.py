@@ -29,7 +29,7 @@ ARCHS = ["llama", "mistral", "qwen2", "qwen3"]
     (["--lora", "a=/tmp/x", "--lora", "a=/tmp/y"], "--lora names must be distinct"),
     (["--max-lora-rank", "-1"], "--max-lora-rank must be an integer in [0, 256]"),
     (["--backend", "tensorrt"], "--backend tensorrt needs TensorRT and a CUDA GPU: TensorRT is not installed"),
-    (["--profile", "jetson-nano"], "--profile must be one of cpu-default, tensorrt-modern, tensorrt-legacy"),
+    (["--profile", "jetson-nano"], "--profile must be one of cpu-default, tensorrt-modern, tensorrt-legacy, jetson-orin-jp6, jetson-thor-jp7"),
     (["--profile", "tensorrt-legacy", "--quantization", "int4"], "--quantization int4 needs the modern graph"),
     (["--graph", "modern", "--profile", "tensorrt-legacy"], "needs TensorRT >= 10.15, but trt_version is 10.3"),
     (["--opt-level", "9"], "--opt-level must be an integer in [0, 5]"),

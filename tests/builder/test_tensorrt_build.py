@@ -70,6 +70,8 @@ def test_shipped_profiles_are_valid_configs(name):
     values = {k: v for k, v in profile_defaults(name).items() if k != "description"}
     config = BuildConfig(model="m", output="o", profile=name, **values)
     assert config.graph in ("modern", "legacy")
+    if name.startswith("jetson-"):  # JetPack 6 (TensorRT 10.3) and 7.0/7.1 (10.13) cannot parse the modern graph
+        assert config.backend == "tensorrt" and config.graph == "legacy"
 
 
 def test_profile_options_are_checked(tmp_path):
@@ -221,14 +223,15 @@ def test_sampling_plugin_needs_tensorrt_plugin_support(tiny_checkpoint, tmp_path
 
 
 def test_shipped_tensorrt_profiles_lint_and_agree(tiny_checkpoint, tmp_path):
-    """configs/tensorrt-modern.json and tensorrt-legacy.json, exported (ONNX Runtime backend here):
-    each graph passes the op lint for its profile's TensorRT and gives the other's greedy tokens."""
+    """configs/tensorrt-modern.json, tensorrt-legacy.json and jetson-thor-jp7.json (the legacy graph
+    for TensorRT 10.13), exported (ONNX Runtime backend here): each graph passes the op lint for its
+    profile's TensorRT and gives the others' greedy tokens."""
     from tests.engine_helpers import run_greedy
     from trtllm.plugins.lint import lint_model
     from trtllm.runtime.engine import load_engine
 
     tokens = {}
-    for name in ("tensorrt-modern", "tensorrt-legacy"):
+    for name in ("tensorrt-modern", "tensorrt-legacy", "jetson-thor-jp7"):
         out = tmp_path / name
         result = CliRunner().invoke(build_main, ["--model", str(tiny_checkpoint("qwen2")), "--output", str(out),
                                                  "--profile", name, "--backend", "onnxruntime", "--dtype", "float32",
@@ -236,6 +239,6 @@ def test_shipped_tensorrt_profiles_lint_and_agree(tiny_checkpoint, tmp_path):
         assert result.exit_code == 0, result.output
         trt_version = profile_defaults(name)["trt_version"]
         assert lint_model(out / "llm.onnx", trt_version) == []
-        assert (lint_model(out / "llm.onnx", "10.3") == []) == (name == "tensorrt-legacy")
+        assert (lint_model(out / "llm.onnx", "10.3") == []) == (name != "tensorrt-modern")
         tokens[name] = run_greedy(load_engine(out, graph="onnx"), [[5, 17, 42, 99, 7], [3, 8, 1]], 12)
-    assert tokens["tensorrt-modern"] == tokens["tensorrt-legacy"]
+    assert tokens["tensorrt-modern"] == tokens["tensorrt-legacy"] == tokens["jetson-thor-jp7"]
