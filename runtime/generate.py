@@ -288,7 +288,7 @@ class Scheduler:
     compact_slots = True  # the last rows move down into free slots (not EAGLE: its per-slot draft state)
     chunk_prompts = True  # long prompts are prefilled in chunks between decode steps (not EAGLE: its draft
     #                       head catches up on a prompt's hidden states in one run)
-    grow_kv = True  # the KV buffers start small and grow (not EAGLE: the draft head's KV matches them)
+    grow_kv = True  # the KV buffers start small and grow as generation needs (ensure)
 
     def run(self) -> None:
         while self.pending or self.active:
@@ -450,10 +450,7 @@ class Scheduler:
         """One token for every generating row; returns the step's outputs and its time."""
         hi = max(self.decoding()) + 1  # idle and parked slots below it ride along; above it are not computed
         rows = [self.active.get(s) for s in range(hi)]
-        need = max(r.filled() + 1 for r in rows if r is not None and not r.prefilling)  # (parked rows write below)
-        if need > self.kv.capacity:
-            self.kv.grow(max(rounded(need), 2 * self.kv.capacity))
-            self.timing.kv_cache_bytes = max(self.timing.kv_cache_bytes, self.kv.nbytes)
+        self.ensure(max(r.filled() + 1 for r in rows if r is not None and not r.prefilling))  # (parked rows write below)
         reuse = self.decode_feeds.get(hi)
         feeds = decode_inputs(rows, self.engine.manifest.pad_token_id,
                               reuse.sampling if reuse else sampling.rows(self.batch, 0, hi), reuse)
@@ -466,6 +463,16 @@ class Scheduler:
         for s in live:
             self.accept(s, out, s)
         return out, elapsed
+
+    def ensure(self, need: int) -> None:
+        """KV positions 0..need-1 in every slot (as far as the limit goes): the buffers double, at
+        least, when they must grow, so the copies cost a few of them in a run."""
+        if need > self.kv.capacity:
+            self.grow(max(rounded(need), 2 * self.kv.capacity))
+
+    def grow(self, capacity: int) -> None:
+        self.kv.grow(capacity)
+        self.timing.kv_cache_bytes = max(self.timing.kv_cache_bytes, self.kv.nbytes)
 
     def compact(self) -> None:
         """With no request waiting for a slot, move the highest live row down into the lowest free

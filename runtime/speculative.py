@@ -95,13 +95,13 @@ class SpecScheduler(Scheduler):
     share_prompts = False  # a copied prompt would need the head's KV too: computed whole instead
     compact_slots = False  # the draft's KV and pending pairs are kept per slot
     chunk_prompts = False  # the draft catches up on a prompt's hidden states in one run (prefilled)
-    grow_kv = False  # the draft head's KV is allocated beside the base's, at the same capacity
 
     def __init__(self, engine, rows: list[RowState], num_slots: int, timing, on_token, prefixes, drafter: Drafter):
         super().__init__(engine, rows, num_slots, timing, on_token, prefixes)
         self.drafter, self.k = drafter.engine, drafter.step
         make_kv = getattr(self.drafter, "make_kv_cache", KVCacheManager)  # device KV on TensorRT
         self.dkv = make_kv(self.drafter.manifest.model, self.kv.num_slots, self.kv.capacity)
+        self.dkv.limit = max(self.dkv.capacity, self.kv.limit)  # it grows with the base's (grow)
         self.timing.draft_kv_bytes = max(self.timing.draft_kv_bytes, self.dkv.nbytes)
         self.hidden_size = self.drafter.manifest.model.hidden_size
         self.pad = engine.manifest.pad_token_id
@@ -112,6 +112,12 @@ class SpecScheduler(Scheduler):
         self.kept: dict[int, tuple[int, list[int], list[np.ndarray]]] = {}
         self.flush_at = min(PAUSE_FLUSH, engine.manifest.limits.max_input_len)
         self.save_head: set[int] = set()  # id() of rows whose prefill saves the head's prefix KV
+
+    def grow(self, capacity: int) -> None:
+        """The draft's KV has as many positions as the base's: both grow together."""
+        super().grow(capacity)
+        self.dkv.grow(self.kv.capacity)
+        self.timing.draft_kv_bytes = max(self.timing.draft_kv_bytes, self.dkv.nbytes)
 
     def speculates(self, row: RowState | None) -> bool:
         return row is not None and not row.finish_reason and row.speculative and greedy(row.params)
@@ -189,6 +195,7 @@ class SpecScheduler(Scheduler):
             return self.paused(hi, rows)
         elapsed = self.resume(hi, rows)
         pos = [0 if r is None else len(r.prompt_ids) + len(r.output_ids) - 1 for r in rows]
+        self.ensure(max(pos) + k + 1)  # (the step and the draft write up to k + 1 positions from there)
         # padding stays inside every slot, and a step is never wider than the engine's inputs go
         # (max_input_len: TensorRT's prefill profile ends there; a larger --spec-draft-step is capped)
         width = min(k + 1, self.engine.manifest.limits.max_input_len, min(self.kv.capacity - p for p in pos))

@@ -138,6 +138,28 @@ def test_speculative_greedy_equals_transformers(arch, eagle_setup):
     assert got == expected
 
 
+def test_growing_kv_keeps_the_tokens_and_proposals(eagle_setup, monkeypatch):
+    """The base's and the draft's KV start at the longest prompt (64 positions here) and grow
+    together while rows speculate: the greedy tokens are transformers' and those of buffers
+    allocated whole, each verification's drafts the reference's."""
+    from trtllm.runtime import generate
+
+    grown = []
+    real_grow = SpecScheduler.grow
+    monkeypatch.setattr(SpecScheduler, "grow", lambda self, c: grown.append(c) or real_grow(self, c))
+    monkeypatch.setattr(generate, "GENERATION_HEADROOM", 0)
+    ck, draft_dir, engine_dir = eagle_setup("llama")
+    model = hf_model(ck)
+    got, seen, timing = speculate(engine_dir, PROMPTS[:2], 90)
+    assert grown and got == [hf_greedy(model, p, 90) for p in PROMPTS[:2]]
+    ref = Reference(draft_dir, model)
+    assert len(seen) >= 10 and all(ref.propose(text, len(d)) == d for text, d in seen[::5])
+    monkeypatch.setattr(generate.Scheduler, "grow_kv", False)
+    whole, whole_seen, fixed = speculate(engine_dir, PROMPTS[:2], 90)
+    assert whole == got and whole_seen == seen
+    assert (fixed.kv_cache_bytes, fixed.draft_kv_bytes) == (timing.kv_cache_bytes, timing.draft_kv_bytes)
+
+
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])
 def test_proposals_match_reference(arch, eagle_setup):
     """Each verification's drafts are what the reference proposes for the same text."""
