@@ -302,7 +302,7 @@ class Scheduler:
             ready = sorted(s for s, (leader, n) in self.waiting.items() if self.active[leader].computed >= n)
             for slot in ready:  # what they share of their leader's KV is there now
                 leader, n = self.waiting.pop(slot)
-                self.kv.write(slot, self.kv.read(leader, n))
+                self.copy_prompt(leader, slot, n)
                 self.active[slot].num_reused = self.active[slot].computed = n
             self.prefill_all(ready)
             self.release_finished()
@@ -360,6 +360,10 @@ class Scheduler:
             if row.save_prefix and row.prefix_ids and leader.prefix_ids == row.prefix_ids:
                 leader.save_prefix = True  # the same entry: the leader, which computes it, saves it
         return followers
+
+    def copy_prompt(self, leader: int, slot: int, n: int) -> None:
+        """A follower's first n positions from its leader (shared)."""
+        self.kv.write(slot, self.kv.read(leader, n))
 
     def restore_prefix(self, row: RowState) -> None:
         """A reused prefix leaves at least MIN_COMPUTED prompt tokens to compute."""
@@ -490,7 +494,11 @@ class Scheduler:
             row = self.active.pop(top)
             self.kv.move(top, free, row.filled())
             sampling.move_row(self.batch, top, free)
+            self.moved(top, free, row)
             row.slot, self.active[free] = free, row
+
+    def moved(self, src: int, dst: int, row: RowState) -> None:
+        """After compact() moved a row's KV and sampler rows (the speculative scheduler's state too)."""
 
     def release_finished(self) -> None:
         for slot in [s for s, r in self.active.items() if r.finish_reason]:

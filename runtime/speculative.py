@@ -92,8 +92,6 @@ class Drafter:
 
 
 class SpecScheduler(Scheduler):
-    share_prompts = False  # a copied prompt would need the head's KV too: computed whole instead
-    compact_slots = False  # the draft's KV and pending pairs are kept per slot
     chunk_prompts = False  # the draft catches up on a prompt's hidden states in one run (prefilled)
 
     def __init__(self, engine, rows: list[RowState], num_slots: int, timing, on_token, prefixes, drafter: Drafter):
@@ -118,6 +116,36 @@ class SpecScheduler(Scheduler):
         super().grow(capacity)
         self.dkv.grow(self.kv.capacity)
         self.timing.draft_kv_bytes = max(self.timing.draft_kv_bytes, self.dkv.nbytes)
+
+    def shared(self, admitted: list[int]) -> dict[int, tuple[int, int]]:
+        """Prompt sharing, with the draft's KV: a speculating follower copies it too, but one
+        position less than the model's (the draft's pair at the last shared position holds the
+        token after it, which may be the follower's own), and so computes that position again, as
+        a restored prefix does. It needs a speculating leader (the draft ran over its prompt);
+        otherwise it computes its prompt whole."""
+        out = {}
+        for slot, (leader, n) in super().shared(admitted).items():
+            row, lead = self.active[slot], self.active[leader]
+            if not self.speculates(row):
+                out[slot] = (leader, n)
+            elif self.speculates(lead) and n > 1:
+                out[slot] = (leader, n - 1)
+                if id(row) in self.save_head:  # the leader computes the prompt: it saves the head's KV
+                    self.save_head.add(id(lead))
+        return out
+
+    def copy_prompt(self, leader: int, slot: int, n: int) -> None:
+        super().copy_prompt(leader, slot, n)
+        if self.speculates(self.active[slot]):
+            self.dkv.write(slot, self.dkv.read(leader, n))
+
+    def moved(self, src: int, dst: int, row: RowState) -> None:
+        """The draft's KV (filled as far as the model's, or less while paused), its next proposal
+        and the pairs it has not seen move with the row."""
+        self.dkv.write(dst, self.dkv.read(src, row.filled()))
+        for state in (self.ready, self.kept):
+            if src in state:
+                state[dst] = state.pop(src)
 
     def speculates(self, row: RowState | None) -> bool:
         return row is not None and not row.finish_reason and row.speculative and greedy(row.params)

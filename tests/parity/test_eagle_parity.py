@@ -57,8 +57,10 @@ def eagle_setup(tmp_path_factory):
 
 
 def greedy_rows(prompts, n):
-    params = sampling.SamplingParams(temperature=0.0, max_new_tokens=n)
-    return [RowState(prompt_ids=p, params=params, rng=np.random.default_rng(0), eos_ids=frozenset()) for p in prompts]
+    """`n`: new tokens for every prompt, or one number per prompt."""
+    lengths = n if isinstance(n, list) else [n] * len(prompts)
+    return [RowState(prompt_ids=p, params=sampling.SamplingParams(temperature=0.0, max_new_tokens=k),
+                     rng=np.random.default_rng(0), eos_ids=frozenset()) for p, k in zip(prompts, lengths)]
 
 
 class MemoryPrefixes:
@@ -93,7 +95,37 @@ def speculate(engine_dir, prompts, n, num_slots=None, step=4, prefixes=None, pre
         run_rows(engine, rows, num_slots, timing, prefixes=prefixes, drafter=drafter)
     finally:
         SpecScheduler.verify = original
+    speculate.rows = rows  # (for tests that look at where rows ran)
     return [r.output_ids for r in rows], seen, timing
+
+
+def test_shared_prompts_and_moved_rows_keep_the_tokens_and_proposals(eagle_setup):
+    """Speculating rows admitted together that share a prompt (identical prompts, or a system
+    prefix followed by different tokens) copy the leader's model and draft KV; the last long row
+    moves down into a free slot with its draft KV and proposal. Tokens are transformers', every
+    verification's drafts the reference's."""
+    ck, draft_dir, engine_dir = eagle_setup("llama")
+    model = hf_model(ck)
+    system = list(range(30, 52))
+    prompts = [system + [5, 6], system + [5, 6], system + [7, 200, 9], [3, 200, 11], system + [8, 8, 1]]
+    lengths = [6, 8, 10, 5, 40]
+    got, seen, timing = speculate(engine_dir, prompts, lengths, prefix_len=len(system))
+    assert got == [hf_greedy(model, p, k) for p, k in zip(prompts, lengths)]
+    ref = Reference(draft_dir, model)
+    assert len(seen) >= 10 and all(ref.propose(text, len(d)) == d for text, d in seen)
+    assert timing.reused_tokens >= 3 * (len(system) - 1)  # three followers copied
+    assert speculate.rows[4].batch_idx == 4 and speculate.rows[4].slot == 0  # it moved down
+
+
+def test_wrong_variant_a_follower_without_the_leaders_draft_kv_fails(eagle_setup, monkeypatch):
+    """Copying only the model's KV leaves the follower's draft KV empty: its drafts change."""
+    ck, draft_dir, engine_dir = eagle_setup("llama")
+    monkeypatch.setattr(SpecScheduler, "copy_prompt", lambda self, leader, slot, n:
+                        self.kv.write(slot, self.kv.read(leader, n)))
+    system = list(range(30, 52))
+    _, seen, _ = speculate(engine_dir, [system + [5, 6], system + [5, 6]], 8)
+    ref = Reference(draft_dir, hf_model(ck))
+    assert any(ref.propose(text, len(d)) != d for text, d in seen)
 
 
 @pytest.mark.parametrize("arch", ARCHS)
