@@ -145,7 +145,7 @@ def check_batch_size(inp: fmt.InputFile, manifest) -> None:
               callback=lambda ctx, param, v: prefill_chunk(v),
               help="While other requests generate, prefill a new prompt at most this many tokens per step, "
                    "with a decode step between chunks, so their streams keep going (0: each prompt in one "
-                   "step). Not on EAGLE engines.")
+                   "step).")
 def main(input_file: Path, engine_dir: Path, output: str | None, profile: str | None, stream: bool,
          kv_cache_dir: Path | None, kv_cache_size: str, threads: int | None, huge_pages: bool,
          spec_draft_step: int | str, prefill_chunk: int) -> None:

@@ -518,7 +518,7 @@ def run_rows(engine: Engine, rows: list[RowState], num_slots: int | None = None,
     if drafter is not None:
         from trtllm.runtime.speculative import SpecScheduler
 
-        SpecScheduler(engine, rows, num_slots or len(rows), timing, on_token, prefixes, drafter).run()
+        SpecScheduler(engine, rows, num_slots or len(rows), timing, on_token, prefixes, drafter, prefill_chunk).run()
     else:
         Scheduler(engine, rows, num_slots or len(rows), timing, on_token, prefixes, prefill_chunk).run()
 

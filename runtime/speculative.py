@@ -92,10 +92,9 @@ class Drafter:
 
 
 class SpecScheduler(Scheduler):
-    chunk_prompts = False  # the draft catches up on a prompt's hidden states in one run (prefilled)
-
-    def __init__(self, engine, rows: list[RowState], num_slots: int, timing, on_token, prefixes, drafter: Drafter):
-        super().__init__(engine, rows, num_slots, timing, on_token, prefixes)
+    def __init__(self, engine, rows: list[RowState], num_slots: int, timing, on_token, prefixes, drafter: Drafter,
+                 prefill_chunk: int = 0):
+        super().__init__(engine, rows, num_slots, timing, on_token, prefixes, prefill_chunk)
         self.drafter, self.k = drafter.engine, drafter.step
         make_kv = getattr(self.drafter, "make_kv_cache", KVCacheManager)  # device KV on TensorRT
         self.dkv = make_kv(self.drafter.manifest.model, self.kv.num_slots, self.kv.capacity)
@@ -126,9 +125,9 @@ class SpecScheduler(Scheduler):
         out = {}
         for slot, (leader, n) in super().shared(admitted).items():
             row, lead = self.active[slot], self.active[leader]
-            if not self.speculates(row):
+            if not self.follows(row):
                 out[slot] = (leader, n)
-            elif self.speculates(lead) and n > 1:
+            elif self.follows(lead) and n > 1:
                 out[slot] = (leader, n - 1)
                 if id(row) in self.save_head:  # the leader computes the prompt: it saves the head's KV
                     self.save_head.add(id(lead))
@@ -136,7 +135,7 @@ class SpecScheduler(Scheduler):
 
     def copy_prompt(self, leader: int, slot: int, n: int) -> None:
         super().copy_prompt(leader, slot, n)
-        if self.speculates(self.active[slot]):
+        if self.follows(self.active[slot]):
             self.dkv.write(slot, self.dkv.read(leader, n))
 
     def moved(self, src: int, dst: int, row: RowState) -> None:
@@ -147,8 +146,15 @@ class SpecScheduler(Scheduler):
             if src in state:
                 state[dst] = state.pop(src)
 
-    def speculates(self, row: RowState | None) -> bool:
+    def follows(self, row: RowState | None) -> bool:
+        """The draft runs over this row's text (its prompt too, chunk by chunk): a greedy row that
+        may speculate and has not finished."""
         return row is not None and not row.finish_reason and row.speculative and greedy(row.params)
+
+    def speculates(self, row: RowState | None) -> bool:
+        """It drafts and verifies in decode steps: it follows, and its prompt is all in (a row still
+        prefilling in chunks is parked in them)."""
+        return self.follows(row) and not row.prefilling
 
     def draft_step(self, start: int, ids, hidden, positions, last_index, prompt: bool = False):
         t0 = time.perf_counter()
@@ -179,16 +185,18 @@ class SpecScheduler(Scheduler):
         return elapsed
 
     def prefilled(self, start: int, rows: list[RowState], inputs: StepInputs, out) -> None:
-        """The prompt's pairs: hidden state at q with the token at q+1 (the last one is the first output)."""
+        """The prompt's pairs: hidden state at q with the token at q+1 (the last one is the first
+        output, or, after a chunk, the next chunk's first token)."""
         tokens = []
         for b, r in enumerate(rows):
             n = int(inputs.last_index[b]) + 1
-            tokens.append([*inputs.input_ids[b, 1:n].tolist(), r.output_ids[-1]] if self.speculates(r) else None)
+            after = r.prompt_ids[r.computed] if r.prefilling else r.output_ids[-1] if r.output_ids else None
+            tokens.append([*inputs.input_ids[b, 1:n].tolist(), after] if self.follows(r) else None)
         if any(tokens):
             self.timing.prefill_seconds += self.catch_up(start, rows, tokens, out.hidden, inputs.write_index.tolist(),
                                                          prompt=True)
         for b, r in enumerate(rows):
-            if (tokens[b] and id(r) in self.save_head and self.prefixes and r.num_reused == 0
+            if (tokens[b] and id(r) in self.save_head and self.prefixes and r.num_reused == 0 and not r.prefilling
                     and 1 < len(r.prefix_ids) < len(r.prompt_ids)):
                 self.prefixes.save(r.prefix_ids, self.dkv.read(start + b, len(r.prefix_ids) - 1), draft_key(r))
 
@@ -211,18 +219,20 @@ class SpecScheduler(Scheduler):
                 self.dkv.write(row.slot, draft[:, :, : row.num_reused])
 
     def decode(self) -> None:
-        hi = max(self.active) + 1
+        hi = max(self.decoding()) + 1  # (parked rows below it ride along, as in plain decoding)
         rows = [self.active.get(s) for s in range(hi)]
         spec = sum(self.speculates(r) for r in rows)
         k = self.k if spec else 0  # no row speculates (all sampling, or disable_spec_decode): a plain step
         if self.policy is not None and spec:
-            live = sum(r is not None and not r.finish_reason for r in rows)
+            live = sum(r is not None and not r.finish_reason and not r.prefilling for r in rows)
             k = self.policy.choose(hi, spec, live - spec)
         if k == 0:
             self.timing.draft_steps[0] = self.timing.draft_steps.get(0, 0) + 1
             return self.paused(hi, rows)
         elapsed = self.resume(hi, rows)
-        pos = [0 if r is None else len(r.prompt_ids) + len(r.output_ids) - 1 for r in rows]
+        # a parked row feeds a pad where its next chunk writes (generate.decode_inputs)
+        pos = [0 if r is None else r.computed if r.prefilling else len(r.prompt_ids) + len(r.output_ids) - 1
+               for r in rows]
         self.ensure(max(pos) + k + 1)  # (the step and the draft write up to k + 1 positions from there)
         # padding stays inside every slot, and a step is never wider than the engine's inputs go
         # (max_input_len: TensorRT's prefill profile ends there; a larger --spec-draft-step is capped)
@@ -239,7 +249,7 @@ class SpecScheduler(Scheduler):
         w = 1 + max(ks)
         ids = np.full((hi, w), self.pad, np.int64)
         for s, r in enumerate(rows):
-            if r is not None:
+            if r is not None and not r.prefilling:
                 ids[s, 0] = (r.output_ids or r.prompt_ids)[-1]
                 ids[s, 1: 1 + ks[s]] = drafts.get(s, [])[: ks[s]]
         start = np.array(pos, np.int64)
@@ -251,7 +261,7 @@ class SpecScheduler(Scheduler):
         self.timing.verify_runs += 1
         emitted: list[list[int] | None] = [None] * hi
         for s, r in enumerate(rows):
-            if r is None or r.finish_reason:
+            if r is None or r.finish_reason or r.prefilling:
                 continue
             if not self.speculates(r):
                 self.accept(s, out, s)

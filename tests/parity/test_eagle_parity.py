@@ -76,7 +76,7 @@ class MemoryPrefixes:
         self.saved[(tuple(prefix_ids), adapter)] = kv.copy()
 
 
-def speculate(engine_dir, prompts, n, num_slots=None, step=4, prefixes=None, prefix_len=0):
+def speculate(engine_dir, prompts, n, num_slots=None, step=4, prefixes=None, prefix_len=0, prefill_chunk=0):
     """Greedy tokens with speculation, and every verification: (text before it, its drafts).
     With `prefixes`, each prompt's first prefix_len tokens are a saved system prompt."""
     engine = load_engine(engine_dir)
@@ -92,7 +92,7 @@ def speculate(engine_dir, prompts, n, num_slots=None, step=4, prefixes=None, pre
         r.prefix_ids, r.save_prefix = tuple(r.prompt_ids[:prefix_len]), prefix_len > 0
     SpecScheduler.verify = record
     try:
-        run_rows(engine, rows, num_slots, timing, prefixes=prefixes, drafter=drafter)
+        run_rows(engine, rows, num_slots, timing, prefixes=prefixes, drafter=drafter, prefill_chunk=prefill_chunk)
     finally:
         SpecScheduler.verify = original
     speculate.rows = rows  # (for tests that look at where rows ran)
@@ -115,6 +115,22 @@ def test_shared_prompts_and_moved_rows_keep_the_tokens_and_proposals(eagle_setup
     assert len(seen) >= 10 and all(ref.propose(text, len(d)) == d for text, d in seen)
     assert timing.reused_tokens >= 3 * (len(system) - 1)  # three followers copied
     assert speculate.rows[4].batch_idx == 4 and speculate.rows[4].slot == 0  # it moved down
+
+
+@pytest.mark.parametrize("step", [4, "auto"])
+def test_a_chunked_prompt_keeps_the_tokens_and_proposals(eagle_setup, step):
+    """Two slots: the third request (a 70-token prompt) is admitted while the second speculates,
+    and is prefilled in chunks of 16 between its verify steps (parked in them; the draft runs
+    over each chunk's pairs). Tokens are transformers', every verification's drafts the
+    reference's, also with auto's paused steps."""
+    ck, draft_dir, engine_dir = eagle_setup("llama")
+    model = hf_model(ck)
+    prompts, lengths = [[9, 4, 11], [3, 200, 11, 5], [(7 * i) % 300 + 3 for i in range(70)]], [1, 40, 12]
+    got, seen, timing = speculate(engine_dir, prompts, lengths, num_slots=2, step=step, prefill_chunk=16)
+    assert got == [hf_greedy(model, p, k) for p, k in zip(prompts, lengths)]
+    ref = Reference(draft_dir, model)
+    assert len(seen) >= 5 and all(ref.propose(text, len(d)) == d for text, d in seen)
+    assert timing.prefill_runs == 1 + 5  # the first two together, then the long one's 16, 16, 16, 16, 6
 
 
 def test_wrong_variant_a_follower_without_the_leaders_draft_kv_fails(eagle_setup, monkeypatch):
