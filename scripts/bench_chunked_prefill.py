@@ -2,12 +2,13 @@
 """How long a generating stream stalls while a long prompt is prefilled beside it, per --prefill-chunk.
 
     python scripts/bench_chunked_prefill.py [--engine engines/smollm2-int4] [--chunks 0,128,256] [--repeats 2]
+                                            [--items 250] [--out out/bench_chunked_prefill.json]
 
 Two requests, batch_size 2, through `trtllm-run --stream` (one process per run, the chunk sizes
 alternating within each repeat): A, a short prompt that generates 120 tokens, and B, a ~1,700-token
 prompt that generates 4. Reported per chunk size: the longest gap between two of A's streamed
 tokens (median over repeats), when B's first token came (after A's first), the prefill steps, and
-whether the answers are the same as with the first chunk size. Writes out/bench_chunked_prefill.json.
+whether the answers are the same as with the first chunk size. Writes --out.
 Only the comparison within one run is meaningful on a shared machine.
 """
 from __future__ import annotations
@@ -25,8 +26,8 @@ ROOT = Path(__file__).resolve().parent.parent
 TRTLLM_RUN = Path(sys.executable).parent / "trtllm-run"
 
 
-def payload() -> dict:
-    long_text = " ".join(f"item{i} is a number" for i in range(250)) + " Summarise."
+def payload(items: int = 250) -> dict:
+    long_text = " ".join(f"item{i} is a number" for i in range(items)) + " Summarise."
     return {"batch_size": 2, "temperature": 0, "max_generate_length": 120, "ignore_eos": True,
             "requests": [{"messages": [{"role": "user", "content": "Tell me a long story about a dragon."}]},
                          {"messages": [{"role": "user", "content": long_text}], "max_generate_length": 4}]}
@@ -57,12 +58,14 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ap.add_argument("--chunks", default="0,128,256")
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--items", type=int, default=250, help="B's prompt: 'itemN is a number' this many times")
+    ap.add_argument("--out", default=str(ROOT / "out" / "bench_chunked_prefill.json"))
     args = ap.parse_args(argv)
     chunks = [int(c) for c in args.chunks.split(",")]
     results: dict[int, list[dict]] = {c: [] for c in chunks}
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        (work / "input.json").write_text(json.dumps(payload()))
+        (work / "input.json").write_text(json.dumps(payload(args.items)))
         for rep in range(args.repeats):
             for c in chunks if rep % 2 == 0 else chunks[::-1]:
                 results[c].append(run_once(args.engine, c, work, args.threads))
@@ -76,8 +79,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     for r in rows:
         print(f"| {r['prefill_chunk']} | {r['max_gap_s']:.2f} s | {r['b_first_after_a_s']:.2f} s | "
               f"{r['prefill_runs']} | {r['same_answers']} |")
-    (ROOT / "out").mkdir(exist_ok=True)
-    (ROOT / "out" / "bench_chunked_prefill.json").write_text(json.dumps({"engine": args.engine, "rows": rows}, indent=2))
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps({"engine": args.engine, "rows": rows}, indent=2))
     return rows
 
 

@@ -124,3 +124,16 @@ def test_ratios_are_paired_by_round():
     assert ours["paired_dec_b1_tps"] == [0.83, 2.5] and ours["ratio_dec_b1_tps_range"] == [0.83, 2.5]
     assert ours["paired_ttft128_ms"] == [1.2, 2.0] and ours["ratio_ttft128_ms"] == 1.6
     assert "ratio_dec_b1_tps" not in results[1]
+
+
+def test_chunked_prefill_bench_smoke(tiny_engine, tmp_path):
+    """scripts/bench_chunked_prefill.py on a tiny engine: chunks of 16 take more prefill steps than
+    whole prompts, with the same answers."""
+    out = tmp_path / "chunk.json"
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_chunked_prefill.py"), "--engine",
+                           str(tiny_engine("llama")), "--chunks", "0,16", "--repeats", "1", "--items", "12",
+                           "--out", str(out)], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    whole, chunked = json.loads(out.read_text())["rows"]
+    assert whole["same_answers"] and chunked["same_answers"]
+    assert chunked["prefill_runs"] > whole["prefill_runs"] and whole["max_gap_s"] > 0
