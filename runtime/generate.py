@@ -257,7 +257,7 @@ class Scheduler:
         m = engine.manifest
         self.engine, self.timing, self.on_token, self.prefixes = engine, timing or Timing(), on_token, prefixes
         # (a chunk of one token would take ONNX Runtime's decode attention: see chunk_end)
-        self.prefill_chunk = max(prefill_chunk, MIN_COMPUTED) if prefill_chunk > 0 and self.chunk_prompts else 0
+        self.prefill_chunk = max(prefill_chunk, MIN_COMPUTED) if prefill_chunk > 0 else 0
         capacity = capacity_for(rows, m.limits.max_kv_cache_capacity)
         for r in rows:  # the KV buffer bounds what any row can generate (see kv_need)
             r.max_new_tokens = min(r.max_new_tokens, capacity + 1 - len(r.prompt_ids))
@@ -284,17 +284,12 @@ class Scheduler:
         self.decode_feeds: dict[int, StepInputs] = {}  # per batch width: reused step after step
         self.waiting: dict[int, tuple[int, int]] = {}  # slot -> (leader slot, positions): shared(), to copy
 
-    share_prompts = True  # rows admitted together copy a neighbour's prompt KV (not EAGLE: the head's KV)
-    compact_slots = True  # the last rows move down into free slots (not EAGLE: its per-slot draft state)
-    chunk_prompts = True  # long prompts are prefilled in chunks between decode steps (not EAGLE: its draft
-    #                       head catches up on a prompt's hidden states in one run)
-    grow_kv = True  # the KV buffers start small and grow as generation needs (ensure)
+    grow_kv = True  # the KV buffers start small and grow as generation needs (ensure); False: whole
 
     def run(self) -> None:
         while self.pending or self.active:
             admitted = self.admit()
-            if self.share_prompts:
-                self.waiting.update(self.shared(admitted))
+            self.waiting.update(self.shared(admitted))
             # every prompt not complete: the wave just admitted, and the next chunk of chunked ones
             self.prefill_all([s for s, r in sorted(self.active.items()) if r.prefilling and s not in self.waiting])
             # a follower copies once its leader has computed what it shares (a system prompt: the
@@ -484,7 +479,7 @@ class Scheduler:
         highest live one: a long request left in slot 7 of 8 made the run's tail compute 8 rows
         per step for its one (2.6x the time per step on the demo model). A move copies the row's
         KV so far and its sampler rows (about 1 ms for 200 tokens of the demo model)."""
-        if self.pending or self.waiting or not self.compact_slots:  # (a waiting row's leader is named by its slot)
+        if self.pending or self.waiting:  # (a waiting row's leader is named by its slot)
             return
         while self.active:
             top = max(self.active)
