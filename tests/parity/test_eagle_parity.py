@@ -129,7 +129,8 @@ def test_a_chunked_prompt_keeps_the_tokens_and_proposals(eagle_setup, step):
     got, seen, timing = speculate(engine_dir, prompts, lengths, num_slots=2, step=step, prefill_chunk=16)
     assert got == [hf_greedy(model, p, k) for p, k in zip(prompts, lengths)]
     ref = Reference(draft_dir, model)
-    assert len(seen) >= 5 and all(ref.propose(text, len(d)) == d for text, d in seen)
+    # (auto chooses k from measured times: how often it drafts varies from run to run)
+    assert len(seen) >= (5 if step == 4 else 1) and all(ref.propose(text, len(d)) == d for text, d in seen)
     assert timing.prefill_runs == 1 + 5  # the first two together, then the long one's 16, 16, 16, 16, 6
 
 
