@@ -175,9 +175,11 @@ class SpecScheduler(Scheduler):
         pos = np.zeros((len(rows), width), np.int64)
         last = np.zeros(len(rows), np.int64)
         for b, t in enumerate(tokens):
+            # a row without pairs writes a pad at its own position, which its next pairs overwrite
+            # (position 0 would overwrite a parked prompt's first pair)
+            pos[b] = positions[b] + np.arange(width)
             if t:
                 ids[b, : len(t)], hid[b, : len(t)], last[b] = t, hidden[b, : len(t)], len(t) - 1
-                pos[b] = positions[b] + np.arange(width)
         d, h, elapsed = self.draft_step(start, ids, hid, pos, last, prompt)
         for b, t in enumerate(tokens):
             if t and self.speculates(rows[b]):
@@ -187,11 +189,15 @@ class SpecScheduler(Scheduler):
     def prefilled(self, start: int, rows: list[RowState], inputs: StepInputs, out) -> None:
         """The prompt's pairs: hidden state at q with the token at q+1 (the last one is the first
         output, or, after a chunk, the next chunk's first token)."""
+        # a leader that finished at its first token (EOS, max_generate_length 1) has followers that
+        # copy the draft's KV of its prompt: the draft runs over it all the same
+        leading = {leader for s, (leader, _) in self.waiting.items() if self.follows(self.active[s])}
         tokens = []
         for b, r in enumerate(rows):
             n = int(inputs.last_index[b]) + 1
             after = r.prompt_ids[r.computed] if r.prefilling else r.output_ids[-1] if r.output_ids else None
-            tokens.append([*inputs.input_ids[b, 1:n].tolist(), after] if self.follows(r) else None)
+            runs_draft = self.follows(r) or (start + b in leading and after is not None)
+            tokens.append([*inputs.input_ids[b, 1:n].tolist(), after] if runs_draft else None)
         if any(tokens):
             self.timing.prefill_seconds += self.catch_up(start, rows, tokens, out.hidden, inputs.write_index.tolist(),
                                                          prompt=True)
@@ -330,7 +336,7 @@ class SpecScheduler(Scheduler):
         for j in range(1, max(ks, default=0)):
             ids = np.full((hi, 1), self.pad, np.int64)
             hid = np.zeros((hi, 1, self.hidden_size), np.float32)
-            positions = np.zeros((hi, 1), np.int64)
+            positions = np.array(pos, np.int64)[:, None]  # (the others' pad at their own position: see catch_up)
             for s, d in drafts.items():
                 ids[s, 0], hid[s, 0], positions[s, 0] = d[-1], hidden[s], pos[s] + j - 1
             d, h, t = self.draft_step(0, ids, hid, positions, np.zeros(hi, np.int64))

@@ -117,6 +117,37 @@ def test_shared_prompts_and_moved_rows_keep_the_tokens_and_proposals(eagle_setup
     assert speculate.rows[4].batch_idx == 4 and speculate.rows[4].slot == 0  # it moved down
 
 
+def test_a_leader_done_at_its_first_token_still_gives_its_followers_the_draft_kv(eagle_setup):
+    """The leader stops at its first token (max_generate_length 1): the draft still runs over its
+    prompt, whose KV its speculating follower copies; the follower's drafts are the reference's."""
+    ck, draft_dir, engine_dir = eagle_setup("llama")
+    prompt = list(range(30, 52))
+    got, seen, timing = speculate(engine_dir, [prompt, prompt], [1, 8], num_slots=2, step=1)
+    model = hf_model(ck)
+    assert got == [hf_greedy(model, prompt, 1), hf_greedy(model, prompt, 8)] and timing.reused_tokens > 0
+    ref = Reference(draft_dir, model)
+    assert len(seen) >= 3 and all(ref.propose(text, len(d)) == d for text, d in seen)
+
+
+def test_a_parked_prompts_draft_kv_is_not_touched_by_verify_steps(eagle_setup, monkeypatch):
+    """While a chunked prompt waits for its next chunk, the verify steps' draft runs (drafting
+    ahead, catching up) leave its draft KV as its chunks wrote it."""
+    ck, draft_dir, engine_dir = eagle_setup("llama")
+    real, checked = SpecScheduler.decode, []
+
+    def decode(self):
+        parked = {s: (r.computed, self.dkv.read(s, r.computed)) for s, r in self.active.items()
+                  if r.prefilling and self.follows(r) and not r.num_reused}
+        real(self)
+        for s, (n, before) in parked.items():
+            checked.append(np.array_equal(self.dkv.read(s, n), before))
+
+    monkeypatch.setattr(SpecScheduler, "decode", decode)
+    prompts, lengths = [[9, 4, 11], [3, 200, 11, 5], [(7 * i) % 300 + 3 for i in range(70)]], [1, 40, 12]
+    speculate(engine_dir, prompts, lengths, num_slots=2, step=4, prefill_chunk=16)
+    assert len(checked) >= 4 and all(checked)
+
+
 @pytest.mark.parametrize("step", [4, "auto"])
 def test_a_chunked_prompt_keeps_the_tokens_and_proposals(eagle_setup, step):
     """Two slots: the third request (a 70-token prompt) is admitted while the second speculates,
