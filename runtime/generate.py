@@ -151,6 +151,8 @@ class PrefixSource(Protocol):
 
     def save(self, prefix_ids: tuple[int, ...], kv: np.ndarray, adapter: str | None = None) -> None: ...
 
+    def has(self, prefix_ids: tuple[int, ...], adapter: str | None = None) -> bool: ...
+
 
 def adapter_key(row: RowState) -> str | None:
     return None if row.adapter is None else row.adapter.digest

@@ -75,6 +75,9 @@ class MemoryPrefixes:
     def save(self, prefix_ids, kv, adapter=None):
         self.saved[(tuple(prefix_ids), adapter)] = kv.copy()
 
+    def has(self, prefix_ids, adapter=None):
+        return (tuple(prefix_ids), adapter) in self.saved
+
 
 def speculate(engine_dir, prompts, n, num_slots=None, step=4, prefixes=None, prefix_len=0, prefill_chunk=0):
     """Greedy tokens with speculation, and every verification: (text before it, its drafts).

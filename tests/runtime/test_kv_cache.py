@@ -106,6 +106,9 @@ class MemoryPrefixes:
     def save(self, prefix_ids, kv, adapter=None):
         self.saved[adapter, prefix_ids] = kv.copy()
 
+    def has(self, prefix_ids, adapter=None):
+        return (adapter, prefix_ids) in self.saved
+
 
 def test_saved_prefix_is_restored_and_gives_the_same_tokens():
     system = [21, 22, 23, 24, 25, 26]
