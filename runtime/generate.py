@@ -232,17 +232,23 @@ def prefill_inputs(rows: list[RowState], pad_id: int, batch: sampling.SamplingBa
                       last_index=np.array([len(t) - 1 for t in rests], np.int64), sampling=batch)
 
 
+def write_position(row: RowState | None) -> int:
+    """Where a decode step writes a row's token: after its last one; for a row without a token
+    yet (parked: its prompt is still being prefilled or copied), where its next chunk or copy
+    writes, which overwrites it before anything reads it; for an idle slot (None), 0."""
+    if row is None or not row.output_ids:
+        return 0 if row is None else row.computed
+    return len(row.prompt_ids) + len(row.output_ids) - 1
+
+
 def decode_inputs(rows: list[RowState | None], pad_id: int, batch: sampling.SamplingBatch,
                   reuse: StepInputs | None = None) -> StepInputs:
-    """Each active row feeds its last token at its next position; an idle slot (None) feeds a pad
-    at position 0, which only touches its own, unused, KV, and a parked one (prefilling) a pad at
-    its next prompt position, which its next chunk (or copy) overwrites before anything reads it.
-    With `reuse` (an earlier result for the same rows and batch), its arrays are overwritten in
-    place: a backend that bound them once (ONNX Runtime's IOBinding) has nothing to bind again."""
-    parked = [r is None or not r.output_ids for r in rows]  # (a row has a token once its prompt is all in)
-    last = [pad_id if p else r.output_ids[-1] for r, p in zip(rows, parked)]
-    pos = [(0 if r is None else r.computed) if p else len(r.prompt_ids) + len(r.output_ids) - 1
-           for r, p in zip(rows, parked)]
+    """Each active row feeds its last token at its next position; an idle or parked slot feeds a
+    pad at its write_position. With `reuse` (an earlier result for the same rows and batch), its
+    arrays are overwritten in place: a backend that bound them once (ONNX Runtime's IOBinding) has
+    nothing to bind again."""
+    last = [pad_id if r is None or not r.output_ids else r.output_ids[-1] for r in rows]
+    pos = [write_position(r) for r in rows]
     if reuse is not None:
         reuse.input_ids[:, 0] = last
         reuse.position_ids[:, 0] = pos
@@ -413,14 +419,14 @@ class Scheduler:
         rows = [self.active[s] for s in range(start, stop)]
         chunk = self.chunk_now()
         ends = [chunk_end(r, chunk) for r in rows]
-        steps = by_width([e - r.computed for r, e in zip(rows, ends)], start)
+        widths = [e - r.computed for r, e in zip(rows, ends)]  # what this step computes of each
+        steps = by_width(widths, start)
         if len(steps) > 1:
             # narrowest first: short prompts start generating, and the long ones' chunks interleave
-            for lo, hi in sorted(steps, key=lambda st: max(ends[s - start] - rows[s - start].computed
-                                                           for s in range(*st))):
+            for lo, hi in sorted(steps, key=lambda st: max(widths[st[0] - start:st[1] - start])):
                 self.prefill(lo, hi)
             return
-        width = max(e - r.computed for r, e in zip(rows, ends))
+        width = max(widths)
         if stop - start > 1 and max(r.computed for r in rows) + width > self.kv.capacity:
             for s in range(start, stop):  # right-padding would run past a row's buffer: one at a time
                 self.prefill(s, s + 1)
@@ -428,7 +434,7 @@ class Scheduler:
         view = sampling.rows(self.batch, start, stop)
         inputs = prefill_inputs(rows, self.engine.manifest.pad_token_id, view, ends)
         t = self.timing
-        t.prefill_tokens += sum(e - r.computed for r, e in zip(rows, ends))
+        t.prefill_tokens += sum(widths)
         for r, e in zip(rows, ends):
             r.computed = e  # (before the step: a row whose prompt is not done yet draws nothing)
         out, elapsed = self.step(start, stop, inputs)

@@ -79,7 +79,6 @@ class Runner:
         self.drafter, self.prefill_chunk = drafter, prefill_chunk
         self.timing = Timing()
         self.cancelled = False  # a Ctrl-C ended the run: unfinished samples are "cancelled"
-        self._token_text: dict[int, tuple[str, bytes]] = {}  # logprob_step's, per token id
 
     def prepare(self, index: int, req: fmt.Request, inp: fmt.InputFile, adapters: AdapterSet) -> Prepared:
         p = Prepared(index, req)
@@ -185,21 +184,14 @@ class Runner:
         return res
 
     def logprob_step(self, values: np.ndarray, ids: np.ndarray, k: int) -> list[dict]:
-        """One token's top-k entries. Per id, the text is made once (`token_text`): 4,096 tokens x
-        50 logprobs decoded 200,000 of them. Each entry gets its own byte list."""
+        """One token's top-k entries (numpy to Python once per step, with tolist: 4,096 tokens x
+        50 logprobs made 200,000 numpy scalars)."""
         out = []
         for v, t in zip(values[:k].tolist(), ids[:k].tolist()):
-            text, raw = self.token_text(t)
-            out.append({"token_id": t, "token": text, "bytes": list(raw),
+            raw = self.tokenizer.token_bytes(t)  # (cached per id by the tokenizer)
+            out.append({"token_id": t, "token": raw.decode("utf-8", errors="replace"), "bytes": list(raw),
                         "logprob": v if math.isfinite(v) else None})  # -inf: JSON has none
         return out
-
-    def token_text(self, token_id: int) -> tuple[str, bytes]:
-        parts = self._token_text.get(token_id)
-        if parts is None:
-            raw = self.tokenizer.token_bytes(token_id)
-            parts = self._token_text[token_id] = (raw.decode("utf-8", errors="replace"), raw)
-        return parts
 
     def run(self, inp: fmt.InputFile, errors: dict[int, str] | None = None, on_text=None,
             adapters: AdapterSet | None = None) -> list[dict]:

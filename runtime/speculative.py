@@ -40,7 +40,7 @@ import numpy as np
 from trtllm.runtime import sampling
 from trtllm.runtime.draft_policy import DraftPolicy
 from trtllm.runtime.engine import StepInputs
-from trtllm.runtime.generate import RowState, Scheduler, adapter_key, runs
+from trtllm.runtime.generate import RowState, Scheduler, adapter_key, runs, write_position
 from trtllm.runtime.kv_cache import KVCacheManager
 from trtllm.runtime.manifest import Manifest
 
@@ -236,9 +236,7 @@ class SpecScheduler(Scheduler):
             self.timing.draft_steps[0] = self.timing.draft_steps.get(0, 0) + 1
             return self.paused(hi, rows)
         elapsed = self.resume(hi, rows)
-        # a parked row feeds a pad where its next chunk writes (generate.decode_inputs)
-        pos = [0 if r is None else r.computed if r.prefilling else len(r.prompt_ids) + len(r.output_ids) - 1
-               for r in rows]
+        pos = [write_position(r) for r in rows]  # (a parked row's pad where its next chunk writes)
         self.ensure(max(pos) + k + 1)  # (the step and the draft write up to k + 1 positions from there)
         # padding stays inside every slot, and a step is never wider than the engine's inputs go
         # (max_input_len: TensorRT's prefill profile ends there; a larger --spec-draft-step is capped)
@@ -296,7 +294,7 @@ class SpecScheduler(Scheduler):
         """A plain step (auto's k = 0, no row speculating, or nothing to draft): each speculating
         row keeps its (hidden state, token) pair for the draft, which catches up on them when
         drafting resumes (or once PAUSE_FLUSH are kept)."""
-        pos = {s: len(r.prompt_ids) + len(r.output_ids) - 1 for s, r in enumerate(rows) if self.speculates(r)}
+        pos = {s: write_position(r) for s, r in enumerate(rows) if self.speculates(r)}
         out, step_time = super().decode()
         if self.policy is not None:
             self.policy.record_step(hi, 1, step_time)
