@@ -145,6 +145,9 @@ def check_gguf(path: Path) -> None:
         what = f"RoPE scaling {kind!r}" if kind else f"RoPE scaling ({factors[0]} = {value(factors[0])})"
         refuse(what)
     arch = value("general.architecture") if "general.architecture" in reader.fields else ""
+    if arch.startswith("gemma"):  # it carries neither query_pre_attn_scalar nor the local RoPE base: defaults fill them
+        raise CheckpointError(f"--model {str(path)!r} is a {arch} GGUF, which is not supported: build Gemma from its "
+                              "Hugging Face checkpoint directory")
     extra = GGUF_EXTRA.get(arch)
     dropped = [t.name for t in reader.tensors
                if not GGUF_TENSORS.fullmatch(t.name) and not (extra and extra.fullmatch(t.name))]
@@ -158,19 +161,24 @@ def state_dict_numpy(model) -> dict:
     return {k: v.detach().to(torch.float32).numpy() for k, v in model.state_dict().items()}
 
 
-def rope_tables(model, num_positions: int) -> tuple:
+def rope_tables(model, num_positions: int, layer_type: str = "full_attention") -> tuple:
     """cos/sin [positions, head_dim/2] from the model's own rotary module, so every RoPE variant
-    (scaling types, attention factor) matches transformers by construction."""
-    return rotary_tables(model.model.rotary_emb, num_positions)
+    (scaling types, attention factor) matches transformers by construction. A module with a table
+    per layer type (Gemma 3: sliding layers have their own base) gives `layer_type`'s, or its only one."""
+    return rotary_tables(model.model.rotary_emb, num_positions, layer_type)
 
 
-def rotary_tables(rotary, num_positions: int) -> tuple:
+def rotary_tables(rotary, num_positions: int, layer_type: str | None = None) -> tuple:
     """cos/sin [positions, head_dim/2] of a transformers rotary embedding module."""
-    kind = getattr(rotary, "rope_type", "default")
+    kind, args = getattr(rotary, "rope_type", "default"), ()
+    if isinstance(kind, dict):  # one table per layer type (Gemma 3)
+        if layer_type not in kind:
+            layer_type = next(iter(kind))
+        kind, args = kind[layer_type], (layer_type,)
     if kind in ("dynamic", "longrope"):  # longrope: short factors up to original_max_position_embeddings
         raise CheckpointError(f"rope_type {kind!r} is not supported: its frequencies depend on the sequence length")
     pos = torch.arange(num_positions, dtype=torch.int64)[None, :]
     with torch.no_grad():
-        cos, sin = rotary(torch.zeros(1, dtype=torch.float32), pos)
+        cos, sin = rotary(torch.zeros(1, dtype=torch.float32), pos, *args)
     half = cos.shape[-1] // 2
     return cos[0, :, :half].numpy(), sin[0, :, :half].numpy()

@@ -2,15 +2,17 @@
 
 One step of the graph, for every architecture in the registry:
 
-    input_ids [B,S] -> Gather(embed) -> h [B,S,H]
+    input_ids [B,S] -> Gather(embed) -> h [B,S,H]                   (Gemma: times sqrt(H))
     per layer i:
         x = RMSNormalization(h)
-        q,k,v = Split(MatMul(x, W_qkv) (+ bias)) -> [B,heads,S,D]   (Qwen3: RMSNorm per head)
-        q,k   = RotaryEmbedding(q|k, position_ids)
+        q,k,v = Split(MatMul(x, W_qkv) (+ bias)) -> [B,heads,S,D]   (Qwen3, Gemma: RMSNorm per head)
+        q,k   = RotaryEmbedding(q|k, position_ids)                  (Gemma: sliding layers' own table)
         K_i   = TensorScatter(past_key.i, k, write_index)   # in place: present_key.i aliases past_key.i
         V_i   = TensorScatter(past_value.i, v, write_index)
         h    += o_proj(Attention(q, K_i, V_i, mask))        # mask: slot j visible to query s of row b
         h    += down(silu(gate) * up), gate|up = Split(MatMul(x', W_gate_up))   # mask: j <= write_index[b] + s
+        (a sliding layer's mask also needs j > write_index[b] + s - window; Gemma norms the attention
+        and MLP outputs before each +=, its MLP is GELU's tanh form, and its norms scale by 1 + w)
         LoRA engines (lora_rank > 0) add (x @ lora_a) @ lora_b, graph inputs per projection, to the
         output of each of qkv, o, gate|up and down (`lora_sites`) before it is split or activated.
     logits [B,V] = lm_head(norm(h[b, last_index[b]]))
@@ -60,6 +62,23 @@ class DecoderSpec:
     qk_norm: bool = False             # RMSNorm on q and k per head before RoPE (Qwen3)
     tie_word_embeddings: bool = False
     sliding_window: int | None = None
+    sliding_layers: tuple[int, ...] | None = None  # the layers the window applies to; None: all (Gemma 3 mixes)
+    local_rope: bool = False          # sliding layers have their own RoPE table (Gemma 3's local base frequency)
+    embed_scale: float = 1.0          # token embeddings are multiplied by this (Gemma: sqrt(hidden_size))
+    norm_offset: float = 0.0          # every RMSNorm scales by offset + weight (Gemma: 1 + w)
+    sandwich_norms: bool = False      # Gemma: the attention and MLP outputs are normed before their residual add
+    hidden_act: str = "silu"          # the gated MLP's activation: silu or gelu_tanh (Gemma)
+    query_scale: float | None = None  # attention's score scale; None: head_dim ** -0.5
+
+    def window(self, layer: int) -> int | None:
+        """Layer `layer`'s sliding window, or None for full attention."""
+        if self.sliding_layers is None or layer in self.sliding_layers:
+            return self.sliding_window
+        return None
+
+    @property
+    def scale(self) -> float:
+        return float(self.head_dim) ** -0.5 if self.query_scale is None else float(self.query_scale)
 
 
 def lora_sites(spec: DecoderSpec) -> dict[str, dict]:
@@ -84,17 +103,26 @@ def lora_sites(spec: DecoderSpec) -> dict[str, dict]:
 
 def gqa_supported(spec: DecoderSpec, dtype: str) -> bool:
     """Where ONNX Runtime's GroupQueryAttention is proven equal to the canonical attention (tests):
-    its CPU kernel needs head_dim % 16 == 0; sliding windows, Qwen3's q/k norm and float16 are not
-    lowered yet."""
-    return spec.head_dim % 16 == 0 and not spec.sliding_window and not spec.qk_norm and dtype == "float32"
+    its CPU kernel needs head_dim % 16 == 0; sliding windows, q/k norms (Qwen3, Gemma), a scale of
+    the model's own and float16 are not lowered to it."""
+    return (spec.head_dim % 16 == 0 and not spec.sliding_window and not spec.qk_norm and spec.query_scale is None
+            and dtype == "float32")
+
+
+def attention_supported(spec: DecoderSpec, dtype: str) -> bool:
+    """Where our trtllm.cpu::Attention (plugins/cpu/attention.cc) is proven equal to the canonical
+    attention (tests): everything GroupQueryAttention takes, and sliding windows (on every layer or
+    some), q/k norms, the sliding layers' own RoPE table and the model's own scale. Its AVX-512 path
+    takes head sizes 16..128 in steps of 16 and 256; the others run its portable loop."""
+    return spec.head_dim % 16 == 0 and dtype == "float32"
 
 
 def half_supported(spec: DecoderSpec, dtype: str, quant: QuantScheme | None) -> bool:
     """Where a float16 engine's ONNX Runtime form runs on trtllm.cpu::MatMulHalf and Attention
     (float32 activations, float16 weights and cache), given our kernels: float16 and unquantized,
-    attention as gqa_supported, and every projection's input width a multiple of 32."""
+    attention as attention_supported, and every projection's input width a multiple of 32."""
     widths = (spec.hidden_size, spec.intermediate_size, spec.num_heads * spec.head_dim)
-    return (dtype == "float16" and quant is None and gqa_supported(spec, "float32")
+    return (dtype == "float16" and quant is None and attention_supported(spec, "float32")
             and all(w % 32 == 0 for w in widths))
 
 
@@ -106,7 +134,8 @@ class DecoderWriter:
                  rope_sin: np.ndarray, max_top_k: int, io: GraphIO = GraphIO(), quant: QuantScheme | None = None,
                  dtype: str = "float32", ort_attention: bool = False, graph: str = "modern",
                  native_kernels: bool = False, lora_rank: int = 0,
-                 eagle: tuple[tuple[int, ...], np.ndarray] | None = None):
+                 eagle: tuple[tuple[int, ...], np.ndarray] | None = None,
+                 local_rope: tuple[np.ndarray, np.ndarray] | None = None):
         if graph not in GRAPHS:
             raise ValueError(f"graph must be one of {GRAPHS}, got {graph!r}")
         self.legacy = graph == "legacy"
@@ -119,7 +148,9 @@ class DecoderWriter:
         # in float32 (trtllm.cpu::MatMulHalf): ONNX Runtime has no fast float16 kernels on CPUs.
         self.native = native_kernels and quant is not None and quant.block_size == 32 and dtype == "float32"
         self.half = native_kernels and ort_attention and half_supported(spec, dtype, quant)
-        self.gqa = ort_attention and gqa_supported(spec, "float32" if self.half else dtype)
+        # attention as one fused node: ours (trtllm.cpu::Attention) on our kernels, else ONNX Runtime's
+        supported = attention_supported if native_kernels else gqa_supported
+        self.gqa = ort_attention and supported(spec, "float32" if self.half else dtype)
         self.native_attention = native_kernels and self.gqa
         # float16 (elsewhere): weights, activations and the KV cache in half precision; norms
         # accumulate in float32 (stash_type), attention's softmax too, and the logits are cast to float32.
@@ -129,6 +160,11 @@ class DecoderWriter:
         self.g = GraphWriter("trtllm_decoder")
         self.cos = self.g.weight("/model/rotary/cos_cache", rope_cos.astype(self.dtype))
         self.sin = self.g.weight("/model/rotary/sin_cache", rope_sin.astype(self.dtype))
+        if spec.local_rope != (local_rope is not None):
+            raise ValueError(f"spec.local_rope is {spec.local_rope}: local_rope tables must be given exactly then")
+        if local_rope is not None:  # the sliding layers' own table (spec.local_rope)
+            self.local_cos = self.g.weight("/model/rotary_local/cos_cache", local_rope[0].astype(self.dtype))
+            self.local_sin = self.g.weight("/model/rotary_local/sin_cache", local_rope[1].astype(self.dtype))
         self.max_top_k = max_top_k
         self.lora_rank = lora_rank  # > 0: LoRA inputs on every site (lora_sites)
         self.native_lora = native_kernels and lora_rank > 0  # as trtllm.cpu::LoraAdd nodes
@@ -229,11 +265,11 @@ class DecoderWriter:
             y = self.g.op("Add", f"{name}/Add", [y, self.fw(f"{prefix}.bias", b)])
         return y if lora is None else self.lora(name, x, y, *lora)
 
-    def lora(self, name: str, x: str, y: str, layer: int, site: str, swiglu: bool = False) -> str:
+    def lora(self, name: str, x: str, y: str, layer: int, site: str, gated: bool = False) -> str:
         """y + Concat over the site's modules of (x @ lora_a) @ lora_b: [B,S,in] @ [1|B, in, r] @
         [1|B, r, out]. A leading 1 shares one adapter across the batch, B gives each row its own;
-        r = 0 adds zeros (no adapter on that module). `swiglu`: then silu(gate) * up of the sum.
-        On our kernels, one trtllm.cpu::LoraAdd node does it all (plugins/cpu/lora.cc)."""
+        r = 0 adds zeros (no adapter on that module). `gated`: then act(gate) * up of the sum (gated).
+        On our kernels, one trtllm.cpu::LoraAdd node does it all (plugins/cpu/lora.cc; SiLU only)."""
         if not self.lora_rank:
             return y
         g, site_io, deltas, pairs = self.g, self.sites[site], [], []
@@ -251,19 +287,37 @@ class DecoderWriter:
                 deltas.append(g.op("MatMul", f"{where}/MatMul_b", [g.op("MatMul", f"{where}/MatMul_a", [x, a]), b]))
         if self.native_lora:
             columns = [c for _, lo, hi in site_io["modules"] for c in (lo, hi)]
-            op = cpu_kernels.LORA_SWIGLU if swiglu else cpu_kernels.LORA
-            return g.op(op, f"{name}/lora/{op}", [y, x, *pairs], domain=cpu_kernels.DOMAIN, columns=columns)
-        d = deltas[0] if len(deltas) == 1 else g.op("Concat", f"{name}/lora/Concat", deltas, axis=-1)
-        y = g.op("Add", f"{name}/lora/Add", [y, d])
-        if not swiglu:
+            fused = gated and self.spec.hidden_act == "silu"  # the kernel's activation is SiLU
+            op = cpu_kernels.LORA_SWIGLU if fused else cpu_kernels.LORA
+            y = g.op(op, f"{name}/lora/{op}", [y, x, *pairs], domain=cpu_kernels.DOMAIN, columns=columns)
+            if fused or not gated:
+                return y
+        else:
+            d = deltas[0] if len(deltas) == 1 else g.op("Concat", f"{name}/lora/Concat", deltas, axis=-1)
+            y = g.op("Add", f"{name}/lora/Add", [y, d])
+        if not gated:
             return y
         half = site_io["modules"][-1][2] // 2
-        return self.swiglu(name, *g.op("Split", f"{name}/Split", [y, g.const([half, half])], num_outputs=2, axis=-1))
+        return self.gated(name, *g.op("Split", f"{name}/Split", [y, g.const([half, half])], num_outputs=2, axis=-1))
 
-    def swiglu(self, name: str, gate: str, up: str) -> str:
-        # SiLU as x*sigmoid(x): Swish is only in TensorRT >= 11.0's parser.
-        act = self.g.op("Mul", f"{name}/act/Mul", [gate, self.g.op("Sigmoid", f"{name}/act/Sigmoid", [gate])])
-        return self.g.op("Mul", f"{name}/Mul", [act, up])
+    def gated(self, name: str, gate: str, up: str) -> str:
+        """act(gate) * up: the gated MLP, act the spec's hidden_act."""
+        g = self.g
+        if self.spec.hidden_act == "gelu_tanh":
+            act = self.gelu_tanh(f"{name}/act", gate)
+        else:  # SiLU as x*sigmoid(x): Swish is only in TensorRT >= 11.0's parser.
+            act = g.op("Mul", f"{name}/act/Mul", [gate, g.op("Sigmoid", f"{name}/act/Sigmoid", [gate])])
+        return g.op("Mul", f"{name}/Mul", [act, up])
+
+    def gelu_tanh(self, name: str, x: str) -> str:
+        """GELU's tanh form, 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), as torch computes it, in
+        standard ops: Gelu(approximate=tanh) is opset 20, and TensorRT fuses this pattern itself."""
+        g, t = self.g, self.dtype
+        cube = g.op("Mul", f"{name}/Cube", [g.op("Mul", f"{name}/Square", [x, x]), x])
+        inner = g.op("Add", f"{name}/Inner", [x, g.op("Mul", f"{name}/Kappa", [cube, g.const(0.044715, t)])])
+        tanh = g.op("Tanh", f"{name}/Tanh", [g.op("Mul", f"{name}/Beta", [inner, g.const((2 / np.pi) ** 0.5, t)])])
+        half_x = g.op("Mul", f"{name}/Half", [x, g.const(0.5, t)])
+        return g.op("Mul", f"{name}/Mul", [half_x, g.op("Add", f"{name}/OnePlus", [tanh, g.const(1.0, t)])])
 
     def fused_linear(self, name: str, x: str, prefix: str, parts: list[str], bias: bool = False,
                      lora: tuple[int, str] | None = None) -> list[str]:
@@ -272,8 +326,14 @@ class DecoderWriter:
         sizes = self.g.const([self.w[f"{p}.weight"].shape[0] for p in parts])
         return self.g.op("Split", f"{name}/Split", [y, sizes], num_outputs=len(parts), axis=-1)
 
+    def norm_scale(self, weight_name: str) -> str:
+        """An RMSNorm's scale: its weight, plus spec.norm_offset (Gemma's 1 + w, added in float32 as
+        transformers does)."""
+        w = self.w[weight_name]
+        return self.fw(weight_name, w + np.float32(self.spec.norm_offset) if self.spec.norm_offset else w)
+
     def rms_norm(self, name: str, x: str, weight_name: str) -> str:
-        scale = self.fw(weight_name, self.w[weight_name])
+        scale = self.norm_scale(weight_name)
         if self.legacy:
             return legacy_ops.rms_norm(self.g, name, x, scale, self.spec.rms_norm_eps, self.ftype)
         return self.g.op("RMSNormalization", f"{name}/RMSNormalization", [x, scale], axis=-1,
@@ -287,7 +347,7 @@ class DecoderWriter:
         if not self.gqa:
             h = self.g.op("Add", branch[0], [h, branch[1]])
             return self.rms_norm(name, h, weight_name), h
-        scale = self.fw(weight_name, self.w[weight_name])
+        scale = self.norm_scale(weight_name)
         normed, _, _, h = self.g.op("SkipSimplifiedLayerNormalization", f"{name}/SkipSimplifiedLayerNormalization",
                                     [h, branch[1], scale], outputs=[f"{name}/output_0", "", "", f"{branch[0]}/output_0"],
                                     domain="com.microsoft", epsilon=self.spec.rms_norm_eps)
@@ -311,8 +371,10 @@ class DecoderWriter:
         q = self.heads(f"{name}/q", q, s.num_heads, f"{p}.q_norm.weight" if s.qk_norm else None)
         k = self.heads(f"{name}/k", k, s.num_kv_heads, f"{p}.k_norm.weight" if s.qk_norm else None)
         v = self.heads(f"{name}/v", v, s.num_kv_heads, None)
-        q = self.rotary(f"{name}/q_rotary", q, position_ids)
-        k = self.rotary(f"{name}/k_rotary", k, position_ids)
+        local = s.local_rope and s.window(i) is not None
+        q = self.rotary(f"{name}/q_rotary", q, position_ids, local)
+        k = self.rotary(f"{name}/k_rotary", k, position_ids, local)
+        mask = mask[s.window(i)]  # this layer's: causal, or causal within its window
         kv_shape, kv_type = ["batch", s.num_kv_heads, "kv_capacity", s.head_dim], self.ftype
         caches = []
         for kind, new in (("key", k), ("value", v)):
@@ -323,18 +385,20 @@ class DecoderWriter:
             caches.append(present)
         if self.legacy:
             y = legacy_ops.attention(g, f"{name}/attention", q, caches[0], caches[1], mask, s.num_heads,
-                                     s.num_kv_heads, s.head_dim, self.ftype)
+                                     s.num_kv_heads, s.head_dim, self.ftype, s.scale)
         else:
             y = g.op("Attention", f"{name}/Attention", [q, caches[0], caches[1], mask],
-                     scale=float(s.head_dim) ** -0.5, softmax_precision=TensorProto.FLOAT)
+                     scale=s.scale, softmax_precision=TensorProto.FLOAT)
         y = g.op("Transpose", f"{name}/out/Transpose", [y], perm=[0, 2, 1, 3])
         y = g.op("Reshape", f"{name}/out/Reshape", [y, g.const([0, 0, s.num_heads * s.head_dim])])
         return self.lora(f"{name}/o_proj", y, self.linear(f"{name}/o_proj", y, f"{p}.o_proj", s.o_proj_bias), i, "o")
 
-    def rotary(self, name: str, x: str, position_ids: str) -> str:
+    def rotary(self, name: str, x: str, position_ids: str, local: bool = False) -> str:
+        """RoPE at position_ids; `local`: with the sliding layers' own table (spec.local_rope)."""
         if self.legacy:
-            return legacy_ops.rotary(self.g, name, x, self.rope, self.spec.head_dim)
-        return self.g.op("RotaryEmbedding", f"{name}/RotaryEmbedding", [x, self.cos, self.sin, position_ids])
+            return legacy_ops.rotary(self.g, name, x, self.local_rope_rows if local else self.rope, self.spec.head_dim)
+        cos, sin = (self.local_cos, self.local_sin) if local else (self.cos, self.sin)
+        return self.g.op("RotaryEmbedding", f"{name}/RotaryEmbedding", [x, cos, sin, position_ids])
 
     def kv_write(self, name: str, past: str, new: str, write_index: str, present: str) -> None:
         """new [B,kv_heads,S,D] into slots write_index[b].. of past; present is the same buffer."""
@@ -356,17 +420,23 @@ class DecoderWriter:
         for name_out in present:
             g.output(name_out, self.kv_type, kv_shape)
         if self.native_attention:  # the same semantics, plugins/cpu/attention.cc
-            ins = [qkv, *past, self.io.write_index, self.io.last_index, position_ids, self.cos, self.sin]
+            window = s.window(i)
+            cos, sin = (self.local_cos, self.local_sin) if s.local_rope and window else (self.cos, self.sin)
+            ins = [qkv, *past, self.io.write_index, self.io.last_index, position_ids, cos, sin]
+            attrs = {"window": window} if window else {}
+            if s.qk_norm:  # each q and k head normed before its rotary, inside the kernel
+                ins += [self.norm_scale(f"{p}.q_norm.weight"), self.norm_scale(f"{p}.k_norm.weight")]
+                attrs["epsilon"] = s.rms_norm_eps
             y = g.op(cpu_kernels.ATTENTION, f"{name}/Attention", ins, outputs=[f"{name}/Attention/output_0", *present],
                      domain=cpu_kernels.DOMAIN, num_heads=s.num_heads, kv_num_heads=s.num_kv_heads,
-                     scale=float(s.head_dim) ** -0.5)[0]
+                     scale=s.scale, **attrs)[0]
             return self.lora(f"{name}/o_proj", y, self.linear(f"{name}/o_proj", y, f"{p}.o_proj", s.o_proj_bias), i, "o")
         ins = [qkv, "", "", *past, self.seqlens_k, self.total_len, self.cos, self.sin, position_ids,
                "", "", "", "", "", "", self.query_seqlens]
         y = g.op("GroupQueryAttention", f"{name}/GroupQueryAttention", ins,
                  outputs=[f"{name}/GroupQueryAttention/output_0", *present], domain="com.microsoft",
                  num_heads=s.num_heads, kv_num_heads=s.num_kv_heads, do_rotary=1, rotary_interleaved=0,
-                 scale=float(s.head_dim) ** -0.5)[0]
+                 scale=s.scale)[0]
         return self.lora(f"{name}/o_proj", y, self.linear(f"{name}/o_proj", y, f"{p}.o_proj", s.o_proj_bias), i, "o")
 
     def gqa_lengths(self, write_index: str, last_index: str) -> None:
@@ -387,10 +457,10 @@ class DecoderWriter:
         # int4/int8: each quantized projection carries its own offset kernels (measured 6% slower).
         if self.lora_rank:  # the delta joins gate|up before the activation: LoRA's own node activates
             y = self.fused_proj(f"{name}/gate_up_proj", x, f"{p}.gate_up_proj", [f"{p}.gate_proj", f"{p}.up_proj"])
-            act = self.lora(f"{name}/gate_up_proj", x, y, i, "gate_up", swiglu=True)
+            act = self.lora(f"{name}/gate_up_proj", x, y, i, "gate_up", gated=True)
             down = self.linear(f"{name}/down_proj", act, f"{p}.down_proj")
             return self.lora(f"{name}/down_proj", act, down, i, "down")
-        if self.native or self.half:  # gate, up and silu(gate) * up in one node of ours
+        if (self.native or self.half) and self.spec.hidden_act == "silu":  # gate, up, silu(gate) * up: one node of ours
             act = self.swiglu_matmul(f"{name}/gate_up_proj", x, f"{p}.gate_up_proj",
                                      self.w[f"{p}.gate_proj.weight"], self.w[f"{p}.up_proj.weight"])
             return self.linear(f"{name}/down_proj", act, f"{p}.down_proj")
@@ -400,10 +470,11 @@ class DecoderWriter:
         else:
             gate, up = self.fused_linear(f"{name}/gate_up_proj", x, f"{p}.gate_up_proj",
                                          [f"{p}.gate_proj", f"{p}.up_proj"])
-        return self.linear(f"{name}/down_proj", self.swiglu(name, gate, up), f"{p}.down_proj")
+        return self.linear(f"{name}/down_proj", self.gated(name, gate, up), f"{p}.down_proj")
 
-    def mask(self, input_ids: str, write_index: str) -> str:
-        """bool [B,1,S,C]: slot j is visible to query s of row b iff j <= write_index[b] + s."""
+    def masks(self, input_ids: str, write_index: str) -> dict[int | None, str]:
+        """bool [B,1,S,C] per window the layers use (None: full attention): slot j is visible to query s
+        of row b iff j <= write_index[b] + s (and, in a window W, j > write_index[b] + s - W)."""
         g = self.g
         zero, one = g.const(0), g.const(1)
         seq = g.op("Gather", "/model/mask/seq_len", [g.op("Shape", "/model/mask/ids_shape", [input_ids]), one], axis=0)
@@ -414,11 +485,16 @@ class DecoderWriter:
         wi = g.op("Unsqueeze", "/model/mask/wi", [write_index, g.const([1])])               # [B,1]
         q_slot = g.op("Add", "/model/mask/q_slot", [wi, q_off])                             # [B,S]
         q_slot = g.op("Unsqueeze", "/model/mask/q_slot4", [q_slot, g.const([1, 3])])        # [B,1,S,1]
-        visible = g.op("LessOrEqual", "/model/mask/causal", [kv_slot, q_slot])              # [B,1,S,C]
-        if self.spec.sliding_window:
-            lo = g.op("Sub", "/model/mask/window_lo", [q_slot, g.const(self.spec.sliding_window)])
-            visible = g.op("And", "/model/mask/window", [visible, g.op("Greater", "/model/mask/in_window", [kv_slot, lo])])
-        return visible
+        causal = g.op("LessOrEqual", "/model/mask/causal", [kv_slot, q_slot])               # [B,1,S,C]
+        out = {}
+        for window in sorted({self.spec.window(i) for i in range(self.spec.num_layers)}, key=lambda w: w or 0):
+            if window is None:
+                out[None] = causal
+            else:
+                lo = g.op("Sub", "/model/mask/window_lo", [q_slot, g.const(window)])
+                out[window] = g.op("And", "/model/mask/window",
+                                   [causal, g.op("Greater", "/model/mask/in_window", [kv_slot, lo])])
+        return out
 
     def prologue(self) -> tuple[str, str, str, str, str, str | None]:
         """The step inputs every graph takes, the token embeddings and the attention mask:
@@ -435,15 +511,22 @@ class DecoderWriter:
         else:
             embed = self.fw("model.embed_tokens.weight", self.w["model.embed_tokens.weight"])
             h = g.op("Gather", "/model/embed_tokens/Gather", [embed, input_ids], axis=0)
+        if s.embed_scale != 1.0:  # in the table's type, as transformers multiplies
+            h = g.op("Mul", "/model/embed_tokens/Scale", [h, g.const(s.embed_scale, self.dtype)])
         if self.gqa:
             mask = None
             if not self.native_attention:
                 self.gqa_lengths(write_index, last_index)
         else:
-            mask = self.mask(input_ids, write_index)
-        if self.legacy:  # what every layer shares, built once: an additive mask, the cos/sin rows, KV addresses
-            mask = legacy_ops.attention_bias(g, mask, s.num_heads // s.num_kv_heads)
+            mask = self.masks(input_ids, write_index)
+        if self.legacy:  # what every layer shares, built once: additive masks, the cos/sin rows, KV addresses
+            mask = {w: legacy_ops.attention_bias(g, m, s.num_heads // s.num_kv_heads,
+                                                 "/model/mask/bias" if w is None else "/model/mask/window_bias")
+                    for w, m in mask.items()}
             self.rope = legacy_ops.rope_tables(g, position_ids, self.cos, self.sin)
+            if s.local_rope:
+                self.local_rope_rows = legacy_ops.rope_tables(g, position_ids, self.local_cos, self.local_sin,
+                                                              "/model/rotary_local")
             self.kv_index = legacy_ops.scatter_indices(g, input_ids, write_index, s.num_kv_heads)
         return input_ids, position_ids, write_index, last_index, h, mask
 
@@ -466,10 +549,18 @@ class DecoderWriter:
             x, h = self.residual_norm(f"/model/layers.{i}/input_layernorm", h, branch,
                                       f"model.layers.{i}.input_layernorm.weight")
             aux[i] = h
-            branch = (f"/model/layers.{i}/attn/residual", self.attention(i, x, position_ids, write_index, mask))
-            x, h = self.residual_norm(f"/model/layers.{i}/post_attention_layernorm", h, branch,
-                                      f"model.layers.{i}.post_attention_layernorm.weight")
-            branch = (f"/model/layers.{i}/mlp/residual", self.mlp(i, x))
+            y = self.attention(i, x, position_ids, write_index, mask)
+            if s.sandwich_norms:  # Gemma: the output is normed first, and the MLP's own norm is "pre_feedforward"
+                y = self.rms_norm(f"/model/layers.{i}/post_attention_layernorm", y,
+                                  f"model.layers.{i}.post_attention_layernorm.weight")
+            pre_mlp = "pre_feedforward_layernorm" if s.sandwich_norms else "post_attention_layernorm"
+            x, h = self.residual_norm(f"/model/layers.{i}/{pre_mlp}", h, (f"/model/layers.{i}/attn/residual", y),
+                                      f"model.layers.{i}.{pre_mlp}.weight")
+            y = self.mlp(i, x)
+            if s.sandwich_norms:
+                y = self.rms_norm(f"/model/layers.{i}/post_feedforward_layernorm", y,
+                                  f"model.layers.{i}.post_feedforward_layernorm.weight")
+            branch = (f"/model/layers.{i}/mlp/residual", y)
         h = g.op("Add", branch[0], [h, branch[1]])
         if self.eagle is not None:
             self.eagle_hidden([aux[i] for i in self.eagle[0]])

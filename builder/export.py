@@ -25,7 +25,7 @@ from trtllm.builder import tensorrt as trt_build
 from trtllm.builder.architectures import spec_for
 from trtllm.builder.config import MODERN_MIN_TRT, BuildConfig, ConfigError, parse_trt_version
 from trtllm.builder import eagle, lora
-from trtllm.builder.decoder import DecoderWriter, gqa_supported, half_supported, lora_sites
+from trtllm.builder.decoder import DecoderWriter, attention_supported, gqa_supported, half_supported, lora_sites
 from trtllm.builder.quantize import QuantScheme
 from trtllm.plugins import cpu as cpu_kernels
 from trtllm.plugins import lint
@@ -61,6 +61,7 @@ def export_onnx(ck: ckpt.Checkpoint, config: BuildConfig, out_dir: Path, log, ba
         num_positions = trt_build.aligned_capacity(num_positions, spec, config.dtype, log,
                                                    draft=draft.spec if draft else None)
     cos, sin = ckpt.rope_tables(ck.model, num_positions)
+    local = ckpt.rope_tables(ck.model, num_positions, "sliding_attention") if spec.local_rope else None
     log(f"writing the {spec.architecture} graph ({config.graph} profile; {spec.num_layers} layers, hidden "
         f"{spec.hidden_size}, {spec.num_heads}/{spec.num_kv_heads} heads)")
     max_top_k = min(MAX_TOP_K, spec.vocab_size)
@@ -77,7 +78,7 @@ def export_onnx(ck: ckpt.Checkpoint, config: BuildConfig, out_dir: Path, log, ba
         log(f"EAGLE-3 draft head {config.eagle}: hidden states of layers {list(draft.aux_layers)}, draft vocabulary "
             f"{draft.spec.vocab_size}")
     model = DecoderWriter(spec, weights, cos, sin, max_top_k, quant=quant, dtype=config.dtype,
-                          graph=config.graph, lora_rank=config.max_lora_rank, eagle=joint).write()
+                          graph=config.graph, lora_rank=config.max_lora_rank, eagle=joint, local_rope=local).write()
     issues = lint.lint_model(model, config.trt_version)
     if issues:
         raise RuntimeError(f"the exported graph fails the TensorRT {config.trt_version} op lint:\n" +
@@ -85,9 +86,10 @@ def export_onnx(ck: ckpt.Checkpoint, config: BuildConfig, out_dir: Path, log, ba
     save(model, out_dir, ONNX_NAME)
     del model
     lowerings = []
-    gqa = gqa_supported(spec, config.dtype)
     half = half_supported(spec, config.dtype, quant)  # only on the native kernels
-    native = backend == "onnxruntime" and config.graph == "modern" and use_native_kernels(config, gqa or half, log)
+    ours = attention_supported(spec, config.dtype)
+    native = backend == "onnxruntime" and config.graph == "modern" and use_native_kernels(config, ours or half, log)
+    gqa = ours if native else gqa_supported(spec, config.dtype)  # attention as one node: ours, or ONNX Runtime's
     quant_native = native and quant is not None
     if quant is not None and config.activations != "float32" and not quant_native:
         raise RuntimeError(f"--activations {config.activations} needs our CPU kernels: {cpu_kernels.missing_hint()}")
@@ -112,7 +114,7 @@ def export_onnx(ck: ckpt.Checkpoint, config: BuildConfig, out_dir: Path, log, ba
             lowerings.append(cpu_kernels.LORA_LOWERING)
         ort_model = DecoderWriter(spec, weights, cos, sin, max_top_k, quant=quant, dtype=config.dtype,
                                   ort_attention=gqa or half, native_kernels=native,
-                                  lora_rank=config.max_lora_rank, eagle=joint).write()
+                                  lora_rank=config.max_lora_rank, eagle=joint, local_rope=local).write()
         save(ort_model, out_dir, ORT_SOURCE)
     section = export_draft(draft, config, out_dir, log, num_positions, quant, native, backend) if draft else {}
     return spec, max_top_k, num_positions, lowerings, section
@@ -142,7 +144,7 @@ def export_draft(draft: "eagle.Draft", config: BuildConfig, out_dir: Path, log, 
                            "\n".join(f"  {i.node} ({i.op}): {i.message}" for i in issues))
     save(model, out_dir, eagle.DRAFT_ONNX)
     spec, lowerings = draft.spec, []
-    gqa = gqa_supported(spec, config.dtype)
+    gqa = (attention_supported if native else gqa_supported)(spec, config.dtype)
     half = native and half_supported(spec, config.dtype, quant)
     if backend == "onnxruntime" and config.graph == "modern" and (gqa or half or (native and quant is not None)):
         lowerings = [cpu_kernels.ATTENTION_LOWERING if native else "GroupQueryAttention",
@@ -169,7 +171,7 @@ def use_native_kernels(config: BuildConfig, runs_here: bool, log) -> bool:
     if config.cpu_kernels == "onnxruntime" or not (runs_here or config.quantization != "none"):
         if config.cpu_kernels == "native":
             raise RuntimeError("--cpu-kernels native: this model has nothing the native kernels run (they need "
-                               "--quantization int8/int4, or attention without a sliding window or q/k norm)")
+                               "--quantization int8/int4, or a head size that is a multiple of 16)")
         return False
     if cpu_kernels.library() is None:
         if config.cpu_kernels == "native":
@@ -255,7 +257,8 @@ def make_manifest(ck, config: BuildConfig, backend: str, spec, max_top_k: int, n
                          max_kv_cache_capacity=num_positions, max_lora_rank=config.max_lora_rank),
         model=mf.ModelShape(vocab_size=spec.vocab_size, hidden_size=spec.hidden_size, num_layers=spec.num_layers,
                             num_heads=spec.num_heads, num_kv_heads=spec.num_kv_heads, head_dim=spec.head_dim,
-                            sliding_window=spec.sliding_window, kv_dtype=config.dtype),
+                            sliding_window=spec.sliding_window, sliding_layers=spec.sliding_layers,
+                            kv_dtype=config.dtype),
         eos_token_ids=tuple(eos_ids(ck)), max_top_k=max_top_k, pad_token_id=int(pad) if pad is not None else 0,
         files={"onnx": ONNX_NAME, **compiled, "tokenizer": "tokenizer.json",
                "tokenizer_config": "tokenizer_config.json", "chat_template": "chat_template.jinja",

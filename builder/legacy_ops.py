@@ -52,16 +52,16 @@ def rms_norm(g: GraphWriter, name: str, x: str, scale: str, eps: float, ftype: i
     return g.op("Mul", f"{name}/Scale", [y, scale])
 
 
-def rope_tables(g: GraphWriter, position_ids: str, cos: str, sin: str) -> tuple[str, str]:
+def rope_tables(g: GraphWriter, position_ids: str, cos: str, sin: str, prefix: str = "/model/rotary") -> tuple[str, str]:
     """The caches [positions, D/2] (the modern graph's, checkpoint.rope_tables) gathered at
     position_ids and laid out for the rotate-half form: cos [B,1,S,D] = [c, c], sin = [-s, s]."""
-    c = g.op("Gather", "/model/rotary/cos/Gather", [cos, position_ids], axis=0)          # [B,S,D/2]
-    s = g.op("Gather", "/model/rotary/sin/Gather", [sin, position_ids], axis=0)
-    c = g.op("Concat", "/model/rotary/cos/Concat", [c, c], axis=-1)                       # [B,S,D]
-    s = g.op("Concat", "/model/rotary/sin/Concat", [g.op("Neg", "/model/rotary/sin/Neg", [s]), s], axis=-1)
+    c = g.op("Gather", f"{prefix}/cos/Gather", [cos, position_ids], axis=0)             # [B,S,D/2]
+    s = g.op("Gather", f"{prefix}/sin/Gather", [sin, position_ids], axis=0)
+    c = g.op("Concat", f"{prefix}/cos/Concat", [c, c], axis=-1)                          # [B,S,D]
+    s = g.op("Concat", f"{prefix}/sin/Concat", [g.op("Neg", f"{prefix}/sin/Neg", [s]), s], axis=-1)
     heads_axis = g.const([1])
-    return (g.op("Unsqueeze", "/model/rotary/cos/Unsqueeze", [c, heads_axis]),          # [B,1,S,D]
-            g.op("Unsqueeze", "/model/rotary/sin/Unsqueeze", [s, heads_axis]))
+    return (g.op("Unsqueeze", f"{prefix}/cos/Unsqueeze", [c, heads_axis]),             # [B,1,S,D]
+            g.op("Unsqueeze", f"{prefix}/sin/Unsqueeze", [s, heads_axis]))
 
 
 def rotary(g: GraphWriter, name: str, x: str, tables: tuple[str, str], head_dim: int) -> str:
@@ -99,17 +99,17 @@ def kv_write(g: GraphWriter, name: str, past: str, new: str, indices: str, prese
     return g.op("ScatterND", f"{name}/ScatterND", [past, indices, new], outputs=[present], reduction="none")
 
 
-def attention_bias(g: GraphWriter, mask: str, groups: int) -> str:
+def attention_bias(g: GraphWriter, mask: str, groups: int, name: str = "/model/mask/bias") -> str:
     """float32 [B,1,groups*S,C] from the modern bool mask [B,1,S,C]: 0 where visible, -inf where not
     (how Attention reads a bool mask), repeated per query group to match the grouped q layout."""
-    bias = g.op("Where", "/model/mask/bias", [mask, g.const(0.0, np.float32), g.const(-np.inf, np.float32)])
+    bias = g.op("Where", name, [mask, g.const(0.0, np.float32), g.const(-np.inf, np.float32)])
     if groups > 1:
-        bias = g.op("Tile", "/model/mask/bias_groups", [bias, g.const([1, 1, groups, 1])])
+        bias = g.op("Tile", f"{name}_groups", [bias, g.const([1, 1, groups, 1])])
     return bias
 
 
 def attention(g: GraphWriter, name: str, q: str, k: str, v: str, bias: str, num_heads: int, num_kv_heads: int,
-              head_dim: int, ftype: int) -> str:
+              head_dim: int, ftype: int, scale: float | None = None) -> str:
     """Attention(q [B,heads,S,D], K, V [B,kv_heads,C,D]) -> [B,heads,S,D], softmax in float32.
 
     GQA without copying the cache per head: query head h uses kv head h // groups, and the heads
@@ -117,7 +117,7 @@ def attention(g: GraphWriter, name: str, q: str, k: str, v: str, bias: str, num_
     and meets K and V as they are. q is scaled before the product, which keeps float16 scores small.
     """
     dtype = np.float16 if ftype == TensorProto.FLOAT16 else np.float32
-    q = g.op("Mul", f"{name}/ScaleQ", [q, g.const(float(head_dim) ** -0.5, dtype)])
+    q = g.op("Mul", f"{name}/ScaleQ", [q, g.const(float(head_dim) ** -0.5 if scale is None else scale, dtype)])
     q = g.op("Reshape", f"{name}/GroupQ", [q, g.const([0, num_kv_heads, -1, head_dim])])      # [B,Hkv,G*S,D]
     kt = g.op("Transpose", f"{name}/KT", [k], perm=[0, 1, 3, 2])                              # [B,Hkv,D,C]
     scores = g.op("MatMul", f"{name}/QK", [q, kt])                                            # [B,Hkv,G*S,C]

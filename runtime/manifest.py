@@ -48,6 +48,7 @@ class ModelShape:
     num_kv_heads: int
     head_dim: int
     sliding_window: int | None = None
+    sliding_layers: tuple[int, ...] | None = None  # the layers sliding_window applies to; None: all (Gemma 3 mixes)
     kv_dtype: str = "float32"  # the KV buffers' numpy dtype (float16 for --dtype float16 engines)
 
 

@@ -29,16 +29,17 @@ def rope_rows(w: np.ndarray, heads: int) -> np.ndarray:
 
 
 def write_llama_gguf(ckpt: Path, out: Path, drop: tuple[str, ...] = (), extra_tensors: dict | None = None,
-                     rope_scaling: tuple[str, float] | None = None, fields: dict | None = None) -> Path:
+                     rope_scaling: tuple[str, float] | None = None, fields: dict | None = None,
+                     arch: str = "llama") -> Path:
     """`ckpt` (a tiny Llama checkpoint) as a GGUF; `drop` leaves tensors out (GGUF names),
     `rope_scaling` = (type, factor) adds llama.cpp's scaling keys, `fields` more keys: name ->
-    float (float32) or int (uint16)."""
+    float (float32) or int (uint16); `arch` labels it another architecture (general.architecture)."""
     import gguf
     from safetensors.numpy import load_file
 
     cfg = json.loads((ckpt / "config.json").read_text())
     head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
-    w = gguf.GGUFWriter(str(out), "llama")
+    w = gguf.GGUFWriter(str(out), arch)
     w.add_name("tiny")
     w.add_context_length(cfg["max_position_embeddings"])
     w.add_embedding_length(cfg["hidden_size"])

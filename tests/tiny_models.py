@@ -1,4 +1,4 @@
-"""Tiny random checkpoints (Llama, Mistral, Qwen2, Qwen3) with a real BPE tokenizer, made in the
+"""Tiny random checkpoints (Llama, Mistral, Qwen2, Qwen3, Gemma 3) with a real BPE tokenizer, made in the
 test run with transformers: nothing is downloaded.
 
 Weights are drawn with a large std so the logits are well separated: greedy decoding then does
@@ -31,6 +31,9 @@ ARCHS = {
     "mistral": ("MistralConfig", "MistralForCausalLM", {"sliding_window": 4096}),
     "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", {}),
     "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", {}),
+    # a window shorter than the test prompts, a local RoPE base of its own, and every kind of layer
+    "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM", {"sliding_window": 8, "query_pre_attn_scalar": 24,
+                                                         "rope_local_base_freq": 100.0}),
 }
 
 
@@ -58,6 +61,9 @@ def make_checkpoint(arch: str, out_dir: Path, seed: int = 0, num_layers: int = 2
     from transformers import GenerationConfig
 
     cfg_name, _, extra = ARCHS[arch]
+    if arch == "gemma3":  # sliding layers with a full one every other layer
+        extra = {**extra, "layer_types": ["full_attention" if i % 2 else "sliding_attention"
+                                          for i in range(num_layers)]}
     out_dir = Path(out_dir)
     tok = make_tokenizer(out_dir)
     config = getattr(transformers, cfg_name)(

@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import dataclasses
 
-from trtllm.builder.architectures import llama, mistral, qwen2, qwen3
+from trtllm.builder.architectures import gemma3, llama, mistral, qwen2, qwen3
 
 ARCHITECTURES = {
+    "Gemma3ForCausalLM": gemma3.spec_from_config,
     "LlamaForCausalLM": llama.spec_from_config,
     "MistralForCausalLM": mistral.spec_from_config,
     "Qwen2ForCausalLM": qwen2.spec_from_config,
@@ -46,10 +47,10 @@ def from_modules(model, spec) -> dict:
         raise ValueError("q_proj, k_proj and v_proj must all have a bias or none")
     if any(has_bias(m) for m in (mlp.gate_proj, mlp.up_proj, mlp.down_proj)):
         raise ValueError("MLP biases (config.mlp_bias) are not supported")
-    windows = {getattr(layer.self_attn, "sliding_window", spec.sliding_window) for layer in layers}
-    if windows != {spec.sliding_window}:  # a class that keeps its window per layer says what it uses
-        raise ValueError(f"the layers' sliding windows {sorted(windows, key=str)} differ from what the config "
-                         f"gives ({spec.sliding_window}): mixed sliding/full attention is not supported yet")
+    expected = [spec.window(i) for i in range(len(layers))]
+    windows = [getattr(layer.self_attn, "sliding_window", w) for layer, w in zip(layers, expected)]
+    if windows != expected:  # a class that keeps its window per layer says what it uses
+        raise ValueError(f"the layers' sliding windows {windows} differ from what the config gives ({expected})")
     head = model.get_output_embeddings().weight
     tied = head.data_ptr() == model.get_input_embeddings().weight.data_ptr()
     return {"attention_bias": qkv.pop(), "o_proj_bias": has_bias(attn.o_proj), "tie_word_embeddings": tied}

@@ -6,17 +6,20 @@ from __future__ import annotations
 from trtllm.builder.decoder import DecoderSpec
 
 
-def check_common(config) -> None:
-    """Refuse config features the graph does not implement, rather than export something wrong."""
-    act = getattr(config, "hidden_act", "silu")
-    if act != "silu":
-        raise ValueError(f"config.hidden_act must be 'silu', got {act!r}")
+def check_common(config, act_key: str = "hidden_act", acts: dict = {"silu": "silu"}) -> str:  # noqa: B006
+    """Refuse config features the graph does not implement, rather than export something wrong; the
+    MLP's activation as DecoderSpec names it (acts: config value -> name)."""
+    act = getattr(config, act_key, "silu")
+    if act not in acts:
+        raise ValueError(f"config.{act_key} must be {' or '.join(map(repr, acts))}, got {act!r}")
     if getattr(config, "mlp_bias", False):
         raise ValueError("config.mlp_bias must be false, got True")
+    return acts[act]
 
 
-def base_spec(config, architecture: str, **overrides) -> DecoderSpec:
-    check_common(config)
+def base_spec(config, architecture: str, act: tuple[str, dict] = ("hidden_act", {"silu": "silu"}),
+              **overrides) -> DecoderSpec:
+    hidden_act = check_common(config, *act)
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     fields = dict(
         architecture=architecture,
@@ -30,6 +33,7 @@ def base_spec(config, architecture: str, **overrides) -> DecoderSpec:
         rms_norm_eps=config.rms_norm_eps,
         attention_bias=bool(getattr(config, "attention_bias", False)),
         tie_word_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
+        hidden_act=hidden_act,
     )
     fields.update(overrides)
     return DecoderSpec(**fields)

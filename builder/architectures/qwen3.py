@@ -2,8 +2,8 @@
 from __future__ import annotations
 
 from trtllm.builder.architectures.llama import base_spec
-from trtllm.builder.architectures.qwen2 import sliding_window
+from trtllm.builder.architectures.qwen2 import sliding
 
 
 def spec_from_config(config):
-    return base_spec(config, "Qwen3ForCausalLM", qk_norm=True, sliding_window=sliding_window(config))
+    return base_spec(config, "Qwen3ForCausalLM", qk_norm=True, **sliding(config))

@@ -12,13 +12,15 @@
 //          4 last_index [B] int64: the row's new tokens are s = 0 .. last_index (the rest is padding)
 //          5 position_ids [B, S] int64
 //          6 cos_cache, 7 sin_cache [P, D / 2] float32
+//          8 q_norm, 9 k_norm [D] float32, optional (Qwen3, Gemma 3): each q and k head is
+//            RMS-normalized (epsilon) and scaled by these before its rotary
 // Outputs: 0 y [B, S, H D]; 1 present_key, 2 present_value [B, Hk, C, D]: the past buffers when the
 //          caller binds them so (the runtime does); otherwise past is copied first.
-// Attributes: num_heads H, kv_num_heads Hk, scale (0: 1 / sqrt(D)).
+// Attributes: num_heads H, kv_num_heads Hk, scale (0: 1 / sqrt(D)), window (0: none), epsilon.
 // For row b and s <= last_index[b]: slot = write_index[b] + s; q and k get the rotary embedding of
 // position_ids[b, s] (rotate_half: x[i] cos - x[i + D/2] sin, x[i + D/2] cos + x[i] sin); k and v
-// are written at the slot; query s attends to slots [0, slot] of its kv head h / (H / Hk).
-// Padding tokens write nothing and their output is 0.
+// are written at the slot; query s attends to slots [0, slot] of its kv head h / (H / Hk), or with
+// a window W to slots [slot - W + 1, slot]. Padding tokens write nothing and their output is 0.
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -77,7 +79,19 @@ struct Job {
   const T* value;  // present_value
   float scale;
   float* y;
+  const float* q_norm;  // or null
+  float epsilon;
+  int64_t window;  // 0: none
 };
+
+// out[0:D] = x RMS-normalized and scaled by w (a q or k head's norm): in float32, as transformers
+// normalizes Qwen3's and Gemma's heads. out may not be x.
+void head_norm(const float* x, const float* w, float epsilon, int64_t d, float* out) {
+  float sum = 0.0f;
+  for (int64_t i = 0; i < d; ++i) sum += x[i] * x[i];
+  const float inv = 1.0f / std::sqrt(sum / static_cast<float>(d) + epsilon);
+  for (int64_t i = 0; i < d; ++i) out[i] = x[i] * inv * w[i];
+}
 
 // out[0:D] = rotate_half rotary of x at position pos, times `times`
 void rotary(const float* x, const float* cos, const float* sin, int64_t d, float times, float* out) {
@@ -88,20 +102,21 @@ void rotary(const float* x, const float* cos, const float* sin, int64_t d, float
   }
 }
 
-// One query against slots [0, t): scores, softmax, the weighted sum of values. Portable.
+// One query against slots [lo, t): scores, softmax, the weighted sum of values. Portable.
 template <typename T>
-void attend_generic(const float* q, const T* key, const T* value, int64_t t, int64_t d, float* scores, float* out) {
+void attend_generic(const float* q, const T* key, const T* value, int64_t lo, int64_t t, int64_t d, float* scores,
+                    float* out) {
   float top = -INFINITY;
-  for (int64_t j = 0; j < t; ++j) {
+  for (int64_t j = lo; j < t; ++j) {
     float acc = 0.0f;
     for (int64_t i = 0; i < d; ++i) acc += q[i] * to_float(key[j * d + i]);
     scores[j] = acc;
     top = std::max(top, acc);
   }
   float total = 0.0f;
-  for (int64_t j = 0; j < t; ++j) total += scores[j] = std::exp(scores[j] - top);
+  for (int64_t j = lo; j < t; ++j) total += scores[j] = std::exp(scores[j] - top);
   std::fill(out, out + d, 0.0f);
-  for (int64_t j = 0; j < t; ++j)
+  for (int64_t j = lo; j < t; ++j)
     for (int64_t i = 0; i < d; ++i) out[i] += scores[j] * to_float(value[j * d + i]);
   for (int64_t i = 0; i < d; ++i) out[i] /= total;
 }
@@ -133,21 +148,28 @@ __attribute__((target("avx512f,avx512bw,avx512vl,fma"))) inline __m512 sum16(con
   return _mm512_add_ps(_mm512_shuffle_ps(s2[0], s2[1], 0x88), _mm512_shuffle_ps(s2[0], s2[1], 0xDD));
 }
 
+// Lanes j .. j + 15 that lie in [lo, hi).
+__attribute__((target("avx512f,avx512bw,avx512vl,fma"))) inline __mmask16 lanes(int64_t j, int64_t lo, int64_t hi) {
+  uint32_t m = hi - j >= 16 ? 0xFFFFu : (1u << std::max<int64_t>(0, hi - j)) - 1;
+  if (lo > j) m &= ~((1u << std::min<int64_t>(16, lo - j)) - 1);
+  return static_cast<__mmask16>(m);
+}
+
 // A block of query rows sharing one kv head (tokens in order, each with its task's heads: row r
-// sees t[r] slots, t never falling) against their keys and values, D = 16 ND. Keys and values are
-// read in groups of 16 that stay in L1 while every row of the block uses them: a prefill chunk
-// reads its cache once per block, not once per query. scores: [qn][ld] scratch; out[r]: row r's
-// output.
+// sees slots [lo[r], t[r]), neither ever falling) against their keys and values, D = 16 ND. Keys
+// and values are read in groups of 16 that stay in L1 while every row of the block uses them: a
+// prefill chunk reads its cache once per block, not once per query. scores: [qn][ld] scratch,
+// indexed by slot; out[r]: row r's output.
 template <int ND, typename T>
 __attribute__((target("avx512f,avx512bw,avx512vl,fma"))) void attend_block_avx512(
-    const float* q, int qn, const int64_t* t, const T* key, const T* value, float* scores, int64_t ld,
-    float* const* out) {
+    const float* q, int qn, const int64_t* lo, const int64_t* t, const T* key, const T* value, float* scores,
+    int64_t ld, float* const* out) {
   constexpr int64_t d = 16 * ND;
-  const int64_t tmax = *std::max_element(t, t + qn);
-  // 1. scores
-  for (int64_t j0 = 0; j0 < tmax; j0 += 16) {
+  const int64_t tmax = *std::max_element(t, t + qn), jmin = *std::min_element(lo, lo + qn) / 16 * 16;
+  // 1. scores (from the first row's window on; a later row's scores before its own are not read)
+  for (int64_t j0 = jmin; j0 < tmax; j0 += 16) {
     for (int r = 0; r < qn; ++r) {
-      if (j0 >= t[r]) continue;
+      if (j0 >= t[r] || j0 + 16 <= lo[r]) continue;
       __m512 qv[ND];
 #pragma GCC unroll 8
       for (int i = 0; i < ND; ++i) qv[i] = _mm512_loadu_ps(q + r * d + 16 * i);
@@ -174,18 +196,18 @@ __attribute__((target("avx512f,avx512bw,avx512vl,fma"))) void attend_block_avx51
       }
     }
   }
-  // 2. softmax of each query's t[r] scores (exp in place), 1 / sum kept
+  // 2. softmax of each query's scores in [lo[r], t[r]) (exp in place), 1 / sum kept
   float inv[kMaxRows];
   for (int r = 0; r < qn; ++r) {
     float* row = scores + r * ld;
     __m512 top = _mm512_set1_ps(-INFINITY), sum = _mm512_setzero_ps();
-    for (int64_t j = 0; j < t[r]; j += 16) {
-      const __mmask16 valid = t[r] - j >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (t[r] - j)) - 1);
+    for (int64_t j = lo[r] / 16 * 16; j < t[r]; j += 16) {
+      const __mmask16 valid = lanes(j, lo[r], t[r]);
       top = _mm512_mask_max_ps(top, valid, top, _mm512_maskz_loadu_ps(valid, row + j));
     }
     const __m512 peak = _mm512_set1_ps(_mm512_reduce_max_ps(top));
-    for (int64_t j = 0; j < t[r]; j += 16) {
-      const __mmask16 valid = t[r] - j >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (t[r] - j)) - 1);
+    for (int64_t j = lo[r] / 16 * 16; j < t[r]; j += 16) {
+      const __mmask16 valid = lanes(j, lo[r], t[r]);
       const __m512 e = exp_avx512(_mm512_sub_ps(_mm512_maskz_loadu_ps(valid, row + j), peak));
       sum = _mm512_add_ps(sum, _mm512_maskz_mov_ps(valid, e));
       _mm512_mask_storeu_ps(row + j, valid, e);
@@ -196,15 +218,15 @@ __attribute__((target("avx512f,avx512bw,avx512vl,fma"))) void attend_block_avx51
   for (int r = 0; r < qn; ++r)
 #pragma GCC unroll 8
     for (int i = 0; i < ND; ++i) _mm512_storeu_ps(out[r] + 16 * i, _mm512_setzero_ps());
-  for (int64_t j0 = 0; j0 < tmax; j0 += 16) {
+  for (int64_t j0 = jmin; j0 < tmax; j0 += 16) {
     for (int r = 0; r < qn; ++r) {
-      const int64_t end = std::min(t[r], j0 + 16);
-      if (j0 >= end) continue;
+      const int64_t start = std::max(j0, lo[r]), end = std::min(t[r], j0 + 16);
+      if (start >= end) continue;
       const float* p = scores + r * ld;
       __m512 acc[ND];
 #pragma GCC unroll 8
       for (int i = 0; i < ND; ++i) acc[i] = _mm512_loadu_ps(out[r] + 16 * i);
-      for (int64_t j = j0; j < end; ++j) {
+      for (int64_t j = start; j < end; ++j) {
         const __m512 w = _mm512_set1_ps(p[j]);
 #pragma GCC unroll 8
         for (int i = 0; i < ND; ++i) acc[i] = _mm512_fmadd_ps(w, load16(value + j * d + 16 * i), acc[i]);
@@ -222,11 +244,14 @@ __attribute__((target("avx512f,avx512bw,avx512vl,fma"))) void attend_block_avx51
 }
 
 template <typename T>
-using BlockFn = void (*)(const float*, int, const int64_t*, const T*, const T*, float*, int64_t, float* const*);
+using BlockFn = void (*)(const float*, int, const int64_t*, const int64_t*, const T*, const T*, float*, int64_t,
+                         float* const*);
+// D = 16 .. 128 in steps of 16, and 256 (Gemma 3); other sizes take the portable loop
 template <typename T>
-constexpr BlockFn<T> kBlock[8] = {attend_block_avx512<1, T>, attend_block_avx512<2, T>, attend_block_avx512<3, T>,
+constexpr BlockFn<T> kBlock[9] = {attend_block_avx512<1, T>, attend_block_avx512<2, T>, attend_block_avx512<3, T>,
                                   attend_block_avx512<4, T>, attend_block_avx512<5, T>, attend_block_avx512<6, T>,
-                                  attend_block_avx512<7, T>, attend_block_avx512<8, T>};
+                                  attend_block_avx512<7, T>, attend_block_avx512<8, T>, attend_block_avx512<16, T>};
+inline int block_index(int64_t d) { return d % 16 || d < 16 ? -1 : d <= 128 ? static_cast<int>(d / 16 - 1) : d == 256 ? 8 : -1; }
 #endif
 
 template <typename T>
@@ -248,24 +273,31 @@ void run_task(void* data, size_t task) {
     }
   const int qn = static_cast<int>(std::max<int64_t>(0, last - s0) * split.heads);  // rows: token-major
   if (qn <= 0) return;
-  thread_local std::vector<float> scores, q;
-  int64_t t[kMaxRows];
+  thread_local std::vector<float> scores, q, normed;
+  int64_t t[kMaxRows], lo[kMaxRows];
   float* outs[kMaxRows];
   q.resize(qn * n.d);
+  normed.resize(n.d);
   for (int r = 0; r < qn; ++r) {
     const int64_t s = s0 + r / split.heads, h = h0 + r % split.heads, pos = job.position_ids[b * n.s + s];
     t[r] = job.write_index[b] + s + 1;
+    lo[r] = job.window > 0 ? std::max<int64_t>(0, t[r] - job.window) : 0;
     outs[r] = job.y + ((b * n.s + s) * n.h + h) * n.d;
-    rotary(job.qkv + (b * n.s + s) * width + h * n.d, job.cos + pos * (n.d / 2), job.sin + pos * (n.d / 2), n.d,
-           job.scale, q.data() + r * n.d);
+    const float* x = job.qkv + (b * n.s + s) * width + h * n.d;
+    if (job.q_norm) {
+      head_norm(x, job.q_norm, job.epsilon, n.d, normed.data());
+      x = normed.data();
+    }
+    rotary(x, job.cos + pos * (n.d / 2), job.sin + pos * (n.d / 2), n.d, job.scale, q.data() + r * n.d);
   }
   const int64_t ld = t[qn - 1] + 16;
   if (scores.size() < static_cast<size_t>(qn * ld)) scores.resize(qn * ld);
 #ifdef TRTLLM_X86
-  if (use_avx512() && n.d % 16 == 0 && n.d >= 16 && n.d <= 128)
-    return kBlock<T>[n.d / 16 - 1](q.data(), qn, t, key, value, scores.data(), ld, outs);
+  if (use_avx512() && block_index(n.d) >= 0)
+    return kBlock<T>[block_index(n.d)](q.data(), qn, lo, t, key, value, scores.data(), ld, outs);
 #endif
-  for (int r = 0; r < qn; ++r) attend_generic(q.data() + r * n.d, key, value, t[r], n.d, scores.data(), outs[r]);
+  for (int r = 0; r < qn; ++r)
+    attend_generic(q.data() + r * n.d, key, value, lo[r], t[r], n.d, scores.data(), outs[r]);
 }
 
 // A row of the cache from float32: copied, or rounded to float16.
@@ -281,6 +313,8 @@ OrtStatusPtr fail(const std::string& message) {
 struct Kernel {
   int64_t h, hk;
   float scale;
+  int64_t window;
+  float epsilon;
 
   OrtStatusPtr ComputeV2(OrtKernelContext* raw) {
     try {
@@ -304,6 +338,13 @@ struct Kernel {
       if (ctx.GetInput(5).GetTensorTypeAndShapeInfo().GetShape() != grid) return fail("position_ids must be [batch, seq]");
       if (ctx.GetInput(7).GetTensorTypeAndShapeInfo().GetShape() != cs) return fail("sin must have cos's shape");
       if (past_value.GetTensorTypeAndShapeInfo().GetShape() != ks) return fail("past_key and past_value differ in shape");
+      for (size_t i : {size_t{8}, size_t{9}}) {
+        auto norm = ctx.GetInputCount() > i ? ctx.GetInput(i) : Ort::ConstValue{nullptr};
+        if (norm && norm.GetTensorTypeAndShapeInfo().GetShape() != std::vector<int64_t>{n.d})
+          return fail("q_norm and k_norm must be [head_size]");
+      }
+      if ((ctx.GetInputCount() > 8 && ctx.GetInput(8)) != (ctx.GetInputCount() > 9 && ctx.GetInput(9)))
+        return fail("q_norm and k_norm come together");
       const auto kv_type = past_key.GetTensorTypeAndShapeInfo().GetElementType();
       if (past_value.GetTensorTypeAndShapeInfo().GetElementType() != kv_type)
         return fail("past_key and past_value differ in element type");
@@ -333,9 +374,13 @@ struct Kernel {
     const float* x = qkv.GetTensorData<float>();
     const float* cosd = ctx.GetInput(6).GetTensorData<float>();
     const float* sind = ctx.GetInput(7).GetTensorData<float>();
+    auto q_norm = ctx.GetInputCount() > 8 ? ctx.GetInput(8) : Ort::ConstValue{nullptr};
+    auto k_norm = ctx.GetInputCount() > 9 ? ctx.GetInput(9) : Ort::ConstValue{nullptr};
+    const float* kn = k_norm ? k_norm.GetTensorData<float>() : nullptr;
     const int64_t width = (h + 2 * hk) * n.d;
-    thread_local std::vector<float> rotated;
+    thread_local std::vector<float> rotated, normed;
     rotated.resize(n.d);
+    normed.resize(n.d);
     for (int64_t b = 0; b < n.b; ++b) {
       if (li[b] < 0 || li[b] >= n.s) return fail("last_index[" + std::to_string(b) + "] is outside the chunk");
       if (wi[b] < 0 || wi[b] >= n.c || li[b] >= n.c - wi[b])  // no wi + li: it could overflow
@@ -347,14 +392,19 @@ struct Kernel {
         for (int64_t g = 0; g < hk; ++g) {
           const float* src = x + (b * n.s + s) * width + (h + g) * n.d;
           const int64_t at = ((b * hk + g) * n.c + slot) * n.d;
-          rotary(src, cosd + p * (n.d / 2), sind + p * (n.d / 2), n.d, 1.0f, rotated.data());
+          const float* k = src;
+          if (kn) {
+            head_norm(src, kn, epsilon, n.d, normed.data());
+            k = normed.data();
+          }
+          rotary(k, cosd + p * (n.d / 2), sind + p * (n.d / 2), n.d, 1.0f, rotated.data());
           store(rotated.data(), n.d, key + at);
           store(src + hk * n.d, n.d, value + at);
         }
       }
     }
     Job<T> job{n, Split(n), x, wi, li, pos, cosd, sind, key, value, scale > 0 ? scale : 1.0f / std::sqrt(static_cast<float>(n.d)),
-               y.GetTensorMutableData<float>()};
+               y.GetTensorMutableData<float>(), q_norm ? q_norm.GetTensorData<float>() : nullptr, epsilon, window};
     if (job.split.tasks) trtllm_cpu::parallel_for(ctx, run_task<T>, job.split.tasks, &job);
     return nullptr;
   }
@@ -369,8 +419,11 @@ struct Op : Ort::CustomOpBase<Op<KV>, Kernel, true> {
       Ort::ConstKernelInfo ki(info);
       const int64_t h = ki.GetAttribute<int64_t>("num_heads"), hk = ki.GetAttribute<int64_t>("kv_num_heads");
       const float scale = trtllm_cpu::attribute_or<float>(ki, "scale", 0.0f);  // 0: 1 / sqrt(D)
+      const int64_t window = trtllm_cpu::attribute_or<int64_t>(ki, "window", 0);  // 0: none
+      const float epsilon = trtllm_cpu::attribute_or<float>(ki, "epsilon", 1e-6f);  // of q_norm and k_norm
       if (h < 1 || hk < 1 || h % hk) return fail("num_heads must be a positive multiple of kv_num_heads");
-      *kernel = new Kernel{h, hk, scale};
+      if (window < 0) return fail("window must be >= 0 (0: none)");
+      *kernel = new Kernel{h, hk, scale, window, epsilon};
       return nullptr;
     } catch (const std::exception& e) {
       return fail(e.what());
@@ -378,9 +431,12 @@ struct Op : Ort::CustomOpBase<Op<KV>, Kernel, true> {
   }
   const char* GetName() const { return "Attention"; }
   const char* GetExecutionProviderType() const { return "CPUExecutionProvider"; }
-  size_t GetInputTypeCount() const { return 8; }
+  size_t GetInputTypeCount() const { return 10; }
   ONNXTensorElementDataType GetInputType(size_t i) const {
     return i == 1 || i == 2 ? KV : i >= 3 && i <= 5 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64 : ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
+  }
+  OrtCustomOpInputOutputCharacteristic GetInputCharacteristic(size_t i) const {
+    return i >= 8 ? INPUT_OUTPUT_OPTIONAL : INPUT_OUTPUT_REQUIRED;  // q_norm, k_norm
   }
   size_t GetOutputTypeCount() const { return 3; }
   ONNXTensorElementDataType GetOutputType(size_t i) const { return i == 0 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT : KV; }

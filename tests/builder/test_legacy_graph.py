@@ -33,7 +33,7 @@ from trtllm.runtime.kv_cache import KVCacheManager  # noqa: E402
 
 from tests.engine_helpers import run_greedy, unoptimized_sessions  # noqa: E402
 
-ARCHS = ["llama", "mistral", "qwen2", "qwen3"]
+ARCHS = ["llama", "mistral", "qwen2", "qwen3", "gemma3"]
 DTYPES = ["float32", "float16"]
 PROMPTS = [[5, 17, 42, 99, 7], list(range(30, 52)), [3, 200, 11], list(range(100, 140, 3))]
 NUM_DECODE = 6
@@ -50,17 +50,20 @@ def assert_logits_close(got: np.ndarray, want: np.ndarray, dtype: str) -> None:
 
 
 def load_parts(checkpoint: Path, num_positions: int):
+    """DecoderWriter's arguments for the checkpoint: (spec, weights, cos, sin) and its keywords."""
     ck = ckpt.load(str(checkpoint))
     cos, sin = ckpt.rope_tables(ck.model, num_positions)
-    return spec_for(ck.model), ckpt.state_dict_numpy(ck.model), cos, sin
+    spec = spec_for(ck.model)
+    local = ckpt.rope_tables(ck.model, num_positions, "sliding_attention") if spec.local_rope else None
+    return (spec, ckpt.state_dict_numpy(ck.model), cos, sin), {"local_rope": local}
 
 
 def write_legacy_engine(modern: Path, checkpoint: Path, out: Path, writer=DecoderWriter) -> Path:
     """`modern`'s engine directory with llm.onnx written by `writer(graph="legacy")`."""
     shutil.copytree(modern, out)
     manifest = mf.load(out)
-    spec, weights, cos, sin = load_parts(checkpoint, manifest.limits.max_kv_cache_capacity)
-    model = writer(spec, weights, cos, sin, manifest.max_top_k, dtype=manifest.dtype, graph="legacy").write()
+    args, kwargs = load_parts(checkpoint, manifest.limits.max_kv_cache_capacity)
+    model = writer(*args, manifest.max_top_k, dtype=manifest.dtype, graph="legacy", **kwargs).write()
     for name in (export.ONNX_NAME, export.ORT_NAME):
         for path in (out / name, out / (name + ".data")):
             path.unlink(missing_ok=True)
@@ -166,9 +169,9 @@ def test_sliding_window_matches_modern(tmp_path):
 class MaskOffByOne(DecoderWriter):
     """The deliberately wrong variant: query s of row b also sees slot write_index[b] + s + 1."""
 
-    def mask(self, input_ids: str, write_index: str) -> str:
+    def masks(self, input_ids: str, write_index: str) -> dict:
         shifted = self.g.op("Add", "/model/mask/wrong_shift", [write_index, self.g.const(1)])
-        return super().mask(input_ids, shifted)
+        return super().masks(input_ids, shifted)
 
 
 def test_wrong_mask_is_caught(engines, tiny_checkpoint, tmp_path):
@@ -189,7 +192,8 @@ def graphs(tiny_checkpoint):
         if arch not in parts:
             parts[arch] = load_parts(tiny_checkpoint(arch), 128)
         if (arch, dtype, graph) not in made:
-            made[arch, dtype, graph] = DecoderWriter(*parts[arch], 64, dtype=dtype, graph=graph).write()
+            args, kwargs = parts[arch]
+            made[arch, dtype, graph] = DecoderWriter(*args, 64, dtype=dtype, graph=graph, **kwargs).write()
         return made[arch, dtype, graph]
 
     return get
@@ -219,7 +223,7 @@ def test_legacy_graph_has_the_modern_io_at_opset_20(arch, graphs):
 
 
 def test_legacy_refuses_what_opset_20_cannot_express(tiny_checkpoint):
-    parts = load_parts(tiny_checkpoint("llama"), 64)
+    parts, _ = load_parts(tiny_checkpoint("llama"), 64)
     for name in ("int8", "int4"):
         with pytest.raises(ValueError, match=r"quant .*opset 21"):
             DecoderWriter(*parts, 64, quant=QuantScheme.named(name), graph="legacy")

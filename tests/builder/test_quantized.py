@@ -102,6 +102,25 @@ def test_native_kernel_engine_matches_dequantized_transformers(name, quantized):
 
 
 @pytest.mark.parametrize("name", SCHEMES)
+def test_gemma3_on_our_kernels_matches_dequantized_transformers(name, tiny_checkpoint, tmp_path):
+    """Gemma 3's GELU MLP is not our kernels' fused SwiGLU: gate|up is one quantized node, split and
+    activated in standard ops. The same logits as transformers with the dequantized weights."""
+    import onnx
+
+    ckpt = tiny_checkpoint("gemma3")
+    out = build(BuildConfig(model=str(ckpt), output=str(tmp_path / "e"), quantization=name, max_input_len=64,
+                            max_kv_cache_capacity=128, verify=False), log=lambda m: None)
+    nodes = onnx.load(out / "llm.ort.onnx", load_external_data=False).graph.node
+    assert not [n for n in nodes if any(a.name == "activation" for a in n.attribute)]  # no fused SwiGLU
+    assert sum(n.op_type == cpu_kernels.OP for n in nodes) == 2 * 4 + 1  # qkv, o, gate|up, down; lm_head
+    prompt = [5, 17, 42, 99, 7, 31, 8, 64, 3, 11, 12, 13]  # past the window (8)
+    generated, got = engine_logits(load_engine(out), prompt, num_decode=4)
+    with torch.no_grad():
+        ref = dequantized_model(ckpt, QuantScheme.named(name))(torch.tensor([prompt + generated[:-1]])).logits
+    np.testing.assert_allclose(got, ref[0, len(prompt) - 1:].numpy(), atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("name", SCHEMES)
 @pytest.mark.parametrize("kernels", ["native", "onnxruntime"])
 def test_fused_engine_answers_and_records_its_scheme(name, kernels, quantized, run_cli):
     _, engines = quantized

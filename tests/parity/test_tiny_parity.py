@@ -17,7 +17,7 @@ from trtllm.runtime.kv_cache import KVCacheManager  # noqa: E402
 from tests.engine_helpers import run_greedy  # noqa: E402
 
 pytestmark = pytest.mark.hf
-ARCHS = ["llama", "mistral", "qwen2", "qwen3"]
+ARCHS = ["llama", "mistral", "qwen2", "qwen3", "gemma3"]
 PROMPTS = [[5, 17, 42, 99, 7], list(range(30, 52)), [3, 200, 11], list(range(100, 140, 3))]
 ATOL = 1e-4
 
@@ -111,6 +111,17 @@ VARIANTS = {
         setattr(c, "sliding_window", 8), setattr(c, "use_sliding_window", True), setattr(c, "max_window_layers", 0),
         setattr(c, "layer_types", ["sliding_attention"] * c.num_hidden_layers))),
     "qwen2 window off": ("qwen2", lambda c, w: (setattr(c, "sliding_window", 8), setattr(c, "use_sliding_window", False))),
+    # mixed layers (Qwen's max_window_layers): the window on some layers only
+    "qwen2 window 8 on layer 1": ("qwen2", lambda c, w: (
+        setattr(c, "sliding_window", 8), setattr(c, "use_sliding_window", True),
+        setattr(c, "layer_types", ["full_attention", "sliding_attention"]))),
+    "qwen3 window 8 on layer 0": ("qwen3", lambda c, w: (
+        setattr(c, "sliding_window", 8), setattr(c, "use_sliding_window", True),
+        setattr(c, "layer_types", ["sliding_attention", "full_attention"]))),
+    # Gemma 3 with every layer sliding (one RoPE table, the local one), or none; with biases
+    "gemma3 every layer sliding": ("gemma3", lambda c, w: setattr(c, "layer_types", ["sliding_attention"] * 2)),
+    "gemma3 no sliding layer": ("gemma3", lambda c, w: setattr(c, "layer_types", ["full_attention"] * 2)),
+    "gemma3 attention_bias": ("gemma3", with_attention_bias),
     # Llama ignores sliding_window: an engine with a window would be wrong past it
     "llama ignores sliding_window": ("llama", lambda c, w: setattr(c, "sliding_window", 8)),
     "llama attention_bias": ("llama", with_attention_bias),
@@ -137,14 +148,50 @@ def test_config_variants_match_transformers(name, tmp_path):
     np.testing.assert_allclose(got, ref, atol=ATOL, rtol=0)
 
 
-def test_mixed_sliding_and_full_layers_are_refused(tmp_path):
-    from trtllm.builder.architectures import spec_for
+# Each of Gemma 3's changes to Llama's graph, undone: every one must miss transformers' logits.
+GEMMA_WRONG = {
+    "nothing undone (the control: passes)": {},
+    "one RoPE table for all layers": dict(local_rope=False),
+    "the window on every layer": dict(sliding_layers=None),
+    "unscaled embeddings": dict(embed_scale=1.0),
+    "scores scaled by head_dim": dict(query_scale=None),
+    "norm scales without the 1": dict(norm_offset=0.0),
+    "SiLU MLP": dict(hidden_act="silu"),
+}
 
-    ckpt = variant(tmp_path, "qwen2", lambda c, w: (
-        setattr(c, "sliding_window", 8), setattr(c, "use_sliding_window", True),
-        setattr(c, "layer_types", ["full_attention", "sliding_attention"])))
-    with pytest.raises(ValueError, match="mixed sliding/full attention layers are not supported yet"):
-        spec_for(hf_model(ckpt))
+
+@pytest.mark.parametrize("wrong", GEMMA_WRONG)
+def test_gemma3_without_each_change_is_caught(wrong, tiny_checkpoint, tiny_engine, tmp_path):
+    """The deliberately wrong variants of Gemma 3: its engine's llm.onnx rewritten with one change undone."""
+    import dataclasses
+    import shutil
+
+    from trtllm.builder import checkpoint as ckpt
+    from trtllm.builder import export
+    from trtllm.builder.architectures import spec_for
+    from trtllm.builder.decoder import DecoderWriter
+    from trtllm.runtime import manifest as mf
+
+    engine_dir = shutil.copytree(tiny_engine("gemma3"), tmp_path / "engine")
+    ck = ckpt.load(str(tiny_checkpoint("gemma3")))
+    spec = dataclasses.replace(spec_for(ck.model), **GEMMA_WRONG[wrong])
+    cos, sin = ckpt.rope_tables(ck.model, 512)
+    local = ckpt.rope_tables(ck.model, 512, "sliding_attention") if spec.local_rope else None
+    for name in (export.ONNX_NAME, export.ONNX_NAME + ".data"):
+        (engine_dir / name).unlink(missing_ok=True)
+    writer = DecoderWriter(spec, ckpt.state_dict_numpy(ck.model), cos, sin, mf.load(engine_dir).max_top_k,
+                           local_rope=local)
+    export.save(writer.write(), engine_dir, export.ONNX_NAME)
+    model, engine = hf_model(tiny_checkpoint("gemma3")), load_engine(engine_dir, graph="onnx")
+    prompt = PROMPTS[1]
+    generated, got = engine_logits(engine, prompt, num_decode=4)
+    with torch.no_grad():
+        ref = model(torch.tensor([prompt + generated[:-1]])).logits[0, len(prompt) - 1:].numpy()
+    if not GEMMA_WRONG[wrong]:
+        np.testing.assert_allclose(got, ref, atol=ATOL, rtol=0)
+        return
+    with pytest.raises(AssertionError):
+        np.testing.assert_allclose(got, ref, atol=ATOL, rtol=0)
 
 
 def test_a_class_without_a_graph_is_refused(tmp_path):
@@ -155,7 +202,8 @@ def test_a_class_without_a_graph_is_refused(tmp_path):
         spec_for(model)
 
 
-@pytest.mark.parametrize("arch, lowered", [("llama", True), ("qwen2", True), ("mistral", False), ("qwen3", False)])
+@pytest.mark.parametrize("arch, lowered", [("llama", True), ("qwen2", True), ("mistral", True), ("qwen3", True),
+                                          ("gemma3", True)])
 def test_onnxruntime_lowering_matches_the_canonical_graph(arch, lowered, tiny_engine):
     """The compiled ONNX Runtime form may use GroupQueryAttention (one fused kernel) where it is
     proven equal: its logits match the canonical standard-op graph's (and, above, transformers')."""

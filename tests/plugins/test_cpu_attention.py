@@ -1,5 +1,6 @@
 """trtllm.cpu::Attention (plugins/cpu/attention.cc): rotary + in-place KV write + grouped-query
-attention, against a float64 numpy reference of the same semantics, on both code paths."""
+attention (with a sliding window, and q/k head norms), against a float64 numpy reference of the
+same semantics, on both code paths."""
 from __future__ import annotations
 
 import numpy as np
@@ -16,12 +17,15 @@ from tests.plugins.cpu_ops import on_portable_path, one_node_model, session  # n
 F32, F16, I64 = TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.INT64
 
 
-def op_model(h: int, hk: int, d: int, scale: float | None = None, kv: int = F32) -> bytes:
+def op_model(h: int, hk: int, d: int, scale: float | None = None, kv: int = F32, window: int = 0,
+             norms: bool = False, epsilon: float | None = None) -> bytes:
     names = ["qkv", "past_key", "past_value", "write_index", "last_index", "position_ids", "cos", "sin"]
-    types = [F32, kv, kv, I64, I64, I64, F32, F32]
+    names += ["q_norm", "k_norm"] if norms else []
+    types = [F32, kv, kv, I64, I64, I64, F32, F32, F32, F32]
     inputs = [helper.make_tensor_value_info(n, t, None) for n, t in zip(names, types)]
     outputs = [helper.make_tensor_value_info(n, t, None) for n, t in (("y", F32), ("present_key", kv), ("present_value", kv))]
-    attrs = {"num_heads": h, "kv_num_heads": hk, **({"scale": scale} if scale else {})}
+    attrs = {"num_heads": h, "kv_num_heads": hk, **({"scale": scale} if scale else {}),
+             **({"window": window} if window else {}), **({"epsilon": epsilon} if epsilon else {})}
     node = helper.make_node("Attention", names, [o.name for o in outputs], domain=cpu.DOMAIN, **attrs)
     return one_node_model(node, inputs, outputs)
 
@@ -31,11 +35,18 @@ def rope(x, cos, sin):
     return np.concatenate([x[..., :half] * cos - x[..., half:] * sin, x[..., half:] * cos + x[..., :half] * sin], -1)
 
 
-def reference(qkv, key, value, write_index, last_index, position_ids, cos, sin, h, hk, scale, cache=None):
+def head_norm(x, w, epsilon):
+    return x / np.sqrt((x * x).mean() + epsilon) * w
+
+
+def reference(qkv, key, value, write_index, last_index, position_ids, cos, sin, h, hk, scale, cache=None, window=0,
+              norms=None, epsilon=1e-6):
     """float64: the op's documented semantics, token by token. `cache` (key, value): attend over
-    these instead of the reference's own writes (a float16 cache's contents, checked apart)."""
+    these instead of the reference's own writes (a float16 cache's contents, checked apart);
+    `window`: slots [t - window, t) only; `norms` (q_norm, k_norm): each head normed before rotary."""
     b_, s_, _ = qkv.shape
     d = key.shape[-1]
+    qn, kn = (None, None) if norms is None else (n.astype(np.float64) for n in norms)
     key, value = key.astype(np.float64).copy(), value.astype(np.float64).copy()
     y = np.zeros((b_, s_, h * d))
     for b in range(b_):
@@ -43,7 +54,8 @@ def reference(qkv, key, value, write_index, last_index, position_ids, cos, sin, 
             p, slot = position_ids[b, s], write_index[b] + s
             row = qkv[b, s].astype(np.float64)
             for g in range(hk):
-                key[b, g, slot] = rope(row[(h + g) * d:(h + g + 1) * d], cos[p], sin[p])
+                k = row[(h + g) * d:(h + g + 1) * d]
+                key[b, g, slot] = rope(k if kn is None else head_norm(k, kn, epsilon), cos[p], sin[p])
                 value[b, g, slot] = row[(h + hk + g) * d:(h + hk + g + 1) * d]
     written = key, value
     if cache is not None:
@@ -53,10 +65,12 @@ def reference(qkv, key, value, write_index, last_index, position_ids, cos, sin, 
             p, t = position_ids[b, s], write_index[b] + s + 1
             for head in range(h):
                 g = head // (h // hk)
-                q = rope(qkv[b, s, head * d:(head + 1) * d].astype(np.float64), cos[p], sin[p])
-                scores = key[b, g, :t] @ q * scale
+                q = qkv[b, s, head * d:(head + 1) * d].astype(np.float64)
+                q = rope(q if qn is None else head_norm(q, qn, epsilon), cos[p], sin[p])
+                lo = max(0, t - window) if window else 0
+                scores = key[b, g, lo:t] @ q * scale
                 w = np.exp(scores - scores.max())
-                y[b, s, head * d:(head + 1) * d] = (w / w.sum()) @ value[b, g, :t]
+                y[b, s, head * d:(head + 1) * d] = (w / w.sum()) @ value[b, g, lo:t]
     return (y, *written)
 
 
@@ -119,6 +133,49 @@ def test_matches_the_reference(shape):
     assert check(*shape) < 1e-5
 
 
+# (shape as in CASES, window, q/k norms): decode past the window, a prefill chunk whose window
+# starts inside a block of 16 slots, several query blocks, a window of one slot, head size 256
+# (Gemma 3) with and without a window, and head size 40 (the portable path)
+WINDOW_CASES = [((1, 1, 9, 3, 64, 40, [17]), 8, True), ((2, 11, 4, 1, 16, 64, [0, 9]), 5, False),
+                ((2, 37, 8, 2, 32, 64, [0, 20]), 16, True), ((3, 1, 4, 2, 32, 50, [0, 5, 44]), 1, False),
+                ((1, 3, 4, 1, 256, 40, [9]), 0, True), ((2, 20, 4, 1, 256, 64, [3, 30]), 7, True),
+                ((1, 5, 4, 2, 40, 30, [3]), 3, True)]
+
+
+def check_window(shape, window, norms, reference_window=None, epsilon=1e-6) -> float:
+    b, s, h, hk, d, c, past = shape
+    feeds = case(b, s, h, hk, d, c, past, seed=b + s + d + window)
+    rng = np.random.default_rng(window)
+    weights = tuple((1 + 0.3 * rng.standard_normal(d)).astype(np.float32) for _ in range(2)) if norms else None
+    if norms:
+        feeds.update(q_norm=weights[0], k_norm=weights[1])
+    y, key, value = session(op_model(h, hk, d, window=window, norms=norms, epsilon=epsilon)).run(None, feeds)
+    ref_y, ref_k, ref_v = reference(*list(feeds.values())[:8], h, hk, d ** -0.5, norms=weights, epsilon=epsilon,
+                                    window=window if reference_window is None else reference_window)
+    return float(max(np.abs(y - ref_y).max(), np.abs(key - ref_k).max(), np.abs(value - ref_v).max()))
+
+
+@pytest.mark.parametrize("shape, window, norms", WINDOW_CASES)
+def test_a_window_and_head_norms_match_the_reference(shape, window, norms):
+    assert check_window(shape, window, norms) < 1e-5
+
+
+def test_window_and_norms_on_the_portable_path_too():
+    errors = on_portable_path("test_cpu_attention", "[check_window(*c) for c in WINDOW_CASES]")
+    assert max(errors) < 1e-5
+
+
+def test_the_wrong_window_or_epsilon_fails():
+    """The deliberately wrong variants: a window one slot wider, and the norms' epsilon ignored."""
+    assert check_window(*WINDOW_CASES[2], reference_window=17) > 1e-3
+    assert check_window((1, 4, 2, 1, 16, 20, [3]), 0, True, epsilon=0.5) < 1e-5
+    feeds = case(1, 4, 2, 1, 16, 20, [3])
+    feeds.update(q_norm=np.ones(16, np.float32), k_norm=np.ones(16, np.float32))
+    y = session(op_model(2, 1, 16, norms=True, epsilon=0.5)).run(None, feeds)[0]
+    ref_y = reference(*list(feeds.values())[:8], 2, 1, 16 ** -0.5, norms=(feeds["q_norm"], feeds["k_norm"]))[0]
+    assert np.abs(y - ref_y).max() > 1e-3
+
+
 @pytest.mark.parametrize("shape", CASES)
 def test_a_float16_cache_matches_the_reference(shape):
     assert check_half_cache(*shape) <= 1
@@ -169,12 +226,13 @@ def test_the_wrong_rotary_fails():
     ({"write_index": np.array([1, 1], np.int64)}, r"write_index and last_index must be \[batch\]"),
     ({"position_ids": np.zeros((1, 1), np.int64)}, r"position_ids must be \[batch, seq\]"),
     (lambda f: {"sin": f["sin"][:1].copy()}, "sin must have cos's shape"),
+    ({"q_norm": np.ones(8, np.float32), "k_norm": np.ones(16, np.float32)}, r"q_norm and k_norm must be \[head_size\]"),
 ])
 def test_bad_inputs_fail_with_a_message(change, message):
     feeds = case(1, 4, 2, 1, 16, 12, [1])
     feeds.update(change(feeds) if callable(change) else change)
     with pytest.raises(Exception, match=message):
-        session(op_model(2, 1, 16)).run(None, feeds)
+        session(op_model(2, 1, 16, norms="q_norm" in feeds)).run(None, feeds)
 
 
 def test_head_size_0_fails_with_a_message():
