@@ -34,6 +34,9 @@ SHAPES = {
                                              query_pre_attn_scalar=256, sliding_window=512)),
     "qwen3-0.6b-8-layers": ("Qwen3Config", dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=8,
                                                 num_attention_heads=16, num_key_value_heads=8, head_dim=128)),
+    "tiny-gemma3": ("Gemma3TextConfig", dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                             num_attention_heads=4, num_key_value_heads=1, head_dim=32,
+                                             query_pre_attn_scalar=32, sliding_window=8)),  # the smoke test's
 }
 
 

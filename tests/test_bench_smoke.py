@@ -137,3 +137,12 @@ def test_chunked_prefill_bench_smoke(tiny_engine, tmp_path):
     whole, chunked = json.loads(out.read_text())["rows"]
     assert whole["same_answers"] and chunked["same_answers"]
     assert chunked["prefill_runs"] > whole["prefill_runs"] and whole["max_gap_s"] > 0
+
+
+def test_bench_attention_smoke():
+    """scripts/bench_attention.py on a tiny Gemma 3 shape: both engines build, run and are timed."""
+    from scripts.bench_attention import main
+
+    rows = main(["--shape", "tiny-gemma3", "--contexts", "20", "--repeats", "2"])
+    assert [r["context"] for r in rows] == [20]
+    assert all(t > 0 for r in rows for kind in ("decode_ms", "prompt_ms") for t in r[kind].values())
