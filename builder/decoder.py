@@ -6,7 +6,8 @@ One step of the graph, for every architecture in the registry:
     per layer i:
         x = RMSNormalization(h)
         q,k,v = Split(MatMul(x, W_qkv) (+ bias)) -> [B,heads,S,D]   (Qwen3, Gemma: RMSNorm per head)
-        q,k   = RotaryEmbedding(q|k, position_ids)                  (Gemma: sliding layers' own table)
+        q,k   = RotaryEmbedding(q|k, position_ids)                  (Gemma: sliding layers' own table;
+                                                                     SmolLM3: none on its NoPE layers)
         K_i   = TensorScatter(past_key.i, k, write_index)   # in place: present_key.i aliases past_key.i
         V_i   = TensorScatter(past_value.i, v, write_index)
         h    += o_proj(Attention(q, K_i, V_i, mask))        # mask: slot j visible to query s of row b
@@ -69,6 +70,7 @@ class DecoderSpec:
     sandwich_norms: bool = False      # Gemma: the attention and MLP outputs are normed before their residual add
     hidden_act: str = "silu"          # the gated MLP's activation: silu or gelu_tanh (Gemma)
     query_scale: float | None = None  # attention's score scale; None: head_dim ** -0.5
+    nope_layers: tuple[int, ...] = ()  # layers whose q and k get no RoPE (SmolLM3's NoPE layers)
 
     def window(self, layer: int) -> int | None:
         """Layer `layer`'s sliding window, or None for full attention."""
@@ -160,6 +162,7 @@ class DecoderWriter:
         self.g = GraphWriter("trtllm_decoder")
         self.cos = self.g.weight("/model/rotary/cos_cache", rope_cos.astype(self.dtype))
         self.sin = self.g.weight("/model/rotary/sin_cache", rope_sin.astype(self.dtype))
+        self.rope_shape, self.no_rope = rope_cos.shape, None
         if spec.local_rope != (local_rope is not None):
             raise ValueError(f"spec.local_rope is {spec.local_rope}: local_rope tables must be given exactly then")
         if local_rope is not None:  # the sliding layers' own table (spec.local_rope)
@@ -372,8 +375,9 @@ class DecoderWriter:
         k = self.heads(f"{name}/k", k, s.num_kv_heads, f"{p}.k_norm.weight" if s.qk_norm else None)
         v = self.heads(f"{name}/v", v, s.num_kv_heads, None)
         local = s.local_rope and s.window(i) is not None
-        q = self.rotary(f"{name}/q_rotary", q, position_ids, local)
-        k = self.rotary(f"{name}/k_rotary", k, position_ids, local)
+        if i not in s.nope_layers:
+            q = self.rotary(f"{name}/q_rotary", q, position_ids, local)
+            k = self.rotary(f"{name}/k_rotary", k, position_ids, local)
         mask = mask[s.window(i)]  # this layer's: causal, or causal within its window
         kv_shape, kv_type = ["batch", s.num_kv_heads, "kv_capacity", s.head_dim], self.ftype
         caches = []
@@ -392,6 +396,14 @@ class DecoderWriter:
         y = g.op("Transpose", f"{name}/out/Transpose", [y], perm=[0, 2, 1, 3])
         y = g.op("Reshape", f"{name}/out/Reshape", [y, g.const([0, 0, s.num_heads * s.head_dim])])
         return self.lora(f"{name}/o_proj", y, self.linear(f"{name}/o_proj", y, f"{p}.o_proj", s.o_proj_bias), i, "o")
+
+    def identity_rope(self) -> tuple[str, str]:
+        """cos/sin tables of the rotary tables' shape that rotate nothing (NoPE layers on our kernel)."""
+        if self.no_rope is None:  # made once, shared by every NoPE layer
+            shape = self.rope_shape
+            self.no_rope = (self.g.weight("/model/rotary_none/cos_cache", np.ones(shape, self.dtype)),
+                            self.g.weight("/model/rotary_none/sin_cache", np.zeros(shape, self.dtype)))
+        return self.no_rope
 
     def rotary(self, name: str, x: str, position_ids: str, local: bool = False) -> str:
         """RoPE at position_ids; `local`: with the sliding layers' own table (spec.local_rope)."""
@@ -422,6 +434,8 @@ class DecoderWriter:
         if self.native_attention:  # the same semantics, plugins/cpu/attention.cc
             window = s.window(i)
             cos, sin = (self.local_cos, self.local_sin) if s.local_rope and window else (self.cos, self.sin)
+            if i in s.nope_layers:  # the kernel always rotates: by 0, cos 1 and sin 0, which is exact
+                cos, sin = self.identity_rope()
             ins = [qkv, *past, self.io.write_index, self.io.last_index, position_ids, cos, sin]
             attrs = {"window": window} if window else {}
             if s.qk_norm:  # each q and k head normed before its rotary, inside the kernel

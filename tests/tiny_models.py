@@ -1,4 +1,4 @@
-"""Tiny random checkpoints (Llama, Mistral, Qwen2, Qwen3, Gemma 3) with a real BPE tokenizer, made in the
+"""Tiny random checkpoints (Llama, Mistral, Qwen2, Qwen3, SmolLM3, Gemma 3) with a real BPE tokenizer, made in the
 test run with transformers: nothing is downloaded.
 
 Weights are drawn with a large std so the logits are well separated: greedy decoding then does
@@ -31,6 +31,8 @@ ARCHS = {
     "mistral": ("MistralConfig", "MistralForCausalLM", {"sliding_window": 4096}),
     "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", {}),
     "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", {}),
+    # a NoPE layer every other layer
+    "smollm3": ("SmolLM3Config", "SmolLM3ForCausalLM", {"no_rope_layer_interval": 2}),
     # a window shorter than the test prompts, a local RoPE base of its own, and every kind of layer
     "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM", {"sliding_window": 8, "query_pre_attn_scalar": 24,
                                                          "rope_local_base_freq": 100.0}),

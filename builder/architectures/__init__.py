@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from trtllm.builder.architectures import gemma3, llama, mistral, qwen2, qwen3
+from trtllm.builder.architectures import gemma3, llama, mistral, qwen2, qwen3, smollm3
 
 ARCHITECTURES = {
     "Gemma3ForCausalLM": gemma3.spec_from_config,
@@ -15,6 +15,7 @@ ARCHITECTURES = {
     "MistralForCausalLM": mistral.spec_from_config,
     "Qwen2ForCausalLM": qwen2.spec_from_config,
     "Qwen3ForCausalLM": qwen3.spec_from_config,
+    "SmolLM3ForCausalLM": smollm3.spec_from_config,
 }
 
 

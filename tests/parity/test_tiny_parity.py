@@ -17,7 +17,7 @@ from trtllm.runtime.kv_cache import KVCacheManager  # noqa: E402
 from tests.engine_helpers import run_greedy  # noqa: E402
 
 pytestmark = pytest.mark.hf
-ARCHS = ["llama", "mistral", "qwen2", "qwen3", "gemma3"]
+ARCHS = ["llama", "mistral", "qwen2", "qwen3", "smollm3", "gemma3"]
 PROMPTS = [[5, 17, 42, 99, 7], list(range(30, 52)), [3, 200, 11], list(range(100, 140, 3))]
 ATOL = 1e-4
 
@@ -122,6 +122,10 @@ VARIANTS = {
     "gemma3 every layer sliding": ("gemma3", lambda c, w: setattr(c, "layer_types", ["sliding_attention"] * 2)),
     "gemma3 no sliding layer": ("gemma3", lambda c, w: setattr(c, "layer_types", ["full_attention"] * 2)),
     "gemma3 attention_bias": ("gemma3", with_attention_bias),
+    # SmolLM3's window (use_sliding_window) goes on its NoPE layers
+    "smollm3 window 8": ("smollm3", lambda c, w: (
+        setattr(c, "sliding_window", 8), setattr(c, "use_sliding_window", True),
+        setattr(c, "layer_types", ["full_attention", "sliding_attention"]))),
     # Llama ignores sliding_window: an engine with a window would be wrong past it
     "llama ignores sliding_window": ("llama", lambda c, w: setattr(c, "sliding_window", 8)),
     "llama attention_bias": ("llama", with_attention_bias),
@@ -148,21 +152,23 @@ def test_config_variants_match_transformers(name, tmp_path):
     np.testing.assert_allclose(got, ref, atol=ATOL, rtol=0)
 
 
-# Each of Gemma 3's changes to Llama's graph, undone: every one must miss transformers' logits.
-GEMMA_WRONG = {
-    "nothing undone (the control: passes)": {},
-    "one RoPE table for all layers": dict(local_rope=False),
-    "the window on every layer": dict(sliding_layers=None),
-    "unscaled embeddings": dict(embed_scale=1.0),
-    "scores scaled by head_dim": dict(query_scale=None),
-    "norm scales without the 1": dict(norm_offset=0.0),
-    "SiLU MLP": dict(hidden_act="silu"),
+# Each change of an architecture to Llama's graph, undone: every one must miss transformers' logits.
+UNDONE = {
+    "gemma3, nothing undone (the control: passes)": ("gemma3", {}),
+    "gemma3, one RoPE table for all layers": ("gemma3", dict(local_rope=False)),
+    "gemma3, the window on every layer": ("gemma3", dict(sliding_layers=None)),
+    "gemma3, unscaled embeddings": ("gemma3", dict(embed_scale=1.0)),
+    "gemma3, scores scaled by head_dim": ("gemma3", dict(query_scale=None)),
+    "gemma3, norm scales without the 1": ("gemma3", dict(norm_offset=0.0)),
+    "gemma3, SiLU MLP": ("gemma3", dict(hidden_act="silu")),
+    "smollm3, nothing undone (the control: passes)": ("smollm3", {}),
+    "smollm3, RoPE on every layer": ("smollm3", dict(nope_layers=())),
 }
 
 
-@pytest.mark.parametrize("wrong", GEMMA_WRONG)
-def test_gemma3_without_each_change_is_caught(wrong, tiny_checkpoint, tiny_engine, tmp_path):
-    """The deliberately wrong variants of Gemma 3: its engine's llm.onnx rewritten with one change undone."""
+@pytest.mark.parametrize("name", UNDONE)
+def test_each_change_undone_is_caught(name, tiny_checkpoint, tiny_engine, tmp_path):
+    """The deliberately wrong variants: the engine's llm.onnx rewritten with one change undone."""
     import dataclasses
     import shutil
 
@@ -172,22 +178,23 @@ def test_gemma3_without_each_change_is_caught(wrong, tiny_checkpoint, tiny_engin
     from trtllm.builder.decoder import DecoderWriter
     from trtllm.runtime import manifest as mf
 
-    engine_dir = shutil.copytree(tiny_engine("gemma3"), tmp_path / "engine")
-    ck = ckpt.load(str(tiny_checkpoint("gemma3")))
-    spec = dataclasses.replace(spec_for(ck.model), **GEMMA_WRONG[wrong])
+    arch, changes = UNDONE[name]
+    engine_dir = shutil.copytree(tiny_engine(arch), tmp_path / "engine")
+    ck = ckpt.load(str(tiny_checkpoint(arch)))
+    spec = dataclasses.replace(spec_for(ck.model), **changes)
     cos, sin = ckpt.rope_tables(ck.model, 512)
     local = ckpt.rope_tables(ck.model, 512, "sliding_attention") if spec.local_rope else None
-    for name in (export.ONNX_NAME, export.ONNX_NAME + ".data"):
-        (engine_dir / name).unlink(missing_ok=True)
+    for file in (export.ONNX_NAME, export.ONNX_NAME + ".data"):
+        (engine_dir / file).unlink(missing_ok=True)
     writer = DecoderWriter(spec, ckpt.state_dict_numpy(ck.model), cos, sin, mf.load(engine_dir).max_top_k,
                            local_rope=local)
     export.save(writer.write(), engine_dir, export.ONNX_NAME)
-    model, engine = hf_model(tiny_checkpoint("gemma3")), load_engine(engine_dir, graph="onnx")
+    model, engine = hf_model(tiny_checkpoint(arch)), load_engine(engine_dir, graph="onnx")
     prompt = PROMPTS[1]
     generated, got = engine_logits(engine, prompt, num_decode=4)
     with torch.no_grad():
         ref = model(torch.tensor([prompt + generated[:-1]])).logits[0, len(prompt) - 1:].numpy()
-    if not GEMMA_WRONG[wrong]:
+    if not changes:
         np.testing.assert_allclose(got, ref, atol=ATOL, rtol=0)
         return
     with pytest.raises(AssertionError):
@@ -203,7 +210,7 @@ def test_a_class_without_a_graph_is_refused(tmp_path):
 
 
 @pytest.mark.parametrize("arch, lowered", [("llama", True), ("qwen2", True), ("mistral", True), ("qwen3", True),
-                                          ("gemma3", True)])
+                                          ("smollm3", True), ("gemma3", True)])
 def test_onnxruntime_lowering_matches_the_canonical_graph(arch, lowered, tiny_engine):
     """The compiled ONNX Runtime form may use GroupQueryAttention (one fused kernel) where it is
     proven equal: its logits match the canonical standard-op graph's (and, above, transformers')."""
