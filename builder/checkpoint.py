@@ -114,6 +114,7 @@ GGUF_TENSORS = re.compile(r"token_embd\.weight|output_norm\.weight|output\.weigh
                           r"attn_v|attn_output|ffn_norm|ffn_gate|ffn_up|ffn_down)\.weight")
 GGUF_EXTRA = {"qwen2": re.compile(r"blk\.\d+\.attn_[qkv]\.bias"),
               "qwen3": re.compile(r"blk\.\d+\.attn_[qk]_norm\.weight")}
+GGUF_ARCHS = {"llama", "qwen2", "qwen3"}  # what llama.cpp labels them (a Mistral GGUF is "llama")
 
 
 def check_gguf(path: Path) -> None:
@@ -145,8 +146,9 @@ def check_gguf(path: Path) -> None:
         what = f"RoPE scaling {kind!r}" if kind else f"RoPE scaling ({factors[0]} = {value(factors[0])})"
         refuse(what)
     arch = value("general.architecture") if "general.architecture" in reader.fields else ""
-    if arch.startswith("gemma"):  # it carries neither query_pre_attn_scalar nor the local RoPE base: defaults fill them
-        raise CheckpointError(f"--model {str(path)!r} is a {arch} GGUF, which is not supported: build Gemma from its "
+    if arch not in GGUF_ARCHS:  # e.g. gemma3: it carries neither query_pre_attn_scalar nor the local RoPE base
+        raise CheckpointError(f"--model {str(path)!r} is a {arch or 'unlabelled'} GGUF, which is not supported (GGUF "
+                              f"input is checked for {', '.join(sorted(GGUF_ARCHS))} only): build from the model's "
                               "Hugging Face checkpoint directory")
     extra = GGUF_EXTRA.get(arch)
     dropped = [t.name for t in reader.tensors
@@ -168,15 +170,29 @@ def rope_tables(model, num_positions: int, layer_type: str = "full_attention") -
     return rotary_tables(model.model.rotary_emb, num_positions, layer_type)
 
 
+def rope_position_limit(model) -> int | None:
+    """The positions a static RoPE table can hold for this model, if fewer than its own maximum:
+    LongRoPE's short factors hold up to original_max_position_embeddings (transformers switches every
+    position to the long factors past it, so no one table is right beyond)."""
+    params = getattr(model.config, "rope_parameters", None) or {}
+    if params.get("rope_type") == "longrope":
+        return int(params.get("original_max_position_embeddings") or model.config.original_max_position_embeddings)
+    return None
+
+
 def rotary_tables(rotary, num_positions: int, layer_type: str | None = None) -> tuple:
-    """cos/sin [positions, head_dim/2] of a transformers rotary embedding module."""
+    """cos/sin [positions, rotary_dim/2] of a transformers rotary embedding module."""
     kind, args = getattr(rotary, "rope_type", "default"), ()
     if isinstance(kind, dict):  # one table per layer type (Gemma 3)
         if layer_type not in kind:
             layer_type = next(iter(kind))
         kind, args = kind[layer_type], (layer_type,)
-    if kind in ("dynamic", "longrope"):  # longrope: short factors up to original_max_position_embeddings
+    if kind == "dynamic":
         raise CheckpointError(f"rope_type {kind!r} is not supported: its frequencies depend on the sequence length")
+    if kind == "longrope" and num_positions > rotary.config.rope_parameters["original_max_position_embeddings"]:
+        raise CheckpointError(f"rope_type 'longrope' holds one table up to original_max_position_embeddings "
+                              f"({rotary.config.rope_parameters['original_max_position_embeddings']}), asked for "
+                              f"{num_positions} positions")
     pos = torch.arange(num_positions, dtype=torch.int64)[None, :]
     with torch.no_grad():
         cos, sin = rotary(torch.zeros(1, dtype=torch.float32), pos, *args)

@@ -7,7 +7,8 @@ One step of the graph, for every architecture in the registry:
         x = RMSNormalization(h)
         q,k,v = Split(MatMul(x, W_qkv) (+ bias)) -> [B,heads,S,D]   (Qwen3, Gemma: RMSNorm per head)
         q,k   = RotaryEmbedding(q|k, position_ids)                  (Gemma: sliding layers' own table;
-                                                                     SmolLM3: none on its NoPE layers)
+                                                                     SmolLM3: none on its NoPE layers;
+                                                                     Phi-4-mini: on part of each head)
         K_i   = TensorScatter(past_key.i, k, write_index)   # in place: present_key.i aliases past_key.i
         V_i   = TensorScatter(past_value.i, v, write_index)
         h    += o_proj(Attention(q, K_i, V_i, mask))        # mask: slot j visible to query s of row b
@@ -71,6 +72,8 @@ class DecoderSpec:
     hidden_act: str = "silu"          # the gated MLP's activation: silu or gelu_tanh (Gemma)
     query_scale: float | None = None  # attention's score scale; None: head_dim ** -0.5
     nope_layers: tuple[int, ...] = ()  # layers whose q and k get no RoPE (SmolLM3's NoPE layers)
+    rotary_dim: int | None = None     # RoPE on the first rotary_dim of each head only (partial_rotary_factor)
+    fused_projections: bool = False   # the checkpoint stores q|k|v and gate|up whole (Phi-3): LoRA's module names
 
     def window(self, layer: int) -> int | None:
         """Layer `layer`'s sliding window, or None for full attention."""
@@ -96,11 +99,13 @@ def lora_sites(spec: DecoderSpec) -> dict[str, dict]:
             start += width
         return out
 
-    return {"qkv": {"in": h, "modules": columns(("self_attn.q_proj", q), ("self_attn.k_proj", kv),
-                                               ("self_attn.v_proj", kv))},
-            "o": {"in": q, "modules": columns(("self_attn.o_proj", h))},
-            "gate_up": {"in": h, "modules": columns(("mlp.gate_proj", i), ("mlp.up_proj", i))},
-            "down": {"in": i, "modules": columns(("mlp.down_proj", h))}}
+    if spec.fused_projections:  # one PEFT module per fused projection, as the checkpoint has them
+        qkv, gate_up = columns(("self_attn.qkv_proj", q + 2 * kv)), columns(("mlp.gate_up_proj", 2 * i))
+    else:
+        qkv = columns(("self_attn.q_proj", q), ("self_attn.k_proj", kv), ("self_attn.v_proj", kv))
+        gate_up = columns(("mlp.gate_proj", i), ("mlp.up_proj", i))
+    return {"qkv": {"in": h, "modules": qkv}, "o": {"in": q, "modules": columns(("self_attn.o_proj", h))},
+            "gate_up": {"in": h, "modules": gate_up}, "down": {"in": i, "modules": columns(("mlp.down_proj", h))}}
 
 
 def gqa_supported(spec: DecoderSpec, dtype: str) -> bool:
@@ -300,7 +305,7 @@ class DecoderWriter:
             y = g.op("Add", f"{name}/lora/Add", [y, d])
         if not gated:
             return y
-        half = site_io["modules"][-1][2] // 2
+        half = site_io["modules"][-1][2] // 2  # gate|up: the two halves of the site's columns
         return self.gated(name, *g.op("Split", f"{name}/Split", [y, g.const([half, half])], num_outputs=2, axis=-1))
 
     def gated(self, name: str, gate: str, up: str) -> str:
@@ -407,10 +412,13 @@ class DecoderWriter:
 
     def rotary(self, name: str, x: str, position_ids: str, local: bool = False) -> str:
         """RoPE at position_ids; `local`: with the sliding layers' own table (spec.local_rope)."""
+        s = self.spec
         if self.legacy:
-            return legacy_ops.rotary(self.g, name, x, self.local_rope_rows if local else self.rope, self.spec.head_dim)
+            return legacy_ops.rotary(self.g, name, x, self.local_rope_rows if local else self.rope, s.head_dim,
+                                     s.rotary_dim)
         cos, sin = (self.local_cos, self.local_sin) if local else (self.cos, self.sin)
-        return self.g.op("RotaryEmbedding", f"{name}/RotaryEmbedding", [x, cos, sin, position_ids])
+        attrs = {"rotary_embedding_dim": s.rotary_dim} if s.rotary_dim not in (None, s.head_dim) else {}
+        return self.g.op("RotaryEmbedding", f"{name}/RotaryEmbedding", [x, cos, sin, position_ids], **attrs)
 
     def kv_write(self, name: str, past: str, new: str, write_index: str, present: str) -> None:
         """new [B,kv_heads,S,D] into slots write_index[b].. of past; present is the same buffer."""

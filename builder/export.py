@@ -22,7 +22,7 @@ import onnx
 
 from trtllm.builder import checkpoint as ckpt
 from trtllm.builder import tensorrt as trt_build
-from trtllm.builder.architectures import spec_for
+from trtllm.builder.architectures import spec_for, weights_of
 from trtllm.builder.config import MODERN_MIN_TRT, BuildConfig, ConfigError, parse_trt_version
 from trtllm.builder import eagle, lora
 from trtllm.builder.decoder import DecoderWriter, attention_supported, gqa_supported, half_supported, lora_sites
@@ -50,11 +50,15 @@ def export_onnx(ck: ckpt.Checkpoint, config: BuildConfig, out_dir: Path, log, ba
     """llm.onnx and, for ONNX Runtime, the lowered source of its compiled form; with --eagle, the
     draft head's graphs too (export_draft). Returns (spec, max_top_k, num_positions, lowerings, eagle section)."""
     spec = spec_for(ck.model)
-    weights = ckpt.state_dict_numpy(ck.model)
+    weights = weights_of(ck.model, spec)
     draft = eagle.load(config.eagle, spec, weights["model.embed_tokens.weight"]) if config.eagle else None
     num_positions = min(config.max_kv_cache_capacity, ck.model.config.max_position_embeddings)
+    what = "the model's max_position_embeddings"
+    limit = ckpt.rope_position_limit(ck.model)
+    if limit is not None and limit < num_positions:
+        num_positions, what = limit, "LongRoPE's original_max_position_embeddings (its short factors' range)"
     if num_positions < config.max_kv_cache_capacity:
-        log(f"note: KV capacity {config.max_kv_cache_capacity} lowered to the model's max_position_embeddings "
+        log(f"note: KV capacity {config.max_kv_cache_capacity} lowered to {what} "
             f"{num_positions}" + (f" (and max_input_len {config.max_input_len} with it)"
                                   if config.max_input_len > num_positions else ""))
     if backend == "tensorrt":

@@ -64,14 +64,22 @@ def rope_tables(g: GraphWriter, position_ids: str, cos: str, sin: str, prefix: s
             g.op("Unsqueeze", f"{prefix}/sin/Unsqueeze", [s, heads_axis]))
 
 
-def rotary(g: GraphWriter, name: str, x: str, tables: tuple[str, str], head_dim: int) -> str:
+def rotary(g: GraphWriter, name: str, x: str, tables: tuple[str, str], head_dim: int,
+           rotary_dim: int | None = None) -> str:
     """RotaryEmbedding, non-interleaved, on x [B,heads,S,D]: with x = [x1, x2] (halves),
-    [x1 c - x2 s, x2 c + x1 s] = x * [c, c] + [x2, x1] * [-s, s]."""
+    [x1 c - x2 s, x2 c + x1 s] = x * [c, c] + [x2, x1] * [-s, s]. With rotary_dim < D, on the first
+    rotary_dim of each head only (rotary_embedding_dim), the rest passed through."""
+    rest = None
+    if rotary_dim not in (None, head_dim):
+        x, rest = g.op("Split", f"{name}/SplitRotary", [x, g.const([rotary_dim, head_dim - rotary_dim])],
+                       num_outputs=2, axis=-1)
+        head_dim = rotary_dim
     half = head_dim // 2
     x1, x2 = g.op("Split", f"{name}/Split", [x, g.const([half, half])], num_outputs=2, axis=-1)
     swapped = g.op("Concat", f"{name}/Concat", [x2, x1], axis=-1)
-    return g.op("Add", f"{name}/Add", [g.op("Mul", f"{name}/MulCos", [x, tables[0]]),
-                                       g.op("Mul", f"{name}/MulSin", [swapped, tables[1]])])
+    y = g.op("Add", f"{name}/Add", [g.op("Mul", f"{name}/MulCos", [x, tables[0]]),
+                                    g.op("Mul", f"{name}/MulSin", [swapped, tables[1]])])
+    return y if rest is None else g.op("Concat", f"{name}/ConcatRest", [y, rest], axis=-1)
 
 
 def scatter_indices(g: GraphWriter, input_ids: str, write_index: str, num_kv_heads: int) -> str:

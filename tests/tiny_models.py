@@ -1,4 +1,4 @@
-"""Tiny random checkpoints (Llama, Mistral, Qwen2, Qwen3, SmolLM3, Gemma 3) with a real BPE tokenizer, made in the
+"""Tiny random checkpoints (Llama, Mistral, Qwen2, Qwen3, Phi-3, SmolLM3, Gemma 3) with a real BPE tokenizer, made in the
 test run with transformers: nothing is downloaded.
 
 Weights are drawn with a large std so the logits are well separated: greedy decoding then does
@@ -31,6 +31,14 @@ ARCHS = {
     "mistral": ("MistralConfig", "MistralForCausalLM", {"sliding_window": 4096}),
     "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", {}),
     "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", {}),
+    # q|k|v and gate|up stored whole
+    "phi3": ("Phi3Config", "Phi3ForCausalLM", {}),
+    # Phi-4-mini's kind of RoPE: LongRoPE (the engine holds its short factors, up to 256 positions) on
+    # half of each head
+    "phi4-mini": ("Phi3Config", "Phi3ForCausalLM", {"rope_parameters": {
+        "rope_type": "longrope", "rope_theta": 10000.0, "partial_rotary_factor": 0.5, "short_factor": [1.0, 1.3, 2.1, 3.5],
+        "long_factor": [1.5, 4.0, 9.0, 16.0], "original_max_position_embeddings": 256},
+        "original_max_position_embeddings": 256}),
     # a NoPE layer every other layer
     "smollm3": ("SmolLM3Config", "SmolLM3ForCausalLM", {"no_rope_layer_interval": 2}),
     # a window shorter than the test prompts, a local RoPE base of its own, and every kind of layer

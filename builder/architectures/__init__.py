@@ -7,12 +7,16 @@ from __future__ import annotations
 
 import dataclasses
 
-from trtllm.builder.architectures import gemma3, llama, mistral, qwen2, qwen3, smollm3
+import numpy as np
+
+from trtllm.builder.architectures import gemma3, llama, mistral, phi3, qwen2, qwen3, smollm3
+from trtllm.builder.checkpoint import state_dict_numpy
 
 ARCHITECTURES = {
     "Gemma3ForCausalLM": gemma3.spec_from_config,
     "LlamaForCausalLM": llama.spec_from_config,
     "MistralForCausalLM": mistral.spec_from_config,
+    "Phi3ForCausalLM": phi3.spec_from_config,
     "Qwen2ForCausalLM": qwen2.spec_from_config,
     "Qwen3ForCausalLM": qwen3.spec_from_config,
     "SmolLM3ForCausalLM": smollm3.spec_from_config,
@@ -43,10 +47,11 @@ def from_modules(model, spec) -> dict:
     def has_bias(module) -> bool:
         return getattr(module, "bias", None) is not None
 
-    qkv = {has_bias(m) for m in (attn.q_proj, attn.k_proj, attn.v_proj)}
+    fused = spec.fused_projections  # Phi-3's qkv_proj and gate_up_proj
+    qkv = {has_bias(m) for m in ((attn.qkv_proj,) if fused else (attn.q_proj, attn.k_proj, attn.v_proj))}
     if len(qkv) > 1:
         raise ValueError("q_proj, k_proj and v_proj must all have a bias or none")
-    if any(has_bias(m) for m in (mlp.gate_proj, mlp.up_proj, mlp.down_proj)):
+    if any(has_bias(m) for m in ((mlp.gate_up_proj,) if fused else (mlp.gate_proj, mlp.up_proj)) + (mlp.down_proj,)):
         raise ValueError("MLP biases (config.mlp_bias) are not supported")
     expected = [spec.window(i) for i in range(len(layers))]
     windows = [getattr(layer.self_attn, "sliding_window", w) for layer, w in zip(layers, expected)]
@@ -55,3 +60,23 @@ def from_modules(model, spec) -> dict:
     head = model.get_output_embeddings().weight
     tied = head.data_ptr() == model.get_input_embeddings().weight.data_ptr()
     return {"attention_bias": qkv.pop(), "o_proj_bias": has_bias(attn.o_proj), "tie_word_embeddings": tied}
+
+
+def weights_of(model, spec) -> dict[str, np.ndarray]:
+    """The checkpoint's weights as DecoderWriter reads them: float32 numpy under transformers' names,
+    with projections a checkpoint stores whole (Phi-3's qkv_proj, gate_up_proj) split into q/k/v and
+    gate/up, which the graph fuses again its own way."""
+    w = state_dict_numpy(model)
+    if not spec.fused_projections:
+        return w
+    q, kv = spec.num_heads * spec.head_dim, spec.num_kv_heads * spec.head_dim
+    for i in range(spec.num_layers):
+        p = f"model.layers.{i}"
+        for suffix in ("weight", "bias"):
+            if f"{p}.self_attn.qkv_proj.{suffix}" in w:
+                parts = np.split(w.pop(f"{p}.self_attn.qkv_proj.{suffix}"), [q, q + kv])
+                for name, part in zip(("q_proj", "k_proj", "v_proj"), parts):
+                    w[f"{p}.self_attn.{name}.{suffix}"] = part
+        gate, up = np.split(w.pop(f"{p}.mlp.gate_up_proj.weight"), 2)
+        w[f"{p}.mlp.gate_proj.weight"], w[f"{p}.mlp.up_proj.weight"] = gate, up
+    return w

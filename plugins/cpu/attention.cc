@@ -11,7 +11,8 @@
 //          3 write_index [B] int64: the slot of the row's first new token
 //          4 last_index [B] int64: the row's new tokens are s = 0 .. last_index (the rest is padding)
 //          5 position_ids [B, S] int64
-//          6 cos_cache, 7 sin_cache [P, D / 2] float32
+//          6 cos_cache, 7 sin_cache [P, R / 2] float32: rotary on the first R <= D dimensions of
+//            each head (R < D: partial rotary, Phi-4-mini), the rest unrotated
 //          8 q_norm, 9 k_norm [D] float32, optional (Qwen3, Gemma 3): each q and k head is
 //            RMS-normalized (epsilon) and scaled by these before its rotary
 // Outputs: 0 y [B, S, H D]; 1 present_key, 2 present_value [B, Hk, C, D]: the past buffers when the
@@ -42,7 +43,7 @@ constexpr int64_t kQueries = 8;  // tokens per task (prefill): they share each r
 constexpr int kMaxRows = 64;     // query rows per task: tokens x the heads of a group that share a task
 
 struct Shape {
-  int64_t b, s, h, hk, d, c, p;
+  int64_t b, s, h, hk, d, c, p, half;  // half: the rotary tables' width, R / 2 (R <= D: partial rotary)
 };
 
 // How a layer's work is split: tasks of (row, a group of `heads` query heads that share one kv
@@ -93,13 +94,15 @@ void head_norm(const float* x, const float* w, float epsilon, int64_t d, float* 
   for (int64_t i = 0; i < d; ++i) out[i] = x[i] * inv * w[i];
 }
 
-// out[0:D] = rotate_half rotary of x at position pos, times `times`
-void rotary(const float* x, const float* cos, const float* sin, int64_t d, float times, float* out) {
-  const int64_t half = d / 2;
+// out[0:D] = rotate_half rotary of x's first R dimensions at position pos (cos, sin: its rows of
+// R / 2), the rest as they are (partial rotary), all times `times`
+void rotary(const float* x, const float* cos, const float* sin, int64_t d, int64_t r, float times, float* out) {
+  const int64_t half = r / 2;
   for (int64_t i = 0; i < half; ++i) {
     out[i] = (x[i] * cos[i] - x[i + half] * sin[i]) * times;
     out[i + half] = (x[i + half] * cos[i] + x[i] * sin[i]) * times;
   }
+  for (int64_t i = r; i < d; ++i) out[i] = x[i] * times;
 }
 
 // One query against slots [lo, t): scores, softmax, the weighted sum of values. Portable.
@@ -288,7 +291,7 @@ void run_task(void* data, size_t task) {
       head_norm(x, job.q_norm, job.epsilon, n.d, normed.data());
       x = normed.data();
     }
-    rotary(x, job.cos + pos * (n.d / 2), job.sin + pos * (n.d / 2), n.d, job.scale, q.data() + r * n.d);
+    rotary(x, job.cos + pos * n.half, job.sin + pos * n.half, n.d, 2 * n.half, job.scale, q.data() + r * n.d);
   }
   const int64_t ld = t[qn - 1] + 16;
   if (scores.size() < static_cast<size_t>(qn * ld)) scores.resize(qn * ld);
@@ -325,11 +328,11 @@ struct Kernel {
       const auto ks = past_key.GetTensorTypeAndShapeInfo().GetShape();
       const auto cs = cos.GetTensorTypeAndShapeInfo().GetShape();
       if (qs.size() != 3 || ks.size() != 4 || cs.size() != 2) return fail("qkv must be 3-D, the KV 4-D, cos 2-D");
-      Shape n{qs[0], qs[1], h, hk, ks[3], ks[2], cs[0]};
+      Shape n{qs[0], qs[1], h, hk, ks[3], ks[2], cs[0], cs[1]};
       if (ks[0] != n.b || ks[1] != hk || qs[2] != (h + 2 * hk) * n.d)
         return fail("qkv's width " + std::to_string(qs[2]) + " is not (num_heads + 2 kv_num_heads) x the KV's head size " +
                     std::to_string(n.d) + ", or the KV's batch/heads differ");
-      if (cs[1] * 2 != n.d || n.d % 2 || n.d < 2) return fail("cos/sin must be [positions, head_size / 2]");
+      if (cs[1] < 1 || cs[1] * 2 > n.d) return fail("cos/sin must be [positions, R / 2] with 2 <= R <= head_size");
       // The per-row inputs are read by index below: a tensor of another shape would be read past its end.
       const std::vector<int64_t> rows{n.b}, grid{n.b, n.s};
       if (ctx.GetInput(3).GetTensorTypeAndShapeInfo().GetShape() != rows ||
@@ -397,7 +400,7 @@ struct Kernel {
             head_norm(src, kn, epsilon, n.d, normed.data());
             k = normed.data();
           }
-          rotary(k, cosd + p * (n.d / 2), sind + p * (n.d / 2), n.d, 1.0f, rotated.data());
+          rotary(k, cosd + p * n.half, sind + p * n.half, n.d, 2 * n.half, 1.0f, rotated.data());
           store(rotated.data(), n.d, key + at);
           store(src + hk * n.d, n.d, value + at);
         }

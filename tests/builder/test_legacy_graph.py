@@ -20,7 +20,7 @@ onnx = pytest.importorskip("onnx")
 
 from trtllm.builder import checkpoint as ckpt  # noqa: E402
 from trtllm.builder import export  # noqa: E402
-from trtllm.builder.architectures import spec_for  # noqa: E402
+from trtllm.builder.architectures import spec_for, weights_of  # noqa: E402
 from trtllm.builder.config import BuildConfig  # noqa: E402
 from trtllm.builder.decoder import DecoderWriter  # noqa: E402
 from trtllm.builder.quantize import QuantScheme  # noqa: E402
@@ -33,7 +33,7 @@ from trtllm.runtime.kv_cache import KVCacheManager  # noqa: E402
 
 from tests.engine_helpers import run_greedy, unoptimized_sessions  # noqa: E402
 
-ARCHS = ["llama", "mistral", "qwen2", "qwen3", "smollm3", "gemma3"]
+ARCHS = ["llama", "mistral", "qwen2", "qwen3", "phi3", "phi4-mini", "smollm3", "gemma3"]
 DTYPES = ["float32", "float16"]
 PROMPTS = [[5, 17, 42, 99, 7], list(range(30, 52)), [3, 200, 11], list(range(100, 140, 3))]
 NUM_DECODE = 6
@@ -55,7 +55,7 @@ def load_parts(checkpoint: Path, num_positions: int):
     cos, sin = ckpt.rope_tables(ck.model, num_positions)
     spec = spec_for(ck.model)
     local = ckpt.rope_tables(ck.model, num_positions, "sliding_attention") if spec.local_rope else None
-    return (spec, ckpt.state_dict_numpy(ck.model), cos, sin), {"local_rope": local}
+    return (spec, weights_of(ck.model, spec), cos, sin), {"local_rope": local}
 
 
 def write_legacy_engine(modern: Path, checkpoint: Path, out: Path, writer=DecoderWriter) -> Path:

@@ -20,7 +20,7 @@ from trtllm.runtime.engine import load_engine  # noqa: E402
 from tests.engine_helpers import run_greedy  # noqa: E402
 
 pytestmark = pytest.mark.hf
-ARCHS = ["llama", "mistral", "qwen2", "qwen3", "smollm3", "gemma3"]
+ARCHS = ["llama", "mistral", "qwen2", "qwen3", "phi3", "smollm3", "gemma3"]
 ALL = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 PROMPTS = [[5, 17, 42, 99, 7], list(range(30, 52)), [3, 200, 11]]
 ATOL = 1e-4
@@ -33,6 +33,20 @@ ADAPTERS = {  # name -> LoraConfig arguments (init_lora_weights=False: B is not 
                      alpha_pattern={"o_proj": 3}),
     "layer1-mlp": dict(r=4, lora_alpha=4, target_modules=["gate_proj", "up_proj", "down_proj"], layers_to_transform=[1]),
 }
+
+
+# Phi-3 stores q|k|v and gate|up whole: PEFT adapts those modules
+FUSED = {"q_proj": "qkv_proj", "k_proj": "qkv_proj", "v_proj": "qkv_proj", "gate_proj": "gate_up_proj",
+         "up_proj": "gate_up_proj"}
+
+
+def for_arch(arch: str, config: dict) -> dict:
+    """An ADAPTERS entry with its module names as `arch`'s checkpoint has them."""
+    if arch != "phi3":
+        return config
+    return {k: (list(dict.fromkeys(FUSED.get(m, m) for m in v)) if k == "target_modules" else
+                {FUSED.get(m, m): x for m, x in v.items()} if k.endswith("_pattern") else v)
+            for k, v in config.items()}
 
 
 def make_adapter(ckpt, out_dir, seed: int, bfloat16: bool = False, std: float = LORA_STD,
@@ -80,7 +94,7 @@ def adapters(tiny_checkpoint, tmp_path_factory):
     def get(arch: str):
         if arch not in made:
             root, ckpt = tmp_path_factory.mktemp(f"{arch}-adapters"), tiny_checkpoint(arch)
-            made[arch] = {name: (make_adapter(ckpt, root / name, seed, **cfg), root / name)
+            made[arch] = {name: (make_adapter(ckpt, root / name, seed, **for_arch(arch, cfg)), root / name)
                           for seed, (name, cfg) in enumerate(ADAPTERS.items())}
         return made[arch]
 

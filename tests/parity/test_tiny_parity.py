@@ -17,7 +17,7 @@ from trtllm.runtime.kv_cache import KVCacheManager  # noqa: E402
 from tests.engine_helpers import run_greedy  # noqa: E402
 
 pytestmark = pytest.mark.hf
-ARCHS = ["llama", "mistral", "qwen2", "qwen3", "smollm3", "gemma3"]
+ARCHS = ["llama", "mistral", "qwen2", "qwen3", "phi3", "phi4-mini", "smollm3", "gemma3"]
 PROMPTS = [[5, 17, 42, 99, 7], list(range(30, 52)), [3, 200, 11], list(range(100, 140, 3))]
 ATOL = 1e-4
 
@@ -122,6 +122,12 @@ VARIANTS = {
     "gemma3 every layer sliding": ("gemma3", lambda c, w: setattr(c, "layer_types", ["sliding_attention"] * 2)),
     "gemma3 no sliding layer": ("gemma3", lambda c, w: setattr(c, "layer_types", ["full_attention"] * 2)),
     "gemma3 attention_bias": ("gemma3", with_attention_bias),
+    # LongRoPE (its short factors: the capacity is cut to 64) on half of each head, and a window
+    "phi3 longrope, partial rotary, window 8": ("phi3", lambda c, w: (
+        setattr(c, "sliding_window", 8), setattr(c, "original_max_position_embeddings", 64),
+        setattr(c, "rope_parameters", {"rope_type": "longrope", "rope_theta": 10000.0, "partial_rotary_factor": 0.5,
+                                       "short_factor": [1.0, 1.3, 2.1, 3.5], "long_factor": [1.5, 4.0, 9.0, 16.0],
+                                       "original_max_position_embeddings": 64}))),
     # SmolLM3's window (use_sliding_window) goes on its NoPE layers
     "smollm3 window 8": ("smollm3", lambda c, w: (
         setattr(c, "sliding_window", 8), setattr(c, "use_sliding_window", True),
@@ -161,6 +167,8 @@ UNDONE = {
     "gemma3, scores scaled by head_dim": ("gemma3", dict(query_scale=None)),
     "gemma3, norm scales without the 1": ("gemma3", dict(norm_offset=0.0)),
     "gemma3, SiLU MLP": ("gemma3", dict(hidden_act="silu")),
+    "phi4-mini, nothing undone (the control: passes)": ("phi4-mini", {}),
+    "phi4-mini, LongRoPE's long factors": ("phi4-mini", dict(long_factors=True)),
     "smollm3, nothing undone (the control: passes)": ("smollm3", {}),
     "smollm3, RoPE on every layer": ("smollm3", dict(nope_layers=())),
 }
@@ -174,19 +182,26 @@ def test_each_change_undone_is_caught(name, tiny_checkpoint, tiny_engine, tmp_pa
 
     from trtllm.builder import checkpoint as ckpt
     from trtllm.builder import export
-    from trtllm.builder.architectures import spec_for
+    from trtllm.builder.architectures import spec_for, weights_of
     from trtllm.builder.decoder import DecoderWriter
     from trtllm.runtime import manifest as mf
 
     arch, changes = UNDONE[name]
     engine_dir = shutil.copytree(tiny_engine(arch), tmp_path / "engine")
     ck = ckpt.load(str(tiny_checkpoint(arch)))
-    spec = dataclasses.replace(spec_for(ck.model), **changes)
-    cos, sin = ckpt.rope_tables(ck.model, 512)
-    local = ckpt.rope_tables(ck.model, 512, "sliding_attention") if spec.local_rope else None
+    long_factors = changes.get("long_factors", False)  # not the spec's: the RoPE table's
+    spec = dataclasses.replace(spec_for(ck.model), **{k: v for k, v in changes.items() if k != "long_factors"})
+    positions = mf.load(engine_dir).limits.max_kv_cache_capacity
+    cos, sin = ckpt.rope_tables(ck.model, positions)
+    if long_factors:  # what transformers uses once a sequence passes original_max_position_embeddings
+        with torch.no_grad():
+            cos, sin = ck.model.model.rotary_emb(torch.zeros(1), torch.arange(positions + 1)[None])
+        half = cos.shape[-1] // 2
+        cos, sin = cos[0, :positions, :half].numpy(), sin[0, :positions, :half].numpy()
+    local = ckpt.rope_tables(ck.model, positions, "sliding_attention") if spec.local_rope else None
     for file in (export.ONNX_NAME, export.ONNX_NAME + ".data"):
         (engine_dir / file).unlink(missing_ok=True)
-    writer = DecoderWriter(spec, ckpt.state_dict_numpy(ck.model), cos, sin, mf.load(engine_dir).max_top_k,
+    writer = DecoderWriter(spec, weights_of(ck.model, spec), cos, sin, mf.load(engine_dir).max_top_k,
                            local_rope=local)
     export.save(writer.write(), engine_dir, export.ONNX_NAME)
     model, engine = hf_model(tiny_checkpoint(arch)), load_engine(engine_dir, graph="onnx")
@@ -210,7 +225,7 @@ def test_a_class_without_a_graph_is_refused(tmp_path):
 
 
 @pytest.mark.parametrize("arch, lowered", [("llama", True), ("qwen2", True), ("mistral", True), ("qwen3", True),
-                                          ("smollm3", True), ("gemma3", True)])
+                                          ("phi3", True), ("phi4-mini", True), ("smollm3", True), ("gemma3", True)])
 def test_onnxruntime_lowering_matches_the_canonical_graph(arch, lowered, tiny_engine):
     """The compiled ONNX Runtime form may use GroupQueryAttention (one fused kernel) where it is
     proven equal: its logits match the canonical standard-op graph's (and, above, transformers')."""

@@ -31,8 +31,11 @@ def op_model(h: int, hk: int, d: int, scale: float | None = None, kv: int = F32,
 
 
 def rope(x, cos, sin):
-    half = x.shape[-1] // 2
-    return np.concatenate([x[..., :half] * cos - x[..., half:] * sin, x[..., half:] * cos + x[..., :half] * sin], -1)
+    """rotate_half on the first 2 * len(cos) dimensions (all of them, or a partial rotary's), the rest kept."""
+    half = cos.shape[-1]
+    r = 2 * half
+    return np.concatenate([x[..., :half] * cos - x[..., half:r] * sin, x[..., half:r] * cos + x[..., :half] * sin,
+                           x[..., r:]], -1)
 
 
 def head_norm(x, w, epsilon):
@@ -158,6 +161,21 @@ def check_window(shape, window, norms, reference_window=None, epsilon=1e-6) -> f
 @pytest.mark.parametrize("shape, window, norms", WINDOW_CASES)
 def test_a_window_and_head_norms_match_the_reference(shape, window, norms):
     assert check_window(shape, window, norms) < 1e-5
+
+
+@pytest.mark.parametrize("shape, rotary", [((2, 11, 4, 2, 32, 40, [0, 9]), 16), ((1, 3, 4, 1, 96, 30, [5]), 72),
+                                           ((1, 2, 2, 1, 16, 8, [1]), 2)])
+def test_a_partial_rotary_matches_the_reference(shape, rotary):
+    """cos/sin of R / 2 columns (R < D, Phi-4-mini's partial_rotary_factor): the first R dimensions
+    of each q and k head are rotated, the rest kept. The wrong variant: rotating them all."""
+    b, s, h, hk, d, c, past = shape
+    feeds = case(b, s, h, hk, d, c, past, seed=rotary)
+    feeds.update(cos=feeds["cos"][:, :rotary // 2].copy(), sin=feeds["sin"][:, :rotary // 2].copy())
+    got = session(op_model(h, hk, d)).run(None, feeds)
+    want = reference(*feeds.values(), h, hk, d ** -0.5)
+    assert max(np.abs(g - w).max() for g, w in zip(got, want)) < 1e-5
+    full = case(b, s, h, hk, d, c, past, seed=rotary)
+    assert np.abs(got[0] - reference(*full.values(), h, hk, d ** -0.5)[0]).max() > 1e-3
 
 
 def test_window_and_norms_on_the_portable_path_too():
