@@ -110,10 +110,12 @@ def lora_sites(spec: DecoderSpec) -> dict[str, dict]:
 
 def gqa_supported(spec: DecoderSpec, dtype: str) -> bool:
     """Where ONNX Runtime's GroupQueryAttention is proven equal to the canonical attention (tests):
-    its CPU kernel needs head_dim % 16 == 0; sliding windows, q/k norms (Qwen3, Gemma), a scale of
-    the model's own and float16 are not lowered to it."""
-    return (spec.head_dim % 16 == 0 and not spec.sliding_window and not spec.qk_norm and spec.query_scale is None
-            and dtype == "float32")
+    its CPU kernel needs head_dim % 16 == 0, and a partial rotary table a multiple of 8 wide; sliding
+    windows, q/k norms (Qwen3, Gemma), NoPE layers (SmolLM3: it rotates every layer), a scale of the
+    model's own and float16 are not lowered to it."""
+    partial_ok = spec.rotary_dim is None or (spec.rotary_dim // 2) % 8 == 0
+    return (spec.head_dim % 16 == 0 and partial_ok and not spec.sliding_window and not spec.qk_norm
+            and not spec.nope_layers and spec.query_scale is None and dtype == "float32")
 
 
 def attention_supported(spec: DecoderSpec, dtype: str) -> bool:
@@ -142,7 +144,7 @@ class DecoderWriter:
                  dtype: str = "float32", ort_attention: bool = False, graph: str = "modern",
                  native_kernels: bool = False, lora_rank: int = 0,
                  eagle: tuple[tuple[int, ...], np.ndarray] | None = None,
-                 local_rope: tuple[np.ndarray, np.ndarray] | None = None):
+                 local_rope: tuple[np.ndarray, np.ndarray] | None = None, ort_form: bool = False):
         if graph not in GRAPHS:
             raise ValueError(f"graph must be one of {GRAPHS}, got {graph!r}")
         self.legacy = graph == "legacy"
@@ -179,6 +181,8 @@ class DecoderWriter:
         self.sites = lora_sites(spec)
         self.eagle = eagle  # (the draft's three layers, its fc [H, 3H]): EAGLE-3 outputs (builder/eagle.py)
         self.half_embedding = False  # the token embedding table in float16, computing in float32 (EAGLE heads)
+        self.ort_form = ort_form or ort_attention or native_kernels  # ONNX Runtime's form, not llm.onnx
+        self.quantized = {}  # prefix -> its quantized weights' names (dequantized or packed), made once
         self.has_generated = False  # plugins/cpu MatMuls: the `generated` input is declared (generated_input)
 
     def fw(self, name: str, array: np.ndarray) -> str:
@@ -199,19 +203,45 @@ class DecoderWriter:
             scheme = scheme.for_lm_head()
         if self.native:  # the same weights, in the kernel's row-major layout: one node instead of six
             return self.block_quant(name, x, prefix, w, scheme)
-        codes, scale, offset = quantize(np.ascontiguousarray(w.T), scheme)
-        wq = g.op("DequantizeLinear", f"{name}/DequantizeLinear",
-                  [g.weight(f"{prefix}.weight_q{scheme.bits}", codes), g.weight(f"{prefix}.weight_scale", scale)],
-                  axis=0, block_size=scheme.block_size)
+        codes, scale, offset = self.quantized_weight(prefix, w, scheme)
+        wq = self.dequantized(prefix, codes, scale, scheme)
         y = g.op("MatMul", f"{name}/MatMul", [x, wq])
         if offset is None:
             return y
         # x @ (s c + o) = x @ (s c) + blocksum(x) @ o, with blocksum over each block of inputs
         blocks = g.op("Reshape", f"{name}/offset/Reshape",
-                      [x, g.const([0] * (rank - 1) + [offset.shape[0], scheme.block_size])])
+                      [x, g.const([0] * (rank - 1) + [w.shape[1] // scheme.block_size, scheme.block_size])])
         sums = g.op("ReduceSum", f"{name}/offset/ReduceSum", [blocks, g.const([-1])], keepdims=0)
-        extra = g.op("MatMul", f"{name}/offset/MatMul", [sums, g.weight(f"{prefix}.weight_offset", offset)])
+        extra = g.op("MatMul", f"{name}/offset/MatMul", [sums, offset])
         return g.op("Add", f"{name}/offset/Add", [y, extra])
+
+    def quantized_weight(self, prefix: str, w: np.ndarray, scheme: QuantScheme,
+                         order: np.ndarray | None = None) -> tuple[str, str, str | None]:
+        """w [out, in] quantized once per prefix: the initializers' names (codes, scale, offset or None),
+        as DequantizeLinear takes them ([in, out]) or, on our kernels, packed by rows (pack_rows, its rows
+        optionally reordered). A tied lm_head's are the quantized embedding's (quantized_embedding)."""
+        if prefix in self.quantized:
+            return self.quantized[prefix]
+        g = self.g
+        codes, scale, offset = quantize(np.ascontiguousarray(w.T), scheme)
+        if self.native:
+            codes, scale, offset = pack_rows(codes, scale, offset, scheme.bits, scheme.block_size)
+            if order is not None:
+                codes, scale = codes[order], scale[order]
+                offset = None if offset is None else offset[order]
+        names = (g.weight(f"{prefix}.weight_q{scheme.bits}", codes), g.weight(f"{prefix}.weight_scale", scale),
+                 None if offset is None else g.weight(f"{prefix}.weight_offset", offset))
+        self.quantized[prefix] = names
+        return names
+
+    def dequantized(self, prefix: str, codes: str, scale: str, scheme: QuantScheme) -> str:
+        """DequantizeLinear of a quantized weight [in, out], one node per weight (a tied lm_head and
+        the canonical graph's embedding lookup share it)."""
+        key = ("dequantized", prefix)
+        if key not in self.quantized:
+            self.quantized[key] = self.g.op("DequantizeLinear", f"/{prefix}/DequantizeLinear", [codes, scale],
+                                            axis=0, block_size=scheme.block_size)
+        return self.quantized[key]
 
     def half_matmul(self, name: str, x: str, w: str, n: int, **attrs) -> str:
         """x @ w.T as one trtllm.cpu::MatMulHalf node: w a float16 [n, in] initializer."""
@@ -232,16 +262,12 @@ class DecoderWriter:
         """x @ w.T as one trtllm.cpu::MatMulBlockQuant node: w [out, in] quantized, packed in the
         kernel's layout (pack_rows), its rows optionally reordered."""
         g = self.g
-        codes, scale, offset = quantize(np.ascontiguousarray(w.T), scheme)
-        packed, scale, offset = pack_rows(codes, scale, offset, scheme.bits, scheme.block_size)
+        packed, scale, offset = self.quantized_weight(prefix, w, scheme, order)
         if scheme.activations != "float32":
             attrs["activations"] = scheme.activations
-        if order is not None:
-            packed, scale = packed[order], scale[order]
-            offset = None if offset is None else offset[order]
-        inputs = [x, g.weight(f"{prefix}.weight_q{scheme.bits}", packed), g.weight(f"{prefix}.weight_scale", scale)]
+        inputs = [x, packed, scale]
         if offset is not None:
-            inputs.append(g.weight(f"{prefix}.weight_offset", offset))
+            inputs.append(offset)
         # The runtime says which steps are a prompt's and which generated: each row then takes one
         # kernel path whatever its batch (plugins/cpu; integer activations quantize generated rows).
         inputs += [""] * (4 - len(inputs)) + [self.generated_input()]
@@ -530,6 +556,8 @@ class DecoderWriter:
             embed = g.weight("model.embed_tokens.weight", self.w["model.embed_tokens.weight"].astype(np.float16))
             h = g.op("Cast", "/model/embed_tokens/Cast",
                      [g.op("Gather", "/model/embed_tokens/Gather", [embed, input_ids], axis=0)], to=F32)
+        elif self.quant is not None:
+            h = self.quantized_embedding(input_ids)
         else:
             embed = self.fw("model.embed_tokens.weight", self.w["model.embed_tokens.weight"])
             h = g.op("Gather", "/model/embed_tokens/Gather", [embed, input_ids], axis=0)
@@ -551,6 +579,39 @@ class DecoderWriter:
                                                               "/model/rotary_local")
             self.kv_index = legacy_ops.scatter_indices(g, input_ids, write_index, s.num_kv_heads)
         return input_ids, position_ids, write_index, last_index, h, mask
+
+    def quantized_embedding(self, ids: str) -> str:
+        """A quantized engine's token embeddings [B,S,H]: the table in int8, blocks of 32 along H (the
+        lm_head's scheme; a tied lm_head's very codes and scales), and only the rows looked up are
+        dequantized (s * c, exactly as DequantizeLinear computes it). Our kernels' form gathers the
+        packed rows (int8 codes held as uint8); MatMulNBits' form gathers its own copy of the codes
+        [H, V] by column; the canonical graph, for TensorRT (whose Gather takes no int8), gathers from
+        the DequantizeLinear output that a tied lm_head reads too."""
+        g, s = self.g, self.spec
+        scheme = self.quant.for_lm_head()
+        # its own copy in ONNX Runtime's MatMulNBits form: a shared one keeps the lm_head from fusing
+        shared = s.tie_word_embeddings and (self.native or not self.ort_form)
+        prefix = "lm_head" if shared else "model.embed_tokens"
+        codes, scale, _ = self.quantized_weight(prefix, self.w["model.embed_tokens.weight"], scheme)
+        blocks, name = s.hidden_size // scheme.block_size, "/model/embed_tokens"
+        if not self.ort_form:
+            rows = g.op("Gather", f"{name}/Gather", [self.dequantized(prefix, codes, scale, scheme), ids], axis=1)
+            return g.op("Transpose", f"{name}/Transpose", [rows], perm=[1, 2, 0])          # [H,B,S] -> [B,S,H]
+        if self.native:  # rows [V, H] of bytes: 128..255 are the codes -128..-1
+            c = g.op("Cast", f"{name}/Cast", [g.op("Gather", f"{name}/Gather", [codes, ids], axis=0)], to=F32)
+            wrap = g.op("Floor", f"{name}/Wrap", [g.op("Div", f"{name}/Div", [c, g.const(128.0, np.float32)])])
+            c = g.op("Sub", f"{name}/Signed", [c, g.op("Mul", f"{name}/Mul256", [wrap, g.const(256.0, np.float32)])])
+            scales = g.op("Cast", f"{name}/ScaleCast", [g.op("Gather", f"{name}/ScaleGather", [scale, ids], axis=0)],
+                          to=F32)                                                          # [B,S,H/32]
+        else:  # codes [H, V] int8, scales [H/32, V]: gathered by column, then [B,S,...]
+            c = g.op("Transpose", f"{name}/Transpose", [g.op("Gather", f"{name}/Gather", [codes, ids], axis=1)],
+                     perm=[1, 2, 0])
+            c = g.op("Cast", f"{name}/Cast", [c], to=F32)
+            scales = g.op("Transpose", f"{name}/ScaleTranspose",
+                          [g.op("Gather", f"{name}/ScaleGather", [scale, ids], axis=1)], perm=[1, 2, 0])
+        c = g.op("Reshape", f"{name}/Blocks", [c, g.const([0, 0, blocks, scheme.block_size])])
+        y = g.op("Mul", f"{name}/Dequantize", [c, g.op("Unsqueeze", f"{name}/ScaleUnsqueeze", [scales, g.const([-1])])])
+        return g.op("Reshape", f"{name}/Reshape", [y, g.const([0, 0, s.hidden_size])])
 
     def finish(self) -> "onnx.ModelProto":  # noqa: F821
         extra = {sample_body.DOMAIN: sample_schema.DOMAIN_VERSION, **({"com.microsoft": 1} if self.gqa else {}),

@@ -98,10 +98,11 @@ def export_onnx(ck: ckpt.Checkpoint, config: BuildConfig, out_dir: Path, log, ba
     if quant is not None and config.activations != "float32" and not quant_native:
         raise RuntimeError(f"--activations {config.activations} needs our CPU kernels: {cpu_kernels.missing_hint()}")
     half = half and native
-    if backend == "onnxruntime" and config.graph == "modern" and (gqa or quant_native or half):
+    if backend == "onnxruntime" and config.graph == "modern" and (gqa or quant is not None or half):
         # The ONNX Runtime form starts from a graph whose attention is a fused kernel (ours or ORT's)
-        # and whose quantized or float16 MatMuls are ours; the canonical llm.onnx (what TensorRT
-        # parses) keeps the standard ops.
+        # and whose quantized or float16 MatMuls are ours (or left for ORT to fuse as MatMulNBits,
+        # the embedding looked up in int8: DecoderWriter.quantized_embedding); the canonical
+        # llm.onnx (what TensorRT parses) keeps the standard ops.
         if gqa or half:
             attention = cpu_kernels.ATTENTION_LOWERING if native else "GroupQueryAttention"
             log(f"lowering attention to {attention}, residual + RMSNorm to SkipSimplifiedLayerNormalization")
@@ -118,7 +119,8 @@ def export_onnx(ck: ckpt.Checkpoint, config: BuildConfig, out_dir: Path, log, ba
             lowerings.append(cpu_kernels.LORA_LOWERING)
         ort_model = DecoderWriter(spec, weights, cos, sin, max_top_k, quant=quant, dtype=config.dtype,
                                   ort_attention=gqa or half, native_kernels=native,
-                                  lora_rank=config.max_lora_rank, eagle=joint, local_rope=local).write()
+                                  lora_rank=config.max_lora_rank, eagle=joint, local_rope=local,
+                                  ort_form=True).write()
         save(ort_model, out_dir, ORT_SOURCE)
     section = export_draft(draft, config, out_dir, log, num_positions, quant, native, backend) if draft else {}
     return spec, max_top_k, num_positions, lowerings, section

@@ -61,8 +61,9 @@ class QuantScheme:
 
     def to_json(self) -> dict:
         return {"scheme": f"int{self.bits}", **asdict(self),
-                "weights": "all decoder linear layers, and the lm_head in int{}".format(self.lm_head_bits or self.bits),
-                "not_quantized": "embedding, norms, biases, KV cache, activations between layers"}
+                "weights": "all decoder linear layers, and the lm_head and token embedding in int{}".format(
+                    self.lm_head_bits or self.bits),
+                "not_quantized": "norms, biases, KV cache, activations between layers"}
 
 
 def quantize(w_t: np.ndarray, scheme: QuantScheme) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:

@@ -11,6 +11,7 @@ tokens that are set (unset ones stay undefined, as in transformers) and any extr
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -185,6 +186,10 @@ class ChatTemplate:
         self.source = source
         self.special_tokens = {k: v for k, v in special_tokens.items() if v is not None}
         self._template = _compile(source)
+        # A template that tests whether a message's content is a string also takes a list of typed
+        # parts (Gemma 3 trims each text part and reads only a system message's first): such
+        # content goes to it as the list, as transformers passes it. Others get the text joined.
+        self.takes_parts = bool(_TAKES_PARTS.search(source))
 
     @classmethod
     def from_engine_dir(cls, engine_dir) -> ChatTemplate | None:
@@ -320,6 +325,9 @@ class ChatTemplate:
             if start >= 0:
                 cut = start + len(token)
         return cut
+
+
+_TAKES_PARTS = re.compile(r"""content(?:'\]|"\])?\s+is\s+(?:not\s+)?(?:string|iterable|sequence)""")
 
 
 def _template_from_config(value, config_path: Path) -> str | None:

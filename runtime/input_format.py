@@ -94,6 +94,11 @@ class Message:
             return self.content
         return "".join(item.value for item in self.content if item.type == "text")
 
+    def parts(self) -> str | list[dict]:
+        """The content as a chat template that takes typed parts reads it: a string as is, else the
+        list of {"type": "text", "text": ...} items."""
+        return self.content if isinstance(self.content, str) else [item.to_json() for item in self.content]
+
     def to_json(self) -> dict:
         """Echo form for the output file: content is always an array of typed items."""
         if isinstance(self.content, str):

@@ -129,6 +129,12 @@ class Manifest:
         return dataclasses.asdict(self)
 
 
+def model_shape(raw: dict) -> ModelShape:
+    """manifest.json's "model": JSON's list of sliding layers back to the tuple it was written from."""
+    layers = raw.get("sliding_layers")
+    return ModelShape(**{**raw, "sliding_layers": tuple(layers) if isinstance(layers, list) else layers})
+
+
 def save(manifest: Manifest, engine_dir: str | os.PathLike) -> Path:
     """Write manifest.json atomically (a reader never sees half a file)."""
     path = Path(engine_dir) / MANIFEST_NAME
@@ -166,7 +172,7 @@ def load(engine_dir: str | os.PathLike) -> Manifest:
         return Manifest(
             **{k: v for k, v in raw.items() if k not in ("limits", "model", "io", "eos_token_ids")},
             limits=Limits(**raw["limits"]),
-            model=ModelShape(**raw["model"]),
+            model=model_shape(raw["model"]),
             io=GraphIO(**raw.get("io", {})),
             eos_token_ids=tuple(raw["eos_token_ids"]),
         )

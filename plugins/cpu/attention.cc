@@ -41,6 +41,12 @@ using trtllm_cpu::exp_avx512;
 
 constexpr int64_t kQueries = 8;  // tokens per task (prefill): they share each read of the keys and values
 constexpr int kMaxRows = 64;     // query rows per task: tokens x the heads of a group that share a task
+// Keys are split into parts of this many slots, at fixed slot numbers, each part a task of its own
+// whose partial softmax is merged after (as flash-decoding does): a long context's decode step then
+// has work for every thread, and the heads of a kv head read its cache once. The parts of a row
+// depend on its slots only, so its result is the same in any batch or chunk; a row of at most one
+// part is computed exactly as without the split.
+constexpr int64_t kPart = 512;
 
 struct Shape {
   int64_t b, s, h, hk, d, c, p, half;  // half: the rotary tables' width, R / 2 (R <= D: partial rotary)
@@ -52,14 +58,16 @@ struct Shape {
 // tasks than threads (batch-1 decode of 3 kv heads on 2 threads: 11.3 -> 10.0 us at 200 tokens,
 // 38 -> 30 us at 1000). One task in all (one kv head, one row, one block) keeps one head per task.
 struct Split {
-  int64_t heads, head_groups, blocks;
+  int64_t heads, head_groups, blocks, parts;  // parts: of kPart slots, enough for the longest row
   size_t tasks;
-  explicit Split(const Shape& n) : blocks((n.s + kQueries - 1) / kQueries) {
+  Split(const Shape& n, int64_t longest) : blocks((n.s + kQueries - 1) / kQueries), parts((longest + kPart - 1) / kPart) {
     const int64_t group = n.h / n.hk;
-    heads = group * kQueries <= kMaxRows && n.b * n.hk * blocks >= 2 ? group : 1;
+    parts = std::max<int64_t>(parts, 1);
+    heads = group * kQueries <= kMaxRows && n.b * n.hk * blocks * parts >= 2 ? group : 1;
     head_groups = n.h / heads;
-    tasks = static_cast<size_t>(n.b * head_groups * blocks);
+    tasks = static_cast<size_t>(n.b * head_groups * blocks * parts);
   }
+  int64_t rows() const { return heads * kQueries; }  // the most query rows of a task
 };
 
 // The cache's element: float, or float16 bits.
@@ -83,6 +91,7 @@ struct Job {
   const float* q_norm;  // or null
   float epsilon;
   int64_t window;  // 0: none
+  float* partial;  // parts > 1: per task and row, its part's unnormalized output [D], then max and sum
 };
 
 // out[0:D] = x RMS-normalized and scaled by w (a q or k head's norm): in float32, as transformers
@@ -108,7 +117,7 @@ void rotary(const float* x, const float* cos, const float* sin, int64_t d, int64
 // One query against slots [lo, t): scores, softmax, the weighted sum of values. Portable.
 template <typename T>
 void attend_generic(const float* q, const T* key, const T* value, int64_t lo, int64_t t, int64_t d, float* scores,
-                    float* out) {
+                    float* out, float* stats) {
   float top = -INFINITY;
   for (int64_t j = lo; j < t; ++j) {
     float acc = 0.0f;
@@ -121,7 +130,13 @@ void attend_generic(const float* q, const T* key, const T* value, int64_t lo, in
   std::fill(out, out + d, 0.0f);
   for (int64_t j = lo; j < t; ++j)
     for (int64_t i = 0; i < d; ++i) out[i] += scores[j] * to_float(value[j * d + i]);
-  for (int64_t i = 0; i < d; ++i) out[i] /= total;
+  if (stats) {  // a part: the caller merges
+    stats[0] = top;
+    stats[1] = total;
+    return;
+  }
+  const float inv = 1.0f / total;
+  for (int64_t i = 0; i < d; ++i) out[i] *= inv;
 }
 
 #ifdef TRTLLM_X86
@@ -162,11 +177,12 @@ __attribute__((target("avx512f,avx512bw,avx512vl,fma"))) inline __mmask16 lanes(
 // sees slots [lo[r], t[r]), neither ever falling) against their keys and values, D = 16 ND. Keys
 // and values are read in groups of 16 that stay in L1 while every row of the block uses them: a
 // prefill chunk reads its cache once per block, not once per query. scores: [qn][ld] scratch,
-// indexed by slot; out[r]: row r's output.
+// indexed by slot; out[r]: row r's output, or with `stats` its unnormalized part (stats[2r], [2r + 1]:
+// the part's largest score and its sum of exponentials) for the caller to merge.
 template <int ND, typename T>
 __attribute__((target("avx512f,avx512bw,avx512vl,fma"))) void attend_block_avx512(
     const float* q, int qn, const int64_t* lo, const int64_t* t, const T* key, const T* value, float* scores,
-    int64_t ld, float* const* out) {
+    int64_t ld, float* const* out, float* stats) {
   constexpr int64_t d = 16 * ND;
   const int64_t tmax = *std::max_element(t, t + qn), jmin = *std::min_element(lo, lo + qn) / 16 * 16;
   // 1. scores (from the first row's window on; a later row's scores before its own are not read)
@@ -208,14 +224,20 @@ __attribute__((target("avx512f,avx512bw,avx512vl,fma"))) void attend_block_avx51
       const __mmask16 valid = lanes(j, lo[r], t[r]);
       top = _mm512_mask_max_ps(top, valid, top, _mm512_maskz_loadu_ps(valid, row + j));
     }
-    const __m512 peak = _mm512_set1_ps(_mm512_reduce_max_ps(top));
+    const float peak_value = _mm512_reduce_max_ps(top);
+    const __m512 peak = _mm512_set1_ps(peak_value);
     for (int64_t j = lo[r] / 16 * 16; j < t[r]; j += 16) {
       const __mmask16 valid = lanes(j, lo[r], t[r]);
       const __m512 e = exp_avx512(_mm512_sub_ps(_mm512_maskz_loadu_ps(valid, row + j), peak));
       sum = _mm512_add_ps(sum, _mm512_maskz_mov_ps(valid, e));
       _mm512_mask_storeu_ps(row + j, valid, e);
     }
-    inv[r] = 1.0f / _mm512_reduce_add_ps(sum);
+    const float total = _mm512_reduce_add_ps(sum);
+    if (stats) {
+      stats[2 * r] = peak_value;
+      stats[2 * r + 1] = total;
+    }
+    inv[r] = 1.0f / total;
   }
   // 3. the weighted sums of values, 16 values at a time for every query
   for (int r = 0; r < qn; ++r)
@@ -238,6 +260,7 @@ __attribute__((target("avx512f,avx512bw,avx512vl,fma"))) void attend_block_avx51
       for (int i = 0; i < ND; ++i) _mm512_storeu_ps(out[r] + 16 * i, acc[i]);
     }
   }
+  if (stats) return;  // a part: the caller merges
   for (int r = 0; r < qn; ++r) {
     const __m512 scale = _mm512_set1_ps(inv[r]);
 #pragma GCC unroll 8
@@ -248,7 +271,7 @@ __attribute__((target("avx512f,avx512bw,avx512vl,fma"))) void attend_block_avx51
 
 template <typename T>
 using BlockFn = void (*)(const float*, int, const int64_t*, const int64_t*, const T*, const T*, float*, int64_t,
-                         float* const*);
+                         float* const*, float*);
 // D = 16 .. 128 in steps of 16, and 256 (Gemma 3); other sizes take the portable loop
 template <typename T>
 constexpr BlockFn<T> kBlock[9] = {attend_block_avx512<1, T>, attend_block_avx512<2, T>, attend_block_avx512<3, T>,
@@ -262,9 +285,10 @@ void run_task(void* data, size_t task) {
   const Job<T>& job = *static_cast<const Job<T>*>(data);
   const Shape& n = job.n;
   const Split& split = job.split;
-  const int64_t b = static_cast<int64_t>(task) / (split.head_groups * split.blocks);
-  const int64_t h0 = (static_cast<int64_t>(task) / split.blocks) % split.head_groups * split.heads;
-  const int64_t s0 = (static_cast<int64_t>(task) % split.blocks) * kQueries, g = h0 / (n.h / n.hk);
+  const int64_t part = static_cast<int64_t>(task) % split.parts, group_task = static_cast<int64_t>(task) / split.parts;
+  const int64_t b = group_task / (split.head_groups * split.blocks);
+  const int64_t h0 = (group_task / split.blocks) % split.head_groups * split.heads;
+  const int64_t s0 = (group_task % split.blocks) * kQueries, g = h0 / (n.h / n.hk);
   const int64_t width = (n.h + 2 * n.hk) * n.d;
   const T* key = job.key + (b * n.hk + g) * n.c * n.d;
   const T* value = job.value + (b * n.hk + g) * n.c * n.d;
@@ -295,12 +319,60 @@ void run_task(void* data, size_t task) {
   }
   const int64_t ld = t[qn - 1] + 16;
   if (scores.size() < static_cast<size_t>(qn * ld)) scores.resize(qn * ld);
+  float* stats = nullptr;
+  if (split.parts > 1) {  // this task's part of each row's slots, into the partial buffer (merge_parts)
+    float* base = job.partial + static_cast<size_t>(task) * split.rows() * (n.d + 2);
+    stats = base + split.rows() * n.d;
+    for (int r = 0; r < qn; ++r) {
+      lo[r] = std::max(lo[r], part * kPart);
+      t[r] = std::min(t[r], (part + 1) * kPart);
+      outs[r] = base + r * n.d;
+    }
+  }
 #ifdef TRTLLM_X86
   if (use_avx512() && block_index(n.d) >= 0)
-    return kBlock<T>[block_index(n.d)](q.data(), qn, lo, t, key, value, scores.data(), ld, outs);
+    return kBlock<T>[block_index(n.d)](q.data(), qn, lo, t, key, value, scores.data(), ld, outs, stats);
 #endif
   for (int r = 0; r < qn; ++r)
-    attend_generic(q.data() + r * n.d, key, value, lo[r], t[r], n.d, scores.data(), outs[r]);
+    attend_generic(q.data() + r * n.d, key, value, lo[r], t[r], n.d, scores.data(), outs[r],
+                   stats ? stats + 2 * r : nullptr);
+}
+
+// After the tasks of a split (parts > 1): each row's parts merged, o = sum_p o_p e^(m_p - m) and
+// l = sum_p l_p e^(m_p - m) with m the largest m_p, y = o (1 / l). A part without slots of the row
+// adds zeros, so a row within one part gets exactly its unsplit result.
+template <typename T>
+void merge_parts(const Job<T>& job) {
+  const Shape& n = job.n;
+  const Split& split = job.split;
+  const size_t stride = split.rows() * (n.d + 2);
+  std::vector<float> o(n.d);
+  for (int64_t group_task = 0; group_task < n.b * split.head_groups * split.blocks; ++group_task) {
+    const int64_t b = group_task / (split.head_groups * split.blocks);
+    const int64_t h0 = (group_task / split.blocks) % split.head_groups * split.heads;
+    const int64_t s0 = (group_task % split.blocks) * kQueries;
+    const int64_t last = std::min(std::min(n.s, s0 + kQueries), job.last_index[b] + 1);
+    const int qn = static_cast<int>(std::max<int64_t>(0, last - s0) * split.heads);
+    for (int r = 0; r < qn; ++r) {
+      const float* first = job.partial + static_cast<size_t>(group_task * split.parts) * stride;
+      float top = -INFINITY;
+      for (int64_t p = 0; p < split.parts; ++p) top = std::max(top, first[p * stride + split.rows() * n.d + 2 * r]);
+      float total = 0.0f;
+      std::fill(o.begin(), o.end(), 0.0f);
+      for (int64_t p = 0; p < split.parts; ++p) {
+        const float* part = first + p * stride;
+        const float* stats = part + split.rows() * n.d + 2 * r;
+        if (stats[1] == 0.0f) continue;  // no slots of this row in the part
+        const float w = std::exp(stats[0] - top);
+        total += stats[1] * w;
+        for (int64_t i = 0; i < n.d; ++i) o[i] += part[r * n.d + i] * w;
+      }
+      const int64_t s = s0 + r / split.heads, h = h0 + r % split.heads;
+      float* y = job.y + ((b * n.s + s) * n.h + h) * n.d;
+      const float inv = 1.0f / total;
+      for (int64_t i = 0; i < n.d; ++i) y[i] = o[i] * inv;
+    }
+  }
 }
 
 // A row of the cache from float32: copied, or rounded to float16.
@@ -406,9 +478,16 @@ struct Kernel {
         }
       }
     }
-    Job<T> job{n, Split(n), x, wi, li, pos, cosd, sind, key, value, scale > 0 ? scale : 1.0f / std::sqrt(static_cast<float>(n.d)),
-               y.GetTensorMutableData<float>(), q_norm ? q_norm.GetTensorData<float>() : nullptr, epsilon, window};
+    int64_t longest = 0;  // slots the longest row reads up to
+    for (int64_t b = 0; b < n.b; ++b) longest = std::max(longest, wi[b] + li[b] + 1);
+    const Split split(n, longest);
+    thread_local std::vector<float> partial;
+    if (split.parts > 1) partial.resize(split.tasks * split.rows() * (n.d + 2));
+    Job<T> job{n, split, x, wi, li, pos, cosd, sind, key, value, scale > 0 ? scale : 1.0f / std::sqrt(static_cast<float>(n.d)),
+               y.GetTensorMutableData<float>(), q_norm ? q_norm.GetTensorData<float>() : nullptr, epsilon, window,
+               partial.data()};
     if (job.split.tasks) trtllm_cpu::parallel_for(ctx, run_task<T>, job.split.tasks, &job);
+    if (split.parts > 1) merge_parts(job);
     return nullptr;
   }
 };

@@ -54,16 +54,22 @@ def quantized(tiny_checkpoint, tmp_path_factory):
 
 
 def dequantized_model(ckpt, scheme: QuantScheme):
-    """transformers with every projection (and the lm_head) replaced by what the graph computes."""
+    """transformers with every projection, the lm_head and the token embedding replaced by what the
+    graph computes (the embedding and the lm_head in the lm_head's scheme; tied, one table)."""
     model = transformers.AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.float32).eval()
+    head = scheme.for_lm_head()
+
+    def rounded(p, s):
+        codes, scale, offset = quantize(p.numpy().T.copy(), s)
+        p.copy_(torch.from_numpy(dequantize(codes, scale, offset, s.block_size).T.copy()))
+
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith("proj.weight"):
-                codes, scale, offset = quantize(p.numpy().T.copy(), scheme)
-                p.copy_(torch.from_numpy(dequantize(codes, scale, offset, scheme.block_size).T.copy()))
-        head = scheme.for_lm_head()
-        codes, scale, offset = quantize(model.model.embed_tokens.weight.numpy().T.copy(), head)
-        model.lm_head.weight = torch.nn.Parameter(torch.from_numpy(dequantize(codes, scale, offset, head.block_size).T.copy()))
+                rounded(p, scheme)
+        rounded(model.model.embed_tokens.weight, head)  # a tied lm_head is this same tensor
+        if model.lm_head.weight.data_ptr() != model.model.embed_tokens.weight.data_ptr():
+            rounded(model.lm_head.weight, head)
     return model
 
 

@@ -219,6 +219,21 @@ def test_chat_prompt_ids_match_transformers(gemma):
     assert tok.encode(no_bos.render(CHATS[2])) == chat_ids(gemma, CHATS[2])[1:]
 
 
+def test_content_parts_reach_the_template_as_transformers_passes_them(gemma):
+    """Content given as typed parts goes to a template that takes them (Gemma's trims each part and
+    reads only the first of a system message) as the list; joined, the prompt would differ."""
+    chat = [{"role": "system", "content": [{"type": "text", "text": "Be brief. "}, {"type": "text", "text": " Really."}]},
+            {"role": "user", "content": [{"type": "text", "text": "Hello "}, {"type": "text", "text": " world"}]}]
+    tok, limits = Tokenizer.from_engine_dir(gemma.engine), types.SimpleNamespace(max_input_len=64)
+    runner = Runner(types.SimpleNamespace(manifest=types.SimpleNamespace(limits=limits)), tok,
+                    ChatTemplate.from_engine_dir(gemma.engine))
+    inp = parse_input({"requests": [{"messages": chat}]})
+    p = runner.prepare(0, inp.requests[0], inp, None)
+    assert p.error is None and p.prompt_ids == chat_ids(gemma, chat)
+    joined = [{"role": m["role"], "content": "".join(part["text"] for part in m["content"])} for m in chat]
+    assert chat_ids(gemma, joined) != chat_ids(gemma, chat)  # the wrong variant: the parts joined first
+
+
 def test_greedy_cli_matches_transformers(gemma, cli_run):
     out, _, profile = cli_run
     assert profile["prefill"]["reused_tokens"] > 0  # CHATS[1] took CHATS[0]'s system prefix from the batch

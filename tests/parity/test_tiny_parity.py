@@ -251,6 +251,29 @@ def test_onnxruntime_lowering_matches_the_canonical_graph(arch, lowered, tiny_en
         np.testing.assert_allclose(compiled, canonical, atol=ATOL, rtol=0)
 
 
+@pytest.mark.parametrize("arch", ["smollm3", "phi4-mini"])
+def test_onnxruntime_kernels_keep_what_groupqueryattention_cannot_do(arch, tiny_checkpoint, tmp_path):
+    """--cpu-kernels onnxruntime: GroupQueryAttention rotates every layer (SmolLM3 has NoPE layers)
+    and takes partial rotary tables only a multiple of 8 wide (the tiny Phi-4-mini's is 4): the
+    standard Attention op stays, and the engine matches transformers. (It used to lower: SmolLM3
+    was 7.2 off, and the Phi-4-mini engine failed at its first step.)"""
+    import json
+
+    from trtllm.builder.config import BuildConfig
+    from trtllm.builder.export import build
+
+    ckpt = tiny_checkpoint(arch)
+    out = build(BuildConfig(model=str(ckpt), output=str(tmp_path / "e"), max_batch_size=4, max_input_len=128,
+                            max_kv_cache_capacity=256, cpu_kernels="onnxruntime"), log=lambda m: None)
+    assert json.loads((out / "manifest.json").read_text())["lowerings"] == []
+    model, engine = hf_model(ckpt), load_engine(out)
+    for prompt in PROMPTS[:2]:
+        generated, got = engine_logits(engine, prompt, num_decode=4)
+        with torch.no_grad():
+            ref = model(torch.tensor([prompt + generated[:-1]])).logits[0, len(prompt) - 1:].numpy()
+        np.testing.assert_allclose(got, ref, atol=ATOL, rtol=0)
+
+
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
 def test_onnxruntime_attention_kernel_matches_too(arch, tiny_checkpoint, tmp_path):
     """--cpu-kernels onnxruntime keeps ONNX Runtime's GroupQueryAttention (the form before
@@ -269,3 +292,12 @@ def test_onnxruntime_attention_kernel_matches_too(arch, tiny_checkpoint, tmp_pat
         _, compiled = engine_logits(load_engine(out, graph="compiled"), prompt, num_decode=6)
         _, canonical = engine_logits(load_engine(out, graph="onnx"), prompt, num_decode=6)
         np.testing.assert_allclose(compiled, canonical, atol=ATOL, rtol=0)
+
+
+def test_the_manifest_records_which_layers_slide(tiny_engine):
+    from trtllm.runtime import manifest as mf
+
+    shape = mf.load(tiny_engine("gemma3")).model
+    assert shape.sliding_window == 8 and shape.sliding_layers == (0,)  # a tuple again, as written
+    hash(shape)
+    assert mf.load(tiny_engine("mistral")).model.sliding_layers is None  # every layer

@@ -145,6 +145,13 @@ WINDOW_CASES = [((1, 1, 9, 3, 64, 40, [17]), 8, True), ((2, 11, 4, 1, 16, 64, [0
                 ((1, 5, 4, 2, 40, 30, [3]), 3, True)]
 
 
+# Keys past 512 slots are split into parts of 512 (merged after): decode rows of a long context, a
+# prefill chunk across a part boundary, a window across one, head size 256 (Gemma 3's one kv head)
+LONG_CASES = [((1, 1, 4, 1, 64, 1600, [1400]), 0, False), ((2, 1, 9, 3, 64, 1200, [1100, 300]), 0, True),
+              ((1, 20, 4, 2, 32, 1100, [500]), 0, False), ((2, 9, 4, 1, 16, 1100, [505, 1030]), 40, True),
+              ((1, 1, 4, 1, 256, 1300, [1200]), 0, True), ((1, 3, 4, 2, 40, 1100, [1024]), 600, False)]
+
+
 def check_window(shape, window, norms, reference_window=None, epsilon=1e-6) -> float:
     b, s, h, hk, d, c, past = shape
     feeds = case(b, s, h, hk, d, c, past, seed=b + s + d + window)
@@ -178,8 +185,29 @@ def test_a_partial_rotary_matches_the_reference(shape, rotary):
     assert np.abs(got[0] - reference(*full.values(), h, hk, d ** -0.5)[0]).max() > 1e-3
 
 
+@pytest.mark.parametrize("shape, window, norms", LONG_CASES)
+def test_keys_split_in_parts_match_the_reference(shape, window, norms):
+    assert check_window(shape, window, norms) < 1e-5
+
+
+@pytest.mark.parametrize("shape", [c[0] for c in LONG_CASES[:3]])
+def test_keys_split_in_parts_with_a_float16_cache(shape):
+    assert check_half_cache(*shape) <= 1
+
+
+def test_a_row_is_the_same_alone_and_beside_a_longer_one():
+    """Rows of one part and rows of several, alone and together: bit for bit the same (the parts
+    are fixed slot ranges, and a one-part row is never merged otherwise than unsplit)."""
+    h, hk, d, c = 4, 1, 64, 1400
+    both = case(2, 1, h, hk, d, c, [100, 1300], seed=5)
+    y_both = session(op_model(h, hk, d)).run(None, both)[0]
+    for row in range(2):
+        alone = {k: v[row:row + 1] if k not in ("cos", "sin") else v for k, v in both.items()}
+        assert np.array_equal(session(op_model(h, hk, d)).run(None, alone)[0][0], y_both[row])
+
+
 def test_window_and_norms_on_the_portable_path_too():
-    errors = on_portable_path("test_cpu_attention", "[check_window(*c) for c in WINDOW_CASES]")
+    errors = on_portable_path("test_cpu_attention", "[check_window(*c) for c in WINDOW_CASES + LONG_CASES]")
     assert max(errors) < 1e-5
 
 
