@@ -1,0 +1,151 @@
+"""How DecoderWriter writes its weights: float (in the graph's dtype, or float16 held as float32 on
+our kernels), block-quantized for DequantizeLinear + MatMul (llm.onnx, and ONNX Runtime's
+MatMulNBits fusion), or packed for our kernels (trtllm.cpu::MatMulBlockQuant, MatMulHalf); and a
+quantized engine's int8 token embedding.
+
+A mixin of DecoderWriter (builder/decoder.py), whose __init__ sets what these methods read: g (the
+GraphWriter), spec, w (the weights), io, quant, half, native, dtype, ort_form, half_embedding,
+quantized (the cache of quantized weights) and has_generated.
+"""
+from __future__ import annotations
+
+import numpy as np
+from onnx import TensorProto
+
+from trtllm.builder.quantize import QuantScheme, pack_rows, quantize, swiglu_rows
+from trtllm.plugins import cpu as cpu_kernels
+
+F32, I64 = TensorProto.FLOAT, TensorProto.INT64
+
+
+class WeightWriter:
+    """The weight-writing half of DecoderWriter (see the module docstring)."""
+
+    def fw(self, name: str, array: np.ndarray) -> str:
+        """A float weight in the graph's dtype (`half`: float16 values, held as float32)."""
+        array = np.asarray(array)
+        if self.half:
+            array = array.astype(np.float16)
+        return self.g.weight(name, array.astype(self.dtype))
+
+    def matmul(self, name: str, x: str, prefix: str, w: np.ndarray, rank: int = 3) -> str:
+        """x @ w.T, with w.T stored as [in, out] (no Transpose); block-quantized when asked."""
+        g, scheme = self.g, self.quant
+        if self.half:
+            return self.half_matmul(name, x, g.weight(f"{prefix}.weight", w.astype(np.float16)), w.shape[0])
+        if scheme is None:
+            return g.op("MatMul", f"{name}/MatMul", [x, self.fw(f"{prefix}.weight", w.T)])
+        if prefix == "lm_head":
+            scheme = scheme.for_lm_head()
+        if self.native:  # the same weights, in the kernel's row-major layout: one node instead of six
+            return self.block_quant(name, x, prefix, w, scheme)
+        codes, scale, offset = self.quantized_weight(prefix, w, scheme)
+        wq = self.dequantized(prefix, codes, scale, scheme)
+        y = g.op("MatMul", f"{name}/MatMul", [x, wq])
+        if offset is None:
+            return y
+        # x @ (s c + o) = x @ (s c) + blocksum(x) @ o, with blocksum over each block of inputs
+        blocks = g.op("Reshape", f"{name}/offset/Reshape",
+                      [x, g.const([0] * (rank - 1) + [w.shape[1] // scheme.block_size, scheme.block_size])])
+        sums = g.op("ReduceSum", f"{name}/offset/ReduceSum", [blocks, g.const([-1])], keepdims=0)
+        extra = g.op("MatMul", f"{name}/offset/MatMul", [sums, offset])
+        return g.op("Add", f"{name}/offset/Add", [y, extra])
+
+    def quantized_weight(self, prefix: str, w: np.ndarray, scheme: QuantScheme,
+                         order: np.ndarray | None = None) -> tuple[str, str, str | None]:
+        """w [out, in] quantized once per prefix: the initializers' names (codes, scale, offset or None),
+        as DequantizeLinear takes them ([in, out]) or, on our kernels, packed by rows (pack_rows, its rows
+        optionally reordered). A tied lm_head's are the quantized embedding's (quantized_embedding)."""
+        if prefix in self.quantized:
+            return self.quantized[prefix]
+        g = self.g
+        codes, scale, offset = quantize(np.ascontiguousarray(w.T), scheme)
+        if self.native:
+            codes, scale, offset = pack_rows(codes, scale, offset, scheme.bits, scheme.block_size)
+            if order is not None:
+                codes, scale = codes[order], scale[order]
+                offset = None if offset is None else offset[order]
+        names = (g.weight(f"{prefix}.weight_q{scheme.bits}", codes), g.weight(f"{prefix}.weight_scale", scale),
+                 None if offset is None else g.weight(f"{prefix}.weight_offset", offset))
+        self.quantized[prefix] = names
+        return names
+
+    def dequantized(self, prefix: str, codes: str, scale: str, scheme: QuantScheme) -> str:
+        """DequantizeLinear of a quantized weight [in, out], one node per weight (a tied lm_head and
+        the canonical graph's embedding lookup share it)."""
+        key = ("dequantized", prefix)
+        if key not in self.quantized:
+            self.quantized[key] = self.g.op("DequantizeLinear", f"/{prefix}/DequantizeLinear", [codes, scale],
+                                            axis=0, block_size=scheme.block_size)
+        return self.quantized[key]
+
+    def half_matmul(self, name: str, x: str, w: str, n: int, **attrs) -> str:
+        """x @ w.T as one trtllm.cpu::MatMulHalf node: w a float16 [n, in] initializer."""
+        return self.g.op(cpu_kernels.HALF, f"{name}/MatMulHalf", [x, w, self.generated_input()],
+                         domain=cpu_kernels.DOMAIN, n=n, **attrs)
+
+    def swiglu_matmul(self, name: str, x: str, prefix: str, gate: np.ndarray, up: np.ndarray) -> str:
+        """silu(x @ gate.T) * (x @ up.T) as one trtllm.cpu node (activation swiglu): the same
+        weights as two projections, rows ordered as the kernel pairs them."""
+        both, order = np.concatenate([gate, up]), swiglu_rows(gate.shape[0])
+        if self.half:
+            w = self.g.weight(f"{prefix}.weight", both[order].astype(np.float16))
+            return self.half_matmul(name, x, w, both.shape[0], activation="swiglu")
+        return self.block_quant(name, x, prefix, both, self.quant, order=order, activation="swiglu")
+
+    def block_quant(self, name: str, x: str, prefix: str, w: np.ndarray, scheme: QuantScheme,
+                    order: np.ndarray | None = None, **attrs) -> str:
+        """x @ w.T as one trtllm.cpu::MatMulBlockQuant node: w [out, in] quantized, packed in the
+        kernel's layout (pack_rows), its rows optionally reordered."""
+        g = self.g
+        packed, scale, offset = self.quantized_weight(prefix, w, scheme, order)
+        if scheme.activations != "float32":
+            attrs["activations"] = scheme.activations
+        inputs = [x, packed, scale]
+        if offset is not None:
+            inputs.append(offset)
+        # The runtime says which steps are a prompt's and which generated: each row then takes one
+        # kernel path whatever its batch (plugins/cpu; integer activations quantize generated rows).
+        inputs += [""] * (4 - len(inputs)) + [self.generated_input()]
+        return g.op(cpu_kernels.OP, f"{name}/MatMulBlockQuant", inputs, domain=cpu_kernels.DOMAIN,
+                    bits=scheme.bits, n=w.shape[0], layout=cpu_kernels.LAYOUT, **attrs)
+
+    def generated_input(self) -> str:
+        """The graph input `generated` (int64 [1]), declared on first use."""
+        if not self.has_generated:
+            self.g.input(self.io.generated, I64, [1])
+            self.has_generated = True
+        return self.io.generated
+
+    def quantized_embedding(self, ids: str) -> str:
+        """A quantized engine's token embeddings [B,S,H]: the table in int8, blocks of 32 along H (the
+        lm_head's scheme; a tied lm_head's very codes and scales), and only the rows looked up are
+        dequantized (s * c, exactly as DequantizeLinear computes it). Our kernels' form gathers the
+        packed rows (int8 codes held as uint8); MatMulNBits' form gathers its own copy of the codes
+        [H, V] by column; the canonical graph, for TensorRT (whose Gather takes no int8), gathers from
+        the DequantizeLinear output that a tied lm_head reads too."""
+        g, s = self.g, self.spec
+        scheme = self.quant.for_lm_head()
+        # its own copy in ONNX Runtime's MatMulNBits form: a shared one keeps the lm_head from fusing
+        shared = s.tie_word_embeddings and (self.native or not self.ort_form)
+        prefix = "lm_head" if shared else "model.embed_tokens"
+        codes, scale, _ = self.quantized_weight(prefix, self.w["model.embed_tokens.weight"], scheme)
+        blocks, name = s.hidden_size // scheme.block_size, "/model/embed_tokens"
+        if not self.ort_form:
+            rows = g.op("Gather", f"{name}/Gather", [self.dequantized(prefix, codes, scale, scheme), ids], axis=1)
+            return g.op("Transpose", f"{name}/Transpose", [rows], perm=[1, 2, 0])          # [H,B,S] -> [B,S,H]
+        if self.native:  # rows [V, H] of bytes: 128..255 are the codes -128..-1
+            c = g.op("Cast", f"{name}/Cast", [g.op("Gather", f"{name}/Gather", [codes, ids], axis=0)], to=F32)
+            wrap = g.op("Floor", f"{name}/Wrap", [g.op("Div", f"{name}/Div", [c, g.const(128.0, np.float32)])])
+            c = g.op("Sub", f"{name}/Signed", [c, g.op("Mul", f"{name}/Mul256", [wrap, g.const(256.0, np.float32)])])
+            scales = g.op("Cast", f"{name}/ScaleCast", [g.op("Gather", f"{name}/ScaleGather", [scale, ids], axis=0)],
+                          to=F32)                                                          # [B,S,H/32]
+        else:  # codes [H, V] int8, scales [H/32, V]: gathered by column, then [B,S,...]
+            c = g.op("Transpose", f"{name}/Transpose", [g.op("Gather", f"{name}/Gather", [codes, ids], axis=1)],
+                     perm=[1, 2, 0])
+            c = g.op("Cast", f"{name}/Cast", [c], to=F32)
+            scales = g.op("Transpose", f"{name}/ScaleTranspose",
+                          [g.op("Gather", f"{name}/ScaleGather", [scale, ids], axis=1)], perm=[1, 2, 0])
+        c = g.op("Reshape", f"{name}/Blocks", [c, g.const([0, 0, blocks, scheme.block_size])])
+        y = g.op("Mul", f"{name}/Dequantize", [c, g.op("Unsqueeze", f"{name}/ScaleUnsqueeze", [scales, g.const([-1])])])
+        return g.op("Reshape", f"{name}/Reshape", [y, g.const([0, 0, s.hidden_size])])
