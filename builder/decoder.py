@@ -82,6 +82,13 @@ class DecoderSpec:
             return self.sliding_window
         return None
 
+    def rope(self, layer: int) -> str | None:
+        """The RoPE table layer `layer` uses: "local" (a sliding layer's own, local_rope), "global",
+        or None (a NoPE layer)."""
+        if layer in self.nope_layers:
+            return None
+        return "local" if self.local_rope and self.window(layer) is not None else "global"
+
     @property
     def scale(self) -> float:
         return float(self.head_dim) ** -0.5 if self.query_scale is None else float(self.query_scale)
@@ -310,10 +317,9 @@ class DecoderWriter(WeightWriter):
         q = self.heads(f"{name}/q", q, s.num_heads, f"{p}.q_norm.weight" if s.qk_norm else None)
         k = self.heads(f"{name}/k", k, s.num_kv_heads, f"{p}.k_norm.weight" if s.qk_norm else None)
         v = self.heads(f"{name}/v", v, s.num_kv_heads, None)
-        local = s.local_rope and s.window(i) is not None
-        if i not in s.nope_layers:
-            q = self.rotary(f"{name}/q_rotary", q, position_ids, local)
-            k = self.rotary(f"{name}/k_rotary", k, position_ids, local)
+        if s.rope(i):
+            q = self.rotary(f"{name}/q_rotary", q, position_ids, s.rope(i))
+            k = self.rotary(f"{name}/k_rotary", k, position_ids, s.rope(i))
         mask = mask[s.window(i)]  # this layer's: causal, or causal within its window
         kv_shape, kv_type = ["batch", s.num_kv_heads, "kv_capacity", s.head_dim], self.ftype
         caches = []
@@ -341,13 +347,20 @@ class DecoderWriter(WeightWriter):
                             self.g.weight("/model/rotary_none/sin_cache", np.zeros(shape, self.dtype)))
         return self.no_rope
 
-    def rotary(self, name: str, x: str, position_ids: str, local: bool = False) -> str:
-        """RoPE at position_ids; `local`: with the sliding layers' own table (spec.local_rope)."""
+    def rope_tables(self, kind: str | None) -> tuple[str, str]:
+        """The cos/sin initializers of a spec.rope() kind; a NoPE layer's rotate by 0 (our kernel
+        always rotates: cos 1 and sin 0, which is exact)."""
+        if kind is None:
+            return self.identity_rope()
+        return (self.local_cos, self.local_sin) if kind == "local" else (self.cos, self.sin)
+
+    def rotary(self, name: str, x: str, position_ids: str, kind: str = "global") -> str:
+        """RoPE at position_ids with the table of spec.rope()'s `kind` ("local": a sliding layer's own)."""
         s = self.spec
         if self.legacy:
-            return legacy_ops.rotary(self.g, name, x, self.local_rope_rows if local else self.rope, s.head_dim,
-                                     s.rotary_dim)
-        cos, sin = (self.local_cos, self.local_sin) if local else (self.cos, self.sin)
+            return legacy_ops.rotary(self.g, name, x, self.local_rope_rows if kind == "local" else self.rope,
+                                     s.head_dim, s.rotary_dim)
+        cos, sin = self.rope_tables(kind)
         attrs = {"rotary_embedding_dim": s.rotary_dim} if s.rotary_dim not in (None, s.head_dim) else {}
         return self.g.op("RotaryEmbedding", f"{name}/RotaryEmbedding", [x, cos, sin, position_ids], **attrs)
 
@@ -372,9 +385,7 @@ class DecoderWriter(WeightWriter):
             g.output(name_out, self.kv_type, kv_shape)
         if self.native_attention:  # the same semantics, plugins/cpu/attention.cc
             window = s.window(i)
-            cos, sin = (self.local_cos, self.local_sin) if s.local_rope and window else (self.cos, self.sin)
-            if i in s.nope_layers:  # the kernel always rotates: by 0, cos 1 and sin 0, which is exact
-                cos, sin = self.identity_rope()
+            cos, sin = self.rope_tables(s.rope(i))
             ins = [qkv, *past, self.io.write_index, self.io.last_index, position_ids, cos, sin]
             attrs = {"window": window} if window else {}
             if s.qk_norm:  # each q and k head normed before its rotary, inside the kernel

@@ -91,12 +91,12 @@ class Runner:
             except AdapterError as e:
                 p.error = f"`requests[{index}].lora_name` {req.lora_name!r}: {e}"
                 return p
-        parts = self.template is not None and self.template.takes_parts and inp.apply_chat_template
-        messages = [{"role": m.role, "content": m.parts() if parts else m.text()} for m in req.messages]
         # Without the template the text goes to the tokenizer as a plain string, so it gets the
         # tokenizer's own special tokens (a base model's BOS), as transformers' tokenizer(text) does;
         # a template writes its special tokens into the text itself.
         templated = inp.apply_chat_template and self.template is not None
+        parts = templated and self.template.takes_parts
+        messages = [{"role": m.role, "content": m.parts() if parts else m.text()} for m in req.messages]
         try:
             if templated:
                 fp = self.template.format(messages, add_generation_prompt=inp.add_generation_prompt,

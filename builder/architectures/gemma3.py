@@ -8,6 +8,7 @@ scaled by query_pre_attn_scalar ** -0.5; and sliding-window layers between full-
 from __future__ import annotations
 
 from trtllm.builder.architectures.llama import base_spec
+from trtllm.builder.architectures.mistral import sliding_window
 
 # transformers' names for GELU's tanh form; gelu_new is the same formula in Python ops
 GELU_TANH = {"gelu_pytorch_tanh": "gelu_tanh", "gelu_new": "gelu_tanh"}
@@ -30,11 +31,10 @@ def spec_from_config(config):
     if getattr(config, "use_bidirectional_attention", False):
         raise ValueError("config.use_bidirectional_attention must be false: the engine decodes causally")
     layers = sliding_layers(config)
-    window = config.sliding_window if layers else None
-    if layers and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
-        raise ValueError(f"config.sliding_window must be a positive integer, got {window!r}")
+    window = sliding_window(config) if layers else None
+    if layers and window is None:
+        raise ValueError("config.sliding_window must be a positive integer: config.layer_types has sliding layers")
     return base_spec(config, "Gemma3ForCausalLM", act=("hidden_activation", GELU_TANH),
                      sliding_window=window, sliding_layers=layers or None, local_rope=bool(layers),
                      qk_norm=True, embed_scale=float(config.hidden_size) ** 0.5, norm_offset=1.0,
-                     sandwich_norms=True, query_scale=float(config.query_pre_attn_scalar) ** -0.5,
-                     o_proj_bias=bool(getattr(config, "attention_bias", False)))
+                     sandwich_norms=True, query_scale=float(config.query_pre_attn_scalar) ** -0.5)

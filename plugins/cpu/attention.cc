@@ -68,6 +68,24 @@ struct Split {
     tasks = static_cast<size_t>(n.b * head_groups * blocks * parts);
   }
   int64_t rows() const { return heads * kQueries; }  // the most query rows of a task
+
+  // What a task of one (row, head group, block) covers, its part aside: tokens s0 .. s1 - 1 of row
+  // b, the first `last - s0` of them real (the rest padding), heads h0 .. h0 + heads - 1, and its
+  // query rows (token-major: token s0 + r / heads, head h0 + r % heads).
+  struct Rows {
+    int64_t b, h0, s0, s1, last;
+    int qn;
+  };
+  Rows rows_of(int64_t group_task, const Shape& n, const int64_t* last_index) const {
+    Rows r;
+    r.b = group_task / (head_groups * blocks);
+    r.h0 = (group_task / blocks) % head_groups * heads;
+    r.s0 = (group_task % blocks) * kQueries;
+    r.s1 = std::min(n.s, r.s0 + kQueries);
+    r.last = std::min(r.s1, last_index[r.b] + 1);
+    r.qn = static_cast<int>(std::max<int64_t>(0, r.last - r.s0) * heads);
+    return r;
+  }
 };
 
 // The cache's element: float, or float16 bits.
@@ -285,20 +303,16 @@ void run_task(void* data, size_t task) {
   const Job<T>& job = *static_cast<const Job<T>*>(data);
   const Shape& n = job.n;
   const Split& split = job.split;
-  const int64_t part = static_cast<int64_t>(task) % split.parts, group_task = static_cast<int64_t>(task) / split.parts;
-  const int64_t b = group_task / (split.head_groups * split.blocks);
-  const int64_t h0 = (group_task / split.blocks) % split.head_groups * split.heads;
-  const int64_t s0 = (group_task % split.blocks) * kQueries, g = h0 / (n.h / n.hk);
-  const int64_t width = (n.h + 2 * n.hk) * n.d;
+  const int64_t part = static_cast<int64_t>(task) % split.parts;
+  const auto [b, h0, s0, s1, last, qn] = split.rows_of(static_cast<int64_t>(task) / split.parts, n, job.last_index);
+  const int64_t g = h0 / (n.h / n.hk), width = (n.h + 2 * n.hk) * n.d;
   const T* key = job.key + (b * n.hk + g) * n.c * n.d;
   const T* value = job.value + (b * n.hk + g) * n.c * n.d;
-  const int64_t s1 = std::min(n.s, s0 + kQueries), last = std::min(s1, job.last_index[b] + 1);
   for (int64_t s = std::max(s0, last); s < s1; ++s)  // padding tokens: 0
     for (int64_t h = h0; h < h0 + split.heads; ++h) {
       float* out = job.y + ((b * n.s + s) * n.h + h) * n.d;
       std::fill(out, out + n.d, 0.0f);
     }
-  const int qn = static_cast<int>(std::max<int64_t>(0, last - s0) * split.heads);  // rows: token-major
   if (qn <= 0) return;
   thread_local std::vector<float> scores, q, normed;
   int64_t t[kMaxRows], lo[kMaxRows];
@@ -348,11 +362,7 @@ void merge_parts(const Job<T>& job) {
   const size_t stride = split.rows() * (n.d + 2);
   std::vector<float> o(n.d);
   for (int64_t group_task = 0; group_task < n.b * split.head_groups * split.blocks; ++group_task) {
-    const int64_t b = group_task / (split.head_groups * split.blocks);
-    const int64_t h0 = (group_task / split.blocks) % split.head_groups * split.heads;
-    const int64_t s0 = (group_task % split.blocks) * kQueries;
-    const int64_t last = std::min(std::min(n.s, s0 + kQueries), job.last_index[b] + 1);
-    const int qn = static_cast<int>(std::max<int64_t>(0, last - s0) * split.heads);
+    const auto [b, h0, s0, s1, last, qn] = split.rows_of(group_task, n, job.last_index);
     for (int r = 0; r < qn; ++r) {
       const float* first = job.partial + static_cast<size_t>(group_task * split.parts) * stride;
       float top = -INFINITY;
