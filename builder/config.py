@@ -147,14 +147,16 @@ class BuildConfig:
         if self.graph == "legacy" and self.quantization != "none":
             raise ConfigError(f"--quantization {self.quantization} needs the modern graph: block-wise and int4 "
                               "DequantizeLinear are opset 21, the legacy graph is opset 20 (TensorRT 10.3)")
-        self.refuse_unimplemented()
+        self.refuse_dtype_combinations()
 
-    def refuse_unimplemented(self) -> None:
-        """Options from the CLI contract that this version cannot honour fail loudly, never silently."""
-        if self.dtype == "bfloat16":
-            raise ConfigError("--dtype bfloat16 is not supported yet: the graph writer stores float16 or float32 "
-                              "weights, and ONNX Runtime's CPU kernels have no bfloat16 MatMul; use --dtype float16 "
-                              "(TensorRT and ONNX Runtime) or float32")
+    def refuse_dtype_combinations(self) -> None:
+        """--dtype with what cannot run it fails loudly, never silently."""
+        if self.dtype == "bfloat16" and self.backend == "onnxruntime" and \
+                (self.graph == "legacy" or self.cpu_kernels == "onnxruntime"):
+            raise ConfigError(f"--dtype bfloat16 on ONNX Runtime runs on our CPU kernels (ONNX Runtime has no "
+                              f"bfloat16 CPU kernels), and they take the modern graph with --cpu-kernels "
+                              f"auto|native, got --graph {self.graph} --cpu-kernels {self.cpu_kernels}; use "
+                              "--dtype float16")
         if self.quantization != "none" and self.dtype != "float32":
             raise ConfigError(f"--quantization {self.quantization} needs --dtype float32 (the activations' "
                               f"type), got {self.dtype}")

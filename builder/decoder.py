@@ -36,7 +36,7 @@ from onnx import TensorProto
 
 from trtllm.builder import legacy_ops
 from trtllm.builder.config import GRAPHS
-from trtllm.builder.graph import OPSET, GraphWriter
+from trtllm.builder.graph import DTYPES, OPSET, STORAGE, GraphWriter
 from trtllm.builder.quantize import QuantScheme
 from trtllm.builder.weights import WeightWriter
 from trtllm.plugins import cpu as cpu_kernels
@@ -135,11 +135,12 @@ def attention_supported(spec: DecoderSpec, dtype: str) -> bool:
 
 
 def half_supported(spec: DecoderSpec, dtype: str, quant: QuantScheme | None) -> bool:
-    """Where a float16 engine's ONNX Runtime form runs on trtllm.cpu::MatMulHalf and Attention
-    (float32 activations, float16 weights and cache), given our kernels: float16 and unquantized,
-    attention as attention_supported, and every projection's input width a multiple of 32."""
+    """Where a float16 or bfloat16 engine's ONNX Runtime form runs on trtllm.cpu::MatMulHalf and
+    Attention (float32 activations, weights and cache in the engine's dtype), given our kernels:
+    16-bit and unquantized, attention as attention_supported, and every projection's input width a
+    multiple of 32."""
     widths = (spec.hidden_size, spec.intermediate_size, spec.num_heads * spec.head_dim)
-    return (dtype == "float16" and quant is None and attention_supported(spec, "float32")
+    return (dtype in ("float16", "bfloat16") and quant is None and attention_supported(spec, "float32")
             and all(w % 32 == 0 for w in widths))
 
 
@@ -161,19 +162,23 @@ class DecoderWriter(WeightWriter):
         self.spec, self.w, self.io, self.quant = spec, weights, io, quant
         # ONNX Runtime form only: plugins/cpu's kernels for the quantized projections
         # (trtllm.cpu::MatMulBlockQuant) and, where GroupQueryAttention would go, trtllm.cpu::Attention.
-        # A float16 engine's form there (`half`) keeps its weights and cache in float16 but computes
-        # in float32 (trtllm.cpu::MatMulHalf): ONNX Runtime has no fast float16 kernels on CPUs.
+        # A float16 or bfloat16 engine's form there (`half`) keeps its weights and cache in that type
+        # but computes in float32 (trtllm.cpu::MatMulHalf): ONNX Runtime has no fast float16 kernels
+        # on CPUs, and no bfloat16 ones at all.
         self.native = native_kernels and quant is not None and quant.block_size == 32 and dtype == "float32"
         self.half = native_kernels and ort_attention and half_supported(spec, dtype, quant)
         # attention as one fused node: ours (trtllm.cpu::Attention) on our kernels, else ONNX Runtime's
         supported = attention_supported if native_kernels else gqa_supported
         self.gqa = ort_attention and supported(spec, "float32" if self.half else dtype)
         self.native_attention = native_kernels and self.gqa
-        # float16 (elsewhere): weights, activations and the KV cache in half precision; norms
+        # float16 or bfloat16 (elsewhere): weights, activations and the KV cache in that type; norms
         # accumulate in float32 (stash_type), attention's softmax too, and the logits are cast to float32.
-        self.dtype = np.dtype("float32" if self.half else dtype)
-        self.ftype = TensorProto.FLOAT16 if self.dtype == np.float16 else F32
-        self.kv_type = TensorProto.FLOAT16 if dtype == "float16" else self.ftype
+        self.storage = STORAGE[dtype]  # the weights' and the cache's type
+        self.dtype = np.dtype("float32") if self.half else self.storage
+        self.ftype, self.kv_type = DTYPES[self.dtype], DTYPES[self.storage]
+        # LoRA inputs: float16 engines take float16; bfloat16 ones float32 (numpy, which the runtime
+        # feeds them from, has no bfloat16), cast to the graph's type where it differs
+        self.lora_type = TensorProto.FLOAT16 if dtype == "float16" else F32
         self.g = GraphWriter("trtllm_decoder")
         self.cos = self.g.weight("/model/rotary/cos_cache", rope_cos.astype(self.dtype))
         self.sin = self.g.weight("/model/rotary/sin_cache", rope_sin.astype(self.dtype))
@@ -221,11 +226,11 @@ class DecoderWriter(WeightWriter):
         g, site_io, deltas, pairs = self.g, self.sites[site], [], []
         for module, lo, hi in site_io["modules"]:
             rank, where = f"lora_rank.{layer}.{module}", f"{name}/lora/{module.split('.')[-1]}"
-            # in the engine's dtype (the manifest's), whatever its activations: the half form casts
+            # in lora_type (the manifest's LoRA dtype), whatever the activations: cast where they differ
             a, b = self.io.lora_a.format(i=layer, module=module), self.io.lora_b.format(i=layer, module=module)
-            a = g.input(a, self.kv_type, ["lora_batch", site_io["in"], rank])
-            b = g.input(b, self.kv_type, ["lora_batch", rank, hi - lo])
-            if self.kv_type != self.ftype:
+            a = g.input(a, self.lora_type, ["lora_batch", site_io["in"], rank])
+            b = g.input(b, self.lora_type, ["lora_batch", rank, hi - lo])
+            if self.lora_type != self.ftype:
                 a = g.op("Cast", f"{where}/Cast_a", [a], to=self.ftype)
                 b = g.op("Cast", f"{where}/Cast_b", [b], to=self.ftype)
             pairs += [a, b]
@@ -257,13 +262,19 @@ class DecoderWriter(WeightWriter):
 
     def gelu_tanh(self, name: str, x: str) -> str:
         """GELU's tanh form, 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), as torch computes it, in
-        standard ops: Gelu(approximate=tanh) is opset 20, and TensorRT fuses this pattern itself."""
-        g, t = self.g, self.dtype
+        standard ops: Gelu(approximate=tanh) is opset 20, and TensorRT fuses this pattern itself. In
+        float32 whatever the graph's type, as torch computes a 16-bit gelu (its constants rounded to
+        bfloat16 would be 0.1-0.3% off)."""
+        g, t = self.g, np.float32
+        wide = self.ftype != F32
+        if wide:
+            x = g.op("Cast", f"{name}/Cast", [x], to=F32)
         cube = g.op("Mul", f"{name}/Cube", [g.op("Mul", f"{name}/Square", [x, x]), x])
         inner = g.op("Add", f"{name}/Inner", [x, g.op("Mul", f"{name}/Kappa", [cube, g.const(0.044715, t)])])
         tanh = g.op("Tanh", f"{name}/Tanh", [g.op("Mul", f"{name}/Beta", [inner, g.const((2 / np.pi) ** 0.5, t)])])
         half_x = g.op("Mul", f"{name}/Half", [x, g.const(0.5, t)])
-        return g.op("Mul", f"{name}/Mul", [half_x, g.op("Add", f"{name}/OnePlus", [tanh, g.const(1.0, t)])])
+        y = g.op("Mul", f"{name}/Mul", [half_x, g.op("Add", f"{name}/OnePlus", [tanh, g.const(1.0, t)])])
+        return g.op("Cast", f"{name}/CastBack", [y], to=self.ftype) if wide else y
 
     def fused_linear(self, name: str, x: str, prefix: str, parts: list[str], bias: bool = False,
                      lora: tuple[int, str] | None = None) -> list[str]:
@@ -274,9 +285,16 @@ class DecoderWriter(WeightWriter):
 
     def norm_scale(self, weight_name: str) -> str:
         """An RMSNorm's scale: its weight, plus spec.norm_offset (Gemma's 1 + w, added in float32 as
-        transformers does)."""
+        transformers does). On our kernels' 16-bit form the weight is rounded to the engine's dtype
+        first and 1 + w kept in float32, as transformers computes it from a 16-bit weight (1 + w
+        rounded to bfloat16 would be 1/256 off)."""
         w = self.w[weight_name]
-        return self.fw(weight_name, w + np.float32(self.spec.norm_offset) if self.spec.norm_offset else w)
+        if not self.spec.norm_offset:
+            return self.fw(weight_name, w)
+        if self.half:
+            rounded = w.astype(self.storage).astype(np.float32)
+            return self.g.weight(weight_name, rounded + np.float32(self.spec.norm_offset))
+        return self.fw(weight_name, w + np.float32(self.spec.norm_offset))
 
     def rms_norm(self, name: str, x: str, weight_name: str) -> str:
         scale = self.norm_scale(weight_name)
@@ -468,8 +486,9 @@ class DecoderWriter(WeightWriter):
         position_ids = g.input(io.position_ids, I64, ["batch", "seq"])
         write_index = g.input(io.write_index, I64, ["batch"])
         last_index = g.input(io.last_index, I64, ["batch"])
-        if self.half or self.half_embedding:  # one float16 table for the lookup and a tied lm_head
-            embed = g.weight("model.embed_tokens.weight", self.w["model.embed_tokens.weight"].astype(np.float16))
+        if self.half or self.half_embedding:  # one 16-bit table for the lookup and a tied lm_head
+            table = self.storage if self.half else np.float16  # a quantized EAGLE head's: float16
+            embed = g.weight("model.embed_tokens.weight", self.w["model.embed_tokens.weight"].astype(table))
             h = g.op("Cast", "/model/embed_tokens/Cast",
                      [g.op("Gather", "/model/embed_tokens/Gather", [embed, input_ids], axis=0)], to=F32)
         elif self.quant is not None:

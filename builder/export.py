@@ -98,6 +98,9 @@ def export_onnx(ck: ckpt.Checkpoint, config: BuildConfig, out_dir: Path, log, ba
     if quant is not None and config.activations != "float32" and not quant_native:
         raise RuntimeError(f"--activations {config.activations} needs our CPU kernels: {cpu_kernels.missing_hint()}")
     half = half and native
+    if backend == "onnxruntime" and config.dtype == "bfloat16" and not half:
+        raise ConfigError(f"--dtype bfloat16 on ONNX Runtime runs on our CPU kernels (ONNX Runtime has no bfloat16 "
+                          f"CPU kernels), and {bfloat16_obstacle(config, spec)}; use --dtype float16")
     if backend == "onnxruntime" and config.graph == "modern" and (gqa or quant is not None or half):
         # The ONNX Runtime form starts from a graph whose attention is a fused kernel (ours or ORT's)
         # and whose quantized or float16 MatMuls are ours (or left for ORT to fuse as MatMulNBits,
@@ -111,8 +114,8 @@ def export_onnx(ck: ckpt.Checkpoint, config: BuildConfig, out_dir: Path, log, ba
             log(f"lowering the quantized MatMuls to {cpu_kernels.LOWERING} (plugins/cpu)")
             lowerings.append(cpu_kernels.LOWERING)
         if half:
-            log(f"lowering the float16 MatMuls to {cpu_kernels.HALF_LOWERING} (plugins/cpu: float16 weights and "
-                "cache, float32 arithmetic)")
+            log(f"lowering the {config.dtype} MatMuls to {cpu_kernels.HALF_LOWERING} (plugins/cpu: {config.dtype} "
+                "weights and cache, float32 arithmetic)")
             lowerings.append(cpu_kernels.HALF_LOWERING)
         if native and config.max_lora_rank:
             log(f"lowering the LoRA deltas to {cpu_kernels.LORA_LOWERING} (plugins/cpu: one node per projection)")
@@ -168,6 +171,17 @@ def export_draft(draft: "eagle.Draft", config: BuildConfig, out_dir: Path, log, 
                 num_kv_heads=spec.num_kv_heads, head_dim=spec.head_dim, kv_dtype=config.dtype)),
             "lowerings": lowerings, "draft_step": eagle.DRAFT_STEP[backend],
             "source": {"path": str(draft.path.resolve()), "sha256": ckpt.weights_hash(sorted(draft.path.glob("*.safetensors")))}}
+
+
+def bfloat16_obstacle(config: BuildConfig, spec) -> str:
+    """Why a bfloat16 model cannot run on our kernels here (half_supported said no)."""
+    if config.graph == "legacy" or config.cpu_kernels == "onnxruntime":
+        return f"they take the modern graph with --cpu-kernels auto|native, got --graph {config.graph} " \
+               f"--cpu-kernels {config.cpu_kernels}"
+    if cpu_kernels.library() is None:
+        return cpu_kernels.missing_hint()
+    return (f"this model's head size ({spec.head_dim}) is not a multiple of 16, or a projection's input width "
+            "(hidden_size, intermediate_size, heads x head_dim) not of 32")
 
 
 def use_native_kernels(config: BuildConfig, runs_here: bool, log) -> bool:

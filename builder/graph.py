@@ -5,13 +5,22 @@ node (`<name>/output_0`), so a graph read in Netron maps back to the code that w
 """
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 OPSET = 24
 DTYPES = {np.dtype(np.float32): TensorProto.FLOAT, np.dtype(np.int64): TensorProto.INT64,
-          np.dtype(np.bool_): TensorProto.BOOL, np.dtype(np.float16): TensorProto.FLOAT16}
+          np.dtype(np.bool_): TensorProto.BOOL, np.dtype(np.float16): TensorProto.FLOAT16,
+          np.dtype(ml_dtypes.bfloat16): TensorProto.BFLOAT16}
+# --dtype's name -> the numpy type of its weights and KV cache (numpy's bfloat16 is ml_dtypes')
+STORAGE = {"float32": np.dtype(np.float32), "float16": np.dtype(np.float16), "bfloat16": np.dtype(ml_dtypes.bfloat16)}
+
+
+def numpy_type(elem_type: int) -> np.dtype:
+    """The numpy type of a float TensorProto type (FLOAT, FLOAT16, BFLOAT16)."""
+    return next(d for d, t in DTYPES.items() if t == elem_type)
 
 
 class GraphWriter:

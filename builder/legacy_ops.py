@@ -21,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 from onnx import TensorProto
 
-from trtllm.builder.graph import GraphWriter
+from trtllm.builder.graph import GraphWriter, numpy_type
 
 F32 = TensorProto.FLOAT
 OPSET = 20       # TensorRT 10.0/10.1's table covers opset 9-20; assumed for 10.3 (no newer table documents it)
@@ -124,7 +124,7 @@ def attention(g: GraphWriter, name: str, q: str, k: str, v: str, bias: str, num_
     of one group are adjacent, so q reshapes (no copy) to [B,kv_heads,groups*S,D] (row g*S + s)
     and meets K and V as they are. q is scaled before the product, which keeps float16 scores small.
     """
-    dtype = np.float16 if ftype == TensorProto.FLOAT16 else np.float32
+    dtype = numpy_type(ftype)
     q = g.op("Mul", f"{name}/ScaleQ", [q, g.const(float(head_dim) ** -0.5 if scale is None else scale, dtype)])
     q = g.op("Reshape", f"{name}/GroupQ", [q, g.const([0, num_kv_heads, -1, head_dim])])      # [B,Hkv,G*S,D]
     kt = g.op("Transpose", f"{name}/KT", [k], perm=[0, 1, 3, 2])                              # [B,Hkv,D,C]

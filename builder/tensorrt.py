@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from trtllm.runtime.backends.tensorrt import ALIGNMENT
+from trtllm.runtime.kv_cache import kv_storage
 from trtllm.runtime.manifest import GraphIO, Limits, ModelShape
 
 PLAN_NAME = "llm.plan"
@@ -107,7 +108,7 @@ def aligned_capacity(capacity: int, spec, dtype: str, log=print, draft=None) -> 
     head's KV buffers too, which have the same capacity)."""
     step = 1
     for s in (spec, draft) if draft is not None else (spec,):
-        row = s.num_kv_heads * s.head_dim * np.dtype(dtype).itemsize  # bytes per position per slot
+        row = s.num_kv_heads * s.head_dim * kv_storage(dtype).itemsize  # bytes per position per slot
         step = math.lcm(step, ALIGNMENT // math.gcd(ALIGNMENT, row))
     aligned = capacity // step * step
     if aligned < 1:

@@ -1,10 +1,10 @@
-"""How DecoderWriter writes its weights: float (in the graph's dtype, or float16 held as float32 on
-our kernels), block-quantized for DequantizeLinear + MatMul (llm.onnx, and ONNX Runtime's
+"""How DecoderWriter writes its weights: float (in the graph's dtype, or float16/bfloat16 values held
+as float32 on our kernels), block-quantized for DequantizeLinear + MatMul (llm.onnx, and ONNX Runtime's
 MatMulNBits fusion), or packed for our kernels (trtllm.cpu::MatMulBlockQuant, MatMulHalf); and a
 quantized engine's int8 token embedding.
 
 A mixin of DecoderWriter (builder/decoder.py), whose __init__ sets what these methods read: g (the
-GraphWriter), spec, w (the weights), io, quant, half, native, dtype, ort_form, half_embedding,
+GraphWriter), spec, w (the weights), io, quant, half, native, dtype, storage, ort_form, half_embedding,
 quantized (the cache of quantized weights) and has_generated.
 """
 from __future__ import annotations
@@ -22,17 +22,18 @@ class WeightWriter:
     """The weight-writing half of DecoderWriter (see the module docstring)."""
 
     def fw(self, name: str, array: np.ndarray) -> str:
-        """A float weight in the graph's dtype (`half`: float16 values, held as float32)."""
+        """A float weight in the graph's dtype (`half`: the engine's float16 or bfloat16 values, held
+        as float32)."""
         array = np.asarray(array)
         if self.half:
-            array = array.astype(np.float16)
+            array = array.astype(self.storage)
         return self.g.weight(name, array.astype(self.dtype))
 
     def matmul(self, name: str, x: str, prefix: str, w: np.ndarray, rank: int = 3) -> str:
         """x @ w.T, with w.T stored as [in, out] (no Transpose); block-quantized when asked."""
         g, scheme = self.g, self.quant
         if self.half:
-            return self.half_matmul(name, x, g.weight(f"{prefix}.weight", w.astype(np.float16)), w.shape[0])
+            return self.half_matmul(name, x, g.weight(f"{prefix}.weight", w.astype(self.storage)), w.shape[0])
         if scheme is None:
             return g.op("MatMul", f"{name}/MatMul", [x, self.fw(f"{prefix}.weight", w.T)])
         if prefix == "lm_head":
@@ -80,7 +81,7 @@ class WeightWriter:
         return self.quantized[key]
 
     def half_matmul(self, name: str, x: str, w: str, n: int, **attrs) -> str:
-        """x @ w.T as one trtllm.cpu::MatMulHalf node: w a float16 [n, in] initializer."""
+        """x @ w.T as one trtllm.cpu::MatMulHalf node: w a float16 or bfloat16 [n, in] initializer."""
         return self.g.op(cpu_kernels.HALF, f"{name}/MatMulHalf", [x, w, self.generated_input()],
                          domain=cpu_kernels.DOMAIN, n=n, **attrs)
 
@@ -89,7 +90,7 @@ class WeightWriter:
         weights as two projections, rows ordered as the kernel pairs them."""
         both, order = np.concatenate([gate, up]), swiglu_rows(gate.shape[0])
         if self.half:
-            w = self.g.weight(f"{prefix}.weight", both[order].astype(np.float16))
+            w = self.g.weight(f"{prefix}.weight", both[order].astype(self.storage))
             return self.half_matmul(name, x, w, both.shape[0], activation="swiglu")
         return self.block_quant(name, x, prefix, both, self.quant, order=order, activation="swiglu")
 

@@ -18,10 +18,16 @@ from __future__ import annotations
 
 import numpy as np
 
-from trtllm.runtime.manifest import ModelShape
+from trtllm.runtime.manifest import KV_STORAGE, ModelShape
+
+
+def kv_storage(kv_dtype: str) -> np.dtype:
+    """The numpy type that holds a KV cache of `kv_dtype` (float32, float16 or bfloat16: its bits,
+    manifest.KV_STORAGE)."""
+    return np.dtype(KV_STORAGE[kv_dtype])
 
 def bytes_per_token(model: ModelShape) -> int:
-    return model.num_layers * 2 * model.num_kv_heads * model.head_dim * np.dtype(model.kv_dtype).itemsize
+    return model.num_layers * 2 * model.num_kv_heads * model.head_dim * kv_storage(model.kv_dtype).itemsize
 
 
 def bytes_for(model: ModelShape, num_slots: int, capacity: int) -> int:
@@ -42,7 +48,7 @@ class KVCacheManager:
         # One allocation for all layers: numpy backs an allocation this large with 2 MiB pages on
         # Linux, and attention streams the whole cache every step (at batch 8, as much as a fifth
         # of the weights' bytes).
-        return list(np.zeros((2 * self.model.num_layers, *shape), self.model.kv_dtype))
+        return list(np.zeros((2 * self.model.num_layers, *shape), kv_storage(self.model.kv_dtype)))
 
     def grow(self, capacity: int) -> None:
         """Positions 0..capacity-1 per slot (at most `limit`), the KV so far copied over. A new

@@ -157,7 +157,8 @@ def module_scale(cfg: dict, layer: int, module: str, rank: int) -> float:
 
 
 def dtype_of(manifest: Manifest) -> np.dtype:
-    """LoRA inputs are in the engine's dtype (the graph casts them where it computes in float32)."""
+    """LoRA inputs are float16 in a float16 engine, else float32 (a bfloat16 engine's too: numpy has no
+    bfloat16); the graph casts them to the type it computes in (builder/decoder.py, lora_type)."""
     return np.dtype(np.float16 if manifest.dtype == "float16" else np.float32)
 
 

@@ -37,6 +37,12 @@ class Limits:
     max_lora_rank: int = 0
 
 
+# numpy has no bfloat16: a bfloat16 cache is held as its bits (uint16), and the backends bind those
+# buffers as bfloat16 (ONNX Runtime: an OrtValue typed so; TensorRT: by address)
+KV_STORAGE = {"float32": "float32", "float16": "float16", "bfloat16": "uint16"}
+BFLOAT16 = 16  # ONNX's TensorProto.BFLOAT16 (the runtime does not import onnx)
+
+
 @dataclass(frozen=True, slots=True)
 class ModelShape:
     """What the runtime needs to size buffers: `[batch, num_kv_heads, capacity, head_dim]` per layer."""
@@ -49,7 +55,7 @@ class ModelShape:
     head_dim: int
     sliding_window: int | None = None
     sliding_layers: tuple[int, ...] | None = None  # the layers sliding_window applies to; None: all (Gemma 3 mixes)
-    kv_dtype: str = "float32"  # the KV buffers' numpy dtype (float16 for --dtype float16 engines)
+    kv_dtype: str = "float32"  # the engine's KV type: --dtype's (float32, float16 or bfloat16)
 
 
 @dataclass(frozen=True, slots=True)

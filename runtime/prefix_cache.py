@@ -9,7 +9,8 @@ One file per entry, `<key>.kv`:
 
     b"TRTLLM-KV\\n" | header length (8 bytes, little endian) | header JSON | payload
     header: {"format", "key", "engine", "adapter", "prefix_ids", "shape", "dtype", "crc32"}
-    payload: the engine's KV dtype (float32 or float16) [2 * layers, kv_heads, num_tokens, head_dim], C order
+    payload: the engine's KV dtype (float32, float16, or bfloat16 bits) [2 * layers, kv_heads, num_tokens,
+             head_dim], C order
 
 The payload checksum is CRC-32: it catches corruption and truncation at twice sha256's speed,
 and the key already binds an entry to its engine and prefix (nothing here is adversarial).
@@ -40,6 +41,10 @@ from pathlib import Path
 import numpy as np
 
 from trtllm.runtime import files
+from trtllm.runtime.kv_cache import kv_storage
+from trtllm.runtime.manifest import KV_STORAGE
+
+KV_NAMES = {held: name for name, held in KV_STORAGE.items()}  # uint16 holds bfloat16's bits
 
 MAGIC = b"TRTLLM-KV\n"
 FORMAT = 2
@@ -151,9 +156,9 @@ class PrefixStore:
                 raise ValueError(f"header.{name} does not match")
         payload = memoryview(data)[start:]  # no copy of the (large) payload
         shape = tuple(header.get("shape", ()))
-        if header.get("dtype") not in ("float32", "float16"):
+        if header.get("dtype") not in KV_STORAGE:
             raise ValueError(f"has an unknown dtype {header.get('dtype')!r}")
-        dtype = np.dtype(header["dtype"])
+        dtype = kv_storage(header["dtype"])
         if len(payload) != int(np.prod(shape, dtype=np.int64)) * dtype.itemsize or len(shape) != 4:
             raise ValueError(f"is truncated ({len(payload)} payload bytes for shape {shape})")
         if zlib.crc32(payload) != header.get("crc32"):
@@ -174,7 +179,7 @@ class PrefixStore:
         kv = np.ascontiguousarray(kv)
         payload = kv.tobytes()
         header = json.dumps({"format": FORMAT, "key": key, "engine": self.engine_id, "adapter": adapter,
-                             "prefix_ids": list(prefix_ids), "shape": list(kv.shape), "dtype": kv.dtype.name,
+                             "prefix_ids": list(prefix_ids), "shape": list(kv.shape), "dtype": KV_NAMES[kv.dtype.name],
                              "crc32": zlib.crc32(payload)}).encode()
         self.remember(key, kv)  # this process reuses it even if the disk will not take it
         data = MAGIC + struct.pack("<Q", len(header)) + header + payload

@@ -155,6 +155,10 @@ def main(argv=None) -> int:
     parser.add_argument("--json", type=Path, help="write the report here")
     args = parser.parse_args(argv)
     dtype = mf.load(args.engine).dtype
+    if dtype == "bfloat16":  # the reference is llm.onnx on ONNX Runtime
+        print("error: a bfloat16 engine's llm.onnx cannot be the reference: ONNX Runtime has no bfloat16 CPU "
+              "kernels; compare a float16 build of the same checkpoint", file=sys.stderr)
+        return 2
     atol = args.atol if args.atol is not None else (1e-3 if dtype == "float32" else 0.05)
     report = compare(args.engine, atol, args.rtol)
     for s in report["steps"]:

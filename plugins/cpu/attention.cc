@@ -6,8 +6,8 @@
 // with AVX-512 and splits the work over (row, heads of one kv head, block of queries).
 //
 // Inputs:  0 qkv [B, S, (H + 2 Hk) D] float32 (the q heads, then the k heads, then the v heads)
-//          1 past_key, 2 past_value [B, Hk, C, D] float32, or both float16 (a float16 engine's cache:
-//            read and written in half precision, computed in float32)
+//          1 past_key, 2 past_value [B, Hk, C, D] float32, or both float16 or bfloat16 (a float16 or
+//            bfloat16 engine's cache: read and written in that type, computed in float32)
 //          3 write_index [B] int64: the slot of the row's first new token
 //          4 last_index [B] int64: the row's new tokens are s = 0 .. last_index (the rest is padding)
 //          5 position_ids [B, S] int64
@@ -88,9 +88,11 @@ struct Split {
   }
 };
 
-// The cache's element: float, or float16 bits.
+// The cache's element: float, float16 bits, or bfloat16.
+using trtllm_cpu::bf16;
 inline float to_float(float x) { return x; }
 inline float to_float(uint16_t h) { return trtllm_cpu::half_to_float(h); }
+inline float to_float(bf16 h) { return trtllm_cpu::bf16_to_float(h.bits); }
 
 template <typename T>
 struct Job {
@@ -161,6 +163,10 @@ void attend_generic(const float* q, const T* key, const T* value, int64_t lo, in
 __attribute__((target("avx512f,avx512bw,avx512vl,fma"))) inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
 __attribute__((target("avx512f,avx512bw,avx512vl,fma"))) inline __m512 load16(const uint16_t* p) {
   return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+__attribute__((target("avx512f,avx512bw,avx512vl,fma"))) inline __m512 load16(const bf16* p) {  // exact: a shift
+  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
 
 // 16 vectors -> one vector of their 16 sums, in 4 rounds of shuffles and adds (instead of a
@@ -385,10 +391,13 @@ void merge_parts(const Job<T>& job) {
   }
 }
 
-// A row of the cache from float32: copied, or rounded to float16.
+// A row of the cache from float32: copied, or rounded to float16 or bfloat16.
 void store(const float* src, int64_t d, float* dst) { std::memcpy(dst, src, d * sizeof(float)); }
 void store(const float* src, int64_t d, uint16_t* dst) {
   for (int64_t i = 0; i < d; ++i) dst[i] = trtllm_cpu::float_to_half(src[i]);
+}
+void store(const float* src, int64_t d, bf16* dst) {
+  for (int64_t i = 0; i < d; ++i) dst[i].bits = trtllm_cpu::float_to_bf16(src[i]);
 }
 
 OrtStatusPtr fail(const std::string& message) {
@@ -436,7 +445,8 @@ struct Kernel {
       auto y = ctx.GetOutput(0, {n.b, n.s, h * n.d});
       if (kv_type == ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT) return run<float>(ctx, n, y);
       if (kv_type == ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16) return run<uint16_t>(ctx, n, y);
-      return fail("the KV cache must be float32 or float16");
+      if (kv_type == ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16) return run<bf16>(ctx, n, y);
+      return fail("the KV cache must be float32, float16 or bfloat16");
     } catch (const std::exception& e) {
       return fail(e.what());
     }
@@ -502,7 +512,7 @@ struct Kernel {
   }
 };
 
-// Registered twice under one name, once per cache type: ONNX Runtime makes one schema of the two and
+// Registered three times under one name, once per cache type: ONNX Runtime makes one schema of them and
 // picks the kernel by the cache's type.
 template <ONNXTensorElementDataType KV>
 struct Op : Ort::CustomOpBase<Op<KV>, Kernel, true> {
@@ -543,6 +553,10 @@ OrtCustomOp* attention_op() {
 }
 OrtCustomOp* attention_half_cache_op() {
   static Op<ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16> op;
+  return &op;
+}
+OrtCustomOp* attention_bf16_cache_op() {
+  static Op<ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16> op;
   return &op;
 }
 }  // namespace trtllm_cpu

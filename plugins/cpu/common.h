@@ -65,9 +65,11 @@ inline void parallel_for(Ort::KernelContext& ctx, void (*task)(void*, size_t), s
 }
 
 OrtCustomOp* matmul_block_quant_op();
-OrtCustomOp* matmul_half_op();
+OrtCustomOp* matmul_half_op();       // float16 weights
+OrtCustomOp* matmul_half_bf16_op();  // the same op for bfloat16 weights
 OrtCustomOp* attention_op();             // a float32 KV cache
 OrtCustomOp* attention_half_cache_op();  // the same op for a float16 cache
+OrtCustomOp* attention_bf16_cache_op();  // and for a bfloat16 cache
 OrtCustomOp* lora_add_op();
 OrtCustomOp* lora_add_swiglu_op();
 
@@ -108,6 +110,28 @@ inline uint16_t float_to_half(float f) {
   uint32_t r = x - 0x38000000;  // exponent bias 127 -> 15
   r += 0x0FFF + ((r >> 13) & 1);
   return static_cast<uint16_t>(sign | (r >> 13));
+}
+
+// bfloat16 (float32's upper half: a bfloat16 engine's weights and KV cache). A type of its own so
+// that a template over the cache's element tells it from float16's bits.
+struct bf16 {
+  uint16_t bits;
+};
+
+inline float bf16_to_float(uint16_t h) {
+  const uint32_t bits = static_cast<uint32_t>(h) << 16;  // exact: the low half is zero
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+// Rounded to nearest, ties to even (as torch's .bfloat16() and ml_dtypes); NaN stays NaN.
+inline uint16_t float_to_bf16(float f) {
+  uint32_t x;
+  std::memcpy(&x, &f, 4);
+  if ((x & 0x7FFFFFFF) > 0x7F800000) return static_cast<uint16_t>((x >> 16) | 0x40);  // quiet NaN
+  x += 0x7FFF + ((x >> 16) & 1);
+  return static_cast<uint16_t>(x >> 16);
 }
 
 #ifdef TRTLLM_X86

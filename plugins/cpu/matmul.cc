@@ -38,7 +38,7 @@ void dequant_rows_generic(const Weights& w, int64_t r0, int nr, float* out) {
     const int64_t row = r0 + r;
     if (w.bits == 16) {
       const uint16_t* h = reinterpret_cast<const uint16_t*>(w.codes) + row * w.k;
-      for (int64_t i = 0; i < w.k; ++i) out[r * w.k + i] = half_to_float(h[i]);
+      for (int64_t i = 0; i < w.k; ++i) out[r * w.k + i] = w.brain ? trtllm_cpu::bf16_to_float(h[i]) : half_to_float(h[i]);
       continue;
     }
     row_params_generic(w, row, params.data(), params.data() + nb);
@@ -83,6 +83,22 @@ __attribute__((target("avx512f,avx512bw,avx512vl,fma"))) void halves_avx512(cons
   }
 }
 
+// 16 bfloat16 values as float32: each shifted into a float's upper half.
+__attribute__((target("avx512f,avx512bw,avx512vl,fma"))) inline __m512 widen_bf16(__m256i h) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+__attribute__((target("avx512f,avx512bw,avx512vl,fma"))) void brains_avx512(const uint16_t* h, int64_t count,
+                                                                          float* out) {
+  int64_t i = 0;
+  for (; i + 16 <= count; i += 16)
+    _mm512_storeu_ps(out + i, widen_bf16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(h + i))));
+  if (i < count) {
+    const __mmask16 tail = static_cast<__mmask16>((1u << (count - i)) - 1);
+    _mm512_mask_storeu_ps(out + i, tail, widen_bf16(_mm256_maskz_loadu_epi16(tail, h + i)));
+  }
+}
+
 __attribute__((target("avx512f,avx512bw,avx512vl,fma"))) void row_params_avx512(const Weights& w, int64_t row,
                                                                               float* s, float* o) {
   const int64_t nb = w.blocks();
@@ -100,7 +116,9 @@ __attribute__((target("avx512f,avx512bw,avx512vl,fma"))) void dequant_rows_avx51
   for (int r = 0; r < nr; ++r) {
     const int64_t row = r0 + r;
     if (w.bits == 16) {
-      halves_avx512(reinterpret_cast<const uint16_t*>(w.codes) + row * w.k, w.k, out + r * w.k);
+      const uint16_t* h = reinterpret_cast<const uint16_t*>(w.codes) + row * w.k;
+      if (w.brain) brains_avx512(h, w.k, out + r * w.k);
+      else halves_avx512(h, w.k, out + r * w.k);
       continue;
     }
     row_params_avx512(w, row, params.data(), params.data() + nb);
@@ -259,9 +277,17 @@ __attribute__((target("avx512f,avx512bw,avx512vl,fma"))) void fused_avx512(const
     for (int r = 0; r < NR; ++r) y[m * ldy + r] = _mm512_reduce_add_ps(acc[m][r]);
 }
 
-// Decode with float16 weights: NR rows converted into registers (F16C) and used by MR activation
-// rows; the next tiles are prefetched as above (a row is 2K bytes).
-template <int MR, int NR>
+// 16 weights of 16 bits as float32: float16 (F16C) or, BF, bfloat16.
+template <bool BF>
+__attribute__((target("avx512f,avx512bw,avx512vl,fma"))) inline __m512 widen16(const uint16_t* p) {
+  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  if constexpr (BF) return widen_bf16(h);
+  else return _mm512_cvtph_ps(h);
+}
+
+// Decode with float16 (BF: bfloat16) weights: NR rows converted into registers and used by MR
+// activation rows; the next tiles are prefetched as above (a row is 2K bytes).
+template <int MR, int NR, bool BF>
 __attribute__((target("avx512f,avx512bw,avx512vl,fma"))) void half_avx512(const Weights& w, int64_t row,
                                                                         const float* x, int64_t ldx, const float*,
                                                                         float* y, int64_t ldy) {
@@ -278,8 +304,8 @@ __attribute__((target("avx512f,avx512bw,avx512vl,fma"))) void half_avx512(const 
     __m512 wlo[NR], whi[NR];
 #pragma GCC unroll 4
     for (int r = 0; r < NR; ++r) {
-      wlo[r] = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(base + r * w.k + i)));
-      whi[r] = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(base + r * w.k + i + 16)));
+      wlo[r] = widen16<BF>(base + r * w.k + i);
+      whi[r] = widen16<BF>(base + r * w.k + i + 16);
     }
 #pragma GCC unroll 4
     for (int m = 0; m < MR; ++m) {
@@ -376,9 +402,11 @@ constexpr FusedFn fused_row[kRows] = {fused_avx512<BITS, MR, 1>, fused_avx512<BI
 template <int BITS>
 constexpr const FusedFn* kFused[kFusedBatch] = {fused_row<BITS, 1>, fused_row<BITS, 2>, fused_row<BITS, 3>,
                                                 fused_row<BITS, 4>};
-template <int MR>
-constexpr FusedFn half_row[kRows] = {half_avx512<MR, 1>, half_avx512<MR, 2>, half_avx512<MR, 3>, half_avx512<MR, 4>};
-constexpr const FusedFn* kHalf[kFusedBatch] = {half_row<1>, half_row<2>, half_row<3>, half_row<4>};
+template <int MR, bool BF>
+constexpr FusedFn half_row[kRows] = {half_avx512<MR, 1, BF>, half_avx512<MR, 2, BF>, half_avx512<MR, 3, BF>,
+                                     half_avx512<MR, 4, BF>};
+template <bool BF>
+constexpr const FusedFn* kHalf[kFusedBatch] = {half_row<1, BF>, half_row<2, BF>, half_row<3, BF>, half_row<4, BF>};
 
 using TileFn = void (*)(const float*, int64_t, const float*, int64_t, float*, int64_t);
 
@@ -452,7 +480,8 @@ void run_chunk(void* data, size_t chunk) {
         // Decode: the weights go from their codes into registers; a batch re-reads them from L1.
         for (int64_t m = 0; m < job.m; m += kFusedBatch) {
           const int mr = static_cast<int>(std::min<int64_t>(kFusedBatch, job.m - m));
-          const FusedFn* const* table = w.bits == 4 ? kFused<4> : w.bits == 8 ? kFused<8> : kHalf;
+          const FusedFn* const* table = w.bits == 4 ? kFused<4> : w.bits == 8 ? kFused<8>
+                                         : w.brain ? kHalf<true> : kHalf<false>;
           const float* x = (w.bits == 4 && mr <= 2 ? job.xt : job.x) + m * w.k;
           table[mr - 1][nr - 1](w, r, x, w.k, job.xs ? job.xs + m * w.blocks() : nullptr,
                                 out + m * ldy + (r - r0), ldy);

@@ -19,10 +19,11 @@ constexpr int64_t kPanel = 48;      // activation rows kept in L2 while a chunk'
 constexpr int64_t kSmallBatch = 16; // up to this many activation rows, the weights are dequantized in registers
 
 struct Weights {
-  const uint8_t* codes;    // bits 16: float16 weights [n, k]
+  const uint8_t* codes;    // bits 16: float16 (or bfloat16) weights [n, k]
   const uint16_t* scale;   // float16 bits
   const uint16_t* offset;  // float16 bits; may be null
   int64_t n, k, bits;     // 4, 8, or 16 (MatMulHalf)
+  bool brain = false;     // bits 16: the codes are bfloat16, not float16
   int64_t blocks() const { return k / kBlock; }
 };
 

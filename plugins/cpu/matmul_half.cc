@@ -1,12 +1,13 @@
-// trtllm.cpu::MatMulHalf: y = x @ W.T for float16 W, MatMulBlockQuant's kernels (matmul.cc) on a
-// float16 engine's projections.
+// trtllm.cpu::MatMulHalf: y = x @ W.T for float16 or bfloat16 W, MatMulBlockQuant's kernels
+// (matmul.cc) on a float16 or bfloat16 engine's projections.
 //
 // Why: ONNX Runtime's float16 MatMul on x86 converts to float32 inside every call; a float16 decode
 // step ran at 37 tok/s on it and 80 on this op, which converts each weight in registers as it
 // streams them (half the bytes of float32) and keeps the activations in float32.
 //
-// Inputs:  x [..., K] float32 (K a multiple of 32); w [N, K] float16 (row-major: a tied lm_head
-//          shares the embedding table)
+// Inputs:  x [..., K] float32 (K a multiple of 32); w [N, K] float16 or bfloat16 (row-major: a
+//          tied lm_head shares the embedding table). Registered once per weight type under one name.
+//          bfloat16 is widened exactly (a shift), float16 by F16C.
 // Output:  y [..., N] float32, or [..., N/2] with activation "swiglu" (rows in MatMulBlockQuant's
 //          swiglu order)
 // Attributes: n (N), activation. Products accumulate in float32; only the weights are half precision.
@@ -27,7 +28,7 @@ constexpr char kHalfName[] = "MatMulHalf";
 
 struct HalfKernel {
   int64_t n;
-  bool swiglu;
+  bool swiglu, brain;  // brain: w is bfloat16
   std::mutex lock;  // guards the copy
   trtllm_cpu::Resident copy;
 
@@ -50,6 +51,7 @@ struct HalfKernel {
       }
       Job job{{static_cast<const uint8_t*>(at), nullptr, nullptr, n, k, 16}, x.GetTensorData<float>(), nullptr,
               nullptr, y.GetTensorMutableData<float>(), m, swiglu};
+      job.w.brain = brain;
       const int flag = generated_flag(ctx, 2);  // one path per row role, as in MatMulBlockQuant
       job.prompt = flag == 0;
       job.generated = flag == 1;
@@ -61,7 +63,8 @@ struct HalfKernel {
   }
 };
 
-struct HalfOp : Ort::CustomOpBase<HalfOp, HalfKernel, true> {
+template <ONNXTensorElementDataType W>
+struct HalfOp : Ort::CustomOpBase<HalfOp<W>, HalfKernel, true> {
   OrtStatusPtr CreateKernelV2(const OrtApi&, const OrtKernelInfo* info, void** kernel) const {
     try {
       Ort::ConstKernelInfo ki(info);
@@ -69,7 +72,7 @@ struct HalfOp : Ort::CustomOpBase<HalfOp, HalfKernel, true> {
       if (n < 1) return fail("n must be positive", kHalfName);
       const std::string activation = trtllm_cpu::attribute_or<std::string>(ki, "activation", "none");
       if (const std::string bad = check_activation(activation, n); !bad.empty()) return fail(bad, kHalfName);
-      *kernel = new HalfKernel{n, activation == "swiglu", {}, {}};
+      *kernel = new HalfKernel{n, activation == "swiglu", W == ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16, {}, {}};
       return nullptr;
     } catch (const std::exception& e) {
       return fail(e.what(), kHalfName);
@@ -81,7 +84,7 @@ struct HalfOp : Ort::CustomOpBase<HalfOp, HalfKernel, true> {
   size_t GetInputTypeCount() const { return 3; }
   ONNXTensorElementDataType GetInputType(size_t i) const {
     return i == 0 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT
-                  : i == 1 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16 : ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64;
+                  : i == 1 ? W : ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64;
   }
   OrtCustomOpInputOutputCharacteristic GetInputCharacteristic(size_t i) const {
     return i == 2 ? INPUT_OUTPUT_OPTIONAL : INPUT_OUTPUT_REQUIRED;
@@ -94,7 +97,11 @@ struct HalfOp : Ort::CustomOpBase<HalfOp, HalfKernel, true> {
 
 namespace trtllm_cpu {
 OrtCustomOp* matmul_half_op() {
-  static HalfOp op;
+  static HalfOp<ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16> op;
+  return &op;
+}
+OrtCustomOp* matmul_half_bf16_op() {
+  static HalfOp<ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16> op;
   return &op;
 }
 }  // namespace trtllm_cpu

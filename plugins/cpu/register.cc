@@ -71,8 +71,10 @@ __attribute__((visibility("default"))) OrtStatus* ORT_API_CALL RegisterCustomOps
       domain = new Ort::CustomOpDomain("trtllm.cpu");  // lives as long as the process: sessions keep pointers
       domain->Add(trtllm_cpu::matmul_block_quant_op());
       domain->Add(trtllm_cpu::matmul_half_op());
+      domain->Add(trtllm_cpu::matmul_half_bf16_op());
       domain->Add(trtllm_cpu::attention_op());
       domain->Add(trtllm_cpu::attention_half_cache_op());
+      domain->Add(trtllm_cpu::attention_bf16_cache_op());
       domain->Add(trtllm_cpu::lora_add_op());
       domain->Add(trtllm_cpu::lora_add_swiglu_op());
     });

@@ -21,7 +21,7 @@ import onnxruntime as ort
 from trtllm.plugins import cpu as cpu_kernels
 from trtllm.runtime import hugepages, lora
 from trtllm.runtime.engine import StepInputs, StepOutputs
-from trtllm.runtime.manifest import Manifest, ManifestError, ModelShape, rebuild_hint
+from trtllm.runtime.manifest import BFLOAT16, Manifest, ManifestError, ModelShape, rebuild_hint
 
 
 PROMPT, GENERATED = np.zeros(1, np.int64), np.ones(1, np.int64)  # the `generated` input's two values
@@ -34,6 +34,14 @@ def session_options(num_threads: int | None = None) -> ort.SessionOptions:
     opts.inter_op_num_threads = 1
     opts.log_severity_level = 3
     return opts
+
+
+def kv_value(buf: np.ndarray, kv_dtype: str) -> ort.OrtValue:
+    """An OrtValue over a KV buffer, no copy: a bfloat16 cache's bits (uint16, see
+    kv_cache.kv_storage) are typed bfloat16 for the graph."""
+    if kv_dtype == "bfloat16":
+        return ort.OrtValue.ortvalue_from_numpy_with_onnx_type(buf, BFLOAT16)
+    return ort.OrtValue.ortvalue_from_numpy(buf)
 
 
 def cpu_signature() -> str:
@@ -99,7 +107,7 @@ class OnnxRuntimeEngine:
             for (past, present), buf in zip(self.io.kv_pairs(self.manifest.model.num_layers), kv):
                 if not buf.flags.c_contiguous:
                     raise ValueError(f"KV buffer for {past} must be C-contiguous")
-                value = ort.OrtValue.ortvalue_from_numpy(buf)
+                value = kv_value(buf, self.manifest.model.kv_dtype)
                 binding.bind_ortvalue_input(past, value)
                 binding.bind_ortvalue_output(present, value)
             self.bindings[key] = binding

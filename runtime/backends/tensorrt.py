@@ -22,7 +22,7 @@ import numpy as np
 
 from trtllm.runtime import lora
 from trtllm.runtime.engine import StepInputs, StepOutputs
-from trtllm.runtime.kv_cache import KVCacheManager
+from trtllm.runtime.kv_cache import KVCacheManager, kv_storage
 from trtllm.runtime.manifest import Manifest, ManifestError, ModelShape, rebuild_hint
 
 PREFILL, DECODE = 0, 1  # the builder's profile order (builder/tensorrt.py)
@@ -43,6 +43,14 @@ def import_tensorrt(engine_dir):
     return trt
 
 
+def held_dtype(trt, dtype) -> np.dtype:
+    """The numpy type that holds a tensor of TensorRT's `dtype`: trt.nptype's, and for bfloat16 (a
+    bfloat16 engine's KV, which nptype refuses: numpy has none) its bits, as kv_cache.kv_storage."""
+    if dtype == getattr(trt, "bfloat16", None):
+        return np.dtype(np.uint16)
+    return np.dtype(trt.nptype(dtype))
+
+
 class DeviceView(NamedTuple):
     """Slots [start, stop) of one layer's K or V buffer: contiguous device memory."""
 
@@ -61,7 +69,7 @@ class DeviceKVCache(KVCacheManager):
     def allocate(self, shape):
         from trtllm.runtime.backends import cuda
 
-        self.shape, self.itemsize = shape, np.dtype(self.model.kv_dtype).itemsize
+        self.shape, self.itemsize = shape, kv_storage(self.model.kv_dtype).itemsize
         self.slot_bytes = int(np.prod(shape[1:])) * self.itemsize
         if self.slot_bytes % ALIGNMENT:  # every slot's view is a bound address
             raise ManifestError(f"a KV slot of {shape[1:]} {self.model.kv_dtype} is not a multiple of {ALIGNMENT} "
@@ -91,14 +99,14 @@ class DeviceKVCache(KVCacheManager):
 
     def read(self, slot: int, length: int) -> np.ndarray:
         _, heads, _, dim = self.shape
-        out = np.empty((len(self.buffers), heads, length, dim), self.model.kv_dtype)
+        out = np.empty((len(self.buffers), heads, length, dim), kv_storage(self.model.kv_dtype))
         for i, (src, pitch, row, rows) in enumerate(self._rows(slot, length)):
             self.stream.copy_2d(out[i].ctypes.data, row, src, pitch, row, rows, "d2h")
         self.stream.sync()
         return out
 
     def write(self, slot: int, kv: np.ndarray) -> None:
-        kv = np.ascontiguousarray(kv, self.model.kv_dtype)
+        kv = np.ascontiguousarray(kv, kv_storage(self.model.kv_dtype))
         for i, (dst, pitch, row, rows) in enumerate(self._rows(slot, kv.shape[2])):
             self.stream.copy_2d(dst, pitch, kv[i].ctypes.data, row, row, rows, "h2d")
         self.stream.sync()
@@ -127,7 +135,7 @@ class TensorRTEngine:
         self.in_place = self.kv_in_place(engine_dir)
         kv_names = {name for pair in self.kv_pairs for name in pair}
         names = [self.engine.get_tensor_name(i) for i in range(self.engine.num_io_tensors)]
-        self.dtypes = {n: np.dtype(trt.nptype(self.engine.get_tensor_dtype(n))) for n in names}
+        self.dtypes = {n: held_dtype(trt, self.engine.get_tensor_dtype(n)) for n in names}
         self.on_host = {n for n in names if self.engine.get_tensor_location(n) == trt.TensorLocation.HOST}
         self.buffers = {n: cuda.DeviceBuffer(self.max_bytes(n)) for n in names
                         if n not in kv_names and n not in self.on_host}

@@ -20,7 +20,8 @@ ARCHS = ["llama", "mistral", "qwen2", "qwen3"]
 
 
 @pytest.mark.parametrize("args, needle", [
-    (["--dtype", "bfloat16"], "--dtype bfloat16 is not supported yet"),
+    (["--dtype", "bfloat16", "--cpu-kernels", "onnxruntime", "--backend", "onnxruntime"],
+     "--dtype bfloat16 on ONNX Runtime runs on our CPU kernels"),
     (["--dtype", "float16", "--quantization", "int8"], "needs --dtype float32"),
     (["--quantization", "int3"], "Invalid value for '--quantization'"),
     (["--lora", "fr=/tmp/no-such-adapter"], "--lora: /tmp/no-such-adapter does not exist"),

@@ -201,11 +201,11 @@ def test_integer_activations_are_recorded(integer_activations):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name, floor", [("int8", 0.93), ("int4", 0.90), ("float16", 0.95), ("int4/int16", 0.90),
-                                         ("int4/int8", 0.85), ("int8/int8", 0.90)])
+@pytest.mark.parametrize("name, floor", [("int8", 0.93), ("int4", 0.90), ("float16", 0.95), ("bfloat16", 0.93),
+                                         ("int4/int16", 0.90), ("int4/int8", 0.85), ("int8/int8", 0.90)])
 def test_demo_model_quantized_builds_verify_and_answer(name, floor, demo_model, tmp_path, run_cli):
     quantization, _, activations = name.partition("/")
-    options = ({"dtype": name} if name == "float16" else
+    options = ({"dtype": name} if name in ("float16", "bfloat16") else
                {"quantization": quantization, "activations": activations or "float32"})
     out = build(BuildConfig(model=str(demo_model), output=str(tmp_path / "engine"), max_input_len=512,
                             max_kv_cache_capacity=1024, **options), log=lambda m: None)

@@ -211,6 +211,24 @@ def test_float16_engine_takes_adapters(kernels, tiny_checkpoint, adapters, tmp_p
     assert list(ref.argmax(-1)) == generated
 
 
+def test_bfloat16_engine_takes_adapters(tiny_checkpoint, adapters, tmp_path):
+    """--dtype bfloat16 (our kernels): the adapter in float32 (numpy has no bfloat16), within
+    bfloat16 tolerance of PEFT in float32, the same greedy tokens."""
+    out = build(BuildConfig(model=str(tiny_checkpoint("llama")), output=str(tmp_path / "b"), dtype="bfloat16",
+                            max_input_len=128, max_kv_cache_capacity=256, max_lora_rank=MAX_RANK, verify=False),
+                log=lambda m: None)
+    engine = load_engine(out)
+    pm, path = adapters("llama")["all"]
+    adapter = lora.load_adapter("all", path, engine.manifest)
+    assert all(a.dtype == np.float32 for a in adapter.arrays.values())
+    generated, got = engine_logits(engine, PROMPTS[1], num_decode=4, lora=adapter.arrays)
+    ref = peft_logits(pm, PROMPTS[1], generated)
+    np.testing.assert_allclose(got, ref, atol=6e-2 * np.abs(ref).max(), rtol=0)
+    assert list(ref.argmax(-1)) == generated
+    plain = engine_logits(engine, PROMPTS[1], num_decode=4)[1]  # the wrong variant: the adapter left out
+    assert np.abs(plain - ref).max() > 6e-2 * np.abs(ref).max()
+
+
 @pytest.mark.slow
 def test_demo_model_with_a_bundled_adapter_matches_peft(demo_model, tmp_path, run_cli):
     """SmolLM2 with a rank-16 adapter on every projection, bundled at build (so the build checks it),

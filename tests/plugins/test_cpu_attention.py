@@ -3,6 +3,7 @@ attention (with a sliding window, and q/k head norms), against a float64 numpy r
 same semantics, on both code paths."""
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 import onnxruntime as ort
 import pytest
@@ -14,7 +15,7 @@ from trtllm.plugins import cpu  # noqa: E402
 
 from tests.plugins.cpu_ops import on_portable_path, one_node_model, session  # noqa: E402
 
-F32, F16, I64 = TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.INT64
+F32, F16, BF16, I64 = TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16, TensorProto.INT64
 
 
 def op_model(h: int, hk: int, d: int, scale: float | None = None, kv: int = F32, window: int = 0,
@@ -131,6 +132,40 @@ def check_half_cache(b, s, h, hk, d, c, past) -> float:
     return max(worst, float(np.abs(y - ref_y).max() / 1e-5))
 
 
+def bf16_step(x: np.ndarray) -> np.ndarray:
+    """A bfloat16 step (8 significant bits) at each |x|."""
+    return 2.0 ** (np.floor(np.log2(np.maximum(np.abs(x), 1e-30))) - 7)
+
+
+def check_bf16_cache(b, s, h, hk, d, c, past) -> float:
+    """A bfloat16 cache (a bfloat16 engine's), bound in place as the runtime binds it (numpy has no
+    bfloat16: the buffers are its bits, typed by the OrtValue): each new key and value is the float64
+    reference's rounded to the nearest bfloat16 (half a step), the old slots are untouched, and the
+    attention is over what the cache holds (1e-5). Returns the largest error relative to its bound
+    (pass: <= 1; truncating instead of rounding gives up to 2)."""
+    feeds = case(b, s, h, hk, d, c, past, seed=b + s + d)
+    bits = {name: feeds[name].astype(ml_dtypes.bfloat16).view(np.uint16) for name in ("past_key", "past_value")}
+    old = {name: array.copy() for name, array in bits.items()}
+    sess = session(op_model(h, hk, d, kv=BF16))
+    binding = sess.io_binding()
+    for name, array in feeds.items():
+        value = ort.OrtValue.ortvalue_from_numpy_with_onnx_type(bits[name], BF16) if name in bits \
+            else ort.OrtValue.ortvalue_from_numpy(array)
+        binding.bind_ortvalue_input(name, value)
+        if name in bits:
+            binding.bind_ortvalue_output(name.replace("past", "present"), value)
+    y = np.zeros((b, s, h * d), np.float32)
+    binding.bind_ortvalue_output("y", ort.OrtValue.ortvalue_from_numpy(y))
+    sess.run_with_iobinding(binding)
+    key, value = (bits[n].view(ml_dtypes.bfloat16).astype(np.float64) for n in ("past_key", "past_value"))
+    feeds.update(past_key=old["past_key"].view(ml_dtypes.bfloat16), past_value=old["past_value"].view(ml_dtypes.bfloat16))
+    ref_y, ref_k, ref_v = reference(*feeds.values(), h, hk, d ** -0.5, cache=(key, value))
+    worst = 0.0
+    for got, want in ((key, ref_k), (value, ref_v)):
+        worst = max(worst, float((np.abs(got - want) / bf16_step(want)).max()) / 0.501)
+    return max(worst, float(np.abs(y - ref_y).max() / 1e-5))
+
+
 @pytest.mark.parametrize("shape", CASES)
 def test_matches_the_reference(shape):
     assert check(*shape) < 1e-5
@@ -227,9 +262,23 @@ def test_a_float16_cache_matches_the_reference(shape):
     assert check_half_cache(*shape) <= 1
 
 
+@pytest.mark.parametrize("shape", CASES + [c[0] for c in LONG_CASES[:2]])
+def test_a_bfloat16_cache_matches_the_reference(shape):
+    assert check_bf16_cache(*shape) <= 1
+
+
+def test_a_bfloat16_cache_truncated_fails():
+    """The deliberately wrong variant: keys and values truncated to bfloat16 (the low half dropped)
+    instead of rounded miss the half-step bound."""
+    x = np.random.default_rng(0).standard_normal(4096)
+    truncated = (x.astype(np.float32).view(np.uint32) & 0xFFFF0000).view(np.float32).astype(np.float64)
+    assert (np.abs(truncated - x) / bf16_step(x)).max() / 0.501 > 1.5
+
+
 def test_portable_path_matches_too():
-    errors = np.array(on_portable_path("test_cpu_attention", "[[check(*c), check_half_cache(*c)] for c in CASES]"))
-    assert errors[:, 0].max() < 1e-5 and errors[:, 1].max() <= 1
+    errors = np.array(on_portable_path("test_cpu_attention",
+                                       "[[check(*c), check_half_cache(*c), check_bf16_cache(*c)] for c in CASES]"))
+    assert errors[:, 0].max() < 1e-5 and errors[:, 1].max() <= 1 and errors[:, 2].max() <= 1
 
 
 def test_writes_in_place_when_bound_so():

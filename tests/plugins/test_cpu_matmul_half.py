@@ -1,7 +1,8 @@
-"""trtllm.cpu::MatMulHalf (plugins/cpu/matmul_block_quant.cc): float16 weights [N, K], float32
+"""trtllm.cpu::MatMulHalf (plugins/cpu/matmul_half.cc): float16 or bfloat16 weights [N, K], float32
 activations and accumulation, against a float64 numpy reference, on both code paths."""
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -30,12 +31,15 @@ def op_model(w: np.ndarray, activation: str = "none", rank: int = 3, k: int | No
                           [numpy_helper.from_array(w, "w")])
 
 
-def weights(n: int, k: int, seed: int) -> np.ndarray:
-    return (np.random.default_rng(seed).standard_normal((n, k)) * 0.1).astype(np.float16)
+DTYPES = {"float16": np.float16, "bfloat16": ml_dtypes.bfloat16}
 
 
-def check(m: int, k: int, n: int, rank: int = 3, threads: int = 2) -> float:
-    w = weights(n, k, m + k + n)
+def weights(n: int, k: int, seed: int, dtype: str = "float16") -> np.ndarray:
+    return (np.random.default_rng(seed).standard_normal((n, k)) * 0.1).astype(DTYPES[dtype])
+
+
+def check(m: int, k: int, n: int, rank: int = 3, threads: int = 2, dtype: str = "float16") -> float:
+    w = weights(n, k, m + k + n, dtype)
     x = np.random.default_rng(m).standard_normal((1, m, k) if rank == 3 else (m, k)).astype(np.float32)
     y = session(op_model(w, rank=rank), threads).run(None, {"x": x})[0]
     ref = x.astype(np.float64) @ w.astype(np.float64).T
@@ -43,8 +47,8 @@ def check(m: int, k: int, n: int, rank: int = 3, threads: int = 2) -> float:
     return float(np.abs(y - ref).max() / np.abs(ref).max())
 
 
-def check_swiglu(m: int, k: int, f: int) -> float:
-    w = weights(2 * f, k, m + k + f)
+def check_swiglu(m: int, k: int, f: int, dtype: str = "float16") -> float:
+    w = weights(2 * f, k, m + k + f, dtype)
     x = np.random.default_rng(m).standard_normal((1, m, k)).astype(np.float32)
     y = session(op_model(w[swiglu_rows(f)], "swiglu")).run(None, {"x": x})[0]
     both = x.astype(np.float64) @ w.astype(np.float64).T
@@ -54,14 +58,16 @@ def check_swiglu(m: int, k: int, f: int) -> float:
     return float(np.abs(y - ref).max() / np.abs(ref).max())
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("m, k, n", SHAPES)
-def test_matches_the_float64_matmul(m, k, n):
-    assert check(m, k, n) < 2e-6
+def test_matches_the_float64_matmul(m, k, n, dtype):
+    assert check(m, k, n, dtype=dtype) < 2e-6
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("m, k, f", SWIGLU)
-def test_swiglu_matches_silu_gate_times_up(m, k, f):
-    assert check_swiglu(m, k, f) < 2e-6
+def test_swiglu_matches_silu_gate_times_up(m, k, f, dtype):
+    assert check_swiglu(m, k, f, dtype) < 2e-6
 
 
 def test_one_thread_and_a_2d_input():
@@ -69,9 +75,18 @@ def test_one_thread_and_a_2d_input():
 
 
 def test_portable_path_matches_too():
-    errors = on_portable_path("test_cpu_matmul_half",
-                              "[check(*s) for s in SHAPES] + [check_swiglu(*s) for s in SWIGLU]")
-    assert len(errors) == len(SHAPES) + len(SWIGLU) and max(errors) < 2e-6
+    errors = on_portable_path("test_cpu_matmul_half", "[check(*s, dtype=t) for s in SHAPES for t in DTYPES] + "
+                              "[check_swiglu(*s, dtype=t) for s in SWIGLU for t in DTYPES]")
+    assert len(errors) == 2 * (len(SHAPES) + len(SWIGLU)) and max(errors) < 2e-6
+
+
+def test_bfloat16_bits_read_as_float16_fail():
+    """The deliberately wrong variant: bfloat16 weights' bits handed to the float16 kernel."""
+    w = weights(64, 64, 0, "bfloat16")
+    x = np.random.default_rng(1).standard_normal((1, 3, 64)).astype(np.float32)
+    y = session(op_model(w.view(np.float16))).run(None, {"x": x})[0]
+    ref = x.astype(np.float64) @ w.astype(np.float64).T
+    assert not np.allclose(y, ref, atol=0.1)
 
 
 def test_a_transposed_weight_fails():

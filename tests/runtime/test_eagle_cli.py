@@ -303,6 +303,19 @@ def test_quantized_engine(eagle_engine, tiny_checkpoint, run_cli, tmp_path):
     assert same(got, plain) and profile["eagle_generation"]["drafted_tokens"] > 0
 
 
+def test_bfloat16_engine(eagle_engine, tiny_checkpoint, run_cli, tmp_path):
+    """--dtype bfloat16: the head's weights and KV in bfloat16 as the model's (our kernels, float32
+    arithmetic); speculation still changes no answer."""
+    _, draft = eagle_engine
+    engine = build(BuildConfig(model=str(tiny_checkpoint("llama")), output=str(tmp_path / "bf16"), eagle=str(draft),
+                               dtype="bfloat16", verify=False, **LIMITS), log=lambda m: None)
+    manifest = mf.load(engine)
+    assert manifest.model.kv_dtype == manifest.eagle["model"]["kv_dtype"] == "bfloat16"
+    plain, _ = answers(run_cli, engine, tmp_path, "--spec-draft-step", "0")
+    got, profile = answers(run_cli, engine, tmp_path, "--spec-draft-step", "3")
+    assert same(got, plain) and profile["eagle_generation"]["drafted_tokens"] > 0
+
+
 def test_bench_eagle_script_pairs_rounds(eagle_engine, tmp_path):
     """scripts/bench_eagle.py runs on an EAGLE engine and prints, per setting, a paired ratio to
     k=0 with its range over the rounds (k=0 against itself: exactly 1)."""

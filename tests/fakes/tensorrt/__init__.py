@@ -14,7 +14,8 @@ It follows TensorRT 10's documented contract and is strict where TensorRT would 
     as past_* when the graph updates the KV in place (TensorScatter) and elsewhere when it does not.
 Execution runs the embedded ONNX with ONNX Runtime and writes the outputs to the bound addresses,
 so present_* written to the past_* address is an in-place update, as TensorRT's KV update is.
-FAKE_TRT_VERSION sets __version__.
+FAKE_TRT_VERSION sets __version__; a bfloat16 plan runs in float32 with bfloat16 rounding (_bfloat16.py;
+FAKE_TRT_BF16_ROUNDING=0: bfloat16 weights and KV, float32 arithmetic).
 """
 from __future__ import annotations
 
@@ -58,14 +59,16 @@ class TensorLocation(enum.Enum):
 
 
 class DataType(enum.Enum):
-    FLOAT, HALF, INT8, INT32, BOOL, INT64 = 0, 1, 2, 3, 4, 5
+    FLOAT, HALF, INT8, INT32, BOOL, INT64, BF16 = 0, 1, 2, 3, 4, 5, 6
 
 
-float32, float16, int8, int32, bool, int64 = (DataType.FLOAT, DataType.HALF, DataType.INT8, DataType.INT32,
-                                              DataType.BOOL, DataType.INT64)
+float32, float16, int8, int32, bool, int64, bfloat16 = (DataType.FLOAT, DataType.HALF, DataType.INT8, DataType.INT32,
+                                                        DataType.BOOL, DataType.INT64, DataType.BF16)
 _NP = {DataType.FLOAT: np.float32, DataType.HALF: np.float16, DataType.INT8: np.int8, DataType.INT32: np.int32,
        DataType.BOOL: np.bool_, DataType.INT64: np.int64}
-_ONNX = {1: DataType.FLOAT, 10: DataType.HALF, 3: DataType.INT8, 6: DataType.INT32, 9: DataType.BOOL, 7: DataType.INT64}
+_ONNX = {1: DataType.FLOAT, 10: DataType.HALF, 3: DataType.INT8, 6: DataType.INT32, 9: DataType.BOOL, 7: DataType.INT64,
+         16: DataType.BF16}
+_HELD = {**_NP, DataType.BF16: np.uint16}  # what the stand-in reads and writes: bfloat16 as its bits
 
 
 class Dims:
@@ -88,6 +91,8 @@ class Dims:
 
 
 def nptype(dtype: DataType):
+    if dtype not in _NP:  # as TensorRT's own: numpy has no bfloat16
+        raise TypeError("Could not resolve TensorRT datatype to an equivalent numpy datatype.")
     return _NP[dtype]
 
 
@@ -269,6 +274,11 @@ class ICudaEngine:
         self.values = [{k: tuple(tuple(d) for d in v) for k, v in p["values"].items()} for p in header["profiles"]]
         opts = ort.SessionOptions()
         opts.log_severity_level = 3  # the copy-not-in-place warnings are about ORT, not the fake
+        if any(t.dtype == DataType.BF16 for t in self.tensors.values()):  # ONNX Runtime has no bfloat16 kernels
+            from . import _bfloat16
+
+            rounding = os.environ.get("FAKE_TRT_BF16_ROUNDING", "1") == "1"  # 0: bfloat16 storage only (tests)
+            model_bytes = _bfloat16.emulate(model, rounding).SerializeToString()
         self.session = ort.InferenceSession(model_bytes, opts, providers=["CPUExecutionProvider"])
         self.in_place = header["in_place"]
         self.runs = 0
@@ -348,18 +358,25 @@ class IExecutionContext:
         feeds = {}
         for t in e.inputs:
             shape, ptr = self.shapes[t.name], self.addresses[t.name]
-            nbytes = int(np.prod(shape)) * np.dtype(_NP[t.dtype]).itemsize
+            nbytes = int(np.prod(shape)) * np.dtype(_HELD[t.dtype]).itemsize
             if cudart.is_device(ptr, nbytes) == t.is_shape_tensor:
                 raise AssertionError(f"{t.name} bound to {'device' if t.is_shape_tensor else 'host'} memory")
             if not t.is_shape_tensor and ptr % 256:
                 raise AssertionError(f"{t.name} bound to {ptr:#x}, not 256-byte aligned")
-            feeds[t.name] = _read(ptr, shape, _NP[t.dtype])
+            feeds[t.name] = _read(ptr, shape, _HELD[t.dtype])
+            if t.dtype == DataType.BF16:  # its bits, widened for the float32 session (see _bfloat16)
+                feeds[t.name] = feeds[t.name].astype(np.uint32) << 16
+                feeds[t.name] = feeds[t.name].view(np.float32)
             if t.is_shape_tensor:
                 lo, _, hi = e.values[self.profile][t.name]
                 assert all(a <= v <= b for a, v, b in zip(lo, feeds[t.name], hi)), f"{t.name} out of range"
         results = e.session.run(None, feeds)
         for t, value in zip(e.outputs, results):
             ptr = self.addresses[t.name]
+            if t.dtype == DataType.BF16:  # stored as bfloat16, rounded to nearest
+                import ml_dtypes
+
+                value = np.ascontiguousarray(value, np.float32).astype(ml_dtypes.bfloat16).view(np.uint16)
             assert cudart.is_device(ptr, value.nbytes) and ptr % 256 == 0, f"{t.name}: aligned device memory"
             ctypes.memmove(ptr, np.ascontiguousarray(value).ctypes.data, value.nbytes)
         e.runs += 1
