@@ -81,6 +81,19 @@ def export_onnx(ck: ckpt.Checkpoint, config: BuildConfig, out_dir: Path, log, ba
     if draft:
         log(f"EAGLE-3 draft head {config.eagle}: hidden states of layers {list(draft.aux_layers)}, draft vocabulary "
             f"{draft.spec.vocab_size}")
+    # What runs where on ONNX Runtime, decided before anything is written: a refusal costs no export
+    half = half_supported(spec, config.dtype, quant)  # only on the native kernels
+    ours = attention_supported(spec, config.dtype)
+    native = backend == "onnxruntime" and config.graph == "modern" and use_native_kernels(config, ours or half, log)
+    gqa = ours if native else gqa_supported(spec, config.dtype)  # attention as one node: ours, or ONNX Runtime's
+    quant_native = native and quant is not None
+    if quant is not None and config.activations != "float32" and not quant_native:
+        raise RuntimeError(f"--activations {config.activations} needs our CPU kernels: {cpu_kernels.missing_hint()}")
+    half = half and native
+    refuse_bfloat16(config, backend, half, spec)
+    if draft:
+        refuse_bfloat16(config, backend, native and half_supported(draft.spec, config.dtype, quant), draft.spec,
+                        f"the EAGLE head {config.eagle}")
     model = DecoderWriter(spec, weights, cos, sin, max_top_k, quant=quant, dtype=config.dtype,
                           graph=config.graph, lora_rank=config.max_lora_rank, eagle=joint, local_rope=local).write()
     issues = lint.lint_model(model, config.trt_version)
@@ -90,17 +103,6 @@ def export_onnx(ck: ckpt.Checkpoint, config: BuildConfig, out_dir: Path, log, ba
     save(model, out_dir, ONNX_NAME)
     del model
     lowerings = []
-    half = half_supported(spec, config.dtype, quant)  # only on the native kernels
-    ours = attention_supported(spec, config.dtype)
-    native = backend == "onnxruntime" and config.graph == "modern" and use_native_kernels(config, ours or half, log)
-    gqa = ours if native else gqa_supported(spec, config.dtype)  # attention as one node: ours, or ONNX Runtime's
-    quant_native = native and quant is not None
-    if quant is not None and config.activations != "float32" and not quant_native:
-        raise RuntimeError(f"--activations {config.activations} needs our CPU kernels: {cpu_kernels.missing_hint()}")
-    half = half and native
-    if backend == "onnxruntime" and config.dtype == "bfloat16" and not half:
-        raise ConfigError(f"--dtype bfloat16 on ONNX Runtime runs on our CPU kernels (ONNX Runtime has no bfloat16 "
-                          f"CPU kernels), and {bfloat16_obstacle(config, spec)}; use --dtype float16")
     if backend == "onnxruntime" and config.graph == "modern" and (gqa or quant is not None or half):
         # The ONNX Runtime form starts from a graph whose attention is a fused kernel (ours or ORT's)
         # and whose quantized or float16 MatMuls are ours (or left for ORT to fuse as MatMulNBits,
@@ -173,15 +175,21 @@ def export_draft(draft: "eagle.Draft", config: BuildConfig, out_dir: Path, log, 
             "source": {"path": str(draft.path.resolve()), "sha256": ckpt.weights_hash(sorted(draft.path.glob("*.safetensors")))}}
 
 
-def bfloat16_obstacle(config: BuildConfig, spec) -> str:
-    """Why a bfloat16 model cannot run on our kernels here (half_supported said no)."""
+def refuse_bfloat16(config: BuildConfig, backend: str, runs: bool, spec, what: str = "this model") -> None:
+    """A bfloat16 graph on ONNX Runtime must run on our kernels (`runs`: it does), as ONNX Runtime has
+    no bfloat16 CPU kernels; else the build stops, saying what stands in the way."""
+    if backend != "onnxruntime" or config.dtype != "bfloat16" or runs:
+        return
     if config.graph == "legacy" or config.cpu_kernels == "onnxruntime":
-        return f"they take the modern graph with --cpu-kernels auto|native, got --graph {config.graph} " \
-               f"--cpu-kernels {config.cpu_kernels}"
-    if cpu_kernels.library() is None:
-        return cpu_kernels.missing_hint()
-    return (f"this model's head size ({spec.head_dim}) is not a multiple of 16, or a projection's input width "
-            "(hidden_size, intermediate_size, heads x head_dim) not of 32")
+        why = (f"they take the modern graph with --cpu-kernels auto|native, got --graph {config.graph} "
+               f"--cpu-kernels {config.cpu_kernels}")
+    elif cpu_kernels.library() is None:
+        why = cpu_kernels.missing_hint()
+    else:
+        why = (f"{what} cannot run on them: its head size ({spec.head_dim}) is not a multiple of 16, or a "
+               "projection's input width (hidden_size, intermediate_size, heads x head_dim) not of 32")
+    raise ConfigError(f"--dtype bfloat16 on ONNX Runtime runs on our CPU kernels (ONNX Runtime has no bfloat16 "
+                      f"CPU kernels), and {why}; use --dtype float16")
 
 
 def use_native_kernels(config: BuildConfig, runs_here: bool, log) -> bool:

@@ -18,11 +18,6 @@ DTYPES = {np.dtype(np.float32): TensorProto.FLOAT, np.dtype(np.int64): TensorPro
 STORAGE = {"float32": np.dtype(np.float32), "float16": np.dtype(np.float16), "bfloat16": np.dtype(ml_dtypes.bfloat16)}
 
 
-def numpy_type(elem_type: int) -> np.dtype:
-    """The numpy type of a float TensorProto type (FLOAT, FLOAT16, BFLOAT16)."""
-    return next(d for d, t in DTYPES.items() if t == elem_type)
-
-
 class GraphWriter:
     def __init__(self, name: str):
         self.name = name

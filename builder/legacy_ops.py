@@ -21,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 from onnx import TensorProto
 
-from trtllm.builder.graph import GraphWriter, numpy_type
+from trtllm.builder.graph import GraphWriter
 
 F32 = TensorProto.FLOAT
 OPSET = 20       # TensorRT 10.0/10.1's table covers opset 9-20; assumed for 10.3 (no newer table documents it)
@@ -122,10 +122,16 @@ def attention(g: GraphWriter, name: str, q: str, k: str, v: str, bias: str, num_
 
     GQA without copying the cache per head: query head h uses kv head h // groups, and the heads
     of one group are adjacent, so q reshapes (no copy) to [B,kv_heads,groups*S,D] (row g*S + s)
-    and meets K and V as they are. q is scaled before the product, which keeps float16 scores small.
+    and meets K and V as they are. q is scaled before the product, which keeps float16 scores small;
+    in float32 with the exact scale, then rounded (as torch scales a 16-bit q: a scale rounded to
+    bfloat16, 1/sqrt(128) or Gemma's, would be up to 1/256 off).
     """
-    dtype = numpy_type(ftype)
-    q = g.op("Mul", f"{name}/ScaleQ", [q, g.const(float(head_dim) ** -0.5 if scale is None else scale, dtype)])
+    factor = g.const(float(head_dim) ** -0.5 if scale is None else scale, np.float32)
+    if ftype == F32:
+        q = g.op("Mul", f"{name}/ScaleQ", [q, factor])
+    else:
+        wide = g.op("Mul", f"{name}/ScaleQ", [g.op("Cast", f"{name}/ScaleQ/Cast", [q], to=F32), factor])
+        q = g.op("Cast", f"{name}/ScaleQ/CastBack", [wide], to=ftype)
     q = g.op("Reshape", f"{name}/GroupQ", [q, g.const([0, num_kv_heads, -1, head_dim])])      # [B,Hkv,G*S,D]
     kt = g.op("Transpose", f"{name}/KT", [k], perm=[0, 1, 3, 2])                              # [B,Hkv,D,C]
     scores = g.op("MatMul", f"{name}/QK", [q, kt])                                            # [B,Hkv,G*S,C]

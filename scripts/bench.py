@@ -36,7 +36,8 @@ ROOT = Path(__file__).resolve().parent.parent
 SHARED_PEERS = ROOT.parent / "shared" / "peers"
 PEERS_DIR = Path(os.environ.get("PEERS_DIR", Path.home() / "peers"))
 DEMO = ROOT / "models" / "smollm2-135m-instruct"
-OURS = {"fp32": ["--dtype", "float32"], "fp16": ["--dtype", "float16"], "int8": ["--quantization", "int8"],
+OURS = {"fp32": ["--dtype", "float32"], "fp16": ["--dtype", "float16"], "bf16": ["--dtype", "bfloat16"],
+        "int8": ["--quantization", "int8"],
         "int4": ["--quantization", "int4"],
         # int4 with integer activations (--activations): int8 is the numerics of llama.cpp's Q4_1 and
         # onnxruntime-genai's int4, int16 within 3e-5 of each block's largest value; compared with the int4 peers
@@ -49,7 +50,7 @@ LLAMA_GGUF = {  # under PEERS_DIR, as ../shared/peers lays it out
     "llamacpp-f16": "gguf/smollm2-135m-instruct-f16.gguf",
     "llamacpp-f32": "gguf/smollm2-135m-instruct-f32.gguf"}
 ORDER = ["fp32", "ortgenai-fp32", "llamacpp-f32", "hf-fp32", "int4", "int4-a16", "int4-a8", "ortgenai-int4",
-         "llamacpp-q4_1", "int8", "fp16", "llamacpp-f16"]
+         "llamacpp-q4_1", "int8", "fp16", "llamacpp-f16", "bf16"]
 METRICS = [("ttft128_ms", "lower"), ("ttft512_ms", "lower"), ("dec_b1_tps", "higher"), ("dec_b8_tps", "higher")]
 OWN = [("python_overhead", "lower")]  # ours only, best round too; no ratio
 

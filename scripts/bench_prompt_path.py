@@ -4,8 +4,8 @@ decode path (what calls of <= 16 rows took before), alternating in one process o
 
     python scripts/bench_prompt_path.py ENGINE [--tokens 1,4,16] [--repeats 30]
 
-Only engines on plugins/cpu's MatMul kernels (quantized or float16 on ONNX Runtime) have the two
-paths; ratios only (the machine is shared).
+Only engines on plugins/cpu's MatMul kernels (quantized, float16 or bfloat16 on ONNX Runtime) have
+the two paths; ratios only (the machine is shared).
 """
 from __future__ import annotations
 

@@ -113,8 +113,15 @@ def kv_error(m: mf.Manifest, ref: dict, got: dict, written: list[int]) -> float:
     return worst
 
 
+# the reference is llm.onnx on ONNX Runtime
+BFLOAT16_REFUSED = ("a bfloat16 engine's llm.onnx cannot be the reference: ONNX Runtime has no bfloat16 CPU kernels; "
+                    "compare a float16 build of the same checkpoint")
+
+
 def compare(engine_dir: Path, atol: float, rtol: float) -> dict:
     m = mf.load(engine_dir)
+    if m.dtype == "bfloat16":
+        raise ValueError(BFLOAT16_REFUSED)
     io = m.io
     reference = OnnxrtRunner(SessionFromOnnx(str(engine_dir / m.files["onnx"])), name="onnxruntime-llm.onnx")
     prefill, decode = feeds(m)
@@ -155,9 +162,8 @@ def main(argv=None) -> int:
     parser.add_argument("--json", type=Path, help="write the report here")
     args = parser.parse_args(argv)
     dtype = mf.load(args.engine).dtype
-    if dtype == "bfloat16":  # the reference is llm.onnx on ONNX Runtime
-        print("error: a bfloat16 engine's llm.onnx cannot be the reference: ONNX Runtime has no bfloat16 CPU "
-              "kernels; compare a float16 build of the same checkpoint", file=sys.stderr)
+    if dtype == "bfloat16":
+        print(f"error: {BFLOAT16_REFUSED}", file=sys.stderr)
         return 2
     atol = args.atol if args.atol is not None else (1e-3 if dtype == "float32" else 0.05)
     report = compare(args.engine, atol, args.rtol)

@@ -9,15 +9,17 @@ import numpy as np
 
 
 def random_draft(target_dir: Path, out_dir: Path, seed: int = 0, draft_vocab: int | None = None,
-                 aux: list[int] | None = None, std: float = 2.0) -> Path:
-    """A random EAGLE-3 head for the checkpoint in target_dir (its shapes, RoPE and vocabulary).
-    A smaller draft vocabulary takes every other target id from 3 on (d2t then maps it back)."""
+                 aux: list[int] | None = None, std: float = 2.0, intermediate_size: int | None = None) -> Path:
+    """A random EAGLE-3 head for the checkpoint in target_dir (its shapes, RoPE and vocabulary; an
+    MLP width of its own if given). A smaller draft vocabulary takes every other target id from 3 on
+    (d2t then maps it back)."""
     from safetensors.numpy import save_file
 
     cfg = json.loads((Path(target_dir) / "config.json").read_text())
     h, heads = cfg["hidden_size"], cfg["num_attention_heads"]
     kv, d, inter, vocab = cfg["num_key_value_heads"], cfg.get("head_dim") or h // heads, cfg["intermediate_size"], \
         cfg["vocab_size"]
+    inter = intermediate_size or inter
     vd = draft_vocab or vocab
     ids = np.arange(vd) if vd == vocab else 3 + 2 * np.arange(vd)
     rng = np.random.default_rng(seed)

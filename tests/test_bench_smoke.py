@@ -20,8 +20,9 @@ def test_bench_smoke(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     data = json.loads(out.read_text())
     names = [r["peer"] for r in data["results"]]
-    assert names == ["trtllm-fp32", "trtllm-int4", "trtllm-int4-a16", "trtllm-int4-a8", "trtllm-int8", "trtllm-fp16"]
-    assert [r["precision"] for r in data["results"]] == ["fp32", "int4", "int4", "int4", "int8", "fp16"]
+    assert names == ["trtllm-fp32", "trtllm-int4", "trtllm-int4-a16", "trtllm-int4-a8", "trtllm-int8", "trtllm-fp16",
+                     "trtllm-bf16"]
+    assert [r["precision"] for r in data["results"]] == ["fp32", "int4", "int4", "int4", "int8", "fp16", "bf16"]
     for r in data["results"]:
         assert r["ttft128_ms"] > 0 and r["dec_b1_tps"] > 0 and r["dec_b8_tps"] > 0 and r["peak_rss_mb"] > 0
         assert r["weight_bytes_per_token"] > 0 and 0 <= r["python_overhead"] < 1
@@ -29,6 +30,7 @@ def test_bench_smoke(tmp_path):
     by = {r["peer"]: r["weight_bytes_per_token"] for r in data["results"]}
     assert by["trtllm-int4"] < by["trtllm-int8"] < by["trtllm-fp16"] < by["trtllm-fp32"]
     assert by["trtllm-int4-a8"] == by["trtllm-int4-a16"] == by["trtllm-int4"]  # the same weights
+    assert by["trtllm-bf16"] == by["trtllm-fp16"]  # 16 bits each
     assert data["meta"]["copy_bandwidth_bytes_per_s"] > 0 and "memory copy bandwidth" in proc.stdout
     assert all(len(r["rounds"]) == 1 for r in data["results"]) and data["meta"]["rounds"] == 1
 

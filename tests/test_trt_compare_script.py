@@ -60,3 +60,16 @@ def test_eagle_engines_compare_their_eagle_outputs(tiny_checkpoint, tmp_path):
     report = trt_compare.compare(engine, atol=1e-3, rtol=0.01)
     assert report["ok"], report
     assert all(s["verify_ids_equal"] and s["max_abs_eagle_hidden_error"] < 1e-3 for s in report["steps"])
+
+
+def test_a_bfloat16_engine_is_refused_with_the_reason(tiny_checkpoint, tmp_path, capsys):
+    """Its reference would be llm.onnx on ONNX Runtime, which has no bfloat16 CPU kernels."""
+    from trtllm.builder.config import BuildConfig
+    from trtllm.builder.export import build
+
+    engine = build(BuildConfig(model=str(tiny_checkpoint("llama")), output=str(tmp_path / "e"), dtype="bfloat16",
+                               max_input_len=32, max_kv_cache_capacity=64, verify=False), log=lambda m: None)
+    assert trt_compare.main([str(engine)]) == 2
+    assert "ONNX Runtime has no bfloat16 CPU kernels" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="compare a float16 build"):
+        trt_compare.compare(engine, atol=0.05, rtol=0.01)

@@ -66,9 +66,10 @@ class OnnxRuntimeEngine:
         if cpu_kernels.needed_by(manifest.lowerings):  # attention or quantized MatMuls as plugins/cpu's kernels
             library = cpu_kernels.library()
             if library is None:
+                # ONNX Runtime's own kernels have no bfloat16: such an engine needs another dtype
+                other = "--dtype float16" if manifest.dtype == "bfloat16" else "--cpu-kernels onnxruntime"
                 raise ManifestError(f"{engine_dir} runs on trtllm-edge's native CPU kernels, "
-                                    f"but {cpu_kernels.missing_hint()}; or rebuild the engine with "
-                                    "--cpu-kernels onnxruntime")
+                                    f"but {cpu_kernels.missing_hint()}; or rebuild the engine with {other}")
             opts.register_custom_ops_library(str(library))
             cpu_kernels.set_huge_pages(huge_pages)  # they copy their weights onto huge pages themselves
         before = hugepages.snapshot() if huge_pages else None

@@ -87,7 +87,8 @@ def reference(ckpt, ids, monkeypatch, round_weights: bool = True, canonical: boo
 
 
 @pytest.mark.parametrize("arch, target", [(a, t) for a in ("llama", "qwen3") for t in TARGETS] +
-                         [("gemma3", "cpu"), ("gemma3", "tensorrt-modern"), ("phi3", "cpu")])
+                         [("gemma3", "cpu"), ("gemma3", "tensorrt-modern"), ("gemma3", "tensorrt-legacy"),
+                          ("phi3", "cpu")])
 def test_bfloat16_engine_is_transformers_on_bfloat16_weights(arch, target, tiny_checkpoint, tmp_path, monkeypatch):
     """Our kernels (and the canonical graphs computed in float32) are transformers in float32 on the
     bfloat16 weights and cache. Not to float32's 1e-5: a key that lands within float32's error of a
@@ -108,11 +109,13 @@ def test_bfloat16_engine_is_transformers_on_bfloat16_weights(arch, target, tiny_
 @pytest.mark.parametrize("arch, target", [("llama", "tensorrt-modern"), ("llama", "tensorrt-legacy"),
                                           ("gemma3", "tensorrt-modern")])
 def test_bfloat16_graph_stays_close_to_transformers_in_bfloat16(arch, target, tiny_checkpoint, tmp_path):
-    """The canonical graph with every bfloat16 value rounded (as a strongly typed bfloat16 network
-    stores them) against transformers run in bfloat16 on the same tokens: logits within a few
-    bfloat16 steps of the largest, and each greedy token transformers' own but for a tie in
-    bfloat16 (logits within two of its steps: tiny Gemma has one). Gemma's 1 + w norm scales are
-    bfloat16 there, where transformers keeps them in float32: one more rounding of the same size."""
+    """A smoke test of the stand-in's bfloat16 path: the canonical graph with every bfloat16 value
+    rounded (as a strongly typed bfloat16 network stores them) runs, and stays within bfloat16's
+    noise of transformers run in bfloat16 on the same tokens: logits within 6e-2 of the largest,
+    each greedy token transformers' own but for a tie in bfloat16 (logits within two of its steps:
+    tiny Gemma has one). That bound does not tell bfloat16 from float32 arithmetic (transformers in
+    float32 is 1-4e-2 from itself in bfloat16); the graph's arithmetic is checked to 1e-3 above.
+    Gemma's 1 + w norm scales are bfloat16 there, where transformers keeps them in float32."""
     ckpt = tiny_checkpoint(arch)
     out = build_bf16(ckpt, tmp_path / "e", target)
     generated, got = run_engine(out, target, num_decode=8)
@@ -178,11 +181,24 @@ def test_a_bfloat16_engine_answers_batched_and_restores_its_saved_prompt(tiny_ch
     def answers(batch_size, reqs, *extra):
         result, body = run_cli(out, {"batch_size": batch_size, "temperature": 0, "max_generate_length": 8,
                                      "requests": reqs}, *extra)
-        assert result.exit_code == 0, result.output
+        assert result.exit_code == 0 and "warning" not in result.output, result.output
         return [r["output_text"] for r in body["responses"]]
 
-    cache = ["--kv-cache-dir", str(tmp_path / "kv")]
+    profile = tmp_path / "profile.json"
+    cache = ["--kv-cache-dir", str(tmp_path / "kv"), "--profile", str(profile)]
     batched = answers(2, requests, *cache)
-    assert list((tmp_path / "kv").glob("*.kv")) or list((tmp_path / "kv").iterdir())
+    shared = json.loads(profile.read_text())["prefill"]["reused_tokens"]  # the second request shares the first's
     assert batched == [answers(1, [r])[0] for r in requests]
-    assert answers(2, requests, *cache) == batched
+    assert answers(2, requests, *cache) == batched  # a new run: the saved bfloat16 KV, read back for both
+    assert json.loads(profile.read_text())["prefill"]["reused_tokens"] == 2 * shared > 0
+
+
+def test_without_our_kernels_the_engine_names_a_rebuild_that_works(tiny_checkpoint, tmp_path, monkeypatch):
+    """ONNX Runtime's own kernels have no bfloat16: the fix offered is the library or --dtype float16,
+    not --cpu-kernels onnxruntime (which the builder refuses for bfloat16)."""
+    from trtllm.runtime.manifest import ManifestError
+
+    out = build_bf16(tiny_checkpoint("llama"), tmp_path / "e", "cpu")
+    monkeypatch.setattr(cpu_kernels, "library", lambda: None)
+    with pytest.raises(ManifestError, match="rebuild the engine with --dtype float16"):
+        load_engine(out)

@@ -267,12 +267,38 @@ def test_a_bfloat16_cache_matches_the_reference(shape):
     assert check_bf16_cache(*shape) <= 1
 
 
-def test_a_bfloat16_cache_truncated_fails():
-    """The deliberately wrong variant: keys and values truncated to bfloat16 (the low half dropped)
-    instead of rounded miss the half-step bound."""
-    x = np.random.default_rng(0).standard_normal(4096)
-    truncated = (x.astype(np.float32).view(np.uint32) & 0xFFFF0000).view(np.float32).astype(np.float64)
-    assert (np.abs(truncated - x) / bf16_step(x)).max() / 0.501 > 1.5
+SPECIAL = np.array([1 + 2**-8, 1 + 3 * 2**-8, -(1 + 2**-8), 3.4e38, -3.4e38, np.inf, -np.inf, np.nan, -0.0, 1e-40,
+                    2**-133 * 3, 65504.0, 1.00390625, 0.1, -7.123456], np.float32)  # 15 values
+
+
+def test_a_bfloat16_cache_rounds_as_ml_dtypes_bit_for_bit():
+    """Values (written without rotary) at ties (1 + 2^-8 rounds to even, 1 + 3 * 2^-8 up), past the
+    largest bfloat16 (to inf), inf, NaN, -0 and subnormals: the cache holds ml_dtypes' bfloat16 bits,
+    on both code paths. A kernel that truncated would keep 1 + 3 * 2^-8 one step low."""
+    assert on_portable_path("test_cpu_attention", "bf16_written_values()") == bf16_written_values()
+    got, want = (np.array(v, np.uint16) for v in bf16_written_values())
+    nan = np.isnan(SPECIAL)
+    assert np.array_equal(got[~nan], want[~nan])
+    assert np.isnan(got[nan].view(ml_dtypes.bfloat16).astype(np.float32)).all()
+
+
+def bf16_written_values() -> list[list[int]]:
+    """[the bits the kernel wrote for SPECIAL as one value head, ml_dtypes' rounding of SPECIAL]."""
+    d = len(SPECIAL) + 1  # 16: one head of values
+    feeds = case(1, 1, 1, 1, d, 4, [0])
+    feeds["qkv"][0, 0, 2 * d:3 * d - 1] = SPECIAL
+    past = np.zeros((1, 1, 4, d), np.uint16)
+    values = {n: ort.OrtValue.ortvalue_from_numpy_with_onnx_type(past if n == "past_value" else past.copy(), BF16)
+              for n in ("past_key", "past_value")}
+    sess = session(op_model(1, 1, d, kv=BF16))
+    binding = sess.io_binding()
+    for name, array in feeds.items():
+        binding.bind_ortvalue_input(name, values[name] if name in values else ort.OrtValue.ortvalue_from_numpy(array))
+    for name, value in values.items():
+        binding.bind_ortvalue_output(name.replace("past", "present"), value)
+    binding.bind_ortvalue_output("y", ort.OrtValue.ortvalue_from_numpy(np.zeros((1, 1, d), np.float32)))
+    sess.run_with_iobinding(binding)
+    return [past[0, 0, 0, :-1].tolist(), SPECIAL.astype(ml_dtypes.bfloat16).view(np.uint16).tolist()]
 
 
 def test_portable_path_matches_too():

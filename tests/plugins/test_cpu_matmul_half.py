@@ -80,14 +80,6 @@ def test_portable_path_matches_too():
     assert len(errors) == 2 * (len(SHAPES) + len(SWIGLU)) and max(errors) < 2e-6
 
 
-def test_bfloat16_bits_read_as_float16_fail():
-    """The deliberately wrong variant: bfloat16 weights' bits handed to the float16 kernel."""
-    w = weights(64, 64, 0, "bfloat16")
-    x = np.random.default_rng(1).standard_normal((1, 3, 64)).astype(np.float32)
-    y = session(op_model(w.view(np.float16))).run(None, {"x": x})[0]
-    ref = x.astype(np.float64) @ w.astype(np.float64).T
-    assert not np.allclose(y, ref, atol=0.1)
-
 
 def test_a_transposed_weight_fails():
     """The deliberately wrong variant: w stored [K, N] (MatMul's order) where the op reads [N, K]."""

@@ -14,7 +14,7 @@ from click.testing import CliRunner
 from tests import fakes
 from tests.eagle_drafts import random_draft
 from trtllm.builder.cli import main as build_main
-from trtllm.builder.config import BuildConfig
+from trtllm.builder.config import BuildConfig, ConfigError
 from trtllm.builder.export import build
 from trtllm.runtime import manifest as mf
 
@@ -314,6 +314,17 @@ def test_bfloat16_engine(eagle_engine, tiny_checkpoint, run_cli, tmp_path):
     plain, _ = answers(run_cli, engine, tmp_path, "--spec-draft-step", "0")
     got, profile = answers(run_cli, engine, tmp_path, "--spec-draft-step", "3")
     assert same(got, plain) and profile["eagle_generation"]["drafted_tokens"] > 0
+
+
+def test_a_bfloat16_head_our_kernels_cannot_take_is_refused(tiny_checkpoint, tmp_path):
+    """A head whose MLP width is not a multiple of 32 cannot run on our bfloat16 kernels, and ONNX
+    Runtime has none of its own: the build stops before writing anything, naming the head."""
+    ckpt = tiny_checkpoint("llama")
+    draft = random_draft(ckpt, tmp_path / "draft", seed=3, aux=[0, 1, 1], intermediate_size=80)
+    with pytest.raises(ConfigError, match="the EAGLE head .* cannot run on them"):
+        build(BuildConfig(model=str(ckpt), output=str(tmp_path / "e"), eagle=str(draft), dtype="bfloat16",
+                          verify=False, **LIMITS), log=lambda m: None)
+    assert not (tmp_path / "e").exists()
 
 
 def test_bench_eagle_script_pairs_rounds(eagle_engine, tmp_path):
