@@ -284,24 +284,26 @@ class DecoderWriter(WeightWriter):
         return self.g.op("Split", f"{name}/Split", [y, sizes], num_outputs=len(parts), axis=-1)
 
     def norm_scale(self, weight_name: str) -> str:
-        """An RMSNorm's scale: its weight, plus spec.norm_offset (Gemma's 1 + w, added in float32 as
-        transformers does). On our kernels' 16-bit form the weight is rounded to the engine's dtype
-        first and 1 + w kept in float32, as transformers computes it from a 16-bit weight (1 + w
-        rounded to bfloat16 would be 1/256 off)."""
+        """An RMSNorm's scale: its weight, or with spec.norm_offset (Gemma) 1 + w in float32, from w
+        as the engine stores it: transformers computes a 16-bit Gemma's norms so (1 + w rounded to
+        bfloat16 would be 1/256 off), and rms_norm normalizes in float32 for it."""
         w = self.w[weight_name]
         if not self.spec.norm_offset:
             return self.fw(weight_name, w)
-        if self.half:
-            rounded = w.astype(self.storage).astype(np.float32)
-            return self.g.weight(weight_name, rounded + np.float32(self.spec.norm_offset))
-        return self.fw(weight_name, w + np.float32(self.spec.norm_offset))
+        stored = w.astype(self.storage).astype(np.float32)
+        return self.g.weight(weight_name, stored + np.float32(self.spec.norm_offset))
 
     def rms_norm(self, name: str, x: str, weight_name: str) -> str:
-        scale = self.norm_scale(weight_name)
+        g, scale = self.g, self.norm_scale(weight_name)
+        wide = self.spec.norm_offset and self.ftype != F32  # a 16-bit Gemma: in float32, cast back after
+        if wide:
+            x = g.op("Cast", f"{name}/Cast", [x], to=F32)
         if self.legacy:
-            return legacy_ops.rms_norm(self.g, name, x, scale, self.spec.rms_norm_eps, self.ftype)
-        return self.g.op("RMSNormalization", f"{name}/RMSNormalization", [x, scale], axis=-1,
-                         epsilon=self.spec.rms_norm_eps, stash_type=1)
+            y = legacy_ops.rms_norm(g, name, x, scale, self.spec.rms_norm_eps, F32 if wide else self.ftype)
+        else:
+            y = g.op("RMSNormalization", f"{name}/RMSNormalization", [x, scale], axis=-1,
+                     epsilon=self.spec.rms_norm_eps, stash_type=1)
+        return g.op("Cast", f"{name}/CastBack", [y], to=self.ftype) if wide else y
 
     def residual_norm(self, name: str, h: str, branch: tuple[str, str] | None, weight_name: str) -> tuple[str, str]:
         """h += branch, then RMSNorm: (normed, new h). The ONNX Runtime lowering does both in one

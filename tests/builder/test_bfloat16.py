@@ -53,9 +53,8 @@ def run_engine(out, target: str, rounding: bool = True, num_decode: int = 6):
 
 def reference(ckpt, ids, monkeypatch, round_weights: bool = True, canonical: bool = False) -> np.ndarray:
     """transformers in float32 with the weights rounded to bfloat16 and the cache's keys (after
-    rotary) and values rounded as they are stored. `canonical`: as llm.onnx holds the rest in
-    bfloat16 too, the rotary tables (transformers casts them to a bfloat16 model's type) and
-    Gemma's norm scales 1 + w (our kernels keep 1 + w in float32, from the rounded w)."""
+    rotary) and values rounded as they are stored. `canonical`: the rotary tables too, as llm.onnx
+    holds them in bfloat16 (transformers casts them to a bfloat16 model's type)."""
     model = transformers.AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.float32).eval()
     code = sys.modules[type(model).__module__]
     rotary = code.apply_rotary_pos_emb
@@ -77,12 +76,8 @@ def reference(ckpt, ids, monkeypatch, round_weights: bool = True, canonical: boo
             attn.v_proj.register_forward_hook(lambda mod, inp, out: out.bfloat16().float())
     with torch.no_grad():
         if round_weights:
-            plus_one = canonical and model.config.model_type.startswith("gemma")
-            for name, p in model.named_parameters():
-                if plus_one and "norm" in name:  # 1 + w in bfloat16, rounded once
-                    p.copy_((1 + p).bfloat16().float() - 1)
-                else:
-                    p.copy_(p.bfloat16().float())
+            for p in model.parameters():
+                p.copy_(p.bfloat16().float())
         return model(ids).logits[0, len(PROMPT) - 1:].numpy()
 
 
@@ -114,8 +109,7 @@ def test_bfloat16_graph_stays_close_to_transformers_in_bfloat16(arch, target, ti
     noise of transformers run in bfloat16 on the same tokens: logits within 6e-2 of the largest,
     each greedy token transformers' own but for a tie in bfloat16 (logits within two of its steps:
     tiny Gemma has one). That bound does not tell bfloat16 from float32 arithmetic (transformers in
-    float32 is 1-4e-2 from itself in bfloat16); the graph's arithmetic is checked to 1e-3 above.
-    Gemma's 1 + w norm scales are bfloat16 there, where transformers keeps them in float32."""
+    float32 is 1-4e-2 from itself in bfloat16); the graph's arithmetic is checked to 1e-3 above."""
     ckpt = tiny_checkpoint(arch)
     out = build_bf16(ckpt, tmp_path / "e", target)
     generated, got = run_engine(out, target, num_decode=8)
