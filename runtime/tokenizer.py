@@ -142,6 +142,22 @@ class Tokenizer:
         return self._backend.token_to_id(token)
 
 
+def safe_cut(raw: str, c: int) -> bool:
+    """Whether the clean-up (_CLEANUPS, pass by pass) of raw[:c] and raw[c:] apart is that of raw.
+
+    Every pattern starts with a space and only deletes spaces, so the characters that are not
+    spaces stay, and a match across the cut must start at a space before it and take what stands
+    after it. Two kinds of place allow none: three characters without a space before the cut (a
+    pattern is at most 4 long); or a space at the cut after a character x other than a space, "'"
+    or "n". In the second, a pattern across the cut would hold x second, then what stands first
+    after the cut: a space, or, once an earlier pass deleted that space, the second character of a
+    pattern (. ? ! , ' n); only " ' " (x "'") and " n't" (x "n", after " ' t" became "'t") do so.
+    Checked against the whole text's clean-up for every cut of short strings (tests/runtime)."""
+    if c >= 3 and " " not in raw[c - 3:c]:
+        return True
+    return c >= 1 and raw[c] == " " and raw[c - 1] not in " 'n"
+
+
 class IncrementalDecoder:
     """Streaming detokenization: feed ids one at a time, get the newly completed text.
 
@@ -163,11 +179,9 @@ class IncrementalDecoder:
     clean-up, which is applied to the text since the last cut instead, and its last CLEAN_UP_HOLD
     characters are held back: a match needs at most 3 more characters, and the passes' chained
     effects stay within a few more. The text is cut (what is before the cut never looked at again)
-    where the 3 characters before the cut hold no space: every clean-up pattern starts with a space
-    and is at most 4 long, and each only deletes spaces, so no match can ever span such a cut, and
-    cleaning the two sides apart gives the whole's clean-up. Cleaning all the text every token was
-    quadratic in the output's length. (Text with no such place, one-character tokens between
-    spaces for ever, is not cut.)
+    where no clean-up pass can match across the cut (safe_cut), so cleaning the two sides apart
+    gives the whole's clean-up. Cleaning all the text every token was quadratic in the output's
+    length. (Text with no such place, "n", "'" and spaces alone for ever, is not cut.)
     """
 
     CLEAN_UP_HOLD = 16
@@ -244,7 +258,7 @@ class IncrementalDecoder:
         if len(self._raw) > self.CLEAN_UP_WINDOW:
             n = len(self._raw)  # (only the newest half-window: the older places were looked at before)
             cut = next((c for c in range(n - self.CLEAN_UP_WINDOW // 2, max(3, n - self.CLEAN_UP_WINDOW), -1)
-                        if " " not in self._raw[c - 3:c]), 0)
+                        if safe_cut(self._raw, c)), 0)
             head = len(tok.clean_up(self._raw[:cut])) if cut else 0
             if cut and head <= done + len(out):  # (only what is emitted is left behind)
                 self._cut, self._raw = self._cut + head, self._raw[cut:]

@@ -299,6 +299,40 @@ def test_a_replacement_character_no_byte_can_complete_is_streamed_at_once(ours):
     assert "".join(_stream(ours, ids)) == ours.decode(ids)
 
 
+def test_a_safe_cut_never_changes_the_clean_up():
+    """safe_cut against the whole text's clean-up, for every cut it allows of every string of up to
+    6 characters from the characters the patterns are made of, and of 20,000 random longer ones.
+    The deliberately wrong variant: cutting after "n" or "'" too changes some."""
+    import itertools
+    import random
+
+    from trtllm.runtime.tokenizer import _CLEANUPS, safe_cut
+
+    def clean(text):  # Tokenizer.clean_up's passes
+        for old, new in _CLEANUPS:
+            text = text.replace(old, new)
+        return text
+
+    def strings():
+        for n in range(2, 7):
+            yield from ("".join(t) for t in itertools.product(" 'ntx.e", repeat=n))
+        rng = random.Random(0)
+        alphabet = [" "] * 6 + list("'.nt msver,x?!")
+        for _ in range(20000):
+            yield "".join(rng.choice(alphabet) for _ in range(rng.randint(7, 24)))
+
+    cuts = wrong = 0
+    for raw in strings():
+        whole = clean(raw)
+        for c in range(1, len(raw)):
+            if safe_cut(raw, c):
+                cuts += 1
+                assert clean(raw[:c]) + clean(raw[c:]) == whole, (raw, c)
+            elif raw[c] == " " and raw[c - 1] in "'n" and clean(raw[:c]) + clean(raw[c:]) != whole:
+                wrong += 1
+    assert cuts > 100000 and wrong > 0
+
+
 def test_streaming_with_clean_up_keeps_a_bounded_window(tmp_path):
     """3,000 tokens: the pieces still add up to decode(ids), and the clean-up looks only at the
     text since its last cut (cleaning everything each token was quadratic)."""
@@ -306,7 +340,8 @@ def test_streaming_with_clean_up_keeps_a_bounded_window(tmp_path):
 
     ours = Tokenizer.from_engine_dir(_wordlevel_dir(tmp_path, True))
     rng = random.Random(1)
-    for seed_ids in ([rng.randrange(1, 12) for _ in range(3000)], [5, 7, 11, 6] * 750):  # "stop now here ."
+    for seed_ids in ([rng.randrange(1, 12) for _ in range(3000)], [5, 7, 11, 6] * 750,  # "stop now here ."
+                     [rng.choice([2, 3, 4, 6]) for _ in range(3000)]):  # one character between spaces: ' t , .
         decoder, longest = IncrementalDecoder(ours), 0
         pieces = []
         for i in seed_ids:
