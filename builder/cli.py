@@ -27,15 +27,14 @@ def parse_lora(values: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
 
 def resolve(options: dict, profile: str) -> dict:
     """Command-line values where given, else the profile's (BuildConfig's own defaults fill the rest).
-    A profile's float16 or bfloat16 gives way to --quantization, whose weights run with float32
-    activations."""
+    A profile's bfloat16 gives way to --quantization (whose scales are float16 values) as float32."""
     defaults = profile_defaults(profile)
     defaults.pop("description", None)
     values = {**defaults, **{k: v for k, v in options.items() if v is not None}}
     if options.get("quantization") not in (None, "none") and options.get("dtype") is None \
-            and values.get("dtype") in ("float16", "bfloat16"):
+            and values.get("dtype") == "bfloat16":
         click.echo(f"note: --quantization {options['quantization']} builds with --dtype float32 (the profile's "
-                   f"{values['dtype']} is for unquantized weights)", err=True)
+                   "bfloat16 does not hold its float16 scales)", err=True)
         values["dtype"] = "float32"
     return values
 

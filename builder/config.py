@@ -157,9 +157,15 @@ class BuildConfig:
                               f"bfloat16 CPU kernels), and they take the modern graph with --cpu-kernels "
                               f"auto|native, got --graph {self.graph} --cpu-kernels {self.cpu_kernels}; use "
                               "--dtype float16")
-        if self.quantization != "none" and self.dtype != "float32":
-            raise ConfigError(f"--quantization {self.quantization} needs --dtype float32 (the activations' "
-                              f"type), got {self.dtype}")
+        if self.quantization != "none" and self.dtype == "bfloat16":
+            raise ConfigError(f"--quantization {self.quantization} takes --dtype float32 or float16 (its scales are "
+                              "float16 values, which bfloat16 does not hold), got bfloat16")
+        if self.quantization != "none" and self.dtype == "float16" and self.backend == "onnxruntime" \
+                and self.cpu_kernels == "onnxruntime":
+            raise ConfigError(f"--quantization {self.quantization} --dtype float16 on ONNX Runtime runs on our CPU "
+                              "kernels (float32 activations, a float16 KV cache); ONNX Runtime's own (MatMulNBits, "
+                              "GroupQueryAttention) take one type for both: use --dtype float32 or --cpu-kernels "
+                              "auto|native")
 
     def to_json(self) -> dict:
         return {k: (list(map(list, v)) if k == "lora" else v) for k, v in self.__dict__.items()}

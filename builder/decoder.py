@@ -165,16 +165,17 @@ class DecoderWriter(WeightWriter):
         # A float16 or bfloat16 engine's form there (`half`) keeps its weights and cache in that type
         # but computes in float32 (trtllm.cpu::MatMulHalf): ONNX Runtime has no fast float16 kernels
         # on CPUs, and no bfloat16 ones at all.
-        self.native = native_kernels and quant is not None and quant.block_size == 32 and dtype == "float32"
+        # A quantized float16 engine's form there computes in float32 too, its KV cache float16.
+        self.native = native_kernels and quant is not None and quant.block_size == 32 and dtype != "bfloat16"
         self.half = native_kernels and ort_attention and half_supported(spec, dtype, quant)
         # attention as one fused node: ours (trtllm.cpu::Attention) on our kernels, else ONNX Runtime's
         supported = attention_supported if native_kernels else gqa_supported
-        self.gqa = ort_attention and supported(spec, "float32" if self.half else dtype)
+        self.gqa = ort_attention and supported(spec, "float32" if self.half or self.native else dtype)
         self.native_attention = native_kernels and self.gqa
         # float16 or bfloat16 (elsewhere): weights, activations and the KV cache in that type; norms
         # accumulate in float32 (stash_type), attention's softmax too, and the logits are cast to float32.
         self.storage = STORAGE[dtype]  # the weights' and the cache's type
-        self.dtype = np.dtype("float32") if self.half else self.storage
+        self.dtype = np.dtype("float32") if self.half or self.native else self.storage
         self.ftype, self.kv_type = DTYPES[self.dtype], DTYPES[self.storage]
         # LoRA inputs: float16 engines take float16; bfloat16 ones float32 (numpy, which the runtime
         # feeds them from, has no bfloat16), cast to the graph's type where it differs
@@ -489,10 +490,11 @@ class DecoderWriter(WeightWriter):
         write_index = g.input(io.write_index, I64, ["batch"])
         last_index = g.input(io.last_index, I64, ["batch"])
         if self.half or self.half_embedding:  # one 16-bit table for the lookup and a tied lm_head
-            table = self.storage if self.half else np.float16  # a quantized EAGLE head's: float16
+            table = self.storage if self.half else np.dtype(np.float16)  # a quantized EAGLE head's: float16
             embed = g.weight("model.embed_tokens.weight", self.w["model.embed_tokens.weight"].astype(table))
-            h = g.op("Cast", "/model/embed_tokens/Cast",
-                     [g.op("Gather", "/model/embed_tokens/Gather", [embed, input_ids], axis=0)], to=F32)
+            h = g.op("Gather", "/model/embed_tokens/Gather", [embed, input_ids], axis=0)
+            if table != self.dtype:
+                h = g.op("Cast", "/model/embed_tokens/Cast", [h], to=self.ftype)
         elif self.quant is not None:
             h = self.quantized_embedding(input_ids)
         else:

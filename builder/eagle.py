@@ -167,7 +167,7 @@ class DraftWriter(DecoderWriter):
         # A quantized engine's head keeps its copy of the token embedding (vocab x hidden) in float16:
         # the head only proposes, and the copy would otherwise be the largest thing in the engine
         # (float32: 113 MB for SmolLM2-135M, beside 88 MB of int4 model weights).
-        self.half_embedding = self.quant is not None and self.ftype == F32
+        self.half_embedding = self.quant is not None
 
     def write(self) -> "onnx.ModelProto":  # noqa: F821
         g, s, io = self.g, self.spec, self.io

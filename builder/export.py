@@ -83,7 +83,9 @@ def export_onnx(ck: ckpt.Checkpoint, config: BuildConfig, out_dir: Path, log, ba
             f"{draft.spec.vocab_size}")
     # What runs where on ONNX Runtime, decided before anything is written: a refusal costs no export
     half = half_supported(spec, config.dtype, quant)  # only on the native kernels
-    ours = attention_supported(spec, config.dtype)
+    # quantized weights run with float32 activations on ONNX Runtime, whatever the KV cache's dtype
+    act = "float32" if quant is not None else config.dtype
+    ours = attention_supported(spec, act)
     native = backend == "onnxruntime" and config.graph == "modern" and use_native_kernels(config, ours or half, log)
     gqa = ours if native else gqa_supported(spec, config.dtype)  # attention as one node: ours, or ONNX Runtime's
     quant_native = native and quant is not None
@@ -91,6 +93,12 @@ def export_onnx(ck: ckpt.Checkpoint, config: BuildConfig, out_dir: Path, log, ba
         raise RuntimeError(f"--activations {config.activations} needs our CPU kernels: {cpu_kernels.missing_hint()}")
     half = half and native
     refuse_bfloat16(config, backend, half, spec)
+    if backend == "onnxruntime" and quant is not None and config.dtype != "float32" and not (quant_native and ours):
+        raise ConfigError(f"--quantization {config.quantization} --dtype {config.dtype} on ONNX Runtime runs on our CPU "
+                          "kernels (float32 activations, a 16-bit KV cache), and " +
+                          (cpu_kernels.missing_hint() if not quant_native else
+                           f"their attention needs a head size that is a multiple of 16 (this model's: {spec.head_dim})")
+                          + "; use --dtype float32")
     if draft:
         refuse_bfloat16(config, backend, native and half_supported(draft.spec, config.dtype, quant), draft.spec,
                         f"the EAGLE head {config.eagle}")
@@ -155,7 +163,7 @@ def export_draft(draft: "eagle.Draft", config: BuildConfig, out_dir: Path, log, 
                            "\n".join(f"  {i.node} ({i.op}): {i.message}" for i in issues))
     save(model, out_dir, eagle.DRAFT_ONNX)
     spec, lowerings = draft.spec, []
-    gqa = (attention_supported if native else gqa_supported)(spec, config.dtype)
+    gqa = (attention_supported if native else gqa_supported)(spec, "float32" if quant is not None else config.dtype)
     half = native and half_supported(spec, config.dtype, quant)
     if backend == "onnxruntime" and config.graph == "modern" and (gqa or half or (native and quant is not None)):
         lowerings = [cpu_kernels.ATTENTION_LOWERING if native else "GroupQueryAttention",

@@ -66,6 +66,8 @@ class WeightWriter:
             if order is not None:
                 codes, scale = codes[order], scale[order]
                 offset = None if offset is None else offset[order]
+        else:  # in the graph's type, which DequantizeLinear gives its weights: float16 holds them exactly
+            scale, offset = scale.astype(self.dtype), None if offset is None else offset.astype(self.dtype)
         names = (g.weight(f"{prefix}.weight_q{scheme.bits}", codes), g.weight(f"{prefix}.weight_scale", scale),
                  None if offset is None else g.weight(f"{prefix}.weight_offset", offset))
         self.quantized[prefix] = names

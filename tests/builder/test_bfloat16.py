@@ -47,7 +47,7 @@ def build_bf16(ckpt, out, target: str):
 def run_engine(out, target: str, rounding: bool = True, num_decode: int = 6):
     """Greedy tokens and logits; on the stand-in, `rounding` False computes the bfloat16 graph in
     float32 (its weights and KV still bfloat16): our kernels' arithmetic."""
-    with stand_in(target, FAKE_TRT_BF16_ROUNDING="1" if rounding else "0"):
+    with stand_in(target, FAKE_TRT_FLOAT32_ARITHMETIC="0" if rounding else "1"):
         return engine_logits(load_engine(out), PROMPT, num_decode=num_decode)
 
 
@@ -149,7 +149,7 @@ def test_what_a_bfloat16_engine_holds(tiny_checkpoint, tmp_path):
 @pytest.mark.parametrize("options, message", [
     ({"cpu_kernels": "onnxruntime"}, "--dtype bfloat16 on ONNX Runtime runs on our CPU kernels"),
     ({"graph": "legacy"}, "--dtype bfloat16 on ONNX Runtime runs on our CPU kernels"),
-    ({"quantization": "int4"}, "needs --dtype float32"),
+    ({"quantization": "int4"}, "takes --dtype float32 or float16"),
 ])
 def test_bfloat16_refusals_name_the_fix(options, message):
     with pytest.raises(ConfigError, match=message):

@@ -22,7 +22,9 @@ ARCHS = ["llama", "mistral", "qwen2", "qwen3"]
 @pytest.mark.parametrize("args, needle", [
     (["--dtype", "bfloat16", "--cpu-kernels", "onnxruntime", "--backend", "onnxruntime"],
      "--dtype bfloat16 on ONNX Runtime runs on our CPU kernels"),
-    (["--dtype", "float16", "--quantization", "int8"], "needs --dtype float32"),
+    (["--dtype", "bfloat16", "--quantization", "int8"], "takes --dtype float32 or float16"),
+    (["--dtype", "float16", "--quantization", "int8", "--cpu-kernels", "onnxruntime", "--backend", "onnxruntime"],
+     "runs on our CPU kernels"),
     (["--quantization", "int3"], "Invalid value for '--quantization'"),
     (["--lora", "fr=/tmp/no-such-adapter"], "--lora: /tmp/no-such-adapter does not exist"),
     (["--lora", "broken"], "NAME=PEFT_DIR"),

@@ -106,16 +106,17 @@ def test_profile_options_are_checked(tmp_path):
         BuildConfig(model="m", output="o", workspace_gib=float("nan"))
 
 
-def test_quantization_with_a_float16_profile_builds_float32(tmp_path):
-    """docs/tensorrt.md: --quantization with the modern profile (float16) takes float32 by itself,
-    saying so; an explicit --dtype float16 is still refused."""
+def test_quantization_with_a_float16_profile_keeps_float16(tmp_path):
+    """docs/tensorrt.md: --quantization with the modern profile (float16) builds int4 weights with
+    float16 activations and KV cache (W4A16); with bfloat16, which does not hold its float16 scales
+    exactly, it is refused."""
     from trtllm.builder.cli import resolve
 
     values = resolve({"quantization": "int4", "dtype": None}, "tensorrt-modern")
-    assert values["dtype"] == "float32" and values["backend"] == "tensorrt"
+    assert values["dtype"] == "float16" and values["backend"] == "tensorrt"
     BuildConfig(model="m", output="o", **values)  # valid
-    with pytest.raises(ConfigError, match="needs --dtype float32"):
-        BuildConfig(model="m", output="o", **resolve({"quantization": "int4", "dtype": "float16"}, "tensorrt-modern"))
+    with pytest.raises(ConfigError, match="takes --dtype float32 or float16"):
+        BuildConfig(model="m", output="o", **resolve({"quantization": "int4", "dtype": "bfloat16"}, "tensorrt-modern"))
 
 
 def test_cli_flags_win_over_the_profile(tiny_checkpoint, tmp_path):

@@ -14,8 +14,9 @@ It follows TensorRT 10's documented contract and is strict where TensorRT would 
     as past_* when the graph updates the KV in place (TensorScatter) and elsewhere when it does not.
 Execution runs the embedded ONNX with ONNX Runtime and writes the outputs to the bound addresses,
 so present_* written to the past_* address is an in-place update, as TensorRT's KV update is.
-FAKE_TRT_VERSION sets __version__; a bfloat16 plan runs in float32 with bfloat16 rounding (_bfloat16.py;
-FAKE_TRT_BF16_ROUNDING=0: bfloat16 weights and KV, float32 arithmetic).
+FAKE_TRT_VERSION sets __version__; a bfloat16 plan runs in float32 with bfloat16 rounding (_bfloat16.py),
+a float16 plan on ONNX Runtime's float16 kernels; FAKE_TRT_FLOAT32_ARITHMETIC=1 computes either in float32
+from its 16-bit weights, the KV stored in its type (what our CPU kernels compute: tests).
 """
 from __future__ import annotations
 
@@ -274,11 +275,17 @@ class ICudaEngine:
         self.values = [{k: tuple(tuple(d) for d in v) for k, v in p["values"].items()} for p in header["profiles"]]
         opts = ort.SessionOptions()
         opts.log_severity_level = 3  # the copy-not-in-place warnings are about ORT, not the fake
-        if any(t.dtype == DataType.BF16 for t in self.tensors.values()):  # ONNX Runtime has no bfloat16 kernels
+        # the graph as written, as TensorRT computes it: ONNX Runtime's fusions would make a quantized
+        # projection's DequantizeLinear + MatMul its MatMulNBits, whose activations are int8
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        wide = os.environ.get("FAKE_TRT_FLOAT32_ARITHMETIC") == "1"
+        self.emulated = {t.dtype for t in self.tensors.values()} & ({DataType.BF16, DataType.HALF} if wide else
+                                                                    {DataType.BF16})  # no bfloat16 kernels in ORT
+        if self.emulated:
             from . import _bfloat16
 
-            rounding = os.environ.get("FAKE_TRT_BF16_ROUNDING", "1") == "1"  # 0: bfloat16 storage only (tests)
-            model_bytes = _bfloat16.emulate(model, rounding).SerializeToString()
+            kind = 16 if DataType.BF16 in self.emulated else 10  # BFLOAT16, FLOAT16
+            model_bytes = _bfloat16.emulate(model, not wide, kind).SerializeToString()
         self.session = ort.InferenceSession(model_bytes, opts, providers=["CPUExecutionProvider"])
         self.in_place = header["in_place"]
         self.runs = 0
@@ -367,6 +374,8 @@ class IExecutionContext:
             if t.dtype == DataType.BF16:  # its bits, widened for the float32 session (see _bfloat16)
                 feeds[t.name] = feeds[t.name].astype(np.uint32) << 16
                 feeds[t.name] = feeds[t.name].view(np.float32)
+            elif t.dtype in e.emulated:  # float16, computed in float32
+                feeds[t.name] = feeds[t.name].astype(np.float32)
             if t.is_shape_tensor:
                 lo, _, hi = e.values[self.profile][t.name]
                 assert all(a <= v <= b for a, v, b in zip(lo, feeds[t.name], hi)), f"{t.name} out of range"
@@ -377,6 +386,8 @@ class IExecutionContext:
                 import ml_dtypes
 
                 value = np.ascontiguousarray(value, np.float32).astype(ml_dtypes.bfloat16).view(np.uint16)
+            elif t.dtype in e.emulated:
+                value = value.astype(np.float16)
             assert cudart.is_device(ptr, value.nbytes) and ptr % 256 == 0, f"{t.name}: aligned device memory"
             ctypes.memmove(ptr, np.ascontiguousarray(value).ctypes.data, value.nbytes)
         e.runs += 1
