@@ -291,8 +291,9 @@ class DecoderWriter(WeightWriter):
         w = self.w[weight_name]
         if not self.spec.norm_offset:
             return self.fw(weight_name, w)
-        stored = w.astype(self.storage).astype(np.float32)
-        return self.g.weight(weight_name, stored + np.float32(self.spec.norm_offset))
+        if self.half or self.dtype == self.storage:  # stored in the engine's dtype (a quantized form: float32)
+            w = w.astype(self.storage)
+        return self.g.weight(weight_name, w.astype(np.float32) + np.float32(self.spec.norm_offset))
 
     def rms_norm(self, name: str, x: str, weight_name: str) -> str:
         g, scale = self.g, self.norm_scale(weight_name)

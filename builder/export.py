@@ -94,11 +94,12 @@ def export_onnx(ck: ckpt.Checkpoint, config: BuildConfig, out_dir: Path, log, ba
     half = half and native
     refuse_bfloat16(config, backend, half, spec)
     if backend == "onnxruntime" and quant is not None and config.dtype != "float32" and not (quant_native and ours):
+        why = ("ONNX Runtime's own (MatMulNBits, GroupQueryAttention) take one type for both, and --cpu-kernels "
+               "onnxruntime asks for them" if config.cpu_kernels == "onnxruntime" else
+               cpu_kernels.missing_hint() if not quant_native else
+               f"their attention needs a head size that is a multiple of 16 (this model's: {spec.head_dim})")
         raise ConfigError(f"--quantization {config.quantization} --dtype {config.dtype} on ONNX Runtime runs on our CPU "
-                          "kernels (float32 activations, a 16-bit KV cache), and " +
-                          (cpu_kernels.missing_hint() if not quant_native else
-                           f"their attention needs a head size that is a multiple of 16 (this model's: {spec.head_dim})")
-                          + "; use --dtype float32")
+                          f"kernels (float32 activations, a 16-bit KV cache), and {why}; use --dtype float32")
     if draft:
         refuse_bfloat16(config, backend, native and half_supported(draft.spec, config.dtype, quant), draft.spec,
                         f"the EAGLE head {config.eagle}")

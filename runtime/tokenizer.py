@@ -147,15 +147,20 @@ def safe_cut(raw: str, c: int) -> bool:
 
     Every pattern starts with a space and only deletes spaces, so the characters that are not
     spaces stay, and a match across the cut must start at a space before it and take what stands
-    after it. Two kinds of place allow none: three characters without a space before the cut (a
-    pattern is at most 4 long); or a space at the cut after a character x other than a space, "'"
-    or "n". In the second, a pattern across the cut would hold x second, then what stands first
-    after the cut: a space, or, once an earlier pass deleted that space, the second character of a
-    pattern (. ? ! , ' n); only " ' " (x "'") and " n't" (x "n", after " ' t" became "'t") do so.
+    after it. These places allow none:
+    - three characters without a space before the cut (a pattern is at most 4 long);
+    - a space at the cut, which stays first after it or, once an earlier pass deleted it, gives way
+      to a pattern's second character (. ? ! , ' n); a pattern across the cut then holds the
+      character x before the cut second, and that first character third: only " ' " (x "'") and
+      " n't" (x "n", after " ' t" became "'t") do. So x may not be a space, "'" or "n"; or x and
+      the one before it are no spaces (" in in"): a match would start three back and hold that
+      first character fourth, and no pattern's fourth is one of them.
     Checked against the whole text's clean-up for every cut of short strings (tests/runtime)."""
     if c >= 3 and " " not in raw[c - 3:c]:
         return True
-    return c >= 1 and raw[c] == " " and raw[c - 1] not in " 'n"
+    if not 1 <= c < len(raw) or raw[c] != " " or raw[c - 1] == " ":
+        return False
+    return raw[c - 1] not in "'n" or (c >= 2 and raw[c - 2] != " ")
 
 
 class IncrementalDecoder:
@@ -181,7 +186,7 @@ class IncrementalDecoder:
     effects stay within a few more. The text is cut (what is before the cut never looked at again)
     where no clean-up pass can match across the cut (safe_cut), so cleaning the two sides apart
     gives the whole's clean-up. Cleaning all the text every token was quadratic in the output's
-    length. (Text with no such place, "n", "'" and spaces alone for ever, is not cut.)
+    length. (Text with no such place, one-character "n" or "'" between spaces for ever, is not cut.)
     """
 
     CLEAN_UP_HOLD = 16

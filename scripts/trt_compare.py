@@ -89,6 +89,16 @@ def compiled_runners(engine_dir: Path, m: mf.Manifest) -> list:
     return [OnnxrtRunner(compiled_session(path, m), name=f"onnxruntime-compiled-{step}") for step in ("prefill", "decode")]
 
 
+def as_written(path: str):
+    """llm.onnx run as written (graph optimisations off), as TensorRT computes it: ONNX Runtime would
+    fuse a quantized projection's DequantizeLinear + MatMul into MatMulNBits, with int8 activations."""
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    return lambda: ort.InferenceSession(path, opts, providers=["CPUExecutionProvider"])
+
+
 def compiled_session(path: str, m: mf.Manifest):
     """ONNX Runtime's compiled form, with plugins/cpu's kernels registered when the engine uses them."""
     if not cpu_kernels.needed_by(m.lowerings):
@@ -123,7 +133,7 @@ def compare(engine_dir: Path, atol: float, rtol: float) -> dict:
     if m.dtype == "bfloat16":
         raise ValueError(BFLOAT16_REFUSED)
     io = m.io
-    reference = OnnxrtRunner(SessionFromOnnx(str(engine_dir / m.files["onnx"])), name="onnxruntime-llm.onnx")
+    reference = OnnxrtRunner(as_written(str(engine_dir / m.files["onnx"])), name="onnxruntime-llm.onnx")
     prefill, decode = feeds(m)
     report, ok = {"engine": str(engine_dir), "backend": m.backend, "atol": atol, "rtol": rtol, "steps": []}, True
     feed = prefill

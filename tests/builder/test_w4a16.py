@@ -175,3 +175,36 @@ def test_a_w4a16_engine_takes_lora_adapters(tiny_checkpoint, tmp_path):
     assert list(ref.argmax(-1)) == generated
     plain = engine_logits(engine, PROMPT, num_decode=4)[1]
     assert np.abs(plain - ref).max() > 3 * tol
+
+
+def test_a_mistyped_w4a16_graph_fails_the_stand_in_parser(tiny_checkpoint, tmp_path, monkeypatch):
+    """The deliberately wrong variant for the graph's types: int4 offsets left float32 in the float16
+    graph. The stand-in parses strongly typed, as TensorRT does, so the build fails; computing in
+    float32 (the tests above) could not tell."""
+    from onnx import TensorProto, numpy_helper
+
+    from trtllm.builder import weights
+
+    original = weights.WeightWriter.quantized_weight
+
+    def float32_offsets(self, *args, **kwargs):
+        names = original(self, *args, **kwargs)
+        for init in self.g.initializers:
+            if names[2] is not None and init.name == names[2] and init.data_type == TensorProto.FLOAT16:
+                init.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(init).astype(np.float32), init.name))
+        return names
+
+    monkeypatch.setattr(weights.WeightWriter, "quantized_weight", float32_offsets)
+    with pytest.raises(Exception, match="type check"):
+        build_w4a16(tiny_checkpoint("llama"), tmp_path / "e", "int4", "tensorrt")
+
+
+def test_onnx_runtimes_own_kernels_are_refused_under_backend_auto(tiny_checkpoint, tmp_path):
+    """--backend auto resolves to ONNX Runtime at build time: the refusal names --cpu-kernels
+    onnxruntime as the reason (not a stale library), before anything is written."""
+    from trtllm.builder.config import ConfigError
+
+    with pytest.raises(ConfigError, match="--cpu-kernels onnxruntime asks for them; use --dtype float32"):
+        build(BuildConfig(model=str(tiny_checkpoint("llama")), output=str(tmp_path / "e"), quantization="int8",
+                          dtype="float16", cpu_kernels="onnxruntime", **LIMITS), log=lambda m: None)
+    assert not (tmp_path / "e").exists()

@@ -302,7 +302,7 @@ def test_a_replacement_character_no_byte_can_complete_is_streamed_at_once(ours):
 def test_a_safe_cut_never_changes_the_clean_up():
     """safe_cut against the whole text's clean-up, for every cut it allows of every string of up to
     6 characters from the characters the patterns are made of, and of 20,000 random longer ones.
-    The deliberately wrong variant: cutting after "n" or "'" too changes some."""
+    The deliberately wrong variant: cutting after a lone "n" or "'" too changes some."""
     import itertools
     import random
 
@@ -330,6 +330,8 @@ def test_a_safe_cut_never_changes_the_clean_up():
                 assert clean(raw[:c]) + clean(raw[c:]) == whole, (raw, c)
             elif raw[c] == " " and raw[c - 1] in "'n" and clean(raw[:c]) + clean(raw[c:]) != whole:
                 wrong += 1
+    assert not safe_cut("ab c", 4)  # the end is no place to cut
+    assert safe_cut(" in on an", 3) and safe_cut(" a b", 2) and not safe_cut(" n ' n", 2)  # two-letter words too
     assert cuts > 100000 and wrong > 0
 
 

@@ -153,6 +153,10 @@ class OnnxParser:
 
         model = onnx.load(str(path))  # with its external data, as TensorRT reads it
         self.errors = [_ParserError(i) for i in lint.lint_model(model, _minor())]
+        try:  # a strongly typed network: every node's input types must agree, as the ONNX schemas say
+            onnx.shape_inference.infer_shapes(model, check_type=True, strict_mode=True)
+        except onnx.shape_inference.InferenceError as e:
+            self.errors.append(_ParserError(lint.LintIssue("(type check)", "", str(e).splitlines()[0])))
         self.network.model = model
         self.network.inputs = [_ITensor(i) for i in model.graph.input]
         self.network.outputs = [_ITensor(o) for o in model.graph.output]
