@@ -2,7 +2,8 @@
 
 It follows TensorRT 10's documented contract and is strict where TensorRT would fail:
   - create_network must ask for STRONGLY_TYPED; the parser runs our op lint for this version and
-    reports the issues as parser errors; int64 [1] inputs are shape tensors (host memory);
+    ONNX's strict type inference (every node's input types must agree), and reports the issues as
+    parser errors; int64 [1] inputs are shape tensors (host memory);
   - build_serialized_network needs every input in every profile, min <= opt <= max, shape-tensor
     values for shape tensors, profiles that agree with static axes, and past_* inputs whose
     capacity axis is static in the network (IKVCacheUpdateLayer); the "plan" embeds the ONNX model;
@@ -12,7 +13,8 @@ It follows TensorRT 10's documented contract and is strict where TensorRT would 
     an unknown name; execute_async_v3 needs every shape and address, 256-byte aligned device
     memory for device tensors, host memory for shape tensors, and present_* at the same address
     as past_* when the graph updates the KV in place (TensorScatter) and elsewhere when it does not.
-Execution runs the embedded ONNX with ONNX Runtime and writes the outputs to the bound addresses,
+Execution runs the embedded ONNX as written (ONNX Runtime's graph optimisations off: its fusions
+would change a quantized graph's numbers) and writes the outputs to the bound addresses,
 so present_* written to the past_* address is an in-place update, as TensorRT's KV update is.
 FAKE_TRT_VERSION sets __version__; a bfloat16 plan runs in float32 with bfloat16 rounding (_bfloat16.py),
 a float16 plan on ONNX Runtime's float16 kernels; FAKE_TRT_FLOAT32_ARITHMETIC=1 computes either in float32
