@@ -164,9 +164,8 @@ __attribute__((target("avx512f,avx512bw,avx512vl,fma"))) inline __m512 load16(co
 __attribute__((target("avx512f,avx512bw,avx512vl,fma"))) inline __m512 load16(const uint16_t* p) {
   return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
 }
-__attribute__((target("avx512f,avx512bw,avx512vl,fma"))) inline __m512 load16(const bf16* p) {  // exact: a shift
-  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+__attribute__((target("avx512f,avx512bw,avx512vl,fma"))) inline __m512 load16(const bf16* p) {
+  return trtllm_cpu::widen_bf16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
 }
 
 // 16 vectors -> one vector of their 16 sums, in 4 rounds of shuffles and adds (instead of a

@@ -135,6 +135,11 @@ inline uint16_t float_to_bf16(float f) {
 }
 
 #ifdef TRTLLM_X86
+// 16 bfloat16 values as float32: each shifted into a float's upper half (exact).
+__attribute__((target("avx512f,avx512bw,avx512vl,fma"))) inline __m512 widen_bf16(__m256i h) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
 // exp(x) as 2^n * p(r), r = x - n ln2 in [-ln2/2, ln2/2], p of degree 6 (Taylor): relative error
 // below 2e-7, float32's own rounding. x is clamped to [-88, 88].
 __attribute__((target("avx512f,avx512bw,avx512vl,fma"))) inline __m512 exp_avx512(__m512 x) {

@@ -72,38 +72,31 @@ void tile_generic(const float* w, int nr, int64_t k, const float* x, int mr, int
 
 #ifdef TRTLLM_X86  // ---- AVX-512 (the rest of the file dispatches on use_avx512()) ----
 
-__attribute__((target("avx512f,avx512bw,avx512vl,fma"))) void halves_avx512(const uint16_t* h, int64_t count,
-                                                                          float* out) {
-  int64_t i = 0;
-  for (; i + 16 <= count; i += 16)
-    _mm512_storeu_ps(out + i, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(h + i))));
-  if (i < count) {
-    const __mmask16 tail = static_cast<__mmask16>((1u << (count - i)) - 1);
-    _mm512_mask_storeu_ps(out + i, tail, _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(tail, h + i)));
-  }
+// 16 values of 16 bits as float32: float16 (F16C) or, BF, bfloat16.
+template <bool BF>
+__attribute__((target("avx512f,avx512bw,avx512vl,fma"))) inline __m512 widen(__m256i h) {
+  if constexpr (BF) return trtllm_cpu::widen_bf16(h);
+  else return _mm512_cvtph_ps(h);
 }
 
-// 16 bfloat16 values as float32: each shifted into a float's upper half.
-__attribute__((target("avx512f,avx512bw,avx512vl,fma"))) inline __m512 widen_bf16(__m256i h) {
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-}
-
-__attribute__((target("avx512f,avx512bw,avx512vl,fma"))) void brains_avx512(const uint16_t* h, int64_t count,
-                                                                          float* out) {
+// count values of 16 bits -> float32.
+template <bool BF>
+__attribute__((target("avx512f,avx512bw,avx512vl,fma"))) void widen_avx512(const uint16_t* h, int64_t count,
+                                                                         float* out) {
   int64_t i = 0;
   for (; i + 16 <= count; i += 16)
-    _mm512_storeu_ps(out + i, widen_bf16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(h + i))));
+    _mm512_storeu_ps(out + i, widen<BF>(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(h + i))));
   if (i < count) {
     const __mmask16 tail = static_cast<__mmask16>((1u << (count - i)) - 1);
-    _mm512_mask_storeu_ps(out + i, tail, widen_bf16(_mm256_maskz_loadu_epi16(tail, h + i)));
+    _mm512_mask_storeu_ps(out + i, tail, widen<BF>(_mm256_maskz_loadu_epi16(tail, h + i)));
   }
 }
 
 __attribute__((target("avx512f,avx512bw,avx512vl,fma"))) void row_params_avx512(const Weights& w, int64_t row,
                                                                               float* s, float* o) {
   const int64_t nb = w.blocks();
-  halves_avx512(w.scale + row * nb, nb, s);
-  if (w.offset) halves_avx512(w.offset + row * nb, nb, o);
+  widen_avx512<false>(w.scale + row * nb, nb, s);
+  if (w.offset) widen_avx512<false>(w.offset + row * nb, nb, o);
   else std::fill(o, o + nb, 0.0f);
 }
 
@@ -117,8 +110,8 @@ __attribute__((target("avx512f,avx512bw,avx512vl,fma"))) void dequant_rows_avx51
     const int64_t row = r0 + r;
     if (w.bits == 16) {
       const uint16_t* h = reinterpret_cast<const uint16_t*>(w.codes) + row * w.k;
-      if (w.brain) brains_avx512(h, w.k, out + r * w.k);
-      else halves_avx512(h, w.k, out + r * w.k);
+      if (w.brain) widen_avx512<true>(h, w.k, out + r * w.k);
+      else widen_avx512<false>(h, w.k, out + r * w.k);
       continue;
     }
     row_params_avx512(w, row, params.data(), params.data() + nb);
@@ -277,12 +270,10 @@ __attribute__((target("avx512f,avx512bw,avx512vl,fma"))) void fused_avx512(const
     for (int r = 0; r < NR; ++r) y[m * ldy + r] = _mm512_reduce_add_ps(acc[m][r]);
 }
 
-// 16 weights of 16 bits as float32: float16 (F16C) or, BF, bfloat16.
+// 16 weights of 16 bits, loaded as float32 (widen).
 template <bool BF>
 __attribute__((target("avx512f,avx512bw,avx512vl,fma"))) inline __m512 widen16(const uint16_t* p) {
-  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-  if constexpr (BF) return widen_bf16(h);
-  else return _mm512_cvtph_ps(h);
+  return widen<BF>(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
 }
 
 // Decode with float16 (BF: bfloat16) weights: NR rows converted into registers and used by MR
