@@ -83,9 +83,7 @@ def export_onnx(ck: ckpt.Checkpoint, config: BuildConfig, out_dir: Path, log, ba
             f"{draft.spec.vocab_size}")
     # What runs where on ONNX Runtime, decided before anything is written: a refusal costs no export
     half = half_supported(spec, config.dtype, quant)  # only on the native kernels
-    # quantized weights run with float32 activations on ONNX Runtime, whatever the KV cache's dtype
-    act = "float32" if quant is not None else config.dtype
-    ours = attention_supported(spec, act)
+    ours = attention_supported(spec, ort_activations(config, quant))
     native = backend == "onnxruntime" and config.graph == "modern" and use_native_kernels(config, ours or half, log)
     gqa = ours if native else gqa_supported(spec, config.dtype)  # attention as one node: ours, or ONNX Runtime's
     quant_native = native and quant is not None
@@ -164,7 +162,7 @@ def export_draft(draft: "eagle.Draft", config: BuildConfig, out_dir: Path, log, 
                            "\n".join(f"  {i.node} ({i.op}): {i.message}" for i in issues))
     save(model, out_dir, eagle.DRAFT_ONNX)
     spec, lowerings = draft.spec, []
-    gqa = (attention_supported if native else gqa_supported)(spec, "float32" if quant is not None else config.dtype)
+    gqa = (attention_supported if native else gqa_supported)(spec, ort_activations(config, quant))
     half = native and half_supported(spec, config.dtype, quant)
     if backend == "onnxruntime" and config.graph == "modern" and (gqa or half or (native and quant is not None)):
         lowerings = [cpu_kernels.ATTENTION_LOWERING if native else "GroupQueryAttention",
@@ -182,6 +180,12 @@ def export_draft(draft: "eagle.Draft", config: BuildConfig, out_dir: Path, log, 
                 num_kv_heads=spec.num_kv_heads, head_dim=spec.head_dim, kv_dtype=config.dtype)),
             "lowerings": lowerings, "draft_step": eagle.DRAFT_STEP[backend],
             "source": {"path": str(draft.path.resolve()), "sha256": ckpt.weights_hash(sorted(draft.path.glob("*.safetensors")))}}
+
+
+def ort_activations(config: BuildConfig, quant: QuantScheme | None) -> str:
+    """The activations' dtype of the ONNX Runtime form: quantized weights run with float32
+    activations there, whatever the KV cache's dtype; else --dtype's."""
+    return "float32" if quant is not None else config.dtype
 
 
 def refuse_bfloat16(config: BuildConfig, backend: str, runs: bool, spec, what: str = "this model") -> None:

@@ -1,7 +1,8 @@
-"""Helpers the engine tests share: greedy generation through the scheduler, and engines loaded with
-ONNX Runtime's graph optimisations off."""
+"""Helpers the engine tests share: greedy generation through the scheduler, engines loaded with
+ONNX Runtime's graph optimisations off, and a saved system prompt's round trip through trtllm-run."""
 from __future__ import annotations
 
+import json
 from contextlib import contextmanager
 
 import numpy as np
@@ -19,6 +20,28 @@ def run_greedy(engine, prompts: list[list[int]], n: int, adapters: list | None =
             for p, a in zip(prompts, adapters or [None] * len(prompts))]
     run_rows(engine, rows, num_slots)
     return [r.output_ids for r in rows]
+
+
+def check_batched_and_restored(run_cli, engine, tmp_path) -> None:
+    """trtllm-run end to end: two requests sharing a saved system prompt answer in one batch as each
+    does alone, and a later run reads the saved KV back for both (the reused tokens double: the
+    first run shares the prompt between them) with the same answers, warning of nothing."""
+    requests = [{"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": text}],
+                 "save_system_prompt_kv_cache": True} for text in ("hello there", "a longer question, with words")]
+
+    def answers(batch_size, reqs, *extra):
+        result, body = run_cli(engine, {"batch_size": batch_size, "temperature": 0, "max_generate_length": 8,
+                                        "requests": reqs}, *extra)
+        assert result.exit_code == 0 and "warning" not in result.output, result.output
+        return [r["output_text"] for r in body["responses"]]
+
+    profile = tmp_path / "profile.json"
+    cache = ["--kv-cache-dir", str(tmp_path / "kv"), "--profile", str(profile)]
+    batched = answers(2, requests, *cache)
+    shared = json.loads(profile.read_text())["prefill"]["reused_tokens"]  # the second request shares the first's
+    assert batched == [answers(1, [r])[0] for r in requests]
+    assert answers(2, requests, *cache) == batched  # a new run: the saved KV, read back for both
+    assert json.loads(profile.read_text())["prefill"]["reused_tokens"] == 2 * shared > 0
 
 
 @contextmanager

@@ -15,6 +15,7 @@ import transformers
 from onnx import TensorProto
 
 from tests import fakes
+from tests.engine_helpers import check_batched_and_restored
 from trtllm.builder.config import BuildConfig, ConfigError
 from trtllm.builder.export import build
 from trtllm.builder.verify import engine_logits
@@ -169,22 +170,7 @@ def test_a_bfloat16_engine_answers_batched_and_restores_its_saved_prompt(tiny_ch
     """trtllm-run end to end: answers alone equal answers in one batch (our kernels are batch
     invariant), and a system prompt's bfloat16 KV saved by one run gives a later run the same answers."""
     out = build_bf16(tiny_checkpoint("qwen2"), tmp_path / "e", "cpu")
-    requests = [{"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": text}],
-                 "save_system_prompt_kv_cache": True} for text in ("hello there", "a longer question, with words")]
-
-    def answers(batch_size, reqs, *extra):
-        result, body = run_cli(out, {"batch_size": batch_size, "temperature": 0, "max_generate_length": 8,
-                                     "requests": reqs}, *extra)
-        assert result.exit_code == 0 and "warning" not in result.output, result.output
-        return [r["output_text"] for r in body["responses"]]
-
-    profile = tmp_path / "profile.json"
-    cache = ["--kv-cache-dir", str(tmp_path / "kv"), "--profile", str(profile)]
-    batched = answers(2, requests, *cache)
-    shared = json.loads(profile.read_text())["prefill"]["reused_tokens"]  # the second request shares the first's
-    assert batched == [answers(1, [r])[0] for r in requests]
-    assert answers(2, requests, *cache) == batched  # a new run: the saved bfloat16 KV, read back for both
-    assert json.loads(profile.read_text())["prefill"]["reused_tokens"] == 2 * shared > 0
+    check_batched_and_restored(run_cli, out, tmp_path)
 
 
 def test_without_our_kernels_the_engine_names_a_rebuild_that_works(tiny_checkpoint, tmp_path, monkeypatch):

@@ -5,7 +5,6 @@ weights, with what the engine stores in float16 rounded so."""
 from __future__ import annotations
 
 import contextlib
-import json
 import sys
 
 import numpy as np
@@ -13,6 +12,7 @@ import pytest
 import torch
 
 from tests import fakes
+from tests.engine_helpers import check_batched_and_restored
 from tests.builder.test_quantized import dequantized_model
 from trtllm.builder.config import BuildConfig
 from trtllm.builder.export import build
@@ -115,40 +115,7 @@ def test_a_w4a16_engine_answers_batched_and_restores_its_saved_prompt(tiny_check
     """trtllm-run end to end on our kernels: answers alone equal answers in one batch, and a saved
     system prompt's float16 KV gives a later run the same answers."""
     out = build_w4a16(tiny_checkpoint("qwen2"), tmp_path / "e", "int4", "onnxruntime")
-    requests = [{"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": text}],
-                 "save_system_prompt_kv_cache": True} for text in ("hello there", "a longer question, with words")]
-
-    def answers(batch_size, reqs, *extra):
-        result, body = run_cli(out, {"batch_size": batch_size, "temperature": 0, "max_generate_length": 8,
-                                     "requests": reqs}, *extra)
-        assert result.exit_code == 0 and "warning" not in result.output, result.output
-        return [r["output_text"] for r in body["responses"]]
-
-    profile = tmp_path / "profile.json"
-    cache = ["--kv-cache-dir", str(tmp_path / "kv"), "--profile", str(profile)]
-    batched = answers(2, requests, *cache)
-    shared = json.loads(profile.read_text())["prefill"]["reused_tokens"]
-    assert batched == [answers(1, [r])[0] for r in requests]
-    assert answers(2, requests, *cache) == batched
-    assert json.loads(profile.read_text())["prefill"]["reused_tokens"] == 2 * shared > 0
-
-
-@pytest.mark.parametrize("target", ["onnxruntime", "tensorrt"])
-def test_a_w4a16_engine_speculates_without_changing_an_answer(target, tiny_checkpoint, run_cli, tmp_path):
-    """With an EAGLE-3 head (quantized as the model, its embedding float16, its KV float16 too),
-    greedy answers with drafting equal those without."""
-    from tests.eagle_drafts import random_draft
-    from tests.runtime.test_eagle_cli import REQUESTS, answers, same
-
-    ckpt = tiny_checkpoint("llama")
-    draft = random_draft(ckpt, tmp_path / "draft", seed=3, aux=[0, 1, 1])
-    with stand_in(target):
-        out = build(BuildConfig(model=str(ckpt), output=str(tmp_path / "e"), quantization="int4", dtype="float16",
-                                backend=target, eagle=str(draft), **LIMITS), log=lambda m: None)
-        assert load_manifest(out).eagle["model"]["kv_dtype"] == "float16"
-        plain, _ = answers(run_cli, out, tmp_path, "--spec-draft-step", "0", batch_size=3, requests=REQUESTS[:3])
-        got, profile = answers(run_cli, out, tmp_path, "--spec-draft-step", "3", batch_size=3, requests=REQUESTS[:3])
-    assert same(got, plain) and profile["eagle_generation"]["drafted_tokens"] > 0
+    check_batched_and_restored(run_cli, out, tmp_path)
 
 
 def test_a_w4a16_engine_takes_lora_adapters(tiny_checkpoint, tmp_path):

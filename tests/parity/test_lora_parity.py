@@ -194,39 +194,27 @@ def test_quantized_engine_adds_the_adapter_to_its_dequantized_weights(scheme, ti
     np.testing.assert_allclose(got, ref, atol=2e-5 * np.abs(ref).max(), rtol=0)
 
 
-@pytest.mark.parametrize("kernels", ["native", "onnxruntime"])
-def test_float16_engine_takes_adapters(kernels, tiny_checkpoint, adapters, tmp_path):
+@pytest.mark.parametrize("dtype, kernels, inputs, tol", [("float16", "native", np.float16, 3e-2),
+                                                       ("float16", "onnxruntime", np.float16, 3e-2),
+                                                       ("bfloat16", "auto", np.float32, 6e-2)])
+def test_16_bit_engines_take_adapters(dtype, kernels, inputs, tol, tiny_checkpoint, adapters, tmp_path):
     """--dtype float16: the adapter in float16 (the engine's dtype; our kernels' form casts it to its
-    float32 activations), within float16 tolerance of PEFT in float32."""
-    out = build(BuildConfig(model=str(tiny_checkpoint("llama")), output=str(tmp_path / "h"), dtype="float16",
-                            max_input_len=128, max_kv_cache_capacity=256, max_lora_rank=MAX_RANK, cpu_kernels=kernels),
-                log=lambda m: None)
+    float32 activations); --dtype bfloat16 (our kernels): in float32 (numpy has no bfloat16). Within
+    the dtype's tolerance of PEFT in float32, the same greedy tokens; the adapter left out (the
+    wrong variant) misses it."""
+    out = build(BuildConfig(model=str(tiny_checkpoint("llama")), output=str(tmp_path / "h"), dtype=dtype,
+                            max_input_len=128, max_kv_cache_capacity=256, max_lora_rank=MAX_RANK, cpu_kernels=kernels,
+                            verify=dtype == "float16"), log=lambda m: None)
     engine = load_engine(out)
     pm, path = adapters("llama")["all"]
     adapter = lora.load_adapter("all", path, engine.manifest)
-    assert all(a.dtype == np.float16 for a in adapter.arrays.values())
+    assert all(a.dtype == inputs for a in adapter.arrays.values())
     generated, got = engine_logits(engine, PROMPTS[1], num_decode=4, lora=adapter.arrays)
     ref = peft_logits(pm, PROMPTS[1], generated)
-    np.testing.assert_allclose(got, ref, atol=3e-2 * np.abs(ref).max(), rtol=0)
+    np.testing.assert_allclose(got, ref, atol=tol * np.abs(ref).max(), rtol=0)
     assert list(ref.argmax(-1)) == generated
-
-
-def test_bfloat16_engine_takes_adapters(tiny_checkpoint, adapters, tmp_path):
-    """--dtype bfloat16 (our kernels): the adapter in float32 (numpy has no bfloat16), within
-    bfloat16 tolerance of PEFT in float32, the same greedy tokens."""
-    out = build(BuildConfig(model=str(tiny_checkpoint("llama")), output=str(tmp_path / "b"), dtype="bfloat16",
-                            max_input_len=128, max_kv_cache_capacity=256, max_lora_rank=MAX_RANK, verify=False),
-                log=lambda m: None)
-    engine = load_engine(out)
-    pm, path = adapters("llama")["all"]
-    adapter = lora.load_adapter("all", path, engine.manifest)
-    assert all(a.dtype == np.float32 for a in adapter.arrays.values())
-    generated, got = engine_logits(engine, PROMPTS[1], num_decode=4, lora=adapter.arrays)
-    ref = peft_logits(pm, PROMPTS[1], generated)
-    np.testing.assert_allclose(got, ref, atol=6e-2 * np.abs(ref).max(), rtol=0)
-    assert list(ref.argmax(-1)) == generated
-    plain = engine_logits(engine, PROMPTS[1], num_decode=4)[1]  # the wrong variant: the adapter left out
-    assert np.abs(plain - ref).max() > 6e-2 * np.abs(ref).max()
+    plain = engine_logits(engine, PROMPTS[1], num_decode=4)[1]
+    assert np.abs(plain - ref).max() > tol * np.abs(ref).max()
 
 
 @pytest.mark.slow

@@ -290,7 +290,7 @@ class ICudaEngine:
         if self.emulated:
             from . import _bfloat16
 
-            kind = 16 if DataType.BF16 in self.emulated else 10  # BFLOAT16, FLOAT16
+            kind = _bfloat16.BF16 if DataType.BF16 in self.emulated else _bfloat16.F16
             model_bytes = _bfloat16.emulate(model, not wide, kind).SerializeToString()
         self.session = ort.InferenceSession(model_bytes, opts, providers=["CPUExecutionProvider"])
         self.in_place = header["in_place"]

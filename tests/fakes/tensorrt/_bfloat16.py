@@ -13,7 +13,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-BF16, F32 = TensorProto.BFLOAT16, TensorProto.FLOAT
+BF16, F16, F32 = TensorProto.BFLOAT16, TensorProto.FLOAT16, TensorProto.FLOAT
 
 
 def emulate(model: onnx.ModelProto, rounding: bool = True, kind: int = BF16) -> onnx.ModelProto:
