@@ -118,6 +118,24 @@ def test_a_w4a16_engine_answers_batched_and_restores_its_saved_prompt(tiny_check
     check_batched_and_restored(run_cli, out, tmp_path)
 
 
+@pytest.mark.parametrize("target", ["onnxruntime", "tensorrt"])
+def test_a_w4a16_engine_speculates_without_changing_an_answer(target, tiny_checkpoint, run_cli, tmp_path):
+    """With an EAGLE-3 head (quantized as the model, its embedding float16, its KV float16 too),
+    greedy answers with drafting equal those without."""
+    from tests.eagle_drafts import random_draft
+    from tests.runtime.test_eagle_cli import REQUESTS, answers, same
+
+    ckpt = tiny_checkpoint("llama")
+    draft = random_draft(ckpt, tmp_path / "draft", seed=3, aux=[0, 1, 1])
+    with stand_in(target):
+        out = build(BuildConfig(model=str(ckpt), output=str(tmp_path / "e"), quantization="int4", dtype="float16",
+                                backend=target, eagle=str(draft), **LIMITS), log=lambda m: None)
+        assert load_manifest(out).eagle["model"]["kv_dtype"] == "float16"
+        plain, _ = answers(run_cli, out, tmp_path, "--spec-draft-step", "0", batch_size=3, requests=REQUESTS[:3])
+        got, profile = answers(run_cli, out, tmp_path, "--spec-draft-step", "3", batch_size=3, requests=REQUESTS[:3])
+    assert same(got, plain) and profile["eagle_generation"]["drafted_tokens"] > 0
+
+
 def test_a_w4a16_engine_takes_lora_adapters(tiny_checkpoint, tmp_path):
     """The adapter in float16 (the engine's dtype; our kernels' form casts it to float32), against
     PEFT on transformers with the dequantized weights: float16 tolerance, the same greedy tokens;
