@@ -15,6 +15,8 @@
 //            each head (R < D: partial rotary, Phi-4-mini), the rest unrotated
 //          8 q_norm, 9 k_norm [D] float32, optional (Qwen3, Gemma 3): each q and k head is
 //            RMS-normalized (epsilon) and scaled by these before its rotary
+//          10 tree_mask [B, S, T] bool, optional (EAGLE tree verification; 8 and 9 may be absent): it
+//            covers row b's last T slots of the step, from start = write_index[b] + S - T
 // Outputs: 0 y [B, S, H D]; 1 present_key, 2 present_value [B, Hk, C, D]: the past buffers when the
 //          caller binds them so (the runtime does); otherwise past is copied first.
 // Attributes: num_heads H, kv_num_heads Hk, scale (0: 1 / sqrt(D)), window (0: none), epsilon.
@@ -22,6 +24,9 @@
 // position_ids[b, s] (rotate_half: x[i] cos - x[i + D/2] sin, x[i + D/2] cos + x[i] sin); k and v
 // are written at the slot; query s attends to slots [0, slot] of its kv head h / (H / Hk), or with
 // a window W to slots [slot - W + 1, slot]. Padding tokens write nothing and their output is 0.
+// With tree_mask, a slot j in [start, slot] is seen only where tree_mask[b, s, j - start] (exactly 0
+// weight otherwise), and a window counts from the position: slots [position - W + 1, slot] (a tree's
+// tokens share positions, not slots). Each token must see its own slot (the caller's part).
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -94,6 +99,18 @@ inline float to_float(float x) { return x; }
 inline float to_float(uint16_t h) { return trtllm_cpu::half_to_float(h); }
 inline float to_float(bf16 h) { return trtllm_cpu::bf16_to_float(h.bits); }
 
+// A task's tree mask (input 10): row r sees a slot j >= start only where row[r][j - start].
+struct Tree {
+  int64_t start;
+  const bool* row[kMaxRows];
+};
+
+// The slots in [lo, t) that a row's mask hides, their scores set to -inf.
+inline void hide(const bool* mask, int64_t start, int64_t lo, int64_t t, float* scores) {
+  for (int64_t j = std::max(lo, start); j < t; ++j)
+    if (!mask[j - start]) scores[j] = -INFINITY;
+}
+
 template <typename T>
 struct Job {
   Shape n;
@@ -112,6 +129,8 @@ struct Job {
   float epsilon;
   int64_t window;  // 0: none
   float* partial;  // parts > 1: per task and row, its part's unnormalized output [D], then max and sum
+  const bool* tree;    // tree_mask [B, S, tree_width], or null
+  int64_t tree_width;  // T
 };
 
 // out[0:D] = x RMS-normalized and scaled by w (a q or k head's norm): in float32, as transformers
@@ -134,10 +153,11 @@ void rotary(const float* x, const float* cos, const float* sin, int64_t d, int64
   for (int64_t i = r; i < d; ++i) out[i] = x[i] * times;
 }
 
-// One query against slots [lo, t): scores, softmax, the weighted sum of values. Portable.
+// One query against slots [lo, t) (with `mask`, a tree's: those it hides weigh 0): scores, softmax,
+// the weighted sum of values. Portable.
 template <typename T>
-void attend_generic(const float* q, const T* key, const T* value, int64_t lo, int64_t t, int64_t d, float* scores,
-                    float* out, float* stats) {
+void attend_generic(const float* q, const T* key, const T* value, int64_t lo, int64_t t, int64_t d, const bool* mask,
+                    int64_t start, float* scores, float* out, float* stats) {
   float top = -INFINITY;
   for (int64_t j = lo; j < t; ++j) {
     float acc = 0.0f;
@@ -145,8 +165,15 @@ void attend_generic(const float* q, const T* key, const T* value, int64_t lo, in
     scores[j] = acc;
     top = std::max(top, acc);
   }
+  float shift = top;
+  if (mask) {
+    hide(mask, start, lo, t, scores);
+    top = -INFINITY;
+    for (int64_t j = lo; j < t; ++j) top = std::max(top, scores[j]);
+    shift = top == -INFINITY ? 0.0f : top;  // a part whose slots it all hides: weights 0, not exp(NaN)
+  }
   float total = 0.0f;
-  for (int64_t j = lo; j < t; ++j) total += scores[j] = std::exp(scores[j] - top);
+  for (int64_t j = lo; j < t; ++j) total += scores[j] = std::exp(scores[j] - shift);
   std::fill(out, out + d, 0.0f);
   for (int64_t j = lo; j < t; ++j)
     for (int64_t i = 0; i < d; ++i) out[i] += scores[j] * to_float(value[j * d + i]);
@@ -197,15 +224,16 @@ __attribute__((target("avx512f,avx512bw,avx512vl,fma"))) inline __mmask16 lanes(
 }
 
 // A block of query rows sharing one kv head (tokens in order, each with its task's heads: row r
-// sees slots [lo[r], t[r]), neither ever falling) against their keys and values, D = 16 ND. Keys
-// and values are read in groups of 16 that stay in L1 while every row of the block uses them: a
-// prefill chunk reads its cache once per block, not once per query. scores: [qn][ld] scratch,
-// indexed by slot; out[r]: row r's output, or with `stats` its unnormalized part (stats[2r], [2r + 1]:
-// the part's largest score and its sum of exponentials) for the caller to merge.
+// sees slots [lo[r], t[r]), t never falling; lo may, in a tree's window) against their keys and
+// values, D = 16 ND. Keys and values are read in groups of 16 that stay in L1 while every row of the
+// block uses them: a prefill chunk reads its cache once per block, not once per query. tree (or
+// null): the slots it hides weigh exactly 0. scores: [qn][ld] scratch, indexed by slot; out[r]: row
+// r's output, or with `stats` its unnormalized part (stats[2r], [2r + 1]: the part's largest score
+// and its sum of exponentials) for the caller to merge.
 template <int ND, typename T>
 __attribute__((target("avx512f,avx512bw,avx512vl,fma"))) void attend_block_avx512(
-    const float* q, int qn, const int64_t* lo, const int64_t* t, const T* key, const T* value, float* scores,
-    int64_t ld, float* const* out, float* stats) {
+    const float* q, int qn, const int64_t* lo, const int64_t* t, const T* key, const T* value, const Tree* tree,
+    float* scores, int64_t ld, float* const* out, float* stats) {
   constexpr int64_t d = 16 * ND;
   const int64_t tmax = *std::max_element(t, t + qn), jmin = *std::min_element(lo, lo + qn) / 16 * 16;
   // 1. scores (from the first row's window on; a later row's scores before its own are not read)
@@ -238,6 +266,8 @@ __attribute__((target("avx512f,avx512bw,avx512vl,fma"))) void attend_block_avx51
       }
     }
   }
+  if (tree)
+    for (int r = 0; r < qn; ++r) hide(tree->row[r], tree->start, lo[r], t[r], scores + r * ld);
   // 2. softmax of each query's scores in [lo[r], t[r]) (exp in place), 1 / sum kept
   float inv[kMaxRows];
   for (int r = 0; r < qn; ++r) {
@@ -248,10 +278,14 @@ __attribute__((target("avx512f,avx512bw,avx512vl,fma"))) void attend_block_avx51
       top = _mm512_mask_max_ps(top, valid, top, _mm512_maskz_loadu_ps(valid, row + j));
     }
     const float peak_value = _mm512_reduce_max_ps(top);
-    const __m512 peak = _mm512_set1_ps(peak_value);
+    // a part whose slots the tree all hides: weights 0, not exp(NaN)
+    const __m512 peak = _mm512_set1_ps(tree && peak_value == -INFINITY ? 0.0f : peak_value);
     for (int64_t j = lo[r] / 16 * 16; j < t[r]; j += 16) {
       const __mmask16 valid = lanes(j, lo[r], t[r]);
-      const __m512 e = exp_avx512(_mm512_sub_ps(_mm512_maskz_loadu_ps(valid, row + j), peak));
+      const __m512 x = _mm512_maskz_loadu_ps(valid, row + j);
+      __m512 e = exp_avx512(_mm512_sub_ps(x, peak));
+      if (tree)  // hidden: exactly 0 (exp_avx512 clamps at -88)
+        e = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, _mm512_set1_ps(-INFINITY), _CMP_NEQ_UQ), e);
       sum = _mm512_add_ps(sum, _mm512_maskz_mov_ps(valid, e));
       _mm512_mask_storeu_ps(row + j, valid, e);
     }
@@ -293,8 +327,8 @@ __attribute__((target("avx512f,avx512bw,avx512vl,fma"))) void attend_block_avx51
 }
 
 template <typename T>
-using BlockFn = void (*)(const float*, int, const int64_t*, const int64_t*, const T*, const T*, float*, int64_t,
-                         float* const*, float*);
+using BlockFn = void (*)(const float*, int, const int64_t*, const int64_t*, const T*, const T*, const Tree*, float*,
+                         int64_t, float* const*, float*);
 // D = 16 .. 128 in steps of 16, and 256 (Gemma 3); other sizes take the portable loop
 template <typename T>
 constexpr BlockFn<T> kBlock[9] = {attend_block_avx512<1, T>, attend_block_avx512<2, T>, attend_block_avx512<3, T>,
@@ -322,12 +356,16 @@ void run_task(void* data, size_t task) {
   thread_local std::vector<float> scores, q, normed;
   int64_t t[kMaxRows], lo[kMaxRows];
   float* outs[kMaxRows];
+  Tree tree;
+  tree.start = job.tree ? job.write_index[b] + n.s - job.tree_width : 0;
   q.resize(qn * n.d);
   normed.resize(n.d);
   for (int r = 0; r < qn; ++r) {
     const int64_t s = s0 + r / split.heads, h = h0 + r % split.heads, pos = job.position_ids[b * n.s + s];
     t[r] = job.write_index[b] + s + 1;
-    lo[r] = job.window > 0 ? std::max<int64_t>(0, t[r] - job.window) : 0;
+    const int64_t from = job.tree ? pos + 1 : t[r];  // a tree's window: from the position (see the top)
+    lo[r] = job.window > 0 ? std::max<int64_t>(0, from - job.window) : 0;
+    if (job.tree) tree.row[r] = job.tree + (b * n.s + s) * job.tree_width;
     outs[r] = job.y + ((b * n.s + s) * n.h + h) * n.d;
     const float* x = job.qkv + (b * n.s + s) * width + h * n.d;
     if (job.q_norm) {
@@ -350,11 +388,12 @@ void run_task(void* data, size_t task) {
   }
 #ifdef TRTLLM_X86
   if (use_avx512() && block_index(n.d) >= 0)
-    return kBlock<T>[block_index(n.d)](q.data(), qn, lo, t, key, value, scores.data(), ld, outs, stats);
+    return kBlock<T>[block_index(n.d)](q.data(), qn, lo, t, key, value, job.tree ? &tree : nullptr, scores.data(), ld,
+                                       outs, stats);
 #endif
   for (int r = 0; r < qn; ++r)
-    attend_generic(q.data() + r * n.d, key, value, lo[r], t[r], n.d, scores.data(), outs[r],
-                   stats ? stats + 2 * r : nullptr);
+    attend_generic(q.data() + r * n.d, key, value, lo[r], t[r], n.d, job.tree ? tree.row[r] : nullptr, tree.start,
+                   scores.data(), outs[r], stats ? stats + 2 * r : nullptr);
 }
 
 // After the tasks of a split (parts > 1): each row's parts merged, o = sum_p o_p e^(m_p - m) and
@@ -438,6 +477,10 @@ struct Kernel {
       }
       if ((ctx.GetInputCount() > 8 && ctx.GetInput(8)) != (ctx.GetInputCount() > 9 && ctx.GetInput(9)))
         return fail("q_norm and k_norm come together");
+      if (ctx.GetInputCount() > 10 && ctx.GetInput(10)) {
+        const auto ts = ctx.GetInput(10).GetTensorTypeAndShapeInfo().GetShape();
+        if (ts.size() != 3 || ts[0] != n.b || ts[1] != n.s) return fail("tree_mask must be [batch, seq, T]");
+      }
       const auto kv_type = past_key.GetTensorTypeAndShapeInfo().GetElementType();
       if (past_value.GetTensorTypeAndShapeInfo().GetElementType() != kv_type)
         return fail("past_key and past_value differ in element type");
@@ -471,6 +514,7 @@ struct Kernel {
     auto q_norm = ctx.GetInputCount() > 8 ? ctx.GetInput(8) : Ort::ConstValue{nullptr};
     auto k_norm = ctx.GetInputCount() > 9 ? ctx.GetInput(9) : Ort::ConstValue{nullptr};
     const float* kn = k_norm ? k_norm.GetTensorData<float>() : nullptr;
+    auto tree = ctx.GetInputCount() > 10 ? ctx.GetInput(10) : Ort::ConstValue{nullptr};
     const int64_t width = (h + 2 * hk) * n.d;
     thread_local std::vector<float> rotated, normed;
     rotated.resize(n.d);
@@ -483,6 +527,10 @@ struct Kernel {
       for (int64_t s = 0; s <= li[b]; ++s) {
         const int64_t p = pos[b * n.s + s], slot = wi[b] + s;
         if (p < 0 || p >= n.p) return fail("position " + std::to_string(p) + " is beyond the rotary tables");
+        if (tree && window > 0 && p - window >= slot)  // its window, counted from p, would leave it no slot
+          return fail("row " + std::to_string(b) + " token " + std::to_string(s) + ": position " + std::to_string(p) +
+                      " with a window of " + std::to_string(window) + " does not reach its slot " +
+                      std::to_string(slot));
         for (int64_t g = 0; g < hk; ++g) {
           const float* src = x + (b * n.s + s) * width + (h + g) * n.d;
           const int64_t at = ((b * hk + g) * n.c + slot) * n.d;
@@ -504,7 +552,8 @@ struct Kernel {
     if (split.parts > 1) partial.resize(split.tasks * split.rows() * (n.d + 2));
     Job<T> job{n, split, x, wi, li, pos, cosd, sind, key, value, scale > 0 ? scale : 1.0f / std::sqrt(static_cast<float>(n.d)),
                y.GetTensorMutableData<float>(), q_norm ? q_norm.GetTensorData<float>() : nullptr, epsilon, window,
-               partial.data()};
+               partial.data(), tree ? tree.GetTensorData<bool>() : nullptr,
+               tree ? tree.GetTensorTypeAndShapeInfo().GetShape()[2] : 0};
     if (job.split.tasks) trtllm_cpu::parallel_for(ctx, run_task<T>, job.split.tasks, &job);
     if (split.parts > 1) merge_parts(job);
     return nullptr;
@@ -532,12 +581,15 @@ struct Op : Ort::CustomOpBase<Op<KV>, Kernel, true> {
   }
   const char* GetName() const { return "Attention"; }
   const char* GetExecutionProviderType() const { return "CPUExecutionProvider"; }
-  size_t GetInputTypeCount() const { return 10; }
+  size_t GetInputTypeCount() const { return 11; }
   ONNXTensorElementDataType GetInputType(size_t i) const {
-    return i == 1 || i == 2 ? KV : i >= 3 && i <= 5 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64 : ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
+    return i == 1 || i == 2   ? KV
+           : i >= 3 && i <= 5 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64
+           : i == 10          ? ONNX_TENSOR_ELEMENT_DATA_TYPE_BOOL
+                              : ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
   }
   OrtCustomOpInputOutputCharacteristic GetInputCharacteristic(size_t i) const {
-    return i >= 8 ? INPUT_OUTPUT_OPTIONAL : INPUT_OUTPUT_REQUIRED;  // q_norm, k_norm
+    return i >= 8 ? INPUT_OUTPUT_OPTIONAL : INPUT_OUTPUT_REQUIRED;  // q_norm, k_norm, tree_mask
   }
   size_t GetOutputTypeCount() const { return 3; }
   ONNXTensorElementDataType GetOutputType(size_t i) const { return i == 0 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT : KV; }

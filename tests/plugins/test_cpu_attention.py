@@ -1,6 +1,6 @@
 """trtllm.cpu::Attention (plugins/cpu/attention.cc): rotary + in-place KV write + grouped-query
-attention (with a sliding window, and q/k head norms), against a float64 numpy reference of the
-same semantics, on both code paths."""
+attention (with a sliding window, q/k head norms, and an EAGLE tree mask), against a float64 numpy
+reference of the same semantics, on both code paths."""
 from __future__ import annotations
 
 import ml_dtypes
@@ -16,14 +16,17 @@ from trtllm.plugins import cpu  # noqa: E402
 from tests.plugins.cpu_ops import on_portable_path, one_node_model, session  # noqa: E402
 
 F32, F16, BF16, I64 = TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16, TensorProto.INT64
+BOOL = TensorProto.BOOL
+NAMES = ["qkv", "past_key", "past_value", "write_index", "last_index", "position_ids", "cos", "sin"]
 
 
 def op_model(h: int, hk: int, d: int, scale: float | None = None, kv: int = F32, window: int = 0,
-             norms: bool = False, epsilon: float | None = None) -> bytes:
-    names = ["qkv", "past_key", "past_value", "write_index", "last_index", "position_ids", "cos", "sin"]
-    names += ["q_norm", "k_norm"] if norms else []
-    types = [F32, kv, kv, I64, I64, I64, F32, F32, F32, F32]
-    inputs = [helper.make_tensor_value_info(n, t, None) for n, t in zip(names, types)]
+             norms: bool = False, epsilon: float | None = None, tree: bool = False) -> bytes:
+    """tree: input 10 tree_mask (8 and 9 left empty without norms, as the builder wires it)."""
+    names = NAMES + (["q_norm", "k_norm"] if norms else ["", ""] if tree else [])
+    names += ["tree_mask"] if tree else []
+    types = [F32, kv, kv, I64, I64, I64, F32, F32, F32, F32, BOOL]
+    inputs = [helper.make_tensor_value_info(n, t, None) for n, t in zip(names, types) if n]
     outputs = [helper.make_tensor_value_info(n, t, None) for n, t in (("y", F32), ("present_key", kv), ("present_value", kv))]
     attrs = {"num_heads": h, "kv_num_heads": hk, **({"scale": scale} if scale else {}),
              **({"window": window} if window else {}), **({"epsilon": epsilon} if epsilon else {})}
@@ -44,10 +47,12 @@ def head_norm(x, w, epsilon):
 
 
 def reference(qkv, key, value, write_index, last_index, position_ids, cos, sin, h, hk, scale, cache=None, window=0,
-              norms=None, epsilon=1e-6):
+              norms=None, epsilon=1e-6, tree=None, window_from_slot=False):
     """float64: the op's documented semantics, token by token. `cache` (key, value): attend over
     these instead of the reference's own writes (a float16 cache's contents, checked apart);
-    `window`: slots [t - window, t) only; `norms` (q_norm, k_norm): each head normed before rotary."""
+    `window`: slots [t - window, t) only; `norms` (q_norm, k_norm): each head normed before rotary;
+    `tree` [B, S, T] (tree_mask): slot j >= start = write_index + S - T is seen iff tree[b, s, j - start],
+    and a window counts from the position, [p + 1 - window, t) (`window_from_slot`: the wrong variant)."""
     b_, s_, _ = qkv.shape
     d = key.shape[-1]
     qn, kn = (None, None) if norms is None else (n.astype(np.float64) for n in norms)
@@ -65,14 +70,17 @@ def reference(qkv, key, value, write_index, last_index, position_ids, cos, sin, 
     if cache is not None:
         key, value = (c.astype(np.float64) for c in cache)
     for b in range(b_):
+        start = write_index[b] + s_ - (0 if tree is None else tree.shape[2])
         for s in range(last_index[b] + 1):
             p, t = position_ids[b, s], write_index[b] + s + 1
+            end = p + 1 if tree is not None and not window_from_slot else t
+            lo = max(0, end - window) if window else 0
+            seen = np.array([tree is None or j < start or tree[b, s, j - start] for j in range(lo, t)])
             for head in range(h):
                 g = head // (h // hk)
                 q = qkv[b, s, head * d:(head + 1) * d].astype(np.float64)
                 q = rope(q if qn is None else head_norm(q, qn, epsilon), cos[p], sin[p])
-                lo = max(0, t - window) if window else 0
-                scores = key[b, g, lo:t] @ q * scale
+                scores = np.where(seen, key[b, g, lo:t] @ q * scale, -np.inf)
                 w = np.exp(scores - scores.max())
                 y[b, s, head * d:(head + 1) * d] = (w / w.sum()) @ value[b, g, lo:t]
     return (y, *written)
@@ -129,7 +137,7 @@ def check_half_cache(b, s, h, hk, d, c, past) -> float:
     for got, want in ((key, ref_k), (value, ref_v)):
         step = np.spacing(np.abs(want).astype(np.float16)).astype(np.float64)
         worst = max(worst, float((np.abs(got.astype(np.float64) - want) / step).max()) / 0.501)
-    return max(worst, float(np.abs(y - ref_y).max() / 1e-5))
+    return float(np.max([worst, np.abs(y - ref_y).max() / 1e-5]))  # np.max: a NaN fails
 
 
 def bf16_step(x: np.ndarray) -> np.ndarray:
@@ -163,7 +171,7 @@ def check_bf16_cache(b, s, h, hk, d, c, past) -> float:
     worst = 0.0
     for got, want in ((key, ref_k), (value, ref_v)):
         worst = max(worst, float((np.abs(got - want) / bf16_step(want)).max()) / 0.501)
-    return max(worst, float(np.abs(y - ref_y).max() / 1e-5))
+    return float(np.max([worst, np.abs(y - ref_y).max() / 1e-5]))  # np.max: a NaN fails
 
 
 @pytest.mark.parametrize("shape", CASES)
@@ -243,7 +251,7 @@ def test_a_row_is_the_same_alone_and_beside_a_longer_one():
 
 def test_window_and_norms_on_the_portable_path_too():
     errors = on_portable_path("test_cpu_attention", "[check_window(*c) for c in WINDOW_CASES + LONG_CASES]")
-    assert max(errors) < 1e-5
+    assert np.max(errors) < 1e-5  # builtin max() skips a NaN after the first item
 
 
 def test_the_wrong_window_or_epsilon_fails():
@@ -363,3 +371,166 @@ def test_head_size_0_fails_with_a_message():
                  sin=np.zeros((10, 0), np.float32))
     with pytest.raises(Exception, match="cos/sin must be"):
         session(op_model(2, 1, 0)).run(None, feeds)
+
+
+# EAGLE tree verification (input 10, tree_mask): a step whose last T tokens are a token tree.
+
+def tree_case(shape, t, seed=0, star=False):
+    """case()'s feeds with tree_mask [B, S, t]: each row its own tree over its step's last t slots,
+    parents before children (star: all children of the root), the root first; a node sees its
+    ancestors and itself and sits at the root's position + its depth (siblings share a position).
+    The mask's rows before the tree are random: the op must not read them."""
+    b, s, h, hk, d, c, past = shape
+    feeds = case(b, s, h, hk, d, c, past, seed=seed)
+    rng = np.random.default_rng(seed + 1)
+    mask = rng.random((b, s, t)) < 0.5
+    for row in range(b):
+        parent = [-1] + [0 if star else int(rng.integers(0, i)) for i in range(1, t)]
+        depth = np.zeros(t, np.int64)
+        for i in range(t):
+            depth[i] = depth[parent[i]] + 1 if i else 0
+            mask[row, s - t + i] = False
+            j = i
+            while j >= 0:
+                mask[row, s - t + i, j], j = True, parent[j]
+        feeds["position_ids"][row, s - t:] = feeds["write_index"][row] + s - t + depth
+    feeds["tree_mask"] = mask
+    return feeds
+
+
+def run_op(sess, feeds, kv, width):
+    """y [B, S, width], present_key, present_value; a bfloat16 cache (feeds hold ml_dtypes arrays)
+    bound in place, as the runtime binds it, and returned as float64."""
+    if kv != BF16:
+        return sess.run(None, feeds)
+    bits = {n: feeds[n].view(np.uint16).copy() for n in ("past_key", "past_value")}
+    binding = sess.io_binding()
+    for name, array in feeds.items():
+        value = ort.OrtValue.ortvalue_from_numpy_with_onnx_type(bits[name], BF16) if name in bits \
+            else ort.OrtValue.ortvalue_from_numpy(array)
+        binding.bind_ortvalue_input(name, value)
+        if name in bits:
+            binding.bind_ortvalue_output(name.replace("past", "present"), value)
+    y = np.zeros((*feeds["qkv"].shape[:2], width), np.float32)
+    binding.bind_ortvalue_output("y", ort.OrtValue.ortvalue_from_numpy(y))
+    sess.run_with_iobinding(binding)
+    return y, *(bits[n].view(ml_dtypes.bfloat16).astype(np.float64) for n in ("past_key", "past_value"))
+
+
+def check_tree(shape, t, kv=F32, window=0, norms=False, seed=0, star=False, wrong=None) -> float:
+    """The op with a tree mask against the reference: the largest error relative to its bound (pass:
+    <= 1; y 1e-5, a 16-bit cache's new keys and values half a step, as check_half_cache). wrong:
+    "causal" (the reference without the mask) or "slot" (its window counted from the slot): the
+    raw largest difference of y."""
+    b, s, h, hk, d, c, past = shape
+    feeds = tree_case(shape, t, seed=seed + t + d, star=star)
+    if norms:
+        rng = np.random.default_rng(seed)
+        feeds.update(q_norm=(1 + 0.3 * rng.standard_normal(d)).astype(np.float32),
+                     k_norm=(1 + 0.3 * rng.standard_normal(d)).astype(np.float32))
+    for name in ("past_key", "past_value"):
+        feeds[name] = feeds[name].astype({F32: np.float32, F16: np.float16, BF16: ml_dtypes.bfloat16}[kv])
+    sess = session(op_model(h, hk, d, kv=kv, window=window, norms=norms, tree=True))
+    y, key, value = run_op(sess, feeds, kv, h * d)
+    for row in range(b):  # padding tokens are zero
+        assert not y[row, feeds["last_index"][row] + 1:].any()
+    ref_y, ref_k, ref_v = reference(*(feeds[n] for n in NAMES), h, hk, d ** -0.5, window=window,
+                                    cache=None if kv == F32 else (key, value),
+                                    norms=(feeds["q_norm"], feeds["k_norm"]) if norms else None,
+                                    tree=None if wrong == "causal" else feeds["tree_mask"],
+                                    window_from_slot=wrong == "slot")
+    if wrong:
+        return float(np.abs(y - ref_y).max())
+    errors = [np.abs(y - ref_y).max() / 1e-5]
+    for got, want in ((key, ref_k), (value, ref_v)):
+        got = np.asarray(got, np.float64)
+        if kv == F32:
+            errors.append(np.abs(got - want).max() / 1e-5)
+            continue
+        step = bf16_step(want) if kv == BF16 else np.spacing(np.abs(want).astype(np.float16)).astype(np.float64)
+        errors.append((np.abs(got - want) / step).max() / 0.501)
+    return float(np.max(errors))  # a NaN anywhere: NaN, which fails
+
+
+# (shape as in CASES, tree size T): head size 64 (the AVX-512 path) and 24 (the portable path) with
+# one token before the tree, and a step that is all tree (S = T = 9: two query blocks, write_index 0)
+TREE_CASES = [((2, 7, 4, 2, 64, 48, [5, 20]), 6), ((2, 7, 4, 2, 24, 48, [5, 20]), 6),
+              ((2, 9, 8, 2, 32, 64, [0, 30]), 9)]
+# (shape, T, window, norms): windows that count from the position, with q/k norms on one (inputs 8,
+# 9 and 10 all given) and head size 40 (the portable path)
+TREE_WINDOW_CASES = [((2, 8, 4, 1, 64, 48, [10, 25]), 7, 3, False), ((1, 6, 4, 2, 40, 30, [4]), 6, 2, True)]
+# (shape, T, window, star) past 512 slots (parts, merged): a tree across the part boundary at slot
+# 1024; with a star tree and a window of 1 a child there sees only itself, so part 0 holds none of its
+# slots but hidden ones (weights 0, merged as empty: no NaN)
+TREE_LONG_CASES = [((2, 9, 4, 1, 64, 1100, [1019, 600]), 8, 0, False), ((1, 9, 4, 2, 64, 1100, [1019]), 8, 1, True),
+                   ((1, 9, 4, 2, 40, 1100, [1019]), 8, 1, True), ((2, 9, 4, 1, 40, 1100, [1019, 300]), 8, 40, False)]
+
+
+@pytest.mark.parametrize("kv", [F32, F16, BF16])
+@pytest.mark.parametrize("shape, t", TREE_CASES)
+def test_a_tree_mask_matches_the_reference(shape, t, kv):
+    assert check_tree(shape, t, kv) <= 1
+
+
+@pytest.mark.parametrize("shape, t, window, norms", TREE_WINDOW_CASES)
+def test_a_tree_window_counts_from_the_position(shape, t, window, norms):
+    """The wrong variant, a window counted from the slot, hides a deep node's nearest ancestors."""
+    assert check_tree(shape, t, window=window, norms=norms) <= 1
+    assert check_tree(shape, t, window=window, norms=norms, wrong="slot") > 1e-3
+
+
+@pytest.mark.parametrize("kv", [F32, F16])
+@pytest.mark.parametrize("shape, t, window, star", TREE_LONG_CASES)
+def test_a_tree_in_a_long_context_matches_the_reference(shape, t, window, star, kv):
+    assert check_tree(shape, t, kv, window=window, star=star) <= 1
+
+
+@pytest.mark.parametrize("shape, t", TREE_CASES)
+def test_a_tree_mask_is_applied(shape, t):
+    """The deliberately wrong variant: the reference without the mask (plain causal) disagrees."""
+    assert check_tree(shape, t, wrong="causal") > 1e-3
+
+
+def causal_tree_is_no_tree(shape, t, window=0) -> bool:
+    """A lower-triangular tree_mask (every node sees all before it), or one of T = 0: outputs and
+    caches bit for bit those of the same call without the input (positions are the slots here)."""
+    b, s, h, hk, d, c, past = shape
+    feeds = case(b, s, h, hk, d, c, past, seed=t + d)
+    plain = [np.asarray(a) for a in session(op_model(h, hk, d, window=window)).run(None, feeds)]
+    feeds["tree_mask"] = np.broadcast_to(np.tril(np.ones((s, s), bool))[:, s - t:], (b, s, t)).copy()
+    tree = session(op_model(h, hk, d, window=window, tree=True)).run(None, feeds)
+    return all(np.array_equal(x, y) for x, y in zip(plain, tree))
+
+
+# (shape, T, window): the AVX-512 and portable paths, a window, parts, and an empty tree
+TRIL_CASES = [((2, 7, 4, 2, 64, 48, [5, 20]), 6, 0), ((2, 7, 4, 2, 24, 48, [5, 20]), 6, 3),
+              ((2, 9, 4, 1, 64, 1100, [1019, 600]), 9, 40), ((2, 7, 4, 2, 64, 48, [5, 20]), 0, 2)]
+
+
+@pytest.mark.parametrize("shape, t, window", TRIL_CASES)
+def test_a_causal_tree_mask_changes_nothing(shape, t, window):
+    assert causal_tree_is_no_tree(shape, t, window)
+
+
+def test_tree_masks_on_the_portable_path_too():
+    cases = [f"check_tree(*{c!r}, kv={kv})" for c in TREE_CASES for kv in (F32, F16, BF16)]
+    cases += [f"check_tree({c[0]!r}, {c[1]}, window={c[2]}, norms={c[3]})" for c in TREE_WINDOW_CASES]
+    cases += [f"check_tree({c[0]!r}, {c[1]}, window={c[2]}, star={c[3]})" for c in TREE_LONG_CASES]
+    errors = on_portable_path("test_cpu_attention", "[" + ", ".join(cases) + "]")
+    assert np.max(errors) <= 1
+    assert on_portable_path("test_cpu_attention", "[causal_tree_is_no_tree(*c) for c in TRIL_CASES]") == [True] * 4
+
+
+@pytest.mark.parametrize("mask, window, message", [
+    (np.ones((1, 4), bool), 0, r"tree_mask must be \[batch, seq, T\]"),
+    (np.ones((2, 4, 2), bool), 0, r"tree_mask must be \[batch, seq, T\]"),
+    (np.ones((1, 3, 2), bool), 0, r"tree_mask must be \[batch, seq, T\]"),
+    # position 9 > slot 4 + window 2 - 1: its window would hold no slot
+    (np.ones((1, 4, 2), bool), 2, "position 9 with a window of 2 does not reach its slot 4"),
+])
+def test_a_bad_tree_mask_fails_with_a_message(mask, window, message):
+    feeds = case(1, 4, 2, 1, 16, 12, [1])
+    feeds["position_ids"][0, 3] = 9
+    feeds["tree_mask"] = mask
+    with pytest.raises(Exception, match=message):
+        session(op_model(2, 1, 16, window=window, tree=True)).run(None, feeds)
