@@ -153,7 +153,8 @@ class DecoderWriter(WeightWriter):
                  dtype: str = "float32", ort_attention: bool = False, graph: str = "modern",
                  native_kernels: bool = False, lora_rank: int = 0,
                  eagle: tuple[tuple[int, ...], np.ndarray] | None = None,
-                 local_rope: tuple[np.ndarray, np.ndarray] | None = None, ort_form: bool = False):
+                 local_rope: tuple[np.ndarray, np.ndarray] | None = None, ort_form: bool = False,
+                 tree: bool = True):
         if graph not in GRAPHS:
             raise ValueError(f"graph must be one of {GRAPHS}, got {graph!r}")
         self.legacy = graph == "legacy"
@@ -194,6 +195,12 @@ class DecoderWriter(WeightWriter):
         self.native_lora = native_kernels and lora_rank > 0  # as trtllm.cpu::LoraAdd nodes
         self.sites = lora_sites(spec)
         self.eagle = eagle  # (the draft's three layers, its fc [H, 3H]): EAGLE-3 outputs (builder/eagle.py)
+        # EAGLE engines verify draft trees: a `tree_mask` input says which of the step's last slots
+        # each token sees. The build decides it for the model and the head together (export.py);
+        # not where attention is ONNX Runtime's GroupQueryAttention, which takes no such mask.
+        self.tree = eagle is not None and tree
+        if self.tree and self.gqa and not self.native_attention:
+            raise ValueError("draft trees need a tree mask, which ONNX Runtime's GroupQueryAttention does not take")
         self.half_embedding = False  # the token embedding table in float16, computing in float32 (EAGLE heads)
         self.ort_form = ort_form or ort_attention or native_kernels  # ONNX Runtime's form, not llm.onnx
         self.quantized = {}  # prefix -> its quantized weights' names (dequantized or packed), made once
@@ -413,6 +420,8 @@ class DecoderWriter(WeightWriter):
             if s.qk_norm:  # each q and k head normed before its rotary, inside the kernel
                 ins += [self.norm_scale(f"{p}.q_norm.weight"), self.norm_scale(f"{p}.k_norm.weight")]
                 attrs["epsilon"] = s.rms_norm_eps
+            if self.tree:  # input 10 (8 and 9 left empty without q/k norms)
+                ins += ["", ""] * (not s.qk_norm) + [self.tree_mask]
             y = g.op(cpu_kernels.ATTENTION, f"{name}/Attention", ins, outputs=[f"{name}/Attention/output_0", *present],
                      domain=cpu_kernels.DOMAIN, num_heads=s.num_heads, kv_num_heads=s.num_kv_heads,
                      scale=s.scale, **attrs)[0]
@@ -472,6 +481,10 @@ class DecoderWriter(WeightWriter):
         q_slot = g.op("Add", "/model/mask/q_slot", [wi, q_off])                             # [B,S]
         q_slot = g.op("Unsqueeze", "/model/mask/q_slot4", [q_slot, g.const([1, 3])])        # [B,1,S,1]
         causal = g.op("LessOrEqual", "/model/mask/causal", [kv_slot, q_slot])               # [B,1,S,C]
+        if self.tree:
+            causal = g.op("And", "/model/mask/tree", [causal, self.tree_visible(write_index, seq, kv_slot)])
+            # a token's window counts from its position: a tree's tokens share positions, not slots
+            q_slot = g.op("Unsqueeze", "/model/mask/q_pos4", [self.io.position_ids, g.const([1, 3])])
         out = {}
         for window in sorted({self.spec.window(i) for i in range(self.spec.num_layers)}, key=lambda w: w or 0):
             if window is None:
@@ -482,6 +495,29 @@ class DecoderWriter(WeightWriter):
                                    [causal, g.op("Greater", "/model/mask/in_window", [kv_slot, lo])])
         return out
 
+    def tree_visible(self, write_index: str, seq: str, kv_slot: str) -> str:
+        """bool [B,1,S,C]: tree_mask [B,S,T] covers the step's last T slots (from write_index + S - T):
+        slot j there is visible to token s iff tree_mask[b, s, j - start]; slots before it all are
+        (the causal mask still applies). T = 0: a plain step."""
+        g = self.g
+        shape = g.op("Shape", "/model/tree/shape", [self.tree_mask])
+        t = g.op("Gather", "/model/tree/T", [shape, g.const(2)], axis=0)
+        start = g.op("Sub", "/model/tree/start", [g.op("Add", "/model/tree/end", [write_index, seq]), t])   # [B]
+        r = g.op("Sub", "/model/tree/r", [kv_slot, g.op("Unsqueeze", "/model/tree/start2", [start, g.const([1])])])
+        past = g.op("Less", "/model/tree/past", [r, g.const(0)])                                          # [B,C]
+        idx = g.op("Min", "/model/tree/idx", [g.op("Max", "/model/tree/r0", [r, g.const(0)]), t])        # [B,C]
+        # column T: False, for the slots after the region (the causal mask hides them anyway)
+        rows = g.op("Slice", "/model/tree/rows", [shape, g.const([0]), g.const([2])])
+        off_shape = g.op("Concat", "/model/tree/off_shape", [rows, g.const([1])], axis=0)
+        off = g.op("Expand", "/model/tree/off", [g.const([[[False]]], np.bool_), off_shape])
+        padded = g.op("Concat", "/model/tree/padded", [self.tree_mask, off], axis=2)                     # [B,S,T+1]
+        cap = g.op("Shape", "/model/tree/cap", [kv_slot])
+        idx = g.op("Expand", "/model/tree/idx3", [g.op("Unsqueeze", "/model/tree/idx1", [idx, g.const([1])]),
+                                                   g.op("Concat", "/model/tree/idx_shape", [rows, cap], axis=0)])
+        seen = g.op("GatherElements", "/model/tree/seen", [padded, idx], axis=2)                          # [B,S,C]
+        seen = g.op("Or", "/model/tree/visible", [g.op("Unsqueeze", "/model/tree/past3", [past, g.const([1])]), seen])
+        return g.op("Unsqueeze", "/model/tree/visible4", [seen, g.const([1])])                            # [B,1,S,C]
+
     def prologue(self) -> tuple[str, str, str, str, str, str | None]:
         """The step inputs every graph takes, the token embeddings and the attention mask:
         (input_ids, position_ids, write_index, last_index, embeddings, mask)."""
@@ -490,6 +526,8 @@ class DecoderWriter(WeightWriter):
         position_ids = g.input(io.position_ids, I64, ["batch", "seq"])
         write_index = g.input(io.write_index, I64, ["batch"])
         last_index = g.input(io.last_index, I64, ["batch"])
+        if self.tree:
+            self.tree_mask = g.input(io.tree_mask, TensorProto.BOOL, ["batch", "seq", "tree"])
         if self.half or self.half_embedding:  # one 16-bit table for the lookup and a tied lm_head
             table = self.storage if self.half else np.dtype(np.float16)  # a quantized EAGLE head's: float16
             embed = g.weight("model.embed_tokens.weight", self.w["model.embed_tokens.weight"].astype(table))

@@ -36,6 +36,12 @@ DRAFT_PLAN = f"{DRAFT_DIR}/draft.plan"  # TensorRT
 # short drafts win; a GPU decode step is bound by reading the weights, and verifies several tokens
 # for about the price of one.
 DRAFT_STEP = {"onnxruntime": 1, "tensorrt": 4}
+# The head's best proposals per position, best first, with their log-probabilities (draft_top_ids,
+# draft_top_logprobs): what draft trees expand (trtllm-run --spec-draft-top-k, at most this).
+TOP_K = 8
+# A run's default --spec-draft-top-k: 1 (a chain) on a CPU, where each extra token widens the step;
+# 4 on a GPU, where a few more tokens cost next to nothing.
+DRAFT_TOP_K = {"onnxruntime": 1, "tensorrt": 4}
 F32, I64 = TensorProto.FLOAT, TensorProto.INT64
 LAYER_KEYS = ("input_layernorm.weight", "hidden_norm.weight", "post_attention_layernorm.weight",
               "self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",
@@ -159,15 +165,23 @@ class DraftWriter(DecoderWriter):
         h = h + mlp(post_attention_layernorm(h))
         draft_hidden [B,H] = h[b, last_index[b]]
         draft_ids [B] = argmax(lm_head(norm(draft_hidden))) + d2t[argmax]
+        draft_top_ids, draft_top_logprobs [B,1+T,K]: the TOP_K best at last_index and at the T
+            positions of draft_index [B,T] (a draft tree's nodes), best first (+ d2t)
+        draft_node_hidden [B,T,H]: the hidden states at draft_index (draft trees: their children's input)
     """
 
-    def __init__(self, draft: Draft, rope_cos: np.ndarray, rope_sin: np.ndarray, **options):
+    def __init__(self, draft: Draft, rope_cos: np.ndarray, rope_sin: np.ndarray, tree: bool = True, **options):
         super().__init__(draft.spec, draft.weights, rope_cos, rope_sin, max_top_k=1, **options)
         self.d2t = draft.d2t
         # A quantized engine's head keeps its copy of the token embedding (vocab x hidden) in float16:
         # the head only proposes, and the copy would otherwise be the largest thing in the engine
         # (float32: 113 MB for SmolLM2-135M, beside 88 MB of int4 model weights).
         self.half_embedding = self.quant is not None
+        # draft trees: the head runs over a tree's nodes (tree_mask, as the model's graph) and gives
+        # each one's best children; not on ONNX Runtime's GroupQueryAttention (no such mask)
+        self.tree = tree
+        if tree and self.gqa and not self.native_attention:
+            raise ValueError("draft trees need a tree mask, which ONNX Runtime's GroupQueryAttention does not take")
 
     def write(self) -> "onnx.ModelProto":  # noqa: F821
         g, s, io = self.g, self.spec, self.io
@@ -181,20 +195,48 @@ class DraftWriter(DecoderWriter):
         branch = ("/model/layers.0/attn/residual", self.attention(0, x, position_ids, write_index, mask))
         x, h = self.residual_norm("/model/layers.0/post_attention_layernorm", hidden, branch,
                                   "model.layers.0.post_attention_layernorm.weight")
-        h = g.op("Add", "/model/layers.0/mlp/residual", [h, self.mlp(0, x)])
-        idx = g.op("Reshape", "/model/last/Reshape", [last_index, g.const([-1, 1, 1])])
-        idx = g.op("Expand", "/model/last/Expand", [idx, g.const([1, 1, s.hidden_size])])
-        h = g.op("GatherElements", "/model/last/GatherElements", [h, idx], axis=1)
-        h = g.op("Squeeze", "/model/last/Squeeze", [h, g.const([1])])                       # [B,H]
-        logits = self.matmul("/lm_head", self.rms_norm("/model/norm", h, "model.norm.weight"), "lm_head",
-                             self.w["lm_head.weight"], rank=2)
-        best = g.op("ArgMax", "/draft/ArgMax", [logits], axis=-1, keepdims=0)                # a draft vocab id
-        offset = g.op("Gather", "/draft/d2t", [g.weight("d2t", self.d2t), best], axis=0)
+        h = g.op("Add", "/model/layers.0/mlp/residual", [h, self.mlp(0, x)])              # [B,S,H]
+        # the positions that give outputs: last_index, then a tree's nodes (draft_index [B,T])
+        idx = g.op("Unsqueeze", "/draft/last", [last_index, g.const([1])])                  # [B,1]
+        if self.tree:
+            idx = g.op("Concat", "/draft/index", [idx, g.input(io.draft_index, I64, ["batch", "nodes"])], axis=1)
+        idx3 = g.op("Expand", "/draft/Expand", [g.op("Unsqueeze", "/draft/idx3", [idx, g.const([2])]),
+                                                 g.const([1, 1, s.hidden_size])])
+        h = g.op("GatherElements", "/draft/GatherElements", [h, idx3], axis=1)             # [B,1+T,H]
+        flat = g.op("Reshape", "/draft/flat", [h, g.const([-1, s.hidden_size])])
+        logits = self.matmul("/lm_head", self.rms_norm("/model/norm", flat, "model.norm.weight"), "lm_head",
+                             self.w["lm_head.weight"], rank=2)                              # [B(1+T),Vd]
+        if self.ftype != F32:
+            logits = g.op("Cast", "/draft/logits/Cast", [logits], to=F32)
+        shape = g.op("Concat", "/draft/shape", [g.op("Shape", "/draft/idx_shape", [idx]), g.const([s.vocab_size])],
+                     axis=0)
+        logits = g.op("Reshape", "/draft/logits", [logits, shape])                         # [B,1+T,Vd]
+        first = g.op("Squeeze", "/draft/first", [g.op("Gather", "/draft/first/Gather", [logits, g.const([0])],
+                                                       axis=1), g.const([1])])             # [B,Vd]
+        best = g.op("ArgMax", "/draft/ArgMax", [first], axis=-1, keepdims=0)                # a draft vocab id
+        d2t = g.weight("d2t", self.d2t)
+        offset = g.op("Gather", "/draft/d2t", [d2t, best], axis=0)
         g.op("Add", "/draft/target_id", [best, offset], outputs=[io.draft_ids])
         g.output(io.draft_ids, I64, ["batch"])
+        # each position's TOP_K best proposals and their log-probabilities, for draft trees
+        k = min(TOP_K, s.vocab_size)
+        lp = g.op("LogSoftmax", "/draft/LogSoftmax", [logits], axis=-1)
+        values, top = g.op("TopK", "/draft/TopK", [lp, g.const([k])], outputs=[io.draft_top_logprobs, "/draft/top"],
+                           axis=-1, largest=1, sorted=1)
+        g.output(io.draft_top_logprobs, F32, ["batch", "outputs", k])
+        offsets = g.op("Gather", "/draft/top_d2t", [d2t, top], axis=0)
+        g.op("Add", "/draft/top_target_ids", [top, offsets], outputs=[io.draft_top_ids])
+        g.output(io.draft_top_ids, I64, ["batch", "outputs", k])
+        last = g.op("Squeeze", "/draft/hidden_last", [g.op("Gather", "/draft/hidden_last/Gather", [h, g.const([0])],
+                                                            axis=1), g.const([1])])         # [B,H]
         if self.ftype == F32:
-            g.op("Identity", "/draft/hidden_out", [h], outputs=[io.draft_hidden])
+            g.op("Identity", "/draft/hidden_out", [last], outputs=[io.draft_hidden])
         else:
-            g.op("Cast", "/draft/hidden_out", [h], outputs=[io.draft_hidden], to=F32)
+            g.op("Cast", "/draft/hidden_out", [last], outputs=[io.draft_hidden], to=F32)
         g.output(io.draft_hidden, F32, ["batch", s.hidden_size])
+        if self.tree:  # the nodes' own hidden states, which their children take
+            nodes = g.op("Slice", "/draft/nodes", [h, g.const([1]), g.const([2**62]), g.const([1])])
+            g.op("Identity" if self.ftype == F32 else "Cast", "/draft/node_hidden", [nodes],
+                 outputs=[io.draft_node_hidden], **({} if self.ftype == F32 else {"to": F32}))
+            g.output(io.draft_node_hidden, F32, ["batch", "nodes", s.hidden_size])
         return self.finish()

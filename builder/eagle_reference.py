@@ -68,8 +68,23 @@ class Reference:
             mask = torch.full((s, s), float("-inf")).triu(1)[None, None]
             g = hidden[None] + self.attn(x, pos, mask)[0]
             g = g + self.mlp(self.norms["post_attention_layernorm"](g))
-            best = (self.norms["norm"](g) @ self.lm_head.T).argmax(-1)[0]
+            logits = self.norms["norm"](g) @ self.lm_head.T
+            best = logits.argmax(-1)[0]
+            self.last_logits = logits[0, -1]
             return (best + self.d2t[best]).tolist(), g[0]
+
+    def candidates(self, tokens: list[int], n: int, path: tuple[int, ...] = ()) -> list[int]:
+        """The head's n best proposals (target ids, best first) after `tokens` and then the drafted
+        `path` (each fed with the head's own hidden state, as drafting ahead does)."""
+        import torch
+
+        hidden, ids = self.target_hidden(tokens[:-1]), list(tokens[1:])
+        _, out = self.forward(ids, hidden)
+        for token in path:
+            hidden, ids = torch.cat([hidden, out[-1:]]), ids + [token]
+            _, out = self.forward(ids, hidden)
+        top = self.last_logits.topk(n).indices
+        return (top + self.d2t[top]).tolist()
 
     def propose(self, tokens: list[int], k: int) -> list[int]:
         """k drafts after `tokens`: pairs (target hidden q, token q+1) up to the last token, then the

@@ -90,6 +90,10 @@ def export_onnx(ck: ckpt.Checkpoint, config: BuildConfig, out_dir: Path, log, ba
     if quant is not None and config.activations != "float32" and not quant_native:
         raise RuntimeError(f"--activations {config.activations} needs our CPU kernels: {cpu_kernels.missing_hint()}")
     half = half and native
+    # Draft trees need a tree mask in both graphs the runtime runs (the model's and the head's):
+    # not where either's attention is ONNX Runtime's GroupQueryAttention, which takes none.
+    ort_gqa = backend == "onnxruntime" and config.graph == "modern" and not native
+    tree = draft is not None and not (ort_gqa and (gqa or gqa_supported(draft.spec, ort_activations(config, quant))))
     refuse_bfloat16(config, backend, half, spec)
     if backend == "onnxruntime" and quant is not None and config.dtype != "float32" and not (quant_native and ours):
         why = ("ONNX Runtime's own (MatMulNBits, GroupQueryAttention) take one type for both, and --cpu-kernels "
@@ -101,8 +105,10 @@ def export_onnx(ck: ckpt.Checkpoint, config: BuildConfig, out_dir: Path, log, ba
     if draft:
         refuse_bfloat16(config, backend, native and half_supported(draft.spec, config.dtype, quant), draft.spec,
                         f"the EAGLE head {config.eagle}")
-    model = DecoderWriter(spec, weights, cos, sin, max_top_k, quant=quant, dtype=config.dtype,
-                          graph=config.graph, lora_rank=config.max_lora_rank, eagle=joint, local_rope=local).write()
+    writer = DecoderWriter(spec, weights, cos, sin, max_top_k, quant=quant, dtype=config.dtype,
+                           graph=config.graph, lora_rank=config.max_lora_rank, eagle=joint, local_rope=local,
+                           tree=tree)
+    model = writer.write()
     issues = lint.lint_model(model, config.trt_version)
     if issues:
         raise RuntimeError(f"the exported graph fails the TensorRT {config.trt_version} op lint:\n" +
@@ -129,12 +135,12 @@ def export_onnx(ck: ckpt.Checkpoint, config: BuildConfig, out_dir: Path, log, ba
         if native and config.max_lora_rank:
             log(f"lowering the LoRA deltas to {cpu_kernels.LORA_LOWERING} (plugins/cpu: one node per projection)")
             lowerings.append(cpu_kernels.LORA_LOWERING)
-        ort_model = DecoderWriter(spec, weights, cos, sin, max_top_k, quant=quant, dtype=config.dtype,
-                                  ort_attention=gqa or half, native_kernels=native,
-                                  lora_rank=config.max_lora_rank, eagle=joint, local_rope=local,
-                                  ort_form=True).write()
-        save(ort_model, out_dir, ORT_SOURCE)
-    section = export_draft(draft, config, out_dir, log, num_positions, quant, native, backend) if draft else {}
+        writer = DecoderWriter(spec, weights, cos, sin, max_top_k, quant=quant, dtype=config.dtype,
+                               ort_attention=gqa or half, native_kernels=native,
+                               lora_rank=config.max_lora_rank, eagle=joint, local_rope=local, ort_form=True,
+                               tree=tree)
+        save(writer.write(), out_dir, ORT_SOURCE)
+    section = export_draft(draft, config, out_dir, log, num_positions, quant, native, backend, tree) if draft else {}
     return spec, max_top_k, num_positions, lowerings, section
 
 
@@ -150,12 +156,13 @@ def check_blocks(spec, quant: QuantScheme, what: str) -> None:
 
 
 def export_draft(draft: "eagle.Draft", config: BuildConfig, out_dir: Path, log, num_positions: int,
-                 quant: QuantScheme | None, native: bool, backend: str) -> dict:
+                 quant: QuantScheme | None, native: bool, backend: str, tree: bool) -> dict:
     """eagle/draft.onnx (canonical, linted) and, for ONNX Runtime, the source of its compiled form,
     lowered as the base graph is; returns the manifest's eagle section."""
     (out_dir / eagle.DRAFT_DIR).mkdir()
     cos, sin = eagle.rope_tables(draft, num_positions)
-    model = eagle.DraftWriter(draft, cos, sin, quant=quant, dtype=config.dtype, graph=config.graph).write()
+    writer = eagle.DraftWriter(draft, cos, sin, tree, quant=quant, dtype=config.dtype, graph=config.graph)
+    model = writer.write()
     issues = lint.lint_model(model, config.trt_version)
     if issues:
         raise RuntimeError(f"the draft graph fails the TensorRT {config.trt_version} op lint:\n" +
@@ -169,9 +176,9 @@ def export_draft(draft: "eagle.Draft", config: BuildConfig, out_dir: Path, log, 
                      "SkipSimplifiedLayerNormalization"] if gqa or half else []
         lowerings += [cpu_kernels.LOWERING] if native and quant is not None else []
         lowerings += [cpu_kernels.HALF_LOWERING] if half else []
-        model = eagle.DraftWriter(draft, cos, sin, quant=quant, dtype=config.dtype, ort_attention=gqa or half,
-                                  native_kernels=native).write()
-        save(model, out_dir, eagle.DRAFT_SOURCE)
+        writer = eagle.DraftWriter(draft, cos, sin, tree, quant=quant, dtype=config.dtype, ort_attention=gqa or half,
+                                   native_kernels=native)
+        save(writer.write(), out_dir, eagle.DRAFT_SOURCE)
     log(f"wrote the draft head's graph ({', '.join(lowerings) or 'standard ops'})")
     compiled = {"onnxruntime": {"compiled": eagle.DRAFT_COMPILED}, "tensorrt": {"plan": eagle.DRAFT_PLAN}}[backend]
     return {"onnx": eagle.DRAFT_ONNX, **compiled, "aux_layers": list(draft.aux_layers),
@@ -179,6 +186,9 @@ def export_draft(draft: "eagle.Draft", config: BuildConfig, out_dir: Path, log, 
                 vocab_size=spec.vocab_size, hidden_size=spec.hidden_size, num_layers=1, num_heads=spec.num_heads,
                 num_kv_heads=spec.num_kv_heads, head_dim=spec.head_dim, kv_dtype=config.dtype)),
             "lowerings": lowerings, "draft_step": eagle.DRAFT_STEP[backend],
+            # draft trees (trtllm-run --spec-draft-top-k): the head's best per position, the run's default
+            "tree": tree, "top_k": min(eagle.TOP_K, spec.vocab_size),
+            "draft_top_k": min(eagle.DRAFT_TOP_K[backend], eagle.TOP_K, spec.vocab_size) if tree else 1,
             "source": {"path": str(draft.path.resolve()), "sha256": ckpt.weights_hash(sorted(draft.path.glob("*.safetensors")))}}
 
 

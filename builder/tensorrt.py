@@ -53,8 +53,8 @@ def optimization_profiles(limits: Limits, model: ModelShape, io: GraphIO, lora: 
     needs a static sequence axis on the cache, and the runtime allocates it at that size.
     LoRA inputs (manifest `lora`): 1 (one adapter for the batch) to batch rows, rank 0 (none) to
     max_lora_rank, optimised for one shared adapter of the full rank.
-    EAGLE engines: verify_index [B, T], T 0 (a plain step) up to the step's tokens; a verification
-    step has more than one token, so it runs in the prefill profile.
+    EAGLE engines: verify_index [B, T], T 0 (a plain step) up to the step's tokens, and tree_mask
+    [B, S, T] likewise; a verification step has more than one token, so it runs in the prefill profile.
     """
     b, s_max, cap = limits.max_batch_size, limits.max_input_len, limits.max_kv_cache_capacity
     vocab = model.vocab_size
@@ -82,13 +82,15 @@ def optimization_profiles(limits: Limits, model: ModelShape, io: GraphIO, lora: 
                     shapes[io.lora_b.format(i=i, module=module)] = ((1, 0, n_out), (1, r, n_out), (b, r, n_out))
         if eagle:
             shapes[io.verify_index] = ((1, 0), (b, 0), (b, seq[2][1]))
+            # a tree over the step's tokens: [B, S, 0] (a plain step, a chain) to [B, S, S]
+            shapes[io.tree_mask] = tuple((*d, t) for d, t in zip(seq, (0, 0, seq[2][1])))
         profiles.append(Profile(name, shapes))
     return profiles
 
 
 def draft_profiles(limits: Limits, draft: ModelShape, io: GraphIO) -> list[Profile]:
-    """The EAGLE draft head's prefill (catching up on a prompt or a verified run of tokens) and
-    decode (one drafted token) profiles, as the model's."""
+    """The EAGLE draft head's prefill (catching up on a prompt or a verified run of tokens, or
+    expanding a draft tree's nodes) and decode (one drafted token) profiles, as the model's."""
     b, s_max, cap = limits.max_batch_size, limits.max_input_len, limits.max_kv_cache_capacity
     kv = ((1, draft.num_kv_heads, cap, draft.head_dim), (b, draft.num_kv_heads, cap, draft.head_dim),
           (b, draft.num_kv_heads, cap, draft.head_dim))
@@ -97,7 +99,11 @@ def draft_profiles(limits: Limits, draft: ModelShape, io: GraphIO) -> list[Profi
         seq = ((1, 1), (b, opt), (b, hi))
         shapes = {io.input_ids: seq, io.position_ids: seq, io.write_index: ((1,), (b,), (b,)),
                   io.last_index: ((1,), (b,), (b,)), io.hidden_in: tuple((*d, draft.hidden_size) for d in seq),
-                  io.past_key.format(i=0): kv, io.past_value.format(i=0): kv}
+                  io.past_key.format(i=0): kv, io.past_value.format(i=0): kv,
+                  # draft trees: the nodes' outputs (0 to the step's tokens) and the tree's slots
+                  # (0 to max_input_len: a tree's expansions together fit in a step of the model)
+                  io.draft_index: ((1, 0), (b, 0), (b, hi)),
+                  io.tree_mask: tuple((*d, t) for d, t in zip(seq, (0, 0, s_max)))}
         profiles.append(Profile(name, shapes))
     return profiles
 

@@ -99,6 +99,20 @@ def draft_step(value: str) -> int | str:
     return step
 
 
+def count_or_auto(value: str, what: str) -> int | str:
+    """--spec-draft-top-k, --spec-verify-size: "auto" or a number at least the one `what` names."""
+    if value == "auto":
+        return value
+    least = int(what.rsplit(" ", 1)[1])
+    try:
+        number = int(value)
+    except ValueError:
+        number = least - 1
+    if number < least:
+        raise click.BadParameter(f"must be {what}, got {value!r}")
+    return number
+
+
 def prefill_chunk(value: int) -> int:
     """--prefill-chunk: 0 (off), or at least MIN_CHUNK tokens."""
     if value < 0 or 0 < value < MIN_CHUNK:
@@ -141,6 +155,15 @@ def check_batch_size(inp: fmt.InputFile, manifest) -> None:
                    "speculative decoding), or auto: 0-4 per step, whatever has given the most tokens per "
                    "second so far in the run, starting from the engine's draft_step (1 on ONNX Runtime, 4 on "
                    "TensorRT).")
+@click.option("--spec-draft-top-k", default="auto", show_default=True,
+              callback=lambda ctx, param, v: count_or_auto(v, "auto or an integer >= 1"),
+              help="EAGLE engines: candidates per node of a draft tree, expanded --spec-draft-step deep and "
+                   "verified in one step (1: a chain of the head's best guesses); auto: the engine's (1 on "
+                   "ONNX Runtime, 4 on TensorRT).")
+@click.option("--spec-verify-size", default="auto", show_default=True,
+              callback=lambda ctx, param, v: count_or_auto(v, "auto or an integer >= 2"),
+              help="EAGLE draft trees: the most tokens a verification step checks per request, the root "
+                   "included (auto: top-k x depth + 1).")
 @click.option("--prefill-chunk", type=int, default=PREFILL_CHUNK, show_default=True,
               callback=lambda ctx, param, v: prefill_chunk(v),
               help="While other requests generate, prefill a new prompt at most this many tokens per step, "
@@ -148,13 +171,14 @@ def check_batch_size(inp: fmt.InputFile, manifest) -> None:
                    "step).")
 def main(input_file: Path, engine_dir: Path, output: str | None, profile: str | None, stream: bool,
          kv_cache_dir: Path | None, kv_cache_size: str, threads: int | None, huge_pages: bool,
-         spec_draft_step: int | str, prefill_chunk: int) -> None:
+         spec_draft_step: int | str, spec_draft_top_k: int | str, spec_verify_size: int | str,
+         prefill_chunk: int) -> None:
     """Answer the requests in INPUT_FILE with the engine in --engine."""
     try:
         with warnings.catch_warnings(), terminate_as_interrupt():  # (both restored after the run)
             warnings.showwarning = show_warning
             serve(input_file, engine_dir, output, profile, stream, kv_cache_dir, kv_cache_size, threads, huge_pages,
-                  spec_draft_step, prefill_chunk)
+                  spec_draft_step, spec_draft_top_k, spec_verify_size, prefill_chunk)
     except KeyboardInterrupt:  # not click's Abort: its exit code 1 means "some request failed"
         click.echo("interrupted: files not yet written were left as they were", err=True)
         sys.exit(130)
@@ -162,7 +186,8 @@ def main(input_file: Path, engine_dir: Path, output: str | None, profile: str | 
 
 def serve(input_file: Path, engine_dir: Path, output: str | None, profile: str | None, stream: bool,
           kv_cache_dir: Path | None, kv_cache_size: str, threads: int | None, huge_pages: bool,
-          spec_draft_step: int | str, prefill_chunk: int) -> None:
+          spec_draft_step: int | str, spec_draft_top_k: int | str, spec_verify_size: int | str,
+         prefill_chunk: int) -> None:
     from trtllm.runtime import manifest as mf
 
     try:  # the adapters bundled in the engine are names a request may use; a bad engine is reported below
@@ -222,12 +247,14 @@ def serve(input_file: Path, engine_dir: Path, output: str | None, profile: str |
                            max_bytes=max_bytes)
     from trtllm.runtime.speculative import Drafter
 
-    source = click.get_current_context().get_parameter_source("spec_draft_step")
-    if not engine.manifest.eagle and source is click.core.ParameterSource.COMMANDLINE:
-        click.echo(f"warning: --spec-draft-step ignored: {engine_dir} has no EAGLE draft head "
-                   "(trtllm-build --eagle adds one)", err=True)
+    for option in ("spec_draft_step", "spec_draft_top_k", "spec_verify_size"):
+        source = click.get_current_context().get_parameter_source(option)
+        if not engine.manifest.eagle and source is click.core.ParameterSource.COMMANDLINE:
+            click.echo(f"warning: --{option.replace('_', '-')} ignored: {engine_dir} has no EAGLE draft head "
+                       "(trtllm-build --eagle adds one)", err=True)
     try:
-        drafter = Drafter.load(engine_dir, engine.manifest, spec_draft_step, huge_pages=huge_pages)
+        drafter = Drafter.load(engine_dir, engine.manifest, spec_draft_step, spec_draft_top_k, spec_verify_size,
+                               huge_pages=huge_pages)
     except ManifestError as e:
         fail_usage(str(e))
     try:

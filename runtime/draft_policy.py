@@ -4,9 +4,10 @@ what drafting has been worth so far in this run.
 A cycle that drafts k tokens for each speculating row costs one base step of width k + 1 and k
 draft steps (k - 1 ahead, one catch-up), and gives each such row 1 + a1 + a1*a2 + ... + a1*..*ak
 tokens on average, where ai is the rate at which the i-th draft is accepted once the ones before
-it were. k = 0 pauses speculation: plain one-token steps and no draft runs at all (the scheduler
-keeps the rows' (hidden state, token) pairs, and the draft catches up on them in one call when
-drafting resumes). Whether drafting pays depends on the head and the text (the rates) and on the
+it were. A draft tree of depth k (--spec-draft-top-k > 1) is the same with the tree's rates (any
+node at depth i accepted) and its own step width. k = 0 pauses speculation: plain one-token steps
+and no draft runs at all (the scheduler keeps the rows' (hidden state, token) pairs, and the
+draft catches up on them in one call when drafting resumes). Whether drafting pays depends on the head and the text (the rates) and on the
 hardware and batch (the costs): a GPU verifies 5 tokens for about the price of one, a CPU step
 of 5 tokens costs 1.3x-2.3x a one-token step, and a head accepted 30% of the time loses there.
 
@@ -42,8 +43,9 @@ def average(table: dict, key: int, seconds: float) -> None:
 class DraftPolicy:
     """One run's choice of k in 0..max_step (k = 0: speculation paused), starting at `start`."""
 
-    def __init__(self, max_step: int, start: int):
+    def __init__(self, max_step: int, start: int, widths: list[int] | None = None):
         self.max_step, self.k = max_step, min(start, max_step)
+        self.widths = widths  # draft trees: the model step's width at each depth k (a chain's: k + 1)
         self.offered = np.zeros(max_step + 1)   # decayed counts per depth (index 0 unused)
         self.accepted = np.zeros(max_step + 1)
         self.step_cost: dict[int, dict[int, float]] = {}   # batch width -> step width -> seconds
@@ -89,7 +91,7 @@ class DraftPolicy:
         costs = self.step_cost.get(batch) or self.nearest(self.step_cost, batch)
         if not costs:
             return None
-        width, known = k + 1, sorted(costs)
+        width, known = (self.widths[k] if self.widths else k + 1), sorted(costs)
         if width in costs:
             step = costs[width]
         elif len(known) >= 2:  # a straight line through the two measured widths nearest to it

@@ -9,6 +9,8 @@
     lora         {name: array}      LoRA engines: lora_a/lora_b per layer and site (runtime/lora.py)
     verify_index [B,T] int64        EAGLE engines: positions   ──►  verify_ids  [B,T]   int64 (greedy)
                                     to verify (default [B,0])     hidden      [B,S,H] f32 (draft's input)
+    tree_mask    [B,S,T] bool       EAGLE tree engines: which of the step's last T slots each token
+                                    sees (default [B,S,0]: causal)
 
 `load_engine(engine_dir)` picks the backend named in the manifest through BACKENDS, a registry
 of import paths, so each backend imports its own library (onnxruntime or tensorrt) only when used.
@@ -41,6 +43,7 @@ class StepInputs:
     sampling: SamplingBatch
     lora: dict | None = None
     verify_index: np.ndarray | None = None
+    tree_mask: np.ndarray | None = None  # EAGLE tree engines: bool [B, S, T] (None: [B, S, 0], causal)
     prompt: bool = False  # the tokens come from the request (prefill), not from generation
 
 

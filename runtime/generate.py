@@ -140,6 +140,7 @@ class Timing:
     drafted_tokens: int = 0
     accepted_tokens: int = 0
     speculative_tokens: int = 0
+    branch_tokens: int = 0    # draft trees: accepted drafts that were not the head's first choice
     draft_steps: dict[int, int] = field(default_factory=dict)  # k -> decode cycles that drafted k (0: paused)
 
 

@@ -86,6 +86,12 @@ class KVCacheManager:
         self.write(dst, self.read(src, length))
         self.owners[dst], self.owners[src] = self.owners[src], None
 
+    def move_position(self, slot: int, src: int, dst: int) -> None:
+        """Position src's K and V into position dst of the same slot, every layer: a verified token
+        tree's accepted branch, computed at a slot of its own, joins its path."""
+        for b in self.buffers:
+            b[slot, :, dst] = b[slot, :, src]
+
     def active(self) -> list[int]:
         return [s for s, o in enumerate(self.owners) if o is not None]
 

@@ -87,10 +87,16 @@ class GraphIO:
     lora_b: str = "lora_b.{i}.{module}"       # [1 or batch, rank, out], alpha/r folded in
     verify_index: str = "verify_index"        # int64 [batch, T]: EAGLE engines only (manifest.eagle), the
     verify_ids: str = "verify_ids"            # positions whose greedy tokens come out as int64 [batch, T]
+    tree_mask: str = "tree_mask"              # bool [batch, seq, T]: EAGLE engines (eagle.tree): token s sees slot
+                                              # write_index + seq - T + t iff [b, s, t]; T = 0: causal
     eagle_hidden: str = "eagle_hidden"        # f32 [batch, seq, H]: the draft head's fc(aux hidden states)
     hidden_in: str = "hidden_in"              # draft graph: f32 [batch, seq, H] in,
     draft_hidden: str = "draft_hidden"        # f32 [batch, H] out (at last_index, before the final norm)
     draft_ids: str = "draft_ids"              # int64 [batch]: the drafted token (a target vocabulary id)
+    draft_top_ids: str = "draft_top_ids"      # int64 [batch, 1 + T, K]: the K best at last_index and at
+    draft_top_logprobs: str = "draft_top_logprobs"  # draft_index, best first, and their f32 log-probabilities
+    draft_index: str = "draft_index"          # int64 [batch, T]: draft tree nodes (eagle.tree engines), whose
+    draft_node_hidden: str = "draft_node_hidden"  # f32 [batch, T, H] hidden states come out too
     generated: str = "generated"              # int64 [1], graphs on plugins/cpu's MatMul kernels: 1 when the
                                               # step's tokens were generated, 0 for a prompt (kernel path per role)
 

@@ -229,7 +229,8 @@ class Runner:
         return {"draft_step": "auto" if self.drafter.auto else self.drafter.step,
                 "draft_steps": {str(k): n for k, n in sorted(t.draft_steps.items())}, "total_iterations": t.verify_runs,
                 "total_generated_tokens": t.speculative_tokens, "drafted_tokens": t.drafted_tokens,
-                "accepted_tokens": t.accepted_tokens,
+                "accepted_tokens": t.accepted_tokens, "draft_top_k": self.drafter.top_k,
+                "branch_tokens": t.branch_tokens,
                 "average_acceptance_rate": t.accepted_tokens / t.drafted_tokens if t.drafted_tokens else 0.0,
                 "draft_runs": t.draft_runs, "draft_time_ms": 1e3 * t.draft_seconds}
 

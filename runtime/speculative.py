@@ -39,10 +39,11 @@ import numpy as np
 
 from trtllm.runtime import sampling
 from trtllm.runtime.draft_policy import DraftPolicy
+from trtllm.runtime.draft_tree import TreeDecoding
 from trtllm.runtime.engine import StepInputs
 from trtllm.runtime.generate import RowState, Scheduler, adapter_key, runs, write_position
 from trtllm.runtime.kv_cache import KVCacheManager
-from trtllm.runtime.manifest import Manifest
+from trtllm.runtime.manifest import Manifest, ManifestError
 
 
 def draft_key(row: RowState) -> str:
@@ -71,13 +72,23 @@ class Drafter:
     step: int
     auto: bool = False
     start: int = 0
+    top_k: int = 1  # candidates per node of a draft tree (1: a chain, the head's best at each depth)
+    verify_size: int = 0  # a tree's most nodes verified in a step, with the root (0: top_k x depth + 1)
 
     @classmethod
-    def load(cls, engine_dir, manifest: Manifest, step: int | str | None = "auto", **options) -> "Drafter | None":
-        """`step`: "auto" (also None), or a fixed number of drafts per cycle. None when the engine
-        has no draft head or `step` is 0 (speculation off)."""
+    def load(cls, engine_dir, manifest: Manifest, step: int | str | None = "auto", top_k: int | str | None = "auto",
+             verify_size: int | str | None = "auto", **options) -> "Drafter | None":
+        """`step`: "auto" (also None), or a fixed number of drafts per cycle (a tree's depth).
+        `top_k`: "auto" (the engine's draft_top_k) or the candidates per tree node (1: a chain).
+        `verify_size`: "auto" or the most tree nodes a step verifies. None when the engine has no
+        draft head or `step` is 0 (speculation off)."""
         if not manifest.eagle or step == 0:
             return None
+        top_k = draft_top_k(manifest, top_k)
+        size = 0 if verify_size in (None, "auto") else int(verify_size)
+        if size and top_k == 1:
+            raise ManifestError("--spec-verify-size: a chain (--spec-draft-top-k 1) verifies its drafts alone; "
+                                "it sizes draft trees")
         start = manifest.eagle.get("draft_step", 2)
         auto = step in (None, "auto")
         if manifest.backend == "tensorrt":
@@ -85,25 +96,46 @@ class Drafter:
         else:
             from trtllm.runtime.backends.onnxruntime import DraftEngine
         engine = DraftEngine(engine_dir, manifest, **options)
-        return cls(engine, max(AUTO_MAX_STEP, start), True, start) if auto else cls(engine, int(step))
+        if auto:
+            return cls(engine, max(AUTO_MAX_STEP, start), True, start, top_k, size)
+        return cls(engine, int(step), top_k=top_k, verify_size=size)
 
     def close(self) -> None:
         self.engine.close()
 
 
-class SpecScheduler(Scheduler):
+def draft_top_k(manifest: Manifest, top_k: int | str | None) -> int:
+    """--spec-draft-top-k: "auto" is the engine's (1 where its graphs take no draft trees)."""
+    e = manifest.eagle
+    if top_k in (None, "auto"):
+        return e.get("draft_top_k", 1) if e.get("tree") else 1
+    if int(top_k) > 1 and not e.get("tree"):
+        raise ManifestError("--spec-draft-top-k: this engine drafts chains only: it was built for ONNX Runtime's "
+                            "GroupQueryAttention, which takes no tree mask (--cpu-kernels onnxruntime, or our kernels "
+                            "unavailable), or before draft trees; use --spec-draft-top-k 1")
+    if int(top_k) > e.get("top_k", 1):
+        raise ManifestError(f"--spec-draft-top-k {top_k}: the engine's draft head gives its {e.get('top_k', 1)} best "
+                            "proposals at most")
+    return int(top_k)
+
+
+class SpecScheduler(TreeDecoding, Scheduler):
     def __init__(self, engine, rows: list[RowState], num_slots: int, timing, on_token, prefixes, drafter: Drafter,
                  prefill_chunk: int = 0):
         super().__init__(engine, rows, num_slots, timing, on_token, prefixes, prefill_chunk)
         self.drafter, self.k = drafter.engine, drafter.step
+        self.top_k, self.verify_size = drafter.top_k, drafter.verify_size  # draft trees when top_k > 1
         make_kv = getattr(self.drafter, "make_kv_cache", KVCacheManager)  # device KV on TensorRT
         self.dkv = make_kv(self.drafter.manifest.model, self.kv.num_slots, self.kv.capacity)
         self.dkv.limit = max(self.dkv.capacity, self.kv.limit)  # it grows with the base's (grow)
         self.timing.draft_kv_bytes = max(self.timing.draft_kv_bytes, self.dkv.nbytes)
         self.hidden_size = self.drafter.manifest.model.hidden_size
         self.pad = engine.manifest.pad_token_id
-        self.ready: dict[int, tuple[int, np.ndarray]] = {}  # slot -> (d1, the draft's hidden state it came with)
-        self.policy = DraftPolicy(drafter.step, drafter.start) if drafter.auto else None
+        # slot -> (d1, the draft's hidden state it came with, and for draft trees the head's best
+        # candidates for d1 and their log-probabilities)
+        self.ready: dict[int, tuple] = {}
+        widths = [1] + [1 + self.tree_nodes(k) for k in range(1, drafter.step + 1)] if self.top_k > 1 else None
+        self.policy = DraftPolicy(drafter.step, drafter.start, widths) if drafter.auto else None
         # slot -> (position of its first pair, tokens, hidden states): pairs the draft has not seen
         # because speculation was paused (auto's k = 0)
         self.kept: dict[int, tuple[int, list[int], list[np.ndarray]]] = {}
@@ -156,14 +188,24 @@ class SpecScheduler(Scheduler):
         prefilling in chunks is parked in them)."""
         return self.follows(row) and not row.prefilling
 
-    def draft_step(self, start: int, ids, hidden, positions, last_index, prompt: bool = False):
+    def tree_nodes(self, depth: int) -> int:
+        """The drafted nodes a tree of this depth verifies: --spec-verify-size - 1, else top_k x depth,
+        and never more than the tree has (top_k + (depth - 1) top_k^2)."""
+        k = self.top_k
+        return min(self.verify_size - 1 if self.verify_size else k * depth, k + (depth - 1) * k * k)
+
+    def draft_step(self, start: int, ids, hidden, positions, last_index, prompt: bool = False, top: bool = False,
+                   write_index=None, **tree):
+        """One run of the head: (proposals [B], its hidden states [B,H], with `top` (ids, log-probs,
+        node hidden states) as the engine's draft() gives them (else None), seconds)."""
         t0 = time.perf_counter()
-        d, h = self.drafter.draft(ids, hidden, positions, positions[:, 0].copy(), last_index,
-                                  self.dkv.view(start, start + ids.shape[0]), prompt=prompt)
+        write_index = positions[:, 0].copy() if write_index is None else write_index
+        d, h, *best = self.drafter.draft(ids, hidden, positions, write_index, last_index,
+                                         self.dkv.view(start, start + ids.shape[0]), prompt=prompt, top=top, **tree)
         elapsed = time.perf_counter() - t0
         self.timing.draft_runs += 1
         self.timing.draft_seconds += elapsed
-        return d, h, elapsed
+        return d, h, (best or None), elapsed
 
     def catch_up(self, start: int, rows: list, tokens: list[list[int] | None], hidden: np.ndarray,
                  positions: list[int], prompt: bool = False) -> float:
@@ -180,10 +222,10 @@ class SpecScheduler(Scheduler):
             pos[b] = positions[b] + np.arange(width)
             if t:
                 ids[b, : len(t)], hid[b, : len(t)], last[b] = t, hidden[b, : len(t)], len(t) - 1
-        d, h, elapsed = self.draft_step(start, ids, hid, pos, last, prompt)
+        d, h, best, elapsed = self.draft_step(start, ids, hid, pos, last, prompt, top=self.top_k > 1)
         for b, t in enumerate(tokens):
             if t and self.speculates(rows[b]):
-                self.ready[start + b] = (int(d[b]), h[b])
+                self.ready[start + b] = (int(d[b]), h[b]) + ((best[0][b, 0], best[1][b, 0]) if best else ())
         return elapsed
 
     def prefilled(self, start: int, rows: list[RowState], inputs: StepInputs, out) -> None:
@@ -236,6 +278,8 @@ class SpecScheduler(Scheduler):
             self.timing.draft_steps[0] = self.timing.draft_steps.get(0, 0) + 1
             return self.paused(hi, rows)
         elapsed = self.resume(hi, rows)
+        if self.top_k > 1:
+            return self.decode_tree(hi, rows, k, elapsed)
         pos = [write_position(r) for r in rows]  # (a parked row's pad where its next chunk writes)
         self.ensure(max(pos) + k + 1)  # (the step and the draft write up to k + 1 positions from there)
         # padding stays inside every slot, and a step is never wider than the engine's inputs go
@@ -265,27 +309,40 @@ class SpecScheduler(Scheduler):
         self.timing.verify_runs += 1
         emitted: list[list[int] | None] = [None] * hi
         for s, r in enumerate(rows):
-            if r is None or r.finish_reason or r.prefilling:
-                continue
-            if not self.speculates(r):
-                self.accept(s, out, s)
-                self.timing.generated_tokens += 1
-                continue
-            if not np.isfinite(out.top_logprobs[s, 0]):  # the row's logits overflowed: it fails alone
-                self.accept_token(s, int(out.token_ids[s]), finite=False)
+            if self.plain_or_failed(s, r, out):
                 continue
             emitted[s] = self.verify(s, r, [int(v) for v in out.verify_ids[s, : ks[s] + 1]], drafts.get(s, []))
             self.timing.drafted_tokens += ks[s]
             self.timing.accepted_tokens += len(emitted[s]) - 1
             if self.policy is not None:
                 self.policy.record_row(ks[s], len(emitted[s]) - 1)
+        self.finish_cycle(hi, rows, emitted, out, pos, w, step_time, elapsed, ahead, max(0, max(ks) - 1))
+
+    def plain_or_failed(self, s: int, r: RowState | None, out) -> bool:
+        """A verify step's row that is not verified: none, finished or parked (nothing), one that does
+        not speculate (the sampler's token), or one whose logits overflowed (it fails alone)."""
+        if r is None or r.finish_reason or r.prefilling:
+            return True
+        if not self.speculates(r):
+            self.accept(s, out, s)
+            self.timing.generated_tokens += 1
+            return True
+        if not np.isfinite(out.top_logprobs[s, 0]):
+            self.accept_token(s, int(out.token_ids[s]), finite=False)
+            return True
+        return False
+
+    def finish_cycle(self, hi: int, rows: list, emitted: list, out, pos: list[int], w: int, step_time: float,
+                     elapsed: float, ahead: float, ahead_calls: int) -> None:
+        """After a verification: the head catches up on what each unfinished row emitted, and the
+        policy and the profile get the cycle's times."""
         for s, r in enumerate(rows):
             if emitted[s] is not None and r.finish_reason:
                 emitted[s] = None
         catch = self.catch_up(0, rows, emitted, out.hidden, pos) if any(emitted) else 0.0
         if self.policy is not None:
             self.policy.record_step(hi, w, step_time)
-            calls = max(0, max(ks) - 1) + (1 if any(emitted) else 0)
+            calls = ahead_calls + (1 if any(emitted) else 0)
             if calls:
                 self.policy.record_draft(hi, (ahead + catch) / calls)
         self.timing.generation_seconds += step_time + elapsed + ahead + catch
@@ -337,7 +394,7 @@ class SpecScheduler(Scheduler):
             positions = np.array(pos, np.int64)[:, None]  # (the others' pad at their own position: see catch_up)
             for s, d in drafts.items():
                 ids[s, 0], hid[s, 0], positions[s, 0] = d[-1], hidden[s], pos[s] + j - 1
-            d, h, t = self.draft_step(0, ids, hid, positions, np.zeros(hi, np.int64))
+            d, h, _, t = self.draft_step(0, ids, hid, positions, np.zeros(hi, np.int64))
             elapsed += t
             for s in drafts:
                 if ks[s] > j:
@@ -347,11 +404,17 @@ class SpecScheduler(Scheduler):
 
     def verify(self, slot: int, row: RowState, greedy_ids: list[int], drafts: list[int]) -> list[int]:
         """Emit the greedy tokens while the drafts agree with them; returns what was emitted."""
+        n = next((i + 1 for i, token in enumerate(greedy_ids) if i >= len(drafts) or drafts[i] != token),
+                 len(greedy_ids))
+        return self.emit(slot, row, greedy_ids[:n])
+
+    def emit(self, slot: int, row: RowState, tokens: list[int]) -> list[int]:
+        """Verified tokens, up to the row's end; returns what was emitted."""
         emitted = []
-        for i, token in enumerate(greedy_ids):
+        for token in tokens:
             emitted.append(token)
             self.accept_token(slot, token)
-            if row.finish_reason or i >= len(drafts) or drafts[i] != token:
+            if row.finish_reason:
                 break
         self.timing.generated_tokens += len(emitted)
         self.timing.speculative_tokens += len(emitted)

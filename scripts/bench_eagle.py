@@ -1,7 +1,10 @@
 """What EAGLE speculation buys: greedy decode tok/s of an EAGLE engine with speculation off and with
 k drafted tokens per step, at batch 1 and 4, on chat prompts the draft head was not trained on.
 
-    python scripts/bench_eagle.py ENGINE [--steps 0,auto,1,2,3,4] [--batches 1,4] [--rounds 3] [--threads 2]
+    python scripts/bench_eagle.py ENGINE [--steps 0,auto,1,2,3,4,2x3] [--batches 1,4] [--rounds 3] [--threads 2]
+
+A step KxW drafts a tree K deep (or auto) with W candidates per node (--spec-draft-top-k W); a plain
+K is a chain (W = 1).
 
 e.g. after
     python scripts/train_eagle.py --model models/smollm2-135m-instruct --output models/smollm2-eagle3
@@ -73,13 +76,16 @@ def main() -> None:
     args = parser.parse_args()
     engine = load_engine(args.engine, num_threads=args.threads)
     eos = frozenset(engine.manifest.eos_token_ids)
-    steps = [s if s == "auto" else int(s) for s in args.steps.split(",")]
-    drafters = {k: Drafter.load(args.engine, engine.manifest, k) for k in steps}
+    steps = args.steps.split(",")
+    drafters = {}
+    for k in steps:
+        step, _, width = k.partition("x")
+        drafters[k] = Drafter.load(args.engine, engine.manifest, step if step == "auto" else int(step), int(width or 1))
     texts = prompts(args.engine)
     for batch in (int(b) for b in args.batches.split(",")):
         groups = [texts[i: i + batch] for i in range(0, len(texts), batch)]
         rates = {k: [] for k in steps}  # tok/s per round
-        stats = {k: [0, 0, {}] for k in steps}
+        stats = {k: [0, 0, {}, 0] for k in steps}
         reference = None
         for r in range(args.rounds):
             for k in (steps if r % 2 == 0 else steps[::-1]):  # every other round reversed
@@ -90,18 +96,20 @@ def main() -> None:
                     outputs += out
                     spent.accepted_tokens += timing.accepted_tokens
                     spent.drafted_tokens += timing.drafted_tokens
+                    spent.branch_tokens += timing.branch_tokens
                     for j, n in timing.draft_steps.items():
                         spent.draft_steps[j] = spent.draft_steps.get(j, 0) + n
                 if reference is None:
                     reference = outputs
                 assert outputs == reference, f"k={k} changed the greedy tokens"
                 rates[k].append(float(np.mean(tps)))
-                stats[k] = [spent.accepted_tokens, spent.drafted_tokens, spent.draft_steps]
+                stats[k] = [spent.accepted_tokens, spent.drafted_tokens, spent.draft_steps, spent.branch_tokens]
         base = rates[steps[0]]
         for k in steps:
-            accepted, drafted, chosen = stats[k]
+            accepted, drafted, chosen, branches = stats[k]
             share = f", {accepted / drafted:.0%} of {drafted} drafts accepted" if drafted else ""
-            if k == "auto":
+            share += f" ({branches} on a branch)" if "x" in k else ""
+            if k.startswith("auto"):
                 share += ", cycles per k: " + " ".join(f"{j}:{n}" for j, n in sorted(chosen.items()))
             ratios = [a / b for a, b in zip(rates[k], base)]  # paired by round: same spell of the machine
             print(f"batch {batch}  k={k}  {np.median(rates[k]):7.1f} tok/s  {np.median(ratios):.2f}x "

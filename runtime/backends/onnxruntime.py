@@ -92,6 +92,7 @@ class OnnxRuntimeEngine:
         self.last_kv = self.last_binding = None
         self.no_adapter = lora.base_adapter(manifest).arrays if manifest.lora else {}
         self.no_verify: dict[int, np.ndarray] = {}  # EAGLE engines, per batch size: verify_index [B, 0]
+        self.no_tree: dict[tuple[int, int], np.ndarray] = {}  # and per step shape: tree_mask [B, S, 0]
 
     def binding_for(self, kv: Sequence[np.ndarray]):
         """An IOBinding with `kv` bound as both past_* and present_* (in place), made once per set
@@ -140,6 +141,10 @@ class OnnxRuntimeEngine:
             # no positions to verify: [B, 0], and lm_head runs on the sampler's row alone
             feeds[io.verify_index] = inputs.verify_index if inputs.verify_index is not None \
                 else self.no_verify.setdefault(batch, np.zeros((batch, 0), np.int64))
+            if m.eagle.get("tree"):  # no tree: [B, S, 0], the causal mask alone
+                seq = inputs.input_ids.shape[1]
+                feeds[io.tree_mask] = inputs.tree_mask if inputs.tree_mask is not None \
+                    else self.no_tree.setdefault((batch, seq), np.zeros((batch, seq, 0), np.bool_))
         # Inputs are bound without a copy (ORT reads the numpy buffer). The sampler's arrays are
         # the same buffers step after step (updated in place), and so are a LoRA batch's adapter
         # arrays, so they are bound only when the buffer changes: per-step Python work stays a few
@@ -211,26 +216,43 @@ class DraftEngine(OnnxRuntimeEngine):
         e = manifest.eagle
         draft = dataclasses.replace(manifest, model=ModelShape(**e["model"]), files={"compiled": e["compiled"]},
                                     lowerings=tuple(e["lowerings"]), lora={}, eagle={})
+        self.tree = bool(e.get("tree"))  # its graph takes draft trees (tree_mask, draft_index)
+        self.top_k = e.get("top_k", 0)
         super().__init__(engine_dir, draft, num_threads=1, graph="compiled", huge_pages=huge_pages)
 
-    def draft(self, ids, hidden, positions, write_index, last_index, kv,
-              prompt: bool = False) -> tuple[np.ndarray, np.ndarray]:
-        """One draft step: (drafted token ids [B], the draft's hidden state at last_index [B,H]).
+    def draft(self, ids, hidden, positions, write_index, last_index, kv, prompt: bool = False, top: bool = False,
+              nodes: np.ndarray | None = None, tree_mask: np.ndarray | None = None) -> tuple[np.ndarray, ...]:
+        """One draft step: (drafted token ids [B], the draft's hidden state at last_index [B,H]); with
+        `top` also (the top_k best ids and their log-probabilities at last_index and at `nodes`
+        [B,1+T,K], best first, and the hidden states at `nodes` [B,T,H]). Tree heads only: `nodes`
+        (draft_index [B,T], default none) and `tree_mask` ([B,S,T'], default [B,S,0]: causal).
         `prompt`: the step runs over a prompt's pairs (see StepInputs.prompt)."""
         b, io = self.binding_for(kv), self.io
+        batch, seq = ids.shape
         feeds = ((io.input_ids, ids), (io.hidden_in, hidden), (io.position_ids, positions),
                  (io.write_index, write_index), (io.last_index, last_index))
         if self.has_generated:
             feeds += ((io.generated, PROMPT if prompt else GENERATED),)
+        if self.tree:
+            nodes = np.zeros((batch, 0), np.int64) if nodes is None else nodes
+            feeds += ((io.draft_index, nodes),
+                      (io.tree_mask, np.zeros((batch, seq, 0), np.bool_) if tree_mask is None else tree_mask))
         held = [np.ascontiguousarray(a) for _, a in feeds]  # alive until the run is over
         for (name, _), array in zip(feeds, held):
             b.bind_cpu_input(name, array)
-        batch = ids.shape[0]
         outs = self.outputs.get((id(b), batch))
         if outs is None:
             outs = self.outputs[(id(b), batch)] = (np.empty(batch, np.int64),
                                                    np.empty((batch, self.manifest.model.hidden_size), np.float32))
-            b.bind_ortvalue_output(io.draft_ids, ort.OrtValue.ortvalue_from_numpy(outs[0]))
-            b.bind_ortvalue_output(io.draft_hidden, ort.OrtValue.ortvalue_from_numpy(outs[1]))
+            for name, array in zip((io.draft_ids, io.draft_hidden), outs):
+                b.bind_ortvalue_output(name, ort.OrtValue.ortvalue_from_numpy(array))
+        t = 0 if nodes is None else nodes.shape[1]
+        extra = (np.empty((batch, 1 + t, self.top_k), np.int64), np.empty((batch, 1 + t, self.top_k), np.float32),
+                 np.empty((batch, t, self.manifest.model.hidden_size), np.float32))
+        # (bound every run: their shapes follow the step's nodes; an older head has none)
+        for name, array in zip((io.draft_top_ids, io.draft_top_logprobs, io.draft_node_hidden),
+                               extra if self.top_k else ()):
+            if name != io.draft_node_hidden or self.tree:
+                b.bind_ortvalue_output(name, ort.OrtValue.ortvalue_from_numpy(array))
         self.session.run_with_iobinding(b)
-        return outs[0].copy(), outs[1].copy()
+        return (outs[0].copy(), outs[1].copy()) + (extra if top else ())

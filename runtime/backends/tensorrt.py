@@ -97,6 +97,14 @@ class DeviceKVCache(KVCacheManager):
         row, pitch = length * dim * self.itemsize, cap * dim * self.itemsize
         return [(b.ptr + slot * heads * pitch, pitch, row, heads) for b in self.buffers]
 
+    def move_position(self, slot: int, src: int, dst: int) -> None:
+        """On the device, in stream order (the next step sees it): one strided copy per buffer."""
+        _, heads, cap, dim = self.shape
+        row, pitch = dim * self.itemsize, cap * dim * self.itemsize
+        for b in self.buffers:
+            base = b.ptr + slot * heads * pitch
+            self.stream.copy_2d(base + dst * row, pitch, base + src * row, pitch, row, heads, "d2d")
+
     def read(self, slot: int, length: int) -> np.ndarray:
         _, heads, _, dim = self.shape
         out = np.empty((len(self.buffers), heads, length, dim), kv_storage(self.model.kv_dtype))
@@ -113,6 +121,8 @@ class DeviceKVCache(KVCacheManager):
 
 
 class TensorRTEngine:
+    top_k = 0  # the EAGLE head's draft_top_ids width (TensorRTDraftEngine)
+
     def __init__(self, engine_dir, manifest: Manifest, **options):
         trt = import_tensorrt(engine_dir)
         from trtllm.runtime.backends import cuda
@@ -193,7 +203,8 @@ class TensorRTEngine:
             b, k, s, h = m.limits.max_batch_size, m.logprob_width, m.limits.max_input_len, m.model.hidden_size
             shape = {io.token_ids: (b,), io.top_logprobs: (b, k), io.top_logprob_ids: (b, k),
                      io.logits: (b, m.model.vocab_size), io.verify_ids: (b, s), io.eagle_hidden: (b, s, h),
-                     io.draft_ids: (b,), io.draft_hidden: (b, h)}[name]
+                     io.draft_ids: (b,), io.draft_hidden: (b, h), io.draft_top_ids: (b, s + 1, self.top_k),
+                     io.draft_top_logprobs: (b, s + 1, self.top_k), io.draft_node_hidden: (b, s, h)}[name]
         return int(np.prod(shape)) * self.dtypes[name].itemsize
 
     def make_kv_cache(self, model: ModelShape, num_slots: int, capacity: int) -> DeviceKVCache:
@@ -264,6 +275,9 @@ class TensorRTEngine:
         if self.manifest.eagle:  # no positions to verify: [B, 0]
             feeds[io.verify_index] = inputs.verify_index if inputs.verify_index is not None \
                 else np.zeros((batch, 0), np.int64)
+            if self.manifest.eagle.get("tree"):  # no tree: [B, S, 0], the causal mask alone
+                feeds[io.tree_mask] = inputs.tree_mask if inputs.tree_mask is not None \
+                    else np.zeros((batch, seq, 0), np.bool_)
         for name, array in feeds.items():
             self.bind(name, array, alive)
         for name, array in (inputs.lora or self.no_adapter).items():
@@ -346,29 +360,42 @@ class TensorRTDraftEngine(TensorRTEngine):
         draft = dataclasses.replace(manifest, model=ModelShape(**e["model"]), files={"plan": e["plan"]},
                                     tensorrt={**manifest.tensorrt, "plugins": [], "profiles": e.get("profiles", [])},
                                     lora={}, eagle={})
+        self.top_k = e.get("top_k", 0)  # draft_top_ids' width (0: a head built before draft trees)
         super().__init__(engine_dir, draft)
 
-    def draft(self, ids, hidden, positions, write_index, last_index, kv,
-              prompt: bool = False) -> tuple[np.ndarray, np.ndarray]:
-        """One draft step: (drafted token ids [B], the head's hidden state at last_index [B,H]).
-        `prompt` is for ONNX Runtime's integer-activation heads; TensorRT heads have none."""
+    def draft(self, ids, hidden, positions, write_index, last_index, kv, prompt: bool = False, top: bool = False,
+              nodes: np.ndarray | None = None, tree_mask: np.ndarray | None = None) -> tuple[np.ndarray, ...]:
+        """As the ONNX Runtime head's draft() (runtime/backends/onnxruntime.py). `prompt` is for
+        ONNX Runtime's integer-activation heads; TensorRT heads have none."""
         io = self.io
         batch, seq = ids.shape
         self.set_profile(seq)
         alive: list = []
-        for name, array in ((io.input_ids, ids), (io.hidden_in, hidden), (io.position_ids, positions),
-                            (io.write_index, write_index), (io.last_index, last_index)):
+        feeds = [(io.input_ids, ids), (io.hidden_in, hidden), (io.position_ids, positions),
+                 (io.write_index, write_index), (io.last_index, last_index)]
+        tree = self.top_k > 0  # (a head with draft_top_ids takes draft trees: TensorRT graphs always do)
+        if tree:
+            nodes = np.zeros((batch, 0), np.int64) if nodes is None else nodes
+            feeds += [(io.draft_index, nodes),
+                      (io.tree_mask, np.zeros((batch, seq, 0), np.bool_) if tree_mask is None else tree_mask)]
+        for name, array in feeds:
             self.bind(name, array, alive)
         copies = self.bind_kv(kv)
-        for name in (io.draft_ids, io.draft_hidden):
+        names = (io.draft_ids, io.draft_hidden)
+        names += (io.draft_top_ids, io.draft_top_logprobs, io.draft_node_hidden) if tree else ()
+        for name in names:
             self.set_address(name, self.buffers[name].ptr)
         if not self.context.execute_async_v3(int(self.stream)):
             raise RuntimeError("TensorRT failed to enqueue the draft step (see its log)")
         for dst, src, nbytes in copies:
             self.stream.copy(dst, src, nbytes)
-        ids_out = np.empty(batch, self.dtypes[io.draft_ids])
-        hidden_out = np.empty((batch, self.manifest.model.hidden_size), self.dtypes[io.draft_hidden])
-        self.stream.download(ids_out, self.buffers[io.draft_ids].ptr)
-        self.stream.download(hidden_out, self.buffers[io.draft_hidden].ptr)
+        t, h = (0 if nodes is None else nodes.shape[1]), self.manifest.model.hidden_size
+        out = [np.empty(batch, self.dtypes[io.draft_ids]), np.empty((batch, h), self.dtypes[io.draft_hidden])]
+        if top and tree:
+            out += [np.empty((batch, 1 + t, self.top_k), self.dtypes[io.draft_top_ids]),
+                    np.empty((batch, 1 + t, self.top_k), self.dtypes[io.draft_top_logprobs]),
+                    np.empty((batch, t, h), self.dtypes[io.draft_node_hidden])]
+        for name, array in zip(names, out):
+            self.stream.download(array, self.buffers[name].ptr)
         self.stream.sync()
-        return ids_out.astype(np.int64), hidden_out.astype(np.float32)
+        return tuple(a.astype(np.int64 if a.dtype.kind in "iu" else np.float32) for a in out)

@@ -42,14 +42,14 @@ def eagle_setup(tmp_path_factory):
 
     made = {}
 
-    def get(arch: str, kernels: str = "auto", draft_vocab: int | None = None):
-        key = (arch, kernels, draft_vocab)
+    def get(arch: str, kernels: str = "auto", draft_vocab: int | None = None, graph: str = "modern"):
+        key = (arch, kernels, draft_vocab, graph)
         if key not in made:
-            root = tmp_path_factory.mktemp(f"eagle-{arch}-{kernels}")
+            root = tmp_path_factory.mktemp(f"eagle-{arch}-{kernels}-{graph}")
             ck = make_checkpoint(arch, root / "model", num_layers=6)
             draft = random_draft(ck, root / "draft", seed=1, draft_vocab=draft_vocab)
             build(BuildConfig(model=str(ck), output=str(root / "engine"), eagle=str(draft), cpu_kernels=kernels,
-                              max_input_len=128, max_kv_cache_capacity=256), log=lambda m: None)
+                              graph=graph, max_input_len=128, max_kv_cache_capacity=256), log=lambda m: None)
             made[key] = (ck, draft, root / "engine")
         return made[key]
 
@@ -79,11 +79,13 @@ class MemoryPrefixes:
         return (tuple(prefix_ids), adapter) in self.saved
 
 
-def speculate(engine_dir, prompts, n, num_slots=None, step=4, prefixes=None, prefix_len=0, prefill_chunk=0):
+def speculate(engine_dir, prompts, n, num_slots=None, step=4, prefixes=None, prefix_len=0, prefill_chunk=0,
+              top_k=1, verify_size="auto"):
     """Greedy tokens with speculation, and every verification: (text before it, its drafts).
-    With `prefixes`, each prompt's first prefix_len tokens are a saved system prompt."""
+    With `prefixes`, each prompt's first prefix_len tokens are a saved system prompt. `top_k` > 1:
+    draft trees (--spec-draft-top-k, --spec-verify-size)."""
     engine = load_engine(engine_dir)
-    drafter = Drafter.load(engine_dir, engine.manifest, step)
+    drafter = Drafter.load(engine_dir, engine.manifest, step, top_k, verify_size)
     seen, original = [], SpecScheduler.verify
 
     def record(self, slot, row, greedy_ids, drafts):

@@ -128,6 +128,51 @@ def test_non_finite_logits_in_a_verification_fail_that_row(eagle_engine, run_cli
     assert (good["output_text"], good["finish_reason"]) == plain[1][:2]
 
 
+@pytest.mark.parametrize("batch_size", [4, 2])
+def test_draft_trees_change_no_answer(eagle_engine, run_cli, tmp_path, batch_size):
+    """--spec-draft-top-k 3: each step verifies a tree of the head's candidates (3 per node, as deep
+    as the draft step) instead of a chain; the answers are those without speculation."""
+    engine, _ = eagle_engine
+    plain, _ = answers(run_cli, engine, tmp_path, "--spec-draft-step", "0", batch_size=batch_size)
+    for extra in (["--spec-draft-step", "1"], ["--spec-draft-step", "3"], ["--spec-draft-step", "3",
+                  "--spec-verify-size", "5"], []):
+        got, profile = answers(run_cli, engine, tmp_path, *extra, "--spec-draft-top-k", "3", batch_size=batch_size)
+        spec = profile["eagle_generation"]
+        assert got == plain and spec["draft_top_k"] == 3 and 0 <= spec["branch_tokens"] <= spec["accepted_tokens"]
+        drafted = {int(k): n for k, n in spec["draft_steps"].items()}  # steps by the trees' depth
+        assert spec["total_iterations"] == sum(n for k, n in drafted.items() if k) > 0
+        if extra[1:2] == ["3"]:  # a depth-3 tree verifies top-k x depth nodes, or --spec-verify-size - 1
+            most = 4 if extra[2:] else 9
+            assert max(drafted) == 3 and spec["drafted_tokens"] <= most * 4 * spec["total_iterations"]
+    _, profile = answers(run_cli, engine, tmp_path, "--spec-draft-step", "2", requests=REQUESTS[:1])
+    assert profile["eagle_generation"]["draft_top_k"] == 1  # auto on ONNX Runtime: a chain
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--spec-draft-top-k", "0"], "auto or an integer >= 1"), (["--spec-draft-top-k", "x"], "auto or an integer >= 1"),
+    (["--spec-draft-top-k", "9"], "its 8 best proposals at most"),
+    (["--spec-verify-size", "1"], "auto or an integer >= 2"),
+    (["--spec-verify-size", "4"], "a chain (--spec-draft-top-k 1) verifies its drafts alone")])
+def test_bad_tree_options_are_usage_errors(eagle_engine, run_cli, args, message):
+    engine, _ = eagle_engine
+    result, _ = run_cli(engine, {"requests": REQUESTS[:1]}, *args)
+    assert result.exit_code == 2 and args[0] in result.output and message in result.output
+
+
+def test_a_chain_only_engine_refuses_a_tree(eagle_engine, tiny_checkpoint, run_cli, tmp_path):
+    """ONNX Runtime's own attention (--cpu-kernels onnxruntime) takes no tree mask: the engine
+    drafts chains, says so when asked for a tree, and answers as before with the default."""
+    engine, draft = eagle_engine
+    chain = build(BuildConfig(model=str(tiny_checkpoint("llama")), output=str(tmp_path / "chain"), eagle=str(draft),
+                              cpu_kernels="onnxruntime", **LIMITS), log=lambda m: None)
+    m = mf.load(chain)
+    assert m.eagle["tree"] is False and m.eagle["draft_top_k"] == 1
+    result, _ = run_cli(chain, {"requests": REQUESTS[:1]}, "--spec-draft-top-k", "2")
+    assert result.exit_code == 2 and "drafts chains only" in result.output
+    _, profile = answers(run_cli, chain, tmp_path, "--spec-draft-step", "2", requests=REQUESTS[:2])
+    assert profile["eagle_generation"]["draft_top_k"] == 1
+
+
 @pytest.mark.parametrize("value", ["-1", "two", "1.5"])
 def test_bad_draft_step_is_a_usage_error(eagle_engine, run_cli, value):
     engine, _ = eagle_engine
@@ -260,6 +305,12 @@ def test_tensorrt_and_legacy_graph_give_the_same_answers(eagle_engine, tiny_chec
     shapes = {p["name"]: p["shapes"] for p in m.tensorrt["profiles"]}
     assert shapes["prefill"]["verify_index"] == [[1, 0], [4, 0], [4, 96]]
     assert shapes["decode"]["verify_index"] == [[1, 0], [4, 0], [4, 1]]
+    assert shapes["prefill"]["tree_mask"] == [[1, 1, 0], [4, 48, 0], [4, 96, 96]]
+    assert shapes["decode"]["tree_mask"] == [[1, 1, 0], [4, 1, 0], [4, 1, 1]]
+    # a GPU verifies draft trees by default (4 candidates per node); the head's plan takes them too
+    assert {p["name"]: p["shapes"] for p in m.eagle["profiles"]}["prefill"]["tree_mask"] == [[1, 1, 0], [4, 48, 0],
+                                                                                         [4, 96, 96]]
+    assert m.eagle["tree"] is True and m.eagle["draft_top_k"] == 4 and profile["eagle_generation"]["draft_top_k"] == 4
 
 
 def test_build_check_catches_a_wrong_head_graph(tiny_checkpoint, tmp_path, monkeypatch):
@@ -335,9 +386,10 @@ def test_bench_eagle_script_pairs_rounds(eagle_engine, tmp_path):
 
     engine, _ = eagle_engine
     script = Path(__file__).resolve().parents[2] / "scripts" / "bench_eagle.py"
-    out = subprocess.run([sys.executable, str(script), str(engine), "--steps", "0,1", "--batches", "2",
+    out = subprocess.run([sys.executable, str(script), str(engine), "--steps", "0,1,1x3", "--batches", "2",
                           "--rounds", "2", "--threads", "1", "--gen", "6"],
                          capture_output=True, text=True, timeout=600, check=True).stdout
     lines = out.splitlines()
-    assert len(lines) == 2 and "k=0" in lines[0] and "1.00x [1.00-1.00]" in lines[0]
-    assert "k=1" in lines[1] and "drafts accepted" in lines[1], out
+    assert len(lines) == 3 and "k=0" in lines[0] and "1.00x [1.00-1.00]" in lines[0]
+    assert "k=1 " in lines[1] and "drafts accepted" in lines[1] and "branch" not in lines[1], out
+    assert "k=1x3" in lines[2] and "on a branch" in lines[2], out

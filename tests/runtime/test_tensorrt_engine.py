@@ -187,6 +187,7 @@ def test_shape_outside_the_profile_names_the_limits(engines):
 
 def test_device_kv_read_write_round_trip(engines):
     from trtllm.runtime.engine import load_engine
+    from trtllm.runtime.kv_cache import KVCacheManager
 
     with fakes.installed():
         engine = load_engine(engines / "modern")
@@ -199,6 +200,17 @@ def test_device_kv_read_write_round_trip(engines):
         kv.write(1, data)
         np.testing.assert_array_equal(kv.read(1, 7), data)
         assert not kv.read(0, 7).any()  # the other slot is untouched
+        # a token tree's accepted branch: position 5's K and V into position 1, every layer and head,
+        # as the host cache moves it
+        host = KVCacheManager(m.model, 2, 7)
+        host.write(1, data)
+        kv.move_position(1, 5, 1)
+        host.move_position(1, 5, 1)
+        moved = kv.read(1, 7)
+        np.testing.assert_array_equal(moved, host.read(1, 7))
+        np.testing.assert_array_equal(moved[:, :, 1], data[:, :, 5])
+        np.testing.assert_array_equal(np.delete(moved, 1, axis=2), np.delete(data, 1, axis=2))
+        assert not kv.read(0, 7).any()
         kv.grow(160)  # at its capacity already: nothing to do
         kv.limit = 320
         with pytest.raises(RuntimeError, match="cannot grow past the plan's capacity 160"):
