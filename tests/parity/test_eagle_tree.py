@@ -240,3 +240,33 @@ def test_wrong_variant_a_path_without_its_kv_misses(eagle_setup, monkeypatch):
     got, _, _ = speculate(engine_dir, PROMPTS, lengths, num_slots=2, step=3, top_k=3, verify_size=9)
     ref = Reference(draft_dir, model)
     assert got != want or any(ref.candidates(text, 3) != cands for text, cands in roots[:8])
+
+
+def test_scattered_accepted_paths_on_tensorrt(tmp_path, monkeypatch):
+    """The same on the TensorRT backend (tests/fakes: a strict stand-in that runs the plans' ONNX):
+    the head's plan takes the tree inputs, and the accepted nodes' KV moves on the device."""
+    from tests import fakes
+    from tests.eagle_drafts import random_draft
+    from tests.tiny_models import make_checkpoint
+    from trtllm.builder.config import BuildConfig
+    from trtllm.builder.export import build
+    from trtllm.runtime.backends.tensorrt import DeviceKVCache
+
+    ck = make_checkpoint("llama", tmp_path / "model", num_layers=6)
+    draft_dir = random_draft(ck, tmp_path / "draft", seed=1)
+    model = hf_model(ck)
+    lengths = [16, 24, 10]
+    moves = []
+    real_move = DeviceKVCache.move_position
+    monkeypatch.setattr(DeviceKVCache, "move_position",
+                        lambda self, slot, src, dst: moves.append((src - dst)) or real_move(self, slot, src, dst))
+    want, roots = oracle(monkeypatch, model, PROMPTS, lengths)
+    with fakes.installed():
+        engine_dir = build(BuildConfig(model=str(ck), output=str(tmp_path / "trt"), eagle=str(draft_dir),
+                                       backend="tensorrt", max_input_len=64, max_kv_cache_capacity=128),
+                           log=lambda m: None)
+        got, _, timing = speculate(engine_dir, PROMPTS, lengths, num_slots=2, step=3, top_k=3, verify_size=9)
+    assert got == want and timing.accepted_tokens >= 3 * (timing.verify_runs - 4)
+    assert len(moves) >= 3 * 8 and set(moves) == {1, 3, 5}  # slots 2, 5, 8 to 1, 2, 3
+    ref = Reference(draft_dir, model)
+    assert len(roots) >= 8 and all(ref.candidates(text, 3) == cands for text, cands in roots[:8])
