@@ -37,8 +37,9 @@ DRAFT_PLAN = f"{DRAFT_DIR}/draft.plan"  # TensorRT
 # for about the price of one.
 DRAFT_STEP = {"onnxruntime": 1, "tensorrt": 4}
 # The head's best proposals per position, best first, with their log-probabilities (draft_top_ids,
-# draft_top_logprobs): what draft trees expand (trtllm-run --spec-draft-top-k, at most this).
-TOP_K = 8
+# draft_top_logprobs): what draft trees expand (trtllm-run --spec-draft-top-k, at most this;
+# Edge-LLM's default --specDraftTopK is 10).
+TOP_K = 10
 # A run's default --spec-draft-top-k: 1 (a chain) on a CPU, where each extra token widens the step;
 # 4 on a GPU, where a few more tokens cost next to nothing.
 DRAFT_TOP_K = {"onnxruntime": 1, "tensorrt": 4}

@@ -150,7 +150,7 @@ def test_draft_trees_change_no_answer(eagle_engine, run_cli, tmp_path, batch_siz
 
 @pytest.mark.parametrize("args,message", [
     (["--spec-draft-top-k", "0"], "auto or an integer >= 1"), (["--spec-draft-top-k", "x"], "auto or an integer >= 1"),
-    (["--spec-draft-top-k", "9"], "its 8 best proposals at most"),
+    (["--spec-draft-top-k", "11"], "its 10 best proposals at most"),
     (["--spec-verify-size", "1"], "auto or an integer >= 2"),
     (["--spec-verify-size", "4"], "a chain (--spec-draft-top-k 1) verifies its drafts alone")])
 def test_bad_tree_options_are_usage_errors(eagle_engine, run_cli, args, message):
