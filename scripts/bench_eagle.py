@@ -3,8 +3,8 @@ k drafted tokens per step, at batch 1 and 4, on chat prompts the draft head was 
 
     python scripts/bench_eagle.py ENGINE [--steps 0,auto,1,2,3,4,2x3] [--batches 1,4] [--rounds 3] [--threads 2]
 
-A step KxW drafts a tree K deep (or auto) with W candidates per node (--spec-draft-top-k W); a plain
-K is a chain (W = 1).
+A step DxK drafts a tree D deep (or auto) with K candidates per node (--spec-draft-top-k K); a plain
+D is a chain (K = 1).
 
 e.g. after
     python scripts/train_eagle.py --model models/smollm2-135m-instruct --output models/smollm2-eagle3
