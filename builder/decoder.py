@@ -154,7 +154,7 @@ class DecoderWriter(WeightWriter):
                  native_kernels: bool = False, lora_rank: int = 0,
                  eagle: tuple[tuple[int, ...], np.ndarray] | None = None,
                  local_rope: tuple[np.ndarray, np.ndarray] | None = None, ort_form: bool = False,
-                 tree: bool = True):
+                 tree: bool = False):
         if graph not in GRAPHS:
             raise ValueError(f"graph must be one of {GRAPHS}, got {graph!r}")
         self.legacy = graph == "legacy"
@@ -195,11 +195,11 @@ class DecoderWriter(WeightWriter):
         self.native_lora = native_kernels and lora_rank > 0  # as trtllm.cpu::LoraAdd nodes
         self.sites = lora_sites(spec)
         self.eagle = eagle  # (the draft's three layers, its fc [H, 3H]): EAGLE-3 outputs (builder/eagle.py)
-        # EAGLE engines verify draft trees: a `tree_mask` input says which of the step's last slots
-        # each token sees. The build decides it for the model and the head together (export.py);
+        # EAGLE graphs (the model's and the head's) for draft trees: a `tree_mask` input says which of
+        # the step's last slots each token sees. The build decides it for both together (export.py);
         # not where attention is ONNX Runtime's GroupQueryAttention, which takes no such mask.
-        self.tree = eagle is not None and tree
-        if self.tree and self.gqa and not self.native_attention:
+        self.tree = tree
+        if tree and self.gqa and not self.native_attention:
             raise ValueError("draft trees need a tree mask, which ONNX Runtime's GroupQueryAttention does not take")
         self.half_embedding = False  # the token embedding table in float16, computing in float32 (EAGLE heads)
         self.ort_form = ort_form or ort_attention or native_kernels  # ONNX Runtime's form, not llm.onnx

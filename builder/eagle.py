@@ -171,18 +171,15 @@ class DraftWriter(DecoderWriter):
         draft_node_hidden [B,T,H]: the hidden states at draft_index (draft trees: their children's input)
     """
 
-    def __init__(self, draft: Draft, rope_cos: np.ndarray, rope_sin: np.ndarray, tree: bool = True, **options):
-        super().__init__(draft.spec, draft.weights, rope_cos, rope_sin, max_top_k=1, **options)
+    def __init__(self, draft: Draft, rope_cos: np.ndarray, rope_sin: np.ndarray, tree: bool = False, **options):
+        # tree: the head runs over a draft tree's nodes (tree_mask, as the model's graph) and gives
+        # each one's best children
+        super().__init__(draft.spec, draft.weights, rope_cos, rope_sin, max_top_k=1, tree=tree, **options)
         self.d2t = draft.d2t
         # A quantized engine's head keeps its copy of the token embedding (vocab x hidden) in float16:
         # the head only proposes, and the copy would otherwise be the largest thing in the engine
         # (float32: 113 MB for SmolLM2-135M, beside 88 MB of int4 model weights).
         self.half_embedding = self.quant is not None
-        # draft trees: the head runs over a tree's nodes (tree_mask, as the model's graph) and gives
-        # each one's best children; not on ONNX Runtime's GroupQueryAttention (no such mask)
-        self.tree = tree
-        if tree and self.gqa and not self.native_attention:
-            raise ValueError("draft trees need a tree mask, which ONNX Runtime's GroupQueryAttention does not take")
 
     def write(self) -> "onnx.ModelProto":  # noqa: F821
         g, s, io = self.g, self.spec, self.io

@@ -187,7 +187,7 @@ def main(input_file: Path, engine_dir: Path, output: str | None, profile: str | 
 def serve(input_file: Path, engine_dir: Path, output: str | None, profile: str | None, stream: bool,
           kv_cache_dir: Path | None, kv_cache_size: str, threads: int | None, huge_pages: bool,
           spec_draft_step: int | str, spec_draft_top_k: int | str, spec_verify_size: int | str,
-         prefill_chunk: int) -> None:
+          prefill_chunk: int) -> None:
     from trtllm.runtime import manifest as mf
 
     try:  # the adapters bundled in the engine are names a request may use; a bad engine is reported below

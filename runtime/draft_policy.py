@@ -7,9 +7,10 @@ tokens on average, where ai is the rate at which the i-th draft is accepted once
 it were. A draft tree of depth k (--spec-draft-top-k > 1) is the same with the tree's rates (any
 node at depth i accepted) and its own step width. k = 0 pauses speculation: plain one-token steps
 and no draft runs at all (the scheduler keeps the rows' (hidden state, token) pairs, and the
-draft catches up on them in one call when drafting resumes). Whether drafting pays depends on the head and the text (the rates) and on the
-hardware and batch (the costs): a GPU verifies 5 tokens for about the price of one, a CPU step
-of 5 tokens costs 1.3x-2.3x a one-token step, and a head accepted 30% of the time loses there.
+draft catches up on them in one call when drafting resumes). Whether drafting pays depends on the
+head and the text (the rates) and on the hardware and batch (the costs): a GPU verifies 5 tokens
+for about the price of one, a CPU step of 5 tokens costs 1.3x-2.3x a one-token step, and a head
+accepted 30% of the time loses there.
 
 Rates and costs are running averages that forget the past geometrically, so they follow the text
 and the batch; costs are kept per batch width. The policy takes the k with the most tokens per

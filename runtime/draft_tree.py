@@ -17,13 +17,10 @@ plain greedy decoding's tokens. The accepted path's KV then moves to the slots a
 """
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from trtllm.runtime import sampling
-from trtllm.runtime.engine import StepInputs
 from trtllm.runtime.generate import write_position
 
 
@@ -199,12 +196,7 @@ class TreeDecoding:
                 mask[s], last[s] = t.mask(w), len(t) - 1
             elif r is not None and not r.prefilling:
                 ids[s, 0] = (r.output_ids or r.prompt_ids)[-1]
-        inputs = StepInputs(input_ids=ids, position_ids=positions, write_index=start, last_index=last,
-                            sampling=sampling.rows(self.batch, 0, hi), tree_mask=mask,
-                            verify_index=np.tile(np.arange(w, dtype=np.int64), (hi, 1)))
-        out, step_time = self.step(0, hi, inputs)
-        self.timing.generation_runs += 1
-        self.timing.verify_runs += 1
+        out, step_time = self.verify_step(ids, positions, start, last, mask)
         emitted: list[list[int] | None] = [None] * hi
         for s, r in enumerate(rows):
             if self.plain_or_failed(s, r, out):

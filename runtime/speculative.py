@@ -301,12 +301,7 @@ class SpecScheduler(TreeDecoding, Scheduler):
                 ids[s, 0] = (r.output_ids or r.prompt_ids)[-1]
                 ids[s, 1: 1 + ks[s]] = drafts.get(s, [])[: ks[s]]
         start = np.array(pos, np.int64)
-        inputs = StepInputs(input_ids=ids, position_ids=start[:, None] + np.arange(w), write_index=start,
-                            last_index=np.array(ks, np.int64), sampling=sampling.rows(self.batch, 0, hi),
-                            verify_index=np.tile(np.arange(w, dtype=np.int64), (hi, 1)))
-        out, step_time = self.step(0, hi, inputs)
-        self.timing.generation_runs += 1
-        self.timing.verify_runs += 1
+        out, step_time = self.verify_step(ids, start[:, None] + np.arange(w), start, np.array(ks, np.int64))
         emitted: list[list[int] | None] = [None] * hi
         for s, r in enumerate(rows):
             if self.plain_or_failed(s, r, out):
@@ -317,6 +312,18 @@ class SpecScheduler(TreeDecoding, Scheduler):
             if self.policy is not None:
                 self.policy.record_row(ks[s], len(emitted[s]) - 1)
         self.finish_cycle(hi, rows, emitted, out, pos, w, step_time, elapsed, ahead, max(0, max(ks) - 1))
+
+    def verify_step(self, ids, positions, start, last, tree_mask=None):
+        """One model step over every row's tokens from its write position `start`, giving the greedy
+        token at each (verify_ids): (outputs, seconds)."""
+        hi, w = ids.shape
+        inputs = StepInputs(input_ids=ids, position_ids=positions, write_index=start, last_index=last,
+                            sampling=sampling.rows(self.batch, 0, hi), tree_mask=tree_mask,
+                            verify_index=np.tile(np.arange(w, dtype=np.int64), (hi, 1)))
+        out, step_time = self.step(0, hi, inputs)
+        self.timing.generation_runs += 1
+        self.timing.verify_runs += 1
+        return out, step_time
 
     def plain_or_failed(self, s: int, r: RowState | None, out) -> bool:
         """A verify step's row that is not verified: none, finished or parked (nothing), one that does
