@@ -2,8 +2,9 @@
 
 A linear layer's transposed weight W [in, out] becomes signed integer codes c [in, out] and
 float32 scales s [in / block, out], one per `block` consecutive input rows of each output column.
-Scales (and int4's block minimums) are rounded to values float16 holds exactly, as GGUF stores them,
-so the native CPU kernel keeps them in 2 bytes while every form of the engine computes the same weights.
+Scales, int4's block minimums and its offsets are values float16 holds exactly (GGUF stores the
+first two so), so the native CPU kernel keeps min and scale in 2 bytes, a float16 llm.onnx (W4A16)
+keeps the offset in 2 bytes, and every form of the engine computes the same weights.
 
 - int8 (symmetric): s = max|W_block| / 127, c = round(W / s), W ~ s * c.
 - int4 (asymmetric, float offset): s = (max - min) / 15, c = round((W - min) / s) - 8 in [-8, 7],
@@ -93,11 +94,68 @@ def quantize_asymmetric(grouped: np.ndarray, bits: int):
     lo, hi = grouped.min(axis=1), grouped.max(axis=1)
     scale = half_grid(np.where(hi > lo, (hi - lo) / levels, 1.0))
     scale[scale == 0] = 1.0
-    lo = half_grid(lo)
+    lo, scale = both_on_grid(half_grid(lo), scale, half)
     codes = np.clip(np.rint((grouped - lo[:, None, :]) / scale[:, None, :]), 0, levels) - half
     offset = (lo + half * scale).astype(np.float32)
     k = grouped.shape[0] * grouped.shape[1]
     return codes.reshape(k, -1).astype(np.int8).astype(ONNX_DTYPE[bits]), scale, offset
+
+
+def both_on_grid(lo: np.ndarray, scale: np.ndarray, half: int) -> tuple[np.ndarray, np.ndarray]:
+    """Block minimums `lo` (float16 values) moved to the nearest value that keeps both `lo` and the
+    offset lo + half * scale on float16's grid: our kernels store `lo` in float16 and a float16
+    llm.onnx (TensorRT's W4A16) stores the offset, so both forms hold the same weights. Near-zero-mean
+    blocks (every block of the models measured) move by under 1% of a step, or not at all. A block far
+    from zero against its range (|mean| >> max - min) may also need a coarser scale, rounded up so
+    the block stays covered."""
+    best, found = nearest_pair(lo, scale, half)
+    for k in range(8):
+        if found.all():
+            break
+        step = float16_step(lo.astype(np.float64) + half * scale.astype(np.float64)) * 2.0 ** k
+        coarse = (np.ceil(scale * half / step) * step / half).astype(np.float32)
+        scale = np.where(found, scale, coarse)
+        retry, now = nearest_pair(lo, scale, half)
+        best, found = np.where(found, best, retry), found | now
+    if not found.all():
+        raise ValueError("a quantization block's minimum and offset cannot both be held in float16")
+    return best.astype(np.float32), half_grid(scale)
+
+
+def nearest_pair(lo: np.ndarray, scale: np.ndarray, half: int, steps: int = 8):
+    """Per block, the candidate nearest `lo` among its float16 neighbours and the offset's float16
+    neighbours less half * scale, with lo and lo + half * scale both float16 values (float64 sums of
+    float16 values are exact)."""
+    shift = half * scale.astype(np.float64)
+    lo64 = lo.astype(np.float64)
+    candidates = float16_neighbours(lo, steps)
+    candidates += [c - shift for c in float16_neighbours(lo64 + shift, steps)]
+    best, distance = lo64.copy(), np.full(lo.shape, np.inf)
+    for c in candidates:
+        better = on_float16_grid(c) & on_float16_grid(c + shift) & (np.abs(c - lo64) < distance)
+        best, distance = np.where(better, c, best), np.where(better, np.abs(c - lo64), distance)
+    return best, np.isfinite(distance)
+
+
+def float16_neighbours(x: np.ndarray, steps: int) -> list[np.ndarray]:
+    """x rounded to float16 and its `steps` float16 neighbours each side, as float64."""
+    mid = np.asarray(x).astype(np.float16)
+    down, up, out = mid, mid, [mid]
+    for _ in range(steps):
+        down, up = np.nextafter(down, np.float16(-np.inf)), np.nextafter(up, np.float16(np.inf))
+        out += [down, up]
+    return [v.astype(np.float64) for v in out]
+
+
+def float16_step(x: np.ndarray) -> np.ndarray:
+    """The spacing of float16 values at |x|."""
+    a = np.abs(x).astype(np.float16)
+    return np.nextafter(a, np.float16(np.inf)).astype(np.float64) - a.astype(np.float64)
+
+
+def on_float16_grid(x: np.ndarray) -> np.ndarray:
+    with np.errstate(over="ignore", invalid="ignore"):
+        return x.astype(np.float16).astype(np.float64) == x
 
 
 def half_grid(values: np.ndarray) -> np.ndarray:

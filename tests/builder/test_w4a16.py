@@ -92,7 +92,7 @@ def test_what_a_w4a16_engine_holds(tiny_checkpoint, tmp_path):
     are float16 values); our kernels' form: float32 activations on MatMulBlockQuant, a float16 KV
     cache on our attention, half the KV bytes of a float32 engine."""
     import onnx
-    from onnx import TensorProto
+    from onnx import TensorProto, numpy_helper
 
     ckpt = tiny_checkpoint("llama")
     out = build_w4a16(ckpt, tmp_path / "e", "int4", "onnxruntime")
@@ -109,6 +109,12 @@ def test_what_a_w4a16_engine_holds(tiny_checkpoint, tmp_path):
     full = build(BuildConfig(model=str(ckpt), output=str(tmp_path / "f"), quantization="int4", **LIMITS),
                  log=lambda m: None)
     assert 2 * bytes_per_token(manifest.model) == bytes_per_token(load_manifest(full).model)
+    # int4's offsets in float16 are the float32 engine's exactly: the same weights in both forms
+    exact = {i.name: numpy_helper.to_array(i) for i in onnx.load(str(full / "llm.onnx")).graph.initializer}
+    offsets = [i for i in canonical.graph.initializer if i.name.endswith("weight_offset")]
+    assert offsets and all(i.data_type == TensorProto.FLOAT16 for i in offsets)
+    for i in offsets:
+        assert np.array_equal(numpy_helper.to_array(i).astype(np.float32), exact[i.name])
 
 
 def test_a_w4a16_engine_answers_batched_and_restores_its_saved_prompt(tiny_checkpoint, tmp_path, run_cli):

@@ -181,6 +181,25 @@ def test_scales_sit_on_the_float16_grid():
         half_grid(np.array([1e6], np.float32))
 
 
+@pytest.mark.parametrize("shift", [0.0, 0.5])
+def test_int4_minimum_and_offset_are_both_float16_values(shift):
+    """Our kernels store a block's minimum in float16 and a float16 llm.onnx (W4A16) its offset
+    min + 8 s: both are float16 values, so both forms hold the same weights, still within 0.8 of a
+    step of the float32 weight (0.5 for zero-mean blocks). The deliberately wrong variant, the
+    rounded minimum plus 8 s, is off float16's grid for some blocks."""
+    rng = np.random.default_rng(5)
+    w = (rng.standard_normal((1024, 256)) * 0.02 + shift * rng.uniform(0, 1, (1, 256))).astype(np.float32)
+    codes, scale, offset = quantize(w, QuantScheme(4, asymmetric=True))
+    lo = offset - 8 * scale
+    for values in (scale, offset, lo):
+        assert np.array_equal(half_grid(values), values)
+    step = np.repeat(scale, 32, axis=0)
+    assert (np.abs(dequantize(codes, scale, offset, 32) - w) / step).max() <= (0.5 + 1e-6 if not shift else 0.8)
+    grouped = w.reshape(32, 32, 256)
+    rounded = half_grid(grouped.min(axis=1)) + 8 * half_grid((grouped.max(axis=1) - grouped.min(axis=1)) / 15)
+    assert not np.array_equal(half_grid(rounded), rounded)
+
+
 @pytest.mark.parametrize("attrs, inputs, message", [
     ({"bits": 3, "n": 4, "layout": 1}, 4, "bits must be 4 or 8"),
     ({"bits": 4, "n": 4, "activation": "gelu", "layout": 1}, 4, "activation must be none or swiglu, got gelu"),
