@@ -193,6 +193,7 @@ class DecoderWriter(WeightWriter):
         self.max_top_k = max_top_k
         self.lora_rank = lora_rank  # > 0: LoRA inputs on every site (lora_sites)
         self.native_lora = native_kernels and lora_rank > 0  # as trtllm.cpu::LoraAdd nodes
+        self.native_sample = native_kernels  # trtllm::Sample as trtllm.cpu::Sample (its body costs 2 ms a row)
         self.sites = lora_sites(spec)
         self.eagle = eagle  # (the draft's three layers, its fc [H, 3H]): EAGLE-3 outputs (builder/eagle.py)
         # EAGLE graphs (the model's and the head's) for draft trees: a `tree_mask` input says which of
@@ -561,7 +562,7 @@ class DecoderWriter(WeightWriter):
     def finish(self) -> "onnx.ModelProto":  # noqa: F821
         extra = {sample_body.DOMAIN: sample_schema.DOMAIN_VERSION, **({"com.microsoft": 1} if self.gqa else {}),
                  **({cpu_kernels.DOMAIN: 1} if self.native or self.native_attention or self.half or self.native_lora
-                    else {})}
+                    or self.native_sample else {})}
         model = self.g.model("trtllm-edge", extra_opsets=extra)
         if self.legacy:
             next(o for o in model.opset_import if o.domain == "").version = legacy_ops.OPSET
@@ -678,9 +679,14 @@ class DecoderWriter(WeightWriter):
                g.input(io.top_k, I64, ["batch"]), g.input(io.top_p, F32, ["batch"]),
                g.input(io.uniform, F32, ["batch"])]
         outs = [io.token_ids, io.top_logprobs, io.top_logprob_ids]
-        g.nodes.append(sample_body.make_node(ins, outs, self.max_top_k))
-        g.functions.append(sample_body.make_function(self.max_top_k, opset=legacy_ops.OPSET if self.legacy else OPSET,
-                                                     argmax=self.gqa))   # ArgMax only in ONNX Runtime's form
+        if self.native_sample:  # the same op in C++ (plugins/cpu/sample.cc)
+            g.op(cpu_kernels.SAMPLE, "/sampler/Sample", ins, outputs=outs, domain=cpu_kernels.DOMAIN,
+                 max_top_k=self.max_top_k)
+        else:
+            g.nodes.append(sample_body.make_node(ins, outs, self.max_top_k))
+            g.functions.append(sample_body.make_function(self.max_top_k,
+                                                         opset=legacy_ops.OPSET if self.legacy else OPSET,
+                                                         argmax=self.gqa))   # ArgMax only in ONNX Runtime's form
         g.output(io.token_ids, I64, ["batch"])
         k = sample_schema.num_logprob_columns(self.max_top_k)   # static: the runtime keeps what a request asked
         g.output(io.top_logprobs, F32, ["batch", k])

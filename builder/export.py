@@ -132,6 +132,9 @@ def export_onnx(ck: ckpt.Checkpoint, config: BuildConfig, out_dir: Path, log, ba
             log(f"lowering the {config.dtype} MatMuls to {cpu_kernels.HALF_LOWERING} (plugins/cpu: {config.dtype} "
                 "weights and cache, float32 arithmetic)")
             lowerings.append(cpu_kernels.HALF_LOWERING)
+        if native:
+            log(f"lowering the sampler to {cpu_kernels.SAMPLE_LOWERING} (plugins/cpu)")
+            lowerings.append(cpu_kernels.SAMPLE_LOWERING)
         if native and config.max_lora_rank:
             log(f"lowering the LoRA deltas to {cpu_kernels.LORA_LOWERING} (plugins/cpu: one node per projection)")
             lowerings.append(cpu_kernels.LORA_LOWERING)

@@ -14,10 +14,12 @@ ATTENTION = "Attention"
 HALF = "MatMulHalf"  # float16 weights, float32 activations (a float16 engine's projections)
 LORA = "LoraAdd"     # a fused projection plus its LoRA deltas (LoRA engines)
 LORA_SWIGLU = "LoraAddSwiglu"  # the same, then silu(gate) * up (gate|up)
+SAMPLE = "Sample"  # trtllm::Sample (plugins/sample) in C++: the sampler of the engines on our kernels
 LOWERING = f"{DOMAIN}::{OP}"  # how an engine's manifest (`lowerings`) says it needs this library
 ATTENTION_LOWERING = f"{DOMAIN}::{ATTENTION}"
 HALF_LOWERING = f"{DOMAIN}::{HALF}"
 LORA_LOWERING = f"{DOMAIN}::{LORA}"
+SAMPLE_LOWERING = f"{DOMAIN}::{SAMPLE}"
 LAYOUT = 1         # the weight packing the kernel reads (its `layout` attribute; kLayout in the .cc)
 SWIGLU_GROUP = 16  # activation=swiglu: outputs per 32-row task (kChunkRows / 2 in the .cc)
 LIBRARY = Path(__file__).with_name("libtrtllm_cpu.so")

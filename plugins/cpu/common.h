@@ -72,6 +72,7 @@ OrtCustomOp* attention_half_cache_op();  // the same op for a float16 cache
 OrtCustomOp* attention_bf16_cache_op();  // and for a bfloat16 cache
 OrtCustomOp* lora_add_op();
 OrtCustomOp* lora_add_swiglu_op();
+OrtCustomOp* sample_op();  // trtllm::Sample (plugins/sample/reference.py)
 
 // IEEE float16 bits <-> float32, portable (the AVX-512 paths use F16C's conversions, which agree).
 inline float half_to_float(uint16_t h) {

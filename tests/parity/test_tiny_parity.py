@@ -237,10 +237,12 @@ def test_onnxruntime_lowering_matches_the_canonical_graph(arch, lowered, tiny_en
 
     engine_dir = tiny_engine(arch)
     manifest = json.loads((engine_dir / "manifest.json").read_text())
-    # the attention kernel is ours (plugins/cpu) where the library is built, as scripts/setup.sh does
-    assert manifest["lowerings"] == ([cpu.ATTENTION_LOWERING, "SkipSimplifiedLayerNormalization"] if lowered else [])
+    # the attention kernel and the sampler are ours (plugins/cpu) where the library is built, as
+    # scripts/setup.sh does
+    assert manifest["lowerings"] == ([cpu.ATTENTION_LOWERING, "SkipSimplifiedLayerNormalization", cpu.SAMPLE_LOWERING]
+                                     if lowered else [])
     ops = {(n.domain, n.op_type) for n in onnx.load(engine_dir / "llm.ort.onnx", load_external_data=False).graph.node}
-    assert ((cpu.DOMAIN, cpu.ATTENTION) in ops) == lowered
+    assert ((cpu.DOMAIN, cpu.ATTENTION) in ops) == lowered == ((cpu.DOMAIN, cpu.SAMPLE) in ops)
     assert ("com.microsoft", "SkipSimplifiedLayerNormalization") in ops if lowered else not ops & {
         ("com.microsoft", "SkipSimplifiedLayerNormalization")}
     assert "GroupQueryAttention" not in {n.op_type for n in onnx.load(engine_dir / "llm.onnx",

@@ -1,0 +1,380 @@
+// trtllm.cpu::Sample: trtllm::Sample (plugins/sample/reference.py, the numbers' one source) as one
+// pass per row in C++, for ONNX Runtime engines on our kernels. The ONNX body spends about 2 ms per
+// sampled row of a 49,152-token vocabulary on a sort of the top M = 1024 logits and vocabulary-wide
+// cumulative sums; here the sort is a heap of the L values the thresholds can reach (top_k when set,
+// else M), and only the tokens a threshold keeps are summed.
+//
+// Token ids follow the reference's float32 operations in its order (d = (y - max) / t, exp, the
+// sequential cumulative sums, y >= threshold), so a row gives the reference's token for the same
+// uniform unless the uniform or a min-p / top-p cut sits within float rounding of a boundary (libm's
+// exp and numpy's may differ in the last bit). Why L values suffice: with top_k > 0 the survivors are
+// the first k' <= top_k sorted values, and counts past them cannot change min(k', n').
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "common.h"
+
+namespace {
+
+constexpr const char* kName = "Sample";
+constexpr int64_t kMaxLogprobs = 50;  // schema.MAX_NUM_LOGPROBS: K = min(50, M) columns
+constexpr float kInf = std::numeric_limits<float>::infinity();
+
+OrtStatusPtr fail(const std::string& message) {
+  return Ort::GetApi().CreateStatus(ORT_INVALID_ARGUMENT, (std::string("trtllm.cpu::") + kName + ": " + message).c_str());
+}
+
+struct Job {
+  const float *logits, *logit_bias, *penalty_bias;
+  const bool* seen;
+  const float *repetition_penalty, *temperature, *min_p;
+  const int64_t* top_k;
+  const float *top_p, *uniform;
+  int64_t vocab, max_top_k, columns;
+  int64_t* token_ids;
+  float* top_logprobs;
+  int64_t* top_logprob_ids;
+};
+
+#ifdef TRTLLM_X86
+// sum(exp(x - xmax)) for the log-softmax (logprobs only: a tolerance of 1e-5, no token depends on it).
+__attribute__((target("avx512f,avx512bw,avx512vl,fma"))) double sum_exp_avx512(const float* x, int64_t n, float xmax) {
+  __m512d acc = _mm512_setzero_pd();  // in double: float lanes over 3,000 terms each lose 1e-5
+  const __m512 m = _mm512_set1_ps(xmax);
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m512 e = trtllm_cpu::exp_avx512(_mm512_sub_ps(_mm512_loadu_ps(x + i), m));
+    acc = _mm512_add_pd(acc, _mm512_cvtps_pd(_mm512_castps512_ps256(e)));
+    acc = _mm512_add_pd(acc, _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(e), 1))));
+  }
+  double s = _mm512_reduce_add_pd(acc);
+  for (; i < n; ++i) s += std::exp(x[i] - xmax);
+  return s;
+}
+#endif
+
+double sum_exp(const float* x, int64_t n, float xmax) {
+#ifdef TRTLLM_X86
+  if (trtllm_cpu::use_avx512()) return sum_exp_avx512(x, n, xmax);
+#endif
+  double s = 0;
+  for (int64_t i = 0; i < n; ++i) s += std::exp(x[i] - xmax);
+  return s;
+}
+
+// The vocabulary-wide passes, in AVX-512 where the CPU has it. Only exact IEEE operations (add,
+// multiply, divide, compare), so both paths give the same numbers.
+#ifdef TRTLLM_X86
+#define TRTLLM_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,fma")))
+
+// out = a + b; returns max(out), `nan` when some out is NaN.
+TRTLLM_AVX512 float add_max_avx512(const float* a, const float* b, float* out, int64_t n, bool& nan) {
+  __m512 mx = _mm512_set1_ps(-kInf);
+  __mmask16 unordered = 0;
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m512 x = _mm512_add_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i));
+    _mm512_storeu_ps(out + i, x);
+    unordered |= _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+    mx = _mm512_max_ps(mx, x);
+  }
+  float m = _mm512_reduce_max_ps(mx);
+  nan = unordered != 0;
+  for (; i < n; ++i) {
+    out[i] = a[i] + b[i];
+    nan |= out[i] != out[i];
+    m = std::max(m, out[i]);
+  }
+  return m;
+}
+
+// y = where(seen, where(x > 0, x / r, x * r), x) + pbias; returns max(y).
+TRTLLM_AVX512 float penalize_avx512(const float* x, const bool* seen, const float* pbias, float r, float* y, int64_t n) {
+  __m512 mx = _mm512_set1_ps(-kInf);
+  const __m512 rv = _mm512_set1_ps(r), zero = _mm512_setzero_ps();
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    __m512 v = _mm512_loadu_ps(x + i);
+    const __mmask16 on = _mm_test_epi8_mask(_mm_loadu_si128(reinterpret_cast<const __m128i*>(seen + i)),
+                                            _mm_set1_epi8(static_cast<char>(0xFF)));
+    if (on) {
+      const __mmask16 positive = _mm512_cmp_ps_mask(v, zero, _CMP_GT_OQ);
+      v = _mm512_mask_blend_ps(on, v, _mm512_mask_blend_ps(positive, _mm512_mul_ps(v, rv), _mm512_div_ps(v, rv)));
+    }
+    v = _mm512_add_ps(v, _mm512_loadu_ps(pbias + i));
+    _mm512_storeu_ps(y + i, v);
+    mx = _mm512_max_ps(mx, v);
+  }
+  float m = _mm512_reduce_max_ps(mx);
+  for (; i < n; ++i) {
+    const float v = seen[i] ? (x[i] > 0 ? x[i] / r : x[i] * r) : x[i];
+    y[i] = v + pbias[i];
+    m = std::max(m, y[i]);
+  }
+  return m;
+}
+
+// The first i >= from with x[i] > thr (kStrict) or x[i] >= thr; n when none.
+template <bool kStrict>
+TRTLLM_AVX512 int64_t scan_avx512(const float* x, int64_t from, int64_t n, float thr) {
+  const __m512 t = _mm512_set1_ps(thr);
+  int64_t i = from;
+  for (; i + 16 <= n; i += 16) {
+    const __mmask16 hit = _mm512_cmp_ps_mask(_mm512_loadu_ps(x + i), t, kStrict ? _CMP_GT_OQ : _CMP_GE_OQ);
+    if (hit) return i + __builtin_ctz(hit);
+  }
+  for (; i < n; ++i)
+    if (kStrict ? x[i] > thr : x[i] >= thr) return i;
+  return n;
+}
+#endif
+
+float add_max(const float* a, const float* b, float* out, int64_t n, bool& nan) {
+#ifdef TRTLLM_X86
+  if (trtllm_cpu::use_avx512()) return add_max_avx512(a, b, out, n, nan);
+#endif
+  float m = -kInf;
+  nan = false;
+  for (int64_t i = 0; i < n; ++i) {
+    out[i] = a[i] + b[i];
+    nan |= out[i] != out[i];
+    m = std::max(m, out[i]);
+  }
+  return m;
+}
+
+float penalize(const float* x, const bool* seen, const float* pbias, float r, float* y, int64_t n) {
+#ifdef TRTLLM_X86
+  if (trtllm_cpu::use_avx512()) return penalize_avx512(x, seen, pbias, r, y, n);
+#endif
+  float m = -kInf;
+  for (int64_t i = 0; i < n; ++i) {
+    const float v = seen[i] ? (x[i] > 0 ? x[i] / r : x[i] * r) : x[i];
+    y[i] = v + pbias[i];
+    m = std::max(m, y[i]);
+  }
+  return m;
+}
+
+template <bool kStrict>
+int64_t scan(const float* x, int64_t from, int64_t n, float thr) {
+#ifdef TRTLLM_X86
+  if (trtllm_cpu::use_avx512()) return scan_avx512<kStrict>(x, from, n, thr);
+#endif
+  for (int64_t i = from; i < n; ++i)
+    if (kStrict ? x[i] > thr : x[i] >= thr) return i;
+  return n;
+}
+
+// The K largest of x as (value, id), descending, ties lower id first (ONNX TopK's order).
+void top_ids(const float* x, int64_t n, int64_t k, std::vector<std::pair<float, int64_t>>& heap) {
+  // "a before b" in the output order; the heap keeps its last element (the worst) on top
+  auto better = [](const std::pair<float, int64_t>& a, const std::pair<float, int64_t>& b) {
+    return a.first > b.first || (a.first == b.first && a.second < b.second);
+  };
+  heap.clear();
+  int64_t i = 0;
+  for (; i < n && static_cast<int64_t>(heap.size()) < k; ++i) {
+    heap.emplace_back(x[i], i);
+    std::push_heap(heap.begin(), heap.end(), better);
+  }
+  // then only values above the worst kept one (an equal value has a higher id: never better)
+  for (i = scan<true>(x, i, n, heap.front().first); i < n; i = scan<true>(x, i + 1, n, heap.front().first)) {
+    std::pop_heap(heap.begin(), heap.end(), better);
+    heap.back() = {x[i], i};
+    std::push_heap(heap.begin(), heap.end(), better);
+  }
+  std::sort_heap(heap.begin(), heap.end(), better);
+}
+
+// The L largest values of y, descending (the reference's sy, cut to L).
+void top_values(const float* y, int64_t n, int64_t l, std::vector<float>& heap) {
+  heap.clear();
+  int64_t i = 0;
+  for (; i < n && static_cast<int64_t>(heap.size()) < l; ++i) {
+    heap.push_back(y[i]);
+    std::push_heap(heap.begin(), heap.end(), std::greater<float>());
+  }
+  for (i = scan<true>(y, i, n, heap.front()); i < n; i = scan<true>(y, i + 1, n, heap.front())) {
+    std::pop_heap(heap.begin(), heap.end(), std::greater<float>());
+    heap.back() = y[i];
+    std::push_heap(heap.begin(), heap.end(), std::greater<float>());
+  }
+  std::sort_heap(heap.begin(), heap.end(), std::greater<float>());
+}
+
+int64_t next_kept(const float* y, int64_t i, int64_t n, float thr) {
+  while (i < n && !(y[i] >= thr)) ++i;
+  return i;
+}
+
+// Steps 5-10 for a row with temperature t > 0: the drawn token.
+int64_t draw(const Job& job, int64_t b, const std::vector<float>& y, float ymax, std::vector<float>& w,
+             std::vector<float>& sy) {
+  const int64_t v = job.vocab, m_cap = job.max_top_k, top_k = job.top_k[b];
+  const float t = job.temperature[b], min_p = job.min_p[b], top_p = job.top_p[b];
+  const bool restricted = top_k > 0 || min_p > 0, p_on = top_p < 1.0f;
+  const int64_t l = !restricted && !p_on ? 0 : top_k > 0 ? top_k : m_cap;  // 0: every token is kept
+  if (l > 0) top_values(y.data(), v, l, sy);
+  const float log_min_p = min_p > 0 ? std::log(min_p) : -kInf;
+  std::vector<float> e(l);
+  int64_t m = 0;
+  for (int64_t j = 0; j < l; ++j) {
+    const float sd = (sy[j] - ymax) / t;
+    e[j] = std::exp(sd);
+    m += sd >= log_min_p;
+  }
+  const int64_t k_eff = std::min(top_k > 0 ? top_k : m_cap, m);
+  double denom = 0;
+  bool w_filled = false;  // w[i] = exp(d_i) over the vocabulary, computed for the sum and kept for the draw
+  if (top_k > 0) {
+    for (int64_t j = 0; j < k_eff; ++j) denom += e[j];
+  } else {
+    w.resize(v);
+    for (int64_t i = 0; i < v; ++i) {
+      const float d = (y[i] - ymax) / t;
+      w[i] = std::exp(d);
+      if (d >= log_min_p) denom += w[i];  // (-inf when min_p is 0: every token)
+    }
+    w_filled = true;
+  }
+  const float total_kept = static_cast<float>(denom);
+  int64_t n = 0;
+  float incl = 0;
+  for (int64_t j = 0; j < l && p_on; ++j) {  // excl_j = incl before j; n = count(excl < top_p)
+    if (!(incl < top_p)) break;
+    ++n;
+    incl += (j < k_eff ? e[j] : 0.0f) / total_kept;
+  }
+  n = std::max<int64_t>(n, 1);
+  const int64_t n_eff = p_on ? n : m_cap;
+  const float thr = restricted || p_on ? sy[std::min(k_eff, n_eff) - 1] : -kInf;
+  // The draw: the cumulative sum in vocabulary order over kept tokens (a token not kept adds 0).
+  // Kept tokens are few under top_k (found by scanning), else possibly all (a plain loop).
+  const float* yp = y.data();
+  auto next = [&](int64_t i) { return w_filled ? (i < v && !(y[i] >= thr) ? next_kept(yp, i, v, thr) : i)
+                                               : scan<false>(yp, i, v, thr); };
+  float c = 0, total = 0;
+  for (int64_t i = next(0); i < v; i = next(i + 1)) total += w_filled ? w[i] : std::exp((y[i] - ymax) / t);
+  const float target = job.uniform[b] * total;
+  int64_t last = 0;
+  for (int64_t i = next(0); i < v; i = next(i + 1)) {
+    c += w_filled ? w[i] : std::exp((y[i] - ymax) / t);
+    if (c > target || c >= total) return i;
+    last = i;
+  }
+  return last;  // not reached: the last kept token has c == total
+}
+
+void sample_row(void* data, size_t task) {
+  const Job& job = *static_cast<const Job*>(data);
+  const int64_t b = static_cast<int64_t>(task), v = job.vocab, k = job.columns;
+  const float *logits = job.logits + b * v, *bias = job.logit_bias + b * v, *pbias = job.penalty_bias + b * v;
+  const bool* seen = job.seen + b * v;
+  float* out_lp = job.top_logprobs + b * k;
+  int64_t* out_ids = job.top_logprob_ids + b * k;
+  std::vector<float> x(v), y(v), w, sy;
+  bool nan = false;
+  const float xmax = add_max(logits, bias, x.data(), v, nan);
+  if (nan || !std::isfinite(xmax)) {  // overflowed logits: NaN logprobs, which fail this row alone
+    job.token_ids[b] = 0;
+    for (int64_t j = 0; j < k; ++j) out_lp[j] = std::numeric_limits<float>::quiet_NaN(), out_ids[j] = j;
+    return;
+  }
+  // step 2: log_softmax(x), its K largest
+  const float lse = std::log(static_cast<float>(sum_exp(x.data(), v, xmax)));
+  std::vector<std::pair<float, int64_t>> best;
+  top_ids(x.data(), v, k, best);
+  for (auto& [value, id] : best) value = (value - xmax) - lse;
+  // the reference sorts the rounded logprobs (stably: equal ones lower id first)
+  std::sort(best.begin(), best.end(),
+            [](const auto& a, const auto& c) { return a.first > c.first || (a.first == c.first && a.second < c.second); });
+  for (int64_t j = 0; j < k; ++j) out_lp[j] = best[j].first, out_ids[j] = best[j].second;
+  // steps 3-4: penalties, greedy
+  const float r = job.repetition_penalty[b];
+  const float ymax = penalize(x.data(), seen, pbias, r, y.data(), v);
+  const int64_t greedy = std::min(scan<false>(y.data(), 0, v, ymax), v - 1);  // the first maximum (0 if all -inf)
+  const bool sampled = job.temperature[b] > 0 && std::isfinite(ymax);
+  job.token_ids[b] = sampled ? draw(job, b, y, ymax, w, sy) : greedy;
+}
+
+struct Kernel {
+  int64_t max_top_k;
+
+  OrtStatusPtr ComputeV2(OrtKernelContext* raw) {
+    try {
+      Ort::KernelContext ctx(raw);
+      const auto shape = ctx.GetInput(0).GetTensorTypeAndShapeInfo().GetShape();
+      if (shape.size() != 2) return fail("logits must be [B, V]");
+      const int64_t rows = shape[0], vocab = shape[1];
+      if (max_top_k > vocab) return fail("max_top_k must be <= the vocabulary size " + std::to_string(vocab));
+      for (size_t i = 1; i < 10; ++i) {
+        const auto s = ctx.GetInput(i).GetTensorTypeAndShapeInfo().GetShape();
+        const bool dense = i <= 3;
+        if (s.size() != (dense ? 2u : 1u) || s[0] != rows || (dense && s[1] != vocab))
+          return fail("input " + std::to_string(i) + " must be [B" + (dense ? ", V]" : "]") + " (B, V from logits)");
+      }
+      const int64_t columns = std::min(kMaxLogprobs, max_top_k);
+      const int64_t* top_k = ctx.GetInput(7).GetTensorData<int64_t>();
+      for (int64_t b = 0; b < rows; ++b)
+        if (top_k[b] < 0 || top_k[b] > max_top_k)
+          return fail("top_k must be in [0, max_top_k=" + std::to_string(max_top_k) + "], got " +
+                      std::to_string(top_k[b]) + " in row " + std::to_string(b));
+      Job job{ctx.GetInput(0).GetTensorData<float>(), ctx.GetInput(1).GetTensorData<float>(),
+              ctx.GetInput(2).GetTensorData<float>(), ctx.GetInput(3).GetTensorData<bool>(),
+              ctx.GetInput(4).GetTensorData<float>(), ctx.GetInput(5).GetTensorData<float>(),
+              ctx.GetInput(6).GetTensorData<float>(), top_k,
+              ctx.GetInput(8).GetTensorData<float>(), ctx.GetInput(9).GetTensorData<float>(),
+              vocab, max_top_k, columns,
+              ctx.GetOutput(0, {rows}).GetTensorMutableData<int64_t>(),
+              ctx.GetOutput(1, {rows, columns}).GetTensorMutableData<float>(),
+              ctx.GetOutput(2, {rows, columns}).GetTensorMutableData<int64_t>()};
+      if (rows > 1)
+        trtllm_cpu::parallel_for(ctx, sample_row, static_cast<size_t>(rows), &job);
+      else if (rows == 1)
+        sample_row(&job, 0);
+      return nullptr;
+    } catch (const std::exception& e) {
+      return fail(e.what());
+    }
+  }
+};
+
+struct Op : Ort::CustomOpBase<Op, Kernel, true> {
+  OrtStatusPtr CreateKernelV2(const OrtApi&, const OrtKernelInfo* info, void** kernel) const {
+    try {
+      Ort::ConstKernelInfo ki(info);
+      const int64_t max_top_k = ki.GetAttribute<int64_t>("max_top_k");
+      if (max_top_k < 1 || max_top_k >= 3840) return fail("max_top_k must be in [1, 3840)");
+      *kernel = new Kernel{max_top_k};
+      return nullptr;
+    } catch (const std::exception& e) {
+      return fail(e.what());
+    }
+  }
+  const char* GetName() const { return kName; }
+  const char* GetExecutionProviderType() const { return "CPUExecutionProvider"; }
+  size_t GetInputTypeCount() const { return 10; }
+  ONNXTensorElementDataType GetInputType(size_t i) const {
+    return i == 3 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_BOOL
+           : i == 7 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64
+                    : ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
+  }
+  size_t GetOutputTypeCount() const { return 3; }
+  ONNXTensorElementDataType GetOutputType(size_t i) const {
+    return i == 1 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT : ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64;
+  }
+};
+
+}  // namespace
+
+namespace trtllm_cpu {
+OrtCustomOp* sample_op() {
+  static Op op;
+  return &op;
+}
+}  // namespace trtllm_cpu

@@ -1,0 +1,83 @@
+"""trtllm.cpu::Sample (plugins/cpu/sample.cc) against the numpy reference, the sampler's one source.
+
+As for the GPU kernel (test_sample_triton.py): token ids equal the reference's for the same uniforms,
+logprobs within 1e-5, logprob ids equal but for rounding-level near-ties. Its AVX-512 and portable
+paths give the same tokens. An engine on our kernels samples with it: its tokens are the
+reference's draws from the logits the same step gives.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from trtllm.plugins import cpu
+
+pytestmark = pytest.mark.skipif(cpu.library() is None, reason="needs the native CPU kernel library")
+
+from tests.plugins.cpu_ops import on_portable_path  # noqa: E402
+from tests.plugins.cpu_sample_ops import run_kernel  # noqa: E402
+from tests.plugins.test_sample_triton import INTERPRET_CONFIGS, compare, random_case  # noqa: E402
+from trtllm.plugins.sample import reference, schema  # noqa: E402
+
+CONFIGS = INTERPRET_CONFIGS + [(49152, 1024)]  # V, M: small to the demo model's vocabulary
+
+
+def cases(seed: int, per_config: int = 25):
+    rng = np.random.default_rng(seed)
+    for vocab_size, max_top_k in CONFIGS:
+        for _ in range(per_config if vocab_size < 10000 else 4):
+            yield random_case(rng, vocab_size, max_top_k, int(rng.integers(1, 9)))[0], max_top_k
+
+
+def test_kernel_matches_reference_on_random_cases():
+    rows, problems = 0, []
+    for case, max_top_k in cases(7):
+        want = reference.sample(*(case[name] for name in schema.INPUT_NAMES), max_top_k)
+        problems += compare(run_kernel(case, max_top_k), want, case, max_top_k)
+        rows += len(want[0])
+    assert rows > 700 and not problems, problems[:5]
+
+
+def test_the_comparison_catches_a_sampler_without_penalties():
+    """The deliberately wrong variant: the reference with its penalty stage left out disagrees with
+    the kernel on the same cases, so the comparison above can see such a bug."""
+    differ = 0
+    for case, max_top_k in cases(8, per_config=6):
+        wrong = {**case, "penalty_bias": np.zeros_like(case["penalty_bias"]),
+                 "repetition_penalty": np.ones_like(case["repetition_penalty"])}
+        want = reference.sample(*(wrong[name] for name in schema.INPUT_NAMES), max_top_k)
+        differ += not np.array_equal(run_kernel(case, max_top_k)[0], want[0])
+    assert differ >= 10
+
+
+def portable_outputs(seed: int) -> list:
+    return [[o.tolist() for o in run_kernel(case, m)] for case, m in cases(seed, per_config=5)]
+
+
+def test_portable_path_gives_the_same_tokens():
+    """A CPU without AVX-512 runs the portable loops: the same tokens and logprob ids, logprobs within
+    1e-6 (the log-softmax's sum is the one vectorised exp)."""
+    fast = portable_outputs(9)
+    portable = on_portable_path("test_cpu_sample", "portable_outputs(9)")
+    for (tokens, logprobs, ids), (p_tokens, p_logprobs, p_ids) in zip(fast, portable):
+        assert tokens == p_tokens and ids == p_ids
+        np.testing.assert_allclose(p_logprobs, logprobs, atol=1e-6, rtol=0)
+
+
+def test_a_row_of_nan_logits_fails_alone():
+    """NaN logprobs for the bad row (the runtime fails that request alone); its neighbours sample."""
+    rng = np.random.default_rng(3)
+    case, _ = random_case(rng, 300, 64, 3)
+    case["logits"][1, 5] = np.nan
+    tokens, logprobs, _ = run_kernel(case, 64)
+    assert np.isnan(logprobs[1]).all() and np.isfinite(logprobs[[0, 2], 0]).all()
+    ok = {name: case[name][[0, 2]] for name in schema.INPUT_NAMES}
+    want = reference.sample(*(ok[name] for name in schema.INPUT_NAMES), 64)
+    assert tokens[[0, 2]].tolist() == want[0].tolist()
+
+
+def test_top_k_beyond_max_top_k_is_refused():
+    case, _ = random_case(np.random.default_rng(4), 300, 64, 2)
+    case["top_k"][1] = 65
+    with pytest.raises(Exception, match=r"top_k must be in \[0, max_top_k=64\], got 65 in row 1"):
+        run_kernel(case, 64)
