@@ -74,7 +74,7 @@ def resolve(options: dict, profile: str) -> dict:
               help="Bundle a PEFT LoRA adapter into the engine under NAME (repeatable); implies LoRA inputs.")
 @click.option("--eagle", metavar="DRAFT_DIR",
               help="An EAGLE-3 draft head (config.json + model.safetensors, as SpecForge writes them): the engine "
-                   "then decodes greedy requests speculatively.")
+                   "then decodes requests speculatively (greedy and sampled ones).")
 @click.option("--no-verify", is_flag=True, help="Skip the logit check against transformers after building.")
 def main(model, output, profile, lora, eagle, no_verify, **options):
     """Build an engine directory from a checkpoint."""

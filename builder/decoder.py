@@ -647,7 +647,7 @@ class DecoderWriter(WeightWriter):
 
     def verify_head(self, h: str, last_index: str) -> str:
         """[B,1+T] positions (last_index, then verify_index) through norm and lm_head at once: the
-        sampler takes the first, verify_ids are the argmax of the others (EAGLE's verification)."""
+        sampler takes the first, and the others are sampled too (verify_sampler)."""
         g, s, io = self.g, self.spec, self.io
         verify_index = g.input(io.verify_index, I64, ["batch", "verify"])
         last = g.op("Unsqueeze", "/verify/last", [last_index, g.const([1])])
@@ -665,10 +665,43 @@ class DecoderWriter(WeightWriter):
         first = g.op("Gather", "/verify/first", [logits, g.const([0])], axis=1)              # [B,1,V]
         g.op("Squeeze", "/verify/sampled", [first, g.const([1])], outputs=[io.logits])
         g.output(io.logits, F32, ["batch", s.vocab_size])
-        rest = g.op("Slice", "/verify/rest", [logits, g.const([1]), g.const([2**62]), g.const([1])])
-        g.op("ArgMax", "/verify/ArgMax", [rest], outputs=[io.verify_ids], axis=2, keepdims=0)
-        g.output(io.verify_ids, I64, ["batch", "verify"])
+        self.verify_logits = g.op("Slice", "/verify/rest", [logits, g.const([1]), g.const([2**62]), g.const([1])])
         return io.logits
+
+    def verify_sampler(self, ins: list[str]) -> None:
+        """EAGLE verification: verify_ids [B,T] are the sampler's tokens at the verify_index positions,
+        each drawn with its row's parameters and its own random number (`verify_uniform` [B,T]): the
+        tokens plain decoding draws there with the same numbers (a greedy row's: the argmax), so
+        sampled requests speculate too. Our kernel takes the B rows of parameters as they are; the
+        ONNX body takes a row of them per position (Expand)."""
+        g, io, s = self.g, self.io, self.spec
+        uniform = g.input(io.verify_uniform, F32, ["batch", "verify"])
+        shape = g.op("Shape", "/verify/uniform_shape", [uniform])                            # [B, T]
+        logits = g.op("Reshape", "/verify/flat_logits", [self.verify_logits, g.const([-1, s.vocab_size])])
+        params = ins[1:-1]
+        if not self.native_sample:
+            params = [self.per_position(p, shape) for p in params]
+        flat = [logits, *params, g.op("Reshape", "/verify/flat_uniform", [uniform, g.const([-1])])]
+        tokens = "/verify/tokens"
+        if self.native_sample:
+            g.op(cpu_kernels.SAMPLE, "/verify/Sample", flat, outputs=[tokens], domain=cpu_kernels.DOMAIN,
+                 max_top_k=self.max_top_k)
+        else:
+            g.nodes.append(sample_body.make_node(flat, [tokens, "/verify/top_logprobs", "/verify/top_logprob_ids"],
+                                                 self.max_top_k, name="/verify/Sample"))
+        # allowzero: a step that verifies nothing gives [B, 0] (0 in `shape` is a size, not "keep")
+        g.op("Reshape", "/verify/ids", [tokens, shape], outputs=[io.verify_ids], allowzero=1)
+        g.output(io.verify_ids, I64, ["batch", "verify"])
+
+    def per_position(self, param: str, shape: str) -> str:
+        """A sampler input of one row per batch row ([B] or [B,V]) repeated for each of T positions,
+        as B*T rows."""
+        g, vocab = self.g, self.spec.vocab_size
+        dense = param in (self.io.logit_bias, self.io.penalty_bias, self.io.seen)
+        x = g.op("Unsqueeze", f"/verify/{param}/Unsqueeze", [param, g.const([1])])          # [B,1(,V)]
+        to = g.op("Concat", f"/verify/{param}/shape", [shape, g.const([vocab])], axis=0) if dense else shape
+        x = g.op("Expand", f"/verify/{param}/Expand", [x, to])                              # [B,T(,V)]
+        return g.op("Reshape", f"/verify/{param}/Reshape", [x, g.const([-1, vocab] if dense else [-1])])
 
     def sampler(self, logits: str) -> None:
         g, io = self.g, self.io
@@ -688,6 +721,8 @@ class DecoderWriter(WeightWriter):
                                                          opset=legacy_ops.OPSET if self.legacy else OPSET,
                                                          argmax=self.gqa))   # ArgMax only in ONNX Runtime's form
         g.output(io.token_ids, I64, ["batch"])
+        if self.eagle is not None:
+            self.verify_sampler(ins)
         k = sample_schema.num_logprob_columns(self.max_top_k)   # static: the runtime keeps what a request asked
         g.output(io.top_logprobs, F32, ["batch", k])
         g.output(io.top_logprob_ids, I64, ["batch", k])

@@ -189,6 +189,9 @@ def export_draft(draft: "eagle.Draft", config: BuildConfig, out_dir: Path, log, 
                 vocab_size=spec.vocab_size, hidden_size=spec.hidden_size, num_layers=1, num_heads=spec.num_heads,
                 num_kv_heads=spec.num_kv_heads, head_dim=spec.head_dim, kv_dtype=config.dtype)),
             "lowerings": lowerings, "draft_step": eagle.DRAFT_STEP[backend],
+            # verify_ids are sampled, each position with its own random number (verify_uniform):
+            # sampled requests speculate too; engines without it verify greedy rows only
+            "verify": "sampled",
             # draft trees (trtllm-run --spec-draft-top-k): the head's best per position, the run's default
             "tree": tree, "top_k": min(eagle.TOP_K, spec.vocab_size),
             "draft_top_k": min(eagle.DRAFT_TOP_K[backend], eagle.TOP_K, spec.vocab_size) if tree else 1,

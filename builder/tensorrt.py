@@ -81,7 +81,7 @@ def optimization_profiles(limits: Limits, model: ModelShape, io: GraphIO, lora: 
                     shapes[io.lora_a.format(i=i, module=module)] = ((1, n_in, 0), (1, n_in, r), (b, n_in, r))
                     shapes[io.lora_b.format(i=i, module=module)] = ((1, 0, n_out), (1, r, n_out), (b, r, n_out))
         if eagle:
-            shapes[io.verify_index] = ((1, 0), (b, 0), (b, seq[2][1]))
+            shapes[io.verify_index] = shapes[io.verify_uniform] = ((1, 0), (b, 0), (b, seq[2][1]))
             # a tree over the step's tokens: [B, S, 0] (a plain step, a chain) to [B, S, S]
             shapes[io.tree_mask] = tuple((*d, t) for d, t in zip(seq, (0, 0, seq[2][1])))
         profiles.append(Profile(name, shapes))

@@ -18,7 +18,7 @@ second, and now and then tries a neighbour of it, which keeps the estimates it w
 measuring fresh: first after 8 cycles, then after gaps that double up to 256 cycles while the
 choice stays the same and the neighbour looks more than 10% worse (a try costs a cycle at a worse
 k, and resuming after a pause costs a catch-up); a near tie keeps being tried every 8 cycles.
-It never changes a token: greedy verification emits what plain greedy decoding would, whatever k is.
+It never changes a token: verification emits what plain decoding would, whatever k is.
 """
 from __future__ import annotations
 
@@ -111,7 +111,8 @@ class DraftPolicy:
 
     # -- the choice ----------------------------------------------------------------------------
     def choose(self, batch: int, speculating: int, others: int) -> int:
-        """k for this cycle: `speculating` rows draft, `others` (sampled rows) take one token each."""
+        """k for this cycle: `speculating` rows draft, `others` (rows that do not speculate) take one
+        token each."""
         def rate(k: int) -> float:
             cost = self.cost(batch, k)
             return (speculating * self.tokens(k) + others) / cost if cost else 0.0

@@ -11,9 +11,10 @@ nodes (with their ancestors, which score higher) are verified with the row's las
     (position p+1), ...; the model's step then writes the tree's nodes at slots p .. p+N-1, each at
     position p + its depth, seeing its ancestors (`tree_mask`).
 
-The model's greedy token at each node is what plain decoding would emit after the node's path, so
+The model's token at each node (the sampler's, drawn with the row's random number for the node's
+depth + 1st token; greedy: the argmax) is what plain decoding would emit after the node's path, so
 walking from the root to the child that holds the model's token, while there is one, emits exactly
-plain greedy decoding's tokens. The accepted path's KV then moves to the slots after the root.
+plain decoding's tokens. The accepted path's KV then moves to the slots after the root.
 """
 from __future__ import annotations
 
@@ -54,7 +55,7 @@ class DraftTree:
         return [i for i in range(node + 1, len(self)) if self.parents[i] == node]
 
     def walk(self, greedy: list[int]) -> tuple[list[int], list[int]]:
-        """From the root, while a child holds the model's greedy token at its parent: (the accepted
+        """From the root, while a child holds the model's token at its parent: (the accepted
         nodes, the tokens to emit: theirs and the model's token after the last)."""
         path, node = [], 0
         while True:
@@ -196,16 +197,19 @@ class TreeDecoding:
                 mask[s], last[s] = t.mask(w), len(t) - 1
             elif r is not None and not r.prefilling:
                 ids[s, 0] = (r.output_ids or r.prompt_ids)[-1]
-        out, step_time = self.verify_step(ids, positions, start, last, mask)
+        depths = {s: trees[s].depths if s in trees else [0] for s, r in enumerate(rows) if self.speculates(r)}
+        out, step_time, drawn = self.verify_step(ids, positions, start, last, mask, depths)
         emitted: list[list[int] | None] = [None] * hi
         for s, r in enumerate(rows):
             if self.plain_or_failed(s, r, out):
                 continue
             if s not in trees:  # it speculates but drafts nothing this cycle: its token from the root
                 emitted[s] = self.emit(s, r, [int(out.verify_ids[s, 0])])
+                r.spare[:0] = drawn.get(s, [])[1:]
                 continue
             t = trees[s]
             path, emitted[s] = self.verify_tree(s, r, t, [int(v) for v in out.verify_ids[s, : len(t)]])
+            r.spare[:0] = drawn.get(s, [])[len(emitted[s]):]
             for i, node in enumerate(path):  # the accepted nodes' KV and hidden states follow the root
                 if node != i + 1:
                     self.kv.move_position(s, pos[s] + node, pos[s] + i + 1)

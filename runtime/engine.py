@@ -7,8 +7,9 @@
     last_index   [B]   int64        (the KV manager's), updated      logits          [B,V] f32 (on request)
     sampling     SamplingBatch      in place
     lora         {name: array}      LoRA engines: lora_a/lora_b per layer and site (runtime/lora.py)
-    verify_index [B,T] int64        EAGLE engines: positions   ──►  verify_ids  [B,T]   int64 (greedy)
+    verify_index [B,T] int64        EAGLE engines: positions   ──►  verify_ids  [B,T]   int64 (sampled)
                                     to verify (default [B,0])     hidden      [B,S,H] f32 (draft's input)
+    verify_uniform [B,T] f32        their random numbers (eagle.verify "sampled"; older engines: argmax)
     tree_mask    [B,S,T] bool       EAGLE tree engines: which of the step's last T slots each token
                                     sees (default [B,S,0]: causal)
 
@@ -44,6 +45,7 @@ class StepInputs:
     lora: dict | None = None
     verify_index: np.ndarray | None = None
     tree_mask: np.ndarray | None = None  # EAGLE tree engines: bool [B, S, T] (None: [B, S, 0], causal)
+    verify_uniform: np.ndarray | None = None  # EAGLE engines with sampled verification: f32 [B, T] (None: 0s)
     prompt: bool = False  # the tokens come from the request (prefill), not from generation
 
 
@@ -53,7 +55,7 @@ class StepOutputs:
     top_logprobs: np.ndarray
     top_logprob_ids: np.ndarray
     logits: np.ndarray | None = None
-    verify_ids: np.ndarray | None = None  # EAGLE engines: the greedy token at each verify_index position
+    verify_ids: np.ndarray | None = None  # EAGLE engines: the sampler's token at each verify_index position
     hidden: np.ndarray | None = None      # EAGLE engines: eagle_hidden, every position
 
 

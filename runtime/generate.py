@@ -60,7 +60,8 @@ class RowState:
     num_reused: int = 0               # prompt tokens restored from a saved prefix
     computed: int = 0                 # prompt positions whose KV is in its slot (restored, copied or computed)
     adapter: object = None            # its LoRA adapter (runtime/lora.py Adapter), None for the base model
-    speculative: bool = True          # may decode speculatively (EAGLE engines, greedy rows; disable_spec_decode)
+    speculative: bool = True          # may decode speculatively (EAGLE engines; disable_spec_decode)
+    spare: list = field(default_factory=list)  # random numbers a verification drew and did not use: next first
     slot: int | None = None
     batch_idx: int | None = None      # the slot it was admitted to (the output's batch_idx); `slot` may move
     banned: frozenset[int] = field(init=False)  # what min_new_tokens holds back: EOS, stop token ids
@@ -70,6 +71,14 @@ class RowState:
             self.max_new_tokens = self.params.max_new_tokens
         eos = frozenset() if self.params.ignore_eos else self.eos_ids
         self.banned = eos | frozenset(self.params.stop_token_ids)  # once: it is read every token
+
+    def uniforms(self, n: int) -> list:
+        """The row's next n random numbers (float32): those a verification drew and did not use,
+        then new draws from its generator. One stream, a number per token, as plain decoding takes
+        it: a seeded request draws the same tokens whether or not it speculates."""
+        out = self.spare[:n]
+        del self.spare[:n]
+        return out + [self.rng.random(dtype=np.float32) for _ in range(n - len(out))]
 
     def accept(self, token_id: int, top: tuple[np.ndarray, np.ndarray] | None) -> None:
         self.output_ids.append(token_id)
@@ -378,12 +387,13 @@ class Scheduler:
             self.kv.write(row.slot, kv[:, :, :n])
             row.num_reused = n
 
-    def step(self, start: int, stop: int, inputs: StepInputs):
-        """A row draws its random numbers only when the step's token is its own: not while it is
-        prefilling (a chunk, a parked slot), so chunking leaves a seeded row's draws as they were."""
+    def step(self, start: int, stop: int, inputs: StepInputs, drawn: frozenset = frozenset()):
+        """A row draws its random number only when the step's token is its own: not while it is
+        prefilling (a chunk, a parked slot), so chunking leaves a seeded row's draws as they were;
+        nor in a verification that draws its numbers itself (slots in `drawn`)."""
         rows = [self.active.get(s) for s in range(start, stop)]
-        sampling.draw(inputs.sampling, [r.rng if r is not None and not r.finish_reason and not r.prefilling else None
-                                        for r in rows])
+        sampling.draw(inputs.sampling, [r.uniforms if r is not None and not r.finish_reason and not r.prefilling
+                                        and start + b not in drawn else None for b, r in enumerate(rows)])
         if self.lora is not None:
             inputs = dataclasses.replace(inputs, lora=self.lora.feeds(
                 start, [StepAdapters.IDLE if r is None else r.adapter for r in rows]))
@@ -514,7 +524,8 @@ def run_rows(engine: Engine, rows: list[RowState], num_slots: int | None = None,
              on_token=None, prefixes: PrefixSource | None = None, drafter=None, prefill_chunk: int = 0) -> None:
     """Generate until every row has a finish_reason, `num_slots` at a time (default: all at once).
     `on_token(row)` is called after each accepted token (for streaming). `drafter`: an EAGLE
-    engine's draft head (runtime/speculative.py), which greedy rows then decode with.
+    engine's draft head (runtime/speculative.py), which rows then decode with (not those with
+    penalties, logprobs or min_new_tokens).
     `prefill_chunk`: prefill prompts at most this many tokens per step while other rows generate
     (0: whole)."""
     if not rows:

@@ -86,7 +86,8 @@ class GraphIO:
     lora_a: str = "lora_a.{i}.{module}"       # [1 or batch, in, rank]: LoRA engines only (manifest.lora)
     lora_b: str = "lora_b.{i}.{module}"       # [1 or batch, rank, out], alpha/r folded in
     verify_index: str = "verify_index"        # int64 [batch, T]: EAGLE engines only (manifest.eagle), the
-    verify_ids: str = "verify_ids"            # positions whose greedy tokens come out as int64 [batch, T]
+    verify_ids: str = "verify_ids"            # positions whose sampled tokens come out as int64 [batch, T]
+    verify_uniform: str = "verify_uniform"    # f32 [batch, T]: the random number of each (eagle.verify "sampled")
     tree_mask: str = "tree_mask"              # bool [batch, seq, T]: EAGLE engines (eagle.tree): token s sees slot
                                               # write_index + seq - T + t iff [b, s, t]; T = 0: causal
     eagle_hidden: str = "eagle_hidden"        # f32 [batch, seq, H]: the draft head's fc(aux hidden states)

@@ -183,8 +183,8 @@ def move_row(batch: SamplingBatch, src: int, dst: int) -> None:
     batch.version[dst] = max(batch.version[dst], batch.version[src]) + 1
 
 
-def draw(batch: SamplingBatch, rngs: list[np.random.Generator | None]) -> None:
-    """Fill batch.uniform in place with one draw in [0, 1) per row from that row's generator
-    (None: an idle row, which gets 0 and consumes nothing)."""
-    for row, rng in enumerate(rngs):
-        batch.uniform[row] = 0.0 if rng is None else rng.random(dtype=np.float32)
+def draw(batch: SamplingBatch, sources: list) -> None:
+    """Fill batch.uniform in place with one number in [0, 1) per row from its source, a function
+    giving the row's next n (RowState.uniforms; None: an idle row, which gets 0 and consumes nothing)."""
+    for row, source in enumerate(sources):
+        batch.uniform[row] = 0.0 if source is None else source(1)[0]

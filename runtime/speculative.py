@@ -3,19 +3,20 @@
 The draft head (ENGINE_DIR/eagle/, builder/eagle.py) is one decoder layer with its own KV cache,
 slot for slot beside the base model's. At position q it takes the pair (hidden state h_q, token
 x_{q+1}) and proposes x_{q+2}; the hidden state is the base graph's `eagle_hidden` at q, or, while
-drafting ahead, the draft's own output at q-1. One decode cycle of a greedy row at position p
-(x_p is its last token, not yet in the base KV):
+drafting ahead, the draft's own output at q-1. One decode cycle of a row at position p (x_p is
+its last token, not yet in the base KV):
 
     draft:   d1 is ready (from the last catch-up); d2..dk from k-1 single-token draft steps
-    verify:  the base model runs [x_p, d1 .. dk] at positions p .. p+k; verify_ids v0 .. vk are its
-             greedy tokens there. Emitted: d1 .. dj (each equal to v_{i-1}) and v_j, the first
-             disagreement's token (or the token after dk): j+1 tokens, exactly what greedy
-             decoding would emit one step at a time.
+    verify:  the base model runs [x_p, d1 .. dk] at positions p .. p+k; verify_ids v0 .. vk are the
+             sampler's tokens there, v_i drawn with the row's i-th next random number (greedy: the
+             argmax). Emitted: d1 .. dj (each equal to v_{i-1}) and v_j, the first disagreement's
+             token (or the token after dk): j+1 tokens, exactly what plain decoding would emit one
+             step at a time with the same numbers; the row puts back its numbers after the j+1st.
     catch-up: the draft runs the pairs (h_{p+i}, emitted_i), i = 0..j, at positions p .. p+j (its
              KV for the rejected drafts is overwritten), which gives d1 for the next cycle.
 
-Rows that do not speculate (sampled, penalties, logit_bias, logprobs, min_new_tokens,
-disable_spec_decode) share the step: they feed one token and take the sampler's, as in plain
+Rows that do not speculate (penalties, logprobs, min_new_tokens, disable_spec_decode; on engines
+built before sampled verification, also sampled rows and logit_bias) share the step: they feed one token and take the sampler's, as in plain
 decoding. A slot's draft KV past a row's position is never read before it is written again, as in
 the base cache.
 
@@ -52,10 +53,19 @@ def draft_key(row: RowState) -> str:
 
 
 def greedy(p: sampling.SamplingParams) -> bool:
-    """What verification reproduces exactly: the argmax of the raw logits. Not top_k 1 at a
-    temperature: the sampler keeps every token tied with the k-th, and draws among them."""
-    return (p.temperature == 0 and not p.logit_bias and not p.penalized
-            and p.num_logprobs == 0 and p.min_new_tokens == 0)
+    """What an engine with greedy verification (built before sampled verification; verify_ids the
+    argmax of the raw logits) reproduces exactly. Not top_k 1 at a temperature: the sampler keeps
+    every token tied with the k-th, and draws among them."""
+    return p.temperature == 0 and not p.logit_bias and sampled(p)
+
+
+def sampled(p: sampling.SamplingParams) -> bool:
+    """What sampled verification reproduces exactly (eagle.verify "sampled": the sampler at every
+    drafted position, with the row's parameters and its next random numbers): any temperature,
+    top-k, top-p, min-p and logit bias, which are the same at every position. Not penalties and
+    min_new_tokens' bans, which change with each token, nor logprobs, which verification does not
+    give."""
+    return not p.penalized and p.num_logprobs == 0 and p.min_new_tokens == 0
 
 
 AUTO_MAX_STEP = 4  # the most `auto` drafts per cycle (or the engine's draft_step, if higher)
@@ -130,6 +140,8 @@ class SpecScheduler(TreeDecoding, Scheduler):
         self.dkv.limit = max(self.dkv.capacity, self.kv.limit)  # it grows with the base's (grow)
         self.timing.draft_kv_bytes = max(self.timing.draft_kv_bytes, self.dkv.nbytes)
         self.hidden_size = self.drafter.manifest.model.hidden_size
+        # sampled requests speculate too where verification samples (engines since it did)
+        self.verifiable = sampled if engine.manifest.eagle.get("verify") == "sampled" else greedy
         self.pad = engine.manifest.pad_token_id
         # slot -> (d1, the draft's hidden state it came with, and for draft trees the head's best
         # candidates for d1 and their log-probabilities)
@@ -179,9 +191,9 @@ class SpecScheduler(TreeDecoding, Scheduler):
                 state[dst] = state.pop(src)
 
     def follows(self, row: RowState | None) -> bool:
-        """The draft runs over this row's text (its prompt too, chunk by chunk): a greedy row that
-        may speculate and has not finished."""
-        return row is not None and not row.finish_reason and row.speculative and greedy(row.params)
+        """The draft runs over this row's text (its prompt too, chunk by chunk): a row that may
+        speculate (`verifiable`) and has not finished."""
+        return row is not None and not row.finish_reason and row.speculative and self.verifiable(row.params)
 
     def speculates(self, row: RowState | None) -> bool:
         """It drafts and verifies in decode steps: it follows, and its prompt is all in (a row still
@@ -249,7 +261,7 @@ class SpecScheduler(TreeDecoding, Scheduler):
                 self.prefixes.save(r.prefix_ids, self.dkv.read(start + b, len(r.prefix_ids) - 1), draft_key(r))
 
     def restore_prefix(self, row: RowState) -> None:
-        speculating = row.speculative and greedy(row.params)
+        speculating = row.speculative and self.verifiable(row.params)
         draft = None
         if speculating and self.prefixes and row.prefix_ids:
             draft = self.prefixes.load(row.prefix_ids, draft_key(row))
@@ -270,7 +282,7 @@ class SpecScheduler(TreeDecoding, Scheduler):
         hi = max(self.decoding()) + 1  # (parked rows below it ride along, as in plain decoding)
         rows = [self.active.get(s) for s in range(hi)]
         spec = sum(self.speculates(r) for r in rows)
-        k = self.k if spec else 0  # no row speculates (all sampling, or disable_spec_decode): a plain step
+        k = self.k if spec else 0  # no row speculates (penalties, disable_spec_decode, ...): a plain step
         if self.policy is not None and spec:
             live = sum(r is not None and not r.finish_reason and not r.prefilling for r in rows)
             k = self.policy.choose(hi, spec, live - spec)
@@ -301,29 +313,42 @@ class SpecScheduler(TreeDecoding, Scheduler):
                 ids[s, 0] = (r.output_ids or r.prompt_ids)[-1]
                 ids[s, 1: 1 + ks[s]] = drafts.get(s, [])[: ks[s]]
         start = np.array(pos, np.int64)
-        out, step_time = self.verify_step(ids, start[:, None] + np.arange(w), start, np.array(ks, np.int64))
+        depths = {s: list(range(ks[s] + 1)) for s, r in enumerate(rows) if self.speculates(r)}
+        out, step_time, drawn = self.verify_step(ids, start[:, None] + np.arange(w), start, np.array(ks, np.int64),
+                                                 depths=depths)
         emitted: list[list[int] | None] = [None] * hi
         for s, r in enumerate(rows):
             if self.plain_or_failed(s, r, out):
                 continue
             emitted[s] = self.verify(s, r, [int(v) for v in out.verify_ids[s, : ks[s] + 1]], drafts.get(s, []))
+            r.spare[:0] = drawn.get(s, [])[len(emitted[s]):]
             self.timing.drafted_tokens += ks[s]
             self.timing.accepted_tokens += len(emitted[s]) - 1
             if self.policy is not None:
                 self.policy.record_row(ks[s], len(emitted[s]) - 1)
         self.finish_cycle(hi, rows, emitted, out, pos, w, step_time, elapsed, ahead, max(0, max(ks) - 1))
 
-    def verify_step(self, ids, positions, start, last, tree_mask=None):
-        """One model step over every row's tokens from its write position `start`, giving the greedy
-        token at each (verify_ids): (outputs, seconds)."""
+    def verify_step(self, ids, positions, start, last, tree_mask=None, depths: dict | None = None):
+        """One model step over every row's tokens from its write position `start`, giving the
+        sampler's token at each (verify_ids; greedy engines: the argmax). depths[slot]: each of a
+        speculating row's positions' depth (0: its last token); where verification samples, the
+        token at depth d is drawn with the row's d-th next random number, the number plain decoding
+        would draw it with. (outputs, seconds, the numbers drawn per slot: a row puts back those
+        after what it emitted.)"""
         hi, w = ids.shape
+        uniform, drawn = None, {}
+        if self.verifiable is sampled:
+            uniform = np.zeros((hi, w), np.float32)
+            for s, d in (depths or {}).items():
+                drawn[s] = self.active[s].uniforms(max(d) + 1)
+                uniform[s, : len(d)] = [drawn[s][j] for j in d]
         inputs = StepInputs(input_ids=ids, position_ids=positions, write_index=start, last_index=last,
                             sampling=sampling.rows(self.batch, 0, hi), tree_mask=tree_mask,
-                            verify_index=np.tile(np.arange(w, dtype=np.int64), (hi, 1)))
-        out, step_time = self.step(0, hi, inputs)
+                            verify_index=np.tile(np.arange(w, dtype=np.int64), (hi, 1)), verify_uniform=uniform)
+        out, step_time = self.step(0, hi, inputs, frozenset(drawn))
         self.timing.generation_runs += 1
         self.timing.verify_runs += 1
-        return out, step_time
+        return out, step_time, drawn
 
     def plain_or_failed(self, s: int, r: RowState | None, out) -> bool:
         """A verify step's row that is not verified: none, finished or parked (nothing), one that does
@@ -410,7 +435,8 @@ class SpecScheduler(TreeDecoding, Scheduler):
         return elapsed
 
     def verify(self, slot: int, row: RowState, greedy_ids: list[int], drafts: list[int]) -> list[int]:
-        """Emit the greedy tokens while the drafts agree with them; returns what was emitted."""
+        """Emit the verified tokens (the sampler's at each position) while the drafts agree with
+        them; returns what was emitted."""
         n = next((i + 1 for i, token in enumerate(greedy_ids) if i >= len(drafts) or drafts[i] != token),
                  len(greedy_ids))
         return self.emit(slot, row, greedy_ids[:n])

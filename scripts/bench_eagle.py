@@ -1,7 +1,8 @@
-"""What EAGLE speculation buys: greedy decode tok/s of an EAGLE engine with speculation off and with
+"""What EAGLE speculation buys: decode tok/s of an EAGLE engine with speculation off and with
 k drafted tokens per step, at batch 1 and 4, on chat prompts the draft head was not trained on.
 
     python scripts/bench_eagle.py ENGINE [--steps 0,auto,1,2,3,4,2x3] [--batches 1,4] [--rounds 3] [--threads 2]
+        [--temperature T --top-p P]   # sampled (seeded) requests instead of greedy ones
 
 A step DxK drafts a tree D deep (or auto) with K candidates per node (--spec-draft-top-k K); a plain
 D is a chain (K = 1).
@@ -11,7 +12,8 @@ e.g. after
     trtllm-build --model models/smollm2-135m-instruct --output engines/smollm2-int4-eagle \\
         --quantization int4 --eagle models/smollm2-eagle3
 
-Greedy tokens are the same whatever k (tests/parity/test_eagle_parity.py); the runs check it. Every
+Tokens are the same whatever k, greedy or seeded sampled (tests/parity/test_eagle_parity.py,
+test_eagle_sampled.py); the runs check it. Every
 case runs once per round in one process, every other round in reverse order; each reports its
 median tok/s and its ratio to the first --steps entry (k = 0) paired by round, as the median and
 [min-max] over the rounds (this machine is shared: only ratios of one spell mean anything), with
@@ -53,10 +55,11 @@ def prompts(engine_dir: Path) -> list[list[int]]:
             for q in QUESTIONS]
 
 
-def run(engine, drafter, batch: list[list[int]], gen: int, eos) -> tuple[float, list[list[int]], Timing]:
+def run(engine, drafter, batch: list[list[int]], gen: int, eos, temperature: float = 0.0,
+        top_p: float = 1.0) -> tuple[float, list[list[int]], Timing]:
     """(decode tok/s: tokens after each row's first over the time from the batch's first token)."""
-    params = SamplingParams(temperature=0, max_new_tokens=gen)
-    rows = [RowState(prompt_ids=p, params=params, rng=np.random.default_rng(0), eos_ids=eos) for p in batch]
+    params = SamplingParams(temperature=temperature, top_k=0, top_p=top_p, max_new_tokens=gen)
+    rows = [RowState(prompt_ids=p, params=params, rng=np.random.default_rng(i), eos_ids=eos) for i, p in enumerate(batch)]
     stamps: list[float] = []
     timing = Timing()
     run_rows(engine, rows, len(rows), timing, on_token=lambda r: stamps.append(time.perf_counter()),
@@ -73,6 +76,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--gen", type=int, default=128)
+    parser.add_argument("--temperature", type=float, default=0.0)
+    parser.add_argument("--top-p", type=float, default=1.0)
     args = parser.parse_args()
     engine = load_engine(args.engine, num_threads=args.threads)
     eos = frozenset(engine.manifest.eos_token_ids)
@@ -91,7 +96,7 @@ def main() -> None:
             for k in (steps if r % 2 == 0 else steps[::-1]):  # every other round reversed
                 tps, outputs, spent = [], [], Timing()  # this round's
                 for group in groups:
-                    rate, out, timing = run(engine, drafters[k], group, args.gen, eos)
+                    rate, out, timing = run(engine, drafters[k], group, args.gen, eos, args.temperature, args.top_p)
                     tps.append(rate)
                     outputs += out
                     spent.accepted_tokens += timing.accepted_tokens
@@ -101,7 +106,7 @@ def main() -> None:
                         spent.draft_steps[j] = spent.draft_steps.get(j, 0) + n
                 if reference is None:
                     reference = outputs
-                assert outputs == reference, f"k={k} changed the greedy tokens"
+                assert outputs == reference, f"k={k} changed the tokens"
                 rates[k].append(float(np.mean(tps)))
                 stats[k] = [spent.accepted_tokens, spent.drafted_tokens, spent.draft_steps, spent.branch_tokens]
         base = rates[steps[0]]

@@ -58,6 +58,8 @@ def feeds(m: mf.Manifest) -> tuple[dict, callable]:
                io.generated: np.zeros(1, np.int64), **common}  # generated: only graphs on plugins/cpu read it
     if m.eagle:  # EAGLE engines: verify every prompt position, so verify_ids and eagle_hidden are compared too
         prefill[io.verify_index] = np.tile(np.arange(width, dtype=np.int64), (batch, 1))
+        if m.eagle.get("verify") == "sampled":  # fixed random numbers: the sampled row's verify_ids follow them
+            prefill[io.verify_uniform] = np.random.default_rng(0).random((batch, width), dtype=np.float32)
         if m.eagle.get("tree"):  # no tree: the causal mask alone
             prefill[io.tree_mask] = np.zeros((batch, width, 0), np.bool_)
     kv_pairs = io.kv_pairs(shape.num_layers)
@@ -70,6 +72,8 @@ def feeds(m: mf.Manifest) -> tuple[dict, callable]:
                 io.generated: np.ones(1, np.int64), **common}
         if m.eagle:
             step[io.verify_index] = np.zeros((batch, 1), np.int64)
+            if m.eagle.get("verify") == "sampled":
+                step[io.verify_uniform] = np.full((batch, 1), 0.5, np.float32)
             if m.eagle.get("tree"):
                 step[io.tree_mask] = np.zeros((batch, 1, 0), np.bool_)
         step.update((past, out[present]) for past, present in kv_pairs)

@@ -6,9 +6,11 @@
 //
 // Token ids follow the reference's float32 operations in its order (d = (y - max) / t, exp, the
 // sequential cumulative sums, y >= threshold), so a row gives the reference's token for the same
-// uniform unless the uniform or a min-p / top-p cut sits within float rounding of a boundary (libm's
-// exp and numpy's may differ in the last bit). Why L values suffice: with top_k > 0 the survivors are
-// the first k' <= top_k sorted values, and counts past them cannot change min(k', n').
+// uniform unless the uniform or a min-p / top-p cut sits within float rounding of a boundary: libm's
+// exp and log and numpy's differ in the last bit on some inputs, and the top-p denominator is
+// summed in double (numpy sums pairwise in float32), as the ONNX body's kernels differ from numpy
+// too. Why L values suffice: with top_k > 0 the survivors are the first k' <= top_k sorted values,
+// and counts past them cannot change min(k', n').
 #include <algorithm>
 #include <cmath>
 #include <functional>
@@ -35,8 +37,9 @@ struct Job {
   const int64_t* top_k;
   const float *top_p, *uniform;
   int64_t vocab, max_top_k, columns;
+  int64_t repeat;  // logits rows per parameter row (EAGLE verification: every position of a row's draft)
   int64_t* token_ids;
-  float* top_logprobs;
+  float* top_logprobs;       // null: not asked for (verification's node has the token output alone)
   int64_t* top_logprob_ids;
 };
 
@@ -212,8 +215,8 @@ int64_t next_kept(const float* y, int64_t i, int64_t n, float thr) {
   return i;
 }
 
-// Steps 5-10 for a row with temperature t > 0: the drawn token.
-int64_t draw(const Job& job, int64_t b, const std::vector<float>& y, float ymax, std::vector<float>& w,
+// Steps 5-10 for logits row n (parameter row b) with temperature t > 0: the drawn token.
+int64_t draw(const Job& job, int64_t b, int64_t n_row, const std::vector<float>& y, float ymax, std::vector<float>& w,
              std::vector<float>& sy) {
   const int64_t v = job.vocab, m_cap = job.max_top_k, top_k = job.top_k[b];
   const float t = job.temperature[b], min_p = job.min_p[b], top_p = job.top_p[b];
@@ -228,7 +231,8 @@ int64_t draw(const Job& job, int64_t b, const std::vector<float>& y, float ymax,
     e[j] = std::exp(sd);
     m += sd >= log_min_p;
   }
-  const int64_t k_eff = std::min(top_k > 0 ? top_k : m_cap, m);
+  // >= 1 for any min_p in [0, 1] (sd[0] = 0); 1 also for one out of range (the top token, as top_p 0 gives)
+  const int64_t k_eff = std::max<int64_t>(1, std::min(top_k > 0 ? top_k : m_cap, m));
   double denom = 0;
   bool w_filled = false;  // w[i] = exp(d_i) over the vocabulary, computed for the sum and kept for the draw
   if (top_k > 0) {
@@ -260,7 +264,7 @@ int64_t draw(const Job& job, int64_t b, const std::vector<float>& y, float ymax,
                                                : scan<false>(yp, i, v, thr); };
   float c = 0, total = 0;
   for (int64_t i = next(0); i < v; i = next(i + 1)) total += w_filled ? w[i] : std::exp((y[i] - ymax) / t);
-  const float target = job.uniform[b] * total;
+  const float target = job.uniform[n_row] * total;
   int64_t last = 0;
   for (int64_t i = next(0); i < v; i = next(i + 1)) {
     c += w_filled ? w[i] : std::exp((y[i] - ymax) / t);
@@ -270,22 +274,9 @@ int64_t draw(const Job& job, int64_t b, const std::vector<float>& y, float ymax,
   return last;  // not reached: the last kept token has c == total
 }
 
-void sample_row(void* data, size_t task) {
-  const Job& job = *static_cast<const Job*>(data);
-  const int64_t b = static_cast<int64_t>(task), v = job.vocab, k = job.columns;
-  const float *logits = job.logits + b * v, *bias = job.logit_bias + b * v, *pbias = job.penalty_bias + b * v;
-  const bool* seen = job.seen + b * v;
-  float* out_lp = job.top_logprobs + b * k;
-  int64_t* out_ids = job.top_logprob_ids + b * k;
-  std::vector<float> x(v), y(v), w, sy;
-  bool nan = false;
-  const float xmax = add_max(logits, bias, x.data(), v, nan);
-  if (nan || !std::isfinite(xmax)) {  // overflowed logits: NaN logprobs, which fail this row alone
-    job.token_ids[b] = 0;
-    for (int64_t j = 0; j < k; ++j) out_lp[j] = std::numeric_limits<float>::quiet_NaN(), out_ids[j] = j;
-    return;
-  }
-  // step 2: log_softmax(x), its K largest
+// Step 2: log_softmax(x)'s K largest, descending (ties lower id first).
+void log_softmax_top(const std::vector<float>& x, float xmax, int64_t k, float* out_lp, int64_t* out_ids) {
+  const int64_t v = static_cast<int64_t>(x.size());
   const float lse = std::log(static_cast<float>(sum_exp(x.data(), v, xmax)));
   std::vector<std::pair<float, int64_t>> best;
   top_ids(x.data(), v, k, best);
@@ -294,12 +285,38 @@ void sample_row(void* data, size_t task) {
   std::sort(best.begin(), best.end(),
             [](const auto& a, const auto& c) { return a.first > c.first || (a.first == c.first && a.second < c.second); });
   for (int64_t j = 0; j < k; ++j) out_lp[j] = best[j].first, out_ids[j] = best[j].second;
+}
+
+void sample_row(void* data, size_t task) {
+  const Job& job = *static_cast<const Job*>(data);
+  const int64_t n = static_cast<int64_t>(task), b = n / job.repeat, v = job.vocab, k = job.columns;
+  const float *logits = job.logits + n * v, *bias = job.logit_bias + b * v, *pbias = job.penalty_bias + b * v;
+  const bool* seen = job.seen + b * v;
+  const bool logprobs = job.top_logprobs != nullptr;
+  float* out_lp = logprobs ? job.top_logprobs + n * k : nullptr;
+  int64_t* out_ids = logprobs ? job.top_logprob_ids + n * k : nullptr;
+  std::vector<float> x(v), y(v), w, sy;
+  bool nan = false;
+  const float xmax = add_max(logits, bias, x.data(), v, nan);
+  // Overflowed logits, or every token banned: NaN logprobs and token -1 (outside the vocabulary, so a
+  // verified position without logprobs fails too), which fail this row alone.
+  if (nan || !std::isfinite(xmax)) {
+    job.token_ids[n] = -1;
+    for (int64_t j = 0; j < k && logprobs; ++j) out_lp[j] = std::numeric_limits<float>::quiet_NaN(), out_ids[j] = j;
+    return;
+  }
+  if (logprobs) log_softmax_top(x, xmax, k, out_lp, out_ids);
   // steps 3-4: penalties, greedy
   const float r = job.repetition_penalty[b];
   const float ymax = penalize(x.data(), seen, pbias, r, y.data(), v);
+  if (!(ymax > -kInf)) {
+    job.token_ids[n] = -1;
+    for (int64_t j = 0; j < k && logprobs; ++j) out_lp[j] = std::numeric_limits<float>::quiet_NaN();
+    return;
+  }
   const int64_t greedy = std::min(scan<false>(y.data(), 0, v, ymax), v - 1);  // the first maximum (0 if all -inf)
   const bool sampled = job.temperature[b] > 0 && std::isfinite(ymax);
-  job.token_ids[b] = sampled ? draw(job, b, y, ymax, w, sy) : greedy;
+  job.token_ids[n] = sampled ? draw(job, b, n, y, ymax, w, sy) : greedy;
 }
 
 struct Kernel {
@@ -309,30 +326,39 @@ struct Kernel {
     try {
       Ort::KernelContext ctx(raw);
       const auto shape = ctx.GetInput(0).GetTensorTypeAndShapeInfo().GetShape();
-      if (shape.size() != 2) return fail("logits must be [B, V]");
+      if (shape.size() != 2) return fail("logits must be [N, V]");
       const int64_t rows = shape[0], vocab = shape[1];
+      // B parameter rows (logit_bias's); N = B x R logits rows, R per parameter row (a plain step:
+      // R = 1; EAGLE verification: R drafted positions of each row), and a uniform per logits row.
+      const int64_t params = ctx.GetInput(1).GetTensorTypeAndShapeInfo().GetShape().at(0);
       if (max_top_k > vocab) return fail("max_top_k must be <= the vocabulary size " + std::to_string(vocab));
+      if (params > 0 ? rows % params : rows)
+        return fail("logits' rows (" + std::to_string(rows) + ") must be a multiple of the parameter rows (" +
+                    std::to_string(params) + ")");
       for (size_t i = 1; i < 10; ++i) {
         const auto s = ctx.GetInput(i).GetTensorTypeAndShapeInfo().GetShape();
         const bool dense = i <= 3;
-        if (s.size() != (dense ? 2u : 1u) || s[0] != rows || (dense && s[1] != vocab))
-          return fail("input " + std::to_string(i) + " must be [B" + (dense ? ", V]" : "]") + " (B, V from logits)");
+        const int64_t want = i == 9 ? rows : params;
+        if (s.size() != (dense ? 2u : 1u) || s[0] != want || (dense && s[1] != vocab))
+          return fail("input " + std::to_string(i) + (i == 9 ? " must be [N] (N logits rows)" : " must be [B") +
+                      (i == 9 ? "" : dense ? ", V] (B of logit_bias, V of logits)" : "] (B of logit_bias)"));
       }
       const int64_t columns = std::min(kMaxLogprobs, max_top_k);
       const int64_t* top_k = ctx.GetInput(7).GetTensorData<int64_t>();
-      for (int64_t b = 0; b < rows; ++b)
+      for (int64_t b = 0; b < params; ++b)  // (sizes the heaps; other values out of range stay in bounds)
         if (top_k[b] < 0 || top_k[b] > max_top_k)
           return fail("top_k must be in [0, max_top_k=" + std::to_string(max_top_k) + "], got " +
                       std::to_string(top_k[b]) + " in row " + std::to_string(b));
+      const bool logprobs = ctx.GetOutputCount() == 3;
       Job job{ctx.GetInput(0).GetTensorData<float>(), ctx.GetInput(1).GetTensorData<float>(),
               ctx.GetInput(2).GetTensorData<float>(), ctx.GetInput(3).GetTensorData<bool>(),
               ctx.GetInput(4).GetTensorData<float>(), ctx.GetInput(5).GetTensorData<float>(),
               ctx.GetInput(6).GetTensorData<float>(), top_k,
               ctx.GetInput(8).GetTensorData<float>(), ctx.GetInput(9).GetTensorData<float>(),
-              vocab, max_top_k, columns,
+              vocab, max_top_k, columns, params > 0 ? rows / params : 1,
               ctx.GetOutput(0, {rows}).GetTensorMutableData<int64_t>(),
-              ctx.GetOutput(1, {rows, columns}).GetTensorMutableData<float>(),
-              ctx.GetOutput(2, {rows, columns}).GetTensorMutableData<int64_t>()};
+              logprobs ? ctx.GetOutput(1, {rows, columns}).GetTensorMutableData<float>() : nullptr,
+              logprobs ? ctx.GetOutput(2, {rows, columns}).GetTensorMutableData<int64_t>() : nullptr};
       if (rows > 1)
         trtllm_cpu::parallel_for(ctx, sample_row, static_cast<size_t>(rows), &job);
       else if (rows == 1)
@@ -365,6 +391,9 @@ struct Op : Ort::CustomOpBase<Op, Kernel, true> {
                     : ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
   }
   size_t GetOutputTypeCount() const { return 3; }
+  OrtCustomOpInputOutputCharacteristic GetOutputCharacteristic(size_t i) const {
+    return i == 0 ? INPUT_OUTPUT_REQUIRED : INPUT_OUTPUT_OPTIONAL;  // logprobs: not for verification
+  }
   ONNXTensorElementDataType GetOutputType(size_t i) const {
     return i == 1 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT : ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64;
   }

@@ -295,6 +295,8 @@ def launch(logits, logit_bias, penalty_bias, seen, repetition_penalty, temperatu
     num_rows, vocab_size = logits.shape
     num_logprobs = outputs[1].shape[1] if outputs[1].dim() == 2 else -1
     _check_shapes(inputs, outputs, num_rows, vocab_size, num_logprobs, max_top_k)
+    if num_rows == 0:  # (EAGLE verification's sampler in a step that verifies nothing: no grid to launch)
+        return
     mp = triton.next_power_of_2(max_top_k)
     on_stream = contextlib.nullcontext()
     if stream is not None and logits.device.type == "cuda":

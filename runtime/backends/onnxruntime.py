@@ -92,6 +92,7 @@ class OnnxRuntimeEngine:
         self.last_kv = self.last_binding = None
         self.no_adapter = lora.base_adapter(manifest).arrays if manifest.lora else {}
         self.no_verify: dict[int, np.ndarray] = {}  # EAGLE engines, per batch size: verify_index [B, 0]
+        self.no_uniform: dict[tuple, np.ndarray] = {}  # and verify_uniform, per shape
         self.no_tree: dict[tuple[int, int], np.ndarray] = {}  # and per step shape: tree_mask [B, S, 0]
 
     def binding_for(self, kv: Sequence[np.ndarray]):
@@ -141,6 +142,10 @@ class OnnxRuntimeEngine:
             # no positions to verify: [B, 0], and lm_head runs on the sampler's row alone
             feeds[io.verify_index] = inputs.verify_index if inputs.verify_index is not None \
                 else self.no_verify.setdefault(batch, np.zeros((batch, 0), np.int64))
+            if m.eagle.get("verify") == "sampled":
+                feeds[io.verify_uniform] = inputs.verify_uniform if inputs.verify_uniform is not None \
+                    else self.no_uniform.setdefault(feeds[io.verify_index].shape,
+                                                    np.zeros(feeds[io.verify_index].shape, np.float32))
             if m.eagle.get("tree"):  # no tree: [B, S, 0], the causal mask alone
                 seq = inputs.input_ids.shape[1]
                 feeds[io.tree_mask] = inputs.tree_mask if inputs.tree_mask is not None \

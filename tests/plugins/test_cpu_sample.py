@@ -65,12 +65,13 @@ def test_portable_path_gives_the_same_tokens():
 
 
 def test_a_row_of_nan_logits_fails_alone():
-    """NaN logprobs for the bad row (the runtime fails that request alone); its neighbours sample."""
+    """Token -1 and NaN logprobs for the bad row (the runtime fails that request alone); its
+    neighbours sample."""
     rng = np.random.default_rng(3)
     case, _ = random_case(rng, 300, 64, 3)
     case["logits"][1, 5] = np.nan
     tokens, logprobs, _ = run_kernel(case, 64)
-    assert np.isnan(logprobs[1]).all() and np.isfinite(logprobs[[0, 2], 0]).all()
+    assert tokens[1] == -1 and np.isnan(logprobs[1]).all() and np.isfinite(logprobs[[0, 2], 0]).all()
     ok = {name: case[name][[0, 2]] for name in schema.INPUT_NAMES}
     want = reference.sample(*(ok[name] for name in schema.INPUT_NAMES), 64)
     assert tokens[[0, 2]].tolist() == want[0].tolist()
@@ -81,3 +82,40 @@ def test_top_k_beyond_max_top_k_is_refused():
     case["top_k"][1] = 65
     with pytest.raises(Exception, match=r"top_k must be in \[0, max_top_k=64\], got 65 in row 1"):
         run_kernel(case, 64)
+
+
+def test_parameter_rows_serve_several_logits_rows_without_logprobs():
+    """EAGLE verification's form: N = B x R logits rows for B rows of parameters (uniform [N]), the
+    token output alone: each logits row gets the reference's token with its parameter row."""
+    from onnx import helper
+
+    from tests.plugins.cpu_ops import one_node_model, session
+    from tests.plugins.cpu_sample_ops import TYPES
+
+    rng = np.random.default_rng(12)
+    case, _ = random_case(rng, 300, 64, 3)
+    repeat = 4
+    logits = rng.normal(size=(3 * repeat, 300)).astype(np.float32) * 2
+    uniform = rng.random(3 * repeat, dtype=np.float32)
+    inputs = [helper.make_tensor_value_info(name, TYPES[dtype], None) for name, dtype, _ in schema.INPUTS]
+    node = helper.make_node(cpu.SAMPLE, list(schema.INPUT_NAMES), ["token_ids"], domain=cpu.DOMAIN, max_top_k=64)
+    out = helper.make_tensor_value_info("token_ids", TYPES["int64"], None)
+    got = session(one_node_model(node, inputs, [out])).run(None, {**case, "logits": logits, "uniform": uniform})[0]
+    tiled = {name: np.repeat(case[name], repeat, axis=0) for name in schema.INPUT_NAMES}
+    want = reference.sample(*({**tiled, "logits": logits, "uniform": uniform}[name] for name in schema.INPUT_NAMES), 64)
+    assert got.tolist() == want[0].tolist()
+
+
+def test_a_row_with_every_token_banned_fails_alone_and_an_out_of_range_min_p_stays_in_bounds():
+    rng = np.random.default_rng(13)
+    case, _ = random_case(rng, 300, 64, 3)
+    case["logit_bias"][1] = -np.inf
+    case["logit_bias"][1, 7] = 0.0
+    case["penalty_bias"][1, 7] = -np.inf
+    tokens, logprobs, _ = run_kernel(case, 64)
+    assert tokens[1] == -1 and np.isnan(logprobs[1]).all() and np.isfinite(logprobs[[0, 2], 0]).all()
+    case, _ = random_case(rng, 300, 64, 2)
+    case["min_p"][:], case["temperature"][:] = [1.0, 1.5], 1.0  # 1.5: the top token, as min_p 1 keeps
+    tokens = run_kernel(case, 64)[0]
+    case["min_p"][1] = 1.0
+    assert tokens.tolist() == reference.sample(*(case[name] for name in schema.INPUT_NAMES), 64)[0].tolist()

@@ -64,7 +64,7 @@ def test_speculation_changes_no_answer(eagle_engine, run_cli, tmp_path, batch_si
         assert spec["draft_step"] == int(step) and spec["total_iterations"] > 0
         assert spec["drafted_tokens"] > 0 and 0 <= spec["accepted_tokens"] <= spec["drafted_tokens"]
         # each step is counted under what it drafted: at most the step, fewer near a row's end, and
-        # "0" for a plain one (no greedy row left to speculate, or nothing to draft)
+        # "0" for a plain one (no row left to speculate, or nothing to draft)
         drafted = {int(k): n for k, n in spec["draft_steps"].items()}
         assert max(drafted) == int(step) and spec["total_iterations"] == sum(n for k, n in drafted.items() if k)
         assert sum(drafted.values()) == profile["generation"]["total_runs"]
@@ -78,14 +78,29 @@ def test_speculation_changes_no_answer(eagle_engine, run_cli, tmp_path, batch_si
 
 @pytest.mark.parametrize("step", ["2", "auto"])
 def test_no_speculating_row_takes_plain_steps(eagle_engine, run_cli, tmp_path, step):
-    """Sampling rows and disable_spec_decode never speculate: every decode step is a plain one."""
+    """Rows with penalties, logprobs or min_new_tokens (what verification cannot reproduce) and
+    disable_spec_decode never speculate: every decode step is a plain one."""
     engine, _ = eagle_engine
-    requests = [REQUESTS[1], REQUESTS[3]]
+    requests = [REQUESTS[2], REQUESTS[3], chat("Tell me", temperature=0.8, seed=3, repetition_penalty=1.2),
+                chat("More", min_new_tokens=3)]
     plain, _ = answers(run_cli, engine, tmp_path, "--spec-draft-step", "0", requests=requests)
     got, profile = answers(run_cli, engine, tmp_path, "--spec-draft-step", step, requests=requests)
     spec = profile["eagle_generation"]
     assert got == plain and spec["total_iterations"] == 0 and spec["drafted_tokens"] == 0
     assert spec["draft_steps"] == {"0": profile["generation"]["total_runs"]}
+
+
+def test_sampled_rows_speculate(eagle_engine, run_cli, tmp_path):
+    """Sampled requests (temperature, top-k, top-p, min-p, logit_bias, seeded) speculate, and give
+    the answers they give without speculation: verification draws each drafted position's token
+    with the random number plain decoding would draw it with."""
+    engine, _ = eagle_engine
+    requests = [REQUESTS[1], chat("Edge devices", temperature=1.2, top_p=0.9, min_p=0.05, seed=11),
+                chat("Numbers", temperature=0.5, top_k=5, logit_bias={"7": 2.0}, seed=5)]
+    plain, _ = answers(run_cli, engine, tmp_path, "--spec-draft-step", "0", requests=requests)
+    for extra in (("--spec-draft-step", "3"), ("--spec-draft-step", "3", "--spec-draft-top-k", "2")):
+        got, profile = answers(run_cli, engine, tmp_path, *extra, requests=requests)
+        assert got == plain and profile["eagle_generation"]["drafted_tokens"] > 0
 
 
 def test_steps_are_counted_under_what_they_drafted(eagle_engine, run_cli, tmp_path):

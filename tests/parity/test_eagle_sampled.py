@@ -1,0 +1,69 @@
+"""Sampled requests with EAGLE speculation (engines whose verification samples: eagle.verify
+"sampled"), with a head trained by scripts/train_eagle.py so that drafts are accepted: a seeded
+request gives the tokens it gives without speculation, token for token, with chains and trees, in
+flight. Verification draws the token at each drafted position with the random number plain decoding
+would draw it with (the row's next numbers, by depth), and a row puts back the numbers after what it
+emitted. The wrong variant, a row that drops them, must give other tokens."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from tests.parity.test_eagle_trained import scripted, trained  # noqa: E402,F401 (the fixtures)
+from trtllm.runtime.engine import load_engine  # noqa: E402
+from trtllm.runtime.generate import RowState, Timing, run_rows  # noqa: E402
+from trtllm.runtime.sampling import SamplingParams  # noqa: E402
+from trtllm.runtime.speculative import Drafter  # noqa: E402
+
+pytestmark = pytest.mark.hf
+PARAMS = [SamplingParams(temperature=0.02, top_k=5, top_p=1.0, max_new_tokens=24),  # near greedy: drafts taken
+          SamplingParams(temperature=0.05, top_k=0, top_p=0.9, max_new_tokens=24),
+          SamplingParams(temperature=0.0, logit_bias={5: 0.5}, max_new_tokens=24),
+          SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.2, max_new_tokens=24),
+          SamplingParams(temperature=0.7, top_k=20, top_p=0.95, max_new_tokens=20),
+          SamplingParams(temperature=0.8, repetition_penalty=1.2, max_new_tokens=20)]  # penalties: plain steps
+
+
+def generate(engine_dir, prompts, step, top_k: int = 1, num_slots=None):
+    engine = load_engine(engine_dir)
+    drafter = Drafter.load(engine_dir, engine.manifest, step, top_k) if step else None
+    rows = [RowState(prompt_ids=p, params=q, rng=np.random.default_rng(100 + i), eos_ids=frozenset())
+            for i, (p, q) in enumerate(zip(prompts, PARAMS))]
+    timing = Timing()
+    run_rows(engine, rows, num_slots, timing, drafter=drafter)
+    return [r.output_ids for r in rows], timing
+
+
+@pytest.mark.parametrize("step,top_k,num_slots", [(1, 1, None), (3, 1, None), (3, 1, 2), (3, 2, None), (2, 3, 3)])
+def test_sampled_speculation_draws_plain_decodings_tokens(trained, step, top_k, num_slots):
+    _, _, engine_dir, prompts = trained
+    assert load_engine(engine_dir).manifest.eagle["verify"] == "sampled"
+    plain, _ = generate(engine_dir, prompts, 0)
+    got, timing = generate(engine_dir, prompts, step, top_k, num_slots)
+    assert got == plain
+    assert timing.accepted_tokens >= 8  # drafts were taken (about one in seven here: the tiny model is flat)
+
+
+def test_pauses_and_resumptions_keep_the_tokens(trained, scripted):
+    """auto's k scripted to pause (plain steps: a number a token) and resume (verification: numbers
+    drawn ahead, the unused put back) in every order."""
+    _, _, engine_dir, prompts = trained
+    plain, _ = generate(engine_dir, prompts, 0)
+    got, timing = generate(engine_dir, prompts, "auto", num_slots=3)
+    assert got == plain and timing.draft_steps.get(0, 0) > 3 and timing.accepted_tokens >= 4
+
+
+def test_wrong_variant_dropping_the_unused_numbers_changes_the_tokens(trained, monkeypatch):
+    _, _, engine_dir, prompts = trained
+    plain, _ = generate(engine_dir, prompts, 0)
+
+    def forgetful(self, n):
+        self.spare.clear()
+        return [self.rng.random(dtype=np.float32) for _ in range(n)]
+
+    monkeypatch.setattr(RowState, "uniforms", forgetful)
+    got, _ = generate(engine_dir, prompts, 3)
+    assert got != plain
