@@ -47,6 +47,49 @@ def test_sampled_speculation_draws_plain_decodings_tokens(trained, step, top_k, 
     assert timing.accepted_tokens >= 8  # drafts were taken (about one in seven here: the tiny model is flat)
 
 
+@pytest.fixture(scope="module")
+def body_engine(trained, tmp_path_factory):
+    """The same model and head on ONNX Runtime's own kernels: verification runs trtllm::Sample's
+    ONNX body (as TensorRT's graph does), over a copy of the parameters per position."""
+    from trtllm.builder.config import BuildConfig
+    from trtllm.builder.export import build
+
+    ck, draft_dir, _, _ = trained
+    out = tmp_path_factory.mktemp("eagle-sampled-ort") / "engine"
+    return build(BuildConfig(model=str(ck), output=str(out), eagle=str(draft_dir), cpu_kernels="onnxruntime",
+                             max_input_len=128, max_kv_cache_capacity=256), log=lambda m: None)
+
+
+def test_the_onnx_body_verifies_as_our_kernel_does(trained, body_engine):
+    from trtllm.plugins import cpu
+    from trtllm.runtime.manifest import load
+
+    _, _, _, prompts = trained
+    lowerings = load(body_engine).lowerings
+    assert "GroupQueryAttention" in lowerings and cpu.SAMPLE_LOWERING not in lowerings
+    plain, _ = generate(body_engine, prompts, 0)
+    got, timing = generate(body_engine, prompts, 3)
+    assert got == plain and timing.accepted_tokens >= 8
+
+
+def test_on_tensorrt(trained, tmp_path):
+    """The TensorRT backend (tests/fakes: a strict stand-in that runs the plan's ONNX, trtllm::Sample's
+    body included) binds verify_uniform in the prefill profile: chains and trees keep the tokens."""
+    from tests import fakes
+    from trtllm.builder.config import BuildConfig
+    from trtllm.builder.export import build
+
+    ck, draft_dir, _, prompts = trained
+    with fakes.installed():
+        engine_dir = build(BuildConfig(model=str(ck), output=str(tmp_path / "trt"), eagle=str(draft_dir),
+                                       backend="tensorrt", max_input_len=128, max_kv_cache_capacity=256),
+                           log=lambda m: None)
+        plain, _ = generate(engine_dir, prompts, 0)
+        for top_k in (1, 2):
+            got, timing = generate(engine_dir, prompts, 3, top_k)
+            assert got == plain and timing.accepted_tokens >= 8
+
+
 def test_pauses_and_resumptions_keep_the_tokens(trained, scripted):
     """auto's k scripted to pause (plain steps: a number a token) and resume (verification: numbers
     drawn ahead, the unused put back) in every order."""
