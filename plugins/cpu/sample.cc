@@ -215,48 +215,81 @@ int64_t next_kept(const float* y, int64_t i, int64_t n, float thr) {
   return i;
 }
 
-// Steps 5-10 for logits row n (parameter row b) with temperature t > 0: the drawn token.
-int64_t draw(const Job& job, int64_t b, int64_t n_row, const std::vector<float>& y, float ymax, std::vector<float>& w,
-             std::vector<float>& sy) {
-  const int64_t v = job.vocab, m_cap = job.max_top_k, top_k = job.top_k[b];
-  const float t = job.temperature[b], min_p = job.min_p[b], top_p = job.top_p[b];
-  const bool restricted = top_k > 0 || min_p > 0, p_on = top_p < 1.0f;
-  const int64_t l = !restricted && !p_on ? 0 : top_k > 0 ? top_k : m_cap;  // 0: every token is kept
-  if (l > 0) top_values(y.data(), v, l, sy);
-  const float log_min_p = min_p > 0 ? std::log(min_p) : -kInf;
-  std::vector<float> e(l);
+// Steps 6-9 with top_k > 0: the survivors are the first k' <= top_k sorted values, so a heap of the
+// top_k largest holds every value the thresholds read (counts past it cannot change min(k', n')).
+float threshold_top_k(const std::vector<float>& y, float ymax, float t, int64_t top_k, float log_min_p, float top_p,
+                      std::vector<float>& sy) {
+  top_values(y.data(), static_cast<int64_t>(y.size()), top_k, sy);
+  std::vector<float> e(top_k);
   int64_t m = 0;
-  for (int64_t j = 0; j < l; ++j) {
+  for (int64_t j = 0; j < top_k; ++j) {
     const float sd = (sy[j] - ymax) / t;
     e[j] = std::exp(sd);
     m += sd >= log_min_p;
   }
   // >= 1 for any min_p in [0, 1] (sd[0] = 0); 1 also for one out of range (the top token, as top_p 0 gives)
-  const int64_t k_eff = std::max<int64_t>(1, std::min(top_k > 0 ? top_k : m_cap, m));
+  const int64_t k_eff = std::max<int64_t>(1, std::min(top_k, m));
   double denom = 0;
+  for (int64_t j = 0; j < k_eff; ++j) denom += e[j];
+  const float total = static_cast<float>(denom);
+  int64_t n = top_k;  // top_p 1: min(k', M) = k'
+  if (top_p < 1.0f) {
+    float incl = 0;  // excl_j = incl before j; n = max(count(excl < top_p), 1)
+    for (n = 0; n < top_k && incl < top_p; ++n) incl += (n < k_eff ? e[n] : 0.0f) / total;
+    n = std::max<int64_t>(n, 1);
+  }
+  return sy[std::min(k_eff, n) - 1];
+}
+
+// Steps 6-9 with top_k == 0 and min_p or top_p on; w[i] = exp(d_i) over the vocabulary (kept for the
+// draw). The min-p survivors are the values with d >= log(min_p), an upper set of y: k' = min(M, their
+// count), and top-p's mass over them is the sum of their w. The sorted values are the largest L (a
+// heap, as with top_k), L doubling from 64 until the threshold's index is inside: a nucleus is
+// usually far smaller than M.
+float threshold_dense(const std::vector<float>& y, float ymax, float t, int64_t m_cap, float log_min_p, float top_p,
+                      std::vector<float>& w, std::vector<float>& sy) {
+  const int64_t v = static_cast<int64_t>(y.size());
+  double denom = 0;
+  int64_t count = 0;
+  w.resize(v);
+  for (int64_t i = 0; i < v; ++i) {
+    const float d = (y[i] - ymax) / t;
+    w[i] = std::exp(d);
+    if (d >= log_min_p) denom += w[i], ++count;  // (-inf when min_p is 0: every token)
+  }
+  const int64_t k_eff = std::max<int64_t>(1, std::min(m_cap, count));
+  const float total = static_cast<float>(denom);
+  if (!(top_p < 1.0f)) {  // the k'-th largest
+    top_values(y.data(), v, k_eff, sy);
+    return sy[k_eff - 1];
+  }
+  for (int64_t l = std::min<int64_t>(64, k_eff);; l = std::min(2 * l, k_eff)) {
+    top_values(y.data(), v, l, sy);
+    float incl = 0;  // excl_j = incl before j; n = max(count(excl < top_p), 1)
+    int64_t n = 0;
+    for (; n < l && incl < top_p; ++n) incl += std::exp((sy[n] - ymax) / t) / total;  // the reference's e_j / D
+    if (n < l || l == k_eff) return sy[std::max<int64_t>(n, 1) - 1];  // (n = l = k': the k'-th)
+  }
+}
+
+// Steps 5-10 for logits row n (parameter row b) with temperature t > 0: the drawn token.
+int64_t draw(const Job& job, int64_t b, int64_t n_row, const std::vector<float>& y, float ymax, std::vector<float>& w,
+             std::vector<float>& sy) {
+  const int64_t v = job.vocab, m_cap = job.max_top_k, top_k = job.top_k[b];
+  const float t = job.temperature[b], min_p = job.min_p[b], top_p = job.top_p[b];
+  const float log_min_p = min_p > 0 ? std::log(min_p) : -kInf;
   bool w_filled = false;  // w[i] = exp(d_i) over the vocabulary, computed for the sum and kept for the draw
+  float thr = -kInf;      // with nothing restricted every token is kept
   if (top_k > 0) {
-    for (int64_t j = 0; j < k_eff; ++j) denom += e[j];
+    thr = threshold_top_k(y, ymax, t, top_k, log_min_p, top_p, sy);
+  } else if (min_p > 0 || top_p < 1.0f) {
+    thr = threshold_dense(y, ymax, t, m_cap, log_min_p, top_p, w, sy);
+    w_filled = true;
   } else {
     w.resize(v);
-    for (int64_t i = 0; i < v; ++i) {
-      const float d = (y[i] - ymax) / t;
-      w[i] = std::exp(d);
-      if (d >= log_min_p) denom += w[i];  // (-inf when min_p is 0: every token)
-    }
+    for (int64_t i = 0; i < v; ++i) w[i] = std::exp((y[i] - ymax) / t);
     w_filled = true;
   }
-  const float total_kept = static_cast<float>(denom);
-  int64_t n = 0;
-  float incl = 0;
-  for (int64_t j = 0; j < l && p_on; ++j) {  // excl_j = incl before j; n = count(excl < top_p)
-    if (!(incl < top_p)) break;
-    ++n;
-    incl += (j < k_eff ? e[j] : 0.0f) / total_kept;
-  }
-  n = std::max<int64_t>(n, 1);
-  const int64_t n_eff = p_on ? n : m_cap;
-  const float thr = restricted || p_on ? sy[std::min(k_eff, n_eff) - 1] : -kInf;
   // The draw: the cumulative sum in vocabulary order over kept tokens (a token not kept adds 0).
   // Kept tokens are few under top_k (found by scanning), else possibly all (a plain loop).
   const float* yp = y.data();
