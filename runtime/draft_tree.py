@@ -205,11 +205,9 @@ class TreeDecoding:
                 continue
             if s not in trees:  # it speculates but drafts nothing this cycle: its token from the root
                 emitted[s] = self.emit(s, r, [int(out.verify_ids[s, 0])])
-                r.spare[:0] = drawn.get(s, [])[1:]
                 continue
             t = trees[s]
             path, emitted[s] = self.verify_tree(s, r, t, [int(v) for v in out.verify_ids[s, : len(t)]])
-            r.spare[:0] = drawn.get(s, [])[len(emitted[s]):]
             for i, node in enumerate(path):  # the accepted nodes' KV and hidden states follow the root
                 if node != i + 1:
                     self.kv.move_position(s, pos[s] + node, pos[s] + i + 1)
@@ -219,7 +217,7 @@ class TreeDecoding:
             self.timing.branch_tokens += sum(t.ranks[n] > 0 for n in path[: len(emitted[s]) - 1])
             if self.policy is not None:
                 self.policy.record_row(t.tested(path), len(emitted[s]) - 1)
-        self.finish_cycle(hi, rows, emitted, out, pos, w, step_time, elapsed, runs[1], runs[0])
+        self.finish_cycle(hi, rows, emitted, drawn, out, pos, w, step_time, elapsed, runs[1], runs[0])
 
     def verify_tree(self, slot: int, row, tree: DraftTree, greedy: list[int]) -> tuple[list[int], list[int]]:
         """The accepted path and what was emitted (the path's tokens and the model's next, up to the

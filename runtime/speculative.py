@@ -16,9 +16,9 @@ its last token, not yet in the base KV):
              KV for the rejected drafts is overwritten), which gives d1 for the next cycle.
 
 Rows that do not speculate (penalties, logprobs, min_new_tokens, disable_spec_decode; on engines
-built before sampled verification, also sampled rows and logit_bias) share the step: they feed one token and take the sampler's, as in plain
-decoding. A slot's draft KV past a row's position is never read before it is written again, as in
-the base cache.
+built before sampled verification, also sampled rows and logit_bias) share the step: they feed one
+token and take the sampler's, as in plain decoding. A slot's draft KV past a row's position is
+never read before it is written again, as in the base cache.
 
 With --spec-draft-step auto (runtime/draft_policy.py), k changes from cycle to cycle, and k = 0
 pauses: a plain step, no draft run; each speculating row keeps its pair (h_p, emitted token) and
@@ -321,12 +321,11 @@ class SpecScheduler(TreeDecoding, Scheduler):
             if self.plain_or_failed(s, r, out):
                 continue
             emitted[s] = self.verify(s, r, [int(v) for v in out.verify_ids[s, : ks[s] + 1]], drafts.get(s, []))
-            r.spare[:0] = drawn.get(s, [])[len(emitted[s]):]
             self.timing.drafted_tokens += ks[s]
             self.timing.accepted_tokens += len(emitted[s]) - 1
             if self.policy is not None:
                 self.policy.record_row(ks[s], len(emitted[s]) - 1)
-        self.finish_cycle(hi, rows, emitted, out, pos, w, step_time, elapsed, ahead, max(0, max(ks) - 1))
+        self.finish_cycle(hi, rows, emitted, drawn, out, pos, w, step_time, elapsed, ahead, max(0, max(ks) - 1))
 
     def verify_step(self, ids, positions, start, last, tree_mask=None, depths: dict | None = None):
         """One model step over every row's tokens from its write position `start`, giving the
@@ -364,13 +363,16 @@ class SpecScheduler(TreeDecoding, Scheduler):
             return True
         return False
 
-    def finish_cycle(self, hi: int, rows: list, emitted: list, out, pos: list[int], w: int, step_time: float,
-                     elapsed: float, ahead: float, ahead_calls: int) -> None:
-        """After a verification: the head catches up on what each unfinished row emitted, and the
-        policy and the profile get the cycle's times."""
+    def finish_cycle(self, hi: int, rows: list, emitted: list, drawn: dict, out, pos: list[int], w: int,
+                     step_time: float, elapsed: float, ahead: float, ahead_calls: int) -> None:
+        """After a verification: each unfinished row puts back the random numbers after what it
+        emitted (`drawn`: verify_step's), the head catches up on what it emitted, and the policy and
+        the profile get the cycle's times."""
         for s, r in enumerate(rows):
             if emitted[s] is not None and r.finish_reason:
                 emitted[s] = None
+            elif emitted[s] is not None:
+                r.spare[:0] = drawn.get(s, [])[len(emitted[s]):]
         catch = self.catch_up(0, rows, emitted, out.hidden, pos) if any(emitted) else 0.0
         if self.policy is not None:
             self.policy.record_step(hi, w, step_time)

@@ -35,28 +35,15 @@ SETTINGS = {  # name: temperature, top_k, top_p
 
 
 def sessions(vocab: int, max_top_k: int, threads: int):
-    import onnxruntime as ort
-    from onnx import TensorProto, helper
-
+    from tests.plugins.cpu_ops import session
+    from tests.plugins.cpu_sample_ops import kernel_model
     from trtllm.plugins import cpu
-    from trtllm.plugins.sample import body, schema
+    from trtllm.plugins.sample import body
 
     if cpu.library() is None:
         sys.exit(cpu.missing_hint())
-    types = {"float32": TensorProto.FLOAT, "bool": TensorProto.BOOL, "int64": TensorProto.INT64}
-    info = lambda spec: [helper.make_tensor_value_info(n, types[d], list(s)) for n, d, s in spec]  # noqa: E731
-    node = helper.make_node(cpu.SAMPLE, list(schema.INPUT_NAMES), list(schema.OUTPUT_NAMES), domain=cpu.DOMAIN,
-                            max_top_k=max_top_k)
-    kernel = helper.make_model(helper.make_graph([node], "sample", info(schema.INPUTS), info(schema.OUTPUTS)),
-                               opset_imports=[helper.make_opsetid("", 24), helper.make_opsetid(cpu.DOMAIN, 1)])
-    kernel.ir_version = 11
-    out = {}
-    for name, model in (("body", body.make_model(max_top_k, vocab, argmax=True)), ("kernel", kernel)):
-        opts = ort.SessionOptions()
-        opts.intra_op_num_threads = threads
-        opts.register_custom_ops_library(str(cpu.library()))
-        out[name] = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
-    return out
+    return {"body": session(body.make_model(max_top_k, vocab, argmax=True).SerializeToString(), threads),
+            "kernel": session(kernel_model(max_top_k), threads)}
 
 
 def feed(rows: int, vocab: int, setting, rng) -> dict:

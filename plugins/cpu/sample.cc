@@ -43,9 +43,52 @@ struct Job {
   int64_t* top_logprob_ids;
 };
 
-#ifdef TRTLLM_X86
+// The vocabulary-wide passes, in AVX-512 where the CPU has it (each vector loop leaves its last
+// n % 16 elements to the portable loop). Only exact IEEE operations (add, multiply, divide,
+// compare), so both paths give the same numbers; but sum_exp, whose exp is a polynomial on AVX-512.
+
 // sum(exp(x - xmax)) for the log-softmax (logprobs only: a tolerance of 1e-5, no token depends on it).
-__attribute__((target("avx512f,avx512bw,avx512vl,fma"))) double sum_exp_avx512(const float* x, int64_t n, float xmax) {
+double sum_exp_portable(const float* x, int64_t n, float xmax) {
+  double s = 0;
+  for (int64_t i = 0; i < n; ++i) s += std::exp(x[i] - xmax);
+  return s;
+}
+
+// out = a + b; returns max(out), `nan` when some out is NaN.
+float add_max_portable(const float* a, const float* b, float* out, int64_t n, bool& nan) {
+  float m = -kInf;
+  nan = false;
+  for (int64_t i = 0; i < n; ++i) {
+    out[i] = a[i] + b[i];
+    nan |= out[i] != out[i];
+    m = std::max(m, out[i]);
+  }
+  return m;
+}
+
+// y = where(seen, where(x > 0, x / r, x * r), x) + pbias; returns max(y).
+float penalize_portable(const float* x, const bool* seen, const float* pbias, float r, float* y, int64_t n) {
+  float m = -kInf;
+  for (int64_t i = 0; i < n; ++i) {
+    const float v = seen[i] ? (x[i] > 0 ? x[i] / r : x[i] * r) : x[i];
+    y[i] = v + pbias[i];
+    m = std::max(m, y[i]);
+  }
+  return m;
+}
+
+// The first i >= from with x[i] > thr (kStrict) or x[i] >= thr; n when none.
+template <bool kStrict>
+int64_t scan_portable(const float* x, int64_t from, int64_t n, float thr) {
+  for (int64_t i = from; i < n; ++i)
+    if (kStrict ? x[i] > thr : x[i] >= thr) return i;
+  return n;
+}
+
+#ifdef TRTLLM_X86
+#define TRTLLM_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,fma")))
+
+TRTLLM_AVX512 double sum_exp_avx512(const float* x, int64_t n, float xmax) {
   __m512d acc = _mm512_setzero_pd();  // in double: float lanes over 3,000 terms each lose 1e-5
   const __m512 m = _mm512_set1_ps(xmax);
   int64_t i = 0;
@@ -54,27 +97,9 @@ __attribute__((target("avx512f,avx512bw,avx512vl,fma"))) double sum_exp_avx512(c
     acc = _mm512_add_pd(acc, _mm512_cvtps_pd(_mm512_castps512_ps256(e)));
     acc = _mm512_add_pd(acc, _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(e), 1))));
   }
-  double s = _mm512_reduce_add_pd(acc);
-  for (; i < n; ++i) s += std::exp(x[i] - xmax);
-  return s;
-}
-#endif
-
-double sum_exp(const float* x, int64_t n, float xmax) {
-#ifdef TRTLLM_X86
-  if (trtllm_cpu::use_avx512()) return sum_exp_avx512(x, n, xmax);
-#endif
-  double s = 0;
-  for (int64_t i = 0; i < n; ++i) s += std::exp(x[i] - xmax);
-  return s;
+  return _mm512_reduce_add_pd(acc) + sum_exp_portable(x + i, n - i, xmax);
 }
 
-// The vocabulary-wide passes, in AVX-512 where the CPU has it. Only exact IEEE operations (add,
-// multiply, divide, compare), so both paths give the same numbers.
-#ifdef TRTLLM_X86
-#define TRTLLM_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,fma")))
-
-// out = a + b; returns max(out), `nan` when some out is NaN.
 TRTLLM_AVX512 float add_max_avx512(const float* a, const float* b, float* out, int64_t n, bool& nan) {
   __m512 mx = _mm512_set1_ps(-kInf);
   __mmask16 unordered = 0;
@@ -85,17 +110,12 @@ TRTLLM_AVX512 float add_max_avx512(const float* a, const float* b, float* out, i
     unordered |= _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
     mx = _mm512_max_ps(mx, x);
   }
-  float m = _mm512_reduce_max_ps(mx);
-  nan = unordered != 0;
-  for (; i < n; ++i) {
-    out[i] = a[i] + b[i];
-    nan |= out[i] != out[i];
-    m = std::max(m, out[i]);
-  }
+  bool tail_nan = false;
+  const float m = std::max(_mm512_reduce_max_ps(mx), add_max_portable(a + i, b + i, out + i, n - i, tail_nan));
+  nan = unordered != 0 || tail_nan;
   return m;
 }
 
-// y = where(seen, where(x > 0, x / r, x * r), x) + pbias; returns max(y).
 TRTLLM_AVX512 float penalize_avx512(const float* x, const bool* seen, const float* pbias, float r, float* y, int64_t n) {
   __m512 mx = _mm512_set1_ps(-kInf);
   const __m512 rv = _mm512_set1_ps(r), zero = _mm512_setzero_ps();
@@ -112,16 +132,9 @@ TRTLLM_AVX512 float penalize_avx512(const float* x, const bool* seen, const floa
     _mm512_storeu_ps(y + i, v);
     mx = _mm512_max_ps(mx, v);
   }
-  float m = _mm512_reduce_max_ps(mx);
-  for (; i < n; ++i) {
-    const float v = seen[i] ? (x[i] > 0 ? x[i] / r : x[i] * r) : x[i];
-    y[i] = v + pbias[i];
-    m = std::max(m, y[i]);
-  }
-  return m;
+  return std::max(_mm512_reduce_max_ps(mx), penalize_portable(x + i, seen + i, pbias + i, r, y + i, n - i));
 }
 
-// The first i >= from with x[i] > thr (kStrict) or x[i] >= thr; n when none.
 template <bool kStrict>
 TRTLLM_AVX512 int64_t scan_avx512(const float* x, int64_t from, int64_t n, float thr) {
   const __m512 t = _mm512_set1_ps(thr);
@@ -130,37 +143,29 @@ TRTLLM_AVX512 int64_t scan_avx512(const float* x, int64_t from, int64_t n, float
     const __mmask16 hit = _mm512_cmp_ps_mask(_mm512_loadu_ps(x + i), t, kStrict ? _CMP_GT_OQ : _CMP_GE_OQ);
     if (hit) return i + __builtin_ctz(hit);
   }
-  for (; i < n; ++i)
-    if (kStrict ? x[i] > thr : x[i] >= thr) return i;
-  return n;
+  return scan_portable<kStrict>(x, i, n, thr);
 }
 #endif
+
+double sum_exp(const float* x, int64_t n, float xmax) {
+#ifdef TRTLLM_X86
+  if (trtllm_cpu::use_avx512()) return sum_exp_avx512(x, n, xmax);
+#endif
+  return sum_exp_portable(x, n, xmax);
+}
 
 float add_max(const float* a, const float* b, float* out, int64_t n, bool& nan) {
 #ifdef TRTLLM_X86
   if (trtllm_cpu::use_avx512()) return add_max_avx512(a, b, out, n, nan);
 #endif
-  float m = -kInf;
-  nan = false;
-  for (int64_t i = 0; i < n; ++i) {
-    out[i] = a[i] + b[i];
-    nan |= out[i] != out[i];
-    m = std::max(m, out[i]);
-  }
-  return m;
+  return add_max_portable(a, b, out, n, nan);
 }
 
 float penalize(const float* x, const bool* seen, const float* pbias, float r, float* y, int64_t n) {
 #ifdef TRTLLM_X86
   if (trtllm_cpu::use_avx512()) return penalize_avx512(x, seen, pbias, r, y, n);
 #endif
-  float m = -kInf;
-  for (int64_t i = 0; i < n; ++i) {
-    const float v = seen[i] ? (x[i] > 0 ? x[i] / r : x[i] * r) : x[i];
-    y[i] = v + pbias[i];
-    m = std::max(m, y[i]);
-  }
-  return m;
+  return penalize_portable(x, seen, pbias, r, y, n);
 }
 
 template <bool kStrict>
@@ -168,9 +173,7 @@ int64_t scan(const float* x, int64_t from, int64_t n, float thr) {
 #ifdef TRTLLM_X86
   if (trtllm_cpu::use_avx512()) return scan_avx512<kStrict>(x, from, n, thr);
 #endif
-  for (int64_t i = from; i < n; ++i)
-    if (kStrict ? x[i] > thr : x[i] >= thr) return i;
-  return n;
+  return scan_portable<kStrict>(x, from, n, thr);
 }
 
 // The K largest of x as (value, id), descending, ties lower id first (ONNX TopK's order).
@@ -208,11 +211,6 @@ void top_values(const float* y, int64_t n, int64_t l, std::vector<float>& heap) 
     std::push_heap(heap.begin(), heap.end(), std::greater<float>());
   }
   std::sort_heap(heap.begin(), heap.end(), std::greater<float>());
-}
-
-int64_t next_kept(const float* y, int64_t i, int64_t n, float thr) {
-  while (i < n && !(y[i] >= thr)) ++i;
-  return i;
 }
 
 // Steps 6-9 with top_k > 0: the survivors are the first k' <= top_k sorted values, so a heap of the
@@ -293,8 +291,7 @@ int64_t draw(const Job& job, int64_t b, int64_t n_row, const std::vector<float>&
   // The draw: the cumulative sum in vocabulary order over kept tokens (a token not kept adds 0).
   // Kept tokens are few under top_k (found by scanning), else possibly all (a plain loop).
   const float* yp = y.data();
-  auto next = [&](int64_t i) { return w_filled ? (i < v && !(y[i] >= thr) ? next_kept(yp, i, v, thr) : i)
-                                               : scan<false>(yp, i, v, thr); };
+  auto next = [&](int64_t i) { return w_filled ? scan_portable<false>(yp, i, v, thr) : scan<false>(yp, i, v, thr); };
   float c = 0, total = 0;
   for (int64_t i = next(0); i < v; i = next(i + 1)) total += w_filled ? w[i] : std::exp((y[i] - ymax) / t);
   const float target = job.uniform[n_row] * total;

@@ -91,9 +91,9 @@ class OnnxRuntimeEngine:
         self.kv_root = None
         self.last_kv = self.last_binding = None
         self.no_adapter = lora.base_adapter(manifest).arrays if manifest.lora else {}
-        self.no_verify: dict[int, np.ndarray] = {}  # EAGLE engines, per batch size: verify_index [B, 0]
-        self.no_uniform: dict[tuple, np.ndarray] = {}  # and verify_uniform, per shape
-        self.no_tree: dict[tuple[int, int], np.ndarray] = {}  # and per step shape: tree_mask [B, S, 0]
+        # EAGLE engines' inputs for a step without them (verify_index [B, 0], verify_uniform [B, T],
+        # tree_mask [B, S, 0]), one array per shape and dtype: the same object, so bound once
+        self.zeros: dict[tuple, np.ndarray] = {}
 
     def binding_for(self, kv: Sequence[np.ndarray]):
         """An IOBinding with `kv` bound as both past_* and present_* (in place), made once per set
@@ -125,6 +125,12 @@ class OnnxRuntimeEngine:
         kernels = cpu_kernels.fingerprint() if cpu_kernels.needed_by(self.manifest.lowerings) else "no trtllm.cpu"
         return f"onnxruntime {ort.__version__}; {kernels}; {cpu_signature()}"
 
+    def zeros_of(self, shape: tuple, dtype) -> np.ndarray:
+        key = (tuple(shape), np.dtype(dtype).str)
+        if key not in self.zeros:
+            self.zeros[key] = np.zeros(shape, dtype)
+        return self.zeros[key]
+
     def step(self, inputs: StepInputs, kv: Sequence[np.ndarray], want_logits: bool = False) -> StepOutputs:
         b, io, s = self.binding_for(kv), self.io, inputs.sampling
         feeds = {
@@ -141,15 +147,13 @@ class OnnxRuntimeEngine:
         if m.eagle:
             # no positions to verify: [B, 0], and lm_head runs on the sampler's row alone
             feeds[io.verify_index] = inputs.verify_index if inputs.verify_index is not None \
-                else self.no_verify.setdefault(batch, np.zeros((batch, 0), np.int64))
+                else self.zeros_of((batch, 0), np.int64)
             if m.eagle.get("verify") == "sampled":
                 feeds[io.verify_uniform] = inputs.verify_uniform if inputs.verify_uniform is not None \
-                    else self.no_uniform.setdefault(feeds[io.verify_index].shape,
-                                                    np.zeros(feeds[io.verify_index].shape, np.float32))
+                    else self.zeros_of(feeds[io.verify_index].shape, np.float32)
             if m.eagle.get("tree"):  # no tree: [B, S, 0], the causal mask alone
-                seq = inputs.input_ids.shape[1]
                 feeds[io.tree_mask] = inputs.tree_mask if inputs.tree_mask is not None \
-                    else self.no_tree.setdefault((batch, seq), np.zeros((batch, seq, 0), np.bool_))
+                    else self.zeros_of((batch, inputs.input_ids.shape[1], 0), np.bool_)
         # Inputs are bound without a copy (ORT reads the numpy buffer). The sampler's arrays are
         # the same buffers step after step (updated in place), and so are a LoRA batch's adapter
         # arrays, so they are bound only when the buffer changes: per-step Python work stays a few
