@@ -111,17 +111,32 @@ def expansion_mask(cands: list[Candidate], frontier: list[int], start: int, widt
     return out
 
 
+def children(parent: int, score: float, depth: int, hidden, ids, lps, width: int, guess=None) -> list[Candidate]:
+    """A node's `width` best children (the head's ids and log-probabilities, best first). A row's
+    `guess` at the token its sampler will draw there, if any, is among them and comes first, scored
+    as certain (its parent's score): the tree then holds the guessed path whole, and the head's
+    other candidates where they score next."""
+    out = [Candidate(int(t), parent, score + float(lp), depth, hidden, r)
+           for r, (t, lp) in enumerate(zip(ids[:width], lps[:width]))]
+    if guess is not None:
+        rank = next((r for r, t in enumerate(ids) if int(t) == guess), len(ids))
+        out = [Candidate(guess, parent, score, depth, hidden, rank)] + [c for c in out if c.token != guess][: width - 1]
+    return out
+
+
 def grow(run_head, roots: dict[int, tuple[int, np.ndarray, np.ndarray, np.ndarray]], batch: int, width: int,
-         depth: int, size: dict[int, int]) -> dict[int, DraftTree]:
+         depth: int, size: dict[int, int], guess=None) -> dict[int, DraftTree]:
     """Each row's tree: `roots[s]` = (its last token, the head's hidden state for its first
     candidates, their ids and log-probabilities, best first), `width` candidates per node,
     `depth` levels (depth - 1 head runs), at most size[s] nodes with the root.
     run_head(ids, hidden, level, write_offset, mask) runs the head over ids/hidden [batch, S(, H)],
     nodes of depth `level` (their pairs at the root's position + level - 1), for every row at its
     tree region's slots write_offset .. (mask [batch, S, write_offset + S]) and gives
-    (ids, log-probabilities [batch, S, width] of each node's best children, hidden [batch, S, H])."""
-    cands = {s: [Candidate(int(t), -1, float(lp), 1, h, r) for r, (t, lp) in enumerate(zip(ids[:width], lps[:width]))]
-             for s, (_, h, ids, lps) in roots.items()}
+    (ids, log-probabilities [batch, S, width] of each node's best children, hidden [batch, S, H]).
+    guess(s, depth, ids, lps): row s's guess at its sampler's draw at that depth from a node's
+    candidates, or None (see `children`)."""
+    guess = guess or (lambda s, d, ids, lps: None)
+    cands = {s: children(-1, 0.0, 1, h, ids, lps, width, guess(s, 1, ids, lps)) for s, (_, h, ids, lps) in roots.items()}
     frontier = {s: list(range(len(c))) for s, c in cands.items()}
     offset, size_h = 0, next(iter(roots.values()))[1].shape[-1]
     for level in range(1, depth):
@@ -140,12 +155,14 @@ def grow(run_head, roots: dict[int, tuple[int, np.ndarray, np.ndarray, np.ndarra
         top_ids, top_lps, out_hidden = run_head(ids, hidden, level, offset, mask)
         offset += n
         for s, f in runs.items():
-            children = []
+            new = []
             for j, i in enumerate(f):
-                for r, (t, lp) in enumerate(zip(top_ids[s, j, :width], top_lps[s, j, :width])):
-                    children.append(len(cands[s]))
-                    cands[s].append(Candidate(int(t), i, cands[s][i].score + float(lp), level + 1, out_hidden[s, j], r))
-            frontier[s] = sorted(children, key=lambda c: -cands[s][c].score)[:width]
+                best, lps = top_ids[s, j], top_lps[s, j]
+                for c in children(i, cands[s][i].score, level + 1, out_hidden[s, j], best, lps, width,
+                                  guess(s, level + 1, best, lps)):
+                    new.append(len(cands[s]))
+                    cands[s].append(c)
+            frontier[s] = sorted(new, key=lambda c: -cands[s][c].score)[:width]
     return {s: select(cands[s], roots[s][0], size[s]) for s in roots}
 
 
@@ -183,7 +200,12 @@ class TreeDecoding:
             runs[0], runs[1] = runs[0] + 1, runs[1] + t
             return best[0][:, 1:], best[1][:, 1:], best[2]
 
-        trees = grow(run_head, roots, hi, k_top, depth, {s: nodes + 1 for s in spec})
+        numbers = {s: rows[s].peek(depth) for s in spec if self.guessing(rows[s])}
+
+        def guess(s, d, ids, lps):  # a node of depth d's token is drawn with the row's d-th next number
+            return self.guess(rows[s], ids, lps, numbers[s][d - 1]) if s in numbers else None
+
+        trees = grow(run_head, roots, hi, k_top, depth, {s: nodes + 1 for s in spec}, guess)
         w = 1 + max(len(t) - 1 for t in trees.values())
         ids = np.full((hi, w), self.pad, np.int64)
         start = np.array(pos, np.int64)

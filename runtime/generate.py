@@ -80,6 +80,12 @@ class RowState:
         del self.spare[:n]
         return out + [self.rng.random(dtype=np.float32) for _ in range(n - len(out))]
 
+    def peek(self, n: int) -> list:
+        """The row's next n random numbers, left in the stream (what a draft head guesses with)."""
+        out = self.uniforms(n)
+        self.spare[:0] = out
+        return out
+
     def accept(self, token_id: int, top: tuple[np.ndarray, np.ndarray] | None) -> None:
         self.output_ids.append(token_id)
         self.counts[token_id] = self.counts.get(token_id, 0) + 1

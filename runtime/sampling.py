@@ -188,3 +188,41 @@ def draw(batch: SamplingBatch, sources: list) -> None:
     giving the row's next n (RowState.uniforms; None: an idle row, which gets 0 and consumes nothing)."""
     for row, source in enumerate(sources):
         batch.uniform[row] = 0.0 if source is None else source(1)[0]
+
+
+def propose(p: SamplingParams, ids, logprobs, uniform: float) -> int:
+    """A draft head's guess at the token the sampler will draw for a request with `uniform`, from
+    the head's best candidates (`ids`, model ids, with their log-probabilities, best first): the
+    draw of steps 1 and 4-8 above over those candidates alone, as if they were the vocabulary.
+    Sharing the number makes the guess and the draw agree as often as the head's and the model's
+    distributions do, where the head's argmax is kept only as often as the model draws its own top
+    token. Only a guess: verification draws the token itself, so this never changes the output."""
+    cands = [(float(lp) + p.logit_bias.get(int(t), 0.0), int(t)) for t, lp in zip(ids, logprobs)]
+    cands = sorted((c for c in cands if c[0] > -math.inf), key=lambda c: (-c[0], c[1]))  # best first, lower id
+    if not cands:
+        return int(ids[0])
+    top = cands[0][0]
+    temperature = float(np.float32(p.temperature))  # as the batch holds it: a tinier one samples greedily
+    if temperature == 0:
+        return cands[0][1]
+    z = [(x - top) / temperature for x, _ in cands]
+    n = len(cands)
+    if p.min_p > 0:
+        n = sum(v >= math.log(p.min_p) for v in z)
+    if p.top_k > 0:
+        n = min(n, p.top_k)
+    w = [math.exp(v) for v in z]
+    if p.top_p < 1:
+        mass, total, m = 0.0, sum(w[:n]), 0
+        while m < n and mass < p.top_p * total:
+            mass, m = mass + w[m], m + 1
+        n = max(m, 1)
+    while n < len(cands) and cands[n][0] == cands[n - 1][0]:  # ties with the last kept are kept
+        n += 1
+    kept = sorted(range(n), key=lambda i: cands[i][1])  # drawn in vocabulary order, as the sampler does
+    target, acc = uniform * sum(w[i] for i in kept), 0.0
+    for i in kept:
+        acc += w[i]
+        if acc > target:
+            return cands[i][1]
+    return cands[kept[-1]][1]

@@ -15,6 +15,11 @@ its last token, not yet in the base KV):
     catch-up: the draft runs the pairs (h_{p+i}, emitted_i), i = 0..j, at positions p .. p+j (its
              KV for the rejected drafts is overwritten), which gives d1 for the next cycle.
 
+A sampled row's drafts are guesses at its draws, not the head's argmax: d_i is drawn from the head's
+10 best candidates, as the sampler draws from the model's distribution, with the number v_{i-1} will
+be drawn with (sampling.propose). Where the head's argmax is kept only when the model draws its own
+top token, a guess is kept as often as the two distributions agree on where that number falls.
+
 Rows that do not speculate (penalties, logprobs, min_new_tokens, disable_spec_decode; on engines
 built before sampled verification, also sampled rows and logit_bias) share the step: they feed one
 token and take the sampler's, as in plain decoding. A slot's draft KV past a row's position is
@@ -84,6 +89,7 @@ class Drafter:
     start: int = 0
     top_k: int = 1  # candidates per node of a draft tree (1: a chain, the head's best at each depth)
     verify_size: int = 0  # a tree's most nodes verified in a step, with the root (0: top_k x depth + 1)
+    guess: bool = True  # sampled rows draft guesses at their draws (sampling.propose); False: the head's argmax
 
     @classmethod
     def load(cls, engine_dir, manifest: Manifest, step: int | str | None = "auto", top_k: int | str | None = "auto",
@@ -142,6 +148,8 @@ class SpecScheduler(TreeDecoding, Scheduler):
         self.hidden_size = self.drafter.manifest.model.hidden_size
         # sampled requests speculate too where verification samples (engines since it did)
         self.verifiable = sampled if engine.manifest.eagle.get("verify") == "sampled" else greedy
+        # a sampled row's drafts guess at its draws, from the head's best candidates (older heads give none)
+        self.guesses = drafter.guess and self.verifiable is sampled and self.drafter.top_k > 0
         self.pad = engine.manifest.pad_token_id
         # slot -> (d1, the draft's hidden state it came with, and for draft trees the head's best
         # candidates for d1 and their log-probabilities)
@@ -234,7 +242,7 @@ class SpecScheduler(TreeDecoding, Scheduler):
             pos[b] = positions[b] + np.arange(width)
             if t:
                 ids[b, : len(t)], hid[b, : len(t)], last[b] = t, hidden[b, : len(t)], len(t) - 1
-        d, h, best, elapsed = self.draft_step(start, ids, hid, pos, last, prompt, top=self.top_k > 1)
+        d, h, best, elapsed = self.draft_step(start, ids, hid, pos, last, prompt, top=self.top_k > 1 or self.guesses)
         for b, t in enumerate(tokens):
             if t and self.speculates(rows[b]):
                 self.ready[start + b] = (int(d[b]), h[b]) + ((best[0][b, 0], best[1][b, 0]) if best else ())
@@ -304,8 +312,10 @@ class SpecScheduler(TreeDecoding, Scheduler):
         if drafted == 0:  # nothing to verify (each row at its last token, or no room): a plain step
             self.timing.generation_seconds += elapsed
             return self.paused(hi, rows)
-        drafts = {s: [self.ready[s][0]] for s in range(hi) if ks[s] > 0}
-        ahead = self.draft_ahead(hi, rows, pos, ks, drafts)
+        numbers = {s: rows[s].peek(ks[s]) for s in range(hi) if ks[s] > 0 and self.guessing(rows[s])}
+        drafts = {s: [self.guess(rows[s], *self.ready[s][2:], numbers[s][0]) if s in numbers else self.ready[s][0]]
+                  for s in range(hi) if ks[s] > 0}
+        ahead = self.draft_ahead(hi, rows, pos, ks, drafts, numbers)
         w = 1 + max(ks)
         ids = np.full((hi, w), self.pad, np.int64)
         for s, r in enumerate(rows):
@@ -419,8 +429,23 @@ class SpecScheduler(TreeDecoding, Scheduler):
         self.kept.clear()
         return elapsed
 
-    def draft_ahead(self, hi: int, rows: list, pos: list[int], ks: list[int], drafts: dict) -> float:
-        """d2 .. dk: single-token draft steps from each drafting row's last proposal."""
+    def guessing(self, row: RowState) -> bool:
+        """Its drafts guess at the sampler's draws (`guess`) instead of taking the head's argmax: a row
+        that samples, or a greedy one with a logit bias, on an engine whose verification samples."""
+        return self.guesses and (row.params.temperature > 0 or bool(row.params.logit_bias))
+
+    @staticmethod
+    def guess(row: RowState, ids, logprobs, uniform: float) -> int:
+        """The draft for a position whose token the row's sampler draws with `uniform`: the head's
+        candidates (ids, logprobs) drawn from as the sampler draws from the model's distribution.
+        Where the head's argmax is kept only as often as the model draws its own top token, a guess
+        with the same number is kept as often as the two distributions agree."""
+        return sampling.propose(row.params, ids, logprobs, uniform)
+
+    def draft_ahead(self, hi: int, rows: list, pos: list[int], ks: list[int], drafts: dict,
+                    numbers: dict) -> float:
+        """d2 .. dk: single-token draft steps from each drafting row's last proposal (numbers[s]: a
+        guessing row's next random numbers, d_j's the j-th)."""
         elapsed, hidden = 0.0, {s: self.ready[s][1] for s in drafts}
         for j in range(1, max(ks, default=0)):
             ids = np.full((hi, 1), self.pad, np.int64)
@@ -428,11 +453,12 @@ class SpecScheduler(TreeDecoding, Scheduler):
             positions = np.array(pos, np.int64)[:, None]  # (the others' pad at their own position: see catch_up)
             for s, d in drafts.items():
                 ids[s, 0], hid[s, 0], positions[s, 0] = d[-1], hidden[s], pos[s] + j - 1
-            d, h, _, t = self.draft_step(0, ids, hid, positions, np.zeros(hi, np.int64))
+            d, h, best, t = self.draft_step(0, ids, hid, positions, np.zeros(hi, np.int64), top=bool(numbers))
             elapsed += t
             for s in drafts:
                 if ks[s] > j:
-                    drafts[s].append(int(d[s]))
+                    drafts[s].append(self.guess(rows[s], best[0][s, 0], best[1][s, 0], numbers[s][j]) if s in numbers
+                                     else int(d[s]))
                     hidden[s] = h[s]
         return elapsed
 

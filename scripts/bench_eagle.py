@@ -5,7 +5,9 @@ k drafted tokens per step, at batch 1 and 4, on chat prompts the draft head was 
         [--temperature T --top-p P]   # sampled (seeded) requests instead of greedy ones
 
 A step DxK drafts a tree D deep (or auto) with K candidates per node (--spec-draft-top-k K); a plain
-D is a chain (K = 1).
+D is a chain (K = 1). A step ending in "-argmax" (1-argmax, 2x3-argmax) drafts the head's most likely
+tokens for sampled requests too, instead of guesses at their draws (runtime/speculative.py), to
+compare the two.
 
 e.g. after
     python scripts/train_eagle.py --model models/smollm2-135m-instruct --output models/smollm2-eagle3
@@ -84,8 +86,10 @@ def main() -> None:
     steps = args.steps.split(",")
     drafters = {}
     for k in steps:
-        step, _, width = k.partition("x")
+        step, _, width = k.removesuffix("-argmax").partition("x")
         drafters[k] = Drafter.load(args.engine, engine.manifest, step if step == "auto" else int(step), int(width or 1))
+        if drafters[k] is not None:
+            drafters[k].guess = not k.endswith("-argmax")
     texts = prompts(args.engine)
     for batch in (int(b) for b in args.batches.split(",")):
         groups = [texts[i: i + batch] for i in range(0, len(texts), batch)]

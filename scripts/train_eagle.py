@@ -21,7 +21,10 @@ Training-time test (TTT), the faithful EAGLE-3 form. Index q of the batch, unrol
 
 which is what a query sees in drafting: the context keys, then the keys of the tokens drafted so far.
 Loss: cross-entropy on the draft vocab, answer positions only (labels outside the draft vocab masked),
-step t weighted 0.8^(t-1). Held-out accuracy: the draft's top-1 (mapped to a target id) equals the
+step t weighted 0.8^(t-1). With --soft-labels K the label is instead the target's distribution (its K
+likeliest tokens at temperature 1, those in the draft vocab, renormalised), as SpecForge trains: the head
+then learns how likely each token is, not only which one is likeliest, which is what a sampled request's
+drafts are drawn from (trtllm-run guesses at the draw with the head's candidates; docs/eagle.md). Held-out accuracy: the draft's top-1 (mapped to a target id) equals the
 target's argmax, over all held-out answer positions (a label outside the draft vocab counts as a miss).
 """
 from __future__ import annotations
@@ -140,8 +143,9 @@ def generate(model, tok, chats, max_new_tokens: int, batch_size: int) -> list[tu
 
 
 @torch.no_grad()
-def extract(model, seqs, layer_ids, batch_size: int) -> list[dict]:
-    """Aux hiddens [n, 3H] and the target's argmax labels [n] per sequence (right padding: causal keeps it exact)."""
+def extract(model, seqs, layer_ids, batch_size: int, soft: int = 0) -> list[dict]:
+    """Aux hiddens [n, 3H] and the target's argmax labels [n] per sequence (right padding: causal keeps it
+    exact); `soft` > 0: also its `soft` likeliest tokens [n, soft] and their probabilities."""
     order = sorted(range(len(seqs)), key=lambda i: len(seqs[i][0]))  # little padding
     data = [None] * len(seqs)
     for b in range(0, len(order), batch_size):
@@ -156,6 +160,9 @@ def extract(model, seqs, layer_ids, batch_size: int) -> list[dict]:
             n = len(seqs[i][0])
             data[i] = {"ids": torch.tensor(seqs[i][0]), "aux": aux[j, :n].clone(), "greedy": greedy[j, :n].clone(),
                        "prompt_len": seqs[i][1]}
+            if soft:
+                p, t = out.logits[j, :n].softmax(-1).topk(soft, -1)
+                data[i].update(soft_p=p.clone(), soft_ids=t.clone())
     return data
 
 
@@ -279,12 +286,18 @@ def collate(items, t2d_index):
     # greedy at p predicts x_{p+1}: an answer token from p = prompt_len - 1 on
     answer = torch.stack([pad(torch.arange(len(d["ids"])) >= d["prompt_len"] - 1, False) for d in items])
     labels = torch.where(greedy >= 0, t2d_index[greedy.clamp(min=0)], -1)
-    return ids, aux, greedy, labels, answer
+    soft = None
+    if "soft_ids" in items[0]:  # (draft ids [B, S, K], -1: none; their target probabilities)
+        pad3 = lambda x, v: F.pad(x, (0, 0, 0, width - len(x)), value=v)  # noqa: E731
+        soft = (torch.stack([pad3(torch.where(t2d_index[d["soft_ids"]] >= 0, t2d_index[d["soft_ids"]], -1), -1)
+                             for d in items]), torch.stack([pad3(d["soft_p"], 0.0) for d in items]))
+    return ids, aux, greedy, labels, answer, soft
 
 
 def unroll(draft: Eagle3Draft, batch, steps: int):
-    """Yield (draft logits, target labels, draft labels) at the valid answer positions of each TTT step."""
-    ids, aux, greedy, labels, answer = batch
+    """Yield (draft logits, target labels, draft labels, soft labels or None) at the valid answer positions
+    of each TTT step."""
+    ids, aux, greedy, labels, answer, soft = batch
     B, S = ids.shape
     shift = lambda x, t, v: F.pad(x[:, t:], (0, t), value=v)  # index q takes the entry at q + t  # noqa: E731
     hidden, cache = draft.fc(aux), []
@@ -293,13 +306,25 @@ def unroll(draft: Eagle3Draft, batch, steps: int):
         hidden, kv = draft(shift(ids, t, 0), hidden, positions, cache)
         cache.append(kv)
         valid = shift(answer, t, False)
-        yield draft.logits(hidden[valid]), shift(greedy, t, -1)[valid], shift(labels, t, -1)[valid]
+        labels_t = None if soft is None else tuple(F.pad(x[:, t:], (0, 0, 0, t), value=v)[valid]
+                                                   for x, v in zip(soft, (-1, 0.0)))
+        yield draft.logits(hidden[valid]), shift(greedy, t, -1)[valid], shift(labels, t, -1)[valid], labels_t
 
 
 def step_loss(draft, batch, steps):
-    """Cross-entropy per TTT step, step t weighted 0.8^(t-1) (later steps start from noisier hiddens)."""
+    """Cross-entropy per TTT step, step t weighted 0.8^(t-1) (later steps start from noisier hiddens):
+    against the target's argmax, or with soft labels its distribution over the draft vocab."""
     loss = torch.zeros(())
-    for t, (logits, _, lab) in enumerate(unroll(draft, batch, steps)):
+    for t, (logits, _, lab, soft) in enumerate(unroll(draft, batch, steps)):
+        if soft is not None:
+            ids, p = soft
+            p = torch.where(ids >= 0, p, 0.0)
+            mass = p.sum(-1)
+            keep = mass > 0  # none of the K in the draft vocab: masked
+            if keep.any():
+                lp = F.log_softmax(logits[keep], -1).gather(-1, ids[keep].clamp(min=0))
+                loss = loss - 0.8 ** t * (p[keep] / mass[keep, None] * lp).sum(-1).mean()
+            continue
         keep = lab >= 0  # labels outside the draft vocab: masked
         if keep.any():
             loss = loss + 0.8 ** t * F.cross_entropy(logits[keep], lab[keep])
@@ -311,7 +336,7 @@ def evaluate(draft, data, t2d_index, steps, batch_size) -> list[float]:
     """Per TTT step: how often the draft's top-1, mapped to a target id, is the target's argmax."""
     hits, total = [0] * steps, [0] * steps
     for b in range(0, len(data), batch_size):
-        for t, (logits, target, _) in enumerate(unroll(draft, collate(data[b:b + batch_size], t2d_index), steps)):
+        for t, (logits, target, _, _) in enumerate(unroll(draft, collate(data[b:b + batch_size], t2d_index), steps)):
             best = logits.argmax(-1)
             hits[t] += int((best + draft.d2t[best] == target).sum())
             total[t] += len(target)
@@ -377,7 +402,7 @@ def fit(draft, train_data, val_data, t2d_index, *, steps_ttt, epochs, lr, batch_
 
 
 def train(model_dir, output_dir, *, num_prompts=512, max_new_tokens=128, draft_vocab=8192, steps_ttt=3, epochs=5,
-          lr=3e-3, batch_size=8, seed=0, threads=2, log=print) -> dict:
+          lr=3e-3, batch_size=8, seed=0, threads=2, soft_labels=0, log=print) -> dict:
     """Generate, extract, train, save. Returns held-out per-step accuracy (initial and final), losses and timings."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -396,7 +421,7 @@ def train(model_dir, output_dir, *, num_prompts=512, max_new_tokens=128, draft_v
     timings = {"generate_s": time.time() - t0}
     log(f"generated {len(seqs)} answers, {sum(len(s) - p for s, p in seqs)} tokens in {timings['generate_s']:.0f}s")
     t0 = time.time()
-    data = extract(target, seqs, layer_ids, batch_size=8)
+    data = extract(target, seqs, layer_ids, batch_size=8, soft=soft_labels)
     timings["extract_s"] = time.time() - t0
     log(f"extracted hiddens of {sum(len(s) for s, _ in seqs)} tokens in {timings['extract_s']:.0f}s")
     train_data = [d for d, h in zip(data, held) if not h]
@@ -430,6 +455,8 @@ def main(argv=None) -> int:
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--soft-labels", type=int, default=0, metavar="K",
+                   help="train on the target's K likeliest tokens and their probabilities (0: its argmax)")
     a = p.parse_args(argv)
     options = {k: v for k, v in vars(a).items() if k not in ("model", "output")}
     result = train(a.model, a.output, **options)

@@ -160,7 +160,7 @@ def test_unrolled_steps_are_aligned(trained):
     with torch.no_grad():
         steps = list(train_eagle.unroll(draft, train_eagle.collate([item], t2d_index), 3))
     assert len(calls) == len(steps) == 3
-    for t, ((_, target, labels), (ids, positions)) in enumerate(zip(steps, calls), start=1):
+    for t, ((_, target, labels, _), (ids, positions)) in enumerate(zip(steps, calls), start=1):
         q = torch.arange(prompt_len - 1 - t, n - t).clamp(min=0).unique()  # q + t in [prompt_len - 1, n - 1]
         assert torch.equal(ids[q], item["ids"][q + t]) and torch.equal(positions[q], q + t - 1)
         assert torch.equal(target, item["greedy"][q + t]) and torch.equal(labels, target)
@@ -179,3 +179,32 @@ def test_trtllm_build_takes_the_trained_head(trained, tmp_path):
     assert report["proposals_agree"], report
     assert report["hidden_max_abs_error"] <= 1e-3 * max(1.0, report["hidden_max_abs"]), report
     assert report["draft_max_abs_error"] <= 1e-3 * max(1.0, report["draft_max_abs"]), report
+
+
+def test_soft_labels(trained, tmp_path):
+    """--soft-labels K: the target's K likeliest tokens and probabilities as the label. One-hot soft labels
+    on the argmax give the hard loss exactly; training on real ones lowers the loss."""
+    from transformers import AutoConfig
+
+    model, _, _ = trained
+    cfg = AutoConfig.from_pretrained(model)
+    n, H = 9, cfg.hidden_size
+    draft = train_eagle.Eagle3Draft(cfg, torch.randn(cfg.vocab_size, H), torch.arange(DRAFT_VOCAB))
+    greedy = torch.arange(n) % DRAFT_VOCAB + 1
+    soft_ids = torch.stack([greedy, greedy + 1, torch.full((n,), DRAFT_VOCAB + 5)], -1)  # the last: not drafted
+    item = {"ids": torch.arange(100, 100 + n), "greedy": greedy, "aux": torch.randn(n, 3 * H), "prompt_len": 3,
+            "soft_ids": soft_ids, "soft_p": torch.tensor([1.0, 0.0, 0.0]).expand(n, 3)}
+    t2d_index = torch.full((cfg.vocab_size,), -1, dtype=torch.long)
+    t2d_index[:DRAFT_VOCAB] = torch.arange(DRAFT_VOCAB)
+    hard = {k: v for k, v in item.items() if not k.startswith("soft")}
+    with torch.no_grad():
+        want = train_eagle.step_loss(draft, train_eagle.collate([hard], t2d_index), 3)
+        got = train_eagle.step_loss(draft, train_eagle.collate([item], t2d_index), 3)
+        assert torch.allclose(got, want, rtol=1e-5)
+        item["soft_p"] = torch.tensor([0.5, 0.3, 0.2]).expand(n, 3)  # renormalised over the drafted two
+        assert not torch.allclose(train_eagle.step_loss(draft, train_eagle.collate([item], t2d_index), 3), want)
+    result = train_eagle.train(model, tmp_path / "soft", num_prompts=12, max_new_tokens=16, draft_vocab=DRAFT_VOCAB,
+                               steps_ttt=2, epochs=4, lr=3e-3, batch_size=4, threads=2, soft_labels=8,
+                               log=lambda _: None)
+    losses = result["losses"]
+    assert sum(losses[-3:]) / 3 < 0.8 * sum(losses[:3]) / 3, losses

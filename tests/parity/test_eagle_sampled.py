@@ -6,6 +6,8 @@ would draw it with (the row's next numbers, by depth), and a row puts back the n
 emitted. The wrong variant, a row that drops them, must give other tokens."""
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -16,7 +18,7 @@ from tests.parity.test_eagle_trained import scripted, trained  # noqa: E402,F401
 from trtllm.runtime.engine import load_engine  # noqa: E402
 from trtllm.runtime.generate import RowState, Timing, run_rows  # noqa: E402
 from trtllm.runtime.sampling import SamplingParams  # noqa: E402
-from trtllm.runtime.speculative import Drafter  # noqa: E402
+from trtllm.runtime.speculative import Drafter, SpecScheduler  # noqa: E402
 
 pytestmark = pytest.mark.hf
 PARAMS = [SamplingParams(temperature=0.02, top_k=5, top_p=1.0, max_new_tokens=24),  # near greedy: drafts taken
@@ -27,14 +29,17 @@ PARAMS = [SamplingParams(temperature=0.02, top_k=5, top_p=1.0, max_new_tokens=24
           SamplingParams(temperature=0.8, repetition_penalty=1.2, max_new_tokens=20)]  # penalties: plain steps
 
 
-def generate(engine_dir, prompts, step, top_k: int = 1, num_slots=None):
+def generate(engine_dir, prompts, step, top_k: int = 1, num_slots=None, guess: bool = True, params=PARAMS,
+             rows_out: bool = False):
     engine = load_engine(engine_dir)
     drafter = Drafter.load(engine_dir, engine.manifest, step, top_k) if step else None
+    if drafter is not None:
+        drafter.guess = guess
     rows = [RowState(prompt_ids=p, params=q, rng=np.random.default_rng(100 + i), eos_ids=frozenset())
-            for i, (p, q) in enumerate(zip(prompts, PARAMS))]
+            for i, (p, q) in enumerate(zip(prompts, params))]
     timing = Timing()
     run_rows(engine, rows, num_slots, timing, drafter=drafter)
-    return [r.output_ids for r in rows], timing
+    return ([r.output_ids for r in rows], timing) + ((rows,) if rows_out else ())
 
 
 @pytest.mark.parametrize("step,top_k,num_slots", [(1, 1, None), (3, 1, None), (3, 1, 2), (3, 2, None), (2, 3, 3)])
@@ -110,3 +115,45 @@ def test_wrong_variant_dropping_the_unused_numbers_changes_the_tokens(trained, m
     monkeypatch.setattr(RowState, "uniforms", forgetful)
     got, _ = generate(engine_dir, prompts, 3)
     assert got != plain
+
+
+
+@pytest.mark.parametrize("top_k", [1, 2])
+def test_a_head_that_knows_the_models_distribution_guesses_every_draw(trained, monkeypatch, top_k):
+    """Sampled rows draft guesses at their own draws (sampling.propose, with the random numbers
+    verification will draw with). Given the model's own 10 best tokens at each position (an oracle
+    head), a guess is the model's draw wherever its kept tokens are among them, so most drafts are
+    kept; the model's own most likely token only where the model draws it. Through the whole
+    cycle: each draft's number is the one its position is drawn with (a guess one number off would
+    be kept by chance only), in chains and trees."""
+    _, _, engine_dir, prompts = trained
+    params = [dataclasses.replace(p, num_logprobs=10) for p in PARAMS]
+    plain, _, model = generate(engine_dir, prompts, 0, params=params, rows_out=True)
+    streams = [RowState(prompt_ids=[], params=p, rng=np.random.default_rng(100 + i), eos_ids=frozenset()).uniforms(30)
+               for i, p in enumerate(PARAMS)]
+    original = SpecScheduler.guess
+
+    guessing = [True]
+
+    def oracle(row, ids, logprobs, uniform):
+        b = next(b for b, p in enumerate(prompts) if p == row.prompt_ids)
+        i = streams[b].index(uniform)  # the token this number draws in plain decoding
+        if i >= len(model[b].logprobs):  # a tree's node past the row's end
+            return original(row, ids, logprobs, uniform)
+        lps, best = model[b].logprobs[i]
+        if not guessing[0]:
+            return int(best[0])  # the baseline: the model's own most likely token (with the bias)
+        unbiased = [lp - row.params.logit_bias.get(int(t), 0.0) for t, lp in zip(best, lps)]
+        return original(row, best, unbiased, uniform)
+
+    monkeypatch.setattr(SpecScheduler, "guess", staticmethod(oracle))
+    got, guessed = generate(engine_dir, prompts, 3, top_k)
+    guessing[0] = False
+    argmax, top = generate(engine_dir, prompts, 3, top_k)
+    assert got == argmax == [r.output_ids for r in model]
+    # the share of the speculating rows' tokens that were drafts (at most 3 in 4 with k = 3): with a
+    # chain 77 of 111 (84% of its drafts kept; the rest are where the sampler keeps tokens beyond the
+    # 10: the tiny model is flat), against 71 of 110 (68%) for the model's own most likely token,
+    # which the sampled rows draw only some of the time
+    share = lambda t: t.accepted_tokens / t.speculative_tokens  # noqa: E731
+    assert share(guessed) > 0.6 and share(guessed) > share(top) + 0.03

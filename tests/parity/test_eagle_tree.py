@@ -191,8 +191,8 @@ def oracle(monkeypatch, model, prompts, lengths, move: bool = True):
     want = {tuple(p): hf_greedy(model, p, k) for p, k in zip(prompts, lengths)}
     roots, real = [], draft_tree.grow
 
-    def grow(run_head, root_info, batch, width, depth, size):
-        trees = real(run_head, root_info, batch, width, depth, size)
+    def grow(run_head, root_info, batch, width, depth, size, guess=None):
+        trees = real(run_head, root_info, batch, width, depth, size, guess)
         for s in trees:
             if size[s] < 9 or depth < 3:  # (near a row's end, or the KV's: the head's own tree)
                 continue

@@ -77,3 +77,22 @@ def test_the_policy_weighs_a_trees_step_width():
         p.record_step(1, 1, 1.0)
         p.record_step(1, 3, 1.6)  # 0.3 per extra token
     assert chain.cost(1, 2) == pytest.approx(1.6) and tree.cost(1, 2) == pytest.approx(1.0 + 0.3 * 8)
+
+
+def test_a_rows_guess_comes_first_and_its_path_is_verified_whole():
+    """With guesses (a sampled row's drafts: runtime/speculative.py), each node's guessed child is
+    among its children even where the head ranks it below `width`, scores as certain, and so the
+    guessed path is in the tree to its full depth before any other node."""
+    def run_head(ids, hidden, level, offset, mask):
+        top = ids[:, :, None] * 10 + np.array([1, 2, 3])
+        return top, np.broadcast_to(np.array([-0.1, -2.0, -4.0]), top.shape), hidden + 1
+
+    roots = {0: (9, np.zeros(4, np.float32), np.array([1, 2, 3]), np.array([-0.2, -1.5, -3.0]))}
+    guess = lambda s, depth, ids, lps: int(ids[2]) if depth == 1 else int(ids[1])  # noqa: E731
+    tree = grow(run_head, roots, 1, 2, 3, {0: 4}, guess)[0]
+    # 3 (the head's third at depth 1), its second child 32, and that one's second, 322
+    assert tree.tokens == [9, 3, 32, 322] and tree.parents == [-1, 0, 1, 2] and tree.ranks == [0, 2, 1, 1]
+    # then the next best scores: 31 (-0.1, the head's best after 3) and 321 (-0.1, the same depth as 312
+    # but made first); 1 (-0.2) is left out
+    tree = grow(run_head, roots, 1, 2, 3, {0: 6}, guess)[0]
+    assert tree.tokens == [9, 3, 32, 31, 322, 321] and tree.parents == [-1, 0, 1, 1, 2, 2]
