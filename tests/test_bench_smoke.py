@@ -148,3 +148,16 @@ def test_bench_attention_smoke():
     rows = main(["--shape", "tiny-gemma3", "--contexts", "20", "--repeats", "2"])
     assert [r["context"] for r in rows] == [20]
     assert all(t > 0 for r in rows for kind in ("decode_ms", "prompt_ms") for t in r[kind].values())
+
+
+def test_bench_sampled_smoke(tmp_path):
+    """scripts/bench_sampled.py --smoke: our worker measures greedy and sampled decode in one process
+    and the report pairs them."""
+    out = tmp_path / "sampled.json"
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_sampled.py"), "--smoke", "--out", str(out)],
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    data = json.loads(out.read_text())
+    (run,) = data["rounds"]["int4"]
+    assert all(run[f"{m}_b{b}"] > 0 for m in ("greedy", "sampled") for b in (1, 2)), run
+    assert data["report"][0].startswith("int4") and "sampled/greedy" in proc.stdout
