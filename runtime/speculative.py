@@ -151,8 +151,8 @@ class SpecScheduler(TreeDecoding, Scheduler):
         # a sampled row's drafts guess at its draws, from the head's best candidates (older heads give none)
         self.guesses = drafter.guess and self.verifiable is sampled and self.drafter.top_k > 0
         self.pad = engine.manifest.pad_token_id
-        # slot -> (d1, the draft's hidden state it came with, and for draft trees the head's best
-        # candidates for d1 and their log-probabilities)
+        # slot -> (d1, the draft's hidden state it came with, and for draft trees and guesses the
+        # head's best candidates for d1 and their log-probabilities)
         self.ready: dict[int, tuple] = {}
         widths = [1] + [1 + self.tree_nodes(k) for k in range(1, drafter.step + 1)] if self.top_k > 1 else None
         self.policy = DraftPolicy(drafter.step, drafter.start, widths) if drafter.auto else None
