@@ -118,8 +118,10 @@ def _timed(fn) -> float:
 
 # --- our worker (runs in its own process) ------------------------------------------------------
 
-def our_run(engine, prompts: list[list[int]], gen: int):
-    """(time to first token, time from first to last token, ids of row 0), the peers' protocol."""
+def our_run(engine, prompts: list[list[int]], gen: int, params=None):
+    """(time to first token, time from first to last token, ids of row 0), the peers' protocol;
+    `params`: the rows' SamplingParams (default: greedy, EOS held back for `gen` tokens); row i
+    draws from default_rng(i)."""
     import numpy as np
 
     from trtllm.runtime.generate import RowState, Timing, run_rows
@@ -128,9 +130,10 @@ def our_run(engine, prompts: list[list[int]], gen: int):
     # EOS held back for all `gen` tokens, as the transformers and onnxruntime-genai peers do
     # (min_new_tokens / min_length): the demo model's argmax at token 55 of the 128-token prompt is
     # EOS, so merely not stopping there (llama.cpp's way) compares another continuation from there on
-    params = SamplingParams(temperature=0, max_new_tokens=gen, min_new_tokens=gen)
+    params = params or SamplingParams(temperature=0, max_new_tokens=gen, min_new_tokens=gen)
     eos = frozenset(engine.manifest.eos_token_ids)
-    rows = [RowState(prompt_ids=p, params=params, rng=np.random.default_rng(0), eos_ids=eos) for p in prompts]
+    rows = [RowState(prompt_ids=p, params=params, rng=np.random.default_rng(i), eos_ids=eos)
+            for i, p in enumerate(prompts)]
     stamps: list[float] = []
     t0 = time.perf_counter()
     run_rows(engine, rows, len(rows), Timing(), on_token=lambda r: stamps.append(time.perf_counter()))

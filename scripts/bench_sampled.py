@@ -39,32 +39,25 @@ TOP_K, TOP_P, TEMPERATURE = 50, 0.8, 1.0
 
 # --- workers (each in its own process) ---------------------------------------------------------
 
-def ours(engine_dir: Path):
-    """run(ids_list, gen, sample) -> decode seconds, for our engine."""
-    import numpy as np
-
+def ours(engine_dir: Path, threads: int):
+    """run(ids_list, gen, sample) -> decode seconds, for our engine (scripts/bench.py's loop)."""
     from trtllm.runtime.engine import load_engine
-    from trtllm.runtime.generate import RowState, Timing, run_rows
     from trtllm.runtime.sampling import SamplingParams
 
-    engine = load_engine(engine_dir, num_threads=THREADS)
+    engine = load_engine(engine_dir, num_threads=threads)
 
     def run(ids_list, gen, sample):
         params = SamplingParams(temperature=TEMPERATURE if sample else 0, top_k=TOP_K, top_p=TOP_P,
                                 max_new_tokens=gen, ignore_eos=True)
-        rows = [RowState(prompt_ids=p, params=params, rng=np.random.default_rng(i), eos_ids=frozenset())
-                for i, p in enumerate(ids_list)]
-        stamps: list[float] = []
-        run_rows(engine, rows, len(rows), Timing(), on_token=lambda r: stamps.append(time.perf_counter()))
-        return stamps[-1] - stamps[len(rows) - 1]
+        return bench.our_run(engine, ids_list, gen, params)[1]
     return run
 
 
-def ortgenai(path: str):
+def ortgenai(path: str, threads: int):
     import numpy as np
     import onnxruntime_genai as og
 
-    runner = bench_peers().ORTRunner(path, THREADS)
+    runner = bench_peers().ORTRunner(path, threads)
 
     def run(ids_list, gen, sample):
         batch, n = len(ids_list), len(ids_list[0])
@@ -86,8 +79,8 @@ def ortgenai(path: str):
     return run
 
 
-def llamacpp(path: str):
-    runner = bench_peers().LlamaCppRunner(path, THREADS)
+def llamacpp(path: str, threads: int):
+    runner = bench_peers().LlamaCppRunner(path, threads)
     L = runner.L
 
     def chain(seed: int):
@@ -131,11 +124,11 @@ def worker(name: str, args) -> dict:
 
     prompt = bench.build_prompts(AutoTokenizer.from_pretrained(args._tokenizer), [128])[128]
     if name in OURS:
-        run = ours(args._engine)
+        run = ours(args._engine, args.threads)
     elif name.startswith("ortgenai-"):
-        run = ortgenai(bench_peers().ORT[name])
+        run = ortgenai(bench_peers().ORT[name], args.threads)
     else:
-        run = llamacpp(bench_peers().GGUF[name])
+        run = llamacpp(bench_peers().GGUF[name], args.threads)
     out = {"system": name}
     for batch in (1, args.batch):
         rates = {False: [], True: []}
@@ -207,7 +200,6 @@ def report(rounds: dict[str, list[dict]], batch: int) -> list[str]:
 
 
 def main() -> None:
-    global THREADS
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--systems", default="int4,ortgenai-int4,llamacpp-q4_1,fp32,ortgenai-fp32,llamacpp-f32")
     ap.add_argument("--rounds", type=int, default=3)
@@ -222,7 +214,6 @@ def main() -> None:
     ap.add_argument("--_worker"), ap.add_argument("--_engine", type=Path)
     ap.add_argument("--_tokenizer", type=Path, default=bench.DEMO)
     args = ap.parse_args()
-    THREADS = args.threads
     if args.smoke:
         smoke(args)
     if args._worker:
@@ -240,8 +231,6 @@ def main() -> None:
     args.out.write_text(json.dumps({"command": " ".join(sys.argv), "time": time.strftime("%Y-%m-%d %H:%M:%S"),
                                     "rounds": rounds, "report": lines}, indent=2) + "\n")
 
-
-THREADS = 2
 
 if __name__ == "__main__":
     main()

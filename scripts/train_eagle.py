@@ -24,8 +24,9 @@ Loss: cross-entropy on the draft vocab, answer positions only (labels outside th
 step t weighted 0.8^(t-1). With --soft-labels K the label is instead the target's distribution (its K
 likeliest tokens at temperature 1, those in the draft vocab, renormalised), as SpecForge trains: the head
 then learns how likely each token is, not only which one is likeliest, which is what a sampled request's
-drafts are drawn from (trtllm-run guesses at the draw with the head's candidates; docs/eagle.md). Held-out accuracy: the draft's top-1 (mapped to a target id) equals the
-target's argmax, over all held-out answer positions (a label outside the draft vocab counts as a miss).
+drafts are drawn from (trtllm-run guesses at the draw with the head's candidates; docs/eagle.md).
+Held-out accuracy: the draft's top-1 (mapped to a target id) equals the target's argmax, over all
+held-out answer positions (a label outside the draft vocab counts as a miss).
 """
 from __future__ import annotations
 
@@ -289,8 +290,8 @@ def collate(items, t2d_index):
     soft = None
     if "soft_ids" in items[0]:  # (draft ids [B, S, K], -1: none; their target probabilities)
         pad3 = lambda x, v: F.pad(x, (0, 0, 0, width - len(x)), value=v)  # noqa: E731
-        soft = (torch.stack([pad3(torch.where(t2d_index[d["soft_ids"]] >= 0, t2d_index[d["soft_ids"]], -1), -1)
-                             for d in items]), torch.stack([pad3(d["soft_p"], 0.0) for d in items]))
+        soft = (torch.stack([pad3(t2d_index[d["soft_ids"]], -1) for d in items]),
+                torch.stack([pad3(d["soft_p"], 0.0) for d in items]))
     return ids, aux, greedy, labels, answer, soft
 
 
