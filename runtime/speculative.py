@@ -20,8 +20,11 @@ A sampled row's drafts are guesses at its draws, not the head's argmax: d_i is d
 be drawn with (sampling.propose). Where the head's argmax is kept only when the model draws its own
 top token, a guess is kept as often as the two distributions agree on where that number falls.
 
-Rows that do not speculate (penalties, logprobs, min_new_tokens, disable_spec_decode; on engines
-built before sampled verification, also sampled rows and logit_bias) share the step: they feed one
+A row with min_new_tokens speculates too: its ban (EOS and stop_token_ids) is one bias at every
+position of a cycle, so while the ban lasts a cycle drafts, and emits, no further than its end.
+
+Rows that do not speculate (penalties, logprobs, disable_spec_decode; on engines built before
+sampled verification, also sampled rows, logit_bias and min_new_tokens) share the step: they feed one
 token and take the sampler's, as in plain decoding. A slot's draft KV past a row's position is
 never read before it is written again, as in the base cache.
 
@@ -60,17 +63,24 @@ def draft_key(row: RowState) -> str:
 def greedy(p: sampling.SamplingParams) -> bool:
     """What an engine with greedy verification (built before sampled verification; verify_ids the
     argmax of the raw logits) reproduces exactly. Not top_k 1 at a temperature: the sampler keeps
-    every token tied with the k-th, and draws among them."""
-    return p.temperature == 0 and not p.logit_bias and sampled(p)
+    every token tied with the k-th, and draws among them. Nor min_new_tokens: its ban is a bias."""
+    return p.temperature == 0 and not p.logit_bias and p.min_new_tokens == 0 and sampled(p)
 
 
 def sampled(p: sampling.SamplingParams) -> bool:
     """What sampled verification reproduces exactly (eagle.verify "sampled": the sampler at every
     drafted position, with the row's parameters and its next random numbers): any temperature,
-    top-k, top-p, min-p and logit bias, which are the same at every position. Not penalties and
-    min_new_tokens' bans, which change with each token, nor logprobs, which verification does not
-    give."""
-    return not p.penalized and p.num_logprobs == 0 and p.min_new_tokens == 0
+    top-k, top-p, min-p and logit bias, which are the same at every position, and min_new_tokens,
+    whose ban is too within a cycle that stops at its end (`held`). Not penalties, which change with
+    each token, nor logprobs, which verification does not give."""
+    return not p.penalized and p.num_logprobs == 0
+
+
+def held(row: RowState) -> int:
+    """How many more tokens min_new_tokens holds EOS and stop_token_ids back for (0: none). Every
+    position of a verification is sampled with the ban the row has at its first, so a cycle emits
+    at most this many while the ban lasts: the token after the ban's end was drawn under it."""
+    return max(0, row.params.min_new_tokens - len(row.output_ids))
 
 
 AUTO_MAX_STEP = 4  # the most `auto` drafts per cycle (or the engine's draft_step, if higher)
@@ -305,8 +315,7 @@ class SpecScheduler(TreeDecoding, Scheduler):
         # padding stays inside every slot, and a step is never wider than the engine's inputs go
         # (max_input_len: TensorRT's prefill profile ends there; a larger --spec-draft-step is capped)
         width = min(k + 1, self.engine.manifest.limits.max_input_len, min(self.kv.capacity - p for p in pos))
-        ks = [min(width - 1, r.max_new_tokens - len(r.output_ids) - 1) if s in self.ready and self.speculates(r)
-              else 0 for s, r in enumerate(rows)]
+        ks = [min(width - 1, self.room(r)) if s in self.ready and self.speculates(r) else 0 for s, r in enumerate(rows)]
         drafted = max(ks)  # what the step drafts: less than k for rows near their end or the KV's
         self.timing.draft_steps[drafted] = self.timing.draft_steps.get(drafted, 0) + 1
         if drafted == 0:  # nothing to verify (each row at its last token, or no room): a plain step
@@ -431,8 +440,9 @@ class SpecScheduler(TreeDecoding, Scheduler):
 
     def guessing(self, row: RowState) -> bool:
         """Its drafts guess at the sampler's draws (`guess`) instead of taking the head's argmax: a row
-        that samples, or a greedy one with a logit bias, on an engine whose verification samples."""
-        return self.guesses and (row.params.temperature > 0 or bool(row.params.logit_bias))
+        that samples, or a greedy one with a logit bias or under min_new_tokens' ban, on an engine
+        whose verification samples."""
+        return self.guesses and (row.params.temperature > 0 or bool(row.params.logit_bias) or held(row) > 0)
 
     @staticmethod
     def guess(row: RowState, ids, logprobs, uniform: float) -> int:
@@ -440,6 +450,10 @@ class SpecScheduler(TreeDecoding, Scheduler):
         candidates (ids, logprobs) drawn from as the sampler draws from the model's distribution.
         Where the head's argmax is kept only as often as the model draws its own top token, a guess
         with the same number is kept as often as the two distributions agree."""
+        if held(row):  # what the ban keeps verification from drawing is no guess
+            keep = [i for i, t in enumerate(ids) if int(t) not in row.banned]
+            if keep:
+                ids, logprobs = np.asarray(ids)[keep], np.asarray(logprobs)[keep]
         return sampling.propose(row.params, ids, logprobs, uniform)
 
     def draft_ahead(self, hi: int, rows: list, pos: list[int], ks: list[int], drafts: dict,
@@ -469,8 +483,18 @@ class SpecScheduler(TreeDecoding, Scheduler):
                  len(greedy_ids))
         return self.emit(slot, row, greedy_ids[:n])
 
+    @staticmethod
+    def room(row: RowState) -> int:
+        """The most drafts a cycle verifies for the row: up to its last token and, while
+        min_new_tokens holds tokens back, to the ban's last token (`held`)."""
+        left = row.max_new_tokens - len(row.output_ids) - 1
+        return min(left, held(row) - 1) if held(row) else left
+
     def emit(self, slot: int, row: RowState, tokens: list[int]) -> list[int]:
-        """Verified tokens, up to the row's end; returns what was emitted."""
+        """Verified tokens, up to the row's end and, while min_new_tokens holds tokens back, to the
+        ban's end (`held`); returns what was emitted."""
+        if held(row):
+            tokens = tokens[: held(row)]
         emitted = []
         for token in tokens:
             emitted.append(token)

@@ -157,3 +157,35 @@ def test_a_head_that_knows_the_models_distribution_guesses_every_draw(trained, m
     # which the sampled rows draw only some of the time
     share = lambda t: t.accepted_tokens / t.speculative_tokens  # noqa: E731
     assert share(guessed) > 0.6 and share(guessed) > share(top) + 0.03
+
+
+def banned_at(free: list[int], first: int = 4) -> tuple[int, int]:
+    """(m, T): the first index m >= `first` whose token T the unbanned text has not had before, so
+    that with stop token T and min_new_tokens m the ban decides the text at m and nowhere else."""
+    m = next(i for i in range(first, len(free)) if free[i] not in free[:i])
+    return m, free[m]
+
+
+def test_min_new_tokens_rows_speculate_within_the_ban(trained, monkeypatch):
+    """A row with min_new_tokens speculates: every position of a cycle is drawn with the ban (EOS and
+    stop_token_ids) that the row has at its first position, so while the ban lasts a cycle drafts and
+    emits no further than its end. Each row's stop token is what its unbanned greedy text has at
+    index m, so the ban decides that token. The wrong variant, cycles that run past the ban's end
+    (`held` always 0), must give other tokens."""
+    from trtllm.runtime import speculative
+
+    _, _, engine_dir, prompts = trained
+    free, _ = generate(engine_dir, prompts, 0, params=[SamplingParams(temperature=0, max_new_tokens=24)] * len(prompts))
+    params = []
+    for i, f in enumerate(free):
+        m, stop = banned_at(f)
+        params.append(SamplingParams(temperature=0.0 if i % 2 == 0 else 0.05, top_k=0, top_p=0.9, max_new_tokens=24,
+                                     min_new_tokens=m, stop_token_ids=(stop,)))
+    plain, _ = generate(engine_dir, prompts, 0, params=params)
+    assert any(len(p) < 24 for p in plain)  # the stop token ends rows once the ban is over
+    for step, top_k in ((3, 1), (2, 2)):
+        got, timing = generate(engine_dir, prompts, step, top_k, params=params)
+        assert got == plain and timing.accepted_tokens >= 8
+    monkeypatch.setattr(speculative, "held", lambda row: 0)
+    got, _ = generate(engine_dir, prompts, 3, params=params)
+    assert got != plain
