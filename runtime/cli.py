@@ -2,13 +2,16 @@
 
 Exit codes: 0 every request succeeded; 1 some request failed (its response says why);
 2 the input file or command line is invalid (nothing was run); 3 --output or --profile could not be
-written at the end (the answers then go to stdout); 130 interrupted: a Ctrl-C while generating
-ends every unfinished request as "cancelled" with its text so far and writes the answers; one
-before (loading) or after (writing) leaves the files as they were; 141 --stream's reader went
-away and there is no --output to write.
+written at the end (the answers then go to stdout), or stdout could not be written where it was the
+answers' only way out (no --output); 130 interrupted: a Ctrl-C while generating ends every
+unfinished request as "cancelled" with its text so far and writes the answers; one while loading
+leaves the files as they were; one while a file is written takes effect once it is (milliseconds);
+141 stdout's reader went away (a closed pipe) and there is no --output to write. With --output, a
+stdout that fails only stops the printing.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -19,7 +22,7 @@ import click
 
 from trtllm.runtime import files
 from trtllm.runtime import input_format as fmt
-from trtllm.runtime.interrupt import terminate_as_interrupt
+from trtllm.runtime.interrupt import deferred, terminate_as_interrupt
 
 # --prefill-chunk's default. On the demo model (2 threads) a 256-token chunk takes about 0.5 s, so
 # the other streams keep a token per half second while a 2000-token prompt (4 s whole) is
@@ -40,25 +43,38 @@ def check_writable(path: str | None, option: str) -> None:
 
 
 class Printer:
-    """stdout's JSON lines (--stream). A reader that goes away (a closed pipe: `| head`) stops the
-    printing, not the run, while --output still wants the answers; without it no one is left, and
-    the run ends as a program killed by SIGPIPE would (141)."""
+    """What goes to stdout: --stream's JSON lines, the answers' JSON, the one-line summaries. A
+    stdout that fails (its reader went away: `| head`; a full device; none at all: `>&-`) stops the
+    printing, not the run, while --output still wants the answers. Without it no one is left to
+    answer: the run ends as a program killed by SIGPIPE would (141), or, for another failure, with
+    3 (what could not be written)."""
 
-    def __init__(self, answers_wanted: bool):
-        self.answers_wanted, self.gone = answers_wanted, False
+    def __init__(self, answers_wanted: bool, tell: bool = True):
+        self.answers_wanted, self.tell, self.gone = answers_wanted, tell, False  # tell: warn when it fails
 
     def line(self, record: dict) -> None:
+        self.text(json.dumps(record, ensure_ascii=False))
+
+    def text(self, text: str) -> None:
         if self.gone:
             return
         try:
-            click.echo(json.dumps(record, ensure_ascii=False))
+            if sys.stdout is None:  # closed when Python started (>&-)
+                raise OSError("stdout is closed")
+            click.echo(text)
             sys.stdout.flush()
-        except BrokenPipeError:
+        except (OSError, ValueError) as e:  # ValueError: a file object closed under us
             self.gone = True
-            # stdout onto /dev/null: Python would otherwise report the pipe again as it exits
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            if sys.stdout is not None:  # onto /dev/null: Python would otherwise report it again as it exits
+                with contextlib.suppress(OSError, ValueError):
+                    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            pipe = isinstance(e, BrokenPipeError)
             if not self.answers_wanted:
-                sys.exit(141)
+                if not pipe:
+                    click.echo(f"error: stdout could not be written ({e}); the answers are lost", err=True)
+                sys.exit(141 if pipe else 3)
+            if not pipe and self.tell:
+                click.echo(f"warning: stdout could not be written ({e}); the run goes on for --output", err=True)
 
     def chunk(self, sample, text: str, finish_reason: str | None) -> None:
         """One streamed piece: {"request_idx", "sample_idx", "text"[, "finish_reason"]} per line."""
@@ -66,6 +82,21 @@ class Printer:
         if finish_reason:
             record["finish_reason"] = finish_reason
         self.line(record)
+
+
+def hold_stdout() -> None:
+    """With descriptor 1 closed (`>&-`), the next file opened would get it, and anything written to
+    stdout would land in that file: hold it open on /dev/null (the printing fails as a closed
+    stdout, Printer)."""
+    if sys.stdout is not None:
+        return
+    opened = []
+    with contextlib.suppress(OSError):
+        while not opened or opened[-1] < 1:  # (0 too may be closed)
+            opened.append(os.open(os.devnull, os.O_WRONLY))
+    for fd in opened:
+        if fd != 1:
+            os.close(fd)
 
 
 def same_file(path: str, other: str | Path) -> bool:
@@ -174,6 +205,7 @@ def main(input_file: Path, engine_dir: Path, output: str | None, profile: str | 
          spec_draft_step: int | str, spec_draft_top_k: int | str, spec_verify_size: int | str,
          prefill_chunk: int) -> None:
     """Answer the requests in INPUT_FILE with the engine in --engine."""
+    hold_stdout()
     try:
         with warnings.catch_warnings(), terminate_as_interrupt():  # (both restored after the run)
             warnings.showwarning = show_warning
@@ -275,21 +307,28 @@ def serve(input_file: Path, engine_dir: Path, output: str | None, profile: str |
     unwritten = []
     if output is not None:
         try:
-            files.write_atomic(output, result, indent=4, inline_from=OUTPUT_INLINE)
+            with deferred(files.regular_target(output)):  # a Ctrl-C now waits the write's milliseconds
+                files.write_atomic(output, result, indent=4, inline_from=OUTPUT_INLINE)
             click.echo(f"wrote {len(responses)} responses to {files.shown(output)}", err=True)
         except OSError as e:
             unwritten.append(f"--output {files.shown(output)} could not be written ({e})")
     if stream:
         pass  # stdout already carries the text, as JSON lines
     elif output is None or (unwritten and not to_stdout):
-        click.echo(files.dumps(result, 4, OUTPUT_INLINE))
+        Printer(answers_wanted=False).text(files.dumps(result, 4, OUTPUT_INLINE))
     else:
+        summary = Printer(answers_wanted=True, tell=False)  # the answers are in the file: a failing stdout loses nothing
         for r in responses:  # a line per answer; on stderr when the JSON went to stdout
             sample = f" #{r['sample_idx']}" if "sample_idx" in r else ""
-            click.echo(f"[{r['request_idx']}{sample}] ({r['finish_reason']}) {r['output_text']}", err=to_stdout)
+            line = f"[{r['request_idx']}{sample}] ({r['finish_reason']}) {r['output_text']}"
+            if to_stdout:
+                click.echo(line, err=True)
+            else:
+                summary.text(line)
     if profile is not None:
         try:
-            files.write_atomic(profile, runner.profile(), indent=2)
+            with deferred(files.regular_target(profile)):
+                files.write_atomic(profile, runner.profile(), indent=2)
         except OSError as e:
             unwritten.append(f"--profile {files.shown(profile)} could not be written ({e})")
     failed = sorted({r["request_idx"] for r in responses if r["finish_reason"] == "error"})

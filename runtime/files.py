@@ -9,6 +9,7 @@ Any other pipe or device is written in place.
 """
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import os
@@ -46,6 +47,18 @@ def descriptor(path: str | Path) -> int | None:
     return int(match[1] or match[4]) if match[2] is None else STANDARD[match[2]]
 
 
+def regular_target(path: str | Path) -> bool:
+    """Whether write_atomic writes `path` as a file renamed into place (a regular file, or none
+    yet), which takes milliseconds; a descriptor, pipe or device may block as long as its reader."""
+    if descriptor(path) is not None:
+        return False
+    target = Path(os.path.realpath(path))
+    try:
+        return stat.S_ISREG(target.stat().st_mode)
+    except OSError:  # not there yet
+        return True
+
+
 def check_writable(path: str | Path) -> None:
     """Raise NotWritable now, before anything runs, if `path` cannot be written: its answers would
     be lost at the end."""
@@ -60,6 +73,11 @@ def check_writable(path: str | Path) -> None:
         return
     if str(path).endswith(os.sep) and not Path(path).is_dir():  # a str: Path drops the /
         raise NotWritable("names a directory (it ends with /), not a file")
+    try:
+        os.path.realpath(path, strict=True)
+    except OSError as e:  # a loop would otherwise be replaced by a file where its first link was
+        if e.errno == errno.ELOOP:
+            raise NotWritable("is a loop of symbolic links") from None
     target = Path(os.path.realpath(path))
     if target.is_dir():
         raise NotWritable("is a directory")

@@ -11,8 +11,33 @@ import contextlib
 import signal
 
 
+SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
 def _interrupt(signum, frame):
     raise KeyboardInterrupt
+
+
+@contextlib.contextmanager
+def deferred(wanted: bool = True):
+    """Within the block (the main thread, if `wanted`), Ctrl-C, SIGTERM and SIGHUP wait for its end,
+    then raise KeyboardInterrupt: for a write that must not be cut short (a run's answers, a file
+    written and renamed into place in milliseconds). Python runs its handlers in the main thread,
+    so setting them is enough (a signal mask would not be: ONNX Runtime's threads take the signal)."""
+    caught, previous = [], {}
+    if wanted:
+        try:
+            for sig in SIGNALS:
+                previous[sig] = signal.signal(sig, lambda signum, frame: caught.append(signum))
+        except ValueError:  # not the main thread
+            pass
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    if caught:
+        raise KeyboardInterrupt
 
 
 @contextlib.contextmanager

@@ -1,9 +1,12 @@
 """trtllm-run end to end on a tiny engine: output format, exit codes, error isolation, atomic output."""
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import subprocess
 import sys
+import time
 
 import pytest
 from click.testing import CliRunner
@@ -320,6 +323,68 @@ def test_stream_reader_gone(tmp_path, tiny_engine, with_output):
         assert "Broken pipe" not in err and "Exception" not in err
     else:
         assert proc.returncode == 141, err
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("redirect", [">/dev/full", ">&-"])
+def test_a_failing_stdout_with_output_loses_nothing(tmp_path, tiny_engine, stream, redirect):
+    """stdout on a full device, or closed: the run goes on, --output gets every answer, the exit is
+    0; before, the streamed write's error failed every request and the file was never written."""
+    (tmp_path / "in.json").write_text(json.dumps({"requests": [chat("a"), chat("b")], "max_generate_length": 3}))
+    command = [sys.executable, "-m", "trtllm.runtime", str(tmp_path / "in.json"), "--engine", str(tiny_engine("llama")),
+               "--output", str(tmp_path / "out.json"), *(["--stream"] if stream else [])]
+    proc = subprocess.run(["bash", "-c", f'exec "$@" {redirect}', "_", *command], stderr=subprocess.PIPE, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert [r["finish_reason"] for r in json.loads((tmp_path / "out.json").read_text())["responses"]] == \
+        ["max-length"] * 2
+    assert "Traceback" not in proc.stderr
+    # the streamed lines' failure is told; the summary lines' is not: nothing was lost
+    assert ("stdout could not be written" in proc.stderr) == stream
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_failing_stdout_without_output_exits_3(tmp_path, tiny_engine, stream):
+    """With no --output, stdout was the answers' only way out: exit 3 and a line that says so (141
+    stays for a reader that went away: test_stream_reader_gone)."""
+    with open("/dev/full", "w") as full:
+        proc = run_process(tmp_path, tiny_engine("llama"), {"requests": [chat("a")], "max_generate_length": 2},
+                           *(["--stream"] if stream else []), stdout=full)
+        err = proc.communicate(timeout=300)[1]
+    assert proc.returncode == 3, err
+    assert "stdout could not be written" in err and "Traceback" not in err
+
+
+def test_an_interrupt_while_the_output_is_written_waits_for_it(tmp_path, tiny_engine, monkeypatch):
+    """A Ctrl-C that comes while --output is written (a file renamed into place, milliseconds) takes
+    effect after it: the answers are kept, the exit is 130. The wrong variant, the write not
+    deferred, leaves the old file and loses the answers."""
+    import signal
+
+    from trtllm.runtime import cli, files
+
+    write = files.write_atomic
+
+    def interrupted_write(path, *args, **kwargs):
+        os.kill(os.getpid(), signal.SIGINT)  # arrives in the middle of the write
+        time.sleep(0.05)
+        write(path, *args, **kwargs)
+
+    engine = tiny_engine("llama")
+    (tmp_path / "in.json").write_text(json.dumps({"requests": [chat("a")], "max_generate_length": 2}))
+
+    def run():
+        (tmp_path / "out.json").write_text('{"old": true}')
+        result = CliRunner().invoke(main, [str(tmp_path / "in.json"), "--engine", str(engine),
+                                           "--output", str(tmp_path / "out.json")])
+        return result.exit_code, json.loads((tmp_path / "out.json").read_text())
+
+    monkeypatch.setattr(files, "write_atomic", interrupted_write)
+    code, out = run()
+    assert code == 130 and out["responses"][0]["finish_reason"] == "max-length"
+    monkeypatch.setattr(cli, "deferred", lambda wanted: contextlib.nullcontext())
+    code, out = run()
+    assert code == 130 and out == {"old": True}
 
 
 def test_interrupt_exits_130_and_keeps_the_old_output(tmp_path, tiny_engine, monkeypatch):

@@ -100,6 +100,16 @@ def test_descriptor_of_a_pipe_is_written(tmp_path):
         os.close(r)
 
 
+def test_a_loop_of_symlinks_is_refused(tmp_path):
+    """Followed, it would end where it started, and the rename would replace the first link by a file."""
+    (tmp_path / "a").symlink_to(tmp_path / "b")
+    (tmp_path / "b").symlink_to(tmp_path / "a")
+    with pytest.raises(NotWritable, match="loop of symbolic links"):
+        check_writable(tmp_path / "a")
+    (tmp_path / "c").symlink_to(tmp_path / "missing.json")  # a dangling link is a file to be: written
+    check_writable(tmp_path / "c")
+
+
 def test_unwritable_descriptors_and_directories_are_refused(tmp_path):
     fd = os.open(tmp_path, os.O_RDONLY)
     os.close(fd)
