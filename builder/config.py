@@ -14,10 +14,8 @@ from importlib import resources
 from pathlib import Path
 
 BACKENDS = ("auto", "onnxruntime", "tensorrt")
-DTYPES = ("float32", "float16", "bfloat16")
-QUANTIZATIONS = ("none", "int8", "int4")
+from trtllm.runtime.manifest import DTYPES, GRAPHS, QUANTIZATIONS  # noqa: E402 - what an engine may say
 ACTIVATIONS = ("float32", "int16", "int8")  # quantized MatMuls' activations on our CPU kernels' decode steps
-GRAPHS = ("modern", "legacy")
 CPU_KERNELS = ("auto", "native", "onnxruntime")  # ONNX Runtime engines: plugins/cpu's kernels, or ORT's own
 PROFILES = ("cpu-default", "tensorrt-modern", "tensorrt-legacy", "jetson-orin-jp6", "jetson-thor-jp7")
 # DESIGN.md's device names for a profile that is ours under a graph's name (JetPack 6 is TensorRT 10.3)

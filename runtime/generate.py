@@ -531,7 +531,7 @@ def run_rows(engine: Engine, rows: list[RowState], num_slots: int | None = None,
     """Generate until every row has a finish_reason, `num_slots` at a time (default: all at once).
     `on_token(row)` is called after each accepted token (for streaming). `drafter`: an EAGLE
     engine's draft head (runtime/speculative.py), which rows then decode with (not those with
-    penalties or logprobs).
+    logprobs, or penalties on a sampled request).
     `prefill_chunk`: prefill prompts at most this many tokens per step while other rows generate
     (0: whole)."""
     if not rows:

@@ -23,6 +23,9 @@ FORMAT_VERSION = 4  # 2: the sampler takes penalties and min_p; 3: static-width 
 # 4: with min_p and no top_k, top-p measures its mass over every min-p survivor (the sampler in the graph)
 MANIFEST_NAME = "manifest.json"
 SUPPORTED_BACKENDS = ("onnxruntime", "tensorrt")
+DTYPES = ("float32", "float16", "bfloat16")  # trtllm-build's --dtype, --quantization and graph profiles
+QUANTIZATIONS = ("none", "int8", "int4")
+GRAPHS = ("modern", "legacy")
 
 
 class ManifestError(ValueError):
@@ -182,7 +185,7 @@ def load(engine_dir: str | os.PathLike) -> Manifest:
         raise ManifestError(f"manifest.backend must be one of {SUPPORTED_BACKENDS}, got {backend!r}; "
                             f"{rebuild_hint(engine_dir)}")
     try:
-        return Manifest(
+        manifest = Manifest(
             **{k: v for k, v in raw.items() if k not in ("limits", "model", "io", "eos_token_ids")},
             limits=Limits(**raw["limits"]),
             model=model_shape(raw["model"]),
@@ -191,3 +194,49 @@ def load(engine_dir: str | os.PathLike) -> Manifest:
         )
     except (KeyError, TypeError, ValueError, AttributeError) as e:
         raise ManifestError(f"{path} is malformed ({e}); {rebuild_hint(engine_dir)}") from e
+    problem = check(manifest, Path(engine_dir))
+    if problem:
+        raise ManifestError(f"{path}: {problem}; {rebuild_hint(engine_dir)}")
+    return manifest
+
+
+def _count(value, least: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= least
+
+
+def check(m: Manifest, engine_dir: Path) -> str:
+    """What in a manifest no build writes (an edited or damaged file), or "": every number the
+    runtime sizes buffers and loops by, every choice it branches on, and the files it reads. Whether
+    the numbers match the graph is the backend's check (backends/onnxruntime.py)."""
+    counts = [(f"limits.{k}", getattr(m.limits, k), 0 if k == "max_lora_rank" else 1) for k in Limits.__slots__]
+    counts += [(f"model.{k}", getattr(m.model, k), 1)
+               for k in ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim")]
+    counts += [("max_top_k", m.max_top_k, 1), ("max_num_logprobs", m.max_num_logprobs, 1)]
+    for name, value, least in counts:
+        if not _count(value, least):
+            return f"{name} must be an integer >= {least}, got {value!r}"
+    model = m.model
+    if model.num_heads % model.num_kv_heads:
+        return f"model.num_heads ({model.num_heads}) must be a multiple of model.num_kv_heads ({model.num_kv_heads})"
+    if model.sliding_window is not None and not _count(model.sliding_window, 1):
+        return f"model.sliding_window must be null or an integer >= 1, got {model.sliding_window!r}"
+    if model.sliding_layers is not None and not all(_count(i, 0) and i < model.num_layers for i in model.sliding_layers):
+        return f"model.sliding_layers must be layer indices below {model.num_layers}, got {list(model.sliding_layers)}"
+    for name, value, allowed in (("model.kv_dtype", model.kv_dtype, tuple(KV_STORAGE)), ("dtype", m.dtype, DTYPES),
+                                 ("quantization", m.quantization, QUANTIZATIONS),
+                                 ("graph_profile", m.graph_profile, GRAPHS)):
+        if value not in allowed:
+            return f"{name} must be one of {list(allowed)}, got {value!r}"
+    for name, ids in (("eos_token_ids", m.eos_token_ids), ("pad_token_id", (m.pad_token_id,))):
+        if not all(_count(t, 0) and t < model.vocab_size for t in ids):
+            return f"{name} must be token ids below the vocabulary size {model.vocab_size}, got {m.to_json()[name]!r}"
+    if not isinstance(m.files, dict):
+        return f"files must be an object, got {type(m.files).__name__}"
+    root = engine_dir.resolve()
+    for key, name in m.files.items():
+        where = (engine_dir / name).resolve() if isinstance(name, str) else None
+        if where is None or Path(name).is_absolute() or root not in where.parents:
+            return f"files.{key} must name a file inside the engine directory, got {name!r}"
+        if not where.is_file():
+            return f"files.{key}: {name} is missing"
+    return ""

@@ -21,10 +21,13 @@ be drawn with (sampling.propose). Where the head's argmax is kept only when the 
 top token, a guess is kept as often as the two distributions agree on where that number falls.
 
 A row with min_new_tokens speculates too: its ban (EOS and stop_token_ids) is one bias at every
-position of a cycle, so while the ban lasts a cycle drafts, and emits, no further than its end.
+position of a cycle, so while the ban lasts a cycle drafts, and emits, no further than its end. So
+does a greedy row with penalties that only lower what was generated: a cycle emits no token it has
+already emitted (whose penalty verification did not have yet), and nothing else moves the argmax.
 
-Rows that do not speculate (penalties, logprobs, disable_spec_decode; on engines built before
-sampled verification, also sampled rows, logit_bias and min_new_tokens) share the step: they feed one
+Rows that do not speculate (penalties on sampled rows or raising ones, logprobs, disable_spec_decode;
+on engines built before sampled verification, also sampled rows, logit_bias, min_new_tokens and
+penalties) share the step: they feed one
 token and take the sampler's, as in plain decoding. A slot's draft KV past a row's position is
 never read before it is written again, as in the base cache.
 
@@ -63,17 +66,40 @@ def draft_key(row: RowState) -> str:
 def greedy(p: sampling.SamplingParams) -> bool:
     """What an engine with greedy verification (built before sampled verification; verify_ids the
     argmax of the raw logits) reproduces exactly. Not top_k 1 at a temperature: the sampler keeps
-    every token tied with the k-th, and draws among them. Nor min_new_tokens: its ban is a bias."""
-    return p.temperature == 0 and not p.logit_bias and p.min_new_tokens == 0 and sampled(p)
+    every token tied with the k-th, and draws among them. Nor min_new_tokens or penalties: biases."""
+    return p.temperature == 0 and not p.logit_bias and p.min_new_tokens == 0 and not p.penalized and sampled(p)
 
 
 def sampled(p: sampling.SamplingParams) -> bool:
     """What sampled verification reproduces exactly (eagle.verify "sampled": the sampler at every
     drafted position, with the row's parameters and its next random numbers): any temperature,
-    top-k, top-p, min-p and logit bias, which are the same at every position, and min_new_tokens,
-    whose ban is too within a cycle that stops at its end (`held`). Not penalties, which change with
-    each token, nor logprobs, which verification does not give."""
-    return not p.penalized and p.num_logprobs == 0
+    top-k, top-p, min-p and logit bias, which are the same at every position; min_new_tokens, whose
+    ban is too within a cycle that stops at its end (`held`); and penalties on a greedy request when
+    they only ever lower a token as it is generated (`lowering`), within a cycle that stops before a
+    token it has already emitted (`exact`). Not penalties on a sampled request: each token changes
+    the distribution. Nor logprobs, which verification does not give."""
+    return p.num_logprobs == 0 and (not p.penalized or (p.temperature == 0 and lowering(p)))
+
+
+def lowering(p: sampling.SamplingParams) -> bool:
+    """Penalties that only ever lower a token's logit as it is generated: repetition_penalty >= 1 (a
+    seen token's logit divided by it, or multiplied if negative), frequency and presence penalties
+    >= 0. Verification applies the penalties the row has at a cycle's first position to all of them;
+    the tokens emitted since are then lower than verification had them, and nothing else moved, so
+    the argmax at a later position stands unless it is one of those tokens."""
+    return p.repetition_penalty >= 1 and p.frequency_penalty >= 0 and p.presence_penalty >= 0
+
+
+def exact(row: RowState, tokens: list[int]) -> int:
+    """How many of a cycle's verified tokens (its first position's first) plain decoding emits too:
+    all of them, but while min_new_tokens holds tokens back, none past the ban's end (`held`), and
+    with penalties (greedy, `lowering`), none from the first that repeats a token of the cycle."""
+    n = len(tokens)
+    if held(row):
+        n = min(n, held(row))
+    if row.params.penalized:
+        n = next((i for i in range(1, n) if tokens[i] in tokens[:i]), n)
+    return n
 
 
 def held(row: RowState) -> int:
@@ -491,10 +517,9 @@ class SpecScheduler(TreeDecoding, Scheduler):
         return min(left, held(row) - 1) if held(row) else left
 
     def emit(self, slot: int, row: RowState, tokens: list[int]) -> list[int]:
-        """Verified tokens, up to the row's end and, while min_new_tokens holds tokens back, to the
-        ban's end (`held`); returns what was emitted."""
-        if held(row):
-            tokens = tokens[: held(row)]
+        """Verified tokens, up to the row's end and as far as they are exact (`exact`: the end of
+        min_new_tokens' ban, a token repeated under penalties); returns what was emitted."""
+        tokens = tokens[: exact(row, tokens)]
         emitted = []
         for token in tokens:
             emitted.append(token)

@@ -55,6 +55,39 @@ def cpu_signature() -> str:
     return f"cpu {platform.machine()} {digest}"
 
 
+ORT_TYPES = {"float32": "tensor(float)", "float16": "tensor(float16)", "bfloat16": "tensor(bfloat16)"}
+
+
+def graph_mismatch(session, m: Manifest, draft: bool = False) -> str:
+    """Where the graph and the manifest disagree on what the runtime sizes and binds (an edited or
+    mixed-up engine directory), or "": ONNX Runtime would fail every step instead, or worse.
+    `draft`: the EAGLE head's graph, under its own model shape (DraftEngine)."""
+    inputs = {i.name: i for i in session.get_inputs()}
+    outputs = {o.name: o for o in session.get_outputs()}
+    io, model = m.io, m.model
+    for name in (io.input_ids, io.position_ids, io.write_index, io.last_index) + ((io.hidden_in,) if draft else ()):
+        if name not in inputs:
+            return f"the graph has no input {name!r}"
+    for name in (io.draft_ids, io.draft_hidden) if draft else (io.token_ids, io.top_logprobs):
+        if name not in outputs:
+            return f"the graph has no output {name!r}"
+    layers = sum(1 for name in inputs if name.startswith(io.past_key.split("{")[0]))
+    if layers != model.num_layers or io.past_key.format(i=0) not in inputs:
+        return f"the graph has {layers} layers' {io.past_key!r} inputs, the manifest says model.num_layers {model.num_layers}"
+    kv = inputs[io.past_key.format(i=0)]
+    want = [None, model.num_kv_heads, None, model.head_dim]  # [batch, kv heads, capacity, head_dim]
+    if len(kv.shape) != 4 or any(w is not None and isinstance(d, int) and d != w for d, w in zip(kv.shape, want)):
+        return f"{kv.name} is {kv.shape}, the manifest says [batch, {model.num_kv_heads}, capacity, {model.head_dim}]"
+    if kv.type != ORT_TYPES[model.kv_dtype]:
+        return f"{kv.name} is {kv.type}, the manifest says model.kv_dtype {model.kv_dtype}"
+    for name, width, what in () if draft else ((io.logits, model.vocab_size, "model.vocab_size"),
+                                               (io.top_logprobs, m.logprob_width, "min(max_num_logprobs, max_top_k)")):
+        shape = outputs[name].shape if name in outputs else None
+        if shape and isinstance(shape[-1], int) and shape[-1] != width:
+            return f"{name} is {shape[-1]} wide, the manifest says {what} {width}"
+    return ""
+
+
 class OnnxRuntimeEngine:
     def __init__(self, engine_dir, manifest: Manifest, num_threads: int | None = None, graph: str = "compiled",
                  huge_pages: bool = True):
@@ -70,7 +103,12 @@ class OnnxRuntimeEngine:
                 other = "--dtype float16" if manifest.dtype == "bfloat16" else "--cpu-kernels onnxruntime"
                 raise ManifestError(f"{engine_dir} runs on trtllm-edge's native CPU kernels, "
                                     f"but {cpu_kernels.missing_hint()}; or rebuild the engine with {other}")
-            opts.register_custom_ops_library(str(library))
+            try:
+                opts.register_custom_ops_library(str(library))
+            except Exception as e:  # noqa: BLE001 - ORT's Fail: a damaged file, another library by that name
+                raise ManifestError(f"the native CPU kernel library {library} cannot be loaded ({str(e)[:200]}): "
+                                    "rebuild it with `python -m trtllm.plugins.cpu.build --force`, or rebuild the "
+                                    "engine with --cpu-kernels onnxruntime") from e
             cpu_kernels.set_huge_pages(huge_pages)  # they copy their weights onto huge pages themselves
         before = hugepages.snapshot() if huge_pages else None
         try:
@@ -80,6 +118,10 @@ class OnnxRuntimeEngine:
                 raise
             raise ManifestError(f"{path} cannot be loaded by ONNX Runtime ({type(e).__name__}: "
                                 f"{str(e)[:300]}); {rebuild_hint(engine_dir)}") from e
+        problem = graph_mismatch(self.session, manifest, draft=isinstance(self, DraftEngine))
+        if problem:
+            raise ManifestError(f"{path} does not match {Path(engine_dir) / 'manifest.json'} ({problem}); "
+                                f"{rebuild_hint(engine_dir)}")
         # The packed weights ONNX Runtime just allocated, onto huge pages (see runtime/hugepages.py).
         self.huge_pages = hugepages.promote(before) if huge_pages else hugepages.Report(skipped="turned off")
         self.io = manifest.io

@@ -78,11 +78,11 @@ def test_speculation_changes_no_answer(eagle_engine, run_cli, tmp_path, batch_si
 
 @pytest.mark.parametrize("step", ["2", "auto"])
 def test_no_speculating_row_takes_plain_steps(eagle_engine, run_cli, tmp_path, step):
-    """Rows with penalties or logprobs (what verification cannot reproduce) and disable_spec_decode
-    never speculate: every decode step is a plain one."""
+    """Rows with logprobs or penalties on sampled or raising terms (what verification cannot
+    reproduce) and disable_spec_decode never speculate: every decode step is a plain one."""
     engine, _ = eagle_engine
     requests = [REQUESTS[2], REQUESTS[3], chat("Tell me", temperature=0.8, seed=3, repetition_penalty=1.2),
-                chat("More", presence_penalty=0.5)]
+                chat("More", presence_penalty=-0.5)]
     plain, _ = answers(run_cli, engine, tmp_path, "--spec-draft-step", "0", requests=requests)
     got, profile = answers(run_cli, engine, tmp_path, "--spec-draft-step", step, requests=requests)
     spec = profile["eagle_generation"]
@@ -103,13 +103,14 @@ def test_sampled_rows_speculate(eagle_engine, run_cli, tmp_path):
         assert got == plain and profile["eagle_generation"]["drafted_tokens"] > 0
 
 
-def test_min_new_tokens_rows_speculate(eagle_engine, run_cli, tmp_path):
+def test_min_new_tokens_and_greedy_penalties_speculate(eagle_engine, run_cli, tmp_path):
     """Requests with min_new_tokens (EOS and stop_token_ids held back) speculate, greedy and sampled,
-    and give the answers they give without speculation: a cycle stops at the ban's end."""
+    and greedy ones with penalties, and give the answers they give without speculation: a cycle stops
+    at the ban's end, and before a token it repeats."""
     engine, _ = eagle_engine
     requests = [chat("Edge devices", min_new_tokens=20, ignore_eos=False),
                 chat("Numbers", temperature=0.9, top_p=0.9, seed=4, min_new_tokens=12, stop_token_ids=[5, 9]),
-                chat("More", min_new_tokens=24)]
+                chat("More", min_new_tokens=24, repetition_penalty=1.3, frequency_penalty=0.5)]
     plain, _ = answers(run_cli, engine, tmp_path, "--spec-draft-step", "0", requests=requests)
     for extra in (("--spec-draft-step", "3"), ("--spec-draft-step", "2", "--spec-draft-top-k", "2")):
         got, profile = answers(run_cli, engine, tmp_path, *extra, requests=requests)

@@ -1,0 +1,93 @@
+"""An engine directory that no build wrote (a hand-edited manifest, a missing file, a manifest from
+another build beside the graph, a damaged kernel library) is refused when it loads, with one line
+that names what is wrong and the command to rebuild, not failed request by request or run with
+other behaviour."""
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+from click.testing import CliRunner
+
+from trtllm.runtime import manifest as mf
+from trtllm.runtime.cli import main
+from trtllm.runtime.engine import load_engine
+
+pytest.importorskip("torch")  # the tiny engine is built with the builder
+pytestmark = pytest.mark.hf
+
+
+def edited(tmp_path, engine, edit):
+    """A copy of `engine` with edit(manifest dict) applied to its manifest.json."""
+    copy = tmp_path / "engine"
+    shutil.copytree(engine, copy)
+    raw = json.loads((copy / mf.MANIFEST_NAME).read_text())
+    edit(raw)
+    (copy / mf.MANIFEST_NAME).write_text(json.dumps(raw))
+    return copy
+
+
+def setter(path: str, value):
+    def edit(raw):
+        *parents, key = path.split(".")
+        node = raw
+        for p in parents:
+            node = node[p]
+        node[key] = value
+    return edit
+
+
+# the manifest's own numbers and choices (manifest.check)
+MANIFEST = [("limits.max_batch_size", "abc", "limits.max_batch_size must be an integer >= 1"),
+            ("limits.max_batch_size", -1, "limits.max_batch_size must be an integer >= 1"),
+            ("limits.max_input_len", True, "limits.max_input_len must be an integer"),
+            ("max_top_k", 0, "max_top_k must be an integer >= 1"),
+            ("model.num_heads", 5, "must be a multiple of model.num_kv_heads"),
+            ("model.kv_dtype", "int3", "model.kv_dtype must be one of"),
+            ("dtype", "float64", "dtype must be one of"),
+            ("quantization", "int2", "quantization must be one of"),
+            ("graph_profile", "new", "graph_profile must be one of"),
+            ("eos_token_ids", [99999], "eos_token_ids must be token ids below"),
+            ("eos_token_ids", ["2"], "eos_token_ids must be token ids below"),
+            ("files.compiled", "/etc/passwd", "files.compiled must name a file inside the engine directory"),
+            ("files.compiled", "../llm.ort.onnx", "files.compiled must name a file inside the engine directory"),
+            ("model.sliding_layers", [0, 99], "model.sliding_layers must be layer indices")]
+# numbers the graph contradicts (backends/onnxruntime.py: graph_mismatch)
+GRAPH = [("model.num_layers", 1, "layers"), ("model.head_dim", 8, "the manifest says [batch"),
+         ("model.kv_dtype", "float16", "model.kv_dtype float16"), ("model.vocab_size", 100000, "model.vocab_size"),
+         ("max_num_logprobs", 20, "min(max_num_logprobs, max_top_k)"), ("io.input_ids", "tokens", "no input 'tokens'")]
+
+
+@pytest.mark.parametrize("path, value, message", MANIFEST + GRAPH)
+def test_an_edited_manifest_is_refused_when_it_loads(tmp_path, tiny_engine, path, value, message):
+    engine = edited(tmp_path, tiny_engine("llama"), setter(path, value))
+    with pytest.raises(mf.ManifestError, match="rebuild it: trtllm-build") as caught:
+        load_engine(engine)
+    assert message in str(caught.value)
+
+
+def test_the_engine_as_built_loads(tiny_engine):
+    """The wrong variant's other side: every check passes on what trtllm-build writes."""
+    load_engine(tiny_engine("llama")).close()
+
+
+def test_a_missing_chat_template_is_refused_not_skipped(tmp_path, tiny_engine):
+    """Before, a run went on without it: the prompts lost their chat format and the answers changed."""
+    engine = edited(tmp_path, tiny_engine("llama"), lambda raw: None)
+    (engine / "chat_template.jinja").unlink()
+    (tmp_path / "in.json").write_text(json.dumps({"requests": [{"messages": [{"role": "user", "content": "a"}]}]}))
+    result = CliRunner().invoke(main, [str(tmp_path / "in.json"), "--engine", str(engine)])
+    assert result.exit_code == 2 and "files.chat_template: chat_template.jinja is missing" in result.output
+
+
+def test_a_damaged_kernel_library_is_one_line(tmp_path, tiny_engine, monkeypatch):
+    from trtllm.plugins import cpu
+
+    engine = tiny_engine("llama")
+    assert cpu.needed_by(mf.load(engine).lowerings)
+    damaged = tmp_path / "libtrtllm_cpu.so"
+    damaged.write_bytes(b"\x7fELF not really")
+    monkeypatch.setattr(cpu, "library", lambda: damaged)
+    with pytest.raises(mf.ManifestError, match="cannot be loaded .*python -m trtllm.plugins.cpu.build --force"):
+        load_engine(engine)
