@@ -1,6 +1,7 @@
 """Load a checkpoint (HF directory, .gguf file or hub ID) into a float32 transformers model."""
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import re
 from dataclasses import dataclass
@@ -23,6 +24,20 @@ class Checkpoint:
     model: "torch.nn.Module"
     tokenizer: object
     source: dict  # {"model": arg, "kind": dir|gguf|hub, "sha256": hash of the weight files}
+
+
+@contextlib.contextmanager
+def unreadable(model_arg: str):
+    """transformers', safetensors' and gguf's errors on a checkpoint they cannot read (a truncated
+    weight file, an invalid config.json, an architecture transformers does not know, weights of
+    other shapes) as one CheckpointError naming --model, with their first line."""
+    try:
+        yield
+    except (CheckpointError, MemoryError):
+        raise
+    except Exception as e:  # noqa: BLE001 - each library has its own error types
+        first = next((line.strip() for line in str(e).splitlines() if line.strip()), "")
+        raise CheckpointError(f"--model {model_arg!r} cannot be loaded: {type(e).__name__}: {first[:300]}") from e
 
 
 def weights_hash(paths: list[Path]) -> str:
@@ -52,9 +67,10 @@ def load(model_arg: str) -> Checkpoint:
         if not any((path / name).is_file() for name in TOKENIZER_FILES):
             raise CheckpointError(f"--model {model_arg!r} has no tokenizer ({', '.join(TOKENIZER_FILES)}): the engine "
                                   "needs one; copy the model's tokenizer files into the directory")
-        model, info = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, output_loading_info=True)
-        check_loaded(info, model_arg)
-        tok = AutoTokenizer.from_pretrained(path)
+        with unreadable(model_arg):
+            model, info = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, output_loading_info=True)
+            check_loaded(info, model_arg)
+            tok = AutoTokenizer.from_pretrained(path)
         files = [p for p in path.iterdir() if p.suffix in (".safetensors", ".bin")]
         return check_vocab(Checkpoint(model.eval(), tok, {"model": str(path.resolve()), "kind": "dir",
                                                           "sha256": weights_hash(files)}), model_arg)
@@ -99,11 +115,12 @@ def load_gguf(path: Path) -> Checkpoint:
     """transformers dequantizes the GGUF to float32; the loaded model then behaves as a normal one.
     What its loader drops is refused first: the build would check the engine against the same
     wrong model and pass."""
-    check_gguf(path)
-    tok = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
-    model, info = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32,
-                                                       output_loading_info=True)
-    check_loaded(info, str(path))
+    with unreadable(str(path)):
+        check_gguf(path)
+        tok = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+        model, info = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32,
+                                                           output_loading_info=True)
+        check_loaded(info, str(path))
     return Checkpoint(model.eval(), tok, {"model": str(path.resolve()), "kind": "gguf",
                                           "sha256": weights_hash([path])})
 

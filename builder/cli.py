@@ -79,6 +79,9 @@ def resolve(options: dict, profile: str) -> dict:
 def main(model, output, profile, lora, eagle, no_verify, **options):
     """Build an engine directory from a checkpoint."""
     try:
+        if options.get("max_lora_rank") == 0 and lora:  # 0 on the command line: "no LoRA inputs"
+            raise ConfigError("--max-lora-rank 0 gives the graph no LoRA inputs, but --lora bundles adapters: "
+                              "leave it out (it defaults to the largest adapter's rank) or give a rank")
         values = resolve(options, profile)
         given = tuple(f"--{name.replace('_', '-')}" for name in TENSORRT_OPTIONS if options.get(name) is not None)
         config = BuildConfig(model=model, output=output, profile=profile, lora=parse_lora(lora), eagle=eagle,

@@ -78,9 +78,15 @@ def read(path: Path) -> tuple[dict, dict]:
         tensors = {}
         for f in files:
             tensors.update(load_file(f))
-    except (OSError, ValueError) as e:
-        fail(path, f"cannot be read: {e}")
+    except Exception as e:  # noqa: BLE001 - safetensors' own error type too (a truncated or foreign file)
+        fail(path, f"cannot be read: {type(e).__name__}: {str(e)[:200]}")
+    if not isinstance(config, dict):
+        fail(path, f"config.json must hold a JSON object, got {type(config).__name__}")
     return config, {k.removeprefix("model."): v for k, v in tensors.items()}
+
+
+def whole(value, least: int = 1) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= least
 
 
 def load(path_arg: str, target: DecoderSpec, embed: np.ndarray) -> Draft:
@@ -97,8 +103,10 @@ def load(path_arg: str, target: DecoderSpec, embed: np.ndarray) -> Draft:
         fail(path, f"hidden_size {config.get('hidden_size')} differs from the target's {h}")
     if config.get("num_hidden_layers", 1) != 1:
         fail(path, f"num_hidden_layers is {config.get('num_hidden_layers')}; EAGLE-3 heads have one layer")
-    aux = (config.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids") or [2, layers // 2, layers - 3]
-    if len(aux) != 3 or not all(isinstance(i, int) and 0 <= i < layers for i in aux):
+    eagle_config = config.get("eagle_config") or {}
+    aux = (eagle_config.get("eagle_aux_hidden_state_layer_ids") if isinstance(eagle_config, dict) else None) or \
+        [2, layers // 2, layers - 3]
+    if not isinstance(aux, list) or len(aux) != 3 or not all(whole(i, 0) and i < layers for i in aux):
         fail(path, f"eagle_aux_hidden_state_layer_ids must be three layer indices in [0, {layers}), got {aux}")
     heads = config.get("num_attention_heads", target.num_heads)
     kv_heads = config.get("num_key_value_heads", heads)
@@ -106,6 +114,15 @@ def load(path_arg: str, target: DecoderSpec, embed: np.ndarray) -> Draft:
     inter = config.get("intermediate_size", target.intermediate_size)
     vocab = target.vocab_size
     draft_vocab = config.get("draft_vocab_size") or vocab
+    for key, value in (("num_attention_heads", heads), ("num_key_value_heads", kv_heads), ("head_dim", head_dim),
+                       ("intermediate_size", inter), ("draft_vocab_size", draft_vocab)):
+        if not whole(value):
+            fail(path, f"config.{key} must be a positive integer, got {value!r}")
+    if heads % kv_heads:
+        fail(path, f"config.num_attention_heads {heads} must be a multiple of num_key_value_heads {kv_heads}")
+    eps = config.get("rms_norm_eps", target.rms_norm_eps)
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0 < eps < 1:
+        fail(path, f"config.rms_norm_eps must be a number in (0, 1), got {eps!r}")
     expected = {"fc.weight": (h, 3 * h), "norm.weight": (h,), "lm_head.weight": (draft_vocab, h),
                 "midlayer.input_layernorm.weight": (h,), "midlayer.hidden_norm.weight": (h,),
                 "midlayer.post_attention_layernorm.weight": (h,),
@@ -120,6 +137,10 @@ def load(path_arg: str, target: DecoderSpec, embed: np.ndarray) -> Draft:
             fail(path, f"{key} is missing")
         if tuple(t[key].shape) != shape:
             fail(path, f"{key} is {list(t[key].shape)}, expected {list(shape)}")
+        if not np.issubdtype(t[key].dtype, np.floating) and str(t[key].dtype) != "bfloat16":
+            fail(path, f"{key} is {t[key].dtype}; a head's weights are floating point")
+        if not np.isfinite(t[key].astype(np.float32)).all():
+            fail(path, f"{key} holds NaN or infinite values")
     extra = sorted(k for k in t if k not in expected and k not in ("d2t", "t2d", "embed_tokens.weight"))
     if extra:
         fail(path, f"unexpected tensors {extra[:4]}: not an EAGLE-3 head this version can build")
@@ -151,10 +172,14 @@ def rope_tables(draft: Draft, num_positions: int):
     from trtllm.builder.checkpoint import rotary_tables
 
     keys = ("rope_theta", "rope_scaling", "rope_parameters", "max_position_embeddings", "partial_rotary_factor")
-    cfg = LlamaConfig(hidden_size=draft.spec.hidden_size, num_attention_heads=draft.spec.num_heads,
-                      num_key_value_heads=draft.spec.num_kv_heads, head_dim=draft.spec.head_dim,
-                      **{k: draft.config[k] for k in keys if draft.config.get(k) is not None})
-    return rotary_tables(LlamaRotaryEmbedding(cfg), num_positions)
+    try:
+        cfg = LlamaConfig(hidden_size=draft.spec.hidden_size, num_attention_heads=draft.spec.num_heads,
+                          num_key_value_heads=draft.spec.num_kv_heads, head_dim=draft.spec.head_dim,
+                          **{k: draft.config[k] for k in keys if draft.config.get(k) is not None})
+        return rotary_tables(LlamaRotaryEmbedding(cfg), num_positions)
+    except (KeyError, ValueError, TypeError) as e:  # transformers' own checks: an unknown rope_type, a bad theta
+        fail(draft.path, f"its RoPE settings ({', '.join(k for k in keys if k in draft.config)}) cannot be used: "
+                         f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}")
 
 
 class DraftWriter(DecoderWriter):

@@ -49,8 +49,11 @@ def versions() -> dict:
 def export_onnx(ck: ckpt.Checkpoint, config: BuildConfig, out_dir: Path, log, backend: str = "onnxruntime") -> tuple:
     """llm.onnx and, for ONNX Runtime, the lowered source of its compiled form; with --eagle, the
     draft head's graphs too (export_draft). Returns (spec, max_top_k, num_positions, lowerings, eagle section)."""
-    spec = spec_for(ck.model)
-    weights = weights_of(ck.model, spec)
+    try:  # what the architecture's checks refuse (MLP biases, a config its class ignores) names --model
+        spec = spec_for(ck.model)
+        weights = weights_of(ck.model, spec)
+    except ValueError as e:
+        raise ckpt.CheckpointError(f"--model {config.model!r}: {e}") from e
     draft = eagle.load(config.eagle, spec, weights["model.embed_tokens.weight"]) if config.eagle else None
     num_positions = min(config.max_kv_cache_capacity, ck.model.config.max_position_embeddings)
     what = "the model's max_position_embeddings"

@@ -31,6 +31,7 @@ ARCHS = ["llama", "mistral", "qwen2", "qwen3"]
     (["--lora", "a b=/tmp/x"], "the name must be letters, digits"),
     (["--lora", "a=/tmp/x", "--lora", "a=/tmp/y"], "--lora names must be distinct"),
     (["--max-lora-rank", "-1"], "--max-lora-rank must be an integer in [0, 256]"),
+    (["--max-lora-rank", "0", "--lora", "a=/tmp/x"], "--max-lora-rank 0 gives the graph no LoRA inputs"),
     (["--backend", "tensorrt"], "--backend tensorrt needs TensorRT and a CUDA GPU: TensorRT is not installed"),
     (["--profile", "jetson-nano"], "--profile must be one of cpu-default, tensorrt-modern, tensorrt-legacy, jetson-orin-jp6, jetson-thor-jp7"),
     (["--profile", "tensorrt-legacy", "--quantization", "int4"], "--quantization int4 needs the modern graph"),
@@ -123,7 +124,7 @@ def test_failed_build_keeps_the_old_engine(tmp_path, tiny_checkpoint, tiny_engin
     config["hidden_act"] = "gelu"
     (bad / "config.json").write_text(json.dumps(config))
     result = CliRunner().invoke(main, ["--model", str(bad), "--output", str(engine)])
-    assert result.exit_code == 1 and "hidden_act" in result.output
+    assert result.exit_code == 2 and "hidden_act" in result.output  # a checkpoint it cannot build: usage
     assert (engine / "manifest.json").read_text() == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bad", "engine"]  # no partial engine left
 
@@ -208,6 +209,52 @@ def test_checkpoint_missing_a_weight_is_refused(tmp_path):
     result = CliRunner().invoke(main, ["--model", str(ckpt), "--output", str(tmp_path / "e")])
     assert result.exit_code == 2 and "lacks weights the model needs: lm_head.weight" in result.output
     assert not (tmp_path / "e").exists()
+
+
+def truncated_weights(ckpt):
+    data = (ckpt / "model.safetensors").read_bytes()
+    (ckpt / "model.safetensors").write_bytes(data[: len(data) // 2])
+
+
+def invalid_config(ckpt):
+    (ckpt / "config.json").write_text("{not json")
+
+
+def mlp_bias(ckpt):
+    import json
+
+    import numpy as np
+    from safetensors.numpy import load_file, save_file
+
+    config = json.loads((ckpt / "config.json").read_text())
+    (ckpt / "config.json").write_text(json.dumps({**config, "mlp_bias": True}))
+    weights = load_file(str(ckpt / "model.safetensors"))
+    for name in [n for n in weights if n.endswith(("gate_proj.weight", "up_proj.weight", "down_proj.weight"))]:
+        weights[name.replace(".weight", ".bias")] = np.zeros(weights[name].shape[0], weights[name].dtype)
+    save_file(weights, str(ckpt / "model.safetensors"))
+
+
+def unknown_model_type(ckpt):
+    import json
+
+    config = json.loads((ckpt / "config.json").read_text())
+    (ckpt / "config.json").write_text(json.dumps({**config, "model_type": "foobar"}))
+
+
+@pytest.mark.parametrize("damage, needle", [(truncated_weights, "cannot be loaded: SafetensorError"),
+                                            (invalid_config, "cannot be loaded"),
+                                            (unknown_model_type, "cannot be loaded"),
+                                            (mlp_bias, "config.mlp_bias must be false")])
+def test_a_checkpoint_that_cannot_be_built_is_exit_2_naming_model(tmp_path, damage, needle):
+    """A bad checkpoint is a usage error (2) with one line naming --model, not a failed build (1)
+    with a library's text."""
+    from tests.tiny_models import make_checkpoint
+
+    ckpt = make_checkpoint("llama", tmp_path / "ckpt")
+    damage(ckpt)
+    result = CliRunner().invoke(main, ["--model", str(ckpt), "--output", str(tmp_path / "e")])
+    assert result.exit_code == 2 and f"--model '{ckpt}'" in result.output and needle in result.output, result.output
+    assert "Traceback" not in result.output and not (tmp_path / "e").exists()
 
 
 def test_checkpoint_without_a_tokenizer_is_refused_up_front(tmp_path):

@@ -271,6 +271,19 @@ def test_restored_prompt_without_head_kv_proposes_as_uncached(eagle_engine, run_
         proposals[:] = []
 
 
+def edit_config(draft, **values):
+    (draft / "config.json").write_text(json.dumps({**json.loads((draft / "config.json").read_text()), **values}))
+
+
+def edit_weight(draft, name, change):
+    from safetensors.numpy import load_file, save_file
+
+    weights = load_file(str(draft / "model.safetensors"))
+    key = next(k for k in weights if k.removeprefix("model.") == name)
+    weights[key] = change(weights[key])
+    save_file(weights, str(draft / "model.safetensors"))
+
+
 @pytest.mark.parametrize("change, message", [
     (lambda d: (d / "config.json").write_text(json.dumps({**json.loads((d / "config.json").read_text()),
                                                           "architectures": ["LlamaForCausalLMEagle"]})),
@@ -285,6 +298,16 @@ def test_restored_prompt_without_head_kv_proposes_as_uncached(eagle_engine, run_
     (lambda d: (d / "config.json").write_text(json.dumps({**json.loads((d / "config.json").read_text()),
                                                           "draft_vocab_size": 7})),
      "lm_head.weight is"),
+    (lambda d: edit_config(d, num_attention_heads="4"), "config.num_attention_heads must be a positive integer"),
+    (lambda d: edit_config(d, head_dim=-8), "config.head_dim must be a positive integer"),
+    (lambda d: edit_config(d, rms_norm_eps="abc"), "config.rms_norm_eps must be a number"),
+    (lambda d: edit_config(d, eagle_config={"eagle_aux_hidden_state_layer_ids": [True, False, 1]}),
+     "three layer indices"),
+    (lambda d: edit_config(d, rope_scaling={"rope_type": "bogus", "factor": 2.0}), "its RoPE settings"),
+    (lambda d: (d / "config.json").write_text("[1, 2]"), "config.json must hold a JSON object"),
+    (lambda d: edit_weight(d, "lm_head.weight", lambda w: w * np.nan), "lm_head.weight holds NaN"),
+    (lambda d: edit_weight(d, "fc.weight", lambda w: w.astype(np.int32)), "fc.weight is int32"),
+    (lambda d: (d / "model.safetensors").write_bytes(b"not a safetensors file"), "cannot be read"),
 ])
 def test_bad_draft_heads_fail_the_build(tiny_checkpoint, tmp_path, change, message):
     draft = random_draft(tiny_checkpoint("llama"), tmp_path / "draft", aux=[0, 1, 1])
