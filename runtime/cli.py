@@ -1,7 +1,8 @@
 """trtllm-run INPUT.json --engine ENGINE_DIR [--output OUT.json] [--profile PROFILE.json]
 
-Exit codes: 0 every request succeeded; 1 some request failed (its response says why);
-2 the input file or command line is invalid (nothing was run); 3 --output or --profile could not be
+Exit codes: 0 every request succeeded; 1 some request failed (its response says why: a bad value
+in the request, naming its JSON path, or what the engine could not do); 2 the input file's JSON or
+top level, or the command line, is invalid (nothing was run); 3 --output or --profile could not be
 written at the end (the answers then go to stdout), or stdout could not be written where it was the
 answers' only way out (no --output); 130 interrupted: a Ctrl-C while generating ends every
 unfinished request as "cancelled" with its text so far and writes the answers; one while loading
@@ -227,7 +228,7 @@ def serve(input_file: Path, engine_dir: Path, output: str | None, profile: str |
     except mf.ManifestError:
         bundled = ()
     try:
-        inp = fmt.read_input(input_file, bundled)
+        inp = fmt.read_input(input_file, bundled, isolate=True)  # a bad request fails alone
     except fmt.InputError as e:
         fail_usage(f"{files.shown(input_file)}: {e}")
     check_writable(output, "--output")

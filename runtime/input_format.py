@@ -167,6 +167,9 @@ class InputFile:
     ignore_eos: bool = False
     min_new_tokens: int = 0
     n: int = 1
+    # isolate=True (trtllm-run): request index -> the error of a request that could not be read;
+    # its entry in `requests` is a placeholder that never runs (PLACEHOLDER)
+    invalid: dict[int, str] = field(default_factory=dict)
 
 
 def _text(value: object, path: str) -> str:
@@ -359,9 +362,12 @@ _TOP_FIELDS = {
 }
 
 
-def parse_input(obj: object, bundled_loras: tuple[str, ...] = ()) -> InputFile:
-    """Validate a decoded input document; raise `InputError` at the first bad value.
-    `bundled_loras`: adapter names the engine carries, which `lora_name` may use as well."""
+def parse_input(obj: object, bundled_loras: tuple[str, ...] = (), isolate: bool = False) -> InputFile:
+    """Validate a decoded input document; raise `InputError` at the first bad value. With
+    `isolate`, a bad value inside a request fails that request alone: its error goes to
+    `InputFile.invalid` and PLACEHOLDER takes its place, so its neighbours still run (what
+    trtllm-run does); the file and its top level still raise. `bundled_loras`: adapter names the
+    engine carries, which `lora_name` may use as well."""
     for key in obj if isinstance(obj, dict) else ():
         if key in _REQUEST_FIELDS and key not in _TOP_FIELDS:  # not an unknown key: a misplaced one
             _fail(key, f"set in each request (`requests[i].{key}`)", obj[key], shown="it at the top level")
@@ -370,12 +376,26 @@ def parse_input(obj: object, bundled_loras: tuple[str, ...] = ()) -> InputFile:
     if not isinstance(raw_requests, list) or not raw_requests:
         _fail("requests", "a non-empty array of request objects", raw_requests)
     settings = InputFile(requests=(), **top)  # the top level with its defaults filled in
-    requests = tuple(_request(r, f"requests[{i}]", settings, bundled_loras) for i, r in enumerate(raw_requests))
-    return dataclasses.replace(settings, requests=requests)
+    requests, invalid = [], {}
+    for i, r in enumerate(raw_requests):
+        try:
+            requests.append(_request(r, f"requests[{i}]", settings, bundled_loras))
+        except InputError as e:
+            if not isolate:
+                raise
+            requests.append(PLACEHOLDER)
+            invalid[i] = str(e)
+    return dataclasses.replace(settings, requests=tuple(requests), invalid=invalid)
 
 
-def read_input(path: str | os.PathLike, bundled_loras: tuple[str, ...] = ()) -> InputFile:
-    """Read and validate an input JSON file; every failure is an `InputError`."""
+# What stands for a request that could not be read (parse_input's isolate): it never runs.
+PLACEHOLDER = Request(messages=(), lora_name=None, save_system_prompt_kv_cache=False, disable_spec_decode=False,
+                      stop=(), logit_bias={}, num_logprobs=0)
+
+
+def read_input(path: str | os.PathLike, bundled_loras: tuple[str, ...] = (), isolate: bool = False) -> InputFile:
+    """Read and validate an input JSON file; every failure is an `InputError`, but, with `isolate`,
+    a bad request's (parse_input)."""
     name = os.fspath(path)
     label = f"input file `{files.shown(name)}`"
     try:
@@ -400,7 +420,7 @@ def read_input(path: str | os.PathLike, bundled_loras: tuple[str, ...] = ()) -> 
               shown=f"{e.msg.removesuffix(' at')} at line {e.lineno} column {e.colno}")
     except RecursionError:
         _fail("", "valid JSON", None, label=label, shown="arrays or objects nested deeper than the parser goes")
-    return parse_input(obj, bundled_loras)
+    return parse_input(obj, bundled_loras, isolate)
 
 
 def _check_positive(name: str, value: object) -> None:
@@ -420,6 +440,8 @@ def check_against_engine(inp: InputFile, vocab_size: int) -> list[tuple[int, str
     _check_positive("vocab_size", vocab_size)
     problems = []
     for i, req in enumerate(inp.requests):
+        if i in inp.invalid:  # failed already
+            continue
         bias_path, stop_path = _where(req, i, "logit_bias"), _where(req, i, "stop_token_ids")
         bad = [(f'{bias_path}["{token_id}"]', token_id) for token_id in sorted(req.logit_bias)]
         bad += [(f"{stop_path}[{j}]", token_id) for j, token_id in enumerate(req.stop_token_ids)]
@@ -437,4 +459,4 @@ def check_limits(inp: InputFile, max_top_k: int, vocab_size: int) -> list[tuple[
     _check_positive("vocab_size", vocab_size)
     return [(i, f"`{_where(req, i, 'top_k')}` must be <= {max_top_k} (the engine's sampler limit) "
                 f"or >= the vocabulary size {vocab_size} (all tokens), got {req.top_k}")
-            for i, req in enumerate(inp.requests) if max_top_k < req.top_k < vocab_size]
+            for i, req in enumerate(inp.requests) if i not in inp.invalid and max_top_k < req.top_k < vocab_size]

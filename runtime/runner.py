@@ -205,7 +205,10 @@ class Runner:
             adapters = AdapterSet.for_run(self.engine, inp.available_lora_weights)
         samples = []
         for i, req in enumerate(inp.requests):
-            p = self.prepare(i, req, inp, adapters)
+            if i in inp.invalid:  # it could not be read: it fails alone (fmt.parse_input's isolate)
+                p = Prepared(i, req, error=inp.invalid[i])
+            else:
+                p = self.prepare(i, req, inp, adapters)
             if errors and i in errors and p.error is None:
                 p.error = errors[i]
             samples += [Sample(p, k) for k in range(req.n)]

@@ -15,6 +15,7 @@ from trtllm.runtime.input_format import (
     Request,
     parse_input,
 )
+from trtllm.runtime import input_format as fmt
 
 
 def test_minimal_file_gets_the_defaults():
@@ -430,3 +431,23 @@ def test_top_level_must_be_an_object():
 
 def test_input_error_is_a_value_error():
     assert issubclass(InputError, ValueError)
+
+
+def test_isolate_fails_a_bad_request_alone():
+    """trtllm-run's reading (isolate=True): a bad value inside a request becomes that request's
+    error, its place a placeholder that never runs; the strict reading raises it, and the file's top
+    level raises either way."""
+    doc = {"requests": [{"messages": [{"role": "user", "content": "a"}]},
+                        {"messages": [{"role": "user", "content": "b"}], "top_k": -1},
+                        {"messages": [{"role": "user"}]}],
+           "temperature": 0}
+    inp = fmt.parse_input(doc, isolate=True)
+    assert sorted(inp.invalid) == [1, 2] and inp.requests[1] is fmt.PLACEHOLDER
+    assert inp.invalid[1].startswith("`requests[1].top_k` must be an integer >= 0")
+    assert inp.invalid[2].startswith("`requests[2].messages[0].content` must be")
+    assert inp.requests[0].temperature == 0
+    assert [i for i, _ in fmt.check_limits(inp, 1, 100)] == [0]  # placeholders are not checked again
+    with pytest.raises(fmt.InputError, match=r"requests\[1\]\.top_k"):
+        fmt.parse_input(doc)
+    with pytest.raises(fmt.InputError, match="temperature"):
+        fmt.parse_input({**doc, "temperature": -1}, isolate=True)

@@ -110,10 +110,11 @@ def test_requests_pick_adapters_and_a_bad_one_fails_alone(cli):
     assert alone == texts(out)[:3]  # mixed in one batch = each alone
 
 
-def test_unknown_adapter_name_is_an_input_error(cli):
+def test_unknown_adapter_name_fails_that_request(cli):
     result, out = cli("ort", [chat("hi"), chat("hi", lora_name="nope")])
-    assert result.exit_code == 2 and out is None
-    assert "requests[1].lora_name" in result.output and "bundled" in result.output
+    assert result.exit_code == 1 and [r["finish_reason"] for r in out["responses"]] == ["max-length", "error"]
+    error = out["responses"][1]["error"]
+    assert "requests[1].lora_name" in error and "bundled" in error
 
 
 def test_saved_system_prompt_kv_is_kept_per_adapter(cli, tmp_path):

@@ -77,15 +77,36 @@ def test_bad_request_fails_alone(run_cli, tmp_path, tiny_engine):
     ({"requests": [chat("x")], "temprature": 0.5}, "temprature"),
     ({"requests": [chat("x")], "top_p": 0}, "top_p"),
     ({"requests": [chat("x")], "batch_size": 0}, "batch_size"),
-    ({"requests": [{"messages": [{"role": "bot", "content": "x"}]}]}, "requests[0].messages[0].role"),
-    ({"requests": [chat("x", stop=[1])]}, "requests[0].stop[0]"),
     ({"requests": [chat("x")], "max_generate_length": -1}, "max_generate_length"),
+    ({"requests": {"0": chat("x")}}, "requests"),
 ])
 def test_invalid_input_exits_2_naming_the_field(run_cli, tiny_engine, payload, field):
+    """The file itself, or its top level (every request takes its defaults from it): nothing runs."""
     result, out = run_cli(tiny_engine("llama"), payload)
     assert result.exit_code == 2, result.output
     assert field in result.output
     assert out is None
+
+
+@pytest.mark.parametrize("bad, field", [
+    ({"messages": [{"role": "bot", "content": "x"}]}, "`requests[1].messages[0].role` must be one of"),
+    (chat("x", stop=[1]), "`requests[1].stop[0]` must be"),
+    (chat("x", top_p=0), "`requests[1].top_p` must be a finite number in (0, 1]"),
+    (chat("x", mesages=[]), "`requests[1].mesages` must be a known key"),
+    ("not a request", "`requests[1]` must be"),
+])
+def test_a_bad_request_fails_alone_naming_its_field(run_cli, tiny_engine, bad, field):
+    """A bad value inside one request fails that request (its response names the field by its JSON
+    path); its neighbours are answered, and the exit code is 1. Before, one bad request stopped the
+    whole file (exit 2, nothing ran)."""
+    payload = {"requests": [chat("a"), bad, chat("b")], "temperature": 0, "max_generate_length": 3}
+    result, out = run_cli(tiny_engine("llama"), payload)
+    assert result.exit_code == 1, result.output
+    reasons = [r["finish_reason"] for r in out["responses"]]
+    assert reasons == ["max-length", "error", "max-length"]
+    assert out["responses"][1]["error"].startswith(field) and out["responses"][1]["batch_idx"] is None
+    alone, want = run_cli(tiny_engine("llama"), {**payload, "requests": [chat("a"), chat("b")]})
+    assert [out["responses"][i]["output_text"] for i in (0, 2)] == [r["output_text"] for r in want["responses"]]
 
 
 def test_batch_size_over_the_engines_runs_at_its_max_with_a_warning(run_cli, tiny_engine):
