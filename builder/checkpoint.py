@@ -19,6 +19,11 @@ class CheckpointError(ValueError):
     """The --model argument cannot be loaded."""
 
 
+class Unsupported(CheckpointError):
+    """What an architecture's checks refuse in a checkpoint (builder/architectures): the build
+    names --model (export.py), where any other error is the build's own."""
+
+
 @dataclass
 class Checkpoint:
     model: "torch.nn.Module"
@@ -33,7 +38,7 @@ def unreadable(model_arg: str):
     other shapes) as one CheckpointError naming --model, with their first line."""
     try:
         yield
-    except (CheckpointError, MemoryError):
+    except (CheckpointError, MemoryError, ImportError):  # (a missing optional package is no bad checkpoint)
         raise
     except Exception as e:  # noqa: BLE001 - each library has its own error types
         first = next((line.strip() for line in str(e).splitlines() if line.strip()), "")

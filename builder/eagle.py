@@ -77,12 +77,21 @@ def read(path: Path) -> tuple[dict, dict]:
         config = json.loads((path / "config.json").read_text())
         tensors = {}
         for f in files:
-            tensors.update(load_file(f))
+            try:
+                tensors.update(load_file(f))
+            except TypeError:  # bfloat16 (numpy has no such type, as SpecForge often saves): widened exactly
+                import torch
+                from safetensors.torch import load_file as load_torch
+
+                tensors.update({k: (v.float() if v.dtype == torch.bfloat16 else v).numpy()
+                                for k, v in load_torch(f).items()})
     except Exception as e:  # noqa: BLE001 - safetensors' own error type too (a truncated or foreign file)
         fail(path, f"cannot be read: {type(e).__name__}: {str(e)[:200]}")
     if not isinstance(config, dict):
         fail(path, f"config.json must hold a JSON object, got {type(config).__name__}")
-    return config, {k.removeprefix("model."): v for k, v in tensors.items()}
+    # bfloat16 read as numpy's (where ml_dtypes is loaded), widened exactly as above
+    return config, {k.removeprefix("model."): v.astype(np.float32) if v.dtype.name == "bfloat16" else v
+                    for k, v in tensors.items()}
 
 
 def whole(value, least: int = 1) -> bool:
@@ -110,6 +119,8 @@ def load(path_arg: str, target: DecoderSpec, embed: np.ndarray) -> Draft:
         fail(path, f"eagle_aux_hidden_state_layer_ids must be three layer indices in [0, {layers}), got {aux}")
     heads = config.get("num_attention_heads", target.num_heads)
     kv_heads = config.get("num_key_value_heads", heads)
+    if not whole(heads):
+        fail(path, f"config.num_attention_heads must be a positive integer, got {heads!r}")
     head_dim = config.get("head_dim") or h // heads
     inter = config.get("intermediate_size", target.intermediate_size)
     vocab = target.vocab_size
@@ -137,7 +148,7 @@ def load(path_arg: str, target: DecoderSpec, embed: np.ndarray) -> Draft:
             fail(path, f"{key} is missing")
         if tuple(t[key].shape) != shape:
             fail(path, f"{key} is {list(t[key].shape)}, expected {list(shape)}")
-        if not np.issubdtype(t[key].dtype, np.floating) and str(t[key].dtype) != "bfloat16":
+        if not np.issubdtype(t[key].dtype, np.floating):
             fail(path, f"{key} is {t[key].dtype}; a head's weights are floating point")
         if not np.isfinite(t[key].astype(np.float32)).all():
             fail(path, f"{key} holds NaN or infinite values")

@@ -52,7 +52,7 @@ def export_onnx(ck: ckpt.Checkpoint, config: BuildConfig, out_dir: Path, log, ba
     try:  # what the architecture's checks refuse (MLP biases, a config its class ignores) names --model
         spec = spec_for(ck.model)
         weights = weights_of(ck.model, spec)
-    except ValueError as e:
+    except ckpt.Unsupported as e:
         raise ckpt.CheckpointError(f"--model {config.model!r}: {e}") from e
     draft = eagle.load(config.eagle, spec, weights["model.embed_tokens.weight"]) if config.eagle else None
     num_positions = min(config.max_kv_cache_capacity, ck.model.config.max_position_embeddings)
@@ -297,6 +297,9 @@ def eos_ids(ck: ckpt.Checkpoint) -> list[int]:
     return [int(i) for i in ids if i is not None]
 
 
+OPTIONAL_FILES = ("chat_template", "generation_config")  # files a checkpoint may not give
+
+
 def save_tokenizer(ck: ckpt.Checkpoint, out_dir: Path) -> None:
     ck.tokenizer.save_pretrained(out_dir)
     ck.model.generation_config.to_json_file(out_dir / "generation_config.json")
@@ -415,6 +418,10 @@ def build(config: BuildConfig, log=print) -> Path:
                 compile_onnxruntime(tmp, log, quant, native=cpu_kernels.needed_by(eagle_section["lowerings"]),
                                     names=(eagle.DRAFT_ONNX, eagle.DRAFT_SOURCE, eagle.DRAFT_COMPILED))
         save_tokenizer(ck, tmp)
+        # a base model's tokenizer has no chat template, and transformers writes no file for it: the
+        # manifest lists the files there are (the runtime refuses a listed file that is missing)
+        manifest = dataclasses.replace(manifest, files={k: v for k, v in manifest.files.items()
+                                                        if k not in OPTIONAL_FILES or (tmp / v).is_file()})
         mf.save(manifest, tmp)
         if config.verify:
             from trtllm.builder.verify import verify_engine

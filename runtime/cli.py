@@ -52,6 +52,7 @@ class Printer:
 
     def __init__(self, answers_wanted: bool, tell: bool = True):
         self.answers_wanted, self.tell, self.gone = answers_wanted, tell, False  # tell: warn when it fails
+        self.error: BaseException | None = None  # why it stopped
 
     def line(self, record: dict) -> None:
         self.text(json.dumps(record, ensure_ascii=False))
@@ -65,7 +66,7 @@ class Printer:
             click.echo(text)
             sys.stdout.flush()
         except (OSError, ValueError) as e:  # ValueError: a file object closed under us
-            self.gone = True
+            self.gone, self.error = True, e
             if sys.stdout is not None:  # onto /dev/null: Python would otherwise report it again as it exits
                 with contextlib.suppress(OSError, ValueError):
                     os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
@@ -85,12 +86,17 @@ class Printer:
         self.line(record)
 
 
+STDOUT_CLOSED = False  # descriptor 1 was closed when the run started (hold_stdout)
+
+
 def hold_stdout() -> None:
     """With descriptor 1 closed (`>&-`), the next file opened would get it, and anything written to
     stdout would land in that file: hold it open on /dev/null (the printing fails as a closed
     stdout, Printer)."""
+    global STDOUT_CLOSED
     if sys.stdout is not None:
         return
+    STDOUT_CLOSED = True
     opened = []
     with contextlib.suppress(OSError):
         while not opened or opened[-1] < 1:  # (0 too may be closed)
@@ -239,6 +245,8 @@ def serve(input_file: Path, engine_dir: Path, output: str | None, profile: str |
     to_stdout = output is not None and files.descriptor(output) == 1
     if output is not None and profile is not None and same_file(output, profile):
         fail_usage(f"--output and --profile are the same file ({files.shown(output)})")
+    if to_stdout and STDOUT_CLOSED:
+        fail_usage(f"--output {files.shown(output)} is stdout, which is closed")
     if stream and to_stdout:
         fail_usage(f"--output {files.shown(output)} is stdout, which --stream writes its lines to")
     from trtllm.runtime.prefix_cache import PrefixStore, engine_identity, parse_size, prefix_identity
@@ -305,18 +313,29 @@ def serve(input_file: Path, engine_dir: Path, output: str | None, profile: str |
             if r["finish_reason"] == "error":
                 printer.line({"request_idx": r["request_idx"], "sample_idx": r.get("sample_idx", 0), "text": "",
                               "finish_reason": "error", "error": r.get("error")})
-    unwritten = []
+    unwritten, reader_gone = [], False
     if output is not None:
         try:
             with deferred(files.regular_target(output)):  # a Ctrl-C now waits the write's milliseconds
                 files.write_atomic(output, result, indent=4, inline_from=OUTPUT_INLINE)
             click.echo(f"wrote {len(responses)} responses to {files.shown(output)}", err=True)
+        except BrokenPipeError:
+            if not to_stdout:
+                raise
+            reader_gone = True  # `--output /dev/stdout | head`: as a program killed by SIGPIPE
+            with contextlib.suppress(OSError):
+                os.dup2(os.open(os.devnull, os.O_WRONLY), 1)
         except OSError as e:
             unwritten.append(f"--output {files.shown(output)} could not be written ({e})")
     if stream:
         pass  # stdout already carries the text, as JSON lines
     elif output is None or (unwritten and not to_stdout):
-        Printer(answers_wanted=False).text(files.dumps(result, 4, OUTPUT_INLINE))
+        answers = Printer(answers_wanted=True, tell=False)  # a failure is told at the end, after --profile
+        answers.text(files.dumps(result, 4, OUTPUT_INLINE))
+        if isinstance(answers.error, BrokenPipeError):
+            reader_gone = True
+        elif answers.error is not None:
+            unwritten.append(f"stdout could not be written ({answers.error}); the answers are lost")
     else:
         summary = Printer(answers_wanted=True, tell=False)  # the answers are in the file: a failing stdout loses nothing
         for r in responses:  # a line per answer; on stderr when the JSON went to stdout
@@ -339,10 +358,11 @@ def serve(input_file: Path, engine_dir: Path, output: str | None, profile: str |
         cut = sorted({r["request_idx"] for r in responses if r["finish_reason"] == "cancelled"})
         click.echo(f"interrupted: {len(cut)} of {len(inp.requests)} requests were cancelled (their text so far is "
                    "their answer); the others finished", err=True)
+    lost = any(p.startswith("stdout") for p in unwritten)
     for problem in unwritten:
         click.echo(f"error: {problem}" + ("; the answers are on stdout" if "--output" in problem and not stream
-                                          and not to_stdout else ""), err=True)
-    sys.exit(3 if unwritten else 130 if runner.cancelled else 1 if failed else 0)
+                                          and not to_stdout and not lost else ""), err=True)
+    sys.exit(3 if unwritten else 141 if reader_gone else 130 if runner.cancelled else 1 if failed else 0)
 
 
 if __name__ == "__main__":  # python -m trtllm.runtime.cli, as python -m trtllm.runtime

@@ -136,7 +136,8 @@ def write_atomic(path: str | Path, data: dict, indent: int | None, inline_from: 
     fd = descriptor(path)
     if fd is not None:
         for stream in (sys.stdout, sys.stderr):  # what was printed before comes first
-            stream.flush()
+            if stream is not None:
+                stream.flush()
         write_all(fd, text.encode("utf-8"))
         return
     path = Path(os.path.realpath(path))

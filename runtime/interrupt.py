@@ -36,8 +36,8 @@ def deferred(wanted: bool = True):
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-    if caught:
-        raise KeyboardInterrupt
+        if caught:  # (over an error of the write too: the interrupt is what was asked for)
+            raise KeyboardInterrupt
 
 
 @contextlib.contextmanager

@@ -232,11 +232,12 @@ def check(m: Manifest, engine_dir: Path) -> str:
             return f"{name} must be token ids below the vocabulary size {model.vocab_size}, got {m.to_json()[name]!r}"
     if not isinstance(m.files, dict):
         return f"files must be an object, got {type(m.files).__name__}"
-    root = engine_dir.resolve()
-    for key, name in m.files.items():
-        where = (engine_dir / name).resolve() if isinstance(name, str) else None
-        if where is None or Path(name).is_absolute() or root not in where.parents:
-            return f"files.{key} must name a file inside the engine directory, got {name!r}"
-        if not where.is_file():
-            return f"files.{key}: {name} is missing"
+    named = [(f"files.{k}", v) for k, v in m.files.items()]
+    named += [(f"eagle.{k}", m.eagle.get(k)) for k in ("compiled", "plan") if isinstance(m.eagle, dict) and k in m.eagle]
+    for where, name in named:
+        # by its name, not where symlinks lead (a shared tokenizer may be one)
+        if not isinstance(name, str) or not name or Path(name).is_absolute() or ".." in Path(name).parts:
+            return f"{where} must name a file inside the engine directory, got {name!r}"
+        if not (engine_dir / name).is_file():
+            return f"{where}: {name} is missing"
     return ""

@@ -5,6 +5,8 @@ A new architecture is one file here and one line in ARCHITECTURES.
 """
 from __future__ import annotations
 
+from trtllm.builder.checkpoint import Unsupported
+
 import dataclasses
 
 import numpy as np
@@ -33,7 +35,7 @@ def spec_for(model):
     bias on Llama's o_proj)."""
     name = type(model).__name__
     if name not in ARCHITECTURES:
-        raise ValueError(f"the checkpoint loads as {name} (config.model_type "
+        raise Unsupported(f"the checkpoint loads as {name} (config.model_type "
                          f"{getattr(model.config, 'model_type', None)!r}); supported: {sorted(ARCHITECTURES)}")
     spec = ARCHITECTURES[name](model.config)
     return dataclasses.replace(spec, **from_modules(model, spec))
@@ -50,13 +52,13 @@ def from_modules(model, spec) -> dict:
     fused = spec.fused_projections  # Phi-3's qkv_proj and gate_up_proj
     qkv = {has_bias(m) for m in ((attn.qkv_proj,) if fused else (attn.q_proj, attn.k_proj, attn.v_proj))}
     if len(qkv) > 1:
-        raise ValueError("q_proj, k_proj and v_proj must all have a bias or none")
+        raise Unsupported("q_proj, k_proj and v_proj must all have a bias or none")
     if any(has_bias(m) for m in ((mlp.gate_up_proj,) if fused else (mlp.gate_proj, mlp.up_proj)) + (mlp.down_proj,)):
-        raise ValueError("MLP biases (config.mlp_bias) are not supported")
+        raise Unsupported("MLP biases (config.mlp_bias) are not supported")
     expected = [spec.window(i) for i in range(len(layers))]
     windows = [getattr(layer.self_attn, "sliding_window", w) for layer, w in zip(layers, expected)]
     if windows != expected:  # a class that keeps its window per layer says what it uses
-        raise ValueError(f"the layers' sliding windows {windows} differ from what the config gives ({expected})")
+        raise Unsupported(f"the layers' sliding windows {windows} differ from what the config gives ({expected})")
     head = model.get_output_embeddings().weight
     tied = head.data_ptr() == model.get_input_embeddings().weight.data_ptr()
     return {"attention_bias": qkv.pop(), "o_proj_bias": has_bias(attn.o_proj), "tie_word_embeddings": tied}

@@ -7,6 +7,8 @@ scaled by query_pre_attn_scalar ** -0.5; and sliding-window layers between full-
 (config.layer_types), the sliding ones with their own RoPE base (rope_local_base_freq)."""
 from __future__ import annotations
 
+from trtllm.builder.checkpoint import Unsupported
+
 from trtllm.builder.architectures.llama import base_spec
 from trtllm.builder.architectures.mistral import sliding_window
 
@@ -18,7 +20,7 @@ def sliding_layers(config) -> tuple[int, ...]:
     types = list(config.layer_types)
     unknown = sorted(set(types) - {"sliding_attention", "full_attention"})
     if unknown or len(types) != config.num_hidden_layers:
-        raise ValueError(f"config.layer_types must give each of the {config.num_hidden_layers} layers "
+        raise Unsupported(f"config.layer_types must give each of the {config.num_hidden_layers} layers "
                          f"'sliding_attention' or 'full_attention', got {types!r}")
     return tuple(i for i, t in enumerate(types) if t == "sliding_attention")
 
@@ -26,14 +28,14 @@ def sliding_layers(config) -> tuple[int, ...]:
 def spec_from_config(config):
     for key in ("final_logit_softcapping", "attn_logit_softcapping"):
         if getattr(config, key, None) is not None:  # Gemma 2's; Gemma 3 configs have null
-            raise ValueError(f"config.{key} must be null (Gemma 3), got {getattr(config, key)!r}: "
+            raise Unsupported(f"config.{key} must be null (Gemma 3), got {getattr(config, key)!r}: "
                              "soft-capping is not supported")
     if getattr(config, "use_bidirectional_attention", False):
-        raise ValueError("config.use_bidirectional_attention must be false: the engine decodes causally")
+        raise Unsupported("config.use_bidirectional_attention must be false: the engine decodes causally")
     layers = sliding_layers(config)
     window = sliding_window(config) if layers else None
     if layers and window is None:
-        raise ValueError("config.sliding_window must be a positive integer: config.layer_types has sliding layers")
+        raise Unsupported("config.sliding_window must be a positive integer: config.layer_types has sliding layers")
     return base_spec(config, "Gemma3ForCausalLM", act=("hidden_activation", GELU_TANH),
                      sliding_window=window, sliding_layers=layers or None, local_rope=bool(layers),
                      qk_norm=True, embed_scale=float(config.hidden_size) ** 0.5, norm_offset=1.0,

@@ -3,6 +3,8 @@
 The biases and the lm_head tie are then taken from the loaded modules (architectures.spec_for)."""
 from __future__ import annotations
 
+from trtllm.builder.checkpoint import Unsupported
+
 from trtllm.builder.decoder import DecoderSpec
 
 
@@ -11,9 +13,9 @@ def check_common(config, act_key: str = "hidden_act", acts: dict = {"silu": "sil
     MLP's activation as DecoderSpec names it (acts: config value -> name)."""
     act = getattr(config, act_key, "silu")
     if act not in acts:
-        raise ValueError(f"config.{act_key} must be {' or '.join(map(repr, acts))}, got {act!r}")
+        raise Unsupported(f"config.{act_key} must be {' or '.join(map(repr, acts))}, got {act!r}")
     if getattr(config, "mlp_bias", False):
-        raise ValueError("config.mlp_bias must be false, got True")
+        raise Unsupported("config.mlp_bias must be false, got True")
     return acts[act]
 
 

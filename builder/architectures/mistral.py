@@ -4,6 +4,8 @@ transformers' Mistral reads config.sliding_window alone: `use_sliding_window` an
 (Qwen's keys) do not switch it off, so they must not here either."""
 from __future__ import annotations
 
+from trtllm.builder.checkpoint import Unsupported
+
 from trtllm.builder.architectures.llama import base_spec
 
 
@@ -12,7 +14,7 @@ def sliding_window(config) -> int | None:
     if window is None:
         return None
     if isinstance(window, bool) or not isinstance(window, int) or window < 1:
-        raise ValueError(f"config.sliding_window must be a positive integer or null, got {window!r}")
+        raise Unsupported(f"config.sliding_window must be a positive integer or null, got {window!r}")
     return window
 
 

@@ -6,6 +6,8 @@ factors the engine's RoPE table holds (checkpoint.rope_position_limit keeps the 
 original_max_position_embeddings, past which transformers switches to the long factors)."""
 from __future__ import annotations
 
+from trtllm.builder.checkpoint import Unsupported
+
 from trtllm.builder.architectures.llama import base_spec
 from trtllm.builder.architectures.mistral import sliding_window
 
@@ -15,7 +17,7 @@ def spec_from_config(config):
     factor = (getattr(config, "rope_parameters", None) or {}).get("partial_rotary_factor", 1.0)
     rotary_dim = int(head_dim * factor)
     if rotary_dim % 2 or not 0 < rotary_dim <= head_dim:
-        raise ValueError(f"partial_rotary_factor {factor} gives {rotary_dim} rotary dimensions of a head of "
+        raise Unsupported(f"partial_rotary_factor {factor} gives {rotary_dim} rotary dimensions of a head of "
                          f"{head_dim}: must be even and positive")
     return base_spec(config, "Phi3ForCausalLM", sliding_window=sliding_window(config), fused_projections=True,
                      rotary_dim=None if rotary_dim == head_dim else rotary_dim)

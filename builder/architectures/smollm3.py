@@ -2,6 +2,8 @@
 `no_rope_layer_interval`-th layer (config.no_rope_layers, 0 = no RoPE) attends without rotary."""
 from __future__ import annotations
 
+from trtllm.builder.checkpoint import Unsupported
+
 from trtllm.builder.architectures.llama import base_spec
 from trtllm.builder.architectures.qwen2 import sliding
 
@@ -9,7 +11,7 @@ from trtllm.builder.architectures.qwen2 import sliding
 def spec_from_config(config):
     flags = list(config.no_rope_layers)
     if len(flags) != config.num_hidden_layers:
-        raise ValueError(f"config.no_rope_layers must have one flag per layer ({config.num_hidden_layers}), "
+        raise Unsupported(f"config.no_rope_layers must have one flag per layer ({config.num_hidden_layers}), "
                          f"got {len(flags)}")
     nope = tuple(i for i, use_rope in enumerate(flags) if not use_rope)
     return base_spec(config, "SmolLM3ForCausalLM", nope_layers=nope, **sliding(config))

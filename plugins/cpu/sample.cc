@@ -45,13 +45,27 @@ struct Job {
 
 // The vocabulary-wide passes, in AVX-512 where the CPU has it (each vector loop leaves its last
 // n % 16 elements to the portable loop). Only exact IEEE operations (add, multiply, divide,
-// compare), so both paths give the same numbers; but sum_exp, whose exp is a polynomial on AVX-512.
+// compare), so both paths give the same numbers; but sum_exp and exp_weights, whose exp is a
+// polynomial on AVX-512 (without top_k, exp_weights' weights decide the draw: a uniform within
+// float rounding of a boundary may draw the neighbour on one path, as between libm and numpy).
 
 // sum(exp(x - xmax)) for the log-softmax (logprobs only: a tolerance of 1e-5, no token depends on it).
 double sum_exp_portable(const float* x, int64_t n, float xmax) {
   double s = 0;
   for (int64_t i = 0; i < n; ++i) s += std::exp(x[i] - xmax);
   return s;
+}
+
+// w[i] = exp(d_i), d_i = (y[i] - ymax) / t, over n values; returns the sum of the w whose d >= cut
+// (in double) and their count. The sampler's draw without top_k reads every token's weight.
+double exp_weights_portable(const float* y, int64_t n, float ymax, float t, float cut, float* w, int64_t& count) {
+  double sum = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const float d = (y[i] - ymax) / t;
+    w[i] = std::exp(d);
+    if (d >= cut) sum += w[i], ++count;
+  }
+  return sum;
 }
 
 // out = a + b; returns max(out), `nan` when some out is NaN.
@@ -98,6 +112,39 @@ TRTLLM_AVX512 double sum_exp_avx512(const float* x, int64_t n, float xmax) {
     acc = _mm512_add_pd(acc, _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(e), 1))));
   }
   return _mm512_reduce_add_pd(acc) + sum_exp_portable(x + i, n - i, xmax);
+}
+
+// exp_weights with the polynomial exp (within 2e-7 of libm's, as libm's and numpy's differ in the
+// last bit anyway: a uniform within that of a boundary can draw the neighbour). Lanes below -87
+// (the far tail, tokens banned at -inf) take libm's exp, whose denormals and zero the polynomial's
+// clamp would not give: a banned token keeps weight 0 and is never drawn. The sum is in double, in
+// another order than the portable loop's: the same float total but within double rounding.
+TRTLLM_AVX512 double exp_weights_avx512(const float* y, int64_t n, float ymax, float t, float cut, float* w,
+                                        int64_t& count) {
+  const __m512 m = _mm512_set1_ps(ymax), tv = _mm512_set1_ps(t), cv = _mm512_set1_ps(cut),
+               floor = _mm512_set1_ps(-87.0f);
+  __m512d lo = _mm512_setzero_pd(), hi = _mm512_setzero_pd();
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m512 d = _mm512_div_ps(_mm512_sub_ps(_mm512_loadu_ps(y + i), m), tv);
+    __m512 e = trtllm_cpu::exp_avx512(d);
+    const __mmask16 tail = _mm512_cmp_ps_mask(d, floor, _CMP_LT_OQ);  // (NaN: not a tail, as the max is finite)
+    if (tail) {
+      alignas(64) float ds[16], es[16];
+      _mm512_store_ps(ds, d);
+      _mm512_store_ps(es, e);
+      for (int j = 0; j < 16; ++j)
+        if (tail >> j & 1) es[j] = std::exp(ds[j]);
+      e = _mm512_load_ps(es);
+    }
+    _mm512_storeu_ps(w + i, e);
+    const __mmask16 kept = _mm512_cmp_ps_mask(d, cv, _CMP_GE_OQ);
+    count += __builtin_popcount(kept);
+    const __m512 k = _mm512_maskz_mov_ps(kept, e);
+    lo = _mm512_add_pd(lo, _mm512_cvtps_pd(_mm512_castps512_ps256(k)));
+    hi = _mm512_add_pd(hi, _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(k), 1))));
+  }
+  return _mm512_reduce_add_pd(_mm512_add_pd(lo, hi)) + exp_weights_portable(y + i, n - i, ymax, t, cut, w + i, count);
 }
 
 TRTLLM_AVX512 float add_max_avx512(const float* a, const float* b, float* out, int64_t n, bool& nan) {
@@ -152,6 +199,13 @@ double sum_exp(const float* x, int64_t n, float xmax) {
   if (trtllm_cpu::use_avx512()) return sum_exp_avx512(x, n, xmax);
 #endif
   return sum_exp_portable(x, n, xmax);
+}
+
+double exp_weights(const float* y, int64_t n, float ymax, float t, float cut, float* w, int64_t& count) {
+#ifdef TRTLLM_X86
+  if (trtllm_cpu::use_avx512()) return exp_weights_avx512(y, n, ymax, t, cut, w, count);
+#endif
+  return exp_weights_portable(y, n, ymax, t, cut, w, count);
 }
 
 float add_max(const float* a, const float* b, float* out, int64_t n, bool& nan) {
@@ -247,14 +301,9 @@ float threshold_top_k(const std::vector<float>& y, float ymax, float t, int64_t 
 float threshold_dense(const std::vector<float>& y, float ymax, float t, int64_t m_cap, float log_min_p, float top_p,
                       std::vector<float>& w, std::vector<float>& sy) {
   const int64_t v = static_cast<int64_t>(y.size());
-  double denom = 0;
   int64_t count = 0;
   w.resize(v);
-  for (int64_t i = 0; i < v; ++i) {
-    const float d = (y[i] - ymax) / t;
-    w[i] = std::exp(d);
-    if (d >= log_min_p) denom += w[i], ++count;  // (-inf when min_p is 0: every token)
-  }
+  const double denom = exp_weights(y.data(), v, ymax, t, log_min_p, w.data(), count);  // (-inf when min_p is 0: every token)
   const int64_t k_eff = std::max<int64_t>(1, std::min(m_cap, count));
   const float total = static_cast<float>(denom);
   if (!(top_p < 1.0f)) {  // the k'-th largest
@@ -285,13 +334,25 @@ int64_t draw(const Job& job, int64_t b, int64_t n_row, const std::vector<float>&
     w_filled = true;
   } else {
     w.resize(v);
-    for (int64_t i = 0; i < v; ++i) w[i] = std::exp((y[i] - ymax) / t);
+    int64_t count = 0;
+    exp_weights(y.data(), v, ymax, t, -kInf, w.data(), count);
     w_filled = true;
   }
-  // The draw: the cumulative sum in vocabulary order over kept tokens (a token not kept adds 0).
-  // Kept tokens are few under top_k (found by scanning), else possibly all (a plain loop).
+  // The draw: the cumulative sum in vocabulary order over kept tokens (a token not kept adds 0),
+  // in float as the reference sums. Kept tokens are found by scanning (few under top_k or top-p);
+  // with nothing restricted every token is kept: plain loops.
   const float* yp = y.data();
-  auto next = [&](int64_t i) { return w_filled ? scan_portable<false>(yp, i, v, thr) : scan<false>(yp, i, v, thr); };
+  if (w_filled && thr == -kInf) {
+    // Every token kept: one sequential pass (the float additions the reference's cumsum makes, in
+    // its order) keeps each running sum, and the drawn token is the first whose sum passes the target.
+    thread_local std::vector<float> sums;
+    sums.resize(v);
+    float c = 0;
+    for (int64_t i = 0; i < v; ++i) sums[i] = c += w[i];
+    const float target = job.uniform[n_row] * c;
+    return std::min({scan<true>(sums.data(), 0, v, target), scan<false>(sums.data(), 0, v, c), v - 1});
+  }
+  auto next = [&](int64_t i) { return scan<false>(yp, i, v, thr); };
   float c = 0, total = 0;
   for (int64_t i = next(0); i < v; i = next(i + 1)) total += w_filled ? w[i] : std::exp((y[i] - ymax) / t);
   const float target = job.uniform[n_row] * total;
@@ -325,7 +386,9 @@ void sample_row(void* data, size_t task) {
   const bool logprobs = job.top_logprobs != nullptr;
   float* out_lp = logprobs ? job.top_logprobs + n * k : nullptr;
   int64_t* out_ids = logprobs ? job.top_logprob_ids + n * k : nullptr;
-  std::vector<float> x(v), y(v), w, sy;
+  thread_local std::vector<float> x, y, w, sy;  // (per thread: a vocabulary's worth each, every row)
+  x.resize(v);
+  y.resize(v);
   bool nan = false;
   const float xmax = add_max(logits, bias, x.data(), v, nan);
   // Overflowed logits, or every token banned: NaN logprobs and token -1 (outside the vocabulary, so a

@@ -271,6 +271,26 @@ def test_restored_prompt_without_head_kv_proposes_as_uncached(eagle_engine, run_
         proposals[:] = []
 
 
+def test_a_bfloat16_head_file_builds(tiny_checkpoint, tmp_path):
+    """SpecForge often saves heads in bfloat16, which numpy cannot read: they are read through torch
+    and widened exactly to float32, so the engine is the one of the same head in float32."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    draft = random_draft(tiny_checkpoint("llama"), tmp_path / "draft", aux=[0, 1, 1])
+    weights = load_file(str(draft / "model.safetensors"))
+    rounded = {k: v.to(torch.bfloat16) for k, v in weights.items() if v.is_floating_point()}
+    save_file({**weights, **rounded}, str(draft / "model.safetensors"))
+    twin = tmp_path / "twin"
+    twin.mkdir()
+    (twin / "config.json").write_text((draft / "config.json").read_text())
+    save_file({**weights, **{k: v.float() for k, v in rounded.items()}}, str(twin / "model.safetensors"))
+    engines = [build(BuildConfig(model=str(tiny_checkpoint("llama")), output=str(tmp_path / name), eagle=str(head),
+                                 verify=False, **LIMITS), log=lambda m: None) for name, head in (("bf", draft), ("f32", twin))]
+    assert [(e / mf.load(e).eagle["compiled"]).read_bytes() == (engines[1] / mf.load(engines[1]).eagle["compiled"]).read_bytes()
+            for e in engines] == [True, True]
+
+
 def edit_config(draft, **values):
     (draft / "config.json").write_text(json.dumps({**json.loads((draft / "config.json").read_text()), **values}))
 

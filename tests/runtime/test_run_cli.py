@@ -364,6 +364,14 @@ def test_a_failing_stdout_with_output_loses_nothing(tmp_path, tiny_engine, strea
     assert ("stdout could not be written" in proc.stderr) == stream
 
 
+def test_output_on_a_closed_stdout_is_refused(tmp_path, tiny_engine):
+    (tmp_path / "in.json").write_text(json.dumps({"requests": [chat("a")], "max_generate_length": 2}))
+    command = [sys.executable, "-m", "trtllm.runtime", str(tmp_path / "in.json"), "--engine", str(tiny_engine("llama")),
+               "--output", "/dev/stdout"]
+    proc = subprocess.run(["bash", "-c", 'exec "$@" >&-', "_", *command], stderr=subprocess.PIPE, text=True, timeout=300)
+    assert proc.returncode == 2 and "is stdout, which is closed" in proc.stderr, proc.stderr
+
+
 @pytest.mark.parametrize("stream", [False, True])
 def test_a_failing_stdout_without_output_exits_3(tmp_path, tiny_engine, stream):
     """With no --output, stdout was the answers' only way out: exit 3 and a line that says so (141
