@@ -191,7 +191,8 @@ def test_each_change_undone_is_caught(name, tiny_checkpoint, tiny_engine, tmp_pa
     ck = ckpt.load(str(tiny_checkpoint(arch)))
     long_factors = changes.get("long_factors", False)  # not the spec's: the RoPE table's
     spec = dataclasses.replace(spec_for(ck.model), **{k: v for k, v in changes.items() if k != "long_factors"})
-    positions = mf.load(engine_dir).limits.max_kv_cache_capacity
+    manifest = mf.load(engine_dir)  # (before llm.onnx is taken away: a manifest's files must be there)
+    positions = manifest.limits.max_kv_cache_capacity
     cos, sin = ckpt.rope_tables(ck.model, positions)
     if long_factors:  # what transformers uses once a sequence passes original_max_position_embeddings
         with torch.no_grad():
@@ -201,7 +202,7 @@ def test_each_change_undone_is_caught(name, tiny_checkpoint, tiny_engine, tmp_pa
     local = ckpt.rope_tables(ck.model, positions, "sliding_attention") if spec.local_rope else None
     for file in (export.ONNX_NAME, export.ONNX_NAME + ".data"):
         (engine_dir / file).unlink(missing_ok=True)
-    writer = DecoderWriter(spec, weights_of(ck.model, spec), cos, sin, mf.load(engine_dir).max_top_k,
+    writer = DecoderWriter(spec, weights_of(ck.model, spec), cos, sin, manifest.max_top_k,
                            local_rope=local)
     export.save(writer.write(), engine_dir, export.ONNX_NAME)
     model, engine = hf_model(tiny_checkpoint(arch)), load_engine(engine_dir, graph="onnx")
