@@ -383,12 +383,16 @@ def parse_input(obj: object, bundled_loras: tuple[str, ...] = (), isolate: bool 
         except InputError as e:
             if not isolate:
                 raise
-            requests.append(PLACEHOLDER)
+            # as many error responses as samples asked for, where its `n` reads
+            n = r.get("n", settings.n) if isinstance(r, dict) else settings.n
+            ok = isinstance(n, int) and not isinstance(n, bool) and 1 <= n <= MAX_N
+            requests.append(dataclasses.replace(PLACEHOLDER, n=n) if ok and n > 1 else PLACEHOLDER)
             invalid[i] = str(e)
     return dataclasses.replace(settings, requests=tuple(requests), invalid=invalid)
 
 
-# What stands for a request that could not be read (parse_input's isolate): it never runs.
+# What stands for a request that could not be read (parse_input's isolate): it never runs (its
+# n is the request's own where that reads, for one error response per sample).
 PLACEHOLDER = Request(messages=(), lora_name=None, save_system_prompt_kv_cache=False, disable_spec_decode=False,
                       stop=(), logit_bias={}, num_logprobs=0)
 

@@ -447,6 +447,10 @@ def test_isolate_fails_a_bad_request_alone():
     assert inp.invalid[2].startswith("`requests[2].messages[0].content` must be")
     assert inp.requests[0].temperature == 0
     assert [i for i, _ in fmt.check_limits(inp, 1, 100)] == [0]  # placeholders are not checked again
+    assert inp.requests[1].n == inp.requests[2].n == 1
+    two = fmt.parse_input({**doc, "n": 2, "requests": [{**doc["requests"][1], "n": 3}, doc["requests"][2],
+                                                        {"messages": [], "n": 99, "top_k": -1}]}, isolate=True)
+    assert [r.n for r in two.requests] == [3, 2, 1]  # an error response per sample, where its n reads
     with pytest.raises(fmt.InputError, match=r"requests\[1\]\.top_k"):
         fmt.parse_input(doc)
     with pytest.raises(fmt.InputError, match="temperature"):
