@@ -13,8 +13,9 @@ from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
+from trtllm.runtime.manifest import DTYPES, GRAPHS, QUANTIZATIONS  # what an engine may say
+
 BACKENDS = ("auto", "onnxruntime", "tensorrt")
-from trtllm.runtime.manifest import DTYPES, GRAPHS, QUANTIZATIONS  # noqa: E402 - what an engine may say
 ACTIVATIONS = ("float32", "int16", "int8")  # quantized MatMuls' activations on our CPU kernels' decode steps
 CPU_KERNELS = ("auto", "native", "onnxruntime")  # ONNX Runtime engines: plugins/cpu's kernels, or ORT's own
 PROFILES = ("cpu-default", "tensorrt-modern", "tensorrt-legacy", "jetson-orin-jp6", "jetson-thor-jp7")

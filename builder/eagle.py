@@ -24,6 +24,7 @@ from onnx import TensorProto
 
 from trtllm.builder.config import ConfigError
 from trtllm.builder.decoder import DecoderSpec, DecoderWriter
+from trtllm.runtime.manifest import whole
 
 ARCHITECTURES = ("LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM")
 DRAFT_DIR = "eagle"
@@ -92,10 +93,6 @@ def read(path: Path) -> tuple[dict, dict]:
     # bfloat16 read as numpy's (where ml_dtypes is loaded), widened exactly as above
     return config, {k.removeprefix("model."): v.astype(np.float32) if v.dtype.name == "bfloat16" else v
                     for k, v in tensors.items()}
-
-
-def whole(value, least: int = 1) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= least
 
 
 def load(path_arg: str, target: DecoderSpec, embed: np.ndarray) -> Draft:

@@ -67,9 +67,8 @@ class Printer:
             sys.stdout.flush()
         except (OSError, ValueError) as e:  # ValueError: a file object closed under us
             self.gone, self.error = True, e
-            if sys.stdout is not None:  # onto /dev/null: Python would otherwise report it again as it exits
-                with contextlib.suppress(OSError, ValueError):
-                    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            if sys.stdout is not None:
+                silence_stdout()
             pipe = isinstance(e, BrokenPipeError)
             if not self.answers_wanted:
                 if not pipe:
@@ -84,6 +83,13 @@ class Printer:
         if finish_reason:
             record["finish_reason"] = finish_reason
         self.line(record)
+
+
+def silence_stdout() -> None:
+    """Descriptor 1 onto /dev/null once stdout has failed: Python would otherwise report the
+    failure again as it exits (flushing what is left)."""
+    with contextlib.suppress(OSError):
+        os.dup2(os.open(os.devnull, os.O_WRONLY), 1)
 
 
 STDOUT_CLOSED = False  # descriptor 1 was closed when the run started (hold_stdout)
@@ -323,8 +329,7 @@ def serve(input_file: Path, engine_dir: Path, output: str | None, profile: str |
             if not to_stdout:
                 raise
             reader_gone = True  # `--output /dev/stdout | head`: as a program killed by SIGPIPE
-            with contextlib.suppress(OSError):
-                os.dup2(os.open(os.devnull, os.O_WRONLY), 1)
+            silence_stdout()
         except OSError as e:
             unwritten.append(f"--output {files.shown(output)} could not be written ({e})")
     if stream:

@@ -19,23 +19,33 @@ def _interrupt(signum, frame):
 
 
 @contextlib.contextmanager
+def _handling(signals, handler):
+    """Within the block, `handler` for `signals`; the previous handlers after it. Off the main thread
+    (an embedding application's), nothing is changed: Python sets handlers there only."""
+    previous = {}
+    try:
+        for sig in signals:
+            previous[sig] = signal.signal(sig, handler)
+    except ValueError:  # not the main thread
+        pass
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
+@contextlib.contextmanager
 def deferred(wanted: bool = True):
     """Within the block (the main thread, if `wanted`), Ctrl-C, SIGTERM and SIGHUP wait for its end,
     then raise KeyboardInterrupt: for a write that must not be cut short (a run's answers, a file
     written and renamed into place in milliseconds). Python runs its handlers in the main thread,
     so setting them is enough (a signal mask would not be: ONNX Runtime's threads take the signal)."""
-    caught, previous = [], {}
-    if wanted:
-        try:
-            for sig in SIGNALS:
-                previous[sig] = signal.signal(sig, lambda signum, frame: caught.append(signum))
-        except ValueError:  # not the main thread
-            pass
+    caught = []
     try:
-        yield
+        with _handling(SIGNALS if wanted else (), lambda signum, frame: caught.append(signum)):
+            yield
     finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
         if caught:  # (over an error of the write too: the interrupt is what was asked for)
             raise KeyboardInterrupt
 
@@ -43,14 +53,5 @@ def deferred(wanted: bool = True):
 @contextlib.contextmanager
 def terminate_as_interrupt():
     """Within the block (the main thread), SIGTERM and SIGHUP raise KeyboardInterrupt."""
-    previous = {}
-    try:
-        for sig in (signal.SIGTERM, signal.SIGHUP):
-            previous[sig] = signal.signal(sig, _interrupt)
-    except ValueError:  # not the main thread (an embedding application's): leave its handlers alone
-        pass
-    try:
+    with _handling((signal.SIGTERM, signal.SIGHUP), _interrupt):
         yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)

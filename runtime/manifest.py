@@ -200,7 +200,8 @@ def load(engine_dir: str | os.PathLike) -> Manifest:
     return manifest
 
 
-def _count(value, least: int) -> bool:
+def whole(value, least: int = 1) -> bool:
+    """An integer (not a bool) of at least `least`: what a JSON count must be."""
     return isinstance(value, int) and not isinstance(value, bool) and value >= least
 
 
@@ -213,14 +214,14 @@ def check(m: Manifest, engine_dir: Path) -> str:
                for k in ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim")]
     counts += [("max_top_k", m.max_top_k, 1), ("max_num_logprobs", m.max_num_logprobs, 1)]
     for name, value, least in counts:
-        if not _count(value, least):
+        if not whole(value, least):
             return f"{name} must be an integer >= {least}, got {value!r}"
     model = m.model
     if model.num_heads % model.num_kv_heads:
         return f"model.num_heads ({model.num_heads}) must be a multiple of model.num_kv_heads ({model.num_kv_heads})"
-    if model.sliding_window is not None and not _count(model.sliding_window, 1):
+    if model.sliding_window is not None and not whole(model.sliding_window, 1):
         return f"model.sliding_window must be null or an integer >= 1, got {model.sliding_window!r}"
-    if model.sliding_layers is not None and not all(_count(i, 0) and i < model.num_layers for i in model.sliding_layers):
+    if model.sliding_layers is not None and not all(whole(i, 0) and i < model.num_layers for i in model.sliding_layers):
         return f"model.sliding_layers must be layer indices below {model.num_layers}, got {list(model.sliding_layers)}"
     for name, value, allowed in (("model.kv_dtype", model.kv_dtype, tuple(KV_STORAGE)), ("dtype", m.dtype, DTYPES),
                                  ("quantization", m.quantization, QUANTIZATIONS),
@@ -228,7 +229,7 @@ def check(m: Manifest, engine_dir: Path) -> str:
         if value not in allowed:
             return f"{name} must be one of {list(allowed)}, got {value!r}"
     for name, ids in (("eos_token_ids", m.eos_token_ids), ("pad_token_id", (m.pad_token_id,))):
-        if not all(_count(t, 0) and t < model.vocab_size for t in ids):
+        if not all(whole(t, 0) and t < model.vocab_size for t in ids):
             return f"{name} must be token ids below the vocabulary size {model.vocab_size}, got {m.to_json()[name]!r}"
     if not isinstance(m.files, dict):
         return f"files must be an object, got {type(m.files).__name__}"

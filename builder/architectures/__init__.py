@@ -5,14 +5,12 @@ A new architecture is one file here and one line in ARCHITECTURES.
 """
 from __future__ import annotations
 
-from trtllm.builder.checkpoint import Unsupported
-
 import dataclasses
 
 import numpy as np
 
 from trtllm.builder.architectures import gemma3, llama, mistral, phi3, qwen2, qwen3, smollm3
-from trtllm.builder.checkpoint import state_dict_numpy
+from trtllm.builder.checkpoint import Unsupported, state_dict_numpy
 
 ARCHITECTURES = {
     "Gemma3ForCausalLM": gemma3.spec_from_config,

@@ -7,10 +7,9 @@ scaled by query_pre_attn_scalar ** -0.5; and sliding-window layers between full-
 (config.layer_types), the sliding ones with their own RoPE base (rope_local_base_freq)."""
 from __future__ import annotations
 
-from trtllm.builder.checkpoint import Unsupported
-
 from trtllm.builder.architectures.llama import base_spec
 from trtllm.builder.architectures.mistral import sliding_window
+from trtllm.builder.checkpoint import Unsupported
 
 # transformers' names for GELU's tanh form; gelu_new is the same formula in Python ops
 GELU_TANH = {"gelu_pytorch_tanh": "gelu_tanh", "gelu_new": "gelu_tanh"}

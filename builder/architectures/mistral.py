@@ -4,9 +4,8 @@ transformers' Mistral reads config.sliding_window alone: `use_sliding_window` an
 (Qwen's keys) do not switch it off, so they must not here either."""
 from __future__ import annotations
 
-from trtllm.builder.checkpoint import Unsupported
-
 from trtllm.builder.architectures.llama import base_spec
+from trtllm.builder.checkpoint import Unsupported
 
 
 def sliding_window(config) -> int | None:

@@ -6,10 +6,9 @@ factors the engine's RoPE table holds (checkpoint.rope_position_limit keeps the 
 original_max_position_embeddings, past which transformers switches to the long factors)."""
 from __future__ import annotations
 
-from trtllm.builder.checkpoint import Unsupported
-
 from trtllm.builder.architectures.llama import base_spec
 from trtllm.builder.architectures.mistral import sliding_window
+from trtllm.builder.checkpoint import Unsupported
 
 
 def spec_from_config(config):

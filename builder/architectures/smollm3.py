@@ -2,10 +2,9 @@
 `no_rope_layer_interval`-th layer (config.no_rope_layers, 0 = no RoPE) attends without rotary."""
 from __future__ import annotations
 
-from trtllm.builder.checkpoint import Unsupported
-
 from trtllm.builder.architectures.llama import base_spec
 from trtllm.builder.architectures.qwen2 import sliding
+from trtllm.builder.checkpoint import Unsupported
 
 
 def spec_from_config(config):
