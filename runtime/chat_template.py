@@ -192,12 +192,13 @@ class ChatTemplate:
         self.takes_parts = bool(_TAKES_PARTS.search(source))
 
     @classmethod
-    def from_engine_dir(cls, engine_dir) -> ChatTemplate | None:
-        """Loads chat_template.jinja, else tokenizer_config.json's "chat_template"; None if neither."""
-        engine_dir = Path(engine_dir)
-        config_path = engine_dir / "tokenizer_config.json"
+    def from_engine_dir(cls, engine_dir, files: dict | None = None) -> ChatTemplate | None:
+        """Loads chat_template.jinja, else tokenizer_config.json's "chat_template"; None if neither.
+        `files`: the manifest's (the names the build wrote); the usual names without one."""
+        engine_dir, files = Path(engine_dir), files or {}
+        config_path = engine_dir / files.get("tokenizer_config", "tokenizer_config.json")
         config = json.loads(config_path.read_text(encoding="utf-8")) if config_path.exists() else {}
-        jinja_path = engine_dir / "chat_template.jinja"
+        jinja_path = engine_dir / files.get("chat_template", "chat_template.jinja")
         if jinja_path.exists():
             source = jinja_path.read_text(encoding="utf-8")
         else:

@@ -305,7 +305,9 @@ def serve(input_file: Path, engine_dir: Path, output: str | None, profile: str |
     except ManifestError as e:
         fail_usage(str(e))
     try:
-        tokenizer, template = Tokenizer.from_engine_dir(engine_dir), ChatTemplate.from_engine_dir(engine_dir)
+        named = engine.manifest.files
+        tokenizer = Tokenizer.from_engine_dir(engine_dir, named)
+        template = ChatTemplate.from_engine_dir(engine_dir, named)
     except Exception as e:  # noqa: BLE001 - a missing or broken tokenizer file: the engine dir is incomplete
         fail_usage(f"{engine_dir}: its tokenizer or chat template cannot be loaded ({type(e).__name__}: {e}); "
                    "rebuild it with trtllm-build")

@@ -77,10 +77,11 @@ class Tokenizer:
         backend.encode_special_tokens = bool(config.get("split_special_tokens", False))
 
     @classmethod
-    def from_engine_dir(cls, engine_dir) -> Tokenizer:
-        engine_dir = Path(engine_dir)
-        backend = tokenizers.Tokenizer.from_file(str(engine_dir / "tokenizer.json"))
-        config_path = engine_dir / "tokenizer_config.json"
+    def from_engine_dir(cls, engine_dir, files: dict | None = None) -> Tokenizer:
+        """`files`: the manifest's (the names the build wrote); the usual names without one."""
+        engine_dir, files = Path(engine_dir), files or {}
+        backend = tokenizers.Tokenizer.from_file(str(engine_dir / files.get("tokenizer", "tokenizer.json")))
+        config_path = engine_dir / files.get("tokenizer_config", "tokenizer_config.json")
         config = json.loads(config_path.read_text(encoding="utf-8")) if config_path.exists() else {}
         return cls(backend, config)
 

@@ -91,3 +91,26 @@ def test_a_damaged_kernel_library_is_one_line(tmp_path, tiny_engine, monkeypatch
     monkeypatch.setattr(cpu, "library", lambda: damaged)
     with pytest.raises(mf.ManifestError, match="cannot be loaded .*python -m trtllm.plugins.cpu.build --force"):
         load_engine(engine)
+
+
+def test_the_tokenizer_and_template_are_read_by_the_manifest_s_names(tmp_path, tiny_engine):
+    """files.tokenizer and files.chat_template name what is read; the usual names hold the wrong
+    variant (another template), which a run that read them by fixed name would use."""
+    def rename(raw):
+        raw["files"]["tokenizer"], raw["files"]["chat_template"] = "tok.json", "chat.jinja"
+    engine = edited(tmp_path, tiny_engine("llama"), rename)
+    (engine / "tokenizer.json").rename(engine / "tok.json")
+    (engine / "chat_template.jinja").rename(engine / "chat.jinja")
+    (engine / "chat_template.jinja").write_text("WRONG {{ messages[0]['content'] }}")
+    (tmp_path / "in.json").write_text(json.dumps({"requests": [{"messages": [{"role": "user", "content": "a"}],
+                                                                "max_generate_length": 2, "temperature": 0}]}))
+    result = CliRunner().invoke(main, [str(tmp_path / "in.json"), "--engine", str(engine), "--output",
+                                       str(tmp_path / "out.json"), "--kv-cache-dir", str(tmp_path / "kv")])
+    assert result.exit_code == 0, result.output
+    original = CliRunner().invoke(main, [str(tmp_path / "in.json"), "--engine", str(tiny_engine("llama")),
+                                         "--output", str(tmp_path / "ref.json"), "--kv-cache-dir", str(tmp_path / "kv")])
+    assert original.exit_code == 0, original.output
+    ours, ref = (json.loads((tmp_path / f).read_text())["responses"][0] for f in ("out.json", "ref.json"))
+    assert ours["formatted_complete_request"] == ref["formatted_complete_request"] and "WRONG" not in ref[
+        "formatted_complete_request"]
+    assert ours["output_text"] == ref["output_text"]
