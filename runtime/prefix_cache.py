@@ -54,6 +54,10 @@ DEFAULT_MAX_BYTES = 2 << 30
 # devices this runs on. Reading an entry back costs a read and a checksum (47 MB: tens of ms).
 DEFAULT_MEMORY_BYTES = 256 << 20
 TMP_PREFIX = ".tmp-"  # entries being written; eviction leaves them alone
+# What eviction may count and remove: our entries (a sha256 key) and our writes' temporary files
+# (tempfile's 8 characters), never another file that happens to end in .kv (the directory is the user's)
+ENTRY_NAME = re.compile(r"[0-9a-f]{64}\.kv")
+TMP_NAME = re.compile(re.escape(TMP_PREFIX) + r"[a-z0-9_]{8}\.kv")
 STALE_TMP_SECONDS = 3600  # unless they are this old: a process killed mid-write left them
 SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*(?:([KMGT])(?:I?B?)?|B)?", re.IGNORECASE)
 
@@ -166,12 +170,15 @@ class PrefixStore:
         return np.frombuffer(payload, dtype).reshape(shape)  # read-only view of `data`
 
     def discard(self, path: Path, why: str) -> None:
-        warnings.warn(f"saved system-prompt KV {path} {why}; removed, it will be recomputed",
-                      PrefixCacheWarning, stacklevel=3)
         try:
             path.unlink()
-        except OSError:
-            pass
+            done = "removed"
+        except FileNotFoundError:
+            done = "removed"  # (by another process first)
+        except OSError as e:  # a read-only directory: it stays, and is read (and refused) again next time
+            done = f"could not be removed ({e.strerror})"
+        warnings.warn(f"saved system-prompt KV {path} {why}; {done}, it will be recomputed",
+                      PrefixCacheWarning, stacklevel=3)
         return None
 
     def save(self, prefix_ids: tuple[int, ...], kv: np.ndarray, adapter: str | None = None) -> None:
@@ -222,11 +229,14 @@ class PrefixStore:
         """Remove least recently used entries until the directory holds at most max_bytes."""
         entries = []
         for p in self.dir.glob("*.kv"):
+            ours, tmp = ENTRY_NAME.fullmatch(p.name), TMP_NAME.fullmatch(p.name)
+            if not ours and not tmp:
+                continue
             try:
                 st = p.stat()
             except FileNotFoundError:  # another process evicted it first
                 continue
-            if p.name.startswith(TMP_PREFIX):  # another process's write in progress, or a dead one's
+            if tmp:  # another process's write in progress, or a dead one's
                 if time.time() - st.st_mtime > STALE_TMP_SECONDS:
                     p.unlink(missing_ok=True)
                 continue

@@ -126,7 +126,7 @@ def test_unwritable_directory_is_a_warning_and_the_entry_still_serves(tmp_path):
 
 def test_eviction_leaves_writes_in_progress_alone(tmp_path):
     """Another process's temporary file is not an entry: evicting it would fail that process's save."""
-    other = tmp_path / ".tmp-other.kv"
+    other = tmp_path / ".tmp-other123.kv"
     other.write_bytes(b"x" * 100_000)
     store = PrefixStore(tmp_path, "engine-a", max_bytes=10_000)
     store.save(PREFIX, kv())
@@ -168,7 +168,7 @@ def test_memory_copy_is_bounded(tmp_path):
 
 
 def test_entries_get_the_umask_mode_and_dead_writes_are_cleared(tmp_path):
-    stale = tmp_path / ".tmp-dead.kv"
+    stale = tmp_path / ".tmp-deadbeef.kv"
     stale.write_bytes(b"x")
     old = time.time() - 2 * 3600
     os.utime(stale, (old, old))
@@ -179,6 +179,40 @@ def test_entries_get_the_umask_mode_and_dead_writes_are_cleared(tmp_path):
         os.umask(mask)
     (entry,) = tmp_path.iterdir()
     assert entry.stat().st_mode & 0o777 == 0o644
+
+
+def test_eviction_leaves_files_it_did_not_write_alone(tmp_path):
+    """The directory may hold the user's own files: only our entries (sha256 names) and our writes'
+    temporary files count and go. The wrong variant, every *.kv, would remove the user's."""
+    theirs = [tmp_path / "my_database.kv", tmp_path / ".tmp-notes.kv", tmp_path / ("A" * 64 + ".kv")]
+    old = time.time() - 10 * 365 * 86400
+    for f in theirs:
+        f.write_bytes(b"x" * 200_000)
+        os.utime(f, (old, old))
+    store = PrefixStore(tmp_path, "engine-a", max_bytes=2 * kv().nbytes + 800)  # two entries (their headers)
+    for n in range(4):
+        store.save((n,), kv(seed=n))
+    assert all(f.exists() for f in theirs)
+    assert sorted(p.name for p in tmp_path.iterdir() if p not in theirs) == sorted(
+        store.path(store.key((n,))).name for n in (2, 3))
+
+
+def test_an_entry_that_cannot_be_removed_is_not_said_to_be(tmp_path, monkeypatch):
+    from pathlib import Path
+
+    store = PrefixStore(tmp_path, "engine-a")
+    store.save(PREFIX, kv())
+    path = store.path(store.key(PREFIX))
+    path.write_bytes(path.read_bytes()[:-10])  # truncated
+    fresh = PrefixStore(tmp_path, "engine-a")
+
+    def refuse(self, missing_ok=False):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(Path, "unlink", refuse)
+    with pytest.warns(PrefixCacheWarning, match="could not be removed \\(Permission denied\\), it will be recomputed"):
+        assert fresh.load(PREFIX) is None
+    assert path.exists()
 
 
 def test_parse_size():
