@@ -28,6 +28,7 @@ from trtllm.runtime.manifest import Manifest
 CONFIG_NAME, WEIGHTS_NAME = "adapter_config.json", "adapter_model.safetensors"
 # PEFT's key for a LoRA matrix of a decoder layer's projection, e.g.
 # base_model.model.model.layers.3.self_attn.q_proj.lora_A.weight ([r, in]; lora_B is [out, r])
+PEFT_DEFAULTS = {"r": 8, "lora_alpha": 8}  # LoraConfig's, where adapter_config.json leaves them out
 KEY = re.compile(r"base_model\.model\.model\.layers\.(\d+)\.((?:self_attn|mlp)\.\w+)\.lora_([AB])\.weight")
 SAFETENSORS_DTYPES = {"F32": "<f4", "F16": "<f2", "F64": "<f8", "BF16": "<u2"}
 
@@ -123,8 +124,15 @@ def read_config(path: Path) -> dict:
     for key, (bad, why) in problems.items():
         if bad:
             raise AdapterError(f"{path}: {key} = {cfg.get(key)!r} is not supported ({why})")
-    for key in ("r", "lora_alpha"):
-        positive(cfg.get(key), f"{path}: {key}")
+    for key in ("r", "lora_alpha"):  # absent: PEFT's LoraConfig defaults (8 and 8)
+        positive(cfg.setdefault(key, PEFT_DEFAULTS[key]), f"{path}: {key}")
+    targets = cfg.get("target_modules")
+    if targets is not None and not isinstance(targets, str) and not (
+            isinstance(targets, list) and all(isinstance(t, str) for t in targets)):
+        raise AdapterError(f"{path}: target_modules must be a module name pattern or a list of names, got {targets!r}")
+    layers = cfg.get("layers_to_transform")
+    if layers is not None and not (whole(layers) or isinstance(layers, list) and all(whole(i) for i in layers)):
+        raise AdapterError(f"{path}: layers_to_transform must be a layer index or a list of them, got {layers!r}")
     for key in ("rank_pattern", "alpha_pattern"):
         patterns = cfg.get(key) or {}
         if not isinstance(patterns, dict):
@@ -136,6 +144,23 @@ def read_config(path: Path) -> dict:
             except re.error as e:
                 raise AdapterError(f"{path}: {key} key {pattern!r} is not a valid regular expression ({e})") from None
     return cfg
+
+
+def whole(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def targeted(cfg: dict, layer: int, module: str) -> bool:
+    """Whether PEFT would put a LoRA on model.layers.{layer}.{module} (its check_target_module_exists):
+    target_modules a regular expression over the whole name, "all-linear", or names the module's
+    name ends with; and the layer among layers_to_transform. Without target_modules, the tensors say."""
+    name, targets = f"model.layers.{layer}.{module}", cfg.get("target_modules")
+    if isinstance(targets, str):
+        found = targets == "all-linear" or re.fullmatch(targets, name) is not None
+    else:
+        found = targets is None or any(name == t or name.endswith("." + t) for t in targets)
+    layers = cfg.get("layers_to_transform")
+    return found and (layers is None or layer in ([layers] if isinstance(layers, int) else layers))
 
 
 def positive(value, where: str) -> None:
@@ -197,6 +222,11 @@ def convert(name: str, path: str | Path, manifest: Manifest) -> Adapter:
         if layer >= manifest.model.num_layers:
             raise AdapterError(f"{weights_path}: tensor {key} is for layer {layer}; the model has "
                                f"{manifest.model.num_layers}")
+        if not targeted(cfg, layer, m[2]):  # PEFT would leave it out; applying it would compute something else
+            raise AdapterError(f"{weights_path}: tensor {key} is for a module that {config_path} does not target "
+                               f"(target_modules {cfg.get('target_modules')!r}, layers_to_transform "
+                               f"{cfg.get('layers_to_transform')!r}); PEFT would not load it: fix the config or "
+                               "remove the tensor")
         pairs.setdefault((layer, m[2]), {})[m[3]] = value
     arrays: dict[str, np.ndarray] = {}
     top = 0

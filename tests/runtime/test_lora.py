@@ -182,6 +182,12 @@ def _not_safetensors(path):
     (_no_config, "adapter_config.json is missing"),
     (_bin_only, "save it with safe_serialization=True"),
     (_not_safetensors, "is not a readable safetensors file"),
+    # tensors for modules the config does not target: PEFT leaves them out
+    (_config(target_modules=["v_proj"]), "is for a module that"),
+    (_config(target_modules=r".*\.v_proj"), "is for a module that"),
+    (_config(target_modules=["q_proj"], layers_to_transform=[1]), "is for a module that"),
+    (_config(target_modules=["q_proj"], layers_to_transform="0"), "layers_to_transform must be a layer index"),
+    (_config(target_modules=7), "target_modules must be a module name pattern"),
 ])
 def test_refusals_name_the_file_and_the_fix(make, message, tmp_path):
     path = tmp_path / "adapter"
@@ -201,6 +207,29 @@ def _offsets_backwards(path):
     header[name]["data_offsets"] = [start, start - 1]  # numpy reads count (-1) // 4 = -1 as: to the end
     text = json.dumps(header).encode().ljust(size)
     (path / lora.WEIGHTS_NAME).write_bytes(data[:8] + text + data[8 + size:])
+
+
+@pytest.mark.parametrize("targets, layers", [(["q_proj"], None), (["self_attn.q_proj"], 0), ("all-linear", [0, 1]),
+                                            (r"model\.layers\.0\.self_attn\.(q|v)_proj", None), (None, None)])
+def test_targeted_modules_load(targets, layers, tmp_path):
+    """The other side of the refusals above: PEFT's ways to name the module (a name its name ends
+    with, a regular expression over the whole name, all-linear, none: the tensors say), per layer."""
+    cfg = {k: v for k, v in (("target_modules", targets), ("layers_to_transform", layers)) if v is not None}
+    write_adapter(tmp_path, {(0, "self_attn.q_proj"): 2}, **cfg)
+    assert lora.load_adapter("a", tmp_path, MANIFEST).rank == 2
+
+
+def test_r_and_lora_alpha_default_as_in_peft(tmp_path):
+    """adapter_config.json without them reads as PEFT's LoraConfig does: r 8, lora_alpha 8."""
+    t = write_adapter(tmp_path, {(0, "self_attn.o_proj"): 8}, r=8)
+    config = json.loads((tmp_path / lora.CONFIG_NAME).read_text())
+    del config["r"], config["lora_alpha"]
+    (tmp_path / lora.CONFIG_NAME).write_text(json.dumps(config))
+    rank_8 = dataclasses.replace(MANIFEST, limits=dataclasses.replace(MANIFEST.limits, max_lora_rank=8))
+    adapter = lora.load_adapter("a", tmp_path, rank_8)
+    x = np.random.default_rng(1).standard_normal((3, Q)).astype(np.float32)
+    want = 1.0 * x @ t[key(0, "self_attn.o_proj", "A")].T @ t[key(0, "self_attn.o_proj", "B")].T
+    np.testing.assert_allclose(delta(adapter, 0, "o", x), want, rtol=1e-5, atol=1e-5)
 
 
 def test_backwards_data_offsets_are_refused(tmp_path):
