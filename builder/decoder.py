@@ -154,7 +154,7 @@ class DecoderWriter(WeightWriter):
                  native_kernels: bool = False, lora_rank: int = 0,
                  eagle: tuple[tuple[int, ...], np.ndarray] | None = None,
                  local_rope: tuple[np.ndarray, np.ndarray] | None = None, ort_form: bool = False,
-                 tree: bool = False):
+                 tree: bool = False, verify_logits: bool = False):
         if graph not in GRAPHS:
             raise ValueError(f"graph must be one of {GRAPHS}, got {graph!r}")
         self.legacy = graph == "legacy"
@@ -196,6 +196,9 @@ class DecoderWriter(WeightWriter):
         self.native_sample = native_kernels  # trtllm::Sample as trtllm.cpu::Sample (its body costs 2 ms a row)
         self.sites = lora_sites(spec)
         self.eagle = eagle  # (the draft's three layers, its fc [H, 3H]): EAGLE-3 outputs (builder/eagle.py)
+        # EAGLE: the verified positions' logits as an output too, where rows that ask for logprobs
+        # take theirs from it (ONNX Runtime: the output is written where the sampler's input is)
+        self.verify_logits_out = verify_logits and eagle is not None
         # EAGLE graphs (the model's and the head's) for draft trees: a `tree_mask` input says which of
         # the step's last slots each token sees. The build decides it for both together (export.py);
         # not where attention is ONNX Runtime's GroupQueryAttention, which takes no such mask.
@@ -665,7 +668,11 @@ class DecoderWriter(WeightWriter):
         first = g.op("Gather", "/verify/first", [logits, g.const([0])], axis=1)              # [B,1,V]
         g.op("Squeeze", "/verify/sampled", [first, g.const([1])], outputs=[io.logits])
         g.output(io.logits, F32, ["batch", s.vocab_size])
-        self.verify_logits = g.op("Slice", "/verify/rest", [logits, g.const([1]), g.const([2**62]), g.const([1])])
+        rest = [io.verify_logits] if self.verify_logits_out else None
+        self.verify_logits = g.op("Slice", "/verify/rest", [logits, g.const([1]), g.const([2**62]), g.const([1])],
+                                  outputs=rest)                                              # [B,T,V]
+        if rest:
+            g.output(io.verify_logits, F32, ["batch", "verify", s.vocab_size])
         return io.logits
 
     def verify_sampler(self, ins: list[str]) -> None:

@@ -110,7 +110,7 @@ def export_onnx(ck: ckpt.Checkpoint, config: BuildConfig, out_dir: Path, log, ba
                         f"the EAGLE head {config.eagle}")
     writer = DecoderWriter(spec, weights, cos, sin, max_top_k, quant=quant, dtype=config.dtype,
                            graph=config.graph, lora_rank=config.max_lora_rank, eagle=joint, local_rope=local,
-                           tree=tree)
+                           tree=tree, verify_logits=backend == "onnxruntime")
     model = writer.write()
     issues = lint.lint_model(model, config.trt_version)
     if issues:
@@ -144,7 +144,7 @@ def export_onnx(ck: ckpt.Checkpoint, config: BuildConfig, out_dir: Path, log, ba
         writer = DecoderWriter(spec, weights, cos, sin, max_top_k, quant=quant, dtype=config.dtype,
                                ort_attention=gqa or half, native_kernels=native,
                                lora_rank=config.max_lora_rank, eagle=joint, local_rope=local, ort_form=True,
-                               tree=tree)
+                               tree=tree, verify_logits=True)
         save(writer.write(), out_dir, ORT_SOURCE)
     section = export_draft(draft, config, out_dir, log, num_positions, quant, native, backend, tree) if draft else {}
     return spec, max_top_k, num_positions, lowerings, section
@@ -195,6 +195,10 @@ def export_draft(draft: "eagle.Draft", config: BuildConfig, out_dir: Path, log, 
             # verify_ids are sampled, each position with its own random number (verify_uniform):
             # sampled requests speculate too; engines without it verify greedy rows only
             "verify": "sampled",
+            # the verified positions' logits come out too (verify_logits), so rows that ask for
+            # logprobs speculate; not in a TensorRT plan, whose output buffers are sized for the
+            # widest step (max_input_len x vocabulary per row)
+            "logprobs": backend == "onnxruntime",
             # draft trees (trtllm-run --spec-draft-top-k): the head's best per position, the run's default
             "tree": tree, "top_k": min(eagle.TOP_K, spec.vocab_size),
             "draft_top_k": min(eagle.DRAFT_TOP_K[backend], eagle.TOP_K, spec.vocab_size) if tree else 1,

@@ -225,10 +225,10 @@ class TreeDecoding:
             if self.plain_or_failed(s, r, out):
                 continue
             if s not in trees:  # it speculates but drafts nothing this cycle: its token from the root
-                emitted[s] = self.emit(s, r, [int(out.verify_ids[s, 0])])
+                emitted[s] = self.emit(s, r, [int(out.verify_ids[s, 0])], out, [0])
                 continue
             t = trees[s]
-            path, emitted[s] = self.verify_tree(s, r, t, [int(v) for v in out.verify_ids[s, : len(t)]])
+            path, emitted[s] = self.verify_tree(s, r, t, [int(v) for v in out.verify_ids[s, : len(t)]], out)
             for i, node in enumerate(path):  # the accepted nodes' KV and hidden states follow the root
                 if node != i + 1:
                     self.kv.move_position(s, pos[s] + node, pos[s] + i + 1)
@@ -240,8 +240,8 @@ class TreeDecoding:
                 self.policy.record_row(t.tested(path), len(emitted[s]) - 1)
         self.finish_cycle(hi, rows, emitted, drawn, out, pos, w, step_time, elapsed, runs[1], runs[0])
 
-    def verify_tree(self, slot: int, row, tree: DraftTree, greedy: list[int]) -> tuple[list[int], list[int]]:
+    def verify_tree(self, slot: int, row, tree: DraftTree, greedy: list[int], out) -> tuple[list[int], list[int]]:
         """The accepted path and what was emitted (the path's tokens and the model's next, up to the
-        row's end)."""
+        row's end: each drawn at its parent node, the root's at the root)."""
         path, tokens = tree.walk(greedy)
-        return path, self.emit(slot, row, tokens)
+        return path, self.emit(slot, row, tokens, out, [0] + path)

@@ -10,6 +10,7 @@
     verify_index [B,T] int64        EAGLE engines: positions   ──►  verify_ids  [B,T]   int64 (sampled)
                                     to verify (default [B,0])     hidden      [B,S,H] f32 (draft's input)
     verify_uniform [B,T] f32        their random numbers (eagle.verify "sampled"; older engines: argmax)
+                                    eagle.logprobs engines: ──►    verify_logits [B,T,V] f32 (on request)
     tree_mask    [B,S,T] bool       EAGLE tree engines: which of the step's last T slots each token
                                     sees (default [B,S,0]: causal)
 
@@ -56,6 +57,7 @@ class StepOutputs:
     top_logprob_ids: np.ndarray
     logits: np.ndarray | None = None
     verify_ids: np.ndarray | None = None  # EAGLE engines: the sampler's token at each verify_index position
+    verify_logits: np.ndarray | None = None  # eagle.logprobs engines, asked for (want_logits): theirs [B,T,V]
     hidden: np.ndarray | None = None      # EAGLE engines: eagle_hidden, every position
 
 

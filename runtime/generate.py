@@ -393,7 +393,7 @@ class Scheduler:
             self.kv.write(row.slot, kv[:, :, :n])
             row.num_reused = n
 
-    def step(self, start: int, stop: int, inputs: StepInputs, drawn: frozenset = frozenset()):
+    def step(self, start: int, stop: int, inputs: StepInputs, drawn: frozenset = frozenset(), want_logits=False):
         """A row draws its random number only when the step's token is its own: not while it is
         prefilling (a chunk, a parked slot), so chunking leaves a seeded row's draws as they were;
         nor in a verification that draws its numbers itself (slots in `drawn`)."""
@@ -404,7 +404,7 @@ class Scheduler:
             inputs = dataclasses.replace(inputs, lora=self.lora.feeds(
                 start, [StepAdapters.IDLE if r is None else r.adapter for r in rows]))
         t0 = time.perf_counter()
-        out = self.engine.step(inputs, self.kv.view(start, stop))
+        out = self.engine.step(inputs, self.kv.view(start, stop), want_logits)
         return out, time.perf_counter() - t0
 
     def accept(self, slot: int, out, b: int) -> None:

@@ -91,6 +91,7 @@ class GraphIO:
     verify_index: str = "verify_index"        # int64 [batch, T]: EAGLE engines only (manifest.eagle), the
     verify_ids: str = "verify_ids"            # positions whose sampled tokens come out as int64 [batch, T]
     verify_uniform: str = "verify_uniform"    # f32 [batch, T]: the random number of each (eagle.verify "sampled")
+    verify_logits: str = "verify_logits"      # f32 [batch, T, vocab]: their logits (eagle.logprobs engines)
     tree_mask: str = "tree_mask"              # bool [batch, seq, T]: EAGLE engines (eagle.tree): token s sees slot
                                               # write_index + seq - T + t iff [b, s, t]; T = 0: causal
     eagle_hidden: str = "eagle_hidden"        # f32 [batch, seq, H]: the draft head's fc(aux hidden states)

@@ -175,6 +175,28 @@ def penalize(batch: SamplingBatch, row: int, params: SamplingParams, counts: dic
         batch.version[row] += 1
 
 
+def top_logprobs(logits: np.ndarray, bias: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Step 2 above for one row, as the sampler's logprob outputs give it: the k largest of
+    log_softmax(logits + bias), descending, ties lower id first (float32 values, int64 ids). For
+    tokens whose logits come from outside the sampler (EAGLE verification's other positions)."""
+    shifted = logits + bias
+    shifted -= shifted.max()
+    logprobs = shifted - np.float32(np.log(np.exp(shifted).sum(dtype=np.float64)))
+    # The k largest lie within some gap of the largest: widen it until it holds k (a pass over
+    # the vocabulary each, where a partition of it costs ten), then keep those at least the k-th.
+    gap = 0.25
+    while len(ids := np.flatnonzero(shifted >= -gap)) < k:
+        if gap > 1e38:  # fewer than k finite ones: -inf (or NaN) fills the rest, as in the sampler
+            ids = np.arange(len(shifted))
+            break
+        gap *= 2
+    if len(ids) > k:
+        kth = np.partition(logprobs[ids], len(ids) - k)[len(ids) - k]
+        ids = ids[logprobs[ids] >= kth]
+    ids = ids[np.lexsort((ids, -logprobs[ids]))][:k]
+    return logprobs[ids], ids.astype(np.int64)
+
+
 def move_row(batch: SamplingBatch, src: int, dst: int) -> None:
     """Row `src` (params, penalties so far) into row `dst`, whose version becomes new."""
     for name in SamplingBatch.__slots__:

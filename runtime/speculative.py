@@ -25,9 +25,13 @@ position of a cycle, so while the ban lasts a cycle drafts, and emits, no furthe
 does a greedy row with penalties that only lower what was generated: a cycle emits no token it has
 already emitted (whose penalty verification did not have yet), and nothing else moves the argmax.
 
-Rows that do not speculate (penalties on sampled rows or raising ones, logprobs, disable_spec_decode;
-on engines built before sampled verification, also sampled rows, logit_bias, min_new_tokens and
-penalties) share the step: they feed one
+Rows that ask for logprobs speculate where the engine's graph gives the verified positions' logits
+(eagle.logprobs): each emitted token's top logprobs come from the logits at its position, as the
+sampler computes them in a plain step.
+
+Rows that do not speculate (penalties on sampled rows or raising ones, disable_spec_decode; on
+engines without eagle.logprobs, logprobs; on engines built before sampled verification, also sampled
+rows, logit_bias, min_new_tokens and penalties) share the step: they feed one
 token and take the sampler's, as in plain decoding. A slot's draft KV past a row's position is
 never read before it is written again, as in the base cache.
 
@@ -44,6 +48,7 @@ uncached run.
 """
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import dataclass
 
@@ -70,15 +75,15 @@ def greedy(p: sampling.SamplingParams) -> bool:
     return p.temperature == 0 and not p.logit_bias and p.min_new_tokens == 0 and not p.penalized and sampled(p)
 
 
-def sampled(p: sampling.SamplingParams) -> bool:
+def sampled(p: sampling.SamplingParams, logprobs: bool = False) -> bool:
     """What sampled verification reproduces exactly (eagle.verify "sampled": the sampler at every
     drafted position, with the row's parameters and its next random numbers): any temperature,
     top-k, top-p, min-p and logit bias, which are the same at every position; min_new_tokens, whose
     ban is too within a cycle that stops at its end (`held`); and penalties on a greedy request when
     they only ever lower a token as it is generated (`lowering`), within a cycle that stops before a
     token it has already emitted (`exact`). Not penalties on a sampled request: each token changes
-    the distribution. Nor logprobs, which verification does not give."""
-    return p.num_logprobs == 0 and (not p.penalized or (p.temperature == 0 and lowering(p)))
+    the distribution. Nor logprobs, unless the engine gives the verified positions' logits (`logprobs`)."""
+    return (logprobs or p.num_logprobs == 0) and (not p.penalized or (p.temperature == 0 and lowering(p)))
 
 
 def lowering(p: sampling.SamplingParams) -> bool:
@@ -183,9 +188,12 @@ class SpecScheduler(TreeDecoding, Scheduler):
         self.timing.draft_kv_bytes = max(self.timing.draft_kv_bytes, self.dkv.nbytes)
         self.hidden_size = self.drafter.manifest.model.hidden_size
         # sampled requests speculate too where verification samples (engines since it did)
-        self.verifiable = sampled if engine.manifest.eagle.get("verify") == "sampled" else greedy
+        self.samples = engine.manifest.eagle.get("verify") == "sampled"
+        # and rows that ask for logprobs, where the graph gives the verified positions' logits
+        self.logprobs = self.samples and bool(engine.manifest.eagle.get("logprobs"))
+        self.verifiable = functools.partial(sampled, logprobs=self.logprobs) if self.samples else greedy
         # a sampled row's drafts guess at its draws, from the head's best candidates (older heads give none)
-        self.guesses = drafter.guess and self.verifiable is sampled and self.drafter.top_k > 0
+        self.guesses = drafter.guess and self.samples and self.drafter.top_k > 0
         self.pad = engine.manifest.pad_token_id
         # slot -> (d1, the draft's hidden state it came with, and for draft trees and guesses the
         # head's best candidates for d1 and their log-probabilities)
@@ -365,7 +373,7 @@ class SpecScheduler(TreeDecoding, Scheduler):
         for s, r in enumerate(rows):
             if self.plain_or_failed(s, r, out):
                 continue
-            emitted[s] = self.verify(s, r, [int(v) for v in out.verify_ids[s, : ks[s] + 1]], drafts.get(s, []))
+            emitted[s] = self.verify(s, r, [int(v) for v in out.verify_ids[s, : ks[s] + 1]], drafts.get(s, []), out)
             self.timing.drafted_tokens += ks[s]
             self.timing.accepted_tokens += len(emitted[s]) - 1
             if self.policy is not None:
@@ -381,7 +389,7 @@ class SpecScheduler(TreeDecoding, Scheduler):
         after what it emitted.)"""
         hi, w = ids.shape
         uniform, drawn = None, {}
-        if self.verifiable is sampled:
+        if self.samples:
             uniform = np.zeros((hi, w), np.float32)
             for s, d in (depths or {}).items():
                 drawn[s] = self.active[s].uniforms(max(d) + 1)
@@ -389,7 +397,9 @@ class SpecScheduler(TreeDecoding, Scheduler):
         inputs = StepInputs(input_ids=ids, position_ids=positions, write_index=start, last_index=last,
                             sampling=sampling.rows(self.batch, 0, hi), tree_mask=tree_mask,
                             verify_index=np.tile(np.arange(w, dtype=np.int64), (hi, 1)), verify_uniform=uniform)
-        out, step_time = self.step(0, hi, inputs, frozenset(drawn))
+        # the verified positions' logits, for rows that ask for logprobs (`emit`)
+        want = any(self.active[s].params.num_logprobs for s in depths or {})
+        out, step_time = self.step(0, hi, inputs, frozenset(drawn), want_logits=want)
         self.timing.generation_runs += 1
         self.timing.verify_runs += 1
         return out, step_time, drawn
@@ -502,12 +512,12 @@ class SpecScheduler(TreeDecoding, Scheduler):
                     hidden[s] = h[s]
         return elapsed
 
-    def verify(self, slot: int, row: RowState, greedy_ids: list[int], drafts: list[int]) -> list[int]:
+    def verify(self, slot: int, row: RowState, greedy_ids: list[int], drafts: list[int], out) -> list[int]:
         """Emit the verified tokens (the sampler's at each position) while the drafts agree with
         them; returns what was emitted."""
         n = next((i + 1 for i, token in enumerate(greedy_ids) if i >= len(drafts) or drafts[i] != token),
                  len(greedy_ids))
-        return self.emit(slot, row, greedy_ids[:n])
+        return self.emit(slot, row, greedy_ids[:n], out, range(n))
 
     @staticmethod
     def room(row: RowState) -> int:
@@ -516,14 +526,17 @@ class SpecScheduler(TreeDecoding, Scheduler):
         left = row.max_new_tokens - len(row.output_ids) - 1
         return min(left, held(row) - 1) if held(row) else left
 
-    def emit(self, slot: int, row: RowState, tokens: list[int]) -> list[int]:
+    def emit(self, slot: int, row: RowState, tokens: list[int], out, sources) -> list[int]:
         """Verified tokens, up to the row's end and as far as they are exact (`exact`: the end of
-        min_new_tokens' ban, a token repeated under penalties); returns what was emitted."""
+        min_new_tokens' ban, a token repeated under penalties); returns what was emitted.
+        sources[i]: the verified position token i was drawn at, whose logits (out.verify_logits)
+        give its top logprobs where the row asks for them."""
         tokens = tokens[: exact(row, tokens)]
-        emitted = []
-        for token in tokens:
+        emitted, k = [], row.params.num_logprobs
+        for token, source in zip(tokens, sources):
             emitted.append(token)
-            self.accept_token(slot, token)
+            top = sampling.top_logprobs(out.verify_logits[slot, source], self.batch.logit_bias[slot], k) if k else None
+            self.accept_token(slot, token, top)
             if row.finish_reason:
                 break
         self.timing.generated_tokens += len(emitted)

@@ -68,7 +68,9 @@ def graph_mismatch(session, m: Manifest, draft: bool = False) -> str:
     for name in (io.input_ids, io.position_ids, io.write_index, io.last_index) + ((io.hidden_in,) if draft else ()):
         if name not in inputs:
             return f"the graph has no input {name!r}"
-    for name in (io.draft_ids, io.draft_hidden) if draft else (io.token_ids, io.top_logprobs):
+    logprobs = not draft and isinstance(m.eagle, dict) and m.eagle.get("logprobs")
+    for name in (io.draft_ids, io.draft_hidden) if draft else (io.token_ids, io.top_logprobs) + (
+            (io.verify_logits,) if logprobs else ()):
         if name not in outputs:
             return f"the graph has no output {name!r}"
     layers = sum(1 for name in inputs if name.startswith(io.past_key.split("{")[0]))
@@ -236,19 +238,29 @@ class OnnxRuntimeEngine:
         return StepOutputs(token_ids=outs[io.token_ids].copy(), top_logprobs=outs[io.top_logprobs][:, :k].copy(),
                            top_logprob_ids=outs[io.top_logprob_ids][:, :k].copy(),
                            logits=outs[io.logits].copy() if want_logits else None,
-                           **({} if eagle is None else {"verify_ids": eagle[0].copy(), "hidden": eagle[1].copy()}))
+                           **({} if eagle is None else {
+                               "verify_ids": eagle[0].copy(), "hidden": eagle[1].copy(),
+                               "verify_logits": eagle[2].copy() if want_logits and len(eagle) > 2 else None}))
 
-    def bind_eagle(self, b, bound: dict, seq: int, width: int) -> tuple[np.ndarray, np.ndarray]:
-        """EAGLE outputs, verify_ids [B,T] and eagle_hidden [B,S,H]: their shapes change with the
-        step, so they are bound whenever the shape is not the one bound."""
-        io, key = self.io, (bound["outputs"], seq, width)
+    def bind_eagle(self, b, bound: dict, seq: int, width: int) -> tuple[np.ndarray, ...]:
+        """EAGLE outputs, verify_ids [B,T] and eagle_hidden [B,S,H], and with eagle.logprobs
+        verify_logits [B,T,V]: their shapes change with the step, so they are bound whenever the
+        shape is not the one bound. The logits are written where the sampler reads them, in one
+        buffer per binding that only grows (a new one each width would be new pages each time)."""
+        io, key, m = self.io, (bound["outputs"], seq, width), self.manifest
         held = bound.get("eagle")
         if held is None or held[0] != key:
-            arrays = (np.empty((key[0], width), np.int64),
-                      np.empty((key[0], seq, self.manifest.model.hidden_size), np.float32))
-            for name, array in zip((io.verify_ids, io.eagle_hidden), arrays):
+            arrays = (np.empty((key[0], width), np.int64), np.empty((key[0], seq, m.model.hidden_size), np.float32))
+            names, flat = (io.verify_ids, io.eagle_hidden), None
+            if m.eagle.get("logprobs"):
+                size = key[0] * width * m.model.vocab_size
+                flat = held[2] if held is not None and held[2] is not None and held[2].size >= size \
+                    else np.empty(size, np.float32)
+                arrays += (flat[:size].reshape(key[0], width, m.model.vocab_size),)
+                names += (io.verify_logits,)
+            for name, array in zip(names, arrays):
                 b.bind_ortvalue_output(name, ort.OrtValue.ortvalue_from_numpy(array))
-            held = bound["eagle"] = (key, arrays)
+            held = bound["eagle"] = (key, arrays, flat)
         return held[1]
 
     def close(self) -> None:

@@ -217,3 +217,36 @@ def test_greedy_rows_with_penalties_speculate(trained, monkeypatch):
     monkeypatch.setattr(speculative, "exact", lambda row, tokens: len(tokens))
     got, _ = generate(engine_dir, prompts, 3, params=params)
     assert got != plain
+
+
+def test_rows_with_logprobs_speculate(trained, monkeypatch):
+    """Rows that ask for logprobs speculate (eagle.logprobs: the graph gives the verified positions'
+    logits): each emitted token's top logprobs are those at the position it was drawn at, as plain
+    decoding's sampler reports them (log_softmax of the logits plus logit_bias), in chains and trees.
+    The wrong variant, every token of a cycle given its first position's logprobs, must differ."""
+    from trtllm.runtime import speculative
+
+    _, _, engine_dir, prompts = trained
+    assert load_engine(engine_dir).manifest.eagle["logprobs"] is True
+    params = [dataclasses.replace(p, num_logprobs=n) for p, n in zip(PARAMS, (5, 1, 20, 3, 5, 2))]
+    assert speculative.sampled(params[0], logprobs=True) and not speculative.sampled(params[0])
+    plain, _, want = generate(engine_dir, prompts, 0, params=params, rows_out=True)
+
+    def close(rows) -> bool:
+        for r, w in zip(rows, want):
+            k = r.params.num_logprobs
+            assert len(r.logprobs) == len(r.output_ids)
+            for (values, ids), (wv, wi) in zip(r.logprobs, w.logprobs):
+                if list(ids[:k]) != list(wi[:k]) or not np.allclose(values[:k], wv[:k], atol=1e-4):
+                    return False
+        return True
+
+    for step, top_k in ((3, 1), (2, 2)):
+        got, timing, rows = generate(engine_dir, prompts, step, top_k, params=params, rows_out=True)
+        assert got == plain and timing.accepted_tokens >= 8
+        assert close(rows)
+    original = SpecScheduler.emit
+    monkeypatch.setattr(SpecScheduler, "emit", lambda self, slot, row, tokens, out, sources:
+                        original(self, slot, row, tokens, out, [0] * len(tokens)))
+    got, _, rows = generate(engine_dir, prompts, 3, params=params, rows_out=True)
+    assert got == plain and not close(rows)

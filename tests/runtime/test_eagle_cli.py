@@ -43,12 +43,27 @@ REQUESTS = [chat("Edge devices run small language models"),
             chat("Héllo wörld")]
 
 
+class Near(float):
+    """A logprob that equals another within float rounding: a verification's lm_head multiplies more
+    rows than a plain step's, and its other positions' logprobs are computed in numpy, not the sampler."""
+
+    def __eq__(self, other):
+        return other is not None and abs(float(self) - float(other)) <= 1e-5
+
+    __hash__ = float.__hash__
+
+
+def near(logprobs):
+    return logprobs and [[{**e, "logprob": e["logprob"] if e["logprob"] is None else Near(e["logprob"])} for e in step]
+                         for step in logprobs]
+
+
 def answers(run_cli, engine, tmp_path, *extra, batch_size=4, requests=REQUESTS):
     profile = tmp_path / "profile.json"
     result, out = run_cli(engine, {"temperature": 0, "max_generate_length": 24, "batch_size": batch_size,
                                    "requests": requests}, "--profile", str(profile), *extra)
     assert result.exit_code == 0, result.output
-    return [(r["output_text"], r["finish_reason"], r.get("logprobs")) for r in out["responses"]], \
+    return [(r["output_text"], r["finish_reason"], near(r.get("logprobs"))) for r in out["responses"]], \
         json.loads(profile.read_text())
 
 
@@ -78,10 +93,10 @@ def test_speculation_changes_no_answer(eagle_engine, run_cli, tmp_path, batch_si
 
 @pytest.mark.parametrize("step", ["2", "auto"])
 def test_no_speculating_row_takes_plain_steps(eagle_engine, run_cli, tmp_path, step):
-    """Rows with logprobs or penalties on sampled or raising terms (what verification cannot
-    reproduce) and disable_spec_decode never speculate: every decode step is a plain one."""
+    """Rows with penalties on sampled or raising terms (what verification cannot reproduce) and
+    disable_spec_decode never speculate: every decode step is a plain one."""
     engine, _ = eagle_engine
-    requests = [REQUESTS[2], REQUESTS[3], chat("Tell me", temperature=0.8, seed=3, repetition_penalty=1.2),
+    requests = [REQUESTS[3], chat("Tell me", temperature=0.8, seed=3, repetition_penalty=1.2),
                 chat("More", presence_penalty=-0.5)]
     plain, _ = answers(run_cli, engine, tmp_path, "--spec-draft-step", "0", requests=requests)
     got, profile = answers(run_cli, engine, tmp_path, "--spec-draft-step", step, requests=requests)
@@ -256,8 +271,8 @@ def test_restored_prompt_without_head_kv_proposes_as_uncached(eagle_engine, run_
     assert len(list((tmp_path / "kv").glob("*.kv"))) == 1  # the model's KV only
     proposals = []  # every verification's drafts, row by row: the head's proposals
     real = SpecScheduler.verify
-    monkeypatch.setattr(SpecScheduler, "verify", lambda self, slot, row, ids, drafts:
-                        proposals.append((row.prompt_ids[-1], tuple(drafts))) or real(self, slot, row, ids, drafts))
+    monkeypatch.setattr(SpecScheduler, "verify", lambda self, slot, row, ids, drafts, out:
+                        proposals.append((row.prompt_ids[-1], tuple(drafts))) or real(self, slot, row, ids, drafts, out))
     uncached, uncached_profile = answers(run_cli, engine, tmp_path, "--spec-draft-step", "2", "--kv-cache-dir",
                                          str(tmp_path / "none"), requests=reqs)
     want, proposals[:] = sorted(proposals), []
@@ -465,3 +480,22 @@ def test_bench_eagle_script_pairs_rounds(eagle_engine, tmp_path):
     assert len(lines) == 3 and "k=0" in lines[0] and "1.00x [1.00-1.00]" in lines[0]
     assert "k=1 " in lines[1] and "drafts accepted" in lines[1] and "branch" not in lines[1], out
     assert "k=1x3" in lines[2] and "on a branch" in lines[2], out
+
+
+def test_logprob_rows_take_plain_steps_without_the_verified_logits(eagle_engine, run_cli, tmp_path):
+    """An engine whose graph gives no verify_logits (built before them, or a TensorRT plan:
+    eagle.logprobs false) runs rows with logprobs in plain steps; with them, those rows speculate."""
+    import shutil
+
+    engine, _ = eagle_engine
+    requests = [REQUESTS[2]]
+    _, profile = answers(run_cli, engine, tmp_path, "--spec-draft-step", "2", requests=requests)
+    assert profile["eagle_generation"]["total_iterations"] > 0
+    older = tmp_path / "older"
+    shutil.copytree(engine, older)
+    raw = json.loads((older / mf.MANIFEST_NAME).read_text())
+    raw["eagle"]["logprobs"] = False
+    (older / mf.MANIFEST_NAME).write_text(json.dumps(raw))
+    plain, _ = answers(run_cli, engine, tmp_path, "--spec-draft-step", "0", requests=requests)
+    got, profile = answers(run_cli, older, tmp_path, "--spec-draft-step", "2", requests=requests)
+    assert got == plain and profile["eagle_generation"]["total_iterations"] == 0
