@@ -23,7 +23,7 @@ import click
 
 from trtllm.runtime import files
 from trtllm.runtime import input_format as fmt
-from trtllm.runtime.interrupt import deferred, terminate_as_interrupt
+from trtllm.runtime import interrupt
 
 # --prefill-chunk's default. On the demo model (2 threads) a 256-token chunk takes about 0.5 s, so
 # the other streams keep a token per half second while a 2000-token prompt (4 s whole) is
@@ -220,10 +220,10 @@ def main(input_file: Path, engine_dir: Path, output: str | None, profile: str | 
     """Answer the requests in INPUT_FILE with the engine in --engine."""
     hold_stdout()
     try:
-        with warnings.catch_warnings(), terminate_as_interrupt():  # (both restored after the run)
+        with warnings.catch_warnings(), interrupt.watch() as interrupts:  # (both restored after the run)
             warnings.showwarning = show_warning
             serve(input_file, engine_dir, output, profile, stream, kv_cache_dir, kv_cache_size, threads, huge_pages,
-                  spec_draft_step, spec_draft_top_k, spec_verify_size, prefill_chunk)
+                  spec_draft_step, spec_draft_top_k, spec_verify_size, prefill_chunk, interrupts)
     except KeyboardInterrupt:  # not click's Abort: its exit code 1 means "some request failed"
         click.echo("interrupted: files not yet written were left as they were", err=True)
         sys.exit(130)
@@ -232,7 +232,7 @@ def main(input_file: Path, engine_dir: Path, output: str | None, profile: str | 
 def serve(input_file: Path, engine_dir: Path, output: str | None, profile: str | None, stream: bool,
           kv_cache_dir: Path | None, kv_cache_size: str, threads: int | None, huge_pages: bool,
           spec_draft_step: int | str, spec_draft_top_k: int | str, spec_verify_size: int | str,
-          prefill_chunk: int) -> None:
+          prefill_chunk: int, interrupts: interrupt.Watch | None = None) -> None:
     from trtllm.runtime import manifest as mf
 
     try:  # the adapters bundled in the engine are names a request may use; a bad engine is reported below
@@ -324,8 +324,7 @@ def serve(input_file: Path, engine_dir: Path, output: str | None, profile: str |
     unwritten, reader_gone = [], False
     if output is not None:
         try:
-            with deferred(files.regular_target(output)):  # a Ctrl-C now waits the write's milliseconds
-                files.write_atomic(output, result, indent=4, inline_from=OUTPUT_INLINE)
+            files.write_atomic(output, result, indent=4, inline_from=OUTPUT_INLINE)  # (an interrupt waits)
             click.echo(f"wrote {len(responses)} responses to {files.shown(output)}", err=True)
         except BrokenPipeError:
             if not to_stdout:
@@ -354,8 +353,7 @@ def serve(input_file: Path, engine_dir: Path, output: str | None, profile: str |
                 summary.text(line)
     if profile is not None:
         try:
-            with deferred(files.regular_target(profile)):
-                files.write_atomic(profile, runner.profile(), indent=2)
+            files.write_atomic(profile, runner.profile(), indent=2)
         except OSError as e:
             unwritten.append(f"--profile {files.shown(profile)} could not be written ({e})")
     failed = sorted({r["request_idx"] for r in responses if r["finish_reason"] == "error"})
@@ -365,11 +363,14 @@ def serve(input_file: Path, engine_dir: Path, output: str | None, profile: str |
         cut = sorted({r["request_idx"] for r in responses if r["finish_reason"] == "cancelled"})
         click.echo(f"interrupted: {len(cut)} of {len(inp.requests)} requests were cancelled (their text so far is "
                    "their answer); the others finished", err=True)
+    elif interrupts is not None and interrupts.kept:
+        click.echo("interrupted: every request had finished; the answers were written first", err=True)
     lost = any(p.startswith("stdout") for p in unwritten)
     for problem in unwritten:
         click.echo(f"error: {problem}" + ("; the answers are on stdout" if "--output" in problem and not stream
                                           and not to_stdout and not lost else ""), err=True)
-    sys.exit(3 if unwritten else 141 if reader_gone else 130 if runner.cancelled else 1 if failed else 0)
+    late = interrupts is not None and bool(interrupts.kept)  # an interrupt that waited for the writes
+    sys.exit(3 if unwritten else 141 if reader_gone else 130 if runner.cancelled or late else 1 if failed else 0)
 
 
 if __name__ == "__main__":  # python -m trtllm.runtime.cli, as python -m trtllm.runtime

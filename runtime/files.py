@@ -47,18 +47,6 @@ def descriptor(path: str | Path) -> int | None:
     return int(match[1] or match[4]) if match[2] is None else STANDARD[match[2]]
 
 
-def regular_target(path: str | Path) -> bool:
-    """Whether write_atomic writes `path` as a file renamed into place (a regular file, or none
-    yet), which takes milliseconds; a descriptor, pipe or device may block as long as its reader."""
-    if descriptor(path) is not None:
-        return False
-    target = Path(os.path.realpath(path))
-    try:
-        return stat.S_ISREG(target.stat().st_mode)
-    except OSError:  # not there yet
-        return True
-
-
 def check_writable(path: str | Path) -> None:
     """Raise NotWritable now, before anything runs, if `path` cannot be written: its answers would
     be lost at the end."""

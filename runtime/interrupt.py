@@ -1,4 +1,5 @@
-"""SIGTERM and SIGHUP handled as Ctrl-C (KeyboardInterrupt) while a command runs.
+"""SIGTERM and SIGHUP handled as Ctrl-C (KeyboardInterrupt) while a command runs, and a run's
+interrupts that wait for its answers to be written.
 
 `timeout`, systemd, `docker stop` and a closed terminal send them; Python's default for SIGTERM
 ends the process at once, so a build left its partial engine directory behind and a run lost the
@@ -35,19 +36,47 @@ def _handling(signals, handler):
             signal.signal(sig, old)
 
 
-@contextlib.contextmanager
-def deferred(wanted: bool = True):
-    """Within the block (the main thread, if `wanted`), Ctrl-C, SIGTERM and SIGHUP wait for its end,
-    then raise KeyboardInterrupt: for a write that must not be cut short (a run's answers, a file
-    written and renamed into place in milliseconds). Python runs its handlers in the main thread,
-    so setting them is enough (a signal mask would not be: ONNX Runtime's threads take the signal)."""
-    caught = []
-    try:
-        with _handling(SIGNALS if wanted else (), lambda signum, frame: caught.append(signum)):
-            yield
-    finally:
-        if caught:  # (over an error of the write too: the interrupt is what was asked for)
+class Watch:
+    """A run's Ctrl-C, SIGTERM and SIGHUP (trtllm-run, from loading to its last write). The first
+    raises KeyboardInterrupt while the run loads or generates: loading stops (nothing is written),
+    generating ends with the answers so far. Once it has, or once generation is over (`settle`:
+    the answers are being put together and written), one more is kept for after the writes, so no
+    answer is lost to it (a second Ctrl-C, or a Ctrl-C and then the terminal closing); a further
+    one raises, for a write that hangs (a pipe nobody reads)."""
+
+    def __init__(self):
+        self.raised = self.settled = False
+        self.kept: list[int] = []
+
+    def handle(self, signum, frame):
+        if not self.raised and not self.settled:
+            self.raised = True
             raise KeyboardInterrupt
+        self.kept.append(signum)
+        if len(self.kept) > 1:
+            raise KeyboardInterrupt
+
+
+_watch: Watch | None = None
+
+
+@contextlib.contextmanager
+def watch():
+    """Within the block (the main thread), interrupts as `Watch` says; yields the Watch."""
+    global _watch
+    outer, _watch = _watch, Watch()
+    try:
+        with _handling(SIGNALS, _watch.handle):
+            yield _watch
+    finally:
+        _watch = outer
+
+
+def settle() -> None:
+    """Generation is over (trtllm-run's answers are being written): an interrupt now waits for the
+    writes. Nothing outside `watch` (the Python API)."""
+    if _watch is not None:
+        _watch.settled = True
 
 
 @contextlib.contextmanager

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from trtllm.runtime import input_format as fmt
+from trtllm.runtime import interrupt
 from trtllm.runtime.chat_template import ChatTemplate, ChatTemplateError, raw_prompt
 from trtllm.runtime.engine import Engine
 from trtllm.runtime.generate import PrefixSource, RowState, Timing, run_rows
@@ -157,12 +158,15 @@ class Runner:
                 if not smp.row.finish_reason:
                     smp.row.fail(f"the engine failed: {type(e).__name__}: {e}")
         except KeyboardInterrupt:  # Ctrl-C: keep what finished, end the rest with what they have
+            interrupt.settle()  # (another one now waits for the answers)
             for smp in live:
                 if not smp.row.finish_reason:
                     smp.row.cancel()
                     if on_text:
                         on_token(smp.row)  # its last line: the text held back, and "cancelled"
             self.cancelled = True
+        finally:
+            interrupt.settle()  # trtllm-run: an interrupt from now on waits until the answers are written
 
     def response(self, smp: Sample) -> dict:
         p, row = smp.prepared, smp.row

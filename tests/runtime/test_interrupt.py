@@ -1,4 +1,6 @@
-"""runtime/interrupt.py: SIGTERM as Ctrl-C, and a write during which an interrupt waits."""
+"""runtime/interrupt.py: a run's Ctrl-C, SIGTERM and SIGHUP. The first stops loading or generating;
+once generation is over, or after that first one, one more waits for the answers to be written;
+a further one stops the run at once."""
 from __future__ import annotations
 
 import os
@@ -6,30 +8,37 @@ import signal
 
 import pytest
 
-from trtllm.runtime.interrupt import deferred
+from trtllm.runtime import interrupt
 
 
-def test_an_interrupt_during_a_deferred_block_comes_after_it():
-    done = []
+def signal_now(sig=signal.SIGINT):
+    os.kill(os.getpid(), sig)
+    for _ in range(1000):  # the handler runs between bytecodes
+        pass
+
+
+def test_the_first_interrupt_stops_loading_or_generating():
+    with interrupt.watch() as watch:
+        with pytest.raises(KeyboardInterrupt):
+            signal_now(signal.SIGTERM)
+        signal_now(signal.SIGHUP)  # the next is kept: the answers so far are being written
+        assert watch.kept == [signal.SIGHUP]
+        with pytest.raises(KeyboardInterrupt):  # and one more stops the run (a write that hangs)
+            signal_now()
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the handlers are back
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+
+
+def test_after_generation_one_interrupt_waits_for_the_writes():
+    with interrupt.watch() as watch:
+        interrupt.settle()
+        signal_now()
+        assert watch.kept == [signal.SIGINT]
+        with pytest.raises(KeyboardInterrupt):
+            signal_now(signal.SIGTERM)
+
+
+def test_settle_outside_a_watch_changes_nothing():
+    interrupt.settle()  # the Python API: no handlers of ours
     with pytest.raises(KeyboardInterrupt):
-        with deferred():
-            os.kill(os.getpid(), signal.SIGINT)
-            done.append("the write")
-    assert done == ["the write"]
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the handler is back
-
-
-def test_an_interrupt_is_kept_over_an_error_of_the_block():
-    with pytest.raises(KeyboardInterrupt):
-        with deferred():
-            os.kill(os.getpid(), signal.SIGTERM)
-            raise OSError("disk full")
-
-
-def test_not_wanted_defers_nothing():
-    with pytest.raises(KeyboardInterrupt):
-        with deferred(wanted=False):
-            os.kill(os.getpid(), signal.SIGINT)
-            for _ in range(1000):  # the handler runs between bytecodes
-                pass
-            pytest.fail("not interrupted")
+        signal_now()

@@ -1,7 +1,6 @@
 """trtllm-run end to end on a tiny engine: output format, exit codes, error isolation, atomic output."""
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import subprocess
@@ -390,7 +389,7 @@ def test_an_interrupt_while_the_output_is_written_waits_for_it(tmp_path, tiny_en
     deferred, leaves the old file and loses the answers."""
     import signal
 
-    from trtllm.runtime import cli, files
+    from trtllm.runtime import files, interrupt
 
     write = files.write_atomic
 
@@ -411,9 +410,35 @@ def test_an_interrupt_while_the_output_is_written_waits_for_it(tmp_path, tiny_en
     monkeypatch.setattr(files, "write_atomic", interrupted_write)
     code, out = run()
     assert code == 130 and out["responses"][0]["finish_reason"] == "max-length"
-    monkeypatch.setattr(cli, "deferred", lambda wanted: contextlib.nullcontext())
+    monkeypatch.setattr(interrupt, "settle", lambda: None)
     code, out = run()
     assert code == 130 and out == {"old": True}
+
+
+def test_an_interrupt_after_generation_waits_for_the_answers(tmp_path, tiny_engine, monkeypatch):
+    """Every request has finished and the answers are being put together (for a large output, a
+    noticeable time) when a Ctrl-C comes: they are written, the exit is 130 and says so."""
+    import signal
+
+    from trtllm.runtime.runner import Runner
+
+    response, calls = Runner.response, []
+
+    def interrupted(self, smp):
+        if not calls:
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.05)
+        calls.append(1)
+        return response(self, smp)
+
+    monkeypatch.setattr(Runner, "response", interrupted)
+    (tmp_path / "in.json").write_text(json.dumps({"requests": [chat("a"), chat("b")], "max_generate_length": 2}))
+    (tmp_path / "out.json").write_text('{"old": true}')
+    result = CliRunner().invoke(main, [str(tmp_path / "in.json"), "--engine", str(tiny_engine("llama")),
+                                       "--output", str(tmp_path / "out.json")])
+    assert result.exit_code == 130 and "every request had finished; the answers were written first" in result.output
+    out = json.loads((tmp_path / "out.json").read_text())["responses"]
+    assert [r["finish_reason"] for r in out] == ["max-length"] * 2
 
 
 def test_interrupt_exits_130_and_keeps_the_old_output(tmp_path, tiny_engine, monkeypatch):
@@ -432,12 +457,13 @@ def test_interrupt_exits_130_and_keeps_the_old_output(tmp_path, tiny_engine, mon
     assert json.loads((tmp_path / "out.json").read_text()) == {"good": True}
 
 
-@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("stream, second", [(False, False), (True, False), (False, True)])
 def test_interrupt_while_generating_keeps_the_answers_and_cancels_the_rest(tmp_path, tiny_engine, monkeypatch,
-                                                                           stream):
+                                                                           stream, second):
     """One slot, three requests of 4 tokens: request 0 takes steps 1-4, request 1's prefill is step 5,
     and a Ctrl-C comes in step 6. Request 0 keeps its answer, request 1 ends with its one token as
-    "cancelled", request 2 never ran; the output is written and the exit code is 130."""
+    "cancelled", request 2 never ran; the output is written and the exit code is 130. `second`: a
+    SIGHUP follows while the rest are cancelled, and waits for the answers too."""
     from trtllm.runtime.backends import onnxruntime as ort_backend
 
     engine = tiny_engine("llama")
@@ -455,6 +481,20 @@ def test_interrupt_while_generating_keeps_the_answers_and_cancels_the_rest(tmp_p
         return step(self, inputs, kv, want_logits)
 
     monkeypatch.setattr(ort_backend.OnnxRuntimeEngine, "step", ctrl_c_at_step_6)
+    if second:  # and the terminal closes (or `timeout` follows up) while the rest are cancelled
+        import signal
+
+        from trtllm.runtime.generate import RowState
+
+        cancel, sent = RowState.cancel, []
+
+        def hangup_then_cancel(self):
+            if not sent:
+                sent.append(os.kill(os.getpid(), signal.SIGHUP))
+                time.sleep(0.05)
+            cancel(self)
+
+        monkeypatch.setattr(RowState, "cancel", hangup_then_cancel)
     result = CliRunner().invoke(main, args + (["--stream"] if stream else []))
     assert result.exit_code == 130 and "2 of 3 requests were cancelled" in result.output, result.output
     first, second, third = json.loads((tmp_path / "out.json").read_text())["responses"]
