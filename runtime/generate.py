@@ -51,6 +51,7 @@ class RowState:
     text: TextStream | None = None
     output_ids: list[int] = field(default_factory=list)
     logprobs: list[tuple[np.ndarray, np.ndarray]] = field(default_factory=list)
+    token_logprobs: list[float] = field(default_factory=list)  # each generated token's own (with logprobs)
     counts: dict[int, int] = field(default_factory=dict)
     finish_reason: str | None = None
     error: str | None = None          # why it failed alone (finish_reason "error"), e.g. a broken draw
@@ -86,11 +87,13 @@ class RowState:
         self.spare[:0] = out
         return out
 
-    def accept(self, token_id: int, top: tuple[np.ndarray, np.ndarray] | None) -> None:
+    def accept(self, token_id: int, top: tuple[np.ndarray, np.ndarray] | None, chosen: float | None = None) -> None:
+        """`top`: the step's top logprobs (values, ids); `chosen`: the token's own logprob, with them."""
         self.output_ids.append(token_id)
         self.counts[token_id] = self.counts.get(token_id, 0) + 1
         if top is not None:
             self.logprobs.append(top)
+            self.token_logprobs.append(chosen)
         n, p = len(self.output_ids), self.params
         # Stop strings count from token min_new_tokens + 1 on (vLLM's min_tokens): those first
         # tokens are always kept, as EOS cannot come before token min_new_tokens + 1 either.
@@ -404,14 +407,22 @@ class Scheduler:
             inputs = dataclasses.replace(inputs, lora=self.lora.feeds(
                 start, [StepAdapters.IDLE if r is None else r.adapter for r in rows]))
         t0 = time.perf_counter()
-        out = self.engine.step(inputs, self.kv.view(start, stop), want_logits)
+        # rows with logprobs: the logits too, for a drawn token outside the top ones (`accept`)
+        out = self.engine.step(inputs, self.kv.view(start, stop), want_logits or self.want_top)
         return out, time.perf_counter() - t0
 
     def accept(self, slot: int, out, b: int) -> None:
-        top = (out.top_logprobs[b].copy(), out.top_logprob_ids[b].copy()) if self.want_top else None
-        self.accept_token(slot, int(out.token_ids[b]), top, finite=bool(np.isfinite(out.top_logprobs[b, 0])))
+        token, top, chosen = int(out.token_ids[b]), None, None
+        if self.want_top:
+            top = (out.top_logprobs[b].copy(), out.top_logprob_ids[b].copy())
+            at = np.flatnonzero(top[1] == token)
+            if len(at):
+                chosen = float(top[0][at[0]])
+            elif 0 <= token < out.logits.shape[1]:  # drawn outside the top ones (sampled; a penalty, a ban)
+                chosen = float(sampling.log_softmax(out.logits[b], self.batch.logit_bias[slot])[token])
+        self.accept_token(slot, token, top, finite=bool(np.isfinite(out.top_logprobs[b, 0])), chosen=chosen)
 
-    def accept_token(self, slot: int, token: int, top=None, finite: bool = True) -> None:
+    def accept_token(self, slot: int, token: int, top=None, finite: bool = True, chosen: float | None = None) -> None:
         """`finite`: the row's top log-probability is a number. It is NaN when any logit is NaN or
         +inf (an overflow: a float16 engine, a LoRA adapter with huge weights), and the sampler then
         answers token 0 or a token past the vocabulary: either way that row alone fails."""
@@ -422,7 +433,7 @@ class Scheduler:
             if self.on_token is not None:
                 self.on_token(row)
             return
-        row.accept(token, top)
+        row.accept(token, top, chosen)
         sampling.penalize(self.batch, slot, row.params, row.counts, token, len(row.output_ids), row.banned)
         if self.on_token is not None:
             self.on_token(row)

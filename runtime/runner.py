@@ -186,17 +186,19 @@ class Runner:
             res["output_text"] = self.tokenizer.decode(row.visible_ids())
         if p.request.num_logprobs > 0:
             res["logprobs"] = [self.logprob_step(vals, toks, p.request.num_logprobs) for vals, toks in row.logprobs]
+            # each generated token's own logprob, in or out of the top ones (a sampled token may be neither)
+            res["token_logprobs"] = [self.logprob_entry(t, v) for t, v in zip(row.output_ids, row.token_logprobs)]
         return res
 
     def logprob_step(self, values: np.ndarray, ids: np.ndarray, k: int) -> list[dict]:
         """One token's top-k entries (numpy to Python once per step, with tolist: 4,096 tokens x
         50 logprobs made 200,000 numpy scalars)."""
-        out = []
-        for v, t in zip(values[:k].tolist(), ids[:k].tolist()):
-            raw = self.tokenizer.token_bytes(t)  # (cached per id by the tokenizer)
-            out.append({"token_id": t, "token": raw.decode("utf-8", errors="replace"), "bytes": list(raw),
-                        "logprob": v if math.isfinite(v) else None})  # -inf: JSON has none
-        return out
+        return [self.logprob_entry(t, v) for v, t in zip(values[:k].tolist(), ids[:k].tolist())]
+
+    def logprob_entry(self, token_id: int, value: float) -> dict:
+        raw = self.tokenizer.token_bytes(token_id)  # (cached per id by the tokenizer)
+        return {"token_id": token_id, "token": raw.decode("utf-8", errors="replace"), "bytes": list(raw),
+                "logprob": value if math.isfinite(value) else None}  # -inf: JSON has none
 
     def run(self, inp: fmt.InputFile, errors: dict[int, str] | None = None, on_text=None,
             adapters: AdapterSet | None = None) -> list[dict]:

@@ -175,19 +175,23 @@ def penalize(batch: SamplingBatch, row: int, params: SamplingParams, counts: dic
         batch.version[row] += 1
 
 
-def top_logprobs(logits: np.ndarray, bias: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-    """Step 2 above for one row, as the sampler's logprob outputs give it: the k largest of
-    log_softmax(logits + bias), descending, ties lower id first (float32 values, int64 ids). For
-    tokens whose logits come from outside the sampler (EAGLE verification's other positions)."""
+def log_softmax(logits: np.ndarray, bias: np.ndarray) -> np.ndarray:
+    """Step 2 above for one row: log_softmax(logits + bias) in float32 (the sum of exponentials in
+    float64), for tokens whose logprobs do not come from the sampler's outputs."""
     shifted = logits + bias
     shifted -= shifted.max()
-    logprobs = shifted - np.float32(np.log(np.exp(shifted).sum(dtype=np.float64)))
+    return shifted - np.float32(np.log(np.exp(shifted).sum(dtype=np.float64)))
+
+
+def top_logprobs(logprobs: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """The k largest of a row's `log_softmax`, as the sampler's logprob outputs give them:
+    descending, ties lower id first (float32 values, int64 ids)."""
     # The k largest lie within some gap of the largest: widen it until it holds k (a pass over
     # the vocabulary each, where a partition of it costs ten), then keep those at least the k-th.
-    gap = 0.25
-    while len(ids := np.flatnonzero(shifted >= -gap)) < k:
+    gap, top = 0.25, logprobs.max()
+    while len(ids := np.flatnonzero(logprobs >= top - gap)) < k:
         if gap > 1e38:  # fewer than k finite ones: -inf (or NaN) fills the rest, as in the sampler
-            ids = np.arange(len(shifted))
+            ids = np.arange(len(logprobs))
             break
         gap *= 2
     if len(ids) > k:

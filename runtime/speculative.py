@@ -535,8 +535,11 @@ class SpecScheduler(TreeDecoding, Scheduler):
         emitted, k = [], row.params.num_logprobs
         for token, source in zip(tokens, sources):
             emitted.append(token)
-            top = sampling.top_logprobs(out.verify_logits[slot, source], self.batch.logit_bias[slot], k) if k else None
-            self.accept_token(slot, token, top)
+            top = chosen = None
+            if k:
+                logprobs = sampling.log_softmax(out.verify_logits[slot, source], self.batch.logit_bias[slot])
+                top, chosen = sampling.top_logprobs(logprobs, k), float(logprobs[token])
+            self.accept_token(slot, token, top, chosen=chosen)
             if row.finish_reason:
                 break
         self.timing.generated_tokens += len(emitted)

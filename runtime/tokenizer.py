@@ -219,22 +219,31 @@ class IncrementalDecoder:
         """Emits whatever is held back, an incomplete character included (as U+FFFD)."""
         return self._emit(final=True)
 
-    def _may_complete(self) -> bool:
-        """Whether the pending tokens' bytes end in the start of a UTF-8 character that later
-        bytes can complete. A U+FFFD that no byte can fix (a stray continuation byte, a lead byte
+    def _incomplete_tail(self) -> int:
+        """How many tokens at the end hold the start of a UTF-8 character that later bytes can
+        complete (0: none; negative: they hold the end of the character before it too). A U+FFFD that no byte can fix (a stray continuation byte, a lead byte
         followed by a non-continuation) is final: holding it would stall the stream and grow the
         decode window for good (quadratic in a model that loops on such a token)."""
         token_bytes = getattr(self._tokenizer, "token_bytes", None)
-        if token_bytes is None:  # (test stand-ins): hold, as before
-            return True
-        tail = b"".join(token_bytes(i) for i in self._ids[max(self._read_offset, len(self._ids) - 4):])[-3:]
+        if token_bytes is None:  # (test stand-ins): hold the pending tokens, as before
+            return len(self._ids) - self._read_offset
+        pending = [token_bytes(i) for i in self._ids[max(self._read_offset, len(self._ids) - 4):]]
+        tail = b"".join(pending)[-3:]
         for k in range(1, len(tail) + 1):
             b = tail[-k]
             if b & 0xC0 == 0x80:  # a continuation byte: look further back for its lead
                 continue
             need = 2 if 0xC2 <= b <= 0xDF else 3 if 0xE0 <= b <= 0xEF else 4 if 0xF0 <= b <= 0xF4 else 0
-            return need > k
-        return False
+            if need <= k:
+                return 0
+            tokens, held = 0, 0  # the tokens that hold those k bytes
+            while held < k and tokens < len(pending):
+                tokens += 1
+                held += len(pending[-tokens])
+            # (-tokens where the first of them starts with the character: what comes before ends
+            # between characters; else the pending tokens are held whole)
+            return tokens if held == k else -(len(self._ids) - self._read_offset)
+        return 0
 
     def _emit(self, final: bool) -> str:
         tok, skip = self._tokenizer, self._skip_special_tokens
@@ -243,11 +252,20 @@ class IncrementalDecoder:
         prefix_text = tok.decode(self._ids[self._prefix_offset:self._read_offset], skip, **extra)
         new_text = tok.decode(self._ids[self._prefix_offset:], skip, **extra)
         delta = ""
-        held = not final and ((new_text.endswith("\ufffd") and self._may_complete())
-                              or self._ids[-1] in getattr(tok, "byte_token_ids", ()))  # a run may go on
+        tail = self._incomplete_tail() if not final and new_text.endswith("\ufffd") else 0
+        # a byte-fallback run may go on: held whole
+        run = not final and bool(self._ids) and self._ids[-1] in getattr(tok, "byte_token_ids", ())
+        held = not final and (tail or run)
         if len(new_text) > len(prefix_text) and not held:
             delta = new_text[len(prefix_text):]
             self._prefix_offset, self._read_offset = self._read_offset, len(self._ids)
+        elif tail > 0 and not run and len(self._ids) - tail > self._read_offset:
+            # what comes before the character that may still be completed is final: emit it
+            split = len(self._ids) - tail
+            text = tok.decode(self._ids[self._prefix_offset:split], skip, **extra)
+            if len(text) > len(prefix_text):
+                delta = text[len(prefix_text):]
+                self._prefix_offset, self._read_offset = self._read_offset, split
         if cleans_up:
             delta = self._cleaned(delta, final)
         if delta:

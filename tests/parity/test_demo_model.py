@@ -143,6 +143,35 @@ def test_logprobs_match_transformers(demo_engine, demo_model, tmp_path, run_cli)
     assert any(b >= 0x80 for step in r["logprobs"] for b in step[0]["bytes"]), "no multi-byte character generated"
 
 
+def test_each_generated_token_s_own_logprob(demo_engine, demo_model, run_cli):
+    """token_logprobs: each generated token's own logprob (log_softmax of the biased logits), also
+    where a sampled token or a penalised greedy one is not among the top-K; their bytes rebuild the
+    text. The wrong variant, the top-1 entry of `logprobs` instead, must differ."""
+    conv = [{"role": "user", "content": "Name three colours."}]
+    requests = [{"messages": conv, "temperature": 1.0, "top_k": 0, "top_p": 1.0, "seed": 5, "logit_bias": {"330": 1.5}},
+                {"messages": conv, "temperature": 0, "repetition_penalty": 3.0}]
+    result, out = run_cli(demo_engine, {"max_generate_length": 12, "num_logprobs": 1, "ignore_eos": True,
+                                        "requests": requests})
+    assert result.exit_code == 0, result.output
+    tok = transformers.AutoTokenizer.from_pretrained(demo_model)
+    model = transformers.AutoModelForCausalLM.from_pretrained(demo_model, dtype=torch.float32).eval()
+    outside = 0
+    for r, req in zip(out["responses"], requests):
+        own = r["token_logprobs"]
+        assert len(own) == len(r["logprobs"]) == 12
+        assert b"".join(bytes(e["bytes"]) for e in own).decode("utf-8") == r["output_text"]
+        prompt = tok(r["formatted_complete_request"], add_special_tokens=False).input_ids
+        chosen = [e["token_id"] for e in own]
+        with torch.no_grad():
+            logits = model(torch.tensor([prompt + chosen[:-1]])).logits[0, len(prompt) - 1:].double()
+        for token, value in req.get("logit_bias", {}).items():
+            logits[:, int(token)] += value
+        ref = torch.log_softmax(logits, -1).numpy()
+        np.testing.assert_allclose([e["logprob"] for e in own], ref[np.arange(12), chosen], atol=1e-4)
+        outside += sum(e["token_id"] != step[0]["token_id"] for e, step in zip(own, r["logprobs"]))
+    assert outside >= 2  # the top-1 entries are not the tokens generated
+
+
 def test_saved_system_prompt_is_token_exact(demo_engine, run_cli, tmp_path):
     """Greedy output with a reused system prefix equals output without it, id for id (num_logprobs=1
     exposes each greedy id), in a batch mixing requests with and without a saved prefix."""

@@ -235,7 +235,9 @@ def test_rows_with_logprobs_speculate(trained, monkeypatch):
     def close(rows) -> bool:
         for r, w in zip(rows, want):
             k = r.params.num_logprobs
-            assert len(r.logprobs) == len(r.output_ids)
+            assert len(r.logprobs) == len(r.output_ids) == len(r.token_logprobs)
+            if not np.allclose(r.token_logprobs, w.token_logprobs, atol=1e-4):
+                return False
             for (values, ids), (wv, wi) in zip(r.logprobs, w.logprobs):
                 if list(ids[:k]) != list(wi[:k]) or not np.allclose(values[:k], wv[:k], atol=1e-4):
                     return False

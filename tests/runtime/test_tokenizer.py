@@ -297,6 +297,13 @@ def test_a_replacement_character_no_byte_can_complete_is_streamed_at_once(ours):
     assert decoder.push(a) == "\ufffda"  # it did not
     ids = [stray, lead, a, lead, stray, stray]
     assert "".join(_stream(ours, ids)) == ours.decode(ids)
+    # a lead byte after a lead byte: the first is final, and streams as the second arrives
+    decoder = IncrementalDecoder(ours)
+    assert [decoder.push(lead) for _ in range(4)] == ["", "\ufffd", "\ufffd", "\ufffd"]
+    assert decoder.flush() == "\ufffd"
+    e9, acute = byte_id[b"\xc3"], byte_id[b"\xa9"]  # a lead byte and then its character's two bytes: é
+    ids = [lead, e9, acute, lead, lead, byte_id[b"\xb8"], byte_id[b"\x96"], a]
+    assert "".join(_stream(ours, ids)) == ours.decode(ids) == "\ufffdé\ufffd世a"
 
 
 def test_a_safe_cut_never_changes_the_clean_up():
