@@ -386,13 +386,22 @@ def parse_input(obj: object, bundled_loras: tuple[str, ...] = (), isolate: bool 
             # as many error responses as samples asked for, where its `n` reads
             n = r.get("n", settings.n) if isinstance(r, dict) else settings.n
             ok = isinstance(n, int) and not isinstance(n, bool) and 1 <= n <= MAX_N
-            requests.append(dataclasses.replace(PLACEHOLDER, n=n) if ok and n > 1 else PLACEHOLDER)
+            requests.append(dataclasses.replace(PLACEHOLDER, n=n if ok else 1, messages=_readable_messages(r, i)))
             invalid[i] = str(e)
     return dataclasses.replace(settings, requests=tuple(requests), invalid=invalid)
 
 
+def _readable_messages(request: object, i: int) -> tuple[Message, ...]:
+    """A request that could not be read still echoes its conversation where that reads (its error
+    is elsewhere), so that its error response says which it was; else none."""
+    try:
+        return _messages(request["messages"], f"requests[{i}].messages") if isinstance(request, dict) else ()
+    except (InputError, KeyError):
+        return ()
+
+
 # What stands for a request that could not be read (parse_input's isolate): it never runs (its
-# n is the request's own where that reads, for one error response per sample).
+# n is the request's own where that reads, for one error response per sample; its messages too).
 PLACEHOLDER = Request(messages=(), lora_name=None, save_system_prompt_kv_cache=False, disable_spec_decode=False,
                       stop=(), logit_bias={}, num_logprobs=0)
 

@@ -442,7 +442,8 @@ def test_isolate_fails_a_bad_request_alone():
                         {"messages": [{"role": "user"}]}],
            "temperature": 0}
     inp = fmt.parse_input(doc, isolate=True)
-    assert sorted(inp.invalid) == [1, 2] and inp.requests[1] is fmt.PLACEHOLDER
+    assert sorted(inp.invalid) == [1, 2] and inp.requests[1].messages == (fmt.Message("user", "b"),)
+    assert inp.requests[2].messages == ()  # its conversation does not read: none echoed
     assert inp.invalid[1].startswith("`requests[1].top_k` must be an integer >= 0")
     assert inp.invalid[2].startswith("`requests[2].messages[0].content` must be")
     assert inp.requests[0].temperature == 0
