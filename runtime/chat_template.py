@@ -227,17 +227,55 @@ class ChatTemplate:
             raise ChatTemplateError(f"chat template failed to render: {type(e).__name__}: {e}") from e
 
     def format(self, messages: list[dict], add_generation_prompt: bool = True,
-               default_system_prompt: str | None = None, **kwargs) -> FormattedPrompt:
+               default_system_prompt: str | None = None, continue_final_message: bool = False,
+               **kwargs) -> FormattedPrompt:
         """Renders `messages` and finds the system prefix (see `_system_prefix` for the rule).
 
         `default_system_prompt` is prepended as a system message when `messages` has none.
+        `continue_final_message`: the text ends inside the last message (`render_continued`), and
+        no generation prompt follows it.
         """
         if default_system_prompt is not None and not any(m.get("role") == "system" for m in messages):
             messages = [{"role": "system", "content": default_system_prompt}, *messages]
-        text = self.render(messages, add_generation_prompt, **kwargs)
+        if continue_final_message:
+            add_generation_prompt = False
+            text = self.render_continued(messages, **kwargs)
+        else:
+            text = self.render(messages, add_generation_prompt, **kwargs)
         prefix = self._system_prefix(messages, text, add_generation_prompt, kwargs)
+        if continue_final_message and not text.startswith(prefix):  # (the message continued is a system one)
+            prefix = ""
         assert text.startswith(prefix), (prefix, text)
         return FormattedPrompt(text=text, system_prefix=prefix)
+
+    def render_continued(self, messages: list[dict], **kwargs) -> str:
+        """The conversation rendered up to the end of its last message's text, so that the answer
+        continues that message (an assistant turn begun by the caller), exactly as transformers'
+        apply_chat_template(continue_final_message=True): the text gets a marker, and the render is
+        cut where the marker is (before the spaces the template trimmed, if it trimmed any)."""
+        if not messages:
+            raise ChatTemplateError("continue_final_message: the conversation is empty")
+        if "content" not in self.source:
+            raise ChatTemplateError("continue_final_message: the chat template does not read a message's content")
+        last = dict(messages[-1])
+        content = last.get("content")
+        if isinstance(content, str):
+            final, last["content"] = content, content + CONTINUE_TAG
+        else:
+            parts = [dict(p) if isinstance(p, dict) else p for p in content or []]
+            at = next((i for i in reversed(range(len(parts))) if isinstance(parts[i], dict) and "text" in parts[i]),
+                      None)
+            if at is None:
+                raise ChatTemplateError("continue_final_message: the last message has no text to continue")
+            final = parts[at]["text"]
+            parts[at]["text"] = final + CONTINUE_TAG
+            last["content"] = parts
+        text = self.render([*messages[:-1], last], add_generation_prompt=False, **kwargs)
+        if final.strip() not in text or CONTINUE_TAG.strip() not in text:
+            raise ChatTemplateError("continue_final_message: the chat template drops part of the last message, "
+                                    "so the prompt cannot end inside it")
+        at = text.rindex(CONTINUE_TAG.strip())
+        return text[:at] if text[at:at + len(CONTINUE_TAG)] == CONTINUE_TAG else text[:at].rstrip()
 
     def _try_render(self, messages, add_generation_prompt, kwargs) -> str | None:
         try:
@@ -328,6 +366,7 @@ class ChatTemplate:
         return cut
 
 
+CONTINUE_TAG = "CONTINUE_FINAL_MESSAGE_TAG "  # transformers' marker for continue_final_message
 _TAKES_PARTS = re.compile(r"""content(?:'\]|"\])?\s+is\s+(?:not\s+)?(?:string|iterable|sequence)""")
 
 

@@ -120,6 +120,7 @@ class Request:
     stop: tuple[str, ...]
     logit_bias: dict[int, float]  # read-only: requests that inherit it share the top-level dict
     num_logprobs: int
+    continue_final_message: bool = False  # the prompt ends inside the last message, which the answer continues
     temperature: float = 1.0  # [0, 100]; 0 = greedy
     top_k: int = 50  # >= 0; 0 = off
     top_p: float = 0.8  # (0, 1]; 1 = off
@@ -316,6 +317,7 @@ _REQUEST_FIELDS = {
     "save_system_prompt_kv_cache": _bool,
     "disable_spec_decode": _bool,
     "stop": _stop,
+    "continue_final_message": _bool,
     **_SAMPLING_FIELDS,
 }
 
@@ -332,6 +334,9 @@ def _request(value: object, path: str, top: InputFile, bundled: tuple[str, ...] 
     if total > MAX_REQUEST_TEXT_BYTES:
         _fail(f"{path}.messages", f"at most {MAX_REQUEST_TEXT_BYTES} UTF-8 bytes (1 MiB) of "
               "text in total", None, shown=f"{total} bytes")
+    if f.get("continue_final_message") and not f["messages"]:
+        _fail(f"{path}.continue_final_message", "false when `messages` is empty (there is no message to continue)",
+              True)
     # inherited values are the top-level objects themselves (one shared logit_bias dict)
     sampling = {name: f[name] if name in f else getattr(top, name) for name in _SAMPLING_FIELDS}
     if sampling["min_new_tokens"] > sampling["max_generate_length"]:
@@ -345,6 +350,7 @@ def _request(value: object, path: str, top: InputFile, bundled: tuple[str, ...] 
         save_system_prompt_kv_cache=f.get("save_system_prompt_kv_cache", False),
         disable_spec_decode=f.get("disable_spec_decode", False),
         stop=f.get("stop", ()),
+        continue_final_message=f.get("continue_final_message", False),
         **sampling,
         own_fields=frozenset(f),
     )

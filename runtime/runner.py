@@ -102,6 +102,7 @@ class Runner:
             if templated:
                 fp = self.template.format(messages, add_generation_prompt=inp.add_generation_prompt,
                                           default_system_prompt=inp.default_system_prompt,
+                                          continue_final_message=req.continue_final_message,
                                           enable_thinking=inp.enable_thinking)
             else:
                 if inp.default_system_prompt is not None and not any(m["role"] == "system" for m in messages):

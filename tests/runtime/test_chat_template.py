@@ -179,6 +179,41 @@ def test_render_matches_transformers(pair, add_generation_prompt, extra):
         assert formatted.text == expected and expected.startswith(formatted.system_prefix), name
 
 
+CONTINUED = {
+    "assistant": [{"role": "user", "content": "Name a colour."}, {"role": "assistant", "content": "My favourite is"}],
+    "trailing_space": [{"role": "user", "content": "Count:"}, {"role": "assistant", "content": "1, 2, "}],
+    "system": [{"role": "system", "content": SYS}, {"role": "user", "content": "Hi"},
+               {"role": "assistant", "content": "Hello,"}],
+    "user": [{"role": "user", "content": "Finish this sentence: the sky"}],
+    "alone": [{"role": "assistant", "content": "Once upon a time"}],
+}
+
+
+@pytest.mark.parametrize("name", sorted(CONVERSATIONS) + sorted(CONTINUED))
+def test_continue_final_message_matches_transformers(pair, name):
+    """The prompt ends inside the last message, as apply_chat_template(continue_final_message=True)
+    cuts it (spaces the template trims, trimmed too), and its system prefix is the text's own. The
+    wrong variant, the message rendered closed (add_generation_prompt false), differs."""
+    hf, ours, _ = pair
+    messages = {**CONVERSATIONS, **CONTINUED}[name]
+    expected = _hf_render(hf, messages, continue_final_message=True)
+    if isinstance(expected, Exception):
+        with pytest.raises(ChatTemplateError):
+            ours.format(messages, continue_final_message=True)
+        return
+    formatted = ours.format(messages, continue_final_message=True)
+    assert formatted.text == expected and expected.startswith(formatted.system_prefix)
+    assert ours.render(messages, False) != expected
+    if name in ("system", "system_multi"):  # saved system-prompt KV still finds its prefix
+        assert SYS in formatted.system_prefix
+
+
+def test_continue_final_message_needs_text_to_continue(pair):
+    _, ours, _ = pair
+    with pytest.raises(ChatTemplateError, match="conversation is empty"):
+        ours.format([], continue_final_message=True)
+
+
 def test_render_empty_conversation(pair):
     # transformers' apply_chat_template refuses [] up front; its renderer underneath does not.
     from transformers.utils.chat_template_utils import render_jinja_template

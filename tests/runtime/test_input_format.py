@@ -429,6 +429,17 @@ def test_top_level_must_be_an_object():
     assert info.value.json_path == "" and "JSON object" in str(info.value)
 
 
+def test_continue_final_message():
+    doc = {"requests": [{"messages": [{"role": "assistant", "content": "Once"}], "continue_final_message": True},
+                        {"messages": [{"role": "user", "content": "a"}]}]}
+    inp = fmt.parse_input(doc)
+    assert [r.continue_final_message for r in inp.requests] == [True, False]
+    with pytest.raises(fmt.InputError, match=r"`requests\[0\]\.continue_final_message` must be false when `messages` is empty"):
+        fmt.parse_input({"requests": [{"messages": [], "continue_final_message": True}]})
+    with pytest.raises(fmt.InputError, match=r"requests\[0\]\.continue_final_message"):
+        fmt.parse_input({"requests": [{"messages": [], "continue_final_message": "yes"}]})
+
+
 def test_input_error_is_a_value_error():
     assert issubclass(InputError, ValueError)
 

@@ -112,6 +112,17 @@ def test_a_bad_request_fails_alone_naming_its_field(run_cli, tiny_engine, bad, f
     assert [out["responses"][i]["output_text"] for i in (0, 2)] == [r["output_text"] for r in want["responses"]]
 
 
+def test_continue_final_message_ends_the_prompt_inside_it(run_cli, tiny_engine):
+    """The answer continues the assistant message the request began: the prompt ends with its text
+    (no end of turn, no new assistant header); the same conversation without it closes the turn."""
+    begun = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "The answer is"}]
+    result, out = run_cli(tiny_engine("llama"), {"temperature": 0, "max_generate_length": 2, "requests": [
+        {"messages": begun, "continue_final_message": True}, {"messages": begun}]})
+    assert result.exit_code == 0, result.output
+    continued, closed = (r["formatted_complete_request"] for r in out["responses"])
+    assert continued.endswith("The answer is") and closed.startswith(continued) and len(closed) > len(continued)
+
+
 def test_batch_size_over_the_engines_runs_at_its_max_with_a_warning(run_cli, tiny_engine):
     """batch_size 16 on an engine of max_batch_size 4: four at a time, the same answers."""
     requests = [chat(t) for t in ("a", "b", "c", "d", "e", "f")]
