@@ -6,7 +6,8 @@ top level, or the command line, is invalid (nothing was run); 3 --output or --pr
 written at the end (the answers then go to stdout), or stdout could not be written where it was the
 answers' only way out (no --output); 130 interrupted: a Ctrl-C while generating ends every
 unfinished request as "cancelled" with its text so far and writes the answers; one while loading
-leaves the files as they were; one while a file is written takes effect once it is (milliseconds);
+leaves the files as they were; after the one that ends generation, or once generation is over, one
+more waits for the answers to be written, and a further one stops at once (interrupt.Watch);
 141 stdout's reader went away (a closed pipe) and there is no --output to write. With --output, a
 stdout that fails only stops the printing.
 """
@@ -364,7 +365,8 @@ def serve(input_file: Path, engine_dir: Path, output: str | None, profile: str |
         click.echo(f"interrupted: {len(cut)} of {len(inp.requests)} requests were cancelled (their text so far is "
                    "their answer); the others finished", err=True)
     elif interrupts is not None and interrupts.kept:
-        click.echo("interrupted: every request had finished; the answers were written first", err=True)
+        click.echo("interrupted once generation was over" + ("" if unwritten else ": the answers were written first"),
+                   err=True)
     lost = any(p.startswith("stdout") for p in unwritten)
     for problem in unwritten:
         click.echo(f"error: {problem}" + ("; the answers are on stdout" if "--output" in problem and not stream

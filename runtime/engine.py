@@ -57,7 +57,8 @@ class StepOutputs:
     top_logprob_ids: np.ndarray
     logits: np.ndarray | None = None
     verify_ids: np.ndarray | None = None  # EAGLE engines: the sampler's token at each verify_index position
-    verify_logits: np.ndarray | None = None  # eagle.logprobs engines, asked for (want_logits): theirs [B,T,V]
+    # eagle.logprobs engines, asked for (want_logits): theirs [B,T,V]; valid until the engine's next step
+    verify_logits: np.ndarray | None = None
     hidden: np.ndarray | None = None      # EAGLE engines: eagle_hidden, every position
 
 

@@ -305,7 +305,6 @@ class Scheduler:
         self.timing.kv_cache_bytes = max(self.timing.kv_cache_bytes, self.kv.nbytes)
         self.batch = sampling.empty_batch(num_slots, m.model.vocab_size,
                                           max([r.params.num_logprobs for r in rows] + [1]), m.max_top_k)
-        self.want_top = any(r.params.num_logprobs > 0 for r in rows)
         self.active: dict[int, RowState] = {}
         self.lora = StepAdapters(m, num_slots) if m.lora else None
         self.decode_feeds: dict[int, StepInputs] = {}  # per batch width: reused step after step
@@ -407,13 +406,15 @@ class Scheduler:
             inputs = dataclasses.replace(inputs, lora=self.lora.feeds(
                 start, [StepAdapters.IDLE if r is None else r.adapter for r in rows]))
         t0 = time.perf_counter()
-        # rows with logprobs: the logits too, for a drawn token outside the top ones (`accept`)
-        out = self.engine.step(inputs, self.kv.view(start, stop), want_logits or self.want_top)
+        # a step with a row that asks for logprobs: the logits too, for a drawn token outside the
+        # top ones (`accept`), and on EAGLE engines the verified positions' (`emit`)
+        want = want_logits or any(r is not None and r.params.num_logprobs and not r.finish_reason for r in rows)
+        out = self.engine.step(inputs, self.kv.view(start, stop), want)
         return out, time.perf_counter() - t0
 
     def accept(self, slot: int, out, b: int) -> None:
         token, top, chosen = int(out.token_ids[b]), None, None
-        if self.want_top:
+        if self.active[slot].params.num_logprobs:  # (so the step gave the logits: `step`)
             top = (out.top_logprobs[b].copy(), out.top_logprob_ids[b].copy())
             at = np.flatnonzero(top[1] == token)
             if len(at):

@@ -133,6 +133,11 @@ def read_config(path: Path) -> dict:
     layers = cfg.get("layers_to_transform")
     if layers is not None and not (whole(layers) or isinstance(layers, list) and all(whole(i) for i in layers)):
         raise AdapterError(f"{path}: layers_to_transform must be a layer index or a list of them, got {layers!r}")
+    for key in ("exclude_modules", "layers_pattern"):
+        value = cfg.get(key)
+        if value is not None and not isinstance(value, str) and not (
+                isinstance(value, list) and all(isinstance(t, str) for t in value)):
+            raise AdapterError(f"{path}: {key} must be a module name pattern or a list of names, got {value!r}")
     for key in ("rank_pattern", "alpha_pattern"):
         patterns = cfg.get(key) or {}
         if not isinstance(patterns, dict):
@@ -151,16 +156,32 @@ def whole(value) -> bool:
 
 
 def targeted(cfg: dict, layer: int, module: str) -> bool:
-    """Whether PEFT would put a LoRA on model.layers.{layer}.{module} (its check_target_module_exists):
-    target_modules a regular expression over the whole name, "all-linear", or names the module's
-    name ends with; and the layer among layers_to_transform. Without target_modules, the tensors say."""
+    """Whether PEFT puts a LoRA on model.layers.{layer}.{module} (its check_target_module_exists):
+    not if exclude_modules names it; target_modules a regular expression over the whole name,
+    "all-linear", or names the module's name is or ends with; and then, for a name it ends with,
+    the layer among layers_to_transform (none or [] is every layer; layers_pattern names the
+    segment before the index). Without target_modules, the tensors say."""
     name, targets = f"model.layers.{layer}.{module}", cfg.get("target_modules")
+    excluded = cfg.get("exclude_modules")
+    if excluded and (re.fullmatch(excluded, name) if isinstance(excluded, str) else
+                     name in excluded or any(name.endswith("." + e) for e in excluded)):
+        return False
+    if targets is None:
+        return True
     if isinstance(targets, str):
-        found = targets == "all-linear" or re.fullmatch(targets, name) is not None
-    else:
-        found = targets is None or any(name == t or name.endswith("." + t) for t in targets)
+        return targets.lower() == "all-linear" or re.fullmatch(targets, name) is not None
+    if name in targets:
+        return True
+    if not any(name.endswith("." + t) for t in targets):
+        return False
     layers = cfg.get("layers_to_transform")
-    return found and (layers is None or layer in ([layers] if isinstance(layers, int) else layers))
+    if layers is None or layers == []:
+        return True
+    patterns = cfg.get("layers_pattern")
+    patterns = [patterns] if isinstance(patterns, str) else patterns or []
+    if patterns and not any(re.match(rf"(?:^|.*?\.){p}\.\d+\.", name) for p in patterns):
+        return False
+    return layer == layers if isinstance(layers, int) else layer in layers
 
 
 def positive(value, where: str) -> None:

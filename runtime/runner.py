@@ -151,13 +151,18 @@ class Runner:
             if chunk or row.finish_reason:
                 on_text(owner[id(row)], chunk, row.finish_reason)
 
+        # trtllm-run: once generation is over (settle), an interrupt waits until the answers are
+        # written; before, the first one ends generation, caught below wherever it lands
         try:
-            run_rows(self.engine, [smp.row for smp in live], num_slots, self.timing,
-                     on_token if on_text else None, self.prefixes, self.drafter, self.prefill_chunk)
-        except Exception as e:  # the engine itself failed: fail what did not finish, keep the rest
-            for smp in live:  # per sample: a request's finished samples (n > 1) keep their answers
-                if not smp.row.finish_reason:
-                    smp.row.fail(f"the engine failed: {type(e).__name__}: {e}")
+            try:
+                run_rows(self.engine, [smp.row for smp in live], num_slots, self.timing,
+                         on_token if on_text else None, self.prefixes, self.drafter, self.prefill_chunk)
+            except Exception as e:  # the engine itself failed: fail what did not finish, keep the rest
+                interrupt.settle()
+                for smp in live:  # per sample: a request's finished samples (n > 1) keep their answers
+                    if not smp.row.finish_reason:
+                        smp.row.fail(f"the engine failed: {type(e).__name__}: {e}")
+            interrupt.settle()
         except KeyboardInterrupt:  # Ctrl-C: keep what finished, end the rest with what they have
             interrupt.settle()  # (another one now waits for the answers)
             for smp in live:
@@ -166,8 +171,6 @@ class Runner:
                     if on_text:
                         on_token(smp.row)  # its last line: the text held back, and "cancelled"
             self.cancelled = True
-        finally:
-            interrupt.settle()  # trtllm-run: an interrupt from now on waits until the answers are written
 
     def response(self, smp: Sample) -> dict:
         p, row = smp.prepared, smp.row

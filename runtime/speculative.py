@@ -397,9 +397,7 @@ class SpecScheduler(TreeDecoding, Scheduler):
         inputs = StepInputs(input_ids=ids, position_ids=positions, write_index=start, last_index=last,
                             sampling=sampling.rows(self.batch, 0, hi), tree_mask=tree_mask,
                             verify_index=np.tile(np.arange(w, dtype=np.int64), (hi, 1)), verify_uniform=uniform)
-        # the verified positions' logits, for rows that ask for logprobs (`emit`)
-        want = any(self.active[s].params.num_logprobs for s in depths or {})
-        out, step_time = self.step(0, hi, inputs, frozenset(drawn), want_logits=want)
+        out, step_time = self.step(0, hi, inputs, frozenset(drawn))
         self.timing.generation_runs += 1
         self.timing.verify_runs += 1
         return out, step_time, drawn
@@ -536,10 +534,13 @@ class SpecScheduler(TreeDecoding, Scheduler):
         for token, source in zip(tokens, sources):
             emitted.append(token)
             top = chosen = None
-            if k:
+            finite = 0 <= token < self.batch.logit_bias.shape[1]  # (else accept_token fails the row alone)
+            if k and finite:
                 logprobs = sampling.log_softmax(out.verify_logits[slot, source], self.batch.logit_bias[slot])
-                top, chosen = sampling.top_logprobs(logprobs, k), float(logprobs[token])
-            self.accept_token(slot, token, top, chosen=chosen)
+                finite = bool(np.isfinite(logprobs.max()))  # (NaN: a NaN or +inf logit)
+                if finite:
+                    top, chosen = sampling.top_logprobs(logprobs, k), float(logprobs[token])
+            self.accept_token(slot, token, top, finite=finite, chosen=chosen)
             if row.finish_reason:
                 break
         self.timing.generated_tokens += len(emitted)

@@ -140,6 +140,7 @@ class OnnxRuntimeEngine:
         # EAGLE engines' inputs for a step without them (verify_index [B, 0], verify_uniform [B, T],
         # tree_mask [B, S, 0]), one array per shape and dtype: the same object, so bound once
         self.zeros: dict[tuple, np.ndarray] = {}
+        self.verify_buffer = np.empty(0, np.float32)  # EAGLE's verify_logits, every binding's (bind_eagle)
 
     def binding_for(self, kv: Sequence[np.ndarray]):
         """An IOBinding with `kv` bound as both past_* and present_* (in place), made once per set
@@ -240,27 +241,32 @@ class OnnxRuntimeEngine:
                            logits=outs[io.logits].copy() if want_logits else None,
                            **({} if eagle is None else {
                                "verify_ids": eagle[0].copy(), "hidden": eagle[1].copy(),
-                               "verify_logits": eagle[2].copy() if want_logits and len(eagle) > 2 else None}))
+                               # (a view, not a copy: B x T x V floats; its rows are read before the next step)
+                               "verify_logits": eagle[2] if want_logits and len(eagle) > 2 else None}))
 
     def bind_eagle(self, b, bound: dict, seq: int, width: int) -> tuple[np.ndarray, ...]:
         """EAGLE outputs, verify_ids [B,T] and eagle_hidden [B,S,H], and with eagle.logprobs
         verify_logits [B,T,V]: their shapes change with the step, so they are bound whenever the
-        shape is not the one bound. The logits are written where the sampler reads them, in one
-        buffer per binding that only grows (a new one each width would be new pages each time)."""
-        io, key, m = self.io, (bound["outputs"], seq, width), self.manifest
+        shape is not the one bound. The logits are written where the sampler reads them, into a
+        view of one buffer for every binding that only grows, by doubling (a buffer per shape would
+        be new pages each time, and one per binding, one per batch width, would add up)."""
+        io, m = self.io, self.manifest
+        logits = m.eagle.get("logprobs")
+        if logits:
+            size = bound["outputs"] * width * m.model.vocab_size
+            if self.verify_buffer.size < size:
+                self.verify_buffer = np.empty(max(size, 2 * self.verify_buffer.size), np.float32)
+        key = (bound["outputs"], seq, width, id(self.verify_buffer))
         held = bound.get("eagle")
         if held is None or held[0] != key:
             arrays = (np.empty((key[0], width), np.int64), np.empty((key[0], seq, m.model.hidden_size), np.float32))
-            names, flat = (io.verify_ids, io.eagle_hidden), None
-            if m.eagle.get("logprobs"):
-                size = key[0] * width * m.model.vocab_size
-                flat = held[2] if held is not None and held[2] is not None and held[2].size >= size \
-                    else np.empty(size, np.float32)
-                arrays += (flat[:size].reshape(key[0], width, m.model.vocab_size),)
+            names = (io.verify_ids, io.eagle_hidden)
+            if logits:
+                arrays += (self.verify_buffer[:size].reshape(key[0], width, m.model.vocab_size),)
                 names += (io.verify_logits,)
             for name, array in zip(names, arrays):
                 b.bind_ortvalue_output(name, ort.OrtValue.ortvalue_from_numpy(array))
-            held = bound["eagle"] = (key, arrays, flat)
+            held = bound["eagle"] = (key, arrays)
         return held[1]
 
     def close(self) -> None:

@@ -172,6 +172,37 @@ def test_non_finite_logits_in_a_verification_fail_that_row(eagle_engine, run_cli
     assert (good["output_text"], good["finish_reason"]) == plain[1][:2]
 
 
+@pytest.mark.parametrize("damage", ["past the vocabulary", "NaN logits"])
+def test_a_bad_drafted_position_fails_its_row_alone_with_logprobs(eagle_engine, run_cli, tmp_path, monkeypatch,
+                                                                  damage):
+    """A drafted position whose logits overflowed (the sampler's token then past the vocabulary, or
+    the logits NaN) in a row that asks for logprobs: that row fails, its neighbour is answered."""
+    from trtllm.runtime.backends import onnxruntime as ort_backend
+
+    engine, _ = eagle_engine
+    requests = [chat("Edge devices run small language models", num_logprobs=3), chat("The quick brown fox")]
+    plain, _ = answers(run_cli, engine, tmp_path, "--spec-draft-step", "0", requests=requests)
+    step, calls = ort_backend.OnnxRuntimeEngine.step, []
+
+    def damaged(self, inputs, kv, want_logits=False):
+        out = step(self, inputs, kv, want_logits)
+        calls.append(inputs.verify_index is not None and inputs.verify_index.shape[1] > 0)
+        if calls.count(True) == 2 and calls[-1]:
+            if damage == "NaN logits":
+                out.verify_logits[0, 0, 5] = np.nan
+            else:
+                out.verify_ids[0, 0] = self.manifest.model.vocab_size
+        return out
+
+    monkeypatch.setattr(ort_backend.OnnxRuntimeEngine, "step", damaged)
+    result, out = run_cli(engine, {"temperature": 0, "max_generate_length": 24, "batch_size": 2,
+                                   "requests": requests}, "--spec-draft-step", "2")
+    assert result.exit_code == 1, result.output
+    bad, good = out["responses"]
+    assert bad["finish_reason"] == "error" and "logits were not finite" in bad["error"]
+    assert (good["output_text"], good["finish_reason"]) == plain[1][:2]
+
+
 @pytest.mark.parametrize("batch_size", [4, 2])
 def test_draft_trees_change_no_answer(eagle_engine, run_cli, tmp_path, batch_size):
     """--spec-draft-top-k 3: each step verifies a tree of the head's candidates (3 per node, as deep

@@ -187,6 +187,8 @@ def _not_safetensors(path):
     (_config(target_modules=r".*\.v_proj"), "is for a module that"),
     (_config(target_modules=["q_proj"], layers_to_transform=[1]), "is for a module that"),
     (_config(target_modules=["q_proj"], layers_to_transform="0"), "layers_to_transform must be a layer index"),
+    (_config(target_modules=["q_proj"], exclude_modules=["model.layers.0.self_attn.q_proj"]), "is for a module that"),
+    (_config(target_modules=["q_proj"], layers_to_transform=[0], layers_pattern="blocks"), "is for a module that"),
     (_config(target_modules=7), "target_modules must be a module name pattern"),
 ])
 def test_refusals_name_the_file_and_the_fix(make, message, tmp_path):
@@ -209,12 +211,17 @@ def _offsets_backwards(path):
     (path / lora.WEIGHTS_NAME).write_bytes(data[:8] + text + data[8 + size:])
 
 
-@pytest.mark.parametrize("targets, layers", [(["q_proj"], None), (["self_attn.q_proj"], 0), ("all-linear", [0, 1]),
-                                            (r"model\.layers\.0\.self_attn\.(q|v)_proj", None), (None, None)])
-def test_targeted_modules_load(targets, layers, tmp_path):
+@pytest.mark.parametrize("targets, layers, extra", [
+    (["q_proj"], None, {}), (["self_attn.q_proj"], 0, {}), ("all-linear", [0, 1], {}), ("ALL-LINEAR", None, {}),
+    (r"model\.layers\.0\.self_attn\.(q|v)_proj", None, {}), (None, None, {}),
+    (["q_proj"], [], {}),  # [] is every layer, as in PEFT
+    (["model.layers.0.self_attn.q_proj"], [1], {}),  # the whole name: layers_to_transform does not apply
+    (["q_proj"], [0], {"layers_pattern": "layers", "exclude_modules": ["v_proj"]})])
+def test_targeted_modules_load(targets, layers, extra, tmp_path):
     """The other side of the refusals above: PEFT's ways to name the module (a name its name ends
     with, a regular expression over the whole name, all-linear, none: the tensors say), per layer."""
     cfg = {k: v for k, v in (("target_modules", targets), ("layers_to_transform", layers)) if v is not None}
+    cfg.update(extra)
     write_adapter(tmp_path, {(0, "self_attn.q_proj"): 2}, **cfg)
     assert lora.load_adapter("a", tmp_path, MANIFEST).rank == 2
 

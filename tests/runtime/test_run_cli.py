@@ -451,9 +451,43 @@ def test_an_interrupt_after_generation_waits_for_the_answers(tmp_path, tiny_engi
     (tmp_path / "out.json").write_text('{"old": true}')
     result = CliRunner().invoke(main, [str(tmp_path / "in.json"), "--engine", str(tiny_engine("llama")),
                                        "--output", str(tmp_path / "out.json")])
-    assert result.exit_code == 130 and "every request had finished; the answers were written first" in result.output
+    assert result.exit_code == 130 and "interrupted once generation was over: the answers were written first" in result.output
     out = json.loads((tmp_path / "out.json").read_text())["responses"]
     assert [r["finish_reason"] for r in out] == ["max-length"] * 2
+
+
+def test_an_interrupt_while_an_engine_failure_is_handled_loses_no_answer(tmp_path, tiny_engine, monkeypatch):
+    """The engine fails in step 6, after request 0 finished, and a Ctrl-C comes while the unfinished
+    requests are failed: request 0 keeps its answer, the file is written, the exit is 130."""
+    import signal
+
+    from trtllm.runtime.backends import onnxruntime as ort_backend
+    from trtllm.runtime.generate import RowState
+
+    step, calls, fail = ort_backend.OnnxRuntimeEngine.step, [0], RowState.fail
+
+    def broken_at_step_6(self, inputs, kv, want_logits=False):
+        calls[0] += 1
+        if calls[0] == 6:
+            raise RuntimeError("device lost")
+        return step(self, inputs, kv, want_logits)
+
+    def interrupted_fail(self, why):
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.05)
+        fail(self, why)
+
+    monkeypatch.setattr(ort_backend.OnnxRuntimeEngine, "step", broken_at_step_6)
+    monkeypatch.setattr(RowState, "fail", interrupted_fail)
+    payload = {"batch_size": 1, "temperature": 0, "max_generate_length": 4, "requests": [chat("a"), chat("b")]}
+    (tmp_path / "in.json").write_text(json.dumps(payload))
+    (tmp_path / "out.json").write_text('{"old": true}')
+    result = CliRunner().invoke(main, [str(tmp_path / "in.json"), "--engine", str(tiny_engine("llama")),
+                                       "--output", str(tmp_path / "out.json")])
+    assert result.exit_code == 130, result.output
+    first, second = json.loads((tmp_path / "out.json").read_text())["responses"]
+    assert first["finish_reason"] == "max-length" and second["finish_reason"] == "error"
+    assert "device lost" in second["error"]
 
 
 def test_interrupt_exits_130_and_keeps_the_old_output(tmp_path, tiny_engine, monkeypatch):
