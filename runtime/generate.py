@@ -434,7 +434,17 @@ class Scheduler:
             if self.on_token is not None:
                 self.on_token(row)
             return
-        row.accept(token, top, chosen)
+        try:
+            row.accept(token, top, chosen)
+        except Exception as e:  # noqa: BLE001 - its text (a tokenizer that cannot take the token): it fails alone
+            why = f"its token {token} could not be made into text ({type(e).__name__}: {e})"
+            try:
+                row.fail(why)
+            except Exception:  # noqa: BLE001 - nor can its text be finished
+                row.finish_reason, row.error = "error", why
+            if self.on_token is not None:
+                self.on_token(row)
+            return
         sampling.penalize(self.batch, slot, row.params, row.counts, token, len(row.output_ids), row.banned)
         if self.on_token is not None:
             self.on_token(row)

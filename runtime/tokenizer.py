@@ -122,7 +122,11 @@ class Tokenizer:
             return self._added[token_id].encode("utf-8")
         token = self._backend.id_to_token(token_id)
         if token is None:
-            raise ValueError(f"token_id must be in [0, {self.vocab_size}), got {token_id!r}")
+            # past the tokenizer: a model whose vocabulary is padded (Qwen2.5, Phi-3, Gemma) can
+            # still draw such an id; it stands for no text, as decode (and transformers') has it
+            if isinstance(token_id, int) and token_id >= 0:
+                return b""
+            raise ValueError(f"token_id must be a token id >= 0, got {token_id!r}")
         if self._byte_decoder is not None:
             # Like the ByteLevel decoder: a token with a character outside the alphabet is raw UTF-8.
             if all(c in self._byte_decoder for c in token):

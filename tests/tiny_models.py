@@ -64,8 +64,9 @@ def make_tokenizer(out_dir: Path):
 
 
 def make_checkpoint(arch: str, out_dir: Path, seed: int = 0, num_layers: int = 2, tie: bool = True,
-                    max_positions: int = 512) -> Path:
-    """Write a tiny random `arch` checkpoint (config, safetensors, tokenizer) to out_dir."""
+                    max_positions: int = 512, padded_vocab: int = 0) -> Path:
+    """Write a tiny random `arch` checkpoint (config, safetensors, tokenizer) to out_dir.
+    `padded_vocab`: that many embedding rows past the tokenizer's (as Qwen2.5, Phi-3 and Gemma pad)."""
     import torch
     import transformers
     from transformers import GenerationConfig
@@ -77,7 +78,7 @@ def make_checkpoint(arch: str, out_dir: Path, seed: int = 0, num_layers: int = 2
     out_dir = Path(out_dir)
     tok = make_tokenizer(out_dir)
     config = getattr(transformers, cfg_name)(
-        vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=num_layers,
+        vocab_size=len(tok) + padded_vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=num_layers,
         num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=max_positions,
         rms_norm_eps=1e-6, tie_word_embeddings=tie, bos_token_id=tok.bos_token_id,
         eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, rope_theta=10000.0, **extra)

@@ -7,7 +7,10 @@ from trtllm.builder.checkpoint import Unsupported
 from trtllm.builder.decoder import DecoderSpec
 
 
-def check_common(config, act_key: str = "hidden_act", acts: dict = {"silu": "silu"}) -> str:  # noqa: B006
+SILU = {"silu": "silu", "swish": "silu"}  # transformers' names of the same function
+
+
+def check_common(config, act_key: str = "hidden_act", acts: dict = SILU) -> str:
     """Refuse config features the graph does not implement, rather than export something wrong; the
     MLP's activation as DecoderSpec names it (acts: config value -> name)."""
     act = getattr(config, act_key, "silu")
@@ -18,7 +21,7 @@ def check_common(config, act_key: str = "hidden_act", acts: dict = {"silu": "sil
     return acts[act]
 
 
-def base_spec(config, architecture: str, act: tuple[str, dict] = ("hidden_act", {"silu": "silu"}),
+def base_spec(config, architecture: str, act: tuple[str, dict] = ("hidden_act", SILU),
               **overrides) -> DecoderSpec:
     hidden_act = check_common(config, *act)
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads

@@ -2,6 +2,8 @@
 prefill/decode logits within 1e-4 and 32 greedy tokens token-exact, alone and in a batch."""
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -135,6 +137,7 @@ VARIANTS = {
     # Llama ignores sliding_window: an engine with a window would be wrong past it
     "llama ignores sliding_window": ("llama", lambda c, w: setattr(c, "sliding_window", 8)),
     "llama attention_bias": ("llama", with_attention_bias),
+    "llama hidden_act swish (SiLU's other name)": ("llama", lambda c, w: setattr(c, "hidden_act", "swish")),
     "qwen3 attention_bias": ("qwen3", with_attention_bias),
     "llama tied, own lm_head": ("llama", untied_head_kept),
     # the class comes from model_type, whatever config.architectures says
@@ -156,6 +159,20 @@ def test_config_variants_match_transformers(name, tmp_path):
     with torch.no_grad():
         ref = model(torch.tensor([prompt + generated[:-1]])).logits[0, len(prompt) - 1:].numpy()
     np.testing.assert_allclose(got, ref, atol=ATOL, rtol=0)
+
+
+def test_longrope_with_a_short_original_length_passes_the_build_check(tmp_path):
+    """The build's agreement check compares with transformers on the tokens the engine was fed: one
+    more took transformers' LongRoPE past original_max_position_embeddings (64 here), to its long
+    factors, and failed a correct engine (9% agreement)."""
+    from trtllm.builder.config import BuildConfig
+    from trtllm.builder.export import build
+
+    ckpt = variant(tmp_path, *VARIANTS["phi3 longrope, partial rotary, window 8"])
+    out = build(BuildConfig(model=str(ckpt), output=str(tmp_path / "engine"), max_kv_cache_capacity=128,
+                            max_input_len=64), log=lambda m: None)
+    report = json.loads((out / "verify.json").read_text())
+    assert report["top1_agreement"] >= report["min_agreement"] and report["tokens_agree"]
 
 
 # Each change of an architecture to Llama's graph, undone: every one must miss transformers' logits.

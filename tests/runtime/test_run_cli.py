@@ -687,3 +687,33 @@ def test_a_long_prompt_admitted_mid_run_is_chunked_and_answers_the_same(run_cli,
     assert runs["16"] >= runs["0"] + 2
     result, _ = run_cli(tiny_engine("llama"), {"requests": requests}, "--prefill-chunk", "8")
     assert result.exit_code == 2 and "--prefill-chunk" in result.output and "at least 16" in result.output
+
+
+def test_a_padded_vocabulary_s_ids_are_no_text(tmp_path):
+    """A model whose embedding has rows past its tokenizer's (Qwen2.5, Phi-3, Gemma pad theirs) can
+    draw such an id: it stands for no text, as in transformers, and fails no request. Request 0 is
+    pushed onto padding ids; request 1 beside it is answered as alone. Before, the first padding id
+    failed every unfinished request of the batch."""
+    from tests.tiny_models import make_checkpoint
+    from trtllm.builder.config import BuildConfig
+    from trtllm.builder.export import build
+
+    ckpt = make_checkpoint("llama", tmp_path / "ckpt", padded_vocab=16)
+    engine = build(BuildConfig(model=str(ckpt), output=str(tmp_path / "engine"), max_batch_size=2, max_input_len=64,
+                               max_kv_cache_capacity=128), log=lambda m: None)
+    vocab = json.loads((engine / "manifest.json").read_text())["model"]["vocab_size"]
+    padding = vocab - 3  # past the tokenizer's 400 ids
+    payload = {"temperature": 0, "max_generate_length": 6, "batch_size": 2, "num_logprobs": 1,
+               "requests": [chat("a", logit_bias={str(padding): 100.0}), chat("b")]}
+    (tmp_path / "in.json").write_text(json.dumps(payload))
+    result = CliRunner().invoke(main, [str(tmp_path / "in.json"), "--engine", str(engine), "--output",
+                                       str(tmp_path / "out.json"), "--kv-cache-dir", str(tmp_path / "kv")])
+    assert result.exit_code == 0, result.output
+    padded, other = json.loads((tmp_path / "out.json").read_text())["responses"]
+    assert padded["output_text"] == "" and padded["finish_reason"] == "max-length"
+    assert [e["token_id"] for e in padded["token_logprobs"]] == [padding] * 6
+    assert all(e["bytes"] == [] for e in padded["token_logprobs"])
+    (tmp_path / "alone.json").write_text(json.dumps({**payload, "requests": [chat("b")]}))
+    CliRunner().invoke(main, [str(tmp_path / "alone.json"), "--engine", str(engine), "--output",
+                              str(tmp_path / "alone_out.json"), "--kv-cache-dir", str(tmp_path / "kv")])
+    assert other["output_text"] == json.loads((tmp_path / "alone_out.json").read_text())["responses"][0]["output_text"]
