@@ -176,26 +176,47 @@ def static_shape(shape: tuple[int, ...], name: str, profiles: list[Profile]) -> 
 
 
 def pin_static_axes(inputs, profiles: list[Profile]) -> None:
-    """Make the network's inputs static where the profiles fix them, above all the KV capacity: the
-    ONNX leaves it symbolic (ONNX Runtime engines size it per run), but TensorRT's KV update
-    (IKVCacheUpdateLayer, from TensorScatter) needs a cache input with a static sequence axis."""
+    """Make the network's inputs static where the profiles fix them (what `pinned_model` did to the
+    graph already, in case the parser kept an axis symbolic)."""
     for t in inputs:  # every input has profile shapes (build_plan checked)
         shape = static_shape(tuple(t.shape), t.name, profiles)
         if shape != tuple(t.shape):
             t.shape = shape
 
 
+def pinned_model(onnx_path: Path, profiles: list[Profile]) -> bytes:
+    """The graph (its weights left in their external files) with every input axis the profiles fix
+    written as that number, above all the KV capacity: the ONNX leaves it symbolic (ONNX Runtime
+    engines size it per run), but TensorRT's KV update (IKVCacheUpdateLayer, from TensorScatter)
+    takes a cache input whose sequence axis is static when the parser imports the node."""
+    import onnx
+
+    model = onnx.load(str(onnx_path), load_external_data=False)
+    for t in model.graph.input:
+        if t.name not in profiles[0].shapes:
+            continue
+        dims = t.type.tensor_type.shape.dim
+        shape = tuple(d.dim_value if d.HasField("dim_value") else -1 for d in dims)
+        for d, value, was in zip(dims, static_shape(shape, t.name, profiles), shape):
+            if was == -1 and value != -1:
+                d.dim_value = value  # (replaces the symbolic dim_param)
+    return model.SerializeToString()
+
+
 def build_plan(onnx_path: Path, profiles: list[Profile], *, workspace_gib: float, opt_level: int,
                timing_cache: Path | None, log=print) -> bytes:
     """Parse `onnx_path` (its external data next to it) and build a serialized engine."""
     trt = import_tensorrt()
-    logger = trt.Logger(trt.Logger.WARNING)
+    from trtllm.runtime.backends.tensorrt import shared_logger
+
+    logger = shared_logger(trt)
     builder = trt.Builder(logger)
     # Strongly typed: the ONNX's own dtypes decide precision. Always on (flag ignored) in TensorRT 11.
     network = builder.create_network(1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED))
     parser = trt.OnnxParser(network, logger)
     log(f"TensorRT {trt.__version__}: parsing {onnx_path.name}")
-    if not parser.parse_from_file(str(onnx_path)):
+    # (the path: where the graph's external weights are)
+    if not parser.parse(pinned_model(onnx_path, profiles), str(onnx_path)):
         errors = [parser.get_error(i) for i in range(parser.num_errors)]
         raise RuntimeError("TensorRT's ONNX parser rejected the graph:\n" + "\n".join(
             f"  {e.node_name()} [{e.node_operator()}]: {e.desc()}" for e in errors))

@@ -29,6 +29,17 @@ PREFILL, DECODE = 0, 1  # the builder's profile order (builder/tensorrt.py)
 ALIGNMENT = 256         # TensorRT: every tensor address must be 256-byte aligned
 
 
+_loggers: dict[int, object] = {}
+
+
+def shared_logger(trt):
+    """One trt.Logger for the process (per tensorrt module): TensorRT keeps the first logger a
+    builder or runtime was given, and warns when another comes."""
+    if id(trt) not in _loggers:
+        _loggers[id(trt)] = trt.Logger(trt.Logger.WARNING)
+    return _loggers[id(trt)]
+
+
 def trt_rebuild_hint(engine_dir) -> str:
     return f"{rebuild_hint(engine_dir)} --backend tensorrt (on this machine)"
 
@@ -134,7 +145,7 @@ class TensorRTEngine:
         if not path.is_file():
             raise ManifestError(f"{path} is missing; {trt_rebuild_hint(engine_dir)}")
         self.register_plugins(engine_dir)
-        self.runtime = trt.Runtime(trt.Logger(trt.Logger.WARNING))
+        self.runtime = trt.Runtime(shared_logger(trt))
         self.engine = self.runtime.deserialize_cuda_engine(path.read_bytes())
         if self.engine is None:
             raise ManifestError(f"TensorRT could not deserialize {path}; {trt_rebuild_hint(engine_dir)}")

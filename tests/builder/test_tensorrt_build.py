@@ -65,6 +65,30 @@ def test_profiles_cover_every_graph_input(tiny_checkpoint, tmp_path, graph):
     assert m.graph_profile == graph
 
 
+def test_the_kv_capacity_is_static_when_the_parser_imports_the_graph(tiny_checkpoint, tmp_path):
+    """TensorScatter becomes IKVCacheUpdateLayer, whose cache input needs a static sequence axis when
+    the parser imports the node (the stand-in refuses it otherwise): the graph is parsed with the
+    axes the profiles fix written in (pinned_model), the weights read from their files. The wrong
+    variant, the graph parsed as written (the capacity symbolic), is refused."""
+    out = tmp_path / "e"
+    build(BuildConfig(model=str(tiny_checkpoint("qwen3")), output=str(out), backend="onnxruntime", verify=False,
+                      **LIMITS), log=lambda m: None)
+    m = load(out)
+    profiles = trt_build.optimization_profiles(m.limits, m.model, m.io)
+    pinned = onnx.load_from_string(trt_build.pinned_model(out / "llm.onnx", profiles))
+    kv = next(i for i in pinned.graph.input if i.name == m.io.past_key.format(i=0))
+    assert [d.dim_value if d.HasField("dim_value") else -1 for d in kv.type.tensor_type.shape.dim] == \
+        [-1, m.model.num_kv_heads, LIMITS["max_kv_cache_capacity"], m.model.head_dim]
+    with fakes.installed():
+        import tensorrt as trt
+
+        network = trt.Builder(trt.Logger()).create_network(1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED))
+        parser = trt.OnnxParser(network, trt.Logger())
+        assert parser.parse(trt_build.pinned_model(out / "llm.onnx", profiles), str(out / "llm.onnx"))
+        assert not parser.parse_from_file(str(out / "llm.onnx"))
+        assert "must have a static sequence axis" in parser.get_error(0).desc()
+
+
 @pytest.mark.parametrize("name", PROFILES)
 def test_shipped_profiles_are_valid_configs(name):
     values = {k: v for k, v in profile_defaults(name).items() if k != "description"}

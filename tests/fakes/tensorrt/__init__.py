@@ -22,6 +22,8 @@ from its 16-bit weights, the KV stored in its type (what our CPU kernels compute
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 import ctypes
 import enum
 import json
@@ -151,14 +153,36 @@ class OnnxParser:
     def parse_from_file(self, path) -> bool:
         import onnx
 
+        return self._parse(onnx.load(str(path)))  # with its external data, as TensorRT reads it
+
+    def parse(self, model, path=None) -> bool:
+        """`model`: the serialized graph; `path`: where it is, for its external weights."""
+        import onnx
+        from onnx.external_data_helper import load_external_data_for_model
+
+        model = onnx.load_from_string(bytes(model))
+        if path is not None:
+            load_external_data_for_model(model, str(Path(path).parent))
+        return self._parse(model)
+
+    def _parse(self, model) -> bool:
+        import onnx
+
         from trtllm.plugins import lint
 
-        model = onnx.load(str(path))  # with its external data, as TensorRT reads it
         self.errors = [_ParserError(i) for i in lint.lint_model(model, _minor())]
         try:  # a strongly typed network: every node's input types must agree, as the ONNX schemas say
             onnx.shape_inference.infer_shapes(model, check_type=True, strict_mode=True)
         except onnx.shape_inference.InferenceError as e:
             self.errors.append(_ParserError(lint.LintIssue("(type check)", "", str(e).splitlines()[0])))
+        # TensorScatter becomes IKVCacheUpdateLayer, whose cache input needs a static sequence axis
+        inputs = {i.name: _ITensor(i) for i in model.graph.input}
+        for node in model.graph.node:
+            cache = inputs.get(node.input[0]) if node.op_type == "TensorScatter" else None
+            if cache is not None and cache.shape[-2] == -1:
+                self.errors.append(_ParserError(lint.LintIssue(
+                    node.name, node.op_type, f"the KV cache {cache.name} must have a static sequence axis, got "
+                    f"{cache.shape}")))
         self.network.model = model
         self.network.inputs = [_ITensor(i) for i in model.graph.input]
         self.network.outputs = [_ITensor(o) for o in model.graph.output]
