@@ -123,8 +123,9 @@ def test_token_bytes_rebuild_text(ours):
     assert any(_is_partial(ours.token_bytes(i)) for text in TEXTS for i in ours.encode(text))
     assert ours.token_bytes(ours.token_to_id("<|im_start|>")) == b"<|im_start|>"
     assert ours.token_bytes(ours.token_to_id("世界")) == "世界".encode("utf-8")
+    assert ours.token_bytes(ours.vocab_size + 5) == b""  # past the tokenizer (a padded vocabulary): no text
     with pytest.raises(ValueError, match="token_id"):
-        ours.token_bytes(ours.vocab_size + 5)
+        ours.token_bytes(-1)
 
 
 def test_token_bytes_agree_with_decode(ours):
