@@ -120,13 +120,14 @@ class Tokenizer:
             # made only of alphabet characters, e.g. "é", through the byte table, so decode()
             # garbles it; the bytes the token stands for in the input are still its UTF-8 content.)
             return self._added[token_id].encode("utf-8")
+        if isinstance(token_id, bool) or not hasattr(token_id, "__index__") or token_id.__index__() < 0:
+            raise ValueError(f"token_id must be a token id >= 0, got {token_id!r}")
+        token_id = token_id.__index__()  # (a numpy integer too)
         token = self._backend.id_to_token(token_id)
         if token is None:
             # past the tokenizer: a model whose vocabulary is padded (Qwen2.5, Phi-3, Gemma) can
             # still draw such an id; it stands for no text, as decode (and transformers') has it
-            if isinstance(token_id, int) and token_id >= 0:
-                return b""
-            raise ValueError(f"token_id must be a token id >= 0, got {token_id!r}")
+            return b""
         if self._byte_decoder is not None:
             # Like the ByteLevel decoder: a token with a character outside the alphabet is raw UTF-8.
             if all(c in self._byte_decoder for c in token):
