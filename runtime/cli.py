@@ -56,7 +56,8 @@ class Printer:
         self.error: BaseException | None = None  # why it stopped
 
     def line(self, record: dict) -> None:
-        self.text(json.dumps(record, ensure_ascii=False))
+        with interrupt.held():  # a Ctrl-C now comes after the line, not in the middle of it
+            self.text(json.dumps(record, ensure_ascii=False))
 
     def text(self, text: str) -> None:
         if self.gone:

@@ -47,9 +47,13 @@ class Watch:
     def __init__(self):
         self.raised = self.settled = False
         self.kept: list[int] = []
+        self.holding = self.pending = False  # in a `held` block; an interrupt waits for its end
 
     def handle(self, signum, frame):
         if not self.raised and not self.settled:
+            if self.holding:
+                self.pending = True
+                return
             self.raised = True
             raise KeyboardInterrupt
         self.kept.append(signum)
@@ -70,6 +74,24 @@ def watch():
             yield _watch
     finally:
         _watch = outer
+
+
+@contextlib.contextmanager
+def held():
+    """Within the block, the interrupt that would stop generation waits for its end (a streamed
+    line is written whole, not cut where the signal came). Nothing outside `watch`."""
+    w = _watch
+    if w is None or w.holding:
+        yield
+        return
+    w.holding = True
+    try:
+        yield
+    finally:
+        w.holding = False
+        if w.pending:
+            w.pending, w.raised = False, True
+            raise KeyboardInterrupt
 
 
 def settle() -> None:

@@ -42,3 +42,20 @@ def test_settle_outside_a_watch_changes_nothing():
     interrupt.settle()  # the Python API: no handlers of ours
     with pytest.raises(KeyboardInterrupt):
         signal_now()
+
+
+def test_a_held_block_finishes_before_the_interrupt():
+    """A streamed line is written whole: the interrupt that comes in the middle of it is raised
+    after it (and counts as the first); outside a held block it is raised at once."""
+    done = []
+    with interrupt.watch() as watch:
+        with pytest.raises(KeyboardInterrupt):
+            with interrupt.held():
+                signal_now()
+                done.append("the rest of the line")
+        assert done == ["the rest of the line"] and watch.raised
+        signal_now()  # the next one waits for the answers, as after any first one
+        assert watch.kept == [signal.SIGINT]
+    with interrupt.held():  # outside a watch: nothing held
+        with pytest.raises(KeyboardInterrupt):
+            signal_now()

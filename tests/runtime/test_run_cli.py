@@ -1,6 +1,7 @@
 """trtllm-run end to end on a tiny engine: output format, exit codes, error isolation, atomic output."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -488,6 +489,47 @@ def test_an_interrupt_while_an_engine_failure_is_handled_loses_no_answer(tmp_pat
     first, second = json.loads((tmp_path / "out.json").read_text())["responses"]
     assert first["finish_reason"] == "max-length" and second["finish_reason"] == "error"
     assert "device lost" in second["error"]
+
+
+def test_a_ctrl_c_inside_a_streamed_line_comes_after_it(tmp_path, tiny_engine, monkeypatch):
+    """--stream's JSON lines stay whole: a Ctrl-C in the middle of writing one (its first half
+    out) stops generation once the line is written; every line parses, each request ends with
+    one. The wrong variant, the line not held, leaves half a line."""
+    import signal
+
+    import click
+
+    from trtllm.runtime import cli, interrupt
+
+    echo, calls = click.echo, []
+
+    def split_echo(message=None, *args, **kwargs):
+        if not kwargs.get("err") and isinstance(message, str) and message.startswith("{") and len(calls) == 2:
+            echo(message[:10], *args, nl=False, **kwargs)
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.05)
+            message = message[10:]
+        calls.append(1)
+        echo(message, *args, **kwargs)
+
+    monkeypatch.setattr(cli.click, "echo", split_echo)
+    payload = {"temperature": 0, "max_generate_length": 40, "ignore_eos": True, "requests": [chat("a"), chat("b")]}
+    (tmp_path / "in.json").write_text(json.dumps(payload))
+
+    def run():
+        calls.clear()
+        result = CliRunner().invoke(main, [str(tmp_path / "in.json"), "--engine", str(tiny_engine("llama")),
+                                           "--stream", "--output", str(tmp_path / "out.json")])
+        return result, [ln for ln in result.stdout.splitlines() if ln.strip()]
+
+    result, lines = run()
+    assert result.exit_code == 130, result.output
+    records = [json.loads(ln) for ln in lines]  # every line whole
+    assert {r["request_idx"] for r in records if r.get("finish_reason") == "cancelled"} == {0, 1}
+    monkeypatch.setattr(interrupt, "held", contextlib.nullcontext)
+    result, lines = run()
+    with pytest.raises(json.JSONDecodeError):
+        [json.loads(ln) for ln in lines]
 
 
 def test_interrupt_exits_130_and_keeps_the_old_output(tmp_path, tiny_engine, monkeypatch):
