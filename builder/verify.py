@@ -122,7 +122,7 @@ def verify_adapter(engine, engine_dir, name: str, ck, ids: list[int], num_decode
     check_finite(forced, f"with adapter {name} ")
     return {"reference": reference, "max_abs_error": float(np.abs(got - ref).max()),
             "tokens_agree": [int(t) for t in ref.argmax(-1)] == generated,
-            **agreement(chosen, hf_logits(model, text)[: len(chosen)])}
+            **agreement(chosen, hf_logits(model, text[: len(chosen)]))}
 
 
 def check_finite(logits: np.ndarray, what: str = "") -> None:

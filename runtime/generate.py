@@ -437,7 +437,7 @@ class Scheduler:
         try:
             row.accept(token, top, chosen)
         except Exception as e:  # noqa: BLE001 - its text (a tokenizer that cannot take the token): it fails alone
-            why = f"its token {token} could not be made into text ({type(e).__name__}: {e})"
+            why = f"taking its token {token} failed ({type(e).__name__}: {e})"
             try:
                 row.fail(why)
             except Exception:  # noqa: BLE001 - nor can its text be finished

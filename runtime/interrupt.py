@@ -51,10 +51,10 @@ class Watch:
 
     def handle(self, signum, frame):
         if not self.raised and not self.settled:
-            if self.holding:
+            if self.holding and not self.pending:  # the first, in a held block: after it
                 self.pending = True
                 return
-            self.raised = True
+            self.raised, self.pending = True, False  # (a second one in a held block: now, for a write that hangs)
             raise KeyboardInterrupt
         self.kept.append(signum)
         if len(self.kept) > 1:
@@ -79,19 +79,22 @@ def watch():
 @contextlib.contextmanager
 def held():
     """Within the block, the interrupt that would stop generation waits for its end (a streamed
-    line is written whole, not cut where the signal came). Nothing outside `watch`."""
+    line is written whole, not cut where the signal came); a second one does not wait (a write that
+    hangs). Nothing outside `watch`."""
     w = _watch
     if w is None or w.holding:
         yield
         return
-    w.holding = True
+    w.holding, done = True, False
     try:
         yield
+        done = True
     finally:
-        w.holding = False
+        w.holding = False  # (then a signal raises at once, and clears pending: not raised twice)
         if w.pending:
             w.pending, w.raised = False, True
-            raise KeyboardInterrupt
+            if done:  # (not over an exception already on its way out: a sys.exit, an error)
+                raise KeyboardInterrupt
 
 
 def settle() -> None:

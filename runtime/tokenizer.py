@@ -109,20 +109,23 @@ class Tokenizer:
 
     def token_bytes(self, token_id: int) -> bytes:
         """The raw bytes one token stands for (possibly part of a UTF-8 character)."""
+        if type(token_id) is not int:  # a numpy integer; a bool, float or anything else is no id
+            if isinstance(token_id, bool) or not hasattr(token_id, "__index__"):
+                raise ValueError(f"token_id must be a token id >= 0, got {token_id!r}")
+            token_id = token_id.__index__()
         cached = self._bytes_cache.get(token_id)
         if cached is None:
             cached = self._bytes_cache[token_id] = self._compute_token_bytes(token_id)
         return cached
 
     def _compute_token_bytes(self, token_id: int) -> bytes:
+        if token_id < 0:
+            raise ValueError(f"token_id must be a token id >= 0, got {token_id!r}")
         if token_id in self._added:
             # The text an added token matches. (tokenizers' ByteLevel decoder maps an added token
             # made only of alphabet characters, e.g. "é", through the byte table, so decode()
             # garbles it; the bytes the token stands for in the input are still its UTF-8 content.)
             return self._added[token_id].encode("utf-8")
-        if isinstance(token_id, bool) or not hasattr(token_id, "__index__") or token_id.__index__() < 0:
-            raise ValueError(f"token_id must be a token id >= 0, got {token_id!r}")
-        token_id = token_id.__index__()  # (a numpy integer too)
         token = self._backend.id_to_token(token_id)
         if token is None:
             # past the tokenizer: a model whose vocabulary is padded (Qwen2.5, Phi-3, Gemma) can
@@ -232,7 +235,11 @@ class IncrementalDecoder:
         token_bytes = getattr(self._tokenizer, "token_bytes", None)
         if token_bytes is None:  # (test stand-ins): hold the pending tokens, as before
             return len(self._ids) - self._read_offset
-        pending = [token_bytes(i) for i in self._ids[max(self._read_offset, len(self._ids) - 4):]]
+        pending: list[bytes] = []  # the last tokens' bytes, back to 3 bytes (tokens of none, a padded
+        for i in reversed(self._ids[self._read_offset:]):  # vocabulary's, do not count)
+            pending.insert(0, token_bytes(i))
+            if sum(map(len, pending)) >= 3:
+                break
         tail = b"".join(pending)[-3:]
         for k in range(1, len(tail) + 1):
             b = tail[-k]

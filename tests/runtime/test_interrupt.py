@@ -59,3 +59,25 @@ def test_a_held_block_finishes_before_the_interrupt():
     with interrupt.held():  # outside a watch: nothing held
         with pytest.raises(KeyboardInterrupt):
             signal_now()
+
+
+def test_a_second_interrupt_in_a_held_block_does_not_wait():
+    """A write that hangs (a pipe nobody reads) inside a held block: the first interrupt waits for
+    it, a second one stops it; nothing is left pending for the next block."""
+    with interrupt.watch() as watch:
+        with pytest.raises(KeyboardInterrupt):
+            with interrupt.held():
+                signal_now()
+                signal_now(signal.SIGTERM)  # raised here, in the block
+                pytest.fail("not interrupted")
+        assert watch.raised and not watch.pending
+        with interrupt.held():  # the next block ends without a stale interrupt
+            pass
+
+
+def test_a_held_block_that_exits_keeps_its_exit():
+    with interrupt.watch():
+        with pytest.raises(SystemExit):
+            with interrupt.held():
+                signal_now()
+                raise SystemExit(141)  # (stdout's reader went away): the exit, not the interrupt

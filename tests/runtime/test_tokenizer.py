@@ -124,8 +124,12 @@ def test_token_bytes_rebuild_text(ours):
     assert ours.token_bytes(ours.token_to_id("<|im_start|>")) == b"<|im_start|>"
     assert ours.token_bytes(ours.token_to_id("世界")) == "世界".encode("utf-8")
     assert ours.token_bytes(ours.vocab_size + 5) == b""  # past the tokenizer (a padded vocabulary): no text
-    with pytest.raises(ValueError, match="token_id"):
-        ours.token_bytes(-1)
+    import numpy as np
+
+    assert ours.token_bytes(np.int64(5)) == ours.token_bytes(5)
+    for bad in (-1, 3.0, True, "3"):
+        with pytest.raises(ValueError, match="token_id"):
+            ours.token_bytes(bad)
 
 
 def test_token_bytes_agree_with_decode(ours):
@@ -305,6 +309,10 @@ def test_a_replacement_character_no_byte_can_complete_is_streamed_at_once(ours):
     e9, acute = byte_id[b"\xc3"], byte_id[b"\xa9"]  # a lead byte and then its character's two bytes: é
     ids = [lead, e9, acute, lead, lead, byte_id[b"\xb8"], byte_id[b"\x96"], a]
     assert "".join(_stream(ours, ids)) == ours.decode(ids) == "\ufffdé\ufffd世a"
+    # ids past the tokenizer (a padded vocabulary) stand for no text, inside a character too
+    pad = ours.vocab_size + 3
+    ids = [a, lead, pad, pad, pad, pad, byte_id[b"\xb8"], pad, byte_id[b"\x96"]]
+    assert "".join(_stream(ours, ids)) == ours.decode(ids) == "a世"
 
 
 def test_a_safe_cut_never_changes_the_clean_up():
