@@ -190,6 +190,7 @@ class ChatTemplate:
         # parts (Gemma 3 trims each text part and reads only a system message's first): such
         # content goes to it as the list, as transformers passes it. Others get the text joined.
         self.takes_parts = bool(_TAKES_PARTS.search(source))
+        self._headers: dict = {}  # _user_header's, per (add_generation_prompt, kwargs): the same for every request
 
     @classmethod
     def from_engine_dir(cls, engine_dir, files: dict | None = None) -> ChatTemplate | None:
@@ -334,6 +335,16 @@ class ChatTemplate:
         return before[:self._snap(before, len(before) - len(header))]
 
     def _user_header(self, add_generation_prompt, kwargs) -> str:
+        try:
+            key = (add_generation_prompt, tuple(sorted(kwargs.items())))
+            hash(key)
+        except TypeError:  # (a value that is not hashable: found again)
+            return self._find_user_header(add_generation_prompt, kwargs)
+        if key not in self._headers:
+            self._headers[key] = self._find_user_header(add_generation_prompt, kwargs)
+        return self._headers[key]
+
+    def _find_user_header(self, add_generation_prompt, kwargs) -> str:
         """The text a user turn starts with, e.g. "<|im_start|>user\\n"; "" if not found.
 
         First from [system, user]: what lies between the system turn rendered alone and the user
