@@ -175,15 +175,6 @@ def static_shape(shape: tuple[int, ...], name: str, profiles: list[Profile]) -> 
     return tuple(out)
 
 
-def pin_static_axes(inputs, profiles: list[Profile]) -> None:
-    """Make the network's inputs static where the profiles fix them (what `pinned_model` did to the
-    graph already, in case the parser kept an axis symbolic)."""
-    for t in inputs:  # every input has profile shapes (build_plan checked)
-        shape = static_shape(tuple(t.shape), t.name, profiles)
-        if shape != tuple(t.shape):
-            t.shape = shape
-
-
 def pinned_model(onnx_path: Path, profiles: list[Profile]) -> bytes:
     """The graph (its weights left in their external files) with every input axis the profiles fix
     written as that number, above all the KV capacity: the ONNX leaves it symbolic (ONNX Runtime
@@ -224,7 +215,6 @@ def build_plan(onnx_path: Path, profiles: list[Profile], *, workspace_gib: float
     missing = [t.name for t in inputs if t.name not in profiles[0].shapes]
     if missing:
         raise RuntimeError(f"no optimization profile shapes for the network inputs {missing}")
-    pin_static_axes(inputs, profiles)
     shape_tensors = [t.name for t in inputs if t.is_shape_tensor]
     if shape_tensors:  # their int64 profile values need TensorRT >= 10.11; our graphs avoid them
         raise RuntimeError(f"the graph has shape-tensor inputs {shape_tensors}, which trtllm-edge does not bind")

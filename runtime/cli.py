@@ -365,14 +365,14 @@ def serve(input_file: Path, engine_dir: Path, output: str | None, profile: str |
         cut = sorted({r["request_idx"] for r in responses if r["finish_reason"] == "cancelled"})
         click.echo(f"interrupted: {len(cut)} of {len(inp.requests)} requests were cancelled (their text so far is "
                    "their answer); the others finished", err=True)
-    elif interrupts is not None and interrupts.kept:
+    late = interrupts is not None and bool(interrupts.kept)  # an interrupt that waited for the writes
+    if late and not runner.cancelled:
         click.echo("interrupted once generation was over" + ("" if unwritten else ": the answers were written first"),
                    err=True)
     lost = any(p.startswith("stdout") for p in unwritten)
     for problem in unwritten:
         click.echo(f"error: {problem}" + ("; the answers are on stdout" if "--output" in problem and not stream
                                           and not to_stdout and not lost else ""), err=True)
-    late = interrupts is not None and bool(interrupts.kept)  # an interrupt that waited for the writes
     sys.exit(3 if unwritten else 141 if reader_gone else 130 if runner.cancelled or late else 1 if failed else 0)
 
 

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from trtllm.runtime.manifest import Manifest
+from trtllm.runtime.manifest import Manifest, whole
 
 CONFIG_NAME, WEIGHTS_NAME = "adapter_config.json", "adapter_model.safetensors"
 # PEFT's key for a LoRA matrix of a decoder layer's projection, e.g.
@@ -126,14 +126,10 @@ def read_config(path: Path) -> dict:
             raise AdapterError(f"{path}: {key} = {cfg.get(key)!r} is not supported ({why})")
     for key in ("r", "lora_alpha"):  # absent: PEFT's LoraConfig defaults (8 and 8)
         positive(cfg.setdefault(key, PEFT_DEFAULTS[key]), f"{path}: {key}")
-    targets = cfg.get("target_modules")
-    if targets is not None and not isinstance(targets, str) and not (
-            isinstance(targets, list) and all(isinstance(t, str) for t in targets)):
-        raise AdapterError(f"{path}: target_modules must be a module name pattern or a list of names, got {targets!r}")
     layers = cfg.get("layers_to_transform")
-    if layers is not None and not (whole(layers) or isinstance(layers, list) and all(whole(i) for i in layers)):
+    if layers is not None and not (whole(layers, 0) or isinstance(layers, list) and all(whole(i, 0) for i in layers)):
         raise AdapterError(f"{path}: layers_to_transform must be a layer index or a list of them, got {layers!r}")
-    for key in ("exclude_modules", "layers_pattern"):
+    for key in ("target_modules", "exclude_modules", "layers_pattern"):
         value = cfg.get(key)
         if value is not None and not isinstance(value, str) and not (
                 isinstance(value, list) and all(isinstance(t, str) for t in value)):
@@ -149,10 +145,6 @@ def read_config(path: Path) -> dict:
             except re.error as e:
                 raise AdapterError(f"{path}: {key} key {pattern!r} is not a valid regular expression ({e})") from None
     return cfg
-
-
-def whole(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def targeted(cfg: dict, layer: int, module: str) -> bool:

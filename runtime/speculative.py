@@ -190,8 +190,8 @@ class SpecScheduler(TreeDecoding, Scheduler):
         # sampled requests speculate too where verification samples (engines since it did)
         self.samples = engine.manifest.eagle.get("verify") == "sampled"
         # and rows that ask for logprobs, where the graph gives the verified positions' logits
-        self.logprobs = self.samples and bool(engine.manifest.eagle.get("logprobs"))
-        self.verifiable = functools.partial(sampled, logprobs=self.logprobs) if self.samples else greedy
+        logprobs = bool(engine.manifest.eagle.get("logprobs"))
+        self.verifiable = functools.partial(sampled, logprobs=logprobs) if self.samples else greedy
         # a sampled row's drafts guess at its draws, from the head's best candidates (older heads give none)
         self.guesses = drafter.guess and self.samples and self.drafter.top_k > 0
         self.pad = engine.manifest.pad_token_id

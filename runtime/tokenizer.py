@@ -229,17 +229,21 @@ class IncrementalDecoder:
 
     def _incomplete_tail(self) -> int:
         """How many tokens at the end hold the start of a UTF-8 character that later bytes can
-        complete (0: none; negative: they hold the end of the character before it too). A U+FFFD that no byte can fix (a stray continuation byte, a lead byte
-        followed by a non-continuation) is final: holding it would stall the stream and grow the
-        decode window for good (quadratic in a model that loops on such a token)."""
+        complete (0: none; negative: they hold the end of the character before it too). A U+FFFD
+        that no byte can fix (a stray continuation byte, a lead byte followed by a non-continuation)
+        is final: holding it would stall the stream and grow the decode window for good (quadratic
+        in a model that loops on such a token)."""
         token_bytes = getattr(self._tokenizer, "token_bytes", None)
         if token_bytes is None:  # (test stand-ins): hold the pending tokens, as before
             return len(self._ids) - self._read_offset
-        pending: list[bytes] = []  # the last tokens' bytes, back to 3 bytes (tokens of none, a padded
-        for i in reversed(self._ids[self._read_offset:]):  # vocabulary's, do not count)
-            pending.insert(0, token_bytes(i))
-            if sum(map(len, pending)) >= 3:
+        # the last tokens' bytes, back to 3 bytes (tokens of none, a padded vocabulary's, do not count)
+        pending, total = [], 0
+        for i in reversed(self._ids[self._read_offset:]):
+            pending.append(token_bytes(i))
+            total += len(pending[-1])
+            if total >= 3:
                 break
+        pending.reverse()
         tail = b"".join(pending)[-3:]
         for k in range(1, len(tail) + 1):
             b = tail[-k]
