@@ -139,7 +139,7 @@ def test_batch_size_over_the_engines_runs_at_its_max_with_a_warning(run_cli, tin
 
 @pytest.mark.parametrize("option", ["--output", "--profile"])
 def test_an_output_that_is_the_input_file_is_refused(tmp_path, tiny_engine, option):
-    payload = json.dumps({"requests": [chat("a")], "max_generate_length": 2})
+    payload = json.dumps({"requests": [chat("a")], "max_generate_length": 2, "temperature": 0})
     (tmp_path / "in.json").write_text(payload)
     (tmp_path / "link.json").hardlink_to(tmp_path / "in.json")
     for target in ("in.json", "link.json"):
@@ -333,7 +333,7 @@ def test_output_to_redirected_stdout_appends(tmp_path, tiny_engine):
     log = tmp_path / "log"
     log.write_text("earlier line\n")
     with open(log, "a") as f:
-        proc = run_process(tmp_path, tiny_engine("llama"), {"requests": [chat("a")], "max_generate_length": 2},
+        proc = run_process(tmp_path, tiny_engine("llama"), {"requests": [chat("a")], "max_generate_length": 2, "temperature": 0},
                            "--output", "/dev/stdout", stdout=f)
         _, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err
@@ -347,7 +347,7 @@ def test_stream_reader_gone(tmp_path, tiny_engine, with_output):
     # `trtllm-run --stream ... | head -1`: the stream stops; the run still writes --output, or, with
     # nothing to write, ends as a program killed by SIGPIPE would
     extra = ["--output", str(tmp_path / "out.json")] if with_output else []
-    proc = run_process(tmp_path, tiny_engine("llama"), {"requests": [chat("a"), chat("b")], "max_generate_length": 3},
+    proc = run_process(tmp_path, tiny_engine("llama"), {"requests": [chat("a"), chat("b")], "max_generate_length": 3, "temperature": 0},
                        "--stream", *extra)
     proc.stdout.close()  # the reader is gone before the first line
     err = proc.stderr.read()
@@ -366,7 +366,7 @@ def test_stream_reader_gone(tmp_path, tiny_engine, with_output):
 def test_a_failing_stdout_with_output_loses_nothing(tmp_path, tiny_engine, stream, redirect):
     """stdout on a full device, or closed: the run goes on, --output gets every answer, the exit is
     0; before, the streamed write's error failed every request and the file was never written."""
-    (tmp_path / "in.json").write_text(json.dumps({"requests": [chat("a"), chat("b")], "max_generate_length": 3}))
+    (tmp_path / "in.json").write_text(json.dumps({"requests": [chat("a"), chat("b")], "max_generate_length": 3, "temperature": 0}))
     command = [sys.executable, "-m", "trtllm.runtime", str(tmp_path / "in.json"), "--engine", str(tiny_engine("llama")),
                "--output", str(tmp_path / "out.json"), *(["--stream"] if stream else [])]
     proc = subprocess.run(["bash", "-c", f'exec "$@" {redirect}', "_", *command], stderr=subprocess.PIPE, text=True,
@@ -380,7 +380,7 @@ def test_a_failing_stdout_with_output_loses_nothing(tmp_path, tiny_engine, strea
 
 
 def test_output_on_a_closed_stdout_is_refused(tmp_path, tiny_engine):
-    (tmp_path / "in.json").write_text(json.dumps({"requests": [chat("a")], "max_generate_length": 2}))
+    (tmp_path / "in.json").write_text(json.dumps({"requests": [chat("a")], "max_generate_length": 2, "temperature": 0}))
     command = [sys.executable, "-m", "trtllm.runtime", str(tmp_path / "in.json"), "--engine", str(tiny_engine("llama")),
                "--output", "/dev/stdout"]
     proc = subprocess.run(["bash", "-c", 'exec "$@" >&-', "_", *command], stderr=subprocess.PIPE, text=True, timeout=300)
@@ -392,7 +392,7 @@ def test_a_failing_stdout_without_output_exits_3(tmp_path, tiny_engine, stream):
     """With no --output, stdout was the answers' only way out: exit 3 and a line that says so (141
     stays for a reader that went away: test_stream_reader_gone)."""
     with open("/dev/full", "w") as full:
-        proc = run_process(tmp_path, tiny_engine("llama"), {"requests": [chat("a")], "max_generate_length": 2},
+        proc = run_process(tmp_path, tiny_engine("llama"), {"requests": [chat("a")], "max_generate_length": 2, "temperature": 0},
                            *(["--stream"] if stream else []), stdout=full)
         err = proc.communicate(timeout=300)[1]
     assert proc.returncode == 3, err
@@ -415,7 +415,7 @@ def test_an_interrupt_while_the_output_is_written_waits_for_it(tmp_path, tiny_en
         write(path, *args, **kwargs)
 
     engine = tiny_engine("llama")
-    (tmp_path / "in.json").write_text(json.dumps({"requests": [chat("a")], "max_generate_length": 2}))
+    (tmp_path / "in.json").write_text(json.dumps({"requests": [chat("a")], "max_generate_length": 2, "temperature": 0}))
 
     def run():
         (tmp_path / "out.json").write_text('{"old": true}')
@@ -448,7 +448,7 @@ def test_an_interrupt_after_generation_waits_for_the_answers(tmp_path, tiny_engi
         return response(self, smp)
 
     monkeypatch.setattr(Runner, "response", interrupted)
-    (tmp_path / "in.json").write_text(json.dumps({"requests": [chat("a"), chat("b")], "max_generate_length": 2}))
+    (tmp_path / "in.json").write_text(json.dumps({"requests": [chat("a"), chat("b")], "max_generate_length": 2, "temperature": 0}))
     (tmp_path / "out.json").write_text('{"old": true}')
     result = CliRunner().invoke(main, [str(tmp_path / "in.json"), "--engine", str(tiny_engine("llama")),
                                        "--output", str(tmp_path / "out.json")])
@@ -613,7 +613,7 @@ def test_output_failing_at_the_end_prints_the_answers(tmp_path, tiny_engine, mon
 
     engine = tiny_engine("llama")
     monkeypatch.setattr(files, "write_atomic", disk_full)
-    (tmp_path / "in.json").write_text(json.dumps({"requests": [chat("a")], "max_generate_length": 2}))
+    (tmp_path / "in.json").write_text(json.dumps({"requests": [chat("a")], "max_generate_length": 2, "temperature": 0}))
     result = CliRunner().invoke(main, [str(tmp_path / "in.json"), "--engine", str(engine), "--output",
                                        str(tmp_path / "out.json"), "--profile", str(tmp_path / "profile.json")])
     assert result.exit_code == 3
