@@ -26,13 +26,13 @@ class TextStream:
         self.text += self.decoder.push(token_id)
         return self.check(old) if check_stops else False
 
-    def check(self, old: int) -> bool:
-        """Whether a stop string ends in text[old:] (then stop_at is where the earliest starts)."""
+    def check(self, old: int, end: int | None = None) -> bool:
+        """Whether a stop string ends in text[old:end] (then stop_at is where the earliest starts)."""
         if not self.stops:
             return False
         # A match must end in the new text: each stop string starts at most len(s) - 1 characters
         # back (one start for all would find a short stop that ended before, e.g. before min_new_tokens).
-        hits = [i for i in (self.text.find(s, max(0, old - len(s) + 1)) for s in self.stops) if i >= 0]
+        hits = [i for i in (self.text.find(s, max(0, old - len(s) + 1), end) for s in self.stops) if i >= 0]
         if hits:
             self.stop_at = min(hits)
             return True
@@ -44,8 +44,12 @@ class TextStream:
         if self.stop_at is not None:
             return False
         old = len(self.text)
-        self.text += self.decoder.flush()
-        return self.check(old) if check_stops else False
+        flushed = self.decoder.flush()
+        self.text += flushed
+        # the U+FFFD of a character the row's end cut off is not text the model wrote: no stop
+        # string matches it (vLLM never shows it to its stop check either)
+        end = len(self.text) - (self.decoder.cut_short and flushed.endswith("\ufffd"))
+        return self.check(old, end) if check_stops else False
 
     def final_text(self) -> str:
         return self.text if self.stop_at is None else self.text[: self.stop_at]

@@ -211,6 +211,7 @@ class IncrementalDecoder:
         self._raw = ""        # the text since the last cut, before the clean-up (a tokenizer that cleans up)
         self._cut = 0         # cleaned characters before that cut (all emitted)
         self._emitted = 0     # characters emitted
+        self.cut_short = False  # flush() ended a character the ids had not completed
 
     @property
     def text(self) -> str:
@@ -224,7 +225,9 @@ class IncrementalDecoder:
         return self._emit(final=False)
 
     def flush(self) -> str:
-        """Emits whatever is held back, an incomplete character included (as U+FFFD)."""
+        """Emits whatever is held back, an incomplete character included (as U+FFFD); `cut_short`
+        then says whether it ends with one."""
+        self.cut_short = self._read_offset < len(self._ids) and self._incomplete_tail() != 0
         return self._emit(final=True)
 
     def _incomplete_tail(self) -> int:

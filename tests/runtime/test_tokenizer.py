@@ -14,6 +14,7 @@ from tokenizers import decoders, models, pre_tokenizers, trainers
 
 from trtllm.runtime.chat_template import ChatTemplate
 from trtllm.runtime.tokenizer import IncrementalDecoder, Tokenizer
+from trtllm.runtime.text import TextStream
 
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 ADDED = ["<think>", "</think>", "世界"]  # added but not special, like Qwen's think tags
@@ -205,8 +206,6 @@ def test_streaming_with_clean_up_equals_decode(tmp_path):
     # add up to decode(ids), and a stop string must be found in the cleaned text.
     import random
 
-    from trtllm.runtime.text import TextStream
-
     ours = Tokenizer.from_engine_dir(_wordlevel_dir(tmp_path, True))
     rng = random.Random(0)
     for length in [*range(1, 12), *[40] * 300]:
@@ -368,3 +367,16 @@ def test_streaming_with_clean_up_keeps_a_bounded_window(tmp_path):
         pieces.append(decoder.flush())
         assert "".join(pieces) == ours.decode(seed_ids)
         assert longest <= 2 * IncrementalDecoder.CLEAN_UP_WINDOW
+
+
+def test_a_stop_string_never_matches_the_character_the_end_cut_off(ours):
+    """A row that ends inside a character shows it as U+FFFD; that is not text the model wrote, so
+    a stop string "\\ufffd" leaves the row at max-length. A U+FFFD no byte can complete is text."""
+    byte_id = {ours.token_bytes(i): i for i in range(ours.vocab_size) if len(ours.token_bytes(i)) == 1}
+    cut = TextStream(ours, ("\ufffd",))
+    assert not cut.push(byte_id[b"a"]) and not cut.push(byte_id[b"\xe4"])
+    assert not cut.finish() and cut.stop_at is None and cut.final_text() == "a\ufffd"
+    wrong = TextStream(ours, ("\ufffd",))  # a stray continuation byte: its U+FFFD stops the row
+    assert wrong.push(byte_id[b"\x80"]) and wrong.final_text() == ""
+    held = TextStream(ours, ("\ufffd",))  # a lead byte, then a non-continuation: final as it comes
+    assert not held.push(byte_id[b"\xe4"]) and held.push(byte_id[b"a"]) and held.final_text() == ""
