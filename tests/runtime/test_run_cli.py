@@ -505,7 +505,7 @@ def test_a_ctrl_c_inside_a_streamed_line_comes_after_it(tmp_path, tiny_engine, m
 
     def split_echo(message=None, *args, **kwargs):
         if not kwargs.get("err") and isinstance(message, str) and message.startswith("{") and len(calls) == 2:
-            echo(message[:10], *args, nl=False, **kwargs)
+            echo(message[:10], *args, **{**kwargs, "nl": False})
             os.kill(os.getpid(), signal.SIGINT)
             time.sleep(0.05)
             message = message[10:]
