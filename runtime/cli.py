@@ -41,7 +41,7 @@ def check_writable(path: str | None, option: str) -> None:
         try:
             files.check_writable(path)
         except files.NotWritable as e:
-            fail_usage(f"{option} {files.shown(path)} {e}")
+            fail_usage(f"{option} {files.shown(path) or repr(path)} {e}")
 
 
 class Printer:

@@ -50,6 +50,8 @@ def descriptor(path: str | Path) -> int | None:
 def check_writable(path: str | Path) -> None:
     """Raise NotWritable now, before anything runs, if `path` cannot be written: its answers would
     be lost at the end."""
+    if not str(path):  # (abspath would make it the current directory)
+        raise NotWritable("is empty: name a file")
     fd = descriptor(path)
     if fd is not None:
         try:

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from trtllm.runtime import files
 from trtllm.runtime.strict_json import (  # the parsers, under this module's private names
     InputError,  # noqa: F401 - part of this module's API
+    LongNumber,
     fail as _fail,
     object_hook as _object_hook,
     parse_int as _parse_int,
@@ -240,7 +241,13 @@ def _stop(value: object, path: str) -> tuple[str, ...]:
     return tuple(_stop_string(s, f"{path}[{i}]") for i, s in enumerate(value))
 
 
-_token_id = _number(int, 0)
+_nonnegative_int = _number(int, 0)
+
+
+def _token_id(value: object, path: str) -> int:
+    if isinstance(value, LongNumber):  # ("must be an integer >= 0" would not say what is wrong with it)
+        _fail(path, "a token id below the engine's vocabulary size", value)
+    return _nonnegative_int(value, path)
 
 
 def _stop_token_ids(value: object, path: str) -> tuple[int, ...]:
@@ -423,7 +430,7 @@ def read_input(path: str | os.PathLike, bundled_loras: tuple[str, ...] = (), iso
     except OSError as e:
         _fail("", "a readable file", None, shown=e.strerror or type(e).__name__, label=label)
     try:
-        text = data.decode("utf-8")
+        text = data.decode("utf-8").removeprefix("\ufeff")  # a byte order mark (Windows' editors) is no JSON
     except UnicodeDecodeError as e:
         line = data.count(b"\n", 0, e.start) + 1
         column = e.start - (data.rfind(b"\n", 0, e.start) + 1) + 1

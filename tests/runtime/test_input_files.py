@@ -50,6 +50,12 @@ def test_invalid_utf8_reports_line_and_column(tmp_path):
         read_input(path)
 
 
+def test_a_byte_order_mark_is_read_past(tmp_path):
+    """Editors on Windows start UTF-8 files with one; RFC 8259 lets a reader ignore it."""
+    path = _write(tmp_path, b"\xef\xbb\xbf" + json.dumps(MINIMAL).encode())
+    assert read_input(path) == parse_input(copy.deepcopy(MINIMAL))
+
+
 def test_missing_file(tmp_path):
     with pytest.raises(InputError) as info:
         read_input(tmp_path / "nope.json")
@@ -204,6 +210,9 @@ MESSAGE = '{"messages": [{"role": "user", "content": "hi"}]}'
      "requests[0].messages[0].content", "an integer of 5000 digits"),
     # a logit_bias key of 5000 digits passed the pattern, then int() refused it
     ('{"logit_bias": {"' + "1" * 5000 + '": 1}, "requests": [%s]}' % MESSAGE, None, "a token id of 5000 digits"),
+    # a stop token id of 5000 digits: "must be an integer >= 0" did not say what was wrong with it
+    ('{"requests": [{"messages": [], "stop_token_ids": [' + "1" * 5000 + "]}]}", "requests[0].stop_token_ids[0]",
+     "must be a token id below the engine's vocabulary size, got an integer of 5000 digits"),
     # a request's own field at the top level is named as such, not "did you mean 'top_p'?"
     ('{"stop": ["x"], "requests": [%s]}' % MESSAGE, "stop", "must be set in each request (`requests[i].stop`)"),
 ])

@@ -126,6 +126,8 @@ def test_unwritable_descriptors_and_directories_are_refused(tmp_path):
         check_writable(str(tmp_path / "newdir") + "/")
     with pytest.raises(NotWritable, match="is a directory"):
         check_writable(tmp_path)
+    with pytest.raises(NotWritable, match="is empty: name a file"):  # (not the current directory)
+        check_writable("")
 
 
 def as_a_user(check) -> int:
