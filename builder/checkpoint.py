@@ -97,12 +97,28 @@ def load_hub(hub_id: str) -> Checkpoint:
     return check_vocab(Checkpoint(model.eval(), tok, {"model": hub_id, "kind": "hub", "sha256": None}), hub_id)
 
 
+def eos_ids(ck: Checkpoint) -> list[int]:
+    """generation_config's eos ids (what HF generate stops on), else the tokenizer's eos."""
+    eos = getattr(ck.model.generation_config, "eos_token_id", None)
+    if eos is None:
+        eos = ck.tokenizer.eos_token_id
+    ids = eos if isinstance(eos, (list, tuple)) else [eos]
+    return [int(i) for i in ids if i is not None]
+
+
 def check_vocab(ck: Checkpoint, model_arg: str) -> Checkpoint:
-    """A tokenizer with ids past the embedding table would fail at run time, on the first such token."""
+    """A tokenizer with ids past the embedding table would fail at run time, on the first such token;
+    so would an EOS id past it (trtllm-run refuses such an engine)."""
     rows = ck.model.get_input_embeddings().weight.shape[0]
     if len(ck.tokenizer) > rows:
         raise CheckpointError(f"--model {model_arg!r}: its tokenizer has {len(ck.tokenizer)} tokens, more than the "
                               f"{rows} rows of its embedding table (config.vocab_size)")
+    bad = [i for i in eos_ids(ck) if not 0 <= i < rows]
+    if bad:
+        where = ("generation_config.json's eos_token_id" if getattr(ck.model.generation_config, "eos_token_id", None)
+                 is not None else "its tokenizer's eos token")
+        raise CheckpointError(f"--model {model_arg!r}: {where} has {bad}, not below the vocabulary size {rows} "
+                              "(config.vocab_size)")
     return ck
 
 

@@ -292,24 +292,34 @@ def compile_onnxruntime(out_dir: Path, log, quant: "QuantScheme | None" = None, 
         source.with_name(source.name + ".data").unlink()
 
 
-def eos_ids(ck: ckpt.Checkpoint) -> list[int]:
-    """generation_config's eos ids (what HF generate stops on), else the tokenizer's eos."""
-    eos = getattr(ck.model.generation_config, "eos_token_id", None)
-    if eos is None:
-        eos = ck.tokenizer.eos_token_id
-    ids = eos if isinstance(eos, (list, tuple)) else [eos]
-    return [int(i) for i in ids if i is not None]
-
-
 OPTIONAL_FILES = ("chat_template", "generation_config")  # files a checkpoint may not give
 
 
-def save_tokenizer(ck: ckpt.Checkpoint, out_dir: Path) -> None:
+def save_tokenizer(ck: ckpt.Checkpoint, out_dir: Path, model_arg: str) -> None:
     ck.tokenizer.save_pretrained(out_dir)
     ck.model.generation_config.to_json_file(out_dir / "generation_config.json")
     if not (out_dir / "tokenizer.json").is_file():
         raise RuntimeError("the checkpoint's tokenizer has no fast (tokenizer.json) form, "
                            "which the runtime needs")
+    check_chat_template(out_dir, model_arg)
+
+
+def check_chat_template(out_dir: Path, model_arg: str) -> None:
+    """The chat template as trtllm-run will read it: one that does not compile, or fails on a plain
+    user turn, is the checkpoint's to fix (trtllm-run would refuse the engine, and rebuilding it
+    would not help). Its own raise_exception on that turn is left to the requests it refuses."""
+    from trtllm.runtime.chat_template import ChatTemplate, ChatTemplateError, TemplateRaised
+
+    try:
+        template = ChatTemplate.from_engine_dir(out_dir)
+        if template is not None:
+            template.render([{"role": "user", "content": "Hello"}])
+    except ChatTemplateError as e:
+        if not isinstance(e.__cause__, TemplateRaised):
+            raise ckpt.CheckpointError(f"--model {model_arg!r}: its chat template cannot be used: {e}") from e
+    except Exception as e:  # noqa: BLE001 - jinja2's syntax errors, a chat_template that is no string
+        raise ckpt.CheckpointError(f"--model {model_arg!r}: its chat template cannot be used: "
+                                   f"{type(e).__name__}: {e}") from e
 
 
 def make_manifest(ck, config: BuildConfig, backend: str, spec, max_top_k: int, num_positions: int,
@@ -326,7 +336,7 @@ def make_manifest(ck, config: BuildConfig, backend: str, spec, max_top_k: int, n
                             num_heads=spec.num_heads, num_kv_heads=spec.num_kv_heads, head_dim=spec.head_dim,
                             sliding_window=spec.sliding_window, sliding_layers=spec.sliding_layers,
                             kv_dtype=config.dtype),
-        eos_token_ids=tuple(eos_ids(ck)), max_top_k=max_top_k, pad_token_id=int(pad) if pad is not None else 0,
+        eos_token_ids=tuple(ckpt.eos_ids(ck)), max_top_k=max_top_k, pad_token_id=int(pad) if pad is not None else 0,
         files={"onnx": ONNX_NAME, **compiled, "tokenizer": "tokenizer.json",
                "tokenizer_config": "tokenizer_config.json", "chat_template": "chat_template.jinja",
                "generation_config": "generation_config.json"},
@@ -409,6 +419,7 @@ def build(config: BuildConfig, log=print) -> Path:
     try:
         log(f"loading {config.model}")
         ck = ckpt.load(config.model)
+        save_tokenizer(ck, tmp, config.model)  # first: a chat template that cannot be used fails the build now
         spec, max_top_k, num_positions, lowerings, eagle_section = export_onnx(ck, config, tmp, log, backend)
         manifest = make_manifest(ck, config, backend, spec, max_top_k, num_positions, lowerings, eagle_section)
         if config.lora:
@@ -421,7 +432,6 @@ def build(config: BuildConfig, log=print) -> Path:
             if eagle_section:
                 compile_onnxruntime(tmp, log, quant, native=cpu_kernels.needed_by(eagle_section["lowerings"]),
                                     names=(eagle.DRAFT_ONNX, eagle.DRAFT_SOURCE, eagle.DRAFT_COMPILED))
-        save_tokenizer(ck, tmp)
         # a base model's tokenizer has no chat template, and transformers writes no file for it: the
         # manifest lists the files there are (the runtime refuses a listed file that is missing)
         manifest = dataclasses.replace(manifest, files={k: v for k, v in manifest.files.items()

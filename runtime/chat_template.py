@@ -33,7 +33,7 @@ class ChatTemplateError(ValueError):
     """The chat template failed to compile or refused to render a conversation."""
 
 
-class _TemplateRaised(jinja2.TemplateError):
+class TemplateRaised(jinja2.TemplateError):
     """What the template's own `raise_exception(...)` throws."""
 
 
@@ -113,7 +113,7 @@ class _Dict:
 
 
 def _raise_exception(message):
-    raise _TemplateRaised(message)
+    raise TemplateRaised(message)
 
 
 def _tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
@@ -219,7 +219,7 @@ class ChatTemplate:
         try:
             return self._template.render(messages=messages, tools=None, documents=None,
                                          add_generation_prompt=add_generation_prompt, **variables)
-        except _TemplateRaised as e:
+        except TemplateRaised as e:
             raise ChatTemplateError(f"chat template rejected the conversation: {e.message}") from e
         except MemoryError:
             raise
