@@ -27,6 +27,7 @@ from typing import Protocol
 
 import numpy as np
 
+from trtllm.runtime import lora
 from trtllm.runtime import manifest as manifest_mod
 from trtllm.runtime.sampling import SamplingBatch
 
@@ -85,3 +86,22 @@ def load_engine(engine_dir, **options) -> Engine:
     module_name, cls_name = BACKENDS[m.backend].split(":")
     cls = getattr(importlib.import_module(module_name), cls_name)
     return cls(engine_dir, m, **options)
+
+
+def optional_inputs_mismatch(inputs: set[str], m: manifest_mod.Manifest) -> str:
+    """The LoRA and EAGLE inputs the graph has against those the manifest's sections make the
+    runtime feed, or "" (an input left unfed failed every request in ONNX Runtime)."""
+    io, e = m.io, m.eagle
+    prefixes = (io.lora_a.split("{")[0], io.lora_b.split("{")[0])
+    lora_inputs = {name for name in inputs if name.startswith(prefixes)}
+    if m.lora and lora_inputs != set(lora.base_adapter(m).arrays):
+        return "the graph's LoRA inputs are not those of the manifest's lora.sites and limits.max_lora_rank"
+    if lora_inputs and not m.lora:
+        return "the graph has LoRA inputs, and the manifest no lora section"
+    for name, fed, section in ((io.verify_index, bool(e), "eagle section"),
+                               (io.verify_uniform, e.get("verify") == "sampled", "eagle.verify"),
+                               (io.tree_mask, bool(e.get("tree")), "eagle.tree")):
+        if (name in inputs) != fed:
+            return (f"the graph has {'no' if fed else 'an'} input {name!r}, which the manifest's {section} "
+                    f"{'calls for' if fed else 'does not call for'}")
+    return ""

@@ -218,6 +218,9 @@ def check(m: Manifest, engine_dir: Path) -> str:
         if not whole(value, least):
             return f"{name} must be an integer >= {least}, got {value!r}"
     model = m.model
+    if m.limits.max_input_len > m.limits.max_kv_cache_capacity:
+        return (f"limits.max_input_len ({m.limits.max_input_len}) must be at most limits.max_kv_cache_capacity "
+                f"({m.limits.max_kv_cache_capacity})")
     if model.num_heads % model.num_kv_heads:
         return f"model.num_heads ({model.num_heads}) must be a multiple of model.num_kv_heads ({model.num_kv_heads})"
     if model.sliding_window is not None and not whole(model.sliding_window, 1):
@@ -232,14 +235,49 @@ def check(m: Manifest, engine_dir: Path) -> str:
     for name, ids in (("eos_token_ids", m.eos_token_ids), ("pad_token_id", (m.pad_token_id,))):
         if not all(whole(t, 0) and t < model.vocab_size for t in ids):
             return f"{name} must be token ids below the vocabulary size {model.vocab_size}, got {m.to_json()[name]!r}"
-    if not isinstance(m.files, dict):
-        return f"files must be an object, got {type(m.files).__name__}"
+    for name, section in (("files", m.files), ("lora", m.lora), ("eagle", m.eagle)):
+        if not isinstance(section, dict):
+            return f"{name} must be an object, got {type(section).__name__}"
+    problem = check_eagle(m.eagle, model) or check_lora(m)
+    if problem:
+        return problem
     named = [(f"files.{k}", v) for k, v in m.files.items()]
-    named += [(f"eagle.{k}", m.eagle.get(k)) for k in ("compiled", "plan") if isinstance(m.eagle, dict) and k in m.eagle]
+    named += [(f"eagle.{k}", m.eagle.get(k)) for k in ("compiled", "plan") if k in m.eagle]
+    named += [(f"lora.adapters.{k}", v) for k, v in m.lora.get("adapters", {}).items()]
     for where, name in named:
         # by its name, not where symlinks lead (a shared tokenizer may be one)
         if not isinstance(name, str) or not name or Path(name).is_absolute() or ".." in Path(name).parts:
             return f"{where} must name a file inside the engine directory, got {name!r}"
-        if not (engine_dir / name).is_file():
+        if not (engine_dir / name).exists():  # (a bundled adapter is a directory)
             return f"{where}: {name} is missing"
+    return ""
+
+
+def check_eagle(e: dict, model: ModelShape) -> str:
+    """The EAGLE section's numbers and switches (builder/export.py's draft_section), or ""."""
+    if not e:
+        return ""
+    for name, least, most in (("draft_step", 1, None), ("top_k", 1, model.vocab_size),
+                              ("draft_top_k", 1, e.get("top_k"))):
+        value = e.get(name)
+        if not whole(value, least) or (whole(most, 1) and value > most):
+            return f"eagle.{name} must be an integer in [{least}, {most or 'any'}], got {value!r}"
+    for name in ("tree", "logprobs"):
+        if not isinstance(e.get(name, False), bool):
+            return f"eagle.{name} must be true or false, got {e[name]!r}"
+    if e.get("verify") not in (None, "sampled"):
+        return f"eagle.verify must be \"sampled\" or absent, got {e['verify']!r}"
+    aux = e.get("aux_layers")
+    if not isinstance(aux, list) or not aux or not all(whole(i, 0) and i < model.num_layers for i in aux):
+        return f"eagle.aux_layers must be layer indices below {model.num_layers}, got {aux!r}"
+    return ""
+
+
+def check_lora(m: Manifest) -> str:
+    """A LoRA section goes with a max_lora_rank, and the reverse; its adapters are named files."""
+    if bool(m.lora) != bool(m.limits.max_lora_rank):
+        return (f"limits.max_lora_rank is {m.limits.max_lora_rank} and the lora section is "
+                f"{'present' if m.lora else 'empty'}: a LoRA engine has both, others neither")
+    if m.lora and (not isinstance(m.lora.get("sites"), dict) or not isinstance(m.lora.get("adapters", {}), dict)):
+        return "lora must hold objects sites and adapters"
     return ""

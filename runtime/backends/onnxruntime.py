@@ -20,7 +20,7 @@ import onnxruntime as ort
 
 from trtllm.plugins import cpu as cpu_kernels
 from trtllm.runtime import hugepages, lora
-from trtllm.runtime.engine import StepInputs, StepOutputs
+from trtllm.runtime.engine import StepInputs, StepOutputs, optional_inputs_mismatch
 from trtllm.runtime.manifest import BFLOAT16, Manifest, ManifestError, ModelShape, rebuild_hint
 
 
@@ -73,6 +73,10 @@ def graph_mismatch(session, m: Manifest, draft: bool = False) -> str:
             (io.verify_logits,) if logprobs else ()):
         if name not in outputs:
             return f"the graph has no output {name!r}"
+    if not draft:
+        problem = optional_inputs_mismatch(set(inputs), m)
+        if problem:
+            return problem
     layers = sum(1 for name in inputs if name.startswith(io.past_key.split("{")[0]))
     if layers != model.num_layers or io.past_key.format(i=0) not in inputs:
         return f"the graph has {layers} layers' {io.past_key!r} inputs, the manifest says model.num_layers {model.num_layers}"

@@ -21,7 +21,7 @@ from typing import NamedTuple
 import numpy as np
 
 from trtllm.runtime import lora
-from trtllm.runtime.engine import StepInputs, StepOutputs
+from trtllm.runtime.engine import StepInputs, StepOutputs, optional_inputs_mismatch
 from trtllm.runtime.kv_cache import KVCacheManager, kv_storage
 from trtllm.runtime.manifest import Manifest, ManifestError, ModelShape, rebuild_hint
 
@@ -133,6 +133,7 @@ class DeviceKVCache(KVCacheManager):
 
 class TensorRTEngine:
     top_k = 0  # the EAGLE head's draft_top_ids width (TensorRTDraftEngine)
+    draft_graph = False  # the EAGLE head's plan (TensorRTDraftEngine): no LoRA or verification inputs
 
     def __init__(self, engine_dir, manifest: Manifest, **options):
         trt = import_tensorrt(engine_dir)
@@ -156,6 +157,11 @@ class TensorRTEngine:
         self.in_place = self.kv_in_place(engine_dir)
         kv_names = {name for pair in self.kv_pairs for name in pair}
         names = [self.engine.get_tensor_name(i) for i in range(self.engine.num_io_tensors)]
+        inputs = {n for n in names if self.engine.get_tensor_mode(n) == trt.TensorIOMode.INPUT}
+        problem = "" if self.draft_graph else optional_inputs_mismatch(inputs, manifest)
+        if problem:
+            raise ManifestError(f"{path} does not match {self.engine_dir / 'manifest.json'} ({problem}); "
+                                f"{trt_rebuild_hint(engine_dir)}")
         self.dtypes = {n: held_dtype(trt, self.engine.get_tensor_dtype(n)) for n in names}
         self.on_host = {n for n in names if self.engine.get_tensor_location(n) == trt.TensorLocation.HOST}
         self.buffers = {n: cuda.DeviceBuffer(self.max_bytes(n)) for n in names
@@ -368,6 +374,8 @@ class TensorRTEngine:
 
 class TensorRTDraftEngine(TensorRTEngine):
     """The EAGLE draft head's plan (eagle/draft.plan): the same binding, its own KV and profiles."""
+
+    draft_graph = True
 
     def __init__(self, engine_dir, manifest: Manifest, **_):
         e = manifest.eagle

@@ -530,3 +530,19 @@ def test_logprob_rows_take_plain_steps_without_the_verified_logits(eagle_engine,
     plain, _ = answers(run_cli, engine, tmp_path, "--spec-draft-step", "0", requests=requests)
     got, profile = answers(run_cli, older, tmp_path, "--spec-draft-step", "2", requests=requests)
     assert got == plain and profile["eagle_generation"]["total_iterations"] == 0
+
+
+def test_an_eagle_graph_under_a_manifest_without_eagle_is_refused(eagle_engine, tmp_path):
+    import shutil
+
+    from trtllm.runtime import manifest as mf
+    from trtllm.runtime.engine import load_engine
+
+    engine = tmp_path / "engine"
+    shutil.copytree(eagle_engine[0], engine)
+    raw = json.loads((engine / "manifest.json").read_text())
+    raw["eagle"] = {}
+    (engine / "manifest.json").write_text(json.dumps(raw))
+    with pytest.raises(mf.ManifestError, match="the graph has an input 'verify_index', which the manifest's "
+                                               "eagle section does not call for"):
+        load_engine(engine)

@@ -67,6 +67,44 @@ def test_an_edited_manifest_is_refused_when_it_loads(tmp_path, tiny_engine, path
     assert message in str(caught.value)
 
 
+EAGLE = {"draft_step": 2, "top_k": 4, "draft_top_k": 1, "aux_layers": [0], "tree": False}
+
+
+def both(*edits):
+    def edit(raw):
+        for e in edits:
+            e(raw)
+    return edit
+
+
+# the LoRA and EAGLE sections (manifest.check_lora, check_eagle), and the graph's inputs they make
+# the runtime feed (engine.optional_inputs_mismatch): an unfed input failed every request
+SECTIONS = [
+    (setter("limits.max_input_len", 100000), "limits.max_input_len (100000) must be at most limits.max_kv_cache_capacity"),
+    (setter("limits.max_lora_rank", 4), "limits.max_lora_rank is 4 and the lora section is empty"),
+    (setter("lora", {"sites": {}, "adapters": {}}), "limits.max_lora_rank is 0 and the lora section is present"),
+    (both(setter("limits.max_lora_rank", 4), setter("lora", {"sites": {}, "adapters": {"x": "../x"}})),
+     "lora.adapters.x must name a file inside the engine directory"),
+    (both(setter("limits.max_lora_rank", 4), setter("lora", {"adapters": {}, "sites": {
+        "o": {"in": 32, "modules": [["self_attn.o_proj", 0, 32]]}}})),
+     "the graph's LoRA inputs are not those of the manifest's lora.sites"),
+    (setter("eagle", {**EAGLE, "draft_step": -5}), "eagle.draft_step must be an integer in [1, any], got -5"),
+    (setter("eagle", {**EAGLE, "draft_top_k": 9}), "eagle.draft_top_k must be an integer in [1, 4], got 9"),
+    (setter("eagle", {**EAGLE, "tree": "yes"}), "eagle.tree must be true or false"),
+    (setter("eagle", {**EAGLE, "aux_layers": [-1]}), "eagle.aux_layers must be layer indices below 2"),
+    (setter("eagle", EAGLE), "the graph has no input 'verify_index', which the manifest's eagle section calls for"),
+    (setter("eagle", []), "eagle must be an object, got list"),
+]
+
+
+@pytest.mark.parametrize("edit, message", SECTIONS)
+def test_an_edited_lora_or_eagle_section_is_refused_when_it_loads(tmp_path, tiny_engine, edit, message):
+    engine = edited(tmp_path, tiny_engine("llama"), edit)
+    with pytest.raises(mf.ManifestError, match="rebuild it: trtllm-build") as caught:
+        load_engine(engine)
+    assert message in str(caught.value)
+
+
 def test_the_engine_as_built_loads(tiny_engine):
     """The wrong variant's other side: every check passes on what trtllm-build writes."""
     load_engine(tiny_engine("llama")).close()

@@ -260,3 +260,18 @@ def test_an_adapter_that_overflows_fails_its_requests_alone(lora_engines, run_cl
     assert [r["finish_reason"] for r in bad] == ["error", "error"]
     assert all("logits were not finite" in r["error"] for r in bad)
     assert good["finish_reason"] == "max-length" and good["output_text"]
+
+
+def test_a_lora_graph_under_a_manifest_without_lora_is_refused(lora_engines, tmp_path):
+    """Its LoRA inputs would go unfed: every request failed inside ONNX Runtime."""
+    import shutil
+
+    from trtllm.runtime.engine import load_engine
+
+    engine = tmp_path / "engine"
+    shutil.copytree(lora_engines[0]["ort"], engine)
+    raw = json.loads((engine / "manifest.json").read_text())
+    raw["limits"]["max_lora_rank"], raw["lora"] = 0, {}
+    (engine / "manifest.json").write_text(json.dumps(raw))
+    with pytest.raises(mf.ManifestError, match="the graph has LoRA inputs, and the manifest no lora section"):
+        load_engine(engine)
