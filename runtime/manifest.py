@@ -248,7 +248,8 @@ def check(m: Manifest, engine_dir: Path) -> str:
         # by its name, not where symlinks lead (a shared tokenizer may be one)
         if not isinstance(name, str) or not name or Path(name).is_absolute() or ".." in Path(name).parts:
             return f"{where} must name a file inside the engine directory, got {name!r}"
-        if not (engine_dir / name).exists():  # (a bundled adapter is a directory)
+        present = (engine_dir / name).is_dir() if where.startswith("lora.") else (engine_dir / name).is_file()
+        if not present:  # (a bundled adapter is a directory)
             return f"{where}: {name} is missing"
     return ""
 
