@@ -24,6 +24,7 @@ from onnx import TensorProto
 
 from trtllm.builder.config import ConfigError
 from trtllm.builder.decoder import DecoderSpec, DecoderWriter
+from trtllm.builder.architectures.llama import SILU
 from trtllm.runtime.manifest import whole
 
 ARCHITECTURES = ("LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM")
@@ -109,11 +110,15 @@ def load(path_arg: str, target: DecoderSpec, embed: np.ndarray) -> Draft:
         fail(path, f"hidden_size {config.get('hidden_size')} differs from the target's {h}")
     if config.get("num_hidden_layers", 1) != 1:
         fail(path, f"num_hidden_layers is {config.get('num_hidden_layers')}; EAGLE-3 heads have one layer")
+    if config.get("hidden_act", "silu") not in SILU:  # the head's MLP is written as SiLU's
+        fail(path, f"config.hidden_act must be 'silu' or 'swish', got {config.get('hidden_act')!r}")
     eagle_config = config.get("eagle_config") or {}
-    aux = (eagle_config.get("eagle_aux_hidden_state_layer_ids") if isinstance(eagle_config, dict) else None) or \
-        [2, layers // 2, layers - 3]
+    given = eagle_config.get("eagle_aux_hidden_state_layer_ids") if isinstance(eagle_config, dict) else None
+    aux = given or [2, layers // 2, layers - 3]
     if not isinstance(aux, list) or len(aux) != 3 or not all(whole(i, 0) and i < layers for i in aux):
-        fail(path, f"eagle_aux_hidden_state_layer_ids must be three layer indices in [0, {layers}), got {aux}")
+        fail(path, f"eagle_aux_hidden_state_layer_ids must be three layer indices in [0, {layers}), got {aux}"
+                   + ("" if given else f" (EAGLE-3's default [2, L/2, L-3] for the target's {layers} layers: set "
+                                        "eagle_config.eagle_aux_hidden_state_layer_ids in the head's config.json)"))
     heads = config.get("num_attention_heads", target.num_heads)
     kv_heads = config.get("num_key_value_heads", heads)
     if not whole(heads):

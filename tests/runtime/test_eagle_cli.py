@@ -370,6 +370,8 @@ def edit_weight(draft, name, change):
     (lambda d: edit_config(d, eagle_config={"eagle_aux_hidden_state_layer_ids": [True, False, 1]}),
      "three layer indices"),
     (lambda d: edit_config(d, rope_scaling={"rope_type": "bogus", "factor": 2.0}), "its RoPE settings"),
+    (lambda d: edit_config(d, hidden_act="gelu"), "config.hidden_act must be 'silu' or 'swish', got 'gelu'"),
+    (lambda d: edit_config(d, eagle_config={}), "EAGLE-3's default [2, L/2, L-3] for the target's 2 layers"),
     (lambda d: (d / "config.json").write_text("[1, 2]"), "config.json must hold a JSON object"),
     (lambda d: edit_weight(d, "lm_head.weight", lambda w: w * np.nan), "lm_head.weight holds NaN"),
     (lambda d: edit_weight(d, "fc.weight", lambda w: w.astype(np.int32)), "fc.weight is int32"),
