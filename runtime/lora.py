@@ -115,6 +115,11 @@ def read_config(path: Path) -> dict:
         "alora_invocation_tokens": (bool(cfg.get("alora_invocation_tokens")),
                                     "activated LoRA applies from its invocation tokens on; this engine would apply it everywhere"),
         "layer_replication": (bool(cfg.get("layer_replication")), "its layer numbers are of a model with replicated layers"),
+        "use_qalora": (bool(cfg.get("use_qalora")), "QALoRA pools its inputs in groups first"),
+        "arrow_config": (bool(cfg.get("arrow_config")), "Arrow routes among several adapters per token"),
+        "monteclora_config": (bool(cfg.get("monteclora_config")), "MonteCLoRA samples its weights"),
+        "trainable_token_indices": (bool(cfg.get("trainable_token_indices")), "it retrains embedding rows too"),
+        "target_parameters": (bool(cfg.get("target_parameters")), "it adapts parameters, not the projections"),
         # (EVA is not here: it sets lora_A and the ranks, which it saves in rank_pattern and
         # alpha_pattern, and leaves the base weights alone)
         "init_lora_weights": (init.startswith(("pissa", "corda", "olora", "loftq", "lora_ga")),
