@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import shutil
 import tempfile
 import uuid
@@ -487,6 +488,24 @@ def check_output(config: BuildConfig, out_dir: Path) -> None:
         if value and out_dir.exists() and Path(value).expanduser().resolve().is_relative_to(out_dir):
             raise ConfigError(f"{option} {value} is inside --output {config.output}, which the build replaces; "
                               "move it out first")
+    strangers = sorted(e.name for e in out_dir.iterdir() if not built_entry(e.name)) if is_engine(out_dir) else []
+    if strangers:
+        shown = ", ".join(strangers[:5]) + (f" and {len(strangers) - 5} more" if len(strangers) > 5 else "")
+        raise ConfigError(f"--output {config.output} is an earlier engine that also holds what no build writes "
+                          f"({shown}); the build replaces the whole directory: move them out first")
+
+
+# What an engine directory of any build holds: its graphs and plans, the tokenizer files
+# transformers' save_pretrained writes, the saved system-prompt KV (cache), adapters and the draft head.
+BUILT = re.compile(r"manifest\.json|verify\.json|cache|lora|eagle|llm\..*|.*\.(onnx|data|plan|jinja|model)|"
+                   r"tokenizer.*|generation_config\.json|special_tokens_map\.json|added_tokens\.json|vocab\..*|"
+                   r"merges\.txt|chat_template\.json")
+
+
+def built_entry(name: str) -> bool:
+    """Whether a build could have written this entry of an engine directory (a hidden one, an
+    editor's or a file manager's, is not the user's work either)."""
+    return name.startswith(".") or BUILT.fullmatch(name) is not None
 
 
 def in_place(out_dir: Path) -> bool:

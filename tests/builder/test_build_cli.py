@@ -287,6 +287,24 @@ def test_checkpoint_without_a_tokenizer_is_refused_up_front(tmp_path):
     assert result.exit_code == 2 and "has no tokenizer (tokenizer.json" in result.output, result.output
 
 
+def test_an_earlier_engine_holding_the_user_s_files_is_not_replaced(tmp_path, tiny_checkpoint, tiny_engine):
+    """Rebuilding over an engine replaces the whole directory: a file no build writes (notes put
+    there) is refused, named, and kept; the engine's own files, its KV cache and hidden files are not."""
+    import shutil
+
+    engine = tmp_path / "engine"
+    shutil.copytree(tiny_engine("llama"), engine)
+    (engine / "my_notes.txt").write_text("keep")
+    (engine / "cache").mkdir()
+    (engine / ".DS_Store").write_text("")
+    args = ["--model", str(tiny_checkpoint("llama")), "--output", str(engine), "--no-verify"]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 2 and "also holds what no build writes (my_notes.txt)" in result.output, result.output
+    assert (engine / "my_notes.txt").read_text() == "keep"
+    (engine / "my_notes.txt").unlink()
+    assert CliRunner().invoke(main, args).exit_code == 0
+
+
 def test_a_directory_with_someone_elses_manifest_is_not_an_engine(tmp_path, tiny_checkpoint):
     """A web app's manifest.json does not make its directory an engine to replace."""
     app = tmp_path / "webapp"
