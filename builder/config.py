@@ -22,6 +22,7 @@ PROFILES = ("cpu-default", "tensorrt-modern", "tensorrt-legacy", "jetson-orin-jp
 # DESIGN.md's device names for a profile that is ours under a graph's name (JetPack 6 is TensorRT 10.3)
 PROFILE_ALIASES = {"jetson-orin-jp6": "tensorrt-legacy"}
 MODERN_MIN_TRT = (10, 15)  # Attention (10.14) and TensorScatter, RotaryEmbedding, RMSNormalization (10.15)
+MAX_LIMIT = 2**31 - 1  # --max-batch-size, --max-input-len, --max-kv-cache-capacity
 PROFILE_KEYS = {"description", "backend", "dtype", "graph", "trt_version", "max_batch_size", "max_input_len",
                 "max_kv_cache_capacity", "max_lora_rank", "workspace_gib", "opt_level"}
 PROFILE_TYPES = {**{k: str for k in ("description", "backend", "dtype", "graph", "trt_version")},
@@ -104,8 +105,9 @@ class BuildConfig:
                 raise ConfigError(f"--{name.replace('_', '-')} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}")
         for name in ("max_batch_size", "max_input_len", "max_kv_cache_capacity"):
             value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise ConfigError(f"--{name.replace('_', '-')} must be a positive integer, got {value!r}")
+            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_LIMIT:
+                raise ConfigError(f"--{name.replace('_', '-')} must be an integer in [1, {MAX_LIMIT}] (TensorRT's "
+                                  f"shapes are int32), got {value!r}")
         if isinstance(self.max_lora_rank, bool) or not isinstance(self.max_lora_rank, int) \
                 or not 0 <= self.max_lora_rank <= MAX_LORA_RANK:
             raise ConfigError(f"--max-lora-rank must be an integer in [0, {MAX_LORA_RANK}], got {self.max_lora_rank!r}")
