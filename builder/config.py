@@ -36,6 +36,17 @@ class ConfigError(ValueError):
     """A build option is invalid or not supported yet."""
 
 
+def unique_keys(name: str):
+    """json.loads' object_pairs_hook: a key given twice is refused (json keeps the last silently)."""
+    def hook(pairs: list) -> dict:
+        keys = [k for k, _ in pairs]
+        twice = sorted({k for k in keys if keys.count(k) > 1})
+        if twice:
+            raise ConfigError(f"--profile {name}: \"{twice[0]}\" is given twice")
+        return dict(pairs)
+    return hook
+
+
 def profile_defaults(name: str = "cpu-default") -> dict:
     """A build profile: a name from configs/ or a path to a JSON file of the same keys."""
     path = Path(name)
@@ -46,10 +57,12 @@ def profile_defaults(name: str = "cpu-default") -> dict:
             text = path.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as e:
             raise ConfigError(f"--profile {name}: cannot be read as UTF-8 text ({e})") from None
+    elif path.suffix == ".json":
+        raise ConfigError(f"--profile {name}: no such file" + (" (it is a directory)" if path.is_dir() else ""))
     else:
         raise ConfigError(f"--profile must be one of {', '.join(PROFILES)} or a .json file, got {name!r}")
     try:
-        data = json.loads(text)
+        data = json.loads(text, object_pairs_hook=unique_keys(name))
     except json.JSONDecodeError as e:
         raise ConfigError(f"--profile {name}: not valid JSON ({e})") from None
     if not isinstance(data, dict):

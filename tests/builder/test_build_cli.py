@@ -397,6 +397,16 @@ def test_a_bad_profile_value_names_the_profile(tmp_path):
     assert result.exit_code == 2 and f'"max_batch_size" comes from --profile {tmp_path / "p.json"}' in result.output
 
 
+@pytest.mark.parametrize("text, message", [(None, "nothere.json: no such file"),
+                                           ('{"dtype": "float32", "dtype": "float16"}', '"dtype" is given twice')])
+def test_a_missing_or_ambiguous_profile_file_is_named(tmp_path, text, message):
+    path = tmp_path / ("nothere.json" if text is None else "p.json")
+    if text is not None:
+        path.write_text(text)
+    result = CliRunner().invoke(main, ["--model", str(tmp_path), "--output", str(tmp_path / "e"), "--profile", str(path)])
+    assert result.exit_code == 2 and message in result.output, result.output
+
+
 def test_interrupted_build_exits_130(tmp_path, tiny_checkpoint, monkeypatch):
     from trtllm.builder import export
 
