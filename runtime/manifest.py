@@ -255,12 +255,13 @@ def check(m: Manifest, engine_dir: Path) -> str:
 
 
 def check_eagle(e: dict, model: ModelShape) -> str:
-    """The EAGLE section's numbers and switches (builder/export.py's draft_section), or ""."""
+    """The EAGLE section's numbers and switches (builder/export.py's export_draft), or "". A key an
+    earlier build did not write is left to the runtime's default for it."""
     if not e:
         return ""
     for name, least, most in (("draft_step", 1, None), ("top_k", 1, model.vocab_size),
                               ("draft_top_k", 1, e.get("top_k"))):
-        value = e.get(name)
+        value = e.get(name, least)
         if not whole(value, least) or (whole(most, 1) and value > most):
             return f"eagle.{name} must be an integer in [{least}, {most or 'any'}], got {value!r}"
     for name in ("tree", "logprobs"):
@@ -268,14 +269,14 @@ def check_eagle(e: dict, model: ModelShape) -> str:
             return f"eagle.{name} must be true or false, got {e[name]!r}"
     if e.get("verify") not in (None, "sampled"):
         return f"eagle.verify must be \"sampled\" or absent, got {e['verify']!r}"
-    aux = e.get("aux_layers")
+    aux = e.get("aux_layers", [0])
     if not isinstance(aux, list) or not aux or not all(whole(i, 0) and i < model.num_layers for i in aux):
         return f"eagle.aux_layers must be layer indices below {model.num_layers}, got {aux!r}"
     return ""
 
 
 def check_lora(m: Manifest) -> str:
-    """A LoRA section goes with a max_lora_rank, and the reverse; its adapters are named files."""
+    """A LoRA section goes with a max_lora_rank, and the reverse."""
     if bool(m.lora) != bool(m.limits.max_lora_rank):
         return (f"limits.max_lora_rank is {m.limits.max_lora_rank} and the lora section is "
                 f"{'present' if m.lora else 'empty'}: a LoRA engine has both, others neither")
