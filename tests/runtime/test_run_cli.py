@@ -4,13 +4,12 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import subprocess
-import sys
 import time
 
 import pytest
 from click.testing import CliRunner
 
+from tests.runtime.test_run_stdout import run_process
 from trtllm.runtime.cli import main
 from trtllm.runtime.manifest import FORMAT_VERSION
 
@@ -320,83 +319,6 @@ def test_an_engine_failure_keeps_the_samples_that_finished(tmp_path, tiny_engine
     assert (first["sample_idx"], first["finish_reason"], "error" in first) == (0, "max-length", False)
     assert (second["sample_idx"], second["finish_reason"]) == (1, "error")
     assert second["error"] == "the engine failed: RuntimeError: device lost"
-
-
-def run_process(tmp_path, engine, payload, *extra, stdout=subprocess.PIPE):
-    (tmp_path / "in.json").write_text(json.dumps(payload))
-    return subprocess.Popen([sys.executable, "-m", "trtllm.runtime", str(tmp_path / "in.json"), "--engine", str(engine),
-                             *extra], stdout=stdout, stderr=subprocess.PIPE, text=True)
-
-
-def test_output_to_redirected_stdout_appends(tmp_path, tiny_engine):
-    # `trtllm-run ... --output /dev/stdout >> log`: the log keeps its lines, the answers follow them
-    log = tmp_path / "log"
-    log.write_text("earlier line\n")
-    with open(log, "a") as f:
-        proc = run_process(tmp_path, tiny_engine("llama"), {"requests": [chat("a")], "max_generate_length": 2, "temperature": 0},
-                           "--output", "/dev/stdout", stdout=f)
-        _, err = proc.communicate(timeout=300)
-    assert proc.returncode == 0, err
-    first, rest = log.read_text().split("\n", 1)
-    assert first == "earlier line" and json.loads(rest)["responses"][0]["finish_reason"] == "max-length"
-    assert "[0] (max-length)" in err  # the summary lines go to stderr when the JSON is on stdout
-
-
-@pytest.mark.parametrize("with_output", [True, False])
-def test_stream_reader_gone(tmp_path, tiny_engine, with_output):
-    # `trtllm-run --stream ... | head -1`: the stream stops; the run still writes --output, or, with
-    # nothing to write, ends as a program killed by SIGPIPE would
-    extra = ["--output", str(tmp_path / "out.json")] if with_output else []
-    proc = run_process(tmp_path, tiny_engine("llama"), {"requests": [chat("a"), chat("b")], "max_generate_length": 3, "temperature": 0},
-                       "--stream", *extra)
-    proc.stdout.close()  # the reader is gone before the first line
-    err = proc.stderr.read()
-    proc.wait(timeout=300)
-    if with_output:
-        assert proc.returncode == 0, err
-        assert [r["finish_reason"] for r in json.loads((tmp_path / "out.json").read_text())["responses"]] == \
-            ["max-length"] * 2
-        assert "Broken pipe" not in err and "Exception" not in err
-    else:
-        assert proc.returncode == 141, err
-
-
-@pytest.mark.parametrize("stream", [False, True])
-@pytest.mark.parametrize("redirect", [">/dev/full", ">&-"])
-def test_a_failing_stdout_with_output_loses_nothing(tmp_path, tiny_engine, stream, redirect):
-    """stdout on a full device, or closed: the run goes on, --output gets every answer, the exit is
-    0; before, the streamed write's error failed every request and the file was never written."""
-    (tmp_path / "in.json").write_text(json.dumps({"requests": [chat("a"), chat("b")], "max_generate_length": 3, "temperature": 0}))
-    command = [sys.executable, "-m", "trtllm.runtime", str(tmp_path / "in.json"), "--engine", str(tiny_engine("llama")),
-               "--output", str(tmp_path / "out.json"), *(["--stream"] if stream else [])]
-    proc = subprocess.run(["bash", "-c", f'exec "$@" {redirect}', "_", *command], stderr=subprocess.PIPE, text=True,
-                          timeout=300)
-    assert proc.returncode == 0, proc.stderr
-    assert [r["finish_reason"] for r in json.loads((tmp_path / "out.json").read_text())["responses"]] == \
-        ["max-length"] * 2
-    assert "Traceback" not in proc.stderr
-    # the streamed lines' failure is told; the summary lines' is not: nothing was lost
-    assert ("stdout could not be written" in proc.stderr) == stream
-
-
-def test_output_on_a_closed_stdout_is_refused(tmp_path, tiny_engine):
-    (tmp_path / "in.json").write_text(json.dumps({"requests": [chat("a")], "max_generate_length": 2, "temperature": 0}))
-    command = [sys.executable, "-m", "trtllm.runtime", str(tmp_path / "in.json"), "--engine", str(tiny_engine("llama")),
-               "--output", "/dev/stdout"]
-    proc = subprocess.run(["bash", "-c", 'exec "$@" >&-', "_", *command], stderr=subprocess.PIPE, text=True, timeout=300)
-    assert proc.returncode == 2 and "is stdout, which is closed" in proc.stderr, proc.stderr
-
-
-@pytest.mark.parametrize("stream", [False, True])
-def test_a_failing_stdout_without_output_exits_3(tmp_path, tiny_engine, stream):
-    """With no --output, stdout was the answers' only way out: exit 3 and a line that says so (141
-    stays for a reader that went away: test_stream_reader_gone)."""
-    with open("/dev/full", "w") as full:
-        proc = run_process(tmp_path, tiny_engine("llama"), {"requests": [chat("a")], "max_generate_length": 2, "temperature": 0},
-                           *(["--stream"] if stream else []), stdout=full)
-        err = proc.communicate(timeout=300)[1]
-    assert proc.returncode == 3, err
-    assert "stdout could not be written" in err and "Traceback" not in err
 
 
 def test_an_interrupt_while_the_output_is_written_waits_for_it(tmp_path, tiny_engine, monkeypatch):
