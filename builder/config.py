@@ -142,7 +142,7 @@ class BuildConfig:
             raise ConfigError(f"--workspace-gib must be > 0, got {self.workspace_gib!r}")
         if parse_trt_version(self.trt_version) < MODERN_MIN_TRT and self.graph == "modern":
             raise ConfigError(f"the modern graph (opset 24 Attention, TensorScatter) needs TensorRT >= 10.15, but "
-                              f"trt_version is {self.trt_version}; use --profile tensorrt-legacy")
+                              f"trt_version is {self.trt_version}; use --graph legacy (as --profile tensorrt-legacy does)")
         if self.tensorrt_options and self.backend == "onnxruntime":
             raise ConfigError(f"{', '.join(self.tensorrt_options)}: TensorRT build options, and the backend is "
                               "onnxruntime; drop them or use --backend tensorrt")

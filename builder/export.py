@@ -360,7 +360,7 @@ def resolve_backend(config: BuildConfig, log) -> str:
         installed = trt_build.minor_version(trt_build.import_tensorrt())
         if config.graph == "modern" and parse_trt_version(installed) < MODERN_MIN_TRT:
             raise trt_build.TensorRTUnavailable(f"TensorRT {installed} cannot parse the modern graph (it needs "
-                                                ">= 10.15); use --profile tensorrt-legacy")
+                                                ">= 10.15); use --graph legacy (as --profile tensorrt-legacy does)")
         log(f"backend tensorrt: {why}")
         return "tensorrt"
     log(f"backend auto: {'tensorrt' if usable else 'onnxruntime'} ({why})")
