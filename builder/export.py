@@ -12,7 +12,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import re
 import shutil
 import tempfile
 import uuid
@@ -27,10 +26,10 @@ from trtllm.builder.architectures import spec_for, weights_of
 from trtllm.builder.config import MODERN_MIN_TRT, BuildConfig, ConfigError, parse_trt_version
 from trtllm.builder import eagle, lora
 from trtllm.builder.decoder import DecoderWriter, attention_supported, gqa_supported, half_supported, lora_sites
+from trtllm.builder.engine_dir import check_output, in_place, readable_by_all, replace_engine
 from trtllm.builder.quantize import QuantScheme
 from trtllm.plugins import cpu as cpu_kernels
 from trtllm.plugins import lint
-from trtllm.runtime import files
 from trtllm.runtime import manifest as mf
 
 ONNX_NAME, ORT_NAME, ORT_SOURCE = "llm.onnx", "llm.ort.onnx", "llm.ort-source.onnx"
@@ -465,105 +464,3 @@ def build(config: BuildConfig, log=print) -> Path:
         raise
     failed_report.unlink(missing_ok=True)  # an earlier failure's
     return out_dir
-
-
-def is_engine(path: Path) -> bool:
-    """Whether `path` holds an engine of ours (of any format version): a manifest.json that parses
-    as one. A web app's or an extension's manifest.json is not one, and its directory is kept."""
-    try:
-        manifest = json.loads((path / mf.MANIFEST_NAME).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return False
-    return isinstance(manifest, dict) and {"format_version", "backend", "build_id"} <= manifest.keys()
-
-
-def check_output(config: BuildConfig, out_dir: Path) -> None:
-    """Replacing the output is only safe for an earlier engine: never delete anything else, nor an
-    input of this build kept inside it."""
-    if out_dir.exists() and not is_engine(out_dir) and (not out_dir.is_dir() or any(out_dir.iterdir())):
-        raise ConfigError(f"--output {config.output} exists and is not an engine directory; choose a new or empty "
-                          "directory (only an earlier engine is replaced)")
-    inputs = [("--model", config.model), ("--eagle", config.eagle), *(("--lora", p) for _, p in config.lora)]
-    for option, value in inputs:
-        if value and out_dir.exists() and Path(value).expanduser().resolve().is_relative_to(out_dir):
-            raise ConfigError(f"{option} {value} is inside --output {config.output}, which the build replaces; "
-                              "move it out first")
-    strangers = sorted(e.name for e in out_dir.iterdir() if not built_entry(e.name)) if is_engine(out_dir) else []
-    if strangers:
-        shown = ", ".join(strangers[:5]) + (f" and {len(strangers) - 5} more" if len(strangers) > 5 else "")
-        raise ConfigError(f"--output {config.output} is an earlier engine that also holds what no build writes "
-                          f"({shown}); the build replaces the whole directory: move them out first")
-
-
-# What an engine directory of any build holds: its graphs and plans, the tokenizer files
-# transformers' save_pretrained writes, the saved system-prompt KV (cache), adapters and the draft head.
-BUILT = re.compile(r"manifest\.json|verify\.json|cache|lora|eagle|llm\..*|.*\.(onnx|data|plan|jinja|model)|"
-                   r"tokenizer.*|generation_config\.json|special_tokens_map\.json|added_tokens\.json|vocab\..*|"
-                   r"merges\.txt|chat_template\.json")
-
-
-def built_entry(name: str) -> bool:
-    """Whether a build could have written this entry of an engine directory (a hidden one, an
-    editor's or a file manager's, is not the user's work either)."""
-    return name.startswith(".") or BUILT.fullmatch(name) is not None
-
-
-def in_place(out_dir: Path) -> bool:
-    """Whether the engine must be assembled and swapped in entry by entry inside `out_dir` rather
-    than renamed over it: the directory a shell stands in (--output .), a mount point (a Docker
-    volume, an SD card: a rename over it fails, and the parent is another file system), or a
-    directory whose parent this user may not write."""
-    if not out_dir.is_dir():
-        return False
-    return (Path.cwd().is_relative_to(out_dir) or os.path.ismount(out_dir)
-            or not os.access(out_dir.parent, os.W_OK))
-
-
-def replace_engine(new: Path, out_dir: Path, stage: Path) -> None:
-    """Put the built engine `new` at `out_dir`. An earlier engine is swapped out as a directory (two
-    renames: a trtllm-run starting meanwhile sees the old engine or the new one, never a mix), and
-    deleted after. In place (see in_place) the entries are swapped instead, and moved back if a
-    move fails, so the old engine is whole or the new one is; a mount point inside (a cache
-    directory on its own volume) stays where it is."""
-    if not out_dir.exists():
-        os.replace(new, out_dir)
-        return
-    old = Path(tempfile.mkdtemp(dir=stage, prefix=f".{out_dir.name}.old-"))  # empty: a rename may replace it
-    try:
-        if stage != out_dir:
-            os.replace(out_dir, old)
-            try:
-                os.replace(new, out_dir)
-            except BaseException:
-                os.replace(old, out_dir)
-                raise
-        else:
-            swap_entries(new, out_dir, old)
-    finally:
-        shutil.rmtree(old, ignore_errors=True)
-
-
-def swap_entries(new: Path, out_dir: Path, old: Path) -> None:
-    moved: list[tuple[Path, Path]] = []  # (from, to), to undo in reverse
-    try:
-        for entry in list(out_dir.iterdir()):
-            if entry in (new, old) or os.path.ismount(entry):
-                continue
-            os.replace(entry, old / entry.name)
-            moved.append((entry, old / entry.name))
-        for entry in list(new.iterdir()):
-            os.replace(entry, out_dir / entry.name)
-            moved.append((entry, out_dir / entry.name))
-    except BaseException:
-        for source, target in reversed(moved):
-            os.replace(target, source)
-        raise
-    new.rmdir()
-
-
-def readable_by_all(engine_dir: Path) -> None:
-    """Files as the umask allows (onnx writes external data as 600): an engine is copied to devices
-    and run by other users."""
-    mask = files.current_umask()
-    for path in [engine_dir, *engine_dir.rglob("*")]:
-        os.chmod(path, (0o777 if path.is_dir() else 0o666) & ~mask)
