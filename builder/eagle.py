@@ -110,7 +110,8 @@ def load(path_arg: str, target: DecoderSpec, embed: np.ndarray) -> Draft:
         fail(path, f"hidden_size {config.get('hidden_size')} differs from the target's {h}")
     if config.get("num_hidden_layers", 1) != 1:
         fail(path, f"num_hidden_layers is {config.get('num_hidden_layers')}; EAGLE-3 heads have one layer")
-    if config.get("hidden_act", "silu") not in SILU:  # the head's MLP is written as SiLU's
+    act = config.get("hidden_act", "silu")
+    if not isinstance(act, str) or act not in SILU:  # the head's MLP is written as SiLU's
         fail(path, f"config.hidden_act must be 'silu' or 'swish', got {config.get('hidden_act')!r}")
     eagle_config = config.get("eagle_config") or {}
     given = eagle_config.get("eagle_aux_hidden_state_layer_ids") if isinstance(eagle_config, dict) else None

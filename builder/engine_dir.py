@@ -44,16 +44,19 @@ def check_output(config: BuildConfig, out_dir: Path) -> None:
 
 
 # What an engine directory of any build holds: its graphs and plans, the tokenizer files
-# transformers' save_pretrained writes, the saved system-prompt KV (cache), adapters and the draft head.
-BUILT = re.compile(r"manifest\.json|verify\.json|cache|lora|eagle|llm\..*|.*\.(onnx|data|plan|jinja|model)|"
-                   r"tokenizer.*|generation_config\.json|special_tokens_map\.json|added_tokens\.json|vocab\..*|"
-                   r"merges\.txt|chat_template\.json")
+# transformers' save_pretrained writes (additional_chat_templates: a tokenizer's named templates),
+# the saved system-prompt KV (cache), adapters and the draft head.
+BUILT = re.compile(r"manifest\.json|verify\.json|cache|lora|eagle|llm\..*|.*\.(jinja|model)|tokenizer.*|"
+                   r"generation_config\.json|special_tokens_map\.json|added_tokens\.json|vocab\..*|merges\.txt|"
+                   r"chat_template\.json|additional_chat_templates")
+# Hidden entries no one keeps on purpose: macOS's and NFS's, and a killed in-place build's own.
+LITTER = re.compile(r"\.DS_Store|\._.*|\.nfs.*|\..+\.(partial|old)-.*")
 
 
 def built_entry(name: str) -> bool:
-    """Whether a build could have written this entry of an engine directory (a hidden one, an
-    editor's or a file manager's, is not the user's work either)."""
-    return name.startswith(".") or BUILT.fullmatch(name) is not None
+    """Whether a build could have written this entry of an engine directory, or it is a file
+    manager's litter (other hidden entries, .git, .env, are someone's work)."""
+    return BUILT.fullmatch(name) is not None or LITTER.fullmatch(name) is not None
 
 
 def in_place(out_dir: Path) -> bool:

@@ -305,9 +305,10 @@ def save_tokenizer(ck: ckpt.Checkpoint, out_dir: Path, model_arg: str) -> None:
 
 
 def check_chat_template(out_dir: Path, model_arg: str) -> None:
-    """The chat template as trtllm-run will read it: one that does not compile, or fails on a plain
-    user turn, is the checkpoint's to fix (trtllm-run would refuse the engine, and rebuilding it
-    would not help). Its own raise_exception on that turn is left to the requests it refuses."""
+    """The chat template as trtllm-run will read it: one that does not compile (trtllm-run would
+    refuse the engine, and rebuilding it would not help), or fails on a plain user turn (every chat
+    request would fail), is the checkpoint's to fix. Its own raise_exception on that turn is left
+    to the requests it refuses."""
     from trtllm.runtime.chat_template import ChatTemplate, ChatTemplateError, TemplateRaised
 
     try:

@@ -46,7 +46,7 @@ MIN_AGREEMENT = {"none": 0.98, "float32": 0.98, "float16": 0.95, "bfloat16": 0.9
                  "int8/int16": 0.93, "int4/int16": 0.90, "int8/int8": 0.90, "int4/int8": 0.85}
 
 
-RTOL = 1e-5  # float32 engines' logits: relative to the largest, for models whose logits are huge (numpy's rtol)
+RTOL = 1e-5  # float32 engines' logits: this much of the largest logit, where that is more than atol
 
 
 class VerifyError(RuntimeError):

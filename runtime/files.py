@@ -14,6 +14,7 @@ import fcntl
 import json
 import os
 import re
+import select
 import stat
 import sys
 import tempfile
@@ -165,6 +166,11 @@ def write_synced(f, text: str | bytes) -> None:
 
 
 def write_all(fd: int, data: bytes) -> None:
+    """All of `data`, past partial writes; a non-blocking descriptor (a pipe or terminal another
+    process set so) that is full is waited on, not taken for a failed one."""
     view = memoryview(data)
     while view:
-        view = view[os.write(fd, view):]
+        try:
+            view = view[os.write(fd, view):]
+        except BlockingIOError:
+            select.select([], [fd], [])

@@ -280,6 +280,14 @@ def check_lora(m: Manifest) -> str:
     if bool(m.lora) != bool(m.limits.max_lora_rank):
         return (f"limits.max_lora_rank is {m.limits.max_lora_rank} and the lora section is "
                 f"{'present' if m.lora else 'empty'}: a LoRA engine has both, others neither")
-    if m.lora and (not isinstance(m.lora.get("sites"), dict) or not isinstance(m.lora.get("adapters", {}), dict)):
+    if not m.lora:
+        return ""
+    if not isinstance(m.lora.get("sites"), dict) or not isinstance(m.lora.get("adapters", {}), dict):
         return "lora must hold objects sites and adapters"
+    for name, site in m.lora["sites"].items():  # builder/decoder.py's lora_sites
+        modules = site.get("modules") if isinstance(site, dict) else None
+        if not (isinstance(site, dict) and whole(site.get("in")) and isinstance(modules, list) and modules and all(
+                isinstance(e, list) and len(e) == 3 and isinstance(e[0], str) and whole(e[1], 0) and whole(e[2])
+                and e[1] < e[2] for e in modules)):
+            return f"lora.sites.{name} must be {{\"in\": width, \"modules\": [[module, start, stop], ...]}}, got {site!r}"
     return ""

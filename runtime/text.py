@@ -47,8 +47,10 @@ class TextStream:
         flushed = self.decoder.flush()
         self.text += flushed
         # the U+FFFD of a character the row's end cut off is not text the model wrote: no stop
-        # string matches it (vLLM never shows it to its stop check either)
-        end = len(self.text) - (self.decoder.cut_short and flushed.endswith("\ufffd"))
+        # string matches it (vLLM never shows it to its stop check either). A byte-fallback
+        # tokenizer makes one per byte token of it: the flush's trailing run goes
+        cut = len(flushed) - len(flushed.rstrip("\ufffd")) if self.decoder.cut_short else 0
+        end = len(self.text) - cut
         return self.check(old, end) if check_stops else False
 
     def final_text(self) -> str:

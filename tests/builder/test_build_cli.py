@@ -296,13 +296,17 @@ def test_an_earlier_engine_holding_the_user_s_files_is_not_replaced(tmp_path, ti
     engine = tmp_path / "engine"
     shutil.copytree(tiny_engine("llama"), engine)
     (engine / "my_notes.txt").write_text("keep")
+    (engine / ".git").mkdir()
     (engine / "cache").mkdir()
+    (engine / "additional_chat_templates").mkdir()  # a tokenizer's named templates (transformers writes it)
     (engine / ".DS_Store").write_text("")
     args = ["--model", str(tiny_checkpoint("llama")), "--output", str(engine), "--no-verify"]
     result = CliRunner().invoke(main, args)
-    assert result.exit_code == 2 and "also holds what no build writes (my_notes.txt)" in result.output, result.output
-    assert (engine / "my_notes.txt").read_text() == "keep"
+    assert result.exit_code == 2 and "also holds what no build writes (.git, my_notes.txt)" in result.output, \
+        result.output
+    assert (engine / "my_notes.txt").read_text() == "keep" and (engine / ".git").is_dir()
     (engine / "my_notes.txt").unlink()
+    (engine / ".git").rmdir()
     assert CliRunner().invoke(main, args).exit_code == 0
 
 

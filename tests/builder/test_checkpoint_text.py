@@ -31,6 +31,14 @@ def test_a_chat_template_that_does_not_compile_fails_the_build(tiny_checkpoint, 
     assert not (tmp_path / "engine").exists()
 
 
+def test_a_chat_template_that_fails_on_a_user_turn_fails_the_build(tiny_checkpoint, tmp_path):
+    """It compiles, and then every chat request would fail: the checkpoint's to fix."""
+    model = variant(tiny_checkpoint, tmp_path, lambda m: (m / "chat_template.jinja").write_text("{{ 1 // 0 }}"))
+    with pytest.raises(CheckpointError, match="its chat template cannot be used: chat template failed to render: "
+                                              "ZeroDivisionError"):
+        build_it(model, tmp_path)
+
+
 def test_a_template_that_refuses_a_turn_by_itself_still_builds(tiny_checkpoint, tmp_path):
     """Its raise_exception is for the requests it refuses (each fails alone at run time)."""
     source = "{% if messages[0]['role'] != 'system' %}{{ raise_exception('a system turn first') }}{% endif %}x"

@@ -369,7 +369,7 @@ def test_streaming_with_clean_up_keeps_a_bounded_window(tmp_path):
         assert longest <= 2 * IncrementalDecoder.CLEAN_UP_WINDOW
 
 
-def test_a_stop_string_never_matches_the_character_the_end_cut_off(ours):
+def test_a_stop_string_never_matches_the_character_the_end_cut_off(ours, tmp_path):
     """A row that ends inside a character shows it as U+FFFD; that is not text the model wrote, so
     a stop string "\\ufffd" leaves the row at max-length. A U+FFFD no byte can complete is text."""
     byte_id = {ours.token_bytes(i): i for i in range(ours.vocab_size) if len(ours.token_bytes(i)) == 1}
@@ -380,3 +380,7 @@ def test_a_stop_string_never_matches_the_character_the_end_cut_off(ours):
     assert wrong.push(byte_id[b"\x80"]) and wrong.final_text() == ""
     held = TextStream(ours, ("\ufffd",))  # a lead byte, then a non-continuation: final as it comes
     assert not held.push(byte_id[b"\xe4"]) and held.push(byte_id[b"a"]) and held.final_text() == ""
+    # a byte-fallback tokenizer makes one U+FFFD per byte token of the cut-off character
+    fallback = TextStream(_byte_fallback_tokenizer(tmp_path), ("\ufffd",))
+    assert not any(fallback.push(t) for t in (2, 3, 4))  # ▁hi <0xE4> <0xB8>: 中 without its last byte
+    assert not fallback.finish() and fallback.final_text() == "hi\ufffd\ufffd"

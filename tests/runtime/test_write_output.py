@@ -58,6 +58,31 @@ def test_pipe_is_written_in_place(tmp_path):
     assert json.loads(got[0]) == {"d": 4}
 
 
+def test_a_full_non_blocking_pipe_is_waited_on():
+    """A pipe another process made non-blocking: a write past its buffer raised BlockingIOError
+    after writing part, which was taken for a stdout that failed (the answers lost, exit 3)."""
+    from trtllm.runtime.files import write_all
+
+    r, w = os.pipe()
+    os.set_blocking(w, False)
+    data = bytes(range(256)) * 1000  # 256 KB, four times a pipe's buffer
+    got = bytearray()
+
+    def read():
+        while chunk := os.read(r, 65536):
+            got.extend(chunk)
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    try:
+        write_all(w, data)
+    finally:
+        os.close(w)
+        reader.join(timeout=10)
+        os.close(r)
+    assert bytes(got) == data
+
+
 def test_failed_write_keeps_the_old_file(tmp_path):
     out = tmp_path / "out.json"
     out.write_text('{"good": true}')
