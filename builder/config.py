@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
+from trtllm.runtime import strict_json
 from trtllm.runtime.manifest import DTYPES, GRAPHS, QUANTIZATIONS  # what an engine may say
 
 BACKENDS = ("auto", "onnxruntime", "tensorrt")
@@ -36,17 +37,6 @@ class ConfigError(ValueError):
     """A build option is invalid or not supported yet."""
 
 
-def unique_keys(name: str):
-    """json.loads' object_pairs_hook: a key given twice is refused (json keeps the last silently)."""
-    def hook(pairs: list) -> dict:
-        keys = [k for k, _ in pairs]
-        twice = sorted({k for k in keys if keys.count(k) > 1})
-        if twice:
-            raise ConfigError(f"--profile {name}: \"{twice[0]}\" is given twice")
-        return dict(pairs)
-    return hook
-
-
 def profile_defaults(name: str = "cpu-default") -> dict:
     """A build profile: a name from configs/ or a path to a JSON file of the same keys."""
     path = Path(name)
@@ -62,11 +52,13 @@ def profile_defaults(name: str = "cpu-default") -> dict:
     else:
         raise ConfigError(f"--profile must be one of {', '.join(PROFILES)} or a .json file, got {name!r}")
     try:
-        data = json.loads(text, object_pairs_hook=unique_keys(name))
+        data = json.loads(text, object_pairs_hook=strict_json.object_hook)  # (json keeps a key's last value)
     except json.JSONDecodeError as e:
         raise ConfigError(f"--profile {name}: not valid JSON ({e})") from None
     if not isinstance(data, dict):
         raise ConfigError(f"--profile {name}: must be a JSON object of build options, got {type(data).__name__}")
+    if data.duplicates:
+        raise ConfigError(f"--profile {name}: \"{data.duplicates[0]}\" is given twice")
     unknown = sorted(set(data) - PROFILE_KEYS)
     if unknown:
         raise ConfigError(f"--profile {name}: unknown keys {unknown}; allowed: {sorted(PROFILE_KEYS)}")

@@ -28,7 +28,8 @@ def is_engine(path: Path) -> bool:
 def check_output(config: BuildConfig, out_dir: Path) -> None:
     """Replacing the output is only safe for an earlier engine: never delete anything else, nor an
     input of this build kept inside it."""
-    if out_dir.exists() and not is_engine(out_dir) and (not out_dir.is_dir() or any(out_dir.iterdir())):
+    engine = is_engine(out_dir)
+    if out_dir.exists() and not engine and (not out_dir.is_dir() or any(out_dir.iterdir())):
         raise ConfigError(f"--output {config.output} exists and is not an engine directory; choose a new or empty "
                           "directory (only an earlier engine is replaced)")
     inputs = [("--model", config.model), ("--eagle", config.eagle), *(("--lora", p) for _, p in config.lora)]
@@ -36,7 +37,7 @@ def check_output(config: BuildConfig, out_dir: Path) -> None:
         if value and out_dir.exists() and Path(value).expanduser().resolve().is_relative_to(out_dir):
             raise ConfigError(f"{option} {value} is inside --output {config.output}, which the build replaces; "
                               "move it out first")
-    strangers = sorted(e.name for e in out_dir.iterdir() if not built_entry(e.name)) if is_engine(out_dir) else []
+    strangers = sorted(e.name for e in out_dir.iterdir() if not built_entry(e.name)) if engine else []
     if strangers:
         shown = ", ".join(strangers[:5]) + (f" and {len(strangers) - 5} more" if len(strangers) > 5 else "")
         raise ConfigError(f"--output {config.output} is an earlier engine that also holds what no build writes "

@@ -9,16 +9,12 @@ import time
 import pytest
 from click.testing import CliRunner
 
-from tests.runtime.test_run_stdout import run_process
+from tests.runtime.test_run_stdout import chat, run_process
 from trtllm.runtime.cli import main
 from trtllm.runtime.manifest import FORMAT_VERSION
 
 pytest.importorskip("torch")  # the tiny engine is built with the builder
 pytestmark = pytest.mark.hf
-
-
-def chat(text, **extra):
-    return {"messages": [{"role": "user", "content": text}], **extra}
 
 
 def test_output_format_and_greedy_determinism(run_cli, tmp_path, tiny_engine):
