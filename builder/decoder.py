@@ -35,8 +35,10 @@ import numpy as np
 from onnx import TensorProto
 
 from trtllm.builder import legacy_ops
+from trtllm.builder.attention import AttentionWriter
 from trtllm.builder.config import GRAPHS
-from trtllm.builder.graph import DTYPES, OPSET, STORAGE, GraphWriter
+from trtllm.builder.graph import DTYPES, STORAGE, GraphWriter
+from trtllm.builder.head import HeadWriter
 from trtllm.builder.quantize import QuantScheme
 from trtllm.builder.weights import WeightWriter
 from trtllm.plugins import cpu as cpu_kernels
@@ -144,9 +146,10 @@ def half_supported(spec: DecoderSpec, dtype: str, quant: QuantScheme | None) -> 
             and all(w % 32 == 0 for w in widths))
 
 
-class DecoderWriter(WeightWriter):
+class DecoderWriter(AttentionWriter, HeadWriter, WeightWriter):
     """Writes one decoder graph; `graph` picks the profile ("modern" opset 24, "legacy" opset 20,
-    which refuses `quant` and `ort_attention`)."""
+    which refuses `quant` and `ort_attention`). Its attention (builder/attention.py), head and sampler
+    (builder/head.py) and weights (builder/weights.py) are written by its mixins."""
 
     def __init__(self, spec: DecoderSpec, weights: dict[str, np.ndarray], rope_cos: np.ndarray,
                  rope_sin: np.ndarray, max_top_k: int, io: GraphIO = GraphIO(), quant: QuantScheme | None = None,
@@ -340,116 +343,6 @@ class DecoderWriter(WeightWriter):
             x = self.rms_norm(f"{name}/norm", x, norm)
         return g.op("Transpose", f"{name}/Transpose", [x], perm=[0, 2, 1, 3])
 
-    def attention(self, i: int, x: str, position_ids: str, write_index: str, mask: str) -> str:
-        g, s, p = self.g, self.spec, f"model.layers.{i}.self_attn"
-        name = f"/model/layers.{i}/attn"
-        if self.gqa:
-            return self.attention_gqa(i, x, position_ids)
-        q, k, v = self.fused_linear(f"{name}/qkv_proj", x, f"{p}.qkv_proj",
-                                    [f"{p}.q_proj", f"{p}.k_proj", f"{p}.v_proj"], s.attention_bias, (i, "qkv"))
-        q = self.heads(f"{name}/q", q, s.num_heads, f"{p}.q_norm.weight" if s.qk_norm else None)
-        k = self.heads(f"{name}/k", k, s.num_kv_heads, f"{p}.k_norm.weight" if s.qk_norm else None)
-        v = self.heads(f"{name}/v", v, s.num_kv_heads, None)
-        if s.rope(i):
-            q = self.rotary(f"{name}/q_rotary", q, position_ids, s.rope(i))
-            k = self.rotary(f"{name}/k_rotary", k, position_ids, s.rope(i))
-        mask = mask[s.window(i)]  # this layer's: causal, or causal within its window
-        kv_shape, kv_type = ["batch", s.num_kv_heads, "kv_capacity", s.head_dim], self.ftype
-        caches = []
-        for kind, new in (("key", k), ("value", v)):
-            past = g.input(getattr(self.io, f"past_{kind}").format(i=i), kv_type, kv_shape)
-            present = getattr(self.io, f"present_{kind}").format(i=i)
-            self.kv_write(f"{name}/{kind}_cache", past, new, write_index, present)
-            g.output(present, kv_type, kv_shape)
-            caches.append(present)
-        if self.legacy:
-            y = legacy_ops.attention(g, f"{name}/attention", q, caches[0], caches[1], mask, s.num_heads,
-                                     s.num_kv_heads, s.head_dim, self.ftype, s.scale)
-        else:
-            y = g.op("Attention", f"{name}/Attention", [q, caches[0], caches[1], mask],
-                     scale=s.scale, softmax_precision=TensorProto.FLOAT)
-        y = g.op("Transpose", f"{name}/out/Transpose", [y], perm=[0, 2, 1, 3])
-        y = g.op("Reshape", f"{name}/out/Reshape", [y, g.const([0, 0, s.num_heads * s.head_dim])])
-        return self.lora(f"{name}/o_proj", y, self.linear(f"{name}/o_proj", y, f"{p}.o_proj", s.o_proj_bias), i, "o")
-
-    def identity_rope(self) -> tuple[str, str]:
-        """cos/sin tables of the rotary tables' shape that rotate nothing (NoPE layers on our kernel)."""
-        if self.no_rope is None:  # made once, shared by every NoPE layer
-            shape = self.rope_shape
-            self.no_rope = (self.g.weight("/model/rotary_none/cos_cache", np.ones(shape, self.dtype)),
-                            self.g.weight("/model/rotary_none/sin_cache", np.zeros(shape, self.dtype)))
-        return self.no_rope
-
-    def rope_tables(self, kind: str | None) -> tuple[str, str]:
-        """The cos/sin initializers of a spec.rope() kind; a NoPE layer's rotate by 0 (our kernel
-        always rotates: cos 1 and sin 0, which is exact)."""
-        if kind is None:
-            return self.identity_rope()
-        return (self.local_cos, self.local_sin) if kind == "local" else (self.cos, self.sin)
-
-    def rotary(self, name: str, x: str, position_ids: str, kind: str = "global") -> str:
-        """RoPE at position_ids with the table of spec.rope()'s `kind` ("local": a sliding layer's own)."""
-        s = self.spec
-        if self.legacy:
-            return legacy_ops.rotary(self.g, name, x, self.local_rope_rows if kind == "local" else self.rope,
-                                     s.head_dim, s.rotary_dim)
-        cos, sin = self.rope_tables(kind)
-        attrs = {"rotary_embedding_dim": s.rotary_dim} if s.rotary_dim not in (None, s.head_dim) else {}
-        return self.g.op("RotaryEmbedding", f"{name}/RotaryEmbedding", [x, cos, sin, position_ids], **attrs)
-
-    def kv_write(self, name: str, past: str, new: str, write_index: str, present: str) -> None:
-        """new [B,kv_heads,S,D] into slots write_index[b].. of past; present is the same buffer."""
-        if self.legacy:
-            legacy_ops.kv_write(self.g, name, past, new, self.kv_index, present)
-        else:
-            self.g.op("TensorScatter", f"{name}/TensorScatter", [past, new, write_index], outputs=[present], axis=-2)
-
-    def attention_gqa(self, i: int, x: str, position_ids: str) -> str:
-        """ONNX Runtime only: com.microsoft GroupQueryAttention does RoPE, the in-place KV write and
-        attention over the valid length in one kernel (see docs/notes/ort_lowering.md for the recipe)."""
-        g, s, p = self.g, self.spec, f"model.layers.{i}.self_attn"
-        name = f"/model/layers.{i}/attn"
-        qkv = self.fused_proj(f"{name}/qkv_proj", x, f"{p}.qkv_proj",
-                              [f"{p}.q_proj", f"{p}.k_proj", f"{p}.v_proj"], s.attention_bias, (i, "qkv"))
-        kv_shape = ["batch", s.num_kv_heads, "kv_capacity", s.head_dim]
-        past = [g.input(getattr(self.io, f"past_{k}").format(i=i), self.kv_type, kv_shape) for k in ("key", "value")]
-        present = [getattr(self.io, f"present_{k}").format(i=i) for k in ("key", "value")]
-        for name_out in present:
-            g.output(name_out, self.kv_type, kv_shape)
-        if self.native_attention:  # the same semantics, plugins/cpu/attention.cc
-            window = s.window(i)
-            cos, sin = self.rope_tables(s.rope(i))
-            ins = [qkv, *past, self.io.write_index, self.io.last_index, position_ids, cos, sin]
-            attrs = {"window": window} if window else {}
-            if s.qk_norm:  # each q and k head normed before its rotary, inside the kernel
-                ins += [self.norm_scale(f"{p}.q_norm.weight"), self.norm_scale(f"{p}.k_norm.weight")]
-                attrs["epsilon"] = s.rms_norm_eps
-            if self.tree:  # input 10 (8 and 9 left empty without q/k norms)
-                ins += ["", ""] * (not s.qk_norm) + [self.tree_mask]
-            y = g.op(cpu_kernels.ATTENTION, f"{name}/Attention", ins, outputs=[f"{name}/Attention/output_0", *present],
-                     domain=cpu_kernels.DOMAIN, num_heads=s.num_heads, kv_num_heads=s.num_kv_heads,
-                     scale=s.scale, **attrs)[0]
-            return self.lora(f"{name}/o_proj", y, self.linear(f"{name}/o_proj", y, f"{p}.o_proj", s.o_proj_bias), i, "o")
-        ins = [qkv, "", "", *past, self.seqlens_k, self.total_len, self.cos, self.sin, position_ids,
-               "", "", "", "", "", "", self.query_seqlens]
-        y = g.op("GroupQueryAttention", f"{name}/GroupQueryAttention", ins,
-                 outputs=[f"{name}/GroupQueryAttention/output_0", *present], domain="com.microsoft",
-                 num_heads=s.num_heads, kv_num_heads=s.num_kv_heads, do_rotary=1, rotary_interleaved=0,
-                 scale=s.scale)[0]
-        return self.lora(f"{name}/o_proj", y, self.linear(f"{name}/o_proj", y, f"{p}.o_proj", s.o_proj_bias), i, "o")
-
-    def gqa_lengths(self, write_index: str, last_index: str) -> None:
-        """GroupQueryAttention's per-row lengths: Q = last_index + 1 new tokens, P + Q - 1 =
-        write_index + last_index, and the buffer capacity as the total."""
-        g, i32 = self.g, TensorProto.INT32
-        q = g.op("Add", "/model/gqa/q_len", [last_index, g.const(1)])
-        self.query_seqlens = g.op("Cast", "/model/gqa/query_seqlens", [q], to=i32)
-        k = g.op("Add", "/model/gqa/k_len", [write_index, last_index])
-        self.seqlens_k = g.op("Cast", "/model/gqa/seqlens_k", [k], to=i32)
-        cap = g.op("Gather", "/model/gqa/capacity", [g.op("Shape", "/model/gqa/kv_shape", [self.io.past_key.format(i=0)]),
-                                                      g.const(2)], axis=0)
-        self.total_len = g.op("Cast", "/model/gqa/total", [cap], to=i32)
-
     def mlp(self, i: int, x: str) -> str:
         p, name = f"model.layers.{i}.mlp", f"/model/layers.{i}/mlp"
         # ONNX Runtime's float form: two MatMuls cost less than one plus a Split (its copy). Not for
@@ -470,57 +363,6 @@ class DecoderWriter(WeightWriter):
             gate, up = self.fused_linear(f"{name}/gate_up_proj", x, f"{p}.gate_up_proj",
                                          [f"{p}.gate_proj", f"{p}.up_proj"])
         return self.linear(f"{name}/down_proj", self.gated(name, gate, up), f"{p}.down_proj")
-
-    def masks(self, input_ids: str, write_index: str) -> dict[int | None, str]:
-        """bool [B,1,S,C] per window the layers use (None: full attention): slot j is visible to query s
-        of row b iff j <= write_index[b] + s (and, in a window W, j > write_index[b] + s - W)."""
-        g = self.g
-        zero, one = g.const(0), g.const(1)
-        seq = g.op("Gather", "/model/mask/seq_len", [g.op("Shape", "/model/mask/ids_shape", [input_ids]), one], axis=0)
-        past0 = self.io.past_key.format(i=0)
-        cap = g.op("Gather", "/model/mask/capacity", [g.op("Shape", "/model/mask/kv_shape", [past0]), g.const(2)], axis=0)
-        q_off = g.op("Range", "/model/mask/q_range", [zero, seq, one])                      # [S]
-        kv_slot = g.op("Range", "/model/mask/kv_range", [zero, cap, one])                   # [C]
-        wi = g.op("Unsqueeze", "/model/mask/wi", [write_index, g.const([1])])               # [B,1]
-        q_slot = g.op("Add", "/model/mask/q_slot", [wi, q_off])                             # [B,S]
-        q_slot = g.op("Unsqueeze", "/model/mask/q_slot4", [q_slot, g.const([1, 3])])        # [B,1,S,1]
-        causal = g.op("LessOrEqual", "/model/mask/causal", [kv_slot, q_slot])               # [B,1,S,C]
-        if self.tree:
-            causal = g.op("And", "/model/mask/tree", [causal, self.tree_visible(write_index, seq, kv_slot)])
-            # a token's window counts from its position: a tree's tokens share positions, not slots
-            q_slot = g.op("Unsqueeze", "/model/mask/q_pos4", [self.io.position_ids, g.const([1, 3])])
-        out = {}
-        for window in sorted({self.spec.window(i) for i in range(self.spec.num_layers)}, key=lambda w: w or 0):
-            if window is None:
-                out[None] = causal
-            else:
-                lo = g.op("Sub", "/model/mask/window_lo", [q_slot, g.const(window)])
-                out[window] = g.op("And", "/model/mask/window",
-                                   [causal, g.op("Greater", "/model/mask/in_window", [kv_slot, lo])])
-        return out
-
-    def tree_visible(self, write_index: str, seq: str, kv_slot: str) -> str:
-        """bool [B,1,S,C]: tree_mask [B,S,T] covers the step's last T slots (from write_index + S - T):
-        slot j there is visible to token s iff tree_mask[b, s, j - start]; slots before it all are
-        (the causal mask still applies). T = 0: a plain step."""
-        g = self.g
-        shape = g.op("Shape", "/model/tree/shape", [self.tree_mask])
-        t = g.op("Gather", "/model/tree/T", [shape, g.const(2)], axis=0)
-        start = g.op("Sub", "/model/tree/start", [g.op("Add", "/model/tree/end", [write_index, seq]), t])   # [B]
-        r = g.op("Sub", "/model/tree/r", [kv_slot, g.op("Unsqueeze", "/model/tree/start2", [start, g.const([1])])])
-        past = g.op("Less", "/model/tree/past", [r, g.const(0)])                                          # [B,C]
-        idx = g.op("Min", "/model/tree/idx", [g.op("Max", "/model/tree/r0", [r, g.const(0)]), t])        # [B,C]
-        # column T: False, for the slots after the region (the causal mask hides them anyway)
-        rows = g.op("Slice", "/model/tree/rows", [shape, g.const([0]), g.const([2])])
-        off_shape = g.op("Concat", "/model/tree/off_shape", [rows, g.const([1])], axis=0)
-        off = g.op("Expand", "/model/tree/off", [g.const([[[False]]], np.bool_), off_shape])
-        padded = g.op("Concat", "/model/tree/padded", [self.tree_mask, off], axis=2)                     # [B,S,T+1]
-        cap = g.op("Shape", "/model/tree/cap", [kv_slot])
-        idx = g.op("Expand", "/model/tree/idx3", [g.op("Unsqueeze", "/model/tree/idx1", [idx, g.const([1])]),
-                                                   g.op("Concat", "/model/tree/idx_shape", [rows, cap], axis=0)])
-        seen = g.op("GatherElements", "/model/tree/seen", [padded, idx], axis=2)                          # [B,S,C]
-        seen = g.op("Or", "/model/tree/visible", [g.op("Unsqueeze", "/model/tree/past3", [past, g.const([1])]), seen])
-        return g.op("Unsqueeze", "/model/tree/visible4", [seen, g.const([1])])                            # [B,1,S,C]
 
     def prologue(self) -> tuple[str, str, str, str, str, str | None]:
         """The step inputs every graph takes, the token embeddings and the attention mask:
@@ -599,137 +441,3 @@ class DecoderWriter(WeightWriter):
         logits = self.lm_head(h, last_index)
         self.sampler(logits)
         return self.finish()
-
-    def to_float32(self, name: str, x: str, output: str) -> str:
-        """The graph's float output `output`: x itself renamed (float32 graphs), else a Cast of it."""
-        if self.ftype == F32:
-            assert self.g.nodes[-1].output[0] == x, "only the last node's output can be renamed"
-            self.g.nodes[-1].output[0] = output
-            return output
-        return self.g.op("Cast", f"{name}/Cast", [x], outputs=[output], to=F32)
-
-    def eagle_hidden(self, aux: list[str]) -> None:
-        """EAGLE-3: the draft head's fc over the three layers' hidden states, every position [B,S,H]."""
-        g = self.g
-        cat = g.op("Concat", "/eagle/aux/Concat", aux, axis=-1)
-        y = self.matmul("/eagle/fc", cat, "eagle.fc", self.eagle[1])
-        self.to_float32("/eagle/fc", y, self.io.eagle_hidden)
-        g.output(self.io.eagle_hidden, F32, ["batch", "seq", self.spec.hidden_size])
-
-    def head(self, h: str, last_index: str) -> str:
-        """norm and lm_head on each row's last_index position: [B,V] in the graph's float type."""
-        g, s = self.g, self.spec
-        idx = g.op("Reshape", "/model/last/Reshape", [last_index, g.const([-1, 1, 1])])
-        idx = g.op("Expand", "/model/last/Expand", [idx, g.const([1, 1, s.hidden_size])])
-        h = g.op("GatherElements", "/model/last/GatherElements", [h, idx], axis=1)           # [B,1,H]
-        h = g.op("Squeeze", "/model/last/Squeeze", [h, g.const([1])])                         # [B,H]
-        return self.lm_matmul(self.rms_norm("/model/norm", h, "model.norm.weight"))
-
-    def lm_matmul(self, h: str) -> str:
-        """[N,H] -> [N,V] logits."""
-        g, s = self.g, self.spec
-        if s.tie_word_embeddings and self.half:
-            return self.half_matmul("/lm_head", h, "model.embed_tokens.weight", s.vocab_size)
-        if s.tie_word_embeddings and self.quant is None:
-            # Gemm with transB shares the embedding table instead of storing a transposed copy.
-            return g.op("Gemm", "/lm_head/Gemm", [h, "model.embed_tokens.weight"], transB=1)
-        # quantized: the lm_head gets its own quantized copy; the embedding stays float32
-        w = self.w["model.embed_tokens.weight" if s.tie_word_embeddings else "lm_head.weight"]
-        return self.matmul("/lm_head", h, "lm_head", w, rank=2)
-
-    def lm_head(self, h: str, last_index: str) -> str:
-        """Gather each row's last_index position first, so norm and lm_head run on [B,H] only.
-        EAGLE engines gather the verify_index positions too, and give their greedy tokens."""
-        g, s = self.g, self.spec
-        if self.eagle is not None:
-            return self.verify_head(h, last_index)
-        # The sampler's type is float32; a float32 graph names the product itself (a Cast would copy it).
-        logits = self.to_float32("/lm_head", self.head(h, last_index), self.io.logits)
-        g.output(self.io.logits, F32, ["batch", s.vocab_size])
-        return logits
-
-    def verify_head(self, h: str, last_index: str) -> str:
-        """[B,1+T] positions (last_index, then verify_index) through norm and lm_head at once: the
-        sampler takes the first, and the others are sampled too (verify_sampler)."""
-        g, s, io = self.g, self.spec, self.io
-        verify_index = g.input(io.verify_index, I64, ["batch", "verify"])
-        last = g.op("Unsqueeze", "/verify/last", [last_index, g.const([1])])
-        idx = g.op("Concat", "/verify/index", [last, verify_index], axis=1)                 # [B,1+T]
-        idx3 = g.op("Expand", "/verify/Expand", [g.op("Unsqueeze", "/verify/idx3", [idx, g.const([2])]),
-                                                  g.const([1, 1, s.hidden_size])])
-        h = g.op("GatherElements", "/verify/GatherElements", [h, idx3], axis=1)              # [B,1+T,H]
-        h = g.op("Reshape", "/verify/flat", [h, g.const([-1, s.hidden_size])])
-        logits = self.lm_matmul(self.rms_norm("/model/norm", h, "model.norm.weight"))       # [B*(1+T),V]
-        if self.ftype != F32:
-            logits = g.op("Cast", "/lm_head/Cast", [logits], to=F32)
-        shape = g.op("Concat", "/verify/shape", [g.op("Shape", "/verify/idx_shape", [idx]), g.const([s.vocab_size])],
-                     axis=0)
-        logits = g.op("Reshape", "/verify/logits", [logits, shape])                          # [B,1+T,V]
-        first = g.op("Gather", "/verify/first", [logits, g.const([0])], axis=1)              # [B,1,V]
-        g.op("Squeeze", "/verify/sampled", [first, g.const([1])], outputs=[io.logits])
-        g.output(io.logits, F32, ["batch", s.vocab_size])
-        rest = [io.verify_logits] if self.verify_logits_out else None
-        self.verify_logits = g.op("Slice", "/verify/rest", [logits, g.const([1]), g.const([2**62]), g.const([1])],
-                                  outputs=rest)                                              # [B,T,V]
-        if rest:
-            g.output(io.verify_logits, F32, ["batch", "verify", s.vocab_size])
-        return io.logits
-
-    def verify_sampler(self, ins: list[str]) -> None:
-        """EAGLE verification: verify_ids [B,T] are the sampler's tokens at the verify_index positions,
-        each drawn with its row's parameters and its own random number (`verify_uniform` [B,T]): the
-        tokens plain decoding draws there with the same numbers (a greedy row's: the argmax), so
-        sampled requests speculate too. Our kernel takes the B rows of parameters as they are; the
-        ONNX body takes a row of them per position (Expand)."""
-        g, io, s = self.g, self.io, self.spec
-        uniform = g.input(io.verify_uniform, F32, ["batch", "verify"])
-        shape = g.op("Shape", "/verify/uniform_shape", [uniform])                            # [B, T]
-        logits = g.op("Reshape", "/verify/flat_logits", [self.verify_logits, g.const([-1, s.vocab_size])])
-        params = ins[1:-1]
-        if not self.native_sample:
-            params = [self.per_position(p, shape) for p in params]
-        flat = [logits, *params, g.op("Reshape", "/verify/flat_uniform", [uniform, g.const([-1])])]
-        tokens = "/verify/tokens"
-        if self.native_sample:
-            g.op(cpu_kernels.SAMPLE, "/verify/Sample", flat, outputs=[tokens], domain=cpu_kernels.DOMAIN,
-                 max_top_k=self.max_top_k)
-        else:
-            g.nodes.append(sample_body.make_node(flat, [tokens, "/verify/top_logprobs", "/verify/top_logprob_ids"],
-                                                 self.max_top_k, name="/verify/Sample"))
-        # allowzero: a step that verifies nothing gives [B, 0] (0 in `shape` is a size, not "keep")
-        g.op("Reshape", "/verify/ids", [tokens, shape], outputs=[io.verify_ids], allowzero=1)
-        g.output(io.verify_ids, I64, ["batch", "verify"])
-
-    def per_position(self, param: str, shape: str) -> str:
-        """A sampler input of one row per batch row ([B] or [B,V]) repeated for each of T positions,
-        as B*T rows."""
-        g, vocab = self.g, self.spec.vocab_size
-        dense = param in (self.io.logit_bias, self.io.penalty_bias, self.io.seen)
-        x = g.op("Unsqueeze", f"/verify/{param}/Unsqueeze", [param, g.const([1])])          # [B,1(,V)]
-        to = g.op("Concat", f"/verify/{param}/shape", [shape, g.const([vocab])], axis=0) if dense else shape
-        x = g.op("Expand", f"/verify/{param}/Expand", [x, to])                              # [B,T(,V)]
-        return g.op("Reshape", f"/verify/{param}/Reshape", [x, g.const([-1, vocab] if dense else [-1])])
-
-    def sampler(self, logits: str) -> None:
-        g, io = self.g, self.io
-        vocab = ["batch", self.spec.vocab_size]
-        ins = [logits, g.input(io.logit_bias, F32, vocab), g.input(io.penalty_bias, F32, vocab),
-               g.input(io.seen, TensorProto.BOOL, vocab), g.input(io.repetition_penalty, F32, ["batch"]),
-               g.input(io.temperature, F32, ["batch"]), g.input(io.min_p, F32, ["batch"]),
-               g.input(io.top_k, I64, ["batch"]), g.input(io.top_p, F32, ["batch"]),
-               g.input(io.uniform, F32, ["batch"])]
-        outs = [io.token_ids, io.top_logprobs, io.top_logprob_ids]
-        if self.native_sample:  # the same op in C++ (plugins/cpu/sample.cc)
-            g.op(cpu_kernels.SAMPLE, "/sampler/Sample", ins, outputs=outs, domain=cpu_kernels.DOMAIN,
-                 max_top_k=self.max_top_k)
-        else:
-            g.nodes.append(sample_body.make_node(ins, outs, self.max_top_k))
-            g.functions.append(sample_body.make_function(self.max_top_k,
-                                                         opset=legacy_ops.OPSET if self.legacy else OPSET,
-                                                         argmax=self.gqa))   # ArgMax only in ONNX Runtime's form
-        g.output(io.token_ids, I64, ["batch"])
-        if self.eagle is not None:
-            self.verify_sampler(ins)
-        k = sample_schema.num_logprob_columns(self.max_top_k)   # static: the runtime keeps what a request asked
-        g.output(io.top_logprobs, F32, ["batch", k])
-        g.output(io.top_logprob_ids, I64, ["batch", k])

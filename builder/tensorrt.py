@@ -18,8 +18,6 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-
 from trtllm.runtime.backends.tensorrt import ALIGNMENT
 from trtllm.runtime.kv_cache import kv_storage
 from trtllm.runtime.manifest import GraphIO, Limits, ModelShape

@@ -210,7 +210,6 @@ def _median_ms(fn, reps: int, warmup: int, cuda: bool) -> float:
 
 
 def _ort_session(values: dict, vocab_size: int, threads: int):
-    import numpy as np
     import onnxruntime as ort
 
     from trtllm.plugins.sample import body

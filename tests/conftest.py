@@ -1,7 +1,6 @@
 """Shared fixtures: tiny engines built once per session, the demo engine built once per checkout."""
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 

@@ -3,6 +3,7 @@ prefill/decode logits within 1e-4 and 32 greedy tokens token-exact, alone and in
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -74,7 +75,7 @@ def test_wrong_positions_are_caught(tiny_checkpoint, tiny_engine):
         np.testing.assert_allclose(got, ref, atol=ATOL, rtol=0)
 
 
-def variant(tmp_path, arch: str, edit) -> "Path":
+def variant(tmp_path, arch: str, edit) -> Path:
     """A tiny `arch` checkpoint with its config (and weights) changed by edit(config, state_dict)."""
     from safetensors.torch import load_file, save_file
 

@@ -1,15 +1,12 @@
 """trtllm-run end to end on a tiny engine: output format, exit codes, error isolation, atomic output."""
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import time
 
 import pytest
 from click.testing import CliRunner
 
-from tests.runtime.test_run_stdout import chat, run_process
+from tests.runtime.test_run_stdout import chat
 from trtllm.runtime.cli import main
 from trtllm.runtime.manifest import FORMAT_VERSION
 
@@ -317,208 +314,6 @@ def test_an_engine_failure_keeps_the_samples_that_finished(tmp_path, tiny_engine
     assert second["error"] == "the engine failed: RuntimeError: device lost"
 
 
-def test_an_interrupt_while_the_output_is_written_waits_for_it(tmp_path, tiny_engine, monkeypatch):
-    """A Ctrl-C that comes while --output is written (a file renamed into place, milliseconds) takes
-    effect after it: the answers are kept, the exit is 130. The wrong variant, the write not
-    deferred, leaves the old file and loses the answers."""
-    import signal
-
-    from trtllm.runtime import files, interrupt
-
-    write = files.write_atomic
-
-    def interrupted_write(path, *args, **kwargs):
-        os.kill(os.getpid(), signal.SIGINT)  # arrives in the middle of the write
-        time.sleep(0.05)
-        write(path, *args, **kwargs)
-
-    engine = tiny_engine("llama")
-    (tmp_path / "in.json").write_text(json.dumps({"requests": [chat("a")], "max_generate_length": 2, "temperature": 0}))
-
-    def run():
-        (tmp_path / "out.json").write_text('{"old": true}')
-        result = CliRunner().invoke(main, [str(tmp_path / "in.json"), "--engine", str(engine),
-                                           "--output", str(tmp_path / "out.json")])
-        return result.exit_code, json.loads((tmp_path / "out.json").read_text())
-
-    monkeypatch.setattr(files, "write_atomic", interrupted_write)
-    code, out = run()
-    assert code == 130 and out["responses"][0]["finish_reason"] == "max-length"
-    monkeypatch.setattr(interrupt, "settle", lambda: None)
-    code, out = run()
-    assert code == 130 and out == {"old": True}
-
-
-def test_an_interrupt_after_generation_waits_for_the_answers(tmp_path, tiny_engine, monkeypatch):
-    """Every request has finished and the answers are being put together (for a large output, a
-    noticeable time) when a Ctrl-C comes: they are written, the exit is 130 and says so."""
-    import signal
-
-    from trtllm.runtime.runner import Runner
-
-    response, calls = Runner.response, []
-
-    def interrupted(self, smp):
-        if not calls:
-            os.kill(os.getpid(), signal.SIGINT)
-            time.sleep(0.05)
-        calls.append(1)
-        return response(self, smp)
-
-    monkeypatch.setattr(Runner, "response", interrupted)
-    (tmp_path / "in.json").write_text(json.dumps({"requests": [chat("a"), chat("b")], "max_generate_length": 2, "temperature": 0}))
-    (tmp_path / "out.json").write_text('{"old": true}')
-    result = CliRunner().invoke(main, [str(tmp_path / "in.json"), "--engine", str(tiny_engine("llama")),
-                                       "--output", str(tmp_path / "out.json")])
-    assert result.exit_code == 130 and "interrupted once generation was over: the answers were written first" in result.output
-    out = json.loads((tmp_path / "out.json").read_text())["responses"]
-    assert [r["finish_reason"] for r in out] == ["max-length"] * 2
-
-
-def test_an_interrupt_while_an_engine_failure_is_handled_loses_no_answer(tmp_path, tiny_engine, monkeypatch):
-    """The engine fails in step 6, after request 0 finished, and a Ctrl-C comes while the unfinished
-    requests are failed: request 0 keeps its answer, the file is written, the exit is 130."""
-    import signal
-
-    from trtllm.runtime.backends import onnxruntime as ort_backend
-    from trtllm.runtime.generate import RowState
-
-    step, calls, fail = ort_backend.OnnxRuntimeEngine.step, [0], RowState.fail
-
-    def broken_at_step_6(self, inputs, kv, want_logits=False):
-        calls[0] += 1
-        if calls[0] == 6:
-            raise RuntimeError("device lost")
-        return step(self, inputs, kv, want_logits)
-
-    def interrupted_fail(self, why):
-        os.kill(os.getpid(), signal.SIGINT)
-        time.sleep(0.05)
-        fail(self, why)
-
-    monkeypatch.setattr(ort_backend.OnnxRuntimeEngine, "step", broken_at_step_6)
-    monkeypatch.setattr(RowState, "fail", interrupted_fail)
-    payload = {"batch_size": 1, "temperature": 0, "max_generate_length": 4, "requests": [chat("a"), chat("b")]}
-    (tmp_path / "in.json").write_text(json.dumps(payload))
-    (tmp_path / "out.json").write_text('{"old": true}')
-    result = CliRunner().invoke(main, [str(tmp_path / "in.json"), "--engine", str(tiny_engine("llama")),
-                                       "--output", str(tmp_path / "out.json")])
-    assert result.exit_code == 130, result.output
-    first, second = json.loads((tmp_path / "out.json").read_text())["responses"]
-    assert first["finish_reason"] == "max-length" and second["finish_reason"] == "error"
-    assert "device lost" in second["error"]
-
-
-def test_a_ctrl_c_inside_a_streamed_line_comes_after_it(tmp_path, tiny_engine, monkeypatch):
-    """--stream's JSON lines stay whole: a Ctrl-C in the middle of writing one (its first half
-    out) stops generation once the line is written; every line parses, each request ends with
-    one. The wrong variant, the line not held, leaves half a line."""
-    import signal
-
-    import click
-
-    from trtllm.runtime import cli, interrupt
-
-    echo, calls = click.echo, []
-
-    def split_echo(message=None, *args, **kwargs):
-        if not kwargs.get("err") and isinstance(message, str) and message.startswith("{") and len(calls) == 2:
-            echo(message[:10], *args, **{**kwargs, "nl": False})
-            os.kill(os.getpid(), signal.SIGINT)
-            time.sleep(0.05)
-            message = message[10:]
-        calls.append(1)
-        echo(message, *args, **kwargs)
-
-    monkeypatch.setattr(cli.click, "echo", split_echo)
-    payload = {"temperature": 0, "max_generate_length": 40, "ignore_eos": True, "requests": [chat("a"), chat("b")]}
-    (tmp_path / "in.json").write_text(json.dumps(payload))
-
-    def run():
-        calls.clear()
-        result = CliRunner().invoke(main, [str(tmp_path / "in.json"), "--engine", str(tiny_engine("llama")),
-                                           "--stream", "--output", str(tmp_path / "out.json")])
-        return result, [ln for ln in result.stdout.splitlines() if ln.strip()]
-
-    result, lines = run()
-    assert result.exit_code == 130, result.output
-    records = [json.loads(ln) for ln in lines]  # every line whole
-    assert {r["request_idx"] for r in records if r.get("finish_reason") == "cancelled"} == {0, 1}
-    monkeypatch.setattr(interrupt, "held", contextlib.nullcontext)
-    result, lines = run()
-    with pytest.raises(json.JSONDecodeError):
-        [json.loads(ln) for ln in lines]
-
-
-def test_interrupt_exits_130_and_keeps_the_old_output(tmp_path, tiny_engine, monkeypatch):
-    from trtllm.runtime.runner import Runner
-
-    def interrupted(*args, **kwargs):
-        raise KeyboardInterrupt
-
-    engine = tiny_engine("llama")
-    monkeypatch.setattr(Runner, "run", interrupted)
-    (tmp_path / "out.json").write_text('{"good": true}')
-    (tmp_path / "in.json").write_text(json.dumps({"requests": [chat("a")]}))
-    result = CliRunner().invoke(main, [str(tmp_path / "in.json"), "--engine", str(engine),
-                                       "--output", str(tmp_path / "out.json")])
-    assert result.exit_code == 130 and "interrupted" in result.output
-    assert json.loads((tmp_path / "out.json").read_text()) == {"good": True}
-
-
-@pytest.mark.parametrize("stream, second", [(False, False), (True, False), (False, True)])
-def test_interrupt_while_generating_keeps_the_answers_and_cancels_the_rest(tmp_path, tiny_engine, monkeypatch,
-                                                                           stream, second):
-    """One slot, three requests of 4 tokens: request 0 takes steps 1-4, request 1's prefill is step 5,
-    and a Ctrl-C comes in step 6. Request 0 keeps its answer, request 1 ends with its one token as
-    "cancelled", request 2 never ran; the output is written and the exit code is 130. `second`: a
-    SIGHUP follows while the rest are cancelled, and waits for the answers too."""
-    from trtllm.runtime.backends import onnxruntime as ort_backend
-
-    engine = tiny_engine("llama")
-    payload = {"batch_size": 1, "temperature": 0, "max_generate_length": 4, "requests": [chat("a"), chat("b"), chat("c")]}
-    (tmp_path / "in.json").write_text(json.dumps(payload))
-    args = [str(tmp_path / "in.json"), "--engine", str(engine), "--output", str(tmp_path / "out.json")]
-    CliRunner().invoke(main, [*args[:3], "--output", str(tmp_path / "full.json")])
-    full = json.loads((tmp_path / "full.json").read_text())["responses"]
-    step, calls = ort_backend.OnnxRuntimeEngine.step, [0]
-
-    def ctrl_c_at_step_6(self, inputs, kv, want_logits=False):
-        calls[0] += 1
-        if calls[0] == 6:
-            raise KeyboardInterrupt
-        return step(self, inputs, kv, want_logits)
-
-    monkeypatch.setattr(ort_backend.OnnxRuntimeEngine, "step", ctrl_c_at_step_6)
-    if second:  # and the terminal closes (or `timeout` follows up) while the rest are cancelled
-        import signal
-
-        from trtllm.runtime.generate import RowState
-
-        cancel, sent = RowState.cancel, []
-
-        def hangup_then_cancel(self):
-            if not sent:
-                sent.append(os.kill(os.getpid(), signal.SIGHUP))
-                time.sleep(0.05)
-            cancel(self)
-
-        monkeypatch.setattr(RowState, "cancel", hangup_then_cancel)
-    result = CliRunner().invoke(main, args + (["--stream"] if stream else []))
-    assert result.exit_code == 130 and "2 of 3 requests were cancelled" in result.output, result.output
-    first, second, third = json.loads((tmp_path / "out.json").read_text())["responses"]
-    assert first == full[0]
-    assert second["finish_reason"] == "cancelled" and second["batch_idx"] == 0 and "error" not in second
-    assert full[1]["output_text"].startswith(second["output_text"]) and second["output_text"]
-    assert (third["finish_reason"], third["output_text"], third["batch_idx"]) == ("cancelled", "", None)
-    if stream:
-        lines = [json.loads(ln) for ln in result.stdout.splitlines() if ln.startswith("{")]
-        for k, response in enumerate((first, second, third)):
-            mine = [ln for ln in lines if ln["request_idx"] == k]
-            assert "".join(ln["text"] for ln in mine) == response["output_text"]
-            assert mine[-1]["finish_reason"] == response["finish_reason"]
-
-
 def test_output_failing_at_the_end_prints_the_answers(tmp_path, tiny_engine, monkeypatch):
     from trtllm.runtime import files
 
@@ -613,20 +408,6 @@ def test_a_long_request_that_moves_slots_answers_as_alone(run_cli, tiny_engine):
     assert [(r["output_text"], r.get("logprobs")) for r in outs[3]] == [(r["output_text"], r.get("logprobs"))
                                                                         for r in outs[1]]
     assert outs[3][2]["batch_idx"] == 2  # where it was admitted, though it moved
-
-
-def test_sigterm_while_generating_writes_the_answers(tmp_path, tiny_engine):
-    """docker stop sends SIGTERM: handled as Ctrl-C, the answers so far are written (cancelled)."""
-    import signal
-
-    payload = {"temperature": 0, "max_generate_length": 100000, "ignore_eos": True, "requests": [chat("a")]}
-    proc = run_process(tmp_path, tiny_engine("llama"), payload, "--stream", "--output", str(tmp_path / "out.json"))
-    proc.stdout.readline()  # generating
-    proc.send_signal(signal.SIGTERM)
-    _, err = proc.communicate(timeout=120)
-    assert proc.returncode == 130, err
-    (response,) = json.loads((tmp_path / "out.json").read_text())["responses"]
-    assert response["finish_reason"] == "cancelled" and response["output_text"]
 
 
 def test_a_long_prompt_admitted_mid_run_is_chunked_and_answers_the_same(run_cli, tiny_engine, tmp_path):

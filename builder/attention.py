@@ -1,0 +1,182 @@
+"""How DecoderWriter writes attention: the q/k/v heads' RoPE, the in-place KV write and the attention
+itself as standard ops (opset 24's Attention, RotaryEmbedding and TensorScatter, or builder/legacy_ops.py's
+older ones), as ONNX Runtime's GroupQueryAttention, or as our kernel (trtllm.cpu::Attention); and the
+masks every layer's kind of attention reads (causal, windowed, a draft tree's).
+
+A mixin of DecoderWriter (builder/decoder.py), whose __init__ and prologue set what these methods read:
+g, spec, io, legacy, gqa, native_attention, tree, tree_mask, dtype, ftype, kv_type, the rotary tables
+(cos, sin, local_cos, local_sin, rope_shape, no_rope; legacy: rope, local_rope_rows, kv_index) and, for
+GroupQueryAttention, gqa_lengths' seqlens_k, total_len and query_seqlens.
+"""
+from __future__ import annotations
+
+import numpy as np
+from onnx import TensorProto
+
+from trtllm.builder import legacy_ops
+from trtllm.plugins import cpu as cpu_kernels
+
+
+class AttentionWriter:
+    """The attention half of DecoderWriter (see the module docstring)."""
+
+    def attention(self, i: int, x: str, position_ids: str, write_index: str, mask: str) -> str:
+        g, s, p = self.g, self.spec, f"model.layers.{i}.self_attn"
+        name = f"/model/layers.{i}/attn"
+        if self.gqa:
+            return self.attention_gqa(i, x, position_ids)
+        q, k, v = self.fused_linear(f"{name}/qkv_proj", x, f"{p}.qkv_proj",
+                                    [f"{p}.q_proj", f"{p}.k_proj", f"{p}.v_proj"], s.attention_bias, (i, "qkv"))
+        q = self.heads(f"{name}/q", q, s.num_heads, f"{p}.q_norm.weight" if s.qk_norm else None)
+        k = self.heads(f"{name}/k", k, s.num_kv_heads, f"{p}.k_norm.weight" if s.qk_norm else None)
+        v = self.heads(f"{name}/v", v, s.num_kv_heads, None)
+        if s.rope(i):
+            q = self.rotary(f"{name}/q_rotary", q, position_ids, s.rope(i))
+            k = self.rotary(f"{name}/k_rotary", k, position_ids, s.rope(i))
+        mask = mask[s.window(i)]  # this layer's: causal, or causal within its window
+        kv_shape, kv_type = ["batch", s.num_kv_heads, "kv_capacity", s.head_dim], self.ftype
+        caches = []
+        for kind, new in (("key", k), ("value", v)):
+            past = g.input(getattr(self.io, f"past_{kind}").format(i=i), kv_type, kv_shape)
+            present = getattr(self.io, f"present_{kind}").format(i=i)
+            self.kv_write(f"{name}/{kind}_cache", past, new, write_index, present)
+            g.output(present, kv_type, kv_shape)
+            caches.append(present)
+        if self.legacy:
+            y = legacy_ops.attention(g, f"{name}/attention", q, caches[0], caches[1], mask, s.num_heads,
+                                     s.num_kv_heads, s.head_dim, self.ftype, s.scale)
+        else:
+            y = g.op("Attention", f"{name}/Attention", [q, caches[0], caches[1], mask],
+                     scale=s.scale, softmax_precision=TensorProto.FLOAT)
+        y = g.op("Transpose", f"{name}/out/Transpose", [y], perm=[0, 2, 1, 3])
+        y = g.op("Reshape", f"{name}/out/Reshape", [y, g.const([0, 0, s.num_heads * s.head_dim])])
+        return self.lora(f"{name}/o_proj", y, self.linear(f"{name}/o_proj", y, f"{p}.o_proj", s.o_proj_bias), i, "o")
+
+    def identity_rope(self) -> tuple[str, str]:
+        """cos/sin tables of the rotary tables' shape that rotate nothing (NoPE layers on our kernel)."""
+        if self.no_rope is None:  # made once, shared by every NoPE layer
+            shape = self.rope_shape
+            self.no_rope = (self.g.weight("/model/rotary_none/cos_cache", np.ones(shape, self.dtype)),
+                            self.g.weight("/model/rotary_none/sin_cache", np.zeros(shape, self.dtype)))
+        return self.no_rope
+
+    def rope_tables(self, kind: str | None) -> tuple[str, str]:
+        """The cos/sin initializers of a spec.rope() kind; a NoPE layer's rotate by 0 (our kernel
+        always rotates: cos 1 and sin 0, which is exact)."""
+        if kind is None:
+            return self.identity_rope()
+        return (self.local_cos, self.local_sin) if kind == "local" else (self.cos, self.sin)
+
+    def rotary(self, name: str, x: str, position_ids: str, kind: str = "global") -> str:
+        """RoPE at position_ids with the table of spec.rope()'s `kind` ("local": a sliding layer's own)."""
+        s = self.spec
+        if self.legacy:
+            return legacy_ops.rotary(self.g, name, x, self.local_rope_rows if kind == "local" else self.rope,
+                                     s.head_dim, s.rotary_dim)
+        cos, sin = self.rope_tables(kind)
+        attrs = {"rotary_embedding_dim": s.rotary_dim} if s.rotary_dim not in (None, s.head_dim) else {}
+        return self.g.op("RotaryEmbedding", f"{name}/RotaryEmbedding", [x, cos, sin, position_ids], **attrs)
+
+    def kv_write(self, name: str, past: str, new: str, write_index: str, present: str) -> None:
+        """new [B,kv_heads,S,D] into slots write_index[b].. of past; present is the same buffer."""
+        if self.legacy:
+            legacy_ops.kv_write(self.g, name, past, new, self.kv_index, present)
+        else:
+            self.g.op("TensorScatter", f"{name}/TensorScatter", [past, new, write_index], outputs=[present], axis=-2)
+
+    def attention_gqa(self, i: int, x: str, position_ids: str) -> str:
+        """ONNX Runtime only: com.microsoft GroupQueryAttention does RoPE, the in-place KV write and
+        attention over the valid length in one kernel (see docs/notes/ort_lowering.md for the recipe)."""
+        g, s, p = self.g, self.spec, f"model.layers.{i}.self_attn"
+        name = f"/model/layers.{i}/attn"
+        qkv = self.fused_proj(f"{name}/qkv_proj", x, f"{p}.qkv_proj",
+                              [f"{p}.q_proj", f"{p}.k_proj", f"{p}.v_proj"], s.attention_bias, (i, "qkv"))
+        kv_shape = ["batch", s.num_kv_heads, "kv_capacity", s.head_dim]
+        past = [g.input(getattr(self.io, f"past_{k}").format(i=i), self.kv_type, kv_shape) for k in ("key", "value")]
+        present = [getattr(self.io, f"present_{k}").format(i=i) for k in ("key", "value")]
+        for name_out in present:
+            g.output(name_out, self.kv_type, kv_shape)
+        if self.native_attention:  # the same semantics, plugins/cpu/attention.cc
+            window = s.window(i)
+            cos, sin = self.rope_tables(s.rope(i))
+            ins = [qkv, *past, self.io.write_index, self.io.last_index, position_ids, cos, sin]
+            attrs = {"window": window} if window else {}
+            if s.qk_norm:  # each q and k head normed before its rotary, inside the kernel
+                ins += [self.norm_scale(f"{p}.q_norm.weight"), self.norm_scale(f"{p}.k_norm.weight")]
+                attrs["epsilon"] = s.rms_norm_eps
+            if self.tree:  # input 10 (8 and 9 left empty without q/k norms)
+                ins += ["", ""] * (not s.qk_norm) + [self.tree_mask]
+            y = g.op(cpu_kernels.ATTENTION, f"{name}/Attention", ins, outputs=[f"{name}/Attention/output_0", *present],
+                     domain=cpu_kernels.DOMAIN, num_heads=s.num_heads, kv_num_heads=s.num_kv_heads,
+                     scale=s.scale, **attrs)[0]
+            return self.lora(f"{name}/o_proj", y, self.linear(f"{name}/o_proj", y, f"{p}.o_proj", s.o_proj_bias), i, "o")
+        ins = [qkv, "", "", *past, self.seqlens_k, self.total_len, self.cos, self.sin, position_ids,
+               "", "", "", "", "", "", self.query_seqlens]
+        y = g.op("GroupQueryAttention", f"{name}/GroupQueryAttention", ins,
+                 outputs=[f"{name}/GroupQueryAttention/output_0", *present], domain="com.microsoft",
+                 num_heads=s.num_heads, kv_num_heads=s.num_kv_heads, do_rotary=1, rotary_interleaved=0,
+                 scale=s.scale)[0]
+        return self.lora(f"{name}/o_proj", y, self.linear(f"{name}/o_proj", y, f"{p}.o_proj", s.o_proj_bias), i, "o")
+
+    def gqa_lengths(self, write_index: str, last_index: str) -> None:
+        """GroupQueryAttention's per-row lengths: Q = last_index + 1 new tokens, P + Q - 1 =
+        write_index + last_index, and the buffer capacity as the total."""
+        g, i32 = self.g, TensorProto.INT32
+        q = g.op("Add", "/model/gqa/q_len", [last_index, g.const(1)])
+        self.query_seqlens = g.op("Cast", "/model/gqa/query_seqlens", [q], to=i32)
+        k = g.op("Add", "/model/gqa/k_len", [write_index, last_index])
+        self.seqlens_k = g.op("Cast", "/model/gqa/seqlens_k", [k], to=i32)
+        cap = g.op("Gather", "/model/gqa/capacity", [g.op("Shape", "/model/gqa/kv_shape", [self.io.past_key.format(i=0)]),
+                                                      g.const(2)], axis=0)
+        self.total_len = g.op("Cast", "/model/gqa/total", [cap], to=i32)
+
+    def masks(self, input_ids: str, write_index: str) -> dict[int | None, str]:
+        """bool [B,1,S,C] per window the layers use (None: full attention): slot j is visible to query s
+        of row b iff j <= write_index[b] + s (and, in a window W, j > write_index[b] + s - W)."""
+        g = self.g
+        zero, one = g.const(0), g.const(1)
+        seq = g.op("Gather", "/model/mask/seq_len", [g.op("Shape", "/model/mask/ids_shape", [input_ids]), one], axis=0)
+        past0 = self.io.past_key.format(i=0)
+        cap = g.op("Gather", "/model/mask/capacity", [g.op("Shape", "/model/mask/kv_shape", [past0]), g.const(2)], axis=0)
+        q_off = g.op("Range", "/model/mask/q_range", [zero, seq, one])                      # [S]
+        kv_slot = g.op("Range", "/model/mask/kv_range", [zero, cap, one])                   # [C]
+        wi = g.op("Unsqueeze", "/model/mask/wi", [write_index, g.const([1])])               # [B,1]
+        q_slot = g.op("Add", "/model/mask/q_slot", [wi, q_off])                             # [B,S]
+        q_slot = g.op("Unsqueeze", "/model/mask/q_slot4", [q_slot, g.const([1, 3])])        # [B,1,S,1]
+        causal = g.op("LessOrEqual", "/model/mask/causal", [kv_slot, q_slot])               # [B,1,S,C]
+        if self.tree:
+            causal = g.op("And", "/model/mask/tree", [causal, self.tree_visible(write_index, seq, kv_slot)])
+            # a token's window counts from its position: a tree's tokens share positions, not slots
+            q_slot = g.op("Unsqueeze", "/model/mask/q_pos4", [self.io.position_ids, g.const([1, 3])])
+        out = {}
+        for window in sorted({self.spec.window(i) for i in range(self.spec.num_layers)}, key=lambda w: w or 0):
+            if window is None:
+                out[None] = causal
+            else:
+                lo = g.op("Sub", "/model/mask/window_lo", [q_slot, g.const(window)])
+                out[window] = g.op("And", "/model/mask/window",
+                                   [causal, g.op("Greater", "/model/mask/in_window", [kv_slot, lo])])
+        return out
+
+    def tree_visible(self, write_index: str, seq: str, kv_slot: str) -> str:
+        """bool [B,1,S,C]: tree_mask [B,S,T] covers the step's last T slots (from write_index + S - T):
+        slot j there is visible to token s iff tree_mask[b, s, j - start]; slots before it all are
+        (the causal mask still applies). T = 0: a plain step."""
+        g = self.g
+        shape = g.op("Shape", "/model/tree/shape", [self.tree_mask])
+        t = g.op("Gather", "/model/tree/T", [shape, g.const(2)], axis=0)
+        start = g.op("Sub", "/model/tree/start", [g.op("Add", "/model/tree/end", [write_index, seq]), t])   # [B]
+        r = g.op("Sub", "/model/tree/r", [kv_slot, g.op("Unsqueeze", "/model/tree/start2", [start, g.const([1])])])
+        past = g.op("Less", "/model/tree/past", [r, g.const(0)])                                          # [B,C]
+        idx = g.op("Min", "/model/tree/idx", [g.op("Max", "/model/tree/r0", [r, g.const(0)]), t])        # [B,C]
+        # column T: False, for the slots after the region (the causal mask hides them anyway)
+        rows = g.op("Slice", "/model/tree/rows", [shape, g.const([0]), g.const([2])])
+        off_shape = g.op("Concat", "/model/tree/off_shape", [rows, g.const([1])], axis=0)
+        off = g.op("Expand", "/model/tree/off", [g.const([[[False]]], np.bool_), off_shape])
+        padded = g.op("Concat", "/model/tree/padded", [self.tree_mask, off], axis=2)                     # [B,S,T+1]
+        cap = g.op("Shape", "/model/tree/cap", [kv_slot])
+        idx = g.op("Expand", "/model/tree/idx3", [g.op("Unsqueeze", "/model/tree/idx1", [idx, g.const([1])]),
+                                                   g.op("Concat", "/model/tree/idx_shape", [rows, cap], axis=0)])
+        seen = g.op("GatherElements", "/model/tree/seen", [padded, idx], axis=2)                          # [B,S,C]
+        seen = g.op("Or", "/model/tree/visible", [g.op("Unsqueeze", "/model/tree/past3", [past, g.const([1])]), seen])
+        return g.op("Unsqueeze", "/model/tree/visible4", [seen, g.const([1])])                            # [B,1,S,C]
