@@ -62,6 +62,7 @@ class RowState:
     computed: int = 0                 # prompt positions whose KV is in its slot (restored, copied or computed)
     adapter: object = None            # its LoRA adapter (runtime/lora.py Adapter), None for the base model
     speculative: bool = True          # may decode speculatively (EAGLE engines; disable_spec_decode)
+    guide: object = None              # guided decoding's matcher (runtime/grammar.py Matcher), None if unconstrained
     spare: list = field(default_factory=list)  # random numbers a verification drew and did not use: next first
     slot: int | None = None
     batch_idx: int | None = None      # the slot it was admitted to (the output's batch_idx); `slot` may move
@@ -166,7 +167,8 @@ class PrefixSource(Protocol):
     """Saved system-prompt KV (runtime/prefix_cache.py); kv is [2*layers, kv_heads, n, head_dim],
     keyed by the prefix and the adapter's digest (an adapter changes the KV)."""
 
-    def load(self, prefix_ids: tuple[int, ...], adapter: str | None = None) -> np.ndarray | None: ...
+    def load(self, prefix_ids: tuple[int, ...], adapter: str | None = None,
+             expect: tuple[tuple[int, ...], np.dtype] | None = None) -> np.ndarray | None: ...
 
     def save(self, prefix_ids: tuple[int, ...], kv: np.ndarray, adapter: str | None = None) -> None: ...
 
@@ -351,6 +353,7 @@ class Scheduler:
             row.slot = row.batch_idx = slot
             self.active[slot] = row
             sampling.set_row(self.batch, slot, row.params, m.max_top_k, row.prompt_ids, row.banned)
+            self.guide(slot, row)
             self.restore_prefix(row)
             row.computed = row.num_reused
             admitted.append(slot)
@@ -390,7 +393,7 @@ class Scheduler:
         """A reused prefix leaves at least MIN_COMPUTED prompt tokens to compute."""
         if not (self.prefixes and row.prefix_ids):
             return
-        kv = self.prefixes.load(row.prefix_ids, adapter_key(row))
+        kv = self.prefixes.load(row.prefix_ids, adapter_key(row), self.kv.layout(len(row.prefix_ids)))
         if kv is not None and (n := min(kv.shape[2], len(row.prompt_ids) - MIN_COMPUTED)) > 0:
             self.kv.write(row.slot, kv[:, :, :n])
             row.num_reused = n
@@ -446,8 +449,20 @@ class Scheduler:
                 self.on_token(row)
             return
         sampling.penalize(self.batch, slot, row.params, row.counts, token, len(row.output_ids), row.banned)
+        if row.guide is not None and not row.finish_reason:
+            why = row.guide.consume(token)
+            if why:  # (the mask allowed it: a matcher that disagrees with itself)
+                row.fail(f"guided decoding: the grammar cannot take token {token}: {why}")
+            else:
+                self.guide(slot, row)
         if self.on_token is not None:
             self.on_token(row)
+
+    def guide(self, slot: int, row: RowState) -> None:
+        """A guided row's logit_bias for its next token: its own, -inf on what the grammar forbids."""
+        if row.guide is not None:
+            row.guide.bias(self.batch.logit_bias[slot], row.params.logit_bias)
+            self.batch.version[slot] += 1
 
     def chunk_now(self) -> int:
         """Chunk prompts (0: do not) only while another row is generating: with no stream to keep

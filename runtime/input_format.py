@@ -24,7 +24,7 @@ import re
 import struct
 from dataclasses import dataclass, field
 
-from trtllm.runtime import files
+from trtllm.runtime import files, guided
 from trtllm.runtime.strict_json import (  # the parsers, under this module's private names
     InputError,  # noqa: F401 - part of this module's API
     LongNumber,
@@ -135,6 +135,7 @@ class Request:
     ignore_eos: bool = False
     min_new_tokens: int = 0  # <= max_generate_length; 0 = off
     n: int = 1  # [1, 16] independent samples
+    guided_decoding: guided.Guide | None = None  # None = unconstrained
     # the keys this request gave itself (parse_input fills it); a setting not in it was inherited
     # from the top level, so errors about it name the top-level path. Not part of equality.
     own_fields: frozenset[str] = field(default=frozenset(), compare=False)
@@ -169,6 +170,7 @@ class InputFile:
     ignore_eos: bool = False
     min_new_tokens: int = 0
     n: int = 1
+    guided_decoding: guided.Guide | None = None
     # isolate=True (trtllm-run): request index -> the error of a request that could not be read;
     # its entry in `requests` is a placeholder that never runs (PLACEHOLDER)
     invalid: dict[int, str] = field(default_factory=dict)
@@ -316,6 +318,7 @@ _SAMPLING_FIELDS = {
     "n": _number(int, 1, MAX_N),
     "num_logprobs": _num_logprobs,
     "logit_bias": _logit_bias,
+    "guided_decoding": guided.parse,
 }
 
 _REQUEST_FIELDS = {
@@ -346,11 +349,17 @@ def _request(value: object, path: str, top: InputFile, bundled: tuple[str, ...] 
               True)
     # inherited values are the top-level objects themselves (one shared logit_bias dict)
     sampling = {name: f[name] if name in f else getattr(top, name) for name in _SAMPLING_FIELDS}
+
+    def where(name: str) -> str:
+        return f"{path}.{name}" if name in f else name
     if sampling["min_new_tokens"] > sampling["max_generate_length"]:
-        def where(name: str) -> str:
-            return f"{path}.{name}" if name in f else name
         _fail(where("min_new_tokens"), f"<= `{where('max_generate_length')}` "
               f"({sampling['max_generate_length']})", sampling["min_new_tokens"])
+    if sampling["guided_decoding"] is not None:  # the grammar says where the answer may end, alone
+        for name, off in (("min_new_tokens", 0), ("ignore_eos", False)):
+            if sampling[name] != off:
+                _fail(where(name), f"{off!r}".lower() + f" with `{where('guided_decoding')}` (the grammar decides "
+                      "where the answer ends)", sampling[name])
     return Request(
         messages=f["messages"],
         lora_name=lora_name,

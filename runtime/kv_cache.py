@@ -107,6 +107,11 @@ class KVCacheManager:
         """A copy of positions 0..length-1 of a slot: [2 * num_layers, kv_heads, length, head_dim]."""
         return np.stack([b[slot, :, :length] for b in self.buffers])
 
+    def layout(self, length: int) -> tuple[tuple[int, ...], np.dtype]:
+        """The (shape, dtype) that `read(slot, length)` gives: what a saved prefix must be to restore."""
+        m = self.model  # (not the buffers': a device cache's are not arrays)
+        return (2 * m.num_layers, m.num_kv_heads, length, m.head_dim), kv_storage(m.kv_dtype)
+
     def write(self, slot: int, kv: np.ndarray) -> None:
         """Restore `kv` (as returned by `read`) into positions 0..n-1 of a slot."""
         n = kv.shape[2]

@@ -16,8 +16,9 @@ The payload checksum is CRC-32: it catches corruption and truncation at twice sh
 and the key already binds an entry to its engine and prefix (nothing here is adversarial).
 Writes go to a temporary file in the same directory, fsync'd, then renamed: a crash mid-write
 leaves no entry. A directory that cannot be written (read-only, full) is a warning: the entry is
-still reused by this process, and the request goes on. A load checks magic, header, sizes, checksum
-and that the stored key, engine and prefix ids are the asked-for ones; anything else is a warning,
+still reused by this process, and the request goes on. A load checks magic, header, sizes, checksum,
+that the stored key, engine and prefix ids are the asked-for ones and that the shape and dtype are
+those of the engine's KV for that many tokens; anything else is a warning,
 the file is removed, and the KV is recomputed. The directory is bounded: after each save, least
 recently used entries (file mtime, refreshed on every hit) are removed until the total is under
 max_bytes; so is this process's copy of the entries it has used (the newest always kept: it is
@@ -109,11 +110,13 @@ class PrefixStore:
         key = self.key(prefix_ids, adapter)
         return key in self.memory or self.path(key).is_file()
 
-    def load(self, prefix_ids: tuple[int, ...], adapter: str | None = None) -> np.ndarray | None:
+    def load(self, prefix_ids: tuple[int, ...], adapter: str | None = None,
+             expect: tuple[tuple[int, ...], np.dtype] | None = None) -> np.ndarray | None:
+        """`expect`: the (shape, dtype) the caller's KV buffers take; an entry of another is discarded."""
         key = self.key(prefix_ids, adapter)
         kv = self.memory.get(key)
         if kv is None:
-            kv = self.read(key, prefix_ids, adapter)
+            kv = self.read(key, prefix_ids, adapter, expect)
         if kv is None:
             self.misses += 1
             return None
@@ -125,7 +128,8 @@ class PrefixStore:
             pass
         return kv
 
-    def read(self, key: str, prefix_ids: tuple[int, ...], adapter: str | None = None) -> np.ndarray | None:
+    def read(self, key: str, prefix_ids: tuple[int, ...], adapter: str | None = None,
+             expect: tuple[tuple[int, ...], np.dtype] | None = None) -> np.ndarray | None:
         path = self.path(key)
         try:
             data = path.read_bytes()
@@ -136,7 +140,13 @@ class PrefixStore:
                           PrefixCacheWarning, stacklevel=3)
             return None
         try:
-            return self.decode(data, key, prefix_ids, adapter)
+            kv = self.decode(data, key, prefix_ids, adapter)
+            if expect is not None and (kv.shape, kv.dtype) != (tuple(expect[0]), np.dtype(expect[1])):
+                # a valid file of another layout (hand-made, another version's): restoring it would
+                # broadcast, truncate or cast into the slot
+                raise ValueError(f"holds KV of shape {list(kv.shape)} {kv.dtype}, not the engine's "
+                                 f"{list(expect[0])} {np.dtype(expect[1])}")
+            return kv
         except ValueError as e:
             return self.discard(path, str(e))
         except Exception as e:  # noqa: BLE001 - a header of the wrong types: as corrupt as any
@@ -194,7 +204,7 @@ class PrefixStore:
             warnings.warn(f"saved system-prompt KV of {len(prefix_ids)} tokens is {len(data)} bytes, more than "
                           f"--kv-cache-size ({self.max_bytes}): later runs will recompute it",
                           PrefixCacheWarning, stacklevel=2)
-            self.evict()  # a lowered limit still applies to what is there
+            self.tidy()  # a lowered limit still applies to what is there
             return
         try:
             self.write(key, data)
@@ -203,7 +213,16 @@ class PrefixStore:
                           "recompute it (see --kv-cache-dir)", PrefixCacheWarning, stacklevel=2)
             return
         self.saves += 1
-        self.evict()
+        self.tidy()
+
+    def tidy(self) -> None:
+        """evict(), where a directory it cannot tidy (another user's file in a shared one, a
+        read-only mount, a symlink loop) is a warning: the entry is saved, the requests go on."""
+        try:
+            self.evict()
+        except OSError as e:
+            warnings.warn(f"the saved system-prompt KV directory {self.dir} cannot be tidied ({e}); it may grow "
+                          "past --kv-cache-size", PrefixCacheWarning, stacklevel=3)
 
     def remember(self, key: str, kv: np.ndarray) -> None:
         """Keep `kv` in this process, most recent last, within memory_bytes but for the newest."""
@@ -234,11 +253,14 @@ class PrefixStore:
                 continue
             try:
                 st = p.stat()
-            except FileNotFoundError:  # another process evicted it first
+            except OSError:  # another process evicted it first; a link that leads nowhere
                 continue
             if tmp:  # another process's write in progress, or a dead one's
                 if time.time() - st.st_mtime > STALE_TMP_SECONDS:
-                    p.unlink(missing_ok=True)
+                    try:
+                        p.unlink(missing_ok=True)
+                    except OSError:  # another user's, in a shared (sticky) directory: theirs to remove
+                        pass
                 continue
             entries.append((st.st_mtime, st.st_size, p))
         total = sum(size for _, size, _ in entries)

@@ -13,6 +13,7 @@ import numpy as np
 
 from trtllm.runtime import input_format as fmt
 from trtllm.runtime import interrupt
+from trtllm.runtime.grammar import Grammars
 from trtllm.runtime.chat_template import ChatTemplate, ChatTemplateError, raw_prompt
 from trtllm.runtime.engine import Engine
 from trtllm.runtime.generate import PrefixSource, RowState, Timing, run_rows
@@ -79,11 +80,30 @@ class Runner:
         self.engine, self.tokenizer, self.template, self.prefixes = engine, tokenizer, template, prefixes
         self.drafter, self.prefill_chunk = drafter, prefill_chunk
         self.timing = Timing()
+        self._grammars = None  # guided decoding's, made when a request first asks for it
         self.cancelled = False  # a Ctrl-C ended the run: unfinished samples are "cancelled"
+
+    def grammars(self) -> Grammars:
+        if self._grammars is None:
+            m = self.engine.manifest
+            self._grammars = Grammars(self.tokenizer.to_json(), m.model.vocab_size, m.eos_token_ids)
+        return self._grammars
+
+    def check_guide(self, req: fmt.Request) -> str | None:
+        """Why the request's guided_decoding cannot run (it does not compile), or None."""
+        if req.guided_decoding is None:
+            return None
+        try:
+            self.grammars().matcher(req.guided_decoding)
+        except ValueError as e:
+            return str(e)
+        except ImportError as e:  # a runtime installed without its dependencies
+            return f"`{req.guided_decoding.path}`: guided decoding needs llguidance ({e}): pip install llguidance"
+        return None
 
     def prepare(self, index: int, req: fmt.Request, inp: fmt.InputFile, adapters: AdapterSet) -> Prepared:
         p = Prepared(index, req)
-        p.error = unsupported(req, index)
+        p.error = unsupported(req, index) or self.check_guide(req)
         if p.error:
             return p
         if req.lora_name is not None:
@@ -133,7 +153,9 @@ class Runner:
                         eos_ids=frozenset(self.engine.manifest.eos_token_ids),
                         text=TextStream(self.tokenizer, req.stop), prefix_ids=p.prefix_ids,
                         save_prefix=req.save_system_prompt_kv_cache, adapter=p.adapter,
-                        speculative=not req.disable_spec_decode)
+                        guide=req.guided_decoding and self.grammars().matcher(req.guided_decoding),
+                        # a guided row decodes plainly: verification draws without the grammar's mask
+                        speculative=not req.disable_spec_decode and req.guided_decoding is None)
 
     def generate(self, samples: list[Sample], num_slots: int, on_text=None) -> None:
         """Run every sample that can run, num_slots at a time (in-flight: a finished sample's slot

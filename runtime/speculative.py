@@ -316,7 +316,7 @@ class SpecScheduler(TreeDecoding, Scheduler):
         speculating = row.speculative and self.verifiable(row.params)
         draft = None
         if speculating and self.prefixes and row.prefix_ids:
-            draft = self.prefixes.load(row.prefix_ids, draft_key(row))
+            draft = self.prefixes.load(row.prefix_ids, draft_key(row), self.dkv.layout(len(row.prefix_ids) - 1))
             if draft is None:
                 # No head KV (the model's was saved by a request that did not speculate, or nothing
                 # was): the whole prompt is computed, so the draft proposes as in an uncached run,

@@ -85,6 +85,10 @@ class Tokenizer:
         config = json.loads(config_path.read_text(encoding="utf-8")) if config_path.exists() else {}
         return cls(backend, config)
 
+    def to_json(self) -> str:
+        """tokenizer.json's content (what guided decoding's matcher reads: runtime/grammar.py)."""
+        return self._backend.to_str()
+
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
         """Token ids of `text`. Chat-templated text already holds its special tokens, hence the
         False default, as in transformers' apply_chat_template(tokenize=True)."""

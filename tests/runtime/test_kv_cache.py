@@ -100,7 +100,7 @@ class MemoryPrefixes:
     def __init__(self):
         self.saved = {}
 
-    def load(self, prefix_ids, adapter=None):
+    def load(self, prefix_ids, adapter=None, expect=None):
         return self.saved.get((adapter, prefix_ids))
 
     def save(self, prefix_ids, kv, adapter=None):

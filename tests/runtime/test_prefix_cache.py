@@ -215,6 +215,49 @@ def test_an_entry_that_cannot_be_removed_is_not_said_to_be(tmp_path, monkeypatch
     assert path.exists()
 
 
+def test_a_directory_it_cannot_tidy_is_a_warning_and_the_entry_is_saved(tmp_path, monkeypatch):
+    """Another user's stale temporary file in a shared (sticky) directory, a symlink loop named
+    like an entry: eviction cannot stat or remove them, and that costs the tidying, not the save.
+    The wrong variant, the error raised, failed every unfinished request of the run."""
+    from pathlib import Path
+
+    stale = tmp_path / ".tmp-abcdefgh.kv"
+    stale.write_bytes(b"x")
+    old = time.time() - 2 * 3600
+    os.utime(stale, (old, old))
+    loop = tmp_path / ("0" * 64 + ".kv")
+    loop.symlink_to(loop.name)
+    unlink = Path.unlink
+
+    def sticky(self, missing_ok=False):
+        if self.name == stale.name:
+            raise PermissionError(1, "Operation not permitted")
+        return unlink(self, missing_ok)
+
+    monkeypatch.setattr(Path, "unlink", sticky)
+    store = PrefixStore(tmp_path, "engine-a")
+    store.save(PREFIX, kv())  # no warning needed: what it cannot touch is skipped
+    assert np.array_equal(PrefixStore(tmp_path, "engine-a").load(PREFIX), kv()) and stale.exists()
+    monkeypatch.setattr(PrefixStore, "evict", lambda self: (_ for _ in ()).throw(OSError(30, "Read-only file system")))
+    with pytest.warns(PrefixCacheWarning, match="cannot be tidied .*Read-only file system"):
+        store.save((9,), kv(seed=1))
+
+
+@pytest.mark.parametrize("shape, dtype", [((4, 2, 6, 8), np.float32), ((4, 1, 4, 8), np.float32),
+                                          ((2, 2, 4, 8), np.float32), ((4, 2, 4, 8), np.float16),
+                                          ((4, 8, 4, 2), np.float32)])
+def test_an_entry_of_another_layout_is_discarded(tmp_path, shape, dtype):
+    """A valid file (checksum and all) whose KV is not the engine's layout for its prefix: restoring
+    it would broadcast, truncate or cast into the slot, or fail the step."""
+    PrefixStore(tmp_path, "engine-a").save(PREFIX, np.zeros(shape, dtype))
+    fresh = PrefixStore(tmp_path, "engine-a")
+    with pytest.warns(PrefixCacheWarning, match="holds KV of shape .* not the engine's \\[4, 2, 4, 8\\] float32; removed"):
+        assert fresh.load(PREFIX, expect=((4, 2, 4, 8), np.float32)) is None
+    assert not list(tmp_path.iterdir())
+    PrefixStore(tmp_path, "engine-a").save(PREFIX, kv())
+    assert np.array_equal(PrefixStore(tmp_path, "engine-a").load(PREFIX, expect=((4, 2, 4, 8), np.float32)), kv())
+
+
 def test_parse_size():
     assert parse_size("2G") == 2 << 30 and parse_size("512MiB") == 512 << 20 and parse_size("1000") == 1000
     assert parse_size("2Gi") == parse_size("2gb") == 2 << 30 and parse_size("1.5K") == 1536

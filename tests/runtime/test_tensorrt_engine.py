@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 
 import numpy as np
 import pytest
@@ -55,7 +56,9 @@ def same(a, b):
     for x, y in zip(a, b):
         for px, py in zip(x.get("logprobs") or [], y.get("logprobs") or []):
             assert [t["token_id"] for t in px] == [t["token_id"] for t in py]
-            np.testing.assert_allclose([t["logprob"] for t in px], [t["logprob"] for t in py], atol=1e-4)
+            xs, ys = [t["logprob"] for t in px], [t["logprob"] for t in py]
+            assert [v is None for v in xs] == [v is None for v in ys]  # -inf (a guide's mask) is null
+            np.testing.assert_allclose([v for v in xs if v is not None], [v for v in ys if v is not None], atol=1e-4)
 
 
 @pytest.mark.parametrize("graph", ["modern", "legacy"])
@@ -323,3 +326,20 @@ def test_a_chunked_prompt_on_tensorrt_answers_as_on_onnxruntime(engines, run_cli
         same(got["responses"], want["responses"])
         runs[chunk] = json.loads((engines / f"chunk-{graph}.json").read_text())["prefill"]["total_runs"]
     assert runs["16"] >= runs["0"] + 2  # the long prompt took three or more steps, not one
+
+
+def test_guided_requests_on_tensorrt_answer_as_on_onnxruntime(engines, run_cli):
+    """guided_decoding's mask rides on the logit_bias rows, which the TensorRT engine uploads when a
+    row's version changes: every step of a guided row, next to an unguided one."""
+    payload = {**PAYLOAD, "batch_size": 3, "temperature": 0, "max_generate_length": 16, "requests": [
+        {"messages": [{"role": "user", "content": "a list"}], "guided_decoding": {"regex": "[a-e]{2,4}(, [a-e]{2,4})*\\."}},
+        {"messages": [{"role": "user", "content": "pick"}], "guided_decoding": {"choice": ["yes", "no", "maybe"]},
+         "temperature": 1.0, "seed": 4, "num_logprobs": 2},
+        {"messages": [{"role": "user", "content": "free text"}]}]}
+    result, want = run_cli(engines / "ort", payload)
+    assert result.exit_code == 0, result.output
+    assert re.fullmatch(r"[a-e]{2,4}(, [a-e]{2,4})*\.?", want["responses"][0]["output_text"])
+    with fakes.installed():
+        result, got = run_cli(engines / "modern", payload)
+    assert result.exit_code == 0, result.output
+    same(got["responses"], want["responses"])

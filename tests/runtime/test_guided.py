@@ -1,0 +1,133 @@
+"""guided_decoding: the input reader's checks (each naming its JSON path), and trtllm-run on a tiny
+engine: sampled answers stay inside their grammar, a guide that does not compile fails its request
+alone, logprobs and logit_bias see the grammar's mask, and an EAGLE engine answers a guided request
+as a plain engine does. Token-exact parity with transformers is tests/parity/test_guided_parity.py."""
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from trtllm.runtime import guided
+from trtllm.runtime.input_format import InputError, parse_input
+
+
+def request(**extra):
+    return {"messages": [{"role": "user", "content": "hi"}], **extra}
+
+
+def error_of(doc: dict) -> InputError:
+    with pytest.raises(InputError) as e:
+        parse_input(doc)
+    return e.value
+
+
+@pytest.mark.parametrize("guide, path, says", [
+    ("[0-9]+", "requests[0].guided_decoding", "a JSON object"),
+    ({}, "requests[0].guided_decoding", "exactly one of"),
+    ({"regex": "a", "choice": ["a"]}, "requests[0].guided_decoding", "exactly one of"),
+    ({"regx": "a"}, "requests[0].guided_decoding.regx", "did you mean 'regex'"),
+    ({"structural_tag": {}}, "requests[0].guided_decoding.structural_tag", "is not implemented"),
+    ({"json_object": False}, "requests[0].guided_decoding.json_object", "true"),
+    ({"json_schema": "{not json"}, "requests[0].guided_decoding.json_schema", "invalid JSON"),
+    ({"json_schema": [1]}, "requests[0].guided_decoding.json_schema", "a JSON object"),
+    ({"choice": []}, "requests[0].guided_decoding.choice", "non-empty array"),
+    ({"choice": ["a", ""]}, "requests[0].guided_decoding.choice[1]", "non-empty string"),
+    ({"regex": ""}, "requests[0].guided_decoding.regex", "non-empty string"),
+    ({"ebnf": "x" * (guided.MAX_GUIDE_BYTES + 1)}, "requests[0].guided_decoding.ebnf", "at most"),
+])
+def test_a_bad_guide_names_its_path(guide, path, says):
+    e = error_of({"requests": [request(guided_decoding=guide)]})
+    assert e.json_path == path and says in str(e), str(e)
+
+
+def test_a_guide_is_inherited_from_the_top_level_and_names_where_it_was_written():
+    inp = parse_input({"guided_decoding": {"regex": "[ab]+"},
+                       "requests": [request(), request(guided_decoding={"choice": ["x", "y"]})]})
+    first, second = inp.requests
+    assert (first.guided_decoding.kind, first.guided_decoding.text, first.guided_decoding.path) == (
+        "regex", "[ab]+", "guided_decoding.regex")
+    assert (second.guided_decoding.kind, json.loads(second.guided_decoding.text)) == ("choice", ["x", "y"])
+    assert second.guided_decoding.path == "requests[1].guided_decoding.choice"
+    schema = parse_input({"requests": [request(guided_decoding={"json_schema": '{"type": "string"}'})]})
+    assert json.loads(schema.requests[0].guided_decoding.text) == {"type": "string"}
+
+
+@pytest.mark.parametrize("field, value", [("min_new_tokens", 3), ("ignore_eos", True)])
+def test_settings_that_decide_the_end_are_refused_with_a_guide(field, value):
+    e = error_of({field: value, "requests": [request(guided_decoding={"regex": "a+"})]})
+    assert e.json_path == field and "requests[0].guided_decoding" in str(e), str(e)
+    e = error_of({"guided_decoding": {"regex": "a+"}, "requests": [request(**{field: value})]})
+    assert e.json_path == f"requests[0].{field}" and "`guided_decoding`" in str(e), str(e)
+
+
+# --- trtllm-run on a tiny engine ----------------------------------------------------------------
+
+CHOICES = ["the quick fox", "a lazy dog", "hello"]
+
+
+@pytest.mark.hf
+def test_sampled_answers_stay_in_their_grammar_and_a_bad_one_fails_alone(run_cli, tiny_engine):
+    pytest.importorskip("torch")
+    requests = [request(guided_decoding={"choice": CHOICES}, n=4),
+                request(guided_decoding={"regex": "[0-9"}),
+                request(guided_decoding={"regex": "[a-e]{3}\\.[0-9]{2}"}, n=3),
+                request(guided_decoding={"ebnf": 'root ::= "(" [xy] ")"'}, temperature=0)]
+    result, out = run_cli(tiny_engine("llama"), {"requests": requests, "seed": 11, "batch_size": 4,
+                                                 "max_generate_length": 32, "temperature": 1.5, "top_p": 1})
+    assert result.exit_code == 1, result.output  # one request failed
+    by = {}
+    for r in out["responses"]:
+        by.setdefault(r["request_idx"], []).append(r)
+    assert all(r["finish_reason"] == "end-of-sequence" and r["output_text"] in CHOICES for r in by[0])
+    (bad,) = by[1]
+    assert bad["finish_reason"] == "error" and bad["error"].startswith(
+        "`requests[1].guided_decoding.regex` does not compile:") and "\n" not in bad["error"]
+    assert all(re.fullmatch(r"[a-e]{3}\.[0-9]{2}", r["output_text"]) and r["finish_reason"] == "end-of-sequence"
+               for r in by[2])
+    assert re.fullmatch(r"\([xy]\)", by[3][0]["output_text"])
+
+
+@pytest.mark.hf
+def test_logprobs_and_logit_bias_see_the_mask(run_cli, tiny_engine):
+    pytest.importorskip("torch")
+    from trtllm.runtime.tokenizer import Tokenizer
+
+    engine = tiny_engine("llama")
+    tok = Tokenizer.from_engine_dir(engine)
+    guide = {"regex": "[ab]"}
+    allowed = {i for i in range(tok.vocab_size) if tok.decode([i]) in ("a", "b")}
+    result, out = run_cli(engine, {"temperature": 0, "num_logprobs": 5, "requests": [request(guided_decoding=guide)]})
+    first = out["responses"][0]["logprobs"][0]
+    # only the grammar's tokens have a probability at the first step: the rest are -inf (null)
+    assert {e["token_id"] for e in first if e["logprob"] is not None} == allowed
+    assert abs(sum(2.718281828 ** e["logprob"] for e in first if e["logprob"] is not None) - 1) < 1e-4
+    # the request's own logit_bias still applies among them: push the one greedy did not take
+    taken = out["responses"][0]["token_logprobs"][0]["token_id"]
+    (other,) = allowed - {taken}
+    result, out = run_cli(engine, {"temperature": 0, "requests": [
+        request(guided_decoding=guide, logit_bias={str(other): 100})]})
+    assert out["responses"][0]["output_text"] == tok.decode([other])
+
+
+@pytest.mark.hf
+def test_an_eagle_engine_answers_a_guided_request_as_a_plain_engine(run_cli, tiny_engine, tiny_checkpoint, tmp_path):
+    pytest.importorskip("safetensors.numpy")
+    from tests.eagle_drafts import random_draft
+    from trtllm.builder.config import BuildConfig
+    from trtllm.builder.export import build
+
+    ckpt = tiny_checkpoint("llama")
+    draft = random_draft(ckpt, tmp_path / "draft", seed=3, aux=[0, 1, 1])
+    eagle = build(BuildConfig(model=str(ckpt), output=str(tmp_path / "eagle"), eagle=str(draft), max_batch_size=4,
+                              max_input_len=256, max_kv_cache_capacity=512), log=lambda m: None)
+    payload = {"temperature": 0, "max_generate_length": 24, "batch_size": 2, "requests": [
+        request(guided_decoding={"regex": "[a-e]{2,5}(, [a-e]{2,5})*\\."}), request()]}
+    answers = []
+    for engine in (tiny_engine("llama"), eagle):
+        result, out = run_cli(engine, payload)
+        assert result.exit_code == 0, result.output
+        answers.append([(r["output_text"], r["finish_reason"]) for r in out["responses"]])
+    assert answers[0] == answers[1]
+    assert re.fullmatch(r"[a-e]{2,5}(, [a-e]{2,5})*\.", answers[1][0][0])
