@@ -10,18 +10,11 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from trtllm.builder.config import CheckpointError, Unsupported  # noqa: F401 - raised as ckpt.CheckpointError
+
 
 # What a tokenizer's vocabulary comes in (fast, SentencePiece, GPT-2 BPE, WordPiece); config files alone are not one
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt")
-
-
-class CheckpointError(ValueError):
-    """The --model argument cannot be loaded."""
-
-
-class Unsupported(CheckpointError):
-    """What an architecture's checks refuse in a checkpoint (builder/architectures): the build
-    names --model (export.py), where any other error is the build's own."""
 
 
 @dataclass

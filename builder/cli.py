@@ -7,7 +7,8 @@ import time
 import click
 
 from trtllm.builder.config import (ACTIVATIONS, BACKENDS, CPU_KERNELS, DTYPES, GRAPHS, QUANTIZATIONS, BuildConfig,
-                                   ConfigError, profile_defaults)
+                                   CheckpointError, ConfigError, profile_defaults)
+from trtllm.builder.tensorrt import TensorRTUnavailable  # (no tensorrt import: that is lazy)
 from trtllm.runtime.interrupt import terminate_as_interrupt
 
 # Shown in --help; the chosen --profile supplies these when the option is not given.
@@ -95,10 +96,6 @@ def main(model, output, profile, lora, eagle, no_verify, **options):
         from_profile = [key for key in given if options.get(key) is None and f"--{key.replace('_', '-')} " in f"{e} "]
         where = f" (\"{from_profile[0]}\" comes from --profile {profile})" if from_profile else ""
         raise click.UsageError(f"{e}{where}") from e
-    from trtllm.builder.checkpoint import CheckpointError
-    from trtllm.builder.export import build
-    from trtllm.builder.tensorrt import TensorRTUnavailable
-
     start = time.perf_counter()
 
     def log(message: str) -> None:
@@ -106,13 +103,17 @@ def main(model, output, profile, lora, eagle, no_verify, **options):
 
     try:
         with terminate_as_interrupt():  # timeout, docker stop: clean up as for Ctrl-C
+            # imported in here: torch and transformers take seconds to load, and an interrupt then is
+            # one too (130), not click's Abort
+            from trtllm.builder.export import build
+
             out = build(config, log)
-    except (CheckpointError, TensorRTUnavailable, ConfigError) as e:  # ConfigError: a --lora adapter that does not fit
-        click.echo(f"error: {e}", err=True)
-        sys.exit(2)
     except KeyboardInterrupt:  # as trtllm-run: 130, not click's Abort (1, "the build failed")
         click.echo("interrupted: the build was stopped; an engine already at --output is left as it was", err=True)
         sys.exit(130)
+    except (CheckpointError, TensorRTUnavailable, ConfigError) as e:  # ConfigError: a --lora adapter that does not fit
+        click.echo(f"error: {e}", err=True)
+        sys.exit(2)
     except Exception as e:
         click.echo(f"error: the build failed: {type(e).__name__}: {e}", err=True)
         sys.exit(1)

@@ -37,6 +37,16 @@ class ConfigError(ValueError):
     """A build option is invalid or not supported yet."""
 
 
+class CheckpointError(ValueError):
+    """The --model argument cannot be loaded (here, not in checkpoint.py, which loads torch: the CLI
+    catches it before the build's imports are done)."""
+
+
+class Unsupported(CheckpointError):
+    """What an architecture's checks refuse in a checkpoint (builder/architectures): the build
+    names --model (export.py), where any other error is the build's own."""
+
+
 def profile_defaults(name: str = "cpu-default") -> dict:
     """A build profile: a name from configs/ or a path to a JSON file of the same keys."""
     path = Path(name)

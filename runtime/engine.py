@@ -27,7 +27,7 @@ from typing import Protocol
 
 import numpy as np
 
-from trtllm.runtime import lora
+from trtllm.runtime import interrupt, lora
 from trtllm.runtime import manifest as manifest_mod
 from trtllm.runtime.sampling import SamplingBatch
 
@@ -84,7 +84,11 @@ class Engine(Protocol):
 def load_engine(engine_dir, **options) -> Engine:
     m = manifest_mod.load(engine_dir)
     module_name, cls_name = BACKENDS[m.backend].split(":")
-    cls = getattr(importlib.import_module(module_name), cls_name)
+    # an interrupt inside a C extension's initialisation (onnxruntime's) comes out as its ImportError,
+    # "initialization failed": under trtllm-run it waits for the import, then interrupts
+    with interrupt.held():
+        module = importlib.import_module(module_name)
+    cls = getattr(module, cls_name)
     return cls(engine_dir, m, **options)
 
 

@@ -422,6 +422,22 @@ def test_interrupted_build_exits_130(tmp_path, tiny_checkpoint, monkeypatch):
     assert result.exit_code == 130 and "interrupted" in result.output
 
 
+def test_an_interrupt_while_the_builder_loads_exits_130(tmp_path, tiny_checkpoint, monkeypatch):
+    """torch and transformers take seconds to import after the options are read: a Ctrl-C (or a
+    SIGTERM, made one there) then exits 130 too, not click's Abort (1, "the build failed")."""
+
+    class Interrupting:
+        def find_spec(self, name, path=None, target=None):
+            if name == "trtllm.builder.export":
+                raise KeyboardInterrupt
+            return None
+
+    monkeypatch.delitem(sys.modules, "trtllm.builder.export", raising=False)
+    monkeypatch.setattr(sys, "meta_path", [Interrupting(), *sys.meta_path])
+    result = CliRunner().invoke(main, ["--model", str(tiny_checkpoint("llama")), "--output", str(tmp_path / "e")])
+    assert result.exit_code == 130 and "interrupted" in result.output, result.output
+
+
 def test_sigterm_cleans_up_as_ctrl_c(tmp_path, tiny_checkpoint):
     """timeout, docker stop: SIGTERM mid-build exits 130 and leaves no partial engine directory."""
     import signal

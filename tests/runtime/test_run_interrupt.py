@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import sys
 import time
 
 import pytest
@@ -231,3 +232,32 @@ def test_sigterm_while_generating_writes_the_answers(tmp_path, tiny_engine):
     assert proc.returncode == 130, err
     (response,) = json.loads((tmp_path / "out.json").read_text())["responses"]
     assert response["finish_reason"] == "cancelled" and response["output_text"]
+
+
+def test_an_interrupt_inside_the_backends_import_exits_130(tmp_path, tiny_engine, monkeypatch):
+    """onnxruntime's C extension turns a KeyboardInterrupt raised inside its initialisation into
+    ImportError("initialization failed"): the import is held, then interrupted (130, nothing
+    written). The wrong variant, the import not held, exits 1 with a traceback."""
+    import signal
+
+    from trtllm.runtime import engine as engine_mod
+
+    engine = tiny_engine("llama")  # (built, and loaded by its check, before the backend is replaced)
+    (tmp_path / "slow_backend.py").write_text(
+        "import os, signal, time\n"
+        "try:\n"
+        "    os.kill(os.getpid(), signal.SIGINT)\n"
+        "    time.sleep(0.05)\n"
+        "except KeyboardInterrupt:\n"
+        "    raise ImportError('initialization failed')\n"
+        "Engine = None\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "slow_backend", raising=False)
+    monkeypatch.setitem(engine_mod.BACKENDS, "onnxruntime", "slow_backend:Engine")
+    (tmp_path / "in.json").write_text(json.dumps({"requests": [chat("a")], "max_generate_length": 2}))
+    (tmp_path / "out.json").write_text('{"old": true}')
+    result = CliRunner().invoke(main, [str(tmp_path / "in.json"), "--engine", str(engine),
+                                       "--output", str(tmp_path / "out.json")])
+    assert result.exit_code == 130 and "interrupted" in result.output, result.output
+    assert json.loads((tmp_path / "out.json").read_text()) == {"old": True}
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
