@@ -47,12 +47,13 @@ class Adapter:
     rank: int     # the largest rank of its modules
 
 
-def read_safetensors(path: Path) -> dict[str, np.ndarray]:
+def read_safetensors(path: Path, data: bytes | None = None) -> dict[str, np.ndarray]:
     """The tensors of a .safetensors file as numpy arrays. Read here, not with safetensors' numpy
     loader, because numpy has no bfloat16 (that loader refuses it) and PEFT adapters trained in
-    bfloat16 are common: bfloat16 is widened to float32 exactly (it is float32's upper half)."""
+    bfloat16 are common: bfloat16 is widened to float32 exactly (it is float32's upper half).
+    `data`: the file's bytes, read already."""
     try:
-        data = path.read_bytes()
+        data = path.read_bytes() if data is None else data
         size = int.from_bytes(data[:8], "little")
         header = json.loads(data[8:8 + size])
         if not isinstance(header, dict):
@@ -96,9 +97,9 @@ def adapter_files(path: str | Path) -> tuple[Path, Path]:
     return config, weights
 
 
-def read_config(path: Path) -> dict:
+def read_config(path: Path, data: bytes | None = None) -> dict:
     try:
-        cfg = json.loads(path.read_text())
+        cfg = json.loads(path.read_bytes() if data is None else data)
     except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
         raise AdapterError(f"{path} is not valid JSON ({e})") from None
     if not isinstance(cfg, dict):
@@ -221,11 +222,17 @@ def convert(name: str, path: str | Path, manifest: Manifest) -> Adapter:
         raise AdapterError(f"the engine was built without LoRA inputs; rebuild it with --max-lora-rank N "
                            f"(N >= the adapter's rank) to use adapter {name!r}")
     config_path, weights_path = adapter_files(path)
-    cfg = read_config(config_path)
-    tensors = read_safetensors(weights_path)
+    # each file read once: the digest (what saved KV is keyed by) is of the very bytes converted, even
+    # while a trainer rewrites the files
+    try:
+        parts = (config_path.read_bytes(), weights_path.read_bytes())
+    except OSError as e:
+        raise AdapterError(f"{path} cannot be read ({e})") from None
+    cfg = read_config(config_path, parts[0])
+    tensors = read_safetensors(weights_path, parts[1])
     h = hashlib.sha256()
-    for part in (config_path.read_bytes(), weights_path.read_bytes()):  # each after its length: no two
-        h.update(len(part).to_bytes(8, "little") + part)                 # splits of one byte string match
+    for part in parts:  # each after its length: no two splits of one byte string match
+        h.update(len(part).to_bytes(8, "little") + part)
     digest = h.hexdigest()
     dtype = dtype_of(manifest)
     max_rank = manifest.limits.max_lora_rank

@@ -277,6 +277,31 @@ def test_a_safetensors_file_with_its_config_beside_it(tmp_path):
     assert by_file.digest == by_dir.digest and by_file.rank == 3
 
 
+def test_the_digest_is_of_the_bytes_converted(tmp_path, monkeypatch):
+    """An adapter rewritten while it loads (a trainer saving a checkpoint): each file is read once,
+    so the digest, which keys its saved system-prompt KV, is that of the weights the engine uses.
+    The wrong variant, a second read for the digest, would key the old weights' KV by the new file."""
+    from pathlib import Path
+
+    write_adapter(tmp_path / "old", {(0, "self_attn.q_proj"): 2}, seed=1)
+    write_adapter(tmp_path / "new", {(0, "self_attn.q_proj"): 2}, seed=2)
+    old, new = (lora.load_adapter("a", tmp_path / n, MANIFEST) for n in ("old", "new"))
+    read, reads = Path.read_bytes, []
+
+    def rewritten_after_first_read(self):
+        data = read(self)
+        if self.parent.name == "old":
+            reads.append(self.name)
+            (self.parent / self.name).write_bytes(read(tmp_path / "new" / self.name))
+        return data
+
+    monkeypatch.setattr(Path, "read_bytes", rewritten_after_first_read)
+    got = lora.load_adapter("a", tmp_path / "old", MANIFEST)
+    assert sorted(reads) == sorted([lora.CONFIG_NAME, lora.WEIGHTS_NAME])  # once each
+    assert got.digest == old.digest != new.digest
+    assert all(np.array_equal(got.arrays[k], old.arrays[k]) for k in old.arrays)
+
+
 def test_step_feeds_shared_none_and_mixed(tmp_path):
     a = lora.load_adapter("a", write_dir(tmp_path / "a", {(0, "self_attn.q_proj"): 2, (1, "mlp.gate_proj"): 4}), MANIFEST)
     b = lora.load_adapter("b", write_dir(tmp_path / "b", {(0, "self_attn.q_proj"): 4}, seed=3), MANIFEST)
