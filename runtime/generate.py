@@ -453,16 +453,19 @@ class Scheduler:
             why = row.guide.consume(token)
             if why:  # (the mask allowed it: a matcher that disagrees with itself)
                 row.fail(f"guided decoding: the grammar cannot take token {token}: {why}")
-            else:
-                self.guide(slot, row)
+            elif not self.guide(slot, row):
+                row.fail(f"guided decoding: after token {token} the grammar allows only tokens the model "
+                         "cannot produce (ids past its vocabulary)")
         if self.on_token is not None:
             self.on_token(row)
 
-    def guide(self, slot: int, row: RowState) -> None:
-        """A guided row's logit_bias for its next token: its own, -inf on what the grammar forbids."""
-        if row.guide is not None:
-            row.guide.bias(self.batch.logit_bias[slot], row.params.logit_bias)
-            self.batch.version[slot] += 1
+    def guide(self, slot: int, row: RowState) -> bool:
+        """A guided row's logit_bias for its next token: its own, -inf on what the grammar forbids.
+        False if that is every token (runner.Runner.check_guide rules it out for the first one)."""
+        if row.guide is None:
+            return True
+        self.batch.version[slot] += 1
+        return row.guide.bias(self.batch.logit_bias[slot], row.params.logit_bias)
 
     def chunk_now(self) -> int:
         """Chunk prompts (0: do not) only while another row is generating: with no stream to keep

@@ -12,8 +12,12 @@ class Grammars:
     """A run's guides, compiled against the engine's tokenizer: one LLTokenizer (about a second
     for a 50k vocabulary: built on first use) and each distinct guide's grammar once."""
 
-    def __init__(self, tokenizer_json: str, vocab_size: int, eos_ids: list[int]):
+    def __init__(self, tokenizer_json: str, vocab_size: int, eos_ids: list[int], tokenizer_size: int = 0):
+        """`vocab_size`: the engine's logits' width; `tokenizer_size`: the tokenizer's own ids (with
+        added tokens), which may be fewer (an embedding padded past them) or more (added tokens the
+        model has no row for, which it can never produce)."""
         self.tokenizer_json, self.vocab_size, self.eos_ids = tokenizer_json, vocab_size, list(eos_ids)
+        self.tokenizer_size = tokenizer_size
         self._tokenizer = None
         self._compiled: dict[tuple[str, str], object] = {}  # (kind, text) -> a matcher at its start
 
@@ -21,8 +25,11 @@ class Grammars:
         if self._tokenizer is None:
             from llguidance import LLTokenizer
 
-            # n_vocab: the engine's logits' width (an embedding padded past the tokenizer's ids)
-            self._tokenizer = LLTokenizer(self.tokenizer_json, n_vocab=self.vocab_size, eos_token=self.eos_ids)
+            if not self.eos_ids:  # (llguidance needs one: a grammar ends there)
+                raise ValueError("the engine has no EOS token (its manifest's eos_token_ids is empty), where a "
+                                 "grammar's answer would end")
+            n_vocab = max(self.vocab_size, self.tokenizer_size)  # masks are cut to the logits' width
+            self._tokenizer = LLTokenizer(self.tokenizer_json, n_vocab=n_vocab, eos_token=self.eos_ids)
         return self._tokenizer
 
     def matcher(self, guide: Guide) -> Matcher:
@@ -32,13 +39,17 @@ class Grammars:
         key = (guide.kind, guide.text)
         if key not in self._compiled:
             try:
+                tokenizer = self.tokenizer()
+            except ValueError as e:
+                raise ValueError(f"`{guide.path}` cannot be used: {one_line(str(e))}") from None
+            try:
                 grammar = guide.grammar()
             except (ValueError, TypeError) as e:
                 raise ValueError(f"`{guide.path}` does not compile: {one_line(str(e))}") from None
-            error = LLMatcher.validate_grammar(grammar, self.tokenizer())
+            error = LLMatcher.validate_grammar(grammar, tokenizer)
             if error:
                 raise ValueError(f"`{guide.path}` does not compile: {one_line(error)}")
-            m = LLMatcher(self.tokenizer(), grammar, log_level=0)
+            m = LLMatcher(tokenizer, grammar, log_level=0)
             if m.is_error():
                 raise ValueError(f"`{guide.path}` does not compile: {one_line(m.get_error())}")
             self._compiled[key] = m
@@ -50,18 +61,20 @@ class Matcher:
 
     def __init__(self, matcher, vocab_size: int):
         self.m, self.vocab_size = matcher, vocab_size
-        self.words = (vocab_size + 31) // 32
 
     def allowed(self) -> np.ndarray:
         """bool [V]: the tokens that may come next."""
         bits = np.frombuffer(self.m.compute_bitmask(), np.uint8)
         return np.unpackbits(bits, bitorder="little")[:self.vocab_size].astype(bool)
 
-    def bias(self, out: np.ndarray, logit_bias: dict[int, float]) -> None:
-        """out [V] := the request's own logit_bias, -inf where the grammar allows no token."""
-        out[:] = np.where(self.allowed(), np.float32(0), np.float32(-np.inf))
+    def bias(self, out: np.ndarray, logit_bias: dict[int, float]) -> bool:
+        """out [V] := the request's own logit_bias, -inf where the grammar allows no token; False if
+        it allows none the model can produce (only ids past its vocabulary: added tokens)."""
+        allowed = self.allowed()
+        out[:] = np.where(allowed, np.float32(0), np.float32(-np.inf))
         for token_id, value in logit_bias.items():
             out[token_id] += value
+        return bool(allowed.any())
 
     def consume(self, token_id: int) -> str | None:
         """Advance past a generated token; the reason, if the grammar cannot take it."""

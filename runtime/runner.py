@@ -86,7 +86,8 @@ class Runner:
     def grammars(self) -> Grammars:
         if self._grammars is None:
             m = self.engine.manifest
-            self._grammars = Grammars(self.tokenizer.to_json(), m.model.vocab_size, m.eos_token_ids)
+            self._grammars = Grammars(self.tokenizer.to_json(), m.model.vocab_size, m.eos_token_ids,
+                                      self.tokenizer.vocab_size)
         return self._grammars
 
     def check_guide(self, req: fmt.Request) -> str | None:
@@ -94,11 +95,15 @@ class Runner:
         if req.guided_decoding is None:
             return None
         try:
-            self.grammars().matcher(req.guided_decoding)
+            if not self.grammars().matcher(req.guided_decoding).allowed().any():
+                return (f"`{req.guided_decoding.path}` allows no token the model can produce to begin with "
+                        "(only ids past its vocabulary)")
         except ValueError as e:
             return str(e)
         except ImportError as e:  # a runtime installed without its dependencies
             return f"`{req.guided_decoding.path}`: guided decoding needs llguidance ({e}): pip install llguidance"
+        except Exception as e:  # noqa: BLE001 - what llguidance raises besides: this request fails, not the run
+            return f"`{req.guided_decoding.path}` cannot be used: {type(e).__name__}: {e}"
         return None
 
     def prepare(self, index: int, req: fmt.Request, inp: fmt.InputFile, adapters: AdapterSet) -> Prepared:

@@ -131,3 +131,22 @@ def test_an_eagle_engine_answers_a_guided_request_as_a_plain_engine(run_cli, tin
         answers.append([(r["output_text"], r["finish_reason"]) for r in out["responses"]])
     assert answers[0] == answers[1]
     assert re.fullmatch(r"[a-e]{2,5}(, [a-e]{2,5})*\.", answers[1][0][0])
+
+
+@pytest.mark.hf
+def test_an_engine_without_eos_refuses_guides_alone(run_cli, tiny_engine, tmp_path):
+    """A grammar's answer ends with EOS: an engine whose manifest has none fails its guided requests
+    (naming the field and why), and answers the others."""
+    import shutil
+
+    pytest.importorskip("torch")
+    engine = tmp_path / "engine"
+    shutil.copytree(tiny_engine("llama"), engine)
+    manifest = json.loads((engine / "manifest.json").read_text())
+    (engine / "manifest.json").write_text(json.dumps({**manifest, "eos_token_ids": []}))
+    result, out = run_cli(engine, {"temperature": 0, "max_generate_length": 4,
+                                   "requests": [request(guided_decoding={"regex": "[ab]+"}), request()]})
+    guided_row, plain = out["responses"]
+    assert guided_row["error"] == ("`requests[0].guided_decoding.regex` cannot be used: the engine has no EOS token "
+                                   "(its manifest's eos_token_ids is empty), where a grammar's answer would end")
+    assert plain["finish_reason"] == "max-length" and result.exit_code == 1
