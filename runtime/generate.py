@@ -450,20 +450,17 @@ class Scheduler:
             return
         sampling.penalize(self.batch, slot, row.params, row.counts, token, len(row.output_ids), row.banned)
         if row.guide is not None and not row.finish_reason:
-            why = row.guide.consume(token)
-            if why:  # (the mask allowed it: a matcher that disagrees with itself)
-                row.fail(f"guided decoding: the grammar cannot take token {token}: {why}")
-            elif not self.guide(slot, row):
-                row.fail(f"guided decoding: after token {token} the grammar allows only tokens the model "
-                         "cannot produce (ids past its vocabulary)")
+            why = row.guide.consume(token) or self.guide(slot, row)
+            if why:
+                row.fail(f"guided decoding: {why}")
         if self.on_token is not None:
             self.on_token(row)
 
-    def guide(self, slot: int, row: RowState) -> bool:
-        """A guided row's logit_bias for its next token: its own, -inf on what the grammar forbids.
-        False if that is every token (runner.Runner.check_guide rules it out for the first one)."""
+    def guide(self, slot: int, row: RowState) -> str | None:
+        """A guided row's logit_bias for its next token: its own, -inf on what the grammar forbids;
+        or why no token can come (runner.Runner.check_guide rules that out for the first one)."""
         if row.guide is None:
-            return True
+            return None
         self.batch.version[slot] += 1
         return row.guide.bias(self.batch.logit_bias[slot], row.params.logit_bias)
 

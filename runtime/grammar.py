@@ -37,11 +37,11 @@ class Grammars:
         from llguidance import LLMatcher
 
         key = (guide.kind, guide.text)
+        try:
+            tokenizer = self.tokenizer()
+        except ValueError as e:
+            raise ValueError(f"`{guide.path}` cannot be used: {one_line(str(e))}") from None
         if key not in self._compiled:
-            try:
-                tokenizer = self.tokenizer()
-            except ValueError as e:
-                raise ValueError(f"`{guide.path}` cannot be used: {one_line(str(e))}") from None
             try:
                 grammar = guide.grammar()
             except (ValueError, TypeError) as e:
@@ -51,36 +51,53 @@ class Grammars:
                 raise ValueError(f"`{guide.path}` does not compile: {one_line(error)}")
             m = LLMatcher(tokenizer, grammar, log_level=0)
             if m.is_error():
-                raise ValueError(f"`{guide.path}` does not compile: {one_line(m.get_error())}")
+                raise ValueError(f"`{guide.path}` does not compile: {reason(m.get_error())}")
             self._compiled[key] = m
-        return Matcher(self._compiled[key].deep_copy(), self.vocab_size)
+        return Matcher(self._compiled[key].deep_copy(), self.vocab_size, self.eos_ids, guide.path, tokenizer)
 
 
 class Matcher:
-    """One sample's place in its grammar."""
+    """One sample's place in its grammar. Its messages name the guide's JSON path."""
 
-    def __init__(self, matcher, vocab_size: int):
-        self.m, self.vocab_size = matcher, vocab_size
+    def __init__(self, matcher, vocab_size: int, eos_ids: list[int], path: str, tokenizer):
+        self.m, self.vocab_size, self.eos_ids, self.path, self.tokenizer = matcher, vocab_size, eos_ids, path, tokenizer
 
     def allowed(self) -> np.ndarray:
-        """bool [V]: the tokens that may come next."""
+        """bool [V]: the tokens that may come next. EOS only where the grammar is complete: llguidance
+        reads a special token's text in a guide ("<|im_end|>") as that token, and would allow EOS
+        there, ending the answer short of a match."""
         bits = np.frombuffer(self.m.compute_bitmask(), np.uint8)
-        return np.unpackbits(bits, bitorder="little")[:self.vocab_size].astype(bool)
+        allowed = np.unpackbits(bits, bitorder="little")[:self.vocab_size].astype(bool)
+        if not self.m.is_accepting():
+            allowed[self.eos_ids] = False
+        return allowed
 
-    def bias(self, out: np.ndarray, logit_bias: dict[int, float]) -> bool:
-        """out [V] := the request's own logit_bias, -inf where the grammar allows no token; False if
-        it allows none the model can produce (only ids past its vocabulary: added tokens)."""
+    def bias(self, out: np.ndarray, logit_bias: dict[int, float]) -> str | None:
+        """out [V] := the request's own logit_bias, -inf where the grammar allows no token; or why
+        nothing can come next."""
         allowed = self.allowed()
+        if self.m.is_error():  # a grammar that matches nothing (from here): llguidance's word for it
+            return f"`{self.path}` matches no text from here: {reason(self.m.get_error())}"
+        if not allowed.any():
+            return (f"`{self.path}` leaves no token the answer can continue with (a special token's text in a "
+                    "guide, such as <|im_end|>, is read as that token; or only ids past the model's vocabulary)")
         out[:] = np.where(allowed, np.float32(0), np.float32(-np.inf))
         for token_id, value in logit_bias.items():
             out[token_id] += value
-        return bool(allowed.any())
+        return None
 
     def consume(self, token_id: int) -> str | None:
-        """Advance past a generated token; the reason, if the grammar cannot take it."""
+        """Advance past a generated token; why not, if the grammar cannot take it."""
         if self.m.consume_token(token_id):
             return None
-        return one_line(self.m.get_error() or "") or f"token {token_id} is not allowed there"
+        special = " (a special token: its text in a guide is read as the token)" if self.tokenizer.is_special_token(
+            token_id) else ""
+        return f"`{self.path}` cannot take token {token_id}{special}: {reason(self.m.get_error())}"
+
+
+def reason(message: str) -> str:
+    """llguidance's message without the parser state it appends."""
+    return one_line(message.split("<state>")[0]) or "(no reason given)"
 
 
 def one_line(message: str, limit: int = 400) -> str:

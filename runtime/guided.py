@@ -14,9 +14,11 @@ loads it.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 
-from trtllm.runtime.strict_json import array, boolean, check_keys, fail, json_object, key_path, string
+from trtllm.runtime.strict_json import (array, boolean, check_duplicates, check_keys, fail, json_object, key_path,
+                                        object_hook, string)
 
 KINDS = ("json_schema", "json_object", "regex", "ebnf", "choice")
 NOT_YET = ("structural_tag",)  # Edge-LLM's other kind: named as not implemented, not as unknown
@@ -46,6 +48,29 @@ def _sized(text: str, path: str, value: object) -> str:
     return text
 
 
+def _dumps(value: object) -> str:
+    return json.dumps(value, ensure_ascii=False)  # (its size is the UTF-8 the user wrote, not \u escapes)
+
+
+def _no_constant(name: str):
+    raise ValueError(f"{name} is not JSON")
+
+
+def _check_schema(schema: object, path: str) -> None:
+    """Repeated keys and non-finite numbers anywhere in a schema, by path (iteratively: a schema may
+    nest as deep as the reader goes)."""
+    stack = [(schema, path)]
+    while stack:
+        value, at = stack.pop()
+        if isinstance(value, dict):
+            check_duplicates(value, lambda key, at=at: key_path(at, key))
+            stack += [(v, key_path(at, k)) for k, v in value.items()]
+        elif isinstance(value, list):
+            stack += [(v, f"{at}[{i}]") for i, v in enumerate(value)]
+        elif isinstance(value, float) and not math.isfinite(value):
+            fail(at, "a finite number", value)
+
+
 def parse(value: object, path: str) -> Guide:
     """`guided_decoding`: an object with exactly one key of KINDS."""
     obj = json_object(value, path, "one of " + ", ".join(KINDS))
@@ -61,17 +86,22 @@ def parse(value: object, path: str) -> Guide:
             fail(at, "true (omit guided_decoding for no constraint)", v)
         return Guide(kind, "", at)
     if kind == "json_schema":
+        what = "a JSON schema (an object or a boolean, or a string of JSON holding one)"
         if isinstance(v, str):  # a schema written as a string of JSON, as some clients send it
-            try:
-                v = json.loads(v)
+            try:  # read as strictly as the file: repeated keys found below, NaN and Infinity refused
+                v = json.loads(v, object_pairs_hook=object_hook, parse_constant=_no_constant)
             except ValueError as e:
-                fail(at, "a JSON schema (an object, or a string of JSON holding one)", None, shown=f"invalid JSON: {e}")
-        schema = json_object(v, at, "a JSON schema") if not isinstance(v, bool) else v
-        return Guide(kind, _sized(json.dumps(schema), at, v), at)
+                fail(at, what, None, shown=f"invalid JSON: {e}")
+            except RecursionError:
+                fail(at, what, None, shown="arrays or objects nested deeper than the parser goes")
+        if not isinstance(v, (dict, bool)):
+            fail(at, what, v)
+        _check_schema(v, at)
+        return Guide(kind, _sized(_dumps(v), at, v), at)
     if kind == "choice":
         items = array(v, at, "non-empty strings", MAX_CHOICES)
         if not items:
             fail(at, f"a non-empty array of at most {MAX_CHOICES} non-empty strings", v)
         choices = [string(c, f"{at}[{i}]", nonempty=True) for i, c in enumerate(items)]
-        return Guide(kind, _sized(json.dumps(choices), at, v), at)
+        return Guide(kind, _sized(_dumps(choices), at, v), at)
     return Guide(kind, _sized(string(v, at, nonempty=True), at, v), at)

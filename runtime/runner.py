@@ -94,17 +94,15 @@ class Runner:
         """Why the request's guided_decoding cannot run (it does not compile), or None."""
         if req.guided_decoding is None:
             return None
-        try:
-            if not self.grammars().matcher(req.guided_decoding).allowed().any():
-                return (f"`{req.guided_decoding.path}` allows no token the model can produce to begin with "
-                        "(only ids past its vocabulary)")
+        try:  # its first step's mask: a grammar that matches nothing says so here
+            return self.grammars().matcher(req.guided_decoding).bias(
+                np.zeros(self.engine.manifest.model.vocab_size, np.float32), {})
         except ValueError as e:
             return str(e)
         except ImportError as e:  # a runtime installed without its dependencies
             return f"`{req.guided_decoding.path}`: guided decoding needs llguidance ({e}): pip install llguidance"
         except Exception as e:  # noqa: BLE001 - what llguidance raises besides: this request fails, not the run
             return f"`{req.guided_decoding.path}` cannot be used: {type(e).__name__}: {e}"
-        return None
 
     def prepare(self, index: int, req: fmt.Request, inp: fmt.InputFile, adapters: AdapterSet) -> Prepared:
         p = Prepared(index, req)

@@ -31,7 +31,7 @@ def error_of(doc: dict) -> InputError:
     ({"structural_tag": {}}, "requests[0].guided_decoding.structural_tag", "is not implemented"),
     ({"json_object": False}, "requests[0].guided_decoding.json_object", "true"),
     ({"json_schema": "{not json"}, "requests[0].guided_decoding.json_schema", "invalid JSON"),
-    ({"json_schema": [1]}, "requests[0].guided_decoding.json_schema", "a JSON object"),
+    ({"json_schema": [1]}, "requests[0].guided_decoding.json_schema", "an object or a boolean"),
     ({"choice": []}, "requests[0].guided_decoding.choice", "non-empty array"),
     ({"choice": ["a", ""]}, "requests[0].guided_decoding.choice[1]", "non-empty string"),
     ({"regex": ""}, "requests[0].guided_decoding.regex", "non-empty string"),
@@ -52,6 +52,24 @@ def test_a_guide_is_inherited_from_the_top_level_and_names_where_it_was_written(
     assert second.guided_decoding.path == "requests[1].guided_decoding.choice"
     schema = parse_input({"requests": [request(guided_decoding={"json_schema": '{"type": "string"}'})]})
     assert json.loads(schema.requests[0].guided_decoding.text) == {"type": "string"}
+
+
+def test_a_schema_is_read_as_strictly_as_the_file():
+    """Inside a schema, as everywhere in the file: repeated keys and non-finite numbers are refused by
+    path, in a schema object and in a string holding one; a string too deep to parse fails its
+    request alone; sizes count the UTF-8 written, not escapes."""
+    deep = "[" * 3000 + "]" * 3000
+    e = error_of({"requests": [request(guided_decoding={"json_schema": '{"type": "integer", "type": "string"}'})]})
+    assert e.json_path == "requests[0].guided_decoding.json_schema.type" and "given once" in str(e), str(e)
+    e = error_of({"requests": [request(guided_decoding={"json_schema": '{"maximum": NaN}'})]})
+    assert e.json_path == "requests[0].guided_decoding.json_schema" and "NaN is not JSON" in str(e), str(e)
+    e = error_of({"requests": [request(guided_decoding={"json_schema": {"maximum": float("inf")}})]})
+    assert e.json_path == "requests[0].guided_decoding.json_schema.maximum" and "finite" in str(e), str(e)
+    inp = parse_input({"requests": [request(guided_decoding={"json_schema": deep}), request()]}, isolate=True)
+    assert "nested deeper than the parser goes" in inp.invalid[0] and 1 not in inp.invalid
+    emoji = ["\U0001F600" * 10 + str(i) for i in range(1000)]  # 41 UTF-8 bytes each: under 128 KiB
+    assert parse_input({"requests": [request(guided_decoding={"choice": emoji})]}).requests[0].guided_decoding
+    assert parse_input({"requests": [request(guided_decoding={"json_schema": True})]}).requests[0].guided_decoding
 
 
 @pytest.mark.parametrize("field, value", [("min_new_tokens", 3), ("ignore_eos", True)])
@@ -150,3 +168,28 @@ def test_an_engine_without_eos_refuses_guides_alone(run_cli, tiny_engine, tmp_pa
     assert guided_row["error"] == ("`requests[0].guided_decoding.regex` cannot be used: the engine has no EOS token "
                                    "(its manifest's eos_token_ids is empty), where a grammar's answer would end")
     assert plain["finish_reason"] == "max-length" and result.exit_code == 1
+
+
+@pytest.mark.hf
+def test_guides_that_cannot_be_matched_fail_and_never_end_short(run_cli, tiny_engine):
+    """A special token's text in a guide is read as that token by llguidance: EOS there would end the
+    answer short of a match ("end-of-sequence" with "done" for "done<|im_end|>"). EOS comes only
+    where the grammar is complete, so such a guide fails (at the start: the request, by path), as
+    does one that matches no text at all."""
+    pytest.importorskip("torch")
+    requests = [request(guided_decoding={"choice": ["<|im_end|>"]}),
+                request(guided_decoding={"ebnf": 'root ::= "done<|im_end|>"'}),
+                request(guided_decoding={"regex": "[^\\s\\S]"}),
+                request(guided_decoding={"json_schema": False}),
+                request(guided_decoding={"choice": ["done", "d<|im_start|>"]}),
+                request(guided_decoding={"regex": "a{0}"})]
+    result, out = run_cli(tiny_engine("llama"), {"temperature": 0, "max_generate_length": 16, "requests": requests})
+    r = out["responses"]
+    assert r[0]["error"].startswith("`requests[0].guided_decoding.choice` leaves no token the answer can continue")
+    assert r[1]["finish_reason"] == "error" and "`requests[1].guided_decoding.ebnf` leaves no token" in r[1]["error"]
+    assert r[2]["error"].startswith("`requests[2].guided_decoding.regex` matches no text from here: ")
+    assert r[3]["error"] == "`requests[3].guided_decoding.json_schema` does not compile: Unsatisfiable schema: schema is false"
+    assert "<state>" not in r[2]["error"] and "\n" not in r[2]["error"]
+    # whatever the greedy path takes, an answer that ends is a whole match
+    assert r[4]["finish_reason"] == "error" or (r[4]["finish_reason"], r[4]["output_text"]) == ("end-of-sequence", "done")
+    assert (r[5]["finish_reason"], r[5]["output_text"]) == ("end-of-sequence", "")  # the empty match is one
