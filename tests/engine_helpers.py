@@ -64,3 +64,23 @@ def unoptimized_sessions():
         yield
     finally:
         backend.session_options = original
+
+
+class MemoryPrefixes:
+    """An in-memory saved-prefix store (runtime/prefix_cache.py's interface). It checks that what it
+    restores has the layout the scheduler asks for (the model's KV, or the draft head's)."""
+
+    def __init__(self):
+        self.saved = {}
+
+    def load(self, prefix_ids, adapter=None, expect=None):
+        kv = self.saved.get((tuple(prefix_ids), adapter))
+        if kv is not None and expect is not None:
+            assert (kv.shape, kv.dtype) == (tuple(expect[0]), np.dtype(expect[1])), (kv.shape, kv.dtype, expect)
+        return kv
+
+    def save(self, prefix_ids, kv, adapter=None):
+        self.saved[(tuple(prefix_ids), adapter)] = kv.copy()
+
+    def has(self, prefix_ids, adapter=None):
+        return (tuple(prefix_ids), adapter) in self.saved

@@ -24,6 +24,7 @@ from trtllm.runtime.kv_cache import KVCacheManager  # noqa: E402
 from trtllm.runtime.speculative import Drafter, SpecScheduler  # noqa: E402
 
 from trtllm.builder.eagle_reference import Reference  # noqa: E402
+from tests.engine_helpers import MemoryPrefixes  # noqa: E402
 from tests.eagle_drafts import random_draft  # noqa: E402
 from tests.parity.test_tiny_parity import hf_greedy, hf_model  # noqa: E402
 from tests.tiny_models import make_checkpoint  # noqa: E402
@@ -61,22 +62,6 @@ def greedy_rows(prompts, n):
     lengths = n if isinstance(n, list) else [n] * len(prompts)
     return [RowState(prompt_ids=p, params=sampling.SamplingParams(temperature=0.0, max_new_tokens=k),
                      rng=np.random.default_rng(0), eos_ids=frozenset()) for p, k in zip(prompts, lengths)]
-
-
-class MemoryPrefixes:
-    """An in-memory saved-prefix store (runtime/prefix_cache.py's interface)."""
-
-    def __init__(self):
-        self.saved = {}
-
-    def load(self, prefix_ids, adapter=None):
-        return self.saved.get((tuple(prefix_ids), adapter))
-
-    def save(self, prefix_ids, kv, adapter=None):
-        self.saved[(tuple(prefix_ids), adapter)] = kv.copy()
-
-    def has(self, prefix_ids, adapter=None):
-        return (tuple(prefix_ids), adapter) in self.saved
 
 
 def speculate(engine_dir, prompts, n, num_slots=None, step=4, prefixes=None, prefix_len=0, prefill_chunk=0,

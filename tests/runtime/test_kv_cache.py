@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from tests.engine_helpers import MemoryPrefixes
 from trtllm.runtime import manifest as mf
 from trtllm.runtime.engine import StepOutputs
 from trtllm.runtime.generate import RowState, chunk_end, run_rows
@@ -96,20 +97,6 @@ def test_different_lengths_finish_independently():
     assert [r.output_ids for r in rows] == [alone(p, n) for p, n in zip(PROMPTS, [1, 9, 3, 6, 2, 4])]
 
 
-class MemoryPrefixes:
-    def __init__(self):
-        self.saved = {}
-
-    def load(self, prefix_ids, adapter=None, expect=None):
-        return self.saved.get((adapter, prefix_ids))
-
-    def save(self, prefix_ids, kv, adapter=None):
-        self.saved[adapter, prefix_ids] = kv.copy()
-
-    def has(self, prefix_ids, adapter=None):
-        return (adapter, prefix_ids) in self.saved
-
-
 def test_saved_prefix_is_restored_and_gives_the_same_tokens():
     system = [21, 22, 23, 24, 25, 26]
     prompts = [system + [30, 31], system + [32], system, [40, 41]]
@@ -117,7 +104,7 @@ def test_saved_prefix_is_restored_and_gives_the_same_tokens():
     store = MemoryPrefixes()
     first = [row(prompts[0], prefix=system, save=True)]
     run_rows(FakeEngine(), first, 2, prefixes=store)
-    assert list(store.saved) == [(None, tuple(system))] and first[0].num_reused == 0
+    assert list(store.saved) == [(tuple(system), None)] and first[0].num_reused == 0
     rows = [row(p, prefix=system if p[:6] == system else ()) for p in prompts]
     engine = FakeEngine()
     run_rows(engine, rows, num_slots=4, prefixes=store)
@@ -259,7 +246,7 @@ def test_rows_admitted_together_share_their_common_prompt():
     assert [r.num_reused for r in rows] == [0, 7, 7, 6, 0]
     # leaders [0] (9 tokens) and [4] (3); then the followers' rests: [1, 2] (2 each) and [3] (3)
     assert [s for s in engine.steps if s[1] > 1] == [(1, 9), (1, 3), (2, 2), (1, 3)]
-    assert list(store.saved) == [(None, tuple(system))]
+    assert list(store.saved) == [(tuple(system), None)]
 
 
 def test_the_last_long_row_moves_down_and_decodes_alone():
