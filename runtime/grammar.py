@@ -9,8 +9,8 @@ from trtllm.runtime.guided import Guide
 
 
 class Grammars:
-    """A run's guides, compiled against the engine's tokenizer: one LLTokenizer (about a second
-    for a 50k vocabulary: built on first use) and each distinct guide's grammar once."""
+    """A run's guides, compiled against the engine's tokenizer: one LLTokenizer (under a second for
+    the demo model's 49k tokens: built on first use) and each distinct guide's grammar once."""
 
     def __init__(self, tokenizer_json: str, vocab_size: int, eos_ids: list[int], tokenizer_size: int = 0):
         """`vocab_size`: the engine's logits' width; `tokenizer_size`: the tokenizer's own ids (with

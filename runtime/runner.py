@@ -13,10 +13,10 @@ import numpy as np
 
 from trtllm.runtime import input_format as fmt
 from trtllm.runtime import interrupt
-from trtllm.runtime.grammar import Grammars
 from trtllm.runtime.chat_template import ChatTemplate, ChatTemplateError, raw_prompt
 from trtllm.runtime.engine import Engine
 from trtllm.runtime.generate import PrefixSource, RowState, Timing, run_rows
+from trtllm.runtime.grammar import Grammars
 from trtllm.runtime.lora import AdapterError, AdapterSet
 from trtllm.runtime.kv_cache import bytes_for, bytes_per_token
 from trtllm.runtime.sampling import SamplingParams
