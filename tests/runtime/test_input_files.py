@@ -97,10 +97,11 @@ def test_lone_surrogate_escape_is_refused(tmp_path):
 def test_example_input_parses():
     inp = read_input(REPO / "examples" / "input.json")
     assert inp.batch_size == 2 and inp.temperature == 0.0 and inp.max_generate_length == 64
-    assert len(inp.requests) == 4
+    assert len(inp.requests) == 5
     assert any(m.role == "system" for r in inp.requests for m in r.messages)
     assert any(len(r.messages) >= 3 for r in inp.requests)
     assert any(r.stop for r in inp.requests)
+    assert inp.requests[4].guided_decoding.kind == "json_schema"
 
 
 # --- engine checks ----------------------------------------------------------------------------
