@@ -53,7 +53,7 @@ def kept_of(case, max_top_k, rows=slice(None)):
 def assert_close(name, got, want, atol, eps=1e-6):
     """atol + |want| * eps, reporting the first bad indices and the largest errors."""
     assert got.shape == want.shape and got.dtype == want.dtype, (name, got.shape, got.dtype, want.shape, want.dtype)
-    err = np.abs(got.astype(np.float64) - want)
+    err = np.where(got == want, 0.0, np.abs(got.astype(np.float64) - want))  # (-inf and -inf: equal, not NaN)
     bad = np.argwhere(~(err <= atol + np.abs(want) * eps))
     assert not len(bad), (f"{name}: {len(bad)} bad, first at {bad[:5].tolist()}; max abs err {err.max():.3g}, "
                           f"max rel err {(err / np.maximum(np.abs(want), 1e-30)).max():.3g}")
@@ -133,4 +133,10 @@ def random_case(rng):
                  rng.choice([k for k in (0, 1, 5, max_top_k) if k <= max_top_k], rows),
                  rng.choice([0.3, 0.9, 1.0], rows), rng.random(rows, dtype=np.float32), bias,
                  min_p=rng.choice([0.0, 0.0, 0.05, 0.3, 1.0], rows), **random_penalties(rng, rows, vocab_size))
+    # a guided row's grammar: -inf on most of the vocabulary, in logit_bias; one token left to each row
+    masked = rng.random((rows, vocab_size)) < rng.choice([0.0, 0.0, 0.9], (rows, 1))
+    keep = rng.integers(0, vocab_size, rows)
+    masked[np.arange(rows), keep] = False
+    case["logit_bias"] = np.where(masked, np.float32(-np.inf), case["logit_bias"])
+    case["penalty_bias"][np.arange(rows), keep] = np.maximum(case["penalty_bias"][np.arange(rows), keep], -1)
     return case, int(rng.integers(1, min(5, max_top_k) + 1)), max_top_k

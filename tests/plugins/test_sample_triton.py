@@ -41,7 +41,7 @@ def random_case(rng, vocab_size: int, max_top_k: int, num_rows: int) -> tuple[di
     logits[rng.random(num_rows) < 0.1] = 1.0                            # a row of equal logits
     bias_scale = rng.choice([0.0, 0.0, 3.0, 100.0], (num_rows, 1))    # 100: a few tokens dominate
     bias = np.where(rng.random(shape) < 0.1, rng.uniform(-1, 1, shape) * bias_scale, 0.0)
-    bias[rng.random(shape) < rng.choice([0.0, 0.05, 0.5], (num_rows, 1))] = -np.inf   # bans
+    bias[rng.random(shape) < rng.choice([0.0, 0.05, 0.5, 0.99], (num_rows, 1))] = -np.inf   # bans (0.99: a grammar)
     on = rng.random(num_rows) < 0.7                                     # rows with penalties
     seen = (rng.random(shape) < rng.choice([0.05, 0.3], (num_rows, 1))) & on[:, None]
     counts = rng.poisson(0.5, shape) * seen
