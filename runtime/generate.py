@@ -61,7 +61,7 @@ class RowState:
     num_reused: int = 0               # prompt tokens restored from a saved prefix
     computed: int = 0                 # prompt positions whose KV is in its slot (restored, copied or computed)
     adapter: object = None            # its LoRA adapter (runtime/lora.py Adapter), None for the base model
-    speculative: bool = True          # may decode speculatively (EAGLE engines; disable_spec_decode)
+    speculative: bool = True          # may decode speculatively (EAGLE engines; disable_spec_decode, guides)
     guide: object = None              # guided decoding's matcher (runtime/grammar.py Matcher), None if unconstrained
     spare: list = field(default_factory=list)  # random numbers a verification drew and did not use: next first
     slot: int | None = None
@@ -450,7 +450,12 @@ class Scheduler:
             return
         sampling.penalize(self.batch, slot, row.params, row.counts, token, len(row.output_ids), row.banned)
         if row.guide is not None and not row.finish_reason:
-            why = row.guide.consume(token) or self.guide(slot, row)
+            try:
+                why = row.guide.consume(token) or self.guide(slot, row)
+            except (KeyboardInterrupt, SystemExit):
+                raise
+            except BaseException as e:  # noqa: BLE001 - llguidance's (a Rust panic is a BaseException): that row fails
+                why = f"`{row.guide.path}`: {type(e).__name__}: {e}"
             if why:
                 row.fail(f"guided decoding: {why}")
         if self.on_token is not None:

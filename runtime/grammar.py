@@ -34,26 +34,32 @@ class Grammars:
 
     def matcher(self, guide: Guide) -> Matcher:
         """A fresh matcher for one sample; ValueError naming the guide's path if it does not compile."""
-        from llguidance import LLMatcher
-
-        key = (guide.kind, guide.text)
         try:
             tokenizer = self.tokenizer()
         except ValueError as e:
             raise ValueError(f"`{guide.path}` cannot be used: {one_line(str(e))}") from None
-        if key not in self._compiled:
-            try:
-                grammar = guide.grammar()
-            except (ValueError, TypeError) as e:
-                raise ValueError(f"`{guide.path}` does not compile: {one_line(str(e))}") from None
-            error = LLMatcher.validate_grammar(grammar, tokenizer)
-            if error:
-                raise ValueError(f"`{guide.path}` does not compile: {one_line(error)}")
-            m = LLMatcher(tokenizer, grammar, log_level=0)
-            if m.is_error():
-                raise ValueError(f"`{guide.path}` does not compile: {reason(m.get_error())}")
-            self._compiled[key] = m
-        return Matcher(self._compiled[key].deep_copy(), self.vocab_size, self.eos_ids, guide.path, tokenizer)
+        key = (guide.kind, guide.text)
+        if key not in self._compiled:  # a guide that does not compile is remembered too (a top-level one: once)
+            self._compiled[key] = self.compile(guide, tokenizer)
+        compiled = self._compiled[key]
+        if isinstance(compiled, str):
+            raise ValueError(f"`{guide.path}` does not compile: {compiled}")
+        return Matcher(compiled.deep_copy(), self.vocab_size, self.eos_ids, guide.path, tokenizer)
+
+    @staticmethod
+    def compile(guide: Guide, tokenizer):
+        """A matcher at the guide's start, or why it does not compile."""
+        from llguidance import LLMatcher
+
+        try:
+            grammar = guide.grammar()
+        except (ValueError, TypeError) as e:
+            return one_line(str(e))
+        error = LLMatcher.validate_grammar(grammar, tokenizer)
+        if error:
+            return one_line(error)
+        m = LLMatcher(tokenizer, grammar, log_level=0)
+        return reason(m.get_error()) if m.is_error() else m
 
 
 class Matcher:

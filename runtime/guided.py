@@ -17,8 +17,8 @@ import json
 import math
 from dataclasses import dataclass
 
-from trtllm.runtime.strict_json import (array, boolean, check_duplicates, check_keys, fail, json_object, key_path,
-                                        object_hook, string)
+from trtllm.runtime.strict_json import (LongNumber, array, boolean, check_duplicates, check_keys, fail, json_object,
+                                        key_path, object_hook, parse_int, string)
 
 KINDS = ("json_schema", "json_object", "regex", "ebnf", "choice")
 NOT_YET = ("structural_tag",)  # Edge-LLM's other kind: named as not implemented, not as unknown
@@ -49,7 +49,8 @@ def _sized(text: str, path: str, value: object) -> str:
 
 
 def _dumps(value: object) -> str:
-    return json.dumps(value, ensure_ascii=False)  # (its size is the UTF-8 the user wrote, not \u escapes)
+    # compact, and not ASCII-escaped: its size is about the UTF-8 the user wrote
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
 
 
 def _no_constant(name: str):
@@ -57,16 +58,23 @@ def _no_constant(name: str):
 
 
 def _check_schema(schema: object, path: str) -> None:
-    """Repeated keys and non-finite numbers anywhere in a schema, by path (iteratively: a schema may
-    nest as deep as the reader goes)."""
+    """What every other field of the file is held to, anywhere in a schema, by path: no repeated
+    keys, finite numbers, integers Python converts, valid Unicode (no lone surrogate escapes).
+    Iteratively: a schema may nest as deep as the reader goes."""
     stack = [(schema, path)]
     while stack:
         value, at = stack.pop()
         if isinstance(value, dict):
             check_duplicates(value, lambda key, at=at: key_path(at, key))
-            stack += [(v, key_path(at, k)) for k, v in value.items()]
+            for k, v in value.items():
+                string(k, key_path(at, k))
+                stack.append((v, key_path(at, k)))
         elif isinstance(value, list):
             stack += [(v, f"{at}[{i}]") for i, v in enumerate(value)]
+        elif isinstance(value, str):
+            string(value, at)
+        elif isinstance(value, LongNumber):
+            fail(at, "a number of at most 4000 digits", value, shown=f"an integer of {value.digits} digits")
         elif isinstance(value, float) and not math.isfinite(value):
             fail(at, "a finite number", value)
 
@@ -89,7 +97,7 @@ def parse(value: object, path: str) -> Guide:
         what = "a JSON schema (an object or a boolean, or a string of JSON holding one)"
         if isinstance(v, str):  # a schema written as a string of JSON, as some clients send it
             try:  # read as strictly as the file: repeated keys found below, NaN and Infinity refused
-                v = json.loads(v, object_pairs_hook=object_hook, parse_constant=_no_constant)
+                v = json.loads(v, object_pairs_hook=object_hook, parse_constant=_no_constant, parse_int=parse_int)
             except ValueError as e:
                 fail(at, what, None, shown=f"invalid JSON: {e}")
             except RecursionError:
@@ -97,7 +105,11 @@ def parse(value: object, path: str) -> Guide:
         if not isinstance(v, (dict, bool)):
             fail(at, what, v)
         _check_schema(v, at)
-        return Guide(kind, _sized(_dumps(v), at, v), at)
+        try:
+            text = _dumps(v)
+        except RecursionError:  # (json.dumps recurses a few frames deeper than json.loads did)
+            fail(at, what, None, shown="arrays or objects nested deeper than the parser goes")
+        return Guide(kind, _sized(text, at, v), at)
     if kind == "choice":
         items = array(v, at, "non-empty strings", MAX_CHOICES)
         if not items:

@@ -101,7 +101,10 @@ class Runner:
             return str(e)
         except ImportError as e:  # a runtime installed without its dependencies
             return f"`{req.guided_decoding.path}`: guided decoding needs llguidance ({e}): pip install llguidance"
-        except Exception as e:  # noqa: BLE001 - what llguidance raises besides: this request fails, not the run
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException as e:  # noqa: BLE001 - anything else llguidance raises (a Rust panic is a
+            # BaseException) fails this request, not the run
             return f"`{req.guided_decoding.path}` cannot be used: {type(e).__name__}: {e}"
 
     def prepare(self, index: int, req: fmt.Request, inp: fmt.InputFile, adapters: AdapterSet) -> Prepared:

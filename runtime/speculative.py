@@ -29,7 +29,8 @@ Rows that ask for logprobs speculate where the engine's graph gives the verified
 (eagle.logprobs): each emitted token's top logprobs come from the logits at its position, as the
 sampler computes them in a plain step.
 
-Rows that do not speculate (penalties on sampled rows or raising ones, disable_spec_decode; on
+Rows that do not speculate (penalties on sampled rows or raising ones, disable_spec_decode, guided
+decoding, whose mask changes with every token; on
 engines without eagle.logprobs, logprobs; on engines built before sampled verification, also sampled
 rows, logit_bias, min_new_tokens and penalties) share the step: they feed one
 token and take the sampler's, as in plain decoding. A slot's draft KV past a row's position is

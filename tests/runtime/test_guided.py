@@ -67,6 +67,19 @@ def test_a_schema_is_read_as_strictly_as_the_file():
     assert e.json_path == "requests[0].guided_decoding.json_schema.maximum" and "finite" in str(e), str(e)
     inp = parse_input({"requests": [request(guided_decoding={"json_schema": deep}), request()]}, isolate=True)
     assert "nested deeper than the parser goes" in inp.invalid[0] and 1 not in inp.invalid
+    # what the file's own reader lets through inside an object fails that request alone, by path
+    from trtllm.runtime.strict_json import LongNumber
+
+    nested = {}
+    for _ in range(980):  # (json.dumps recurses deeper than the reader did)
+        nested = {"items": nested}
+    for schema, path, says in [({"const": "\ud800"}, "json_schema.const", "valid Unicode"),
+                               ({"\udc00": {}}, 'json_schema["\\udc00"]', "valid Unicode"),
+                               ({"maximum": LongNumber("9" * 5000)}, "json_schema.maximum", "5000 digits"),
+                               (nested, "json_schema", "nested deeper")]:
+        inp = parse_input({"requests": [request(guided_decoding={"json_schema": schema}), request()]}, isolate=True)
+        assert f"requests[0].guided_decoding.{path}" in inp.invalid[0] and says in inp.invalid[0], inp.invalid
+        assert 1 not in inp.invalid
     emoji = ["\U0001F600" * 10 + str(i) for i in range(1000)]  # 41 UTF-8 bytes each: under 128 KiB
     assert parse_input({"requests": [request(guided_decoding={"choice": emoji})]}).requests[0].guided_decoding
     assert parse_input({"requests": [request(guided_decoding={"json_schema": True})]}).requests[0].guided_decoding
@@ -149,6 +162,14 @@ def test_an_eagle_engine_answers_a_guided_request_as_a_plain_engine(run_cli, tin
         answers.append([(r["output_text"], r["finish_reason"]) for r in out["responses"]])
     assert answers[0] == answers[1]
     assert re.fullmatch(r"[a-e]{2,5}(, [a-e]{2,5})*\.", answers[1][0][0])
+    # the guided row alone drafts nothing (a random head's drafts are rarely accepted, so equal
+    # answers alone would not show that it never speculated); the unguided one alone does
+    drafted = []
+    for req in payload["requests"]:
+        profile = tmp_path / "profile.json"
+        result, _ = run_cli(eagle, {**payload, "requests": [req]}, "--profile", str(profile))
+        drafted.append(json.loads(profile.read_text())["eagle_generation"]["drafted_tokens"])
+    assert drafted[0] == 0 < drafted[1], drafted
 
 
 @pytest.mark.hf
@@ -193,3 +214,22 @@ def test_guides_that_cannot_be_matched_fail_and_never_end_short(run_cli, tiny_en
     # whatever the greedy path takes, an answer that ends is a whole match
     assert r[4]["finish_reason"] == "error" or (r[4]["finish_reason"], r[4]["output_text"]) == ("end-of-sequence", "done")
     assert (r[5]["finish_reason"], r[5]["output_text"]) == ("end-of-sequence", "")  # the empty match is one
+
+
+@pytest.mark.hf
+def test_a_guide_that_does_not_compile_is_compiled_once(monkeypatch, tiny_engine):
+    """A top-level guide every request inherits: its error is remembered, not recompiled per request."""
+    pytest.importorskip("torch")
+    from trtllm.runtime import grammar
+    from trtllm.runtime.tokenizer import Tokenizer
+
+    tok = Tokenizer.from_engine_dir(tiny_engine("llama"))
+    grammars = grammar.Grammars(tok.to_json(), tok.vocab_size, [tok.token_to_id("<|im_end|>")])
+    calls, compile_ = [], grammar.Grammars.compile
+    monkeypatch.setattr(grammar.Grammars, "compile", staticmethod(lambda g, t: calls.append(g) or compile_(g, t)))
+    bad, good = guided.parse({"regex": "[0-9"}, "guided_decoding"), guided.parse({"regex": "[ab]"}, "x")
+    for _ in range(3):
+        with pytest.raises(ValueError, match="`guided_decoding.regex` does not compile"):
+            grammars.matcher(bad)
+        grammars.matcher(good)
+    assert calls == [bad, good]
