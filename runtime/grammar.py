@@ -98,7 +98,8 @@ class Matcher:
             return None
         special = " (a special token: its text in a guide is read as the token)" if self.tokenizer.is_special_token(
             token_id) else ""
-        return f"`{self.path}` cannot take token {token_id}{special}: {reason(self.m.get_error())}"
+        # (not always the token's fault: a parser limit reached there, "Current row has 2007 items", too)
+        return f"`{self.path}` stopped at token {token_id}{special}: {reason(self.m.get_error())}"
 
 
 def reason(message: str) -> str:
