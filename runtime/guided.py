@@ -17,8 +17,8 @@ import json
 import math
 from dataclasses import dataclass
 
-from trtllm.runtime.strict_json import (LongNumber, array, boolean, check_duplicates, check_keys, fail, json_object,
-                                        key_path, object_hook, parse_int, string)
+from trtllm.runtime.strict_json import (MAX_INT_DIGITS, LongNumber, array, boolean, check_duplicates, check_keys,
+                                        fail, json_object, key_path, object_hook, parse_int, string)
 
 KINDS = ("json_schema", "json_object", "regex", "ebnf", "choice")
 NOT_YET = ("structural_tag",)  # Edge-LLM's other kind: named as not implemented, not as unknown
@@ -38,7 +38,7 @@ class Guide:
 
         if self.kind == "json_object":
             return LLMatcher.grammar_from_json_schema('{"type": "object"}')
-        return grammar_from("json_schema" if self.kind == "json_schema" else self.kind, self.text)
+        return grammar_from(self.kind, self.text)  # (its formats are named as KINDS are)
 
 
 def _sized(text: str, path: str, value: object) -> str:
@@ -74,7 +74,7 @@ def _check_schema(schema: object, path: str) -> None:
         elif isinstance(value, str):
             string(value, at)
         elif isinstance(value, LongNumber):
-            fail(at, "a number of at most 4000 digits", value, shown=f"an integer of {value.digits} digits")
+            fail(at, f"a number of at most {MAX_INT_DIGITS} digits", value, shown=f"an integer of {value.digits} digits")
         elif isinstance(value, float) and not math.isfinite(value):
             fail(at, "a finite number", value)
 
