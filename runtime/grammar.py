@@ -67,16 +67,26 @@ class Matcher:
 
     def __init__(self, matcher, vocab_size: int, eos_ids: list[int], path: str, tokenizer):
         self.m, self.vocab_size, self.eos_ids, self.path, self.tokenizer = matcher, vocab_size, eos_ids, path, tokenizer
+        self._allowed = None  # the mask at this place, until the next token (a large schema's costs ms)
+
+    def copy(self) -> Matcher:
+        """Another sample's matcher at the same place, sharing the mask computed there."""
+        other = Matcher(self.m.deep_copy(), self.vocab_size, self.eos_ids, self.path, self.tokenizer)
+        other._allowed = self._allowed
+        return other
 
     def allowed(self) -> np.ndarray:
-        """bool [V]: the tokens that may come next. EOS only where the grammar is complete: llguidance
-        reads a special token's text in a guide ("<|im_end|>") as that token, and would allow EOS
-        there, ending the answer short of a match."""
-        bits = np.frombuffer(self.m.compute_bitmask(), np.uint8)
-        allowed = np.unpackbits(bits, bitorder="little")[:self.vocab_size].astype(bool)
-        if not self.m.is_accepting():
-            allowed[self.eos_ids] = False
-        return allowed
+        """bool [V], read-only: the tokens that may come next. EOS only where the grammar is complete:
+        llguidance reads a special token's text in a guide ("<|im_end|>") as that token, and would
+        allow EOS there, ending the answer short of a match."""
+        if self._allowed is None:
+            bits = np.frombuffer(self.m.compute_bitmask(), np.uint8)
+            allowed = np.unpackbits(bits, bitorder="little")[:self.vocab_size].astype(bool)
+            if not self.m.is_accepting():
+                allowed[self.eos_ids] = False
+            allowed.flags.writeable = False
+            self._allowed = allowed
+        return self._allowed
 
     def bias(self, out: np.ndarray, logit_bias: dict[int, float]) -> str | None:
         """out [V] := the request's own logit_bias, -inf where the grammar allows no token; or why
@@ -94,6 +104,7 @@ class Matcher:
 
     def consume(self, token_id: int) -> str | None:
         """Advance past a generated token; why not, if the grammar cannot take it."""
+        self._allowed = None
         if self.m.consume_token(token_id):
             return None
         special = " (a special token: its text in a guide is read as the token)" if self.tokenizer.is_special_token(

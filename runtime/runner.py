@@ -37,6 +37,7 @@ class Prepared:
     prompt_ids: list[int] = field(default_factory=list)
     prefix_ids: tuple[int, ...] = ()  # the system prefix's tokens, when they start prompt_ids
     adapter: object = None            # its LoRA adapter (runtime/lora.py), None for the base model
+    guide: object = None              # its guided_decoding's matcher at the start (runtime/grammar.py), checked
     error: str | None = None
 
 
@@ -90,26 +91,31 @@ class Runner:
                                       self.tokenizer.vocab_size)
         return self._grammars
 
-    def check_guide(self, req: fmt.Request) -> str | None:
-        """Why the request's guided_decoding cannot run (it does not compile), or None."""
-        if req.guided_decoding is None:
+    def check_guide(self, p: Prepared) -> str | None:
+        """Why the request's guided_decoding cannot run (it does not compile, or allows no first
+        token), or None with p.guide set: its matcher, holding that first mask for its samples."""
+        guide = p.request.guided_decoding
+        if guide is None:
             return None
         try:  # its first step's mask: a grammar that matches nothing says so here
-            return self.grammars().matcher(req.guided_decoding).bias(
-                np.zeros(self.engine.manifest.model.vocab_size, np.float32), {})
+            matcher = self.grammars().matcher(guide)
+            error = matcher.bias(np.zeros(self.engine.manifest.model.vocab_size, np.float32), {})
         except ValueError as e:
             return str(e)
         except ImportError as e:  # a runtime installed without its dependencies
-            return f"`{req.guided_decoding.path}`: guided decoding needs llguidance ({e}): pip install llguidance"
+            return f"`{guide.path}`: guided decoding needs llguidance ({e}): pip install llguidance"
         except (KeyboardInterrupt, SystemExit):
             raise
         except BaseException as e:  # noqa: BLE001 - anything else llguidance raises (a Rust panic is a
             # BaseException) fails this request, not the run
-            return f"`{req.guided_decoding.path}` cannot be used: {type(e).__name__}: {e}"
+            return f"`{guide.path}` cannot be used: {type(e).__name__}: {e}"
+        if error is None:
+            p.guide = matcher
+        return error
 
     def prepare(self, index: int, req: fmt.Request, inp: fmt.InputFile, adapters: AdapterSet) -> Prepared:
         p = Prepared(index, req)
-        p.error = unsupported(req, index) or self.check_guide(req)
+        p.error = unsupported(req, index) or self.check_guide(p)
         if p.error:
             return p
         if req.lora_name is not None:
@@ -159,7 +165,7 @@ class Runner:
                         eos_ids=frozenset(self.engine.manifest.eos_token_ids),
                         text=TextStream(self.tokenizer, req.stop), prefix_ids=p.prefix_ids,
                         save_prefix=req.save_system_prompt_kv_cache, adapter=p.adapter,
-                        guide=req.guided_decoding and self.grammars().matcher(req.guided_decoding),
+                        guide=p.guide and p.guide.copy(),  # (each sample its own place, the first mask shared)
                         # a guided row decodes plainly: verification draws without the grammar's mask
                         speculative=not req.disable_spec_decode and req.guided_decoding is None)
 

@@ -233,3 +233,48 @@ def test_a_guide_that_does_not_compile_is_compiled_once(monkeypatch, tiny_engine
             grammars.matcher(bad)
         grammars.matcher(good)
     assert calls == [bad, good]
+
+
+class CountingMatcher:
+    """llguidance's matcher, counting the masks computed before any token was consumed."""
+
+    def __init__(self, m, counts):
+        self.m, self.counts, self.started = m, counts, False
+
+    def deep_copy(self):
+        other = CountingMatcher(self.m.deep_copy(), self.counts)
+        other.started = self.started
+        return other
+
+    def compute_bitmask(self):
+        self.counts["at start" if not self.started else "later"] += 1
+        return self.m.compute_bitmask()
+
+    def consume_token(self, token_id):
+        self.started = True
+        return self.m.consume_token(token_id)
+
+    def __getattr__(self, name):
+        return getattr(self.m, name)
+
+
+@pytest.mark.hf
+def test_a_requests_first_mask_is_computed_once_for_all_its_samples(monkeypatch, run_cli, tiny_engine):
+    """The up-front check computes the first mask (a large schema's takes tens of ms); its samples
+    start from it instead of computing it again, and each later mask is computed once per token."""
+    pytest.importorskip("torch")
+    from trtllm.runtime import grammar
+
+    counts, compile_ = {"at start": 0, "later": 0}, grammar.Grammars.compile
+
+    def counting(g, t):
+        m = compile_(g, t)
+        return m if isinstance(m, str) else CountingMatcher(m, counts)
+
+    monkeypatch.setattr(grammar.Grammars, "compile", staticmethod(counting))
+    result, out = run_cli(tiny_engine("llama"), {
+        "requests": [request(guided_decoding={"regex": "[a-e]{3}"}, n=3)], "seed": 5, "temperature": 1.5,
+        "top_p": 1, "max_generate_length": 16})
+    assert result.exit_code == 0, result.output
+    assert all(re.fullmatch("[a-e]{3}", r["output_text"]) for r in out["responses"])
+    assert counts["at start"] == 1 and counts["later"] >= 3, counts  # (each sample's after its first token)
