@@ -51,17 +51,20 @@ from __future__ import annotations
 
 import functools
 import time
-from dataclasses import dataclass
 
 import numpy as np
 
 from trtllm.runtime import sampling
 from trtllm.runtime.draft_policy import DraftPolicy
 from trtllm.runtime.draft_tree import TreeDecoding
+from trtllm.runtime.drafter import Drafter
 from trtllm.runtime.engine import StepInputs
 from trtllm.runtime.generate import RowState, Scheduler, adapter_key, runs, write_position
 from trtllm.runtime.kv_cache import KVCacheManager
-from trtllm.runtime.manifest import Manifest, ManifestError
+from trtllm.runtime.spec_rules import exact, greedy, held, lowering, sampled
+
+# (Drafter and the rules lived here once: callers import them from here still)
+__all__ = ["Drafter", "SpecScheduler", "draft_key", "exact", "greedy", "held", "lowering", "sampled"]
 
 
 def draft_key(row: RowState) -> str:
@@ -69,112 +72,7 @@ def draft_key(row: RowState) -> str:
     return "eagle-draft" + ("" if row.adapter is None else ":" + row.adapter.digest)
 
 
-def greedy(p: sampling.SamplingParams) -> bool:
-    """What an engine with greedy verification (built before sampled verification; verify_ids the
-    argmax of the raw logits) reproduces exactly. Not top_k 1 at a temperature: the sampler keeps
-    every token tied with the k-th, and draws among them. Nor min_new_tokens or penalties: biases."""
-    return p.temperature == 0 and not p.logit_bias and p.min_new_tokens == 0 and not p.penalized and sampled(p)
-
-
-def sampled(p: sampling.SamplingParams, logprobs: bool = False) -> bool:
-    """What sampled verification reproduces exactly (eagle.verify "sampled": the sampler at every
-    drafted position, with the row's parameters and its next random numbers): any temperature,
-    top-k, top-p, min-p and logit bias, which are the same at every position; min_new_tokens, whose
-    ban is too within a cycle that stops at its end (`held`); and penalties on a greedy request when
-    they only ever lower a token as it is generated (`lowering`), within a cycle that stops before a
-    token it has already emitted (`exact`). Not penalties on a sampled request: each token changes
-    the distribution. Nor logprobs, unless the engine gives the verified positions' logits (`logprobs`)."""
-    return (logprobs or p.num_logprobs == 0) and (not p.penalized or (p.temperature == 0 and lowering(p)))
-
-
-def lowering(p: sampling.SamplingParams) -> bool:
-    """Penalties that only ever lower a token's logit as it is generated: repetition_penalty >= 1 (a
-    seen token's logit divided by it, or multiplied if negative), frequency and presence penalties
-    >= 0. Verification applies the penalties the row has at a cycle's first position to all of them;
-    the tokens emitted since are then lower than verification had them, and nothing else moved, so
-    the argmax at a later position stands unless it is one of those tokens."""
-    return p.repetition_penalty >= 1 and p.frequency_penalty >= 0 and p.presence_penalty >= 0
-
-
-def exact(row: RowState, tokens: list[int]) -> int:
-    """How many of a cycle's verified tokens (its first position's first) plain decoding emits too:
-    all of them, but while min_new_tokens holds tokens back, none past the ban's end (`held`), and
-    with penalties (greedy, `lowering`), none from the first that repeats a token of the cycle."""
-    n = len(tokens)
-    if held(row):
-        n = min(n, held(row))
-    if row.params.penalized:
-        n = next((i for i in range(1, n) if tokens[i] in tokens[:i]), n)
-    return n
-
-
-def held(row: RowState) -> int:
-    """How many more tokens min_new_tokens holds EOS and stop_token_ids back for (0: none). Every
-    position of a verification is sampled with the ban the row has at its first, so a cycle emits
-    at most this many while the ban lasts: the token after the ban's end was drawn under it."""
-    return max(0, row.params.min_new_tokens - len(row.output_ids))
-
-
-AUTO_MAX_STEP = 4  # the most `auto` drafts per cycle (or the engine's draft_step, if higher)
 PAUSE_FLUSH = 256  # while paused, the draft catches up once a row has kept this many pairs
-
-
-@dataclass
-class Drafter:
-    """What trtllm-run hands the scheduler: the draft engine and how many tokens to draft per step:
-    `step` drafts every cycle, or with `auto` (runtime/draft_policy.py) 0 to `step` per cycle, chosen
-    as the run goes, starting from `start`."""
-
-    engine: "DraftEngine"  # noqa: F821 (runtime/backends/onnxruntime.py, imported when used)
-    step: int
-    auto: bool = False
-    start: int = 0
-    top_k: int = 1  # candidates per node of a draft tree (1: a chain, the head's best at each depth)
-    verify_size: int = 0  # a tree's most nodes verified in a step, with the root (0: top_k x depth + 1)
-    guess: bool = True  # sampled rows draft guesses at their draws (sampling.propose); False: the head's argmax
-
-    @classmethod
-    def load(cls, engine_dir, manifest: Manifest, step: int | str | None = "auto", top_k: int | str | None = "auto",
-             verify_size: int | str | None = "auto", **options) -> "Drafter | None":
-        """`step`: "auto" (also None), or a fixed number of drafts per cycle (a tree's depth).
-        `top_k`: "auto" (the engine's draft_top_k) or the candidates per tree node (1: a chain).
-        `verify_size`: "auto" or the most tree nodes a step verifies. None when the engine has no
-        draft head or `step` is 0 (speculation off)."""
-        if not manifest.eagle or step == 0:
-            return None
-        top_k = draft_top_k(manifest, top_k)
-        size = 0 if verify_size in (None, "auto") else int(verify_size)
-        if size and top_k == 1:
-            raise ManifestError("--spec-verify-size: a chain (--spec-draft-top-k 1) verifies its drafts alone; "
-                                "it sizes draft trees")
-        start = manifest.eagle.get("draft_step", 2)
-        auto = step in (None, "auto")
-        if manifest.backend == "tensorrt":
-            from trtllm.runtime.backends.tensorrt import TensorRTDraftEngine as DraftEngine
-        else:
-            from trtllm.runtime.backends.onnxruntime import DraftEngine
-        engine = DraftEngine(engine_dir, manifest, **options)
-        if auto:
-            return cls(engine, max(AUTO_MAX_STEP, start), True, start, top_k, size)
-        return cls(engine, int(step), top_k=top_k, verify_size=size)
-
-    def close(self) -> None:
-        self.engine.close()
-
-
-def draft_top_k(manifest: Manifest, top_k: int | str | None) -> int:
-    """--spec-draft-top-k: "auto" is the engine's (1 where its graphs take no draft trees)."""
-    e = manifest.eagle
-    if top_k in (None, "auto"):
-        return e.get("draft_top_k", 1) if e.get("tree") else 1
-    if int(top_k) > 1 and not e.get("tree"):
-        raise ManifestError("--spec-draft-top-k: this engine drafts chains only: it was built for ONNX Runtime's "
-                            "GroupQueryAttention, which takes no tree mask (--cpu-kernels onnxruntime, or our kernels "
-                            "unavailable), or before draft trees; use --spec-draft-top-k 1")
-    if int(top_k) > e.get("top_k", 1):
-        raise ManifestError(f"--spec-draft-top-k {top_k}: the engine's draft head gives its {e.get('top_k', 1)} best "
-                            "proposals at most")
-    return int(top_k)
 
 
 class SpecScheduler(TreeDecoding, Scheduler):

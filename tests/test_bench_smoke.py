@@ -161,3 +161,17 @@ def test_bench_sampled_smoke(tmp_path):
     (run,) = data["rounds"]["int4"]
     assert all(run[f"{m}_b{b}"] > 0 for m in ("greedy", "sampled") for b in (1, 2)), run
     assert data["report"][0].startswith("int4") and "sampled/greedy" in proc.stdout
+
+
+def test_bench_guided_smoke(tmp_path):
+    """scripts/bench_guided.py --smoke: our worker decodes under both guides and unguided in one
+    process, and the report pairs them."""
+    out = tmp_path / "guided.json"
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_guided.py"), "--smoke", "--out", str(out)],
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    data = json.loads(out.read_text())
+    (run,) = data["rounds"]["fp32"]
+    assert all(run[f"{g}_b{b}{m}"] > 0 for g in ("gbnf", "schema") for b in (1, 2) for m in ("", "_plain")), run
+    assert run["gbnf_answer"].startswith('{"people":[{"name":"'), run
+    assert data["report"][0].startswith("fp32") and "guided/plain" in proc.stdout

@@ -1,0 +1,121 @@
+"""A step's inputs for the rows it runs (prefill: right-padded prompts; decode: each row's last
+token), and the KV sizes a run's rows need: pure functions of the rows (runtime/generate.py runs them)."""
+from __future__ import annotations
+
+import numpy as np
+
+from trtllm.runtime import sampling
+from trtllm.runtime.engine import StepInputs
+from trtllm.runtime.rows import RowState
+
+CAPACITY_ROUNDING = 64  # KV capacities are multiples of this many positions
+# The KV buffers start at the longest prompt plus this many positions and double as generation
+# needs more (up to what the longest request may need): a run allowed 4,096 new tokens per request
+# that stops after 100 no longer holds slots x 4,096 positions (numpy backs them with 2 MiB pages,
+# which makes all of them resident).
+GENERATION_HEADROOM = 256
+
+
+def adapter_key(row: RowState) -> str | None:
+    return None if row.adapter is None else row.adapter.digest
+
+
+def kv_need(row: RowState) -> int:
+    """KV positions a row fills: its prompt and every generated token but the last, which is
+    never fed back (so a prompt that fills the capacity still gets one token)."""
+    return len(row.prompt_ids) + max(row.max_new_tokens - 1, 0)
+
+
+def rounded(positions: int) -> int:
+    return -(-positions // CAPACITY_ROUNDING) * CAPACITY_ROUNDING
+
+
+def capacity_for(rows: list[RowState], max_capacity: int) -> int:
+    """The most KV positions a slot of this run can need."""
+    return min(max_capacity, rounded(max(kv_need(r) for r in rows)))
+
+
+# Prompt tokens a row computes itself when the rest of its prompt's KV is copied in (from a saved
+# prefix or a neighbour): the first logits need one, and ONNX Runtime's GroupQueryAttention takes a
+# one-token step for a decode step, whose arithmetic differs in the last bits from a prompt's (our
+# attention kernel does not).
+MIN_COMPUTED = 2
+PAD_WASTE = 1.25  # a prefill step may compute at most this much more than its rows' real tokens
+
+
+def by_width(widths: list[int], start: int) -> list[tuple[int, int]]:
+    """Contiguous slots [start, start + len(widths)) -> [start, stop) steps in which right-padding
+    to the widest row costs at most PAD_WASTE x the real tokens: one 4000-token prompt admitted with
+    fifteen 20-token ones would make every row compute 4000 (4.5x the work, and every row's first
+    token waits for it). A prompt's logits do not depend on what shares its step."""
+    out: list[tuple[int, int]] = []
+    lo, widest, real = start, 0, 0
+    for s, w in enumerate(widths, start):
+        if s > lo and (s + 1 - lo) * max(widest, w) > PAD_WASTE * (real + w):
+            out.append((lo, s))
+            lo, widest, real = s, 0, 0
+        widest, real = max(widest, w), real + w
+    out.append((lo, start + len(widths)))
+    return out
+
+
+def runs(slots: list[int]) -> list[tuple[int, int]]:
+    """Sorted slots -> maximal contiguous [start, stop) ranges: each is one step's batch."""
+    out: list[tuple[int, int]] = []
+    for s in sorted(slots):
+        if out and out[-1][1] == s:
+            out[-1] = (out[-1][0], s + 1)
+        else:
+            out.append((s, s + 1))
+    return out
+
+
+def chunk_end(row: RowState, chunk: int) -> int:
+    """Where a prefill step stops in a row's prompt: `chunk` tokens on (0: at its end), but never
+    short of the end by less than MIN_COMPUTED: a last chunk of one token would take ONNX Runtime's
+    one-token (decode) attention, whose low bits differ from a prompt's."""
+    n = len(row.prompt_ids)
+    end = row.computed + chunk
+    return n if chunk <= 0 or n - end < MIN_COMPUTED else end
+
+
+def prefill_inputs(rows: list[RowState], pad_id: int, batch: sampling.SamplingBatch,
+                   ends: list[int] | None = None) -> StepInputs:
+    """Each row's prompt from its first position not in its KV (`computed`) to `ends` (default:
+    the prompt's end), right-padded; it writes from that position."""
+    starts = [r.computed for r in rows]
+    rests = [r.prompt_ids[r.computed:end] for r, end in zip(rows, ends or [None] * len(rows))]
+    width = max(len(t) for t in rests)
+    ids = np.full((len(rows), width), pad_id, np.int64)
+    for b, t in enumerate(rests):
+        ids[b, : len(t)] = t
+    positions = np.array(starts, np.int64)[:, None] + np.arange(width, dtype=np.int64)[None, :]
+    return StepInputs(input_ids=ids, position_ids=positions, write_index=np.array(starts, np.int64), prompt=True,
+                      last_index=np.array([len(t) - 1 for t in rests], np.int64), sampling=batch)
+
+
+def write_position(row: RowState | None) -> int:
+    """Where a decode step writes a row's token: after its last one; for a row without a token
+    yet (parked: its prompt is still being prefilled or copied), where its next chunk or copy
+    writes, which overwrites it before anything reads it; for an idle slot (None), 0."""
+    if row is None or not row.output_ids:
+        return 0 if row is None else row.computed
+    return len(row.prompt_ids) + len(row.output_ids) - 1
+
+
+def decode_inputs(rows: list[RowState | None], pad_id: int, batch: sampling.SamplingBatch,
+                  reuse: StepInputs | None = None) -> StepInputs:
+    """Each active row feeds its last token at its next position; an idle or parked slot feeds a
+    pad at its write_position. With `reuse` (an earlier result for the same rows and batch), its
+    arrays are overwritten in place: a backend that bound them once (ONNX Runtime's IOBinding) has
+    nothing to bind again."""
+    last = [pad_id if r is None or not r.output_ids else r.output_ids[-1] for r in rows]
+    pos = [write_position(r) for r in rows]
+    if reuse is not None:
+        reuse.input_ids[:, 0] = last
+        reuse.position_ids[:, 0] = pos
+        reuse.write_index[:] = pos
+        return reuse
+    return StepInputs(input_ids=np.array(last, np.int64)[:, None], position_ids=np.array(pos, np.int64)[:, None],
+                      write_index=np.array(pos, np.int64), last_index=np.zeros(len(rows), np.int64),
+                      sampling=batch)
