@@ -21,17 +21,19 @@ that the stored key, engine and prefix ids are the asked-for ones and that the s
 those of the engine's KV for that many tokens; anything else is a warning,
 the file is removed, and the KV is recomputed. The directory is bounded: after each save, least
 recently used entries (file mtime, refreshed on every hit) are removed until the total is under
-max_bytes; so is this process's copy of the entries it has used (the newest always kept: it is
+max_bytes (and before it, if the disk is full, until the new entry fits, when it can); so is this process's copy of the entries it has used (the newest always kept: it is
 what a request is reusing). Entries are written with the mode the umask allows, so that a cache
 directory can be shared.
 """
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import math
 import os
 import re
+import shutil
 import struct
 import tempfile
 import time
@@ -59,6 +61,7 @@ TMP_PREFIX = ".tmp-"  # entries being written; eviction leaves them alone
 # (tempfile's 8 characters), never another file that happens to end in .kv (the directory is the user's)
 ENTRY_NAME = re.compile(r"[0-9a-f]{64}\.kv")
 TMP_NAME = re.compile(re.escape(TMP_PREFIX) + r"[a-z0-9_]{8}\.kv")
+FULL_DISK_MARGIN = 1 << 20  # a full disk: room for an entry's blocks and metadata beyond its bytes
 STALE_TMP_SECONDS = 3600  # unless they are this old: a process killed mid-write left them
 SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*(?:([KMGT])(?:I?B?)?|B)?", re.IGNORECASE)
 
@@ -207,13 +210,26 @@ class PrefixStore:
             self.tidy()  # a lowered limit still applies to what is there
             return
         try:
-            self.write(key, data)
+            try:
+                self.write(key, data)
+            except OSError as e:  # a full disk (below --kv-cache-size): older entries make room, once
+                if e.errno not in (errno.ENOSPC, errno.EDQUOT) or not self.evict(free=self.shortfall(len(data))):
+                    raise
+                self.write(key, data)
         except OSError as e:  # a read-only or full cache directory costs the reuse, not the request
             warnings.warn(f"saved system-prompt KV cannot be written to {self.dir} ({e}); later runs will "
                           "recompute it (see --kv-cache-dir)", PrefixCacheWarning, stacklevel=2)
             return
         self.saves += 1
         self.tidy()
+
+    def shortfall(self, size: int) -> int:
+        """The bytes a disk lacks for a file of `size` (with a margin for its blocks and metadata)."""
+        try:
+            free = shutil.disk_usage(self.dir).free
+        except OSError:
+            free = 0
+        return max(size - free, 0) + FULL_DISK_MARGIN
 
     def tidy(self) -> None:
         """evict(), where a directory it cannot tidy (another user's file in a shared one, a
@@ -244,8 +260,10 @@ class PrefixStore:
             Path(tmp).unlink(missing_ok=True)
             raise
 
-    def evict(self) -> None:
-        """Remove least recently used entries until the directory holds at most max_bytes."""
+    def evict(self, free: int = 0) -> int:
+        """Remove least recently used entries until the directory holds at most max_bytes, and `free`
+        bytes less than it did (room for an entry on a full disk: none, if all of them are less than
+        that); how many bytes were removed."""
         entries = []
         for p in self.dir.glob("*.kv"):
             ours, tmp = ENTRY_NAME.fullmatch(p.name), TMP_NAME.fullmatch(p.name)
@@ -264,11 +282,16 @@ class PrefixStore:
                 continue
             entries.append((st.st_mtime, st.st_size, p))
         total = sum(size for _, size, _ in entries)
+        if free > total:  # removing every entry would not make the room
+            return 0
+        limit, removed = min(self.max_bytes, total - free), 0
         for _, size, p in sorted(entries):
-            if total <= self.max_bytes:
+            if total <= limit:
                 break
             try:
                 p.unlink(missing_ok=True)
             except OSError:  # not ours to remove (permissions): it still counts, nothing else to do
                 continue
             total -= size
+            removed += size
+        return removed

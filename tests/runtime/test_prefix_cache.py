@@ -1,6 +1,7 @@
 """Saved system-prompt KV: the on-disk store alone, then end to end on a tiny engine."""
 from __future__ import annotations
 
+import errno
 import json
 import os
 import time
@@ -113,6 +114,44 @@ def test_lru_eviction_keeps_the_directory_bounded(tmp_path):
     store.save((3,), kv(seed=3))
     names = {p.name for p in tmp_path.iterdir()}
     assert names == {store.path(store.key(k)).name for k in [(1,), (3,)]}
+
+
+def test_a_full_disk_evicts_older_entries_to_make_room(tmp_path, monkeypatch, recwarn):
+    """A disk that fills below --kv-cache-size: the least recently used entries go until the new one
+    fits (the disk here holds two entries), and it is saved; an entry larger than all of them
+    removes none of them, and is a warning."""
+    from trtllm.runtime import prefix_cache
+
+    N = 8192  # positions: entries of 2 MiB, more than the margin a write keeps
+
+    store = PrefixStore(tmp_path, "engine-a")
+    store.save((1,), kv(n=N, seed=1))
+    entry = store.path(store.key((1,))).stat().st_size
+    store.save((2,), kv(n=N, seed=2))
+    old = time.time() - 100
+    for k, t in (((1,), old), ((2,), old + 1)):
+        os.utime(store.path(store.key(k)), (t, t))
+    write, disk = PrefixStore.write, 2 * entry + prefix_cache.FULL_DISK_MARGIN
+
+    def free():
+        return disk - sum(p.stat().st_size for p in tmp_path.glob("*.kv"))
+
+    def small_disk(self, key, data):
+        if len(data) > free():
+            raise OSError(errno.ENOSPC, "No space left on device")
+        write(self, key, data)
+
+    monkeypatch.setattr(PrefixStore, "write", small_disk)
+    monkeypatch.setattr(prefix_cache.shutil, "disk_usage", lambda d: type("Usage", (), {"free": free()}))
+    store.save((3,), kv(n=N, seed=3))
+    assert {p.name for p in tmp_path.iterdir()} == {store.path(store.key(k)).name for k in [(2,), (3,)]}
+    assert store.saves == 3 and not recwarn.list
+    np.testing.assert_array_equal(PrefixStore(tmp_path, "engine-a").load((3,)), kv(n=N, seed=3))
+    big = PrefixStore(tmp_path, "engine-a")  # an entry larger than the whole disk: a warning, nothing lost
+    with pytest.warns(PrefixCacheWarning, match="No space left"):
+        big.save((4,), kv(n=3 * N, seed=4))
+    assert big.saves == 0 and big.load((4,)) is not None  # (from memory)
+    assert {p.name for p in tmp_path.iterdir()} == {store.path(store.key(k)).name for k in [(2,), (3,)]}
 
 
 def test_unwritable_directory_is_a_warning_and_the_entry_still_serves(tmp_path):
