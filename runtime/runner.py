@@ -166,8 +166,7 @@ class Runner:
                         text=TextStream(self.tokenizer, req.stop), prefix_ids=p.prefix_ids,
                         save_prefix=req.save_system_prompt_kv_cache, adapter=p.adapter,
                         guide=p.guide and p.guide.copy(),  # (each sample its own place, the first mask shared)
-                        # a guided row decodes plainly: verification draws without the grammar's mask
-                        speculative=not req.disable_spec_decode and req.guided_decoding is None)
+                        speculative=not req.disable_spec_decode)  # (guided: greedy ones, runtime/speculative.py)
 
     def generate(self, samples: list[Sample], num_slots: int, on_text=None) -> None:
         """Run every sample that can run, num_slots at a time (in-flight: a finished sample's slot

@@ -29,8 +29,13 @@ Rows that ask for logprobs speculate where the engine's graph gives the verified
 (eagle.logprobs): each emitted token's top logprobs come from the logits at its position, as the
 sampler computes them in a plain step.
 
+Guided rows (a grammar's mask, which changes with every token) speculate where they decode greedily
+without penalties on an engine with eagle.logprobs: the graph's sampler draws the first position under
+the row's mask, and the rest are walked on the host (`walk_guided`), each the argmax of its logits
+under the mask after the tokens emitted before it.
+
 Rows that do not speculate (penalties on sampled rows or raising ones, disable_spec_decode, guided
-decoding, whose mask changes with every token; on
+rows that sample or have penalties or lack those logits; on
 engines without eagle.logprobs, logprobs; on engines built before sampled verification, also sampled
 rows, logit_bias, min_new_tokens and penalties) share the step: they feed one
 token and take the sampler's, as in plain decoding. A slot's draft KV past a row's position is
@@ -91,6 +96,7 @@ class SpecScheduler(TreeDecoding, Scheduler):
         # and rows that ask for logprobs, where the graph gives the verified positions' logits
         logprobs = bool(engine.manifest.eagle.get("logprobs"))
         self.verifiable = functools.partial(sampled, logprobs=logprobs) if self.samples else greedy
+        self.logits = logprobs  # (guided rows verify on the host from them: `guided`)
         # a sampled row's drafts guess at its draws, from the head's best candidates (older heads give none)
         self.guesses = drafter.guess and self.samples and self.drafter.top_k > 0
         self.pad = engine.manifest.pad_token_id
@@ -144,7 +150,15 @@ class SpecScheduler(TreeDecoding, Scheduler):
     def follows(self, row: RowState | None) -> bool:
         """The draft runs over this row's text (its prompt too, chunk by chunk): a row that may
         speculate (`verifiable`) and has not finished."""
-        return row is not None and not row.finish_reason and row.speculative and self.verifiable(row.params)
+        return (row is not None and not row.finish_reason and row.speculative and self.verifiable(row.params)
+                and (row.guide is None or self.guided(row)))
+
+    def guided(self, row: RowState) -> bool:
+        """A guided row speculates where its verification can be done on the host, position by
+        position, each under the grammar's mask after the tokens before it (the graph's sampler has
+        one bias per row, the first position's mask): greedy, without penalties (counts the graph
+        applies), on an engine that gives the verified positions' logits (eagle.logprobs)."""
+        return self.logits and row.params.temperature == 0 and not row.params.penalized
 
     def speculates(self, row: RowState | None) -> bool:
         """It drafts and verifies in decode steps: it follows, and its prompt is all in (a row still
@@ -296,7 +310,8 @@ class SpecScheduler(TreeDecoding, Scheduler):
         inputs = StepInputs(input_ids=ids, position_ids=positions, write_index=start, last_index=last,
                             sampling=sampling.rows(self.batch, 0, hi), tree_mask=tree_mask,
                             verify_index=np.tile(np.arange(w, dtype=np.int64), (hi, 1)), verify_uniform=uniform)
-        out, step_time = self.step(0, hi, inputs, frozenset(drawn))
+        guided = any(r is not None and r.guide is not None for r in map(self.active.get, depths or ()))
+        out, step_time = self.step(0, hi, inputs, frozenset(drawn), want_logits=guided)
         self.timing.generation_runs += 1
         self.timing.verify_runs += 1
         return out, step_time, drawn
@@ -412,9 +427,31 @@ class SpecScheduler(TreeDecoding, Scheduler):
     def verify(self, slot: int, row: RowState, greedy_ids: list[int], drafts: list[int], out) -> list[int]:
         """Emit the verified tokens (the sampler's at each position) while the drafts agree with
         them; returns what was emitted."""
+        if row.guide is not None:
+            return self.walk_guided(slot, row, lambda node, token: node + 1 if node < len(drafts) and
+                                    drafts[node] == token else None, greedy_ids[0], out)[1]
         n = next((i + 1 for i, token in enumerate(greedy_ids) if i >= len(drafts) or drafts[i] != token),
                  len(greedy_ids))
         return self.emit(slot, row, greedy_ids[:n], out, range(n))
+
+    def walk_guided(self, slot: int, row: RowState, child, root_token: int, out) -> tuple[list[int], list[int]]:
+        """A guided row's verification (`guided`): from the root (the graph's token, drawn under the
+        first mask), each token emitted (so the matcher moves on and the row's bias becomes the next
+        mask), then the argmax of the next position's logits under it, while `child(node, token)`
+        (the drafted position holding that token, or None) goes on. (accepted nodes, emitted tokens)"""
+        path, emitted, node, token = [], [], 0, root_token
+        while True:
+            emitted += self.emit(slot, row, [token], out, [node])
+            node = None if row.finish_reason else child(node, token)
+            if node is None:
+                return path, emitted
+            path.append(node)
+            token = self.guided_token(slot, node, out)
+
+    def guided_token(self, slot: int, node: int, out) -> int:
+        """A guided greedy row's token at a verified position: the argmax under its bias, which is
+        now the grammar's mask there and the request's logit_bias (as the graph's sampler takes it)."""
+        return int(np.argmax(out.verify_logits[slot, node] + self.batch.logit_bias[slot]))
 
     @staticmethod
     def room(row: RowState) -> int:

@@ -55,12 +55,13 @@ def reference(ckpt, prompt_ids: list[int], guide: dict | None) -> list[int]:
     return out
 
 
-def ours(run_cli, engine, guides: list[dict], batch_size: int = 1) -> list[tuple[list[int], list[int], str]]:
-    """(prompt ids, generated ids, finish_reason) per request, greedy."""
-    requests = [{"messages": [{"role": "user", "content": PROMPTS[i % len(PROMPTS)]}],
+def ours(run_cli, engine, guides: list[dict], batch_size: int = 1, *args, prompts=PROMPTS
+         ) -> list[tuple[list[int], list[int], str]]:
+    """(prompt ids, generated ids, finish_reason) per request, greedy; `args`: trtllm-run's."""
+    requests = [{"messages": [{"role": "user", "content": prompts[i % len(prompts)]}],
                  **({"guided_decoding": g} if g else {})} for i, g in enumerate(guides)]
     result, out = run_cli(engine, {"temperature": 0, "max_generate_length": MAX_NEW, "num_logprobs": 1,
-                                   "batch_size": batch_size, "requests": requests})
+                                   "batch_size": batch_size, "requests": requests}, *args)
     assert result.exit_code == 0, result.output
     from trtllm.runtime.tokenizer import Tokenizer
 
@@ -96,3 +97,94 @@ def test_wrong_variant_a_matcher_that_never_advances_differs(run_cli, tiny_engin
     monkeypatch.setattr(grammar.Matcher, "consume", lambda self, token_id: None)
     (prompt, tokens, _), = ours(run_cli, engine, [GUIDES["regex"]])
     assert tokens != reference(ckpt, prompt, GUIDES["regex"])
+
+
+# --- EAGLE: greedy guided rows speculate, verified on the host under each position's mask ---------
+
+@pytest.fixture(scope="module")
+def eagle_engine(tiny_checkpoint, tmp_path_factory):
+    pytest.importorskip("safetensors.numpy")
+    from tests.eagle_drafts import random_draft
+    from trtllm.builder.config import BuildConfig
+    from trtllm.builder.export import build
+
+    root = tmp_path_factory.mktemp("guided-eagle")
+    draft = random_draft(tiny_checkpoint("llama"), root / "draft", seed=3, aux=[0, 1, 1])
+    return build(BuildConfig(model=str(tiny_checkpoint("llama")), output=str(root / "engine"), eagle=str(draft),
+                             max_batch_size=4, max_input_len=256, max_kv_cache_capacity=512), log=lambda m: None)
+
+
+def oracle(monkeypatch, want: dict, wrong_at: int | None):
+    """Drafts that are the right tokens (a random head's are almost never accepted), but for the
+    one at `wrong_at` in each chain or, in trees, a wrong first child under every right node; counts
+    the cycles whose drafts were all accepted."""
+    from trtllm.runtime import draft_tree
+    from trtllm.runtime.speculative import SpecScheduler
+
+    current, decode, ahead, grow = [None], SpecScheduler.decode, SpecScheduler.draft_ahead, draft_tree.grow
+    right = lambda row, n: (want[tuple(row.prompt_ids)][len(row.output_ids):] + [0] * n)[:n]  # noqa: E731
+
+    def draft_ahead(self, hi, rows, pos, ks, drafts, numbers):
+        elapsed = ahead(self, hi, rows, pos, ks, drafts, numbers)
+        for s, d in drafts.items():
+            d[:] = right(rows[s], len(d))
+            if wrong_at is not None and wrong_at < len(d):
+                d[wrong_at] = (d[wrong_at] + 1) % 300
+        return elapsed
+
+    def grow_right(run_head, roots, batch, width, depth, size, guess=None):
+        trees = grow(run_head, roots, batch, width, depth, size, guess)
+        for s in trees:
+            if size[s] >= 5 and depth >= 2:
+                a, b = right(current[0].active[s], 2)
+                trees[s] = draft_tree.DraftTree([roots[s][0], (a + 1) % 300, a, (b + 1) % 300, b],
+                                                [-1, 0, 0, 2, 2], [0, 0, 1, 0, 1])
+        return trees
+
+    def tracked(self):
+        current[0] = self
+        return decode(self)
+
+    monkeypatch.setattr(SpecScheduler, "decode", tracked)
+    monkeypatch.setattr(SpecScheduler, "draft_ahead", draft_ahead)
+    monkeypatch.setattr(draft_tree, "grow", grow_right)
+
+
+@pytest.mark.parametrize("top_k, wrong_at", [(1, None), (1, 1), (2, None)])
+def test_guided_rows_speculate_and_keep_transformers_tokens(run_cli, tiny_engine, tiny_checkpoint, eagle_engine,
+                                                            monkeypatch, tmp_path, top_k, wrong_at):
+    """Chains (all right, or the second draft wrong) and trees (a wrong sibling before each right
+    node): every guide's tokens are transformers' masked greedy ones, next to an unguided row, and
+    drafts were accepted. Verification runs each position under the mask after the tokens before it."""
+    guides, prompts = [*GUIDES.values(), None], [f"{p} {i}" for i, p in enumerate(PROMPTS * 3)]  # (one each)
+    plain = ours(run_cli, tiny_engine("llama"), guides, 4, prompts=prompts)
+    want = {tuple(p): t for p, t, _ in plain}
+    from trtllm.runtime.speculative import SpecScheduler
+
+    oracle(monkeypatch, want, wrong_at)
+    walks, walk = [], SpecScheduler.walk_guided
+    monkeypatch.setattr(SpecScheduler, "walk_guided", lambda *a: walks.append(walk(*a)) or walks[-1])
+    got = ours(run_cli, eagle_engine, guides, 4, "--spec-draft-step", "3", "--spec-draft-top-k", str(top_k),
+               prompts=prompts)
+    assert got == plain
+    ckpt = tiny_checkpoint("llama")
+    for (prompt, tokens, _), guide in zip(got, guides):
+        assert tokens == reference(ckpt, prompt, guide)
+    accepted = [len(path) for path, _ in walks]  # per guided row and cycle
+    assert sum(accepted) >= len(walks) // 2 and max(accepted) == (1 if wrong_at == 1 else 3 if top_k == 1 else 2), accepted
+
+
+def test_wrong_variant_guided_verification_under_the_first_mask_differs(run_cli, tiny_engine, tiny_checkpoint,
+                                                                        eagle_engine, monkeypatch):
+    """Right drafts verified by the graph's sampler alone (each position under the cycle's first
+    mask) must not give the masked greedy tokens."""
+    from trtllm.runtime.speculative import SpecScheduler
+
+    plain = ours(run_cli, tiny_engine("llama"), [GUIDES["regex"]])
+    oracle(monkeypatch, {tuple(p): t for p, t, _ in plain}, None)
+    monkeypatch.setattr(SpecScheduler, "guided_token", lambda self, slot, node, out: int(out.verify_ids[slot, node]))
+    result, out = run_cli(eagle_engine, {"temperature": 0, "max_generate_length": MAX_NEW, "requests": [
+        {"messages": [{"role": "user", "content": PROMPTS[0]}], "guided_decoding": GUIDES["regex"]}]},
+        "--spec-draft-step", "3")
+    (r,) = out["responses"]
+    assert r["finish_reason"] == "error" or r["output_text"] != plain[0][1], r

@@ -162,14 +162,16 @@ def test_an_eagle_engine_answers_a_guided_request_as_a_plain_engine(run_cli, tin
         answers.append([(r["output_text"], r["finish_reason"]) for r in out["responses"]])
     assert answers[0] == answers[1]
     assert re.fullmatch(r"[a-e]{2,5}(, [a-e]{2,5})*\.", answers[1][0][0])
-    # the guided row alone drafts nothing (a random head's drafts are rarely accepted, so equal
-    # answers alone would not show that it never speculated); the unguided one alone does
+    # alone, the greedy guided row drafts (verified on the host, position by position), as the
+    # unguided one does; a sampled guided row does not (its draws would need each position's mask)
     drafted = []
-    for req in payload["requests"]:
+    sampled = request(guided_decoding={"regex": "[a-e]{2,5}(, [a-e]{2,5})*\\."}, temperature=1.0, seed=4)
+    for req in [*payload["requests"], sampled]:
         profile = tmp_path / "profile.json"
-        result, _ = run_cli(eagle, {**payload, "requests": [req]}, "--profile", str(profile))
+        result, out = run_cli(eagle, {**payload, "requests": [req]}, "--profile", str(profile))
+        assert result.exit_code == 0 and out["responses"][0]["finish_reason"] != "error", result.output
         drafted.append(json.loads(profile.read_text())["eagle_generation"]["drafted_tokens"])
-    assert drafted[0] == 0 < drafted[1], drafted
+    assert drafted[0] > 0 and drafted[1] > 0 and drafted[2] == 0, drafted
 
 
 @pytest.mark.hf
