@@ -450,8 +450,11 @@ class SpecScheduler(TreeDecoding, Scheduler):
 
     def guided_token(self, slot: int, node: int, out) -> int:
         """A guided greedy row's token at a verified position: the argmax under its bias, which is
-        now the grammar's mask there and the request's logit_bias (as the graph's sampler takes it)."""
-        return int(np.argmax(out.verify_logits[slot, node] + self.batch.logit_bias[slot]))
+        now the grammar's mask there and the request's logit_bias (as the graph's sampler takes it);
+        -1 where the logits overflowed (NaN or +inf), which fails the row alone, as in a plain step."""
+        scores = out.verify_logits[slot, node] + self.batch.logit_bias[slot]
+        token = int(np.argmax(scores))  # (the first NaN, if any: then not finite)
+        return token if np.isfinite(scores[token]) else -1
 
     @staticmethod
     def room(row: RowState) -> int:

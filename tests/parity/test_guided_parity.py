@@ -188,3 +188,32 @@ def test_wrong_variant_guided_verification_under_the_first_mask_differs(run_cli,
         "--spec-draft-step", "3")
     (r,) = out["responses"]
     assert r["finish_reason"] == "error" or r["output_text"] != plain[0][1], r
+
+
+def test_a_guided_rows_overflow_at_a_drafted_position_fails_it_alone(run_cli, tiny_engine, eagle_engine,
+                                                                    monkeypatch):
+    """NaN logits at a drafted position the host walks to: that row fails as in a plain step (not
+    with the grammar's word for the NaN's token); its neighbour is answered."""
+    from trtllm.runtime.backends import onnxruntime as ort_backend
+
+    guides, prompts = [GUIDES["regex"], None], ["first prompt", "second prompt"]
+    plain = ours(run_cli, tiny_engine("llama"), guides, 2, prompts=prompts)
+    oracle(monkeypatch, {tuple(p): t for p, t, _ in plain}, None)
+    step, calls = ort_backend.OnnxRuntimeEngine.step, []
+
+    def damaged(self, inputs, kv, want_logits=False):
+        out = step(self, inputs, kv, want_logits)
+        calls.append(inputs.verify_index is not None and inputs.verify_index.shape[1] > 1)
+        if calls.count(True) == 1 and calls[-1]:  # (the first verification: the answer is short)
+            out.verify_logits[0, 1, 7] = np.nan
+        return out
+
+    monkeypatch.setattr(ort_backend.OnnxRuntimeEngine, "step", damaged)
+    result, out = run_cli(eagle_engine, {"temperature": 0, "max_generate_length": MAX_NEW, "batch_size": 2, "requests": [
+        {"messages": [{"role": "user", "content": prompts[0]}], "guided_decoding": guides[0]},  # (no logprobs:
+        {"messages": [{"role": "user", "content": prompts[1]}], "num_logprobs": 1}]},  # they would see the NaN)
+        "--spec-draft-step", "3")
+    assert result.exit_code == 1, result.output
+    bad, good = out["responses"]
+    assert bad["finish_reason"] == "error" and "logits were not finite" in bad["error"], bad
+    assert ([t["token_id"] for t in good["token_logprobs"]], good["finish_reason"]) == plain[1][1:]
