@@ -216,6 +216,8 @@ class Scheduler:
                 why = f"`{row.guide.path}`: {type(e).__name__}: {e}"
             if why:
                 row.fail(f"guided decoding: {why}")
+        if row.finish_reason:
+            row.guide = None  # (its matcher and mask: a vocabulary's bytes per finished row otherwise)
         if self.on_token is not None:
             self.on_token(row)
 

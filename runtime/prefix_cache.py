@@ -213,7 +213,7 @@ class PrefixStore:
             try:
                 self.write(key, data)
             except OSError as e:  # a full disk (below --kv-cache-size): older entries make room, once
-                if e.errno not in (errno.ENOSPC, errno.EDQUOT) or not self.evict(free=self.shortfall(len(data))):
+                if e.errno not in (errno.ENOSPC, errno.EDQUOT) or not self.evict(free=self.shortfall(len(data), e)):
                     raise
                 self.write(key, data)
         except OSError as e:  # a read-only or full cache directory costs the reuse, not the request
@@ -223,10 +223,11 @@ class PrefixStore:
         self.saves += 1
         self.tidy()
 
-    def shortfall(self, size: int) -> int:
-        """The bytes a disk lacks for a file of `size` (with a margin for its blocks and metadata)."""
+    def shortfall(self, size: int, error: OSError) -> int:
+        """The bytes a full disk lacks for a file of `size` (with a margin for its blocks and
+        metadata); under a quota (EDQUOT) the disk's free space says nothing: all of it."""
         try:
-            free = shutil.disk_usage(self.dir).free
+            free = 0 if error.errno == errno.EDQUOT else shutil.disk_usage(self.dir).free
         except OSError:
             free = 0
         return max(size - free, 0) + FULL_DISK_MARGIN

@@ -32,7 +32,7 @@ class RowState:
     num_reused: int = 0               # prompt tokens restored from a saved prefix
     computed: int = 0                 # prompt positions whose KV is in its slot (restored, copied or computed)
     adapter: object = None            # its LoRA adapter (runtime/lora.py Adapter), None for the base model
-    speculative: bool = True          # may decode speculatively (EAGLE engines; disable_spec_decode, guides)
+    speculative: bool = True          # may decode speculatively (EAGLE engines; False: disable_spec_decode)
     guide: object = None              # guided decoding's matcher (runtime/grammar.py Matcher), None if unconstrained
     spare: list = field(default_factory=list)  # random numbers a verification drew and did not use: next first
     slot: int | None = None

@@ -175,6 +175,8 @@ class Runner:
         live = [smp for smp in samples if smp.prepared.error is None]
         for smp in live:
             smp.row = self.make_row(smp)
+        for smp in samples:
+            smp.prepared.guide = None  # (each row has its copy: the checked one's mask goes)
         owner = {id(smp.row): smp for smp in live}
 
         def on_token(row: RowState) -> None:

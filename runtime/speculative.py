@@ -157,8 +157,9 @@ class SpecScheduler(TreeDecoding, Scheduler):
         """A guided row speculates where its verification can be done on the host, position by
         position, each under the grammar's mask after the tokens before it (the graph's sampler has
         one bias per row, the first position's mask): greedy, without penalties (counts the graph
-        applies), on an engine that gives the verified positions' logits (eagle.logprobs)."""
-        return self.logits and row.params.temperature == 0 and not row.params.penalized
+        applies), on an engine that gives the verified positions' logits (eagle.logprobs) and whose
+        verification applies the row's bias (sampled verification: the greedy one takes the raw argmax)."""
+        return self.logits and self.samples and row.params.temperature == 0 and not row.params.penalized
 
     def speculates(self, row: RowState | None) -> bool:
         """It drafts and verifies in decode steps: it follows, and its prompt is all in (a row still
@@ -226,7 +227,7 @@ class SpecScheduler(TreeDecoding, Scheduler):
                 self.prefixes.save(r.prefix_ids, self.dkv.read(start + b, len(r.prefix_ids) - 1), draft_key(r))
 
     def restore_prefix(self, row: RowState) -> None:
-        speculating = row.speculative and self.verifiable(row.params)
+        speculating = self.follows(row)  # (not finished: it is being admitted)
         draft = None
         if speculating and self.prefixes and row.prefix_ids:
             draft = self.prefixes.load(row.prefix_ids, draft_key(row), self.dkv.layout(len(row.prefix_ids) - 1))
@@ -439,7 +440,9 @@ class SpecScheduler(TreeDecoding, Scheduler):
         first mask), each token emitted (so the matcher moves on and the row's bias becomes the next
         mask), then the argmax of the next position's logits under it, while `child(node, token)`
         (the drafted position holding that token, or None) goes on. (accepted nodes, emitted tokens)"""
-        path, emitted, node, token = [], [], 0, root_token
+        path, emitted, node = [], [], 0
+        # the root's overflow: the graph's top logprob is the last drafted position's, not the root's
+        token = root_token if self.guided_token(slot, 0, out) != -1 else -1
         while True:
             emitted += self.emit(slot, row, [token], out, [node])
             node = None if row.finish_reason else child(node, token)
@@ -449,10 +452,11 @@ class SpecScheduler(TreeDecoding, Scheduler):
             token = self.guided_token(slot, node, out)
 
     def guided_token(self, slot: int, node: int, out) -> int:
-        """A guided greedy row's token at a verified position: the argmax under its bias, which is
-        now the grammar's mask there and the request's logit_bias (as the graph's sampler takes it);
+        """A guided greedy row's token at a verified position: the argmax under its biases, as the
+        graph's sampler takes them: the grammar's mask there with the request's logit_bias, and the
+        penalty row (no penalties here, but a Python caller's min_new_tokens ban, if any);
         -1 where the logits overflowed (NaN or +inf), which fails the row alone, as in a plain step."""
-        scores = out.verify_logits[slot, node] + self.batch.logit_bias[slot]
+        scores = out.verify_logits[slot, node] + self.batch.logit_bias[slot] + self.batch.penalty_bias[slot]
         token = int(np.argmax(scores))  # (the first NaN, if any: then not finite)
         return token if np.isfinite(scores[token]) else -1
 

@@ -172,6 +172,17 @@ def test_an_eagle_engine_answers_a_guided_request_as_a_plain_engine(run_cli, tin
         assert result.exit_code == 0 and out["responses"][0]["finish_reason"] != "error", result.output
         drafted.append(json.loads(profile.read_text())["eagle_generation"]["drafted_tokens"])
     assert drafted[0] > 0 and drafted[1] > 0 and drafted[2] == 0, drafted
+    # a guided row that does not speculate restores a saved system prompt as a plain row does
+    system = {"role": "system", "content": "You answer with letters only, a to e, in short words."}
+    saving = {**sampled, "messages": [system, *sampled["messages"]], "save_system_prompt_kv_cache": True}
+    reused = []
+    for _ in range(2):
+        profile = tmp_path / "profile.json"
+        result, _ = run_cli(eagle, {**payload, "requests": [saving]}, "--profile", str(profile),
+                            "--kv-cache-dir", str(tmp_path / "kv"))
+        assert result.exit_code == 0, result.output
+        reused.append(json.loads(profile.read_text())["prefill"]["reused_tokens"])
+    assert reused[0] == 0 < reused[1], reused
 
 
 @pytest.mark.hf
