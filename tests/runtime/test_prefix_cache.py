@@ -154,6 +154,30 @@ def test_a_full_disk_evicts_older_entries_to_make_room(tmp_path, monkeypatch, re
     assert {p.name for p in tmp_path.iterdir()} == {store.path(store.key(k)).name for k in [(2,), (3,)]}
 
 
+def test_a_full_quota_evicts_for_the_whole_entry(tmp_path, monkeypatch, recwarn):
+    """Under a quota (EDQUOT) the disk's free space says nothing: least recently used entries go
+    until the whole entry and the margin fit, so one failed save does not drain the cache for nothing."""
+    from trtllm.runtime import prefix_cache
+
+    N, store = 8192, PrefixStore(tmp_path, "engine-a")
+    for i in (1, 2, 3):
+        store.save((i,), kv(n=N, seed=i))
+        os.utime(store.path(store.key((i,))), (time.time() - 100 + i,) * 2)
+    entry, write = store.path(store.key((1,))).stat().st_size, PrefixStore.write
+    quota = 3 * entry
+
+    def quota_write(self, key, data):
+        if sum(p.stat().st_size for p in tmp_path.glob("*.kv")) + len(data) > quota:
+            raise OSError(errno.EDQUOT, "Disk quota exceeded")
+        write(self, key, data)
+
+    monkeypatch.setattr(PrefixStore, "write", quota_write)
+    monkeypatch.setattr(prefix_cache.shutil, "disk_usage", lambda d: type("Usage", (), {"free": 1 << 40}))
+    store.save((4,), kv(n=N, seed=4))  # one entry + 1 MiB: the two oldest go (entries are 2 MiB)
+    assert {p.name for p in tmp_path.iterdir()} == {store.path(store.key(k)).name for k in [(3,), (4,)]}
+    assert store.saves == 4 and not recwarn.list
+
+
 def test_unwritable_directory_is_a_warning_and_the_entry_still_serves(tmp_path):
     (tmp_path / "afile").write_text("x")
     store = PrefixStore(tmp_path / "afile" / "cache", "engine-a")  # cannot be created (root ignores modes)
