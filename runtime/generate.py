@@ -86,6 +86,7 @@ class Scheduler:
                 self.copy_prompt(leader, slot, n)
                 self.active[slot].num_reused = self.active[slot].computed = n
             self.prefill_all(ready)
+            self.fill_masks()  # (the guided rows' next masks, together: after the tokens they took)
             self.release_finished()
             if self.decoding():
                 self.decode()
@@ -209,7 +210,7 @@ class Scheduler:
         sampling.penalize(self.batch, slot, row.params, row.counts, token, len(row.output_ids), row.banned)
         if row.guide is not None and not row.finish_reason:
             try:
-                why = row.guide.consume(token) or self.guide(slot, row)
+                why = row.guide.consume(token)  # (its next mask: fill_masks, with the step's others)
             except (KeyboardInterrupt, SystemExit):
                 raise
             except BaseException as e:  # noqa: BLE001 - llguidance's (a Rust panic is a BaseException): that row fails
@@ -220,6 +221,34 @@ class Scheduler:
             row.guide = None  # (its matcher and mask: a vocabulary's bytes per finished row otherwise)
         if self.on_token is not None:
             self.on_token(row)
+
+    def fill_masks(self, slots=None) -> None:
+        """The guided rows' biases for their next tokens (of `slots`, default all), the masks computed
+        together (grammar.fill); a row whose grammar allows nothing, or fails, fails alone."""
+        rows = {s: r for s, r in self.active.items() if (slots is None or s in slots) and r.guide is not None
+                and not r.finish_reason and r.guide.stale}
+        if not rows:
+            return
+        from trtllm.runtime import grammar
+
+        try:
+            grammar.fill([r.guide for r in rows.values()])
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException:  # noqa: BLE001 - one at a time below, each row's error its own
+            pass
+        for s, r in rows.items():
+            try:
+                why = self.guide(s, r)
+            except (KeyboardInterrupt, SystemExit):
+                raise
+            except BaseException as e:  # noqa: BLE001 - as in accept_token
+                why = f"`{r.guide.path}`: {type(e).__name__}: {e}"
+            if why:
+                r.fail(f"guided decoding: {why}")
+                r.guide = None
+                if self.on_token is not None:
+                    self.on_token(r)
 
     def guide(self, slot: int, row: RowState) -> str | None:
         """A guided row's logit_bias for its next token: its own, -inf on what the grammar forbids;

@@ -3,6 +3,8 @@ guide compiled once per run against the engine's tokenizer by llguidance, and ea
 which gives the logit bias for its next token."""
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
 from trtllm.runtime.guided import Guide
@@ -80,13 +82,20 @@ class Matcher:
         llguidance reads a special token's text in a guide ("<|im_end|>") as that token, and would
         allow EOS there, ending the answer short of a match."""
         if self._allowed is None:
-            bits = np.frombuffer(self.m.compute_bitmask(), np.uint8)
-            allowed = np.unpackbits(bits, bitorder="little")[:self.vocab_size].astype(bool)
-            if not self.m.is_accepting():
-                allowed[self.eos_ids] = False
-            allowed.flags.writeable = False
-            self._allowed = allowed
+            self.take(np.frombuffer(self.m.compute_bitmask(), np.uint8))
         return self._allowed
+
+    def take(self, bits: np.ndarray) -> None:
+        """The mask at this place from llguidance's bits (uint8, little-endian bit order)."""
+        allowed = np.unpackbits(bits, bitorder="little")[:self.vocab_size].astype(bool)
+        if not self.m.is_accepting():
+            allowed[self.eos_ids] = False
+        allowed.flags.writeable = False
+        self._allowed = allowed
+
+    @property
+    def stale(self) -> bool:
+        return self._allowed is None
 
     def bias(self, out: np.ndarray, logit_bias: dict[int, float]) -> str | None:
         """out [V] := the request's own logit_bias, -inf where the grammar allows no token; or why
@@ -111,6 +120,28 @@ class Matcher:
             token_id) else ""
         # (not always the token's fault: a parser limit reached there, "Current row has 2007 items", too)
         return f"`{self.path}` stopped at token {token_id}{special}: {reason(self.m.get_error())}"
+
+
+_executor = None
+
+
+def fill(matchers: list[Matcher]) -> None:
+    """Each matcher's next mask, computed together by llguidance's thread pool (the GIL released),
+    for a decode step's guided rows: one at a time they would add up, a large schema's at ms each."""
+    global _executor
+    if len(matchers) < 2 or len({id(m.tokenizer) for m in matchers}) > 1:
+        for m in matchers:
+            m.allowed()
+        return
+    from llguidance import LLExecutor
+    from llguidance.numpy import allocate_token_bitmask, fill_next_token_bitmask_par
+
+    if _executor is None:
+        _executor = LLExecutor(num_threads=os.cpu_count() or 1)
+    bits = allocate_token_bitmask(len(matchers), matchers[0].tokenizer.vocab_size)
+    fill_next_token_bitmask_par(_executor, [(m.m, i) for i, m in enumerate(matchers)], bits)
+    for m, row in zip(matchers, bits.view(np.uint8)):
+        m.take(row)
 
 
 def reason(message: str) -> str:

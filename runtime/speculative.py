@@ -448,6 +448,9 @@ class SpecScheduler(TreeDecoding, Scheduler):
             node = None if row.finish_reason else child(node, token)
             if node is None:
                 return path, emitted
+            self.fill_masks([slot])  # (the mask after that token, now: the next position's)
+            if row.finish_reason:  # (its grammar allows nothing more, or failed)
+                return path, emitted
             path.append(node)
             token = self.guided_token(slot, node, out)
 
