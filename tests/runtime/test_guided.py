@@ -291,3 +291,31 @@ def test_a_requests_first_mask_is_computed_once_for_all_its_samples(monkeypatch,
     assert result.exit_code == 0, result.output
     assert all(re.fullmatch("[a-e]{3}", r["output_text"]) for r in out["responses"])
     assert counts["at start"] == 1 and counts["later"] >= 3, counts  # (each sample's after its first token)
+
+
+@pytest.mark.hf
+def test_masks_computed_together_are_each_rows_own(tiny_engine):
+    """grammar.fill (a step's guided rows in llguidance's thread pool) gives each matcher the mask it
+    computes alone, at the start and after tokens, EOS held back until a grammar is complete."""
+    pytest.importorskip("torch")
+    import numpy as np
+
+    from trtllm.runtime import grammar
+    from trtllm.runtime.tokenizer import Tokenizer
+
+    tok = Tokenizer.from_engine_dir(tiny_engine("llama"))
+    eos = tok.token_to_id("<|im_end|>")
+    grammars = grammar.Grammars(tok.to_json(), tok.vocab_size, [eos])
+    specs = [{"regex": "[a-e]{2,5}"}, {"choice": CHOICES}, {"json_schema": {"type": "integer"}}, {"regex": "ab"}]
+    matchers = [grammars.matcher(guided.parse(s, f"g{i}")) for i, s in enumerate(specs)]
+    for m, text in zip(matchers, ["ab", "", "1", "ab"]):
+        for t in tok.encode(text, add_special_tokens=False):
+            assert m.consume(t) is None
+    alone = [m.copy() for m in matchers]
+    for m in alone:
+        m._allowed = None  # (copies share a computed mask: compute it again)
+    grammar.fill(matchers)
+    for m, a in zip(matchers, alone):
+        assert not m.stale and np.array_equal(m.allowed(), a.allowed())
+    assert matchers[0].allowed()[eos] and matchers[3].allowed()[eos]  # "ab" is complete
+    assert matchers[3].allowed().sum() == 1 and not matchers[1].allowed()[eos]  # (no choice is empty)
