@@ -8,6 +8,7 @@ from trtllm.runtime.manifest import Manifest, ManifestError
 
 AUTO_MAX_STEP = 4  # the most `auto` drafts per cycle (or the engine's draft_step, if higher)
 
+
 @dataclass
 class Drafter:
     """What trtllm-run hands the scheduler: the draft engine and how many tokens to draft per step:

@@ -209,14 +209,7 @@ class Scheduler:
             return
         sampling.penalize(self.batch, slot, row.params, row.counts, token, len(row.output_ids), row.banned)
         if row.guide is not None and not row.finish_reason:
-            try:
-                why = row.guide.consume(token)  # (its next mask: fill_masks, with the step's others)
-            except (KeyboardInterrupt, SystemExit):
-                raise
-            except BaseException as e:  # noqa: BLE001 - llguidance's (a Rust panic is a BaseException): that row fails
-                why = f"`{row.guide.path}`: {type(e).__name__}: {e}"
-            if why:
-                row.fail(f"guided decoding: {why}")
+            self.guarded(row, lambda: row.guide.consume(token))  # (its next mask: fill_masks, with the others)
         if row.finish_reason:
             row.guide = None  # (its matcher and mask: a vocabulary's bytes per finished row otherwise)
         if self.on_token is not None:
@@ -238,17 +231,24 @@ class Scheduler:
         except BaseException:  # noqa: BLE001 - one at a time below, each row's error its own
             pass
         for s, r in rows.items():
-            try:
-                why = self.guide(s, r)
-            except (KeyboardInterrupt, SystemExit):
-                raise
-            except BaseException as e:  # noqa: BLE001 - as in accept_token
-                why = f"`{r.guide.path}`: {type(e).__name__}: {e}"
-            if why:
-                r.fail(f"guided decoding: {why}")
+            if not self.guarded(r, lambda: self.guide(s, r)):
                 r.guide = None
                 if self.on_token is not None:
                     self.on_token(r)
+
+    @staticmethod
+    def guarded(row: RowState, call) -> bool:
+        """A guided row's matcher call (consume a token, or make its next mask): the reason it gives,
+        or anything it raises, fails that row alone. Whether the row goes on."""
+        try:
+            why = call()
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException as e:  # noqa: BLE001 - llguidance's (a Rust panic is a BaseException)
+            why = f"`{row.guide.path}`: {type(e).__name__}: {e}"
+        if why:
+            row.fail(f"guided decoding: {why}")
+        return not why
 
     def guide(self, slot: int, row: RowState) -> str | None:
         """A guided row's logit_bias for its next token: its own, -inf on what the grammar forbids;

@@ -21,8 +21,8 @@ that the stored key, engine and prefix ids are the asked-for ones and that the s
 those of the engine's KV for that many tokens; anything else is a warning,
 the file is removed, and the KV is recomputed. The directory is bounded: after each save, least
 recently used entries (file mtime, refreshed on every hit) are removed until the total is under
-max_bytes (and before it, if the disk is full, until the new entry fits, when it can); so is this process's copy of the entries it has used (the newest always kept: it is
-what a request is reusing). Entries are written with the mode the umask allows, so that a cache
+max_bytes (and before it, if the disk is full, until the new entry fits, when it can); so is this
+process's copy of the entries it has used (the newest always kept: it is what a request is reusing). Entries are written with the mode the umask allows, so that a cache
 directory can be shared.
 """
 from __future__ import annotations

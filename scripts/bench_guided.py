@@ -216,20 +216,6 @@ def smoke(args) -> None:
 
 # --- the driver --------------------------------------------------------------------------------
 
-def measure(name: str, args) -> dict:
-    peer = name not in OURS
-    python = bench.PEERS_DIR / "venv" / "bin" / "python" if peer else Path(sys.executable)
-    cmd = [str(python), __file__, "--_worker", name, "--runs", str(args.runs), "--gen", str(args.gen),
-           "--batch", str(args.batch), "--threads", str(args.threads), "--_tokenizer", str(args._tokenizer),
-           "--_engine", str(OURS.get(name, ""))]
-    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "PEERS_DIR": str(bench.PEERS_DIR),
-           "BENCH_GUIDED_LARK": json.dumps(args._lark)}
-    if peer and args.llama_build:
-        env["LLAMA_CPP_LIB_PATH"] = str(args.llama_build / "bin")
-    stdout, code, _ = bench.run_measured(cmd, args.timeout, env)
-    return bench.result_line(stdout) or {"system": name, "error": f"exit code {code}"}
-
-
 def report(rounds: dict[str, list[dict]], batch: int) -> list[str]:
     lines = []
     for name, runs in rounds.items():
@@ -247,34 +233,18 @@ def report(rounds: dict[str, list[dict]], batch: int) -> list[str]:
             lines.append(f"{name:<15} {guide:<6} " + "   ".join(cells))
             lines.append(f"{'':<15} {guide:<6} {ok[-1][f'{guide}_tokens']} tokens: {json.dumps(ok[-1][f'{guide}_answer'])}")
     for name in (n for n in rounds if n in OURS):
-        peers = [p for p in rounds if p not in OURS and PRECISION[p] == PRECISION[name]]
         for guide in GUIDES:
             for b in (1, batch):
-                key, paired = f"{guide}_b{b}", []
-                for k, own in enumerate(rounds[name]):
-                    vals = [rounds[p][k][key] for p in peers if "error" not in rounds[p][k]]
-                    if vals and "error" not in own:
-                        paired.append(own[key] / max(vals))
-                if paired:
+                if ratios := bench_sampled.paired(rounds, name, f"{guide}_b{b}"):
                     lines.append(f"ours {name} {guide} guided b{b} / best {PRECISION[name]} peer: "
-                                 f"{statistics.median(paired):.2f} [{min(paired):.2f}-{max(paired):.2f}]")
+                                 f"{statistics.median(ratios):.2f} [{min(ratios):.2f}-{max(ratios):.2f}]")
     return lines
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--systems", default="fp32,ortgenai-fp32,llamacpp-f32,int4,ortgenai-int4,llamacpp-q4_1")
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--runs", type=int, default=3)
-    ap.add_argument("--gen", type=int, default=160)
-    ap.add_argument("--batch", type=int, default=8)
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--timeout", type=int, default=900)
-    ap.add_argument("--llama-build", type=Path, default=None, help="as scripts/bench.py's (a build without AMX)")
-    ap.add_argument("--out", type=Path, default=bench.ROOT / "out" / "bench_guided.json")
-    ap.add_argument("--smoke", action="store_true", help="ours only, a tiny model, 1 run")
-    ap.add_argument("--_worker"), ap.add_argument("--_engine", type=Path)
-    ap.add_argument("--_tokenizer", type=Path, default=bench.DEMO)
+    bench_sampled.add_arguments(ap, "fp32,ortgenai-fp32,llamacpp-f32,int4,ortgenai-int4,llamacpp-q4_1", 160,
+                                "bench_guided.json", "ours only, a tiny model, 1 run")
     args = ap.parse_args()
     if args.smoke:
         smoke(args)
@@ -283,18 +253,10 @@ def main() -> None:
         return
     from llguidance.gbnf_to_lark import gbnf_to_lark  # (the peers' interpreter has none)
 
-    args._lark = gbnf_to_lark(GBNF)
-    names = args.systems.split(",")
-    rounds: dict[str, list[dict]] = {n: [] for n in names}
-    for k in range(args.rounds):
-        for name in names if k % 2 == 0 else names[::-1]:
-            print(f"[bench_guided] round {k + 1}/{args.rounds}: {name} ...", file=sys.stderr, flush=True)
-            rounds[name].append(measure(name, args))
-    lines = report(rounds, args.batch)
-    print("\n".join(lines))
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"command": " ".join(sys.argv), "time": time.strftime("%Y-%m-%d %H:%M:%S"),
-                                    "rounds": rounds, "report": lines}, indent=2) + "\n")
+    lark = {"BENCH_GUIDED_LARK": json.dumps(gbnf_to_lark(GBNF))}
+    rounds = bench_sampled.run_rounds(args, "bench_guided",
+                                      lambda name, a: bench_sampled.measure(name, a, __file__, lark))
+    bench_sampled.write(args.out, rounds, report(rounds, args.batch))
 
 
 if __name__ == "__main__":

@@ -158,13 +158,30 @@ def smoke(args) -> None:
 
 # --- the driver --------------------------------------------------------------------------------
 
-def measure(name: str, args) -> dict:
+def add_arguments(ap: argparse.ArgumentParser, systems: str, gen: int, out: str, smoke: str) -> None:
+    """The options this script and scripts/bench_guided.py share (theirs: the defaults)."""
+    ap.add_argument("--systems", default=systems)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--gen", type=int, default=gen)
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--timeout", type=int, default=900)
+    ap.add_argument("--llama-build", type=Path, default=None, help="as scripts/bench.py's (a build without AMX)")
+    ap.add_argument("--out", type=Path, default=bench.ROOT / "out" / out)
+    ap.add_argument("--smoke", action="store_true", help=smoke)
+    ap.add_argument("--_worker"), ap.add_argument("--_engine", type=Path)
+    ap.add_argument("--_tokenizer", type=Path, default=bench.DEMO)
+
+
+def measure(name: str, args, script: str = __file__, env: dict | None = None) -> dict:
+    """One system's worker (`script --_worker name`) in its own process: its result line."""
     peer = name not in OURS
     python = bench.PEERS_DIR / "venv" / "bin" / "python" if peer else Path(sys.executable)
-    cmd = [str(python), __file__, "--_worker", name, "--runs", str(args.runs), "--gen", str(args.gen),
+    cmd = [str(python), script, "--_worker", name, "--runs", str(args.runs), "--gen", str(args.gen),
            "--batch", str(args.batch), "--threads", str(args.threads), "--_tokenizer", str(args._tokenizer),
            "--_engine", str(OURS.get(name, ""))]
-    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "PEERS_DIR": str(bench.PEERS_DIR)}
+    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "PEERS_DIR": str(bench.PEERS_DIR), **(env or {})}
     if peer and args.llama_build:
         env["LLAMA_CPP_LIB_PATH"] = str(args.llama_build / "bin")
     stdout, code, _ = bench.run_measured(cmd, args.timeout, env)
@@ -186,50 +203,54 @@ def report(rounds: dict[str, list[dict]], batch: int) -> list[str]:
                          f"[{min(cost):.2f}-{max(cost):.2f}]")
         lines.append(f"{name:<15} " + "   ".join(cells))
     for name in (n for n in rounds if n in OURS):
-        peers = [p for p in rounds if p not in OURS and PRECISION[p] == PRECISION[name]]
         for b in (1, batch):
-            paired = []
-            for k, own in enumerate(rounds[name]):
-                vals = [rounds[p][k][f"sampled_b{b}"] for p in peers if "error" not in rounds[p][k]]
-                if vals and "error" not in own:
-                    paired.append(own[f"sampled_b{b}"] / max(vals))
-            if paired:
-                lines.append(f"ours {name} sampled b{b} / best {PRECISION[name]} peer: {statistics.median(paired):.2f} "
-                             f"[{min(paired):.2f}-{max(paired):.2f}]")
+            if ratios := paired(rounds, name, f"sampled_b{b}"):
+                lines.append(f"ours {name} sampled b{b} / best {PRECISION[name]} peer: {statistics.median(ratios):.2f} "
+                             f"[{min(ratios):.2f}-{max(ratios):.2f}]")
     return lines
+
+
+def paired(rounds: dict[str, list[dict]], name: str, key: str) -> list[float]:
+    """Ours (`name`) over the best peer of its precision, round by round, where both measured `key`."""
+    peers = [p for p in rounds if p not in OURS and PRECISION[p] == PRECISION[name]]
+    out = []
+    for k, own in enumerate(rounds[name]):
+        vals = [rounds[p][k][key] for p in peers if "error" not in rounds[p][k]]
+        if vals and "error" not in own:
+            out.append(own[key] / max(vals))
+    return out
+
+
+def run_rounds(args, tag: str, measure_one=measure) -> dict[str, list[dict]]:
+    """Every system once per round, one after the other, every other round in reverse order."""
+    names = args.systems.split(",")
+    rounds: dict[str, list[dict]] = {n: [] for n in names}
+    for k in range(args.rounds):
+        for name in names if k % 2 == 0 else names[::-1]:
+            print(f"[{tag}] round {k + 1}/{args.rounds}: {name} ...", file=sys.stderr, flush=True)
+            rounds[name].append(measure_one(name, args))
+    return rounds
+
+
+def write(out: Path, rounds: dict[str, list[dict]], lines: list[str]) -> None:
+    print("\n".join(lines))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"command": " ".join(sys.argv), "time": time.strftime("%Y-%m-%d %H:%M:%S"),
+                               "rounds": rounds, "report": lines}, indent=2) + "\n")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--systems", default="int4,ortgenai-int4,llamacpp-q4_1,fp32,ortgenai-fp32,llamacpp-f32")
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--runs", type=int, default=3)
-    ap.add_argument("--gen", type=int, default=128)
-    ap.add_argument("--batch", type=int, default=8)
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--timeout", type=int, default=900)
-    ap.add_argument("--llama-build", type=Path, default=None, help="as scripts/bench.py's (a build without AMX)")
-    ap.add_argument("--out", type=Path, default=bench.ROOT / "out" / "bench_sampled.json")
-    ap.add_argument("--smoke", action="store_true", help="ours only, a tiny int4 model, 4 tokens, 1 run")
-    ap.add_argument("--_worker"), ap.add_argument("--_engine", type=Path)
-    ap.add_argument("--_tokenizer", type=Path, default=bench.DEMO)
+    add_arguments(ap, "int4,ortgenai-int4,llamacpp-q4_1,fp32,ortgenai-fp32,llamacpp-f32", 128, "bench_sampled.json",
+                  "ours only, a tiny int4 model, 4 tokens, 1 run")
     args = ap.parse_args()
     if args.smoke:
         smoke(args)
     if args._worker:
         print("@@RESULT@@" + json.dumps(worker(args._worker, args)), flush=True)
         return
-    names = args.systems.split(",")
-    rounds: dict[str, list[dict]] = {n: [] for n in names}
-    for k in range(args.rounds):
-        for name in names if k % 2 == 0 else names[::-1]:
-            print(f"[bench_sampled] round {k + 1}/{args.rounds}: {name} ...", file=sys.stderr, flush=True)
-            rounds[name].append(measure(name, args))
-    lines = report(rounds, args.batch)
-    print("\n".join(lines))
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"command": " ".join(sys.argv), "time": time.strftime("%Y-%m-%d %H:%M:%S"),
-                                    "rounds": rounds, "report": lines}, indent=2) + "\n")
+    rounds = run_rounds(args, "bench_sampled")
+    write(args.out, rounds, report(rounds, args.batch))
 
 
 if __name__ == "__main__":

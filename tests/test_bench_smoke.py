@@ -13,12 +13,17 @@ pytestmark = pytest.mark.hf
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def test_bench_smoke(tmp_path):
-    out = tmp_path / "bench.json"
-    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench.py"), "--smoke", "--out", str(out)],
+def smoke(script: str, tmp_path):
+    """scripts/SCRIPT --smoke, which must succeed: (the process, its --out JSON)."""
+    out = tmp_path / "smoke.json"
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / script), "--smoke", "--out", str(out)],
                           capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    data = json.loads(out.read_text())
+    return proc, json.loads(out.read_text())
+
+
+def test_bench_smoke(tmp_path):
+    proc, data = smoke("bench.py", tmp_path)
     names = [r["peer"] for r in data["results"]]
     assert names == ["trtllm-fp32", "trtllm-int4", "trtllm-int4-a16", "trtllm-int4-a8", "trtllm-int8", "trtllm-fp16",
                      "trtllm-bf16"]
@@ -153,11 +158,7 @@ def test_bench_attention_smoke():
 def test_bench_sampled_smoke(tmp_path):
     """scripts/bench_sampled.py --smoke: our worker measures greedy and sampled decode in one process
     and the report pairs them."""
-    out = tmp_path / "sampled.json"
-    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_sampled.py"), "--smoke", "--out", str(out)],
-                          capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    data = json.loads(out.read_text())
+    proc, data = smoke("bench_sampled.py", tmp_path)
     (run,) = data["rounds"]["int4"]
     assert all(run[f"{m}_b{b}"] > 0 for m in ("greedy", "sampled") for b in (1, 2)), run
     assert data["report"][0].startswith("int4") and "sampled/greedy" in proc.stdout
@@ -166,11 +167,7 @@ def test_bench_sampled_smoke(tmp_path):
 def test_bench_guided_smoke(tmp_path):
     """scripts/bench_guided.py --smoke: our worker decodes under both guides and unguided in one
     process, and the report pairs them."""
-    out = tmp_path / "guided.json"
-    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_guided.py"), "--smoke", "--out", str(out)],
-                          capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    data = json.loads(out.read_text())
+    proc, data = smoke("bench_guided.py", tmp_path)
     (run,) = data["rounds"]["fp32"]
     assert all(run[f"{g}_b{b}{m}"] > 0 for g in ("gbnf", "schema") for b in (1, 2) for m in ("", "_plain")), run
     assert run["gbnf_answer"].startswith('{"people":[{"name":"'), run
