@@ -42,7 +42,7 @@ class Adapter:
     """One adapter as graph inputs: input name -> [1, in, r] / [1, r, out] in the engine's dtype."""
 
     name: str
-    digest: str   # sha256 of its config and weights: what saved system-prompt KV is keyed by
+    digest: str   # sha256 of `arrays`: what saved system-prompt KV is keyed by
     arrays: dict[str, np.ndarray]
     rank: int     # the largest rank of its modules
 
@@ -222,18 +222,12 @@ def convert(name: str, path: str | Path, manifest: Manifest) -> Adapter:
         raise AdapterError(f"the engine was built without LoRA inputs; rebuild it with --max-lora-rank N "
                            f"(N >= the adapter's rank) to use adapter {name!r}")
     config_path, weights_path = adapter_files(path)
-    # each file read once: the digest (what saved KV is keyed by) is of the very bytes converted, even
-    # while a trainer rewrites the files
-    try:
+    try:  # each file read once: a trainer may rewrite them while we convert
         parts = (config_path.read_bytes(), weights_path.read_bytes())
     except OSError as e:
         raise AdapterError(f"{path} cannot be read ({e})") from None
     cfg = read_config(config_path, parts[0])
     tensors = read_safetensors(weights_path, parts[1])
-    h = hashlib.sha256()
-    for part in parts:  # each after its length: no two splits of one byte string match
-        h.update(len(part).to_bytes(8, "little") + part)
-    digest = h.hexdigest()
     dtype = dtype_of(manifest)
     max_rank = manifest.limits.max_lora_rank
     known = {module for _, module, _, _ in projections(manifest)}
@@ -268,7 +262,19 @@ def convert(name: str, path: str | Path, manifest: Manifest) -> Adapter:
             top = max(top, a.shape[0])
             b = module_scale(cfg, layer, mod, a.shape[0]) * b.astype(np.float32)
         arrays.update(module_arrays(manifest, layer, mod, a, b, dtype))
-    return Adapter(name=name, digest=digest, arrays=arrays, rank=top)
+    return Adapter(name=name, digest=arrays_digest(arrays), arrays=arrays, rank=top)
+
+
+def arrays_digest(arrays: dict[str, np.ndarray]) -> str:
+    """sha256 of the converted arrays, names, dtypes and shapes: what the engine computes with, so a
+    changed file or a changed conversion (a later trtllm-edge's scaling) is another key for saved KV."""
+    h = hashlib.sha256()
+    for name in sorted(arrays):
+        a = arrays[name]
+        head = f"{name}\0{a.dtype.str}\0{a.shape}".encode()
+        for part in (head, a.tobytes()):  # each after its length: no two splits of one byte string match
+            h.update(len(part).to_bytes(8, "little") + part)
+    return h.hexdigest()
 
 
 def projections(manifest: Manifest) -> Iterator[tuple[int, str, int, int]]:

@@ -260,7 +260,7 @@ def test_eva_is_read_as_the_plain_lora_it_saves(tmp_path):
     plain, eva = (lora.load_adapter("a", tmp_path / n, MANIFEST) for n in ("plain", "eva"))
     assert plain.arrays.keys() == eva.arrays.keys()
     assert all(np.array_equal(plain.arrays[k], eva.arrays[k]) for k in plain.arrays)
-    assert plain.digest != eva.digest  # the configs differ: their saved KV is kept apart
+    assert plain.digest == eva.digest  # the engine computes the same: their saved KV is one
 
 
 def test_an_engine_without_lora_inputs_says_how_to_rebuild(tmp_path):
@@ -300,6 +300,19 @@ def test_the_digest_is_of_the_bytes_converted(tmp_path, monkeypatch):
     assert sorted(reads) == sorted([lora.CONFIG_NAME, lora.WEIGHTS_NAME])  # once each
     assert got.digest == old.digest != new.digest
     assert all(np.array_equal(got.arrays[k], old.arrays[k]) for k in old.arrays)
+
+
+def test_the_digest_follows_the_conversion(tmp_path, monkeypatch):
+    """Saved system-prompt KV is keyed by the digest: the same files converted another way (a later
+    trtllm-edge's scaling rule) must be another key, or an upgrade would restore KV the adapter no
+    longer computes. The wrong variant, a digest of the files' bytes, stays the same."""
+    write_adapter(tmp_path, {(0, "self_attn.q_proj"): 2})
+    before = lora.load_adapter("a", tmp_path, MANIFEST)
+    assert lora.load_adapter("a", tmp_path, MANIFEST).digest == before.digest
+    scale = lora.module_scale
+    monkeypatch.setattr(lora, "module_scale", lambda *args: 2 * scale(*args))
+    after = lora.load_adapter("a", tmp_path, MANIFEST)
+    assert after.digest != before.digest
 
 
 def test_step_feeds_shared_none_and_mixed(tmp_path):
