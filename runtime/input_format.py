@@ -61,7 +61,7 @@ MAX_REPETITION_PENALTY = 10
 # Below this a positive logit divided by it could overflow float32 (the draw would then be garbage).
 MIN_REPETITION_PENALTY = 0.01
 MAX_ABS_PENALTY = 2  # presence_penalty and frequency_penalty (the OpenAI range)
-MAX_SEED = 2**63 - 1
+MAX_SEED = 2**64 - 1  # Edge-LLM's sampling_seed is a u64
 MAX_N = 16
 ROLES = ("system", "user", "assistant")
 CONTENT_TYPES = ("text", "image", "audio", "video")
@@ -126,7 +126,7 @@ class Request:
     top_k: int = 50  # >= 0; 0 = off
     top_p: float = 0.8  # (0, 1]; 1 = off
     max_generate_length: int = 256  # >= 0
-    seed: int | None = None  # [0, 2**63 - 1]; None = a fresh random seed
+    seed: int | None = None  # [0, 2**64 - 1]; None = a fresh random seed
     min_p: float = 0.0  # [0, 1]; 0 = off
     repetition_penalty: float = 1.0  # [0.01, 10]; 1 = off
     presence_penalty: float = 0.0  # [-2, 2]; 0 = off
@@ -235,6 +235,8 @@ def _stop_string(value: object, path: str) -> str:
 
 
 def _stop(value: object, path: str) -> tuple[str, ...]:
+    if value is None:  # as upstream reads it: none
+        return ()
     if isinstance(value, str):
         return (_stop_string(value, path),)
     if not isinstance(value, list) or len(value) > MAX_STOP_STRINGS:
@@ -320,20 +322,47 @@ _SAMPLING_FIELDS = {
     "logit_bias": _logit_bias,
     "guided_decoding": guided.parse,
 }
+_SAMPLING_FIELDS_READ = {**_SAMPLING_FIELDS, "sampling_seed": _SAMPLING_FIELDS["seed"]}
+
+def _lora_name(value: object, path: str) -> str | None:
+    """null and "" are the base model, as upstream reads them."""
+    return None if value is None or value == "" else _string(value, path)
+
+
+# Keys other readers write for a setting of ours (Edge-LLM after 0.10): read as ours; both in one
+# object is an error, as the two could disagree.
+_ALIASES = {"sampling_seed": "seed"}
+
+
+def _resolve_aliases(f: dict, path: str) -> dict:
+    for alias, name in _ALIASES.items():
+        if alias in f:
+            if name in f:
+                _fail(_where_key(path, alias), f"absent when `{_where_key(path, name)}` is given (the same "
+                      "setting under its Edge-LLM name)", f[alias])
+            f[name] = f.pop(alias)
+    return f
+
+
+def _where_key(path: str, name: str) -> str:
+    return f"{path}.{name}" if path else name
+
 
 _REQUEST_FIELDS = {
     "messages": _messages,
-    "lora_name": lambda v, p: _string(v, p, nonempty=True),
+    "lora_name": _lora_name,
+    # upstream's test fixtures carry the expected answer for scoring; it takes no part in generation
+    "reference": _string,
     "save_system_prompt_kv_cache": _bool,
     "disable_spec_decode": _bool,
     "stop": _stop,
     "continue_final_message": _bool,
-    **_SAMPLING_FIELDS,
+    **_SAMPLING_FIELDS_READ,
 }
 
 
 def _request(value: object, path: str, top: InputFile, bundled: tuple[str, ...] = ()) -> Request:
-    f = _fields(value, path, _REQUEST_FIELDS, "a request", ("messages",))
+    f = _resolve_aliases(_fields(value, path, _REQUEST_FIELDS, "a request", ("messages",)), path)
     loras = {**dict.fromkeys(bundled, ""), **top.available_lora_weights}
     lora_name = f.get("lora_name")
     if lora_name is not None and lora_name not in loras:
@@ -374,7 +403,7 @@ def _request(value: object, path: str, top: InputFile, bundled: tuple[str, ...] 
 
 _TOP_FIELDS = {
     "batch_size": _number(int, 1, MAX_BATCH_SIZE),
-    **_SAMPLING_FIELDS,
+    **_SAMPLING_FIELDS_READ,
     "apply_chat_template": _bool,
     "add_generation_prompt": _bool,
     "enable_thinking": _bool,
@@ -393,7 +422,7 @@ def parse_input(obj: object, bundled_loras: tuple[str, ...] = (), isolate: bool 
     for key in obj if isinstance(obj, dict) else ():
         if key in _REQUEST_FIELDS and key not in _TOP_FIELDS:  # not an unknown key: a misplaced one
             _fail(key, f"set in each request (`requests[i].{key}`)", obj[key], shown="it at the top level")
-    top = _fields(obj, "", _TOP_FIELDS, "the input file", ("requests",))
+    top = _resolve_aliases(_fields(obj, "", _TOP_FIELDS, "the input file", ("requests",)), "")
     raw_requests = top.pop("requests")
     if not isinstance(raw_requests, list) or not raw_requests:
         _fail("requests", "a non-empty array of request objects", raw_requests)

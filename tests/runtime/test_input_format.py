@@ -126,6 +126,25 @@ def test_a_request_may_set_only_some_sampling_fields():
     assert (second.temperature, second.top_k, second.seed) == (0.0, 20, 4)
 
 
+def test_an_upstream_file_reads_as_upstream_reads_it():
+    """Edge-LLM's reader: a fixture's `reference` is ignored, null or "" `lora_name` is the base
+    model, null `stop` is none, and the later `sampling_seed` (a u64) is `seed`, top level or per
+    request. Giving both names in one object is refused: they could disagree."""
+    doc = {"sampling_seed": 2**64 - 1, "requests": [
+        {"messages": [], "reference": "Paris", "lora_name": None, "stop": None},
+        {"messages": [], "lora_name": "", "sampling_seed": 3},
+        {"messages": [], "seed": 4},
+    ]}
+    first, second, third = parse_input(doc).requests
+    assert (first.seed, first.lora_name, first.stop) == (2**64 - 1, None, ())
+    assert (second.seed, second.lora_name) == (3, None) and third.seed == 4
+    assert first == dataclasses.replace(first, stop=()) and "reference" in first.own_fields
+    for where in ({"seed": 1, "sampling_seed": 2, "requests": [{"messages": []}]},
+                  {"requests": [{"messages": [], "seed": 1, "sampling_seed": 2}]}):
+        with pytest.raises(InputError, match="must be absent when `(requests\\[0\\]\\.)?seed` is given"):
+            parse_input(where)
+
+
 def test_min_new_tokens_is_checked_against_each_requests_max_generate_length():
     ok = {"min_new_tokens": 4, "max_generate_length": 4, "requests": [{"messages": []}]}
     assert parse_input(ok).requests[0].min_new_tokens == 4
@@ -286,10 +305,15 @@ ERROR_CASES = [
     (_set("logit_bias", {str(i): 1 for i in range(1025)}), "logit_bias"),
     # sampling settings, top level (the default for every request)
     (_set("seed", -1), "seed"),
-    (_set("seed", 2**63), "seed"),
+    (_set("seed", 2**64), "seed"),
     (_set("seed", 1.5), "seed"),
     (_set("seed", None), "seed"),
-    (_set("seed", 2**63 - 1), None),  # valid: the largest seed
+    (_set("seed", 2**64 - 1), None),  # valid: the largest seed (Edge-LLM's is a u64)
+    (_set("sampling_seed", 2**64), "sampling_seed"),  # Edge-LLM's later name, checked as seed
+    (_rename("seed", "sampling_seed"), None),
+    (_rename(*R1, "seed", "sampling_seed"), None),
+    (_set("sampling_seed", 7), "sampling_seed"),  # beside `seed`
+    (_set(*R1, "sampling_seed", -1), "requests[1].sampling_seed"),
     (_set("min_p", -0.1), "min_p"),
     (_set("min_p", 1.01), "min_p"),
     (_set("repetition_penalty", 0), "repetition_penalty"),
@@ -359,13 +383,17 @@ ERROR_CASES = [
     (_set(*R2, "messages", "hi"), "requests[2].messages"),
     (_set(*R2, "messages", [{"role": "user", "content": "a"}] * 65), "requests[2].messages"),
     (_set(*R1, "lora_name", "maths"), "requests[1].lora_name"),
-    (_set(*R1, "lora_name", None), "requests[1].lora_name"),
+    (_set(*R1, "lora_name", 5), "requests[1].lora_name"),
     (_set(*R2, "lora_name", "math"), None),  # valid: a sanity row
     (_set(*R1, "save_system_prompt_kv_cache", 0), "requests[1].save_system_prompt_kv_cache"),
     (_set(*R1, "disable_spec_decode", "no"), "requests[1].disable_spec_decode"),
     (_set(*R2, "stop", ""), "requests[2].stop"),
     (_set(*R1, "stop", ["a", ""]), "requests[1].stop[1]"),
     (_set(*R1, "stop", 5), "requests[1].stop"),
+    (_set(*R1, "stop", None), None),  # valid: none, as upstream reads it
+    (_set(*R1, "reference", "Paris"), None),  # valid: upstream fixtures' expected answer, ignored
+    (_set(*R1, "reference", 5), "requests[1].reference"),
+    (_set("reference", "Paris"), "reference"),  # a request's key, misplaced
     (_set(*R1, "logit_bias", {"x": 1}), 'requests[1].logit_bias["x"]'),
     (_set(*R1, "num_logprobs", True), "requests[1].num_logprobs"),
     # messages
