@@ -35,6 +35,7 @@ class RowState:
     speculative: bool = True          # may decode speculatively (EAGLE engines; False: disable_spec_decode)
     guide: object = None              # guided decoding's matcher (runtime/grammar.py Matcher), None if unconstrained
     spare: list = field(default_factory=list)  # random numbers a verification drew and did not use: next first
+    verified: bool = False            # a verification step has emitted for it (the profile's eagle runs)
     slot: int | None = None
     batch_idx: int | None = None      # the slot it was admitted to (the output's batch_idx); `slot` may move
     banned: frozenset[int] = field(init=False)  # what min_new_tokens holds back: EOS, stop token ids
@@ -125,6 +126,8 @@ class Timing:
     # and generation_seconds too), tokens drafted for verification, those accepted, and what the
     # speculating rows emitted in verify steps (accepted drafts plus each step's own token)
     verify_runs: int = 0
+    verify_seconds: float = 0.0
+    speculative_rows: int = 0  # samples a verification emitted for (Edge-LLM's eagle total_runs)
     draft_runs: int = 0
     draft_seconds: float = 0.0
     drafted_tokens: int = 0

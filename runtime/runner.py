@@ -272,27 +272,37 @@ class Runner:
         return {**out, **(kv_memory() if kv_memory else {})}
 
     def spec_profile(self) -> dict:
-        """EAGLE: Edge-LLM's eagle_generation keys (total_iterations: verify steps), and ours."""
+        """EAGLE: Edge-LLM's eagle_generation keys, as its profile computes them (a run: a sample that
+        speculated; an iteration: a verification step; its acceptance rate: tokens per iteration),
+        and ours (the draft head's steps, drafted and accepted tokens, their fraction)."""
         t = self.timing
-        return {"draft_step": "auto" if self.drafter.auto else self.drafter.step,
-                "draft_steps": {str(k): n for k, n in sorted(t.draft_steps.items())}, "total_iterations": t.verify_runs,
-                "total_generated_tokens": t.speculative_tokens, "drafted_tokens": t.drafted_tokens,
-                "accepted_tokens": t.accepted_tokens, "draft_top_k": self.drafter.top_k,
-                "branch_tokens": t.branch_tokens,
-                "average_acceptance_rate": t.accepted_tokens / t.drafted_tokens if t.drafted_tokens else 0.0,
+        spec_seconds = t.verify_seconds + t.draft_seconds  # Edge-LLM's: all but the base model's prefill
+        return {"total_runs": t.speculative_rows, "total_iterations": t.verify_runs,
+                "total_generated_tokens": t.speculative_tokens,
+                "average_tokens_per_run": t.speculative_tokens / max(t.speculative_rows, 1),
+                "average_acceptance_rate": t.speculative_tokens / max(t.verify_runs, 1),
+                "overall_tokens_per_second_excluding_base_prefill":
+                    t.speculative_tokens / spec_seconds if spec_seconds else 0.0,
+                "draft_step": "auto" if self.drafter.auto else self.drafter.step,
+                "draft_steps": {str(k): n for k, n in sorted(t.draft_steps.items())},
+                "drafted_tokens": t.drafted_tokens, "accepted_tokens": t.accepted_tokens,
+                "draft_acceptance_rate": t.accepted_tokens / t.drafted_tokens if t.drafted_tokens else 0.0,
+                "draft_top_k": self.drafter.top_k, "branch_tokens": t.branch_tokens,
                 "draft_runs": t.draft_runs, "draft_time_ms": 1e3 * t.draft_seconds}
 
     def profile(self) -> dict:
         t = self.timing
         gen_tokens = t.generated_tokens  # decode steps only: each prefill's first token is prefill's
+        prompt_tokens = t.prefill_tokens + t.reused_tokens  # Edge-LLM's per-run and per-token figures count both
         rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
         return {
             "prefill": {"total_runs": t.prefill_runs, "reused_tokens": t.reused_tokens,
                         "computed_tokens": t.prefill_tokens,
-                        "average_tokens_per_run": t.prefill_tokens / max(t.prefill_runs, 1),
+                        "average_tokens_per_run": prompt_tokens / max(t.prefill_runs, 1),
                         "average_time_per_run_ms": 1e3 * t.prefill_seconds / max(t.prefill_runs, 1),
-                        "tokens_per_second": t.prefill_tokens / t.prefill_seconds if t.prefill_seconds else 0.0,
-                        "average_time_per_token_ms": 1e3 * t.prefill_seconds / max(t.prefill_tokens, 1)},
+                        "tokens_per_second": prompt_tokens / t.prefill_seconds if t.prefill_seconds else 0.0,
+                        "average_time_per_token_ms": 1e3 * t.prefill_seconds / max(prompt_tokens, 1),
+                        "computed_tokens_per_second": t.prefill_tokens / t.prefill_seconds if t.prefill_seconds else 0.0},
             "generation": {"total_runs": t.generation_runs, "generated_tokens": gen_tokens,
                            "average_tokens_per_run": gen_tokens / max(t.generation_runs, 1),
                            "tokens_per_second": gen_tokens / t.generation_seconds if t.generation_seconds else 0.0,

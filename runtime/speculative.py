@@ -315,6 +315,7 @@ class SpecScheduler(TreeDecoding, Scheduler):
         out, step_time = self.step(0, hi, inputs, frozenset(drawn), want_logits=guided)
         self.timing.generation_runs += 1
         self.timing.verify_runs += 1
+        self.timing.verify_seconds += step_time
         return out, step_time, drawn
 
     def plain_or_failed(self, s: int, r: RowState | None, out) -> bool:
@@ -491,6 +492,8 @@ class SpecScheduler(TreeDecoding, Scheduler):
                 break
         self.timing.generated_tokens += len(emitted)
         self.timing.speculative_tokens += len(emitted)
+        self.timing.speculative_rows += not row.verified
+        row.verified = True
         return emitted
 
     def release_finished(self) -> None:

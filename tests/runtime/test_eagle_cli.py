@@ -83,6 +83,13 @@ def test_speculation_changes_no_answer(eagle_engine, run_cli, tmp_path, batch_si
         drafted = {int(k): n for k, n in spec["draft_steps"].items()}
         assert max(drafted) == int(step) and spec["total_iterations"] == sum(n for k, n in drafted.items() if k)
         assert sum(drafted.values()) == profile["generation"]["total_runs"]
+        # Edge-LLM's figures as its profile computes them: tokens per verification step (at least
+        # the step's own token) and per speculating sample (one request disables speculation)
+        assert spec["average_acceptance_rate"] == spec["total_generated_tokens"] / spec["total_iterations"] >= 1
+        assert 0 < spec["total_runs"] <= len(REQUESTS) - 1
+        assert spec["average_tokens_per_run"] == spec["total_generated_tokens"] / spec["total_runs"]
+        assert spec["draft_acceptance_rate"] == spec["accepted_tokens"] / spec["drafted_tokens"]
+        assert spec["overall_tokens_per_second_excluding_base_prefill"] > 0
     got, profile = answers(run_cli, engine, tmp_path, batch_size=batch_size)  # auto, the default
     assert got == plain
     spec = profile["eagle_generation"]

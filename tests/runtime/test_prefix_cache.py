@@ -366,6 +366,10 @@ def test_reuse_is_token_exact_within_and_across_runs(run_cli, tiny_engine, tmp_p
     assert second == baseline
     assert prof2["reused_tokens"] == 3 * prof1["reused_tokens"] // 2
     assert prof2["computed_tokens"] < prof["computed_tokens"]
+    # Edge-LLM's per-run and per-token figures count the reused tokens too; computed_tokens_per_second does not
+    assert prof2["average_tokens_per_run"] * prof2["total_runs"] == pytest.approx(
+        prof2["reused_tokens"] + prof2["computed_tokens"])
+    assert prof2["tokens_per_second"] > prof2["computed_tokens_per_second"] > 0
 
 
 @pytest.mark.hf
