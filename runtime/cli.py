@@ -24,6 +24,7 @@ import click
 
 from trtllm.runtime import files
 from trtllm.runtime import input_format as fmt
+from trtllm.runtime import input_checks
 from trtllm.runtime import interrupt
 
 # --prefill-chunk's default. On the demo model (2 threads) a 256-token chunk takes about 0.5 s, so
@@ -200,6 +201,14 @@ def check_batch_size(inp: fmt.InputFile, manifest) -> None:
               help="Output JSON file (default: print it to stdout).")
 @click.option("--profile", type=click.Path(dir_okay=False),
               help="Write timing and peak memory to this JSON file.")
+@click.option("--batch-size", type=click.IntRange(1, fmt.MAX_BATCH_SIZE), default=None,
+              help="Replace the input file's batch_size (Edge-LLM's --batchSize).")
+@click.option("--max-generate-length", type=click.IntRange(min=0), default=None,
+              help="Replace the input file's max_generate_length, top level and in each request that sets "
+                   "its own (Edge-LLM's --maxGenerateLength).")
+@click.option("--warmup", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Answer the first request this many times before the run, without saved system-prompt "
+                   "KV and without output; --profile counts the run alone.")
 @click.option("--stream", is_flag=True,
               help="Print each request's text to stdout as it is generated, as JSON lines.")
 @click.option("--kv-cache-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
@@ -229,7 +238,8 @@ def check_batch_size(inp: fmt.InputFile, manifest) -> None:
               help="While other requests generate, prefill a new prompt at most this many tokens per step, "
                    "with a decode step between chunks, so their streams keep going (0: each prompt in one "
                    "step).")
-def main(input_file: Path, engine_dir: Path, output: str | None, profile: str | None, stream: bool,
+def main(input_file: Path, engine_dir: Path, output: str | None, profile: str | None, batch_size: int | None,
+         max_generate_length: int | None, warmup: int, stream: bool,
          kv_cache_dir: Path | None, kv_cache_size: str, threads: int | None, huge_pages: bool,
          spec_draft_step: int | str, spec_draft_top_k: int | str, spec_verify_size: int | str,
          prefill_chunk: int) -> None:
@@ -238,8 +248,11 @@ def main(input_file: Path, engine_dir: Path, output: str | None, profile: str | 
     try:
         with warnings.catch_warnings(), interrupt.watch() as interrupts:  # (both restored after the run)
             warnings.showwarning = show_warning
+            overrides = {name: value for name, value in (("batch_size", batch_size),
+                                                         ("max_generate_length", max_generate_length))
+                         if value is not None}
             serve(input_file, engine_dir, output, profile, stream, kv_cache_dir, kv_cache_size, threads, huge_pages,
-                  spec_draft_step, spec_draft_top_k, spec_verify_size, prefill_chunk, interrupts)
+                  spec_draft_step, spec_draft_top_k, spec_verify_size, prefill_chunk, interrupts, overrides, warmup)
     except KeyboardInterrupt:  # not click's Abort: its exit code 1 means "some request failed"
         click.echo("interrupted: files not yet written were left as they were", err=True)
         sys.exit(130)
@@ -248,7 +261,8 @@ def main(input_file: Path, engine_dir: Path, output: str | None, profile: str | 
 def serve(input_file: Path, engine_dir: Path, output: str | None, profile: str | None, stream: bool,
           kv_cache_dir: Path | None, kv_cache_size: str, threads: int | None, huge_pages: bool,
           spec_draft_step: int | str, spec_draft_top_k: int | str, spec_verify_size: int | str,
-          prefill_chunk: int, interrupts: interrupt.Watch | None = None) -> None:
+          prefill_chunk: int, interrupts: interrupt.Watch | None = None, overrides: dict | None = None,
+          warmup: int = 0) -> None:
     from trtllm.runtime import manifest as mf
 
     try:  # the adapters bundled in the engine are names a request may use; a bad engine is reported below
@@ -256,7 +270,7 @@ def serve(input_file: Path, engine_dir: Path, output: str | None, profile: str |
     except mf.ManifestError:
         bundled = ()
     try:
-        inp = fmt.read_input(input_file, bundled, isolate=True)  # a bad request fails alone
+        inp = fmt.read_input(input_file, bundled, isolate=True, overrides=overrides)  # a bad request fails alone
     except fmt.InputError as e:
         fail_usage(f"{files.shown(input_file)}: {e}")
     check_writable(output, "--output")
@@ -301,8 +315,8 @@ def serve(input_file: Path, engine_dir: Path, output: str | None, profile: str |
     # Problems only the engine can see (a token id past its vocabulary) fail that request alone.
     m = engine.manifest
     engine_errors: dict[int, str] = {}
-    for i, problem in [*fmt.check_limits(inp, m.max_top_k, m.model.vocab_size),
-                       *fmt.check_against_engine(inp, m.model.vocab_size)]:
+    for i, problem in [*input_checks.check_limits(inp, m.max_top_k, m.model.vocab_size),
+                       *input_checks.check_against_engine(inp, m.model.vocab_size)]:
         engine_errors[i] = f"{engine_errors[i]}; {problem}" if i in engine_errors else problem  # all of them
     # Saved KV is reused only where it would be computed again bit for bit: the same engine files,
     # and the same libraries and code path (an engine directory, and its cache, can be copied).
@@ -329,6 +343,10 @@ def serve(input_file: Path, engine_dir: Path, output: str | None, profile: str |
                    "rebuild it with trtllm-build")
     runner = Runner(engine, tokenizer, template, prefixes, drafter, prefill_chunk)
     adapters = AdapterSet.for_run(engine, inp.available_lora_weights, input_file.parent)
+    runner.warm_up(inp, warmup, adapters, frozenset(engine_errors))
+    if runner.cancelled:
+        click.echo("interrupted while warming up: nothing was answered or written", err=True)
+        sys.exit(130)
     printer = Printer(answers_wanted=output is not None)
     responses = runner.run(inp, engine_errors, on_text=printer.chunk if stream else None, adapters=adapters)
     result = {"input_file": files.shown(input_file), "responses": responses}

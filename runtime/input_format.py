@@ -3,7 +3,7 @@
 Every field is type- and range-checked, unknown and duplicate keys are refused, and each error is
 an `InputError` whose `json_path` names the bad value (`requests[2].messages[0].role`). Nothing is
 clamped or silently defaulted. Checks that need the engine (token id < vocab size) live in
-`check_against_engine` and `check_limits`. The format is documented in docs/input_format.md, the
+runtime/input_checks.py. The format is documented in docs/input_format.md, the
 sampling settings' semantics in docs/sampling.md. Stdlib only: this runs on the device.
 
 Sampling settings (`_SAMPLING_FIELDS`) may be given at the top level, as the default for every
@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from trtllm.runtime import files, guided
 from trtllm.runtime.strict_json import (  # the parsers, under this module's private names
     InputError,  # noqa: F401 - part of this module's API
+    JsonObject,
     LongNumber,
     fail as _fail,
     object_hook as _object_hook,
@@ -457,9 +458,11 @@ PLACEHOLDER = Request(messages=(), lora_name=None, save_system_prompt_kv_cache=F
                       stop=(), logit_bias={}, num_logprobs=0)
 
 
-def read_input(path: str | os.PathLike, bundled_loras: tuple[str, ...] = (), isolate: bool = False) -> InputFile:
+def read_input(path: str | os.PathLike, bundled_loras: tuple[str, ...] = (), isolate: bool = False,
+               overrides: dict | None = None) -> InputFile:
     """Read and validate an input JSON file; every failure is an `InputError`, but, with `isolate`,
-    a bad request's (parse_input)."""
+    a bad request's (parse_input). `overrides`: trtllm-run's --batch-size and --max-generate-length
+    (apply_overrides)."""
     name = os.fspath(path)
     label = f"input file `{files.shown(name)}`"
     try:
@@ -484,43 +487,26 @@ def read_input(path: str | os.PathLike, bundled_loras: tuple[str, ...] = (), iso
               shown=f"{e.msg.removesuffix(' at')} at line {e.lineno} column {e.colno}")
     except RecursionError:
         _fail("", "valid JSON", None, label=label, shown="arrays or objects nested deeper than the parser goes")
-    return parse_input(obj, bundled_loras, isolate)
+    return parse_input(apply_overrides(obj, overrides or {}), bundled_loras, isolate)
 
 
-def _check_positive(name: str, value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"`{name}` must be a positive integer, got {value!r}")
+def apply_overrides(obj: object, overrides: dict) -> object:
+    """The document with top-level settings replaced, as Edge-LLM's --batchSize and
+    --maxGenerateLength do; a setting requests may give themselves is replaced in each that does.
+    The values are checked as if the file held them."""
+    if not overrides or not isinstance(obj, dict):
+        return obj  # (a file that is not an object fails as it is)
+    out = _replaced(obj, overrides)
+    own = [name for name in overrides if name in _REQUEST_FIELDS]
+    if own and isinstance(obj.get("requests"), list):
+        out["requests"] = [_replaced(r, {n: overrides[n] for n in own if n in r}) if isinstance(r, dict) else r
+                           for r in obj["requests"]]
+    return out
 
 
-def _where(req: Request, i: int, name: str) -> str:
-    """The JSON path of a request's setting: its own, or the top-level one it inherited."""
-    return f"requests[{i}].{name}" if name in req.own_fields else name
-
-
-def check_against_engine(inp: InputFile, vocab_size: int) -> list[tuple[int, str]]:
-    """Per-request problems that need the engine: (request index, message naming the JSON path).
-
-    Token ids in `logit_bias` and `stop_token_ids` must be below `vocab_size`."""
-    _check_positive("vocab_size", vocab_size)
-    problems = []
-    for i, req in enumerate(inp.requests):
-        if i in inp.invalid:  # failed already
-            continue
-        bias_path, stop_path = _where(req, i, "logit_bias"), _where(req, i, "stop_token_ids")
-        bad = [(f'{bias_path}["{token_id}"]', token_id) for token_id in sorted(req.logit_bias)]
-        bad += [(f"{stop_path}[{j}]", token_id) for j, token_id in enumerate(req.stop_token_ids)]
-        problems += [(i, f"`{path}` must be a token id below the vocabulary size {vocab_size}, "
-                         f"got {token_id}") for path, token_id in bad if token_id >= vocab_size]
-    return problems
-
-
-def check_limits(inp: InputFile, max_top_k: int, vocab_size: int) -> list[tuple[int, str]]:
-    """Per-request settings the engine's sampler cannot run: (request index, message).
-
-    The sampler's top-k/top-p work among the `max_top_k` most likely tokens (manifest.json), so a
-    `top_k` between that and the vocabulary size cannot be honoured; `>= vocab_size` means all."""
-    _check_positive("max_top_k", max_top_k)
-    _check_positive("vocab_size", vocab_size)
-    return [(i, f"`{_where(req, i, 'top_k')}` must be <= {max_top_k} (the engine's sampler limit) "
-                f"or >= the vocabulary size {vocab_size} (all tokens), got {req.top_k}")
-            for i, req in enumerate(inp.requests) if i not in inp.invalid and max_top_k < req.top_k < vocab_size]
+def _replaced(obj: dict, values: dict) -> dict:
+    """A copy of a decoded object with `values` set, that still knows its duplicate keys."""
+    out = JsonObject(obj)
+    out.update(values)
+    out.duplicates = getattr(obj, "duplicates", ())
+    return out

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import resource
+import dataclasses
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -260,6 +261,27 @@ class Runner:
         # batch_size at most the engine's max_batch_size: the rest waits for a free slot
         self.generate(samples, min(inp.batch_size, self.engine.manifest.limits.max_batch_size), on_text)
         return [self.response(smp) for smp in samples]
+
+    def warm_up(self, inp: fmt.InputFile, times: int, adapters: AdapterSet | None = None,
+                failing: frozenset[int] = frozenset()) -> None:
+        """Edge-LLM's --warmup: answer the first request that can run (not unreadable, not in
+        `failing`) `times` times before the run, with no saved system-prompt KV read or written
+        (the run's own reuse stays what it would be) and nothing streamed; the profile then
+        starts afresh. A Ctrl-C sets `cancelled` and ends it."""
+        first = next((i for i in range(len(inp.requests)) if i not in inp.invalid and i not in failing), None)
+        if first is None:
+            return
+        req = dataclasses.replace(inp.requests[first], save_system_prompt_kv_cache=False)
+        one = dataclasses.replace(inp, requests=(req,), invalid={})
+        prefixes, self.prefixes = self.prefixes, None
+        try:
+            for _ in range(times):
+                if self.cancelled:
+                    break
+                self.run(one, adapters=adapters)
+        finally:
+            self.prefixes = prefixes
+        self.timing = Timing()
 
     def kv_cache_profile(self) -> dict:
         """What the KV buffers took, and the most they can take (manifest limits), known up front."""

@@ -10,14 +10,8 @@ import sys
 import pytest
 
 from tests.runtime.input_samples import FULL, MINIMAL
-from trtllm.runtime.input_format import (
-    InputError,
-    InputFile,
-    check_against_engine,
-    check_limits,
-    parse_input,
-    read_input,
-)
+from trtllm.runtime.input_checks import check_against_engine, check_limits
+from trtllm.runtime.input_format import InputError, InputFile, parse_input, read_input
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 

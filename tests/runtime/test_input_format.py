@@ -16,6 +16,7 @@ from trtllm.runtime.input_format import (
     parse_input,
 )
 from trtllm.runtime import input_format as fmt
+from trtllm.runtime import input_checks
 
 
 def test_minimal_file_gets_the_defaults():
@@ -486,7 +487,7 @@ def test_isolate_fails_a_bad_request_alone():
     assert inp.invalid[1].startswith("`requests[1].top_k` must be an integer >= 0")
     assert inp.invalid[2].startswith("`requests[2].messages[0].content` must be")
     assert inp.requests[0].temperature == 0
-    assert [i for i, _ in fmt.check_limits(inp, 1, 100)] == [0]  # placeholders are not checked again
+    assert [i for i, _ in input_checks.check_limits(inp, 1, 100)] == [0]  # placeholders are not checked again
     assert inp.requests[1].n == inp.requests[2].n == 1
     two = fmt.parse_input({**doc, "n": 2, "requests": [{**doc["requests"][1], "n": 3}, doc["requests"][2],
                                                         {"messages": [], "n": 99, "top_k": -1}]}, isolate=True)

@@ -1,0 +1,98 @@
+"""trtllm-run's Edge-LLM run options on a tiny engine: --batch-size and --max-generate-length replace
+the file's values, --warmup answers the first request before the run and leaves no trace in it."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from tests.runtime.test_run_stdout import chat
+from trtllm.runtime import input_format as fmt
+from trtllm.runtime.cli import main
+
+pytest.importorskip("torch")  # the tiny engine is built with the builder
+pytestmark = pytest.mark.hf
+
+REQUESTS = [chat("Hello there"), chat("The quick brown fox", max_generate_length=6), chat("Paris", min_new_tokens=2)]
+
+
+def test_overrides_answer_as_the_file_with_those_values(run_cli, tmp_path, tiny_engine):
+    """--max-generate-length replaces the top-level value and each request's own; --batch-size the
+    file's batch_size. A request the new value makes invalid fails alone, naming its path."""
+    engine = tiny_engine("llama")
+    payload = {"batch_size": 1, "temperature": 0, "max_generate_length": 8, "requests": REQUESTS}
+    result, got = run_cli(engine, payload, "--max-generate-length", "3", "--batch-size", "2")
+    assert result.exit_code == 0, result.output
+    edited = {**payload, "batch_size": 2, "max_generate_length": 3,
+              "requests": [REQUESTS[0], {**REQUESTS[1], "max_generate_length": 3}, REQUESTS[2]]}
+    _, want = run_cli(engine, edited)
+    assert got == want
+    assert [r["batch_idx"] for r in got["responses"]][:2] == [0, 1]  # two slots, not the file's one
+    result, out = run_cli(engine, payload, "--max-generate-length", "1")
+    assert result.exit_code == 1
+    error = out["responses"][2]["error"]
+    assert error.startswith("`requests[2].min_new_tokens` must be <= `max_generate_length` (1)")
+    assert [r["finish_reason"] for r in out["responses"][:2]] == ["max-length"] * 2
+
+
+def test_overrides_keep_the_files_checks():
+    doc = json.loads('{"requests": [{"messages": [], "n": 1, "n": 2}]}', object_pairs_hook=fmt._object_hook)
+    with pytest.raises(fmt.InputError, match="given twice|more than once|duplicate"):
+        fmt.parse_input(fmt.apply_overrides(doc, {"max_generate_length": 2}))
+    doc = json.loads('{"batch_size": 1, "batch_size": 2, "requests": []}', object_pairs_hook=fmt._object_hook)
+    with pytest.raises(fmt.InputError, match="batch_size"):
+        fmt.parse_input(fmt.apply_overrides(doc, {"batch_size": 3}))
+
+
+def brief(text, **extra):
+    return {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": text}], **extra}
+
+
+def test_warmup_answers_the_first_request_before_the_run(run_cli, tmp_path, tiny_engine, monkeypatch):
+    """The warm-up runs the first request that can run, with no saved system-prompt KV read or
+    written, so the run answers, saves and reuses as without it, and --profile counts the run alone."""
+    from trtllm.runtime.runner import Runner
+
+    engine = tiny_engine("llama")
+    payload = {"batch_size": 1, "temperature": 0, "max_generate_length": 4,
+               "requests": [{"messages": []}, brief("a", save_system_prompt_kv_cache=True), brief("b")]}
+    payload["requests"][0]["lora_name"] = "nope"  # the first request fails: the warm-up takes the next
+    payload["available_lora_weights"] = {}
+    answers, profiles, caches = [], [], []
+    run, runs = Runner.run, []
+
+    def counted(self, inp, *args, **kwargs):
+        runs.append([r.messages for r in inp.requests])
+        return run(self, inp, *args, **kwargs)
+
+    monkeypatch.setattr(Runner, "run", counted)
+    for warmup in ("0", "2"):
+        cache, profile = tmp_path / f"cache{warmup}", tmp_path / f"profile{warmup}.json"
+        result, out = run_cli(engine, payload, "--warmup", warmup, "--kv-cache-dir", str(cache),
+                              "--profile", str(profile))
+        assert result.exit_code == 1 and out["responses"][0]["finish_reason"] == "error"
+        answers.append(out["responses"])
+        profiles.append(json.loads(profile.read_text()))
+        caches.append(sorted(p.name for p in cache.glob("*.kv")))
+    assert runs[1:3] == [[fmt.parse_input(payload, isolate=True).requests[1].messages]] * 2  # the warm-ups
+    assert answers[0] == answers[1] and caches[0] == caches[1] and len(caches[0]) == 1
+    for part in ("prefill", "generation"):
+        for key in ("total_runs", "reused_tokens", "computed_tokens", "generated_tokens"):
+            assert profiles[0][part].get(key) == profiles[1][part].get(key), (part, key)
+    assert profiles[1]["prefill"]["reused_tokens"] > 0  # request 2 reused what request 1 saved
+
+
+def test_a_ctrl_c_while_warming_up_writes_nothing(tmp_path, tiny_engine, monkeypatch):
+    from trtllm.runtime import runner
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(runner, "run_rows", interrupted)
+    (tmp_path / "out.json").write_text('{"good": true}')
+    (tmp_path / "in.json").write_text(json.dumps({"requests": [chat("a")]}))
+    result = CliRunner().invoke(main, [str(tmp_path / "in.json"), "--engine", str(tiny_engine("llama")),
+                                       "--output", str(tmp_path / "out.json"), "--warmup", "1"])
+    assert result.exit_code == 130 and "interrupted while warming up" in result.output
+    assert json.loads((tmp_path / "out.json").read_text()) == {"good": True}
