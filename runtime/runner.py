@@ -224,6 +224,11 @@ class Runner:
             res["output_text"] = row.text.final_text()
         else:
             res["output_text"] = self.tokenizer.decode(row.visible_ids())
+        # vLLM's and Edge-LLM's forks' counts: every generated id, a final EOS or stop token included
+        res.update(output_ids=list(row.output_ids), prompt_tokens=len(row.prompt_ids),
+                   output_tokens=len(row.output_ids))
+        if row.finish_reason == "stop-words":  # what ended it: the stop string the text is cut at, or the token
+            res["stop_reason"] = row.text.stopped_by if row.text.stop_at is not None else row.output_ids[-1]
         if p.request.num_logprobs > 0:
             res["logprobs"] = [self.logprob_step(vals, toks, p.request.num_logprobs) for vals, toks in row.logprobs]
             # each generated token's own logprob, in or out of the top ones (a sampled token may be neither)

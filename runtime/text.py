@@ -18,6 +18,7 @@ class TextStream:
         self.hold = max((len(s) for s in stops), default=1) - 1
         self.text = ""
         self.stop_at: int | None = None
+        self.stopped_by: str | None = None  # the stop string found at stop_at (the first given, of several)
         self.emitted = 0
 
     def push(self, token_id: int, check_stops: bool = True) -> bool:
@@ -32,9 +33,11 @@ class TextStream:
             return False
         # A match must end in the new text: each stop string starts at most len(s) - 1 characters
         # back (one start for all would find a short stop that ended before, e.g. before min_new_tokens).
-        hits = [i for i in (self.text.find(s, max(0, old - len(s) + 1), end) for s in self.stops) if i >= 0]
+        hits = [(i, s) for s, i in ((s, self.text.find(s, max(0, old - len(s) + 1), end)) for s in self.stops)
+                if i >= 0]
         if hits:
-            self.stop_at = min(hits)
+            self.stop_at = min(i for i, _ in hits)
+            self.stopped_by = next(s for i, s in hits if i == self.stop_at)
             return True
         return False
 

@@ -22,8 +22,17 @@ def test_output_format_and_greedy_determinism(run_cli, tmp_path, tiny_engine):
     assert result.exit_code == 0, result.output
     assert out["input_file"].endswith("input.json")
     keys = {"output_text", "request_idx", "batch_idx", "finish_reason", "messages",
-            "formatted_system_prompt", "formatted_complete_request"}
+            "formatted_system_prompt", "formatted_complete_request", "output_ids", "prompt_tokens", "output_tokens"}
     assert [set(r) for r in out["responses"]] == [keys] * 3
+    from trtllm.runtime import manifest
+    from trtllm.runtime.tokenizer import Tokenizer
+
+    tokenizer, eos = Tokenizer.from_engine_dir(engine), manifest.load(engine).eos_token_ids
+    for r in out["responses"]:  # every generated id, a final EOS included; the text is theirs without it
+        ids, ended = r["output_ids"], r["finish_reason"] == "end-of-sequence"
+        assert r["output_tokens"] == len(ids) and (len(ids) == 8 or ended) and (ids[-1] in eos) == ended
+        assert tokenizer.decode(ids[:-1] if ended else ids) == r["output_text"]
+        assert r["prompt_tokens"] == len(tokenizer.encode(r["formatted_complete_request"]))
     assert [(r["request_idx"], r["batch_idx"]) for r in out["responses"]] == [(0, 0), (1, 1), (2, 0)]
     assert all(r["finish_reason"] in ("max-length", "end-of-sequence") for r in out["responses"])
     first = out["responses"][0]

@@ -80,6 +80,10 @@ def test_logit_bias_and_eos_controls(run_cli, tiny_engine, eos_id):
     assert rs[3]["finish_reason"] == "end-of-sequence"
     assert [step[0]["token_id"] for step in rs[3]["logprobs"]][3:] == [eos_id]
     assert rs[4]["output_text"] == "" and rs[4]["finish_reason"] == "stop-words"
+    assert rs[4]["stop_reason"] == x and rs[4]["output_ids"] == [x]  # the stop token, kept in the ids
+    assert rs[1]["output_ids"] == [eos_id] and "stop_reason" not in rs[1]
+    stopped = run_cli(engine, {**payload, "requests": [chat("a", stop=["q", tok.decode([x])])]})[1]["responses"][0]
+    assert stopped["stop_reason"] == tok.decode([x]) and stopped["output_ids"] == [x]
 
 
 def hf_penalised_greedy(model, prompt, n, rep=1.0, freq=0.0, pres=0.0):

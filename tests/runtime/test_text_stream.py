@@ -36,16 +36,18 @@ def test_no_stops_streams_everything():
     assert not stopped and streamed == ts.final_text() == "abc XYZ"
 
 
-@pytest.mark.parametrize("text, stops, expected", [
-    ("abc XYZ abc", ["XYZ"], "abc "),
-    ("abc XYZ abc", ["c X", "Y"], "ab"),             # earliest position wins, not first listed
-    ("abc\n\nXYZ", ["\n\n"], "abc"),
-    ("abé🙂中 c", ["🙂中"], "abé"),                   # multi-character unicode stop
-    ("aaaa", ["aa"], ""),
+@pytest.mark.parametrize("text, stops, expected, by", [
+    ("abc XYZ abc", ["XYZ"], "abc ", "XYZ"),
+    ("abc XYZ abc", ["c X", "Y"], "ab", "c X"),      # earliest position wins, not first listed
+    ("abc XYZ abc", ["Y", "c X"], "ab", "c X"),
+    ("abc XYZ abc", ["XY", "X"], "abc ", "X"),       # "X" is there a token before "XY"
+    ("abc\n\nXYZ", ["\n\n"], "abc", "\n\n"),
+    ("abé🙂中 c", ["🙂中"], "abé", "🙂中"),            # multi-character unicode stop
+    ("aaaa", ["aa"], "", "aa"),
 ])
-def test_stop_strings(text, stops, expected):
+def test_stop_strings(text, stops, expected, by):
     ts, streamed, stopped = stream(text, stops)
-    assert stopped and ts.final_text() == expected
+    assert stopped and ts.final_text() == expected and ts.stopped_by == by  # (the response's stop_reason)
     assert streamed == expected  # nothing past (or inside) the stop string is ever streamed
 
 
