@@ -7,6 +7,9 @@ name, e.g. self_attn.q_proj), the inputs lora_a.{i}.{module} [n, in, r] and lora
 lora_a = A^T, lora_b = scale * B^T with PEFT's scale (alpha / r, or alpha / sqrt(r) with rsLoRA);
 a module it does not adapt gets rank 0 (its delta is zero).
 
+TensorRT Edge-LLM's processed adapters (process-lora's processed_adapter_model.safetensors with
+config.json) are read too: their matrices transposed back, their B already scaled.
+
 A step's rows may use different adapters (`StepAdapters`): when they share one, or none, its own
 [1, ...] arrays are bound as they are (n = 1 broadcasts over the batch); otherwise each row's
 arrays, zero-padded to the step's largest rank, are stacked to n = batch.
@@ -26,6 +29,10 @@ import numpy as np
 from trtllm.runtime.manifest import Manifest, whole
 
 CONFIG_NAME, WEIGHTS_NAME = "adapter_config.json", "adapter_model.safetensors"
+# TensorRT Edge-LLM's process-lora output: the PEFT config copied as config.json, and each module's
+# lora_A as [in, r] and lora_B as [r, out], B already times alpha / r, keys without base_model.model.
+PROCESSED_CONFIG_NAME, PROCESSED_NAME = "config.json", "processed_adapter_model.safetensors"
+PROCESSED_KEY = re.compile(r"model\.layers\.(\d+)\.((?:self_attn|mlp)\.\w+)\.lora_([AB])\.weight")
 # PEFT's key for a LoRA matrix of a decoder layer's projection, e.g.
 # base_model.model.model.layers.3.self_attn.q_proj.lora_A.weight ([r, in]; lora_B is [out, r])
 PEFT_DEFAULTS = {"r": 8, "lora_alpha": 8}  # LoraConfig's, where adapter_config.json leaves them out
@@ -82,10 +89,12 @@ def read_safetensors(path: Path, data: bytes | None = None) -> dict[str, np.ndar
 
 def adapter_files(path: str | Path) -> tuple[Path, Path]:
     """(adapter_config.json, weights) of a PEFT adapter directory, or of a .safetensors file with
-    adapter_config.json beside it."""
+    adapter_config.json beside it; or Edge-LLM's processed adapter (config.json beside it)."""
     p = Path(path)
     weights = p / WEIGHTS_NAME if p.is_dir() else p
-    config = weights.parent / CONFIG_NAME
+    if p.is_dir() and not weights.is_file() and (p / PROCESSED_NAME).is_file():
+        weights = p / PROCESSED_NAME
+    config = weights.parent / (PROCESSED_CONFIG_NAME if weights.name == PROCESSED_NAME else CONFIG_NAME)
     if p.is_dir() and not weights.is_file():
         bin_file = p / "adapter_model.bin"
         hint = " (a PyTorch .bin: save it with safe_serialization=True)" if bin_file.is_file() else ""
@@ -232,8 +241,9 @@ def convert(name: str, path: str | Path, manifest: Manifest) -> Adapter:
     max_rank = manifest.limits.max_lora_rank
     known = {module for _, module, _, _ in projections(manifest)}
     pairs: dict[tuple[int, str], dict[str, np.ndarray]] = {}
+    processed = weights_path.name == PROCESSED_NAME
     for key, value in tensors.items():
-        m = KEY.fullmatch(key.replace(".default.", "."))
+        m = (PROCESSED_KEY if processed else KEY).fullmatch(key.replace(".default.", "."))
         if m is None or m[2] not in known:
             raise AdapterError(f"{weights_path}: tensor {key} is not a LoRA matrix of a layer's q/k/v/o, gate, up "
                                "or down projection, the modules this engine can adapt")
@@ -251,6 +261,8 @@ def convert(name: str, path: str | Path, manifest: Manifest) -> Adapter:
     top = 0
     for layer, mod, n_in, n_out in projections(manifest):
         pair = pairs.get((layer, mod))
+        if pair is not None and processed:
+            pair = unprocessed(pair, cfg["r"], n_in, n_out)
         if pair is None:  # not adapted: rank 0
             a, b = np.zeros((0, n_in)), np.zeros((n_out, 0))
         else:
@@ -260,7 +272,8 @@ def convert(name: str, path: str | Path, manifest: Manifest) -> Adapter:
                 raise AdapterError(f"{weights_path}: layer {layer} {mod} has rank {a.shape[0]}, but {config_path} "
                                    f"says {declared} (r or rank_pattern)")
             top = max(top, a.shape[0])
-            b = module_scale(cfg, layer, mod, a.shape[0]) * b.astype(np.float32)
+            # (processed: B holds Edge-LLM's alpha / r already, what its engine computes with)
+            b = (1.0 if processed else module_scale(cfg, layer, mod, a.shape[0])) * b.astype(np.float32)
         arrays.update(module_arrays(manifest, layer, mod, a, b, dtype))
     return Adapter(name=name, digest=arrays_digest(arrays), arrays=arrays, rank=top)
 
@@ -275,6 +288,16 @@ def arrays_digest(arrays: dict[str, np.ndarray]) -> str:
         for part in (head, a.tobytes()):  # each after its length: no two splits of one byte string match
             h.update(len(part).to_bytes(8, "little") + part)
     return h.hexdigest()
+
+
+def unprocessed(pair: dict, r: int, n_in: int, n_out: int) -> dict:
+    """PEFT's A [r, in] and B [out, r] of a processed pair: process-lora transposed A unless its
+    in was the config's r, and B unless its out was (a square matrix it left as it was)."""
+    out = dict(pair)
+    for ab, side in (("A", n_in), ("B", n_out)):
+        if ab in out and out[ab].ndim == 2 and side != r:
+            out[ab] = out[ab].T
+    return out
 
 
 def projections(manifest: Manifest) -> Iterator[tuple[int, str, int, int]]:

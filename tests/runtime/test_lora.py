@@ -373,3 +373,41 @@ def test_adapter_set_resolves_paths_and_remembers_failures(tmp_path):
         with pytest.raises(lora.AdapterError, match="max_lora_rank"):
             adapters.get("big")
     assert isinstance(adapters.loaded["big"], lora.AdapterError)
+
+
+def processed(peft_dir, out):
+    """What Edge-LLM's process-lora writes from a PEFT adapter (tensorrt_edgellm/lora/lora.py's
+    process_lora_weights_and_save, in numpy): B times alpha / r, A as [in, r], B as [r, out],
+    float16, keys without base_model.model., the config copied as config.json."""
+    from safetensors.numpy import load_file
+
+    cfg = json.loads((peft_dir / lora.CONFIG_NAME).read_text())
+    tensors = {}
+    for name, t in load_file(str(peft_dir / lora.WEIGHTS_NAME)).items():
+        if "lora_B" in name:
+            t = t * (cfg["lora_alpha"] / cfg["r"])
+        t = t.T if ("lora_A" in name and t.shape[-1] != cfg["r"]) or ("lora_B" in name and t.shape[0] != cfg["r"]) else t
+        tensors[name.removeprefix("base_model.model.")] = np.ascontiguousarray(t, np.float16)
+    out.mkdir(parents=True)
+    save_file(tensors, str(out / lora.PROCESSED_NAME))
+    (out / lora.PROCESSED_CONFIG_NAME).write_text(json.dumps(cfg))
+
+
+@pytest.mark.parametrize("by_file", [False, True])
+def test_an_edge_llm_processed_adapter_computes_what_its_peft_adapter_does(tmp_path, by_file):
+    """Edge-LLM's available_lora_weights point at process-lora's output: read as it is meant (A and
+    B transposed back, B's scale already in it), it gives the PEFT adapter's deltas to float16
+    rounding. v_proj's B is square (out = r = 4), which process-lora leaves as it was. The wrong
+    variants, scaling B again or transposing every matrix, are off (by alpha / r = 2; in v_proj)."""
+    modules = {(0, "self_attn.q_proj"): 4, (1, "mlp.down_proj"): 4, (1, "self_attn.v_proj"): 4}
+    write_adapter(tmp_path / "peft", modules)
+    processed(tmp_path / "peft", tmp_path / "processed")
+    want = lora.load_adapter("a", tmp_path / "peft", MANIFEST)
+    got = lora.load_adapter("a", tmp_path / "processed" / (lora.PROCESSED_NAME if by_file else ""), MANIFEST)
+    assert got.arrays.keys() == want.arrays.keys() and got.rank == want.rank == 4
+    x = np.random.default_rng(1).standard_normal((3, H)).astype(np.float32)
+    for layer in (0, 1):
+        for site in ("qkv", "down"):
+            xs = x if site == "qkv" else np.random.default_rng(2).standard_normal((3, I)).astype(np.float32)
+            np.testing.assert_allclose(delta(got, layer, site, xs), delta(want, layer, site, xs), rtol=2e-3, atol=2e-3)
+    assert np.abs(delta(want, 1, "down", np.ones((1, I), np.float32))).max() > 1  # (not vacuous)
