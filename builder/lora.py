@@ -14,9 +14,19 @@ from trtllm.runtime.manifest import Manifest
 BUNDLE_DIR = "lora"
 
 
+def peft_files(path: str) -> tuple[Path, Path]:
+    """A bundled adapter's PEFT files: the build checks it against PEFT itself, which cannot read
+    Edge-LLM's processed form."""
+    config, weights = rt_lora.adapter_files(path)
+    if weights.name == rt_lora.PROCESSED_NAME:
+        raise rt_lora.AdapterError(f"{path} is Edge-LLM's processed adapter: bundle the PEFT adapter it was made "
+                                   "from (a processed one is read at run time, through available_lora_weights)")
+    return config, weights
+
+
 def adapter_rank(path: str) -> int:
     """The largest rank among an adapter's modules (its lora_A matrices are [r, in])."""
-    _, weights = rt_lora.adapter_files(path)
+    _, weights = peft_files(path)
     ranks = [t.shape[0] for k, t in rt_lora.read_safetensors(weights).items() if ".lora_A." in k and t.ndim == 2]
     if not ranks:
         raise rt_lora.AdapterError(f"{weights} holds no lora_A matrices")
@@ -39,12 +49,13 @@ def bundle(config: BuildConfig, manifest: Manifest, out_dir: Path, log) -> Manif
     adapters = {}
     for name, path in config.lora:
         try:
+            files = peft_files(path)
             adapter = rt_lora.load_adapter(name, path, manifest)
         except rt_lora.AdapterError as e:
             raise ConfigError(f"--lora {name}: {e}") from None
         dest = out_dir / BUNDLE_DIR / name
         dest.mkdir(parents=True)
-        for src, file_name in zip(rt_lora.adapter_files(path), (rt_lora.CONFIG_NAME, rt_lora.WEIGHTS_NAME)):
+        for src, file_name in zip(files, (rt_lora.CONFIG_NAME, rt_lora.WEIGHTS_NAME)):
             shutil.copyfile(src, dest / file_name)
         adapters[name] = f"{BUNDLE_DIR}/{name}"
         log(f"bundled LoRA adapter {name} (rank {adapter.rank}) from {path}")

@@ -411,3 +411,15 @@ def test_an_edge_llm_processed_adapter_computes_what_its_peft_adapter_does(tmp_p
             xs = x if site == "qkv" else np.random.default_rng(2).standard_normal((3, I)).astype(np.float32)
             np.testing.assert_allclose(delta(got, layer, site, xs), delta(want, layer, site, xs), rtol=2e-3, atol=2e-3)
     assert np.abs(delta(want, 1, "down", np.ones((1, I), np.float32))).max() > 1  # (not vacuous)
+
+
+def test_the_build_bundles_peft_adapters_only(tmp_path):
+    """trtllm-build --lora checks a bundled adapter against PEFT, which cannot read the processed
+    form: it says which adapter to give instead."""
+    from trtllm.builder import lora as build_lora
+
+    write_adapter(tmp_path / "peft", {(0, "self_attn.q_proj"): 4})
+    processed(tmp_path / "peft", tmp_path / "processed")
+    assert build_lora.adapter_rank(str(tmp_path / "peft")) == 4
+    with pytest.raises(lora.AdapterError, match="processed adapter: bundle the PEFT adapter it was made from"):
+        build_lora.adapter_rank(str(tmp_path / "processed"))
