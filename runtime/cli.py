@@ -79,9 +79,11 @@ class Printer:
             if not pipe and self.tell:
                 click.echo(f"warning: stdout could not be written ({e}); the run goes on for --output", err=True)
 
-    def chunk(self, sample, text: str, finish_reason: str | None) -> None:
-        """One streamed piece: {"request_idx", "sample_idx", "text"[, "finish_reason"]} per line."""
-        record = {"request_idx": sample.prepared.index, "sample_idx": sample.sample_idx, "text": text}
+    def chunk(self, sample, text: str, finish_reason: str | None, token_ids: list[int]) -> None:
+        """One streamed piece: {"request_idx", "sample_idx", "text", "token_ids"[, "finish_reason"]}
+        per line."""
+        record = {"request_idx": sample.prepared.index, "sample_idx": sample.sample_idx, "text": text,
+                  "token_ids": token_ids}
         if finish_reason:
             record["finish_reason"] = finish_reason
         self.line(record)
@@ -354,7 +356,7 @@ def serve(input_file: Path, engine_dir: Path, output: str | None, profile: str |
         for r in responses:  # requests that failed, or never ran, end their stream here
             if r["finish_reason"] == "error":
                 printer.line({"request_idx": r["request_idx"], "sample_idx": r.get("sample_idx", 0), "text": "",
-                              "finish_reason": "error", "error": r.get("error")})
+                              "token_ids": [], "finish_reason": "error", "error": r.get("error")})
     unwritten, reader_gone = [], False
     if output is not None:
         try:

@@ -171,7 +171,8 @@ class Runner:
 
     def generate(self, samples: list[Sample], num_slots: int, on_text=None) -> None:
         """Run every sample that can run, num_slots at a time (in-flight: a finished sample's slot
-        goes to the next one). `on_text(sample, text, finish_reason)` streams text as it is made; a
+        goes to the next one). `on_text(sample, text, finish_reason, token_ids)` streams text as it
+        is made, with the ids generated since the sample's last call (its text may lag them); a
         sample that fails is not ended there (its one error line comes with the responses)."""
         live = [smp for smp in samples if smp.prepared.error is None]
         for smp in live:
@@ -179,13 +180,15 @@ class Runner:
         for smp in samples:
             smp.prepared.guide = None  # (each row has its copy: the checked one's mask goes)
         owner = {id(smp.row): smp for smp in live}
+        sent = dict.fromkeys(owner, 0)  # ids handed out per row
 
         def on_token(row: RowState) -> None:
             if row.error is not None:
                 return
             chunk = row.text.take(final=row.finish_reason is not None)
             if chunk or row.finish_reason:
-                on_text(owner[id(row)], chunk, row.finish_reason)
+                ids, sent[id(row)] = row.output_ids[sent[id(row)]:], len(row.output_ids)
+                on_text(owner[id(row)], chunk, row.finish_reason, ids)
 
         # trtllm-run: once generation is over (settle), an interrupt waits until the answers are
         # written; before, the first one ends generation, caught below wherever it lands

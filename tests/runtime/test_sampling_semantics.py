@@ -162,3 +162,5 @@ def test_stream_matches_output(tiny_engine, tmp_path):
         assert "".join(ln["text"] for ln in mine) == r["output_text"]
         assert mine[-1]["finish_reason"] == r["finish_reason"]
         assert all("finish_reason" not in ln for ln in mine[:-1])
+        # the ids of each line are those generated since the last (its text may lag them): together, the answer's
+        assert [t for ln in mine for t in ln["token_ids"]] == r["output_ids"]
