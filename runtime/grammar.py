@@ -3,6 +3,7 @@ guide compiled once per run against the engine's tokenizer by llguidance, and ea
 which gives the logit bias for its next token."""
 from __future__ import annotations
 
+import json
 import os
 
 import numpy as np
@@ -48,13 +49,17 @@ class Grammars:
             raise ValueError(f"`{guide.path}` does not compile: {compiled}")
         return Matcher(compiled.deep_copy(), self.vocab_size, self.eos_ids, guide.path, tokenizer)
 
-    @staticmethod
-    def compile(guide: Guide, tokenizer):
+    def special(self) -> frozenset[str]:
+        """The tokenizer's special tokens (a structural tag's trigger may be one)."""
+        added = json.loads(self.tokenizer_json).get("added_tokens") or []
+        return frozenset(t["content"] for t in added if t.get("special") and isinstance(t.get("content"), str))
+
+    def compile(self, guide: Guide, tokenizer):
         """A matcher at the guide's start, or why it does not compile."""
         from llguidance import LLMatcher
 
         try:
-            grammar = guide.grammar()
+            grammar = guide.grammar(self.special() if guide.kind == "structural_tag" else frozenset())
         except (ValueError, TypeError) as e:
             return one_line(str(e))
         error = LLMatcher.validate_grammar(grammar, tokenizer)

@@ -17,11 +17,11 @@ import json
 import math
 from dataclasses import dataclass
 
+from trtllm.runtime import structural_tag
 from trtllm.runtime.strict_json import (MAX_INT_DIGITS, LongNumber, array, boolean, check_duplicates, check_keys,
                                         fail, json_object, key_path, object_hook, parse_int, string)
 
-KINDS = ("json_schema", "json_object", "regex", "ebnf", "choice")
-NOT_YET = ("structural_tag",)  # Edge-LLM's other kind: named as not implemented, not as unknown
+KINDS = ("json_schema", "json_object", "regex", "ebnf", "choice", "structural_tag")
 MAX_CHOICES = 1024
 MAX_GUIDE_BYTES = 128 * 1024  # a schema, pattern or grammar, UTF-8 bytes
 
@@ -32,12 +32,15 @@ class Guide:
     text: str  # the schema as JSON, the pattern, the grammar, or the choices as a JSON array
     path: str  # where the input gave it (`requests[2].guided_decoding.regex`), for compile errors
 
-    def grammar(self) -> str:
-        """llguidance's grammar for it (raises ValueError where it does not compile)."""
+    def grammar(self, special: frozenset[str] = frozenset()) -> str:
+        """llguidance's grammar for it (raises ValueError where it does not compile); `special`: the
+        tokenizer's special tokens, which a structural tag's trigger may be."""
         from llguidance import LLMatcher, grammar_from
 
         if self.kind == "json_object":
             return LLMatcher.grammar_from_json_schema('{"type": "object"}')
+        if self.kind == "structural_tag":
+            return structural_tag.lark(json.loads(self.text), special)
         return grammar_from(self.kind, self.text)  # (its formats are named as KINDS are)
 
 
@@ -55,6 +58,16 @@ def _dumps(value: object) -> str:
 
 def _no_constant(name: str):
     raise ValueError(f"{name} is not JSON")
+
+
+def _read_json(text: str, path: str, what: str) -> object:
+    """A string of JSON, read as strictly as the file: repeated keys found later, NaN and Infinity refused."""
+    try:
+        return json.loads(text, object_pairs_hook=object_hook, parse_constant=_no_constant, parse_int=parse_int)
+    except ValueError as e:
+        fail(path, what, None, shown=f"invalid JSON: {e}")
+    except RecursionError:
+        fail(path, what, None, shown="arrays or objects nested deeper than the parser goes")
 
 
 def _check_schema(schema: object, path: str) -> None:
@@ -82,13 +95,11 @@ def _check_schema(schema: object, path: str) -> None:
 def parse(value: object, path: str) -> Guide:
     """`guided_decoding`: an object with exactly one key of KINDS."""
     obj = json_object(value, path, "one of " + ", ".join(KINDS))
-    check_keys(obj, path, KINDS + NOT_YET, "guided_decoding")
+    check_keys(obj, path, KINDS, "guided_decoding")
     if len(obj) != 1:
         fail(path, f"an object with exactly one of {', '.join(KINDS)}", value, shown=f"{len(obj)} keys")
     (kind, v), = obj.items()
     at = key_path(path, kind)
-    if kind in NOT_YET:
-        fail(at, f"one of {', '.join(KINDS)} (`{kind}` is not implemented)", v, shown=f"`{kind}`")
     if kind == "json_object":
         if not boolean(v, at):
             fail(at, "true (omit guided_decoding for no constraint)", v)
@@ -96,12 +107,7 @@ def parse(value: object, path: str) -> Guide:
     if kind == "json_schema":
         what = "a JSON schema (an object or a boolean, or a string of JSON holding one)"
         if isinstance(v, str):  # a schema written as a string of JSON, as some clients send it
-            try:  # read as strictly as the file: repeated keys found below, NaN and Infinity refused
-                v = json.loads(v, object_pairs_hook=object_hook, parse_constant=_no_constant, parse_int=parse_int)
-            except ValueError as e:
-                fail(at, what, None, shown=f"invalid JSON: {e}")
-            except RecursionError:
-                fail(at, what, None, shown="arrays or objects nested deeper than the parser goes")
+            v = _read_json(v, at, what)
         if not isinstance(v, (dict, bool)):
             fail(at, what, v)
         _check_schema(v, at)
@@ -109,6 +115,13 @@ def parse(value: object, path: str) -> Guide:
             text = _dumps(v)
         except RecursionError:  # (json.dumps recurses a few frames deeper than json.loads did)
             fail(at, what, None, shown="arrays or objects nested deeper than the parser goes")
+        return Guide(kind, _sized(text, at, v), at)
+    if kind == "structural_tag":
+        tags = structural_tag.parse(v, at, _read_json, _check_schema)
+        try:
+            text = _dumps(tags)
+        except RecursionError:
+            fail(at, "a structural tag", None, shown="schemas nested deeper than the parser goes")
         return Guide(kind, _sized(text, at, v), at)
     if kind == "choice":
         items = array(v, at, "non-empty strings", MAX_CHOICES)

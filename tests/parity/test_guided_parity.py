@@ -1,11 +1,12 @@
-"""Guided decoding against transformers: greedy answers under a JSON schema, a regex, a GBNF grammar
-and a list of choices are token-exact with transformers' own greedy loop masked by llguidance
+"""Guided decoding against transformers: greedy answers under a JSON schema, a regex, a GBNF grammar,
+a list of choices and a structural tag are token-exact with transformers' own greedy loop masked by llguidance
 (its tokenizer built from transformers' tokenizer, not from ours), alone and in one batch. The
 deliberately wrong variant (a matcher that never advances: the first token's mask at every step)
 must differ."""
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -27,6 +28,9 @@ GUIDES = {
     "json_schema": {"json_schema": {"type": "object", "properties": {"ok": {"type": "boolean"},
                                                                      "n": {"enum": [1, 2, 3]}},
                                     "required": ["ok", "n"], "additionalProperties": False}},
+    # free text in which every "e" must go on as a tag: a trigger the tiny model writes often
+    "structural_tag": {"structural_tag": {"structures": [{"begin": "e=", "schema": {"enum": [1, 22]}, "end": ";"}],
+                                          "triggers": ["e"]}},
 }
 PROMPTS = ["hello there", "the quick brown fox"]
 
@@ -81,6 +85,9 @@ def test_greedy_guided_tokens_match_transformers(run_cli, tiny_engine, tiny_chec
             assert set(json.loads(text)) == {"ok", "n"}
         elif name == "choice":
             assert text in GUIDES[name]["choice"]
+    if name == "structural_tag":  # the trigger came, and every "e" went on as a tag (the last maybe cut short)
+        text = transformers.AutoTokenizer.from_pretrained(ckpt).decode(tokens, skip_special_tokens=True)
+        assert "e=" in text and "e" not in re.sub(r"e(=(1|22?)?)?$", "", re.sub(r"e=(1|22);", "", text)), text
 
 
 def test_a_batch_of_guides_answers_as_each_alone(run_cli, tiny_engine, tiny_checkpoint):

@@ -23,12 +23,32 @@ def error_of(doc: dict) -> InputError:
     return e.value
 
 
+TAG = {"begin": "<f=get>", "schema": {"type": "object"}, "end": "</f>"}
+TRIGGERED = {"type": "triggered_tags", "triggers": ["<f"],
+             "tags": [{"begin": "<f=get>", "content": {"type": "json_schema", "json_schema": {}}, "end": "</f>"}]}
+
+
 @pytest.mark.parametrize("guide, path, says", [
     ("[0-9]+", "requests[0].guided_decoding", "a JSON object"),
     ({}, "requests[0].guided_decoding", "exactly one of"),
     ({"regex": "a", "choice": ["a"]}, "requests[0].guided_decoding", "exactly one of"),
     ({"regx": "a"}, "requests[0].guided_decoding.regx", "did you mean 'regex'"),
-    ({"structural_tag": {}}, "requests[0].guided_decoding.structural_tag", "is not implemented"),
+    ({"structural_tag": {}}, "requests[0].guided_decoding.structural_tag.structures", "must be given"),
+    ({"structural_tag": "{"}, "requests[0].guided_decoding.structural_tag", "invalid JSON"),
+    ({"structural_tag": {"structures": [TAG], "triggers": ["<g"]}},
+     "requests[0].guided_decoding.structural_tag.structures[0].begin", "begins with one of the triggers ('<g')"),
+    ({"structural_tag": {"structures": [{**TAG, "schema": '{"a": 1, "a": 2}'}], "triggers": ["<f"]}},
+     "requests[0].guided_decoding.structural_tag.structures[0].schema.a", "given once"),
+    ({"structural_tag": {"structures": [{**TAG, "schema": 3}], "triggers": ["<f"]}},
+     "requests[0].guided_decoding.structural_tag.structures[0].schema", "a JSON schema"),
+    ({"structural_tag": {"structures": [TAG], "triggers": ["<f"], "tags": []}},
+     "requests[0].guided_decoding.structural_tag.tags", "unknown key"),
+    ({"structural_tag": {"type": "structural_tag", "format": {**TRIGGERED, "stop_after_first": True}}},
+     "requests[0].guided_decoding.structural_tag.format.stop_after_first", "is not implemented"),
+    ({"structural_tag": {"format": {**TRIGGERED, "tags": [{"begin": "<f", "content": {"type": "regex"}, "end": ""}]}}},
+     "requests[0].guided_decoding.structural_tag.format.tags[0].content.type", "'json_schema'"),
+    ({"structural_tag": {"format": {**TRIGGERED, "type": "tags_with_separator"}}},
+     "requests[0].guided_decoding.structural_tag.format.type", "'triggered_tags'"),
     ({"json_object": False}, "requests[0].guided_decoding.json_object", "true"),
     ({"json_schema": "{not json"}, "requests[0].guided_decoding.json_schema", "invalid JSON"),
     ({"json_schema": [1]}, "requests[0].guided_decoding.json_schema", "an object or a boolean"),
@@ -52,6 +72,22 @@ def test_a_guide_is_inherited_from_the_top_level_and_names_where_it_was_written(
     assert second.guided_decoding.path == "requests[1].guided_decoding.choice"
     schema = parse_input({"requests": [request(guided_decoding={"json_schema": '{"type": "string"}'})]})
     assert json.loads(schema.requests[0].guided_decoding.text) == {"type": "string"}
+
+
+def test_both_structural_tag_spellings_read_as_one():
+    """vLLM's structures + triggers and XGrammar's triggered_tags (Edge-LLM's) give the same tags, each
+    under the longest trigger it begins with; a string of JSON holding one reads as the object."""
+    schema = {"type": "object", "properties": {"city": {"type": "string"}}}
+    vllm = {"type": "structural_tag", "triggers": ["<f", "<f=w"],
+            "structures": [{"begin": "<f=get>", "schema": schema, "end": "</f>"},
+                           {"begin": "<f=weather>", "schema": True, "end": "</f>"}]}
+    xgrammar = {"type": "structural_tag", "format": {"type": "triggered_tags", "triggers": ["<f", "<f=w"], "tags": [
+        {"type": "tag", "begin": "<f=get>", "content": {"type": "json_schema", "json_schema": schema}, "end": "</f>"},
+        {"begin": "<f=weather>", "content": {"type": "json_schema", "json_schema": True}, "end": "</f>"}]}}
+    texts = {parse_input({"requests": [request(guided_decoding={"structural_tag": v})]}).requests[0].guided_decoding.text
+             for v in (vllm, xgrammar, json.dumps(vllm))}
+    assert len(texts) == 1
+    assert [(t["trigger"], t["begin"]) for t in json.loads(texts.pop())] == [("<f", "<f=get>"), ("<f=w", "<f=weather>")]
 
 
 def test_a_schema_is_read_as_strictly_as_the_file():
@@ -239,7 +275,7 @@ def test_a_guide_that_does_not_compile_is_compiled_once(monkeypatch, tiny_engine
     tok = Tokenizer.from_engine_dir(tiny_engine("llama"))
     grammars = grammar.Grammars(tok.to_json(), tok.vocab_size, [tok.token_to_id("<|im_end|>")])
     calls, compile_ = [], grammar.Grammars.compile
-    monkeypatch.setattr(grammar.Grammars, "compile", staticmethod(lambda g, t: calls.append(g) or compile_(g, t)))
+    monkeypatch.setattr(grammar.Grammars, "compile", lambda self, g, t: calls.append(g) or compile_(self, g, t))
     bad, good = guided.parse({"regex": "[0-9"}, "guided_decoding"), guided.parse({"regex": "[ab]"}, "x")
     for _ in range(3):
         with pytest.raises(ValueError, match="`guided_decoding.regex` does not compile"):
@@ -280,11 +316,11 @@ def test_a_requests_first_mask_is_computed_once_for_all_its_samples(monkeypatch,
 
     counts, compile_ = {"at start": 0, "later": 0}, grammar.Grammars.compile
 
-    def counting(g, t):
-        m = compile_(g, t)
+    def counting(self, g, t):
+        m = compile_(self, g, t)
         return m if isinstance(m, str) else CountingMatcher(m, counts)
 
-    monkeypatch.setattr(grammar.Grammars, "compile", staticmethod(counting))
+    monkeypatch.setattr(grammar.Grammars, "compile", counting)
     result, out = run_cli(tiny_engine("llama"), {
         "requests": [request(guided_decoding={"regex": "[a-e]{3}"}, n=3)], "seed": 5, "temperature": 1.5,
         "top_p": 1, "max_generate_length": 16})
@@ -319,3 +355,25 @@ def test_masks_computed_together_are_each_rows_own(tiny_engine):
         assert not m.stale and np.array_equal(m.allowed(), a.allowed())
     assert matchers[0].allowed()[eos] and matchers[3].allowed()[eos]  # "ab" is complete
     assert matchers[3].allowed().sum() == 1 and not matchers[1].allowed()[eos]  # (no choice is empty)
+
+
+@pytest.mark.parametrize("trigger", ["<b>", "<|im_start|>", "<fn="])
+def test_a_structural_tag_trigger_is_text_or_the_special_token_it_names(tiny_engine, trigger):
+    """A trigger that is one of the tokenizer's special tokens is matched as that token; one that
+    only looks like one (<b>) is text. Either way, what follows it is held to its tag."""
+    pytest.importorskip("torch")
+    from trtllm.runtime import grammar
+    from trtllm.runtime.tokenizer import Tokenizer
+
+    tok = Tokenizer.from_engine_dir(tiny_engine("llama"))
+    grammars = grammar.Grammars(tok.to_json(), tok.vocab_size, [tok.token_to_id("<|im_end|>")])
+    tag = {"structures": [{"begin": f"{trigger}get", "schema": {"enum": [1, 2]}, "end": "</b>"}], "triggers": [trigger]}
+    guide = guided.parse({"structural_tag": tag}, "g")
+
+    def errors(text: str) -> list:
+        m = grammars.matcher(guide)
+        return [e for e in (m.consume(t) for t in tok.encode(text)) if e]
+
+    assert errors(f"hi {trigger}get2</b> bye") == []
+    assert errors(f"hi {trigger}got2</b>") and errors(f"hi {trigger}get3</b>")
+    assert (trigger in grammars.special()) == (trigger == "<|im_start|>")
