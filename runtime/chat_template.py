@@ -18,6 +18,7 @@ from pathlib import Path
 
 import jinja2
 import jinja2.ext
+import jinja2.meta
 import jinja2.nodes
 import jinja2.utils
 from jinja2.sandbox import ImmutableSandboxedEnvironment
@@ -191,6 +192,13 @@ class ChatTemplate:
         # content goes to it as the list, as transformers passes it. Others get the text joined.
         self.takes_parts = bool(_TAKES_PARTS.search(source))
         self._headers: dict = {}  # _user_header's, per (add_generation_prompt, kwargs): the same for every request
+        # the variables it reads from the caller (tools, enable_thinking, ...), found in its syntax tree
+        self._reads = frozenset(jinja2.meta.find_undeclared_variables(self._template.environment.parse(source)))
+
+    def reads(self, name: str) -> bool:
+        """Whether the template reads the variable `name` (a template that never reads `tools`
+        would leave a request's tools unseen)."""
+        return name in self._reads
 
     @classmethod
     def from_engine_dir(cls, engine_dir, files: dict | None = None) -> ChatTemplate | None:
@@ -214,11 +222,11 @@ class ChatTemplate:
         Unlike transformers an empty `messages` list is rendered, not refused, when the template
         allows it.
         """
-        variables = {**self.special_tokens, **kwargs}  # kwargs win, as in transformers
+        # kwargs win, as in transformers (`tools`: the tool definitions, none by default)
+        variables = {**self.special_tokens, "tools": None, "documents": None, **kwargs}
         messages = _normalize(messages)
         try:
-            return self._template.render(messages=messages, tools=None, documents=None,
-                                         add_generation_prompt=add_generation_prompt, **variables)
+            return self._template.render(messages=messages, add_generation_prompt=add_generation_prompt, **variables)
         except TemplateRaised as e:
             raise ChatTemplateError(f"chat template rejected the conversation: {e.message}") from e
         except MemoryError:

@@ -14,12 +14,11 @@ loads it.
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass
 
 from trtllm.runtime import structural_tag
-from trtllm.runtime.strict_json import (MAX_INT_DIGITS, LongNumber, array, boolean, check_duplicates, check_keys,
-                                        fail, json_object, key_path, object_hook, parse_int, string)
+from trtllm.runtime.strict_json import (array, boolean, check_keys, check_value, fail, json_object, key_path,
+                                        object_hook, parse_int, string)
 
 KINDS = ("json_schema", "json_object", "regex", "ebnf", "choice", "structural_tag")
 MAX_CHOICES = 1024
@@ -70,26 +69,7 @@ def _read_json(text: str, path: str, what: str) -> object:
         fail(path, what, None, shown="arrays or objects nested deeper than the parser goes")
 
 
-def _check_schema(schema: object, path: str) -> None:
-    """What every other field of the file is held to, anywhere in a schema, by path: no repeated
-    keys, finite numbers, integers Python converts, valid Unicode (no lone surrogate escapes).
-    Iteratively: a schema may nest as deep as the reader goes."""
-    stack = [(schema, path)]
-    while stack:
-        value, at = stack.pop()
-        if isinstance(value, dict):
-            check_duplicates(value, lambda key, at=at: key_path(at, key))
-            for k, v in value.items():
-                string(k, key_path(at, k))
-                stack.append((v, key_path(at, k)))
-        elif isinstance(value, list):
-            stack += [(v, f"{at}[{i}]") for i, v in enumerate(value)]
-        elif isinstance(value, str):
-            string(value, at)
-        elif isinstance(value, LongNumber):
-            fail(at, f"a number of at most {MAX_INT_DIGITS} digits", value, shown=f"an integer of {value.digits} digits")
-        elif isinstance(value, float) and not math.isfinite(value):
-            fail(at, "a finite number", value)
+_check_schema = check_value  # (a schema's values: what every other field of the file is held to)
 
 
 def parse(value: object, path: str) -> Guide:

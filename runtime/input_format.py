@@ -25,6 +25,13 @@ import struct
 from dataclasses import dataclass, field
 
 from trtllm.runtime import files, guided
+from trtllm.runtime.messages import (  # noqa: F401 - ContentItem: part of this module's API
+    MEDIA_TYPES,
+    ContentItem,
+    Message,
+    parse_messages as _messages,
+    parse_tools as _tools,
+)
 from trtllm.runtime.strict_json import (  # the parsers, under this module's private names
     InputError,  # noqa: F401 - part of this module's API
     JsonObject,
@@ -36,20 +43,15 @@ from trtllm.runtime.strict_json import (  # the parsers, under this module's pri
     check_duplicates as _check_duplicates,
     did_you_mean as _did_you_mean,
     one_of as _one_of,
-    check_keys as _check_keys,
     number as _number,
     boolean as _bool,
     string as _string,
-    choice as _choice,
     array as _array,
     json_object as _object,
     fields as _fields,
 )
 
 MAX_BATCH_SIZE = 16
-MAX_MESSAGES = 64
-MAX_CONTENT_ITEMS = 18
-MAX_CONTENT_BYTES = 128 * 1024  # one text content, UTF-8 bytes
 MAX_REQUEST_TEXT_BYTES = 1024 * 1024  # all text of one request, UTF-8 bytes
 MAX_LOGIT_BIAS_ENTRIES = 1024
 MAX_ABS_LOGIT_BIAS = 100
@@ -64,50 +66,9 @@ MIN_REPETITION_PENALTY = 0.01
 MAX_ABS_PENALTY = 2  # presence_penalty and frequency_penalty (the OpenAI range)
 MAX_SEED = 2**64 - 1  # Edge-LLM's sampling_seed is a u64
 MAX_N = 16
-ROLES = ("system", "user", "assistant")
-CONTENT_TYPES = ("text", "image", "audio", "video")
-MEDIA_TYPES = frozenset({"image", "audio", "video"})
 
 _TOKEN_ID_KEY = re.compile(r"0|[1-9][0-9]*")
 MAX_TOKEN_ID_DIGITS = 18
-
-
-@dataclass(frozen=True, slots=True)
-class ContentItem:
-    type: str  # one of CONTENT_TYPES
-    value: str  # the text, or the media file path (as written; not checked here)
-    do_resize: bool | None = None  # images only; None = not given
-
-    def to_json(self) -> dict:
-        out: dict = {"type": self.type, self.type: self.value}
-        if self.do_resize is not None:
-            out["do_resize"] = self.do_resize
-        return out
-
-
-@dataclass(frozen=True, slots=True)
-class Message:
-    role: str  # one of ROLES
-    content: str | tuple[ContentItem, ...]
-
-    def text(self) -> str:
-        """The text parts joined with "" (string content returned as is)."""
-        if isinstance(self.content, str):
-            return self.content
-        return "".join(item.value for item in self.content if item.type == "text")
-
-    def parts(self) -> str | list[dict]:
-        """The content as a chat template that takes typed parts reads it: a string as is, else the
-        list of {"type": "text", "text": ...} items."""
-        return self.content if isinstance(self.content, str) else [item.to_json() for item in self.content]
-
-    def to_json(self) -> dict:
-        """Echo form for the output file: content is always an array of typed items."""
-        if isinstance(self.content, str):
-            items = [{"type": "text", "text": self.content}]
-        else:
-            items = [item.to_json() for item in self.content]
-        return {"role": self.role, "content": items}
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,6 +84,7 @@ class Request:
     logit_bias: dict[int, float]  # read-only: requests that inherit it share the top-level dict
     num_logprobs: int
     continue_final_message: bool = False  # the prompt ends inside the last message, which the answer continues
+    tools: tuple[dict, ...] | None = None  # the tool definitions its chat template shows (its own, else the file's)
     temperature: float = 1.0  # [0, 100]; 0 = greedy
     top_k: int = 50  # >= 0; 0 = off
     top_p: float = 0.8  # (0, 1]; 1 = off
@@ -159,6 +121,7 @@ class InputFile:
     add_generation_prompt: bool = True
     enable_thinking: bool = False
     default_system_prompt: str | None = None
+    tools: tuple[dict, ...] | None = None
     available_lora_weights: dict[str, str] = field(default_factory=dict)
     num_logprobs: int = 0
     logit_bias: dict[int, float] = field(default_factory=dict)
@@ -175,15 +138,6 @@ class InputFile:
     # isolate=True (trtllm-run): request index -> the error of a request that could not be read;
     # its entry in `requests` is a placeholder that never runs (PLACEHOLDER)
     invalid: dict[int, str] = field(default_factory=dict)
-
-
-def _text(value: object, path: str) -> str:
-    text = _string(value, path)
-    num_bytes = len(text.encode("utf-8"))
-    if num_bytes > MAX_CONTENT_BYTES:
-        _fail(path, f"at most {MAX_CONTENT_BYTES} UTF-8 bytes (128 KiB)", value,
-              shown=f"{num_bytes} bytes")
-    return text
 
 
 def _logit_bias(value: object, path: str) -> dict[int, float]:
@@ -260,46 +214,6 @@ def _stop_token_ids(value: object, path: str) -> tuple[int, ...]:
     return tuple(_token_id(v, f"{path}[{i}]") for i, v in enumerate(items))
 
 
-def _content_item(value: object, path: str) -> ContentItem:
-    obj = _object(value, path, "a content item")
-    _check_keys(obj, path, ("type", *CONTENT_TYPES, "do_resize"), "a content item")
-    if "type" not in obj:
-        _fail(f"{path}.type", "given (a content item needs it)", None, shown="nothing")
-    kind = _choice(CONTENT_TYPES)(obj["type"], f"{path}.type")
-    allowed = ("type", kind, "do_resize") if kind == "image" else ("type", kind)
-    for key in obj:
-        if key not in allowed:
-            _fail(f"{path}.{key}", f"absent from an item of type {kind!r} (it takes only "
-                  f"{_one_of(allowed)})", obj[key])
-    if kind not in obj:
-        _fail(f"{path}.{kind}", f"given (an item of type {kind!r} needs it)", None,
-              shown="nothing")
-    parse = _text if kind == "text" else lambda v, p: _string(v, p, nonempty=True)
-    item_value = parse(obj[kind], f"{path}.{kind}")
-    do_resize = _bool(obj["do_resize"], f"{path}.do_resize") if "do_resize" in obj else None
-    return ContentItem(kind, item_value, do_resize)
-
-
-def _content(value: object, path: str) -> str | tuple[ContentItem, ...]:
-    if isinstance(value, str):
-        return _text(value, path)
-    if not isinstance(value, list) or len(value) > MAX_CONTENT_ITEMS:
-        _fail(path, f"a string or an array of at most {MAX_CONTENT_ITEMS} content items", value)
-    return tuple(_content_item(item, f"{path}[{i}]") for i, item in enumerate(value))
-
-
-_MESSAGE_FIELDS = {"role": _choice(ROLES), "content": _content}
-
-
-def _messages(value: object, path: str) -> tuple[Message, ...]:
-    items = _array(value, path, "messages", MAX_MESSAGES)
-    messages = []
-    for i, item in enumerate(items):
-        f = _fields(item, f"{path}[{i}]", _MESSAGE_FIELDS, "a message", ("role", "content"))
-        messages.append(Message(f["role"], f["content"]))
-    return tuple(messages)
-
-
 # --- requests and the file ----------------------------------------------------------------------
 
 _penalty = _number(float, -MAX_ABS_PENALTY, MAX_ABS_PENALTY)
@@ -358,6 +272,7 @@ _REQUEST_FIELDS = {
     "disable_spec_decode": _bool,
     "stop": _stop,
     "continue_final_message": _bool,
+    "tools": _tools,
     **_SAMPLING_FIELDS_READ,
 }
 
@@ -397,6 +312,7 @@ def _request(value: object, path: str, top: InputFile, bundled: tuple[str, ...] 
         disable_spec_decode=f.get("disable_spec_decode", False),
         stop=f.get("stop", ()),
         continue_final_message=f.get("continue_final_message", False),
+        tools=f["tools"] if "tools" in f else top.tools,
         **sampling,
         own_fields=frozenset(f),
     )
@@ -409,6 +325,7 @@ _TOP_FIELDS = {
     "add_generation_prompt": _bool,
     "enable_thinking": _bool,
     "default_system_prompt": _string,
+    "tools": _tools,
     "available_lora_weights": _lora_weights,
     "requests": lambda v, p: v,  # parsed below, once the LoRA names and defaults are known
 }

@@ -130,13 +130,22 @@ class Runner:
         # a template writes its special tokens into the text itself.
         templated = inp.apply_chat_template and self.template is not None
         parts = templated and self.template.takes_parts
-        messages = [{"role": m.role, "content": m.parts() if parts else m.text()} for m in req.messages]
+        messages = [{"role": m.role, "content": m.parts() if parts else m.text(), **m.fields()} for m in req.messages]
+        if req.tools:  # a template that never reads them would leave the model unaware of them
+            where = "requests[{}].tools".format(index) if "tools" in req.own_fields else "tools"
+            if not templated:
+                p.error = f"`{where}` needs the chat template (apply_chat_template, and an engine with one)"
+                return p
+            if not self.template.reads("tools"):
+                p.error = f"`{where}`: the engine's chat template does not show tools to the model"
+                return p
         try:
             if templated:
                 fp = self.template.format(messages, add_generation_prompt=inp.add_generation_prompt,
                                           default_system_prompt=inp.default_system_prompt,
                                           continue_final_message=req.continue_final_message,
-                                          enable_thinking=inp.enable_thinking)
+                                          enable_thinking=inp.enable_thinking,
+                                          **({"tools": list(req.tools)} if req.tools is not None else {}))
             else:
                 if inp.default_system_prompt is not None and not any(m["role"] == "system" for m in messages):
                     messages = [{"role": "system", "content": inp.default_system_prompt}, *messages]

@@ -198,3 +198,25 @@ def fields(value: object, path: str, table: dict[str, Callable], what: str,
         if name not in obj:
             fail(key_path(path, name), f"given ({what} needs it)", None, shown="nothing")
     return {name: table[name](v, key_path(path, name)) for name, v in obj.items()}
+
+
+def check_value(value: object, path: str) -> None:
+    """A free-form JSON value (a schema, a tool) held, anywhere inside, to what every other field of
+    the file is, by path: no repeated keys, finite numbers, integers Python converts, valid Unicode
+    (no lone surrogate escapes). Iteratively: a value may nest as deep as the reader goes."""
+    stack = [(value, path)]
+    while stack:
+        item, at = stack.pop()
+        if isinstance(item, dict):
+            check_duplicates(item, lambda key, at=at: key_path(at, key))
+            for k, v in item.items():
+                string(k, key_path(at, k))
+                stack.append((v, key_path(at, k)))
+        elif isinstance(item, list):
+            stack += [(v, f"{at}[{i}]") for i, v in enumerate(item)]
+        elif isinstance(item, str):
+            string(item, at)
+        elif isinstance(item, LongNumber):
+            fail(at, f"a number of at most {MAX_INT_DIGITS} digits", item, shown=f"an integer of {item.digits} digits")
+        elif isinstance(item, float) and not math.isfinite(item):
+            fail(at, "a finite number", item)

@@ -190,7 +190,7 @@ def test_json_examples_in_the_doc_parse():
     for block in blocks:
         parse_input(json.loads(block.split("```")[0]))
     example = json.loads((REPO / "examples" / "input.json").read_text(encoding="utf-8"))
-    assert json.loads(blocks[0].split("```")[0]) == example  # the doc shows the real file
+    assert example in [json.loads(b.split("```")[0]) for b in blocks]  # the doc shows the real file
 
 
 MESSAGE = '{"messages": [{"role": "user", "content": "hi"}]}'

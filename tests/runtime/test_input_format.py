@@ -262,7 +262,7 @@ ERROR_CASES = [
     (_rename("batch_size", "batchsize"), "batchsize"),
     (_set("foo bar", 1), '["foo bar"]'),
     (_rename(*R0, "messages", "mesages"), "requests[0].mesages"),
-    (_set(*R0, "messages", 0, "name", "x"), "requests[0].messages[0].name"),
+    (_set(*R0, "messages", 0, "nmae", "x"), "requests[0].messages[0].nmae"),
     (_set(*ITEMS, 0, "url", "x"), "requests[1].messages[0].content[0].url"),
     # top-level numbers
     (_set("batch_size", True), "batch_size"),
@@ -449,7 +449,7 @@ def test_hints():
     assert "did you mean 'image'?" in error(_set(*ITEMS, 1, "type", "img"))
     assert "write 2" in error(_set("top_k", 2.0))
     assert error(_set("requests", 0, "messages", 0, "role", "bot")) == (
-        "`requests[0].messages[0].role` must be one of 'system', 'user', 'assistant', got 'bot'")
+        "`requests[0].messages[0].role` must be one of 'system', 'user', 'assistant', 'tool', got 'bot'")
 
 
 def test_top_level_must_be_an_object():
@@ -496,3 +496,43 @@ def test_isolate_fails_a_bad_request_alone():
         fmt.parse_input(doc)
     with pytest.raises(fmt.InputError, match="temperature"):
         fmt.parse_input({**doc, "temperature": -1}, isolate=True)
+
+
+CALL = {"type": "function", "function": {"name": "w", "arguments": {"city": "Paris"}}}
+
+
+@pytest.mark.parametrize("message, path, says", [
+    ({"role": "user", "content": "x", "tool_calls": [CALL]}, "requests[0].messages[0].tool_calls",
+     "absent from a message of role 'user'"),
+    ({"role": "assistant", "content": "x", "tool_call_id": "1"}, "requests[0].messages[0].tool_call_id",
+     "absent from a message of role 'assistant'"),
+    ({"role": "assistant", "content": None}, "requests[0].messages[0].content", "a string or an array"),
+    ({"role": "assistant"}, "requests[0].messages[0].content", "must be given"),
+    ({"role": "assistant", "content": "", "tool_calls": [5]}, "requests[0].messages[0].tool_calls[0]", "a tool call"),
+    ({"role": "assistant", "content": "", "tool_calls": [{"a": float("nan")}]},
+     "requests[0].messages[0].tool_calls[0].a", "finite"),
+    ({"role": "tool", "content": "18", "tool_call_id": ""}, "requests[0].messages[0].tool_call_id", "non-empty"),
+])
+def test_tool_fields_of_a_message_are_checked_by_path(message, path, says):
+    with pytest.raises(InputError) as e:
+        parse_input({"requests": [{"messages": [message]}]})
+    assert e.value.json_path == path and says in str(e.value), str(e.value)
+
+
+def test_tool_use_reads_as_openai_writes_it():
+    """An assistant turn of tool calls alone (content null), tool results, and tools at the top level
+    (the default) or per request (replacing it, [] none); each message keeps its fields in order."""
+    tools = [{"type": "function", "function": {"name": "w", "parameters": {"type": "object"}}}]
+    chat = [{"role": "user", "content": "W?"}, {"role": "assistant", "content": None, "tool_calls": [CALL]},
+            {"role": "tool", "content": "18 C", "tool_call_id": "1", "name": "w"},
+            {"role": "assistant", "content": "Mild.", "reasoning_content": "18 is mild"}]
+    first, second = parse_input({"tools": tools, "requests": [{"messages": chat}, {"messages": [], "tools": []}]}).requests
+    assert first.tools == tuple(tools) and second.tools == ()
+    assert [m.fields() for m in first.messages] == [{}, {"tool_calls": [CALL]}, {"tool_call_id": "1", "name": "w"},
+                                                     {"reasoning_content": "18 is mild"}]
+    assert first.messages[1].content == "" and first.messages[2].to_json()["tool_call_id"] == "1"
+    for bad, path in (([5], "tools[0]"), ({"a": 1}, "tools"), ([{"x": "\ud800"}], "tools[0].x")):
+        with pytest.raises(InputError) as e:
+            parse_input({"tools": bad, "requests": [{"messages": []}]})
+        assert e.value.json_path == path, str(e.value)
+

@@ -1,0 +1,173 @@
+"""The messages of a request (runtime/input_format.py reads the rest of the file): a role, content
+(a string or typed items), and the fields tool use adds (an assistant's `tool_calls` and
+`reasoning_content`, a tool result's `tool_call_id`, a `name`), which chat templates read as
+transformers hands them over. Each is checked as strictly as the rest of the file and every error
+names its JSON path. Stdlib only."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from trtllm.runtime.strict_json import (
+    array as _array,
+    boolean as _bool,
+    check_keys as _check_keys,
+    check_value,
+    choice as _choice,
+    fail as _fail,
+    json_object as _object,
+    one_of as _one_of,
+    string as _string,
+)
+
+MAX_MESSAGES = 64
+MAX_CONTENT_ITEMS = 18
+MAX_CONTENT_BYTES = 128 * 1024  # one text content, UTF-8 bytes
+ROLES = ("system", "user", "assistant", "tool")
+CONTENT_TYPES = ("text", "image", "audio", "video")
+MEDIA_TYPES = frozenset({"image", "audio", "video"})
+MAX_TOOLS = 128
+MAX_TOOL_CALLS = 64
+MAX_TOOLS_BYTES = 128 * 1024  # a request's tools, as compact JSON in UTF-8
+
+
+@dataclass(frozen=True, slots=True)
+class ContentItem:
+    type: str  # one of CONTENT_TYPES
+    value: str  # the text, or the media file path (as written; not checked here)
+    do_resize: bool | None = None  # images only; None = not given
+
+    def to_json(self) -> dict:
+        out: dict = {"type": self.type, self.type: self.value}
+        if self.do_resize is not None:
+            out["do_resize"] = self.do_resize
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    role: str  # one of ROLES
+    content: str | tuple[ContentItem, ...]
+    extra: tuple[tuple[str, object], ...] = ()  # (key, value) of EXTRA_FIELDS it gives, in its order
+
+    def fields(self) -> dict:
+        """Its tool-use fields, as a chat template reads them."""
+        return dict(self.extra)
+
+    def text(self) -> str:
+        """The text parts joined with "" (string content returned as is)."""
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(item.value for item in self.content if item.type == "text")
+
+    def parts(self) -> str | list[dict]:
+        """The content as a chat template that takes typed parts reads it: a string as is, else the
+        list of {"type": "text", "text": ...} items."""
+        return self.content if isinstance(self.content, str) else [item.to_json() for item in self.content]
+
+    def to_json(self) -> dict:
+        """Echo form for the output file: content is always an array of typed items."""
+        if isinstance(self.content, str):
+            items = [{"type": "text", "text": self.content}]
+        else:
+            items = [item.to_json() for item in self.content]
+        return {"role": self.role, "content": items, **dict(self.extra)}
+
+
+def _text(value: object, path: str) -> str:
+    text = _string(value, path)
+    num_bytes = len(text.encode("utf-8"))
+    if num_bytes > MAX_CONTENT_BYTES:
+        _fail(path, f"at most {MAX_CONTENT_BYTES} UTF-8 bytes (128 KiB)", value,
+              shown=f"{num_bytes} bytes")
+    return text
+
+
+def _content_item(value: object, path: str) -> ContentItem:
+    obj = _object(value, path, "a content item")
+    _check_keys(obj, path, ("type", *CONTENT_TYPES, "do_resize"), "a content item")
+    if "type" not in obj:
+        _fail(f"{path}.type", "given (a content item needs it)", None, shown="nothing")
+    kind = _choice(CONTENT_TYPES)(obj["type"], f"{path}.type")
+    allowed = ("type", kind, "do_resize") if kind == "image" else ("type", kind)
+    for key in obj:
+        if key not in allowed:
+            _fail(f"{path}.{key}", f"absent from an item of type {kind!r} (it takes only "
+                  f"{_one_of(allowed)})", obj[key])
+    if kind not in obj:
+        _fail(f"{path}.{kind}", f"given (an item of type {kind!r} needs it)", None,
+              shown="nothing")
+    parse = _text if kind == "text" else lambda v, p: _string(v, p, nonempty=True)
+    item_value = parse(obj[kind], f"{path}.{kind}")
+    do_resize = _bool(obj["do_resize"], f"{path}.do_resize") if "do_resize" in obj else None
+    return ContentItem(kind, item_value, do_resize)
+
+
+def _content(value: object, path: str) -> str | tuple[ContentItem, ...]:
+    if isinstance(value, str):
+        return _text(value, path)
+    if not isinstance(value, list) or len(value) > MAX_CONTENT_ITEMS:
+        _fail(path, f"a string or an array of at most {MAX_CONTENT_ITEMS} content items", value)
+    return tuple(_content_item(item, f"{path}[{i}]") for i, item in enumerate(value))
+
+
+def _tool_calls(value: object, path: str) -> list:
+    calls = _array(value, path, "tool calls (objects)", MAX_TOOL_CALLS)
+    for i, call in enumerate(calls):
+        _object(call, f"{path}[{i}]", 'a tool call: {"type": "function", "function": {"name", "arguments"}}')
+        check_value(call, f"{path}[{i}]")
+    return calls
+
+
+# name -> (parser, the roles that may give it)
+EXTRA_FIELDS = {
+    "tool_calls": (_tool_calls, ("assistant",)),
+    "reasoning_content": (_text, ("assistant",)),
+    "tool_call_id": (lambda v, p: _string(v, p, nonempty=True), ("tool",)),
+    "name": (lambda v, p: _string(v, p, nonempty=True), ROLES),
+}
+
+
+def _message(value: object, path: str) -> Message:
+    obj = _object(value, path, "a message")
+    _check_keys(obj, path, ("role", "content", *EXTRA_FIELDS), "a message")
+    if "role" not in obj:
+        _fail(f"{path}.role", "given (a message needs it)", None, shown="nothing")
+    role = _choice(ROLES)(obj["role"], f"{path}.role")
+    extra = []
+    for key, value in obj.items():
+        if key in EXTRA_FIELDS:
+            parse, roles = EXTRA_FIELDS[key]
+            if role not in roles:
+                _fail(f"{path}.{key}", f"absent from a message of role {role!r} (a field of {_one_of(roles)} ones)",
+                      value)
+            extra.append((key, parse(value, f"{path}.{key}")))
+    content = obj.get("content")
+    if content is None and "tool_calls" in obj:  # OpenAI's shape of a turn that only calls tools
+        content = ""
+    elif "content" not in obj:
+        _fail(f"{path}.content", "given (a message needs it)", None, shown="nothing")
+    return Message(role, _content(content, f"{path}.content"), tuple(extra))
+
+
+def parse_messages(value: object, path: str) -> tuple[Message, ...]:
+    items = _array(value, path, "messages", MAX_MESSAGES)
+    return tuple(_message(item, f"{path}[{i}]") for i, item in enumerate(items))
+
+
+def parse_tools(value: object, path: str) -> tuple[dict, ...]:
+    """`tools`: the tool definitions a chat template shows the model (OpenAI's
+    {"type": "function", "function": {"name", "description", "parameters"}}), passed as given."""
+    tools = _array(value, path, "tool definitions (objects)", MAX_TOOLS)
+    for i, tool in enumerate(tools):
+        _object(tool, f"{path}[{i}]", 'a tool: {"type": "function", "function": {"name", "parameters"}}')
+        check_value(tool, f"{path}[{i}]")
+    try:
+        size = len(json.dumps(tools, ensure_ascii=False, separators=(",", ":")).encode("utf-8"))
+    except RecursionError:  # (json.dumps recurses a few frames deeper than json.loads did)
+        _fail(path, "tool definitions", None, shown="objects nested deeper than the parser goes")
+    if size > MAX_TOOLS_BYTES:
+        _fail(path, f"at most {MAX_TOOLS_BYTES} UTF-8 bytes (128 KiB) of JSON", None, shown=f"{size} bytes")
+    return tuple(tools)
+
+
