@@ -99,6 +99,8 @@ class Request:
     min_new_tokens: int = 0  # <= max_generate_length; 0 = off
     n: int = 1  # [1, 16] independent samples
     guided_decoding: guided.Guide | None = None  # None = unconstrained
+    include_stop_str_in_output: bool = False  # the stop string stays in the text (vLLM's)
+    skip_special_tokens: bool = True  # False: special tokens' text is in it (vLLM's)
     # the keys this request gave itself (parse_input fills it); a setting not in it was inherited
     # from the top level, so errors about it name the top-level path. Not part of equality.
     own_fields: frozenset[str] = field(default=frozenset(), compare=False)
@@ -135,6 +137,8 @@ class InputFile:
     min_new_tokens: int = 0
     n: int = 1
     guided_decoding: guided.Guide | None = None
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
     # isolate=True (trtllm-run): request index -> the error of a request that could not be read;
     # its entry in `requests` is a placeholder that never runs (PLACEHOLDER)
     invalid: dict[int, str] = field(default_factory=dict)
@@ -236,6 +240,8 @@ _SAMPLING_FIELDS = {
     "num_logprobs": _num_logprobs,
     "logit_bias": _logit_bias,
     "guided_decoding": guided.parse,
+    "include_stop_str_in_output": _bool,
+    "skip_special_tokens": _bool,
 }
 _SAMPLING_FIELDS_READ = {**_SAMPLING_FIELDS, "sampling_seed": _SAMPLING_FIELDS["seed"]}
 

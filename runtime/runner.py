@@ -173,7 +173,8 @@ class Runner:
         p, req = smp.prepared, smp.prepared.request
         return RowState(prompt_ids=p.prompt_ids, params=sampling_params(req), rng=sample_rng(req, smp.sample_idx),
                         eos_ids=frozenset(self.engine.manifest.eos_token_ids),
-                        text=TextStream(self.tokenizer, req.stop), prefix_ids=p.prefix_ids,
+                        text=TextStream(self.tokenizer, req.stop, req.include_stop_str_in_output,
+                                        req.skip_special_tokens), prefix_ids=p.prefix_ids,
                         save_prefix=req.save_system_prompt_kv_cache, adapter=p.adapter,
                         guide=p.guide and p.guide.copy(),  # (each sample its own place, the first mask shared)
                         speculative=not req.disable_spec_decode)  # (guided: greedy ones, runtime/speculative.py)
@@ -235,7 +236,7 @@ class Runner:
         if row.finish_reason == "stop-words" and row.text.stop_at is not None:
             res["output_text"] = row.text.final_text()
         else:
-            res["output_text"] = self.tokenizer.decode(row.visible_ids())
+            res["output_text"] = self.tokenizer.decode(row.visible_ids(), p.request.skip_special_tokens)
         # vLLM's and Edge-LLM's forks' counts: every generated id, a final EOS or stop token included
         res.update(output_ids=list(row.output_ids), prompt_tokens=len(row.prompt_ids),
                    output_tokens=len(row.output_ids))

@@ -12,9 +12,12 @@ from trtllm.runtime.tokenizer import IncrementalDecoder, Tokenizer
 
 
 class TextStream:
-    def __init__(self, tokenizer: Tokenizer, stops: tuple[str, ...] = ()):
-        self.decoder = IncrementalDecoder(tokenizer)
-        self.stops = stops
+    def __init__(self, tokenizer: Tokenizer, stops: tuple[str, ...] = (), include_stop: bool = False,
+                 skip_special_tokens: bool = True):
+        """`include_stop`: the text keeps the stop string it ends at (vLLM's include_stop_str_in_output);
+        `skip_special_tokens` False: special tokens' text is part of it (vLLM's)."""
+        self.decoder = IncrementalDecoder(tokenizer, skip_special_tokens)
+        self.stops, self.include_stop = stops, include_stop
         self.hold = max((len(s) for s in stops), default=1) - 1
         self.text = ""
         self.stop_at: int | None = None
@@ -56,13 +59,17 @@ class TextStream:
         end = len(self.text) - cut
         return self.check(old, end) if check_stops else False
 
+    def stop_end(self) -> int:
+        """Where the text ends once a stop string is found: before it, or after it (include_stop)."""
+        return self.stop_at + (len(self.stopped_by) if self.include_stop else 0)
+
     def final_text(self) -> str:
-        return self.text if self.stop_at is None else self.text[: self.stop_at]
+        return self.text if self.stop_at is None else self.text[: self.stop_end()]
 
     def take(self, final: bool = False) -> str:
         """The text not yet handed out that can no longer become part of a stop string."""
         if self.stop_at is not None:
-            end = self.stop_at
+            end = self.stop_end()
         elif final:
             end = len(self.text)
         else:

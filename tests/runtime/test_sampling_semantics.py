@@ -84,6 +84,13 @@ def test_logit_bias_and_eos_controls(run_cli, tiny_engine, eos_id):
     assert rs[1]["output_ids"] == [eos_id] and "stop_reason" not in rs[1]
     stopped = run_cli(engine, {**payload, "requests": [chat("a", stop=["q", tok.decode([x])])]})[1]["responses"][0]
     assert stopped["stop_reason"] == tok.decode([x]) and stopped["output_ids"] == [x]
+    kept = run_cli(engine, {**payload, "requests": [chat("a", stop=[tok.decode([x])], include_stop_str_in_output=True)]})
+    assert kept[1]["responses"][0]["output_text"] == tok.decode([x])  # vLLM's include_stop_str_in_output
+    special = tok.encode("<|im_start|>")[0]  # a special token, forced: in the text only without skip_special_tokens
+    forced = {**payload, "max_generate_length": 2, "logit_bias": {str(special): 100}}
+    texts = [run_cli(engine, {**forced, "requests": [chat("a", skip_special_tokens=skip)]})[1]["responses"][0]["output_text"]
+             for skip in (True, False)]
+    assert texts == ["", "<|im_start|><|im_start|>"]
 
 
 def hf_penalised_greedy(model, prompt, n, rep=1.0, freq=0.0, pres=0.0):

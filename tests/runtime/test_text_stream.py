@@ -51,6 +51,25 @@ def test_stop_strings(text, stops, expected, by):
     assert streamed == expected  # nothing past (or inside) the stop string is ever streamed
 
 
+@pytest.mark.parametrize("text, stops, expected", [
+    ("abc XYZ abc", ["XYZ"], "abc XYZ"),
+    ("abc XYZ abc", ["c X", "Y"], "abc X"),  # the earliest, whole
+    ("aaaa", ["aa"], "aa"),
+])
+def test_a_stop_string_kept_in_the_text(text, stops, expected):
+    """include_stop_str_in_output: the text ends after the stop string, streamed the same."""
+    ts = TextStream(CharTokenizer(), tuple(stops), include_stop=True)
+    pieces = []
+    for ch in text:
+        stopped = ts.push(CharTokenizer.ALPHABET.index(ch))
+        pieces.append(ts.take())
+        if stopped:
+            break
+    ts.finish()
+    pieces.append(ts.take(final=True))
+    assert ts.final_text() == "".join(pieces) == expected
+
+
 def test_stop_strings_wait_for_min_new_tokens():
     ts, _, stopped = stream("XYZ abc XYZ", ["XYZ"], check_from=4)
     assert stopped and ts.final_text() == "XYZ abc "
