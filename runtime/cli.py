@@ -34,6 +34,9 @@ PREFILL_CHUNK = 256
 # The output JSON is indented down to each response's lists; deeper (a message, one token's
 # logprobs) each on one line: files.dumps.
 OUTPUT_INLINE = 4
+# Threads past this many per core only slow a run down, and ten thousand of them exhaust memory
+# while the engine loads (and no signal stops that): refused up front
+MAX_THREADS = max(64, 4 * (os.cpu_count() or 1))
 
 
 def check_writable(path: str | None, option: str) -> None:
@@ -217,7 +220,8 @@ def check_batch_size(inp: fmt.InputFile, manifest) -> None:
               help="Where saved system-prompt KV lives (default: ENGINE_DIR/cache). Several engines may share one.")
 @click.option("--kv-cache-size", default="2G", show_default=True,
               help="Size limit of --kv-cache-dir; least recently used entries are removed beyond it.")
-@click.option("--threads", type=click.IntRange(min=1), default=None, help="CPU threads (default: all cores).")
+@click.option("--threads", type=click.IntRange(1, MAX_THREADS), default=None,
+              help=f"CPU threads (default: all cores; at most {MAX_THREADS} on this machine).")
 @click.option("--huge-pages/--no-huge-pages", default=True, show_default=True,
               help="Put the engine's weights on huge pages (Linux, CPU backend): faster decode, a second "
                    "or so more to load. TRTLLM_HUGE_PAGES=0 turns it off too.")

@@ -59,6 +59,12 @@ class Grammars:
         from llguidance import LLMatcher
 
         try:
+            if guide.kind == "structural_tag":  # each tag's schema alone first: an error names its path
+                for tag in json.loads(guide.text):
+                    alone = LLMatcher.grammar_from_json_schema(json.dumps(tag["schema"]))
+                    error = LLMatcher.validate_grammar(alone, tokenizer)
+                    if error:
+                        return f"`{tag['at']}`: {one_line(error)}"
             grammar = guide.grammar(self.special() if guide.kind == "structural_tag" else frozenset())
         except (ValueError, TypeError) as e:
             return one_line(str(e))

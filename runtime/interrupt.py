@@ -104,6 +104,17 @@ def settle() -> None:
         _watch.settled = True
 
 
+def resume() -> bool:
+    """Generation starts again after `settle` (trtllm-run --warmup's pass, before the run): the first
+    interrupt ends it again. False, leaving it settled, if one came meanwhile (or ended the pass)."""
+    if _watch is None:
+        return True
+    if _watch.kept or _watch.raised:
+        return False
+    _watch.settled = False
+    return True
+
+
 @contextlib.contextmanager
 def terminate_as_interrupt():
     """Within the block (the main thread), SIGTERM and SIGHUP raise KeyboardInterrupt."""

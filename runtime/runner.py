@@ -131,14 +131,9 @@ class Runner:
         templated = inp.apply_chat_template and self.template is not None
         parts = templated and self.template.takes_parts
         messages = [{"role": m.role, "content": m.parts() if parts else m.text(), **m.fields()} for m in req.messages]
-        if req.tools:  # a template that never reads them would leave the model unaware of them
-            where = "requests[{}].tools".format(index) if "tools" in req.own_fields else "tools"
-            if not templated:
-                p.error = f"`{where}` needs the chat template (apply_chat_template, and an engine with one)"
-                return p
-            if not self.template.reads("tools"):
-                p.error = f"`{where}`: the engine's chat template does not show tools to the model"
-                return p
+        p.error = self.unseen_tools(index, req, templated)
+        if p.error:
+            return p
         try:
             if templated:
                 fp = self.template.format(messages, add_generation_prompt=inp.add_generation_prompt,
@@ -168,6 +163,22 @@ class Runner:
             p.error = (f"`requests[{index}].messages`: the prompt is {len(p.prompt_ids)} tokens, more than the engine's max_input_len "
                        f"{limit}; rebuild with a larger --max-input-len")
         return p
+
+    def unseen_tools(self, index: int, req: fmt.Request, templated: bool) -> str | None:
+        """Why the request's tools, or its messages' tool calls, would not reach the model: a
+        template that never reads them (or none) would leave it unaware of them."""
+        calls = next((i for i, m in enumerate(req.messages) if "tool_calls" in m.fields()), None)
+        if req.tools:
+            where, shown = ("requests[{}].tools".format(index) if "tools" in req.own_fields else "tools"), "tools"
+        elif calls is not None:
+            where, shown = f"requests[{index}].messages[{calls}].tool_calls", "tool calls"
+        else:
+            return None
+        if not templated:
+            return f"`{where}` needs the chat template (apply_chat_template, and an engine with one)"
+        if not (self.template.reads("tools") if shown == "tools" else "tool_calls" in self.template.source):
+            return f"`{where}`: the engine's chat template does not show {shown} to the model"
+        return None
 
     def make_row(self, smp: Sample) -> RowState:
         p, req = smp.prepared, smp.prepared.request
@@ -296,7 +307,8 @@ class Runner:
             for _ in range(times):
                 if self.cancelled:
                     break
-                self.run(one, adapters=adapters)
+                self.run(one, adapters=adapters)  # (which settles interrupts as it ends: resumed)
+                self.cancelled = self.cancelled or not interrupt.resume()
         finally:
             self.prefixes = prefixes
         self.timing = Timing()

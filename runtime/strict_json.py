@@ -99,7 +99,18 @@ def check_duplicates(obj: dict, path_of: Callable[[object], str]) -> None:
         fail(path_of(key), "given once", key, shown="it more than once")
 
 
+# Other engines' names for a setting of ours: the hint names ours, not the closest spelling (which,
+# for max_new_tokens, is min_new_tokens: the opposite)
+OTHER_NAMES = {"max_new_tokens": "max_generate_length", "max_tokens": "max_generate_length",
+               "max_length": "max_generate_length", "min_tokens": "min_new_tokens", "logprobs": "num_logprobs",
+               "top_logprobs": "num_logprobs", "num_return_sequences": "n", "stop_sequences": "stop",
+               "response_format": "guided_decoding", "random_seed": "seed", "repeat_penalty": "repetition_penalty"}
+
+
 def did_you_mean(word: object, options) -> str:
+    other = OTHER_NAMES.get(word) if isinstance(word, str) else None
+    if other in options:
+        return f"did you mean {other!r} (this format's name for it)?"
     close = difflib.get_close_matches(word, list(options), n=1) if isinstance(word, str) else []
     return f"did you mean {close[0]!r}?" if close else ""
 
@@ -140,8 +151,9 @@ def number(kind: type, lo: float, hi: float | None = None, lo_open: bool = False
             fail(path, desc, value, "NaN and Infinity are not allowed")
         in_range = not (value < lo or (lo_open and value == lo) or (hi is not None and value > hi))
         if kind is int and isinstance(value, float):
-            # the integer it spells, when that is allowed
-            hint = f"write {int(value)}" if value.is_integer() and in_range else ""
+            # the integer it spells, when that is allowed (and exactly what was written: past 2**53 a
+            # float is not, 1e23 is 99999999999999991611392)
+            hint = f"write {int(value)}" if value.is_integer() and in_range and abs(value) <= 2**53 else ""
             fail(path, desc, value, hint)
         if not in_range:
             fail(path, desc, value)

@@ -44,7 +44,7 @@ def parse(value: object, path: str, read_json, check_schema) -> list[dict]:
     if "type" in obj:
         choice(("structural_tag",))(obj["type"], key_path(path, "type"))
     for tag in tags:
-        at, schema = tag.pop("at"), tag["schema"]
+        at, schema = tag["at"], tag["schema"]  # (at: where a schema that does not compile is named)
         if isinstance(schema, str):  # a schema as a string of JSON, as for json_schema
             schema = tag["schema"] = read_json(schema, at, "a JSON schema")
         if not isinstance(schema, (dict, bool)):
@@ -126,9 +126,7 @@ def lark(tags: list[dict], special: frozenset[str] = frozenset()) -> str:
 
     rules = []
     for i, tag in enumerate(tags):
-        schema = tag["schema"]
-        if isinstance(schema, bool):  # (%json takes an object: true is {}, false one nothing matches)
-            schema = {} if schema else {"not": {}}
+        schema = {} if tag["schema"] is True else tag["schema"]  # (%json takes an object; false fails before)
         body = f'{quoted(tag["begin"][len(tag["trigger"]):])} %json {json.dumps(schema)} {quoted(tag["end"])}'
         if tag["trigger"] in special:
             rules.append(f"tag_{i}: TAG_TEXT {tag['trigger']} {body}")

@@ -84,10 +84,13 @@ def test_both_structural_tag_spellings_read_as_one():
     xgrammar = {"type": "structural_tag", "format": {"type": "triggered_tags", "triggers": ["<f", "<f=w"], "tags": [
         {"type": "tag", "begin": "<f=get>", "content": {"type": "json_schema", "json_schema": schema}, "end": "</f>"},
         {"begin": "<f=weather>", "content": {"type": "json_schema", "json_schema": True}, "end": "</f>"}]}}
-    texts = {parse_input({"requests": [request(guided_decoding={"structural_tag": v})]}).requests[0].guided_decoding.text
-             for v in (vllm, xgrammar, json.dumps(vllm))}
-    assert len(texts) == 1
-    assert [(t["trigger"], t["begin"]) for t in json.loads(texts.pop())] == [("<f", "<f=get>"), ("<f=w", "<f=weather>")]
+    read = [json.loads(parse_input({"requests": [request(guided_decoding={"structural_tag": v})]})
+                       .requests[0].guided_decoding.text) for v in (vllm, xgrammar, json.dumps(vllm))]
+    assert read[1][0]["at"] == "requests[0].guided_decoding.structural_tag.format.tags[0].content.json_schema"
+    assert read[0][1]["at"] == "requests[0].guided_decoding.structural_tag.structures[1].schema"
+    tags = [[{k: v for k, v in t.items() if k != "at"} for t in r] for r in read]  # (where each was written)
+    assert tags[0] == tags[1] == tags[2]
+    assert [(t["trigger"], t["begin"]) for t in tags[0]] == [("<f", "<f=get>"), ("<f=w", "<f=weather>")]
 
 
 def test_a_schema_is_read_as_strictly_as_the_file():
@@ -377,3 +380,19 @@ def test_a_structural_tag_trigger_is_text_or_the_special_token_it_names(tiny_eng
     assert errors(f"hi {trigger}get2</b> bye") == []
     assert errors(f"hi {trigger}got2</b>") and errors(f"hi {trigger}get3</b>")
     assert (trigger in grammars.special()) == (trigger == "<|im_start|>")
+
+
+def test_a_structural_tags_schema_that_does_not_compile_is_named(tiny_engine):
+    pytest.importorskip("torch")
+    from trtllm.runtime import grammar
+    from trtllm.runtime.tokenizer import Tokenizer
+
+    tok = Tokenizer.from_engine_dir(tiny_engine("llama"))
+    grammars = grammar.Grammars(tok.to_json(), tok.vocab_size, [tok.token_to_id("<|im_end|>")])
+    for schema, says in ((False, "Unsatisfiable schema: schema is false"), ({"type": "nope"}, "nope")):
+        tag = {"structures": [{"begin": "<f=a>", "schema": {}, "end": ""}, {"begin": "<f=b>", "schema": schema, "end": ""}],
+               "triggers": ["<f"]}
+        with pytest.raises(ValueError) as e:
+            grammars.matcher(guided.parse({"structural_tag": tag}, "g"))
+        assert "`g.structural_tag.structures[1].schema`: " in str(e.value) and says in str(e.value), str(e.value)
+

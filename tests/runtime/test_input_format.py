@@ -448,6 +448,11 @@ def test_hints():
     assert "did you mean 'math'?" in error(_set(*R1, "lora_name", "maths"))
     assert "did you mean 'image'?" in error(_set(*ITEMS, 1, "type", "img"))
     assert "write 2" in error(_set("top_k", 2.0))
+    # another engine's name for a setting: ours, not the closest spelling (min_new_tokens: the opposite)
+    assert "did you mean 'max_generate_length' (this format's name for it)?" in error(_set(*R0, "max_new_tokens", 8))
+    assert "did you mean 'max_generate_length'" in error(_set("max_tokens", 8))
+    # a float past 2**53 is not the integer written: no hint (1e23 is 99999999999999991611392)
+    assert "write" not in error(_set("max_generate_length", 1e23)) and "write" not in error(_set("top_k", 1e300))
     assert error(_set("requests", 0, "messages", 0, "role", "bot")) == (
         "`requests[0].messages[0].role` must be one of 'system', 'user', 'assistant', 'tool', got 'bot'")
 

@@ -96,3 +96,47 @@ def test_a_ctrl_c_while_warming_up_writes_nothing(tmp_path, tiny_engine, monkeyp
                                        "--output", str(tmp_path / "out.json"), "--warmup", "1"])
     assert result.exit_code == 130 and "interrupted while warming up" in result.output
     assert json.loads((tmp_path / "out.json").read_text()) == {"good": True}
+
+
+@pytest.mark.parametrize("during", ["warm-up", "run"])
+def test_one_signal_still_stops_a_run_with_a_warmup(tmp_path, tiny_engine, monkeypatch, during):
+    """A warm-up pass ends as a run does (its interrupts settled, to wait for the writes): the run
+    after it must take the first Ctrl-C or SIGTERM again. One request of 4 tokens warms up in steps
+    1-4; a SIGTERM comes in step 3 (the warm-up: nothing runs or is written) or step 7 (the run:
+    its requests are cancelled, not all answered)."""
+    import os
+    import signal
+
+    from trtllm.runtime.backends import onnxruntime as ort_backend
+
+    engine = tiny_engine("llama")  # (built, and checked, before steps are counted)
+    step, calls = ort_backend.OnnxRuntimeEngine.step, [0]
+    at = 3 if during == "warm-up" else 7
+
+    def terminated_at(self, inputs, kv, want_logits=False):
+        calls[0] += 1
+        if calls[0] == at:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return step(self, inputs, kv, want_logits)
+
+    monkeypatch.setattr(ort_backend.OnnxRuntimeEngine, "step", terminated_at)
+    payload = {"batch_size": 1, "temperature": 0, "max_generate_length": 4, "ignore_eos": True,
+               "requests": [chat("a"), chat("b"), chat("c")]}
+    (tmp_path / "in.json").write_text(json.dumps(payload))
+    result = CliRunner().invoke(main, [str(tmp_path / "in.json"), "--engine", str(engine),
+                                       "--output", str(tmp_path / "out.json"), "--warmup", "1"])
+    assert result.exit_code == 130, result.output
+    if during == "warm-up":
+        assert "interrupted while warming up" in result.output and not (tmp_path / "out.json").exists()
+    else:
+        assert "requests were cancelled" in result.output, result.output
+
+
+def test_threads_past_a_few_per_core_are_refused(tmp_path):
+    """Ten thousand threads exhausted memory while the engine loaded, past any signal: refused up front."""
+    from trtllm.runtime.cli import MAX_THREADS
+
+    (tmp_path / "in.json").write_text(json.dumps({"requests": [chat("a")]}))
+    result = CliRunner().invoke(main, [str(tmp_path / "in.json"), "--engine", str(tmp_path), "--threads",
+                                       str(MAX_THREADS + 1)])
+    assert result.exit_code == 2 and f"1<=x<={MAX_THREADS}" in result.output

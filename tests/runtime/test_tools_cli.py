@@ -35,8 +35,11 @@ def test_tools_reach_the_template_and_fail_alone_where_it_ignores_them(run_cli, 
     assert out["responses"][2]["error"].startswith("`requests[2].tools`: the engine's chat template")
     result, out = run_cli(engine, {**payload, "apply_chat_template": False})
     assert out["responses"][0]["error"].startswith("`tools` needs the chat template")
-    result, out = run_cli(engine, {"temperature": 0, "max_generate_length": 4, "requests": [{"messages": TOOL_CHAT}]})
-    assert result.exit_code == 0, result.output  # tool turns without tools: the template renders them as it does
+    result, out = run_cli(engine, {"temperature": 0, "max_generate_length": 4, "requests": [
+        {"messages": TOOL_CHAT}, {"messages": [m for m in TOOL_CHAT if "tool_calls" not in m]}]})
+    assert out["responses"][0]["error"] == ("`requests[0].messages[2].tool_calls`: the engine's chat template does "
+                                            "not show tool calls to the model")
+    assert "error" not in out["responses"][1]  # a tool result alone: the template renders its role as any other
 
     (engine / "chat_template.jinja").write_text(QWEN_TOOLS)
     result, out = run_cli(engine, payload)
