@@ -49,10 +49,11 @@ class Grammars:
             raise ValueError(f"`{guide.path}` does not compile: {compiled}")
         return Matcher(compiled.deep_copy(), self.vocab_size, self.eos_ids, guide.path, tokenizer)
 
-    def special(self) -> frozenset[str]:
-        """The tokenizer's special tokens (a structural tag's trigger may be one)."""
+    def special(self) -> dict[str, int]:
+        """The tokenizer's special tokens, text -> id (a structural tag's trigger may be one)."""
         added = json.loads(self.tokenizer_json).get("added_tokens") or []
-        return frozenset(t["content"] for t in added if t.get("special") and isinstance(t.get("content"), str))
+        return {t["content"]: t["id"] for t in added
+                if t.get("special") and isinstance(t.get("content"), str) and t["content"] and isinstance(t.get("id"), int)}
 
     def compile(self, guide: Guide, tokenizer):
         """A matcher at the guide's start, or why it does not compile."""
@@ -65,7 +66,7 @@ class Grammars:
                     error = LLMatcher.validate_grammar(alone, tokenizer)
                     if error:
                         return f"`{tag['at']}`: {one_line(error)}"
-            grammar = guide.grammar(self.special() if guide.kind == "structural_tag" else frozenset())
+            grammar = guide.grammar(self.special() if guide.kind == "structural_tag" else None)
         except (ValueError, TypeError) as e:
             return one_line(str(e))
         error = LLMatcher.validate_grammar(grammar, tokenizer)

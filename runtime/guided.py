@@ -31,7 +31,7 @@ class Guide:
     text: str  # the schema as JSON, the pattern, the grammar, or the choices as a JSON array
     path: str  # where the input gave it (`requests[2].guided_decoding.regex`), for compile errors
 
-    def grammar(self, special: frozenset[str] = frozenset()) -> str:
+    def grammar(self, special: dict[str, int] | None = None) -> str:
         """llguidance's grammar for it (raises ValueError where it does not compile); `special`: the
         tokenizer's special tokens, which a structural tag's trigger may be."""
         from llguidance import LLMatcher, grammar_from

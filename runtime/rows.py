@@ -127,6 +127,7 @@ class Timing:
     # speculating rows emitted in verify steps (accepted drafts plus each step's own token)
     verify_runs: int = 0
     verify_seconds: float = 0.0
+    row_iterations: int = 0  # verification rounds summed over the rows verified (Edge-LLM's total_iterations)
     speculative_rows: int = 0  # samples a verification emitted for (Edge-LLM's eagle total_runs)
     draft_runs: int = 0
     draft_seconds: float = 0.0

@@ -294,10 +294,13 @@ class Runner:
     def warm_up(self, inp: fmt.InputFile, times: int, adapters: AdapterSet | None = None,
                 failing: frozenset[int] = frozenset()) -> None:
         """Edge-LLM's --warmup: answer the first request that can run (not unreadable, not in
-        `failing`) `times` times before the run, with no saved system-prompt KV read or written
+        `failing`, prepared without an error) `times` times before the run, with no saved system-prompt KV read or written
         (the run's own reuse stays what it would be) and nothing streamed; the profile then
         starts afresh. A Ctrl-C sets `cancelled` and ends it."""
-        first = next((i for i in range(len(inp.requests)) if i not in inp.invalid and i not in failing), None)
+        if adapters is None:
+            adapters = AdapterSet.for_run(self.engine, inp.available_lora_weights)
+        first = next((i for i, req in enumerate(inp.requests) if i not in inp.invalid and i not in failing
+                      and self.prepare(i, req, inp, adapters).error is None), None)  # (one that runs)
         if first is None:
             return
         req = dataclasses.replace(inp.requests[first], save_system_prompt_kv_cache=False)
@@ -324,17 +327,20 @@ class Runner:
         return {**out, **(kv_memory() if kv_memory else {})}
 
     def spec_profile(self) -> dict:
-        """EAGLE: Edge-LLM's eagle_generation keys, as its profile computes them (a run: a sample that
-        speculated; an iteration: a verification step; its acceptance rate: tokens per iteration),
-        and ours (the draft head's steps, drafted and accepted tokens, their fraction)."""
+        """EAGLE: Edge-LLM's eagle_generation keys, as its runtime counts them (an iteration: one
+        sequence's verification round; its generated tokens: those rounds' and its prefill token;
+        the acceptance rate: tokens per iteration) but for a run, which here is a sample that
+        speculated (batches are in flight, not one run each); and ours (verification steps of the
+        batch, the draft head's steps, drafted and accepted tokens, their fraction)."""
         t = self.timing
         spec_seconds = t.verify_seconds + t.draft_seconds  # Edge-LLM's: all but the base model's prefill
-        return {"total_runs": t.speculative_rows, "total_iterations": t.verify_runs,
-                "total_generated_tokens": t.speculative_tokens,
-                "average_tokens_per_run": t.speculative_tokens / max(t.speculative_rows, 1),
-                "average_acceptance_rate": t.speculative_tokens / max(t.verify_runs, 1),
-                "overall_tokens_per_second_excluding_base_prefill":
-                    t.speculative_tokens / spec_seconds if spec_seconds else 0.0,
+        generated = t.speculative_tokens + t.speculative_rows  # (each speculating sample's prefill token)
+        return {"total_runs": t.speculative_rows, "total_iterations": t.row_iterations,
+                "total_generated_tokens": generated,
+                "average_tokens_per_run": generated / max(t.speculative_rows, 1),
+                "average_acceptance_rate": generated / max(t.row_iterations, 1),
+                "overall_tokens_per_second_excluding_base_prefill": generated / spec_seconds if spec_seconds else 0.0,
+                "verify_steps": t.verify_runs,
                 "draft_step": "auto" if self.drafter.auto else self.drafter.step,
                 "draft_steps": {str(k): n for k, n in sorted(t.draft_steps.items())},
                 "drafted_tokens": t.drafted_tokens, "accepted_tokens": t.accepted_tokens,

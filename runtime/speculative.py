@@ -315,6 +315,7 @@ class SpecScheduler(TreeDecoding, Scheduler):
         out, step_time = self.step(0, hi, inputs, frozenset(drawn), want_logits=guided)
         self.timing.generation_runs += 1
         self.timing.verify_runs += 1
+        self.timing.row_iterations += len(depths or ())
         self.timing.verify_seconds += step_time
         return out, step_time, drawn
 

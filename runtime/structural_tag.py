@@ -16,6 +16,7 @@ of lazy lexemes. Stdlib only, as runtime/guided.py.
 from __future__ import annotations
 
 import json
+import re
 
 from trtllm.runtime.strict_json import array, boolean, check_keys, choice, fail, json_object, key_path, string
 
@@ -50,8 +51,9 @@ def parse(value: object, path: str, read_json, check_schema) -> list[dict]:
         if not isinstance(schema, (dict, bool)):
             fail(at, "a JSON schema (an object or a boolean, or a string of JSON holding one)", schema)
         check_schema(schema, at)
-        # the longest trigger it begins with: the text that sends the answer into this tag
-        tag["trigger"] = max((t for t in triggers if tag["begin"].startswith(t)), key=len, default=None)
+        # the shortest trigger it begins with: the text that appears first on the way into this tag
+        # (a longer one, "<f=w" beside "<f", is never reached: "<f" has fired by then)
+        tag["trigger"] = min((t for t in triggers if tag["begin"].startswith(t)), key=len, default=None)
         if tag["trigger"] is None:
             fail(tag.pop("begin_at"), f"a string that begins with one of the triggers ({_shown(triggers)})",
                  tag["begin"])
@@ -74,8 +76,6 @@ def _triggered_tags(value: object, path: str) -> tuple[list[dict], list[str]]:
         at = f"{path}.tags[{i}]"
         obj = json_object(t, at, "a tag")
         check_keys(obj, at, ("type", "begin", "content", "end"), "a tag")
-        if "type" in obj:
-            choice(("tag",))(obj["type"], key_path(at, "type"))
         if "content" not in obj:
             fail(key_path(at, "content"), "given (a tag needs it)", None, shown="nothing")
         content = json_object(obj["content"], key_path(at, "content"), "a tag's content")
@@ -94,6 +94,8 @@ def _triggered_tags(value: object, path: str) -> tuple[list[dict], list[str]]:
 def _tag(value: object, path: str, schema_key: str, schema_at: str | None = None) -> dict:
     obj = json_object(value, path, "a tag: begin, schema, end")
     check_keys(obj, path, ("type", "begin", schema_key, "end"), "a tag")
+    if "type" in obj:
+        choice(("tag",))(obj["type"], key_path(path, "type"))
     for key in ("begin", schema_key, "end"):
         if key not in obj:
             fail(key_path(path, key), "given (a tag needs it)", None, shown="nothing")
@@ -117,19 +119,24 @@ def _shown(triggers: list[str]) -> str:
     return ", ".join(repr(t) for t in triggers[:8]) + (", ..." if len(triggers) > 8 else "")
 
 
-def lark(tags: list[dict], special: frozenset[str] = frozenset()) -> str:
+def lark(tags: list[dict], special: dict[str, int] | None = None) -> str:
     """llguidance's grammar for the tags (as its StructTag writes it): free text, in which a trigger
     is a lazy lexeme (the text before it ends where it first appears) that must go on as one of its
-    tags; a trigger that is one of the tokenizer's `special` tokens is matched as that token."""
+    tags. `special`: the tokenizer's special tokens (text -> id): one in a trigger, a begin or an
+    end is matched as that token (<[id]>), not as its characters."""
+    special = special or {}
+    split = re.compile("(" + "|".join(map(re.escape, sorted(special, key=len, reverse=True))) + ")") if special else None
+
     def quoted(text: str) -> str:
-        return json.dumps(text) if text else ""
+        parts = split.split(text) if split else [text]  # (odd places: the special tokens)
+        return " ".join(f"<[{special[p]}]>" if i % 2 else json.dumps(p) for i, p in enumerate(parts) if p)
 
     rules = []
     for i, tag in enumerate(tags):
         schema = {} if tag["schema"] is True else tag["schema"]  # (%json takes an object; false fails before)
         body = f'{quoted(tag["begin"][len(tag["trigger"]):])} %json {json.dumps(schema)} {quoted(tag["end"])}'
         if tag["trigger"] in special:
-            rules.append(f"tag_{i}: TAG_TEXT {tag['trigger']} {body}")
+            rules.append(f"tag_{i}: TAG_TEXT {quoted(tag['trigger'])} {body}")
         else:
             rules += [f"tag_{i}_trigger[lazy]: TAG_TEXT {quoted(tag['trigger'])}", f"tag_{i}: tag_{i}_trigger {body}"]
     options = " | ".join(f"tag_{i}" for i in range(len(tags)))

@@ -76,16 +76,17 @@ def test_speculation_changes_no_answer(eagle_engine, run_cli, tmp_path, batch_si
         got, profile = answers(run_cli, engine, tmp_path, "--spec-draft-step", step, batch_size=batch_size)
         assert got == plain
         spec = profile["eagle_generation"]
-        assert spec["draft_step"] == int(step) and spec["total_iterations"] > 0
+        assert spec["draft_step"] == int(step) and spec["verify_steps"] > 0
         assert spec["drafted_tokens"] > 0 and 0 <= spec["accepted_tokens"] <= spec["drafted_tokens"]
         # each step is counted under what it drafted: at most the step, fewer near a row's end, and
         # "0" for a plain one (no row left to speculate, or nothing to draft)
         drafted = {int(k): n for k, n in spec["draft_steps"].items()}
-        assert max(drafted) == int(step) and spec["total_iterations"] == sum(n for k, n in drafted.items() if k)
+        assert max(drafted) == int(step) and spec["verify_steps"] == sum(n for k, n in drafted.items() if k)
         assert sum(drafted.values()) == profile["generation"]["total_runs"]
-        # Edge-LLM's figures as its profile computes them: tokens per verification step (at least
-        # the step's own token) and per speculating sample (one request disables speculation)
-        assert spec["average_acceptance_rate"] == spec["total_generated_tokens"] / spec["total_iterations"] >= 1
+        # Edge-LLM's figures as its runtime counts them: a sequence's rounds (each at least its own
+        # token, and its prefill token besides), per speculating sample (one disables speculation)
+        assert spec["average_acceptance_rate"] == spec["total_generated_tokens"] / spec["total_iterations"] > 1
+        assert spec["verify_steps"] <= spec["total_iterations"] <= spec["verify_steps"] * batch_size
         assert 0 < spec["total_runs"] <= len(REQUESTS) - 1
         assert spec["average_tokens_per_run"] == spec["total_generated_tokens"] / spec["total_runs"]
         assert spec["draft_acceptance_rate"] == spec["accepted_tokens"] / spec["drafted_tokens"]
@@ -95,7 +96,7 @@ def test_speculation_changes_no_answer(eagle_engine, run_cli, tmp_path, batch_si
     spec = profile["eagle_generation"]
     assert spec["draft_step"] == "auto" and set(spec["draft_steps"]) <= {"0", "1", "2", "3", "4"}
     assert sum(spec["draft_steps"].values()) == profile["generation"]["total_runs"]
-    assert spec["total_iterations"] == sum(n for k, n in spec["draft_steps"].items() if k != "0")
+    assert spec["verify_steps"] == sum(n for k, n in spec["draft_steps"].items() if k != "0")
 
 
 @pytest.mark.parametrize("step", ["2", "auto"])
@@ -108,7 +109,7 @@ def test_no_speculating_row_takes_plain_steps(eagle_engine, run_cli, tmp_path, s
     plain, _ = answers(run_cli, engine, tmp_path, "--spec-draft-step", "0", requests=requests)
     got, profile = answers(run_cli, engine, tmp_path, "--spec-draft-step", step, requests=requests)
     spec = profile["eagle_generation"]
-    assert got == plain and spec["total_iterations"] == 0 and spec["drafted_tokens"] == 0
+    assert got == plain and spec["verify_steps"] == 0 and spec["drafted_tokens"] == 0
     assert spec["draft_steps"] == {"0": profile["generation"]["total_runs"]}
 
 
@@ -148,7 +149,7 @@ def test_steps_are_counted_under_what_they_drafted(eagle_engine, run_cli, tmp_pa
     got, profile = answers(run_cli, engine, tmp_path, "--spec-draft-step", "2", requests=requests)
     spec, drafted = profile["eagle_generation"], {int(k): n for k, n in profile["eagle_generation"]["draft_steps"].items()}
     assert drafted.get(0, 0) >= 1 and set(drafted) <= {0, 1, 2}
-    assert spec["total_iterations"] == sum(n for k, n in drafted.items() if k)
+    assert spec["verify_steps"] == sum(n for k, n in drafted.items() if k)
     assert spec["drafted_tokens"] <= sum(k * n for k, n in drafted.items()) * len(requests)
     plain, _ = answers(run_cli, engine, tmp_path, "--spec-draft-step", "0", requests=requests)
     assert got == plain
@@ -173,7 +174,7 @@ def test_non_finite_logits_in_a_verification_fail_that_row(eagle_engine, run_cli
     profile = tmp_path / "p.json"
     result, out = run_cli(engine, {"temperature": 0, "max_generate_length": 24, "batch_size": 2,
                                    "requests": requests}, "--spec-draft-step", "2", "--profile", str(profile))
-    assert result.exit_code == 1 and json.loads(profile.read_text())["eagle_generation"]["total_iterations"] > 1
+    assert result.exit_code == 1 and json.loads(profile.read_text())["eagle_generation"]["verify_steps"] > 1
     bad, good = out["responses"]
     assert bad["finish_reason"] == "error" and "logits were not finite" in bad["error"]
     assert (good["output_text"], good["finish_reason"]) == plain[1][:2]
@@ -222,10 +223,10 @@ def test_draft_trees_change_no_answer(eagle_engine, run_cli, tmp_path, batch_siz
         spec = profile["eagle_generation"]
         assert got == plain and spec["draft_top_k"] == 3 and 0 <= spec["branch_tokens"] <= spec["accepted_tokens"]
         drafted = {int(k): n for k, n in spec["draft_steps"].items()}  # steps by the trees' depth
-        assert spec["total_iterations"] == sum(n for k, n in drafted.items() if k) > 0
+        assert spec["verify_steps"] == sum(n for k, n in drafted.items() if k) > 0
         if extra[1:2] == ["3"]:  # a depth-3 tree verifies top-k x depth nodes, or --spec-verify-size - 1
             most = 4 if extra[2:] else 9
-            assert max(drafted) == 3 and spec["drafted_tokens"] <= most * 4 * spec["total_iterations"]
+            assert max(drafted) == 3 and spec["drafted_tokens"] <= most * 4 * spec["verify_steps"]
     _, profile = answers(run_cli, engine, tmp_path, "--spec-draft-step", "2", requests=REQUESTS[:1])
     assert profile["eagle_generation"]["draft_top_k"] == 1  # auto on ONNX Runtime: a chain
 
@@ -530,7 +531,7 @@ def test_logprob_rows_take_plain_steps_without_the_verified_logits(eagle_engine,
     engine, _ = eagle_engine
     requests = [REQUESTS[2]]
     _, profile = answers(run_cli, engine, tmp_path, "--spec-draft-step", "2", requests=requests)
-    assert profile["eagle_generation"]["total_iterations"] > 0
+    assert profile["eagle_generation"]["verify_steps"] > 0
     older = tmp_path / "older"
     shutil.copytree(engine, older)
     raw = json.loads((older / mf.MANIFEST_NAME).read_text())
@@ -538,7 +539,7 @@ def test_logprob_rows_take_plain_steps_without_the_verified_logits(eagle_engine,
     (older / mf.MANIFEST_NAME).write_text(json.dumps(raw))
     plain, _ = answers(run_cli, engine, tmp_path, "--spec-draft-step", "0", requests=requests)
     got, profile = answers(run_cli, older, tmp_path, "--spec-draft-step", "2", requests=requests)
-    assert got == plain and profile["eagle_generation"]["total_iterations"] == 0
+    assert got == plain and profile["eagle_generation"]["verify_steps"] == 0
 
 
 def test_an_eagle_graph_under_a_manifest_without_eagle_is_refused(eagle_engine, tmp_path):

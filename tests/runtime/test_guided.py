@@ -76,7 +76,7 @@ def test_a_guide_is_inherited_from_the_top_level_and_names_where_it_was_written(
 
 def test_both_structural_tag_spellings_read_as_one():
     """vLLM's structures + triggers and XGrammar's triggered_tags (Edge-LLM's) give the same tags, each
-    under the longest trigger it begins with; a string of JSON holding one reads as the object."""
+    under the shortest trigger it begins with; a string of JSON holding one reads as the object."""
     schema = {"type": "object", "properties": {"city": {"type": "string"}}}
     vllm = {"type": "structural_tag", "triggers": ["<f", "<f=w"],
             "structures": [{"begin": "<f=get>", "schema": schema, "end": "</f>"},
@@ -90,7 +90,7 @@ def test_both_structural_tag_spellings_read_as_one():
     assert read[0][1]["at"] == "requests[0].guided_decoding.structural_tag.structures[1].schema"
     tags = [[{k: v for k, v in t.items() if k != "at"} for t in r] for r in read]  # (where each was written)
     assert tags[0] == tags[1] == tags[2]
-    assert [(t["trigger"], t["begin"]) for t in tags[0]] == [("<f", "<f=get>"), ("<f=w", "<f=weather>")]
+    assert [(t["trigger"], t["begin"]) for t in tags[0]] == [("<f", "<f=get>"), ("<f", "<f=weather>")]
 
 
 def test_a_schema_is_read_as_strictly_as_the_file():
@@ -360,26 +360,48 @@ def test_masks_computed_together_are_each_rows_own(tiny_engine):
     assert matchers[3].allowed().sum() == 1 and not matchers[1].allowed()[eos]  # (no choice is empty)
 
 
-@pytest.mark.parametrize("trigger", ["<b>", "<|im_start|>", "<fn="])
-def test_a_structural_tag_trigger_is_text_or_the_special_token_it_names(tiny_engine, trigger):
-    """A trigger that is one of the tokenizer's special tokens is matched as that token; one that
-    only looks like one (<b>) is text. Either way, what follows it is held to its tag."""
+@pytest.mark.parametrize("trigger, end", [("<b>", "</b>"), ("<|im_start|>", "</b>"), ("<fn=", "</b>"),
+                                          ("[TC]", "</b>"), ("<fn=", "<|im_start|>")])
+def test_a_structural_tag_trigger_is_text_or_the_special_token_it_names(tiny_engine, trigger, end):
+    """A trigger (or an end) that is one of the tokenizer's special tokens is matched as that
+    token, whatever its spelling ([TC], a Mistral-style one, added here); one that only looks like
+    one (<b>) is text. Either way, what follows it is held to its tag."""
+    pytest.importorskip("torch")
+    import tokenizers
+
+    from trtllm.runtime import grammar
+    from trtllm.runtime.tokenizer import Tokenizer
+
+    tok = tokenizers.Tokenizer.from_str(Tokenizer.from_engine_dir(tiny_engine("llama")).to_json())
+    tok.add_special_tokens(["[TC]"])
+    grammars = grammar.Grammars(tok.to_str(), tok.get_vocab_size(), [tok.token_to_id("<|im_end|>")])
+    tag = {"structures": [{"begin": f"{trigger}get", "schema": {"enum": [1, 2]}, "end": end}], "triggers": [trigger]}
+    guide = guided.parse({"structural_tag": tag}, "g")
+
+    def errors(text: str) -> list:
+        m = grammars.matcher(guide)
+        return [e for e in (m.consume(t) for t in tok.encode(text, add_special_tokens=False).ids) if e]
+
+    assert errors(f"hi {trigger}get2{end} bye") == []
+    assert errors(f"hi {trigger}got2{end}") and errors(f"hi {trigger}get3{end}")
+    assert (trigger in grammars.special()) == (trigger in ("<|im_start|>", "[TC]"))
+
+
+def test_each_tag_goes_under_the_first_trigger_to_appear(tiny_engine):
+    """Triggers "<f" and "<f=w": "<f" appears first on the way into <f=weather>, so both tags go
+    under it; under "<f=w", <f=weather> could never be written (the answer would be forced into
+    <f=get>)."""
     pytest.importorskip("torch")
     from trtllm.runtime import grammar
     from trtllm.runtime.tokenizer import Tokenizer
 
     tok = Tokenizer.from_engine_dir(tiny_engine("llama"))
     grammars = grammar.Grammars(tok.to_json(), tok.vocab_size, [tok.token_to_id("<|im_end|>")])
-    tag = {"structures": [{"begin": f"{trigger}get", "schema": {"enum": [1, 2]}, "end": "</b>"}], "triggers": [trigger]}
-    guide = guided.parse({"structural_tag": tag}, "g")
-
-    def errors(text: str) -> list:
-        m = grammars.matcher(guide)
-        return [e for e in (m.consume(t) for t in tok.encode(text)) if e]
-
-    assert errors(f"hi {trigger}get2</b> bye") == []
-    assert errors(f"hi {trigger}got2</b>") and errors(f"hi {trigger}get3</b>")
-    assert (trigger in grammars.special()) == (trigger == "<|im_start|>")
+    tag = {"triggers": ["<f", "<f=w"], "structures": [{"begin": "<f=get>", "schema": {"enum": [1]}, "end": "</f>"},
+                                                      {"begin": "<f=weather>", "schema": {"enum": [2]}, "end": "</f>"}]}
+    for text in ("a <f=weather>2</f> b", "a <f=get>1</f> b"):
+        m = grammars.matcher(guided.parse({"structural_tag": tag}, "g"))
+        assert [e for e in (m.consume(t) for t in tok.encode(text)) if e] == [], text
 
 
 def test_a_structural_tags_schema_that_does_not_compile_is_named(tiny_engine):

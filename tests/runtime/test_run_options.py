@@ -57,8 +57,10 @@ def test_warmup_answers_the_first_request_before_the_run(run_cli, tmp_path, tiny
     engine = tiny_engine("llama")
     payload = {"batch_size": 1, "temperature": 0, "max_generate_length": 4,
                "requests": [{"messages": []}, brief("a", save_system_prompt_kv_cache=True), brief("b")]}
-    payload["requests"][0]["lora_name"] = "nope"  # the first request fails: the warm-up takes the next
+    payload["requests"][0]["lora_name"] = "nope"  # the first requests fail: the warm-up takes the next
     payload["available_lora_weights"] = {}
+    image = {"messages": [{"role": "user", "content": [{"type": "image", "image": "x.png"}]}]}
+    payload["requests"].insert(1, image)  # (it reads, and fails as it is prepared)
     answers, profiles, caches = [], [], []
     run, runs = Runner.run, []
 
@@ -75,7 +77,7 @@ def test_warmup_answers_the_first_request_before_the_run(run_cli, tmp_path, tiny
         answers.append(out["responses"])
         profiles.append(json.loads(profile.read_text()))
         caches.append(sorted(p.name for p in cache.glob("*.kv")))
-    assert runs[1:3] == [[fmt.parse_input(payload, isolate=True).requests[1].messages]] * 2  # the warm-ups
+    assert runs[1:3] == [[fmt.parse_input(payload, isolate=True).requests[2].messages]] * 2  # the warm-ups
     assert answers[0] == answers[1] and caches[0] == caches[1] and len(caches[0]) == 1
     for part in ("prefill", "generation"):
         for key in ("total_runs", "reused_tokens", "computed_tokens", "generated_tokens"):
