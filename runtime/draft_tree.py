@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from trtllm.runtime import spec_rules
 from trtllm.runtime.generate import write_position
 
 
@@ -177,7 +178,7 @@ class TreeDecoding:
         self.ensure(max(pos) + 1 + max(self.tree_nodes(k), (k - 1) * k_top))
         # the step's tokens and the head's expansions stay inside every slot and the engine's inputs
         room = min(self.engine.manifest.limits.max_input_len, min(self.kv.capacity - p for p in pos))
-        left = {s: self.room(r) for s, r in enumerate(rows) if s in self.ready and self.speculates(r)}
+        left = {s: spec_rules.room(r) for s, r in enumerate(rows) if s in self.ready and self.speculates(r)}
         depth = min(k, 1 + (room - 1) // k_top, max(left.values(), default=0))
         nodes = min(self.tree_nodes(depth), room - 1) if depth > 0 else 0
         depth = min(depth, nodes)  # (a tree of n nodes is at most n deep: no expansion it cannot use)

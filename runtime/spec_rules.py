@@ -50,3 +50,10 @@ def held(row: RowState) -> int:
     position of a verification is sampled with the ban the row has at its first, so a cycle emits
     at most this many while the ban lasts: the token after the ban's end was drawn under it."""
     return max(0, row.params.min_new_tokens - len(row.output_ids))
+
+
+def room(row: RowState) -> int:
+    """The most drafts a cycle verifies for the row: up to its last token and, while
+    min_new_tokens holds tokens back, to the ban's last token (`held`)."""
+    left = row.max_new_tokens - len(row.output_ids) - 1
+    return min(left, held(row) - 1) if held(row) else left

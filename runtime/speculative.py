@@ -66,7 +66,7 @@ from trtllm.runtime.drafter import Drafter
 from trtllm.runtime.engine import StepInputs
 from trtllm.runtime.generate import RowState, Scheduler, adapter_key, runs, write_position
 from trtllm.runtime.kv_cache import KVCacheManager
-from trtllm.runtime.spec_rules import exact, greedy, held, lowering, sampled
+from trtllm.runtime.spec_rules import exact, greedy, held, lowering, room, sampled
 
 # (Drafter and the rules lived here once: callers import them from here still)
 __all__ = ["Drafter", "SpecScheduler", "draft_key", "exact", "greedy", "held", "lowering", "sampled"]
@@ -263,7 +263,7 @@ class SpecScheduler(TreeDecoding, Scheduler):
         # padding stays inside every slot, and a step is never wider than the engine's inputs go
         # (max_input_len: TensorRT's prefill profile ends there; a larger --spec-draft-step is capped)
         width = min(k + 1, self.engine.manifest.limits.max_input_len, min(self.kv.capacity - p for p in pos))
-        ks = [min(width - 1, self.room(r)) if s in self.ready and self.speculates(r) else 0 for s, r in enumerate(rows)]
+        ks = [min(width - 1, room(r)) if s in self.ready and self.speculates(r) else 0 for s, r in enumerate(rows)]
         drafted = max(ks)  # what the step drafts: less than k for rows near their end or the KV's
         self.timing.draft_steps[drafted] = self.timing.draft_steps.get(drafted, 0) + 1
         if drafted == 0:  # nothing to verify (each row at its last token, or no room): a plain step
@@ -464,13 +464,6 @@ class SpecScheduler(TreeDecoding, Scheduler):
         scores = out.verify_logits[slot, node] + self.batch.logit_bias[slot] + self.batch.penalty_bias[slot]
         token = int(np.argmax(scores))  # (the first NaN, if any: then not finite)
         return token if np.isfinite(scores[token]) else -1
-
-    @staticmethod
-    def room(row: RowState) -> int:
-        """The most drafts a cycle verifies for the row: up to its last token and, while
-        min_new_tokens holds tokens back, to the ban's last token (`held`)."""
-        left = row.max_new_tokens - len(row.output_ids) - 1
-        return min(left, held(row) - 1) if held(row) else left
 
     def emit(self, slot: int, row: RowState, tokens: list[int], out, sources) -> list[int]:
         """Verified tokens, up to the row's end and as far as they are exact (`exact`: the end of
