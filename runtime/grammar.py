@@ -52,8 +52,8 @@ class Grammars:
     def special(self) -> dict[str, int]:
         """The tokenizer's special tokens, text -> id (a structural tag's trigger may be one)."""
         added = json.loads(self.tokenizer_json).get("added_tokens") or []
-        return {t["content"]: t["id"] for t in added
-                if t.get("special") and isinstance(t.get("content"), str) and t["content"] and isinstance(t.get("id"), int)}
+        return {t["content"]: t["id"] for t in added if t.get("special") and isinstance(t.get("content"), str)
+                and t["content"] and isinstance(t.get("id"), int)}
 
     def compile(self, guide: Guide, tokenizer):
         """A matcher at the guide's start, or why it does not compile."""

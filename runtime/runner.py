@@ -5,9 +5,9 @@ A request that cannot be served becomes an `error` response; its neighbours stil
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import resource
-import dataclasses
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -169,7 +169,7 @@ class Runner:
         template that never reads them (or none) would leave it unaware of them."""
         calls = next((i for i, m in enumerate(req.messages) if "tool_calls" in m.fields()), None)
         if req.tools:
-            where, shown = ("requests[{}].tools".format(index) if "tools" in req.own_fields else "tools"), "tools"
+            where, shown = (f"requests[{index}].tools" if "tools" in req.own_fields else "tools"), "tools"
         elif calls is not None:
             where, shown = f"requests[{index}].messages[{calls}].tool_calls", "tool calls"
         else:
@@ -294,9 +294,9 @@ class Runner:
     def warm_up(self, inp: fmt.InputFile, times: int, adapters: AdapterSet | None = None,
                 failing: frozenset[int] = frozenset()) -> None:
         """Edge-LLM's --warmup: answer the first request that can run (not unreadable, not in
-        `failing`, prepared without an error) `times` times before the run, with no saved system-prompt KV read or written
-        (the run's own reuse stays what it would be) and nothing streamed; the profile then
-        starts afresh. A Ctrl-C sets `cancelled` and ends it."""
+        `failing`, prepared without an error) `times` times before the run, with no saved
+        system-prompt KV read or written (the run's own reuse stays what it would be) and nothing
+        streamed; the profile then starts afresh. A Ctrl-C sets `cancelled` and ends it."""
         if adapters is None:
             adapters = AdapterSet.for_run(self.engine, inp.available_lora_weights)
         first = next((i for i, req in enumerate(inp.requests) if i not in inp.invalid and i not in failing
@@ -360,7 +360,8 @@ class Runner:
                         "average_time_per_run_ms": 1e3 * t.prefill_seconds / max(t.prefill_runs, 1),
                         "tokens_per_second": prompt_tokens / t.prefill_seconds if t.prefill_seconds else 0.0,
                         "average_time_per_token_ms": 1e3 * t.prefill_seconds / max(prompt_tokens, 1),
-                        "computed_tokens_per_second": t.prefill_tokens / t.prefill_seconds if t.prefill_seconds else 0.0},
+                        "computed_tokens_per_second":
+                            t.prefill_tokens / t.prefill_seconds if t.prefill_seconds else 0.0},
             "generation": {"total_runs": t.generation_runs, "generated_tokens": gen_tokens,
                            "average_tokens_per_run": gen_tokens / max(t.generation_runs, 1),
                            "tokens_per_second": gen_tokens / t.generation_seconds if t.generation_seconds else 0.0,

@@ -125,7 +125,8 @@ def lark(tags: list[dict], special: dict[str, int] | None = None) -> str:
     tags. `special`: the tokenizer's special tokens (text -> id): one in a trigger, a begin or an
     end is matched as that token (<[id]>), not as its characters."""
     special = special or {}
-    split = re.compile("(" + "|".join(map(re.escape, sorted(special, key=len, reverse=True))) + ")") if special else None
+    longest_first = sorted(special, key=len, reverse=True)
+    split = re.compile("(" + "|".join(map(re.escape, longest_first)) + ")") if special else None
 
     def quoted(text: str) -> str:
         parts = split.split(text) if split else [text]  # (odd places: the special tokens)
