@@ -24,7 +24,8 @@ MAX_TAGS = 64
 
 
 def parse(value: object, path: str, read_json, check_schema) -> list[dict]:
-    """The tags, each {"trigger", "begin", "schema", "end"}; `read_json(text, path, what)` reads a
+    """The tags, each {"begin", "schema", "end", "trigger", "at"} (at: its schema's JSON path, where an
+    error that only compiling finds is named); `read_json(text, path, what)` reads a
     string of JSON as strictly as the file, `check_schema(schema, path)` checks a schema's values."""
     what = "a structural tag (an object, or a string of JSON holding one)"
     if isinstance(value, str):
