@@ -297,6 +297,8 @@ class Runner:
         `failing`, prepared without an error) `times` times before the run, with no saved
         system-prompt KV read or written (the run's own reuse stays what it would be) and nothing
         streamed; the profile then starts afresh. A Ctrl-C sets `cancelled` and ends it."""
+        if times <= 0:
+            return
         if adapters is None:
             adapters = AdapterSet.for_run(self.engine, inp.available_lora_weights)
         first = next((i for i, req in enumerate(inp.requests) if i not in inp.invalid and i not in failing
