@@ -201,15 +201,36 @@ def json_object(value: object, path: str, what: str) -> dict:
     return value
 
 
+MAX_ERRORS_SHOWN = 8
+
+
 def fields(value: object, path: str, table: dict[str, Callable], what: str,
-            required: tuple[str, ...] = ()) -> dict:
-    """Check an object's keys against `table`, then parse each present field in document order."""
+           required: tuple[str, ...] = ()) -> dict:
+    """Check an object's keys against `table` and parse each present field, in document order.
+    Every bad key and value of the object is reported (not only the first, to fix all in one go),
+    in one InputError that names the first one's path."""
     obj = json_object(value, path, what)
-    check_keys(obj, path, tuple(table), what)
+    check_duplicates(obj, lambda key: key_path(path, key))
+    out, errors = {}, []
+    for key, v in obj.items():
+        try:
+            if key in table:
+                out[key] = table[key](v, key_path(path, key))
+            else:
+                check_keys({key: v}, path, tuple(table), what)  # (raises: an unknown key, with a hint)
+        except InputError as e:
+            errors.append(e)
     for name in required:
         if name not in obj:
-            fail(key_path(path, name), f"given ({what} needs it)", None, shown="nothing")
-    return {name: table[name](v, key_path(path, name)) for name, v in obj.items()}
+            errors.append(InputError(key_path(path, name), f"`{key_path(path, name)}` must be given ({what} needs "
+                                                           "it), got nothing"))
+    if len(errors) == 1:
+        raise errors[0]
+    if errors:
+        shown = [str(e) for e in errors[:MAX_ERRORS_SHOWN]]
+        more = len(errors) - len(shown)
+        raise InputError(errors[0].json_path, "; ".join(shown) + (f"; and {more} more" if more else ""))
+    return out
 
 
 def check_value(value: object, path: str) -> None:

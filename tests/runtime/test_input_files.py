@@ -226,7 +226,7 @@ def test_a_huge_key_is_shortened_in_its_path(tmp_path):
     assert len(str(info.value)) < 500 and "(100000 chars)" in info.value.json_path
 
 
-@pytest.mark.parametrize("field, value, hint", [("n", "0.0", False), ("seed", "2e19", False), ("seed", "1e19", True), ("top_k", "-3.0", False),
+@pytest.mark.parametrize("field, value, hint", [("n", "0.0", False), ("seed", "2e19", False), ("seed", "1e19", False), ("seed", "1e15", True), ("top_k", "-3.0", False),
                                                ("top_k", "3.0", True)])
 def test_write_n_hints_only_a_valid_value(tmp_path, field, value, hint):
     """`write N` is offered for an integer written as a float only when N itself is allowed."""

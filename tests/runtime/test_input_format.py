@@ -541,3 +541,18 @@ def test_tool_use_reads_as_openai_writes_it():
             parse_input({"tools": bad, "requests": [{"messages": []}]})
         assert e.value.json_path == path, str(e.value)
 
+
+
+def test_every_bad_value_of_an_object_is_reported_at_once():
+    """A request with three mistakes says all three (fix them in one go), naming the first's path;
+    past 8 the rest are counted. The wrong variant, stopping at the first, names one."""
+    doc = {"requests": [{"messages": [], "temperature": -1, "top_kk": 5, "n": 0}]}
+    inp = parse_input(doc, isolate=True)
+    error = inp.invalid[0]
+    assert error.count("`requests[0].") == 3 and "`requests[0].temperature`" in error
+    assert "`requests[0].top_kk` must be a known key" in error and "`requests[0].n` must be" in error
+    with pytest.raises(InputError) as e:
+        parse_input({"temperature": -1, "top_k": -1, "requests": [{"messages": []}]})
+    assert e.value.json_path == "temperature" and "`top_k`" in str(e.value)
+    many = {"requests": [{"messages": [], **{f"x{i}": 1 for i in range(10)}}]}
+    assert parse_input(many, isolate=True).invalid[0].endswith("; and 2 more")
