@@ -189,6 +189,24 @@ def prefill_chunk(value: int) -> int:
 MIN_CHUNK = 16  # smaller chunks only add steps: a step's cost is mostly reading the weights
 
 
+def generation_defaults(engine_dir: Path, manifest) -> dict:
+    """--sampling-defaults model: the engine's generation_config.json as transformers' generate()
+    reads it (none: its defaults, greedy), checked as an input file's top level would be."""
+    path = engine_dir / manifest.files.get("generation_config", "generation_config.json")
+    try:
+        config = json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
+        if not isinstance(config, dict):
+            raise ValueError("not a JSON object")
+    except (OSError, ValueError) as e:
+        fail_usage(f"--sampling-defaults model: {files.shown(path)} cannot be read ({e})")
+    defaults = fmt.model_defaults(config)
+    try:
+        fmt.parse_input({**defaults, "requests": [{"messages": []}]})
+    except fmt.InputError as e:
+        fail_usage(f"--sampling-defaults model: {files.shown(path)} holds a setting this runtime refuses: {e}")
+    return defaults
+
+
 def check_batch_size(inp: fmt.InputFile, manifest) -> None:
     """A batch_size above the engine's max_batch_size runs max_batch_size at a time (Runner.run):
     the rest waits its turn, as on a server. The answers are the same, only later: say so."""
@@ -211,6 +229,9 @@ def check_batch_size(inp: fmt.InputFile, manifest) -> None:
 @click.option("--max-generate-length", type=click.IntRange(min=0), default=None,
               help="Replace the input file's max_generate_length, top level and in each request that sets "
                    "its own (Edge-LLM's --maxGenerateLength).")
+@click.option("--sampling-defaults", type=click.Choice(["file", "model"]), default="file", show_default=True,
+              help="Where the settings an input file leaves out come from: Edge-LLM's defaults (file), or the "
+                   "model's generation_config.json, as transformers' generate() reads it (model).")
 @click.option("--warmup", type=click.IntRange(min=0), default=0, show_default=True,
               help="Answer the first request this many times before the run, without saved system-prompt "
                    "KV and without output; --profile counts the run alone.")
@@ -245,7 +266,7 @@ def check_batch_size(inp: fmt.InputFile, manifest) -> None:
                    "with a decode step between chunks, so their streams keep going (0: each prompt in one "
                    "step).")
 def main(input_file: Path, engine_dir: Path, output: str | None, profile: str | None, batch_size: int | None,
-         max_generate_length: int | None, warmup: int, stream: bool,
+         max_generate_length: int | None, sampling_defaults: str, warmup: int, stream: bool,
          kv_cache_dir: Path | None, kv_cache_size: str, threads: int | None, huge_pages: bool,
          spec_draft_step: int | str, spec_draft_top_k: int | str, spec_verify_size: int | str,
          prefill_chunk: int) -> None:
@@ -258,7 +279,8 @@ def main(input_file: Path, engine_dir: Path, output: str | None, profile: str | 
                                                          ("max_generate_length", max_generate_length))
                          if value is not None}
             serve(input_file, engine_dir, output, profile, stream, kv_cache_dir, kv_cache_size, threads, huge_pages,
-                  spec_draft_step, spec_draft_top_k, spec_verify_size, prefill_chunk, interrupts, overrides, warmup)
+                  spec_draft_step, spec_draft_top_k, spec_verify_size, prefill_chunk, interrupts, overrides, warmup,
+                  sampling_defaults == "model")
     except KeyboardInterrupt:  # not click's Abort: its exit code 1 means "some request failed"
         click.echo("interrupted: files not yet written were left as they were", err=True)
         sys.exit(130)
@@ -268,15 +290,18 @@ def serve(input_file: Path, engine_dir: Path, output: str | None, profile: str |
           kv_cache_dir: Path | None, kv_cache_size: str, threads: int | None, huge_pages: bool,
           spec_draft_step: int | str, spec_draft_top_k: int | str, spec_verify_size: int | str,
           prefill_chunk: int, interrupts: interrupt.Watch | None = None, overrides: dict | None = None,
-          warmup: int = 0) -> None:
+          warmup: int = 0, model_defaults: bool = False) -> None:
     from trtllm.runtime import manifest as mf
 
     try:  # the adapters bundled in the engine are names a request may use; a bad engine is reported below
-        bundled = tuple(mf.load(engine_dir).lora.get("adapters", {}))
+        manifest = mf.load(engine_dir)
+        bundled = tuple(manifest.lora.get("adapters", {}))
     except mf.ManifestError:
-        bundled = ()
+        manifest, bundled = None, ()
+    defaults = generation_defaults(engine_dir, manifest) if model_defaults and manifest is not None else None
     try:
-        inp = fmt.read_input(input_file, bundled, isolate=True, overrides=overrides)  # a bad request fails alone
+        inp = fmt.read_input(input_file, bundled, isolate=True, overrides=overrides,
+                             defaults=defaults)  # a bad request fails alone
     except fmt.InputError as e:
         fail_usage(f"{files.shown(input_file)}: {e}")
     check_writable(output, "--output")

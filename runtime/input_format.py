@@ -382,10 +382,10 @@ PLACEHOLDER = Request(messages=(), lora_name=None, save_system_prompt_kv_cache=F
 
 
 def read_input(path: str | os.PathLike, bundled_loras: tuple[str, ...] = (), isolate: bool = False,
-               overrides: dict | None = None) -> InputFile:
+               overrides: dict | None = None, defaults: dict | None = None) -> InputFile:
     """Read and validate an input JSON file; every failure is an `InputError`, but, with `isolate`,
     a bad request's (parse_input). `overrides`: trtllm-run's --batch-size and --max-generate-length
-    (apply_overrides)."""
+    (apply_overrides); `defaults`: top-level settings where the file gives none (model_defaults)."""
     name = os.fspath(path)
     label = f"input file `{files.shown(name)}`"
     try:
@@ -410,7 +410,27 @@ def read_input(path: str | os.PathLike, bundled_loras: tuple[str, ...] = (), iso
               shown=f"{e.msg.removesuffix(' at')} at line {e.lineno} column {e.colno}")
     except RecursionError:
         _fail("", "valid JSON", None, label=label, shown="arrays or objects nested deeper than the parser goes")
+    if defaults and isinstance(obj, dict):
+        obj = _replaced(obj, {name: value for name, value in defaults.items() if name not in obj})
     return parse_input(apply_overrides(obj, overrides or {}), bundled_loras, isolate)
+
+
+def model_defaults(config: dict) -> dict:
+    """The sampling transformers' generate() does with a model's generation_config.json, as
+    top-level settings: greedy unless it sets do_sample, else its temperature, top_k and top_p
+    (GenerationConfig's 1.0, 50 and 1.0 where it has none) and min_p; its repetition_penalty, and
+    its max_new_tokens as max_generate_length."""
+    def given(name: str, default=None):
+        return config[name] if config.get(name) is not None else default
+
+    out = {"temperature": 0}
+    if given("do_sample"):
+        out = {"temperature": given("temperature", 1.0), "top_k": given("top_k", 50), "top_p": given("top_p", 1.0)}
+    for name, ours in (("min_p", "min_p"), ("repetition_penalty", "repetition_penalty"),
+                       ("max_new_tokens", "max_generate_length")):
+        if given(name) is not None and (name != "min_p" or given("do_sample")):
+            out[ours] = config[name]
+    return out
 
 
 def apply_overrides(obj: object, overrides: dict) -> object:

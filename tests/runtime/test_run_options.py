@@ -142,3 +142,40 @@ def test_threads_past_a_few_per_core_are_refused(tmp_path):
     result = CliRunner().invoke(main, [str(tmp_path / "in.json"), "--engine", str(tmp_path), "--threads",
                                        str(MAX_THREADS + 1)])
     assert result.exit_code == 2 and f"1<=x<={MAX_THREADS}" in result.output
+
+
+@pytest.mark.parametrize("config, want", [
+    ({}, {"temperature": 0}),  # transformers' generate(): greedy unless the config samples
+    ({"do_sample": False, "temperature": 0.7, "min_p": 0.1, "repetition_penalty": 1.2},
+     {"temperature": 0, "repetition_penalty": 1.2}),
+    ({"do_sample": True}, {"temperature": 1.0, "top_k": 50, "top_p": 1.0}),  # GenerationConfig's defaults
+    ({"do_sample": True, "temperature": 0.6, "top_k": None, "top_p": 0.9, "min_p": 0.05, "max_new_tokens": 64},
+     {"temperature": 0.6, "top_k": 50, "top_p": 0.9, "min_p": 0.05, "max_generate_length": 64}),
+])
+def test_model_defaults_are_what_generate_does_with_the_config(config, want):
+    assert fmt.model_defaults(config) == want
+
+
+def test_model_defaults_fill_only_what_the_file_leaves_out(run_cli, tmp_path, tiny_engine):
+    """--sampling-defaults model: the engine's generation_config.json, where neither the top level nor
+    the request sets a value; the answers are those of the file with the values written in. A
+    config this runtime refuses stops the run, naming the file."""
+    import shutil
+
+    engine = tmp_path / "engine"
+    shutil.copytree(tiny_engine("llama"), engine)
+    config = json.loads((engine / "generation_config.json").read_text())
+    (engine / "generation_config.json").write_text(json.dumps(
+        {**config, "do_sample": True, "temperature": 0.7, "top_k": 5, "repetition_penalty": 1.1, "max_new_tokens": 3}))
+    payload = {"seed": 3, "requests": [chat("Hello"), chat("Paris", top_k=0, max_generate_length=5)]}
+    result, got = run_cli(engine, payload, "--sampling-defaults", "model")
+    assert result.exit_code == 0, result.output
+    written = {"temperature": 0.7, "top_k": 5, "top_p": 1.0, "repetition_penalty": 1.1, "max_generate_length": 3}
+    _, want = run_cli(engine, {**written, **payload})
+    assert got["responses"] == want["responses"]
+    assert [r["output_tokens"] for r in got["responses"]][0] <= 3
+    _, plain = run_cli(engine, payload)  # Edge-LLM's defaults (top_p 0.8, 256 tokens): another answer
+    assert plain["responses"] != got["responses"]
+    (engine / "generation_config.json").write_text(json.dumps({"do_sample": True, "temperature": -1}))
+    result, _ = run_cli(engine, payload, "--sampling-defaults", "model")
+    assert result.exit_code == 2 and "generation_config.json holds a setting" in result.output
