@@ -28,7 +28,7 @@ CONTENT_TYPES = ("text", "image", "audio", "video")
 MEDIA_TYPES = frozenset({"image", "audio", "video"})
 MAX_TOOLS = 128
 MAX_TOOL_CALLS = 64
-MAX_TOOLS_BYTES = 128 * 1024  # a request's tools, as compact JSON in UTF-8
+MAX_TOOLS_BYTES = 128 * 1024  # a request's tools, or a message's tool calls, as compact JSON in UTF-8
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,7 +116,18 @@ def _tool_calls(value: object, path: str) -> list:
     for i, call in enumerate(calls):
         _object(call, f"{path}[{i}]", 'a tool call: {"type": "function", "function": {"name", "arguments"}}')
         check_value(call, f"{path}[{i}]")
+    _sized(calls, path, "tool calls")
     return calls
+
+
+def _sized(value: list, path: str, what: str) -> None:
+    """At most MAX_TOOLS_BYTES of compact JSON (text is held to its limits; this is text too)."""
+    try:
+        size = len(json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode("utf-8"))
+    except RecursionError:  # (json.dumps recurses a few frames deeper than json.loads did)
+        _fail(path, what, None, shown="objects nested deeper than the parser goes")
+    if size > MAX_TOOLS_BYTES:
+        _fail(path, f"at most {MAX_TOOLS_BYTES} UTF-8 bytes (128 KiB) of JSON", None, shown=f"{size} bytes")
 
 
 # name -> (parser, the roles that may give it)
@@ -162,12 +173,7 @@ def parse_tools(value: object, path: str) -> tuple[dict, ...]:
     for i, tool in enumerate(tools):
         _object(tool, f"{path}[{i}]", 'a tool: {"type": "function", "function": {"name", "parameters"}}')
         check_value(tool, f"{path}[{i}]")
-    try:
-        size = len(json.dumps(tools, ensure_ascii=False, separators=(",", ":")).encode("utf-8"))
-    except RecursionError:  # (json.dumps recurses a few frames deeper than json.loads did)
-        _fail(path, "tool definitions", None, shown="objects nested deeper than the parser goes")
-    if size > MAX_TOOLS_BYTES:
-        _fail(path, f"at most {MAX_TOOLS_BYTES} UTF-8 bytes (128 KiB) of JSON", None, shown=f"{size} bytes")
+    _sized(tools, path, "tool definitions")
     return tuple(tools)
 
 

@@ -517,6 +517,8 @@ CALL = {"type": "function", "function": {"name": "w", "arguments": {"city": "Par
     ({"role": "assistant", "content": "", "tool_calls": [{"a": float("nan")}]},
      "requests[0].messages[0].tool_calls[0].a", "finite"),
     ({"role": "tool", "content": "18", "tool_call_id": ""}, "requests[0].messages[0].tool_call_id", "non-empty"),
+    ({"role": "assistant", "content": "", "tool_calls": [{"a": "x" * 140_000}]}, "requests[0].messages[0].tool_calls",
+     "at most 131072 UTF-8 bytes"),
 ])
 def test_tool_fields_of_a_message_are_checked_by_path(message, path, says):
     with pytest.raises(InputError) as e:
