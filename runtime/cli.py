@@ -202,8 +202,10 @@ def generation_defaults(engine_dir: Path, manifest) -> dict:
     defaults = fmt.model_defaults(config)
     try:
         fmt.parse_input({**defaults, "requests": [{"messages": []}]})
-    except fmt.InputError as e:
-        fail_usage(f"--sampling-defaults model: {files.shown(path)} holds a setting this runtime refuses: {e}")
+    except fmt.InputError as e:  # named by the config's key
+        theirs = {"max_generate_length": "max_new_tokens"}.get(e.json_path, e.json_path)
+        fail_usage(f"--sampling-defaults model: {files.shown(path)}: its `{theirs}` is refused ("
+                   f"{str(e).replace(f'`{e.json_path}`', f'`{theirs}`')})")
     return defaults
 
 

@@ -338,7 +338,7 @@ _TOP_FIELDS = {
 
 
 def parse_input(obj: object, bundled_loras: tuple[str, ...] = (), isolate: bool = False) -> InputFile:
-    """Validate a decoded input document; raise `InputError` at the first bad value. With
+    """Validate a decoded input document; raise `InputError` naming its bad values (fields). With
     `isolate`, a bad value inside a request fails that request alone: its error goes to
     `InputFile.invalid` and PLACEHOLDER takes its place, so its neighbours still run (what
     trtllm-run does); the file and its top level still raise. `bundled_loras`: adapter names the
@@ -417,18 +417,18 @@ def read_input(path: str | os.PathLike, bundled_loras: tuple[str, ...] = (), iso
 
 def model_defaults(config: dict) -> dict:
     """The sampling transformers' generate() does with a model's generation_config.json, as
-    top-level settings: greedy unless it sets do_sample, else its temperature, top_k and top_p
-    (GenerationConfig's 1.0, 50 and 1.0 where it has none) and min_p; its repetition_penalty, and
-    its max_new_tokens as max_generate_length."""
+    top-level settings: greedy unless it sets do_sample, else its temperature; its top_k and top_p
+    (GenerationConfig's 50 and 1.0 where it has none) and min_p, which a request that samples
+    itself (its own temperature) uses too; its repetition_penalty, and its max_new_tokens as
+    max_generate_length."""
     def given(name: str, default=None):
         return config[name] if config.get(name) is not None else default
 
-    out = {"temperature": 0}
-    if given("do_sample"):
-        out = {"temperature": given("temperature", 1.0), "top_k": given("top_k", 50), "top_p": given("top_p", 1.0)}
+    out = {"temperature": given("temperature", 1.0) if given("do_sample") else 0,
+           "top_k": given("top_k", 50), "top_p": given("top_p", 1.0)}
     for name, ours in (("min_p", "min_p"), ("repetition_penalty", "repetition_penalty"),
                        ("max_new_tokens", "max_generate_length")):
-        if given(name) is not None and (name != "min_p" or given("do_sample")):
+        if given(name) is not None:
             out[ours] = config[name]
     return out
 

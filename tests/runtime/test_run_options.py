@@ -145,9 +145,9 @@ def test_threads_past_a_few_per_core_are_refused(tmp_path):
 
 
 @pytest.mark.parametrize("config, want", [
-    ({}, {"temperature": 0}),  # transformers' generate(): greedy unless the config samples
-    ({"do_sample": False, "temperature": 0.7, "min_p": 0.1, "repetition_penalty": 1.2},
-     {"temperature": 0, "repetition_penalty": 1.2}),
+    ({}, {"temperature": 0, "top_k": 50, "top_p": 1.0}),  # transformers' generate(): greedy unless the config samples
+    ({"do_sample": False, "temperature": 0.7, "top_p": 0.9, "min_p": 0.1, "repetition_penalty": 1.2},
+     {"temperature": 0, "top_k": 50, "top_p": 0.9, "min_p": 0.1, "repetition_penalty": 1.2}),  # (for a request that samples)
     ({"do_sample": True}, {"temperature": 1.0, "top_k": 50, "top_p": 1.0}),  # GenerationConfig's defaults
     ({"do_sample": True, "temperature": 0.6, "top_k": None, "top_p": 0.9, "min_p": 0.05, "max_new_tokens": 64},
      {"temperature": 0.6, "top_k": 50, "top_p": 0.9, "min_p": 0.05, "max_generate_length": 64}),
@@ -176,6 +176,7 @@ def test_model_defaults_fill_only_what_the_file_leaves_out(run_cli, tmp_path, ti
     assert [r["output_tokens"] for r in got["responses"]][0] <= 3
     _, plain = run_cli(engine, payload)  # Edge-LLM's defaults (top_p 0.8, 256 tokens): another answer
     assert plain["responses"] != got["responses"]
-    (engine / "generation_config.json").write_text(json.dumps({"do_sample": True, "temperature": -1}))
+    (engine / "generation_config.json").write_text(json.dumps({"do_sample": True, "max_new_tokens": -1}))
     result, _ = run_cli(engine, payload, "--sampling-defaults", "model")
-    assert result.exit_code == 2 and "generation_config.json holds a setting" in result.output
+    assert result.exit_code == 2 and "generation_config.json: its `max_new_tokens` is refused" in result.output
+    assert "`max_new_tokens` must be an integer >= 0, got -1" in result.output
