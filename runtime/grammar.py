@@ -3,6 +3,7 @@ guide compiled once per run against the engine's tokenizer by llguidance, and ea
 which gives the logit bias for its next token."""
 from __future__ import annotations
 
+import functools
 import json
 import os
 
@@ -49,6 +50,7 @@ class Grammars:
             raise ValueError(f"`{guide.path}` does not compile: {compiled}")
         return Matcher(compiled.deep_copy(), self.vocab_size, self.eos_ids, guide.path, tokenizer)
 
+    @functools.cached_property
     def special(self) -> dict[str, int]:
         """The tokenizer's special tokens, text -> id (a structural tag's trigger may be one)."""
         added = json.loads(self.tokenizer_json).get("added_tokens") or []
@@ -60,20 +62,32 @@ class Grammars:
         from llguidance import LLMatcher
 
         try:
-            if guide.kind == "structural_tag":  # each tag's schema alone first: an error names its path
-                for tag in json.loads(guide.text):
-                    alone = LLMatcher.grammar_from_json_schema(json.dumps(tag["schema"]))
-                    error = LLMatcher.validate_grammar(alone, tokenizer)
-                    if error:
-                        return f"`{tag['at']}`: {one_line(error)}"
-            grammar = guide.grammar(self.special() if guide.kind == "structural_tag" else None)
+            grammar = guide.grammar(self.special if guide.kind == "structural_tag" else None)
         except (ValueError, TypeError) as e:
             return one_line(str(e))
         error = LLMatcher.validate_grammar(grammar, tokenizer)
         if error:
-            return one_line(error)
+            return tag_error(guide, tokenizer) or one_line(error)
         m = LLMatcher(tokenizer, grammar, log_level=0)
-        return reason(m.get_error()) if m.is_error() else m
+        return (tag_error(guide, tokenizer) or reason(m.get_error())) if m.is_error() else m
+
+
+def tag_error(guide: Guide, tokenizer) -> str | None:
+    """Why a structural tag does not compile, where one of its schemas does not alone: named by
+    that schema's path (the whole grammar's error names neither). Asked only once it has failed."""
+    if guide.kind != "structural_tag":
+        return None
+    from llguidance import LLMatcher
+
+    for tag in json.loads(guide.text):
+        try:
+            error = LLMatcher.validate_grammar(LLMatcher.grammar_from_json_schema(json.dumps(tag["schema"])),
+                                               tokenizer)
+        except (ValueError, TypeError) as e:
+            error = str(e)
+        if error:
+            return f"`{tag['at']}`: {one_line(error)}"
+    return None
 
 
 class Matcher:

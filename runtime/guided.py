@@ -17,8 +17,8 @@ import json
 from dataclasses import dataclass
 
 from trtllm.runtime import structural_tag
-from trtllm.runtime.strict_json import (array, boolean, check_keys, check_value, fail, json_object, key_path,
-                                        object_hook, parse_int, string)
+from trtllm.runtime.strict_json import (array, boolean, check_keys, check_value, compact, fail, json_object,
+                                        key_path, object_hook, parse_int, string)
 
 KINDS = ("json_schema", "json_object", "regex", "ebnf", "choice", "structural_tag")
 MAX_CHOICES = 1024
@@ -48,11 +48,6 @@ def _sized(text: str, path: str, value: object) -> str:
     if size > MAX_GUIDE_BYTES:
         fail(path, f"at most {MAX_GUIDE_BYTES} UTF-8 bytes (128 KiB)", value, shown=f"{size} bytes")
     return text
-
-
-def _dumps(value: object) -> str:
-    # compact, and not ASCII-escaped: its size is about the UTF-8 the user wrote
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
 
 
 def _no_constant(name: str):
@@ -91,22 +86,14 @@ def parse(value: object, path: str) -> Guide:
         if not isinstance(v, (dict, bool)):
             fail(at, what, v)
         _check_schema(v, at)
-        try:
-            text = _dumps(v)
-        except RecursionError:  # (json.dumps recurses a few frames deeper than json.loads did)
-            fail(at, what, None, shown="arrays or objects nested deeper than the parser goes")
-        return Guide(kind, _sized(text, at, v), at)
+        return Guide(kind, _sized(compact(v, at, what), at, v), at)
     if kind == "structural_tag":
         tags = structural_tag.parse(v, at, _read_json, _check_schema)
-        try:
-            text = _dumps(tags)
-        except RecursionError:
-            fail(at, "a structural tag", None, shown="schemas nested deeper than the parser goes")
-        return Guide(kind, _sized(text, at, v), at)
+        return Guide(kind, _sized(compact(tags, at, "a structural tag"), at, v), at)
     if kind == "choice":
         items = array(v, at, "non-empty strings", MAX_CHOICES)
         if not items:
             fail(at, f"a non-empty array of at most {MAX_CHOICES} non-empty strings", v)
         choices = [string(c, f"{at}[{i}]", nonempty=True) for i, c in enumerate(items)]
-        return Guide(kind, _sized(_dumps(choices), at, v), at)
+        return Guide(kind, _sized(compact(choices, at, "choices"), at, v), at)
     return Guide(kind, _sized(string(v, at, nonempty=True), at, v), at)

@@ -49,6 +49,7 @@ from trtllm.runtime.strict_json import (  # the parsers, under this module's pri
     array as _array,
     json_object as _object,
     fields as _fields,
+    key_path as _key_path,
 )
 
 MAX_BATCH_SIZE = 16
@@ -259,14 +260,10 @@ def _resolve_aliases(f: dict, path: str) -> dict:
     for alias, name in _ALIASES.items():
         if alias in f:
             if name in f:
-                _fail(_where_key(path, alias), f"absent when `{_where_key(path, name)}` is given (the same "
+                _fail(_key_path(path, alias), f"absent when `{_key_path(path, name)}` is given (the same "
                       "setting under its Edge-LLM name)", f[alias])
             f[name] = f.pop(alias)
     return f
-
-
-def _where_key(path: str, name: str) -> str:
-    return f"{path}.{name}" if path else name
 
 
 _REQUEST_FIELDS = {

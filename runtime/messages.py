@@ -5,7 +5,6 @@ transformers hands them over. Each is checked as strictly as the rest of the fil
 names its JSON path. Stdlib only."""
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 
 from trtllm.runtime.strict_json import (
@@ -14,6 +13,7 @@ from trtllm.runtime.strict_json import (
     check_keys as _check_keys,
     check_value,
     choice as _choice,
+    compact,
     fail as _fail,
     json_object as _object,
     one_of as _one_of,
@@ -122,10 +122,7 @@ def _tool_calls(value: object, path: str) -> list:
 
 def _sized(value: list, path: str, what: str) -> None:
     """At most MAX_TOOLS_BYTES of compact JSON (text is held to its limits; this is text too)."""
-    try:
-        size = len(json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode("utf-8"))
-    except RecursionError:  # (json.dumps recurses a few frames deeper than json.loads did)
-        _fail(path, what, None, shown="objects nested deeper than the parser goes")
+    size = len(compact(value, path, what).encode("utf-8"))
     if size > MAX_TOOLS_BYTES:
         _fail(path, f"at most {MAX_TOOLS_BYTES} UTF-8 bytes (128 KiB) of JSON", None, shown=f"{size} bytes")
 

@@ -233,6 +233,15 @@ def fields(value: object, path: str, table: dict[str, Callable], what: str,
     return out
 
 
+def compact(value: object, path: str, what: str) -> str:
+    """A value as compact JSON, not ASCII-escaped (its size is about the UTF-8 the user wrote); one
+    nested deeper than json.dumps recurses (a few frames past json.loads) fails at `path`."""
+    try:
+        return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    except RecursionError:
+        fail(path, what, None, shown="arrays or objects nested deeper than the parser goes")
+
+
 def check_value(value: object, path: str) -> None:
     """A free-form JSON value (a schema, a tool) held, anywhere inside, to what every other field of
     the file is, by path: no repeated keys, finite numbers, integers Python converts, valid Unicode

@@ -40,7 +40,7 @@ def parse(value: object, path: str, read_json, check_schema) -> list[dict]:
             if key not in obj:
                 fail(key_path(path, key), "given (vLLM's structural tag needs it; or give XGrammar's `format`)",
                      None, shown="nothing")
-        tags = [_tag(s, f"{path}.structures[{i}]", "schema")
+        tags = [_tag(s, f"{path}.structures[{i}]")
                 for i, s in enumerate(_items(obj["structures"], key_path(path, "structures"), "structures"))]
         triggers = _triggers(obj["triggers"], key_path(path, "triggers"))
     if "type" in obj:
@@ -87,21 +87,22 @@ def _triggered_tags(value: object, path: str) -> tuple[list[dict], list[str]]:
         if "json_schema" not in content:
             fail(key_path(key_path(at, "content"), "json_schema"), "given", None, shown="nothing")
         flat = {k: v for k, v in obj.items() if k != "content"}
-        tags.append(_tag({**flat, "schema": content["json_schema"]}, at, "schema",
+        tags.append(_tag({**flat, "schema": content["json_schema"]}, at,
                          schema_at=key_path(key_path(at, "content"), "json_schema")))
     return tags, _triggers(fmt["triggers"], key_path(path, "triggers"))
 
 
-def _tag(value: object, path: str, schema_key: str, schema_at: str | None = None) -> dict:
+def _tag(value: object, path: str, schema_at: str | None = None) -> dict:
+    """{"begin", "schema", "end"} read; `schema_at`: where the schema was written, if not beside them."""
     obj = json_object(value, path, "a tag: begin, schema, end")
-    check_keys(obj, path, ("type", "begin", schema_key, "end"), "a tag")
+    check_keys(obj, path, ("type", "begin", "schema", "end"), "a tag")
     if "type" in obj:
         choice(("tag",))(obj["type"], key_path(path, "type"))
-    for key in ("begin", schema_key, "end"):
+    for key in ("begin", "schema", "end"):
         if key not in obj:
             fail(key_path(path, key), "given (a tag needs it)", None, shown="nothing")
-    return {"begin": string(obj["begin"], key_path(path, "begin"), nonempty=True), "schema": obj[schema_key],
-            "end": string(obj["end"], key_path(path, "end")), "at": schema_at or key_path(path, schema_key),
+    return {"begin": string(obj["begin"], key_path(path, "begin"), nonempty=True), "schema": obj["schema"],
+            "end": string(obj["end"], key_path(path, "end")), "at": schema_at or key_path(path, "schema"),
             "begin_at": key_path(path, "begin")}
 
 

@@ -384,7 +384,7 @@ def test_a_structural_tag_trigger_is_text_or_the_special_token_it_names(tiny_eng
 
     assert errors(f"hi {trigger}get2{end} bye") == []
     assert errors(f"hi {trigger}got2{end}") and errors(f"hi {trigger}get3{end}")
-    assert (trigger in grammars.special()) == (trigger in ("<|im_start|>", "[TC]"))
+    assert (trigger in grammars.special) == (trigger in ("<|im_start|>", "[TC]"))
 
 
 def test_each_tag_goes_under_the_first_trigger_to_appear(tiny_engine):
