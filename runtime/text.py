@@ -38,9 +38,8 @@ class TextStream:
         # back (one start for all would find a short stop that ended before, e.g. before min_new_tokens).
         hits = [(i, s) for s, i in ((s, self.text.find(s, max(0, old - len(s) + 1), end)) for s in self.stops)
                 if i >= 0]
-        if hits:
-            self.stop_at = min(i for i, _ in hits)
-            self.stopped_by = next(s for i, s in hits if i == self.stop_at)
+        if hits:  # (min keeps the first given of those found at one place)
+            self.stop_at, self.stopped_by = min(hits, key=lambda hit: hit[0])
             return True
         return False
 

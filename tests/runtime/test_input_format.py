@@ -197,31 +197,6 @@ def test_dataclasses_are_frozen():
         inp.batch_size = 3
 
 
-def test_message_text_and_media_types():
-    inp = parse_input(copy.deepcopy(FULL))
-    assert inp.requests[0].messages[1].text() == "Hi"
-    assert inp.requests[1].messages[0].text() == "Describe this."
-    assert inp.requests[0].media_types() == set()
-    assert inp.requests[1].media_types() == {"image"}
-    media = (ContentItem("audio", "a.wav"), ContentItem("video", "v.mp4"))
-    req = Request((Message("user", media),), None, False, False, (), {}, 0)
-    assert req.media_types() == {"audio", "video"}
-
-
-def test_to_json_echoes_content_as_an_array():
-    inp = parse_input(copy.deepcopy(FULL))
-    assert inp.requests[0].messages[1].to_json() == {
-        "role": "user", "content": [{"type": "text", "text": "Hi"}]}
-    assert inp.requests[1].messages[0].to_json() == {"role": "user", "content": [
-        {"type": "text", "text": "Describe "},
-        {"type": "image", "image": "cat.png", "do_resize": True},
-        {"type": "text", "text": "this."},
-    ]}
-    # the echo form is itself valid input content
-    echo = {"requests": [{"messages": [m.to_json() for m in inp.requests[1].messages]}]}
-    assert parse_input(echo).requests[0].messages == inp.requests[1].messages
-
-
 # --- errors: (mutation of FULL, expected json_path) -------------------------------------------
 
 def _set(*keys_and_value):
@@ -501,48 +476,6 @@ def test_isolate_fails_a_bad_request_alone():
         fmt.parse_input(doc)
     with pytest.raises(fmt.InputError, match="temperature"):
         fmt.parse_input({**doc, "temperature": -1}, isolate=True)
-
-
-CALL = {"type": "function", "function": {"name": "w", "arguments": {"city": "Paris"}}}
-
-
-@pytest.mark.parametrize("message, path, says", [
-    ({"role": "user", "content": "x", "tool_calls": [CALL]}, "requests[0].messages[0].tool_calls",
-     "absent from a message of role 'user'"),
-    ({"role": "assistant", "content": "x", "tool_call_id": "1"}, "requests[0].messages[0].tool_call_id",
-     "absent from a message of role 'assistant'"),
-    ({"role": "assistant", "content": None}, "requests[0].messages[0].content", "a string or an array"),
-    ({"role": "assistant"}, "requests[0].messages[0].content", "must be given"),
-    ({"role": "assistant", "content": "", "tool_calls": [5]}, "requests[0].messages[0].tool_calls[0]", "a tool call"),
-    ({"role": "assistant", "content": "", "tool_calls": [{"a": float("nan")}]},
-     "requests[0].messages[0].tool_calls[0].a", "finite"),
-    ({"role": "tool", "content": "18", "tool_call_id": ""}, "requests[0].messages[0].tool_call_id", "non-empty"),
-    ({"role": "assistant", "content": "", "tool_calls": [{"a": "x" * 140_000}]}, "requests[0].messages[0].tool_calls",
-     "at most 131072 UTF-8 bytes"),
-])
-def test_tool_fields_of_a_message_are_checked_by_path(message, path, says):
-    with pytest.raises(InputError) as e:
-        parse_input({"requests": [{"messages": [message]}]})
-    assert e.value.json_path == path and says in str(e.value), str(e.value)
-
-
-def test_tool_use_reads_as_openai_writes_it():
-    """An assistant turn of tool calls alone (content null), tool results, and tools at the top level
-    (the default) or per request (replacing it, [] none); each message keeps its fields in order."""
-    tools = [{"type": "function", "function": {"name": "w", "parameters": {"type": "object"}}}]
-    chat = [{"role": "user", "content": "W?"}, {"role": "assistant", "content": None, "tool_calls": [CALL]},
-            {"role": "tool", "content": "18 C", "tool_call_id": "1", "name": "w"},
-            {"role": "assistant", "content": "Mild.", "reasoning_content": "18 is mild"}]
-    first, second = parse_input({"tools": tools, "requests": [{"messages": chat}, {"messages": [], "tools": []}]}).requests
-    assert first.tools == tuple(tools) and second.tools == ()
-    assert [m.fields() for m in first.messages] == [{}, {"tool_calls": [CALL]}, {"tool_call_id": "1", "name": "w"},
-                                                     {"reasoning_content": "18 is mild"}]
-    assert first.messages[1].content == "" and first.messages[2].to_json()["tool_call_id"] == "1"
-    for bad, path in (([5], "tools[0]"), ({"a": 1}, "tools"), ([{"x": "\ud800"}], "tools[0].x")):
-        with pytest.raises(InputError) as e:
-            parse_input({"tools": bad, "requests": [{"messages": []}]})
-        assert e.value.json_path == path, str(e.value)
-
 
 
 def test_every_bad_value_of_an_object_is_reported_at_once():
