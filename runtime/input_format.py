@@ -24,7 +24,7 @@ import re
 import struct
 from dataclasses import dataclass, field
 
-from trtllm.runtime import files, guided
+from trtllm.runtime import files, guided, tool_calls
 from trtllm.runtime.messages import (  # noqa: F401 - ContentItem: part of this module's API
     MEDIA_TYPES,
     ContentItem,
@@ -86,6 +86,8 @@ class Request:
     num_logprobs: int
     continue_final_message: bool = False  # the prompt ends inside the last message, which the answer continues
     tools: tuple[dict, ...] | None = None  # the tool definitions its chat template shows (its own, else the file's)
+    tool_choice: tool_calls.ToolChoice | None = None  # None: not given ("auto" where there are tools)
+    tool_call_parser: str | None = None  # how "auto" reads calls out of the answer (None: it does not)
     temperature: float = 1.0  # [0, 100]; 0 = greedy
     top_k: int = 50  # >= 0; 0 = off
     top_p: float = 0.8  # (0, 1]; 1 = off
@@ -125,6 +127,8 @@ class InputFile:
     enable_thinking: bool = False
     default_system_prompt: str | None = None
     tools: tuple[dict, ...] | None = None
+    tool_choice: tool_calls.ToolChoice | None = None
+    tool_call_parser: str | None = None
     available_lora_weights: dict[str, str] = field(default_factory=dict)
     num_logprobs: int = 0
     logit_bias: dict[int, float] = field(default_factory=dict)
@@ -276,6 +280,8 @@ _REQUEST_FIELDS = {
     "stop": _stop,
     "continue_final_message": _bool,
     "tools": _tools,
+    "tool_choice": tool_calls.parse_choice,
+    "tool_call_parser": tool_calls.parse_parser,
     **_SAMPLING_FIELDS_READ,
 }
 
@@ -303,10 +309,21 @@ def _request(value: object, path: str, top: InputFile, bundled: tuple[str, ...] 
     if sampling["min_new_tokens"] > sampling["max_generate_length"]:
         _fail(where("min_new_tokens"), f"<= `{where('max_generate_length')}` "
               f"({sampling['max_generate_length']})", sampling["min_new_tokens"])
+    tools, guide_at = f["tools"] if "tools" in f else top.tools, where("guided_decoding")
+    choice, parser = (f[n] if n in f else getattr(top, n) for n in ("tool_choice", "tool_call_parser"))
+    forced = choice and tool_calls.forced_guide(choice, tools, where("tool_choice"), where("tools"))
+    if forced:  # "required" or a named function: the answer is held to a JSON schema of calls
+        if sampling["guided_decoding"] is not None:
+            _fail(where("tool_choice"), f'"auto" or "none" with `{guide_at}` (a forced call has a grammar of '
+                  "its own)", choice.name or choice.mode)
+        sampling["guided_decoding"], guide_at = forced, where("tool_choice")
+    elif tools and choice and choice.mode == "auto" and parser is None:
+        _fail(where("tool_choice"), 'given with `tool_call_parser` when "auto" (to read the calls out of the '
+              f"answer: {_one_of(tool_calls.PARSERS)}); omit both to get the answer's text alone", "auto")
     if sampling["guided_decoding"] is not None:  # the grammar says where the answer may end, alone
         for name, off in (("min_new_tokens", 0), ("ignore_eos", False)):
             if sampling[name] != off:
-                _fail(where(name), f"{off!r}".lower() + f" with `{where('guided_decoding')}` (the grammar decides "
+                _fail(where(name), f"{off!r}".lower() + f" with `{guide_at}` (the grammar decides "
                       "where the answer ends)", sampling[name])
     return Request(
         messages=f["messages"],
@@ -315,7 +332,9 @@ def _request(value: object, path: str, top: InputFile, bundled: tuple[str, ...] 
         disable_spec_decode=f.get("disable_spec_decode", False),
         stop=f.get("stop", ()),
         continue_final_message=f.get("continue_final_message", False),
-        tools=f["tools"] if "tools" in f else top.tools,
+        tools=tools,
+        tool_choice=choice,
+        tool_call_parser=parser,
         **sampling,
         own_fields=frozenset(f),
     )
@@ -329,6 +348,8 @@ _TOP_FIELDS = {
     "enable_thinking": _bool,
     "default_system_prompt": _string,
     "tools": _tools,
+    "tool_choice": tool_calls.parse_choice,
+    "tool_call_parser": tool_calls.parse_parser,
     "available_lora_weights": _lora_weights,
     "requests": lambda v, p: v,  # parsed below, once the LoRA names and defaults are known
 }

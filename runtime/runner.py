@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from trtllm.runtime import input_format as fmt
-from trtllm.runtime import interrupt
+from trtllm.runtime import interrupt, tool_calls
 from trtllm.runtime.chat_template import ChatTemplate, ChatTemplateError, raw_prompt
 from trtllm.runtime.engine import Engine
 from trtllm.runtime.generate import PrefixSource, RowState, Timing, run_rows
@@ -248,6 +248,11 @@ class Runner:
             res["output_text"] = row.text.final_text()
         else:
             res["output_text"] = self.tokenizer.decode(row.visible_ids(), p.request.skip_special_tokens)
+        req = p.request
+        calls = tool_calls.extract(res["output_text"], req.tool_choice, req.tool_call_parser, req.tools,
+                                   key=f"{p.text}\0{smp.sample_idx}")
+        if calls is not None:  # vLLM's message fields: the text around the calls, and the calls
+            res["content"], res["tool_calls"] = calls
         # vLLM's and Edge-LLM's forks' counts: every generated id, a final EOS or stop token included
         res.update(output_ids=list(row.output_ids), prompt_tokens=len(row.prompt_ids),
                    output_tokens=len(row.output_ids))

@@ -4,6 +4,7 @@ the template would never show fails alone, saying so."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 
 import pytest
@@ -53,3 +54,72 @@ def test_tools_reach_the_template_and_fail_alone_where_it_ignores_them(run_cli, 
     echoed = first["messages"]  # each message as given, its content as typed items
     assert echoed[2]["tool_calls"] == TOOL_CHAT[2]["tool_calls"] and echoed[3]["tool_call_id"] == "1"
     assert json.dumps(echoed[3]["content"]) == json.dumps([{"type": "text", "text": "18 C"}])
+
+
+# a template that reads the tools without spelling them out: the tiny engine takes 256 prompt tokens
+SHORT = "{% for m in messages %}{{ m.content }}{% endfor %}{{ tools | length }}"
+WEATHER = [{"type": "function", "function": {"name": "wx", "parameters": {
+    "type": "object", "properties": {"c": {"enum": ["P", "R"]}}, "required": ["c"],
+    "additionalProperties": False}}},
+    {"type": "function", "function": {"name": "t"}}]
+CALL = '<tool_call>\n{"name": "wx", "arguments": {"c": "R"}}\n</tool_call>'
+
+
+def _calls(response: dict) -> list[tuple[str, object]]:
+    return [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in response["tool_calls"]]
+
+
+def test_tool_choice_forces_calls_and_a_parser_reads_them(run_cli, tmp_path, tiny_engine):
+    engine = tmp_path / "engine"
+    shutil.copytree(tiny_engine("llama"), engine)
+    (engine / "chat_template.jinja").write_text(SHORT)
+    ask = [{"role": "user", "content": "W?"}]
+    forced = {"type": "function", "function": {"name": "wx"}}
+    result, out = run_cli(engine, {"temperature": 0, "max_generate_length": 96, "tools": WEATHER, "requests": [
+        {"messages": ask, "tool_choice": forced},
+        {"messages": ask, "tool_choice": "required"},
+        # the random model would not write a call by itself: a grammar makes it write one
+        {"messages": ask, "tool_call_parser": "hermes", "guided_decoding": {"regex": "Hi\\." + re.escape(CALL)}},
+        {"messages": ask, "tool_call_parser": "hermes", "tool_choice": "none",
+         "guided_decoding": {"regex": re.escape(CALL)}},
+        {"messages": ask, "tool_call_parser": "hermes", "guided_decoding": {"regex": "<tool_call>\\{x"}}]})
+    assert result.exit_code == 0, result.output
+    named, required, parsed, none, broken = out["responses"]
+    assert _calls(named)[0][0] == "wx" and _calls(named)[0][1] in ({"c": "P"}, {"c": "R"})
+    assert named["content"] is None and json.loads(named["output_text"]) == _calls(named)[0][1]
+    assert required["tool_calls"] and all(name in ("wx", "t") for name, _ in _calls(required))
+    assert [{"name": n, "parameters": a} for n, a in _calls(required)] == json.loads(required["output_text"])
+    assert parsed["output_text"] == "Hi." + CALL and parsed["content"] == "Hi."
+    assert _calls(parsed) == [("wx", {"c": "R"})]
+    assert parsed["tool_calls"][0]["id"].startswith("call_") and parsed["tool_calls"][0]["type"] == "function"
+    for free in (none, broken):  # "none" reads no calls; a malformed one leaves the answer as text
+        assert "tool_calls" not in free and "content" not in free and free["finish_reason"] == "end-of-sequence"
+    again, out2 = run_cli(engine, {"temperature": 0, "max_generate_length": 96, "tools": WEATHER, "requests": [
+        {"messages": ask, "tool_call_parser": "hermes", "guided_decoding": {"regex": "Hi\\." + re.escape(CALL)}}]})
+    assert out2["responses"][0]["tool_calls"] == parsed["tool_calls"]  # the ids are the same on every run
+
+
+def test_tool_choice_errors_name_the_field_and_fail_alone(run_cli, tmp_path, tiny_engine):
+    engine = tmp_path / "engine"
+    shutil.copytree(tiny_engine("llama"), engine)
+    (engine / "chat_template.jinja").write_text(SHORT)
+    ask = [{"role": "user", "content": "W?"}]
+    result, out = run_cli(engine, {"temperature": 0, "max_generate_length": 4, "tools": WEATHER, "requests": [
+        {"messages": ask, "tool_choice": {"type": "function", "function": {"name": "wxx"}}},
+        {"messages": ask, "tool_choice": "required", "guided_decoding": {"json_object": True}},
+        {"messages": ask, "tool_choice": "auto"},
+        {"messages": ask, "tool_choice": "required", "tools": []},
+        {"messages": ask, "tool_choice": "required", "ignore_eos": True},
+        {"messages": ask, "tool_call_parser": "hermes2"},
+        {"messages": ask, "tool_choice": "auto", "tool_call_parser": "pythonic"}]})
+    assert result.exit_code == 1
+    errors = [r.get("error") for r in out["responses"]]
+    assert errors[0] == ("`requests[0].tool_choice.function.name` must be the name of one of the request's tools "
+                         "('wx', 't'), got 'wxx'; did you mean 'wx'?")
+    assert errors[1].startswith('`requests[1].tool_choice` must be "auto" or "none" with '
+                                "`requests[1].guided_decoding`")
+    assert errors[2].startswith("`requests[2].tool_choice` must be given with `tool_call_parser`")
+    assert errors[3].startswith('`requests[3].tool_choice` must be "auto" or "none" when the request has no `tools`')
+    assert errors[4].startswith("`requests[4].ignore_eos` must be false with `requests[4].tool_choice`")
+    assert errors[5].startswith("`requests[5].tool_call_parser` must be one of 'hermes', 'llama3_json', 'pythonic'")
+    assert errors[6] is None and "tool_calls" not in out["responses"][6]  # free text: no calls in it

@@ -1,0 +1,237 @@
+"""Tool calls in the answer: `tool_choice` and `tool_call_parser`, as vLLM's chat API reads them.
+
+- `tool_choice: "auto"` (with tools, the default) leaves the answer free; with a
+  `tool_call_parser` the calls the model wrote in its own format are read out of `output_text`
+  into the response's `tool_calls`, and the text around them into `content`.
+- `"none"`: the tools still reach the chat template (vLLM's default), nothing is parsed.
+- `"required"` and a named function (`{"type": "function", "function": {"name": ...}}`) hold the
+  answer to a JSON schema (guided decoding), as vLLM does: a non-empty array of
+  `{"name", "parameters"}` over the request's tools, or the named function's parameters. No parser
+  is needed; the calls are read from that JSON.
+
+An answer that does not read as calls (a malformed call, one cut short by max_generate_length)
+keeps its text and gets no `tool_calls`: as in vLLM, the text is the answer then.
+Stdlib only: this runs on the device.
+"""
+from __future__ import annotations
+
+import ast
+import hashlib
+import json
+import re
+from dataclasses import dataclass
+
+from trtllm.runtime import guided
+from trtllm.runtime.strict_json import check_keys, choice, compact, did_you_mean, fail, json_object, one_of, string
+
+MODES = ("auto", "none", "required")
+PARSERS = ("hermes", "llama3_json", "pythonic")
+
+
+@dataclass(frozen=True, slots=True)
+class ToolChoice:
+    mode: str               # one of MODES, or "function": the one named
+    name: str | None = None  # the function, with mode "function"
+
+
+def parse_choice(value: object, path: str) -> ToolChoice:
+    if isinstance(value, str):
+        return ToolChoice(choice(MODES)(value, path))
+    shape = 'one of "auto", "none", "required" or {"type": "function", "function": {"name": ...}}'
+    obj = json_object(value, path, shape)
+    check_keys(obj, path, ("type", "function"), "a named tool choice")
+    if obj.get("type") != "function":
+        fail(f"{path}.type", '"function"', obj.get("type"), shown="" if "type" in obj else "nothing")
+    if "function" not in obj:
+        fail(f"{path}.function", 'given ({"name": ...})', None, shown="nothing")
+    function = json_object(obj["function"], f"{path}.function", '{"name": ...}')
+    check_keys(function, f"{path}.function", ("name",), "a named tool choice's function")
+    return ToolChoice("function", string(function.get("name"), f"{path}.function.name", nonempty=True))
+
+
+parse_parser = choice(PARSERS)
+
+
+def _functions(tools: tuple[dict, ...], path: str) -> list[tuple[str, dict]]:
+    """(name, parameters schema) of each tool, which must be OpenAI's function shape."""
+    out = []
+    for i, tool in enumerate(tools):
+        at = f"{path}[{i}]"
+        if tool.get("type") != "function":
+            fail(f"{at}.type", '"function" (a forced tool choice reads each tool)', tool.get("type"))
+        function = json_object(tool.get("function"), f"{at}.function", '{"name", "parameters"}')
+        name = string(function.get("name"), f"{at}.function.name", nonempty=True)
+        # a function without parameters takes none (vLLM lets it take any)
+        params = function.get("parameters", {"type": "object", "properties": {}, "additionalProperties": False})
+        if not isinstance(params, (dict, bool)):
+            fail(f"{at}.function.parameters", "a JSON schema (an object or a boolean)", params)
+        out.append((name, params))
+    return out
+
+
+def forced_guide(tc: ToolChoice, tools: tuple[dict, ...] | None, at: str, tools_at: str) -> guided.Guide | None:
+    """The JSON schema a "required" or named tool choice holds the answer to (None: the answer is free)."""
+    if tc.mode in ("auto", "none"):
+        return None
+    if not tools:
+        fail(at, '"auto" or "none" when the request has no `tools` (a forced call needs one to call)',
+             tc.name or tc.mode)
+    functions = _functions(tools, tools_at)
+    if tc.mode == "function":
+        names = [name for name, _ in functions]
+        if tc.name not in names:
+            fail(f"{at}.function.name", f"the name of one of the request's tools ({one_of(names)})", tc.name,
+                 did_you_mean(tc.name, names))
+        schema = dict(functions)[tc.name]
+    else:
+        schema = _required_schema(functions, tools_at)
+    if isinstance(schema, dict) and "x-guidance" not in schema:
+        # JSON as json.dumps writes it, which is what models learnt calls from; any whitespace
+        # would let a small model run on in blanks until max_generate_length cuts the call short
+        schema = {"x-guidance": {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "},
+                  **schema}
+    return guided.Guide("json_schema", compact(schema, at, "a tool schema"), at)
+
+
+def _required_schema(functions: list[tuple[str, dict]], tools_at: str) -> dict:
+    """vLLM's schema for "required": an array of at least one {"name", "parameters"} of a tool.
+    Each tool's `$defs` move to the root, where its `#/$defs/...` references point."""
+    defs, options = {}, []
+    for i, (name, params) in enumerate(functions):
+        if isinstance(params, dict) and "$defs" in params:
+            params = dict(params)
+            for key, value in params.pop("$defs").items():
+                if key in defs and defs[key] != value:
+                    fail(f"{tools_at}[{i}].function.parameters.$defs.{key}",
+                         "the same as another tool's definition of that name (\"required\" puts them in one schema)",
+                         None, shown="a different one")
+                defs[key] = value
+        options.append({"type": "object", "properties": {"name": {"const": name}, "parameters": params},
+                        "required": ["name", "parameters"], "additionalProperties": False})
+    schema = {"type": "array", "minItems": 1, "items": {"anyOf": options}}
+    if defs:
+        schema["$defs"] = defs
+    return schema
+
+
+# --- reading the calls out of an answer ---------------------------------------------------------
+
+def _call(name: object, arguments: object) -> dict | None:
+    if not isinstance(name, str) or not name:
+        return None
+    try:  # arguments as OpenAI gives them: a string of JSON
+        text = json.dumps(arguments, ensure_ascii=False, allow_nan=False)
+    except (TypeError, ValueError):
+        return None
+    return {"type": "function", "function": {"name": name, "arguments": text}}
+
+
+def _from_object(obj: object) -> dict | None:
+    """{"name", "arguments"} (or Llama's "parameters", not both) -> a call."""
+    if not isinstance(obj, dict) or ("arguments" in obj) == ("parameters" in obj):
+        return None
+    return _call(obj.get("name"), obj["arguments"] if "arguments" in obj else obj["parameters"])
+
+
+_HERMES = re.compile(r"<tool_call>(.*?)</tool_call>|<tool_call>(.*)", re.DOTALL)
+
+
+def _hermes(text: str) -> tuple[str | None, list] | None:
+    """Hermes, Qwen 2.5/3, SmolLM3: `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`, any
+    number; the last may be unclosed (the answer ended first). Content: the text before the first."""
+    start = text.find("<tool_call>")
+    if start < 0:
+        return None
+    calls = []
+    for closed, open_ in _HERMES.findall(text):
+        try:
+            calls.append(_from_object(json.loads(closed or open_)))
+        except ValueError:
+            return None
+    return text[:start] or None, calls
+
+
+def _llama3_json(text: str) -> tuple[str | None, list] | None:
+    """Llama 3.1/3.2's JSON calls: the answer is `{"name": ..., "parameters": {...}}` (after an
+    optional `<|python_tag|>`), several joined by `;`. Unlike vLLM, which takes the first JSON
+    object anywhere in the text, the answer must begin with it: an answer that merely quotes JSON
+    is not a call."""
+    rest = text.lstrip().removeprefix("<|python_tag|>")
+    decoder, calls = json.JSONDecoder(), []
+    while True:
+        try:
+            obj, end = decoder.raw_decode(rest := rest.lstrip())
+        except ValueError:
+            return None
+        calls.append(_from_object(obj))
+        rest = rest[end:].lstrip()
+        if not rest:
+            return None, calls
+        if not rest.startswith(";"):
+            return None  # text after the calls: not an answer of calls alone
+        rest = rest[1:]
+
+
+def _pythonic(text: str) -> tuple[str | None, list] | None:
+    """Llama 3.2/4's Python calls: `[get_weather(city="Paris", unit="celsius"), ...]`, keyword
+    arguments with literal values only (nothing is evaluated)."""
+    s = text.strip().removeprefix("<|python_start|>").removesuffix("<|python_end|>").strip()
+    if not (s.startswith("[") and s.endswith("]")):
+        return None
+    try:
+        tree = ast.parse(s, mode="eval").body
+    except (SyntaxError, ValueError, RecursionError):
+        return None
+    if not isinstance(tree, ast.List):
+        return None
+    calls = []
+    for node in tree.elts:
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and not node.args
+                and all(k.arg is not None for k in node.keywords)):
+            return None
+        try:
+            calls.append(_call(node.func.id, {k.arg: ast.literal_eval(k.value) for k in node.keywords}))
+        except (ValueError, TypeError, SyntaxError, RecursionError):
+            return None
+    return None, calls
+
+
+def _required(text: str) -> tuple[str | None, list] | None:
+    try:
+        items = json.loads(text)
+    except ValueError:
+        return None
+    if not isinstance(items, list) or not items:
+        return None
+    return None, [_from_object({"name": i.get("name"), "arguments": i.get("parameters")}) if isinstance(i, dict)
+                  else None for i in items]
+
+
+_READERS = {"hermes": _hermes, "llama3_json": _llama3_json, "pythonic": _pythonic}
+
+
+def extract(text: str, tc: ToolChoice | None, parser: str | None, tools: tuple[dict, ...] | None,
+            key: str) -> tuple[str | None, list[dict]] | None:
+    """(content, calls) read from an answer, or None where it holds no calls (or none were asked
+    for). `key` makes the calls' ids (it should name the request and sample): the same answer to
+    the same request gets the same ids, so a run's output is reproducible."""
+    if not tools or (tc is not None and tc.mode == "none"):
+        return None
+    if tc is not None and tc.mode == "function":
+        try:
+            got = None, [_call(tc.name, json.loads(text))]
+        except ValueError:
+            return None
+    elif tc is not None and tc.mode == "required":
+        got = _required(text)
+    elif parser is None:
+        return None
+    else:
+        got = _READERS[parser](text)
+    if got is None or not got[1] or None in got[1]:
+        return None
+    content, calls = got
+    for k, call in enumerate(calls):
+        digest = hashlib.sha256(f"{key}\0{text}\0{k}".encode("utf-8", "surrogatepass")).hexdigest()
+        call["id"] = "call_" + digest[:24]
+    return content, [{"id": c.pop("id"), **c} for c in calls]

@@ -1,0 +1,131 @@
+"""Reading tool calls out of answers (runtime/tool_calls.py): each parser's format, what is not a
+call, `tool_choice` and the JSON schema a forced choice holds the answer to."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from trtllm.runtime.strict_json import InputError
+from trtllm.runtime.tool_calls import ToolChoice, extract, forced_guide, parse_choice
+
+TOOLS = ({"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}}}},
+         {"type": "function", "function": {"name": "now"}})
+
+
+def calls(text: str, parser: str | None = None, choice: ToolChoice | None = None, tools=TOOLS):
+    got = extract(text, choice, parser, tools, key="r0")
+    return got and (got[0], [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in got[1]])
+
+
+def test_hermes_reads_every_call_and_the_text_before_them():
+    text = ('Let me check.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>\n'
+            '<tool_call>{"name": "now", "arguments": {}}')  # the last one unclosed: the answer ended first
+    assert calls(text, "hermes") == ("Let me check.\n", [("get_weather", {"city": "Paris"}), ("now", {})])
+    assert calls('<tool_call>{"name": "now", "arguments": {}}</tool_call>', "hermes") == (None, [("now", {})])
+    for text in ("No call here.", '<tool_call>{"name": "now"}</tool_call>',  # no arguments
+                 "<tool_call>{not json}</tool_call>", '<tool_call>["now"]</tool_call>',
+                 '<tool_call>{"name": "", "arguments": {}}</tool_call>'):
+        assert calls(text, "hermes") is None, text
+
+
+def test_llama3_json_reads_calls_that_are_the_whole_answer():
+    assert calls('<|python_tag|>{"name": "get_weather", "parameters": {"city": "Paris"}}; {"name": "now", '
+                 '"parameters": {}}', "llama3_json") == (None, [("get_weather", {"city": "Paris"}), ("now", {})])
+    assert calls(' {"name": "now", "arguments": {}}\n', "llama3_json") == (None, [("now", {})])
+    for text in ('Here is JSON: {"name": "now", "parameters": {}}',  # quoting JSON is not calling
+                 '{"name": "now", "parameters": {}} and more', '{"name": "now", "parameters": {}};',
+                 '{"name": "now", "parameters": {}, "arguments": {}}', '{"name": "now"}'):
+        assert calls(text, "llama3_json") is None, text
+
+
+def test_pythonic_reads_literal_keyword_calls_and_evaluates_nothing():
+    assert calls('[get_weather(city="Paris", days=[1, 2], opts={"metric": True, "x": None}), now()]',
+                 "pythonic") == (None, [("get_weather", {"city": "Paris", "days": [1, 2],
+                                                          "opts": {"metric": True, "x": None}}), ("now", {})])
+    assert calls("<|python_start|>[now()]<|python_end|>", "pythonic") == (None, [("now", {})])
+    for text in ('[os.system("rm")]', "[now(1)]", "[now(x=y)]", "[now(x={1, 2})]", "[now(**k)]",
+                 "[now(x=1 + 2)]", "now()", "[1]", "[now(]", "[]"):
+        assert calls(text, "pythonic") is None, text
+
+
+def test_forced_choices_read_their_json_and_choice_none_or_no_parser_read_nothing():
+    required = ToolChoice("required")
+    assert calls('[{"name": "now", "parameters": {}}]', choice=required) == (None, [("now", {})])
+    assert calls('[{"name": "now", "parameters": {}', choice=required) is None  # cut short
+    assert calls('{"city": "Rome"}', choice=ToolChoice("function", "get_weather")) == (
+        None, [("get_weather", {"city": "Rome"})])
+    text = '<tool_call>{"name": "now", "arguments": {}}</tool_call>'
+    assert calls(text) is None and calls(text, "hermes", ToolChoice("none")) is None
+    assert calls(text, "hermes", tools=None) is None and calls(text, "hermes", tools=()) is None
+
+
+def test_call_ids_follow_the_request_and_the_answer():
+    text = '<tool_call>{"name": "now", "arguments": {}}</tool_call>' * 2
+    first = extract(text, None, "hermes", TOOLS, key="r0")[1]
+    assert [c["id"] for c in first] == [c["id"] for c in extract(text, None, "hermes", TOOLS, key="r0")[1]]
+    assert first[0]["id"] != first[1]["id"] and all(c["id"].startswith("call_") and len(c["id"]) == 29
+                                                     for c in first)
+    assert first[0]["id"] != extract(text, None, "hermes", TOOLS, key="r1")[1][0]["id"]
+    assert list(first[0]) == ["id", "type", "function"]  # OpenAI's order
+
+
+def test_required_schema_lists_the_tools_and_moves_their_defs_to_the_root(tiny_engine):
+    pytest.importorskip("torch")  # (the tiny engine's tokenizer)
+    from trtllm.runtime import grammar
+    from trtllm.runtime.tokenizer import Tokenizer
+
+    point = {"type": "object", "properties": {"x": {"type": "number"}}}
+    tools = ({"type": "function", "function": {"name": "a", "parameters": {
+        "type": "object", "properties": {"p": {"$ref": "#/$defs/Point"}}, "$defs": {"Point": point}}}},
+             {"type": "function", "function": {"name": "b", "parameters": {"$defs": {"Point": point}}}})
+    guide = forced_guide(ToolChoice("required"), tools, "tool_choice", "tools")
+    schema = json.loads(guide.text)
+    assert schema["$defs"] == {"Point": point} and schema["minItems"] == 1
+    assert [o["properties"]["name"] for o in schema["items"]["anyOf"]] == [{"const": "a"}, {"const": "b"}]
+    assert not any("$defs" in o["properties"]["parameters"] for o in schema["items"]["anyOf"])
+    assert schema["x-guidance"]["whitespace_flexible"] is False
+    tok = Tokenizer.from_engine_dir(tiny_engine("llama"))
+    grammars = grammar.Grammars(tok.to_json(), tok.vocab_size, [tok.token_to_id("<|im_end|>")])
+
+    def errors(text: str) -> list:
+        m = grammars.matcher(guide)
+        return [e for e in (m.consume(t) for t in tok.encode(text)) if e]
+    assert errors('[{"name": "a", "parameters": {"p": {"x": 1}}}, {"name": "b", "parameters": {}}]') == []
+    for wrong in ('[{"name": "c", "parameters": {}}]', '[{"name": "a", "parameters": {"p": {"x": "1"}}}]',
+                  '[]', '[ {"name": "b", "parameters": {}}]', '[{"name":"b", "parameters": {}}]'):
+        assert errors(wrong), wrong  # not a tool, not its schema, no call, not json.dumps' spacing
+    other = json.loads(json.dumps(tools))
+    other[1]["function"]["parameters"]["$defs"]["Point"] = {"type": "string"}
+    with pytest.raises(InputError, match=r"`tools\[1\].function.parameters.\$defs.Point` must be the same"):
+        forced_guide(ToolChoice("required"), tuple(other), "tool_choice", "tools")
+    named = json.loads(forced_guide(ToolChoice("function", "b"), tools, "t", "tools").text)
+    assert named["$defs"] == {"Point": point}  # a named function's own schema, as it is
+
+
+@pytest.mark.parametrize("tools, message", [
+    ((), "`tool_choice` must be \"auto\" or \"none\" when the request has no `tools`"),
+    (({"type": "code"},), "`tools[0].type` must be \"function\""),
+    (({"type": "function", "function": {"parameters": {}}},), "`tools[0].function.name` must be a non-empty string"),
+    (({"type": "function", "function": {"name": "a", "parameters": 3}},), "`tools[0].function.parameters` must be"),
+])
+def test_forced_choices_need_function_tools(tools, message):
+    with pytest.raises(InputError) as e:
+        forced_guide(ToolChoice("required"), tools, "tool_choice", "tools")
+    assert str(e.value).startswith(message)
+
+
+@pytest.mark.parametrize("value, message", [
+    ("any", "`c` must be one of 'auto', 'none', 'required', got 'any'"),
+    ({"type": "function"}, "`c.function` must be given"),
+    ({"function": {"name": "a"}}, "`c.type` must be \"function\", got nothing"),
+    ({"type": "function", "function": {"name": "a", "strict": True}}, "`c.function.strict` must be a known key"),
+    ({"type": "function", "function": {"name": ""}}, "`c.function.name` must be a non-empty string"),
+    (["auto"], "`c` must be a JSON object"),
+])
+def test_tool_choice_errors_name_the_part(value, message):
+    with pytest.raises(InputError) as e:
+        parse_choice(value, "c")
+    assert str(e.value).startswith(message)
+    assert parse_choice({"type": "function", "function": {"name": "a"}}, "c") == ToolChoice("function", "a")
