@@ -26,6 +26,7 @@ from trtllm.runtime import files
 from trtllm.runtime import input_format as fmt
 from trtllm.runtime import input_checks
 from trtllm.runtime import interrupt
+from trtllm.runtime.tool_calls import PARSERS
 
 # --prefill-chunk's default. On the demo model (2 threads) a 256-token chunk takes about 0.5 s, so
 # the other streams keep a token per half second while a 2000-token prompt (4 s whole) is
@@ -231,6 +232,10 @@ def check_batch_size(inp: fmt.InputFile, manifest) -> None:
 @click.option("--max-generate-length", type=click.IntRange(min=0), default=None,
               help="Replace the input file's max_generate_length, top level and in each request that sets "
                    "its own (Edge-LLM's --maxGenerateLength).")
+@click.option("--tool-call-parser", type=click.Choice(PARSERS), default=None,
+              help="Read tool calls in this format out of the answers to requests with tools: replaces the "
+                   "input file's tool_call_parser, top level and in each request that sets its own (vLLM's "
+                   "--tool-call-parser).")
 @click.option("--sampling-defaults", type=click.Choice(["file", "model"]), default="file", show_default=True,
               help="Where the settings an input file leaves out come from: Edge-LLM's defaults (file), or the "
                    "model's generation_config.json, as transformers' generate() reads it (model).")
@@ -268,7 +273,7 @@ def check_batch_size(inp: fmt.InputFile, manifest) -> None:
                    "with a decode step between chunks, so their streams keep going (0: each prompt in one "
                    "step).")
 def main(input_file: Path, engine_dir: Path, output: str | None, profile: str | None, batch_size: int | None,
-         max_generate_length: int | None, sampling_defaults: str, warmup: int, stream: bool,
+         max_generate_length: int | None, tool_call_parser: str | None, sampling_defaults: str, warmup: int, stream: bool,
          kv_cache_dir: Path | None, kv_cache_size: str, threads: int | None, huge_pages: bool,
          spec_draft_step: int | str, spec_draft_top_k: int | str, spec_verify_size: int | str,
          prefill_chunk: int) -> None:
@@ -278,7 +283,8 @@ def main(input_file: Path, engine_dir: Path, output: str | None, profile: str | 
         with warnings.catch_warnings(), interrupt.watch() as interrupts:  # (both restored after the run)
             warnings.showwarning = show_warning
             overrides = {name: value for name, value in (("batch_size", batch_size),
-                                                         ("max_generate_length", max_generate_length))
+                                                         ("max_generate_length", max_generate_length),
+                                                         ("tool_call_parser", tool_call_parser))
                          if value is not None}
             serve(input_file, engine_dir, output, profile, stream, kv_cache_dir, kv_cache_size, threads, huge_pages,
                   spec_draft_step, spec_draft_top_k, spec_verify_size, prefill_chunk, interrupts, overrides, warmup,

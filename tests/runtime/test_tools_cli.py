@@ -95,7 +95,8 @@ def test_tool_choice_forces_calls_and_a_parser_reads_them(run_cli, tmp_path, tin
     for free in (none, broken):  # "none" reads no calls; a malformed one leaves the answer as text
         assert "tool_calls" not in free and "content" not in free and free["finish_reason"] == "end-of-sequence"
     again, out2 = run_cli(engine, {"temperature": 0, "max_generate_length": 96, "tools": WEATHER, "requests": [
-        {"messages": ask, "tool_call_parser": "hermes", "guided_decoding": {"regex": "Hi\\." + re.escape(CALL)}}]})
+        {"messages": ask, "tool_call_parser": "pythonic", "guided_decoding": {"regex": "Hi\\." + re.escape(CALL)}}]},
+        "--tool-call-parser", "hermes")  # vLLM's option, over the file's
     assert out2["responses"][0]["tool_calls"] == parsed["tool_calls"]  # the ids are the same on every run
 
 
