@@ -244,6 +244,11 @@ def check_batch_size(inp: fmt.InputFile, manifest) -> None:
                    "KV and without output; --profile counts the run alone.")
 @click.option("--stream", is_flag=True,
               help="Print each request's text to stdout as it is generated, as JSON lines.")
+@click.option("--context-reuse", is_flag=True,
+              help="Keep each finished request's KV, its prompt's and its answer's, in the --kv-cache-dir "
+                   "store, and restore the longest prefix of each prompt that one holds (a conversation's "
+                   "next turn, another question on a document), in this run and later ones (Edge-LLM's "
+                   "--enableContextReuse).")
 @click.option("--kv-cache-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Where saved system-prompt KV lives (default: ENGINE_DIR/cache). Several engines may share one.")
 @click.option("--kv-cache-size", default="2G", show_default=True,
@@ -273,8 +278,8 @@ def check_batch_size(inp: fmt.InputFile, manifest) -> None:
                    "with a decode step between chunks, so their streams keep going (0: each prompt in one "
                    "step).")
 def main(input_file: Path, engine_dir: Path, output: str | None, profile: str | None, batch_size: int | None,
-         max_generate_length: int | None, tool_call_parser: str | None, sampling_defaults: str, warmup: int, stream: bool,
-         kv_cache_dir: Path | None, kv_cache_size: str, threads: int | None, huge_pages: bool,
+         max_generate_length: int | None, tool_call_parser: str | None, sampling_defaults: str, warmup: int,
+         stream: bool, context_reuse: bool, kv_cache_dir: Path | None, kv_cache_size: str, threads: int | None, huge_pages: bool,
          spec_draft_step: int | str, spec_draft_top_k: int | str, spec_verify_size: int | str,
          prefill_chunk: int) -> None:
     """Answer the requests in INPUT_FILE with the engine in --engine."""
@@ -288,7 +293,7 @@ def main(input_file: Path, engine_dir: Path, output: str | None, profile: str | 
                          if value is not None}
             serve(input_file, engine_dir, output, profile, stream, kv_cache_dir, kv_cache_size, threads, huge_pages,
                   spec_draft_step, spec_draft_top_k, spec_verify_size, prefill_chunk, interrupts, overrides, warmup,
-                  sampling_defaults == "model")
+                  sampling_defaults == "model", context_reuse)
     except KeyboardInterrupt:  # not click's Abort: its exit code 1 means "some request failed"
         click.echo("interrupted: files not yet written were left as they were", err=True)
         sys.exit(130)
@@ -298,7 +303,7 @@ def serve(input_file: Path, engine_dir: Path, output: str | None, profile: str |
           kv_cache_dir: Path | None, kv_cache_size: str, threads: int | None, huge_pages: bool,
           spec_draft_step: int | str, spec_draft_top_k: int | str, spec_verify_size: int | str,
           prefill_chunk: int, interrupts: interrupt.Watch | None = None, overrides: dict | None = None,
-          warmup: int = 0, model_defaults: bool = False) -> None:
+          warmup: int = 0, model_defaults: bool = False, context_reuse: bool = False) -> None:
     from trtllm.runtime import manifest as mf
 
     try:  # the adapters bundled in the engine are names a request may use; a bad engine is reported below
@@ -381,6 +386,12 @@ def serve(input_file: Path, engine_dir: Path, output: str | None, profile: str |
         fail_usage(f"{engine_dir}: its tokenizer or chat template cannot be loaded ({type(e).__name__}: {e}); "
                    "rebuild it with trtllm-build")
     runner = Runner(engine, tokenizer, template, prefixes, drafter, prefill_chunk)
+    if context_reuse:
+        from trtllm.runtime.context_cache import ContextCache
+
+        runner.contexts = ContextCache(prefixes)
+    elif any(getattr(r, name) != getattr(fmt.PLACEHOLDER, name) for r in inp.requests for name in fmt.CONTEXT_FIELDS):
+        click.echo("warning: the context_cache_* policies apply with --context-reuse only", err=True)
     adapters = AdapterSet.for_run(engine, inp.available_lora_weights, input_file.parent)
     runner.warm_up(inp, warmup, adapters, frozenset(engine_errors))
     if runner.cancelled:

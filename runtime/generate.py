@@ -71,6 +71,7 @@ class Scheduler:
         self.waiting: dict[int, tuple[int, int]] = {}  # slot -> (leader slot, positions): shared(), to copy
 
     grow_kv = True  # the KV buffers start small and grow as generation needs (ensure); False: whole
+    contexts = None  # --context-reuse: runtime/context_cache.py's ContextCache (run_rows sets it)
 
     def run(self) -> None:
         while self.pending or self.active:
@@ -114,6 +115,7 @@ class Scheduler:
             sampling.set_row(self.batch, slot, row.params, m.max_top_k, row.prompt_ids, row.banned)
             self.guide(slot, row)
             self.restore_prefix(row)
+            self.restore_context(row)
             row.computed = row.num_reused
             admitted.append(slot)
         return admitted
@@ -156,6 +158,27 @@ class Scheduler:
         if kv is not None and (n := min(kv.shape[2], len(row.prompt_ids) - MIN_COMPUTED)) > 0:
             self.kv.write(row.slot, kv[:, :, :n])
             row.num_reused = n
+
+    def restore_context(self, row: RowState) -> None:
+        """--context-reuse: the longest prefix of the prompt that an earlier request's KV holds,
+        where it is longer than a saved system prompt's; MIN_COMPUTED tokens are left to compute."""
+        limit = len(row.prompt_ids) - MIN_COMPUTED
+        if self.contexts is None or not row.context_lookup or limit <= row.num_reused:
+            return
+        kv = self.contexts.lookup(row.prompt_ids, adapter_key(row), limit, self.kv.layout)
+        if kv is not None and kv.shape[2] > row.num_reused:
+            self.kv.write(row.slot, kv)
+            self.contexts.reused_tokens += kv.shape[2] - row.num_reused
+            row.num_reused = kv.shape[2]
+
+    def commit_context(self, slot: int, row: RowState) -> None:
+        """--context-reuse: a finished row's KV for later prompts: its prompt's, and (Edge-LLM's
+        default policy) its answer's but for the last token, which was never fed back."""
+        if self.contexts is None or row.context_commit is None or row.finish_reason in ("error", "cancelled"):
+            return
+        n = row.filled() if row.context_commit == "including_generated_tokens" else min(row.computed, row.filled())
+        tokens = tuple([*row.prompt_ids, *row.output_ids][:n])
+        self.contexts.commit(tokens, adapter_key(row), lambda length: self.kv.read(slot, length))
 
     def step(self, start: int, stop: int, inputs: StepInputs, drawn: frozenset = frozenset(), want_logits=False):
         """A row draws its random number only when the step's token is its own: not while it is
@@ -353,26 +376,30 @@ class Scheduler:
 
     def release_finished(self) -> None:
         for slot in [s for s, r in self.active.items() if r.finish_reason]:
-            del self.active[slot]
+            self.commit_context(slot, self.active.pop(slot))
             self.kv.release(slot)
 
 
 def run_rows(engine: Engine, rows: list[RowState], num_slots: int | None = None, timing: Timing | None = None,
-             on_token=None, prefixes: PrefixSource | None = None, drafter=None, prefill_chunk: int = 0) -> None:
+             on_token=None, prefixes: PrefixSource | None = None, drafter=None, prefill_chunk: int = 0,
+             contexts=None) -> None:
     """Generate until every row has a finish_reason, `num_slots` at a time (default: all at once).
     `on_token(row)` is called after each accepted token (for streaming). `drafter`: an EAGLE
     engine's draft head (runtime/speculative.py), which rows then decode with (not those with
     logprobs, or penalties on a sampled request).
     `prefill_chunk`: prefill prompts at most this many tokens per step while other rows generate
-    (0: whole)."""
+    (0: whole). `contexts`: --context-reuse's ContextCache."""
     if not rows:
         return
     if drafter is not None:
         from trtllm.runtime.speculative import SpecScheduler
 
-        SpecScheduler(engine, rows, num_slots or len(rows), timing, on_token, prefixes, drafter, prefill_chunk).run()
+        scheduler = SpecScheduler(engine, rows, num_slots or len(rows), timing, on_token, prefixes, drafter,
+                                  prefill_chunk)
     else:
-        Scheduler(engine, rows, num_slots or len(rows), timing, on_token, prefixes, prefill_chunk).run()
+        scheduler = Scheduler(engine, rows, num_slots or len(rows), timing, on_token, prefixes, prefill_chunk)
+    scheduler.contexts = contexts
+    scheduler.run()
 
 
 def run_batch(engine: Engine, rows: list[RowState], timing: Timing | None = None, on_token=None) -> None:

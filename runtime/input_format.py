@@ -46,6 +46,7 @@ from trtllm.runtime.strict_json import (  # the parsers, under this module's pri
     number as _number,
     boolean as _bool,
     string as _string,
+    choice as _choice,
     array as _array,
     json_object as _object,
     fields as _fields,
@@ -88,6 +89,9 @@ class Request:
     tools: tuple[dict, ...] | None = None  # the tool definitions its chat template shows (its own, else the file's)
     tool_choice: tool_calls.ToolChoice | None = None  # None: not given ("auto" where there are tools)
     tool_call_parser: str | None = None  # how "auto" reads calls out of the answer (None: it does not)
+    # --context-reuse (Edge-LLM's policies): restore earlier requests' KV; keep this one's, and its answer's
+    context_cache_lookup_policy: str = "use_cache"
+    context_cache_commit_policy: str = "including_generated_tokens"
     temperature: float = 1.0  # [0, 100]; 0 = greedy
     top_k: int = 50  # >= 0; 0 = off
     top_p: float = 0.8  # (0, 1]; 1 = off
@@ -129,6 +133,8 @@ class InputFile:
     tools: tuple[dict, ...] | None = None
     tool_choice: tool_calls.ToolChoice | None = None
     tool_call_parser: str | None = None
+    context_cache_lookup_policy: str = "use_cache"
+    context_cache_commit_policy: str = "including_generated_tokens"
     available_lora_weights: dict[str, str] = field(default_factory=dict)
     num_logprobs: int = 0
     logit_bias: dict[int, float] = field(default_factory=dict)
@@ -270,6 +276,10 @@ def _resolve_aliases(f: dict, path: str) -> dict:
     return f
 
 
+# Edge-LLM's (after 0.10) context reuse policies, which apply with trtllm-run --context-reuse
+CONTEXT_FIELDS = {"context_cache_lookup_policy": _choice(("use_cache", "bypass")),
+                   "context_cache_commit_policy": _choice(("including_generated_tokens", "prefill_state_only"))}
+
 _REQUEST_FIELDS = {
     "messages": _messages,
     "lora_name": _lora_name,
@@ -282,6 +292,7 @@ _REQUEST_FIELDS = {
     "tools": _tools,
     "tool_choice": tool_calls.parse_choice,
     "tool_call_parser": tool_calls.parse_parser,
+    **CONTEXT_FIELDS,
     **_SAMPLING_FIELDS_READ,
 }
 
@@ -335,6 +346,7 @@ def _request(value: object, path: str, top: InputFile, bundled: tuple[str, ...] 
         tools=tools,
         tool_choice=choice,
         tool_call_parser=parser,
+        **{name: f[name] if name in f else getattr(top, name) for name in CONTEXT_FIELDS},
         **sampling,
         own_fields=frozenset(f),
     )
@@ -350,6 +362,7 @@ _TOP_FIELDS = {
     "tools": _tools,
     "tool_choice": tool_calls.parse_choice,
     "tool_call_parser": tool_calls.parse_parser,
+    **CONTEXT_FIELDS,
     "available_lora_weights": _lora_weights,
     "requests": lambda v, p: v,  # parsed below, once the LoRA names and defaults are known
 }

@@ -139,7 +139,7 @@ class PrefixStore:
         except (FileNotFoundError, NotADirectoryError):  # no entry, or no directory to hold one
             return None
         except OSError as e:  # another user's entry (umask 077), an I/O error: a miss, not corrupt
-            warnings.warn(f"saved system-prompt KV {path} cannot be read ({e}); it will be recomputed",
+            warnings.warn(f"saved KV {path} cannot be read ({e}); it will be recomputed",
                           PrefixCacheWarning, stacklevel=3)
             return None
         try:
@@ -190,7 +190,7 @@ class PrefixStore:
             done = "removed"  # (by another process first)
         except OSError as e:  # a read-only directory: it stays, and is read (and refused) again next time
             done = f"could not be removed ({e.strerror})"
-        warnings.warn(f"saved system-prompt KV {path} {why}; {done}, it will be recomputed",
+        warnings.warn(f"saved KV {path} {why}; {done}, it will be recomputed",
                       PrefixCacheWarning, stacklevel=3)
         return None
 
@@ -204,7 +204,7 @@ class PrefixStore:
         self.remember(key, kv)  # this process reuses it even if the disk will not take it
         data = MAGIC + struct.pack("<Q", len(header)) + header + payload
         if len(data) > self.max_bytes:  # it would be evicted at once
-            warnings.warn(f"saved system-prompt KV of {len(prefix_ids)} tokens is {len(data)} bytes, more than "
+            warnings.warn(f"saved KV of {len(prefix_ids)} tokens is {len(data)} bytes, more than "
                           f"--kv-cache-size ({self.max_bytes}): later runs will recompute it",
                           PrefixCacheWarning, stacklevel=2)
             self.tidy()  # a lowered limit still applies to what is there
@@ -217,7 +217,7 @@ class PrefixStore:
                     raise
                 self.write(key, data)
         except OSError as e:  # a read-only or full cache directory costs the reuse, not the request
-            warnings.warn(f"saved system-prompt KV cannot be written to {self.dir} ({e}); later runs will "
+            warnings.warn(f"saved KV cannot be written to {self.dir} ({e}); later runs will "
                           "recompute it (see --kv-cache-dir)", PrefixCacheWarning, stacklevel=2)
             return
         self.saves += 1
@@ -238,7 +238,7 @@ class PrefixStore:
         try:
             self.evict()
         except OSError as e:
-            warnings.warn(f"the saved system-prompt KV directory {self.dir} cannot be tidied ({e}); it may grow "
+            warnings.warn(f"the saved KV directory {self.dir} cannot be tidied ({e}); it may grow "
                           "past --kv-cache-size", PrefixCacheWarning, stacklevel=3)
 
     def remember(self, key: str, kv: np.ndarray) -> None:

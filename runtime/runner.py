@@ -82,6 +82,7 @@ class Runner:
         self.engine, self.tokenizer, self.template, self.prefixes = engine, tokenizer, template, prefixes
         self.drafter, self.prefill_chunk = drafter, prefill_chunk
         self.timing = Timing()
+        self.contexts = None  # --context-reuse: runtime/context_cache.py's ContextCache
         self._grammars = None  # guided decoding's, made when a request first asks for it
         self.cancelled = False  # a Ctrl-C ended the run: unfinished samples are "cancelled"
 
@@ -188,7 +189,9 @@ class Runner:
                                         req.skip_special_tokens), prefix_ids=p.prefix_ids,
                         save_prefix=req.save_system_prompt_kv_cache, adapter=p.adapter,
                         guide=p.guide and p.guide.copy(),  # (each sample its own place, the first mask shared)
-                        speculative=not req.disable_spec_decode)  # (guided: greedy ones, runtime/speculative.py)
+                        speculative=not req.disable_spec_decode,  # (guided: greedy ones, runtime/speculative.py)
+                        context_lookup=req.context_cache_lookup_policy == "use_cache",
+                        context_commit=req.context_cache_commit_policy)
 
     def generate(self, samples: list[Sample], num_slots: int, on_text=None) -> None:
         """Run every sample that can run, num_slots at a time (in-flight: a finished sample's slot
@@ -216,7 +219,8 @@ class Runner:
         try:
             try:
                 run_rows(self.engine, [smp.row for smp in live], num_slots, self.timing,
-                         on_token if on_text else None, self.prefixes, self.drafter, self.prefill_chunk)
+                         on_token if on_text else None, self.prefixes, self.drafter, self.prefill_chunk,
+                         self.contexts)
             except Exception as e:  # the engine itself failed: fail what did not finish, keep the rest
                 interrupt.settle()
                 for smp in live:  # per sample: a request's finished samples (n > 1) keep their answers
@@ -312,7 +316,7 @@ class Runner:
             return
         req = dataclasses.replace(inp.requests[first], save_system_prompt_kv_cache=False)
         one = dataclasses.replace(inp, requests=(req,), invalid={})
-        prefixes, self.prefixes = self.prefixes, None
+        (prefixes, contexts), self.prefixes, self.contexts = (self.prefixes, self.contexts), None, None
         try:
             for _ in range(times):
                 if self.cancelled:
@@ -320,7 +324,7 @@ class Runner:
                 self.run(one, adapters=adapters)  # (which settles interrupts as it ends: resumed)
                 self.cancelled = self.cancelled or not interrupt.resume()
         finally:
-            self.prefixes = prefixes
+            self.prefixes, self.contexts = prefixes, contexts
         self.timing = Timing()
 
     def kv_cache_profile(self) -> dict:
@@ -376,5 +380,6 @@ class Runner:
             **({"eagle_generation": self.spec_profile()} if self.drafter is not None else {}),
             "peak_cpu_memory_bytes": rss, "peak_cpu_memory_mb": rss / 2**20,
             "kv_cache": self.kv_cache_profile(),
+            **({"context_cache": self.contexts.profile()} if self.contexts is not None else {}),
             **({"huge_pages": hp.to_json()} if (hp := getattr(self.engine, "huge_pages", None)) else {}),
         }

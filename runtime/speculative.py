@@ -162,8 +162,7 @@ class SpecScheduler(TreeDecoding, Scheduler):
         return self.logits and self.samples and row.params.temperature == 0 and not row.params.penalized
 
     def speculates(self, row: RowState | None) -> bool:
-        """It drafts and verifies in decode steps: it follows, and its prompt is all in (a row still
-        prefilling in chunks is parked in them)."""
+        """It drafts and verifies in decode steps: it follows, and its prompt is all in (not parked in chunks)."""
         return self.follows(row) and not row.prefilling
 
     def tree_nodes(self, depth: int) -> int:
@@ -225,6 +224,10 @@ class SpecScheduler(TreeDecoding, Scheduler):
             if (tokens[b] and id(r) in self.save_head and self.prefixes and r.num_reused == 0 and not r.prefilling
                     and 1 < len(r.prefix_ids) < len(r.prompt_ids)):
                 self.prefixes.save(r.prefix_ids, self.dkv.read(start + b, len(r.prefix_ids) - 1), draft_key(r))
+
+    def restore_context(self, row: RowState) -> None:
+        if not self.follows(row):  # (a speculating row needs the head's KV too: no context entry has it)
+            super().restore_context(row)
 
     def restore_prefix(self, row: RowState) -> None:
         speculating = self.follows(row)  # (not finished: it is being admitted)

@@ -428,7 +428,7 @@ def test_unwritable_cache_dir_fails_no_request(run_cli, tiny_engine, tmp_path):
     result, _ = run_cli(engine, {"max_generate_length": 2, "requests": requests()},
                         "--kv-cache-dir", str(tmp_path / "afile" / "cache"))
     # one plain line, not Python's "file.py:293: PrefixCacheWarning: ..." and the source line
-    assert "warning: saved system-prompt KV cannot be written to" in result.output
+    assert "warning: saved KV cannot be written to" in result.output
     assert "PrefixCacheWarning" not in result.output and ".py:" not in result.output
 
 

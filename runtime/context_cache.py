@@ -1,0 +1,131 @@
+"""Context reuse (`trtllm-run --context-reuse`, Edge-LLM's --enableContextReuse): a finished
+request's KV, its prompt's and its answer's, is kept so that a later prompt that begins with the
+same tokens (the next turn of its conversation, another question on the same document) restores
+it and computes only the rest.
+
+Entries live in the saved-KV store (runtime/prefix_cache.py: on disk under --kv-cache-dir, bounded
+by --kv-cache-size, with this process's copies in RAM), so a later trtllm-run process finds them
+too. Each is the KV of one whole token sequence; a prompt reuses the longest prefix it shares with
+any entry of its engine and adapter, also a part of one (a conversation whose history the template
+renders differently from what was generated shares what it does render the same). To find it
+without reading every entry, the index maps each entry's block prefixes (BLOCK tokens at a time,
+chained hashes) to the entry; a match is then checked token by token and extended past the last
+whole block. Entries other processes wrote are indexed from their headers at the first lookup.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import struct
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from trtllm.runtime.prefix_cache import ENTRY_NAME, MAGIC, PrefixStore
+
+BLOCK = 16          # tokens per indexed block: a match is found to the block, then extended token by token
+MIN_TOKENS = BLOCK  # shorter sequences are not worth an entry
+LOOKUP = ("use_cache", "bypass")
+COMMIT = ("including_generated_tokens", "prefill_state_only")
+MAX_HEADER_BYTES = 1 << 24  # an entry's header is its token ids as JSON: far less
+
+
+def _chain(tokens, adapter: str | None, blocks: int) -> list[bytes]:
+    """The hash of each whole-block prefix: [h(block 0), h(h0, block 1), ...], `blocks` of them."""
+    ids = np.asarray(tokens[: blocks * BLOCK], np.int64)
+    h, out = hashlib.blake2b((adapter or "").encode(), digest_size=16).digest(), []
+    for k in range(blocks):
+        h = hashlib.blake2b(h + ids[k * BLOCK:(k + 1) * BLOCK].tobytes(), digest_size=16).digest()
+        out.append(h)
+    return out
+
+
+@dataclass
+class ContextCache:
+    store: PrefixStore
+    index: dict[bytes, tuple[tuple[int, ...], str | None]] = field(default_factory=dict)
+    scanned: bool = False
+    lookups: int = 0
+    hits: int = 0
+    reused_tokens: int = 0  # what the scheduler restored from hits (beyond a saved system prompt's)
+    commits: int = 0
+
+    def add(self, tokens: tuple[int, ...], adapter: str | None) -> None:
+        for h in _chain(tokens, adapter, len(tokens) // BLOCK):
+            held = self.index.get(h)
+            if held is None or len(held[0]) < len(tokens):  # the longer entry: it holds more of what follows
+                self.index[h] = (tokens, adapter)
+
+    def scan(self) -> None:
+        """Index the entries of this engine that are in the store's directory (other processes')."""
+        self.scanned = True
+        try:
+            paths = [p for p in self.store.dir.iterdir() if ENTRY_NAME.fullmatch(p.name)]
+        except OSError:
+            return
+        for path in paths:
+            try:
+                with open(path, "rb") as f:
+                    head = f.read(len(MAGIC) + 8)
+                    if not head.startswith(MAGIC) or len(head) < len(MAGIC) + 8:
+                        continue
+                    (size,) = struct.unpack("<Q", head[len(MAGIC):])
+                    header = json.loads(f.read(min(size, MAX_HEADER_BYTES)))
+            except (OSError, ValueError):
+                continue  # (a damaged entry is the store's to discard, when a load meets it)
+            if isinstance(header, dict) and header.get("engine") == self.store.engine_id:
+                tokens, adapter = header.get("prefix_ids"), header.get("adapter")
+                if isinstance(tokens, list) and all(isinstance(t, int) for t in tokens) and (
+                        adapter is None or isinstance(adapter, str)):
+                    self.add(tuple(tokens), adapter)
+
+    def lookup(self, prompt: list[int], adapter: str | None, limit: int,
+               layout) -> np.ndarray | None:
+        """The KV of the longest prefix of `prompt`, at most `limit` tokens, that an entry holds
+        ([2 * layers, kv_heads, n, head_dim]), or None. `layout(n)`: the engine's KV (shape, dtype)."""
+        if limit < BLOCK:
+            return None
+        if not self.scanned:
+            self.scan()
+        self.lookups += 1
+        chain = _chain(prompt, adapter, limit // BLOCK)
+        k = len(chain)
+        while k > 0:
+            held = self.index.get(chain[k - 1])
+            if held is None or list(held[0][: k * BLOCK]) != prompt[: k * BLOCK]:
+                k -= 1
+                continue
+            tokens = held[0]
+            kv = self.store.load(tokens, adapter, layout(len(tokens)))
+            if kv is None:  # evicted (by this process or another), or damaged: forget it, look on
+                self.forget(tokens, adapter)
+                continue
+            n, most = k * BLOCK, min(len(tokens), limit)
+            while n < most and tokens[n] == prompt[n]:
+                n += 1
+            self.hits += 1
+            return kv[:, :, :n]
+        return None
+
+    def forget(self, tokens: tuple[int, ...], adapter: str | None) -> None:
+        for h in _chain(tokens, adapter, len(tokens) // BLOCK):
+            if self.index.get(h, (None,))[0] == tokens:
+                del self.index[h]
+
+    def commit(self, tokens: tuple[int, ...], adapter: str | None, read) -> None:
+        """Keep the KV of `tokens` (`read(n)` gives it) unless an entry already holds them all."""
+        if len(tokens) < MIN_TOKENS:
+            return
+        if not self.scanned:
+            self.scan()
+        last = _chain(tokens, adapter, len(tokens) // BLOCK)[-1]
+        held = self.index.get(last)
+        if held is not None and held[0][: len(tokens)] == tokens:
+            return
+        self.store.save(tokens, read(len(tokens)), adapter)
+        self.commits += 1
+        self.add(tokens, adapter)
+
+    def profile(self) -> dict:
+        return {"lookups": self.lookups, "hits": self.hits, "reused_tokens": self.reused_tokens,
+                "committed_entries": self.commits, "indexed_entries": len({t for t, _ in self.index.values()})}

@@ -1,0 +1,188 @@
+"""Context reuse (trtllm-run --context-reuse, runtime/context_cache.py): a finished request's KV,
+prompt and answer, is found again by a later prompt that begins with the same tokens, in the same
+run or a later one, and the answers are those of a run without it."""
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+from trtllm.runtime.context_cache import BLOCK, ContextCache
+from trtllm.runtime.prefix_cache import PrefixStore
+
+LAYOUT = (4, 2, None, 3)  # [2 * layers, kv_heads, n, head_dim] of a made-up engine
+
+
+def layout(n: int):
+    return (LAYOUT[0], LAYOUT[1], n, LAYOUT[3]), np.dtype(np.float32)
+
+
+def kv_of(tokens) -> np.ndarray:
+    """KV whose position p holds its token: what a restore copies is checkable."""
+    kv = np.zeros(layout(len(tokens))[0], np.float32)
+    kv[:, :, :, 0] = np.asarray(tokens, np.float32)
+    return kv
+
+
+def cache(tmp_path) -> ContextCache:
+    return ContextCache(PrefixStore(tmp_path / "kv", "engine-a"))
+
+
+def commit(c: ContextCache, tokens, adapter=None):
+    tokens = tuple(tokens)
+    c.commit(tokens, adapter, lambda n: kv_of(tokens)[:, :, :n])
+
+
+def test_the_longest_shared_prefix_is_found_to_the_token_and_only_its_kv_is_restored(tmp_path):
+    c = cache(tmp_path)
+    turn = list(range(100, 150))  # a prompt and its answer: 50 tokens
+    commit(c, turn)
+    prompt = turn[:37] + [7, 8, 9] + turn[40:]  # the next turn's text differs after 37 tokens
+    kv = c.lookup(prompt, None, len(prompt) - 2, layout)
+    assert kv.shape[2] == 37 and np.array_equal(kv[0, 0, :, 0], turn[:37])
+    longer = turn + [1, 2, 3, 4]
+    assert c.lookup(longer, None, len(longer) - 2, layout).shape[2] == 50  # the whole entry
+    assert c.lookup(longer, None, 20, layout).shape[2] == 20  # never past the limit
+    assert c.lookup(turn[:10] + [0] * 30, None, 38, layout) is None  # less than a block in common
+    assert c.lookup(longer, "adapter-x", 50, layout) is None  # another adapter's KV is another's
+    assert (c.lookups, c.hits) == (5, 3)
+
+
+def test_entries_are_found_by_a_later_process_and_forgotten_once_evicted(tmp_path):
+    first = cache(tmp_path)
+    commit(first, range(200, 240))
+    commit(first, range(200, 230))  # held by the first entry already: not written again
+    commit(first, range(5))  # shorter than a block: not worth an entry
+    assert first.commits == 1 and len(list((tmp_path / "kv").glob("*.kv"))) == 1
+    later = cache(tmp_path)  # another trtllm-run on the same store
+    prompt = list(range(200, 240)) + [1, 2]
+    assert later.lookup(prompt, None, 40, layout).shape[2] == 40
+    other_engine = ContextCache(PrefixStore(tmp_path / "kv", "engine-b"))
+    assert other_engine.lookup(prompt, None, 40, layout) is None
+    for p in (tmp_path / "kv").glob("*.kv"):  # --kv-cache-size evicted it
+        p.unlink()
+    gone = cache(tmp_path)
+    gone.scan()
+    assert gone.index == {} and cache(tmp_path).lookup(prompt, None, 40, layout) is None
+    later.store.memory.clear()  # (this process's copy too)
+    assert later.lookup(prompt, None, 40, layout) is None and later.index == {}
+
+
+def test_a_longer_entry_takes_over_the_blocks_it_shares(tmp_path):
+    c = cache(tmp_path)
+    commit(c, range(300, 300 + 2 * BLOCK))
+    commit(c, [*range(300, 300 + 2 * BLOCK), *range(5 * BLOCK)])  # the next turn's entry
+    assert c.commits == 2 and len({t for t, _ in c.index.values()}) == 1
+    prompt = [*range(300, 300 + 2 * BLOCK), *range(3 * BLOCK)]
+    assert c.lookup(prompt, None, len(prompt) - 2, layout).shape[2] == len(prompt) - 2
+
+
+# --- through trtllm-run on a tiny engine ---------------------------------------------------------
+
+SYSTEM = {"role": "system", "content": "You answer questions about the text the user gives, briefly."}
+DOC = "Alice was beginning to get very tired of sitting by her sister on the bank, and of having nothing to do."
+
+
+def turn_two(first_answer: str) -> list[dict]:
+    return [SYSTEM, {"role": "user", "content": DOC}, {"role": "assistant", "content": first_answer},
+            {"role": "user", "content": "And then?"}]
+
+
+def profile_of(path) -> dict:
+    return json.loads(path.read_text())
+
+
+@pytest.mark.parametrize("kind", ["float32", "float16", "int4"])
+def test_the_next_turn_reuses_the_last_ones_kv_and_answers_the_same(run_cli, tmp_path, tiny_checkpoint, kind):
+    """Bit for bit on float32 engines. Elsewhere the answer's KV, computed in decode steps, differs
+    in the last bits from a prefill's (float16 arithmetic; int4's kernels specialise by row count),
+    so `including_generated_tokens` (the default) gives logprobs equal to rounding only and
+    `prefill_state_only` is the exact policy."""
+    pytest.importorskip("torch")
+    from trtllm.builder.config import BuildConfig
+    from trtllm.builder.export import build
+    from trtllm.runtime.tokenizer import Tokenizer
+
+    engine = tmp_path / "engine"
+    options = {"quantization": "int4"} if kind == "int4" else {"dtype": kind}
+    build(BuildConfig(model=str(tiny_checkpoint("llama")), output=str(engine), max_batch_size=2, max_input_len=256,
+                      max_kv_cache_capacity=512, verify=False, **options), log=lambda m: None)
+    tokenizer = Tokenizer.from_engine_dir(engine)
+    base = {"temperature": 0, "max_generate_length": 24, "num_logprobs": 2}
+    first_turn = {**base, "requests": [{"messages": [SYSTEM, {"role": "user", "content": DOC}]}]}
+    _, out = run_cli(engine, first_turn)
+    first = out["responses"][0]
+    second = {**base, "requests": [{"messages": turn_two(first["output_text"])}]}
+    _, fresh = run_cli(engine, second, "--kv-cache-dir", str(tmp_path / "none"))
+    fresh = fresh["responses"][0]
+    for policy in ("including_generated_tokens", "prefill_state_only"):
+        store, profile = tmp_path / policy, tmp_path / f"{policy}.json"
+        reuse = ("--context-reuse", "--kv-cache-dir", str(store), "--profile", str(profile))
+        result, _ = run_cli(engine, {**first_turn, "context_cache_commit_policy": policy}, *reuse)
+        assert profile_of(profile)["context_cache"]["committed_entries"] == 1
+        result, reused = run_cli(engine, second, *reuse)
+        assert result.exit_code == 0, result.output
+        prefill, answer = profile_of(profile)["prefill"], reused["responses"][0]
+        # what the first turn's KV holds (its prompt, and but for its last token its answer) that the
+        # new prompt begins with: a random model's answer need not tokenize again as it was made
+        held = tokenizer.encode(first["formatted_complete_request"])
+        if policy == "including_generated_tokens":
+            held += first["output_ids"][:-1]
+        now = tokenizer.encode(answer["formatted_complete_request"])
+        shared = next(i for i, (x, y) in enumerate(zip([*held, -1], now)) if x != y)
+        assert shared >= first["prompt_tokens"] and prefill["reused_tokens"] == min(shared, len(now) - 2)
+        assert prefill["reused_tokens"] + prefill["computed_tokens"] == len(now)
+        assert answer["output_ids"] == fresh["output_ids"]
+        if kind == "float32" or policy == "prefill_state_only":
+            assert answer["logprobs"] == fresh["logprobs"]  # bit for bit
+        else:
+            got, want = ([e["logprob"] for step in r["logprobs"] for e in step] for r in (answer, fresh))
+            np.testing.assert_allclose(got, want, atol=2e-2)
+
+
+def test_policies_choose_what_is_kept_and_looked_up(run_cli, tmp_path, tiny_engine):
+    engine = tmp_path / "engine"
+    shutil.copytree(tiny_engine("llama"), engine)
+    profile = tmp_path / "profile.json"
+    ask = [SYSTEM, {"role": "user", "content": DOC}]
+    base = {"temperature": 0, "max_generate_length": 24, "batch_size": 1}
+    reuse = ("--context-reuse", "--kv-cache-dir", str(tmp_path / "store"), "--profile", str(profile))
+    # one run: the second request is admitted after the first has finished, and reuses its prompt
+    result, out = run_cli(engine, {**base, "context_cache_commit_policy": "prefill_state_only", "requests": [
+        {"messages": ask}, {"messages": ask + [{"role": "assistant", "content": "x"}, {"role": "user", "content": "y"}]},
+        {"messages": ask, "context_cache_lookup_policy": "bypass"}]}, *reuse)
+    assert result.exit_code == 0, result.output
+    first, second, third = out["responses"]
+    p = profile_of(profile)
+    # the first request's prompt, all of it (prefill_state_only: not its answer), and not by the third
+    assert p["context_cache"]["hits"] == 1 and p["context_cache"]["reused_tokens"] == first["prompt_tokens"]
+    assert p["prefill"]["reused_tokens"] == first["prompt_tokens"]
+    assert third["output_ids"] == first["output_ids"]
+    result, _ = run_cli(engine, {**base, "context_cache_lookup_policy": "bypass", "requests": [{"messages": ask}]})
+    assert "warning: the context_cache_* policies apply with --context-reuse only" in result.output
+
+
+def test_wrong_variant_a_restore_one_token_too_long_changes_the_answer(run_cli, tmp_path, tiny_engine, monkeypatch):
+    """The equality above has teeth: KV restored one position past what the prompts share (the old
+    turn's token where the new prompt has another) changes the logprobs."""
+    engine = tmp_path / "engine"
+    shutil.copytree(tiny_engine("llama"), engine)
+    base = {"temperature": 0, "max_generate_length": 8, "num_logprobs": 2, "batch_size": 1}
+    ask = [SYSTEM, {"role": "user", "content": DOC}]
+    other = [SYSTEM, {"role": "user", "content": DOC.replace("tired", "tried")}]
+    payload = {**base, "requests": [{"messages": ask}, {"messages": other}]}
+    _, fresh = run_cli(engine, payload, "--kv-cache-dir", str(tmp_path / "a"))
+    real = ContextCache.lookup
+
+    def too_long(self, prompt, adapter, limit, layout):
+        kv = real(self, prompt, adapter, limit, layout)
+        if kv is None:
+            return None
+        tokens = next(t for t, _ in self.index.values())
+        return self.store.load(tokens, adapter, layout(len(tokens)))[:, :, :kv.shape[2] + 1]
+    monkeypatch.setattr(ContextCache, "lookup", too_long)
+    _, wrong = run_cli(engine, payload, "--context-reuse", "--kv-cache-dir", str(tmp_path / "b"))
+    assert fresh["responses"][0]["logprobs"] == wrong["responses"][0]["logprobs"]
+    assert fresh["responses"][1]["logprobs"] != wrong["responses"][1]["logprobs"]
