@@ -200,9 +200,12 @@ def generation_defaults(engine_dir: Path, manifest) -> dict:
             raise ValueError("not a JSON object")
     except (OSError, ValueError) as e:
         fail_usage(f"--sampling-defaults model: {files.shown(path)} cannot be read ({e})")
-    defaults = fmt.model_defaults(config)
     try:
-        fmt.parse_input({**defaults, "requests": [{"messages": []}]})
+        defaults = fmt.model_defaults(config)
+        settings = fmt.parse_input({**defaults, "requests": [{"messages": []}]})
+        limits = input_checks.check_limits(settings, manifest.max_top_k, manifest.model.vocab_size)
+        if limits:  # (a value the engine cannot take, as a request's would be)
+            raise fmt.InputError("top_k", limits[0][1])
     except fmt.InputError as e:  # named by the config's key
         theirs = {"max_generate_length": "max_new_tokens"}.get(e.json_path, e.json_path)
         fail_usage(f"--sampling-defaults model: {files.shown(path)}: its `{theirs}` is refused ("

@@ -79,7 +79,7 @@ def tag_error(guide: Guide, tokenizer) -> str | None:
         return None
     from llguidance import LLMatcher
 
-    for tag in json.loads(guide.text):
+    for tag in json.loads(guide.text)["tags"]:
         try:
             error = LLMatcher.validate_grammar(LLMatcher.grammar_from_json_schema(json.dumps(tag["schema"])),
                                                tokenizer)

@@ -386,9 +386,12 @@ def parse_input(obj: object, bundled_loras: tuple[str, ...] = (), isolate: bool 
     for i, r in enumerate(raw_requests):
         try:
             requests.append(_request(r, f"requests[{i}]", settings, bundled_loras))
-        except InputError as e:
+        except Exception as e:  # noqa: BLE001 - not only InputError: one request never takes down the rest
             if not isolate:
                 raise
+            if not isinstance(e, InputError):
+                e = InputError(f"requests[{i}]", f"`requests[{i}]` could not be read ({type(e).__name__}: {e}; a bug "
+                               "in trtllm-edge: please report it with this request)")
             # as many error responses as samples asked for, where its `n` reads
             n = r.get("n", settings.n) if isinstance(r, dict) else settings.n
             ok = isinstance(n, int) and not isinstance(n, bool) and 1 <= n <= MAX_N
@@ -441,9 +444,20 @@ def read_input(path: str | os.PathLike, bundled_loras: tuple[str, ...] = (), iso
               shown=f"{e.msg.removesuffix(' at')} at line {e.lineno} column {e.colno}")
     except RecursionError:
         _fail("", "valid JSON", None, label=label, shown="arrays or objects nested deeper than the parser goes")
-    if defaults and isinstance(obj, dict):
-        obj = _replaced(obj, {name: value for name, value in defaults.items() if name not in obj})
-    return parse_input(apply_overrides(obj, overrides or {}), bundled_loras, isolate)
+    injected = [name for name in defaults or () if name not in obj] if isinstance(obj, dict) else []
+    if injected:
+        obj = _replaced(obj, {name: defaults[name] for name in injected})
+
+    def origin(message: str) -> str:  # a value the file does not hold says where it came from
+        for name in injected:
+            theirs = "max_new_tokens" if name == "max_generate_length" else name
+            message = message.replace(f"`{name}`", f"`{name}` (generation_config.json's `{theirs}`)")
+        return message
+    try:
+        inp = parse_input(apply_overrides(obj, overrides or {}), bundled_loras, isolate)
+    except InputError as e:
+        raise InputError(e.json_path, origin(str(e))) from None
+    return dataclasses.replace(inp, invalid={i: origin(m) for i, m in inp.invalid.items()}) if injected else inp
 
 
 def model_defaults(config: dict) -> dict:
@@ -455,6 +469,10 @@ def model_defaults(config: dict) -> dict:
     def given(name: str, default=None):
         return config[name] if config.get(name) is not None else default
 
+    if not isinstance(given("do_sample", False), bool):  # (transformers refuses it too)
+        _fail("do_sample", "true or false", config["do_sample"])
+    if given("do_sample") and given("temperature", 1.0) == 0:  # transformers: "has to be a strictly positive float"
+        _fail("temperature", "above 0 with `do_sample` (greedy is do_sample false)", 0)
     out = {"temperature": given("temperature", 1.0) if given("do_sample") else 0,
            "top_k": given("top_k", 50), "top_p": given("top_p", 1.0)}
     for name, ours in (("min_p", "min_p"), ("repetition_penalty", "repetition_penalty"),

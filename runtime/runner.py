@@ -254,7 +254,7 @@ class Runner:
             res["output_text"] = self.tokenizer.decode(row.visible_ids(), p.request.skip_special_tokens)
         req = p.request
         calls = tool_calls.extract(res["output_text"], req.tool_choice, req.tool_call_parser, req.tools,
-                                   key=f"{p.text}\0{smp.sample_idx}")
+                                   key=f"{p.index}\0{smp.sample_idx}\0{p.text}")
         if calls is not None:  # vLLM's message fields: the text around the calls, and the calls
             res["content"], res["tool_calls"] = calls
         # vLLM's and Edge-LLM's forks' counts: every generated id, a final EOS or stop token included

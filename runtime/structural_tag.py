@@ -8,10 +8,11 @@ JSON holding one:
   "triggers": [...]};
 - XGrammar's, which TensorRT Edge-LLM takes: {"type": "structural_tag", "format": {"type":
   "triggered_tags", "triggers": [...], "tags": [{"begin", "content": {"type": "json_schema",
-  "json_schema": {...}}, "end"}]}}, without `at_least_one` or `stop_after_first`.
+  "json_schema": {...}}, "end"}]}}, with its `at_least_one` (the answer begins with a tag: no text
+  before it) and `stop_after_first` (the answer ends with the first tag's end).
 
-Both become a list of (trigger, begin, schema, end), which `lark` turns into an llguidance grammar
-of lazy lexemes. Stdlib only, as runtime/guided.py.
+Both become a list of (trigger, begin, schema, end) and the two flags, which `lark` turns into an
+llguidance grammar of lazy lexemes. Stdlib only, as runtime/guided.py.
 """
 from __future__ import annotations
 
@@ -23,17 +24,19 @@ from trtllm.runtime.strict_json import array, boolean, check_keys, choice, fail,
 MAX_TAGS = 64
 
 
-def parse(value: object, path: str, read_json, check_schema) -> list[dict]:
-    """The tags, each {"begin", "schema", "end", "trigger", "at"} (at: its schema's JSON path, where an
-    error that only compiling finds is named); `read_json(text, path, what)` reads a
+def parse(value: object, path: str, read_json, check_schema) -> dict:
+    """{"tags", "at_least_one", "stop_after_first"}: the tags, each {"begin", "schema", "end",
+    "trigger", "at"} (at: its schema's JSON path, where an error that only compiling finds is
+    named), and XGrammar's two flags (false in vLLM's spelling); `read_json(text, path, what)` reads a
     string of JSON as strictly as the file, `check_schema(schema, path)` checks a schema's values."""
     what = "a structural tag (an object, or a string of JSON holding one)"
     if isinstance(value, str):
         value = read_json(value, path, what)
     obj = json_object(value, path, what)
+    flags = {"at_least_one": False, "stop_after_first": False}
     if "format" in obj:
         check_keys(obj, path, ("type", "format"), "a structural tag")
-        tags, triggers = _triggered_tags(obj["format"], key_path(path, "format"))
+        tags, triggers, flags = _triggered_tags(obj["format"], key_path(path, "format"))
     else:
         check_keys(obj, path, ("type", "structures", "triggers"), "a structural tag")
         for key in ("structures", "triggers"):
@@ -59,19 +62,18 @@ def parse(value: object, path: str, read_json, check_schema) -> list[dict]:
             fail(tag.pop("begin_at"), f"a string that begins with one of the triggers ({_shown(triggers)})",
                  tag["begin"])
         tag.pop("begin_at")
-    return tags
+    return {"tags": tags, **flags}
 
 
-def _triggered_tags(value: object, path: str) -> tuple[list[dict], list[str]]:
+def _triggered_tags(value: object, path: str) -> tuple[list[dict], list[str], dict[str, bool]]:
     fmt = json_object(value, path, "XGrammar's triggered_tags format")
     check_keys(fmt, path, ("type", "triggers", "tags", "at_least_one", "stop_after_first"), "a triggered_tags format")
     for key in ("type", "triggers", "tags"):
         if key not in fmt:
             fail(key_path(path, key), "given (a triggered_tags format needs it)", None, shown="nothing")
     choice(("triggered_tags",))(fmt["type"], key_path(path, "type"))
-    for key in ("at_least_one", "stop_after_first"):
-        if key in fmt and boolean(fmt[key], key_path(path, key)):
-            fail(key_path(path, key), f"false (`{key}` is not implemented)", True)
+    flags = {key: fmt[key] if key in fmt and boolean(fmt[key], key_path(path, key)) else False
+             for key in ("at_least_one", "stop_after_first")}
     tags = []
     for i, t in enumerate(_items(fmt["tags"], key_path(path, "tags"), "tags")):
         at = f"{path}.tags[{i}]"
@@ -89,7 +91,7 @@ def _triggered_tags(value: object, path: str) -> tuple[list[dict], list[str]]:
         flat = {k: v for k, v in obj.items() if k != "content"}
         tags.append(_tag({**flat, "schema": content["json_schema"]}, at,
                          schema_at=key_path(key_path(at, "content"), "json_schema")))
-    return tags, _triggers(fmt["triggers"], key_path(path, "triggers"))
+    return tags, _triggers(fmt["triggers"], key_path(path, "triggers")), flags
 
 
 def _tag(value: object, path: str, schema_at: str | None = None) -> dict:
@@ -121,11 +123,13 @@ def _shown(triggers: list[str]) -> str:
     return ", ".join(repr(t) for t in triggers[:8]) + (", ..." if len(triggers) > 8 else "")
 
 
-def lark(tags: list[dict], special: dict[str, int] | None = None) -> str:
-    """llguidance's grammar for the tags (as its StructTag writes it): free text, in which a trigger
-    is a lazy lexeme (the text before it ends where it first appears) that must go on as one of its
-    tags. `special`: the tokenizer's special tokens (text -> id): one in a trigger, a begin or an
-    end is matched as that token (<[id]>), not as its characters."""
+def lark(spec: dict, special: dict[str, int] | None = None) -> str:
+    """llguidance's grammar for parse()'s tags (as its StructTag writes it): free text, in which a
+    trigger is a lazy lexeme (the text before it ends where it first appears) that must go on as one
+    of its tags; with at_least_one a tag first (its begin whole, no text before it), with
+    stop_after_first nothing after the first tag. `special`: the tokenizer's special tokens (text ->
+    id): one in a trigger, a begin or an end is matched as that token (<[id]>), not as its characters."""
+    tags = spec["tags"]
     special = special or {}
     longest_first = sorted(special, key=len, reverse=True)
     split = re.compile("(" + "|".join(map(re.escape, longest_first)) + ")") if special else None
@@ -137,10 +141,15 @@ def lark(tags: list[dict], special: dict[str, int] | None = None) -> str:
     rules = []
     for i, tag in enumerate(tags):
         schema = {} if tag["schema"] is True else tag["schema"]  # (%json takes an object; false fails before)
-        body = f'{quoted(tag["begin"][len(tag["trigger"]):])} %json {json.dumps(schema)} {quoted(tag["end"])}'
+        rest = f'%json {json.dumps(schema)} {quoted(tag["end"])}'
+        body = f'{quoted(tag["begin"][len(tag["trigger"]):])} {rest}'
+        rules.append(f'first_{i}: {quoted(tag["begin"])} {rest}')
         if tag["trigger"] in special:
             rules.append(f"tag_{i}: TAG_TEXT {quoted(tag['trigger'])} {body}")
         else:
             rules += [f"tag_{i}_trigger[lazy]: TAG_TEXT {quoted(tag['trigger'])}", f"tag_{i}: tag_{i}_trigger {body}"]
-    options = " | ".join(f"tag_{i}" for i in range(len(tags)))
-    return "\n".join(["%llguidance {}", f"start: ({options})* TAG_TEXT", r"TAG_TEXT: /(.|\n)*/", *rules]) + "\n"
+    options = "(" + " | ".join(f"tag_{i}" for i in range(len(tags))) + ")"
+    first = "(" + " | ".join(f"first_{i}" for i in range(len(tags))) + ")"
+    start = {(False, False): f"{options}* TAG_TEXT", (True, False): f"{first} {options}* TAG_TEXT",
+             (False, True): f"{options} | TAG_TEXT", (True, True): first}[spec["at_least_one"], spec["stop_after_first"]]
+    return "\n".join(["%llguidance {}", f"start: {start}", r"TAG_TEXT: /(.|\n)*/", *rules]) + "\n"

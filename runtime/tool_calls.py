@@ -22,7 +22,8 @@ import re
 from dataclasses import dataclass
 
 from trtllm.runtime import guided
-from trtllm.runtime.strict_json import check_keys, choice, compact, did_you_mean, fail, json_object, one_of, string
+from trtllm.runtime.strict_json import (check_keys, choice, compact, did_you_mean, fail, json_object, key_path, one_of,
+                                        string)
 
 MODES = ("auto", "none", "required")
 PARSERS = ("hermes", "llama3_json", "pythonic")
@@ -57,10 +58,15 @@ def _functions(tools: tuple[dict, ...], path: str) -> list[tuple[str, dict]]:
     out = []
     for i, tool in enumerate(tools):
         at = f"{path}[{i}]"
-        if tool.get("type") != "function":
-            fail(f"{at}.type", '"function" (a forced tool choice reads each tool)', tool.get("type"))
-        function = json_object(tool.get("function"), f"{at}.function", '{"name", "parameters"}')
-        name = string(function.get("name"), f"{at}.function.name", nonempty=True)
+        for key in ("type", "function"):
+            if key not in tool:
+                fail(f"{at}.{key}", "given (a forced tool choice reads each tool)", None, shown="nothing")
+            if key == "type" and tool["type"] != "function":
+                fail(f"{at}.type", '"function" (a forced tool choice reads each tool)', tool["type"])
+        function = json_object(tool["function"], f"{at}.function", '{"name", "parameters"}')
+        if "name" not in function:
+            fail(f"{at}.function.name", "given (a forced tool choice names each tool)", None, shown="nothing")
+        name = string(function["name"], f"{at}.function.name", nonempty=True)
         # a function without parameters takes none (vLLM lets it take any)
         params = function.get("parameters", {"type": "object", "properties": {}, "additionalProperties": False})
         if not isinstance(params, (dict, bool)):
@@ -100,11 +106,11 @@ def _required_schema(functions: list[tuple[str, dict]], tools_at: str) -> dict:
     for i, (name, params) in enumerate(functions):
         if isinstance(params, dict) and "$defs" in params:
             params = dict(params)
-            for key, value in params.pop("$defs").items():
+            at = key_path(f"{tools_at}[{i}].function.parameters", "$defs")
+            for key, value in json_object(params.pop("$defs"), at, "definitions: name -> schema").items():
                 if key in defs and defs[key] != value:
-                    fail(f"{tools_at}[{i}].function.parameters.$defs.{key}",
-                         "the same as another tool's definition of that name (\"required\" puts them in one schema)",
-                         None, shown="a different one")
+                    fail(key_path(at, key), "the same as another tool's definition of that name (\"required\" "
+                         "puts them in one schema)", None, shown="a different one")
                 defs[key] = value
         options.append({"type": "object", "properties": {"name": {"const": name}, "parameters": params},
                         "required": ["name", "parameters"], "additionalProperties": False})
@@ -119,9 +125,10 @@ def _required_schema(functions: list[tuple[str, dict]], tools_at: str) -> dict:
 def _call(name: object, arguments: object) -> dict | None:
     if not isinstance(name, str) or not name:
         return None
-    try:  # arguments as OpenAI gives them: a string of JSON
+    try:  # arguments as OpenAI gives them: a string of JSON, which the output file can write
         text = json.dumps(arguments, ensure_ascii=False, allow_nan=False)
-    except (TypeError, ValueError):
+        (name + text).encode("utf-8")  # (a lone surrogate escape, "\ud800", decodes to what UTF-8 cannot hold)
+    except (TypeError, ValueError, RecursionError):
         return None
     return {"type": "function", "function": {"name": name, "arguments": text}}
 
@@ -146,7 +153,7 @@ def _hermes(text: str) -> tuple[str | None, list] | None:
     for closed, open_ in _HERMES.findall(text):
         try:
             calls.append(_from_object(json.loads(closed or open_)))
-        except ValueError:
+        except (ValueError, RecursionError):
             return None
     return text[:start] or None, calls
 
@@ -161,15 +168,18 @@ def _llama3_json(text: str) -> tuple[str | None, list] | None:
     while True:
         try:
             obj, end = decoder.raw_decode(rest := rest.lstrip())
-        except ValueError:
+        except (ValueError, RecursionError):
             return None
         calls.append(_from_object(obj))
         rest = rest[end:].lstrip()
-        if not rest:
-            return None, calls
-        if not rest.startswith(";"):
+        if rest.startswith(";"):
+            rest = rest[1:].lstrip()
+            if not rest:  # a last separator with nothing after it
+                return None, calls
+        elif rest:
             return None  # text after the calls: not an answer of calls alone
-        rest = rest[1:]
+        else:
+            return None, calls
 
 
 def _pythonic(text: str) -> tuple[str | None, list] | None:
@@ -199,7 +209,7 @@ def _pythonic(text: str) -> tuple[str | None, list] | None:
 def _required(text: str) -> tuple[str | None, list] | None:
     try:
         items = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
     if not isinstance(items, list) or not items:
         return None
@@ -220,7 +230,7 @@ def extract(text: str, tc: ToolChoice | None, parser: str | None, tools: tuple[d
     if tc is not None and tc.mode == "function":
         try:
             got = None, [_call(tc.name, json.loads(text))]
-        except ValueError:
+        except (ValueError, RecursionError):
             return None
     elif tc is not None and tc.mode == "required":
         got = _required(text)

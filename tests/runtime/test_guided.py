@@ -43,8 +43,8 @@ TRIGGERED = {"type": "triggered_tags", "triggers": ["<f"],
      "requests[0].guided_decoding.structural_tag.structures[0].schema", "a JSON schema"),
     ({"structural_tag": {"structures": [TAG], "triggers": ["<f"], "tags": []}},
      "requests[0].guided_decoding.structural_tag.tags", "unknown key"),
-    ({"structural_tag": {"type": "structural_tag", "format": {**TRIGGERED, "stop_after_first": True}}},
-     "requests[0].guided_decoding.structural_tag.format.stop_after_first", "is not implemented"),
+    ({"structural_tag": {"type": "structural_tag", "format": {**TRIGGERED, "stop_after_first": 1}}},
+     "requests[0].guided_decoding.structural_tag.format.stop_after_first", "true or false"),
     ({"structural_tag": {"format": {**TRIGGERED, "tags": [{"begin": "<f", "content": {"type": "regex"}, "end": ""}]}}},
      "requests[0].guided_decoding.structural_tag.format.tags[0].content.type", "'json_schema'"),
     ({"structural_tag": {"format": {**TRIGGERED, "type": "tags_with_separator"}}},
@@ -85,7 +85,7 @@ def test_both_structural_tag_spellings_read_as_one():
         {"type": "tag", "begin": "<f=get>", "content": {"type": "json_schema", "json_schema": schema}, "end": "</f>"},
         {"begin": "<f=weather>", "content": {"type": "json_schema", "json_schema": True}, "end": "</f>"}]}}
     read = [json.loads(parse_input({"requests": [request(guided_decoding={"structural_tag": v})]})
-                       .requests[0].guided_decoding.text) for v in (vllm, xgrammar, json.dumps(vllm))]
+                       .requests[0].guided_decoding.text)["tags"] for v in (vllm, xgrammar, json.dumps(vllm))]
     assert read[1][0]["at"] == "requests[0].guided_decoding.structural_tag.format.tags[0].content.json_schema"
     assert read[0][1]["at"] == "requests[0].guided_decoding.structural_tag.structures[1].schema"
     tags = [[{k: v for k, v in t.items() if k != "at"} for t in r] for r in read]  # (where each was written)
@@ -402,6 +402,35 @@ def test_each_tag_goes_under_the_first_trigger_to_appear(tiny_engine):
     for text in ("a <f=weather>2</f> b", "a <f=get>1</f> b"):
         m = grammars.matcher(guided.parse({"structural_tag": tag}, "g"))
         assert [e for e in (m.consume(t) for t in tok.encode(text)) if e] == [], text
+
+
+@pytest.mark.parametrize("at_least_one, stop_after_first, accepted, refused", [
+    (False, False, ["", "hi", "a <f=get>1</f> b <f=get>1</f>", "<f=get>1</f>"], ["a <f=got>"]),
+    (True, False, ["<f=get>1</f>", "<f=get>1</f> b <f=get>1</f> c"], ["", "hi", "a <f=get>1</f>"]),
+    (False, True, ["", "hi", "a <f=get>1</f>"], ["a <f=get>1</f> b", "a <f=get>1</f><f=get>1</f>"]),
+    (True, True, ["<f=get>1</f>"], ["", "a <f=get>1</f>", "<f=get>1</f> b"]),
+])
+def test_xgrammars_tag_flags_hold_the_answer(tiny_engine, at_least_one, stop_after_first, accepted, refused):
+    """at_least_one: the answer begins with a tag (XGrammar: "disallows leading free text");
+    stop_after_first: it ends with the first tag's end. An answer is accepted when every token is
+    and the grammar may end there (EOS allowed)."""
+    pytest.importorskip("torch")
+    from trtllm.runtime import grammar
+    from trtllm.runtime.tokenizer import Tokenizer
+
+    tok = Tokenizer.from_engine_dir(tiny_engine("llama"))
+    eos = tok.token_to_id("<|im_end|>")
+    grammars = grammar.Grammars(tok.to_json(), tok.vocab_size, [eos])
+    tag = {"format": {"type": "triggered_tags", "triggers": ["<f"], "at_least_one": at_least_one,
+                      "stop_after_first": stop_after_first,
+                      "tags": [{"begin": "<f=get>", "content": {"type": "json_schema", "json_schema": {"enum": [1]}},
+                                "end": "</f>"}]}}
+
+    def accepts(text: str) -> bool:
+        m = grammars.matcher(guided.parse({"structural_tag": tag}, "g"))
+        return not any(m.consume(t) for t in tok.encode(text)) and bool(m.allowed()[eos])
+    assert [t for t in accepted if not accepts(t)] == []
+    assert [t for t in refused if accepts(t)] == []
 
 
 def test_a_structural_tags_schema_that_does_not_compile_is_named(tiny_engine):

@@ -3,13 +3,14 @@ the file's values, --warmup answers the first request before the run and leaves 
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import pytest
 from click.testing import CliRunner
 
 from tests.runtime.test_run_stdout import chat
 from trtllm.runtime import input_format as fmt
-from trtllm.runtime.cli import main
+from trtllm.runtime.cli import generation_defaults, main
 
 pytest.importorskip("torch")  # the tiny engine is built with the builder
 pytestmark = pytest.mark.hf
@@ -156,7 +157,7 @@ def test_model_defaults_are_what_generate_does_with_the_config(config, want):
     assert fmt.model_defaults(config) == want
 
 
-def test_model_defaults_fill_only_what_the_file_leaves_out(run_cli, tmp_path, tiny_engine):
+def test_model_defaults_fill_only_what_the_file_leaves_out(run_cli, tmp_path, tiny_engine, capsys):
     """--sampling-defaults model: the engine's generation_config.json, where neither the top level nor
     the request sets a value; the answers are those of the file with the values written in. A
     config this runtime refuses stops the run, naming the file."""
@@ -180,3 +181,18 @@ def test_model_defaults_fill_only_what_the_file_leaves_out(run_cli, tmp_path, ti
     result, _ = run_cli(engine, payload, "--sampling-defaults", "model")
     assert result.exit_code == 2 and "generation_config.json: its `max_new_tokens` is refused" in result.output
     assert "`max_new_tokens` must be an integer >= 0, got -1" in result.output
+    for config, says in (({"do_sample": "no"}, "its `do_sample` is refused (`do_sample` must be true or false"),
+                         ({"do_sample": True, "temperature": 0}, "its `temperature` is refused (`temperature` must be "
+                                                                  "above 0 with `do_sample`")):
+        (engine / "generation_config.json").write_text(json.dumps(config))  # the engine's limit, transformers' checks
+        result, _ = run_cli(engine, payload, "--sampling-defaults", "model")
+        assert result.exit_code == 2 and says in result.output, result.output
+    (engine / "generation_config.json").write_text(json.dumps({"do_sample": True, "top_k": 200}))
+    small = SimpleNamespace(files={}, max_top_k=100, model=SimpleNamespace(vocab_size=400))  # (the tiny one's is all)
+    with pytest.raises(SystemExit):  # a top_k the engine's sampler cannot take, as a request's would be
+        generation_defaults(engine, small)
+    assert "its `top_k` is refused (`top_k` must be <= 100 (the engine's sampler limit)" in capsys.readouterr().err
+    (engine / "generation_config.json").write_text(json.dumps({"max_new_tokens": 2}))
+    result, out = run_cli(engine, {"requests": [chat("Hi", min_new_tokens=3)]}, "--sampling-defaults", "model")
+    assert out["responses"][0]["error"] == ("`requests[0].min_new_tokens` must be <= `max_generate_length` "
+                                            "(generation_config.json's `max_new_tokens`) (2), got 3")

@@ -24,7 +24,10 @@ def test_hermes_reads_every_call_and_the_text_before_them():
             '<tool_call>{"name": "now", "arguments": {}}')  # the last one unclosed: the answer ended first
     assert calls(text, "hermes") == ("Let me check.\n", [("get_weather", {"city": "Paris"}), ("now", {})])
     assert calls('<tool_call>{"name": "now", "arguments": {}}</tool_call>', "hermes") == (None, [("now", {})])
+    deep = "[" * 100_000 + "]" * 100_000  # deeper than json goes: no call, not a crash
     for text in ("No call here.", '<tool_call>{"name": "now"}</tool_call>',  # no arguments
+                 '<tool_call>{"name": "now", "arguments": {"a": "\\ud800"}}</tool_call>',  # not writable as UTF-8
+                 f'<tool_call>{{"name": "now", "arguments": {deep}}}</tool_call>',
                  "<tool_call>{not json}</tool_call>", '<tool_call>["now"]</tool_call>',
                  '<tool_call>{"name": "", "arguments": {}}</tool_call>'):
         assert calls(text, "hermes") is None, text
@@ -34,8 +37,10 @@ def test_llama3_json_reads_calls_that_are_the_whole_answer():
     assert calls('<|python_tag|>{"name": "get_weather", "parameters": {"city": "Paris"}}; {"name": "now", '
                  '"parameters": {}}', "llama3_json") == (None, [("get_weather", {"city": "Paris"}), ("now", {})])
     assert calls(' {"name": "now", "arguments": {}}\n', "llama3_json") == (None, [("now", {})])
+    assert calls('{"name": "now", "arguments": {}}; ', "llama3_json") == (None, [("now", {})])  # a last `;`
     for text in ('Here is JSON: {"name": "now", "parameters": {}}',  # quoting JSON is not calling
-                 '{"name": "now", "parameters": {}} and more', '{"name": "now", "parameters": {}};',
+                 '{"name": "now", "parameters": {}} and more', '{"name": "now", "parameters": {}}; x',
+                 '{"name": "now", "parameters": ' + "[" * 100_000 + "]" * 100_000 + "}",
                  '{"name": "now", "parameters": {}, "arguments": {}}', '{"name": "now"}'):
         assert calls(text, "llama3_json") is None, text
 
@@ -45,7 +50,7 @@ def test_pythonic_reads_literal_keyword_calls_and_evaluates_nothing():
                  "pythonic") == (None, [("get_weather", {"city": "Paris", "days": [1, 2],
                                                           "opts": {"metric": True, "x": None}}), ("now", {})])
     assert calls("<|python_start|>[now()]<|python_end|>", "pythonic") == (None, [("now", {})])
-    for text in ('[os.system("rm")]', "[now(1)]", "[now(x=y)]", "[now(x={1, 2})]", "[now(**k)]",
+    for text in ('[os.system("rm")]', "[now(1)]", "[now(x='\\ud800')]", "[now(x=y)]", "[now(x={1, 2})]", "[now(**k)]",
                  "[now(x=1 + 2)]", "now()", "[1]", "[now(]", "[]"):
         assert calls(text, "pythonic") is None, text
 
@@ -98,7 +103,7 @@ def test_required_schema_lists_the_tools_and_moves_their_defs_to_the_root(tiny_e
         assert errors(wrong), wrong  # not a tool, not its schema, no call, not json.dumps' spacing
     other = json.loads(json.dumps(tools))
     other[1]["function"]["parameters"]["$defs"]["Point"] = {"type": "string"}
-    with pytest.raises(InputError, match=r"`tools\[1\].function.parameters.\$defs.Point` must be the same"):
+    with pytest.raises(InputError, match=r'`tools\[1\].function.parameters\["\$defs"\].Point` must be the same'):
         forced_guide(ToolChoice("required"), tuple(other), "tool_choice", "tools")
     named = json.loads(forced_guide(ToolChoice("function", "b"), tools, "t", "tools").text)
     assert named["$defs"] == {"Point": point}  # a named function's own schema, as it is
@@ -107,7 +112,13 @@ def test_required_schema_lists_the_tools_and_moves_their_defs_to_the_root(tiny_e
 @pytest.mark.parametrize("tools, message", [
     ((), "`tool_choice` must be \"auto\" or \"none\" when the request has no `tools`"),
     (({"type": "code"},), "`tools[0].type` must be \"function\""),
-    (({"type": "function", "function": {"parameters": {}}},), "`tools[0].function.name` must be a non-empty string"),
+    (({"type": "function", "function": {"parameters": {}}},), "`tools[0].function.name` must be given"),
+    (({"type": "function", "function": {"name": 3}},), "`tools[0].function.name` must be a non-empty string"),
+    (({"function": {"name": "a"}},), "`tools[0].type` must be given (a forced tool choice reads each tool), got nothing"),
+    (({"type": "function", "function": {"name": "a", "parameters": {"$defs": [1]}}},),
+     '`tools[0].function.parameters["$defs"]` must be a JSON object'),
+    (({"type": "function", "function": {"name": "a", "parameters": {"$defs": None}}},),
+     '`tools[0].function.parameters["$defs"]` must be a JSON object'),
     (({"type": "function", "function": {"name": "a", "parameters": 3}},), "`tools[0].function.parameters` must be"),
 ])
 def test_forced_choices_need_function_tools(tools, message):

@@ -10,6 +10,7 @@ import shutil
 import pytest
 
 from tests.runtime.test_chat_template import QWEN_TOOLS
+from trtllm.runtime import tool_calls
 
 pytest.importorskip("torch")  # the tiny engine is built with the builder
 transformers = pytest.importorskip("transformers")
@@ -78,13 +79,16 @@ def test_tool_choice_forces_calls_and_a_parser_reads_them(run_cli, tmp_path, tin
     result, out = run_cli(engine, {"temperature": 0, "max_generate_length": 96, "tools": WEATHER, "requests": [
         {"messages": ask, "tool_choice": forced},
         {"messages": ask, "tool_choice": "required"},
+        {"messages": ask, "tool_choice": forced},
         # the random model would not write a call by itself: a grammar makes it write one
         {"messages": ask, "tool_call_parser": "hermes", "guided_decoding": {"regex": "Hi\\." + re.escape(CALL)}},
         {"messages": ask, "tool_call_parser": "hermes", "tool_choice": "none",
          "guided_decoding": {"regex": re.escape(CALL)}},
         {"messages": ask, "tool_call_parser": "hermes", "guided_decoding": {"regex": "<tool_call>\\{x"}}]})
     assert result.exit_code == 0, result.output
-    named, required, parsed, none, broken = out["responses"]
+    named, required, again, parsed, none, broken = out["responses"]
+    assert again["output_text"] == named["output_text"]  # the same answer, another request: another id
+    assert again["tool_calls"][0]["id"] != named["tool_calls"][0]["id"]
     assert _calls(named)[0][0] == "wx" and _calls(named)[0][1] in ({"c": "P"}, {"c": "R"})
     assert named["content"] is None and json.loads(named["output_text"]) == _calls(named)[0][1]
     assert required["tool_calls"] and all(name in ("wx", "t") for name, _ in _calls(required))
@@ -94,13 +98,14 @@ def test_tool_choice_forces_calls_and_a_parser_reads_them(run_cli, tmp_path, tin
     assert parsed["tool_calls"][0]["id"].startswith("call_") and parsed["tool_calls"][0]["type"] == "function"
     for free in (none, broken):  # "none" reads no calls; a malformed one leaves the answer as text
         assert "tool_calls" not in free and "content" not in free and free["finish_reason"] == "end-of-sequence"
-    again, out2 = run_cli(engine, {"temperature": 0, "max_generate_length": 96, "tools": WEATHER, "requests": [
-        {"messages": ask, "tool_call_parser": "pythonic", "guided_decoding": {"regex": "Hi\\." + re.escape(CALL)}}]},
+    _, out2 = run_cli(engine, {"temperature": 0, "max_generate_length": 96, "tools": WEATHER, "requests": [
+        {}, {}, {}, {"messages": ask, "tool_call_parser": "pythonic",
+                     "guided_decoding": {"regex": "Hi\\." + re.escape(CALL)}}]},
         "--tool-call-parser", "hermes")  # vLLM's option, over the file's
-    assert out2["responses"][0]["tool_calls"] == parsed["tool_calls"]  # the ids are the same on every run
+    assert out2["responses"][3]["tool_calls"] == parsed["tool_calls"]  # the ids are the same on every run
 
 
-def test_tool_choice_errors_name_the_field_and_fail_alone(run_cli, tmp_path, tiny_engine):
+def test_tool_choice_errors_name_the_field_and_fail_alone(run_cli, tmp_path, tiny_engine, monkeypatch):
     engine = tmp_path / "engine"
     shutil.copytree(tiny_engine("llama"), engine)
     (engine / "chat_template.jinja").write_text(SHORT)
@@ -124,3 +129,11 @@ def test_tool_choice_errors_name_the_field_and_fail_alone(run_cli, tmp_path, tin
     assert errors[4].startswith("`requests[4].ignore_eos` must be false with `requests[4].tool_choice`")
     assert errors[5].startswith("`requests[5].tool_call_parser` must be one of 'hermes', 'llama3_json', 'pythonic'")
     assert errors[6] is None and "tool_calls" not in out["responses"][6]  # free text: no calls in it
+
+    def broken(*args):  # a bug in reading one request fails that request alone, saying so
+        raise ZeroDivisionError("boom")
+    monkeypatch.setattr(tool_calls, "forced_guide", broken)
+    result, out = run_cli(engine, {"temperature": 0, "max_generate_length": 4, "tools": WEATHER, "requests": [
+        {"messages": ask}, {"messages": ask, "tool_choice": "required"}]})
+    assert result.exit_code == 1 and "error" not in out["responses"][0]
+    assert out["responses"][1]["error"].startswith("`requests[1]` could not be read (ZeroDivisionError: boom; a bug")
