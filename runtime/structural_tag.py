@@ -85,7 +85,8 @@ def _triggered_tags(value: object, path: str) -> tuple[list[dict], list[str], di
         check_keys(content, key_path(at, "content"), ("type", "json_schema"), "a tag's content")
         kind_at = key_path(key_path(at, "content"), "type")
         if content.get("type") != "json_schema":
-            fail(kind_at, "'json_schema' (the one content kind implemented)", content.get("type"))
+            fail(kind_at, "'json_schema' (the one content kind implemented)", content.get("type"),
+                 shown="" if "type" in content else "nothing")
         if "json_schema" not in content:
             fail(key_path(key_path(at, "content"), "json_schema"), "given", None, shown="nothing")
         flat = {k: v for k, v in obj.items() if k != "content"}
