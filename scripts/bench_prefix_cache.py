@@ -1,12 +1,15 @@
 #!/usr/bin/env python3
 """Time to first token with and without a saved system-prompt KV, side by side in one process.
 
-    python scripts/bench_prefix_cache.py [--engine engines/smollm2-135m-instruct] [--repeats 7]
+    python scripts/bench_prefix_cache.py [--engine engines/smollm2-135m-instruct] [--repeats 7] [--context]
 
 A ~1,000-token system prompt and a short question; each repeat runs both variants back to back
 (alternating which goes first), so machine noise hits both alike. 'saved' reads the entry from
-disk every time (a fresh PrefixStore, as a new trtllm-run process would). Prints a table and
-writes out/bench_prefix_cache.json. Only the ratio is meaningful on a shared machine.
+disk every time (a fresh PrefixStore, as a new trtllm-run process would). With --context, the
+second turn of a chat about that text instead (its first turn, prompt and a 64-token answer, kept
+by --context-reuse): 'saved' restores the first turn's KV through a fresh ContextCache. Prints a
+table and writes out/bench_prefix_cache[_context].json. Only the ratio is meaningful on a shared
+machine.
 """
 from __future__ import annotations
 
@@ -41,10 +44,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--engine", type=Path, default=ROOT / "engines" / "smollm2-135m-instruct")
     ap.add_argument("--repeats", type=int, default=7)
-    ap.add_argument("--out", type=Path, default=ROOT / "out" / "bench_prefix_cache.json")
+    ap.add_argument("--context", action="store_true", help="the second turn of a chat, with --context-reuse")
+    ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
+    args.out = args.out or ROOT / "out" / f"bench_prefix_cache{'_context' if args.context else ''}.json"
     from trtllm.runtime import input_format as fmt
     from trtllm.runtime.chat_template import ChatTemplate
+    from trtllm.runtime.context_cache import ContextCache
     from trtllm.runtime.engine import load_engine
     from trtllm.runtime.prefix_cache import PrefixStore, engine_identity
     from trtllm.runtime.runner import Runner
@@ -58,15 +64,30 @@ def main() -> None:
     payload = {"temperature": 0, "max_generate_length": 1, "requests": [{"messages": [
         {"role": "system", "content": system}, {"role": "user", "content": "Do you sell USB cables?"}],
         "save_system_prompt_kv_cache": True}]}
-    inp = fmt.parse_input(payload)
     cache_dir = Path(tempfile.mkdtemp(prefix="trtllm-bench-kv-"))
     ident = engine_identity(args.engine)
 
+    def runner(saved: bool, keep: bool = False) -> Runner:
+        r = Runner(engine, tok, template, PrefixStore(cache_dir, ident) if saved else None)
+        if args.context and saved:
+            r.contexts = ContextCache(r.prefixes)
+            if not keep:  # the measured turn keeps nothing: each repeat restores the first turn alone
+                r.contexts.commit = lambda *a: None
+        return r
+
+    if args.context:  # the first turn, kept; the measured request is the second
+        first = {"temperature": 0, "max_generate_length": 64, "ignore_eos": True,
+                 "requests": [{"messages": payload["requests"][0]["messages"]}]}
+        answer = runner(True, keep=True).run(fmt.parse_input(first))[0]["output_text"]
+        payload["requests"] = [{"messages": [*first["requests"][0]["messages"], {"role": "assistant", "content": answer},
+                                             {"role": "user", "content": "And HDMI cables?"}]}]
+    inp = fmt.parse_input(payload)
+
     def ttft(saved: bool) -> tuple[float, dict]:
-        runner = Runner(engine, tok, template, PrefixStore(cache_dir, ident) if saved else None)
+        r = runner(saved)
         t0 = time.perf_counter()
-        runner.run(inp)
-        return time.perf_counter() - t0, runner.profile()["prefill"]
+        r.run(inp)
+        return time.perf_counter() - t0, r.profile()["prefill"]
 
     ttft(False)
     ttft(True)  # warm-up; the saved variant stores the entry here
@@ -86,13 +107,14 @@ def main() -> None:
     result["speedup_median"] = result["fresh"]["ttft_ms_median"] / result["saved"]["ttft_ms_median"]
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"system prompt: {result['system_prompt_tokens']} tokens, {args.repeats} repeats")
+    result["variant"] = "second turn, --context-reuse" if args.context else "saved system prompt"
+    print(f"{result['variant']}: system prompt {result['system_prompt_tokens']} tokens, {args.repeats} repeats")
     print(f"{'variant':<8} {'computed':>9} {'reused':>7} {'TTFT min':>10} {'median':>10} {'max':>10}")
     for variant in ("fresh", "saved"):
         r = result[variant]
         print(f"{variant:<8} {r['computed_tokens']:>9} {r['reused_tokens']:>7} {r['ttft_ms_min']:>8.1f}ms "
               f"{r['ttft_ms_median']:>8.1f}ms {r['ttft_ms_max']:>8.1f}ms")
-    print(f"time to first token with the saved prefix: {result['speedup_median']:.1f}x faster (median)")
+    print(f"time to first token with the saved KV: {result['speedup_median']:.1f}x faster (median)")
 
 
 if __name__ == "__main__":
