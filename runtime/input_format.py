@@ -322,15 +322,9 @@ def _request(value: object, path: str, top: InputFile, bundled: tuple[str, ...] 
               f"({sampling['max_generate_length']})", sampling["min_new_tokens"])
     tools, guide_at = f["tools"] if "tools" in f else top.tools, where("guided_decoding")
     choice, parser = (f[n] if n in f else getattr(top, n) for n in ("tool_choice", "tool_call_parser"))
-    forced = choice and tool_calls.forced_guide(choice, tools, where("tool_choice"), where("tools"))
+    forced = tool_calls.guide_for(choice, parser, tools, sampling["guided_decoding"], where)
     if forced:  # "required" or a named function: the answer is held to a JSON schema of calls
-        if sampling["guided_decoding"] is not None:
-            _fail(where("tool_choice"), f'"auto" or "none" with `{guide_at}` (a forced call has a grammar of '
-                  "its own)", choice.name or choice.mode)
         sampling["guided_decoding"], guide_at = forced, where("tool_choice")
-    elif tools and choice and choice.mode == "auto" and parser is None:
-        _fail(where("tool_choice"), 'given with `tool_call_parser` when "auto" (to read the calls out of the '
-              f"answer: {_one_of(tool_calls.PARSERS)}); omit both to get the answer's text alone", "auto")
     if sampling["guided_decoding"] is not None:  # the grammar says where the answer may end, alone
         for name, off in (("min_new_tokens", 0), ("ignore_eos", False)):
             if sampling[name] != off:

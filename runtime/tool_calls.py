@@ -53,6 +53,20 @@ def parse_choice(value: object, path: str) -> ToolChoice:
 parse_parser = choice(PARSERS)
 
 
+def guide_for(tc: ToolChoice | None, parser: str | None, tools: tuple[dict, ...] | None,
+              guide: guided.Guide | None, where) -> guided.Guide | None:
+    """A request's forced_guide, checked against its other settings (`guide`: its guided_decoding;
+    `where(name)`: the JSON path where the request got a setting, its own or the top level's)."""
+    forced = tc and forced_guide(tc, tools, where("tool_choice"), where("tools"))
+    if forced and guide is not None:
+        fail(where("tool_choice"), f'"auto" or "none" with `{where("guided_decoding")}` (a forced call has a '
+             "grammar of its own)", tc.name or tc.mode)
+    if tools and tc and tc.mode == "auto" and parser is None:
+        fail(where("tool_choice"), 'given with `tool_call_parser` when "auto" (to read the calls out of the '
+             f"answer: {one_of(PARSERS)}); omit both to get the answer's text alone", "auto")
+    return forced or None
+
+
 def _functions(tools: tuple[dict, ...], path: str) -> list[tuple[str, dict]]:
     """(name, parameters schema) of each tool, which must be OpenAI's function shape."""
     out = []
