@@ -14,7 +14,10 @@ from trtllm.runtime.strict_json import (
     check_value,
     choice as _choice,
     compact,
+    InputError,
+    each as _each,
     fail as _fail,
+    raise_all,
     json_object as _object,
     one_of as _one_of,
     string as _string,
@@ -108,14 +111,13 @@ def _content(value: object, path: str) -> str | tuple[ContentItem, ...]:
         return _text(value, path)
     if not isinstance(value, list) or len(value) > MAX_CONTENT_ITEMS:
         _fail(path, f"a string or an array of at most {MAX_CONTENT_ITEMS} content items", value)
-    return tuple(_content_item(item, f"{path}[{i}]") for i, item in enumerate(value))
+    return tuple(_each(value, path, _content_item))
 
 
 def _tool_calls(value: object, path: str) -> list:
     calls = _array(value, path, "tool calls (objects)", MAX_TOOL_CALLS)
-    for i, call in enumerate(calls):
-        _object(call, f"{path}[{i}]", 'a tool call: {"type": "function", "function": {"name", "arguments"}}')
-        check_value(call, f"{path}[{i}]")
+    _each(calls, path, lambda call, at: check_value(
+        _object(call, at, 'a tool call: {"type": "function", "function": {"name", "arguments"}}'), at))
     _sized(calls, path, "tool calls")
     return calls
 
@@ -137,39 +139,47 @@ EXTRA_FIELDS = {
 
 
 def _message(value: object, path: str) -> Message:
+    """Every bad part of the message is reported (raise_all), not only the first."""
     obj = _object(value, path, "a message")
     _check_keys(obj, path, ("role", "content", *EXTRA_FIELDS), "a message")
-    if "role" not in obj:
-        _fail(f"{path}.role", "given (a message needs it)", None, shown="nothing")
-    role = _choice(ROLES)(obj["role"], f"{path}.role")
+    errors: list[InputError] = []
+
+    def part(parse, *args):
+        try:
+            return parse(*args)
+        except InputError as e:
+            errors.append(e)
+    for key in ("role", "content"):
+        if key not in obj and not (key == "content" and "tool_calls" in obj):  # (a turn that only calls tools)
+            errors.append(InputError(f"{path}.{key}", f"`{path}.{key}` must be given (a message needs it), got nothing"))
+    role = part(_choice(ROLES), obj["role"], f"{path}.role") if "role" in obj else None
     extra = []
     for key, value in obj.items():
         if key in EXTRA_FIELDS:
             parse, roles = EXTRA_FIELDS[key]
-            if role not in roles:
-                _fail(f"{path}.{key}", f"absent from a message of role {role!r} (a field of {_one_of(roles)} ones)",
-                      value)
-            extra.append((key, parse(value, f"{path}.{key}")))
+            if role is not None and role not in roles:
+                part(_fail, f"{path}.{key}", f"absent from a message of role {role!r} (a field of "
+                     f"{_one_of(roles)} ones)", value)
+            else:
+                extra.append((key, part(parse, value, f"{path}.{key}")))
     content = obj.get("content")
     if content is None and "tool_calls" in obj:  # OpenAI's shape of a turn that only calls tools
         content = ""
-    elif "content" not in obj:
-        _fail(f"{path}.content", "given (a message needs it)", None, shown="nothing")
-    return Message(role, _content(content, f"{path}.content"), tuple(extra))
+    content = part(_content, content, f"{path}.content") if content is not None or "content" in obj else None
+    raise_all(errors)
+    return Message(role, content, tuple(extra))
 
 
 def parse_messages(value: object, path: str) -> tuple[Message, ...]:
-    items = _array(value, path, "messages", MAX_MESSAGES)
-    return tuple(_message(item, f"{path}[{i}]") for i, item in enumerate(items))
+    return tuple(_each(_array(value, path, "messages", MAX_MESSAGES), path, _message))
 
 
 def parse_tools(value: object, path: str) -> tuple[dict, ...]:
     """`tools`: the tool definitions a chat template shows the model (OpenAI's
     {"type": "function", "function": {"name", "description", "parameters"}}), passed as given."""
     tools = _array(value, path, "tool definitions (objects)", MAX_TOOLS)
-    for i, tool in enumerate(tools):
-        _object(tool, f"{path}[{i}]", 'a tool: {"type": "function", "function": {"name", "parameters"}}')
-        check_value(tool, f"{path}[{i}]")
+    _each(tools, path, lambda tool, at: check_value(
+        _object(tool, at, 'a tool: {"type": "function", "function": {"name", "parameters"}}'), at))
     _sized(tools, path, "tool definitions")
     return tuple(tools)
 

@@ -224,12 +224,29 @@ def fields(value: object, path: str, table: dict[str, Callable], what: str,
         if name not in obj:
             errors.append(InputError(key_path(path, name), f"`{key_path(path, name)}` must be given ({what} needs "
                                                            "it), got nothing"))
+    raise_all(errors)
+    return out
+
+
+def raise_all(errors: list[InputError]) -> None:
+    """One InputError for all of them (none: nothing), named by the first one's path."""
     if len(errors) == 1:
         raise errors[0]
     if errors:
         shown = [str(e) for e in errors[:MAX_ERRORS_SHOWN]]
         more = len(errors) - len(shown)
         raise InputError(errors[0].json_path, "; ".join(shown) + (f"; and {more} more" if more else ""))
+
+
+def each(items: list, path: str, parse: Callable) -> list:
+    """parse(item, item_path) for every item of an array, every bad one reported (raise_all)."""
+    out, errors = [], []
+    for i, item in enumerate(items):
+        try:
+            out.append(parse(item, f"{path}[{i}]"))
+        except InputError as e:
+            errors.append(e)
+    raise_all(errors)
     return out
 
 

@@ -73,3 +73,24 @@ def test_tool_use_reads_as_openai_writes_it():
         with pytest.raises(InputError) as e:
             parse_input({"tools": bad, "requests": [{"messages": []}]})
         assert e.value.json_path == path, str(e.value)
+
+
+def test_every_bad_part_of_the_messages_is_reported_at_once():
+    """As for a request's fields: each bad message, each bad part of one (its role, a tool field, its
+    content, each content item) and each bad tool, in one error named by the first path."""
+    with pytest.raises(InputError) as e:
+        parse_input({"requests": [{"messages": [
+            {"role": "bot", "content": 3, "tool_call_id": ""},
+            {"content": [{"type": "text"}, {"type": "image"}]},
+            {"role": "user", "content": "fine"}]}]})
+    assert e.value.json_path == "requests[0].messages[0].role"
+    assert str(e.value).split("; ") == [
+        "`requests[0].messages[0].role` must be one of 'system', 'user', 'assistant', 'tool', got 'bot'",
+        "`requests[0].messages[0].tool_call_id` must be a non-empty string, got ''",
+        "`requests[0].messages[0].content` must be a string or an array of at most 18 content items, got 3",
+        "`requests[0].messages[1].role` must be given (a message needs it), got nothing",
+        "`requests[0].messages[1].content[0].text` must be given (an item of type 'text' needs it), got nothing",
+        "`requests[0].messages[1].content[1].image` must be given (an item of type 'image' needs it), got nothing"]
+    with pytest.raises(InputError) as e:
+        parse_input({"tools": [5, {"a": float("nan")}, {}], "requests": [{"messages": []}]})
+    assert [part.split("`")[1] for part in str(e.value).split("; ")] == ["tools[0]", "tools[1].a"]
