@@ -83,13 +83,15 @@ class Printer:
             if not pipe and self.tell:
                 click.echo(f"warning: stdout could not be written ({e}); the run goes on for --output", err=True)
 
-    def chunk(self, sample, text: str, finish_reason: str | None, token_ids: list[int]) -> None:
-        """One streamed piece: {"request_idx", "sample_idx", "text", "token_ids"[, "finish_reason"]}
-        per line."""
+    def chunk(self, sample, text: str, finish_reason: str | None, token_ids: list[int], calls=None) -> None:
+        """One streamed piece: {"request_idx", "sample_idx", "text", "token_ids"[, "finish_reason"][,
+        "content", "tool_calls"]} per line (the calls read out of the answer, on its last line)."""
         record = {"request_idx": sample.prepared.index, "sample_idx": sample.sample_idx, "text": text,
                   "token_ids": token_ids}
         if finish_reason:
             record["finish_reason"] = finish_reason
+        if calls is not None:
+            record["content"], record["tool_calls"] = calls
         self.line(record)
 
 

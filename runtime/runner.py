@@ -212,7 +212,9 @@ class Runner:
             chunk = row.text.take(final=row.finish_reason is not None)
             if chunk or row.finish_reason:
                 ids, sent[id(row)] = row.output_ids[sent[id(row)]:], len(row.output_ids)
-                on_text(owner[id(row)], chunk, row.finish_reason, ids)
+                smp = owner[id(row)]
+                calls = self.calls_of(smp) if row.finish_reason not in (None, "cancelled") else None
+                on_text(smp, chunk, row.finish_reason, ids, *([calls] if calls else []))
 
         # trtllm-run: once generation is over (settle), an interrupt waits until the answers are
         # written; before, the first one ends generation, caught below wherever it lands
@@ -248,13 +250,8 @@ class Runner:
             res["error"] = p.error or (row and row.error) or "the request did not finish"
             return res
         res["finish_reason"] = row.finish_reason
-        if row.finish_reason == "stop-words" and row.text.stop_at is not None:
-            res["output_text"] = row.text.final_text()
-        else:
-            res["output_text"] = self.tokenizer.decode(row.visible_ids(), p.request.skip_special_tokens)
-        req = p.request
-        calls = tool_calls.extract(res["output_text"], req.tool_choice, req.tool_call_parser, req.tools,
-                                   key=f"{p.index}\0{smp.sample_idx}\0{p.text}")
+        res["output_text"] = self.answer(smp)
+        calls = self.calls_of(smp)
         if calls is not None:  # vLLM's message fields: the text around the calls, and the calls
             res["content"], res["tool_calls"] = calls
         # vLLM's and Edge-LLM's forks' counts: every generated id, a final EOS or stop token included
@@ -267,6 +264,22 @@ class Runner:
             # each generated token's own logprob, in or out of the top ones (a sampled token may be neither)
             res["token_logprobs"] = [self.logprob_entry(t, v) for t, v in zip(row.output_ids, row.token_logprobs)]
         return res
+
+    def answer(self, smp: Sample) -> str:
+        """A finished sample's output_text."""
+        row = smp.row
+        if row.finish_reason == "stop-words" and row.text.stop_at is not None:
+            return row.text.final_text()
+        return self.tokenizer.decode(row.visible_ids(), smp.prepared.request.skip_special_tokens)
+
+    def calls_of(self, smp: Sample) -> tuple[str | None, list[dict]] | None:
+        """(content, calls) read out of a finished sample's answer (runtime/tool_calls.py), or None."""
+        p = smp.prepared
+        req = p.request
+        if not req.tools:
+            return None
+        return tool_calls.extract(self.answer(smp), req.tool_choice, req.tool_call_parser, req.tools,
+                                  key=f"{p.index}\0{smp.sample_idx}\0{p.text}")
 
     def logprob_step(self, values: np.ndarray, ids: np.ndarray, k: int) -> list[dict]:
         """One token's top-k entries (numpy to Python once per step, with tolist: 4,096 tokens x

@@ -103,6 +103,12 @@ def test_tool_choice_forces_calls_and_a_parser_reads_them(run_cli, tmp_path, tin
                      "guided_decoding": {"regex": "Hi\\." + re.escape(CALL)}}]},
         "--tool-call-parser", "hermes")  # vLLM's option, over the file's
     assert out2["responses"][3]["tool_calls"] == parsed["tool_calls"]  # the ids are the same on every run
+    streamed, _ = run_cli(engine, {"temperature": 0, "max_generate_length": 96, "tools": WEATHER, "requests": [
+        {"messages": ask, "tool_choice": forced}, {"messages": ask}]}, "--stream")
+    lines = [json.loads(line) for line in streamed.output.splitlines() if line.startswith("{")]
+    last = [line for line in lines if line["request_idx"] == 0][-1]  # the calls come with the last line
+    assert last["tool_calls"] == named["tool_calls"] and last["content"] is None
+    assert not any("tool_calls" in line for line in lines if line is not last)
 
 
 def test_tool_choice_errors_name_the_field_and_fail_alone(run_cli, tmp_path, tiny_engine, monkeypatch):
