@@ -79,15 +79,18 @@ class ContextCache:
                         adapter is None or isinstance(adapter, str)):
                     self.add(tuple(tokens), adapter)
 
-    def lookup(self, prompt: list[int], adapter: str | None, limit: int,
-               layout) -> np.ndarray | None:
+    def lookup(self, prompt: list[int], adapter: str | None, limit: int, layout,
+               lag: int = 0) -> np.ndarray | None:
         """The KV of the longest prefix of `prompt`, at most `limit` tokens, that an entry holds
-        ([2 * layers, kv_heads, n, head_dim]), or None. `layout(n)`: the engine's KV (shape, dtype)."""
+        ([2 * layers, kv_heads, n, head_dim]), or None. `layout(n)`: the KV (shape, dtype) of an
+        entry of n tokens. `lag`: an entry's position p depends on its tokens up to p + lag (an
+        EAGLE head's KV: its pair at p holds the token after p), so a match of n tokens gives n - lag
+        positions (and an entry of n tokens holds n - lag); only lookups without lag are counted."""
         if limit < BLOCK:
             return None
         if not self.scanned:
             self.scan()
-        self.lookups += 1
+        self.lookups += lag == 0
         chain = _chain(prompt, adapter, limit // BLOCK)
         k = len(chain)
         while k > 0:
@@ -103,8 +106,8 @@ class ContextCache:
             n, most = k * BLOCK, min(len(tokens), limit)
             while n < most and tokens[n] == prompt[n]:
                 n += 1
-            self.hits += 1
-            return kv[:, :, :n]
+            self.hits += lag == 0
+            return kv[:, :, :n - lag] if n > lag else None
         return None
 
     def forget(self, tokens: tuple[int, ...], adapter: str | None) -> None:
@@ -113,7 +116,8 @@ class ContextCache:
                 del self.index[h]
 
     def commit(self, tokens: tuple[int, ...], adapter: str | None, read) -> None:
-        """Keep the KV of `tokens` (`read(n)` gives it) unless an entry already holds them all."""
+        """Keep the KV of `tokens` (`read(n)` gives it, for n tokens: lookup's lag less) unless an
+        entry already holds them all."""
         if len(tokens) < MIN_TOKENS:
             return
         if not self.scanned:

@@ -66,21 +66,17 @@ from trtllm.runtime.drafter import Drafter
 from trtllm.runtime.engine import StepInputs
 from trtllm.runtime.generate import RowState, Scheduler, adapter_key, runs, write_position
 from trtllm.runtime.kv_cache import KVCacheManager
+from trtllm.runtime.spec_context import SpecContext, draft_key
 from trtllm.runtime.spec_rules import exact, greedy, held, lowering, room, sampled
 
 # (Drafter and the rules lived here once: callers import them from here still)
 __all__ = ["Drafter", "SpecScheduler", "draft_key", "exact", "greedy", "held", "lowering", "sampled"]
 
 
-def draft_key(row: RowState) -> str:
-    """The prefix store's key for the draft's KV of a saved prefix (beside the base's, per adapter)."""
-    return "eagle-draft" + ("" if row.adapter is None else ":" + row.adapter.digest)
-
-
 PAUSE_FLUSH = 256  # while paused, the draft catches up once a row has kept this many pairs
 
 
-class SpecScheduler(TreeDecoding, Scheduler):
+class SpecScheduler(SpecContext, TreeDecoding, Scheduler):
     def __init__(self, engine, rows: list[RowState], num_slots: int, timing, on_token, prefixes, drafter: Drafter,
                  prefill_chunk: int = 0):
         super().__init__(engine, rows, num_slots, timing, on_token, prefixes, prefill_chunk)
@@ -110,6 +106,7 @@ class SpecScheduler(TreeDecoding, Scheduler):
         self.kept: dict[int, tuple[int, list[int], list[np.ndarray]]] = {}
         self.flush_at = min(PAUSE_FLUSH, engine.manifest.limits.max_input_len)
         self.save_head: set[int] = set()  # id() of rows whose prefill saves the head's prefix KV
+        self.drafted: set[int] = set()  # (SpecContext)
 
     def grow(self, capacity: int) -> None:
         """The draft's KV has as many positions as the base's: both grow together."""
@@ -224,10 +221,6 @@ class SpecScheduler(TreeDecoding, Scheduler):
             if (tokens[b] and id(r) in self.save_head and self.prefixes and r.num_reused == 0 and not r.prefilling
                     and 1 < len(r.prefix_ids) < len(r.prompt_ids)):
                 self.prefixes.save(r.prefix_ids, self.dkv.read(start + b, len(r.prefix_ids) - 1), draft_key(r))
-
-    def restore_context(self, row: RowState) -> None:
-        if not self.follows(row):  # (a speculating row needs the head's KV too: no context entry has it)
-            super().restore_context(row)
 
     def restore_prefix(self, row: RowState) -> None:
         speculating = self.follows(row)  # (not finished: it is being admitted)

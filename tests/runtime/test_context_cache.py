@@ -186,3 +186,39 @@ def test_wrong_variant_a_restore_one_token_too_long_changes_the_answer(run_cli, 
     _, wrong = run_cli(engine, payload, "--context-reuse", "--kv-cache-dir", str(tmp_path / "b"))
     assert fresh["responses"][0]["logprobs"] == wrong["responses"][0]["logprobs"]
     assert fresh["responses"][1]["logprobs"] != wrong["responses"][1]["logprobs"]
+
+
+def test_an_eagle_engine_restores_the_heads_kv_with_the_models(run_cli, tmp_path, tiny_checkpoint, monkeypatch):
+    """A speculating request keeps its prompt's draft-head KV beside the model's; the next turn
+    restores both, the head's one position less, so it answers as without reuse and the head
+    proposes the uncached drafts."""
+    pytest.importorskip("torch")
+    from tests.eagle_drafts import random_draft
+    from trtllm.builder.config import BuildConfig
+    from trtllm.builder.export import build
+    from trtllm.runtime.speculative import SpecScheduler
+
+    ckpt = tiny_checkpoint("llama")
+    draft = random_draft(ckpt, tmp_path / "draft", seed=3, aux=[0, 1, 1])
+    engine = build(BuildConfig(model=str(ckpt), output=str(tmp_path / "engine"), eagle=str(draft), max_batch_size=2,
+                               max_input_len=256, max_kv_cache_capacity=512), log=lambda m: None)
+    base = {"temperature": 0, "max_generate_length": 24}
+    profile = tmp_path / "profile.json"
+    spec = ("--spec-draft-step", "3", "--profile", str(profile))
+    reuse = ("--context-reuse", "--kv-cache-dir", str(tmp_path / "store"), *spec)
+    _, out = run_cli(engine, {**base, "requests": [{"messages": [SYSTEM, {"role": "user", "content": DOC}]}]}, *reuse)
+    first = out["responses"][0]
+    second = {**base, "requests": [{"messages": turn_two(first["output_text"])}]}
+    proposals = []  # every verification's drafts: the head's proposals
+    real = SpecScheduler.verify
+    monkeypatch.setattr(SpecScheduler, "verify", lambda self, slot, row, ids, drafts, out:
+                        proposals.append(tuple(drafts)) or real(self, slot, row, ids, drafts, out))
+    _, fresh = run_cli(engine, second, "--kv-cache-dir", str(tmp_path / "none"), *spec)
+    want, proposals[:] = list(proposals), []
+    result, reused = run_cli(engine, second, *reuse)
+    assert result.exit_code == 0, result.output
+    assert reused["responses"][0]["output_ids"] == fresh["responses"][0]["output_ids"]
+    assert proposals == want and any(want)
+    # the head kept the first prompt: the model's KV is restored that far, less the last position
+    warm = profile_of(profile)
+    assert warm["prefill"]["reused_tokens"] == first["prompt_tokens"] - 1
