@@ -284,8 +284,8 @@ def check_batch_size(inp: fmt.InputFile, manifest) -> None:
                    "step).")
 def main(input_file: Path, engine_dir: Path, output: str | None, profile: str | None, batch_size: int | None,
          max_generate_length: int | None, tool_call_parser: str | None, sampling_defaults: str, warmup: int,
-         stream: bool, context_reuse: bool, kv_cache_dir: Path | None, kv_cache_size: str, threads: int | None, huge_pages: bool,
-         spec_draft_step: int | str, spec_draft_top_k: int | str, spec_verify_size: int | str,
+         stream: bool, context_reuse: bool, kv_cache_dir: Path | None, kv_cache_size: str, threads: int | None,
+         huge_pages: bool, spec_draft_step: int | str, spec_draft_top_k: int | str, spec_verify_size: int | str,
          prefill_chunk: int) -> None:
     """Answer the requests in INPUT_FILE with the engine in --engine."""
     hold_stdout()
