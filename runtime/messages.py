@@ -151,7 +151,8 @@ def _message(value: object, path: str) -> Message:
             errors.append(e)
     for key in ("role", "content"):
         if key not in obj and not (key == "content" and "tool_calls" in obj):  # (a turn that only calls tools)
-            errors.append(InputError(f"{path}.{key}", f"`{path}.{key}` must be given (a message needs it), got nothing"))
+            errors.append(InputError(f"{path}.{key}", f"`{path}.{key}` must be given (a message needs it), "
+                                                      "got nothing"))
     role = part(_choice(ROLES), obj["role"], f"{path}.role") if "role" in obj else None
     extra = []
     for key, value in obj.items():
