@@ -26,6 +26,7 @@ from trtllm.runtime import files
 from trtllm.runtime import input_format as fmt
 from trtllm.runtime import input_checks
 from trtllm.runtime import interrupt
+from trtllm.runtime.generation_config import model_defaults
 from trtllm.runtime.tool_calls import PARSERS
 
 # --prefill-chunk's default. On the demo model (2 threads) a 256-token chunk takes about 0.5 s, so
@@ -203,7 +204,7 @@ def generation_defaults(engine_dir: Path, manifest) -> dict:
     except (OSError, ValueError) as e:
         fail_usage(f"--sampling-defaults model: {files.shown(path)} cannot be read ({e})")
     try:
-        defaults = fmt.model_defaults(config)
+        defaults = model_defaults(config)
         settings = fmt.parse_input({**defaults, "requests": [{"messages": []}]})
         limits = input_checks.check_limits(settings, manifest.max_top_k, manifest.model.vocab_size)
         if limits:  # (a value the engine cannot take, as a request's would be)
@@ -237,6 +238,9 @@ def check_batch_size(inp: fmt.InputFile, manifest) -> None:
 @click.option("--max-generate-length", type=click.IntRange(min=0), default=None,
               help="Replace the input file's max_generate_length, top level and in each request that sets "
                    "its own (Edge-LLM's --maxGenerateLength).")
+@click.option("--num-logprobs", type=click.IntRange(0, fmt.MAX_NUM_LOGPROBS), default=None,
+              help="Replace the input file's num_logprobs, top level and in each request that sets its own "
+                   "(Edge-LLM's --numLogprobs).")
 @click.option("--tool-call-parser", type=click.Choice(PARSERS), default=None,
               help="Read tool calls in this format out of the answers to requests with tools: replaces the "
                    "input file's tool_call_parser, top level and in each request that sets its own (vLLM's "
@@ -283,9 +287,9 @@ def check_batch_size(inp: fmt.InputFile, manifest) -> None:
                    "with a decode step between chunks, so their streams keep going (0: each prompt in one "
                    "step).")
 def main(input_file: Path, engine_dir: Path, output: str | None, profile: str | None, batch_size: int | None,
-         max_generate_length: int | None, tool_call_parser: str | None, sampling_defaults: str, warmup: int,
-         stream: bool, context_reuse: bool, kv_cache_dir: Path | None, kv_cache_size: str, threads: int | None,
-         huge_pages: bool, spec_draft_step: int | str, spec_draft_top_k: int | str, spec_verify_size: int | str,
+         max_generate_length: int | None, num_logprobs: int | None, tool_call_parser: str | None,
+         sampling_defaults: str, warmup: int, stream: bool, context_reuse: bool, kv_cache_dir: Path | None,
+         kv_cache_size: str, threads: int | None, huge_pages: bool, spec_draft_step: int | str, spec_draft_top_k: int | str, spec_verify_size: int | str,
          prefill_chunk: int) -> None:
     """Answer the requests in INPUT_FILE with the engine in --engine."""
     hold_stdout()
@@ -294,6 +298,7 @@ def main(input_file: Path, engine_dir: Path, output: str | None, profile: str | 
             warnings.showwarning = show_warning
             overrides = {name: value for name, value in (("batch_size", batch_size),
                                                          ("max_generate_length", max_generate_length),
+                                                         ("num_logprobs", num_logprobs),
                                                          ("tool_call_parser", tool_call_parser))
                          if value is not None}
             serve(input_file, engine_dir, output, profile, stream, kv_cache_dir, kv_cache_size, threads, huge_pages,

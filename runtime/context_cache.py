@@ -42,8 +42,19 @@ def _chain(tokens, adapter: str | None, blocks: int) -> list[bytes]:
 
 @dataclass
 class ContextCache:
+    """The index over the store's entries: the hash of each whole-block prefix of an entry's tokens
+    (per adapter) -> the longest entry that has that prefix,
+
+        entry A = t0..t39 (2 whole blocks)   index: h(b0) -> B, h(b0, b1) -> B, h(b0, b1, b2) -> B
+        entry B = t0..t55 (3 whole blocks)   (B takes over A's blocks: it holds more of what follows)
+
+    so a prompt's longest whole-block match is one dict look-up per block, from its longest
+    prefix down. `entries` are all the entries indexed, so that a forgotten (evicted) entry's
+    blocks go back to the longest of the others."""
+
     store: PrefixStore
     index: dict[bytes, tuple[tuple[int, ...], str | None]] = field(default_factory=dict)
+    entries: set[tuple[tuple[int, ...], str | None]] = field(default_factory=set)
     scanned: bool = False
     lookups: int = 0
     hits: int = 0
@@ -51,6 +62,7 @@ class ContextCache:
     commits: int = 0
 
     def add(self, tokens: tuple[int, ...], adapter: str | None) -> None:
+        self.entries.add((tokens, adapter))
         for h in _chain(tokens, adapter, len(tokens) // BLOCK):
             held = self.index.get(h)
             if held is None or len(held[0]) < len(tokens):  # the longer entry: it holds more of what follows
@@ -111,9 +123,11 @@ class ContextCache:
         return None
 
     def forget(self, tokens: tuple[int, ...], adapter: str | None) -> None:
-        for h in _chain(tokens, adapter, len(tokens) // BLOCK):
-            if self.index.get(h, (None,))[0] == tokens:
-                del self.index[h]
+        """An entry that is gone: its blocks go back to the longest other entry that has them."""
+        self.entries.discard((tokens, adapter))
+        self.index.clear()
+        for other in sorted(self.entries, key=lambda e: len(e[0])):
+            self.add(*other)
 
     def commit(self, tokens: tuple[int, ...], adapter: str | None, read) -> None:
         """Keep the KV of `tokens` (`read(n)` gives it, for n tokens: lookup's lag less) unless an
@@ -125,11 +139,13 @@ class ContextCache:
         last = _chain(tokens, adapter, len(tokens) // BLOCK)[-1]
         held = self.index.get(last)
         if held is not None and held[0][: len(tokens)] == tokens:
-            return
+            if self.store.has(*held):
+                return
+            self.forget(*held)  # (evicted: it holds nothing now)
         self.store.save(tokens, read(len(tokens)), adapter)
         self.commits += 1
         self.add(tokens, adapter)
 
     def profile(self) -> dict:
         return {"lookups": self.lookups, "hits": self.hits, "reused_tokens": self.reused_tokens,
-                "committed_entries": self.commits, "indexed_entries": len({t for t, _ in self.index.values()})}
+                "committed_entries": self.commits, "indexed_entries": len(self.entries)}

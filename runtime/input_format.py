@@ -108,6 +108,7 @@ class Request:
     guided_decoding: guided.Guide | None = None  # None = unconstrained
     include_stop_str_in_output: bool = False  # the stop string stays in the text (vLLM's)
     skip_special_tokens: bool = True  # False: special tokens' text is in it (vLLM's)
+    spec_proposal_sampling: str = "auto"  # EAGLE drafts of a sampled row: "greedy" the head's argmax (Edge-LLM's)
     # the keys this request gave itself (parse_input fills it); a setting not in it was inherited
     # from the top level, so errors about it name the top-level path. Not part of equality.
     own_fields: frozenset[str] = field(default=frozenset(), compare=False)
@@ -150,6 +151,7 @@ class InputFile:
     guided_decoding: guided.Guide | None = None
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
+    spec_proposal_sampling: str = "auto"
     # isolate=True (trtllm-run): request index -> the error of a request that could not be read;
     # its entry in `requests` is a placeholder that never runs (PLACEHOLDER)
     invalid: dict[int, str] = field(default_factory=dict)
@@ -253,6 +255,7 @@ _SAMPLING_FIELDS = {
     "guided_decoding": guided.parse,
     "include_stop_str_in_output": _bool,
     "skip_special_tokens": _bool,
+    "spec_proposal_sampling": _choice(("auto", "greedy", "probabilistic")),
 }
 _SAMPLING_FIELDS_READ = {**_SAMPLING_FIELDS, "sampling_seed": _SAMPLING_FIELDS["seed"]}
 
@@ -264,6 +267,21 @@ def _lora_name(value: object, path: str) -> str | None:
 # Keys other readers write for a setting of ours (Edge-LLM after 0.10): read as ours; both in one
 # object is an error, as the two could disagree.
 _ALIASES = {"sampling_seed": "seed"}
+
+
+# Keys whose null leaves the setting unset (the request then takes the top level's, the top level
+# the default), as Edge-LLM after 0.10 reads these; OpenAI clients write null for an unset option too.
+NULL_IS_UNSET = frozenset({"sampling_seed", "seed", "logit_bias", "guided_decoding", "context_cache_lookup_policy",
+                           "context_cache_commit_policy", "spec_proposal_sampling", "tools", "tool_choice",
+                           "tool_call_parser"})
+
+
+def _unset_nulls(value: object) -> object:
+    if not isinstance(value, dict) or not any(value.get(k, 0) is None for k in NULL_IS_UNSET):
+        return value
+    out = JsonObject((k, v) for k, v in value.items() if not (v is None and k in NULL_IS_UNSET))
+    out.duplicates = getattr(value, "duplicates", ())
+    return out
 
 
 def _resolve_aliases(f: dict, path: str) -> dict:
@@ -298,7 +316,7 @@ _REQUEST_FIELDS = {
 
 
 def _request(value: object, path: str, top: InputFile, bundled: tuple[str, ...] = ()) -> Request:
-    f = _resolve_aliases(_fields(value, path, _REQUEST_FIELDS, "a request", ("messages",)), path)
+    f = _resolve_aliases(_fields(_unset_nulls(value), path, _REQUEST_FIELDS, "a request", ("messages",)), path)
     loras = {**dict.fromkeys(bundled, ""), **top.available_lora_weights}
     lora_name = f.get("lora_name")
     if lora_name is not None and lora_name not in loras:
@@ -371,7 +389,7 @@ def parse_input(obj: object, bundled_loras: tuple[str, ...] = (), isolate: bool 
     for key in obj if isinstance(obj, dict) else ():
         if key in _REQUEST_FIELDS and key not in _TOP_FIELDS:  # not an unknown key: a misplaced one
             _fail(key, f"set in each request (`requests[i].{key}`)", obj[key], shown="it at the top level")
-    top = _resolve_aliases(_fields(obj, "", _TOP_FIELDS, "the input file", ("requests",)), "")
+    top = _resolve_aliases(_fields(_unset_nulls(obj), "", _TOP_FIELDS, "the input file", ("requests",)), "")
     raw_requests = top.pop("requests")
     if not isinstance(raw_requests, list) or not raw_requests:
         _fail("requests", "a non-empty array of request objects", raw_requests)
@@ -413,7 +431,8 @@ def read_input(path: str | os.PathLike, bundled_loras: tuple[str, ...] = (), iso
                overrides: dict | None = None, defaults: dict | None = None) -> InputFile:
     """Read and validate an input JSON file; every failure is an `InputError`, but, with `isolate`,
     a bad request's (parse_input). `overrides`: trtllm-run's --batch-size and --max-generate-length
-    (apply_overrides); `defaults`: top-level settings where the file gives none (model_defaults)."""
+    (apply_overrides); `defaults`: top-level settings where the file gives none
+    (generation_config.model_defaults)."""
     name = os.fspath(path)
     label = f"input file `{files.shown(name)}`"
     try:
@@ -438,7 +457,8 @@ def read_input(path: str | os.PathLike, bundled_loras: tuple[str, ...] = (), iso
               shown=f"{e.msg.removesuffix(' at')} at line {e.lineno} column {e.colno}")
     except RecursionError:
         _fail("", "valid JSON", None, label=label, shown="arrays or objects nested deeper than the parser goes")
-    injected = [name for name in defaults or () if name not in obj] if isinstance(obj, dict) else []
+    injected = [name for name in defaults or () if name not in obj and name not in (overrides or {})
+                ] if isinstance(obj, dict) else []
     if injected:
         obj = _replaced(obj, {name: defaults[name] for name in injected})
 
@@ -452,28 +472,6 @@ def read_input(path: str | os.PathLike, bundled_loras: tuple[str, ...] = (), iso
     except InputError as e:
         raise InputError(e.json_path, origin(str(e))) from None
     return dataclasses.replace(inp, invalid={i: origin(m) for i, m in inp.invalid.items()}) if injected else inp
-
-
-def model_defaults(config: dict) -> dict:
-    """The sampling transformers' generate() does with a model's generation_config.json, as
-    top-level settings: greedy unless it sets do_sample, else its temperature; its top_k and top_p
-    (GenerationConfig's 50 and 1.0 where it has none) and min_p, which a request that samples
-    itself (its own temperature) uses too; its repetition_penalty, and its max_new_tokens as
-    max_generate_length."""
-    def given(name: str, default=None):
-        return config[name] if config.get(name) is not None else default
-
-    if not isinstance(given("do_sample", False), bool):  # (transformers refuses it too)
-        _fail("do_sample", "true or false", config["do_sample"])
-    if given("do_sample") and given("temperature", 1.0) == 0:  # transformers: "has to be a strictly positive float"
-        _fail("temperature", "above 0 with `do_sample` (greedy is do_sample false)", 0)
-    out = {"temperature": given("temperature", 1.0) if given("do_sample") else 0,
-           "top_k": given("top_k", 50), "top_p": given("top_p", 1.0)}
-    for name, ours in (("min_p", "min_p"), ("repetition_penalty", "repetition_penalty"),
-                       ("max_new_tokens", "max_generate_length")):
-        if given(name) is not None:
-            out[ours] = config[name]
-    return out
 
 
 def apply_overrides(obj: object, overrides: dict) -> object:

@@ -149,6 +149,7 @@ def _message(value: object, path: str) -> Message:
             return parse(*args)
         except InputError as e:
             errors.append(e)
+
     for key in ("role", "content"):
         if key not in obj and not (key == "content" and "tool_calls" in obj):  # (a turn that only calls tools)
             errors.append(InputError(f"{path}.{key}", f"`{path}.{key}` must be given (a message needs it), "

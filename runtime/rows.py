@@ -35,6 +35,7 @@ class RowState:
     computed: int = 0                 # prompt positions whose KV is in its slot (restored, copied or computed)
     adapter: object = None            # its LoRA adapter (runtime/lora.py Adapter), None for the base model
     speculative: bool = True          # may decode speculatively (EAGLE engines; False: disable_spec_decode)
+    guesses: bool = True              # a sampled row's drafts guess at its draws (False: spec_proposal_sampling greedy)
     guide: object = None              # guided decoding's matcher (runtime/grammar.py Matcher), None if unconstrained
     spare: list = field(default_factory=list)  # random numbers a verification drew and did not use: next first
     verified: bool = False            # a verification step has emitted for it (the profile's eagle runs)

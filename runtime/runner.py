@@ -190,6 +190,7 @@ class Runner:
                         save_prefix=req.save_system_prompt_kv_cache, adapter=p.adapter,
                         guide=p.guide and p.guide.copy(),  # (each sample its own place, the first mask shared)
                         speculative=not req.disable_spec_decode,  # (guided: greedy ones, runtime/speculative.py)
+                        guesses=req.spec_proposal_sampling != "greedy",
                         context_lookup=req.context_cache_lookup_policy == "use_cache",
                         context_commit=req.context_cache_commit_policy)
 
@@ -278,8 +279,11 @@ class Runner:
         req = p.request
         if not req.tools:
             return None
-        return tool_calls.extract(self.answer(smp), req.tool_choice, req.tool_call_parser, req.tools,
-                                  key=f"{p.index}\0{smp.sample_idx}\0{p.text}")
+        try:
+            return tool_calls.extract(self.answer(smp), req.tool_choice, req.tool_call_parser, req.tools,
+                                      key=f"{p.index}\0{smp.sample_idx}\0{p.text}")
+        except Exception:  # noqa: BLE001 - an answer the parser cannot take is no calls, not a lost run
+            return None
 
     def logprob_step(self, values: np.ndarray, ids: np.ndarray, k: int) -> list[dict]:
         """One token's top-k entries (numpy to Python once per step, with tolist: 4,096 tokens x

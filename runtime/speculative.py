@@ -388,8 +388,9 @@ class SpecScheduler(SpecContext, TreeDecoding, Scheduler):
     def guessing(self, row: RowState) -> bool:
         """Its drafts guess at the sampler's draws (`guess`) instead of taking the head's argmax: a row
         that samples, or a greedy one with a logit bias or under min_new_tokens' ban, on an engine
-        whose verification samples."""
-        return self.guesses and (row.params.temperature > 0 or bool(row.params.logit_bias) or held(row) > 0)
+        whose verification samples; unless its spec_proposal_sampling is "greedy"."""
+        return self.guesses and row.guesses and (row.params.temperature > 0 or bool(row.params.logit_bias)
+                                                 or held(row) > 0)
 
     @staticmethod
     def guess(row: RowState, ids, logprobs, uniform: float) -> int:

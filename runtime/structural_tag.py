@@ -151,6 +151,7 @@ def lark(spec: dict, special: dict[str, int] | None = None) -> str:
             rules += [f"tag_{i}_trigger[lazy]: TAG_TEXT {quoted(tag['trigger'])}", f"tag_{i}: tag_{i}_trigger {body}"]
     options = "(" + " | ".join(f"tag_{i}" for i in range(len(tags))) + ")"
     first = "(" + " | ".join(f"first_{i}" for i in range(len(tags))) + ")"
-    start = {(False, False): f"{options}* TAG_TEXT", (True, False): f"{first} {options}* TAG_TEXT",
-             (False, True): f"{options} | TAG_TEXT", (True, True): first}[spec["at_least_one"], spec["stop_after_first"]]
+    starts = {(False, False): f"{options}* TAG_TEXT", (True, False): f"{first} {options}* TAG_TEXT",
+              (False, True): f"{options} | TAG_TEXT", (True, True): first}
+    start = starts[spec["at_least_one"], spec["stop_after_first"]]
     return "\n".join(["%llguidance {}", f"start: {start}", r"TAG_TEXT: /(.|\n)*/", *rules]) + "\n"

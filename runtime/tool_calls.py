@@ -204,7 +204,7 @@ def _pythonic(text: str) -> tuple[str | None, list] | None:
         return None
     try:
         tree = ast.parse(s, mode="eval").body
-    except (SyntaxError, ValueError, RecursionError):
+    except (SyntaxError, ValueError, RecursionError, MemoryError):  # (MemoryError: some deep nestings)
         return None
     if not isinstance(tree, ast.List):
         return None
@@ -215,7 +215,7 @@ def _pythonic(text: str) -> tuple[str | None, list] | None:
             return None
         try:
             calls.append(_call(node.func.id, {k.arg: ast.literal_eval(k.value) for k in node.keywords}))
-        except (ValueError, TypeError, SyntaxError, RecursionError):
+        except (ValueError, TypeError, SyntaxError, RecursionError, MemoryError):
             return None
     return None, calls
 

@@ -70,6 +70,29 @@ def test_entries_are_found_by_a_later_process_and_forgotten_once_evicted(tmp_pat
     assert later.lookup(prompt, None, 40, layout) is None and later.index == {}
 
 
+def test_an_evicted_entry_gives_its_blocks_back_and_does_not_stop_a_commit(tmp_path):
+    """The next turn's entry took over the last turn's blocks; once it is evicted, the last turn's
+    (still on disk) is found again. And an entry the index remembers but the store lost does not
+    keep a shorter one from being written."""
+    c = cache(tmp_path)
+    turn = list(range(400, 400 + 2 * BLOCK))
+    commit(c, turn)
+    commit(c, turn + list(range(2 * BLOCK)))
+    longer = c.store.path(c.store.key(tuple(turn + list(range(2 * BLOCK)))))
+    longer.unlink()
+    c.store.memory.clear()
+    prompt = turn + [1, 2, 3, 4]
+    assert c.lookup(prompt, None, len(prompt) - 2, layout).shape[2] == 2 * BLOCK
+    assert c.profile()["indexed_entries"] == 1
+    fresh = cache(tmp_path / "other")
+    commit(fresh, turn + list(range(2 * BLOCK)))
+    for p in (tmp_path / "other" / "kv").glob("*.kv"):
+        p.unlink()
+    fresh.store.memory.clear()
+    commit(fresh, turn)  # a prefix of the lost entry: written, not skipped
+    assert fresh.commits == 2 and len(list((tmp_path / "other" / "kv").glob("*.kv"))) == 1
+
+
 def test_a_longer_entry_takes_over_the_blocks_it_shares(tmp_path):
     c = cache(tmp_path)
     commit(c, range(300, 300 + 2 * BLOCK))

@@ -124,6 +124,25 @@ def test_sampled_rows_speculate(eagle_engine, run_cli, tmp_path):
         assert got == plain and profile["eagle_generation"]["drafted_tokens"] > 0
 
 
+def test_greedy_proposals_take_the_heads_argmax(eagle_engine, run_cli, tmp_path, monkeypatch):
+    """Edge-LLM's spec_proposal_sampling: "greedy" drafts a sampled request's tokens as the head's
+    argmax instead of guessing at its draws; the answers are the same either way."""
+    from trtllm.runtime.speculative import SpecScheduler
+
+    engine, _ = eagle_engine
+    guessed = []
+    real = SpecScheduler.guess
+    monkeypatch.setattr(SpecScheduler, "guess", staticmethod(lambda *a: guessed.append(1) or real(*a)))
+    sampled = [chat("Edge devices", temperature=1.2, top_p=0.9, seed=11)]
+    plain, _ = answers(run_cli, engine, tmp_path, "--spec-draft-step", "0", requests=sampled)
+    for policy, guesses in (("auto", True), ("probabilistic", True), ("greedy", False)):
+        guessed[:] = []
+        got, profile = answers(run_cli, engine, tmp_path, "--spec-draft-step", "3",
+                               requests=[{**sampled[0], "spec_proposal_sampling": policy}])
+        assert got == plain and profile["eagle_generation"]["drafted_tokens"] > 0
+        assert bool(guessed) == guesses, policy
+
+
 def test_min_new_tokens_and_greedy_penalties_speculate(eagle_engine, run_cli, tmp_path):
     """Requests with min_new_tokens (EOS and stop_token_ids held back) speculate, greedy and sampled,
     and greedy ones with penalties, and give the answers they give without speculation: a cycle stops

@@ -11,6 +11,7 @@ from click.testing import CliRunner
 from tests.runtime.test_run_stdout import chat
 from trtllm.runtime import input_format as fmt
 from trtllm.runtime.cli import generation_defaults, main
+from trtllm.runtime.generation_config import model_defaults
 
 pytest.importorskip("torch")  # the tiny engine is built with the builder
 pytestmark = pytest.mark.hf
@@ -19,17 +20,19 @@ REQUESTS = [chat("Hello there"), chat("The quick brown fox", max_generate_length
 
 
 def test_overrides_answer_as_the_file_with_those_values(run_cli, tmp_path, tiny_engine):
-    """--max-generate-length replaces the top-level value and each request's own; --batch-size the
-    file's batch_size. A request the new value makes invalid fails alone, naming its path."""
+    """--max-generate-length and --num-logprobs replace the top-level value and each request's own;
+    --batch-size the file's batch_size. A request the new value makes invalid fails alone, naming its path."""
     engine = tiny_engine("llama")
     payload = {"batch_size": 1, "temperature": 0, "max_generate_length": 8, "requests": REQUESTS}
-    result, got = run_cli(engine, payload, "--max-generate-length", "3", "--batch-size", "2")
+    payload["requests"] = [REQUESTS[0], {**REQUESTS[1], "num_logprobs": 5}, REQUESTS[2]]
+    result, got = run_cli(engine, payload, "--max-generate-length", "3", "--batch-size", "2", "--num-logprobs", "2")
     assert result.exit_code == 0, result.output
-    edited = {**payload, "batch_size": 2, "max_generate_length": 3,
-              "requests": [REQUESTS[0], {**REQUESTS[1], "max_generate_length": 3}, REQUESTS[2]]}
+    edited = {**payload, "batch_size": 2, "max_generate_length": 3, "num_logprobs": 2,
+              "requests": [REQUESTS[0], {**REQUESTS[1], "max_generate_length": 3, "num_logprobs": 2}, REQUESTS[2]]}
     _, want = run_cli(engine, edited)
     assert got == want
     assert [r["batch_idx"] for r in got["responses"]][:2] == [0, 1]  # two slots, not the file's one
+    assert all(len(step) == 2 for r in got["responses"] for step in r["logprobs"])
     result, out = run_cli(engine, payload, "--max-generate-length", "1")
     assert result.exit_code == 1
     error = out["responses"][2]["error"]
@@ -154,7 +157,7 @@ def test_threads_past_a_few_per_core_are_refused(tmp_path):
      {"temperature": 0.6, "top_k": 50, "top_p": 0.9, "min_p": 0.05, "max_generate_length": 64}),
 ])
 def test_model_defaults_are_what_generate_does_with_the_config(config, want):
-    assert fmt.model_defaults(config) == want
+    assert model_defaults(config) == want
 
 
 def test_model_defaults_fill_only_what_the_file_leaves_out(run_cli, tmp_path, tiny_engine, capsys):
@@ -196,3 +199,6 @@ def test_model_defaults_fill_only_what_the_file_leaves_out(run_cli, tmp_path, ti
     result, out = run_cli(engine, {"requests": [chat("Hi", min_new_tokens=3)]}, "--sampling-defaults", "model")
     assert out["responses"][0]["error"] == ("`requests[0].min_new_tokens` must be <= `max_generate_length` "
                                             "(generation_config.json's `max_new_tokens`) (2), got 3")
+    result, out = run_cli(engine, {"requests": [chat("Hi", min_new_tokens=3)]}, "--sampling-defaults", "model",
+                          "--max-generate-length", "2")  # the option's value, not the config's
+    assert out["responses"][0]["error"] == "`requests[0].min_new_tokens` must be <= `max_generate_length` (2), got 3"

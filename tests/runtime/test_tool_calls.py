@@ -51,7 +51,7 @@ def test_pythonic_reads_literal_keyword_calls_and_evaluates_nothing():
                                                           "opts": {"metric": True, "x": None}}), ("now", {})])
     assert calls("<|python_start|>[now()]<|python_end|>", "pythonic") == (None, [("now", {})])
     for text in ('[os.system("rm")]', "[now(1)]", "[now(x='\\ud800')]", "[now(x=y)]", "[now(x={1, 2})]", "[now(**k)]",
-                 "[now(x=1 + 2)]", "now()", "[1]", "[now(]", "[]"):
+                 "[now(x=1 + 2)]", "now()", "[1]", "[now(]", "[]", "[now(x=" + "-" * 100_000 + "1)]"):
         assert calls(text, "pythonic") is None, text
 
 

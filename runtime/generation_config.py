@@ -1,0 +1,27 @@
+"""--sampling-defaults model: the sampling transformers' `generate()` does with a model's
+generation_config.json, as an input file's top-level settings. Stdlib only: this runs on the device."""
+from __future__ import annotations
+
+from trtllm.runtime.strict_json import fail as _fail
+
+
+def model_defaults(config: dict) -> dict:
+    """The sampling transformers' generate() does with a model's generation_config.json, as
+    top-level settings: greedy unless it sets do_sample, else its temperature; its top_k and top_p
+    (GenerationConfig's 50 and 1.0 where it has none) and min_p, which a request that samples
+    itself (its own temperature) uses too; its repetition_penalty, and its max_new_tokens as
+    max_generate_length."""
+    def given(name: str, default=None):
+        return config[name] if config.get(name) is not None else default
+
+    if not isinstance(given("do_sample", False), bool):  # (transformers refuses it too)
+        _fail("do_sample", "true or false", config["do_sample"])
+    if given("do_sample") and given("temperature", 1.0) == 0:  # transformers: "has to be a strictly positive float"
+        _fail("temperature", "above 0 with `do_sample` (greedy is do_sample false)", 0)
+    out = {"temperature": given("temperature", 1.0) if given("do_sample") else 0,
+           "top_k": given("top_k", 50), "top_p": given("top_p", 1.0)}
+    for name, ours in (("min_p", "min_p"), ("repetition_penalty", "repetition_penalty"),
+                       ("max_new_tokens", "max_generate_length")):
+        if given(name) is not None:
+            out[ours] = config[name]
+    return out
