@@ -311,6 +311,7 @@ class Scheduler:
         out, elapsed = self.step(start, stop, inputs)
         t.prefill_runs += 1
         t.prefill_seconds += elapsed
+        t.record("llm_prefill", elapsed)
         for b, r in enumerate(rows):
             if r.prefilling:  # a chunk: its token is not the prompt's next one
                 continue
@@ -337,6 +338,7 @@ class Scheduler:
         live = [s for s, r in enumerate(rows) if r is not None and not r.finish_reason and not r.prefilling]
         self.timing.generation_runs += 1
         self.timing.generation_seconds += elapsed
+        self.timing.record("llm_generation", elapsed)
         self.timing.generated_tokens += len(live)
         for s in live:
             self.accept(s, out, s)

@@ -139,6 +139,11 @@ class Timing:
     speculative_tokens: int = 0
     branch_tokens: int = 0    # draft trees: accepted drafts that were not the head's first choice
     draft_steps: dict[int, int] = field(default_factory=dict)  # k -> decode cycles that drafted k (0: paused)
+    # Edge-LLM's profile stages (llm_prefill, llm_generation, spec_decode_*): each engine call's seconds
+    stages: dict[str, list[float]] = field(default_factory=dict)
+
+    def record(self, stage: str, seconds: float) -> None:
+        self.stages.setdefault(stage, []).append(seconds)
 
 
 class PrefixSource(Protocol):

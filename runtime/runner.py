@@ -51,6 +51,16 @@ class Sample:
     row: RowState | None = None
 
 
+def stage_profile(name: str, seconds: list[float]) -> dict:
+    """Edge-LLM's `stages` entry (its keys say GPU time; here the wall clock around each engine call)."""
+    ms = np.asarray(seconds, np.float64) * 1e3
+    stats = {"count": len(ms), "min_ms": ms.min(), "max_ms": ms.max(), "mean_ms": ms.mean(),
+             "median_ms": np.median(ms), "p95_ms": np.percentile(ms, 95), "p99_ms": np.percentile(ms, 99),
+             "stddev_ms": ms.std()}
+    return {"stage_id": name, "total_runs": len(ms), "total_gpu_time_ms": float(ms.sum()),
+            "average_time_per_run_ms": float(ms.mean()), "gpu_time_stats": {k: float(v) for k, v in stats.items()}}
+
+
 def sampling_params(req: fmt.Request) -> SamplingParams:
     return SamplingParams(
         temperature=req.temperature, top_k=req.top_k, top_p=req.top_p, min_p=req.min_p,
@@ -398,5 +408,6 @@ class Runner:
             "peak_cpu_memory_bytes": rss, "peak_cpu_memory_mb": rss / 2**20,
             "kv_cache": self.kv_cache_profile(),
             **({"context_cache": self.contexts.profile()} if self.contexts is not None else {}),
+            "stages": [stage_profile(name, times) for name, times in t.stages.items()],
             **({"huge_pages": hp.to_json()} if (hp := getattr(self.engine, "huge_pages", None)) else {}),
         }

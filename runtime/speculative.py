@@ -179,6 +179,7 @@ class SpecScheduler(SpecContext, TreeDecoding, Scheduler):
         elapsed = time.perf_counter() - t0
         self.timing.draft_runs += 1
         self.timing.draft_seconds += elapsed
+        self.timing.record("spec_decode_draft_prefill" if prompt else "spec_decode_draft_proposal", elapsed)
         return d, h, (best or None), elapsed
 
     def catch_up(self, start: int, rows: list, tokens: list[list[int] | None], hidden: np.ndarray,
@@ -313,6 +314,7 @@ class SpecScheduler(SpecContext, TreeDecoding, Scheduler):
         self.timing.verify_runs += 1
         self.timing.row_iterations += len(depths or ())
         self.timing.verify_seconds += step_time
+        self.timing.record("spec_decode_base_verification", step_time)
         return out, step_time, drawn
 
     def plain_or_failed(self, s: int, r: RowState | None, out) -> bool:

@@ -168,8 +168,21 @@ def test_steps_are_counted_under_what_they_drafted(eagle_engine, run_cli, tmp_pa
     assert drafted.get(0, 0) >= 1 and set(drafted) <= {0, 1, 2}
     assert spec["verify_steps"] == sum(n for k, n in drafted.items() if k)
     assert spec["drafted_tokens"] <= sum(k * n for k, n in drafted.items()) * len(requests)
-    plain, _ = answers(run_cli, engine, tmp_path, "--spec-draft-step", "0", requests=requests)
+    # Edge-LLM's stages: each engine call timed, under the stage it was
+    stages = {s["stage_id"]: s for s in profile["stages"]}
+    assert stages["spec_decode_base_verification"]["total_runs"] == spec["verify_steps"]
+    assert stages["llm_prefill"]["total_runs"] == profile["prefill"]["total_runs"]
+    assert sum(stages[k]["total_runs"] for k in ("llm_generation", "spec_decode_base_verification")) == \
+        profile["generation"]["total_runs"]
+    assert sum(stages[k]["total_runs"] for k in stages if k.startswith("spec_decode_draft")) == spec["draft_runs"]
+    for s in stages.values():
+        stats = s["gpu_time_stats"]
+        assert stats["count"] == s["total_runs"] and stats["min_ms"] <= stats["median_ms"] <= stats["p95_ms"]
+        assert stats["p95_ms"] <= stats["p99_ms"] <= stats["max_ms"]
+        assert abs(s["average_time_per_run_ms"] * s["total_runs"] - s["total_gpu_time_ms"]) < 1e-6
+    plain, plain_profile = answers(run_cli, engine, tmp_path, "--spec-draft-step", "0", requests=requests)
     assert got == plain
+    assert {s["stage_id"] for s in plain_profile["stages"]} == {"llm_prefill", "llm_generation"}
 
 
 def test_non_finite_logits_in_a_verification_fail_that_row(eagle_engine, run_cli, tmp_path, monkeypatch):
