@@ -19,6 +19,7 @@ from trtllm.runtime.strict_json import (
     fail as _fail,
     raise_all,
     json_object as _object,
+    number as _number,
     one_of as _one_of,
     string as _string,
 )
@@ -29,6 +30,7 @@ MAX_CONTENT_BYTES = 128 * 1024  # one text content, UTF-8 bytes
 ROLES = ("system", "user", "assistant", "tool")
 CONTENT_TYPES = ("text", "image", "audio", "video")
 MEDIA_TYPES = frozenset({"image", "audio", "video"})
+MAX_FRAMES = 1024  # a video's frames
 MAX_TOOLS = 128
 MAX_TOOL_CALLS = 64
 MAX_TOOLS_BYTES = 128 * 1024  # a request's tools, or a message's tool calls, as compact JSON in UTF-8
@@ -37,13 +39,16 @@ MAX_TOOLS_BYTES = 128 * 1024  # a request's tools, or a message's tool calls, as
 @dataclass(frozen=True, slots=True)
 class ContentItem:
     type: str  # one of CONTENT_TYPES
-    value: str  # the text, or the media file path (as written; not checked here)
-    do_resize: bool | None = None  # images only; None = not given
+    value: str  # the text, or the media file path (as written; not checked here); "" for frames
+    do_resize: bool | None = None  # images and videos; None = not given
+    frames: tuple[str, ...] = ()  # a video as Edge-LLM (after 0.10) gives one: its frames' paths, in order
+    fps: float | None = None      # with frames; None = not given (Edge-LLM's default 1.0)
 
     def to_json(self) -> dict:
-        out: dict = {"type": self.type, self.type: self.value}
-        if self.do_resize is not None:
-            out["do_resize"] = self.do_resize
+        out: dict = {"type": self.type, **({"frames": list(self.frames)} if self.frames else {self.type: self.value})}
+        for key in ("fps", "do_resize"):
+            if getattr(self, key) is not None:
+                out[key] = getattr(self, key)
         return out
 
 
@@ -86,24 +91,37 @@ def _text(value: object, path: str) -> str:
     return text
 
 
+_fps = _number(float, 0, lo_open=True)
+
+
 def _content_item(value: object, path: str) -> ContentItem:
     obj = _object(value, path, "a content item")
-    _check_keys(obj, path, ("type", *CONTENT_TYPES, "do_resize"), "a content item")
+    _check_keys(obj, path, ("type", *CONTENT_TYPES, "do_resize", "frames", "fps"), "a content item")
     if "type" not in obj:
         _fail(f"{path}.type", "given (a content item needs it)", None, shown="nothing")
     kind = _choice(CONTENT_TYPES)(obj["type"], f"{path}.type")
-    allowed = ("type", kind, "do_resize") if kind == "image" else ("type", kind)
+    allowed = {"image": ("type", kind, "do_resize"), "video": ("type", kind, "frames", "fps", "do_resize")}.get(
+        kind, ("type", kind))
     for key in obj:
         if key not in allowed:
             _fail(f"{path}.{key}", f"absent from an item of type {kind!r} (it takes only "
                   f"{_one_of(allowed)})", obj[key])
-    if kind not in obj:
-        _fail(f"{path}.{kind}", f"given (an item of type {kind!r} needs it)", None,
-              shown="nothing")
+    frames = kind == "video" and "frames" in obj
+    if frames == (kind in obj):  # a video is a file or its frames (Edge-LLM's), one of them
+        need = "one of `video` (a file) and `frames` (its frames' files)" if kind == "video" else "it"
+        _fail(f"{path}.{kind}", f"given (an item of type {kind!r} needs {need})", None,
+              shown="`frames` too" if frames else "nothing")
+    if "fps" in obj and not frames:
+        _fail(f"{path}.fps", "absent without `frames` (the frame rate of a video given as frames)", obj["fps"])
+    if frames:
+        paths = _array(obj["frames"], f"{path}.frames", "frame paths", MAX_FRAMES)
+        paths = tuple(_each(paths, f"{path}.frames", lambda v, p: _string(v, p, nonempty=True))) or _fail(
+            f"{path}.frames", "a non-empty array of frame paths", [])
+        fps = _fps(obj["fps"], f"{path}.fps") if "fps" in obj else None
     parse = _text if kind == "text" else lambda v, p: _string(v, p, nonempty=True)
-    item_value = parse(obj[kind], f"{path}.{kind}")
+    item_value = "" if frames else parse(obj[kind], f"{path}.{kind}")
     do_resize = _bool(obj["do_resize"], f"{path}.do_resize") if "do_resize" in obj else None
-    return ContentItem(kind, item_value, do_resize)
+    return ContentItem(kind, item_value, do_resize, *((paths, fps) if frames else ()))
 
 
 def _content(value: object, path: str) -> str | tuple[ContentItem, ...]:

@@ -94,3 +94,21 @@ def test_every_bad_part_of_the_messages_is_reported_at_once():
     with pytest.raises(InputError) as e:
         parse_input({"tools": [5, {"a": float("nan")}, {}], "requests": [{"messages": []}]})
     assert [part.split("`")[1] for part in str(e.value).split("; ")] == ["tools[0]", "tools[1].a"]
+
+
+def test_a_video_is_a_file_or_edge_llms_frames():
+    """Edge-LLM (after 0.10) gives a video as its frames and a frame rate; either form reads (and is
+    echoed as given), one of them."""
+    def item(**fields):
+        return parse_input({"requests": [{"messages": [{"role": "user", "content": [{"type": "video", **fields}]}]}]})
+
+    got = item(frames=["a.jpg", "b.jpg"], fps=2, do_resize=False).requests[0]
+    assert got.messages[0].to_json()["content"] == [{"type": "video", "frames": ["a.jpg", "b.jpg"], "fps": 2.0,
+                                                     "do_resize": False}]
+    assert got.media_types() == {"video"}
+    for fields, path in (({}, "video"), ({"video": "v.mp4", "frames": ["a"]}, "video"), ({"frames": []}, "frames"),
+                         ({"video": "v.mp4", "fps": 1}, "fps"), ({"frames": ["a"], "fps": 0}, "fps"),
+                         ({"frames": ["a", 3]}, "frames[1]")):
+        with pytest.raises(InputError) as e:
+            item(**fields)
+        assert e.value.json_path == f"requests[0].messages[0].content[0].{path}", fields
