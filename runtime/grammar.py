@@ -9,6 +9,7 @@ import os
 
 import numpy as np
 
+from trtllm.runtime import structural_tag
 from trtllm.runtime.guided import Guide
 
 
@@ -79,14 +80,13 @@ def tag_error(guide: Guide, tokenizer) -> str | None:
         return None
     from llguidance import LLMatcher
 
-    for tag in json.loads(guide.text)["tags"]:
+    for schema, at in structural_tag.schemas(json.loads(guide.text)):
         try:
-            error = LLMatcher.validate_grammar(LLMatcher.grammar_from_json_schema(json.dumps(tag["schema"])),
-                                               tokenizer)
+            error = LLMatcher.validate_grammar(LLMatcher.grammar_from_json_schema(json.dumps(schema)), tokenizer)
         except (ValueError, TypeError) as e:
             error = str(e)
         if error:
-            return f"`{tag['at']}`: {one_line(error)}"
+            return f"`{at}`: {one_line(error)}"
     return None
 
 

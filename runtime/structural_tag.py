@@ -1,112 +1,79 @@
-"""`guided_decoding.structural_tag`: free text in which tool calls are held to their schemas. Once a
-trigger appears in the text (`<function=`), the answer must go on with one of the tags that begin
-with it (`<function=get_weather>`), then JSON valid against that tag's schema, then its end
-(`</function>`); then free text again. Two spellings are read, both as an object or a string of
-JSON holding one:
+"""`guided_decoding.structural_tag`: an answer of free text and structured parts, as XGrammar's
+structural tags (which TensorRT Edge-LLM takes) and vLLM's describe one. Two spellings are read,
+both as an object or a string of JSON holding one:
 
 - vLLM's (and SGLang's): {"type": "structural_tag", "structures": [{"begin", "schema", "end"}],
-  "triggers": [...]};
-- XGrammar's, which TensorRT Edge-LLM takes: {"type": "structural_tag", "format": {"type":
-  "triggered_tags", "triggers": [...], "tags": [{"begin", "content": {"type": "json_schema",
-  "json_schema": {...}}, "end"}]}}, with its `at_least_one` (the answer begins with a tag: no text
-  before it) and `stop_after_first` (the answer ends with the first tag's end).
+  "triggers": [...]}: free text in which, once a trigger appears (`<function=`), the answer goes on
+  as one of the tags that begin with it (`<function=get_weather>`), JSON valid against its schema,
+  its end; then free text again. It reads as XGrammar's `triggered_tags` of those tags.
+- XGrammar's: {"type": "structural_tag", "format": F}, F a tree of format objects: `const_string`,
+  `json_schema` (style "json"), `regex`, `any_text`, `sequence`, `or`, `optional`, `plus`, `star`,
+  `repeat`, `tag`, `triggered_tags` (with `at_least_one`: a tag first, no text before it, and
+  `stop_after_first`: nothing after the first tag), `tags_with_separator` and `token` (a special
+  token). Others (`grammar`, `dispatch`, the token-level dispatchers) are refused by name.
 
-Both become a list of (trigger, begin, schema, end) and the two flags, which `lark` turns into an
-llguidance grammar of lazy lexemes. Stdlib only, as runtime/guided.py.
+As in XGrammar, free text inside a tag (`any_text`, a `triggered_tags`'s text) ends where the
+tag's end first appears. `parse` checks the tree (errors name their JSON path) and `lark` turns it
+into an llguidance grammar, whose lazy lexemes are those ends and triggers. Stdlib only, as
+runtime/guided.py.
 """
 from __future__ import annotations
 
 import json
 import re
 
-from trtllm.runtime.strict_json import array, boolean, check_keys, choice, fail, json_object, key_path, string
+from trtllm.runtime.strict_json import (array, boolean, check_keys, choice, fail, json_object, key_path, number,
+                                        string)
 
-MAX_TAGS = 64
+MAX_TAGS = 64      # tags, triggers or elements in one list
+MAX_NODES = 1024   # format objects in one structural tag
+MAX_REPEAT = 1024
+FORMATS = ("const_string", "json_schema", "regex", "any_text", "sequence", "or", "optional", "plus", "star",
+           "repeat", "tag", "triggered_tags", "tags_with_separator", "token")
+REFUSED = ("grammar", "dispatch", "exclude_token", "any_tokens", "token_triggered_tags", "token_dispatch")
+KEYS = {"const_string": ("value",), "json_schema": ("json_schema", "style", "any_order"), "regex": ("pattern",),
+        "any_text": ("excludes", "max_tokens", "max_chars"), "sequence": ("elements",), "or": ("elements",),
+        "optional": ("content",), "plus": ("content",), "star": ("content",), "repeat": ("min", "max", "content"),
+        "tag": ("begin", "content", "end"),
+        "triggered_tags": ("triggers", "tags", "at_least_one", "stop_after_first", "excludes"),
+        "tags_with_separator": ("tags", "separator", "at_least_one", "stop_after_first"), "token": ("token",)}
+OPTIONAL = {"style", "any_order", "excludes", "max_tokens", "max_chars", "at_least_one", "stop_after_first"}
 
 
 def parse(value: object, path: str, read_json, check_schema) -> dict:
-    """{"tags", "at_least_one", "stop_after_first"}: the tags, each {"begin", "schema", "end",
-    "trigger", "at"} (at: its schema's JSON path, where an error that only compiling finds is
-    named), and XGrammar's two flags (false in vLLM's spelling); `read_json(text, path, what)` reads a
+    """{"format": the tree}, each node checked, and a json_schema node's "at" the JSON path of its
+    schema (where an error only compiling finds is named). `read_json(text, path, what)` reads a
     string of JSON as strictly as the file, `check_schema(schema, path)` checks a schema's values."""
     what = "a structural tag (an object, or a string of JSON holding one)"
     if isinstance(value, str):
         value = read_json(value, path, what)
     obj = json_object(value, path, what)
-    flags = {"at_least_one": False, "stop_after_first": False}
+    reader = _Reader(read_json, check_schema)
     if "format" in obj:
         check_keys(obj, path, ("type", "format"), "a structural tag")
-        tags, triggers, flags = _triggered_tags(obj["format"], key_path(path, "format"))
+        root = reader.node(obj["format"], key_path(path, "format"))
     else:
         check_keys(obj, path, ("type", "structures", "triggers"), "a structural tag")
         for key in ("structures", "triggers"):
             if key not in obj:
                 fail(key_path(path, key), "given (vLLM's structural tag needs it; or give XGrammar's `format`)",
                      None, shown="nothing")
-        tags = [_tag(s, f"{path}.structures[{i}]")
-                for i, s in enumerate(_items(obj["structures"], key_path(path, "structures"), "structures"))]
-        triggers = _triggers(obj["triggers"], key_path(path, "triggers"))
+        at = key_path(path, "structures")
+        tags = [reader.structure(s, f"{at}[{i}]") for i, s in enumerate(_items(obj["structures"], at, "structures"))]
+        root = reader.triggered({"triggers": obj["triggers"], "tags": tags}, path, tags_read=True)
     if "type" in obj:
         choice(("structural_tag",))(obj["type"], key_path(path, "type"))
-    for tag in tags:
-        at, schema = tag["at"], tag["schema"]  # (at: where a schema that does not compile is named)
-        if isinstance(schema, str):  # a schema as a string of JSON, as for json_schema
-            schema = tag["schema"] = read_json(schema, at, "a JSON schema")
-        if not isinstance(schema, (dict, bool)):
-            fail(at, "a JSON schema (an object or a boolean, or a string of JSON holding one)", schema)
-        check_schema(schema, at)
-        # the shortest trigger it begins with: the text that appears first on the way into this tag
-        # (a longer one, "<f=w" beside "<f", is never reached: "<f" has fired by then)
-        tag["trigger"] = min((t for t in triggers if tag["begin"].startswith(t)), key=len, default=None)
-        if tag["trigger"] is None:
-            fail(tag.pop("begin_at"), f"a string that begins with one of the triggers ({_shown(triggers)})",
-                 tag["begin"])
-        tag.pop("begin_at")
-    return {"tags": tags, **flags}
+    return {"format": root}
 
 
-def _triggered_tags(value: object, path: str) -> tuple[list[dict], list[str], dict[str, bool]]:
-    fmt = json_object(value, path, "XGrammar's triggered_tags format")
-    check_keys(fmt, path, ("type", "triggers", "tags", "at_least_one", "stop_after_first"), "a triggered_tags format")
-    for key in ("type", "triggers", "tags"):
-        if key not in fmt:
-            fail(key_path(path, key), "given (a triggered_tags format needs it)", None, shown="nothing")
-    choice(("triggered_tags",))(fmt["type"], key_path(path, "type"))
-    flags = {key: fmt[key] if key in fmt and boolean(fmt[key], key_path(path, key)) else False
-             for key in ("at_least_one", "stop_after_first")}
-    tags = []
-    for i, t in enumerate(_items(fmt["tags"], key_path(path, "tags"), "tags")):
-        at = f"{path}.tags[{i}]"
-        obj = json_object(t, at, "a tag")
-        check_keys(obj, at, ("type", "begin", "content", "end"), "a tag")
-        if "content" not in obj:
-            fail(key_path(at, "content"), "given (a tag needs it)", None, shown="nothing")
-        content = json_object(obj["content"], key_path(at, "content"), "a tag's content")
-        check_keys(content, key_path(at, "content"), ("type", "json_schema"), "a tag's content")
-        kind_at = key_path(key_path(at, "content"), "type")
-        if content.get("type") != "json_schema":
-            fail(kind_at, "'json_schema' (the one content kind implemented)", content.get("type"),
-                 shown="" if "type" in content else "nothing")
-        if "json_schema" not in content:
-            fail(key_path(key_path(at, "content"), "json_schema"), "given", None, shown="nothing")
-        flat = {k: v for k, v in obj.items() if k != "content"}
-        tags.append(_tag({**flat, "schema": content["json_schema"]}, at,
-                         schema_at=key_path(key_path(at, "content"), "json_schema")))
-    return tags, _triggers(fmt["triggers"], key_path(path, "triggers")), flags
-
-
-def _tag(value: object, path: str, schema_at: str | None = None) -> dict:
-    """{"begin", "schema", "end"} read; `schema_at`: where the schema was written, if not beside them."""
-    obj = json_object(value, path, "a tag: begin, schema, end")
-    check_keys(obj, path, ("type", "begin", "schema", "end"), "a tag")
-    if "type" in obj:
-        choice(("tag",))(obj["type"], key_path(path, "type"))
-    for key in ("begin", "schema", "end"):
-        if key not in obj:
-            fail(key_path(path, key), "given (a tag needs it)", None, shown="nothing")
-    return {"begin": string(obj["begin"], key_path(path, "begin"), nonempty=True), "schema": obj["schema"],
-            "end": string(obj["end"], key_path(path, "end")), "at": schema_at or key_path(path, "schema"),
-            "begin_at": key_path(path, "begin")}
+def schemas(spec: dict):
+    """(schema, its JSON path) of every json_schema node."""
+    stack = [spec["format"]]
+    while stack:
+        node = stack.pop()
+        if node["type"] == "json_schema":
+            yield node["json_schema"], node["at"]
+        stack += [*node.get("elements", ()), *node.get("tags", ()), *([node["content"]] if "content" in node else [])]
 
 
 def _items(value: object, path: str, what: str) -> list:
@@ -116,42 +83,255 @@ def _items(value: object, path: str, what: str) -> list:
     return items
 
 
-def _triggers(value: object, path: str) -> list[str]:
-    return [string(t, f"{path}[{i}]", nonempty=True) for i, t in enumerate(_items(value, path, "triggers"))]
-
-
 def _shown(triggers: list[str]) -> str:
     return ", ".join(repr(t) for t in triggers[:8]) + (", ..." if len(triggers) > 8 else "")
 
 
-def lark(spec: dict, special: dict[str, int] | None = None) -> str:
-    """llguidance's grammar for parse()'s tags (as its StructTag writes it): free text, in which a
-    trigger is a lazy lexeme (the text before it ends where it first appears) that must go on as one
-    of its tags; with at_least_one a tag first (its begin whole, no text before it), with
-    stop_after_first nothing after the first tag. `special`: the tokenizer's special tokens (text ->
-    id): one in a trigger, a begin or an end is matched as that token (<[id]>), not as its characters."""
-    tags = spec["tags"]
-    special = special or {}
-    longest_first = sorted(special, key=len, reverse=True)
-    split = re.compile("(" + "|".join(map(re.escape, longest_first)) + ")") if special else None
+class _Reader:
+    def __init__(self, read_json, check_schema):
+        self.read_json, self.check_schema, self.count = read_json, check_schema, 0
 
-    def quoted(text: str) -> str:
-        parts = split.split(text) if split else [text]  # (odd places: the special tokens)
-        return " ".join(f"<[{special[p]}]>" if i % 2 else json.dumps(p) for i, p in enumerate(parts) if p)
+    def node(self, value: object, path: str, kind: str | None = None) -> dict:
+        """One format object (`kind`: the type it must be, which it may then leave out)."""
+        self.count += 1
+        if self.count > MAX_NODES:
+            fail(path, f"within a structural tag of at most {MAX_NODES} format objects", None, shown="more")
+        obj = json_object(value, path, 'a format object: {"type": ...}')
+        if kind is None and "type" not in obj:
+            fail(key_path(path, "type"), "given (a format object needs it)", None, shown="nothing")
+        want, kind = kind, obj.get("type", kind)
+        if kind in REFUSED and want is None:
+            fail(key_path(path, "type"), f"a format implemented here ({', '.join(FORMATS)})", kind)
+        choice((want,) if want else FORMATS)(kind, key_path(path, "type"))
+        check_keys(obj, path, ("type", *KEYS[kind]), f"a {kind} format")
+        for key in KEYS[kind]:
+            if key not in obj and key not in OPTIONAL:
+                fail(key_path(path, key), f"given (a {kind} format needs it)", None, shown="nothing")
+        return getattr(self, kind)(obj, path)
 
-    rules = []
-    for i, tag in enumerate(tags):
-        schema = {} if tag["schema"] is True else tag["schema"]  # (%json takes an object; false fails before)
-        rest = f'%json {json.dumps(schema)} {quoted(tag["end"])}'
-        body = f'{quoted(tag["begin"][len(tag["trigger"]):])} {rest}'
-        rules.append(f'first_{i}: {quoted(tag["begin"])} {rest}')
-        if tag["trigger"] in special:
-            rules.append(f"tag_{i}: TAG_TEXT {quoted(tag['trigger'])} {body}")
+    def const_string(self, obj, path):
+        return {"type": "const_string", "value": string(obj["value"], key_path(path, "value"))}
+
+    def json_schema(self, obj, path, at: str | None = None):
+        at = at or key_path(path, "json_schema")
+        if obj.get("style", "json") != "json":
+            fail(key_path(path, "style"), "'json' (the one style implemented)", obj["style"])
+        if "any_order" in obj and boolean(obj["any_order"], key_path(path, "any_order")):
+            fail(key_path(path, "any_order"), "false (`any_order` is not implemented)", True)
+        schema = obj["json_schema"]
+        if isinstance(schema, str):  # a schema as a string of JSON, as for json_schema
+            schema = self.read_json(schema, at, "a JSON schema")
+        if not isinstance(schema, (dict, bool)):
+            fail(at, "a JSON schema (an object or a boolean, or a string of JSON holding one)", schema)
+        self.check_schema(schema, at)
+        return {"type": "json_schema", "json_schema": schema, "at": at}
+
+    def regex(self, obj, path):
+        return {"type": "regex", "pattern": string(obj["pattern"], key_path(path, "pattern"), nonempty=True)}
+
+    def any_text(self, obj, path):
+        for key in ("excludes", "max_tokens", "max_chars"):
+            if obj.get(key) not in (None, []):
+                fail(key_path(path, key), f"absent (`{key}` is not implemented)", obj[key])
+        return {"type": "any_text"}
+
+    def sequence(self, obj, path, kind="sequence"):
+        at = key_path(path, "elements")
+        return {"type": kind, "elements": [self.node(e, f"{at}[{i}]") for i, e in
+                                           enumerate(_items(obj["elements"], at, "format objects"))]}
+
+    def or_(self, obj, path):
+        return self.sequence(obj, path, "or")
+
+    def optional(self, obj, path, kind="optional"):
+        return {"type": kind, "content": self.node(obj["content"], key_path(path, "content"))}
+
+    def plus(self, obj, path):
+        return self.optional(obj, path, "plus")
+
+    def star(self, obj, path):
+        return self.optional(obj, path, "star")
+
+    def repeat(self, obj, path):
+        low = number(int, 0, MAX_REPEAT)(obj["min"], key_path(path, "min"))
+        high = number(int, -1, MAX_REPEAT)(obj["max"], key_path(path, "max"))
+        if 0 <= high < low:
+            fail(key_path(path, "max"), f">= `min` ({low}), or -1 (no limit)", high)
+        return {"type": "repeat", "min": low, "max": high, "content": self.node(obj["content"], key_path(path, "content"))}
+
+    def tag(self, obj, path, text_begin: bool = False):
+        begin, end = obj["begin"], obj["end"]
+        if text_begin or isinstance(begin, str):
+            begin = string(begin, key_path(path, "begin"), nonempty=True)
         else:
-            rules += [f"tag_{i}_trigger[lazy]: TAG_TEXT {quoted(tag['trigger'])}", f"tag_{i}: tag_{i}_trigger {body}"]
-    options = "(" + " | ".join(f"tag_{i}" for i in range(len(tags))) + ")"
-    first = "(" + " | ".join(f"first_{i}" for i in range(len(tags))) + ")"
-    starts = {(False, False): f"{options}* TAG_TEXT", (True, False): f"{first} {options}* TAG_TEXT",
-              (False, True): f"{options} | TAG_TEXT", (True, True): first}
-    start = starts[spec["at_least_one"], spec["stop_after_first"]]
-    return "\n".join(["%llguidance {}", f"start: {start}", r"TAG_TEXT: /(.|\n)*/", *rules]) + "\n"
+            begin = self.node(begin, key_path(path, "begin"), "token")
+        if isinstance(end, list):
+            end = [string(e, f"{key_path(path, 'end')}[{i}]", nonempty=True)
+                   for i, e in enumerate(_items(end, key_path(path, "end"), "ends"))]
+        elif not isinstance(end, str):
+            end = self.node(end, key_path(path, "end"), "token")
+        return {"type": "tag", "begin": begin, "content": self.node(obj["content"], key_path(path, "content")),
+                "end": end}
+
+    def structure(self, value, path):
+        """vLLM's {"begin", "schema", "end"}: a tag of a JSON schema."""
+        obj = json_object(value, path, "a tag: begin, schema, end")
+        check_keys(obj, path, ("type", "begin", "schema", "end"), "a tag")
+        if "type" in obj:
+            choice(("tag",))(obj["type"], key_path(path, "type"))
+        for key in ("begin", "schema", "end"):
+            if key not in obj:
+                fail(key_path(path, key), "given (a tag needs it)", None, shown="nothing")
+        content = self.json_schema({"json_schema": obj["schema"]}, path, key_path(path, "schema"))
+        return {"type": "tag", "begin": string(obj["begin"], key_path(path, "begin"), nonempty=True),
+                "content": content, "end": string(obj["end"], key_path(path, "end"))}
+
+    def flags(self, obj, path) -> dict:
+        return {key: bool(key in obj and boolean(obj[key], key_path(path, key)))
+                for key in ("at_least_one", "stop_after_first")}
+
+    def triggered(self, obj, path, tags_read: bool = False):
+        """Each tag goes under the shortest trigger its begin starts with: the text that appears first
+        on the way into it (a longer one, "<f=w" beside "<f", is never reached: "<f" has fired)."""
+        if obj.get("excludes") not in (None, []):
+            fail(key_path(path, "excludes"), "absent (`excludes` is not implemented)", obj["excludes"])
+        at = key_path(path, "triggers")
+        triggers = [string(t, f"{at}[{i}]", nonempty=True) for i, t in enumerate(_items(obj["triggers"], at, "triggers"))]
+        where = key_path(path, "structures" if tags_read else "tags")
+        tags = obj["tags"] if tags_read else [self.node(t, f"{where}[{i}]", "tag") for i, t in
+                                              enumerate(_items(obj["tags"], where, "tags"))]
+        for i, tag in enumerate(tags):
+            if not isinstance(tag["begin"], str):
+                fail(f"{where}[{i}].begin", "a string (a triggered tag begins with text)", None, shown="a token")
+            tag["trigger"] = min((t for t in triggers if tag["begin"].startswith(t)), key=len, default=None)
+            if tag["trigger"] is None:
+                fail(f"{where}[{i}].begin", f"a string that begins with one of the triggers ({_shown(triggers)})",
+                     tag["begin"])
+        return {"type": "triggered_tags", "tags": tags, **self.flags(obj, path)}
+
+    def triggered_tags(self, obj, path):
+        return self.triggered(obj, path)
+
+    def tags_with_separator(self, obj, path):
+        at = key_path(path, "tags")
+        tags = [self.node(t, f"{at}[{i}]", "tag") for i, t in enumerate(_items(obj["tags"], at, "tags"))]
+        return {"type": "tags_with_separator", "tags": tags,
+                "separator": string(obj["separator"], key_path(path, "separator")), **self.flags(obj, path)}
+
+    def token(self, obj, path):
+        token = obj["token"]
+        if not isinstance(token, str):
+            token = number(int, 0)(token, key_path(path, "token"))
+        elif not token:
+            fail(key_path(path, "token"), "a token id or a special token's text", token)
+        return {"type": "token", "token": token}
+
+
+setattr(_Reader, "or", _Reader.or_)
+
+
+class _Writer:
+    """The lark rules of one tree: `expr(node, end)` is the node's expression and whether it took
+    the enclosing tag's `end` (free text up to it is a lazy lexeme that ends with it)."""
+
+    def __init__(self, special: dict[str, int]):
+        self.special, self.rules = special, []
+        longest_first = sorted(special, key=len, reverse=True)
+        self.split = re.compile("(" + "|".join(map(re.escape, longest_first)) + ")") if special else None
+
+    def quoted(self, text: str) -> str:
+        """A special token of the tokenizer inside is matched as that token (<[id]>), not as text."""
+        parts = self.split.split(text) if self.split else [text]  # (odd places: the special tokens)
+        return " ".join(f"<[{self.special[p]}]>" if i % 2 else json.dumps(p) for i, p in enumerate(parts) if p) \
+            or '""'
+
+    def textual(self, end) -> bool:
+        """An end that is text alone, which a lazy lexeme can stop at (not a special token)."""
+        texts = end if isinstance(end, list) else [end] if isinstance(end, str) else []
+        return bool(texts) and not any(self.split and self.split.search(t) for t in texts)
+
+    def piece(self, item) -> str:
+        """A begin or end: text, texts (one of them) or a token."""
+        if isinstance(item, list):
+            return "(" + " | ".join(map(self.quoted, item)) + ")"
+        if isinstance(item, str):
+            return self.quoted(item)
+        token = item["token"]
+        if isinstance(token, str):
+            if token not in self.special:
+                raise ValueError(f"token {token!r} is not a special token of the tokenizer; give its id")
+            token = self.special[token]
+        return f"<[{token}]>"
+
+    def rule(self, body: str, lazy: bool = False) -> str:
+        name = f"r{len(self.rules)}"
+        self.rules.append(f"{name}{'[lazy]' if lazy else ''}: {body}")
+        return name
+
+    def until(self, end) -> str:
+        """Free text up to the end's first appearance, the end included."""
+        return self.rule(f"TAG_TEXT {self.piece(end)}", lazy=True)
+
+    def expr(self, node: dict, end=None) -> tuple[str, bool]:
+        kind = node["type"]
+        lazy = end is not None and self.textual(end)
+        if kind == "const_string":
+            return self.quoted(node["value"]), False
+        if kind == "json_schema":
+            schema = {} if node["json_schema"] is True else node["json_schema"]  # (%json takes an object)
+            return f"%json {json.dumps(schema)}", False
+        if kind == "regex":
+            return "/" + re.sub(r"(?<!\\)/", r"\/", node["pattern"]) + "/", False
+        if kind == "any_text":
+            return (self.until(end), True) if lazy else ("TAG_TEXT", False)
+        if kind == "sequence":
+            *first, (last, took) = [self.expr(e) for e in node["elements"][:-1]] + [self.expr(node["elements"][-1], end)]
+            return " ".join([e for e, _ in first] + [last]), took
+        if kind == "or":
+            alts = [self.expr(e, end) for e in node["elements"]]
+            took = any(t for _, t in alts)
+            return "(" + " | ".join(e if t or not took else f"{e} {self.piece(end)}" for e, t in alts) + ")", took
+        if kind in ("optional", "plus", "star"):
+            return f"({self.expr(node['content'])[0]}){ {'optional': '?', 'plus': '+', 'star': '*'}[kind]}", False
+        if kind == "repeat":
+            high = "" if node["max"] < 0 else node["max"]
+            return f"({self.expr(node['content'])[0]}){{{node['min']},{high}}}", False
+        if kind == "tag":
+            content, took = self.expr(node["content"], node["end"])
+            return f"{self.piece(node['begin'])} {content}" + ("" if took else f" {self.piece(node['end'])}"), False
+        if kind == "token":
+            return self.piece(node), False
+        if kind == "tags_with_separator":
+            one = "(" + " | ".join(self.expr(t)[0] for t in node["tags"]) + ")"
+            many = one if node["stop_after_first"] else f"{one} ({self.quoted(node['separator'])} {one})*"
+            return (many if node["at_least_one"] else f"({many})?"), False
+        return self.triggered(node, end, lazy)
+
+    def triggered(self, node: dict, end, lazy: bool) -> tuple[str, bool]:
+        """Free text in which a trigger is a lazy lexeme (the text before it ends where it first
+        appears) that must go on as one of its tags; with at_least_one a tag first (its begin whole,
+        no text before it), with stop_after_first nothing after the first tag."""
+        options, firsts = [], []
+        for tag in node["tags"]:
+            content, took = self.expr(tag["content"], tag["end"])
+            rest = content + ("" if took else f" {self.piece(tag['end'])}")
+            trigger, after = tag["trigger"], self.quoted(tag["begin"][len(tag["trigger"]):])
+            if trigger in self.special:
+                options.append(self.rule(f"TAG_TEXT {self.quoted(trigger)} {after} {rest}"))
+            else:
+                options.append(self.rule(f"{self.rule(f'TAG_TEXT {self.quoted(trigger)}', lazy=True)} {after} {rest}"))
+            firsts.append(self.rule(f"{self.quoted(tag['begin'])} {rest}"))
+        tags, first = "(" + " | ".join(options) + ")", "(" + " | ".join(firsts) + ")"
+        text, close = (self.until(end), self.piece(end)) if lazy else ("TAG_TEXT", "")
+        start = {(False, False): f"{tags}* {text}", (True, False): f"{first} {tags}* {text}",
+                 (False, True): f"({tags} {close} | {text})", (True, True): f"{first} {close}"}
+        return start[node["at_least_one"], node["stop_after_first"]], lazy
+
+
+def lark(spec: dict, special: dict[str, int] | None = None) -> str:
+    """llguidance's grammar for parse()'s tree. `special`: the tokenizer's special tokens (text ->
+    id): one in a trigger, a begin, an end or a const_string is matched as that token, not as its
+    characters; a `token` format names one, or an id. Raises ValueError for a token it cannot find."""
+    writer = _Writer(special or {})
+    start, _ = writer.expr(spec["format"])
+    return "\n".join(["%llguidance {}", f"start: {start}", r"TAG_TEXT: /(.|\n)*/", *writer.rules]) + "\n"

@@ -45,10 +45,20 @@ TRIGGERED = {"type": "triggered_tags", "triggers": ["<f"],
      "requests[0].guided_decoding.structural_tag.tags", "unknown key"),
     ({"structural_tag": {"type": "structural_tag", "format": {**TRIGGERED, "stop_after_first": 1}}},
      "requests[0].guided_decoding.structural_tag.format.stop_after_first", "true or false"),
+    ({"structural_tag": {"format": {**TRIGGERED, "tags": [{"begin": "<f", "content": {"type": "grammar"}, "end": ""}]}}},
+     "requests[0].guided_decoding.structural_tag.format.tags[0].content.type", "a format implemented here"),
     ({"structural_tag": {"format": {**TRIGGERED, "tags": [{"begin": "<f", "content": {"type": "regex"}, "end": ""}]}}},
-     "requests[0].guided_decoding.structural_tag.format.tags[0].content.type", "'json_schema'"),
-    ({"structural_tag": {"format": {**TRIGGERED, "type": "tags_with_separator"}}},
-     "requests[0].guided_decoding.structural_tag.format.type", "'triggered_tags'"),
+     "requests[0].guided_decoding.structural_tag.format.tags[0].content.pattern", "must be given"),
+    ({"structural_tag": {"format": {**TRIGGERED, "type": "dispatch"}}},
+     "requests[0].guided_decoding.structural_tag.format.type", "a format implemented here"),
+    ({"structural_tag": {"format": {"type": "tag", "begin": "<a>", "content": {"type": "any_text", "excludes": ["x"]},
+                                    "end": "</a>"}}},
+     "requests[0].guided_decoding.structural_tag.format.content.excludes", "not implemented"),
+    ({"structural_tag": {"format": {"type": "repeat", "min": 3, "max": 2, "content": {"type": "const_string",
+                                                                                      "value": "a"}}}},
+     "requests[0].guided_decoding.structural_tag.format.max", ">= `min` (3)"),
+    ({"structural_tag": {"format": {**TRIGGERED, "tags": [{"type": "json_schema", "json_schema": {}}]}}},
+     "requests[0].guided_decoding.structural_tag.format.tags[0].type", "'tag'"),
     ({"json_object": False}, "requests[0].guided_decoding.json_object", "true"),
     ({"json_schema": "{not json"}, "requests[0].guided_decoding.json_schema", "invalid JSON"),
     ({"json_schema": [1]}, "requests[0].guided_decoding.json_schema", "an object or a boolean"),
@@ -85,10 +95,13 @@ def test_both_structural_tag_spellings_read_as_one():
         {"type": "tag", "begin": "<f=get>", "content": {"type": "json_schema", "json_schema": schema}, "end": "</f>"},
         {"begin": "<f=weather>", "content": {"type": "json_schema", "json_schema": True}, "end": "</f>"}]}}
     read = [json.loads(parse_input({"requests": [request(guided_decoding={"structural_tag": v})]})
-                       .requests[0].guided_decoding.text)["tags"] for v in (vllm, xgrammar, json.dumps(vllm))]
-    assert read[1][0]["at"] == "requests[0].guided_decoding.structural_tag.format.tags[0].content.json_schema"
-    assert read[0][1]["at"] == "requests[0].guided_decoding.structural_tag.structures[1].schema"
-    tags = [[{k: v for k, v in t.items() if k != "at"} for t in r] for r in read]  # (where each was written)
+                       .requests[0].guided_decoding.text)["format"]["tags"] for v in (vllm, xgrammar, json.dumps(vllm))]
+    assert read[1][0]["content"]["at"] == "requests[0].guided_decoding.structural_tag.format.tags[0].content.json_schema"
+    assert read[0][1]["content"]["at"] == "requests[0].guided_decoding.structural_tag.structures[1].schema"
+    for r in read:
+        for t in r:
+            del t["content"]["at"]  # (where each was written)
+    tags = read
     assert tags[0] == tags[1] == tags[2]
     assert [(t["trigger"], t["begin"]) for t in tags[0]] == [("<f", "<f=get>"), ("<f", "<f=weather>")]
 
@@ -431,6 +444,57 @@ def test_xgrammars_tag_flags_hold_the_answer(tiny_engine, at_least_one, stop_aft
         return not any(m.consume(t) for t in tok.encode(text)) and bool(m.allowed()[eos])
     assert [t for t in accepted if not accepts(t)] == []
     assert [t for t in refused if accepts(t)] == []
+
+
+THINK = {"type": "tag", "begin": "<think>", "content": {"type": "any_text"}, "end": "</think>"}
+CALLS = {"type": "triggered_tags", "triggers": ["<f"],
+         "tags": [{"begin": "<f=get>", "content": {"type": "json_schema", "json_schema": {"enum": [1]}}, "end": "</f>"}]}
+
+
+@pytest.mark.parametrize("fmt, accepted, refused", [
+    # XGrammar's recipe for a reasoning model with tools: a thought first, then text with calls
+    ({"type": "sequence", "elements": [THINK, CALLS]},
+     ["<think>why</think>ok <f=get>1</f> done", "<think></think>"], ["no thought", "<think>a</think><f=got>"]),
+    # free text inside a tag ends where its end (either of its ends) first appears
+    ({"type": "tag", "begin": "<a>", "content": {"type": "any_text"}, "end": ["</a>", "</b>"]},
+     ["<a>x y</a>", "<a>x</b>"], ["<a>x</a>y", "<a>x"]),
+    ({"type": "tag", "begin": "<r>", "content": CALLS, "end": "</r>"},
+     ["<r>hi <f=get>1</f> bye</r>", "<r></r>"], ["<r>hi <f=get>2</f></r>", "<r>x</r>y"]),
+    ({"type": "tags_with_separator", "separator": ",", "at_least_one": True,
+      "tags": [{"begin": "<n>", "content": {"type": "regex", "pattern": "[0-9]+"}, "end": "</n>"}]},
+     ["<n>1</n>", "<n>1</n>,<n>22</n>"], ["", "<n>1</n> ,<n>2</n>", "<n>x</n>"]),
+    ({"type": "sequence", "elements": [{"type": "const_string", "value": "A:"},
+                                       {"type": "or", "elements": [{"type": "const_string", "value": "yes"},
+                                                                   {"type": "const_string", "value": "no"}]},
+                                       {"type": "optional", "content": {"type": "const_string", "value": "!"}},
+                                       {"type": "repeat", "min": 1, "max": 2,
+                                        "content": {"type": "const_string", "value": "."}}]},
+     ["A:yes.", "A:no!..", "A:yes!."], ["A:maybe.", "A:yes", "A:no..."]),
+    ({"type": "plus", "content": {"type": "const_string", "value": "ab"}}, ["ab", "abab"], ["", "aba"]),
+    ({"type": "star", "content": {"type": "const_string", "value": "ab"}}, ["", "abab"], ["a"]),
+    # a special token as a tag's begin or end is that token, by its text or its id
+    ({"type": "tag", "begin": {"type": "token", "token": "<|im_start|>"}, "content": {"type": "any_text"},
+      "end": {"type": "token", "token": "<|im_end|>"}}, [], []),
+])
+def test_xgrammars_formats_hold_the_answer(tiny_engine, fmt, accepted, refused):
+    pytest.importorskip("torch")
+    from trtllm.runtime import grammar
+    from trtllm.runtime.tokenizer import Tokenizer
+
+    tok = Tokenizer.from_engine_dir(tiny_engine("llama"))
+    eos = tok.token_to_id("<|im_end|>")
+    grammars = grammar.Grammars(tok.to_json(), tok.vocab_size, [eos])
+
+    def accepts(text: str, end: bool = True) -> bool:
+        m = grammars.matcher(guided.parse({"structural_tag": {"format": fmt}}, "g"))
+        return not any(m.consume(t) for t in tok.encode(text)) and (not end or bool(m.allowed()[eos]))
+    assert [t for t in accepted if not accepts(t)] == []
+    assert [t for t in refused if accepts(t)] == []
+    if fmt["type"] == "tag" and isinstance(fmt["begin"], dict):  # the tokens, not their spelling
+        start = tok.token_to_id("<|im_start|>")
+        m = grammars.matcher(guided.parse({"structural_tag": {"format": fmt}}, "g"))
+        assert m.allowed()[start] and m.allowed().sum() == 1
+        assert not m.consume(start) and not any(m.consume(t) for t in tok.encode("hi"))
 
 
 def test_a_structural_tags_schema_that_does_not_compile_is_named(tiny_engine):
