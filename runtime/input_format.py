@@ -30,6 +30,7 @@ from trtllm.runtime.messages import (  # noqa: F401 - ContentItem: part of this 
     ContentItem,
     Message,
     parse_messages as _messages,
+    parse_template_kwargs as _template_kwargs,
     parse_tools as _tools,
 )
 from trtllm.runtime.strict_json import (  # the parsers, under this module's private names
@@ -89,6 +90,7 @@ class Request:
     tools: tuple[dict, ...] | None = None  # the tool definitions its chat template shows (its own, else the file's)
     tool_choice: tool_calls.ToolChoice | None = None  # None: not given ("auto" where there are tools)
     tool_call_parser: str | None = None  # how "auto" reads calls out of the answer (None: it does not)
+    chat_template_kwargs: dict | None = None  # more variables for its chat template (its own, else the file's)
     # --context-reuse (Edge-LLM's policies): restore earlier requests' KV; keep this one's, and its answer's
     context_cache_lookup_policy: str = "use_cache"
     context_cache_commit_policy: str = "including_generated_tokens"
@@ -109,8 +111,7 @@ class Request:
     include_stop_str_in_output: bool = False  # the stop string stays in the text (vLLM's)
     skip_special_tokens: bool = True  # False: special tokens' text is in it (vLLM's)
     spec_proposal_sampling: str = "auto"  # EAGLE drafts of a sampled row: "greedy" the head's argmax (Edge-LLM's)
-    # the keys this request gave itself (parse_input fills it); a setting not in it was inherited
-    # from the top level, so errors about it name the top-level path. Not part of equality.
+    # the keys it gave itself (parse_input fills it): errors about others name the top level's path
     own_fields: frozenset[str] = field(default=frozenset(), compare=False)
 
     def media_types(self) -> set[str]:
@@ -134,6 +135,7 @@ class InputFile:
     tools: tuple[dict, ...] | None = None
     tool_choice: tool_calls.ToolChoice | None = None
     tool_call_parser: str | None = None
+    chat_template_kwargs: dict | None = None
     context_cache_lookup_policy: str = "use_cache"
     context_cache_commit_policy: str = "including_generated_tokens"
     available_lora_weights: dict[str, str] = field(default_factory=dict)
@@ -264,8 +266,7 @@ def _lora_name(value: object, path: str) -> str | None:
     return None if value is None or value == "" else _string(value, path)
 
 
-# Keys other readers write for a setting of ours (Edge-LLM after 0.10): read as ours; both in one
-# object is an error, as the two could disagree.
+# Keys other readers write for a setting of ours (Edge-LLM after 0.10): read as ours (not both).
 _ALIASES = {"sampling_seed": "seed"}
 
 
@@ -273,7 +274,7 @@ _ALIASES = {"sampling_seed": "seed"}
 # the default), as Edge-LLM after 0.10 reads these; OpenAI clients write null for an unset option too.
 NULL_IS_UNSET = frozenset({"sampling_seed", "seed", "logit_bias", "guided_decoding", "context_cache_lookup_policy",
                            "context_cache_commit_policy", "spec_proposal_sampling", "tools", "tool_choice",
-                           "tool_call_parser"})
+                           "tool_call_parser", "chat_template_kwargs"})
 
 
 def _unset_nulls(value: object) -> object:
@@ -310,6 +311,7 @@ _REQUEST_FIELDS = {
     "tools": _tools,
     "tool_choice": tool_calls.parse_choice,
     "tool_call_parser": tool_calls.parse_parser,
+    "chat_template_kwargs": _template_kwargs,
     **CONTEXT_FIELDS,
     **_SAMPLING_FIELDS_READ,
 }
@@ -358,7 +360,7 @@ def _request(value: object, path: str, top: InputFile, bundled: tuple[str, ...] 
         tools=tools,
         tool_choice=choice,
         tool_call_parser=parser,
-        **{name: f[name] if name in f else getattr(top, name) for name in CONTEXT_FIELDS},
+        **{name: f[name] if name in f else getattr(top, name) for name in ("chat_template_kwargs", *CONTEXT_FIELDS)},
         **sampling,
         own_fields=frozenset(f),
     )
@@ -374,6 +376,7 @@ _TOP_FIELDS = {
     "tools": _tools,
     "tool_choice": tool_calls.parse_choice,
     "tool_call_parser": tool_calls.parse_parser,
+    "chat_template_kwargs": _template_kwargs,
     **CONTEXT_FIELDS,
     "available_lora_weights": _lora_weights,
     "requests": lambda v, p: v,  # parsed below, once the LoRA names and defaults are known

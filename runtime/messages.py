@@ -5,6 +5,7 @@ transformers hands them over. Each is checked as strictly as the rest of the fil
 names its JSON path. Stdlib only."""
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from trtllm.runtime.strict_json import (
@@ -19,6 +20,7 @@ from trtllm.runtime.strict_json import (
     fail as _fail,
     raise_all,
     json_object as _object,
+    key_path,
     number as _number,
     one_of as _one_of,
     string as _string,
@@ -204,3 +206,22 @@ def parse_tools(value: object, path: str) -> tuple[dict, ...]:
     return tuple(tools)
 
 
+# What the runtime itself passes a chat template, which chat_template_kwargs may not replace
+RESERVED_KWARGS = ("messages", "add_generation_prompt", "tools", "documents", "continue_final_message")
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def parse_template_kwargs(value: object, path: str) -> dict:
+    """`chat_template_kwargs` (vLLM's): more variables for the chat template (`enable_thinking`,
+    `reasoning_effort`, ...), name -> any JSON value, as transformers' apply_chat_template(**kwargs)."""
+    obj = _object(value, path, "variable name -> value, for the chat template")
+    for key, item in obj.items():
+        at = key_path(path, key)
+        if not isinstance(key, str) or not _NAME.fullmatch(key):
+            _fail(at, "keyed by a template variable's name (letters, digits, _)", key)
+        if key in RESERVED_KWARGS:
+            _fail(at, f"not one of {_one_of(RESERVED_KWARGS)} (the runtime passes those; `{key}` has a field "
+                  "of its own or none)", key)
+        check_value(item, at)
+    _sized([obj], path, "chat template variables")
+    return dict(obj)

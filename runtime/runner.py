@@ -126,6 +126,15 @@ class Runner:
         return error
 
     def prepare(self, index: int, req: fmt.Request, inp: fmt.InputFile, adapters: AdapterSet) -> Prepared:
+        """The request as ids (`prepared`), or why it cannot run; a failure of ours in doing so is
+        that request's error alone."""
+        try:
+            return self.prepared(index, req, inp, adapters)
+        except Exception as e:  # noqa: BLE001 - one request's failure is its own, whatever it is
+            return Prepared(index, req, error=f"`requests[{index}]` could not be prepared ({type(e).__name__}: {e}; "
+                                              "a bug in trtllm-edge: please report it with this request)")
+
+    def prepared(self, index: int, req: fmt.Request, inp: fmt.InputFile, adapters: AdapterSet) -> Prepared:
         p = Prepared(index, req)
         p.error = unsupported(req, index) or self.check_guide(p)
         if p.error:
@@ -142,7 +151,7 @@ class Runner:
         templated = inp.apply_chat_template and self.template is not None
         parts = templated and self.template.takes_parts
         messages = [{"role": m.role, "content": m.parts() if parts else m.text(), **m.fields()} for m in req.messages]
-        p.error = self.unseen_tools(index, req, templated)
+        p.error = self.unseen_tools(index, req, templated) or self.unread_kwargs(index, req, templated)
         if p.error:
             return p
         try:
@@ -150,7 +159,7 @@ class Runner:
                 fp = self.template.format(messages, add_generation_prompt=inp.add_generation_prompt,
                                           default_system_prompt=inp.default_system_prompt,
                                           continue_final_message=req.continue_final_message,
-                                          enable_thinking=inp.enable_thinking,
+                                          **{"enable_thinking": inp.enable_thinking, **(req.chat_template_kwargs or {})},
                                           **({"tools": list(req.tools)} if req.tools is not None else {}))
             else:
                 if inp.default_system_prompt is not None and not any(m["role"] == "system" for m in messages):
@@ -190,6 +199,18 @@ class Runner:
         if not (self.template.reads("tools") if shown == "tools" else "tool_calls" in self.template.source):
             return f"`{where}`: the engine's chat template does not show {shown} to the model"
         return None
+
+    def unread_kwargs(self, index: int, req: fmt.Request, templated: bool) -> str | None:
+        """Why a chat_template_kwargs variable would change nothing: no template, or one that never
+        reads it (the setting would be silently lost)."""
+        if not req.chat_template_kwargs:
+            return None
+        where = f"requests[{index}].chat_template_kwargs" if "chat_template_kwargs" in req.own_fields else \
+            "chat_template_kwargs"
+        if not templated:
+            return f"`{where}` needs the chat template (apply_chat_template, and an engine with one)"
+        unread = [name for name in req.chat_template_kwargs if not self.template.reads(name)]
+        return f"`{where}.{unread[0]}`: the engine's chat template does not read it" if unread else None
 
     def make_row(self, smp: Sample) -> RowState:
         p, req = smp.prepared, smp.prepared.request

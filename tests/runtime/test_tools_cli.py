@@ -11,6 +11,7 @@ import pytest
 
 from tests.runtime.test_chat_template import QWEN_TOOLS
 from trtllm.runtime import tool_calls
+from trtllm.runtime.runner import Runner
 
 pytest.importorskip("torch")  # the tiny engine is built with the builder
 transformers = pytest.importorskip("transformers")
@@ -143,3 +144,39 @@ def test_tool_choice_errors_name_the_field_and_fail_alone(run_cli, tmp_path, tin
         {"messages": ask}, {"messages": ask, "tool_choice": "required"}]})
     assert result.exit_code == 1 and "error" not in out["responses"][0]
     assert out["responses"][1]["error"].startswith("`requests[1]` could not be read (ZeroDivisionError: boom; a bug")
+    monkeypatch.setattr(Runner, "unread_kwargs", broken)  # and so does one in preparing it
+    result, out = run_cli(engine, {"temperature": 0, "max_generate_length": 4, "requests": [{"messages": ask}]})
+    assert result.exit_code == 1 and out["responses"][0]["error"].startswith(
+        "`requests[0]` could not be prepared (ZeroDivisionError: boom; a bug")
+
+
+KWARGS_TEMPLATE = ("{% for m in messages %}{{ m.content }}{% endfor %}{% if reasoning_effort %}[{{ reasoning_effort }}]"
+                   "{% endif %}{% if enable_thinking %}<think>{% endif %}{% if opts %}{{ opts.n + 1 }}{% endif %}")
+
+
+def test_chat_template_kwargs_reach_the_template_as_transformers_passes_them(run_cli, tmp_path, tiny_engine):
+    """vLLM's chat_template_kwargs (top level, or a request's replacing it): the template renders as
+    transformers' apply_chat_template(**kwargs) does, and they win over enable_thinking. A variable
+    the template never reads, or one without a template, fails its request alone, naming it."""
+    engine = tmp_path / "engine"
+    shutil.copytree(tiny_engine("llama"), engine)
+    (engine / "chat_template.jinja").write_text(KWARGS_TEMPLATE)
+    ask = [{"role": "user", "content": "Hi"}]
+    result, out = run_cli(engine, {"max_generate_length": 2, "temperature": 0, "enable_thinking": False,
+                                   "chat_template_kwargs": {"reasoning_effort": "high", "opts": {"n": 2}},
+                                   "requests": [{"messages": ask},
+                                                {"messages": ask, "chat_template_kwargs": {"enable_thinking": True}},
+                                                {"messages": ask, "chat_template_kwargs": {"effort": 1}},
+                                                {"messages": ask, "chat_template_kwargs": {"tools": []}}]})
+    assert result.exit_code == 1, result.output
+    first, second, unread, reserved = out["responses"]
+    hf = transformers.AutoTokenizer.from_pretrained(engine)
+    hf.chat_template = KWARGS_TEMPLATE
+    assert first["formatted_complete_request"] == hf.apply_chat_template(
+        ask, tokenize=False, add_generation_prompt=True, reasoning_effort="high", opts={"n": 2}) == "Hi[high]3"
+    assert second["formatted_complete_request"] == "Hi<think>"  # its own replace the file's
+    assert unread["error"] == "`requests[2].chat_template_kwargs.effort`: the engine's chat template does not read it"
+    assert reserved["error"].startswith("`requests[3].chat_template_kwargs.tools` must be not one of")
+    result, out = run_cli(engine, {"apply_chat_template": False, "chat_template_kwargs": {"opts": 1},
+                                   "requests": [{"messages": ask}]})
+    assert out["responses"][0]["error"].startswith("`chat_template_kwargs` needs the chat template")
