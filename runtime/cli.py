@@ -25,7 +25,7 @@ import click
 from trtllm.runtime import files
 from trtllm.runtime import input_format as fmt
 from trtllm.runtime import input_checks
-from trtllm.runtime import interrupt
+from trtllm.runtime import interrupt, reasoning
 from trtllm.runtime.generation_config import model_defaults
 from trtllm.runtime.tool_calls import PARSERS
 
@@ -84,16 +84,15 @@ class Printer:
             if not pipe and self.tell:
                 click.echo(f"warning: stdout could not be written ({e}); the run goes on for --output", err=True)
 
-    def chunk(self, sample, text: str, finish_reason: str | None, token_ids: list[int], calls=None) -> None:
+    def chunk(self, sample, text: str, finish_reason: str | None, token_ids: list[int], fields=None) -> None:
         """One streamed piece: {"request_idx", "sample_idx", "text", "token_ids"[, "finish_reason"][,
-        "content", "tool_calls"]} per line (the calls read out of the answer, on its last line)."""
+        "reasoning_content", "content", "tool_calls"]} per line (what was read out of the answer, on
+        its last line)."""
         record = {"request_idx": sample.prepared.index, "sample_idx": sample.sample_idx, "text": text,
                   "token_ids": token_ids}
         if finish_reason:
             record["finish_reason"] = finish_reason
-        if calls is not None:
-            record["content"], record["tool_calls"] = calls
-        self.line(record)
+        self.line({**record, **(fields or {})})
 
 
 def write_stdout(text: str) -> None:
@@ -241,6 +240,10 @@ def check_batch_size(inp: fmt.InputFile, manifest) -> None:
 @click.option("--num-logprobs", type=click.IntRange(0, fmt.MAX_NUM_LOGPROBS), default=None,
               help="Replace the input file's num_logprobs, top level and in each request that sets its own "
                    "(Edge-LLM's --numLogprobs).")
+@click.option("--reasoning-parser", type=click.Choice(reasoning.PARSERS), default=None,
+              help="Split a thinking model's answers into reasoning_content and content: replaces the input "
+                   "file's reasoning_parser, top level and in each request that sets its own (vLLM's "
+                   "--reasoning-parser).")
 @click.option("--tool-call-parser", type=click.Choice(PARSERS), default=None,
               help="Read tool calls in this format out of the answers to requests with tools: replaces the "
                    "input file's tool_call_parser, top level and in each request that sets its own (vLLM's "
@@ -287,9 +290,10 @@ def check_batch_size(inp: fmt.InputFile, manifest) -> None:
                    "with a decode step between chunks, so their streams keep going (0: each prompt in one "
                    "step).")
 def main(input_file: Path, engine_dir: Path, output: str | None, profile: str | None, batch_size: int | None,
-         max_generate_length: int | None, num_logprobs: int | None, tool_call_parser: str | None,
-         sampling_defaults: str, warmup: int, stream: bool, context_reuse: bool, kv_cache_dir: Path | None,
-         kv_cache_size: str, threads: int | None, huge_pages: bool, spec_draft_step: int | str, spec_draft_top_k: int | str, spec_verify_size: int | str,
+         max_generate_length: int | None, num_logprobs: int | None, reasoning_parser: str | None,
+         tool_call_parser: str | None, sampling_defaults: str, warmup: int, stream: bool, context_reuse: bool,
+         kv_cache_dir: Path | None, kv_cache_size: str, threads: int | None, huge_pages: bool,
+         spec_draft_step: int | str, spec_draft_top_k: int | str, spec_verify_size: int | str,
          prefill_chunk: int) -> None:
     """Answer the requests in INPUT_FILE with the engine in --engine."""
     hold_stdout()
@@ -299,6 +303,7 @@ def main(input_file: Path, engine_dir: Path, output: str | None, profile: str | 
             overrides = {name: value for name, value in (("batch_size", batch_size),
                                                          ("max_generate_length", max_generate_length),
                                                          ("num_logprobs", num_logprobs),
+                                                         ("reasoning_parser", reasoning_parser),
                                                          ("tool_call_parser", tool_call_parser))
                          if value is not None}
             serve(input_file, engine_dir, output, profile, stream, kv_cache_dir, kv_cache_size, threads, huge_pages,

@@ -24,7 +24,7 @@ import re
 import struct
 from dataclasses import dataclass, field
 
-from trtllm.runtime import files, guided, tool_calls
+from trtllm.runtime import files, guided, reasoning, tool_calls
 from trtllm.runtime.messages import (  # noqa: F401 - ContentItem: part of this module's API
     MEDIA_TYPES,
     ContentItem,
@@ -52,6 +52,7 @@ from trtllm.runtime.strict_json import (  # the parsers, under this module's pri
     json_object as _object,
     fields as _fields,
     key_path as _key_path,
+    without_nulls as _without_nulls,
 )
 
 MAX_BATCH_SIZE = 16
@@ -91,6 +92,7 @@ class Request:
     tool_choice: tool_calls.ToolChoice | None = None  # None: not given ("auto" where there are tools)
     tool_call_parser: str | None = None  # how "auto" reads calls out of the answer (None: it does not)
     chat_template_kwargs: dict | None = None  # more variables for its chat template (its own, else the file's)
+    reasoning_parser: str | None = None  # splits the answer into reasoning_content and content (vLLM's)
     # --context-reuse (Edge-LLM's policies): restore earlier requests' KV; keep this one's, and its answer's
     context_cache_lookup_policy: str = "use_cache"
     context_cache_commit_policy: str = "including_generated_tokens"
@@ -136,6 +138,7 @@ class InputFile:
     tool_choice: tool_calls.ToolChoice | None = None
     tool_call_parser: str | None = None
     chat_template_kwargs: dict | None = None
+    reasoning_parser: str | None = None
     context_cache_lookup_policy: str = "use_cache"
     context_cache_commit_policy: str = "including_generated_tokens"
     available_lora_weights: dict[str, str] = field(default_factory=dict)
@@ -274,15 +277,8 @@ _ALIASES = {"sampling_seed": "seed"}
 # the default), as Edge-LLM after 0.10 reads these; OpenAI clients write null for an unset option too.
 NULL_IS_UNSET = frozenset({"sampling_seed", "seed", "logit_bias", "guided_decoding", "context_cache_lookup_policy",
                            "context_cache_commit_policy", "spec_proposal_sampling", "tools", "tool_choice",
-                           "tool_call_parser", "chat_template_kwargs"})
+                           "tool_call_parser", "chat_template_kwargs", "reasoning_parser"})
 
-
-def _unset_nulls(value: object) -> object:
-    if not isinstance(value, dict) or not any(value.get(k, 0) is None for k in NULL_IS_UNSET):
-        return value
-    out = JsonObject((k, v) for k, v in value.items() if not (v is None and k in NULL_IS_UNSET))
-    out.duplicates = getattr(value, "duplicates", ())
-    return out
 
 
 def _resolve_aliases(f: dict, path: str) -> dict:
@@ -296,6 +292,7 @@ def _resolve_aliases(f: dict, path: str) -> dict:
 
 
 # Edge-LLM's (after 0.10) context reuse policies, which apply with trtllm-run --context-reuse
+INHERITED = ("chat_template_kwargs", "reasoning_parser")  # (a request's own, else the top level's)
 CONTEXT_FIELDS = {"context_cache_lookup_policy": _choice(("use_cache", "bypass")),
                    "context_cache_commit_policy": _choice(("including_generated_tokens", "prefill_state_only"))}
 
@@ -312,13 +309,15 @@ _REQUEST_FIELDS = {
     "tool_choice": tool_calls.parse_choice,
     "tool_call_parser": tool_calls.parse_parser,
     "chat_template_kwargs": _template_kwargs,
+    "reasoning_parser": reasoning.parse_parser,
     **CONTEXT_FIELDS,
     **_SAMPLING_FIELDS_READ,
 }
 
 
 def _request(value: object, path: str, top: InputFile, bundled: tuple[str, ...] = ()) -> Request:
-    f = _resolve_aliases(_fields(_unset_nulls(value), path, _REQUEST_FIELDS, "a request", ("messages",)), path)
+    value = _without_nulls(value, NULL_IS_UNSET)
+    f = _resolve_aliases(_fields(value, path, _REQUEST_FIELDS, "a request", ("messages",)), path)
     loras = {**dict.fromkeys(bundled, ""), **top.available_lora_weights}
     lora_name = f.get("lora_name")
     if lora_name is not None and lora_name not in loras:
@@ -360,7 +359,7 @@ def _request(value: object, path: str, top: InputFile, bundled: tuple[str, ...] 
         tools=tools,
         tool_choice=choice,
         tool_call_parser=parser,
-        **{name: f[name] if name in f else getattr(top, name) for name in ("chat_template_kwargs", *CONTEXT_FIELDS)},
+        **{name: f[name] if name in f else getattr(top, name) for name in (*INHERITED, *CONTEXT_FIELDS)},
         **sampling,
         own_fields=frozenset(f),
     )
@@ -377,6 +376,7 @@ _TOP_FIELDS = {
     "tool_choice": tool_calls.parse_choice,
     "tool_call_parser": tool_calls.parse_parser,
     "chat_template_kwargs": _template_kwargs,
+    "reasoning_parser": reasoning.parse_parser,
     **CONTEXT_FIELDS,
     "available_lora_weights": _lora_weights,
     "requests": lambda v, p: v,  # parsed below, once the LoRA names and defaults are known
@@ -392,7 +392,8 @@ def parse_input(obj: object, bundled_loras: tuple[str, ...] = (), isolate: bool 
     for key in obj if isinstance(obj, dict) else ():
         if key in _REQUEST_FIELDS and key not in _TOP_FIELDS:  # not an unknown key: a misplaced one
             _fail(key, f"set in each request (`requests[i].{key}`)", obj[key], shown="it at the top level")
-    top = _resolve_aliases(_fields(_unset_nulls(obj), "", _TOP_FIELDS, "the input file", ("requests",)), "")
+    obj = _without_nulls(obj, NULL_IS_UNSET)
+    top = _resolve_aliases(_fields(obj, "", _TOP_FIELDS, "the input file", ("requests",)), "")
     raw_requests = top.pop("requests")
     if not isinstance(raw_requests, list) or not raw_requests:
         _fail("requests", "a non-empty array of request objects", raw_requests)

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from trtllm.runtime import input_format as fmt
-from trtllm.runtime import interrupt, tool_calls
+from trtllm.runtime import interrupt, reasoning, tool_calls
 from trtllm.runtime.chat_template import ChatTemplate, ChatTemplateError, raw_prompt
 from trtllm.runtime.engine import Engine
 from trtllm.runtime.generate import PrefixSource, RowState, Timing, run_rows
@@ -156,11 +156,11 @@ class Runner:
             return p
         try:
             if templated:
+                extra = {"enable_thinking": inp.enable_thinking, **(req.chat_template_kwargs or {}),
+                         **({"tools": list(req.tools)} if req.tools is not None else {})}
                 fp = self.template.format(messages, add_generation_prompt=inp.add_generation_prompt,
                                           default_system_prompt=inp.default_system_prompt,
-                                          continue_final_message=req.continue_final_message,
-                                          **{"enable_thinking": inp.enable_thinking, **(req.chat_template_kwargs or {})},
-                                          **({"tools": list(req.tools)} if req.tools is not None else {}))
+                                          continue_final_message=req.continue_final_message, **extra)
             else:
                 if inp.default_system_prompt is not None and not any(m["role"] == "system" for m in messages):
                     messages = [{"role": "system", "content": inp.default_system_prompt}, *messages]
@@ -245,8 +245,8 @@ class Runner:
             if chunk or row.finish_reason:
                 ids, sent[id(row)] = row.output_ids[sent[id(row)]:], len(row.output_ids)
                 smp = owner[id(row)]
-                calls = self.calls_of(smp) if row.finish_reason not in (None, "cancelled") else None
-                on_text(smp, chunk, row.finish_reason, ids, *([calls] if calls else []))
+                fields = self.message_of(smp) if row.finish_reason not in (None, "cancelled") else {}
+                on_text(smp, chunk, row.finish_reason, ids, *([fields] if fields else []))
 
         # trtllm-run: once generation is over (settle), an interrupt waits until the answers are
         # written; before, the first one ends generation, caught below wherever it lands
@@ -283,9 +283,7 @@ class Runner:
             return res
         res["finish_reason"] = row.finish_reason
         res["output_text"] = self.answer(smp)
-        calls = self.calls_of(smp)
-        if calls is not None:  # vLLM's message fields: the text around the calls, and the calls
-            res["content"], res["tool_calls"] = calls
+        res.update(self.message_of(smp))  # vLLM's message fields: reasoning, content, tool calls
         # vLLM's and Edge-LLM's forks' counts: every generated id, a final EOS or stop token included
         res.update(output_ids=list(row.output_ids), prompt_tokens=len(row.prompt_ids),
                    output_tokens=len(row.output_ids))
@@ -304,17 +302,23 @@ class Runner:
             return row.text.final_text()
         return self.tokenizer.decode(row.visible_ids(), smp.prepared.request.skip_special_tokens)
 
-    def calls_of(self, smp: Sample) -> tuple[str | None, list[dict]] | None:
-        """(content, calls) read out of a finished sample's answer (runtime/tool_calls.py), or None."""
+    def message_of(self, smp: Sample) -> dict:
+        """vLLM's message fields read out of a finished sample's answer: `reasoning_content` (with a
+        reasoning_parser), then `content` and `tool_calls` from the rest (runtime/tool_calls.py);
+        none where nothing was read."""
         p = smp.prepared
-        req = p.request
-        if not req.tools:
-            return None
+        req, text, out = p.request, self.answer(smp), {}
+        if req.reasoning_parser:
+            out["reasoning_content"], text = reasoning.split(text, req.reasoning_parser)
+            out["content"] = text
         try:
-            return tool_calls.extract(self.answer(smp), req.tool_choice, req.tool_call_parser, req.tools,
-                                      key=f"{p.index}\0{smp.sample_idx}\0{p.text}")
+            calls = tool_calls.extract(text or "", req.tool_choice, req.tool_call_parser, req.tools,
+                                       key=f"{p.index}\0{smp.sample_idx}\0{p.text}") if req.tools else None
         except Exception:  # noqa: BLE001 - an answer the parser cannot take is no calls, not a lost run
-            return None
+            calls = None
+        if calls is not None:
+            out["content"], out["tool_calls"] = calls
+        return out
 
     def logprob_step(self, values: np.ndarray, ids: np.ndarray, k: int) -> list[dict]:
         """One token's top-k entries (numpy to Python once per step, with tolist: 4,096 tokens x

@@ -250,6 +250,15 @@ def each(items: list, path: str, parse: Callable) -> list:
     return out
 
 
+def without_nulls(value: object, keys) -> object:
+    """An object without those of `keys` whose value is null (a null that means "not given")."""
+    if not isinstance(value, dict) or not any(value.get(k, 0) is None for k in keys):
+        return value
+    out = JsonObject((k, v) for k, v in value.items() if not (v is None and k in keys))
+    out.duplicates = getattr(value, "duplicates", ())
+    return out
+
+
 def compact(value: object, path: str, what: str) -> str:
     """A value as compact JSON, not ASCII-escaped (its size is about the UTF-8 the user wrote); one
     nested deeper than json.dumps recurses (a few frames past json.loads) fails at `path`."""

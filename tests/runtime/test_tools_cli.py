@@ -99,6 +99,13 @@ def test_tool_choice_forces_calls_and_a_parser_reads_them(run_cli, tmp_path, tin
     assert parsed["tool_calls"][0]["id"].startswith("call_") and parsed["tool_calls"][0]["type"] == "function"
     for free in (none, broken):  # "none" reads no calls; a malformed one leaves the answer as text
         assert "tool_calls" not in free and "content" not in free and free["finish_reason"] == "end-of-sequence"
+    thought = "<think>hm</think>" + "Hi." + CALL  # a thinking model's answer: reasoning, then the rest is read
+    _, out3 = run_cli(engine, {"temperature": 0, "max_generate_length": 96, "tools": WEATHER, "requests": [
+        {"messages": ask, "guided_decoding": {"regex": re.escape(thought)}}]}, "--reasoning-parser", "qwen3",
+        "--tool-call-parser", "hermes")
+    read = out3["responses"][0]
+    assert read["output_text"] == thought and read["reasoning_content"] == "hm" and read["content"] == "Hi."
+    assert _calls(read) == [("wx", {"c": "R"})]
     _, out2 = run_cli(engine, {"temperature": 0, "max_generate_length": 96, "tools": WEATHER, "requests": [
         {}, {}, {}, {"messages": ask, "tool_call_parser": "pythonic",
                      "guided_decoding": {"regex": "Hi\\." + re.escape(CALL)}}]},
