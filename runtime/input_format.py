@@ -31,6 +31,7 @@ from trtllm.runtime.messages import (  # noqa: F401 - ContentItem: part of this 
     Message,
     parse_messages as _messages,
     parse_template_kwargs as _template_kwargs,
+    readable_messages as _readable_messages,
     parse_tools as _tools,
 )
 from trtllm.runtime.strict_json import (  # the parsers, under this module's private names
@@ -93,6 +94,7 @@ class Request:
     tool_call_parser: str | None = None  # how "auto" reads calls out of the answer (None: it does not)
     chat_template_kwargs: dict | None = None  # more variables for its chat template (its own, else the file's)
     reasoning_parser: str | None = None  # splits the answer into reasoning_content and content (vLLM's)
+    parallel_tool_calls: bool = True  # False: one call at most (OpenAI's)
     # --context-reuse (Edge-LLM's policies): restore earlier requests' KV; keep this one's, and its answer's
     context_cache_lookup_policy: str = "use_cache"
     context_cache_commit_policy: str = "including_generated_tokens"
@@ -139,6 +141,7 @@ class InputFile:
     tool_call_parser: str | None = None
     chat_template_kwargs: dict | None = None
     reasoning_parser: str | None = None
+    parallel_tool_calls: bool = True
     context_cache_lookup_policy: str = "use_cache"
     context_cache_commit_policy: str = "including_generated_tokens"
     available_lora_weights: dict[str, str] = field(default_factory=dict)
@@ -277,7 +280,7 @@ _ALIASES = {"sampling_seed": "seed"}
 # the default), as Edge-LLM after 0.10 reads these; OpenAI clients write null for an unset option too.
 NULL_IS_UNSET = frozenset({"sampling_seed", "seed", "logit_bias", "guided_decoding", "context_cache_lookup_policy",
                            "context_cache_commit_policy", "spec_proposal_sampling", "tools", "tool_choice",
-                           "tool_call_parser", "chat_template_kwargs", "reasoning_parser"})
+                           "tool_call_parser", "chat_template_kwargs", "reasoning_parser", "parallel_tool_calls"})
 
 
 
@@ -291,8 +294,8 @@ def _resolve_aliases(f: dict, path: str) -> dict:
     return f
 
 
+INHERITED = ("chat_template_kwargs", "reasoning_parser", "parallel_tool_calls")  # (a request's own, else the top's)
 # Edge-LLM's (after 0.10) context reuse policies, which apply with trtllm-run --context-reuse
-INHERITED = ("chat_template_kwargs", "reasoning_parser")  # (a request's own, else the top level's)
 CONTEXT_FIELDS = {"context_cache_lookup_policy": _choice(("use_cache", "bypass")),
                    "context_cache_commit_policy": _choice(("including_generated_tokens", "prefill_state_only"))}
 
@@ -310,6 +313,7 @@ _REQUEST_FIELDS = {
     "tool_call_parser": tool_calls.parse_parser,
     "chat_template_kwargs": _template_kwargs,
     "reasoning_parser": reasoning.parse_parser,
+    "parallel_tool_calls": _bool,
     **CONTEXT_FIELDS,
     **_SAMPLING_FIELDS_READ,
 }
@@ -341,7 +345,8 @@ def _request(value: object, path: str, top: InputFile, bundled: tuple[str, ...] 
               f"({sampling['max_generate_length']})", sampling["min_new_tokens"])
     tools, guide_at = f["tools"] if "tools" in f else top.tools, where("guided_decoding")
     choice, parser = (f[n] if n in f else getattr(top, n) for n in ("tool_choice", "tool_call_parser"))
-    forced = tool_calls.guide_for(choice, parser, tools, sampling["guided_decoding"], where)
+    parallel = f["parallel_tool_calls"] if "parallel_tool_calls" in f else top.parallel_tool_calls
+    forced = tool_calls.guide_for(choice, parser, tools, sampling["guided_decoding"], where, parallel)
     if forced:  # "required" or a named function: the answer is held to a JSON schema of calls
         sampling["guided_decoding"], guide_at = forced, where("tool_choice")
     if sampling["guided_decoding"] is not None:  # the grammar says where the answer may end, alone
@@ -377,6 +382,7 @@ _TOP_FIELDS = {
     "tool_call_parser": tool_calls.parse_parser,
     "chat_template_kwargs": _template_kwargs,
     "reasoning_parser": reasoning.parse_parser,
+    "parallel_tool_calls": _bool,
     **CONTEXT_FIELDS,
     "available_lora_weights": _lora_weights,
     "requests": lambda v, p: v,  # parsed below, once the LoRA names and defaults are known
@@ -414,15 +420,6 @@ def parse_input(obj: object, bundled_loras: tuple[str, ...] = (), isolate: bool 
             requests.append(dataclasses.replace(PLACEHOLDER, n=n if ok else 1, messages=_readable_messages(r, i)))
             invalid[i] = str(e)
     return dataclasses.replace(settings, requests=tuple(requests), invalid=invalid)
-
-
-def _readable_messages(request: object, i: int) -> tuple[Message, ...]:
-    """A request that could not be read still echoes its conversation where that reads (its error
-    is elsewhere), so that its error response says which it was; else none."""
-    try:
-        return _messages(request["messages"], f"requests[{i}].messages") if isinstance(request, dict) else ()
-    except (InputError, KeyError):
-        return ()
 
 
 # What stands for a request that could not be read (parse_input's isolate): it never runs (its

@@ -225,3 +225,12 @@ def parse_template_kwargs(value: object, path: str) -> dict:
         check_value(item, at)
     _sized([obj], path, "chat template variables")
     return dict(obj)
+
+
+def readable_messages(request: object, i: int) -> tuple[Message, ...]:
+    """A request that could not be read still echoes its conversation where that reads (its error
+    is elsewhere), so that its error response says which it was; else none."""
+    try:
+        return parse_messages(request["messages"], f"requests[{i}].messages") if isinstance(request, dict) else ()
+    except (InputError, KeyError):
+        return ()

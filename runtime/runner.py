@@ -313,7 +313,8 @@ class Runner:
             out["content"] = text
         try:
             calls = tool_calls.extract(text or "", req.tool_choice, req.tool_call_parser, req.tools,
-                                       key=f"{p.index}\0{smp.sample_idx}\0{p.text}") if req.tools else None
+                                       key=f"{p.index}\0{smp.sample_idx}\0{p.text}",
+                                       parallel=req.parallel_tool_calls) if req.tools else None
         except Exception:  # noqa: BLE001 - an answer the parser cannot take is no calls, not a lost run
             calls = None
         if calls is not None:

@@ -54,10 +54,10 @@ parse_parser = choice(PARSERS)
 
 
 def guide_for(tc: ToolChoice | None, parser: str | None, tools: tuple[dict, ...] | None,
-              guide: guided.Guide | None, where) -> guided.Guide | None:
+              guide: guided.Guide | None, where, parallel: bool = True) -> guided.Guide | None:
     """A request's forced_guide, checked against its other settings (`guide`: its guided_decoding;
     `where(name)`: the JSON path where the request got a setting, its own or the top level's)."""
-    forced = tc and forced_guide(tc, tools, where("tool_choice"), where("tools"))
+    forced = tc and forced_guide(tc, tools, where("tool_choice"), where("tools"), parallel)
     if forced and guide is not None:
         fail(where("tool_choice"), f'"auto" or "none" with `{where("guided_decoding")}` (a forced call has a '
              "grammar of its own)", tc.name or tc.mode)
@@ -89,7 +89,8 @@ def _functions(tools: tuple[dict, ...], path: str) -> list[tuple[str, dict]]:
     return out
 
 
-def forced_guide(tc: ToolChoice, tools: tuple[dict, ...] | None, at: str, tools_at: str) -> guided.Guide | None:
+def forced_guide(tc: ToolChoice, tools: tuple[dict, ...] | None, at: str, tools_at: str,
+                 parallel: bool = True) -> guided.Guide | None:
     """The JSON schema a "required" or named tool choice holds the answer to (None: the answer is free)."""
     if tc.mode in ("auto", "none"):
         return None
@@ -104,7 +105,7 @@ def forced_guide(tc: ToolChoice, tools: tuple[dict, ...] | None, at: str, tools_
                  did_you_mean(tc.name, names))
         schema = dict(functions)[tc.name]
     else:
-        schema = _required_schema(functions, tools_at)
+        schema = _required_schema(functions, tools_at, parallel)
     if isinstance(schema, dict) and "x-guidance" not in schema:
         # JSON as json.dumps writes it, which is what models learnt calls from; any whitespace
         # would let a small model run on in blanks until max_generate_length cuts the call short
@@ -113,7 +114,7 @@ def forced_guide(tc: ToolChoice, tools: tuple[dict, ...] | None, at: str, tools_
     return guided.Guide("json_schema", compact(schema, at, "a tool schema"), at)
 
 
-def _required_schema(functions: list[tuple[str, dict]], tools_at: str) -> dict:
+def _required_schema(functions: list[tuple[str, dict]], tools_at: str, parallel: bool = True) -> dict:
     """vLLM's schema for "required": an array of at least one {"name", "parameters"} of a tool.
     Each tool's `$defs` move to the root, where its `#/$defs/...` references point."""
     defs, options = {}, []
@@ -128,7 +129,7 @@ def _required_schema(functions: list[tuple[str, dict]], tools_at: str) -> dict:
                 defs[key] = value
         options.append({"type": "object", "properties": {"name": {"const": name}, "parameters": params},
                         "required": ["name", "parameters"], "additionalProperties": False})
-    schema = {"type": "array", "minItems": 1, "items": {"anyOf": options}}
+    schema = {"type": "array", "minItems": 1, **({} if parallel else {"maxItems": 1}), "items": {"anyOf": options}}
     if defs:
         schema["$defs"] = defs
     return schema
@@ -235,7 +236,7 @@ _READERS = {"hermes": _hermes, "llama3_json": _llama3_json, "pythonic": _pythoni
 
 
 def extract(text: str, tc: ToolChoice | None, parser: str | None, tools: tuple[dict, ...] | None,
-            key: str) -> tuple[str | None, list[dict]] | None:
+            key: str, parallel: bool = True) -> tuple[str | None, list[dict]] | None:
     """(content, calls) read from an answer, or None where it holds no calls (or none were asked
     for). `key` makes the calls' ids (it should name the request and sample): the same answer to
     the same request gets the same ids, so a run's output is reproducible."""
@@ -254,7 +255,7 @@ def extract(text: str, tc: ToolChoice | None, parser: str | None, tools: tuple[d
         got = _READERS[parser](text)
     if got is None or not got[1] or None in got[1]:
         return None
-    content, calls = got
+    content, calls = got[0], got[1] if parallel else got[1][:1]  # (OpenAI's parallel_tool_calls false: the first)
     for k, call in enumerate(calls):
         digest = hashlib.sha256(f"{key}\0{text}\0{k}".encode("utf-8", "surrogatepass")).hexdigest()
         call["id"] = "call_" + digest[:24]

@@ -155,3 +155,14 @@ def test_reasoning_parsers_split_as_vllms_do(parser, text, want):
     from trtllm.runtime.reasoning import split
 
     assert split(text, parser) == want
+
+
+def test_parallel_tool_calls_false_allows_one_call():
+    """OpenAI's parallel_tool_calls false: "required" takes one call at most, a parser keeps the first."""
+    one = json.loads(forced_guide(ToolChoice("required"), TOOLS, "t", "tools", parallel=False).text)
+    assert (one["minItems"], one["maxItems"]) == (1, 1)
+    assert "maxItems" not in json.loads(forced_guide(ToolChoice("required"), TOOLS, "t", "tools").text)
+    text = '<tool_call>{"name": "now", "arguments": {}}</tool_call><tool_call>{"name": "get_weather", "arguments": {}}'
+    got = extract(text, None, "hermes", TOOLS, key="r0", parallel=False)
+    assert [c["function"]["name"] for c in got[1]] == ["now"]
+    assert [c["function"]["name"] for c in extract(text, None, "hermes", TOOLS, key="r0")[1]] == ["now", "get_weather"]
