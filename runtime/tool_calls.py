@@ -26,7 +26,7 @@ from trtllm.runtime.strict_json import (check_keys, choice, compact, did_you_mea
                                         string)
 
 MODES = ("auto", "none", "required")
-PARSERS = ("hermes", "llama3_json", "pythonic")
+PARSERS = ("hermes", "llama3_json", "mistral", "pythonic")
 
 
 @dataclass(frozen=True, slots=True)
@@ -232,7 +232,34 @@ def _required(text: str) -> tuple[str | None, list] | None:
                   else None for i in items]
 
 
-_READERS = {"hermes": _hermes, "llama3_json": _llama3_json, "pythonic": _pythonic}
+def _mistral(text: str) -> tuple[str | None, list] | None:
+    """Mistral's: `[TOOL_CALLS]` (a special token: the answer needs skip_special_tokens false), then
+    a JSON array of {"name", "arguments"} (v3 tokenizers) or `name[ARGS]{...}`, each call after its
+    own `[TOOL_CALLS]` (v11 and later). Content: the text before the first."""
+    start = text.find("[TOOL_CALLS]")
+    if start < 0:
+        return None
+    calls, decoder = [], json.JSONDecoder()
+    for part in text[start:].split("[TOOL_CALLS]")[1:]:
+        part = part.strip()
+        try:
+            if part.startswith("["):
+                items, end = decoder.raw_decode(part)
+                if not isinstance(items, list) or part[end:].strip():
+                    return None
+                calls += [_from_object(item) for item in items]
+            else:
+                name, found, args = part.partition("[ARGS]")
+                value, end = decoder.raw_decode(args.strip())
+                if not found or args.strip()[end:].strip():
+                    return None
+                calls.append(_call(name.strip(), value))
+        except (ValueError, RecursionError):
+            return None
+    return text[:start] or None, calls
+
+
+_READERS = {"hermes": _hermes, "llama3_json": _llama3_json, "mistral": _mistral, "pythonic": _pythonic}
 
 
 def extract(text: str, tc: ToolChoice | None, parser: str | None, tools: tuple[dict, ...] | None,

@@ -166,3 +166,14 @@ def test_parallel_tool_calls_false_allows_one_call():
     got = extract(text, None, "hermes", TOOLS, key="r0", parallel=False)
     assert [c["function"]["name"] for c in got[1]] == ["now"]
     assert [c["function"]["name"] for c in extract(text, None, "hermes", TOOLS, key="r0")[1]] == ["now", "get_weather"]
+
+
+def test_mistral_reads_both_of_its_formats():
+    """v3 tokenizers: [TOOL_CALLS] then a JSON array; v11 on: [TOOL_CALLS]name[ARGS]{...} per call."""
+    assert calls('Sure. [TOOL_CALLS] [{"name": "get_weather", "arguments": {"city": "Paris"}}, {"name": "now", '
+                 '"arguments": {}}]', "mistral") == ("Sure. ", [("get_weather", {"city": "Paris"}), ("now", {})])
+    assert calls('[TOOL_CALLS]get_weather[ARGS]{"city": "Rome"}[TOOL_CALLS]now[ARGS]{}', "mistral") == (
+        None, [("get_weather", {"city": "Rome"}), ("now", {})])
+    for text in ("no calls", '[TOOL_CALLS] [{"name": "now"}]', "[TOOL_CALLS]now{}", '[TOOL_CALLS]now[ARGS]{} x',
+                 '[TOOL_CALLS] [{"name": "now", "arguments": {}}] more'):
+        assert calls(text, "mistral") is None, text
