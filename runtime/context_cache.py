@@ -25,8 +25,6 @@ from trtllm.runtime.prefix_cache import ENTRY_NAME, MAGIC, PrefixStore
 
 BLOCK = 16          # tokens per indexed block: a match is found to the block, then extended token by token
 MIN_TOKENS = BLOCK  # shorter sequences are not worth an entry
-LOOKUP = ("use_cache", "bypass")
-COMMIT = ("including_generated_tokens", "prefill_state_only")
 MAX_HEADER_BYTES = 1 << 24  # an entry's header is its token ids as JSON: far less
 
 
