@@ -31,7 +31,7 @@ class RowState:
     save_prefix: bool = False         # store that prefix's KV for later requests
     num_reused: int = 0               # prompt tokens restored from a saved prefix
     context_lookup: bool = False      # --context-reuse: may restore an earlier request's KV (use_cache)
-    context_commit: str | None = None  # and keeps its own for later ones: context_cache.COMMIT, None: not
+    context_commit: str | None = None  # and keeps its own: its context_cache_commit_policy (None: not)
     computed: int = 0                 # prompt positions whose KV is in its slot (restored, copied or computed)
     adapter: object = None            # its LoRA adapter (runtime/lora.py Adapter), None for the base model
     speculative: bool = True          # may decode speculatively (EAGLE engines; False: disable_spec_decode)
