@@ -41,18 +41,17 @@ def _chain(tokens, adapter: str | None, blocks: int) -> list[bytes]:
 @dataclass
 class ContextCache:
     """The index over the store's entries: the hash of each whole-block prefix of an entry's tokens
-    (per adapter) -> the longest entry that has that prefix,
+    (per adapter) -> the entries that have that prefix,
 
-        entry A = t0..t39 (2 whole blocks)   index: h(b0) -> B, h(b0, b1) -> B, h(b0, b1, b2) -> B
-        entry B = t0..t55 (3 whole blocks)   (B takes over A's blocks: it holds more of what follows)
+        entry A = t0..t39 (2 whole blocks)   index: h(b0) -> {A, B}, h(b0, b1) -> {A, B}
+        entry B = t0..t55 (3 whole blocks)          h(b0, b1, b2) -> {B}
 
     so a prompt's longest whole-block match is one dict look-up per block, from its longest
-    prefix down. `entries` are all the entries indexed, so that a forgotten (evicted) entry's
-    blocks go back to the longest of the others."""
+    prefix down; each entry there is then followed token by token past that block, and the one
+    that goes furthest is restored."""
 
     store: PrefixStore
-    index: dict[bytes, tuple[tuple[int, ...], str | None]] = field(default_factory=dict)
-    entries: set[tuple[tuple[int, ...], str | None]] = field(default_factory=set)
+    index: dict[bytes, set[tuple[tuple[int, ...], str | None]]] = field(default_factory=dict)
     scanned: bool = False
     lookups: int = 0
     hits: int = 0
@@ -60,14 +59,13 @@ class ContextCache:
     commits: int = 0
 
     def add(self, tokens: tuple[int, ...], adapter: str | None) -> None:
-        self.entries.add((tokens, adapter))
         for h in _chain(tokens, adapter, len(tokens) // BLOCK):
-            held = self.index.get(h)
-            if held is None or len(held[0]) < len(tokens):  # the longer entry: it holds more of what follows
-                self.index[h] = (tokens, adapter)
+            self.index.setdefault(h, set()).add((tokens, adapter))
 
     def scan(self) -> None:
-        """Index the entries of this engine that are in the store's directory (other processes')."""
+        """Index the entries of this engine that are in the store's directory (other processes'). A
+        file that does not read as an entry is passed over: the store discards a damaged entry when
+        a load meets it, and a bad file costs reuse, never a request."""
         self.scanned = True
         try:
             paths = [p for p in self.store.dir.iterdir() if ENTRY_NAME.fullmatch(p.name)]
@@ -81,13 +79,14 @@ class ContextCache:
                         continue
                     (size,) = struct.unpack("<Q", head[len(MAGIC):])
                     header = json.loads(f.read(min(size, MAX_HEADER_BYTES)))
-            except (OSError, ValueError):
-                continue  # (a damaged entry is the store's to discard, when a load meets it)
-            if isinstance(header, dict) and header.get("engine") == self.store.engine_id:
-                tokens, adapter = header.get("prefix_ids"), header.get("adapter")
-                if isinstance(tokens, list) and all(isinstance(t, int) for t in tokens) and (
-                        adapter is None or isinstance(adapter, str)):
-                    self.add(tuple(tokens), adapter)
+                tokens, adapter = header["prefix_ids"], header.get("adapter")
+                if header.get("engine") != self.store.engine_id or not (adapter is None or isinstance(adapter, str)):
+                    continue
+                if not all(type(t) is int and 0 <= t < 2**63 for t in tokens):
+                    continue
+                self.add(tuple(tokens), adapter)
+            except (OSError, ValueError, TypeError, KeyError, OverflowError, RecursionError):
+                continue
 
     def lookup(self, prompt: list[int], adapter: str | None, limit: int, layout,
                lag: int = 0) -> np.ndarray | None:
@@ -104,46 +103,52 @@ class ContextCache:
         chain = _chain(prompt, adapter, limit // BLOCK)
         k = len(chain)
         while k > 0:
-            held = self.index.get(chain[k - 1])
-            if held is None or list(held[0][: k * BLOCK]) != prompt[: k * BLOCK]:
+            best, n = None, k * BLOCK
+            for tokens, _ in self.index.get(chain[k - 1], ()):
+                if list(tokens[: k * BLOCK]) != prompt[: k * BLOCK]:
+                    continue  # (a hash collision)
+                m, most = k * BLOCK, min(len(tokens), limit)
+                while m < most and tokens[m] == prompt[m]:
+                    m += 1
+                if best is None or m > n:
+                    best, n = tokens, m
+            if best is None:
                 k -= 1
                 continue
-            tokens = held[0]
-            kv = self.store.load(tokens, adapter, layout(len(tokens)))
+            kv = self.store.load(best, adapter, layout(len(best)))
             if kv is None:  # evicted (by this process or another), or damaged: forget it, look on
-                self.forget(tokens, adapter)
+                self.forget(best, adapter)
                 continue
-            n, most = k * BLOCK, min(len(tokens), limit)
-            while n < most and tokens[n] == prompt[n]:
-                n += 1
             self.hits += lag == 0
             return kv[:, :, :n - lag] if n > lag else None
         return None
 
     def forget(self, tokens: tuple[int, ...], adapter: str | None) -> None:
-        """An entry that is gone: its blocks go back to the longest other entry that has them."""
-        self.entries.discard((tokens, adapter))
-        self.index.clear()
-        for other in sorted(self.entries, key=lambda e: len(e[0])):
-            self.add(*other)
+        """An entry that is gone."""
+        for h in _chain(tokens, adapter, len(tokens) // BLOCK):
+            held = self.index.get(h, set())
+            held.discard((tokens, adapter))
+            if not held:
+                self.index.pop(h, None)
 
     def commit(self, tokens: tuple[int, ...], adapter: str | None, read) -> None:
         """Keep the KV of `tokens` (`read(n)` gives it, for n tokens: lookup's lag less) unless an
-        entry already holds them all."""
+        entry the store still has holds them all."""
         if len(tokens) < MIN_TOKENS:
             return
         if not self.scanned:
             self.scan()
         last = _chain(tokens, adapter, len(tokens) // BLOCK)[-1]
-        held = self.index.get(last)
-        if held is not None and held[0][: len(tokens)] == tokens:
-            if self.store.has(*held):
-                return
-            self.forget(*held)  # (evicted: it holds nothing now)
+        for held in list(self.index.get(last, ())):
+            if held[0][: len(tokens)] == tokens:
+                if self.store.has(*held):
+                    return
+                self.forget(*held)  # (evicted: it holds nothing now)
         self.store.save(tokens, read(len(tokens)), adapter)
         self.commits += 1
         self.add(tokens, adapter)
 
     def profile(self) -> dict:
         return {"lookups": self.lookups, "hits": self.hits, "reused_tokens": self.reused_tokens,
-                "committed_entries": self.commits, "indexed_entries": len(self.entries)}
+                "committed_entries": self.commits,
+                "indexed_entries": len({entry for held in self.index.values() for entry in held})}

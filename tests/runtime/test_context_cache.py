@@ -93,13 +93,31 @@ def test_an_evicted_entry_gives_its_blocks_back_and_does_not_stop_a_commit(tmp_p
     assert fresh.commits == 2 and len(list((tmp_path / "other" / "kv").glob("*.kv"))) == 1
 
 
-def test_a_longer_entry_takes_over_the_blocks_it_shares(tmp_path):
+def test_the_entry_that_shares_most_is_restored_past_the_blocks_others_share(tmp_path):
+    """Entries that share whole blocks are all followed past them: the one that goes furthest wins,
+    whichever is longer (a longer entry that parts from the prompt sooner does not hide it)."""
     c = cache(tmp_path)
-    commit(c, range(300, 300 + 2 * BLOCK))
-    commit(c, [*range(300, 300 + 2 * BLOCK), *range(5 * BLOCK)])  # the next turn's entry
-    assert c.commits == 2 and len({t for t, _ in c.index.values()}) == 1
-    prompt = [*range(300, 300 + 2 * BLOCK), *range(3 * BLOCK)]
+    shared = list(range(300, 300 + 2 * BLOCK))
+    commit(c, [*shared, *range(5 * BLOCK)])  # the next turn's entry
+    commit(c, [*shared, 7, 8, 9, 10, 11])  # shorter, and the prompt's own continuation
+    assert c.commits == 2 and c.profile()["indexed_entries"] == 2
+    prompt = [*shared, 7, 8, 9, 10, 11, 12, 13, 14]
+    assert c.lookup(prompt, None, len(prompt) - 2, layout).shape[2] == 2 * BLOCK + 5
+    prompt = [*shared, *range(3 * BLOCK)]
     assert c.lookup(prompt, None, len(prompt) - 2, layout).shape[2] == len(prompt) - 2
+
+
+def test_a_bad_header_costs_reuse_not_the_run(tmp_path):
+    """A file whose header reads as JSON but not as an entry (a token id past int64, one that is no
+    integer, no prefix_ids) is passed over by the index: the lookups go on."""
+    c = cache(tmp_path)
+    commit(c, range(500, 500 + 2 * BLOCK))
+    path = next((tmp_path / "kv").glob("*.kv"))
+    data = path.read_bytes()
+    for bad in (b"100000000000000000000", b'"5"', b"-1"):
+        (tmp_path / "kv" / ("0" * 63 + "1.kv")).write_bytes(data.replace(b"[500,", b"[" + bad + b",", 1))
+        later = cache(tmp_path)
+        assert later.lookup([*range(500, 500 + 2 * BLOCK), 1, 2], None, 2 * BLOCK, layout).shape[2] == 2 * BLOCK
 
 
 # --- through trtllm-run on a tiny engine ---------------------------------------------------------
@@ -203,7 +221,7 @@ def test_wrong_variant_a_restore_one_token_too_long_changes_the_answer(run_cli, 
         kv = real(self, prompt, adapter, limit, layout)
         if kv is None:
             return None
-        tokens = next(t for t, _ in self.index.values())
+        tokens = next(t for held in self.index.values() for t, _ in held)
         return self.store.load(tokens, adapter, layout(len(tokens)))[:, :, :kv.shape[2] + 1]
     monkeypatch.setattr(ContextCache, "lookup", too_long)
     _, wrong = run_cli(engine, payload, "--context-reuse", "--kv-cache-dir", str(tmp_path / "b"))
