@@ -291,6 +291,9 @@ class _Writer:
             alts = [self.expr(e, end) for e in node["elements"]]
             took = any(t for _, t in alts)
             return "(" + " | ".join(e if t or not took else f"{e} {self.piece(end)}" for e, t in alts) + ")", took
+        if kind == "optional" and lazy:  # (free text inside it stops at the end: then so does the rest)
+            content, took = self.expr(node["content"], end)
+            return (f"({content} | {self.piece(end)})", True) if took else (f"({content})?", False)
         if kind in ("optional", "plus", "star"):
             return f"({self.expr(node['content'])[0]}){ {'optional': '?', 'plus': '+', 'star': '*'}[kind]}", False
         if kind == "repeat":

@@ -132,6 +132,8 @@ CALLS = {"type": "triggered_tags", "triggers": ["<f"],
                                        {"type": "repeat", "min": 1, "max": 2,
                                         "content": {"type": "const_string", "value": "."}}]},
      ["A:yes.", "A:no!..", "A:yes!."], ["A:maybe.", "A:yes", "A:no..."]),
+    ({"type": "tag", "begin": "<t>", "content": {"type": "optional", "content": {"type": "any_text"}}, "end": "</t>"},
+     ["<t></t>", "<t>abc</t>"], ["<t>abc</t>x", "<t>abc"]),
     ({"type": "plus", "content": {"type": "const_string", "value": "ab"}}, ["ab", "abab"], ["", "aba"]),
     ({"type": "star", "content": {"type": "const_string", "value": "ab"}}, ["", "abab"], ["a"]),
     # a special token as a tag's begin or end is that token, by its text or its id
