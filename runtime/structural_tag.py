@@ -130,10 +130,16 @@ class _Reader:
         return {"type": "regex", "pattern": string(obj["pattern"], key_path(path, "pattern"), nonempty=True)}
 
     def any_text(self, obj, path):
-        for key in ("excludes", "max_tokens", "max_chars"):
-            if obj.get(key) not in (None, []):
+        for key in ("max_tokens", "max_chars"):
+            if obj.get(key) is not None:
                 fail(key_path(path, key), f"absent (`{key}` is not implemented)", obj[key])
-        return {"type": "any_text"}
+        return {"type": "any_text", "excludes": self.excludes(obj, path)}
+
+    def excludes(self, obj, path) -> list[str]:
+        """Texts the free text may not contain (XGrammar's `excludes`)."""
+        at = key_path(path, "excludes")
+        items = array(obj.get("excludes", []), at, "texts", MAX_TAGS)
+        return [string(e, f"{at}[{i}]", nonempty=True) for i, e in enumerate(items)]
 
     def sequence(self, obj, path, kind="sequence"):
         at = key_path(path, "elements")
@@ -193,8 +199,7 @@ class _Reader:
     def triggered(self, obj, path, tags_read: bool = False):
         """Each tag goes under the shortest trigger its begin starts with: the text that appears first
         on the way into it (a longer one, "<f=w" beside "<f", is never reached: "<f" has fired)."""
-        if obj.get("excludes") not in (None, []):
-            fail(key_path(path, "excludes"), "absent (`excludes` is not implemented)", obj["excludes"])
+        excludes = self.excludes(obj, path)
         at = key_path(path, "triggers")
         triggers = [string(t, f"{at}[{i}]", nonempty=True) for i, t in enumerate(_items(obj["triggers"], at, "triggers"))]
         where = key_path(path, "structures" if tags_read else "tags")
@@ -207,7 +212,7 @@ class _Reader:
             if tag["trigger"] is None:
                 fail(f"{where}[{i}].begin", f"a string that begins with one of the triggers ({_shown(triggers)})",
                      tag["begin"])
-        return {"type": "triggered_tags", "tags": tags, **self.flags(obj, path)}
+        return {"type": "triggered_tags", "tags": tags, "excludes": excludes, **self.flags(obj, path)}
 
     def triggered_tags(self, obj, path):
         return self.triggered(obj, path)
@@ -268,9 +273,19 @@ class _Writer:
         self.rules.append(f"{name}{'[lazy]' if lazy else ''}: {body}")
         return name
 
-    def until(self, end) -> str:
+    def text(self, excludes: list[str]) -> str:
+        """The lexeme of free text: any, or any that holds none of `excludes`."""
+        if not excludes:
+            return "TAG_TEXT"
+        name = f"TEXT_{len(self.rules)}"
+        banned = " | ".join(json.dumps(e) for e in excludes)
+        anything = r"/(.|\n)*/"
+        self.rules.append(f"{name}: {anything} & ~({anything} ({banned}) {anything})")
+        return name
+
+    def until(self, end, text: str = "TAG_TEXT") -> str:
         """Free text up to the end's first appearance, the end included."""
-        return self.rule(f"TAG_TEXT {self.piece(end)}", lazy=True)
+        return self.rule(f"{text} {self.piece(end)}", lazy=True)
 
     def expr(self, node: dict, end=None) -> tuple[str, bool]:
         kind = node["type"]
@@ -283,10 +298,18 @@ class _Writer:
         if kind == "regex":
             return "/" + re.sub(r"(?<!\\)/", r"\/", node["pattern"]) + "/", False
         if kind == "any_text":
-            return (self.until(end), True) if lazy else ("TAG_TEXT", False)
-        if kind == "sequence":
-            *first, (last, took) = [self.expr(e) for e in node["elements"][:-1]] + [self.expr(node["elements"][-1], end)]
-            return " ".join([e for e, _ in first] + [last]), took
+            text = self.text(node.get("excludes", []))
+            return (self.until(end, text), True) if lazy else (text, False)
+        if kind == "sequence":  # free text before a const_string stops at it, as before a tag's end
+            elements, parts, took, i = node["elements"], [], False, 0
+            while i < len(elements):
+                after = elements[i + 1] if i + 1 < len(elements) else None
+                stop = after["value"] if after and after["type"] == "const_string" and after["value"] else (
+                    end if after is None else None)
+                part, took = self.expr(elements[i], stop)
+                parts.append(part)
+                i += 2 if took and after is not None else 1
+            return " ".join(parts), took and after is None
         if kind == "or":
             alts = [self.expr(e, end) for e in node["elements"]]
             took = any(t for _, t in alts)
@@ -314,18 +337,18 @@ class _Writer:
         """Free text in which a trigger is a lazy lexeme (the text before it ends where it first
         appears) that must go on as one of its tags; with at_least_one a tag first (its begin whole,
         no text before it), with stop_after_first nothing after the first tag."""
-        options, firsts = [], []
+        options, firsts, free = [], [], self.text(node.get("excludes", []))
         for tag in node["tags"]:
             content, took = self.expr(tag["content"], tag["end"])
             rest = content + ("" if took else f" {self.piece(tag['end'])}")
             trigger, after = tag["trigger"], self.quoted(tag["begin"][len(tag["trigger"]):])
             if trigger in self.special:
-                options.append(self.rule(f"TAG_TEXT {self.quoted(trigger)} {after} {rest}"))
+                options.append(self.rule(f"{free} {self.quoted(trigger)} {after} {rest}"))
             else:
-                options.append(self.rule(f"{self.rule(f'TAG_TEXT {self.quoted(trigger)}', lazy=True)} {after} {rest}"))
+                options.append(self.rule(f"{self.rule(f'{free} {self.quoted(trigger)}', lazy=True)} {after} {rest}"))
             firsts.append(self.rule(f"{self.quoted(tag['begin'])} {rest}"))
         tags, first = "(" + " | ".join(options) + ")", "(" + " | ".join(firsts) + ")"
-        text, close = (self.until(end), self.piece(end)) if lazy else ("TAG_TEXT", "")
+        text, close = (self.until(end, free), self.piece(end)) if lazy else (free, "")
         start = {(False, False): f"{tags}* {text}", (True, False): f"{first} {tags}* {text}",
                  (False, True): f"({tags} {close} | {text})", (True, True): f"{first} {close}"}
         return start[node["at_least_one"], node["stop_after_first"]], lazy

@@ -134,6 +134,10 @@ CALLS = {"type": "triggered_tags", "triggers": ["<f"],
      ["A:yes.", "A:no!..", "A:yes!."], ["A:maybe.", "A:yes", "A:no..."]),
     ({"type": "tag", "begin": "<t>", "content": {"type": "optional", "content": {"type": "any_text"}}, "end": "</t>"},
      ["<t></t>", "<t>abc</t>"], ["<t>abc</t>x", "<t>abc"]),
+    ({"type": "sequence", "elements": [{"type": "any_text", "excludes": ["no", "x y"]},
+                                       {"type": "const_string", "value": "!"}]},
+     ["yes!", "x!"], ["no!", "a x y!"]),  # free text without the excluded texts
+    ({**CALLS, "excludes": ["<g"]}, ["hi <f=get>1</f>"], ["hi <g"]),
     ({"type": "plus", "content": {"type": "const_string", "value": "ab"}}, ["ab", "abab"], ["", "aba"]),
     ({"type": "star", "content": {"type": "const_string", "value": "ab"}}, ["", "abab"], ["a"]),
     # a special token as a tag's begin or end is that token, by its text or its id
