@@ -6,6 +6,8 @@ speculating row restores one position less than the model's KV would give: the l
 computed again for its hidden state, which the head takes."""
 from __future__ import annotations
 
+import numpy as np
+
 from trtllm.runtime.rows import RowState
 from trtllm.runtime.step_inputs import MIN_COMPUTED, adapter_key
 
@@ -20,6 +22,12 @@ class SpecContext:
     head's KV), `drafted` (an empty set) and `follows(row)` (the head runs over this row's text)."""
 
     drafted: set[int]  # id() of rows the head ran over from their prompt on
+    caught: set[int]   # id() of those it caught up with to their last token (keeps_answer)
+
+    def keeps_answer(self, row: RowState) -> bool:
+        """Whether the head should run over a finishing row's last emitted tokens too: its answer's
+        KV is kept, so the head's of it is worth keeping beside it."""
+        return self.contexts is not None and row.context_commit == "including_generated_tokens"
 
     def restore_context(self, row: RowState) -> None:
         """The model's KV and the head's, as long as both hold the prompt (a speculating row kept
@@ -42,12 +50,26 @@ class SpecContext:
             self.contexts.reused_tokens += n - row.num_reused
             row.num_reused = n
 
+    def finish_paused(self, slot: int, row: RowState, kept: tuple, out) -> float:
+        """A row that finished in a plain step: where its answer's KV is kept, the head runs over the
+        pairs it kept while paused and the last one, so its KV of the answer is whole (seconds)."""
+        if not self.keeps_answer(row):
+            return 0.0
+        first, tokens, hidden = kept
+        self.caught.add(id(row))
+        pairs = np.stack([*hidden, out.hidden[slot, 0]])[None]
+        return self.catch_up(slot, [row], [[*tokens, row.output_ids[-1]]], pairs, [first])
+
     def commit_context(self, slot: int, row: RowState) -> None:
-        """The head's KV is kept for the prompt of a row it ran over (past the prompt, a finished
-        row's last emitted tokens were never caught up on). A row that ended at its first token
-        did not have the head run over its prompt's last chunk."""
+        """The head's KV is kept beside the model's: of the prompt and the answer where the head
+        caught up with the row's last emitted tokens as it finished (in a verification), else of the
+        prompt of a row it ran over. (A row that ended at its first token did not have the head run
+        over its prompt's last chunk; one that ended in a plain step left pairs it never ran.)"""
         super().commit_context(slot, row)
         ran = id(row) in self.drafted and len(row.output_ids) > 1
         if ran and self.contexts is not None and row.context_commit and row.finish_reason not in ("error", "cancelled"):
-            self.contexts.commit(tuple(row.prompt_ids), draft_key(row), lambda n: self.dkv.read(slot, n - 1))
+            answer = id(row) in self.caught and row.context_commit == "including_generated_tokens"
+            tokens = (*row.prompt_ids, *row.output_ids) if answer else tuple(row.prompt_ids)
+            self.contexts.commit(tokens, draft_key(row), lambda n: self.dkv.read(slot, n - 1))
         self.drafted.discard(id(row))
+        self.caught.discard(id(row))

@@ -107,6 +107,7 @@ class SpecScheduler(SpecContext, TreeDecoding, Scheduler):
         self.flush_at = min(PAUSE_FLUSH, engine.manifest.limits.max_input_len)
         self.save_head: set[int] = set()  # id() of rows whose prefill saves the head's prefix KV
         self.drafted: set[int] = set()  # (SpecContext)
+        self.caught: set[int] = set()
 
     def grow(self, capacity: int) -> None:
         """The draft's KV has as many positions as the base's: both grow together."""
@@ -337,8 +338,10 @@ class SpecScheduler(SpecContext, TreeDecoding, Scheduler):
         emitted (`drawn`: verify_step's), the head catches up on what it emitted, and the policy and
         the profile get the cycle's times."""
         for s, r in enumerate(rows):
-            if emitted[s] is not None and r.finish_reason:
+            if emitted[s] is not None and r.finish_reason and not self.keeps_answer(r):
                 emitted[s] = None
+            elif emitted[s] is not None and r.finish_reason:  # (the head's KV of its answer is kept)
+                self.caught.add(id(r))
             elif emitted[s] is not None:
                 r.spare[:0] = drawn.get(s, [])[len(emitted[s]):]
         catch = self.catch_up(0, rows, emitted, out.hidden, pos) if any(emitted) else 0.0
@@ -360,7 +363,7 @@ class SpecScheduler(SpecContext, TreeDecoding, Scheduler):
         for s, p in pos.items():
             self.ready.pop(s, None)  # proposed before the pause: stale
             if rows[s].finish_reason:
-                self.kept.pop(s, None)
+                self.timing.generation_seconds += self.finish_paused(s, rows[s], self.kept.pop(s, (p, [], [])), out)
                 continue
             _, tokens, hidden = self.kept.setdefault(s, (p, [], []))
             tokens.append(rows[s].output_ids[-1])

@@ -230,9 +230,9 @@ def test_wrong_variant_a_restore_one_token_too_long_changes_the_answer(run_cli, 
 
 
 def test_an_eagle_engine_restores_the_heads_kv_with_the_models(run_cli, tmp_path, tiny_checkpoint, monkeypatch):
-    """A speculating request keeps its prompt's draft-head KV beside the model's; the next turn
-    restores both, the head's one position less, so it answers as without reuse and the head
-    proposes the uncached drafts."""
+    """A speculating request keeps its draft-head KV beside the model's (its answer's too: the head
+    catches up with its last tokens as it finishes); the next turn restores both, the head's one
+    position less, so it answers as without reuse and the head proposes the uncached drafts."""
     pytest.importorskip("torch")
     from tests.eagle_drafts import random_draft
     from trtllm.builder.config import BuildConfig
@@ -260,6 +260,12 @@ def test_an_eagle_engine_restores_the_heads_kv_with_the_models(run_cli, tmp_path
     assert result.exit_code == 0, result.output
     assert reused["responses"][0]["output_ids"] == fresh["responses"][0]["output_ids"]
     assert proposals == want and any(want)
-    # the head kept the first prompt: the model's KV is restored that far, less the last position
-    warm = profile_of(profile)
-    assert warm["prefill"]["reused_tokens"] == first["prompt_tokens"] - 1
+    # as far as the new prompt follows the first turn's prompt and answer, less the last position
+    from trtllm.runtime.tokenizer import Tokenizer
+
+    tok = Tokenizer.from_engine_dir(engine)
+    held = tok.encode(first["formatted_complete_request"]) + first["output_ids"][:-1]
+    now = tok.encode(reused["responses"][0]["formatted_complete_request"])
+    shared = min(next(i for i, (x, y) in enumerate(zip([*held, -1], now)) if x != y), len(now) - 2)
+    assert shared > first["prompt_tokens"] + 1  # into the answer
+    assert profile_of(profile)["prefill"]["reused_tokens"] == shared - 1
