@@ -308,7 +308,8 @@ class Runner:
         none where nothing was read."""
         p = smp.prepared
         req, text, out = p.request, self.answer(smp), {}
-        if req.reasoning_parser:
+        forced = req.tool_choice is not None and req.tool_choice.mode in ("required", "function")
+        if req.reasoning_parser and not forced:  # (a forced call is JSON alone: no thought to split off)
             out["reasoning_content"], text = reasoning.split(text, req.reasoning_parser)
             out["content"] = text
         try:

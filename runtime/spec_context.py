@@ -44,7 +44,9 @@ class SpecContext:
         head = self.contexts.lookup(row.prompt_ids[:kv.shape[2]], draft_key(row), kv.shape[2],
                                     lambda n: self.dkv.layout(n - 1), lag=1)
         n = 0 if head is None else min(kv.shape[2] - 1, head.shape[2])
-        if n > row.num_reused:
+        if n <= row.num_reused:
+            self.contexts.hits -= 1  # (the model's entry was found, but nothing restores without the head's)
+        else:
             self.kv.write(row.slot, kv[:, :, :n])
             self.dkv.write(row.slot, head[:, :, :n])
             self.contexts.reused_tokens += n - row.num_reused

@@ -27,6 +27,7 @@ from trtllm.runtime.strict_json import (array, boolean, check_keys, choice, fail
 
 MAX_TAGS = 64      # tags, triggers or elements in one list
 MAX_NODES = 1024   # format objects in one structural tag
+MAX_DEPTH = 64     # format objects inside each other
 MAX_REPEAT = 1024
 FORMATS = ("const_string", "json_schema", "regex", "any_text", "sequence", "or", "optional", "plus", "star",
            "repeat", "tag", "triggered_tags", "tags_with_separator", "token")
@@ -89,13 +90,22 @@ def _shown(triggers: list[str]) -> str:
 
 class _Reader:
     def __init__(self, read_json, check_schema):
-        self.read_json, self.check_schema, self.count = read_json, check_schema, 0
+        self.read_json, self.check_schema, self.count, self.depth = read_json, check_schema, 0, 0
 
     def node(self, value: object, path: str, kind: str | None = None) -> dict:
         """One format object (`kind`: the type it must be, which it may then leave out)."""
         self.count += 1
         if self.count > MAX_NODES:
             fail(path, f"within a structural tag of at most {MAX_NODES} format objects", None, shown="more")
+        if self.depth >= MAX_DEPTH:
+            fail(path, f"at most {MAX_DEPTH} format objects deep", None, shown="deeper")
+        self.depth += 1
+        try:
+            return self.read(value, path, kind)
+        finally:
+            self.depth -= 1
+
+    def read(self, value: object, path: str, kind: str | None) -> dict:
         obj = json_object(value, path, 'a format object: {"type": ...}')
         if kind is None and "type" not in obj:
             fail(key_path(path, "type"), "given (a format object needs it)", None, shown="nothing")
@@ -133,7 +143,7 @@ class _Reader:
         for key in ("max_tokens", "max_chars"):
             if obj.get(key) is not None:
                 fail(key_path(path, key), f"absent (`{key}` is not implemented)", obj[key])
-        return {"type": "any_text", "excludes": self.excludes(obj, path)}
+        return {"type": "any_text", "excludes": self.excludes(obj, path), "at": path}
 
     def excludes(self, obj, path) -> list[str]:
         """Texts the free text may not contain (XGrammar's `excludes`)."""
@@ -174,7 +184,9 @@ class _Reader:
         if isinstance(end, list):
             end = [string(e, f"{key_path(path, 'end')}[{i}]", nonempty=True)
                    for i, e in enumerate(_items(end, key_path(path, "end"), "ends"))]
-        elif not isinstance(end, str):
+        elif isinstance(end, str):
+            end = string(end, key_path(path, "end"))  # ("" as vLLM's: what the content is ends it)
+        else:
             end = self.node(end, key_path(path, "end"), "token")
         return {"type": "tag", "begin": begin, "content": self.node(obj["content"], key_path(path, "content")),
                 "end": end}
@@ -212,7 +224,7 @@ class _Reader:
             if tag["trigger"] is None:
                 fail(f"{where}[{i}].begin", f"a string that begins with one of the triggers ({_shown(triggers)})",
                      tag["begin"])
-        return {"type": "triggered_tags", "tags": tags, "excludes": excludes, **self.flags(obj, path)}
+        return {"type": "triggered_tags", "tags": tags, "excludes": excludes, "at": path, **self.flags(obj, path)}
 
     def triggered_tags(self, obj, path):
         return self.triggered(obj, path)
@@ -250,10 +262,18 @@ class _Writer:
         return " ".join(f"<[{self.special[p]}]>" if i % 2 else json.dumps(p) for i, p in enumerate(parts) if p) \
             or '""'
 
-    def textual(self, end) -> bool:
-        """An end that is text alone, which a lazy lexeme can stop at (not a special token)."""
-        texts = end if isinstance(end, list) else [end] if isinstance(end, str) else []
-        return bool(texts) and not any(self.split and self.split.search(t) for t in texts)
+    def closing(self, end) -> str:
+        """How free text before `end` can stop: "lazy" (the end is text: the text stops where it first
+        appears), "token" (every alternative begins with a special token, which no text holds),
+        "" (no end). An end that mixes the two is refused: neither way stops before it."""
+        if end is None:
+            return ""
+        alternatives = end if isinstance(end, list) else [end]
+        kinds = {"token" if not isinstance(e, str) or (self.split and self.split.match(e)) else
+                 "mixed" if self.split and self.split.search(e) else "lazy" if e else "" for e in alternatives}
+        if len(kinds) > 1 or "mixed" in kinds:
+            raise ValueError(f"an end {json.dumps(end)} that mixes text and special tokens cannot close free text")
+        return kinds.pop()
 
     def piece(self, item) -> str:
         """A begin or end: text, texts (one of them) or a token."""
@@ -287,71 +307,108 @@ class _Writer:
         """Free text up to the end's first appearance, the end included."""
         return self.rule(f"{text} {self.piece(end)}", lazy=True)
 
-    def expr(self, node: dict, end=None) -> tuple[str, bool]:
+    def free(self, node: dict, end, tail: bool) -> tuple[str, bool] | None:
+        """How free text (`any_text`, a `triggered_tags`'s) ends: lazily at a text end (taking it),
+        at a special-token end or the answer's end (greedy); elsewhere it would never end."""
+        how = self.closing(end)
+        if how == "lazy":
+            return self.until(end, self.text(node.get("excludes", []))), True
+        if how == "token" or tail:
+            return self.text(node.get("excludes", [])), False
+        raise ValueError(f"`{node['at']}`: free text here would never end (it is not last, and what follows "
+                         "it is not a tag's end, a const_string or a tag's text begin)")
+
+    def expr(self, node: dict, end=None, tail: bool = False) -> tuple[str, bool]:
+        """(lark, whether it took `end`): `end` is the text or token that follows it (a tag's end,
+        or in a sequence the next const_string or tag begin), `tail` that nothing follows it."""
         kind = node["type"]
-        lazy = end is not None and self.textual(end)
         if kind == "const_string":
             return self.quoted(node["value"]), False
         if kind == "json_schema":
             schema = {} if node["json_schema"] is True else node["json_schema"]  # (%json takes an object)
             return f"%json {json.dumps(schema)}", False
         if kind == "regex":
-            return "/" + re.sub(r"(?<!\\)/", r"\/", node["pattern"]) + "/", False
+            return "/" + _slashes(node["pattern"]) + "/", False
         if kind == "any_text":
-            text = self.text(node.get("excludes", []))
-            return (self.until(end, text), True) if lazy else (text, False)
-        if kind == "sequence":  # free text before a const_string stops at it, as before a tag's end
-            elements, parts, took, i = node["elements"], [], False, 0
-            while i < len(elements):
-                after = elements[i + 1] if i + 1 < len(elements) else None
-                stop = after["value"] if after and after["type"] == "const_string" and after["value"] else (
-                    end if after is None else None)
-                part, took = self.expr(elements[i], stop)
-                parts.append(part)
-                i += 2 if took and after is not None else 1
-            return " ".join(parts), took and after is None
+            return self.free(node, end, tail)
+        if kind == "sequence":
+            return self.sequence(node["elements"], end, tail)
         if kind == "or":
-            alts = [self.expr(e, end) for e in node["elements"]]
+            alts = [self.expr(e, end, tail) for e in node["elements"]]
             took = any(t for _, t in alts)
             return "(" + " | ".join(e if t or not took else f"{e} {self.piece(end)}" for e, t in alts) + ")", took
-        if kind == "optional" and lazy:  # (free text inside it stops at the end: then so does the rest)
-            content, took = self.expr(node["content"], end)
+        if kind == "optional":
+            content, took = self.expr(node["content"], end, tail)
             return (f"({content} | {self.piece(end)})", True) if took else (f"({content})?", False)
-        if kind in ("optional", "plus", "star"):
-            return f"({self.expr(node['content'])[0]}){ {'optional': '?', 'plus': '+', 'star': '*'}[kind]}", False
+        if kind in ("plus", "star"):
+            return f"({self.expr(node['content'])[0]}){'+' if kind == 'plus' else '*'}", False
         if kind == "repeat":
             high = "" if node["max"] < 0 else node["max"]
             return f"({self.expr(node['content'])[0]}){{{node['min']},{high}}}", False
         if kind == "tag":
-            content, took = self.expr(node["content"], node["end"])
-            return f"{self.piece(node['begin'])} {content}" + ("" if took else f" {self.piece(node['end'])}"), False
+            return f"{self.piece(node['begin'])} {self.tag_rest(node)}", False
         if kind == "token":
             return self.piece(node), False
         if kind == "tags_with_separator":
             one = "(" + " | ".join(self.expr(t)[0] for t in node["tags"]) + ")"
             many = one if node["stop_after_first"] else f"{one} ({self.quoted(node['separator'])} {one})*"
             return (many if node["at_least_one"] else f"({many})?"), False
-        return self.triggered(node, end, lazy)
+        return self.triggered(node, end, tail)
 
-    def triggered(self, node: dict, end, lazy: bool) -> tuple[str, bool]:
+    def tag_rest(self, tag: dict) -> str:
+        """A tag after its begin: its content and end."""
+        content, took = self.expr(tag["content"], tag["end"])
+        return content + ("" if took else f" {self.piece(tag['end'])}")
+
+    def sequence(self, elements: list, end, tail: bool) -> tuple[str, bool]:
+        """Free text before a const_string or a tag with a text begin stops at it (lazily, taking it),
+        as before a tag's end."""
+        parts, took = [], False
+        for i, node in enumerate(elements):
+            after = elements[i + 1] if i + 1 < len(elements) else None
+            if after is None:
+                part, took = self.expr(node, end, tail)
+                parts.append(part)
+                break
+            stop = after.get("value") if after["type"] == "const_string" else after["begin"] if (
+                after["type"] == "tag" and isinstance(after["begin"], str)) else None
+            part, took = self.expr(node, stop or None)
+            parts.append(part)
+            if took:  # (what follows began with the stop: its rest, or nothing of a const_string)
+                elements[i + 1] = {"type": "const_string", "value": ""} if after["type"] == "const_string" else {
+                    **after, "begin": ""}
+        return " ".join(p for p in parts if p != '""'), took
+
+    def triggered(self, node: dict, end, tail: bool) -> tuple[str, bool]:
         """Free text in which a trigger is a lazy lexeme (the text before it ends where it first
         appears) that must go on as one of its tags; with at_least_one a tag first (its begin whole,
         no text before it), with stop_after_first nothing after the first tag."""
         options, firsts, free = [], [], self.text(node.get("excludes", []))
         for tag in node["tags"]:
-            content, took = self.expr(tag["content"], tag["end"])
-            rest = content + ("" if took else f" {self.piece(tag['end'])}")
+            rest = self.tag_rest(tag)
             trigger, after = tag["trigger"], self.quoted(tag["begin"][len(tag["trigger"]):])
+            if trigger not in self.special and self.split and self.split.search(trigger):
+                raise ValueError(f"a trigger {trigger!r} that holds a special token must be that token alone")
             if trigger in self.special:
                 options.append(self.rule(f"{free} {self.quoted(trigger)} {after} {rest}"))
             else:
                 options.append(self.rule(f"{self.rule(f'{free} {self.quoted(trigger)}', lazy=True)} {after} {rest}"))
             firsts.append(self.rule(f"{self.quoted(tag['begin'])} {rest}"))
         tags, first = "(" + " | ".join(options) + ")", "(" + " | ".join(firsts) + ")"
-        text, close = (self.until(end, free), self.piece(end)) if lazy else (free, "")
+        text, lazy = self.free(node, end, tail)
+        close = self.piece(end) if lazy else ""
         start = {(False, False): f"{tags}* {text}", (True, False): f"{first} {tags}* {text}",
                  (False, True): f"({tags} {close} | {text})", (True, True): f"{first} {close}"}
         return start[node["at_least_one"], node["stop_after_first"]], lazy
+
+
+def _slashes(pattern: str) -> str:
+    """The pattern inside lark's /.../: each slash escaped that is not already (as `\\/`)."""
+    out, escaped = [], False
+    for c in pattern:
+        out.append("\\/" if c == "/" and not escaped else c)
+        escaped = c == "\\" and not escaped
+    return "".join(out)
 
 
 def lark(spec: dict, special: dict[str, int] | None = None) -> str:
@@ -359,5 +416,5 @@ def lark(spec: dict, special: dict[str, int] | None = None) -> str:
     id): one in a trigger, a begin, an end or a const_string is matched as that token, not as its
     characters; a `token` format names one, or an id. Raises ValueError for a token it cannot find."""
     writer = _Writer(special or {})
-    start, _ = writer.expr(spec["format"])
+    start, _ = writer.expr(json.loads(json.dumps(spec["format"])), tail=True)  # (a copy: sequence edits it)
     return "\n".join(["%llguidance {}", f"start: {start}", r"TAG_TEXT: /(.|\n)*/", *writer.rules]) + "\n"

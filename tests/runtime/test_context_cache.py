@@ -81,7 +81,7 @@ def test_an_evicted_entry_gives_its_blocks_back_and_does_not_stop_a_commit(tmp_p
     longer = c.store.path(c.store.key(tuple(turn + list(range(2 * BLOCK)))))
     longer.unlink()
     c.store.memory.clear()
-    prompt = turn + [1, 2, 3, 4]
+    prompt = turn + [0, 1, 2, 3, 4]  # the next turn's entry would go furthest: it is gone, the last turn's is found
     assert c.lookup(prompt, None, len(prompt) - 2, layout).shape[2] == 2 * BLOCK
     assert c.profile()["indexed_entries"] == 1
     fresh = cache(tmp_path / "other")

@@ -5,6 +5,7 @@ the tiny engine's tokenizer), and a schema that does not compile is named by its
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -142,7 +143,7 @@ CALLS = {"type": "triggered_tags", "triggers": ["<f"],
     ({"type": "star", "content": {"type": "const_string", "value": "ab"}}, ["", "abab"], ["a"]),
     # a special token as a tag's begin or end is that token, by its text or its id
     ({"type": "tag", "begin": {"type": "token", "token": "<|im_start|>"}, "content": {"type": "any_text"},
-      "end": {"type": "token", "token": "<|im_end|>"}}, [], []),
+      "end": {"type": "token", "token": "<|im_end|>"}}, ["<|im_start|>hi<|im_end|>"], ["hi", "<|im_start|>hi"]),
 ])
 def test_xgrammars_formats_hold_the_answer(tiny_engine, fmt, accepted, refused):
     pytest.importorskip("torch")
@@ -179,3 +180,47 @@ def test_a_structural_tags_schema_that_does_not_compile_is_named(tiny_engine):
             grammars.matcher(guided.parse({"structural_tag": tag}, "g"))
         assert "`g.structural_tag.structures[1].schema`: " in str(e.value) and says in str(e.value), str(e.value)
 
+
+
+def test_free_text_that_could_never_end_is_refused_and_the_rest_reads(tiny_engine):
+    """Free text stops at a tag's end, a following const_string or tag begin, a special token, or
+    the answer's end; anywhere else (before a JSON value, inside a repetition, before an end that
+    mixes text and special tokens) it would never end, and compiling says where. A trigger holding a
+    special token among text, a regex with an escaped backslash before a slash, deep nesting."""
+    pytest.importorskip("torch")
+    from trtllm.runtime import grammar
+    from trtllm.runtime.strict_json import InputError
+    from trtllm.runtime.tokenizer import Tokenizer
+
+    tok = Tokenizer.from_engine_dir(tiny_engine("llama"))
+    eos = tok.token_to_id("<|im_end|>")
+    grammars = grammar.Grammars(tok.to_json(), tok.vocab_size, [eos])
+    free, number = {"type": "any_text"}, {"type": "json_schema", "json_schema": {"enum": [1]}}
+
+    def accepts(fmt: dict, text: str) -> bool:
+        m = grammars.matcher(guided.parse({"structural_tag": {"format": fmt}}, "g"))
+        return not any(m.consume(t) for t in tok.encode(text)) and bool(m.allowed()[eos])
+
+    text_then_tag = {"type": "sequence", "elements": [free, {"type": "tag", "begin": "<a>", "content": number,
+                                                             "end": "</a>"}]}
+    assert accepts(text_then_tag, "hi <a>1</a>") and not accepts(text_then_tag, "hi <a>2</a>")
+    closed = {"type": "tag", "begin": "<a>", "content": free, "end": "<|im_start|>"}  # a token ends it
+    assert accepts(closed, "<a>x y<|im_start|>") and not accepts(closed, "<a>x")
+    never = [({"type": "sequence", "elements": [free, number]}, "g.structural_tag.format.elements[0]"),
+             ({"type": "tag", "begin": "<a>", "content": {"type": "star", "content": free}, "end": "</a>"},
+              "g.structural_tag.format.content.content")]
+    for fmt, at in never:
+        with pytest.raises(ValueError, match=re.escape(f"`{at}`: free text here would never end")):
+            grammars.matcher(guided.parse({"structural_tag": {"format": fmt}}, "g"))
+    for fmt, says in (({"type": "tag", "begin": "<a>", "content": free, "end": "</a><|im_start|>"}, "mixes"),
+                      ({"type": "tag", "begin": "<a>", "content": free, "end": ["</a>", "<|im_start|>"]}, "mixes"),
+                      ({"type": "triggered_tags", "triggers": ["x<|im_start|>"], "tags": [
+                          {"begin": "x<|im_start|>a", "content": number, "end": ""}]}, "that token alone")):
+        with pytest.raises(ValueError, match=says):
+            grammars.matcher(guided.parse({"structural_tag": {"format": fmt}}, "g"))
+    assert accepts({"type": "regex", "pattern": "a\\\\/b"}, "a\\/b")  # (an escaped backslash, then a slash)
+    deep = free
+    for _ in range(70):
+        deep = {"type": "optional", "content": deep}
+    with pytest.raises(InputError, match="at most 64 format objects deep"):
+        guided.parse({"structural_tag": {"format": deep}}, "g")

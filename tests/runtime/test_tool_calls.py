@@ -146,10 +146,12 @@ def test_tool_choice_errors_name_the_part(value, message):
     ("qwen3", "<think>a b</think>\n\nHi", ("a b", "\n\nHi")),
     ("qwen3", "Hi", (None, "Hi")),                     # thinking off: all content
     ("qwen3", "<think>cut short", (None, "<think>cut short")),
+    ("qwen3", "a b</think>Hi", ("a b", "Hi")),          # a Thinking model: <think> was in the prompt
     ("qwen3", "<think></think>", (None, None)),
     ("deepseek_r1", "a b</think>Hi", ("a b", "Hi")),   # the template opened the thought
     ("deepseek_r1", "<think>a</think>", ("a", None)),
     ("deepseek_r1", "still thinking", ("still thinking", None)),
+    ("deepseek_r1", "x<think>a</think>b", ("a", "b")),  # text before a <think> is dropped (vLLM's)
 ])
 def test_reasoning_parsers_split_as_vllms_do(parser, text, want):
     from trtllm.runtime.reasoning import split
