@@ -68,25 +68,33 @@ class Grammars:
             return one_line(str(e))
         error = LLMatcher.validate_grammar(grammar, tokenizer)
         if error:
-            return tag_error(guide, tokenizer) or one_line(error)
+            return tag_error(guide, tokenizer, self.special) or one_line(error)
         m = LLMatcher(tokenizer, grammar, log_level=0)
-        return (tag_error(guide, tokenizer) or reason(m.get_error())) if m.is_error() else m
+        return (tag_error(guide, tokenizer, self.special) or reason(m.get_error())) if m.is_error() else m
 
 
-def tag_error(guide: Guide, tokenizer) -> str | None:
-    """Why a structural tag does not compile, where one of its schemas does not alone: named by
-    that schema's path (the whole grammar's error names neither). Asked only once it has failed."""
+def tag_error(guide: Guide, tokenizer, special: dict[str, int] | None = None) -> str | None:
+    """Why a structural tag does not compile, where one of its parts (a schema, a regex, a token)
+    does not alone: named by that part's path (the whole grammar's error names none). Asked only
+    once it has failed."""
     if guide.kind != "structural_tag":
         return None
     from llguidance import LLMatcher
 
-    for schema, at in structural_tag.schemas(json.loads(guide.text)):
+    for node in structural_tag.parts(json.loads(guide.text)):
         try:
-            error = LLMatcher.validate_grammar(LLMatcher.grammar_from_json_schema(json.dumps(schema)), tokenizer)
+            if node["type"] == "json_schema":
+                grammar = LLMatcher.grammar_from_json_schema(json.dumps(node["json_schema"]))
+            else:
+                token = node.get("token")
+                token = (special or {}).get(token, token) if isinstance(token, str) else token
+                one = f"/{structural_tag.slashes(node['pattern'])}/" if node["type"] == "regex" else f"<[{token}]>"
+                grammar = f"%llguidance {{}}\nstart: {one}\n"
+            error = LLMatcher.validate_grammar(grammar, tokenizer)
         except (ValueError, TypeError) as e:
             error = str(e)
         if error:
-            return f"`{at}`: {one_line(error)}"
+            return f"`{node['at']}`: {one_line(error)}"
     return None
 
 

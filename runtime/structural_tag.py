@@ -67,14 +67,16 @@ def parse(value: object, path: str, read_json, check_schema) -> dict:
     return {"format": root}
 
 
-def schemas(spec: dict):
-    """(schema, its JSON path) of every json_schema node."""
+def parts(spec: dict):
+    """The nodes that compile alone (json_schema, regex, token), each with its "at" path: where a
+    tree that does not compile is named, by the part that does not alone."""
     stack = [spec["format"]]
     while stack:
         node = stack.pop()
-        if node["type"] == "json_schema":
-            yield node["json_schema"], node["at"]
-        stack += [*node.get("elements", ()), *node.get("tags", ()), *([node["content"]] if "content" in node else [])]
+        if node["type"] in ("json_schema", "regex", "token"):
+            yield node
+        stack += [*node.get("elements", ()), *node.get("tags", ()), *([node["content"]] if "content" in node else []),
+                  *(node[k] for k in ("begin", "end") if isinstance(node.get(k), dict))]
 
 
 def _items(value: object, path: str, what: str) -> list:
@@ -137,7 +139,8 @@ class _Reader:
         return {"type": "json_schema", "json_schema": schema, "at": at}
 
     def regex(self, obj, path):
-        return {"type": "regex", "pattern": string(obj["pattern"], key_path(path, "pattern"), nonempty=True)}
+        at = key_path(path, "pattern")
+        return {"type": "regex", "pattern": string(obj["pattern"], at, nonempty=True), "at": at}
 
     def any_text(self, obj, path):
         for key in ("max_tokens", "max_chars"):
@@ -241,7 +244,7 @@ class _Reader:
             token = number(int, 0)(token, key_path(path, "token"))
         elif not token:
             fail(key_path(path, "token"), "a token id or a special token's text", token)
-        return {"type": "token", "token": token}
+        return {"type": "token", "token": token, "at": key_path(path, "token")}
 
 
 setattr(_Reader, "or", _Reader.or_)
@@ -262,7 +265,7 @@ class _Writer:
         return " ".join(f"<[{self.special[p]}]>" if i % 2 else json.dumps(p) for i, p in enumerate(parts) if p) \
             or '""'
 
-    def closing(self, end) -> str:
+    def closing(self, end, at: str = "") -> str:
         """How free text before `end` can stop: "lazy" (the end is text: the text stops where it first
         appears), "token" (every alternative begins with a special token, which no text holds),
         "" (no end). An end that mixes the two is refused: neither way stops before it."""
@@ -272,7 +275,8 @@ class _Writer:
         kinds = {"token" if not isinstance(e, str) or (self.split and self.split.match(e)) else
                  "mixed" if self.split and self.split.search(e) else "lazy" if e else "" for e in alternatives}
         if len(kinds) > 1 or "mixed" in kinds:
-            raise ValueError(f"an end {json.dumps(end)} that mixes text and special tokens cannot close free text")
+            raise ValueError(f"`{at}`: an end {json.dumps(end)} that mixes text and special tokens cannot close "
+                             "the free text before it")
         return kinds.pop()
 
     def piece(self, item) -> str:
@@ -284,7 +288,7 @@ class _Writer:
         token = item["token"]
         if isinstance(token, str):
             if token not in self.special:
-                raise ValueError(f"token {token!r} is not a special token of the tokenizer; give its id")
+                raise ValueError(f"`{item['at']}`: {token!r} is not a special token of the tokenizer; give its id")
             token = self.special[token]
         return f"<[{token}]>"
 
@@ -310,7 +314,7 @@ class _Writer:
     def free(self, node: dict, end, tail: bool) -> tuple[str, bool] | None:
         """How free text (`any_text`, a `triggered_tags`'s) ends: lazily at a text end (taking it),
         at a special-token end or the answer's end (greedy); elsewhere it would never end."""
-        how = self.closing(end)
+        how = self.closing(end, node["at"])
         if how == "lazy":
             return self.until(end, self.text(node.get("excludes", []))), True
         if how == "token" or tail:
@@ -327,8 +331,11 @@ class _Writer:
         if kind == "json_schema":
             schema = {} if node["json_schema"] is True else node["json_schema"]  # (%json takes an object)
             return f"%json {json.dumps(schema)}", False
-        if kind == "regex":
-            return "/" + _slashes(node["pattern"]) + "/", False
+        if kind == "regex":  # (a match followed by text stops where that text first follows it)
+            regex = "/" + slashes(node["pattern"]) + "/"
+            textual = isinstance(end, (str, list)) and all(e and not (self.split and self.split.search(e))
+                                                            for e in (end if isinstance(end, list) else [end]))
+            return (self.rule(f"{regex} {self.piece(end)}", lazy=True), True) if textual else (regex, False)
         if kind == "any_text":
             return self.free(node, end, tail)
         if kind == "sequence":
@@ -346,7 +353,7 @@ class _Writer:
             high = "" if node["max"] < 0 else node["max"]
             return f"({self.expr(node['content'])[0]}){{{node['min']},{high}}}", False
         if kind == "tag":
-            return f"{self.piece(node['begin'])} {self.tag_rest(node)}", False
+            return f"{self.piece(node['begin'])} {self.tag_rest(node, tail)}", False
         if kind == "token":
             return self.piece(node), False
         if kind == "tags_with_separator":
@@ -355,9 +362,10 @@ class _Writer:
             return (many if node["at_least_one"] else f"({many})?"), False
         return self.triggered(node, end, tail)
 
-    def tag_rest(self, tag: dict) -> str:
-        """A tag after its begin: its content and end."""
-        content, took = self.expr(tag["content"], tag["end"])
+    def tag_rest(self, tag: dict, tail: bool = False) -> str:
+        """A tag after its begin: its content and end (an empty end leaves its content last, if the
+        tag is)."""
+        content, took = self.expr(tag["content"], tag["end"], tail and tag["end"] == "")
         return content + ("" if took else f" {self.piece(tag['end'])}")
 
     def sequence(self, elements: list, end, tail: bool) -> tuple[str, bool]:
@@ -370,8 +378,8 @@ class _Writer:
                 part, took = self.expr(node, end, tail)
                 parts.append(part)
                 break
-            stop = after.get("value") if after["type"] == "const_string" else after["begin"] if (
-                after["type"] == "tag" and isinstance(after["begin"], str)) else None
+            stop = {"const_string": lambda: after["value"], "tag": lambda: after["begin"],
+                    "token": lambda: after}.get(after["type"], lambda: None)()
             part, took = self.expr(node, stop or None)
             parts.append(part)
             if took:  # (what follows began with the stop: its rest, or nothing of a const_string)
@@ -388,7 +396,11 @@ class _Writer:
             rest = self.tag_rest(tag)
             trigger, after = tag["trigger"], self.quoted(tag["begin"][len(tag["trigger"]):])
             if trigger not in self.special and self.split and self.split.search(trigger):
-                raise ValueError(f"a trigger {trigger!r} that holds a special token must be that token alone")
+                raise ValueError(f"`{node['at']}`: a trigger {trigger!r} that holds a special token must be that "
+                                 "token alone")
+            if self.split and any(m.start() < len(trigger) < m.end() for m in self.split.finditer(tag["begin"])):
+                raise ValueError(f"`{node['at']}`: the trigger {trigger!r} ends inside a special token of the begin "
+                                 f"{tag['begin']!r} (make the trigger that token, or end before it)")
             if trigger in self.special:
                 options.append(self.rule(f"{free} {self.quoted(trigger)} {after} {rest}"))
             else:
@@ -402,7 +414,7 @@ class _Writer:
         return start[node["at_least_one"], node["stop_after_first"]], lazy
 
 
-def _slashes(pattern: str) -> str:
+def slashes(pattern: str) -> str:
     """The pattern inside lark's /.../: each slash escaped that is not already (as `\\/`)."""
     out, escaped = [], False
     for c in pattern:

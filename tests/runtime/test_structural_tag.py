@@ -224,3 +224,37 @@ def test_free_text_that_could_never_end_is_refused_and_the_rest_reads(tiny_engin
         deep = {"type": "optional", "content": deep}
     with pytest.raises(InputError, match="at most 64 format objects deep"):
         guided.parse({"structural_tag": {"format": deep}}, "g")
+
+
+def test_a_regex_stops_where_what_follows_it_first_appears_and_parts_are_named(tiny_engine):
+    """A regex followed by text it could match too (a tag's end, a const_string) stops where that
+    text first follows it (else the greedy lexeme would take the text and the answer never end);
+    free text before a token stops at it; a tag with an empty end leaves its content last. A part
+    that does not compile is named by its path."""
+    pytest.importorskip("torch")
+    from trtllm.runtime import grammar
+    from trtllm.runtime.tokenizer import Tokenizer
+
+    tok = Tokenizer.from_engine_dir(tiny_engine("llama"))
+    eos = tok.token_to_id("<|im_end|>")
+    grammars = grammar.Grammars(tok.to_json(), tok.vocab_size, [eos])
+
+    def accepts(fmt: dict, text: str) -> bool:
+        m = grammars.matcher(guided.parse({"structural_tag": {"format": fmt}}, "g"))
+        return not any(m.consume(t) for t in tok.encode(text)) and bool(m.allowed()[eos])
+
+    name = {"type": "tag", "begin": "<n>", "content": {"type": "regex", "pattern": "[^\\n]+"}, "end": "</n>"}
+    assert accepts(name, "<n>Bob</n>") and not accepts(name, "<n>Bob</n>x")
+    word = {"type": "sequence", "elements": [{"type": "regex", "pattern": "[a-z]+"}, {"type": "const_string",
+                                                                                     "value": "z"}]}
+    assert accepts(word, "abz") and accepts(word, "az")
+    before_token = {"type": "sequence", "elements": [{"type": "any_text"}, {"type": "token", "token": "<|im_start|>"}]}
+    assert accepts(before_token, "hi<|im_start|>")
+    open_end = {"type": "tag", "begin": "A: ", "content": {"type": "any_text"}, "end": ""}
+    assert accepts(open_end, "A: anything")
+    for fmt, at in (({"type": "sequence", "elements": [{"type": "const_string", "value": "a"},
+                                                       {"type": "regex", "pattern": "[a-"}]}, "format.elements[1].pattern"),
+                    ({"type": "token", "token": 10**6}, "format.token"),
+                    ({"type": "token", "token": "<b>"}, "format.token")):
+        with pytest.raises(ValueError, match=re.escape(f"`g.structural_tag.{at}`: ")):
+            grammars.matcher(guided.parse({"structural_tag": {"format": fmt}}, "g"))
