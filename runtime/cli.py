@@ -26,7 +26,7 @@ from trtllm.runtime import files
 from trtllm.runtime import input_format as fmt
 from trtllm.runtime import input_checks
 from trtllm.runtime import interrupt, reasoning
-from trtllm.runtime.generation_config import model_defaults
+from trtllm.runtime.generation_config import CONFIG_NAMES, model_defaults
 from trtllm.runtime.tool_calls import PARSERS
 
 # --prefill-chunk's default. On the demo model (2 threads) a 256-token chunk takes about 0.5 s, so
@@ -209,7 +209,7 @@ def generation_defaults(engine_dir: Path, manifest) -> dict:
         if limits:  # (a value the engine cannot take, as a request's would be)
             raise fmt.InputError("top_k", limits[0][1])
     except fmt.InputError as e:  # named by the config's key
-        theirs = {"max_generate_length": "max_new_tokens"}.get(e.json_path, e.json_path)
+        theirs = CONFIG_NAMES.get(e.json_path, e.json_path)
         fail_usage(f"--sampling-defaults model: {files.shown(path)}: its `{theirs}` is refused ("
                    f"{str(e).replace(f'`{e.json_path}`', f'`{theirs}`')})")
     return defaults

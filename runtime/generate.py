@@ -171,14 +171,16 @@ class Scheduler:
             self.contexts.reused_tokens += kv.shape[2] - row.num_reused
             row.num_reused = kv.shape[2]
 
-    def commit_context(self, slot: int, row: RowState) -> None:
+    def commit_context(self, slot: int, row: RowState) -> bool:
         """--context-reuse: a finished row's KV for later prompts: its prompt's, and (Edge-LLM's
-        default policy) its answer's but for the last token, which was never fed back."""
+        default policy) its answer's but for the last token, which was never fed back. Whether it
+        was kept (a failed or cancelled row, or one whose policy keeps nothing, is not)."""
         if self.contexts is None or row.context_commit is None or row.finish_reason in ("error", "cancelled"):
-            return
+            return False
         n = row.filled() if row.context_commit == "including_generated_tokens" else min(row.computed, row.filled())
         tokens = tuple([*row.prompt_ids, *row.output_ids][:n])
         self.contexts.commit(tokens, adapter_key(row), lambda length: self.kv.read(slot, length))
+        return True
 
     def step(self, start: int, stop: int, inputs: StepInputs, drawn: frozenset = frozenset(), want_logits=False):
         """A row draws its random number only when the step's token is its own: not while it is

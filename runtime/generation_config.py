@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from trtllm.runtime.strict_json import fail as _fail
 
+# Our setting -> the generation_config.json key it is read from, where the names differ
+CONFIG_NAMES = {"max_generate_length": "max_new_tokens"}
+
 
 def model_defaults(config: dict) -> dict:
     """The sampling transformers' generate() does with a model's generation_config.json, as
@@ -20,8 +23,8 @@ def model_defaults(config: dict) -> dict:
         _fail("temperature", "above 0 with `do_sample` (greedy is do_sample false)", 0)
     out = {"temperature": given("temperature", 1.0) if given("do_sample") else 0,
            "top_k": given("top_k", 50), "top_p": given("top_p", 1.0)}
-    for name, ours in (("min_p", "min_p"), ("repetition_penalty", "repetition_penalty"),
-                       ("max_new_tokens", "max_generate_length")):
+    for ours in ("min_p", "repetition_penalty", "max_generate_length"):
+        name = CONFIG_NAMES.get(ours, ours)
         if given(name) is not None:
             out[ours] = config[name]
     return out

@@ -25,6 +25,7 @@ import struct
 from dataclasses import dataclass, field
 
 from trtllm.runtime import files, guided, reasoning, tool_calls
+from trtllm.runtime.generation_config import CONFIG_NAMES
 from trtllm.runtime.messages import (  # noqa: F401 - ContentItem: part of this module's API
     MEDIA_TYPES,
     ContentItem,
@@ -283,7 +284,6 @@ NULL_IS_UNSET = frozenset({"sampling_seed", "seed", "logit_bias", "guided_decodi
                            "tool_call_parser", "chat_template_kwargs", "reasoning_parser", "parallel_tool_calls"})
 
 
-
 def _resolve_aliases(f: dict, path: str) -> dict:
     for alias, name in _ALIASES.items():
         if alias in f:
@@ -335,17 +335,17 @@ def _request(value: object, path: str, top: InputFile, bundled: tuple[str, ...] 
     if f.get("continue_final_message") and not f["messages"]:
         _fail(f"{path}.continue_final_message", "false when `messages` is empty (there is no message to continue)",
               True)
-    # inherited values are the top-level objects themselves (one shared logit_bias dict)
-    sampling = {name: f[name] if name in f else getattr(top, name) for name in _SAMPLING_FIELDS}
+    def own(name: str):  # the request's value, else the top level's (the object itself: one shared logit_bias)
+        return f[name] if name in f else getattr(top, name)
 
     def where(name: str) -> str:
         return f"{path}.{name}" if name in f else name
+    sampling = {name: own(name) for name in _SAMPLING_FIELDS}
     if sampling["min_new_tokens"] > sampling["max_generate_length"]:
         _fail(where("min_new_tokens"), f"<= `{where('max_generate_length')}` "
               f"({sampling['max_generate_length']})", sampling["min_new_tokens"])
-    tools, guide_at = f["tools"] if "tools" in f else top.tools, where("guided_decoding")
-    choice, parser = (f[n] if n in f else getattr(top, n) for n in ("tool_choice", "tool_call_parser"))
-    parallel = f["parallel_tool_calls"] if "parallel_tool_calls" in f else top.parallel_tool_calls
+    tools, choice, parser = own("tools"), own("tool_choice"), own("tool_call_parser")
+    guide_at, parallel = where("guided_decoding"), own("parallel_tool_calls")
     forced = tool_calls.guide_for(choice, parser, tools, sampling["guided_decoding"], where, parallel)
     if forced:  # "required" or a named function: the answer is held to a JSON schema of calls
         sampling["guided_decoding"], guide_at = forced, where("tool_choice")
@@ -364,7 +364,7 @@ def _request(value: object, path: str, top: InputFile, bundled: tuple[str, ...] 
         tools=tools,
         tool_choice=choice,
         tool_call_parser=parser,
-        **{name: f[name] if name in f else getattr(top, name) for name in (*INHERITED, *CONTEXT_FIELDS)},
+        **{name: own(name) for name in (*INHERITED, *CONTEXT_FIELDS)},
         **sampling,
         own_fields=frozenset(f),
     )
@@ -465,7 +465,7 @@ def read_input(path: str | os.PathLike, bundled_loras: tuple[str, ...] = (), iso
 
     def origin(message: str) -> str:  # a value the file does not hold says where it came from
         for name in injected:
-            theirs = "max_new_tokens" if name == "max_generate_length" else name
+            theirs = CONFIG_NAMES.get(name, name)
             message = message.replace(f"`{name}`", f"`{name}` (generation_config.json's `{theirs}`)")
         return message
     try:

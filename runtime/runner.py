@@ -49,6 +49,7 @@ class Sample:
     prepared: Prepared
     sample_idx: int
     row: RowState | None = None
+    message: dict | None = None  # what message_of read out of its answer, once it finished
 
 
 def stage_profile(name: str, seconds: list[float]) -> dict:
@@ -306,9 +307,11 @@ class Runner:
         """vLLM's message fields read out of a finished sample's answer: `reasoning_content` (with a
         reasoning_parser), then `content` and `tool_calls` from the rest (runtime/tool_calls.py);
         none where nothing was read."""
+        if smp.message is not None:  # (read for its stream's last line already)
+            return smp.message
         p = smp.prepared
         req, text, out = p.request, self.answer(smp), {}
-        forced = req.tool_choice is not None and req.tool_choice.mode in ("required", "function")
+        forced = req.tool_choice is not None and req.tool_choice.forced
         if req.reasoning_parser and not forced:  # (a forced call is JSON alone: no thought to split off)
             out["reasoning_content"], text = reasoning.split(text, req.reasoning_parser)
             out["content"] = text
@@ -320,6 +323,7 @@ class Runner:
             calls = None
         if calls is not None:
             out["content"], out["tool_calls"] = calls
+        smp.message = out
         return out
 
     def logprob_step(self, values: np.ndarray, ids: np.ndarray, k: int) -> list[dict]:

@@ -62,16 +62,16 @@ class SpecContext:
         pairs = np.stack([*hidden, out.hidden[slot, 0]])[None]
         return self.catch_up(slot, [row], [[*tokens, row.output_ids[-1]]], pairs, [first])
 
-    def commit_context(self, slot: int, row: RowState) -> None:
+    def commit_context(self, slot: int, row: RowState) -> bool:
         """The head's KV is kept beside the model's: of the prompt and the answer where the head
         caught up with the row's last emitted tokens as it finished (in a verification), else of the
         prompt of a row it ran over. (A row that ended at its first token did not have the head run
         over its prompt's last chunk; one that ended in a plain step left pairs it never ran.)"""
-        super().commit_context(slot, row)
-        ran = id(row) in self.drafted and len(row.output_ids) > 1
-        if ran and self.contexts is not None and row.context_commit and row.finish_reason not in ("error", "cancelled"):
+        kept = super().commit_context(slot, row)
+        if kept and id(row) in self.drafted and len(row.output_ids) > 1:
             answer = id(row) in self.caught and row.context_commit == "including_generated_tokens"
             tokens = (*row.prompt_ids, *row.output_ids) if answer else tuple(row.prompt_ids)
             self.contexts.commit(tokens, draft_key(row), lambda n: self.dkv.read(slot, n - 1))
         self.drafted.discard(id(row))
         self.caught.discard(id(row))
+        return kept

@@ -34,6 +34,11 @@ class ToolChoice:
     mode: str               # one of MODES, or "function": the one named
     name: str | None = None  # the function, with mode "function"
 
+    @property
+    def forced(self) -> bool:
+        """"required" or a named function: the answer is JSON calls alone."""
+        return self.mode in ("required", "function")
+
 
 def parse_choice(value: object, path: str) -> ToolChoice:
     if isinstance(value, str):
@@ -72,7 +77,7 @@ def _functions(tools: tuple[dict, ...], path: str) -> list[tuple[str, dict]]:
     out = []
     for i, tool in enumerate(tools):
         at = f"{path}[{i}]"
-        for key in ("type", "function"):
+        for key in ("type", "function"):  # (in this order: a tool of another type is named by its type)
             if key not in tool:
                 fail(f"{at}.{key}", "given (a forced tool choice reads each tool)", None, shown="nothing")
             if key == "type" and tool["type"] != "function":
@@ -92,7 +97,7 @@ def _functions(tools: tuple[dict, ...], path: str) -> list[tuple[str, dict]]:
 def forced_guide(tc: ToolChoice, tools: tuple[dict, ...] | None, at: str, tools_at: str,
                  parallel: bool = True) -> guided.Guide | None:
     """The JSON schema a "required" or named tool choice holds the answer to (None: the answer is free)."""
-    if tc.mode in ("auto", "none"):
+    if not tc.forced:
         return None
     if not tools:
         fail(at, '"auto" or "none" when the request has no `tools` (a forced call needs one to call)',
@@ -283,7 +288,7 @@ def extract(text: str, tc: ToolChoice | None, parser: str | None, tools: tuple[d
     if got is None or not got[1] or None in got[1]:
         return None
     content, calls = got[0], got[1] if parallel else got[1][:1]  # (OpenAI's parallel_tool_calls false: the first)
-    for k, call in enumerate(calls):
-        digest = hashlib.sha256(f"{key}\0{text}\0{k}".encode("utf-8", "surrogatepass")).hexdigest()
-        call["id"] = "call_" + digest[:24]
-    return content, [{"id": c.pop("id"), **c} for c in calls]
+
+    def call_id(k: int) -> str:
+        return "call_" + hashlib.sha256(f"{key}\0{text}\0{k}".encode("utf-8", "surrogatepass")).hexdigest()[:24]
+    return content, [{"id": call_id(k), **call} for k, call in enumerate(calls)]
