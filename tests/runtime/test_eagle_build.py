@@ -1,6 +1,6 @@
 """EAGLE draft heads through trtllm-build: a bfloat16 head file is widened exactly, and a bad head
 (wrong architecture, shapes, values, settings) fails the build with a message naming --eagle and
-writes nothing."""
+writes nothing, as does a draft graph the reference head disagrees with."""
 from __future__ import annotations
 
 import json
@@ -99,3 +99,21 @@ def test_a_bfloat16_head_our_kernels_cannot_take_is_refused(tiny_checkpoint, tmp
         build(BuildConfig(model=str(ckpt), output=str(tmp_path / "e"), eagle=str(draft), dtype="bfloat16",
                           verify=False, **LIMITS), log=lambda m: None)
     assert not (tmp_path / "e").exists()
+
+
+def test_build_check_catches_a_wrong_head_graph(tiny_checkpoint, tmp_path, monkeypatch):
+    """The build's check is the reference head: a draft graph that norms the hidden state with the
+    embedding's weights (the wrong variant) fails the build, and leaves no engine."""
+    from trtllm.builder import eagle
+    from trtllm.builder.verify import VerifyError
+
+    class Wrong(eagle.DraftWriter):
+        def rms_norm(self, name, x, weight_name):
+            return super().rms_norm(name, x, weight_name.replace("hidden_norm", "input_layernorm"))
+
+    monkeypatch.setattr(eagle, "DraftWriter", Wrong)
+    draft = random_draft(tiny_checkpoint("llama"), tmp_path / "draft", aux=[0, 1, 1])
+    with pytest.raises(VerifyError, match="EAGLE outputs differ from the reference head"):
+        build(BuildConfig(model=str(tiny_checkpoint("llama")), output=str(tmp_path / "engine"), eagle=str(draft),
+                          **LIMITS), log=lambda m: None)
+    assert not (tmp_path / "engine").exists()

@@ -1,5 +1,5 @@
-"""Tests for reading input files (syntax, encoding, duplicates) and the checks that need the engine's
-limits (runtime/input_format.py). Fast, no model."""
+"""Tests for reading input files (syntax, encoding, duplicates, the nulls upstream writes) and the
+checks that need the engine's limits (runtime/input_format.py). Fast, no model."""
 
 import copy
 import json
@@ -233,3 +233,19 @@ def test_write_n_hints_only_a_valid_value(tmp_path, field, value, hint):
     with pytest.raises(InputError) as info:
         read_input(_write(tmp_path, '{"%s": %s, "requests": [%s]}' % (field, value, MESSAGE)))
     assert ("; write" in str(info.value)) == hint
+
+
+def test_a_null_leaves_upstreams_optional_settings_unset():
+    """Edge-LLM after 0.10 reads a null sampling_seed, logit_bias, guided_decoding and context-cache
+    policy as absent (OpenAI clients write null for unset options too): the request takes the top
+    level's value. A null anywhere else stays an error."""
+    inp = parse_input({"logit_bias": {"5": 1}, "seed": 3, "guided_decoding": None, "requests": [
+        {"messages": [], "logit_bias": None, "sampling_seed": None, "guided_decoding": None, "tools": None,
+         "tool_choice": None, "context_cache_lookup_policy": None, "spec_proposal_sampling": None}]})
+    r = inp.requests[0]
+    assert (r.logit_bias, r.seed, r.guided_decoding, r.tools, r.tool_choice) == ({5: 1.0}, 3, None, None, None)
+    assert r.own_fields == {"messages"} and r.context_cache_lookup_policy == "use_cache"
+    for key in ("temperature", "num_logprobs", "messages"):
+        with pytest.raises(InputError) as e:
+            parse_input({"requests": [{"messages": [], key: None}]})
+        assert e.value.json_path == f"requests[0].{key}"

@@ -491,19 +491,3 @@ def test_every_bad_value_of_an_object_is_reported_at_once():
     assert e.value.json_path == "temperature" and "`top_k`" in str(e.value)
     many = {"requests": [{"messages": [], **{f"x{i}": 1 for i in range(10)}}]}
     assert parse_input(many, isolate=True).invalid[0].endswith("; and 2 more")
-
-
-def test_a_null_leaves_upstreams_optional_settings_unset():
-    """Edge-LLM after 0.10 reads a null sampling_seed, logit_bias, guided_decoding and context-cache
-    policy as absent (OpenAI clients write null for unset options too): the request takes the top
-    level's value. A null anywhere else stays an error."""
-    inp = parse_input({"logit_bias": {"5": 1}, "seed": 3, "guided_decoding": None, "requests": [
-        {"messages": [], "logit_bias": None, "sampling_seed": None, "guided_decoding": None, "tools": None,
-         "tool_choice": None, "context_cache_lookup_policy": None, "spec_proposal_sampling": None}]})
-    r = inp.requests[0]
-    assert (r.logit_bias, r.seed, r.guided_decoding, r.tools, r.tool_choice) == ({5: 1.0}, 3, None, None, None)
-    assert r.own_fields == {"messages"} and r.context_cache_lookup_policy == "use_cache"
-    for key in ("temperature", "num_logprobs", "messages"):
-        with pytest.raises(InputError) as e:
-            parse_input({"requests": [{"messages": [], key: None}]})
-        assert e.value.json_path == f"requests[0].{key}"
