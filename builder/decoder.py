@@ -199,9 +199,10 @@ class DecoderWriter(AttentionWriter, HeadWriter, WeightWriter):
         self.native_sample = native_kernels  # trtllm::Sample as trtllm.cpu::Sample (its body costs 2 ms a row)
         self.sites = lora_sites(spec)
         self.eagle = eagle  # (the draft's three layers, its fc [H, 3H]): EAGLE-3 outputs (builder/eagle.py)
-        # EAGLE: the verified positions' logits as an output too, where rows that ask for logprobs
-        # take theirs from it (ONNX Runtime: the output is written where the sampler's input is)
-        self.verify_logits_out = verify_logits and eagle is not None
+        # The logits of the positions verify_index names as an output too (ONNX Runtime): EAGLE rows
+        # that ask for logprobs take theirs from it (it is written where the sampler's input is), and
+        # any engine's prompt_logprobs are read from it (a prompt's positions, chunk by chunk)
+        self.verify_logits_out = verify_logits
         # EAGLE graphs (the model's and the head's) for draft trees: a `tree_mask` input says which of
         # the step's last slots each token sees. The build decides it for both together (export.py);
         # not where attention is ONNX Runtime's GroupQueryAttention, which takes no such mask.

@@ -345,6 +345,9 @@ def make_manifest(ck, config: BuildConfig, backend: str, spec, max_top_k: int, n
         lowerings=tuple(lowerings),
         lora={"sites": lora_sites(spec), "adapters": {}} if config.max_lora_rank else {},
         eagle=eagle_section or {},
+        # verify_index in, verify_logits out (DecoderWriter's verify_logits): every prompt position's
+        # logits on request. Not in a TensorRT plan, whose outputs are sized for the widest step.
+        prompt_logits=backend == "onnxruntime",
     )
 
 

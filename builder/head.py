@@ -61,9 +61,10 @@ class HeadWriter:
 
     def lm_head(self, h: str, last_index: str) -> str:
         """Gather each row's last_index position first, so norm and lm_head run on [B,H] only.
-        EAGLE engines gather the verify_index positions too, and give their greedy tokens."""
+        EAGLE engines gather the verify_index positions too, and sample them; ONNX Runtime engines
+        gather them for their logits (verify_logits: prompt_logprobs), [B,0] in a plain step."""
         g, s = self.g, self.spec
-        if self.eagle is not None:
+        if self.eagle is not None or self.verify_logits_out:
             return self.verify_head(h, last_index)
         # The sampler's type is float32; a float32 graph names the product itself (a Cast would copy it).
         logits = self.to_float32("/lm_head", self.head(h, last_index), self.io.logits)
@@ -72,7 +73,7 @@ class HeadWriter:
 
     def verify_head(self, h: str, last_index: str) -> str:
         """[B,1+T] positions (last_index, then verify_index) through norm and lm_head at once: the
-        sampler takes the first, and the others are sampled too (verify_sampler)."""
+        sampler takes the first; the others are sampled too on EAGLE engines (verify_sampler)."""
         g, s, io = self.g, self.spec, self.io
         verify_index = g.input(io.verify_index, I64, ["batch", "verify"])
         last = g.op("Unsqueeze", "/verify/last", [last_index, g.const([1])])

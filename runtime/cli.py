@@ -323,7 +323,7 @@ def serve(input_file: Path, engine_dir: Path, output: str | None, profile: str |
 
     try:  # the adapters bundled in the engine are names a request may use; a bad engine is reported below
         manifest = mf.load(engine_dir)
-        bundled = tuple(manifest.lora.get("adapters", {}))
+        bundled = tuple(manifest.lora.get("adapters", {})) if manifest.lora else None  # None: it takes none
     except mf.ManifestError:
         manifest, bundled = None, ()
     defaults = generation_defaults(engine_dir, manifest) if model_defaults and manifest is not None else None
@@ -445,7 +445,9 @@ def serve(input_file: Path, engine_dir: Path, output: str | None, profile: str |
         summary = Printer(answers_wanted=True, tell=False)  # the answers are in the file: a failing stdout loses nothing
         for r in responses:  # a line per answer; on stderr when the JSON went to stdout
             sample = f" #{r['sample_idx']}" if "sample_idx" in r else ""
-            line = f"[{r['request_idx']}{sample}] ({r['finish_reason']}) {r['output_text']}"
+            # one line each: an answer's own line breaks are shown as \n (the file has the text itself)
+            text = r["output_text"].replace("\r", "\\r").replace("\n", "\\n")
+            line = f"[{r['request_idx']}{sample}] ({r['finish_reason']}) {text}"
             if to_stdout:
                 click.echo(line, err=True)
             else:

@@ -9,8 +9,9 @@
     lora         {name: array}      LoRA engines: lora_a/lora_b per layer and site (runtime/lora.py)
     verify_index [B,T] int64        EAGLE engines: positions   ──►  verify_ids  [B,T]   int64 (sampled)
                                     to verify (default [B,0])     hidden      [B,S,H] f32 (draft's input)
+                                    prompt_logits engines: positions whose logits come out (prompt_logprobs)
     verify_uniform [B,T] f32        their random numbers (eagle.verify "sampled"; older engines: argmax)
-                                    eagle.logprobs engines: ──►    verify_logits [B,T,V] f32 (on request)
+                                    eagle.logprobs, prompt_logits: ──► verify_logits [B,T,V] f32 (on request)
     tree_mask    [B,S,T] bool       EAGLE tree engines: which of the step's last T slots each token
                                     sees (default [B,S,0]: causal)
 
@@ -45,7 +46,7 @@ class StepInputs:
     last_index: np.ndarray
     sampling: SamplingBatch
     lora: dict | None = None
-    verify_index: np.ndarray | None = None
+    verify_index: np.ndarray | None = None  # EAGLE and prompt_logits engines: int64 [B, T] (None: [B, 0])
     tree_mask: np.ndarray | None = None  # EAGLE tree engines: bool [B, S, T] (None: [B, S, 0], causal)
     verify_uniform: np.ndarray | None = None  # EAGLE engines with sampled verification: f32 [B, T] (None: 0s)
     prompt: bool = False  # the tokens come from the request (prefill), not from generation
@@ -58,7 +59,8 @@ class StepOutputs:
     top_logprob_ids: np.ndarray
     logits: np.ndarray | None = None
     verify_ids: np.ndarray | None = None  # EAGLE engines: the sampler's token at each verify_index position
-    # eagle.logprobs engines, asked for (want_logits): theirs [B,T,V]; valid until the engine's next step
+    # eagle.logprobs and prompt_logits engines, asked for (want_logits): the verify_index positions'
+    # [B,T,V]; valid until the engine's next step
     verify_logits: np.ndarray | None = None
     hidden: np.ndarray | None = None      # EAGLE engines: eagle_hidden, every position
 
@@ -102,7 +104,7 @@ def optional_inputs_mismatch(inputs: set[str], m: manifest_mod.Manifest) -> str:
         return "the graph's LoRA inputs are not those of the manifest's lora.sites and limits.max_lora_rank"
     if lora_inputs and not m.lora:
         return "the graph has LoRA inputs, and the manifest no lora section"
-    for name, fed, section in ((io.verify_index, bool(e), "eagle section"),
+    for name, fed, section in ((io.verify_index, bool(e) or m.prompt_logits, "eagle section or prompt_logits"),
                                (io.verify_uniform, e.get("verify") == "sampled", "eagle.verify"),
                                (io.tree_mask, bool(e.get("tree")), "eagle.tree")):
         if (name in inputs) != fed:

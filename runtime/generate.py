@@ -24,7 +24,7 @@ from collections import deque
 
 import numpy as np
 
-from trtllm.runtime import sampling
+from trtllm.runtime import prompt_scores, sampling
 from trtllm.runtime.engine import Engine, StepInputs
 from trtllm.runtime.kv_cache import KVCacheManager
 from trtllm.runtime.lora import StepAdapters
@@ -48,7 +48,8 @@ class Scheduler:
         capacity = capacity_for(rows, m.limits.max_kv_cache_capacity)
         for r in rows:  # the KV buffer bounds what any row can generate (see kv_need)
             r.max_new_tokens = min(r.max_new_tokens, capacity + 1 - len(r.prompt_ids))
-            if r.max_new_tokens <= 0:  # max_generate_length 0: done without a step (nor a slot)
+            # max_generate_length 0: done without a step (nor a slot), unless its prompt is to be scored
+            if r.max_new_tokens <= 0 and r.prompt_logprobs is None:
                 r.finish_reason = "max-length"
                 if on_token is not None:  # its stream still ends, with an empty line
                     on_token(r)
@@ -114,8 +115,9 @@ class Scheduler:
             self.active[slot] = row
             sampling.set_row(self.batch, slot, row.params, m.max_top_k, row.prompt_ids, row.banned)
             self.guide(slot, row)
-            self.restore_prefix(row)
-            self.restore_context(row)
+            if row.prompt_logprobs is None:  # (a scored prompt is computed whole: runtime/prompt_scores.py)
+                self.restore_prefix(row)
+                self.restore_context(row)
             row.computed = row.num_reused
             admitted.append(slot)
         return admitted
@@ -135,7 +137,9 @@ class Scheduler:
             keys = [((adapter_key(row), "prompt", tuple(row.prompt_ids)), most)]
             if row.prefix_ids:
                 keys.append(((adapter_key(row), "prefix", row.prefix_ids), min(len(row.prefix_ids), most)))
-            found = next(((leaders[k], n) for k, n in keys if k in leaders and n > 0), None)
+            # (a scored prompt leads, never follows: runtime/prompt_scores.py)
+            found = None if row.prompt_logprobs is not None else \
+                next(((leaders[k], n) for k, n in keys if k in leaders and n > 0), None)
             if found is None:
                 for k, _ in keys:
                     leaders.setdefault(k, slot)
@@ -290,7 +294,14 @@ class Scheduler:
 
     def prefill(self, start: int, stop: int) -> None:
         rows = [self.active[s] for s in range(start, stop)]
+        scoring = [start + b for b, r in enumerate(rows) if prompt_scores.scored(r)]
+        if scoring and stop - start > 1:  # a scored prompt runs alone: its logits are [positions, vocabulary]
+            for lo, hi in runs([s for s in range(start, stop) if s not in scoring]) + [(s, s + 1) for s in scoring]:
+                self.prefill(lo, hi)
+            return
         chunk = self.chunk_now()
+        if scoring:
+            chunk = min(chunk or prompt_scores.SCORE_CHUNK, prompt_scores.SCORE_CHUNK)
         ends = [chunk_end(r, chunk) for r in rows]
         widths = [e - r.computed for r, e in zip(rows, ends)]  # what this step computes of each
         steps = by_width(widths, start)
@@ -306,11 +317,16 @@ class Scheduler:
             return
         view = sampling.rows(self.batch, start, stop)
         inputs = prefill_inputs(rows, self.engine.manifest.pad_token_id, view, ends)
+        first = rows[0].computed
+        if scoring:
+            inputs = dataclasses.replace(inputs, verify_index=prompt_scores.index(rows[0], first, ends[0]))
         t = self.timing
         t.prefill_tokens += sum(widths)
         for r, e in zip(rows, ends):
             r.computed = e  # (before the step: a row whose prompt is not done yet draws nothing)
-        out, elapsed = self.step(start, stop, inputs)
+        out, elapsed = self.step(start, stop, inputs, want_logits=bool(scoring))
+        if scoring:
+            prompt_scores.record(rows[0], first, out.verify_logits[0])
         t.prefill_runs += 1
         t.prefill_seconds += elapsed
         t.record("llm_prefill", elapsed)
@@ -318,7 +334,12 @@ class Scheduler:
             if r.prefilling:  # a chunk: its token is not the prompt's next one
                 continue
             t.reused_tokens += r.num_reused
-            self.accept(start + b, out, b)
+            if r.max_new_tokens > 0:
+                self.accept(start + b, out, b)
+            else:  # a prompt scored, nothing to generate (prompt_logprobs, max_generate_length 0)
+                r.finish_reason = "max-length"
+                if self.on_token is not None:
+                    self.on_token(r)
             if (r.save_prefix and self.prefixes and r.num_reused == 0 and r.prefix_ids
                     and len(r.prefix_ids) <= len(r.prompt_ids)):  # (no system prompt: nothing to save)
                 self.prefixes.save(r.prefix_ids, self.kv.read(r.slot, len(r.prefix_ids)), adapter_key(r))

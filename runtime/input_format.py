@@ -18,7 +18,6 @@ non-finite floats and are then refused by the field that holds them, so the erro
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import re
 import struct
@@ -40,8 +39,7 @@ from trtllm.runtime.strict_json import (  # the parsers, under this module's pri
     JsonObject,
     LongNumber,
     fail as _fail,
-    object_hook as _object_hook,
-    parse_int as _parse_int,
+    decode as _decode,
     entry_path as _entry_path,
     check_duplicates as _check_duplicates,
     did_you_mean as _did_you_mean,
@@ -89,6 +87,7 @@ class Request:
     stop: tuple[str, ...]
     logit_bias: dict[int, float]  # read-only: requests that inherit it share the top-level dict
     num_logprobs: int
+    prompt_logprobs: int | None = None  # vLLM's: score the prompt, with this many top tokens (None: not)
     continue_final_message: bool = False  # the prompt ends inside the last message, which the answer continues
     tools: tuple[dict, ...] | None = None  # the tool definitions its chat template shows (its own, else the file's)
     tool_choice: tool_calls.ToolChoice | None = None  # None: not given ("auto" where there are tools)
@@ -147,6 +146,7 @@ class InputFile:
     context_cache_commit_policy: str = "including_generated_tokens"
     available_lora_weights: dict[str, str] = field(default_factory=dict)
     num_logprobs: int = 0
+    prompt_logprobs: int | None = None
     logit_bias: dict[int, float] = field(default_factory=dict)
     seed: int | None = None
     min_p: float = 0.0
@@ -260,6 +260,7 @@ _SAMPLING_FIELDS = {
     "min_new_tokens": _number(int, 0),
     "n": _number(int, 1, MAX_N),
     "num_logprobs": _num_logprobs,
+    "prompt_logprobs": _num_logprobs,
     "logit_bias": _logit_bias,
     "guided_decoding": guided.parse,
     "include_stop_str_in_output": _bool,
@@ -279,7 +280,7 @@ _ALIASES = {"sampling_seed": "seed"}
 
 # Keys whose null leaves the setting unset (the request then takes the top level's, the top level
 # the default), as Edge-LLM after 0.10 reads these; OpenAI clients write null for an unset option too.
-NULL_IS_UNSET = frozenset({"sampling_seed", "seed", "logit_bias", "guided_decoding", "context_cache_lookup_policy",
+NULL_IS_UNSET = frozenset({"sampling_seed", "seed", "prompt_logprobs", "logit_bias", "guided_decoding", "context_cache_lookup_policy",
                            "context_cache_commit_policy", "spec_proposal_sampling", "tools", "tool_choice",
                            "tool_call_parser", "chat_template_kwargs", "reasoning_parser", "parallel_tool_calls"})
 
@@ -319,13 +320,15 @@ _REQUEST_FIELDS = {
 }
 
 
-def _request(value: object, path: str, top: InputFile, bundled: tuple[str, ...] = ()) -> Request:
+def _request(value: object, path: str, top: InputFile, bundled: tuple[str, ...] | None = ()) -> Request:
     value = _without_nulls(value, NULL_IS_UNSET)
     f = _resolve_aliases(_fields(value, path, _REQUEST_FIELDS, "a request", ("messages",)), path)
-    loras = {**dict.fromkeys(bundled, ""), **top.available_lora_weights}
+    loras = {**dict.fromkeys(bundled or (), ""), **top.available_lora_weights}
     lora_name = f.get("lora_name")
     if lora_name is not None and lora_name not in loras:
-        hint = _did_you_mean(lora_name, loras) or "add it to `available_lora_weights`"
+        hint = _did_you_mean(lora_name, loras) or ("the engine takes no adapters: rebuild it with trtllm-build "
+                                                   "--max-lora-rank N" if bundled is None else
+                                                   "add it to `available_lora_weights`")
         _fail(f"{path}.lora_name", "a key of `available_lora_weights` or an adapter in the engine "
               f"({_one_of(loras) or 'none are given'})", lora_name, hint)
     total = sum(len(m.text().encode("utf-8")) for m in f["messages"])
@@ -389,12 +392,12 @@ _TOP_FIELDS = {
 }
 
 
-def parse_input(obj: object, bundled_loras: tuple[str, ...] = (), isolate: bool = False) -> InputFile:
+def parse_input(obj: object, bundled_loras: tuple[str, ...] | None = (), isolate: bool = False) -> InputFile:
     """Validate a decoded input document; raise `InputError` naming its bad values (fields). With
     `isolate`, a bad value inside a request fails that request alone: its error goes to
     `InputFile.invalid` and PLACEHOLDER takes its place, so its neighbours still run (what
     trtllm-run does); the file and its top level still raise. `bundled_loras`: adapter names the
-    engine carries, which `lora_name` may use as well."""
+    engine carries, which `lora_name` may use as well (None: the engine takes no adapters)."""
     for key in obj if isinstance(obj, dict) else ():
         if key in _REQUEST_FIELDS and key not in _TOP_FIELDS:  # not an unknown key: a misplaced one
             _fail(key, f"set in each request (`requests[i].{key}`)", obj[key], shown="it at the top level")
@@ -428,7 +431,7 @@ PLACEHOLDER = Request(messages=(), lora_name=None, save_system_prompt_kv_cache=F
                       stop=(), logit_bias={}, num_logprobs=0)
 
 
-def read_input(path: str | os.PathLike, bundled_loras: tuple[str, ...] = (), isolate: bool = False,
+def read_input(path: str | os.PathLike, bundled_loras: tuple[str, ...] | None = (), isolate: bool = False,
                overrides: dict | None = None, defaults: dict | None = None) -> InputFile:
     """Read and validate an input JSON file; every failure is an `InputError`, but, with `isolate`,
     a bad request's (parse_input). `overrides`: trtllm-run's --batch-size and --max-generate-length
@@ -441,23 +444,7 @@ def read_input(path: str | os.PathLike, bundled_loras: tuple[str, ...] = (), iso
             data = f.read()
     except OSError as e:
         _fail("", "a readable file", None, shown=e.strerror or type(e).__name__, label=label)
-    try:
-        text = data.decode("utf-8").removeprefix("\ufeff")  # a byte order mark (Windows' editors) is no JSON
-    except UnicodeDecodeError as e:
-        line = data.count(b"\n", 0, e.start) + 1
-        column = e.start - (data.rfind(b"\n", 0, e.start) + 1) + 1
-        _fail("", "UTF-8 text", None, label=label,
-              shown=f"an invalid byte at line {line} column {column} (byte {e.start})")
-    try:
-        # NaN/Infinity become floats here so that the field holding them reports its own path.
-        # Integers past MAX_INT_DIGITS digits (Python refuses to convert them) likewise.
-        obj = json.loads(text, object_pairs_hook=_object_hook, parse_constant=float, parse_int=_parse_int)
-    except json.JSONDecodeError as e:
-        _fail("", "valid JSON", None, label=label,
-              # some of json's messages end in "at" already ("Invalid control character at")
-              shown=f"{e.msg.removesuffix(' at')} at line {e.lineno} column {e.colno}")
-    except RecursionError:
-        _fail("", "valid JSON", None, label=label, shown="arrays or objects nested deeper than the parser goes")
+    obj = _decode(data, label)
     injected = [name for name in defaults or () if name not in obj and name not in (overrides or {})
                 ] if isinstance(obj, dict) else []
     if injected:

@@ -135,6 +135,8 @@ class Manifest:
     tensorrt: dict = field(default_factory=dict)  # TensorRT builds: version, GPU, profiles (builder/tensorrt.py)
     lora: dict = field(default_factory=dict)  # LoRA engines: sites, dtype, bundled adapters (runtime/lora.py)
     eagle: dict = field(default_factory=dict)  # EAGLE engines: the draft graph, its shape and files (builder/eagle.py)
+    # the graph gives the logits of the positions verify_index names (verify_logits): prompt_logprobs
+    prompt_logits: bool = False
     format_version: int = FORMAT_VERSION
 
     @property
@@ -235,6 +237,8 @@ def check(m: Manifest, engine_dir: Path) -> str:
     for name, ids in (("eos_token_ids", m.eos_token_ids), ("pad_token_id", (m.pad_token_id,))):
         if not all(whole(t, 0) and t < model.vocab_size for t in ids):
             return f"{name} must be token ids below the vocabulary size {model.vocab_size}, got {m.to_json()[name]!r}"
+    if not isinstance(m.prompt_logits, bool):
+        return f"prompt_logits must be true or false, got {m.prompt_logits!r}"
     for name, section in (("files", m.files), ("lora", m.lora), ("eagle", m.eagle)):
         if not isinstance(section, dict):
             return f"{name} must be an object, got {type(section).__name__}"

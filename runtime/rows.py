@@ -37,6 +37,9 @@ class RowState:
     speculative: bool = True          # may decode speculatively (EAGLE engines; False: disable_spec_decode)
     guesses: bool = True              # a sampled row's drafts guess at its draws (False: spec_proposal_sampling greedy)
     guide: object = None              # guided decoding's matcher (runtime/grammar.py Matcher), None if unconstrained
+    prompt_logprobs: int | None = None  # vLLM's: score its prompt, with this many top tokens (runtime/prompt_scores.py)
+    # per prompt token from the second: (its own logprob, the top values, their ids)
+    prompt_scores: list[tuple[float, np.ndarray, np.ndarray]] = field(default_factory=list)
     spare: list = field(default_factory=list)  # random numbers a verification drew and did not use: next first
     verified: bool = False            # a verification step has emitted for it (the profile's eagle runs)
     slot: int | None = None

@@ -40,6 +40,7 @@ class Prepared:
     adapter: object = None            # its LoRA adapter (runtime/lora.py), None for the base model
     guide: object = None              # its guided_decoding's matcher at the start (runtime/grammar.py), checked
     error: str | None = None
+    scorer: RowState | None = None    # prompt_logprobs: the sample that scores the prompt for all (the first)
 
 
 @dataclass
@@ -137,7 +138,7 @@ class Runner:
 
     def prepared(self, index: int, req: fmt.Request, inp: fmt.InputFile, adapters: AdapterSet) -> Prepared:
         p = Prepared(index, req)
-        p.error = unsupported(req, index) or self.check_guide(p)
+        p.error = unsupported(req, index) or self.unscored(req, index) or self.check_guide(p)
         if p.error:
             return p
         if req.lora_name is not None:
@@ -185,6 +186,16 @@ class Runner:
                        f"{limit}; rebuild with a larger --max-input-len")
         return p
 
+    def unscored(self, req: fmt.Request, index: int) -> str | None:
+        """Why the engine cannot give the request's prompt_logprobs: its graph has no verify_logits."""
+        m = self.engine.manifest
+        if req.prompt_logprobs is None or m.prompt_logits:
+            return None
+        where = f"requests[{index}].prompt_logprobs" if "prompt_logprobs" in req.own_fields else "prompt_logprobs"
+        why = ("a TensorRT plan does not give them" if m.backend == "tensorrt" else
+               "it was built before they were; rebuild it with trtllm-build")
+        return f"`{where}`: the engine's graph does not give every prompt position's logits ({why})"
+
     def unseen_tools(self, index: int, req: fmt.Request, templated: bool) -> str | None:
         """Why the request's tools, or its messages' tool calls, would not reach the model: a
         template that never reads them (or none) would leave it unaware of them."""
@@ -215,7 +226,7 @@ class Runner:
 
     def make_row(self, smp: Sample) -> RowState:
         p, req = smp.prepared, smp.prepared.request
-        return RowState(prompt_ids=p.prompt_ids, params=sampling_params(req), rng=sample_rng(req, smp.sample_idx),
+        row = RowState(prompt_ids=p.prompt_ids, params=sampling_params(req), rng=sample_rng(req, smp.sample_idx),
                         eos_ids=frozenset(self.engine.manifest.eos_token_ids),
                         text=TextStream(self.tokenizer, req.stop, req.include_stop_str_in_output,
                                         req.skip_special_tokens), prefix_ids=p.prefix_ids,
@@ -225,6 +236,9 @@ class Runner:
                         guesses=req.spec_proposal_sampling != "greedy",
                         context_lookup=req.context_cache_lookup_policy == "use_cache",
                         context_commit=req.context_cache_commit_policy)
+        if req.prompt_logprobs is not None and smp.sample_idx == 0:  # one sample scores the prompt for all
+            row.prompt_logprobs, p.scorer = req.prompt_logprobs, row
+        return row
 
     def generate(self, samples: list[Sample], num_slots: int, on_text=None) -> None:
         """Run every sample that can run, num_slots at a time (in-flight: a finished sample's slot
@@ -294,7 +308,20 @@ class Runner:
             res["logprobs"] = [self.logprob_step(vals, toks, p.request.num_logprobs) for vals, toks in row.logprobs]
             # each generated token's own logprob, in or out of the top ones (a sampled token may be neither)
             res["token_logprobs"] = [self.logprob_entry(t, v) for t, v in zip(row.output_ids, row.token_logprobs)]
+        res.update(self.prompt_logprobs(p))
         return res
+
+    def prompt_logprobs(self, p: Prepared) -> dict:
+        """vLLM's prompt_logprobs, once the prompt is scored (a cancelled run may not have): the first
+        prompt token has none (null), as in vLLM."""
+        row, k = p.scorer, p.request.prompt_logprobs
+        if row is None or len(row.prompt_scores) != len(row.prompt_ids) - 1:
+            return {}
+        out = {"prompt_token_logprobs": [None] + [self.logprob_entry(t, own) for t, (own, _, _)
+                                                  in zip(row.prompt_ids[1:], row.prompt_scores)]}
+        if k:
+            out["prompt_logprobs"] = [None] + [self.logprob_step(vals, ids, k) for _, vals, ids in row.prompt_scores]
+        return out
 
     def answer(self, smp: Sample) -> str:
         """A finished sample's output_text."""

@@ -43,6 +43,26 @@ MAX_KEY_SHOWN = 60  # characters of a key shown in a path
 
 # --- errors and paths ---------------------------------------------------------------------------
 
+def decode(data: bytes, label: str) -> object:
+    """A file's bytes as JSON, read strictly (duplicate keys remembered, NaN/Infinity and overlong
+    integers kept for the field that holds them to refuse, so its error names its path); an
+    InputError says where the bytes stop being UTF-8 or JSON."""
+    try:
+        text = data.decode("utf-8").removeprefix("\ufeff")  # a byte order mark (Windows' editors) is no JSON
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        column = e.start - (data.rfind(b"\n", 0, e.start) + 1) + 1
+        fail("", "UTF-8 text", None, label=label, shown=f"an invalid byte at line {line} column {column} (byte {e.start})")
+    try:
+        return json.loads(text, object_pairs_hook=object_hook, parse_constant=float, parse_int=parse_int)
+    except json.JSONDecodeError as e:
+        fail("", "valid JSON", None, label=label,
+             # some of json's messages end in "at" already ("Invalid control character at")
+             shown=f"{e.msg.removesuffix(' at')} at line {e.lineno} column {e.colno}")
+    except RecursionError:
+        fail("", "valid JSON", None, label=label, shown="arrays or objects nested deeper than the parser goes")
+
+
 def show(value: object) -> str:
     """A short, JSON-flavoured rendering of a bad value for an error message."""
     if value is True or value is False or value is None:

@@ -56,8 +56,11 @@ def feeds(m: mf.Manifest) -> tuple[dict, callable]:
                io.position_ids: np.tile(np.arange(width, dtype=np.int64), (batch, 1)),
                io.write_index: np.zeros(batch, np.int64), io.last_index: np.array([len(p) - 1 for p in ids], np.int64),
                io.generated: np.zeros(1, np.int64), **common}  # generated: only graphs on plugins/cpu read it
-    if m.eagle:  # EAGLE engines: verify every prompt position, so verify_ids and eagle_hidden are compared too
+    # EAGLE engines: verify every prompt position, so verify_ids and eagle_hidden are compared too (the
+    # logits of the positions of prompt_logits engines, which take the input as well)
+    if m.eagle or m.prompt_logits:
         prefill[io.verify_index] = np.tile(np.arange(width, dtype=np.int64), (batch, 1))
+    if m.eagle:
         if m.eagle.get("verify") == "sampled":  # fixed random numbers: the sampled row's verify_ids follow them
             prefill[io.verify_uniform] = np.random.default_rng(0).random((batch, width), dtype=np.float32)
         if m.eagle.get("tree"):  # no tree: the causal mask alone
@@ -70,8 +73,9 @@ def feeds(m: mf.Manifest) -> tuple[dict, callable]:
                 io.position_ids: np.array([[len(p)] for p in ids], np.int64),
                 io.write_index: np.array([len(p) for p in ids], np.int64), io.last_index: np.zeros(batch, np.int64),
                 io.generated: np.ones(1, np.int64), **common}
-        if m.eagle:
+        if m.eagle or m.prompt_logits:
             step[io.verify_index] = np.zeros((batch, 1), np.int64)
+        if m.eagle:
             if m.eagle.get("verify") == "sampled":
                 step[io.verify_uniform] = np.full((batch, 1), 0.5, np.float32)
             if m.eagle.get("tree"):
@@ -158,8 +162,15 @@ def compare(engine_dir: Path, atol: float, rtol: float) -> dict:
                                 "max_abs_logit_error": err, "logits_within_tolerance": accurate,
                                 "max_abs_kv_error": kv_err})
         ok &= tokens_equal and accurate and kv_err <= atol + rtol
+        valid = [len(p) if step == "prefill" else 1 for p in PROMPTS]  # positions of each row, pads aside
+        if m.prompt_logits:  # the logits of every verify_index position (prompt_logprobs)
+            pairs = [(ref_out[io.verify_logits][b, :n].astype(np.float64), got_out[io.verify_logits][b, :n])
+                     for b, n in enumerate(valid)]
+            within = all(bool(np.all(np.abs(r - g) <= atol + rtol * np.abs(r))) for r, g in pairs)
+            report["steps"][-1].update(max_abs_prompt_logit_error=max(float(np.max(np.abs(r - g))) for r, g in pairs),
+                                       prompt_logits_within_tolerance=within)
+            ok &= within
         if m.eagle:  # the greedy tokens at the verified positions, and the draft head's input (pads aside)
-            valid = [len(p) if step == "prefill" else 1 for p in PROMPTS]
             verify_equal = all(np.array_equal(ref_out[io.verify_ids][b, :n], got_out[io.verify_ids][b, :n])
                                for b, n in enumerate(valid))
             hidden = np.concatenate([ref_out[io.eagle_hidden][b, :n] for b, n in enumerate(valid)]).astype(np.float64)

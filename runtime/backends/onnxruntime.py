@@ -68,7 +68,7 @@ def graph_mismatch(session, m: Manifest, draft: bool = False) -> str:
     for name in (io.input_ids, io.position_ids, io.write_index, io.last_index) + ((io.hidden_in,) if draft else ()):
         if name not in inputs:
             return f"the graph has no input {name!r}"
-    logprobs = not draft and isinstance(m.eagle, dict) and m.eagle.get("logprobs")
+    logprobs = not draft and (m.prompt_logits or isinstance(m.eagle, dict) and m.eagle.get("logprobs"))
     for name in (io.draft_ids, io.draft_hidden) if draft else (io.token_ids, io.top_logprobs) + (
             (io.verify_logits,) if logprobs else ()):
         if name not in outputs:
@@ -195,10 +195,11 @@ class OnnxRuntimeEngine:
         if self.has_generated:
             feeds[io.generated] = PROMPT if inputs.prompt else GENERATED
         batch, m = inputs.input_ids.shape[0], self.manifest
-        if m.eagle:
-            # no positions to verify: [B, 0], and lm_head runs on the sampler's row alone
+        if m.eagle or m.prompt_logits:
+            # no positions to verify (or score): [B, 0], and lm_head runs on the sampler's row alone
             feeds[io.verify_index] = inputs.verify_index if inputs.verify_index is not None \
                 else self.zeros_of((batch, 0), np.int64)
+        if m.eagle:
             if m.eagle.get("verify") == "sampled":
                 feeds[io.verify_uniform] = inputs.verify_uniform if inputs.verify_uniform is not None \
                     else self.zeros_of(feeds[io.verify_index].shape, np.float32)
@@ -236,7 +237,7 @@ class OnnxRuntimeEngine:
                 b.bind_ortvalue_output(name, ort.OrtValue.ortvalue_from_numpy(outs[name]))
             bound["outputs"] = batch
         eagle = self.bind_eagle(b, bound, inputs.input_ids.shape[1], feeds[io.verify_index].shape[1]) \
-            if m.eagle else None
+            if m.eagle or m.prompt_logits else None
         self.session.run_with_iobinding(b)
         # Copies: the output buffers are reused by the next step. Rows keep the k logprobs asked for.
         k = s.num_logprobs
@@ -244,32 +245,35 @@ class OnnxRuntimeEngine:
                            top_logprob_ids=outs[io.top_logprob_ids][:, :k].copy(),
                            logits=outs[io.logits].copy() if want_logits else None,
                            **({} if eagle is None else {
-                               "verify_ids": eagle[0].copy(), "hidden": eagle[1].copy(),
+                               "verify_ids": None if eagle[0] is None else eagle[0].copy(),
+                               "hidden": None if eagle[1] is None else eagle[1].copy(),
                                # (a view, not a copy: B x T x V floats; its rows are read before the next step)
-                               "verify_logits": eagle[2] if want_logits and len(eagle) > 2 else None}))
+                               "verify_logits": eagle[2] if want_logits else None}))
 
-    def bind_eagle(self, b, bound: dict, seq: int, width: int) -> tuple[np.ndarray, ...]:
-        """EAGLE outputs, verify_ids [B,T] and eagle_hidden [B,S,H], and with eagle.logprobs
-        verify_logits [B,T,V]: their shapes change with the step, so they are bound whenever the
-        shape is not the one bound. The logits are written where the sampler reads them, into a
-        view of one buffer for every binding that only grows, by doubling (a buffer per shape would
-        be new pages each time, and one per binding, one per batch width, would add up)."""
+    def bind_eagle(self, b, bound: dict, seq: int, width: int) -> tuple[np.ndarray | None, ...]:
+        """(verify_ids [B,T], eagle_hidden [B,S,H], verify_logits [B,T,V]): EAGLE engines' outputs
+        and the verified (or scored) positions' logits, each None where the graph has not got it.
+        Their shapes change with the step, so they are bound whenever the shape is not the one
+        bound. The logits are written where the sampler reads them, into a view of one buffer for
+        every binding that only grows, by doubling (a buffer per shape would be new pages each time,
+        and one per binding, one per batch width, would add up)."""
         io, m = self.io, self.manifest
-        logits = m.eagle.get("logprobs")
-        if logits:
-            size = bound["outputs"] * width * m.model.vocab_size
-            if self.verify_buffer.size < size:
-                self.verify_buffer = np.empty(max(size, 2 * self.verify_buffer.size), np.float32)
-        key = (bound["outputs"], seq, width, id(self.verify_buffer))
+        logits = m.prompt_logits or m.eagle.get("logprobs")
+        size = bound["outputs"] * width * m.model.vocab_size
+        if logits and self.verify_buffer.size < size:
+            self.verify_buffer = np.empty(max(size, 2 * self.verify_buffer.size), np.float32)
+        # (a plain engine's key leaves out seq: it has no per-position output, so a prompt's step
+        # and a decode step of the same width bind nothing new)
+        key = (bound["outputs"], seq if m.eagle else 0, width, id(self.verify_buffer))
         held = bound.get("eagle")
         if held is None or held[0] != key:
-            arrays = (np.empty((key[0], width), np.int64), np.empty((key[0], seq, m.model.hidden_size), np.float32))
-            names = (io.verify_ids, io.eagle_hidden)
-            if logits:
-                arrays += (self.verify_buffer[:size].reshape(key[0], width, m.model.vocab_size),)
-                names += (io.verify_logits,)
-            for name, array in zip(names, arrays):
-                b.bind_ortvalue_output(name, ort.OrtValue.ortvalue_from_numpy(array))
+            arrays = (np.empty((key[0], width), np.int64), np.empty((key[0], seq, m.model.hidden_size), np.float32),
+                      self.verify_buffer[:size].reshape(key[0], width, m.model.vocab_size))
+            present = (bool(m.eagle), bool(m.eagle), bool(logits))
+            arrays = tuple(a if there else None for a, there in zip(arrays, present))
+            for name, array in zip((io.verify_ids, io.eagle_hidden, io.verify_logits), arrays):
+                if array is not None:
+                    b.bind_ortvalue_output(name, ort.OrtValue.ortvalue_from_numpy(array))
             held = bound["eagle"] = (key, arrays)
         return held[1]
 

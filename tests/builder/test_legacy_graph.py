@@ -63,7 +63,8 @@ def write_legacy_engine(modern: Path, checkpoint: Path, out: Path, writer=Decode
     shutil.copytree(modern, out)
     manifest = mf.load(out)
     args, kwargs = load_parts(checkpoint, manifest.limits.max_kv_cache_capacity)
-    model = writer(*args, manifest.max_top_k, dtype=manifest.dtype, graph="legacy", **kwargs).write()
+    model = writer(*args, manifest.max_top_k, dtype=manifest.dtype, graph="legacy", verify_logits=manifest.prompt_logits,
+                   **kwargs).write()
     for name in (export.ONNX_NAME, export.ORT_NAME):
         for path in (out / name, out / (name + ".data")):
             path.unlink(missing_ok=True)

@@ -221,7 +221,7 @@ def test_each_change_undone_is_caught(name, tiny_checkpoint, tiny_engine, tmp_pa
     for file in (export.ONNX_NAME, export.ONNX_NAME + ".data"):
         (engine_dir / file).unlink(missing_ok=True)
     writer = DecoderWriter(spec, weights_of(ck.model, spec), cos, sin, manifest.max_top_k,
-                           local_rope=local)
+                           local_rope=local, verify_logits=manifest.prompt_logits)
     export.save(writer.write(), engine_dir, export.ONNX_NAME)
     model, engine = hf_model(tiny_checkpoint(arch)), load_engine(engine_dir, graph="onnx")
     prompt = PROMPTS[1]

@@ -484,6 +484,8 @@ def test_an_eagle_graph_under_a_manifest_without_eagle_is_refused(eagle_engine, 
     raw = json.loads((engine / "manifest.json").read_text())
     raw["eagle"] = {}
     (engine / "manifest.json").write_text(json.dumps(raw))
-    with pytest.raises(mf.ManifestError, match="the graph has an input 'verify_index', which the manifest's "
-                                               "eagle section does not call for"):
+    # (verify_index is also a plain ONNX Runtime engine's, for prompt_logprobs: the sampled verification's
+    # input is what gives the graph away)
+    with pytest.raises(mf.ManifestError, match="the graph has an input 'verify_uniform', which the manifest's "
+                                               "eagle.verify does not call for"):
         load_engine(engine)

@@ -275,3 +275,13 @@ def test_a_lora_graph_under_a_manifest_without_lora_is_refused(lora_engines, tmp
     (engine / "manifest.json").write_text(json.dumps(raw))
     with pytest.raises(mf.ManifestError, match="the graph has LoRA inputs, and the manifest no lora section"):
         load_engine(engine)
+
+
+def test_an_adapter_name_on_an_engine_without_lora_inputs_says_to_rebuild(tiny_engine, run_cli):
+    """Not "add it to available_lora_weights", which would only lead to this same fix one run later."""
+    result, out = run_cli(tiny_engine("llama"), {"max_generate_length": 1,
+                                                 "requests": [chat("hi"), chat("hi", lora_name="x")]})
+    assert result.exit_code == 1 and out["responses"][0]["finish_reason"] == "max-length"
+    error = out["responses"][1]["error"]
+    assert "requests[1].lora_name" in error and "rebuild it with trtllm-build --max-lora-rank N" in error
+    assert "available_lora_weights`\n" not in error and "add it to" not in error

@@ -10,6 +10,7 @@ from click.testing import CliRunner
 
 from tests.runtime.test_run_stdout import chat
 from trtllm.runtime import input_format as fmt
+from trtllm.runtime import strict_json
 from trtllm.runtime.cli import generation_defaults, main
 from trtllm.runtime.generation_config import model_defaults
 
@@ -41,10 +42,10 @@ def test_overrides_answer_as_the_file_with_those_values(run_cli, tmp_path, tiny_
 
 
 def test_overrides_keep_the_files_checks():
-    doc = json.loads('{"requests": [{"messages": [], "n": 1, "n": 2}]}', object_pairs_hook=fmt._object_hook)
+    doc = strict_json.decode(b'{"requests": [{"messages": [], "n": 1, "n": 2}]}', "test")
     with pytest.raises(fmt.InputError, match="given twice|more than once|duplicate"):
         fmt.parse_input(fmt.apply_overrides(doc, {"max_generate_length": 2}))
-    doc = json.loads('{"batch_size": 1, "batch_size": 2, "requests": []}', object_pairs_hook=fmt._object_hook)
+    doc = strict_json.decode(b'{"batch_size": 1, "batch_size": 2, "requests": []}', "test")
     with pytest.raises(fmt.InputError, match="batch_size"):
         fmt.parse_input(fmt.apply_overrides(doc, {"batch_size": 3}))
 
