@@ -77,6 +77,8 @@ class DecoderSpec:
     nope_layers: tuple[int, ...] = ()  # layers whose q and k get no RoPE (SmolLM3's NoPE layers)
     rotary_dim: int | None = None     # RoPE on the first rotary_dim of each head only (partial_rotary_factor)
     fused_projections: bool = False   # the checkpoint stores q|k|v and gate|up whole (Phi-3): LoRA's module names
+    residual_scale: float = 1.0       # the attention and MLP outputs times this before their residual add (Granite)
+    logits_scale: float = 1.0         # the logits divided by this (Granite's logits_scaling)
 
     def window(self, layer: int) -> int | None:
         """Layer `layer`'s sliding window, or None for full attention."""
@@ -322,6 +324,13 @@ class DecoderWriter(AttentionWriter, HeadWriter, WeightWriter):
                      epsilon=self.spec.rms_norm_eps, stash_type=1)
         return g.op("Cast", f"{name}/CastBack", [y], to=self.ftype) if wide else y
 
+    def residual_scaled(self, name: str, y: str) -> str:
+        """An attention or MLP output as it joins the residual stream: times residual_scale (Granite's
+        residual_multiplier, in the graph's type as transformers multiplies; a LoRA delta is in y too)."""
+        if self.spec.residual_scale == 1.0:
+            return y
+        return self.g.op("Mul", f"{name}/residual_scale", [y, self.g.const(self.spec.residual_scale, self.dtype)])
+
     def residual_norm(self, name: str, h: str, branch: tuple[str, str] | None, weight_name: str) -> tuple[str, str]:
         """h += branch, then RMSNorm: (normed, new h). The ONNX Runtime lowering does both in one
         com.microsoft SkipSimplifiedLayerNormalization, which ONNX Runtime does not fuse by itself."""
@@ -428,6 +437,7 @@ class DecoderWriter(AttentionWriter, HeadWriter, WeightWriter):
             if s.sandwich_norms:  # Gemma: the output is normed first, and the MLP's own norm is "pre_feedforward"
                 y = self.rms_norm(f"/model/layers.{i}/post_attention_layernorm", y,
                                   f"model.layers.{i}.post_attention_layernorm.weight")
+            y = self.residual_scaled(f"/model/layers.{i}/attn", y)
             pre_mlp = "pre_feedforward_layernorm" if s.sandwich_norms else "post_attention_layernorm"
             x, h = self.residual_norm(f"/model/layers.{i}/{pre_mlp}", h, (f"/model/layers.{i}/attn/residual", y),
                                       f"model.layers.{i}.{pre_mlp}.weight")
@@ -435,7 +445,7 @@ class DecoderWriter(AttentionWriter, HeadWriter, WeightWriter):
             if s.sandwich_norms:
                 y = self.rms_norm(f"/model/layers.{i}/post_feedforward_layernorm", y,
                                   f"model.layers.{i}.post_feedforward_layernorm.weight")
-            branch = (f"/model/layers.{i}/mlp/residual", y)
+            branch = (f"/model/layers.{i}/mlp/residual", self.residual_scaled(f"/model/layers.{i}/mlp", y))
         h = g.op("Add", branch[0], [h, branch[1]])
         if self.eagle is not None:
             self.eagle_hidden([aux[i] for i in self.eagle[0]])

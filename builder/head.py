@@ -48,16 +48,19 @@ class HeadWriter:
         return self.lm_matmul(self.rms_norm("/model/norm", h, "model.norm.weight"))
 
     def lm_matmul(self, h: str) -> str:
-        """[N,H] -> [N,V] logits."""
+        """[N,H] -> [N,V] logits (divided by logits_scale: Granite's logits_scaling, as transformers divides)."""
         g, s = self.g, self.spec
         if s.tie_word_embeddings and self.half:
-            return self.half_matmul("/lm_head", h, "model.embed_tokens.weight", s.vocab_size)
-        if s.tie_word_embeddings and self.quant is None:
+            logits = self.half_matmul("/lm_head", h, "model.embed_tokens.weight", s.vocab_size)
+        elif s.tie_word_embeddings and self.quant is None:
             # Gemm with transB shares the embedding table instead of storing a transposed copy.
-            return g.op("Gemm", "/lm_head/Gemm", [h, "model.embed_tokens.weight"], transB=1)
-        # quantized: the lm_head gets its own quantized copy; the embedding stays float32
-        w = self.w["model.embed_tokens.weight" if s.tie_word_embeddings else "lm_head.weight"]
-        return self.matmul("/lm_head", h, "lm_head", w, rank=2)
+            logits = g.op("Gemm", "/lm_head/Gemm", [h, "model.embed_tokens.weight"], transB=1)
+        else:  # quantized: the lm_head gets its own quantized copy; the embedding stays float32
+            w = self.w["model.embed_tokens.weight" if s.tie_word_embeddings else "lm_head.weight"]
+            logits = self.matmul("/lm_head", h, "lm_head", w, rank=2)
+        if s.logits_scale == 1.0:
+            return logits
+        return g.op("Div", "/lm_head/logits_scale", [logits, g.const(s.logits_scale, self.dtype)])
 
     def lm_head(self, h: str, last_index: str) -> str:
         """Gather each row's last_index position first, so norm and lm_head run on [B,H] only.

@@ -44,6 +44,9 @@ ARCHS = {
     # a window shorter than the test prompts, a local RoPE base of its own, and every kind of layer
     "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM", {"sliding_window": 8, "query_pre_attn_scalar": 24,
                                                          "rope_local_base_freq": 100.0}),
+    # every multiplier away from 1 (and the score scale from head_dim ** -0.5 = 0.25)
+    "granite": ("GraniteConfig", "GraniteForCausalLM", {"embedding_multiplier": 4.0, "attention_multiplier": 0.1,
+                                                        "residual_multiplier": 0.3, "logits_scaling": 2.5}),
 }
 
 

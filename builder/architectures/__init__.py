@@ -9,11 +9,12 @@ import dataclasses
 
 import numpy as np
 
-from trtllm.builder.architectures import gemma3, llama, mistral, phi3, qwen2, qwen3, smollm3
+from trtllm.builder.architectures import gemma3, granite, llama, mistral, phi3, qwen2, qwen3, smollm3
 from trtllm.builder.checkpoint import Unsupported, state_dict_numpy
 
 ARCHITECTURES = {
     "Gemma3ForCausalLM": gemma3.spec_from_config,
+    "GraniteForCausalLM": granite.spec_from_config,
     "LlamaForCausalLM": llama.spec_from_config,
     "MistralForCausalLM": mistral.spec_from_config,
     "Phi3ForCausalLM": phi3.spec_from_config,

@@ -20,7 +20,7 @@ from trtllm.runtime.kv_cache import KVCacheManager  # noqa: E402
 from tests.engine_helpers import run_greedy  # noqa: E402
 
 pytestmark = pytest.mark.hf
-ARCHS = ["llama", "mistral", "qwen2", "qwen3", "phi3", "phi4-mini", "smollm3", "gemma3"]
+ARCHS = ["llama", "mistral", "qwen2", "qwen3", "phi3", "phi4-mini", "smollm3", "gemma3", "granite"]
 PROMPTS = [[5, 17, 42, 99, 7], list(range(30, 52)), [3, 200, 11], list(range(100, 140, 3))]
 ATOL = 1e-4
 
@@ -189,6 +189,11 @@ UNDONE = {
     "phi4-mini, LongRoPE's long factors": ("phi4-mini", dict(long_factors=True)),
     "smollm3, nothing undone (the control: passes)": ("smollm3", {}),
     "smollm3, RoPE on every layer": ("smollm3", dict(nope_layers=())),
+    "granite, nothing undone (the control: passes)": ("granite", {}),
+    "granite, unscaled embeddings": ("granite", dict(embed_scale=1.0)),
+    "granite, scores scaled by head_dim": ("granite", dict(query_scale=None)),
+    "granite, unscaled residual branches": ("granite", dict(residual_scale=1.0)),
+    "granite, unscaled logits": ("granite", dict(logits_scale=1.0)),
 }
 
 
@@ -244,7 +249,8 @@ def test_a_class_without_a_graph_is_refused(tmp_path):
 
 
 @pytest.mark.parametrize("arch, lowered", [("llama", True), ("qwen2", True), ("mistral", True), ("qwen3", True),
-                                          ("phi3", True), ("phi4-mini", True), ("smollm3", True), ("gemma3", True)])
+                                          ("phi3", True), ("phi4-mini", True), ("smollm3", True), ("gemma3", True),
+                                          ("granite", True)])
 def test_onnxruntime_lowering_matches_the_canonical_graph(arch, lowered, tiny_engine):
     """The compiled ONNX Runtime form may use GroupQueryAttention (one fused kernel) where it is
     proven equal: its logits match the canonical standard-op graph's (and, above, transformers')."""
