@@ -27,6 +27,8 @@ class AttentionWriter:
             return self.attention_gqa(i, x, position_ids)
         q, k, v = self.fused_linear(f"{name}/qkv_proj", x, f"{p}.qkv_proj",
                                     [f"{p}.q_proj", f"{p}.k_proj", f"{p}.v_proj"], s.attention_bias, (i, "qkv"))
+        if s.full_qk_norm:
+            q, k = self.full_qk_norms(name, p, q, k)
         q = self.heads(f"{name}/q", q, s.num_heads, f"{p}.q_norm.weight" if s.qk_norm else None)
         k = self.heads(f"{name}/k", k, s.num_kv_heads, f"{p}.k_norm.weight" if s.qk_norm else None)
         v = self.heads(f"{name}/v", v, s.num_kv_heads, None)
@@ -51,6 +53,11 @@ class AttentionWriter:
         y = g.op("Transpose", f"{name}/out/Transpose", [y], perm=[0, 2, 1, 3])
         y = g.op("Reshape", f"{name}/out/Reshape", [y, g.const([0, 0, s.num_heads * s.head_dim])])
         return self.lora(f"{name}/o_proj", y, self.linear(f"{name}/o_proj", y, f"{p}.o_proj", s.o_proj_bias), i, "o")
+
+    def full_qk_norms(self, name: str, p: str, q: str, k: str) -> tuple[str, str]:
+        """OLMo 2's q and k norms: RMSNorm over all of q's heads at once [B,S,heads*D], and k's."""
+        return (self.rms_norm(f"{name}/q_norm", q, f"{p}.q_norm.weight"),
+                self.rms_norm(f"{name}/k_norm", k, f"{p}.k_norm.weight"))
 
     def identity_rope(self) -> tuple[str, str]:
         """cos/sin tables of the rotary tables' shape that rotate nothing (NoPE layers on our kernel)."""
@@ -89,8 +96,12 @@ class AttentionWriter:
         attention over the valid length in one kernel (see docs/notes/ort_lowering.md for the recipe)."""
         g, s, p = self.g, self.spec, f"model.layers.{i}.self_attn"
         name = f"/model/layers.{i}/attn"
-        qkv = self.fused_proj(f"{name}/qkv_proj", x, f"{p}.qkv_proj",
-                              [f"{p}.q_proj", f"{p}.k_proj", f"{p}.v_proj"], s.attention_bias, (i, "qkv"))
+        parts = [f"{p}.q_proj", f"{p}.k_proj", f"{p}.v_proj"]
+        if s.full_qk_norm:  # q and k normed whole before the fused kernel takes q|k|v
+            q, k, v = self.fused_linear(f"{name}/qkv_proj", x, f"{p}.qkv_proj", parts, s.attention_bias, (i, "qkv"))
+            qkv = g.op("Concat", f"{name}/qkv_normed", [*self.full_qk_norms(name, p, q, k), v], axis=-1)
+        else:
+            qkv = self.fused_proj(f"{name}/qkv_proj", x, f"{p}.qkv_proj", parts, s.attention_bias, (i, "qkv"))
         kv_shape = ["batch", s.num_kv_heads, "kv_capacity", s.head_dim]
         past = [g.input(getattr(self.io, f"past_{k}").format(i=i), self.kv_type, kv_shape) for k in ("key", "value")]
         present = [getattr(self.io, f"present_{k}").format(i=i) for k in ("key", "value")]

@@ -78,6 +78,9 @@ class DecoderSpec:
     rotary_dim: int | None = None     # RoPE on the first rotary_dim of each head only (partial_rotary_factor)
     fused_projections: bool = False   # the checkpoint stores q|k|v and gate|up whole (Phi-3): LoRA's module names
     residual_scale: float = 1.0       # the attention and MLP outputs times this before their residual add (Granite)
+    full_qk_norm: bool = False        # RMSNorm on q and k over all their heads at once, before RoPE (OLMo 2)
+    pre_norms: bool = True            # False: a layer's attention and MLP take the residual stream as it is,
+                                      # and norm their outputs instead (OLMo 2, with sandwich_norms)
     logits_scale: float = 1.0         # the logits divided by this (Granite's logits_scaling)
 
     def window(self, layer: int) -> int | None:
@@ -331,6 +334,14 @@ class DecoderWriter(AttentionWriter, HeadWriter, WeightWriter):
             return y
         return self.g.op("Mul", f"{name}/residual_scale", [y, self.g.const(self.spec.residual_scale, self.dtype)])
 
+    def layer_input(self, name: str, h: str, branch: tuple[str, str] | None, weight_name: str) -> tuple[str, str]:
+        """h += branch; (what the attention or MLP takes, the new h): h normed (residual_norm), or
+        without pre_norms (OLMo 2) h itself."""
+        if self.spec.pre_norms:
+            return self.residual_norm(name, h, branch, weight_name)
+        h = h if branch is None else self.g.op("Add", branch[0], [h, branch[1]])
+        return h, h
+
     def residual_norm(self, name: str, h: str, branch: tuple[str, str] | None, weight_name: str) -> tuple[str, str]:
         """h += branch, then RMSNorm: (normed, new h). The ONNX Runtime lowering does both in one
         com.microsoft SkipSimplifiedLayerNormalization, which ONNX Runtime does not fuse by itself."""
@@ -430,8 +441,8 @@ class DecoderWriter(AttentionWriter, HeadWriter, WeightWriter):
         aux = {}  # EAGLE: the residual stream at the input of the draft head's three layers
         branch = None  # (residual Add name, the attention or MLP output still to be added into h)
         for i in range(s.num_layers):
-            x, h = self.residual_norm(f"/model/layers.{i}/input_layernorm", h, branch,
-                                      f"model.layers.{i}.input_layernorm.weight")
+            x, h = self.layer_input(f"/model/layers.{i}/input_layernorm", h, branch,
+                                    f"model.layers.{i}.input_layernorm.weight")
             aux[i] = h
             y = self.attention(i, x, position_ids, write_index, mask)
             if s.sandwich_norms:  # Gemma: the output is normed first, and the MLP's own norm is "pre_feedforward"
@@ -439,8 +450,8 @@ class DecoderWriter(AttentionWriter, HeadWriter, WeightWriter):
                                   f"model.layers.{i}.post_attention_layernorm.weight")
             y = self.residual_scaled(f"/model/layers.{i}/attn", y)
             pre_mlp = "pre_feedforward_layernorm" if s.sandwich_norms else "post_attention_layernorm"
-            x, h = self.residual_norm(f"/model/layers.{i}/{pre_mlp}", h, (f"/model/layers.{i}/attn/residual", y),
-                                      f"model.layers.{i}.{pre_mlp}.weight")
+            x, h = self.layer_input(f"/model/layers.{i}/{pre_mlp}", h, (f"/model/layers.{i}/attn/residual", y),
+                                    f"model.layers.{i}.{pre_mlp}.weight")
             y = self.mlp(i, x)
             if s.sandwich_norms:
                 y = self.rms_norm(f"/model/layers.{i}/post_feedforward_layernorm", y,

@@ -126,8 +126,10 @@ def export_onnx(ck: ckpt.Checkpoint, config: BuildConfig, out_dir: Path, log, ba
         # llm.onnx (what TensorRT parses) keeps the standard ops.
         if gqa or half:
             attention = cpu_kernels.ATTENTION_LOWERING if native else "GroupQueryAttention"
-            log(f"lowering attention to {attention}, residual + RMSNorm to SkipSimplifiedLayerNormalization")
-            lowerings += [attention, "SkipSimplifiedLayerNormalization"]
+            # (a model without pre-norms, OLMo 2, has no residual add followed by a norm to fuse)
+            skip = ["SkipSimplifiedLayerNormalization"] if spec.pre_norms else []
+            log(f"lowering attention to {attention}" + ", residual + RMSNorm to SkipSimplifiedLayerNormalization" * bool(skip))
+            lowerings += [attention, *skip]
         if quant_native:
             log(f"lowering the quantized MatMuls to {cpu_kernels.LOWERING} (plugins/cpu)")
             lowerings.append(cpu_kernels.LOWERING)

@@ -47,6 +47,8 @@ ARCHS = {
     # every multiplier away from 1 (and the score scale from head_dim ** -0.5 = 0.25)
     "granite": ("GraniteConfig", "GraniteForCausalLM", {"embedding_multiplier": 4.0, "attention_multiplier": 0.1,
                                                         "residual_multiplier": 0.3, "logits_scaling": 2.5}),
+    # norms on the attention and MLP outputs only, q and k normed over all their heads
+    "olmo2": ("Olmo2Config", "Olmo2ForCausalLM", {}),
 }
 
 

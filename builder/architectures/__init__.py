@@ -9,7 +9,7 @@ import dataclasses
 
 import numpy as np
 
-from trtllm.builder.architectures import gemma3, granite, llama, mistral, phi3, qwen2, qwen3, smollm3
+from trtllm.builder.architectures import gemma3, granite, llama, mistral, olmo2, phi3, qwen2, qwen3, smollm3
 from trtllm.builder.checkpoint import Unsupported, state_dict_numpy
 
 ARCHITECTURES = {
@@ -17,6 +17,7 @@ ARCHITECTURES = {
     "GraniteForCausalLM": granite.spec_from_config,
     "LlamaForCausalLM": llama.spec_from_config,
     "MistralForCausalLM": mistral.spec_from_config,
+    "Olmo2ForCausalLM": olmo2.spec_from_config,
     "Phi3ForCausalLM": phi3.spec_from_config,
     "Qwen2ForCausalLM": qwen2.spec_from_config,
     "Qwen3ForCausalLM": qwen3.spec_from_config,

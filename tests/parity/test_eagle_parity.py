@@ -30,7 +30,7 @@ from tests.parity.test_tiny_parity import hf_greedy, hf_model  # noqa: E402
 from tests.tiny_models import make_checkpoint  # noqa: E402
 
 pytestmark = pytest.mark.hf
-ARCHS = ["llama", "mistral", "qwen2", "qwen3", "phi3", "smollm3", "gemma3", "granite"]
+ARCHS = ["llama", "mistral", "qwen2", "qwen3", "phi3", "smollm3", "gemma3", "granite", "olmo2"]
 PROMPTS = [[5, 17, 42, 99, 7], list(range(30, 52)), [3, 200, 11]]
 ATOL = 1e-4
 

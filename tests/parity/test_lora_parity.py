@@ -20,7 +20,7 @@ from trtllm.runtime.engine import load_engine  # noqa: E402
 from tests.engine_helpers import run_greedy  # noqa: E402
 
 pytestmark = pytest.mark.hf
-ARCHS = ["llama", "mistral", "qwen2", "qwen3", "phi3", "smollm3", "gemma3", "granite"]
+ARCHS = ["llama", "mistral", "qwen2", "qwen3", "phi3", "smollm3", "gemma3", "granite", "olmo2"]
 ALL = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 PROMPTS = [[5, 17, 42, 99, 7], list(range(30, 52)), [3, 200, 11]]
 ATOL = 1e-4
