@@ -260,7 +260,7 @@ _SAMPLING_FIELDS = {
     "min_new_tokens": _number(int, 0),
     "n": _number(int, 1, MAX_N),
     "num_logprobs": _num_logprobs,
-    "prompt_logprobs": _num_logprobs,
+    "prompt_logprobs": lambda v, p: None if v is None else _num_logprobs(v, p),  # null: off (vLLM's)
     "logit_bias": _logit_bias,
     "guided_decoding": guided.parse,
     "include_stop_str_in_output": _bool,
@@ -280,7 +280,7 @@ _ALIASES = {"sampling_seed": "seed"}
 
 # Keys whose null leaves the setting unset (the request then takes the top level's, the top level
 # the default), as Edge-LLM after 0.10 reads these; OpenAI clients write null for an unset option too.
-NULL_IS_UNSET = frozenset({"sampling_seed", "seed", "prompt_logprobs", "logit_bias", "guided_decoding", "context_cache_lookup_policy",
+NULL_IS_UNSET = frozenset({"sampling_seed", "seed", "logit_bias", "guided_decoding", "context_cache_lookup_policy",
                            "context_cache_commit_policy", "spec_proposal_sampling", "tools", "tool_choice",
                            "tool_call_parser", "chat_template_kwargs", "reasoning_parser", "parallel_tool_calls"})
 

@@ -95,6 +95,7 @@ class Runner:
         self.drafter, self.prefill_chunk = drafter, prefill_chunk
         self.timing = Timing()
         self.contexts = None  # --context-reuse: runtime/context_cache.py's ContextCache
+        self.lookup = None  # --spec-ngram: runtime/ngram.py's Lookup
         self._grammars = None  # guided decoding's, made when a request first asks for it
         self.cancelled = False  # a Ctrl-C ended the run: unfinished samples are "cancelled"
 
@@ -269,7 +270,7 @@ class Runner:
             try:
                 run_rows(self.engine, [smp.row for smp in live], num_slots, self.timing,
                          on_token if on_text else None, self.prefixes, self.drafter, self.prefill_chunk,
-                         self.contexts)
+                         self.contexts, self.lookup)
             except Exception as e:  # the engine itself failed: fail what did not finish, keep the rest
                 interrupt.settle()
                 for smp in live:  # per sample: a request's finished samples (n > 1) keep their answers
@@ -284,6 +285,11 @@ class Runner:
                     if on_text:
                         on_token(smp.row)  # its last line: the text held back, and "cancelled"
             self.cancelled = True
+        for smp in live:  # a sample with nothing to generate is done when its prompt is scored (prompt_logprobs)
+            scorer = smp.prepared.scorer
+            if scorer not in (None, smp.row) and smp.row.max_new_tokens <= 0 and scorer.finish_reason in (
+                    "cancelled", "error"):
+                smp.row.finish_reason, smp.row.error = scorer.finish_reason, scorer.error
 
     def response(self, smp: Sample) -> dict:
         p, row = smp.prepared, smp.row
@@ -444,6 +450,13 @@ class Runner:
                 "draft_top_k": self.drafter.top_k, "branch_tokens": t.branch_tokens,
                 "draft_runs": t.draft_runs, "draft_time_ms": 1e3 * t.draft_seconds}
 
+    def ngram_profile(self) -> dict:
+        """--spec-ngram: the steps that checked guesses, the guesses and those taken."""
+        t = self.timing
+        return {"draft_step": self.lookup.k, "verify_steps": t.verify_runs, "drafted_tokens": t.drafted_tokens,
+                "accepted_tokens": t.accepted_tokens,
+                "draft_acceptance_rate": t.accepted_tokens / t.drafted_tokens if t.drafted_tokens else 0.0}
+
     def profile(self) -> dict:
         t = self.timing
         gen_tokens = t.generated_tokens  # decode steps only: each prefill's first token is prefill's
@@ -463,6 +476,7 @@ class Runner:
                            "tokens_per_second": gen_tokens / t.generation_seconds if t.generation_seconds else 0.0,
                            "average_time_per_token_ms": 1e3 * t.generation_seconds / max(gen_tokens, 1)},
             **({"eagle_generation": self.spec_profile()} if self.drafter is not None else {}),
+            **({"ngram_generation": self.ngram_profile()} if self.lookup is not None else {}),
             "peak_cpu_memory_bytes": rss, "peak_cpu_memory_mb": rss / 2**20,
             "kv_cache": self.kv_cache_profile(),
             **({"context_cache": self.contexts.profile()} if self.contexts is not None else {}),

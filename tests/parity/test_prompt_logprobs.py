@@ -121,10 +121,10 @@ def test_neighbours_and_samples(tiny_engine, run_cli, monkeypatch):
     assert got[0]["prompt_token_logprobs"] == got[1]["prompt_token_logprobs"]
     assert "prompt_logprobs" not in got[2] and "prompt_token_logprobs" not in got[2]
     assert len(got[3]["prompt_logprobs"]) == got[3]["prompt_tokens"]
-    # the top level's value is every request's, and a request's null leaves it at that
+    # the top level's value is every request's; a request's own null turns it off (vLLM's null)
     top = run(run_cli, engine, [chat(TEXTS[1]), chat(TEXTS[1], prompt_logprobs=None)], prompt_logprobs=0)
-    assert top[0]["prompt_token_logprobs"] == top[1]["prompt_token_logprobs"]
     assert len(top[0]["prompt_token_logprobs"]) == top[0]["prompt_tokens"] and "prompt_logprobs" not in top[0]
+    assert "prompt_token_logprobs" not in top[1] and top[1]["output_ids"] == top[0]["output_ids"]
 
 
 def test_restored_kv_is_not_taken_for_a_scored_prompt(tiny_engine, run_cli, tmp_path):
@@ -168,7 +168,7 @@ def test_an_engine_without_prompt_logits_fails_the_request_alone(tiny_engine):
         m = dataclasses.replace(engine.manifest, prompt_logits=False, backend=backend)
         runner = Runner(SimpleNamespace(manifest=m), None, None)
         assert [runner.unscored(r, i) and runner.unscored(r, i).split(":")[0] for i, r in enumerate(inp.requests)] \
-            == ["`prompt_logprobs`", "`requests[1].prompt_logprobs`", "`prompt_logprobs`"]
+            == ["`prompt_logprobs`", "`requests[1].prompt_logprobs`", None]  # (its null: off)
         assert why in runner.unscored(inp.requests[0], 0)
     assert Runner(engine, None, None).unscored(inp.requests[0], 0) is None
 
@@ -202,3 +202,28 @@ def test_eagle_engine_scores_as_the_plain_one(tiny_checkpoint, tiny_engine, tmp_
     for ours, theirs in zip(got[0]["prompt_token_logprobs"][1:], plain[0]["prompt_token_logprobs"][1:]):
         assert ours["token_id"] == theirs["token_id"] and abs(ours["logprob"] - theirs["logprob"]) < 1e-5
     assert error(ckpt, eagle, got[0], 2) < ATOL
+
+
+def test_samples_with_nothing_to_generate_end_as_their_scorer(tiny_engine, monkeypatch):
+    """n samples and max_generate_length 0: the first scores the prompt for all, the others have
+    nothing to do; when the scoring is cancelled, they are cancelled too, not finished without scores."""
+    from trtllm.runtime import input_format as fmt
+    from trtllm.runtime.chat_template import ChatTemplate
+    from trtllm.runtime.engine import load_engine
+    from trtllm.runtime.runner import Runner
+    from trtllm.runtime.tokenizer import Tokenizer
+
+    path = tiny_engine("llama")
+    engine = load_engine(path)
+    runner = Runner(engine, Tokenizer.from_engine_dir(path, engine.manifest.files),
+                    ChatTemplate.from_engine_dir(path, engine.manifest.files))
+    inp = fmt.parse_input({"max_generate_length": 0, "requests": [chat(TEXTS[0], prompt_logprobs=1, n=3)]})
+    assert [r["finish_reason"] for r in runner.run(inp)] == ["max-length"] * 3
+
+    def interrupted(row, start, logits):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(prompt_scores, "record", interrupted)
+    responses = Runner(engine, runner.tokenizer, runner.template).run(inp)
+    assert [r["finish_reason"] for r in responses] == ["cancelled"] * 3
+    assert not any("prompt_token_logprobs" in r for r in responses)
