@@ -284,6 +284,10 @@ def check_batch_size(inp: fmt.InputFile, manifest) -> None:
               callback=lambda ctx, param, v: count_or_auto(v, "auto or an integer >= 2"),
               help="EAGLE draft trees: the most tokens a verification step checks per request, the root "
                    "included (auto: top-k x depth + 1).")
+@click.option("--spec-ngram", type=click.IntRange(0, 16), default=0, show_default=True,
+              help="Prompt lookup decoding (vLLM's ngram method): greedy requests guess up to this many "
+                   "tokens a step from their own prompt and answer, checked in one step (0: off). "
+                   "Engines without an EAGLE head.")
 @click.option("--prefill-chunk", type=int, default=PREFILL_CHUNK, show_default=True,
               callback=lambda ctx, param, v: prefill_chunk(v),
               help="While other requests generate, prefill a new prompt at most this many tokens per step, "
@@ -294,7 +298,7 @@ def main(input_file: Path, engine_dir: Path, output: str | None, profile: str | 
          tool_call_parser: str | None, sampling_defaults: str, warmup: int, stream: bool, context_reuse: bool,
          kv_cache_dir: Path | None, kv_cache_size: str, threads: int | None, huge_pages: bool,
          spec_draft_step: int | str, spec_draft_top_k: int | str, spec_verify_size: int | str,
-         prefill_chunk: int) -> None:
+         spec_ngram: int, prefill_chunk: int) -> None:
     """Answer the requests in INPUT_FILE with the engine in --engine."""
     hold_stdout()
     try:
@@ -308,7 +312,7 @@ def main(input_file: Path, engine_dir: Path, output: str | None, profile: str | 
                          if value is not None}
             serve(input_file, engine_dir, output, profile, stream, kv_cache_dir, kv_cache_size, threads, huge_pages,
                   spec_draft_step, spec_draft_top_k, spec_verify_size, prefill_chunk, interrupts, overrides, warmup,
-                  sampling_defaults == "model", context_reuse)
+                  sampling_defaults == "model", context_reuse, spec_ngram)
     except KeyboardInterrupt:  # not click's Abort: its exit code 1 means "some request failed"
         click.echo("interrupted: files not yet written were left as they were", err=True)
         sys.exit(130)
@@ -318,7 +322,7 @@ def serve(input_file: Path, engine_dir: Path, output: str | None, profile: str |
           kv_cache_dir: Path | None, kv_cache_size: str, threads: int | None, huge_pages: bool,
           spec_draft_step: int | str, spec_draft_top_k: int | str, spec_verify_size: int | str,
           prefill_chunk: int, interrupts: interrupt.Watch | None = None, overrides: dict | None = None,
-          warmup: int = 0, model_defaults: bool = False, context_reuse: bool = False) -> None:
+          warmup: int = 0, model_defaults: bool = False, context_reuse: bool = False, spec_ngram: int = 0) -> None:
     from trtllm.runtime import manifest as mf
 
     try:  # the adapters bundled in the engine are names a request may use; a bad engine is reported below
@@ -401,6 +405,15 @@ def serve(input_file: Path, engine_dir: Path, output: str | None, profile: str |
         fail_usage(f"{engine_dir}: its tokenizer or chat template cannot be loaded ({type(e).__name__}: {e}); "
                    "rebuild it with trtllm-build")
     runner = Runner(engine, tokenizer, template, prefixes, drafter, prefill_chunk)
+    if spec_ngram:
+        from trtllm.runtime.ngram import Lookup
+
+        why = ("its EAGLE head drafts" if drafter is not None else "" if engine.manifest.prompt_logits else
+               "its graph does not give the verified positions' logits (rebuild it with trtllm-build)")
+        if why:
+            click.echo(f"warning: --spec-ngram ignored: {engine_dir}: {why}", err=True)
+        else:
+            runner.lookup = Lookup(spec_ngram)
     if context_reuse:
         from trtllm.runtime.context_cache import ContextCache
 

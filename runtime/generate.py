@@ -407,13 +407,14 @@ class Scheduler:
 
 def run_rows(engine: Engine, rows: list[RowState], num_slots: int | None = None, timing: Timing | None = None,
              on_token=None, prefixes: PrefixSource | None = None, drafter=None, prefill_chunk: int = 0,
-             contexts=None) -> None:
+             contexts=None, lookup=None) -> None:
     """Generate until every row has a finish_reason, `num_slots` at a time (default: all at once).
     `on_token(row)` is called after each accepted token (for streaming). `drafter`: an EAGLE
     engine's draft head (runtime/speculative.py), which rows then decode with (not those with
     logprobs, or penalties on a sampled request).
     `prefill_chunk`: prefill prompts at most this many tokens per step while other rows generate
-    (0: whole). `contexts`: --context-reuse's ContextCache."""
+    (0: whole). `contexts`: --context-reuse's ContextCache. `lookup`: --spec-ngram's runtime/ngram.py
+    Lookup, which greedy rows then decode with (engines without a drafter)."""
     if not rows:
         return
     if drafter is not None:
@@ -421,6 +422,11 @@ def run_rows(engine: Engine, rows: list[RowState], num_slots: int | None = None,
 
         scheduler = SpecScheduler(engine, rows, num_slots or len(rows), timing, on_token, prefixes, drafter,
                                   prefill_chunk)
+    elif lookup is not None:
+        from trtllm.runtime.ngram import NgramScheduler
+
+        scheduler = NgramScheduler(engine, rows, num_slots or len(rows), timing, on_token, prefixes, prefill_chunk)
+        scheduler.lookup = lookup
     else:
         scheduler = Scheduler(engine, rows, num_slots or len(rows), timing, on_token, prefixes, prefill_chunk)
     scheduler.contexts = contexts

@@ -1,0 +1,135 @@
+"""--spec-ngram (prompt lookup decoding, runtime/ngram.py): the guesses, and answers token-exact with
+plain decoding for greedy rows beside sampled, penalized, logprobs and min_new_tokens ones, in flight,
+with chunked prompts, at the length and KV limits. The wrong variant, guesses taken unchecked, must
+change the answers."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from trtllm.runtime import ngram
+from trtllm.runtime.engine import load_engine
+from trtllm.runtime.generate import RowState, Timing, run_rows
+from trtllm.runtime.sampling import SamplingParams
+
+pytestmark = pytest.mark.hf
+LOOPING = [list(range(30, 52)) * 2, [5, 17, 42, 99, 7] * 5, [3, 200, 11, 3, 200], list(range(100, 140, 3))]
+
+
+def test_guesses_follow_the_most_recent_longest_match():
+    look = ngram.Lookup(3)
+    assert look.propose([1, 2, 3, 9, 9, 1, 2, 3, 8, 7, 1, 2, 3]) == [8, 7, 1]  # the latest of two matches
+    assert look.propose([5, 6, 7, 1, 2, 3, 4, 0, 2, 3, 4]) == [0, 2, 3]  # "2 3 4" (n=3) before "3 4"
+    assert look.propose([4, 1, 2, 9, 1, 2]) == [9, 1, 2]
+    assert look.propose([1, 2, 3, 4, 1, 2]) == [3, 4, 1]
+    assert look.propose([7, 1, 8, 1]) == []  # one token alone matches nothing (MIN_NGRAM 2)
+    assert look.propose([1, 2, 1, 2]) == [1, 2]  # what follows, however little
+    assert look.propose([1]) == [] and look.propose([]) == []
+
+
+def rows_for(prompts, **params):
+    made = []
+    for i, p in enumerate(prompts):
+        kind = params.get("kinds", ["greedy"] * len(prompts))[i]
+        sp = {"greedy": dict(temperature=0.0), "sampled": dict(temperature=0.9, top_k=20),
+              "penalized": dict(temperature=0.0, repetition_penalty=1.3), "logprobs": dict(temperature=0.0, num_logprobs=3),
+              "min_new": dict(temperature=0.0, min_new_tokens=20)}[kind]
+        made.append(RowState(prompt_ids=p, params=SamplingParams(max_new_tokens=params.get("n", 40), **sp),
+                             rng=np.random.default_rng(i), eos_ids=frozenset(params.get("eos", ()))))
+    return made
+
+
+def answers(engine, prompts, lookup=None, num_slots=None, prefill_chunk=0, **params):
+    rows, timing = rows_for(prompts, **params), Timing()
+    run_rows(engine, rows, num_slots, timing, prefill_chunk=prefill_chunk, lookup=lookup)
+    return [(r.output_ids, r.finish_reason, [np.round(v[0], 4).tolist() for v in r.logprobs]) for r in rows], timing
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_engine):
+    return load_engine(tiny_engine("llama"))
+
+
+@pytest.mark.parametrize("k", [1, 4, 9])
+def test_greedy_answers_are_plain_decoding_s(engine, k):
+    want, _ = answers(engine, LOOPING)
+    got, timing = answers(engine, LOOPING, ngram.Lookup(k))
+    assert got == want
+    # both ways a guess goes were taken: held, and replaced by the model's own choice
+    assert timing.verify_runs > 0 and 0 < timing.accepted_tokens < timing.drafted_tokens
+    assert timing.generated_tokens == sum(len(a[0]) for a in got) - len(got)  # (each prefill's first one aside)
+    alone, timing = answers(engine, LOOPING[2:3], ngram.Lookup(k))  # an answer that loops: fewer steps than tokens
+    assert alone == want[2:3] and timing.generation_runs < 39
+
+
+def test_other_rows_in_the_same_steps_are_as_without_it(engine):
+    kinds = ["sampled", "penalized", "greedy", "logprobs", "min_new", "greedy"]  # (the third's answer loops)
+    prompts = LOOPING + [[9, 8, 7, 9, 8, 7, 9], list(range(60, 90))]
+    prompts = prompts[:len(kinds)]
+    eos = [int(np.bincount(sum(prompts, [])).argmax())]  # an id the answers produce: EOS ends some
+    want, _ = answers(engine, prompts, kinds=kinds, eos=eos)
+    got, timing = answers(engine, prompts, ngram.Lookup(4), kinds=kinds, eos=eos)
+    assert got == want and timing.accepted_tokens > 0
+
+
+def test_in_flight_with_chunked_prompts_and_limits(engine):
+    """Two slots for five rows (admissions and compaction between speculative steps), a long prompt
+    chunked while others speculate (its parked slot writes pads over where its chunks go), and rows
+    that end at max_new_tokens exactly."""
+    prompts = LOOPING + [list(range(10, 200))]
+    for n in (5, 40):
+        want, _ = answers(engine, prompts, num_slots=2, prefill_chunk=16, n=n)
+        got, timing = answers(engine, prompts, ngram.Lookup(6), num_slots=2, prefill_chunk=16, n=n)
+        assert got == want and all(len(ids) == n for ids, _, _ in got)
+        assert timing.accepted_tokens > 0 or n == 5
+
+
+def test_the_kv_buffer_bounds_the_guesses(engine, tiny_engine):
+    """A prompt that leaves few positions: guesses never write past the KV limit (the standard
+    graph's TensorScatter fails such a step; our kernel drops the writes), and the answer is the
+    plain one."""
+    capacity = engine.manifest.limits.max_kv_cache_capacity
+    prompt = ([5, 17, 42, 99, 7] * 200)[:capacity - 6]
+    want, _ = answers(engine, [prompt], n=100)
+    got, _ = answers(engine, [prompt], ngram.Lookup(8), n=100)
+    assert got == want and len(got[0][0]) == 7  # (what the KV holds: capacity - prompt + 1)
+    # a row near the limit bounds its neighbours' guesses too: each slot writes the step's width (the
+    # second's answer loops from its 28th token on, while the first nears its last position)
+    prompts = [prompt[:capacity - 33], LOOPING[2]]
+    standard = load_engine(tiny_engine("llama"), graph="onnx")
+    want, _ = answers(standard, prompts, n=100, kinds=["sampled", "greedy"])
+    got, timing = answers(standard, prompts, ngram.Lookup(8), n=100, kinds=["sampled", "greedy"])
+    assert got == want and timing.accepted_tokens > 0
+
+
+def test_wrong_variant_taking_guesses_unchecked_changes_answers(engine, monkeypatch):
+    def unchecked(self, s, row, drafts, out):
+        for guess in drafts:
+            self.accept_token(s, guess)
+            if row.finish_reason:
+                return
+        self.accept(s, out, s)
+
+    want, _ = answers(engine, LOOPING)
+    monkeypatch.setattr(ngram.NgramScheduler, "verify", unchecked)
+    got, _ = answers(engine, LOOPING, ngram.Lookup(4))
+    assert got != want
+
+
+def test_trtllm_run_spec_ngram(tiny_engine, run_cli, tmp_path):
+    engine = tiny_engine("llama")
+    requests = {"temperature": 0, "max_generate_length": 32, "requests": [
+        {"messages": [{"role": "user", "content": "the cat the cat the cat the cat"}]},
+        {"messages": [{"role": "user", "content": "Hi"}], "temperature": 0.7, "seed": 3}]}
+    result, plain = run_cli(engine, requests)
+    assert result.exit_code == 0, result.output
+    profile = tmp_path / "p.json"
+    result, out = run_cli(engine, requests, "--spec-ngram", "5", "--profile", str(profile))
+    assert result.exit_code == 0 and "warning" not in result.output, result.output
+    assert [r["output_ids"] for r in out["responses"]] == [r["output_ids"] for r in plain["responses"]]
+    spec = json.loads(profile.read_text())["ngram_generation"]
+    assert spec["draft_step"] == 5 and spec["verify_steps"] > 0 and spec["drafted_tokens"] >= spec["accepted_tokens"]
+    result, _ = run_cli(engine, requests, "--spec-ngram", "17")
+    assert result.exit_code == 2 and "--spec-ngram" in result.output
