@@ -58,8 +58,8 @@ class NgramScheduler(Scheduler):
 
     def speculates(self, row: RowState | None) -> bool:
         p = None if row is None else row.params
-        return (row is not None and not row.finish_reason and not row.prefilling and p.temperature == 0
-                and not p.penalized and row.guide is None and not p.num_logprobs)
+        return (row is not None and row.speculative and not row.finish_reason and not row.prefilling
+                and p.temperature == 0 and not p.penalized and row.guide is None and not p.num_logprobs)
 
     def guesses(self, rows: list, starts: list[int]) -> dict[int, list[int]]:
         """slot -> its guesses: at most what it may still generate but one, and no more than every
@@ -112,16 +112,18 @@ class NgramScheduler(Scheduler):
         return out, elapsed
 
     def verify(self, s: int, row: RowState, drafts: list[int], out) -> None:
-        """The guesses that are the greedy choice, then the first choice that differs, or the sampler's."""
+        """The guesses that are the greedy choice, then the first choice that differs, or if all
+        hold the choice after the last. Each is chosen under the biases as they stand after the
+        tokens before it: a min_new_tokens ban (of EOS, stop tokens) that ends inside the step no
+        longer holds (the graph's sampler chose its token under the step's first biases)."""
         t = self.timing
         t.drafted_tokens += len(drafts)
-        for j, guess in enumerate(drafts):
-            scores = out.verify_logits[s, j] + self.batch.logit_bias[s] + self.batch.penalty_bias[s]
+        for logits, guess in zip([*out.verify_logits[s, :len(drafts)], out.logits[s]], [*drafts, None]):
+            scores = logits + self.batch.logit_bias[s] + self.batch.penalty_bias[s]
             choice = int(np.argmax(scores))
             # (a NaN or +inf logit is where argmax lands: that row fails, as the sampler's check makes it)
             self.accept_token(s, choice, finite=bool(np.isfinite(scores[choice])))
+            t.accepted_tokens += choice == guess
             if row.finish_reason or choice != guess:
                 return
-            t.accepted_tokens += 1
-        self.accept(s, out, s)  # every guess held: the token after the last one
 

@@ -35,7 +35,7 @@ def rows_for(prompts, **params):
         kind = params.get("kinds", ["greedy"] * len(prompts))[i]
         sp = {"greedy": dict(temperature=0.0), "sampled": dict(temperature=0.9, top_k=20),
               "penalized": dict(temperature=0.0, repetition_penalty=1.3), "logprobs": dict(temperature=0.0, num_logprobs=3),
-              "min_new": dict(temperature=0.0, min_new_tokens=20)}[kind]
+              "min_new": dict(temperature=0.0, min_new_tokens=params.get("min_new", 20))}[kind]
         made.append(RowState(prompt_ids=p, params=SamplingParams(max_new_tokens=params.get("n", 40), **sp),
                              rng=np.random.default_rng(i), eos_ids=frozenset(params.get("eos", ()))))
     return made
@@ -72,6 +72,30 @@ def test_other_rows_in_the_same_steps_are_as_without_it(engine):
     want, _ = answers(engine, prompts, kinds=kinds, eos=eos)
     got, timing = answers(engine, prompts, ngram.Lookup(4), kinds=kinds, eos=eos)
     assert got == want and timing.accepted_tokens > 0
+
+
+def test_a_ban_that_ends_inside_a_step(engine):
+    """min_new_tokens bans EOS until its end: where that end falls right after a run of guesses that
+    hold, the token after them is chosen without the ban, as plain decoding chooses it (the graph's
+    sampler had the step's first biases). EOS is the answer's token q, new there, and q tokens are
+    its min_new_tokens: plain decoding ends right at it (at q = 36 the guesses before it hold)."""
+    plain = answers(engine, LOOPING[2:3])[0][0][0]
+    for q in range(30, 39):
+        if plain[q] in plain[:q]:
+            continue
+        for k in (1, 2, 4):
+            want, _ = answers(engine, LOOPING[2:3], kinds=["min_new"], min_new=q, eos=[plain[q]])
+            got, _ = answers(engine, LOOPING[2:3], ngram.Lookup(k), kinds=["min_new"], min_new=q, eos=[plain[q]])
+            assert got == want, (q, k)
+            assert want[0][1] == "end-of-sequence" and len(want[0][0]) == q + 1
+
+
+def test_disable_spec_decode_is_honoured(engine):
+    rows = rows_for(LOOPING[2:3])
+    rows[0].speculative = False  # (the request's disable_spec_decode)
+    timing = Timing()
+    run_rows(engine, rows, timing=timing, lookup=ngram.Lookup(4))
+    assert timing.drafted_tokens == 0 and rows[0].output_ids == answers(engine, LOOPING[2:3])[0][0][0]
 
 
 def test_in_flight_with_chunked_prompts_and_limits(engine):
