@@ -5,6 +5,10 @@ lookup and llama.cpp's lookup example on the same text (its F32 GGUF, the same d
     python scripts/bench_ngram.py [--engine engines/smollm2-135m-instruct] [--k 6] [--gen 128]
         [--rounds 4] [--threads 2] [--llama-cpp ~/peers/llama.cpp/build/bin]
         [--gguf ~/peers/gguf/smollm2-135m-instruct-f32.gguf]
+    python scripts/bench_ngram.py --chat   # ours alone: chat answers, where few guesses hold, batch 1 and 8
+
+--chat measures what lookup costs where it has little to find: scripts/bench_eagle.py's eight chat
+questions, one at a time and all eight in one batch, ours with and without lookup, paired by round.
 
 llama-lookup is not in the peers' default build: `cmake -DLLAMA_BUILD_EXAMPLES=ON . && ninja
 llama-lookup` in their llama.cpp build directory (seconds: the libraries are built). Each round runs
@@ -88,6 +92,7 @@ def main(argv=None) -> int:
     ap.add_argument("--llama-cpp", type=Path, default=Path.home() / "peers" / "llama.cpp" / "build" / "bin")
     ap.add_argument("--gguf", type=Path, default=Path.home() / "peers" / "gguf" / "smollm2-135m-instruct-f32.gguf")
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--chat", action="store_true")
     args = ap.parse_args(argv)
     os.environ["TRTLLM_NUM_THREADS"] = str(args.threads)
     from trtllm.runtime.engine import load_engine
@@ -95,6 +100,8 @@ def main(argv=None) -> int:
 
     engine = load_engine(args.engine)
     tokenizer = Tokenizer.from_engine_dir(args.engine, engine.manifest.files)
+    if args.chat:
+        return chat(engine, tokenizer, args)
     peer = (args.llama_cpp / "llama-lookup").is_file() and args.gguf.is_file()
     if not peer:
         print(f"llama-lookup or {args.gguf} not found: ours alone", file=sys.stderr)
@@ -131,6 +138,38 @@ def main(argv=None) -> int:
             return 1
     if args.out:
         args.out.write_text(json.dumps(report, indent=2))
+    return 0
+
+
+def chat(engine, tok, args) -> int:
+    from bench_eagle import QUESTIONS
+    from trtllm.runtime.chat_template import ChatTemplate
+    from trtllm.runtime.generate import RowState, Timing, run_rows
+    from trtllm.runtime.ngram import Lookup
+    from trtllm.runtime.sampling import SamplingParams
+
+    template = ChatTemplate.from_engine_dir(args.engine, engine.manifest.files)
+    prompts = [tok.encode(template.format([{"role": "user", "content": q}]).text, add_special_tokens=False)
+               for q in QUESTIONS]
+
+    def rate(batch, lookup):
+        rows = [RowState(prompt_ids=p, params=SamplingParams(temperature=0.0, max_new_tokens=args.gen),
+                         rng=np.random.default_rng(0), eos_ids=frozenset(engine.manifest.eos_token_ids)) for p in batch]
+        t = Timing()
+        run_rows(engine, rows, timing=t, lookup=lookup)
+        return t.generated_tokens / t.generation_seconds, [r.output_ids for r in rows]
+
+    for size in (1, 8):
+        ratios = []
+        for r in range(args.rounds):
+            for i in range(0, len(prompts), size):
+                order = (None, Lookup(args.k)) if r % 2 == 0 else (Lookup(args.k), None)
+                (a, ids_a), (b, ids_b) = (rate(prompts[i:i + size], look) for look in order)
+                if ids_a != ids_b:
+                    print(f"error: lookup changed our tokens at batch {size}", file=sys.stderr)
+                    return 1
+                ratios.append(b / a if order[0] is None else a / b)
+        print(f"chat, batch {size}: lookup over plain {spread(ratios)} ({len(ratios)} pairs)")
     return 0
 
 

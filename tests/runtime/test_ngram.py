@@ -19,7 +19,7 @@ LOOPING = [list(range(30, 52)) * 2, [5, 17, 42, 99, 7] * 5, [3, 200, 11, 3, 200]
 
 
 def test_guesses_follow_the_most_recent_longest_match():
-    look = ngram.Lookup(3)
+    look = ngram.Lookup(3, adaptive=False)
     assert look.propose([1, 2, 3, 9, 9, 1, 2, 3, 8, 7, 1, 2, 3]) == [8, 7, 1]  # the latest of two matches
     assert look.propose([5, 6, 7, 1, 2, 3, 4, 0, 2, 3, 4]) == [0, 2, 3]  # "2 3 4" (n=3) before "3 4"
     assert look.propose([4, 1, 2, 9, 1, 2]) == [9, 1, 2]
@@ -55,12 +55,12 @@ def engine(tiny_engine):
 @pytest.mark.parametrize("k", [1, 4, 9])
 def test_greedy_answers_are_plain_decoding_s(engine, k):
     want, _ = answers(engine, LOOPING)
-    got, timing = answers(engine, LOOPING, ngram.Lookup(k))
+    got, timing = answers(engine, LOOPING, ngram.Lookup(k, adaptive=False))
     assert got == want
     # both ways a guess goes were taken: held, and replaced by the model's own choice
     assert timing.verify_runs > 0 and 0 < timing.accepted_tokens < timing.drafted_tokens
     assert timing.generated_tokens == sum(len(a[0]) for a in got) - len(got)  # (each prefill's first one aside)
-    alone, timing = answers(engine, LOOPING[2:3], ngram.Lookup(k))  # an answer that loops: fewer steps than tokens
+    alone, timing = answers(engine, LOOPING[2:3], ngram.Lookup(k, adaptive=False))  # an answer that loops: fewer steps than tokens
     assert alone == want[2:3] and timing.generation_runs < 39
 
 
@@ -70,7 +70,7 @@ def test_other_rows_in_the_same_steps_are_as_without_it(engine):
     prompts = prompts[:len(kinds)]
     eos = [int(np.bincount(sum(prompts, [])).argmax())]  # an id the answers produce: EOS ends some
     want, _ = answers(engine, prompts, kinds=kinds, eos=eos)
-    got, timing = answers(engine, prompts, ngram.Lookup(4), kinds=kinds, eos=eos)
+    got, timing = answers(engine, prompts, ngram.Lookup(4, adaptive=False), kinds=kinds, eos=eos)
     assert got == want and timing.accepted_tokens > 0
 
 
@@ -85,7 +85,7 @@ def test_a_ban_that_ends_inside_a_step(engine):
             continue
         for k in (1, 2, 4):
             want, _ = answers(engine, LOOPING[2:3], kinds=["min_new"], min_new=q, eos=[plain[q]])
-            got, _ = answers(engine, LOOPING[2:3], ngram.Lookup(k), kinds=["min_new"], min_new=q, eos=[plain[q]])
+            got, _ = answers(engine, LOOPING[2:3], ngram.Lookup(k, adaptive=False), kinds=["min_new"], min_new=q, eos=[plain[q]])
             assert got == want, (q, k)
             assert want[0][1] == "end-of-sequence" and len(want[0][0]) == q + 1
 
@@ -94,7 +94,7 @@ def test_disable_spec_decode_is_honoured(engine):
     rows = rows_for(LOOPING[2:3])
     rows[0].speculative = False  # (the request's disable_spec_decode)
     timing = Timing()
-    run_rows(engine, rows, timing=timing, lookup=ngram.Lookup(4))
+    run_rows(engine, rows, timing=timing, lookup=ngram.Lookup(4, adaptive=False))
     assert timing.drafted_tokens == 0 and rows[0].output_ids == answers(engine, LOOPING[2:3])[0][0][0]
 
 
@@ -105,7 +105,7 @@ def test_in_flight_with_chunked_prompts_and_limits(engine):
     prompts = LOOPING + [list(range(10, 200))]
     for n in (5, 40):
         want, _ = answers(engine, prompts, num_slots=2, prefill_chunk=16, n=n)
-        got, timing = answers(engine, prompts, ngram.Lookup(6), num_slots=2, prefill_chunk=16, n=n)
+        got, timing = answers(engine, prompts, ngram.Lookup(6, adaptive=False), num_slots=2, prefill_chunk=16, n=n)
         assert got == want and all(len(ids) == n for ids, _, _ in got)
         assert timing.accepted_tokens > 0 or n == 5
 
@@ -117,14 +117,14 @@ def test_the_kv_buffer_bounds_the_guesses(engine, tiny_engine):
     capacity = engine.manifest.limits.max_kv_cache_capacity
     prompt = ([5, 17, 42, 99, 7] * 200)[:capacity - 6]
     want, _ = answers(engine, [prompt], n=100)
-    got, _ = answers(engine, [prompt], ngram.Lookup(8), n=100)
+    got, _ = answers(engine, [prompt], ngram.Lookup(8, adaptive=False), n=100)
     assert got == want and len(got[0][0]) == 7  # (what the KV holds: capacity - prompt + 1)
     # a row near the limit bounds its neighbours' guesses too: each slot writes the step's width (the
     # second's answer loops from its 28th token on, while the first nears its last position)
     prompts = [prompt[:capacity - 33], LOOPING[2]]
     standard = load_engine(tiny_engine("llama"), graph="onnx")
     want, _ = answers(standard, prompts, n=100, kinds=["sampled", "greedy"])
-    got, timing = answers(standard, prompts, ngram.Lookup(8), n=100, kinds=["sampled", "greedy"])
+    got, timing = answers(standard, prompts, ngram.Lookup(8, adaptive=False), n=100, kinds=["sampled", "greedy"])
     assert got == want and timing.accepted_tokens > 0
 
 
@@ -138,7 +138,7 @@ def test_wrong_variant_taking_guesses_unchecked_changes_answers(engine, monkeypa
 
     want, _ = answers(engine, LOOPING)
     monkeypatch.setattr(ngram.NgramScheduler, "verify", unchecked)
-    got, _ = answers(engine, LOOPING, ngram.Lookup(4))
+    got, _ = answers(engine, LOOPING, ngram.Lookup(4, adaptive=False))
     assert got != want
 
 
@@ -157,3 +157,29 @@ def test_trtllm_run_spec_ngram(tiny_engine, run_cli, tmp_path):
     assert spec["draft_step"] == 5 and spec["verify_steps"] > 0 and spec["drafted_tokens"] >= spec["accepted_tokens"]
     result, _ = run_cli(engine, requests, "--spec-ngram", "17")
     assert result.exit_code == 2 and "--spec-ngram" in result.output
+
+
+def test_pace_takes_the_faster_kind_and_measures_the_other_again():
+    pace = ngram.Pace()
+    assert pace.guessing() is False  # plain steps are measured first,
+    pace.record(False, 4, 0.1)
+    assert pace.guessing() is True  # then steps that check guesses
+    pace.record(True, 5, 0.2)  # 25 tok/s against 40: plain is faster
+    kinds = []
+    for _ in range(8 * ngram.PROBE):
+        kinds.append(pace.guessing())
+        pace.record(kinds[-1], 4 if not kinds[-1] else 5, 0.1 if not kinds[-1] else 0.2)
+    # a probe after PROBE plain steps, then after twice as many each time it still loses
+    probes = [i for i, kind in enumerate(kinds) if kind]
+    p = ngram.PROBE
+    assert probes == [p, p + 1 + 2 * p, p + 1 + 2 * p + 1 + 4 * p]
+    for _ in range(10):  # guesses that hold more and more: checking them becomes the faster
+        pace.record(True, 20, 0.2)
+    assert pace.guessing() is True
+
+
+def test_adaptive_lookup_is_exact_too(engine):
+    """Whichever kind of step Pace takes, the answers are plain decoding's."""
+    want, _ = answers(engine, LOOPING, n=60)
+    got, timing = answers(engine, LOOPING, ngram.Lookup(4), n=60)
+    assert got == want and timing.generation_runs > 0
