@@ -126,11 +126,11 @@ def lora_sites(spec: DecoderSpec) -> dict[str, dict]:
 def gqa_supported(spec: DecoderSpec, dtype: str) -> bool:
     """Where ONNX Runtime's GroupQueryAttention is proven equal to the canonical attention (tests):
     its CPU kernel needs head_dim % 16 == 0, and a partial rotary table a multiple of 8 wide; sliding
-    windows, q/k norms (Qwen3, Gemma), NoPE layers (SmolLM3: it rotates every layer), a scale of the
-    model's own and float16 are not lowered to it."""
+    windows, q/k norms (Qwen3, Gemma, OLMo 2), NoPE layers (SmolLM3: it rotates every layer), a scale
+    of the model's own and float16 are not lowered to it."""
     partial_ok = spec.rotary_dim is None or (spec.rotary_dim // 2) % 8 == 0
     return (spec.head_dim % 16 == 0 and partial_ok and not spec.sliding_window and not spec.qk_norm
-            and not spec.nope_layers and spec.query_scale is None and dtype == "float32")
+            and not spec.full_qk_norm and not spec.nope_layers and spec.query_scale is None and dtype == "float32")
 
 
 def attention_supported(spec: DecoderSpec, dtype: str) -> bool:

@@ -1,5 +1,6 @@
-"""How DecoderWriter ends a graph: the final norm and lm_head on each row's last position (EAGLE
-engines: and on the positions they verify), the EAGLE-3 hidden-state output, and the sampler
+"""How DecoderWriter ends a graph: the final norm and lm_head on each row's last position (EAGLE and
+ONNX Runtime engines: and on the positions verify_index names, verified or scored), the EAGLE-3
+hidden-state output, and the sampler
 (trtllm::Sample as its ONNX function body, or as our kernel trtllm.cpu::Sample), once per row and,
 on EAGLE engines, once per verified position.
 

@@ -408,8 +408,10 @@ def serve(input_file: Path, engine_dir: Path, output: str | None, profile: str |
     if spec_ngram:
         from trtllm.runtime.ngram import Lookup
 
-        why = ("its EAGLE head drafts" if drafter is not None else "" if engine.manifest.prompt_logits else
-               "its graph does not give the verified positions' logits (rebuild it with trtllm-build)")
+        m = engine.manifest
+        why = ("its EAGLE head drafts" if drafter is not None else "" if m.prompt_logits or m.eagle.get("logprobs")
+               else "a TensorRT plan does not give the checked positions' logits" if m.backend == "tensorrt"
+               else "its graph does not give the checked positions' logits (rebuild it with trtllm-build)")
         if why:
             click.echo(f"warning: --spec-ngram ignored: {engine_dir}: {why}", err=True)
         else:

@@ -325,13 +325,15 @@ class Scheduler:
         for r, e in zip(rows, ends):
             r.computed = e  # (before the step: a row whose prompt is not done yet draws nothing)
         out, elapsed = self.step(start, stop, inputs, want_logits=bool(scoring))
-        if scoring:
-            prompt_scores.record(rows[0], first, out.verify_logits[0])
+        if scoring and (why := prompt_scores.record(rows[0], first, out.verify_logits[0])):
+            rows[0].fail(why)
+            if self.on_token is not None:
+                self.on_token(rows[0])
         t.prefill_runs += 1
         t.prefill_seconds += elapsed
         t.record("llm_prefill", elapsed)
         for b, r in enumerate(rows):
-            if r.prefilling:  # a chunk: its token is not the prompt's next one
+            if r.prefilling or r.finish_reason:  # a chunk: its token is not the prompt's next one
                 continue
             t.reused_tokens += r.num_reused
             if r.max_new_tokens > 0:

@@ -90,7 +90,7 @@ class Pace:
 
 
 class NgramScheduler(Scheduler):
-    lookup: Lookup
+    lookup: Lookup = Lookup(0)  # (run_rows sets it)
     pace: Pace | None = None
 
     def speculates(self, row: RowState | None) -> bool:
@@ -166,10 +166,8 @@ class NgramScheduler(Scheduler):
         t = self.timing
         t.drafted_tokens += len(drafts)
         for logits, guess in zip([*out.verify_logits[s, :len(drafts)], out.logits[s]], [*drafts, None]):
-            scores = logits + self.batch.logit_bias[s] + self.batch.penalty_bias[s]
-            choice = int(np.argmax(scores))
-            # (a NaN or +inf logit is where argmax lands: that row fails, as the sampler's check makes it)
-            self.accept_token(s, choice, finite=bool(np.isfinite(scores[choice])))
+            choice = sampling.greedy(logits, self.batch.logit_bias[s], self.batch.penalty_bias[s])
+            self.accept_token(s, choice, finite=choice >= 0)  # (-1: the logits overflowed; the row fails)
             t.accepted_tokens += choice == guess
             if row.finish_reason or choice != guess:
                 return

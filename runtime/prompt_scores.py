@@ -34,14 +34,19 @@ def index(row: RowState, start: int, end: int) -> np.ndarray:
     return np.arange(max(min(end, len(row.prompt_ids) - 1) - start, 0), dtype=np.int64)[None, :]
 
 
-def record(row: RowState, start: int, logits: np.ndarray) -> None:
+def record(row: RowState, start: int, logits: np.ndarray) -> str | None:
     """logits [T, V]: those of prompt positions start..start+T-1, which score prompt tokens
     start+1..start+T; each one's own log-probability and the row's top prompt_logprobs join its
-    prompt_scores, in order."""
+    prompt_scores, in order. Why the row fails instead, where the logits overflowed (NaN or +inf:
+    every score would be NaN, which the output could not tell from a token the model rules out)."""
     k, zero = row.prompt_logprobs, np.float32(0)
     assert len(row.prompt_scores) == start, "a scored prompt is computed whole, in order"
+    if np.isnan(logits).any() or np.isposinf(logits).any():
+        return (f"the request's logits were not finite (NaN or infinite) at its prompt token {start + 1} or after: "
+                "the model overflowed (a float16 engine or a LoRA adapter's weights can)")
     for t in range(logits.shape[0]):
         logprobs = sampling.log_softmax(logits[t], zero)
         token = row.prompt_ids[start + t + 1]
         top = sampling.top_logprobs(logprobs, k) if k else (np.empty(0, np.float32), np.empty(0, np.int64))
         row.prompt_scores.append((float(logprobs[token]), *top))
+    return None

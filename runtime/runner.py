@@ -287,8 +287,8 @@ class Runner:
             self.cancelled = True
         for smp in live:  # a sample with nothing to generate is done when its prompt is scored (prompt_logprobs)
             scorer = smp.prepared.scorer
-            if scorer not in (None, smp.row) and smp.row.max_new_tokens <= 0 and scorer.finish_reason in (
-                    "cancelled", "error"):
+            ended = scorer is not None and scorer is not smp.row and scorer.finish_reason in ("cancelled", "error")
+            if ended and smp.row.max_new_tokens <= 0:
                 smp.row.finish_reason, smp.row.error = scorer.finish_reason, scorer.error
 
     def response(self, smp: Sample) -> dict:

@@ -183,6 +183,15 @@ def log_softmax(logits: np.ndarray, bias: np.ndarray) -> np.ndarray:
     return shifted - np.float32(np.log(np.exp(shifted).sum(dtype=np.float64)))
 
 
+def greedy(logits: np.ndarray, logit_bias: np.ndarray, penalty_bias: np.ndarray) -> int:
+    """A greedy row's token from one position's logits, as the graph's sampler takes it: the argmax
+    of the logits plus the row's biases, ties to the lower id; -1 where the logits overflowed (NaN or
+    +inf: argmax lands on it), which fails the row alone, as in a plain step."""
+    scores = logits + logit_bias + penalty_bias
+    token = int(np.argmax(scores))
+    return token if np.isfinite(scores[token]) else -1
+
+
 def top_logprobs(logprobs: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     """The k largest of a row's `log_softmax`, as the sampler's logprob outputs give them:
     descending, ties lower id first (float32 values, int64 ids)."""

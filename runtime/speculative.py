@@ -463,9 +463,7 @@ class SpecScheduler(SpecContext, TreeDecoding, Scheduler):
         graph's sampler takes them: the grammar's mask there with the request's logit_bias, and the
         penalty row (no penalties here, but a Python caller's min_new_tokens ban, if any);
         -1 where the logits overflowed (NaN or +inf), which fails the row alone, as in a plain step."""
-        scores = out.verify_logits[slot, node] + self.batch.logit_bias[slot] + self.batch.penalty_bias[slot]
-        token = int(np.argmax(scores))  # (the first NaN, if any: then not finite)
-        return token if np.isfinite(scores[token]) else -1
+        return sampling.greedy(out.verify_logits[slot, node], self.batch.logit_bias[slot], self.batch.penalty_bias[slot])
 
     def emit(self, slot: int, row: RowState, tokens: list[int], out, sources) -> list[int]:
         """Verified tokens, up to the row's end and as far as they are exact (`exact`: the end of

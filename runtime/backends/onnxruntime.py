@@ -144,7 +144,7 @@ class OnnxRuntimeEngine:
         # EAGLE engines' inputs for a step without them (verify_index [B, 0], verify_uniform [B, T],
         # tree_mask [B, S, 0]), one array per shape and dtype: the same object, so bound once
         self.zeros: dict[tuple, np.ndarray] = {}
-        self.verify_buffer = np.empty(0, np.float32)  # EAGLE's verify_logits, every binding's (bind_eagle)
+        self.verify_buffer = np.empty(0, np.float32)  # verify_logits (EAGLE, prompt_logits), every binding's
 
     def binding_for(self, kv: Sequence[np.ndarray]):
         """An IOBinding with `kv` bound as both past_* and present_* (in place), made once per set
@@ -267,10 +267,11 @@ class OnnxRuntimeEngine:
         key = (bound["outputs"], seq if m.eagle else 0, width, id(self.verify_buffer))
         held = bound.get("eagle")
         if held is None or held[0] != key:
-            arrays = (np.empty((key[0], width), np.int64), np.empty((key[0], seq, m.model.hidden_size), np.float32),
-                      self.verify_buffer[:size].reshape(key[0], width, m.model.vocab_size))
-            present = (bool(m.eagle), bool(m.eagle), bool(logits))
-            arrays = tuple(a if there else None for a, there in zip(arrays, present))
+            eagle = bool(m.eagle)
+            arrays = (np.empty((key[0], width), np.int64) if eagle else None,
+                      np.empty((key[0], seq, m.model.hidden_size), np.float32) if eagle else None,
+                      # (the buffer grows only for a graph with the output: an older EAGLE engine's stays empty)
+                      self.verify_buffer[:size].reshape(key[0], width, m.model.vocab_size) if logits else None)
             for name, array in zip((io.verify_ids, io.eagle_hidden, io.verify_logits), arrays):
                 if array is not None:
                     b.bind_ortvalue_output(name, ort.OrtValue.ortvalue_from_numpy(array))

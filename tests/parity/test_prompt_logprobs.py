@@ -227,3 +227,28 @@ def test_samples_with_nothing_to_generate_end_as_their_scorer(tiny_engine, monke
     responses = Runner(engine, runner.tokenizer, runner.template).run(inp)
     assert [r["finish_reason"] for r in responses] == ["cancelled"] * 3
     assert not any("prompt_token_logprobs" in r for r in responses)
+
+
+def test_logits_that_overflow_fail_the_scored_request_alone(tiny_engine, monkeypatch):
+    """NaN logits at a scored position (a float16 overflow) would make every score NaN, written as
+    null like a token the model rules out: the request fails instead, saying why; its neighbour runs."""
+    from trtllm.runtime.engine import load_engine
+    from trtllm.runtime.generate import RowState, run_rows
+    from trtllm.runtime.sampling import SamplingParams
+
+    engine = load_engine(tiny_engine("llama"))
+    step = engine.step
+
+    def overflowing(inputs, kv, want_logits=False):
+        out = step(inputs, kv, want_logits)
+        if out.verify_logits is not None and out.verify_logits.shape[1] > 3:
+            out.verify_logits[0, 3, 7] = np.nan
+        return out
+
+    monkeypatch.setattr(engine, "step", overflowing)
+    rows = [RowState(prompt_ids=list(range(5, 25)), params=SamplingParams(temperature=0.0, max_new_tokens=4),
+                     rng=np.random.default_rng(0), eos_ids=frozenset()) for _ in range(2)]
+    rows[0].prompt_logprobs = 1
+    run_rows(engine, rows)
+    assert rows[0].finish_reason == "error" and "not finite" in rows[0].error
+    assert rows[1].finish_reason == "max-length" and len(rows[1].output_ids) == 4

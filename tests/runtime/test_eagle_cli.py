@@ -467,10 +467,16 @@ def test_logprob_rows_take_plain_steps_without_the_verified_logits(eagle_engine,
     shutil.copytree(engine, older)
     raw = json.loads((older / mf.MANIFEST_NAME).read_text())
     raw["eagle"]["logprobs"] = False
+    raw["prompt_logits"] = False  # (a build before either: its verify steps bind no logits at all)
     (older / mf.MANIFEST_NAME).write_text(json.dumps(raw))
     plain, _ = answers(run_cli, engine, tmp_path, "--spec-draft-step", "0", requests=requests)
     got, profile = answers(run_cli, older, tmp_path, "--spec-draft-step", "2", requests=requests)
     assert got == plain and profile["eagle_generation"]["verify_steps"] == 0
+    # and its greedy rows speculate, binding no logits (an empty buffer once failed every such step)
+    greedy = [REQUESTS[0], REQUESTS[4]]
+    plain, _ = answers(run_cli, engine, tmp_path, "--spec-draft-step", "0", requests=greedy)
+    got, profile = answers(run_cli, older, tmp_path, "--spec-draft-step", "2", requests=greedy)
+    assert got == plain and profile["eagle_generation"]["verify_steps"] > 0
 
 
 def test_an_eagle_graph_under_a_manifest_without_eagle_is_refused(eagle_engine, tmp_path):
