@@ -427,8 +427,8 @@ def run_rows(engine: Engine, rows: list[RowState], num_slots: int | None = None,
     elif lookup is not None:
         from trtllm.runtime.ngram import NgramScheduler
 
-        scheduler = NgramScheduler(engine, rows, num_slots or len(rows), timing, on_token, prefixes, prefill_chunk)
-        scheduler.lookup = lookup
+        scheduler = NgramScheduler(engine, rows, num_slots or len(rows), timing, on_token, prefixes, prefill_chunk,
+                                   lookup=lookup)
     else:
         scheduler = Scheduler(engine, rows, num_slots or len(rows), timing, on_token, prefixes, prefill_chunk)
     scheduler.contexts = contexts

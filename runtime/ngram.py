@@ -29,7 +29,7 @@ from trtllm.runtime import sampling
 from trtllm.runtime.engine import StepInputs
 from trtllm.runtime.generate import Scheduler
 from trtllm.runtime.rows import RowState
-from trtllm.runtime.step_inputs import write_position
+from trtllm.runtime.step_inputs import guess_ids, write_position
 
 MIN_NGRAM, MAX_NGRAM = 2, 4  # a match of one token proposes too much that is wrong
 PROBE = 16  # steps of the faster kind before one of the other, measured again (doubling while it loses)
@@ -90,8 +90,10 @@ class Pace:
 
 
 class NgramScheduler(Scheduler):
-    lookup: Lookup = Lookup(0)  # (run_rows sets it)
-    pace: Pace | None = None
+    def __init__(self, *args, lookup: Lookup, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.lookup = lookup
+        self.pace = Pace() if lookup.adaptive else None
 
     def speculates(self, row: RowState | None) -> bool:
         p = None if row is None else row.params
@@ -115,23 +117,17 @@ class NgramScheduler(Scheduler):
         hi = max(self.decoding()) + 1
         rows = [self.active.get(s) for s in range(hi)]
         starts = [write_position(r) for r in rows]
-        drafts = self.guesses(rows, starts)
-        if self.lookup.adaptive and self.pace is None:
-            self.pace = Pace()
-        if not drafts or (self.pace is not None and not self.pace.guessing()):
+        # (looked up only for a step that may check them: Pace takes plain steps where they lose)
+        drafts = self.guesses(rows, starts) if self.pace is None or self.pace.guessing() else {}
+        if not drafts:
             before = self.timing.generated_tokens
             out, elapsed = super().decode()
             if self.pace is not None:
                 self.pace.record(False, self.timing.generated_tokens - before, elapsed)
             return out, elapsed
         width = 1 + max(map(len, drafts.values()))
-        pad = self.engine.manifest.pad_token_id
         self.ensure(max(p + width for p in starts))
-        ids = np.full((hi, width), pad, np.int64)
-        for s, r in enumerate(rows):
-            if r is not None and r.output_ids:
-                ids[s, 0] = r.output_ids[-1]
-            ids[s, 1:1 + len(drafts.get(s, ()))] = drafts.get(s, ())
+        ids = guess_ids(rows, drafts, width, self.engine.manifest.pad_token_id)
         inputs = StepInputs(input_ids=ids, position_ids=np.array(starts, np.int64)[:, None] + np.arange(width),
                             write_index=np.array(starts, np.int64),
                             last_index=np.array([len(drafts.get(s, ())) for s in range(hi)], np.int64),

@@ -65,6 +65,7 @@ from trtllm.runtime.draft_tree import TreeDecoding
 from trtllm.runtime.drafter import Drafter
 from trtllm.runtime.engine import StepInputs
 from trtllm.runtime.generate import RowState, Scheduler, adapter_key, runs, write_position
+from trtllm.runtime.step_inputs import guess_ids
 from trtllm.runtime.kv_cache import KVCacheManager
 from trtllm.runtime.spec_context import SpecContext, draft_key
 from trtllm.runtime.spec_rules import exact, greedy, held, lowering, room, sampled
@@ -272,11 +273,7 @@ class SpecScheduler(SpecContext, TreeDecoding, Scheduler):
                   for s in range(hi) if ks[s] > 0}
         ahead = self.draft_ahead(hi, rows, pos, ks, drafts, numbers)
         w = 1 + max(ks)
-        ids = np.full((hi, w), self.pad, np.int64)
-        for s, r in enumerate(rows):
-            if r is not None and not r.prefilling:
-                ids[s, 0] = (r.output_ids or r.prompt_ids)[-1]
-                ids[s, 1: 1 + ks[s]] = drafts.get(s, [])[: ks[s]]
+        ids = guess_ids(rows, {s: d[: ks[s]] for s, d in drafts.items()}, w, self.pad)
         start = np.array(pos, np.int64)
         depths = {s: list(range(ks[s] + 1)) for s, r in enumerate(rows) if self.speculates(r)}
         out, step_time, drawn = self.verify_step(ids, start[:, None] + np.arange(w), start, np.array(ks, np.int64),

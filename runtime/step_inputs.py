@@ -94,6 +94,18 @@ def prefill_inputs(rows: list[RowState], pad_id: int, batch: sampling.SamplingBa
                       last_index=np.array([len(t) - 1 for t in rests], np.int64), sampling=batch)
 
 
+def guess_ids(rows: list[RowState | None], guesses: dict[int, list[int]], width: int, pad_id: int) -> np.ndarray:
+    """[len(rows), width] input ids of a step that checks guessed tokens (EAGLE's drafts, prompt
+    lookup's): each generating row's last token, then its guesses (slot -> ids); pads elsewhere (idle
+    and parked slots, and past a row's guesses)."""
+    ids = np.full((len(rows), width), pad_id, np.int64)
+    for s, r in enumerate(rows):
+        if r is not None and not r.prefilling:
+            ids[s, 0] = (r.output_ids or r.prompt_ids)[-1]
+            ids[s, 1: 1 + len(guesses.get(s, ()))] = guesses.get(s, ())
+    return ids
+
+
 def write_position(row: RowState | None) -> int:
     """Where a decode step writes a row's token: after its last one; for a row without a token
     yet (parked: its prompt is still being prefilled or copied), where its next chunk or copy

@@ -236,7 +236,7 @@ class OnnxRuntimeEngine:
             for name in (io.token_ids, io.top_logprobs, io.top_logprob_ids, io.logits):
                 b.bind_ortvalue_output(name, ort.OrtValue.ortvalue_from_numpy(outs[name]))
             bound["outputs"] = batch
-        eagle = self.bind_eagle(b, bound, inputs.input_ids.shape[1], feeds[io.verify_index].shape[1]) \
+        verify = self.bind_verify(b, bound, inputs.input_ids.shape[1], feeds[io.verify_index].shape[1]) \
             if m.eagle or m.prompt_logits else None
         self.session.run_with_iobinding(b)
         # Copies: the output buffers are reused by the next step. Rows keep the k logprobs asked for.
@@ -244,13 +244,13 @@ class OnnxRuntimeEngine:
         return StepOutputs(token_ids=outs[io.token_ids].copy(), top_logprobs=outs[io.top_logprobs][:, :k].copy(),
                            top_logprob_ids=outs[io.top_logprob_ids][:, :k].copy(),
                            logits=outs[io.logits].copy() if want_logits else None,
-                           **({} if eagle is None else {
-                               "verify_ids": None if eagle[0] is None else eagle[0].copy(),
-                               "hidden": None if eagle[1] is None else eagle[1].copy(),
+                           **({} if verify is None else {
+                               "verify_ids": None if verify[0] is None else verify[0].copy(),
+                               "hidden": None if verify[1] is None else verify[1].copy(),
                                # (a view, not a copy: B x T x V floats; its rows are read before the next step)
-                               "verify_logits": eagle[2] if want_logits else None}))
+                               "verify_logits": verify[2] if want_logits else None}))
 
-    def bind_eagle(self, b, bound: dict, seq: int, width: int) -> tuple[np.ndarray | None, ...]:
+    def bind_verify(self, b, bound: dict, seq: int, width: int) -> tuple[np.ndarray | None, ...]:
         """(verify_ids [B,T], eagle_hidden [B,S,H], verify_logits [B,T,V]): EAGLE engines' outputs
         and the verified (or scored) positions' logits, each None where the graph has not got it.
         Their shapes change with the step, so they are bound whenever the shape is not the one
@@ -265,7 +265,7 @@ class OnnxRuntimeEngine:
         # (a plain engine's key leaves out seq: it has no per-position output, so a prompt's step
         # and a decode step of the same width bind nothing new)
         key = (bound["outputs"], seq if m.eagle else 0, width, id(self.verify_buffer))
-        held = bound.get("eagle")
+        held = bound.get("verify")
         if held is None or held[0] != key:
             eagle = bool(m.eagle)
             arrays = (np.empty((key[0], width), np.int64) if eagle else None,
@@ -275,7 +275,7 @@ class OnnxRuntimeEngine:
             for name, array in zip((io.verify_ids, io.eagle_hidden, io.verify_logits), arrays):
                 if array is not None:
                     b.bind_ortvalue_output(name, ort.OrtValue.ortvalue_from_numpy(array))
-            held = bound["eagle"] = (key, arrays)
+            held = bound["verify"] = (key, arrays)
         return held[1]
 
     def close(self) -> None:
