@@ -24,7 +24,7 @@ from trtllm.builder import checkpoint as ckpt
 from trtllm.builder import tensorrt as trt_build
 from trtllm.builder.architectures import spec_for, weights_of
 from trtllm.builder.config import MODERN_MIN_TRT, BuildConfig, ConfigError, parse_trt_version
-from trtllm.builder import eagle, lora
+from trtllm.builder import eagle, lora, provenance
 from trtllm.builder.decoder import DecoderWriter, attention_supported, gqa_supported, half_supported, lora_sites
 from trtllm.builder.engine_dir import check_output, in_place, readable_by_all, replace_engine
 from trtllm.builder.quantize import QuantScheme
@@ -350,6 +350,8 @@ def make_manifest(ck, config: BuildConfig, backend: str, spec, max_top_k: int, n
         # verify_index in, verify_logits out (DecoderWriter's verify_logits): every prompt position's
         # logits on request. Not in a TensorRT plan, whose outputs are sized for the widest step.
         prompt_logits=backend == "onnxruntime",
+        # and their tokens drawn as the sampler draws (verify_ids): prompt lookup speculates sampled rows
+        verify_sampler=backend == "onnxruntime",
     )
 
 
@@ -421,6 +423,7 @@ def build(config: BuildConfig, log=print) -> Path:
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     stage = out_dir if in_place(out_dir) else out_dir.parent
     failed_report = out_dir.parent / f"{out_dir.name}.verify-failed.json"  # beside the engine a failure keeps
+    code = provenance.code_fingerprint()  # (the check's report: whether it changed under the build)
     tmp = Path(tempfile.mkdtemp(dir=stage, prefix=f".{out_dir.name}.partial-"))
     try:
         log(f"loading {config.model}")
@@ -447,7 +450,7 @@ def build(config: BuildConfig, log=print) -> Path:
             from trtllm.builder.verify import verify_engine
 
             log("verifying the engine against transformers")
-            report = verify_engine(tmp, ck, number_format(config), eagle=config.eagle)
+            report = {**verify_engine(tmp, ck, number_format(config), eagle=config.eagle), "code": code}
             (tmp / "verify.json").write_text(json.dumps(report, indent=2) + "\n")
             log(f"verified: max |logit error| {report['max_abs_error']:.2e} over {report['num_positions']} "
                 f"positions (greedy tokens agree: {report['tokens_agree']}); top-1 agreement "
@@ -465,8 +468,11 @@ def build(config: BuildConfig, log=print) -> Path:
         shutil.rmtree(tmp, ignore_errors=True)
         report = getattr(e, "report", None)  # a failed verification: its figures
         if report is not None:
+            changed = provenance.code_fingerprint() != code
+            report.update(code=code, code_changed_during_build=changed)
             failed_report.write_text(json.dumps(report, indent=2) + "\n")
-            e.args = (f"{e} (the report: {failed_report})",)
+            e.args = (f"{e} (the report: {failed_report})" + (
+                "; the trtllm sources or the CPU kernel library changed during the build: run it again" * changed),)
         raise
     failed_report.unlink(missing_ok=True)  # an earlier failure's
     return out_dir

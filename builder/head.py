@@ -77,7 +77,7 @@ class HeadWriter:
 
     def verify_head(self, h: str, last_index: str) -> str:
         """[B,1+T] positions (last_index, then verify_index) through norm and lm_head at once: the
-        sampler takes the first; the others are sampled too on EAGLE engines (verify_sampler)."""
+        sampler takes the first; the others are sampled too (verify_sampler)."""
         g, s, io = self.g, self.spec, self.io
         verify_index = g.input(io.verify_index, I64, ["batch", "verify"])
         last = g.op("Unsqueeze", "/verify/last", [last_index, g.const([1])])
@@ -103,11 +103,11 @@ class HeadWriter:
         return io.logits
 
     def verify_sampler(self, ins: list[str]) -> None:
-        """EAGLE verification: verify_ids [B,T] are the sampler's tokens at the verify_index positions,
-        each drawn with its row's parameters and its own random number (`verify_uniform` [B,T]): the
-        tokens plain decoding draws there with the same numbers (a greedy row's: the argmax), so
-        sampled requests speculate too. Our kernel takes the B rows of parameters as they are; the
-        ONNX body takes a row of them per position (Expand)."""
+        """Verification (EAGLE, prompt lookup): verify_ids [B,T] are the sampler's tokens at the
+        verify_index positions, each drawn with its row's parameters and its own random number
+        (`verify_uniform` [B,T]): the tokens plain decoding draws there with the same numbers (a
+        greedy row's: the argmax), so sampled requests speculate too. Our kernel takes the B rows of
+        parameters as they are; the ONNX body takes a row of them per position (Expand)."""
         g, io, s = self.g, self.io, self.spec
         uniform = g.input(io.verify_uniform, F32, ["batch", "verify"])
         shape = g.op("Shape", "/verify/uniform_shape", [uniform])                            # [B, T]
@@ -155,7 +155,7 @@ class HeadWriter:
                                                          opset=legacy_ops.OPSET if self.legacy else OPSET,
                                                          argmax=self.gqa))   # ArgMax only in ONNX Runtime's form
         g.output(io.token_ids, I64, ["batch"])
-        if self.eagle is not None:
+        if self.eagle is not None or self.verify_logits_out:
             self.verify_sampler(ins)
         k = sample_schema.num_logprob_columns(self.max_top_k)   # static: the runtime keeps what a request asked
         g.output(io.top_logprobs, F32, ["batch", k])

@@ -416,6 +416,9 @@ def serve(input_file: Path, engine_dir: Path, output: str | None, profile: str |
             click.echo(f"warning: --spec-ngram ignored: {engine_dir}: {why}", err=True)
         else:
             runner.lookup = Lookup(spec_ngram)
+            if not m.samples_verified:
+                click.echo(f"warning: --spec-ngram: requests that sample decode without it: {engine_dir} was built "
+                           "before its graph sampled the checked positions (rebuild it with trtllm-build)", err=True)
     if context_reuse:
         from trtllm.runtime.context_cache import ContextCache
 

@@ -8,9 +8,10 @@
     sampling     SamplingBatch      in place
     lora         {name: array}      LoRA engines: lora_a/lora_b per layer and site (runtime/lora.py)
     verify_index [B,T] int64        EAGLE engines: positions   ──►  verify_ids  [B,T]   int64 (sampled)
-                                    to verify (default [B,0])     hidden      [B,S,H] f32 (draft's input)
+                                    to verify (default [B,0])     hidden      [B,S,H] f32 (EAGLE: draft's input)
                                     prompt_logits engines: positions whose logits come out (prompt_logprobs)
-    verify_uniform [B,T] f32        their random numbers (eagle.verify "sampled"; older engines: argmax)
+    verify_uniform [B,T] f32        their random numbers (samples_verified: verify_sampler or eagle.verify
+                                    "sampled"; older EAGLE engines: argmax)
                                     eagle.logprobs, prompt_logits: ──► verify_logits [B,T,V] f32 (on request)
     tree_mask    [B,S,T] bool       EAGLE tree engines: which of the step's last T slots each token
                                     sees (default [B,S,0]: causal)
@@ -48,7 +49,7 @@ class StepInputs:
     lora: dict | None = None
     verify_index: np.ndarray | None = None  # EAGLE and prompt_logits engines: int64 [B, T] (None: [B, 0])
     tree_mask: np.ndarray | None = None  # EAGLE tree engines: bool [B, S, T] (None: [B, S, 0], causal)
-    verify_uniform: np.ndarray | None = None  # EAGLE engines with sampled verification: f32 [B, T] (None: 0s)
+    verify_uniform: np.ndarray | None = None  # samples_verified engines: f32 [B, T] (None: 0s)
     prompt: bool = False  # the tokens come from the request (prefill), not from generation
 
 
@@ -58,7 +59,7 @@ class StepOutputs:
     top_logprobs: np.ndarray
     top_logprob_ids: np.ndarray
     logits: np.ndarray | None = None
-    verify_ids: np.ndarray | None = None  # EAGLE engines: the sampler's token at each verify_index position
+    verify_ids: np.ndarray | None = None  # samples_verified engines: the sampler's token at each verify_index position
     # eagle.logprobs and prompt_logits engines, asked for (want_logits): the verify_index positions'
     # [B,T,V]; valid until the engine's next step
     verify_logits: np.ndarray | None = None
@@ -105,7 +106,7 @@ def optional_inputs_mismatch(inputs: set[str], m: manifest_mod.Manifest) -> str:
     if lora_inputs and not m.lora:
         return "the graph has LoRA inputs, and the manifest no lora section"
     for name, fed, section in ((io.verify_index, bool(e) or m.prompt_logits, "eagle section or prompt_logits"),
-                               (io.verify_uniform, e.get("verify") == "sampled", "eagle.verify"),
+                               (io.verify_uniform, m.samples_verified, "verify_sampler or eagle.verify"),
                                (io.tree_mask, bool(e.get("tree")), "eagle.tree")):
         if (name in inputs) != fed:
             return (f"the graph has {'no' if fed else 'an'} input {name!r}, which the manifest's {section} "

@@ -137,12 +137,20 @@ class Manifest:
     eagle: dict = field(default_factory=dict)  # EAGLE engines: the draft graph, its shape and files (builder/eagle.py)
     # the graph gives the logits of the positions verify_index names (verify_logits): prompt_logprobs
     prompt_logits: bool = False
+    # and samples them, each with its own random number (verify_uniform in, verify_ids out): prompt
+    # lookup speculates rows that sample (EAGLE engines say so in eagle.verify)
+    verify_sampler: bool = False
     format_version: int = FORMAT_VERSION
 
     @property
     def logprob_width(self) -> int:
         """K: the graph's static width of top_logprobs / top_logprob_ids."""
         return min(self.max_num_logprobs, self.max_top_k)
+
+    @property
+    def samples_verified(self) -> bool:
+        """The graph draws the verify_index positions' tokens (verify_uniform, verify_ids)."""
+        return self.verify_sampler or self.eagle.get("verify") == "sampled"
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)
@@ -237,8 +245,11 @@ def check(m: Manifest, engine_dir: Path) -> str:
     for name, ids in (("eos_token_ids", m.eos_token_ids), ("pad_token_id", (m.pad_token_id,))):
         if not all(whole(t, 0) and t < model.vocab_size for t in ids):
             return f"{name} must be token ids below the vocabulary size {model.vocab_size}, got {m.to_json()[name]!r}"
-    if not isinstance(m.prompt_logits, bool):
-        return f"prompt_logits must be true or false, got {m.prompt_logits!r}"
+    for name in ("prompt_logits", "verify_sampler"):
+        if not isinstance(getattr(m, name), bool):
+            return f"{name} must be true or false, got {getattr(m, name)!r}"
+    if m.verify_sampler and not m.prompt_logits:
+        return "verify_sampler needs prompt_logits: it samples the logits of the verify_index positions"
     for name, section in (("files", m.files), ("lora", m.lora), ("eagle", m.eagle)):
         if not isinstance(section, dict):
             return f"{name} must be an object, got {type(section).__name__}"

@@ -14,9 +14,18 @@ It needs no draft model, and pays where an answer repeats its input (summaries, 
 text, extraction, retrieval): on a CPU a decode step is bound by reading the weights, so a step over
 1 + k tokens costs little more than one.
 
-Rows that speculate: greedy, without penalties (whose counts the graph applies once a step), guided
-decoding or logprobs; the others take their one token from the same step (k = 0, last_index 0).
-Engines: those whose graph gives verify_logits (manifest prompt_logits: ONNX Runtime builds).
+A row that samples speculates too where the graph samples the checked positions (manifest
+verify_sampler, as EAGLE's verification does): position j's token is drawn with the row's j-th next
+random number, the one plain decoding would draw it with, and a guess is taken while it is the drawn
+token. A seeded request gives the same tokens with or without lookup; the numbers after what a step
+took are put back for the next. While min_new_tokens holds EOS back, a step checks no guess past the
+ban's end (spec_rules.room): every position is drawn under the biases of the step's first.
+
+Rows that speculate: greedy or sampled, without penalties (whose counts the graph applies once a
+step) or guided decoding; the others take their one token from the same step (k = 0, last_index 0).
+A row that asks for logprobs gets them from its checked positions' logits (sampling.position_logprobs,
+as EAGLE's verification does). Engines: those whose graph gives verify_logits (manifest prompt_logits: ONNX Runtime
+builds); sampled rows, those with verify_sampler too (built since it came).
 """
 from __future__ import annotations
 
@@ -29,6 +38,7 @@ from trtllm.runtime import sampling
 from trtllm.runtime.engine import StepInputs
 from trtllm.runtime.generate import Scheduler
 from trtllm.runtime.rows import RowState
+from trtllm.runtime.spec_rules import room
 from trtllm.runtime.step_inputs import guess_ids, write_position
 
 MIN_NGRAM, MAX_NGRAM = 2, 4  # a match of one token proposes too much that is wrong
@@ -45,7 +55,9 @@ class Lookup:
     adaptive: bool = True
 
     def propose(self, tokens: list[int]) -> list[int]:
-        """What followed the most recent earlier occurrence of the text's last n tokens (longest n first)."""
+        """What followed the most recent earlier occurrence of the text's last n tokens (longest n first).
+        Where that runs into the text's end (a loop shorter than k), the copy goes on through the
+        tokens it proposes, as the loop would: [.. a b c a b] proposes c a b c a b .. ."""
         seq = np.asarray(tokens, np.int64)
         end = len(seq)
         for n in range(min(MAX_NGRAM, end - 1), MIN_NGRAM - 1, -1):
@@ -53,7 +65,7 @@ class Lookup:
             hits = np.flatnonzero((sliding_window_view(seq[:end - 1], n) == seq[end - n:]).all(axis=1))
             if len(hits):
                 start = int(hits[-1]) + n
-                return seq[start:start + self.k].tolist()
+                return np.resize(seq[start:], self.k).tolist()  # (resize repeats it to k)
         return []
 
 
@@ -94,22 +106,23 @@ class NgramScheduler(Scheduler):
         super().__init__(*args, **kwargs)
         self.lookup = lookup
         self.pace = Pace() if lookup.adaptive else None
+        self.samples = self.engine.manifest.samples_verified  # rows that sample speculate too
 
     def speculates(self, row: RowState | None) -> bool:
         p = None if row is None else row.params
         return (row is not None and row.speculative and not row.finish_reason and not row.prefilling
-                and p.temperature == 0 and not p.penalized and row.guide is None and not p.num_logprobs)
+                and (p.temperature == 0 or self.samples) and not p.penalized and row.guide is None)
 
     def guesses(self, rows: list, starts: list[int]) -> dict[int, list[int]]:
-        """slot -> its guesses: at most what it may still generate but one, and no more than every
-        slot of the step can write (each writes as many positions from its start: idle and parked
-        ones pads) within the KV limit."""
+        """slot -> its guesses: at most what it may still generate but one (a sampled row: none past
+        min_new_tokens' ban), and no more than every slot of the step can write (each writes as many
+        positions from its start: idle and parked ones pads) within the KV limit."""
         most = min(self.kv.limit - p for p in starts) - 1
         out = {}
         for s, r in enumerate(rows):
             if self.speculates(r):
-                room = min(r.max_new_tokens - len(r.output_ids) - 1, most)
-                if room > 0 and (d := self.lookup.propose(r.prompt_ids + r.output_ids)[:room]):
+                left = room(r) if r.params.temperature > 0 else r.max_new_tokens - len(r.output_ids) - 1
+                if min(left, most) > 0 and (d := self.lookup.propose(r.prompt_ids + r.output_ids)[:min(left, most)]):
                     out[s] = d
         return out
 
@@ -128,12 +141,20 @@ class NgramScheduler(Scheduler):
         width = 1 + max(map(len, drafts.values()))
         self.ensure(max(p + width for p in starts))
         ids = guess_ids(rows, drafts, width, self.engine.manifest.pad_token_id)
+        # A sampled row's tokens are the graph's draws at its every position, each with its own next
+        # random number (put back after what it took: verify_sampled); a greedy row's, the argmax of
+        # its guesses' logits and the last position's (out.logits), so those steps check width - 1.
+        drawn = {s: rows[s].uniforms(len(d) + 1) for s, d in drafts.items() if rows[s].params.temperature > 0}
+        checked = width if drawn else width - 1
+        uniform = np.zeros((hi, checked), np.float32) if self.samples else None
+        for s, numbers in drawn.items():
+            uniform[s, :len(numbers)] = numbers
         inputs = StepInputs(input_ids=ids, position_ids=np.array(starts, np.int64)[:, None] + np.arange(width),
                             write_index=np.array(starts, np.int64),
                             last_index=np.array([len(drafts.get(s, ())) for s in range(hi)], np.int64),
                             sampling=sampling.rows(self.batch, 0, hi),
-                            verify_index=np.tile(np.arange(width - 1, dtype=np.int64), (hi, 1)))
-        out, elapsed = self.step(0, hi, inputs, want_logits=True)
+                            verify_index=np.tile(np.arange(checked, dtype=np.int64), (hi, 1)), verify_uniform=uniform)
+        out, elapsed = self.step(0, hi, inputs, frozenset(drawn), want_logits=True)
         t = self.timing
         t.generation_runs += 1
         t.generation_seconds += elapsed
@@ -144,7 +165,9 @@ class NgramScheduler(Scheduler):
             if r is None or r.finish_reason or r.prefilling:
                 continue
             before = len(r.output_ids)
-            if s in drafts:
+            if s in drawn:
+                self.verify_sampled(s, r, drafts[s], drawn[s], out)
+            elif s in drafts:
                 self.verify(s, r, drafts[s], out)
             else:
                 self.accept(s, out, s)
@@ -163,8 +186,29 @@ class NgramScheduler(Scheduler):
         t.drafted_tokens += len(drafts)
         for logits, guess in zip([*out.verify_logits[s, :len(drafts)], out.logits[s]], [*drafts, None]):
             choice = sampling.greedy(logits, self.batch.logit_bias[s], self.batch.penalty_bias[s])
-            self.accept_token(s, choice, finite=choice >= 0)  # (-1: the logits overflowed; the row fails)
+            self.take(s, row, choice, logits if row.params.num_logprobs else None)
             t.accepted_tokens += choice == guess
             if row.finish_reason or choice != guess:
                 return
 
+    def take(self, s: int, row: RowState, token: int, logits) -> None:
+        """A checked position's token, with its logprobs where the row asks for them (from `logits`).
+        -1 (greedy: the logits overflowed) or a draw past the vocabulary fails the row alone."""
+        top, chosen, finite = sampling.position_logprobs(logits, self.batch.logit_bias[s], row.params.num_logprobs,
+                                                         token)
+        self.accept_token(s, token, top, finite=finite, chosen=chosen)
+
+    def verify_sampled(self, s: int, row: RowState, drafts: list[int], numbers: list, out) -> None:
+        """The graph's draws while they are the guesses, then the first that differs, or if all hold
+        the draw after the last; the random numbers of the positions not taken go back to the row."""
+        t, taken = self.timing, 0
+        t.drafted_tokens += len(drafts)
+        for j, guess in enumerate([*drafts, None]):
+            token = int(out.verify_ids[s, j])
+            self.take(s, row, token, out.verify_logits[s, j])  # (NaN or +inf logits: the row fails alone)
+            taken += 1
+            t.accepted_tokens += token == guess
+            if row.finish_reason or token != guess:
+                break
+        if not row.finish_reason:
+            row.spare[:0] = numbers[taken:]

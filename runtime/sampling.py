@@ -183,6 +183,21 @@ def log_softmax(logits: np.ndarray, bias: np.ndarray) -> np.ndarray:
     return shifted - np.float32(np.log(np.exp(shifted).sum(dtype=np.float64)))
 
 
+def position_logprobs(logits: np.ndarray | None, bias: np.ndarray, k: int, token: int):
+    """A token taken at a verified position (speculative decoding), whose logprobs do not come from
+    the sampler's outputs: (the k top ones, its own, whether it is a token of finite logits); None,
+    None for k = 0 or where it is not (NaN, +inf logits; a draw past the vocabulary: the row then
+    fails alone, as in a plain step). `logits` None: not checked (k = 0)."""
+    if not 0 <= token < len(bias):
+        return None, None, False
+    if logits is None or not k:
+        return None, None, logits is None or bool(np.isfinite(logits.max()))
+    logprobs = log_softmax(logits, bias)
+    if not np.isfinite(logprobs.max()):
+        return None, None, False
+    return top_logprobs(logprobs, k), float(logprobs[token]), True
+
+
 def greedy(logits: np.ndarray, logit_bias: np.ndarray, penalty_bias: np.ndarray) -> int:
     """A greedy row's token from one position's logits, as the graph's sampler takes it: the argmax
     of the logits plus the row's biases, ties to the lower id; -1 where the logits overflowed (NaN or

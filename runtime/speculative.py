@@ -89,7 +89,7 @@ class SpecScheduler(SpecContext, TreeDecoding, Scheduler):
         self.timing.draft_kv_bytes = max(self.timing.draft_kv_bytes, self.dkv.nbytes)
         self.hidden_size = self.drafter.manifest.model.hidden_size
         # sampled requests speculate too where verification samples (engines since it did)
-        self.samples = engine.manifest.eagle.get("verify") == "sampled"
+        self.samples = engine.manifest.samples_verified
         # and rows that ask for logprobs, where the graph gives the verified positions' logits
         logprobs = bool(engine.manifest.eagle.get("logprobs"))
         self.verifiable = functools.partial(sampled, logprobs=logprobs) if self.samples else greedy
@@ -471,13 +471,8 @@ class SpecScheduler(SpecContext, TreeDecoding, Scheduler):
         emitted, k = [], row.params.num_logprobs
         for token, source in zip(tokens, sources):
             emitted.append(token)
-            top = chosen = None
-            finite = 0 <= token < self.batch.logit_bias.shape[1]  # (else accept_token fails the row alone)
-            if k and finite:
-                logprobs = sampling.log_softmax(out.verify_logits[slot, source], self.batch.logit_bias[slot])
-                finite = bool(np.isfinite(logprobs.max()))  # (NaN: a NaN or +inf logit)
-                if finite:
-                    top, chosen = sampling.top_logprobs(logprobs, k), float(logprobs[token])
+            logits = out.verify_logits[slot, source] if k else None
+            top, chosen, finite = sampling.position_logprobs(logits, self.batch.logit_bias[slot], k, token)
             self.accept_token(slot, token, top, finite=finite, chosen=chosen)
             if row.finish_reason:
                 break

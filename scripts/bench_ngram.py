@@ -1,10 +1,11 @@
 """What prompt lookup decoding (--spec-ngram) buys, side by side with llama.cpp's (llama-lookup):
-greedy decode tok/s on texts whose continuation repeats what they hold, ours with and without
-lookup and llama.cpp's lookup example on the same text (its F32 GGUF, the same draft length).
+greedy (or, with --temperature, sampled) decode tok/s on texts whose continuation repeats what they
+hold, ours with and without lookup and llama.cpp's lookup example on the same text (its F32 GGUF, the
+same draft length and sampling parameters).
 
     python scripts/bench_ngram.py [--engine engines/smollm2-135m-instruct] [--k 6] [--gen 128]
         [--rounds 4] [--threads 2] [--llama-cpp ~/peers/llama.cpp/build/bin]
-        [--gguf ~/peers/gguf/smollm2-135m-instruct-f32.gguf]
+        [--gguf ~/peers/gguf/smollm2-135m-instruct-f32.gguf] [--temperature 0.7]
     python scripts/bench_ngram.py --chat   # ours alone: chat answers, where few guesses hold, batch 1 and 8
 
 --chat measures what lookup costs where it has little to find: scripts/bench_eagle.py's eight chat
@@ -15,8 +16,9 @@ llama-lookup` in their llama.cpp build directory (seconds: the libraries are bui
 every case once (every other round in reverse order); a case's figure is its decode tok/s (ours:
 the generated tokens after the first over the decode steps' time; llama.cpp's: its own "decoded"
 line), and the ratios are paired by round: median [min-max]. Ours checks that lookup changes no
-token; llama.cpp's answer is its own (it does not hold EOS back, and its F32 kernels round
-differently), so its acceptance is printed beside it.
+token (sampled: each round's seed gives the same text with and without it); llama.cpp's answer is
+its own (it does not hold EOS back, and its F32 kernels round differently), so its acceptance is
+printed beside it.
 """
 from __future__ import annotations
 
@@ -44,29 +46,36 @@ TEXTS = {
             "    b = np.array([4, 5, 6])\n    assert np.array_equal(a - b, np.array([-3, -3, -3]))\n\n\ndef test_mul():",
 }
 # (each ends inside a line: llama.cpp drops a prompt file's last newline, and the prompts must be the same)
+SAMPLED = {"top_k": 40, "top_p": 0.95, "min_p": 0.05}  # --temperature > 0, both: llama.cpp defaults
 
 
-def ours(engine, tokenizer, text: str, gen: int, k: int) -> tuple[float, list[int], float]:
+def ours(engine, tokenizer, text: str, gen: int, k: int, temperature: float = 0.0,
+         seed: int = 0) -> tuple[float, list[int], float]:
     from trtllm.runtime.generate import RowState, Timing, run_rows
     from trtllm.runtime.ngram import Lookup
     from trtllm.runtime.sampling import SamplingParams
 
     # EOS banned, as llama.cpp's --ignore-eos does (ours would generate it and go on: another text)
     ban = {t: -100.0 for t in engine.manifest.eos_token_ids}
-    row = RowState(prompt_ids=tokenizer.encode(text), params=SamplingParams(temperature=0.0, max_new_tokens=gen,
-                                                                             logit_bias=ban),
-                   rng=np.random.default_rng(0), eos_ids=frozenset(engine.manifest.eos_token_ids))
+    params = SamplingParams(temperature=temperature, max_new_tokens=gen, logit_bias=ban,
+                            **(SAMPLED if temperature > 0 else {}))
+    row = RowState(prompt_ids=tokenizer.encode(text), params=params, rng=np.random.default_rng(seed),
+                   eos_ids=frozenset(engine.manifest.eos_token_ids))
     t = Timing()
     run_rows(engine, [row], timing=t, lookup=Lookup(k) if k else None)
     return t.generated_tokens / t.generation_seconds, row.output_ids, t.accepted_tokens / max(t.drafted_tokens, 1)
 
 
-def llama_lookup(binary: Path, gguf: Path, text: str, gen: int, k: int, threads: int) -> tuple[float, float]:
+def llama_lookup(binary: Path, gguf: Path, text: str, gen: int, k: int, threads: int, temperature: float = 0.0,
+                 seed: int = 0) -> tuple[float, float]:
     with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as f:
         f.write(text)
     try:
         out = subprocess.run([str(binary / "llama-lookup"), "-m", str(gguf), "-f", f.name, "-n", str(gen),
-                              "--spec-draft-n-max", str(k), "-t", str(threads), "--temp", "0", "--ignore-eos"],
+                              "--spec-draft-n-max", str(k), "-t", str(threads), "--temp", str(temperature),
+                              "--ignore-eos", "--seed", str(seed),
+                              *(["--top-k", str(SAMPLED["top_k"]), "--top-p", str(SAMPLED["top_p"]),
+                                 "--min-p", str(SAMPLED["min_p"])] if temperature > 0 else [])],
                              capture_output=True, text=True, timeout=600,
                              env={**os.environ, "LD_LIBRARY_PATH": str(binary)}).stderr
     finally:
@@ -93,6 +102,8 @@ def main(argv=None) -> int:
     ap.add_argument("--gguf", type=Path, default=Path.home() / "peers" / "gguf" / "smollm2-135m-instruct-f32.gguf")
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--chat", action="store_true")
+    ap.add_argument("--temperature", type=float, default=0.0,
+                    help="> 0: sampled (top-k 40, top-p 0.95, min-p 0.05 for both), seed = the round")
     args = ap.parse_args(argv)
     os.environ["TRTLLM_NUM_THREADS"] = str(args.threads)
     from trtllm.runtime.engine import load_engine
@@ -113,10 +124,11 @@ def main(argv=None) -> int:
             for case in cases if r % 2 == 0 else cases[::-1]:
                 if case == "llama.cpp+lookup":
                     speed, accept[name][case] = llama_lookup(args.llama_cpp, args.gguf, text, args.gen, args.k,
-                                                             args.threads)
+                                                             args.threads, args.temperature, r)
                 else:
-                    speed, ids, rate = ours(engine, tokenizer, text, args.gen, args.k if case != "ours" else 0)
-                    accept[name].setdefault("ids", {})[case] = ids
+                    speed, ids, rate = ours(engine, tokenizer, text, args.gen, args.k if case != "ours" else 0,
+                                            args.temperature, r)
+                    accept[name].setdefault("ids", {}).setdefault(case, []).append(ids)
                     if case == "ours+lookup":
                         accept[name][case] = rate
                 results[name][case].append(speed)

@@ -60,9 +60,9 @@ def feeds(m: mf.Manifest) -> tuple[dict, callable]:
     # logits of the positions of prompt_logits engines, which take the input as well)
     if m.eagle or m.prompt_logits:
         prefill[io.verify_index] = np.tile(np.arange(width, dtype=np.int64), (batch, 1))
+    if m.samples_verified:  # fixed random numbers: the sampled row's verify_ids follow them
+        prefill[io.verify_uniform] = np.random.default_rng(0).random((batch, width), dtype=np.float32)
     if m.eagle:
-        if m.eagle.get("verify") == "sampled":  # fixed random numbers: the sampled row's verify_ids follow them
-            prefill[io.verify_uniform] = np.random.default_rng(0).random((batch, width), dtype=np.float32)
         if m.eagle.get("tree"):  # no tree: the causal mask alone
             prefill[io.tree_mask] = np.zeros((batch, width, 0), np.bool_)
     kv_pairs = io.kv_pairs(shape.num_layers)
@@ -75,9 +75,9 @@ def feeds(m: mf.Manifest) -> tuple[dict, callable]:
                 io.generated: np.ones(1, np.int64), **common}
         if m.eagle or m.prompt_logits:
             step[io.verify_index] = np.zeros((batch, 1), np.int64)
+        if m.samples_verified:
+            step[io.verify_uniform] = np.full((batch, 1), 0.5, np.float32)
         if m.eagle:
-            if m.eagle.get("verify") == "sampled":
-                step[io.verify_uniform] = np.full((batch, 1), 0.5, np.float32)
             if m.eagle.get("tree"):
                 step[io.tree_mask] = np.zeros((batch, 1, 0), np.bool_)
         step.update((past, out[present]) for past, present in kv_pairs)

@@ -199,10 +199,10 @@ class OnnxRuntimeEngine:
             # no positions to verify (or score): [B, 0], and lm_head runs on the sampler's row alone
             feeds[io.verify_index] = inputs.verify_index if inputs.verify_index is not None \
                 else self.zeros_of((batch, 0), np.int64)
+        if m.samples_verified:
+            feeds[io.verify_uniform] = inputs.verify_uniform if inputs.verify_uniform is not None \
+                else self.zeros_of(feeds[io.verify_index].shape, np.float32)
         if m.eagle:
-            if m.eagle.get("verify") == "sampled":
-                feeds[io.verify_uniform] = inputs.verify_uniform if inputs.verify_uniform is not None \
-                    else self.zeros_of(feeds[io.verify_index].shape, np.float32)
             if m.eagle.get("tree"):  # no tree: [B, S, 0], the causal mask alone
                 feeds[io.tree_mask] = inputs.tree_mask if inputs.tree_mask is not None \
                     else self.zeros_of((batch, inputs.input_ids.shape[1], 0), np.bool_)
@@ -251,8 +251,9 @@ class OnnxRuntimeEngine:
                                "verify_logits": verify[2] if want_logits else None}))
 
     def bind_verify(self, b, bound: dict, seq: int, width: int) -> tuple[np.ndarray | None, ...]:
-        """(verify_ids [B,T], eagle_hidden [B,S,H], verify_logits [B,T,V]): EAGLE engines' outputs
-        and the verified (or scored) positions' logits, each None where the graph has not got it.
+        """(verify_ids [B,T], eagle_hidden [B,S,H], verify_logits [B,T,V]): the verified positions'
+        tokens, EAGLE's hidden states and the verified (or scored) positions' logits, each None
+        where the graph has not got it.
         Their shapes change with the step, so they are bound whenever the shape is not the one
         bound. The logits are written where the sampler reads them, into a view of one buffer for
         every binding that only grows, by doubling (a buffer per shape would be new pages each time,
@@ -268,7 +269,7 @@ class OnnxRuntimeEngine:
         held = bound.get("verify")
         if held is None or held[0] != key:
             eagle = bool(m.eagle)
-            arrays = (np.empty((key[0], width), np.int64) if eagle else None,
+            arrays = (np.empty((key[0], width), np.int64) if m.samples_verified else None,
                       np.empty((key[0], seq, m.model.hidden_size), np.float32) if eagle else None,
                       # (the buffer grows only for a graph with the output: an older EAGLE engine's stays empty)
                       self.verify_buffer[:size].reshape(key[0], width, m.model.vocab_size) if logits else None)

@@ -292,7 +292,7 @@ class TensorRTEngine:
         if self.manifest.eagle:  # no positions to verify: [B, 0]
             feeds[io.verify_index] = inputs.verify_index if inputs.verify_index is not None \
                 else np.zeros((batch, 0), np.int64)
-            if self.manifest.eagle.get("verify") == "sampled":
+            if self.manifest.samples_verified:
                 feeds[io.verify_uniform] = inputs.verify_uniform if inputs.verify_uniform is not None \
                     else np.zeros(feeds[io.verify_index].shape, np.float32)
             if self.manifest.eagle.get("tree"):  # no tree: [B, S, 0], the causal mask alone

@@ -376,6 +376,9 @@ def test_a_broken_checkpoint_is_named_and_the_old_engine_kept(tmp_path, tiny_che
     result = CliRunner().invoke(main, ["--model", str(ckpt), "--output", str(engine)])
     assert result.exit_code == 1 and "the checkpoint is broken" in result.output, result.output
     assert f"the report: {tmp_path / 'engine.verify-failed.json'}" in result.output
+    assert "changed during the build" not in result.output
+    failed = json.loads((tmp_path / "engine.verify-failed.json").read_text())
+    assert failed["code"] == json.loads(good)["code"] and failed["code_changed_during_build"] is False
     assert (engine / "verify.json").read_text() == good
     assert CliRunner().invoke(main, ["--model", str(tiny_checkpoint("llama")), "--output", str(engine)]).exit_code == 0
     assert not (tmp_path / "engine.verify-failed.json").exists()  # a later success clears it
@@ -451,3 +454,22 @@ def test_sigterm_cleans_up_as_ctrl_c(tmp_path, tiny_checkpoint):
     rest = proc.stderr.read()
     assert proc.wait(timeout=120) == 130, rest
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_check_that_fails_while_the_code_changes_says_so(tmp_path, tiny_checkpoint, monkeypatch):
+    """A failed check in a build whose sources (or kernel library) were edited under it is no
+    numerical fault of the engine: the message and the report say what changed."""
+    from trtllm.builder import provenance, verify
+
+    def failing(*args, **kwargs):
+        error = verify.VerifyError("the engine's logits differ from transformers' by 2e-3")
+        error.report = {"max_abs_error": 2e-3}
+        raise error
+
+    fingerprints = iter(["before", "after"])
+    monkeypatch.setattr(provenance, "code_fingerprint", lambda: next(fingerprints))
+    monkeypatch.setattr(verify, "verify_engine", failing)
+    result = CliRunner().invoke(main, ["--model", str(tiny_checkpoint("llama")), "--output", str(tmp_path / "e")])
+    assert result.exit_code == 1 and "changed during the build: run it again" in result.output, result.output
+    report = json.loads((tmp_path / "e.verify-failed.json").read_text())
+    assert report == {"max_abs_error": 2e-3, "code": "before", "code_changed_during_build": True}

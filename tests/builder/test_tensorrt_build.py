@@ -60,10 +60,11 @@ def test_profiles_cover_every_graph_input(tiny_checkpoint, tmp_path, graph):
           log=lambda m: None)
     m = load(tmp_path / "e")
     inputs = {i.name for i in onnx.load(str(tmp_path / "e" / "llm.onnx"), load_external_data=False).graph.input}
-    # (an ONNX Runtime build's graph takes verify_index for prompt_logprobs; a TensorRT build's does not)
-    assert m.prompt_logits and m.io.verify_index in inputs
+    # (an ONNX Runtime build's graph takes verify_index for prompt_logprobs and verify_uniform for prompt
+    # lookup's sampled rows; a TensorRT build's does not)
+    assert m.prompt_logits and m.verify_sampler and {m.io.verify_index, m.io.verify_uniform} <= inputs
     for p in trt_build.optimization_profiles(m.limits, m.model, m.io):
-        assert set(p.shapes) == inputs - {m.io.verify_index}
+        assert set(p.shapes) == inputs - {m.io.verify_index, m.io.verify_uniform}
     assert m.graph_profile == graph
 
 

@@ -467,7 +467,7 @@ def test_logprob_rows_take_plain_steps_without_the_verified_logits(eagle_engine,
     shutil.copytree(engine, older)
     raw = json.loads((older / mf.MANIFEST_NAME).read_text())
     raw["eagle"]["logprobs"] = False
-    raw["prompt_logits"] = False  # (a build before either: its verify steps bind no logits at all)
+    raw["prompt_logits"] = raw["verify_sampler"] = False  # (a build before them: its verify steps bind no logits)
     (older / mf.MANIFEST_NAME).write_text(json.dumps(raw))
     plain, _ = answers(run_cli, engine, tmp_path, "--spec-draft-step", "0", requests=requests)
     got, profile = answers(run_cli, older, tmp_path, "--spec-draft-step", "2", requests=requests)
@@ -490,8 +490,8 @@ def test_an_eagle_graph_under_a_manifest_without_eagle_is_refused(eagle_engine, 
     raw = json.loads((engine / "manifest.json").read_text())
     raw["eagle"] = {}
     (engine / "manifest.json").write_text(json.dumps(raw))
-    # (verify_index is also a plain ONNX Runtime engine's, for prompt_logprobs: the sampled verification's
-    # input is what gives the graph away)
-    with pytest.raises(mf.ManifestError, match="the graph has an input 'verify_uniform', which the manifest's "
-                                               "eagle.verify does not call for"):
+    # (verify_index and verify_uniform are a plain ONNX Runtime engine's too, for prompt_logprobs and
+    # prompt lookup: the draft tree's mask is what gives the graph away)
+    with pytest.raises(mf.ManifestError, match="the graph has an input 'tree_mask', which the manifest's "
+                                               "eagle.tree does not call for"):
         load_engine(engine)

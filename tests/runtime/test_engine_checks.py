@@ -96,11 +96,15 @@ SECTIONS = [
     (setter("eagle", {**EAGLE, "draft_top_k": 9}), "eagle.draft_top_k must be an integer in [1, 4], got 9"),
     (setter("eagle", {**EAGLE, "tree": "yes"}), "eagle.tree must be true or false"),
     (setter("eagle", {**EAGLE, "aux_layers": [-1]}), "eagle.aux_layers must be layer indices below 2"),
-    (setter("eagle", {**EAGLE, "verify": "sampled"}),
-     "the graph has no input 'verify_uniform', which the manifest's eagle.verify calls for"),
-    (setter("prompt_logits", False),
+    (setter("eagle", {**EAGLE, "tree": True}),
+     "the graph has no input 'tree_mask', which the manifest's eagle.tree calls for"),
+    (both(setter("prompt_logits", False), setter("verify_sampler", False)),
      "the graph has an input 'verify_index', which the manifest's eagle section or prompt_logits does not call for"),
+    (setter("prompt_logits", False), "verify_sampler needs prompt_logits"),
     (setter("prompt_logits", 1), "prompt_logits must be true or false, got 1"),
+    (setter("verify_sampler", False),
+     "the graph has an input 'verify_uniform', which the manifest's verify_sampler or eagle.verify does not call for"),
+    (setter("verify_sampler", "yes"), "verify_sampler must be true or false, got 'yes'"),
     (setter("eagle", []), "eagle must be an object, got list"),
 ]
 

@@ -4,6 +4,7 @@ with chunked prompts, at the length and KV limits. The wrong variant, guesses ta
 change the answers."""
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -25,7 +26,9 @@ def test_guesses_follow_the_most_recent_longest_match():
     assert look.propose([4, 1, 2, 9, 1, 2]) == [9, 1, 2]
     assert look.propose([1, 2, 3, 4, 1, 2]) == [3, 4, 1]
     assert look.propose([7, 1, 8, 1]) == []  # one token alone matches nothing (MIN_NGRAM 2)
-    assert look.propose([1, 2, 1, 2]) == [1, 2]  # what follows, however little
+    assert look.propose([1, 2, 1, 2]) == [1, 2, 1]  # a loop shorter than k: the copy goes on through it
+    assert ngram.Lookup(7).propose([9, 5, 6, 7, 5, 6]) == [7, 5, 6, 7, 5, 6, 7]
+    assert ngram.Lookup(2).propose([9, 5, 6, 7, 5, 6]) == [7, 5]
     assert look.propose([1]) == [] and look.propose([]) == []
 
 
@@ -35,16 +38,38 @@ def rows_for(prompts, **params):
         kind = params.get("kinds", ["greedy"] * len(prompts))[i]
         sp = {"greedy": dict(temperature=0.0), "sampled": dict(temperature=0.9, top_k=20),
               "penalized": dict(temperature=0.0, repetition_penalty=1.3), "logprobs": dict(temperature=0.0, num_logprobs=3),
-              "min_new": dict(temperature=0.0, min_new_tokens=params.get("min_new", 20))}[kind]
+              "min_new": dict(temperature=0.0, min_new_tokens=params.get("min_new", 20)),
+              # draws that mostly follow the argmax (guesses hold) and sometimes not (they are replaced)
+              "cold": dict(temperature=0.05, top_p=0.95),
+              "cold_min_new": dict(temperature=0.05, min_new_tokens=params.get("min_new", 20)),
+              "cold_biased": dict(temperature=0.05, min_p=0.05, logit_bias={3: 2.0, 200: -5.0}),
+              "sampled_logprobs": dict(temperature=0.9, top_p=0.9, num_logprobs=4, logit_bias={7: 1.5})}[kind]
         made.append(RowState(prompt_ids=p, params=SamplingParams(max_new_tokens=params.get("n", 40), **sp),
                              rng=np.random.default_rng(i), eos_ids=frozenset(params.get("eos", ()))))
     return made
 
 
+class Answer(tuple):
+    """(output ids, finish reason, (top logprobs, top ids, each token's logprob)): equal where the
+    tokens, the finish and the top ids are, and the logprobs within float32 rounding (a checked
+    position's come from numpy, a plain step's from the graph's sampler)."""
+
+    def __eq__(self, other):
+        (ids, why, (top, top_ids, own)), (ids2, why2, (top2, top_ids2, own2)) = self, other
+        return (ids == ids2 and why == why2 and top_ids == top_ids2 and len(top) == len(top2)
+                and np.allclose(top, top2, atol=1e-5) and np.allclose(own, own2, atol=1e-5))
+
+    __hash__ = tuple.__hash__
+
+
 def answers(engine, prompts, lookup=None, num_slots=None, prefill_chunk=0, **params):
     rows, timing = rows_for(prompts, **params), Timing()
     run_rows(engine, rows, num_slots, timing, prefill_chunk=prefill_chunk, lookup=lookup)
-    return [(r.output_ids, r.finish_reason, [np.round(v[0], 4).tolist() for v in r.logprobs]) for r in rows], timing
+    # (a plain step gives every row the batch's widest logprobs; the response keeps the row's own k)
+    return [Answer((r.output_ids, r.finish_reason, ([v[0][:r.params.num_logprobs].tolist() for v in r.logprobs],
+                                                    [v[1][:r.params.num_logprobs].tolist() for v in r.logprobs],
+                                                    r.token_logprobs)))
+            for r in rows], timing
 
 
 @pytest.fixture(scope="module")
@@ -183,3 +208,50 @@ def test_adaptive_lookup_is_exact_too(engine):
     want, _ = answers(engine, LOOPING, n=60)
     got, timing = answers(engine, LOOPING, ngram.Lookup(4), n=60)
     assert got == want and timing.generation_runs > 0
+
+
+def test_sampled_answers_are_plain_sampling(engine):
+    """Rows that sample speculate on an engine whose graph samples the checked positions: each
+    position drawn with the number plain decoding draws it with, the rest put back, so a seeded
+    answer is the same token for token (with top-p, min-p, logit bias, min_new_tokens' ban and EOS)."""
+    assert engine.manifest.verify_sampler
+    kinds = ["cold", "cold_biased", "cold_min_new", "sampled", "greedy", "cold"]
+    prompts = (LOOPING + [[9, 8, 7, 9, 8, 7, 9], list(range(60, 90))])[:len(kinds)]
+    eos = [int(np.bincount(sum(prompts, [])).argmax())]
+    for k in (1, 3, 7):
+        want, _ = answers(engine, prompts, kinds=kinds, eos=eos, n=48)
+        got, timing = answers(engine, prompts, ngram.Lookup(k, adaptive=False), kinds=kinds, eos=eos, n=48)
+        assert got == want, k
+        assert 0 < timing.accepted_tokens < timing.drafted_tokens
+
+
+def test_wrong_variant_sampled_numbers_not_put_back_changes_answers(engine, monkeypatch):
+    """A step draws a number for each checked position; those after what it took are the next
+    tokens' numbers. Dropping them (each step starting on fresh numbers) changes seeded answers."""
+    kinds = ["cold"] * 4
+    want, _ = answers(engine, LOOPING, kinds=kinds, n=48)
+    spare = property(lambda row: [], lambda row, value: None)  # numbers put back vanish
+    monkeypatch.setattr(RowState, "spare", spare, raising=False)
+    got, timing = answers(engine, LOOPING, ngram.Lookup(4, adaptive=False), kinds=kinds, n=48)
+    assert timing.accepted_tokens > 0 and got != want
+
+
+def test_hot_sampling_with_guesses_that_hold(engine):
+    """At temperature 0.9 the tiny model's text repeats nothing, so guesses come from an oracle: plain
+    sampling's own answer, with a wrong token in every third step. Drawn tokens must then hold (the
+    numbers line up with plain decoding's) and be replaced where wrong; rows that ask for logprobs
+    get plain decoding's at every token."""
+    prompts, kinds = LOOPING, ["sampled", "sampled_logprobs", "greedy", "logprobs"]
+    want, _ = answers(engine, prompts, kinds=kinds, n=48)
+    texts = [p + w[0] for p, w in zip(prompts, want)]
+
+    @dataclasses.dataclass(frozen=True)
+    class Oracle(ngram.Lookup):
+        def propose(self, tokens):
+            text = next(t for t in texts if t[:len(tokens)] == tokens)
+            guesses = text[len(tokens):len(tokens) + self.k]
+            return guesses[:-1] + [(guesses[-1] + 1) % 400] if len(tokens) % 3 == 0 and guesses else guesses
+
+    got, timing = answers(engine, prompts, Oracle(5, adaptive=False), kinds=kinds, n=48)
+    assert got == want and all(len(a[2][0]) == 48 for a in got[1::2])  # (logprobs at every token)
+    assert timing.accepted_tokens > 80 and timing.accepted_tokens < timing.drafted_tokens
