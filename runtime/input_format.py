@@ -23,7 +23,7 @@ import re
 import struct
 from dataclasses import dataclass, field
 
-from trtllm.runtime import files, guided, reasoning, tool_calls
+from trtllm.runtime import beam_rules, files, guided, reasoning, tool_calls
 from trtllm.runtime.generation_config import CONFIG_NAMES
 from trtllm.runtime.messages import (  # noqa: F401 - ContentItem: part of this module's API
     MEDIA_TYPES,
@@ -115,6 +115,9 @@ class Request:
     include_stop_str_in_output: bool = False  # the stop string stays in the text (vLLM's)
     skip_special_tokens: bool = True  # False: special tokens' text is in it (vLLM's)
     spec_proposal_sampling: str = "auto"  # EAGLE drafts of a sampled row: "greedy" the head's argmax (Edge-LLM's)
+    num_beams: int = 1  # > 1: beam search (runtime/beam.py), its best n beams the n responses
+    length_penalty: float = 1.0  # beam search: a hypothesis' score is its log-probability / length ** this
+    early_stopping: bool | str = False  # beam search: transformers' (False, True or "never")
     # the keys it gave itself (parse_input fills it): errors about others name the top level's path
     own_fields: frozenset[str] = field(default=frozenset(), compare=False)
 
@@ -161,6 +164,9 @@ class InputFile:
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
     spec_proposal_sampling: str = "auto"
+    num_beams: int = 1
+    length_penalty: float = 1.0
+    early_stopping: bool | str = False
     # isolate=True (trtllm-run): request index -> the error of a request that could not be read;
     # its entry in `requests` is a placeholder that never runs (PLACEHOLDER)
     invalid: dict[int, str] = field(default_factory=dict)
@@ -266,6 +272,9 @@ _SAMPLING_FIELDS = {
     "include_stop_str_in_output": _bool,
     "skip_special_tokens": _bool,
     "spec_proposal_sampling": _choice(("auto", "greedy", "probabilistic")),
+    "num_beams": _number(int, 1, MAX_N),
+    "length_penalty": _number(float, -beam_rules.MAX_LENGTH_PENALTY, beam_rules.MAX_LENGTH_PENALTY),
+    "early_stopping": beam_rules.parse_early_stopping,
 }
 _SAMPLING_FIELDS_READ = {**_SAMPLING_FIELDS, "sampling_seed": _SAMPLING_FIELDS["seed"]}
 
@@ -352,6 +361,8 @@ def _request(value: object, path: str, top: InputFile, bundled: tuple[str, ...] 
     forced = tool_calls.guide_for(choice, parser, tools, sampling["guided_decoding"], where, parallel)
     if forced:  # "required" or a named function: the answer is held to a JSON schema of calls
         sampling["guided_decoding"], guide_at = forced, where("tool_choice")
+    if sampling["num_beams"] > 1:
+        beam_rules.check_request({**sampling, "stop": f.get("stop", ())}, where)
     if sampling["guided_decoding"] is not None:  # the grammar says where the answer may end, alone
         for name, off in (("min_new_tokens", 0), ("ignore_eos", False)):
             if sampling[name] != off:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from trtllm.runtime import input_format as fmt
-from trtllm.runtime import interrupt, reasoning, tool_calls
+from trtllm.runtime import beam, interrupt, reasoning, tool_calls
 from trtllm.runtime.chat_template import ChatTemplate, ChatTemplateError, raw_prompt
 from trtllm.runtime.engine import Engine
 from trtllm.runtime.generate import PrefixSource, RowState, Timing, run_rows
@@ -51,6 +51,7 @@ class Sample:
     sample_idx: int
     row: RowState | None = None
     message: dict | None = None  # what message_of read out of its answer, once it finished
+    beam_score: float | None = None  # beam search: its hypothesis' score (runtime/beam.py)
 
 
 def stage_profile(name: str, seconds: list[float]) -> dict:
@@ -139,7 +140,8 @@ class Runner:
 
     def prepared(self, index: int, req: fmt.Request, inp: fmt.InputFile, adapters: AdapterSet) -> Prepared:
         p = Prepared(index, req)
-        p.error = unsupported(req, index) or self.unscored(req, index) or self.check_guide(p)
+        p.error = (unsupported(req, index) or self.unscored(req, index)
+                   or beam.unrunnable(req, index, self.engine.manifest) or self.check_guide(p))
         if p.error:
             return p
         if req.lora_name is not None:
@@ -268,7 +270,10 @@ class Runner:
         # written; before, the first one ends generation, caught below wherever it lands
         try:
             try:
-                run_rows(self.engine, [smp.row for smp in live], num_slots, self.timing,
+                beam.answer(self.engine, [smp for smp in live if smp.prepared.request.num_beams > 1], self.timing,
+                            on_token if on_text else None)
+                run_rows(self.engine, [smp.row for smp in live if smp.prepared.request.num_beams == 1], num_slots,
+                         self.timing,
                          on_token if on_text else None, self.prefixes, self.drafter, self.prefill_chunk,
                          self.contexts, self.lookup)
             except Exception as e:  # the engine itself failed: fail what did not finish, keep the rest
@@ -315,6 +320,8 @@ class Runner:
             # each generated token's own logprob, in or out of the top ones (a sampled token may be neither)
             res["token_logprobs"] = [self.logprob_entry(t, v) for t, v in zip(row.output_ids, row.token_logprobs)]
         res.update(self.prompt_logprobs(p))
+        if smp.beam_score is not None:
+            res["beam_score"] = smp.beam_score
         return res
 
     def prompt_logprobs(self, p: Prepared) -> dict:

@@ -1,0 +1,84 @@
+"""Beam search (runtime/beam.py) against transformers' generate(num_beams=B, do_sample=False) on tiny
+random checkpoints: every returned hypothesis token-exact, in transformers' order, and its score
+within float32 rounding, across beam widths, length penalties, early_stopping's three values, EOS
+ids that end hypotheses early and min_new_tokens. The wrong variant, beams ranked by raw logits
+instead of log-probabilities, must miss."""
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from trtllm.runtime import beam  # noqa: E402
+from trtllm.runtime.engine import load_engine  # noqa: E402
+
+pytestmark = pytest.mark.hf
+PROMPTS = [[5, 17, 42, 99, 7], list(range(30, 52))]
+NEW = 12
+
+
+def hf_beams(model, prompt, p: beam.BeamParams) -> list[tuple[tuple[int, ...], float]]:
+    eos = sorted(p.eos_ids) or None
+    with torch.no_grad():
+        out = model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.int64),
+                             num_beams=p.num_beams, num_return_sequences=p.num_beams, do_sample=False,
+                             max_new_tokens=p.max_new_tokens, min_new_tokens=p.min_new_tokens or None,
+                             length_penalty=p.length_penalty, early_stopping=p.early_stopping,
+                             eos_token_id=eos, pad_token_id=0, return_dict_in_generate=True, output_scores=True)
+    answers = []
+    for seq, score in zip(out.sequences[:, len(prompt):].tolist(), out.sequences_scores.tolist()):
+        end = next((i + 1 for i, t in enumerate(seq) if t in p.eos_ids), p.max_new_tokens)
+        answers.append((tuple(seq[:end]), score))  # (transformers pads the shorter ones)
+    return answers
+
+
+def same(ours: list[beam.Hypothesis], theirs) -> bool:
+    return [h.tokens for h in ours] == [t for t, _ in theirs] and np.allclose(
+        [h.score for h in ours], [s for _, s in theirs], atol=1e-4, rtol=0)
+
+
+@pytest.fixture(scope="module")
+def llama(tiny_checkpoint, tiny_engine):
+    model = transformers.AutoModelForCausalLM.from_pretrained(tiny_checkpoint("llama"), dtype=torch.float32).eval()
+    engine = load_engine(tiny_engine("llama"))
+    # EOS ids that beams produce: the commonest tokens of beam answers without one
+    free = [hf_beams(model, p, beam.BeamParams(4, NEW, frozenset())) for p in PROMPTS]
+    common = Counter(t for answers in free for tokens, _ in answers for t in tokens).most_common(2)
+    return model, engine, frozenset(t for t, _ in common)
+
+
+@pytest.mark.parametrize("num_beams, length_penalty, early_stopping, min_new",
+                         [(2, 1.0, False, 0), (4, 1.0, False, 0), (4, 0.0, "never", 0), (3, 2.0, "never", 0),
+                          (4, -1.0, True, 0), (4, 1.0, True, 0), (5, 1.0, False, 6)])
+def test_beams_are_transformers(llama, num_beams, length_penalty, early_stopping, min_new):
+    model, engine, eos = llama
+    ended = 0
+    for prompt in PROMPTS:
+        for ids in (eos, frozenset(sorted(eos)[:1])):
+            p = beam.BeamParams(num_beams, NEW, ids, min_new, length_penalty, early_stopping)
+            ours, theirs = beam.run(engine, prompt, p), hf_beams(model, prompt, p)
+            assert same(ours, theirs), (prompt, sorted(ids), ours, theirs)
+            ended += sum(len(h.tokens) < NEW for h in ours)
+    # (hypotheses that end with an EOS id were compared too; length_penalty 2 favours long ones)
+    assert ended > 0 or length_penalty > 1
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "gemma3"])
+def test_other_architectures(arch, tiny_checkpoint, tiny_engine):
+    model = transformers.AutoModelForCausalLM.from_pretrained(tiny_checkpoint(arch), dtype=torch.float32).eval()
+    engine = load_engine(tiny_engine(arch))
+    p = beam.BeamParams(3, NEW, frozenset({int(engine.manifest.eos_token_ids[0])}))
+    for prompt in PROMPTS:
+        assert same(beam.run(engine, prompt, p), hf_beams(model, prompt, p))
+
+
+def test_wrong_variant_raw_logits_miss(llama, monkeypatch):
+    model, engine, eos = llama
+    p = beam.BeamParams(4, NEW, eos)
+    theirs = [hf_beams(model, prompt, p) for prompt in PROMPTS]
+    monkeypatch.setattr(beam, "log_probs", lambda logits: logits.astype(np.float32))
+    assert not all(same(beam.run(engine, prompt, p), t) for prompt, t in zip(PROMPTS, theirs))

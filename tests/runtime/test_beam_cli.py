@@ -1,0 +1,99 @@
+"""trtllm-run with num_beams (runtime/beam.py through runtime/runner.py): a request's n responses are
+its best beams, best first, with their scores; its neighbours answer as without it; what beam search
+does not take, or the engine cannot run, fails that request alone, naming the setting's JSON path.
+(tests/parity/test_beam_search.py checks the beams themselves against transformers.)"""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from trtllm.runtime import beam
+from trtllm.runtime.engine import load_engine
+from trtllm.runtime.tokenizer import Tokenizer
+
+pytestmark = pytest.mark.hf
+CHAT = [{"role": "user", "content": "the cat the cat the cat"}]
+
+
+def test_responses_are_the_best_beams(tiny_engine, run_cli):
+    engine_dir = tiny_engine("llama")
+    plain = {"temperature": 0, "max_generate_length": 10, "requests": [{"messages": CHAT}, {"messages": CHAT[:1]}]}
+    result, want = run_cli(engine_dir, plain)
+    assert result.exit_code == 0, result.output
+    beams = {**plain, "batch_size": 2, "requests": [
+        {"messages": CHAT, "num_beams": 4, "n": 3, "length_penalty": 0.5, "early_stopping": "never"},
+        {"messages": CHAT[:1]}, {"messages": CHAT, "num_beams": 2}]}
+    result, out = run_cli(engine_dir, beams, "--stream")
+    assert result.exit_code == 0, result.output
+    got = out["responses"]
+    assert [r["request_idx"] for r in got] == [0, 0, 0, 1, 2] and [r["sample_idx"] for r in got[:3]] == [0, 1, 2]
+    assert got[3]["output_ids"] == want["responses"][1]["output_ids"]  # the neighbour is as without it
+    engine = load_engine(engine_dir)
+    tok = Tokenizer.from_engine_dir(engine_dir, engine.manifest.files)
+    prompt = tok.encode(got[0]["formatted_complete_request"], add_special_tokens=False)
+    found = beam.run(engine, prompt, beam.BeamParams(4, 10, frozenset(engine.manifest.eos_token_ids),
+                                                     length_penalty=0.5, early_stopping="never"))
+    assert [r["output_ids"] for r in got[:3]] == [list(h.tokens) for h in found[:3]]
+    assert [r["beam_score"] for r in got[:3]] == pytest.approx([h.score for h in found[:3]])
+    assert got[0]["beam_score"] >= got[1]["beam_score"] >= got[2]["beam_score"]
+    assert all(r["finish_reason"] in ("max-length", "end-of-sequence") for r in got)
+    assert "beam_score" not in got[3] and got[4]["beam_score"] is not None
+    # each beam's stream: one line with its whole answer
+    lines = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{\"request_idx\"")]
+    firsts = [line for line in lines if line["request_idx"] == 0]
+    assert [line["token_ids"] for line in firsts] == [r["output_ids"] for r in got[:3]]
+
+
+@pytest.mark.parametrize("extra, path, says", [
+    ({}, "temperature", "0.0 with `requests[0].num_beams` 2 (beam search does not sample)"),
+    ({"temperature": 0, "n": 3}, "requests[0].n", "at most `requests[0].num_beams` 2"),
+    ({"temperature": 0, "stop": ["x"]}, "requests[0].stop", "[] with"),
+    ({"temperature": 0, "repetition_penalty": 1.2}, "requests[0].repetition_penalty", "log-probabilities"),
+    ({"temperature": 0, "num_logprobs": 2}, "requests[0].num_logprobs", "not with beam search"),
+    ({"temperature": 0, "guided_decoding": {"choice": ["a", "b"]}}, "requests[0].guided_decoding", "null with"),
+    ({"temperature": 0, "early_stopping": "sometimes"}, "requests[0].early_stopping", '"never"'),
+    ({"temperature": 0, "num_beams": 17}, "requests[0].num_beams", "16"),
+])
+def test_what_beam_search_does_not_take_fails_the_request(tiny_engine, run_cli, extra, path, says):
+    request = {"messages": CHAT, "num_beams": 2, **extra}
+    result, out = run_cli(tiny_engine("llama"), {"max_generate_length": 4, "requests": [request, {"messages": CHAT}]})
+    assert result.exit_code == 1, result.output  # (that request fails alone)
+    error = out["responses"][0]["error"]
+    assert f"`{path}`" in error and says in error, error
+    assert [r["finish_reason"] != "error" for r in out["responses"] if r["request_idx"] == 1] == [True]
+
+
+def test_more_beams_than_the_engine_has_rows_fails_that_request_alone(tiny_engine, run_cli):
+    requests = {"temperature": 0, "max_generate_length": 4, "requests": [
+        {"messages": CHAT, "num_beams": 8}, {"messages": CHAT}]}  # (the tiny engine's max_batch_size is 4)
+    result, out = run_cli(tiny_engine("llama"), requests)
+    assert result.exit_code == 1, result.output
+    first, second = out["responses"]
+    assert first["finish_reason"] == "error" and "max_batch_size 4" in first["error"]
+    assert second["finish_reason"] in ("max-length", "end-of-sequence")
+
+
+def test_max_generate_length_zero_and_ignore_eos(tiny_engine, run_cli):
+    requests = {"temperature": 0, "requests": [
+        {"messages": CHAT, "num_beams": 2, "max_generate_length": 0},
+        {"messages": CHAT, "num_beams": 3, "n": 3, "max_generate_length": 6, "ignore_eos": True}]}
+    result, out = run_cli(tiny_engine("llama"), requests)
+    assert result.exit_code == 0, result.output
+    empty, *full = out["responses"]
+    assert empty["output_ids"] == [] and empty["finish_reason"] == "max-length"
+    assert all(len(r["output_ids"]) == 6 and r["finish_reason"] == "max-length" for r in full)
+
+
+def test_logits_that_overflow_fail_that_request_alone(tiny_engine, run_cli, monkeypatch):
+    engine_dir = tiny_engine("llama")  # (built before the engine is patched)
+    real = beam.Search.advance
+    monkeypatch.setattr(beam.Search, "advance", lambda self, logits: real(self, logits * np.nan))
+    requests = {"temperature": 0, "max_generate_length": 4, "requests": [
+        {"messages": CHAT, "num_beams": 2, "n": 2}, {"messages": CHAT}]}
+    result, out = run_cli(engine_dir, requests)
+    assert result.exit_code == 1, result.output
+    failed, fine = out["responses"][:2], out["responses"][2]
+    assert all("logits were not finite (NaN or infinite) at token 1" in r["error"] for r in failed)
+    assert fine["finish_reason"] in ("max-length", "end-of-sequence")
