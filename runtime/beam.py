@@ -146,9 +146,10 @@ def run(engine, prompt_ids: list[int], p: BeamParams, timing=None) -> list[Hypot
         timing.kv_cache_bytes = max(timing.kv_cache_bytes, kv.nbytes)
         timing.record("llm_prefill", elapsed)
     logits = np.repeat(out.logits[:1], b, axis=0)  # (beams 1.. are beam 0 until the first step)
+    held: list[tuple | None] = [()] + [None] * (b - 1)  # per slot: the generated tokens in its KV (None: no prompt)
     while p.max_new_tokens > 0 and (parents := search.advance(logits)) is not None:
         pos = n + search.generated - 1  # where each running beam's last token goes
-        reorder(kv, parents, pos)
+        held = reorder(kv, parents, held, n, pos)
         last = np.array([[beam[-1]] for beam in search.running], np.int64)
         t0 = time.perf_counter()
         out = engine.step(StepInputs(input_ids=last, position_ids=np.full((b, 1), pos, np.int64),
@@ -160,18 +161,27 @@ def run(engine, prompt_ids: list[int], p: BeamParams, timing=None) -> list[Hypot
                 timing.generation_seconds + elapsed
             timing.record("llm_generation", elapsed)
         logits = out.logits
+        held = list(search.running)
     if timing is not None:
         timing.generated_tokens += search.generated
     return search.hypotheses()
 
 
-def reorder(kv: KVCacheManager, parents: np.ndarray, length: int) -> None:
-    """Each slot's first `length` positions from the slot of the beam it extends (a copy first:
-    slots trade places)."""
-    moved = np.flatnonzero(parents != np.arange(len(parents)))
-    if len(moved) and length:
+def reorder(kv: KVCacheManager, parents: np.ndarray, held: list, prompt_len: int, length: int) -> list:
+    """Each slot's KV up to `length` from the slot of the beam it extends, whose tokens it now
+    holds (returned). Only from the first position where the two slots' tokens differ: the prompt
+    and a common start are the same KV in both (it depends on the tokens before it alone, and the
+    engine computes a row alike in any batch). One copy for all slots: its source is read first,
+    as slots trade places."""
+    starts = [0 if mine is None else prompt_len + next(
+        (k for k, (x, y) in enumerate(zip(mine, held[parent])) if x != y), min(len(mine), len(held[parent])))
+              for mine, parent in zip(held, parents)]
+    moved = np.array([i for i, start in enumerate(starts) if start < length], np.int64)
+    if len(moved):
+        start = min(starts[i] for i in moved)
         for buf in kv.buffers:
-            buf[moved, :, :length] = buf[parents[moved], :, :length]
+            buf[moved, :, start:length] = buf[parents[moved], :, start:length]
+    return [held[parent] for parent in parents]
 
 
 def unrunnable(req, index: int, manifest) -> str | None:

@@ -172,3 +172,15 @@ def test_bench_guided_smoke(tmp_path):
     assert all(run[f"{g}_b{b}{m}"] > 0 for g in ("gbnf", "schema") for b in (1, 2) for m in ("", "_plain")), run
     assert run["gbnf_answer"].startswith('{"people":[{"name":"'), run
     assert data["report"][0].startswith("fp32") and "guided/plain" in proc.stdout
+
+
+def test_bench_beam_smoke(tiny_engine, tmp_path):
+    """scripts/bench_beam.py end to end, ours alone (no peers there): a whole timed search per round."""
+    out = tmp_path / "beam.json"
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_beam.py"), "--engine", str(tiny_engine("llama")),
+                           "--peers", str(tmp_path / "none"), "--rounds", "1", "--gen", "4", "--beams", "2",
+                           "--out", str(out)], capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    data = json.loads(out.read_text())
+    assert list(data["beam_tokens_per_second"]) == ["ours"] and data["beam_tokens_per_second"]["ours"][0] > 0
+    assert "ours alone" in proc.stderr
