@@ -65,14 +65,25 @@ def log_probs(logits: np.ndarray) -> np.ndarray:
     return (shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))).astype(np.float32)
 
 
+def top_candidates(logits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Each row's k best log-probabilities and their ids, largest first, ties lower id first (what
+    the graph's top_logprobs give, for a width the graph has not got)."""
+    lp = log_probs(logits)
+    ids = np.stack([best(row, k) for row in lp])
+    return np.take_along_axis(lp, ids, axis=1), ids
+
+
 class Search:
-    """One request's beams: `advance` takes the running beams' logits [B, V] and says which beam
-    each next running beam extends (None: the search is over); `hypotheses` gives the answers."""
+    """One request's beams: `advance` takes each running beam's best next tokens and says which
+    beam each next running beam extends (None: the search is over); `hypotheses` gives the answers."""
 
     def __init__(self, p: BeamParams, prompt_len: int):
         b = p.num_beams
         self.p, self.prompt_len, self.generated = p, prompt_len, 0
         self.keep = max(2, 1 + len(p.eos_ids)) * b
+        # the continuations of a beam that can be among the best `keep`: its own best `keep`, and
+        # while min_new_tokens holds the EOS ids back, as many more as there are of them
+        self.width = self.keep + len(p.eos_ids) * (p.min_new_tokens > 0)
         self.running = [()] * b
         self.running_scores = np.full(b, MASK, np.float32)
         self.running_scores[0] = 0  # (the first step extends beam 0 alone: the others are its copies)
@@ -81,18 +92,19 @@ class Search:
         self.is_finished = np.zeros(b, bool)
         self.improvable = True  # transformers' is_early_stop_heuristic_unsatisfied
 
-    def advance(self, logits: np.ndarray) -> np.ndarray | None:
+    def advance(self, scores: np.ndarray, ids: np.ndarray) -> np.ndarray | None:
+        """scores, ids [B, width]: each running beam's best next tokens' log-probabilities, largest
+        first, ties lower id first (top_candidates; the graph's top_logprobs)."""
         p, b = self.p, self.p.num_beams
-        if not np.isfinite(logits).all():
+        if not np.isfinite(scores[:, 0]).all():  # (NaN where a logit was NaN or +inf)
             raise FloatingPointError(f"the logits were not finite (NaN or infinite) at token {self.generated + 1}: "
                                      "the model overflowed")
-        scores = log_probs(logits)
         if self.generated < p.min_new_tokens and p.eos_ids:
-            scores[:, sorted(p.eos_ids)] = -np.inf
-        vocab = scores.shape[1]
-        summed = (scores + self.running_scores[:, None]).reshape(-1)
+            scores = np.where(np.isin(ids, list(p.eos_ids)), np.float32(-np.inf), scores)
+        width = scores.shape[1]
+        summed = (scores + self.running_scores[:, None]).reshape(-1)  # (beam-major: transformers' order)
         top = best(summed, self.keep)
-        top_scores, parents, tokens = summed[top], top // vocab, top % vocab
+        top_scores, parents, tokens = summed[top], top // width, ids.reshape(-1)[top]
         length = self.generated + 1
         ends = np.array([int(t) in p.eos_ids for t in tokens]) | (length >= p.max_new_tokens)
         candidates = [self.running[beam] + (int(t),) for beam, t in zip(parents, tokens)]
@@ -131,36 +143,45 @@ def run(engine, prompt_ids: list[int], p: BeamParams, timing=None) -> list[Hypot
     """Beam search on `engine` (its KV in a cache of its own: B slots, prompt + max_new_tokens
     positions); the hypotheses best first. `timing` (runtime/rows.py Timing) gets its steps."""
     m, b, n = engine.manifest, p.num_beams, len(prompt_ids)
-    params = sampling.SamplingParams(temperature=0.0, max_new_tokens=max(p.max_new_tokens, 1))
+    search = Search(p, n)
+    # the graph's sampler gives each row's best log-probabilities (log_softmax of the logits, as
+    # transformers' beam search takes them) where its width holds them; else they come from the logits
+    graph = search.width <= m.logprob_width
+    params = sampling.SamplingParams(temperature=0.0, max_new_tokens=max(p.max_new_tokens, 1),
+                                     num_logprobs=search.width if graph else 0)
     batch = sampling.make_batch([params] * b, m.model.vocab_size, m.max_top_k)
     kv = KVCacheManager(m.model, b, n + p.max_new_tokens)
-    search = Search(p, n)
+
+    def candidates(out, rows: int):
+        if graph:
+            return out.top_logprobs[:rows], out.top_logprob_ids[:rows]
+        return top_candidates(out.logits[:rows], search.width)
     t0 = time.perf_counter()
     out = engine.step(StepInputs(input_ids=np.array([prompt_ids], np.int64), position_ids=np.arange(n)[None],
                                  write_index=np.zeros(1, np.int64), last_index=np.array([n - 1], np.int64),
-                                 sampling=sampling.rows(batch, 0, 1), prompt=True), kv.view(0, 1), want_logits=True)
+                                 sampling=sampling.rows(batch, 0, 1), prompt=True), kv.view(0, 1), want_logits=not graph)
     elapsed = time.perf_counter() - t0
     if timing is not None:
         timing.prefill_runs, timing.prefill_tokens = timing.prefill_runs + 1, timing.prefill_tokens + n
         timing.prefill_seconds += elapsed
         timing.kv_cache_bytes = max(timing.kv_cache_bytes, kv.nbytes)
         timing.record("llm_prefill", elapsed)
-    logits = np.repeat(out.logits[:1], b, axis=0)  # (beams 1.. are beam 0 until the first step)
+    found = [np.repeat(x, b, axis=0) for x in candidates(out, 1)]  # (beams 1.. are beam 0 until the first step)
     held: list[tuple | None] = [()] + [None] * (b - 1)  # per slot: the generated tokens in its KV (None: no prompt)
-    while p.max_new_tokens > 0 and (parents := search.advance(logits)) is not None:
+    while p.max_new_tokens > 0 and (parents := search.advance(*found)) is not None:
         pos = n + search.generated - 1  # where each running beam's last token goes
         held = reorder(kv, parents, held, n, pos)
         last = np.array([[beam[-1]] for beam in search.running], np.int64)
         t0 = time.perf_counter()
         out = engine.step(StepInputs(input_ids=last, position_ids=np.full((b, 1), pos, np.int64),
                                      write_index=np.full(b, pos, np.int64), last_index=np.zeros(b, np.int64),
-                                     sampling=sampling.rows(batch, 0, b)), kv.view(0, b), want_logits=True)
+                                     sampling=sampling.rows(batch, 0, b)), kv.view(0, b), want_logits=not graph)
         elapsed = time.perf_counter() - t0
         if timing is not None:
             timing.generation_runs, timing.generation_seconds = timing.generation_runs + 1, \
                 timing.generation_seconds + elapsed
             timing.record("llm_generation", elapsed)
-        logits = out.logits
+        found = candidates(out, b)
         held = list(search.running)
     if timing is not None:
         timing.generated_tokens += search.generated

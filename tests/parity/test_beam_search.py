@@ -1,8 +1,8 @@
 """Beam search (runtime/beam.py) against transformers' generate(num_beams=B, do_sample=False) on tiny
 random checkpoints: every returned hypothesis token-exact, in transformers' order, and its score
 within float32 rounding, across beam widths, length penalties, early_stopping's three values, EOS
-ids that end hypotheses early and min_new_tokens. The wrong variant, beams ranked by raw logits
-instead of log-probabilities, must miss."""
+ids that end hypotheses early and min_new_tokens. The wrong variant, beams that keep their own
+slot's KV instead of the KV of the beam they extend, must miss."""
 from __future__ import annotations
 
 from collections import Counter
@@ -76,9 +76,28 @@ def test_other_architectures(arch, tiny_checkpoint, tiny_engine):
         assert same(beam.run(engine, prompt, p), hf_beams(model, prompt, p))
 
 
-def test_wrong_variant_raw_logits_miss(llama, monkeypatch):
+def test_many_eos_ids_take_the_logits(llama):
+    """keep = (1 + EOS ids) x B candidates a step: past the graph's top_logprobs width (12 EOS ids,
+    4 beams: 52), each beam's best come from its logits (top_candidates) instead."""
+    model, engine, _ = llama
+    free = hf_beams(model, PROMPTS[1], beam.BeamParams(4, NEW, frozenset()))
+    eos = frozenset(t for t, _ in Counter(t for tokens, _ in free for t in tokens).most_common(12))
+    p = beam.BeamParams(4, NEW, eos, min_new_tokens=2)
+    assert beam.Search(p, 1).width > engine.manifest.logprob_width
+    for prompt in PROMPTS:
+        assert same(beam.run(engine, prompt, p), hf_beams(model, prompt, p))
+
+
+def test_wrong_variant_beams_keep_their_own_kv_miss(llama, monkeypatch):
+    """A beam that extends another must continue from that beam's KV: left with its slot's own,
+    the answers are no longer transformers'."""
     model, engine, eos = llama
     p = beam.BeamParams(4, NEW, eos)
     theirs = [hf_beams(model, prompt, p) for prompt in PROMPTS]
-    monkeypatch.setattr(beam, "log_probs", lambda logits: logits.astype(np.float32))
+    real = beam.reorder
+
+    def uncopied(kv, parents, held, n, length):  # (the prompt's first copy aside)
+        return real(kv, parents, held, n, length) if None in held else [held[i] for i in parents]
+
+    monkeypatch.setattr(beam, "reorder", uncopied)
     assert not all(same(beam.run(engine, prompt, p), t) for prompt, t in zip(PROMPTS, theirs))

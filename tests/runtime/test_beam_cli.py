@@ -89,7 +89,7 @@ def test_max_generate_length_zero_and_ignore_eos(tiny_engine, run_cli):
 def test_logits_that_overflow_fail_that_request_alone(tiny_engine, run_cli, monkeypatch):
     engine_dir = tiny_engine("llama")  # (built before the engine is patched)
     real = beam.Search.advance
-    monkeypatch.setattr(beam.Search, "advance", lambda self, logits: real(self, logits * np.nan))
+    monkeypatch.setattr(beam.Search, "advance", lambda self, scores, ids: real(self, scores * np.nan, ids))
     requests = {"temperature": 0, "max_generate_length": 4, "requests": [
         {"messages": CHAT, "num_beams": 2, "n": 2}, {"messages": CHAT}]}
     result, out = run_cli(engine_dir, requests)
