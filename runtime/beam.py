@@ -37,6 +37,7 @@ MASK = np.float32(-1.0e9)  # transformers' "very large negative value"
 class Hypothesis:
     tokens: tuple[int, ...]  # generated, an EOS id last where it ended with one
     score: float             # the sum of its tokens' log-probabilities / len(tokens) ** length_penalty
+    finished: bool = True    # False: a placeholder no hypothesis replaced (transformers returns it too)
 
 
 @dataclass(frozen=True)
@@ -136,7 +137,8 @@ class Search:
         return parents[nxt] if going else None
 
     def hypotheses(self) -> list[Hypothesis]:
-        return [Hypothesis(tokens, float(score)) for tokens, score in zip(self.finished, self.finished_scores)]
+        return [Hypothesis(tokens, float(score), bool(done))
+                for tokens, score, done in zip(self.finished, self.finished_scores, self.is_finished)]
 
 
 def run(engine, prompt_ids: list[int], p: BeamParams, timing=None) -> list[Hypothesis]:
@@ -157,9 +159,10 @@ def run(engine, prompt_ids: list[int], p: BeamParams, timing=None) -> list[Hypot
             return out.top_logprobs[:rows], out.top_logprob_ids[:rows]
         return top_candidates(out.logits[:rows], search.width)
     t0 = time.perf_counter()
-    out = engine.step(StepInputs(input_ids=np.array([prompt_ids], np.int64), position_ids=np.arange(n)[None],
-                                 write_index=np.zeros(1, np.int64), last_index=np.array([n - 1], np.int64),
-                                 sampling=sampling.rows(batch, 0, 1), prompt=True), kv.view(0, 1), want_logits=not graph)
+    prompt = StepInputs(input_ids=np.array([prompt_ids], np.int64), position_ids=np.arange(n)[None],
+                        write_index=np.zeros(1, np.int64), last_index=np.array([n - 1], np.int64),
+                        sampling=sampling.rows(batch, 0, 1), prompt=True)
+    out = engine.step(prompt, kv.view(0, 1), want_logits=not graph)
     elapsed = time.perf_counter() - t0
     if timing is not None:
         timing.prefill_runs, timing.prefill_tokens = timing.prefill_runs + 1, timing.prefill_tokens + n
@@ -241,6 +244,10 @@ def replay(row, tokens: tuple[int, ...], max_new_tokens: int) -> None:
     row.finish_reason = row.finish_reason or "max-length"  # (max_generate_length 0: no token)
 
 
+class Unfinished(RuntimeError):
+    """Fewer hypotheses finished than the request's n."""
+
+
 def answer(engine, samples: list, timing, on_token=None) -> None:
     """trtllm-run's requests with num_beams > 1 (runtime/runner.py Samples, a request's n adjacent),
     one after another: sample i gets the i-th best hypothesis, its score `beam_score`. A failure of
@@ -251,10 +258,17 @@ def answer(engine, samples: list, timing, on_token=None) -> None:
         params = params_for(p.request, group[0].row, capacity)
         try:
             found = run(engine, p.prompt_ids, params, timing)
+            if params.max_new_tokens and not all(h.finished for h in found[:len(group)]):  # (0: empty answers)
+                raise Unfinished(f"it ended with {sum(h.finished for h in found)} finished hypotheses, fewer than "
+                                 f"the request's n {len(group)}: no running beam could beat an empty placeholder's "
+                                 f"score under length_penalty {params.length_penalty} (transformers gives up there "
+                                 "too, and answers with the placeholders); use a length_penalty nearer 0 or a "
+                                 "smaller n")
         except Exception as e:  # noqa: BLE001 - its own failure, not its neighbours'
             found = []
+            why = str(e) if isinstance(e, Unfinished) else f"{type(e).__name__}: {e}"
             for smp in group:
-                smp.row.fail(f"beam search failed ({type(e).__name__}: {e})")
+                smp.row.fail(f"beam search failed ({why})")
         for smp, hypothesis in zip(group, found):
             smp.beam_score, smp.row.batch_idx = hypothesis.score, 0  # (its beams took slots 0 .. B - 1)
             replay(smp.row, hypothesis.tokens, params.max_new_tokens)

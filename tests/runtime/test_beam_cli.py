@@ -97,3 +97,29 @@ def test_logits_that_overflow_fail_that_request_alone(tiny_engine, run_cli, monk
     failed, fine = out["responses"][:2], out["responses"][2]
     assert all("logits were not finite (NaN or infinite) at token 1" in r["error"] for r in failed)
     assert fine["finish_reason"] in ("max-length", "end-of-sequence")
+
+
+def test_a_forcing_tool_choice_is_named(tiny_engine, run_cli):
+    tool = {"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+    requests = {"temperature": 0, "max_generate_length": 4, "requests": [
+        {"messages": CHAT, "num_beams": 2, "tools": [tool], "tool_choice": "required"}]}
+    result, out = run_cli(tiny_engine("llama"), requests)
+    error = out["responses"][0]["error"]
+    assert result.exit_code == 1 and error.startswith("`requests[0].tool_choice` must be \"auto\" or \"none\" with "
+                                                      "`requests[0].num_beams` 2"), error
+    assert "Guide(" not in error
+
+
+def test_a_search_that_finishes_no_hypothesis_fails_its_request(tiny_engine, run_cli):
+    """length_penalty -10: past a few tokens no running beam's score over length ** -10 can beat a
+    placeholder's -1e9, and transformers' heuristic stops with nothing finished (EOS ignored here).
+    Its placeholders are no answer: the request fails, saying why."""
+    requests = {"temperature": 0, "requests": [
+        {"messages": CHAT, "num_beams": 2, "length_penalty": -10, "ignore_eos": True, "max_generate_length": 30},
+        {"messages": CHAT, "num_beams": 2, "length_penalty": -10, "ignore_eos": True, "max_generate_length": 3}]}
+    result, out = run_cli(tiny_engine("llama"), requests)
+    assert result.exit_code == 1, result.output
+    failed, fine = out["responses"]
+    assert "fewer than the request's n 1" in failed["error"] and "length_penalty -10.0" in failed["error"]
+    assert len(fine["output_ids"]) == 3 and fine["finish_reason"] == "max-length"
