@@ -12,8 +12,9 @@ def model_defaults(config: dict) -> dict:
     """The sampling transformers' generate() does with a model's generation_config.json, as
     top-level settings: greedy unless it sets do_sample, else its temperature; its top_k and top_p
     (GenerationConfig's 50 and 1.0 where it has none) and min_p, which a request that samples
-    itself (its own temperature) uses too; its repetition_penalty, and its max_new_tokens as
-    max_generate_length."""
+    itself (its own temperature) uses too; its repetition_penalty, its max_new_tokens as
+    max_generate_length, and without do_sample its num_beams, length_penalty and early_stopping
+    (beam search)."""
     def given(name: str, default=None):
         return config[name] if config.get(name) is not None else default
 
@@ -27,4 +28,7 @@ def model_defaults(config: dict) -> dict:
         name = CONFIG_NAMES.get(ours, ours)
         if given(name) is not None:
             out[ours] = config[name]
+    if not given("do_sample") and given("num_beams", 1) != 1:  # beam search (not beam sampling: do_sample)
+        out.update((name, config[name]) for name in ("num_beams", "length_penalty", "early_stopping")
+                   if given(name) is not None)
     return out

@@ -123,3 +123,22 @@ def test_a_search_that_finishes_no_hypothesis_fails_its_request(tiny_engine, run
     failed, fine = out["responses"]
     assert "fewer than the request's n 1" in failed["error"] and "length_penalty -10.0" in failed["error"]
     assert len(fine["output_ids"]) == 3 and fine["finish_reason"] == "max-length"
+
+
+def test_a_generation_config_with_beams_under_sampling_defaults_model(tiny_engine, run_cli, tmp_path):
+    """--sampling-defaults model: a config's num_beams (without do_sample) is beam search, as
+    transformers' generate() runs it; the file's own settings still come first."""
+    import shutil
+
+    engine = tmp_path / "engine"
+    shutil.copytree(tiny_engine("llama"), engine)
+    config = json.loads((engine / "generation_config.json").read_text())
+    (engine / "generation_config.json").write_text(json.dumps({**config, "num_beams": 3, "max_new_tokens": 5}))
+    payload = {"requests": [{"messages": CHAT}, {"messages": CHAT, "num_beams": 1}]}
+    result, out = run_cli(engine, payload, "--sampling-defaults", "model")
+    assert result.exit_code == 0, result.output
+    beams, greedy = out["responses"]
+    assert "beam_score" in beams and "beam_score" not in greedy
+    written = {"temperature": 0, "max_generate_length": 5, "num_beams": 3}
+    _, want = run_cli(engine, {**written, "requests": payload["requests"]})
+    assert out["responses"] == want["responses"]

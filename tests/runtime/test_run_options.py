@@ -156,6 +156,10 @@ def test_threads_past_a_few_per_core_are_refused(tmp_path):
     ({"do_sample": True}, {"temperature": 1.0, "top_k": 50, "top_p": 1.0}),  # GenerationConfig's defaults
     ({"do_sample": True, "temperature": 0.6, "top_k": None, "top_p": 0.9, "min_p": 0.05, "max_new_tokens": 64},
      {"temperature": 0.6, "top_k": 50, "top_p": 0.9, "min_p": 0.05, "max_generate_length": 64}),
+    ({"num_beams": 4, "length_penalty": 0.8, "early_stopping": True},  # beam search
+     {"temperature": 0, "top_k": 50, "top_p": 1.0, "num_beams": 4, "length_penalty": 0.8, "early_stopping": True}),
+    ({"num_beams": 1, "length_penalty": 0.8}, {"temperature": 0, "top_k": 50, "top_p": 1.0}),
+    ({"do_sample": True, "num_beams": 4}, {"temperature": 1.0, "top_k": 50, "top_p": 1.0}),  # (beam sampling: not here)
 ])
 def test_model_defaults_are_what_generate_does_with_the_config(config, want):
     assert model_defaults(config) == want
