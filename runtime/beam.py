@@ -60,18 +60,12 @@ def best(values: np.ndarray, k: int) -> np.ndarray:
     return np.argsort(-values, kind="stable")[:k]
 
 
-def log_probs(logits: np.ndarray) -> np.ndarray:
-    """Rows of log_softmax in float32, as torch computes it for transformers."""
-    shifted = logits - logits.max(axis=-1, keepdims=True)
-    return (shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))).astype(np.float32)
-
-
 def top_candidates(logits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-    """Each row's k best log-probabilities and their ids, largest first, ties lower id first (what
-    the graph's top_logprobs give, for a width the graph has not got)."""
-    lp = log_probs(logits)
-    ids = np.stack([best(row, k) for row in lp])
-    return np.take_along_axis(lp, ids, axis=1), ids
+    """Each row's k best log-probabilities and their ids, largest first, ties lower id first: what
+    the graph's top_logprobs give, computed on the host as the sampler's twin does (sampling.py),
+    for a width the graph has not got."""
+    rows = [sampling.top_logprobs(sampling.log_softmax(row, np.float32(0)), k) for row in logits]
+    return np.stack([values for values, _ in rows]), np.stack([ids for _, ids in rows])
 
 
 class Search:
@@ -158,6 +152,7 @@ def run(engine, prompt_ids: list[int], p: BeamParams, timing=None) -> list[Hypot
         if graph:
             return out.top_logprobs[:rows], out.top_logprob_ids[:rows]
         return top_candidates(out.logits[:rows], search.width)
+
     t0 = time.perf_counter()
     prompt = StepInputs(input_ids=np.array([prompt_ids], np.int64), position_ids=np.arange(n)[None],
                         write_index=np.zeros(1, np.int64), last_index=np.array([n - 1], np.int64),
@@ -197,15 +192,18 @@ def reorder(kv: KVCacheManager, parents: np.ndarray, held: list, prompt_len: int
     and a common start are the same KV in both (it depends on the tokens before it alone, and the
     engine computes a row alike in any batch). One copy for all slots: its source is read first,
     as slots trade places."""
-    starts = [0 if mine is None else prompt_len + next(
-        (k for k, (x, y) in enumerate(zip(mine, held[parent])) if x != y), min(len(mine), len(held[parent])))
-              for mine, parent in zip(held, parents)]
+    starts = [0 if mine is None else prompt_len + common(mine, held[parent]) for mine, parent in zip(held, parents)]
     moved = np.array([i for i, start in enumerate(starts) if start < length], np.int64)
     if len(moved):
         start = min(starts[i] for i in moved)
         for buf in kv.buffers:
             buf[moved, :, start:length] = buf[parents[moved], :, start:length]
     return [held[parent] for parent in parents]
+
+
+def common(a: tuple, b: tuple) -> int:
+    """The length of the two token sequences' common start."""
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
 
 def unrunnable(req, index: int, manifest) -> str | None:

@@ -23,9 +23,10 @@ ban's end (spec_rules.room): every position is drawn under the biases of the ste
 
 Rows that speculate: greedy or sampled, without penalties (whose counts the graph applies once a
 step) or guided decoding; the others take their one token from the same step (k = 0, last_index 0).
-A row that asks for logprobs gets them from its checked positions' logits (sampling.position_logprobs,
-as EAGLE's verification does). Engines: those whose graph gives verify_logits (manifest prompt_logits: ONNX Runtime
-builds); sampled rows, those with verify_sampler too (built since it came).
+A row that asks for logprobs gets them from its checked positions' logits
+(sampling.position_logprobs, as EAGLE's verification does). Engines: those whose graph gives
+verify_logits (manifest prompt_logits: ONNX Runtime builds); sampled rows, those with
+verify_sampler too (built since it came).
 """
 from __future__ import annotations
 
@@ -121,8 +122,8 @@ class NgramScheduler(Scheduler):
         out = {}
         for s, r in enumerate(rows):
             if self.speculates(r):
-                left = room(r) if r.params.temperature > 0 else r.max_new_tokens - len(r.output_ids) - 1
-                if min(left, most) > 0 and (d := self.lookup.propose(r.prompt_ids + r.output_ids)[:min(left, most)]):
+                left = min(most, room(r) if r.params.temperature > 0 else r.max_new_tokens - len(r.output_ids) - 1)
+                if left > 0 and (d := self.lookup.propose(r.prompt_ids + r.output_ids)[:left]):
                     out[s] = d
         return out
 
