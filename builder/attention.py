@@ -44,9 +44,9 @@ class AttentionWriter:
             self.kv_write(f"{name}/{kind}_cache", past, new, write_index, present)
             g.output(present, kv_type, kv_shape)
             caches.append(present)
-        if self.legacy:
+        if self.decomposed:
             y = legacy_ops.attention(g, f"{name}/attention", q, caches[0], caches[1], mask, s.num_heads,
-                                     s.num_kv_heads, s.head_dim, self.ftype, s.scale)
+                                     s.num_kv_heads, s.head_dim, self.ftype, s.scale, s.attn_softcap)
         else:
             y = g.op("Attention", f"{name}/Attention", [q, caches[0], caches[1], mask],
                      scale=s.scale, softmax_precision=TensorProto.FLOAT)
@@ -112,6 +112,8 @@ class AttentionWriter:
             cos, sin = self.rope_tables(s.rope(i))
             ins = [qkv, *past, self.io.write_index, self.io.last_index, position_ids, cos, sin]
             attrs = {"window": window} if window else {}
+            if s.attn_softcap is not None:
+                attrs["softcap"] = s.attn_softcap
             if s.qk_norm:  # each q and k head normed before its rotary, inside the kernel
                 ins += [self.norm_scale(f"{p}.q_norm.weight"), self.norm_scale(f"{p}.k_norm.weight")]
                 attrs["epsilon"] = s.rms_norm_eps

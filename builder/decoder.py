@@ -82,6 +82,10 @@ class DecoderSpec:
     pre_norms: bool = True            # False: a layer's attention and MLP take the residual stream as it is,
                                       # and norm their outputs instead (OLMo 2, with sandwich_norms)
     logits_scale: float = 1.0         # the logits divided by this (Granite's logits_scaling)
+    attn_softcap: float | None = None  # scores -> c tanh(scores / c) before the mask and softmax (Gemma 2)
+    final_softcap: float | None = None  # logits -> c tanh(logits / c) (Gemma 2's final_logit_softcapping)
+    interleaved_rope: bool = False    # the checkpoint's RoPE turns pairs (2i, 2i + 1) (ERNIE 4.5, Helium): its q
+                                      # and k rows are reordered (architectures.weights_of), the graph's is rotate-half
 
     def window(self, layer: int) -> int | None:
         """Layer `layer`'s sliding window, or None for full attention."""
@@ -127,16 +131,18 @@ def gqa_supported(spec: DecoderSpec, dtype: str) -> bool:
     """Where ONNX Runtime's GroupQueryAttention is proven equal to the canonical attention (tests):
     its CPU kernel needs head_dim % 16 == 0, and a partial rotary table a multiple of 8 wide; sliding
     windows, q/k norms (Qwen3, Gemma, OLMo 2), NoPE layers (SmolLM3: it rotates every layer), a scale
-    of the model's own and float16 are not lowered to it."""
+    of the model's own, soft-capped scores (Gemma 2) and float16 are not lowered to it."""
     partial_ok = spec.rotary_dim is None or (spec.rotary_dim // 2) % 8 == 0
     return (spec.head_dim % 16 == 0 and partial_ok and not spec.sliding_window and not spec.qk_norm
-            and not spec.full_qk_norm and not spec.nope_layers and spec.query_scale is None and dtype == "float32")
+            and not spec.full_qk_norm and not spec.nope_layers and spec.query_scale is None
+            and spec.attn_softcap is None and dtype == "float32")
 
 
 def attention_supported(spec: DecoderSpec, dtype: str) -> bool:
     """Where our trtllm.cpu::Attention (plugins/cpu/attention.cc) is proven equal to the canonical
     attention (tests): everything GroupQueryAttention takes, and sliding windows (on every layer or
-    some), q/k norms, the sliding layers' own RoPE table and the model's own scale. Its AVX-512 path
+    some), q/k norms, the sliding layers' own RoPE table, the model's own scale and soft-capped scores
+    (Gemma 2). Its AVX-512 path
     takes head sizes 16..128 in steps of 16 and 256; the others run its portable loop."""
     return spec.head_dim % 16 == 0 and dtype == "float32"
 
@@ -181,6 +187,9 @@ class DecoderWriter(AttentionWriter, HeadWriter, WeightWriter):
         supported = attention_supported if native_kernels else gqa_supported
         self.gqa = ort_attention and supported(spec, "float32" if self.half or self.native else dtype)
         self.native_attention = native_kernels and self.gqa
+        # attention as standard MatMul and Softmax (builder/legacy_ops.py) where it is not one node: in
+        # the legacy graph, and for soft-capped scores (Gemma 2), which TensorRT's Attention lacks
+        self.decomposed = not self.gqa and (self.legacy or spec.attn_softcap is not None)
         # float16 or bfloat16 (elsewhere): weights, activations and the KV cache in that type; norms
         # accumulate in float32 (stash_type), attention's softmax too, and the logits are cast to float32.
         self.storage = STORAGE[dtype]  # the weights' and the cache's type
@@ -414,10 +423,11 @@ class DecoderWriter(AttentionWriter, HeadWriter, WeightWriter):
                 self.gqa_lengths(write_index, last_index)
         else:
             mask = self.masks(input_ids, write_index)
-        if self.legacy:  # what every layer shares, built once: additive masks, the cos/sin rows, KV addresses
+        if self.decomposed and mask is not None:  # additive masks, for attention as MatMul and Softmax
             mask = {w: legacy_ops.attention_bias(g, m, s.num_heads // s.num_kv_heads,
                                                  "/model/mask/bias" if w is None else "/model/mask/window_bias")
                     for w, m in mask.items()}
+        if self.legacy:  # what every layer shares, built once: the cos/sin rows, KV addresses
             self.rope = legacy_ops.rope_tables(g, position_ids, self.cos, self.sin)
             if s.local_rope:
                 self.local_rope_rows = legacy_ops.rope_tables(g, position_ids, self.local_cos, self.local_sin,

@@ -345,7 +345,9 @@ def make_manifest(ck, config: BuildConfig, backend: str, spec, max_top_k: int, n
                "generation_config": "generation_config.json"},
         build_config=config.to_json(), source=ck.source, versions=versions(), build_id=uuid.uuid4().hex,
         lowerings=tuple(lowerings),
-        lora={"sites": lora_sites(spec), "adapters": {}} if config.max_lora_rank else {},
+        lora=({"sites": lora_sites(spec), "adapters": {},
+               **({"interleaved_rope": spec.rotary_dim or spec.head_dim} if spec.interleaved_rope else {})}
+              if config.max_lora_rank else {}),
         eagle=eagle_section or {},
         # verify_index in, verify_logits out (DecoderWriter's verify_logits): every prompt position's
         # logits on request. Not in a TensorRT plan, whose outputs are sized for the widest step.

@@ -49,7 +49,8 @@ class HeadWriter:
         return self.lm_matmul(self.rms_norm("/model/norm", h, "model.norm.weight"))
 
     def lm_matmul(self, h: str) -> str:
-        """[N,H] -> [N,V] logits (divided by logits_scale: Granite's logits_scaling, as transformers divides)."""
+        """[N,H] -> [N,V] logits (divided by logits_scale: Granite's logits_scaling, as transformers divides;
+        soft-capped by final_softcap: Gemma 2's final_logit_softcapping)."""
         g, s = self.g, self.spec
         if s.tie_word_embeddings and self.half:
             logits = self.half_matmul("/lm_head", h, "model.embed_tokens.weight", s.vocab_size)
@@ -59,9 +60,13 @@ class HeadWriter:
         else:  # quantized: the lm_head gets its own quantized copy; the embedding stays float32
             w = self.w["model.embed_tokens.weight" if s.tie_word_embeddings else "lm_head.weight"]
             logits = self.matmul("/lm_head", h, "lm_head", w, rank=2)
-        if s.logits_scale == 1.0:
-            return logits
-        return g.op("Div", "/lm_head/logits_scale", [logits, g.const(s.logits_scale, self.dtype)])
+        if s.logits_scale != 1.0:
+            logits = g.op("Div", "/lm_head/logits_scale", [logits, g.const(s.logits_scale, self.dtype)])
+        if s.final_softcap is not None:  # as transformers: divide, tanh, multiply, in the logits' type
+            cap = g.const(s.final_softcap, self.dtype)
+            logits = g.op("Mul", "/lm_head/softcap", [g.op("Tanh", "/lm_head/softcap/Tanh", [
+                g.op("Div", "/lm_head/softcap/Div", [logits, cap])]), cap])
+        return logits
 
     def lm_head(self, h: str, last_index: str) -> str:
         """Gather each row's last_index position first, so norm and lm_head run on [B,H] only.

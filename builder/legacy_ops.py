@@ -117,14 +117,15 @@ def attention_bias(g: GraphWriter, mask: str, groups: int, name: str = "/model/m
 
 
 def attention(g: GraphWriter, name: str, q: str, k: str, v: str, bias: str, num_heads: int, num_kv_heads: int,
-              head_dim: int, ftype: int, scale: float | None = None) -> str:
+              head_dim: int, ftype: int, scale: float | None = None, softcap: float | None = None) -> str:
     """Attention(q [B,heads,S,D], K, V [B,kv_heads,C,D]) -> [B,heads,S,D], softmax in float32.
 
     GQA without copying the cache per head: query head h uses kv head h // groups, and the heads
     of one group are adjacent, so q reshapes (no copy) to [B,kv_heads,groups*S,D] (row g*S + s)
     and meets K and V as they are. q is scaled before the product, which keeps float16 scores small;
     in float32 with the exact scale, then rounded (as torch scales a 16-bit q: a scale rounded to
-    bfloat16, 1/sqrt(128) or Gemma's, would be up to 1/256 off).
+    bfloat16, 1/sqrt(128) or Gemma's, would be up to 1/256 off). `softcap` c (Gemma 2): the scores
+    become c tanh(scores / c) before the mask, in float32.
     """
     factor = g.const(float(head_dim) ** -0.5 if scale is None else scale, np.float32)
     if ftype == F32:
@@ -137,6 +138,10 @@ def attention(g: GraphWriter, name: str, q: str, k: str, v: str, bias: str, num_
     scores = g.op("MatMul", f"{name}/QK", [q, kt])                                            # [B,Hkv,G*S,C]
     if ftype != F32:
         scores = g.op("Cast", f"{name}/QK/Cast", [scores], to=F32)
+    if softcap is not None:
+        cap = g.const(float(softcap), np.float32)
+        scores = g.op("Mul", f"{name}/Softcap", [g.op("Tanh", f"{name}/Softcap/Tanh",
+                                                      [g.op("Div", f"{name}/Softcap/Div", [scores, cap])]), cap])
     probs = g.op("Softmax", f"{name}/Softmax", [g.op("Add", f"{name}/Mask", [scores, bias])], axis=-1)
     if ftype != F32:
         probs = g.op("Cast", f"{name}/Softmax/Cast", [probs], to=ftype)

@@ -274,6 +274,9 @@ def convert(name: str, path: str | Path, manifest: Manifest) -> Adapter:
             top = max(top, a.shape[0])
             # (processed: B holds Edge-LLM's alpha / r already, what its engine computes with)
             b = (1.0 if processed else module_scale(cfg, layer, mod, a.shape[0])) * b.astype(np.float32)
+            rope = manifest.lora.get("interleaved_rope")  # its rotary_dim: q and k rows as the build ordered them
+            if rope and mod in ("self_attn.q_proj", "self_attn.k_proj"):
+                b = b[rope_pair_order(n_out, manifest.model.head_dim, rope)]
         arrays.update(module_arrays(manifest, layer, mod, a, b, dtype))
     return Adapter(name=name, digest=arrays_digest(arrays), arrays=arrays, rank=top)
 
@@ -298,6 +301,15 @@ def unprocessed(pair: dict, r: int, n_in: int, n_out: int) -> dict:
         if ab in out and out[ab].ndim == 2 and side != r:
             out[ab] = out[ab].T
     return out
+
+
+def rope_pair_order(width: int, head_dim: int, rotary_dim: int) -> np.ndarray:
+    """Row order of a q or k projection [width = heads x head_dim] whose RoPE turns the pairs (2i, 2i + 1)
+    of each head's first rotary_dim (ERNIE 4.5, Helium), for a graph that turns (i, i + rotary_dim / 2):
+    row i of a head takes 2i, row i + rotary_dim / 2 takes 2i + 1, the rest stay. Scores are the same,
+    q and k being reordered alike; the build reorders the weights, and this the adapters' lora_B."""
+    head = np.concatenate([np.arange(0, rotary_dim, 2), np.arange(1, rotary_dim, 2), np.arange(rotary_dim, head_dim)])
+    return (np.arange(width // head_dim)[:, None] * head_dim + head).ravel()
 
 
 def projections(manifest: Manifest) -> Iterator[tuple[int, str, int, int]]:

@@ -305,4 +305,7 @@ def check_lora(m: Manifest) -> str:
                 isinstance(e, list) and len(e) == 3 and isinstance(e[0], str) and whole(e[1], 0) and whole(e[2])
                 and e[1] < e[2] for e in modules)):
             return f"lora.sites.{name} must be {{\"in\": width, \"modules\": [[module, start, stop], ...]}}, got {site!r}"
+    rope = m.lora.get("interleaved_rope")  # runtime/lora.py's rope_pair_order: an even rotary_dim <= head_dim
+    if rope is not None and not (whole(rope) and rope % 2 == 0 and rope <= m.model.head_dim):
+        return f"lora.interleaved_rope must be an even rotary width up to head_dim {m.model.head_dim}, got {rope!r}"
     return ""

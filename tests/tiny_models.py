@@ -1,4 +1,4 @@
-"""Tiny random checkpoints (Llama, Mistral, Qwen2, Qwen3, Phi-3, SmolLM3, Gemma 3) with a real BPE tokenizer, made in the
+"""Tiny random checkpoints of every architecture the builder takes (tiny_models.ARCHS) with a real BPE tokenizer, made in the
 test run with transformers: nothing is downloaded.
 
 Weights are drawn with a large std so the logits are well separated: greedy decoding then does
@@ -44,6 +44,22 @@ ARCHS = {
     # a window shorter than the test prompts, a local RoPE base of its own, and every kind of layer
     "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM", {"sliding_window": 8, "query_pre_attn_scalar": 24,
                                                          "rope_local_base_freq": 100.0}),
+    # soft-capping small enough to bend most scores and logits (Gemma 2's own are 50 and 30)
+    "gemma2": ("Gemma2Config", "Gemma2ForCausalLM", {"sliding_window": 8, "query_pre_attn_scalar": 24,
+                                                     "attn_logit_softcapping": 1.5, "final_logit_softcapping": 8.0}),
+    # Gemma 1: scaled embeddings, 1 + w norms, GELU, nothing else of Gemma 2's
+    "gemma": ("GemmaConfig", "GemmaForCausalLM", {}),
+    # a window on every other layer (layer_types), shorter than the test prompts
+    "ministral": ("MinistralConfig", "MinistralForCausalLM", {"sliding_window": 8}),
+    # OLMo 2 with sliding layers, each kind of layer with its own RoPE base
+    "olmo3": ("Olmo3Config", "Olmo3ForCausalLM", {"sliding_window": 8, "rope_parameters": {
+        "sliding_attention": {"rope_type": "default", "rope_theta": 100.0},
+        "full_attention": {"rope_type": "default", "rope_theta": 10000.0}}}),
+    # hybrid attention: sliding layers with RoPE, full ones without
+    "exaone4": ("Exaone4Config", "Exaone4ForCausalLM", {"sliding_window": 8}),
+    # interleaved RoPE (pairs 2i, 2i + 1)
+    "ernie4_5": ("Ernie4_5Config", "Ernie4_5ForCausalLM", {}),
+    "helium": ("HeliumConfig", "HeliumForCausalLM", {"attention_bias": True}),
     # every multiplier away from 1 (and the score scale from head_dim ** -0.5 = 0.25)
     "granite": ("GraniteConfig", "GraniteForCausalLM", {"embedding_multiplier": 4.0, "attention_multiplier": 0.1,
                                                         "residual_multiplier": 0.3, "logits_scaling": 2.5}),
@@ -77,7 +93,7 @@ def make_checkpoint(arch: str, out_dir: Path, seed: int = 0, num_layers: int = 2
     from transformers import GenerationConfig
 
     cfg_name, _, extra = ARCHS[arch]
-    if arch == "gemma3":  # sliding layers with a full one every other layer
+    if arch in ("gemma2", "gemma3", "ministral", "olmo3", "exaone4"):  # sliding layers with a full one every other layer
         extra = {**extra, "layer_types": ["full_attention" if i % 2 else "sliding_attention"
                                           for i in range(num_layers)]}
     out_dir = Path(out_dir)

@@ -9,15 +9,24 @@ import dataclasses
 
 import numpy as np
 
-from trtllm.builder.architectures import gemma3, granite, llama, mistral, olmo2, phi3, qwen2, qwen3, smollm3
+from trtllm.builder.architectures import (ernie4_5, exaone4, gemma, gemma2, gemma3, granite, helium, llama, ministral,
+                                          mistral, olmo2, olmo3, phi3, qwen2, qwen3, smollm3)
 from trtllm.builder.checkpoint import Unsupported, state_dict_numpy
+from trtllm.runtime.lora import rope_pair_order
 
 ARCHITECTURES = {
+    "Ernie4_5ForCausalLM": ernie4_5.spec_from_config,
+    "Exaone4ForCausalLM": exaone4.spec_from_config,
+    "GemmaForCausalLM": gemma.spec_from_config,
+    "Gemma2ForCausalLM": gemma2.spec_from_config,
     "Gemma3ForCausalLM": gemma3.spec_from_config,
     "GraniteForCausalLM": granite.spec_from_config,
+    "HeliumForCausalLM": helium.spec_from_config,
     "LlamaForCausalLM": llama.spec_from_config,
+    "MinistralForCausalLM": ministral.spec_from_config,
     "MistralForCausalLM": mistral.spec_from_config,
     "Olmo2ForCausalLM": olmo2.spec_from_config,
+    "Olmo3ForCausalLM": olmo3.spec_from_config,
     "Phi3ForCausalLM": phi3.spec_from_config,
     "Qwen2ForCausalLM": qwen2.spec_from_config,
     "Qwen3ForCausalLM": qwen3.spec_from_config,
@@ -56,7 +65,10 @@ def from_modules(model, spec) -> dict:
     if any(has_bias(m) for m in ((mlp.gate_up_proj,) if fused else (mlp.gate_proj, mlp.up_proj)) + (mlp.down_proj,)):
         raise Unsupported("MLP biases (config.mlp_bias) are not supported")
     expected = [spec.window(i) for i in range(len(layers))]
-    windows = [getattr(layer.self_attn, "sliding_window", w) for layer, w in zip(layers, expected)]
+    # the window a layer's attention uses: EXAONE 4's keeps config.sliding_window on every layer, and
+    # applies it where is_sliding
+    windows = [getattr(layer.self_attn, "sliding_window", w) if getattr(layer.self_attn, "is_sliding", True) else None
+               for layer, w in zip(layers, expected)]
     if windows != expected:  # a class that keeps its window per layer says what it uses
         raise Unsupported(f"the layers' sliding windows {windows} differ from what the config gives ({expected})")
     head = model.get_output_embeddings().weight
@@ -67,8 +79,11 @@ def from_modules(model, spec) -> dict:
 def weights_of(model, spec) -> dict[str, np.ndarray]:
     """The checkpoint's weights as DecoderWriter reads them: float32 numpy under transformers' names,
     with projections a checkpoint stores whole (Phi-3's qkv_proj, gate_up_proj) split into q/k/v and
-    gate/up, which the graph fuses again its own way."""
+    gate/up, which the graph fuses again its own way, and an interleaved RoPE's q and k rows reordered
+    for the graph's rotate-half RoPE."""
     w = state_dict_numpy(model)
+    if spec.interleaved_rope:
+        reorder_rope_rows(w, spec)
     if not spec.fused_projections:
         return w
     q, kv = spec.num_heads * spec.head_dim, spec.num_kv_heads * spec.head_dim
@@ -82,3 +97,20 @@ def weights_of(model, spec) -> dict[str, np.ndarray]:
         gate, up = np.split(w.pop(f"{p}.mlp.gate_up_proj.weight"), 2)
         w[f"{p}.mlp.gate_proj.weight"], w[f"{p}.mlp.up_proj.weight"] = gate, up
     return w
+
+
+def reorder_rope_rows(w: dict[str, np.ndarray], spec) -> None:
+    """q and k rows (weights, biases, per-head norm weights) in rope_pair_order, in place: the graph's
+    rotate-half RoPE then computes the checkpoint's interleaved one, and every score is unchanged."""
+    if spec.fused_projections:
+        raise Unsupported("an interleaved RoPE with q|k|v stored whole is not supported")
+    rotary = spec.rotary_dim or spec.head_dim
+    for i in range(spec.num_layers):
+        for name, heads in (("q", spec.num_heads), ("k", spec.num_kv_heads)):
+            order = rope_pair_order(heads * spec.head_dim, spec.head_dim, rotary)
+            for key in (f"{name}_proj.weight", f"{name}_proj.bias", f"{name}_norm.weight"):
+                key = f"model.layers.{i}.self_attn.{key}"
+                if key in w and len(w[key]) == len(order):  # a norm over one head (Qwen3's) has one head's order
+                    w[key] = w[key][order]
+                elif key in w and len(w[key]) == spec.head_dim:
+                    w[key] = w[key][order[:spec.head_dim]]

@@ -7,35 +7,38 @@ scaled by query_pre_attn_scalar ** -0.5; and sliding-window layers between full-
 (config.layer_types), the sliding ones with their own RoPE base (rope_local_base_freq)."""
 from __future__ import annotations
 
+import math
+
 from trtllm.builder.architectures.llama import base_spec
-from trtllm.builder.architectures.mistral import sliding_window
+from trtllm.builder.architectures.mistral import layer_windows, sliding_layers
 from trtllm.builder.checkpoint import Unsupported
 
 # transformers' names for GELU's tanh form; gelu_new is the same formula in Python ops
 GELU_TANH = {"gelu_pytorch_tanh": "gelu_tanh", "gelu_new": "gelu_tanh"}
 
 
-def sliding_layers(config) -> tuple[int, ...]:
-    types = list(config.layer_types)
-    unknown = sorted(set(types) - {"sliding_attention", "full_attention"})
-    if unknown or len(types) != config.num_hidden_layers:
-        raise Unsupported(f"config.layer_types must give each of the {config.num_hidden_layers} layers "
-                         f"'sliding_attention' or 'full_attention', got {types!r}")
-    return tuple(i for i, t in enumerate(types) if t == "sliding_attention")
+def softcap(config, key: str) -> float | None:
+    """A soft-capping constant c (scores or logits -> c tanh(x / c)), or None."""
+    value = getattr(config, key, None)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise Unsupported(f"config.{key} must be a positive number or null, got {value!r}")
+    return float(value)
+
+
+def gemma_spec(config, architecture: str, **overrides):
+    """What Gemma 2 and 3 share: sliding layers from config.layer_types, the scaled embeddings, 1 + w
+    norms, four norms a layer, the GELU MLP, their own score scale, and the logits soft-capped where
+    the config sets it (Gemma 2; null in Gemma 3's configs, but its class caps them too when set)."""
+    if getattr(config, "use_bidirectional_attention", False):
+        raise Unsupported("config.use_bidirectional_attention must be false: the engine decodes causally")
+    return base_spec(config, architecture, act=("hidden_activation", GELU_TANH), **layer_windows(config),
+                     embed_scale=float(config.hidden_size) ** 0.5,
+                     norm_offset=1.0, sandwich_norms=True, query_scale=float(config.query_pre_attn_scalar) ** -0.5,
+                     final_softcap=softcap(config, "final_logit_softcapping"), **overrides)
 
 
 def spec_from_config(config):
-    for key in ("final_logit_softcapping", "attn_logit_softcapping"):
-        if getattr(config, key, None) is not None:  # Gemma 2's; Gemma 3 configs have null
-            raise Unsupported(f"config.{key} must be null (Gemma 3), got {getattr(config, key)!r}: "
-                             "soft-capping is not supported")
-    if getattr(config, "use_bidirectional_attention", False):
-        raise Unsupported("config.use_bidirectional_attention must be false: the engine decodes causally")
-    layers = sliding_layers(config)
-    window = sliding_window(config) if layers else None
-    if layers and window is None:
-        raise Unsupported("config.sliding_window must be a positive integer: config.layer_types has sliding layers")
-    return base_spec(config, "Gemma3ForCausalLM", act=("hidden_activation", GELU_TANH),
-                     sliding_window=window, sliding_layers=layers or None, local_rope=bool(layers),
-                     qk_norm=True, embed_scale=float(config.hidden_size) ** 0.5, norm_offset=1.0,
-                     sandwich_norms=True, query_scale=float(config.query_pre_attn_scalar) ** -0.5)
+    # no attn_softcap: transformers' Gemma 3 keeps config.attn_logit_softcapping but never applies it
+    return gemma_spec(config, "Gemma3ForCausalLM", local_rope=bool(sliding_layers(config)), qk_norm=True)

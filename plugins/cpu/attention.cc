@@ -19,7 +19,8 @@
 //            covers row b's last T slots of the step, from start = write_index[b] + S - T
 // Outputs: 0 y [B, S, H D]; 1 present_key, 2 present_value [B, Hk, C, D]: the past buffers when the
 //          caller binds them so (the runtime does); otherwise past is copied first.
-// Attributes: num_heads H, kv_num_heads Hk, scale (0: 1 / sqrt(D)), window (0: none), epsilon.
+// Attributes: num_heads H, kv_num_heads Hk, scale (0: 1 / sqrt(D)), window (0: none), epsilon,
+// softcap c (0: none; Gemma 2: each scaled score x becomes c tanh(x / c) before the softmax).
 // For row b and s <= last_index[b]: slot = write_index[b] + s; q and k get the rotary embedding of
 // position_ids[b, s] (rotate_half: x[i] cos - x[i + D/2] sin, x[i + D/2] cos + x[i] sin); k and v
 // are written at the slot; query s attends to slots [0, slot] of its kv head h / (H / Hk), or with
@@ -131,6 +132,7 @@ struct Job {
   float* partial;  // parts > 1: per task and row, its part's unnormalized output [D], then max and sum
   const bool* tree;    // tree_mask [B, S, tree_width], or null
   int64_t tree_width;  // T
+  float softcap;       // 0: none
 };
 
 // out[0:D] = x RMS-normalized and scaled by w (a q or k head's norm): in float32, as transformers
@@ -157,11 +159,12 @@ void rotary(const float* x, const float* cos, const float* sin, int64_t d, int64
 // the weighted sum of values. Portable.
 template <typename T>
 void attend_generic(const float* q, const T* key, const T* value, int64_t lo, int64_t t, int64_t d, const bool* mask,
-                    int64_t start, float* scores, float* out, float* stats) {
+                    int64_t start, float softcap, float* scores, float* out, float* stats) {
   float top = -INFINITY;
   for (int64_t j = lo; j < t; ++j) {
     float acc = 0.0f;
     for (int64_t i = 0; i < d; ++i) acc += q[i] * to_float(key[j * d + i]);
+    if (softcap > 0.0f) acc = softcap * std::tanh(acc / softcap);
     scores[j] = acc;
     top = std::max(top, acc);
   }
@@ -216,6 +219,25 @@ __attribute__((target("avx512f,avx512bw,avx512vl,fma"))) inline __m512 sum16(con
   return _mm512_add_ps(_mm512_shuffle_ps(s2[0], s2[1], 0x88), _mm512_shuffle_ps(s2[0], s2[1], 0xDD));
 }
 
+// tanh(x): (1 - e) / (1 + e) with e = exp(-2|x|), its sign restored; below |x| = 1/8, where 1 - e
+// would cancel, the series to x^9 (its next term is under 1e-11 there). Within 2e-6 of tanh, relative.
+__attribute__((target("avx512f,avx512bw,avx512vl,fma"))) inline __m512 tanh_avx512(__m512 x) {
+  const __m512 a = _mm512_abs_ps(x);
+  const __m512 e = exp_avx512(_mm512_mul_ps(a, _mm512_set1_ps(-2.0f)));
+  const __m512 one = _mm512_set1_ps(1.0f);
+  __m512 far = _mm512_div_ps(_mm512_sub_ps(one, e), _mm512_add_ps(one, e));
+  const __m512 x2 = _mm512_mul_ps(a, a);
+  __m512 p = _mm512_set1_ps(62.0f / 2835);
+  p = _mm512_fmadd_ps(p, x2, _mm512_set1_ps(-17.0f / 315));
+  p = _mm512_fmadd_ps(p, x2, _mm512_set1_ps(2.0f / 15));
+  p = _mm512_fmadd_ps(p, x2, _mm512_set1_ps(-1.0f / 3));
+  const __m512 near = _mm512_fmadd_ps(_mm512_mul_ps(p, x2), a, a);
+  far = _mm512_mask_mov_ps(far, _mm512_cmp_ps_mask(a, _mm512_set1_ps(0.125f), _CMP_LT_OQ), near);
+  // the sign of x back (x = -0 stays -0)
+  return _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(far),
+                                             _mm512_and_si512(_mm512_castps_si512(x), _mm512_set1_epi32(INT32_MIN))));
+}
+
 // Lanes j .. j + 15 that lie in [lo, hi).
 __attribute__((target("avx512f,avx512bw,avx512vl,fma"))) inline __mmask16 lanes(int64_t j, int64_t lo, int64_t hi) {
   uint32_t m = hi - j >= 16 ? 0xFFFFu : (1u << std::max<int64_t>(0, hi - j)) - 1;
@@ -233,7 +255,7 @@ __attribute__((target("avx512f,avx512bw,avx512vl,fma"))) inline __mmask16 lanes(
 template <int ND, typename T>
 __attribute__((target("avx512f,avx512bw,avx512vl,fma"))) void attend_block_avx512(
     const float* q, int qn, const int64_t* lo, const int64_t* t, const T* key, const T* value, const Tree* tree,
-    float* scores, int64_t ld, float* const* out, float* stats) {
+    float softcap, float* scores, int64_t ld, float* const* out, float* stats) {
   constexpr int64_t d = 16 * ND;
   const int64_t tmax = *std::max_element(t, t + qn), jmin = *std::min_element(lo, lo + qn) / 16 * 16;
   // 1. scores (from the first row's window on; a later row's scores before its own are not read)
@@ -265,6 +287,15 @@ __attribute__((target("avx512f,avx512bw,avx512vl,fma"))) void attend_block_avx51
         }
       }
     }
+  }
+  if (softcap > 0.0f) {  // c tanh(x / c), before the tree hides any
+    const __m512 c = _mm512_set1_ps(softcap), inv_c = _mm512_set1_ps(1.0f / softcap);
+    for (int r = 0; r < qn; ++r)
+      for (int64_t j = lo[r] / 16 * 16; j < t[r]; j += 16) {
+        const __mmask16 valid = lanes(j, lo[r], t[r]);
+        float* at = scores + r * ld + j;
+        _mm512_mask_storeu_ps(at, valid, _mm512_mul_ps(c, tanh_avx512(_mm512_mul_ps(_mm512_maskz_loadu_ps(valid, at), inv_c))));
+      }
   }
   if (tree)
     for (int r = 0; r < qn; ++r) hide(tree->row[r], tree->start, lo[r], t[r], scores + r * ld);
@@ -327,8 +358,8 @@ __attribute__((target("avx512f,avx512bw,avx512vl,fma"))) void attend_block_avx51
 }
 
 template <typename T>
-using BlockFn = void (*)(const float*, int, const int64_t*, const int64_t*, const T*, const T*, const Tree*, float*,
-                         int64_t, float* const*, float*);
+using BlockFn = void (*)(const float*, int, const int64_t*, const int64_t*, const T*, const T*, const Tree*, float,
+                         float*, int64_t, float* const*, float*);
 // D = 16 .. 128 in steps of 16, and 256 (Gemma 3); other sizes take the portable loop
 template <typename T>
 constexpr BlockFn<T> kBlock[9] = {attend_block_avx512<1, T>, attend_block_avx512<2, T>, attend_block_avx512<3, T>,
@@ -388,12 +419,12 @@ void run_task(void* data, size_t task) {
   }
 #ifdef TRTLLM_X86
   if (use_avx512() && block_index(n.d) >= 0)
-    return kBlock<T>[block_index(n.d)](q.data(), qn, lo, t, key, value, job.tree ? &tree : nullptr, scores.data(), ld,
-                                       outs, stats);
+    return kBlock<T>[block_index(n.d)](q.data(), qn, lo, t, key, value, job.tree ? &tree : nullptr, job.softcap,
+                                       scores.data(), ld, outs, stats);
 #endif
   for (int r = 0; r < qn; ++r)
     attend_generic(q.data() + r * n.d, key, value, lo[r], t[r], n.d, job.tree ? tree.row[r] : nullptr, tree.start,
-                   scores.data(), outs[r], stats ? stats + 2 * r : nullptr);
+                   job.softcap, scores.data(), outs[r], stats ? stats + 2 * r : nullptr);
 }
 
 // After the tasks of a split (parts > 1): each row's parts merged, o = sum_p o_p e^(m_p - m) and
@@ -447,6 +478,7 @@ struct Kernel {
   float scale;
   int64_t window;
   float epsilon;
+  float softcap;
 
   OrtStatusPtr ComputeV2(OrtKernelContext* raw) {
     try {
@@ -553,7 +585,7 @@ struct Kernel {
     Job<T> job{n, split, x, wi, li, pos, cosd, sind, key, value, scale > 0 ? scale : 1.0f / std::sqrt(static_cast<float>(n.d)),
                y.GetTensorMutableData<float>(), q_norm ? q_norm.GetTensorData<float>() : nullptr, epsilon, window,
                partial.data(), tree ? tree.GetTensorData<bool>() : nullptr,
-               tree ? tree.GetTensorTypeAndShapeInfo().GetShape()[2] : 0};
+               tree ? tree.GetTensorTypeAndShapeInfo().GetShape()[2] : 0, softcap};
     if (job.split.tasks) trtllm_cpu::parallel_for(ctx, run_task<T>, job.split.tasks, &job);
     if (split.parts > 1) merge_parts(job);
     return nullptr;
@@ -571,9 +603,11 @@ struct Op : Ort::CustomOpBase<Op<KV>, Kernel, true> {
       const float scale = trtllm_cpu::attribute_or<float>(ki, "scale", 0.0f);  // 0: 1 / sqrt(D)
       const int64_t window = trtllm_cpu::attribute_or<int64_t>(ki, "window", 0);  // 0: none
       const float epsilon = trtllm_cpu::attribute_or<float>(ki, "epsilon", 1e-6f);  // of q_norm and k_norm
+      const float softcap = trtllm_cpu::attribute_or<float>(ki, "softcap", 0.0f);  // 0: none
       if (h < 1 || hk < 1 || h % hk) return fail("num_heads must be a positive multiple of kv_num_heads");
       if (window < 0) return fail("window must be >= 0 (0: none)");
-      *kernel = new Kernel{h, hk, scale, window, epsilon};
+      if (!(softcap >= 0.0f) || std::isinf(softcap)) return fail("softcap must be a finite number >= 0 (0: none)");
+      *kernel = new Kernel{h, hk, scale, window, epsilon, softcap};
       return nullptr;
     } catch (const std::exception& e) {
       return fail(e.what());

@@ -84,7 +84,7 @@ def reference(ckpt, ids, monkeypatch, round_weights: bool = True, canonical: boo
 
 @pytest.mark.parametrize("arch, target", [(a, t) for a in ("llama", "qwen3") for t in TARGETS] +
                          [("gemma3", "cpu"), ("gemma3", "tensorrt-modern"), ("gemma3", "tensorrt-legacy"),
-                          ("phi3", "cpu")])
+                          ("gemma2", "cpu"), ("gemma2", "tensorrt-modern"), ("phi3", "cpu")])
 def test_bfloat16_engine_is_transformers_on_bfloat16_weights(arch, target, tiny_checkpoint, tmp_path, monkeypatch):
     """Our kernels (and the canonical graphs computed in float32) are transformers in float32 on the
     bfloat16 weights and cache. Not to float32's 1e-5: a key that lands within float32's error of a

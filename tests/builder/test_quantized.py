@@ -108,12 +108,14 @@ def test_native_kernel_engine_matches_dequantized_transformers(name, quantized):
 
 
 @pytest.mark.parametrize("name", SCHEMES)
-def test_gemma3_on_our_kernels_matches_dequantized_transformers(name, tiny_checkpoint, tmp_path):
-    """Gemma 3's GELU MLP is not our kernels' fused SwiGLU: gate|up is one quantized node, split and
-    activated in standard ops. The same logits as transformers with the dequantized weights."""
+@pytest.mark.parametrize("arch", ["gemma3", "gemma2"])
+def test_gemma_on_our_kernels_matches_dequantized_transformers(arch, name, tiny_checkpoint, tmp_path):
+    """Gemma's GELU MLP is not our kernels' fused SwiGLU: gate|up is one quantized node, split and
+    activated in standard ops. The same logits as transformers with the dequantized weights (Gemma 2:
+    with its soft-capped scores and logits)."""
     import onnx
 
-    ckpt = tiny_checkpoint("gemma3")
+    ckpt = tiny_checkpoint(arch)
     out = build(BuildConfig(model=str(ckpt), output=str(tmp_path / "e"), quantization=name, max_input_len=64,
                             max_kv_cache_capacity=128, verify=False), log=lambda m: None)
     nodes = onnx.load(out / "llm.ort.onnx", load_external_data=False).graph.node

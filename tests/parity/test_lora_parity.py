@@ -20,7 +20,8 @@ from trtllm.runtime.engine import load_engine  # noqa: E402
 from tests.engine_helpers import run_greedy  # noqa: E402
 
 pytestmark = pytest.mark.hf
-ARCHS = ["llama", "mistral", "qwen2", "qwen3", "phi3", "smollm3", "gemma3", "granite", "olmo2"]
+# ernie4_5: an interleaved RoPE, its q and k rows reordered in the engine, and in each adapter's lora_B
+ARCHS = ["llama", "mistral", "qwen2", "qwen3", "phi3", "smollm3", "gemma3", "granite", "olmo2", "ernie4_5"]
 ALL = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 PROMPTS = [[5, 17, 42, 99, 7], list(range(30, 52)), [3, 200, 11]]
 ATOL = 1e-4
@@ -160,6 +161,18 @@ def test_bfloat16_adapter_file(tiny_checkpoint, lora_engine, tmp_path):
     adapter = lora.load_adapter("bf16", tmp_path / "bf16", engine.manifest)
     generated, got = engine_logits(engine, PROMPTS[1], num_decode=4, lora=adapter.arrays)
     np.testing.assert_allclose(got, peft_logits(pm, PROMPTS[1], generated), atol=ATOL, rtol=0)
+
+
+def test_adapter_rows_kept_in_checkpoint_order_are_caught(lora_engine, adapters, monkeypatch):
+    """The deliberately wrong variant: an interleaved-RoPE engine whose adapters' q and k lora_B rows
+    are left in the checkpoint's order (the engine's weights are reordered) must miss PEFT."""
+    engine = lora_engine("ernie4_5")
+    assert engine.manifest.lora["interleaved_rope"] == engine.manifest.model.head_dim
+    pm, path = adapters("ernie4_5")["all"]
+    monkeypatch.setattr(lora, "rope_pair_order", lambda width, head_dim, rotary: np.arange(width))
+    adapter = lora.load_adapter("all", path, engine.manifest)
+    generated, got = engine_logits(engine, PROMPTS[1], num_decode=4, lora=adapter.arrays)
+    assert np.abs(got - peft_logits(pm, PROMPTS[1], generated)).max() > 100 * ATOL
 
 
 def test_unscaled_adapter_is_caught(lora_engine, adapters, monkeypatch):

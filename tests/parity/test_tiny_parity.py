@@ -20,7 +20,8 @@ from trtllm.runtime.kv_cache import KVCacheManager  # noqa: E402
 from tests.engine_helpers import run_greedy  # noqa: E402
 
 pytestmark = pytest.mark.hf
-ARCHS = ["llama", "mistral", "qwen2", "qwen3", "phi3", "phi4-mini", "smollm3", "gemma3", "granite", "olmo2"]
+ARCHS = ["llama", "mistral", "ministral", "qwen2", "qwen3", "phi3", "phi4-mini", "smollm3", "gemma", "gemma2", "gemma3",
+         "granite", "olmo2", "olmo3", "exaone4", "ernie4_5", "helium"]
 PROMPTS = [[5, 17, 42, 99, 7], list(range(30, 52)), [3, 200, 11], list(range(100, 140, 3))]
 ATOL = 1e-4
 
@@ -125,6 +126,14 @@ VARIANTS = {
     "gemma3 every layer sliding": ("gemma3", lambda c, w: setattr(c, "layer_types", ["sliding_attention"] * 2)),
     "gemma3 no sliding layer": ("gemma3", lambda c, w: setattr(c, "layer_types", ["full_attention"] * 2)),
     "gemma3 attention_bias": ("gemma3", with_attention_bias),
+    # Gemma 2 with its own soft-capping constants and without either (null: transformers skips it);
+    # Gemma 3 with Gemma 2's: its class caps the logits, and keeps attn_logit_softcapping unused
+    "gemma2 Gemma 2's softcaps": ("gemma2", lambda c, w: (setattr(c, "attn_logit_softcapping", 50.0),
+                                                       setattr(c, "final_logit_softcapping", 30.0))),
+    "gemma2 no softcaps": ("gemma2", lambda c, w: (setattr(c, "attn_logit_softcapping", None),
+                                                  setattr(c, "final_logit_softcapping", None))),
+    "gemma3 with softcaps": ("gemma3", lambda c, w: (setattr(c, "attn_logit_softcapping", 1.5),
+                                                    setattr(c, "final_logit_softcapping", 8.0))),
     # LongRoPE (its short factors: the capacity is cut to 64) on half of each head, and a window
     "phi3 longrope, partial rotary, window 8": ("phi3", lambda c, w: (
         setattr(c, "sliding_window", 8), setattr(c, "original_max_position_embeddings", 64),
@@ -185,6 +194,24 @@ UNDONE = {
     "gemma3, scores scaled by head_dim": ("gemma3", dict(query_scale=None)),
     "gemma3, norm scales without the 1": ("gemma3", dict(norm_offset=0.0)),
     "gemma3, SiLU MLP": ("gemma3", dict(hidden_act="silu")),
+    "gemma2, nothing undone (the control: passes)": ("gemma2", {}),
+    "gemma2, scores not soft-capped": ("gemma2", dict(attn_softcap=None)),
+    "gemma2, logits not soft-capped": ("gemma2", dict(final_softcap=None)),
+    "gemma, nothing undone (the control: passes)": ("gemma", {}),
+    "gemma, unscaled embeddings": ("gemma", dict(embed_scale=1.0)),
+    "gemma, norm scales without the 1": ("gemma", dict(norm_offset=0.0)),
+    "ministral, nothing undone (the control: passes)": ("ministral", {}),
+    "ministral, the window on every layer": ("ministral", dict(sliding_layers=None)),
+    "olmo3, nothing undone (the control: passes)": ("olmo3", {}),
+    "olmo3, one RoPE table for all layers": ("olmo3", dict(local_rope=False)),
+    "olmo3, no window": ("olmo3", dict(sliding_window=None, sliding_layers=None, local_rope=False)),
+    "exaone4, nothing undone (the control: passes)": ("exaone4", {}),
+    "exaone4, RoPE on every layer": ("exaone4", dict(nope_layers=())),
+    "exaone4, outputs not normed": ("exaone4", dict(sandwich_norms=False)),
+    "ernie4_5, nothing undone (the control: passes)": ("ernie4_5", {}),
+    "ernie4_5, q and k rows kept (rotate-half RoPE)": ("ernie4_5", dict(interleaved_rope=False)),
+    "helium, nothing undone (the control: passes)": ("helium", {}),
+    "helium, q and k rows kept (rotate-half RoPE)": ("helium", dict(interleaved_rope=False)),
     "phi4-mini, nothing undone (the control: passes)": ("phi4-mini", {}),
     "phi4-mini, LongRoPE's long factors": ("phi4-mini", dict(long_factors=True)),
     "smollm3, nothing undone (the control: passes)": ("smollm3", {}),
@@ -252,7 +279,9 @@ def test_a_class_without_a_graph_is_refused(tmp_path):
 
 
 @pytest.mark.parametrize("arch, lowered", [("llama", True), ("qwen2", True), ("mistral", True), ("qwen3", True),
-                                          ("phi3", True), ("phi4-mini", True), ("smollm3", True), ("gemma3", True),
+                                          ("phi3", True), ("phi4-mini", True), ("smollm3", True), ("gemma2", True),
+                                          ("gemma3", True), ("gemma", True), ("ministral", True), ("olmo3", True),
+                                          ("exaone4", True), ("ernie4_5", True), ("helium", True),
                                           ("granite", True), ("olmo2", True)])
 def test_onnxruntime_lowering_matches_the_canonical_graph(arch, lowered, tiny_engine):
     """The compiled ONNX Runtime form may use GroupQueryAttention (one fused kernel) where it is
@@ -267,7 +296,8 @@ def test_onnxruntime_lowering_matches_the_canonical_graph(arch, lowered, tiny_en
     manifest = json.loads((engine_dir / "manifest.json").read_text())
     # the attention kernel and the sampler are ours (plugins/cpu) where the library is built, as
     # scripts/setup.sh does
-    skip = lowered and arch != "olmo2"  # (OLMo 2 norms before its residual adds, not after: nothing to fuse)
+    # (OLMo 2, 3 and EXAONE 4 norm before their residual adds, not after: nothing to fuse)
+    skip = lowered and arch not in ("olmo2", "olmo3", "exaone4")
     assert manifest["lowerings"] == ([cpu.ATTENTION_LOWERING, *["SkipSimplifiedLayerNormalization"] * skip,
                                       cpu.SAMPLE_LOWERING] if lowered else [])
     ops = {(n.domain, n.op_type) for n in onnx.load(engine_dir / "llm.ort.onnx", load_external_data=False).graph.node}
@@ -281,12 +311,13 @@ def test_onnxruntime_lowering_matches_the_canonical_graph(arch, lowered, tiny_en
         np.testing.assert_allclose(compiled, canonical, atol=ATOL, rtol=0)
 
 
-@pytest.mark.parametrize("arch", ["smollm3", "phi4-mini"])
+@pytest.mark.parametrize("arch", ["smollm3", "phi4-mini", "gemma2"])
 def test_onnxruntime_kernels_keep_what_groupqueryattention_cannot_do(arch, tiny_checkpoint, tmp_path):
-    """--cpu-kernels onnxruntime: GroupQueryAttention rotates every layer (SmolLM3 has NoPE layers)
-    and takes partial rotary tables only a multiple of 8 wide (the tiny Phi-4-mini's is 4): the
-    standard Attention op stays, and the engine matches transformers. (It used to lower: SmolLM3
-    was 7.2 off, and the Phi-4-mini engine failed at its first step.)"""
+    """--cpu-kernels onnxruntime: GroupQueryAttention rotates every layer (SmolLM3 has NoPE layers),
+    takes partial rotary tables only a multiple of 8 wide (the tiny Phi-4-mini's is 4) and is not
+    proven with Gemma 2's soft-capped scores: the standard-op attention stays, and the engine matches
+    transformers. (It used to lower: SmolLM3 was 7.2 off, and the Phi-4-mini engine failed at its
+    first step.)"""
     import json
 
     from trtllm.builder.config import BuildConfig

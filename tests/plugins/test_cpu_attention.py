@@ -21,7 +21,7 @@ NAMES = ["qkv", "past_key", "past_value", "write_index", "last_index", "position
 
 
 def op_model(h: int, hk: int, d: int, scale: float | None = None, kv: int = F32, window: int = 0,
-             norms: bool = False, epsilon: float | None = None, tree: bool = False) -> bytes:
+             norms: bool = False, epsilon: float | None = None, tree: bool = False, softcap: float = 0.0) -> bytes:
     """tree: input 10 tree_mask (8 and 9 left empty without norms, as the builder wires it)."""
     names = NAMES + (["q_norm", "k_norm"] if norms else ["", ""] if tree else [])
     names += ["tree_mask"] if tree else []
@@ -29,7 +29,8 @@ def op_model(h: int, hk: int, d: int, scale: float | None = None, kv: int = F32,
     inputs = [helper.make_tensor_value_info(n, t, None) for n, t in zip(names, types) if n]
     outputs = [helper.make_tensor_value_info(n, t, None) for n, t in (("y", F32), ("present_key", kv), ("present_value", kv))]
     attrs = {"num_heads": h, "kv_num_heads": hk, **({"scale": scale} if scale else {}),
-             **({"window": window} if window else {}), **({"epsilon": epsilon} if epsilon else {})}
+             **({"window": window} if window else {}), **({"epsilon": epsilon} if epsilon else {}),
+             **({"softcap": softcap} if softcap else {})}
     node = helper.make_node("Attention", names, [o.name for o in outputs], domain=cpu.DOMAIN, **attrs)
     return one_node_model(node, inputs, outputs)
 
@@ -47,12 +48,13 @@ def head_norm(x, w, epsilon):
 
 
 def reference(qkv, key, value, write_index, last_index, position_ids, cos, sin, h, hk, scale, cache=None, window=0,
-              norms=None, epsilon=1e-6, tree=None, window_from_slot=False):
+              norms=None, epsilon=1e-6, tree=None, window_from_slot=False, softcap=0.0):
     """float64: the op's documented semantics, token by token. `cache` (key, value): attend over
     these instead of the reference's own writes (a float16 cache's contents, checked apart);
     `window`: slots [t - window, t) only; `norms` (q_norm, k_norm): each head normed before rotary;
     `tree` [B, S, T] (tree_mask): slot j >= start = write_index + S - T is seen iff tree[b, s, j - start],
-    and a window counts from the position, [p + 1 - window, t) (`window_from_slot`: the wrong variant)."""
+    and a window counts from the position, [p + 1 - window, t) (`window_from_slot`: the wrong variant);
+    `softcap` c: each scaled score x becomes c tanh(x / c) (Gemma 2)."""
     b_, s_, _ = qkv.shape
     d = key.shape[-1]
     qn, kn = (None, None) if norms is None else (n.astype(np.float64) for n in norms)
@@ -80,7 +82,10 @@ def reference(qkv, key, value, write_index, last_index, position_ids, cos, sin, 
                 g = head // (h // hk)
                 q = qkv[b, s, head * d:(head + 1) * d].astype(np.float64)
                 q = rope(q if qn is None else head_norm(q, qn, epsilon), cos[p], sin[p])
-                scores = np.where(seen, key[b, g, lo:t] @ q * scale, -np.inf)
+                scores = key[b, g, lo:t] @ q * scale
+                if softcap:
+                    scores = softcap * np.tanh(scores / softcap)
+                scores = np.where(seen, scores, -np.inf)
                 w = np.exp(scores - scores.max())
                 y[b, s, head * d:(head + 1) * d] = (w / w.sum()) @ value[b, g, lo:t]
     return (y, *written)
@@ -241,6 +246,41 @@ def test_window_and_norms_on_the_portable_path_too():
     assert np.max(errors) < 1e-5  # builtin max() skips a NaN after the first item
 
 
+# (shape as in CASES, window, softcap c): Gemma 2's soft-capped scores (c = 50 in its configs; small
+# ones here, so that most scores are bent), on decode rows, prefill chunks, a window, head size 256,
+# keys split in parts, and head size 40 (the portable path)
+SOFTCAP_CASES = [((1, 1, 9, 3, 64, 40, [17]), 0, 0.7), ((2, 11, 4, 1, 16, 64, [0, 9]), 5, 2.0),
+                 ((2, 37, 8, 2, 32, 64, [0, 20]), 16, 3.0), ((2, 20, 4, 1, 256, 64, [3, 30]), 7, 50.0),
+                 ((2, 1, 9, 3, 64, 1200, [1100, 300]), 0, 1.5), ((1, 5, 4, 2, 40, 30, [3]), 3, 0.9)]
+
+
+def check_softcap(shape, window, softcap, reference_softcap=None) -> float:
+    """The largest error against the reference; q is scaled up 4x so that scores reach c and past it."""
+    b, s, h, hk, d, c, past = shape
+    feeds = case(b, s, h, hk, d, c, past, seed=b + s + d + window)
+    feeds["qkv"][..., :h * d] *= 4.0
+    y, key, value = session(op_model(h, hk, d, window=window, softcap=softcap)).run(None, feeds)
+    ref_y, ref_k, ref_v = reference(*feeds.values(), h, hk, d ** -0.5, window=window,
+                                    softcap=softcap if reference_softcap is None else reference_softcap)
+    return float(max(np.abs(y - ref_y).max(), np.abs(key - ref_k).max(), np.abs(value - ref_v).max()))
+
+
+@pytest.mark.parametrize("shape, window, softcap", SOFTCAP_CASES)
+def test_soft_capped_scores_match_the_reference(shape, window, softcap):
+    assert check_softcap(shape, window, softcap) < 1e-5
+
+
+def test_soft_capped_scores_on_the_portable_path_too():
+    errors = on_portable_path("test_cpu_attention", "[check_softcap(*c) for c in SOFTCAP_CASES]")
+    assert np.max(errors) < 1e-5
+
+
+def test_the_wrong_softcap_fails():
+    """The deliberately wrong variants: scores not capped, and capped at another c."""
+    assert check_softcap(*SOFTCAP_CASES[0][:2], 0.7, reference_softcap=0.0) > 1e-2
+    assert check_softcap(*SOFTCAP_CASES[3][:2], 50.0, reference_softcap=45.0) > 1e-4
+
+
 def test_the_wrong_window_or_epsilon_fails():
     """The deliberately wrong variants: a window one slot wider, and the norms' epsilon ignored."""
     assert check_window(*WINDOW_CASES[2], reference_window=17) > 1e-3
@@ -349,6 +389,11 @@ def test_bad_inputs_fail_with_a_message(change, message):
     feeds.update(change(feeds) if callable(change) else change)
     with pytest.raises(Exception, match=message):
         session(op_model(2, 1, 16, norms="q_norm" in feeds)).run(None, feeds)
+
+
+def test_a_negative_softcap_fails_with_a_message():
+    with pytest.raises(Exception, match="softcap must be a finite number >= 0"):
+        session(op_model(2, 1, 16, softcap=-1.0))
 
 
 def test_head_size_0_fails_with_a_message():

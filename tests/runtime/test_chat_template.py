@@ -104,6 +104,14 @@ GEMMA = (
     "{{ '<start_of_turn>' + role + '\n' + (first_user_prefix if loop.first else '') "
     "+ message['content'] | trim + '<end_of_turn>\n' }}{% endfor %}"
     "{% if add_generation_prompt %}{{'<start_of_turn>model\n'}}{% endif %}")
+# gemma-2-2b-it's: a system turn is refused
+GEMMA2 = (
+    "{{ bos_token }}{% if messages[0]['role'] == 'system' %}{{ raise_exception('System role not supported') }}"
+    "{% endif %}{% for message in messages %}{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+    "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}"
+    "{% if (message['role'] == 'assistant') %}{% set role = 'model' %}{% else %}{% set role = message['role'] %}"
+    "{% endif %}{{ '<start_of_turn>' + role + '\n' + message['content'] | trim + '<end_of_turn>\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{'<start_of_turn>model\n'}}{% endif %}")
 
 # name: (template, bos, eos)
 TEMPLATES = {
@@ -113,6 +121,7 @@ TEMPLATES = {
     "qwen3": (QWEN3, None, "<|im_end|>"),
     "mistral": (MISTRAL, "<s>", "</s>"),
     "gemma": (GEMMA, "<bos>", "<eos>"),
+    "gemma2": (GEMMA2, "<bos>", "<eos>"),
 }
 SPECIALS = ["<unk>", "<|im_start|>", "<|im_end|>", "<|begin_of_text|>", "<|start_header_id|>",
             "<|end_header_id|>", "<|eot_id|>", "<s>", "</s>", "<bos>", "<eos>", "<start_of_turn>",
@@ -249,6 +258,7 @@ EXPECTED_PREFIX = {
     "qwen3": ("", f"<|im_start|>system\n{SYS}<|im_end|>\n"),
     "mistral": ("<s>", None),  # the template refuses a system role
     "gemma": ("<bos>", f"<bos><start_of_turn>user\n{SYS}\n\n"),  # system text merged into the user turn
+    "gemma2": ("<bos>", None),  # the template refuses a system role
 }
 
 
@@ -263,7 +273,7 @@ def test_system_prefix(pair, add_generation_prompt, extra):
         assert got.text.startswith(got.system_prefix)
     # An assistant turn alone (a reply to continue) gets the same prefix as a user turn would,
     # including a default system prompt the template injects (SmolLM2's).
-    if name not in ("mistral", "gemma"):  # these refuse a conversation that does not start with a user
+    if name not in ("mistral", "gemma", "gemma2"):  # these refuse a conversation that does not start with a user
         alone = ours.format([{"role": "assistant", "content": "Sure"}], add_generation_prompt, **extra)
         assert alone.system_prefix == without
     for conversation in ("system", "system_multi"):
@@ -281,7 +291,7 @@ def test_system_prefix(pair, add_generation_prompt, extra):
         assert injected == got
 
 
-@pytest.mark.parametrize("name", ["mistral", "gemma"])
+@pytest.mark.parametrize("name", ["mistral", "gemma", "gemma2"])
 def test_raise_exception_becomes_chat_template_error(name):
     ours = ChatTemplate(TEMPLATES[name][0], {"bos_token": "<s>", "eos_token": "</s>"})
     with pytest.raises(ChatTemplateError, match="Conversation roles must alternate"):
