@@ -102,7 +102,7 @@ class AttentionWriter:
             qkv = g.op("Concat", f"{name}/qkv_normed", [*self.full_qk_norms(name, p, q, k), v], axis=-1)
         else:
             qkv = self.fused_proj(f"{name}/qkv_proj", x, f"{p}.qkv_proj", parts, s.attention_bias, (i, "qkv"))
-        kv_shape = ["batch", s.num_kv_heads, "kv_capacity", s.head_dim]
+        kv_shape = ["batch", s.num_kv_heads, "kv_capacity", self.kv_width]
         past = [g.input(getattr(self.io, f"past_{k}").format(i=i), self.kv_type, kv_shape) for k in ("key", "value")]
         present = [getattr(self.io, f"present_{k}").format(i=i) for k in ("key", "value")]
         for name_out in present:

@@ -6,8 +6,8 @@ import time
 
 import click
 
-from trtllm.builder.config import (ACTIVATIONS, BACKENDS, CPU_KERNELS, DTYPES, GRAPHS, QUANTIZATIONS, BuildConfig,
-                                   CheckpointError, ConfigError, profile_defaults)
+from trtllm.builder.config import (ACTIVATIONS, BACKENDS, CPU_KERNELS, DTYPES, GRAPHS, KV_CACHE_DTYPES, QUANTIZATIONS,
+                                   BuildConfig, CheckpointError, ConfigError, profile_defaults)
 from trtllm.builder.tensorrt import TensorRTUnavailable  # (no tensorrt import: that is lazy)
 from trtllm.runtime.interrupt import terminate_as_interrupt
 
@@ -58,6 +58,10 @@ def resolve(options: dict, profile: str) -> dict:
                    "and multiply in integers (VNNI). int16: within 3e-5 of each block's largest value, faster "
                    "at batch 1; int8: as llama.cpp does, faster still with batches, less accurate. Prompt steps "
                    "stay float32.")
+@click.option("--kv-cache-dtype", type=click.Choice(KV_CACHE_DTYPES), default="auto", show_default=True,
+              help="ONNX Runtime engines on our CPU kernels: int8 keeps each cached key and value row as int8 with "
+                   "a float32 scale (a quarter of a float32 cache, half of a float16 one; within 1/254 of the "
+                   "row's largest value). auto: --dtype's.")
 @click.option("--graph", type=click.Choice(GRAPHS), help="Graph op set: modern (opset 24) or legacy (opset 20). [profile]")
 @click.option("--max-batch-size", type=int, help=f"[profile; default {DEFAULTS['max_batch_size']}]")
 @click.option("--max-input-len", type=int, help=f"[profile; default {DEFAULTS['max_input_len']}]")

@@ -18,6 +18,7 @@ from trtllm.runtime.manifest import DTYPES, GRAPHS, QUANTIZATIONS  # what an eng
 
 BACKENDS = ("auto", "onnxruntime", "tensorrt")
 ACTIVATIONS = ("float32", "int16", "int8")  # quantized MatMuls' activations on our CPU kernels' decode steps
+KV_CACHE_DTYPES = ("auto", "int8")  # auto: --dtype's; int8: rows of int8 values and a scale (our attention kernel)
 CPU_KERNELS = ("auto", "native", "onnxruntime")  # ONNX Runtime engines: plugins/cpu's kernels, or ORT's own
 PROFILES = ("cpu-default", "tensorrt-modern", "tensorrt-legacy", "jetson-orin-jp6", "jetson-thor-jp7")
 # DESIGN.md's device names for a profile that is ours under a graph's name (JetPack 6 is TensorRT 10.3)
@@ -111,11 +112,13 @@ class BuildConfig:
     sampling_plugin: bool = False   # TensorRT: trtllm::Sample as the Triton kernel plugin, not the ONNX body
     cpu_kernels: str = "auto"       # ONNX Runtime: native (plugins/cpu: attention, quantized MatMuls) or onnxruntime
     activations: str = "float32"    # int16/int8: quantized decode steps multiply quantized activations (plugins/cpu)
+    kv_cache_dtype: str = "auto"    # int8: the KV cache as int8 rows with a float32 scale each (plugins/cpu attention)
     tensorrt_options: tuple[str, ...] = ()  # TensorRT-only flags given on the command line (--timing-cache, ...)
 
     def __post_init__(self):
         for name, allowed in (("backend", BACKENDS), ("dtype", DTYPES), ("quantization", QUANTIZATIONS),
-                              ("graph", GRAPHS), ("cpu_kernels", CPU_KERNELS), ("activations", ACTIVATIONS)):
+                              ("graph", GRAPHS), ("cpu_kernels", CPU_KERNELS), ("activations", ACTIVATIONS),
+                              ("kv_cache_dtype", KV_CACHE_DTYPES)):
             if getattr(self, name) not in allowed:
                 raise ConfigError(f"--{name.replace('_', '-')} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}")
         for name in ("max_batch_size", "max_input_len", "max_kv_cache_capacity"):
@@ -160,6 +163,12 @@ class BuildConfig:
         if self.cpu_kernels == "native" and (self.graph == "legacy" or self.backend == "tensorrt"):
             raise ConfigError(f"--cpu-kernels native runs the modern graph on ONNX Runtime, got --graph {self.graph} "
                               f"--backend {self.backend}")
+        if self.kv_cache_dtype == "int8" and (self.backend == "tensorrt" or self.graph == "legacy"
+                                              or self.cpu_kernels == "onnxruntime" or self.eagle):
+            raise ConfigError(f"--kv-cache-dtype int8 is read by our CPU attention kernel alone: it needs ONNX "
+                              f"Runtime, the modern graph and --cpu-kernels auto|native, and no --eagle head, got "
+                              f"--backend {self.backend} --graph {self.graph} --cpu-kernels {self.cpu_kernels}"
+                              + (f" --eagle {self.eagle}" if self.eagle else ""))
         if self.graph == "legacy" and self.quantization != "none":
             raise ConfigError(f"--quantization {self.quantization} needs the modern graph: block-wise and int4 "
                               "DequantizeLinear are opset 21, the legacy graph is opset 20 (TensorRT 10.3)")

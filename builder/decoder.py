@@ -168,7 +168,7 @@ class DecoderWriter(AttentionWriter, HeadWriter, WeightWriter):
                  native_kernels: bool = False, lora_rank: int = 0,
                  eagle: tuple[tuple[int, ...], np.ndarray] | None = None,
                  local_rope: tuple[np.ndarray, np.ndarray] | None = None, ort_form: bool = False,
-                 tree: bool = False, verify_logits: bool = False):
+                 tree: bool = False, verify_logits: bool = False, kv_int8: bool = False):
         if graph not in GRAPHS:
             raise ValueError(f"graph must be one of {GRAPHS}, got {graph!r}")
         self.legacy = graph == "legacy"
@@ -195,6 +195,13 @@ class DecoderWriter(AttentionWriter, HeadWriter, WeightWriter):
         self.storage = STORAGE[dtype]  # the weights' and the cache's type
         self.dtype = np.dtype("float32") if self.half or self.native else self.storage
         self.ftype, self.kv_type = DTYPES[self.dtype], DTYPES[self.storage]
+        # --kv-cache-dtype int8: each slot row is head_dim int8 values and their float32 scale's 4 bytes,
+        # which only our attention kernel reads and writes
+        self.kv_width = spec.head_dim + 4 if kv_int8 else spec.head_dim
+        if kv_int8:
+            if not self.native_attention:
+                raise ValueError("an int8 KV cache needs our attention kernel (native_kernels, ort_attention)")
+            self.kv_type = TensorProto.INT8
         # LoRA inputs: float16 engines take float16; bfloat16 ones float32 (numpy, which the runtime
         # feeds them from, has no bfloat16), cast to the graph's type where it differs
         self.lora_type = TensorProto.FLOAT16 if dtype == "float16" else F32

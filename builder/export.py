@@ -93,6 +93,10 @@ def export_onnx(ck: ckpt.Checkpoint, config: BuildConfig, out_dir: Path, log, ba
     if quant is not None and config.activations != "float32" and not quant_native:
         raise RuntimeError(f"--activations {config.activations} needs our CPU kernels: {cpu_kernels.missing_hint()}")
     half = half and native
+    if config.kv_cache_dtype == "int8" and not (native and ours):
+        raise ConfigError("--kv-cache-dtype int8 is read by our attention kernel alone, and " +
+                          (cpu_kernels.missing_hint() if not native else
+                           f"it needs a head size that is a multiple of 16 (this model's: {spec.head_dim})"))
     # Draft trees need a tree mask in both graphs the runtime runs (the model's and the head's):
     # not where either's attention is ONNX Runtime's GroupQueryAttention, which takes none.
     ort_gqa = backend == "onnxruntime" and config.graph == "modern" and not native
@@ -146,7 +150,7 @@ def export_onnx(ck: ckpt.Checkpoint, config: BuildConfig, out_dir: Path, log, ba
         writer = DecoderWriter(spec, weights, cos, sin, max_top_k, quant=quant, dtype=config.dtype,
                                ort_attention=gqa or half, native_kernels=native,
                                lora_rank=config.max_lora_rank, eagle=joint, local_rope=local, ort_form=True,
-                               tree=tree, verify_logits=True)
+                               tree=tree, verify_logits=True, kv_int8=config.kv_cache_dtype == "int8")
         save(writer.write(), out_dir, ORT_SOURCE)
     section = export_draft(draft, config, out_dir, log, num_positions, quant, native, backend, tree) if draft else {}
     return spec, max_top_k, num_positions, lowerings, section
@@ -248,10 +252,12 @@ def use_native_kernels(config: BuildConfig, runs_here: bool, log) -> bool:
 
 
 def number_format(config: BuildConfig) -> str:
-    """What verify.py calls the engine's numbers: int8, int4, int4/int8 (activations) or the dtype."""
+    """What verify.py calls the engine's numbers: int8, int4, int4/int8 (activations) or the dtype, and
+    " kv-int8" after it with an int8 KV cache."""
+    kv = " kv-int8" if config.kv_cache_dtype == "int8" else ""
     if config.quantization == "none":
-        return config.dtype
-    return config.quantization + ("" if config.activations == "float32" else "/" + config.activations)
+        return config.dtype + kv
+    return config.quantization + ("" if config.activations == "float32" else "/" + config.activations) + kv
 
 
 def save(model: onnx.ModelProto, out_dir: Path, name: str) -> None:
@@ -338,7 +344,7 @@ def make_manifest(ck, config: BuildConfig, backend: str, spec, max_top_k: int, n
         model=mf.ModelShape(vocab_size=spec.vocab_size, hidden_size=spec.hidden_size, num_layers=spec.num_layers,
                             num_heads=spec.num_heads, num_kv_heads=spec.num_kv_heads, head_dim=spec.head_dim,
                             sliding_window=spec.sliding_window, sliding_layers=spec.sliding_layers,
-                            kv_dtype=config.dtype),
+                            kv_dtype="int8" if config.kv_cache_dtype == "int8" else config.dtype),
         eos_token_ids=tuple(ckpt.eos_ids(ck)), max_top_k=max_top_k, pad_token_id=int(pad) if pad is not None else 0,
         files={"onnx": ONNX_NAME, **compiled, "tokenizer": "tokenizer.json",
                "tokenizer_config": "tokenizer_config.json", "chat_template": "chat_template.jinja",
@@ -416,7 +422,8 @@ def build(config: BuildConfig, log=print) -> Path:
     backend = resolve_backend(config, log)
     if backend == "tensorrt":  # --backend auto picked TensorRT: what only ONNX Runtime's kernels do is refused
         for option, value, default in (("--activations", config.activations, "float32"),
-                                       ("--cpu-kernels", config.cpu_kernels, "auto")):
+                                       ("--cpu-kernels", config.cpu_kernels, "auto"),
+                                       ("--kv-cache-dtype", config.kv_cache_dtype, "auto")):
             if value not in (default, "onnxruntime"):
                 raise ConfigError(f"{option} {value} is for ONNX Runtime's CPU kernels, and --backend auto picked "
                                   "TensorRT: add --backend onnxruntime")

@@ -44,6 +44,14 @@ NUM_DECODE = 8
 # build (58% for symmetric int4). int16 activations keep their weights' floors (measured 100%).
 MIN_AGREEMENT = {"none": 0.98, "float32": 0.98, "float16": 0.95, "bfloat16": 0.93, "int8": 0.93, "int4": 0.90,
                  "int8/int16": 0.93, "int4/int16": 0.90, "int8/int8": 0.90, "int4/int8": 0.85}
+# An int8 KV cache (" kv-int8" after the format) holds each key and value within 1/254 of its row's
+# largest: its floor is the format's, at most KV_INT8_FLOOR.
+KV_INT8_FLOOR = 0.93
+
+
+def min_agreement(quantization: str) -> float:
+    fmt, _, kv = quantization.partition(" ")
+    return min(MIN_AGREEMENT[fmt], KV_INT8_FLOOR) if kv == "kv-int8" else MIN_AGREEMENT[fmt]
 
 
 RTOL = 1e-5  # float32 engines' logits: this much of the largest logit, where that is more than atol
@@ -220,7 +228,7 @@ def checked(engine_dir, ck, quantization: str, atol: float, eagle: str | None, r
         check_finite(got)
         # (the tokens the engine was fed, not one more: LongRoPE's factors depend on the whole length)
         ref = hf_logits(ck.model, text[: len(chosen)])
-        floor = MIN_AGREEMENT[quantization]
+        floor = min_agreement(quantization)
         report.update(**agreement(chosen, ref), min_agreement=floor,
                       allowed_mismatches=allowed_mismatches(len(chosen), floor),
                       agreement_max_abs_error=float(np.abs(got - ref).max()),

@@ -1,6 +1,7 @@
 """The KV cache manager: the per-slot KV buffers of one run, and the books of who owns which slot.
 
-Per layer, one K and one V buffer `[num_slots, kv_heads, capacity, head_dim]`; a slot is one row.
+Per layer, one K and one V buffer `[num_slots, kv_heads, capacity, kv_row]`; a slot is one row
+(kv_row: head_dim, or an int8 cache's head_dim values and their float32 scale's 4 bytes).
 A token at position p of the request in slot s lives at [s, :, p, :]:
 
     slot 0  [S S S S p p g g . . . . ]   S restored saved system-prompt KV, p computed prompt,
@@ -11,7 +12,7 @@ A token at position p of the request in slot s lives at [s, :, p, :]:
 The most memory a run can take is known before anything runs: `bytes_for(model, num_slots,
 limit)`, at most max_batch_size x max_kv_cache_capacity tokens from the manifest. The buffers
 start smaller and `grow` (copying what they hold) as generation needs positions, up to `limit`.
-Slots of a contiguous range are a contiguous `[n, kv_heads, capacity, head_dim]` view, which is
+Slots of a contiguous range are a contiguous `[n, kv_heads, capacity, kv_row]` view, which is
 what the engine binds for a step.
 """
 from __future__ import annotations
@@ -22,12 +23,12 @@ from trtllm.runtime.manifest import KV_STORAGE, ModelShape
 
 
 def kv_storage(kv_dtype: str) -> np.dtype:
-    """The numpy type that holds a KV cache of `kv_dtype` (float32, float16 or bfloat16: its bits,
-    manifest.KV_STORAGE)."""
+    """The numpy type that holds a KV cache of `kv_dtype` (float32, float16, bfloat16 (its bits) or
+    int8: manifest.KV_STORAGE)."""
     return np.dtype(KV_STORAGE[kv_dtype])
 
 def bytes_per_token(model: ModelShape) -> int:
-    return model.num_layers * 2 * model.num_kv_heads * model.head_dim * kv_storage(model.kv_dtype).itemsize
+    return model.num_layers * 2 * model.num_kv_heads * model.kv_row * kv_storage(model.kv_dtype).itemsize
 
 
 def bytes_for(model: ModelShape, num_slots: int, capacity: int) -> int:
@@ -40,7 +41,7 @@ class KVCacheManager:
         self.limit = capacity  # what `grow` may reach (the scheduler raises it) and `acquire` admits
         self.owners: list[object | None] = [None] * num_slots
         self.views: dict[tuple[int, int], tuple] = {}
-        self.buffers = self.allocate((num_slots, model.num_kv_heads, capacity, model.head_dim))
+        self.buffers = self.allocate((num_slots, model.num_kv_heads, capacity, model.kv_row))
 
     def allocate(self, shape: tuple[int, ...]) -> list:
         """Per layer K and V storage (host numpy here; device memory in the TensorRT backend)."""
@@ -57,7 +58,7 @@ class KVCacheManager:
         if capacity <= self.capacity:
             return
         old = self.buffers
-        self.buffers = self.allocate((self.num_slots, self.model.num_kv_heads, capacity, self.model.head_dim))
+        self.buffers = self.allocate((self.num_slots, self.model.num_kv_heads, capacity, self.model.kv_row))
         for new, b in zip(self.buffers, old):
             new[:, :, : self.capacity] = b
         self.capacity, self.views = capacity, {}
@@ -104,13 +105,13 @@ class KVCacheManager:
         return views
 
     def read(self, slot: int, length: int) -> np.ndarray:
-        """A copy of positions 0..length-1 of a slot: [2 * num_layers, kv_heads, length, head_dim]."""
+        """A copy of positions 0..length-1 of a slot: [2 * num_layers, kv_heads, length, kv_row]."""
         return np.stack([b[slot, :, :length] for b in self.buffers])
 
     def layout(self, length: int) -> tuple[tuple[int, ...], np.dtype]:
         """The (shape, dtype) that `read(slot, length)` gives: what a saved prefix must be to restore."""
         m = self.model  # (not the buffers': a device cache's are not arrays)
-        return (2 * m.num_layers, m.num_kv_heads, length, m.head_dim), kv_storage(m.kv_dtype)
+        return (2 * m.num_layers, m.num_kv_heads, length, m.kv_row), kv_storage(m.kv_dtype)
 
     def write(self, slot: int, kv: np.ndarray) -> None:
         """Restore `kv` (as returned by `read`) into positions 0..n-1 of a slot."""

@@ -42,7 +42,8 @@ class Limits:
 
 # numpy has no bfloat16: a bfloat16 cache is held as its bits (uint16), and the backends bind those
 # buffers as bfloat16 (ONNX Runtime: an OrtValue typed so; TensorRT: by address)
-KV_STORAGE = {"float32": "float32", "float16": "float16", "bfloat16": "uint16"}
+# --kv-cache-dtype int8's rows are int8 bytes: head_dim values, then their float32 scale (ModelShape.kv_row)
+KV_STORAGE = {"float32": "float32", "float16": "float16", "bfloat16": "uint16", "int8": "int8"}
 BFLOAT16 = 16  # ONNX's TensorProto.BFLOAT16 (the runtime does not import onnx)
 
 
@@ -58,7 +59,12 @@ class ModelShape:
     head_dim: int
     sliding_window: int | None = None
     sliding_layers: tuple[int, ...] | None = None  # the layers sliding_window applies to; None: all (Gemma 3 mixes)
-    kv_dtype: str = "float32"  # the engine's KV type: --dtype's (float32, float16 or bfloat16)
+    kv_dtype: str = "float32"  # the engine's KV type: --dtype's (float32, float16 or bfloat16), or int8
+
+    @property
+    def kv_row(self) -> int:
+        """Elements of one KV slot row: head_dim, and an int8 cache's 4 bytes of float32 scale."""
+        return self.head_dim + 4 if self.kv_dtype == "int8" else self.head_dim
 
 
 @dataclass(frozen=True, slots=True)
@@ -242,6 +248,8 @@ def check(m: Manifest, engine_dir: Path) -> str:
                                  ("graph_profile", m.graph_profile, GRAPHS)):
         if value not in allowed:
             return f"{name} must be one of {list(allowed)}, got {value!r}"
+    if model.kv_dtype == "int8" and m.backend != "onnxruntime":  # only our attention kernel reads int8 rows
+        return f"model.kv_dtype int8 is for ONNX Runtime engines, got backend {m.backend!r}"
     for name, ids in (("eos_token_ids", m.eos_token_ids), ("pad_token_id", (m.pad_token_id,))):
         if not all(whole(t, 0) and t < model.vocab_size for t in ids):
             return f"{name} must be token ids below the vocabulary size {model.vocab_size}, got {m.to_json()[name]!r}"

@@ -7,7 +7,9 @@
 //
 // Inputs:  0 qkv [B, S, (H + 2 Hk) D] float32 (the q heads, then the k heads, then the v heads)
 //          1 past_key, 2 past_value [B, Hk, C, D] float32, or both float16 or bfloat16 (a float16 or
-//            bfloat16 engine's cache: read and written in that type, computed in float32)
+//            bfloat16 engine's cache: read and written in that type, computed in float32), or both
+//            int8 [B, Hk, C, D + 4] (--kv-cache-dtype int8): each slot's row holds its D values
+//            rounded to round(x / s), s = max|x| / 127, then s itself, a float32 in its last 4 bytes
 //          3 write_index [B] int64: the slot of the row's first new token
 //          4 last_index [B] int64: the row's new tokens are s = 0 .. last_index (the rest is padding)
 //          5 position_ids [B, S] int64
@@ -94,11 +96,29 @@ struct Split {
   }
 };
 
-// The cache's element: float, float16 bits, or bfloat16.
+// The cache's element: float, float16 bits, bfloat16, or int8 (a row's scale after its values).
 using trtllm_cpu::bf16;
+inline float to_float(int8_t x) { return static_cast<float>(x); }
 inline float to_float(float x) { return x; }
 inline float to_float(uint16_t h) { return trtllm_cpu::half_to_float(h); }
 inline float to_float(bf16 h) { return trtllm_cpu::bf16_to_float(h.bits); }
+
+// Bytes after an int8 row's D values: its scale. A row of the cache is D + kScaleBytes<T> elements.
+template <typename T>
+constexpr int64_t kScaleBytes = 0;
+template <>
+constexpr int64_t kScaleBytes<int8_t> = 4;
+
+// What a row's values are multiplied by: its scale (int8), else 1.
+template <typename T>
+inline float row_scale(const T*, int64_t) {
+  return 1.0f;
+}
+inline float row_scale(const int8_t* row, int64_t d) {
+  float s;
+  std::memcpy(&s, row + d, sizeof s);
+  return s;
+}
 
 // A task's tree mask (input 10): row r sees a slot j >= start only where row[r][j - start].
 struct Tree {
@@ -160,10 +180,12 @@ void rotary(const float* x, const float* cos, const float* sin, int64_t d, int64
 template <typename T>
 void attend_generic(const float* q, const T* key, const T* value, int64_t lo, int64_t t, int64_t d, const bool* mask,
                     int64_t start, float softcap, float* scores, float* out, float* stats) {
+  const int64_t ld = d + kScaleBytes<T>;
   float top = -INFINITY;
   for (int64_t j = lo; j < t; ++j) {
     float acc = 0.0f;
-    for (int64_t i = 0; i < d; ++i) acc += q[i] * to_float(key[j * d + i]);
+    for (int64_t i = 0; i < d; ++i) acc += q[i] * to_float(key[j * ld + i]);
+    acc *= row_scale(key + j * ld, d);
     if (softcap > 0.0f) acc = softcap * std::tanh(acc / softcap);
     scores[j] = acc;
     top = std::max(top, acc);
@@ -178,8 +200,10 @@ void attend_generic(const float* q, const T* key, const T* value, int64_t lo, in
   float total = 0.0f;
   for (int64_t j = lo; j < t; ++j) total += scores[j] = std::exp(scores[j] - shift);
   std::fill(out, out + d, 0.0f);
-  for (int64_t j = lo; j < t; ++j)
-    for (int64_t i = 0; i < d; ++i) out[i] += scores[j] * to_float(value[j * d + i]);
+  for (int64_t j = lo; j < t; ++j) {
+    const float w = scores[j] * row_scale(value + j * ld, d);
+    for (int64_t i = 0; i < d; ++i) out[i] += w * to_float(value[j * ld + i]);
+  }
   if (stats) {  // a part: the caller merges
     stats[0] = top;
     stats[1] = total;
@@ -196,6 +220,9 @@ __attribute__((target("avx512f,avx512bw,avx512vl,fma"))) inline __m512 load16(co
 }
 __attribute__((target("avx512f,avx512bw,avx512vl,fma"))) inline __m512 load16(const bf16* p) {
   return trtllm_cpu::widen_bf16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+__attribute__((target("avx512f,avx512bw,avx512vl,fma"))) inline __m512 load16(const int8_t* p) {
+  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
 }
 
 // 16 vectors -> one vector of their 16 sums, in 4 rounds of shuffles and adds (instead of a
@@ -256,7 +283,7 @@ template <int ND, typename T>
 __attribute__((target("avx512f,avx512bw,avx512vl,fma"))) void attend_block_avx512(
     const float* q, int qn, const int64_t* lo, const int64_t* t, const T* key, const T* value, const Tree* tree,
     float softcap, float* scores, int64_t ld, float* const* out, float* stats) {
-  constexpr int64_t d = 16 * ND;
+  constexpr int64_t d = 16 * ND, rd = d + kScaleBytes<T>;  // rd: a cache row's elements
   const int64_t tmax = *std::max_element(t, t + qn), jmin = *std::min_element(lo, lo + qn) / 16 * 16;
   // 1. scores (from the first row's window on; a later row's scores before its own are not read)
   for (int64_t j0 = jmin; j0 < tmax; j0 += 16) {
@@ -273,17 +300,23 @@ __attribute__((target("avx512f,avx512bw,avx512vl,fma"))) void attend_block_avx51
 #pragma GCC unroll 8
         for (int i = 0; i < ND; ++i)
 #pragma GCC unroll 16
-          for (int k = 0; k < 16; ++k) acc[k] = _mm512_fmadd_ps(qv[i], load16(key + (j0 + k) * d + 16 * i), acc[k]);
+          for (int k = 0; k < 16; ++k) acc[k] = _mm512_fmadd_ps(qv[i], load16(key + (j0 + k) * rd + 16 * i), acc[k]);
         __m512 ordered[16];
 #pragma GCC unroll 16
         for (int k = 0; k < 16; ++k) ordered[k] = acc[kTranspose[k]];
-        _mm512_storeu_ps(row + j0, sum16(ordered));
+        __m512 sums = sum16(ordered);
+        if constexpr (kScaleBytes<T> > 0) {  // each key's scale
+          alignas(64) float scales[16];
+          for (int k = 0; k < 16; ++k) scales[k] = row_scale(key + (j0 + k) * rd, d);
+          sums = _mm512_mul_ps(sums, _mm512_load_ps(scales));
+        }
+        _mm512_storeu_ps(row + j0, sums);
       } else {
         for (int64_t j = j0; j < tmax; ++j) {
           __m512 acc = _mm512_setzero_ps();
 #pragma GCC unroll 8
-          for (int i = 0; i < ND; ++i) acc = _mm512_fmadd_ps(qv[i], load16(key + j * d + 16 * i), acc);
-          row[j] = _mm512_reduce_add_ps(acc);
+          for (int i = 0; i < ND; ++i) acc = _mm512_fmadd_ps(qv[i], load16(key + j * rd + 16 * i), acc);
+          row[j] = _mm512_reduce_add_ps(acc) * row_scale(key + j * rd, d);
         }
       }
     }
@@ -340,9 +373,9 @@ __attribute__((target("avx512f,avx512bw,avx512vl,fma"))) void attend_block_avx51
 #pragma GCC unroll 8
       for (int i = 0; i < ND; ++i) acc[i] = _mm512_loadu_ps(out[r] + 16 * i);
       for (int64_t j = start; j < end; ++j) {
-        const __m512 w = _mm512_set1_ps(p[j]);
+        const __m512 w = _mm512_set1_ps(p[j] * row_scale(value + j * rd, d));
 #pragma GCC unroll 8
-        for (int i = 0; i < ND; ++i) acc[i] = _mm512_fmadd_ps(w, load16(value + j * d + 16 * i), acc[i]);
+        for (int i = 0; i < ND; ++i) acc[i] = _mm512_fmadd_ps(w, load16(value + j * rd + 16 * i), acc[i]);
       }
 #pragma GCC unroll 8
       for (int i = 0; i < ND; ++i) _mm512_storeu_ps(out[r] + 16 * i, acc[i]);
@@ -376,8 +409,8 @@ void run_task(void* data, size_t task) {
   const int64_t part = static_cast<int64_t>(task) % split.parts;
   const auto [b, h0, s0, s1, last, qn] = split.rows_of(static_cast<int64_t>(task) / split.parts, n, job.last_index);
   const int64_t g = h0 / (n.h / n.hk), width = (n.h + 2 * n.hk) * n.d;
-  const T* key = job.key + (b * n.hk + g) * n.c * n.d;
-  const T* value = job.value + (b * n.hk + g) * n.c * n.d;
+  const T* key = job.key + (b * n.hk + g) * n.c * (n.d + kScaleBytes<T>);
+  const T* value = job.value + (b * n.hk + g) * n.c * (n.d + kScaleBytes<T>);
   for (int64_t s = std::max(s0, last); s < s1; ++s)  // padding tokens: 0
     for (int64_t h = h0; h < h0 + split.heads; ++h) {
       float* out = job.y + ((b * n.s + s) * n.h + h) * n.d;
@@ -468,6 +501,15 @@ void store(const float* src, int64_t d, uint16_t* dst) {
 void store(const float* src, int64_t d, bf16* dst) {
   for (int64_t i = 0; i < d; ++i) dst[i].bits = trtllm_cpu::float_to_bf16(src[i]);
 }
+// int8: round(x / s) with s = max|x| / 127 (a row of zeros: s 0, values 0), s after the values.
+void store(const float* src, int64_t d, int8_t* dst) {
+  float top = 0.0f;
+  for (int64_t i = 0; i < d; ++i) top = std::max(top, std::fabs(src[i]));
+  const float s = top / 127.0f, inv = top > 0.0f ? 127.0f / top : 0.0f;
+  for (int64_t i = 0; i < d; ++i)
+    dst[i] = static_cast<int8_t>(std::max(-127.0f, std::min(127.0f, std::nearbyint(src[i] * inv))));
+  std::memcpy(dst + d, &s, sizeof s);
+}
 
 OrtStatusPtr fail(const std::string& message) {
   return Ort::GetApi().CreateStatus(ORT_INVALID_ARGUMENT, ("trtllm.cpu::Attention: " + message).c_str());
@@ -489,7 +531,9 @@ struct Kernel {
       const auto ks = past_key.GetTensorTypeAndShapeInfo().GetShape();
       const auto cs = cos.GetTensorTypeAndShapeInfo().GetShape();
       if (qs.size() != 3 || ks.size() != 4 || cs.size() != 2) return fail("qkv must be 3-D, the KV 4-D, cos 2-D");
-      Shape n{qs[0], qs[1], h, hk, ks[3], ks[2], cs[0], cs[1]};
+      const auto kv_type = past_key.GetTensorTypeAndShapeInfo().GetElementType();
+      const bool int8 = kv_type == ONNX_TENSOR_ELEMENT_DATA_TYPE_INT8;  // rows of D values and a float32 scale
+      Shape n{qs[0], qs[1], h, hk, ks[3] - (int8 ? 4 : 0), ks[2], cs[0], cs[1]};
       if (ks[0] != n.b || ks[1] != hk || qs[2] != (h + 2 * hk) * n.d)
         return fail("qkv's width " + std::to_string(qs[2]) + " is not (num_heads + 2 kv_num_heads) x the KV's head size " +
                     std::to_string(n.d) + ", or the KV's batch/heads differ");
@@ -513,14 +557,14 @@ struct Kernel {
         const auto ts = ctx.GetInput(10).GetTensorTypeAndShapeInfo().GetShape();
         if (ts.size() != 3 || ts[0] != n.b || ts[1] != n.s) return fail("tree_mask must be [batch, seq, T]");
       }
-      const auto kv_type = past_key.GetTensorTypeAndShapeInfo().GetElementType();
       if (past_value.GetTensorTypeAndShapeInfo().GetElementType() != kv_type)
         return fail("past_key and past_value differ in element type");
       auto y = ctx.GetOutput(0, {n.b, n.s, h * n.d});
       if (kv_type == ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT) return run<float>(ctx, n, y);
       if (kv_type == ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16) return run<uint16_t>(ctx, n, y);
       if (kv_type == ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16) return run<bf16>(ctx, n, y);
-      return fail("the KV cache must be float32, float16 or bfloat16");
+      if (int8) return run<int8_t>(ctx, n, y);
+      return fail("the KV cache must be float32, float16, bfloat16 or int8");
     } catch (const std::exception& e) {
       return fail(e.what());
     }
@@ -534,7 +578,8 @@ struct Kernel {
     auto present_key = ctx.GetOutput(1, ks), present_value = ctx.GetOutput(2, ks);
     T* key = static_cast<T*>(present_key.GetTensorMutableRawData());
     T* value = static_cast<T*>(present_value.GetTensorMutableRawData());
-    const size_t kv_bytes = static_cast<size_t>(n.b * n.hk * n.c * n.d) * sizeof(T);
+    const int64_t rd = n.d + kScaleBytes<T>;  // a cache row's elements
+    const size_t kv_bytes = static_cast<size_t>(n.b * n.hk * n.c * rd) * sizeof(T);
     if (key != past_key.GetTensorRawData()) std::memcpy(key, past_key.GetTensorRawData(), kv_bytes);
     if (value != past_value.GetTensorRawData()) std::memcpy(value, past_value.GetTensorRawData(), kv_bytes);
     const int64_t* wi = ctx.GetInput(3).GetTensorData<int64_t>();
@@ -565,7 +610,7 @@ struct Kernel {
                       std::to_string(slot));
         for (int64_t g = 0; g < hk; ++g) {
           const float* src = x + (b * n.s + s) * width + (h + g) * n.d;
-          const int64_t at = ((b * hk + g) * n.c + slot) * n.d;
+          const int64_t at = ((b * hk + g) * n.c + slot) * rd;
           const float* k = src;
           if (kn) {
             head_norm(src, kn, epsilon, n.d, normed.data());
@@ -642,6 +687,10 @@ OrtCustomOp* attention_half_cache_op() {
 }
 OrtCustomOp* attention_bf16_cache_op() {
   static Op<ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16> op;
+  return &op;
+}
+OrtCustomOp* attention_int8_cache_op() {
+  static Op<ONNX_TENSOR_ELEMENT_DATA_TYPE_INT8> op;
   return &op;
 }
 }  // namespace trtllm_cpu

@@ -70,6 +70,7 @@ OrtCustomOp* matmul_half_bf16_op();  // the same op for bfloat16 weights
 OrtCustomOp* attention_op();             // a float32 KV cache
 OrtCustomOp* attention_half_cache_op();  // the same op for a float16 cache
 OrtCustomOp* attention_bf16_cache_op();  // and for a bfloat16 cache
+OrtCustomOp* attention_int8_cache_op();  // and for an int8 cache (rows of D values and a float32 scale)
 OrtCustomOp* lora_add_op();
 OrtCustomOp* lora_add_swiglu_op();
 OrtCustomOp* sample_op();  // trtllm::Sample (plugins/sample/reference.py)

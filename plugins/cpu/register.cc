@@ -75,6 +75,7 @@ __attribute__((visibility("default"))) OrtStatus* ORT_API_CALL RegisterCustomOps
       domain->Add(trtllm_cpu::attention_op());
       domain->Add(trtllm_cpu::attention_half_cache_op());
       domain->Add(trtllm_cpu::attention_bf16_cache_op());
+      domain->Add(trtllm_cpu::attention_int8_cache_op());
       domain->Add(trtllm_cpu::lora_add_op());
       domain->Add(trtllm_cpu::lora_add_swiglu_op());
       domain->Add(trtllm_cpu::sample_op());

@@ -55,7 +55,8 @@ def cpu_signature() -> str:
     return f"cpu {platform.machine()} {digest}"
 
 
-ORT_TYPES = {"float32": "tensor(float)", "float16": "tensor(float16)", "bfloat16": "tensor(bfloat16)"}
+ORT_TYPES = {"float32": "tensor(float)", "float16": "tensor(float16)", "bfloat16": "tensor(bfloat16)",
+             "int8": "tensor(int8)"}
 
 
 def graph_mismatch(session, m: Manifest, draft: bool = False) -> str:
@@ -81,9 +82,9 @@ def graph_mismatch(session, m: Manifest, draft: bool = False) -> str:
     if layers != model.num_layers or io.past_key.format(i=0) not in inputs:
         return f"the graph has {layers} layers' {io.past_key!r} inputs, the manifest says model.num_layers {model.num_layers}"
     kv = inputs[io.past_key.format(i=0)]
-    want = [None, model.num_kv_heads, None, model.head_dim]  # [batch, kv heads, capacity, head_dim]
+    want = [None, model.num_kv_heads, None, model.kv_row]  # [batch, kv heads, capacity, head_dim (+ 4: int8)]
     if len(kv.shape) != 4 or any(w is not None and isinstance(d, int) and d != w for d, w in zip(kv.shape, want)):
-        return f"{kv.name} is {kv.shape}, the manifest says [batch, {model.num_kv_heads}, capacity, {model.head_dim}]"
+        return f"{kv.name} is {kv.shape}, the manifest says [batch, {model.num_kv_heads}, capacity, {model.kv_row}]"
     if kv.type != ORT_TYPES[model.kv_dtype]:
         return f"{kv.name} is {kv.type}, the manifest says model.kv_dtype {model.kv_dtype}"
     for name, width, what in () if draft else ((io.logits, model.vocab_size, "model.vocab_size"),
@@ -101,6 +102,10 @@ class OnnxRuntimeEngine:
                  huge_pages: bool = True):
         self.manifest, self.engine_dir = manifest, Path(engine_dir)
         path = Path(engine_dir) / manifest.files.get(graph, manifest.files.get("onnx", "llm.onnx"))
+        if graph != "compiled" and manifest.model.kv_dtype == "int8":
+            raise ManifestError(f"{engine_dir} keeps an int8 KV cache, which only its compiled form reads (our "
+                                f"attention kernel); its standard-op {path.name} keeps a {manifest.dtype} one: load "
+                                "graph='compiled'")
         if not path.is_file():
             raise ManifestError(f"{path} is missing; {rebuild_hint(engine_dir)}")
         opts = session_options(num_threads)

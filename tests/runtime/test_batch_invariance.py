@@ -1,5 +1,5 @@
 """A prompt's logits do not depend on its batch or on a restored prefix, bit for bit, on the CPU
-engines (float32, int4 on our kernels, float16 on our kernels): each kernel computes a prompt's rows
+engines (float32, int4 on our kernels, float16 on our kernels, an int8 KV cache): each kernel computes a prompt's rows
 the same way whatever else shares the step (the graph's `generated` input tells our MatMul kernels
 a prompt step from a generated one; plugins/cpu)."""
 from __future__ import annotations
@@ -20,14 +20,17 @@ pytestmark = pytest.mark.hf
 CAPACITY = 128
 PROMPT = [(7 * i + 3) % 50 + 1 for i in range(24)]
 OTHERS = [[(5 * i + 1) % 40 + 2 for i in range(40)], [9, 4, 11]]
+KINDS = {"float32": {}, "int4": {"quantization": "int4"}, "float16": {"dtype": "float16"},
+         "kv-int8": {"kv_cache_dtype": "int8"}}
 
 
 @pytest.fixture(scope="module")
 def engines(tiny_checkpoint, tmp_path_factory):
-    """kind -> a loaded tiny engine: float32, int4 (our kernels, float32 activations), float16."""
+    """kind -> a loaded tiny engine: float32, int4 (our kernels, float32 activations), float16, and
+    float32 with an int8 KV cache (a prompt's own keys are read back from it as its later steps read them)."""
     loaded = {}
-    for kind in ("float32", "int4", "float16"):
-        options = {"quantization": "int4"} if kind == "int4" else {"dtype": kind}
+    for kind in KINDS:
+        options = KINDS[kind]
         out = tmp_path_factory.mktemp(f"invariance-{kind}") / "engine"
         build(BuildConfig(model=str(tiny_checkpoint("llama")), output=str(out), max_input_len=64,
                           max_kv_cache_capacity=CAPACITY, verify=False, **options), log=lambda m: None)
@@ -37,7 +40,7 @@ def engines(tiny_checkpoint, tmp_path_factory):
         e.close()
 
 
-@pytest.fixture(params=["float32", "int4", "float16"])
+@pytest.fixture(params=list(KINDS))
 def engine(request, engines):
     return engines[request.param]
 
@@ -88,7 +91,7 @@ def test_wrong_variant_prompt_steps_called_generated(tiny_checkpoint, tmp_path, 
         engine.close()
 
 
-@pytest.mark.parametrize("kind", ["float32", "float16"])
+@pytest.mark.parametrize("kind", ["float32", "float16", "kv-int8"])
 def test_a_decode_step_in_a_batch_is_the_step_alone(engines, kind):
     """Generated rows too, on float32 and float16 engines (and int16/int8-activation ones:
     tests/builder/test_quantized.py). int4 and int8 with float32 activations are the exception: their

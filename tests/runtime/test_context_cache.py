@@ -135,7 +135,7 @@ def profile_of(path) -> dict:
     return json.loads(path.read_text())
 
 
-@pytest.mark.parametrize("kind", ["float32", "float16", "int4"])
+@pytest.mark.parametrize("kind", ["float32", "float16", "int4", "kv-int8"])
 def test_the_next_turn_reuses_the_last_ones_kv_and_answers_the_same(run_cli, tmp_path, tiny_checkpoint, kind):
     """Bit for bit on float32 engines. Elsewhere the answer's KV, computed in decode steps, differs
     in the last bits from a prefill's (float16 arithmetic; int4's kernels specialise by row count),
@@ -147,7 +147,7 @@ def test_the_next_turn_reuses_the_last_ones_kv_and_answers_the_same(run_cli, tmp
     from trtllm.runtime.tokenizer import Tokenizer
 
     engine = tmp_path / "engine"
-    options = {"quantization": "int4"} if kind == "int4" else {"dtype": kind}
+    options = {"int4": {"quantization": "int4"}, "kv-int8": {"kv_cache_dtype": "int8"}}.get(kind, {"dtype": kind})
     build(BuildConfig(model=str(tiny_checkpoint("llama")), output=str(engine), max_batch_size=2, max_input_len=256,
                       max_kv_cache_capacity=512, verify=False, **options), log=lambda m: None)
     tokenizer = Tokenizer.from_engine_dir(engine)
