@@ -29,12 +29,16 @@ class AttentionWriter:
                                     [f"{p}.q_proj", f"{p}.k_proj", f"{p}.v_proj"], s.attention_bias, (i, "qkv"))
         if s.full_qk_norm:
             q, k = self.full_qk_norms(name, p, q, k)
-        q = self.heads(f"{name}/q", q, s.num_heads, f"{p}.q_norm.weight" if s.qk_norm else None)
-        k = self.heads(f"{name}/k", k, s.num_kv_heads, f"{p}.k_norm.weight" if s.qk_norm else None)
+        first = s.qk_norm and not s.qk_norm_after_rope  # each head normed before its RoPE (Qwen3), or after
+        q = self.heads(f"{name}/q", q, s.num_heads, f"{p}.q_norm.weight" if first else None)
+        k = self.heads(f"{name}/k", k, s.num_kv_heads, f"{p}.k_norm.weight" if first else None)
         v = self.heads(f"{name}/v", v, s.num_kv_heads, None)
         if s.rope(i):
             q = self.rotary(f"{name}/q_rotary", q, position_ids, s.rope(i))
             k = self.rotary(f"{name}/k_rotary", k, position_ids, s.rope(i))
+        if s.qk_norm and s.qk_norm_after_rope:  # (Hunyuan) [B,heads,S,D]: over each head's D
+            q = self.rms_norm(f"{name}/q/norm", q, f"{p}.q_norm.weight")
+            k = self.rms_norm(f"{name}/k/norm", k, f"{p}.k_norm.weight")
         mask = mask[s.window(i)]  # this layer's: causal, or causal within its window
         kv_shape, kv_type = ["batch", s.num_kv_heads, "kv_capacity", s.head_dim], self.ftype
         caches = []
@@ -114,9 +118,11 @@ class AttentionWriter:
             attrs = {"window": window} if window else {}
             if s.attn_softcap is not None:
                 attrs["softcap"] = s.attn_softcap
-            if s.qk_norm:  # each q and k head normed before its rotary, inside the kernel
+            if s.qk_norm:  # each q and k head normed before its rotary (or after), inside the kernel
                 ins += [self.norm_scale(f"{p}.q_norm.weight"), self.norm_scale(f"{p}.k_norm.weight")]
                 attrs["epsilon"] = s.rms_norm_eps
+                if s.qk_norm_after_rope:
+                    attrs["norm_after_rotary"] = 1
             if self.tree:  # input 10 (8 and 9 left empty without q/k norms)
                 ins += ["", ""] * (not s.qk_norm) + [self.tree_mask]
             y = g.op(cpu_kernels.ATTENTION, f"{name}/Attention", ins, outputs=[f"{name}/Attention/output_0", *present],

@@ -65,6 +65,7 @@ class DecoderSpec:
     attention_bias: bool = False      # q/k/v projections carry a bias (Qwen2; Llama/Qwen3 attention_bias)
     o_proj_bias: bool = False         # so does o_proj (Llama/Qwen3 attention_bias; not Qwen2)
     qk_norm: bool = False             # RMSNorm on q and k per head before RoPE (Qwen3)
+    qk_norm_after_rope: bool = False  # ... after RoPE instead (Hunyuan)
     tie_word_embeddings: bool = False
     sliding_window: int | None = None
     sliding_layers: tuple[int, ...] | None = None  # the layers the window applies to; None: all (Gemma 3 mixes)

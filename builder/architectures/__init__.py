@@ -9,8 +9,8 @@ import dataclasses
 
 import numpy as np
 
-from trtllm.builder.architectures import (ernie4_5, exaone4, gemma, gemma2, gemma3, granite, helium, llama, ministral,
-                                          mistral, olmo2, olmo3, phi3, qwen2, qwen3, smollm3)
+from trtllm.builder.architectures import (ernie4_5, exaone4, gemma, gemma2, gemma3, granite, helium, hunyuan, llama,
+                                          ministral, mistral, olmo2, olmo3, phi3, qwen2, qwen3, smollm3)
 from trtllm.builder.checkpoint import Unsupported, state_dict_numpy
 from trtllm.runtime.lora import rope_pair_order
 
@@ -22,6 +22,7 @@ ARCHITECTURES = {
     "Gemma3ForCausalLM": gemma3.spec_from_config,
     "GraniteForCausalLM": granite.spec_from_config,
     "HeliumForCausalLM": helium.spec_from_config,
+    "HunYuanDenseV1ForCausalLM": hunyuan.spec_from_config,
     "LlamaForCausalLM": llama.spec_from_config,
     "MinistralForCausalLM": ministral.spec_from_config,
     "MistralForCausalLM": mistral.spec_from_config,
@@ -82,6 +83,9 @@ def weights_of(model, spec) -> dict[str, np.ndarray]:
     gate/up, which the graph fuses again its own way, and an interleaved RoPE's q and k rows reordered
     for the graph's rotate-half RoPE."""
     w = state_dict_numpy(model)
+    for key in [k for k in w if ".self_attn.query_layernorm." in k or ".self_attn.key_layernorm." in k]:
+        # Hunyuan's names of the q and k norms
+        w[key.replace("query_layernorm", "q_norm").replace("key_layernorm", "k_norm")] = w.pop(key)
     if spec.interleaved_rope:
         reorder_rope_rows(w, spec)
     if not spec.fused_projections:

@@ -16,12 +16,14 @@
 //          6 cos_cache, 7 sin_cache [P, R / 2] float32: rotary on the first R <= D dimensions of
 //            each head (R < D: partial rotary, Phi-4-mini), the rest unrotated
 //          8 q_norm, 9 k_norm [D] float32, optional (Qwen3, Gemma 3): each q and k head is
-//            RMS-normalized (epsilon) and scaled by these before its rotary
+//            RMS-normalized (epsilon) and scaled by these before its rotary (after it with
+//            norm_after_rotary 1: Hunyuan)
 //          10 tree_mask [B, S, T] bool, optional (EAGLE tree verification; 8 and 9 may be absent): it
 //            covers row b's last T slots of the step, from start = write_index[b] + S - T
 // Outputs: 0 y [B, S, H D]; 1 present_key, 2 present_value [B, Hk, C, D]: the past buffers when the
 //          caller binds them so (the runtime does); otherwise past is copied first.
 // Attributes: num_heads H, kv_num_heads Hk, scale (0: 1 / sqrt(D)), window (0: none), epsilon,
+// norm_after_rotary (0: q_norm and k_norm before the rotary, 1: after it),
 // softcap c (0: none; Gemma 2: each scaled score x becomes c tanh(x / c) before the softmax).
 // For row b and s <= last_index[b]: slot = write_index[b] + s; q and k get the rotary embedding of
 // position_ids[b, s] (rotate_half: x[i] cos - x[i + D/2] sin, x[i + D/2] cos + x[i] sin); k and v
@@ -148,6 +150,7 @@ struct Job {
   float* y;
   const float* q_norm;  // or null
   float epsilon;
+  bool norm_after;  // q_norm after the rotary (Hunyuan), not before
   int64_t window;  // 0: none
   float* partial;  // parts > 1: per task and row, its part's unnormalized output [D], then max and sum
   const bool* tree;    // tree_mask [B, S, tree_width], or null
@@ -432,11 +435,18 @@ void run_task(void* data, size_t task) {
     if (job.tree) tree.row[r] = job.tree + (b * n.s + s) * job.tree_width;
     outs[r] = job.y + ((b * n.s + s) * n.h + h) * n.d;
     const float* x = job.qkv + (b * n.s + s) * width + h * n.d;
+    float* qr = q.data() + r * n.d;
+    if (job.q_norm && job.norm_after) {  // rotary, then the norm, then the scale
+      rotary(x, job.cos + pos * n.half, job.sin + pos * n.half, n.d, 2 * n.half, 1.0f, normed.data());
+      head_norm(normed.data(), job.q_norm, job.epsilon, n.d, qr);
+      for (int64_t i = 0; i < n.d; ++i) qr[i] *= job.scale;
+      continue;
+    }
     if (job.q_norm) {
       head_norm(x, job.q_norm, job.epsilon, n.d, normed.data());
       x = normed.data();
     }
-    rotary(x, job.cos + pos * n.half, job.sin + pos * n.half, n.d, 2 * n.half, job.scale, q.data() + r * n.d);
+    rotary(x, job.cos + pos * n.half, job.sin + pos * n.half, n.d, 2 * n.half, job.scale, qr);
   }
   const int64_t ld = t[qn - 1] + 16;
   if (scores.size() < static_cast<size_t>(qn * ld)) scores.resize(qn * ld);
@@ -521,6 +531,7 @@ struct Kernel {
   int64_t window;
   float epsilon;
   float softcap;
+  bool norm_after;
 
   OrtStatusPtr ComputeV2(OrtKernelContext* raw) {
     try {
@@ -612,12 +623,17 @@ struct Kernel {
           const float* src = x + (b * n.s + s) * width + (h + g) * n.d;
           const int64_t at = ((b * hk + g) * n.c + slot) * rd;
           const float* k = src;
-          if (kn) {
+          if (kn && !norm_after) {
             head_norm(src, kn, epsilon, n.d, normed.data());
             k = normed.data();
           }
           rotary(k, cosd + p * n.half, sind + p * n.half, n.d, 2 * n.half, 1.0f, rotated.data());
-          store(rotated.data(), n.d, key + at);
+          if (kn && norm_after) {
+            head_norm(rotated.data(), kn, epsilon, n.d, normed.data());
+            store(normed.data(), n.d, key + at);
+          } else {
+            store(rotated.data(), n.d, key + at);
+          }
           store(src + hk * n.d, n.d, value + at);
         }
       }
@@ -628,7 +644,7 @@ struct Kernel {
     thread_local std::vector<float> partial;
     if (split.parts > 1) partial.resize(split.tasks * split.rows() * (n.d + 2));
     Job<T> job{n, split, x, wi, li, pos, cosd, sind, key, value, scale > 0 ? scale : 1.0f / std::sqrt(static_cast<float>(n.d)),
-               y.GetTensorMutableData<float>(), q_norm ? q_norm.GetTensorData<float>() : nullptr, epsilon, window,
+               y.GetTensorMutableData<float>(), q_norm ? q_norm.GetTensorData<float>() : nullptr, epsilon, norm_after, window,
                partial.data(), tree ? tree.GetTensorData<bool>() : nullptr,
                tree ? tree.GetTensorTypeAndShapeInfo().GetShape()[2] : 0, softcap};
     if (job.split.tasks) trtllm_cpu::parallel_for(ctx, run_task<T>, job.split.tasks, &job);
@@ -648,11 +664,12 @@ struct Op : Ort::CustomOpBase<Op<KV>, Kernel, true> {
       const float scale = trtllm_cpu::attribute_or<float>(ki, "scale", 0.0f);  // 0: 1 / sqrt(D)
       const int64_t window = trtllm_cpu::attribute_or<int64_t>(ki, "window", 0);  // 0: none
       const float epsilon = trtllm_cpu::attribute_or<float>(ki, "epsilon", 1e-6f);  // of q_norm and k_norm
+      const bool norm_after = trtllm_cpu::attribute_or<int64_t>(ki, "norm_after_rotary", 0) != 0;
       const float softcap = trtllm_cpu::attribute_or<float>(ki, "softcap", 0.0f);  // 0: none
       if (h < 1 || hk < 1 || h % hk) return fail("num_heads must be a positive multiple of kv_num_heads");
       if (window < 0) return fail("window must be >= 0 (0: none)");
       if (!(softcap >= 0.0f) || std::isinf(softcap)) return fail("softcap must be a finite number >= 0 (0: none)");
-      *kernel = new Kernel{h, hk, scale, window, epsilon, softcap};
+      *kernel = new Kernel{h, hk, scale, window, epsilon, softcap, norm_after};
       return nullptr;
     } catch (const std::exception& e) {
       return fail(e.what());

@@ -22,7 +22,8 @@ NAMES = ["qkv", "past_key", "past_value", "write_index", "last_index", "position
 
 
 def op_model(h: int, hk: int, d: int, scale: float | None = None, kv: int = F32, window: int = 0,
-             norms: bool = False, epsilon: float | None = None, tree: bool = False, softcap: float = 0.0) -> bytes:
+             norms: bool = False, epsilon: float | None = None, tree: bool = False, softcap: float = 0.0,
+             norm_after: bool = False) -> bytes:
     """tree: input 10 tree_mask (8 and 9 left empty without norms, as the builder wires it)."""
     names = NAMES + (["q_norm", "k_norm"] if norms else ["", ""] if tree else [])
     names += ["tree_mask"] if tree else []
@@ -31,7 +32,7 @@ def op_model(h: int, hk: int, d: int, scale: float | None = None, kv: int = F32,
     outputs = [helper.make_tensor_value_info(n, t, None) for n, t in (("y", F32), ("present_key", kv), ("present_value", kv))]
     attrs = {"num_heads": h, "kv_num_heads": hk, **({"scale": scale} if scale else {}),
              **({"window": window} if window else {}), **({"epsilon": epsilon} if epsilon else {}),
-             **({"softcap": softcap} if softcap else {})}
+             **({"softcap": softcap} if softcap else {}), **({"norm_after_rotary": 1} if norm_after else {})}
     node = helper.make_node("Attention", names, [o.name for o in outputs], domain=cpu.DOMAIN, **attrs)
     return one_node_model(node, inputs, outputs)
 
@@ -48,14 +49,22 @@ def head_norm(x, w, epsilon):
     return x / np.sqrt((x * x).mean() + epsilon) * w
 
 
+def qk(x, norm, cos, sin, epsilon, after):
+    """A q or k head with its rotary and its norm (None: none), the norm first or (`after`) last."""
+    if norm is None:
+        return rope(x, cos, sin)
+    return head_norm(rope(x, cos, sin), norm, epsilon) if after else rope(head_norm(x, norm, epsilon), cos, sin)
+
+
 def reference(qkv, key, value, write_index, last_index, position_ids, cos, sin, h, hk, scale, cache=None, window=0,
-              norms=None, epsilon=1e-6, tree=None, window_from_slot=False, softcap=0.0):
+              norms=None, epsilon=1e-6, tree=None, window_from_slot=False, softcap=0.0, norm_after=False):
     """float64: the op's documented semantics, token by token. `cache` (key, value): attend over
     these instead of the reference's own writes (a float16 cache's contents, checked apart);
     `window`: slots [t - window, t) only; `norms` (q_norm, k_norm): each head normed before rotary;
     `tree` [B, S, T] (tree_mask): slot j >= start = write_index + S - T is seen iff tree[b, s, j - start],
     and a window counts from the position, [p + 1 - window, t) (`window_from_slot`: the wrong variant);
-    `softcap` c: each scaled score x becomes c tanh(x / c) (Gemma 2)."""
+    `softcap` c: each scaled score x becomes c tanh(x / c) (Gemma 2); `norm_after`: the norms after
+    the rotary (Hunyuan)."""
     b_, s_, _ = qkv.shape
     d = key.shape[-1]
     qn, kn = (None, None) if norms is None else (n.astype(np.float64) for n in norms)
@@ -67,7 +76,7 @@ def reference(qkv, key, value, write_index, last_index, position_ids, cos, sin, 
             row = qkv[b, s].astype(np.float64)
             for g in range(hk):
                 k = row[(h + g) * d:(h + g + 1) * d]
-                key[b, g, slot] = rope(k if kn is None else head_norm(k, kn, epsilon), cos[p], sin[p])
+                key[b, g, slot] = qk(k, kn, cos[p], sin[p], epsilon, norm_after)
                 value[b, g, slot] = row[(h + hk + g) * d:(h + hk + g + 1) * d]
     written = key, value
     if cache is not None:
@@ -81,8 +90,7 @@ def reference(qkv, key, value, write_index, last_index, position_ids, cos, sin, 
             seen = np.array([tree is None or j < start or tree[b, s, j - start] for j in range(lo, t)])
             for head in range(h):
                 g = head // (h // hk)
-                q = qkv[b, s, head * d:(head + 1) * d].astype(np.float64)
-                q = rope(q if qn is None else head_norm(q, qn, epsilon), cos[p], sin[p])
+                q = qk(qkv[b, s, head * d:(head + 1) * d].astype(np.float64), qn, cos[p], sin[p], epsilon, norm_after)
                 scores = key[b, g, lo:t] @ q * scale
                 if softcap:
                     scores = softcap * np.tanh(scores / softcap)
@@ -241,16 +249,19 @@ LONG_CASES = [((1, 1, 4, 1, 64, 1600, [1400]), 0, False), ((2, 1, 9, 3, 64, 1200
               ((1, 1, 4, 1, 256, 1300, [1200]), 0, True), ((1, 3, 4, 2, 40, 1100, [1024]), 600, False)]
 
 
-def check_window(shape, window, norms, reference_window=None, epsilon=1e-6) -> float:
+def check_window(shape, window, norms, reference_window=None, epsilon=1e-6, norm_after=False,
+                 reference_after=None) -> float:
     b, s, h, hk, d, c, past = shape
     feeds = case(b, s, h, hk, d, c, past, seed=b + s + d + window)
     rng = np.random.default_rng(window)
     weights = tuple((1 + 0.3 * rng.standard_normal(d)).astype(np.float32) for _ in range(2)) if norms else None
     if norms:
         feeds.update(q_norm=weights[0], k_norm=weights[1])
-    y, key, value = session(op_model(h, hk, d, window=window, norms=norms, epsilon=epsilon)).run(None, feeds)
+    y, key, value = session(op_model(h, hk, d, window=window, norms=norms, epsilon=epsilon,
+                                     norm_after=norm_after)).run(None, feeds)
     ref_y, ref_k, ref_v = reference(*list(feeds.values())[:8], h, hk, d ** -0.5, norms=weights, epsilon=epsilon,
-                                    window=window if reference_window is None else reference_window)
+                                    window=window if reference_window is None else reference_window,
+                                    norm_after=norm_after if reference_after is None else reference_after)
     return float(max(np.abs(y - ref_y).max(), np.abs(key - ref_k).max(), np.abs(value - ref_v).max()))
 
 
@@ -293,6 +304,18 @@ def test_a_row_is_the_same_alone_and_beside_a_longer_one():
     for row in range(2):
         alone = {k: v[row:row + 1] if k not in ("cos", "sin") else v for k, v in both.items()}
         assert np.array_equal(session(op_model(h, hk, d)).run(None, alone)[0][0], y_both[row])
+
+
+@pytest.mark.parametrize("shape, window, norms", [c for c in WINDOW_CASES + LONG_CASES if c[2]])
+def test_norms_after_the_rotary_match_the_reference(shape, window, norms):
+    """Hunyuan's q and k norms, after the rotary; the wrong variant, the reference's before it, must miss."""
+    assert check_window(shape, window, norms, norm_after=True) < 1e-5
+    assert check_window(shape, window, norms, norm_after=True, reference_after=False) > 1e-3
+
+
+def test_norms_after_the_rotary_on_the_portable_path_too():
+    errors = on_portable_path("test_cpu_attention", "[check_window(*c, norm_after=True) for c in WINDOW_CASES if c[2]]")
+    assert np.max(errors) < 1e-5
 
 
 def test_window_and_norms_on_the_portable_path_too():
