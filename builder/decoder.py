@@ -78,6 +78,7 @@ class DecoderSpec:
     nope_layers: tuple[int, ...] = ()  # layers whose q and k get no RoPE (SmolLM3's NoPE layers)
     rotary_dim: int | None = None     # RoPE on the first rotary_dim of each head only (partial_rotary_factor)
     fused_projections: bool = False   # the checkpoint stores q|k|v and gate|up whole (Phi-3): LoRA's module names
+    fused_gate_up: bool = False       # ... gate|up alone (GLM)
     residual_scale: float = 1.0       # the attention and MLP outputs times this before their residual add (Granite)
     full_qk_norm: bool = False        # RMSNorm on q and k over all their heads at once, before RoPE (OLMo 2)
     pre_norms: bool = True            # False: a layer's attention and MLP take the residual stream as it is,
@@ -119,11 +120,11 @@ def lora_sites(spec: DecoderSpec) -> dict[str, dict]:
             start += width
         return out
 
-    if spec.fused_projections:  # one PEFT module per fused projection, as the checkpoint has them
-        qkv, gate_up = columns(("self_attn.qkv_proj", q + 2 * kv)), columns(("mlp.gate_up_proj", 2 * i))
-    else:
-        qkv = columns(("self_attn.q_proj", q), ("self_attn.k_proj", kv), ("self_attn.v_proj", kv))
-        gate_up = columns(("mlp.gate_proj", i), ("mlp.up_proj", i))
+    # one PEFT module per fused projection, as the checkpoint has them
+    qkv = columns(("self_attn.qkv_proj", q + 2 * kv)) if spec.fused_projections else \
+        columns(("self_attn.q_proj", q), ("self_attn.k_proj", kv), ("self_attn.v_proj", kv))
+    gate_up = columns(("mlp.gate_up_proj", 2 * i)) if spec.fused_projections or spec.fused_gate_up else \
+        columns(("mlp.gate_proj", i), ("mlp.up_proj", i))
     return {"qkv": {"in": h, "modules": qkv}, "o": {"in": q, "modules": columns(("self_attn.o_proj", h))},
             "gate_up": {"in": h, "modules": gate_up}, "down": {"in": i, "modules": columns(("mlp.down_proj", h))}}
 

@@ -9,8 +9,8 @@ import dataclasses
 
 import numpy as np
 
-from trtllm.builder.architectures import (ernie4_5, exaone4, gemma, gemma2, gemma3, granite, helium, hunyuan, llama,
-                                          ministral, mistral, olmo2, olmo3, phi3, qwen2, qwen3, smollm3)
+from trtllm.builder.architectures import (ernie4_5, exaone4, gemma, gemma2, gemma3, glm, granite, helium, hunyuan,
+                                          llama, ministral, mistral, olmo2, olmo3, phi3, qwen2, qwen3, smollm3)
 from trtllm.builder.checkpoint import Unsupported, state_dict_numpy
 from trtllm.runtime.lora import rope_pair_order
 
@@ -20,6 +20,7 @@ ARCHITECTURES = {
     "GemmaForCausalLM": gemma.spec_from_config,
     "Gemma2ForCausalLM": gemma2.spec_from_config,
     "Gemma3ForCausalLM": gemma3.spec_from_config,
+    "GlmForCausalLM": glm.spec_from_config,
     "GraniteForCausalLM": granite.spec_from_config,
     "HeliumForCausalLM": helium.spec_from_config,
     "HunYuanDenseV1ForCausalLM": hunyuan.spec_from_config,
@@ -63,7 +64,8 @@ def from_modules(model, spec) -> dict:
     qkv = {has_bias(m) for m in ((attn.qkv_proj,) if fused else (attn.q_proj, attn.k_proj, attn.v_proj))}
     if len(qkv) > 1:
         raise Unsupported("q_proj, k_proj and v_proj must all have a bias or none")
-    if any(has_bias(m) for m in ((mlp.gate_up_proj,) if fused else (mlp.gate_proj, mlp.up_proj)) + (mlp.down_proj,)):
+    gate_up = (mlp.gate_up_proj,) if fused or spec.fused_gate_up else (mlp.gate_proj, mlp.up_proj)  # (GLM: gate|up)
+    if any(has_bias(m) for m in gate_up + (mlp.down_proj,)):
         raise Unsupported("MLP biases (config.mlp_bias) are not supported")
     expected = [spec.window(i) for i in range(len(layers))]
     # the window a layer's attention uses: EXAONE 4's keeps config.sliding_window on every layer, and
@@ -79,7 +81,7 @@ def from_modules(model, spec) -> dict:
 
 def weights_of(model, spec) -> dict[str, np.ndarray]:
     """The checkpoint's weights as DecoderWriter reads them: float32 numpy under transformers' names,
-    with projections a checkpoint stores whole (Phi-3's qkv_proj, gate_up_proj) split into q/k/v and
+    with projections a checkpoint stores whole (Phi-3's qkv_proj, gate_up_proj; GLM's gate_up_proj) split into q/k/v and
     gate/up, which the graph fuses again its own way, and an interleaved RoPE's q and k rows reordered
     for the graph's rotate-half RoPE."""
     w = state_dict_numpy(model)
@@ -88,7 +90,7 @@ def weights_of(model, spec) -> dict[str, np.ndarray]:
         w[key.replace("query_layernorm", "q_norm").replace("key_layernorm", "k_norm")] = w.pop(key)
     if spec.interleaved_rope:
         reorder_rope_rows(w, spec)
-    if not spec.fused_projections:
+    if not (spec.fused_projections or spec.fused_gate_up):
         return w
     q, kv = spec.num_heads * spec.head_dim, spec.num_kv_heads * spec.head_dim
     for i in range(spec.num_layers):

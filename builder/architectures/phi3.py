@@ -11,12 +11,17 @@ from trtllm.builder.architectures.mistral import sliding_window
 from trtllm.builder.checkpoint import Unsupported
 
 
-def spec_from_config(config):
+def partial_rotary(config) -> int | None:
+    """The rotary dimensions of a head (rope_parameters' partial_rotary_factor of it), or None: all."""
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     factor = (getattr(config, "rope_parameters", None) or {}).get("partial_rotary_factor", 1.0)
     rotary_dim = int(head_dim * factor)
     if rotary_dim % 2 or not 0 < rotary_dim <= head_dim:
         raise Unsupported(f"partial_rotary_factor {factor} gives {rotary_dim} rotary dimensions of a head of "
                          f"{head_dim}: must be even and positive")
+    return None if rotary_dim == head_dim else rotary_dim
+
+
+def spec_from_config(config):
     return base_spec(config, "Phi3ForCausalLM", sliding_window=sliding_window(config), fused_projections=True,
-                     rotary_dim=None if rotary_dim == head_dim else rotary_dim)
+                     rotary_dim=partial_rotary(config))

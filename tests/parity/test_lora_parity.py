@@ -20,8 +20,9 @@ from trtllm.runtime.engine import load_engine  # noqa: E402
 from tests.engine_helpers import run_greedy  # noqa: E402
 
 pytestmark = pytest.mark.hf
-# ernie4_5: an interleaved RoPE, its q and k rows reordered in the engine, and in each adapter's lora_B
-ARCHS = ["llama", "mistral", "qwen2", "qwen3", "phi3", "smollm3", "gemma3", "granite", "olmo2", "ernie4_5"]
+# ernie4_5: an interleaved RoPE, its q and k rows reordered in the engine, and in each adapter's lora_B;
+# glm: the same on half of each head, and gate|up stored whole
+ARCHS = ["llama", "mistral", "qwen2", "qwen3", "phi3", "smollm3", "gemma3", "granite", "olmo2", "ernie4_5", "glm"]
 ALL = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 PROMPTS = [[5, 17, 42, 99, 7], list(range(30, 52)), [3, 200, 11]]
 ATOL = 1e-4
@@ -43,10 +44,11 @@ FUSED = {"q_proj": "qkv_proj", "k_proj": "qkv_proj", "v_proj": "qkv_proj", "gate
 
 def for_arch(arch: str, config: dict) -> dict:
     """An ADAPTERS entry with its module names as `arch`'s checkpoint has them."""
-    if arch != "phi3":
+    if arch not in ("phi3", "glm"):
         return config
-    return {k: (list(dict.fromkeys(FUSED.get(m, m) for m in v)) if k == "target_modules" else
-                {FUSED.get(m, m): x for m, x in v.items()} if k.endswith("_pattern") else v)
+    fused = FUSED if arch == "phi3" else {m: f for m, f in FUSED.items() if f == "gate_up_proj"}
+    return {k: (list(dict.fromkeys(fused.get(m, m) for m in v)) if k == "target_modules" else
+                {fused.get(m, m): x for m, x in v.items()} if k.endswith("_pattern") else v)
             for k, v in config.items()}
 
 
