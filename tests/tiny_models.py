@@ -65,6 +65,8 @@ ARCHS = {
         "rope_parameters": {"rope_type": "dynamic", "rope_theta": 10000.0, "alpha": 50.0, "factor": 1.0}}),
     # gate|up stored whole, q/k/v biases, an interleaved RoPE on half of each head
     "glm": ("GlmConfig", "GlmForCausalLM", {"attention_bias": True}),
+    # GLM with the attention and MLP outputs normed too
+    "glm4": ("Glm4Config", "Glm4ForCausalLM", {"attention_bias": True}),
     # every multiplier away from 1 (and the score scale from head_dim ** -0.5 = 0.25)
     "granite": ("GraniteConfig", "GraniteForCausalLM", {"embedding_multiplier": 4.0, "attention_multiplier": 0.1,
                                                         "residual_multiplier": 0.3, "logits_scaling": 2.5}),

@@ -9,8 +9,9 @@ import dataclasses
 
 import numpy as np
 
-from trtllm.builder.architectures import (ernie4_5, exaone4, gemma, gemma2, gemma3, glm, granite, helium, hunyuan,
-                                          llama, ministral, mistral, olmo2, olmo3, phi3, qwen2, qwen3, smollm3)
+from trtllm.builder.architectures import (ernie4_5, exaone4, gemma, gemma2, gemma3, glm, glm4, granite, helium,
+                                          hunyuan, llama, ministral, mistral, olmo2, olmo3, phi3, qwen2, qwen3,
+                                          smollm3)
 from trtllm.builder.checkpoint import Unsupported, state_dict_numpy
 from trtllm.runtime.lora import rope_pair_order
 
@@ -21,6 +22,7 @@ ARCHITECTURES = {
     "Gemma2ForCausalLM": gemma2.spec_from_config,
     "Gemma3ForCausalLM": gemma3.spec_from_config,
     "GlmForCausalLM": glm.spec_from_config,
+    "Glm4ForCausalLM": glm4.spec_from_config,
     "GraniteForCausalLM": granite.spec_from_config,
     "HeliumForCausalLM": helium.spec_from_config,
     "HunYuanDenseV1ForCausalLM": hunyuan.spec_from_config,
@@ -33,6 +35,17 @@ ARCHITECTURES = {
     "Qwen2ForCausalLM": qwen2.spec_from_config,
     "Qwen3ForCausalLM": qwen3.spec_from_config,
     "SmolLM3ForCausalLM": smollm3.spec_from_config,
+}
+
+
+# A layer's module names where a checkpoint's differ from those DecoderWriter reads (Llama's, and
+# Gemma's four norms with sandwich_norms): Hunyuan's q/k norms; GLM-4's norms on the attention and MLP
+# outputs, its pre-MLP norm keeping Llama's name for it
+RENAMES = {
+    "HunYuanDenseV1ForCausalLM": {"query_layernorm": "q_norm", "key_layernorm": "k_norm"},
+    "Glm4ForCausalLM": {"post_self_attn_layernorm": "post_attention_layernorm",
+                        "post_attention_layernorm": "pre_feedforward_layernorm",
+                        "post_mlp_layernorm": "post_feedforward_layernorm"},
 }
 
 
@@ -85,9 +98,9 @@ def weights_of(model, spec) -> dict[str, np.ndarray]:
     gate/up, which the graph fuses again its own way, and an interleaved RoPE's q and k rows reordered
     for the graph's rotate-half RoPE."""
     w = state_dict_numpy(model)
-    for key in [k for k in w if ".self_attn.query_layernorm." in k or ".self_attn.key_layernorm." in k]:
-        # Hunyuan's names of the q and k norms
-        w[key.replace("query_layernorm", "q_norm").replace("key_layernorm", "k_norm")] = w.pop(key)
+    names = RENAMES.get(spec.architecture, {})
+    if names:  # all at once: a name may be another's new name (GLM-4's post_attention_layernorm)
+        w = {".".join(names.get(part, part) for part in k.split(".")): v for k, v in w.items()}
     if spec.interleaved_rope:
         reorder_rope_rows(w, spec)
     if not (spec.fused_projections or spec.fused_gate_up):

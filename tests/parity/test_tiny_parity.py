@@ -21,7 +21,7 @@ from tests.engine_helpers import run_greedy  # noqa: E402
 
 pytestmark = pytest.mark.hf
 ARCHS = ["llama", "mistral", "ministral", "qwen2", "qwen3", "phi3", "phi4-mini", "smollm3", "gemma", "gemma2", "gemma3",
-         "granite", "olmo2", "olmo3", "exaone4", "ernie4_5", "helium", "hunyuan", "glm"]
+         "granite", "olmo2", "olmo3", "exaone4", "ernie4_5", "helium", "hunyuan", "glm", "glm4"]
 PROMPTS = [[5, 17, 42, 99, 7], list(range(30, 52)), [3, 200, 11], list(range(100, 140, 3))]
 ATOL = 1e-4
 
@@ -216,6 +216,8 @@ UNDONE = {
     "hunyuan, q/k norms before RoPE": ("hunyuan", dict(qk_norm_after_rope=False)),
     "glm, nothing undone (the control: passes)": ("glm", {}),
     "glm, q and k rows kept (rotate-half RoPE)": ("glm", dict(interleaved_rope=False)),
+    "glm4, nothing undone (the control: passes)": ("glm4", {}),
+    "glm4, outputs not normed": ("glm4", dict(sandwich_norms=False)),
     "phi4-mini, nothing undone (the control: passes)": ("phi4-mini", {}),
     "phi4-mini, LongRoPE's long factors": ("phi4-mini", dict(long_factors=True)),
     "smollm3, nothing undone (the control: passes)": ("smollm3", {}),
@@ -286,7 +288,7 @@ def test_a_class_without_a_graph_is_refused(tmp_path):
                                           ("phi3", True), ("phi4-mini", True), ("smollm3", True), ("gemma2", True),
                                           ("gemma3", True), ("gemma", True), ("ministral", True), ("olmo3", True),
                                           ("exaone4", True), ("ernie4_5", True), ("helium", True), ("hunyuan", True),
-                                          ("glm", True),
+                                          ("glm", True), ("glm4", True),
                                           ("granite", True), ("olmo2", True)])
 def test_onnxruntime_lowering_matches_the_canonical_graph(arch, lowered, tiny_engine):
     """The compiled ONNX Runtime form may use GroupQueryAttention (one fused kernel) where it is
