@@ -93,10 +93,11 @@ def export_onnx(ck: ckpt.Checkpoint, config: BuildConfig, out_dir: Path, log, ba
     if quant is not None and config.activations != "float32" and not quant_native:
         raise RuntimeError(f"--activations {config.activations} needs our CPU kernels: {cpu_kernels.missing_hint()}")
     half = half and native
-    if config.kv_cache_dtype == "int8" and not (native and ours):
+    if config.kv_cache_dtype == "int8" and not (native and (ours or half)):
+        # (a 16-bit model's form runs our attention too: `half`)
         raise ConfigError("--kv-cache-dtype int8 is read by our attention kernel alone, and " +
-                          (cpu_kernels.missing_hint() if not native else
-                           f"it needs a head size that is a multiple of 16 (this model's: {spec.head_dim})"))
+                          (f"it needs a head size that is a multiple of 16 (this model's: {spec.head_dim})"
+                           if spec.head_dim % 16 else cpu_kernels.missing_hint()))
     # Draft trees need a tree mask in both graphs the runtime runs (the model's and the head's):
     # not where either's attention is ONNX Runtime's GroupQueryAttention, which takes none.
     ort_gqa = backend == "onnxruntime" and config.graph == "modern" and not native

@@ -18,6 +18,7 @@ def code_fingerprint() -> str:
     digest = hashlib.sha256()
     files = sorted(p for part in PARTS for p in (PACKAGE / part).rglob("*.py"))
     for path in files + ([cpu_kernels.LIBRARY] if cpu_kernels.LIBRARY.is_file() else []):
-        # (resolved: the package may be reached through a symbolic link, as PACKAGE is not)
-        digest.update(str(path.resolve().relative_to(PACKAGE)).encode() + b"\0" + path.read_bytes())
+        # (the library by its place in the package: LIBRARY may be reached through a symbolic link)
+        name = f"plugins/cpu/{path.name}" if path == cpu_kernels.LIBRARY else str(path.relative_to(PACKAGE))
+        digest.update(name.encode() + b"\0" + path.read_bytes())
     return digest.hexdigest()[:16]

@@ -91,7 +91,7 @@ class ContextCache:
     def lookup(self, prompt: list[int], adapter: str | None, limit: int, layout,
                lag: int = 0) -> np.ndarray | None:
         """The KV of the longest prefix of `prompt`, at most `limit` tokens, that an entry holds
-        ([2 * layers, kv_heads, n, head_dim]), or None. `layout(n)`: the KV (shape, dtype) of an
+        ([2 * layers, kv_heads, n, kv_row]), or None. `layout(n)`: the KV (shape, dtype) of an
         entry of n tokens. `lag`: an entry's position p depends on its tokens up to p + lag (an
         EAGLE head's KV: its pair at p holds the token after p), so a match of n tokens gives n - lag
         positions (and an entry of n tokens holds n - lag); only lookups without lag are counted."""

@@ -72,7 +72,7 @@ class Engine(Protocol):
 
     def step(self, inputs: StepInputs, kv: Sequence[np.ndarray], want_logits: bool = False) -> StepOutputs:
         """One graph run; `kv` = [K0, V0, K1, V1, ...], each contiguous [B, kv_heads, capacity,
-        head_dim], written in place at write_index.."""
+        kv_row], written in place at write_index.."""
 
     def close(self) -> None: ...
 

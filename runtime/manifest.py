@@ -49,7 +49,7 @@ BFLOAT16 = 16  # ONNX's TensorProto.BFLOAT16 (the runtime does not import onnx)
 
 @dataclass(frozen=True, slots=True)
 class ModelShape:
-    """What the runtime needs to size buffers: `[batch, num_kv_heads, capacity, head_dim]` per layer."""
+    """What the runtime needs to size buffers: `[batch, num_kv_heads, capacity, kv_row]` per layer."""
 
     vocab_size: int
     hidden_size: int
@@ -75,7 +75,7 @@ class GraphIO:
     position_ids: str = "position_ids"        # int64 [batch, seq]
     write_index: str = "write_index"          # int64 [batch]: KV slot of the first new token
     last_index: str = "last_index"            # int64 [batch]: which of the seq positions gives logits
-    past_key: str = "past_key.{i}"            # f32 [batch, kv_heads, capacity, head_dim]
+    past_key: str = "past_key.{i}"            # kv_dtype [batch, kv_heads, capacity, kv_row]
     past_value: str = "past_value.{i}"
     present_key: str = "present_key.{i}"      # the same buffer, updated in place
     present_value: str = "present_value.{i}"

@@ -9,7 +9,7 @@ One file per entry, `<key>.kv`:
 
     b"TRTLLM-KV\\n" | header length (8 bytes, little endian) | header JSON | payload
     header: {"format", "key", "engine", "adapter", "prefix_ids", "shape", "dtype", "crc32"}
-    payload: the engine's KV dtype (float32, float16, or bfloat16 bits) [2 * layers, kv_heads, num_tokens,
+    payload: the engine's KV dtype (float32, float16, bfloat16 bits or int8) [2 * layers, kv_heads, num_tokens,
              kv_row], C order (kv_row: head_dim, + 4 bytes of scale in an int8 cache)
 
 The payload checksum is CRC-32: it catches corruption and truncation at twice sha256's speed,

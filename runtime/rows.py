@@ -150,7 +150,7 @@ class Timing:
 
 
 class PrefixSource(Protocol):
-    """Saved system-prompt KV (runtime/prefix_cache.py); kv is [2*layers, kv_heads, n, head_dim],
+    """Saved system-prompt KV (runtime/prefix_cache.py); kv is [2*layers, kv_heads, n, kv_row],
     keyed by the prefix and the adapter's digest (an adapter changes the KV)."""
 
     def load(self, prefix_ids: tuple[int, ...], adapter: str | None = None,

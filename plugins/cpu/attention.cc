@@ -37,6 +37,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -511,11 +512,19 @@ void store(const float* src, int64_t d, uint16_t* dst) {
 void store(const float* src, int64_t d, bf16* dst) {
   for (int64_t i = 0; i < d; ++i) dst[i].bits = trtllm_cpu::float_to_bf16(src[i]);
 }
-// int8: round(x / s) with s = max|x| / 127 (a row of zeros: s 0, values 0), s after the values.
+// int8: round(x / s) with s = max|x| / 127 (a row of zeros: s 0, values 0), s after the values. A NaN
+// or infinite value makes s NaN (values 0): what reads the row is not finite, as it would not be from
+// a float cache, and the build's check sees it.
 void store(const float* src, int64_t d, int8_t* dst) {
   float top = 0.0f;
-  for (int64_t i = 0; i < d; ++i) top = std::max(top, std::fabs(src[i]));
-  const float s = top / 127.0f, inv = top > 0.0f ? 127.0f / top : 0.0f;
+  bool finite = true;
+  for (int64_t i = 0; i < d; ++i) {
+    const float a = std::fabs(src[i]);
+    finite = finite && std::isfinite(a);
+    top = std::max(top, a);
+  }
+  if (!finite) top = std::numeric_limits<float>::quiet_NaN();
+  const float s = top / 127.0f, inv = finite && top > 0.0f ? 127.0f / top : 0.0f;
   for (int64_t i = 0; i < d; ++i)
     dst[i] = static_cast<int8_t>(std::max(-127.0f, std::min(127.0f, std::nearbyint(src[i] * inv))));
   std::memcpy(dst + d, &s, sizeof s);

@@ -124,6 +124,18 @@ def test_a_saved_system_prompt_restores_int8_rows(engines, run_cli, tmp_path):
     assert [r["output_ids"] for r in again["responses"]] == [r["output_ids"] for r in first["responses"]]
 
 
+def test_a_float16_model_takes_an_int8_cache_too(tiny_checkpoint, tmp_path):
+    """A 16-bit model's form runs our attention (float32 arithmetic, 16-bit weights): its cache may
+    be int8 as well, within the cache's error of the same engine with its float16 cache."""
+    dirs = [build(BuildConfig(model=str(tiny_checkpoint("llama")), output=str(tmp_path / kv), dtype="float16",
+                              max_input_len=64, max_kv_cache_capacity=128, verify=False, kv_cache_dtype=kv),
+                  log=lambda m: None) for kv in ("int8", "auto")]
+    assert json.loads((dirs[0] / "manifest.json").read_text())["model"]["kv_dtype"] == "int8"
+    generated, got = engine_logits(load_engine(dirs[0]), PROMPTS[1], num_decode=4)
+    _, want = engine_logits(load_engine(dirs[1]), PROMPTS[1], num_decode=4, forced=generated)
+    assert 0 < np.abs(got - want).max() < 0.06 * np.abs(want).max()
+
+
 @pytest.mark.parametrize("options, needle", [
     (dict(backend="tensorrt"), "--backend tensorrt"),
     (dict(graph="legacy"), "--graph legacy"),

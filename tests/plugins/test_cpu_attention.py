@@ -399,6 +399,18 @@ def test_an_int8_cache_without_its_scales_fails():
     assert np.abs(y - reference(*floats.values(), h, hk, d ** -0.5, cache=unscaled)[0]).max() > 1e-2
 
 
+def test_a_nan_or_infinite_value_in_an_int8_row_is_not_hidden():
+    """A float cache passes a NaN or inf on to what reads it; an int8 row must too (its scale NaN or
+    inf), not store it as the row's largest value and answer finite numbers (the build's check and
+    check_finite rely on it)."""
+    for bad in (np.nan, -np.inf):
+        b, s, h, hk, d, c, past = CASES[0]
+        feeds = int8_case(b, s, h, hk, d, c, past, seed=3)
+        feeds["qkv"][0, 0, (h + hk) * d + 5] = bad  # a new value row's sixth value
+        y, _, value = session(op_model(h, hk, d, kv=I8)).run(None, feeds)
+        assert not np.isfinite(int8_rows(value)[1][0, 0, past[0]]) and not np.isfinite(y).all()
+
+
 @pytest.mark.parametrize("shape", CASES + [c[0] for c in LONG_CASES[:2]])
 def test_a_bfloat16_cache_matches_the_reference(shape):
     assert check_bf16_cache(*shape) <= 1
