@@ -86,7 +86,7 @@ class DecoderSpec:
     logits_scale: float = 1.0         # the logits divided by this (Granite's logits_scaling)
     attn_softcap: float | None = None  # scores -> c tanh(scores / c) before the mask and softmax (Gemma 2)
     final_softcap: float | None = None  # logits -> c tanh(logits / c) (Gemma 2's final_logit_softcapping)
-    interleaved_rope: bool = False    # the checkpoint's RoPE turns pairs (2i, 2i + 1) (ERNIE 4.5, Helium): its q
+    interleaved_rope: bool = False    # the checkpoint's RoPE turns pairs (2i, 2i + 1) (ERNIE 4.5, Helium, GLM): q
                                       # and k rows are reordered (architectures.weights_of), the graph's is rotate-half
 
     def window(self, layer: int) -> int | None:

@@ -94,9 +94,9 @@ def from_modules(model, spec) -> dict:
 
 def weights_of(model, spec) -> dict[str, np.ndarray]:
     """The checkpoint's weights as DecoderWriter reads them: float32 numpy under transformers' names,
-    with projections a checkpoint stores whole (Phi-3's qkv_proj, gate_up_proj; GLM's gate_up_proj) split into q/k/v and
-    gate/up, which the graph fuses again its own way, and an interleaved RoPE's q and k rows reordered
-    for the graph's rotate-half RoPE."""
+    with module names RENAMES maps, projections a checkpoint stores whole (Phi-3's qkv_proj and
+    gate_up_proj, GLM's gate_up_proj) split into q/k/v and gate/up, which the graph fuses again its own
+    way, and an interleaved RoPE's q and k rows reordered for the graph's rotate-half RoPE."""
     w = state_dict_numpy(model)
     names = RENAMES.get(spec.architecture, {})
     if names:  # all at once: a name may be another's new name (GLM-4's post_attention_layernorm)
