@@ -12,8 +12,8 @@ ends, or when no running beam can beat the worst finished one (transformers' heu
 `early_stopping`: False, the running beam's sum over the current length; "never", over the longest
 allowed where length_penalty > 0; True, as soon as B hypotheses have finished).
 
-The request's B beams take B slots of an engine step, for the request alone: beam requests run
-one after another, before the others (runtime/runner.py). min_new_tokens holds the EOS ids back
+The request's B beams take B slots side by side of an engine step, which several requests' searches
+share (run_many); beam requests run before the others (runtime/runner.py). min_new_tokens holds the EOS ids back
 (-inf) for that many tokens, as transformers' MinNewTokensLengthLogitsProcessor does; stop_token_ids
 end a hypothesis as EOS does (transformers' eos_token_id list). Nothing else of the sampling
 settings applies (runtime/beam_rules.py refuses them).
@@ -135,69 +135,153 @@ class Search:
                 for tokens, score, done in zip(self.finished, self.finished_scores, self.is_finished)]
 
 
+class Beams:
+    """One request's search in slots base .. base + B - 1 of a KV cache it shares with others."""
+
+    def __init__(self, prompt_ids: list[int], p: BeamParams, base: int):
+        self.prompt, self.p, self.base = prompt_ids, p, base
+        self.search = Search(p, len(prompt_ids))
+        self.held: list[tuple | None] = [()] + [None] * (p.num_beams - 1)  # per slot: the tokens in its KV
+        self.found = None  # each running beam's best next tokens (scores, ids): what advance takes
+
+    @property
+    def slots(self) -> range:
+        return range(self.base, self.base + self.p.num_beams)
+
+    def advance(self, kv: KVCacheManager) -> bool:
+        """One step of the search on `found`, each beam's KV then its parent's; False: it is over."""
+        parents = self.search.advance(*self.found) if self.p.max_new_tokens > 0 else None
+        if parents is None:
+            return False
+        n = len(self.prompt)
+        reorder(kv, parents, self.held, n, n + self.search.generated - 1, self.base)
+        self.held = list(self.search.running)  # (what the next step computes into each slot)
+        return True
+
+
 def run(engine, prompt_ids: list[int], p: BeamParams, timing=None) -> list[Hypothesis]:
-    """Beam search on `engine` (its KV in a cache of its own: B slots, prompt + max_new_tokens
-    positions); the hypotheses best first. `timing` (runtime/rows.py Timing) gets its steps."""
-    m, b, n = engine.manifest, p.num_beams, len(prompt_ids)
-    search = Search(p, n)
+    """Beam search on `engine` (its KV in a cache of its own); the hypotheses best first. `timing`
+    (runtime/rows.py Timing) gets its steps."""
+    found, _ = run_many(engine, [(prompt_ids, p)], timing)[0]
+    if isinstance(found, Exception):
+        raise found
+    return found
+
+
+def run_many(engine, jobs: list[tuple[list[int], BeamParams]], timing=None, done=None) -> list:
+    """Several requests' beam searches, their beams sharing the engine's steps (up to max_batch_size
+    rows; a search waits for its B slots side by side, and takes those a finished one frees): per
+    job, (its hypotheses best first, or the exception that ended it alone; its first slot). A
+    search's steps are its steps alone: a row is computed alike in any batch
+    (tests/runtime/test_batch_invariance.py), and its candidates come the same way. `done(job,
+    outcome, first slot)` is called as each search ends."""
+    m = engine.manifest
+    # (trtllm-run refuses more beams than max_batch_size; ONNX Runtime's batch is not bounded by it)
+    slots = max([m.limits.max_batch_size] + [p.num_beams for _, p in jobs])
+    kv = KVCacheManager(m.model, slots, max(len(prompt) + p.max_new_tokens for prompt, p in jobs))
+    widths = [Search(p, len(prompt)).width for prompt, p in jobs]
     # the graph's sampler gives each row's best log-probabilities (log_softmax of the logits, as
     # transformers' beam search takes them) where its width holds them; else they come from the logits
-    graph = search.width <= m.logprob_width
-    params = sampling.SamplingParams(temperature=0.0, max_new_tokens=max(p.max_new_tokens, 1),
-                                     num_logprobs=search.width if graph else 0)
-    batch = sampling.make_batch([params] * b, m.model.vocab_size, m.max_top_k)
-    kv = KVCacheManager(m.model, b, n + p.max_new_tokens)
+    graph = [w <= m.logprob_width for w in widths]
+    params = sampling.SamplingParams(temperature=0.0, max_new_tokens=1,
+                                     num_logprobs=max([w for w, g in zip(widths, graph) if g], default=0))
+    batch = sampling.make_batch([params] * slots, m.model.vocab_size, m.max_top_k)
+    results: list = [None] * len(jobs)
+    owner: list[int | None] = [None] * slots  # per slot: the job whose beam it holds
+    waiting, active = list(range(len(jobs))), {}
 
-    def candidates(out, rows: int):
-        if graph:
-            return out.top_logprobs[:rows], out.top_logprob_ids[:rows]
-        return top_candidates(out.logits[:rows], search.width)
+    def candidates(out, rows: slice, job: int):
+        if graph[job]:
+            return out.top_logprobs[rows, :widths[job]], out.top_logprob_ids[rows, :widths[job]]
+        return top_candidates(out.logits[rows], widths[job])
 
-    t0 = time.perf_counter()
-    prompt = StepInputs(input_ids=np.array([prompt_ids], np.int64), position_ids=np.arange(n)[None],
-                        write_index=np.zeros(1, np.int64), last_index=np.array([n - 1], np.int64),
-                        sampling=sampling.rows(batch, 0, 1), prompt=True)
-    out = engine.step(prompt, kv.view(0, 1), want_logits=not graph)
-    elapsed = time.perf_counter() - t0
-    if timing is not None:
-        timing.prefill_runs, timing.prefill_tokens = timing.prefill_runs + 1, timing.prefill_tokens + n
-        timing.prefill_seconds += elapsed
-        timing.kv_cache_bytes = max(timing.kv_cache_bytes, kv.nbytes)
-        timing.record("llm_prefill", elapsed)
-    found = [np.repeat(x, b, axis=0) for x in candidates(out, 1)]  # (beams 1.. are beam 0 until the first step)
-    held: list[tuple | None] = [()] + [None] * (b - 1)  # per slot: the generated tokens in its KV (None: no prompt)
-    while p.max_new_tokens > 0 and (parents := search.advance(*found)) is not None:
-        pos = n + search.generated - 1  # where each running beam's last token goes
-        held = reorder(kv, parents, held, n, pos)
-        last = np.array([[beam[-1]] for beam in search.running], np.int64)
+    def timed(kind: str, inputs: StepInputs, start: int, stop: int, logits: bool):
         t0 = time.perf_counter()
-        out = engine.step(StepInputs(input_ids=last, position_ids=np.full((b, 1), pos, np.int64),
-                                     write_index=np.full(b, pos, np.int64), last_index=np.zeros(b, np.int64),
-                                     sampling=sampling.rows(batch, 0, b)), kv.view(0, b), want_logits=not graph)
+        out = engine.step(inputs, kv.view(start, stop), want_logits=logits)
         elapsed = time.perf_counter() - t0
         if timing is not None:
-            timing.generation_runs, timing.generation_seconds = timing.generation_runs + 1, \
-                timing.generation_seconds + elapsed
-            timing.record("llm_generation", elapsed)
-        found = candidates(out, b)
-        held = list(search.running)
-    if timing is not None:
-        timing.generated_tokens += search.generated
-    return search.hypotheses()
+            if kind == "llm_prefill":
+                timing.prefill_runs, timing.prefill_tokens = timing.prefill_runs + 1, timing.prefill_tokens + inputs.input_ids.shape[1]
+                timing.prefill_seconds += elapsed
+            else:
+                timing.generation_runs, timing.generation_seconds = timing.generation_runs + 1, \
+                    timing.generation_seconds + elapsed
+            timing.kv_cache_bytes = max(timing.kv_cache_bytes, kv.nbytes)
+            timing.record(kind, elapsed)
+        return out
+
+    def finish(job: int, outcome) -> None:
+        beams = active.pop(job)
+        results[job] = (outcome, beams.base)
+        if done is not None:
+            done(job, outcome, beams.base)
+        for slot in beams.slots:
+            owner[slot] = None
+        if timing is not None:
+            timing.generated_tokens += beams.search.generated
+
+    while waiting or active:
+        for job in list(waiting):  # admitted in order, each where its B slots are free side by side
+            prompt, p = jobs[job]
+            base = next((s for s in range(slots - p.num_beams + 1)
+                         if all(o is None for o in owner[s:s + p.num_beams])), None)
+            if base is None:
+                break  # (it waits, and those after it too: answers keep the requests' order of starting)
+            waiting.remove(job)
+            beams = active[job] = Beams(prompt, p, base)
+            for slot in beams.slots:
+                owner[slot] = job
+            n = len(prompt)
+            try:
+                out = timed("llm_prefill", StepInputs(
+                    input_ids=np.array([prompt], np.int64), position_ids=np.arange(n)[None],
+                    write_index=np.zeros(1, np.int64), last_index=np.array([n - 1], np.int64),
+                    sampling=sampling.rows(batch, 0, 1), prompt=True), base, base + 1, not graph[job])
+                # (beams 1.. are beam 0 until the first step)
+                beams.found = [np.repeat(x, p.num_beams, axis=0) for x in candidates(out, slice(0, 1), job)]
+            except Exception as e:  # noqa: BLE001 - its own failure
+                finish(job, e)
+        going = []
+        for job, beams in list(active.items()):
+            try:
+                if beams.advance(kv):
+                    going.append(job)
+                else:
+                    finish(job, beams.search.hypotheses())
+            except Exception as e:  # noqa: BLE001 - its own failure (non-finite logits)
+                finish(job, e)
+        if not going:
+            continue
+        lo, hi = min(active[j].base for j in going), max(active[j].slots.stop for j in going)
+        rows = hi - lo  # the slots between the searches' that are idle take a pad token at position 0
+        ids, pos = np.full((rows, 1), m.pad_token_id, np.int64), np.zeros(rows, np.int64)
+        for job in going:
+            beams = active[job]
+            at = slice(beams.base - lo, beams.slots.stop - lo)
+            ids[at, 0] = [beam[-1] for beam in beams.search.running]
+            pos[at] = len(beams.prompt) + beams.search.generated - 1  # where each running beam's last token goes
+        out = timed("llm_generation", StepInputs(input_ids=ids, position_ids=pos[:, None], write_index=pos,
+                                                  last_index=np.zeros(rows, np.int64),
+                                                  sampling=sampling.rows(batch, 0, rows)), lo, hi,
+                    not all(graph[j] for j in going))
+        for job in going:
+            beams = active[job]
+            beams.found = candidates(out, slice(beams.base - lo, beams.slots.stop - lo), job)
+    return results
 
 
-def reorder(kv: KVCacheManager, parents: np.ndarray, held: list, prompt_len: int, length: int) -> list:
+def reorder(kv: KVCacheManager, parents: np.ndarray, held: list, prompt_len: int, length: int, base: int = 0) -> list:
     """Each slot's KV up to `length` from the slot of the beam it extends, whose tokens it now
     holds (returned). Only from the first position where the two slots' tokens differ: the prompt
     and a common start are the same KV in both (it depends on the tokens before it alone, and the
     engine computes a row alike in any batch). One copy for all slots: its source is read first,
-    as slots trade places."""
+    as slots trade places. `base`: the search's first slot."""
     starts = [0 if mine is None else prompt_len + common(mine, held[parent]) for mine, parent in zip(held, parents)]
     moved = np.array([i for i, start in enumerate(starts) if start < length], np.int64)
     if len(moved):
         start = min(starts[i] for i in moved)
         for buf in kv.buffers:
-            buf[moved, :, start:length] = buf[parents[moved], :, start:length]
+            buf[base + moved, :, start:length] = buf[base + parents[moved], :, start:length]
     return [held[parent] for parent in parents]
 
 
@@ -248,28 +332,33 @@ class Unfinished(RuntimeError):
 
 def answer(engine, samples: list, timing, on_token=None) -> None:
     """trtllm-run's requests with num_beams > 1 (runtime/runner.py Samples, a request's n adjacent),
-    one after another: sample i gets the i-th best hypothesis, its score `beam_score`. A failure of
-    one fails that request alone."""
+    their searches sharing the engine's steps (run_many): sample i gets the i-th best hypothesis, its
+    score `beam_score`, as its search ends. A failure of one fails that request alone."""
     capacity = engine.manifest.limits.max_kv_cache_capacity
-    for p, group in itertools.groupby(samples, key=lambda smp: smp.prepared):
-        group = list(group)
-        params = params_for(p.request, group[0].row, capacity)
-        try:
-            found = run(engine, p.prompt_ids, params, timing)
-            if params.max_new_tokens and not all(h.finished for h in found[:len(group)]):  # (0: empty answers)
-                raise Unfinished(f"it ended with {sum(h.finished for h in found)} finished hypotheses, fewer than "
-                                 f"the request's n {len(group)}: no running beam could beat an empty placeholder's "
-                                 f"score under length_penalty {params.length_penalty} (transformers gives up there "
-                                 "too, and answers with the placeholders); use a length_penalty nearer 0 or a "
-                                 "smaller n")
-        except Exception as e:  # noqa: BLE001 - its own failure, not its neighbours'
-            found = []
-            why = str(e) if isinstance(e, Unfinished) else f"{type(e).__name__}: {e}"
+    groups = [list(group) for _, group in itertools.groupby(samples, key=lambda smp: smp.prepared)]
+    jobs = [(group[0].prepared.prompt_ids, params_for(group[0].prepared.request, group[0].row, capacity))
+            for group in groups]
+
+    def done(job: int, found, base: int) -> None:
+        group, params = groups[job], jobs[job][1]
+        if not isinstance(found, Exception) and params.max_new_tokens and \
+                not all(h.finished for h in found[:len(group)]):  # (max_generate_length 0: empty answers)
+            found = Unfinished(f"it ended with {sum(h.finished for h in found)} finished hypotheses, fewer than "
+                               f"the request's n {len(group)}: no running beam could beat an empty placeholder's "
+                               f"score under length_penalty {params.length_penalty} (transformers gives up there "
+                               "too, and answers with the placeholders); use a length_penalty nearer 0 or a "
+                               "smaller n")
+        if isinstance(found, Exception):  # its own failure, not its neighbours'
+            why = str(found) if isinstance(found, Unfinished) else f"{type(found).__name__}: {found}"
             for smp in group:
                 smp.row.fail(f"beam search failed ({why})")
+            found = []
         for smp, hypothesis in zip(group, found):
-            smp.beam_score, smp.row.batch_idx = hypothesis.score, 0  # (its beams took slots 0 .. B - 1)
+            smp.beam_score, smp.row.batch_idx = hypothesis.score, base  # (its beams took slots base .. base + B - 1)
             replay(smp.row, hypothesis.tokens, params.max_new_tokens)
         for smp in group:
             if on_token is not None:
                 on_token(smp.row)
+
+    if jobs:
+        run_many(engine, jobs, timing, done)

@@ -96,8 +96,29 @@ def test_wrong_variant_beams_keep_their_own_kv_miss(llama, monkeypatch):
     theirs = [hf_beams(model, prompt, p) for prompt in PROMPTS]
     real = beam.reorder
 
-    def uncopied(kv, parents, held, n, length):  # (the prompt's first copy aside)
-        return real(kv, parents, held, n, length) if None in held else [held[i] for i in parents]
+    def uncopied(kv, parents, held, n, length, base=0):  # (the prompt's first copy aside)
+        return real(kv, parents, held, n, length, base) if None in held else [held[i] for i in parents]
 
     monkeypatch.setattr(beam, "reorder", uncopied)
     assert not all(same(beam.run(engine, prompt, p), t) for prompt, t in zip(PROMPTS, theirs))
+
+
+def test_searches_share_steps_and_each_gives_what_it_gives_alone(llama):
+    """run_many (what trtllm-run does with several beam requests): searches of 2 and 3 beams side by
+    side in the engine's 4 rows, the 3-beam one waiting for slots that finished ones free, one taking
+    its candidates from the logits where the others take the graph's: each search's hypotheses and
+    scores are bit for bit what it gives alone."""
+    model, engine, eos = llama
+    free = hf_beams(model, PROMPTS[1], beam.BeamParams(4, NEW, frozenset()))
+    common = [t for t, _ in Counter(t for tokens, _ in free for t in tokens).most_common()]
+    many = frozenset((common + [t for t in range(400) if t not in common])[:17])  # (its beams' tokens first)
+    jobs = [(PROMPTS[0], beam.BeamParams(2, NEW, eos)), (PROMPTS[0], beam.BeamParams(2, 6, many, min_new_tokens=2)),
+            (PROMPTS[1], beam.BeamParams(3, NEW, eos, early_stopping="never")),
+            (PROMPTS[1], beam.BeamParams(2, 8, eos, length_penalty=0.5))]
+    assert beam.Search(jobs[1][1], 1).width > engine.manifest.logprob_width >= beam.Search(jobs[0][1], 1).width
+    assert engine.manifest.limits.max_batch_size == 4
+    alone = [beam.run(engine, prompt, p) for prompt, p in jobs]
+    together = beam.run_many(engine, jobs)
+    assert [found for found, _ in together] == alone
+    assert [base for _, base in together[:2]] == [0, 2]  # (the first two side by side)
+    assert same(alone[2], hf_beams(model, *jobs[2]))

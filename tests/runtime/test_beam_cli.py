@@ -36,6 +36,9 @@ def test_responses_are_the_best_beams(tiny_engine, run_cli):
     found = beam.run(engine, prompt, beam.BeamParams(4, 10, frozenset(engine.manifest.eos_token_ids),
                                                      length_penalty=0.5, early_stopping="never"))
     assert [r["output_ids"] for r in got[:3]] == [list(h.tokens) for h in found[:3]]
+    # the two searches shared steps; the 2-beam one's answer is what it gives alone too
+    alone = beam.run(engine, prompt, beam.BeamParams(2, 10, frozenset(engine.manifest.eos_token_ids)))
+    assert (got[4]["output_ids"], got[4]["beam_score"]) == (list(alone[0].tokens), pytest.approx(alone[0].score))
     assert [r["beam_score"] for r in got[:3]] == pytest.approx([h.score for h in found[:3]])
     assert got[0]["beam_score"] >= got[1]["beam_score"] >= got[2]["beam_score"]
     assert all(r["finish_reason"] in ("max-length", "end-of-sequence") for r in got)
@@ -89,14 +92,15 @@ def test_max_generate_length_zero_and_ignore_eos(tiny_engine, run_cli):
 def test_logits_that_overflow_fail_that_request_alone(tiny_engine, run_cli, monkeypatch):
     engine_dir = tiny_engine("llama")  # (built before the engine is patched)
     real = beam.Search.advance
-    monkeypatch.setattr(beam.Search, "advance", lambda self, scores, ids: real(self, scores * np.nan, ids))
+    monkeypatch.setattr(beam.Search, "advance", lambda self, scores, ids: real(
+        self, scores * np.nan if self.p.num_beams == 2 else scores, ids))  # (the 3-beam search is fine)
     requests = {"temperature": 0, "max_generate_length": 4, "requests": [
-        {"messages": CHAT, "num_beams": 2, "n": 2}, {"messages": CHAT}]}
+        {"messages": CHAT, "num_beams": 2, "n": 2}, {"messages": CHAT, "num_beams": 3}, {"messages": CHAT}]}
     result, out = run_cli(engine_dir, requests)
     assert result.exit_code == 1, result.output
-    failed, fine = out["responses"][:2], out["responses"][2]
+    failed, fine = out["responses"][:2], out["responses"][2:]
     assert all("logits were not finite (NaN or infinite) at token 1" in r["error"] for r in failed)
-    assert fine["finish_reason"] in ("max-length", "end-of-sequence")
+    assert all(r["finish_reason"] in ("max-length", "end-of-sequence") for r in fine)
 
 
 def test_a_forcing_tool_choice_is_named(tiny_engine, run_cli):
