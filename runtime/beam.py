@@ -20,15 +20,17 @@ settings applies (runtime/beam_rules.py refuses them).
 """
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from trtllm.runtime import sampling
 from trtllm.runtime.engine import StepInputs
 from trtllm.runtime.kv_cache import KVCacheManager
+from trtllm.runtime.lora import StepAdapters
 
 MASK = np.float32(-1.0e9)  # transformers' "very large negative value"
 
@@ -48,6 +50,7 @@ class BeamParams:
     min_new_tokens: int = 0
     length_penalty: float = 1.0
     early_stopping: bool | str = False  # False, True or "never"
+    adapter: object = field(default=None, compare=False)  # its LoRA adapter (runtime/lora.py), None: the base model
 
 
 def best(values: np.ndarray, k: int) -> np.ndarray:
@@ -168,16 +171,17 @@ def run(engine, prompt_ids: list[int], p: BeamParams, timing=None) -> list[Hypot
     return found
 
 
-def run_many(engine, jobs: list[tuple[list[int], BeamParams]], timing=None, done=None) -> list:
-    """Several requests' beam searches, their beams sharing the engine's steps (up to max_batch_size
-    rows; a search waits for its B slots side by side, and takes those a finished one frees): per
-    job, (its hypotheses best first, or the exception that ended it alone; its first slot). A
-    search's steps are its steps alone: a row is computed alike in any batch
+def run_many(engine, jobs: list[tuple[list[int], BeamParams]], timing=None, done=None, rows: int | None = None) -> list:
+    """Several requests' beam searches, their beams sharing the engine's steps (up to `rows` rows,
+    default max_batch_size; a search waits for its B slots side by side, and takes those a finished
+    one frees): per job, (its hypotheses best first, or the exception that ended it; its first
+    slot). A search's steps are its steps alone: a row is computed alike in any batch
     (tests/runtime/test_batch_invariance.py), and its candidates come the same way. `done(job,
-    outcome, first slot)` is called as each search ends."""
+    outcome, first slot)` is called as each search ends. A step that fails ends the searches in it
+    alone."""
     m = engine.manifest
     # (trtllm-run refuses more beams than max_batch_size; ONNX Runtime's batch is not bounded by it)
-    slots = max([m.limits.max_batch_size] + [p.num_beams for _, p in jobs])
+    slots = max([rows or m.limits.max_batch_size] + [p.num_beams for _, p in jobs])
     kv = KVCacheManager(m.model, slots, max(len(prompt) + p.max_new_tokens for prompt, p in jobs))
     widths = [Search(p, len(prompt)).width for prompt, p in jobs]
     # the graph's sampler gives each row's best log-probabilities (log_softmax of the logits, as
@@ -188,6 +192,7 @@ def run_many(engine, jobs: list[tuple[list[int], BeamParams]], timing=None, done
     batch = sampling.make_batch([params] * slots, m.model.vocab_size, m.max_top_k)
     results: list = [None] * len(jobs)
     owner: list[int | None] = [None] * slots  # per slot: the job whose beam it holds
+    lora = StepAdapters(m, slots) if m.lora else None  # (each search's beams take its adapter)
     waiting, active = list(range(len(jobs))), {}
 
     def candidates(out, rows: slice, job: int):
@@ -196,6 +201,9 @@ def run_many(engine, jobs: list[tuple[list[int], BeamParams]], timing=None, done
         return top_candidates(out.logits[rows], widths[job])
 
     def timed(kind: str, inputs: StepInputs, start: int, stop: int, logits: bool):
+        if lora is not None:
+            inputs = dataclasses.replace(inputs, lora=lora.feeds(start, [
+                StepAdapters.IDLE if owner[s] is None else jobs[owner[s]][1].adapter for s in range(start, stop)]))
         t0 = time.perf_counter()
         out = engine.step(inputs, kv.view(start, stop), want_logits=logits)
         elapsed = time.perf_counter() - t0
@@ -253,17 +261,22 @@ def run_many(engine, jobs: list[tuple[list[int], BeamParams]], timing=None, done
         if not going:
             continue
         lo, hi = min(active[j].base for j in going), max(active[j].slots.stop for j in going)
-        rows = hi - lo  # the slots between the searches' that are idle take a pad token at position 0
-        ids, pos = np.full((rows, 1), m.pad_token_id, np.int64), np.zeros(rows, np.int64)
+        span = hi - lo  # the slots between the searches' that are idle take a pad token at position 0
+        ids, pos = np.full((span, 1), m.pad_token_id, np.int64), np.zeros(span, np.int64)
         for job in going:
             beams = active[job]
             at = slice(beams.base - lo, beams.slots.stop - lo)
             ids[at, 0] = [beam[-1] for beam in beams.search.running]
             pos[at] = len(beams.prompt) + beams.search.generated - 1  # where each running beam's last token goes
-        out = timed("llm_generation", StepInputs(input_ids=ids, position_ids=pos[:, None], write_index=pos,
-                                                  last_index=np.zeros(rows, np.int64),
-                                                  sampling=sampling.rows(batch, 0, rows)), lo, hi,
-                    not all(graph[j] for j in going))
+        try:
+            out = timed("llm_generation", StepInputs(input_ids=ids, position_ids=pos[:, None], write_index=pos,
+                                                      last_index=np.zeros(span, np.int64),
+                                                      sampling=sampling.rows(batch, 0, span)), lo, hi,
+                        not all(graph[j] for j in going))
+        except Exception as e:  # noqa: BLE001 - the step's searches fail; those waiting still run
+            for job in going:
+                finish(job, e)
+            continue
         for job in going:
             beams = active[job]
             beams.found = candidates(out, slice(beams.base - lo, beams.slots.stop - lo), job)
@@ -300,8 +313,6 @@ def unrunnable(req, index: int, manifest) -> str | None:
     if req.num_beams > manifest.limits.max_batch_size:
         return (f"`{where}` {req.num_beams}: more beams than the engine's max_batch_size "
                 f"{manifest.limits.max_batch_size} (each beam is a batch row); rebuild with a larger --max-batch-size")
-    if req.lora_name is not None:
-        return f"`{where}` {req.num_beams}: beam search runs the base model, and `requests[{index}].lora_name` is set"
     return None
 
 
@@ -312,7 +323,7 @@ def params_for(req, row, capacity: int) -> BeamParams:
     return BeamParams(num_beams=req.num_beams, max_new_tokens=max(0, min(row.max_new_tokens,
                                                                            capacity + 1 - len(row.prompt_ids))),
                       eos_ids=row.banned, min_new_tokens=req.min_new_tokens, length_penalty=req.length_penalty,
-                      early_stopping=req.early_stopping)
+                      early_stopping=req.early_stopping, adapter=row.adapter)
 
 
 def replay(row, tokens: tuple[int, ...], max_new_tokens: int) -> None:
@@ -330,7 +341,7 @@ class Unfinished(RuntimeError):
     """Fewer hypotheses finished than the request's n."""
 
 
-def answer(engine, samples: list, timing, on_token=None) -> None:
+def answer(engine, samples: list, timing, on_token=None, rows: int | None = None) -> None:
     """trtllm-run's requests with num_beams > 1 (runtime/runner.py Samples, a request's n adjacent),
     their searches sharing the engine's steps (run_many): sample i gets the i-th best hypothesis, its
     score `beam_score`, as its search ends. A failure of one fails that request alone."""
@@ -361,4 +372,4 @@ def answer(engine, samples: list, timing, on_token=None) -> None:
                 on_token(smp.row)
 
     if jobs:
-        run_many(engine, jobs, timing, done)
+        run_many(engine, jobs, timing, done, rows)

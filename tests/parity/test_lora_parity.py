@@ -14,10 +14,11 @@ peft = pytest.importorskip("peft")
 from trtllm.builder.config import BuildConfig  # noqa: E402
 from trtllm.builder.export import build  # noqa: E402
 from trtllm.builder.verify import engine_logits  # noqa: E402
-from trtllm.runtime import lora  # noqa: E402
+from trtllm.runtime import beam, lora  # noqa: E402
 from trtllm.runtime.engine import load_engine  # noqa: E402
 
 from tests.engine_helpers import run_greedy  # noqa: E402
+from tests.parity.test_beam_search import hf_beams, same  # noqa: E402
 
 pytestmark = pytest.mark.hf
 # ernie4_5: an interleaved RoPE, its q and k rows reordered in the engine, and in each adapter's lora_B;
@@ -143,6 +144,26 @@ def test_mixed_adapters_in_one_batch_and_in_flight(arch, lora_engine, adapters):
     assert run_greedy(engine, prompts, 12, picks, num_slots=2) == alone
     with torch.no_grad(), made["all"][0].disable_adapter():
         assert alone[1] == peft_greedy(made["all"][0], prompts[1], 12)
+
+
+def test_beam_searches_with_adapters_are_peft_beam_searches(lora_engine, adapters):
+    """Beam searches (runtime/beam.py) on a LoRA engine, each with its adapter (or none), side by
+    side in one step: every hypothesis and score is PEFT's generate(num_beams=B)."""
+    engine, made = lora_engine("llama"), adapters("llama")
+    loaded = {n: lora.load_adapter(n, path, engine.manifest) for n, (_, path) in made.items()}
+    jobs = [(PROMPTS[0], beam.BeamParams(2, 10, frozenset(), adapter=loaded["all"])),
+            (PROMPTS[1], beam.BeamParams(2, 10, frozenset(), length_penalty=0.5, adapter=loaded["qv-rslora"])),
+            (PROMPTS[2], beam.BeamParams(3, 8, frozenset()))]
+    together = beam.run_many(engine, jobs)
+    assert [base for _, base in together[:2]] == [0, 2]  # (the first two in one step)
+    for (found, _), (prompt, p), pm in zip(together, jobs, [made["all"][0], made["qv-rslora"][0], None]):
+        if pm is None:
+            with torch.no_grad(), made["all"][0].disable_adapter():
+                assert same(found, hf_beams(made["all"][0], prompt, p))
+        else:
+            assert same(found, hf_beams(pm, prompt, p))
+            with torch.no_grad(), pm.disable_adapter():
+                assert not same(found, hf_beams(pm, prompt, p)), "the adapter does not change the beams"
 
 
 def test_no_adapter_is_the_base_model(lora_engine, tiny_engine):

@@ -103,6 +103,34 @@ def test_logits_that_overflow_fail_that_request_alone(tiny_engine, run_cli, monk
     assert all(r["finish_reason"] in ("max-length", "end-of-sequence") for r in fine)
 
 
+def test_an_engine_failure_in_a_shared_step_fails_its_searches_alone(tiny_engine, run_cli, monkeypatch):
+    """The engine raises in the first step two searches share: those two fail, naming the error; the
+    search waiting for rows and the plain request answer."""
+    from trtllm.runtime.backends import onnxruntime as ort_backend
+
+    engine_dir = tiny_engine("llama")
+    step, calls = ort_backend.OnnxRuntimeEngine.step, [0]
+
+    def step_raising_at_call_3(self, inputs, kv, want_logits=False):  # (two prefills, then their shared step)
+        calls[0] += 1
+        if calls[0] == 3:
+            assert inputs.input_ids.shape == (4, 1)
+            raise RuntimeError("device lost")
+        return step(self, inputs, kv, want_logits)
+
+    monkeypatch.setattr(ort_backend.OnnxRuntimeEngine, "step", step_raising_at_call_3)
+    requests = {"temperature": 0, "max_generate_length": 4, "batch_size": 4, "requests": [
+        {"messages": CHAT, "num_beams": 2}, {"messages": CHAT, "num_beams": 2}, {"messages": CHAT, "num_beams": 3},
+        {"messages": CHAT}]}
+    result, out = run_cli(engine_dir, requests)
+    assert result.exit_code == 1, result.output
+    r = out["responses"]
+    assert [x["finish_reason"] for x in r[:2]] == ["error"] * 2
+    assert all(x["error"].endswith("beam search failed (RuntimeError: device lost)") for x in r[:2])
+    assert [x["finish_reason"] in ("max-length", "end-of-sequence") for x in r[2:]] == [True, True]
+    assert r[2]["beam_score"] is not None
+
+
 def test_a_forcing_tool_choice_is_named(tiny_engine, run_cli):
     tool = {"type": "function", "function": {"name": "get_weather", "parameters": {
         "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}

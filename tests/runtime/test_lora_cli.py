@@ -110,6 +110,24 @@ def test_requests_pick_adapters_and_a_bad_one_fails_alone(cli):
     assert alone == texts(out)[:3]  # mixed in one batch = each alone
 
 
+def test_beam_requests_take_their_adapters(cli):
+    """Beam searches with adapters (and without) side by side: each request's beams are what it
+    gives alone, and its adapter changes them; a bad adapter fails its beam request alone."""
+    requests = [chat("hello", num_beams=2, n=2, lora_name="a"), chat("hello", num_beams=2),
+                chat("hello", num_beams=2, lora_name="bundled"), chat("hello", num_beams=2, lora_name="big")]
+    result, out = cli("ort", requests)
+    assert result.exit_code == 1, result.output
+    r = out["responses"]
+    assert [x["request_idx"] for x in r] == [0, 0, 1, 2, 3]
+    assert r[4]["finish_reason"] == "error" and "above the engine's max_lora_rank 4" in r[4]["error"]
+    assert all(x["beam_score"] is not None for x in r[:4])
+    assert len({r[0]["output_text"], r[2]["output_text"], r[3]["output_text"]}) == 3  # each adapter changes them
+    alone = [cli("ort", [q], batch_size=1)[1]["responses"] for q in requests[:3]]
+    assert [[x["output_ids"] for x in a] for a in alone] == [[x["output_ids"] for x in r[:2]], [r[2]["output_ids"]],
+                                                             [r[3]["output_ids"]]]
+    assert [x["beam_score"] for a in alone for x in a] == pytest.approx([x["beam_score"] for x in r[:4]])
+
+
 def test_unknown_adapter_name_fails_that_request(cli):
     result, out = cli("ort", [chat("hi"), chat("hi", lora_name="nope")])
     assert result.exit_code == 1 and [r["finish_reason"] for r in out["responses"]] == ["max-length", "error"]
