@@ -40,6 +40,8 @@ class Hypothesis:
     tokens: tuple[int, ...]  # generated, an EOS id last where it ended with one
     score: float             # the sum of its tokens' log-probabilities / len(tokens) ** length_penalty
     finished: bool = True    # False: a placeholder no hypothesis replaced (transformers returns it too)
+    # with num_logprobs: per token, (its step's best log-probabilities, their ids, its own)
+    logprobs: tuple = field(default=(), compare=False)
 
 
 @dataclass(frozen=True)
@@ -51,6 +53,7 @@ class BeamParams:
     length_penalty: float = 1.0
     early_stopping: bool | str = False  # False, True or "never"
     adapter: object = field(default=None, compare=False)  # its LoRA adapter (runtime/lora.py), None: the base model
+    num_logprobs: int = 0  # each token's step's best this many log-probabilities, kept with its hypothesis
 
 
 def best(values: np.ndarray, k: int) -> np.ndarray:
@@ -82,6 +85,11 @@ class Search:
         # the continuations of a beam that can be among the best `keep`: its own best `keep`, and
         # while min_new_tokens holds the EOS ids back, as many more as there are of them
         self.width = self.keep + len(p.eos_ids) * (p.min_new_tokens > 0)
+        # (a wider row changes nothing: what it adds is below each beam's best `width`, and the
+        # beam-major order of what is kept stays, so ties break as before)
+        self.width = max(self.width, p.num_logprobs)
+        # num_logprobs: per running and finished beam, per token, (its step's row of scores, of ids, the token's place in it)
+        self.trace, self.finished_trace = [()] * b, [()] * b
         self.running = [()] * b
         self.running_scores = np.full(b, MASK, np.float32)
         self.running_scores[0] = 0  # (the first step extends beam 0 alone: the others are its copies)
@@ -97,6 +105,8 @@ class Search:
         if not np.isfinite(scores[:, 0]).all():  # (NaN where a logit was NaN or +inf)
             raise FloatingPointError(f"the logits were not finite (NaN or infinite) at token {self.generated + 1}: "
                                      "the model overflowed")
+        if p.num_logprobs:  # what the answer's logprobs report (before min_new_tokens), copied: the
+            raw, raw_ids = scores.copy(), ids.copy()  # engine may write its next step's outputs over these
         if self.generated < p.min_new_tokens and p.eos_ids:
             scores = np.where(np.isin(ids, list(p.eos_ids)), np.float32(-np.inf), scores)
         width = scores.shape[1]
@@ -106,10 +116,13 @@ class Search:
         length = self.generated + 1
         ends = np.array([int(t) in p.eos_ids for t in tokens]) | (length >= p.max_new_tokens)
         candidates = [self.running[beam] + (int(t),) for beam, t in zip(parents, tokens)]
+        traces = [self.trace[beam] + ((raw[beam], raw_ids[beam], j),) for beam, j in zip(parents, top % width)] \
+            if p.num_logprobs else [()] * len(top)
         # the running beams of the next step: the best that do not end
         open_scores = top_scores + ends.astype(np.float32) * MASK
         nxt = best(open_scores, b)
         self.running, self.running_scores = [candidates[i] for i in nxt], open_scores[nxt]
+        self.trace = [traces[i] for i in nxt]
         # finished: those of the best B that end, against the ones so far
         just = ends & (np.arange(self.keep) < b)
         final = (top_scores / np.float32(length ** p.length_penalty)).astype(np.float32)
@@ -119,10 +132,10 @@ class Search:
             final = final + MASK
         final = final + (~just).astype(np.float32) * MASK
         merged_scores = np.concatenate([self.finished_scores, final])
-        merged = self.finished + candidates
+        merged, merged_traces = self.finished + candidates, self.finished_trace + traces
         merged_done = np.concatenate([self.is_finished, just])
         kept = best(merged_scores, b)
-        self.finished = [merged[i] for i in kept]
+        self.finished, self.finished_trace = [merged[i] for i in kept], [merged_traces[i] for i in kept]
         self.finished_scores, self.is_finished = merged_scores[kept], merged_done[kept]
         self.generated = length
         # can a running beam still beat the worst finished one?
@@ -134,8 +147,11 @@ class Search:
         return parents[nxt] if going else None
 
     def hypotheses(self) -> list[Hypothesis]:
-        return [Hypothesis(tokens, float(score), bool(done))
-                for tokens, score, done in zip(self.finished, self.finished_scores, self.is_finished)]
+        k = self.p.num_logprobs
+        return [Hypothesis(tokens, float(score), bool(done),
+                           tuple((values[:k], ids[:k], float(values[j])) for values, ids, j in trace))
+                for tokens, score, done, trace in zip(self.finished, self.finished_scores, self.is_finished,
+                                                      self.finished_trace)]
 
 
 class Beams:
@@ -319,19 +335,23 @@ def unrunnable(req, index: int, manifest) -> str | None:
 def params_for(req, row, capacity: int) -> BeamParams:
     """A request's beam search as its first sample's row has it: the EOS ids it stops at (none with
     ignore_eos) and its stop_token_ids, min_new_tokens, and max_generate_length within the KV
-    capacity (as plain decoding caps it)."""
+    capacity (as plain decoding caps it); its adapter and num_logprobs."""
     return BeamParams(num_beams=req.num_beams, max_new_tokens=max(0, min(row.max_new_tokens,
                                                                            capacity + 1 - len(row.prompt_ids))),
                       eos_ids=row.banned, min_new_tokens=req.min_new_tokens, length_penalty=req.length_penalty,
-                      early_stopping=req.early_stopping, adapter=row.adapter)
+                      early_stopping=req.early_stopping, adapter=row.adapter, num_logprobs=req.num_logprobs)
 
 
-def replay(row, tokens: tuple[int, ...], max_new_tokens: int) -> None:
+def replay(row, hypothesis: Hypothesis, max_new_tokens: int) -> None:
     """A hypothesis into a sample's row, token by token as plain decoding takes them (its text,
-    its finish reason: an EOS id, a stop token, the length)."""
+    its finish reason: an EOS id, a stop token, the length; its logprobs)."""
     row.max_new_tokens = max_new_tokens
-    for token in tokens:
-        row.accept(token, None)
+    for i, token in enumerate(hypothesis.tokens):
+        if hypothesis.logprobs:
+            values, ids, own = hypothesis.logprobs[i]
+            row.accept(token, (values, ids), own)
+        else:
+            row.accept(token, None)
         if row.finish_reason:
             return
     row.finish_reason = row.finish_reason or "max-length"  # (max_generate_length 0: no token)
@@ -366,7 +386,7 @@ def answer(engine, samples: list, timing, on_token=None, rows: int | None = None
             found = []
         for smp, hypothesis in zip(group, found):
             smp.beam_score, smp.row.batch_idx = hypothesis.score, base  # (its beams took slots base .. base + B - 1)
-            replay(smp.row, hypothesis.tokens, params.max_new_tokens)
+            replay(smp.row, hypothesis, params.max_new_tokens)
         for smp in group:
             if on_token is not None:
                 on_token(smp.row)

@@ -122,3 +122,28 @@ def test_searches_share_steps_and_each_gives_what_it_gives_alone(llama):
     assert [found for found, _ in together] == alone
     assert [base for _, base in together[:2]] == [0, 2]  # (the first two side by side)
     assert same(alone[2], hf_beams(model, *jobs[2]))
+
+
+@pytest.mark.parametrize("num_logprobs", [5, 60])  # (60: wider than the graph's top_logprobs, from the logits)
+def test_logprobs_are_transformers_log_softmax_along_each_hypothesis(llama, num_logprobs):
+    """num_logprobs: each hypothesis token's step, its best log-probabilities and its own, are
+    transformers' log_softmax of the logits along that hypothesis (teacher-forced), within float32
+    rounding; they sum to its score; and asking for them leaves the hypotheses as they were."""
+    model, engine, eos = llama
+    p = beam.BeamParams(3, NEW, eos, min_new_tokens=2, length_penalty=0.5)
+    wide = beam.BeamParams(3, NEW, eos, min_new_tokens=2, length_penalty=0.5, num_logprobs=num_logprobs)
+    assert (beam.Search(wide, 1).width > engine.manifest.logprob_width) == (num_logprobs == 60)
+    for prompt in PROMPTS:
+        found = beam.run(engine, prompt, wide)
+        assert found == beam.run(engine, prompt, p)
+        for h in found:
+            with torch.no_grad():
+                logits = model(torch.tensor([prompt + list(h.tokens)])).logits[0, len(prompt) - 1:-1]
+            theirs = torch.log_softmax(logits.double(), -1).numpy()
+            assert len(h.logprobs) == len(h.tokens)
+            for step, (token, (values, ids, own)) in enumerate(zip(h.tokens, h.logprobs)):
+                assert len(values) == len(ids) == num_logprobs
+                assert list(ids) == list(np.argsort(-theirs[step], kind="stable")[:num_logprobs])
+                np.testing.assert_allclose(values, theirs[step, ids], atol=1e-4, rtol=0)
+                assert own == pytest.approx(theirs[step, token], abs=1e-4)
+            assert sum(own for _, _, own in h.logprobs) / len(h.tokens) ** 0.5 == pytest.approx(h.score, abs=1e-4)

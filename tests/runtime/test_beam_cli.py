@@ -49,12 +49,34 @@ def test_responses_are_the_best_beams(tiny_engine, run_cli):
     assert [line["token_ids"] for line in firsts] == [r["output_ids"] for r in got[:3]]
 
 
+def test_logprobs_are_each_beams_own(tiny_engine, run_cli):
+    """num_logprobs with beams: each response's logprobs and token_logprobs are its hypothesis' own
+    (runtime/beam.py; tests/parity/test_beam_search.py checks them against transformers)."""
+    engine_dir = tiny_engine("llama")
+    result, out = run_cli(engine_dir, {"temperature": 0, "max_generate_length": 6, "requests": [
+        {"messages": CHAT, "num_beams": 3, "n": 2, "num_logprobs": 4}, {"messages": CHAT, "num_logprobs": 2}]})
+    assert result.exit_code == 0, result.output
+    got = out["responses"]
+    engine = load_engine(engine_dir)
+    tok = Tokenizer.from_engine_dir(engine_dir, engine.manifest.files)
+    prompt = tok.encode(got[0]["formatted_complete_request"], add_special_tokens=False)
+    found = beam.run(engine, prompt, beam.BeamParams(3, 6, frozenset(engine.manifest.eos_token_ids), num_logprobs=4))
+    for r, h in zip(got[:2], found):
+        assert r["output_ids"] == list(h.tokens)
+        assert [[e["token_id"] for e in step] for step in r["logprobs"]] == [list(ids) for _, ids, _ in h.logprobs]
+        np.testing.assert_allclose([[e["logprob"] for e in step] for step in r["logprobs"]],
+                                   [values for values, _, _ in h.logprobs], rtol=1e-6)
+        assert [e["token_id"] for e in r["token_logprobs"]] == r["output_ids"]
+        assert [e["logprob"] for e in r["token_logprobs"]] == pytest.approx([own for _, _, own in h.logprobs])
+    assert len(got[2]["logprobs"][0]) == 2  # (the plain neighbour its own)
+
+
 @pytest.mark.parametrize("extra, path, says", [
     ({}, "temperature", "0.0 with `requests[0].num_beams` 2 (beam search does not sample)"),
     ({"temperature": 0, "n": 3}, "requests[0].n", "at most `requests[0].num_beams` 2"),
     ({"temperature": 0, "stop": ["x"]}, "requests[0].stop", "[] with"),
     ({"temperature": 0, "repetition_penalty": 1.2}, "requests[0].repetition_penalty", "log-probabilities"),
-    ({"temperature": 0, "num_logprobs": 2}, "requests[0].num_logprobs", "not with beam search"),
+    ({"temperature": 0, "prompt_logprobs": 2}, "requests[0].prompt_logprobs", "not with beam search"),
     ({"temperature": 0, "guided_decoding": {"choice": ["a", "b"]}}, "requests[0].guided_decoding", "null with"),
     ({"temperature": 0, "early_stopping": "sometimes"}, "requests[0].early_stopping", '"never"'),
     ({"temperature": 0, "num_beams": 17}, "requests[0].num_beams", "16"),
