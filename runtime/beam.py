@@ -54,6 +54,9 @@ class BeamParams:
     early_stopping: bool | str = False  # False, True or "never"
     adapter: object = field(default=None, compare=False)  # its LoRA adapter (runtime/lora.py), None: the base model
     num_logprobs: int = 0  # each token's step's best this many log-probabilities, kept with its hypothesis
+    # with stop strings: the request's text (runtime/text.py TextStream), before any token: a
+    # continuation whose text then holds a stop string ends its hypothesis, as EOS does
+    text: object = field(default=None, compare=False)
 
 
 def best(values: np.ndarray, k: int) -> np.ndarray:
@@ -90,6 +93,7 @@ class Search:
         self.width = max(self.width, p.num_logprobs)
         # num_logprobs: per running and finished beam, per token, (its step's row of scores, of ids, the token's place in it)
         self.trace, self.finished_trace = [()] * b, [()] * b
+        self.texts = [p.text] * b if p.text is not None else None  # per running beam, its text so far
         self.running = [()] * b
         self.running_scores = np.full(b, MASK, np.float32)
         self.running_scores[0] = 0  # (the first step extends beam 0 alone: the others are its copies)
@@ -115,6 +119,11 @@ class Search:
         top_scores, parents, tokens = summed[top], top // width, ids.reshape(-1)[top]
         length = self.generated + 1
         ends = np.array([int(t) in p.eos_ids for t in tokens]) | (length >= p.max_new_tokens)
+        if self.texts is not None:  # stop strings: transformers' StopStringCriteria ends a continuation
+            texts = [self.texts[beam].fork() for beam in parents]
+            # (from token min_new_tokens + 1 on, as plain decoding counts them: runtime/rows.py)
+            ends |= np.array([text.push(int(t), check_stops=length > p.min_new_tokens)
+                              for text, t in zip(texts, tokens)])
         candidates = [self.running[beam] + (int(t),) for beam, t in zip(parents, tokens)]
         traces = [self.trace[beam] + ((raw[beam], raw_ids[beam], j),) for beam, j in zip(parents, top % width)] \
             if p.num_logprobs else [()] * len(top)
@@ -123,6 +132,8 @@ class Search:
         nxt = best(open_scores, b)
         self.running, self.running_scores = [candidates[i] for i in nxt], open_scores[nxt]
         self.trace = [traces[i] for i in nxt]
+        if self.texts is not None:
+            self.texts = [texts[i] for i in nxt]
         # finished: those of the best B that end, against the ones so far
         just = ends & (np.arange(self.keep) < b)
         final = (top_scores / np.float32(length ** p.length_penalty)).astype(np.float32)
@@ -335,11 +346,12 @@ def unrunnable(req, index: int, manifest) -> str | None:
 def params_for(req, row, capacity: int) -> BeamParams:
     """A request's beam search as its first sample's row has it: the EOS ids it stops at (none with
     ignore_eos) and its stop_token_ids, min_new_tokens, and max_generate_length within the KV
-    capacity (as plain decoding caps it); its adapter and num_logprobs."""
+    capacity (as plain decoding caps it); its adapter, num_logprobs and stop strings."""
     return BeamParams(num_beams=req.num_beams, max_new_tokens=max(0, min(row.max_new_tokens,
                                                                            capacity + 1 - len(row.prompt_ids))),
                       eos_ids=row.banned, min_new_tokens=req.min_new_tokens, length_penalty=req.length_penalty,
-                      early_stopping=req.early_stopping, adapter=row.adapter, num_logprobs=req.num_logprobs)
+                      early_stopping=req.early_stopping, adapter=row.adapter, num_logprobs=req.num_logprobs,
+                      text=row.text.fork() if row.text is not None and row.text.stops else None)
 
 
 def replay(row, hypothesis: Hypothesis, max_new_tokens: int) -> None:

@@ -8,6 +8,8 @@ turns into a stop string is never printed; the decoder itself holds back incompl
 """
 from __future__ import annotations
 
+import copy
+
 from trtllm.runtime.tokenizer import IncrementalDecoder, Tokenizer
 
 
@@ -23,6 +25,12 @@ class TextStream:
         self.stop_at: int | None = None
         self.stopped_by: str | None = None  # the stop string found at stop_at (the first given, of several)
         self.emitted = 0
+
+    def fork(self) -> TextStream:
+        """A copy that goes on apart from this one (runtime/beam.py: a beam's text, from its parent's)."""
+        new = copy.copy(self)
+        new.decoder = self.decoder.fork()
+        return new
 
     def push(self, token_id: int, check_stops: bool = True) -> bool:
         """Add one generated token; True when a stop string now appears (earliest match wins)."""

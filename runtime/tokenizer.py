@@ -6,6 +6,7 @@ says otherwise, and ignored for BPE models), so `decode` reproduces `PreTrainedT
 """
 from __future__ import annotations
 
+import copy
 import json
 import re
 from collections.abc import Sequence
@@ -221,6 +222,12 @@ class IncrementalDecoder:
     def text(self) -> str:
         """Everything emitted so far."""
         return "".join(self._pieces)
+
+    def fork(self) -> IncrementalDecoder:
+        """A copy that goes on apart from this one (a beam's text, from the beam it extends)."""
+        new = copy.copy(self)
+        new._ids, new._pieces = list(self._ids), list(self._pieces)
+        return new
 
     def push(self, token_id: int) -> str:
         if self._skip_special_tokens and token_id in self._tokenizer.special_ids:

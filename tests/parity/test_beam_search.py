@@ -5,6 +5,7 @@ ids that end hypotheses early and min_new_tokens. The wrong variant, beams that 
 slot's KV instead of the KV of the beam they extend, must miss."""
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 
 import numpy as np
@@ -15,23 +16,28 @@ transformers = pytest.importorskip("transformers")
 
 from trtllm.runtime import beam  # noqa: E402
 from trtllm.runtime.engine import load_engine  # noqa: E402
+from trtllm.runtime.text import TextStream  # noqa: E402
+from trtllm.runtime.tokenizer import Tokenizer  # noqa: E402
 
 pytestmark = pytest.mark.hf
 PROMPTS = [[5, 17, 42, 99, 7], list(range(30, 52))]
 NEW = 12
 
 
-def hf_beams(model, prompt, p: beam.BeamParams) -> list[tuple[tuple[int, ...], float]]:
+def hf_beams(model, prompt, p: beam.BeamParams, stops=(), tokenizer=None) -> list[tuple[tuple[int, ...], float]]:
+    """transformers' hypotheses and scores; `stops`: its stop_strings (with the HF `tokenizer`)."""
     eos = sorted(p.eos_ids) or None
     with torch.no_grad():
         out = model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.int64),
                              num_beams=p.num_beams, num_return_sequences=p.num_beams, do_sample=False,
                              max_new_tokens=p.max_new_tokens, min_new_tokens=p.min_new_tokens or None,
                              length_penalty=p.length_penalty, early_stopping=p.early_stopping,
-                             eos_token_id=eos, pad_token_id=0, return_dict_in_generate=True, output_scores=True)
+                             eos_token_id=eos, pad_token_id=0, return_dict_in_generate=True, output_scores=True,
+                             **(dict(stop_strings=list(stops), tokenizer=tokenizer) if stops else {}))
     answers = []
     for seq, score in zip(out.sequences[:, len(prompt):].tolist(), out.sequences_scores.tolist()):
-        end = next((i + 1 for i, t in enumerate(seq) if t in p.eos_ids), p.max_new_tokens)
+        end = next((i + 1 for i, t in enumerate(seq) if t in p.eos_ids
+                    or stops and any(s in tokenizer.decode(seq[:i + 1]) for s in stops)), p.max_new_tokens)
         answers.append((tuple(seq[:end]), score))  # (transformers pads the shorter ones)
     return answers
 
@@ -147,3 +153,35 @@ def test_logprobs_are_transformers_log_softmax_along_each_hypothesis(llama, num_
                 np.testing.assert_allclose(values, theirs[step, ids], atol=1e-4, rtol=0)
                 assert own == pytest.approx(theirs[step, token], abs=1e-4)
             assert sum(own for _, _, own in h.logprobs) / len(h.tokens) ** 0.5 == pytest.approx(h.score, abs=1e-4)
+
+
+# (these beams' text holds them: within a token, a multi-byte character, across tokens)
+@pytest.mark.parametrize("stops", [("GPU", " Pa"), ("\u4e2d",), ("s",), ("Usw", "smal>")])
+def test_stop_strings_end_hypotheses_as_transformers_stop_strings_do(llama, tiny_checkpoint, tiny_engine, stops):
+    """A request's stop strings end a continuation whose text then holds one, as transformers'
+    StopStringCriteria does in its beam search: its hypotheses and scores, on the tiny model's
+    byte-level BPE (a multi-byte character among the stops), across length penalties."""
+    model, engine, eos = llama
+    ours_tok = Tokenizer.from_engine_dir(tiny_engine("llama"), engine.manifest.files)
+    theirs_tok = transformers.AutoTokenizer.from_pretrained(tiny_checkpoint("llama"))
+    ended = 0
+    for prompt in PROMPTS:
+        for length_penalty in (1.0, 0.0):
+            p = beam.BeamParams(3, 16, frozenset(), length_penalty=length_penalty)
+            found = beam.run(engine, prompt, dataclasses.replace(p, text=TextStream(ours_tok, stops)))
+            assert same(found, hf_beams(model, prompt, p, stops, theirs_tok))
+            ended += sum(len(h.tokens) < 16 for h in found)
+    assert ended >= 2  # (the stops ended hypotheses early)
+
+
+def test_wrong_variant_beams_sharing_one_text_miss(llama, tiny_checkpoint, tiny_engine, monkeypatch):
+    """Each continuation's text goes on from its parent beam's own: with one text for all (no fork),
+    stop strings are found in text no hypothesis has, and the answers must miss transformers'."""
+    model, engine, eos = llama
+    ours_tok = Tokenizer.from_engine_dir(tiny_engine("llama"), engine.manifest.files)
+    theirs_tok = transformers.AutoTokenizer.from_pretrained(tiny_checkpoint("llama"))
+    monkeypatch.setattr(TextStream, "fork", lambda self: self)
+    stops = ("Usw", "smal>")  # (each across two tokens)
+    p = beam.BeamParams(3, 16, frozenset())
+    assert not all(same(beam.run(engine, prompt, dataclasses.replace(p, text=TextStream(ours_tok, stops))),
+                        hf_beams(model, prompt, p, stops, theirs_tok)) for prompt in PROMPTS)

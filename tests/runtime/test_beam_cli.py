@@ -11,6 +11,7 @@ import pytest
 
 from trtllm.runtime import beam
 from trtllm.runtime.engine import load_engine
+from trtllm.runtime.text import TextStream
 from trtllm.runtime.tokenizer import Tokenizer
 
 pytestmark = pytest.mark.hf
@@ -71,10 +72,33 @@ def test_logprobs_are_each_beams_own(tiny_engine, run_cli):
     assert len(got[2]["logprobs"][0]) == 2  # (the plain neighbour its own)
 
 
+def test_stop_strings_end_beams(tiny_engine, run_cli):
+    """`stop` with beams: the responses are the search's with the request's stop strings (runtime/beam.py;
+    tests/parity/test_beam_search.py checks those against transformers' stop_strings); a beam that
+    ended at one says stop-words and its text ends before it, as plain decoding's does."""
+    engine_dir = tiny_engine("llama")
+    plain = {"temperature": 0, "max_generate_length": 12, "requests": [{"messages": CHAT, "num_beams": 3, "n": 3}]}
+    result, out = run_cli(engine_dir, plain)
+    assert result.exit_code == 0, result.output
+    text = out["responses"][0]["output_text"]
+    stops = [text[4:6], text[-3:-1]]  # (text the beams write)
+    result, out = run_cli(engine_dir, {**plain, "requests": [{**plain["requests"][0], "stop": stops}]})
+    assert result.exit_code == 0, result.output
+    got = out["responses"]
+    engine = load_engine(engine_dir)
+    tok = Tokenizer.from_engine_dir(engine_dir, engine.manifest.files)
+    prompt = tok.encode(got[0]["formatted_complete_request"], add_special_tokens=False)
+    found = beam.run(engine, prompt, beam.BeamParams(3, 12, frozenset(engine.manifest.eos_token_ids),
+                                                     text=TextStream(tok, tuple(stops))))
+    assert [r["output_ids"] for r in got] == [list(h.tokens) for h in found]
+    stopped = [r for r in got if r["finish_reason"] == "stop-words"]
+    assert stopped and all(not any(s in r["output_text"] for s in stops) for r in stopped)
+    assert all(any(s in tok.decode(r["output_ids"]) for s in stops) for r in stopped)
+
+
 @pytest.mark.parametrize("extra, path, says", [
     ({}, "temperature", "0.0 with `requests[0].num_beams` 2 (beam search does not sample)"),
     ({"temperature": 0, "n": 3}, "requests[0].n", "at most `requests[0].num_beams` 2"),
-    ({"temperature": 0, "stop": ["x"]}, "requests[0].stop", "[] with"),
     ({"temperature": 0, "repetition_penalty": 1.2}, "requests[0].repetition_penalty", "log-probabilities"),
     ({"temperature": 0, "prompt_logprobs": 2}, "requests[0].prompt_logprobs", "not with beam search"),
     ({"temperature": 0, "guided_decoding": {"choice": ["a", "b"]}}, "requests[0].guided_decoding", "null with"),

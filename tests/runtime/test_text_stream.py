@@ -132,3 +132,17 @@ def test_penalty_bookkeeping():
     assert sampling.make_batch([sampling.SamplingParams(top_k=10)], 10, 4).top_k[0] == 0  # >= vocab: all tokens
     with pytest.raises(ValueError, match="top_k must be <= 4"):
         sampling.make_batch([sampling.SamplingParams(top_k=5)], 10, 4)
+
+
+def test_a_fork_goes_on_apart_from_its_parent():
+    """runtime/beam.py forks a beam's text for each continuation: each fork, fed its own characters,
+    is what a fresh stream fed the whole text gives, and the parent is left as it was."""
+    ids = CharTokenizer.ALPHABET.index
+    parent = TextStream(CharTokenizer(), ("XYZ",))
+    for ch in "ab X":
+        parent.push(ids(ch))
+    left, right = parent.fork(), parent.fork()
+    assert [left.push(ids(ch)) for ch in "YZ"] == [False, True] and left.final_text() == "ab "
+    assert [right.push(ids(ch)) for ch in "Y!"] == [False, False] and right.text == "ab XY!"
+    assert parent.text == "ab X" and parent.stop_at is None
+    assert [parent.push(ids(ch)) for ch in "YZ"] == [False, True]
