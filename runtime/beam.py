@@ -57,6 +57,14 @@ class BeamParams:
     # with stop strings: the request's text (runtime/text.py TextStream), before any token: a
     # continuation whose text then holds a stop string ends its hypothesis, as EOS does
     text: object = field(default=None, compare=False)
+    # transformers' logits processors on the log-probabilities (shaped_candidates): a sequence_bias
+    # of one-token sequences, ((id, bias), ...), then repetition_penalty over the prompt and the beam
+    logit_bias: tuple = ()
+    repetition_penalty: float = 1.0
+
+    @property
+    def shaped(self) -> bool:
+        return bool(self.logit_bias) or self.repetition_penalty != 1.0
 
 
 def best(values: np.ndarray, k: int) -> np.ndarray:
@@ -77,6 +85,38 @@ def top_candidates(logits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     return np.stack([values for values, _ in rows]), np.stack([ids for _, ids in rows])
 
 
+def shaped_candidates(logits: np.ndarray, p: BeamParams, prompt: list[int], running: list, k: int):
+    """top_candidates of log-probabilities shaped as transformers' beam search shapes them (its
+    logits processors take log_softmax of the logits): logit_bias added (SequenceBiasLogitsProcessor),
+    then repetition_penalty over the prompt's and each beam's tokens (RepetitionPenaltyLogitsProcessor:
+    a log-probability below 0 times it, else over it). With what the answer's logprobs report, as
+    plain decoding's do (log_softmax of the logits plus logit_bias, before penalties): (scores, ids,
+    reported) for Search.advance."""
+    ids = np.array([t for t, _ in p.logit_bias], np.int64)
+    bias = np.array([b for _, b in p.logit_bias], np.float32)
+    scores, found_ids, full = [], [], []
+    for row, beam in zip(logits, running):
+        shaped = sampling.log_softmax(row, np.float32(0))
+        shaped[ids] += bias
+        if p.repetition_penalty != 1.0:
+            seen = np.unique(np.array(prompt + list(beam), np.int64))
+            s = shaped[seen]
+            shaped[seen] = np.where(s < 0, s * np.float32(p.repetition_penalty), s / np.float32(p.repetition_penalty))
+        values, top = sampling.top_logprobs(shaped, k)
+        scores.append(values)
+        found_ids.append(top)
+        if p.num_logprobs:
+            dense = np.zeros(len(row), np.float32)
+            dense[ids] = bias
+            full.append(sampling.log_softmax(row, dense))
+    reported = None
+    if p.num_logprobs:
+        full = np.stack(full)
+        tops = [sampling.top_logprobs(f, p.num_logprobs) for f in full]
+        reported = (np.stack([v for v, _ in tops]), np.stack([i for _, i in tops]), full)
+    return np.stack(scores), np.stack(found_ids), reported
+
+
 class Search:
     """One request's beams: `advance` takes each running beam's best next tokens and says which
     beam each next running beam extends (None: the search is over); `hypotheses` gives the answers."""
@@ -91,7 +131,7 @@ class Search:
         # (a wider row changes nothing: what it adds is below each beam's best `width`, and the
         # beam-major order of what is kept stays, so ties break as before)
         self.width = max(self.width, p.num_logprobs)
-        # num_logprobs: per running and finished beam, per token, (its step's row of scores, of ids, the token's place in it)
+        # num_logprobs: per running and finished beam, per token, (its step's best log-probabilities, their ids, its own)
         self.trace, self.finished_trace = [()] * b, [()] * b
         self.texts = [p.text] * b if p.text is not None else None  # per running beam, its text so far
         self.running = [()] * b
@@ -102,15 +142,18 @@ class Search:
         self.is_finished = np.zeros(b, bool)
         self.improvable = True  # transformers' is_early_stop_heuristic_unsatisfied
 
-    def advance(self, scores: np.ndarray, ids: np.ndarray) -> np.ndarray | None:
+    def advance(self, scores: np.ndarray, ids: np.ndarray, reported=None) -> np.ndarray | None:
         """scores, ids [B, width]: each running beam's best next tokens' log-probabilities, largest
-        first, ties lower id first (top_candidates; the graph's top_logprobs)."""
-        p, b = self.p, self.p.num_beams
+        first, ties lower id first (top_candidates; the graph's top_logprobs). `reported`, where the
+        scores are shaped (shaped_candidates): what the answer's logprobs report, (top values [B, k],
+        their ids, every token's [B, V]); else those are the scores themselves."""
+        p, b, k = self.p, self.p.num_beams, self.p.num_logprobs
         if not np.isfinite(scores[:, 0]).all():  # (NaN where a logit was NaN or +inf)
             raise FloatingPointError(f"the logits were not finite (NaN or infinite) at token {self.generated + 1}: "
                                      "the model overflowed")
-        if p.num_logprobs:  # what the answer's logprobs report (before min_new_tokens), copied: the
-            raw, raw_ids = scores.copy(), ids.copy()  # engine may write its next step's outputs over these
+        if k and reported is None:  # (before min_new_tokens; copied: the engine may write its next
+            reported = scores[:, :k].copy(), ids[:, :k].copy(), None  # step's outputs over these)
+            raw = scores.copy()
         if self.generated < p.min_new_tokens and p.eos_ids:
             scores = np.where(np.isin(ids, list(p.eos_ids)), np.float32(-np.inf), scores)
         width = scores.shape[1]
@@ -125,8 +168,13 @@ class Search:
             ends |= np.array([text.push(int(t), check_stops=length > p.min_new_tokens)
                               for text, t in zip(texts, tokens)])
         candidates = [self.running[beam] + (int(t),) for beam, t in zip(parents, tokens)]
-        traces = [self.trace[beam] + ((raw[beam], raw_ids[beam], j),) for beam, j in zip(parents, top % width)] \
-            if p.num_logprobs else [()] * len(top)
+        if k:  # per token: (its step's best log-probabilities, their ids, its own)
+            values, top_ids, full = reported
+            traces = [self.trace[beam] + ((values[beam], top_ids[beam],
+                                           float(raw[beam, j] if full is None else full[beam, t])),)
+                      for beam, j, t in zip(parents, top % width, tokens)]
+        else:
+            traces = [()] * len(top)
         # the running beams of the next step: the best that do not end
         open_scores = top_scores + ends.astype(np.float32) * MASK
         nxt = best(open_scores, b)
@@ -158,9 +206,7 @@ class Search:
         return parents[nxt] if going else None
 
     def hypotheses(self) -> list[Hypothesis]:
-        k = self.p.num_logprobs
-        return [Hypothesis(tokens, float(score), bool(done),
-                           tuple((values[:k], ids[:k], float(values[j])) for values, ids, j in trace))
+        return [Hypothesis(tokens, float(score), bool(done), trace)
                 for tokens, score, done, trace in zip(self.finished, self.finished_scores, self.is_finished,
                                                       self.finished_trace)]
 
@@ -189,6 +235,13 @@ class Beams:
         return True
 
 
+def repeat(found, b: int):
+    """The prompt step's candidates (arrays of one row, nested in tuples, None) for each of b beams."""
+    if isinstance(found, (tuple, list)):
+        return tuple(repeat(x, b) for x in found)
+    return None if found is None else np.repeat(found, b, axis=0)
+
+
 def run(engine, prompt_ids: list[int], p: BeamParams, timing=None) -> list[Hypothesis]:
     """Beam search on `engine` (its KV in a cache of its own); the hypotheses best first. `timing`
     (runtime/rows.py Timing) gets its steps."""
@@ -207,13 +260,15 @@ def run_many(engine, jobs: list[tuple[list[int], BeamParams]], timing=None, done
     outcome, first slot)` is called as each search ends. A step that fails ends the searches in it
     alone."""
     m = engine.manifest
+    # searches run side by side while their beams fit in `limit` rows; one of more beams runs alone
     # (trtllm-run refuses more beams than max_batch_size; ONNX Runtime's batch is not bounded by it)
-    slots = max([rows or m.limits.max_batch_size] + [p.num_beams for _, p in jobs])
+    limit = rows or m.limits.max_batch_size
+    slots = max([limit] + [p.num_beams for _, p in jobs])
     kv = KVCacheManager(m.model, slots, max(len(prompt) + p.max_new_tokens for prompt, p in jobs))
     widths = [Search(p, len(prompt)).width for prompt, p in jobs]
     # the graph's sampler gives each row's best log-probabilities (log_softmax of the logits, as
     # transformers' beam search takes them) where its width holds them; else they come from the logits
-    graph = [w <= m.logprob_width for w in widths]
+    graph = [w <= m.logprob_width and not p.shaped for w, (_, p) in zip(widths, jobs)]
     params = sampling.SamplingParams(temperature=0.0, max_new_tokens=1,
                                      num_logprobs=max([w for w, g in zip(widths, graph) if g], default=0))
     batch = sampling.make_batch([params] * slots, m.model.vocab_size, m.max_top_k)
@@ -222,9 +277,12 @@ def run_many(engine, jobs: list[tuple[list[int], BeamParams]], timing=None, done
     lora = StepAdapters(m, slots) if m.lora else None  # (each search's beams take its adapter)
     waiting, active = list(range(len(jobs))), {}
 
-    def candidates(out, rows: slice, job: int):
+    def candidates(out, rows: slice, job: int, running: list):
+        prompt, p = jobs[job]
         if graph[job]:
             return out.top_logprobs[rows, :widths[job]], out.top_logprob_ids[rows, :widths[job]]
+        if p.shaped:
+            return shaped_candidates(out.logits[rows], p, prompt, running, widths[job])
         return top_candidates(out.logits[rows], widths[job])
 
     def timed(kind: str, inputs: StepInputs, start: int, stop: int, logits: bool):
@@ -252,6 +310,8 @@ def run_many(engine, jobs: list[tuple[list[int], BeamParams]], timing=None, done
             done(job, outcome, beams.base)
         for slot in beams.slots:
             owner[slot] = None
+        if isinstance(outcome, Exception):  # (its KV may be NaN: kv_cache.py clear)
+            kv.clear(beams.base, beams.slots.stop)
         if timing is not None:
             timing.generated_tokens += beams.search.generated
 
@@ -260,6 +320,8 @@ def run_many(engine, jobs: list[tuple[list[int], BeamParams]], timing=None, done
             prompt, p = jobs[job]
             base = next((s for s in range(slots - p.num_beams + 1)
                          if all(o is None for o in owner[s:s + p.num_beams])), None)
+            if active and sum(b.p.num_beams for b in active.values()) + p.num_beams > limit:
+                base = None
             if base is None:
                 break  # (it waits, and those after it too: answers keep the requests' order of starting)
             waiting.remove(job)
@@ -273,7 +335,7 @@ def run_many(engine, jobs: list[tuple[list[int], BeamParams]], timing=None, done
                     write_index=np.zeros(1, np.int64), last_index=np.array([n - 1], np.int64),
                     sampling=sampling.rows(batch, 0, 1), prompt=True), base, base + 1, not graph[job])
                 # (beams 1.. are beam 0 until the first step)
-                beams.found = [np.repeat(x, p.num_beams, axis=0) for x in candidates(out, slice(0, 1), job)]
+                beams.found = repeat(candidates(out, slice(0, 1), job, [()]), p.num_beams)
             except Exception as e:  # noqa: BLE001 - its own failure
                 finish(job, e)
         going = []
@@ -306,7 +368,7 @@ def run_many(engine, jobs: list[tuple[list[int], BeamParams]], timing=None, done
             continue
         for job in going:
             beams = active[job]
-            beams.found = candidates(out, slice(beams.base - lo, beams.slots.stop - lo), job)
+            beams.found = candidates(out, slice(beams.base - lo, beams.slots.stop - lo), job, beams.search.running)
     return results
 
 
@@ -346,12 +408,14 @@ def unrunnable(req, index: int, manifest) -> str | None:
 def params_for(req, row, capacity: int) -> BeamParams:
     """A request's beam search as its first sample's row has it: the EOS ids it stops at (none with
     ignore_eos) and its stop_token_ids, min_new_tokens, and max_generate_length within the KV
-    capacity (as plain decoding caps it); its adapter, num_logprobs and stop strings."""
+    capacity (as plain decoding caps it); its adapter, num_logprobs, stop strings, logit_bias and
+    repetition_penalty."""
     return BeamParams(num_beams=req.num_beams, max_new_tokens=max(0, min(row.max_new_tokens,
                                                                            capacity + 1 - len(row.prompt_ids))),
                       eos_ids=row.banned, min_new_tokens=req.min_new_tokens, length_penalty=req.length_penalty,
                       early_stopping=req.early_stopping, adapter=row.adapter, num_logprobs=req.num_logprobs,
-                      text=row.text.fork() if row.text is not None and row.text.stops else None)
+                      text=row.text.fork() if row.text is not None and row.text.stops else None,
+                      logit_bias=tuple(sorted(req.logit_bias.items())), repetition_penalty=req.repetition_penalty)
 
 
 def replay(row, hypothesis: Hypothesis, max_new_tokens: int) -> None:

@@ -6,12 +6,11 @@ from trtllm.runtime.strict_json import fail
 
 MAX_LENGTH_PENALTY = 10.0
 # What a request with num_beams > 1 may not set, and why: its settings' values that leave them off
-OFF = {"temperature": 0.0, "repetition_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0,
-       "logit_bias": {}, "guided_decoding": None, "prompt_logprobs": None}
+OFF = {"temperature": 0.0, "presence_penalty": 0.0, "frequency_penalty": 0.0, "guided_decoding": None,
+       "prompt_logprobs": None}
 OFF_WHY = {"temperature": "beam search does not sample", "guided_decoding": "not with beam search here",
            "prompt_logprobs": "not with beam search here",
-           **dict.fromkeys(("repetition_penalty", "presence_penalty", "frequency_penalty", "logit_bias"),
-                           "transformers' beam search applies them to log-probabilities: not here")}
+           **dict.fromkeys(("presence_penalty", "frequency_penalty"), "transformers' beam search has no such penalty")}
 
 
 def parse_early_stopping(value: object, path: str) -> bool | str:

@@ -403,7 +403,10 @@ class Scheduler:
 
     def release_finished(self) -> None:
         for slot in [s for s, r in self.active.items() if r.finish_reason]:
-            self.commit_context(slot, self.active.pop(slot))
+            row = self.active.pop(slot)
+            self.commit_context(slot, row)
+            if row.finish_reason == "error":  # (its KV may be NaN: kv_cache.py clear)
+                self.kv.clear(slot, slot + 1)
             self.kv.release(slot)
 
 

@@ -81,6 +81,13 @@ class KVCacheManager:
         assert self.owners[slot] is not None, f"slot {slot} is already free"
         self.owners[slot] = None
 
+    def clear(self, start: int, stop: int) -> None:
+        """Slots start..stop-1 zeroed, every position: a failed request's KV may be NaN (its model
+        overflowed), and a graph whose attention reads the masked positions too (the legacy graph's
+        standard-op attention) would pass that on to the next request in its slots."""
+        for b in self.buffers:
+            b[start:stop] = 0
+
     def move(self, src: int, dst: int, length: int) -> None:
         """Slot `src`'s first `length` positions, and its owner, into the free slot `dst`."""
         assert self.owners[src] is not None and self.owners[dst] is None, f"cannot move slot {src} to {dst}"

@@ -25,7 +25,10 @@ NEW = 12
 
 
 def hf_beams(model, prompt, p: beam.BeamParams, stops=(), tokenizer=None) -> list[tuple[tuple[int, ...], float]]:
-    """transformers' hypotheses and scores; `stops`: its stop_strings (with the HF `tokenizer`)."""
+    """transformers' hypotheses and scores; `stops`: its stop_strings (with the HF `tokenizer`); a
+    logit_bias as its sequence_bias, and repetition_penalty."""
+    shaping = dict(repetition_penalty=p.repetition_penalty,
+                   sequence_bias={(t,): b for t, b in p.logit_bias} or None)
     eos = sorted(p.eos_ids) or None
     with torch.no_grad():
         out = model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.int64),
@@ -33,7 +36,7 @@ def hf_beams(model, prompt, p: beam.BeamParams, stops=(), tokenizer=None) -> lis
                              max_new_tokens=p.max_new_tokens, min_new_tokens=p.min_new_tokens or None,
                              length_penalty=p.length_penalty, early_stopping=p.early_stopping,
                              eos_token_id=eos, pad_token_id=0, return_dict_in_generate=True, output_scores=True,
-                             **(dict(stop_strings=list(stops), tokenizer=tokenizer) if stops else {}))
+                             **(dict(stop_strings=list(stops), tokenizer=tokenizer) if stops else {}), **shaping)
     answers = []
     for seq, score in zip(out.sequences[:, len(prompt):].tolist(), out.sequences_scores.tolist()):
         end = next((i + 1 for i, t in enumerate(seq) if t in p.eos_ids
@@ -185,3 +188,56 @@ def test_wrong_variant_beams_sharing_one_text_miss(llama, tiny_checkpoint, tiny_
     p = beam.BeamParams(3, 16, frozenset())
     assert not all(same(beam.run(engine, prompt, dataclasses.replace(p, text=TextStream(ours_tok, stops))),
                         hf_beams(model, prompt, p, stops, theirs_tok)) for prompt in PROMPTS)
+
+
+@pytest.mark.parametrize("penalty, bias", [(1.3, ()), (0.8, ()), (1.0, ((77, 2.5), (140, -1.0))), (1.5, ((77, 2.5),))])
+def test_logit_bias_and_repetition_penalty_are_transformers_processors(llama, penalty, bias):
+    """logit_bias and repetition_penalty shape each step's log-probabilities as transformers' beam
+    search does (sequence_bias, then RepetitionPenaltyLogitsProcessor over the prompt and the beam):
+    its hypotheses and scores, with EOS ids, min_new_tokens and several searches sharing steps; and
+    num_logprobs still reports log_softmax(logits + logit_bias), before the penalty."""
+    model, engine, eos = llama
+    jobs = [(prompt, beam.BeamParams(3, NEW, eos, min_new_tokens=min_new, logit_bias=bias, repetition_penalty=penalty))
+            for prompt in PROMPTS for min_new in (0, 3)]
+    plain = [beam.run(engine, prompt, dataclasses.replace(p, logit_bias=(), repetition_penalty=1.0))
+             for prompt, p in jobs]
+    together = beam.run_many(engine, jobs, rows=6)
+    for (prompt, p), (found, _), unshaped in zip(jobs, together, plain):
+        assert same(found, hf_beams(model, prompt, p))
+        assert found != unshaped  # (the shaping changes them)
+    prompt, p = jobs[0]
+    found = beam.run(engine, prompt, dataclasses.replace(p, num_logprobs=4))
+    assert found == together[0][0]
+    h = found[0]
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt + list(h.tokens)])).logits[0, len(prompt) - 1:-1].double()
+    dense = torch.zeros(logits.shape[1], dtype=torch.float64)
+    for t, b in bias:
+        dense[t] = b
+    theirs = torch.log_softmax(logits + dense, -1).numpy()
+    np.testing.assert_allclose([own for _, _, own in h.logprobs], theirs[np.arange(len(h.tokens)), list(h.tokens)],
+                               atol=1e-4, rtol=0)
+    assert [list(ids) for _, ids, _ in h.logprobs] == [list(np.argsort(-row, kind="stable")[:4]) for row in theirs]
+
+
+def test_searches_share_at_most_rows_and_a_wider_one_runs_alone(llama):
+    """run_many's rows bound the beams running side by side; a search of more beams than that runs
+    alone, and those after it still keep to the bound (each search as alone)."""
+    model, engine, eos = llama
+    jobs = [(PROMPTS[0], beam.BeamParams(4, 6, eos))] + [(PROMPTS[1], beam.BeamParams(2, 6, eos))] * 3
+    steps = []
+    real = engine.step
+
+    def counting(inputs, kv, want_logits=False):
+        steps.append(inputs.input_ids.shape[0])
+        return real(inputs, kv, want_logits)
+
+    engine.step = counting
+    try:
+        together = beam.run_many(engine, jobs, rows=2)
+    finally:
+        del engine.step
+    wide = [i for i, rows in enumerate(steps) if rows == 4]  # (the 4-beam search's steps, first)
+    assert wide == list(range(1, len(wide) + 1)) and max(steps[wide[-1] + 1:]) == 2
+    assert [base for _, base in together] == [0, 0, 0, 0]  # (one 2-beam search at a time, in slots 0-1)
+    assert [found for found, _ in together] == [beam.run(engine, prompt, p) for prompt, p in jobs]

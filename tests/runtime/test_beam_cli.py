@@ -99,7 +99,7 @@ def test_stop_strings_end_beams(tiny_engine, run_cli):
 @pytest.mark.parametrize("extra, path, says", [
     ({}, "temperature", "0.0 with `requests[0].num_beams` 2 (beam search does not sample)"),
     ({"temperature": 0, "n": 3}, "requests[0].n", "at most `requests[0].num_beams` 2"),
-    ({"temperature": 0, "repetition_penalty": 1.2}, "requests[0].repetition_penalty", "log-probabilities"),
+    ({"temperature": 0, "presence_penalty": 0.5}, "requests[0].presence_penalty", "has no such penalty"),
     ({"temperature": 0, "prompt_logprobs": 2}, "requests[0].prompt_logprobs", "not with beam search"),
     ({"temperature": 0, "guided_decoding": {"choice": ["a", "b"]}}, "requests[0].guided_decoding", "null with"),
     ({"temperature": 0, "early_stopping": "sometimes"}, "requests[0].early_stopping", '"never"'),
