@@ -455,13 +455,15 @@ def answer(engine, samples: list, timing, on_token=None, rows: int | None = None
                                f"score under length_penalty {params.length_penalty} (transformers gives up there "
                                "too, and answers with the placeholders); use a length_penalty nearer 0 or a "
                                "smaller n")
+        for smp in group:
+            smp.row.batch_idx = base  # (its beams took slots base .. base + B - 1)
         if isinstance(found, Exception):  # its own failure, not its neighbours'
             why = str(found) if isinstance(found, Unfinished) else f"{type(found).__name__}: {found}"
             for smp in group:
                 smp.row.fail(f"beam search failed ({why})")
             found = []
         for smp, hypothesis in zip(group, found):
-            smp.beam_score, smp.row.batch_idx = hypothesis.score, base  # (its beams took slots base .. base + B - 1)
+            smp.beam_score = hypothesis.score
             replay(smp.row, hypothesis, params.max_new_tokens)
         for smp in group:
             if on_token is not None:

@@ -173,6 +173,7 @@ def test_an_engine_failure_in_a_shared_step_fails_its_searches_alone(tiny_engine
     r = out["responses"]
     assert [x["finish_reason"] for x in r[:2]] == ["error"] * 2
     assert all(x["error"].endswith("beam search failed (RuntimeError: device lost)") for x in r[:2])
+    assert [x["batch_idx"] for x in r] == [0, 2, 0, 0]  # (the slots each took, failed or not; plain ones after)
     assert [x["finish_reason"] in ("max-length", "end-of-sequence") for x in r[2:]] == [True, True]
     assert r[2]["beam_score"] is not None
 
