@@ -245,7 +245,7 @@ def repeat(found, b: int):
 def run(engine, prompt_ids: list[int], p: BeamParams, timing=None) -> list[Hypothesis]:
     """Beam search on `engine` (its KV in a cache of its own); the hypotheses best first. `timing`
     (runtime/rows.py Timing) gets its steps."""
-    found, _ = run_many(engine, [(prompt_ids, p)], timing)[0]
+    found, _ = run_many(engine, [(prompt_ids, p)], timing, rows=p.num_beams)[0]
     if isinstance(found, Exception):
         raise found
     return found
