@@ -29,6 +29,7 @@ import numpy as np
 
 from trtllm.runtime import sampling
 from trtllm.runtime.engine import StepInputs
+from trtllm.runtime.step_inputs import MIN_COMPUTED
 from trtllm.runtime.kv_cache import KVCacheManager
 from trtllm.runtime.lora import StepAdapters
 
@@ -61,6 +62,11 @@ class BeamParams:
     # of one-token sequences, ((id, bias), ...), then repetition_penalty over the prompt and the beam
     logit_bias: tuple = ()
     repetition_penalty: float = 1.0
+    # its system-prompt prefix (a prefix of the prompt) whose saved KV it restores, and saves where
+    # none was (save_system_prompt_kv_cache); whether it looks up --context-reuse's KV
+    prefix_ids: tuple = ()
+    save_prefix: bool = False
+    context_lookup: bool = False
 
     @property
     def shaped(self) -> bool:
@@ -235,6 +241,30 @@ class Beams:
         return True
 
 
+def key(p: BeamParams) -> str | None:
+    """Its adapter's, in the saved KV's keys (runtime/step_inputs.py adapter_key)."""
+    return None if p.adapter is None else p.adapter.digest
+
+
+def restore(kv: KVCacheManager, slot: int, prompt: list[int], p: BeamParams, prefixes, contexts) -> int:
+    """The saved KV the prompt starts from into `slot` (a saved system prompt's, then a longer
+    --context-reuse hit's), as runtime/generate.py restores a row's, MIN_COMPUTED prompt tokens
+    left to compute; how many positions it holds."""
+    reused, limit = 0, len(prompt) - MIN_COMPUTED
+    if prefixes and p.prefix_ids:
+        saved = prefixes.load(p.prefix_ids, key(p), kv.layout(len(p.prefix_ids)))
+        if saved is not None and (n := min(saved.shape[2], limit)) > 0:
+            kv.write(slot, saved[:, :, :n])
+            reused = n
+    if contexts is not None and p.context_lookup and limit > reused:
+        saved = contexts.lookup(prompt, key(p), limit, kv.layout)
+        if saved is not None and saved.shape[2] > reused:
+            kv.write(slot, saved)
+            contexts.reused_tokens += saved.shape[2] - reused
+            reused = saved.shape[2]
+    return reused
+
+
 def repeat(found, b: int):
     """The prompt step's candidates (arrays of one row, nested in tuples, None) for each of b beams."""
     if isinstance(found, (tuple, list)):
@@ -251,14 +281,16 @@ def run(engine, prompt_ids: list[int], p: BeamParams, timing=None) -> list[Hypot
     return found
 
 
-def run_many(engine, jobs: list[tuple[list[int], BeamParams]], timing=None, done=None, rows: int | None = None) -> list:
+def run_many(engine, jobs: list[tuple[list[int], BeamParams]], timing=None, done=None, rows: int | None = None,
+             prefixes=None, contexts=None) -> list:
     """Several requests' beam searches, their beams sharing the engine's steps (up to `rows` rows,
     default max_batch_size; a search waits for its B slots side by side, and takes those a finished
     one frees): per job, (its hypotheses best first, or the exception that ended it; its first
     slot). A search's steps are its steps alone: a row is computed alike in any batch
     (tests/runtime/test_batch_invariance.py), and its candidates come the same way. `done(job,
     outcome, first slot)` is called as each search ends. A step that fails ends the searches in it
-    alone."""
+    alone. `prefixes` (runtime/prefix_cache.py), `contexts` (runtime/context_cache.py): the saved
+    KV a search's prompt starts from, as plain decoding restores it (runtime/generate.py)."""
     m = engine.manifest
     # searches run side by side while their beams fit in `limit` rows; one of more beams runs alone
     # (trtllm-run refuses more beams than max_batch_size; ONNX Runtime's batch is not bounded by it)
@@ -330,10 +362,15 @@ def run_many(engine, jobs: list[tuple[list[int], BeamParams]], timing=None, done
                 owner[slot] = job
             n = len(prompt)
             try:
+                reused = restore(kv, base, prompt, p, prefixes, contexts)
                 out = timed("llm_prefill", StepInputs(
-                    input_ids=np.array([prompt], np.int64), position_ids=np.arange(n)[None],
-                    write_index=np.zeros(1, np.int64), last_index=np.array([n - 1], np.int64),
+                    input_ids=np.array([prompt[reused:]], np.int64), position_ids=np.arange(reused, n)[None],
+                    write_index=np.array([reused], np.int64), last_index=np.array([n - reused - 1], np.int64),
                     sampling=sampling.rows(batch, 0, 1), prompt=True), base, base + 1, not graph[job])
+                if timing is not None:
+                    timing.reused_tokens += reused
+                if p.save_prefix and prefixes and reused == 0 and p.prefix_ids and len(p.prefix_ids) <= n:
+                    prefixes.save(p.prefix_ids, kv.read(base, len(p.prefix_ids)), key(p))
                 # (beams 1.. are beam 0 until the first step)
                 beams.found = repeat(candidates(out, slice(0, 1), job, [()]), p.num_beams)
             except Exception as e:  # noqa: BLE001 - its own failure
@@ -415,7 +452,8 @@ def params_for(req, row, capacity: int) -> BeamParams:
                       eos_ids=row.banned, min_new_tokens=req.min_new_tokens, length_penalty=req.length_penalty,
                       early_stopping=req.early_stopping, adapter=row.adapter, num_logprobs=req.num_logprobs,
                       text=row.text.fork() if row.text is not None and row.text.stops else None,
-                      logit_bias=tuple(sorted(req.logit_bias.items())), repetition_penalty=req.repetition_penalty)
+                      logit_bias=tuple(sorted(req.logit_bias.items())), repetition_penalty=req.repetition_penalty,
+                      prefix_ids=row.prefix_ids, save_prefix=row.save_prefix, context_lookup=row.context_lookup)
 
 
 def replay(row, hypothesis: Hypothesis, max_new_tokens: int) -> None:
@@ -437,7 +475,8 @@ class Unfinished(RuntimeError):
     """Fewer hypotheses finished than the request's n."""
 
 
-def answer(engine, samples: list, timing, on_token=None, rows: int | None = None) -> None:
+def answer(engine, samples: list, timing, on_token=None, rows: int | None = None, prefixes=None,
+           contexts=None) -> None:
     """trtllm-run's requests with num_beams > 1 (runtime/runner.py Samples, a request's n adjacent),
     their searches sharing the engine's steps (run_many): sample i gets the i-th best hypothesis, its
     score `beam_score`, as its search ends. A failure of one fails that request alone."""
@@ -470,4 +509,4 @@ def answer(engine, samples: list, timing, on_token=None, rows: int | None = None
                 on_token(smp.row)
 
     if jobs:
-        run_many(engine, jobs, timing, done, rows)
+        run_many(engine, jobs, timing, done, rows, prefixes, contexts)

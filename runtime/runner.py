@@ -271,7 +271,7 @@ class Runner:
         try:
             try:
                 beam.answer(self.engine, [smp for smp in live if smp.prepared.request.num_beams > 1], self.timing,
-                            on_token if on_text else None, num_slots)
+                            on_token if on_text else None, num_slots, self.prefixes, self.contexts)
                 run_rows(self.engine, [smp.row for smp in live if smp.prepared.request.num_beams == 1], num_slots,
                          self.timing,
                          on_token if on_text else None, self.prefixes, self.drafter, self.prefill_chunk,

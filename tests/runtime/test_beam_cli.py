@@ -96,6 +96,34 @@ def test_stop_strings_end_beams(tiny_engine, run_cli):
     assert all(any(s in tok.decode(r["output_ids"]) for s in stops) for r in stopped)
 
 
+def test_beams_restore_saved_system_prompt_and_context_kv(tiny_engine, run_cli, tmp_path):
+    """A beam request's prompt starts from saved KV as a plain one's does: its saved system prompt
+    (save_system_prompt_kv_cache), then --context-reuse's KV of an earlier request; the beams and
+    scores are those computed from nothing, and the profile counts the restored tokens."""
+    engine_dir = tiny_engine("llama")
+    system = [{"role": "system", "content": "You are a terse assistant that answers in one line."}]
+    request = {"messages": system + CHAT, "num_beams": 3, "n": 2, "save_system_prompt_kv_cache": True}
+    payload = {"temperature": 0, "max_generate_length": 6, "requests": [request]}
+    result, fresh = run_cli(engine_dir, payload)
+    assert result.exit_code == 0, result.output
+
+    def run(*extra):
+        profile = tmp_path / "p.json"
+        result, out = run_cli(engine_dir, payload, "--kv-cache-dir", str(tmp_path / "kv"), "--profile", str(profile),
+                              *extra)
+        assert result.exit_code == 0, result.output
+        assert [(r["output_ids"], r["beam_score"]) for r in out["responses"]] == \
+            [(r["output_ids"], r["beam_score"]) for r in fresh["responses"]]
+        return json.loads(profile.read_text())["prefill"]["reused_tokens"]
+
+    assert run() == 0            # saves the system prompt's KV
+    saved = run()                # restores it
+    assert saved > 0
+    plain = {**payload, "requests": [{"messages": system + CHAT}]}  # (a plain request leaves its KV for the next)
+    assert run_cli(engine_dir, plain, "--context-reuse", "--kv-cache-dir", str(tmp_path / "kv"))[0].exit_code == 0
+    assert run("--context-reuse") > saved  # (the whole prompt but MIN_COMPUTED tokens, past the system prompt)
+
+
 @pytest.mark.parametrize("extra, path, says", [
     ({}, "temperature", "0.0 with `requests[0].num_beams` 2 (beam search does not sample)"),
     ({"temperature": 0, "n": 3}, "requests[0].n", "at most `requests[0].num_beams` 2"),
