@@ -3,6 +3,7 @@ user keeps in it), and how the new one takes its place (renamed over it, or swap
 entry where a rename cannot work)."""
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -47,7 +48,7 @@ def check_output(config: BuildConfig, out_dir: Path) -> None:
 # What an engine directory of any build holds: its graphs and plans, the tokenizer files
 # transformers' save_pretrained writes (additional_chat_templates: a tokenizer's named templates),
 # the saved system-prompt KV (cache), adapters and the draft head.
-BUILT = re.compile(r"manifest\.json|verify\.json|cache|lora|eagle|llm\..*|.*\.(jinja|model)|tokenizer.*|"
+BUILT = re.compile(r"manifest\.json|verify\.json|checksums\.sha256|cache|lora|eagle|llm\..*|.*\.(jinja|model)|tokenizer.*|"
                    r"generation_config\.json|special_tokens_map\.json|added_tokens\.json|vocab\..*|merges\.txt|"
                    r"chat_template\.json|additional_chat_templates")
 # Hidden entries no one keeps on purpose: macOS's and NFS's, and a killed in-place build's own.
@@ -111,6 +112,32 @@ def swap_entries(new: Path, out_dir: Path, old: Path) -> None:
             os.replace(target, source)
         raise
     new.rmdir()
+
+
+# sha256sum's format: `cd ENGINE && sha256sum -c checksums.sha256` checks a copied engine whole
+CHECKSUMS_NAME = "checksums.sha256"
+
+
+def engine_files(engine_dir: Path) -> list[Path]:
+    """Every file of a built engine but the checksums themselves, in a fixed order."""
+    return sorted(p for p in engine_dir.rglob("*") if p.is_file() and p.name != CHECKSUMS_NAME)
+
+
+def binary_sizes(engine_dir: Path) -> dict[str, int]:
+    """The graphs', weights', plans', adapters' and draft head's sizes (manifest.sizes): what the
+    runtime checks at every load, so that an engine copied to a device in part (an interrupted copy)
+    is refused by name. Text files (a chat template, generation_config.json) are left out: a user
+    may edit those."""
+    return {p.relative_to(engine_dir).as_posix(): p.stat().st_size for p in engine_files(engine_dir)
+            if p.name.startswith("llm.") or p.relative_to(engine_dir).parts[0] in ("lora", "eagle")}
+
+
+def write_checksums(engine_dir: Path) -> None:
+    lines = []
+    for path in engine_files(engine_dir):
+        with open(path, "rb") as f:
+            lines.append(f"{hashlib.file_digest(f, 'sha256').hexdigest()}  {path.relative_to(engine_dir).as_posix()}\n")
+    (engine_dir / CHECKSUMS_NAME).write_text("".join(lines))
 
 
 def readable_by_all(engine_dir: Path) -> None:

@@ -26,7 +26,8 @@ from trtllm.builder.architectures import spec_for, weights_of
 from trtllm.builder.config import MODERN_MIN_TRT, BuildConfig, ConfigError, parse_trt_version
 from trtllm.builder import eagle, lora, provenance
 from trtllm.builder.decoder import DecoderWriter, attention_supported, gqa_supported, half_supported, lora_sites
-from trtllm.builder.engine_dir import check_output, in_place, readable_by_all, replace_engine
+from trtllm.builder.engine_dir import (binary_sizes, check_output, in_place, readable_by_all, replace_engine,
+                                       write_checksums)
 from trtllm.builder.quantize import QuantScheme
 from trtllm.plugins import cpu as cpu_kernels
 from trtllm.plugins import lint
@@ -454,7 +455,8 @@ def build(config: BuildConfig, log=print) -> Path:
         # a base model's tokenizer has no chat template, and transformers writes no file for it: the
         # manifest lists the files there are (the runtime refuses a listed file that is missing)
         manifest = dataclasses.replace(manifest, files={k: v for k, v in manifest.files.items()
-                                                        if k not in OPTIONAL_FILES or (tmp / v).is_file()})
+                                                        if k not in OPTIONAL_FILES or (tmp / v).is_file()},
+                                       sizes=binary_sizes(tmp))
         mf.save(manifest, tmp)
         if config.verify:
             from trtllm.builder.verify import verify_engine
@@ -472,6 +474,7 @@ def build(config: BuildConfig, log=print) -> Path:
                 e = report["eagle"]
                 log(f"verified the EAGLE outputs: eagle_hidden within {e['hidden_max_abs_error']:.2e}, the draft head "
                     f"within {e['draft_max_abs_error']:.2e}, proposals agree: {e['proposals_agree']}")
+        write_checksums(tmp)
         readable_by_all(tmp)
         replace_engine(tmp, out_dir, stage)
     except BaseException as e:

@@ -146,6 +146,10 @@ class Manifest:
     # and samples them, each with its own random number (verify_uniform in, verify_ids out): prompt
     # lookup speculates rows that sample (EAGLE engines say so in eagle.verify)
     verify_sampler: bool = False
+    # the graphs', weights' and other binaries' sizes in bytes, by path in the engine directory
+    # (builder/engine_dir.py binary_sizes): a file of another size is refused at load (an engine
+    # copied in part). Engines built before it have none.
+    sizes: dict = field(default_factory=dict)
     format_version: int = FORMAT_VERSION
 
     @property
@@ -258,7 +262,7 @@ def check(m: Manifest, engine_dir: Path) -> str:
             return f"{name} must be true or false, got {getattr(m, name)!r}"
     if m.verify_sampler and not m.prompt_logits:
         return "verify_sampler needs prompt_logits: it samples the logits of the verify_index positions"
-    for name, section in (("files", m.files), ("lora", m.lora), ("eagle", m.eagle)):
+    for name, section in (("files", m.files), ("lora", m.lora), ("eagle", m.eagle), ("sizes", m.sizes)):
         if not isinstance(section, dict):
             return f"{name} must be an object, got {type(section).__name__}"
     problem = check_eagle(m.eagle, model) or check_lora(m)
@@ -274,6 +278,22 @@ def check(m: Manifest, engine_dir: Path) -> str:
         present = (engine_dir / name).is_dir() if where.startswith("lora.") else (engine_dir / name).is_file()
         if not present:  # (a bundled adapter is a directory)
             return f"{where}: {name} is missing"
+    return check_sizes(m.sizes, engine_dir)
+
+
+def check_sizes(sizes: dict, engine_dir: Path) -> str:
+    """Each file the manifest gives a size for is there, of that size, or why not (one stat each)."""
+    for name, size in sizes.items():
+        if not isinstance(name, str) or not name or Path(name).is_absolute() or ".." in Path(name).parts \
+                or not whole(size, 0):
+            return f"sizes must map files inside the engine directory to byte counts, got {name!r}: {size!r}"
+        path = engine_dir / name
+        actual = path.stat().st_size if path.is_file() else None
+        if actual != size:
+            found = "missing" if actual is None else f"{actual:,} bytes"
+            return (f"{name} is {found}, and the build wrote {size:,} bytes: the engine directory is incomplete "
+                    "or damaged (an interrupted copy?): copy it again whole (`sha256sum -c checksums.sha256` "
+                    "inside it checks every file)")
     return ""
 
 

@@ -33,21 +33,38 @@ class TextStream:
         return new
 
     def push(self, token_id: int, check_stops: bool = True) -> bool:
-        """Add one generated token; True when a stop string now appears (earliest match wins)."""
+        """Add one generated token; True when a stop string now appears (earliest match wins).
+
+        The decoder holds text back (the start of a character the next token may complete, a
+        byte-fallback run, a clean-up's last characters); a stop string that this token completes
+        within that text is found now too, as transformers' StopStringCriteria finds it in the
+        tokens' bytes, not tokens later: the text is then flushed (the row ends here)."""
         old = len(self.text)
         self.text += self.decoder.push(token_id)
-        return self.check(old) if check_stops else False
+        if not check_stops:
+            return False
+        if self.check(old):
+            return True
+        if self.stops and self.find(self.text + self.decoder.peek().rstrip("\ufffd"), old):
+            self.text += self.decoder.flush()
+            return self.check(old)
+        return False
+
+    def find(self, text: str, old: int, end: int | None = None) -> tuple[int, str] | None:
+        """The earliest stop string that ends in text[old:end] (where it starts, which), or None."""
+        # A match must end in the new text: each stop string starts at most len(s) - 1 characters
+        # back (one start for all would find a short stop that ended before, e.g. before min_new_tokens).
+        hits = [(i, s) for s, i in ((s, text.find(s, max(0, old - len(s) + 1), end)) for s in self.stops)
+                if i >= 0]
+        return min(hits, key=lambda hit: hit[0]) if hits else None  # (min: the first given of those at one place)
 
     def check(self, old: int, end: int | None = None) -> bool:
         """Whether a stop string ends in text[old:end] (then stop_at is where the earliest starts)."""
         if not self.stops:
             return False
-        # A match must end in the new text: each stop string starts at most len(s) - 1 characters
-        # back (one start for all would find a short stop that ended before, e.g. before min_new_tokens).
-        hits = [(i, s) for s, i in ((s, self.text.find(s, max(0, old - len(s) + 1), end)) for s in self.stops)
-                if i >= 0]
-        if hits:  # (min keeps the first given of those found at one place)
-            self.stop_at, self.stopped_by = min(hits, key=lambda hit: hit[0])
+        hit = self.find(self.text, old, end)
+        if hit:
+            self.stop_at, self.stopped_by = hit
             return True
         return False
 

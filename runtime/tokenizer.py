@@ -223,6 +223,12 @@ class IncrementalDecoder:
         """Everything emitted so far."""
         return "".join(self._pieces)
 
+    def peek(self) -> str:
+        """What flush() would emit now, this decoder left as it is ("" where it holds nothing)."""
+        if self._read_offset == len(self._ids) and not getattr(self._tokenizer, "cleans_up", False):
+            return ""
+        return self.fork().flush()
+
     def fork(self) -> IncrementalDecoder:
         """A copy that goes on apart from this one (a beam's text, from the beam it extends)."""
         new = copy.copy(self)

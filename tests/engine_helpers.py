@@ -84,3 +84,16 @@ class MemoryPrefixes:
 
     def has(self, prefix_ids, adapter=None):
         return (tuple(prefix_ids), adapter) in self.saved
+
+
+def resized(engine_dir) -> None:
+    """After a test rewrote an engine's graph files: the manifest's `sizes` of them as they are now
+    (the runtime refuses a graph of another size than the build wrote)."""
+    from pathlib import Path
+
+    from trtllm.builder.engine_dir import binary_sizes
+
+    path = Path(engine_dir) / "manifest.json"
+    raw = json.loads(path.read_text())
+    raw["sizes"] = binary_sizes(Path(engine_dir))
+    path.write_text(json.dumps(raw, indent=2) + "\n")

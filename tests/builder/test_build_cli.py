@@ -297,7 +297,7 @@ def test_an_earlier_engine_holding_the_user_s_files_is_not_replaced(tmp_path, ti
     shutil.copytree(tiny_engine("llama"), engine)
     (engine / "my_notes.txt").write_text("keep")
     (engine / ".git").mkdir()
-    (engine / "cache").mkdir()
+    (engine / "cache").mkdir(exist_ok=True)  # (a run may have saved KV in the tiny engine's own)
     (engine / "additional_chat_templates").mkdir()  # a tokenizer's named templates (transformers writes it)
     (engine / ".DS_Store").write_text("")
     args = ["--model", str(tiny_checkpoint("llama")), "--output", str(engine), "--no-verify"]

@@ -31,7 +31,7 @@ from trtllm.runtime.engine import load_engine  # noqa: E402
 from trtllm.runtime.generate import RowState, decode_inputs, prefill_inputs  # noqa: E402
 from trtllm.runtime.kv_cache import KVCacheManager  # noqa: E402
 
-from tests.engine_helpers import run_greedy, unoptimized_sessions  # noqa: E402
+from tests.engine_helpers import resized, run_greedy, unoptimized_sessions  # noqa: E402
 
 ARCHS = ["llama", "mistral", "ministral", "qwen2", "qwen3", "phi3", "phi4-mini", "smollm3", "gemma", "gemma2", "gemma3",
          "granite", "olmo2", "olmo3", "exaone4", "ernie4_5", "helium", "hunyuan", "glm", "glm4"]
@@ -75,6 +75,7 @@ def write_legacy_engine(modern: Path, checkpoint: Path, out: Path, writer=Decode
     if "graph_profile" in {f.name for f in dataclasses.fields(manifest)}:
         changes["graph_profile"] = "legacy"
     mf.save(dataclasses.replace(manifest, **changes), out)
+    resized(out)
     return out
 
 

@@ -241,3 +241,20 @@ def test_searches_share_at_most_rows_and_a_wider_one_runs_alone(llama):
     assert wide == list(range(1, len(wide) + 1)) and max(steps[wide[-1] + 1:]) == 2
     assert [base for _, base in together] == [0, 0, 0, 0]  # (one 2-beam search at a time, in slots 0-1)
     assert [found for found, _ in together] == [beam.run(engine, prompt, p) for prompt, p in jobs]
+
+
+def test_a_stop_in_text_the_decoder_holds_back_ends_at_its_token(llama, tiny_checkpoint, tiny_engine):
+    """A token whose bytes are letters and the start of a character the next token would complete:
+    the decoder holds its text back, and a stop string made of those letters ends the hypothesis at
+    that token, as transformers' byte-wise StopStringCriteria ends it (not a token later)."""
+    model, engine, eos = llama
+    ours_tok = Tokenizer.from_engine_dir(tiny_engine("llama"), engine.manifest.files)
+    theirs_tok = transformers.AutoTokenizer.from_pretrained(tiny_checkpoint("llama"))
+    token = next(i for i in range(engine.manifest.model.vocab_size) if len(b := ours_tok.token_bytes(i)) >= 2
+                 and b[:-1].isalpha() and 0xC2 <= b[-1] <= 0xF4)
+    stops = (ours_tok.token_bytes(token)[:-1].decode(),)
+    p = beam.BeamParams(3, 8, frozenset(), logit_bias=((token, 8.0),))  # (so the beams write it)
+    for prompt in PROMPTS:
+        found = beam.run(engine, prompt, dataclasses.replace(p, text=TextStream(ours_tok, stops)))
+        assert same(found, hf_beams(model, prompt, p, stops, theirs_tok))
+        assert any(h.tokens[-1] == token for h in found)

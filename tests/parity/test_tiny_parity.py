@@ -17,7 +17,7 @@ from trtllm.runtime.engine import load_engine  # noqa: E402
 from trtllm.runtime.generate import RowState, prefill_inputs  # noqa: E402
 from trtllm.runtime.kv_cache import KVCacheManager  # noqa: E402
 
-from tests.engine_helpers import run_greedy  # noqa: E402
+from tests.engine_helpers import resized, run_greedy  # noqa: E402
 
 pytestmark = pytest.mark.hf
 ARCHS = ["llama", "mistral", "ministral", "qwen2", "qwen3", "phi3", "phi4-mini", "smollm3", "gemma", "gemma2", "gemma3",
@@ -264,6 +264,7 @@ def test_each_change_undone_is_caught(name, tiny_checkpoint, tiny_engine, tmp_pa
     writer = DecoderWriter(spec, weights_of(ck.model, spec), cos, sin, manifest.max_top_k,
                            local_rope=local, verify_logits=manifest.prompt_logits)
     export.save(writer.write(), engine_dir, export.ONNX_NAME)
+    resized(engine_dir)
     model, engine = hf_model(tiny_checkpoint(arch)), load_engine(engine_dir, graph="onnx")
     prompt = PROMPTS[1]
     generated, got = engine_logits(engine, prompt, num_decode=4)

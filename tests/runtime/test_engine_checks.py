@@ -52,7 +52,10 @@ MANIFEST = [("limits.max_batch_size", "abc", "limits.max_batch_size must be an i
             ("eos_token_ids", ["2"], "eos_token_ids must be token ids below"),
             ("files.compiled", "/etc/passwd", "files.compiled must name a file inside the engine directory"),
             ("files.compiled", "../llm.ort.onnx", "files.compiled must name a file inside the engine directory"),
-            ("model.sliding_layers", [0, 99], "model.sliding_layers must be layer indices")]
+            ("model.sliding_layers", [0, 99], "model.sliding_layers must be layer indices"),
+            ("sizes", {"../llm.onnx": 1}, "sizes must map files inside the engine directory"),
+            ("sizes", {"llm.onnx": -1}, "sizes must map files inside the engine directory"),
+            ("sizes", [], "sizes must be an object")]
 # numbers the graph contradicts (backends/onnxruntime.py: graph_mismatch)
 GRAPH = [("model.num_layers", 1, "layers"), ("model.head_dim", 8, "the manifest says [batch"),
          ("model.kv_dtype", "float16", "model.kv_dtype float16"), ("model.vocab_size", 100000, "model.vocab_size"),
@@ -120,6 +123,37 @@ def test_an_edited_lora_or_eagle_section_is_refused_when_it_loads(tmp_path, tiny
 def test_the_engine_as_built_loads(tiny_engine):
     """The wrong variant's other side: every check passes on what trtllm-build writes."""
     load_engine(tiny_engine("llama")).close()
+
+
+def test_an_engine_copied_in_part_is_refused_by_the_file_and_checksums_find_it(tmp_path, tiny_engine):
+    """An interrupted copy (llm.onnx.data cut short) is one line naming the file and both sizes, where
+    ONNX Runtime would fail on it deep in loading; sha256sum -c on the build's checksums.sha256 (every
+    file, the manifest too) passes on the engine as built and names the damaged file. An edited chat
+    template (a text file a user may change) loads."""
+    import subprocess
+
+    engine = tmp_path / "engine"
+    shutil.copytree(tiny_engine("llama"), engine)
+    manifest = json.loads((engine / mf.MANIFEST_NAME).read_text())
+    assert manifest["sizes"]["llm.onnx.data"] == (engine / "llm.onnx.data").stat().st_size
+    assert set(manifest["sizes"]) == {"llm.onnx", "llm.onnx.data", "llm.ort.onnx", "llm.ort.onnx.data"}
+    listed = [line.split("  ", 1)[1] for line in (engine / "checksums.sha256").read_text().splitlines()]
+    assert {"manifest.json", "verify.json", "tokenizer.json", "llm.onnx.data"} <= set(listed)
+    check = ["sha256sum", "-c", "--quiet", "checksums.sha256"]
+    assert subprocess.run(check, cwd=engine, capture_output=True).returncode == 0
+    with open(engine / "chat_template.jinja", "a") as f:
+        f.write("{# edited #}")
+    load_engine(engine).close()
+    size = (engine / "llm.onnx.data").stat().st_size
+    with open(engine / "llm.onnx.data", "r+b") as f:
+        f.truncate(size - 4096)
+    (tmp_path / "in.json").write_text(json.dumps({"requests": [{"messages": [{"role": "user", "content": "a"}]}]}))
+    result = CliRunner().invoke(main, [str(tmp_path / "in.json"), "--engine", str(engine)])
+    assert result.exit_code == 2
+    assert f"llm.onnx.data is {size - 4096:,} bytes, and the build wrote {size:,} bytes" in result.output
+    assert "interrupted copy" in result.output
+    damaged = subprocess.run(check, cwd=engine, capture_output=True, text=True)
+    assert damaged.returncode == 1 and "llm.onnx.data: FAILED" in damaged.stdout
 
 
 def test_a_missing_chat_template_is_refused_not_skipped(tmp_path, tiny_engine):

@@ -372,7 +372,8 @@ def test_a_corrupt_model_file_is_a_usage_error(tmp_path, tiny_engine):
 
     engine = tmp_path / "engine"
     shutil.copytree(tiny_engine("llama"), engine)
-    (engine / "llm.ort.onnx").write_bytes(b"not a model")
+    size = (engine / "llm.ort.onnx").stat().st_size  # (of its size: another is refused before ONNX Runtime)
+    (engine / "llm.ort.onnx").write_bytes(b"not a model".ljust(size, b"\0"))
     (tmp_path / "input.json").write_text(json.dumps({"requests": [chat("x")]}))
     result = CliRunner().invoke(main, [str(tmp_path / "input.json"), "--engine", str(engine)])
     assert result.exit_code == 2 and "cannot be loaded by ONNX Runtime" in result.output
