@@ -13,15 +13,17 @@ ends, or when no running beam can beat the worst finished one (transformers' heu
 allowed where length_penalty > 0; True, as soon as B hypotheses have finished).
 
 The request's B beams take B slots side by side of an engine step, which several requests' searches
-share (run_many); beam requests run before the others (runtime/runner.py). min_new_tokens holds the EOS ids back
-(-inf) for that many tokens, as transformers' MinNewTokensLengthLogitsProcessor does; stop_token_ids
-end a hypothesis as EOS does (transformers' eos_token_id list). Nothing else of the sampling
-settings applies (runtime/beam_rules.py refuses them).
+share (run_many); beam requests run before the others (runtime/beam_requests.py). min_new_tokens
+holds the EOS ids back (-inf) for that many tokens, as transformers' MinNewTokensLengthLogitsProcessor
+does; stop_token_ids end a hypothesis as EOS does (transformers' eos_token_id list), and stop strings
+as its StopStringCriteria does; logit_bias and repetition_penalty shape the log-probabilities as its
+processors do (shaped_candidates). A search runs its request's LoRA adapter, restores its saved
+KV, and keeps its tokens' logprobs where asked. What else a request may set does not apply
+(runtime/beam_rules.py refuses it).
 """
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import time
 from dataclasses import dataclass, field
 
@@ -427,86 +429,3 @@ def reorder(kv: KVCacheManager, parents: np.ndarray, held: list, prompt_len: int
 def common(a: tuple, b: tuple) -> int:
     """The length of the two token sequences' common start."""
     return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-
-
-def unrunnable(req, index: int, manifest) -> str | None:
-    """Why this engine cannot run a request's beam search (it fails alone), or None."""
-    where = f"requests[{index}].num_beams" if "num_beams" in req.own_fields else "num_beams"
-    if req.num_beams <= 1:
-        return None
-    if manifest.backend != "onnxruntime":
-        return f"`{where}` {req.num_beams}: beam search runs on ONNX Runtime engines (its KV copies are host arrays)"
-    if req.num_beams > manifest.limits.max_batch_size:
-        return (f"`{where}` {req.num_beams}: more beams than the engine's max_batch_size "
-                f"{manifest.limits.max_batch_size} (each beam is a batch row); rebuild with a larger --max-batch-size")
-    return None
-
-
-def params_for(req, row, capacity: int) -> BeamParams:
-    """A request's beam search as its first sample's row has it: the EOS ids it stops at (none with
-    ignore_eos) and its stop_token_ids, min_new_tokens, and max_generate_length within the KV
-    capacity (as plain decoding caps it); its adapter, num_logprobs, stop strings, logit_bias and
-    repetition_penalty."""
-    return BeamParams(num_beams=req.num_beams, max_new_tokens=max(0, min(row.max_new_tokens,
-                                                                           capacity + 1 - len(row.prompt_ids))),
-                      eos_ids=row.banned, min_new_tokens=req.min_new_tokens, length_penalty=req.length_penalty,
-                      early_stopping=req.early_stopping, adapter=row.adapter, num_logprobs=req.num_logprobs,
-                      text=row.text.fork() if row.text is not None and row.text.stops else None,
-                      logit_bias=tuple(sorted(req.logit_bias.items())), repetition_penalty=req.repetition_penalty,
-                      prefix_ids=row.prefix_ids, save_prefix=row.save_prefix, context_lookup=row.context_lookup)
-
-
-def replay(row, hypothesis: Hypothesis, max_new_tokens: int) -> None:
-    """A hypothesis into a sample's row, token by token as plain decoding takes them (its text,
-    its finish reason: an EOS id, a stop token, the length; its logprobs)."""
-    row.max_new_tokens = max_new_tokens
-    for i, token in enumerate(hypothesis.tokens):
-        if hypothesis.logprobs:
-            values, ids, own = hypothesis.logprobs[i]
-            row.accept(token, (values, ids), own)
-        else:
-            row.accept(token, None)
-        if row.finish_reason:
-            return
-    row.finish_reason = row.finish_reason or "max-length"  # (max_generate_length 0: no token)
-
-
-class Unfinished(RuntimeError):
-    """Fewer hypotheses finished than the request's n."""
-
-
-def answer(engine, samples: list, timing, on_token=None, rows: int | None = None, prefixes=None,
-           contexts=None) -> None:
-    """trtllm-run's requests with num_beams > 1 (runtime/runner.py Samples, a request's n adjacent),
-    their searches sharing the engine's steps (run_many): sample i gets the i-th best hypothesis, its
-    score `beam_score`, as its search ends. A failure of one fails that request alone."""
-    capacity = engine.manifest.limits.max_kv_cache_capacity
-    groups = [list(group) for _, group in itertools.groupby(samples, key=lambda smp: smp.prepared)]
-    jobs = [(group[0].prepared.prompt_ids, params_for(group[0].prepared.request, group[0].row, capacity))
-            for group in groups]
-
-    def done(job: int, found, base: int) -> None:
-        group, params = groups[job], jobs[job][1]
-        if not isinstance(found, Exception) and params.max_new_tokens and \
-                not all(h.finished for h in found[:len(group)]):  # (max_generate_length 0: empty answers)
-            found = Unfinished(f"it ended with {sum(h.finished for h in found)} finished hypotheses, fewer than "
-                               f"the request's n {len(group)}: no running beam could beat an empty placeholder's "
-                               f"score under length_penalty {params.length_penalty} (transformers gives up there "
-                               "too, and answers with the placeholders); use a length_penalty nearer 0 or a "
-                               "smaller n")
-        for smp in group:
-            smp.row.batch_idx = base  # (its beams took slots base .. base + B - 1)
-        if isinstance(found, Exception):  # its own failure, not its neighbours'
-            why = str(found) if isinstance(found, Unfinished) else f"{type(found).__name__}: {found}"
-            for smp in group:
-                smp.row.fail(f"beam search failed ({why})")
-            found = []
-        for smp, hypothesis in zip(group, found):
-            smp.beam_score = hypothesis.score
-            replay(smp.row, hypothesis, params.max_new_tokens)
-        for smp in group:
-            if on_token is not None:
-                on_token(smp.row)
-
-    if jobs:
-        run_many(engine, jobs, timing, done, rows, prefixes, contexts)

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from trtllm.runtime import input_format as fmt
-from trtllm.runtime import beam, interrupt, reasoning, tool_calls
+from trtllm.runtime import beam_requests, interrupt, reasoning, tool_calls
 from trtllm.runtime.chat_template import ChatTemplate, ChatTemplateError, raw_prompt
 from trtllm.runtime.engine import Engine
 from trtllm.runtime.generate import PrefixSource, RowState, Timing, run_rows
@@ -141,7 +141,7 @@ class Runner:
     def prepared(self, index: int, req: fmt.Request, inp: fmt.InputFile, adapters: AdapterSet) -> Prepared:
         p = Prepared(index, req)
         p.error = (unsupported(req, index) or self.unscored(req, index)
-                   or beam.unrunnable(req, index, self.engine.manifest) or self.check_guide(p))
+                   or beam_requests.unrunnable(req, index, self.engine.manifest) or self.check_guide(p))
         if p.error:
             return p
         if req.lora_name is not None:
@@ -270,8 +270,9 @@ class Runner:
         # written; before, the first one ends generation, caught below wherever it lands
         try:
             try:
-                beam.answer(self.engine, [smp for smp in live if smp.prepared.request.num_beams > 1], self.timing,
-                            on_token if on_text else None, num_slots, self.prefixes, self.contexts)
+                beam_requests.answer(self.engine, [smp for smp in live if smp.prepared.request.num_beams > 1],
+                                     self.timing, on_token if on_text else None, num_slots, self.prefixes,
+                                     self.contexts)
                 run_rows(self.engine, [smp.row for smp in live if smp.prepared.request.num_beams == 1], num_slots,
                          self.timing,
                          on_token if on_text else None, self.prefixes, self.drafter, self.prefill_chunk,
