@@ -65,10 +65,12 @@ class BeamParams:
     logit_bias: tuple = ()
     repetition_penalty: float = 1.0
     # its system-prompt prefix (a prefix of the prompt) whose saved KV it restores, and saves where
-    # none was (save_system_prompt_kv_cache); whether it looks up --context-reuse's KV
+    # none was (save_system_prompt_kv_cache); whether it looks up --context-reuse's KV, and keeps its
+    # prompt's there (every slot of a search holds it; no one beam's answer is the request's KV)
     prefix_ids: tuple = ()
     save_prefix: bool = False
     context_lookup: bool = False
+    context_commit: str | None = None  # --context-reuse: its context_cache_commit_policy (None: keeps nothing)
 
     @property
     def shaped(self) -> bool:
@@ -346,6 +348,8 @@ def run_many(engine, jobs: list[tuple[list[int], BeamParams]], timing=None, done
             owner[slot] = None
         if isinstance(outcome, Exception):  # (its KV may be NaN: kv_cache.py clear)
             kv.clear(beams.base, beams.slots.stop)
+        elif contexts is not None and beams.p.context_commit:
+            contexts.commit(tuple(beams.prompt), key(beams.p), lambda length: kv.read(beams.base, length))
         if timing is not None:
             timing.generated_tokens += beams.search.generated
 

@@ -122,6 +122,17 @@ def test_beams_restore_saved_system_prompt_and_context_kv(tiny_engine, run_cli, 
     plain = {**payload, "requests": [{"messages": system + CHAT}]}  # (a plain request leaves its KV for the next)
     assert run_cli(engine_dir, plain, "--context-reuse", "--kv-cache-dir", str(tmp_path / "kv"))[0].exit_code == 0
     assert run("--context-reuse") > saved  # (the whole prompt but MIN_COMPUTED tokens, past the system prompt)
+    # a beam request keeps its prompt's KV for later requests: a plain one on a longer prompt restores it
+    other = {**payload, "requests": [{"messages": system + [{"role": "user", "content": "the dog the dog"}],
+                                      "num_beams": 2}]}
+    store = ("--context-reuse", "--kv-cache-dir", str(tmp_path / "kv2"))
+    assert run_cli(engine_dir, other, *store)[0].exit_code == 0
+    longer = {**payload, "requests": [{"messages": system + [{"role": "user", "content": "the dog the dog"},
+                                                             {"role": "assistant", "content": "a"},
+                                                             {"role": "user", "content": "b"}]}]}
+    result, _ = run_cli(engine_dir, longer, *store, "--profile", str(tmp_path / "p2.json"))
+    assert result.exit_code == 0, result.output
+    assert json.loads((tmp_path / "p2.json").read_text())["prefill"]["reused_tokens"] > 0  # (a fresh store)
 
 
 @pytest.mark.parametrize("extra, path, says", [
