@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from trtllm.runtime import sampling
+from trtllm.runtime import prompt_scores, sampling
 from trtllm.runtime.engine import StepInputs
 from trtllm.runtime.step_inputs import MIN_COMPUTED
 from trtllm.runtime.kv_cache import KVCacheManager
@@ -71,6 +71,7 @@ class BeamParams:
     save_prefix: bool = False
     context_lookup: bool = False
     context_commit: str | None = None  # --context-reuse: its context_cache_commit_policy (None: keeps nothing)
+    scorer: object = field(default=None, compare=False)  # prompt_logprobs: the row its prompt's scores go to
 
     @property
     def shaped(self) -> bool:
@@ -368,11 +369,21 @@ def run_many(engine, jobs: list[tuple[list[int], BeamParams]], timing=None, done
                 owner[slot] = job
             n = len(prompt)
             try:
-                reused = restore(kv, base, prompt, p, prefixes, contexts)
-                out = timed("llm_prefill", StepInputs(
-                    input_ids=np.array([prompt[reused:]], np.int64), position_ids=np.arange(reused, n)[None],
-                    write_index=np.array([reused], np.int64), last_index=np.array([n - reused - 1], np.int64),
-                    sampling=sampling.rows(batch, 0, 1), prompt=True), base, base + 1, not graph[job])
+                # prompt_logprobs: the prompt computed whole (nothing restored), in steps that give
+                # its positions' logits (runtime/prompt_scores.py)
+                reused = 0 if p.scorer is not None else restore(kv, base, prompt, p, prefixes, contexts)
+                start = reused
+                while start < n:
+                    end = n if p.scorer is None else min(n, start + prompt_scores.SCORE_CHUNK)
+                    out = timed("llm_prefill", StepInputs(
+                        input_ids=np.array([prompt[start:end]], np.int64), position_ids=np.arange(start, end)[None],
+                        write_index=np.array([start], np.int64), last_index=np.array([end - start - 1], np.int64),
+                        sampling=sampling.rows(batch, 0, 1), prompt=True,
+                        verify_index=None if p.scorer is None else prompt_scores.index(p.scorer, start, end)),
+                        base, base + 1, not graph[job] or p.scorer is not None)
+                    if p.scorer is not None and (why := prompt_scores.record(p.scorer, start, out.verify_logits[0])):
+                        raise FloatingPointError(why)
+                    start = end
                 if timing is not None:
                     timing.reused_tokens += reused
                 if p.save_prefix and prefixes and reused == 0 and p.prefix_ids and len(p.prefix_ids) <= n:

@@ -6,10 +6,8 @@ from trtllm.runtime.strict_json import fail
 
 MAX_LENGTH_PENALTY = 10.0
 # What a request with num_beams > 1 may not set, and why: its settings' values that leave them off
-OFF = {"temperature": 0.0, "presence_penalty": 0.0, "frequency_penalty": 0.0, "guided_decoding": None,
-       "prompt_logprobs": None}
+OFF = {"temperature": 0.0, "presence_penalty": 0.0, "frequency_penalty": 0.0, "guided_decoding": None}
 OFF_WHY = {"temperature": "beam search does not sample", "guided_decoding": "not with beam search here",
-           "prompt_logprobs": "not with beam search here",
            **dict.fromkeys(("presence_penalty", "frequency_penalty"), "transformers' beam search has no such penalty")}
 
 

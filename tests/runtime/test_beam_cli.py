@@ -135,11 +135,33 @@ def test_beams_restore_saved_system_prompt_and_context_kv(tiny_engine, run_cli, 
     assert json.loads((tmp_path / "p2.json").read_text())["prefill"]["reused_tokens"] > 0  # (a fresh store)
 
 
+def test_prompt_logprobs_score_a_beam_request_s_prompt(tiny_engine, run_cli, monkeypatch):
+    """prompt_logprobs with beams: the prompt is scored as a plain request's is (its prefill in steps
+    of SCORE_CHUNK positions, here 8 so that it takes several), the beams unchanged."""
+    from trtllm.runtime import prompt_scores
+
+    engine_dir = tiny_engine("llama")
+    monkeypatch.setattr(prompt_scores, "SCORE_CHUNK", 8)
+    plain = {"messages": CHAT, "prompt_logprobs": 3}
+    payload = {"temperature": 0, "max_generate_length": 6, "requests": [{**plain, "num_beams": 3, "n": 2}, plain]}
+    result, out = run_cli(engine_dir, payload)
+    assert result.exit_code == 0, result.output
+    beams, greedy = out["responses"][0], out["responses"][2]
+    assert len(beams["prompt_token_logprobs"]) > 16  # (three steps at least)
+    for name in ("prompt_token_logprobs", "prompt_logprobs"):
+        ours, theirs = beams[name][1:], greedy[name][1:]
+        flat = (lambda x: x) if name == "prompt_token_logprobs" else (lambda x: [e for step in x for e in step])
+        assert [e["token_id"] for e in flat(ours)] == [e["token_id"] for e in flat(theirs)]
+        assert [e["logprob"] for e in flat(ours)] == pytest.approx([e["logprob"] for e in flat(theirs)], abs=1e-5)
+    result, alone = run_cli(engine_dir, {**payload, "requests": [{"messages": CHAT, "num_beams": 3, "n": 2}]})
+    assert [r["output_ids"] for r in out["responses"][:2]] == [r["output_ids"] for r in alone["responses"]]
+
+
 @pytest.mark.parametrize("extra, path, says", [
     ({}, "temperature", "0.0 with `requests[0].num_beams` 2 (beam search does not sample)"),
     ({"temperature": 0, "n": 3}, "requests[0].n", "at most `requests[0].num_beams` 2"),
     ({"temperature": 0, "presence_penalty": 0.5}, "requests[0].presence_penalty", "has no such penalty"),
-    ({"temperature": 0, "prompt_logprobs": 2}, "requests[0].prompt_logprobs", "not with beam search"),
+    ({"temperature": 0, "frequency_penalty": 0.5}, "requests[0].frequency_penalty", "has no such penalty"),
     ({"temperature": 0, "guided_decoding": {"choice": ["a", "b"]}}, "requests[0].guided_decoding", "null with"),
     ({"temperature": 0, "early_stopping": "sometimes"}, "requests[0].early_stopping", '"never"'),
     ({"temperature": 0, "num_beams": 17}, "requests[0].num_beams", "16"),
