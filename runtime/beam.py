@@ -17,8 +17,8 @@ share (run_many); beam requests run before the others (runtime/beam_requests.py)
 holds the EOS ids back (-inf) for that many tokens, as transformers' MinNewTokensLengthLogitsProcessor
 does; stop_token_ids end a hypothesis as EOS does (transformers' eos_token_id list), and stop strings
 as its StopStringCriteria does; logit_bias and repetition_penalty shape the log-probabilities as its
-processors do (shaped_candidates). A search runs its request's LoRA adapter, restores its saved
-KV, and keeps its tokens' logprobs where asked. What else a request may set does not apply
+processors do (shaped_candidates), and a guide's grammar masks each beam's next tokens. A search
+runs its request's LoRA adapter, restores its saved KV, and keeps its tokens' logprobs where asked. What else a request may set does not apply
 (runtime/beam_rules.py refuses it).
 """
 from __future__ import annotations
@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from trtllm.runtime import prompt_scores, sampling
+from trtllm.runtime import grammar, prompt_scores, sampling
 from trtllm.runtime.engine import StepInputs
 from trtllm.runtime.step_inputs import MIN_COMPUTED
 from trtllm.runtime.kv_cache import KVCacheManager
@@ -72,10 +72,13 @@ class BeamParams:
     context_lookup: bool = False
     context_commit: str | None = None  # --context-reuse: its context_cache_commit_policy (None: keeps nothing)
     scorer: object = field(default=None, compare=False)  # prompt_logprobs: the row its prompt's scores go to
+    # guided decoding: its matcher at the start (runtime/grammar.py Matcher); each beam's next tokens
+    # are those its grammar allows (-inf elsewhere, as transformers' prefix_allowed_tokens_fn masks)
+    guide: object = field(default=None, compare=False)
 
     @property
     def shaped(self) -> bool:
-        return bool(self.logit_bias) or self.repetition_penalty != 1.0
+        return bool(self.logit_bias) or self.repetition_penalty != 1.0 or self.guide is not None
 
 
 def best(values: np.ndarray, k: int) -> np.ndarray:
@@ -96,19 +99,27 @@ def top_candidates(logits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     return np.stack([values for values, _ in rows]), np.stack([ids for _, ids in rows])
 
 
-def shaped_candidates(logits: np.ndarray, p: BeamParams, prompt: list[int], running: list, k: int):
+def shaped_candidates(logits: np.ndarray, p: BeamParams, prompt: list[int], running: list, k: int,
+                      guides: list | None = None):
     """top_candidates of log-probabilities shaped as transformers' beam search shapes them (its
     logits processors take log_softmax of the logits): logit_bias added (SequenceBiasLogitsProcessor),
     then repetition_penalty over the prompt's and each beam's tokens (RepetitionPenaltyLogitsProcessor:
-    a log-probability below 0 times it, else over it). With what the answer's logprobs report, as
-    plain decoding's do (log_softmax of the logits plus logit_bias, before penalties): (scores, ids,
-    reported) for Search.advance."""
+    a log-probability below 0 times it, else over it); `guides`: each beam's matcher, -inf where its
+    grammar allows no token (a beam without one, ended or out of its grammar, allows none). With what
+    the answer's logprobs report, as plain decoding's do (log_softmax of the logits plus logit_bias and
+    the grammar's -inf, before penalties): (scores, ids, reported) for Search.advance."""
     ids = np.array([t for t, _ in p.logit_bias], np.int64)
     bias = np.array([b for _, b in p.logit_bias], np.float32)
     scores, found_ids, full = [], [], []
-    for row, beam in zip(logits, running):
+    if guides is not None:
+        grammar.fill([g for g in guides if g is not None and g.stale])  # (together: llguidance's threads)
+    for i, (row, beam) in enumerate(zip(logits, running)):
         shaped = sampling.log_softmax(row, np.float32(0))
         shaped[ids] += bias
+        banned = None
+        if guides is not None:
+            banned = ~guides[i].allowed() if guides[i] is not None else np.ones(len(row), bool)
+            shaped[banned] = -np.inf
         if p.repetition_penalty != 1.0:
             seen = np.unique(np.array(prompt + list(beam), np.int64))
             s = shaped[seen]
@@ -119,6 +130,8 @@ def shaped_candidates(logits: np.ndarray, p: BeamParams, prompt: list[int], runn
         if p.num_logprobs:
             dense = np.zeros(len(row), np.float32)
             dense[ids] = bias
+            if banned is not None:
+                dense[banned] = -np.inf
             full.append(sampling.log_softmax(row, dense))
     reported = None
     if p.num_logprobs:
@@ -145,6 +158,7 @@ class Search:
         # num_logprobs: per running and finished beam, per token, (its step's best log-probabilities, their ids, its own)
         self.trace, self.finished_trace = [()] * b, [()] * b
         self.texts = [p.text] * b if p.text is not None else None  # per running beam, its text so far
+        self.guides = [p.guide] * b if p.guide is not None else None  # per running beam, its grammar's place
         self.running = [()] * b
         self.running_scores = np.full(b, MASK, np.float32)
         self.running_scores[0] = 0  # (the first step extends beam 0 alone: the others are its copies)
@@ -193,6 +207,8 @@ class Search:
         self.trace = [traces[i] for i in nxt]
         if self.texts is not None:
             self.texts = [texts[i] for i in nxt]
+        if self.guides is not None:  # a continuation that goes on: its parent's grammar past its token
+            self.guides = [self.guided(parents[i], int(tokens[i]), open_scores[i]) for i in nxt]
         # finished: those of the best B that end, against the ones so far
         just = ends & (np.arange(self.keep) < b)
         final = (top_scores / np.float32(length ** p.length_penalty)).astype(np.float32)
@@ -215,6 +231,17 @@ class Search:
         self.improvable = self.improvable and bool(np.any(possible > worst))
         going = self.improvable and not (self.is_finished.all() and p.early_stopping is True) and not ends.all()
         return parents[nxt] if going else None
+
+    def guided(self, parent: int, token: int, score: float):
+        """The matcher of a continuation of `parent` by `token` (None where its score is -inf: a token
+        its grammar does not allow, which transformers keeps as a beam that can never win)."""
+        if self.guides[parent] is None or not np.isfinite(score):
+            return None
+        matcher = self.guides[parent].copy()
+        why = matcher.consume(token)
+        if why:
+            raise ValueError(f"guided decoding: {why}")
+        return matcher
 
     def hypotheses(self) -> list[Hypothesis]:
         return [Hypothesis(tokens, float(score), bool(done), trace)
@@ -319,7 +346,8 @@ def run_many(engine, jobs: list[tuple[list[int], BeamParams]], timing=None, done
         if graph[job]:
             return out.top_logprobs[rows, :widths[job]], out.top_logprob_ids[rows, :widths[job]]
         if p.shaped:
-            return shaped_candidates(out.logits[rows], p, prompt, running, widths[job])
+            guides = None if p.guide is None else active[job].search.guides if running != [()] else [p.guide]
+            return shaped_candidates(out.logits[rows], p, prompt, running, widths[job], guides)
         return top_candidates(out.logits[rows], widths[job])
 
     def timed(kind: str, inputs: StepInputs, start: int, stop: int, logits: bool):

@@ -33,7 +33,8 @@ def params_for(req, row, capacity: int) -> BeamParams:
                       text=row.text.fork() if row.text is not None and row.text.stops else None,
                       logit_bias=tuple(sorted(req.logit_bias.items())), repetition_penalty=req.repetition_penalty,
                       prefix_ids=row.prefix_ids, save_prefix=row.save_prefix, context_lookup=row.context_lookup,
-                      context_commit=row.context_commit, scorer=row if row.prompt_logprobs is not None else None)
+                      context_commit=row.context_commit, scorer=row if row.prompt_logprobs is not None else None,
+                      guide=row.guide)
 
 
 def replay(row, hypothesis: Hypothesis, max_new_tokens: int) -> None:

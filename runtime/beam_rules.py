@@ -6,8 +6,8 @@ from trtllm.runtime.strict_json import fail
 
 MAX_LENGTH_PENALTY = 10.0
 # What a request with num_beams > 1 may not set, and why: its settings' values that leave them off
-OFF = {"temperature": 0.0, "presence_penalty": 0.0, "frequency_penalty": 0.0, "guided_decoding": None}
-OFF_WHY = {"temperature": "beam search does not sample", "guided_decoding": "not with beam search here",
+OFF = {"temperature": 0.0, "presence_penalty": 0.0, "frequency_penalty": 0.0}
+OFF_WHY = {"temperature": "beam search does not sample",
            **dict.fromkeys(("presence_penalty", "frequency_penalty"), "transformers' beam search has no such penalty")}
 
 
@@ -17,19 +17,12 @@ def parse_early_stopping(value: object, path: str) -> bool | str:
     fail(path, 'true, false or "never"', value)
 
 
-def check_request(values: dict, where, guide_at: str) -> None:
+def check_request(values: dict, where) -> None:
     """A request with num_beams > 1 (`values`: its resolved settings; `where(name)`: a setting's
-    JSON path; `guide_at`: its guide's, a tool_choice's where that forces calls): nothing of OFF
-    set, and n at most num_beams."""
+    JSON path): nothing of OFF set, and n at most num_beams."""
     beams = f"`{where('num_beams')}` {values['num_beams']}"
     for name, off in OFF.items():
-        if values[name] == off:
-            continue
-        if name == "guided_decoding":  # (its value is the guide read, not what was written)
-            forced = guide_at.endswith("tool_choice")
-            fail(guide_at, ('"auto" or "none"' if forced else "null") + f" with {beams} ({OFF_WHY[name]})", None,
-                 shown="a tool choice that forces calls (a guide)" if forced else "a guide")
-        shown = "null" if off is None else "[]" if off == () else repr(off)
-        fail(where(name), f"{shown} with {beams} ({OFF_WHY[name]})", values[name])
+        if values[name] != off:
+            fail(where(name), f"{off!r} with {beams} ({OFF_WHY[name]})", values[name])
     if values["n"] > values["num_beams"]:
         fail(where("n"), f"at most {beams} (the responses are its best beams)", values["n"])

@@ -362,7 +362,7 @@ def _request(value: object, path: str, top: InputFile, bundled: tuple[str, ...] 
     if forced:  # "required" or a named function: the answer is held to a JSON schema of calls
         sampling["guided_decoding"], guide_at = forced, where("tool_choice")
     if sampling["num_beams"] > 1:
-        beam_rules.check_request({**sampling, "stop": f.get("stop", ())}, where, guide_at)
+        beam_rules.check_request(sampling, where)
     if sampling["guided_decoding"] is not None:  # the grammar says where the answer may end, alone
         for name, off in (("min_new_tokens", 0), ("ignore_eos", False)):
             if sampling[name] != off:

@@ -6,6 +6,7 @@ slot's KV instead of the KV of the beam they extend, must miss."""
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections import Counter
 
 import numpy as np
@@ -258,3 +259,61 @@ def test_a_stop_in_text_the_decoder_holds_back_ends_at_its_token(llama, tiny_che
         found = beam.run(engine, prompt, dataclasses.replace(p, text=TextStream(ours_tok, stops)))
         assert same(found, hf_beams(model, prompt, p, stops, theirs_tok))
         assert any(h.tokens[-1] == token for h in found)
+
+
+@pytest.mark.parametrize("kind, text", [("regex", "(the|cat|dog| )+[.!]"), ("choice", '["the cat", "a dog sat", "cats"]')])
+def test_guided_beams_are_transformers_beams_under_the_same_grammar(llama, tiny_engine, kind, text, monkeypatch):
+    """guided_decoding with beams: each beam's next tokens are those its own grammar place allows
+    (-inf elsewhere), as transformers' prefix_allowed_tokens_fn masks them, given the grammar's
+    allowed tokens after each beam's tokens: the same hypotheses and scores. An answer that ends at
+    EOS is a whole match."""
+    import re
+
+    from trtllm.runtime.grammar import Grammars, Matcher
+    from trtllm.runtime.guided import Guide
+
+    model, engine, _ = llama
+    tok = Tokenizer.from_engine_dir(tiny_engine("llama"), engine.manifest.files)
+    eos = engine.manifest.eos_token_ids
+    grammars = Grammars(tok.to_json(), engine.manifest.model.vocab_size, eos, tok.vocab_size)
+    guide = Guide(kind, text, f"guided_decoding.{kind}")
+
+    def allowed(prompt):
+        def fn(batch_id, ids):
+            matcher = grammars.matcher(guide)
+            for t in ids[len(prompt):].tolist():
+                if matcher.consume(t):  # (a beam its grammar never allowed: its score is -inf anyway)
+                    return list(range(engine.manifest.model.vocab_size))
+            return np.flatnonzero(matcher.allowed()).tolist()
+        return fn
+
+    def hf(prompt):
+        with torch.no_grad():
+            out = model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.int64),
+                                 num_beams=3, num_return_sequences=3, do_sample=False, max_new_tokens=10,
+                                 eos_token_id=list(eos), pad_token_id=0, return_dict_in_generate=True,
+                                 output_scores=True, prefix_allowed_tokens_fn=allowed(prompt))
+        theirs = []
+        for seq, score in zip(out.sequences[:, len(prompt):].tolist(), out.sequences_scores.tolist()):
+            end = next((i + 1 for i, t in enumerate(seq) if t in eos), len(seq))
+            theirs.append((tuple(seq[:end]), score))
+        return theirs
+
+    whole = 0
+    for prompt in PROMPTS:
+        found = beam.run(engine, prompt, beam.BeamParams(3, 10, frozenset(eos), guide=grammars.matcher(guide)))
+        assert same(found, hf(prompt))
+        for h in found:
+            if h.tokens and h.tokens[-1] in eos:
+                answer = tok.decode(list(h.tokens[:-1]))
+                assert re.fullmatch(text, answer) if kind == "regex" else answer in json.loads(text)
+                whole += 1
+    assert whole  # (some hypotheses ended at EOS, each a whole match)
+    # the wrong variant: every continuation consuming its token in one shared matcher must miss
+    monkeypatch.setattr(Matcher, "copy", lambda self: self)
+    for prompt in PROMPTS:
+        try:
+            wrong = beam.run(engine, prompt, beam.BeamParams(3, 10, frozenset(eos), guide=grammars.matcher(guide)))
+        except ValueError:  # (the shared matcher refuses a token another beam's place allowed)
+            continue
+        assert not same(wrong, hf(prompt))

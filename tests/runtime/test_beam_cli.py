@@ -162,7 +162,6 @@ def test_prompt_logprobs_score_a_beam_request_s_prompt(tiny_engine, run_cli, mon
     ({"temperature": 0, "n": 3}, "requests[0].n", "at most `requests[0].num_beams` 2"),
     ({"temperature": 0, "presence_penalty": 0.5}, "requests[0].presence_penalty", "has no such penalty"),
     ({"temperature": 0, "frequency_penalty": 0.5}, "requests[0].frequency_penalty", "has no such penalty"),
-    ({"temperature": 0, "guided_decoding": {"choice": ["a", "b"]}}, "requests[0].guided_decoding", "null with"),
     ({"temperature": 0, "early_stopping": "sometimes"}, "requests[0].early_stopping", '"never"'),
     ({"temperature": 0, "num_beams": 17}, "requests[0].num_beams", "16"),
 ])
@@ -239,16 +238,20 @@ def test_an_engine_failure_in_a_shared_step_fails_its_searches_alone(tiny_engine
     assert r[2]["beam_score"] is not None
 
 
-def test_a_forcing_tool_choice_is_named(tiny_engine, run_cli):
-    tool = {"type": "function", "function": {"name": "get_weather", "parameters": {
-        "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
-    requests = {"temperature": 0, "max_generate_length": 4, "requests": [
-        {"messages": CHAT, "num_beams": 2, "tools": [tool], "tool_choice": "required"}]}
+def test_guided_beams_answer_within_their_grammar(tiny_engine, run_cli):
+    """guided_decoding with beams (tests/parity/test_beam_search.py checks the search against
+    transformers): every beam of a choice guide ends at EOS on one of the choices, the plain
+    neighbour as without it."""
+    choices = ["the cat", "a dog sat", "cats"]
+    requests = {"temperature": 0, "max_generate_length": 16, "requests": [
+        {"messages": CHAT, "num_beams": 3, "n": 3, "guided_decoding": {"choice": choices}},
+        {"messages": CHAT}]}
     result, out = run_cli(tiny_engine("llama"), requests)
-    error = out["responses"][0]["error"]
-    assert result.exit_code == 1 and error.startswith("`requests[0].tool_choice` must be \"auto\" or \"none\" with "
-                                                      "`requests[0].num_beams` 2"), error
-    assert "Guide(" not in error
+    assert result.exit_code == 0, result.output
+    got = out["responses"]
+    assert [r["finish_reason"] for r in got[:3]] == ["end-of-sequence"] * 3
+    assert all(r["output_text"] in choices for r in got[:3]) and len({r["output_text"] for r in got[:3]}) == 3
+    assert got[3]["finish_reason"] in ("max-length", "end-of-sequence") and "beam_score" not in got[3]
 
 
 def test_a_search_that_finishes_no_hypothesis_fails_its_request(tiny_engine, run_cli):
