@@ -129,7 +129,8 @@ def binary_sizes(engine_dir: Path) -> dict[str, int]:
     is refused by name. Text files (a chat template, generation_config.json) are left out: a user
     may edit those."""
     return {p.relative_to(engine_dir).as_posix(): p.stat().st_size for p in engine_files(engine_dir)
-            if p.name.startswith("llm.") or p.relative_to(engine_dir).parts[0] in ("lora", "eagle")}
+            if p.name.startswith("llm.") or (p.relative_to(engine_dir).parts[0] in ("lora", "eagle")
+                                             and p.suffix != ".json")}
 
 
 def write_checksums(engine_dir: Path) -> None:

@@ -25,6 +25,7 @@ class TextStream:
         self.stop_at: int | None = None
         self.stopped_by: str | None = None  # the stop string found at stop_at (the first given, of several)
         self.emitted = 0
+        self.floor = 0  # where a stop string may end past: the first min_new_tokens tokens' text, held or not
 
     def fork(self) -> TextStream:
         """A copy that goes on apart from this one (runtime/beam.py: a beam's text, from its parent's)."""
@@ -38,24 +39,33 @@ class TextStream:
         The decoder holds text back (the start of a character the next token may complete, a
         byte-fallback run, a clean-up's last characters); a stop string that this token completes
         within that text is found now too, as transformers' StopStringCriteria finds it in the
-        tokens' bytes, not tokens later: the text is then flushed (the row ends here)."""
+        tokens' bytes, not tokens later: the text is then flushed (the row ends here). A token
+        pushed with check_stops False (min_new_tokens) moves `floor` past its text, held or not: a
+        stop string must end after it, whenever that text comes out."""
         old = len(self.text)
         self.text += self.decoder.push(token_id)
+        if not self.stops:
+            return False
+        held = self.decoder.peek().rstrip("\ufffd")
         if not check_stops:
+            self.floor = len(self.text) + len(held)
             return False
         if self.check(old):
             return True
-        if self.stops and self.find(self.text + self.decoder.peek().rstrip("\ufffd"), old):
+        start = max(0, old - self.hold)  # (only the text a new match could start in: not all of it)
+        if held and self.find(self.text[start:] + held, old - start, shift=start):
             self.text += self.decoder.flush()
             return self.check(old)
         return False
 
-    def find(self, text: str, old: int, end: int | None = None) -> tuple[int, str] | None:
-        """The earliest stop string that ends in text[old:end] (where it starts, which), or None."""
+    def find(self, text: str, old: int, end: int | None = None, shift: int = 0) -> tuple[int, str] | None:
+        """The earliest stop string that ends in text[old:end] and past `floor` (where it starts in
+        the whole text, `text` being the whole text's from `shift` on; which), or None."""
         # A match must end in the new text: each stop string starts at most len(s) - 1 characters
         # back (one start for all would find a short stop that ended before, e.g. before min_new_tokens).
-        hits = [(i, s) for s, i in ((s, text.find(s, max(0, old - len(s) + 1), end)) for s in self.stops)
-                if i >= 0]
+        floor = self.floor - shift
+        hits = [(i + shift, s) for s, i in ((s, text.find(s, max(0, old - len(s) + 1, floor - len(s) + 1), end))
+                                            for s in self.stops) if i >= 0]
         return min(hits, key=lambda hit: hit[0]) if hits else None  # (min: the first given of those at one place)
 
     def check(self, old: int, end: int | None = None) -> bool:

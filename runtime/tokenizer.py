@@ -227,7 +227,9 @@ class IncrementalDecoder:
         """What flush() would emit now, this decoder left as it is ("" where it holds nothing)."""
         if self._read_offset == len(self._ids) and not getattr(self._tokenizer, "cleans_up", False):
             return ""
-        return self.fork().flush()
+        probe = copy.copy(self)  # (flush reads the ids and appends to the pieces: a list of its own for
+        probe._pieces = []       # those, the ids shared; copying both each token grew with the output)
+        return probe.flush()
 
     def fork(self) -> IncrementalDecoder:
         """A copy that goes on apart from this one (a beam's text, from the beam it extends)."""

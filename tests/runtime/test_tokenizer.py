@@ -386,3 +386,14 @@ def test_a_stop_string_never_matches_the_character_the_end_cut_off(ours, tmp_pat
     fallback = TextStream(_byte_fallback_tokenizer(tmp_path), ("\ufffd",))
     assert not any(fallback.push(t) for t in (2, 3, 4))  # ▁hi <0xE4> <0xB8>: 中 without its last byte
     assert not fallback.finish() and fallback.final_text() == "hi\ufffd\ufffd"
+
+
+@pytest.mark.parametrize("clean_up", [True, False])
+def test_a_stop_within_the_first_min_new_tokens_never_counts_even_if_held_back(tmp_path, clean_up):
+    """min_new_tokens 1: "stop" is all token 1's text, which a clean-up tokenizer still holds back
+    when token 2 is checked; it must not end the answer there (nor later), as without the clean-up."""
+    ours = Tokenizer.from_engine_dir(_wordlevel_dir(tmp_path, clean_up))
+    stream = TextStream(ours, stops=("stop",))
+    ids = ours.encode("stop now here now here now here")
+    assert not any(stream.push(i, check_stops=k >= 1) for k, i in enumerate(ids))
+    assert not stream.finish() and stream.final_text() == "stop now here now here now here"
