@@ -48,9 +48,9 @@ def check_output(config: BuildConfig, out_dir: Path) -> None:
 # What an engine directory of any build holds: its graphs and plans, the tokenizer files
 # transformers' save_pretrained writes (additional_chat_templates: a tokenizer's named templates),
 # the saved system-prompt KV (cache), adapters and the draft head.
-BUILT = re.compile(r"manifest\.json|verify\.json|checksums\.sha256|cache|lora|eagle|llm\..*|.*\.(jinja|model)|tokenizer.*|"
-                   r"generation_config\.json|special_tokens_map\.json|added_tokens\.json|vocab\..*|merges\.txt|"
-                   r"chat_template\.json|additional_chat_templates")
+BUILT = re.compile(r"manifest\.json|verify\.json|checksums\.sha256|cache|lora|eagle|llm\..*|.*\.(jinja|model)|"
+                   r"tokenizer.*|generation_config\.json|special_tokens_map\.json|added_tokens\.json|vocab\..*|"
+                   r"merges\.txt|chat_template\.json|additional_chat_templates")
 # Hidden entries no one keeps on purpose: macOS's and NFS's, and a killed in-place build's own.
 LITTER = re.compile(r"\.DS_Store|\._.*|\.nfs.*|\..+\.(partial|old)-.*")
 

@@ -18,8 +18,8 @@ holds the EOS ids back (-inf) for that many tokens, as transformers' MinNewToken
 does; stop_token_ids end a hypothesis as EOS does (transformers' eos_token_id list), and stop strings
 as its StopStringCriteria does; logit_bias and repetition_penalty shape the log-probabilities as its
 processors do (shaped_candidates), and a guide's grammar masks each beam's next tokens. A search
-runs its request's LoRA adapter, restores its saved KV, and keeps its tokens' logprobs where asked. What else a request may set does not apply
-(runtime/beam_rules.py refuses it).
+runs its request's LoRA adapter, restores its saved KV, and keeps its tokens' logprobs where asked.
+What else a request may set does not apply (runtime/beam_rules.py refuses it).
 """
 from __future__ import annotations
 
@@ -31,9 +31,9 @@ import numpy as np
 
 from trtllm.runtime import grammar, prompt_scores, sampling
 from trtllm.runtime.engine import StepInputs
-from trtllm.runtime.step_inputs import MIN_COMPUTED
 from trtllm.runtime.kv_cache import KVCacheManager
 from trtllm.runtime.lora import StepAdapters
+from trtllm.runtime.step_inputs import adapter_key, restore_context_kv, restore_prefix_kv
 
 MASK = np.float32(-1.0e9)  # transformers' "very large negative value"
 
@@ -112,7 +112,8 @@ def shaped_candidates(logits: np.ndarray, p: BeamParams, prompt: list[int], runn
     bias = np.array([b for _, b in p.logit_bias], np.float32)
     scores, found_ids, full = [], [], []
     if guides is not None:
-        grammar.fill([g for g in guides if g is not None and g.stale])  # (together: llguidance's threads)
+        # (together, on llguidance's threads; the rows' own: the prompt step's one row stands for all beams)
+        grammar.fill([g for g in guides[:len(logits)] if g is not None and g.stale])
     for i, (row, beam) in enumerate(zip(logits, running)):
         shaped = sampling.log_softmax(row, np.float32(0))
         shaped[ids] += bias
@@ -155,7 +156,8 @@ class Search:
         # (a wider row changes nothing: what it adds is below each beam's best `width`, and the
         # beam-major order of what is kept stays, so ties break as before)
         self.width = max(self.width, p.num_logprobs)
-        # num_logprobs: per running and finished beam, per token, (its step's best log-probabilities, their ids, its own)
+        # num_logprobs: per running and finished beam, per token, (its step's best log-probabilities,
+        # their ids, its own)
         self.trace, self.finished_trace = [()] * b, [()] * b
         self.texts = [p.text] * b if p.text is not None else None  # per running beam, its text so far
         self.guides = [p.guide] * b if p.guide is not None else None  # per running beam, its grammar's place
@@ -273,28 +275,11 @@ class Beams:
         return True
 
 
-def key(p: BeamParams) -> str | None:
-    """Its adapter's, in the saved KV's keys (runtime/step_inputs.py adapter_key)."""
-    return None if p.adapter is None else p.adapter.digest
-
-
 def restore(kv: KVCacheManager, slot: int, prompt: list[int], p: BeamParams, prefixes, contexts) -> int:
     """The saved KV the prompt starts from into `slot` (a saved system prompt's, then a longer
-    --context-reuse hit's), as runtime/generate.py restores a row's, MIN_COMPUTED prompt tokens
-    left to compute; how many positions it holds."""
-    reused, limit = 0, len(prompt) - MIN_COMPUTED
-    if prefixes and p.prefix_ids:
-        saved = prefixes.load(p.prefix_ids, key(p), kv.layout(len(p.prefix_ids)))
-        if saved is not None and (n := min(saved.shape[2], limit)) > 0:
-            kv.write(slot, saved[:, :, :n])
-            reused = n
-    if contexts is not None and p.context_lookup and limit > reused:
-        saved = contexts.lookup(prompt, key(p), limit, kv.layout)
-        if saved is not None and saved.shape[2] > reused:
-            kv.write(slot, saved)
-            contexts.reused_tokens += saved.shape[2] - reused
-            reused = saved.shape[2]
-    return reused
+    --context-reuse hit's), as runtime/generate.py restores a row's: how many positions it holds."""
+    reused = restore_prefix_kv(prefixes, kv, slot, prompt, p.prefix_ids, adapter_key(p))
+    return restore_context_kv(contexts, kv, slot, prompt, adapter_key(p), reused) if p.context_lookup else reused
 
 
 def repeat(found, b: int):
@@ -341,13 +326,15 @@ def run_many(engine, jobs: list[tuple[list[int], BeamParams]], timing=None, done
     lora = StepAdapters(m, slots) if m.lora else None  # (each search's beams take its adapter)
     waiting, active = list(range(len(jobs))), {}
 
-    def candidates(out, rows: slice, job: int, running: list):
+    def candidates(out, rows: slice, job: int):
+        """The candidates of the search's running beams from the step's `rows` of them (the prompt
+        step's one row: beam 0, whose tokens and grammar place all beams share until the first step)."""
         prompt, p = jobs[job]
         if graph[job]:
             return out.top_logprobs[rows, :widths[job]], out.top_logprob_ids[rows, :widths[job]]
         if p.shaped:
-            guides = None if p.guide is None else active[job].search.guides if running != [()] else [p.guide]
-            return shaped_candidates(out.logits[rows], p, prompt, running, widths[job], guides)
+            search = active[job].search
+            return shaped_candidates(out.logits[rows], p, prompt, search.running, widths[job], search.guides)
         return top_candidates(out.logits[rows], widths[job])
 
     def timed(kind: str, inputs: StepInputs, start: int, stop: int, logits: bool):
@@ -359,11 +346,12 @@ def run_many(engine, jobs: list[tuple[list[int], BeamParams]], timing=None, done
         elapsed = time.perf_counter() - t0
         if timing is not None:
             if kind == "llm_prefill":
-                timing.prefill_runs, timing.prefill_tokens = timing.prefill_runs + 1, timing.prefill_tokens + inputs.input_ids.shape[1]
+                timing.prefill_runs += 1
+                timing.prefill_tokens += inputs.input_ids.shape[1]
                 timing.prefill_seconds += elapsed
             else:
-                timing.generation_runs, timing.generation_seconds = timing.generation_runs + 1, \
-                    timing.generation_seconds + elapsed
+                timing.generation_runs += 1
+                timing.generation_seconds += elapsed
             timing.kv_cache_bytes = max(timing.kv_cache_bytes, kv.nbytes)
             timing.record(kind, elapsed)
         return out
@@ -378,7 +366,7 @@ def run_many(engine, jobs: list[tuple[list[int], BeamParams]], timing=None, done
         if isinstance(outcome, Exception):  # (its KV may be NaN: kv_cache.py clear)
             kv.clear(beams.base, beams.slots.stop)
         elif contexts is not None and beams.p.context_commit:
-            contexts.commit(tuple(beams.prompt), key(beams.p), lambda length: kv.read(beams.base, length))
+            contexts.commit(tuple(beams.prompt), adapter_key(beams.p), lambda length: kv.read(beams.base, length))
         if timing is not None:
             timing.generated_tokens += beams.search.generated
 
@@ -415,9 +403,9 @@ def run_many(engine, jobs: list[tuple[list[int], BeamParams]], timing=None, done
                 if timing is not None:
                     timing.reused_tokens += reused
                 if p.save_prefix and prefixes and reused == 0 and p.prefix_ids and len(p.prefix_ids) <= n:
-                    prefixes.save(p.prefix_ids, kv.read(base, len(p.prefix_ids)), key(p))
+                    prefixes.save(p.prefix_ids, kv.read(base, len(p.prefix_ids)), adapter_key(p))
                 # (beams 1.. are beam 0 until the first step)
-                beams.found = repeat(candidates(out, slice(0, 1), job, [()]), p.num_beams)
+                beams.found = repeat(candidates(out, slice(0, 1), job), p.num_beams)
             except Exception as e:  # noqa: BLE001 - its own failure
                 finish(job, e)
         going = []
@@ -450,7 +438,7 @@ def run_many(engine, jobs: list[tuple[list[int], BeamParams]], timing=None, done
             continue
         for job in going:
             beams = active[job]
-            beams.found = candidates(out, slice(beams.base - lo, beams.slots.stop - lo), job, beams.search.running)
+            beams.found = candidates(out, slice(beams.base - lo, beams.slots.stop - lo), job)
     return results
 
 

@@ -31,7 +31,7 @@ from trtllm.runtime.lora import StepAdapters
 from trtllm.runtime.rows import PrefixSource, RowState, Timing
 from trtllm.runtime.step_inputs import (GENERATION_HEADROOM, MIN_COMPUTED, adapter_key, by_width,
                                         capacity_for, chunk_end, decode_inputs, kv_need, prefill_inputs,
-                                        rounded, runs, write_position)
+                                        restore_context_kv, restore_prefix_kv, rounded, runs, write_position)
 
 # (RowState, Timing and the step inputs lived here once: callers import them from here still)
 __all__ = ["PrefixSource", "RowState", "Timing", "Scheduler", "run_rows", "run_batch", "adapter_key", "chunk_end",
@@ -156,24 +156,16 @@ class Scheduler:
 
     def restore_prefix(self, row: RowState) -> None:
         """A reused prefix leaves at least MIN_COMPUTED prompt tokens to compute."""
-        if not (self.prefixes and row.prefix_ids):
-            return
-        kv = self.prefixes.load(row.prefix_ids, adapter_key(row), self.kv.layout(len(row.prefix_ids)))
-        if kv is not None and (n := min(kv.shape[2], len(row.prompt_ids) - MIN_COMPUTED)) > 0:
-            self.kv.write(row.slot, kv[:, :, :n])
+        n = restore_prefix_kv(self.prefixes, self.kv, row.slot, row.prompt_ids, row.prefix_ids, adapter_key(row))
+        if n:
             row.num_reused = n
 
     def restore_context(self, row: RowState) -> None:
         """--context-reuse: the longest prefix of the prompt that an earlier request's KV holds,
         where it is longer than a saved system prompt's; MIN_COMPUTED tokens are left to compute."""
-        limit = len(row.prompt_ids) - MIN_COMPUTED
-        if self.contexts is None or not row.context_lookup or limit <= row.num_reused:
-            return
-        kv = self.contexts.lookup(row.prompt_ids, adapter_key(row), limit, self.kv.layout)
-        if kv is not None and kv.shape[2] > row.num_reused:
-            self.kv.write(row.slot, kv)
-            self.contexts.reused_tokens += kv.shape[2] - row.num_reused
-            row.num_reused = kv.shape[2]
+        if row.context_lookup:
+            row.num_reused = restore_context_kv(self.contexts, self.kv, row.slot, row.prompt_ids, adapter_key(row),
+                                                row.num_reused)
 
     def commit_context(self, slot: int, row: RowState) -> bool:
         """--context-reuse: a finished row's KV for later prompts: its prompt's, and (Edge-LLM's

@@ -1,5 +1,6 @@
 """A step's inputs for the rows it runs (prefill: right-padded prompts; decode: each row's last
-token), and the KV sizes a run's rows need: pure functions of the rows (runtime/generate.py runs them)."""
+token), and the KV sizes a run's rows need: pure functions of the rows (runtime/generate.py runs them).
+Also the saved KV a prompt starts from, restored into its slot (plain rows and beam searches alike)."""
 from __future__ import annotations
 
 import numpy as np
@@ -16,8 +17,9 @@ CAPACITY_ROUNDING = 64  # KV capacities are multiples of this many positions
 GENERATION_HEADROOM = 256
 
 
-def adapter_key(row: RowState) -> str | None:
-    return None if row.adapter is None else row.adapter.digest
+def adapter_key(owner) -> str | None:
+    """Its LoRA adapter's digest in the saved KV's keys (a row's, a beam search's: its `adapter`)."""
+    return None if owner.adapter is None else owner.adapter.digest
 
 
 def kv_need(row: RowState) -> int:
@@ -40,6 +42,33 @@ def capacity_for(rows: list[RowState], max_capacity: int) -> int:
 # one-token step for a decode step, whose arithmetic differs in the last bits from a prompt's (our
 # attention kernel does not).
 MIN_COMPUTED = 2
+
+
+def restore_prefix_kv(prefixes, kv, slot: int, prompt_ids, prefix_ids, adapter: str | None) -> int:
+    """A saved system prompt's KV into `slot`, MIN_COMPUTED prompt tokens left to compute: the
+    positions it holds then (0: none saved, or too short a prompt)."""
+    if not (prefixes and prefix_ids):
+        return 0
+    saved = prefixes.load(prefix_ids, adapter, kv.layout(len(prefix_ids)))
+    if saved is not None and (n := min(saved.shape[2], len(prompt_ids) - MIN_COMPUTED)) > 0:
+        kv.write(slot, saved[:, :, :n])
+        return n
+    return 0
+
+
+def restore_context_kv(contexts, kv, slot: int, prompt_ids, adapter: str | None, reused: int) -> int:
+    """--context-reuse: the longest prefix of the prompt that an earlier request's KV holds, into
+    `slot` where it is longer than the `reused` positions it holds (a saved system prompt's),
+    MIN_COMPUTED tokens left to compute: the positions it holds then."""
+    limit = len(prompt_ids) - MIN_COMPUTED
+    if contexts is None or limit <= reused:
+        return reused
+    saved = contexts.lookup(prompt_ids, adapter, limit, kv.layout)
+    if saved is None or saved.shape[2] <= reused:
+        return reused
+    kv.write(slot, saved)
+    contexts.reused_tokens += saved.shape[2] - reused
+    return saved.shape[2]
 PAD_WASTE = 1.25  # a prefill step may compute at most this much more than its rows' real tokens
 
 

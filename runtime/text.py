@@ -46,12 +46,12 @@ class TextStream:
         self.text += self.decoder.push(token_id)
         if not self.stops:
             return False
-        held = self.decoder.peek().rstrip("\ufffd")
         if not check_stops:
-            self.floor = len(self.text) + len(held)
+            self.floor = len(self.text) + len(self.decoder.peek().rstrip("\ufffd"))
             return False
         if self.check(old):
             return True
+        held = self.decoder.peek().rstrip("\ufffd")
         start = max(0, old - self.hold)  # (only the text a new match could start in: not all of it)
         if held and self.find(self.text[start:] + held, old - start, shift=start):
             self.text += self.decoder.flush()
