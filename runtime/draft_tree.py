@@ -244,8 +244,8 @@ class TreeDecoding:
     def verify_tree(self, slot: int, row, tree: DraftTree, greedy: list[int], out) -> tuple[list[int], list[int]]:
         """The accepted path and what was emitted (the path's tokens and the model's next, up to the
         row's end: each drawn at its parent node, the root's at the root)."""
-        if row.guide is not None:
-            return self.walk_guided(slot, row, lambda node, token: next(
+        if self.walked(row):
+            return self.walk(slot, row, lambda node, token: next(
                 (c for c in tree.children(node) if tree.tokens[c] == token), None), greedy[0], out)
         path, tokens = tree.walk(greedy)
         return path, self.emit(slot, row, tokens, out, [0] + path)

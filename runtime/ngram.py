@@ -21,8 +21,10 @@ token. A seeded request gives the same tokens with or without lookup; the number
 took are put back for the next. While min_new_tokens holds EOS back, a step checks no guess past the
 ban's end (spec_rules.room): every position is drawn under the biases of the step's first.
 
-Rows that speculate: greedy or sampled, without penalties (whose counts the graph applies once a
-step) or guided decoding; the others take their one token from the same step (k = 0, last_index 0).
+Rows that speculate: greedy ones, also with penalties and guided decoding (their checked positions
+are walked on the host: each the argmax under the penalties and the grammar's mask after the tokens
+taken before it), and sampled ones without either (the graph draws every position under the step's
+first biases); the others take their one token from the same step (k = 0, last_index 0).
 A row that asks for logprobs gets them from its checked positions' logits
 (sampling.position_logprobs, as EAGLE's verification does). Engines: those whose graph gives
 verify_logits (manifest prompt_logits: ONNX Runtime builds); sampled rows, those with
@@ -111,8 +113,11 @@ class NgramScheduler(Scheduler):
 
     def speculates(self, row: RowState | None) -> bool:
         p = None if row is None else row.params
+        # (a greedy row's checked positions are walked on the host, each under the penalties and the
+        # grammar's mask after the tokens before it; a sampled row's are the graph's draws, all under
+        # the step's first: exact only where those do not change within the step)
         return (row is not None and row.speculative and not row.finish_reason and not row.prefilling
-                and (p.temperature == 0 or self.samples) and not p.penalized and row.guide is None)
+                and (p.temperature == 0 or (self.samples and not p.penalized and row.guide is None)))
 
     def guesses(self, rows: list, starts: list[int]) -> dict[int, list[int]]:
         """slot -> its guesses: at most what it may still generate but one (a sampled row: none past
@@ -180,17 +185,22 @@ class NgramScheduler(Scheduler):
 
     def verify(self, s: int, row: RowState, drafts: list[int], out) -> None:
         """The guesses that are the greedy choice, then the first choice that differs, or if all
-        hold the choice after the last. Each is chosen under the biases as they stand after the
-        tokens before it: a min_new_tokens ban (of EOS, stop tokens) that ends inside the step no
-        longer holds (the graph's sampler chose its token under the step's first biases)."""
+        hold the choice after the last. Each is chosen under the biases and penalties as they stand
+        after the tokens before it (the graph's sampler chose its token under the step's first): a
+        min_new_tokens ban (of EOS, stop tokens) that ended, the penalties of the tokens taken, and a
+        guided row's mask, which its grammar gives anew after each token."""
         t = self.timing
         t.drafted_tokens += len(drafts)
         for logits, guess in zip([*out.verify_logits[s, :len(drafts)], out.logits[s]], [*drafts, None]):
-            choice = sampling.greedy(logits, self.batch.logit_bias[s], self.batch.penalty_bias[s])
+            choice = sampling.greedy(logits, self.batch, s)
             self.take(s, row, choice, logits if row.params.num_logprobs else None)
             t.accepted_tokens += choice == guess
             if row.finish_reason or choice != guess:
                 return
+            if row.guide is not None:
+                self.fill_masks([s])  # (the mask after that token: the next position's)
+                if row.finish_reason:  # (its grammar allows nothing more, or failed)
+                    return
 
     def take(self, s: int, row: RowState, token: int, logits) -> None:
         """A checked position's token, with its logprobs where the row asks for them (from `logits`).

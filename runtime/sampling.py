@@ -198,11 +198,18 @@ def position_logprobs(logits: np.ndarray | None, bias: np.ndarray, k: int, token
     return top_logprobs(logprobs, k), float(logprobs[token]), True
 
 
-def greedy(logits: np.ndarray, logit_bias: np.ndarray, penalty_bias: np.ndarray) -> int:
+def greedy(logits: np.ndarray, batch: SamplingBatch, row: int) -> int:
     """A greedy row's token from one position's logits, as the graph's sampler takes it: the argmax
-    of the logits plus the row's biases, ties to the lower id; -1 where the logits overflowed (NaN or
-    +inf: argmax lands on it), which fails the row alone, as in a plain step."""
-    scores = logits + logit_bias + penalty_bias
+    of the logits under the row's biases and penalties as they stand (steps 1, 3 and 4), ties to the
+    lower id; -1 where the logits overflowed (NaN or +inf: argmax lands on it), which fails the row
+    alone, as in a plain step. Speculation walks verified positions with it, each after `penalize`
+    took the tokens before it, so a penalty is exact at every position (the graph's sampler has the
+    step's first position's penalties at all of them)."""
+    scores = logits + batch.logit_bias[row]
+    r = batch.repetition_penalty[row]
+    if r != 1:  # (the same float32 operations as the sampler's, so the same argmax)
+        scores = np.where(batch.seen[row], np.where(scores > 0, scores / r, scores * r), scores)
+    scores = scores + batch.penalty_bias[row]
     token = int(np.argmax(scores))
     return token if np.isfinite(scores[token]) else -1
 

@@ -21,25 +21,25 @@ be drawn with (sampling.propose). Where the head's argmax is kept only when the 
 top token, a guess is kept as often as the two distributions agree on where that number falls.
 
 A row with min_new_tokens speculates too: its ban (EOS and stop_token_ids) is one bias at every
-position of a cycle, so while the ban lasts a cycle drafts, and emits, no further than its end. So
-does a greedy row with penalties that only lower what was generated: a cycle emits no token it has
-already emitted (whose penalty verification did not have yet), and nothing else moves the argmax.
+position of a cycle, so while the ban lasts a cycle drafts, and emits, no further than its end.
 
 Rows that ask for logprobs speculate where the engine's graph gives the verified positions' logits
 (eagle.logprobs): each emitted token's top logprobs come from the logits at its position, as the
 sampler computes them in a plain step.
 
-Guided rows (a grammar's mask, which changes with every token) speculate where they decode greedily
-without penalties on an engine with eagle.logprobs: the graph's sampler draws the first position under
-the row's mask, and the rest are walked on the host (`walk_guided`), each the argmax of its logits
-under the mask after the tokens emitted before it.
+Greedy rows with a grammar (whose mask changes with every token) or penalties (whose counts do)
+speculate on an engine with eagle.logprobs and sampled verification: the graph's sampler draws the
+first position under the row's biases, and the rest are walked on the host (`walk`), each the
+argmax of its logits under the mask and penalties after the tokens emitted before it. On other
+engines a greedy row with penalties that only lower what was generated speculates as far as a cycle
+emits no token it has already emitted (whose penalty verification did not have yet; nothing else
+moves the argmax), and a guided row does not.
 
-Rows that do not speculate (penalties on sampled rows or raising ones, disable_spec_decode, guided
-rows that sample or have penalties or lack those logits; on
-engines without eagle.logprobs, logprobs; on engines built before sampled verification, also sampled
-rows, logit_bias, min_new_tokens and penalties) share the step: they feed one
-token and take the sampler's, as in plain decoding. A slot's draft KV past a row's position is
-never read before it is written again, as in the base cache.
+Rows that do not speculate (penalties on sampled rows, disable_spec_decode, guided rows that
+sample; on engines without eagle.logprobs, logprobs, guided rows and raising penalties; on engines
+built before sampled verification, also sampled rows, logit_bias, min_new_tokens and penalties)
+share the step: they feed one token and take the sampler's, as in plain decoding. A slot's draft
+KV past a row's position is never read before it is written again, as in the base cache.
 
 With --spec-draft-step auto (runtime/draft_policy.py), k changes from cycle to cycle, and k = 0
 pauses: a plain step, no draft run; each speculating row keeps its pair (h_p, emitted token) and
@@ -149,16 +149,18 @@ class SpecScheduler(SpecContext, TreeDecoding, Scheduler):
     def follows(self, row: RowState | None) -> bool:
         """The draft runs over this row's text (its prompt too, chunk by chunk): a row that may
         speculate (`verifiable`) and has not finished."""
-        return (row is not None and not row.finish_reason and row.speculative and self.verifiable(row.params)
-                and (row.guide is None or self.guided(row)))
+        return (row is not None and not row.finish_reason and row.speculative
+                and (self.walked(row) or row.guide is None and self.verifiable(row.params)))
 
-    def guided(self, row: RowState) -> bool:
-        """A guided row speculates where its verification can be done on the host, position by
-        position, each under the grammar's mask after the tokens before it (the graph's sampler has
-        one bias per row, the first position's mask): greedy, without penalties (counts the graph
-        applies), on an engine that gives the verified positions' logits (eagle.logprobs) and whose
-        verification applies the row's bias (sampled verification: the greedy one takes the raw argmax)."""
-        return self.logits and self.samples and row.params.temperature == 0 and not row.params.penalized
+    def walked(self, row: RowState) -> bool:
+        """A greedy row with a grammar or penalties, whose verification is done on the host, position
+        by position, each under the grammar's mask and the penalties after the tokens before it (the
+        graph's sampler has one bias per row, the first position's): on an engine that gives the
+        verified positions' logits (eagle.logprobs) and whose verification applies the row's biases
+        (sampled verification: the greedy one takes the raw argmax). Where it is not, a guided row
+        does not speculate, and a penalized one only as far as `exact` allows."""
+        p = row.params
+        return self.logits and self.samples and p.temperature == 0 and (row.guide is not None or p.penalized)
 
     def speculates(self, row: RowState | None) -> bool:
         """It drafts and verifies in decode steps: it follows, and its prompt is all in (not parked in chunks)."""
@@ -306,8 +308,8 @@ class SpecScheduler(SpecContext, TreeDecoding, Scheduler):
         inputs = StepInputs(input_ids=ids, position_ids=positions, write_index=start, last_index=last,
                             sampling=sampling.rows(self.batch, 0, hi), tree_mask=tree_mask,
                             verify_index=np.tile(np.arange(w, dtype=np.int64), (hi, 1)), verify_uniform=uniform)
-        guided = any(r is not None and r.guide is not None for r in map(self.active.get, depths or ()))
-        out, step_time = self.step(0, hi, inputs, frozenset(drawn), want_logits=guided)
+        walked = any(r is not None and self.walked(r) for r in map(self.active.get, depths or ()))
+        out, step_time = self.step(0, hi, inputs, frozenset(drawn), want_logits=walked)
         self.timing.generation_runs += 1
         self.timing.verify_runs += 1
         self.timing.row_iterations += len(depths or ())
@@ -429,38 +431,40 @@ class SpecScheduler(SpecContext, TreeDecoding, Scheduler):
     def verify(self, slot: int, row: RowState, greedy_ids: list[int], drafts: list[int], out) -> list[int]:
         """Emit the verified tokens (the sampler's at each position) while the drafts agree with
         them; returns what was emitted."""
-        if row.guide is not None:
-            return self.walk_guided(slot, row, lambda node, token: node + 1 if node < len(drafts) and
-                                    drafts[node] == token else None, greedy_ids[0], out)[1]
+        if self.walked(row):
+            return self.walk(slot, row, lambda node, token: node + 1 if node < len(drafts) and
+                             drafts[node] == token else None, greedy_ids[0], out)[1]
         n = next((i + 1 for i, token in enumerate(greedy_ids) if i >= len(drafts) or drafts[i] != token),
                  len(greedy_ids))
         return self.emit(slot, row, greedy_ids[:n], out, range(n))
 
-    def walk_guided(self, slot: int, row: RowState, child, root_token: int, out) -> tuple[list[int], list[int]]:
-        """A guided row's verification (`guided`): from the root (the graph's token, drawn under the
-        first mask), each token emitted (so the matcher moves on and the row's bias becomes the next
-        mask), then the argmax of the next position's logits under it, while `child(node, token)`
-        (the drafted position holding that token, or None) goes on. (accepted nodes, emitted tokens)"""
+    def walk(self, slot: int, row: RowState, child, root_token: int, out) -> tuple[list[int], list[int]]:
+        """A `walked` row's verification: from the root (the graph's token, drawn under the first
+        biases), each token emitted (so the penalties count it, the matcher moves on and the row's
+        bias becomes the next mask), then the argmax of the next position's logits under them, while
+        `child(node, token)` (the drafted position holding that token, or None) goes on.
+        (accepted nodes, emitted tokens)"""
         path, emitted, node = [], [], 0
         # the root's overflow: the graph's top logprob is the last drafted position's, not the root's
-        token = root_token if self.guided_token(slot, 0, out) != -1 else -1
+        token = root_token if self.walked_token(slot, 0, out) != -1 else -1
         while True:
             emitted += self.emit(slot, row, [token], out, [node])
             node = None if row.finish_reason else child(node, token)
             if node is None:
                 return path, emitted
-            self.fill_masks([slot])  # (the mask after that token, now: the next position's)
-            if row.finish_reason:  # (its grammar allows nothing more, or failed)
-                return path, emitted
+            if row.guide is not None:
+                self.fill_masks([slot])  # (the mask after that token, now: the next position's)
+                if row.finish_reason:  # (its grammar allows nothing more, or failed)
+                    return path, emitted
             path.append(node)
-            token = self.guided_token(slot, node, out)
+            token = self.walked_token(slot, node, out)
 
-    def guided_token(self, slot: int, node: int, out) -> int:
-        """A guided greedy row's token at a verified position: the argmax under its biases, as the
-        graph's sampler takes them: the grammar's mask there with the request's logit_bias, and the
-        penalty row (no penalties here, but a Python caller's min_new_tokens ban, if any);
-        -1 where the logits overflowed (NaN or +inf), which fails the row alone, as in a plain step."""
-        return sampling.greedy(out.verify_logits[slot, node], self.batch.logit_bias[slot], self.batch.penalty_bias[slot])
+    def walked_token(self, slot: int, node: int, out) -> int:
+        """A `walked` row's token at a verified position: the argmax under its biases and penalties
+        as the graph's sampler takes them (the grammar's mask there with the request's logit_bias,
+        the penalties and min_new_tokens' ban after the tokens emitted before it); -1 where the
+        logits overflowed (NaN or +inf), which fails the row alone, as in a plain step."""
+        return sampling.greedy(out.verify_logits[slot, node], self.batch, slot)
 
     def emit(self, slot: int, row: RowState, tokens: list[int], out, sources) -> list[int]:
         """Verified tokens, up to the row's end and as far as they are exact (`exact`: the end of

@@ -193,18 +193,21 @@ def test_min_new_tokens_rows_speculate_within_the_ban(trained, monkeypatch):
 
 
 def test_greedy_rows_with_penalties_speculate(trained, monkeypatch):
-    """Greedy requests with penalties that only lower a generated token (repetition_penalty >= 1,
-    frequency and presence penalties >= 0) speculate: verification applies the penalties of a
-    cycle's first position to all of them, so a cycle stops before a token it has already emitted
-    (`exact`), whose penalty it did not have. Sampled requests with penalties, and raising penalties,
-    take plain steps. Rows 0-3 favour their unbiased text's second token (logit_bias) and penalise it
-    once generated, so a cycle can verify it twice in a row. The wrong variant, cycles that emit the
-    repeat too, must give other tokens."""
+    """Greedy requests with penalties speculate. On an engine that gives the verified positions'
+    logits (this one), each position is walked on the host under the penalties after the tokens
+    emitted before it (`walk`): any penalties, whole cycles. Elsewhere (TensorRT; here `walked` is
+    turned off), verification applies the penalties of a cycle's first position to all of them, so
+    only penalties that only lower a generated token (repetition_penalty >= 1, frequency and presence
+    penalties >= 0) speculate, a cycle stopping before a token it has already emitted (`exact`).
+    Sampled requests with penalties take plain steps. Rows 0-3 favour their unbiased text's second
+    token (logit_bias) and penalise it once generated, so a cycle can verify it twice in a row. The
+    wrong variants, walked positions under the cycle's first penalties (the graph's tokens) and
+    cycles that emit the repeat too, must give other tokens."""
     from trtllm.runtime import speculative
 
     kinds = [SamplingParams(temperature=0, repetition_penalty=1.3), SamplingParams(temperature=0, presence_penalty=0.4),
              SamplingParams(temperature=0, presence_penalty=-0.5), SamplingParams(temperature=0.8, repetition_penalty=1.2)]
-    assert [speculative.sampled(p) for p in kinds] == [True, True, False, False]  # raising, sampled: plain steps
+    assert [speculative.sampled(p) for p in kinds] == [True, True, False, False]  # raising, sampled: not by the graph
     _, _, engine_dir, prompts = trained
     free, _ = generate(engine_dir, prompts, 0, params=[SamplingParams(temperature=0, max_new_tokens=24)] * len(prompts))
     params = [SamplingParams(temperature=0, logit_bias={f[1]: 4.0}, presence_penalty=2.0, frequency_penalty=2.0,
@@ -212,9 +215,18 @@ def test_greedy_rows_with_penalties_speculate(trained, monkeypatch):
     params += [SamplingParams(temperature=0, repetition_penalty=1.3, min_new_tokens=6, max_new_tokens=24),
                SamplingParams(temperature=0, presence_penalty=-0.5, max_new_tokens=24)][: len(prompts) - 4]
     plain, _ = generate(engine_dir, prompts, 0, params=params)
-    for step, top_k in ((3, 1), (2, 2)):
-        got, timing = generate(engine_dir, prompts, step, top_k, params=params)
-        assert got == plain and timing.accepted_tokens >= 8
+
+    def same(least: int) -> None:
+        for step, top_k in ((3, 1), (2, 2)):
+            got, timing = generate(engine_dir, prompts, step, top_k, params=params)
+            assert got == plain and timing.accepted_tokens >= least
+
+    same(16)
+    with monkeypatch.context() as m:
+        m.setattr(SpecScheduler, "walked_token", lambda self, slot, node, out: int(out.verify_ids[slot, node]))
+        assert generate(engine_dir, prompts, 3, params=params)[0] != plain
+    monkeypatch.setattr(SpecScheduler, "walked", lambda self, row: False)
+    same(8)
     monkeypatch.setattr(speculative, "exact", lambda row, tokens: len(tokens))
     got, _ = generate(engine_dir, prompts, 3, params=params)
     assert got != plain

@@ -169,8 +169,8 @@ def test_guided_rows_speculate_and_keep_transformers_tokens(run_cli, tiny_engine
     from trtllm.runtime.speculative import SpecScheduler
 
     oracle(monkeypatch, want, wrong_at)
-    walks, walk = [], SpecScheduler.walk_guided
-    monkeypatch.setattr(SpecScheduler, "walk_guided", lambda *a: walks.append(walk(*a)) or walks[-1])
+    walks, walk = [], SpecScheduler.walk
+    monkeypatch.setattr(SpecScheduler, "walk", lambda *a: walks.append(walk(*a)) or walks[-1])
     got = ours(run_cli, eagle_engine, guides, 4, "--spec-draft-step", "3", "--spec-draft-top-k", str(top_k),
                prompts=prompts)
     assert got == plain
@@ -189,7 +189,7 @@ def test_wrong_variant_guided_verification_under_the_first_mask_differs(run_cli,
 
     plain = ours(run_cli, tiny_engine("llama"), [GUIDES["regex"]])
     oracle(monkeypatch, {tuple(p): t for p, t, _ in plain}, None)
-    monkeypatch.setattr(SpecScheduler, "guided_token", lambda self, slot, node, out: int(out.verify_ids[slot, node]))
+    monkeypatch.setattr(SpecScheduler, "walked_token", lambda self, slot, node, out: int(out.verify_ids[slot, node]))
     result, out = run_cli(eagle_engine, {"temperature": 0, "max_generate_length": MAX_NEW, "num_logprobs": 1, "requests": [
         {"messages": [{"role": "user", "content": PROMPTS[0]}], "guided_decoding": GUIDES["regex"]}]},
         "--spec-draft-step", "3")

@@ -99,11 +99,11 @@ def test_speculation_changes_no_answer(eagle_engine, run_cli, tmp_path, batch_si
 
 @pytest.mark.parametrize("step", ["2", "auto"])
 def test_no_speculating_row_takes_plain_steps(eagle_engine, run_cli, tmp_path, step):
-    """Rows with penalties on sampled or raising terms (what verification cannot reproduce) and
-    disable_spec_decode never speculate: every decode step is a plain one."""
+    """Sampled rows with penalties (what verification cannot reproduce: it draws every position under
+    the cycle's first penalties) and disable_spec_decode never speculate: every decode step is a plain one."""
     engine, _ = eagle_engine
     requests = [REQUESTS[3], chat("Tell me", temperature=0.8, seed=3, repetition_penalty=1.2),
-                chat("More", presence_penalty=-0.5)]
+                chat("More", temperature=0.5, seed=1, presence_penalty=-0.5)]
     plain, _ = answers(run_cli, engine, tmp_path, "--spec-draft-step", "0", requests=requests)
     got, profile = answers(run_cli, engine, tmp_path, "--spec-draft-step", step, requests=requests)
     spec = profile["eagle_generation"]
@@ -145,12 +145,15 @@ def test_greedy_proposals_take_the_heads_argmax(eagle_engine, run_cli, tmp_path,
 
 def test_min_new_tokens_and_greedy_penalties_speculate(eagle_engine, run_cli, tmp_path):
     """Requests with min_new_tokens (EOS and stop_token_ids held back) speculate, greedy and sampled,
-    and greedy ones with penalties, and give the answers they give without speculation: a cycle stops
-    at the ban's end, and before a token it repeats."""
+    and greedy ones with penalties (raising ones too), and give the answers they give without
+    speculation: a cycle stops at the ban's end, and a greedy penalized row's positions are walked
+    under the penalties after the tokens before them."""
     engine, _ = eagle_engine
     requests = [chat("Edge devices", min_new_tokens=20, ignore_eos=False),
                 chat("Numbers", temperature=0.9, top_p=0.9, seed=4, min_new_tokens=12, stop_token_ids=[5, 9]),
-                chat("More", min_new_tokens=24, repetition_penalty=1.3, frequency_penalty=0.5)]
+                chat("More", min_new_tokens=24, repetition_penalty=1.3, frequency_penalty=0.5),
+                chat("Less", repetition_penalty=0.8, presence_penalty=-0.5),
+                chat("Words", repetition_penalty=1.2, guided_decoding={"regex": "[a-z ]{5,60}"})]
     plain, _ = answers(run_cli, engine, tmp_path, "--spec-draft-step", "0", requests=requests)
     for extra in (("--spec-draft-step", "3"), ("--spec-draft-step", "2", "--spec-draft-top-k", "2")):
         got, profile = answers(run_cli, engine, tmp_path, *extra, requests=requests)
