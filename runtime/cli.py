@@ -144,6 +144,15 @@ def same_file(path: str, other: str | Path) -> bool:
         return os.path.realpath(path) == os.path.realpath(other)
 
 
+def inside(path: str, directory: Path) -> bool:
+    """Whether `path` lies in `directory` (the engine's: an answer written there could replace one of
+    its files), links resolved."""
+    try:
+        return Path(os.path.realpath(path)).is_relative_to(os.path.realpath(directory))
+    except OSError:
+        return False
+
+
 def show_warning(message, category, filename, lineno, file=None, line=None) -> None:
     """Warnings (saved system-prompt KV that cannot be written, say) as one plain line, not
     Python's file:line and source text."""
@@ -341,6 +350,9 @@ def serve(input_file: Path, engine_dir: Path, output: str | None, profile: str |
     for option, path in (("--output", output), ("--profile", profile)):
         if path is not None and same_file(path, input_file):  # the run would replace its own input
             fail_usage(f"{option} {files.shown(path)} is the input file")
+        if path is not None and files.descriptor(path) is None and inside(path, engine_dir):  # or a file of the engine
+            fail_usage(f"{option} {files.shown(path)} is inside the engine directory {files.shown(engine_dir)}: "
+                       "write it elsewhere")
     to_stdout = output is not None and files.descriptor(output) == 1
     if output is not None and profile is not None and same_file(output, profile):
         fail_usage(f"--output and --profile are the same file ({files.shown(output)})")
@@ -442,7 +454,8 @@ def serve(input_file: Path, engine_dir: Path, output: str | None, profile: str |
     if output is not None:
         try:
             files.write_atomic(output, result, indent=4, inline_from=OUTPUT_INLINE)  # (an interrupt waits)
-            click.echo(f"wrote {len(responses)} responses to {files.shown(output)}", err=True)
+            count = f"{len(responses)} response{'' if len(responses) == 1 else 's'}"
+            click.echo(f"wrote {count} to {files.shown(output)}", err=True)
         except BrokenPipeError:
             if not to_stdout:
                 raise

@@ -51,6 +51,13 @@ def descriptor(path: str | Path) -> int | None:
 def check_writable(path: str | Path) -> None:
     """Raise NotWritable now, before anything runs, if `path` cannot be written: its answers would
     be lost at the end."""
+    try:
+        _check_writable(path)
+    except OSError as e:  # a name too long, a directory on the way that cannot be searched, ...
+        raise NotWritable(f"cannot be written: {e.strerror or type(e).__name__}") from None
+
+
+def _check_writable(path: str | Path) -> None:
     if not str(path):  # (abspath would make it the current directory)
         raise NotWritable("is empty: name a file")
     fd = descriptor(path)
@@ -80,6 +87,9 @@ def check_writable(path: str | Path) -> None:
     ancestor = target.parent
     while not ancestor.exists():  # the directories write_atomic would create
         ancestor = ancestor.parent
+    longest = os.pathconf(ancestor, "PC_NAME_MAX")
+    if any(len(os.fsencode(part)) > longest for part in target.relative_to(ancestor).parts):
+        raise NotWritable(f"cannot be written: a name in it is longer than the file system's {longest} bytes")
     try:
         if not ancestor.is_dir():
             raise NotADirectoryError(f"{ancestor} is not a directory")
@@ -141,7 +151,7 @@ def write_atomic(path: str | Path, data: dict, indent: int | None, inline_from: 
     path.parent.mkdir(parents=True, exist_ok=True)
     mode = path.stat().st_mode & 0o7777 if path.exists() else 0o666 & ~current_umask()
     try:
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name[:60]}.", suffix=".tmp")  # (a long name: its own)
     except PermissionError:
         if not path.is_file():
             raise

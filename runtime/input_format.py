@@ -465,12 +465,15 @@ def read_input(path: str | os.PathLike, bundled_loras: tuple[str, ...] | None = 
         for name in injected:
             theirs = CONFIG_NAMES.get(name, name)
             message = message.replace(f"`{name}`", f"`{name}` (generation_config.json's `{theirs}`)")
+        for name in overrides or ():  # (at the top level, and in each request that gave its own)
+            message = re.sub(rf"`((?:requests\[\d+\]\.)?{name})`", rf"`\1` (set by --{name.replace('_', '-')})", message)
         return message
     try:
         inp = parse_input(apply_overrides(obj, overrides or {}), bundled_loras, isolate)
     except InputError as e:
         raise InputError(e.json_path, origin(str(e))) from None
-    return dataclasses.replace(inp, invalid={i: origin(m) for i, m in inp.invalid.items()}) if injected else inp
+    changed = injected or overrides
+    return dataclasses.replace(inp, invalid={i: origin(m) for i, m in inp.invalid.items()}) if changed else inp
 
 
 def apply_overrides(obj: object, overrides: dict) -> object:

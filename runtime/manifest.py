@@ -198,6 +198,8 @@ def load(engine_dir: str | os.PathLike) -> Manifest:
     if not isinstance(raw, dict):
         raise ManifestError(f"{path} must hold a JSON object, got {type(raw).__name__}; {rebuild_hint(engine_dir)}")
     version = raw.get("format_version")
+    if version is None:  # (another file written over it: a run's answers, say)
+        raise ManifestError(f"{path} is not an engine manifest (it has no format_version); {rebuild_hint(engine_dir)}")
     if version != FORMAT_VERSION:
         raise ManifestError(f"manifest.format_version must be {FORMAT_VERSION}, got {version!r}: "
                             f"the engine was built by another trtllm-edge version; {rebuild_hint(engine_dir)}")

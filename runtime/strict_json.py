@@ -60,7 +60,25 @@ def decode(data: bytes, label: str) -> object:
              # some of json's messages end in "at" already ("Invalid control character at")
              shown=f"{e.msg.removesuffix(' at')} at line {e.lineno} column {e.colno}")
     except RecursionError:
-        fail("", "valid JSON", None, label=label, shown="arrays or objects nested deeper than the parser goes")
+        depth, line, column = deepest(text)
+        fail("", "valid JSON", None, label=label, shown=f"arrays or objects nested {depth} deep, deeper than the "
+             f"parser goes (the deepest at line {line} column {column})")
+
+
+def deepest(text: str) -> tuple[int, int, int]:
+    """How deep a JSON text's arrays and objects nest, and the line and column where they first
+    nest that deep (brackets inside strings aside)."""
+    depth = most = where = 0
+    for match in re.finditer(r'"(?:[^"\\]|\\.)*"|[\[{]|[\]}]', text):
+        bracket = match[0]
+        if bracket in "[{":
+            depth += 1
+            if depth > most:
+                most, where = depth, match.start()
+        elif bracket in "]}":
+            depth -= 1
+    line = text.count("\n", 0, where) + 1
+    return most, line, where - (text.rfind("\n", 0, where) + 1) + 1
 
 
 def show(value: object) -> str:

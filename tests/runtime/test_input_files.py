@@ -198,7 +198,10 @@ MESSAGE = '{"messages": [{"role": "user", "content": "hi"}]}'
 
 @pytest.mark.parametrize("text, path, needle", [
     # nesting past what json.loads recurses into (it raised RecursionError)
-    ('{"requests": [{"messages": [], "stop": ' + "[" * 5000 + "]" * 5000 + "}]}", "", "nested deeper"),
+    ('{"requests": [{"messages": [], "stop": ' + "[" * 5000 + "]" * 5000 + "}]}", "",
+     "nested 5003 deep, deeper than the parser goes (the deepest at line 1 column 5039)"),
+    ('{"requests": [{"messages": [{"content": "[[[["}], "stop":\n ' + "[" * 5000 + "]" * 5000 + "}]}", "",
+     "nested 5003 deep, deeper than the parser goes (the deepest at line 2 column 5001)"),
     # integers of more digits than Python converts (json.loads raised ValueError)
     ('{"top_k": ' + "1" * 4301 + ', "requests": [%s]}' % MESSAGE, "top_k", "an integer of 4301 digits"),
     ('{"requests": [{"messages": [{"role": "user", "content": ' + "9" * 5000 + "}]}]}",

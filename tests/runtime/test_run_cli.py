@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 from click.testing import CliRunner
@@ -150,6 +151,30 @@ def test_an_output_that_is_the_input_file_is_refused(tmp_path, tiny_engine, opti
     assert (tmp_path / "in.json").read_text() == payload
 
 
+@pytest.mark.parametrize("option", ["--output", "--profile"])
+def test_an_output_inside_the_engine_directory_is_refused(tmp_path, tiny_engine, option):
+    """It could replace one of the engine's files (its manifest: the next run blamed the version)."""
+    engine = tmp_path / "engine"
+    shutil.copytree(tiny_engine("llama"), engine)
+    (tmp_path / "in.json").write_text(json.dumps({"requests": [chat("a")], "max_generate_length": 2}))
+    manifest = (engine / "manifest.json").read_bytes()
+    (tmp_path / "link").symlink_to(engine)
+    for target in (engine / "manifest.json", engine / "new.json", tmp_path / "link" / "manifest.json"):
+        result = CliRunner().invoke(main, [str(tmp_path / "in.json"), "--engine", str(engine), option, str(target)])
+        assert result.exit_code == 2 and "is inside the engine directory" in result.output, result.output
+    assert (engine / "manifest.json").read_bytes() == manifest and not (engine / "new.json").exists()
+
+
+def test_an_override_named_in_an_error_says_it_came_from_the_command_line(run_cli, tiny_engine):
+    """--max-generate-length replaces each request's own: the error names the option, not the file's value."""
+    result, out = run_cli(tiny_engine("llama"), {"max_generate_length": 3, "requests": [
+        {**chat("a"), "min_new_tokens": 5, "max_generate_length": 10}, chat("b")]}, "--max-generate-length", "2")
+    first, second = out["responses"]
+    assert result.exit_code == 1 and second["finish_reason"] != "error"
+    assert first["error"] == ("`requests[0].min_new_tokens` must be <= `requests[0].max_generate_length` "
+                              "(set by --max-generate-length) (2), got 5")
+
+
 def test_invalid_input_keeps_the_previous_output(run_cli, tmp_path, tiny_engine):
     out = tmp_path / "out.json"
     out.write_text('{"good": true}')
@@ -177,6 +202,7 @@ def test_engine_dir_errors(tmp_path):
     result = CliRunner().invoke(main, [str(tmp_path / "input.json"), "--engine", str(tmp_path / "eng")])
     assert result.exit_code == 2 and "format_version" in result.output and "trtllm-build" in result.output
     for broken, needle in ((b"[]", "must hold a JSON object"), (b"\xff", "is not valid JSON"),
+                           (b'{"responses": []}', "is not an engine manifest (it has no format_version)"),
                            (json.dumps({"format_version": FORMAT_VERSION, "backend": "onnxruntime", "limits": 3}).encode(),
                             "is malformed")):
         (tmp_path / "eng" / "manifest.json").write_bytes(broken)

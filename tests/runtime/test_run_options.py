@@ -37,7 +37,8 @@ def test_overrides_answer_as_the_file_with_those_values(run_cli, tmp_path, tiny_
     result, out = run_cli(engine, payload, "--max-generate-length", "1")
     assert result.exit_code == 1
     error = out["responses"][2]["error"]
-    assert error.startswith("`requests[2].min_new_tokens` must be <= `max_generate_length` (1)")
+    assert error.startswith("`requests[2].min_new_tokens` must be <= `max_generate_length` (set by "
+                            "--max-generate-length) (1)")
     assert [r["finish_reason"] for r in out["responses"][:2]] == ["max-length"] * 2
 
 
@@ -206,4 +207,5 @@ def test_model_defaults_fill_only_what_the_file_leaves_out(run_cli, tmp_path, ti
                                             "(generation_config.json's `max_new_tokens`) (2), got 3")
     result, out = run_cli(engine, {"requests": [chat("Hi", min_new_tokens=3)]}, "--sampling-defaults", "model",
                           "--max-generate-length", "2")  # the option's value, not the config's
-    assert out["responses"][0]["error"] == "`requests[0].min_new_tokens` must be <= `max_generate_length` (2), got 3"
+    assert out["responses"][0]["error"] == ("`requests[0].min_new_tokens` must be <= `max_generate_length` "
+                                            "(set by --max-generate-length) (2), got 3")

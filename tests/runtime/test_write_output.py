@@ -241,3 +241,17 @@ def test_dumps_inlines_deep_containers_and_keeps_the_data():
     assert dumps(doc, 2) == json.dumps(doc, indent=2, ensure_ascii=False)
     with pytest.raises(TypeError, match="keys must be strings"):
         dumps({True: 1}, 4, 4)  # json writes "true"; str() would write "True"
+
+
+def test_names_the_file_system_refuses_are_refused_before_the_run(tmp_path):
+    """A name too long, a directory on the way that cannot be searched: refused as the others are
+    (they raised OSError out of the check: a traceback and exit 1), and a name near the limit
+    writes through its temporary file."""
+    with pytest.raises(NotWritable, match="longer than the file system's 255 bytes"):
+        check_writable(tmp_path / "new" / ("a" * 256 + ".json"))
+    longest = tmp_path / ("b" * 250 + ".json")
+    check_writable(longest)
+    write_atomic(longest, {"g": 7}, indent=None)
+    assert json.loads(longest.read_text()) == {"g": 7}
+    with pytest.raises(NotWritable, match="cannot be written: File name too long"):  # (stat's own error)
+        check_writable(tmp_path / ("a" * 256 + ".json"))
