@@ -164,11 +164,10 @@ class BuildConfig:
             raise ConfigError(f"--cpu-kernels native runs the modern graph on ONNX Runtime, got --graph {self.graph} "
                               f"--backend {self.backend}")
         if self.kv_cache_dtype == "int8" and (self.backend == "tensorrt" or self.graph == "legacy"
-                                              or self.cpu_kernels == "onnxruntime" or self.eagle):
+                                              or self.cpu_kernels == "onnxruntime"):
             raise ConfigError(f"--kv-cache-dtype int8 is read by our CPU attention kernel alone: it needs ONNX "
-                              f"Runtime, the modern graph and --cpu-kernels auto|native, and no --eagle head, got "
-                              f"--backend {self.backend} --graph {self.graph} --cpu-kernels {self.cpu_kernels}"
-                              + (f" --eagle {self.eagle}" if self.eagle else ""))
+                              f"Runtime, the modern graph and --cpu-kernels auto|native, got "
+                              f"--backend {self.backend} --graph {self.graph} --cpu-kernels {self.cpu_kernels}")
         if self.graph == "legacy" and self.quantization != "none":
             raise ConfigError(f"--quantization {self.quantization} needs the modern graph: block-wise and int4 "
                               "DequantizeLinear are opset 21, the legacy graph is opset 20 (TensorRT 10.3)")

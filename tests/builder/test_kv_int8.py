@@ -140,7 +140,6 @@ def test_a_float16_model_takes_an_int8_cache_too(tiny_checkpoint, tmp_path):
     (dict(backend="tensorrt"), "--backend tensorrt"),
     (dict(graph="legacy"), "--graph legacy"),
     (dict(cpu_kernels="onnxruntime"), "--cpu-kernels onnxruntime"),
-    (dict(eagle="/tmp/head"), "--eagle /tmp/head"),
 ])
 def test_what_cannot_read_an_int8_cache_is_refused(options, needle):
     with pytest.raises(ConfigError, match=f"--kv-cache-dtype int8 is read by our CPU attention kernel alone.*{needle}"):
