@@ -229,7 +229,8 @@ class TreeDecoding:
                 emitted[s] = self.emit(s, r, [int(out.verify_ids[s, 0])], out, [0])
                 continue
             t = trees[s]
-            path, emitted[s] = self.verify_tree(s, r, t, [int(v) for v in out.verify_ids[s, : len(t)]], out)
+            path, emitted[s] = self.verify_tree(s, r, t, [int(v) for v in out.verify_ids[s, : len(t)]], out,
+                                                drawn.get(s))
             for i, node in enumerate(path):  # the accepted nodes' KV and hidden states follow the root
                 if node != i + 1:
                     self.kv.move_position(s, pos[s] + node, pos[s] + i + 1)
@@ -241,11 +242,14 @@ class TreeDecoding:
                 self.policy.record_row(t.tested(path), len(emitted[s]) - 1)
         self.finish_cycle(hi, rows, emitted, drawn, out, pos, w, step_time, elapsed, runs[1], runs[0])
 
-    def verify_tree(self, slot: int, row, tree: DraftTree, greedy: list[int], out) -> tuple[list[int], list[int]]:
+    def verify_tree(self, slot: int, row, tree: DraftTree, greedy: list[int], out,
+                    numbers: list | None = None) -> tuple[list[int], list[int]]:
         """The accepted path and what was emitted (the path's tokens and the model's next, up to the
-        row's end: each drawn at its parent node, the root's at the root)."""
+        row's end: each drawn at its parent node, the root's at the root; `numbers`: a sampled row's
+        by depth)."""
         if self.walked(row):
             return self.walk(slot, row, lambda node, token: next(
-                (c for c in tree.children(node) if tree.tokens[c] == token), None), greedy[0], out)
+                (c for c in tree.children(node) if tree.tokens[c] == token), None), greedy[0], out, numbers,
+                lambda node: tree.depths[node])
         path, tokens = tree.walk(greedy)
         return path, self.emit(slot, row, tokens, out, [0] + path)

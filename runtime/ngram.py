@@ -21,10 +21,12 @@ token. A seeded request gives the same tokens with or without lookup; the number
 took are put back for the next. While min_new_tokens holds EOS back, a step checks no guess past the
 ban's end (spec_rules.room): every position is drawn under the biases of the step's first.
 
-Rows that speculate: greedy ones, also with penalties and guided decoding (their checked positions
-are walked on the host: each the argmax under the penalties and the grammar's mask after the tokens
-taken before it), and sampled ones without either (the graph draws every position under the step's
-first biases); the others take their one token from the same step (k = 0, last_index 0).
+Rows that speculate: greedy and sampled ones, also with penalties and guided decoding, whose biases
+change with every token the step takes (the graph draws every position under the step's first): their
+positions after the first are walked on the host, each the argmax (greedy) or the draw with the same
+random number (sampled: the engine's own sampler code, sampling.host_draw, on engines on our kernels;
+elsewhere such sampled rows take plain steps) under the penalties and the grammar's mask after the
+tokens taken before it; the others take their one token from the same step (k = 0, last_index 0).
 A row that asks for logprobs gets them from its checked positions' logits
 (sampling.position_logprobs, as EAGLE's verification does). Engines: those whose graph gives
 verify_logits (manifest prompt_logits: ONNX Runtime builds); sampled rows, those with
@@ -110,14 +112,19 @@ class NgramScheduler(Scheduler):
         self.lookup = lookup
         self.pace = Pace() if lookup.adaptive else None
         self.samples = self.engine.manifest.samples_verified  # rows that sample speculate too
+        # and those whose biases change within a step, drawn on the host by the engine's sampler code
+        self.draws = self.samples and sampling.host_draws(self.engine.manifest)
 
     def speculates(self, row: RowState | None) -> bool:
-        p = None if row is None else row.params
-        # (a greedy row's checked positions are walked on the host, each under the penalties and the
-        # grammar's mask after the tokens before it; a sampled row's are the graph's draws, all under
-        # the step's first: exact only where those do not change within the step)
         return (row is not None and row.speculative and not row.finish_reason and not row.prefilling
-                and (p.temperature == 0 or (self.samples and not p.penalized and row.guide is None)))
+                and (row.params.temperature == 0 or self.samples and (self.draws or not self.walked(row))))
+
+    def walked(self, row: RowState) -> bool:
+        """A row whose biases change within a step (penalties count each token taken, a grammar's mask
+        follows it), so that its checked positions after the first are chosen on the host under them
+        (the graph's sampler has the step's first at all of them): greedy rows by `sampling.greedy`,
+        sampled ones by the engine's own sampler code (`sampling.host_draw`, where `draws`)."""
+        return row.params.penalized or row.guide is not None
 
     def guesses(self, rows: list, starts: list[int]) -> dict[int, list[int]]:
         """slot -> its guesses: at most what it may still generate but one (a sampled row: none past
@@ -127,7 +134,8 @@ class NgramScheduler(Scheduler):
         out = {}
         for s, r in enumerate(rows):
             if self.speculates(r):
-                left = min(most, room(r) if r.params.temperature > 0 else r.max_new_tokens - len(r.output_ids) - 1)
+                exact = r.params.temperature == 0 or self.walked(r)  # (else min_new_tokens' ban: `room`)
+                left = min(most, r.max_new_tokens - len(r.output_ids) - 1 if exact else room(r))
                 if left > 0 and (d := self.lookup.propose(r.prompt_ids + r.output_ids)[:left]):
                     out[s] = d
         return out
@@ -211,15 +219,25 @@ class NgramScheduler(Scheduler):
 
     def verify_sampled(self, s: int, row: RowState, drafts: list[int], numbers: list, out) -> None:
         """The graph's draws while they are the guesses, then the first that differs, or if all hold
-        the draw after the last; the random numbers of the positions not taken go back to the row."""
-        t, taken = self.timing, 0
+        the draw after the last; the random numbers of the positions not taken go back to the row.
+        A `walked` row's positions after the first are drawn on the host, with the same numbers,
+        under the penalties and mask after the tokens before them."""
+        t, taken, walked = self.timing, 0, self.walked(row)
         t.drafted_tokens += len(drafts)
         for j, guess in enumerate([*drafts, None]):
-            token = int(out.verify_ids[s, j])
+            if j and walked:
+                token = sampling.host_draw(out.verify_logits[s, j], self.batch, s, numbers[j],
+                                           self.engine.manifest.max_top_k)
+            else:
+                token = int(out.verify_ids[s, j])
             self.take(s, row, token, out.verify_logits[s, j])  # (NaN or +inf logits: the row fails alone)
             taken += 1
             t.accepted_tokens += token == guess
             if row.finish_reason or token != guess:
                 break
+            if row.guide is not None:
+                self.fill_masks([s])  # (the mask after that token: the next position's)
+                if row.finish_reason:
+                    break
         if not row.finish_reason:
             row.spare[:0] = numbers[taken:]

@@ -214,6 +214,28 @@ def greedy(logits: np.ndarray, batch: SamplingBatch, row: int) -> int:
     return token if np.isfinite(scores[token]) else -1
 
 
+def host_draws(manifest) -> bool:
+    """Whether `host_draw` gives the engine's own draws: its sampler is trtllm.cpu::Sample (an ONNX Runtime
+    engine on our kernels), whose code the host calls too, and the library is here."""
+    from trtllm.plugins import cpu
+
+    return cpu.SAMPLE_LOWERING in manifest.lowerings and cpu.row_sampler() is not None
+
+
+def host_draw(logits: np.ndarray, batch: SamplingBatch, row: int, uniform: float, max_top_k: int) -> int:
+    """A sampled row's token from one position's logits with its uniform number, drawn on the host by
+    the engine's sampler code (`host_draws`) under the row's biases and penalties as they stand:
+    speculation walks verified positions with it, as `greedy` for greedy rows. -1 where the logits
+    overflowed, which fails the row alone."""
+    from trtllm.plugins import cpu
+
+    x = np.ascontiguousarray(logits, np.float32)
+    return int(cpu.row_sampler()(x.ctypes.data, batch.logit_bias[row].ctypes.data, batch.penalty_bias[row].ctypes.data,
+                                 batch.seen[row].ctypes.data, float(batch.repetition_penalty[row]),
+                                 float(batch.temperature[row]), float(batch.min_p[row]), int(batch.top_k[row]),
+                                 float(batch.top_p[row]), float(uniform), len(x), max_top_k))
+
+
 def top_logprobs(logprobs: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     """The k largest of a row's `log_softmax`, as the sampler's logprob outputs give them:
     descending, ties lower id first (float32 values, int64 ids)."""

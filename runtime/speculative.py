@@ -27,16 +27,18 @@ Rows that ask for logprobs speculate where the engine's graph gives the verified
 (eagle.logprobs): each emitted token's top logprobs come from the logits at its position, as the
 sampler computes them in a plain step.
 
-Greedy rows with a grammar (whose mask changes with every token) or penalties (whose counts do)
+Rows with a grammar (whose mask changes with every token) or penalties (whose counts do)
 speculate on an engine with eagle.logprobs and sampled verification: the graph's sampler draws the
 first position under the row's biases, and the rest are walked on the host (`walk`), each the
-argmax of its logits under the mask and penalties after the tokens emitted before it. On other
+argmax of its logits under the mask and penalties after the tokens emitted before it, or for a
+sampled row the draw with its number by the engine's own sampler code (sampling.host_draw: engines
+on our CPU kernels; elsewhere sampled ones with either take plain steps). On other
 engines a greedy row with penalties that only lower what was generated speculates as far as a cycle
 emits no token it has already emitted (whose penalty verification did not have yet; nothing else
 moves the argmax), and a guided row does not.
 
-Rows that do not speculate (penalties on sampled rows, disable_spec_decode, guided rows that
-sample; on engines without eagle.logprobs, logprobs, guided rows and raising penalties; on engines
+Rows that do not speculate (disable_spec_decode; on engines whose sampler is not our kernel's,
+penalties on sampled rows and guided rows that sample; on engines without eagle.logprobs, logprobs, guided rows and raising penalties; on engines
 built before sampled verification, also sampled rows, logit_bias, min_new_tokens and penalties)
 share the step: they feed one token and take the sampler's, as in plain decoding. A slot's draft
 KV past a row's position is never read before it is written again, as in the base cache.
@@ -93,7 +95,9 @@ class SpecScheduler(SpecContext, TreeDecoding, Scheduler):
         # and rows that ask for logprobs, where the graph gives the verified positions' logits
         logprobs = bool(engine.manifest.eagle.get("logprobs"))
         self.verifiable = functools.partial(sampled, logprobs=logprobs) if self.samples else greedy
-        self.logits = logprobs  # (guided rows verify on the host from them: `guided`)
+        self.logits = logprobs  # (guided and penalized rows verify on the host from them: `walked`)
+        # sampled ones too where the host draws as the engine's sampler does (the same code)
+        self.draws = self.samples and sampling.host_draws(engine.manifest)
         # a sampled row's drafts guess at its draws, from the head's best candidates (older heads give none)
         self.guesses = drafter.guess and self.samples and self.drafter.top_k > 0
         self.pad = engine.manifest.pad_token_id
@@ -153,14 +157,16 @@ class SpecScheduler(SpecContext, TreeDecoding, Scheduler):
                 and (self.walked(row) or row.guide is None and self.verifiable(row.params)))
 
     def walked(self, row: RowState) -> bool:
-        """A greedy row with a grammar or penalties, whose verification is done on the host, position
-        by position, each under the grammar's mask and the penalties after the tokens before it (the
-        graph's sampler has one bias per row, the first position's): on an engine that gives the
-        verified positions' logits (eagle.logprobs) and whose verification applies the row's biases
-        (sampled verification: the greedy one takes the raw argmax). Where it is not, a guided row
-        does not speculate, and a penalized one only as far as `exact` allows."""
+        """A row with a grammar or penalties, whose verification is done on the host, position by
+        position, each under the grammar's mask and the penalties after the tokens before it (the
+        graph's sampler has one bias per row, the first position's): greedy, or sampled where the
+        host draws with the engine's own sampler code (`draws`: engines on our kernels), on an engine
+        that gives the verified positions' logits (eagle.logprobs) and whose verification applies
+        the row's biases (sampled verification: the greedy one takes the raw argmax). Where it is
+        not, a guided row does not speculate, and a penalized one only as far as `exact` allows."""
         p = row.params
-        return self.logits and self.samples and p.temperature == 0 and (row.guide is not None or p.penalized)
+        return (self.logits and self.samples and (row.guide is not None or p.penalized)
+                and (p.temperature == 0 or self.draws))
 
     def speculates(self, row: RowState | None) -> bool:
         """It drafts and verifies in decode steps: it follows, and its prompt is all in (not parked in chunks)."""
@@ -284,7 +290,8 @@ class SpecScheduler(SpecContext, TreeDecoding, Scheduler):
         for s, r in enumerate(rows):
             if self.plain_or_failed(s, r, out):
                 continue
-            emitted[s] = self.verify(s, r, [int(v) for v in out.verify_ids[s, : ks[s] + 1]], drafts.get(s, []), out)
+            emitted[s] = self.verify(s, r, [int(v) for v in out.verify_ids[s, : ks[s] + 1]], drafts.get(s, []), out,
+                                     drawn.get(s))
             self.timing.drafted_tokens += ks[s]
             self.timing.accepted_tokens += len(emitted[s]) - 1
             if self.policy is not None:
@@ -428,23 +435,27 @@ class SpecScheduler(SpecContext, TreeDecoding, Scheduler):
                     hidden[s] = h[s]
         return elapsed
 
-    def verify(self, slot: int, row: RowState, greedy_ids: list[int], drafts: list[int], out) -> list[int]:
+    def verify(self, slot: int, row: RowState, greedy_ids: list[int], drafts: list[int], out,
+               numbers: list | None = None) -> list[int]:
         """Emit the verified tokens (the sampler's at each position) while the drafts agree with
-        them; returns what was emitted."""
+        them; returns what was emitted. `numbers`: a sampled row's, by depth (verify_step's)."""
         if self.walked(row):
             return self.walk(slot, row, lambda node, token: node + 1 if node < len(drafts) and
-                             drafts[node] == token else None, greedy_ids[0], out)[1]
+                             drafts[node] == token else None, greedy_ids[0], out, numbers)[1]
         n = next((i + 1 for i, token in enumerate(greedy_ids) if i >= len(drafts) or drafts[i] != token),
                  len(greedy_ids))
         return self.emit(slot, row, greedy_ids[:n], out, range(n))
 
-    def walk(self, slot: int, row: RowState, child, root_token: int, out) -> tuple[list[int], list[int]]:
+    def walk(self, slot: int, row: RowState, child, root_token: int, out, numbers: list | None = None,
+             depth=lambda node: node) -> tuple[list[int], list[int]]:
         """A `walked` row's verification: from the root (the graph's token, drawn under the first
         biases), each token emitted (so the penalties count it, the matcher moves on and the row's
-        bias becomes the next mask), then the argmax of the next position's logits under them, while
+        bias becomes the next mask), then the next position's token under them (the argmax, or a
+        sampled row's draw with its number for that depth, numbers[depth(node)]), while
         `child(node, token)` (the drafted position holding that token, or None) goes on.
         (accepted nodes, emitted tokens)"""
         path, emitted, node = [], [], 0
+        sampled = row.params.temperature > 0
         # the root's overflow: the graph's top logprob is the last drafted position's, not the root's
         token = root_token if self.walked_token(slot, 0, out) != -1 else -1
         while True:
@@ -457,14 +468,18 @@ class SpecScheduler(SpecContext, TreeDecoding, Scheduler):
                 if row.finish_reason:  # (its grammar allows nothing more, or failed)
                     return path, emitted
             path.append(node)
-            token = self.walked_token(slot, node, out)
+            token = self.walked_token(slot, node, out, numbers[depth(node)] if sampled else None)
 
-    def walked_token(self, slot: int, node: int, out) -> int:
-        """A `walked` row's token at a verified position: the argmax under its biases and penalties
-        as the graph's sampler takes them (the grammar's mask there with the request's logit_bias,
-        the penalties and min_new_tokens' ban after the tokens emitted before it); -1 where the
-        logits overflowed (NaN or +inf), which fails the row alone, as in a plain step."""
-        return sampling.greedy(out.verify_logits[slot, node], self.batch, slot)
+    def walked_token(self, slot: int, node: int, out, uniform: float | None = None) -> int:
+        """A `walked` row's token at a verified position, as the graph's sampler takes it under the
+        row's biases and penalties as they now stand (the grammar's mask there with the request's
+        logit_bias, the penalties and min_new_tokens' ban after the tokens emitted before it): the
+        argmax, or with `uniform` the draw (sampling.host_draw); -1 where the logits overflowed (NaN
+        or +inf), which fails the row alone, as in a plain step."""
+        logits = out.verify_logits[slot, node]
+        if uniform is None:
+            return sampling.greedy(logits, self.batch, slot)
+        return sampling.host_draw(logits, self.batch, slot, uniform, self.engine.manifest.max_top_k)
 
     def emit(self, slot: int, row: RowState, tokens: list[int], out, sources) -> list[int]:
         """Verified tokens, up to the row's end and as far as they are exact (`exact`: the end of

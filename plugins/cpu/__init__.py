@@ -56,6 +56,27 @@ def set_huge_pages(on: bool) -> None:
         ctypes.CDLL(str(LIBRARY)).trtllm_cpu_set_huge_pages(1 if on else 0)
 
 
+def row_sampler():
+    """trtllm_cpu_sample_row: one row drawn as the engine's trtllm.cpu::Sample draws it (the same
+    code: the same token for the same inputs and uniform), or None without the library. Arguments:
+    logits, logit_bias, penalty_bias (float32 [V] pointers), seen (bool [V]), repetition_penalty,
+    temperature, min_p, top_k, top_p, uniform, vocabulary size, max_top_k; returns the token (-1:
+    the logits overflowed)."""
+    import ctypes
+
+    global _row_sampler
+    if _row_sampler is None and library() is not None:
+        f = ctypes.CDLL(str(LIBRARY)).trtllm_cpu_sample_row
+        f.restype = ctypes.c_int64
+        f.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_float] * 3 + [ctypes.c_int64, ctypes.c_float, ctypes.c_float,
+                                                                     ctypes.c_int64, ctypes.c_int64]
+        _row_sampler = f
+    return _row_sampler
+
+
+_row_sampler = None
+
+
 def fingerprint() -> str:
     """The loaded library and the code path it takes on this CPU: results differ in their low bits
     between paths (AVX-512 with VNNI, AVX-512, portable) and between builds."""

@@ -494,6 +494,20 @@ struct Op : Ort::CustomOpBase<Op, Kernel, true> {
 
 }  // namespace
 
+// One row drawn on the host, as the op draws it (the same code, so the same token for the same
+// inputs and uniform): speculative decoding walks a verified position whose biases or penalties
+// changed within the step (runtime/sampling.host_draw). -1: the row's logits overflowed.
+extern "C" __attribute__((visibility("default"))) int64_t trtllm_cpu_sample_row(
+    const float* logits, const float* logit_bias, const float* penalty_bias, const bool* seen, float repetition_penalty,
+    float temperature, float min_p, int64_t top_k, float top_p, float uniform, int64_t vocab, int64_t max_top_k) {
+  int64_t token = -1;
+  if (vocab < 1 || top_k < 0 || top_k > max_top_k || max_top_k < 1 || max_top_k > vocab) return -2;
+  Job job{logits, logit_bias, penalty_bias, seen, &repetition_penalty, &temperature, &min_p, &top_k, &top_p, &uniform,
+          vocab, max_top_k, 0, 1, &token, nullptr, nullptr};
+  sample_row(&job, 0);
+  return token;
+}
+
 namespace trtllm_cpu {
 OrtCustomOp* sample_op() {
   static Op op;

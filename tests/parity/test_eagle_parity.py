@@ -73,9 +73,9 @@ def speculate(engine_dir, prompts, n, num_slots=None, step=4, prefixes=None, pre
     drafter = Drafter.load(engine_dir, engine.manifest, step, top_k, verify_size)
     seen, original = [], SpecScheduler.verify
 
-    def record(self, slot, row, greedy_ids, drafts, out):
+    def record(self, slot, row, greedy_ids, drafts, *rest):
         seen.append((row.prompt_ids + row.output_ids, list(drafts)))
-        return original(self, slot, row, greedy_ids, drafts, out)
+        return original(self, slot, row, greedy_ids, drafts, *rest)
 
     rows, timing = greedy_rows(prompts, n), Timing()
     for r in rows:
@@ -284,8 +284,8 @@ def test_unverified_drafts_are_caught(eagle_setup):
     ck, _, engine_dir = eagle_setup("llama")
     original = SpecScheduler.verify
 
-    def trusting(self, slot, row, greedy_ids, drafts, out):  # d1 .. dk, then the base's token after dk
-        return original(self, slot, row, [*drafts, greedy_ids[len(drafts)]], drafts, out)
+    def trusting(self, slot, row, greedy_ids, drafts, *rest):  # d1 .. dk, then the base's token after dk
+        return original(self, slot, row, [*drafts, greedy_ids[len(drafts)]], drafts, *rest)
 
     SpecScheduler.verify = trusting
     try:

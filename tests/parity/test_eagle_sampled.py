@@ -223,13 +223,37 @@ def test_greedy_rows_with_penalties_speculate(trained, monkeypatch):
 
     same(16)
     with monkeypatch.context() as m:
-        m.setattr(SpecScheduler, "walked_token", lambda self, slot, node, out: int(out.verify_ids[slot, node]))
+        m.setattr(SpecScheduler, "walked_token", lambda self, slot, node, out, uniform=None: int(out.verify_ids[slot, node]))
         assert generate(engine_dir, prompts, 3, params=params)[0] != plain
     monkeypatch.setattr(SpecScheduler, "walked", lambda self, row: False)
     same(8)
     monkeypatch.setattr(speculative, "exact", lambda row, tokens: len(tokens))
     got, _ = generate(engine_dir, prompts, 3, params=params)
     assert got != plain
+
+
+def test_sampled_rows_with_penalties_speculate(trained, monkeypatch):
+    """Sampled requests with penalties speculate on an engine on our kernels: a cycle's first position
+    is the graph's draw, and each later one is drawn on the host by the same sampler code
+    (sampling.host_draw) with the number plain decoding draws it with, under the penalties after the
+    tokens emitted before it: seeded answers are plain decoding's, in chains and trees. Rows 0-3
+    favour their unbiased text's second token and penalise it once drawn (as in the greedy test
+    above). The wrong variant, the graph's draws (under the cycle's first penalties) at every
+    position, differs."""
+    _, _, engine_dir, prompts = trained
+    free, _ = generate(engine_dir, prompts, 0, params=[SamplingParams(temperature=0, max_new_tokens=24)] * len(prompts))
+    params = [SamplingParams(temperature=t, logit_bias={f[1]: 4.0}, presence_penalty=2.0, frequency_penalty=2.0,
+                             max_new_tokens=24, num_logprobs=n) for f, t, n in zip(free[:4], (0.05, 0.02, 0.1, 0.05),
+                                                                                    (0, 2, 0, 1))]
+    params += [SamplingParams(temperature=0.3, top_k=5, repetition_penalty=0.8, presence_penalty=-0.5, max_new_tokens=24),
+               SamplingParams(temperature=1.0, top_p=0.9, repetition_penalty=1.2, max_new_tokens=24)][: len(prompts) - 4]
+    plain, _ = generate(engine_dir, prompts, 0, params=params)
+    for step, top_k in ((3, 1), (2, 2)):
+        got, timing = generate(engine_dir, prompts, step, top_k, params=params)
+        assert got == plain and timing.accepted_tokens >= 8
+    monkeypatch.setattr(SpecScheduler, "walked_token", lambda self, slot, node, out, uniform=None:
+                        int(out.verify_ids[slot, node]))
+    assert generate(engine_dir, prompts, 3, params=params)[0] != plain
 
 
 def test_rows_with_logprobs_speculate(trained, monkeypatch):

@@ -113,9 +113,9 @@ def record_trees(monkeypatch):
     """Every tree the runtime verifies, with the text before it."""
     seen, real = [], SpecScheduler.verify_tree
 
-    def record(self, slot, row, tree, greedy, out):
+    def record(self, slot, row, tree, greedy, *rest):
         seen.append((row.prompt_ids + row.output_ids, tree))
-        return real(self, slot, row, tree, greedy, out)
+        return real(self, slot, row, tree, greedy, *rest)
 
     monkeypatch.setattr(SpecScheduler, "verify_tree", record)
     return seen

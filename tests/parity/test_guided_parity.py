@@ -189,7 +189,7 @@ def test_wrong_variant_guided_verification_under_the_first_mask_differs(run_cli,
 
     plain = ours(run_cli, tiny_engine("llama"), [GUIDES["regex"]])
     oracle(monkeypatch, {tuple(p): t for p, t, _ in plain}, None)
-    monkeypatch.setattr(SpecScheduler, "walked_token", lambda self, slot, node, out: int(out.verify_ids[slot, node]))
+    monkeypatch.setattr(SpecScheduler, "walked_token", lambda self, slot, node, out, uniform=None: int(out.verify_ids[slot, node]))
     result, out = run_cli(eagle_engine, {"temperature": 0, "max_generate_length": MAX_NEW, "num_logprobs": 1, "requests": [
         {"messages": [{"role": "user", "content": PROMPTS[0]}], "guided_decoding": GUIDES["regex"]}]},
         "--spec-draft-step", "3")

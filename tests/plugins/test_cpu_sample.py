@@ -119,3 +119,26 @@ def test_a_row_with_every_token_banned_fails_alone_and_an_out_of_range_min_p_sta
     tokens = run_kernel(case, 64)[0]
     case["min_p"][1] = 1.0
     assert tokens.tolist() == reference.sample(*(case[name] for name in schema.INPUT_NAMES), 64)[0].tolist()
+
+
+def test_the_host_draws_a_rows_token_as_the_op_does():
+    """trtllm_cpu_sample_row (runtime/sampling.host_draw: speculation's walked positions) runs the op's own
+    code on one row: the op's token for every row of the random cases, ties and boundaries included;
+    a row of NaN logits gives -1 there too, and arguments out of range -2."""
+    from trtllm.runtime import sampling
+
+    f, rows = cpu.row_sampler(), 0
+    for case, max_top_k in cases(11, per_config=8):
+        want = run_kernel(case, max_top_k)[0]
+        batch = sampling.SamplingBatch(**{name: np.ascontiguousarray(case[name]) for name in (
+            "logit_bias", "penalty_bias", "seen", "repetition_penalty", "temperature", "min_p", "top_k", "top_p")},
+            uniform=case["uniform"], version=np.zeros(len(want), np.int64), num_logprobs=1)
+        got = [sampling.host_draw(case["logits"][b], batch, b, case["uniform"][b], max_top_k) for b in range(len(want))]
+        assert got == want.tolist()
+        rows += len(want)
+    assert rows > 200
+    nan = np.full(8, np.nan, np.float32)
+    zeros, seen = np.zeros(8, np.float32), np.zeros(8, np.bool_)
+    pointers = [a.ctypes.data for a in (nan, zeros, zeros, seen)]
+    assert f(*pointers, 1.0, 1.0, 0.0, 0, 1.0, 0.5, 8, 4) == -1
+    assert f(*pointers, 1.0, 1.0, 0.0, 5, 1.0, 0.5, 8, 4) == -2  # top_k past max_top_k

@@ -252,8 +252,8 @@ def test_an_eagle_engine_restores_the_heads_kv_with_the_models(run_cli, tmp_path
     second = {**base, "requests": [{"messages": turn_two(first["output_text"])}]}
     proposals = []  # every verification's drafts: the head's proposals
     real = SpecScheduler.verify
-    monkeypatch.setattr(SpecScheduler, "verify", lambda self, slot, row, ids, drafts, out:
-                        proposals.append(tuple(drafts)) or real(self, slot, row, ids, drafts, out))
+    monkeypatch.setattr(SpecScheduler, "verify", lambda self, slot, row, ids, drafts, *rest:
+                        proposals.append(tuple(drafts)) or real(self, slot, row, ids, drafts, *rest))
     _, fresh = run_cli(engine, second, "--kv-cache-dir", str(tmp_path / "none"), *spec)
     want, proposals[:] = list(proposals), []
     result, reused = run_cli(engine, second, *reuse)

@@ -98,9 +98,13 @@ def test_speculation_changes_no_answer(eagle_engine, run_cli, tmp_path, batch_si
 
 
 @pytest.mark.parametrize("step", ["2", "auto"])
-def test_no_speculating_row_takes_plain_steps(eagle_engine, run_cli, tmp_path, step):
-    """Sampled rows with penalties (what verification cannot reproduce: it draws every position under
-    the cycle's first penalties) and disable_spec_decode never speculate: every decode step is a plain one."""
+def test_no_speculating_row_takes_plain_steps(eagle_engine, run_cli, tmp_path, monkeypatch, step):
+    """Sampled rows with penalties where the host cannot draw as the engine's sampler does (its
+    sampler not our kernel's: verification draws every position under the cycle's first penalties)
+    and disable_spec_decode never speculate: every decode step is a plain one."""
+    from trtllm.runtime import sampling
+
+    monkeypatch.setattr(sampling, "host_draws", lambda manifest: False)
     engine, _ = eagle_engine
     requests = [REQUESTS[3], chat("Tell me", temperature=0.8, seed=3, repetition_penalty=1.2),
                 chat("More", temperature=0.5, seed=1, presence_penalty=-0.5)]
@@ -145,15 +149,17 @@ def test_greedy_proposals_take_the_heads_argmax(eagle_engine, run_cli, tmp_path,
 
 def test_min_new_tokens_and_greedy_penalties_speculate(eagle_engine, run_cli, tmp_path):
     """Requests with min_new_tokens (EOS and stop_token_ids held back) speculate, greedy and sampled,
-    and greedy ones with penalties (raising ones too), and give the answers they give without
-    speculation: a cycle stops at the ban's end, and a greedy penalized row's positions are walked
-    under the penalties after the tokens before them."""
+    and ones with penalties (raising ones too) or a grammar, greedy and sampled, and give the answers
+    they give without speculation: a cycle stops at the ban's end, and a penalized or guided row's
+    positions are walked under the penalties and mask after the tokens before them."""
     engine, _ = eagle_engine
     requests = [chat("Edge devices", min_new_tokens=20, ignore_eos=False),
                 chat("Numbers", temperature=0.9, top_p=0.9, seed=4, min_new_tokens=12, stop_token_ids=[5, 9]),
                 chat("More", min_new_tokens=24, repetition_penalty=1.3, frequency_penalty=0.5),
                 chat("Less", repetition_penalty=0.8, presence_penalty=-0.5),
-                chat("Words", repetition_penalty=1.2, guided_decoding={"regex": "[a-z ]{5,60}"})]
+                chat("Words", repetition_penalty=1.2, guided_decoding={"regex": "[a-z ]{5,60}"}),
+                chat("Tell me", temperature=0.8, seed=3, repetition_penalty=1.2, frequency_penalty=0.3),
+                chat("Spell", temperature=0.5, seed=5, guided_decoding={"regex": "[a-z ]{5,60}"})]
     plain, _ = answers(run_cli, engine, tmp_path, "--spec-draft-step", "0", requests=requests)
     for extra in (("--spec-draft-step", "3"), ("--spec-draft-step", "2", "--spec-draft-top-k", "2")):
         got, profile = answers(run_cli, engine, tmp_path, *extra, requests=requests)
@@ -343,8 +349,8 @@ def test_restored_prompt_without_head_kv_proposes_as_uncached(eagle_engine, run_
     assert len(list((tmp_path / "kv").glob("*.kv"))) == 1  # the model's KV only
     proposals = []  # every verification's drafts, row by row: the head's proposals
     real = SpecScheduler.verify
-    monkeypatch.setattr(SpecScheduler, "verify", lambda self, slot, row, ids, drafts, out:
-                        proposals.append((row.prompt_ids[-1], tuple(drafts))) or real(self, slot, row, ids, drafts, out))
+    monkeypatch.setattr(SpecScheduler, "verify", lambda self, slot, row, ids, drafts, *rest:
+                        proposals.append((row.prompt_ids[-1], tuple(drafts))) or real(self, slot, row, ids, drafts, *rest))
     uncached, uncached_profile = answers(run_cli, engine, tmp_path, "--spec-draft-step", "2", "--kv-cache-dir",
                                          str(tmp_path / "none"), requests=reqs)
     want, proposals[:] = sorted(proposals), []

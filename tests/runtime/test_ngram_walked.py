@@ -1,6 +1,7 @@
-"""--spec-ngram for greedy rows with penalties or a grammar (runtime/ngram.py): their checked
-positions are walked on the host, each under the penalties and the mask after the tokens taken
-before it, so the answers are plain decoding's token for token. The wrong variant, every position
+"""--spec-ngram for rows with penalties or a grammar, greedy and sampled (runtime/ngram.py): their
+checked positions are walked on the host, each under the penalties and the mask after the tokens
+taken before it (a sampled row's drawn by the engine's own sampler code with the same number), so
+the answers are plain decoding's token for token. The wrong variant, every position
 under the step's first penalties (what the graph's sampler has), must change them."""
 from __future__ import annotations
 
@@ -41,7 +42,7 @@ def oracle(texts: list[list[int]], k: int, wrong: bool = True) -> ngram.Lookup:
 
 
 def run(engine, prompts, params, lookup=None, guides=None, eos=()):
-    rows = [RowState(prompt_ids=p, params=SamplingParams(temperature=0.0, max_new_tokens=40, **params[i]),
+    rows = [RowState(prompt_ids=p, params=SamplingParams(**{"temperature": 0.0, "max_new_tokens": 40, **params[i]}),
                      rng=np.random.default_rng(i), eos_ids=frozenset(eos),
                      guide=guides[i] if guides else None) for i, p in enumerate(prompts)]
     timing = Timing()
@@ -140,3 +141,47 @@ def test_guided_greedy_rows_speculate_exactly(engine, tiny_engine, monkeypatch, 
     fill = ngram.NgramScheduler.fill_masks
     monkeypatch.setattr(ngram.NgramScheduler, "fill_masks", lambda self, slots=None: slots or fill(self, slots))
     assert guided(oracle(texts, 4))[0] != want
+
+
+SAMPLED = [dict(temperature=0.7, top_k=20, repetition_penalty=1.3), dict(temperature=0.05, frequency_penalty=0.8),
+           dict(temperature=1.0, top_p=0.9, presence_penalty=-0.5, num_logprobs=2),
+           dict(temperature=0.05, min_p=0.1, repetition_penalty=0.9, min_new_tokens=30)]
+
+
+def test_sampled_rows_with_penalties_speculate_exactly(engine, monkeypatch):
+    """A sampled row's positions after the first are drawn on the host by the engine's own sampler
+    code (sampling.host_draw) with the numbers plain decoding draws them with, under the penalties
+    after the tokens before them: a seeded answer is plain decoding's. The wrong variant, the graph's
+    draws (under the step's first penalties) at every position, must differ."""
+    assert ngram.sampling.host_draws(engine.manifest)
+    eos = [int(np.bincount(sum(PROMPTS, [])).argmax())]
+    want, _ = run(engine, PROMPTS, SAMPLED, eos=eos)
+    texts = [p + w[0] for p, w in zip(PROMPTS, want)]
+    for lookup in (oracle(texts, 5), oracle(texts, 2), ngram.Lookup(4, adaptive=False)):
+        got, timing = run(engine, PROMPTS, SAMPLED, lookup, eos=eos)
+        assert got == want, lookup
+        assert timing.drafted_tokens > 0
+    monkeypatch.setattr(ngram.NgramScheduler, "walked", lambda self, row: False)
+    assert run(engine, PROMPTS, SAMPLED, oracle(texts, 5, wrong=False), eos=eos)[0] != want
+
+
+def test_sampled_guided_rows_speculate_exactly(engine, tiny_engine):
+    from trtllm.runtime.grammar import Grammars
+    from trtllm.runtime.guided import Guide
+    from trtllm.runtime.tokenizer import Tokenizer
+
+    tok = Tokenizer.from_engine_dir(tiny_engine("llama"), engine.manifest.files)
+    eos = engine.manifest.eos_token_ids
+    grammars = Grammars(tok.to_json(), engine.manifest.model.vocab_size, eos, tok.vocab_size)
+    guide = Guide("regex", "(the|cat|sat|on|a|mat| )+", "guided_decoding.regex")
+    params = [dict(temperature=0.8), dict(temperature=0.3, num_logprobs=2), dict(temperature=1.0, repetition_penalty=1.2),
+              dict(temperature=0.6, top_k=3)]
+
+    def guided(lookup=None):
+        return run(engine, PROMPTS, params, lookup, [grammars.matcher(guide) for _ in PROMPTS], eos)
+
+    want, _ = guided()
+    texts = [p + w[0] for p, w in zip(PROMPTS, want)]
+    got, timing = guided(oracle(texts, 4))
+    assert got == want and 0 < timing.accepted_tokens < timing.drafted_tokens
+
