@@ -5,7 +5,7 @@ same draft length and sampling parameters).
 
     python scripts/bench_ngram.py [--engine engines/smollm2-135m-instruct] [--k 6] [--gen 128]
         [--rounds 4] [--threads 2] [--llama-cpp ~/peers/llama.cpp/build/bin]
-        [--gguf ~/peers/gguf/smollm2-135m-instruct-f32.gguf] [--temperature 0.7]
+        [--gguf ~/peers/gguf/smollm2-135m-instruct-f32.gguf] [--temperature 0.7] [--repetition-penalty 1.1]
     python scripts/bench_ngram.py --chat   # ours alone: chat answers, where few guesses hold, batch 1 and 8
 
 --chat measures what lookup costs where it has little to find: scripts/bench_eagle.py's eight chat
@@ -50,7 +50,7 @@ SAMPLED = {"top_k": 40, "top_p": 0.95, "min_p": 0.05}  # --temperature > 0, both
 
 
 def ours(engine, tokenizer, text: str, gen: int, k: int, temperature: float = 0.0,
-         seed: int = 0) -> tuple[float, list[int], float]:
+         seed: int = 0, repetition_penalty: float = 1.0) -> tuple[float, list[int], float]:
     from trtllm.runtime.generate import RowState, Timing, run_rows
     from trtllm.runtime.ngram import Lookup
     from trtllm.runtime.sampling import SamplingParams
@@ -58,7 +58,7 @@ def ours(engine, tokenizer, text: str, gen: int, k: int, temperature: float = 0.
     # EOS banned, as llama.cpp's --ignore-eos does (ours would generate it and go on: another text)
     ban = {t: -100.0 for t in engine.manifest.eos_token_ids}
     params = SamplingParams(temperature=temperature, max_new_tokens=gen, logit_bias=ban,
-                            **(SAMPLED if temperature > 0 else {}))
+                            repetition_penalty=repetition_penalty, **(SAMPLED if temperature > 0 else {}))
     row = RowState(prompt_ids=tokenizer.encode(text), params=params, rng=np.random.default_rng(seed),
                    eos_ids=frozenset(engine.manifest.eos_token_ids))
     t = Timing()
@@ -67,13 +67,13 @@ def ours(engine, tokenizer, text: str, gen: int, k: int, temperature: float = 0.
 
 
 def llama_lookup(binary: Path, gguf: Path, text: str, gen: int, k: int, threads: int, temperature: float = 0.0,
-                 seed: int = 0) -> tuple[float, float]:
+                 seed: int = 0, repetition_penalty: float = 1.0) -> tuple[float, float]:
     with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as f:
         f.write(text)
     try:
         out = subprocess.run([str(binary / "llama-lookup"), "-m", str(gguf), "-f", f.name, "-n", str(gen),
                               "--spec-draft-n-max", str(k), "-t", str(threads), "--temp", str(temperature),
-                              "--ignore-eos", "--seed", str(seed),
+                              "--ignore-eos", "--seed", str(seed), "--repeat-penalty", str(repetition_penalty),
                               *(["--top-k", str(SAMPLED["top_k"]), "--top-p", str(SAMPLED["top_p"]),
                                  "--min-p", str(SAMPLED["min_p"])] if temperature > 0 else [])],
                              capture_output=True, text=True, timeout=600,
@@ -104,6 +104,9 @@ def main(argv=None) -> int:
     ap.add_argument("--chat", action="store_true")
     ap.add_argument("--temperature", type=float, default=0.0,
                     help="> 0: sampled (top-k 40, top-p 0.95, min-p 0.05 for both), seed = the round")
+    ap.add_argument("--repetition-penalty", type=float, default=1.0,
+                    help="ours over the prompt and answer (transformers'); llama.cpp's --repeat-penalty over its "
+                         "last 64 tokens, so the two texts differ")
     args = ap.parse_args(argv)
     os.environ["TRTLLM_NUM_THREADS"] = str(args.threads)
     from trtllm.runtime.engine import load_engine
@@ -124,10 +127,10 @@ def main(argv=None) -> int:
             for case in cases if r % 2 == 0 else cases[::-1]:
                 if case == "llama.cpp+lookup":
                     speed, accept[name][case] = llama_lookup(args.llama_cpp, args.gguf, text, args.gen, args.k,
-                                                             args.threads, args.temperature, r)
+                                                             args.threads, args.temperature, r, args.repetition_penalty)
                 else:
                     speed, ids, rate = ours(engine, tokenizer, text, args.gen, args.k if case != "ours" else 0,
-                                            args.temperature, r)
+                                            args.temperature, r, args.repetition_penalty)
                     accept[name].setdefault("ids", {}).setdefault(case, []).append(ids)
                     if case == "ours+lookup":
                         accept[name][case] = rate
