@@ -5,7 +5,12 @@ graph computes by reordering q and k (DecoderSpec.interleaved_rope); o_proj neve
 from __future__ import annotations
 
 from trtllm.builder.architectures.llama import base_spec
+from trtllm.builder.checkpoint import Unsupported
 
 
 def spec_from_config(config):
-    return base_spec(config, "HeliumForCausalLM", interleaved_rope=True)
+    spec = base_spec(config, "HeliumForCausalLM", interleaved_rope=True)
+    if spec.num_heads * spec.head_dim != spec.hidden_size:  # (transformers cannot run it either)
+        raise Unsupported(f"HeliumForCausalLM needs num_attention_heads x head_dim = hidden_size (its o_proj is "
+                          f"hidden_size x hidden_size), got {spec.num_heads} x {spec.head_dim} != {spec.hidden_size}")
+    return spec

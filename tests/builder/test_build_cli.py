@@ -473,3 +473,20 @@ def test_a_check_that_fails_while_the_code_changes_says_so(tmp_path, tiny_checkp
     assert result.exit_code == 1 and "changed during the build: run it again" in result.output, result.output
     report = json.loads((tmp_path / "e.verify-failed.json").read_text())
     assert report == {"max_abs_error": 2e-3, "code": "before", "code_changed_during_build": True}
+
+
+def test_a_helium_whose_heads_do_not_span_the_hidden_size_is_refused():
+    """transformers' HeliumAttention projects o_proj hidden_size x hidden_size, so heads x head_dim must
+    be hidden_size (transformers loads such a checkpoint and fails running it); refused by name, not
+    built to fail in its MatMul."""
+    from transformers import HeliumConfig
+
+    from trtllm.builder.architectures import helium
+    from trtllm.builder.checkpoint import Unsupported
+
+    config = HeliumConfig(vocab_size=400, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                          num_attention_heads=4, num_key_value_heads=2, head_dim=32)
+    with pytest.raises(Unsupported, match=r"HeliumForCausalLM needs num_attention_heads x head_dim = hidden_size .*"
+                                          r"got 4 x 32 != 64"):
+        helium.spec_from_config(config)
+    assert helium.spec_from_config(HeliumConfig(**{**config.to_dict(), "head_dim": 16})).head_dim == 16
