@@ -151,7 +151,8 @@ def write_atomic(path: str | Path, data: dict, indent: int | None, inline_from: 
     path.parent.mkdir(parents=True, exist_ok=True)
     mode = path.stat().st_mode & 0o7777 if path.exists() else 0o666 & ~current_umask()
     try:
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name[:60]}.", suffix=".tmp")  # (a long name: its own)
+        # (a name near the file system's limit: the temporary one's prefix takes part of it)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name[:60]}.", suffix=".tmp")
     except PermissionError:
         if not path.is_file():
             raise

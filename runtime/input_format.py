@@ -466,7 +466,8 @@ def read_input(path: str | os.PathLike, bundled_loras: tuple[str, ...] | None = 
             theirs = CONFIG_NAMES.get(name, name)
             message = message.replace(f"`{name}`", f"`{name}` (generation_config.json's `{theirs}`)")
         for name in overrides or ():  # (at the top level, and in each request that gave its own)
-            message = re.sub(rf"`((?:requests\[\d+\]\.)?{name})`", rf"`\1` (set by --{name.replace('_', '-')})", message)
+            option = "--" + name.replace("_", "-")
+            message = re.sub(rf"`((?:requests\[\d+\]\.)?{name})`", rf"`\1` (set by {option})", message)
         return message
     try:
         inp = parse_input(apply_overrides(obj, overrides or {}), bundled_loras, isolate)

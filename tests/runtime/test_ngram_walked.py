@@ -56,7 +56,8 @@ class Answer(tuple):
     position's come from numpy, a plain step's from the graph's sampler), the rest equal."""
 
     def __eq__(self, other):
-        return self[:4] == other[:4] and all(np.allclose(a, b, atol=1e-5) for a, b in zip(self[4], other[4], strict=True))
+        return self[:4] == other[:4] and all(np.allclose(a, b, atol=1e-5)
+                                             for a, b in zip(self[4], other[4], strict=True))
 
     __hash__ = tuple.__hash__
 
@@ -108,13 +109,8 @@ def test_wrong_variant_the_steps_first_penalties_change_answers(engine, monkeypa
         assert got != want, k
 
 
-@pytest.mark.parametrize("kind, text", [("regex", "(the|cat|sat|on|a|mat| )+"), ("regex", "[a-z]{3,12}"),
-                                        ("choice", '["first answer", "second answer here"]')])
-def test_guided_greedy_rows_speculate_exactly(engine, tiny_engine, monkeypatch, kind, text):
-    """Each checked position under the grammar's mask after the tokens before it (the graph had the
-    first position's): with guesses that hold and others that break the grammar, the answers are
-    plain decoding's, each a match where it ends at EOS. The wrong variant, every position under
-    the step's first mask, must change them."""
+def guided_runs(engine, tiny_engine, kind: str, text: str, params: list[dict]):
+    """(run(lookup) -> the rows' answers under the guide, the tokenizer)."""
     from trtllm.runtime.grammar import Grammars
     from trtllm.runtime.guided import Guide
     from trtllm.runtime.tokenizer import Tokenizer
@@ -123,11 +119,21 @@ def test_guided_greedy_rows_speculate_exactly(engine, tiny_engine, monkeypatch, 
     eos = engine.manifest.eos_token_ids
     grammars = Grammars(tok.to_json(), engine.manifest.model.vocab_size, eos, tok.vocab_size)
     guide = Guide(kind, text, f"guided_decoding.{kind}")
-    params = [{}, dict(num_logprobs=2), dict(repetition_penalty=1.4), {}]
-
     def guided(lookup=None):
         return run(engine, PROMPTS, params, lookup, [grammars.matcher(guide) for _ in PROMPTS], eos)
 
+    return guided, tok
+
+
+@pytest.mark.parametrize("kind, text", [("regex", "(the|cat|sat|on|a|mat| )+"), ("regex", "[a-z]{3,12}"),
+                                        ("choice", '["first answer", "second answer here"]')])
+def test_guided_greedy_rows_speculate_exactly(engine, tiny_engine, monkeypatch, kind, text):
+    """Each checked position under the grammar's mask after the tokens before it (the graph had the
+    first position's): with guesses that hold and others that break the grammar, the answers are
+    plain decoding's, each a match where it ends at EOS. The wrong variant, every position under
+    the step's first mask, must change them."""
+    params = [{}, dict(num_logprobs=2), dict(repetition_penalty=1.4), {}]
+    guided, tok = guided_runs(engine, tiny_engine, kind, text, params)
     want, _ = guided()
     texts = [p + w[0] for p, w in zip(PROMPTS, want)]
     got, timing = guided(oracle(texts, 4))
@@ -166,22 +172,10 @@ def test_sampled_rows_with_penalties_speculate_exactly(engine, monkeypatch):
 
 
 def test_sampled_guided_rows_speculate_exactly(engine, tiny_engine):
-    from trtllm.runtime.grammar import Grammars
-    from trtllm.runtime.guided import Guide
-    from trtllm.runtime.tokenizer import Tokenizer
-
-    tok = Tokenizer.from_engine_dir(tiny_engine("llama"), engine.manifest.files)
-    eos = engine.manifest.eos_token_ids
-    grammars = Grammars(tok.to_json(), engine.manifest.model.vocab_size, eos, tok.vocab_size)
-    guide = Guide("regex", "(the|cat|sat|on|a|mat| )+", "guided_decoding.regex")
-    params = [dict(temperature=0.8), dict(temperature=0.3, num_logprobs=2), dict(temperature=1.0, repetition_penalty=1.2),
-              dict(temperature=0.6, top_k=3)]
-
-    def guided(lookup=None):
-        return run(engine, PROMPTS, params, lookup, [grammars.matcher(guide) for _ in PROMPTS], eos)
-
+    guided, _ = guided_runs(engine, tiny_engine, "regex", "(the|cat|sat|on|a|mat| )+", [
+        dict(temperature=0.8), dict(temperature=0.3, num_logprobs=2), dict(temperature=1.0, repetition_penalty=1.2),
+        dict(temperature=0.6, top_k=3)])
     want, _ = guided()
     texts = [p + w[0] for p, w in zip(PROMPTS, want)]
     got, timing = guided(oracle(texts, 4))
     assert got == want and 0 < timing.accepted_tokens < timing.drafted_tokens
-
