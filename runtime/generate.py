@@ -236,6 +236,14 @@ class Scheduler:
         if self.on_token is not None:
             self.on_token(row)
 
+    def next_mask(self, slot: int, row: RowState) -> bool:
+        """A row whose verified positions are walked one by one (speculation): a guided one's grammar
+        mask after the token it just took, the next position's; whether the row goes on (its grammar
+        may allow nothing more, or fail)."""
+        if row.guide is not None:
+            self.fill_masks([slot])
+        return not row.finish_reason
+
     def fill_masks(self, slots=None) -> None:
         """The guided rows' biases for their next tokens (of `slots`, default all), the masks computed
         together (grammar.fill); a row whose grammar allows nothing, or fails, fails alone."""
@@ -407,11 +415,11 @@ def run_rows(engine: Engine, rows: list[RowState], num_slots: int | None = None,
              contexts=None, lookup=None) -> None:
     """Generate until every row has a finish_reason, `num_slots` at a time (default: all at once).
     `on_token(row)` is called after each accepted token (for streaming). `drafter`: an EAGLE
-    engine's draft head (runtime/speculative.py), which rows then decode with (not those with
-    logprobs, or penalties on a sampled request).
-    `prefill_chunk`: prefill prompts at most this many tokens per step while other rows generate
-    (0: whole). `contexts`: --context-reuse's ContextCache. `lookup`: --spec-ngram's runtime/ngram.py
-    Lookup, which greedy rows then decode with (engines without a drafter)."""
+    engine's draft head (runtime/speculative.py), which rows then decode with (those it can
+    verify exactly: speculative.py's docstring). `prefill_chunk`: prefill prompts at most this many
+    tokens per step while other rows generate (0: whole). `contexts`: --context-reuse's
+    ContextCache. `lookup`: --spec-ngram's runtime/ngram.py Lookup, which rows then decode with
+    (engines without a drafter; ngram.py's docstring says which rows)."""
     if not rows:
         return
     if drafter is not None:

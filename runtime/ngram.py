@@ -43,7 +43,7 @@ from trtllm.runtime import sampling
 from trtllm.runtime.engine import StepInputs
 from trtllm.runtime.generate import Scheduler
 from trtllm.runtime.rows import RowState
-from trtllm.runtime.spec_rules import room
+from trtllm.runtime.spec_rules import changing, room
 from trtllm.runtime.step_inputs import guess_ids, write_position
 
 MIN_NGRAM, MAX_NGRAM = 2, 4  # a match of one token proposes too much that is wrong
@@ -113,7 +113,8 @@ class NgramScheduler(Scheduler):
         self.pace = Pace() if lookup.adaptive else None
         self.samples = self.engine.manifest.samples_verified  # rows that sample speculate too
         # and those whose biases change within a step, drawn on the host by the engine's sampler code
-        self.draws = self.samples and sampling.host_draws(self.engine.manifest)
+        self.native = sampling.host_draws(self.engine.manifest)
+        self.draws = self.samples and self.native
 
     def speculates(self, row: RowState | None) -> bool:
         return (row is not None and row.speculative and not row.finish_reason and not row.prefilling
@@ -124,7 +125,7 @@ class NgramScheduler(Scheduler):
         follows it), so that its checked positions after the first are chosen on the host under them
         (the graph's sampler has the step's first at all of them): greedy rows by `sampling.greedy`,
         sampled ones by the engine's own sampler code (`sampling.host_draw`, where `draws`)."""
-        return row.params.penalized or row.guide is not None
+        return changing(row)
 
     def guesses(self, rows: list, starts: list[int]) -> dict[int, list[int]]:
         """slot -> its guesses: at most what it may still generate but one (a sampled row: none past
@@ -199,16 +200,14 @@ class NgramScheduler(Scheduler):
         guided row's mask, which its grammar gives anew after each token."""
         t = self.timing
         t.drafted_tokens += len(drafts)
-        for logits, guess in zip([*out.verify_logits[s, :len(drafts)], out.logits[s]], [*drafts, None]):
-            choice = sampling.greedy(logits, self.batch, s)
+        for j, (logits, guess) in enumerate(zip([*out.verify_logits[s, :len(drafts)], out.logits[s]], [*drafts, None])):
+            # (the first is the graph's own token where its sampler checked the positions)
+            choice = int(out.verify_ids[s, 0]) if j == 0 and self.samples else sampling.greedy(
+                logits, self.batch, s, self.native)
             self.take(s, row, choice, logits if row.params.num_logprobs else None)
             t.accepted_tokens += choice == guess
-            if row.finish_reason or choice != guess:
+            if row.finish_reason or choice != guess or not self.next_mask(s, row):
                 return
-            if row.guide is not None:
-                self.fill_masks([s])  # (the mask after that token: the next position's)
-                if row.finish_reason:  # (its grammar allows nothing more, or failed)
-                    return
 
     def take(self, s: int, row: RowState, token: int, logits) -> None:
         """A checked position's token, with its logprobs where the row asks for them (from `logits`).
@@ -233,11 +232,7 @@ class NgramScheduler(Scheduler):
             self.take(s, row, token, out.verify_logits[s, j])  # (NaN or +inf logits: the row fails alone)
             taken += 1
             t.accepted_tokens += token == guess
-            if row.finish_reason or token != guess:
+            if row.finish_reason or token != guess or not self.next_mask(s, row):
                 break
-            if row.guide is not None:
-                self.fill_masks([s])  # (the mask after that token: the next position's)
-                if row.finish_reason:
-                    break
         if not row.finish_reason:
             row.spare[:0] = numbers[taken:]

@@ -198,30 +198,31 @@ def position_logprobs(logits: np.ndarray | None, bias: np.ndarray, k: int, token
     return top_logprobs(logprobs, k), float(logprobs[token]), True
 
 
-def greedy(logits: np.ndarray, batch: SamplingBatch, row: int) -> int:
-    """A greedy row's token from one position's logits, as the graph's sampler takes it: the argmax
+def greedy(logits: np.ndarray, batch: SamplingBatch, row: int, native: bool) -> int:
+    """A greedy row's token from one position's logits, as the engine's sampler takes it: the argmax
     of the logits under the row's biases and penalties as they stand (steps 1, 3 and 4), ties to the
-    lower id; -1 where the logits overflowed (NaN or +inf: argmax lands on it), which fails the row
-    alone, as in a plain step. Speculation walks verified positions with it, each after `penalize`
-    took the tokens before it, so a penalty is exact at every position (the graph's sampler has the
-    step's first position's penalties at all of them). The native kernel's code where it is built
-    (0.05 ms on 49,152 logits, numpy's 0.8 ms with a repetition penalty), else numpy's."""
-    from trtllm.plugins import cpu
-
-    if cpu.row_sampler() is not None:  # (its greedy path: the same exact operations, the first maximum)
+    lower id; -1 where its logits overflowed (NaN or +inf), which fails the row alone, as in a plain
+    step. Speculation walks verified positions with it, each after `penalize` took the tokens before
+    it, so a penalty is exact at every position (the graph's sampler has the step's first position's
+    penalties at all of them). `native` (`host_draws`: the engine's sampler is our kernel): the
+    kernel's own code (0.05 ms on 49,152 logits), which also answers -1 where every token is banned;
+    else numpy's as the standard-op sampler takes it (0.8 ms with a repetition penalty), which then
+    takes token 0 (the row fails on it in the same way: a grammar that stopped, a banned EOS)."""
+    if native:
         return _native(logits, batch, row, 0.0, 0.0, top_k=0, max_top_k=1)
-    scores = logits + batch.logit_bias[row]
+    x = logits + batch.logit_bias[row]
+    if not np.isfinite(x.max()):  # (a plain step's logprobs of these logits are NaN: the row fails)
+        return -1
     r = batch.repetition_penalty[row]
     if r != 1:  # (the same float32 operations as the sampler's, so the same argmax)
-        scores = np.where(batch.seen[row], np.where(scores > 0, scores / r, scores * r), scores)
-    scores = scores + batch.penalty_bias[row]
-    token = int(np.argmax(scores))
-    return token if np.isfinite(scores[token]) else -1
+        x = np.where(batch.seen[row], np.where(x > 0, x / r, x * r), x)
+    return int(np.argmax(x + batch.penalty_bias[row]))
 
 
 def host_draws(manifest) -> bool:
-    """Whether `host_draw` gives the engine's own draws: its sampler is trtllm.cpu::Sample (an ONNX Runtime
-    engine on our kernels), whose code the host calls too, and the library is here."""
+    """Whether `host_draw` gives the engine's own draws, and `greedy(native=True)` its greedy tokens:
+    its sampler is trtllm.cpu::Sample (an ONNX Runtime engine on our kernels), whose code the host
+    calls too, and the library is here."""
     from trtllm.plugins import cpu
 
     return cpu.SAMPLE_LOWERING in manifest.lowerings and cpu.row_sampler() is not None
@@ -240,10 +241,14 @@ def _native(logits, batch: SamplingBatch, row: int, temperature: float, uniform:
     from trtllm.plugins import cpu
 
     x = np.ascontiguousarray(logits, np.float32)
-    return int(cpu.row_sampler()(x.ctypes.data, batch.logit_bias[row].ctypes.data, batch.penalty_bias[row].ctypes.data,
-                                 batch.seen[row].ctypes.data, float(batch.repetition_penalty[row]), temperature,
-                                 float(batch.min_p[row]), top_k, float(batch.top_p[row]), float(uniform), len(x),
-                                 max_top_k))
+    token = int(cpu.row_sampler()(x.ctypes.data, batch.logit_bias[row].ctypes.data, batch.penalty_bias[row].ctypes.data,
+                                  batch.seen[row].ctypes.data, float(batch.repetition_penalty[row]), temperature,
+                                  float(batch.min_p[row]), top_k, float(batch.top_p[row]), float(uniform), len(x),
+                                  max_top_k))
+    if token == -2:  # (the arguments' sizes disagree: a caller's error, not the row's)
+        raise ValueError(f"trtllm_cpu_sample_row refused its arguments (vocabulary {len(x)}, top_k {top_k}, "
+                         f"max_top_k {max_top_k})")
+    return token
 
 
 def top_logprobs(logprobs: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:

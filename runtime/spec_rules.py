@@ -33,6 +33,13 @@ def lowering(p: sampling.SamplingParams) -> bool:
     return p.repetition_penalty >= 1 and p.frequency_penalty >= 0 and p.presence_penalty >= 0
 
 
+def changing(row: RowState) -> bool:
+    """Biases that change with every token the row takes (its penalties count it, its grammar's mask
+    follows it): the graph's sampler has a step's first at every verified position, so speculation
+    walks such a row's positions on the host where it can (ngram.py, speculative.py `walked`)."""
+    return row.params.penalized or row.guide is not None
+
+
 def exact(row: RowState, tokens: list[int]) -> int:
     """How many of a cycle's verified tokens (its first position's first) plain decoding emits too:
     all of them, but while min_new_tokens holds tokens back, none past the ban's end (`held`), and

@@ -70,7 +70,7 @@ from trtllm.runtime.generate import RowState, Scheduler, adapter_key, runs, writ
 from trtllm.runtime.step_inputs import guess_ids
 from trtllm.runtime.kv_cache import KVCacheManager
 from trtllm.runtime.spec_context import SpecContext, draft_key
-from trtllm.runtime.spec_rules import exact, greedy, held, lowering, room, sampled
+from trtllm.runtime.spec_rules import changing, exact, greedy, held, lowering, room, sampled
 
 # (Drafter and the rules lived here once: callers import them from here still)
 __all__ = ["Drafter", "SpecScheduler", "draft_key", "exact", "greedy", "held", "lowering", "sampled"]
@@ -97,7 +97,8 @@ class SpecScheduler(SpecContext, TreeDecoding, Scheduler):
         self.verifiable = functools.partial(sampled, logprobs=logprobs) if self.samples else greedy
         self.logits = logprobs  # (guided and penalized rows verify on the host from them: `walked`)
         # sampled ones too where the host draws as the engine's sampler does (the same code)
-        self.draws = self.samples and sampling.host_draws(engine.manifest)
+        self.native = sampling.host_draws(engine.manifest)
+        self.draws = self.samples and self.native
         # a sampled row's drafts guess at its draws, from the head's best candidates (older heads give none)
         self.guesses = drafter.guess and self.samples and self.drafter.top_k > 0
         self.pad = engine.manifest.pad_token_id
@@ -164,9 +165,7 @@ class SpecScheduler(SpecContext, TreeDecoding, Scheduler):
         that gives the verified positions' logits (eagle.logprobs) and whose verification applies
         the row's biases (sampled verification: the greedy one takes the raw argmax). Where it is
         not, a guided row does not speculate, and a penalized one only as far as `exact` allows."""
-        p = row.params
-        return (self.logits and self.samples and (row.guide is not None or p.penalized)
-                and (p.temperature == 0 or self.draws))
+        return self.logits and self.samples and changing(row) and (row.params.temperature == 0 or self.draws)
 
     def speculates(self, row: RowState | None) -> bool:
         """It drafts and verifies in decode steps: it follows, and its prompt is all in (not parked in chunks)."""
@@ -315,8 +314,9 @@ class SpecScheduler(SpecContext, TreeDecoding, Scheduler):
         inputs = StepInputs(input_ids=ids, position_ids=positions, write_index=start, last_index=last,
                             sampling=sampling.rows(self.batch, 0, hi), tree_mask=tree_mask,
                             verify_index=np.tile(np.arange(w, dtype=np.int64), (hi, 1)), verify_uniform=uniform)
-        walked = any(r is not None and self.walked(r) for r in map(self.active.get, depths or ()))
-        out, step_time = self.step(0, hi, inputs, frozenset(drawn), want_logits=walked)
+        # (the verified positions' logits, where the graph gives them: free to read, and what says
+        # which position overflowed, `emit`)
+        out, step_time = self.step(0, hi, inputs, frozenset(drawn), want_logits=self.logits)
         self.timing.generation_runs += 1
         self.timing.verify_runs += 1
         self.timing.row_iterations += len(depths or ())
@@ -333,7 +333,10 @@ class SpecScheduler(SpecContext, TreeDecoding, Scheduler):
             self.accept(s, out, s)
             self.timing.generated_tokens += 1
             return True
-        if not np.isfinite(out.top_logprobs[s, 0]):
+        # The top logprob is the last verified position's: its overflow fails the row only where no
+        # position's logits say more (else `emit` fails it at the first token drawn from overflowed
+        # logits, as plain decoding would, and a draft past the accepted ones fails nothing).
+        if out.verify_logits is None and not np.isfinite(out.top_logprobs[s, 0]):
             self.accept_token(s, int(out.token_ids[s]), finite=False)
             return True
         return False
@@ -463,10 +466,8 @@ class SpecScheduler(SpecContext, TreeDecoding, Scheduler):
             node = None if row.finish_reason else child(node, token)
             if node is None:
                 return path, emitted
-            if row.guide is not None:
-                self.fill_masks([slot])  # (the mask after that token, now: the next position's)
-                if row.finish_reason:  # (its grammar allows nothing more, or failed)
-                    return path, emitted
+            if not self.next_mask(slot, row):
+                return path, emitted
             path.append(node)
             token = self.walked_token(slot, node, out, numbers[depth(node)] if sampled else None)
 
@@ -478,7 +479,7 @@ class SpecScheduler(SpecContext, TreeDecoding, Scheduler):
         or +inf), which fails the row alone, as in a plain step."""
         logits = out.verify_logits[slot, node]
         if uniform is None:
-            return sampling.greedy(logits, self.batch, slot)
+            return sampling.greedy(logits, self.batch, slot, self.native)
         return sampling.host_draw(logits, self.batch, slot, uniform, self.engine.manifest.max_top_k)
 
     def emit(self, slot: int, row: RowState, tokens: list[int], out, sources) -> list[int]:
@@ -490,7 +491,7 @@ class SpecScheduler(SpecContext, TreeDecoding, Scheduler):
         emitted, k = [], row.params.num_logprobs
         for token, source in zip(tokens, sources):
             emitted.append(token)
-            logits = out.verify_logits[slot, source] if k else None
+            logits = None if out.verify_logits is None else out.verify_logits[slot, source]  # (k = 0: finite?)
             top, chosen, finite = sampling.position_logprobs(logits, self.batch.logit_bias[slot], k, token)
             self.accept_token(slot, token, top, finite=finite, chosen=chosen)
             if row.finish_reason:

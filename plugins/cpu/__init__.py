@@ -61,7 +61,7 @@ def row_sampler():
     code: the same token for the same inputs and uniform), or None without the library. Arguments:
     logits, logit_bias, penalty_bias (float32 [V] pointers), seen (bool [V]), repetition_penalty,
     temperature, min_p, top_k, top_p, uniform, vocabulary size, max_top_k; returns the token (-1:
-    the logits overflowed)."""
+    the logits overflowed, or every token is banned; -2: sizes that disagree, nothing read)."""
     import ctypes
 
     global _row_sampler

@@ -205,6 +205,7 @@ void attend_generic(const float* q, const T* key, const T* value, int64_t lo, in
   for (int64_t j = lo; j < t; ++j) total += scores[j] = std::exp(scores[j] - shift);
   std::fill(out, out + d, 0.0f);
   for (int64_t j = lo; j < t; ++j) {
+    if (mask && scores[j] == 0.0f) continue;  // hidden: its value never read (a NaN there, 0 x NaN, spread)
     const float w = scores[j] * row_scale(value + j * ld, d);
     for (int64_t i = 0; i < d; ++i) out[i] += w * to_float(value[j * ld + i]);
   }
@@ -377,6 +378,9 @@ __attribute__((target("avx512f,avx512bw,avx512vl,fma"))) void attend_block_avx51
 #pragma GCC unroll 8
       for (int i = 0; i < ND; ++i) acc[i] = _mm512_loadu_ps(out[r] + 16 * i);
       for (int64_t j = start; j < end; ++j) {
+        // a slot the tree hides weighs exactly 0: its value is not read, so a NaN there (a rejected
+        // draft that overflowed) stays out of its siblings' sums (0 x NaN is NaN)
+        if (tree && p[j] == 0.0f) continue;
         const __m512 w = _mm512_set1_ps(p[j] * row_scale(value + j * rd, d));
 #pragma GCC unroll 8
         for (int i = 0; i < ND; ++i) acc[i] = _mm512_fmadd_ps(w, load16(value + j * rd + 16 * i), acc[i]);

@@ -26,7 +26,7 @@ PARAMS = [SamplingParams(temperature=0.02, top_k=5, top_p=1.0, max_new_tokens=24
           SamplingParams(temperature=0.0, logit_bias={5: 0.5}, max_new_tokens=24),
           SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.2, max_new_tokens=24),
           SamplingParams(temperature=0.7, top_k=20, top_p=0.95, max_new_tokens=20),
-          SamplingParams(temperature=0.8, repetition_penalty=1.2, max_new_tokens=20)]  # penalties: plain steps
+          SamplingParams(temperature=0.8, repetition_penalty=1.2, max_new_tokens=20)]  # penalties: walked on the host
 
 
 def generate(engine_dir, prompts, step, top_k: int = 1, num_slots=None, guess: bool = True, params=PARAMS,

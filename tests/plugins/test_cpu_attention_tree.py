@@ -154,3 +154,26 @@ def test_a_bad_tree_mask_fails_with_a_message(mask, window, message):
     feeds["tree_mask"] = mask
     with pytest.raises(Exception, match=message):
         session(op_model(2, 1, 16, window=window, tree=True)).run(None, feeds)
+
+
+@pytest.mark.parametrize("d", [64, 24])  # the AVX-512 path and the portable one
+def test_a_hidden_nodes_nan_value_reaches_no_one_it_is_hidden_from(d):
+    """A draft node whose model overflowed (its value NaN: a token whose embedding is NaN) weighs
+    exactly 0 for the nodes that do not see it, and its value is not read there (0 x NaN is NaN:
+    its siblings failed with it, where plain decoding never feeds that token). Those nodes give the
+    reference's outputs with that value finite; the node itself and its descendants are NaN."""
+    shape, t = (1, 6, 4, 2, d, 48, [5]), 5
+    h, hk = shape[2], shape[3]
+    feeds = tree_case(shape, t, seed=3, star=True)  # every node a child of the root
+    bad = shape[1] - t + 2  # the tree's third node: its siblings do not see it
+    feeds["qkv"][0, bad, (h + hk) * d:] = np.nan  # its values (all kv heads)
+    y, _, _ = run_op(session(op_model(h, hk, d, tree=True)), feeds, F32, h * d)
+    clean = {**feeds, "qkv": feeds["qkv"].copy()}
+    clean["qkv"][0, bad, (h + hk) * d:] = 0.0
+    want, _, _ = reference(*(clean[n] for n in NAMES), h, hk, d ** -0.5, tree=feeds["tree_mask"])
+    sees = feeds["tree_mask"][0, :, bad - (shape[1] - t)]
+    for s in range(shape[1] - t, shape[1]):
+        if sees[s]:
+            assert np.isnan(y[0, s]).all()
+        else:
+            np.testing.assert_allclose(y[0, s], want[0, s], atol=1e-5)

@@ -144,10 +144,11 @@ def test_the_host_draws_a_rows_token_as_the_op_does():
     assert f(*pointers, 1.0, 1.0, 0.0, 5, 1.0, 0.5, 8, 4) == -2  # top_k past max_top_k
 
 
-def test_greedy_on_the_host_is_the_ops_greedy_token_native_or_numpy(monkeypatch):
+def test_greedy_on_the_host_is_the_ops_greedy_token_native_or_numpy():
     """sampling.greedy (speculation's walked greedy positions): the op's token at temperature 0 for
-    every row of the random cases (ties, bans, penalties, a row of equal logits), through the native
-    code and through numpy's (where the library is not built) alike."""
+    every row of the random cases (ties, bans, penalties, a row of equal logits; each row has a
+    token nothing bans), through the native code and through numpy's (the standard-op sampler's
+    engines) alike."""
     from trtllm.runtime import sampling
 
     cases_seen = 0
@@ -157,9 +158,7 @@ def test_greedy_on_the_host_is_the_ops_greedy_token_native_or_numpy(monkeypatch)
         batch = sampling.SamplingBatch(**{name: np.ascontiguousarray(case[name]) for name in (
             "logit_bias", "penalty_bias", "seen", "repetition_penalty", "temperature", "min_p", "top_k", "top_p")},
             uniform=case["uniform"], version=np.zeros(len(want), np.int64), num_logprobs=1)
-        assert [sampling.greedy(case["logits"][b], batch, b) for b in range(len(want))] == want
-        with monkeypatch.context() as m:
-            m.setattr(cpu, "row_sampler", lambda: None)
-            assert [sampling.greedy(case["logits"][b], batch, b) for b in range(len(want))] == want
+        for native in (True, False):
+            assert [sampling.greedy(case["logits"][b], batch, b, native) for b in range(len(want))] == want
         cases_seen += 1
     assert cases_seen > 20

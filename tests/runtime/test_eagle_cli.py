@@ -195,6 +195,8 @@ def test_steps_are_counted_under_what_they_drafted(eagle_engine, run_cli, tmp_pa
 
 
 def test_non_finite_logits_in_a_verification_fail_that_row(eagle_engine, run_cli, tmp_path, monkeypatch):
+    """The root position's logits overflow (NaN there, so the last position's top logprob too): that
+    row fails alone, its neighbour answers as without speculation."""
     from trtllm.runtime.backends import onnxruntime as ort_backend
 
     engine, _ = eagle_engine
@@ -207,6 +209,7 @@ def test_non_finite_logits_in_a_verification_fail_that_row(eagle_engine, run_cli
         calls.append(inputs.verify_index is not None)
         if calls.count(True) == 2 and calls[-1]:
             out.top_logprobs[0, 0] = np.nan
+            out.verify_logits[0, 0, 5] = np.nan
         return out
 
     monkeypatch.setattr(ort_backend.OnnxRuntimeEngine, "step", overflow_row_0_in_a_verification)

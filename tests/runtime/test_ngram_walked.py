@@ -89,11 +89,11 @@ def test_wrong_variant_the_steps_first_penalties_change_answers(engine, monkeypa
         first = (self.batch.penalty_bias[s].copy(), self.batch.seen[s].copy())
         penalize = ngram.sampling.greedy
 
-        def greedy(logits, batch, r):
+        def greedy(logits, batch, r, native):
             now = batch.penalty_bias[r].copy(), batch.seen[r].copy()
             batch.penalty_bias[r], batch.seen[r] = first
             try:
-                return penalize(logits, batch, r)
+                return penalize(logits, batch, r, native)
             finally:
                 batch.penalty_bias[r], batch.seen[r] = now
 
@@ -179,3 +179,34 @@ def test_sampled_guided_rows_speculate_exactly(engine, tiny_engine):
     texts = [p + w[0] for p, w in zip(PROMPTS, want)]
     got, timing = guided(oracle(texts, 4))
     assert got == want and 0 < timing.accepted_tokens < timing.drafted_tokens
+
+
+@pytest.mark.parametrize("kernels", ["native", "onnxruntime"])
+def test_a_row_whose_every_token_is_banned_ends_as_in_plain_decoding(tiny_engine, tiny_checkpoint, tmp_path, kernels):
+    """A guided row whose grammar allows only EOS while min_new_tokens bans it: every token is -inf.
+    Plain decoding's sampler answers -1 there (our kernel) or token 0 (the standard-op sampler), and
+    the row fails either way; speculation's host walk takes the same token, as that engine's own
+    sampler does, so the answer and its error are plain decoding's."""
+    from trtllm.builder.config import BuildConfig
+    from trtllm.builder.export import build
+    from trtllm.runtime.grammar import Grammars
+    from trtllm.runtime.guided import Guide
+    from trtllm.runtime.tokenizer import Tokenizer
+
+    path = tiny_engine("llama") if kernels == "native" else build(BuildConfig(
+        model=str(tiny_checkpoint("llama")), output=str(tmp_path / "e"), cpu_kernels="onnxruntime", max_batch_size=4,
+        max_input_len=256, max_kv_cache_capacity=512), log=lambda m: None)
+    engine = load_engine(path)
+    tok = Tokenizer.from_engine_dir(path, engine.manifest.files)
+    eos = engine.manifest.eos_token_ids
+    grammars = Grammars(tok.to_json(), engine.manifest.model.vocab_size, eos, tok.vocab_size)
+    guide = Guide("choice", '["first answer", "a"]', "guided_decoding.choice")
+    params = [dict(min_new_tokens=12, max_new_tokens=20)] * 2
+
+    def guided(lookup=None):
+        return run(engine, PROMPTS[:2], params, lookup, [grammars.matcher(guide) for _ in range(2)], eos)
+
+    want, _ = guided()
+    assert all(why == "error" for _, why, *_ in want)
+    texts = [p + w[0] for p, w in zip(PROMPTS, want)]
+    assert guided(oracle([t + [5] for t in texts], 3, wrong=False))[0] == want  # (a guess past the end too)
