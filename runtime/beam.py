@@ -33,7 +33,7 @@ from trtllm.runtime import grammar, prompt_scores, sampling
 from trtllm.runtime.engine import StepInputs
 from trtllm.runtime.kv_cache import KVCacheManager
 from trtllm.runtime.lora import StepAdapters
-from trtllm.runtime.step_inputs import adapter_key, restore_context_kv, restore_prefix_kv
+from trtllm.runtime.step_inputs import adapter_key, chunk_stop, restore_context_kv, restore_prefix_kv
 
 MASK = np.float32(-1.0e9)  # transformers' "very large negative value"
 
@@ -390,7 +390,7 @@ def run_many(engine, jobs: list[tuple[list[int], BeamParams]], timing=None, done
                 reused = 0 if p.scorer is not None else restore(kv, base, prompt, p, prefixes, contexts)
                 start = reused
                 while start < n:
-                    end = n if p.scorer is None else min(n, start + prompt_scores.SCORE_CHUNK)
+                    end = n if p.scorer is None else chunk_stop(n, start, prompt_scores.SCORE_CHUNK)
                     out = timed("llm_prefill", StepInputs(
                         input_ids=np.array([prompt[start:end]], np.int64), position_ids=np.arange(start, end)[None],
                         write_index=np.array([start], np.int64), last_index=np.array([end - start - 1], np.int64),

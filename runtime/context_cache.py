@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from trtllm.runtime.prefix_cache import ENTRY_NAME, MAGIC, PrefixStore
+from trtllm.runtime.prefix_cache import ENTRY_NAME, MAGIC, PrefixStore, open_entry
 
 BLOCK = 16          # tokens per indexed block: a match is found to the block, then extended token by token
 MIN_TOKENS = BLOCK  # shorter sequences are not worth an entry
@@ -73,7 +73,7 @@ class ContextCache:
             return
         for path in paths:
             try:
-                with open(path, "rb") as f:
+                with open_entry(path, self.store.max_bytes) as f:
                     head = f.read(len(MAGIC) + 8)
                     if not head.startswith(MAGIC) or len(head) < len(MAGIC) + 8:
                         continue

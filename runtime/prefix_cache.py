@@ -34,6 +34,7 @@ import math
 import os
 import re
 import shutil
+import stat
 import struct
 import tempfile
 import time
@@ -89,6 +90,23 @@ def parse_size(text: str) -> int:
     return int(value)
 
 
+def open_entry(path: Path, max_bytes: int):
+    """An entry's file, opened for reading where it is one: a regular file of at most `max_bytes`
+    (the store's limit). Anything else under an entry's name (a FIFO, which would wait for a
+    writer; a link to /dev/zero, which never ends) is an OSError, read from no further."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # (a FIFO: no wait for a writer)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise OSError(errno.EINVAL, "not a regular file")
+        if st.st_size > max_bytes:
+            raise OSError(errno.EFBIG, f"{st.st_size} bytes, more than the store's limit {max_bytes}")
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
 class PrefixStore:
     def __init__(self, directory, engine_id: str, max_bytes: int = DEFAULT_MAX_BYTES,
                  memory_bytes: int = DEFAULT_MEMORY_BYTES):
@@ -135,11 +153,12 @@ class PrefixStore:
              expect: tuple[tuple[int, ...], np.dtype] | None = None) -> np.ndarray | None:
         path = self.path(key)
         try:
-            data = path.read_bytes()
+            with open_entry(path, self.max_bytes) as f:
+                data = f.read()
         except (FileNotFoundError, NotADirectoryError):  # no entry, or no directory to hold one
             return None
-        except OSError as e:  # another user's entry (umask 077), an I/O error: a miss, not corrupt
-            warnings.warn(f"saved KV {path} cannot be read ({e}); it will be recomputed",
+        except OSError as e:  # another user's entry (umask 077), an I/O error, a pipe: a miss, not corrupt
+            warnings.warn(f"saved KV {path} cannot be read ({e.strerror or e}); it will be recomputed",
                           PrefixCacheWarning, stacklevel=3)
             return None
         try:

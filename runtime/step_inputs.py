@@ -64,11 +64,16 @@ def restore_context_kv(contexts, kv, slot: int, prompt_ids, adapter: str | None,
     if contexts is None or limit <= reused:
         return reused
     saved = contexts.lookup(prompt_ids, adapter, limit, kv.layout)
-    if saved is None or saved.shape[2] <= reused:
+    if saved is None:
+        return reused
+    if saved.shape[2] <= reused:  # (found, but no longer than the saved system prompt: nothing restored)
+        contexts.hits -= 1
         return reused
     kv.write(slot, saved)
     contexts.reused_tokens += saved.shape[2] - reused
     return saved.shape[2]
+
+
 PAD_WASTE = 1.25  # a prefill step may compute at most this much more than its rows' real tokens
 
 
@@ -100,11 +105,15 @@ def runs(slots: list[int]) -> list[tuple[int, int]]:
 
 
 def chunk_end(row: RowState, chunk: int) -> int:
-    """Where a prefill step stops in a row's prompt: `chunk` tokens on (0: at its end), but never
-    short of the end by less than MIN_COMPUTED: a last chunk of one token would take ONNX Runtime's
-    one-token (decode) attention, whose low bits differ from a prompt's."""
-    n = len(row.prompt_ids)
-    end = row.computed + chunk
+    """Where a prefill step stops in a row's prompt: `chunk_stop` from what its KV holds."""
+    return chunk_stop(len(row.prompt_ids), row.computed, chunk)
+
+
+def chunk_stop(n: int, start: int, chunk: int) -> int:
+    """Where a prefill step from `start` stops in a prompt of n tokens: `chunk` tokens on (0: at its
+    end), but never short of the end by less than MIN_COMPUTED: a last chunk of one token would take
+    ONNX Runtime's one-token (decode) attention, whose low bits differ from a prompt's."""
+    end = start + chunk
     return n if chunk <= 0 or n - end < MIN_COMPUTED else end
 
 

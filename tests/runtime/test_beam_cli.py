@@ -157,6 +157,25 @@ def test_prompt_logprobs_score_a_beam_request_s_prompt(tiny_engine, run_cli, mon
     assert [r["output_ids"] for r in out["responses"][:2]] == [r["output_ids"] for r in alone["responses"]]
 
 
+def test_a_scored_beam_prompt_never_ends_in_a_one_token_chunk(tiny_engine, run_cli, monkeypatch):
+    """A scored prompt one token past a chunk takes that token with the chunk before it (as plain
+    requests do, step_inputs.chunk_stop): a step of one token is a decode step to ONNX Runtime's
+    attention, whose low bits differ, and the KV it leaves is kept under --context-reuse."""
+    from trtllm.runtime import prompt_scores
+    from trtllm.runtime.backends import onnxruntime as ort_backend
+
+    engine_dir, widths, step = tiny_engine("llama"), [], ort_backend.OnnxRuntimeEngine.step
+    monkeypatch.setattr(ort_backend.OnnxRuntimeEngine, "step", lambda self, inputs, kv, *a, **k:
+                        widths.append(inputs.input_ids.shape[1]) or step(self, inputs, kv, *a, **k))
+    result, out = run_cli(engine_dir, {"temperature": 0, "max_generate_length": 1, "requests": [{"messages": CHAT}]})
+    prompt = out["responses"][0]["prompt_tokens"]
+    monkeypatch.setattr(prompt_scores, "SCORE_CHUNK", prompt - 1)
+    widths.clear()
+    result, out = run_cli(engine_dir, {"temperature": 0, "max_generate_length": 2, "requests": [
+        {"messages": CHAT, "num_beams": 2, "prompt_logprobs": 1}]})
+    assert result.exit_code == 0 and widths[0] == prompt, (widths, result.output)  # (not prompt - 1, then 1)
+
+
 @pytest.mark.parametrize("extra, path, says", [
     ({}, "temperature", "0.0 with `requests[0].num_beams` 2 (beam search does not sample)"),
     ({"temperature": 0, "n": 3}, "requests[0].n", "at most `requests[0].num_beams` 2"),

@@ -50,6 +50,25 @@ def test_the_longest_shared_prefix_is_found_to_the_token_and_only_its_kv_is_rest
     assert (c.lookups, c.hits) == (5, 3)
 
 
+def test_a_hit_no_longer_than_the_saved_system_prompt_restores_and_counts_nothing(tmp_path):
+    """restore_context_kv: an entry that holds no more than the positions a saved system prompt
+    already gave (`reused`) restores nothing, and the profile's hits do not count it."""
+    from types import SimpleNamespace
+
+    from trtllm.runtime.step_inputs import restore_context_kv
+
+    c = cache(tmp_path)
+    turn = list(range(300, 340))
+    commit(c, turn)
+    written = []
+    slots = SimpleNamespace(layout=layout, write=lambda slot, kv: written.append(kv.shape[2]))
+    prompt = turn + [1, 2, 3]
+    assert restore_context_kv(c, slots, 0, prompt, None, reused=40) == 40 and not written
+    assert (c.lookups, c.hits, c.reused_tokens) == (1, 0, 0)
+    assert restore_context_kv(c, slots, 0, prompt, None, reused=16) == 40 and written == [40]
+    assert (c.lookups, c.hits, c.reused_tokens) == (2, 1, 24)
+
+
 def test_entries_are_found_by_a_later_process_and_forgotten_once_evicted(tmp_path):
     first = cache(tmp_path)
     commit(first, range(200, 240))

@@ -43,13 +43,37 @@ def test_an_entry_it_may_not_read_is_a_miss_and_stays(tmp_path, monkeypatch):
     from pathlib import Path
 
     PrefixStore(tmp_path, "engine-a").save(PREFIX, kv())
-    real = Path.read_bytes
-    monkeypatch.setattr(Path, "read_bytes", lambda p: (_ for _ in ()).throw(PermissionError(13, "Permission denied"))
-                        if p.suffix == ".kv" else real(p))
+    real = os.open
+    monkeypatch.setattr(os, "open", lambda p, *a, **k: (_ for _ in ()).throw(PermissionError(13, "Permission denied"))
+                        if Path(p).suffix == ".kv" else real(p, *a, **k))
     store = PrefixStore(tmp_path, "engine-a")
     with pytest.warns(PrefixCacheWarning, match="cannot be read"):
         assert store.load(PREFIX) is None
     assert store.path(store.key(PREFIX)).is_file()
+
+
+@pytest.mark.parametrize("kind", ["fifo", "device", "too large"])
+def test_what_is_no_entry_under_an_entrys_name_is_a_miss_read_from_no_further(tmp_path, kind):
+    """A FIFO (reading it waited for a writer: the run hung), a link to /dev/zero (read until memory
+    ran out) or a file past the store's limit: a miss with a warning, left where it is; the context
+    index passes over them too."""
+    from trtllm.runtime.context_cache import ContextCache
+
+    store = PrefixStore(tmp_path, "engine-a", max_bytes=1 << 20)
+    path = store.path(store.key(PREFIX))
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "device":
+        path.symlink_to("/dev/zero")
+    else:
+        PrefixStore(tmp_path, "engine-a").save(PREFIX, kv())
+        os.truncate(path, 2 << 20)
+    start = time.monotonic()
+    with pytest.warns(PrefixCacheWarning, match="cannot be read"):
+        assert store.load(PREFIX) is None
+    contexts = ContextCache(PrefixStore(tmp_path, "engine-a", max_bytes=1 << 20))
+    contexts.scan()
+    assert contexts.index == {} and time.monotonic() - start < 10 and os.path.lexists(path)
 
 
 def test_key_covers_engine_adapter_and_prefix(tmp_path):
