@@ -6,7 +6,9 @@ and the rest (`content`), which a tool-call parser then reads. Stdlib only: this
   a `</think>` it is all reasoning (the thought was cut short).
 - `qwen3`: Qwen3 (and SmolLM3), as vLLM's parser reads it now: with a `</think>` the reasoning is
   the text before it (after a `<think>` the model wrote; the Thinking models' templates write that
-  one into the prompt), the content what follows; without one it is all content (thinking off).
+  one into the prompt), the content what follows; without one (a `<think>` the model wrote
+  dropped) it is all reasoning where the request's template had thinking on (the thought was cut
+  short), else all content (thinking off).
 """
 from __future__ import annotations
 
@@ -18,11 +20,13 @@ START, END = "<think>", "</think>"
 parse_parser = choice(PARSERS)
 
 
-def split(text: str, parser: str) -> tuple[str | None, str | None]:
-    """(reasoning, content), each None where there is none (vLLM's)."""
-    if parser == "qwen3" and END not in text:
-        return None, text or None
+def split(text: str, parser: str, thinking: bool = False) -> tuple[str | None, str | None]:
+    """(reasoning, content), each None where there is none (vLLM's). `thinking`: the request's
+    template had `enable_thinking` on (qwen3's answer without `</think>`)."""
     before, start, after = text.partition(START)
+    if parser == "qwen3" and END not in text:
+        text = after if start else before
+        return (text or None, None) if thinking else (None, text or None)
     text = after if start else before
     reasoning, found, content = text.partition(END)
     if not found:  # (deepseek_r1: a thought cut short)

@@ -41,6 +41,7 @@ class Prepared:
     guide: object = None              # its guided_decoding's matcher at the start (runtime/grammar.py), checked
     error: str | None = None
     scorer: RowState | None = None    # prompt_logprobs: the sample that scores the prompt for all (the first)
+    thinking: bool = False            # the template was given enable_thinking true (reasoning.split)
 
 
 @dataclass
@@ -163,6 +164,7 @@ class Runner:
             if templated:
                 extra = {"enable_thinking": inp.enable_thinking, **(req.chat_template_kwargs or {}),
                          **({"tools": list(req.tools)} if req.tools is not None else {})}
+                p.thinking = extra["enable_thinking"] is True
                 fp = self.template.format(messages, add_generation_prompt=inp.add_generation_prompt,
                                           default_system_prompt=inp.default_system_prompt,
                                           continue_final_message=req.continue_final_message, **extra)
@@ -354,7 +356,7 @@ class Runner:
         req, text, out = p.request, self.answer(smp), {}
         forced = req.tool_choice is not None and req.tool_choice.forced
         if req.reasoning_parser and not forced:  # (a forced call is JSON alone: no thought to split off)
-            out["reasoning_content"], text = reasoning.split(text, req.reasoning_parser)
+            out["reasoning_content"], text = reasoning.split(text, req.reasoning_parser, p.thinking)
             out["content"] = text
         try:
             calls = tool_calls.extract(text or "", req.tool_choice, req.tool_call_parser, req.tools,

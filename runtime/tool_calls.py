@@ -264,6 +264,7 @@ def _mistral(text: str) -> tuple[str | None, list] | None:
     return text[:start] or None, calls
 
 
+ALPHANUMERIC = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
 _READERS = {"hermes": _hermes, "llama3_json": _llama3_json, "mistral": _mistral, "pythonic": _pythonic}
 
 
@@ -290,5 +291,8 @@ def extract(text: str, tc: ToolChoice | None, parser: str | None, tools: tuple[d
     content, calls = got[0], got[1] if parallel else got[1][:1]  # (OpenAI's parallel_tool_calls false: the first)
 
     def call_id(k: int) -> str:
-        return "call_" + hashlib.sha256(f"{key}\0{text}\0{k}".encode("utf-8", "surrogatepass")).hexdigest()[:24]
+        digest = hashlib.sha256(f"{key}\0{text}\0{k}".encode("utf-8", "surrogatepass"))
+        if parser == "mistral":  # (Mistral's templates take back only 9 letters and digits, as vLLM makes them)
+            return "".join(ALPHANUMERIC[b % 62] for b in digest.digest()[:9])
+        return "call_" + digest.hexdigest()[:24]
     return content, [{"id": call_id(k), **call} for k, call in enumerate(calls)]

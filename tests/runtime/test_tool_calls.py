@@ -76,6 +76,19 @@ def test_call_ids_follow_the_request_and_the_answer():
     assert list(first[0]) == ["id", "type", "function"]  # OpenAI's order
 
 
+def test_mistral_call_ids_are_the_nine_alphanumerics_its_templates_take_back():
+    """Mistral's chat templates refuse a tool_call_id that is not 9 letters and digits ("Tool call
+    IDs should be alphanumeric strings with length 9!"), so a call read by the mistral parser gets
+    such an id, as vLLM's does; still the same for the same request and answer."""
+    import re
+
+    text = '[TOOL_CALLS][{"name": "now", "arguments": {}}, {"name": "now", "arguments": {"tz": "UTC"}}]'
+    first = extract(text, None, "mistral", TOOLS, key="r0")[1]
+    assert len(first) == 2 and all(re.fullmatch(r"[A-Za-z0-9]{9}", c["id"]) for c in first)
+    assert first[0]["id"] != first[1]["id"]
+    assert [c["id"] for c in first] == [c["id"] for c in extract(text, None, "mistral", TOOLS, key="r0")[1]]
+
+
 def test_required_schema_lists_the_tools_and_moves_their_defs_to_the_root(tiny_engine):
     pytest.importorskip("torch")  # (the tiny engine's tokenizer)
     from trtllm.runtime import grammar
@@ -142,21 +155,23 @@ def test_tool_choice_errors_name_the_part(value, message):
     assert parse_choice({"type": "function", "function": {"name": "a"}}, "c") == ToolChoice("function", "a")
 
 
-@pytest.mark.parametrize("parser, text, want", [
-    ("qwen3", "<think>a b</think>\n\nHi", ("a b", "\n\nHi")),
-    ("qwen3", "Hi", (None, "Hi")),                     # thinking off: all content
-    ("qwen3", "<think>cut short", (None, "<think>cut short")),
-    ("qwen3", "a b</think>Hi", ("a b", "Hi")),          # a Thinking model: <think> was in the prompt
-    ("qwen3", "<think></think>", (None, None)),
-    ("deepseek_r1", "a b</think>Hi", ("a b", "Hi")),   # the template opened the thought
-    ("deepseek_r1", "<think>a</think>", ("a", None)),
-    ("deepseek_r1", "still thinking", ("still thinking", None)),
-    ("deepseek_r1", "x<think>a</think>b", ("a", "b")),  # text before a <think> is dropped (vLLM's)
+@pytest.mark.parametrize("parser, text, thinking, want", [
+    ("qwen3", "<think>a b</think>\n\nHi", False, ("a b", "\n\nHi")),
+    ("qwen3", "Hi", False, (None, "Hi")),                      # thinking off: all content
+    ("qwen3", "<think>\ncut short", False, (None, "\ncut short")),  # (the <think> it wrote dropped)
+    ("qwen3", "<think>\ncut short", True, ("\ncut short", None)),  # thinking on: a thought cut short
+    ("qwen3", "cut short", True, ("cut short", None)),         # a Thinking model's (<think> in the prompt)
+    ("qwen3", "a b</think>Hi", False, ("a b", "Hi")),          # a Thinking model: <think> was in the prompt
+    ("qwen3", "<think></think>", False, (None, None)),
+    ("deepseek_r1", "a b</think>Hi", False, ("a b", "Hi")),   # the template opened the thought
+    ("deepseek_r1", "<think>a</think>", False, ("a", None)),
+    ("deepseek_r1", "still thinking", False, ("still thinking", None)),
+    ("deepseek_r1", "x<think>a</think>b", False, ("a", "b")),  # text before a <think> is dropped (vLLM's)
 ])
-def test_reasoning_parsers_split_as_vllms_do(parser, text, want):
+def test_reasoning_parsers_split_as_vllms_do(parser, text, thinking, want):
     from trtllm.runtime.reasoning import split
 
-    assert split(text, parser) == want
+    assert split(text, parser, thinking) == want
 
 
 def test_parallel_tool_calls_false_allows_one_call():
