@@ -194,6 +194,12 @@ class ChatTemplate:
         self._headers: dict = {}  # _user_header's, per (add_generation_prompt, kwargs): the same for every request
         # the variables it reads from the caller (tools, enable_thinking, ...), found in its syntax tree
         self._reads = frozenset(jinja2.meta.find_undeclared_variables(self._template.environment.parse(source)))
+        self.tool_use: ChatTemplate | None = None  # a tokenizer's template named "tool_use" (for_tools)
+
+    def for_tools(self, tools) -> ChatTemplate:
+        """The template a request renders with: the one named "tool_use" where the request gives
+        tools and the tokenizer has one (Hermes 2 Pro/3, Command R), as transformers chooses."""
+        return self.tool_use if tools is not None and self.tool_use is not None else self
 
     def reads(self, name: str) -> bool:
         """Whether the template reads the variable `name` (a template that never reads `tools`
@@ -214,7 +220,15 @@ class ChatTemplate:
             source = _template_from_config(config.get("chat_template"), config_path)
         if source is None:
             return None
-        return cls(source, special_tokens_from_config(config))
+        template = cls(source, special_tokens_from_config(config))
+        # (save_pretrained writes a named template to additional_chat_templates/NAME.jinja; older
+        # tokenizer_config.json files hold a list of {name, template})
+        tool_use = engine_dir / "additional_chat_templates" / "tool_use.jinja"
+        source = tool_use.read_text(encoding="utf-8") if tool_use.is_file() else _named(config.get("chat_template"),
+                                                                                         "tool_use")
+        if source is not None:
+            template.tool_use = cls(source, special_tokens_from_config(config))
+        return template
 
     def render(self, messages: list[dict], add_generation_prompt: bool = True, **kwargs) -> str:
         """The prompt text, exactly as transformers' apply_chat_template(tokenize=False) gives it.
@@ -387,6 +401,13 @@ class ChatTemplate:
 
 CONTINUE_TAG = "CONTINUE_FINAL_MESSAGE_TAG "  # transformers' marker for continue_final_message
 _TAKES_PARTS = re.compile(r"""content(?:'\]|"\])?\s+is\s+(?:not\s+)?(?:string|iterable|sequence)""")
+
+
+def _named(value, name: str) -> str | None:
+    """A template of that name in tokenizer_config.json's list of {name, template}, else None."""
+    named = {item.get("name"): item.get("template") for item in value if isinstance(item, dict)} \
+        if isinstance(value, list) else {}
+    return named.get(name) if isinstance(named.get(name), str) else None
 
 
 def _template_from_config(value, config_path: Path) -> str | None:

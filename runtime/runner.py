@@ -155,9 +155,10 @@ class Runner:
         # tokenizer's own special tokens (a base model's BOS), as transformers' tokenizer(text) does;
         # a template writes its special tokens into the text itself.
         templated = inp.apply_chat_template and self.template is not None
-        parts = templated and self.template.takes_parts
+        template = self.template.for_tools(req.tools) if templated else None
+        parts = templated and template.takes_parts
         messages = [{"role": m.role, "content": m.parts() if parts else m.text(), **m.fields()} for m in req.messages]
-        p.error = self.unseen_tools(index, req, templated) or self.unread_kwargs(index, req, templated)
+        p.error = self.unseen_tools(index, req, template) or self.unread_kwargs(index, req, template)
         if p.error:
             return p
         try:
@@ -165,7 +166,7 @@ class Runner:
                 extra = {"enable_thinking": inp.enable_thinking, **(req.chat_template_kwargs or {}),
                          **({"tools": list(req.tools)} if req.tools is not None else {})}
                 p.thinking = extra["enable_thinking"] is True
-                fp = self.template.format(messages, add_generation_prompt=inp.add_generation_prompt,
+                fp = template.format(messages, add_generation_prompt=inp.add_generation_prompt,
                                           default_system_prompt=inp.default_system_prompt,
                                           continue_final_message=req.continue_final_message, **extra)
             else:
@@ -201,7 +202,7 @@ class Runner:
                "it was built before they were; rebuild it with trtllm-build")
         return f"`{where}`: the engine's graph does not give every prompt position's logits ({why})"
 
-    def unseen_tools(self, index: int, req: fmt.Request, templated: bool) -> str | None:
+    def unseen_tools(self, index: int, req: fmt.Request, template) -> str | None:
         """Why the request's tools, or its messages' tool calls, would not reach the model: a
         template that never reads them (or none) would leave it unaware of them."""
         calls = next((i for i, m in enumerate(req.messages) if "tool_calls" in m.fields()), None)
@@ -211,22 +212,22 @@ class Runner:
             where, shown = f"requests[{index}].messages[{calls}].tool_calls", "tool calls"
         else:
             return None
-        if not templated:
+        if template is None:
             return f"`{where}` needs the chat template (apply_chat_template, and an engine with one)"
-        if not (self.template.reads("tools") if shown == "tools" else "tool_calls" in self.template.source):
+        if not (template.reads("tools") if shown == "tools" else "tool_calls" in template.source):
             return f"`{where}`: the engine's chat template does not show {shown} to the model"
         return None
 
-    def unread_kwargs(self, index: int, req: fmt.Request, templated: bool) -> str | None:
+    def unread_kwargs(self, index: int, req: fmt.Request, template) -> str | None:
         """Why a chat_template_kwargs variable would change nothing: no template, or one that never
         reads it (the setting would be silently lost)."""
         if not req.chat_template_kwargs:
             return None
         where = f"requests[{index}].chat_template_kwargs" if "chat_template_kwargs" in req.own_fields else \
             "chat_template_kwargs"
-        if not templated:
+        if template is None:
             return f"`{where}` needs the chat template (apply_chat_template, and an engine with one)"
-        unread = [name for name in req.chat_template_kwargs if not self.template.reads(name)]
+        unread = [name for name in req.chat_template_kwargs if not template.reads(name)]
         return f"`{where}.{unread[0]}`: the engine's chat template does not read it" if unread else None
 
     def make_row(self, smp: Sample) -> RowState:

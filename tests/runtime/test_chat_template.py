@@ -7,6 +7,7 @@ engine-dir loading path is the one the builder produces.
 from __future__ import annotations
 
 import json
+import shutil
 from datetime import datetime
 
 import pytest
@@ -369,6 +370,29 @@ def test_named_templates_match_transformers(tmp_path):
     ours = _write_engine(tmp_path, config)
     messages = CONVERSATIONS["system_multi"]
     assert ours.render(messages) == hf.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+
+def test_a_tool_use_template_renders_requests_with_tools_as_transformers(tmp_path):
+    """A tokenizer with a "default" and a "tool_use" template (Hermes 2 Pro/3, Command R): transformers
+    renders a request with tools by "tool_use", one without by "default"; save_pretrained writes the
+    second to additional_chat_templates/tool_use.jinja, the older config form lists both. Ours the same."""
+    tool_use = "TOOLS: {{ tools | tojson }}\n" + SMOLLM2
+    hf = _hf_tokenizer({"default": SMOLLM2, "tool_use": tool_use}, "<s>", "</s>", tmp_path)
+    assert (tmp_path / "additional_chat_templates" / "tool_use.jinja").is_file()
+    tools = [{"type": "function", "function": {"name": "now", "parameters": {"type": "object"}}}]
+    messages = CONVERSATIONS["system_multi"]
+    config = json.loads((tmp_path / "tokenizer_config.json").read_text())
+    for ours in (ChatTemplate.from_engine_dir(tmp_path), None):
+        if ours is None:  # the older form: the config's list, no files
+            shutil.rmtree(tmp_path / "additional_chat_templates")
+            (tmp_path / "chat_template.jinja").unlink(missing_ok=True)
+            ours = _write_engine(tmp_path, {**config, "chat_template": [
+                {"name": "default", "template": SMOLLM2}, {"name": "tool_use", "template": tool_use}]})
+        for given in (tools, None):
+            want = hf.apply_chat_template(messages, tools=given, tokenize=False, add_generation_prompt=True)
+            assert ours.for_tools(given).render(messages, tools=given) == want
+        assert ours.for_tools(tools).render(messages, tools=tools).startswith("TOOLS: ")
+        assert ours.for_tools(None) is ours and ours.for_tools(tools).reads("tools") and not ours.reads("tools")
 
 
 def test_raw_prompt():
