@@ -400,7 +400,9 @@ class ChatTemplate:
 
 
 CONTINUE_TAG = "CONTINUE_FINAL_MESSAGE_TAG "  # transformers' marker for continue_final_message
-_TAKES_PARTS = re.compile(r"""content(?:'\]|"\])?\s+is\s+(?:not\s+)?(?:string|iterable|sequence)""")
+# (a test of the content's type, or a loop over it: SmolVLM's and LLaVA's, which print each part)
+_TAKES_PARTS = re.compile(r"""content(?:'\]|"\])?\s+is\s+(?:not\s+)?(?:string|iterable|sequence)"""
+                          r"""|for\s+\w+\s+in\s+\w+(?:\[['"]content['"]\]|\.content\b)""")
 
 
 def _named(value, name: str) -> str | None:

@@ -395,6 +395,21 @@ def test_a_tool_use_template_renders_requests_with_tools_as_transformers(tmp_pat
         assert ours.for_tools(None) is ours and ours.for_tools(tools).reads("tools") and not ours.reads("tools")
 
 
+def test_a_template_that_loops_over_the_content_gets_its_parts(tmp_path):
+    """SmolVLM's and LLaVA's templates print each typed part of a message (`for line in
+    message['content']`) without testing for a string: an array content reaches them as the array,
+    as transformers passes it (joined into a string, its text was lost: a loop over characters)."""
+    loop = ("{% for message in messages %}{{ message['role'] | capitalize }}:{% for line in message['content'] %}"
+            "{% if line['type'] == 'text' %}{{ line['text'] }}{% elif line['type'] == 'image' %}<image>{% endif %}"
+            "{% endfor %}<end_of_utterance>\n{% endfor %}{% if add_generation_prompt %}Assistant:{% endif %}")
+    hf = _hf_tokenizer(loop, "<s>", "</s>", tmp_path)
+    ours = ChatTemplate.from_engine_dir(tmp_path)
+    messages = [{"role": "user", "content": [{"type": "text", "text": "What is "}, {"type": "text", "text": "this?"}]}]
+    assert ours.takes_parts
+    want = hf.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    assert ours.render(messages) == want == "User:What is this?<end_of_utterance>\nAssistant:"
+
+
 def test_raw_prompt():
     assert raw_prompt(CONVERSATIONS["system"]) == FormattedPrompt(text=f"{SYS}\nHi there", system_prefix="")
     assert raw_prompt([]) == FormattedPrompt(text="", system_prefix="")
