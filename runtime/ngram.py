@@ -204,7 +204,7 @@ class NgramScheduler(Scheduler):
             # (the first is the graph's own token where its sampler checked the positions)
             choice = int(out.verify_ids[s, 0]) if j == 0 and self.samples else sampling.greedy(
                 logits, self.batch, s, self.native)
-            self.take(s, row, choice, logits if row.params.num_logprobs else None)
+            self.take(s, row, choice, logits)  # (its logits say whether it overflowed: the row fails alone)
             t.accepted_tokens += choice == guess
             if row.finish_reason or choice != guess or not self.next_mask(s, row):
                 return

@@ -255,3 +255,27 @@ def test_hot_sampling_with_guesses_that_hold(engine):
     got, timing = answers(engine, prompts, Oracle(5, adaptive=False), kinds=kinds, n=48)
     assert got == want and all(len(a[2][0]) == 48 for a in got[1::2])  # (logprobs at every token)
     assert timing.accepted_tokens > 80 and timing.accepted_tokens < timing.drafted_tokens
+
+
+def test_a_checked_step_whose_first_position_overflowed_fails_that_row_alone(engine, monkeypatch):
+    """NaN logits at a row's first checked position (its own token's): the row fails there, as in a
+    plain step, whatever token the graph's sampler made of them; its neighbour answers as before."""
+    from trtllm.runtime.backends import onnxruntime as ort_backend
+
+    prompts = [LOOPING[2], LOOPING[1]]  # (the first's answer loops from its 28th token: guesses then)
+    want, _ = answers(engine, prompts, n=48)
+    step, calls = ort_backend.OnnxRuntimeEngine.step, []
+
+    def overflow_row_0(self, inputs, kv, want_logits=False):
+        out = step(self, inputs, kv, want_logits)
+        calls.append(inputs.verify_index is not None and inputs.input_ids.shape[1] > 1)
+        if calls.count(True) == 1 and calls[-1]:
+            out.verify_logits[0, 0, 7] = np.nan
+        return out
+
+    monkeypatch.setattr(ort_backend.OnnxRuntimeEngine, "step", overflow_row_0)
+    rows, timing = rows_for(prompts, n=48), Timing()
+    run_rows(engine, rows, None, timing, lookup=ngram.Lookup(4, adaptive=False))
+    assert calls.count(True) >= 1 and rows[0].finish_reason == "error" and "not finite" in rows[0].error
+    assert rows[0].output_ids == want[0][0][:len(rows[0].output_ids)]
+    assert (rows[1].output_ids, rows[1].finish_reason) == want[1][:2]
