@@ -486,7 +486,8 @@ class SpecScheduler(SpecContext, TreeDecoding, Scheduler):
         """Verified tokens, up to the row's end and as far as they are exact (`exact`: the end of
         min_new_tokens' ban, a token repeated under penalties); returns what was emitted.
         sources[i]: the verified position token i was drawn at, whose logits (out.verify_logits)
-        give its top logprobs where the row asks for them."""
+        give its top logprobs where the row asks for them, and say whether they overflowed (the row
+        then fails there, as in a plain step)."""
         tokens = tokens[: exact(row, tokens)]
         emitted, k = [], row.params.num_logprobs
         for token, source in zip(tokens, sources):
