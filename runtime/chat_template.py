@@ -417,10 +417,10 @@ def _template_from_config(value, config_path: Path) -> str | None:
     if value is None or isinstance(value, str):
         return value
     if isinstance(value, list):
-        named = {item.get("name"): item.get("template") for item in value if isinstance(item, dict)}
-        if isinstance(named.get("default"), str):
-            return named["default"]
+        if (default := _named(value, "default")) is not None:
+            return default
+        names = {item.get("name") for item in value if isinstance(item, dict)}
         raise ChatTemplateError(f"{config_path}: chat_template must have a template named 'default', "
-                                f"got names {sorted(map(str, named))}")
+                                f"got names {sorted(map(str, names))}")
     raise ChatTemplateError(f"{config_path}: chat_template must be a string or a list of "
                             f"{{name, template}}, got {type(value).__name__}")

@@ -23,11 +23,11 @@ parse_parser = choice(PARSERS)
 def split(text: str, parser: str, thinking: bool = False) -> tuple[str | None, str | None]:
     """(reasoning, content), each None where there is none (vLLM's). `thinking`: the request's
     template had `enable_thinking` on (qwen3's answer without `</think>`)."""
+    ended = END in text
     before, start, after = text.partition(START)
-    if parser == "qwen3" and END not in text:
-        text = after if start else before
-        return (text or None, None) if thinking else (None, text or None)
     text = after if start else before
+    if parser == "qwen3" and not ended:
+        return (text or None, None) if thinking else (None, text or None)
     reasoning, found, content = text.partition(END)
     if not found:  # (deepseek_r1: a thought cut short)
         return reasoning or None, None

@@ -167,8 +167,8 @@ class Runner:
                          **({"tools": list(req.tools)} if req.tools is not None else {})}
                 p.thinking = extra["enable_thinking"] is True
                 fp = template.format(messages, add_generation_prompt=inp.add_generation_prompt,
-                                          default_system_prompt=inp.default_system_prompt,
-                                          continue_final_message=req.continue_final_message, **extra)
+                                     default_system_prompt=inp.default_system_prompt,
+                                     continue_final_message=req.continue_final_message, **extra)
             else:
                 if inp.default_system_prompt is not None and not any(m["role"] == "system" for m in messages):
                     messages = [{"role": "system", "content": inp.default_system_prompt}, *messages]

@@ -38,10 +38,11 @@ emits no token it has already emitted (whose penalty verification did not have y
 moves the argmax), and a guided row does not.
 
 Rows that do not speculate (disable_spec_decode; on engines whose sampler is not our kernel's,
-penalties on sampled rows and guided rows that sample; on engines without eagle.logprobs, logprobs, guided rows and raising penalties; on engines
-built before sampled verification, also sampled rows, logit_bias, min_new_tokens and penalties)
-share the step: they feed one token and take the sampler's, as in plain decoding. A slot's draft
-KV past a row's position is never read before it is written again, as in the base cache.
+penalties on sampled rows and guided rows that sample; on engines without eagle.logprobs,
+logprobs, guided rows and raising penalties; on engines built before sampled verification, also
+sampled rows, logit_bias, min_new_tokens and penalties) share the step: they feed one token and
+take the sampler's, as in plain decoding. A slot's draft KV past a row's position is never read
+before it is written again, as in the base cache.
 
 With --spec-draft-step auto (runtime/draft_policy.py), k changes from cycle to cycle, and k = 0
 pauses: a plain step, no draft run; each speculating row keeps its pair (h_p, emitted token) and
@@ -457,11 +458,9 @@ class SpecScheduler(SpecContext, TreeDecoding, Scheduler):
         sampled row's draw with its number for that depth, numbers[depth(node)]), while
         `child(node, token)` (the drafted position holding that token, or None) goes on.
         (accepted nodes, emitted tokens)"""
-        path, emitted, node = [], [], 0
+        path, emitted, node, token = [], [], 0, root_token
         sampled = row.params.temperature > 0
-        # the root's overflow: the graph's top logprob is the last drafted position's, not the root's
-        token = root_token if self.walked_token(slot, 0, out) != -1 else -1
-        while True:
+        while True:  # (a token from overflowed logits fails the row in `emit`, the root's too)
             emitted += self.emit(slot, row, [token], out, [node])
             node = None if row.finish_reason else child(node, token)
             if node is None:
