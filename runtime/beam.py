@@ -17,7 +17,8 @@ share (run_many); beam requests run before the others (runtime/beam_requests.py)
 holds the EOS ids back (-inf) for that many tokens, as transformers' MinNewTokensLengthLogitsProcessor
 does; stop_token_ids end a hypothesis as EOS does (transformers' eos_token_id list), and stop strings
 as its StopStringCriteria does; logit_bias and repetition_penalty shape the log-probabilities as its
-processors do (shaped_candidates), and a guide's grammar masks each beam's next tokens. A search
+processors do (shaped_candidates), and a guide's grammar, bad_words and allowed_token_ids mask each
+beam's next tokens. A search
 runs its request's LoRA adapter, restores its saved KV, and keeps its tokens' logprobs where asked.
 What else a request may set does not apply (runtime/beam_rules.py refuses it).
 """
@@ -29,7 +30,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from trtllm.runtime import grammar, prompt_scores, sampling
+from trtllm.runtime import bans, grammar, prompt_scores, sampling
 from trtllm.runtime.engine import StepInputs
 from trtllm.runtime.kv_cache import KVCacheManager
 from trtllm.runtime.lora import StepAdapters
@@ -75,10 +76,15 @@ class BeamParams:
     # guided decoding: its matcher at the start (runtime/grammar.py Matcher); each beam's next tokens
     # are those its grammar allows (-inf elsewhere, as transformers' prefix_allowed_tokens_fn masks)
     guide: object = field(default=None, compare=False)
+    # vLLM's bad_words (as token sequences, runtime/bans.py) and allowed_token_ids: -inf on what each
+    # beam may not take next (transformers' bad_words_ids; its answer's tokens only, as plain decoding's)
+    bad_words: tuple = ()
+    allowed_token_ids: frozenset[int] | None = None
 
     @property
     def shaped(self) -> bool:
-        return bool(self.logit_bias) or self.repetition_penalty != 1.0 or self.guide is not None
+        return (bool(self.logit_bias) or self.repetition_penalty != 1.0 or self.guide is not None
+                or bool(self.bad_words) or self.allowed_token_ids is not None)
 
 
 def best(values: np.ndarray, k: int) -> np.ndarray:
@@ -125,6 +131,10 @@ def shaped_candidates(logits: np.ndarray, p: BeamParams, prompt: list[int], runn
             seen = np.unique(np.array(prompt + list(beam), np.int64))
             s = shaped[seen]
             shaped[seen] = np.where(s < 0, s * np.float32(p.repetition_penalty), s / np.float32(p.repetition_penalty))
+        if p.allowed_token_ids is not None:
+            shaped[np.setdiff1d(np.arange(len(row)), np.fromiter(p.allowed_token_ids, np.int64))] = -np.inf
+        if p.bad_words:
+            shaped[list(bans.banned_next(p.bad_words, beam))] = -np.inf
         values, top = sampling.top_logprobs(shaped, k)
         scores.append(values)
         found_ids.append(top)

@@ -228,7 +228,8 @@ class Scheduler:
             if self.on_token is not None:
                 self.on_token(row)
             return
-        sampling.penalize(self.batch, slot, row.params, row.counts, token, len(row.output_ids), row.banned)
+        sampling.penalize(self.batch, slot, row.params, row.counts, token, len(row.output_ids), row.banned,
+                          row.output_ids)
         if row.guide is not None and not row.finish_reason:
             self.guarded(row, lambda: row.guide.consume(token))  # (its next mask: fill_masks, with the others)
         if row.finish_reason:

@@ -19,7 +19,7 @@ def _where(req: Request, i: int, name: str) -> str:
 def check_against_engine(inp: InputFile, vocab_size: int) -> list[tuple[int, str]]:
     """Per-request problems that need the engine: (request index, message naming the JSON path).
 
-    Token ids in `logit_bias` and `stop_token_ids` must be below `vocab_size`."""
+    Token ids in `logit_bias`, `stop_token_ids` and `allowed_token_ids` must be below `vocab_size`."""
     _check_positive("vocab_size", vocab_size)
     problems = []
     for i, req in enumerate(inp.requests):
@@ -28,6 +28,8 @@ def check_against_engine(inp: InputFile, vocab_size: int) -> list[tuple[int, str
         bias_path, stop_path = _where(req, i, "logit_bias"), _where(req, i, "stop_token_ids")
         bad = [(f'{bias_path}["{token_id}"]', token_id) for token_id in sorted(req.logit_bias)]
         bad += [(f"{stop_path}[{j}]", token_id) for j, token_id in enumerate(req.stop_token_ids)]
+        allowed_path = _where(req, i, "allowed_token_ids")
+        bad += [(f"{allowed_path}[{j}]", token_id) for j, token_id in enumerate(req.allowed_token_ids or ())]
         problems += [(i, f"`{path}` must be a token id below the vocabulary size {vocab_size}, "
                          f"got {token_id}") for path, token_id in bad if token_id >= vocab_size]
     return problems

@@ -23,7 +23,7 @@ import re
 import struct
 from dataclasses import dataclass, field
 
-from trtllm.runtime import beam_rules, files, guided, reasoning, tool_calls
+from trtllm.runtime import bans, beam_rules, files, guided, reasoning, tool_calls
 from trtllm.runtime.generation_config import CONFIG_NAMES
 from trtllm.runtime.messages import (  # noqa: F401 - ContentItem: part of this module's API
     MEDIA_TYPES,
@@ -118,6 +118,8 @@ class Request:
     num_beams: int = 1  # > 1: beam search (runtime/beam.py), its best n beams the n responses
     length_penalty: float = 1.0  # beam search: a hypothesis' score is its log-probability / length ** this
     early_stopping: bool | str = False  # beam search: transformers' (False, True or "never")
+    bad_words: tuple[str, ...] = ()  # vLLM's: words it may not generate (runtime/bans.py)
+    allowed_token_ids: tuple[int, ...] | None = None  # vLLM's: the only ids it may generate (None: all)
     # the keys it gave itself (parse_input fills it): errors about others name the top level's path
     own_fields: frozenset[str] = field(default=frozenset(), compare=False)
 
@@ -167,6 +169,8 @@ class InputFile:
     num_beams: int = 1
     length_penalty: float = 1.0
     early_stopping: bool | str = False
+    bad_words: tuple[str, ...] = ()
+    allowed_token_ids: tuple[int, ...] | None = None
     # isolate=True (trtllm-run): request index -> the error of a request that could not be read;
     # its entry in `requests` is a placeholder that never runs (PLACEHOLDER)
     invalid: dict[int, str] = field(default_factory=dict)
@@ -275,6 +279,8 @@ _SAMPLING_FIELDS = {
     "num_beams": _number(int, 1, MAX_N),
     "length_penalty": _number(float, -beam_rules.MAX_LENGTH_PENALTY, beam_rules.MAX_LENGTH_PENALTY),
     "early_stopping": beam_rules.parse_early_stopping,
+    "bad_words": bans.parse_bad_words,
+    "allowed_token_ids": bans.parse_allowed,
 }
 _SAMPLING_FIELDS_READ = {**_SAMPLING_FIELDS, "sampling_seed": _SAMPLING_FIELDS["seed"]}
 

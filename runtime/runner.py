@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from trtllm.runtime import input_format as fmt
-from trtllm.runtime import beam_requests, interrupt, reasoning, tool_calls
+from trtllm.runtime import bans, beam_requests, interrupt, reasoning, tool_calls
 from trtllm.runtime.chat_template import ChatTemplate, ChatTemplateError, raw_prompt
 from trtllm.runtime.engine import Engine
 from trtllm.runtime.generate import PrefixSource, RowState, Timing, run_rows
@@ -38,6 +38,7 @@ class Prepared:
     prompt_ids: list[int] = field(default_factory=list)
     prefix_ids: tuple[int, ...] = ()  # the system prefix's tokens, when they start prompt_ids
     adapter: object = None            # its LoRA adapter (runtime/lora.py), None for the base model
+    bad_words: tuple[tuple[int, ...], ...] = ()  # its bad_words as token sequences (runtime/bans.py)
     guide: object = None              # its guided_decoding's matcher at the start (runtime/grammar.py), checked
     error: str | None = None
     scorer: RowState | None = None    # prompt_logprobs: the sample that scores the prompt for all (the first)
@@ -65,13 +66,15 @@ def stage_profile(name: str, seconds: list[float]) -> dict:
             "average_time_per_run_ms": float(ms.mean()), "gpu_time_stats": {k: float(v) for k, v in stats.items()}}
 
 
-def sampling_params(req: fmt.Request) -> SamplingParams:
+def sampling_params(req: fmt.Request, bad_words: tuple[tuple[int, ...], ...] = ()) -> SamplingParams:
+    """`bad_words`: the request's, tokenized (bans.request_sequences)."""
     return SamplingParams(
         temperature=req.temperature, top_k=req.top_k, top_p=req.top_p, min_p=req.min_p,
         repetition_penalty=req.repetition_penalty, presence_penalty=req.presence_penalty,
         frequency_penalty=req.frequency_penalty, logit_bias=req.logit_bias, num_logprobs=req.num_logprobs,
         max_new_tokens=req.max_generate_length, min_new_tokens=req.min_new_tokens, stop=req.stop,
-        stop_token_ids=req.stop_token_ids, ignore_eos=req.ignore_eos)
+        stop_token_ids=req.stop_token_ids, ignore_eos=req.ignore_eos, bad_words=bad_words,
+        allowed_token_ids=None if req.allowed_token_ids is None else frozenset(req.allowed_token_ids))
 
 
 def sample_rng(req: fmt.Request, sample_idx: int) -> np.random.Generator:
@@ -185,6 +188,12 @@ class Runner:
             if p.prompt_ids[: len(prefix)] == prefix:
                 p.prefix_ids = tuple(prefix)
         limit = self.engine.manifest.limits.max_input_len
+        if req.bad_words:
+            where = f"requests[{index}].bad_words" if "bad_words" in req.own_fields else "bad_words"
+            p.bad_words, p.error = bans.request_sequences(req.bad_words, self.tokenizer.encode,
+                                                          self.engine.manifest.model.vocab_size, where)
+            if p.error:
+                return p
         if not p.prompt_ids:
             p.error = f"`requests[{index}].messages`: the prompt is empty: there is nothing to generate from"
         elif len(p.prompt_ids) > limit:
@@ -232,7 +241,7 @@ class Runner:
 
     def make_row(self, smp: Sample) -> RowState:
         p, req = smp.prepared, smp.prepared.request
-        row = RowState(prompt_ids=p.prompt_ids, params=sampling_params(req), rng=sample_rng(req, smp.sample_idx),
+        row = RowState(prompt_ids=p.prompt_ids, params=sampling_params(req, p.bad_words), rng=sample_rng(req, smp.sample_idx),
                         eos_ids=frozenset(self.engine.manifest.eos_token_ids),
                         text=TextStream(self.tokenizer, req.stop, req.include_stop_str_in_output,
                                         req.skip_special_tokens), prefix_ids=p.prefix_ids,

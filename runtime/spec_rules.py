@@ -9,19 +9,22 @@ from trtllm.runtime.rows import RowState
 def greedy(p: sampling.SamplingParams) -> bool:
     """What an engine with greedy verification (built before sampled verification; verify_ids the
     argmax of the raw logits) reproduces exactly. Not top_k 1 at a temperature: the sampler keeps
-    every token tied with the k-th, and draws among them. Nor min_new_tokens or penalties: biases."""
-    return p.temperature == 0 and not p.logit_bias and p.min_new_tokens == 0 and not p.penalized and sampled(p)
+    every token tied with the k-th, and draws among them. Nor min_new_tokens, penalties or bans: biases."""
+    return (p.temperature == 0 and not p.logit_bias and p.min_new_tokens == 0 and not p.penalized and not p.bans
+            and sampled(p))
 
 
 def sampled(p: sampling.SamplingParams, logprobs: bool = False) -> bool:
     """What sampled verification reproduces exactly (eagle.verify "sampled": the sampler at every
     drafted position, with the row's parameters and its next random numbers): any temperature,
-    top-k, top-p, min-p and logit bias, which are the same at every position; min_new_tokens, whose
-    ban is too within a cycle that stops at its end (`held`); and penalties on a greedy request when
-    they only ever lower a token as it is generated (`lowering`), within a cycle that stops before a
-    token it has already emitted (`exact`). Not penalties on a sampled request: each token changes
-    the distribution. Nor logprobs, unless the engine gives the verified positions' logits (`logprobs`)."""
-    return (logprobs or p.num_logprobs == 0) and (not p.penalized or (p.temperature == 0 and lowering(p)))
+    top-k, top-p, min-p, logit bias, allowed_token_ids and one-token bad words, which are the same at
+    every position; min_new_tokens, whose ban is too within a cycle that stops at its end (`held`);
+    and penalties on a greedy request when they only ever lower a token as it is generated
+    (`lowering`), within a cycle that stops before a token it has already emitted (`exact`). Not penalties on a sampled request: each token changes
+    the distribution, nor bad words of several tokens (`changing`). Nor logprobs, unless the engine
+    gives the verified positions' logits (`logprobs`)."""
+    return ((logprobs or p.num_logprobs == 0) and not p.changing_bans
+            and (not p.penalized or (p.temperature == 0 and lowering(p))))
 
 
 def lowering(p: sampling.SamplingParams) -> bool:
@@ -35,9 +38,10 @@ def lowering(p: sampling.SamplingParams) -> bool:
 
 def changing(row: RowState) -> bool:
     """Biases that change with every token the row takes (its penalties count it, its grammar's mask
-    follows it): the graph's sampler has a step's first at every verified position, so speculation
-    walks such a row's positions on the host where it can (ngram.py, speculative.py `walked`)."""
-    return row.params.penalized or row.guide is not None
+    follows it, its bad words of several tokens match it): the graph's sampler has a step's first at
+    every verified position, so speculation walks such a row's positions on the host where it can
+    (ngram.py, speculative.py `walked`)."""
+    return row.params.penalized or row.guide is not None or row.params.changing_bans
 
 
 def exact(row: RowState, tokens: list[int]) -> int:

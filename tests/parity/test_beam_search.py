@@ -27,9 +27,10 @@ NEW = 12
 
 def hf_beams(model, prompt, p: beam.BeamParams, stops=(), tokenizer=None) -> list[tuple[tuple[int, ...], float]]:
     """transformers' hypotheses and scores; `stops`: its stop_strings (with the HF `tokenizer`); a
-    logit_bias as its sequence_bias, and repetition_penalty."""
+    logit_bias as its sequence_bias, repetition_penalty, and bad_words as its bad_words_ids."""
     shaping = dict(repetition_penalty=p.repetition_penalty,
-                   sequence_bias={(t,): b for t, b in p.logit_bias} or None)
+                   sequence_bias={(t,): b for t, b in p.logit_bias} or None,
+                   bad_words_ids=[list(seq) for seq in p.bad_words] or None)
     eos = sorted(p.eos_ids) or None
     with torch.no_grad():
         out = model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.int64),
@@ -219,6 +220,30 @@ def test_logit_bias_and_repetition_penalty_are_transformers_processors(llama, pe
     np.testing.assert_allclose([own for _, _, own in h.logprobs], theirs[np.arange(len(h.tokens)), list(h.tokens)],
                                atol=1e-4, rtol=0)
     assert [list(ids) for _, ids, _ in h.logprobs] == [list(np.argsort(-row, kind="stable")[:4]) for row in theirs]
+
+
+def test_bad_words_are_transformers_bad_words_ids(llama, monkeypatch):
+    """bad_words (as token sequences) mask each beam's next tokens as transformers' bad_words_ids do,
+    matched against the beam's own tokens (the prompt's last ones match no word's start here, where
+    transformers would match them too); allowed_token_ids keeps every hypothesis within them. The
+    wrong variant, words matched against no beam (one-token words alone), must miss."""
+    model, engine, _ = llama
+    eos = frozenset()  # (hypotheses of every length: the words are picked from them)
+    free = [beam.run(engine, prompt, beam.BeamParams(3, NEW, eos)) for prompt in PROMPTS]
+    jobs = []
+    for prompt, found in zip(PROMPTS, free):
+        best, second = found[0].tokens, found[1].tokens
+        words = (tuple(best[1:3]), tuple(second[2:5]), (best[6],))
+        assert all(prompt[-1] not in w[:-1] for w in words)
+        jobs.append((prompt, beam.BeamParams(3, NEW, eos, bad_words=words)))
+    for (prompt, p), unshaped in zip(jobs, free):
+        found = beam.run(engine, prompt, p)
+        assert same(found, hf_beams(model, prompt, p)) and found != unshaped
+    allowed = frozenset(range(40, 300, 3))
+    found = beam.run(engine, PROMPTS[0], beam.BeamParams(3, NEW, eos, allowed_token_ids=allowed))
+    assert all(set(h.tokens) <= allowed for h in found)
+    monkeypatch.setattr(beam.bans, "banned_next", lambda seqs, output: {s[0] for s in seqs if len(s) == 1})
+    assert not all(same(beam.run(engine, prompt, p), hf_beams(model, prompt, p)) for prompt, p in jobs)
 
 
 def test_searches_share_at_most_rows_and_a_wider_one_runs_alone(llama):

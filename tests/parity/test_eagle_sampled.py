@@ -256,6 +256,31 @@ def test_sampled_rows_with_penalties_speculate(trained, monkeypatch):
     assert generate(engine_dir, prompts, 3, params=params)[0] != plain
 
 
+def test_rows_with_bad_words_speculate(trained, monkeypatch):
+    """bad_words of several tokens change the row's bans with each token (spec_rules.changing): such
+    rows are walked on the host like penalized ones, greedy and sampled, and one-token words and
+    allowed_token_ids (the same at every position) verify in the graph; the answers are plain
+    decoding's. Where the walk is off (TensorRT), they take plain steps. The wrong variant, the
+    graph's tokens under the cycle's first bans at every position, differs."""
+    _, _, engine_dir, prompts = trained
+    free, _ = generate(engine_dir, prompts, 0, params=[SamplingParams(temperature=0, max_new_tokens=24)] * len(prompts))
+    words = [(tuple(f[1:3]), tuple(f[6:9]), (f[12],)) for f in free]
+    params = [SamplingParams(temperature=t, top_k=0, top_p=1.0, max_new_tokens=24, bad_words=w)
+              for w, t in zip(words, (0, 0.02, 0, 0.05, 0, 0.1))]
+    params[2] = dataclasses.replace(params[2], bad_words=((free[2][3],),), allowed_token_ids=frozenset(free[2][:12]))
+    plain, _ = generate(engine_dir, prompts, 0, params=params)
+    assert plain[0] != free[0] and plain[1] != free[1]
+    for step, top_k in ((3, 1), (2, 2)):
+        got, timing = generate(engine_dir, prompts, step, top_k, params=params)
+        assert got == plain and timing.accepted_tokens >= 8
+    with monkeypatch.context() as m:
+        m.setattr(SpecScheduler, "walked", lambda self, row: False)
+        assert generate(engine_dir, prompts, 3, params=params)[0] == plain
+    monkeypatch.setattr(SpecScheduler, "walked_token", lambda self, slot, node, out, uniform=None:
+                        int(out.verify_ids[slot, node]))
+    assert generate(engine_dir, prompts, 3, params=params)[0] != plain
+
+
 def test_rows_with_logprobs_speculate(trained, monkeypatch):
     """Rows that ask for logprobs speculate (eagle.logprobs: the graph gives the verified positions'
     logits): each emitted token's top logprobs are those at the position it was drawn at, as plain

@@ -1,0 +1,87 @@
+"""vLLM's `bad_words` and `allowed_token_ids`: tokens a request may not generate. Stdlib only: this
+runs on the device.
+
+- `allowed_token_ids`: only these ids may be generated (vLLM's; EOS too only if listed).
+- `bad_words`: each word is tokenized as vLLM tokenizes it (`sequences`): its text without leading
+  blanks, and, where it tokenizes to as many tokens with a different first one, with one space
+  before it (the word in the middle of a sentence). A sequence's last token is banned at a position
+  where the tokens generated just before it are the rest of the sequence: a one-token word is never
+  generated, a longer one never completed. Only the answer's own tokens count (vLLM's; transformers'
+  `bad_words_ids` also matches the prompt's last tokens).
+
+The bans are -inf in the row's penalty bias (runtime/sampling.py `penalize`): like min_new_tokens'
+ban, they are not in the reported logprobs, which describe the model and the logit_bias.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from trtllm.runtime.strict_json import array, fail, number, string
+
+MAX_BAD_WORDS = 128  # vLLM's limit (VLLM_MAX_NUM_BAD_WORDS) is on the sequences: 2 per word at most here
+MAX_BAD_WORD_CHARS = 256
+MAX_ALLOWED_TOKEN_IDS = 1 << 20  # more than any vocabulary
+
+
+def parse_bad_words(value: object, path: str) -> tuple[str, ...]:
+    if value is None:  # (as `stop` reads it: none)
+        return ()
+    words = array(value, path, "non-empty strings", MAX_BAD_WORDS)
+    for i, word in enumerate(words):
+        at = f"{path}[{i}]"
+        string(word, at, nonempty=True)
+        if not word.lstrip():
+            fail(at, "a word (its leading blanks are dropped, as vLLM drops them)", word)
+        if len(word) > MAX_BAD_WORD_CHARS:
+            fail(at, f"at most {MAX_BAD_WORD_CHARS} characters", word, shown=f"{len(word)} characters")
+    return tuple(words)
+
+
+_token_id = number(int, 0)
+
+
+def parse_allowed(value: object, path: str) -> tuple[int, ...] | None:
+    if value is None:  # off (vLLM's default)
+        return None
+    ids = array(value, path, "token ids", MAX_ALLOWED_TOKEN_IDS)
+    if not ids:
+        fail(path, "a non-empty array of token ids (null, or no key, allows every token)", value)
+    return tuple(_token_id(v, f"{path}[{i}]") for i, v in enumerate(ids))
+
+
+def sequences(words: Sequence[str], encode: Callable[[str], list[int]]) -> tuple[tuple[int, ...], ...]:
+    """The token sequences the words ban, as vLLM's SamplingParams.update_from_tokenizer makes them
+    (`encode`: the tokenizer without special tokens)."""
+    out = []
+    for word in words:
+        plain = tuple(encode(word.lstrip()))
+        spaced = tuple(encode(" " + word.lstrip()))
+        out.append(plain)
+        if spaced and plain and spaced[0] != plain[0] and len(spaced) == len(plain):
+            out.append(spaced)
+    return tuple(seq for seq in out if seq)
+
+
+def request_sequences(words: Sequence[str], encode: Callable[..., list[int]], vocab_size: int,
+                      where: str) -> tuple[tuple[tuple[int, ...], ...], str | None]:
+    """A request's bad_words as the sequences they ban, or why they cannot be (`where`: their JSON
+    path): a token past the model's vocabulary (one the tokenizer adds)."""
+    out = []
+    for i, word in enumerate(words):
+        seqs = sequences([word], lambda text: encode(text, add_special_tokens=False))
+        past = [t for seq in seqs for t in seq if t >= vocab_size]
+        if past:
+            return (), (f"`{where}[{i}]` {word!r} has token {past[0]}, past the model's vocabulary size "
+                        f"{vocab_size} (a token the tokenizer adds)")
+        out += seqs
+    return tuple(out), None
+
+
+def banned_next(seqs: Sequence[Sequence[int]], output: Sequence[int]) -> set[int]:
+    """The ids the bad words ban at the position after `output` (the answer's tokens so far)."""
+    out = set()
+    for seq in seqs:
+        n = len(seq) - 1
+        if n <= len(output) and (n == 0 or list(output[len(output) - n:]) == list(seq[:n])):
+            out.add(seq[-1])
+    return out
