@@ -63,7 +63,7 @@ class Printer:
 
     def line(self, record: dict) -> None:
         with interrupt.held():  # a Ctrl-C now comes after the line, not in the middle of it
-            self.text(json.dumps(record, ensure_ascii=False))
+            self.text(files.json_text(record))
 
     def text(self, text: str) -> None:
         if self.gone:

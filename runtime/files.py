@@ -104,7 +104,21 @@ def _check_writable(path: str | Path) -> None:
                           f"({e.strerror or type(e).__name__})") from None
 
 
-_encode = json.JSONEncoder(ensure_ascii=False).encode  # without an indent: the C encoder
+# Line breaks other than \n that ensure_ascii=False leaves raw in strings: Python's splitlines and
+# many line readers (editors, JavaScript before ES2019) end a line at them, cutting a record in two.
+_ESCAPED_BREAKS = str.maketrans({"\u2028": "\\u2028", "\u2029": "\\u2029", "\x85": "\\u0085"})
+
+
+def json_text(data, indent: int | None = None) -> str:
+    """json.dumps with the text as UTF-8 characters, but for U+0085, U+2028 and U+2029 (escaped)."""
+    return json.dumps(data, indent=indent, ensure_ascii=False).translate(_ESCAPED_BREAKS)
+
+
+def _encode(x) -> str:
+    return _c_encode(x).translate(_ESCAPED_BREAKS)
+
+
+_c_encode = json.JSONEncoder(ensure_ascii=False).encode  # without an indent: the C encoder
 
 
 def dumps(data, indent: int | None, inline_from: int | None = None) -> str:
@@ -114,7 +128,7 @@ def dumps(data, indent: int | None, inline_from: int | None = None) -> str:
     its line. The levels above stay indented (the format's readable shape), but for arrays of
     numbers and strings (a response's output_ids), one line whatever their depth."""
     if indent is None or inline_from is None:
-        return json.dumps(data, indent=indent, ensure_ascii=False)
+        return json_text(data, indent)
 
     def dump(x, depth: int) -> str:
         if depth >= inline_from or not isinstance(x, (dict, list)) or not x or (

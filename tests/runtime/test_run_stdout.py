@@ -120,3 +120,20 @@ def test_answers_on_stdout_are_utf8_whatever_the_locale(tmp_path, tiny_engine):
     assert proc.returncode == 0, proc.stderr.decode()
     out = json.loads(proc.stdout.decode("utf-8"))
     assert out["responses"][0]["messages"][0]["content"][0]["text"] == "é 中 🙂"
+
+
+def test_lines_hold_no_other_line_breaks(tmp_path, tiny_engine):
+    """An answer with U+2028, U+2029 and U+0085 (held to them by a regex) keeps each --stream record
+    and the output file's layout whole for readers that end lines there too (Python's
+    splitlines): the three are escaped, as json escapes the other line breaks."""
+    text = "a\u2028b\u0085c\u2029d"
+    payload = {"temperature": 0, "max_generate_length": 12,
+               "requests": [chat("x", guided_decoding={"regex": "a\u2028b\u0085c\u2029d"})]}
+    proc = run_process(tmp_path, tiny_engine("llama"), payload, "--stream", "--output", str(tmp_path / "out.json"))
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err
+    records = [json.loads(line) for line in out.splitlines()]
+    assert "".join(r["text"] for r in records) == text and records[-1]["finish_reason"] == "end-of-sequence"
+    written = (tmp_path / "out.json").read_text(encoding="utf-8")
+    assert json.loads(written)["responses"][0]["output_text"] == text
+    assert written.splitlines() == written.split("\n")[:-1] and "\\u2028" in written
