@@ -213,7 +213,7 @@ class Scheduler:
         row = self.active[slot]
         if not finite or not 0 <= token < self.batch.logit_bias.shape[1]:
             row.fail(f"the request's logits were not finite (NaN or infinite) at its token {len(row.output_ids) + 1}: "
-                     "the model overflowed (a float16 engine or a LoRA adapter's weights can)")
+                     f"the model overflowed ({row.overflow_causes()})")
             if self.on_token is not None:
                 self.on_token(row)
             return

@@ -62,6 +62,8 @@ def read_safetensors(path: Path, data: bytes | None = None) -> dict[str, np.ndar
     try:
         data = path.read_bytes() if data is None else data
         size = int.from_bytes(data[:8], "little")
+        if len(data) < 8 or 8 + size > len(data):  # (a slice past the end would read a shorter header)
+            raise ValueError(f"its header length {size} runs past the end of its {len(data)} bytes")
         header = json.loads(data[8:8 + size])
         if not isinstance(header, dict):
             raise ValueError("the header is not a JSON object")
@@ -257,6 +259,8 @@ def convert(name: str, path: str | Path, manifest: Manifest) -> Adapter:
                                f"{cfg.get('layers_to_transform')!r}); PEFT would not load it: fix the config or "
                                "remove the tensor")
         pairs.setdefault((layer, m[2]), {})[m[3]] = value
+    if not pairs:  # (an export that saved nothing, or under names of its own: it would answer as the base model)
+        raise AdapterError(f"{weights_path} holds no LoRA matrices")
     arrays: dict[str, np.ndarray] = {}
     top = 0
     for layer, mod, n_in, n_out in projections(manifest):

@@ -43,7 +43,7 @@ def record(row: RowState, start: int, logits: np.ndarray) -> str | None:
     assert len(row.prompt_scores) == start, "a scored prompt is computed whole, in order"
     if np.isnan(logits).any() or np.isposinf(logits).any():
         return (f"the request's logits were not finite (NaN or infinite) at its prompt token {start + 1} or after: "
-                "the model overflowed (a float16 engine or a LoRA adapter's weights can)")
+                f"the model overflowed ({row.overflow_causes()})")
     for t in range(logits.shape[0]):
         logprobs = sampling.log_softmax(logits[t], zero)
         token = row.prompt_ids[start + t + 1]

@@ -140,6 +140,16 @@ def _header(path):
     (path / lora.WEIGHTS_NAME).write_bytes(b"\x02\x00\x00\x00\x00\x00\x00\x00[]")
 
 
+def _header_past_the_end(path):
+    write_adapter(path, {(0, "self_attn.q_proj"): 2})
+    (path / lora.WEIGHTS_NAME).write_bytes((10**15).to_bytes(8, "little") + b"{}")  # (a slice reads "{}")
+
+
+def _no_matrices(path):
+    write_adapter(path, {(0, "self_attn.q_proj"): 2})
+    save_file({}, str(path / lora.WEIGHTS_NAME))
+
+
 def _no_config(path):
     write_adapter(path, {(0, "self_attn.q_proj"): 2})
     (path / lora.CONFIG_NAME).unlink()
@@ -184,6 +194,8 @@ def _not_safetensors(path):
     (_tensor("A", np.zeros((0, H), np.float32)), "do not fit this model"),
     (_tensor("A", np.array(1.0, np.float32)), "do not fit this model"),
     (_header, "is not a readable safetensors file"),
+    (_header_past_the_end, "header length 1000000000000000 runs past the end of its 10 bytes"),
+    (_no_matrices, "holds no LoRA matrices"),
     (_no_config, "adapter_config.json is missing"),
     (_bin_only, "save it with safe_serialization=True"),
     (_not_safetensors, "is not a readable safetensors file"),

@@ -276,7 +276,7 @@ def test_an_adapter_that_overflows_fails_its_requests_alone(lora_engines, run_cl
     out = json.loads((tmp_path / "out.json").read_text(), parse_constant=no_constants)
     bad, good = out["responses"][:2], out["responses"][2]
     assert [r["finish_reason"] for r in bad] == ["error", "error"]
-    assert all("logits were not finite" in r["error"] for r in bad)
+    assert all("logits were not finite" in r["error"] and "its LoRA adapter 'huge'" in r["error"] for r in bad)
     assert good["finish_reason"] == "max-length" and good["output_text"]
 
 
