@@ -401,7 +401,8 @@ def build_tensorrt(out_dir: Path, config: BuildConfig, manifest: mf.Manifest, lo
         plugins.append(trt_plugin.PLUGIN_ID)
     plan = trt_build.build_plan(out_dir / ONNX_NAME, profiles, workspace_gib=config.workspace_gib,
                                 opt_level=config.opt_level,
-                                timing_cache=Path(config.timing_cache) if config.timing_cache else None, log=log)
+                                timing_cache=Path(config.timing_cache) if config.timing_cache else None, log=log,
+                                sample_plugin=config.sampling_plugin)
     (out_dir / trt_build.PLAN_NAME).write_bytes(plan)
     log(f"wrote {trt_build.PLAN_NAME} ({len(plan) / 2**20:.1f} MiB)")
     section = trt_build.manifest_section(trt.__version__, trt_build.gpu_info(), profiles, config.graph,
@@ -411,7 +412,8 @@ def build_tensorrt(out_dir: Path, config: BuildConfig, manifest: mf.Manifest, lo
         draft = trt_build.draft_profiles(manifest.limits, mf.ModelShape(**manifest.eagle["model"]), manifest.io)
         plan = trt_build.build_plan(out_dir / eagle.DRAFT_ONNX, draft, workspace_gib=config.workspace_gib,
                                     opt_level=config.opt_level,
-                                    timing_cache=Path(config.timing_cache) if config.timing_cache else None, log=log)
+                                    timing_cache=Path(config.timing_cache) if config.timing_cache else None, log=log,
+                                    sample_plugin=config.sampling_plugin)
         (out_dir / eagle.DRAFT_PLAN).write_bytes(plan)
         log(f"wrote {eagle.DRAFT_PLAN} ({len(plan) / 2**20:.1f} MiB)")
         manifest = dataclasses.replace(manifest, eagle={**manifest.eagle, "profiles": [p.to_json() for p in draft]})

@@ -173,14 +173,17 @@ def static_shape(shape: tuple[int, ...], name: str, profiles: list[Profile]) -> 
     return tuple(out)
 
 
-def pinned_model(onnx_path: Path, profiles: list[Profile]) -> bytes:
+def pinned_model(onnx_path: Path, profiles: list[Profile], sample_plugin: bool = False) -> bytes:
     """The graph (its weights left in their external files) with every input axis the profiles fix
     written as that number, above all the KV capacity: the ONNX leaves it symbolic (ONNX Runtime
     engines size it per run), but TensorRT's KV update (IKVCacheUpdateLayer, from TensorScatter)
-    takes a cache input whose sequence axis is static when the parser imports the node."""
+    takes a cache input whose sequence axis is static when the parser imports the node. With
+    `sample_plugin`, each trtllm::Sample node takes `seen` as int32 (plugin_inputs)."""
     import onnx
 
     model = onnx.load(str(onnx_path), load_external_data=False)
+    if sample_plugin:
+        plugin_inputs(model.graph)
     for t in model.graph.input:
         if t.name not in profiles[0].shapes:
             continue
@@ -192,9 +195,33 @@ def pinned_model(onnx_path: Path, profiles: list[Profile]) -> bytes:
     return model.SerializeToString()
 
 
+def plugin_inputs(graph) -> int:
+    """Cast `seen` to int32 before each trtllm::Sample node, in place: TensorRT plugins take no BOOL
+    tensor (schema.PLUGIN_SEEN), and the network's input stays BOOL. How many nodes it changed."""
+    from onnx import TensorProto, helper
+
+    from trtllm.plugins.sample import schema
+
+    nodes, cast = [], {}
+    for node in graph.node:
+        if node.domain == schema.DOMAIN and node.op_type == schema.OP:
+            seen = node.input[schema.INPUT_NAMES.index("seen")]
+            if seen not in cast:
+                cast[seen] = f"{seen}.{schema.PLUGIN_SEEN}"
+                nodes.append(helper.make_node("Cast", [seen], [cast[seen]], name=f"{node.name}/seen_cast",
+                                              to=TensorProto.INT32))
+            node.input[schema.INPUT_NAMES.index("seen")] = cast[seen]
+        nodes.append(node)
+    changed = sum(n.domain == schema.DOMAIN and n.op_type == schema.OP for n in graph.node)
+    del graph.node[:]
+    graph.node.extend(nodes)
+    return changed
+
+
 def build_plan(onnx_path: Path, profiles: list[Profile], *, workspace_gib: float, opt_level: int,
-               timing_cache: Path | None, log=print) -> bytes:
-    """Parse `onnx_path` (its external data next to it) and build a serialized engine."""
+               timing_cache: Path | None, log=print, sample_plugin: bool = False) -> bytes:
+    """Parse `onnx_path` (its external data next to it) and build a serialized engine (with
+    `sample_plugin`, trtllm::Sample nodes as the registered plugin: pinned_model)."""
     trt = import_tensorrt()
     from trtllm.runtime.backends.tensorrt import shared_logger
 
@@ -205,7 +232,7 @@ def build_plan(onnx_path: Path, profiles: list[Profile], *, workspace_gib: float
     parser = trt.OnnxParser(network, logger)
     log(f"TensorRT {trt.__version__}: parsing {onnx_path.name}")
     # (the path: where the graph's external weights are)
-    if not parser.parse(pinned_model(onnx_path, profiles), str(onnx_path)):
+    if not parser.parse(pinned_model(onnx_path, profiles, sample_plugin), str(onnx_path)):
         errors = [parser.get_error(i) for i in range(parser.num_errors)]
         raise RuntimeError("TensorRT's ONNX parser rejected the graph:\n" + "\n".join(
             f"  {e.node_name()} [{e.node_operator()}]: {e.desc()}" for e in errors))

@@ -136,7 +136,10 @@ def _repetition(b: _Body) -> str:
     b.op("Max", "x_div", "x_mul", out="x_rep_hi")
     b.op("GreaterOrEqual", "r2", "one_f", out="r_ge_1")                             # [B, 1]
     b.op("Where", "r_ge_1", "x_rep_lo", "x_rep_hi", out="x_rep")
-    b.op("Where", "seen", "x_rep", "x", out="x_seen")
+    # (seen is bool, or int32 0/1 in a --sampling-plugin graph, whose plugin takes no BOOL tensor:
+    # schema.PLUGIN_SEEN; the Cast of a bool is the identity)
+    b.op("Cast", "seen", out="seen_bool", to=TensorProto.BOOL)
+    b.op("Where", "seen_bool", "x_rep", "x", out="x_seen")
     return b.op("Add", "x_seen", "penalty_bias", out="y_repeated")
 
 

@@ -25,6 +25,7 @@ INPUTS = (
     ("logit_bias", "float32", ("B", "V")),    # dense, added first; -inf bans a token
     ("penalty_bias", "float32", ("B", "V")),  # added after the repetition penalty; no NaN or +inf
     ("seen", "bool", ("B", "V")),             # prompt + output tokens: the repetition penalty applies
+                                              # (int32 0/1 where the TensorRT plugin takes it: PLUGIN_SEEN)
     ("repetition_penalty", "float32", ("B",)),  # > 0; 1 = disabled
     ("temperature", "float32", ("B",)),       # >= 0; 0 = greedy
     ("min_p", "float32", ("B",)),             # [0, 1]; 0 = disabled
@@ -43,6 +44,11 @@ ATTRIBUTES = {
     "plugin_namespace": ("string", "TensorRT plugin namespace, always 'trtllm'"),
     "plugin_version": ("string", "TensorRT plugin version, always PLUGIN_VERSION ('1')"),
 }
+
+# TensorRT plugins take no BOOL (nor UINT8) tensors (PluginTensorDesc::type: "kBOOL and kUINT8 are
+# not supported"), so a --sampling-plugin graph casts `seen` to int32 before the node; the body and
+# the Triton kernel take either.
+PLUGIN_SEEN = "int32"
 
 INPUT_NAMES = tuple(name for name, _, _ in INPUTS)
 OUTPUT_NAMES = tuple(name for name, _, _ in OUTPUTS)

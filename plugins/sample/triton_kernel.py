@@ -277,7 +277,8 @@ def launch(logits, logit_bias, penalty_bias, seen, repetition_penalty, temperatu
            ties_last: bool = False) -> None:
     """Run the kernel into preallocated outputs (token_ids [B] i64, top_logprobs [B,K] f32, ids [B,K] i64).
 
-    Inputs are contiguous torch tensors on one device with the schema's dtypes (seen bool);
+    Inputs are contiguous torch tensors on one device with the schema's dtypes (seen bool, or int32
+    0/1 as the TensorRT plugin gets it: schema.PLUGIN_SEEN);
     K is the outputs' width (the op's min(50, max_top_k); fewer columns also work). `stream` is a raw cudaStream_t (the
     tensorrt.plugin impl passes its own); None launches on torch's current stream. `workspace`
     (f32, >= B * (2V + MP) elements, MP = next power of 2 >= max_top_k) is allocated on that
@@ -307,7 +308,8 @@ def launch(logits, logit_bias, penalty_bias, seen, repetition_penalty, temperatu
         elif workspace.numel() < num_rows * (2 * vocab_size + mp) or workspace.device != logits.device:
             raise ValueError(f"workspace must hold {num_rows * (2 * vocab_size + mp)} float32 on {logits.device}, "
                              f"got {workspace.numel()} on {workspace.device}")
-        sample_kernel[(num_rows,)](*inputs[:3], seen.view(torch.uint8), *inputs[4:], *outputs, workspace,
+        flags = seen.view(torch.uint8) if seen.dtype == torch.bool else seen  # (int32: schema.PLUGIN_SEEN)
+        sample_kernel[(num_rows,)](*inputs[:3], flags, *inputs[4:], *outputs, workspace,
                                    num_logprobs, V=vocab_size, M=max_top_k, MP=mp, KP=KP, BLOCK=BLOCK,
                                    TIES_LAST=ties_last, num_warps=NUM_WARPS, enable_fp_fusion=False)
 
@@ -324,7 +326,8 @@ def _check_shapes(inputs, outputs, num_rows, vocab_size, num_logprobs, max_top_k
     named = [(spec, t) for spec, t in zip(schema.INPUTS, inputs)] + list(zip(schema.OUTPUTS, outputs))
     for (name, dtype, shape), t in named:
         want = tuple(sizes[s] for s in shape)
-        if tuple(t.shape) != want or str(t.dtype) != f"torch.{dtype}":
+        dtypes = (dtype, schema.PLUGIN_SEEN) if name == "seen" else (dtype,)
+        if tuple(t.shape) != want or str(t.dtype) not in [f"torch.{d}" for d in dtypes]:
             raise ValueError(f"{name} must be {dtype} {want}, got {t.dtype} {tuple(t.shape)}")
         if not t.is_contiguous() or t.device != inputs[0].device:
             raise ValueError(f"{name} must be contiguous on {inputs[0].device}, got device {t.device}")
@@ -335,7 +338,8 @@ def sample(logits, logit_bias, penalty_bias, seen, repetition_penalty, temperatu
     """reference.sample on torch tensors (CUDA, or CPU under TRITON_INTERPRET=1).
 
     Returns (token_ids int64 [B], top_logprobs f32 [B,K], top_logprob_ids int64 [B,K]) on the
-    inputs' device. Inputs are converted to the schema's dtypes; values are not validated (the
+    inputs' device. Inputs are converted to the schema's dtypes (an int32 seen stays int32, as the
+    TensorRT plugin has it); values are not validated (the
     reference's checks need the data on the host).
     """
     import torch
@@ -343,8 +347,10 @@ def sample(logits, logit_bias, penalty_bias, seen, repetition_penalty, temperatu
     values = (logits, logit_bias, penalty_bias, seen, repetition_penalty, temperature, min_p, top_k, top_p,
               uniform)
     device = torch.as_tensor(logits).device
-    inputs = [torch.as_tensor(v).to(device=device, dtype=getattr(torch, dtype)).contiguous()
-              for v, (_, dtype, _) in zip(values, schema.INPUTS)]
+    seen_int = torch.as_tensor(seen).dtype == getattr(torch, schema.PLUGIN_SEEN)  # (kept as the plugin has it)
+    inputs = [torch.as_tensor(v).to(device=device, dtype=getattr(torch, schema.PLUGIN_SEEN if name == "seen" and seen_int
+                                                                  else dtype)).contiguous()
+              for v, (name, dtype, _) in zip(values, schema.INPUTS)]
     num_rows = inputs[0].shape[0] if inputs[0].dim() else 0
     num_logprobs = schema.num_logprob_columns(max_top_k)
     outputs = (torch.empty(num_rows, dtype=torch.int64, device=device),

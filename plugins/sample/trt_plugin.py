@@ -24,7 +24,7 @@ No annotations import from __future__ here: tensorrt.plugin inspects the annotat
 from trtllm.plugins.sample import schema
 
 PLUGIN_ID = f"{schema.PLUGIN_NAMESPACE}::{schema.OP}"
-_TYPESTR = {"float32": "<f4", "int64": "<i8", "bool": "|b1"}   # __cuda_array_interface__ typestrs
+_TYPESTR = {"float32": "<f4", "int64": "<i8", "int32": "<i4"}   # __cuda_array_interface__ typestrs
 _registered = False
 
 
@@ -62,6 +62,9 @@ def _define(trt, trtp, torch, triton_kernel) -> None:
     def describe(logits: desc, logit_bias: desc, penalty_bias: desc, seen: desc, repetition_penalty: desc,
                  temperature: desc, min_p: desc, top_k: desc, top_p: desc, uniform: desc,
                  max_top_k: attr) -> tuple[desc, desc, desc]:
+        if seen.dtype != trt.int32:  # (a graph not cast for the plugin: builder/tensorrt.py plugin_graph)
+            raise ValueError(f"trtllm::Sample's plugin takes seen as int32 (TensorRT plugins take no BOOL "
+                             f"tensor), got {seen.dtype}")
         batch = logits.shape_expr[0]
         width = schema.num_logprob_columns(int(max_top_k[0]))
         return (trtp.from_shape_expr((batch,), dtype=trt.int64),
@@ -74,7 +77,9 @@ def _define(trt, trtp, torch, triton_kernel) -> None:
             max_top_k: attr, outputs: tuple[tensor], stream: int) -> None:
         inputs = (logits, logit_bias, penalty_bias, seen, repetition_penalty, temperature, min_p, top_k, top_p,
                   uniform)
-        args = [_as_torch(torch, t, dtype) for t, (_, dtype, _) in zip(inputs, schema.INPUTS)]
+        # (seen comes as int32: the graph casts it, TensorRT plugins take no BOOL tensor)
+        args = [_as_torch(torch, t, schema.PLUGIN_SEEN if name == "seen" else dtype)
+                for t, (name, dtype, _) in zip(inputs, schema.INPUTS)]
         outs = [_as_torch(torch, t, dtype) for t, (_, dtype, _) in zip(outputs, schema.OUTPUTS)]
         triton_kernel.launch(*args, int(max_top_k[0]), outs, stream=stream)
 

@@ -334,7 +334,9 @@ class TensorRTEngine:
     def set_profile(self, seq: int) -> None:
         profile = PREFILL if seq > 1 else DECODE
         if profile != self.profile:
-            self.context.set_optimization_profile_async(profile, int(self.stream))
+            if not self.context.set_optimization_profile_async(profile, int(self.stream)):  # (its log says why)
+                raise RuntimeError(f"TensorRT refused to switch the execution context to optimization profile "
+                                   f"{profile} ({'prefill' if profile == PREFILL else 'decode'})")
             self.profile = profile
 
     def bind_kv(self, kv: list[DeviceView]) -> list[tuple[int, int, int]]:

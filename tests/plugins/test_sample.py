@@ -163,6 +163,29 @@ def test_body_penalties_are_bit_exact():
         np.argwhere(got.view(np.int32) != want.view(np.int32))[:5].tolist()
 
 
+def test_body_takes_seen_as_int32_too():
+    """A --sampling-plugin graph casts seen to int32 before the node (TensorRT plugins take no BOOL
+    tensor: schema.PLUGIN_SEEN); the body, the graph's fallback, gives the same outputs from it."""
+    sessions = {}
+
+    def session(max_top_k):
+        if max_top_k not in sessions:
+            model = body.make_model(max_top_k)
+            next(i for i in model.graph.input if i.name == "seen").type.tensor_type.elem_type = onnx.TensorProto.INT32
+            sessions[max_top_k] = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+        return sessions[max_top_k]
+
+    rng = np.random.default_rng(5)
+    penalised = 0
+    for _ in range(30):
+        case, num_logprobs, max_top_k = random_case(rng)
+        want = run_body(case, num_logprobs, max_top_k)
+        got = session(max_top_k).run(None, {**{n: case[n] for n in ARGS}, "seen": case["seen"].astype(np.int32)})
+        assert all(np.array_equal(g[:, :num_logprobs] if g.ndim == 2 else g, w) for g, w in zip(got, want))
+        penalised += int((case["seen"].any(1) & (case["repetition_penalty"] != 1)).sum())
+    assert penalised > 10
+
+
 def test_logprobs_ignore_penalties():
     rng = np.random.default_rng(21)
     logits = rng.normal(size=(4, 300)) * 3

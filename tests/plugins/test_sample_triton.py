@@ -107,7 +107,9 @@ def run_cases(kernel, configs, seed: int, num_cases: int, device: str, ties_last
             case, _ = random_case(rng, vocab_size, max_top_k, int(rng.integers(1, 9)))
             num_logprobs = schema.num_logprob_columns(max_top_k)   # the op's static width
             want = reference.sample(*(case[name] for name in ARGS), max_top_k)
-            got = kernel.sample(*(torch.as_tensor(case[name], device=device) for name in ARGS), max_top_k,
+            # every other case gives seen as int32 0/1, as the TensorRT plugin gets it (schema.PLUGIN_SEEN)
+            given = {**case, "seen": case["seen"].astype(np.int32)} if i % 2 else case
+            got = kernel.sample(*(torch.as_tensor(given[name], device=device) for name in ARGS), max_top_k,
                                 ties_last=ties_last)
             got = [g.cpu().numpy() for g in got]
             problems += [f"V={vocab_size} M={max_top_k} K={num_logprobs} case {i}: {p}"

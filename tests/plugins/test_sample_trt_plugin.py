@@ -49,8 +49,8 @@ def test_register_with_tensorrt_but_no_tensorrt_plugin_names_it(monkeypatch):
 
 
 class _Desc:
-    def __init__(self, shape_expr=()):
-        self.shape_expr = list(shape_expr)
+    def __init__(self, shape_expr=(), dtype="float32"):
+        self.shape_expr, self.dtype = list(shape_expr), dtype
 
 
 class _Tensor:
@@ -63,7 +63,7 @@ def stub_trtp(monkeypatch):
     pytest.importorskip("torch")
     pytest.importorskip("triton")
     trt = types.ModuleType("tensorrt")
-    trt.int64, trt.float32 = "int64", "float32"
+    trt.int64, trt.float32, trt.int32, trt.bool = "int64", "float32", "int32", "bool"
     trtp = types.ModuleType("tensorrt.plugin")
     trtp.TensorDesc, trtp.Tensor, trtp.defined = _Desc, _Tensor, {}
     trtp.from_shape_expr = lambda shape, dtype: (tuple(shape), dtype)
@@ -101,10 +101,15 @@ def test_register_describes_static_width_outputs(stub_trtp):
     describe = stub_trtp.defined[("register", "trtllm::Sample")]
     annotation = inspect.signature(describe).parameters["max_top_k"].annotation
     inputs = [_Desc(("B", "V"))] + [_Desc(("B",))] * (len(schema.INPUTS) - 1)
+    seen = schema.INPUT_NAMES.index("seen")
+    inputs[seen] = _Desc(("B", "V"), "int32")  # (the graph casts it: TensorRT plugins take no BOOL tensor)
     for max_top_k, width in ((16, 16), (1024, 50)):
         field = np.array([max_top_k], np.int32)  # how the ONNX parser passes an INT attribute
         assert describe(*inputs, max_top_k=field_value(annotation, field)) == (
             (("B",), "int64"), (("B", width), "float32"), (("B", width), "int64"))
+    inputs[seen] = _Desc(("B", "V"), "bool")
+    with pytest.raises(ValueError, match="takes seen as int32 .*got bool"):
+        describe(*inputs, max_top_k=field_value(annotation, np.array([16], np.int32)))
 
 
 def test_signatures_follow_tensorrt_plugin_rules(stub_trtp):

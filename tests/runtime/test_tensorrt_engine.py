@@ -269,6 +269,32 @@ def test_plan_with_the_sampling_plugin_needs_it_registered(engines, tmp_path):
             load_engine(engine)
 
 
+def test_a_sampling_plugin_plan_feeds_the_plugin_int32_seen(engines, tiny_checkpoint, tmp_path, run_cli, monkeypatch):
+    """TensorRT plugins take no BOOL tensor, so a --sampling-plugin plan's graph casts `seen` to int32
+    before each trtllm::Sample node (the network's input stays BOOL). The fake has no tensorrt.plugin
+    and runs the op's ONNX body, which takes either: the answers are the ONNX Runtime engine's."""
+    import onnx
+
+    from trtllm.builder import tensorrt as trt_build
+    from trtllm.plugins.sample import schema, trt_plugin
+    from trtllm.runtime import manifest as mf
+
+    monkeypatch.setattr(trt_plugin, "register", lambda: None)  # (the fake TensorRT has no tensorrt.plugin)
+    with fakes.installed():
+        engine = build(BuildConfig(model=str(tiny_checkpoint("qwen2")), output=str(tmp_path / "plugin"),
+                                   backend="tensorrt", sampling_plugin=True, **LIMITS), log=lambda m: None)
+        assert mf.load(engine).tensorrt["plugins"] == [trt_plugin.PLUGIN_ID]
+        profiles = [trt_build.Profile(p["name"], {k: tuple(map(tuple, v)) for k, v in p["shapes"].items()})
+                    for p in mf.load(engine).tensorrt["profiles"]]
+        model = onnx.load_from_string(trt_build.pinned_model(engine / "llm.onnx", profiles, sample_plugin=True))
+        made = {o: n for n in model.graph.node for o in n.output}
+        samples = [n for n in model.graph.node if n.op_type == schema.OP and n.domain == schema.DOMAIN]
+        assert samples and all(made[n.input[3]].op_type == "Cast" and made[n.input[3]].input[0] == "seen"
+                               and made[n.input[3]].attribute[0].i == onnx.TensorProto.INT32 for n in samples)
+        assert next(i for i in model.graph.input if i.name == "seen").type.tensor_type.elem_type == onnx.TensorProto.BOOL
+        same(outputs(run_cli, engine), outputs(run_cli, engines / "ort"))
+
+
 def test_decode_uploads_only_the_vocabulary_rows_that_changed(engines):
     """The [B, V] sampler inputs go to the device when a row is admitted or penalised, not every step."""
     from trtllm.runtime import sampling
@@ -343,3 +369,17 @@ def test_guided_requests_on_tensorrt_answer_as_on_onnxruntime(engines, run_cli):
         result, got = run_cli(engines / "modern", payload)
     assert result.exit_code == 0, result.output
     same(got["responses"], want["responses"])
+
+
+def test_a_refused_profile_switch_is_an_error(engines, monkeypatch):
+    """set_optimization_profile_async says False where TensorRT refuses the switch: the step fails
+    there, not later at a shape that profile does not take."""
+    from trtllm.runtime.backends import tensorrt as backend
+    from trtllm.runtime.engine import load_engine
+
+    with fakes.installed():
+        engine = load_engine(engines / "modern")
+        monkeypatch.setattr(type(engine.context), "set_optimization_profile_async", lambda self, index, stream: False)
+        want = backend.PREFILL if engine.profile != backend.PREFILL else backend.DECODE
+        with pytest.raises(RuntimeError, match=f"refused to switch the execution context to optimization profile {want}"):
+            engine.set_profile(2 if want == backend.PREFILL else 1)
