@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from trtllm.runtime import structural_tag
 from trtllm.runtime.strict_json import (array, boolean, check_keys, check_value, compact, fail, json_object,
-                                        key_path, object_hook, parse_int, string)
+                                        key_path, read_json, string)
 
 KINDS = ("json_schema", "json_object", "regex", "ebnf", "choice", "structural_tag")
 MAX_CHOICES = 1024
@@ -50,20 +50,6 @@ def _sized(text: str, path: str, value: object) -> str:
     return text
 
 
-def _no_constant(name: str):
-    raise ValueError(f"{name} is not JSON")
-
-
-def _read_json(text: str, path: str, what: str) -> object:
-    """A string of JSON, read as strictly as the file: repeated keys found later, NaN and Infinity refused."""
-    try:
-        return json.loads(text, object_pairs_hook=object_hook, parse_constant=_no_constant, parse_int=parse_int)
-    except ValueError as e:
-        fail(path, what, None, shown=f"invalid JSON: {e}")
-    except RecursionError:
-        fail(path, what, None, shown="arrays or objects nested deeper than the parser goes")
-
-
 _check_schema = check_value  # (a schema's values: what every other field of the file is held to)
 
 
@@ -82,13 +68,13 @@ def parse(value: object, path: str) -> Guide:
     if kind == "json_schema":
         what = "a JSON schema (an object or a boolean, or a string of JSON holding one)"
         if isinstance(v, str):  # a schema written as a string of JSON, as some clients send it
-            v = _read_json(v, at, what)
+            v = read_json(v, at, what)
         if not isinstance(v, (dict, bool)):
             fail(at, what, v)
         _check_schema(v, at)
         return Guide(kind, _sized(compact(v, at, what), at, v), at)
     if kind == "structural_tag":
-        tags = structural_tag.parse(v, at, _read_json, _check_schema)
+        tags = structural_tag.parse(v, at, read_json, _check_schema)
         return Guide(kind, _sized(compact(tags, at, "a structural tag"), at, v), at)
     if kind == "choice":
         items = array(v, at, "non-empty strings", MAX_CHOICES)

@@ -5,6 +5,7 @@ transformers hands them over. Each is checked as strictly as the rest of the fil
 names its JSON path. Stdlib only."""
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
 
@@ -23,6 +24,7 @@ from trtllm.runtime.strict_json import (
     key_path,
     number as _number,
     one_of as _one_of,
+    read_json,
     string as _string,
 )
 
@@ -61,8 +63,13 @@ class Message:
     extra: tuple[tuple[str, object], ...] = ()  # (key, value) of EXTRA_FIELDS it gives, in its order
 
     def fields(self) -> dict:
-        """Its tool-use fields, as a chat template reads them."""
-        return dict(self.extra)
+        """Its tool-use fields, as a chat template reads them: a tool call's `arguments` given as a
+        string of JSON (OpenAI's shape) as the value it holds, none or empty as {}, as vLLM hands them
+        over (templates write them with `tojson`, which would quote a string)."""
+        out = dict(self.extra)
+        if "tool_calls" in out:
+            out["tool_calls"] = [_template_call(call) for call in out["tool_calls"]]
+        return out
 
     def text(self) -> str:
         """The text parts joined with "" (string content returned as is)."""
@@ -138,8 +145,26 @@ def _tool_calls(value: object, path: str) -> list:
     calls = _array(value, path, "tool calls (objects)", MAX_TOOL_CALLS)
     _each(calls, path, lambda call, at: check_value(
         _object(call, at, 'a tool call: {"type": "function", "function": {"name", "arguments"}}'), at))
+    for i, call in enumerate(calls):  # (a template gets the value a string of JSON holds: _template_call)
+        args = call["function"].get("arguments") if isinstance(call.get("function"), dict) else None
+        if isinstance(args, str) and args:
+            read_json(args, f"{path}[{i}].function.arguments", "an object, or a string of JSON (OpenAI's shape)")
     _sized(calls, path, "tool calls")
     return calls
+
+
+def _template_call(call: dict) -> dict:
+    """A tool call as vLLM hands it to a chat template: `arguments` as the value its string of JSON
+    holds, and {} where it is missing, null or empty."""
+    function = call.get("function")
+    if not isinstance(function, dict):
+        return call
+    args = function.get("arguments")
+    if not args:
+        args = {}
+    elif isinstance(args, str):
+        args = json.loads(args)  # (read_json checked it when the file was read)
+    return {**call, "function": {**function, "arguments": args}}
 
 
 def _sized(value: list, path: str, what: str) -> None:

@@ -43,6 +43,21 @@ MAX_KEY_SHOWN = 60  # characters of a key shown in a path
 
 # --- errors and paths ---------------------------------------------------------------------------
 
+def _no_constant(name: str):
+    raise ValueError(f"{name} is not JSON")
+
+
+def read_json(text: str, path: str, what: str) -> object:
+    """A string of JSON inside the file (a schema, a tool call's arguments), read as strictly as the
+    file: repeated keys found later, NaN and Infinity refused; an error names `path`."""
+    try:
+        return json.loads(text, object_pairs_hook=object_hook, parse_constant=_no_constant, parse_int=parse_int)
+    except ValueError as e:
+        fail(path, what, None, shown=f"invalid JSON: {e}")
+    except RecursionError:
+        fail(path, what, None, shown="arrays or objects nested deeper than the parser goes")
+
+
 def decode(data: bytes, label: str) -> object:
     """A file's bytes as JSON, read strictly (duplicate keys remembered, NaN/Infinity and overlong
     integers kept for the field that holds them to refuse, so its error names its path); an

@@ -470,6 +470,23 @@ TOOL_CHAT = [{"role": "system", "content": SYS}, {"role": "user", "content": "We
              {"role": "user", "content": "Which is warmer?"}]
 
 
+def test_string_arguments_render_as_their_object(tmp_path):
+    """A request that gives tool calls' arguments as OpenAI does, strings of JSON, is rendered as
+    transformers renders the objects they hold (vLLM's reading): Qwen2.5's `tojson` would quote the
+    string. The wrong variant, the strings passed as given, differs."""
+    from trtllm.runtime.input_format import parse_input
+
+    hf = _hf_tokenizer(QWEN_TOOLS, None, "<|im_end|>", tmp_path)
+    ours = ChatTemplate.from_engine_dir(tmp_path)
+    openai = [{**m, "tool_calls": [{**c, "function": {**c["function"], "arguments": json.dumps(c["function"]["arguments"])}}
+                                   for c in m["tool_calls"]]} if "tool_calls" in m else m for m in TOOL_CHAT]
+    read = parse_input({"requests": [{"messages": openai}]}).requests[0].messages
+    messages = [{"role": m.role, "content": m.text(), **m.fields()} for m in read]
+    expected = hf.apply_chat_template(TOOL_CHAT, tools=TOOLS, tokenize=False, add_generation_prompt=True)
+    assert ours.format(messages, True, tools=TOOLS).text == expected and '"arguments": {"city": "Paris"}' in expected
+    assert hf.apply_chat_template(openai, tools=TOOLS, tokenize=False, add_generation_prompt=True) != expected
+
+
 @pytest.mark.parametrize("tools", [TOOLS, None])
 @pytest.mark.parametrize("messages", [TOOL_CHAT, TOOL_CHAT[1:], [{"role": "user", "content": "Hi"}]])
 def test_tools_and_tool_turns_render_as_transformers(tmp_path, tools, messages):

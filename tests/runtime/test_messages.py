@@ -48,6 +48,10 @@ CALL = {"type": "function", "function": {"name": "w", "arguments": {"city": "Par
     ({"role": "assistant", "content": "", "tool_calls": [{"a": float("nan")}]},
      "requests[0].messages[0].tool_calls[0].a", "finite"),
     ({"role": "tool", "content": "18", "tool_call_id": ""}, "requests[0].messages[0].tool_call_id", "non-empty"),
+    ({"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "w", "arguments": "{'city': 1}"}}]},
+     "requests[0].messages[0].tool_calls[0].function.arguments", "a string of JSON (OpenAI's shape), got invalid JSON"),
+    ({"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "w", "arguments": '{"a": NaN}'}}]},
+     "requests[0].messages[0].tool_calls[0].function.arguments", "NaN is not JSON"),
     ({"role": "assistant", "content": "", "tool_calls": [{"a": "x" * 140_000}]}, "requests[0].messages[0].tool_calls",
      "at most 131072 UTF-8 bytes"),
 ])
@@ -73,6 +77,20 @@ def test_tool_use_reads_as_openai_writes_it():
         with pytest.raises(InputError) as e:
             parse_input({"tools": bad, "requests": [{"messages": []}]})
         assert e.value.json_path == path, str(e.value)
+
+
+def test_tool_call_arguments_reach_the_template_as_vllm_hands_them():
+    """OpenAI writes arguments as a string of JSON; templates write them with tojson, which would
+    quote a string. As vLLM does, the template gets the value the string holds, and {} for none;
+    the message keeps what was given (its echo in the output)."""
+    calls = [{"type": "function", "function": {"name": "w", "arguments": '{"city": "Paris", "n": [1, 2]}'}},
+             {"type": "function", "function": {"name": "w", "arguments": ""}}, {"type": "function", "function": {"name": "w"}},
+             {"type": "function", "function": {"name": "w", "arguments": {"city": "Oslo"}}}, {"id": "x"}]
+    message = parse_input({"requests": [{"messages": [{"role": "assistant", "content": None, "tool_calls": calls}]}]}
+                          ).requests[0].messages[0]
+    assert [c.get("function", {}).get("arguments") for c in message.fields()["tool_calls"]] == [
+        {"city": "Paris", "n": [1, 2]}, {}, {}, {"city": "Oslo"}, None]
+    assert message.fields()["tool_calls"][4] == {"id": "x"} and message.to_json()["tool_calls"] == calls
 
 
 def test_every_bad_part_of_the_messages_is_reported_at_once():
