@@ -187,3 +187,20 @@ def test_chat_template_kwargs_reach_the_template_as_transformers_passes_them(run
     result, out = run_cli(engine, {"apply_chat_template": False, "chat_template_kwargs": {"opts": 1},
                                    "requests": [{"messages": ask}]})
     assert out["responses"][0]["error"].startswith("`chat_template_kwargs` needs the chat template")
+
+
+def test_a_template_that_shows_tools_from_xml_tools_takes_the_requests_tools(run_cli, tmp_path, tiny_engine):
+    """SmolLM3's template reads its tools from xml_tools (chat_template_kwargs), not tools: a request
+    that gives them there may give `tools` too, for the parser to read its calls (as with vLLM);
+    without xml_tools, its `tools` would not reach the model and are refused."""
+    engine = tmp_path / "engine"
+    shutil.copytree(tiny_engine("llama"), engine)
+    (engine / "chat_template.jinja").write_text("{% for m in messages %}{{ m.content }}{% endfor %}"
+                                                "{% if xml_tools %}{{ xml_tools | length }}{% endif %}")
+    ask = {"messages": [{"role": "user", "content": "W?"}], "tool_call_parser": "hermes",
+           "guided_decoding": {"regex": re.escape(CALL)}}
+    result, out = run_cli(engine, {"temperature": 0, "max_generate_length": 96, "tools": WEATHER, "requests": [
+        {**ask, "chat_template_kwargs": {"xml_tools": WEATHER}}, ask]})
+    given, unshown = out["responses"]
+    assert given["formatted_complete_request"] == "W?2" and _calls(given) == [("wx", {"c": "R"})]
+    assert unshown["error"] == "`tools`: the engine's chat template does not show tools to the model"
