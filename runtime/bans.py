@@ -77,11 +77,13 @@ def request_sequences(words: Sequence[str], encode: Callable[..., list[int]], vo
     return tuple(out), None
 
 
-def banned_next(seqs: Sequence[Sequence[int]], output: Sequence[int]) -> set[int]:
-    """The ids the bad words ban at the position after `output` (the answer's tokens so far)."""
+def banned_next(seqs: Sequence[Sequence[int]], output: Sequence[int], end: int | None = None) -> set[int]:
+    """The ids the bad words ban at the position after output[:end] (the answer's tokens so far; no
+    copy of them is made: this runs for every token)."""
+    end = len(output) if end is None else end
     out = set()
     for seq in seqs:
         n = len(seq) - 1
-        if n <= len(output) and (n == 0 or list(output[len(output) - n:]) == list(seq[:n])):
+        if n <= end and all(output[end - n + i] == seq[i] for i in range(n)):
             out.add(seq[-1])
     return out

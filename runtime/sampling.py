@@ -193,7 +193,7 @@ def penalize(batch: SamplingBatch, row: int, params: SamplingParams, counts: dic
         touched.add(token_id)
     words = bans.banned_next(params.bad_words, output) if params.bad_words else set()
     if params.changing_bans:  # what the bad words banned before this token, and ban now
-        touched |= words | bans.banned_next(params.bad_words, output[:-1])
+        touched |= words | bans.banned_next(params.bad_words, output, len(output) - 1)
     allowed = params.allowed_token_ids
     for t in touched:
         c = counts.get(t, 0)

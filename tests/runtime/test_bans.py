@@ -63,6 +63,7 @@ def test_banned_next_matches_the_answers_last_tokens():
     assert bans.banned_next(seqs, (5, 1)) == {9, 2}
     assert bans.banned_next(seqs, (1, 1)) == {9, 2, 3}
     assert bans.banned_next(seqs, (1, 2)) == {9}
+    assert bans.banned_next(seqs, (1, 2, 7), 1) == {9, 2} and bans.banned_next(seqs, (1, 2, 7), 2) == {9}
 
 
 def test_penalty_bias_follows_the_answer():
