@@ -22,6 +22,7 @@ class Checkpoint:
     model: "torch.nn.Module"
     tokenizer: object
     source: dict  # {"model": arg, "kind": dir|gguf|hub, "sha256": hash of the weight files}
+    unused: tuple[str, ...] = ()  # tensors of the checkpoint transformers' model does not load (dropped)
 
 
 @contextlib.contextmanager
@@ -71,7 +72,8 @@ def load(model_arg: str) -> Checkpoint:
             tok = AutoTokenizer.from_pretrained(path)
         files = [p for p in path.iterdir() if p.suffix in (".safetensors", ".bin")]
         return check_vocab(Checkpoint(model.eval(), tok, {"model": str(path.resolve()), "kind": "dir",
-                                                          "sha256": weights_hash(files)}), model_arg)
+                                                          "sha256": weights_hash(files)},
+                                      tuple(sorted(info.get("unexpected_keys") or ()))), model_arg)
     if model_arg.startswith((".", "/", "~")) or model_arg.count("/") > 1:  # a path, not "org/name"
         raise CheckpointError(f"--model {model_arg!r}: no such directory or file")
     return load_hub(model_arg)
@@ -110,8 +112,8 @@ def check_vocab(ck: Checkpoint, model_arg: str) -> Checkpoint:
     if bad:
         where = ("generation_config.json's eos_token_id" if getattr(ck.model.generation_config, "eos_token_id", None)
                  is not None else "its tokenizer's eos token")
-        raise CheckpointError(f"--model {model_arg!r}: {where} has {bad}, not below the vocabulary size {rows} "
-                              "(config.vocab_size)")
+        raise CheckpointError(f"--model {model_arg!r}: {where} has {bad}, not a token id (0 to the vocabulary "
+                              f"size {rows} - 1, config.vocab_size)")
     return ck
 
 

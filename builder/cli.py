@@ -122,3 +122,7 @@ def main(model, output, profile, lora, eagle, no_verify, **options):
         click.echo(f"error: the build failed: {type(e).__name__}: {e}", err=True)
         sys.exit(1)
     log(f"engine written to {out}")
+
+
+if __name__ == "__main__":  # python -m trtllm.builder.cli, as python -m trtllm.builder
+    main()

@@ -441,6 +441,10 @@ def build(config: BuildConfig, log=print) -> Path:
     try:
         log(f"loading {config.model}")
         ck = ckpt.load(config.model)
+        if ck.unused:  # (the engine is the model transformers loads, without them, and is checked against it)
+            shown = ", ".join(ck.unused[:5]) + (f" and {len(ck.unused) - 5} more" if len(ck.unused) > 5 else "")
+            log(f"warning: {config.model} holds tensors its config gives the model no place for, which "
+                f"transformers drops and so does the engine: {shown}")
         save_tokenizer(ck, tmp, config.model)  # first: a chat template that cannot be used fails the build now
         spec, max_top_k, num_positions, lowerings, eagle_section = export_onnx(ck, config, tmp, log, backend)
         manifest = make_manifest(ck, config, backend, spec, max_top_k, num_positions, lowerings, eagle_section)

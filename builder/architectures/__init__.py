@@ -62,6 +62,10 @@ def spec_for(model):
         raise Unsupported(f"the checkpoint loads as {name} (config.model_type "
                          f"{getattr(model.config, 'model_type', None)!r}); supported: {sorted(ARCHITECTURES)}")
     spec = ARCHITECTURES[name](model.config)
+    if spec.num_kv_heads < 1 or spec.num_heads % spec.num_kv_heads:  # (grouped-query attention shares each kv head)
+        raise Unsupported(f"num_attention_heads ({spec.num_heads}) must be a multiple of num_key_value_heads "
+                          f"({spec.num_kv_heads}): each key/value head serves a group of query heads (transformers "
+                          "cannot run it either)")
     return dataclasses.replace(spec, **from_modules(model, spec))
 
 

@@ -490,3 +490,44 @@ def test_a_helium_whose_heads_do_not_span_the_hidden_size_is_refused():
                                           r"got 4 x 32 != 64"):
         helium.spec_from_config(config)
     assert helium.spec_from_config(HeliumConfig(**{**config.to_dict(), "head_dim": 16})).head_dim == 16
+
+
+def test_heads_that_do_not_group_over_the_kv_heads_are_refused(tmp_path):
+    """4 attention heads over 3 key/value heads: transformers loads it and fails running it; the
+    build refuses it by name with exit 2 (it failed in the verification's kernel, exit 1, or built
+    an engine the runtime refused, with --no-verify), leaving no engine."""
+    import torch
+    import transformers
+
+    from tests.tiny_models import make_tokenizer
+
+    tok = make_tokenizer(tmp_path / "ck")
+    config = transformers.LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+                                      num_attention_heads=4, num_key_value_heads=3, head_dim=16,
+                                      eos_token_id=tok.eos_token_id)
+    transformers.LlamaForCausalLM(config).to(torch.float32).save_pretrained(tmp_path / "ck")
+    tok.save_pretrained(tmp_path / "ck")
+    for extra in ([], ["--cpu-kernels", "onnxruntime", "--no-verify"]):
+        result = CliRunner().invoke(main, ["--model", str(tmp_path / "ck"), "--output", str(tmp_path / "e"), *extra])
+        assert result.exit_code == 2, result.output
+        assert "num_attention_heads (4) must be a multiple of num_key_value_heads (3)" in result.output
+        assert not (tmp_path / "e").exists()
+
+
+def test_tensors_the_model_drops_are_named_in_a_warning(tiny_checkpoint, tmp_path):
+    """A checkpoint with weights its config has no place for (a layer past num_hidden_layers, an MLP
+    bias where the config has none): transformers drops them with a log line, and the engine, which
+    is that model, is built; the build says which it left out."""
+    import numpy as np
+    from safetensors.numpy import load_file, save_file
+
+    ck = tmp_path / "ck"
+    shutil.copytree(tiny_checkpoint("llama"), ck)
+    weights = load_file(str(ck / "model.safetensors"))
+    weights["model.layers.2.mlp.down_proj.weight"] = weights["model.layers.0.mlp.down_proj.weight"]
+    weights["model.layers.0.mlp.down_proj.bias"] = np.zeros(64, np.float32)
+    save_file(weights, str(ck / "model.safetensors"), metadata={"format": "pt"})
+    result = CliRunner().invoke(main, ["--model", str(ck), "--output", str(tmp_path / "e"), "--no-verify"])
+    assert result.exit_code == 0, result.output
+    assert ("holds tensors its config gives the model no place for, which transformers drops and so does the "
+            "engine: model.layers.0.mlp.down_proj.bias, model.layers.2.mlp.down_proj.weight") in result.output

@@ -51,6 +51,6 @@ def test_an_eos_id_past_the_vocabulary_fails_the_build(tiny_checkpoint, tmp_path
         config = json.loads((m / "generation_config.json").read_text())
         (m / "generation_config.json").write_text(json.dumps({**config, "eos_token_id": [2, 999]}))
 
-    with pytest.raises(CheckpointError, match=r"generation_config.json's eos_token_id has \[999\], not below the "
-                                              r"vocabulary size 400"):
+    with pytest.raises(CheckpointError, match=r"generation_config.json's eos_token_id has \[999\], not a token id "
+                                              r"\(0 to the vocabulary size 400 - 1"):
         build_it(variant(tiny_checkpoint, tmp_path, edit), tmp_path)
