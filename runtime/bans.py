@@ -87,3 +87,25 @@ def banned_next(seqs: Sequence[Sequence[int]], output: Sequence[int], end: int |
         if n <= end and all(output[end - n + i] == seq[i] for i in range(n)):
             out.add(seq[-1])
     return out
+
+
+def dead_end(allowed: frozenset[int] | None, seqs: Sequence[Sequence[int]], held: frozenset[int]) -> str | None:
+    """Why a request's bans leave it no first token, whatever the model says (`held`: what
+    min_new_tokens holds back then, EOS and stop_token_ids; empty without it), or None."""
+    if allowed is None:
+        return None
+    left = allowed - {seq[0] for seq in seqs if len(seq) == 1}
+    if not left:
+        return "every id of allowed_token_ids is a one-token word of bad_words"
+    if not left - held:
+        return ("the ids allowed_token_ids leaves are all EOS or stop_token_ids, which min_new_tokens holds back "
+                "for its first tokens")
+    return None
+
+
+def banning(allowed: bool, words: bool, held: bool, guided: bool) -> str:
+    """The settings of a request that ban tokens, named for an error where they ban every one."""
+    names = [name for name, on in (("allowed_token_ids", allowed), ("bad_words", words),
+                                   ("min_new_tokens (EOS and stop_token_ids held back)", held),
+                                   ("guided_decoding's grammar", guided)) if on]
+    return " and ".join(names) or "its biases"

@@ -185,9 +185,14 @@ class Search:
         scores are shaped (shaped_candidates): what the answer's logprobs report, (top values [B, k],
         their ids, every token's [B, V]); else those are the scores themselves."""
         p, b, k = self.p, self.p.num_beams, self.p.num_logprobs
-        if not np.isfinite(scores[:, 0]).all():  # (NaN where a logit was NaN or +inf)
+        first = scores[:, 0]
+        if np.isnan(first).any() or np.isposinf(first).any():  # (NaN where a logit was NaN or +inf)
             raise FloatingPointError(f"the logits were not finite (NaN or infinite) at token {self.generated + 1}: "
                                      "the model overflowed")
+        if np.isneginf(first).all():  # (a beam its bans leave no token loses to the others, as in transformers)
+            held = self.generated < p.min_new_tokens and bool(p.eos_ids)
+            why = bans.banning(p.allowed_token_ids is not None, bool(p.bad_words), held, p.guide is not None)
+            raise ValueError(f"no token can come at token {self.generated + 1} of any beam: {why} ban every one")
         if k and reported is None:  # (before min_new_tokens; copied: the engine may write its next
             reported = scores[:, :k].copy(), ids[:, :k].copy(), None  # step's outputs over these)
             raw = scores.copy()

@@ -211,6 +211,12 @@ class Scheduler:
         +inf (an overflow: a float16 engine, a LoRA adapter with huge weights), and the sampler then
         answers token 0 or a token past the vocabulary: either way that row alone fails."""
         row = self.active[slot]
+        if self.banned_all(slot, token):  # (our sampler answers -1 there, the standard-op one 0; before the
+            # overflow check: ours reports no logprobs for such a row)
+            row.fail(row.dead_end())
+            if self.on_token is not None:
+                self.on_token(row)
+            return
         if not finite or not 0 <= token < self.batch.logit_bias.shape[1]:
             row.fail(f"the request's logits were not finite (NaN or infinite) at its token {len(row.output_ids) + 1}: "
                      f"the model overflowed ({row.overflow_causes()})")
@@ -236,6 +242,14 @@ class Scheduler:
             row.guide = None  # (its matcher and mask: a vocabulary's bytes per finished row otherwise)
         if self.on_token is not None:
             self.on_token(row)
+
+    def banned_all(self, slot: int, token: int) -> bool:
+        """The row's biases ban every token, so its sampler's answer is none the row may take: the token
+        is out of range or banned itself (looked at whole only then: a [V] pass)."""
+        bias, penalty = self.batch.logit_bias[slot], self.batch.penalty_bias[slot]
+        if 0 <= token < len(bias) and not (np.isneginf(bias[token]) or np.isneginf(penalty[token])):
+            return False
+        return bool(np.isneginf(bias + penalty).all())
 
     def next_mask(self, slot: int, row: RowState) -> bool:
         """A row whose verified positions are walked one by one (speculation): a guided one's grammar

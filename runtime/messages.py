@@ -148,7 +148,8 @@ def _tool_calls(value: object, path: str) -> list:
     for i, call in enumerate(calls):  # (a template gets the value a string of JSON holds: _template_call)
         args = call["function"].get("arguments") if isinstance(call.get("function"), dict) else None
         if isinstance(args, str) and args:
-            read_json(args, f"{path}[{i}].function.arguments", "an object, or a string of JSON (OpenAI's shape)")
+            at = f"{path}[{i}].function.arguments"  # (held to what the file's own values are held to)
+            check_value(read_json(args, at, "an object, or a string of JSON (OpenAI's shape)"), at)
     _sized(calls, path, "tool calls")
     return calls
 

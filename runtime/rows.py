@@ -7,7 +7,7 @@ from typing import Protocol
 
 import numpy as np
 
-from trtllm.runtime import sampling
+from trtllm.runtime import bans, sampling
 from trtllm.runtime.text import TextStream
 
 
@@ -108,6 +108,14 @@ class RowState:
         self.finish_reason, self.error = "error", error
         if self.text is not None:
             self.text.finish(check_stops=False)
+
+    def dead_end(self) -> str:
+        """Why no token can come next, where its bans leave none (sampling.penalize's, a grammar's)."""
+        p = self.params
+        return (f"no token can come at its token {len(self.output_ids) + 1}: "
+                + bans.banning(p.allowed_token_ids is not None, bool(p.bad_words),
+                               p.min_new_tokens > len(self.output_ids) and bool(self.banned), self.guide is not None)
+                + " ban every one")
 
     def overflow_causes(self) -> str:
         """What can make its logits overflow (NaN or +inf): its LoRA adapter by name, where it has one."""

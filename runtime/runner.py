@@ -194,6 +194,14 @@ class Runner:
                                                           self.engine.manifest.model.vocab_size, where)
             if p.error:
                 return p
+        if req.allowed_token_ids is not None:  # (bans that leave no first token, whatever the model says)
+            held = frozenset(req.stop_token_ids) | frozenset(() if req.ignore_eos else self.engine.manifest.eos_token_ids)
+            why = bans.dead_end(frozenset(req.allowed_token_ids), p.bad_words, held if req.min_new_tokens else frozenset())
+            if why:
+                where = f"requests[{index}].allowed_token_ids" if "allowed_token_ids" in req.own_fields else \
+                    "allowed_token_ids"
+                p.error = f"`{where}`: {why}: no token could come"
+                return p
         if not p.prompt_ids:
             p.error = f"`requests[{index}].messages`: the prompt is empty: there is nothing to generate from"
         elif len(p.prompt_ids) > limit:

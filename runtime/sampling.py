@@ -193,7 +193,9 @@ def penalize(batch: SamplingBatch, row: int, params: SamplingParams, counts: dic
         touched.add(token_id)
     words = bans.banned_next(params.bad_words, output) if params.bad_words else set()
     if params.changing_bans:  # what the bad words banned before this token, and ban now
-        touched |= words | bans.banned_next(params.bad_words, output, len(output) - 1)
+        # (what changed: a word's one-token ban stays, and rewriting it would bump the row's version, a
+        # device copy of its [V] arrays per token on TensorRT)
+        touched |= words ^ bans.banned_next(params.bad_words, output, len(output) - 1)
     allowed = params.allowed_token_ids
     for t in touched:
         c = counts.get(t, 0)
@@ -235,7 +237,7 @@ def greedy(logits: np.ndarray, batch: SamplingBatch, row: int, native: bool) -> 
     penalties at all of them). `native` (`host_draws`: the engine's sampler is our kernel): the
     kernel's own code (0.05 ms on 49,152 logits), which also answers -1 where every token is banned;
     else numpy's as the standard-op sampler takes it (0.8 ms with a repetition penalty), which then
-    takes token 0 (the row fails on it in the same way: a grammar that stopped, a banned EOS)."""
+    takes token 0 (the row fails on it in the same way: Scheduler.banned_all)."""
     if native:
         return _native(logits, batch, row, 0.0, 0.0, top_k=0, max_top_k=1)
     x = logits + batch.logit_bias[row]

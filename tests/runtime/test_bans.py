@@ -6,6 +6,8 @@ for allowed_token_ids, the argmax over the allowed ids of transformers' logits; 
 first token, must give other tokens."""
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -84,6 +86,14 @@ def test_penalty_bias_follows_the_answer():
         if out == [2, 1]:  # the ban on EOS ends; 2 is banned after 1
             assert np.isneginf(pb[2]) and pb[3] == 0 and np.isneginf(pb[4]) and pb[1] == -0.75
     assert pb[2] == -1.25 and np.isneginf(pb[[0, 4, 5, 7]]).all()
+    # a token that changes no ban leaves the row's version (a device copy of its [V] arrays on TensorRT)
+    q = sampling.SamplingParams(temperature=0, bad_words=((1, 2), (7,)))
+    batch = sampling.make_batch([q], 10, 8)
+    before = int(batch.version[0])
+    sampling.penalize(batch, 0, q, {5: 1}, 5, 1, frozenset(), [5])
+    assert batch.version[0] == before and np.isneginf(batch.penalty_bias[0, 7])
+    sampling.penalize(batch, 0, q, {5: 1, 1: 1}, 1, 2, frozenset(), [5, 1])
+    assert batch.version[0] == before + 1 and np.isneginf(batch.penalty_bias[0, [2, 7]]).all()
 
 
 @pytest.fixture(scope="module")
@@ -194,3 +204,66 @@ def test_through_trtllm_run(run_cli, tiny_engine):
     first, second = out["responses"]
     assert first["finish_reason"] == "max-length" and first["output_text"] != text
     assert second["finish_reason"] == "error" and "requests[1].allowed_token_ids[0]" in second["error"]
+
+
+@pytest.fixture(scope="module")
+def standard_engine(tiny_checkpoint, tmp_path_factory):
+    """The tiny model on ONNX Runtime's own kernels: the standard-op sampler (TensorRT's), which takes
+    token 0 where every token is banned (ours answers -1)."""
+    from trtllm.builder.config import BuildConfig
+    from trtllm.builder.export import build
+    from trtllm.runtime.engine import load_engine
+
+    out = tmp_path_factory.mktemp("bans-ort") / "engine"
+    build(BuildConfig(model=str(tiny_checkpoint("llama")), output=str(out), cpu_kernels="onnxruntime",
+                      max_batch_size=4, max_input_len=256, max_kv_cache_capacity=512), log=lambda m: None)
+    return load_engine(out)
+
+
+@pytest.mark.parametrize("which", ["ours", "standard"])
+def test_bans_that_leave_no_token_fail_the_row_alone(engine, standard_engine, which):
+    """allowed_token_ids {77} with the word 77 77: the second token has nothing left. The row fails
+    there, saying so (not as an overflow), and never takes a token it may not (the standard-op sampler
+    answers token 0); its neighbour is answered. Greedy and sampled, with speculation too."""
+    from trtllm.runtime import ngram
+
+    eng = engine if which == "ours" else standard_engine
+    stuck = [sampling.SamplingParams(temperature=t, top_k=0, top_p=1.0, max_new_tokens=8,
+                                     allowed_token_ids=frozenset({77}), bad_words=((77, 77),)) for t in (0, 0.7)]
+    free = sampling.SamplingParams(temperature=0, max_new_tokens=8)
+    for lookup in (None, ngram.Lookup(3, adaptive=False)):
+        rows = run_rows_of(eng, [stuck[0], free, stuck[1]], lookup)
+        for row in (rows[0], rows[2]):
+            assert row.output_ids == [77] and row.finish_reason == "error", (row.output_ids, row.error)
+            assert row.error == ("no token can come at its token 2: allowed_token_ids and bad_words ban every one")
+        assert rows[1].finish_reason == "max-length" and len(rows[1].output_ids) == 8
+
+
+def run_rows_of(engine, params, lookup=None):
+    from trtllm.runtime.generate import RowState, Timing, run_rows
+
+    rows = [RowState(prompt_ids=p, params=q, rng=np.random.default_rng(i), eos_ids=frozenset())
+            for i, (p, q) in enumerate(zip(PROMPTS, params))]
+    run_rows(engine, rows, None, Timing(), lookup=lookup)
+    return rows
+
+
+def test_bans_that_leave_no_first_token_are_refused_before_the_run(run_cli, tiny_engine):
+    engine = tiny_engine("llama")
+    eos = json.loads((engine / "manifest.json").read_text())["eos_token_ids"][0]
+    _, out = run_cli(engine, {"temperature": 0, "max_generate_length": 4, "allowed_token_ids": [eos, 9], "requests": [
+        chat(min_new_tokens=2, stop_token_ids=[9]), chat(bad_words=["x"], allowed_token_ids=[]), chat(min_new_tokens=2)]})
+    first, second, third = out["responses"]
+    assert first["error"] == ("`allowed_token_ids`: the ids allowed_token_ids leaves are all EOS or stop_token_ids, "
+                              "which min_new_tokens holds back for its first tokens: no token could come")
+    assert "requests[1].allowed_token_ids" in second["error"]  # (empty: refused when read)
+    assert third["finish_reason"] == "max-length" and set(third["output_ids"]) == {9}
+
+
+def test_a_beam_search_its_bans_leave_no_token_fails_saying_so(engine):
+    from trtllm.runtime import beam
+
+    p = beam.BeamParams(2, 6, frozenset(), allowed_token_ids=frozenset({77}), bad_words=((77, 77),))
+    with pytest.raises(ValueError, match="no token can come at token 2 of any beam: allowed_token_ids and bad_words "
+                                         "ban every one"):
+        beam.run(engine, PROMPTS[0], p)

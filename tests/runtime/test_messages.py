@@ -52,6 +52,12 @@ CALL = {"type": "function", "function": {"name": "w", "arguments": {"city": "Par
      "requests[0].messages[0].tool_calls[0].function.arguments", "a string of JSON (OpenAI's shape), got invalid JSON"),
     ({"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "w", "arguments": '{"a": NaN}'}}]},
      "requests[0].messages[0].tool_calls[0].function.arguments", "NaN is not JSON"),
+    ({"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "w", "arguments": '{"a": 1e400}'}}]},
+     "requests[0].messages[0].tool_calls[0].function.arguments.a", "finite"),
+    ({"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "w", "arguments": '{"a": "\\ud800"}'}}]},
+     "requests[0].messages[0].tool_calls[0].function.arguments.a", "lone surrogate"),
+    ({"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "w", "arguments": '{"a": 1, "a": 2}'}}]},
+     "requests[0].messages[0].tool_calls[0].function.arguments.a", "once"),
     ({"role": "assistant", "content": "", "tool_calls": [{"a": "x" * 140_000}]}, "requests[0].messages[0].tool_calls",
      "at most 131072 UTF-8 bytes"),
 ])
