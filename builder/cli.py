@@ -97,7 +97,8 @@ def main(model, output, profile, lora, eagle, no_verify, **options):
             given = profile_defaults(profile)
         except ConfigError:  # the profile itself is what is wrong
             given = {}
-        from_profile = [key for key in given if options.get(key) is None and f"--{key.replace('_', '-')} " in f"{e} "]
+        from_profile = [key for key in given if options.get(key) is None and (
+            f"--{key.replace('_', '-')} " in f"{e} " or str(e).startswith(f"{key} "))]  # (trt_version: no flag)
         where = f" (\"{from_profile[0]}\" comes from --profile {profile})" if from_profile else ""
         raise click.UsageError(f"{e}{where}") from e
     start = time.perf_counter()

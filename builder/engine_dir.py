@@ -30,6 +30,10 @@ def check_output(config: BuildConfig, out_dir: Path) -> None:
     """Replacing the output is only safe for an earlier engine: never delete anything else, nor an
     input of this build kept inside it."""
     engine = is_engine(out_dir)
+    outer = next((p for p in out_dir.resolve().parents if is_engine(p)), None)
+    if outer is not None:  # (that engine could then never be replaced: it would hold what no build writes)
+        raise ConfigError(f"--output {config.output} is inside the engine directory {outer}; choose a directory "
+                          "outside it")
     if out_dir.exists() and not engine and (not out_dir.is_dir() or any(out_dir.iterdir())):
         raise ConfigError(f"--output {config.output} exists and is not an engine directory; choose a new or empty "
                           "directory (only an earlier engine is replaced)")

@@ -402,6 +402,10 @@ def test_a_bad_profile_value_names_the_profile(tmp_path):
     result = CliRunner().invoke(main, ["--model", str(tmp_path), "--output", str(tmp_path / "e"),
                                        "--profile", str(tmp_path / "p.json")])
     assert result.exit_code == 2 and f'"max_batch_size" comes from --profile {tmp_path / "p.json"}' in result.output
+    (tmp_path / "p.json").write_text('{"backend": "tensorrt", "trt_version": "9.2"}')  # (a key with no flag)
+    result = CliRunner().invoke(main, ["--model", str(tmp_path), "--output", str(tmp_path / "e"),
+                                       "--profile", str(tmp_path / "p.json")])
+    assert result.exit_code == 2 and f'"trt_version" comes from --profile {tmp_path / "p.json"}' in result.output
 
 
 @pytest.mark.parametrize("text, message", [(None, "nothere.json: no such file"),
@@ -531,3 +535,13 @@ def test_tensors_the_model_drops_are_named_in_a_warning(tiny_checkpoint, tmp_pat
     assert result.exit_code == 0, result.output
     assert ("holds tensors its config gives the model no place for, which transformers drops and so does the "
             "engine: model.layers.0.mlp.down_proj.bias, model.layers.2.mlp.down_proj.weight") in result.output
+
+
+def test_an_output_inside_an_engine_directory_is_refused(tiny_checkpoint, tiny_engine):
+    """An engine built inside another would make that one impossible to replace (it would hold what
+    no build writes): refused before anything is written."""
+    engine = tiny_engine("llama")
+    before = sorted(p.name for p in engine.iterdir())
+    result = CliRunner().invoke(main, ["--model", str(tiny_checkpoint("llama")), "--output", str(engine / "sub" / "e")])
+    assert result.exit_code == 2 and f"is inside the engine directory {engine.resolve()}" in result.output
+    assert sorted(p.name for p in engine.iterdir()) == before
