@@ -76,6 +76,10 @@ class Stream:
         kind = self.rt.cudaMemcpyKind.cudaMemcpyDeviceToDevice
         check(self.rt.cudaMemcpyAsync(dst, src, nbytes, kind, self.handle))
 
+    def zero(self, dst: int, nbytes: int) -> None:
+        """`nbytes` of device memory set to 0, in stream order."""
+        check(self.rt.cudaMemsetAsync(dst, 0, nbytes, self.handle))
+
     def copy_2d(self, dst: int, dst_pitch: int, src: int, src_pitch: int, width: int, height: int,
                 kind: str) -> None:
         """`height` rows of `width` bytes; kind is "h2d", "d2h" or "d2d"."""

@@ -108,6 +108,12 @@ class DeviceKVCache(KVCacheManager):
         row, pitch = length * dim * self.itemsize, cap * dim * self.itemsize
         return [(b.ptr + slot * heads * pitch, pitch, row, heads) for b in self.buffers]
 
+    def clear(self, start: int, stop: int) -> None:
+        """Slots start..stop-1 zeroed on the device, in stream order (KVCacheManager.clear's reason: a
+        failed row's KV may be NaN; the host version assigned into the buffers, which fails here)."""
+        for b in self.buffers:
+            self.stream.zero(b.ptr + start * self.slot_bytes, (stop - start) * self.slot_bytes)
+
     def move_position(self, slot: int, src: int, dst: int) -> None:
         """On the device, in stream order (the next step sees it): one strided copy per buffer."""
         _, heads, cap, dim = self.shape

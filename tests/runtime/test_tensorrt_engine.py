@@ -383,3 +383,27 @@ def test_a_refused_profile_switch_is_an_error(engines, monkeypatch):
         want = backend.PREFILL if engine.profile != backend.PREFILL else backend.DECODE
         with pytest.raises(RuntimeError, match=f"refused to switch the execution context to optimization profile {want}"):
             engine.set_profile(2 if want == backend.PREFILL else 1)
+
+
+def test_a_failed_row_is_cleared_on_the_device_and_its_slot_reused(engines):
+    """A row that fails (its bans leave no token) has its slot's KV zeroed (kv_cache.py clear: it may
+    be NaN) on the device: the host version assigned into device buffers and took the run down. The
+    next request in that slot answers as on the ONNX Runtime engine."""
+    from trtllm.runtime import sampling
+    from trtllm.runtime.engine import load_engine
+    from trtllm.runtime.generate import RowState, Timing, run_rows
+
+    stuck = sampling.SamplingParams(temperature=0, max_new_tokens=6, allowed_token_ids=frozenset({77}),
+                                    bad_words=((77, 77),))
+    free = sampling.SamplingParams(temperature=0, max_new_tokens=6)
+
+    def answers(engine_dir):
+        rows = [RowState(prompt_ids=[5, 6, 7 + i], params=p, rng=np.random.default_rng(0), eos_ids=frozenset())
+                for i, p in enumerate([stuck, free, stuck, free])]
+        run_rows(load_engine(engine_dir), rows, 1, Timing())
+        return [(r.output_ids, r.finish_reason) for r in rows]
+
+    want = answers(engines / "ort")
+    with fakes.installed():
+        assert answers(engines / "modern") == want
+    assert [f for _, f in want] == ["error", "max-length", "error", "max-length"]

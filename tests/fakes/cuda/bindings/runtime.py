@@ -93,6 +93,13 @@ def cudaMemset(ptr, value, nbytes):  # noqa: N802
     return (OK,)
 
 
+def cudaMemsetAsync(ptr, value, nbytes, stream):  # noqa: N802
+    if int(stream) not in live_streams or not is_device(ptr, nbytes):
+        return (cudaError_t.cudaErrorInvalidValue,)
+    ctypes.memset(ptr, value, nbytes)
+    return (OK,)
+
+
 def cudaMemcpyAsync(dst, src, nbytes, kind, stream):  # noqa: N802
     if int(stream) not in live_streams or not _copy_ok(dst, src, nbytes, kind):
         return (cudaError_t.cudaErrorInvalidValue,)
