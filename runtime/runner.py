@@ -284,9 +284,11 @@ class Runner:
                 return
             chunk = row.text.take(final=row.finish_reason is not None)
             if chunk or row.finish_reason:
-                ids, sent[id(row)] = row.output_ids[sent[id(row)]:], len(row.output_ids)
-                smp = owner[id(row)]
-                fields = self.message_of(smp) if row.finish_reason not in (None, "cancelled") else {}
+                start, sent[id(row)] = sent[id(row)], len(row.output_ids)
+                ids, smp = row.output_ids[start:], owner[id(row)]
+                fields = self.streamed_logprobs(smp, start) if ids else {}
+                if row.finish_reason not in (None, "cancelled"):
+                    fields.update(self.message_of(smp))
                 on_text(smp, chunk, row.finish_reason, ids, *([fields] if fields else []))
 
         # trtllm-run: once generation is over (settle), an interrupt waits until the answers are
@@ -347,6 +349,16 @@ class Runner:
         if smp.beam_score is not None:
             res["beam_score"] = smp.beam_score
         return res
+
+    def streamed_logprobs(self, smp: Sample, start: int) -> dict:
+        """A stream line's `logprobs` and `token_logprobs`: those of its ids (output_ids[start:]), as
+        the output file has them, where the request asks for them."""
+        row, k = smp.row, smp.prepared.request.num_logprobs
+        if not k or len(row.logprobs) < len(row.output_ids):
+            return {}
+        return {"logprobs": [self.logprob_step(v, t, k) for v, t in row.logprobs[start:]],
+                "token_logprobs": [self.logprob_entry(t, v) for t, v in zip(row.output_ids[start:],
+                                                                           row.token_logprobs[start:])]}
 
     def prompt_logprobs(self, p: Prepared) -> dict:
         """vLLM's prompt_logprobs, once the prompt is scored (a cancelled run may not have): the first

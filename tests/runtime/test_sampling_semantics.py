@@ -154,7 +154,8 @@ def test_stream_matches_output(tiny_engine, tmp_path):
     import sys
 
     payload = {"batch_size": 2, "temperature": 0, "max_generate_length": 24,
-               "requests": [chat("Hello"), chat("The quick", stop=[" the", "."]), chat("Paris", n=2, temperature=1.0),
+               "requests": [chat("Hello", num_logprobs=3), chat("The quick", stop=[" the", "."]),
+                            chat("Paris", n=2, temperature=1.0, num_logprobs=1),
                             chat("Nothing", max_generate_length=0)]}  # never runs, yet its stream ends
     (tmp_path / "in.json").write_text(json.dumps(payload))
     proc = subprocess.run([sys.executable, "-m", "trtllm.runtime", str(tmp_path / "in.json"), "--engine",
@@ -171,3 +172,8 @@ def test_stream_matches_output(tiny_engine, tmp_path):
         assert all("finish_reason" not in ln for ln in mine[:-1])
         # the ids of each line are those generated since the last (its text may lag them): together, the answer's
         assert [t for ln in mine for t in ln["token_ids"]] == r["output_ids"]
+        # and their logprobs, where asked: the output file's, line by line (none on a line without ids)
+        for key in ("logprobs", "token_logprobs"):
+            assert [e for ln in mine for e in ln.get(key, [])] == r.get(key, [])
+            assert all(len(ln[key]) == len(ln["token_ids"]) for ln in mine if key in ln)
+    assert sum("logprobs" in ln for ln in lines) > 20
