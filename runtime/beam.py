@@ -328,7 +328,8 @@ def run_many(engine, jobs: list[tuple[list[int], BeamParams]], timing=None, done
     # (trtllm-run refuses more beams than max_batch_size; ONNX Runtime's batch is not bounded by it)
     limit = rows or m.limits.max_batch_size
     slots = max([limit] + [p.num_beams for _, p in jobs])
-    kv = KVCacheManager(m.model, slots, max(len(prompt) + p.max_new_tokens for prompt, p in jobs))
+    make_kv = getattr(engine, "make_kv_cache", KVCacheManager)  # (TensorRT's: device memory, its plan's capacity)
+    kv = make_kv(m.model, slots, max(len(prompt) + p.max_new_tokens for prompt, p in jobs))
     widths = [Search(p, len(prompt)).width for prompt, p in jobs]
     # the graph's sampler gives each row's best log-probabilities (log_softmax of the logits, as
     # transformers' beam search takes them) where its width holds them; else they come from the logits
@@ -466,9 +467,7 @@ def reorder(kv: KVCacheManager, parents: np.ndarray, held: list, prompt_len: int
     starts = [0 if mine is None else prompt_len + common(mine, held[parent]) for mine, parent in zip(held, parents)]
     moved = np.array([i for i, start in enumerate(starts) if start < length], np.int64)
     if len(moved):
-        start = min(starts[i] for i in moved)
-        for buf in kv.buffers:
-            buf[base + moved, :, start:length] = buf[base + parents[moved], :, start:length]
+        kv.copy_positions(base + moved, base + parents[moved], min(starts[i] for i in moved), length)
     return [held[parent] for parent in parents]
 
 

@@ -13,8 +13,6 @@ def unrunnable(req, index: int, manifest) -> str | None:
     where = f"requests[{index}].num_beams" if "num_beams" in req.own_fields else "num_beams"
     if req.num_beams <= 1:
         return None
-    if manifest.backend != "onnxruntime":
-        return f"`{where}` {req.num_beams}: beam search runs on ONNX Runtime engines (its KV copies are host arrays)"
     if req.num_beams > manifest.limits.max_batch_size:
         return (f"`{where}` {req.num_beams}: more beams than the engine's max_batch_size "
                 f"{manifest.limits.max_batch_size} (each beam is a batch row); rebuild with a larger --max-batch-size")

@@ -100,6 +100,12 @@ class KVCacheManager:
         for b in self.buffers:
             b[slot, :, dst] = b[slot, :, src]
 
+    def copy_positions(self, dst: np.ndarray, src: np.ndarray, start: int, stop: int) -> None:
+        """Slot dst[i]'s positions start..stop-1 from slot src[i]'s, every layer; every source is
+        read before a destination is written (beam search: slots trade places)."""
+        for b in self.buffers:
+            b[dst, :, start:stop] = b[src, :, start:stop]  # (the right side is a copy: fancy indexing)
+
     def active(self) -> list[int]:
         return [s for s, o in enumerate(self.owners) if o is not None]
 

@@ -114,6 +114,25 @@ class DeviceKVCache(KVCacheManager):
         for b in self.buffers:
             self.stream.zero(b.ptr + start * self.slot_bytes, (stop - start) * self.slot_bytes)
 
+    def copy_positions(self, dst, src, start: int, stop: int) -> None:
+        """KVCacheManager.copy_positions on the device, in stream order: per buffer, the sources'
+        positions into a scratch buffer first (slots trade places), then into the destinations; one
+        strided copy each way per slot (kv_heads rows of stop - start positions)."""
+        from trtllm.runtime.backends import cuda
+
+        _, heads, cap, dim = self.shape
+        pitch, width, offset = cap * dim * self.itemsize, (stop - start) * dim * self.itemsize, start * dim * self.itemsize
+        if getattr(self, "scratch", None) is None or self.scratch.nbytes < len(src) * self.slot_bytes:
+            self.scratch = cuda.DeviceBuffer(len(self.owners) * self.slot_bytes)  # (one slot's worth per slot)
+            weakref.finalize(self, self.scratch.close)
+        for b in self.buffers:
+            for i, s in enumerate(src):
+                self.stream.copy_2d(self.scratch.ptr + i * self.slot_bytes + offset, pitch,
+                                    b.ptr + int(s) * self.slot_bytes + offset, pitch, width, heads, "d2d")
+            for i, d in enumerate(dst):
+                self.stream.copy_2d(b.ptr + int(d) * self.slot_bytes + offset, pitch,
+                                    self.scratch.ptr + i * self.slot_bytes + offset, pitch, width, heads, "d2d")
+
     def move_position(self, slot: int, src: int, dst: int) -> None:
         """On the device, in stream order (the next step sees it): one strided copy per buffer."""
         _, heads, cap, dim = self.shape

@@ -407,3 +407,45 @@ def test_a_failed_row_is_cleared_on_the_device_and_its_slot_reused(engines):
     with fakes.installed():
         assert answers(engines / "modern") == want
     assert [f for _, f in want] == ["error", "max-length", "error", "max-length"]
+
+
+def test_beam_search_runs_on_tensorrt(engines, run_cli, tiny_checkpoint, monkeypatch):
+    """Beam search on a TensorRT engine: the beams' KV is reordered on the device (DeviceKVCache
+    copy_positions: each slot's positions from the beam it extends, through a scratch buffer, as
+    slots trade places). The hypotheses and scores are the ONNX Runtime engine's, and transformers'
+    (tests/parity/test_beam_search.py); several searches share steps, shaped ones (logit_bias,
+    bad_words) too. The wrong variant, beams that keep their own slot's KV, differs."""
+    import torch
+    import transformers
+
+    from tests.parity.test_beam_search import hf_beams, same
+    from trtllm.runtime import beam
+    from trtllm.runtime.backends.tensorrt import DeviceKVCache
+    from trtllm.runtime.engine import load_engine
+
+    prompts = [[5, 17, 42, 99, 7], list(range(30, 52))]
+    jobs = [(prompts[0], beam.BeamParams(3, 10, frozenset())), (prompts[1], beam.BeamParams(2, 10, frozenset(),
+                                                                                          length_penalty=0.5)),
+            (prompts[0], beam.BeamParams(3, 10, frozenset(), logit_bias=((77, 2.0),), bad_words=((5, 9),)))]
+    want = beam.run_many(load_engine(engines / "ort"), jobs)
+    model = transformers.AutoModelForCausalLM.from_pretrained(tiny_checkpoint("qwen2"), dtype=torch.float32).eval()
+    assert all(same(found, hf_beams(model, prompt, p)) for (found, _), (prompt, p) in zip(want, jobs))
+    with fakes.installed():
+        engine = load_engine(engines / "modern")
+        got = beam.run_many(engine, jobs)
+        assert [[(h.tokens, round(h.score, 4)) for h in f] for f, _ in got] == \
+               [[(h.tokens, round(h.score, 4)) for h in f] for f, _ in want]
+        _, out = run_cli(engines / "modern", {"max_generate_length": 8, "temperature": 0, "requests": [
+            {"messages": [{"role": "user", "content": "hello there"}], "num_beams": 3, "n": 2, "num_logprobs": 2}]})
+        _, ort = run_cli(engines / "ort", {"max_generate_length": 8, "temperature": 0, "requests": [
+            {"messages": [{"role": "user", "content": "hello there"}], "num_beams": 3, "n": 2, "num_logprobs": 2}]})
+        assert "error" not in out["responses"][0], out["responses"][0].get("error")
+        same_answers = [(r["output_ids"], r["finish_reason"]) for r in out["responses"]]
+        assert same_answers == [(r["output_ids"], r["finish_reason"]) for r in ort["responses"]]
+    with fakes.installed(FAKE_TRT_VERSION="10.3.0.30"):  # the legacy graph: KV written out of place, copied back
+        legacy = beam.run_many(load_engine(engines / "legacy"), jobs)
+        assert [[h.tokens for h in f] for f, _ in legacy] == [[h.tokens for h in f] for f, _ in want]
+    with fakes.installed():
+        engine = load_engine(engines / "modern")
+        monkeypatch.setattr(DeviceKVCache, "copy_positions", lambda self, dst, src, start, stop: None)
+        assert [[h.tokens for h in f] for f, _ in beam.run_many(engine, jobs)] != [[h.tokens for h in f] for f, _ in want]
