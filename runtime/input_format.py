@@ -120,6 +120,7 @@ class Request:
     early_stopping: bool | str = False  # beam search: transformers' (False, True or "never")
     bad_words: tuple[str, ...] = ()  # vLLM's: words it may not generate (runtime/bans.py)
     allowed_token_ids: tuple[int, ...] | None = None  # vLLM's: the only ids it may generate (None: all)
+    truncate_prompt_tokens: int | None = None  # vLLM's: keep the prompt's last k tokens (-1: max_input_len)
     # the keys it gave itself (parse_input fills it): errors about others name the top level's path
     own_fields: frozenset[str] = field(default=frozenset(), compare=False)
 
@@ -171,6 +172,7 @@ class InputFile:
     early_stopping: bool | str = False
     bad_words: tuple[str, ...] = ()
     allowed_token_ids: tuple[int, ...] | None = None
+    truncate_prompt_tokens: int | None = None
     # isolate=True (trtllm-run): request index -> the error of a request that could not be read;
     # its entry in `requests` is a placeholder that never runs (PLACEHOLDER)
     invalid: dict[int, str] = field(default_factory=dict)
@@ -281,8 +283,16 @@ _SAMPLING_FIELDS = {
     "early_stopping": beam_rules.parse_early_stopping,
     "bad_words": bans.parse_bad_words,
     "allowed_token_ids": bans.parse_allowed,
+    "truncate_prompt_tokens": lambda v, p: None if v is None else _truncation(v, p),
 }
 _SAMPLING_FIELDS_READ = {**_SAMPLING_FIELDS, "sampling_seed": _SAMPLING_FIELDS["seed"]}
+
+def _truncation(value: object, path: str) -> int:
+    """vLLM's truncate_prompt_tokens: k >= 1, or -1 for the engine's max_input_len."""
+    if isinstance(value, int) and not isinstance(value, bool) and (value == -1 or value >= 1):
+        return value
+    _fail(path, "an integer >= 1 (keep the prompt's last k tokens) or -1 (its last max_input_len)", value)
+
 
 def _lora_name(value: object, path: str) -> str | None:
     """null and "" are the base model, as upstream reads them."""

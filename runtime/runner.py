@@ -181,13 +181,16 @@ class Runner:
             return p
         p.text, p.system_prefix = fp.text, fp.system_prefix
         p.prompt_ids = self.tokenizer.encode(fp.text, add_special_tokens=not templated)
+        limit = self.engine.manifest.limits.max_input_len
+        keep = limit if req.truncate_prompt_tokens == -1 else req.truncate_prompt_tokens
+        if keep and len(p.prompt_ids) > keep:  # vLLM's: its last tokens (no system prefix starts it then)
+            p.prompt_ids, fp = p.prompt_ids[-keep:], dataclasses.replace(fp, system_prefix="")
         if fp.system_prefix:
             # Reusable only if tokenising the prefix alone gives the prompt's first tokens
             # (a BPE merge across the boundary would make the saved KV belong to other tokens).
             prefix = self.tokenizer.encode(fp.system_prefix, add_special_tokens=not templated)
             if p.prompt_ids[: len(prefix)] == prefix:
                 p.prefix_ids = tuple(prefix)
-        limit = self.engine.manifest.limits.max_input_len
         if req.bad_words:
             where = f"requests[{index}].bad_words" if "bad_words" in req.own_fields else "bad_words"
             p.bad_words, p.error = bans.request_sequences(req.bad_words, self.tokenizer.encode,
@@ -206,7 +209,8 @@ class Runner:
             p.error = f"`requests[{index}].messages`: the prompt is empty: there is nothing to generate from"
         elif len(p.prompt_ids) > limit:
             p.error = (f"`requests[{index}].messages`: the prompt is {len(p.prompt_ids)} tokens, more than the engine's max_input_len "
-                       f"{limit}; rebuild with a larger --max-input-len")
+                       f"{limit}; rebuild with a larger --max-input-len, or give truncate_prompt_tokens (-1 keeps its "
+                       "last max_input_len)")
         return p
 
     def unscored(self, req: fmt.Request, index: int) -> str | None:

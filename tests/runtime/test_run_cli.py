@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import shutil
 
+import numpy as np
 import pytest
 from click.testing import CliRunner
 
@@ -494,3 +495,36 @@ def test_a_padded_vocabulary_s_ids_are_no_text(tmp_path):
     CliRunner().invoke(main, [str(tmp_path / "alone.json"), "--engine", str(engine), "--output",
                               str(tmp_path / "alone_out.json"), "--kv-cache-dir", str(tmp_path / "kv")])
     assert other["output_text"] == json.loads((tmp_path / "alone_out.json").read_text())["responses"][0]["output_text"]
+
+
+def test_truncate_prompt_tokens_keeps_the_prompts_last_tokens(run_cli, tiny_engine):
+    """vLLM's truncate_prompt_tokens: a prompt past max_input_len (256 here) is answered from its last
+    k tokens (-1: the last 256), as the same tokens given alone are; a shorter one is left whole; bad
+    values name their path."""
+    from trtllm.runtime.engine import load_engine
+    from trtllm.runtime.generate import RowState, run_batch
+    from trtllm.runtime.sampling import SamplingParams
+    from trtllm.runtime.tokenizer import Tokenizer
+
+    engine = tiny_engine("llama")
+    long = "The quick brown fox jumps over the lazy dog. " * 14
+    payload = {"temperature": 0, "max_generate_length": 8, "apply_chat_template": False, "requests": [
+        {"messages": [{"role": "user", "content": long}], "truncate_prompt_tokens": 40},
+        {"messages": [{"role": "user", "content": long}], "truncate_prompt_tokens": -1},
+        {"messages": [{"role": "user", "content": long}]},
+        {"messages": [{"role": "user", "content": "Hi"}], "truncate_prompt_tokens": 40}]}
+    result, out = run_cli(engine, payload)
+    first, whole, refused, short = out["responses"]
+    loaded = load_engine(engine)
+    ids = Tokenizer.from_engine_dir(engine, loaded.manifest.files).encode(long, add_special_tokens=True)
+    assert len(ids) > 256 and first["prompt_tokens"] == 40 and whole["prompt_tokens"] == 256
+    for response, keep in ((first, 40), (whole, 256)):
+        row = RowState(prompt_ids=ids[-keep:], params=SamplingParams(temperature=0, max_new_tokens=8),
+                       rng=np.random.default_rng(0), eos_ids=frozenset(loaded.manifest.eos_token_ids))
+        run_batch(loaded, [row])
+        assert response["output_ids"] == row.output_ids
+    assert "or give truncate_prompt_tokens" in refused["error"] and "error" not in short
+    for bad in (0, -2, True, 2.5):
+        _, out = run_cli(engine, {"requests": [{"messages": [{"role": "user", "content": "x"}],
+                                                "truncate_prompt_tokens": bad}]})
+        assert out["responses"][0]["error"].startswith("`requests[0].truncate_prompt_tokens` must be an integer >= 1")
