@@ -73,10 +73,18 @@ def engine_logits(engine, prompt_ids: list[int], num_decode: int, forced: list[i
     make_kv = getattr(engine, "make_kv_cache", KVCacheManager)  # device KV on TensorRT
     kv = make_kv(engine.manifest.model, 1, len(prompt_ids) + num_decode)  # the last token is never fed
     inputs, logits, chosen = prefill_inputs([row], engine.manifest.pad_token_id, batch), [], []
+    vocab = engine.manifest.model.vocab_size
     for step in range(num_decode + 1):
         out = engine.step(dataclasses.replace(inputs, lora=lora), kv.view(0, 1), want_logits=True)
-        logits.append(out.logits[0])
+        logits.append(out.logits[0].copy())
         chosen.append(int(out.token_ids[0]))
+        if not np.isfinite(logits[-1]).all() or not 0 <= chosen[-1] < vocab:
+            # (overflowed: the sampler's answer may be past the vocabulary, and fed back it would be read
+            # out of the embedding's bounds; the rest count as not finite too, for check_finite to report)
+            missing = num_decode - step
+            logits += [np.full_like(logits[-1], np.nan)] * missing
+            chosen += [-1] * missing
+            break
         row.output_ids.append(forced[step] if forced else chosen[-1])
         inputs = decode_inputs([row], engine.manifest.pad_token_id, batch)
     return chosen, np.stack(logits)

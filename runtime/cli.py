@@ -296,7 +296,7 @@ def check_batch_size(inp: fmt.InputFile, manifest) -> None:
 @click.option("--spec-ngram", type=click.IntRange(0, 16), default=0, show_default=True,
               help="Prompt lookup decoding (vLLM's ngram method): requests guess up to this many "
                    "tokens a step from their own prompt and answer, checked in one step, the answer "
-                   "unchanged (0: off). Engines without an EAGLE head.")
+                   "unchanged (0: off). ONNX Runtime engines without an EAGLE head.")
 @click.option("--prefill-chunk", type=int, default=PREFILL_CHUNK, show_default=True,
               callback=lambda ctx, param, v: prefill_chunk(v),
               help="While other requests generate, prefill a new prompt at most this many tokens per step, "

@@ -181,8 +181,11 @@ def save(manifest: Manifest, engine_dir: str | os.PathLike) -> Path:
     return path
 
 
-def rebuild_hint(engine_dir: str | os.PathLike) -> str:
-    return f"rebuild it: trtllm-build --model <checkpoint> --output {engine_dir}"
+def rebuild_hint(engine_dir: str | os.PathLike, backend: str | None = None) -> str:
+    """The build command to run again; a TensorRT engine's names its backend (else a machine without
+    a GPU would build an ONNX Runtime engine in its place)."""
+    hint = f"rebuild it: trtllm-build --model <checkpoint> --output {engine_dir}"
+    return hint + " --backend tensorrt (on this machine)" if backend == "tensorrt" else hint
 
 
 def load(engine_dir: str | os.PathLike) -> Manifest:
@@ -216,10 +219,10 @@ def load(engine_dir: str | os.PathLike) -> Manifest:
             eos_token_ids=tuple(raw["eos_token_ids"]),
         )
     except (KeyError, TypeError, ValueError, AttributeError) as e:
-        raise ManifestError(f"{path} is malformed ({e}); {rebuild_hint(engine_dir)}") from e
+        raise ManifestError(f"{path} is malformed ({e}); {rebuild_hint(engine_dir, backend)}") from e
     problem = check(manifest, Path(engine_dir))
     if problem:
-        raise ManifestError(f"{path}: {problem}; {rebuild_hint(engine_dir)}")
+        raise ManifestError(f"{path}: {problem}; {rebuild_hint(engine_dir, backend)}")
     return manifest
 
 

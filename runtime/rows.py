@@ -120,8 +120,8 @@ class RowState:
     def overflow_causes(self) -> str:
         """What can make its logits overflow (NaN or +inf): its LoRA adapter by name, where it has one."""
         adapter = getattr(self.adapter, "name", None)
-        return (f"its LoRA adapter {adapter!r}'s weights can (lora_alpha or its matrices too large), as a float16 "
-                "engine can" if adapter else "a float16 engine or a LoRA adapter's weights can")
+        return (f"its LoRA adapter {adapter!r} can make it: a lora_alpha or matrices too large; so can a float16 "
+                "engine" if adapter else "a float16 engine or a LoRA adapter's weights can")
 
     def visible_ids(self) -> list[int]:
         """The output without a final EOS or stop token (they are not part of output_text)."""

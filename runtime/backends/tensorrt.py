@@ -41,7 +41,7 @@ def shared_logger(trt):
 
 
 def trt_rebuild_hint(engine_dir) -> str:
-    return f"{rebuild_hint(engine_dir)} --backend tensorrt (on this machine)"
+    return rebuild_hint(engine_dir, "tensorrt")
 
 
 def import_tensorrt(engine_dir):
@@ -233,8 +233,9 @@ class TensorRTEngine:
             try:
                 trt_plugin.register()
             except ImportError as e:
-                raise ManifestError(f"{engine_dir} runs its sampler as a TensorRT plugin: {e}; install torch and "
-                                    f"triton, or {trt_rebuild_hint(engine_dir)} without --sampling-plugin") from None
+                raise ManifestError(f"{engine_dir} runs its sampler as a TensorRT plugin: {e}; install what it "
+                                    "names (the plugin needs TensorRT >= 10.6's tensorrt.plugin, torch and triton), "
+                                    f"or {trt_rebuild_hint(engine_dir)} without --sampling-plugin") from None
 
     def max_bytes(self, name: str) -> int:
         """The largest this tensor gets: the prefill profile's max shape (inputs) or the limits (outputs)."""

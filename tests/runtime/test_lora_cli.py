@@ -250,6 +250,22 @@ def test_the_build_check_refuses_logits_that_are_not_finite(tiny_checkpoint, tmp
     assert not (tmp_path / "e").exists()
 
 
+def test_a_tensorrt_build_whose_logits_overflow_fails_its_check(lora_engines, tiny_checkpoint, tmp_path):
+    """A bundled adapter whose weights overflow the model: the check stops at the first step whose
+    logits are not finite (the sampler's answer then may be past the vocabulary: fed back, it was
+    read out of the embedding's bounds, an error of ONNX Runtime's on the stand-in, an out-of-bounds
+    read on a GPU) and fails the build as on ONNX Runtime."""
+    from trtllm.builder import verify
+
+    engines, _ = lora_engines
+    write_adapter(tmp_path / "huge", mf.load(engines["ort"]), 4, 7, ALL, std=1e18, alpha=4)
+    with fakes.installed():
+        with pytest.raises(verify.VerifyError, match="with adapter huge are not finite at 9 of 9 positions"):
+            build(BuildConfig(model=str(tiny_checkpoint("llama")), output=str(tmp_path / "e"), backend="tensorrt",
+                              lora=(("huge", str(tmp_path / "huge")),), **LIMITS), log=lambda m: None)
+    assert not (tmp_path / "e").exists()
+
+
 def test_agreement_floor_allows_one_mismatch_on_a_short_text():
     from trtllm.builder.verify import allowed_mismatches
 
@@ -276,7 +292,7 @@ def test_an_adapter_that_overflows_fails_its_requests_alone(lora_engines, run_cl
     out = json.loads((tmp_path / "out.json").read_text(), parse_constant=no_constants)
     bad, good = out["responses"][:2], out["responses"][2]
     assert [r["finish_reason"] for r in bad] == ["error", "error"]
-    assert all("logits were not finite" in r["error"] and "its LoRA adapter 'huge'" in r["error"] for r in bad)
+    assert all("logits were not finite" in r["error"] and "its LoRA adapter 'huge' can make it" in r["error"] for r in bad)
     assert good["finish_reason"] == "max-length" and good["output_text"]
 
 

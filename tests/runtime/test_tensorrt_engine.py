@@ -449,3 +449,18 @@ def test_beam_search_runs_on_tensorrt(engines, run_cli, tiny_checkpoint, monkeyp
         engine = load_engine(engines / "modern")
         monkeypatch.setattr(DeviceKVCache, "copy_positions", lambda self, dst, src, start, stop: None)
         assert [[h.tokens for h in f] for f, _ in beam.run_many(engine, jobs)] != [[h.tokens for h in f] for f, _ in want]
+
+
+def test_a_tensorrt_engine_missing_its_plan_names_the_tensorrt_build(engines, tmp_path):
+    """The manifest's checks of a TensorRT engine say to rebuild it with --backend tensorrt: the plain
+    command, on a machine without a GPU, would build an ONNX Runtime engine in its place."""
+    import shutil
+
+    from trtllm.runtime.engine import load_engine
+
+    engine = tmp_path / "engine"
+    shutil.copytree(engines / "modern", engine)
+    (engine / "llm.plan").unlink()
+    with fakes.installed(), pytest.raises(ManifestError, match=r"llm\.plan is missing; rebuild it: trtllm-build "
+                                                               r".* --backend tensorrt \(on this machine\)"):
+        load_engine(engine)
