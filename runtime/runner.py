@@ -183,6 +183,11 @@ class Runner:
         p.prompt_ids = self.tokenizer.encode(fp.text, add_special_tokens=not templated)
         limit = self.engine.manifest.limits.max_input_len
         keep = limit if req.truncate_prompt_tokens == -1 else req.truncate_prompt_tokens
+        if keep and keep > limit:  # (vLLM refuses one past the model's length too)
+            where = f"requests[{index}].truncate_prompt_tokens" if "truncate_prompt_tokens" in req.own_fields \
+                else "truncate_prompt_tokens"
+            p.error = f"`{where}` must be at most the engine's max_input_len {limit}, or -1 (that), got {keep}"
+            return p
         if keep and len(p.prompt_ids) > keep:  # vLLM's: its last tokens (no system prefix starts it then)
             p.prompt_ids, fp = p.prompt_ids[-keep:], dataclasses.replace(fp, system_prefix="")
         if fp.system_prefix:

@@ -524,6 +524,10 @@ def test_truncate_prompt_tokens_keeps_the_prompts_last_tokens(run_cli, tiny_engi
         run_batch(loaded, [row])
         assert response["output_ids"] == row.output_ids
     assert "or give truncate_prompt_tokens" in refused["error"] and "error" not in short
+    _, out = run_cli(engine, {**payload, "truncate_prompt_tokens": 300,
+                              "requests": [{"messages": [{"role": "user", "content": "Hi"}]}]})
+    assert out["responses"][0]["error"] == ("`truncate_prompt_tokens` must be at most the engine's max_input_len 256, "
+                                            "or -1 (that), got 300")
     for bad in (0, -2, True, 2.5):
         _, out = run_cli(engine, {"requests": [{"messages": [{"role": "user", "content": "x"}],
                                                 "truncate_prompt_tokens": bad}]})
