@@ -10,7 +10,7 @@ from trtllm.runtime.beam import BeamParams, Hypothesis, run_many
 
 def unrunnable(req, index: int, manifest) -> str | None:
     """Why this engine cannot run a request's beam search (it fails alone), or None."""
-    where = f"requests[{index}].num_beams" if "num_beams" in req.own_fields else "num_beams"
+    where = req.where(index, "num_beams")
     if req.num_beams <= 1:
         return None
     if req.num_beams > manifest.limits.max_batch_size:

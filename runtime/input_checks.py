@@ -3,17 +3,12 @@ limit): each problem fails that request alone, with a message naming the JSON pa
 
 from __future__ import annotations
 
-from trtllm.runtime.input_format import InputFile, Request
+from trtllm.runtime.input_format import InputFile
 
 
 def _check_positive(name: str, value: object) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"`{name}` must be a positive integer, got {value!r}")
-
-
-def _where(req: Request, i: int, name: str) -> str:
-    """The JSON path of a request's setting: its own, or the top-level one it inherited."""
-    return f"requests[{i}].{name}" if name in req.own_fields else name
 
 
 def check_against_engine(inp: InputFile, vocab_size: int) -> list[tuple[int, str]]:
@@ -25,10 +20,10 @@ def check_against_engine(inp: InputFile, vocab_size: int) -> list[tuple[int, str
     for i, req in enumerate(inp.requests):
         if i in inp.invalid:  # failed already
             continue
-        bias_path, stop_path = _where(req, i, "logit_bias"), _where(req, i, "stop_token_ids")
+        bias_path, stop_path = req.where(i, "logit_bias"), req.where(i, "stop_token_ids")
         bad = [(f'{bias_path}["{token_id}"]', token_id) for token_id in sorted(req.logit_bias)]
         bad += [(f"{stop_path}[{j}]", token_id) for j, token_id in enumerate(req.stop_token_ids)]
-        allowed_path = _where(req, i, "allowed_token_ids")
+        allowed_path = req.where(i, "allowed_token_ids")
         bad += [(f"{allowed_path}[{j}]", token_id) for j, token_id in enumerate(req.allowed_token_ids or ())]
         problems += [(i, f"`{path}` must be a token id below the vocabulary size {vocab_size}, "
                          f"got {token_id}") for path, token_id in bad if token_id >= vocab_size]
@@ -42,6 +37,6 @@ def check_limits(inp: InputFile, max_top_k: int, vocab_size: int) -> list[tuple[
     `top_k` between that and the vocabulary size cannot be honoured; `>= vocab_size` means all."""
     _check_positive("max_top_k", max_top_k)
     _check_positive("vocab_size", vocab_size)
-    return [(i, f"`{_where(req, i, 'top_k')}` must be <= {max_top_k} (the engine's sampler limit) "
+    return [(i, f"`{req.where(i, 'top_k')}` must be <= {max_top_k} (the engine's sampler limit) "
                 f"or >= the vocabulary size {vocab_size} (all tokens), got {req.top_k}")
             for i, req in enumerate(inp.requests) if i not in inp.invalid and max_top_k < req.top_k < vocab_size]

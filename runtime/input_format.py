@@ -124,6 +124,11 @@ class Request:
     # the keys it gave itself (parse_input fills it): errors about others name the top level's path
     own_fields: frozenset[str] = field(default=frozenset(), compare=False)
 
+    def where(self, index: int, name: str) -> str:
+        """The JSON path of a setting as it applies to this request (requests[index]): its own, or
+        the top level's it inherited (an error names the value to fix)."""
+        return f"requests[{index}].{name}" if name in self.own_fields else name
+
     def media_types(self) -> set[str]:
         """The media kinds ("image", "audio", "video") present in this request's messages."""
         return {item.type for m in self.messages if not isinstance(m.content, str)

@@ -184,9 +184,8 @@ class Runner:
         limit = self.engine.manifest.limits.max_input_len
         keep = limit if req.truncate_prompt_tokens == -1 else req.truncate_prompt_tokens
         if keep and keep > limit:  # (vLLM refuses one past the model's length too)
-            where = f"requests[{index}].truncate_prompt_tokens" if "truncate_prompt_tokens" in req.own_fields \
-                else "truncate_prompt_tokens"
-            p.error = f"`{where}` must be at most the engine's max_input_len {limit}, or -1 (that), got {keep}"
+            p.error = (f"`{req.where(index, 'truncate_prompt_tokens')}` must be at most the engine's max_input_len "
+                       f"{limit}, or -1 (that), got {keep}")
             return p
         if keep and len(p.prompt_ids) > keep:  # vLLM's: its last tokens (no system prefix starts it then)
             p.prompt_ids, fp = p.prompt_ids[-keep:], dataclasses.replace(fp, system_prefix="")
@@ -197,18 +196,16 @@ class Runner:
             if p.prompt_ids[: len(prefix)] == prefix:
                 p.prefix_ids = tuple(prefix)
         if req.bad_words:
-            where = f"requests[{index}].bad_words" if "bad_words" in req.own_fields else "bad_words"
             p.bad_words, p.error = bans.request_sequences(req.bad_words, self.tokenizer.encode,
-                                                          self.engine.manifest.model.vocab_size, where)
+                                                          self.engine.manifest.model.vocab_size,
+                                                          req.where(index, "bad_words"))
             if p.error:
                 return p
         if req.allowed_token_ids is not None:  # (bans that leave no first token, whatever the model says)
             held = frozenset(req.stop_token_ids) | frozenset(() if req.ignore_eos else self.engine.manifest.eos_token_ids)
             why = bans.dead_end(frozenset(req.allowed_token_ids), p.bad_words, held if req.min_new_tokens else frozenset())
             if why:
-                where = f"requests[{index}].allowed_token_ids" if "allowed_token_ids" in req.own_fields else \
-                    "allowed_token_ids"
-                p.error = f"`{where}`: {why}: no token could come"
+                p.error = f"`{req.where(index, 'allowed_token_ids')}`: {why}: no token could come"
                 return p
         if not p.prompt_ids:
             p.error = f"`requests[{index}].messages`: the prompt is empty: there is nothing to generate from"
@@ -223,7 +220,7 @@ class Runner:
         m = self.engine.manifest
         if req.prompt_logprobs is None or m.prompt_logits:
             return None
-        where = f"requests[{index}].prompt_logprobs" if "prompt_logprobs" in req.own_fields else "prompt_logprobs"
+        where = req.where(index, "prompt_logprobs")
         why = ("a TensorRT plan does not give them" if m.backend == "tensorrt" else
                "it was built before they were; rebuild it with trtllm-build")
         return f"`{where}`: the engine's graph does not give every prompt position's logits ({why})"
@@ -233,7 +230,7 @@ class Runner:
         template that never reads them (or none) would leave it unaware of them."""
         calls = next((i for i, m in enumerate(req.messages) if "tool_calls" in m.fields()), None)
         if req.tools:
-            where, shown = (f"requests[{index}].tools" if "tools" in req.own_fields else "tools"), "tools"
+            where, shown = req.where(index, "tools"), "tools"
         elif calls is not None:
             where, shown = f"requests[{index}].messages[{calls}].tool_calls", "tool calls"
         else:
@@ -252,8 +249,7 @@ class Runner:
         reads it (the setting would be silently lost)."""
         if not req.chat_template_kwargs:
             return None
-        where = f"requests[{index}].chat_template_kwargs" if "chat_template_kwargs" in req.own_fields else \
-            "chat_template_kwargs"
+        where = req.where(index, "chat_template_kwargs")
         if template is None:
             return f"`{where}` needs the chat template (apply_chat_template, and an engine with one)"
         unread = [name for name in req.chat_template_kwargs if not template.reads(name)]
