@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from trtllm.builder.config import CheckpointError, Unsupported  # noqa: F401 - raised as ckpt.CheckpointError
+from trtllm.builder.config import CheckpointError, Unsupported, listed  # noqa: F401 - raised as ckpt.CheckpointError
 
 
 # What a tokenizer's vocabulary comes in (fast, SentencePiece, GPT-2 BPE, WordPiece); config files alone are not one
@@ -123,8 +123,7 @@ def check_loaded(info: dict, model_arg: str) -> None:
     for kind, what in (("missing_keys", "lacks"), ("mismatched_keys", "has other shapes for")):
         names = sorted(k if isinstance(k, str) else k[0] for k in info.get(kind) or [])
         if names:
-            shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
-            raise CheckpointError(f"--model {model_arg!r} {what} weights the model needs: {shown}")
+            raise CheckpointError(f"--model {model_arg!r} {what} weights the model needs: {listed(names)}")
 
 
 def load_gguf(path: Path) -> Checkpoint:
@@ -187,8 +186,7 @@ def check_gguf(path: Path) -> None:
     dropped = [t.name for t in reader.tensors
                if not GGUF_TENSORS.fullmatch(t.name) and not (extra and extra.fullmatch(t.name))]
     if dropped:
-        shown = ", ".join(dropped[:4]) + (f" and {len(dropped) - 4} more" if len(dropped) > 4 else "")
-        refuse(f"tensors {shown}", "the engine would compute without them")
+        refuse(f"tensors {listed(dropped, 4)}", "the engine would compute without them")
 
 
 def state_dict_numpy(model) -> dict:

@@ -48,6 +48,12 @@ class Unsupported(CheckpointError):
     names --model (export.py), where any other error is the build's own."""
 
 
+def listed(names, most: int = 5) -> str:
+    """Names for a message: the first `most`, and how many more there are."""
+    names = list(names)
+    return ", ".join(names[:most]) + (f" and {len(names) - most} more" if len(names) > most else "")
+
+
 def profile_defaults(name: str = "cpu-default") -> dict:
     """A build profile: a name from configs/ or a path to a JSON file of the same keys."""
     path = Path(name)

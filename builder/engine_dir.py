@@ -11,7 +11,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from trtllm.builder.config import BuildConfig, ConfigError
+from trtllm.builder.config import BuildConfig, ConfigError, listed
 from trtllm.runtime import files
 from trtllm.runtime import manifest as mf
 
@@ -44,9 +44,8 @@ def check_output(config: BuildConfig, out_dir: Path) -> None:
                               "move it out first")
     strangers = sorted(e.name for e in out_dir.iterdir() if not built_entry(e.name)) if engine else []
     if strangers:
-        shown = ", ".join(strangers[:5]) + (f" and {len(strangers) - 5} more" if len(strangers) > 5 else "")
         raise ConfigError(f"--output {config.output} is an earlier engine that also holds what no build writes "
-                          f"({shown}); the build replaces the whole directory: move them out first")
+                          f"({listed(strangers)}); the build replaces the whole directory: move them out first")
 
 
 # What an engine directory of any build holds: its graphs and plans, the tokenizer files

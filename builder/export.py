@@ -23,7 +23,7 @@ import onnx
 from trtllm.builder import checkpoint as ckpt
 from trtllm.builder import tensorrt as trt_build
 from trtllm.builder.architectures import spec_for, weights_of
-from trtllm.builder.config import MODERN_MIN_TRT, BuildConfig, ConfigError, parse_trt_version
+from trtllm.builder.config import MODERN_MIN_TRT, BuildConfig, ConfigError, listed, parse_trt_version
 from trtllm.builder import eagle, lora, provenance
 from trtllm.builder.decoder import DecoderWriter, attention_supported, gqa_supported, half_supported, lora_sites
 from trtllm.builder.engine_dir import (binary_sizes, check_output, in_place, readable_by_all, replace_engine,
@@ -442,9 +442,8 @@ def build(config: BuildConfig, log=print) -> Path:
         log(f"loading {config.model}")
         ck = ckpt.load(config.model)
         if ck.unused:  # (the engine is the model transformers loads, without them, and is checked against it)
-            shown = ", ".join(ck.unused[:5]) + (f" and {len(ck.unused) - 5} more" if len(ck.unused) > 5 else "")
             log(f"warning: {config.model} holds tensors its config gives the model no place for, which "
-                f"transformers drops and so does the engine: {shown}")
+                f"transformers drops and so does the engine: {listed(ck.unused)}")
         save_tokenizer(ck, tmp, config.model)  # first: a chat template that cannot be used fails the build now
         spec, max_top_k, num_positions, lowerings, eagle_section = export_onnx(ck, config, tmp, log, backend)
         manifest = make_manifest(ck, config, backend, spec, max_top_k, num_positions, lowerings, eagle_section)
