@@ -26,10 +26,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from trtllm.runtime import sampling
+from trtllm.runtime import kv_cache, sampling
 from trtllm.runtime.engine import load_engine
 from trtllm.runtime.generate import RowState, decode_inputs, prefill_inputs
-from trtllm.runtime.kv_cache import KVCacheManager
 
 VERIFY_TEXT = "The quick brown fox jumps over the lazy dog. Edge devices run language models"
 AGREEMENT_TEXT = (
@@ -70,8 +69,7 @@ def engine_logits(engine, prompt_ids: list[int], num_decode: int, forced: list[i
     params = sampling.SamplingParams(temperature=0.0, max_new_tokens=num_decode + 1)
     row = RowState(prompt_ids=prompt_ids, params=params, rng=np.random.default_rng(0), eos_ids=frozenset())
     batch = sampling.make_batch([params], engine.manifest.model.vocab_size, engine.manifest.max_top_k)
-    make_kv = getattr(engine, "make_kv_cache", KVCacheManager)  # device KV on TensorRT
-    kv = make_kv(engine.manifest.model, 1, len(prompt_ids) + num_decode)  # the last token is never fed
+    kv = kv_cache.for_engine(engine, 1, len(prompt_ids) + num_decode)  # (the last token is never fed)
     inputs, logits, chosen = prefill_inputs([row], engine.manifest.pad_token_id, batch), [], []
     vocab = engine.manifest.model.vocab_size
     for step in range(num_decode + 1):
@@ -176,12 +174,12 @@ def verify_eagle(engine, engine_dir, draft_dir, ck, ids: list[int]) -> dict:
     params = sampling.SamplingParams(temperature=0.0)
     batch = sampling.make_batch([params], m.model.vocab_size, m.max_top_k)
     row = RowState(prompt_ids=ids, params=params, rng=np.random.default_rng(0), eos_ids=frozenset())
-    base_kv = getattr(engine, "make_kv_cache", KVCacheManager)(m.model, 1, len(ids))  # device KV on TensorRT
+    base_kv = kv_cache.for_engine(engine, 1, len(ids))
     out = engine.step(prefill_inputs([row], m.pad_token_id, batch), base_kv.view(0, 1))
     want = ref.target_hidden(ids)
     drafter = Drafter.load(engine_dir, m, huge_pages=False)
     try:
-        kv = getattr(drafter.engine, "make_kv_cache", KVCacheManager)(drafter.engine.manifest.model, 1, len(ids))
+        kv = kv_cache.for_engine(drafter.engine, 1, len(ids))
         n, hidden = len(ids) - 1, want[:-1]
         got_id, got_h = drafter.engine.draft(np.array([ids[1:]]), hidden.numpy()[None], np.arange(n)[None],
                                              np.array([0]), np.array([n - 1]), kv.view(0, 1))

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from trtllm.runtime import bans, grammar, prompt_scores, sampling
+from trtllm.runtime import bans, grammar, kv_cache, prompt_scores, sampling
 from trtllm.runtime.engine import StepInputs
 from trtllm.runtime.kv_cache import KVCacheManager
 from trtllm.runtime.lora import StepAdapters
@@ -328,8 +328,7 @@ def run_many(engine, jobs: list[tuple[list[int], BeamParams]], timing=None, done
     # (trtllm-run refuses more beams than max_batch_size; ONNX Runtime's batch is not bounded by it)
     limit = rows or m.limits.max_batch_size
     slots = max([limit] + [p.num_beams for _, p in jobs])
-    make_kv = getattr(engine, "make_kv_cache", KVCacheManager)  # (TensorRT's: device memory, its plan's capacity)
-    kv = make_kv(m.model, slots, max(len(prompt) + p.max_new_tokens for prompt, p in jobs))
+    kv = kv_cache.for_engine(engine, slots, max(len(prompt) + p.max_new_tokens for prompt, p in jobs))
     widths = [Search(p, len(prompt)).width for prompt, p in jobs]
     # the graph's sampler gives each row's best log-probabilities (log_softmax of the logits, as
     # transformers' beam search takes them) where its width holds them; else they come from the logits

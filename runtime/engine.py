@@ -78,6 +78,7 @@ class Engine(Protocol):
 
     # Optional: make_kv_cache(model, num_slots, capacity) -> a KVCacheManager whose view() gives what
     # step() binds (the TensorRT backend keeps the cache in device memory). Default: host numpy.
+    # (kv_cache.for_engine asks for it.)
     # Optional: numerics, a string naming what besides the engine's files decides the low bits of its
     # results (library versions, the CPU's code path): saved system-prompt KV is keyed by it too.
     # Optional: kv_memory() -> {name: bytes}, the backend's own KV-sized buffers, for the profile's

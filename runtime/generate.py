@@ -24,9 +24,8 @@ from collections import deque
 
 import numpy as np
 
-from trtllm.runtime import prompt_scores, sampling
+from trtllm.runtime import kv_cache, prompt_scores, sampling
 from trtllm.runtime.engine import Engine, StepInputs
-from trtllm.runtime.kv_cache import KVCacheManager
 from trtllm.runtime.lora import StepAdapters
 from trtllm.runtime.rows import PrefixSource, RowState, Timing
 from trtllm.runtime.step_inputs import (GENERATION_HEADROOM, MIN_COMPUTED, adapter_key, by_width,
@@ -60,8 +59,7 @@ class Scheduler:
         start = capacity
         if self.grow_kv:
             start = min(capacity, rounded(max([len(r.prompt_ids) for r in self.pending] + [1]) + GENERATION_HEADROOM))
-        make_kv = getattr(engine, "make_kv_cache", KVCacheManager)
-        self.kv = make_kv(m.model, num_slots, start)
+        self.kv = kv_cache.for_engine(engine, num_slots, start)
         self.kv.limit = max(self.kv.capacity, capacity)
         self.timing.kv_cache_bytes = max(self.timing.kv_cache_bytes, self.kv.nbytes)
         self.batch = sampling.empty_batch(num_slots, m.model.vocab_size,

@@ -131,3 +131,9 @@ class KVCacheManager:
         n = kv.shape[2]
         for b, layer_kv in zip(self.buffers, kv):
             b[slot, :, :n] = layer_kv
+
+
+def for_engine(engine, num_slots: int, capacity: int) -> KVCacheManager:
+    """A KV cache for the engine's model: the engine's own storage where it has one (make_kv_cache:
+    TensorRT's device memory, at its plan's static capacity), else host arrays."""
+    return getattr(engine, "make_kv_cache", KVCacheManager)(engine.manifest.model, num_slots, capacity)

@@ -62,14 +62,13 @@ import time
 
 import numpy as np
 
-from trtllm.runtime import sampling
+from trtllm.runtime import kv_cache, sampling
 from trtllm.runtime.draft_policy import DraftPolicy
 from trtllm.runtime.draft_tree import TreeDecoding
 from trtllm.runtime.drafter import Drafter
 from trtllm.runtime.engine import StepInputs
 from trtllm.runtime.generate import RowState, Scheduler, adapter_key, runs, write_position
 from trtllm.runtime.step_inputs import guess_ids
-from trtllm.runtime.kv_cache import KVCacheManager
 from trtllm.runtime.spec_context import SpecContext, draft_key
 from trtllm.runtime.spec_rules import changing, exact, greedy, held, lowering, room, sampled
 
@@ -86,8 +85,7 @@ class SpecScheduler(SpecContext, TreeDecoding, Scheduler):
         super().__init__(engine, rows, num_slots, timing, on_token, prefixes, prefill_chunk)
         self.drafter, self.k = drafter.engine, drafter.step
         self.top_k, self.verify_size = drafter.top_k, drafter.verify_size  # draft trees when top_k > 1
-        make_kv = getattr(self.drafter, "make_kv_cache", KVCacheManager)  # device KV on TensorRT
-        self.dkv = make_kv(self.drafter.manifest.model, self.kv.num_slots, self.kv.capacity)
+        self.dkv = kv_cache.for_engine(self.drafter, self.kv.num_slots, self.kv.capacity)  # (device KV on TensorRT)
         self.dkv.limit = max(self.dkv.capacity, self.kv.limit)  # it grows with the base's (grow)
         self.timing.draft_kv_bytes = max(self.timing.draft_kv_bytes, self.dkv.nbytes)
         self.hidden_size = self.drafter.manifest.model.hidden_size
