@@ -195,27 +195,25 @@ def pinned_model(onnx_path: Path, profiles: list[Profile], sample_plugin: bool =
     return model.SerializeToString()
 
 
-def plugin_inputs(graph) -> int:
+def plugin_inputs(graph) -> None:
     """Cast `seen` to int32 before each trtllm::Sample node, in place: TensorRT plugins take no BOOL
-    tensor (schema.PLUGIN_SEEN), and the network's input stays BOOL. How many nodes it changed."""
+    tensor (schema.PLUGIN_SEEN), and the network's input stays BOOL."""
     from onnx import TensorProto, helper
 
     from trtllm.plugins.sample import schema
 
-    nodes, cast = [], {}
+    at, nodes, cast = schema.INPUT_NAMES.index("seen"), [], {}
     for node in graph.node:
         if node.domain == schema.DOMAIN and node.op_type == schema.OP:
-            seen = node.input[schema.INPUT_NAMES.index("seen")]
-            if seen not in cast:
+            seen = node.input[at]
+            if seen not in cast:  # (one Cast per value, before its first reader: the graph stays sorted)
                 cast[seen] = f"{seen}.{schema.PLUGIN_SEEN}"
                 nodes.append(helper.make_node("Cast", [seen], [cast[seen]], name=f"{node.name}/seen_cast",
                                               to=TensorProto.INT32))
-            node.input[schema.INPUT_NAMES.index("seen")] = cast[seen]
+            node.input[at] = cast[seen]
         nodes.append(node)
-    changed = sum(n.domain == schema.DOMAIN and n.op_type == schema.OP for n in graph.node)
     del graph.node[:]
     graph.node.extend(nodes)
-    return changed
 
 
 def build_plan(onnx_path: Path, profiles: list[Profile], *, workspace_gib: float, opt_level: int,

@@ -347,10 +347,11 @@ def sample(logits, logit_bias, penalty_bias, seen, repetition_penalty, temperatu
     values = (logits, logit_bias, penalty_bias, seen, repetition_penalty, temperature, min_p, top_k, top_p,
               uniform)
     device = torch.as_tensor(logits).device
-    seen_int = torch.as_tensor(seen).dtype == getattr(torch, schema.PLUGIN_SEEN)  # (kept as the plugin has it)
-    inputs = [torch.as_tensor(v).to(device=device, dtype=getattr(torch, schema.PLUGIN_SEEN if name == "seen" and seen_int
-                                                                  else dtype)).contiguous()
-              for v, (name, dtype, _) in zip(values, schema.INPUTS)]
+    dtypes = [dtype for _, dtype, _ in schema.INPUTS]
+    if torch.as_tensor(seen).dtype == getattr(torch, schema.PLUGIN_SEEN):  # (kept as the plugin has it)
+        dtypes[schema.INPUT_NAMES.index("seen")] = schema.PLUGIN_SEEN
+    inputs = [torch.as_tensor(v).to(device=device, dtype=getattr(torch, dtype)).contiguous()
+              for v, dtype in zip(values, dtypes)]
     num_rows = inputs[0].shape[0] if inputs[0].dim() else 0
     num_logprobs = schema.num_logprob_columns(max_top_k)
     outputs = (torch.empty(num_rows, dtype=torch.int64, device=device),

@@ -62,7 +62,7 @@ def _define(trt, trtp, torch, triton_kernel) -> None:
     def describe(logits: desc, logit_bias: desc, penalty_bias: desc, seen: desc, repetition_penalty: desc,
                  temperature: desc, min_p: desc, top_k: desc, top_p: desc, uniform: desc,
                  max_top_k: attr) -> tuple[desc, desc, desc]:
-        if seen.dtype != trt.int32:  # (a graph not cast for the plugin: builder/tensorrt.py plugin_graph)
+        if seen.dtype != trt.int32:  # (a graph not cast for the plugin: builder/tensorrt.py plugin_inputs)
             raise ValueError(f"trtllm::Sample's plugin takes seen as int32 (TensorRT plugins take no BOOL "
                              f"tensor), got {seen.dtype}")
         batch = logits.shape_expr[0]

@@ -75,6 +75,7 @@ class DeviceKVCache(KVCacheManager):
 
     def __init__(self, model: ModelShape, num_slots: int, capacity: int, stream):
         self.stream = stream
+        self.scratch = None  # (copy_positions': one slot's worth per slot, made on first use)
         super().__init__(model, num_slots, capacity)
 
     def allocate(self, shape):
@@ -122,8 +123,8 @@ class DeviceKVCache(KVCacheManager):
 
         _, heads, cap, dim = self.shape
         pitch, width, offset = cap * dim * self.itemsize, (stop - start) * dim * self.itemsize, start * dim * self.itemsize
-        if getattr(self, "scratch", None) is None or self.scratch.nbytes < len(src) * self.slot_bytes:
-            self.scratch = cuda.DeviceBuffer(len(self.owners) * self.slot_bytes)  # (one slot's worth per slot)
+        if self.scratch is None:  # (never short: at most every slot is a source)
+            self.scratch = cuda.DeviceBuffer(len(self.owners) * self.slot_bytes)
             weakref.finalize(self, self.scratch.close)
         for b in self.buffers:
             for i, s in enumerate(src):
