@@ -113,13 +113,19 @@ def engine(tiny_engine):
 PROMPTS = [[5, 17, 42, 99, 7], [30, 31, 32, 33], [200, 11, 3], [3, 200, 11, 3, 200]]
 
 
-def plain(engine, params, lookup=None, prompts=PROMPTS):
+def run_rows_of(engine, params, lookup=None, prompts=PROMPTS):
+    """The rows of `params` over `prompts` (sample i seeded i), run to their end; and the timing."""
     from trtllm.runtime.generate import RowState, Timing, run_rows
 
     rows = [RowState(prompt_ids=p, params=q, rng=np.random.default_rng(i), eos_ids=frozenset())
             for i, (p, q) in enumerate(zip(prompts, params))]
     timing = Timing()
     run_rows(engine, rows, None, timing, lookup=lookup)
+    return rows, timing
+
+
+def plain(engine, params, lookup=None, prompts=PROMPTS):
+    rows, timing = run_rows_of(engine, params, lookup, prompts)
     return [r.output_ids for r in rows], timing
 
 
@@ -232,20 +238,11 @@ def test_bans_that_leave_no_token_fail_the_row_alone(engine, standard_engine, wh
                                      allowed_token_ids=frozenset({77}), bad_words=((77, 77),)) for t in (0, 0.7)]
     free = sampling.SamplingParams(temperature=0, max_new_tokens=8)
     for lookup in (None, ngram.Lookup(3, adaptive=False)):
-        rows = run_rows_of(eng, [stuck[0], free, stuck[1]], lookup)
+        rows, _ = run_rows_of(eng, [stuck[0], free, stuck[1]], lookup)
         for row in (rows[0], rows[2]):
             assert row.output_ids == [77] and row.finish_reason == "error", (row.output_ids, row.error)
             assert row.error == ("no token can come at its token 2: allowed_token_ids and bad_words ban every one")
         assert rows[1].finish_reason == "max-length" and len(rows[1].output_ids) == 8
-
-
-def run_rows_of(engine, params, lookup=None):
-    from trtllm.runtime.generate import RowState, Timing, run_rows
-
-    rows = [RowState(prompt_ids=p, params=q, rng=np.random.default_rng(i), eos_ids=frozenset())
-            for i, (p, q) in enumerate(zip(PROMPTS, params))]
-    run_rows(engine, rows, None, Timing(), lookup=lookup)
-    return rows
 
 
 def test_bans_that_leave_no_first_token_are_refused_before_the_run(run_cli, tiny_engine):
