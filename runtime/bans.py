@@ -89,23 +89,72 @@ def banned_next(seqs: Sequence[Sequence[int]], output: Sequence[int], end: int |
     return out
 
 
-def dead_end(allowed: frozenset[int] | None, seqs: Sequence[Sequence[int]], held: frozenset[int]) -> str | None:
+def dead_end(allowed: frozenset[int] | None, seqs: Sequence[Sequence[int]], held: frozenset[int],
+             repeated: frozenset[int] = frozenset()) -> str | None:
     """Why a request's bans leave it no first token, whatever the model says (`held`: what
-    min_new_tokens holds back then, EOS and stop_token_ids; empty without it), or None."""
+    min_new_tokens holds back then, EOS and stop_token_ids; empty without it; `repeated`: what
+    no_repeat_ngram_size bans first), or None."""
     if allowed is None:
         return None
     left = allowed - {seq[0] for seq in seqs if len(seq) == 1}
     if not left:
         return "every id of allowed_token_ids is a one-token word of bad_words"
+    left -= repeated
+    if not left:
+        return "the ids allowed_token_ids leaves would each repeat an n-gram of the prompt (no_repeat_ngram_size)"
     if not left - held:
         return ("the ids allowed_token_ids leaves are all EOS or stop_token_ids, which min_new_tokens holds back "
                 "for its first tokens")
     return None
 
 
-def banning(allowed: bool, words: bool, held: bool, guided: bool) -> str:
+def banning(allowed: bool, words: bool, held: bool, guided: bool, repeats: bool = False) -> str:
     """The settings of a request that ban tokens, named for an error where they ban every one."""
     names = [name for name, on in (("allowed_token_ids", allowed), ("bad_words", words),
+                                   ("no_repeat_ngram_size", repeats),
                                    ("min_new_tokens (EOS and stop_token_ids held back)", held),
                                    ("guided_decoding's grammar", guided)) if on]
     return " and ".join(names) or "its biases"
+
+
+class RepeatedNgrams:
+    """transformers' `no_repeat_ngram_size` n (NoRepeatNGramLogitsProcessor): no n tokens in a row
+    twice. The tokens it bans next are those that followed the last n-1 tokens before, anywhere in
+    the prompt and the answer (n = 1: every token either holds). An index of each (n-1)-gram's next
+    tokens, kept up to date as the row takes tokens (`add`), so a token costs one lookup, not a scan."""
+
+    def __init__(self, n: int, prompt: Sequence[int]):
+        self.n, self.tokens, self.next = n, list(prompt), {}
+        for end in range(n, len(self.tokens) + 1):
+            self._index(end)
+        self.before: frozenset[int] = frozenset()  # what it banned before the last token added
+
+    def _index(self, end: int) -> None:
+        self.next.setdefault(tuple(self.tokens[end - self.n:end - 1]), set()).add(self.tokens[end - 1])
+
+    def add(self, token: int) -> None:
+        """A token the row took."""
+        self.before = self.banned()
+        self.tokens.append(token)
+        if len(self.tokens) >= self.n:
+            self._index(len(self.tokens))
+
+    def banned(self) -> frozenset[int]:
+        """The ids it bans next (a copy: the index grows with the next token)."""
+        if len(self.tokens) < self.n:  # (no n-gram yet)
+            return frozenset()
+        return frozenset(self.next.get(tuple(self.tokens[len(self.tokens) - self.n + 1:]), ()))
+
+    def banned_after(self, output: Sequence[int]) -> set[int]:
+        """The ids banned after the tokens so far and then `output`, the index left as it is (a beam's
+        answer, on an index of its prompt alone: the answer's own n-grams are looked for in it)."""
+        tokens = self.tokens + list(output)
+        if len(tokens) < self.n:
+            return set()
+        key = tokens[len(tokens) - self.n + 1:]
+        out = set(self.next.get(tuple(key), ()))
+        m = self.n - 1  # (the answer's n-grams: those ending in it, before the last position)
+        for end in range(max(len(self.tokens), m), len(tokens)):
+            if tokens[end - m:end] == key:
+                out.add(tokens[end])
+        return out

@@ -17,8 +17,8 @@ share (run_many); beam requests run before the others (runtime/beam_requests.py)
 holds the EOS ids back (-inf) for that many tokens, as transformers' MinNewTokensLengthLogitsProcessor
 does; stop_token_ids end a hypothesis as EOS does (transformers' eos_token_id list), and stop strings
 as its StopStringCriteria does; logit_bias and repetition_penalty shape the log-probabilities as its
-processors do (shaped_candidates), and a guide's grammar, bad_words and allowed_token_ids mask each
-beam's next tokens. A search
+processors do (shaped_candidates), and a guide's grammar, bad_words, allowed_token_ids and
+no_repeat_ngram_size mask each beam's next tokens. A search
 runs its request's LoRA adapter, restores its saved KV, and keeps its tokens' logprobs where asked.
 What else a request may set does not apply (runtime/beam_rules.py refuses it).
 """
@@ -80,11 +80,14 @@ class BeamParams:
     # beam may not take next (transformers' bad_words_ids; its answer's tokens only, as plain decoding's)
     bad_words: tuple = ()
     allowed_token_ids: frozenset[int] | None = None
+    # transformers' no_repeat_ngram_size: -inf on each beam's tokens that would repeat n of its
+    # prompt's and answer's tokens in a row (NoRepeatNGramLogitsProcessor; runtime/bans.py)
+    no_repeat_ngram_size: int = 0
 
     @property
     def shaped(self) -> bool:
         return (bool(self.logit_bias) or self.repetition_penalty != 1.0 or self.guide is not None
-                or bool(self.bad_words) or self.allowed_token_ids is not None)
+                or bool(self.bad_words) or self.allowed_token_ids is not None or self.no_repeat_ngram_size > 0)
 
 
 def best(values: np.ndarray, k: int) -> np.ndarray:
@@ -106,17 +109,20 @@ def top_candidates(logits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def shaped_candidates(logits: np.ndarray, p: BeamParams, prompt: list[int], running: list, k: int,
-                      guides: list | None = None):
+                      guides: list | None = None, repeats: bans.RepeatedNgrams | None = None):
     """top_candidates of log-probabilities shaped as transformers' beam search shapes them (its
     logits processors take log_softmax of the logits): logit_bias added (SequenceBiasLogitsProcessor),
     then repetition_penalty over the prompt's and each beam's tokens (RepetitionPenaltyLogitsProcessor:
     a log-probability below 0 times it, else over it); `guides`: each beam's matcher, -inf where its
-    grammar allows no token (a beam without one, ended or out of its grammar, allows none). With what
+    grammar allows no token (a beam without one, ended or out of its grammar, allows none); `repeats`,
+    no_repeat_ngram_size's index of the prompt (made here where not given). With what
     the answer's logprobs report, as plain decoding's do (log_softmax of the logits plus logit_bias and
     the grammar's -inf, before penalties): (scores, ids, reported) for Search.advance."""
     ids = np.array([t for t, _ in p.logit_bias], np.int64)
     bias = np.array([b for _, b in p.logit_bias], np.float32)
     scores, found_ids, full = [], [], []
+    if p.no_repeat_ngram_size and repeats is None:
+        repeats = bans.RepeatedNgrams(p.no_repeat_ngram_size, prompt)
     if guides is not None:
         # (together, on llguidance's threads; the rows' own: the prompt step's one row stands for all beams)
         grammar.fill([g for g in guides[:len(logits)] if g is not None and g.stale])
@@ -135,6 +141,8 @@ def shaped_candidates(logits: np.ndarray, p: BeamParams, prompt: list[int], runn
             shaped[np.setdiff1d(np.arange(len(row)), np.fromiter(p.allowed_token_ids, np.int64))] = -np.inf
         if p.bad_words:
             shaped[list(bans.banned_next(p.bad_words, beam))] = -np.inf
+        if repeats is not None:
+            shaped[list(repeats.banned_after(beam))] = -np.inf
         values, top = sampling.top_logprobs(shaped, k)
         scores.append(values)
         found_ids.append(top)
@@ -191,7 +199,8 @@ class Search:
                                      "the model overflowed")
         if np.isneginf(first).all():  # (a beam its bans leave no token loses to the others, as in transformers)
             held = self.generated < p.min_new_tokens and bool(p.eos_ids)
-            why = bans.banning(p.allowed_token_ids is not None, bool(p.bad_words), held, p.guide is not None)
+            why = bans.banning(p.allowed_token_ids is not None, bool(p.bad_words), held, p.guide is not None,
+                               p.no_repeat_ngram_size > 0)
             raise ValueError(f"no token can come at token {self.generated + 1} of any beam: {why} ban every one")
         if k and reported is None:  # (before min_new_tokens; copied: the engine may write its next
             reported = scores[:, :k].copy(), ids[:, :k].copy(), None  # step's outputs over these)
@@ -273,6 +282,8 @@ class Beams:
         self.prompt, self.p, self.base = prompt_ids, p, base
         self.search = Search(p, len(prompt_ids))
         self.held: list[tuple | None] = [()] + [None] * (p.num_beams - 1)  # per slot: the tokens in its KV
+        n = p.no_repeat_ngram_size  # (its prompt's n-grams, indexed once: each step looks up every beam's)
+        self.repeats = bans.RepeatedNgrams(n, prompt_ids) if n else None
         self.found = None  # each running beam's best next tokens (scores, ids): what advance takes
 
     @property
@@ -349,7 +360,8 @@ def run_many(engine, jobs: list[tuple[list[int], BeamParams]], timing=None, done
             return out.top_logprobs[rows, :widths[job]], out.top_logprob_ids[rows, :widths[job]]
         if p.shaped:
             search = active[job].search
-            return shaped_candidates(out.logits[rows], p, prompt, search.running, widths[job], search.guides)
+            return shaped_candidates(out.logits[rows], p, prompt, search.running, widths[job], search.guides,
+                                     active[job].repeats)
         return top_candidates(out.logits[rows], widths[job])
 
     def timed(kind: str, inputs: StepInputs, start: int, stop: int, logits: bool):

@@ -23,7 +23,7 @@ def params_for(req, row, capacity: int) -> BeamParams:
     """A request's beam search as its first sample's row has it: the EOS ids it stops at (none with
     ignore_eos) and its stop_token_ids, min_new_tokens, and max_generate_length within the KV
     capacity (as plain decoding caps it); its adapter, num_logprobs, stop strings, logit_bias,
-    repetition_penalty, bad_words and allowed_token_ids."""
+    repetition_penalty, bad_words, allowed_token_ids and no_repeat_ngram_size."""
     return BeamParams(num_beams=req.num_beams, max_new_tokens=max(0, min(row.max_new_tokens,
                                                                            capacity + 1 - len(row.prompt_ids))),
                       eos_ids=row.banned, min_new_tokens=req.min_new_tokens, length_penalty=req.length_penalty,
@@ -33,7 +33,8 @@ def params_for(req, row, capacity: int) -> BeamParams:
                       prefix_ids=row.prefix_ids, save_prefix=row.save_prefix, context_lookup=row.context_lookup,
                       context_commit=row.context_commit, scorer=row if row.prompt_logprobs is not None else None,
                       guide=row.guide, bad_words=row.params.bad_words,
-                      allowed_token_ids=row.params.allowed_token_ids)
+                      allowed_token_ids=row.params.allowed_token_ids,
+                      no_repeat_ngram_size=row.params.no_repeat_ngram_size)
 
 
 def replay(row, hypothesis: Hypothesis, max_new_tokens: int) -> None:

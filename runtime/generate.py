@@ -111,7 +111,7 @@ class Scheduler:
             self.pending.popleft()
             row.slot = row.batch_idx = slot
             self.active[slot] = row
-            sampling.set_row(self.batch, slot, row.params, m.max_top_k, row.prompt_ids, row.banned)
+            sampling.set_row(self.batch, slot, row.params, m.max_top_k, row.prompt_ids, row.banned, row.repeats)
             self.guide(slot, row)
             if row.prompt_logprobs is None:  # (a scored prompt is computed whole: runtime/prompt_scores.py)
                 self.restore_prefix(row)
@@ -233,7 +233,7 @@ class Scheduler:
                 self.on_token(row)
             return
         sampling.penalize(self.batch, slot, row.params, row.counts, token, len(row.output_ids), row.banned,
-                          row.output_ids)
+                          row.output_ids, row.repeats)
         if row.guide is not None and not row.finish_reason:
             self.guarded(row, lambda: row.guide.consume(token))  # (its next mask: fill_masks, with the others)
         if row.finish_reason:

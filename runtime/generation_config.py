@@ -12,8 +12,8 @@ def model_defaults(config: dict) -> dict:
     """The sampling transformers' generate() does with a model's generation_config.json, as
     top-level settings: greedy unless it sets do_sample, else its temperature; its top_k and top_p
     (GenerationConfig's 50 and 1.0 where it has none) and min_p, which a request that samples
-    itself (its own temperature) uses too; its repetition_penalty, its max_new_tokens as
-    max_generate_length, and without do_sample its num_beams, length_penalty and early_stopping
+    itself (its own temperature) uses too; its repetition_penalty and no_repeat_ngram_size, its
+    max_new_tokens as max_generate_length, and without do_sample its num_beams, length_penalty and early_stopping
     (beam search)."""
     def given(name: str, default=None):
         return config[name] if config.get(name) is not None else default
@@ -24,7 +24,7 @@ def model_defaults(config: dict) -> dict:
         _fail("temperature", "above 0 with `do_sample` (greedy is do_sample false)", 0)
     out = {"temperature": given("temperature", 1.0) if given("do_sample") else 0,
            "top_k": given("top_k", 50), "top_p": given("top_p", 1.0)}
-    for ours in ("min_p", "repetition_penalty", "max_generate_length"):
+    for ours in ("min_p", "repetition_penalty", "no_repeat_ngram_size", "max_generate_length"):
         name = CONFIG_NAMES.get(ours, ours)
         if given(name) is not None:
             out[ours] = config[name]

@@ -121,6 +121,7 @@ class Request:
     bad_words: tuple[str, ...] = ()  # vLLM's: words it may not generate (runtime/bans.py)
     allowed_token_ids: tuple[int, ...] | None = None  # vLLM's: the only ids it may generate (None: all)
     truncate_prompt_tokens: int | None = None  # vLLM's: keep the prompt's last k tokens (-1: max_input_len)
+    no_repeat_ngram_size: int = 0  # transformers' (and TensorRT-LLM's): no n tokens in a row twice; 0 = off
     # the keys it gave itself (parse_input fills it): errors about others name the top level's path
     own_fields: frozenset[str] = field(default=frozenset(), compare=False)
 
@@ -178,6 +179,7 @@ class InputFile:
     bad_words: tuple[str, ...] = ()
     allowed_token_ids: tuple[int, ...] | None = None
     truncate_prompt_tokens: int | None = None
+    no_repeat_ngram_size: int = 0
     # isolate=True (trtllm-run): request index -> the error of a request that could not be read;
     # its entry in `requests` is a placeholder that never runs (PLACEHOLDER)
     invalid: dict[int, str] = field(default_factory=dict)
@@ -289,6 +291,7 @@ _SAMPLING_FIELDS = {
     "bad_words": bans.parse_bad_words,
     "allowed_token_ids": bans.parse_allowed,
     "truncate_prompt_tokens": lambda v, p: None if v is None else _truncation(v, p),
+    "no_repeat_ngram_size": _number(int, 0),
 }
 _SAMPLING_FIELDS_READ = {**_SAMPLING_FIELDS, "sampling_seed": _SAMPLING_FIELDS["seed"]}
 

@@ -45,12 +45,15 @@ class RowState:
     slot: int | None = None
     batch_idx: int | None = None      # the slot it was admitted to (the output's batch_idx); `slot` may move
     banned: frozenset[int] = field(init=False)  # what min_new_tokens holds back: EOS, stop token ids
+    repeats: bans.RepeatedNgrams | None = field(init=False)  # no_repeat_ngram_size's n-grams so far
 
     def __post_init__(self):
         if self.max_new_tokens < 0:
             self.max_new_tokens = self.params.max_new_tokens
         eos = frozenset() if self.params.ignore_eos else self.eos_ids
         self.banned = eos | frozenset(self.params.stop_token_ids)  # once: it is read every token
+        n = self.params.no_repeat_ngram_size
+        self.repeats = bans.RepeatedNgrams(n, self.prompt_ids) if n else None
 
     def uniforms(self, n: int) -> list:
         """The row's next n random numbers (float32): those a verification drew and did not use,
@@ -70,6 +73,8 @@ class RowState:
         """`top`: the step's top logprobs (values, ids); `chosen`: the token's own logprob, with them."""
         self.output_ids.append(token_id)
         self.counts[token_id] = self.counts.get(token_id, 0) + 1
+        if self.repeats is not None:
+            self.repeats.add(token_id)
         if top is not None:
             self.logprobs.append(top)
             self.token_logprobs.append(chosen)
@@ -114,7 +119,8 @@ class RowState:
         p = self.params
         return (f"no token can come at its token {len(self.output_ids) + 1}: "
                 + bans.banning(p.allowed_token_ids is not None, bool(p.bad_words),
-                               p.min_new_tokens > len(self.output_ids) and bool(self.banned), self.guide is not None)
+                               p.min_new_tokens > len(self.output_ids) and bool(self.banned), self.guide is not None,
+                               p.no_repeat_ngram_size > 0)
                 + " ban every one")
 
     def overflow_causes(self) -> str:

@@ -74,7 +74,8 @@ def sampling_params(req: fmt.Request, bad_words: tuple[tuple[int, ...], ...] = (
         frequency_penalty=req.frequency_penalty, logit_bias=req.logit_bias, num_logprobs=req.num_logprobs,
         max_new_tokens=req.max_generate_length, min_new_tokens=req.min_new_tokens, stop=req.stop,
         stop_token_ids=req.stop_token_ids, ignore_eos=req.ignore_eos, bad_words=bad_words,
-        allowed_token_ids=None if req.allowed_token_ids is None else frozenset(req.allowed_token_ids))
+        allowed_token_ids=None if req.allowed_token_ids is None else frozenset(req.allowed_token_ids),
+        no_repeat_ngram_size=req.no_repeat_ngram_size)
 
 
 def sample_rng(req: fmt.Request, sample_idx: int) -> np.random.Generator:
@@ -203,7 +204,9 @@ class Runner:
                 return p
         if req.allowed_token_ids is not None:  # (bans that leave no first token, whatever the model says)
             held = frozenset(req.stop_token_ids) | frozenset(() if req.ignore_eos else self.engine.manifest.eos_token_ids)
-            why = bans.dead_end(frozenset(req.allowed_token_ids), p.bad_words, held if req.min_new_tokens else frozenset())
+            n = req.no_repeat_ngram_size
+            why = bans.dead_end(frozenset(req.allowed_token_ids), p.bad_words, held if req.min_new_tokens else frozenset(),
+                                bans.RepeatedNgrams(n, p.prompt_ids).banned() if n else frozenset())
             if why:
                 p.error = f"`{req.where(index, 'allowed_token_ids')}`: {why}: no token could come"
                 return p
@@ -283,6 +286,10 @@ class Runner:
             smp.prepared.guide = None  # (each row has its copy: the checked one's mask goes)
         owner = {id(smp.row): smp for smp in live}
         sent = dict.fromkeys(owner, 0)  # ids handed out per row
+        # per row with a reasoning_parser: its lines' text split as it comes (not a forced call's: no thought)
+        splits = {id(smp.row): reasoning.Stream(req.reasoning_parser, smp.prepared.thinking) for smp in live
+                  if (req := smp.prepared.request).reasoning_parser
+                  and not (req.tool_choice is not None and req.tool_choice.forced)}
 
         def on_token(row: RowState) -> None:
             if row.error is not None:
@@ -292,6 +299,12 @@ class Runner:
                 start, sent[id(row)] = sent[id(row)], len(row.output_ids)
                 ids, smp = row.output_ids[start:], owner[id(row)]
                 fields = self.streamed_logprobs(smp, start) if ids else {}
+                if id(row) in splits:  # (content read for tool calls is not this text's: it comes whole)
+                    thought, said = splits[id(row)].push(chunk, final=row.finish_reason is not None)
+                    req = smp.prepared.request
+                    fields.update({"reasoning_text": thought} if thought else {})
+                    fields.update({"content_text": said} if said and not tool_calls.reads_calls(
+                        req.tool_choice, req.tool_call_parser, req.tools) else {})
                 if row.finish_reason not in (None, "cancelled"):
                     fields.update(self.message_of(smp))
                 on_text(smp, chunk, row.finish_reason, ids, *([fields] if fields else []))

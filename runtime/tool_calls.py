@@ -268,12 +268,19 @@ ALPHANUMERIC = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
 _READERS = {"hermes": _hermes, "llama3_json": _llama3_json, "mistral": _mistral, "pythonic": _pythonic}
 
 
+def reads_calls(tc: ToolChoice | None, parser: str | None, tools: tuple[dict, ...] | None) -> bool:
+    """Whether an answer is read for tool calls (`extract`): with tools, unless tool_choice is
+    "none", where calls are forced or a parser reads them."""
+    return bool(tools) and not (tc is not None and tc.mode == "none") and (
+        parser is not None or tc is not None and tc.forced)
+
+
 def extract(text: str, tc: ToolChoice | None, parser: str | None, tools: tuple[dict, ...] | None,
             key: str, parallel: bool = True) -> tuple[str | None, list[dict]] | None:
     """(content, calls) read from an answer, or None where it holds no calls (or none were asked
     for). `key` makes the calls' ids (it should name the request and sample): the same answer to
     the same request gets the same ids, so a run's output is reproducible."""
-    if not tools or (tc is not None and tc.mode == "none"):
+    if not reads_calls(tc, parser, tools):
         return None
     if tc is not None and tc.mode == "function":
         try:
@@ -282,8 +289,6 @@ def extract(text: str, tc: ToolChoice | None, parser: str | None, tools: tuple[d
             return None
     elif tc is not None and tc.mode == "required":
         got = _required(text)
-    elif parser is None:
-        return None
     else:
         got = _READERS[parser](text)
     if got is None or not got[1] or None in got[1]:

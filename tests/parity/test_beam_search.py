@@ -27,10 +27,12 @@ NEW = 12
 
 def hf_beams(model, prompt, p: beam.BeamParams, stops=(), tokenizer=None) -> list[tuple[tuple[int, ...], float]]:
     """transformers' hypotheses and scores; `stops`: its stop_strings (with the HF `tokenizer`); a
-    logit_bias as its sequence_bias, repetition_penalty, and bad_words as its bad_words_ids."""
+    logit_bias as its sequence_bias, repetition_penalty, bad_words as its bad_words_ids, and
+    no_repeat_ngram_size."""
     shaping = dict(repetition_penalty=p.repetition_penalty,
                    sequence_bias={(t,): b for t, b in p.logit_bias} or None,
-                   bad_words_ids=[list(seq) for seq in p.bad_words] or None)
+                   bad_words_ids=[list(seq) for seq in p.bad_words] or None,
+                   no_repeat_ngram_size=p.no_repeat_ngram_size or None)
     eos = sorted(p.eos_ids) or None
     with torch.no_grad():
         out = model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.int64),
@@ -243,6 +245,26 @@ def test_bad_words_are_transformers_bad_words_ids(llama, monkeypatch):
     found = beam.run(engine, PROMPTS[0], beam.BeamParams(3, NEW, eos, allowed_token_ids=allowed))
     assert all(set(h.tokens) <= allowed for h in found)
     monkeypatch.setattr(beam.bans, "banned_next", lambda seqs, output: {s[0] for s in seqs if len(s) == 1})
+    assert not all(same(beam.run(engine, prompt, p), hf_beams(model, prompt, p)) for prompt, p in jobs)
+
+
+def test_no_repeat_ngram_size_is_transformers(llama, monkeypatch):
+    """no_repeat_ngram_size masks each beam's tokens that would repeat n of its prompt's and its own
+    tokens in a row, as transformers' NoRepeatNGramLogitsProcessor does (the prompts end with the
+    start of their best beam, which the search goes on with). The wrong variant, the prompt's
+    n-grams not counted, must miss."""
+    model, engine, _ = llama
+    eos, jobs, changed = frozenset(), [], 0
+    for prompt in PROMPTS:
+        best = beam.run(engine, prompt, beam.BeamParams(3, NEW, eos))[0].tokens
+        jobs += [(prompt + list(best[:6]), beam.BeamParams(3, NEW, eos, no_repeat_ngram_size=n)) for n in (1, 2, 3)]
+    for prompt, p in jobs:
+        found = beam.run(engine, prompt, p)
+        assert same(found, hf_beams(model, prompt, p)), (prompt, p.no_repeat_ngram_size)
+        changed += found != beam.run(engine, prompt, dataclasses.replace(p, no_repeat_ngram_size=0))
+    assert changed >= 3
+    real = beam.bans.RepeatedNgrams.__init__
+    monkeypatch.setattr(beam.bans.RepeatedNgrams, "__init__", lambda self, n, prompt: real(self, n, ()))
     assert not all(same(beam.run(engine, prompt, p), hf_beams(model, prompt, p)) for prompt, p in jobs)
 
 

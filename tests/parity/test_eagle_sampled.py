@@ -281,6 +281,29 @@ def test_rows_with_bad_words_speculate(trained, monkeypatch):
     assert generate(engine_dir, prompts, 3, params=params)[0] != plain
 
 
+def test_rows_with_no_repeat_ngram_size_speculate(trained, monkeypatch):
+    """no_repeat_ngram_size changes the row's bans with each token, as bad words of several tokens
+    do: such rows are walked on the host, greedy and sampled, and the answers are plain decoding's.
+    The first three prompts are followed by the start of the model's answer to them and their own
+    last tokens again: the model would answer as before, and the n-grams are the prompt's. The
+    wrong variant, the graph's tokens under the cycle's first bans at every position, differs."""
+    _, _, engine_dir, prompts = trained
+    params = [SamplingParams(temperature=t, top_k=0, top_p=1.0, max_new_tokens=24, no_repeat_ngram_size=n)
+              for t, n in zip((0, 0, 0.02, 0, 0.05, 0.1), (2, 2, 2, 2, 3, 1))][:len(prompts)]
+    unbanned = [dataclasses.replace(p, no_repeat_ngram_size=0) for p in params]
+    free, _ = generate(engine_dir, prompts, 0, params=unbanned)
+    prompts = [p + f[:8] + p[-16:] if i < 3 else p for i, (p, f) in enumerate(zip(prompts, free))]
+    free, _ = generate(engine_dir, prompts, 0, params=unbanned)
+    plain, _ = generate(engine_dir, prompts, 0, params=params)
+    assert sum(a != b for a, b in zip(plain, free)) >= 2
+    for step, top_k in ((3, 1), (2, 2)):
+        got, timing = generate(engine_dir, prompts, step, top_k, params=params)
+        assert got == plain and timing.accepted_tokens >= 8
+    monkeypatch.setattr(SpecScheduler, "walked_token", lambda self, slot, node, out, uniform=None:
+                        int(out.verify_ids[slot, node]))
+    assert generate(engine_dir, prompts, 3, params=params)[0] != plain
+
+
 def test_rows_with_logprobs_speculate(trained, monkeypatch):
     """Rows that ask for logprobs speculate (eagle.logprobs: the graph gives the verified positions'
     logits): each emitted token's top logprobs are those at the position it was drawn at, as plain

@@ -147,7 +147,7 @@ def test_bad_words_match_transformers(engine, model, monkeypatch):
                                 bad_words_ids=[list(s) for s in p.bad_words], eos_token_id=None)
         assert ids == hf[0, len(prompt):].tolist() and ids != f
     # the wrong variant: bans never follow the answer (the first token's, one-token words', at every step)
-    monkeypatch.setattr(sampling.SamplingParams, "changing_bans", property(lambda self: False))
+    monkeypatch.setattr(bans, "banned_next", lambda seqs, output, end=None: {s[0] for s in seqs if len(s) == 1})
     assert plain(engine, params)[0] != got
 
 

@@ -161,6 +161,8 @@ def test_threads_past_a_few_per_core_are_refused(tmp_path):
      {"temperature": 0, "top_k": 50, "top_p": 1.0, "num_beams": 4, "length_penalty": 0.8, "early_stopping": True}),
     ({"num_beams": 1, "length_penalty": 0.8}, {"temperature": 0, "top_k": 50, "top_p": 1.0}),
     ({"do_sample": True, "num_beams": 4}, {"temperature": 1.0, "top_k": 50, "top_p": 1.0}),  # (beam sampling: not here)
+    ({"no_repeat_ngram_size": 3, "num_beams": 2},  # (generate() applies it to any decoding)
+     {"temperature": 0, "top_k": 50, "top_p": 1.0, "no_repeat_ngram_size": 3, "num_beams": 2}),
 ])
 def test_model_defaults_are_what_generate_does_with_the_config(config, want):
     assert model_defaults(config) == want

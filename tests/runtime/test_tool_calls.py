@@ -174,6 +174,35 @@ def test_reasoning_parsers_split_as_vllms_do(parser, text, thinking, want):
     assert split(text, parser, thinking) == want
 
 
+@pytest.mark.parametrize("parser, thinking", [("qwen3", True), ("qwen3", False), ("deepseek_r1", False)])
+def test_a_streamed_split_gives_the_whole_ones_pieces(parser, thinking):
+    """Each answer cut into pieces every way (up to 3 cuts): the pieces of reasoning and of content
+    concatenate to split's fields of the whole, a tag cut anywhere (pieces without one take a short
+    way: the field the text's end is in); and a line gives no part of a tag that may still come (the
+    wrong variant, a piece split as it stands, gives "hm</thi")."""
+    import itertools
+
+    from trtllm.runtime.reasoning import Stream, split
+
+    answers = ["a b</think>\n\nHi <b>", "<think>a<b</think>c</th", "still < thinking", "</think>x", "hm</think>",
+               "</think><think>b c>t"]
+    if parser == "qwen3" and not thinking:  # (its split makes text before a `</think>` reasoning: see Stream)
+        answers = ["Hi <b> there", "a < b <thin", "", "<think>a b</think>\n\nHi", "<think>\ncut <short"]
+    for text in answers:
+        for cuts in itertools.chain.from_iterable(itertools.combinations(range(len(text) + 1), k) for k in range(4)):
+            bounds = [0, *cuts, len(text)]
+            stream, got = Stream(parser, thinking), ["", ""]
+            for i, (a, b) in enumerate(zip(bounds, bounds[1:])):
+                for field, piece in enumerate(stream.push(text[a:b], final=i == len(bounds) - 2)):
+                    got[field] += piece
+            assert (got[0] or None, got[1] or None) == split(text, parser, thinking), (text, cuts)
+    stream = Stream("deepseek_r1")
+    assert stream.push("hm</thi") == ("hm", "") and stream.push("nk>ok") == ("", "ok")
+    moved = Stream("qwen3")  # thinking off: content, until a `</think>` makes it reasoning
+    assert moved.push("a b") == ("", "a b") and moved.push("</think>c") == ("", "")
+    assert moved.push("d", final=True) == ("", "")  # (the last line's whole fields say what it is)
+
+
 def test_parallel_tool_calls_false_allows_one_call():
     """OpenAI's parallel_tool_calls false: "required" takes one call at most, a parser keeps the first."""
     one = json.loads(forced_guide(ToolChoice("required"), TOOLS, "t", "tools", parallel=False).text)

@@ -106,6 +106,19 @@ def test_tool_choice_forces_calls_and_a_parser_reads_them(run_cli, tmp_path, tin
     read = out3["responses"][0]
     assert read["output_text"] == thought and read["reasoning_content"] == "hm" and read["content"] == "Hi."
     assert _calls(read) == [("wx", {"c": "R"})]
+    # streamed: each line's text split into reasoning and content as it comes; a request whose
+    # answer is read for tool calls gets no content pieces (a call's text is not content: it comes
+    # whole with the last line)
+    streamed, _ = run_cli(engine, {"temperature": 0, "max_generate_length": 96, "tools": WEATHER, "requests": [
+        {"messages": ask, "guided_decoding": {"regex": re.escape(thought)}},
+        {"messages": ask, "guided_decoding": {"regex": re.escape(thought)}, "tool_choice": "none"}]},
+        "--reasoning-parser", "qwen3", "--tool-call-parser", "hermes", "--stream")
+    lines = [json.loads(line) for line in streamed.output.splitlines() if line.startswith("{")]
+    for idx, content in ((0, ""), (1, "Hi." + CALL)):
+        own = [line for line in lines if line["request_idx"] == idx]
+        assert "".join(line.get("reasoning_text", "") for line in own) == "hm" and len(own) > 3, own
+        assert "".join(line.get("content_text", "") for line in own) == content
+        assert own[-1]["reasoning_content"] == "hm"
     _, out2 = run_cli(engine, {"temperature": 0, "max_generate_length": 96, "tools": WEATHER, "requests": [
         {}, {}, {}, {"messages": ask, "tool_call_parser": "pythonic",
                      "guided_decoding": {"regex": "Hi\\." + re.escape(CALL)}}]},
@@ -204,3 +217,4 @@ def test_a_template_that_shows_tools_from_xml_tools_takes_the_requests_tools(run
     given, unshown = out["responses"]
     assert given["formatted_complete_request"] == "W?2" and _calls(given) == [("wx", {"c": "R"})]
     assert unshown["error"] == "`tools`: the engine's chat template does not show tools to the model"
+
