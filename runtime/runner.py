@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from trtllm.runtime import input_format as fmt
-from trtllm.runtime import bans, beam_requests, interrupt, reasoning, tool_calls
+from trtllm.runtime import beam_requests, interrupt, reasoning, request_checks, tool_calls
 from trtllm.runtime.chat_template import ChatTemplate, ChatTemplateError, raw_prompt
 from trtllm.runtime.engine import Engine
 from trtllm.runtime.generate import PrefixSource, RowState, Timing, run_rows
@@ -83,14 +83,6 @@ def sample_rng(req: fmt.Request, sample_idx: int) -> np.random.Generator:
     return np.random.default_rng(None if req.seed is None else req.seed + sample_idx)
 
 
-def unsupported(req: fmt.Request, index: int) -> str | None:
-    """Features this engine cannot serve yet: the request fails, its neighbours do not."""
-    media = req.media_types()
-    if media:
-        return f"`requests[{index}].messages` contain {', '.join(sorted(media))} content: this engine is text-only"
-    return None
-
-
 class Runner:
     def __init__(self, engine: Engine, tokenizer: Tokenizer, template: ChatTemplate | None,
                  prefixes: PrefixSource | None = None, drafter=None, prefill_chunk: int = 0):
@@ -145,8 +137,9 @@ class Runner:
 
     def prepared(self, index: int, req: fmt.Request, inp: fmt.InputFile, adapters: AdapterSet) -> Prepared:
         p = Prepared(index, req)
-        p.error = (unsupported(req, index) or self.unscored(req, index)
-                   or beam_requests.unrunnable(req, index, self.engine.manifest) or self.check_guide(p))
+        m = self.engine.manifest
+        p.error = (request_checks.unsupported(req, index) or request_checks.unscored(req, index, m)
+                   or beam_requests.unrunnable(req, index, m) or self.check_guide(p))
         if p.error:
             return p
         if req.lora_name is not None:
@@ -162,7 +155,8 @@ class Runner:
         template = self.template.for_tools(req.tools) if templated else None
         parts = templated and template.takes_parts
         messages = [{"role": m.role, "content": m.parts() if parts else m.text(), **m.fields()} for m in req.messages]
-        p.error = self.unseen_tools(index, req, template) or self.unread_kwargs(index, req, template)
+        p.error = request_checks.unseen_tools(index, req, template) or request_checks.unread_kwargs(index, req,
+                                                                                                   template)
         if p.error:
             return p
         try:
@@ -196,67 +190,8 @@ class Runner:
             prefix = self.tokenizer.encode(fp.system_prefix, add_special_tokens=not templated)
             if p.prompt_ids[: len(prefix)] == prefix:
                 p.prefix_ids = tuple(prefix)
-        if req.bad_words:
-            p.bad_words, p.error = bans.request_sequences(req.bad_words, self.tokenizer.encode,
-                                                          self.engine.manifest.model.vocab_size,
-                                                          req.where(index, "bad_words"))
-            if p.error:
-                return p
-        if req.allowed_token_ids is not None:  # (bans that leave no first token, whatever the model says)
-            held = frozenset(req.stop_token_ids) | frozenset(() if req.ignore_eos else self.engine.manifest.eos_token_ids)
-            n = req.no_repeat_ngram_size
-            why = bans.dead_end(frozenset(req.allowed_token_ids), p.bad_words, held if req.min_new_tokens else frozenset(),
-                                bans.RepeatedNgrams(n, p.prompt_ids).banned() if n else frozenset())
-            if why:
-                p.error = f"`{req.where(index, 'allowed_token_ids')}`: {why}: no token could come"
-                return p
-        if not p.prompt_ids:
-            p.error = f"`requests[{index}].messages`: the prompt is empty: there is nothing to generate from"
-        elif len(p.prompt_ids) > limit:
-            p.error = (f"`requests[{index}].messages`: the prompt is {len(p.prompt_ids)} tokens, more than the engine's max_input_len "
-                       f"{limit}; rebuild with a larger --max-input-len, or give truncate_prompt_tokens (-1 keeps its "
-                       "last max_input_len)")
+        p.error = request_checks.token_problem(p, req, index, self.tokenizer, self.engine.manifest)
         return p
-
-    def unscored(self, req: fmt.Request, index: int) -> str | None:
-        """Why the engine cannot give the request's prompt_logprobs: its graph has no verify_logits."""
-        m = self.engine.manifest
-        if req.prompt_logprobs is None or m.prompt_logits:
-            return None
-        where = req.where(index, "prompt_logprobs")
-        why = ("a TensorRT plan does not give them" if m.backend == "tensorrt" else
-               "it was built before they were; rebuild it with trtllm-build")
-        return f"`{where}`: the engine's graph does not give every prompt position's logits ({why})"
-
-    def unseen_tools(self, index: int, req: fmt.Request, template) -> str | None:
-        """Why the request's tools, or its messages' tool calls, would not reach the model: a
-        template that never reads them (or none) would leave it unaware of them."""
-        calls = next((i for i, m in enumerate(req.messages) if "tool_calls" in m.fields()), None)
-        if req.tools:
-            where, shown = req.where(index, "tools"), "tools"
-        elif calls is not None:
-            where, shown = f"requests[{index}].messages[{calls}].tool_calls", "tool calls"
-        else:
-            return None
-        if template is None:
-            return f"`{where}` needs the chat template (apply_chat_template, and an engine with one)"
-        if shown == "tools" and not template.reads("tools") and any(
-                name.endswith("_tools") and template.reads(name) for name in req.chat_template_kwargs or ()):
-            return None  # (SmolLM3's template shows its tools from xml_tools: the request gives them there)
-        if not (template.reads("tools") if shown == "tools" else "tool_calls" in template.source):
-            return f"`{where}`: the engine's chat template does not show {shown} to the model"
-        return None
-
-    def unread_kwargs(self, index: int, req: fmt.Request, template) -> str | None:
-        """Why a chat_template_kwargs variable would change nothing: no template, or one that never
-        reads it (the setting would be silently lost)."""
-        if not req.chat_template_kwargs:
-            return None
-        where = req.where(index, "chat_template_kwargs")
-        if template is None:
-            return f"`{where}` needs the chat template (apply_chat_template, and an engine with one)"
-        unread = [name for name in req.chat_template_kwargs if not template.reads(name)]
-        return f"`{where}.{unread[0]}`: the engine's chat template does not read it" if unread else None
 
     def make_row(self, smp: Sample) -> RowState:
         p, req = smp.prepared, smp.prepared.request

@@ -155,22 +155,21 @@ def test_bad_values_name_their_path(tiny_engine, run_cli):
 
 def test_an_engine_without_prompt_logits_fails_the_request_alone(tiny_engine):
     import dataclasses
-    from types import SimpleNamespace
 
     from trtllm.runtime import input_format as fmt
     from trtllm.runtime.engine import load_engine
-    from trtllm.runtime.runner import Runner
+    from trtllm.runtime.request_checks import unscored
 
     engine = load_engine(tiny_engine("llama"))
     inp = fmt.parse_input({"prompt_logprobs": 1, "requests": [chat("hi"), chat("hi", prompt_logprobs=2),
                                                               chat("hi", prompt_logprobs=None)]})
     for backend, why in (("onnxruntime", "rebuild it"), ("tensorrt", "TensorRT plan")):
         m = dataclasses.replace(engine.manifest, prompt_logits=False, backend=backend)
-        runner = Runner(SimpleNamespace(manifest=m), None, None)
-        assert [runner.unscored(r, i) and runner.unscored(r, i).split(":")[0] for i, r in enumerate(inp.requests)] \
-            == ["`prompt_logprobs`", "`requests[1].prompt_logprobs`", None]  # (its null: off)
-        assert why in runner.unscored(inp.requests[0], 0)
-    assert Runner(engine, None, None).unscored(inp.requests[0], 0) is None
+        why_not = [unscored(r, i, m) for i, r in enumerate(inp.requests)]
+        assert [w and w.split(":")[0] for w in why_not] == ["`prompt_logprobs`", "`requests[1].prompt_logprobs`",
+                                                             None]  # (its null: off)
+        assert why in why_not[0]
+    assert unscored(inp.requests[0], 0, engine.manifest) is None
 
 
 def test_manifest_prompt_logits_must_be_a_bool(tiny_engine, tmp_path):

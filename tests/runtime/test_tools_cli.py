@@ -10,8 +10,7 @@ import shutil
 import pytest
 
 from tests.runtime.test_chat_template import QWEN_TOOLS
-from trtllm.runtime import tool_calls
-from trtllm.runtime.runner import Runner
+from trtllm.runtime import request_checks, tool_calls
 
 pytest.importorskip("torch")  # the tiny engine is built with the builder
 transformers = pytest.importorskip("transformers")
@@ -164,7 +163,7 @@ def test_tool_choice_errors_name_the_field_and_fail_alone(run_cli, tmp_path, tin
         {"messages": ask}, {"messages": ask, "tool_choice": "required"}]})
     assert result.exit_code == 1 and "error" not in out["responses"][0]
     assert out["responses"][1]["error"].startswith("`requests[1]` could not be read (ZeroDivisionError: boom; a bug")
-    monkeypatch.setattr(Runner, "unread_kwargs", broken)  # and so does one in preparing it
+    monkeypatch.setattr(request_checks, "unread_kwargs", broken)  # and so does one in preparing it
     result, out = run_cli(engine, {"temperature": 0, "max_generate_length": 4, "requests": [{"messages": ask}]})
     assert result.exit_code == 1 and out["responses"][0]["error"].startswith(
         "`requests[0]` could not be prepared (ZeroDivisionError: boom; a bug")

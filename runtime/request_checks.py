@@ -1,0 +1,84 @@
+"""Why one request cannot run on this engine, found while it is prepared (runtime/runner.py): each
+reason fails that request alone, naming the setting's JSON path. Checks that need no engine are
+the input file's (runtime/input_format.py); those of ids against the vocabulary, input_checks.py."""
+from __future__ import annotations
+
+from trtllm.runtime import bans
+from trtllm.runtime import input_format as fmt
+
+
+def unsupported(req: fmt.Request, index: int) -> str | None:
+    """Features this engine cannot serve yet: the request fails, its neighbours do not."""
+    media = req.media_types()
+    if media:
+        return f"`requests[{index}].messages` contain {', '.join(sorted(media))} content: this engine is text-only"
+    return None
+
+
+def unscored(req: fmt.Request, index: int, manifest) -> str | None:
+    """Why the engine cannot give the request's prompt_logprobs: its graph has no verify_logits."""
+    m = manifest
+    if req.prompt_logprobs is None or m.prompt_logits:
+        return None
+    where = req.where(index, "prompt_logprobs")
+    why = ("a TensorRT plan does not give them" if m.backend == "tensorrt" else
+           "it was built before they were; rebuild it with trtllm-build")
+    return f"`{where}`: the engine's graph does not give every prompt position's logits ({why})"
+
+
+def unseen_tools(index: int, req: fmt.Request, template) -> str | None:
+    """Why the request's tools, or its messages' tool calls, would not reach the model: a
+    template that never reads them (or none) would leave it unaware of them."""
+    calls = next((i for i, m in enumerate(req.messages) if "tool_calls" in m.fields()), None)
+    if req.tools:
+        where, shown = req.where(index, "tools"), "tools"
+    elif calls is not None:
+        where, shown = f"requests[{index}].messages[{calls}].tool_calls", "tool calls"
+    else:
+        return None
+    if template is None:
+        return f"`{where}` needs the chat template (apply_chat_template, and an engine with one)"
+    if shown == "tools" and not template.reads("tools") and any(
+            name.endswith("_tools") and template.reads(name) for name in req.chat_template_kwargs or ()):
+        return None  # (SmolLM3's template shows its tools from xml_tools: the request gives them there)
+    if not (template.reads("tools") if shown == "tools" else "tool_calls" in template.source):
+        return f"`{where}`: the engine's chat template does not show {shown} to the model"
+    return None
+
+
+def unread_kwargs(index: int, req: fmt.Request, template) -> str | None:
+    """Why a chat_template_kwargs variable would change nothing: no template, or one that never
+    reads it (the setting would be silently lost)."""
+    if not req.chat_template_kwargs:
+        return None
+    where = req.where(index, "chat_template_kwargs")
+    if template is None:
+        return f"`{where}` needs the chat template (apply_chat_template, and an engine with one)"
+    unread = [name for name in req.chat_template_kwargs if not template.reads(name)]
+    return f"`{where}.{unread[0]}`: the engine's chat template does not read it" if unread else None
+
+
+def token_problem(p, req: fmt.Request, index: int, tokenizer, manifest) -> str | None:
+    """Why the request cannot run with its prompt tokenized (`p`: runner.Prepared, whose bad_words
+    it sets): a bad word with a token past the vocabulary, bans that leave no first token whatever
+    the model says, a prompt empty or longer than max_input_len."""
+    if req.bad_words:
+        p.bad_words, error = bans.request_sequences(req.bad_words, tokenizer.encode, manifest.model.vocab_size,
+                                                    req.where(index, "bad_words"))
+        if error:
+            return error
+    if req.allowed_token_ids is not None:
+        held = frozenset(req.stop_token_ids) | frozenset(() if req.ignore_eos else manifest.eos_token_ids)
+        n = req.no_repeat_ngram_size
+        why = bans.dead_end(frozenset(req.allowed_token_ids), p.bad_words, held if req.min_new_tokens else frozenset(),
+                            bans.RepeatedNgrams(n, p.prompt_ids).banned() if n else frozenset())
+        if why:
+            return f"`{req.where(index, 'allowed_token_ids')}`: {why}: no token could come"
+    limit = manifest.limits.max_input_len
+    if not p.prompt_ids:
+        return f"`requests[{index}].messages`: the prompt is empty: there is nothing to generate from"
+    if len(p.prompt_ids) > limit:
+        return (f"`requests[{index}].messages`: the prompt is {len(p.prompt_ids)} tokens, more than the engine's "
+                f"max_input_len {limit}; rebuild with a larger --max-input-len, or give truncate_prompt_tokens (-1 "
+                "keeps its last max_input_len)")
+    return None
