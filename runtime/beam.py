@@ -48,6 +48,15 @@ class Hypothesis:
     logprobs: tuple = field(default=(), compare=False)
 
 
+class Hypotheses(list):
+    """A search's hypotheses, best first (placeholders, `finished` False, where fewer finished);
+    `stuck`: why it ended early, its running beams' bans leaving no token (None: it did not)."""
+
+    def __init__(self, items=(), stuck: str | None = None):
+        super().__init__(items)
+        self.stuck = stuck
+
+
 @dataclass(frozen=True)
 class BeamParams:
     num_beams: int
@@ -186,6 +195,7 @@ class Search:
         self.finished_scores = np.full(b, MASK, np.float32)
         self.is_finished = np.zeros(b, bool)
         self.improvable = True  # transformers' is_early_stop_heuristic_unsatisfied
+        self.stuck: str | None = None  # why it ended where every running beam's bans left no token
 
     def advance(self, scores: np.ndarray, ids: np.ndarray, reported=None) -> np.ndarray | None:
         """scores, ids [B, width]: each running beam's best next tokens' log-probabilities, largest
@@ -198,10 +208,10 @@ class Search:
             raise FloatingPointError(f"the logits were not finite (NaN or infinite) at token {self.generated + 1}: "
                                      "the model overflowed")
         if np.isneginf(first).all():  # (a beam its bans leave no token loses to the others, as in transformers)
-            held = self.generated < p.min_new_tokens and bool(p.eos_ids)
-            why = bans.banning(p.allowed_token_ids is not None, bool(p.bad_words), held, p.guide is not None,
-                               p.no_repeat_ngram_size > 0)
-            raise ValueError(f"no token can come at token {self.generated + 1} of any beam: {why} ban every one")
+            self.stuck = self.dead_end(self.generated + 1)
+            if not self.is_finished.any():
+                raise ValueError(self.stuck)
+            return None  # (transformers' search ends there too: no running beam can beat a finished one)
         if k and reported is None:  # (before min_new_tokens; copied: the engine may write its next
             reported = scores[:, :k].copy(), ids[:, :k].copy(), None  # step's outputs over these)
             raw = scores.copy()
@@ -256,7 +266,20 @@ class Search:
         worst = np.where(self.is_finished, self.finished_scores.min(), MASK)
         self.improvable = self.improvable and bool(np.any(possible > worst))
         going = self.improvable and not (self.is_finished.all() and p.early_stopping is True) and not ends.all()
+        if not going and not ends.all() and np.isneginf(top_scores[~ends]).all():
+            self.stuck = self.dead_end(length, ending=True)  # (what ended it: every continuation that goes on is banned)
         return parents[nxt] if going else None
+
+    def dead_end(self, token: int, ending: bool = False) -> str:
+        """Why no running beam can go on at `token`: the settings whose bans leave it none (`ending`:
+        none but tokens that end a hypothesis)."""
+        p = self.p
+        held = token <= p.min_new_tokens and bool(p.eos_ids)
+        why = bans.banning(p.allowed_token_ids is not None, bool(p.bad_words), held, p.guide is not None,
+                           p.no_repeat_ngram_size > 0)
+        if ending:
+            return f"no beam can go on at token {token}: {why} ban every token that does not end it"
+        return f"no token can come at token {token} of any beam: {why} ban every one"
 
     def guided(self, parent: int, token: int, score: float):
         """The matcher of a continuation of `parent` by `token` (None where its score is -inf: a token
@@ -269,10 +292,10 @@ class Search:
             raise ValueError(f"guided decoding: {why}")
         return matcher
 
-    def hypotheses(self) -> list[Hypothesis]:
-        return [Hypothesis(tokens, float(score), bool(done), trace)
-                for tokens, score, done, trace in zip(self.finished, self.finished_scores, self.is_finished,
-                                                      self.finished_trace)]
+    def hypotheses(self) -> Hypotheses:
+        return Hypotheses([Hypothesis(tokens, float(score), bool(done), trace)
+                           for tokens, score, done, trace in zip(self.finished, self.finished_scores, self.is_finished,
+                                                                 self.finished_trace)], stuck=self.stuck)
 
 
 class Beams:

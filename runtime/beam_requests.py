@@ -70,7 +70,10 @@ def answer(engine, samples: list, timing, on_token=None, rows: int | None = None
         group, params = groups[job], jobs[job][1]
         if not isinstance(found, Exception) and params.max_new_tokens and \
                 not all(h.finished for h in found[:len(group)]):  # (max_generate_length 0: empty answers)
-            found = Unfinished(f"it ended with {sum(h.finished for h in found)} finished hypotheses, fewer than "
+            ended = sum(h.finished for h in found)
+            found = Unfinished(f"{found.stuck}, and {ended} hypotheses had finished, fewer than the request's n "
+                               f"{len(group)}" if found.stuck else
+                               f"it ended with {ended} finished hypotheses, fewer than "
                                f"the request's n {len(group)}: no running beam could beat an empty placeholder's "
                                f"score under length_penalty {params.length_penalty} (transformers gives up there "
                                "too, and answers with the placeholders); use a length_penalty nearer 0 or a "

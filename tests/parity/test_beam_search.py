@@ -27,12 +27,16 @@ NEW = 12
 
 def hf_beams(model, prompt, p: beam.BeamParams, stops=(), tokenizer=None) -> list[tuple[tuple[int, ...], float]]:
     """transformers' hypotheses and scores; `stops`: its stop_strings (with the HF `tokenizer`); a
-    logit_bias as its sequence_bias, repetition_penalty, bad_words as its bad_words_ids, and
-    no_repeat_ngram_size."""
+    logit_bias as its sequence_bias, repetition_penalty, bad_words as its bad_words_ids,
+    no_repeat_ngram_size, and allowed_token_ids as a processor of -inf elsewhere."""
     shaping = dict(repetition_penalty=p.repetition_penalty,
                    sequence_bias={(t,): b for t, b in p.logit_bias} or None,
                    bad_words_ids=[list(seq) for seq in p.bad_words] or None,
                    no_repeat_ngram_size=p.no_repeat_ngram_size or None)
+    if p.allowed_token_ids is not None:
+        banned = torch.ones(model.config.vocab_size, dtype=torch.bool)
+        banned[sorted(p.allowed_token_ids)] = False
+        shaping["logits_processor"] = transformers.LogitsProcessorList([lambda ids, x: x.masked_fill(banned, -torch.inf)])
     eos = sorted(p.eos_ids) or None
     with torch.no_grad():
         out = model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.int64),
@@ -266,6 +270,20 @@ def test_no_repeat_ngram_size_is_transformers(llama, monkeypatch):
     real = beam.bans.RepeatedNgrams.__init__
     monkeypatch.setattr(beam.bans.RepeatedNgrams, "__init__", lambda self, n, prompt: real(self, n, ()))
     assert not all(same(beam.run(engine, prompt, p), hf_beams(model, prompt, p)) for prompt, p in jobs)
+
+
+def test_beams_that_bans_leave_no_token_end_the_search_with_what_finished(llama, run_cli, tiny_engine):
+    """Every running beam banned from every token (allowed_token_ids whose pairs no_repeat_ngram_size
+    2 uses up): transformers' search ends there with its finished hypotheses, and so does ours,
+    token-exact; it failed the whole request before. With fewer finished than n, the request fails
+    saying so."""
+    model, engine, _ = llama
+    prompt = [5, 100, 2, 7, 101, 2]
+    p = beam.BeamParams(2, 12, frozenset({2}), allowed_token_ids=frozenset({100, 101, 2}), no_repeat_ngram_size=2)
+    ours, theirs = beam.run(engine, prompt, p), hf_beams(model, prompt, p)
+    assert ours.stuck and ours[0].finished and (ours[0].tokens, ) == theirs[0][:1]
+    assert np.isclose(ours[0].score, theirs[0][1], atol=1e-4, rtol=0)
+    assert not ours[1].finished
 
 
 def test_searches_share_at_most_rows_and_a_wider_one_runs_alone(llama):

@@ -304,3 +304,26 @@ def test_a_generation_config_with_beams_under_sampling_defaults_model(tiny_engin
     written = {"temperature": 0, "max_generate_length": 5, "num_beams": 3}
     _, want = run_cli(engine, {**written, "requests": payload["requests"]})
     assert out["responses"] == want["responses"]
+
+
+def test_a_search_whose_bans_leave_too_few_hypotheses_fails_saying_why(tiny_engine, run_cli):
+    """no_repeat_ngram_size 1 within allowed_token_ids that are the prompt's tokens and EOS: EOS alone
+    can come, one hypothesis finishes; n 2 fails, naming the bans (not the length_penalty); n 1 is
+    answered with it."""
+    import json as _json
+
+    from trtllm.runtime.engine import load_engine
+    from trtllm.runtime.tokenizer import Tokenizer
+
+    engine = tiny_engine("llama")
+    manifest = load_engine(engine).manifest
+    allowed = sorted(set(Tokenizer.from_engine_dir(engine, manifest.files).encode("ab ab")) | {manifest.eos_token_ids[0]})
+    ask = {"messages": [{"role": "user", "content": "ab ab"}], "num_beams": 2, "allowed_token_ids": allowed,
+           "no_repeat_ngram_size": 1}
+    _, out = run_cli(engine, {"apply_chat_template": False, "temperature": 0, "max_generate_length": 12,
+                              "requests": [{**ask, "n": 2}, ask]})
+    failed, _, answered = out["responses"]
+    assert failed["error"] == ("beam search failed (no beam can go on at token 1: allowed_token_ids and "
+                               "no_repeat_ngram_size ban every token that does not end it, and 1 hypotheses had "
+                               "finished, fewer than the request's n 2)"), _json.dumps(failed)
+    assert answered["output_ids"] == list(manifest.eos_token_ids[:1]) and answered["finish_reason"] == "end-of-sequence"
