@@ -206,7 +206,7 @@ def _logit_bias(value: object, path: str) -> dict[int, float]:
 def _top_p(value: object, path: str) -> float:
     top_p = _number(float, 0, 1, lo_open=True)(value, path)
     if struct.unpack("f", struct.pack("f", top_p))[0] == 0:  # the sampler computes in float32
-        _fail(path, "a finite number in (0, 1]", value, "it is 0 in float32; 1e-30 or more keeps the top token")
+        _fail(path, "a finite number in (0, 1]", value, "it is 0 in float32; any value that is not keeps the top token")
     return top_p
 
 
@@ -355,6 +355,10 @@ _REQUEST_FIELDS = {
 
 def _request(value: object, path: str, top: InputFile, bundled: tuple[str, ...] | None = ()) -> Request:
     value = _without_nulls(value, NULL_IS_UNSET)
+    for key in value if isinstance(value, dict) else ():
+        if key in _TOP_FIELDS and key not in _REQUEST_FIELDS:  # not an unknown key: a misplaced one
+            _fail(f"{path}.{key}", f"set at the top level (`{key}`: it applies to the whole file)", value[key],
+                  shown="it in a request")
     f = _resolve_aliases(_fields(value, path, _REQUEST_FIELDS, "a request", ("messages",)), path)
     loras = {**dict.fromkeys(bundled or (), ""), **top.available_lora_weights}
     lora_name = f.get("lora_name")

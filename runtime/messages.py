@@ -246,7 +246,7 @@ def parse_template_kwargs(value: object, path: str) -> dict:
         if not isinstance(key, str) or not _NAME.fullmatch(key):
             _fail(at, "keyed by a template variable's name (letters, digits, _)", key)
         if key in RESERVED_KWARGS:
-            _fail(at, f"not one of {_one_of(RESERVED_KWARGS)} (the runtime passes those; `{key}` has a field "
+            _fail(at, f"a variable other than {_one_of(RESERVED_KWARGS)} (the runtime passes those; `{key}` has a field "
                   "of its own or none)", key)
         check_value(item, at)
     _sized([obj], path, "chat template variables")

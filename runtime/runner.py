@@ -63,7 +63,8 @@ def stage_profile(name: str, seconds: list[float]) -> dict:
              "median_ms": np.median(ms), "p95_ms": np.percentile(ms, 95), "p99_ms": np.percentile(ms, 99),
              "stddev_ms": ms.std()}
     return {"stage_id": name, "total_runs": len(ms), "total_gpu_time_ms": float(ms.sum()),
-            "average_time_per_run_ms": float(ms.mean()), "gpu_time_stats": {k: float(v) for k, v in stats.items()}}
+            "average_time_per_run_ms": float(ms.mean()),
+            "gpu_time_stats": {k: v if k == "count" else float(v) for k, v in stats.items()}}
 
 
 def sampling_params(req: fmt.Request, bad_words: tuple[tuple[int, ...], ...] = ()) -> SamplingParams:

@@ -213,6 +213,9 @@ MESSAGE = '{"messages": [{"role": "user", "content": "hi"}]}'
      "must be a token id below the engine's vocabulary size, got an integer of 5000 digits"),
     # a request's own field at the top level is named as such, not "did you mean 'top_p'?"
     ('{"stop": ["x"], "requests": [%s]}' % MESSAGE, "stop", "must be set in each request (`requests[i].stop`)"),
+    # and a top-level setting in a request (it was "did you mean 'chat_template_kwargs'?")
+    ('{"requests": [{"messages": [], "apply_chat_template": false}]}', "requests[0].apply_chat_template",
+     "must be set at the top level (`apply_chat_template`: it applies to the whole file), got it in a request"),
 ])
 def test_pathological_files_are_usage_errors(tmp_path, text, path, needle):
     with pytest.raises(InputError) as info:

@@ -195,7 +195,7 @@ def test_chat_template_kwargs_reach_the_template_as_transformers_passes_them(run
         ask, tokenize=False, add_generation_prompt=True, reasoning_effort="high", opts={"n": 2}) == "Hi[high]3"
     assert second["formatted_complete_request"] == "Hi<think>"  # its own replace the file's
     assert unread["error"] == "`requests[2].chat_template_kwargs.effort`: the engine's chat template does not read it"
-    assert reserved["error"].startswith("`requests[3].chat_template_kwargs.tools` must be not one of")
+    assert reserved["error"].startswith("`requests[3].chat_template_kwargs.tools` must be a variable other than")
     result, out = run_cli(engine, {"apply_chat_template": False, "chat_template_kwargs": {"opts": 1},
                                    "requests": [{"messages": ask}]})
     assert out["responses"][0]["error"].startswith("`chat_template_kwargs` needs the chat template")
