@@ -349,14 +349,30 @@ __attribute__((target("avx512f,avx512bw,avx512vl,fma"))) void attend_block_avx51
     const float peak_value = _mm512_reduce_max_ps(top);
     // a part whose slots the tree all hides: weights 0, not exp(NaN)
     const __m512 peak = _mm512_set1_ps(tree && peak_value == -INFINITY ? 0.0f : peak_value);
+    // A tree row whose slots from the tree's start on are in this part (and its window before them)
+    // sums its exponentials in the lanes a plain step would: the k-th slot it sees from the tree's
+    // start as slot start + k, where its path's KV lies once accepted. Its sum is then a plain step's
+    // to the bit (the lanes' order of adds and their reduction alike), and so its token: speculation
+    // gives plain decoding's. (A tree across a part's end is summed by its slots: its last bits may
+    // differ.)
+    const bool as_plain = tree && lo[r] <= tree->start && tree->start < t[r];
+    const int64_t vector_end = as_plain ? tree->start : t[r];
     for (int64_t j = lo[r] / 16 * 16; j < t[r]; j += 16) {
       const __mmask16 valid = lanes(j, lo[r], t[r]);
       const __m512 x = _mm512_maskz_loadu_ps(valid, row + j);
       __m512 e = exp_avx512(_mm512_sub_ps(x, peak));
       if (tree)  // hidden: exactly 0 (exp_avx512 clamps at -88)
         e = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, _mm512_set1_ps(-INFINITY), _CMP_NEQ_UQ), e);
-      sum = _mm512_add_ps(sum, _mm512_maskz_mov_ps(valid, e));
+      if (j < vector_end) sum = _mm512_add_ps(sum, _mm512_maskz_mov_ps(lanes(j, lo[r], vector_end), e));
       _mm512_mask_storeu_ps(row + j, valid, e);
+    }
+    if (as_plain) {
+      alignas(64) float lane[16];
+      _mm512_store_ps(lane, sum);
+      int64_t k = 0;
+      for (int64_t j = tree->start; j < t[r]; ++j)
+        if (tree->row[r][j - tree->start]) lane[(tree->start + k++) % 16] += row[j];
+      sum = _mm512_load_ps(lane);
     }
     const float total = _mm512_reduce_add_ps(sum);
     if (stats) {

@@ -177,3 +177,42 @@ def test_a_hidden_nodes_nan_value_reaches_no_one_it_is_hidden_from(d):
             assert np.isnan(y[0, s]).all()
         else:
             np.testing.assert_allclose(y[0, s], want[0, s], atol=1e-5)
+
+
+def node_as_plain_step(shape, t, seed=0):
+    """Each node of row 0's tree (a tree step, float32 cache) against a plain one-token step at its
+    position over the KV its path would hold once accepted (the tree step's own keys and values of
+    its ancestors, moved to the slots after the tree's start): how many nodes' outputs differ at all."""
+    b, s, h, hk, d, c, past = shape
+    feeds = tree_case(shape, t, seed=seed)
+    y, key, value = run_op(session(op_model(h, hk, d, tree=True)), feeds, F32, h * d)
+    plain = session(op_model(h, hk, d))
+    start = int(feeds["write_index"][0]) + s - t
+    mask = feeds["tree_mask"][0, s - t:]
+    differ = 0
+    for node in range(t):
+        path = [j for j in range(node) if mask[node, j]]  # its ancestors, in depth order
+        at = start + len(path)
+        k, v = np.zeros((1, hk, c, d), np.float32), np.zeros((1, hk, c, d), np.float32)
+        k[0, :, :start], v[0, :, :start] = key[0, :, :start], value[0, :, :start]
+        k[0, :, start:at], v[0, :, start:at] = key[0, :, [start + j for j in path]].transpose(1, 0, 2), \
+            value[0, :, [start + j for j in path]].transpose(1, 0, 2)
+        one = {"qkv": feeds["qkv"][:1, s - t + node:s - t + node + 1], "past_key": k, "past_value": v,
+               "write_index": np.array([at]), "last_index": np.array([0]), "position_ids": np.array([[at]]),
+               "cos": feeds["cos"], "sin": feeds["sin"]}
+        assert int(feeds["position_ids"][0, s - t + node]) == at
+        differ += not np.array_equal(plain.run(None, one)[0][0, 0], y[0, s - t + node])
+    return differ
+
+
+@pytest.mark.parametrize("shape, t", [((1, 9, 4, 2, 64, 80, [21]), 9), ((1, 7, 4, 1, 64, 64, [30]), 6),
+                                      ((1, 7, 4, 2, 24, 48, [5]), 6),
+                                      # past 512 slots (parts): the tree within the second part
+                                      ((1, 9, 4, 1, 64, 1100, [700]), 8)])
+def test_a_tree_node_is_a_plain_step_to_the_bit(shape, t):
+    """What speculation's promise rests on (its tokens are plain decoding's, near-ties too): a
+    node's output is a plain step's at its position bit for bit, its exponentials summed in the lanes
+    a plain step sums them in (they summed by the tree's slots: a review's near-tie flipped a greedy
+    token at 1e-6). Head size 64 (the AVX-512 path) and 24 (the portable one)."""
+    assert node_as_plain_step(shape, t) == 0
+    assert node_as_plain_step(shape, t, seed=5) == 0

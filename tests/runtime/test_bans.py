@@ -178,24 +178,31 @@ def test_ngram_speculation_gives_plain_answers(engine, monkeypatch):
     the step's first bans, must give other tokens."""
     import dataclasses
 
-    from tests.runtime.test_ngram_walked import oracle
-    from trtllm.runtime import ngram
-
     prompts = [list(range(30, 52)) * 2, [5, 17, 42, 99, 7] * 5, [3, 200, 11, 3, 200], [7, 7, 7, 7]]
     base = [sampling.SamplingParams(temperature=t, top_k=0, top_p=1.0, max_new_tokens=30) for t in (0, 0.3, 0, 0.5)]
     free, _ = plain(engine, base, prompts=prompts)
     params = [dataclasses.replace(p, bad_words=banned_pairs(f)) for p, f in zip(base, free)]
     want, _ = plain(engine, params, prompts=prompts)
     assert all(w != f for w, f in zip(want, free))
+    got = lookup_gives(engine, params, want, free, prompts, monkeypatch)
+    assert got[0] == want[0] and got[2] == want[2]  # (greedy rows are walked anyway)
+    assert got[1] != want[1] or got[3] != want[3]
+
+
+def lookup_gives(engine, params, want, free, prompts, monkeypatch) -> list[list[int]]:
+    """--spec-ngram gives plain decoding's answers `want`: guesses from them, and from the answers
+    `free` without the bans (that break them), and the real lookup. Returns the wrong variant's
+    answers: the guesses from `free` with no row walked on the host (the graph's draws at every
+    position, under a step's first bans)."""
+    from tests.runtime.test_ngram_walked import oracle
+    from trtllm.runtime import ngram
+
     for texts in ([p + w for p, w in zip(prompts, want)], [p + f for p, f in zip(prompts, free)]):
         got, timing = plain(engine, params, oracle(texts, 4), prompts=prompts)
         assert got == want and timing.drafted_tokens > 0
-    got, timing = plain(engine, params, ngram.Lookup(3, adaptive=False), prompts=prompts)
-    assert got == want
+    assert plain(engine, params, ngram.Lookup(3, adaptive=False), prompts=prompts)[0] == want
     monkeypatch.setattr(ngram.NgramScheduler, "walked", lambda self, row: False)
-    got, _ = plain(engine, params, oracle([p + f for p, f in zip(prompts, free)], 4), prompts=prompts)
-    assert got[0] == want[0] and got[2] == want[2]  # (greedy rows are walked anyway)
-    assert got[1] != want[1] or got[3] != want[3]
+    return plain(engine, params, oracle([p + f for p, f in zip(prompts, free)], 4), prompts=prompts)[0]
 
 
 def test_through_trtllm_run(run_cli, tiny_engine):

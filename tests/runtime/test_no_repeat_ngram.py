@@ -10,7 +10,8 @@ import random
 import numpy as np
 import pytest
 
-from tests.runtime.test_bans import chat, engine, model, plain, run_rows_of, standard_engine  # noqa: F401 (fixtures)
+from tests.runtime.test_bans import (chat, engine, lookup_gives, model, plain, run_rows_of,  # noqa: F401 (fixtures)
+                                     standard_engine)
 from trtllm.runtime import bans, sampling
 from trtllm.runtime.input_format import InputError, parse_input
 
@@ -104,22 +105,13 @@ def test_speculation_gives_plain_answers(engine, prompts, monkeypatch):
     """The bans change with every token (SamplingParams.changing_bans): --spec-ngram walks such rows
     on the host, greedy and sampled (seeded: the same draws), as plain decoding bans. The wrong
     variant, a sampled row's positions drawn by the graph under the step's first bans, differs."""
-    from tests.runtime.test_ngram_walked import oracle
-    from trtllm.runtime import ngram
-
     params = [sampling.SamplingParams(temperature=t, top_k=0, top_p=1.0, max_new_tokens=30, no_repeat_ngram_size=n)
               for t, n in ((0, 1), (0.3, 2), (0, 2), (0.5, 1))]
     want, _ = plain(engine, params, prompts=prompts)
     free, _ = plain(engine, [sampling.SamplingParams(temperature=t, top_k=0, top_p=1.0, max_new_tokens=30)
                              for t in (0, 0.3, 0, 0.5)], prompts=prompts)
     assert sum(w != f for w, f in zip(want, free)) >= 3
-    for texts in ([p + w for p, w in zip(prompts, want)], [p + f for p, f in zip(prompts, free)]):
-        got, timing = plain(engine, params, oracle(texts, 4), prompts=prompts)
-        assert got == want and timing.drafted_tokens > 0
-    got, _ = plain(engine, params, ngram.Lookup(3, adaptive=False), prompts=prompts)
-    assert got == want
-    monkeypatch.setattr(ngram.NgramScheduler, "walked", lambda self, row: False)
-    got, _ = plain(engine, params, oracle([p + f for p, f in zip(prompts, free)], 4), prompts=prompts)
+    got = lookup_gives(engine, params, want, free, prompts, monkeypatch)
     assert got[1] != want[1] or got[3] != want[3]
 
 
