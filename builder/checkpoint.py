@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -129,15 +130,61 @@ def check_loaded(info: dict, model_arg: str) -> None:
 def load_gguf(path: Path) -> Checkpoint:
     """transformers dequantizes the GGUF to float32; the loaded model then behaves as a normal one.
     What its loader drops is refused first: the build would check the engine against the same
-    wrong model and pass."""
+    wrong model and pass; Llama 3's RoPE scaling, which it drops too, is given back (llama3_rope)."""
     with unreadable(str(path)):
-        check_gguf(path)
+        factors = check_gguf(path)
         tok = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
         model, info = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32,
                                                            output_loading_info=True)
         check_loaded(info, str(path))
+        if factors is not None:
+            llama3_rope(model, factors, str(path))
     return Checkpoint(model.eval(), tok, {"model": str(path.resolve()), "kind": "gguf",
                                           "sha256": weights_hash([path])})
+
+
+# Llama 3's RoPE scaling as llama.cpp's converter writes it (rope_freqs.weight) is recognised by its
+# factors: these are the (low_freq_factor, high_freq_factor, original_max_position_embeddings) tried
+# (Llama 3.1's and 3.2's are the first), with the largest factor as `factor`.
+LLAMA3_ROPE = [(1.0, 4.0, 8192), (1.0, 4.0, 4096), (1.0, 4.0, 16384), (1.0, 4.0, 32768), (1.0, 2.0, 8192)]
+
+
+def llama3_factors(dim: int, theta: float, factor: float, low: float, high: float, original: int) -> list[float]:
+    """The frequency factors (dividing each RoPE frequency) llama.cpp's converter writes for Llama 3's
+    scaling (convert_hf_to_gguf.py; it computes them in float32, here in float64: the last bits may
+    differ)."""
+    out = []
+    for freq in (1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))).tolist():
+        wavelen = 2 * math.pi / freq
+        if wavelen < original / high:
+            out.append(1.0)
+        elif wavelen > original / low:
+            out.append(factor)
+        else:
+            smooth = (original / wavelen - low) / (high - low)
+            out.append(1 / ((1 - smooth) / factor + smooth))
+    return torch.tensor(out, dtype=torch.float32).tolist()
+
+
+def llama3_rope(model, factors: list[float], model_arg: str) -> None:
+    """The model's RoPE made Llama 3's scaling whose factors the GGUF holds, computed by transformers
+    itself (rope_type llama3), as the HF checkpoint's; factors of another shape are refused."""
+    config = model.config
+    params = dict(config.rope_parameters)
+    theta = params["rope_theta"]
+    dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    for low, high, original in LLAMA3_ROPE:
+        want = llama3_factors(dim, theta, max(factors), low, high, original)
+        if len(factors) == len(want) and all(abs(a - b) <= 1e-5 * b for a, b in zip(factors, want)):
+            config.rope_parameters = {**params, "rope_type": "llama3", "factor": max(factors), "low_freq_factor": low,
+                                      "high_freq_factor": high, "original_max_position_embeddings": original}
+            model.model.rotary_emb = type(model.model.rotary_emb)(config)
+            return
+    raise CheckpointError(f"--model {model_arg!r} has a rope_freqs.weight tensor whose {len(factors)} factors are not "
+                          f"Llama 3's RoPE scaling (of head size {dim}, factor {max(factors):g} and low/high "
+                          "frequency factors and original context among "
+                          f"{', '.join(f'{lo:g}/{hi:g}/{n}' for lo, hi, n in LLAMA3_ROPE)}), and transformers' GGUF "
+                          "loader would drop them. Build from the Hugging Face checkpoint directory instead")
 
 
 # The tensors transformers' GGUF loader maps, per layer and per architecture; it drops any other
@@ -149,11 +196,12 @@ GGUF_EXTRA = {"qwen2": re.compile(r"blk\.\d+\.attn_[qkv]\.bias"),
 GGUF_ARCHS = {"llama", "qwen2", "qwen3"}  # what llama.cpp labels them (a Mistral GGUF is "llama")
 
 
-def check_gguf(path: Path) -> None:
+def check_gguf(path: Path) -> list[float] | None:
     """What transformers' GGUF loader (5.x) drops, refused: RoPE scaling (llama.cpp's
     `<arch>.rope.scaling.*` keys, the older `<arch>.rope.scale_linear`, which llama.cpp reads as
-    linear scaling when no type is given, and Llama 3's `rope_freqs.weight` tensor), tensors it does
-    not map, and a split GGUF's other parts."""
+    linear scaling when no type is given), tensors it does not map, and a split GGUF's other parts.
+    Returns a llama GGUF's `rope_freqs.weight` (Llama 3's scaling, as frequency factors), which
+    load_gguf gives back to the model, or None."""
     import gguf
 
     reader = gguf.GGUFReader(path)
@@ -172,8 +220,7 @@ def check_gguf(path: Path) -> None:
     kind = next((value(n) for n in reader.fields if n.endswith(".rope.scaling.type")), None)
     factors = [n for n in reader.fields if n.endswith((".rope.scaling.factor", ".rope.scale_linear"))
                and value(n) not in (0.0, 1.0)]
-    if any(t.name == "rope_freqs.weight" for t in reader.tensors):
-        refuse("a rope_freqs.weight tensor (Llama 3 RoPE scaling)")
+    freqs = next((t for t in reader.tensors if t.name == "rope_freqs.weight"), None)
     if kind not in (None, "none") or (kind is None and factors):
         what = f"RoPE scaling {kind!r}" if kind else f"RoPE scaling ({factors[0]} = {value(factors[0])})"
         refuse(what)
@@ -182,11 +229,14 @@ def check_gguf(path: Path) -> None:
         raise CheckpointError(f"--model {str(path)!r} is a {arch or 'unlabelled'} GGUF, which is not supported (GGUF "
                               f"input is checked for {', '.join(sorted(GGUF_ARCHS))} only): build from the model's "
                               "Hugging Face checkpoint directory")
+    if freqs is not None and arch != "llama":
+        refuse(f"a rope_freqs.weight tensor in a {arch} GGUF (Llama 3's RoPE scaling is read from llama ones)")
     extra = GGUF_EXTRA.get(arch)
-    dropped = [t.name for t in reader.tensors
-               if not GGUF_TENSORS.fullmatch(t.name) and not (extra and extra.fullmatch(t.name))]
+    dropped = [t.name for t in reader.tensors if t is not freqs
+               and not GGUF_TENSORS.fullmatch(t.name) and not (extra and extra.fullmatch(t.name))]
     if dropped:
         refuse(f"tensors {listed(dropped, 4)}", "the engine would compute without them")
+    return None if freqs is None else [float(x) for x in freqs.data.astype("float32").reshape(-1)]
 
 
 def state_dict_numpy(model) -> dict:

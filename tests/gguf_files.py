@@ -81,3 +81,40 @@ def write_llama_gguf(ckpt: Path, out: Path, drop: tuple[str, ...] = (), extra_te
     w.write_tensors_to_file()
     w.close()
     return out
+
+
+LLAMA3_ROPE = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+               "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+
+
+def llama3_rope_factors(dim: int, rope: dict) -> np.ndarray:
+    """rope_freqs.weight as llama.cpp's converter writes it for Llama 3's RoPE scaling: its loop, in
+    float32 (0-d torch tensors) as it computes it."""
+    import math
+
+    import torch
+
+    factor, low, high = rope["factor"], rope["low_freq_factor"], rope["high_freq_factor"]
+    original = rope["original_max_position_embeddings"]
+    out = []
+    for freq in 1.0 / (rope["rope_theta"] ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim)):
+        wavelen = 2 * math.pi / freq
+        if wavelen < original / high:
+            out.append(1)
+        elif wavelen > original / low:
+            out.append(factor)
+        else:
+            smooth = (original / wavelen - low) / (high - low)
+            out.append(1 / ((1 - smooth) / factor + smooth))
+    return torch.tensor(out, dtype=torch.float32).numpy()
+
+
+def llama3_checkpoint(ckpt: Path, out: Path) -> Path:
+    """A copy of the tiny Llama checkpoint `ckpt` with Llama 3's RoPE scaling (LLAMA3_ROPE)."""
+    import shutil
+
+    shutil.copytree(ckpt, out)
+    cfg = json.loads((out / "config.json").read_text())
+    cfg.pop("rope_theta", None)
+    (out / "config.json").write_text(json.dumps({**cfg, "rope_parameters": LLAMA3_ROPE}))
+    return out

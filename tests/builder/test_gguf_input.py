@@ -10,7 +10,7 @@ pytest.importorskip("gguf")
 
 from trtllm.builder import checkpoint  # noqa: E402
 
-from tests.gguf_files import write_llama_gguf  # noqa: E402
+from tests.gguf_files import llama3_checkpoint, llama3_rope_factors, LLAMA3_ROPE, write_llama_gguf  # noqa: E402
 
 pytestmark = pytest.mark.hf
 
@@ -57,17 +57,71 @@ def test_a_scaling_factor_of_one_is_plain_rope(untied_llama, tmp_path):
     assert checkpoint.load(str(path)).source["kind"] == "gguf"
 
 
-@pytest.mark.parametrize("scaling", ["rope_freqs", "linear"])
+@pytest.mark.parametrize("scaling", ["rope_freqs", "rope_freqs_qwen2", "linear"])
 def test_rope_scaling_the_loader_drops_is_refused(untied_llama, tmp_path, scaling):
-    if scaling == "rope_freqs":  # Llama 3's scaling, stored as a tensor of frequency factors
-        path = write_llama_gguf(untied_llama, tmp_path / "l3.gguf",
-                                extra_tensors={"rope_freqs.weight": np.full(8, 2.0, np.float32)})
-        match = "rope_freqs.weight"
+    if scaling.startswith("rope_freqs"):  # frequency factors that are not Llama 3's; or in a qwen2 GGUF
+        qwen = scaling.endswith("qwen2")
+        factors = llama3_rope_factors(16, LLAMA3_ROPE) if qwen else np.full(8, 2.0, np.float32)
+        path = write_llama_gguf(untied_llama, tmp_path / "l3.gguf", extra_tensors={"rope_freqs.weight": factors},
+                                arch="qwen2" if qwen else "llama")
+        match = "rope_freqs.weight tensor in a qwen2 GGUF" if qwen else "8 factors are not Llama 3's RoPE scaling"
     else:
         path = write_llama_gguf(untied_llama, tmp_path / "linear.gguf", rope_scaling=("linear", 4.0))
         match = "RoPE scaling 'linear'"
     with pytest.raises(checkpoint.CheckpointError, match=match):
         checkpoint.load(str(path))
+
+
+@pytest.fixture(scope="module")
+def llama3(untied_llama, tmp_path_factory):
+    """The tiny Llama with Llama 3's RoPE scaling, and its GGUF as llama.cpp's converter writes it
+    (the scaling as rope_freqs.weight, which transformers' GGUF loader drops)."""
+    out = tmp_path_factory.mktemp("llama3")
+    ckpt = llama3_checkpoint(untied_llama, out / "ckpt")
+    return ckpt, write_llama_gguf(ckpt, out / "llama3.gguf",
+                                  extra_tensors={"rope_freqs.weight": llama3_rope_factors(16, LLAMA3_ROPE)})
+
+
+def test_a_llama3_gguf_gets_its_rope_scaling_back(llama3, monkeypatch):
+    """Llama 3.1/3.2 GGUFs: the loaded model is the checkpoint's (transformers' llama3 RoPE from the
+    factors recognised), 300 positions deep where the scaling moves every logit. The wrong variant,
+    transformers' GGUF model as it loads (plain RoPE), is far off."""
+    import transformers
+
+    ckpt, gguf = llama3
+    loaded = checkpoint.load(str(gguf)).model
+    assert loaded.config.rope_parameters == {**LLAMA3_ROPE, "rope_theta": 500000.0}
+    source = transformers.AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.float32).eval()
+    ids = torch.randint(3, 300, (1, 300), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        want = source(ids).logits.numpy()
+        np.testing.assert_allclose(loaded(ids).logits.numpy(), want, atol=1e-4, rtol=0)
+        monkeypatch.setattr(checkpoint, "llama3_rope", lambda model, factors, arg: None)
+        assert np.abs(checkpoint.load(str(gguf)).model(ids).logits.numpy() - want).max() > 0.1
+
+
+def test_a_llama3_gguf_engine_answers_as_its_checkpoint(llama3, tmp_path):
+    """The engine built from the GGUF gives transformers' greedy tokens on the HF checkpoint, a long
+    prompt's (the build's own check compares it with the loaded model too)."""
+    import transformers
+
+    from trtllm.builder.config import BuildConfig
+    from trtllm.builder.export import build
+    from trtllm.runtime.engine import load_engine
+    from trtllm.runtime.generate import RowState, Timing, run_rows
+    from trtllm.runtime.sampling import SamplingParams
+
+    ckpt, gguf = llama3
+    build(BuildConfig(model=str(gguf), output=str(tmp_path / "engine"), max_batch_size=1, max_input_len=320,
+                      max_kv_cache_capacity=400), log=lambda m: None)
+    prompt = torch.randint(3, 300, (1, 280), generator=torch.Generator().manual_seed(1))
+    row = RowState(prompt_ids=prompt[0].tolist(), params=SamplingParams(temperature=0, max_new_tokens=16),
+                   rng=np.random.default_rng(0), eos_ids=frozenset())
+    run_rows(load_engine(tmp_path / "engine"), [row], None, Timing())
+    source = transformers.AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.float32).eval()
+    with torch.no_grad():
+        want = source.generate(prompt, max_new_tokens=16, min_new_tokens=16, do_sample=False, eos_token_id=None)
+    assert row.output_ids == want[0, 280:].tolist()
 
 
 def test_a_gemma_gguf_is_refused(untied_llama, tmp_path):
