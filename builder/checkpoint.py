@@ -132,15 +132,38 @@ def load_gguf(path: Path) -> Checkpoint:
     What its loader drops is refused first: the build would check the engine against the same
     wrong model and pass; Llama 3's RoPE scaling, which it drops too, is given back (llama3_rope)."""
     with unreadable(str(path)):
-        factors = check_gguf(path)
+        keys = check_gguf(path)
         tok = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
         model, info = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32,
                                                            output_loading_info=True)
         check_loaded(info, str(path))
-        if factors is not None:
-            llama3_rope(model, factors, str(path))
+        if keys.rope_freqs is not None:
+            llama3_rope(model, keys.rope_freqs, str(path))
+        if keys.arch == "phi3":
+            phi3_keys(model, keys, str(path))
     return Checkpoint(model.eval(), tok, {"model": str(path.resolve()), "kind": "gguf",
                                           "sha256": weights_hash([path])})
+
+
+@dataclass
+class GgufKeys:
+    """What a GGUF holds that transformers' GGUF loader drops and load_gguf gives back."""
+    arch: str
+    rope_freqs: list[float] | None = None  # a llama GGUF's rope_freqs.weight: Llama 3's RoPE scaling
+    sliding_window: int = 0  # a phi3 GGUF's window (0: none, as llama.cpp's converter writes Phi-4's)
+    rope_dims: int | None = None  # the rotary dimensions of a head
+
+
+def phi3_keys(model, keys: GgufKeys, model_arg: str) -> None:
+    """A Phi-3 GGUF's sliding window set on the model (Phi-3-mini-4k's 2047: transformers' loader
+    drops it); a partial rotary (Phi-4-mini's 96 of 128), which it drops too, refused."""
+    config = model.config
+    head = config.hidden_size // config.num_attention_heads
+    if keys.rope_dims not in (None, head):
+        raise CheckpointError(f"--model {model_arg!r} rotates {keys.rope_dims} of each head's {head} dimensions, "
+                              "which transformers' GGUF loader drops (it would rotate all). Build from the Hugging "
+                              "Face checkpoint directory instead")
+    config.sliding_window = keys.sliding_window or None
 
 
 # Llama 3's RoPE scaling as llama.cpp's converter writes it (rope_freqs.weight) is recognised by its
@@ -192,16 +215,18 @@ def llama3_rope(model, factors: list[float], model_arg: str) -> None:
 GGUF_TENSORS = re.compile(r"token_embd\.weight|output_norm\.weight|output\.weight|blk\.\d+\.(attn_norm|attn_q|attn_k|"
                           r"attn_v|attn_output|ffn_norm|ffn_gate|ffn_up|ffn_down)\.weight")
 GGUF_EXTRA = {"qwen2": re.compile(r"blk\.\d+\.attn_[qkv]\.bias"),
-              "qwen3": re.compile(r"blk\.\d+\.attn_[qk]_norm\.weight")}
-GGUF_ARCHS = {"llama", "qwen2", "qwen3"}  # what llama.cpp labels them (a Mistral GGUF is "llama")
+              "qwen3": re.compile(r"blk\.\d+\.attn_[qk]_norm\.weight"),
+              "phi3": re.compile(r"blk\.\d+\.attn_qkv\.weight")}  # (its gate|up is ffn_up)
+GGUF_ARCHS = {"llama", "qwen2", "qwen3", "phi3"}  # what llama.cpp labels them (a Mistral GGUF is "llama")
 
 
-def check_gguf(path: Path) -> list[float] | None:
+def check_gguf(path: Path) -> GgufKeys:
     """What transformers' GGUF loader (5.x) drops, refused: RoPE scaling (llama.cpp's
     `<arch>.rope.scaling.*` keys, the older `<arch>.rope.scale_linear`, which llama.cpp reads as
-    linear scaling when no type is given), tensors it does not map, and a split GGUF's other parts.
-    Returns a llama GGUF's `rope_freqs.weight` (Llama 3's scaling, as frequency factors), which
-    load_gguf gives back to the model, or None."""
+    linear scaling when no type is given), tensors it does not map (a long-context Phi-3's
+    rope_factors_long/short), and a split GGUF's other parts. Returns what load_gguf gives back to
+    the model: a llama GGUF's `rope_freqs.weight` (Llama 3's scaling, as frequency factors), a phi3
+    GGUF's sliding window and rotary dimensions."""
     import gguf
 
     reader = gguf.GGUFReader(path)
@@ -236,7 +261,13 @@ def check_gguf(path: Path) -> list[float] | None:
                and not GGUF_TENSORS.fullmatch(t.name) and not (extra and extra.fullmatch(t.name))]
     if dropped:
         refuse(f"tensors {listed(dropped, 4)}", "the engine would compute without them")
-    return None if freqs is None else [float(x) for x in freqs.data.astype("float32").reshape(-1)]
+    keys = GgufKeys(arch, None if freqs is None else [float(x) for x in freqs.data.astype("float32").reshape(-1)])
+    if arch == "phi3":
+        keys.sliding_window = int(value("phi3.attention.sliding_window")) if "phi3.attention.sliding_window" in \
+            reader.fields else 0
+        keys.rope_dims = int(value("phi3.rope.dimension_count")) if "phi3.rope.dimension_count" in reader.fields \
+            else None
+    return keys
 
 
 def state_dict_numpy(model) -> dict:

@@ -11,7 +11,9 @@ LAYER_NAMES = {"input_layernorm.weight": "attn_norm.weight", "post_attention_lay
                "self_attn.q_proj.weight": "attn_q.weight", "self_attn.k_proj.weight": "attn_k.weight",
                "self_attn.v_proj.weight": "attn_v.weight", "self_attn.o_proj.weight": "attn_output.weight",
                "mlp.gate_proj.weight": "ffn_gate.weight", "mlp.up_proj.weight": "ffn_up.weight",
-               "mlp.down_proj.weight": "ffn_down.weight"}
+               "mlp.down_proj.weight": "ffn_down.weight",
+               # Phi-3's fused projections, as llama.cpp writes them (its RoPE is NeoX's: no row order change)
+               "self_attn.qkv_proj.weight": "attn_qkv.weight", "mlp.gate_up_proj.weight": "ffn_up.weight"}
 TOP_NAMES = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
              "lm_head.weight": "output.weight"}
 
@@ -30,10 +32,12 @@ def rope_rows(w: np.ndarray, heads: int) -> np.ndarray:
 
 def write_llama_gguf(ckpt: Path, out: Path, drop: tuple[str, ...] = (), extra_tensors: dict | None = None,
                      rope_scaling: tuple[str, float] | None = None, fields: dict | None = None,
-                     arch: str = "llama") -> Path:
+                     arch: str = "llama", rope_dims: int | None = None) -> Path:
     """`ckpt` (a tiny Llama checkpoint) as a GGUF; `drop` leaves tensors out (GGUF names),
     `rope_scaling` = (type, factor) adds llama.cpp's scaling keys, `fields` more keys: name ->
-    float (float32) or int (uint16); `arch` labels it another architecture (general.architecture)."""
+    float (float32) or int (uint16); `arch` labels it another architecture (general.architecture):
+    "phi3" writes a Phi-3 checkpoint's keys as llama.cpp's converter does (its sliding window, 0 for
+    none; its original context); `rope_dims` the rotary dimensions it gives (default: the head's)."""
     import gguf
     from safetensors.numpy import load_file
 
@@ -49,7 +53,10 @@ def write_llama_gguf(ckpt: Path, out: Path, drop: tuple[str, ...] = (), extra_te
     w.add_head_count_kv(cfg["num_key_value_heads"])
     w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
     w.add_rope_freq_base(cfg.get("rope_theta") or cfg.get("rope_parameters", {}).get("rope_theta", 10000.0))
-    w.add_rope_dimension_count(head_dim)
+    w.add_rope_dimension_count(rope_dims or head_dim)
+    if arch == "phi3":
+        w.add_sliding_window(cfg.get("sliding_window") or 0)
+        w.add_rope_scaling_orig_ctx_len(cfg.get("original_max_position_embeddings") or cfg["max_position_embeddings"])
     if rope_scaling:
         w.add_rope_scaling_type(gguf.RopeScalingType(rope_scaling[0]))
         w.add_rope_scaling_factor(rope_scaling[1])
@@ -65,6 +72,8 @@ def write_llama_gguf(ckpt: Path, out: Path, drop: tuple[str, ...] = (), extra_te
     w.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in tokenizer["model"]["merges"]])
     w.add_bos_token_id(cfg["bos_token_id"])
     w.add_eos_token_id(cfg["eos_token_id"])
+    if cfg.get("pad_token_id") is not None:
+        w.add_pad_token_id(cfg["pad_token_id"])
     for key, value in load_file(ckpt / "model.safetensors").items():
         name = gguf_name(key)
         if name in drop:

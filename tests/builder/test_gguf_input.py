@@ -124,6 +124,75 @@ def test_a_llama3_gguf_engine_answers_as_its_checkpoint(llama3, tmp_path):
     assert row.output_ids == want[0, 280:].tolist()
 
 
+@pytest.fixture(scope="module")
+def phi3(tmp_path_factory):
+    """A tiny Phi-3 with a sliding window of 8 (Phi-3-mini-4k's is 2047), and its GGUF."""
+    import json
+
+    from tests.tiny_models import make_checkpoint
+
+    out = tmp_path_factory.mktemp("phi3")
+    ckpt = make_checkpoint("phi3", out / "ckpt", tie=False)
+    cfg = json.loads((ckpt / "config.json").read_text())
+    (ckpt / "config.json").write_text(json.dumps({**cfg, "sliding_window": 8}))
+    return ckpt, write_llama_gguf(ckpt, out / "phi3.gguf", arch="phi3")
+
+
+def test_a_phi3_gguf_loads_as_its_checkpoint_with_its_window(phi3, monkeypatch):
+    """transformers' GGUF loader drops the sliding window; it is given back, and the logits are the
+    checkpoint's. The wrong variant, the window dropped, is far off 100 positions deep."""
+    import transformers
+
+    ckpt, gguf = phi3
+    loaded = checkpoint.load(str(gguf)).model
+    assert loaded.config.sliding_window == 8
+    source = transformers.AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.float32).eval()
+    ids = torch.randint(3, 300, (1, 100), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        want = source(ids).logits.numpy()
+        np.testing.assert_allclose(loaded(ids).logits.numpy(), want, atol=1e-4, rtol=0)
+        monkeypatch.setattr(checkpoint, "phi3_keys", lambda model, keys, arg: None)
+        assert np.abs(checkpoint.load(str(gguf)).model(ids).logits.numpy() - want).max() > 0.1
+
+
+def test_a_phi3_gguf_engine_answers_as_its_checkpoint(phi3, tmp_path):
+    import transformers
+
+    from trtllm.builder.config import BuildConfig
+    from trtllm.builder.export import build
+    from trtllm.runtime.engine import load_engine
+    from trtllm.runtime.generate import RowState, Timing, run_rows
+    from trtllm.runtime.sampling import SamplingParams
+
+    ckpt, gguf = phi3
+    build(BuildConfig(model=str(gguf), output=str(tmp_path / "engine"), max_batch_size=1, max_input_len=128,
+                      max_kv_cache_capacity=192), log=lambda m: None)
+    prompt = torch.randint(3, 300, (1, 60), generator=torch.Generator().manual_seed(1))
+    row = RowState(prompt_ids=prompt[0].tolist(), params=SamplingParams(temperature=0, max_new_tokens=16),
+                   rng=np.random.default_rng(0), eos_ids=frozenset())
+    run_rows(load_engine(tmp_path / "engine"), [row], None, Timing())
+    source = transformers.AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.float32).eval()
+    with torch.no_grad():
+        want = source.generate(prompt, max_new_tokens=16, min_new_tokens=16, do_sample=False, eos_token_id=None)
+    assert row.output_ids == want[0, 60:].tolist()
+
+
+@pytest.mark.parametrize("what", ["long_factors", "partial_rotary"])
+def test_what_a_phi3_gguf_loader_drops_is_refused(phi3, tmp_path, what):
+    """A long-context Phi-3's LongRoPE factors (Phi-3.5-mini, Phi-4-mini: tensors the loader does not
+    map), and a partial rotary (Phi-4-mini rotates 96 of 128 dimensions: the loader rotates all)."""
+    ckpt, _ = phi3
+    if what == "long_factors":
+        path = write_llama_gguf(ckpt, tmp_path / "long.gguf", arch="phi3", extra_tensors={
+            "rope_factors_long.weight": np.full(8, 2.0, np.float32), "rope_factors_short.weight": np.ones(8, np.float32)})
+        match = "tensors rope_factors_long.weight, rope_factors_short.weight"
+    else:
+        path = write_llama_gguf(ckpt, tmp_path / "partial.gguf", arch="phi3", rope_dims=12)
+        match = "rotates 12 of each head's 16 dimensions"
+    with pytest.raises(checkpoint.CheckpointError, match=match):
+        checkpoint.load(str(path))
+
+
 def test_a_gemma_gguf_is_refused(untied_llama, tmp_path):
     """GGUF has no query_pre_attn_scalar or local RoPE base: transformers would fill defaults. Only
     the architectures whose GGUF loading is checked are taken."""
