@@ -48,6 +48,10 @@ class Hypothesis:
     logprobs: tuple = field(default=(), compare=False)
 
 
+class Stuck(ValueError):
+    """No running beam of a search can take a token (its bans leave none), and none finished."""
+
+
 class Hypotheses(list):
     """A search's hypotheses, best first (placeholders, `finished` False, where fewer finished);
     `stuck`: why it ended early, its running beams' bans leaving no token (None: it did not)."""
@@ -210,7 +214,7 @@ class Search:
         if np.isneginf(first).all():  # (a beam its bans leave no token loses to the others, as in transformers)
             self.stuck = self.dead_end(self.generated + 1)
             if not self.is_finished.any():
-                raise ValueError(self.stuck)
+                raise Stuck(self.stuck)
             return None  # (transformers' search ends there too: no running beam can beat a finished one)
         if k and reported is None:  # (before min_new_tokens; copied: the engine may write its next
             reported = scores[:, :k].copy(), ids[:, :k].copy(), None  # step's outputs over these)
@@ -497,7 +501,11 @@ def reorder(kv: KVCacheManager, parents: np.ndarray, held: list, prompt_len: int
     holds (returned). Only from the first position where the two slots' tokens differ: the prompt
     and a common start are the same KV in both (it depends on the tokens before it alone, and the
     engine computes a row alike in any batch). One copy for all slots: its source is read first,
-    as slots trade places. `base`: the search's first slot."""
+    as slots trade places. `base`: the search's first slot. A slot that holds nothing yet (None: the
+    first step's copies of beam 0, whose prompt only beam 0's slot computed) is read as beam 0's: a
+    continuation of a copy, which bans that leave beam 0 fewer tokens than beams let run, took another
+    slot's KV, never computed (or a previous search's)."""
+    parents = np.array([0 if held[parent] is None else parent for parent in parents], np.int64)
     starts = [0 if mine is None else prompt_len + common(mine, held[parent]) for mine, parent in zip(held, parents)]
     moved = np.array([i for i, start in enumerate(starts) if start < length], np.int64)
     if len(moved):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import itertools
 
-from trtllm.runtime.beam import BeamParams, Hypothesis, run_many
+from trtllm.runtime.beam import BeamParams, Hypothesis, Stuck, run_many
 
 
 def unrunnable(req, index: int, manifest) -> str | None:
@@ -81,7 +81,7 @@ def answer(engine, samples: list, timing, on_token=None, rows: int | None = None
         for smp in group:
             smp.row.batch_idx = base  # (its beams took slots base .. base + B - 1)
         if isinstance(found, Exception):  # its own failure, not its neighbours'
-            why = str(found) if isinstance(found, Unfinished) else f"{type(found).__name__}: {found}"
+            why = str(found) if isinstance(found, (Unfinished, Stuck)) else f"{type(found).__name__}: {found}"
             for smp in group:
                 smp.row.fail(f"beam search failed ({why})")
             found = []

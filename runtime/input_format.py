@@ -355,11 +355,7 @@ _REQUEST_FIELDS = {
 
 def _request(value: object, path: str, top: InputFile, bundled: tuple[str, ...] | None = ()) -> Request:
     value = _without_nulls(value, NULL_IS_UNSET)
-    for key in value if isinstance(value, dict) else ():
-        if key in _TOP_FIELDS and key not in _REQUEST_FIELDS:  # not an unknown key: a misplaced one
-            _fail(f"{path}.{key}", f"set at the top level (`{key}`: it applies to the whole file)", value[key],
-                  shown="it in a request")
-    f = _resolve_aliases(_fields(value, path, _REQUEST_FIELDS, "a request", ("messages",)), path)
+    f = _resolve_aliases(_fields(value, path, _REQUEST_TABLE, "a request", ("messages",)), path)
     loras = {**dict.fromkeys(bundled or (), ""), **top.available_lora_weights}
     lora_name = f.get("lora_name")
     if lora_name is not None and lora_name not in loras:
@@ -429,6 +425,18 @@ _TOP_FIELDS = {
     "available_lora_weights": _lora_weights,
     "requests": lambda v, p: v,  # parsed below, once the LoRA names and defaults are known
 }
+
+
+def _top_only(key: str):
+    """A top-level setting given in a request: not an unknown key, a misplaced one (reported with the
+    request's other errors)."""
+    def refuse(value: object, path: str):
+        _fail(path, f"set at the top level (`{key}`: it applies to the whole file)", value, shown="it in a request")
+    return refuse
+
+
+_REQUEST_TABLE = {**_REQUEST_FIELDS, **{key: _top_only(key) for key in _TOP_FIELDS
+                                        if key not in _REQUEST_FIELDS and key != "requests"}}
 
 
 def parse_input(obj: object, bundled_loras: tuple[str, ...] | None = (), isolate: bool = False) -> InputFile:

@@ -286,6 +286,21 @@ def test_beams_that_bans_leave_no_token_end_the_search_with_what_finished(llama,
     assert not ours[1].finished
 
 
+def test_bans_that_leave_fewer_tokens_than_beams_are_transformers(llama):
+    """Two allowed ids under four beams: the first step's copies of beam 0 (scores -1e9) go on, and
+    their continuations read beam 0's prompt KV (they read their own slots', never computed: other
+    tokens and scores above the true optimum, and answers that depended on the search before). The
+    wrong variant is that: a search after another gives other hypotheses than alone."""
+    model, engine, _ = llama
+    p = beam.BeamParams(4, 6, frozenset(), allowed_token_ids=frozenset({244, 394}))
+    for prompt in PROMPTS:
+        ours = beam.run(engine, prompt, p)
+        assert same(ours, hf_beams(model, prompt, p)), (prompt, ours)
+        other = beam.BeamParams(4, 6, frozenset(), allowed_token_ids=frozenset({7, 9, 11}))
+        (first, _), (second, _) = beam.run_many(engine, [(prompt[::-1], other), (prompt, p)], rows=4)
+        assert second == ours
+
+
 def test_searches_share_at_most_rows_and_a_wider_one_runs_alone(llama):
     """run_many's rows bound the beams running side by side; a search of more beams than that runs
     alone, and those after it still keep to the bound (each search as alone)."""

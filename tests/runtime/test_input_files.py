@@ -255,3 +255,14 @@ def test_a_null_leaves_upstreams_optional_settings_unset():
         with pytest.raises(InputError) as e:
             parse_input({"requests": [{"messages": [], key: None}]})
         assert e.value.json_path == f"requests[0].{key}"
+
+
+def test_a_top_level_setting_in_a_request_is_reported_with_its_other_errors():
+    """Every bad key and value of a request at once (docs/input_format.md), a misplaced top-level
+    setting among them; `requests` inside a request is an unknown key, not a top-level setting."""
+    with pytest.raises(InputError) as info:
+        parse_input({"requests": [{"messages": [], "enable_thinking": True, "temperature": -1}]})
+    assert info.value.json_path == "requests[0].enable_thinking"
+    assert "must be set at the top level" in str(info.value) and "`requests[0].temperature`" in str(info.value)
+    with pytest.raises(InputError, match="a known key of a request"):
+        parse_input({"requests": [{"messages": [], "requests": []}]})
