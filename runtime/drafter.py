@@ -39,13 +39,21 @@ class Drafter:
                                 "it sizes draft trees")
         start = manifest.eagle.get("draft_step", 2)
         auto = step in (None, "auto")
+        # A tree node's window is counted from its position, but the kernels bound it by slot: a tree
+        # as deep as a sliding window would let a deep node see an ancestor placed after a sibling
+        # that plain decoding hides there. Trees stay shallower (real windows are 512 and more).
+        window = manifest.model.sliding_window if top_k > 1 else None
+        if window is not None and not auto and int(step) >= window:
+            raise ManifestError(f"--spec-draft-step {step}: a draft tree must be shallower than the model's sliding "
+                                f"window ({window}): at most {window - 1}, or --spec-draft-top-k 1 (a chain)")
         if manifest.backend == "tensorrt":
             from trtllm.runtime.backends.tensorrt import TensorRTDraftEngine as DraftEngine
         else:
             from trtllm.runtime.backends.onnxruntime import DraftEngine
         engine = DraftEngine(engine_dir, manifest, **options)
         if auto:
-            return cls(engine, max(AUTO_MAX_STEP, start), True, start, top_k, size)
+            deepest = max(AUTO_MAX_STEP, start) if window is None else max(1, min(max(AUTO_MAX_STEP, start), window - 1))
+            return cls(engine, deepest, True, min(start, deepest), top_k, size)
         return cls(engine, int(step), top_k=top_k, verify_size=size)
 
     def close(self) -> None:

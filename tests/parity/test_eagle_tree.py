@@ -270,3 +270,24 @@ def test_scattered_accepted_paths_on_tensorrt(tmp_path, monkeypatch):
     assert len(moves) >= 3 * 8 and set(moves) == {1, 3, 5}  # slots 2, 5, 8 to 1, 2, 3
     ref = Reference(draft_dir, model)
     assert len(roots) >= 8 and all(ref.candidates(text, 3) == cands for text, cands in roots[:8])
+
+
+def test_trees_stay_shallower_than_a_sliding_window(eagle_setup):
+    """A node's window counts from its position; the kernels bound it by slot, where an ancestor
+    placed after a sibling sits later than its position: a tree as deep as the window would let a
+    deep node see an ancestor plain decoding hides (found by review, window 1 at depth 3). Such
+    depths are refused, and `auto` stays below the window; chains are not bounded."""
+    import dataclasses
+
+    from trtllm.runtime.manifest import ManifestError, load
+
+    _, _, engine_dir = eagle_setup("llama")
+    m = load(engine_dir)
+    narrow = dataclasses.replace(m, model=dataclasses.replace(m.model, sliding_window=3))
+    with pytest.raises(ManifestError, match="shallower than the model's sliding window \\(3\\): at most 2"):
+        Drafter.load(engine_dir, narrow, 3, 2)
+    auto, chain = Drafter.load(engine_dir, narrow, "auto", 2), Drafter.load(engine_dir, narrow, 5, 1)
+    assert auto.step == 2 and auto.start <= 2
+    assert chain.step == 5  # (a chain's ancestors sit at their positions)
+    auto.close()
+    chain.close()
