@@ -5,7 +5,7 @@ import contextlib
 import hashlib
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -141,6 +141,8 @@ def load_gguf(path: Path) -> Checkpoint:
             llama3_rope(model, keys.rope_freqs, str(path))
         if keys.arch == "phi3":
             phi3_keys(model, keys, str(path))
+        if keys.arch in ("gemma2", "gemma3"):
+            gemma_keys(model, keys)
     return Checkpoint(model.eval(), tok, {"model": str(path.resolve()), "kind": "gguf",
                                           "sha256": weights_hash([path])})
 
@@ -152,6 +154,8 @@ class GgufKeys:
     rope_freqs: list[float] | None = None  # a llama GGUF's rope_freqs.weight: Llama 3's RoPE scaling
     sliding_window: int = 0  # a phi3 GGUF's window (0: none, as llama.cpp's converter writes Phi-4's)
     rope_dims: int | None = None  # the rotary dimensions of a head
+    softcaps: dict = field(default_factory=dict)  # a gemma2 GGUF's: config name -> value
+    linear: float | None = None  # a gemma3 GGUF's linear RoPE scaling (its global layers': Gemma 3 4B-27B)
 
 
 def phi3_keys(model, keys: GgufKeys, model_arg: str) -> None:
@@ -164,6 +168,34 @@ def phi3_keys(model, keys: GgufKeys, model_arg: str) -> None:
                               "which transformers' GGUF loader drops (it would rotate all). Build from the Hugging "
                               "Face checkpoint directory instead")
     config.sliding_window = keys.sliding_window or None
+
+
+# Gemma's 27B (46 layers for Gemma 2, 62 for Gemma 3) scales its queries by hidden / heads, the
+# others by the head size: llama.cpp's rule (llama-model.cpp), as the GGUF holds no
+# query_pre_attn_scalar and transformers' default (256) is the head size of some sizes only
+GEMMA_27B_LAYERS = {"gemma2": 46, "gemma3": 62}
+
+
+def gemma_keys(model, keys: GgufKeys) -> None:
+    """What a Gemma GGUF leaves out, as llama.cpp reads it: the query scale (query_pre_attn_scalar,
+    GEMMA_27B_LAYERS), and a gemma2's soft-caps (transformers' loader drops the keys: its defaults
+    are Gemma 2's own), and a gemma3's linear RoPE scaling (its global layers'). Its window, the local
+    RoPE base (10000) and which layers slide (every other one for Gemma 2, five of six for Gemma 3)
+    are transformers' defaults and llama.cpp's alike."""
+    config = model.config
+    wide = config.num_hidden_layers == GEMMA_27B_LAYERS[keys.arch]
+    config.query_pre_attn_scalar = config.hidden_size // config.num_attention_heads if wide else config.head_dim
+    for name, value in keys.softcaps.items():
+        setattr(config, name, value)
+    if keys.linear is not None:  # the global layers' (llama.cpp's sliding ones keep a scale of 1), as Gemma 3's config
+        params = dict(config.rope_parameters)
+        params["full_attention"] = {**params["full_attention"], "rope_type": "linear", "factor": keys.linear}
+        config.rope_parameters = params
+        model.model.rotary_emb = type(model.model.rotary_emb)(config)
+    for layer in model.model.layers:  # (set when the model was made)
+        layer.self_attn.scaling = config.query_pre_attn_scalar ** -0.5
+        if "attn_logit_softcapping" in keys.softcaps:
+            layer.self_attn.attn_logit_softcapping = config.attn_logit_softcapping
 
 
 # Llama 3's RoPE scaling as llama.cpp's converter writes it (rope_freqs.weight) is recognised by its
@@ -216,8 +248,11 @@ GGUF_TENSORS = re.compile(r"token_embd\.weight|output_norm\.weight|output\.weigh
                           r"attn_v|attn_output|ffn_norm|ffn_gate|ffn_up|ffn_down)\.weight")
 GGUF_EXTRA = {"qwen2": re.compile(r"blk\.\d+\.attn_[qkv]\.bias"),
               "qwen3": re.compile(r"blk\.\d+\.attn_[qk]_norm\.weight"),
-              "phi3": re.compile(r"blk\.\d+\.attn_qkv\.weight")}  # (its gate|up is ffn_up)
-GGUF_ARCHS = {"llama", "qwen2", "qwen3", "phi3"}  # what llama.cpp labels them (a Mistral GGUF is "llama")
+              "phi3": re.compile(r"blk\.\d+\.attn_qkv\.weight"),  # (its gate|up is ffn_up)
+              "gemma2": re.compile(r"blk\.\d+\.(post_attention_norm|post_ffw_norm)\.weight"),
+              "gemma3": re.compile(r"blk\.\d+\.(post_attention_norm|post_ffw_norm|attn_[qk]_norm)\.weight")}
+# what llama.cpp labels them (a Mistral GGUF is "llama")
+GGUF_ARCHS = {"llama", "qwen2", "qwen3", "phi3", "gemma2", "gemma3"}
 
 
 def check_gguf(path: Path) -> GgufKeys:
@@ -246,11 +281,12 @@ def check_gguf(path: Path) -> GgufKeys:
     factors = [n for n in reader.fields if n.endswith((".rope.scaling.factor", ".rope.scale_linear"))
                and value(n) not in (0.0, 1.0)]
     freqs = next((t for t in reader.tensors if t.name == "rope_freqs.weight"), None)
-    if kind not in (None, "none") or (kind is None and factors):
+    arch = value("general.architecture") if "general.architecture" in reader.fields else ""
+    linear = arch == "gemma3" and kind in (None, "linear") and len(factors) == 1  # (given back: gemma_keys)
+    if not linear and (kind not in (None, "none") or (kind is None and factors)):
         what = f"RoPE scaling {kind!r}" if kind else f"RoPE scaling ({factors[0]} = {value(factors[0])})"
         refuse(what)
-    arch = value("general.architecture") if "general.architecture" in reader.fields else ""
-    if arch not in GGUF_ARCHS:  # e.g. gemma3: it carries neither query_pre_attn_scalar nor the local RoPE base
+    if arch not in GGUF_ARCHS:  # e.g. gemma (1), whose GGUF transformers does not load
         raise CheckpointError(f"--model {str(path)!r} is a {arch or 'unlabelled'} GGUF, which is not supported (GGUF "
                               f"input is checked for {', '.join(sorted(GGUF_ARCHS))} only): build from the model's "
                               "Hugging Face checkpoint directory")
@@ -267,6 +303,10 @@ def check_gguf(path: Path) -> GgufKeys:
             reader.fields else 0
         keys.rope_dims = int(value("phi3.rope.dimension_count")) if "phi3.rope.dimension_count" in reader.fields \
             else None
+    keys.linear = value(factors[0]) if linear else None
+    if arch == "gemma2":
+        keys.softcaps = {name: value(f"gemma2.{name}") for name in ("attn_logit_softcapping", "final_logit_softcapping")
+                         if f"gemma2.{name}" in reader.fields}
     return keys
 
 

@@ -14,14 +14,19 @@ LAYER_NAMES = {"input_layernorm.weight": "attn_norm.weight", "post_attention_lay
                "mlp.down_proj.weight": "ffn_down.weight",
                # Phi-3's fused projections, as llama.cpp writes them (its RoPE is NeoX's: no row order change)
                "self_attn.qkv_proj.weight": "attn_qkv.weight", "mlp.gate_up_proj.weight": "ffn_up.weight"}
+# Gemma 2's and 3's norms around each block (its post_attention_layernorm is its own, not Llama's ffn_norm)
+GEMMA_NAMES = {**LAYER_NAMES, "post_attention_layernorm.weight": "post_attention_norm.weight",
+               "pre_feedforward_layernorm.weight": "ffn_norm.weight",
+               "post_feedforward_layernorm.weight": "post_ffw_norm.weight",
+               "self_attn.q_norm.weight": "attn_q_norm.weight", "self_attn.k_norm.weight": "attn_k_norm.weight"}
 TOP_NAMES = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
              "lm_head.weight": "output.weight"}
 
 
-def gguf_name(key: str) -> str:
+def gguf_name(key: str, names: dict = LAYER_NAMES) -> str:
     if key.startswith("model.layers."):
         _, _, layer, rest = key.split(".", 3)
-        return f"blk.{layer}.{LAYER_NAMES[rest]}"
+        return f"blk.{layer}.{names[rest]}"
     return TOP_NAMES[key]
 
 
@@ -37,7 +42,9 @@ def write_llama_gguf(ckpt: Path, out: Path, drop: tuple[str, ...] = (), extra_te
     `rope_scaling` = (type, factor) adds llama.cpp's scaling keys, `fields` more keys: name ->
     float (float32) or int (uint16); `arch` labels it another architecture (general.architecture):
     "phi3" writes a Phi-3 checkpoint's keys as llama.cpp's converter does (its sliding window, 0 for
-    none; its original context); `rope_dims` the rotary dimensions it gives (default: the head's)."""
+    none; its original context); "gemma2" and "gemma3" a Gemma's (its norms' weights plus 1, q and k
+    rows as they are, the head size, window and soft-caps); `rope_dims` the rotary dimensions it
+    gives (default: the head's)."""
     import gguf
     from safetensors.numpy import load_file
 
@@ -52,7 +59,16 @@ def write_llama_gguf(ckpt: Path, out: Path, drop: tuple[str, ...] = (), extra_te
     w.add_head_count(cfg["num_attention_heads"])
     w.add_head_count_kv(cfg["num_key_value_heads"])
     w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
-    w.add_rope_freq_base(cfg.get("rope_theta") or cfg.get("rope_parameters", {}).get("rope_theta", 10000.0))
+    rope = cfg.get("rope_parameters") or {}
+    w.add_rope_freq_base(cfg.get("rope_theta") or rope.get("full_attention", rope).get("rope_theta", 10000.0))
+    gemma = arch in ("gemma2", "gemma3")
+    if gemma:
+        w.add_key_length(head_dim)
+        w.add_value_length(head_dim)
+        w.add_sliding_window(cfg["sliding_window"])
+    if arch == "gemma2":
+        w.add_float32("gemma2.attn_logit_softcapping", cfg["attn_logit_softcapping"])
+        w.add_float32("gemma2.final_logit_softcapping", cfg["final_logit_softcapping"])
     w.add_rope_dimension_count(rope_dims or head_dim)
     if arch == "phi3":
         w.add_sliding_window(cfg.get("sliding_window") or 0)
@@ -65,6 +81,8 @@ def write_llama_gguf(ckpt: Path, out: Path, drop: tuple[str, ...] = (), extra_te
     tokenizer = json.loads((ckpt / "tokenizer.json").read_text())
     added = {a["id"]: a["content"] for a in tokenizer["added_tokens"]}
     tokens = {**{i: t for t, i in tokenizer["model"]["vocab"].items()}, **added}
+    if gemma and "<mask>" not in tokens.values():  # (transformers' Gemma tokenizer adds it where it is not)
+        added[len(tokens)] = tokens[len(tokens)] = "<mask>"
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("default")
     w.add_token_list([tokens[i] for i in range(len(tokens))])
@@ -75,10 +93,12 @@ def write_llama_gguf(ckpt: Path, out: Path, drop: tuple[str, ...] = (), extra_te
     if cfg.get("pad_token_id") is not None:
         w.add_pad_token_id(cfg["pad_token_id"])
     for key, value in load_file(ckpt / "model.safetensors").items():
-        name = gguf_name(key)
+        name = gguf_name(key, GEMMA_NAMES if gemma else LAYER_NAMES)
         if name in drop:
             continue
-        if name.endswith("attn_q.weight"):
+        if gemma:  # (llama.cpp multiplies by the weight: Gemma's 1 + w is stored)
+            value = value + 1 if "norm" in name else value
+        elif name.endswith("attn_q.weight"):
             value = rope_rows(value, cfg["num_attention_heads"])
         elif name.endswith("attn_k.weight"):
             value = rope_rows(value, cfg["num_key_value_heads"])

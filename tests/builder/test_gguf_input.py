@@ -193,9 +193,61 @@ def test_what_a_phi3_gguf_loader_drops_is_refused(phi3, tmp_path, what):
         checkpoint.load(str(path))
 
 
-def test_a_gemma_gguf_is_refused(untied_llama, tmp_path):
-    """GGUF has no query_pre_attn_scalar or local RoPE base: transformers would fill defaults. Only
-    the architectures whose GGUF loading is checked are taken."""
-    path = write_llama_gguf(untied_llama, tmp_path / "g.gguf", arch="gemma3")
-    with pytest.raises(checkpoint.CheckpointError, match="gemma3 GGUF, which is not supported .* build from"):
+def test_a_gemma1_gguf_is_refused(untied_llama, tmp_path):
+    """Only the architectures whose GGUF loading is checked are taken (Gemma 1's is not)."""
+    path = write_llama_gguf(untied_llama, tmp_path / "g.gguf", arch="gemma")
+    with pytest.raises(checkpoint.CheckpointError, match="gemma GGUF, which is not supported .* build from"):
         checkpoint.load(str(path))
+
+
+def gemma_checkpoint(arch: str, out, linear: float | None = None):
+    """A tiny Gemma 3 (six layers, five of six sliding, local RoPE base 10000, global 1e6; `linear`:
+    its global layers' RoPE scaling, as Gemma 3 4B-27B's) or Gemma 2 (its soft-caps bend most values)
+    whose queries scale by the head size, as a GGUF gives them."""
+    import json
+
+    from tests.tiny_models import make_checkpoint
+
+    ckpt = make_checkpoint(arch, out, num_layers=6 if arch == "gemma3" else 2, padded_vocab=1)  # (a row for <mask>)
+    cfg = json.loads((ckpt / "config.json").read_text())
+    cfg["query_pre_attn_scalar"] = cfg["head_dim"]
+    if arch == "gemma3":
+        cfg.update(layer_types=["sliding_attention"] * 5 + ["full_attention"],
+                   rope_parameters={"full_attention": {"rope_theta": 1e6, "rope_type": "default"} if linear is None else
+                                    {"rope_theta": 1e6, "rope_type": "linear", "factor": linear},
+                                    "sliding_attention": {"rope_theta": 1e4, "rope_type": "default"}})
+    (ckpt / "config.json").write_text(json.dumps(cfg))
+    return ckpt
+
+
+@pytest.mark.parametrize("arch, linear", [("gemma3", None), ("gemma3", 4.0), ("gemma2", None)])
+def test_a_gemma_gguf_is_its_checkpoint_read_as_llama_cpp_reads_it(arch, linear, tmp_path, monkeypatch):
+    """The query scale (the head size but for the 27B), Gemma 2's soft-caps and Gemma 3's linear RoPE
+    scaling of its global layers, which the GGUF or transformers' loader leave out, set as llama.cpp
+    reads them: logits and an engine's greedy tokens are the checkpoint's. The wrong variant,
+    transformers' model as it loads, is far off."""
+    import transformers
+
+    from trtllm.builder.config import BuildConfig
+    from trtllm.builder.export import build
+    from trtllm.runtime.engine import load_engine
+    from trtllm.runtime.generate import RowState, Timing, run_rows
+    from trtllm.runtime.sampling import SamplingParams
+
+    ckpt = gemma_checkpoint(arch, tmp_path / "ckpt", linear)
+    gguf = write_llama_gguf(ckpt, tmp_path / f"{arch}.gguf", arch=arch, rope_scaling=linear and ("linear", linear))
+    source = transformers.AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.float32).eval()
+    ids = torch.randint(3, 300, (1, 60), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        want = source(ids).logits.numpy()
+        np.testing.assert_allclose(checkpoint.load(str(gguf)).model(ids).logits.numpy(), want, atol=1e-4, rtol=0)
+    build(BuildConfig(model=str(gguf), output=str(tmp_path / "engine"), max_batch_size=1, max_input_len=128,
+                      max_kv_cache_capacity=192), log=lambda m: None)
+    row = RowState(prompt_ids=ids[0].tolist(), params=SamplingParams(temperature=0, max_new_tokens=12),
+                   rng=np.random.default_rng(0), eos_ids=frozenset())
+    run_rows(load_engine(tmp_path / "engine"), [row], None, Timing())
+    with torch.no_grad():
+        tokens = source.generate(ids, max_new_tokens=12, min_new_tokens=12, do_sample=False, eos_token_id=None)
+        assert row.output_ids == tokens[0, 60:].tolist()
+        monkeypatch.setattr(checkpoint, "gemma_keys", lambda model, keys: None)
+        assert np.abs(checkpoint.load(str(gguf)).model(ids).logits.numpy() - want).max() > 0.1
