@@ -82,27 +82,32 @@ def llama3(untied_llama, tmp_path_factory):
                                   extra_tensors={"rope_freqs.weight": llama3_rope_factors(16, LLAMA3_ROPE)})
 
 
+def logits_gap(ckpt, gguf, positions: int) -> float:
+    """The largest difference of the model loaded from the GGUF from the checkpoint's, in the logits
+    of a random prompt of that many positions."""
+    import transformers
+
+    source = transformers.AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.float32).eval()
+    ids = torch.randint(3, 300, (1, positions), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        return float((checkpoint.load(str(gguf)).model(ids).logits - source(ids).logits).abs().max())
+
+
 def test_a_llama3_gguf_gets_its_rope_scaling_back(llama3, monkeypatch):
     """Llama 3.1/3.2 GGUFs: the loaded model is the checkpoint's (transformers' llama3 RoPE from the
     factors recognised), 300 positions deep where the scaling moves every logit. The wrong variant,
     transformers' GGUF model as it loads (plain RoPE), is far off."""
-    import transformers
-
     ckpt, gguf = llama3
-    loaded = checkpoint.load(str(gguf)).model
-    assert loaded.config.rope_parameters == {**LLAMA3_ROPE, "rope_theta": 500000.0}
-    source = transformers.AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.float32).eval()
-    ids = torch.randint(3, 300, (1, 300), generator=torch.Generator().manual_seed(0))
-    with torch.no_grad():
-        want = source(ids).logits.numpy()
-        np.testing.assert_allclose(loaded(ids).logits.numpy(), want, atol=1e-4, rtol=0)
-        monkeypatch.setattr(checkpoint, "llama3_rope", lambda model, factors, arg: None)
-        assert np.abs(checkpoint.load(str(gguf)).model(ids).logits.numpy() - want).max() > 0.1
+    assert checkpoint.load(str(gguf)).model.config.rope_parameters == {**LLAMA3_ROPE, "rope_theta": 500000.0}
+    assert logits_gap(ckpt, gguf, 300) <= 1e-4
+    monkeypatch.setattr(checkpoint, "llama3_rope", lambda model, factors, arg: None)
+    assert logits_gap(ckpt, gguf, 300) > 0.1
 
 
-def test_a_llama3_gguf_engine_answers_as_its_checkpoint(llama3, tmp_path):
-    """The engine built from the GGUF gives transformers' greedy tokens on the HF checkpoint, a long
-    prompt's (the build's own check compares it with the loaded model too)."""
+def engine_answers_as(ckpt, gguf, out, prompt_len: int, new: int = 16) -> bool:
+    """Whether the engine built from the GGUF gives transformers' greedy tokens on the checkpoint
+    for a random prompt of prompt_len tokens (the build's own check compares it with the loaded
+    model too)."""
     import transformers
 
     from trtllm.builder.config import BuildConfig
@@ -111,17 +116,21 @@ def test_a_llama3_gguf_engine_answers_as_its_checkpoint(llama3, tmp_path):
     from trtllm.runtime.generate import RowState, Timing, run_rows
     from trtllm.runtime.sampling import SamplingParams
 
-    ckpt, gguf = llama3
-    build(BuildConfig(model=str(gguf), output=str(tmp_path / "engine"), max_batch_size=1, max_input_len=320,
-                      max_kv_cache_capacity=400), log=lambda m: None)
-    prompt = torch.randint(3, 300, (1, 280), generator=torch.Generator().manual_seed(1))
-    row = RowState(prompt_ids=prompt[0].tolist(), params=SamplingParams(temperature=0, max_new_tokens=16),
+    build(BuildConfig(model=str(gguf), output=str(out), max_batch_size=1, max_input_len=prompt_len + 40,
+                      max_kv_cache_capacity=prompt_len + 120), log=lambda m: None)
+    prompt = torch.randint(3, 300, (1, prompt_len), generator=torch.Generator().manual_seed(1))
+    row = RowState(prompt_ids=prompt[0].tolist(), params=SamplingParams(temperature=0, max_new_tokens=new),
                    rng=np.random.default_rng(0), eos_ids=frozenset())
-    run_rows(load_engine(tmp_path / "engine"), [row], None, Timing())
+    run_rows(load_engine(out), [row], None, Timing())
     source = transformers.AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.float32).eval()
     with torch.no_grad():
-        want = source.generate(prompt, max_new_tokens=16, min_new_tokens=16, do_sample=False, eos_token_id=None)
-    assert row.output_ids == want[0, 280:].tolist()
+        want = source.generate(prompt, max_new_tokens=new, min_new_tokens=new, do_sample=False, eos_token_id=None)
+    return row.output_ids == want[0, prompt_len:].tolist()
+
+
+def test_a_llama3_gguf_engine_answers_as_its_checkpoint(llama3, tmp_path):
+    """A long prompt's: the scaling moves every logit there."""
+    assert engine_answers_as(*llama3, tmp_path / "engine", 280)
 
 
 @pytest.fixture(scope="module")
@@ -141,40 +150,15 @@ def phi3(tmp_path_factory):
 def test_a_phi3_gguf_loads_as_its_checkpoint_with_its_window(phi3, monkeypatch):
     """transformers' GGUF loader drops the sliding window; it is given back, and the logits are the
     checkpoint's. The wrong variant, the window dropped, is far off 100 positions deep."""
-    import transformers
-
     ckpt, gguf = phi3
-    loaded = checkpoint.load(str(gguf)).model
-    assert loaded.config.sliding_window == 8
-    source = transformers.AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.float32).eval()
-    ids = torch.randint(3, 300, (1, 100), generator=torch.Generator().manual_seed(0))
-    with torch.no_grad():
-        want = source(ids).logits.numpy()
-        np.testing.assert_allclose(loaded(ids).logits.numpy(), want, atol=1e-4, rtol=0)
-        monkeypatch.setattr(checkpoint, "phi3_keys", lambda model, keys, arg: None)
-        assert np.abs(checkpoint.load(str(gguf)).model(ids).logits.numpy() - want).max() > 0.1
+    assert checkpoint.load(str(gguf)).model.config.sliding_window == 8
+    assert logits_gap(ckpt, gguf, 100) <= 1e-4
+    monkeypatch.setattr(checkpoint, "phi3_keys", lambda model, keys, arg: None)
+    assert logits_gap(ckpt, gguf, 100) > 0.1
 
 
 def test_a_phi3_gguf_engine_answers_as_its_checkpoint(phi3, tmp_path):
-    import transformers
-
-    from trtllm.builder.config import BuildConfig
-    from trtllm.builder.export import build
-    from trtllm.runtime.engine import load_engine
-    from trtllm.runtime.generate import RowState, Timing, run_rows
-    from trtllm.runtime.sampling import SamplingParams
-
-    ckpt, gguf = phi3
-    build(BuildConfig(model=str(gguf), output=str(tmp_path / "engine"), max_batch_size=1, max_input_len=128,
-                      max_kv_cache_capacity=192), log=lambda m: None)
-    prompt = torch.randint(3, 300, (1, 60), generator=torch.Generator().manual_seed(1))
-    row = RowState(prompt_ids=prompt[0].tolist(), params=SamplingParams(temperature=0, max_new_tokens=16),
-                   rng=np.random.default_rng(0), eos_ids=frozenset())
-    run_rows(load_engine(tmp_path / "engine"), [row], None, Timing())
-    source = transformers.AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.float32).eval()
-    with torch.no_grad():
-        want = source.generate(prompt, max_new_tokens=16, min_new_tokens=16, do_sample=False, eos_token_id=None)
-    assert row.output_ids == want[0, 60:].tolist()
+    assert engine_answers_as(*phi3, tmp_path / "engine", 60)
 
 
 @pytest.mark.parametrize("what", ["long_factors", "partial_rotary"])
@@ -226,28 +210,9 @@ def test_a_gemma_gguf_is_its_checkpoint_read_as_llama_cpp_reads_it(arch, linear,
     scaling of its global layers, which the GGUF or transformers' loader leave out, set as llama.cpp
     reads them: logits and an engine's greedy tokens are the checkpoint's. The wrong variant,
     transformers' model as it loads, is far off."""
-    import transformers
-
-    from trtllm.builder.config import BuildConfig
-    from trtllm.builder.export import build
-    from trtllm.runtime.engine import load_engine
-    from trtllm.runtime.generate import RowState, Timing, run_rows
-    from trtllm.runtime.sampling import SamplingParams
-
     ckpt = gemma_checkpoint(arch, tmp_path / "ckpt", linear)
     gguf = write_llama_gguf(ckpt, tmp_path / f"{arch}.gguf", arch=arch, rope_scaling=linear and ("linear", linear))
-    source = transformers.AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.float32).eval()
-    ids = torch.randint(3, 300, (1, 60), generator=torch.Generator().manual_seed(0))
-    with torch.no_grad():
-        want = source(ids).logits.numpy()
-        np.testing.assert_allclose(checkpoint.load(str(gguf)).model(ids).logits.numpy(), want, atol=1e-4, rtol=0)
-    build(BuildConfig(model=str(gguf), output=str(tmp_path / "engine"), max_batch_size=1, max_input_len=128,
-                      max_kv_cache_capacity=192), log=lambda m: None)
-    row = RowState(prompt_ids=ids[0].tolist(), params=SamplingParams(temperature=0, max_new_tokens=12),
-                   rng=np.random.default_rng(0), eos_ids=frozenset())
-    run_rows(load_engine(tmp_path / "engine"), [row], None, Timing())
-    with torch.no_grad():
-        tokens = source.generate(ids, max_new_tokens=12, min_new_tokens=12, do_sample=False, eos_token_id=None)
-        assert row.output_ids == tokens[0, 60:].tolist()
-        monkeypatch.setattr(checkpoint, "gemma_keys", lambda model, keys: None)
-        assert np.abs(checkpoint.load(str(gguf)).model(ids).logits.numpy() - want).max() > 0.1
+    assert logits_gap(ckpt, gguf, 60) <= 1e-4
+    assert engine_answers_as(ckpt, gguf, tmp_path / "engine", 60, new=12)
+    monkeypatch.setattr(checkpoint, "gemma_keys", lambda model, keys: None)
+    assert logits_gap(ckpt, gguf, 60) > 0.1
