@@ -178,10 +178,11 @@ GEMMA_27B_LAYERS = {"gemma2": 46, "gemma3": 62}
 
 def gemma_keys(model, keys: GgufKeys) -> None:
     """What a Gemma GGUF leaves out, as llama.cpp reads it: the query scale (query_pre_attn_scalar,
-    GEMMA_27B_LAYERS), and a gemma2's soft-caps (transformers' loader drops the keys: its defaults
-    are Gemma 2's own), and a gemma3's linear RoPE scaling (its global layers'). Its window, the local
-    RoPE base (10000) and which layers slide (every other one for Gemma 2, five of six for Gemma 3)
-    are transformers' defaults and llama.cpp's alike."""
+    GEMMA_27B_LAYERS), its soft-caps (transformers' loader drops the keys; Gemma 2's defaults are its
+    own, Gemma 3 has none unless given), and a gemma3's linear RoPE scaling (its global layers'). With
+    its window (check_gguf refuses a GGUF without one), the local RoPE base (10000) and which layers
+    slide (every other one for Gemma 2, five of six for Gemma 3) are transformers' defaults and
+    llama.cpp's alike."""
     config = model.config
     wide = config.num_hidden_layers == GEMMA_27B_LAYERS[keys.arch]
     config.query_pre_attn_scalar = config.hidden_size // config.num_attention_heads if wide else config.head_dim
@@ -280,6 +281,8 @@ def check_gguf(path: Path) -> GgufKeys:
     kind = next((value(n) for n in reader.fields if n.endswith(".rope.scaling.type")), None)
     factors = [n for n in reader.fields if n.endswith((".rope.scaling.factor", ".rope.scale_linear"))
                and value(n) not in (0.0, 1.0)]
+    if kind == "linear" and not factors:  # (a linear scaling by 1: plain RoPE)
+        kind = None
     freqs = next((t for t in reader.tensors if t.name == "rope_freqs.weight"), None)
     arch = value("general.architecture") if "general.architecture" in reader.fields else ""
     linear = arch == "gemma3" and kind in (None, "linear") and len(factors) == 1  # (given back: gemma_keys)
@@ -304,9 +307,16 @@ def check_gguf(path: Path) -> GgufKeys:
         keys.rope_dims = int(value("phi3.rope.dimension_count")) if "phi3.rope.dimension_count" in reader.fields \
             else None
     keys.linear = value(factors[0]) if linear else None
-    if arch == "gemma2":
-        keys.softcaps = {name: value(f"gemma2.{name}") for name in ("attn_logit_softcapping", "final_logit_softcapping")
-                         if f"gemma2.{name}" in reader.fields}
+    if arch in ("gemma2", "gemma3"):
+        # llama.cpp's Gemma 3 without a window (sliding_window_pattern 1: every layer global, one RoPE
+        # base) is no model transformers' GGUF loader makes: it would slide five of six layers
+        window = f"{arch}.attention.sliding_window"
+        if window not in reader.fields or not value(window):
+            raise CheckpointError(f"--model {str(path)!r} is a {arch} GGUF without a sliding window (every layer global), "
+                                  "which transformers' GGUF loader would read as its default windows. Build from "
+                                  "the Hugging Face checkpoint directory instead")
+        keys.softcaps = {name: value(f"{arch}.{name}") for name in ("attn_logit_softcapping", "final_logit_softcapping")
+                         if f"{arch}.{name}" in reader.fields}
     return keys
 
 

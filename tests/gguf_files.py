@@ -62,13 +62,14 @@ def write_llama_gguf(ckpt: Path, out: Path, drop: tuple[str, ...] = (), extra_te
     rope = cfg.get("rope_parameters") or {}
     w.add_rope_freq_base(cfg.get("rope_theta") or rope.get("full_attention", rope).get("rope_theta", 10000.0))
     gemma = arch in ("gemma2", "gemma3")
-    if gemma:
+    if gemma:  # (the converter leaves the window out where no layer slides, the soft-caps where none)
         w.add_key_length(head_dim)
         w.add_value_length(head_dim)
-        w.add_sliding_window(cfg["sliding_window"])
-    if arch == "gemma2":
-        w.add_float32("gemma2.attn_logit_softcapping", cfg["attn_logit_softcapping"])
-        w.add_float32("gemma2.final_logit_softcapping", cfg["final_logit_softcapping"])
+        if cfg.get("sliding_window"):
+            w.add_sliding_window(cfg["sliding_window"])
+        for name in ("attn_logit_softcapping", "final_logit_softcapping"):
+            if cfg.get(name) is not None:
+                w.add_float32(f"{arch}.{name}", cfg[name])
     w.add_rope_dimension_count(rope_dims or head_dim)
     if arch == "phi3":
         w.add_sliding_window(cfg.get("sliding_window") or 0)

@@ -177,6 +177,33 @@ def test_what_a_phi3_gguf_loader_drops_is_refused(phi3, tmp_path, what):
         checkpoint.load(str(path))
 
 
+def test_a_gemma_gguf_without_a_window_is_refused(tmp_path):
+    """llama.cpp's Gemma 3 without a sliding window (every layer global) is no model transformers'
+    GGUF loader makes: it would slide five of six layers."""
+    import json
+
+    ckpt = gemma_checkpoint("gemma3", tmp_path / "ckpt")
+    cfg = json.loads((ckpt / "config.json").read_text())
+    (ckpt / "config.json").write_text(json.dumps({**cfg, "sliding_window": None}))
+    with pytest.raises(checkpoint.CheckpointError, match="gemma3 GGUF without a sliding window"):
+        checkpoint.load(str(write_llama_gguf(ckpt, tmp_path / "g.gguf", arch="gemma3")))
+
+
+def test_a_gemma_gguf_query_scale_is_llama_cpps():
+    """The head size, but for the 27B (46 layers of Gemma 2, 62 of Gemma 3): hidden / heads."""
+    from types import SimpleNamespace
+
+    def scale(arch, layers):
+        attn = SimpleNamespace()
+        config = SimpleNamespace(num_hidden_layers=layers, hidden_size=5376, num_attention_heads=32, head_dim=128)
+        checkpoint.gemma_keys(SimpleNamespace(config=config, model=SimpleNamespace(
+            layers=[SimpleNamespace(self_attn=attn)])), checkpoint.GgufKeys(arch))
+        assert attn.scaling == config.query_pre_attn_scalar ** -0.5
+        return config.query_pre_attn_scalar
+
+    assert [scale("gemma3", 62), scale("gemma3", 34), scale("gemma2", 46), scale("gemma2", 62)] == [168, 128, 168, 128]
+
+
 def test_a_gemma1_gguf_is_refused(untied_llama, tmp_path):
     """Only the architectures whose GGUF loading is checked are taken (Gemma 1's is not)."""
     path = write_llama_gguf(untied_llama, tmp_path / "g.gguf", arch="gemma")
@@ -195,7 +222,8 @@ def gemma_checkpoint(arch: str, out, linear: float | None = None):
     ckpt = make_checkpoint(arch, out, num_layers=6 if arch == "gemma3" else 2, padded_vocab=1)  # (a row for <mask>)
     cfg = json.loads((ckpt / "config.json").read_text())
     cfg["query_pre_attn_scalar"] = cfg["head_dim"]
-    if arch == "gemma3":
+    if arch == "gemma3":  # (and a final soft-cap, which Gemma 3 has where its config sets one)
+        cfg["final_logit_softcapping"] = 5.0
         cfg.update(layer_types=["sliding_attention"] * 5 + ["full_attention"],
                    rope_parameters={"full_attention": {"rope_theta": 1e6, "rope_type": "default"} if linear is None else
                                     {"rope_theta": 1e6, "rope_type": "linear", "factor": linear},
