@@ -295,6 +295,9 @@ def check_gguf(path: Path) -> GgufKeys:
                               "Hugging Face checkpoint directory")
     if freqs is not None and arch != "llama":
         refuse(f"a rope_freqs.weight tensor in a {arch} GGUF (Llama 3's RoPE scaling is read from llama ones)")
+    if arch == "gemma2" and any(t.name == "output.weight" for t in reader.tensors):  # (transformers' names it lm_head)
+        raise CheckpointError(f"--model {str(path)!r} is a gemma2 GGUF with an output.weight tensor, which Gemma 2 "
+                              "does not take (its head is its token embedding, as llama.cpp's converter writes it)")
     extra = GGUF_EXTRA.get(arch)
     dropped = [t.name for t in reader.tensors if t is not freqs
                and not GGUF_TENSORS.fullmatch(t.name) and not (extra and extra.fullmatch(t.name))]

@@ -189,6 +189,19 @@ def test_a_gemma_gguf_without_a_window_is_refused(tmp_path):
         checkpoint.load(str(write_llama_gguf(ckpt, tmp_path / "g.gguf", arch="gemma3")))
 
 
+def test_an_untied_gemma2_gguf_is_refused_by_its_tensor(tmp_path):
+    """llama.cpp's Gemma 2 ties its head to the embedding; transformers' loader would say lm_head."""
+    import json
+
+    from tests.tiny_models import make_checkpoint
+
+    ckpt = make_checkpoint("gemma2", tmp_path / "ckpt", tie=False, padded_vocab=1)
+    cfg = json.loads((ckpt / "config.json").read_text())
+    (ckpt / "config.json").write_text(json.dumps({**cfg, "query_pre_attn_scalar": cfg["head_dim"]}))
+    with pytest.raises(checkpoint.CheckpointError, match="gemma2 GGUF with an output.weight tensor"):
+        checkpoint.load(str(write_llama_gguf(ckpt, tmp_path / "g.gguf", arch="gemma2")))
+
+
 def test_a_gemma_gguf_query_scale_is_llama_cpps():
     """The head size, but for the 27B (46 layers of Gemma 2, 62 of Gemma 3): hidden / heads."""
     from types import SimpleNamespace
