@@ -108,10 +108,12 @@ def dead_end(allowed: frozenset[int] | None, seqs: Sequence[Sequence[int]], held
     return None
 
 
-def banning(allowed: bool, words: bool, held: bool, guided: bool, repeats: bool = False) -> str:
-    """The settings of a request that ban tokens, named for an error where they ban every one."""
-    names = [name for name, on in (("allowed_token_ids", allowed), ("bad_words", words),
-                                   ("no_repeat_ngram_size", repeats),
+def banning(p, held: bool, guided: bool) -> str:
+    """The settings of a request that ban tokens, named for an error where they ban every one (`p`:
+    its sampling.SamplingParams or beam.BeamParams; `held`: min_new_tokens holds EOS back there)."""
+    names = [name for name, on in (("allowed_token_ids", p.allowed_token_ids is not None),
+                                   ("bad_words", bool(p.bad_words)),
+                                   ("no_repeat_ngram_size", p.no_repeat_ngram_size > 0),
                                    ("min_new_tokens (EOS and stop_token_ids held back)", held),
                                    ("guided_decoding's grammar", guided)) if on]
     return " and ".join(names) or "its biases"

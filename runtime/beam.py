@@ -128,14 +128,12 @@ def shaped_candidates(logits: np.ndarray, p: BeamParams, prompt: list[int], runn
     then repetition_penalty over the prompt's and each beam's tokens (RepetitionPenaltyLogitsProcessor:
     a log-probability below 0 times it, else over it); `guides`: each beam's matcher, -inf where its
     grammar allows no token (a beam without one, ended or out of its grammar, allows none); `repeats`,
-    no_repeat_ngram_size's index of the prompt (made here where not given). With what
+    no_repeat_ngram_size's index of the prompt (Beams.repeats). With what
     the answer's logprobs report, as plain decoding's do (log_softmax of the logits plus logit_bias and
     the grammar's -inf, before penalties): (scores, ids, reported) for Search.advance."""
     ids = np.array([t for t, _ in p.logit_bias], np.int64)
     bias = np.array([b for _, b in p.logit_bias], np.float32)
     scores, found_ids, full = [], [], []
-    if p.no_repeat_ngram_size and repeats is None:
-        repeats = bans.RepeatedNgrams(p.no_repeat_ngram_size, prompt)
     if guides is not None:
         # (together, on llguidance's threads; the rows' own: the prompt step's one row stands for all beams)
         grammar.fill([g for g in guides[:len(logits)] if g is not None and g.stale])
@@ -279,8 +277,7 @@ class Search:
         none but tokens that end a hypothesis)."""
         p = self.p
         held = token <= p.min_new_tokens and bool(p.eos_ids)
-        why = bans.banning(p.allowed_token_ids is not None, bool(p.bad_words), held, p.guide is not None,
-                           p.no_repeat_ngram_size > 0)
+        why = bans.banning(p, held, p.guide is not None)
         if ending:
             return f"no beam can go on at token {token}: {why} ban every token that does not end it"
         return f"no token can come at token {token} of any beam: {why} ban every one"

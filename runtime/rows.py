@@ -118,9 +118,7 @@ class RowState:
         """Why no token can come next, where its bans leave none (sampling.penalize's, a grammar's)."""
         p = self.params
         return (f"no token can come at its token {len(self.output_ids) + 1}: "
-                + bans.banning(p.allowed_token_ids is not None, bool(p.bad_words),
-                               p.min_new_tokens > len(self.output_ids) and bool(self.banned), self.guide is not None,
-                               p.no_repeat_ngram_size > 0)
+                + bans.banning(p, p.min_new_tokens > len(self.output_ids) and bool(self.banned), self.guide is not None)
                 + " ban every one")
 
     def overflow_causes(self) -> str:

@@ -95,7 +95,12 @@ class SamplingParams:
     def changing_bans(self) -> bool:
         """A bad word of several tokens, or no_repeat_ngram_size: what it bans changes with each token
         generated."""
-        return self.no_repeat_ngram_size > 0 or any(len(seq) > 1 for seq in self.bad_words)
+        return self.no_repeat_ngram_size > 0 or self.changing_words
+
+    @property
+    def changing_words(self) -> bool:
+        """A bad word of several tokens: its ban follows the answer's last tokens."""
+        return any(len(seq) > 1 for seq in self.bad_words)
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,7 +207,7 @@ def penalize(batch: SamplingBatch, row: int, params: SamplingParams, counts: dic
     elif held and token_id in banned:
         touched.add(token_id)
     words = bans.banned_next(params.bad_words, output) if params.bad_words else set()
-    if any(len(seq) > 1 for seq in params.bad_words):  # what the bad words banned before this token, and ban now
+    if params.changing_words:  # what the bad words banned before this token, and ban now
         # (what changed: a word's one-token ban stays, and rewriting it would bump the row's version, a
         # device copy of its [V] arrays per token on TensorRT)
         touched |= words ^ bans.banned_next(params.bad_words, output, len(output) - 1)
