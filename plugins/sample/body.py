@@ -10,7 +10,7 @@ uses one M.
     x, seen, repetition_penalty, penalty_bias -> y     (step 3; If: skipped when every r = 1)
     y --TopK(M)--> sy;  y == sy[:, 0] --first index--> greedy
     sy, temperature, min_p, top_k, top_p --> threshold thr (steps 5-9)
-    y >= thr, exp((y - max y) / t) --> w --CumSum--> c --first c > uniform * c[-1]--> token
+    y >= thr, exp((y - max y) / t) --> w --CumSum--> c --first weighted c > uniform * total--> token
     where(temperature == 0, greedy, token) -> token_ids
 
 Two TopKs because the logprobs are of x (before the penalties) and the thresholds of y; the small
@@ -254,12 +254,19 @@ def _draw(b: _Body) -> None:
     """Steps 10-11: inverse CDF with the caller's uniform, then the greedy override."""
     b.op("Where", "keep", "exp_d", "zero_f", out="w")                               # [B, V]
     b.op("CumSum", "w", "axis_1", out="c")
-    b.op("Slice", "c", "last_start", "int64_max", "axes_1", out="total")            # [B, 1]
+    # Only tokens with weight are drawn, and the total is the largest sum at one of them: a
+    # sequential CumSum (ONNX Runtime's) gives c[-1] and the same token, but a parallel scan (a
+    # GPU's) rounds the sums past the last weighted token differently, and c > target or c >= c[-1]
+    # could first hold at a token of weight 0 (a banned one), or at none.
+    b.op("Greater", "w", "zero_f", out="weighted")
+    b.op("Where", "weighted", "c", "zero_f", out="c_weighted")
+    b.op("ReduceMax", "c_weighted", "axes_1", out="total", keepdims=1)              # [B, 1]
     b.op("Unsqueeze", "uniform", "axes_1", out="u2")
     b.op("Mul", "u2", "total", out="target")
     b.op("Greater", "c", "target", out="past_target")
     b.op("GreaterOrEqual", "c", "total", out="at_total")
-    b.op("Or", "past_target", "at_total", out="chosen")
+    b.op("Or", "past_target", "at_total", out="passed")
+    b.op("And", "passed", "weighted", out="chosen")
     _first_true(b, "chosen", out="token")                                           # [B]
     b.op("Equal", "temperature", "zero_f", out="is_greedy")
     b.op("Where", "is_greedy", "greedy", "token", out="token_ids_sampled")

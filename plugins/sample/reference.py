@@ -24,9 +24,12 @@ Per row b (all float32; B rows, V vocabulary, M = max_top_k, K = min(50, M) logp
        n = count(excl < top_p) (>= 1, since excl[0] = 0); n' = n if top_p < 1 else M
   9. threshold thr = sy[min(k', n') - 1], or -inf when not restricted and top_p == 1;
      keep = y >= thr (ties with the threshold are kept, as in HF's `scores < kth` masking)
- 10. w = where(keep, exp(d), 0); c = cumsum(w) in vocabulary order; total = c[-1]
-     token = first index with c > uniform * total or c >= total (the second clause only matters
-     when uniform * total rounds up to total; it picks the last token with weight)
+ 10. w = where(keep, exp(d), 0); c = cumsum(w) in vocabulary order; total = max c where w > 0
+     token = first index with w > 0 and (c > uniform * total or c >= total) (the second clause only
+     matters when uniform * total rounds up to total; it picks the last token with weight).
+     Summed in order, total = c[-1] and w > 0 changes nothing; a parallel scan (a GPU's CumSum, the
+     Triton kernel's blocks) rounds c past the last weighted token apart from it, and without them
+     could draw a token of weight 0 (a banned one), or none
  11. token_ids = where(temperature == 0, greedy, token)
 
 Thresholds compare y with sy, which TopK returns bit-for-bit, instead of comparing z = y / t with
@@ -59,9 +62,10 @@ def sample(logits, logit_bias, penalty_bias, seen, repetition_penalty, temperatu
     keep, d = _keep_mask(y, t, m, k, p, max_top_k)
     w = np.where(keep, np.exp(d), np.float32(0))                        # [B, V]
     c = np.cumsum(w, axis=1, dtype=np.float32)                          # sequential, like CumSum
-    total = c[:, -1:]
+    weighted = w > 0
+    total = np.where(weighted, c, np.float32(0)).max(axis=1, keepdims=True)  # c[-1] when sequential
     target = u[:, None] * total
-    token = np.argmax((c > target) | (c >= total), axis=1)              # first True
+    token = np.argmax(((c > target) | (c >= total)) & weighted, axis=1)  # first True
     token_ids = np.where(t == 0, greedy, token).astype(np.int64)
     return token_ids, top_logprobs.astype(np.float32), top_logprob_ids.astype(np.int64)
 

@@ -389,3 +389,36 @@ def test_top_k_keeps_ties_so_top_k_1_is_not_greedy():
     for tokens in (run_reference(case, 1, 4)[0], run_body(case, 1, 4)[0]):
         assert tokens.tolist() == [0, 1]
     assert not greedy(SamplingParams(temperature=1.0, top_k=1)) and greedy(SamplingParams(temperature=0.0))
+
+
+def _with_scan_error(model, error: np.ndarray):
+    """The body with `error` added to CumSum(w): a parallel scan's rounding, as a GPU's may round."""
+    def patch(nodes):
+        for i, node in enumerate(nodes):
+            if node.op_type == "CumSum" and list(node.input[:1]) == ["w"]:
+                node.output[0] = "c_scan"
+                nodes.insert(i + 1, onnx.helper.make_node("Add", ["c_scan", "scan_error"], ["c"]))
+                nodes.insert(i + 1, onnx.helper.make_node("Constant", [], ["scan_error"],
+                                                          value=onnx.numpy_helper.from_array(error)))
+                return True
+            for attr in node.attribute:
+                if attr.type == onnx.AttributeProto.GRAPH and patch(attr.g.node):
+                    return True
+        return False
+
+    assert patch(model.functions[0].node)
+    return model
+
+
+@pytest.mark.parametrize("uniform", [0.999, np.nextafter(np.float32(1), np.float32(0))])
+def test_a_scan_rounding_up_past_the_last_weighted_token_draws_a_weighted_one(uniform):
+    """Sums past the last weighted token rounded above it (a parallel scan) must not draw a token of
+    weight 0 (here banned): the body draws the weighted one the exact sums give, as the reference."""
+    case = make_case(np.zeros((1, 8)), 1.0, 0, 1.0, uniform, bias=[[0, 0, 0, 0] + [-np.inf] * 4])
+    error = np.array([[0, 0, 0, 0, 1e-2, 1e-2, 1e-2, 1e-2]], np.float32)
+    session = ort.InferenceSession(_with_scan_error(body.make_model(8, 8), error).SerializeToString(),
+                                   providers=["CPUExecutionProvider"])
+    token = session.run(None, {name: case[name] for name in ARGS})[0]
+    c = np.cumsum(np.array([1, 1, 1, 1, 0, 0, 0, 0], np.float32)) + error[0]
+    assert np.argmax((c > uniform * c[-1]) | (c >= c[-1])) == 4        # the rule without weights draws a ban
+    assert token.tolist() == [3] == run_reference(case, 1, 8)[0].tolist()

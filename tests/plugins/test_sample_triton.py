@@ -29,6 +29,7 @@ KEPT_ARGS = tuple(name for name in ARGS if name != "uniform")
 INTERPRET_CONFIGS = [(7, 7), (300, 300), (300, 16), (1000, 64), (1025, 1024), (2000, 1024), (2000, 2000)]
 INTERPRET_BLOCK = 512        # small blocks: several per row, so the carries across blocks are exercised
 GPU_CONFIGS = [(1000, 1000), (4099, 1024), (49152, 1024)]
+DRAW_TOL = 1e-5              # see compare: float32 sums of the kernel's order, and the GPU's approximate exp
 
 
 def random_case(rng, vocab_size: int, max_top_k: int, num_rows: int) -> tuple[dict, int]:
@@ -64,14 +65,27 @@ def random_case(rng, vocab_size: int, max_top_k: int, num_rows: int) -> tuple[di
     return case, int(rng.integers(1, min(schema.MAX_NUM_LOGPROBS, max_top_k) + 1))
 
 
-def compare(got, want, case: dict, max_top_k: int) -> list[str]:
-    """Problems (empty when the kernel's outputs agree with the reference's)."""
+def compare(got, want, case: dict, max_top_k: int, near: list | None = None) -> list[str]:
+    """Problems (empty when the kernel's outputs agree with the reference's).
+
+    With `near` (a list), a token that differs from the reference's but is the exact draw (float64
+    CDF) for a uniform within DRAW_TOL of the row's is no problem: it is appended to `near`
+    instead. The reference's CDF is a sequential float32 sum, off from the exact one by up to 2e-4
+    over 46,000 kept tokens, so where the uniform sits that close to a boundary a kernel summing
+    in another order (a GPU's blocks and trees) can be right where the reference is not. Without
+    `near` every token must equal the reference's (the CPU paths sum in its order).
+    """
     for name, g, w in zip(schema.OUTPUT_NAMES, got, want):
         if g.shape != w.shape or g.dtype != w.dtype:
             return [f"{name}: shape/dtype {g.shape} {g.dtype}, want {w.shape} {w.dtype}"]
     (tokens, logprobs, ids), (want_tokens, want_logprobs, want_ids) = got, want
-    problems = [f"token_ids[{row}] = {tokens[row]}, want {want_tokens[row]}{_boundary(case, row, max_top_k)}"
-                for row in np.flatnonzero(tokens != want_tokens)]
+    problems = []
+    for row in np.flatnonzero(tokens != want_tokens):
+        message = f"token_ids[{row}] = {tokens[row]}, want {want_tokens[row]}{_boundary(case, row, max_top_k)}"
+        if near is not None and _exact_draw_near(case, row, max_top_k, tokens[row]):
+            near.append(message)
+        else:
+            problems.append(message)
     with np.errstate(invalid="ignore"):                                 # -inf - -inf
         err = np.where(logprobs == want_logprobs, 0.0, np.abs(logprobs.astype(np.float64) - want_logprobs))
     bad = np.argwhere(~(err <= 1e-5))                                   # NaN and inf count as bad
@@ -86,6 +100,16 @@ def compare(got, want, case: dict, max_top_k: int) -> list[str]:
     return problems
 
 
+def _exact_draw_near(case, row, max_top_k, token) -> bool:
+    """Whether `token` is the float64-exact draw of the row for some uniform within DRAW_TOL of its own."""
+    probs = reference.kept_probs(*(case[name][row:row + 1] for name in KEPT_ARGS), max_top_k=max_top_k)[0]
+    cdf = np.cumsum(probs.astype(np.float64))
+    cdf /= cdf[-1]
+    below = cdf[token - 1] if token > 0 else 0.0                        # the CDF just before the token
+    u = float(case["uniform"][row])
+    return bool(probs[token] > 0 and below <= u + DRAW_TOL and cdf[token] > u - DRAW_TOL)
+
+
 def _boundary(case, row, max_top_k):
     """How far the row's uniform sits from the nearest boundary of the reference's CDF."""
     probs = reference.kept_probs(*(case[name][row:row + 1] for name in KEPT_ARGS), max_top_k=max_top_k)[0]
@@ -94,10 +118,11 @@ def _boundary(case, row, max_top_k):
 
 
 def run_cases(kernel, configs, seed: int, num_cases: int, device: str, ties_last: bool = False,
-              coverage: dict | None = None):
+              coverage: dict | None = None, near: list | None = None):
     """(rows compared, problems) over num_cases random cases of 1-8 rows per (V, M) config.
 
-    `coverage`, when given, counts the rows that exercise each feature (see _count_features)."""
+    `coverage`, when given, counts the rows that exercise each feature (see _count_features);
+    `near` is compare's."""
     import torch
 
     rng = np.random.default_rng(seed)
@@ -113,7 +138,7 @@ def run_cases(kernel, configs, seed: int, num_cases: int, device: str, ties_last
                                 ties_last=ties_last)
             got = [g.cpu().numpy() for g in got]
             problems += [f"V={vocab_size} M={max_top_k} K={num_logprobs} case {i}: {p}"
-                         for p in compare(got, want, case, max_top_k)]
+                         for p in compare(got, want, case, max_top_k, near)]
             num_rows += len(want[0])
             if coverage is not None:
                 _count_features(coverage, case, want, max_top_k, num_logprobs)
@@ -171,9 +196,31 @@ def test_gpu_kernel_matches_reference():
         pytest.skip("needs a CUDA device (and TRITON_INTERPRET unset)")
     from trtllm.plugins.sample import triton_kernel
 
-    num_rows, problems = run_cases(triton_kernel, GPU_CONFIGS, seed=2, num_cases=12, device="cuda")
+    near = []
+    num_rows, problems = run_cases(triton_kernel, GPU_CONFIGS, seed=2, num_cases=12, device="cuda", near=near)
     assert num_rows > 100
     assert not problems, f"{len(problems)} problems:\n" + "\n".join(problems[:20])
+    assert len(near) <= num_rows // 50, near   # a boundary within 1e-5 of the uniform is rare
+
+
+def test_compare_takes_only_the_exact_draw_near_a_boundary():
+    """A token off the reference's is the kernel's right only where the uniform sits within DRAW_TOL
+    of the exact CDF's boundary and the token is the exact draw's side of it (the GPU's summation)."""
+    from tests.plugins.sample_cases import kept_of, make_case
+
+    def problems(token, uniform, near):
+        case = make_case(np.log([[0.5, 0.3, 0.2]]), 1.0, 0, 1.0, uniform)
+        want = reference.sample(*(case[name] for name in ARGS), 3)
+        assert want[0][0] == (uniform > boundary)                       # the reference's draw is right here
+        return compare((np.array([token]), *want[1:]), want, case, 3, near)
+
+    probs = kept_of(make_case(np.log([[0.5, 0.3, 0.2]]), 1.0, 0, 1.0, 0.5), 3)[0].astype(np.float64)
+    boundary = probs[0] / probs.sum()                                   # between tokens 0 and 1
+    near = []
+    assert not problems(0, boundary + 3e-6, near) and len(near) == 1    # the reference says 1
+    assert not problems(1, boundary - 3e-6, near) and len(near) == 2    # the reference says 0
+    assert problems(0, boundary + 3e-6, None)                           # without near: exact
+    assert problems(0, boundary + 3e-4, []) and problems(2, boundary + 3e-6, [])   # far, or not a neighbour
 
 
 def speed_up_interpreter() -> None:
