@@ -140,7 +140,7 @@ def load_gguf(path: Path) -> Checkpoint:
         if keys.rope_freqs is not None:
             llama3_rope(model, keys.rope_freqs, str(path))
         if keys.arch == "phi3":
-            phi3_keys(model, keys, str(path))
+            phi3_keys(model, keys)
         if keys.arch in ("gemma2", "gemma3"):
             gemma_keys(model, keys)
     return Checkpoint(model.eval(), tok, {"model": str(path.resolve()), "kind": "gguf",
@@ -154,20 +154,28 @@ class GgufKeys:
     rope_freqs: list[float] | None = None  # a llama GGUF's rope_freqs.weight: Llama 3's RoPE scaling
     sliding_window: int = 0  # a phi3 GGUF's window (0: none, as llama.cpp's converter writes Phi-4's)
     rope_dims: int | None = None  # the rotary dimensions of a head
+    longrope: dict | None = None  # a phi3 GGUF's LongRoPE: rope_parameters' long/short factors, original context
     softcaps: dict = field(default_factory=dict)  # a gemma2 GGUF's: config name -> value
     linear: float | None = None  # a gemma3 GGUF's linear RoPE scaling (its global layers': Gemma 3 4B-27B)
 
 
-def phi3_keys(model, keys: GgufKeys, model_arg: str) -> None:
-    """A Phi-3 GGUF's sliding window set on the model (Phi-3-mini-4k's 2047: transformers' loader
-    drops it); a partial rotary (Phi-4-mini's 96 of 128), which it drops too, refused."""
+def phi3_keys(model, keys: GgufKeys) -> None:
+    """What transformers' loader drops of a Phi-3 GGUF, given back: its sliding window (Phi-3-mini-4k's
+    2047), a partial rotary (Phi-4-mini rotates 96 of 128 dimensions) and LongRoPE (Phi-3.5-mini,
+    Phi-4-mini, the 128k Phi-3s: the factors llama.cpp's converter writes as rope_factors_long/short
+    tensors, and the original context). The rotary module is made again from the mended config."""
     config = model.config
-    head = config.hidden_size // config.num_attention_heads
-    if keys.rope_dims not in (None, head):
-        raise CheckpointError(f"--model {model_arg!r} rotates {keys.rope_dims} of each head's {head} dimensions, "
-                              "which transformers' GGUF loader drops (it would rotate all). Build from the Hugging "
-                              "Face checkpoint directory instead")
     config.sliding_window = keys.sliding_window or None
+    head = config.hidden_size // config.num_attention_heads
+    params = dict(config.rope_parameters)
+    if keys.rope_dims not in (None, head):
+        params["partial_rotary_factor"] = keys.rope_dims / head
+    if keys.longrope:
+        params.update(rope_type="longrope", **keys.longrope)
+        config.original_max_position_embeddings = keys.longrope["original_max_position_embeddings"]
+    if params != config.rope_parameters:
+        config.rope_parameters = params
+        model.model.rotary_emb = type(model.model.rotary_emb)(config)
 
 
 # Gemma's 27B (46 layers for Gemma 2, 62 for Gemma 3) scales its queries by hidden / heads, the
@@ -249,7 +257,8 @@ GGUF_TENSORS = re.compile(r"token_embd\.weight|output_norm\.weight|output\.weigh
                           r"attn_v|attn_output|ffn_norm|ffn_gate|ffn_up|ffn_down)\.weight")
 GGUF_EXTRA = {"qwen2": re.compile(r"blk\.\d+\.attn_[qkv]\.bias"),
               "qwen3": re.compile(r"blk\.\d+\.attn_[qk]_norm\.weight"),
-              "phi3": re.compile(r"blk\.\d+\.attn_qkv\.weight"),  # (its gate|up is ffn_up)
+              # (its gate|up is ffn_up; the LongRoPE factors: phi3_longrope)
+              "phi3": re.compile(r"blk\.\d+\.attn_qkv\.weight|rope_factors_(long|short)\.weight"),
               "gemma2": re.compile(r"blk\.\d+\.(post_attention_norm|post_ffw_norm)\.weight"),
               "gemma3": re.compile(r"blk\.\d+\.(post_attention_norm|post_ffw_norm|attn_[qk]_norm)\.weight")}
 # what llama.cpp labels them (a Mistral GGUF is "llama")
@@ -259,10 +268,10 @@ GGUF_ARCHS = {"llama", "qwen2", "qwen3", "phi3", "gemma2", "gemma3"}
 def check_gguf(path: Path) -> GgufKeys:
     """What transformers' GGUF loader (5.x) drops, refused: RoPE scaling (llama.cpp's
     `<arch>.rope.scaling.*` keys, the older `<arch>.rope.scale_linear`, which llama.cpp reads as
-    linear scaling when no type is given), tensors it does not map (a long-context Phi-3's
-    rope_factors_long/short), and a split GGUF's other parts. Returns what load_gguf gives back to
-    the model: a llama GGUF's `rope_freqs.weight` (Llama 3's scaling, as frequency factors), a phi3
-    GGUF's sliding window and rotary dimensions."""
+    linear scaling when no type is given), tensors it does not map, and a split GGUF's other parts.
+    Returns what load_gguf gives back to the model: a llama GGUF's `rope_freqs.weight` (Llama 3's
+    scaling, as frequency factors), a phi3 GGUF's sliding window, rotary dimensions and LongRoPE
+    (its rope_factors_long/short tensors), a Gemma's soft-caps and linear scaling."""
     import gguf
 
     reader = gguf.GGUFReader(path)
@@ -309,6 +318,7 @@ def check_gguf(path: Path) -> GgufKeys:
             reader.fields else 0
         keys.rope_dims = int(value("phi3.rope.dimension_count")) if "phi3.rope.dimension_count" in reader.fields \
             else None
+        keys.longrope = phi3_longrope(reader, value, keys.rope_dims, str(path))
     keys.linear = value(factors[0]) if linear else None
     if arch in ("gemma2", "gemma3"):
         # llama.cpp's Gemma 3 without a window (sliding_window_pattern 1: every layer global, one RoPE
@@ -321,6 +331,36 @@ def check_gguf(path: Path) -> GgufKeys:
         keys.softcaps = {name: value(f"{arch}.{name}") for name in ("attn_logit_softcapping", "final_logit_softcapping")
                          if f"{arch}.{name}" in reader.fields}
     return keys
+
+
+def phi3_longrope(reader, value, rope_dims: int | None, model_arg: str) -> dict | None:
+    """A phi3 GGUF's LongRoPE as rope_parameters has it (None: plain RoPE), from what llama.cpp's
+    converter writes: one factor per rotary frequency in rope_factors_long/short.weight, the context
+    the short ones hold (rope.scaling.original_context_length) and the attention factor it computed
+    (rope.scaling.attn_factor: transformers' own rule, taken as the file has it, as llama.cpp does)."""
+    tensors = {t.name: t for t in reader.tensors if t.name in ("rope_factors_long.weight", "rope_factors_short.weight")}
+    if not tensors:
+        return None
+    if len(tensors) == 1:
+        raise CheckpointError(f"--model {model_arg!r} has {next(iter(tensors))} without its pair (LongRoPE takes "
+                              "rope_factors_long.weight and rope_factors_short.weight)")
+    original = "phi3.rope.scaling.original_context_length"
+    if original not in reader.fields:
+        raise CheckpointError(f"--model {model_arg!r} has LongRoPE factors without {original}, the context its "
+                              "short factors hold")
+    if rope_dims is None:
+        rope_dims = int(value("phi3.embedding_length")) // int(value("phi3.attention.head_count"))
+    factors = {}
+    for kind in ("long", "short"):
+        data = tensors[f"rope_factors_{kind}.weight"].data.astype("float32").reshape(-1)
+        if len(data) != rope_dims // 2:
+            raise CheckpointError(f"--model {model_arg!r} has {len(data)} LongRoPE {kind} factors, not one per "
+                                  f"rotary frequency ({rope_dims // 2})")
+        factors[f"{kind}_factor"] = [float(x) for x in data]
+    params = {**factors, "original_max_position_embeddings": int(value(original))}
+    if "phi3.rope.scaling.attn_factor" in reader.fields:
+        params["attention_factor"] = value("phi3.rope.scaling.attn_factor")
+    return params
 
 
 def state_dict_numpy(model) -> dict:

@@ -3,6 +3,7 @@ float32 tensors under GGUF names, q/k rows permuted for its RoPE, a GPT-2 style 
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -37,14 +38,17 @@ def rope_rows(w: np.ndarray, heads: int) -> np.ndarray:
 
 def write_llama_gguf(ckpt: Path, out: Path, drop: tuple[str, ...] = (), extra_tensors: dict | None = None,
                      rope_scaling: tuple[str, float] | None = None, fields: dict | None = None,
-                     arch: str = "llama", rope_dims: int | None = None) -> Path:
+                     arch: str = "llama", rope_dims: int | None = None, original_context: bool = True) -> Path:
     """`ckpt` (a tiny Llama checkpoint) as a GGUF; `drop` leaves tensors out (GGUF names),
     `rope_scaling` = (type, factor) adds llama.cpp's scaling keys, `fields` more keys: name ->
     float (float32) or int (uint16); `arch` labels it another architecture (general.architecture):
     "phi3" writes a Phi-3 checkpoint's keys as llama.cpp's converter does (its sliding window, 0 for
     none; its original context); "gemma2" and "gemma3" a Gemma's (its norms' weights plus 1, q and k
     rows as they are, the head size, window and soft-caps); `rope_dims` the rotary dimensions it
-    gives (default: the head's)."""
+    gives (default: the head's, or its partial_rotary_factor's share); a phi3 with LongRoPE
+    gets its factors as the tensors rope_factors_long/short.weight and the attention factor, as
+    llama.cpp's converter writes them (`drop` can leave those tensors out too; `original_context`
+    False leaves out the context its short factors hold)."""
     import gguf
     from safetensors.numpy import load_file
 
@@ -70,10 +74,18 @@ def write_llama_gguf(ckpt: Path, out: Path, drop: tuple[str, ...] = (), extra_te
         for name in ("attn_logit_softcapping", "final_logit_softcapping"):
             if cfg.get(name) is not None:
                 w.add_float32(f"{arch}.{name}", cfg[name])
-    w.add_rope_dimension_count(rope_dims or head_dim)
+    w.add_rope_dimension_count(rope_dims or int(head_dim * rope.get("partial_rotary_factor", 1.0)))
     if arch == "phi3":
         w.add_sliding_window(cfg.get("sliding_window") or 0)
-        w.add_rope_scaling_orig_ctx_len(cfg.get("original_max_position_embeddings") or cfg["max_position_embeddings"])
+        original = cfg.get("original_max_position_embeddings") or cfg["max_position_embeddings"]
+        if original_context:
+            w.add_rope_scaling_orig_ctx_len(original)
+        if rope.get("rope_type") == "longrope":  # (the converter's generate_extra_tensors)
+            scale = cfg["max_position_embeddings"] / original
+            w.add_rope_scaling_attn_factors(math.sqrt(1 + math.log(scale) / math.log(original)) if scale > 1 else 1.0)
+            extra_tensors = {"rope_factors_long.weight": np.array(rope["long_factor"], np.float32),
+                             "rope_factors_short.weight": np.array(rope["short_factor"], np.float32),
+                             **(extra_tensors or {})}
     if rope_scaling:
         w.add_rope_scaling_type(gguf.RopeScalingType(rope_scaling[0]))
         w.add_rope_scaling_factor(rope_scaling[1])
@@ -105,7 +117,8 @@ def write_llama_gguf(ckpt: Path, out: Path, drop: tuple[str, ...] = (), extra_te
             value = rope_rows(value, cfg["num_key_value_heads"])
         w.add_tensor(name, np.ascontiguousarray(value, np.float32))
     for name, value in (extra_tensors or {}).items():
-        w.add_tensor(name, value)
+        if name not in drop:
+            w.add_tensor(name, value)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

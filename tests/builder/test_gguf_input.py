@@ -153,7 +153,7 @@ def test_a_phi3_gguf_loads_as_its_checkpoint_with_its_window(phi3, monkeypatch):
     ckpt, gguf = phi3
     assert checkpoint.load(str(gguf)).model.config.sliding_window == 8
     assert logits_gap(ckpt, gguf, 100) <= 1e-4
-    monkeypatch.setattr(checkpoint, "phi3_keys", lambda model, keys, arg: None)
+    monkeypatch.setattr(checkpoint, "phi3_keys", lambda model, keys: None)
     assert logits_gap(ckpt, gguf, 100) > 0.1
 
 
@@ -161,18 +161,74 @@ def test_a_phi3_gguf_engine_answers_as_its_checkpoint(phi3, tmp_path):
     assert engine_answers_as(*phi3, tmp_path / "engine", 60)
 
 
-@pytest.mark.parametrize("what", ["long_factors", "partial_rotary"])
-def test_what_a_phi3_gguf_loader_drops_is_refused(phi3, tmp_path, what):
-    """A long-context Phi-3's LongRoPE factors (Phi-3.5-mini, Phi-4-mini: tensors the loader does not
-    map), and a partial rotary (Phi-4-mini rotates 96 of 128 dimensions: the loader rotates all)."""
-    ckpt, _ = phi3
-    if what == "long_factors":
-        path = write_llama_gguf(ckpt, tmp_path / "long.gguf", arch="phi3", extra_tensors={
-            "rope_factors_long.weight": np.full(8, 2.0, np.float32), "rope_factors_short.weight": np.ones(8, np.float32)})
-        match = "tensors rope_factors_long.weight, rope_factors_short.weight"
+@pytest.fixture(scope="module")
+def phi4_mini(tmp_path_factory):
+    """A tiny Phi-4-mini (LongRoPE up to 256 positions of 512, on half of each head), and its GGUF."""
+    from tests.tiny_models import make_checkpoint
+
+    out = tmp_path_factory.mktemp("phi4-mini")
+    ckpt = make_checkpoint("phi4-mini", out / "ckpt", tie=False)
+    return ckpt, write_llama_gguf(ckpt, out / "phi4-mini.gguf", arch="phi3")
+
+
+def test_a_longrope_phi3_gguf_gets_its_rope_back(phi4_mini, monkeypatch):
+    """Phi-3.5-mini's and Phi-4-mini's LongRoPE (factors as tensors transformers' loader does not map,
+    the original context and attention factor as keys) and Phi-4-mini's partial rotary, which the
+    loader drops, given back: the logits are the checkpoint's 200 positions deep. The wrong
+    variants, each dropped as the loader drops it, are far off."""
+    ckpt, gguf = phi4_mini
+    params = checkpoint.load(str(gguf)).model.config.rope_parameters
+    assert params["rope_type"] == "longrope" and params["partial_rotary_factor"] == 0.5
+    assert params["original_max_position_embeddings"] == 256
+    np.testing.assert_array_equal(np.float32(params["short_factor"]), np.float32([1.0, 1.3, 2.1, 3.5]))
+    assert logits_gap(ckpt, gguf, 200) <= 1e-4
+    monkeypatch.setattr(checkpoint, "phi3_longrope", lambda *args: None)
+    assert logits_gap(ckpt, gguf, 200) > 0.1
+
+
+def test_a_partial_rotary_phi3_gguf_gets_it_back(phi3, tmp_path, monkeypatch):
+    """Phi-4-mini rotates 96 of each head's 128 dimensions (rope.dimension_count), which transformers'
+    loader drops (it would rotate all): given back, the logits are the checkpoint's; the wrong
+    variant, every dimension rotated, is far off."""
+    import json
+    import shutil
+
+    ckpt = shutil.copytree(phi3[0], tmp_path / "ckpt")
+    cfg = json.loads((ckpt / "config.json").read_text())
+    cfg["rope_parameters"] = {**cfg["rope_parameters"], "partial_rotary_factor": 0.5}
+    (ckpt / "config.json").write_text(json.dumps(cfg))
+    gguf = write_llama_gguf(ckpt, tmp_path / "partial.gguf", arch="phi3")
+    assert checkpoint.load(str(gguf)).model.config.rope_parameters["partial_rotary_factor"] == 0.5
+    assert logits_gap(ckpt, gguf, 100) <= 1e-4
+    check_gguf = checkpoint.check_gguf
+
+    def full_rotary(path):
+        keys = check_gguf(path)
+        keys.rope_dims = None
+        return keys
+
+    monkeypatch.setattr(checkpoint, "check_gguf", full_rotary)
+    assert logits_gap(ckpt, gguf, 100) > 0.1
+
+
+def test_a_longrope_phi3_gguf_engine_answers_as_its_checkpoint(phi4_mini, tmp_path):
+    assert engine_answers_as(*phi4_mini, tmp_path / "engine", 100)
+
+
+@pytest.mark.parametrize("what", ["one_tensor", "length", "no_context"])
+def test_a_phi3_gguf_with_broken_longrope_is_refused(phi3, phi4_mini, tmp_path, what):
+    """LongRoPE factors without their pair, of another length than the rotary frequencies, or without
+    the original context (which the short factors hold)."""
+    if what == "one_tensor":
+        path = write_llama_gguf(phi4_mini[0], tmp_path / "one.gguf", arch="phi3", drop=("rope_factors_short.weight",))
+        match = "rope_factors_long.weight without its pair"
+    elif what == "length":
+        path = write_llama_gguf(phi3[0], tmp_path / "length.gguf", arch="phi3", extra_tensors={
+            "rope_factors_long.weight": np.full(3, 2.0, np.float32), "rope_factors_short.weight": np.ones(3, np.float32)})
+        match = "3 LongRoPE long factors, not one per rotary frequency \\(8\\)"
     else:
-        path = write_llama_gguf(ckpt, tmp_path / "partial.gguf", arch="phi3", rope_dims=12)
-        match = "rotates 12 of each head's 16 dimensions"
+        path = write_llama_gguf(phi4_mini[0], tmp_path / "context.gguf", arch="phi3", original_context=False)
+        match = "without phi3.rope.scaling.original_context_length"
     with pytest.raises(checkpoint.CheckpointError, match=match):
         checkpoint.load(str(path))
 
