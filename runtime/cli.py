@@ -86,9 +86,10 @@ class Printer:
 
     def chunk(self, sample, text: str, finish_reason: str | None, token_ids: list[int], fields=None) -> None:
         """One streamed piece: {"request_idx", "sample_idx", "text", "token_ids"[, "finish_reason"][,
-        "logprobs", "token_logprobs"][, "reasoning_text", "content_text"][, "reasoning_content", "content",
-        "tool_calls"]} per line (the logprobs of its ids, where asked; with a reasoning_parser, the
-        text's reasoning and content parts; what was read out of the answer, on its last line)."""
+        "logprobs", "token_logprobs"][, "reasoning_text", "content_text"][, "new_tool_calls"][,
+        "reasoning_content", "content", "tool_calls"]} per line (the logprobs of its ids, where asked;
+        with a reasoning_parser or an answer read for calls, the text's reasoning and content parts,
+        and the calls that ended in it; what was read out of the answer, on its last line)."""
         record = {"request_idx": sample.prepared.index, "sample_idx": sample.sample_idx, "text": text,
                   "token_ids": token_ids}
         if finish_reason:

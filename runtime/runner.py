@@ -226,6 +226,10 @@ class Runner:
         splits = {id(smp.row): reasoning.Stream(req.reasoning_parser, smp.prepared.thinking) for smp in live
                   if (req := smp.prepared.request).reasoning_parser
                   and not (req.tool_choice is not None and req.tool_choice.forced)}
+        # per row whose answer (or its content, after the split) is read for tool calls: the calls as they end
+        calls = {id(smp.row): tool_calls.Stream(req.tool_choice, req.tool_call_parser, req.tools,
+                                                self.calls_key(smp), req.parallel_tool_calls) for smp in live
+                 if tool_calls.reads_calls((req := smp.prepared.request).tool_choice, req.tool_call_parser, req.tools)}
 
         def on_token(row: RowState) -> None:
             if row.error is not None:
@@ -235,12 +239,17 @@ class Runner:
                 start, sent[id(row)] = sent[id(row)], len(row.output_ids)
                 ids, smp = row.output_ids[start:], owner[id(row)]
                 fields = self.streamed_logprobs(smp, start) if ids else {}
-                if id(row) in splits:  # (content read for tool calls is not this text's: it comes whole)
-                    thought, said = splits[id(row)].push(chunk, final=row.finish_reason is not None)
-                    req = smp.prepared.request
+                final, said = row.finish_reason is not None, chunk
+                if id(row) in splits:
+                    thought, said = splits[id(row)].push(chunk, final)
                     fields.update({"reasoning_text": thought} if thought else {})
-                    fields.update({"content_text": said} if said and not tool_calls.reads_calls(
-                        req.tool_choice, req.tool_call_parser, req.tools) else {})
+                    if id(row) in calls and splits[id(row)].moved:  # (its content is no longer known)
+                        calls[id(row)].moved = True
+                if id(row) in calls:
+                    said, called = calls[id(row)].push(said, final)
+                    fields.update({"new_tool_calls": called} if called else {})
+                if said and (id(row) in splits or id(row) in calls):
+                    fields["content_text"] = said
                 if row.finish_reason not in (None, "cancelled"):
                     fields.update(self.message_of(smp))
                 on_text(smp, chunk, row.finish_reason, ids, *([fields] if fields else []))
@@ -347,14 +356,18 @@ class Runner:
             out["content"] = text
         try:
             calls = tool_calls.extract(text or "", req.tool_choice, req.tool_call_parser, req.tools,
-                                       key=f"{p.index}\0{smp.sample_idx}\0{p.text}",
-                                       parallel=req.parallel_tool_calls) if req.tools else None
+                                       key=self.calls_key(smp), parallel=req.parallel_tool_calls) if req.tools else None
         except Exception:  # noqa: BLE001 - an answer the parser cannot take is no calls, not a lost run
             calls = None
         if calls is not None:
             out["content"], out["tool_calls"] = calls
         smp.message = out
         return out
+
+    @staticmethod
+    def calls_key(smp: Sample) -> str:
+        """What a sample's call ids are made from besides the call (tool_calls.extract's key)."""
+        return f"{smp.prepared.index}\0{smp.sample_idx}\0{smp.prepared.text}"
 
     def logprob_step(self, values: np.ndarray, ids: np.ndarray, k: int) -> list[dict]:
         """One token's top-k entries (numpy to Python once per step, with tolist: 4,096 tokens x

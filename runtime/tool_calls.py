@@ -295,9 +295,111 @@ def extract(text: str, tc: ToolChoice | None, parser: str | None, tools: tuple[d
         return None
     content, calls = got[0], got[1] if parallel else got[1][:1]  # (OpenAI's parallel_tool_calls false: the first)
 
-    def call_id(k: int) -> str:
-        digest = hashlib.sha256(f"{key}\0{text}\0{k}".encode("utf-8", "surrogatepass"))
+    def call_id(k: int, call: dict) -> str:
+        # the call's own text, not the answer's: a streamed call has its id before the answer ends
+        function = call["function"]
+        digest = hashlib.sha256(f"{key}\0{k}\0{function['name']}\0{function['arguments']}".encode(
+            "utf-8", "surrogatepass"))
         if parser == "mistral":  # (Mistral's templates take back only 9 letters and digits, as vLLM makes them)
             return "".join(ALPHANUMERIC[b % 62] for b in digest.digest()[:9])
         return "call_" + digest.hexdigest()[:24]
-    return content, [{"id": call_id(k), **call} for k, call in enumerate(calls)]
+    return content, [{"id": call_id(k, call), **call} for k, call in enumerate(calls)]
+
+
+# --- the calls as --stream gives them -------------------------------------------------------------
+
+MARKERS = {"hermes": "<tool_call>", "mistral": "[TOOL_CALLS]"}  # the content is the text before the first
+OPENERS = {"llama3_json": ("{", "<|python_tag|>"), "pythonic": ("[", "<|python_start|>")}  # how calls begin
+CLOSERS = ("}", "]", ")", ">", ",", ";")  # a piece without one ends no call: no read
+
+
+class Stream:
+    """An answer read for tool calls, as --stream gives it: `push` each piece of its content (its
+    text, or what a reasoning split makes content); get the content since the last piece and the
+    calls read whole since, each with its `index` (vLLM's tool-call deltas, a call at a time), with
+    `extract`'s ids. The content is the text before the first call's marker (hermes, mistral: a
+    suffix that may begin one waits), the answer where it does not begin as calls (llama3_json,
+    pythonic: until then it waits), none for a forced call. A call read whole stays as it is: a
+    later call or more text cannot change it, only break the answer. An answer that in the end reads
+    as no calls gives the rest of its text as content (the pieces make the answer, as the response
+    has it); a call already given then stays given, and `moved` says so (the last line's fields are
+    what the answer is)."""
+
+    def __init__(self, tc: ToolChoice | None, parser: str | None, tools: tuple[dict, ...] | None, key: str,
+                 parallel: bool = True):
+        self.tc, self.parser, self.tools, self.key, self.parallel = tc, parser, tools, key, parallel
+        forced = tc is not None and tc.forced
+        self.marker = None if forced else MARKERS.get(parser)
+        self.openers = ("",) if forced else OPENERS.get(parser, ())  # ("": any text may be calls)
+        self.text, self.said, self.calls, self.moved = "", 0, [], False
+
+    def push(self, piece: str, final: bool = False) -> tuple[str, list[dict]]:
+        self.text += piece
+        if self.moved:
+            return "", []
+        new = self.read_calls(final) if final or any(c in piece for c in CLOSERS) else []
+        if self.moved and not final:
+            return "", []
+        cut = len(self.text) if final and not self.calls else self.content_end(final)
+        said, self.said = self.text[self.said:cut], max(self.said, cut)
+        return said, new
+
+    def read_calls(self, final: bool) -> list[dict]:
+        """The calls read whole since the last read (none while the answer does not read)."""
+        got = None
+        for text in [self.text] if final else [self.text, *self.complete_parts()]:
+            try:
+                got = extract(text, self.tc, self.parser, self.tools, self.key, self.parallel)
+            except Exception:  # noqa: BLE001 - as message_of: an answer the parser cannot take is no calls
+                got = None
+            if got is not None:
+                break
+        if got is None:
+            if final:  # no calls in the end: the answer is content (calls given stay given: moved)
+                self.moved, self.calls = bool(self.calls), []
+            return []
+        calls = got[1]
+        if calls[:len(self.calls)] != self.calls:
+            self.moved = True
+            return []
+        new, self.calls = calls[len(self.calls):], calls
+        return [{"index": len(calls) - len(new) + i, **call} for i, call in enumerate(new)]
+
+    def complete_parts(self) -> list[str]:
+        """Beginnings of the answer that may read as its calls so far while the last is still coming:
+        up to the last call's end (hermes), before the next call (mistral's [TOOL_CALLS], llama3_json's
+        `;`), or a list closed after one of its last commas (JSON arrays, pythonic). A cut inside a
+        string or a call leaves text that does not read (unclosed), so only whole calls are read."""
+        text, parts = self.text, []
+        if self.parser == "hermes" and (end := text.rfind("</tool_call>")) >= 0:
+            parts.append(text[:end + len("</tool_call>")])
+        separator = {"mistral": "[TOOL_CALLS]", "llama3_json": ";"}.get(self.parser)
+        if separator and (start := text.rfind(separator)) > 0:
+            parts.append(text[:start])
+        if self.parser in ("mistral", "pythonic") or self.tc is not None and self.tc.mode == "required":
+            comma = len(text)
+            for _ in range(8):  # (the last few: a comma inside the last call gives text that does not read)
+                if (comma := text.rfind(",", 0, comma)) < 0:
+                    break
+                parts.append(text[:comma] + "]")
+        return parts
+
+    def content_end(self, final: bool) -> int:
+        """Where the content given so far may end: before a call's marker, or a suffix that may begin one."""
+        if self.marker:
+            start = self.text.find(self.marker)
+            if start >= 0:
+                return start
+            return len(self.text) if final else len(self.text) - _marker_prefix(self.text, self.marker)
+        begun = self.text.lstrip()
+        if self.calls or any(begun.startswith(o) or o.startswith(begun) for o in self.openers):
+            return self.said  # (calls, or text that may begin them: no content yet)
+        return len(self.text)
+
+
+def _marker_prefix(text: str, marker: str) -> int:
+    """The length of the longest end of text that begins marker (and is not all of it)."""
+    for n in range(min(len(marker) - 1, len(text)), 0, -1):
+        if marker.startswith(text[-n:]):
+            return n
+    return 0

@@ -223,3 +223,71 @@ def test_mistral_reads_both_of_its_formats():
     for text in ("no calls", '[TOOL_CALLS] [{"name": "now"}]', "[TOOL_CALLS]now{}", '[TOOL_CALLS]now[ARGS]{} x',
                  '[TOOL_CALLS] [{"name": "now", "arguments": {}}] more'):
         assert calls(text, "mistral") is None, text
+
+
+STREAMED = [  # (parser, tool choice, answer): calls, calls after content, no calls, calls then a broken one
+    ("hermes", None, 'Hi.<tool_call>{"name": "now", "arguments": {}}</tool_call>\n<tool_call>{"name": '
+                     '"get_weather", "arguments": {"city": "Rome"}}</tool_call>'),
+    ("hermes", None, "Just text, <tool at the end"),
+    ("hermes", None, '<tool_call>{"name": "now", "arguments": {}}</tool_call><tool_call>{bad}</tool_call>'),
+    ("llama3_json", None, '<|python_tag|>{"name": "now", "parameters": {}}; {"name": "get_weather", '
+                          '"parameters": {"city": "Rome"}}'),
+    ("llama3_json", None, "<b>{not a call}</b>"),
+    ("llama3_json", None, '{"name": "now", "parameters": {}} and then text'),
+    ("mistral", None, 'Sure. [TOOL_CALLS][{"name": "now", "arguments": {}}, {"name": "get_weather", '
+                      '"arguments": {"city": "Rome"}}]'),
+    ("mistral", None, '[TOOL_CALLS]now[ARGS]{}[TOOL_CALLS]get_weather[ARGS]{"city": "Rome"}'),
+    ("pythonic", None, '[now(), get_weather(city="Rome")]'),
+    ("pythonic", None, "It is (about) [noon]."),
+    (None, ToolChoice("required"), '[{"name": "now", "parameters": {}}, {"name": "get_weather", '
+                                   '"parameters": {"city": "Rome"}}]'),
+    (None, ToolChoice("function", "get_weather"), '{"city": "Rome"}'),
+]
+
+
+@pytest.mark.parametrize("parser, choice, text", STREAMED)
+def test_streamed_calls_and_content_make_the_answers(parser, choice, text):
+    """--stream's tool calls (vLLM's deltas, a call at a time): whatever the pieces, the content pieces
+    concatenate to the response's content (the answer, where it reads as no calls), the calls given
+    are its tool_calls (ids too) in order with their index, and a call comes as soon as it reads
+    whole, before the answer ends where another follows. Where the answer ends up broken after a
+    call was given (the third hermes answer), the call stays given and `moved` says so."""
+    import random
+
+    from trtllm.runtime.tool_calls import Stream
+
+    want = extract(text, choice, parser, TOOLS, key="r0")
+    rng = random.Random(text)
+    for trial in range(61):
+        cuts = sorted(rng.sample(range(1, len(text)), min(trial % 6, len(text) - 1)))
+        if trial == 60:  # a character a line: a call comes with the character that ends it
+            cuts = list(range(1, len(text)))
+        bounds = [0, *cuts, len(text)]
+        stream, said, given, early = Stream(choice, parser, TOOLS, "r0"), "", [], 0
+        for i, (a, b) in enumerate(zip(bounds, bounds[1:])):
+            final = i == len(bounds) - 2
+            piece, new = stream.push(text[a:b], final)
+            said, given, early = said + piece, given + new, early + (len(new) if not final else 0)
+        if want is None:
+            assert said == text and stream.moved == bool(given), (cuts, given)
+            continue
+        assert said == (want[0] or "") and not stream.moved, cuts
+        assert [call.pop("index") for call in given] == list(range(len(want[1]))) and given == want[1], cuts
+        if trial == 60 and len(want[1]) > 1:
+            assert early >= 1  # the first call came before the answer ended
+
+
+def test_streamed_calls_wait_for_text_that_may_begin_a_call():
+    """Content stops before a suffix that may begin hermes' marker, and before an answer that may be
+    llama3_json calls; the wrong variant, text given as it stands, would give '<tool' as content."""
+    from trtllm.runtime.tool_calls import Stream
+
+    stream = Stream(None, "hermes", TOOLS, "r0")
+    assert stream.push("Hi <tool") == ("Hi ", []) and stream.push("box>") == ("<toolbox>", [])
+    assert stream.push("<tool_call>") == ("", [])
+    llama = Stream(None, "llama3_json", TOOLS, "r0")
+    assert llama.push("  <|py") == ("", []) and llama.push("thon_tag|>{") == ("", [])
+    got = llama.push('"name": "now", "parameters": {}}')
+    assert got[0] == "" and [c["function"]["name"] for c in got[1]] == ["now"]
+    plain = Stream(None, "llama3_json", TOOLS, "r0")
+    assert plain.push(" ") == ("", []) and plain.push("Sure") == (" Sure", [])

@@ -106,18 +106,21 @@ def test_tool_choice_forces_calls_and_a_parser_reads_them(run_cli, tmp_path, tin
     assert read["output_text"] == thought and read["reasoning_content"] == "hm" and read["content"] == "Hi."
     assert _calls(read) == [("wx", {"c": "R"})]
     # streamed: each line's text split into reasoning and content as it comes; a request whose
-    # answer is read for tool calls gets no content pieces (a call's text is not content: it comes
-    # whole with the last line)
+    # answer is read for tool calls gets the content before the call, and the call as it ends
+    # (`new_tool_calls`, with its index), the same as the last line's
     streamed, _ = run_cli(engine, {"temperature": 0, "max_generate_length": 96, "tools": WEATHER, "requests": [
         {"messages": ask, "guided_decoding": {"regex": re.escape(thought)}},
         {"messages": ask, "guided_decoding": {"regex": re.escape(thought)}, "tool_choice": "none"}]},
         "--reasoning-parser", "qwen3", "--tool-call-parser", "hermes", "--stream")
     lines = [json.loads(line) for line in streamed.output.splitlines() if line.startswith("{")]
-    for idx, content in ((0, ""), (1, "Hi." + CALL)):
+    for idx, content in ((0, "Hi."), (1, "Hi." + CALL)):
         own = [line for line in lines if line["request_idx"] == idx]
         assert "".join(line.get("reasoning_text", "") for line in own) == "hm" and len(own) > 3, own
         assert "".join(line.get("content_text", "") for line in own) == content
         assert own[-1]["reasoning_content"] == "hm"
+        given = [call for line in own for call in line.get("new_tool_calls", [])]
+        assert given == ([] if idx else [{"index": 0, **call} for call in read["tool_calls"]])
+        assert own[-1].get("tool_calls") == (None if idx else read["tool_calls"])
     _, out2 = run_cli(engine, {"temperature": 0, "max_generate_length": 96, "tools": WEATHER, "requests": [
         {}, {}, {}, {"messages": ask, "tool_call_parser": "pythonic",
                      "guided_decoding": {"regex": "Hi\\." + re.escape(CALL)}}]},
@@ -129,6 +132,9 @@ def test_tool_choice_forces_calls_and_a_parser_reads_them(run_cli, tmp_path, tin
     last = [line for line in lines if line["request_idx"] == 0][-1]  # the calls come with the last line
     assert last["tool_calls"] == named["tool_calls"] and last["content"] is None
     assert not any("tool_calls" in line for line in lines if line is not last)
+    given = [call for line in lines if line["request_idx"] == 0 for call in line.get("new_tool_calls", [])]
+    assert given == [{"index": 0, **named["tool_calls"][0]}]  # (as it ends: a forced call is the answer)
+    assert not any("content_text" in line for line in lines if line["request_idx"] == 0)
 
 
 def test_tool_choice_errors_name_the_field_and_fail_alone(run_cli, tmp_path, tiny_engine, monkeypatch):
