@@ -143,6 +143,8 @@ def load_gguf(path: Path) -> Checkpoint:
             phi3_keys(model, keys)
         if keys.arch in ("gemma2", "gemma3"):
             gemma_keys(model, keys)
+        if keys.eog_ids:  # (a GGUF has no generation_config: the loader's holds its one eos id)
+            model.generation_config.eos_token_id = keys.eog_ids
     return Checkpoint(model.eval(), tok, {"model": str(path.resolve()), "kind": "gguf",
                                           "sha256": weights_hash([path])})
 
@@ -157,6 +159,7 @@ class GgufKeys:
     longrope: dict | None = None  # a phi3 GGUF's LongRoPE: rope_parameters' long/short factors, original context
     softcaps: dict = field(default_factory=dict)  # a gemma2 GGUF's: config name -> value
     linear: float | None = None  # a gemma3 GGUF's linear RoPE scaling (its global layers': Gemma 3 4B-27B)
+    eog_ids: list[int] = field(default_factory=list)  # the tokens llama.cpp ends generation at (gguf_eog_ids)
 
 
 def phi3_keys(model, keys: GgufKeys) -> None:
@@ -312,7 +315,7 @@ def check_gguf(path: Path) -> GgufKeys:
                and not GGUF_TENSORS.fullmatch(t.name) and not (extra and extra.fullmatch(t.name))]
     if dropped:
         refuse(f"tensors {listed(dropped, 4)}", "the engine would compute without them")
-    keys = GgufKeys(arch, None if freqs is None else [float(x) for x in freqs.data.astype("float32").reshape(-1)])
+    keys = GgufKeys(arch, None if freqs is None else tensor_values(freqs))
     if arch == "phi3":
         keys.sliding_window = int(value("phi3.attention.sliding_window")) if "phi3.attention.sliding_window" in \
             reader.fields else 0
@@ -320,6 +323,7 @@ def check_gguf(path: Path) -> GgufKeys:
             else None
         keys.longrope = phi3_longrope(reader, value, keys.rope_dims, str(path))
     keys.linear = value(factors[0]) if linear else None
+    keys.eog_ids = gguf_eog_ids(reader, value)
     if arch in ("gemma2", "gemma3"):
         # llama.cpp's Gemma 3 without a window (sliding_window_pattern 1: every layer global, one RoPE
         # base) is no model transformers' GGUF loader makes: it would slide five of six layers
@@ -333,11 +337,45 @@ def check_gguf(path: Path) -> GgufKeys:
     return keys
 
 
+# The tokens llama.cpp ends generation at besides the GGUF's eos/eot/eom ids (llama-vocab.cpp, which
+# knows them by their text): turn ends, and the FIM pad, repository and file-separator tokens
+EOG_TEXTS = frozenset({
+    "<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<|flush|>", "<|calls|>", "<end_of_turn>",
+    "<|endoftext|>", "</s>", "<|eom_id|>", "<EOT>", "_<EOT>", "[EOT]", "[EOS]", "<|end_of_text|>",
+    "<end_of_utterance>", "<eos>", "<turn|>", "<|tool_response>", "<｜end▁of▁sentence｜>", "[e~[",
+    "<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]", "<|fim_repo|>", "<|repo_name|>", "<fim-repo>",
+    "<REPO>", "<reponame>", "<|file_sep|>"})
+EOG_KEYS = ("eos", "eot", "eom", "fim_pad", "fim_rep", "fim_sep")
+
+
+def gguf_eog_ids(reader, value) -> list[int]:
+    """The ids llama.cpp stops generating at: the GGUF's eos (first), eot, eom and FIM keys, and the
+    tokens it knows by their text (EOG_TEXTS). transformers' GGUF loader keeps the eos alone, so a
+    Phi-3.5 answer would run on past its `<|end|>`, a Llama 3.1 one past `<|eom_id|>`."""
+    import gguf
+
+    ids = [int(value(key)) for name in EOG_KEYS if (key := f"tokenizer.ggml.{name}_token_id") in reader.fields]
+    field_ = reader.fields.get(gguf.Keys.Tokenizer.LIST)
+    if field_ is not None:
+        for i, index in enumerate(field_.data):
+            if bytes(field_.parts[index]).decode("utf-8", errors="replace") in EOG_TEXTS:
+                ids.append(i)
+    return list(dict.fromkeys(ids))
+
+
+def tensor_values(tensor) -> list[float]:
+    """A small GGUF tensor's values, read as float32 whatever its type (a BF16 one's data are its raw bytes)."""
+    import gguf
+
+    return [float(x) for x in gguf.quants.dequantize(tensor.data, tensor.tensor_type).astype("float32").reshape(-1)]
+
+
 def phi3_longrope(reader, value, rope_dims: int | None, model_arg: str) -> dict | None:
     """A phi3 GGUF's LongRoPE as rope_parameters has it (None: plain RoPE), from what llama.cpp's
     converter writes: one factor per rotary frequency in rope_factors_long/short.weight, the context
     the short ones hold (rope.scaling.original_context_length) and the attention factor it computed
-    (rope.scaling.attn_factor: transformers' own rule, taken as the file has it, as llama.cpp does)."""
+    (rope.scaling.attn_factor: transformers' own rule, taken as the file has it, as llama.cpp does;
+    without the key, transformers' rule, where llama.cpp would take 1: the converter always writes it)."""
     tensors = {t.name: t for t in reader.tensors if t.name in ("rope_factors_long.weight", "rope_factors_short.weight")}
     if not tensors:
         return None
@@ -352,11 +390,11 @@ def phi3_longrope(reader, value, rope_dims: int | None, model_arg: str) -> dict 
         rope_dims = int(value("phi3.embedding_length")) // int(value("phi3.attention.head_count"))
     factors = {}
     for kind in ("long", "short"):
-        data = tensors[f"rope_factors_{kind}.weight"].data.astype("float32").reshape(-1)
+        data = tensor_values(tensors[f"rope_factors_{kind}.weight"])
         if len(data) != rope_dims // 2:
             raise CheckpointError(f"--model {model_arg!r} has {len(data)} LongRoPE {kind} factors, not one per "
                                   f"rotary frequency ({rope_dims // 2})")
-        factors[f"{kind}_factor"] = [float(x) for x in data]
+        factors[f"{kind}_factor"] = data
     params = {**factors, "original_max_position_embeddings": int(value(original))}
     if "phi3.rope.scaling.attn_factor" in reader.fields:
         params["attention_factor"] = value("phi3.rope.scaling.attn_factor")

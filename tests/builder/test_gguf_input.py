@@ -182,6 +182,7 @@ def test_a_longrope_phi3_gguf_gets_its_rope_back(phi4_mini, monkeypatch):
     assert params["original_max_position_embeddings"] == 256
     np.testing.assert_array_equal(np.float32(params["short_factor"]), np.float32([1.0, 1.3, 2.1, 3.5]))
     assert logits_gap(ckpt, gguf, 200) <= 1e-4
+    assert logits_gap(ckpt, gguf, 300) <= 1e-4  # (past 256 transformers takes the long factors)
     monkeypatch.setattr(checkpoint, "phi3_longrope", lambda *args: None)
     assert logits_gap(ckpt, gguf, 200) > 0.1
 
@@ -313,3 +314,38 @@ def test_a_gemma_gguf_is_its_checkpoint_read_as_llama_cpp_reads_it(arch, linear,
     assert engine_answers_as(ckpt, gguf, tmp_path / "engine", 60, new=12)
     monkeypatch.setattr(checkpoint, "gemma_keys", lambda model, keys: None)
     assert logits_gap(ckpt, gguf, 60) > 0.1
+
+
+def test_a_gguf_ends_generation_where_llama_cpp_does(untied_llama, tmp_path, monkeypatch):
+    """A GGUF holds one eos id and no generation_config: the engine stops where llama.cpp does, at its
+    eos, eot and eom ids and the tokens it knows by their text (here `<|endoftext|>`; Phi-3.5's
+    `<|end|>`, Llama 3.1's `<|eom_id|>`). The wrong variant, the loader's eos alone, runs on."""
+    import json
+
+    from trtllm.builder.config import BuildConfig
+    from trtllm.builder.export import build
+    from trtllm.runtime.engine import load_engine
+    from trtllm.runtime.generate import RowState, Timing, run_rows
+    from trtllm.runtime.sampling import SamplingParams
+
+    vocab = json.loads((untied_llama / "tokenizer.json").read_text())
+    ids = {a["content"]: a["id"] for a in vocab["added_tokens"]}
+    path = write_llama_gguf(untied_llama, tmp_path / "eog.gguf", fields={"tokenizer.ggml.eot_token_id": 7})
+    assert checkpoint.load(str(path)).model.generation_config.eos_token_id == [ids["<|im_end|>"], 7,
+                                                                              ids["<|endoftext|>"]]
+    out = build(BuildConfig(model=str(path), output=str(tmp_path / "engine"), max_batch_size=1, max_input_len=16,
+                            max_kv_cache_capacity=64), log=lambda m: None)
+
+    def answer(engine_dir):
+        eos = json.loads((engine_dir / "manifest.json").read_text())["eos_token_ids"]
+        row = RowState(prompt_ids=[5, 6], params=SamplingParams(temperature=0, max_new_tokens=4,
+                                                                logit_bias={ids["<|endoftext|>"]: 100.0}),
+                       rng=np.random.default_rng(0), eos_ids=frozenset(eos))
+        run_rows(load_engine(engine_dir), [row], None, Timing())
+        return row.output_ids, row.finish_reason
+
+    assert answer(out) == ([ids["<|endoftext|>"]], "end-of-sequence")
+    monkeypatch.setattr(checkpoint, "gguf_eog_ids", lambda reader, value: [])
+    wrong = build(BuildConfig(model=str(path), output=str(tmp_path / "wrong"), max_batch_size=1, max_input_len=16,
+                              max_kv_cache_capacity=64), log=lambda m: None)
+    assert answer(wrong)[1] == "max-length"
