@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from trtllm.runtime import input_format as fmt
-from trtllm.runtime import beam_requests, interrupt, reasoning, request_checks, tool_calls
+from trtllm.runtime import beam_requests, interrupt, reasoning, request_checks, tool_calls, tool_stream
 from trtllm.runtime.chat_template import ChatTemplate, ChatTemplateError, raw_prompt
 from trtllm.runtime.engine import Engine
 from trtllm.runtime.generate import PrefixSource, RowState, Timing, run_rows
@@ -227,7 +227,7 @@ class Runner:
                   if (req := smp.prepared.request).reasoning_parser
                   and not (req.tool_choice is not None and req.tool_choice.forced)}
         # per row whose answer (or its content, after the split) is read for tool calls: the calls as they end
-        calls = {id(smp.row): tool_calls.Stream(req.tool_choice, req.tool_call_parser, req.tools,
+        calls = {id(smp.row): tool_stream.Stream(req.tool_choice, req.tool_call_parser, req.tools,
                                                 self.calls_key(smp), req.parallel_tool_calls) for smp in live
                  if tool_calls.reads_calls((req := smp.prepared.request).tool_choice, req.tool_call_parser, req.tools)}
 

@@ -242,6 +242,11 @@ STREAMED = [  # (parser, tool choice, answer): calls, calls after content, no ca
     (None, ToolChoice("required"), '[{"name": "now", "parameters": {}}, {"name": "get_weather", '
                                    '"parameters": {"city": "Rome"}}]'),
     (None, ToolChoice("function", "get_weather"), '{"city": "Rome"}'),
+    # calls, then text that breaks the answer: the rest still comes as content (a review's cases)
+    ("pythonic", None, '[now(), get_weather(city="Rome")]\nDone, bye.'),
+    ("mistral", None, '[TOOL_CALLS][{"name": "now", "arguments": {}}, {"name": "now", "arguments": {}}] Done, bye.'),
+    # arguments that are not an object: a number, a list, which a shorter text also reads as
+    ("mistral", None, '[TOOL_CALLS]get_weather[ARGS][1, 2][TOOL_CALLS]now[ARGS]12'),
 ]
 
 
@@ -254,7 +259,7 @@ def test_streamed_calls_and_content_make_the_answers(parser, choice, text):
     call was given (the third hermes answer), the call stays given and `moved` says so."""
     import random
 
-    from trtllm.runtime.tool_calls import Stream
+    from trtllm.runtime.tool_stream import Stream
 
     want = extract(text, choice, parser, TOOLS, key="r0")
     rng = random.Random(text)
@@ -280,14 +285,30 @@ def test_streamed_calls_and_content_make_the_answers(parser, choice, text):
 def test_streamed_calls_wait_for_text_that_may_begin_a_call():
     """Content stops before a suffix that may begin hermes' marker, and before an answer that may be
     llama3_json calls; the wrong variant, text given as it stands, would give '<tool' as content."""
-    from trtllm.runtime.tool_calls import Stream
+    from trtllm.runtime.tool_stream import Stream
 
     stream = Stream(None, "hermes", TOOLS, "r0")
     assert stream.push("Hi <tool") == ("Hi ", []) and stream.push("box>") == ("<toolbox>", [])
     assert stream.push("<tool_call>") == ("", [])
     llama = Stream(None, "llama3_json", TOOLS, "r0")
     assert llama.push("  <|py") == ("", []) and llama.push("thon_tag|>{") == ("", [])
-    got = llama.push('"name": "now", "parameters": {}}')
+    assert llama.push('"name": "now", "parameters": {}}') == ("", [])  # (text could still follow it)
+    got = llama.push('; {"name"')
     assert got[0] == "" and [c["function"]["name"] for c in got[1]] == ["now"]
     plain = Stream(None, "llama3_json", TOOLS, "r0")
     assert plain.push(" ") == ("", []) and plain.push("Sure") == (" Sure", [])
+
+
+def test_a_streamed_answer_is_read_only_where_a_call_may_have_ended(monkeypatch):
+    """A line costs little: the answer is read where a call may have ended (here at each
+    `</tool_call>`) and at its end, not at every line (a 50-call answer a character a line)."""
+    from trtllm.runtime import tool_stream
+
+    reads = []
+    monkeypatch.setattr(tool_stream, "extract", lambda text, *args: reads.append(len(text)) or extract(text, *args))
+    call = '<tool_call>{"name": "get_weather", "arguments": {"city": "Rome, or Paris}"}}</tool_call>\n'
+    text = "Hi." + call * 50
+    stream, given = tool_stream.Stream(None, "hermes", TOOLS, "r0"), []
+    for i, char in enumerate(text):
+        given += stream.push(char, final=i == len(text) - 1)[1]
+    assert len(given) == 50 and len(reads) == 51

@@ -1,0 +1,126 @@
+"""Tool calls as --stream gives them: the content and each call of an answer read for calls, a call
+on the line where it ends (vLLM's tool-call deltas, a whole call each). Stdlib only: this runs on
+the device."""
+from __future__ import annotations
+
+import re
+
+from trtllm.runtime.tool_calls import ToolChoice, extract
+
+MARKERS = {"hermes": "<tool_call>", "mistral": "[TOOL_CALLS]"}  # the content is the text before the first
+OPENERS = {"llama3_json": ("{", "<|python_tag|>"), "pythonic": ("[", "<|python_start|>")}  # how calls begin
+# Where a call may just have ended, and the beginning of the answer that then holds the calls so far
+# (group "keep": up to and with it; "list": a list's calls, closed after it; else up to the match):
+# only there (and at the end) is the answer read, so a line does not cost the answer's length.
+ENDS = {"hermes": re.compile(r"(?P<keep></tool_call>)"),
+        "mistral": re.compile(r"\[TOOL_CALLS\]|(?P<list>\})\s*,|(?P<keep>\}\s*\])"),
+        "llama3_json": re.compile(r";"),
+        "pythonic": re.compile(r"(?P<list>\))\s*,|(?P<keep>\)\s*\])"),
+        "required": re.compile(r"(?P<list>\})\s*,|(?P<keep>\}\s*\])")}
+LONGEST_END = 16  # (a match cut across pieces is found from this far back)
+
+
+class Stream:
+    """An answer read for tool calls, as --stream gives it: `push` each piece of its content (its
+    text, or what a reasoning split makes content); get the content since the last piece and the
+    calls that ended in it, each with its `index`, with `extract`'s ids. The content is the text
+    before the first call's marker (hermes, mistral: a suffix that may begin one waits), the answer
+    where it does not begin as calls (llama3_json, pythonic: until then it waits), none for a forced
+    call. A call is given once what follows it shows it ended (a closing tag, the separator or the
+    next call's marker, the list's closing bracket) or the answer ends; a call given stays as it is.
+    An answer that in the end reads as no calls gives the rest of its text as content, so the
+    pieces make the answer; a call already given then stays given, and `moved` says so (the last
+    line's fields say what the answer is)."""
+
+    def __init__(self, tc: ToolChoice | None, parser: str | None, tools: tuple[dict, ...] | None, key: str,
+                 parallel: bool = True):
+        self.read = lambda text: _read(text, tc, parser, tools, key, parallel)  # noqa: E731
+        forced = tc is not None and tc.forced
+        self.marker = None if forced else MARKERS.get(parser)
+        self.openers = ("",) if forced else OPENERS.get(parser, ())  # ("": any text may be calls)
+        self.ends = ENDS.get("required" if tc is not None and tc.mode == "required" else
+                             None if forced else parser)
+        self.text, self.said, self.scanned, self.calls, self.moved = "", 0, 0, [], False
+
+    def push(self, piece: str, final: bool = False) -> tuple[str, list[dict]]:
+        self.text += piece
+        if final:
+            got = self.read(self.text)
+            new = self.take(got[1] if got else [])
+            if got is None:  # no calls in the end: the answer is content (calls given stay given)
+                self.moved = self.moved or bool(self.calls)
+                cut = len(self.text)
+            else:
+                cut = self.content_end(final)
+        elif self.moved:
+            return "", []
+        else:
+            new = self.take(self.calls_so_far())
+            cut = self.said if self.moved else self.content_end(final)
+        said, self.said = self.text[self.said:cut], max(self.said, cut)
+        return said, new
+
+    def calls_so_far(self) -> list[dict]:
+        """The calls of the answer so far that are known to have ended (none where nothing ended)."""
+        if self.ends is None:
+            return []
+        seen, self.scanned = self.scanned, len(self.text)
+        end = None
+        for match in self.ends.finditer(self.text, max(0, seen - LONGEST_END)):
+            end = match
+        if end is None or end.end() <= seen:
+            return []  # (nothing ended in this piece)
+        groups = end.groupdict()
+        if groups.get("keep"):
+            text = self.text[:end.end()]
+        elif groups.get("list"):
+            if self.marker == "[TOOL_CALLS]" and not _v3_list(self.text, end.start()):
+                return []  # (mistral v11: a list there is a call's arguments, not the calls)
+            text = self.text[:end.start("list") + 1] + "]"
+        else:
+            text = self.text[:end.start()]
+        got = self.read(text)
+        return got[1] if got else []
+
+    def take(self, calls: list[dict]) -> list[dict]:
+        """The calls not given yet, each with its index; a reading that contradicts one given: moved."""
+        given = len(self.calls)
+        if calls[:given] != self.calls[:len(calls)]:
+            self.moved = True
+        if self.moved or len(calls) <= given:
+            return []
+        self.calls = calls
+        return [{"index": given + i, **call} for i, call in enumerate(calls[given:])]
+
+    def content_end(self, final: bool) -> int:
+        """Where the content given so far may end: before a call's marker, or a suffix that may begin one."""
+        if self.marker:
+            start = self.text.find(self.marker)
+            if start >= 0:
+                return start
+            return len(self.text) if final else len(self.text) - _marker_prefix(self.text, self.marker)
+        begun = self.text.lstrip()
+        if self.calls or any(begun.startswith(o) or o.startswith(begun) for o in self.openers):
+            return self.said  # (calls, or text that may begin them: no content yet)
+        return len(self.text)
+
+
+def _read(text, tc, parser, tools, key, parallel):
+    try:
+        return extract(text, tc, parser, tools, key, parallel)
+    except Exception:  # noqa: BLE001 - as runner.message_of: an answer the parser cannot take is no calls
+        return None
+
+
+def _v3_list(text: str, at: int) -> bool:
+    """Whether mistral's calls before `at` are a JSON list (v3 tokenizers), not `name[ARGS]...` ones."""
+    start = text.rfind("[TOOL_CALLS]", 0, at)
+    return start >= 0 and text[start + len("[TOOL_CALLS]"):at].lstrip().startswith("[")
+
+
+def _marker_prefix(text: str, marker: str) -> int:
+    """The length of the longest end of text that begins marker (and is not all of it)."""
+    for n in range(min(len(marker) - 1, len(text)), 0, -1):
+        if marker.startswith(text[-n:]):
+            return n
+    return 0
