@@ -91,8 +91,6 @@ def _constants(b: _Body, max_top_k: int) -> None:
     b.const("zero_i_s", np.array(0, np.int64))
     b.const("one_i", np.array(1, np.int64))
     b.const("one_i_1d", np.array([1], np.int64))
-    b.const("last_start", np.array([-1], np.int64))
-    b.const("int64_max", np.array([np.iinfo(np.int64).max], np.int64))
     b.const("zero_f", np.array(0, np.float32))
     b.const("one_f", np.array(1, np.float32))
     b.const("neg_inf", np.array(-np.inf, np.float32))

@@ -78,7 +78,8 @@ def kept_probs(logits, logit_bias, penalty_bias, seen, repetition_penalty, tempe
     keep, d = _keep_mask(y, t, m, k, p, max_top_k)
     w = np.where(keep, np.exp(d.astype(np.float64)), 0.0)
     probs = w / w.sum(axis=1, keepdims=True)
-    greedy = np.eye(y.shape[1])[np.argmax(y, axis=1)]
+    greedy = np.zeros_like(probs)  # (one-hot rows: an identity matrix of V would take V * V * 8 bytes)
+    np.put_along_axis(greedy, np.argmax(y, axis=1)[:, None], 1.0, axis=1)
     return np.where((t == 0)[:, None], greedy, probs).astype(np.float32)
 
 
