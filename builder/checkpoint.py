@@ -338,29 +338,38 @@ def check_gguf(path: Path) -> GgufKeys:
 
 
 # The tokens llama.cpp ends generation at besides the GGUF's eos/eot/eom ids (llama-vocab.cpp, which
-# knows them by their text): turn ends, and the FIM pad, repository and file-separator tokens
+# knows them by their text): turn ends, every one found; and one each of the FIM pad, repository and
+# file-separator tokens, the GGUF's key's or else the first found by its text
 EOG_TEXTS = frozenset({
     "<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<|flush|>", "<|calls|>", "<end_of_turn>",
     "<|endoftext|>", "</s>", "<|eom_id|>", "<EOT>", "_<EOT>", "[EOT]", "[EOS]", "<|end_of_text|>",
-    "<end_of_utterance>", "<eos>", "<turn|>", "<|tool_response>", "<｜end▁of▁sentence｜>", "[e~[",
-    "<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]", "<|fim_repo|>", "<|repo_name|>", "<fim-repo>",
-    "<REPO>", "<reponame>", "<|file_sep|>"})
-EOG_KEYS = ("eos", "eot", "eom", "fim_pad", "fim_rep", "fim_sep")
+    "<end_of_utterance>", "<eos>", "<turn|>", "<|tool_response>", "<｜end▁of▁sentence｜>", "[e~["})
+FIM_TEXTS = {"fim_pad": ("<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]"),
+             "fim_rep": ("<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>"),
+             "fim_sep": ("<|file_sep|>",)}
 
 
 def gguf_eog_ids(reader, value) -> list[int]:
-    """The ids llama.cpp stops generating at: the GGUF's eos (first), eot, eom and FIM keys, and the
-    tokens it knows by their text (EOG_TEXTS). transformers' GGUF loader keeps the eos alone, so a
-    Phi-3.5 answer would run on past its `<|end|>`, a Llama 3.1 one past `<|eom_id|>`."""
+    """The ids llama.cpp stops generating at: the GGUF's eos (first), eot and eom, its FIM tokens and
+    the turn ends it knows by their text (EOG_TEXTS). A key's id outside the vocabulary is ignored,
+    as llama.cpp ignores it. transformers' GGUF loader keeps the eos alone, so a Phi-3.5 answer would
+    run on past its `<|end|>`, a Llama 3.1 one past `<|eom_id|>`."""
     import gguf
 
-    ids = [int(value(key)) for name in EOG_KEYS if (key := f"tokenizer.ggml.{name}_token_id") in reader.fields]
     field_ = reader.fields.get(gguf.Keys.Tokenizer.LIST)
-    if field_ is not None:
-        for i, index in enumerate(field_.data):
-            if bytes(field_.parts[index]).decode("utf-8", errors="replace") in EOG_TEXTS:
-                ids.append(i)
-    return list(dict.fromkeys(ids))
+    tokens = [] if field_ is None else [bytes(field_.parts[i]).decode("utf-8", errors="replace") for i in field_.data]
+
+    def key_id(name: str) -> int | None:
+        key = f"tokenizer.ggml.{name}_token_id"
+        found = int(value(key)) if key in reader.fields else -1
+        return found if 0 <= found < len(tokens) else None
+
+    ids = [key_id(name) for name in ("eos", "eot", "eom")]
+    for name, texts in FIM_TEXTS.items():
+        ids.append(key_id(name) if key_id(name) is not None else next(
+            (i for i, token in enumerate(tokens) if token in texts), None))
+    ids += [i for i, token in enumerate(tokens) if token in EOG_TEXTS]
+    return list(dict.fromkeys(i for i in ids if i is not None))
 
 
 def tensor_values(tensor) -> list[float]:

@@ -244,7 +244,7 @@ class Runner:
                     thought, said = splits[id(row)].push(chunk, final)
                     fields.update({"reasoning_text": thought} if thought else {})
                     if id(row) in calls and splits[id(row)].moved:  # (its content is no longer known)
-                        calls[id(row)].moved = True
+                        calls[id(row)].stopped = True
                 if id(row) in calls:
                     said, called = calls[id(row)].push(said, final)
                     fields.update({"new_tool_calls": called} if called else {})

@@ -17,7 +17,8 @@ ENDS = {"hermes": re.compile(r"(?P<keep></tool_call>)"),
         "llama3_json": re.compile(r";"),
         "pythonic": re.compile(r"(?P<list>\))\s*,|(?P<keep>\)\s*\])"),
         "required": re.compile(r"(?P<list>\})\s*,|(?P<keep>\}\s*\])")}
-LONGEST_END = 16  # (a match cut across pieces is found from this far back)
+LONGEST_END = 64  # (a match cut across pieces is found from this far back: `}`, blanks, `,`)
+TRIED_ENDS = 8  # the last possible ends of a piece tried, last first (one inside a call does not read)
 
 
 class Stream:
@@ -41,9 +42,12 @@ class Stream:
         self.ends = ENDS.get("required" if tc is not None and tc.mode == "required" else
                              None if forced else parser)
         self.text, self.said, self.scanned, self.calls, self.moved = "", 0, 0, [], False
+        self.stopped = False  # (set by the caller: the content it was given is no longer known)
 
     def push(self, piece: str, final: bool = False) -> tuple[str, list[dict]]:
         self.text += piece
+        if self.stopped:
+            return "", []
         if final:
             got = self.read(self.text)
             new = self.take(got[1] if got else [])
@@ -65,22 +69,20 @@ class Stream:
         if self.ends is None:
             return []
         seen, self.scanned = self.scanned, len(self.text)
-        end = None
-        for match in self.ends.finditer(self.text, max(0, seen - LONGEST_END)):
-            end = match
-        if end is None or end.end() <= seen:
-            return []  # (nothing ended in this piece)
-        groups = end.groupdict()
-        if groups.get("keep"):
-            text = self.text[:end.end()]
-        elif groups.get("list"):
-            if self.marker == "[TOOL_CALLS]" and not _v3_list(self.text, end.start()):
-                return []  # (mistral v11: a list there is a call's arguments, not the calls)
-            text = self.text[:end.start("list") + 1] + "]"
-        else:
-            text = self.text[:end.start()]
-        got = self.read(text)
-        return got[1] if got else []
+        ends = [m for m in self.ends.finditer(self.text, max(0, seen - LONGEST_END)) if m.end() > seen]
+        for end in reversed(ends[-TRIED_ENDS:]):  # (none: nothing ended in this piece)
+            groups = end.groupdict()
+            if groups.get("keep"):
+                text = self.text[:end.end()]
+            elif groups.get("list"):
+                if self.marker == "[TOOL_CALLS]" and not _v3_list(self.text, end.start()):
+                    continue  # (mistral v11: a list there is a call's arguments, not the calls)
+                text = self.text[:end.start("list") + 1] + "]"
+            else:
+                text = self.text[:end.start()]
+            if (got := self.read(text)) is not None:
+                return got[1]
+        return []
 
     def take(self, calls: list[dict]) -> list[dict]:
         """The calls not given yet, each with its index; a reading that contradicts one given: moved."""

@@ -330,9 +330,10 @@ def test_a_gguf_ends_generation_where_llama_cpp_does(untied_llama, tmp_path, mon
 
     vocab = json.loads((untied_llama / "tokenizer.json").read_text())
     ids = {a["content"]: a["id"] for a in vocab["added_tokens"]}
-    path = write_llama_gguf(untied_llama, tmp_path / "eog.gguf", fields={"tokenizer.ggml.eot_token_id": 7})
+    path = write_llama_gguf(untied_llama, tmp_path / "eog.gguf", fields={"tokenizer.ggml.eot_token_id": 7,
+                                                                         "tokenizer.ggml.eom_token_id": 5000})
     assert checkpoint.load(str(path)).model.generation_config.eos_token_id == [ids["<|im_end|>"], 7,
-                                                                              ids["<|endoftext|>"]]
+                                                                              ids["<|endoftext|>"]]  # (5000: none)
     out = build(BuildConfig(model=str(path), output=str(tmp_path / "engine"), max_batch_size=1, max_input_len=16,
                             max_kv_cache_capacity=64), log=lambda m: None)
 

@@ -312,3 +312,18 @@ def test_a_streamed_answer_is_read_only_where_a_call_may_have_ended(monkeypatch)
     for i, char in enumerate(text):
         given += stream.push(char, final=i == len(text) - 1)[1]
     assert len(given) == 50 and len(reads) == 51
+
+
+def test_a_call_ends_where_a_later_possible_end_in_its_piece_does_not_read():
+    """One piece holding a call's end and a later `},` / `),` inside the next call's arguments: the
+    call still comes with that piece (the possible ends are tried last first until one reads)."""
+    from trtllm.runtime.tool_stream import Stream
+
+    mistral = Stream(None, "mistral", TOOLS, "r0")
+    assert mistral.push('[TOOL_CALLS]now[ARGS]{"a": 1}') == ("", [])
+    got = mistral.push('[TOOL_CALLS]get_weather[ARGS]{"b": {"c": 1},')[1]
+    assert [(c["index"], c["function"]["name"]) for c in got] == [(0, "now")]
+    pythonic = Stream(None, "pythonic", TOOLS, "r0")
+    assert pythonic.push("[now()") == ("", [])
+    got = pythonic.push(', get_weather(city=(1, 2),')[1]
+    assert [(c["index"], c["function"]["name"]) for c in got] == [(0, "now")]

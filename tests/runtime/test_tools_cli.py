@@ -223,3 +223,21 @@ def test_a_template_that_shows_tools_from_xml_tools_takes_the_requests_tools(run
     assert given["formatted_complete_request"] == "W?2" and _calls(given) == [("wx", {"c": "R"})]
     assert unshown["error"] == "`tools`: the engine's chat template does not show tools to the model"
 
+
+
+def test_a_moved_thought_gives_no_tool_content_on_the_last_line(run_cli, tmp_path, tiny_engine):
+    """Where the reasoning split moves text already given (a Qwen3 answer with thinking off writing
+    `</think>` unopened), nothing more comes on any line, as the docs say: the text the tool-call
+    stream held back (a possible `<tool_call>`) is reasoning now, not content (it came as
+    content_text on the last line)."""
+    engine = tmp_path / "engine"
+    shutil.copytree(tiny_engine("llama"), engine)
+    (engine / "chat_template.jinja").write_text(SHORT)
+    answer = "ab<tool</think>x"
+    streamed, out = run_cli(engine, {"temperature": 0, "max_generate_length": 32, "tools": WEATHER, "requests": [
+        {"messages": [{"role": "user", "content": "W?"}], "guided_decoding": {"regex": re.escape(answer)}}]},
+        "--reasoning-parser", "qwen3", "--tool-call-parser", "hermes", "--stream")
+    lines = [json.loads(line) for line in streamed.output.splitlines() if line.startswith("{")]
+    assert "".join(line["text"] for line in lines) == answer
+    assert (lines[-1]["reasoning_content"], lines[-1]["content"]) == ("ab<tool", "x")
+    assert "".join(line.get("content_text", "") for line in lines) == "ab"  # (given before `</think>` moved it)
