@@ -5,8 +5,9 @@
     python scripts/gpu_kernel_check.py out.json --interpret  # CPU only: TRITON_INTERPRET=1, small vocabulary
 
 1. The gpu-marked comparison of tests/plugins/test_sample_triton.py (random cases over every
-   feature, ids as the reference's or the exact draw within 2e-6 of a CDF boundary (counted as
-   "near", at most 2% of a check's rows; see the test's compare), logprobs 1e-5), then the same at the demo model's vocabulary (49152) and at
+   feature, ids as the reference's or the exact (float64) draw for a uniform within 2e-6 of the
+   row's (counted as "near", at most 2% of a check's rows; see the test's compare), logprobs 1e-5;
+   the gpu-marked part not with --interpret), then the same at the demo model's vocabulary (49152) and at
    151936, B in {1, 8}, M = 1024. The interpreted run uses V = 2000 and 4099 instead.
 2. Time per call, B in {1, 8}, all rows sampling and all rows greedy: the kernel (launch() on
    preallocated outputs and workspace; CUDA events around each call, after a warm-up; median),

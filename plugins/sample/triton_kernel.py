@@ -12,7 +12,8 @@ float32 (4 passes of 8 bits, each a masked 256-bin histogram of the next byte ov
     TOP  T_M = the M-th largest y (4 passes); compact the values > T_M, pad with T_M: the
          multiset sy of the top M; sort it in registers (bitonic, M <= 4096)            (6)
          steps 5-9 literally on sy: sd, e, min-p count, k', D, prob, cumsum, n, thr
-    DRAW total = sum of the kept weights; first index with carry + cumsum(w) > u * total (10)
+    DRAW total = sum of the kept weights; first index with w > 0 and carry + cumsum(w) > u * total,
+         else the last weighted token                                                   (10)
 
 Greedy rows (temperature 0) skip TOP and DRAW (step 11). About 14 passes over the row in all,
 each reading 4 bytes per token from the workspace (S1 reads the 13 input bytes).
