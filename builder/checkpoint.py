@@ -366,7 +366,7 @@ def gguf_eog_ids(reader, value) -> list[int]:
 
     ids = [key_id(name) for name in ("eos", "eot", "eom")]
     for name, texts in FIM_TEXTS.items():
-        ids.append(key_id(name) if key_id(name) is not None else next(
+        ids.append(found if (found := key_id(name)) is not None else next(
             (i for i, token in enumerate(tokens) if token in texts), None))
     ids += [i for i, token in enumerate(tokens) if token in EOG_TEXTS]
     return list(dict.fromkeys(i for i in ids if i is not None))
@@ -383,8 +383,8 @@ def phi3_longrope(reader, value, rope_dims: int | None, model_arg: str) -> dict 
     """A phi3 GGUF's LongRoPE as rope_parameters has it (None: plain RoPE), from what llama.cpp's
     converter writes: one factor per rotary frequency in rope_factors_long/short.weight, the context
     the short ones hold (rope.scaling.original_context_length) and the attention factor it computed
-    (rope.scaling.attn_factor: transformers' own rule, taken as the file has it, as llama.cpp does;
-    without the key, transformers' rule, where llama.cpp would take 1: the converter always writes it)."""
+    (rope.scaling.attn_factor: transformers' own rule; taken as the file has it, and 1 without the
+    key, as llama.cpp takes them: the converter always writes it)."""
     tensors = {t.name: t for t in reader.tensors if t.name in ("rope_factors_long.weight", "rope_factors_short.weight")}
     if not tensors:
         return None
@@ -404,10 +404,8 @@ def phi3_longrope(reader, value, rope_dims: int | None, model_arg: str) -> dict 
             raise CheckpointError(f"--model {model_arg!r} has {len(data)} LongRoPE {kind} factors, not one per "
                                   f"rotary frequency ({rope_dims // 2})")
         factors[f"{kind}_factor"] = data
-    params = {**factors, "original_max_position_embeddings": int(value(original))}
-    if "phi3.rope.scaling.attn_factor" in reader.fields:
-        params["attention_factor"] = value("phi3.rope.scaling.attn_factor")
-    return params
+    attention = value("phi3.rope.scaling.attn_factor") if "phi3.rope.scaling.attn_factor" in reader.fields else 1.0
+    return {**factors, "original_max_position_embeddings": int(value(original)), "attention_factor": attention}
 
 
 def state_dict_numpy(model) -> dict:

@@ -225,7 +225,7 @@ class Runner:
         # per row with a reasoning_parser: its lines' text split as it comes (not a forced call's: no thought)
         splits = {id(smp.row): reasoning.Stream(req.reasoning_parser, smp.prepared.thinking) for smp in live
                   if (req := smp.prepared.request).reasoning_parser
-                  and not (req.tool_choice is not None and req.tool_choice.forced)}
+                  and not tool_calls.forced(req.tool_choice)}
         # per row whose answer (or its content, after the split) is read for tool calls: the calls as they end
         calls = {id(smp.row): tool_stream.Stream(req.tool_choice, req.tool_call_parser, req.tools,
                                                 self.calls_key(smp), req.parallel_tool_calls) for smp in live
@@ -244,7 +244,7 @@ class Runner:
                     thought, said = splits[id(row)].push(chunk, final)
                     fields.update({"reasoning_text": thought} if thought else {})
                     if id(row) in calls and splits[id(row)].moved:  # (its content is no longer known)
-                        calls[id(row)].stopped = True
+                        calls[id(row)].stop()
                 if id(row) in calls:
                     said, called = calls[id(row)].push(said, final)
                     fields.update({"new_tool_calls": called} if called else {})
@@ -350,15 +350,12 @@ class Runner:
             return smp.message
         p = smp.prepared
         req, text, out = p.request, self.answer(smp), {}
-        forced = req.tool_choice is not None and req.tool_choice.forced
+        forced = tool_calls.forced(req.tool_choice)
         if req.reasoning_parser and not forced:  # (a forced call is JSON alone: no thought to split off)
             out["reasoning_content"], text = reasoning.split(text, req.reasoning_parser, p.thinking)
             out["content"] = text
-        try:
-            calls = tool_calls.extract(text or "", req.tool_choice, req.tool_call_parser, req.tools,
-                                       key=self.calls_key(smp), parallel=req.parallel_tool_calls) if req.tools else None
-        except Exception:  # noqa: BLE001 - an answer the parser cannot take is no calls, not a lost run
-            calls = None
+        calls = tool_calls.extract_or_none(text or "", req.tool_choice, req.tool_call_parser, req.tools,
+                                           self.calls_key(smp), req.parallel_tool_calls) if req.tools else None
         if calls is not None:
             out["content"], out["tool_calls"] = calls
         smp.message = out

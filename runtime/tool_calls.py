@@ -27,6 +27,8 @@ from trtllm.runtime.strict_json import (check_keys, choice, compact, did_you_mea
 
 MODES = ("auto", "none", "required")
 PARSERS = ("hermes", "llama3_json", "mistral", "pythonic")
+HERMES, MISTRAL = "<tool_call>", "[TOOL_CALLS]"  # the markers before each call (the text before the first: content)
+PYTHON_TAG, PYTHON_START, PYTHON_END = "<|python_tag|>", "<|python_start|>", "<|python_end|>"
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +40,11 @@ class ToolChoice:
     def forced(self) -> bool:
         """"required" or a named function: the answer is JSON calls alone."""
         return self.mode in ("required", "function")
+
+
+def forced(tc: ToolChoice | None) -> bool:
+    """A request's tool choice forces calls (the answer is JSON calls alone)."""
+    return tc is not None and tc.forced
 
 
 def parse_choice(value: object, path: str) -> ToolChoice:
@@ -166,7 +173,7 @@ _HERMES = re.compile(r"<tool_call>(.*?)</tool_call>|<tool_call>(.*)", re.DOTALL)
 def _hermes(text: str) -> tuple[str | None, list] | None:
     """Hermes, Qwen 2.5/3, SmolLM3: `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`, any
     number; the last may be unclosed (the answer ended first). Content: the text before the first."""
-    start = text.find("<tool_call>")
+    start = text.find(HERMES)
     if start < 0:
         return None
     calls = []
@@ -183,7 +190,7 @@ def _llama3_json(text: str) -> tuple[str | None, list] | None:
     optional `<|python_tag|>`), several joined by `;`. Unlike vLLM, which takes the first JSON
     object anywhere in the text, the answer must begin with it: an answer that merely quotes JSON
     is not a call."""
-    rest = text.lstrip().removeprefix("<|python_tag|>")
+    rest = text.lstrip().removeprefix(PYTHON_TAG)
     decoder, calls = json.JSONDecoder(), []
     while True:
         try:
@@ -205,7 +212,7 @@ def _llama3_json(text: str) -> tuple[str | None, list] | None:
 def _pythonic(text: str) -> tuple[str | None, list] | None:
     """Llama 3.2/4's Python calls: `[get_weather(city="Paris", unit="celsius"), ...]`, keyword
     arguments with literal values only (nothing is evaluated)."""
-    s = text.strip().removeprefix("<|python_start|>").removesuffix("<|python_end|>").strip()
+    s = text.strip().removeprefix(PYTHON_START).removesuffix(PYTHON_END).strip()
     if not (s.startswith("[") and s.endswith("]")):
         return None
     try:
@@ -241,11 +248,11 @@ def _mistral(text: str) -> tuple[str | None, list] | None:
     """Mistral's: `[TOOL_CALLS]` (a special token: the answer needs skip_special_tokens false), then
     a JSON array of {"name", "arguments"} (v3 tokenizers) or `name[ARGS]{...}`, each call after its
     own `[TOOL_CALLS]` (v11 and later). Content: the text before the first."""
-    start = text.find("[TOOL_CALLS]")
+    start = text.find(MISTRAL)
     if start < 0:
         return None
     calls, decoder = [], json.JSONDecoder()
-    for part in text[start:].split("[TOOL_CALLS]")[1:]:
+    for part in text[start:].split(MISTRAL)[1:]:
         part = part.strip()
         try:
             if part.startswith("["):
@@ -272,7 +279,7 @@ def reads_calls(tc: ToolChoice | None, parser: str | None, tools: tuple[dict, ..
     """Whether an answer is read for tool calls (`extract`): with tools, unless tool_choice is
     "none", where calls are forced or a parser reads them."""
     return bool(tools) and not (tc is not None and tc.mode == "none") and (
-        parser is not None or tc is not None and tc.forced)
+        parser is not None or forced(tc))
 
 
 def extract(text: str, tc: ToolChoice | None, parser: str | None, tools: tuple[dict, ...] | None,
@@ -305,3 +312,11 @@ def extract(text: str, tc: ToolChoice | None, parser: str | None, tools: tuple[d
         return "call_" + digest.hexdigest()[:24]
     return content, [{"id": call_id(k, call), **call} for k, call in enumerate(calls)]
 
+
+def extract_or_none(text: str, tc: ToolChoice | None, parser: str | None, tools: tuple[dict, ...] | None,
+                    key: str, parallel: bool = True) -> tuple[str | None, list[dict]] | None:
+    """`extract`, where an answer a parser cannot take (an error of its own) is no calls, not a lost run."""
+    try:
+        return extract(text, tc, parser, tools, key, parallel)
+    except Exception:  # noqa: BLE001 - each reader's library has its own error types
+        return None

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import re
 
-from trtllm.runtime.tool_calls import ToolChoice, extract
+from trtllm.runtime.tool_calls import HERMES, MISTRAL, PYTHON_START, PYTHON_TAG, ToolChoice, extract_or_none, forced
 
-MARKERS = {"hermes": "<tool_call>", "mistral": "[TOOL_CALLS]"}  # the content is the text before the first
-OPENERS = {"llama3_json": ("{", "<|python_tag|>"), "pythonic": ("[", "<|python_start|>")}  # how calls begin
+MARKERS = {"hermes": HERMES, "mistral": MISTRAL}  # the content is the text before the first
+OPENERS = {"llama3_json": ("{", PYTHON_TAG), "pythonic": ("[", PYTHON_START)}  # how an answer of calls begins
 # Where a call may just have ended, and the beginning of the answer that then holds the calls so far
 # (group "keep": up to and with it; "list": a list's calls, closed after it; else up to the match):
 # only there (and at the end) is the answer read, so a line does not cost the answer's length.
@@ -35,19 +35,27 @@ class Stream:
 
     def __init__(self, tc: ToolChoice | None, parser: str | None, tools: tuple[dict, ...] | None, key: str,
                  parallel: bool = True):
-        self.read = lambda text: _read(text, tc, parser, tools, key, parallel)  # noqa: E731
-        forced = tc is not None and tc.forced
-        self.marker = None if forced else MARKERS.get(parser)
-        self.openers = ("",) if forced else OPENERS.get(parser, ())  # ("": any text may be calls)
+        self.tc, self.parser, self.tools, self.key, self.parallel = tc, parser, tools, key, parallel
+        self.marker = None if forced(tc) else MARKERS.get(parser)
+        self.openers = ("",) if forced(tc) else OPENERS.get(parser, ())  # ("": any text may be calls)
         self.ends = ENDS.get("required" if tc is not None and tc.mode == "required" else
-                             None if forced else parser)
+                             None if forced(tc) else parser)
         self.text, self.said, self.scanned, self.calls, self.moved = "", 0, 0, [], False
-        self.stopped = False  # (set by the caller: the content it was given is no longer known)
+        self.marker_at = None  # where the first marker begins, once seen
+        self.begins = None     # whether the answer begins as calls (llama3_json, pythonic), once known
+        self.stopped = False
+
+    def stop(self) -> None:
+        """Give nothing more: the content the caller was giving is no longer known (its reasoning
+        split moved text already given)."""
+        self.stopped = True
 
     def push(self, piece: str, final: bool = False) -> tuple[str, list[dict]]:
-        self.text += piece
+        """(content since the last piece, calls that ended in this one) after `piece`; `final`: the
+        answer's last piece, read whole."""
         if self.stopped:
             return "", []
+        self.text += piece
         if final:
             got = self.read(self.text)
             new = self.take(got[1] if got else [])
@@ -59,23 +67,29 @@ class Stream:
         elif self.moved:
             return "", []
         else:
-            new = self.take(self.calls_so_far())
-            cut = self.said if self.moved else self.content_end(final)
+            new = self.take(self.read_new_ends())
+            if self.moved:  # (take found a reading that contradicts a call given)
+                return "", []
+            cut = self.content_end(final)
         said, self.said = self.text[self.said:cut], max(self.said, cut)
         return said, new
 
-    def calls_so_far(self) -> list[dict]:
-        """The calls of the answer so far that are known to have ended (none where nothing ended)."""
+    def read(self, text: str) -> tuple[str | None, list[dict]] | None:
+        return extract_or_none(text, self.tc, self.parser, self.tools, self.key, self.parallel)
+
+    def read_new_ends(self) -> list[dict]:
+        """The calls of the answer so far, read at the possible call ends the text since the last
+        push brings (none where nothing ended); moves the scan past them."""
         if self.ends is None:
             return []
         seen, self.scanned = self.scanned, len(self.text)
         ends = [m for m in self.ends.finditer(self.text, max(0, seen - LONGEST_END)) if m.end() > seen]
-        for end in reversed(ends[-TRIED_ENDS:]):  # (none: nothing ended in this piece)
+        for end in reversed(ends[-TRIED_ENDS:]):
             groups = end.groupdict()
             if groups.get("keep"):
                 text = self.text[:end.end()]
             elif groups.get("list"):
-                if self.marker == "[TOOL_CALLS]" and not _v3_list(self.text, end.start()):
+                if self.marker == MISTRAL and not _v3_list(self.text, end.start()):
                     continue  # (mistral v11: a list there is a call's arguments, not the calls)
                 text = self.text[:end.start("list") + 1] + "]"
             else:
@@ -95,29 +109,28 @@ class Stream:
         return [{"index": given + i, **call} for i, call in enumerate(calls[given:])]
 
     def content_end(self, final: bool) -> int:
-        """Where the content given so far may end: before a call's marker, or a suffix that may begin one."""
+        """Where the content given so far may end: before a call's marker, or a suffix that may begin
+        one. What is known once (the marker's place, how the answer begins) is not searched again."""
         if self.marker:
-            start = self.text.find(self.marker)
-            if start >= 0:
-                return start
+            if self.marker_at is None:
+                start = self.text.find(self.marker, max(0, self.said - len(self.marker)))
+                self.marker_at = start if start >= 0 else None
+            if self.marker_at is not None:
+                return self.marker_at
             return len(self.text) if final else len(self.text) - _marker_prefix(self.text, self.marker)
-        begun = self.text.lstrip()
-        if self.calls or any(begun.startswith(o) or o.startswith(begun) for o in self.openers):
+        if self.begins is None:
+            begun = self.text.lstrip()
+            if begun and not any(o.startswith(begun) for o in self.openers if o):  # (decided: more text
+                self.begins = any(begun.startswith(o) for o in self.openers)       # cannot change it)
+        if self.calls or self.begins is not False:
             return self.said  # (calls, or text that may begin them: no content yet)
         return len(self.text)
 
 
-def _read(text, tc, parser, tools, key, parallel):
-    try:
-        return extract(text, tc, parser, tools, key, parallel)
-    except Exception:  # noqa: BLE001 - as runner.message_of: an answer the parser cannot take is no calls
-        return None
-
-
 def _v3_list(text: str, at: int) -> bool:
     """Whether mistral's calls before `at` are a JSON list (v3 tokenizers), not `name[ARGS]...` ones."""
-    start = text.rfind("[TOOL_CALLS]", 0, at)
-    return start >= 0 and text[start + len("[TOOL_CALLS]"):at].lstrip().startswith("[")
+    start = text.rfind(MISTRAL, 0, at)
+    return start >= 0 and text[start + len(MISTRAL):at].lstrip().startswith("[")
 
 
 def _marker_prefix(text: str, marker: str) -> int:

@@ -35,33 +35,34 @@ def main(argv: list[str] | None = None) -> int:
         from tests import fakes
 
         with fakes.installed():
-            results = run_all(args.ops)
+            device, results = run_all(args.ops)
     else:
-        results = run_all(args.ops)
+        device, results = run_all(args.ops)
     for r in results:
         print(f"{r['kv_dtype']:<9} {r['ops']} ops  {r['reads']} reads  "
               f"{'ok' if not r['problems'] else str(len(r['problems'])) + ' PROBLEMS'}")
         for p in r["problems"][:10]:
             print(f"    {p}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"device": results[0]["device"], "fake": args.fake, "results": results}, indent=1))
+    args.out.write_text(json.dumps({"device": device, "fake": args.fake, "results": results}, indent=1))
     print(f"wrote {args.out}")
     return 1 if any(r["problems"] for r in results) else 0
 
 
-def run_all(num_ops: int) -> list[dict]:
+def run_all(num_ops: int) -> tuple[dict, list[dict]]:
+    """The device's name and capability, and run_ops' result per KV type."""
     from trtllm.runtime.backends import cuda
 
     device = cuda.device_info()
     stream = cuda.Stream()
     try:
-        return [{"device": device, **compare(kv_dtype, stream, num_ops, seed)}
-                for seed, kv_dtype in enumerate(("float32", "float16", "bfloat16", "int8"))]
+        return device, [run_ops(kv_dtype, stream, num_ops, seed)
+                        for seed, kv_dtype in enumerate(("float32", "float16", "bfloat16", "int8"))]
     finally:
         stream.close()
 
 
-def compare(kv_dtype: str, stream, num_ops: int, seed: int) -> dict:
+def run_ops(kv_dtype: str, stream, num_ops: int, seed: int) -> dict:
     """Random operations on a device cache and a host one; every read compared bit for bit."""
     from trtllm.runtime.backends.tensorrt import DeviceKVCache
     from trtllm.runtime.kv_cache import KVCacheManager
@@ -99,7 +100,7 @@ def compare(kv_dtype: str, stream, num_ops: int, seed: int) -> dict:
             stop = int(rng.integers(start + 1, slots + 1))
             device.clear(start, stop)
             host.clear(start, stop)
-        elif op == "move":  # (move takes an owned slot to a free one)
+        elif op == "move":  # (move takes an owned slot to a free one: the owners set for it, books aside)
             src, dst = (int(s) for s in rng.choice(slots, 2, replace=False))
             length = int(rng.integers(1, capacity + 1))
             for cache in (device, host):

@@ -38,7 +38,8 @@ def rope_rows(w: np.ndarray, heads: int) -> np.ndarray:
 
 def write_llama_gguf(ckpt: Path, out: Path, drop: tuple[str, ...] = (), extra_tensors: dict | None = None,
                      rope_scaling: tuple[str, float] | None = None, fields: dict | None = None,
-                     arch: str = "llama", rope_dims: int | None = None, original_context: bool = True) -> Path:
+                     arch: str = "llama", rope_dims: int | None = None, original_context: bool = True,
+                     attn_factor: float | None = None) -> Path:
     """`ckpt` (a tiny Llama checkpoint) as a GGUF; `drop` leaves tensors out (GGUF names),
     `rope_scaling` = (type, factor) adds llama.cpp's scaling keys, `fields` more keys: name ->
     float (float32) or int (uint16); `arch` labels it another architecture (general.architecture):
@@ -48,7 +49,8 @@ def write_llama_gguf(ckpt: Path, out: Path, drop: tuple[str, ...] = (), extra_te
     gives (default: the head's, or its partial_rotary_factor's share); a phi3 with LongRoPE
     gets its factors as the tensors rope_factors_long/short.weight and the attention factor, as
     llama.cpp's converter writes them (`drop` can leave those tensors out too; `original_context`
-    False leaves out the context its short factors hold)."""
+    False leaves out the context its short factors hold, `attn_factor` sets the attention factor
+    written, 0 leaves it out)."""
     import gguf
     from safetensors.numpy import load_file
 
@@ -82,7 +84,10 @@ def write_llama_gguf(ckpt: Path, out: Path, drop: tuple[str, ...] = (), extra_te
             w.add_rope_scaling_orig_ctx_len(original)
         if rope.get("rope_type") == "longrope":  # (the converter's generate_extra_tensors)
             scale = cfg["max_position_embeddings"] / original
-            w.add_rope_scaling_attn_factors(math.sqrt(1 + math.log(scale) / math.log(original)) if scale > 1 else 1.0)
+            if attn_factor is None:  # (the converter's rule, transformers' too)
+                attn_factor = math.sqrt(1 + math.log(scale) / math.log(original)) if scale > 1 else 1.0
+            if attn_factor:  # (0: the key left out)
+                w.add_rope_scaling_attn_factors(attn_factor)
             extra_tensors = {"rope_factors_long.weight": np.array(rope["long_factor"], np.float32),
                              "rope_factors_short.weight": np.array(rope["short_factor"], np.float32),
                              **(extra_tensors or {})}

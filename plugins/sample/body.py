@@ -252,10 +252,7 @@ def _draw(b: _Body) -> None:
     """Steps 10-11: inverse CDF with the caller's uniform, then the greedy override."""
     b.op("Where", "keep", "exp_d", "zero_f", out="w")                               # [B, V]
     b.op("CumSum", "w", "axis_1", out="c")
-    # Only tokens with weight are drawn, and the total is the largest sum at one of them: a
-    # sequential CumSum (ONNX Runtime's) gives c[-1] and the same token, but a parallel scan (a
-    # GPU's) rounds the sums past the last weighted token differently, and c > target or c >= c[-1]
-    # could first hold at a token of weight 0 (a banned one), or at none.
+    # only weighted tokens, the total their largest running sum: reference.py step 10 says why
     b.op("Greater", "w", "zero_f", out="weighted")
     b.op("Where", "weighted", "c", "zero_f", out="c_weighted")
     b.op("ReduceMax", "c_weighted", "axes_1", out="total", keepdims=1)              # [B, 1]

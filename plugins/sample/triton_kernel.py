@@ -207,8 +207,8 @@ def _draw(ws_y, V: tl.constexpr, ymax, t_div, thr, u, BLOCK: tl.constexpr):
         ok = offs < V
         w = _kept_weights(ws_y, offs, ok, ymax, t_div, thr)
         c = carry + tl.cumsum(w, 0)
-        # w > 0: a scan's rounding differs from tl.sum's, so c can pass the target only at the block's
-        # unkept tokens after the last kept one (the carry rounded up); the reference never draws those
+        # w > 0: a scan's rounding differs from tl.sum's, so c can first pass the target at unkept tokens
+        # after the last kept one (the carry rounded up); the reference never draws those
         first = tl.min(tl.where(ok & (w > 0) & (c > target), offs, V), 0)
         token = tl.where(first < V, first, token)
         last = tl.maximum(last, tl.max(tl.where(w > 0, offs, -1), 0))

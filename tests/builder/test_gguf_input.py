@@ -212,6 +212,15 @@ def test_a_partial_rotary_phi3_gguf_gets_it_back(phi3, tmp_path, monkeypatch):
     assert logits_gap(ckpt, gguf, 100) > 0.1
 
 
+@pytest.mark.parametrize("written, used", [(1.3, 1.3), (0, 1.0)])
+def test_a_longrope_gguf_attention_factor_is_read_as_llama_cpp_reads_it(phi4_mini, tmp_path, written, used):
+    """The GGUF's rope.scaling.attn_factor is the one used (llama.cpp's reading), and 1 without the key
+    (transformers' own rule, 1.0607 here, would hide a factor dropped: the converter writes that one)."""
+    path = write_llama_gguf(phi4_mini[0], tmp_path / "attn.gguf", arch="phi3", attn_factor=written)
+    model = checkpoint.load(str(path)).model
+    assert model.model.rotary_emb.attention_scaling == pytest.approx(used, rel=1e-6)
+
+
 def test_a_longrope_phi3_gguf_engine_answers_as_its_checkpoint(phi4_mini, tmp_path):
     assert engine_answers_as(*phi4_mini, tmp_path / "engine", 100)
 

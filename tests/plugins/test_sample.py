@@ -391,8 +391,10 @@ def test_top_k_keeps_ties_so_top_k_1_is_not_greedy():
     assert not greedy(SamplingParams(temperature=1.0, top_k=1)) and greedy(SamplingParams(temperature=0.0))
 
 
-def _with_scan_error(model, error: np.ndarray):
-    """The body with `error` added to CumSum(w): a parallel scan's rounding, as a GPU's may round."""
+def _with_scan_error(model, error: np.ndarray, unweighted: bool = False):
+    """The body with `error` added to CumSum(w): a parallel scan's rounding, as a GPU's may round.
+    `unweighted`: the draw's rule before weights counted (the wrong variant): total the largest
+    running sum anywhere (c[-1] when summed in order), and any token may be drawn."""
     def patch(nodes):
         for i, node in enumerate(nodes):
             if node.op_type == "CumSum" and list(node.input[:1]) == ["w"]:
@@ -400,6 +402,11 @@ def _with_scan_error(model, error: np.ndarray):
                 nodes.insert(i + 1, onnx.helper.make_node("Add", ["c_scan", "scan_error"], ["c"]))
                 nodes.insert(i + 1, onnx.helper.make_node("Constant", [], ["scan_error"],
                                                           value=onnx.numpy_helper.from_array(error)))
+                for later in nodes:
+                    if unweighted and later.op_type == "ReduceMax" and list(later.input[:1]) == ["c_weighted"]:
+                        later.input[0] = "c"
+                    if unweighted and later.op_type == "And" and list(later.output) == ["chosen"]:
+                        later.op_type, later.input[:] = "Identity", ["passed"]
                 return True
             for attr in node.attribute:
                 if attr.type == onnx.AttributeProto.GRAPH and patch(attr.g.node):
@@ -413,12 +420,15 @@ def _with_scan_error(model, error: np.ndarray):
 @pytest.mark.parametrize("uniform", [0.999, np.nextafter(np.float32(1), np.float32(0))])
 def test_a_scan_rounding_up_past_the_last_weighted_token_draws_a_weighted_one(uniform):
     """Sums past the last weighted token rounded above it (a parallel scan) must not draw a token of
-    weight 0 (here banned): the body draws the weighted one the exact sums give, as the reference."""
+    weight 0 (here banned): the body draws the weighted one the exact sums give, as the reference;
+    the rule before weights counted, the wrong variant, draws the banned token 4."""
     case = make_case(np.zeros((1, 8)), 1.0, 0, 1.0, uniform, bias=[[0, 0, 0, 0] + [-np.inf] * 4])
     error = np.array([[0, 0, 0, 0, 1e-2, 1e-2, 1e-2, 1e-2]], np.float32)
-    session = ort.InferenceSession(_with_scan_error(body.make_model(8, 8), error).SerializeToString(),
-                                   providers=["CPUExecutionProvider"])
-    token = session.run(None, {name: case[name] for name in ARGS})[0]
-    c = np.cumsum(np.array([1, 1, 1, 1, 0, 0, 0, 0], np.float32)) + error[0]
-    assert np.argmax((c > uniform * c[-1]) | (c >= c[-1])) == 4        # the rule without weights draws a ban
-    assert token.tolist() == [3] == run_reference(case, 1, 8)[0].tolist()
+
+    def draw(unweighted):
+        model = _with_scan_error(body.make_model(8, 8), error, unweighted)
+        session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+        return session.run(None, {name: case[name] for name in ARGS})[0].tolist()
+
+    assert draw(unweighted=False) == [3] == run_reference(case, 1, 8)[0].tolist()
+    assert draw(unweighted=True) == [4]

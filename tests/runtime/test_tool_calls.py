@@ -305,7 +305,7 @@ def test_a_streamed_answer_is_read_only_where_a_call_may_have_ended(monkeypatch)
     from trtllm.runtime import tool_stream
 
     reads = []
-    monkeypatch.setattr(tool_stream, "extract", lambda text, *args: reads.append(len(text)) or extract(text, *args))
+    monkeypatch.setattr(tool_stream, "extract_or_none", lambda text, *args: reads.append(len(text)) or extract(text, *args))
     call = '<tool_call>{"name": "get_weather", "arguments": {"city": "Rome, or Paris}"}}</tool_call>\n'
     text = "Hi." + call * 50
     stream, given = tool_stream.Stream(None, "hermes", TOOLS, "r0"), []
