@@ -155,7 +155,7 @@ class GgufKeys:
     arch: str
     rope_freqs: list[float] | None = None  # a llama GGUF's rope_freqs.weight: Llama 3's RoPE scaling
     sliding_window: int = 0  # a phi3 GGUF's window (0: none, as llama.cpp's converter writes Phi-4's)
-    rope_dims: int | None = None  # the rotary dimensions of a head
+    rope_dims: int | None = None  # a phi3 GGUF's rotary dimensions of a head (the head size where it gives none)
     longrope: dict | None = None  # a phi3 GGUF's LongRoPE: rope_parameters' long/short factors, original context
     softcaps: dict = field(default_factory=dict)  # a gemma2 GGUF's: config name -> value
     linear: float | None = None  # a gemma3 GGUF's linear RoPE scaling (its global layers': Gemma 3 4B-27B)
@@ -279,7 +279,10 @@ def check_gguf(path: Path) -> GgufKeys:
 
     reader = gguf.GGUFReader(path)
 
-    def value(name):
+    def value(name, default=None):
+        """A key's value (a string or a number), or `default` where the GGUF lacks it."""
+        if name not in reader.fields:
+            return default
         part = reader.fields[name].parts[-1]
         return bytes(part).decode() if reader.fields[name].types[-1] == gguf.GGUFValueType.STRING else float(part[0])
 
@@ -287,7 +290,7 @@ def check_gguf(path: Path) -> GgufKeys:
         raise CheckpointError(f"--model {str(path)!r} has {what}, which transformers' GGUF loader drops: "
                               f"{consequence}. Build from the Hugging Face checkpoint directory instead")
 
-    if "split.count" in reader.fields and value("split.count") > 1:
+    if value("split.count", 1) > 1:
         raise CheckpointError(f"--model {str(path)!r} is part of a split GGUF ({int(value('split.count'))} files): "
                               "merge it first (llama-gguf-split --merge FIRST.gguf OUT.gguf)")
     kind = next((value(n) for n in reader.fields if n.endswith(".rope.scaling.type")), None)
@@ -296,7 +299,7 @@ def check_gguf(path: Path) -> GgufKeys:
     if kind == "linear" and not factors:  # (a linear scaling by 1: plain RoPE)
         kind = None
     freqs = next((t for t in reader.tensors if t.name == "rope_freqs.weight"), None)
-    arch = value("general.architecture") if "general.architecture" in reader.fields else ""
+    arch = value("general.architecture", "")
     linear = arch == "gemma3" and kind in (None, "linear") and len(factors) == 1  # (given back: gemma_keys)
     if not linear and (kind not in (None, "none") or (kind is None and factors)):
         what = f"RoPE scaling {kind!r}" if kind else f"RoPE scaling ({factors[0]} = {value(factors[0])})"
@@ -317,10 +320,10 @@ def check_gguf(path: Path) -> GgufKeys:
         refuse(f"tensors {listed(dropped, 4)}", "the engine would compute without them")
     keys = GgufKeys(arch, None if freqs is None else tensor_values(freqs))
     if arch == "phi3":
-        keys.sliding_window = int(value("phi3.attention.sliding_window")) if "phi3.attention.sliding_window" in \
-            reader.fields else 0
-        keys.rope_dims = int(value("phi3.rope.dimension_count")) if "phi3.rope.dimension_count" in reader.fields \
-            else None
+        keys.sliding_window = int(value("phi3.attention.sliding_window", 0))
+        dims = value("phi3.rope.dimension_count")  # (else the head size: the embedding over the heads)
+        keys.rope_dims = int(dims) if dims is not None else \
+            int(value("phi3.embedding_length")) // int(value("phi3.attention.head_count"))
         keys.longrope = phi3_longrope(reader, value, keys.rope_dims, str(path))
     keys.linear = value(factors[0]) if linear else None
     keys.eog_ids = gguf_eog_ids(reader, value)
@@ -328,12 +331,12 @@ def check_gguf(path: Path) -> GgufKeys:
         # llama.cpp's Gemma 3 without a window (sliding_window_pattern 1: every layer global, one RoPE
         # base) is no model transformers' GGUF loader makes: it would slide five of six layers
         window = f"{arch}.attention.sliding_window"
-        if window not in reader.fields or not value(window):
+        if not value(window):
             raise CheckpointError(f"--model {str(path)!r} is a {arch} GGUF without a sliding window (every layer global), "
                                   "which transformers' GGUF loader would read as its default windows. Build from "
                                   "the Hugging Face checkpoint directory instead")
         keys.softcaps = {name: value(f"{arch}.{name}") for name in ("attn_logit_softcapping", "final_logit_softcapping")
-                         if f"{arch}.{name}" in reader.fields}
+                         if value(f"{arch}.{name}") is not None}
     return keys
 
 
@@ -360,8 +363,7 @@ def gguf_eog_ids(reader, value) -> list[int]:
     tokens = [] if field_ is None else [bytes(field_.parts[i]).decode("utf-8", errors="replace") for i in field_.data]
 
     def key_id(name: str) -> int | None:
-        key = f"tokenizer.ggml.{name}_token_id"
-        found = int(value(key)) if key in reader.fields else -1
+        found = int(value(f"tokenizer.ggml.{name}_token_id", -1))
         return found if 0 <= found < len(tokens) else None
 
     ids = [key_id(name) for name in ("eos", "eot", "eom")]
@@ -379,7 +381,7 @@ def tensor_values(tensor) -> list[float]:
     return [float(x) for x in gguf.quants.dequantize(tensor.data, tensor.tensor_type).astype("float32").reshape(-1)]
 
 
-def phi3_longrope(reader, value, rope_dims: int | None, model_arg: str) -> dict | None:
+def phi3_longrope(reader, value, rope_dims: int, model_arg: str) -> dict | None:
     """A phi3 GGUF's LongRoPE as rope_parameters has it (None: plain RoPE), from what llama.cpp's
     converter writes: one factor per rotary frequency in rope_factors_long/short.weight, the context
     the short ones hold (rope.scaling.original_context_length) and the attention factor it computed
@@ -392,11 +394,9 @@ def phi3_longrope(reader, value, rope_dims: int | None, model_arg: str) -> dict 
         raise CheckpointError(f"--model {model_arg!r} has {next(iter(tensors))} without its pair (LongRoPE takes "
                               "rope_factors_long.weight and rope_factors_short.weight)")
     original = "phi3.rope.scaling.original_context_length"
-    if original not in reader.fields:
+    if value(original) is None:
         raise CheckpointError(f"--model {model_arg!r} has LongRoPE factors without {original}, the context its "
                               "short factors hold")
-    if rope_dims is None:
-        rope_dims = int(value("phi3.embedding_length")) // int(value("phi3.attention.head_count"))
     factors = {}
     for kind in ("long", "short"):
         data = tensor_values(tensors[f"rope_factors_{kind}.weight"])
@@ -404,8 +404,8 @@ def phi3_longrope(reader, value, rope_dims: int | None, model_arg: str) -> dict 
             raise CheckpointError(f"--model {model_arg!r} has {len(data)} LongRoPE {kind} factors, not one per "
                                   f"rotary frequency ({rope_dims // 2})")
         factors[f"{kind}_factor"] = data
-    attention = value("phi3.rope.scaling.attn_factor") if "phi3.rope.scaling.attn_factor" in reader.fields else 1.0
-    return {**factors, "original_max_position_embeddings": int(value(original)), "attention_factor": attention}
+    return {**factors, "original_max_position_embeddings": int(value(original)),
+            "attention_factor": value("phi3.rope.scaling.attn_factor", 1.0)}
 
 
 def state_dict_numpy(model) -> dict:

@@ -52,7 +52,9 @@ class Drafter:
             from trtllm.runtime.backends.onnxruntime import DraftEngine
         engine = DraftEngine(engine_dir, manifest, **options)
         if auto:
-            deepest = max(AUTO_MAX_STEP, start) if window is None else max(1, min(max(AUTO_MAX_STEP, start), window - 1))
+            deepest = max(AUTO_MAX_STEP, start)
+            if window is not None:
+                deepest = max(1, min(deepest, window - 1))
             return cls(engine, deepest, True, min(start, deepest), top_k, size)
         return cls(engine, int(step), top_k=top_k, verify_size=size)
 
