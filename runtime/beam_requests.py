@@ -1,11 +1,12 @@
 """trtllm-run's requests with num_beams > 1 (runtime/runner.py): what the engine cannot run (the
-request fails alone), each request's search (runtime/beam.py BeamParams, from its first sample's
+request fails alone), each request's search (runtime/beam_candidates.py BeamParams, from its first sample's
 row), and the answers, replayed into the samples' rows as plain decoding would have produced them."""
 from __future__ import annotations
 
 import itertools
 
-from trtllm.runtime.beam import BeamParams, Hypothesis, Stuck, run_many
+from trtllm.runtime.beam import Hypothesis, Stuck, run_many
+from trtllm.runtime.beam_candidates import BeamParams
 
 
 def unrunnable(req, index: int, manifest) -> str | None:

@@ -13,7 +13,6 @@ stdout that fails only stops the printing.
 """
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import sys
@@ -25,8 +24,9 @@ import click
 from trtllm.runtime import files
 from trtllm.runtime import input_format as fmt
 from trtllm.runtime import input_checks
-from trtllm.runtime import interrupt, reasoning
+from trtllm.runtime import interrupt, reasoning, stdout
 from trtllm.runtime.generation_config import CONFIG_NAMES, model_defaults
+from trtllm.runtime.input_fields import MAX_NUM_LOGPROBS
 from trtllm.runtime.tool_calls import PARSERS
 
 # --prefill-chunk's default. On the demo model (2 threads) a 256-token chunk takes about 0.5 s, so
@@ -48,95 +48,6 @@ def check_writable(path: str | None, option: str) -> None:
             files.check_writable(path)
         except files.NotWritable as e:
             fail_usage(f"{option} {files.shown(path) or repr(path)} {e}")
-
-
-class Printer:
-    """What goes to stdout: --stream's JSON lines, the answers' JSON, the one-line summaries. A
-    stdout that fails (its reader went away: `| head`; a full device; none at all: `>&-`) stops the
-    printing, not the run, while --output still wants the answers. Without it no one is left to
-    answer: the run ends as a program killed by SIGPIPE would (141), or, for another failure, with
-    3 (what could not be written)."""
-
-    def __init__(self, answers_wanted: bool, tell: bool = True):
-        self.answers_wanted, self.tell, self.gone = answers_wanted, tell, False  # tell: warn when it fails
-        self.error: BaseException | None = None  # why it stopped
-
-    def line(self, record: dict) -> None:
-        with interrupt.held():  # a Ctrl-C now comes after the line, not in the middle of it
-            self.text(files.json_text(record))
-
-    def text(self, text: str) -> None:
-        if self.gone:
-            return
-        try:
-            if sys.stdout is None:  # closed when Python started (>&-)
-                raise OSError("stdout is closed")
-            write_stdout(text + "\n")
-        except (OSError, ValueError) as e:  # ValueError: a file object closed under us
-            self.gone, self.error = True, e
-            if sys.stdout is not None:
-                silence_stdout()
-            pipe = isinstance(e, BrokenPipeError)
-            if not self.answers_wanted:
-                if not pipe:
-                    click.echo(f"error: stdout could not be written ({e}); the answers are lost", err=True)
-                sys.exit(141 if pipe else 3)
-            if not pipe and self.tell:
-                click.echo(f"warning: stdout could not be written ({e}); the run goes on for --output", err=True)
-
-    def chunk(self, sample, text: str, finish_reason: str | None, token_ids: list[int], fields=None) -> None:
-        """One streamed piece: {"request_idx", "sample_idx", "text", "token_ids"[, "finish_reason"][,
-        "logprobs", "token_logprobs"][, "reasoning_text", "content_text"][, "new_tool_calls"][,
-        "reasoning_content", "content", "tool_calls"]} per line (the logprobs of its ids, where asked;
-        with a reasoning_parser or an answer read for calls, the text's reasoning and content parts,
-        and the calls that ended in it; what was read out of the answer, on its last line)."""
-        record = {"request_idx": sample.prepared.index, "sample_idx": sample.sample_idx, "text": text,
-                  "token_ids": token_ids}
-        if finish_reason:
-            record["finish_reason"] = finish_reason
-        self.line({**record, **(fields or {})})
-
-
-def write_stdout(text: str) -> None:
-    """To descriptor 1 itself, as UTF-8 (what JSON is): Python's buffered stdout loses the error of
-    a write its reader cut short (`| head -c 10` after the first 64 KiB of a big answer: the rest
-    was dropped and the run exited 0). A stdout with no descriptor (click's test runner) is written
-    as a stream."""
-    try:
-        fd = sys.stdout.fileno()
-    except (OSError, ValueError):  # (io.UnsupportedOperation is both)
-        click.echo(text, nl=False)
-        sys.stdout.flush()
-        return
-    sys.stdout.flush()  # what Python holds goes first
-    files.write_all(fd, text.encode("utf-8"))
-
-
-def silence_stdout() -> None:
-    """Descriptor 1 onto /dev/null once stdout has failed: Python would otherwise report the
-    failure again as it exits (flushing what is left)."""
-    with contextlib.suppress(OSError):
-        os.dup2(os.open(os.devnull, os.O_WRONLY), 1)
-
-
-STDOUT_CLOSED = False  # descriptor 1 was closed when the run started (hold_stdout)
-
-
-def hold_stdout() -> None:
-    """With descriptor 1 closed (`>&-`), the next file opened would get it, and anything written to
-    stdout would land in that file: hold it open on /dev/null (the printing fails as a closed
-    stdout, Printer)."""
-    global STDOUT_CLOSED
-    if sys.stdout is not None:
-        return
-    STDOUT_CLOSED = True
-    opened = []
-    with contextlib.suppress(OSError):
-        while not opened or opened[-1] < 1:  # (0 too may be closed)
-            opened.append(os.open(os.devnull, os.O_WRONLY))
-    for fd in opened:
-        if fd != 1:
-            os.close(fd)
 
 
 def same_file(path: str, other: str | Path) -> bool:
@@ -248,7 +159,7 @@ def check_batch_size(inp: fmt.InputFile, manifest) -> None:
 @click.option("--max-generate-length", type=click.IntRange(min=0), default=None,
               help="Replace the input file's max_generate_length, top level and in each request that sets "
                    "its own (Edge-LLM's --maxGenerateLength).")
-@click.option("--num-logprobs", type=click.IntRange(0, fmt.MAX_NUM_LOGPROBS), default=None,
+@click.option("--num-logprobs", type=click.IntRange(0, MAX_NUM_LOGPROBS), default=None,
               help="Replace the input file's num_logprobs, top level and in each request that sets its own "
                    "(Edge-LLM's --numLogprobs).")
 @click.option("--reasoning-parser", type=click.Choice(reasoning.PARSERS), default=None,
@@ -311,7 +222,7 @@ def main(input_file: Path, engine_dir: Path, output: str | None, profile: str | 
          spec_draft_step: int | str, spec_draft_top_k: int | str, spec_verify_size: int | str,
          spec_ngram: int, prefill_chunk: int) -> None:
     """Answer the requests in INPUT_FILE with the engine in --engine."""
-    hold_stdout()
+    stdout.hold()
     try:
         with warnings.catch_warnings(), interrupt.watch() as interrupts:  # (both restored after the run)
             warnings.showwarning = show_warning
@@ -358,7 +269,7 @@ def serve(input_file: Path, engine_dir: Path, output: str | None, profile: str |
     to_stdout = output is not None and files.descriptor(output) == 1
     if output is not None and profile is not None and same_file(output, profile):
         fail_usage(f"--output and --profile are the same file ({files.shown(output)})")
-    if to_stdout and STDOUT_CLOSED:
+    if to_stdout and stdout.CLOSED:
         fail_usage(f"--output {files.shown(output)} is stdout, which is closed")
     if stream and to_stdout:
         fail_usage(f"--output {files.shown(output)} is stdout, which --stream writes its lines to")
@@ -444,7 +355,7 @@ def serve(input_file: Path, engine_dir: Path, output: str | None, profile: str |
     if runner.cancelled:
         click.echo("interrupted while warming up: nothing was answered or written", err=True)
         sys.exit(130)
-    printer = Printer(answers_wanted=output is not None)
+    printer = stdout.Printer(answers_wanted=output is not None)
     responses = runner.run(inp, engine_errors, on_text=printer.chunk if stream else None, adapters=adapters)
     result = {"input_file": files.shown(input_file), "responses": responses}
     if stream:
@@ -462,20 +373,20 @@ def serve(input_file: Path, engine_dir: Path, output: str | None, profile: str |
             if not to_stdout:
                 raise
             reader_gone = True  # `--output /dev/stdout | head`: as a program killed by SIGPIPE
-            silence_stdout()
+            stdout.silence()
         except OSError as e:
             unwritten.append(f"--output {files.shown(output)} could not be written ({e})")
     if stream:
         pass  # stdout already carries the text, as JSON lines
     elif output is None or (unwritten and not to_stdout):
-        answers = Printer(answers_wanted=True, tell=False)  # a failure is told at the end, after --profile
+        answers = stdout.Printer(answers_wanted=True, tell=False)  # a failure is told at the end, after --profile
         answers.text(files.dumps(result, 4, OUTPUT_INLINE))
         if isinstance(answers.error, BrokenPipeError):
             reader_gone = True
         elif answers.error is not None:
             unwritten.append(f"stdout could not be written ({answers.error}); the answers are lost")
     else:
-        summary = Printer(answers_wanted=True, tell=False)  # the answers are in the file: a failing stdout loses nothing
+        summary = stdout.Printer(answers_wanted=True, tell=False)  # the answers are in the file: a failing stdout loses nothing
         for r in responses:  # a line per answer; on stderr when the JSON went to stdout
             sample = f" #{r['sample_idx']}" if "sample_idx" in r else ""
             # one line each: an answer's own line breaks are shown as \n (the file has the text itself)

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from trtllm.runtime import bans
-from trtllm.runtime.input_format import MAX_REPETITION_PENALTY, MIN_REPETITION_PENALTY  # the input's bounds
+from trtllm.runtime.input_fields import MAX_REPETITION_PENALTY, MIN_REPETITION_PENALTY  # the input's bounds
 
 
 def _check(ok: bool, name: str, constraint: str, value) -> None:
