@@ -248,6 +248,7 @@ class Runner:
                 if id(row) in calls:
                     said, called = calls[id(row)].push(said, final)
                     fields.update({"new_tool_calls": called} if called else {})
+                    fields.update({"tool_call_deltas": deltas} if (deltas := calls[id(row)].take_deltas()) else {})
                 if said and (id(row) in splits or id(row) in calls):
                     fields["content_text"] = said
                 if row.finish_reason not in (None, "cancelled"):

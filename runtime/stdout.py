@@ -48,7 +48,7 @@ class Printer:
 
     def chunk(self, sample, text: str, finish_reason: str | None, token_ids: list[int], fields=None) -> None:
         """One streamed piece: {"request_idx", "sample_idx", "text", "token_ids"[, "finish_reason"][,
-        "logprobs", "token_logprobs"][, "reasoning_text", "content_text"][, "new_tool_calls"][,
+        "logprobs", "token_logprobs"][, "reasoning_text", "content_text"][, "new_tool_calls", "tool_call_deltas"][,
         "reasoning_content", "content", "tool_calls"]} per line (the logprobs of its ids, where asked;
         with a reasoning_parser or an answer read for calls, the text's reasoning and content parts,
         and the calls that ended in it; what was read out of the answer, on its last line)."""

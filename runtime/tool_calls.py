@@ -302,15 +302,16 @@ def extract(text: str, tc: ToolChoice | None, parser: str | None, tools: tuple[d
         return None
     content, calls = got[0], got[1] if parallel else got[1][:1]  # (OpenAI's parallel_tool_calls false: the first)
 
-    def call_id(k: int, call: dict) -> str:
-        # the call's own text, not the answer's: a streamed call has its id before the answer ends
-        function = call["function"]
-        digest = hashlib.sha256(f"{key}\0{k}\0{function['name']}\0{function['arguments']}".encode(
-            "utf-8", "surrogatepass"))
-        if parser == "mistral":  # (Mistral's templates take back only 9 letters and digits, as vLLM makes them)
-            return "".join(ALPHANUMERIC[b % 62] for b in digest.digest()[:9])
-        return "call_" + digest.hexdigest()[:24]
-    return content, [{"id": call_id(k, call), **call} for k, call in enumerate(calls)]
+    return content, [{"id": call_id(key, k, call["function"]["name"], parser), **call} for k, call in enumerate(calls)]
+
+
+def call_id(key: str, k: int, name: str, parser: str | None) -> str:
+    """The id of an answer's k-th call: of the request and sample (`key`), k and the function's name,
+    so that --stream gives it with the call's first delta, before its arguments are written."""
+    digest = hashlib.sha256(f"{key}\0{k}\0{name}".encode("utf-8", "surrogatepass"))
+    if parser == "mistral":  # (Mistral's templates take back only 9 letters and digits, as vLLM makes them)
+        return "".join(ALPHANUMERIC[b % 62] for b in digest.digest()[:9])
+    return "call_" + digest.hexdigest()[:24]
 
 
 def extract_or_none(text: str, tc: ToolChoice | None, parser: str | None, tools: tuple[dict, ...] | None,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 
 from trtllm.runtime.tool_calls import HERMES, MISTRAL, PYTHON_START, PYTHON_TAG, ToolChoice, extract_or_none, forced
+from trtllm.runtime.tool_pieces import Pieces
 
 MARKERS = {"hermes": HERMES, "mistral": MISTRAL}  # the content is the text before the first
 OPENERS = {"llama3_json": ("{", PYTHON_TAG), "pythonic": ("[", PYTHON_START)}  # how an answer of calls begins
@@ -30,8 +31,9 @@ class Stream:
     call. A call is given once what follows it shows it ended (a closing tag, the separator or the
     next call's marker, the list's closing bracket) or the answer ends; a call given stays as it is.
     An answer that in the end reads as no calls gives the rest of its text as content, so the
-    pieces make the answer; a call already given then stays given, and `moved` says so (the last
-    line's fields say what the answer is)."""
+    pieces make the answer; a call already given (or a piece of one) then stays given, and `moved`
+    says so (the last line's fields say what the answer is). `take_deltas`: the calls piece by
+    piece (tool_pieces.py)."""
 
     def __init__(self, tc: ToolChoice | None, parser: str | None, tools: tuple[dict, ...] | None, key: str,
                  parallel: bool = True):
@@ -44,11 +46,21 @@ class Stream:
         self.marker_at = None  # where the first marker begins, once seen
         self.begins = None     # whether the answer begins as calls (llama3_json, pythonic), once known
         self.stopped = False
+        self.pieces = Pieces(tc, parser, key, parallel)  # the calls' arguments as they come (tool_pieces.py)
+        self.deltas: list[dict] = []
 
     def stop(self) -> None:
         """Give nothing more: the content the caller was giving is no longer known (its reasoning
         split moved text already given)."""
         self.stopped = True
+        self.pieces.stop()
+
+    def take_deltas(self) -> list[dict]:
+        """The tool-call deltas (vLLM's) since the last take: a call's first, with its id and name,
+        then its arguments piece by piece (tool_pieces.py); a call of a format without pieces
+        (pythonic), or whose pieces stopped, comes as the rest of its arguments once it ends."""
+        deltas, self.deltas = sorted(self.deltas, key=lambda d: d["index"]), []
+        return deltas
 
     def push(self, piece: str, final: bool = False) -> tuple[str, list[dict]]:
         """(content since the last piece, calls that ended in this one) after `piece`; `final`: the
@@ -56,11 +68,13 @@ class Stream:
         if self.stopped:
             return "", []
         self.text += piece
+        if not self.moved:
+            self.deltas += self.pieces.push(piece, final)
         if final:
             got = self.read(self.text)
             new = self.take(got[1] if got else [])
             if got is None:  # no calls in the end: the answer is content (calls given stay given)
-                self.moved = self.moved or bool(self.calls)
+                self.moved = self.moved or bool(self.calls) or bool(self.pieces.all_given)
                 cut = len(self.text)
             else:
                 cut = self.content_end(final)
@@ -103,10 +117,28 @@ class Stream:
         given = len(self.calls)
         if calls[:given] != self.calls[:len(calls)]:
             self.moved = True
+        if self.moved:
+            self.pieces.stop()
         if self.moved or len(calls) <= given:
             return []
         self.calls = calls
-        return [{"index": given + i, **call} for i, call in enumerate(calls[given:])]
+        new = [{"index": given + i, **call} for i, call in enumerate(calls[given:])]
+        for call in new:
+            self.deltas += self.rest_of(call)
+        return new
+
+    def rest_of(self, call: dict) -> list[dict]:
+        """The deltas a call that ended still needs: all of it where no piece of it was given, else
+        the rest of its arguments (none where the pieces given are not how they begin: a key written
+        twice, whose value json.loads takes from the last; the last line's tool_calls say what it is)."""
+        k, function = call["index"], call["function"]
+        given = self.pieces.all_given.get(k)
+        self.pieces.all_given[k] = function["arguments"]
+        if given is None:
+            return [{"index": k, "id": call["id"], "type": "function", "function": dict(function)}]
+        if len(function["arguments"]) > len(given) and function["arguments"].startswith(given):
+            return [{"index": k, "function": {"arguments": function["arguments"][len(given):]}}]
+        return []
 
     def content_end(self, final: bool) -> int:
         """Where the content given so far may end: before a call's marker, or a suffix that may begin

@@ -247,6 +247,15 @@ STREAMED = [  # (parser, tool choice, answer): calls, calls after content, no ca
     ("mistral", None, '[TOOL_CALLS][{"name": "now", "arguments": {}}, {"name": "now", "arguments": {}}] Done, bye.'),
     # arguments that are not an object: a number, a list, which a shorter text also reads as
     ("mistral", None, '[TOOL_CALLS]get_weather[ARGS][1, 2][TOOL_CALLS]now[ARGS]12'),
+    # JSON not as json.dumps writes it (blanks, escapes, 1E2, the name after the arguments): the
+    # streamed pieces are json.dumps' text all the same
+    ("hermes", None, '<tool_call> {"arguments":{"city":"R\\u00f3ma\\n\\"x\\"","n":1E2,"l":[ true,-0, 1.50 ],'
+                     '"e": "\\ud83d\\ude00"},\n"name":"get_weather"}</tool_call>'),
+    ("llama3_json", None, '{"name":"now","parameters":{"a":{"b":[]} , "c":null}};{"parameters":{},"name":"now"}'),
+    (None, ToolChoice("function", "get_weather"), ' {"city":"\u00e9"} '),
+    # a key written twice (json.loads keeps the last value): the pieces stop, the call comes as it is read
+    ("hermes", None, '<tool_call>{"name": "now", "arguments": {"a": 1, "a": 2}}</tool_call>'
+                     '<tool_call>{"name": "now", "arguments": {"b": 3}}</tool_call>'),
 ]
 
 
@@ -268,18 +277,37 @@ def test_streamed_calls_and_content_make_the_answers(parser, choice, text):
         if trial == 60:  # a character a line: a call comes with the character that ends it
             cuts = list(range(1, len(text)))
         bounds = [0, *cuts, len(text)]
-        stream, said, given, early = Stream(choice, parser, TOOLS, "r0"), "", [], 0
+        stream, said, given, early, deltas = Stream(choice, parser, TOOLS, "r0"), "", [], 0, []
         for i, (a, b) in enumerate(zip(bounds, bounds[1:])):
             final = i == len(bounds) - 2
             piece, new = stream.push(text[a:b], final)
             said, given, early = said + piece, given + new, early + (len(new) if not final else 0)
+            deltas += stream.take_deltas()
+        pieces = assembled(deltas)
         if want is None:
-            assert said == text and stream.moved == bool(given), (cuts, given)
+            assert said == text and stream.moved == bool(given or pieces), (cuts, given)
             continue
         assert said == (want[0] or "") and not stream.moved, cuts
         assert [call.pop("index") for call in given] == list(range(len(want[1]))) and given == want[1], cuts
+        twice = '"a": 1, "a"' in text  # (the first call's pieces stopped at its second "a")
+        assert pieces[twice:] == want[1][twice:] and [c["id"] for c in pieces] == [c["id"] for c in want[1]], cuts
+        if twice:  # (the rest of its arguments where the pieces given begin them, else none)
+            assert pieces[0]["function"]["arguments"] in ('{"a": 2}', '{"a": 1, ')
         if trial == 60 and len(want[1]) > 1:
             assert early >= 1  # the first call came before the answer ended
+
+
+def assembled(deltas: list[dict]) -> list[dict]:
+    """The calls tool_call_deltas make: each opens with its id, type and name, then adds arguments."""
+    calls = []
+    for delta in deltas:
+        if delta["index"] == len(calls):
+            assert set(delta) == {"index", "id", "type", "function"}, delta
+            calls.append({"id": delta["id"], "type": delta["type"], "function": dict(delta["function"])})
+        else:
+            assert set(delta) == {"index", "function"} and list(delta["function"]) == ["arguments"], delta
+            calls[delta["index"]]["function"]["arguments"] += delta["function"]["arguments"]
+    return calls
 
 
 def test_streamed_calls_wait_for_text_that_may_begin_a_call():

@@ -70,6 +70,22 @@ def _calls(response: dict) -> list[tuple[str, object]]:
     return [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in response["tool_calls"]]
 
 
+def _deltas(lines: list[dict]) -> tuple[list[dict], list[int]]:
+    """The calls --stream's tool_call_deltas make, and the line of each call's first delta: a call
+    opens with its id, type and name (arguments ""), then adds only arguments."""
+    calls, opened = [], []
+    for n, line in enumerate(lines):
+        for delta in line.get("tool_call_deltas", []):
+            if delta["index"] == len(calls):
+                assert set(delta) == {"index", "id", "type", "function"} and delta["function"]["arguments"] == ""
+                calls.append({"id": delta["id"], "type": delta["type"], "function": dict(delta["function"])})
+                opened.append(n)
+            else:
+                assert set(delta) == {"index", "function"} and list(delta["function"]) == ["arguments"], delta
+                calls[delta["index"]]["function"]["arguments"] += delta["function"]["arguments"]
+    return calls, opened
+
+
 def test_tool_choice_forces_calls_and_a_parser_reads_them(run_cli, tmp_path, tiny_engine):
     engine = tmp_path / "engine"
     shutil.copytree(tiny_engine("llama"), engine)
@@ -121,6 +137,11 @@ def test_tool_choice_forces_calls_and_a_parser_reads_them(run_cli, tmp_path, tin
         given = [call for line in own for call in line.get("new_tool_calls", [])]
         assert given == ([] if idx else [{"index": 0, **call} for call in read["tool_calls"]])
         assert own[-1].get("tool_calls") == (None if idx else read["tool_calls"])
+        # and piece by piece: the call opens with its name before it ends, its pieces make its arguments
+        pieces, opened = _deltas(own)
+        assert pieces == ([] if idx else read["tool_calls"])
+        ended = next((n for n, line in enumerate(own) if "new_tool_calls" in line), None)
+        assert idx or opened[0] < ended
     _, out2 = run_cli(engine, {"temperature": 0, "max_generate_length": 96, "tools": WEATHER, "requests": [
         {}, {}, {}, {"messages": ask, "tool_call_parser": "pythonic",
                      "guided_decoding": {"regex": "Hi\\." + re.escape(CALL)}}]},
@@ -134,6 +155,8 @@ def test_tool_choice_forces_calls_and_a_parser_reads_them(run_cli, tmp_path, tin
     assert not any("tool_calls" in line for line in lines if line is not last)
     given = [call for line in lines if line["request_idx"] == 0 for call in line.get("new_tool_calls", [])]
     assert given == [{"index": 0, **named["tool_calls"][0]}]  # (as it ends: a forced call is the answer)
+    own = [line for line in lines if line["request_idx"] == 0]
+    assert _deltas(own) == (named["tool_calls"], [0])  # (its name known: it opens on the first line)
     assert not any("content_text" in line for line in lines if line["request_idx"] == 0)
 
 

@@ -1,0 +1,235 @@
+"""JSON read a piece at a time and written back as `json.dumps(json.loads(text), ensure_ascii=False)`
+writes it, as far as it is certain: what --stream gives of a tool call's arguments before the call
+ends (runtime/tool_pieces.py), so that the pieces make the call's final `arguments`. Stdlib only:
+this runs on the device.
+
+A string is given a character at a time; a number once what follows ends it (`1` may become
+`10`), then as Python writes it (`1E2` is `100.0`); a literal once whole. Text that json.loads
+would refuse, or whose value the call cannot hold (NaN, 1e400, a lone surrogate), and a key given
+twice (json.loads keeps the last one's value at the first one's place) make the reader `bad`: it
+gives nothing more."""
+from __future__ import annotations
+
+import json
+import re
+
+BLANKS = " \t\n\r"
+NUMBER = re.compile(r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?")
+NUMBER_CHARS = frozenset("0123456789+-.eE")
+LITERALS = ("true", "false", "null")
+ESCAPES = {'"': '"', "\\": "\\", "/": "/", "b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t"}
+HEX = frozenset("0123456789abcdefABCDEF")
+
+
+class Frame:
+    """An object or array being read: what it waits for next, and an object's keys so far."""
+    __slots__ = ("kind", "wants", "keys", "key")
+
+    def __init__(self, kind: str):
+        self.kind = kind        # "{" or "["
+        self.wants = "first"    # first (a key or value, or the end), key, colon, value, next (a comma or the end)
+        self.keys: set[str] = set()
+        self.key: str | None = None  # the member whose value is being read
+
+
+class Reader:
+    """One JSON value, fed as text comes (`feed`); `out` is its canonical text so far. `done` once
+    the value is whole (`end`: where in the text fed it ended), `bad` where it cannot be one.
+    `members`: for a top-level object, each member's key -> [start, end] of its value in `out`
+    (end None while it is read), so that a caller can take one member (a call's arguments)."""
+
+    def __init__(self):
+        self.out: list[str] = []
+        self.size = 0  # len("".join(out))
+        self.stack: list[Frame] = []
+        self.started = self.done = self.bad = False
+        self.end: int | None = None  # how much of the text fed the value took, once done
+        self.fed = 0
+        self.members: dict[str, list] = {}
+        self.string: list[str] | None = None  # a string's decoded characters, while one is read
+        self.is_key = False
+        self.escape: str | None = None  # an escape being read: "\\", "\\uXX.."
+        self.high: int | None = None    # a high surrogate waiting for its low one
+        self.scalar = ""                # a number or literal being read
+
+    def text(self) -> str:
+        joined = "".join(self.out)
+        self.out = [joined]  # (joined once: a call read a character a push costs its length, not its square)
+        return joined
+
+    def put(self, s: str) -> None:
+        self.out.append(s)
+        self.size += len(s)
+
+    def feed(self, text: str) -> None:
+        for c in text:
+            if self.done or self.bad:
+                return
+            self.fed += 1
+            self.step(c)
+            if self.done and self.end is None:
+                self.end = self.fed
+
+    def finish(self) -> None:
+        """The text has ended: a top-level number is whole."""
+        if self.scalar and not self.stack and not self.done and not self.bad:
+            self.close_scalar()
+            if self.done:
+                self.end = self.fed
+
+    def fail(self) -> None:
+        self.bad = True
+
+    # --- one character -----------------------------------------------------------------------
+
+    def step(self, c: str) -> None:
+        if self.string is not None:
+            return self.string_char(c)
+        if self.scalar:
+            if (self.scalar[0] in "-0123456789" and c in NUMBER_CHARS) or (self.scalar[0].isalpha() and c.isalpha()):
+                self.scalar += c
+                return
+            self.close_scalar()
+            if self.done:  # (a top-level number: c is not the value's)
+                self.end = self.fed - 1
+            if self.bad or self.done:
+                return
+        if c in BLANKS:
+            return
+        frame = self.stack[-1] if self.stack else None
+        if frame is None:
+            if self.started:
+                return self.fail()
+            self.started = True
+            return self.value(c)
+        if frame.wants in ("first", "key") and frame.kind == "{":
+            if c == '"':
+                self.string, self.is_key = [], True
+            elif c == "}" and frame.wants == "first":
+                self.close()
+            else:
+                self.fail()
+        elif frame.wants == "colon":
+            if c != ":":
+                return self.fail()
+            self.put(": ")
+            frame.wants = "value"
+        elif frame.wants in ("value", "first"):  # (an array's first: a value or its end)
+            if c == "]" and frame.wants == "first":
+                return self.close()
+            self.value(c)
+        elif frame.wants == "next":
+            if c == ",":
+                self.put(", ")
+                frame.wants = "key" if frame.kind == "{" else "value"
+            elif c == frame.kind.translate({ord("{"): "}", ord("["): "]"}):
+                self.close()
+            else:
+                self.fail()
+
+    def value(self, c: str) -> None:
+        """A value begins with c."""
+        if len(self.stack) == 1 and self.stack[0].kind == "{":
+            self.members[self.stack[0].key] = [self.size, None]
+        if c in "{[":
+            self.put(c)
+            self.stack.append(Frame(c))
+        elif c == '"':
+            self.string, self.is_key = [], False
+            self.put('"')
+        elif c in "-0123456789" or c.isalpha():
+            self.scalar = c
+        else:
+            self.fail()
+
+    def valued(self) -> None:
+        """A value just ended: its container waits for the next member, or the whole is done."""
+        if not self.stack:
+            self.done = True
+            return
+        frame = self.stack[-1]
+        if len(self.stack) == 1 and frame.kind == "{":
+            self.members[frame.key][1] = self.size
+        frame.wants = "next"
+
+    def close(self) -> None:
+        frame = self.stack.pop()
+        self.put("}" if frame.kind == "{" else "]")
+        self.valued()
+
+    def close_scalar(self) -> None:
+        s, self.scalar = self.scalar, ""
+        if s in LITERALS:
+            self.put(s)
+        elif NUMBER.fullmatch(s):
+            try:
+                self.put(json.dumps(json.loads(s), allow_nan=False))
+            except ValueError:  # 1e400 (inf); an integer of more digits than Python converts
+                return self.fail()
+        else:  # NaN, Infinity: json.loads takes them, a call's arguments cannot hold them
+            return self.fail()
+        self.valued()
+
+    def string_char(self, c: str) -> None:
+        if self.escape is not None:
+            self.escape += c
+            if len(self.escape) == 2 and c != "u":
+                if c not in ESCAPES:
+                    return self.fail()
+                self.escape = None
+                return self.char(ESCAPES[c])
+            if len(self.escape) > 2:
+                if c not in HEX:
+                    return self.fail()
+                if len(self.escape) == 6:
+                    code, self.escape = int(self.escape[2:], 16), None
+                    return self.code_unit(code)
+            return
+        if self.high is not None:  # (a high surrogate's escape not followed by another escape: alone)
+            if c != "\\":
+                return self.fail()
+            self.escape = c
+            return
+        if c == "\\":
+            self.escape = c
+        elif c == '"':
+            self.end_string()
+        elif ord(c) < 0x20:  # (json.loads refuses raw control characters in a string)
+            self.fail()
+        else:
+            self.char(c)
+
+    def code_unit(self, code: int) -> None:
+        """A \\uXXXX escape: a surrogate pair makes one character; a lone surrogate no call can hold."""
+        if self.high is not None:
+            if not 0xDC00 <= code <= 0xDFFF:
+                return self.fail()
+            code, self.high = 0x10000 + ((self.high - 0xD800) << 10) + (code - 0xDC00), None
+        elif 0xD800 <= code <= 0xDBFF:
+            self.high = code
+            return
+        elif 0xDC00 <= code <= 0xDFFF:
+            return self.fail()
+        self.char(chr(code))
+
+    def char(self, c: str) -> None:
+        if self.high is not None:  # (a high surrogate then another escape: alone)
+            return self.fail()
+        self.string.append(c)
+        if not self.is_key:
+            self.put(json.dumps(c, ensure_ascii=False)[1:-1])
+
+    def end_string(self) -> None:
+        if self.high is not None:
+            return self.fail()
+        text, self.string = "".join(self.string), None
+        if self.is_key:
+            frame = self.stack[-1]
+            if text in frame.keys:
+                return self.fail()
+            frame.keys.add(text)
+            frame.key, frame.wants = text, "colon"
+            self.put(json.dumps(text, ensure_ascii=False))
+            return
+        self.put('"')
+        self.valued()
