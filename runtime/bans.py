@@ -110,12 +110,14 @@ def dead_end(allowed: frozenset[int] | None, seqs: Sequence[Sequence[int]], held
 
 def banning(p, held: bool, guided: bool) -> str:
     """The settings of a request that ban tokens, named for an error where they ban every one (`p`:
-    its sampling.SamplingParams or beam.BeamParams; `held`: min_new_tokens holds EOS back there)."""
-    names = [name for name, on in (("allowed_token_ids", p.allowed_token_ids is not None),
-                                   ("bad_words", bool(p.bad_words)),
-                                   ("no_repeat_ngram_size", p.no_repeat_ngram_size > 0),
-                                   ("min_new_tokens (EOS and stop_token_ids held back)", held),
-                                   ("guided_decoding's grammar", guided)) if on]
+    its sampling.SamplingParams or beam.BeamParams; `held`: min_new_tokens holds EOS back there),
+    each by its JSON path where `p.where` names them (trtllm-run: the request's own or the top level's)."""
+    where = getattr(p, "where", None) or (lambda name: name)
+    names = [name for name, on in ((f"`{where('allowed_token_ids')}`", p.allowed_token_ids is not None),
+                                   (f"`{where('bad_words')}`", bool(p.bad_words)),
+                                   (f"`{where('no_repeat_ngram_size')}`", p.no_repeat_ngram_size > 0),
+                                   (f"`{where('min_new_tokens')}` (EOS and stop_token_ids held back)", held),
+                                   (f"`{where('guided_decoding')}`'s grammar", guided)) if on]
     return " and ".join(names) or "its biases"
 
 

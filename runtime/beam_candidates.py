@@ -45,6 +45,7 @@ class BeamParams:
     # transformers' no_repeat_ngram_size: -inf on each beam's tokens that would repeat n of its
     # prompt's and answer's tokens in a row (NoRepeatNGramLogitsProcessor; runtime/bans.py)
     no_repeat_ngram_size: int = 0
+    where: object = field(default=None, compare=False)  # setting name -> its JSON path (bans.banning)
 
     @property
     def shaped(self) -> bool:

@@ -187,9 +187,9 @@ class ChatTemplate:
         self.source = source
         self.special_tokens = {k: v for k, v in special_tokens.items() if v is not None}
         self._template = _compile(source)
-        # A template that tests whether a message's content is a string also takes a list of typed
-        # parts (Gemma 3 trims each text part and reads only a system message's first): such
-        # content goes to it as the list, as transformers passes it. Others get the text joined.
+        # A template that loops over a message's content takes a list of typed parts (Gemma 3 trims
+        # each text part and reads only a system message's first): such content goes to it as the
+        # list, as transformers passes it. Others get the text joined (_TAKES_PARTS).
         self.takes_parts = bool(_TAKES_PARTS.search(source))
         self._headers: dict = {}  # _user_header's, per (add_generation_prompt, kwargs): the same for every request
         # the variables it reads from the caller (tools, enable_thinking, ...), found in its syntax tree
@@ -400,9 +400,10 @@ class ChatTemplate:
 
 
 CONTINUE_TAG = "CONTINUE_FINAL_MESSAGE_TAG "  # transformers' marker for continue_final_message
-# (a test of the content's type, or a loop over it: SmolVLM's and LLaVA's, which print each part)
-_TAKES_PARTS = re.compile(r"""content(?:'\]|"\])?\s+is\s+(?:not\s+)?(?:string|iterable|sequence)"""
-                          r"""|for\s+\w+\s+in\s+\w+(?:\[['"]content['"]\]|\.content\b)""")
+# A loop over a message's content (SmolVLM's, LLaVA's, Gemma 3's, Llama 4's), as vLLM detects the
+# templates that take parts: a test of its type alone does not say the template reads a list (Qwen3
+# and SmolLM3 make a list '', Llama 3.1 prints it as Python text)
+_TAKES_PARTS = re.compile(r"""for\s+\w+\s+in\s+\w+(?:\[['"]content['"]\]|\.content\b)""")
 
 
 def _named(value, name: str) -> str | None:

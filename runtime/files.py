@@ -98,7 +98,8 @@ def _check_writable(path: str | Path) -> None:
         os.unlink(probe)
     except PermissionError as e:
         if not target.is_file():  # (a writable file in a read-only directory is rewritten in place)
-            raise NotWritable(f"cannot be written: {e}") from None
+            raise NotWritable(f"cannot be written: {shown(ancestor)} does not take new files "
+                              f"({e.strerror or type(e).__name__})") from None
     except OSError as e:  # the probe's own name would only confuse: say which directory refused
         raise NotWritable(f"cannot be written: {shown(ancestor)} does not take new files "
                           f"({e.strerror or type(e).__name__})") from None

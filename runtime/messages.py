@@ -13,6 +13,7 @@ from trtllm.runtime.strict_json import (
     array as _array,
     boolean as _bool,
     check_keys as _check_keys,
+    check_duplicates,
     check_value,
     choice as _choice,
     compact,
@@ -241,6 +242,7 @@ def parse_template_kwargs(value: object, path: str) -> dict:
     """`chat_template_kwargs` (vLLM's): more variables for the chat template (`enable_thinking`,
     `reasoning_effort`, ...), name -> any JSON value, as transformers' apply_chat_template(**kwargs)."""
     obj = _object(value, path, "variable name -> value, for the chat template")
+    check_duplicates(obj, lambda key: key_path(path, key))
     for key, item in obj.items():
         at = key_path(path, key)
         if not isinstance(key, str) or not _NAME.fullmatch(key):
@@ -258,5 +260,5 @@ def readable_messages(request: object, i: int) -> tuple[Message, ...]:
     is elsewhere), so that its error response says which it was; else none."""
     try:
         return parse_messages(request["messages"], f"requests[{i}].messages") if isinstance(request, dict) else ()
-    except (InputError, KeyError):
+    except Exception:  # noqa: BLE001 - only the echo: its request's own error says what is wrong
         return ()

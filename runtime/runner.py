@@ -67,8 +67,10 @@ def stage_profile(name: str, seconds: list[float]) -> dict:
             "gpu_time_stats": {k: v if k == "count" else float(v) for k, v in stats.items()}}
 
 
-def sampling_params(req: fmt.Request, bad_words: tuple[tuple[int, ...], ...] = ()) -> SamplingParams:
-    """`bad_words`: the request's, tokenized (bans.request_sequences)."""
+def sampling_params(req: fmt.Request, bad_words: tuple[tuple[int, ...], ...] = (), index: int | None = None,
+                    guide_at: str | None = None) -> SamplingParams:
+    """`bad_words`: the request's, tokenized (bans.request_sequences); `index`: its place in the file,
+    whose JSON paths an error names (`guide_at`: where its grammar was given)."""
     return SamplingParams(
         temperature=req.temperature, top_k=req.top_k, top_p=req.top_p, min_p=req.min_p,
         repetition_penalty=req.repetition_penalty, presence_penalty=req.presence_penalty,
@@ -76,7 +78,9 @@ def sampling_params(req: fmt.Request, bad_words: tuple[tuple[int, ...], ...] = (
         max_new_tokens=req.max_generate_length, min_new_tokens=req.min_new_tokens, stop=req.stop,
         stop_token_ids=req.stop_token_ids, ignore_eos=req.ignore_eos, bad_words=bad_words,
         allowed_token_ids=None if req.allowed_token_ids is None else frozenset(req.allowed_token_ids),
-        no_repeat_ngram_size=req.no_repeat_ngram_size)
+        no_repeat_ngram_size=req.no_repeat_ngram_size,
+        where=None if index is None else lambda name: guide_at if name == "guided_decoding" and guide_at
+        else req.where(index, name))
 
 
 def sample_rng(req: fmt.Request, sample_idx: int) -> np.random.Generator:
@@ -153,7 +157,8 @@ class Runner:
         # tokenizer's own special tokens (a base model's BOS), as transformers' tokenizer(text) does;
         # a template writes its special tokens into the text itself.
         templated = inp.apply_chat_template and self.template is not None
-        template = self.template.for_tools(req.tools) if templated else None
+        tools = list(req.tools) if req.tools else None  # (a request's [] is none: the docs' "[] none", not a list
+        template = self.template.for_tools(tools) if templated else None  # a template reads as "tools given")
         parts = templated and template.takes_parts
         messages = [{"role": m.role, "content": m.parts() if parts else m.text(), **m.fields()} for m in req.messages]
         p.error = request_checks.unseen_tools(index, req, template) or request_checks.unread_kwargs(index, req,
@@ -163,7 +168,7 @@ class Runner:
         try:
             if templated:
                 extra = {"enable_thinking": inp.enable_thinking, **(req.chat_template_kwargs or {}),
-                         **({"tools": list(req.tools)} if req.tools is not None else {})}
+                         **({"tools": tools} if tools is not None else {})}
                 p.thinking = extra["enable_thinking"] is True
                 fp = template.format(messages, add_generation_prompt=inp.add_generation_prompt,
                                      default_system_prompt=inp.default_system_prompt,
@@ -196,7 +201,8 @@ class Runner:
 
     def make_row(self, smp: Sample) -> RowState:
         p, req = smp.prepared, smp.prepared.request
-        row = RowState(prompt_ids=p.prompt_ids, params=sampling_params(req, p.bad_words), rng=sample_rng(req, smp.sample_idx),
+        params = sampling_params(req, p.bad_words, p.index, req.guided_decoding and req.guided_decoding.path)
+        row = RowState(prompt_ids=p.prompt_ids, params=params, rng=sample_rng(req, smp.sample_idx),
                         eos_ids=frozenset(self.engine.manifest.eos_token_ids),
                         text=TextStream(self.tokenizer, req.stop, req.include_stop_str_in_output,
                                         req.skip_special_tokens), prefix_ids=p.prefix_ids,
@@ -392,8 +398,8 @@ class Runner:
                 p = Prepared(i, req, error=inp.invalid[i])
             else:
                 p = self.prepare(i, req, inp, adapters)
-            if errors and i in errors and p.error is None:
-                p.error = errors[i]
+            if errors and i in errors:  # (both where it has both: fixed in one go, not one run each)
+                p.error = errors[i] if p.error is None else f"{errors[i]}; {p.error}"
             samples += [Sample(p, k) for k in range(req.n)]
         # batch_size at most the engine's max_batch_size: the rest waits for a free slot
         self.generate(samples, min(inp.batch_size, self.engine.manifest.limits.max_batch_size), on_text)

@@ -64,6 +64,8 @@ class SamplingParams:
     """the only ids it may generate; None = all."""
     no_repeat_ngram_size: int = 0
     """>= 0; 0 = disabled. No n tokens in a row twice, over prompt + output (runtime/bans.py RepeatedNgrams)."""
+    where: object = field(default=None, compare=False)
+    """setting name -> its JSON path in the input (an error names it); None: the bare name."""
 
     def __post_init__(self):
         _check(math.isfinite(self.temperature) and self.temperature >= 0, "temperature", "a finite number >= 0",

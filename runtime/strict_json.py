@@ -10,6 +10,7 @@ import difflib
 import json
 import math
 import re
+import sys
 from typing import Callable, NoReturn
 
 MAX_LISTED_KEYS = 8  # an unknown-key error lists the known keys only when there are this few
@@ -210,6 +211,8 @@ def number(kind: type, lo: float, hi: float | None = None, lo_open: bool = False
             fail(path, desc, value, hint)
         if not in_range:
             fail(path, desc, value)
+        if kind is float and isinstance(value, int) and abs(value) > sys.float_info.max:
+            fail(path, desc, value, "it is beyond the largest float")  # (float() would raise OverflowError)
         return kind(value)
 
     return parse

@@ -7,6 +7,7 @@ first token, must give other tokens."""
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -248,7 +249,7 @@ def test_bans_that_leave_no_token_fail_the_row_alone(engine, standard_engine, wh
         rows, _ = run_rows_of(eng, [stuck[0], free, stuck[1]], lookup)
         for row in (rows[0], rows[2]):
             assert row.output_ids == [77] and row.finish_reason == "error", (row.output_ids, row.error)
-            assert row.error == ("no token can come at its token 2: allowed_token_ids and bad_words ban every one")
+            assert row.error == ("no token can come at its token 2: `allowed_token_ids` and `bad_words` ban every one")
         assert rows[1].finish_reason == "max-length" and len(rows[1].output_ids) == 8
 
 
@@ -256,18 +257,23 @@ def test_bans_that_leave_no_first_token_are_refused_before_the_run(run_cli, tiny
     engine = tiny_engine("llama")
     eos = json.loads((engine / "manifest.json").read_text())["eos_token_ids"][0]
     _, out = run_cli(engine, {"temperature": 0, "max_generate_length": 4, "allowed_token_ids": [eos, 9], "requests": [
-        chat(min_new_tokens=2, stop_token_ids=[9]), chat(bad_words=["x"], allowed_token_ids=[]), chat(min_new_tokens=2)]})
-    first, second, third = out["responses"]
+        chat(min_new_tokens=2, stop_token_ids=[9]), chat(bad_words=["x"], allowed_token_ids=[]), chat(min_new_tokens=2),
+        chat(allowed_token_ids=[200, 201], no_repeat_ngram_size=1)]})
+    first, second, third, fourth = out["responses"]
     assert first["error"] == ("`allowed_token_ids`: the ids allowed_token_ids leaves are all EOS or stop_token_ids, "
                               "which min_new_tokens holds back for its first tokens: no token could come")
     assert "requests[1].allowed_token_ids" in second["error"]  # (empty: refused when read)
     assert third["finish_reason"] == "max-length" and set(third["output_ids"]) == {9}
+    # bans that leave none later on: the error names the settings by their paths (a review found it
+    # naming them bare: in a long file, which request's, the top level's or its own?)
+    assert re.fullmatch(r"no token can come at its token [23]: `requests\[3\]\.allowed_token_ids` and "
+                        r"`requests\[3\]\.no_repeat_ngram_size` ban every one", fourth["error"]), fourth
 
 
 def test_a_beam_search_its_bans_leave_no_token_fails_saying_so(engine):
     from trtllm.runtime import beam
 
     p = beam.BeamParams(2, 6, frozenset(), allowed_token_ids=frozenset({77}), bad_words=((77, 77),))
-    with pytest.raises(ValueError, match="no token can come at token 2 of any beam: allowed_token_ids and bad_words "
+    with pytest.raises(ValueError, match="no token can come at token 2 of any beam: `allowed_token_ids` and `bad_words` "
                                          "ban every one"):
         beam.run(engine, PROMPTS[0], p)

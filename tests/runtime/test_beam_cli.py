@@ -323,7 +323,7 @@ def test_a_search_whose_bans_leave_too_few_hypotheses_fails_saying_why(tiny_engi
     _, out = run_cli(engine, {"apply_chat_template": False, "temperature": 0, "max_generate_length": 12,
                               "requests": [{**ask, "n": 2}, ask]})
     failed, _, answered = out["responses"]
-    assert failed["error"] == ("beam search failed (no beam can go on at token 1: allowed_token_ids and "
-                               "no_repeat_ngram_size ban every token that does not end it, and 1 hypotheses had "
+    assert failed["error"] == ("beam search failed (no beam can go on at token 1: `requests[0].allowed_token_ids` "
+                               "and `requests[0].no_repeat_ngram_size` ban every token that does not end it, and 1 hypotheses had "
                                "finished, fewer than the request's n 2)"), _json.dumps(failed)
     assert answered["output_ids"] == list(manifest.eos_token_ids[:1]) and answered["finish_reason"] == "end-of-sequence"

@@ -73,6 +73,9 @@ def test_non_finite_json_numbers_are_refused_at_their_path(tmp_path, literal):
     ('{"top_k": 1, "top_k": 2, "requests": [{"messages": []}]}', "top_k"),
     ('{"requests": [{"messages": [], "stop": "a", "stop": "b"}]}', "requests[0].stop"),
     ('{"logit_bias": {"3": 1, "3": 2}, "requests": [{"messages": []}]}', 'logit_bias["3"]'),
+    # (a review found this one taken silently, the last value kept: thinking turned off unnoticed)
+    ('{"chat_template_kwargs": {"enable_thinking": true, "enable_thinking": false}, "requests": [{"messages": []}]}',
+     "chat_template_kwargs.enable_thinking"),
 ])
 def test_duplicate_keys_are_refused(tmp_path, text, path):
     with pytest.raises(InputError) as info:

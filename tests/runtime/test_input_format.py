@@ -474,6 +474,12 @@ def test_isolate_fails_a_bad_request_alone():
     assert [r.n for r in two.requests] == [3, 2, 1]  # an error response per sample, where its n reads
     with pytest.raises(fmt.InputError, match=r"requests\[1\]\.top_k"):
         fmt.parse_input(doc)
+    # a number no float holds (10**400: float() raises OverflowError) in a field without an upper
+    # bound fails its request alone, at its path; it took the whole run down (its echo too)
+    video = {"messages": [{"role": "user", "content": [{"type": "video", "frames": ["f.jpg"], "fps": 10**400}]}]}
+    big = fmt.parse_input({"requests": [doc["requests"][0], video]}, isolate=True)
+    assert list(big.invalid) == [1] and "`requests[1].messages[0].content[0].fps` must be" in big.invalid[1]
+    assert "beyond the largest float" in big.invalid[1] and big.requests[1].messages == ()
     with pytest.raises(fmt.InputError, match="temperature"):
         fmt.parse_input({**doc, "temperature": -1}, isolate=True)
 

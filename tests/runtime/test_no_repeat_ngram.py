@@ -124,7 +124,7 @@ def test_bans_that_leave_no_token_fail_the_row_alone(engine, standard_engine, pr
                                     no_repeat_ngram_size=1)
     rows, _ = run_rows_of(eng, [stuck, sampling.SamplingParams(temperature=0, max_new_tokens=8)], prompts=prompts[:2])
     assert sorted(rows[0].output_ids) == [77, 78] and rows[0].finish_reason == "error"
-    assert rows[0].error == ("no token can come at its token 3: allowed_token_ids and no_repeat_ngram_size ban every one")
+    assert rows[0].error == ("no token can come at its token 3: `allowed_token_ids` and `no_repeat_ngram_size` ban every one")
     assert rows[1].finish_reason == "max-length" and len(rows[1].output_ids) == 8
 
 

@@ -192,6 +192,11 @@ def test_logit_bias_past_vocab_fails_that_request(run_cli, tmp_path, tiny_engine
     assert out["responses"][0]["finish_reason"] != "error"
     assert out["responses"][1]["finish_reason"] == "error"
     assert "99999" in out["responses"][1]["error"]
+    # with a prompt too long as well: both said, so that one run shows all there is to fix (a
+    # review found the prompt's error alone, the bias's dropped)
+    payload["requests"].append(chat("word " * 400, logit_bias={"99999": 5}))
+    _, out = run_cli(tiny_engine("llama"), payload)
+    assert "99999" in out["responses"][2]["error"] and "max_input_len" in out["responses"][2]["error"]
 
 
 def test_engine_dir_errors(tmp_path):

@@ -49,3 +49,42 @@ def test_default_system_prompt_without_a_template(tmp_path):
     inp = parse_input({"default_system_prompt": "SYS", "requests": [
         {"messages": [{"role": "system", "content": "world"}, {"role": "user", "content": "hello"}]}]})
     assert runner.prepare(0, inp.requests[0], inp, None).prompt_ids == [1, 3, 2]  # a system message of its own wins
+
+
+def rendered(runner, request: dict) -> str:
+    inp = parse_input({"requests": [request]})
+    p = runner.prepare(0, inp.requests[0], inp, None)
+    assert p.error is None
+    return runner.tokenizer.decode(p.prompt_ids)
+
+
+def test_text_parts_reach_a_template_that_reads_no_list(tmp_path):
+    """Content as an array of text parts: a template that only tests the content's type (Qwen3's
+    `content if content is string else ''`, Llama 3.1's `| trim` of every turn) gets the text
+    joined, as vLLM gives it; one that loops over the parts (Gemma 3's, SmolVLM's) gets the list.
+    The wrong variant (a type test taken as reading a list, as a review found) lost the question,
+    or printed the list's Python text."""
+    from trtllm.runtime.chat_template import ChatTemplate
+
+    runner = Runner(ENGINE, bos_tokenizer(tmp_path), None)
+    parts = {"messages": [{"role": "user", "content": [{"type": "text", "text": "hello"},
+                                                        {"type": "text", "text": " world"}]}]}
+    qwen3 = "{% for m in messages %}{% set c = m.content if m.content is string else '' %}SYS {{ c }}{% endfor %}"
+    llama = "{% for m in messages %}{% if m.content is iterable and m.role == 'tool' %}{% endif %}{{ m.content | trim }}{% endfor %}"
+    loop = "{% for m in messages %}{% for part in m['content'] %}{{ part['text'] }}{% endfor %}{% endfor %}"
+    for source in (qwen3, llama, loop):
+        runner.template = ChatTemplate(source, {})
+        assert runner.template.takes_parts == (source is loop)
+        assert rendered(runner, parts).endswith("hello world"), source
+
+
+def test_a_requests_empty_tools_are_none(tmp_path):
+    """`"tools": []` in a request (the docs: none) renders as no tools: a template that tests
+    `tools is not none` (Llama 3.1's) would otherwise ask for a call with no function to call."""
+    from trtllm.runtime.chat_template import ChatTemplate
+
+    runner = Runner(ENGINE, bos_tokenizer(tmp_path), None)
+    runner.template = ChatTemplate("{% if tools is not none %}SYS {% endif %}{% for m in messages %}{{ m.content }}"
+                                   "{% endfor %}", {})
+    ask = {"messages": [{"role": "user", "content": "hello"}]}
+    assert rendered(runner, {**ask, "tools": []}) == rendered(runner, ask) == "hello"
