@@ -4,7 +4,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import stat
 import subprocess
 import sys
 
@@ -113,23 +112,6 @@ def test_engine_directory_contract(arch, tiny_engine):
     assert lint_model(str(engine / "llm.onnx")) == []
 
 
-def test_failed_build_keeps_the_old_engine(tmp_path, tiny_checkpoint, tiny_engine):
-    import shutil
-
-    engine = tmp_path / "engine"
-    shutil.copytree(tiny_engine("llama"), engine)
-    before = (engine / "manifest.json").read_text()
-    bad = tmp_path / "bad"
-    shutil.copytree(tiny_checkpoint("llama"), bad)
-    config = json.loads((bad / "config.json").read_text())
-    config["hidden_act"] = "gelu"
-    (bad / "config.json").write_text(json.dumps(config))
-    result = CliRunner().invoke(main, ["--model", str(bad), "--output", str(engine)])
-    assert result.exit_code == 2 and "hidden_act" in result.output  # a checkpoint it cannot build: usage
-    assert (engine / "manifest.json").read_text() == before
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad", "engine"]  # no partial engine left
-
-
 @pytest.mark.parametrize("capacity, max_input_len, positions, agreement", [
     (16, 8, 9, 16),  # the agreement text alone is 128 tokens; the prompt check 24 + 8
     (2, 2, 2, 2),
@@ -148,35 +130,6 @@ def test_small_limits_are_verified_within_them(tmp_path, tiny_checkpoint, capaci
     assert report["num_positions"] == positions and report["agreement_positions"] == agreement
 
 
-def test_rebuild_in_place_keeps_the_directory(tmp_path, tiny_checkpoint, monkeypatch):
-    """--output . rebuilds the engine the shell stands in: the directory stays (same inode), its old
-    files are replaced, and every file is readable as the umask allows (onnx writes data as 600)."""
-    engine = tmp_path / "engine"
-    engine.mkdir()
-    monkeypatch.chdir(engine)
-    old_mask = os.umask(0o022)
-    try:
-        for extra in ([], ["--max-input-len", "32"]):
-            inode = engine.stat().st_ino
-            result = CliRunner().invoke(main, ["--model", str(tiny_checkpoint("llama")), "--output", ".",
-                                               "--no-verify", *extra])
-            assert result.exit_code == 0, result.output
-            assert engine.stat().st_ino == inode
-    finally:
-        os.umask(old_mask)
-    assert json.loads((engine / "manifest.json").read_text())["limits"]["max_input_len"] == 32
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["engine"]  # no partial or old engine left
-    modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in engine.rglob("*") if p.is_file()}
-    assert set(modes.values()) == {0o644}, modes
-    # From elsewhere the engine is replaced as a whole directory (a run starting meanwhile never sees
-    # half of each build)
-    monkeypatch.chdir(tmp_path)
-    inode = engine.stat().st_ino
-    result = CliRunner().invoke(main, ["--model", str(tiny_checkpoint("llama")), "--output", str(engine), "--no-verify"])
-    assert result.exit_code == 0, result.output
-    assert engine.stat().st_ino != inode and sorted(p.name for p in tmp_path.iterdir()) == ["engine"]
-
-
 def test_tensorrt_options_without_tensorrt_are_named(tmp_path, tiny_checkpoint):
     """--backend auto without TensorRT builds for ONNX Runtime and says the TensorRT flags did nothing."""
     result = CliRunner().invoke(main, ["--model", str(tiny_checkpoint("llama")), "--output", str(tmp_path / "e"),
@@ -184,16 +137,6 @@ def test_tensorrt_options_without_tensorrt_are_named(tmp_path, tiny_checkpoint):
     assert result.exit_code == 0, result.output
     assert "warning: --timing-cache ignored: TensorRT build options, and the backend is onnxruntime" in result.output
     assert not (tmp_path / "t.cache").exists()
-
-
-def test_output_that_is_not_an_engine_is_never_deleted(tmp_path, tiny_checkpoint):
-    """--output over a checkpoint or any other non-empty directory is refused (exit 2), nothing deleted."""
-    keep = tmp_path / "notes"
-    keep.mkdir()
-    (keep / "notes.txt").write_text("x")
-    result = CliRunner().invoke(main, ["--model", str(tiny_checkpoint("llama")), "--output", str(keep)])
-    assert result.exit_code == 2 and "is not an engine directory" in result.output
-    assert (keep / "notes.txt").read_text() == "x"
 
 
 def test_checkpoint_missing_a_weight_is_refused(tmp_path):
@@ -288,115 +231,6 @@ def test_checkpoint_without_a_tokenizer_is_refused_up_front(tmp_path):
     assert result.exit_code == 2 and "has no tokenizer (tokenizer.json" in result.output, result.output
 
 
-def test_an_earlier_engine_holding_the_user_s_files_is_not_replaced(tmp_path, tiny_checkpoint, tiny_engine):
-    """Rebuilding over an engine replaces the whole directory: a file no build writes (notes put
-    there) is refused, named, and kept; the engine's own files, its KV cache and hidden files are not."""
-    import shutil
-
-    engine = tmp_path / "engine"
-    shutil.copytree(tiny_engine("llama"), engine)
-    (engine / "my_notes.txt").write_text("keep")
-    (engine / ".git").mkdir()
-    (engine / "cache").mkdir(exist_ok=True)  # (a run may have saved KV in the tiny engine's own)
-    (engine / "additional_chat_templates").mkdir()  # a tokenizer's named templates (transformers writes it)
-    (engine / ".DS_Store").write_text("")
-    args = ["--model", str(tiny_checkpoint("llama")), "--output", str(engine), "--no-verify"]
-    result = CliRunner().invoke(main, args)
-    assert result.exit_code == 2 and "also holds what no build writes (.git, my_notes.txt)" in result.output, \
-        result.output
-    assert (engine / "my_notes.txt").read_text() == "keep" and (engine / ".git").is_dir()
-    (engine / "my_notes.txt").unlink()
-    (engine / ".git").rmdir()
-    assert CliRunner().invoke(main, args).exit_code == 0
-
-
-def test_a_directory_with_someone_elses_manifest_is_not_an_engine(tmp_path, tiny_checkpoint):
-    """A web app's manifest.json does not make its directory an engine to replace."""
-    app = tmp_path / "webapp"
-    (app / "src").mkdir(parents=True)
-    (app / "manifest.json").write_text('{"name": "My PWA"}')
-    (app / "src" / "app.js").write_text("code")
-    result = CliRunner().invoke(main, ["--model", str(tiny_checkpoint("llama")), "--output", str(app), "--no-verify"])
-    assert result.exit_code == 2 and "is not an engine directory" in result.output
-    assert (app / "src" / "app.js").read_text() == "code"
-
-
-def test_an_input_inside_the_output_is_refused(tmp_path, tiny_checkpoint):
-    engine = tmp_path / "engine"
-    result = CliRunner().invoke(main, ["--model", str(tiny_checkpoint("llama")), "--output", str(engine), "--no-verify"])
-    assert result.exit_code == 0, result.output
-    shutil.copytree(tiny_checkpoint("llama"), engine / "hf_source")
-    result = CliRunner().invoke(main, ["--model", str(engine / "hf_source"), "--output", str(engine), "--no-verify"])
-    assert result.exit_code == 2 and "--model" in result.output and "is inside --output" in result.output
-    assert (engine / "hf_source" / "config.json").is_file()
-
-
-def test_an_in_place_swap_that_fails_puts_the_old_engine_back(tmp_path, tiny_checkpoint, monkeypatch):
-    """--output . (or a mount point): the entries are swapped one by one; a move that fails half way
-    (a busy mount, Ctrl-C) moves back what was moved, so the old engine is whole, and no hidden
-    directory is left."""
-    from trtllm.builder import export
-
-    engine = tmp_path / "engine"
-    args = ["--model", str(tiny_checkpoint("llama")), "--output", ".", "--no-verify"]
-    engine.mkdir()
-    monkeypatch.chdir(engine)
-    assert CliRunner().invoke(main, args).exit_code == 0
-    before = {p.name: p.read_bytes() for p in engine.iterdir() if p.is_file()}
-    real, calls = os.replace, [0]
-
-    def busy_on_the_third_new_entry(src, dst):
-        if ".partial-" in str(src):
-            calls[0] += 1
-            if calls[0] == 3:
-                raise OSError(16, "Device or resource busy")
-        return real(src, dst)
-
-    monkeypatch.setattr(export.os, "replace", busy_on_the_third_new_entry)
-    result = CliRunner().invoke(main, args)
-    assert result.exit_code == 1 and "Device or resource busy" in result.output
-    assert {p.name: p.read_bytes() for p in engine.iterdir() if p.is_file()} == before
-    assert not [p for p in engine.iterdir() if p.name.startswith(".")]
-    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
-
-
-def test_a_broken_checkpoint_is_named_and_the_old_engine_kept(tmp_path, tiny_checkpoint):
-    """NaN weights: transformers' own logits are NaN, so the checkpoint is at fault, not the build;
-    the old engine stays, and the failed report is beside it."""
-    from safetensors.numpy import load_file, save_file
-
-    engine = tmp_path / "engine"
-    assert CliRunner().invoke(main, ["--model", str(tiny_checkpoint("llama")), "--output", str(engine)]).exit_code == 0
-    good = (engine / "verify.json").read_text()
-    ckpt = tmp_path / "nan"
-    shutil.copytree(tiny_checkpoint("llama"), ckpt)
-    weights = load_file(str(ckpt / "model.safetensors"))
-    weights["model.norm.weight"][:] = float("nan")
-    save_file(weights, str(ckpt / "model.safetensors"))
-    result = CliRunner().invoke(main, ["--model", str(ckpt), "--output", str(engine)])
-    assert result.exit_code == 1 and "the checkpoint is broken" in result.output, result.output
-    assert f"the report: {tmp_path / 'engine.verify-failed.json'}" in result.output
-    assert "changed during the build" not in result.output
-    failed = json.loads((tmp_path / "engine.verify-failed.json").read_text())
-    assert failed["code"] == json.loads(good)["code"] and failed["code_changed_during_build"] is False
-    assert (engine / "verify.json").read_text() == good
-    assert CliRunner().invoke(main, ["--model", str(tiny_checkpoint("llama")), "--output", str(engine)]).exit_code == 0
-    assert not (tmp_path / "engine.verify-failed.json").exists()  # a later success clears it
-
-
-def test_a_rebuild_leaves_the_users_old_and_partial_alone(tmp_path, tiny_checkpoint):
-    engine = tmp_path / "engine"
-    for name in ("engine.old", "engine.partial"):  # a user's backup, say
-        (tmp_path / name).mkdir()
-        (tmp_path / name / "notes.txt").write_text("keep")
-    for _ in range(2):
-        result = CliRunner().invoke(main, ["--model", str(tiny_checkpoint("llama")), "--output", str(engine),
-                                           "--no-verify"])
-        assert result.exit_code == 0, result.output
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["engine", "engine.old", "engine.partial"]
-    assert all((tmp_path / name / "notes.txt").read_text() == "keep" for name in ("engine.old", "engine.partial"))
-
-
 def test_a_bad_profile_value_names_the_profile(tmp_path):
     (tmp_path / "p.json").write_text('{"max_batch_size": 0}')
     result = CliRunner().invoke(main, ["--model", str(tmp_path), "--output", str(tmp_path / "e"),
@@ -416,48 +250,6 @@ def test_a_missing_or_ambiguous_profile_file_is_named(tmp_path, text, message):
         path.write_text(text)
     result = CliRunner().invoke(main, ["--model", str(tmp_path), "--output", str(tmp_path / "e"), "--profile", str(path)])
     assert result.exit_code == 2 and message in result.output, result.output
-
-
-def test_interrupted_build_exits_130(tmp_path, tiny_checkpoint, monkeypatch):
-    from trtllm.builder import export
-
-    def interrupted(config, log):
-        raise KeyboardInterrupt
-
-    monkeypatch.setattr(export, "build", interrupted)
-    result = CliRunner().invoke(main, ["--model", str(tiny_checkpoint("llama")), "--output", str(tmp_path / "e")])
-    assert result.exit_code == 130 and "interrupted" in result.output
-
-
-def test_an_interrupt_while_the_builder_loads_exits_130(tmp_path, tiny_checkpoint, monkeypatch):
-    """torch and transformers take seconds to import after the options are read: a Ctrl-C (or a
-    SIGTERM, made one there) then exits 130 too, not click's Abort (1, "the build failed")."""
-
-    class Interrupting:
-        def find_spec(self, name, path=None, target=None):
-            if name == "trtllm.builder.export":
-                raise KeyboardInterrupt
-            return None
-
-    monkeypatch.delitem(sys.modules, "trtllm.builder.export", raising=False)
-    monkeypatch.setattr(sys, "meta_path", [Interrupting(), *sys.meta_path])
-    result = CliRunner().invoke(main, ["--model", str(tiny_checkpoint("llama")), "--output", str(tmp_path / "e")])
-    assert result.exit_code == 130 and "interrupted" in result.output, result.output
-
-
-def test_sigterm_cleans_up_as_ctrl_c(tmp_path, tiny_checkpoint):
-    """timeout, docker stop: SIGTERM mid-build exits 130 and leaves no partial engine directory."""
-    import signal
-
-    proc = subprocess.Popen([sys.executable, "-m", "trtllm.builder", "--model", str(tiny_checkpoint("llama")),
-                             "--output", str(tmp_path / "engine")], stderr=subprocess.PIPE, text=True)
-    for line in proc.stderr:
-        if "writing the" in line:  # the graph is being written into the partial directory
-            proc.send_signal(signal.SIGTERM)
-            break
-    rest = proc.stderr.read()
-    assert proc.wait(timeout=120) == 130, rest
-    assert list(tmp_path.iterdir()) == []
 
 
 def test_a_check_that_fails_while_the_code_changes_says_so(tmp_path, tiny_checkpoint, monkeypatch):
@@ -535,13 +327,3 @@ def test_tensors_the_model_drops_are_named_in_a_warning(tiny_checkpoint, tmp_pat
     assert result.exit_code == 0, result.output
     assert ("holds tensors its config gives the model no place for, which transformers drops and so does the "
             "engine: model.layers.0.mlp.down_proj.bias, model.layers.2.mlp.down_proj.weight") in result.output
-
-
-def test_an_output_inside_an_engine_directory_is_refused(tiny_checkpoint, tiny_engine):
-    """An engine built inside another would make that one impossible to replace (it would hold what
-    no build writes): refused before anything is written."""
-    engine = tiny_engine("llama")
-    before = sorted(p.name for p in engine.iterdir())
-    result = CliRunner().invoke(main, ["--model", str(tiny_checkpoint("llama")), "--output", str(engine / "sub" / "e")])
-    assert result.exit_code == 2 and f"is inside the engine directory {engine.resolve()}" in result.output
-    assert sorted(p.name for p in engine.iterdir()) == before
