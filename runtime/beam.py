@@ -344,7 +344,8 @@ def run_many(engine, jobs: list[tuple[list[int], BeamParams]], timing=None, done
                     start = end
                 if timing is not None:
                     timing.reused_tokens += reused
-                if p.save_prefix and prefixes and reused == 0 and p.prefix_ids and len(p.prefix_ids) <= n:
+                if (p.save_prefix and prefixes and p.prefix_ids and len(p.prefix_ids) <= n
+                        and not prefixes.has(p.prefix_ids, adapter_key(p))):  # (as generate.py's prefill)
                     prefixes.save(p.prefix_ids, kv.read(base, len(p.prefix_ids)), adapter_key(p))
                 # (beams 1.. are beam 0 until the first step)
                 beams.found = repeat(candidates(out, slice(0, 1), job), p.num_beams)

@@ -355,8 +355,10 @@ class Scheduler:
                 r.finish_reason = "max-length"
                 if self.on_token is not None:
                     self.on_token(r)
-            if (r.save_prefix and self.prefixes and r.num_reused == 0 and r.prefix_ids
-                    and len(r.prefix_ids) <= len(r.prompt_ids)):  # (no system prompt: nothing to save)
+            # (its slot holds the prefix's KV whether computed, copied or restored by --context-reuse:
+            # saved unless the store has it, where it came from; no system prompt: nothing to save)
+            if (r.save_prefix and self.prefixes and r.prefix_ids and len(r.prefix_ids) <= len(r.prompt_ids)
+                    and not self.prefixes.has(r.prefix_ids, adapter_key(r))):
                 self.prefixes.save(r.prefix_ids, self.kv.read(r.slot, len(r.prefix_ids)), adapter_key(r))
         self.prefilled(start, rows, inputs, out)
 

@@ -191,11 +191,15 @@ class PrefixStore:
             if header.get(name) != value:
                 raise ValueError(f"header.{name} does not match")
         payload = memoryview(data)[start:]  # no copy of the (large) payload
-        shape = tuple(header.get("shape", ()))
+        shape = header.get("shape")
+        if not (isinstance(shape, list) and len(shape) == 4
+                and all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in shape)):
+            raise ValueError(f"has a malformed header (shape {shape!r}: four sizes of at least 0 expected)")
+        shape = tuple(shape)
         if header.get("dtype") not in KV_STORAGE:
             raise ValueError(f"has an unknown dtype {header.get('dtype')!r}")
         dtype = kv_storage(header["dtype"])
-        if len(payload) != int(np.prod(shape, dtype=np.int64)) * dtype.itemsize or len(shape) != 4:
+        if len(payload) != math.prod(shape) * dtype.itemsize:
             raise ValueError(f"is truncated ({len(payload)} payload bytes for shape {shape})")
         if zlib.crc32(payload) != header.get("crc32"):
             raise ValueError("fails its checksum")
@@ -285,7 +289,14 @@ class PrefixStore:
         bytes less than it did (room for an entry on a full disk: none, if all of them are less than
         that); how many bytes were removed."""
         entries = []
-        for p in self.dir.glob("*.kv"):
+        # (listed with os.listdir: Path.glob takes a directory it may not list for an empty one, and
+        # the store would grow past its limit without a word; the error goes to tidy()'s warning)
+        try:
+            names = os.listdir(self.dir)
+        except FileNotFoundError:  # (nothing saved yet)
+            return 0
+        for name in names:
+            p = self.dir / name
             ours, tmp = ENTRY_NAME.fullmatch(p.name), TMP_NAME.fullmatch(p.name)
             if not ours and not tmp:
                 continue

@@ -288,3 +288,23 @@ def test_an_eagle_engine_restores_the_heads_kv_with_the_models(run_cli, tmp_path
     shared = min(next(i for i, (x, y) in enumerate(zip([*held, -1], now)) if x != y), len(now) - 2)
     assert shared > first["prompt_tokens"] + 1  # into the answer
     assert profile_of(profile)["prefill"]["reused_tokens"] == shared - 1
+
+
+def test_a_request_that_restored_context_still_saves_its_system_prompt(run_cli, tmp_path, tiny_engine):
+    """save_system_prompt_kv_cache on a request whose prompt --context-reuse restored: its slot holds
+    the system prompt's KV all the same, so it is saved, and a later run without --context-reuse
+    restores it (a review found the flag dropped there: only rows that restored nothing saved)."""
+    engine = tmp_path / "engine"
+    shutil.copytree(tiny_engine("llama"), engine)
+    profile, store = tmp_path / "profile.json", str(tmp_path / "store")
+    base = {"temperature": 0, "max_generate_length": 8}
+    ask = [SYSTEM, {"role": "user", "content": DOC}]
+    reuse = ("--context-reuse", "--kv-cache-dir", store, "--profile", str(profile))
+    run_cli(engine, {**base, "requests": [{"messages": ask}]}, *reuse)
+    result, _ = run_cli(engine, {**base, "requests": [{"messages": ask + [
+        {"role": "assistant", "content": "x"}, {"role": "user", "content": "y"}], "save_system_prompt_kv_cache": True}]},
+        *reuse)
+    assert result.exit_code == 0 and profile_of(profile)["context_cache"]["hits"] == 1
+    _, out = run_cli(engine, {**base, "requests": [{"messages": [SYSTEM, {"role": "user", "content": "z"}]}]},
+                     "--kv-cache-dir", store, "--profile", str(profile))
+    assert profile_of(profile)["prefill"]["reused_tokens"] > 0 and out["responses"][0]["finish_reason"] != "error"

@@ -470,3 +470,36 @@ def test_a_prompt_that_is_its_system_prompt_is_saved(run_cli, tiny_engine, tmp_p
     baseline, _ = run(run_cli, engine, requests(save_first=False), tmp_path / "none", tmp_path)
     again, prof = run(run_cli, engine, requests(save_first=False), cache, tmp_path)
     assert again == baseline and prof["reused_tokens"] > 0
+
+
+@pytest.mark.parametrize("shape", [[-4, -2, 8, 16], ["4", "2", "8", "16x"], [4, 2, 8, 16, 1], None, [2, 2, 2, True]])
+def test_an_entry_with_a_malformed_shape_says_so(tmp_path, shape):
+    """A header whose shape is not four sizes (its payload and checksum sound) is discarded with a
+    warning that says so; a review found numpy's reshape text instead, or 'truncated'."""
+    store = PrefixStore(tmp_path, "engine-a")
+    store.save(PREFIX, kv())
+    path = store.path(store.key(PREFIX))
+    data = path.read_bytes()
+    size = int.from_bytes(data[10:18], "little")
+    header = json.dumps({**json.loads(data[18:18 + size]), "shape": shape}).encode()
+    path.write_bytes(b"TRTLLM-KV\n" + len(header).to_bytes(8, "little") + header + data[18 + size:])
+    with pytest.warns(PrefixCacheWarning, match=r"has a malformed header \(shape .*four sizes"):
+        assert PrefixStore(tmp_path, "engine-a").load(PREFIX) is None
+    assert not path.exists()
+
+
+def test_a_directory_that_cannot_be_listed_is_a_warning(tmp_path, monkeypatch):
+    """Entries are written, but a directory that cannot be listed (mode 0300) cannot be kept within
+    --kv-cache-size: a warning says so (Path.glob took it for an empty one: it grew without a word)."""
+    store = PrefixStore(tmp_path, "engine-a", max_bytes=1 << 20)
+    listdir = os.listdir
+
+    def refuse(path):
+        if os.fspath(path) == os.fspath(tmp_path):
+            raise PermissionError(13, "Permission denied")
+        return listdir(path)
+
+    monkeypatch.setattr(os, "listdir", refuse)
+    with pytest.warns(PrefixCacheWarning, match="cannot be tidied"):
+        store.save(PREFIX, kv())
+    assert store.path(store.key(PREFIX)).exists()
