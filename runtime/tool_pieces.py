@@ -30,6 +30,7 @@ class Pieces:
         self.phase = {"hermes": "marker", "mistral": "marker", "required": "list", "function": "value"}.get(
             self.form, "tag")
         self.text, self.pos = "", 0
+        self.scan = 0          # where the search for mistral's [ARGS] goes on from
         self.reader: Reader | None = None
         self.reader_at = 0     # where in the text the reader began
         self.index = 0         # the call being read
@@ -77,8 +78,9 @@ class Pieces:
                 return True
             return self.begin(at, c == "{")
         if self.phase == "name":
-            found = self.text.find(ARGS, self.pos)
+            found = self.text.find(ARGS, max(self.pos, self.scan))
             if found < 0:
+                self.scan = len(self.text) - len(ARGS) + 1  # (a line does not search the name again)
                 return False
             self.call_name, self.pos, self.phase = self.text[self.pos:found].strip(), found + len(ARGS), "value"
             return True
