@@ -3,20 +3,23 @@ writes it, as far as it is certain: what --stream gives of a tool call's argumen
 ends (runtime/tool_pieces.py), so that the pieces make the call's final `arguments`. Stdlib only:
 this runs on the device.
 
-A string is given a character at a time; a number once what follows ends it (`1` may become
-`10`), then as Python writes it (`1E2` is `100.0`); a literal once whole. Text that json.loads
-would refuse, or whose value the call cannot hold (NaN, 1e400, a lone surrogate), and a key given
-twice (json.loads keeps the last one's value at the first one's place) make the reader `bad`: it
-gives nothing more."""
+A value's string is given a character at a time (a key once whole); a number once what follows
+ends it (`1` may become `10`), then as Python writes it (`1E2` is `100.0`); a literal once whole.
+Text that json.loads refuses makes the reader `bad`: it gives nothing more. What json.loads takes
+but a call's arguments cannot hold (NaN, 1e400, a lone surrogate), and a key written twice
+(json.loads keeps the last one's value at the first one's place), are `flaws`, noted against the
+top-level member they are in; the text goes on as written, and the caller decides (a flaw in a
+call's name or arguments stops its pieces; one in another member does not matter)."""
 from __future__ import annotations
 
 import json
 import re
 
 BLANKS = " \t\n\r"
+ENDS_SCALAR = frozenset(BLANKS + ',:[]{}"')  # (a number or literal runs to one of these)
 NUMBER = re.compile(r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?")
-NUMBER_CHARS = frozenset("0123456789+-.eE")
 LITERALS = ("true", "false", "null")
+NON_FINITE = ("NaN", "Infinity", "-Infinity")  # (json.loads takes them; no call can hold them)
 ESCAPES = {'"': '"', "\\": "\\", "/": "/", "b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t"}
 HEX = frozenset("0123456789abcdefABCDEF")
 
@@ -33,29 +36,31 @@ class Frame:
 
 
 class Reader:
-    """One JSON value, fed as text comes (`feed`); `out` is its canonical text so far. `done` once
-    the value is whole (`end`: where in the text fed it ended), `bad` where it cannot be one.
-    `members`: for a top-level object, each member's key -> [start, end] of its value in `out`
-    (end None while it is read), so that a caller can take one member (a call's arguments)."""
+    """One JSON value, fed as text comes (`feed`). `out` holds its canonical text so far as pieces
+    (never joined in place: a caller takes what came since, `size` long in all). `done` once the value
+    is whole (`end`: how much of the text fed it took), `bad` where json.loads would refuse it. For a
+    top-level object: `members`, each member's key -> [start, end] of its value in the canonical
+    text (end None while it is read), `strings` the members whose value is a string, decoded, and
+    `flaws`, member key (None: the top level itself) -> "value" or "duplicate"."""
 
     def __init__(self):
         self.out: list[str] = []
-        self.size = 0  # len("".join(out))
+        self.size = 0
         self.stack: list[Frame] = []
         self.started = self.done = self.bad = False
-        self.end: int | None = None  # how much of the text fed the value took, once done
+        self.end: int | None = None
         self.fed = 0
         self.members: dict[str, list] = {}
+        self.strings: dict[str, str] = {}
+        self.flaws: dict[str | None, str] = {}
         self.string: list[str] | None = None  # a string's decoded characters, while one is read
         self.is_key = False
         self.escape: str | None = None  # an escape being read: "\\", "\\uXX.."
-        self.high: int | None = None    # a high surrogate waiting for its low one
+        self.high: int | None = None    # a high surrogate's escape, waiting for its low one
         self.scalar = ""                # a number or literal being read
 
     def text(self) -> str:
-        joined = "".join(self.out)
-        self.out = [joined]  # (joined once: a call read a character a push costs its length, not its square)
-        return joined
+        return "".join(self.out)
 
     def put(self, s: str) -> None:
         self.out.append(s)
@@ -80,14 +85,23 @@ class Reader:
     def fail(self) -> None:
         self.bad = True
 
+    def flaw(self, kind: str, key: str | None = None) -> None:
+        """A value json.loads takes and a call cannot hold, or a key written twice, in the top-level
+        member being read (`key`: a key of the top level itself)."""
+        if key is None and self.stack and self.stack[0].kind == "{":
+            key = self.stack[0].key
+        self.flaws.setdefault(key, kind)
+
     # --- one character -----------------------------------------------------------------------
 
     def step(self, c: str) -> None:
         if self.string is not None:
             return self.string_char(c)
         if self.scalar:
-            if (self.scalar[0] in "-0123456789" and c in NUMBER_CHARS) or (self.scalar[0].isalpha() and c.isalpha()):
+            if c not in ENDS_SCALAR:
                 self.scalar += c
+                if self.scalar in LITERALS:  # (whole: anything more would be no JSON)
+                    self.close_scalar()
                 return
             self.close_scalar()
             if self.done:  # (a top-level number: c is not the value's)
@@ -122,7 +136,7 @@ class Reader:
             if c == ",":
                 self.put(", ")
                 frame.wants = "key" if frame.kind == "{" else "value"
-            elif c == frame.kind.translate({ord("{"): "}", ord("["): "]"}):
+            elif c == ("}" if frame.kind == "{" else "]"):
                 self.close()
             else:
                 self.fail()
@@ -137,7 +151,7 @@ class Reader:
         elif c == '"':
             self.string, self.is_key = [], False
             self.put('"')
-        elif c in "-0123456789" or c.isalpha():
+        elif c not in ENDS_SCALAR:
             self.scalar = c
         else:
             self.fail()
@@ -161,12 +175,20 @@ class Reader:
         s, self.scalar = self.scalar, ""
         if s in LITERALS:
             self.put(s)
+        elif s in NON_FINITE:
+            self.flaw("value")
+            self.put(s)
         elif NUMBER.fullmatch(s):
             try:
-                self.put(json.dumps(json.loads(s), allow_nan=False))
-            except ValueError:  # 1e400 (inf); an integer of more digits than Python converts
+                number = json.loads(s)
+            except ValueError:  # an integer of more digits than Python converts: json.loads refuses it
                 return self.fail()
-        else:  # NaN, Infinity: json.loads takes them, a call's arguments cannot hold them
+            if number in (float("inf"), float("-inf")):  # (1e400: json.loads takes it, a call cannot)
+                self.flaw("value")
+                self.put(s)
+            else:
+                self.put(json.dumps(number))
+        else:
             return self.fail()
         self.valued()
 
@@ -177,6 +199,7 @@ class Reader:
                 if c not in ESCAPES:
                     return self.fail()
                 self.escape = None
+                self.alone()
                 return self.char(ESCAPES[c])
             if len(self.escape) > 2:
                 if c not in HEX:
@@ -185,51 +208,54 @@ class Reader:
                     code, self.escape = int(self.escape[2:], 16), None
                     return self.code_unit(code)
             return
-        if self.high is not None:  # (a high surrogate's escape not followed by another escape: alone)
-            if c != "\\":
-                return self.fail()
-            self.escape = c
-            return
         if c == "\\":
             self.escape = c
-        elif c == '"':
+            return
+        self.alone()  # (a high surrogate's escape, then no escape: it stands alone)
+        if c == '"':
             self.end_string()
         elif ord(c) < 0x20:  # (json.loads refuses raw control characters in a string)
             self.fail()
         else:
             self.char(c)
 
-    def code_unit(self, code: int) -> None:
-        """A \\uXXXX escape: a surrogate pair makes one character; a lone surrogate no call can hold."""
+    def alone(self) -> None:
+        """A high surrogate not followed by its low one: json.loads keeps it alone, which no UTF-8
+        text (and so no call) can hold."""
         if self.high is not None:
-            if not 0xDC00 <= code <= 0xDFFF:
-                return self.fail()
+            code, self.high = self.high, None
+            self.flaw("value")
+            self.char(chr(code))
+
+    def code_unit(self, code: int) -> None:
+        """A \\uXXXX escape: a surrogate pair makes one character."""
+        if self.high is not None and 0xDC00 <= code <= 0xDFFF:
             code, self.high = 0x10000 + ((self.high - 0xD800) << 10) + (code - 0xDC00), None
-        elif 0xD800 <= code <= 0xDBFF:
-            self.high = code
-            return
-        elif 0xDC00 <= code <= 0xDFFF:
-            return self.fail()
+        else:
+            self.alone()
+            if 0xD800 <= code <= 0xDBFF:
+                self.high = code
+                return
+            if 0xDC00 <= code <= 0xDFFF:
+                self.flaw("value")
         self.char(chr(code))
 
     def char(self, c: str) -> None:
-        if self.high is not None:  # (a high surrogate then another escape: alone)
-            return self.fail()
         self.string.append(c)
-        if not self.is_key:
-            self.put(json.dumps(c, ensure_ascii=False)[1:-1])
+        if not self.is_key:  # (json.dumps writes all but quotes, backslashes and controls as they are)
+            self.put(c if c not in '"\\' and c >= " " else json.dumps(c, ensure_ascii=False)[1:-1])
 
     def end_string(self) -> None:
-        if self.high is not None:
-            return self.fail()
         text, self.string = "".join(self.string), None
         if self.is_key:
             frame = self.stack[-1]
-            if text in frame.keys:
-                return self.fail()
+            if text in frame.keys and len(self.stack) == 1:  # (deeper in: given as written, which
+                self.flaw("duplicate", text)                # json.loads reads as the value it keeps)
             frame.keys.add(text)
             frame.key, frame.wants = text, "colon"
             self.put(json.dumps(text, ensure_ascii=False))
             return
         self.put('"')
+        if len(self.stack) == 1 and self.stack[0].kind == "{":
+            self.strings[self.stack[0].key] = text
         self.valued()

@@ -74,7 +74,7 @@ class Stream:
             got = self.read(self.text)
             new = self.take(got[1] if got else [])
             if got is None:  # no calls in the end: the answer is content (calls given stay given)
-                self.moved = self.moved or bool(self.calls) or bool(self.pieces.all_given)
+                self.moved = self.moved or bool(self.calls) or bool(self.pieces.given)
                 cut = len(self.text)
             else:
                 cut = self.content_end(final)
@@ -97,6 +97,8 @@ class Stream:
         if self.ends is None:
             return []
         seen, self.scanned = self.scanned, len(self.text)
+        if self.pieces.active and self.pieces.index <= len(self.calls):
+            return []  # (the pieces read the calls' JSON: none has ended since the last given, none can read)
         ends = [m for m in self.ends.finditer(self.text, max(0, seen - LONGEST_END)) if m.end() > seen]
         for end in reversed(ends[-TRIED_ENDS:]):
             groups = end.groupdict()
@@ -130,14 +132,16 @@ class Stream:
     def rest_of(self, call: dict) -> list[dict]:
         """The deltas a call that ended still needs: all of it where no piece of it was given, else
         the rest of its arguments (none where the pieces given are not how they begin: a key written
-        twice, whose value json.loads takes from the last; the last line's tool_calls say what it is)."""
+        twice, given as written; the last line's tool_calls say what the call is)."""
         k, function = call["index"], call["function"]
-        given = self.pieces.all_given.get(k)
-        self.pieces.all_given[k] = function["arguments"]
-        if given is None:
+        parts = self.pieces.given.get(k)
+        if parts is None:
+            self.pieces.given[k] = [function["arguments"]]
             return [{"index": k, "id": call["id"], "type": "function", "function": dict(function)}]
+        given = "".join(parts)
         if len(function["arguments"]) > len(given) and function["arguments"].startswith(given):
-            return [{"index": k, "function": {"arguments": function["arguments"][len(given):]}}]
+            parts.append(function["arguments"][len(given):])
+            return [{"index": k, "function": {"arguments": parts[-1]}}]
         return []
 
     def content_end(self, final: bool) -> int:
