@@ -98,6 +98,21 @@ def tag_error(guide: Guide, tokenizer, special: dict[str, int] | None = None) ->
     return None
 
 
+def first_schema_error(schemas: list[tuple[str, object]], tokenizer) -> str | None:
+    """Of (JSON path, JSON schema) pairs, the first that does not compile alone, named by its path:
+    a forced tool choice's tools, whose whole schema's error names none of them."""
+    from llguidance import LLMatcher
+
+    for path, schema in schemas:
+        try:
+            error = LLMatcher.validate_grammar(LLMatcher.grammar_from_json_schema(json.dumps(schema)), tokenizer)
+        except (ValueError, TypeError) as e:
+            error = str(e)
+        if error:
+            return f"`{path}` does not compile: {one_line(error)}"
+    return None
+
+
 class Matcher:
     """One sample's place in its grammar. Its messages name the guide's JSON path."""
 

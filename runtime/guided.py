@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from trtllm.runtime import structural_tag
+from trtllm.runtime import gbnf, structural_tag
 from trtllm.runtime.strict_json import (array, boolean, check_keys, check_value, compact, fail, json_object,
                                         key_path, read_json, string)
 
@@ -40,6 +40,9 @@ class Guide:
             return LLMatcher.grammar_from_json_schema('{"type": "object"}')
         if self.kind == "structural_tag":
             return structural_tag.lark(json.loads(self.text), special)
+        if self.kind == "ebnf":  # GBNF or Lark, chosen here (gbnf.py)
+            return grammar_from("ebnf", gbnf.llama_cpp(self.text)) if gbnf.is_gbnf(self.text) else \
+                grammar_from("lark", self.text)
         return grammar_from(self.kind, self.text)  # (its formats are named as KINDS are)
 
 

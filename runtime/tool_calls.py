@@ -128,23 +128,19 @@ def forced_guide(tc: ToolChoice, tools: tuple[dict, ...] | None, at: str, tools_
 
 def _required_schema(functions: list[tuple[str, dict]], tools_at: str, parallel: bool = True) -> dict:
     """vLLM's schema for "required": an array of at least one {"name", "parameters"} of a tool.
-    Each tool's `$defs` move to the root, where its `#/$defs/...` references point."""
-    defs, options = {}, []
+    Each tool's parameters keep their own `#` (its `$ref`s: "#", "#/$defs/...", draft-7's
+    "#/definitions/..."): an `$id` of their own, where they have none, makes them a schema resource
+    whose references resolve inside it, not in the array of calls they are nested in."""
+    options = []
     for i, (name, params) in enumerate(functions):
-        if isinstance(params, dict) and "$defs" in params:
-            params = dict(params)
-            at = key_path(f"{tools_at}[{i}].function.parameters", "$defs")
-            for key, value in json_object(params.pop("$defs"), at, "definitions: name -> schema").items():
-                if key in defs and defs[key] != value:
-                    fail(key_path(at, key), "the same as another tool's definition of that name (\"required\" "
-                         "puts them in one schema)", None, shown="a different one")
-                defs[key] = value
+        if isinstance(params, dict) and "$defs" in params:  # (said here, by its path, not as the grammar's error)
+            json_object(params["$defs"], key_path(f"{tools_at}[{i}].function.parameters", "$defs"),
+                        "definitions: name -> schema")
+        if isinstance(params, dict) and "$id" not in params:
+            params = {"$id": f"urn:trtllm:tool:{i}", **params}
         options.append({"type": "object", "properties": {"name": {"const": name}, "parameters": params},
                         "required": ["name", "parameters"], "additionalProperties": False})
-    schema = {"type": "array", "minItems": 1, **({} if parallel else {"maxItems": 1}), "items": {"anyOf": options}}
-    if defs:
-        schema["$defs"] = defs
-    return schema
+    return {"type": "array", "minItems": 1, **({} if parallel else {"maxItems": 1}), "items": {"anyOf": options}}
 
 
 # --- reading the calls out of an answer ---------------------------------------------------------

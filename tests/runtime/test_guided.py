@@ -353,3 +353,35 @@ def test_masks_computed_together_are_each_rows_own(tiny_engine):
         assert not m.stale and np.array_equal(m.allowed(), a.allowed())
     assert matchers[0].allowed()[eos] and matchers[3].allowed()[eos]  # "ab" is complete
     assert matchers[3].allowed().sum() == 1 and not matchers[1].allowed()[eos]  # (no choice is empty)
+
+
+@pytest.mark.parametrize("grammar, texts", [
+    ('?start: pair\npair: "(" WORD ")"\nWORD: /[a-z]+/', ["(ab)"]),  # Lark's inline start (vLLM's docs' SQL one)
+    ('root ::= "caf\\u00e9"', ["café"]),                           # llama.cpp's \u, \U escapes
+    ('root ::= "\\U0001F600" [\\u00e0-\\u00ff]+', ["😀àé"]),
+    ('root ::= "a" . "b" # a . comment', ["a\nb", "axb"]),           # llama.cpp's `.`: a newline too
+    ('root ::= "a.b" [.]', ["a.b."]),                               # (a dot in a string or class is one)
+])
+def test_ebnf_reads_gbnf_as_llama_cpp_and_lark_as_lark(tiny_engine, grammar, texts):
+    """A review found these refused or read otherwise (llguidance's converter: `?start:` taken for
+    GBNF, \\u escapes without their leading zeros, `.` stopping at a newline)."""
+    pytest.importorskip("torch")  # (the tiny engine's tokenizer)
+    from trtllm.runtime.grammar import Grammars
+    from trtllm.runtime.tokenizer import Tokenizer
+
+    tok = Tokenizer.from_engine_dir(tiny_engine("llama"))
+    grammars = Grammars(tok.to_json(), tok.vocab_size, [tok.token_to_id("<|im_end|>")])
+    guide = guided.parse({"ebnf": grammar}, "guided_decoding")
+    for text in texts:
+        m = grammars.matcher(guide)
+        assert [e for e in (m.consume(t) for t in tok.encode(text)) if e] == [], (grammar, text)
+    m = grammars.matcher(guide)
+    assert [e for e in (m.consume(t) for t in tok.encode("zz")) if e], grammar  # (and not anything)
+
+
+def test_gbnf_escapes_and_dots_are_written_for_the_converter():
+    from trtllm.runtime import gbnf
+
+    src = 'root ::= "caf\\u00e9\\u0022" . [\\u0000-\\u001f\\U0001F600] "a.b" # c . d\nx ::= [.]'
+    assert gbnf.llama_cpp(src) == ('root ::= "café\\x22" ' + gbnf.ANY + ' [\\x00-\\x1F😀] "a.b" # c . d\nx ::= [.]')
+    assert gbnf.is_gbnf('root ::= "a"') and not gbnf.is_gbnf('?start: x\nx: "::=" // ::=')

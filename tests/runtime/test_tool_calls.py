@@ -89,20 +89,28 @@ def test_mistral_call_ids_are_the_nine_alphanumerics_its_templates_take_back():
     assert [c["id"] for c in first] == [c["id"] for c in extract(text, None, "mistral", TOOLS, key="r0")[1]]
 
 
-def test_required_schema_lists_the_tools_and_moves_their_defs_to_the_root(tiny_engine):
+def test_required_schema_lists_the_tools_each_resolving_its_own_refs(tiny_engine):
+    """"required": an array of calls, each tool's parameters a schema resource of its own (an `$id`),
+    so its `#`, `#/$defs/...` and draft-7 `#/definitions/...` point inside it, not at the array
+    (a review found a tree's `"$ref": "#"` children forced to be arrays of calls, and `definitions`
+    not compiling); two tools may define one name differently."""
     pytest.importorskip("torch")  # (the tiny engine's tokenizer)
     from trtllm.runtime import grammar
     from trtllm.runtime.tokenizer import Tokenizer
 
     point = {"type": "object", "properties": {"x": {"type": "number"}}}
+    tree = {"type": "object", "properties": {"n": {"type": "integer"}, "kids": {"type": "array", "items": {"$ref": "#"}}},
+            "required": ["n", "kids"], "additionalProperties": False}
     tools = ({"type": "function", "function": {"name": "a", "parameters": {
         "type": "object", "properties": {"p": {"$ref": "#/$defs/Point"}}, "$defs": {"Point": point}}}},
-             {"type": "function", "function": {"name": "b", "parameters": {"$defs": {"Point": point}}}})
+             {"type": "function", "function": {"name": "b", "parameters": {
+                 "type": "object", "properties": {"p": {"$ref": "#/definitions/Point"}},
+                 "definitions": {"Point": {"type": "string"}}}}},
+             {"type": "function", "function": {"name": "t", "parameters": tree}})
     guide = forced_guide(ToolChoice("required"), tools, "tool_choice", "tools")
     schema = json.loads(guide.text)
-    assert schema["$defs"] == {"Point": point} and schema["minItems"] == 1
-    assert [o["properties"]["name"] for o in schema["items"]["anyOf"]] == [{"const": "a"}, {"const": "b"}]
-    assert not any("$defs" in o["properties"]["parameters"] for o in schema["items"]["anyOf"])
+    assert schema["minItems"] == 1 and "$defs" not in schema
+    assert [o["properties"]["name"] for o in schema["items"]["anyOf"]] == [{"const": "a"}, {"const": "b"}, {"const": "t"}]
     assert schema["x-guidance"]["whitespace_flexible"] is False
     tok = Tokenizer.from_engine_dir(tiny_engine("llama"))
     grammars = grammar.Grammars(tok.to_json(), tok.vocab_size, [tok.token_to_id("<|im_end|>")])
@@ -110,16 +118,15 @@ def test_required_schema_lists_the_tools_and_moves_their_defs_to_the_root(tiny_e
     def errors(text: str) -> list:
         m = grammars.matcher(guide)
         return [e for e in (m.consume(t) for t in tok.encode(text)) if e]
-    assert errors('[{"name": "a", "parameters": {"p": {"x": 1}}}, {"name": "b", "parameters": {}}]') == []
+    assert errors('[{"name": "a", "parameters": {"p": {"x": 1}}}, {"name": "b", "parameters": {"p": "q"}}, '
+                  '{"name": "t", "parameters": {"n": 1, "kids": [{"n": 2, "kids": []}]}}]') == []
     for wrong in ('[{"name": "c", "parameters": {}}]', '[{"name": "a", "parameters": {"p": {"x": "1"}}}]',
-                  '[]', '[ {"name": "b", "parameters": {}}]', '[{"name":"b", "parameters": {}}]'):
-        assert errors(wrong), wrong  # not a tool, not its schema, no call, not json.dumps' spacing
-    other = json.loads(json.dumps(tools))
-    other[1]["function"]["parameters"]["$defs"]["Point"] = {"type": "string"}
-    with pytest.raises(InputError, match=r'`tools\[1\].function.parameters\["\$defs"\].Point` must be the same'):
-        forced_guide(ToolChoice("required"), tuple(other), "tool_choice", "tools")
-    named = json.loads(forced_guide(ToolChoice("function", "b"), tools, "t", "tools").text)
-    assert named["$defs"] == {"Point": point}  # a named function's own schema, as it is
+                  '[{"name": "b", "parameters": {"p": {"x": 1}}}]', '[]', '[ {"name": "b", "parameters": {}}]',
+                  '[{"name":"b", "parameters": {}}]',
+                  '[{"name": "t", "parameters": {"n": 1, "kids": [[{"name": "t", "parameters": {"n": 2, "kids": []}}]]}}]'):
+        assert errors(wrong), wrong  # not a tool, not its schema, no call, not json.dumps' spacing, `#` the array
+    named = json.loads(forced_guide(ToolChoice("function", "a"), tools, "t", "tools").text)
+    assert named["$defs"] == {"Point": point} and "$id" not in named  # a named function's own schema, as it is
 
 
 @pytest.mark.parametrize("tools, message", [

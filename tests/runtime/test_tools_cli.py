@@ -64,6 +64,8 @@ WEATHER = [{"type": "function", "function": {"name": "wx", "parameters": {
     "additionalProperties": False}}},
     {"type": "function", "function": {"name": "t"}}]
 CALL = '<tool_call>\n{"name": "wx", "arguments": {"c": "R"}}\n</tool_call>'
+UNIQUE = {"type": "function", "function": {"name": "u", "parameters": {
+    "type": "object", "properties": {"l": {"type": "array", "uniqueItems": True}}}}}  # (llguidance has no uniqueItems)
 
 
 def _calls(response: dict) -> list[tuple[str, object]]:
@@ -172,9 +174,14 @@ def test_tool_choice_errors_name_the_field_and_fail_alone(run_cli, tmp_path, tin
         {"messages": ask, "tool_choice": "required", "tools": []},
         {"messages": ask, "tool_choice": "required", "ignore_eos": True},
         {"messages": ask, "tool_call_parser": "hermes2"},
-        {"messages": ask, "tool_choice": "auto", "tool_call_parser": "pythonic"}]})
+        {"messages": ask, "tool_choice": "auto", "tool_call_parser": "pythonic"},
+        # a tool whose parameters do not compile is named, not the (sound) tool choice (a review's point)
+        {"messages": ask, "tool_choice": {"type": "function", "function": {"name": "u"}}, "tools": [*WEATHER, UNIQUE]},
+        {"messages": ask, "tool_choice": "required", "tools": [*WEATHER, UNIQUE]}]})
     assert result.exit_code == 1
     errors = [r.get("error") for r in out["responses"]]
+    for i in (7, 8):
+        assert errors[i].startswith(f"`requests[{i}].tools[2].function.parameters` does not compile: "), errors[i]
     assert errors[0] == ("`requests[0].tool_choice.function.name` must be the name of one of the request's tools "
                          "('wx', 't'), got 'wxx'; did you mean 'wx'?")
     assert errors[1].startswith('`requests[1].tool_choice` must be "auto" or "none" with '
