@@ -158,7 +158,10 @@ def load(path_arg: str, target: DecoderSpec, embed: np.ndarray) -> Draft:
     extra = sorted(k for k in t if k not in expected and k not in ("d2t", "t2d", "embed_tokens.weight"))
     if extra:
         fail(path, f"unexpected tensors {extra[:4]}: not an EAGLE-3 head this version can build")
-    d2t = np.asarray(t.get("d2t", np.zeros(draft_vocab, np.int64))).astype(np.int64)
+    d2t = np.asarray(t.get("d2t", np.zeros(draft_vocab, np.int64)))
+    if d2t.dtype.kind not in "iu":  # (a float one would be cast here but not by the build's reference check)
+        fail(path, f"d2t is {d2t.dtype}, expected integer ids (int64)")
+    d2t = d2t.astype(np.int64)
     if d2t.shape != (draft_vocab,):
         fail(path, f"d2t is {list(d2t.shape)}, expected [{draft_vocab}]")
     mapped = np.arange(draft_vocab) + d2t

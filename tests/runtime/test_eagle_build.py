@@ -78,6 +78,8 @@ def edit_weight(draft, name, change):
     (lambda d: (d / "config.json").write_text("[1, 2]"), "config.json must hold a JSON object"),
     (lambda d: edit_weight(d, "lm_head.weight", lambda w: w * np.nan), "lm_head.weight holds NaN"),
     (lambda d: edit_weight(d, "fc.weight", lambda w: w.astype(np.int32)), "fc.weight is int32"),
+    # (a review's: the loader cast it, the build's own check did not, and failed naming neither)
+    (lambda d: edit_weight(d, "d2t", lambda w: w.astype(np.float32)), "d2t is float32, expected integer ids"),
     (lambda d: (d / "model.safetensors").write_bytes(b"not a safetensors file"), "cannot be read"),
 ])
 def test_bad_draft_heads_fail_the_build(tiny_checkpoint, tmp_path, change, message):
