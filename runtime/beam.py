@@ -309,8 +309,6 @@ def run_many(engine, jobs: list[tuple[list[int], BeamParams]], timing=None, done
             kv.clear(beams.base, beams.slots.stop)
         elif contexts is not None and beams.p.context_commit:
             contexts.commit(tuple(beams.prompt), adapter_key(beams.p), lambda length: kv.read(beams.base, length))
-        if timing is not None:
-            timing.generated_tokens += beams.search.generated
 
     while waiting or active:
         for job in list(waiting):  # admitted in order, each where its B slots are free side by side
@@ -379,6 +377,8 @@ def run_many(engine, jobs: list[tuple[list[int], BeamParams]], timing=None, done
             for job in going:
                 finish(job, e)
             continue
+        if timing is not None:  # (a token for each running beam, as generate.py counts each running row)
+            timing.generated_tokens += sum(active[job].p.num_beams for job in going)
         for job in going:
             beams = active[job]
             beams.found = candidates(out, slice(beams.base - lo, beams.slots.stop - lo), job)

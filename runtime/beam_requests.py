@@ -66,11 +66,18 @@ def answer(engine, samples: list, timing, on_token=None, rows: int | None = None
     groups = [list(group) for _, group in itertools.groupby(samples, key=lambda smp: smp.prepared)]
     jobs = [(group[0].prepared.prompt_ids, params_for(group[0].prepared.request, group[0].row, capacity))
             for group in groups]
+    for group, (_, params) in zip(groups, jobs):
+        if params.max_new_tokens == 0:  # (as a plain request: no step, no slot, an empty answer, no score)
+            for smp in group:
+                replay(smp.row, Hypothesis((), 0.0), 0)
+                if on_token is not None:
+                    on_token(smp.row)
+    kept = [i for i, (_, params) in enumerate(jobs) if params.max_new_tokens]
+    groups, jobs = [groups[i] for i in kept], [jobs[i] for i in kept]
 
     def done(job: int, found, base: int) -> None:
         group, params = groups[job], jobs[job][1]
-        if not isinstance(found, Exception) and params.max_new_tokens and \
-                not all(h.finished for h in found[:len(group)]):  # (max_generate_length 0: empty answers)
+        if not isinstance(found, Exception) and not all(h.finished for h in found[:len(group)]):
             ended = sum(h.finished for h in found)
             found = Unfinished(f"{found.stuck}, and {ended} hypotheses had finished, fewer than the request's n "
                                f"{len(group)}" if found.stuck else

@@ -203,15 +203,24 @@ def test_more_beams_than_the_engine_has_rows_fails_that_request_alone(tiny_engin
     assert second["finish_reason"] in ("max-length", "end-of-sequence")
 
 
-def test_max_generate_length_zero_and_ignore_eos(tiny_engine, run_cli):
+def test_max_generate_length_zero_and_ignore_eos(tiny_engine, run_cli, tmp_path):
+    """max_generate_length 0: no search, as a plain request (no step, no slot, no score; a review
+    found transformers' -1e9 placeholder as the score, a slot and a prefill); the profile counts a
+    token for each running beam of each decode step, as plain decoding counts each running row (it
+    counted one a search, with the prompt step's)."""
     requests = {"temperature": 0, "requests": [
         {"messages": CHAT, "num_beams": 2, "max_generate_length": 0},
         {"messages": CHAT, "num_beams": 3, "n": 3, "max_generate_length": 6, "ignore_eos": True}]}
-    result, out = run_cli(tiny_engine("llama"), requests)
+    profile = tmp_path / "profile.json"
+    result, out = run_cli(tiny_engine("llama"), requests, "--profile", str(profile))
     assert result.exit_code == 0, result.output
     empty, *full = out["responses"]
     assert empty["output_ids"] == [] and empty["finish_reason"] == "max-length"
+    assert empty["batch_idx"] is None and "beam_score" not in empty
     assert all(len(r["output_ids"]) == 6 and r["finish_reason"] == "max-length" for r in full)
+    p = json.loads(profile.read_text())
+    assert p["prefill"]["total_runs"] == 1 and p["generation"]["total_runs"] == 5
+    assert p["generation"]["generated_tokens"] == 5 * 3
 
 
 def test_logits_that_overflow_fail_that_request_alone(tiny_engine, run_cli, monkeypatch):
