@@ -254,7 +254,8 @@ def run_many(engine, jobs: list[tuple[list[int], BeamParams]], timing=None, done
     # (trtllm-run refuses more beams than max_batch_size; ONNX Runtime's batch is not bounded by it)
     limit = rows or m.limits.max_batch_size
     slots = max([limit] + [p.num_beams for _, p in jobs])
-    kv = kv_cache.for_engine(engine, slots, max(len(prompt) + p.max_new_tokens for prompt, p in jobs))
+    # (a search's last token is never fed back: its prompt and all its answer but that one)
+    kv = kv_cache.for_engine(engine, slots, max(len(prompt) + max(p.max_new_tokens - 1, 0) for prompt, p in jobs))
     widths = [Search(p, len(prompt)).width for prompt, p in jobs]
     # the graph's sampler gives each row's best log-probabilities (log_softmax of the logits, as
     # transformers' beam search takes them) where its width holds them; else they come from the logits

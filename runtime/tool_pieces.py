@@ -177,9 +177,13 @@ class Pieces:
         return True
 
     def read_name_member(self, reader: Reader):
-        """The call object's name once read (None before; False: not a string)."""
+        """The call object's name once read and followed by another member or the object's end (None
+        before: a name written twice is refused when its second key comes, not given as the first;
+        False: not a string)."""
         span = reader.members.get("name")
         if span is None or span[1] is None:
+            return None
+        if not reader.done and not any(start >= span[1] for start, _ in reader.members.values()):
             return None
         return reader.strings.get("name", False)
 

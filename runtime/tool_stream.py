@@ -1,5 +1,5 @@
 """Tool calls as --stream gives them: the content and each call of an answer read for calls, a call
-on the line where it ends (vLLM's tool-call deltas, a whole call each). Stdlib only: this runs on
+on the line where it ends, and its arguments piece by piece (runtime/tool_pieces.py). Stdlib only: this runs on
 the device."""
 from __future__ import annotations
 

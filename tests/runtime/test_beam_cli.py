@@ -221,6 +221,10 @@ def test_max_generate_length_zero_and_ignore_eos(tiny_engine, run_cli, tmp_path)
     p = json.loads(profile.read_text())
     assert p["prefill"]["total_runs"] == 1 and p["generation"]["total_runs"] == 5
     assert p["generation"]["generated_tokens"] == 5 * 3
+    # its KV: the prompt and all its answer but the last token, never fed back (a review found one
+    # position more, past max_bytes where a long answer reached the capacity)
+    slots = p["kv_cache"]["allocated_bytes"] // p["kv_cache"]["bytes_per_token"] // (full[0]["prompt_tokens"] + 5)
+    assert p["kv_cache"]["allocated_bytes"] == slots * (full[0]["prompt_tokens"] + 5) * p["kv_cache"]["bytes_per_token"]
 
 
 def test_logits_that_overflow_fail_that_request_alone(tiny_engine, run_cli, monkeypatch):
