@@ -110,7 +110,7 @@ def dead_end(allowed: frozenset[int] | None, seqs: Sequence[Sequence[int]], held
 
 def banning(p, held: bool, guided: bool) -> str:
     """The settings of a request that ban tokens, named for an error where they ban every one (`p`:
-    its sampling.SamplingParams or beam.BeamParams; `held`: min_new_tokens holds EOS back there),
+    its sampling.SamplingParams or beam_candidates.BeamParams; `held`: min_new_tokens holds EOS back there),
     each by its JSON path where `p.where` names them (trtllm-run: the request's own or the top level's)."""
     where = getattr(p, "where", None) or (lambda name: name)
     names = [name for name, on in ((f"`{where('allowed_token_ids')}`", p.allowed_token_ids is not None),

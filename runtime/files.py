@@ -96,13 +96,11 @@ def _check_writable(path: str | Path) -> None:
         fd, probe = tempfile.mkstemp(dir=ancestor, prefix=".trtllm-probe-")
         os.close(fd)
         os.unlink(probe)
-    except PermissionError as e:
-        if not target.is_file():  # (a writable file in a read-only directory is rewritten in place)
+    except OSError as e:  # the probe's own name would only confuse: say which directory refused
+        # (a writable file in a read-only directory is rewritten in place)
+        if not (isinstance(e, PermissionError) and target.is_file()):
             raise NotWritable(f"cannot be written: {shown(ancestor)} does not take new files "
                               f"({e.strerror or type(e).__name__})") from None
-    except OSError as e:  # the probe's own name would only confuse: say which directory refused
-        raise NotWritable(f"cannot be written: {shown(ancestor)} does not take new files "
-                          f"({e.strerror or type(e).__name__})") from None
 
 
 # Line breaks other than \n that ensure_ascii=False leaves raw in strings: Python's splitlines and

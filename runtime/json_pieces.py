@@ -57,7 +57,7 @@ class Reader:
         self.is_key = False
         self.escape: str | None = None  # an escape being read: "\\", "\\uXX.."
         self.high: int | None = None    # a high surrogate's escape, waiting for its low one
-        self.scalar = ""                # a number or literal being read
+        self.scalar: list[str] = []     # a number or literal being read, a character each
 
     def text(self) -> str:
         return "".join(self.out)
@@ -88,8 +88,9 @@ class Reader:
     def flaw(self, kind: str, key: str | None = None) -> None:
         """A value json.loads takes and a call cannot hold, or a key written twice, in the top-level
         member being read (`key`: a key of the top level itself)."""
-        if key is None and self.stack and self.stack[0].kind == "{":
-            key = self.stack[0].key
+        reading_key = self.string is not None and self.is_key and len(self.stack) == 1
+        if key is None and self.stack and self.stack[0].kind == "{" and not reading_key:
+            key = self.stack[0].key  # (a top-level key's own flaw: the top level's, None; never a member's)
         self.flaws.setdefault(key, kind)
 
     # --- one character -----------------------------------------------------------------------
@@ -99,8 +100,8 @@ class Reader:
             return self.string_char(c)
         if self.scalar:
             if c not in ENDS_SCALAR:
-                self.scalar += c
-                if self.scalar in LITERALS:  # (whole: anything more would be no JSON)
+                self.scalar.append(c)
+                if len(self.scalar) <= 5 and "".join(self.scalar) in LITERALS:  # (whole: more would be no JSON)
                     self.close_scalar()
                 return
             self.close_scalar()
@@ -152,7 +153,7 @@ class Reader:
             self.string, self.is_key = [], False
             self.put('"')
         elif c not in ENDS_SCALAR:
-            self.scalar = c
+            self.scalar = [c]
         else:
             self.fail()
 
@@ -172,7 +173,7 @@ class Reader:
         self.valued()
 
     def close_scalar(self) -> None:
-        s, self.scalar = self.scalar, ""
+        s, self.scalar = "".join(self.scalar), []
         if s in LITERALS:
             self.put(s)
         elif s in NON_FINITE:

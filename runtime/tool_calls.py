@@ -19,6 +19,7 @@ import ast
 import hashlib
 import json
 import re
+from collections import Counter
 from dataclasses import dataclass
 
 from trtllm.runtime import guided
@@ -131,8 +132,13 @@ def _required_schema(functions: list[tuple[str, dict]], tools_at: str, parallel:
     Each tool's parameters keep their own `#` (its `$ref`s: "#", "#/$defs/...", draft-7's
     "#/definitions/..."): an `$id` of their own, where they have none, makes them a schema resource
     whose references resolve inside it, not in the array of calls they are nested in."""
-    options = []
+    options, ids = [], {}
     for i, (name, params) in enumerate(functions):
+        if isinstance(params, dict) and isinstance(params.get("$id"), str):  # (two resources of one $id: one wins)
+            at = key_path(f"{tools_at}[{i}].function.parameters", "$id")
+            if ids.setdefault(params["$id"], params) != params:
+                fail(at, "an `$id` no other tool's parameters hold (\"required\" puts them in one schema, where "
+                     "one would take the other's references)", params["$id"])
         if isinstance(params, dict) and "$defs" in params:  # (said here, by its path, not as the grammar's error)
             json_object(params["$defs"], key_path(f"{tools_at}[{i}].function.parameters", "$defs"),
                         "definitions: name -> schema")
@@ -144,6 +150,29 @@ def _required_schema(functions: list[tuple[str, dict]], tools_at: str, parallel:
 
 
 # --- reading the calls out of an answer ---------------------------------------------------------
+
+CALL_KEYS = frozenset({"name", "arguments", "parameters"})
+
+
+class _Pairs(dict):
+    """A JSON object that remembers the keys written more than once (json.loads keeps the last)."""
+    repeated: frozenset = frozenset()
+
+
+def _pairs(pairs: list) -> dict:
+    obj = _Pairs(pairs)
+    if len(obj) < len(pairs):
+        obj.repeated = frozenset(k for k, n in Counter(k for k, _ in pairs).items() if n > 1)
+    return obj
+
+
+# json.loads' reading, with each object's repeated keys known: a call object whose name or arguments
+# are written twice is no call (which one was meant? --stream would have given the first)
+_JSON = json.JSONDecoder(object_pairs_hook=_pairs)
+
+
+def _repeats_call_keys(obj: object) -> bool:
+    return bool(getattr(obj, "repeated", frozenset()) & CALL_KEYS)
 
 def _call(name: object, arguments: object) -> dict | None:
     if not isinstance(name, str) or not name:
@@ -158,7 +187,7 @@ def _call(name: object, arguments: object) -> dict | None:
 
 def _from_object(obj: object) -> dict | None:
     """{"name", "arguments"} (or Llama's "parameters", not both) -> a call."""
-    if not isinstance(obj, dict) or ("arguments" in obj) == ("parameters" in obj):
+    if not isinstance(obj, dict) or ("arguments" in obj) == ("parameters" in obj) or _repeats_call_keys(obj):
         return None
     return _call(obj.get("name"), obj["arguments"] if "arguments" in obj else obj["parameters"])
 
@@ -175,7 +204,7 @@ def _hermes(text: str) -> tuple[str | None, list] | None:
     calls = []
     for closed, open_ in _HERMES.findall(text):
         try:
-            calls.append(_from_object(json.loads(closed or open_)))
+            calls.append(_from_object(_JSON.decode(closed or open_)))
         except (ValueError, RecursionError):
             return None
     return text[:start] or None, calls
@@ -186,8 +215,8 @@ def _llama3_json(text: str) -> tuple[str | None, list] | None:
     optional `<|python_tag|>`), several joined by `;`. Unlike vLLM, which takes the first JSON
     object anywhere in the text, the answer must begin with it: an answer that merely quotes JSON
     is not a call."""
-    rest = text.lstrip().removeprefix(PYTHON_TAG)
-    decoder, calls = json.JSONDecoder(), []
+    rest = text.lstrip().removeprefix(PYTHON_TAG)  # (tool_pieces.LOOSE skips the blanks str.strip does)
+    decoder, calls = _JSON, []
     while True:
         try:
             obj, end = decoder.raw_decode(rest := rest.lstrip())
@@ -231,13 +260,13 @@ def _pythonic(text: str) -> tuple[str | None, list] | None:
 
 def _required(text: str) -> tuple[str | None, list] | None:
     try:
-        items = json.loads(text)
+        items = _JSON.decode(text)
     except (ValueError, RecursionError):
         return None
     if not isinstance(items, list) or not items:
         return None
-    return None, [_from_object({"name": i.get("name"), "arguments": i.get("parameters")}) if isinstance(i, dict)
-                  else None for i in items]
+    return None, [_from_object({"name": i.get("name"), "arguments": i.get("parameters")})
+                  if isinstance(i, dict) and not _repeats_call_keys(i) else None for i in items]
 
 
 def _mistral(text: str) -> tuple[str | None, list] | None:
@@ -247,9 +276,9 @@ def _mistral(text: str) -> tuple[str | None, list] | None:
     start = text.find(MISTRAL)
     if start < 0:
         return None
-    calls, decoder = [], json.JSONDecoder()
+    calls, decoder = [], _JSON
     for part in text[start:].split(MISTRAL)[1:]:
-        part = part.strip()
+        part = part.strip()  # (tool_pieces.LOOSE skips the blanks str.strip does)
         try:
             if part.startswith("["):
                 items, end = decoder.raw_decode(part)

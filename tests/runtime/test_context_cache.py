@@ -290,7 +290,8 @@ def test_an_eagle_engine_restores_the_heads_kv_with_the_models(run_cli, tmp_path
     assert profile_of(profile)["prefill"]["reused_tokens"] == shared - 1
 
 
-def test_a_request_that_restored_context_still_saves_its_system_prompt(run_cli, tmp_path, tiny_engine):
+@pytest.mark.parametrize("beams", [1, 2])
+def test_a_request_that_restored_context_still_saves_its_system_prompt(run_cli, tmp_path, tiny_engine, beams):
     """save_system_prompt_kv_cache on a request whose prompt --context-reuse restored: its slot holds
     the system prompt's KV all the same, so it is saved, and a later run without --context-reuse
     restores it (a review found the flag dropped there: only rows that restored nothing saved)."""
@@ -302,8 +303,8 @@ def test_a_request_that_restored_context_still_saves_its_system_prompt(run_cli, 
     reuse = ("--context-reuse", "--kv-cache-dir", store, "--profile", str(profile))
     run_cli(engine, {**base, "requests": [{"messages": ask}]}, *reuse)
     result, _ = run_cli(engine, {**base, "requests": [{"messages": ask + [
-        {"role": "assistant", "content": "x"}, {"role": "user", "content": "y"}], "save_system_prompt_kv_cache": True}]},
-        *reuse)
+        {"role": "assistant", "content": "x"}, {"role": "user", "content": "y"}], "save_system_prompt_kv_cache": True,
+        "num_beams": beams}]}, *reuse)
     assert result.exit_code == 0 and profile_of(profile)["context_cache"]["hits"] == 1
     _, out = run_cli(engine, {**base, "requests": [{"messages": [SYSTEM, {"role": "user", "content": "z"}]}]},
                      "--kv-cache-dir", store, "--profile", str(profile))

@@ -7,6 +7,7 @@ import random
 
 import pytest
 
+from tests.runtime.tool_deltas import assemble
 from trtllm.runtime.json_pieces import Reader
 from trtllm.runtime.tool_calls import ToolChoice
 from trtllm.runtime.tool_pieces import Pieces
@@ -99,6 +100,7 @@ def test_what_json_loads_refuses_makes_the_reader_bad(text):
     ('{"a": "\\ud800x", "b": "\\udc00", "c": "\\ud800\\n", "d": "\\ud83d\\ude00"}', {"a": "value", "b": "value", "c": "value"}),
     ('{"a": 1, "b": {"c": 1, "c": 2}, "a": 2}', {"a": "duplicate"}),
     ("[NaN]", {None: "value"}),
+    ('{"name": "f", "x\\ud800": 1, "arguments": {}}', {None: "value"}),  # (a key's own: not the member before it)
 ])
 def test_what_json_loads_takes_and_a_call_cannot_hold_is_a_flaw_of_its_member(text, flaws):
     """json.loads takes NaN, 1e400 (inf), lone surrogates and a key written twice; the reader goes on
@@ -161,16 +163,11 @@ def deltas_of(stream_args: tuple, text: str) -> tuple[list[dict], list[dict] | N
     from trtllm.runtime.tool_stream import Stream
 
     tools = ({"type": "function", "function": {"name": "f"}},)
-    stream, calls = Stream(*stream_args[:2], tools, "r0"), []
+    stream, lines = Stream(*stream_args[:2], tools, "r0"), []
     for at, c in enumerate(text):
         stream.push(c, at == len(text) - 1)
-        for d in stream.take_deltas():
-            if d["index"] == len(calls):
-                assert set(d) == {"index", "id", "type", "function"}, d
-                calls.append({"id": d["id"], "type": d["type"], "function": dict(d["function"])})
-            else:
-                assert d["index"] < len(calls) and set(d) == {"index", "function"}, (d, calls)
-                calls[d["index"]]["function"]["arguments"] += d["function"]["arguments"]
+        lines.append(stream.take_deltas())
+    calls, _ = assemble(lines)
     want = extract(text, *stream_args[:2], tools, "r0")
     return calls, want and want[1]
 
@@ -180,8 +177,6 @@ def deltas_of(stream_args: tuple, text: str) -> tuple[list[dict], list[dict] | N
     # review found a mistral call opened twice, named after the text up to another call's [ARGS]
     ("mistral", '[TOOL_CALLS]\u00a0[{"name": "f", "arguments": {"a": 1}}][TOOL_CALLS]g[ARGS]\x0c{"b": 2}'),
     ("llama3_json", '\u3000{"name": "f", "parameters": {"a": 1}};\u00a0{"name": "g", "parameters": {}}'),
-    # a name written twice (json.loads keeps the last): no first delta under the first one (a review's)
-    ("hermes", '<tool_call>{"name": "x", "name": "f", "arguments": {"a": 1}}</tool_call>'),
     # an extra key json.loads takes and no call could hold: the call is f's all the same
     ("hermes", '<tool_call>{"name": "f", "score": NaN, "x": "\\ud800", "arguments": {"city": "Paris"}}</tool_call>'),
 ])
@@ -196,13 +191,15 @@ def test_deltas_read_calls_as_tool_calls_reads_them(parser, text):
     ("llama3_json", '{"parameters": {}}; {"name": "g", "parameters": {}}'),
     ("mistral", "[TOOL_CALLS]oops [TOOL_CALLS]g[ARGS]{}"),
     ("hermes", '<tool_call>{"name": "f", "arguments": {"a": NaN}}</tool_call>'),
+    # a name written twice: no call (tool_calls), and no first delta under the first name (a review's)
+    ("hermes", '<tool_call>{"name": "x", "name": "g", "arguments": {"a": 1}}</tool_call>'),
 ])
 def test_a_call_that_cannot_be_one_stops_the_pieces(parser, text):
     """No name, no arguments, a name running into the next marker, a flaw in the arguments: no
     call (tool_calls reads none), and no later call opens past it (a review found index 1 opened
     with no index 0)."""
     calls, want = deltas_of((None, parser), text)
-    assert want is None and all(c["function"]["name"] != "g" for c in calls), calls
+    assert want is None and all(c["function"]["name"] not in ("g", "x") for c in calls), calls
 
 
 def test_the_answer_is_read_for_calls_only_where_one_has_ended(monkeypatch):

@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from tests.runtime.tool_deltas import assemble
 from trtllm.runtime.strict_json import InputError
 from trtllm.runtime.tool_calls import ToolChoice, extract, forced_guide, parse_choice
 
@@ -290,7 +291,7 @@ def test_streamed_calls_and_content_make_the_answers(parser, choice, text):
             piece, new = stream.push(text[a:b], final)
             said, given, early = said + piece, given + new, early + (len(new) if not final else 0)
             deltas += stream.take_deltas()
-        pieces = assembled(deltas)
+        pieces = assemble([deltas])[0]
         if want is None:
             assert said == text and stream.moved == bool(given or pieces), (cuts, given)
             continue
@@ -303,19 +304,6 @@ def test_streamed_calls_and_content_make_the_answers(parser, choice, text):
             assert args == '{"a": 1, "a": 2}' and json.loads(args) == json.loads(want[1][0]["function"]["arguments"])
         if trial == 60 and len(want[1]) > 1:
             assert early >= 1  # the first call came before the answer ended
-
-
-def assembled(deltas: list[dict]) -> list[dict]:
-    """The calls tool_call_deltas make: each opens with its id, type and name, then adds arguments."""
-    calls = []
-    for delta in deltas:
-        if delta["index"] == len(calls):
-            assert set(delta) == {"index", "id", "type", "function"}, delta
-            calls.append({"id": delta["id"], "type": delta["type"], "function": dict(delta["function"])})
-        else:
-            assert set(delta) == {"index", "function"} and list(delta["function"]) == ["arguments"], delta
-            calls[delta["index"]]["function"]["arguments"] += delta["function"]["arguments"]
-    return calls
 
 
 def test_streamed_calls_wait_for_text_that_may_begin_a_call():
@@ -363,3 +351,30 @@ def test_a_call_ends_where_a_later_possible_end_in_its_piece_does_not_read():
     assert pythonic.push("[now()") == ("", [])
     got = pythonic.push(', get_weather(city=(1, 2),')[1]
     assert [(c["index"], c["function"]["name"]) for c in got] == [(0, "now")]
+
+
+@pytest.mark.parametrize("parser, choice, text", [
+    ("hermes", None, '<tool_call>{"name": "f", "arguments": {"city": "Paris"}, "arguments": {}}</tool_call>'),
+    ("hermes", None, '<tool_call>{"name": "f", "arguments": {"a": 1}, "name": "g"}</tool_call>'),
+    ("llama3_json", None, '{"name": "f", "name": "g", "parameters": {}}'),
+    ("mistral", None, '[TOOL_CALLS][{"name": "f", "arguments": {}, "arguments": {"a": 1}}]'),
+    (None, ToolChoice("required"), '[{"name": "f", "parameters": {}, "name": "g"}]'),
+])
+def test_a_call_object_with_its_name_or_arguments_written_twice_is_no_call(parser, choice, text):
+    """Which one was meant? json.loads keeps the last, --stream would have given the first (a review
+    found the deltas contradicting the final call); a key twice inside the arguments is their own."""
+    assert extract(text, choice, parser, TOOLS, key="r0") is None
+    inner = '<tool_call>{"name": "f", "arguments": {"a": 1, "a": 2}}</tool_call>'
+    assert [c["function"]["arguments"] for c in extract(inner, None, "hermes", TOOLS, key="r0")[1]] == ['{"a": 2}']
+
+
+def test_two_tools_parameters_of_one_id_are_refused_under_required():
+    """"required" puts every tool's parameters in one schema: two resources of one `$id` would take
+    each other's references (a review found a's `#/$defs/P` read as b's)."""
+    tools = tuple({"type": "function", "function": {"name": name, "parameters": {
+        "$id": "urn:same", "type": "object", "properties": {"p": {"$ref": "#/$defs/P"}}, "$defs": {"P": {"type": t}}}}}
+        for name, t in (("a", "string"), ("b", "integer")))
+    with pytest.raises(InputError, match=r'`tools\[1\].function.parameters\["\$id"\]` must be an `\$id` no other'):
+        forced_guide(ToolChoice("required"), tools, "tool_choice", "tools")
+    same = (tools[0], {"type": "function", "function": {"name": "b", "parameters": tools[0]["function"]["parameters"]}})
+    assert forced_guide(ToolChoice("required"), same, "tool_choice", "tools")  # (one schema twice: fine)

@@ -10,6 +10,7 @@ import shutil
 import pytest
 
 from tests.runtime.test_chat_template import QWEN_TOOLS
+from tests.runtime.tool_deltas import assemble
 from trtllm.runtime import request_checks, tool_calls
 
 pytest.importorskip("torch")  # the tiny engine is built with the builder
@@ -72,22 +73,6 @@ def _calls(response: dict) -> list[tuple[str, object]]:
     return [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in response["tool_calls"]]
 
 
-def _deltas(lines: list[dict]) -> tuple[list[dict], list[int]]:
-    """The calls --stream's tool_call_deltas make, and the line of each call's first delta: a call
-    opens with its id, type and name (arguments ""), then adds only arguments."""
-    calls, opened = [], []
-    for n, line in enumerate(lines):
-        for delta in line.get("tool_call_deltas", []):
-            if delta["index"] == len(calls):
-                assert set(delta) == {"index", "id", "type", "function"} and delta["function"]["arguments"] == ""
-                calls.append({"id": delta["id"], "type": delta["type"], "function": dict(delta["function"])})
-                opened.append(n)
-            else:
-                assert set(delta) == {"index", "function"} and list(delta["function"]) == ["arguments"], delta
-                calls[delta["index"]]["function"]["arguments"] += delta["function"]["arguments"]
-    return calls, opened
-
-
 def test_tool_choice_forces_calls_and_a_parser_reads_them(run_cli, tmp_path, tiny_engine):
     engine = tmp_path / "engine"
     shutil.copytree(tiny_engine("llama"), engine)
@@ -140,7 +125,7 @@ def test_tool_choice_forces_calls_and_a_parser_reads_them(run_cli, tmp_path, tin
         assert given == ([] if idx else [{"index": 0, **call} for call in read["tool_calls"]])
         assert own[-1].get("tool_calls") == (None if idx else read["tool_calls"])
         # and piece by piece: the call opens with its name before it ends, its pieces make its arguments
-        pieces, opened = _deltas(own)
+        pieces, opened = assemble([line.get("tool_call_deltas", []) for line in own])
         assert pieces == ([] if idx else read["tool_calls"])
         ended = next((n for n, line in enumerate(own) if "new_tool_calls" in line), None)
         assert idx or opened[0] < ended
@@ -158,7 +143,7 @@ def test_tool_choice_forces_calls_and_a_parser_reads_them(run_cli, tmp_path, tin
     given = [call for line in lines if line["request_idx"] == 0 for call in line.get("new_tool_calls", [])]
     assert given == [{"index": 0, **named["tool_calls"][0]}]  # (as it ends: a forced call is the answer)
     own = [line for line in lines if line["request_idx"] == 0]
-    assert _deltas(own) == (named["tool_calls"], [0])  # (its name known: it opens on the first line)
+    assert assemble([line.get("tool_call_deltas", []) for line in own]) == (named["tool_calls"], [0])  # (its name known: it opens on the first line)
     assert not any("content_text" in line for line in lines if line["request_idx"] == 0)
 
 
