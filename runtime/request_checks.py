@@ -3,7 +3,7 @@ reason fails that request alone, naming the setting's JSON path. Checks that nee
 the input file's (runtime/input_format.py); those of ids against the vocabulary, input_checks.py."""
 from __future__ import annotations
 
-from trtllm.runtime import bans
+from trtllm.runtime import bans, grammar, tool_calls
 from trtllm.runtime import input_format as fmt
 
 
@@ -82,3 +82,18 @@ def token_problem(p, req: fmt.Request, index: int, tokenizer, manifest) -> str |
                 f"max_input_len {limit}; rebuild with a larger --max-input-len, or give truncate_prompt_tokens (-1 "
                 "keeps its last max_input_len)")
     return None
+
+
+def uncompiled_tool(req: fmt.Request, index: int, grammars) -> str | None:
+    """A forced tool choice whose grammar does not compile: the tool whose parameters do not alone,
+    by its path (the choice itself is sound); `grammars()`: the run's runtime/grammar.py Grammars."""
+    if not tool_calls.forced(req.tool_choice) or not req.tools:
+        return None
+    tools = [(f"{req.where(index, 'tools')}[{j}].function.parameters", tool["function"].get("parameters"))
+             for j, tool in enumerate(req.tools) if isinstance(tool.get("function"), dict)
+             and req.tool_choice.name in (None, tool["function"].get("name"))]
+    try:
+        return grammar.first_schema_error([(at, schema) for at, schema in tools if schema is not None],
+                                          grammars().tokenizer())
+    except Exception:  # noqa: BLE001 - only a better message: the whole grammar's error stands
+        return None

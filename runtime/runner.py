@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from trtllm.runtime import input_format as fmt
-from trtllm.runtime import beam_requests, grammar, interrupt, reasoning, request_checks, tool_calls, tool_stream
+from trtllm.runtime import beam_requests, interrupt, reasoning, request_checks, tool_calls, tool_stream
 from trtllm.runtime.chat_template import ChatTemplate, ChatTemplateError, raw_prompt
 from trtllm.runtime.engine import Engine
 from trtllm.runtime.generate import PrefixSource, RowState, Timing, run_rows
@@ -119,7 +119,7 @@ class Runner:
             matcher = self.grammars().matcher(guide)
             error = matcher.bias(np.zeros(self.engine.manifest.model.vocab_size, np.float32), {})
         except ValueError as e:
-            return self.tool_schema_error(p) or str(e)
+            return request_checks.uncompiled_tool(p.request, p.index, self.grammars) or str(e)
         except ImportError as e:  # a runtime installed without its dependencies
             return f"`{guide.path}`: guided decoding needs llguidance ({e}): pip install llguidance"
         except (KeyboardInterrupt, SystemExit):
@@ -130,21 +130,6 @@ class Runner:
         if error is None:
             p.guide = matcher
         return error
-
-    def tool_schema_error(self, p: Prepared) -> str | None:
-        """A forced tool choice's grammar that does not compile: the tool whose parameters do not
-        alone, by its path (the choice itself is sound)."""
-        req = p.request
-        if not tool_calls.forced(req.tool_choice) or not req.tools:
-            return None
-        tools = [(f"{req.where(p.index, 'tools')}[{j}].function.parameters", tool["function"].get("parameters"))
-                 for j, tool in enumerate(req.tools) if isinstance(tool.get("function"), dict)
-                 and (req.tool_choice.name in (None, tool["function"].get("name")))]
-        try:
-            return grammar.first_schema_error([(at, schema) for at, schema in tools if schema is not None],
-                                              self.grammars().tokenizer())
-        except Exception:  # noqa: BLE001 - only a better message: the whole grammar's error stands
-            return None
 
     def prepare(self, index: int, req: fmt.Request, inp: fmt.InputFile, adapters: AdapterSet) -> Prepared:
         """The request as ids (`prepared`), or why it cannot run; a failure of ours in doing so is
