@@ -97,8 +97,11 @@ def main(model, output, profile, lora, eagle, no_verify, **options):
             given = profile_defaults(profile)
         except ConfigError:  # the profile itself is what is wrong
             given = {}
+        # (a setting named before ", got ..." is what is refused or what it needs; those after it are
+        # the context the message quotes, which the profile may well have set rightly)
+        head = str(e).split(", got ")[0]
         from_profile = [key for key in given if options.get(key) is None and (
-            f"--{key.replace('_', '-')} " in f"{e} " or str(e).startswith(f"{key} "))]  # (trt_version: no flag)
+            f"--{key.replace('_', '-')} " in f"{head} " or head.startswith(f"{key} "))]  # (trt_version: no flag)
         where = f" (\"{from_profile[0]}\" comes from --profile {profile})" if from_profile else ""
         raise click.UsageError(f"{e}{where}") from e
     start = time.perf_counter()

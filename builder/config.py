@@ -14,6 +14,7 @@ from importlib import resources
 from pathlib import Path
 
 from trtllm.runtime import strict_json
+from trtllm.runtime.input_format import MAX_BATCH_SIZE
 from trtllm.runtime.manifest import DTYPES, GRAPHS, QUANTIZATIONS  # what an engine may say
 
 BACKENDS = ("auto", "onnxruntime", "tensorrt")
@@ -132,6 +133,10 @@ class BuildConfig:
             if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_LIMIT:
                 raise ConfigError(f"--{name.replace('_', '-')} must be an integer in [1, {MAX_LIMIT}] (TensorRT's "
                                   f"shapes are int32), got {value!r}")
+        if self.max_batch_size > MAX_BATCH_SIZE:  # (rows past it would be built, and paid for, but never run)
+            raise ConfigError(f"--max-batch-size must be at most {MAX_BATCH_SIZE}: trtllm-run runs at most that many "
+                              f"rows at once (an input's batch_size is 1 to {MAX_BATCH_SIZE}, as Edge-LLM's), got "
+                              f"{self.max_batch_size}")
         if isinstance(self.max_lora_rank, bool) or not isinstance(self.max_lora_rank, int) \
                 or not 0 <= self.max_lora_rank <= MAX_LORA_RANK:
             raise ConfigError(f"--max-lora-rank must be an integer in [0, {MAX_LORA_RANK}], got {self.max_lora_rank!r}")

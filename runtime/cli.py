@@ -114,9 +114,11 @@ def prefill_chunk(value: int) -> int:
 MIN_CHUNK = 16  # smaller chunks only add steps: a step's cost is mostly reading the weights
 
 
-def generation_defaults(engine_dir: Path, manifest) -> dict:
+def generation_defaults(engine_dir: Path, manifest) -> tuple[dict, dict]:
     """--sampling-defaults model: the engine's generation_config.json as transformers' generate()
-    reads it (none: its defaults, greedy), checked as an input file's top level would be."""
+    reads it (none: its defaults, greedy), each value checked as an input file's top level would be:
+    (the values, the refused ones' messages: they stop the run only where the file and the command
+    line leave them to the config, fmt.read_input)."""
     path = engine_dir / manifest.files.get("generation_config", "generation_config.json")
     try:
         config = json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
@@ -124,17 +126,27 @@ def generation_defaults(engine_dir: Path, manifest) -> dict:
             raise ValueError("not a JSON object")
     except (OSError, ValueError) as e:
         fail_usage(f"--sampling-defaults model: {files.shown(path)} cannot be read ({e})")
+    def refusal(e: fmt.InputError) -> str:  # named by the config's key
+        theirs = CONFIG_NAMES.get(e.json_path, e.json_path)
+        return (f"--sampling-defaults model: {files.shown(path)}: its `{theirs}` is refused ("
+                f"{str(e).replace(f'`{e.json_path}`', f'`{theirs}`')})")
     try:
         defaults = model_defaults(config)
-        settings = fmt.parse_input({**defaults, "requests": [{"messages": []}]})
-        limits = input_checks.check_limits(settings, manifest.max_top_k, manifest.model.vocab_size)
-        if limits:  # (a value the engine cannot take, as a request's would be)
-            raise fmt.InputError("top_k", limits[0][1])
-    except fmt.InputError as e:  # named by the config's key
-        theirs = CONFIG_NAMES.get(e.json_path, e.json_path)
-        fail_usage(f"--sampling-defaults model: {files.shown(path)}: its `{theirs}` is refused ("
-                   f"{str(e).replace(f'`{e.json_path}`', f'`{theirs}`')})")
-    return defaults
+    except fmt.InputError as e:  # (the config itself inconsistent: temperature 0 with do_sample)
+        fail_usage(refusal(e))
+    refused, kept = {}, dict(defaults)
+    while True:  # (each refused value taken out in turn: the others are checked together, as they apply)
+        try:
+            settings = fmt.parse_input({**kept, "requests": [{"messages": []}]})
+            limits = input_checks.check_limits(settings, manifest.max_top_k, manifest.model.vocab_size)
+            if limits:  # (a value the engine cannot take, as a request's would be)
+                raise fmt.InputError("top_k", limits[0][1])
+            return defaults, refused
+        except fmt.InputError as e:
+            if e.json_path not in kept:
+                fail_usage(refusal(e))
+            refused[e.json_path] = refusal(e)
+            del kept[e.json_path]
 
 
 def check_batch_size(inp: fmt.InputFile, manifest) -> None:
@@ -252,10 +264,13 @@ def serve(input_file: Path, engine_dir: Path, output: str | None, profile: str |
         bundled = tuple(manifest.lora.get("adapters", {})) if manifest.lora else None  # None: it takes none
     except mf.ManifestError:
         manifest, bundled = None, ()
-    defaults = generation_defaults(engine_dir, manifest) if model_defaults and manifest is not None else None
+    defaults, refused = generation_defaults(engine_dir, manifest) if model_defaults and manifest is not None \
+        else (None, {})
     try:
         inp = fmt.read_input(input_file, bundled, isolate=True, overrides=overrides,
-                             defaults=defaults)  # a bad request fails alone
+                             defaults=defaults, refused=refused)  # a bad request fails alone
+    except fmt.RefusedDefault as e:
+        fail_usage(e.message)
     except fmt.InputError as e:
         fail_usage(f"{files.shown(input_file)}: {e}")
     check_writable(output, "--output")

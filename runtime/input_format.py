@@ -340,12 +340,22 @@ PLACEHOLDER = Request(messages=(), lora_name=None, save_system_prompt_kv_cache=F
                       stop=(), logit_bias={}, num_logprobs=0)
 
 
+class RefusedDefault(InputError):
+    """A default (--sampling-defaults model) that would apply and is refused: `message` says so."""
+
+    def __init__(self, name: str, message: str):
+        super().__init__(name, message)
+        self.message = message
+
+
 def read_input(path: str | os.PathLike, bundled_loras: tuple[str, ...] | None = (), isolate: bool = False,
-               overrides: dict | None = None, defaults: dict | None = None) -> InputFile:
+               overrides: dict | None = None, defaults: dict | None = None,
+               refused: dict[str, str] | None = None) -> InputFile:
     """Read and validate an input JSON file; every failure is an `InputError`, but, with `isolate`,
     a bad request's (parse_input). `overrides`: trtllm-run's --batch-size and --max-generate-length
     (apply_overrides); `defaults`: top-level settings where the file gives none
-    (generation_config.model_defaults)."""
+    (generation_config.model_defaults), `refused`: those of them that cannot be used, name -> why
+    (RefusedDefault where one would apply)."""
     name = os.fspath(path)
     label = f"input file `{files.shown(name)}`"
     try:
@@ -356,6 +366,9 @@ def read_input(path: str | os.PathLike, bundled_loras: tuple[str, ...] | None = 
     obj = _decode(data, label)
     injected = [name for name in defaults or () if name not in obj and name not in (overrides or {})
                 ] if isinstance(obj, dict) else []
+    for name in injected:
+        if name in (refused or {}):
+            raise RefusedDefault(name, refused[name])
     if injected:
         obj = _replaced(obj, {name: defaults[name] for name in injected})
 

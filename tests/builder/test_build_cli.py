@@ -22,6 +22,8 @@ ARCHS = ["llama", "mistral", "qwen2", "qwen3"]
     (["--dtype", "bfloat16", "--cpu-kernels", "onnxruntime", "--backend", "onnxruntime"],
      "--dtype bfloat16 on ONNX Runtime runs on our CPU kernels"),
     (["--dtype", "bfloat16", "--quantization", "int8"], "takes --dtype float32 or float16"),
+    # (--backend auto: refused once it picked ONNX Runtime, before the checkpoint loads: a review found it after)
+    (["--dtype", "bfloat16", "--cpu-kernels", "onnxruntime"], "--dtype bfloat16 on ONNX Runtime runs on our CPU kernels"),
     (["--dtype", "float16", "--quantization", "int8", "--cpu-kernels", "onnxruntime", "--backend", "onnxruntime"],
      "runs on our CPU kernels"),
     (["--quantization", "int3"], "Invalid value for '--quantization'"),
@@ -37,6 +39,7 @@ ARCHS = ["llama", "mistral", "qwen2", "qwen3"]
     (["--graph", "modern", "--profile", "tensorrt-legacy"], "needs TensorRT >= 10.15, but trt_version is 10.3"),
     (["--opt-level", "9"], "--opt-level must be an integer in [0, 5]"),
     (["--max-batch-size", "0"], "--max-batch-size must be an integer in [1, 2147483647]"),
+    (["--max-batch-size", "17"], "--max-batch-size must be at most 16: trtllm-run runs at most that many rows"),
     (["--max-batch-size", "100000000000000000000"], "(TensorRT's shapes are int32), got 100000000000000000000"),
     (["--max-input-len", "9000"], "--max-input-len must be <="),
     (["--eagle", "/tmp/no-such-head", "--max-input-len", "1"], "--eagle needs --max-input-len >= 2"),
@@ -240,6 +243,10 @@ def test_a_bad_profile_value_names_the_profile(tmp_path):
     result = CliRunner().invoke(main, ["--model", str(tmp_path), "--output", str(tmp_path / "e"),
                                        "--profile", str(tmp_path / "p.json")])
     assert result.exit_code == 2 and f'"trt_version" comes from --profile {tmp_path / "p.json"}' in result.output
+    # a profile's setting the message only quotes as context is not blamed (a review found it was)
+    result = CliRunner().invoke(main, ["--model", str(tmp_path), "--output", str(tmp_path / "e"), "--activations", "int8"])
+    assert result.exit_code == 2 and "--activations int8 needs --quantization" in result.output
+    assert "comes from --profile" not in result.output, result.output
 
 
 @pytest.mark.parametrize("text, message", [(None, "nothere.json: no such file"),
