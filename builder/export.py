@@ -93,13 +93,15 @@ def export_onnx(ck: ckpt.Checkpoint, config: BuildConfig, out_dir: Path, log, ba
     gqa = ours if native else gqa_supported(spec, config.dtype)  # attention as one node: ours, or ONNX Runtime's
     quant_native = native and quant is not None
     if quant is not None and config.activations != "float32" and not quant_native:
-        raise RuntimeError(f"--activations {config.activations} needs our CPU kernels: {cpu_kernels.missing_hint()}")
+        raise ConfigError(f"--activations {config.activations} needs our CPU kernels: {cpu_kernels.missing_hint()}")
     half = half and native
     if config.kv_cache_dtype == "int8" and not (native and (ours or half)):
-        # (a 16-bit model's form runs our attention too: `half`)
+        # (a 16-bit model's form runs our attention too: `half`; the library missing is said only where it is)
         raise ConfigError("--kv-cache-dtype int8 is read by our attention kernel alone, and " +
                           (f"it needs a head size that is a multiple of 16 (this model's: {spec.head_dim})"
-                           if spec.head_dim % 16 else cpu_kernels.missing_hint()))
+                           if spec.head_dim % 16 else cpu_kernels.missing_hint() if cpu_kernels.library() is None else
+                           f"{half_obstacle(spec)}: use --dtype float32" if config.dtype != "float32" else
+                           "this model's attention is not one it runs"))
     # Draft trees need a tree mask in both graphs the runtime runs (the model's and the head's):
     # not where either's attention is ONNX Runtime's GroupQueryAttention, which takes none.
     ort_gqa = backend == "onnxruntime" and config.graph == "modern" and not native
@@ -231,10 +233,20 @@ def refuse_bfloat16(config: BuildConfig, backend: str, runs: bool, spec, what: s
     elif cpu_kernels.library() is None:
         why = cpu_kernels.missing_hint()
     else:
-        why = (f"{what} cannot run on them: its head size ({spec.head_dim}) is not a multiple of 16, or a "
-               "projection's input width (hidden_size, intermediate_size, heads x head_dim) not of 32")
+        why = half_obstacle(spec, what)
     raise ConfigError(f"--dtype bfloat16 on ONNX Runtime runs on our CPU kernels (ONNX Runtime has no bfloat16 "
                       f"CPU kernels), and {why}; use --dtype float16")
+
+
+def half_obstacle(spec, what: str = "this model") -> str:
+    """Why a 16-bit model's form cannot run on our kernels (decoder.half_supported), named."""
+    if spec.head_dim % 16:
+        return f"{what} cannot run on them: its head size ({spec.head_dim}) is not a multiple of 16"
+    for name, width in (("hidden_size", spec.hidden_size), ("intermediate_size", spec.intermediate_size),
+                        ("heads x head_dim", spec.num_heads * spec.head_dim)):
+        if width % 32:
+            return f"{what} cannot run on them: its {name} ({width}), a projection's input width, is not a multiple of 32"
+    return f"{what} cannot run on them: its attention is not one they run"
 
 
 def use_native_kernels(config: BuildConfig, runs_here: bool, log) -> bool:
@@ -243,12 +255,12 @@ def use_native_kernels(config: BuildConfig, runs_here: bool, log) -> bool:
     auto takes it when it is there, and says so."""
     if config.cpu_kernels == "onnxruntime" or not (runs_here or config.quantization != "none"):
         if config.cpu_kernels == "native":
-            raise RuntimeError("--cpu-kernels native: this model has nothing the native kernels run (they need "
+            raise ConfigError("--cpu-kernels native: this model has nothing the native kernels run (they need "
                                "--quantization int8/int4, or a head size that is a multiple of 16)")
         return False
     if cpu_kernels.library() is None:
         if config.cpu_kernels == "native":
-            raise RuntimeError(f"--cpu-kernels native: {cpu_kernels.missing_hint()}")
+            raise ConfigError(f"--cpu-kernels native: {cpu_kernels.missing_hint()}")
         log(f"cpu kernels: ONNX Runtime's own, GroupQueryAttention and MatMulNBits ({cpu_kernels.missing_hint()})")
         return False
     return True

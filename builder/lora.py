@@ -34,14 +34,23 @@ def adapter_rank(path: str) -> int:
 
 
 def with_rank(config: BuildConfig) -> BuildConfig:
-    """--max-lora-rank defaults to the largest rank of the bundled adapters."""
-    if not config.lora or config.max_lora_rank:
+    """--max-lora-rank defaults to the largest rank of the bundled adapters; one below it is refused
+    here, before the export (it may come from a --profile)."""
+    if not config.lora:
         return config
     try:
-        rank = max(adapter_rank(path) for _, path in config.lora)
+        ranks = {name: adapter_rank(path) for name, path in config.lora}
     except rt_lora.AdapterError as e:
         raise ConfigError(f"--lora: {e}") from None
-    return dataclasses.replace(config, max_lora_rank=rank)
+    if not config.max_lora_rank:
+        return dataclasses.replace(config, max_lora_rank=max(ranks.values()))
+    over = [(name, rank) for name, rank in ranks.items() if rank > config.max_lora_rank]
+    if over:
+        name, rank = over[0]
+        raise ConfigError(f"--lora {name}: rank {rank}, above the engine's max_lora_rank {config.max_lora_rank}; rebuild "
+                          f"with --max-lora-rank {max(ranks.values())} (that {config.max_lora_rank} is --max-lora-rank's, "
+                          "or a --profile's max_lora_rank where it is not given)")
+    return config
 
 
 def bundle(config: BuildConfig, manifest: Manifest, out_dir: Path, log) -> Manifest:

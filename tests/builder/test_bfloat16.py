@@ -182,3 +182,19 @@ def test_without_our_kernels_the_engine_names_a_rebuild_that_works(tiny_checkpoi
     monkeypatch.setattr(cpu_kernels, "library", lambda: None)
     with pytest.raises(ManifestError, match="rebuild the engine with --dtype float16"):
         load_engine(out)
+
+
+def test_a_16_bit_model_our_kernels_cannot_take_is_told_which_dimension(monkeypatch):
+    """The refusal names what stands in the way (a review found an either-or text, and for
+    --kv-cache-dtype int8 with float16 a library 'built from other sources' that was not)."""
+    from types import SimpleNamespace
+
+    from trtllm.builder import export
+    from trtllm.builder.config import BuildConfig, ConfigError
+
+    spec = SimpleNamespace(head_dim=16, hidden_size=64, intermediate_size=80, num_heads=4)
+    assert "its intermediate_size (80), a projection's input width, is not a multiple of 32" in export.half_obstacle(spec)
+    assert "head size (8) is not a multiple of 16" in export.half_obstacle(SimpleNamespace(**{**vars(spec), "head_dim": 8}))
+    monkeypatch.setattr(export.cpu_kernels, "library", lambda: "libtrtllm_cpu.so")
+    with pytest.raises(ConfigError, match=r"intermediate_size \(80\)"):
+        export.refuse_bfloat16(BuildConfig(model="m", output="o", dtype="bfloat16"), "onnxruntime", False, spec)

@@ -297,13 +297,13 @@ def test_without_the_library(quantized, tiny_checkpoint, tmp_path, monkeypatch):
     load_engine(engines["int4-ort"])  # MatMulNBits: needs nothing of ours
     ckpt = tiny_checkpoint("llama")
     config = dict(model=str(ckpt), quantization="int4", max_input_len=64, max_kv_cache_capacity=128, verify=False)
-    with pytest.raises(RuntimeError, match="--cpu-kernels native: the native CPU kernel library"):
+    with pytest.raises(ConfigError, match="--cpu-kernels native: the native CPU kernel library"):  # (exit 2)
         build(BuildConfig(output=str(tmp_path / "a"), cpu_kernels="native", **config), log=lambda m: None)
     logs = []
     out = build(BuildConfig(output=str(tmp_path / "b"), **config), log=logs.append)
     assert any("MatMulNBits" in line for line in logs)
     assert not cpu_kernels.needed_by(json.loads((out / "manifest.json").read_text())["lowerings"])
-    with pytest.raises(RuntimeError, match="--activations int8 needs our CPU kernels: .*scripts/setup.sh"):
+    with pytest.raises(ConfigError, match="--activations int8 needs our CPU kernels: .*scripts/setup.sh"):
         build(BuildConfig(output=str(tmp_path / "c"), activations="int8", **config), log=lambda m: None)
     with pytest.raises(ConfigError, match="--cpu-kernels must be one of"):
         BuildConfig(model="m", output="o", cpu_kernels="fast")

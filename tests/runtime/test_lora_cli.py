@@ -319,3 +319,17 @@ def test_an_adapter_name_on_an_engine_without_lora_inputs_says_to_rebuild(tiny_e
     error = out["responses"][1]["error"]
     assert "requests[1].lora_name" in error and "rebuild it with trtllm-build --max-lora-rank N" in error
     assert "available_lora_weights`\n" not in error and "add it to" not in error
+
+
+def test_a_profiles_lora_rank_below_an_adapters_is_refused_before_the_export(tiny_checkpoint, lora_engines, tmp_path,
+                                                                              monkeypatch):
+    """A --profile's max_lora_rank below a bundled adapter's: refused before the graph is written,
+    saying where the rank came from (a review found it after the whole export)."""
+    from trtllm.builder import export
+
+    _, adapters = lora_engines
+    monkeypatch.setattr(export, "export_onnx", lambda *a, **k: pytest.fail("exported before the refusal"))
+    with pytest.raises(ConfigError, match="rank 8, above the engine's max_lora_rank 4; rebuild with --max-lora-rank 8 "
+                                          r"\(that 4 is --max-lora-rank's, or a --profile's"):
+        build(BuildConfig(model=str(tiny_checkpoint("llama")), output=str(tmp_path / "e"), max_lora_rank=4,
+                          lora=(("big", str(adapters / "big")),), verify=False, **LIMITS), log=lambda m: None)
