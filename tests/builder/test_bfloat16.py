@@ -189,7 +189,7 @@ def test_a_16_bit_model_our_kernels_cannot_take_is_told_which_dimension(monkeypa
     --kv-cache-dtype int8 with float16 a library 'built from other sources' that was not)."""
     from types import SimpleNamespace
 
-    from trtllm.builder import export
+    from trtllm.builder import kernel_choice as export
     from trtllm.builder.config import BuildConfig, ConfigError
 
     spec = SimpleNamespace(head_dim=16, hidden_size=64, intermediate_size=80, num_heads=4)
