@@ -191,11 +191,12 @@ def test_a_mistyped_w4a16_graph_fails_the_stand_in_parser(tiny_checkpoint, tmp_p
 
 
 def test_onnx_runtimes_own_kernels_are_refused_under_backend_auto(tiny_checkpoint, tmp_path):
-    """--backend auto resolves to ONNX Runtime at build time: the refusal names --cpu-kernels
-    onnxruntime as the reason (not a stale library), before anything is written."""
+    """--backend auto resolves to ONNX Runtime at build time: the refusal names ONNX Runtime's own
+    kernels as the reason (not a stale library), before the checkpoint loads."""
     from trtllm.builder.config import ConfigError
 
-    with pytest.raises(ConfigError, match="--cpu-kernels onnxruntime asks for them; use --dtype float32"):
+    with pytest.raises(ConfigError, match=r"ONNX Runtime's own \(MatMulNBits, GroupQueryAttention\) take one type "
+                                          r"for both: use --dtype float32 or --cpu-kernels auto\|native"):
         build(BuildConfig(model=str(tiny_checkpoint("llama")), output=str(tmp_path / "e"), quantization="int8",
                           dtype="float16", cpu_kernels="onnxruntime", **LIMITS), log=lambda m: None)
     assert not (tmp_path / "e").exists()
