@@ -73,6 +73,18 @@ class Grammars:
         return (tag_error(guide, tokenizer, self.special) or reason(m.get_error())) if m.is_error() else m
 
 
+def alone_error(make, tokenizer) -> str | None:
+    """Why one part's grammar (`make()`: its Lark text) does not compile alone, on one line, or None:
+    what names a failing part of a larger grammar, whose own error names none."""
+    from llguidance import LLMatcher
+
+    try:
+        error = LLMatcher.validate_grammar(make(), tokenizer)
+    except (ValueError, TypeError) as e:
+        error = str(e)
+    return one_line(error) if error else None
+
+
 def tag_error(guide: Guide, tokenizer, special: dict[str, int] | None = None) -> str | None:
     """Why a structural tag does not compile, where one of its parts (a schema, a regex, a token)
     does not alone: named by that part's path (the whole grammar's error names none). Asked only
@@ -81,20 +93,17 @@ def tag_error(guide: Guide, tokenizer, special: dict[str, int] | None = None) ->
         return None
     from llguidance import LLMatcher
 
+    def grammar_of(node: dict) -> str:
+        if node["type"] == "json_schema":
+            return LLMatcher.grammar_from_json_schema(json.dumps(node["json_schema"]))
+        token = node.get("token")
+        token = (special or {}).get(token, token) if isinstance(token, str) else token
+        one = f"/{structural_tag.slashes(node['pattern'])}/" if node["type"] == "regex" else f"<[{token}]>"
+        return f"%llguidance {{}}\nstart: {one}\n"
+
     for node in structural_tag.parts(json.loads(guide.text)):
-        try:
-            if node["type"] == "json_schema":
-                grammar = LLMatcher.grammar_from_json_schema(json.dumps(node["json_schema"]))
-            else:
-                token = node.get("token")
-                token = (special or {}).get(token, token) if isinstance(token, str) else token
-                one = f"/{structural_tag.slashes(node['pattern'])}/" if node["type"] == "regex" else f"<[{token}]>"
-                grammar = f"%llguidance {{}}\nstart: {one}\n"
-            error = LLMatcher.validate_grammar(grammar, tokenizer)
-        except (ValueError, TypeError) as e:
-            error = str(e)
-        if error:
-            return f"`{node['at']}`: {one_line(error)}"
+        if error := alone_error(lambda: grammar_of(node), tokenizer):
+            return f"`{node['at']}`: {error}"
     return None
 
 
@@ -104,12 +113,8 @@ def first_schema_error(schemas: list[tuple[str, object]], tokenizer) -> str | No
     from llguidance import LLMatcher
 
     for path, schema in schemas:
-        try:
-            error = LLMatcher.validate_grammar(LLMatcher.grammar_from_json_schema(json.dumps(schema)), tokenizer)
-        except (ValueError, TypeError) as e:
-            error = str(e)
-        if error:
-            return f"`{path}` does not compile: {one_line(error)}"
+        if error := alone_error(lambda: LLMatcher.grammar_from_json_schema(json.dumps(schema)), tokenizer):
+            return f"`{path}` does not compile: {error}"
     return None
 
 

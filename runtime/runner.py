@@ -67,10 +67,11 @@ def stage_profile(name: str, seconds: list[float]) -> dict:
             "gpu_time_stats": {k: v if k == "count" else float(v) for k, v in stats.items()}}
 
 
-def sampling_params(req: fmt.Request, bad_words: tuple[tuple[int, ...], ...] = (), index: int | None = None,
-                    guide_at: str | None = None) -> SamplingParams:
+def sampling_params(req: fmt.Request, bad_words: tuple[tuple[int, ...], ...] = (),
+                    index: int | None = None) -> SamplingParams:
     """`bad_words`: the request's, tokenized (bans.request_sequences); `index`: its place in the file,
-    whose JSON paths an error names (`guide_at`: where its grammar was given)."""
+    whose JSON paths an error names (its grammar's: where it was given, guided_decoding or tool_choice)."""
+    guide_at = req.guided_decoding.path if req.guided_decoding is not None else None
     return SamplingParams(
         temperature=req.temperature, top_k=req.top_k, top_p=req.top_p, min_p=req.min_p,
         repetition_penalty=req.repetition_penalty, presence_penalty=req.presence_penalty,
@@ -201,7 +202,7 @@ class Runner:
 
     def make_row(self, smp: Sample) -> RowState:
         p, req = smp.prepared, smp.prepared.request
-        params = sampling_params(req, p.bad_words, p.index, req.guided_decoding and req.guided_decoding.path)
+        params = sampling_params(req, p.bad_words, p.index)
         row = RowState(prompt_ids=p.prompt_ids, params=params, rng=sample_rng(req, smp.sample_idx),
                         eos_ids=frozenset(self.engine.manifest.eos_token_ids),
                         text=TextStream(self.tokenizer, req.stop, req.include_stop_str_in_output,
