@@ -184,9 +184,11 @@ class BuildConfig:
                               "DequantizeLinear are opset 21, the legacy graph is opset 20 (TensorRT 10.3)")
         self.refuse_dtype_combinations()
 
-    def refuse_dtype_combinations(self) -> None:
-        """--dtype with what cannot run it fails loudly, never silently."""
-        if self.dtype == "bfloat16" and self.backend == "onnxruntime" and \
+    def refuse_dtype_combinations(self, backend: str | None = None) -> None:
+        """--dtype with what cannot run it fails loudly, never silently (`backend`: the one --backend
+        auto picked, at build time; else the configured one)."""
+        backend = backend or self.backend
+        if self.dtype == "bfloat16" and backend == "onnxruntime" and \
                 (self.graph == "legacy" or self.cpu_kernels == "onnxruntime"):
             raise ConfigError(f"--dtype bfloat16 on ONNX Runtime runs on our CPU kernels (ONNX Runtime has no "
                               f"bfloat16 CPU kernels), and they take the modern graph with --cpu-kernels "
@@ -195,7 +197,7 @@ class BuildConfig:
         if self.quantization != "none" and self.dtype == "bfloat16":
             raise ConfigError(f"--quantization {self.quantization} takes --dtype float32 or float16 (its scales are "
                               "float16 values, which bfloat16 does not hold), got bfloat16")
-        if self.quantization != "none" and self.dtype == "float16" and self.backend == "onnxruntime" \
+        if self.quantization != "none" and self.dtype == "float16" and backend == "onnxruntime" \
                 and self.cpu_kernels == "onnxruntime":
             raise ConfigError(f"--quantization {self.quantization} --dtype float16 on ONNX Runtime runs on our CPU "
                               "kernels (float32 activations, a float16 KV cache); ONNX Runtime's own (MatMulNBits, "

@@ -9,7 +9,6 @@ one was. Its names are new each build: a user's `<output>.old` or `<output>.part
 """
 from __future__ import annotations
 
-import copy
 import dataclasses
 import json
 import os
@@ -395,10 +394,7 @@ def build(config: BuildConfig, log=print) -> Path:
             if value not in (default, "onnxruntime"):
                 raise ConfigError(f"{option} {value} is for ONNX Runtime's CPU kernels, and --backend auto picked "
                                   "TensorRT: add --backend onnxruntime")
-    if config.backend == "auto":  # what the picked backend cannot run: refused now, not once the checkpoint loaded
-        picked = copy.copy(config)
-        object.__setattr__(picked, "backend", backend)  # (a frozen copy: the rest of its checks are done)
-        picked.refuse_dtype_combinations()
+    config.refuse_dtype_combinations(backend)  # (--backend auto: what it picked, before the checkpoint loads)
     out_dir = Path(config.output).expanduser().resolve()
     check_output(config, out_dir)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
