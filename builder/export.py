@@ -216,13 +216,22 @@ def export_draft(draft: "eagle.Draft", config: BuildConfig, out_dir: Path, log, 
             "source": {"path": str(draft.path.resolve()), "sha256": ckpt.weights_hash(sorted(draft.path.glob("*.safetensors")))}}
 
 
-def number_format(config: BuildConfig) -> str:
-    """What verify.py calls the engine's numbers: int8, int4, int4/int8 (activations) or the dtype, and
-    " kv-int8" after it with an int8 KV cache."""
+def quant_activations(config: BuildConfig, backend: str, lowerings) -> str:
+    """What the quantized MatMuls multiply their weights with: --activations on our kernel
+    (MatMulBlockQuant); int8 on ONNX Runtime's MatMulNBits (accuracy level 4, whatever --activations
+    says: it is "float32" there); the engine's float on TensorRT (weight-only dequantization)."""
+    if backend == "onnxruntime" and config.quantization != "none" and cpu_kernels.LOWERING not in lowerings:
+        return "int8"
+    return config.activations
+
+
+def number_format(config: BuildConfig, activations: str) -> str:
+    """What verify.py calls the engine's numbers: int8, int4, int4/int8 (activations: quant_activations)
+    or the dtype, and " kv-int8" after it with an int8 KV cache."""
     kv = " kv-int8" if config.kv_cache_dtype == "int8" else ""
     if config.quantization == "none":
         return config.dtype + kv
-    return config.quantization + ("" if config.activations == "float32" else "/" + config.activations) + kv
+    return config.quantization + ("" if activations == "float32" else "/" + activations) + kv
 
 
 def save(model: onnx.ModelProto, out_dir: Path, name: str) -> None:
@@ -299,11 +308,12 @@ def check_chat_template(out_dir: Path, model_arg: str) -> None:
 def make_manifest(ck, config: BuildConfig, backend: str, spec, max_top_k: int, num_positions: int,
                   lowerings: list[str] = (), eagle_section: dict | None = None) -> mf.Manifest:
     pad = ck.tokenizer.pad_token_id
+    activations = quant_activations(config, backend, lowerings)
     compiled = {"onnxruntime": {"compiled": ORT_NAME}, "tensorrt": {"plan": trt_build.PLAN_NAME}}[backend]
     return mf.Manifest(
         architecture=spec.architecture, backend=backend, dtype=config.dtype, graph_profile=config.graph,
         quantization=config.quantization,
-        quantization_scheme=q.to_json() if (q := QuantScheme.named(config.quantization, config.activations)) else {},
+        quantization_scheme=q.to_json() if (q := QuantScheme.named(config.quantization, activations)) else {},
         limits=mf.Limits(max_batch_size=config.max_batch_size, max_input_len=min(config.max_input_len, num_positions),
                          max_kv_cache_capacity=num_positions, max_lora_rank=config.max_lora_rank),
         model=mf.ModelShape(vocab_size=spec.vocab_size, hidden_size=spec.hidden_size, num_layers=spec.num_layers,
@@ -431,7 +441,7 @@ def build(config: BuildConfig, log=print) -> Path:
             from trtllm.builder.verify import verify_engine
 
             log("verifying the engine against transformers")
-            report = {**verify_engine(tmp, ck, number_format(config), eagle=config.eagle), "code": code}
+            report = {**verify_engine(tmp, ck, number_format(config, quant_activations(config, backend, lowerings)), eagle=config.eagle), "code": code}
             (tmp / "verify.json").write_text(json.dumps(report, indent=2) + "\n")
             log(f"verified: max |logit error| {report['max_abs_error']:.2e} over {report['num_positions']} "
                 f"positions (greedy tokens agree: {report['tokens_agree']}); top-1 agreement "

@@ -15,7 +15,7 @@
 Engine logits that are not finite fail every check. The agreement floor allows at least one
 mismatch, for a short text (a small --max-kv-cache-capacity).
 `quantization` names the engine's number format: a quantization scheme, or its dtype when unquantized,
-and "/int16" or "/int8" for integer activations (--activations).
+and "/int16" or "/int8" for integer activations (--activations, or int8 in ONNX Runtime's MatMulNBits).
 """
 from __future__ import annotations
 

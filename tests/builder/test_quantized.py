@@ -137,6 +137,8 @@ def test_fused_engine_answers_and_records_its_scheme(name, kernels, quantized, r
     assert manifest["quantization"] == name and manifest["build_config"]["cpu_kernels"] == kernels
     assert manifest["quantization_scheme"]["bits"] == int(name[-1]) and manifest["quantization_scheme"]["block_size"] == 32
     assert (cpu_kernels.LOWERING in manifest["lowerings"]) == (kernels == "native")
+    # MatMulNBits (accuracy level 4) quantizes its activations to int8, whatever --activations says
+    assert manifest["quantization_scheme"]["activations"] == ("float32" if kernels == "native" else "int8")
     assert lint_model(str(engine / "llm.onnx")) == []
     import onnx
 
@@ -204,11 +206,16 @@ def test_integer_activations_are_recorded(integer_activations):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name, floor", [("int8", 0.93), ("int4", 0.90), ("float16", 0.95), ("bfloat16", 0.93),
-                                         ("int4/int16", 0.90), ("int4/int8", 0.85), ("int8/int8", 0.90)])
+                                         ("int4/int16", 0.90), ("int4/int8", 0.85), ("int8/int8", 0.90),
+                                         ("int4/int8 onnxruntime", 0.85)])
 def test_demo_model_quantized_builds_verify_and_answer(name, floor, demo_model, tmp_path, run_cli):
+    """"onnxruntime": --cpu-kernels onnxruntime, whose MatMulNBits quantizes activations to int8 with
+    --activations left at float32: checked (and recorded) as int8 activations."""
+    name, _, kernels = name.partition(" ")
     quantization, _, activations = name.partition("/")
     options = ({"dtype": name} if name in ("float16", "bfloat16") else
-               {"quantization": quantization, "activations": activations or "float32"})
+               {"quantization": quantization, "cpu_kernels": kernels or "auto",
+                "activations": "float32" if kernels else activations or "float32"})
     out = build(BuildConfig(model=str(demo_model), output=str(tmp_path / "engine"), max_input_len=512,
                             max_kv_cache_capacity=1024, **options), log=lambda m: None)
     report = json.loads((out / "verify.json").read_text())
