@@ -1,14 +1,17 @@
-"""The build check's float32 tolerance scales with the logits: a correct engine of a model whose
-logits reach tens of thousands is off by about 0.01 in float32 arithmetic, which an absolute 1e-3
-failed as "the build is wrong"."""
+"""The build check (builder/verify.py). Its float32 tolerance scales with the logits: a correct
+engine of a model whose logits reach tens of thousands is off by about 0.01 in float32 arithmetic,
+which an absolute 1e-3 failed as "the build is wrong". And it fails engines that are wrong: by a
+fraction (exactness) or by more than their number format's floor (agreement)."""
 from __future__ import annotations
 
 import json
 import shutil
 
+import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
+from trtllm.builder import checkpoint as ckpt
 from trtllm.builder import verify
 from trtllm.builder.config import BuildConfig
 from trtllm.builder.export import build
@@ -40,3 +43,38 @@ def test_the_absolute_tolerance_alone_fails_them(huge_logits, tmp_path, monkeypa
     monkeypatch.setattr(verify, "RTOL", 0.0)
     with pytest.raises(verify.VerifyError, match="the build is wrong"):
         build_it(huge_logits, tmp_path / "engine")
+
+
+def changed(tiny_checkpoint, tmp_path, change):
+    """The tiny llama checkpoint with change(name, array) applied to its weights, loaded as the
+    build loads one: the transformers model the check compares an engine against."""
+    model = tmp_path / "changed"
+    shutil.copytree(tiny_checkpoint("llama"), model)
+    weights = load_file(model / "model.safetensors")
+    save_file({k: change(k, v) for k, v in weights.items()}, model / "model.safetensors", metadata={"format": "pt"})
+    return ckpt.load(str(model))
+
+
+def test_a_float32_engine_off_by_a_fraction_fails_the_exactness_check(tiny_engine, tiny_checkpoint, tmp_path):
+    """The engine of the llama checkpoint, checked against that checkpoint with its final norm 1%
+    larger: every top-1 token still agrees (the logits only scale), the logits do not; the same
+    engine against its own checkpoint passes."""
+    engine = tiny_engine("llama")
+    assert verify.verify_engine(engine, ckpt.load(str(tiny_checkpoint("llama"))))["tokens_agree"]
+    wrong = changed(tiny_checkpoint, tmp_path, lambda k, v: v * 1.01 if k == "model.norm.weight" else v)
+    with pytest.raises(verify.VerifyError, match="the build is wrong") as e:
+        verify.verify_engine(engine, wrong)
+    assert e.value.report["top1_agreement"] == 1.0 and e.value.report["max_abs_error"] > 1e-3
+
+
+def test_an_engine_below_its_formats_floor_fails_the_agreement_check(tiny_engine, tiny_checkpoint, tmp_path):
+    """Checked as int4 (no exactness check, the 90% floor): the engine passes against its own
+    checkpoint and fails against one whose projections carry 30% noise."""
+    engine = tiny_engine("llama")
+    assert verify.verify_engine(engine, ckpt.load(str(tiny_checkpoint("llama"))), "int4")["top1_agreement"] == 1.0
+    rng = np.random.default_rng(0)
+    wrong = changed(tiny_checkpoint, tmp_path, lambda k, v: v + 0.3 * np.abs(v).mean() * rng.standard_normal(
+        v.shape).astype(v.dtype) if k.endswith("proj.weight") else v)
+    with pytest.raises(verify.VerifyError, match="too inaccurate") as e:
+        verify.verify_engine(engine, wrong, "int4")
+    assert e.value.report["top1_agreement"] < 0.9
