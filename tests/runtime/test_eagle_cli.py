@@ -1,6 +1,7 @@
 """EAGLE through trtllm-build and trtllm-run: the answers with speculation are the answers without
 it (greedy, sampled, logprobs, stop strings, disable_spec_decode, in flight, saved system-prompt KV),
-and the profile reports it (bad draft heads: test_eagle_build.py)."""
+and the profile reports it (bad draft heads: test_eagle_build.py; other engine forms:
+test_eagle_forms.py)."""
 from __future__ import annotations
 
 import json
@@ -10,59 +11,18 @@ import numpy as np
 
 import pytest
 
-from tests import fakes
-from tests.eagle_drafts import random_draft
+from tests.runtime.eagle_cli import LIMITS, REQUESTS, answers, build_engine, chat
 from trtllm.builder.config import BuildConfig
 from trtllm.builder.export import build
 from trtllm.runtime import manifest as mf
 
 pytest.importorskip("safetensors.numpy")
 pytestmark = pytest.mark.hf
-LIMITS = dict(max_batch_size=4, max_input_len=96, max_kv_cache_capacity=192)
 
 
 @pytest.fixture(scope="module")
 def eagle_engine(tiny_checkpoint, tmp_path_factory):
-    root, ckpt = tmp_path_factory.mktemp("eagle-cli"), tiny_checkpoint("llama")
-    draft = random_draft(ckpt, root / "draft", seed=3, aux=[0, 1, 1])  # the tiny model has 2 layers
-    return build(BuildConfig(model=str(ckpt), output=str(root / "engine"), eagle=str(draft), **LIMITS),
-                 log=lambda m: None), draft
-
-
-def chat(text, **extra):
-    return {"messages": [{"role": "user", "content": text}], **extra}
-
-
-REQUESTS = [chat("Edge devices run small language models"),
-            chat("What is the capital of France?", temperature=0.8, top_k=20, seed=7),
-            chat("The quick brown fox", num_logprobs=3),
-            chat("Numbers 0 1 2 3", stop=["4"], disable_spec_decode=True),
-            chat("system user assistant tokens"),
-            chat("Héllo wörld")]
-
-
-class Near(float):
-    """A logprob that equals another within float rounding: a verification's lm_head multiplies more
-    rows than a plain step's, and its other positions' logprobs are computed in numpy, not the sampler."""
-
-    def __eq__(self, other):
-        return other is not None and abs(float(self) - float(other)) <= 1e-5
-
-    __hash__ = float.__hash__
-
-
-def near(logprobs):
-    return logprobs and [[{**e, "logprob": e["logprob"] if e["logprob"] is None else Near(e["logprob"])} for e in step]
-                         for step in logprobs]
-
-
-def answers(run_cli, engine, tmp_path, *extra, batch_size=4, requests=REQUESTS):
-    profile = tmp_path / "profile.json"
-    result, out = run_cli(engine, {"temperature": 0, "max_generate_length": 24, "batch_size": batch_size,
-                                   "requests": requests}, "--profile", str(profile), *extra)
-    assert result.exit_code == 0, result.output
-    return [(r["output_text"], r["finish_reason"], near(r.get("logprobs"))) for r in out["responses"]], \
-        json.loads(profile.read_text())
+    return build_engine(tiny_checkpoint, tmp_path_factory)
 
 
 @pytest.mark.parametrize("batch_size", [4, 2])
@@ -367,86 +327,10 @@ def test_restored_prompt_without_head_kv_proposes_as_uncached(eagle_engine, run_
         proposals[:] = []
 
 
-def same(got, want):
-    """Texts and finish reasons equal; log-probabilities within float32 rounding of another graph."""
-    assert [g[:2] for g in got] == [w[:2] for w in want]
-    for g, w in zip(got, want):
-        if w[2] is not None:
-            assert [[t["token_id"] for t in s] for s in g[2]] == [[t["token_id"] for t in s] for s in w[2]]
-            assert max(abs(a["logprob"] - b["logprob"]) for s, r in zip(g[2], w[2]) for a, b in zip(s, r)) < 1e-4
-    return True
-
-
-@pytest.mark.parametrize("batch_size", [4, 2])
-def test_tensorrt_and_legacy_graph_give_the_same_answers(eagle_engine, tiny_checkpoint, run_cli, tmp_path, batch_size):
-    """The TensorRT backend (tests/fakes: a strict stand-in that runs the plan's ONNX) builds the head's
-    own plan and speculates with it; the legacy graph (opset 20) speculates on ONNX Runtime."""
-    engine, draft = eagle_engine
-    want, _ = answers(run_cli, engine, tmp_path, batch_size=batch_size)
-    ckpt, root = str(tiny_checkpoint("llama")), tmp_path / "engines"
-    legacy = build(BuildConfig(model=ckpt, output=str(root / "legacy"), eagle=str(draft), graph="legacy",
-                               trt_version="10.3", backend="onnxruntime", **LIMITS), log=lambda m: None)
-    got, profile = answers(run_cli, legacy, tmp_path, batch_size=batch_size)
-    assert same(got, want) and profile["eagle_generation"]["drafted_tokens"] > 0
-    with fakes.installed():
-        trt = build(BuildConfig(model=ckpt, output=str(root / "trt"), eagle=str(draft), backend="tensorrt", **LIMITS),
-                    log=lambda m: None)
-        got, profile = answers(run_cli, trt, tmp_path, batch_size=batch_size)
-        # a step wider than max_input_len (the prefill profile's top) is capped, not refused by TensorRT
-        long = [{**r, "max_generate_length": 120, "ignore_eos": True} for r in REQUESTS[:2]]
-        narrow, _ = answers(run_cli, trt, tmp_path, batch_size=batch_size, requests=long)
-        wide, _ = answers(run_cli, trt, tmp_path, "--spec-draft-step", str(LIMITS["max_input_len"] + 10),
-                          batch_size=batch_size, requests=long)
-    assert same(got, want) and profile["eagle_generation"]["drafted_tokens"] > 0
-    assert same(wide, narrow)
-    m = mf.load(trt)
-    assert m.eagle["draft_step"] == 4  # a GPU verifies several tokens for about the price of one
-    assert (trt / m.eagle["plan"]).is_file() and [p["name"] for p in m.eagle["profiles"]] == ["prefill", "decode"]
-    shapes = {p["name"]: p["shapes"] for p in m.tensorrt["profiles"]}
-    assert shapes["prefill"]["verify_index"] == [[1, 0], [4, 0], [4, 96]]
-    assert shapes["decode"]["verify_index"] == [[1, 0], [4, 0], [4, 1]]
-    assert shapes["prefill"]["tree_mask"] == [[1, 1, 0], [4, 48, 0], [4, 96, 96]]
-    assert shapes["decode"]["tree_mask"] == [[1, 1, 0], [4, 1, 0], [4, 1, 1]]
-    # a GPU verifies draft trees by default (4 candidates per node); the head's plan takes them too
-    assert {p["name"]: p["shapes"] for p in m.eagle["profiles"]}["prefill"]["tree_mask"] == [[1, 1, 0], [4, 48, 0],
-                                                                                         [4, 96, 96]]
-    assert m.eagle["tree"] is True and m.eagle["draft_top_k"] == 4 and profile["eagle_generation"]["draft_top_k"] == 4
-
-
 def test_verify_report(eagle_engine):
     engine, _ = eagle_engine
     report = json.loads((engine / "verify.json").read_text())["eagle"]
     assert report["proposals_agree"] and report["hidden_max_abs_error"] < 1e-3 * max(1, report["hidden_max_abs"])
-
-
-def test_quantized_engine(eagle_engine, tiny_checkpoint, run_cli, tmp_path):
-    """int4: the head is quantized as the model is (int4 layer, int8 lm_head) and keeps its token
-    embedding in float16; speculation still changes no answer."""
-    import onnx
-
-    _, draft = eagle_engine
-    engine = build(BuildConfig(model=str(tiny_checkpoint("llama")), output=str(tmp_path / "int4"), eagle=str(draft),
-                               quantization="int4", verify=False, **LIMITS), log=lambda m: None)  # tiny random weights: int4 is inexact
-    graph = onnx.load(str(engine / mf.load(engine).eagle["onnx"]), load_external_data=False).graph
-    types = {t.name: t.data_type for t in graph.initializer}
-    assert types["model.embed_tokens.weight"] == onnx.TensorProto.FLOAT16
-    assert any(n.op_type == "DequantizeLinear" for n in graph.node)
-    plain, _ = answers(run_cli, engine, tmp_path, "--spec-draft-step", "0")
-    got, profile = answers(run_cli, engine, tmp_path, "--spec-draft-step", "3")
-    assert same(got, plain) and profile["eagle_generation"]["drafted_tokens"] > 0
-
-
-def test_bfloat16_engine(eagle_engine, tiny_checkpoint, run_cli, tmp_path):
-    """--dtype bfloat16: the head's weights and KV in bfloat16 as the model's (our kernels, float32
-    arithmetic); speculation still changes no answer."""
-    _, draft = eagle_engine
-    engine = build(BuildConfig(model=str(tiny_checkpoint("llama")), output=str(tmp_path / "bf16"), eagle=str(draft),
-                               dtype="bfloat16", verify=False, **LIMITS), log=lambda m: None)
-    manifest = mf.load(engine)
-    assert manifest.model.kv_dtype == manifest.eagle["model"]["kv_dtype"] == "bfloat16"
-    plain, _ = answers(run_cli, engine, tmp_path, "--spec-draft-step", "0")
-    got, profile = answers(run_cli, engine, tmp_path, "--spec-draft-step", "3")
-    assert same(got, plain) and profile["eagle_generation"]["drafted_tokens"] > 0
 
 
 def test_bench_eagle_script_pairs_rounds(eagle_engine, tmp_path):
