@@ -45,9 +45,7 @@ take the sampler's, as in plain decoding. A slot's draft KV past a row's positio
 before it is written again, as in the base cache.
 
 With --spec-draft-step auto (runtime/draft_policy.py), k changes from cycle to cycle, and k = 0
-pauses: a plain step, no draft run; each speculating row keeps its pair (h_p, emitted token) and
-the draft catches up on all kept pairs in one run when drafting resumes, so its KV and proposals
-are then exactly those of a run that never paused.
+pauses (runtime/spec_pause.py).
 
 Saved system prompts (runtime/prefix_cache.py) keep the draft's KV beside the base's, under their
 own key. The draft's pair at the prefix's last position holds the token after the prefix, which
@@ -67,19 +65,19 @@ from trtllm.runtime.draft_policy import DraftPolicy
 from trtllm.runtime.draft_tree import TreeDecoding
 from trtllm.runtime.drafter import Drafter
 from trtllm.runtime.engine import StepInputs
-from trtllm.runtime.generate import RowState, Scheduler, adapter_key, runs, write_position
+from trtllm.runtime.generate import RowState, Scheduler, adapter_key, write_position
 from trtllm.runtime.step_inputs import guess_ids
 from trtllm.runtime.spec_context import SpecContext, draft_key
+from trtllm.runtime.spec_pause import PAUSE_FLUSH, SpecPause
 from trtllm.runtime.spec_rules import changing, exact, greedy, held, lowering, room, sampled
 
 # (Drafter and the rules lived here once: callers import them from here still)
 __all__ = ["Drafter", "SpecScheduler", "draft_key", "exact", "greedy", "held", "lowering", "sampled"]
 
 
-PAUSE_FLUSH = 256  # while paused, the draft catches up once a row has kept this many pairs
 
 
-class SpecScheduler(SpecContext, TreeDecoding, Scheduler):
+class SpecScheduler(SpecContext, SpecPause, TreeDecoding, Scheduler):
     def __init__(self, engine, rows: list[RowState], num_slots: int, timing, on_token, prefixes, drafter: Drafter,
                  prefill_chunk: int = 0):
         super().__init__(engine, rows, num_slots, timing, on_token, prefixes, prefill_chunk)
@@ -359,44 +357,6 @@ class SpecScheduler(SpecContext, TreeDecoding, Scheduler):
             if calls:
                 self.policy.record_draft(hi, (ahead + catch) / calls)
         self.timing.generation_seconds += step_time + elapsed + ahead + catch
-
-    def paused(self, hi: int, rows: list) -> None:
-        """A plain step (auto's k = 0, no row speculating, or nothing to draft): each speculating
-        row keeps its (hidden state, token) pair for the draft, which catches up on them when
-        drafting resumes (or once PAUSE_FLUSH are kept)."""
-        pos = {s: write_position(r) for s, r in enumerate(rows) if self.speculates(r)}
-        out, step_time = super().decode()
-        if self.policy is not None:
-            self.policy.record_step(hi, 1, step_time)
-        for s, p in pos.items():
-            self.ready.pop(s, None)  # proposed before the pause: stale
-            if rows[s].finish_reason:
-                self.timing.generation_seconds += self.finish_paused(s, rows[s], self.kept.pop(s, (p, [], [])), out)
-                continue
-            _, tokens, hidden = self.kept.setdefault(s, (p, [], []))
-            tokens.append(rows[s].output_ids[-1])
-            hidden.append(out.hidden[s, 0].copy())
-        if any(len(t) >= self.flush_at for _, t, _ in self.kept.values()):
-            self.timing.generation_seconds += self.resume(hi, rows)
-
-    def resume(self, hi: int, rows: list) -> float:
-        """The draft runs the pairs kept while paused (one call for all rows): its KV is then
-        complete up to each row's position, and `ready` holds each row's next proposal."""
-        slots = sorted(s for s in self.kept if s < hi and self.speculates(rows[s]))
-        elapsed, width = 0.0, max((len(self.kept[s][1]) for s in slots), default=0)
-        # Contiguous runs of slots that kept pairs: a slot without any (admitted since the pause)
-        # must not ride along, as the draft would write its KV at positions it already holds; and
-        # one at a time where right-padding would run past a row's buffer.
-        fits = all(self.kept[s][0] + width <= self.dkv.capacity for s in slots)
-        for start, stop in runs(slots) if fits else [(s, s + 1) for s in slots]:
-            kept = [self.kept[s] for s in range(start, stop)]
-            width = max(len(t) for _, t, _ in kept)
-            hidden = np.zeros((stop - start, width, self.hidden_size), np.float32)
-            for b, (_, _, h) in enumerate(kept):
-                hidden[b, : len(h)] = np.stack(h)
-            elapsed += self.catch_up(start, rows[start:stop], [t for _, t, _ in kept], hidden, [p for p, _, _ in kept])
-        self.kept.clear()
-        return elapsed
 
     def guessing(self, row: RowState) -> bool:
         """Its drafts guess at the sampler's draws (`guess`) instead of taking the head's argmax: a row
