@@ -11,18 +11,13 @@ import numpy as np
 
 import pytest
 
-from tests.runtime.eagle_cli import LIMITS, REQUESTS, answers, build_engine, chat
+from tests.runtime.eagle_cli import LIMITS, REQUESTS, answers, chat
 from trtllm.builder.config import BuildConfig
 from trtllm.builder.export import build
 from trtllm.runtime import manifest as mf
 
 pytest.importorskip("safetensors.numpy")
 pytestmark = pytest.mark.hf
-
-
-@pytest.fixture(scope="module")
-def eagle_engine(tiny_checkpoint, tmp_path_factory):
-    return build_engine(tiny_checkpoint, tmp_path_factory)
 
 
 @pytest.mark.parametrize("batch_size", [4, 2])

@@ -5,18 +5,13 @@ from __future__ import annotations
 import pytest
 
 from tests import fakes
-from tests.runtime.eagle_cli import LIMITS, REQUESTS, answers, build_engine, same
+from tests.runtime.eagle_cli import LIMITS, REQUESTS, answers, same
 from trtllm.builder.config import BuildConfig
 from trtllm.builder.export import build
 from trtllm.runtime import manifest as mf
 
 pytest.importorskip("safetensors.numpy")
 pytestmark = pytest.mark.hf
-
-
-@pytest.fixture(scope="module")
-def eagle_engine(tiny_checkpoint, tmp_path_factory):
-    return build_engine(tiny_checkpoint, tmp_path_factory)
 
 
 @pytest.mark.parametrize("batch_size", [4, 2])
