@@ -158,7 +158,8 @@ class HeadWriter:
             g.nodes.append(sample_body.make_node(ins, outs, self.max_top_k))
             g.functions.append(sample_body.make_function(self.max_top_k,
                                                          opset=legacy_ops.OPSET if self.legacy else OPSET,
-                                                         argmax=self.gqa))   # ArgMax only in ONNX Runtime's form
+                                                         # ArgMax and a float64 CDF only in ONNX Runtime's form
+                                                         argmax=self.gqa, float64_draw=self.ort_form))
         g.output(io.token_ids, I64, ["batch"])
         if self.eagle is not None or self.verify_logits_out:
             self.verify_sampler(ins)

@@ -105,6 +105,12 @@ def parity_checks(device: str, vocab_sizes, num_cases: int, interpret: bool) -> 
             problems += stream_check(device, vocab_size, num_rows)
             checks.append({"name": f"V={vocab_size} B={num_rows}", "rows": num_checked, "problems": problems,
                            "near": near, "seconds": time.perf_counter() - start})
+    from tests.plugins.sample_cases import tail_case
+
+    start, (case, want) = time.perf_counter(), tail_case()  # tokens a float32 CDF cannot reach
+    got = triton_kernel.sample(*(torch.as_tensor(case[name], device=device) for name in ARGS), 64)[0].cpu().tolist()
+    checks.append({"name": "least likely tokens", "rows": len(got), "near": [], "seconds": time.perf_counter() - start,
+                   "problems": [] if got == want.tolist() else [f"drew {got}, want {want.tolist()}"]})
     return checks
 
 

@@ -339,23 +339,27 @@ int64_t draw(const Job& job, int64_t b, int64_t n_row, const std::vector<float>&
     w_filled = true;
   }
   // The draw: the cumulative sum in vocabulary order over kept tokens (a token not kept adds 0),
-  // in float as the reference sums. Kept tokens are found by scanning (few under top_k or top-p);
-  // with nothing restricted every token is kept: plain loops.
+  // in double as the reference sums (a float sum near 3 takes nothing from a weight below 1.2e-7:
+  // with nothing restricted, most of a large vocabulary could never be drawn). Kept tokens are
+  // found by scanning (few under top_k or top-p); with nothing restricted every token is kept:
+  // plain loops.
   const float* yp = y.data();
   if (w_filled && thr == -kInf) {
-    // Every token kept: one sequential pass (the float additions the reference's cumsum makes, in
-    // its order) keeps each running sum, and the drawn token is the first whose sum passes the target.
-    thread_local std::vector<float> sums;
+    // Every token kept: one sequential pass (the additions the reference's cumsum makes, in its
+    // order) keeps each running sum, and the drawn token is the first whose sum passes the target.
+    thread_local std::vector<double> sums;
     sums.resize(v);
-    float c = 0;
+    double c = 0;
     for (int64_t i = 0; i < v; ++i) sums[i] = c += w[i];
-    const float target = job.uniform[n_row] * c;
-    return std::min({scan<true>(sums.data(), 0, v, target), scan<false>(sums.data(), 0, v, c), v - 1});
+    const double target = static_cast<double>(job.uniform[n_row]) * c;
+    int64_t i = 0;
+    while (i < v - 1 && !(sums[i] > target || sums[i] >= c)) ++i;
+    return i;
   }
   auto next = [&](int64_t i) { return scan<false>(yp, i, v, thr); };
-  float c = 0, total = 0;
+  double c = 0, total = 0;
   for (int64_t i = next(0); i < v; i = next(i + 1)) total += w_filled ? w[i] : std::exp((y[i] - ymax) / t);
-  const float target = job.uniform[n_row] * total;
+  const double target = static_cast<double>(job.uniform[n_row]) * total;
   int64_t last = 0;
   for (int64_t i = next(0); i < v; i = next(i + 1)) {
     c += w_filled ? w[i] : std::exp((y[i] - ymax) / t);

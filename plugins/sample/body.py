@@ -49,14 +49,18 @@ class _Body:
         return out
 
 
-def make_function(max_top_k: int, opset: int = schema.OPSET, argmax: bool = False) -> onnx.FunctionProto:
+def make_function(max_top_k: int, opset: int = schema.OPSET, argmax: bool = False,
+                  float64_draw: bool = False) -> onnx.FunctionProto:
     """The FunctionProto trtllm::Sample with M = max_top_k baked in; `opset` is the body's default-domain
     opset (the calling model's: 24, or 20 for the legacy graph). Every op of the body means the same
     from opset 18 (ReduceMax/ReduceMin axes as inputs) to 24.
 
     argmax=True (ONNX Runtime's form only): greedy is ArgMax(y, select_last_index=0), which ONNX Runtime
     defines as the first maximum, the same token as the portable ReduceMin(Where(...)) and a third
-    of a millisecond cheaper per batch-8 step. TensorRT does not promise ArgMax's tie order."""
+    of a millisecond cheaper per batch-8 step. TensorRT does not promise ArgMax's tie order.
+
+    float64_draw=True (ONNX Runtime's form only): the draw's CDF in float64, as the reference's
+    (TensorRT has no float64: `_draw`)."""
     schema.check_max_top_k(max_top_k)
     if not MIN_OPSET <= opset <= schema.OPSET:
         raise ValueError(f"opset must be in [{MIN_OPSET}, {schema.OPSET}], got {opset!r}")
@@ -72,7 +76,7 @@ def make_function(max_top_k: int, opset: int = schema.OPSET, argmax: bool = Fals
     b.op("ReduceMax", "temperature", out="t_max", keepdims=0)
     b.op("Greater", "t_max", "zero_f", out="any_sampling")
     greedy = functools.partial(_greedy, argmax=argmax)
-    sampled = functools.partial(_sampled, greedy=greedy, arange=argmax)
+    sampled = functools.partial(_sampled, greedy=greedy, arange=argmax, float64=float64_draw)
     b.op("If", "any_sampling", out="token_ids", then_branch=_branch("sampled", sampled),
          else_branch=_branch("greedy", lambda sub: greedy(sub, "token_ids_greedy")))
     return helper.make_function(
@@ -148,7 +152,7 @@ def _branch(name: str, build, dtype: int = TensorProto.INT64) -> onnx.GraphProto
     return helper.make_graph(sub.nodes, name, [], [helper.make_tensor_value_info(out, dtype, None)])
 
 
-def _sampled(b: _Body, greedy, arange: bool) -> str:
+def _sampled(b: _Body, greedy, arange: bool, float64: bool) -> str:
     """Steps 4-11: the top-M of y, greedy rows, thresholds and the draw."""
     if arange:
         _arange(b)
@@ -156,7 +160,7 @@ def _sampled(b: _Body, greedy, arange: bool) -> str:
     b.op("Slice", "sy", "zero_i", "one_i_1d", "axes_1", out="ymax")              # [B, 1]
     greedy(b, "greedy", ymax="ymax")                       # [B]; the max comes from TopK, not a second pass
     _threshold(b)                                                                   # steps 5-9
-    _draw(b)                                                                        # steps 10-11
+    _draw(b, float64)                                                               # steps 10-11
     return "token_ids_sampled"
 
 
@@ -248,15 +252,24 @@ def _min_p_and_top_k(b: _Body) -> None:
     b.op("Less", "arange_m", "k_eff", out="in_k")                                   # [B, M]
 
 
-def _draw(b: _Body) -> None:
-    """Steps 10-11: inverse CDF with the caller's uniform, then the greedy override."""
+def _draw(b: _Body, float64: bool) -> None:
+    """Steps 10-11: inverse CDF with the caller's uniform, then the greedy override. `float64`: the
+    CDF summed in float64 as the reference sums (ONNX Runtime's form); TensorRT has no float64 (its
+    parser casts DOUBLE down), so its form sums in float32, where a running sum near 3 takes
+    nothing from a weight below 1.2e-7 (with nothing restricted, 2e-4 of the demo model's mass)."""
     b.op("Where", "keep", "exp_d", "zero_f", out="w")                               # [B, V]
-    b.op("CumSum", "w", "axis_1", out="c")
+    zero, u = "zero_f", "uniform"
+    if float64:
+        b.op("Cast", "w", out="w_64", to=TensorProto.DOUBLE)
+        b.op("Cast", "uniform", out="uniform_64", to=TensorProto.DOUBLE)
+        b.op("Cast", "zero_f", out="zero_64", to=TensorProto.DOUBLE)
+        zero, u = "zero_64", "uniform_64"
+    b.op("CumSum", "w_64" if float64 else "w", "axis_1", out="c")
     # only weighted tokens, the total their largest running sum: reference.py step 10 says why
     b.op("Greater", "w", "zero_f", out="weighted")
-    b.op("Where", "weighted", "c", "zero_f", out="c_weighted")
+    b.op("Where", "weighted", "c", zero, out="c_weighted")
     b.op("ReduceMax", "c_weighted", "axes_1", out="total", keepdims=1)              # [B, 1]
-    b.op("Unsqueeze", "uniform", "axes_1", out="u2")
+    b.op("Unsqueeze", u, "axes_1", out="u2")
     b.op("Mul", "u2", "total", out="target")
     b.op("Greater", "c", "target", out="past_target")
     b.op("GreaterOrEqual", "c", "total", out="at_total")
@@ -279,7 +292,7 @@ def make_node(inputs: list[str], outputs: list[str], max_top_k: int,
 
 
 def make_model(max_top_k: int, vocab_size: int | None = None, opset: int = schema.OPSET,
-               argmax: bool = False) -> onnx.ModelProto:
+               argmax: bool = False, float64_draw: bool = False) -> onnx.ModelProto:
     """A one-node model (graph I/O named as the schema), for tests and benchmarks."""
     dims = {"B": "batch", "V": vocab_size or "vocab", "K": schema.num_logprob_columns(max_top_k)}
     dtypes = {"float32": TensorProto.FLOAT, "int64": TensorProto.INT64, "bool": TensorProto.BOOL}
@@ -291,6 +304,6 @@ def make_model(max_top_k: int, vocab_size: int | None = None, opset: int = schem
         [make_node(list(schema.INPUT_NAMES), list(schema.OUTPUT_NAMES), max_top_k)], "sample",
         [info(*spec) for spec in schema.INPUTS], [info(*spec) for spec in schema.OUTPUTS])
     return helper.make_model(
-        graph, functions=[make_function(max_top_k, opset, argmax)], ir_version=11,
+        graph, functions=[make_function(max_top_k, opset, argmax, float64_draw)], ir_version=11,
         opset_imports=[helper.make_opsetid("", opset),
                        helper.make_opsetid(DOMAIN, schema.DOMAIN_VERSION)])

@@ -1,6 +1,7 @@
 """trtllm::Sample in numpy: the single source of truth for the ONNX body and any GPU kernel.
 
-Per row b (all float32; B rows, V vocabulary, M = max_top_k, K = min(50, M) logprob columns):
+Per row b (float32 but for the draw's sums; B rows, V vocabulary, M = max_top_k, K = min(50, M)
+logprob columns):
 
   1. x  = logits + logit_bias
   2. logprobs = log_softmax(x) (temperature 1, after the bias, before the penalties);
@@ -24,12 +25,15 @@ Per row b (all float32; B rows, V vocabulary, M = max_top_k, K = min(50, M) logp
        n = count(excl < top_p) (>= 1, since excl[0] = 0); n' = n if top_p < 1 else M
   9. threshold thr = sy[min(k', n') - 1], or -inf when not restricted and top_p == 1;
      keep = y >= thr (ties with the threshold are kept, as in HF's `scores < kth` masking)
- 10. w = where(keep, exp(d), 0); c = cumsum(w) in vocabulary order; total = max c where w > 0
-     token = first index with w > 0 and (c > uniform * total or c >= total) (the second clause only
-     matters when uniform * total rounds up to total; it picks the last token with weight).
-     Summed in order, total = c[-1] and w > 0 changes nothing; a parallel scan (a GPU's CumSum, the
-     Triton kernel's blocks) rounds c past the last weighted token apart from it, and without them
-     could draw a token of weight 0 (a banned one), or none
+ 10. w = where(keep, exp(d), 0) (float32); c = cumsum(w) in vocabulary order, summed in float64;
+     total = max c where w > 0; token = first index with w > 0 and (c > uniform * total or
+     c >= total) (uniform * total in float64; the second clause only matters when it rounds up to
+     total; it picks the last token with weight). float64 because a float32 running sum near 3
+     takes nothing from a weight below 1.2e-7: with nothing restricted, the demo model's 36,700
+     least likely tokens (2e-4 of the mass) could never be drawn. Summed in order, total = c[-1]
+     and w > 0 changes nothing; a parallel scan (a GPU's CumSum, the Triton kernel's blocks)
+     rounds c past the last weighted token apart from it, and without them could draw a token of
+     weight 0 (a banned one), or none
  11. token_ids = where(temperature == 0, greedy, token)
 
 Thresholds compare y with sy, which TopK returns bit-for-bit, instead of comparing z = y / t with
@@ -61,10 +65,10 @@ def sample(logits, logit_bias, penalty_bias, seen, repetition_penalty, temperatu
     greedy = np.argmax(y, axis=1)                                       # first maximum, step 4
     keep, d = _keep_mask(y, t, m, k, p, max_top_k)
     w = np.where(keep, np.exp(d), np.float32(0))                        # [B, V]
-    c = np.cumsum(w, axis=1, dtype=np.float32)                          # sequential, like CumSum
+    c = np.cumsum(w, axis=1, dtype=np.float64)                          # sequential, in float64
     weighted = w > 0
-    total = np.where(weighted, c, np.float32(0)).max(axis=1, keepdims=True)  # c[-1] when sequential
-    target = u[:, None] * total
+    total = np.where(weighted, c, 0.0).max(axis=1, keepdims=True)       # c[-1] when sequential
+    target = u[:, None].astype(np.float64) * total
     token = np.argmax(((c > target) | (c >= total)) & weighted, axis=1)  # first True
     token_ids = np.where(t == 0, greedy, token).astype(np.int64)
     return token_ids, top_logprobs.astype(np.float32), top_logprob_ids.astype(np.int64)

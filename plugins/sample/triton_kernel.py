@@ -32,8 +32,9 @@ Exactness against the reference:
     pairwise or sequentially: results differ only in the last bits, so a token can differ only
     when the uniform or a top-p/min-p cut sits within float rounding of a boundary (DESIGN.md's
     allowed difference). On NVIDIA GPUs tl.exp is the approximate ex2 (~1e-6 relative at |d| ~ 20).
-    On an H200, 2 of 257 random rows drew the exact (float64) CDF's token where the reference's
-    sequential float32 sum, 2e-4 off over 46,000 kept tokens, did not (docs/tensorrt.md).
+    The CDF is summed in float64, as the reference's: on an H200, 2 of 257 random rows drew the
+    exact CDF's token where the reference's sequential float32 sum then, 2e-4 off over 46,000 kept
+    tokens, did not (docs/tensorrt.md; measured before both went to float64).
   * The draw takes only tokens with weight: tl.cumsum rounds apart from tl.sum, so the running sum
     could pass the target first at an unkept token after the last kept one (seen on an H200).
 
@@ -192,20 +193,21 @@ def _kept_weights(ws_y, offs, ok, ymax, t_div, thr):
 
 @triton.jit
 def _draw(ws_y, V: tl.constexpr, ymax, t_div, thr, u, BLOCK: tl.constexpr):
-    """Step 10: the first token whose CDF exceeds u * total (else the last token with weight)."""
-    total = 0.0
+    """Step 10: the first token whose CDF exceeds u * total (else the last token with weight); the
+    sums in float64, as the reference's (in float32 the least likely tokens are never drawn)."""
+    total = tl.zeros([], tl.float64)
     for start in range(0, V, BLOCK):
         offs = start + tl.arange(0, BLOCK)
-        total += tl.sum(_kept_weights(ws_y, offs, offs < V, ymax, t_div, thr), 0)
-    target = u * total
-    carry = 0.0
+        total += tl.sum(_kept_weights(ws_y, offs, offs < V, ymax, t_div, thr).to(tl.float64), 0)
+    target = u.to(tl.float64) * total
+    carry = tl.zeros([], tl.float64)
     token = -1
     last = 0
     start = 0
     while (start < V) & (token < 0):
         offs = start + tl.arange(0, BLOCK)
         ok = offs < V
-        w = _kept_weights(ws_y, offs, ok, ymax, t_div, thr)
+        w = _kept_weights(ws_y, offs, ok, ymax, t_div, thr).to(tl.float64)
         c = carry + tl.cumsum(w, 0)
         # w > 0: a scan's rounding differs from tl.sum's, so c can first pass the target at unkept tokens
         # after the last kept one (the carry rounded up); the reference never draws those

@@ -140,3 +140,19 @@ def random_case(rng):
     case["logit_bias"] = np.where(masked, np.float32(-np.inf), case["logit_bias"])
     case["penalty_bias"][np.arange(rows), keep] = np.maximum(case["penalty_bias"][np.arange(rows), keep], -1)
     return case, int(rng.integers(1, min(5, max_top_k) + 1)), max_top_k
+
+
+def tail_case(vocab_size: int = 4096):
+    """(case, want): one likely token and vocab_size - 1 at logit -17, each exp(-17) = 4.1e-8 of
+    it, below what a float32 running sum near 1 can add: sampled at temperature 1 with nothing
+    restricted, the rows whose uniform passes 1 / total must draw in the tail (rows 2-5 here, at
+    0.8, 0.5, 0.2 and 0.01 of the tail's mass from its end; rows 0 and 1 draw token 0). `want`: the
+    exact draws, from the CDF 1 + i * w in closed form; a float32 CDF gives token 0 for every row."""
+    w = float(np.exp(np.float32(-17.0)))  # each tail weight as the sampler computes it, in float32
+    total = 1.0 + (vocab_size - 1) * w
+    tail = 1.0 - 1.0 / total  # the tail's share of the mass
+    uniforms = np.array([0.5, 1.0 - 1.5 * tail] + [1.0 - f * tail for f in (0.8, 0.5, 0.2, 0.01)], np.float32)
+    logits = np.full((len(uniforms), vocab_size), -17.0, np.float32)
+    logits[:, 0] = 0.0
+    want = [0 if float(u) * total < 1.0 else int((float(u) * total - 1.0) // w) + 1 for u in uniforms]
+    return make_case(logits, 1.0, 0, 1.0, uniforms), np.array(want, np.int64)

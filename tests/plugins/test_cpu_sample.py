@@ -16,6 +16,7 @@ pytestmark = pytest.mark.skipif(cpu.library() is None, reason="needs the native 
 
 from tests.plugins.cpu_ops import on_portable_path  # noqa: E402
 from tests.plugins.cpu_sample_ops import run_kernel  # noqa: E402
+from tests.plugins.sample_cases import tail_case  # noqa: E402
 from tests.plugins.test_sample_triton import INTERPRET_CONFIGS, compare, random_case  # noqa: E402
 from trtllm.plugins.sample import reference, schema  # noqa: E402
 
@@ -62,6 +63,20 @@ def test_portable_path_gives_the_same_tokens():
     for (tokens, logprobs, ids), (p_tokens, p_logprobs, p_ids) in zip(fast, portable):
         assert tokens == p_tokens and ids == p_ids
         np.testing.assert_allclose(p_logprobs, logprobs, atol=1e-6, rtol=0)
+
+
+def test_the_least_likely_tokens_are_drawn():
+    """The op (and the host's draw of one row) sums the CDF in float64, as the reference: tokens a
+    float32 running sum cannot hold are drawn where the exact CDF puts them (sample_cases.tail_case)."""
+    from trtllm.runtime import sampling
+
+    case, want = tail_case()
+    assert np.array_equal(run_kernel(case, 64)[0], want)
+    batch = sampling.SamplingBatch(**{name: np.ascontiguousarray(case[name]) for name in (
+        "logit_bias", "penalty_bias", "seen", "repetition_penalty", "temperature", "min_p", "top_k", "top_p")},
+        uniform=case["uniform"], version=np.zeros(len(want), np.int64), num_logprobs=1)
+    got = [sampling.host_draw(case["logits"][b], batch, b, case["uniform"][b], 64) for b in range(len(want))]
+    assert got == want.tolist()
 
 
 def test_a_row_of_nan_logits_fails_alone():

@@ -13,7 +13,7 @@ from trtllm.plugins.sample import body, reference, schema  # noqa: E402
 
 from tests.plugins.sample_cases import (ARGS, ambiguous, assert_close, kept_of, make_case,  # noqa: E402
                                         naive_penalized, naive_row, random_case, random_penalties, run_body,
-                                        run_reference)
+                                        run_reference, tail_case)
 
 def test_the_random_comparison_catches_a_sampler_without_penalties():
     """The deliberately wrong variant: the reference with its penalty stage left out must disagree
@@ -354,6 +354,19 @@ def test_argmax_form_gives_the_same_outputs():
                                  providers=["CPUExecutionProvider"]).run(None, greedy) for argmax in (False, True)]
     np.testing.assert_array_equal(outs[0][0], outs[1][0])
     assert (outs[1][0] == reference.sample(*greedy.values(), 64)[0]).all()
+
+
+def test_the_least_likely_tokens_are_drawn():
+    """Sampled with nothing restricted, tokens whose weights a float32 running sum cannot hold are
+    drawn where the exact CDF puts them: by the reference and ONNX Runtime's form of the body
+    (float64 sums). The wrong variant, TensorRT's form (float32 sums: it has no float64), never
+    draws one (the demo model's 36,700 least likely tokens, 2e-4 of the mass, were unreachable)."""
+    case, want = tail_case()
+    feeds = {name: case[name] for name in ARGS}
+    assert (want[2:] > 0).all() and np.array_equal(reference.sample(*feeds.values(), 64)[0], want)
+    forms = [ort.InferenceSession(body.make_model(64, float64_draw=f64, argmax=f64).SerializeToString(),
+                                  providers=["CPUExecutionProvider"]).run(None, feeds)[0] for f64 in (True, False)]
+    assert np.array_equal(forms[0], want) and (forms[1] == 0).all()
 
 
 @pytest.mark.parametrize("min_p", [0.0, 0.01])

@@ -193,6 +193,12 @@ def test_the_draw_takes_no_token_past_the_last_kept_one(interpreted):
     assert interpreted["past_kept"] == {"token": 63, "want": 63}
 
 
+def test_the_least_likely_tokens_are_drawn(interpreted):
+    """The CDF in float64, as the reference's: tokens a float32 running sum cannot hold are drawn
+    where the exact CDF puts them (sample_cases.tail_case; test_sample.py has its wrong variant)."""
+    assert interpreted["tail"]["got"] == interpreted["tail"]["want"]
+
+
 def test_wrong_variant_fails(interpreted):
     """Greedy takes the last maximum and tied logprobs go higher id first: the comparison must see it."""
     problems = interpreted["ties_last"]["problems"]
@@ -212,6 +218,11 @@ def test_gpu_kernel_matches_reference():
     assert num_rows > 100
     assert not problems, f"{len(problems)} problems:\n" + "\n".join(problems[:20])
     assert len(near) <= near_allowed(num_rows), near
+    from tests.plugins.sample_cases import tail_case
+
+    case, want = tail_case()
+    got = triton_kernel.sample(*(torch.as_tensor(case[name], device="cuda") for name in ARGS), 64)[0]
+    assert got.cpu().tolist() == want.tolist()  # the CDF in float64 on the device too
 
 
 def test_compare_takes_only_the_exact_draw_near_a_boundary():
@@ -267,7 +278,12 @@ def speed_up_interpreter() -> None:
 def _interpreter_worker() -> None:
     """Run under TRITON_INTERPRET=1: print one JSON line with both runs' results."""
     assert os.environ.get("TRITON_INTERPRET") == "1", "set TRITON_INTERPRET=1"
+    import torch
+
     from trtllm.plugins.sample import triton_kernel
+
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    from tests.plugins.sample_cases import tail_case
 
     speed_up_interpreter()
     triton_kernel.BLOCK = INTERPRET_BLOCK
@@ -280,6 +296,9 @@ def _interpreter_worker() -> None:
         result[name] = {"num_rows": num_rows, "problems": problems, "coverage": coverage,
                         "seconds": time.perf_counter() - start}
     result["past_kept"] = _scan_past_kept(triton_kernel)
+    case, want = tail_case()
+    result["tail"] = {"got": triton_kernel.sample(*(torch.as_tensor(case[name]) for name in ARGS), 64)[0].tolist(),
+                      "want": want.tolist()}
     print(json.dumps(result))
 
 
