@@ -6,6 +6,7 @@ for allowed_token_ids, the argmax over the allowed ids of transformers' logits; 
 first token, must give other tokens."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 
@@ -157,9 +158,7 @@ def test_allowed_token_ids_take_the_argmax_over_them(engine, model):
 
     allowed = frozenset(range(40, 300, 7))
     params = [sampling.SamplingParams(temperature=0, max_new_tokens=12, allowed_token_ids=allowed),
-              sampling.SamplingParams(temperature=0.9, top_k=0, top_p=1.0, max_new_tokens=12, allowed_token_ids=allowed),
-              sampling.SamplingParams(temperature=0, max_new_tokens=12, allowed_token_ids=allowed,
-                                      bad_words=((47,), (54, 61)))]
+              sampling.SamplingParams(temperature=0.9, top_k=0, top_p=1.0, max_new_tokens=12, allowed_token_ids=allowed)]
     got, _ = plain(engine, params)
     assert all(set(ids) <= allowed for ids in got)
     ids = list(PROMPTS[0])
@@ -169,7 +168,11 @@ def test_allowed_token_ids_take_the_argmax_over_them(engine, model):
             x = model(torch.tensor([ids])).logits[0, -1].numpy()
         ids.append(int(index[np.argmax(x[index])]))
     assert got[0] == ids[len(PROMPTS[0]):]
-    assert 47 not in got[2] and all(got[2][i:i + 2] != [54, 61] for i in range(11))
+    # and bad words beside them: words of that answer (its 4th token, its 7th-8th) are banned, the rest allowed
+    word, pair = got[0][3], tuple(got[0][6:8])
+    banned, _ = plain(engine, [dataclasses.replace(params[0], bad_words=((word,), pair))])
+    assert set(banned[0]) <= allowed and banned[0] != got[0] and word not in banned[0]
+    assert all(tuple(banned[0][i:i + 2]) != pair for i in range(11))
 
 
 def test_ngram_speculation_gives_plain_answers(engine, monkeypatch):
@@ -177,8 +180,6 @@ def test_ngram_speculation_gives_plain_answers(engine, monkeypatch):
     that would complete a banned word are rejected where plain decoding bans them, greedy and sampled
     (seeded: the same draws). The wrong variant, a sampled row's positions drawn by the graph under
     the step's first bans, must give other tokens."""
-    import dataclasses
-
     prompts = [list(range(30, 52)) * 2, [5, 17, 42, 99, 7] * 5, [3, 200, 11, 3, 200], [7, 7, 7, 7]]
     base = [sampling.SamplingParams(temperature=t, top_k=0, top_p=1.0, max_new_tokens=30) for t in (0, 0.3, 0, 0.5)]
     free, _ = plain(engine, base, prompts=prompts)
