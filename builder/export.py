@@ -32,6 +32,7 @@ from trtllm.builder.kernel_choice import half_obstacle, ort_activations, refuse_
 from trtllm.builder.quantize import QuantScheme
 from trtllm.plugins import cpu as cpu_kernels
 from trtllm.plugins import lint
+from trtllm.runtime import interrupt
 from trtllm.runtime import manifest as mf
 
 ONNX_NAME, ORT_NAME, ORT_SOURCE = "llm.onnx", "llm.ort.onnx", "llm.ort-source.onnx"
@@ -455,6 +456,7 @@ def build(config: BuildConfig, log=print) -> Path:
                     f"within {e['draft_max_abs_error']:.2e}, proposals agree: {e['proposals_agree']}")
         write_checksums(tmp)
         readable_by_all(tmp)
+        interrupt.check()  # (one a finalizer swallowed: the engine must not replace the old one)
         replace_engine(tmp, out_dir, stage)
     except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)

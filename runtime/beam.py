@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from trtllm.runtime import bans, kv_cache, prompt_scores, sampling
+from trtllm.runtime import bans, interrupt, kv_cache, prompt_scores, sampling
 from trtllm.runtime.beam_candidates import BeamParams, best, shaped_candidates, top_candidates
 from trtllm.runtime.engine import StepInputs
 from trtllm.runtime.kv_cache import KVCacheManager
@@ -284,6 +284,7 @@ def run_many(engine, jobs: list[tuple[list[int], BeamParams]], timing=None, done
         if lora is not None:
             inputs = dataclasses.replace(inputs, lora=lora.feeds(start, [
                 StepAdapters.IDLE if owner[s] is None else jobs[owner[s]][1].adapter for s in range(start, stop)]))
+        interrupt.check()  # an interrupt a finalizer swallowed ends the search here (interrupt.py)
         t0 = time.perf_counter()
         out = engine.step(inputs, kv.view(start, stop), want_logits=logits)
         elapsed = time.perf_counter() - t0

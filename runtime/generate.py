@@ -24,7 +24,7 @@ from collections import deque
 
 import numpy as np
 
-from trtllm.runtime import kv_cache, prompt_scores, sampling
+from trtllm.runtime import interrupt, kv_cache, prompt_scores, sampling
 from trtllm.runtime.engine import Engine, StepInputs
 from trtllm.runtime.lora import StepAdapters
 from trtllm.runtime.rows import PrefixSource, RowState, Timing
@@ -180,6 +180,7 @@ class Scheduler:
         """A row draws its random number only when the step's token is its own: not while it is
         prefilling (a chunk, a parked slot), so chunking leaves a seeded row's draws as they were;
         nor in a verification that draws its numbers itself (slots in `drawn`)."""
+        interrupt.check()  # an interrupt a finalizer swallowed ends generation here (interrupt.py)
         rows = [self.active.get(s) for s in range(start, stop)]
         sampling.draw(inputs.sampling, [r.uniforms if r is not None and not r.finish_reason and not r.prefilling
                                         and start + b not in drawn else None for b, r in enumerate(rows)])

@@ -5,6 +5,12 @@ interrupts that wait for its answers to be written.
 ends the process at once, so a build left its partial engine directory behind and a run lost the
 answers it had. As a KeyboardInterrupt, each command's own Ctrl-C path runs: the build cleans up,
 the run writes what finished (exit 130).
+
+A KeyboardInterrupt raised while Python runs a finalizer (a `__del__`, a weakref callback: an
+import's module lock has one) is printed as "Exception ignored" and dropped: the command went on
+as if no signal had come (a build then wrote its engine and exited 0). So each interrupt raised
+is also owed until its command catches it: `check()` raises it again at the points that must not
+pass one (a build before its engine replaces the old one; a run's next engine step).
 """
 from __future__ import annotations
 
@@ -13,10 +19,29 @@ import signal
 
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+_owed = False  # an interrupt was raised and its command has not caught it (`caught`)
+
+
+def _raise():
+    global _owed
+    _owed = True
+    raise KeyboardInterrupt
 
 
 def _interrupt(signum, frame):
-    raise KeyboardInterrupt
+    _raise()
+
+
+def check() -> None:
+    """Raise the interrupt a finalizer swallowed, if one did (or one on its way, not yet caught)."""
+    if _owed:
+        raise KeyboardInterrupt
+
+
+def caught() -> None:
+    """The command caught its interrupt: none is owed."""
+    global _owed
+    _owed = False
 
 
 @contextlib.contextmanager
@@ -55,6 +80,8 @@ class Watch:
                 self.pending = True
                 return
             self.raised, self.pending = True, False  # (a second one in a held block: now, for a write that hangs)
+            _raise()
+        if _owed:  # the first was swallowed (a finalizer): this one stops generation in its place
             raise KeyboardInterrupt
         self.kept.append(signum)
         if len(self.kept) > 1:
@@ -74,6 +101,7 @@ def watch():
             yield _watch
     finally:
         _watch = outer
+        caught()
 
 
 @contextlib.contextmanager
@@ -94,12 +122,15 @@ def held():
         if w.pending:
             w.pending, w.raised = False, True
             if done:  # (not over an exception already on its way out: a sys.exit, an error)
-                raise KeyboardInterrupt
+                _raise()
+        elif done and not w.settled:
+            check()  # one a finalizer swallowed ends generation here
 
 
 def settle() -> None:
     """Generation is over (trtllm-run's answers are being written): an interrupt now waits for the
     writes. Nothing outside `watch` (the Python API)."""
+    caught()  # (a run's interrupt is caught where generation ends: runner.py)
     if _watch is not None:
         _watch.settled = True
 
@@ -117,6 +148,10 @@ def resume() -> bool:
 
 @contextlib.contextmanager
 def terminate_as_interrupt():
-    """Within the block (the main thread), SIGTERM and SIGHUP raise KeyboardInterrupt."""
-    with _handling((signal.SIGTERM, signal.SIGHUP), _interrupt):
-        yield
+    """Within the block (the main thread), SIGTERM and SIGHUP raise KeyboardInterrupt, as SIGINT
+    does (ours too, so that one a finalizer swallows is owed: `check`)."""
+    try:
+        with _handling(SIGNALS, _interrupt):
+            yield
+    finally:
+        caught()

@@ -8,6 +8,7 @@ import shutil
 import stat
 import subprocess
 import sys
+import time
 
 import pytest
 from click.testing import CliRunner
@@ -233,3 +234,41 @@ def test_an_output_inside_an_engine_directory_is_refused(tiny_checkpoint, tiny_e
     result = CliRunner().invoke(main, ["--model", str(tiny_checkpoint("llama")), "--output", str(engine / "sub" / "e")])
     assert result.exit_code == 2 and f"is inside the engine directory {engine.resolve()}" in result.output
     assert sorted(p.name for p in engine.iterdir()) == before
+
+
+class SignalInFinalizer:
+    """Sends `signum` to this process from its __del__: the KeyboardInterrupt its handler raises
+    there is printed as "Exception ignored" and dropped by Python (as in an import's module-lock
+    callback, where a review saw a SIGTERM lost and the build exit 0)."""
+
+    def __init__(self, signum):
+        self.signum = signum
+
+    def __del__(self):
+        os.kill(os.getpid(), self.signum)
+        time.sleep(0.05)  # (the handler runs here, inside the finalizer)
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # (the dropped one)
+@pytest.mark.parametrize("signum", ["SIGTERM", "SIGINT"])
+def test_an_interrupt_a_finalizer_swallowed_still_stops_the_build(tmp_path, tiny_checkpoint, monkeypatch, signum):
+    """The build goes on after the dropped interrupt, but the engine does not replace the old one:
+    exit 130, the old engine kept, no partial directory left."""
+    import signal
+
+    from trtllm.builder import export
+
+    args = ["--model", str(tiny_checkpoint("llama")), "--output", str(tmp_path / "engine"), "--no-verify",
+            "--max-kv-cache-capacity", "64", "--max-input-len"]
+    assert CliRunner().invoke(main, [*args, "16"]).exit_code == 0  # the old engine
+    write_checksums = export.write_checksums
+
+    def swallowed_then_checksums(path):
+        SignalInFinalizer(getattr(signal, signum))  # dropped at once: its __del__ runs here
+        write_checksums(path)
+
+    monkeypatch.setattr(export, "write_checksums", swallowed_then_checksums)
+    result = CliRunner().invoke(main, [*args, "32"])
+    assert result.exit_code == 130 and "interrupted" in result.output, result.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["engine"]
+    assert json.loads((tmp_path / "engine" / "manifest.json").read_text())["limits"]["max_input_len"] == 16

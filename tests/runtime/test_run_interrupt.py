@@ -261,3 +261,34 @@ def test_an_interrupt_inside_the_backends_import_exits_130(tmp_path, tiny_engine
     assert result.exit_code == 130 and "interrupted" in result.output, result.output
     assert json.loads((tmp_path / "out.json").read_text()) == {"old": True}
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # (the dropped one)
+def test_an_interrupt_a_finalizer_swallowed_still_ends_generation(tmp_path, tiny_engine, monkeypatch):
+    """A Ctrl-C whose KeyboardInterrupt Python drops (raised in a finalizer, during step 6) ends
+    generation at the next step, as one that was not dropped: request 0 keeps its answer, the rest
+    are cancelled, exit 130. It went on to the end (and a second Ctrl-C was only kept)."""
+    import signal
+
+    from tests.builder.test_build_output import SignalInFinalizer
+    from trtllm.runtime.backends import onnxruntime as ort_backend
+
+    engine = tiny_engine("llama")
+    payload = {"batch_size": 1, "temperature": 0, "max_generate_length": 4, "requests": [chat("a"), chat("b"), chat("c")]}
+    (tmp_path / "in.json").write_text(json.dumps(payload))
+    args = [str(tmp_path / "in.json"), "--engine", str(engine), "--output", str(tmp_path / "out.json")]
+    CliRunner().invoke(main, [*args[:3], "--output", str(tmp_path / "full.json")])
+    full = json.loads((tmp_path / "full.json").read_text())["responses"]
+    step, calls = ort_backend.OnnxRuntimeEngine.step, [0]
+
+    def swallowed_in_step_6(self, inputs, kv, want_logits=False):
+        calls[0] += 1
+        if calls[0] == 6:
+            SignalInFinalizer(signal.SIGINT)  # dropped at once: its __del__ runs here
+        return step(self, inputs, kv, want_logits)
+
+    monkeypatch.setattr(ort_backend.OnnxRuntimeEngine, "step", swallowed_in_step_6)
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 130 and "2 of 3 requests were cancelled" in result.output, result.output
+    first, second, third = json.loads((tmp_path / "out.json").read_text())["responses"]
+    assert first == full[0] and second["finish_reason"] == third["finish_reason"] == "cancelled"
