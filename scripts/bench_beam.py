@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import time
@@ -29,11 +28,10 @@ QUESTION = "Explain in a few sentences how a CPU cache speeds up a program."
 def worker(kind: str, model: str, ids: list[int], beams: int, gen: int, threads: int, eos: list[int]) -> dict:
     """One system's timed search (run in its own process): {"seconds", "best"}."""
     if kind == "ours":
-        os.environ["TRTLLM_NUM_THREADS"] = str(threads)
         from trtllm.runtime import beam
         from trtllm.runtime.engine import load_engine
 
-        engine = load_engine(model)
+        engine = load_engine(model, num_threads=threads)
 
         def search(n):
             return list(beam.run(engine, ids, beam.BeamParams(beams, n, frozenset(eos), min_new_tokens=n))[0].tokens)

@@ -23,14 +23,14 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 
-def decode_rate(engine_dir: str, context: int, gen: int) -> dict:
+def decode_rate(engine_dir: str, context: int, gen: int, threads: int) -> dict:
     """One engine, one context: a prompt of `context` tokens, then `gen` greedy tokens (EOS held back)."""
     from trtllm.runtime.engine import load_engine
     from trtllm.runtime.generate import RowState, Timing, run_rows
     from trtllm.runtime.kv_cache import bytes_per_token
     from trtllm.runtime.sampling import SamplingParams
 
-    engine = load_engine(engine_dir)
+    engine = load_engine(engine_dir, num_threads=threads)
     m = engine.manifest
     rng = np.random.default_rng(0)
     prompt = [int(t) for t in rng.integers(10, m.model.vocab_size - 10, context)]
@@ -52,8 +52,8 @@ def llama_bench(binary: Path, gguf: Path, depth: int, gen: int, threads: int, kv
 
 
 def in_process(args, engine: str, context: int) -> dict:
-    out = subprocess.run([sys.executable, __file__, "--one", engine, str(context), str(args.gen)], capture_output=True,
-                         text=True, timeout=1800, env={**os.environ, "TRTLLM_NUM_THREADS": str(args.threads)})
+    out = subprocess.run([sys.executable, __file__, "--one", engine, str(context), str(args.gen), str(args.threads)],
+                         capture_output=True, text=True, timeout=1800)
     if out.returncode:
         raise RuntimeError(f"{engine} at {context}: {out.stderr[-600:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -70,10 +70,10 @@ def main(argv=None) -> dict:
     p.add_argument("--llama-cpp", type=Path, help="llama.cpp's bin directory (llama-bench)")
     p.add_argument("--gguf", type=Path, default=Path.home() / "peers/gguf/smollm2-135m-instruct-f32.gguf")
     p.add_argument("--out", type=Path, default=ROOT / "out" / "bench_kv_cache.json")
-    p.add_argument("--one", nargs=3, metavar=("ENGINE", "CONTEXT", "GEN"), help=argparse.SUPPRESS)
+    p.add_argument("--one", nargs=4, metavar=("ENGINE", "CONTEXT", "GEN", "THREADS"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.one:
-        print(json.dumps(decode_rate(args.one[0], int(args.one[1]), int(args.one[2]))))
+        print(json.dumps(decode_rate(args.one[0], int(args.one[1]), int(args.one[2]), int(args.one[3]))))
         return {}
     contexts = [int(c) for c in args.contexts.split(",")]
     cases = [(name, c) for c in contexts for name in ("float", "int8")]

@@ -108,11 +108,10 @@ def main(argv=None) -> int:
                     help="ours over the prompt and answer (transformers'); llama.cpp's --repeat-penalty over its "
                          "last 64 tokens, so the two texts differ")
     args = ap.parse_args(argv)
-    os.environ["TRTLLM_NUM_THREADS"] = str(args.threads)
     from trtllm.runtime.engine import load_engine
     from trtllm.runtime.tokenizer import Tokenizer
 
-    engine = load_engine(args.engine)
+    engine = load_engine(args.engine, num_threads=args.threads)
     tokenizer = Tokenizer.from_engine_dir(args.engine, engine.manifest.files)
     if args.chat:
         return chat(engine, tokenizer, args)

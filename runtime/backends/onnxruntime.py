@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
-import os
 import platform
 from collections.abc import Sequence
 from pathlib import Path
@@ -30,7 +29,7 @@ PROMPT, GENERATED = np.zeros(1, np.int64), np.ones(1, np.int64)  # the `generate
 def session_options(num_threads: int | None = None) -> ort.SessionOptions:
     opts = ort.SessionOptions()
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    opts.intra_op_num_threads = num_threads or int(os.environ.get("TRTLLM_NUM_THREADS", 0)) or 0
+    opts.intra_op_num_threads = num_threads or 0  # (0: ONNX Runtime's default, one per core)
     opts.inter_op_num_threads = 1
     opts.log_severity_level = 3
     return opts
