@@ -79,13 +79,14 @@ def answer(engine, samples: list, timing, on_token=None, rows: int | None = None
         group, params = groups[job], jobs[job][1]
         if not isinstance(found, Exception) and not all(h.finished for h in found[:len(group)]):
             ended = sum(h.finished for h in found)
-            found = Unfinished(f"{found.stuck}, and {ended} hypotheses had finished, fewer than the request's n "
-                               f"{len(group)}" if found.stuck else
-                               f"it ended with {ended} finished hypotheses, fewer than "
-                               f"the request's n {len(group)}: no running beam could beat an empty placeholder's "
-                               f"score under length_penalty {params.length_penalty} (transformers gives up there "
-                               "too, and answers with the placeholders); use a length_penalty nearer 0 or a "
-                               "smaller n")
+            prepared = group[0].prepared  # (its settings named by JSON path: its own or the top level's)
+            n, penalty = (prepared.request.where(prepared.index, name) for name in ("n", "length_penalty"))
+            found = Unfinished(f"{found.stuck}, and {ended} hypotheses had finished, fewer than `{n}` "
+                               f"({len(group)})" if found.stuck else
+                               f"it ended with {ended} finished hypotheses, fewer than `{n}` ({len(group)}): no "
+                               f"running beam could beat an empty placeholder's score under `{penalty}` "
+                               f"{params.length_penalty} (transformers gives up there too, and answers with the "
+                               f"placeholders); use a `{penalty}` nearer 0 or a smaller `{n}`")
         for smp in group:
             smp.row.batch_idx = base  # (its beams took slots base .. base + B - 1)
         if isinstance(found, Exception):  # its own failure, not its neighbours'

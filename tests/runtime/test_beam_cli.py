@@ -296,7 +296,8 @@ def test_a_search_that_finishes_no_hypothesis_fails_its_request(tiny_engine, run
     result, out = run_cli(tiny_engine("llama"), requests)
     assert result.exit_code == 1, result.output
     failed, fine = out["responses"]
-    assert "fewer than the request's n 1" in failed["error"] and "length_penalty -10.0" in failed["error"]
+    # (by JSON path: its own length_penalty; n its default, the top level's to set)
+    assert "fewer than `n` (1)" in failed["error"] and "`requests[0].length_penalty` -10.0" in failed["error"]
     assert len(fine["output_ids"]) == 3 and fine["finish_reason"] == "max-length"
 
 
@@ -338,5 +339,5 @@ def test_a_search_whose_bans_leave_too_few_hypotheses_fails_saying_why(tiny_engi
     failed, _, answered = out["responses"]
     assert failed["error"] == ("beam search failed (no beam can go on at token 1: `requests[0].allowed_token_ids` "
                                "and `requests[0].no_repeat_ngram_size` ban every token that does not end it, and 1 hypotheses had "
-                               "finished, fewer than the request's n 2)"), _json.dumps(failed)
+                               "finished, fewer than `requests[0].n` (2))"), _json.dumps(failed)
     assert answered["output_ids"] == list(manifest.eos_token_ids[:1]) and answered["finish_reason"] == "end-of-sequence"
