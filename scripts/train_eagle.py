@@ -402,21 +402,36 @@ def fit(draft, train_data, val_data, t2d_index, *, steps_ttt, epochs, lr, batch_
     return {"accuracy": accuracy, "losses": losses, "timings": timings}
 
 
-def train(model_dir, output_dir, *, num_prompts=512, max_new_tokens=128, draft_vocab=8192, steps_ttt=3, epochs=5,
-          lr=3e-3, batch_size=8, seed=0, threads=2, soft_labels=0, log=print) -> dict:
-    """Generate, extract, train, save. Returns held-out per-step accuracy (initial and final), losses and timings."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+class OptionError(ValueError):
+    """An option that does not fit the model (main: a usage error, exit 2)."""
 
+
+def aux_layer_ids(num_layers: int, given: list[int] | None) -> list[int]:
+    """The three layers whose input hiddens the head reads: `given`, or EAGLE-3's [2, L//2, L-3]."""
+    if given is None:
+        if num_layers < 4:
+            raise OptionError(f"config.num_hidden_layers must be >= 4 for the default aux layers 2, L//2, L-3, got "
+                              f"{num_layers!r}: give --aux-layers (three layer indices in [0, {num_layers}))")
+        return [2, num_layers // 2, num_layers - 3]
+    if len(given) != 3 or not all(0 <= i < num_layers for i in given):
+        raise OptionError(f"--aux-layers must be three layer indices in [0, {num_layers}) (the model's "
+                          f"num_hidden_layers), got {given}")
+    return list(given)
+
+
+def train(model_dir, output_dir, *, num_prompts=512, max_new_tokens=128, draft_vocab=8192, steps_ttt=3, epochs=5,
+          lr=3e-3, batch_size=8, seed=0, threads=2, soft_labels=0, aux_layers=None, log=print) -> dict:
+    """Generate, extract, train, save. Returns held-out per-step accuracy (initial and final), losses and timings.
+    `aux_layers`: the three layers the head reads (written into its eagle_config), else [2, L//2, L-3]."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    layer_ids = aux_layer_ids(AutoConfig.from_pretrained(model_dir).num_hidden_layers, aux_layers)  # before loading
     torch.set_num_threads(threads)
     torch.manual_seed(seed)
     t0 = time.time()
     tok = AutoTokenizer.from_pretrained(model_dir)
     target = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     cfg = target.config
-    L = cfg.num_hidden_layers
-    if L < 4:
-        raise ValueError(f"config.num_hidden_layers must be >= 4 for aux layers 2, L//2, L-3, got {L!r}")
-    layer_ids = [2, L // 2, L - 3]
     chats, held = build_prompts(num_prompts, seed)
     seqs = generate(target, tok, chats, max_new_tokens, batch_size=64)  # 64: ~25% more tokens/s than 32
     timings = {"generate_s": time.time() - t0}
@@ -443,6 +458,13 @@ def train(model_dir, output_dir, *, num_prompts=512, max_new_tokens=128, draft_v
     return {**result, "initial_accuracy": initial, "timings": {**timings, **result["timings"]}}
 
 
+def layer_list(text: str) -> list[int]:
+    try:
+        return [int(part) for part in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"three comma-separated layer indices, got {text!r}") from None
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model", required=True, help="Hugging Face checkpoint dir (Llama family)")
@@ -458,9 +480,15 @@ def main(argv=None) -> int:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--soft-labels", type=int, default=0, metavar="K",
                    help="train on the target's K likeliest tokens and their probabilities (0: its argmax)")
+    p.add_argument("--aux-layers", type=layer_list, default=None, metavar="A,B,C",
+                   help="the three layers whose input hidden states the head reads (default: 2, L//2, L-3; a "
+                        "model of fewer than 4 layers needs them)")
     a = p.parse_args(argv)
     options = {k: v for k, v in vars(a).items() if k not in ("model", "output")}
-    result = train(a.model, a.output, **options)
+    try:
+        result = train(a.model, a.output, **options)
+    except OptionError as e:
+        p.error(str(e))
     print(json.dumps({k: result[k] for k in ("accuracy", "initial_accuracy", "timings")}, indent=2))
     return 0
 

@@ -68,8 +68,29 @@ def test_training_lowers_the_loss(trained):
 
 def test_too_few_layers_names_the_field(tmp_path):
     model = make_checkpoint("llama", tmp_path / "m", num_layers=3)
-    with pytest.raises(ValueError, match="num_hidden_layers must be >= 4"):
+    with pytest.raises(ValueError, match="num_hidden_layers must be >= 4.*give --aux-layers"):
         train_eagle.train(model, tmp_path / "draft", num_prompts=2, max_new_tokens=2, log=lambda _: None)
+
+
+def test_aux_layers_train_a_head_for_a_small_model(tmp_path, capsys):
+    """--aux-layers: a 2-layer model (the default [2, L//2, L-3] cannot be) gets a head reading the
+    layers given, written into its eagle_config, which the builder takes. Indices out of the model's
+    range, or not three, are usage errors (exit 2) before the model loads."""
+    from trtllm.builder.config import BuildConfig
+    from trtllm.builder.export import build
+
+    model = make_checkpoint("llama", tmp_path / "m", num_layers=2)
+    train_eagle.train(model, tmp_path / "draft", num_prompts=4, max_new_tokens=4, draft_vocab=DRAFT_VOCAB, steps_ttt=1,
+                      epochs=1, batch_size=4, aux_layers=[0, 1, 1], log=lambda _: None)
+    config = json.loads((tmp_path / "draft" / "config.json").read_text())
+    assert config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [0, 1, 1]
+    engine = build(BuildConfig(model=str(model), output=str(tmp_path / "engine"), eagle=str(tmp_path / "draft"),
+                               max_input_len=32, max_kv_cache_capacity=64), log=lambda _: None)
+    assert json.loads((engine / "verify.json").read_text())["eagle"]["proposals_agree"]
+    for bad in ("0,1,2", "0,1", "a,b,c"):
+        with pytest.raises(SystemExit) as e:
+            train_eagle.main(["--model", str(model), "--output", str(tmp_path / "bad"), "--aux-layers", bad])
+        assert e.value.code == 2 and "--aux-layers" in capsys.readouterr().err
 
 
 def test_prompts_do_not_repeat_and_held_out_asks_are_unseen():
