@@ -129,7 +129,7 @@ def test_a_w4a16_engine_speculates_without_changing_an_answer(target, tiny_check
     """With an EAGLE-3 head (quantized as the model, its embedding float16, its KV float16 too),
     greedy answers with drafting equal those without."""
     from tests.eagle_drafts import random_draft
-    from tests.runtime.test_eagle_cli import REQUESTS, answers, same
+    from tests.runtime.eagle_cli import REQUESTS, answers, same
 
     ckpt = tiny_checkpoint("llama")
     draft = random_draft(ckpt, tmp_path / "draft", seed=3, aux=[0, 1, 1])
