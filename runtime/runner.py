@@ -170,7 +170,9 @@ class Runner:
             if templated:
                 extra = {"enable_thinking": inp.enable_thinking, **(req.chat_template_kwargs or {}),
                          **({"tools": tools} if tools is not None else {})}
-                p.thinking = extra["enable_thinking"] is True
+                # thinking is on only where the template reads the switch (SmolLM2's ignores it: the
+                # answer has no thought, and a qwen3 split made all of it reasoning)
+                p.thinking = extra["enable_thinking"] is True and template.reads("enable_thinking")
                 fp = template.format(messages, add_generation_prompt=inp.add_generation_prompt,
                                      default_system_prompt=inp.default_system_prompt,
                                      continue_final_message=req.continue_final_message, **extra)

@@ -9,7 +9,7 @@ import shutil
 
 import pytest
 
-from tests.runtime.test_chat_template import QWEN_TOOLS
+from tests.runtime.test_chat_template_tools import QWEN_TOOLS
 from tests.runtime.tool_deltas import assemble
 from trtllm.runtime import request_checks, tool_calls
 
@@ -256,3 +256,20 @@ def test_a_moved_thought_gives_no_tool_content_on_the_last_line(run_cli, tmp_pat
     assert "".join(line["text"] for line in lines) == answer
     assert (lines[-1]["reasoning_content"], lines[-1]["content"]) == ("ab<tool", "x")
     assert "".join(line.get("content_text", "") for line in lines) == "ab"  # (given before `</think>` moved it)
+
+
+def test_thinking_is_on_only_where_the_template_reads_enable_thinking(run_cli, tmp_path, tiny_engine):
+    """A qwen3 answer without `</think>` is all reasoning where the request's template had thinking
+    on; a top-level enable_thinking that the template never reads (the tiny model's ChatML, as
+    SmolLM2's) turned nothing on: the answer is content (it was all reasoning)."""
+    reads = tmp_path / "engine"
+    shutil.copytree(tiny_engine("llama"), reads)
+    (reads / "chat_template.jinja").write_text("{% for m in messages %}{{ m.content }}{% endfor %}"
+                                               "{% if enable_thinking %}<think>{% endif %}")
+    ask = {"temperature": 0, "max_generate_length": 8, "enable_thinking": True, "reasoning_parser": "qwen3",
+           "requests": [{"messages": [{"role": "user", "content": "W?"}], "guided_decoding": {"regex": "abc"}}]}
+    for engine, want in ((reads, ("abc", None)), (tiny_engine("llama"), (None, "abc"))):
+        result, out = run_cli(engine, ask)
+        assert result.exit_code == 0, result.output
+        response = out["responses"][0]
+        assert (response["reasoning_content"], response["content"]) == want, response
