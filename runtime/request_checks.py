@@ -46,6 +46,17 @@ def unseen_tools(index: int, req: fmt.Request, template) -> str | None:
     return None
 
 
+def unsaved(req: fmt.Request, index: int, templated: bool, truncated: bool, system_prefix: str) -> str:
+    """Why a request that asks to save its system prompt's KV saves nothing (a warning: its answer
+    is the same, only later runs recompute the prompt)."""
+    why = ("without the chat template a prompt has no system prompt to save" if not templated else
+           "truncate_prompt_tokens cut the prompt's start" if truncated else
+           "the chat template gives this prompt no system prompt" if not system_prefix else
+           "a BPE merge joins the system prompt's last token to the text after it, so its tokens alone are not "
+           "the prompt's first ones")
+    return f"`{req.where(index, 'save_system_prompt_kv_cache')}`: nothing is saved: {why}"
+
+
 def unread_kwargs(index: int, req: fmt.Request, template) -> str | None:
     """Why a chat_template_kwargs variable would change nothing: no template, or one that never
     reads it (the setting would be silently lost)."""

@@ -7,19 +7,19 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import resource
+import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from trtllm.runtime import input_format as fmt
-from trtllm.runtime import beam_requests, interrupt, reasoning, request_checks, tool_calls, tool_stream
+from trtllm.runtime import beam_requests, interrupt, reasoning, request_checks, run_profile, tool_calls, tool_stream
 from trtllm.runtime.chat_template import ChatTemplate, ChatTemplateError, raw_prompt
 from trtllm.runtime.engine import Engine
 from trtllm.runtime.generate import PrefixSource, RowState, Timing, run_rows
 from trtllm.runtime.grammar import Grammars
 from trtllm.runtime.lora import AdapterError, AdapterSet
-from trtllm.runtime.kv_cache import bytes_for, bytes_per_token
+from trtllm.runtime.prefix_cache import PrefixCacheWarning
 from trtllm.runtime.sampling import SamplingParams
 from trtllm.runtime.text import TextStream
 from trtllm.runtime.tokenizer import Tokenizer
@@ -54,17 +54,6 @@ class Sample:
     row: RowState | None = None
     message: dict | None = None  # what message_of read out of its answer, once it finished
     beam_score: float | None = None  # beam search: its hypothesis' score (runtime/beam.py)
-
-
-def stage_profile(name: str, seconds: list[float]) -> dict:
-    """Edge-LLM's `stages` entry (its keys say GPU time; here the wall clock around each engine call)."""
-    ms = np.asarray(seconds, np.float64) * 1e3
-    stats = {"count": len(ms), "min_ms": ms.min(), "max_ms": ms.max(), "mean_ms": ms.mean(),
-             "median_ms": np.median(ms), "p95_ms": np.percentile(ms, 95), "p99_ms": np.percentile(ms, 99),
-             "stddev_ms": ms.std()}
-    return {"stage_id": name, "total_runs": len(ms), "total_gpu_time_ms": float(ms.sum()),
-            "average_time_per_run_ms": float(ms.mean()),
-            "gpu_time_stats": {k: v if k == "count" else float(v) for k, v in stats.items()}}
 
 
 def sampling_params(req: fmt.Request, bad_words: tuple[tuple[int, ...], ...] = (),
@@ -191,7 +180,8 @@ class Runner:
             p.error = (f"`{req.where(index, 'truncate_prompt_tokens')}` must be at most the engine's max_input_len "
                        f"{limit}, or -1 (that), got {keep}")
             return p
-        if keep and len(p.prompt_ids) > keep:  # vLLM's: its last tokens (no system prefix starts it then)
+        truncated = keep and len(p.prompt_ids) > keep
+        if truncated:  # vLLM's: its last tokens (no system prefix starts it then)
             p.prompt_ids, fp = p.prompt_ids[-keep:], dataclasses.replace(fp, system_prefix="")
         if fp.system_prefix:
             # Reusable only if tokenising the prefix alone gives the prompt's first tokens
@@ -199,6 +189,9 @@ class Runner:
             prefix = self.tokenizer.encode(fp.system_prefix, add_special_tokens=not templated)
             if p.prompt_ids[: len(prefix)] == prefix:
                 p.prefix_ids = tuple(prefix)
+        if req.save_system_prompt_kv_cache and not p.prefix_ids:  # (asked, and nothing can be: say so)
+            warnings.warn(request_checks.unsaved(req, index, templated, truncated, fp.system_prefix),
+                          PrefixCacheWarning, stacklevel=2)
         p.error = request_checks.token_problem(p, req, index, self.tokenizer, self.engine.manifest)
         return p
 
@@ -435,68 +428,6 @@ class Runner:
             self.prefixes, self.contexts = prefixes, contexts
         self.timing = Timing()
 
-    def kv_cache_profile(self) -> dict:
-        """What the KV buffers took, and the most they can take (manifest limits), known up front."""
-        m = self.engine.manifest
-        out = {"allocated_bytes": self.timing.kv_cache_bytes, "bytes_per_token": bytes_per_token(m.model),
-               "max_bytes": bytes_for(m.model, m.limits.max_batch_size, m.limits.max_kv_cache_capacity)}
-        if self.drafter is not None:  # the EAGLE head's KV: its own layer, as many slots and positions
-            out["draft_allocated_bytes"] = self.timing.draft_kv_bytes
-        kv_memory = getattr(self.engine, "kv_memory", None)  # optional (runtime/engine.py)
-        return {**out, **(kv_memory() if kv_memory else {})}
-
-    def spec_profile(self) -> dict:
-        """EAGLE: Edge-LLM's eagle_generation keys, as its runtime counts them (an iteration: one
-        sequence's verification round; its generated tokens: those rounds' and its prefill token;
-        the acceptance rate: tokens per iteration) but for a run, which here is a sample that
-        speculated (batches are in flight, not one run each); and ours (verification steps of the
-        batch, the draft head's steps, drafted and accepted tokens, their fraction)."""
-        t = self.timing
-        spec_seconds = t.verify_seconds + t.draft_seconds  # Edge-LLM's: all but the base model's prefill
-        generated = t.speculative_tokens + t.speculative_rows  # (each speculating sample's prefill token)
-        return {"total_runs": t.speculative_rows, "total_iterations": t.row_iterations,
-                "total_generated_tokens": generated,
-                "average_tokens_per_run": generated / max(t.speculative_rows, 1),
-                "average_acceptance_rate": generated / max(t.row_iterations, 1),
-                "overall_tokens_per_second_excluding_base_prefill": generated / spec_seconds if spec_seconds else 0.0,
-                "verify_steps": t.verify_runs,
-                "draft_step": "auto" if self.drafter.auto else self.drafter.step,
-                "draft_steps": {str(k): n for k, n in sorted(t.draft_steps.items())},
-                "drafted_tokens": t.drafted_tokens, "accepted_tokens": t.accepted_tokens,
-                "draft_acceptance_rate": t.accepted_tokens / t.drafted_tokens if t.drafted_tokens else 0.0,
-                "draft_top_k": self.drafter.top_k, "branch_tokens": t.branch_tokens,
-                "draft_runs": t.draft_runs, "draft_time_ms": 1e3 * t.draft_seconds}
-
-    def ngram_profile(self) -> dict:
-        """--spec-ngram: the steps that checked guesses, the guesses and those taken."""
-        t = self.timing
-        return {"draft_step": self.lookup.k, "verify_steps": t.verify_runs, "drafted_tokens": t.drafted_tokens,
-                "accepted_tokens": t.accepted_tokens,
-                "draft_acceptance_rate": t.accepted_tokens / t.drafted_tokens if t.drafted_tokens else 0.0}
-
     def profile(self) -> dict:
-        t = self.timing
-        gen_tokens = t.generated_tokens  # decode steps only: each prefill's first token is prefill's
-        prompt_tokens = t.prefill_tokens + t.reused_tokens  # Edge-LLM's per-run and per-token figures count both
-        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-        return {
-            "prefill": {"total_runs": t.prefill_runs, "reused_tokens": t.reused_tokens,
-                        "computed_tokens": t.prefill_tokens,
-                        "average_tokens_per_run": prompt_tokens / max(t.prefill_runs, 1),
-                        "average_time_per_run_ms": 1e3 * t.prefill_seconds / max(t.prefill_runs, 1),
-                        "tokens_per_second": prompt_tokens / t.prefill_seconds if t.prefill_seconds else 0.0,
-                        "average_time_per_token_ms": 1e3 * t.prefill_seconds / max(prompt_tokens, 1),
-                        "computed_tokens_per_second":
-                            t.prefill_tokens / t.prefill_seconds if t.prefill_seconds else 0.0},
-            "generation": {"total_runs": t.generation_runs, "generated_tokens": gen_tokens,
-                           "average_tokens_per_run": gen_tokens / max(t.generation_runs, 1),
-                           "tokens_per_second": gen_tokens / t.generation_seconds if t.generation_seconds else 0.0,
-                           "average_time_per_token_ms": 1e3 * t.generation_seconds / max(gen_tokens, 1)},
-            **({"eagle_generation": self.spec_profile()} if self.drafter is not None else {}),
-            **({"ngram_generation": self.ngram_profile()} if self.lookup is not None else {}),
-            "peak_cpu_memory_bytes": rss, "peak_cpu_memory_mb": rss / 2**20,
-            "kv_cache": self.kv_cache_profile(),
-            **({"context_cache": self.contexts.profile()} if self.contexts is not None else {}),
-            "stages": [stage_profile(name, times) for name, times in t.stages.items()],
-            **({"huge_pages": hp.to_json()} if (hp := getattr(self.engine, "huge_pages", None)) else {}),
-        }
+        """The --profile file's object (runtime/run_profile.py)."""
+        return run_profile.of(self)

@@ -121,3 +121,26 @@ def test_a_prompt_that_is_its_system_prompt_is_saved(run_cli, tiny_engine, tmp_p
     baseline, _ = run(run_cli, engine, requests(save_first=False), tmp_path / "none", tmp_path)
     again, prof = run(run_cli, engine, requests(save_first=False), cache, tmp_path)
     assert again == baseline and prof["reused_tokens"] > 0
+
+
+def test_a_request_whose_prompt_saves_nothing_says_so(run_cli, tiny_engine, tmp_path):
+    """save_system_prompt_kv_cache where nothing can be saved (no chat template, a truncated prompt)
+    is a warning naming the request's field and why; the answers are as ever and no entry is
+    written (it was silent). Where the prompt has a system prompt, no warning."""
+    engine, cache = tiny_engine("llama"), tmp_path / "cache"
+    system = {"role": "system", "content": SYSTEM}
+    ask = [system, {"role": "user", "content": "Paris?"}]
+    result, _ = run_cli(engine, {"max_generate_length": 2, "temperature": 0, "requests": [
+        {"messages": ask, "save_system_prompt_kv_cache": True, "truncate_prompt_tokens": 4}]},
+        "--kv-cache-dir", str(cache))
+    assert result.exit_code == 0, result.output
+    assert ("warning: `requests[0].save_system_prompt_kv_cache`: nothing is saved: truncate_prompt_tokens cut "
+            "the prompt's start") in result.output
+    result, _ = run_cli(engine, {"max_generate_length": 2, "apply_chat_template": False, "requests": [
+        {"messages": ask, "save_system_prompt_kv_cache": True}]}, "--kv-cache-dir", str(cache))
+    assert ("warning: `requests[0].save_system_prompt_kv_cache`: nothing is saved: without the chat template a prompt has no "
+            "system prompt to save") in result.output
+    assert not list(cache.glob("*.kv"))
+    result, _ = run_cli(engine, {"max_generate_length": 2, "requests": [
+        {"messages": ask, "save_system_prompt_kv_cache": True}]}, "--kv-cache-dir", str(cache))
+    assert "nothing is saved" not in result.output and len(list(cache.glob("*.kv"))) == 1
