@@ -310,6 +310,11 @@ def check_gguf(path: Path) -> GgufKeys:
                               "Hugging Face checkpoint directory")
     if freqs is not None and arch != "llama":
         refuse(f"a rope_freqs.weight tensor in a {arch} GGUF (Llama 3's RoPE scaling is read from llama ones)")
+    head = value("qwen3.attention.key_length") if arch == "qwen3" else None
+    if head is not None and int(head) != 128:  # (its qwen3 mapping leaves the key out: Qwen3Config's 128)
+        raise CheckpointError(f"--model {str(path)!r} is a qwen3 GGUF with heads of {int(head)} "
+                              "(qwen3.attention.key_length), which transformers' GGUF loader reads as 128, Qwen3's "
+                              "default: build from the Hugging Face checkpoint directory instead")
     if arch == "gemma2" and any(t.name == "output.weight" for t in reader.tensors):  # (transformers' names it lm_head)
         raise CheckpointError(f"--model {str(path)!r} is a gemma2 GGUF with an output.weight tensor, which Gemma 2 "
                               "does not take (its head is its token embedding, as llama.cpp's converter writes it)")
@@ -437,8 +442,10 @@ def rotary_tables(rotary, num_positions: int, layer_type: str | None = None) -> 
         if layer_type not in kind:
             layer_type = next(iter(kind))
         kind, args = kind[layer_type], (layer_type,)
-    if kind == "dynamic":
-        raise CheckpointError(f"rope_type {kind!r} is not supported: its frequencies depend on the sequence length")
+    if kind == "dynamic" and num_positions > rotary.config.max_position_embeddings:
+        # (up to max_position_embeddings its table is the default one; the KV capacity stops there)
+        raise CheckpointError(f"rope_type 'dynamic' changes its frequencies past max_position_embeddings "
+                              f"({rotary.config.max_position_embeddings}), asked for {num_positions} positions")
     if kind == "longrope" and num_positions > rotary.config.rope_parameters["original_max_position_embeddings"]:
         raise CheckpointError(f"rope_type 'longrope' holds one table up to original_max_position_embeddings "
                               f"({rotary.config.rope_parameters['original_max_position_embeddings']}), asked for "

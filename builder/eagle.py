@@ -186,17 +186,22 @@ def rope_tables(draft: Draft, num_positions: int):
     from transformers import LlamaConfig
     from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
-    from trtllm.builder.checkpoint import rotary_tables
+    from trtllm.builder.checkpoint import CheckpointError, rotary_tables
 
     keys = ("rope_theta", "rope_scaling", "rope_parameters", "max_position_embeddings", "partial_rotary_factor")
     try:
         cfg = LlamaConfig(hidden_size=draft.spec.hidden_size, num_attention_heads=draft.spec.num_heads,
                           num_key_value_heads=draft.spec.num_kv_heads, head_dim=draft.spec.head_dim,
                           **{k: draft.config[k] for k in keys if draft.config.get(k) is not None})
-        return rotary_tables(LlamaRotaryEmbedding(cfg), num_positions)
-    except (KeyError, ValueError, TypeError) as e:  # transformers' own checks: an unknown rope_type, a bad theta
+        cos, sin = rotary_tables(LlamaRotaryEmbedding(cfg), num_positions)
+    except (KeyError, ValueError, TypeError, CheckpointError) as e:  # transformers' own checks: an unknown
+        # rope_type, a bad theta; ours: positions past what one table holds
         fail(draft.path, f"its RoPE settings ({', '.join(k for k in keys if k in draft.config)}) cannot be used: "
                          f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}")
+    if 2 * cos.shape[1] != draft.spec.head_dim:  # (transformers' Llama layer, the reference, rotates whole heads)
+        fail(draft.path, f"its partial_rotary_factor rotates {2 * cos.shape[1]} of each head's {draft.spec.head_dim} "
+                         "dimensions; an EAGLE-3 head is a Llama layer, which rotates whole heads")
+    return cos, sin
 
 
 class DraftWriter(DecoderWriter):

@@ -290,6 +290,14 @@ def test_a_gemma1_gguf_is_refused(untied_llama, tmp_path):
         checkpoint.load(str(path))
 
 
+def test_a_qwen3_gguf_whose_heads_are_not_128_is_refused(untied_llama, tmp_path):
+    """transformers' qwen3 GGUF mapping has no key for the head size: it takes Qwen3's default 128,
+    and failed to load other heads with its own 'ignore_mismatched_sizes' text (a review's)."""
+    path = write_llama_gguf(untied_llama, tmp_path / "q.gguf", arch="qwen3", fields={"qwen3.attention.key_length": 16})
+    with pytest.raises(checkpoint.CheckpointError, match=r"qwen3 GGUF with heads of 16 \(qwen3.attention.key_length\)"):
+        checkpoint.load(str(path))
+
+
 def gemma_checkpoint(arch: str, out, linear: float | None = None):
     """A tiny Gemma 3 (six layers, five of six sliding, local RoPE base 10000, global 1e6; `linear`:
     its global layers' RoPE scaling, as Gemma 3 4B-27B's) or Gemma 2 (its soft-caps bend most values)

@@ -144,6 +144,17 @@ VARIANTS = {
     "smollm3 window 8": ("smollm3", lambda c, w: (
         setattr(c, "sliding_window", 8), setattr(c, "use_sliding_window", True),
         setattr(c, "layer_types", ["full_attention", "sliding_attention"]))),
+    # RoPE scaling on an HF checkpoint (original length 32 < the prompts' positions); `dynamic` is
+    # the default table up to max_position_embeddings, where the KV capacity stops
+    "llama rope linear": ("llama", lambda c, w: setattr(c, "rope_parameters", {
+        "rope_type": "linear", "rope_theta": 10000.0, "factor": 4.0})),
+    "llama rope llama3": ("llama", lambda c, w: setattr(c, "rope_parameters", {
+        "rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 32})),
+    "llama rope yarn": ("llama", lambda c, w: setattr(c, "rope_parameters", {
+        "rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 32})),
+    "llama rope dynamic": ("llama", lambda c, w: setattr(c, "rope_parameters", {
+        "rope_type": "dynamic", "rope_theta": 10000.0, "factor": 4.0})),
     # Llama ignores sliding_window: an engine with a window would be wrong past it
     "llama ignores sliding_window": ("llama", lambda c, w: setattr(c, "sliding_window", 8)),
     "llama attention_bias": ("llama", with_attention_bias),
@@ -275,6 +286,23 @@ def test_each_change_undone_is_caught(name, tiny_checkpoint, tiny_engine, tmp_pa
         return
     with pytest.raises(AssertionError):
         np.testing.assert_allclose(got, ref, atol=ATOL, rtol=0)
+
+
+def test_a_smollm3_whose_layer_types_slide_without_use_sliding_window_is_refused(tmp_path):
+    """transformers' mask slides such layers (config.sliding_window) while its attention modules hold
+    no window: a review saw the engine built without one, its logits 10.9 off past the window (128,
+    beyond the build check's text). Refused, naming both keys."""
+    from trtllm.builder.checkpoint import CheckpointError
+    from trtllm.builder.config import BuildConfig
+    from trtllm.builder.export import build
+
+    ckpt = variant(tmp_path, "smollm3", lambda c, w: (
+        setattr(c, "sliding_window", 128), setattr(c, "use_sliding_window", False),
+        setattr(c, "layer_types", ["sliding_attention", "full_attention"])))
+    with pytest.raises(CheckpointError, match="config.layer_types names sliding_attention layers while "
+                                              "use_sliding_window is false"):
+        build(BuildConfig(model=str(ckpt), output=str(tmp_path / "engine"), max_kv_cache_capacity=256,
+                          max_input_len=64), log=lambda m: None)
 
 
 def test_a_class_without_a_graph_is_refused(tmp_path):

@@ -81,6 +81,12 @@ def edit_weight(draft, name, change):
     # (a review's: the loader cast it, the build's own check did not, and failed naming neither)
     (lambda d: edit_weight(d, "d2t", lambda w: w.astype(np.float32)), "d2t is float32, expected integer ids"),
     (lambda d: (d / "model.safetensors").write_bytes(b"not a safetensors file"), "cannot be read"),
+    # (a review's: a head copying Phi-4-mini's partial rotary was written rotating half of each head,
+    # then the build's reference, a Llama layer, failed with a raw shape error)
+    (lambda d: edit_config(d, rope_parameters={
+        "rope_type": "longrope", "rope_theta": 10000.0, "partial_rotary_factor": 0.5, "original_max_position_embeddings": 512,
+        "short_factor": [1.0, 1.3, 2.1, 3.5], "long_factor": [1.5, 4.0, 9.0, 16.0]}),
+     "rotates 8 of each head's 16 dimensions; an EAGLE-3 head is a Llama layer, which rotates whole heads"),
 ])
 def test_bad_draft_heads_fail_the_build(tiny_checkpoint, tmp_path, change, message):
     draft = random_draft(tiny_checkpoint("llama"), tmp_path / "draft", aux=[0, 1, 1])
