@@ -344,14 +344,17 @@ def resolve_backend(config: BuildConfig, log) -> str:
     if config.backend == "onnxruntime":
         return "onnxruntime"
     usable, why = trt_build.availability()
-    if config.backend == "tensorrt":
-        if not usable:
-            raise trt_build.TensorRTUnavailable(f"--backend tensorrt needs TensorRT and a CUDA GPU: {why}; "
-                                                "build on the target device, or use --backend onnxruntime")
+    if config.backend == "tensorrt" and not usable:
+        raise trt_build.TensorRTUnavailable(f"--backend tensorrt needs TensorRT and a CUDA GPU: {why}; "
+                                            "build on the target device, or use --backend onnxruntime")
+    if usable:  # (auto too: a JetPack 6 Orin's TensorRT 10.3 failed the lint after the whole export)
         installed = trt_build.minor_version(trt_build.import_tensorrt())
         if config.graph == "modern" and parse_trt_version(installed) < MODERN_MIN_TRT:
+            picked = "" if config.backend == "tensorrt" else "--backend auto picked it: "
             raise trt_build.TensorRTUnavailable(f"TensorRT {installed} cannot parse the modern graph (it needs "
-                                                ">= 10.15); use --graph legacy (as --profile tensorrt-legacy does)")
+                                                f">= 10.15; {picked}use --graph legacy, as --profile tensorrt-legacy "
+                                                "does, or --backend onnxruntime)")
+    if config.backend == "tensorrt":
         log(f"backend tensorrt: {why}")
         return "tensorrt"
     log(f"backend auto: {'tensorrt' if usable else 'onnxruntime'} ({why})")

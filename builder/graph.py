@@ -37,7 +37,9 @@ class GraphWriter:
 
     def weight(self, name: str, array: np.ndarray) -> str:
         # from_array handles ml_dtypes.int4 too (packed two per byte)
-        self.initializers.append(numpy_helper.from_array(np.ascontiguousarray(array), name))
+        # (np.ascontiguousarray makes a 0-d array 1-d: a scalar must stay one, as Range and Gather read it)
+        array = np.asarray(array)
+        self.initializers.append(numpy_helper.from_array(array if array.flags.c_contiguous else np.ascontiguousarray(array), name))
         return name
 
     def const(self, values, dtype=np.int64) -> str:

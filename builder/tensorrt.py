@@ -247,6 +247,9 @@ def build_plan(onnx_path: Path, profiles: list[Profile], *, workspace_gib: float
     config.builder_optimization_level = opt_level
     if hasattr(trt.BuilderFlag, "MONITOR_MEMORY"):  # 10.6+: reports build-time memory use (the workspace bounds it)
         config.set_flag(trt.BuilderFlag.MONITOR_MEMORY)
+    # TF32 is on by default, strongly typed or not: float32 MatMuls would round their inputs to 10-bit
+    # mantissas (the demo model's logits 0.05 off, past the build check's 1e-3). Float32 means float32.
+    config.clear_flag(trt.BuilderFlag.TF32)
     cache_bytes = timing_cache.read_bytes() if timing_cache and timing_cache.is_file() else b""
     cache = config.create_timing_cache(cache_bytes)  # None when TensorRT cannot read the bytes at all
     if cache is None or not config.set_timing_cache(cache, ignore_mismatch=False):

@@ -361,9 +361,14 @@ class TensorRTEngine:
     def set_profile(self, seq: int) -> None:
         profile = PREFILL if seq > 1 else DECODE
         if profile != self.profile:
-            if not self.context.set_optimization_profile_async(profile, int(self.stream)):  # (its log says why)
+            why = ""
+            try:  # (TensorRT's binding raises where the C++ call says false: "Error in set optimization ...")
+                switched = self.context.set_optimization_profile_async(profile, int(self.stream))
+            except RuntimeError as e:
+                switched, why = False, f": {e}"
+            if not switched:  # (its log says why)
                 raise RuntimeError(f"TensorRT refused to switch the execution context to optimization profile "
-                                   f"{profile} ({'prefill' if profile == PREFILL else 'decode'})")
+                                   f"{profile} ({'prefill' if profile == PREFILL else 'decode'}){why}")
             self.profile = profile
 
     def bind_kv(self, kv: list[DeviceView]) -> list[tuple[int, int, int]]:

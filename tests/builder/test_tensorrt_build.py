@@ -222,6 +222,48 @@ def test_modern_graph_is_refused_by_an_old_tensorrt(tiny_checkpoint, tmp_path):
         build_trt(tiny_checkpoint("llama"), tmp_path / "e", env={"FAKE_TRT_VERSION": "10.3.0.30"})
 
 
+def test_auto_refuses_the_modern_graph_on_an_old_tensorrt_before_the_export(tiny_checkpoint, tmp_path):
+    """--backend auto on a JetPack 6 Orin (TensorRT 10.3) picks TensorRT: the modern graph is refused up
+    front, naming what to do (it was exported whole, then failed a 17-issue lint)."""
+    logs: list[str] = []
+    with fakes.installed(FAKE_TRT_VERSION="10.3.0.30"), pytest.raises(
+            trt_build.TensorRTUnavailable, match="TensorRT 10.3 cannot parse the modern graph .*--backend auto picked "
+                                                 "it: use --graph legacy.* or --backend onnxruntime"):
+        build(BuildConfig(model=str(tiny_checkpoint("llama")), output=str(tmp_path / "e"), **LIMITS), log=logs.append)
+    assert not any("loading" in line for line in logs) and not (tmp_path / "e").exists()
+
+
+def test_a_batch_of_one_builds_and_answers(tiny_checkpoint, tmp_path, run_cli):
+    """max_batch_size 1 pins the batch axis: write_index and the others become int64 [1] inputs,
+    execution tensors still (nothing computes a shape from them; the stand-in took them for shape
+    tensors by their type and refused the build). The answers are the ONNX Runtime engine's."""
+    payload = {"temperature": 0, "max_generate_length": 6, "requests": [
+        {"messages": [{"role": "user", "content": "Hello"}]}, {"messages": [{"role": "user", "content": "Paris"}]}]}
+    ort = build(BuildConfig(model=str(tiny_checkpoint("llama")), output=str(tmp_path / "ort"), backend="onnxruntime",
+                            **{**LIMITS, "max_batch_size": 1}), log=lambda m: None)
+    build_trt(tiny_checkpoint("llama"), tmp_path / "trt", max_batch_size=1)
+    want = [r["output_ids"] for r in run_cli(ort, payload)[1]["responses"]]
+    with fakes.installed():
+        result, out = run_cli(tmp_path / "trt", payload)
+    assert result.exit_code == 0, result.output
+    assert [r["output_ids"] for r in out["responses"]] == want
+
+
+def test_float32_plans_are_built_without_tf32(tiny_checkpoint, tmp_path, monkeypatch):
+    """TensorRT enables TF32 by default, strongly typed networks too: the build clears it (the
+    stand-in refuses a config with it, as it cannot compute TF32)."""
+    seen = []
+    with fakes.installed():
+        import tensorrt as trt
+
+        build_serialized = trt.Builder.build_serialized_network
+        monkeypatch.setattr(trt.Builder, "build_serialized_network", lambda self, network, config: seen.append(
+            set(config.flags)) or build_serialized(self, network, config))
+        build(BuildConfig(model=str(tiny_checkpoint("llama")), output=str(tmp_path / "e"), backend="tensorrt",
+                          verify=False, **LIMITS), log=lambda m: None)
+        assert seen and all(trt.BuilderFlag.TF32 not in flags for flags in seen)
+
+
 def test_legacy_build_for_tensorrt_10_3(tiny_checkpoint, tmp_path):
     build_trt(tiny_checkpoint("mistral"), tmp_path / "e", env={"FAKE_TRT_VERSION": "10.3.0.30"},
               graph="legacy", trt_version="10.3")

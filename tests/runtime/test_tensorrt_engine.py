@@ -372,16 +372,21 @@ def test_guided_requests_on_tensorrt_answer_as_on_onnxruntime(engines, run_cli):
 
 
 def test_a_refused_profile_switch_is_an_error(engines, monkeypatch):
-    """set_optimization_profile_async says False where TensorRT refuses the switch: the step fails
-    there, not later at a shape that profile does not take."""
+    """TensorRT's binding raises "Error in set optimization profile async." where the switch is
+    refused (its C++ call says false; a review found the Python binding never returns False): the
+    step fails there, naming the profile, not later at a shape that profile does not take."""
     from trtllm.runtime.backends import tensorrt as backend
     from trtllm.runtime.engine import load_engine
 
+    def refused(self, index, stream):
+        raise RuntimeError("Error in set optimization profile async.")
+
     with fakes.installed():
         engine = load_engine(engines / "modern")
-        monkeypatch.setattr(type(engine.context), "set_optimization_profile_async", lambda self, index, stream: False)
+        monkeypatch.setattr(type(engine.context), "set_optimization_profile_async", refused)
         want = backend.PREFILL if engine.profile != backend.PREFILL else backend.DECODE
-        with pytest.raises(RuntimeError, match=f"refused to switch the execution context to optimization profile {want}"):
+        with pytest.raises(RuntimeError, match=f"refused to switch the execution context to optimization profile {want} "
+                                               r"\((prefill|decode)\): Error in set optimization profile async"):
             engine.set_profile(2 if want == backend.PREFILL else 1)
 
 

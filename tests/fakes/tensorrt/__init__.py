@@ -105,12 +105,47 @@ def _minor() -> str:
     return ".".join(__version__.split(".")[:2])
 
 
+# The inputs of each op that TensorRT needs as shape tensors (a shape, a size, an axis, a count)
+SHAPE_SLOTS = {"Reshape": (1,), "Expand": (1,), "Slice": (1, 2, 3, 4), "Range": (0, 1, 2), "TopK": (1,),
+               "Tile": (1,), "ConstantOfShape": (0,), "Pad": (1, 2), "Unsqueeze": (1,), "Squeeze": (1,),
+               "ReduceSum": (1,), "ReduceMax": (1,), "ReduceMin": (1,), "ReduceMean": (1,), "ReduceProd": (1,),
+               "CumSum": (1,), "OneHot": (1,), "Resize": (2, 3), "Split": (1,)}
+
+
+def shape_tensors(model) -> set[str]:
+    """The graph inputs TensorRT would take as shape tensors: those a shape slot reads, directly or
+    through the ops that compute it (a Shape op's input is not one: it reads only its shape). By
+    use, as TensorRT decides (ITensor.is_shape_tensor), not by dtype: an int64 [1] input that only
+    indexes or compares (a batch-1 graph's write_index) is an execution tensor."""
+    nodes = list(model.graph.node)
+    for fn in model.functions:  # (a function's body: its formal inputs named as each call's actuals)
+        for call in (n for n in model.graph.node if n.op_type == fn.name and n.domain == fn.domain):
+            names = dict(zip(fn.input, call.input))
+            for n in fn.node:
+                copy = type(n)()
+                copy.CopyFrom(n)
+                copy.input[:] = [names.get(i, i) for i in n.input]
+                nodes.append(copy)
+    made = {o: n for n in nodes for o in n.output}
+    needed = [n.input[i] for n in nodes for i in SHAPE_SLOTS.get(n.op_type, ()) if i < len(n.input) and n.input[i]]
+    seen = set()
+    while needed:
+        name = needed.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        node = made.get(name)
+        if node is not None and node.op_type != "Shape":
+            needed += [i for i in node.input if i]
+    return seen & {i.name for i in model.graph.input}
+
+
 class _ITensor:
-    def __init__(self, info):
+    def __init__(self, info, shape_tensor: bool = False):
         t = info.type.tensor_type
         self.name, self.dtype = info.name, _ONNX[t.elem_type]
         self.shape = tuple(d.dim_value if d.HasField("dim_value") else -1 for d in t.shape.dim)
-        self.is_shape_tensor = self.dtype == DataType.INT64 and self.shape == (1,)
+        self.is_shape_tensor = shape_tensor
 
 
 class _Network:
@@ -184,7 +219,8 @@ class OnnxParser:
                     node.name, node.op_type, f"the KV cache {cache.name} must have a static sequence axis, got "
                     f"{cache.shape}")))
         self.network.model = model
-        self.network.inputs = [_ITensor(i) for i in model.graph.input]
+        shapes = shape_tensors(model)
+        self.network.inputs = [_ITensor(i, i.name in shapes) for i in model.graph.input]
         self.network.outputs = [_ITensor(o) for o in model.graph.output]
         return not self.errors
 
@@ -216,7 +252,8 @@ class _TimingCache:
 
 class _BuilderConfig:
     def __init__(self):
-        self.profiles, self.flags, self.pools, self.cache = [], set(), {}, None
+        # TF32 as TensorRT's default: "Enabled by default" (BuilderFlag.TF32)
+        self.profiles, self.flags, self.pools, self.cache = [], {BuilderFlag.TF32}, {}, None
         self.builder_optimization_level = 3
 
     def set_memory_pool_limit(self, pool, nbytes):
@@ -224,6 +261,9 @@ class _BuilderConfig:
 
     def set_flag(self, flag):
         self.flags.add(flag)
+
+    def clear_flag(self, flag):
+        self.flags.discard(flag)
 
     def create_timing_cache(self, data):
         """None for bytes that are not a timing cache at all, as real TensorRT's binding returns
@@ -263,6 +303,8 @@ class Builder:
         """IHostMemory (here a memoryview: only the buffer protocol), or None on failure."""
         if not config.profiles or config.cache is None:
             return None
+        if BuilderFlag.TF32 in config.flags:  # (TensorRT would build it, computing float32 MatMuls in
+            raise RuntimeError("this stand-in cannot compute TF32: clear BuilderFlag.TF32")  # TF32: refused here)
         for p in config.profiles:
             for t in network.inputs:
                 if t.name not in p.shapes or (t.is_shape_tensor and t.name not in p.values):
@@ -298,7 +340,8 @@ class ICudaEngine:
         import onnxruntime as ort
 
         model = onnx.load_from_string(model_bytes)
-        self.inputs = [_ITensor(i) for i in model.graph.input]
+        shapes = shape_tensors(model)
+        self.inputs = [_ITensor(i, i.name in shapes) for i in model.graph.input]
         self.outputs = [_ITensor(o) for o in model.graph.output]
         self.tensors = {t.name: t for t in self.inputs + self.outputs}
         self.profiles = [{k: tuple(tuple(d) for d in v) for k, v in p["shapes"].items()} for p in header["profiles"]]
