@@ -5,6 +5,7 @@ import contextlib
 import hashlib
 import math
 import re
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -131,10 +132,16 @@ def load_gguf(path: Path) -> Checkpoint:
     """transformers dequantizes the GGUF to float32; the loaded model then behaves as a normal one.
     What its loader drops is refused first: the build would check the engine against the same
     wrong model and pass; Llama 3's RoPE scaling, which it drops too, is given back (llama3_rope)."""
-    with unreadable(str(path)):
+    with unreadable(str(path)), tempfile.TemporaryDirectory() as alone:
         keys = check_gguf(path)
-        tok = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
-        model, info = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32,
+        # From a directory that holds the GGUF alone: transformers prefers a tokenizer.json (and a
+        # config.json) it finds beside the file to what the file holds, another model's as readily
+        (Path(alone) / path.name).symlink_to(path.resolve())
+        tok = AutoTokenizer.from_pretrained(alone, gguf_file=path.name)
+        if keys.chat_templates:  # (its loader reads the default one alone: a tool_use one was lost)
+            tok.chat_template = {"default": tok.chat_template, **keys.chat_templates} if tok.chat_template \
+                else keys.chat_templates
+        model, info = AutoModelForCausalLM.from_pretrained(alone, gguf_file=path.name, dtype=torch.float32,
                                                            output_loading_info=True)
         check_loaded(info, str(path))
         if keys.rope_freqs is not None:
@@ -160,6 +167,7 @@ class GgufKeys:
     softcaps: dict = field(default_factory=dict)  # a gemma2 GGUF's: config name -> value
     linear: float | None = None  # a gemma3 GGUF's linear RoPE scaling (its global layers': Gemma 3 4B-27B)
     eog_ids: list[int] = field(default_factory=list)  # the tokens llama.cpp ends generation at (gguf_eog_ids)
+    chat_templates: dict = field(default_factory=dict)  # named ones (tokenizer.chat_template.<name>): tool_use
 
 
 def phi3_keys(model, keys: GgufKeys) -> None:
@@ -277,7 +285,13 @@ def check_gguf(path: Path) -> GgufKeys:
     (its rope_factors_long/short tensors), a Gemma's soft-caps and linear scaling."""
     import gguf
 
-    reader = gguf.GGUFReader(path)
+    try:
+        reader = gguf.GGUFReader(path)
+    except (ValueError, IndexError) as e:  # (numpy's words for a file cut short: say so)
+        if any(word in str(e).lower() for word in ("magic", "version")):  # (the reader's own, clear)
+            raise
+        raise CheckpointError(f"--model {str(path)!r} is not a readable GGUF: truncated or corrupt "
+                              f"({type(e).__name__}: {str(e).splitlines()[0][:160]})") from e
 
     def value(name, default=None):
         """A key's value (a string or a number), or `default` where the GGUF lacks it."""
@@ -310,6 +324,7 @@ def check_gguf(path: Path) -> GgufKeys:
                               "Hugging Face checkpoint directory")
     if freqs is not None and arch != "llama":
         refuse(f"a rope_freqs.weight tensor in a {arch} GGUF (Llama 3's RoPE scaling is read from llama ones)")
+    gguf_layout(reader, value, arch, str(path))
     head = value("qwen3.attention.key_length") if arch == "qwen3" else None
     if head is not None and int(head) != 128:  # (its qwen3 mapping leaves the key out: Qwen3Config's 128)
         raise CheckpointError(f"--model {str(path)!r} is a qwen3 GGUF with heads of {int(head)} "
@@ -332,6 +347,8 @@ def check_gguf(path: Path) -> GgufKeys:
         keys.longrope = phi3_longrope(reader, value, keys.rope_dims, str(path))
     keys.linear = value(factors[0]) if linear else None
     keys.eog_ids = gguf_eog_ids(reader, value)
+    keys.chat_templates = {name.removeprefix("tokenizer.chat_template."): value(name) for name in reader.fields
+                           if name.startswith("tokenizer.chat_template.")}
     if arch in ("gemma2", "gemma3"):
         # llama.cpp's Gemma 3 without a window (sliding_window_pattern 1: every layer global, one RoPE
         # base) is no model transformers' GGUF loader makes: it would slide five of six layers
@@ -343,6 +360,53 @@ def check_gguf(path: Path) -> GgufKeys:
         keys.softcaps = {name: value(f"{arch}.{name}") for name in ("attn_logit_softcapping", "final_logit_softcapping")
                          if value(f"{arch}.{name}") is not None}
     return keys
+
+
+# The keys llama.cpp will not load a model without (transformers' loader takes its defaults instead:
+# a context of 2048, an epsilon of 1e-6)
+GGUF_REQUIRED = ("context_length", "embedding_length", "block_count", "attention.head_count",
+                 "attention.layer_norm_rms_epsilon")
+
+
+def gguf_layout(reader, value, arch: str, path: str) -> None:
+    """What the file's keys must agree with, refused where they do not (the build's check would pass
+    a wrong model, or a wrong tokenizer, as it compares with the same loader's): the keys llama.cpp
+    requires, layers past block_count (the loader drops them without a word), and control tokens of
+    a byte-level vocabulary written outside its byte alphabet (DeepSeek-R1-Distill's
+    `<｜User｜>`: the loader respells them, and they are split into bytes or added twice)."""
+    import gguf
+
+    missing = [f"{arch}.{key}" for key in GGUF_REQUIRED if value(f"{arch}.{key}") is None]
+    if missing:
+        raise CheckpointError(f"--model {path!r} lacks {listed(missing, 5)}, which llama.cpp requires (transformers' "
+                              "GGUF loader would take its defaults)")
+    count = int(value(f"{arch}.block_count"))
+    past = [t.name for t in reader.tensors if (m := re.match(r"blk\.(\d+)\.", t.name)) and int(m.group(1)) >= count]
+    if past:
+        raise CheckpointError(f"--model {path!r} holds tensors of layers past its {arch}.block_count ({count}): "
+                              f"{listed(past, 4)}, which transformers' GGUF loader would drop")
+    if value("tokenizer.ggml.model") != "gpt2" or "tokenizer.ggml.token_type" not in reader.fields:
+        return
+    alphabet = set(bytes_to_unicode().values()) | {chr(c) for c in range(0x20, 0x7f)}  # (and plain ASCII)
+    tokens, types = reader.fields["tokenizer.ggml.tokens"], reader.fields["tokenizer.ggml.token_type"]
+    odd = [text for i, text in ((i, bytes(tokens.parts[tokens.data[i]]).decode("utf-8", "replace"))
+                                for i in range(len(tokens.data)))
+           if int(types.parts[types.data[i]][0]) in (gguf.TokenType.CONTROL, gguf.TokenType.USER_DEFINED)
+           and not set(text) <= alphabet]
+    if odd:
+        raise CheckpointError(f"--model {path!r} has control tokens written outside its byte-level vocabulary's "
+                              f"alphabet ({listed(odd, 4)}), which transformers' GGUF loader respells: they would be "
+                              "split into bytes, or added again. Build from the Hugging Face checkpoint directory")
+
+
+def bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's byte-level alphabet: each byte as the character its vocabulary writes it with."""
+    keep = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    chars, extra = {b: chr(b) for b in keep}, 0
+    for b in range(256):
+        if b not in chars:
+            chars[b], extra = chr(256 + extra), extra + 1
+    return chars
 
 
 # The tokens llama.cpp ends generation at besides the GGUF's eos/eot/eom ids (llama-vocab.cpp, which

@@ -42,7 +42,7 @@ def write_llama_gguf(ckpt: Path, out: Path, drop: tuple[str, ...] = (), extra_te
                      attn_factor: float | None = None) -> Path:
     """`ckpt` (a tiny Llama checkpoint) as a GGUF; `drop` leaves tensors out (GGUF names),
     `rope_scaling` = (type, factor) adds llama.cpp's scaling keys, `fields` more keys: name ->
-    float (float32) or int (uint16); `arch` labels it another architecture (general.architecture):
+    float (float32), int (uint16) or str; `arch` labels it another architecture (general.architecture):
     "phi3" writes a Phi-3 checkpoint's keys as llama.cpp's converter does (its sliding window, 0 for
     none; its original context); "gemma2" and "gemma3" a Gemma's (its norms' weights plus 1, q and k
     rows as they are, the head size, window and soft-caps); `rope_dims` the rotary dimensions it
@@ -95,7 +95,8 @@ def write_llama_gguf(ckpt: Path, out: Path, drop: tuple[str, ...] = (), extra_te
         w.add_rope_scaling_type(gguf.RopeScalingType(rope_scaling[0]))
         w.add_rope_scaling_factor(rope_scaling[1])
     for name, field in (fields or {}).items():
-        (w.add_float32 if isinstance(field, float) else w.add_uint16)(name, field)
+        (w.add_string if isinstance(field, str) else w.add_float32 if isinstance(field, float) else w.add_uint16)(
+            name, field)
     tokenizer = json.loads((ckpt / "tokenizer.json").read_text())
     added = {a["id"]: a["content"] for a in tokenizer["added_tokens"]}
     tokens = {**{i: t for t, i in tokenizer["model"]["vocab"].items()}, **added}

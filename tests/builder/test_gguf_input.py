@@ -367,3 +367,81 @@ def test_a_gguf_ends_generation_where_llama_cpp_does(untied_llama, tmp_path, mon
     wrong = build(BuildConfig(model=str(path), output=str(tmp_path / "wrong"), max_batch_size=1, max_input_len=16,
                               max_kv_cache_capacity=64), log=lambda m: None)
     assert answer(wrong)[1] == "max-length"
+
+
+def test_a_gguf_beside_another_models_files_reads_its_own(untied_llama, tmp_path):
+    """transformers prefers a tokenizer.json (and a config.json) beside the GGUF to what the file
+    holds: a review's GGUF next to SmolLM2's files got a 49,152-token tokenizer, and the build's
+    check, comparing numbers only, passed. The file's own are read."""
+    import shutil
+
+    (tmp_path / "a").mkdir()
+    alone = checkpoint.load(str(write_llama_gguf(untied_llama, tmp_path / "a" / "m.gguf")))
+    beside = tmp_path / "b"
+    beside.mkdir()
+    write_llama_gguf(untied_llama, beside / "m.gguf")
+    other = tmp_path / "other"
+    from tests.tiny_models import make_checkpoint
+
+    make_checkpoint("qwen2", other, num_layers=1)
+    (other / "tokenizer.json").write_text((other / "tokenizer.json").read_text().replace('"Ġ', '"Ġx'))  # (another vocab)
+    for name in ("tokenizer.json", "tokenizer_config.json", "config.json"):
+        shutil.copy(other / name, beside / name)
+    got = checkpoint.load(str(beside / "m.gguf"))
+    assert got.tokenizer.get_vocab() == alone.tokenizer.get_vocab()
+    assert got.model.config.num_hidden_layers == alone.model.config.num_hidden_layers == 2
+
+
+def test_a_ggufs_named_chat_templates_are_kept(untied_llama, tmp_path):
+    """llama.cpp's converter writes a tool_use template beside the default (Hermes 2 Pro/3, Command R):
+    transformers' loader kept the default alone, and a request with tools was refused."""
+    path = write_llama_gguf(untied_llama, tmp_path / "m.gguf", fields={
+        "tokenizer.chat_template": "{{ messages[0].content }}", "tokenizer.chat_template.tool_use": "{{ tools }}"})
+    templates = checkpoint.load(str(path)).tokenizer.chat_template
+    assert templates == {"default": "{{ messages[0].content }}", "tool_use": "{{ tools }}"}
+
+
+@pytest.mark.parametrize("fields, skip, match", [
+    ({"llama.block_count": 1}, (), r"holds tensors of layers past its llama.block_count \(1\): blk.1"),
+    ({}, ("add_layer_norm_rms_eps",), "lacks llama.attention.layer_norm_rms_epsilon, which llama.cpp requires"),
+    ({}, ("add_context_length",), "lacks llama.context_length"),
+])
+def test_keys_that_disagree_with_the_tensors_or_are_missing_are_refused(untied_llama, tmp_path, monkeypatch,
+                                                                        fields, skip, match):
+    """A block_count below the layers stored (the loader dropped the rest without a word) and keys
+    llama.cpp requires (the loader took its defaults: a context of 2048 for a 512 model)."""
+    import gguf
+
+    for name in skip:
+        monkeypatch.setattr(gguf.GGUFWriter, name, lambda self, *a, **k: None)
+    if fields:  # (written after the writer's own key: replace it)
+        monkeypatch.setattr(gguf.GGUFWriter, "add_block_count", lambda self, *a, **k: None)
+    path = write_llama_gguf(untied_llama, tmp_path / "m.gguf", fields={k: v for k, v in fields.items()})
+    with pytest.raises(checkpoint.CheckpointError, match=match):
+        checkpoint.load(str(path))
+
+
+@pytest.mark.parametrize("keep", [-1, 200, 2000])
+def test_a_truncated_gguf_says_so(untied_llama, tmp_path, keep):
+    path = write_llama_gguf(untied_llama, tmp_path / "m.gguf")
+    data = path.read_bytes()
+    path.write_bytes(data[:keep])
+    with pytest.raises(checkpoint.CheckpointError, match="not a readable GGUF: truncated or corrupt"):
+        checkpoint.load(str(path))
+
+
+def test_control_tokens_outside_the_byte_alphabet_are_refused(untied_llama, tmp_path, monkeypatch):
+    """DeepSeek-R1-Distill's `<｜User｜>`: transformers' loader respells such tokens (a review saw them
+    split into ten byte tokens, or added again past the embedding): refused, naming them."""
+    import gguf
+
+    add_list = gguf.GGUFWriter.add_token_list
+
+    def with_fullwidth(self, tokens):
+        add_list(self, [t.replace("<|im_start|>", "<｜User｜>") for t in tokens])
+
+    monkeypatch.setattr(gguf.GGUFWriter, "add_token_list", with_fullwidth)
+    path = write_llama_gguf(untied_llama, tmp_path / "m.gguf")
+    with pytest.raises(checkpoint.CheckpointError, match="control tokens written outside its byte-level vocabulary's "
+                                                         "alphabet .*<｜User｜>"):
+        checkpoint.load(str(path))
