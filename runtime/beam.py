@@ -53,6 +53,14 @@ class Stuck(ValueError):
     """No running beam of a search can take a token (its bans leave none), and none finished."""
 
 
+class Interrupted(Exception):
+    """A search that a Ctrl-C ended: `so_far`, its best hypotheses then (Search.so_far)."""
+
+    def __init__(self, so_far: list):
+        super().__init__("interrupted")
+        self.so_far = so_far
+
+
 class Hypotheses(list):
     """A search's hypotheses, best first (placeholders, `finished` False, where fewer finished);
     `stuck`: why it ended early, its running beams' bans leaving no token (None: it did not)."""
@@ -184,6 +192,15 @@ class Search:
             raise ValueError(f"guided decoding: {why}")
         return matcher
 
+    def so_far(self) -> list:
+        """Where an interrupted search stands, best first: its finished hypotheses by score, then its
+        running beams by score (each what it had generated)."""
+        done = [Hypothesis(t, float(s), True, tr) for t, s, d, tr in
+                zip(self.finished, self.finished_scores, self.is_finished, self.finished_trace) if d]
+        going = sorted(zip(self.running_scores, range(len(self.running))), key=lambda x: -x[0])
+        return sorted(done, key=lambda h: -h.score) + [Hypothesis(self.running[i], float(s), False, self.trace[i])
+                                                         for s, i in going]
+
     def hypotheses(self) -> Hypotheses:
         return Hypotheses([Hypothesis(tokens, float(score), bool(done), trace)
                            for tokens, score, done, trace in zip(self.finished, self.finished_scores, self.is_finished,
@@ -312,78 +329,85 @@ def run_many(engine, jobs: list[tuple[list[int], BeamParams]], timing=None, done
         elif contexts is not None and beams.p.context_commit:
             contexts.commit(tuple(beams.prompt), adapter_key(beams.p), lambda length: kv.read(beams.base, length))
 
-    while waiting or active:
-        for job in list(waiting):  # admitted in order, each where its B slots are free side by side
-            prompt, p = jobs[job]
-            base = next((s for s in range(slots - p.num_beams + 1)
-                         if all(o is None for o in owner[s:s + p.num_beams])), None)
-            if active and sum(b.p.num_beams for b in active.values()) + p.num_beams > limit:
-                base = None
-            if base is None:
-                break  # (it waits, and those after it too: answers keep the requests' order of starting)
-            waiting.remove(job)
-            beams = active[job] = Beams(prompt, p, base)
-            for slot in beams.slots:
-                owner[slot] = job
-            n = len(prompt)
-            try:
-                # prompt_logprobs: the prompt computed whole (nothing restored), in steps that give
-                # its positions' logits (runtime/prompt_scores.py)
-                reused = 0 if p.scorer is not None else restore(kv, base, prompt, p, prefixes, contexts)
-                start = reused
-                while start < n:
-                    end = n if p.scorer is None else chunk_stop(n, start, prompt_scores.SCORE_CHUNK)
-                    out = timed("llm_prefill", StepInputs(
-                        input_ids=np.array([prompt[start:end]], np.int64), position_ids=np.arange(start, end)[None],
-                        write_index=np.array([start], np.int64), last_index=np.array([end - start - 1], np.int64),
-                        sampling=sampling.rows(batch, 0, 1), prompt=True,
-                        verify_index=None if p.scorer is None else prompt_scores.index(p.scorer, start, end)),
-                        base, base + 1, not graph[job] or p.scorer is not None)
-                    if p.scorer is not None and (why := prompt_scores.record(p.scorer, start, out.verify_logits[0])):
-                        raise FloatingPointError(why)
-                    start = end
-                if timing is not None:
-                    timing.reused_tokens += reused
-                if (p.save_prefix and prefixes and p.prefix_ids and len(p.prefix_ids) <= n
-                        and not prefixes.has(p.prefix_ids, adapter_key(p))):  # (as generate.py's prefill)
-                    prefixes.save(p.prefix_ids, kv.read(base, len(p.prefix_ids)), adapter_key(p))
-                # (beams 1.. are beam 0 until the first step)
-                beams.found = repeat(candidates(out, slice(0, 1), job), p.num_beams)
-            except Exception as e:  # noqa: BLE001 - its own failure
-                finish(job, e)
-        going = []
-        for job, beams in list(active.items()):
-            try:
-                if beams.advance(kv):
-                    going.append(job)
-                else:
-                    finish(job, beams.search.hypotheses())
-            except Exception as e:  # noqa: BLE001 - its own failure (non-finite logits)
-                finish(job, e)
-        if not going:
-            continue
-        lo, hi = min(active[j].base for j in going), max(active[j].slots.stop for j in going)
-        span = hi - lo  # the slots between the searches' that are idle take a pad token at position 0
-        ids, pos = np.full((span, 1), m.pad_token_id, np.int64), np.zeros(span, np.int64)
-        for job in going:
-            beams = active[job]
-            at = slice(beams.base - lo, beams.slots.stop - lo)
-            ids[at, 0] = [beam[-1] for beam in beams.search.running]
-            pos[at] = len(beams.prompt) + beams.search.generated - 1  # where each running beam's last token goes
-        try:
-            out = timed("llm_generation", StepInputs(input_ids=ids, position_ids=pos[:, None], write_index=pos,
-                                                      last_index=np.zeros(span, np.int64),
-                                                      sampling=sampling.rows(batch, 0, span)), lo, hi,
-                        not all(graph[j] for j in going))
-        except Exception as e:  # noqa: BLE001 - the step's searches fail; those waiting still run
+    try:
+        while waiting or active:
+            for job in list(waiting):  # admitted in order, each where its B slots are free side by side
+                prompt, p = jobs[job]
+                base = next((s for s in range(slots - p.num_beams + 1)
+                             if all(o is None for o in owner[s:s + p.num_beams])), None)
+                if active and sum(b.p.num_beams for b in active.values()) + p.num_beams > limit:
+                    base = None
+                if base is None:
+                    break  # (it waits, and those after it too: answers keep the requests' order of starting)
+                waiting.remove(job)
+                beams = active[job] = Beams(prompt, p, base)
+                for slot in beams.slots:
+                    owner[slot] = job
+                n = len(prompt)
+                try:
+                    # prompt_logprobs: the prompt computed whole (nothing restored), in steps that give
+                    # its positions' logits (runtime/prompt_scores.py)
+                    reused = 0 if p.scorer is not None else restore(kv, base, prompt, p, prefixes, contexts)
+                    start = reused
+                    while start < n:
+                        end = n if p.scorer is None else chunk_stop(n, start, prompt_scores.SCORE_CHUNK)
+                        out = timed("llm_prefill", StepInputs(
+                            input_ids=np.array([prompt[start:end]], np.int64), position_ids=np.arange(start, end)[None],
+                            write_index=np.array([start], np.int64), last_index=np.array([end - start - 1], np.int64),
+                            sampling=sampling.rows(batch, 0, 1), prompt=True,
+                            verify_index=None if p.scorer is None else prompt_scores.index(p.scorer, start, end)),
+                            base, base + 1, not graph[job] or p.scorer is not None)
+                        why = None if p.scorer is None else prompt_scores.record(p.scorer, start, out.verify_logits[0])
+                        if why:
+                            raise FloatingPointError(why)
+                        start = end
+                    if timing is not None:
+                        timing.reused_tokens += reused
+                    if (p.save_prefix and prefixes and p.prefix_ids and len(p.prefix_ids) <= n
+                            and not prefixes.has(p.prefix_ids, adapter_key(p))):  # (as generate.py's prefill)
+                        prefixes.save(p.prefix_ids, kv.read(base, len(p.prefix_ids)), adapter_key(p))
+                    # (beams 1.. are beam 0 until the first step)
+                    beams.found = repeat(candidates(out, slice(0, 1), job), p.num_beams)
+                except Exception as e:  # noqa: BLE001 - its own failure
+                    finish(job, e)
+            going = []
+            for job, beams in list(active.items()):
+                try:
+                    if beams.advance(kv):
+                        going.append(job)
+                    else:
+                        finish(job, beams.search.hypotheses())
+                except Exception as e:  # noqa: BLE001 - its own failure (non-finite logits)
+                    finish(job, e)
+            if not going:
+                continue
+            lo, hi = min(active[j].base for j in going), max(active[j].slots.stop for j in going)
+            span = hi - lo  # the slots between the searches' that are idle take a pad token at position 0
+            ids, pos = np.full((span, 1), m.pad_token_id, np.int64), np.zeros(span, np.int64)
             for job in going:
-                finish(job, e)
-            continue
-        if timing is not None:  # (a token for each running beam, as generate.py counts each running row)
-            timing.generated_tokens += sum(active[job].p.num_beams for job in going)
-        for job in going:
-            beams = active[job]
-            beams.found = candidates(out, slice(beams.base - lo, beams.slots.stop - lo), job)
+                beams = active[job]
+                at = slice(beams.base - lo, beams.slots.stop - lo)
+                ids[at, 0] = [beam[-1] for beam in beams.search.running]
+                pos[at] = len(beams.prompt) + beams.search.generated - 1  # where each running beam's last token goes
+            try:
+                out = timed("llm_generation", StepInputs(input_ids=ids, position_ids=pos[:, None], write_index=pos,
+                                                          last_index=np.zeros(span, np.int64),
+                                                          sampling=sampling.rows(batch, 0, span)), lo, hi,
+                            not all(graph[j] for j in going))
+            except Exception as e:  # noqa: BLE001 - the step's searches fail; those waiting still run
+                for job in going:
+                    finish(job, e)
+                continue
+            if timing is not None:  # (a token for each running beam, as generate.py counts each running row)
+                timing.generated_tokens += sum(active[job].p.num_beams for job in going)
+            for job in going:
+                beams = active[job]
+                beams.found = candidates(out, slice(beams.base - lo, beams.slots.stop - lo), job)
+    except KeyboardInterrupt:  # Ctrl-C: each running search's answers so far, then on up (runner.py)
+        for job, beams in list(active.items()):
+            if done is not None:
+                done(job, Interrupted(beams.search.so_far()), beams.base)
+        raise
     return results
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import itertools
 
-from trtllm.runtime.beam import Hypothesis, Stuck, run_many
+from trtllm.runtime.beam import Hypothesis, Interrupted, Stuck, run_many
 from trtllm.runtime.beam_candidates import BeamParams
 
 
@@ -38,9 +38,10 @@ def params_for(req, row, capacity: int) -> BeamParams:
                       no_repeat_ngram_size=row.params.no_repeat_ngram_size, where=row.params.where)
 
 
-def replay(row, hypothesis: Hypothesis, max_new_tokens: int) -> None:
+def replay(row, hypothesis: Hypothesis, max_new_tokens: int, finish: bool = True) -> None:
     """A hypothesis into a sample's row, token by token as plain decoding takes them (its text,
-    its finish reason: an EOS id, a stop token, the length; its logprobs)."""
+    its finish reason: an EOS id, a stop token, the length; its logprobs). `finish` False: an
+    interrupted search's, which its caller cancels (no finish reason here, no end of its text)."""
     row.max_new_tokens = max_new_tokens
     for i, token in enumerate(hypothesis.tokens):
         if hypothesis.logprobs:
@@ -49,7 +50,10 @@ def replay(row, hypothesis: Hypothesis, max_new_tokens: int) -> None:
         else:
             row.accept(token, None)
         if row.finish_reason:
-            return
+            break
+    if not finish:
+        row.finish_reason = None  # (an EOS it ended with: still cancelled, its search was not over)
+        return
     row.finish_reason = row.finish_reason or "max-length"  # (max_generate_length 0: no token)
 
 
@@ -89,6 +93,14 @@ def answer(engine, samples: list, timing, on_token=None, rows: int | None = None
                                f"placeholders); use a `{penalty}` nearer 0 or a smaller `{n}`")
         for smp in group:
             smp.row.batch_idx = base  # (its beams took slots base .. base + B - 1)
+        if isinstance(found, Interrupted):  # Ctrl-C: each sample what the search had for it, cancelled
+            for smp, hypothesis in zip(group, found.so_far):
+                replay(smp.row, hypothesis, params.max_new_tokens, finish=False)
+            for smp in group:
+                smp.row.cancel()
+                if on_token is not None:
+                    on_token(smp.row)
+            return
         if isinstance(found, Exception):  # its own failure, not its neighbours'
             why = str(found) if isinstance(found, (Unfinished, Stuck)) else f"{type(found).__name__}: {found}"
             for smp in group:

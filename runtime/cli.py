@@ -421,8 +421,9 @@ def serve(input_file: Path, engine_dir: Path, output: str | None, profile: str |
         click.echo(f"{len(failed)} of {len(inp.requests)} requests failed", err=True)
     if runner.cancelled:
         cut = sorted({r["request_idx"] for r in responses if r["finish_reason"] == "cancelled"})
+        rest = len(inp.requests) - len(cut)
         click.echo(f"interrupted: {len(cut)} of {len(inp.requests)} requests were cancelled (their text so far is "
-                   "their answer); the others finished", err=True)
+                   "their answer)" + (f"; the other {rest} finished" if rest else ""), err=True)
     late = interrupts is not None and bool(interrupts.kept)  # an interrupt that waited for the writes
     if late and not runner.cancelled:
         click.echo("interrupted once generation was over" + ("" if unwritten else ": the answers were written first"),

@@ -292,3 +292,36 @@ def test_an_interrupt_a_finalizer_swallowed_still_ends_generation(tmp_path, tiny
     assert result.exit_code == 130 and "2 of 3 requests were cancelled" in result.output, result.output
     first, second, third = json.loads((tmp_path / "out.json").read_text())["responses"]
     assert first == full[0] and second["finish_reason"] == third["finish_reason"] == "cancelled"
+
+
+def test_an_interrupted_beam_search_keeps_what_it_had(tmp_path, tiny_engine, monkeypatch):
+    """A Ctrl-C in a beam search's 6th step: each of its samples is cancelled with what the search had
+    for it (its best beams so far, each a prefix of what a whole search would keep or not), in the
+    slots it took; it came back empty, as a request that never ran (batch_idx null)."""
+    from trtllm.runtime.backends import onnxruntime as ort_backend
+
+    engine = tiny_engine("llama")
+    payload = {"temperature": 0, "max_generate_length": 12, "ignore_eos": True,
+               "requests": [{**chat("a"), "num_beams": 2, "n": 2}]}
+    (tmp_path / "in.json").write_text(json.dumps(payload))
+    args = [str(tmp_path / "in.json"), "--engine", str(engine), "--output", str(tmp_path / "out.json"), "--stream"]
+    step, calls = ort_backend.OnnxRuntimeEngine.step, [0]
+
+    def ctrl_c_at_step_6(self, inputs, kv, want_logits=False):
+        calls[0] += 1
+        if calls[0] == 6:
+            raise KeyboardInterrupt
+        return step(self, inputs, kv, want_logits)
+
+    monkeypatch.setattr(ort_backend.OnnxRuntimeEngine, "step", ctrl_c_at_step_6)
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 130 and "1 of 1 requests were cancelled" in result.output, result.output
+    assert "the other" not in result.output  # (none finished)
+    out = json.loads((tmp_path / "out.json").read_text())["responses"]
+    assert [r["finish_reason"] for r in out] == ["cancelled", "cancelled"] and [r["batch_idx"] for r in out] == [0, 0]
+    assert all(len(r["output_ids"]) == 5 and r["output_text"] for r in out)  # (5 steps, a token each)
+    assert out[0]["output_ids"] != out[1]["output_ids"] and "beam_score" not in out[0]
+    lines = [json.loads(ln) for ln in result.stdout.splitlines() if ln.startswith("{")]
+    for k, response in enumerate(out):
+        mine = [ln for ln in lines if ln["sample_idx"] == k]
+        assert "".join(ln["text"] for ln in mine) == response["output_text"] and mine[-1]["finish_reason"] == "cancelled"
