@@ -167,6 +167,35 @@ def test_interrupt_exits_130_and_keeps_the_old_output(tmp_path, tiny_engine, mon
     assert json.loads((tmp_path / "out.json").read_text()) == {"good": True}
 
 
+def three_in_one_slot(tmp_path, engine) -> tuple[list[str], list[dict]]:
+    """(trtllm-run's arguments, the answers uninterrupted) of three 4-token requests on one slot:
+    request 0 takes steps 1-4, request 1's prefill is step 5."""
+    payload = {"batch_size": 1, "temperature": 0, "max_generate_length": 4, "requests": [chat("a"), chat("b"), chat("c")]}
+    (tmp_path / "in.json").write_text(json.dumps(payload))
+    args = [str(tmp_path / "in.json"), "--engine", str(engine), "--output", str(tmp_path / "out.json")]
+    CliRunner().invoke(main, [*args[:3], "--output", str(tmp_path / "full.json")])
+    return args, json.loads((tmp_path / "full.json").read_text())["responses"]
+
+
+def at_step(monkeypatch, n: int, action) -> None:
+    """The ONNX Runtime engine's n-th step runs action() first (an interrupt, a signal)."""
+    from trtllm.runtime.backends import onnxruntime as ort_backend
+
+    step, calls = ort_backend.OnnxRuntimeEngine.step, [0]
+
+    def stepped(self, inputs, kv, want_logits=False):
+        calls[0] += 1
+        if calls[0] == n:
+            action()
+        return step(self, inputs, kv, want_logits)
+
+    monkeypatch.setattr(ort_backend.OnnxRuntimeEngine, "step", stepped)
+
+
+def ctrl_c():
+    raise KeyboardInterrupt
+
+
 @pytest.mark.parametrize("stream, second", [(False, False), (True, False), (False, True)])
 def test_interrupt_while_generating_keeps_the_answers_and_cancels_the_rest(tmp_path, tiny_engine, monkeypatch,
                                                                            stream, second):
@@ -174,23 +203,8 @@ def test_interrupt_while_generating_keeps_the_answers_and_cancels_the_rest(tmp_p
     and a Ctrl-C comes in step 6. Request 0 keeps its answer, request 1 ends with its one token as
     "cancelled", request 2 never ran; the output is written and the exit code is 130. `second`: a
     SIGHUP follows while the rest are cancelled, and waits for the answers too."""
-    from trtllm.runtime.backends import onnxruntime as ort_backend
-
-    engine = tiny_engine("llama")
-    payload = {"batch_size": 1, "temperature": 0, "max_generate_length": 4, "requests": [chat("a"), chat("b"), chat("c")]}
-    (tmp_path / "in.json").write_text(json.dumps(payload))
-    args = [str(tmp_path / "in.json"), "--engine", str(engine), "--output", str(tmp_path / "out.json")]
-    CliRunner().invoke(main, [*args[:3], "--output", str(tmp_path / "full.json")])
-    full = json.loads((tmp_path / "full.json").read_text())["responses"]
-    step, calls = ort_backend.OnnxRuntimeEngine.step, [0]
-
-    def ctrl_c_at_step_6(self, inputs, kv, want_logits=False):
-        calls[0] += 1
-        if calls[0] == 6:
-            raise KeyboardInterrupt
-        return step(self, inputs, kv, want_logits)
-
-    monkeypatch.setattr(ort_backend.OnnxRuntimeEngine, "step", ctrl_c_at_step_6)
+    args, full = three_in_one_slot(tmp_path, tiny_engine("llama"))
+    at_step(monkeypatch, 6, ctrl_c)
     if second:  # and the terminal closes (or `timeout` follows up) while the rest are cancelled
         import signal
 
@@ -271,23 +285,9 @@ def test_an_interrupt_a_finalizer_swallowed_still_ends_generation(tmp_path, tiny
     import signal
 
     from tests.builder.test_build_output import SignalInFinalizer
-    from trtllm.runtime.backends import onnxruntime as ort_backend
 
-    engine = tiny_engine("llama")
-    payload = {"batch_size": 1, "temperature": 0, "max_generate_length": 4, "requests": [chat("a"), chat("b"), chat("c")]}
-    (tmp_path / "in.json").write_text(json.dumps(payload))
-    args = [str(tmp_path / "in.json"), "--engine", str(engine), "--output", str(tmp_path / "out.json")]
-    CliRunner().invoke(main, [*args[:3], "--output", str(tmp_path / "full.json")])
-    full = json.loads((tmp_path / "full.json").read_text())["responses"]
-    step, calls = ort_backend.OnnxRuntimeEngine.step, [0]
-
-    def swallowed_in_step_6(self, inputs, kv, want_logits=False):
-        calls[0] += 1
-        if calls[0] == 6:
-            SignalInFinalizer(signal.SIGINT)  # dropped at once: its __del__ runs here
-        return step(self, inputs, kv, want_logits)
-
-    monkeypatch.setattr(ort_backend.OnnxRuntimeEngine, "step", swallowed_in_step_6)
+    args, full = three_in_one_slot(tmp_path, tiny_engine("llama"))
+    at_step(monkeypatch, 6, lambda: SignalInFinalizer(signal.SIGINT))  # dropped at once: its __del__ runs here
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 130 and "2 of 3 requests were cancelled" in result.output, result.output
     first, second, third = json.loads((tmp_path / "out.json").read_text())["responses"]
@@ -298,22 +298,12 @@ def test_an_interrupted_beam_search_keeps_what_it_had(tmp_path, tiny_engine, mon
     """A Ctrl-C in a beam search's 6th step: each of its samples is cancelled with what the search had
     for it (its best beams so far, each a prefix of what a whole search would keep or not), in the
     slots it took; it came back empty, as a request that never ran (batch_idx null)."""
-    from trtllm.runtime.backends import onnxruntime as ort_backend
-
-    engine = tiny_engine("llama")
     payload = {"temperature": 0, "max_generate_length": 12, "ignore_eos": True,
                "requests": [{**chat("a"), "num_beams": 2, "n": 2}]}
     (tmp_path / "in.json").write_text(json.dumps(payload))
-    args = [str(tmp_path / "in.json"), "--engine", str(engine), "--output", str(tmp_path / "out.json"), "--stream"]
-    step, calls = ort_backend.OnnxRuntimeEngine.step, [0]
-
-    def ctrl_c_at_step_6(self, inputs, kv, want_logits=False):
-        calls[0] += 1
-        if calls[0] == 6:
-            raise KeyboardInterrupt
-        return step(self, inputs, kv, want_logits)
-
-    monkeypatch.setattr(ort_backend.OnnxRuntimeEngine, "step", ctrl_c_at_step_6)
+    args = [str(tmp_path / "in.json"), "--engine", str(tiny_engine("llama")), "--output", str(tmp_path / "out.json"),
+            "--stream"]
+    at_step(monkeypatch, 6, ctrl_c)
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 130 and "1 of 1 requests were cancelled" in result.output, result.output
     assert "the other" not in result.output  # (none finished)
