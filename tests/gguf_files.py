@@ -14,7 +14,10 @@ LAYER_NAMES = {"input_layernorm.weight": "attn_norm.weight", "post_attention_lay
                "mlp.gate_proj.weight": "ffn_gate.weight", "mlp.up_proj.weight": "ffn_up.weight",
                "mlp.down_proj.weight": "ffn_down.weight",
                # Phi-3's fused projections, as llama.cpp writes them (its RoPE is NeoX's: no row order change)
-               "self_attn.qkv_proj.weight": "attn_qkv.weight", "mlp.gate_up_proj.weight": "ffn_up.weight"}
+               "self_attn.qkv_proj.weight": "attn_qkv.weight", "mlp.gate_up_proj.weight": "ffn_up.weight",
+               # Qwen2's q/k/v biases
+               "self_attn.q_proj.bias": "attn_q.bias", "self_attn.k_proj.bias": "attn_k.bias",
+               "self_attn.v_proj.bias": "attn_v.bias"}
 # Gemma 2's and 3's norms around each block (its post_attention_layernorm is its own, not Llama's ffn_norm)
 GEMMA_NAMES = {**LAYER_NAMES, "post_attention_layernorm.weight": "post_attention_norm.weight",
                "pre_feedforward_layernorm.weight": "ffn_norm.weight",
@@ -41,16 +44,16 @@ def write_llama_gguf(ckpt: Path, out: Path, drop: tuple[str, ...] = (), extra_te
                      arch: str = "llama", rope_dims: int | None = None, original_context: bool = True,
                      attn_factor: float | None = None) -> Path:
     """`ckpt` (a tiny Llama checkpoint) as a GGUF; `drop` leaves tensors out (GGUF names),
-    `rope_scaling` = (type, factor) adds llama.cpp's scaling keys, `fields` more keys: name ->
-    float (float32), int (uint16) or str; `arch` labels it another architecture (general.architecture):
-    "phi3" writes a Phi-3 checkpoint's keys as llama.cpp's converter does (its sliding window, 0 for
-    none; its original context); "gemma2" and "gemma3" a Gemma's (its norms' weights plus 1, q and k
-    rows as they are, the head size, window and soft-caps); `rope_dims` the rotary dimensions it
-    gives (default: the head's, or its partial_rotary_factor's share); a phi3 with LongRoPE
-    gets its factors as the tensors rope_factors_long/short.weight and the attention factor, as
-    llama.cpp's converter writes them (`drop` can leave those tensors out too; `original_context`
-    False leaves out the context its short factors hold, `attn_factor` sets the attention factor
-    written, 0 leaves it out)."""
+    `rope_scaling` = (type, factor) adds llama.cpp's scaling keys, `fields` more keys: name -> float
+    (float32), int (uint16) or str; `arch` labels it another architecture (general.architecture):
+    "qwen2" a Qwen2 checkpoint's (its q/k/v biases, q/k rows as they are); "phi3" writes a Phi-3
+    checkpoint's keys as llama.cpp's converter does (its sliding window, 0 for none; its original
+    context); "gemma2" and "gemma3" a Gemma's (its norms' weights plus 1, q and k rows as they are,
+    the head size, window and soft-caps); `rope_dims` the rotary dimensions it gives (default: the
+    head's, or its partial_rotary_factor's share); a phi3 with LongRoPE gets its factors as the
+    tensors rope_factors_long/short.weight and the attention factor, as llama.cpp's converter writes
+    them (`drop` can leave those tensors out too; `original_context` False leaves out the context
+    its short factors hold, `attn_factor` sets the attention factor written, 0 leaves it out)."""
     import gguf
     from safetensors.numpy import load_file
 
@@ -117,9 +120,9 @@ def write_llama_gguf(ckpt: Path, out: Path, drop: tuple[str, ...] = (), extra_te
             continue
         if gemma:  # (llama.cpp multiplies by the weight: Gemma's 1 + w is stored)
             value = value + 1 if "norm" in name else value
-        elif name.endswith("attn_q.weight"):
+        elif arch != "qwen2" and name.endswith("attn_q.weight"):  # (Qwen2's RoPE is NeoX's: rows as they are)
             value = rope_rows(value, cfg["num_attention_heads"])
-        elif name.endswith("attn_k.weight"):
+        elif arch != "qwen2" and name.endswith("attn_k.weight"):
             value = rope_rows(value, cfg["num_key_value_heads"])
         w.add_tensor(name, np.ascontiguousarray(value, np.float32))
     for name, value in (extra_tensors or {}).items():

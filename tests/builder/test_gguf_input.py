@@ -54,7 +54,25 @@ def test_what_the_loader_would_drop_is_refused(untied_llama, tmp_path, fields, e
 
 def test_a_scaling_factor_of_one_is_plain_rope(untied_llama, tmp_path):
     path = write_llama_gguf(untied_llama, tmp_path / "one.gguf", fields={"llama.rope.scaling.factor": 1.0})
-    assert checkpoint.load(str(path)).source["kind"] == "gguf"
+    loaded = checkpoint.load(str(path))
+    assert loaded.source["kind"] == "gguf"
+    assert loaded.model.config.rope_parameters.get("rope_type", "default") == "default"
+    plain = checkpoint.load(str(write_llama_gguf(untied_llama, tmp_path / "plain.gguf")))
+    assert torch.equal(loaded.model.model.rotary_emb.inv_freq, plain.model.model.rotary_emb.inv_freq)
+
+
+def test_a_qwen2_gguf_loads_as_its_checkpoint(tmp_path):
+    """Qwen2 (q/k/v biases, NeoX RoPE: rows as they are), tied: the logits of its checkpoint."""
+    import transformers
+
+    from tests.tiny_models import make_checkpoint
+
+    ckpt = make_checkpoint("qwen2", tmp_path / "src")
+    loaded = checkpoint.load(str(write_llama_gguf(ckpt, tmp_path / "q.gguf", arch="qwen2"))).model
+    source = transformers.AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.float32).eval()
+    ids = torch.tensor([[5, 17, 42, 99, 7, 30, 31]])
+    with torch.no_grad():
+        np.testing.assert_allclose(loaded(ids).logits.numpy(), source(ids).logits.numpy(), atol=1e-4, rtol=0)
 
 
 @pytest.mark.parametrize("scaling", ["rope_freqs", "rope_freqs_qwen2", "linear"])
@@ -384,7 +402,8 @@ def test_a_gguf_beside_another_models_files_reads_its_own(untied_llama, tmp_path
     from tests.tiny_models import make_checkpoint
 
     make_checkpoint("qwen2", other, num_layers=1)
-    (other / "tokenizer.json").write_text((other / "tokenizer.json").read_text().replace('"Ġ', '"Ġx'))  # (another vocab)
+    vocab = (other / "tokenizer.json").read_text()
+    (other / "tokenizer.json").write_text(vocab.replace('"Ġ', '"Ġx'))  # (another vocabulary)
     for name in ("tokenizer.json", "tokenizer_config.json", "config.json"):
         shutil.copy(other / name, beside / name)
     got = checkpoint.load(str(beside / "m.gguf"))
