@@ -8,40 +8,52 @@ the run writes what finished (exit 130).
 
 A KeyboardInterrupt raised while Python runs a finalizer (a `__del__`, a weakref callback: an
 import's module lock has one) is printed as "Exception ignored" and dropped: the command went on
-as if no signal had come (a build then wrote its engine and exited 0). So each interrupt raised
-is also owed until its command catches it: `check()` raises it again at the points that must not
-pass one (a build before its engine replaces the old one; a run's next engine step).
+as if no signal had come (a build then wrote its engine and exited 0). Python hands each dropped
+exception to sys.unraisablehook: while a command runs, a dropped KeyboardInterrupt is owed there,
+and `check()` raises it again at the points that must not pass one (a build before its engine
+replaces the old one; a run's next engine step).
 """
 from __future__ import annotations
 
 import contextlib
 import signal
+import sys
 
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-_owed = False  # an interrupt was raised and its command has not caught it (`caught`)
-
-
-def _raise():
-    global _owed
-    _owed = True
-    raise KeyboardInterrupt
+_owed = False  # a KeyboardInterrupt Python dropped in a finalizer (`_dropped`), not raised again yet
 
 
 def _interrupt(signum, frame):
-    _raise()
+    raise KeyboardInterrupt
 
 
 def check() -> None:
-    """Raise the interrupt a finalizer swallowed, if one did (or one on its way, not yet caught)."""
+    """Raise the interrupt a finalizer swallowed, if one did."""
+    global _owed
     if _owed:
+        _owed = False
         raise KeyboardInterrupt
 
 
-def caught() -> None:
-    """The command caught its interrupt: none is owed."""
+@contextlib.contextmanager
+def _dropped_interrupts():
+    """Within the block, a KeyboardInterrupt Python drops (sys.unraisablehook: "Exception ignored
+    in ...") is owed (`check`); the hook before it still sees every one."""
     global _owed
-    _owed = False
+    previous = sys.unraisablehook
+
+    def hook(unraisable):
+        global _owed
+        if unraisable.exc_type is not None and issubclass(unraisable.exc_type, KeyboardInterrupt):
+            _owed = True
+        previous(unraisable)
+
+    sys.unraisablehook = hook
+    try:
+        yield
+    finally:
+        sys.unraisablehook, _owed = previous, False
 
 
 @contextlib.contextmanager
@@ -80,9 +92,9 @@ class Watch:
                 self.pending = True
                 return
             self.raised, self.pending = True, False  # (a second one in a held block: now, for a write that hangs)
-            _raise()
-        if _owed:  # the first was swallowed (a finalizer): this one stops generation in its place
             raise KeyboardInterrupt
+        if _owed and not self.settled:  # the first was dropped (a finalizer): this one ends generation instead
+            check()
         self.kept.append(signum)
         if len(self.kept) > 1:
             raise KeyboardInterrupt
@@ -97,11 +109,10 @@ def watch():
     global _watch
     outer, _watch = _watch, Watch()
     try:
-        with _handling(SIGNALS, _watch.handle):
+        with _handling(SIGNALS, _watch.handle), _dropped_interrupts():
             yield _watch
     finally:
         _watch = outer
-        caught()
 
 
 @contextlib.contextmanager
@@ -122,7 +133,7 @@ def held():
         if w.pending:
             w.pending, w.raised = False, True
             if done:  # (not over an exception already on its way out: a sys.exit, an error)
-                _raise()
+                raise KeyboardInterrupt
         elif done and not w.settled:
             check()  # one a finalizer swallowed ends generation here
 
@@ -130,7 +141,6 @@ def held():
 def settle() -> None:
     """Generation is over (trtllm-run's answers are being written): an interrupt now waits for the
     writes. Nothing outside `watch` (the Python API)."""
-    caught()  # (a run's interrupt is caught where generation ends: runner.py)
     if _watch is not None:
         _watch.settled = True
 
@@ -149,9 +159,6 @@ def resume() -> bool:
 @contextlib.contextmanager
 def terminate_as_interrupt():
     """Within the block (the main thread), SIGTERM and SIGHUP raise KeyboardInterrupt, as SIGINT
-    does (ours too, so that one a finalizer swallows is owed: `check`)."""
-    try:
-        with _handling(SIGNALS, _interrupt):
-            yield
-    finally:
-        caught()
+    does; one a finalizer drops is owed (`check`)."""
+    with _handling(SIGNALS, _interrupt), _dropped_interrupts():
+        yield
