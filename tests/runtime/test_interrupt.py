@@ -81,3 +81,26 @@ def test_a_held_block_that_exits_keeps_its_exit():
             with interrupt.held():
                 signal_now()
                 raise SystemExit(141)  # (stdout's reader went away): the exit, not the interrupt
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # (the dropped one)
+def test_only_an_interrupt_python_dropped_is_owed():
+    """An interrupt raised in a finalizer is dropped by Python ("Exception ignored"): check() raises
+    it at the next point that must not pass it, once. One that was raised and caught is not owed:
+    the next signal is kept, as ever."""
+    class Dropped:
+        def __del__(self):
+            signal_now()
+
+    with interrupt.watch() as watch:
+        Dropped()  # (its __del__ runs at once: the handler's KeyboardInterrupt is dropped there)
+        assert watch.raised
+        with pytest.raises(KeyboardInterrupt):
+            interrupt.check()
+        interrupt.check()  # (raised once)
+    with interrupt.watch() as watch:
+        with pytest.raises(KeyboardInterrupt):
+            signal_now()
+        interrupt.check()  # caught: nothing owed
+        signal_now()
+        assert watch.kept == [signal.SIGINT]
