@@ -421,7 +421,8 @@ def serve(input_file: Path, engine_dir: Path, output: str | None, profile: str |
         click.echo(f"{len(failed)} of {len(inp.requests)} requests failed", err=True)
     if runner.cancelled:
         cut = sorted({r["request_idx"] for r in responses if r["finish_reason"] == "cancelled"})
-        rest = len(inp.requests) - len(cut)
+        rest = len({r["request_idx"] for r in responses} - set(cut)
+                   - {r["request_idx"] for r in responses if r["finish_reason"] == "error"})
         click.echo(f"interrupted: {len(cut)} of {len(inp.requests)} requests were cancelled (their text so far is "
                    "their answer)" + (f"; the other {rest} finished" if rest else ""), err=True)
     late = interrupts is not None and bool(interrupts.kept)  # an interrupt that waited for the writes

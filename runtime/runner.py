@@ -159,12 +159,14 @@ class Runner:
             if templated:
                 extra = {"enable_thinking": inp.enable_thinking, **(req.chat_template_kwargs or {}),
                          **({"tools": tools} if tools is not None else {})}
-                # thinking is on only where the template reads the switch (SmolLM2's ignores it: the
-                # answer has no thought, and a qwen3 split made all of it reasoning)
-                p.thinking = extra["enable_thinking"] is True and template.reads("enable_thinking")
                 fp = template.format(messages, add_generation_prompt=inp.add_generation_prompt,
                                      default_system_prompt=inp.default_system_prompt,
                                      continue_final_message=req.continue_final_message, **extra)
+                # thinking is on where the template reads the switch (SmolLM2's ignores it: the answer
+                # has no thought, and a qwen3 split made all of it reasoning), or where its prompt
+                # opens the thought itself (Qwen3-Thinking-2507's ends `<think>` whatever it is given)
+                p.thinking = (extra["enable_thinking"] is True and template.reads("enable_thinking")
+                              or fp.text.rstrip().endswith("<think>"))
             else:
                 if inp.default_system_prompt is not None and not any(m["role"] == "system" for m in messages):
                     messages = [{"role": "system", "content": inp.default_system_prompt}, *messages]

@@ -2,6 +2,8 @@
 plain file loads the same model as its checkpoint."""
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -449,18 +451,20 @@ def test_a_truncated_gguf_says_so(untied_llama, tmp_path, keep):
         checkpoint.load(str(path))
 
 
-def test_control_tokens_outside_the_byte_alphabet_are_refused(untied_llama, tmp_path, monkeypatch):
-    """DeepSeek-R1-Distill's `<｜User｜>`: transformers' loader respells such tokens (a review saw them
-    split into ten byte tokens, or added again past the embedding): refused, naming them."""
+@pytest.mark.parametrize("token", ["<｜User｜>", "<|im start|>"])
+def test_control_tokens_outside_the_byte_alphabet_are_refused(untied_llama, tmp_path, monkeypatch, token):
+    """DeepSeek-R1-Distill's `<｜User｜>`, or a space (GPT-2's alphabet writes it Ġ): transformers'
+    loader respells such tokens (a review saw them split into bytes, or added again past the
+    embedding): refused, naming them."""
     import gguf
 
     add_list = gguf.GGUFWriter.add_token_list
 
-    def with_fullwidth(self, tokens):
-        add_list(self, [t.replace("<|im_start|>", "<｜User｜>") for t in tokens])
+    def respelled(self, tokens):
+        add_list(self, [token if t == "<|im_start|>" else t for t in tokens])
 
-    monkeypatch.setattr(gguf.GGUFWriter, "add_token_list", with_fullwidth)
+    monkeypatch.setattr(gguf.GGUFWriter, "add_token_list", respelled)
     path = write_llama_gguf(untied_llama, tmp_path / "m.gguf")
     with pytest.raises(checkpoint.CheckpointError, match="control tokens written outside its byte-level vocabulary's "
-                                                         "alphabet .*<｜User｜>"):
+                                                         f"alphabet .*{re.escape(token)}"):
         checkpoint.load(str(path))

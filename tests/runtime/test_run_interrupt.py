@@ -221,6 +221,7 @@ def test_interrupt_while_generating_keeps_the_answers_and_cancels_the_rest(tmp_p
         monkeypatch.setattr(RowState, "cancel", hangup_then_cancel)
     result = CliRunner().invoke(main, args + (["--stream"] if stream else []))
     assert result.exit_code == 130 and "2 of 3 requests were cancelled" in result.output, result.output
+    assert "the other 1 finished" in result.output
     first, second, third = json.loads((tmp_path / "out.json").read_text())["responses"]
     assert first == full[0]
     assert second["finish_reason"] == "cancelled" and second["batch_idx"] == 0 and "error" not in second

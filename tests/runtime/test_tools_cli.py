@@ -268,7 +268,10 @@ def test_thinking_is_on_only_where_the_template_reads_enable_thinking(run_cli, t
                                                "{% if enable_thinking %}<think>{% endif %}")
     ask = {"temperature": 0, "max_generate_length": 8, "enable_thinking": True, "reasoning_parser": "qwen3",
            "requests": [{"messages": [{"role": "user", "content": "W?"}], "guided_decoding": {"regex": "abc"}}]}
-    for engine, want in ((reads, ("abc", None)), (tiny_engine("llama"), (None, "abc"))):
+    opens = tmp_path / "opens"  # (Qwen3-Thinking-2507's: its prompt opens the thought, the switch unread)
+    shutil.copytree(tiny_engine("llama"), opens)
+    (opens / "chat_template.jinja").write_text("{% for m in messages %}{{ m.content }}{% endfor %}<think>\n")
+    for engine, want in ((reads, ("abc", None)), (tiny_engine("llama"), (None, "abc")), (opens, ("abc", None))):
         result, out = run_cli(engine, ask)
         assert result.exit_code == 0, result.output
         response = out["responses"][0]
