@@ -32,6 +32,7 @@ from trtllm.builder.kernel_choice import half_obstacle, ort_activations, refuse_
 from trtllm.builder.quantize import QuantScheme
 from trtllm.plugins import cpu as cpu_kernels
 from trtllm.plugins import lint
+from trtllm.plugins.sample import body as sample_body
 from trtllm.runtime import interrupt
 from trtllm.runtime import manifest as mf
 
@@ -269,7 +270,17 @@ def compile_onnxruntime(out_dir: Path, log, quant: "QuantScheme | None" = None, 
         opts.register_custom_ops_library(str(cpu_kernels.library()))
     opts.log_severity_level = 3
     source = out_dir / source_name if (out_dir / source_name).is_file() else out_dir / onnx_name
-    ort.InferenceSession(str(source), opts, providers=["CPUExecutionProvider"])
+    patched = None
+    if source.name == Path(onnx_name).name:  # the canonical graph: its sampler's draw in float64 for ONNX Runtime
+        model = onnx.load(str(source), load_external_data=False)
+        if sample_body.with_float64_draw(model):  # (its weights stay in the canonical graph's data file)
+            patched = source.with_name(f".{source.name}.float64-draw")
+            onnx.save(model, str(patched))
+    try:
+        ort.InferenceSession(str(patched or source), opts, providers=["CPUExecutionProvider"])
+    finally:
+        if patched is not None:
+            patched.unlink()
     if source.name == Path(source_name).name:
         source.unlink()
         source.with_name(source.name + ".data").unlink()

@@ -291,6 +291,21 @@ def make_node(inputs: list[str], outputs: list[str], max_top_k: int,
                             plugin_namespace=schema.PLUGIN_NAMESPACE, plugin_version=schema.PLUGIN_VERSION)
 
 
+def with_float64_draw(model: onnx.ModelProto) -> bool:
+    """Give `model`'s trtllm::Sample body the float64 draw, in place (ONNX Runtime compiles the
+    canonical graph where no ONNX Runtime form is written: --graph legacy, a model neither our
+    kernels nor GroupQueryAttention run); True if it had a float32 one."""
+    for i, fn in enumerate(model.functions):
+        if fn.domain != DOMAIN or fn.name != OP or any(n.op_type == "Cast" and n.output[0] == "w_64" for n in fn.node):
+            continue
+        m = next(numpy_helper.to_array(n.attribute[0].t) for n in fn.node if n.output[0] == "max_top_k")
+        opset = next(o.version for o in fn.opset_import if o.domain == "")
+        argmax = any(n.op_type == "ArgMax" for n in fn.node)
+        model.functions[i].CopyFrom(make_function(int(m[0]), opset, argmax, float64_draw=True))
+        return True
+    return False
+
+
 def make_model(max_top_k: int, vocab_size: int | None = None, opset: int = schema.OPSET,
                argmax: bool = False, float64_draw: bool = False) -> onnx.ModelProto:
     """A one-node model (graph I/O named as the schema), for tests and benchmarks."""

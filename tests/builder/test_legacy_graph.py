@@ -28,7 +28,7 @@ from trtllm.plugins.lint import lint_model  # noqa: E402
 from trtllm.runtime import manifest as mf  # noqa: E402
 from trtllm.runtime import sampling  # noqa: E402
 from trtllm.runtime.engine import load_engine  # noqa: E402
-from trtllm.runtime.generate import RowState, decode_inputs, prefill_inputs  # noqa: E402
+from trtllm.runtime.generate import RowState, decode_inputs, prefill_inputs, run_rows  # noqa: E402
 from trtllm.runtime.kv_cache import KVCacheManager  # noqa: E402
 
 from tests.engine_helpers import resized, run_greedy, unoptimized_sessions  # noqa: E402
@@ -260,3 +260,32 @@ def test_demo_model_legacy_tokens_match_modern(demo_model, tmp_path):
     got, _, _ = batch_logits(load_engine(legacy), prompts, forced=tokens)
     np.testing.assert_allclose(got, want, atol=2e-4, rtol=0)  # measured 5e-5 on logits up to 33
     assert run_greedy(load_engine(legacy), prompts, 32) == run_greedy(load_engine(modern), prompts, 32)
+
+
+def test_an_onnxruntime_engine_of_the_canonical_graph_draws_the_least_likely_tokens(tiny_checkpoint, tmp_path):
+    """An ONNX Runtime engine compiled from the canonical graph (here --graph legacy: no ONNX Runtime
+    form is written) samples with the float64 draw too: with biases putting every token but one at
+    exp(-17) of it, a uniform in the tail draws a tail token where the exact CDF says (a review's:
+    it drew the top one, its body summing in float32). The canonical llm.onnx, TensorRT's, keeps
+    float32 (no float64 in TensorRT)."""
+    from trtllm.builder.verify import engine_logits
+
+    engine_dir = export.build(BuildConfig(model=str(tiny_checkpoint("llama")), output=str(tmp_path / "e"), graph="legacy",
+                                          trt_version="10.3", backend="onnxruntime", max_input_len=32,
+                                          max_kv_cache_capacity=64, verify=False), log=lambda m: None)
+    engine, prompt = load_engine(engine_dir), [5, 17, 42, 99, 7]
+    x = engine_logits(engine, prompt, 0)[1][0].astype(np.float64)
+    top = int(np.argmax(x))
+    bias = {i: float(-17.0 - (x[i] - x[top])) for i in range(len(x)) if i != top}
+    w = np.exp(np.float32(-17.0))
+    tail = (len(x) - 1) * w / (1 + (len(x) - 1) * w)
+    seed = next(s for s in range(10**7) if 1 - 0.8 * tail < np.random.default_rng(s).random(dtype=np.float32)
+                < 1 - 0.2 * tail)  # (a uniform well inside the tail: not a token within rounding of a boundary)
+    params = sampling.SamplingParams(temperature=1.0, top_k=0, top_p=1.0, logit_bias=bias, max_new_tokens=1)
+    row = RowState(prompt_ids=prompt, params=params, rng=np.random.default_rng(seed), eos_ids=frozenset())
+    run_rows(engine, [row], 1)
+    assert row.output_ids[0] != top
+    import onnx
+
+    model = onnx.load(str(engine_dir / "llm.onnx"), load_external_data=False)
+    assert not any(n.op_type == "Cast" and n.output[0] == "w_64" for f in model.functions for n in f.node)
