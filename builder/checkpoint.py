@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from trtllm.builder import gguf_checks
 from trtllm.builder.config import CheckpointError, Unsupported, listed  # noqa: F401 - raised as ckpt.CheckpointError
 
 
@@ -324,7 +325,7 @@ def check_gguf(path: Path) -> GgufKeys:
                               "Hugging Face checkpoint directory")
     if freqs is not None and arch != "llama":
         refuse(f"a rope_freqs.weight tensor in a {arch} GGUF (Llama 3's RoPE scaling is read from llama ones)")
-    gguf_layout(reader, value, arch, str(path))
+    gguf_checks.layout(reader, value, arch, str(path))
     head = value("qwen3.attention.key_length") if arch == "qwen3" else None
     if head is not None and int(head) != 128:  # (its qwen3 mapping leaves the key out: Qwen3Config's 128)
         raise CheckpointError(f"--model {str(path)!r} is a qwen3 GGUF with heads of {int(head)} "
@@ -360,53 +361,6 @@ def check_gguf(path: Path) -> GgufKeys:
         keys.softcaps = {name: value(f"{arch}.{name}") for name in ("attn_logit_softcapping", "final_logit_softcapping")
                          if value(f"{arch}.{name}") is not None}
     return keys
-
-
-# The keys llama.cpp will not load a model without (transformers' loader takes its defaults instead:
-# a context of 2048, an epsilon of 1e-6)
-GGUF_REQUIRED = ("context_length", "embedding_length", "block_count", "attention.head_count",
-                 "attention.layer_norm_rms_epsilon")
-
-
-def gguf_layout(reader, value, arch: str, path: str) -> None:
-    """What the file's keys must agree with, refused where they do not (the build's check would pass
-    a wrong model, or a wrong tokenizer, as it compares with the same loader's): the keys llama.cpp
-    requires, layers past block_count (the loader drops them without a word), and control tokens of
-    a byte-level vocabulary written outside its byte alphabet (DeepSeek-R1-Distill's
-    `<｜User｜>`: the loader respells them, and they are split into bytes or added twice)."""
-    import gguf
-
-    missing = [f"{arch}.{key}" for key in GGUF_REQUIRED if value(f"{arch}.{key}") is None]
-    if missing:
-        raise CheckpointError(f"--model {path!r} lacks {listed(missing, 5)}, which llama.cpp requires (transformers' "
-                              "GGUF loader would take its defaults)")
-    count = int(value(f"{arch}.block_count"))
-    past = [t.name for t in reader.tensors if (m := re.match(r"blk\.(\d+)\.", t.name)) and int(m.group(1)) >= count]
-    if past:
-        raise CheckpointError(f"--model {path!r} holds tensors of layers past its {arch}.block_count ({count}): "
-                              f"{listed(past, 4)}, which transformers' GGUF loader would drop")
-    if value("tokenizer.ggml.model") != "gpt2" or "tokenizer.ggml.token_type" not in reader.fields:
-        return
-    alphabet = set(bytes_to_unicode().values())  # (the loader's own test: a space is outside it too)
-    tokens, types = reader.fields["tokenizer.ggml.tokens"], reader.fields["tokenizer.ggml.token_type"]
-    odd = [text for i, text in ((i, bytes(tokens.parts[tokens.data[i]]).decode("utf-8", "replace"))
-                                for i in range(len(tokens.data)))
-           if int(types.parts[types.data[i]][0]) in (gguf.TokenType.CONTROL, gguf.TokenType.USER_DEFINED)
-           and not set(text) <= alphabet]
-    if odd:
-        raise CheckpointError(f"--model {path!r} has control tokens written outside its byte-level vocabulary's "
-                              f"alphabet ({listed(odd, 4)}), which transformers' GGUF loader respells: they would be "
-                              "split into bytes, or added again. Build from the Hugging Face checkpoint directory")
-
-
-def bytes_to_unicode() -> dict[int, str]:
-    """GPT-2's byte-level alphabet: each byte as the character its vocabulary writes it with."""
-    keep = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
-    chars, extra = {b: chr(b) for b in keep}, 0
-    for b in range(256):
-        if b not in chars:
-            chars[b], extra = chr(256 + extra), extra + 1
-    return chars
 
 
 # The tokens llama.cpp ends generation at besides the GGUF's eos/eot/eom ids (llama-vocab.cpp, which
