@@ -227,13 +227,14 @@ def quant_activations(config: BuildConfig, backend: str, lowerings) -> str:
     return config.activations
 
 
-def number_format(config: BuildConfig, activations: str) -> str:
-    """What verify.py calls the engine's numbers: int8, int4, int4/int8 (activations: quant_activations)
-    or the dtype, and " kv-int8" after it with an int8 KV cache."""
-    kv = " kv-int8" if config.kv_cache_dtype == "int8" else ""
-    if config.quantization == "none":
-        return config.dtype + kv
-    return config.quantization + ("" if activations == "float32" else "/" + activations) + kv
+def number_format(manifest: mf.Manifest) -> str:
+    """What verify.py calls the engine's numbers, as its manifest records them: int8, int4, int4/int8
+    (activations: quant_activations) or the dtype, and " kv-int8" after it with an int8 KV cache."""
+    kv = " kv-int8" if manifest.model.kv_dtype == "int8" else ""
+    if manifest.quantization == "none":
+        return manifest.dtype + kv
+    activations = manifest.quantization_scheme.get("activations", "float32")
+    return manifest.quantization + ("" if activations == "float32" else "/" + activations) + kv
 
 
 def save(model: onnx.ModelProto, out_dir: Path, name: str) -> None:
@@ -456,7 +457,7 @@ def build(config: BuildConfig, log=print) -> Path:
             from trtllm.builder.verify import verify_engine
 
             log("verifying the engine against transformers")
-            report = {**verify_engine(tmp, ck, number_format(config, quant_activations(config, backend, lowerings)), eagle=config.eagle), "code": code}
+            report = {**verify_engine(tmp, ck, number_format(manifest), eagle=config.eagle), "code": code}
             (tmp / "verify.json").write_text(json.dumps(report, indent=2) + "\n")
             log(f"verified: max |logit error| {report['max_abs_error']:.2e} over {report['num_positions']} "
                 f"positions (greedy tokens agree: {report['tokens_agree']}); top-1 agreement "
