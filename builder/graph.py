@@ -37,9 +37,9 @@ class GraphWriter:
 
     def weight(self, name: str, array: np.ndarray) -> str:
         # from_array handles ml_dtypes.int4 too (packed two per byte)
-        # (np.ascontiguousarray makes a 0-d array 1-d: a scalar must stay one, as Range and Gather read it)
-        array = np.asarray(array)
-        self.initializers.append(numpy_helper.from_array(array if array.flags.c_contiguous else np.ascontiguousarray(array), name))
+        # (order="C", not np.ascontiguousarray, which makes a 0-d array 1-d: a scalar must stay one, as
+        # Range and Gather read it)
+        self.initializers.append(numpy_helper.from_array(np.asarray(array, order="C"), name))
         return name
 
     def const(self, values, dtype=np.int64) -> str:
