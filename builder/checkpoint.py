@@ -326,11 +326,6 @@ def check_gguf(path: Path) -> GgufKeys:
     if freqs is not None and arch != "llama":
         refuse(f"a rope_freqs.weight tensor in a {arch} GGUF (Llama 3's RoPE scaling is read from llama ones)")
     gguf_checks.layout(reader, value, arch, str(path))
-    head = value("qwen3.attention.key_length") if arch == "qwen3" else None
-    if head is not None and int(head) != 128:  # (its qwen3 mapping leaves the key out: Qwen3Config's 128)
-        raise CheckpointError(f"--model {str(path)!r} is a qwen3 GGUF with heads of {int(head)} "
-                              "(qwen3.attention.key_length), which transformers' GGUF loader reads as 128, Qwen3's "
-                              "default: build from the Hugging Face checkpoint directory instead")
     if arch == "gemma2" and any(t.name == "output.weight" for t in reader.tensors):  # (transformers' names it lm_head)
         raise CheckpointError(f"--model {str(path)!r} is a gemma2 GGUF with an output.weight tensor, which Gemma 2 "
                               "does not take (its head is its token embedding, as llama.cpp's converter writes it)")

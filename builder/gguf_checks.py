@@ -17,15 +17,22 @@ GGUF_REQUIRED = ("context_length", "embedding_length", "block_count", "attention
 def layout(reader, value, arch: str, path: str) -> None:
     """What the file's keys must agree with, refused where they do not (the build's check would pass
     a wrong model, or a wrong tokenizer, as it compares with the same loader's): the keys llama.cpp
-    requires, layers past block_count (the loader drops them without a word), and control tokens of
+    requires, a qwen3 head size other than 128 (the loader reads 128), layers past block_count (it
+    drops them without a word), and control tokens of
     a byte-level vocabulary written outside its byte alphabet (DeepSeek-R1-Distill's
     `<｜User｜>`: the loader respells them, and they are split into bytes or added twice)."""
     import gguf
+    from transformers.convert_slow_tokenizer import bytes_to_unicode  # (GPT-2's byte-level alphabet)
 
     missing = [f"{arch}.{key}" for key in GGUF_REQUIRED if value(f"{arch}.{key}") is None]
     if missing:
         raise CheckpointError(f"--model {path!r} lacks {listed(missing, 5)}, which llama.cpp requires (transformers' "
                               "GGUF loader would take its defaults)")
+    head = value("qwen3.attention.key_length") if arch == "qwen3" else None
+    if head is not None and int(head) != 128:  # (its qwen3 mapping leaves the key out: Qwen3Config's 128)
+        raise CheckpointError(f"--model {path!r} is a qwen3 GGUF with heads of {int(head)} "
+                              "(qwen3.attention.key_length), which transformers' GGUF loader reads as 128, Qwen3's "
+                              "default: build from the Hugging Face checkpoint directory instead")
     count = int(value(f"{arch}.block_count"))
     past = [t.name for t in reader.tensors if (m := re.match(r"blk\.(\d+)\.", t.name)) and int(m.group(1)) >= count]
     if past:
@@ -43,13 +50,3 @@ def layout(reader, value, arch: str, path: str) -> None:
         raise CheckpointError(f"--model {path!r} has control tokens written outside its byte-level vocabulary's "
                               f"alphabet ({listed(odd, 4)}), which transformers' GGUF loader respells: they would be "
                               "split into bytes, or added again. Build from the Hugging Face checkpoint directory")
-
-
-def bytes_to_unicode() -> dict[int, str]:
-    """GPT-2's byte-level alphabet: each byte as the character its vocabulary writes it with."""
-    keep = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
-    chars, extra = {b: chr(b) for b in keep}, 0
-    for b in range(256):
-        if b not in chars:
-            chars[b], extra = chr(256 + extra), extra + 1
-    return chars
