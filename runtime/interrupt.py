@@ -21,7 +21,7 @@ import sys
 
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-_owed = False  # a KeyboardInterrupt Python dropped in a finalizer (`_dropped`), not raised again yet
+_owed = False  # a KeyboardInterrupt Python dropped in a finalizer (`_dropped_interrupts`), not raised again yet
 
 
 def _interrupt(signum, frame):
@@ -134,8 +134,6 @@ def held():
             w.pending, w.raised = False, True
             if done:  # (not over an exception already on its way out: a sys.exit, an error)
                 raise KeyboardInterrupt
-        elif done and not w.settled:
-            check()  # one a finalizer swallowed ends generation here
 
 
 def settle() -> None:
