@@ -56,6 +56,16 @@ def set_huge_pages(on: bool) -> None:
         ctypes.CDLL(str(LIBRARY)).trtllm_cpu_set_huge_pages(1 if on else 0)
 
 
+def copied_bytes() -> int:
+    """The bytes of weights the kernels have copied onto huge pages in this process (constant
+    initializers only: a weight fed as a graph input is read where it is, every call)."""
+    import ctypes
+
+    fn = ctypes.CDLL(str(LIBRARY)).trtllm_cpu_copied_bytes
+    fn.restype = ctypes.c_uint64
+    return int(fn())
+
+
 def row_sampler():
     """trtllm_cpu_sample_row: one row drawn as the engine's trtllm.cpu::Sample draws it (the same
     code: the same token for the same inputs and uniform), or None without the library. Arguments:

@@ -620,8 +620,9 @@ struct Kernel {
     T* value = static_cast<T*>(present_value.GetTensorMutableRawData());
     const int64_t rd = n.d + kScaleBytes<T>;  // a cache row's elements
     const size_t kv_bytes = static_cast<size_t>(n.b * n.hk * n.c * rd) * sizeof(T);
-    if (key != past_key.GetTensorRawData()) std::memcpy(key, past_key.GetTensorRawData(), kv_bytes);
-    if (value != past_value.GetTensorRawData()) std::memcpy(value, past_value.GetTensorRawData(), kv_bytes);
+    if (kv_bytes > 0 && key != past_key.GetTensorRawData()) std::memcpy(key, past_key.GetTensorRawData(), kv_bytes);
+    if (kv_bytes > 0 && value != past_value.GetTensorRawData())  // (an empty batch's buffers may be null)
+      std::memcpy(value, past_value.GetTensorRawData(), kv_bytes);
     const int64_t* wi = ctx.GetInput(3).GetTensorData<int64_t>();
     const int64_t* li = ctx.GetInput(4).GetTensorData<int64_t>();
     const int64_t* pos = ctx.GetInput(5).GetTensorData<int64_t>();
@@ -639,8 +640,8 @@ struct Kernel {
     for (int64_t b = 0; b < n.b; ++b) {
       if (li[b] < 0 || li[b] >= n.s) return fail("last_index[" + std::to_string(b) + "] is outside the chunk");
       if (wi[b] < 0 || wi[b] >= n.c || li[b] >= n.c - wi[b])  // no wi + li: it could overflow
-        return fail("row " + std::to_string(b) + " writes slots " + std::to_string(wi[b]) + ".." +
-                    std::to_string(wi[b] + li[b]) + " of a KV cache of " + std::to_string(n.c));
+        return fail("row " + std::to_string(b) + " writes " + std::to_string(li[b] + 1) + " slots from slot " +
+                    std::to_string(wi[b]) + " of a KV cache of " + std::to_string(n.c));
       for (int64_t s = 0; s <= li[b]; ++s) {
         const int64_t p = pos[b * n.s + s], slot = wi[b] + s;
         if (p < 0 || p >= n.p) return fail("position " + std::to_string(p) + " is beyond the rotary tables");

@@ -29,6 +29,9 @@ bool use_vnni();
 // TRTLLM_HUGE_PAGES=0.
 bool huge_pages_wanted();
 
+// Adds to what trtllm_cpu_copied_bytes() reports (Resident's copies).
+void count_copied(size_t bytes);
+
 // A node attribute, or `fallback` when the node does not have it.
 template <typename T>
 T attribute_or(const Ort::ConstKernelInfo& info, const char* name, T fallback) {
@@ -143,9 +146,10 @@ __attribute__((target("avx512f,avx512bw,avx512vl,fma"))) inline __m512 widen_bf1
 }
 
 // exp(x) as 2^n * p(r), r = x - n ln2 in [-ln2/2, ln2/2], p of degree 6 (Taylor): relative error
-// below 2e-7, float32's own rounding. x is clamped to [-88, 88].
+// below 2e-7, float32's own rounding. x is clamped to [-88, 88]; a NaN stays NaN (min and max give
+// their second operand where one is NaN, so x goes second: exp(NaN) is e^88 the other way round).
 __attribute__((target("avx512f,avx512bw,avx512vl,fma"))) inline __m512 exp_avx512(__m512 x) {
-  x = _mm512_max_ps(_mm512_min_ps(x, _mm512_set1_ps(88.0f)), _mm512_set1_ps(-88.0f));
+  x = _mm512_max_ps(_mm512_set1_ps(-88.0f), _mm512_min_ps(_mm512_set1_ps(88.0f), x));
   const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)), _MM_FROUND_TO_NEAREST_INT);
   __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145752f), x);
   r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.42860677e-6f), r);

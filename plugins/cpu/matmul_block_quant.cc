@@ -154,7 +154,13 @@ struct Op : Ort::CustomOpBase<Op, Kernel, true> {
       const int levels = activations == "int8" ? 1 : activations == "int16" ? 2 : 0;
       if (activations != "float32" && !levels)
         return fail("activations must be float32, int16 or int8, got " + activations);
-      *kernel = new Kernel{bits, n, activation == "swiglu", levels, {}, {}, {}, {}};
+      const bool constant[3] = {trtllm_cpu::constant_input(ki, 1), trtllm_cpu::constant_input(ki, 2),
+                                trtllm_cpu::constant_input(ki, 3)};
+      auto* made = new Kernel{bits, n, activation == "swiglu", levels, {}, {}, {}, {}};
+      made->codes_copy.constant = constant[0];
+      made->scale_copy.constant = constant[1];
+      made->offset_copy.constant = constant[2];
+      *kernel = made;
       return nullptr;
     } catch (const std::exception& e) {
       return fail(e.what());

@@ -72,7 +72,10 @@ struct HalfOp : Ort::CustomOpBase<HalfOp<W>, HalfKernel, true> {
       if (n < 1) return fail("n must be positive", kHalfName);
       const std::string activation = trtllm_cpu::attribute_or<std::string>(ki, "activation", "none");
       if (const std::string bad = check_activation(activation, n); !bad.empty()) return fail(bad, kHalfName);
-      *kernel = new HalfKernel{n, activation == "swiglu", W == ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16, {}, {}};
+      const bool constant = trtllm_cpu::constant_input(ki, 1);
+      auto* made = new HalfKernel{n, activation == "swiglu", W == ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16, {}, {}};
+      made->copy.constant = constant;
+      *kernel = made;
       return nullptr;
     } catch (const std::exception& e) {
       return fail(e.what(), kHalfName);

@@ -40,6 +40,10 @@ bool use_vnni() {
 
 std::atomic<int> huge_pages_setting{-1};  // -1: the environment decides
 
+std::atomic<uint64_t> copied{0};
+
+void count_copied(size_t bytes) { copied.fetch_add(bytes); }
+
 bool huge_pages_wanted() {
   const int set = huge_pages_setting.load();
   if (set >= 0) return set != 0;
@@ -55,6 +59,9 @@ extern "C" {
 __attribute__((visibility("default"))) void trtllm_cpu_set_huge_pages(int on) {
   trtllm_cpu::huge_pages_setting.store(on ? 1 : 0);
 }
+
+// The bytes of weights copied onto huge pages so far (a test's way to see which ones were).
+__attribute__((visibility("default"))) uint64_t trtllm_cpu_copied_bytes() { return trtllm_cpu::copied.load(); }
 
 __attribute__((visibility("default"))) OrtStatus* ORT_API_CALL RegisterCustomOps(OrtSessionOptions* options,
                                                                                 const OrtApiBase* api) {

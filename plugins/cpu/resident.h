@@ -84,18 +84,29 @@ inline bool file_backed(const void* src, size_t size) {
 #endif
 }
 
+// Whether input i of the node is a constant initializer: only those are copied (a graph input may
+// change between calls at the same address, and its pages are the caller's, not ours to drop).
+inline bool constant_input(const Ort::ConstKernelInfo& info, size_t i) {
+  int constant = 0;
+  info.GetTensorConstantInput(i, &constant);
+  return constant != 0;
+}
+
 struct Resident {
+  bool constant = false;  // set from constant_input: anything else is read where it is, every call
   const void* source = nullptr;
   size_t bytes = 0;
   void* copy = nullptr;
   std::shared_ptr<void> chunk;
 
   const void* get(const void* src, size_t size) {
+    if (!constant) return src;
     if (src == source && size == bytes) return copy ? copy : src;
     source = src, bytes = size;
     std::tie(copy, chunk) = Arena::copy(src, size);
     if (!copy) return src;
     std::memcpy(copy, src, size);
+    count_copied(size);
 #ifdef __linux__
     // Clean private file pages: dropping them costs nothing (a later read, if any, faults them back
     // in from the file) and keeps the weights resident once, not twice.

@@ -427,7 +427,9 @@ struct Kernel {
       const int64_t rows = shape[0], vocab = shape[1];
       // B parameter rows (logit_bias's); N = B x R logits rows, R per parameter row (a plain step:
       // R = 1; EAGLE verification: R drafted positions of each row), and a uniform per logits row.
-      const int64_t params = ctx.GetInput(1).GetTensorTypeAndShapeInfo().GetShape().at(0);
+      const auto bias_shape = ctx.GetInput(1).GetTensorTypeAndShapeInfo().GetShape();
+      if (bias_shape.size() != 2) return fail("logit_bias (input 1) must be [B, V]");
+      const int64_t params = bias_shape[0];
       if (max_top_k > vocab) return fail("max_top_k must be <= the vocabulary size " + std::to_string(vocab));
       if (params > 0 ? rows % params : rows)
         return fail("logits' rows (" + std::to_string(rows) + ") must be a multiple of the parameter rows (" +

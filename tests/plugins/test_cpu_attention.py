@@ -270,6 +270,39 @@ def test_window_and_norms_on_the_portable_path_too():
     assert np.max(errors) < 1e-5  # builtin max() skips a NaN after the first item
 
 
+NONFINITE = ["nan key", "inf key", "nan q", "nan key, softcap", "float16 key overflows"]
+
+
+def nonfinite_output(what: str) -> bool:
+    """Whether a NaN or inf in a key the query reads (or in its q) makes the query's output NaN, as
+    it does in the float64 reference and in ONNX Runtime's standard ops (the sampler then fails the
+    row: a finite answer would hide the overflow). The vector exp once clamped NaN to e^88, which
+    gave that key the whole weight."""
+    h, hk, d, softcap = 4, 2, 64, 50.0 if "softcap" in what else 0.0
+    kv = F16 if "float16" in what else F32
+    feeds = case(1, 1, h, hk, d, 40, [17], seed=5)
+    feeds["last_index"] = np.array([0], np.int64)
+    if "key" in what and kv == F32:
+        feeds["past_key"][0, :, 5, 3] = np.inf if "inf" in what else np.nan
+    if kv == F16:  # a finite float32 key the float16 cache stores as inf
+        feeds["past_key"] = feeds["past_key"].astype(np.float16)
+        feeds["past_value"] = feeds["past_value"].astype(np.float16)
+        feeds["qkv"][0, 0, h * d + 3] = 1e5  # the new token's key, kv head 0
+    if "q" in what:
+        feeds["qkv"][0, 0, 3] = np.nan  # head 0
+    y = session(op_model(h, hk, d, kv=kv, softcap=softcap)).run(None, feeds)[0]
+    return bool(np.isnan(y[0, 0, :d]).all())
+
+
+@pytest.mark.parametrize("what", NONFINITE)
+def test_a_nan_or_inf_key_or_q_makes_the_output_nan(what):
+    assert nonfinite_output(what)
+
+
+def test_a_nan_or_inf_key_or_q_makes_the_output_nan_on_the_portable_path_too():
+    assert on_portable_path("test_cpu_attention", "[nonfinite_output(w) for w in NONFINITE]") == [True] * len(NONFINITE)
+
+
 # (shape as in CASES, window, softcap c): Gemma 2's soft-capped scores (c = 50 in its configs; small
 # ones here, so that most scores are bent), on decode rows, prefill chunks, a window, head size 256,
 # keys split in parts, and head size 40 (the portable path)
@@ -397,11 +430,12 @@ def test_the_wrong_rotary_fails():
 
 
 @pytest.mark.parametrize("change, message", [
-    ({"write_index": np.array([10], np.int64)}, "writes slots 10..13 of a KV cache of 12"),
+    ({"write_index": np.array([10], np.int64)}, "row 0 writes 4 slots from slot 10 of a KV cache of 12"),
     ({"last_index": np.array([4], np.int64)}, r"last_index\[0\] is outside the chunk"),
     # write_index + last_index would overflow int64 and pass a bounds check written as a sum
+    # (and the message must not compute that sum either)
     ({"write_index": np.array([np.iinfo(np.int64).max], np.int64), "last_index": np.array([1], np.int64)},
-     "writes slots"),
+     "row 0 writes 2 slots from slot 9223372036854775807 of a KV cache of 12"),
     # per-row inputs of the wrong shape would be read past their end
     ({"write_index": np.array([1, 1], np.int64)}, r"write_index and last_index must be \[batch\]"),
     ({"position_ids": np.zeros((1, 1), np.int64)}, r"position_ids must be \[batch, seq\]"),

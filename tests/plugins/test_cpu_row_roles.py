@@ -101,3 +101,47 @@ def test_weights_are_checked_on_every_call():
     s.run(None, {"x": x, "codes": codes, "scale": scale})
     with pytest.raises(Exception, match="codes hold"):
         s.run(None, {"x": x, "codes": codes[:1].copy(), "scale": scale[:1].copy()})
+
+
+def test_weights_fed_as_graph_inputs_are_read_every_call_and_never_copied():
+    """Only constant initializers are copied onto huge pages (once, by address): a weight fed as a
+    graph input may change in place between calls (it was kept as first read: the old answer), and
+    its pages are the caller's (dropping them reverted a copy-on-write mapping's edits)."""
+    from tests.plugins.cpu_ops import one_node_model
+    from trtllm.plugins import cpu
+
+    k, n = 64, 8
+    _, (codes, scale, _) = case(8, k, n)
+    node = helper.make_node(cpu.OP, ["x", "codes", "scale"], ["y"], domain=cpu.DOMAIN, bits=8, n=n, layout=cpu.LAYOUT)
+    model = one_node_model(node, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, None, k]),
+                                  helper.make_tensor_value_info("codes", TensorProto.UINT8, None),
+                                  helper.make_tensor_value_info("scale", TensorProto.FLOAT16, None)],
+                           [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    cpu.set_huge_pages(True)
+    s, x = session(model), np.ones((1, 1, k), np.float32)
+    before = cpu.copied_bytes()
+    y1 = s.run(None, {"x": x, "codes": codes, "scale": scale})[0]
+    scale *= np.float16(2)  # every weight doubled, in the same buffer
+    y2 = s.run(None, {"x": x, "codes": codes, "scale": scale})[0]
+    np.testing.assert_array_equal(y2, 2 * y1)
+    assert cpu.copied_bytes() == before
+    # the same weights as initializers: copied (the decode path's huge pages are still there)
+    s = session(op_model(k, n, 8, codes, scale, None))
+    s.run(None, {"x": x})
+    assert cpu.copied_bytes() - before >= codes.nbytes + scale.nbytes
+
+
+def test_half_weights_fed_as_graph_inputs_are_read_every_call():
+    from tests.plugins.cpu_ops import one_node_model
+    from trtllm.plugins import cpu
+
+    k, n = 64, 8
+    node = helper.make_node(cpu.HALF, ["x", "w"], ["y"], domain=cpu.DOMAIN, n=n)
+    model = one_node_model(node, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, k]),
+                                  helper.make_tensor_value_info("w", TensorProto.FLOAT16, [n, k])],
+                           [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1, n])])
+    cpu.set_huge_pages(True)
+    s, x, w = session(model), np.ones((1, 1, k), np.float32), np.ones((n, k), np.float16)
+    assert s.run(None, {"x": x, "w": w})[0][0, 0, 0] == k
+    w[:] = 2
+    assert s.run(None, {"x": x, "w": w})[0][0, 0, 0] == 2 * k

@@ -99,6 +99,25 @@ def test_top_k_beyond_max_top_k_is_refused():
         run_kernel(case, 64)
 
 
+def test_a_logit_bias_of_the_wrong_rank_is_refused_by_name():
+    """A model that declares no shapes (ONNX Runtime then checks none): a scalar logit_bias gets the
+    op's message, not the C++ library's range error."""
+    from onnx import helper
+
+    from tests.plugins.cpu_ops import one_node_model, session
+    from tests.plugins.cpu_sample_ops import TYPES
+
+    inputs = [helper.make_tensor_value_info(name, TYPES[dtype], None) for name, dtype, _ in schema.INPUTS]
+    outputs = [helper.make_tensor_value_info(name, TYPES[dtype], None) for name, dtype, _ in schema.OUTPUTS]
+    node = helper.make_node(cpu.SAMPLE, list(schema.INPUT_NAMES), list(schema.OUTPUT_NAMES), domain=cpu.DOMAIN,
+                            max_top_k=64)
+    case, _ = random_case(np.random.default_rng(4), 300, 64, 2)
+    feeds = {name: np.asarray(case[name]) for name in schema.INPUT_NAMES}
+    feeds["logit_bias"] = np.array(0.0, np.float32)
+    with pytest.raises(Exception, match=r"logit_bias \(input 1\) must be \[B, V\]"):
+        session(one_node_model(node, inputs, outputs)).run(None, feeds)
+
+
 def test_parameter_rows_serve_several_logits_rows_without_logprobs():
     """EAGLE verification's form: N = B x R logits rows for B rows of parameters (uniform [N]), the
     token output alone: each logits row gets the reference's token with its parameter row."""
