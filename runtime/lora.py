@@ -26,6 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
+from trtllm.plugins.cpu import LORA_LOWERING
 from trtllm.runtime.manifest import Manifest, whole
 
 CONFIG_NAME, WEIGHTS_NAME = "adapter_config.json", "adapter_model.safetensors"
@@ -365,12 +366,17 @@ class StepAdapters:
     Rows that share one adapter (or none) bind its own [1, ...] arrays. Mixed rows bind views of
     per-slot buffers [num_slots, in, R] and [num_slots, R, out], R the largest rank written so far
     (zero beyond each adapter's): a slot's rows are rewritten only when its adapter changes, so an
-    in-flight batch copies one adapter per admitted request, not the batch per step."""
+    in-flight batch copies one adapter per admitted request, not the batch per step. Without our
+    LoraAdd kernel (the standard-op form: the legacy graph, --cpu-kernels onnxruntime, TensorRT),
+    several rows sharing an adapter bind the per-slot buffers too: a [1, ...] adapter makes MatMul
+    fold the batch into one product whose rounding depends on the batch's size, and a row's tokens
+    must not depend on its neighbours."""
 
     IDLE = object()
 
     def __init__(self, manifest: Manifest, num_slots: int):
         self.base = base_adapter(manifest)
+        self.shared_exact = LORA_LOWERING in manifest.lowerings  # LoraAdd: a shared adapter per row alike
         self.a_names = {manifest.io.lora_a.format(i=i, module=mod) for i, mod, _, _ in projections(manifest)}
         self.num_slots = num_slots
         self.held: list = [None] * num_slots  # the adapter each slot's buffer rows hold
@@ -382,8 +388,9 @@ class StepAdapters:
     def feeds(self, start: int, adapters: Sequence) -> dict[str, np.ndarray]:
         rows = [self.base if a is None else a for a in adapters]
         used = {id(a): a for a in rows if a is not self.IDLE}
-        if len(used) <= 1:
-            return next(iter(used.values()), self.base).arrays
+        only = next(iter(used.values()), self.base)
+        if len(used) <= 1 and (only is self.base or self.shared_exact or len(rows) == 1):
+            return only.arrays
         self.fit(used.values())
         for slot, adapter in enumerate(rows, start):
             if adapter is not self.IDLE and self.held[slot] is not adapter:

@@ -332,7 +332,11 @@ def test_step_feeds_shared_none_and_mixed(tmp_path):
     b = lora.load_adapter("b", write_dir(tmp_path / "b", {(0, "self_attn.q_proj"): 4}, seed=3), MANIFEST)
     steps = lora.StepAdapters(MANIFEST, num_slots=4)
     idle = lora.StepAdapters.IDLE
-    assert steps.feeds(0, [a, a, idle]) is a.arrays            # one adapter: its own [1, ...] arrays, no copy
+    native = lora.StepAdapters(dataclasses.replace(MANIFEST, lowerings=("trtllm.cpu::LoraAdd",)), num_slots=4)
+    assert native.feeds(0, [a, a, idle]) is a.arrays           # one adapter on LoraAdd: its own [1, ...] arrays
+    assert steps.feeds(0, [a]) is a.arrays                     # one row: the same
+    # several rows on the standard-op form: per row (a [1, ...] adapter's MatMul rounds by batch size)
+    check_rows(steps.feeds(0, [a, a, idle]), [a, a, None], (3, H, 2), (3, 2, Q))
     assert steps.feeds(0, [None, idle]) is steps.base.arrays   # none: rank 0
     mixed = steps.feeds(0, [a, None, b, idle])
     assert steps.feeds(0, [a, None, b, idle]) is mixed         # the same views again: nothing to rebind

@@ -333,3 +333,42 @@ def test_a_profiles_lora_rank_below_an_adapters_is_refused_before_the_export(tin
                                           r"\(that 4 is --max-lora-rank's, or a --profile's"):
         build(BuildConfig(model=str(tiny_checkpoint("llama")), output=str(tmp_path / "e"), max_lora_rank=4,
                           lora=(("big", str(adapters / "big")),), verify=False, **LIMITS), log=lambda m: None)
+
+
+@pytest.mark.parametrize("kind", ["legacy", "ort"])
+def test_a_shared_adapter_decodes_a_row_as_it_decodes_alone(kind, lora_engines):
+    """Two rows on one adapter: the first row's decode logits equal its logits alone, bit for bit.
+    On the standard-op form (the legacy graph) a shared [1, ...] adapter made MatMul fold the batch
+    into one product (6e-6 off: a near tie flips with the neighbours); "ort" runs our LoraAdd."""
+    import dataclasses
+
+    from trtllm.runtime import sampling
+    from trtllm.runtime.engine import StepInputs, load_engine
+    from trtllm.runtime.generate import RowState, prefill_inputs
+    from trtllm.runtime.kv_cache import KVCacheManager
+
+    engines, adapters = lora_engines
+    engine = load_engine(engines[kind], huge_pages=False)
+    m = engine.manifest
+    adapter = lora.load_adapter("a", adapters / "a", m)
+
+    def decode_logits(prompts):
+        rows = [RowState(prompt_ids=p, params=sampling.SamplingParams(temperature=0), rng=np.random.default_rng(0),
+                         eos_ids=frozenset()) for p in prompts]
+        n, step_adapters = len(rows), lora.StepAdapters(m, len(rows))
+        kv = KVCacheManager(m.model, n, LIMITS["max_kv_cache_capacity"])
+        feeds = step_adapters.feeds(0, [adapter] * n)
+        batch = sampling.make_batch([r.params for r in rows], m.model.vocab_size, m.max_top_k)
+        engine.step(dataclasses.replace(prefill_inputs(rows, m.pad_token_id, batch), lora=feeds), kv.view(0, n))
+        at = np.array([len(p) for p in prompts], np.int64)
+        step = StepInputs(input_ids=np.full((n, 1), 5, np.int64), position_ids=at[:, None], write_index=at,
+                          last_index=np.zeros(n, np.int64), sampling=batch, lora=step_adapters.feeds(0, [adapter] * n))
+        return engine.step(step, kv.view(0, n), want_logits=True).logits.copy()
+
+    try:
+        prompt = list(range(30, 52))
+        alone = decode_logits([prompt])[0]
+        for other in ([5, 17, 42, 9], list(range(60, 90))):
+            assert np.array_equal(decode_logits([prompt, other])[0], alone)
+    finally:
+        engine.close()
