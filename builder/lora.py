@@ -7,7 +7,7 @@ import dataclasses
 import shutil
 from pathlib import Path
 
-from trtllm.builder.config import BuildConfig, ConfigError
+from trtllm.builder.config import MAX_LORA_RANK, BuildConfig, ConfigError
 from trtllm.runtime import lora as rt_lora
 from trtllm.runtime.manifest import Manifest
 
@@ -38,10 +38,15 @@ def with_rank(config: BuildConfig) -> BuildConfig:
     here, before the export (it may come from a --profile)."""
     if not config.lora:
         return config
-    try:
-        ranks = {name: adapter_rank(path) for name, path in config.lora}
-    except rt_lora.AdapterError as e:
-        raise ConfigError(f"--lora: {e}") from None
+    ranks = {}
+    for name, path in config.lora:  # the files and the config now, not after the export
+        try:
+            rt_lora.read_config(peft_files(path)[0])
+            ranks[name] = adapter_rank(path)
+        except rt_lora.AdapterError as e:
+            raise ConfigError(f"--lora {name}: {e}") from None
+        if ranks[name] > MAX_LORA_RANK:
+            raise ConfigError(f"--lora {name}: rank {ranks[name]} is above trtllm-edge's largest LoRA rank, {MAX_LORA_RANK}")
     if not config.max_lora_rank:
         return dataclasses.replace(config, max_lora_rank=max(ranks.values()))
     over = [(name, rank) for name, rank in ranks.items() if rank > config.max_lora_rank]

@@ -104,9 +104,19 @@ def adapter_files(path: str | Path) -> tuple[Path, Path]:
         raise AdapterError(f"{p} has no {WEIGHTS_NAME}{hint}")
     if not weights.is_file():
         raise AdapterError(f"{p} does not exist: give a PEFT adapter directory or its .safetensors file")
+    if weights.suffix == ".bin" or zipped(weights):  # (torch.save writes a zip archive)
+        raise AdapterError(f"{p} is a PyTorch .bin: save the adapter with safe_serialization=True")
     if not config.is_file():
         raise AdapterError(f"{config} is missing: a PEFT adapter keeps its rank and alpha there")
     return config, weights
+
+
+def zipped(path: Path) -> bool:
+    try:
+        with open(path, "rb") as f:
+            return f.read(4) == b"PK\x03\x04"
+    except OSError:
+        return False
 
 
 def read_config(path: Path, data: bytes | None = None) -> dict:
@@ -133,6 +143,7 @@ def read_config(path: Path, data: bytes | None = None) -> dict:
         "monteclora_config": (bool(cfg.get("monteclora_config")), "MonteCLoRA samples its weights"),
         "trainable_token_indices": (bool(cfg.get("trainable_token_indices")), "it retrains embedding rows too"),
         "target_parameters": (bool(cfg.get("target_parameters")), "it adapts parameters, not the projections"),
+        "kasa_config": (bool(cfg.get("kasa_config")), "KaSA truncates the base weights and scales by a learned diagonal"),
         # (EVA is not here: it sets lora_A and the ranks, which it saves in rank_pattern and
         # alpha_pattern, and leaves the base weights alone)
         "init_lora_weights": (init.startswith(("pissa", "corda", "olora", "loftq", "lora_ga")),
@@ -142,8 +153,8 @@ def read_config(path: Path, data: bytes | None = None) -> dict:
     for key, (bad, why) in problems.items():
         if bad:
             raise AdapterError(f"{path}: {key} = {cfg.get(key)!r} is not supported ({why})")
-    for key in ("r", "lora_alpha"):  # absent: PEFT's LoraConfig defaults (8 and 8)
-        positive(cfg.setdefault(key, PEFT_DEFAULTS[key]), f"{path}: {key}")
+    positive(cfg.setdefault("r", PEFT_DEFAULTS["r"]), f"{path}: r")  # absent: PEFT's LoraConfig default
+    finite(cfg.setdefault("lora_alpha", PEFT_DEFAULTS["lora_alpha"]), f"{path}: lora_alpha")  # (PEFT takes any sign)
     layers = cfg.get("layers_to_transform")
     if layers is not None and not (whole(layers, 0) or isinstance(layers, list) and all(whole(i, 0) for i in layers)):
         raise AdapterError(f"{path}: layers_to_transform must be a layer index or a list of them, got {layers!r}")
@@ -157,7 +168,7 @@ def read_config(path: Path, data: bytes | None = None) -> dict:
         if not isinstance(patterns, dict):
             raise AdapterError(f"{path}: {key} must be an object of module pattern -> number, got {patterns!r}")
         for pattern, value in patterns.items():
-            positive(value, f"{path}: {key}[{pattern!r}]")
+            (positive if key == "rank_pattern" else finite)(value, f"{path}: {key}[{pattern!r}]")
             try:
                 re.compile(pattern)
             except re.error as e:
@@ -197,6 +208,11 @@ def targeted(cfg: dict, layer: int, module: str) -> bool:
 def positive(value, where: str) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0 or not math.isfinite(value):
         raise AdapterError(f"{where} must be a positive number, got {value!r}")
+
+
+def finite(value, where: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise AdapterError(f"{where} must be a finite number, got {value!r}")
 
 
 def pattern_value(patterns: dict, module: str, default):

@@ -27,7 +27,7 @@ ARCHS = ["llama", "mistral", "qwen2", "qwen3"]
     (["--dtype", "float16", "--quantization", "int8", "--cpu-kernels", "onnxruntime", "--backend", "onnxruntime"],
      "runs on our CPU kernels"),
     (["--quantization", "int3"], "Invalid value for '--quantization'"),
-    (["--lora", "fr=/tmp/no-such-adapter"], "--lora: /tmp/no-such-adapter does not exist"),
+    (["--lora", "fr=/tmp/no-such-adapter"], "--lora fr: /tmp/no-such-adapter does not exist"),
     (["--lora", "broken"], "NAME=PEFT_DIR"),
     (["--lora", "a b=/tmp/x"], "the name must be letters, digits"),
     (["--lora", "a=/tmp/x", "--lora", "a=/tmp/y"], "--lora names must be distinct"),
@@ -58,6 +58,21 @@ def test_refused_options(tmp_path, args, needle):
     assert result.exit_code == 2
     assert needle in result.output
     assert not (tmp_path / "e").exists()
+
+
+@pytest.mark.parametrize("rank, config, needle", [
+    (300, {}, "--lora big: rank 300 is above trtllm-edge's largest LoRA rank, 256"),
+    # a setting the adapter's config refuses: before the export (it came after it, 18 s into an int4 build)
+    (2, {"use_dora": True}, "--lora big: "),
+])
+def test_adapters_refused_before_the_export_by_name(tmp_path, rank, config, needle):
+    from tests.runtime.test_lora import write_adapter
+
+    write_adapter(tmp_path / "adapter", {(0, "self_attn.q_proj"): rank}, r=rank, **config)
+    result = CliRunner().invoke(main, ["--model", str(tmp_path), "--output", str(tmp_path / "e"),
+                                       "--lora", f"big={tmp_path / 'adapter'}"])
+    assert result.exit_code == 2 and needle in result.output, result.output
+    assert "use_dora" in result.output or not config
 
 
 def test_missing_model(tmp_path):

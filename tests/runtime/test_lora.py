@@ -76,6 +76,15 @@ def test_modules_land_in_their_columns_with_their_scales(tmp_path):
     assert adapter.rank == 4
 
 
+def test_a_negative_or_zero_alpha_scales_as_in_peft(tmp_path):
+    """PEFT takes any lora_alpha (its scale is alpha / r): a negative one subtracts the delta."""
+    for alpha in (-8, 0):
+        write_adapter(tmp_path / str(alpha), {(0, "self_attn.o_proj"): 4}, lora_alpha=alpha)
+        cfg = json.loads((tmp_path / str(alpha) / lora.CONFIG_NAME).read_text())
+        assert lora.module_scale(cfg, 0, "self_attn.o_proj", 4) == alpha / 4
+        lora.load_adapter("a", tmp_path / str(alpha), MANIFEST)
+
+
 def test_rslora_scale(tmp_path):
     write_adapter(tmp_path, {(0, "self_attn.o_proj"): 4}, use_rslora=True, lora_alpha=6)
     assert lora.module_scale(json.loads((tmp_path / lora.CONFIG_NAME).read_text()), 0, "self_attn.o_proj", 4) == 6 / math.sqrt(4)
@@ -160,6 +169,12 @@ def _bin_only(path):
     (path / "adapter_model.bin").write_bytes(b"x")
 
 
+def _bin_named(path):
+    write_adapter(path.parent / "dir", {(0, "self_attn.q_proj"): 2})
+    (path.parent / "dir" / "adapter_model.bin").write_bytes(b"PK\x03\x04 torch.save's zip")
+    path.symlink_to(path.parent / "dir" / "adapter_model.bin")  # the .bin named itself (under another name)
+
+
 def _not_safetensors(path):
     write_adapter(path, {(0, "self_attn.q_proj"): 2})
     (path / lora.WEIGHTS_NAME).write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not json")
@@ -175,7 +190,8 @@ def _not_safetensors(path):
     (_nan, "NaN or infinite"),
     (_config(use_dora=True), "use_dora = True is not supported"),
     (_config(modules_to_save=["lm_head"]), "modules_to_save"),
-    (_config(lora_alpha=0), "lora_alpha must be a positive number"),
+    (_config(lora_alpha="8"), "lora_alpha must be a finite number"),
+    (_config(kasa_config={"r": 2}), "KaSA truncates the base weights"),
     (_config(alora_invocation_tokens=[42, 99]), "activated LoRA applies from its invocation tokens on"),
     (_config(layer_replication=[[0, 1], [0, 1]]), "layer_replication"),
     (_config(init_lora_weights="pissa_niter_4"), "path_initial_model_for_weight_conversion"),
@@ -189,7 +205,7 @@ def _not_safetensors(path):
     (_config(target_parameters=["feed_forward.experts.gate_up_proj"]), "adapts parameters"),
     (_config(alpha_pattern=["q_proj"]), "alpha_pattern must be an object"),
     (_config(alpha_pattern={"q_proj(": 2}), "is not a valid regular expression"),
-    (_config(alpha_pattern={"q_proj": "3"}), "alpha_pattern['q_proj'] must be a positive number"),
+    (_config(alpha_pattern={"q_proj": "3"}), "alpha_pattern['q_proj'] must be a finite number"),
     (_config(rank_pattern={"q_proj": -1}), "rank_pattern['q_proj'] must be a positive number"),
     (_tensor("A", np.zeros((0, H), np.float32)), "do not fit this model"),
     (_tensor("A", np.array(1.0, np.float32)), "do not fit this model"),
@@ -198,6 +214,7 @@ def _not_safetensors(path):
     (_no_matrices, "holds no LoRA matrices"),
     (_no_config, "adapter_config.json is missing"),
     (_bin_only, "save it with safe_serialization=True"),
+    (_bin_named, "is a PyTorch .bin: save the adapter with safe_serialization=True"),
     (_not_safetensors, "is not a readable safetensors file"),
     # tensors for modules the config does not target: PEFT leaves them out
     (_config(target_modules=["v_proj"]), "is for a module that"),
