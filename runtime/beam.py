@@ -35,6 +35,7 @@ from trtllm.runtime.beam_candidates import BeamParams, best, shaped_candidates, 
 from trtllm.runtime.engine import StepInputs
 from trtllm.runtime.kv_cache import KVCacheManager
 from trtllm.runtime.lora import StepAdapters
+from trtllm.runtime.rows import overflow_causes
 from trtllm.runtime.step_inputs import adapter_key, chunk_stop, restore_context_kv, restore_prefix_kv
 
 MASK = np.float32(-1.0e9)  # transformers' "very large negative value"
@@ -107,7 +108,7 @@ class Search:
         first = scores[:, 0]
         if np.isnan(first).any() or np.isposinf(first).any():  # (NaN where a logit was NaN or +inf)
             raise FloatingPointError(f"the logits were not finite (NaN or infinite) at token {self.generated + 1}: "
-                                     "the model overflowed")
+                                     f"the model overflowed ({overflow_causes(p.adapter)})")
         if np.isneginf(first).all():  # (a beam its bans leave no token loses to the others, as in transformers)
             self.stuck = self.dead_end(self.generated + 1)
             if not self.is_finished.any():

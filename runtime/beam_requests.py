@@ -51,8 +51,8 @@ def replay(row, hypothesis: Hypothesis, max_new_tokens: int, finish: bool = True
             row.accept(token, None)
         if row.finish_reason:
             break
-    if not finish:
-        row.finish_reason = None  # (an EOS it ended with: still cancelled, its search was not over)
+    if not finish:  # (an EOS it ended with: still cancelled, its search was not over; its text ends as it did)
+        row.ended, row.finish_reason = row.finish_reason, None
         return
     row.finish_reason = row.finish_reason or "max-length"  # (max_generate_length 0: no token)
 

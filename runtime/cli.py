@@ -141,6 +141,10 @@ def generation_defaults(engine_dir: Path, manifest) -> tuple[dict, dict]:
             limits = input_checks.check_limits(settings, manifest.max_top_k, manifest.model.vocab_size)
             if limits:  # (a value the engine cannot take, as a request's would be)
                 raise fmt.InputError("top_k", limits[0][1])
+            from trtllm.runtime.beam_requests import unrunnable  # (the run's modules load after the checks)
+
+            if (beams := unrunnable(settings.requests[0], 0, manifest)) is not None:
+                raise fmt.InputError("num_beams", beams)
             return defaults, refused
         except fmt.InputError as e:
             if e.json_path not in kept:

@@ -34,9 +34,11 @@ def check_limits(inp: InputFile, max_top_k: int, vocab_size: int) -> list[tuple[
     """Per-request settings the engine's sampler cannot run: (request index, message).
 
     The sampler's top-k/top-p work among the `max_top_k` most likely tokens (manifest.json), so a
-    `top_k` between that and the vocabulary size cannot be honoured; `>= vocab_size` means all."""
+    `top_k` between that and the vocabulary size cannot be honoured; `>= vocab_size` means all. A
+    greedy request (temperature 0) or a beam search does not sample: its top_k plays no part."""
     _check_positive("max_top_k", max_top_k)
     _check_positive("vocab_size", vocab_size)
     return [(i, f"`{req.where(i, 'top_k')}` must be <= {max_top_k} (the engine's sampler limit) "
                 f"or >= the vocabulary size {vocab_size} (all tokens), got {req.top_k}")
-            for i, req in enumerate(inp.requests) if i not in inp.invalid and max_top_k < req.top_k < vocab_size]
+            for i, req in enumerate(inp.requests) if i not in inp.invalid and max_top_k < req.top_k < vocab_size
+            and req.temperature != 0 and req.num_beams <= 1]

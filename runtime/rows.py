@@ -11,6 +11,13 @@ from trtllm.runtime import bans, sampling
 from trtllm.runtime.text import TextStream
 
 
+def overflow_causes(adapter) -> str:
+    """What can make a row's logits overflow (NaN or +inf): its LoRA adapter by name, where it has one."""
+    name = getattr(adapter, "name", None)
+    return (f"its LoRA adapter {name!r} can make it: a lora_alpha or matrices too large; so can a float16 "
+            "engine" if name else "a float16 engine or a LoRA adapter's weights can")
+
+
 @dataclass
 class RowState:
     """One request sample's progress; `text` (stop strings, streaming) is optional."""
@@ -25,6 +32,7 @@ class RowState:
     token_logprobs: list[float] = field(default_factory=list)  # each generated token's own (with logprobs)
     counts: dict[int, int] = field(default_factory=dict)
     finish_reason: str | None = None
+    ended: str | None = None          # how a hypothesis it replays ended, where an interrupt then cancelled it
     error: str | None = None          # why it failed alone (finish_reason "error"), e.g. a broken draw
     max_new_tokens: int = -1  # params.max_new_tokens, capped by the KV capacity
     prefix_ids: tuple[int, ...] = ()  # its system-prompt prefix (a prefix of prompt_ids), if any
@@ -122,15 +130,13 @@ class RowState:
                 + " ban every one")
 
     def overflow_causes(self) -> str:
-        """What can make its logits overflow (NaN or +inf): its LoRA adapter by name, where it has one."""
-        adapter = getattr(self.adapter, "name", None)
-        return (f"its LoRA adapter {adapter!r} can make it: a lora_alpha or matrices too large; so can a float16 "
-                "engine" if adapter else "a float16 engine or a LoRA adapter's weights can")
+        return overflow_causes(self.adapter)
 
     def visible_ids(self) -> list[int]:
         """The output without a final EOS or stop token (they are not part of output_text)."""
-        if self.finish_reason == "end-of-sequence" or (
-                self.finish_reason == "stop-words" and self.output_ids and self.output_ids[-1] in self.params.stop_token_ids):
+        reason = self.ended or self.finish_reason
+        if reason == "end-of-sequence" or (
+                reason == "stop-words" and self.output_ids and self.output_ids[-1] in self.params.stop_token_ids):
             return self.output_ids[:-1]
         return self.output_ids
 

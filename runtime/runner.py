@@ -263,10 +263,12 @@ class Runner:
         # written; before, the first one ends generation, caught below wherever it lands
         try:
             try:
-                beam_requests.answer(self.engine, [smp for smp in live if smp.prepared.request.num_beams > 1],
-                                     self.timing, on_token if on_text else None, num_slots, self.prefixes,
-                                     self.contexts)
-                run_rows(self.engine, [smp.row for smp in live if smp.prepared.request.num_beams == 1], num_slots,
+                # (nothing to generate: no search; as a plain request it scores its prompt, prompt_logprobs)
+                searched = [smp for smp in live if smp.prepared.request.num_beams > 1 and smp.row.max_new_tokens > 0]
+                beam_requests.answer(self.engine, searched, self.timing, on_token if on_text else None, num_slots,
+                                     self.prefixes, self.contexts)
+                beams = {id(smp) for smp in searched}
+                run_rows(self.engine, [smp.row for smp in live if id(smp) not in beams], num_slots,
                          self.timing,
                          on_token if on_text else None, self.prefixes, self.drafter, self.prefill_chunk,
                          self.contexts, self.lookup)
@@ -343,7 +345,7 @@ class Runner:
     def answer(self, smp: Sample) -> str:
         """A finished sample's output_text."""
         row = smp.row
-        if row.finish_reason == "stop-words" and row.text.stop_at is not None:
+        if row.text.stop_at is not None:  # (a stop string found: "stop-words", or a replayed beam then cancelled)
             return row.text.final_text()
         return self.tokenizer.decode(row.visible_ids(), smp.prepared.request.skip_special_tokens)
 

@@ -146,11 +146,12 @@ def empty_batch(num_rows: int, vocab_size: int, num_logprobs: int, max_top_k: in
 def set_row(batch: SamplingBatch, row: int, p: SamplingParams, max_top_k: int,
             prompt: list[int] | None = None, banned: frozenset[int] = frozenset(),
             repeats: bans.RepeatedNgrams | None = None) -> None:
-    """Put one request's params in `row`. top_k >= vocab_size means 'all tokens' (0, disabled).
+    """Put one request's params in `row`. top_k >= vocab_size means 'all tokens' (0, disabled), as
+    does temperature 0 (greedy: top_k plays no part, so the engine's max_top_k does not limit it).
     `banned` are the ids it may not produce before its min_new_tokens; `repeats`, its
     no_repeat_ngram_size's index of the prompt (what it bans first)."""
     vocab_size = batch.logit_bias.shape[1]
-    top_k = 0 if p.top_k >= vocab_size else p.top_k
+    top_k = 0 if p.top_k >= vocab_size or p.temperature == 0 else p.top_k
     _check(top_k <= max_top_k, "top_k", f"<= {max_top_k} (the engine's max_top_k) or >= the vocabulary size "
            f"{vocab_size}", p.top_k)
     batch.logit_bias[row] = 0

@@ -157,6 +157,18 @@ def test_prompt_logprobs_score_a_beam_request_s_prompt(tiny_engine, run_cli, mon
     assert [r["output_ids"] for r in out["responses"][:2]] == [r["output_ids"] for r in alone["responses"]]
 
 
+def test_prompt_logprobs_with_nothing_to_generate_score_a_beam_request_s_prompt(tiny_engine, run_cli):
+    """max_generate_length 0 with prompt_logprobs (the log-likelihood recipe): nothing to search, the
+    prompt scored as a plain request's (its scores were dropped: answered before any step)."""
+    plain = {"messages": CHAT, "prompt_logprobs": 1}
+    payload = {"temperature": 0, "max_generate_length": 0, "requests": [plain, {**plain, "num_beams": 2}]}
+    result, out = run_cli(tiny_engine("llama"), payload)
+    assert result.exit_code == 0, result.output
+    greedy, beams = out["responses"]
+    assert len(beams["prompt_token_logprobs"]) == beams["prompt_tokens"] > 1
+    assert beams["prompt_token_logprobs"] == greedy["prompt_token_logprobs"] and beams["output_ids"] == []
+
+
 def test_a_scored_beam_prompt_never_ends_in_a_one_token_chunk(tiny_engine, run_cli, monkeypatch):
     """A scored prompt one token past a chunk takes that token with the chunk before it (as plain
     requests do, step_inputs.chunk_stop): a step of one token is a decode step to ONNX Runtime's
@@ -238,6 +250,7 @@ def test_logits_that_overflow_fail_that_request_alone(tiny_engine, run_cli, monk
     assert result.exit_code == 1, result.output
     failed, fine = out["responses"][:2], out["responses"][2:]
     assert all("logits were not finite (NaN or infinite) at token 1" in r["error"] for r in failed)
+    assert all("a float16 engine or a LoRA adapter's weights can" in r["error"] for r in failed)  # (what can)
     assert all(r["finish_reason"] in ("max-length", "end-of-sequence") for r in fine)
 
 

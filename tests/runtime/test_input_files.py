@@ -156,6 +156,20 @@ def test_check_limits():
     assert check_limits(_top_k_doc(50, None), max_top_k=1024, vocab_size=49152) == []
 
 
+def test_check_limits_leave_greedy_and_beam_requests_alone():
+    """top_k plays no part where nothing is sampled (input_format.md): not refused there."""
+    inp = parse_input({"top_k": 2000, "requests": [{"messages": [], "temperature": 0},
+                                                   {"messages": [], "temperature": 0, "num_beams": 2},
+                                                   {"messages": []}]})
+    assert [i for i, _ in check_limits(inp, max_top_k=1024, vocab_size=49152)] == [2]
+    from trtllm.runtime import sampling
+
+    batch = sampling.make_batch([sampling.SamplingParams(temperature=0, top_k=2000)], 49152, 1024)
+    assert batch.top_k[0] == 0  # (it reached the sampler, which refused the greedy row)
+    with pytest.raises(ValueError, match="top_k"):
+        sampling.make_batch([sampling.SamplingParams(temperature=1.0, top_k=2000)], 49152, 1024)
+
+
 def test_check_limits_small_values_keep_their_paths():
     # small ints are shared objects in CPython: the path must not depend on object identity
     inp = _top_k_doc(100, None, 100)

@@ -297,8 +297,8 @@ def test_an_interrupt_a_finalizer_swallowed_still_ends_generation(tmp_path, tiny
 
 def test_an_interrupted_beam_search_keeps_what_it_had(tmp_path, tiny_engine, monkeypatch):
     """A Ctrl-C in a beam search's 6th step: each of its samples is cancelled with what the search had
-    for it (its best beams so far, each a prefix of what a whole search would keep or not), in the
-    slots it took; it came back empty, as a request that never ran (batch_idx null)."""
+    for it (its best beams so far, each a prefix of what a whole search would keep or not), with the
+    slots it took as batch_idx (it came back empty with batch_idx null, as a request that never ran)."""
     payload = {"temperature": 0, "max_generate_length": 12, "ignore_eos": True,
                "requests": [{**chat("a"), "num_beams": 2, "n": 2}]}
     (tmp_path / "in.json").write_text(json.dumps(payload))
@@ -316,3 +316,27 @@ def test_an_interrupted_beam_search_keeps_what_it_had(tmp_path, tiny_engine, mon
     for k, response in enumerate(out):
         mine = [ln for ln in lines if ln["sample_idx"] == k]
         assert "".join(ln["text"] for ln in mine) == response["output_text"] and mine[-1]["finish_reason"] == "cancelled"
+
+
+def test_an_interrupted_beam_search_s_finished_hypothesis_keeps_its_stop_cut(tmp_path, tiny_engine, monkeypatch):
+    """A hypothesis that ended on a stop string before the Ctrl-C: cancelled, its text cut before the
+    stop as its stream's pieces were (its output_text held the stop string and what followed)."""
+    engine = str(tiny_engine("llama"))
+    payload = {"temperature": 0, "max_generate_length": 12, "ignore_eos": True,
+               "requests": [{**chat("a"), "num_beams": 2, "n": 2}]}
+    (tmp_path / "in.json").write_text(json.dumps(payload))
+    args = [str(tmp_path / "in.json"), "--engine", engine, "--output", str(tmp_path / "out.json")]
+    assert CliRunner().invoke(main, args).exit_code == 0
+    whole = json.loads((tmp_path / "out.json").read_text())["responses"][0]["output_text"]
+    stop = whole[len(whole) // 4:len(whole) // 4 + 3]  # met early by the best beam
+    payload["requests"][0]["stop"] = stop
+    (tmp_path / "in.json").write_text(json.dumps(payload))
+    at_step(monkeypatch, 10, ctrl_c)
+    result = CliRunner().invoke(main, [*args, "--stream"])
+    assert result.exit_code == 130, result.output
+    out = json.loads((tmp_path / "out.json").read_text())["responses"]
+    lines = [json.loads(ln) for ln in result.stdout.splitlines() if ln.startswith("{")]
+    assert any(whole.startswith(r["output_text"]) and len(r["output_text"]) < len(whole) // 4 + 3 for r in out)
+    for k, response in enumerate(out):
+        assert stop not in response["output_text"] and response["finish_reason"] == "cancelled"
+        assert "".join(ln["text"] for ln in lines if ln["sample_idx"] == k) == response["output_text"]

@@ -194,3 +194,4 @@ def test_stream_matches_output(tiny_engine, tmp_path):
             assert [e for ln in mine for e in ln.get(key, [])] == r.get(key, [])
             assert all(len(ln[key]) == len(ln["token_ids"]) for ln in mine if key in ln)
     assert sum("logprobs" in ln for ln in lines) > 20
+
