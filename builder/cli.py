@@ -1,6 +1,7 @@
 """trtllm-build --model HF_DIR|HUB_ID|FILE.gguf --output ENGINE_DIR [options]"""
 from __future__ import annotations
 
+import importlib.util
 import sys
 import time
 
@@ -14,6 +15,7 @@ from trtllm.runtime.interrupt import terminate_as_interrupt
 # Shown in --help; the chosen --profile supplies these when the option is not given.
 DEFAULTS = profile_defaults("cpu-default")
 TENSORRT_OPTIONS = ("workspace_gib", "opt_level", "timing_cache")  # they shape the TensorRT builder only
+BUILD_MODULES = ("torch", "transformers", "onnx", "safetensors")  # the build extra's, which the runtime leaves out
 
 
 def parse_lora(values: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
@@ -72,6 +74,10 @@ def resolve(options: dict, profile: str) -> dict:
 @click.option("--sampling-plugin", is_flag=True, default=None,
               help="TensorRT >= 10.6: run the sampler as its Triton kernel plugin (needs torch and triton "
                    "wherever the engine runs) instead of TensorRT's import of the ONNX body.")
+@click.option("--plan-later", is_flag=True, default=False,
+              help="TensorRT: export the engine without llm.plan (no TensorRT or GPU needed here; checked through "
+                   "ONNX Runtime), then build the plan on the device: python -m trtllm.builder.plan ENGINE_DIR "
+                   "(TensorRT and onnx there, no torch or transformers: JetPack 6's Python 3.10).")
 @click.option("--max-lora-rank", type=int,
               help="Give the graph LoRA inputs for adapters of rank up to this (0: none); requests pick an adapter "
                    "by lora_name at run time. [profile; default 0, or the largest --lora rank]")
@@ -104,6 +110,10 @@ def main(model, output, profile, lora, eagle, no_verify, **options):
             f"--{key.replace('_', '-')} " in f"{head} " or head.startswith(f"{key} "))]  # (trt_version: no flag)
         where = f" (\"{from_profile[0]}\" comes from --profile {profile})" if from_profile else ""
         raise click.UsageError(f"{e}{where}") from e
+    missing = [name for name in BUILD_MODULES if importlib.util.find_spec(name) is None]
+    if missing:  # (a runtime-only install: the build would fail deep in the export, as "the build failed")
+        raise click.UsageError(f"trtllm-build needs {', '.join(missing)}, which the runtime's install leaves out: "
+                               "pip install \"trtllm-edge[build]\"")
     start = time.perf_counter()
 
     def log(message: str) -> None:

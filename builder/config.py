@@ -121,6 +121,7 @@ class BuildConfig:
     activations: str = "float32"    # int16/int8: quantized decode steps multiply quantized activations (plugins/cpu)
     kv_cache_dtype: str = "auto"    # int8: the KV cache as int8 rows with a float32 scale each (plugins/cpu attention)
     tensorrt_options: tuple[str, ...] = ()  # TensorRT-only flags given on the command line (--timing-cache, ...)
+    plan_later: bool = False        # TensorRT: export all but the plan, built on the device (builder/plan.py)
 
     def __post_init__(self):
         for name, allowed in (("backend", BACKENDS), ("dtype", DTYPES), ("quantization", QUANTIZATIONS),
@@ -162,6 +163,13 @@ class BuildConfig:
         if self.tensorrt_options and self.backend == "onnxruntime":
             raise ConfigError(f"{', '.join(self.tensorrt_options)}: TensorRT build options, and the backend is "
                               "onnxruntime; drop them or use --backend tensorrt")
+        if self.plan_later and self.backend != "tensorrt":
+            raise ConfigError(f"--plan-later exports a TensorRT engine: it needs --backend tensorrt (or a TensorRT "
+                              f"--profile), got --backend {self.backend}")
+        if self.plan_later and (self.timing_cache or self.eagle):
+            raise ConfigError("--plan-later: " + ("--timing-cache is the plan step's (python -m trtllm.builder.plan "
+                                                  "ENGINE_DIR --timing-cache FILE, on the device)" if self.timing_cache
+                                                  else "an EAGLE head's plan is not built later yet: build on the device"))
         if self.sampling_plugin and self.backend != "tensorrt":
             raise ConfigError("--sampling-plugin needs --backend tensorrt (it registers a TensorRT plugin)")
         if self.activations != "float32" and self.cpu_kernels == "onnxruntime":

@@ -23,7 +23,8 @@ def is_engine(path: Path) -> bool:
         manifest = json.loads((path / mf.MANIFEST_NAME).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return False
-    return isinstance(manifest, dict) and {"format_version", "backend", "build_id"} <= manifest.keys()
+    # (build_id since format 2; a format-1 engine, which the runtime asks to rebuild, has the rest)
+    return isinstance(manifest, dict) and {"format_version", "backend", "model", "io", "build_config"} <= manifest.keys()
 
 
 def check_output(config: BuildConfig, out_dir: Path) -> None:
@@ -51,7 +52,8 @@ def check_output(config: BuildConfig, out_dir: Path) -> None:
 # What an engine directory of any build holds: its graphs and plans, the tokenizer files
 # transformers' save_pretrained writes (additional_chat_templates: a tokenizer's named templates),
 # the saved system-prompt KV (cache), adapters and the draft head.
-BUILT = re.compile(r"manifest\.json|verify\.json|checksums\.sha256|cache|lora|eagle|llm\..*|.*\.(jinja|model)|"
+BUILT = re.compile(r"manifest\.json|verify\.json|verify_reference\.npz|checksums\.sha256|cache|lora|eagle|llm\..*|"
+                   r".*\.(jinja|model)|"
                    r"tokenizer.*|generation_config\.json|special_tokens_map\.json|added_tokens\.json|vocab\..*|"
                    r"merges\.txt|chat_template\.json|additional_chat_templates")
 # Hidden entries no one keeps on purpose: macOS's and NFS's, and a killed in-place build's own.
@@ -139,8 +141,11 @@ def binary_sizes(engine_dir: Path) -> dict[str, int]:
 def write_checksums(engine_dir: Path) -> None:
     lines = []
     for path in engine_files(engine_dir):
-        with open(path, "rb") as f:
-            lines.append(f"{hashlib.file_digest(f, 'sha256').hexdigest()}  {path.relative_to(engine_dir).as_posix()}\n")
+        digest = hashlib.sha256()
+        with open(path, "rb") as f:  # (in pieces: hashlib.file_digest is Python 3.11's)
+            for piece in iter(lambda: f.read(1 << 20), b""):
+                digest.update(piece)
+        lines.append(f"{digest.hexdigest()}  {path.relative_to(engine_dir).as_posix()}\n")
     (engine_dir / CHECKSUMS_NAME).write_text("".join(lines))
 
 

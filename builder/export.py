@@ -25,6 +25,8 @@ from trtllm.builder import tensorrt as trt_build
 from trtllm.builder.architectures import spec_for, weights_of
 from trtllm.builder.config import MODERN_MIN_TRT, BuildConfig, ConfigError, listed, parse_trt_version
 from trtllm.builder import eagle, lora, provenance
+from trtllm.builder.plan import PENDING, build_tensorrt
+from trtllm.builder.verify_logits import REFERENCE_NAME, number_format
 from trtllm.builder.decoder import DecoderWriter, attention_supported, gqa_supported, half_supported, lora_sites
 from trtllm.builder.engine_dir import (binary_sizes, check_output, in_place, readable_by_all, replace_engine,
                                        write_checksums)
@@ -227,16 +229,6 @@ def quant_activations(config: BuildConfig, backend: str, lowerings) -> str:
     return config.activations
 
 
-def number_format(manifest: mf.Manifest) -> str:
-    """What verify.py calls the engine's numbers, as its manifest records them: int8, int4, int4/int8
-    (activations: quant_activations) or the dtype, and " kv-int8" after it with an int8 KV cache."""
-    kv = " kv-int8" if manifest.model.kv_dtype == "int8" else ""
-    if manifest.quantization == "none":
-        return manifest.dtype + kv
-    activations = manifest.quantization_scheme.get("activations", "float32")
-    return manifest.quantization + ("" if activations == "float32" else "/" + activations) + kv
-
-
 def save(model: onnx.ModelProto, out_dir: Path, name: str) -> None:
     """`name` may be in a subdirectory (eagle/draft.onnx); its data file sits next to it."""
     path = out_dir / name
@@ -355,6 +347,10 @@ def resolve_backend(config: BuildConfig, log) -> str:
     """onnxruntime or tensorrt; auto takes TensorRT when it imports and a GPU is there, and says why."""
     if config.backend == "onnxruntime":
         return "onnxruntime"
+    if config.plan_later:
+        log(f"backend tensorrt, its plan built later on the device (python -m trtllm.builder.plan {config.output}); "
+            f"the graph linted for TensorRT {config.trt_version}")
+        return "tensorrt"
     usable, why = trt_build.availability()
     if config.backend == "tensorrt" and not usable:
         raise trt_build.TensorRTUnavailable(f"--backend tensorrt needs TensorRT and a CUDA GPU: {why}; "
@@ -374,39 +370,6 @@ def resolve_backend(config: BuildConfig, log) -> str:
         log(f"warning: {', '.join(config.tensorrt_options)} ignored: TensorRT build options, and the backend "
             "is onnxruntime")
     return "tensorrt" if usable else "onnxruntime"
-
-
-def build_tensorrt(out_dir: Path, config: BuildConfig, manifest: mf.Manifest, log) -> mf.Manifest:
-    """llm.onnx -> llm.plan; returns the manifest with its tensorrt section (version, GPU, profiles)."""
-    trt = trt_build.import_tensorrt()
-    lint.check_model(out_dir / ONNX_NAME, trt_build.minor_version(trt))  # the graph must parse on the TensorRT that is here
-    profiles = trt_build.optimization_profiles(manifest.limits, manifest.model, manifest.io, manifest.lora,
-                                               eagle=bool(manifest.eagle))
-    plugins = []
-    if config.sampling_plugin:  # registered before parsing, so the parser picks it over the ONNX body
-        from trtllm.plugins.sample import trt_plugin
-
-        trt_plugin.register()
-        plugins.append(trt_plugin.PLUGIN_ID)
-    plan = trt_build.build_plan(out_dir / ONNX_NAME, profiles, workspace_gib=config.workspace_gib,
-                                opt_level=config.opt_level,
-                                timing_cache=Path(config.timing_cache) if config.timing_cache else None, log=log,
-                                sample_plugin=config.sampling_plugin)
-    (out_dir / trt_build.PLAN_NAME).write_bytes(plan)
-    log(f"wrote {trt_build.PLAN_NAME} ({len(plan) / 2**20:.1f} MiB)")
-    section = trt_build.manifest_section(trt.__version__, trt_build.gpu_info(), profiles, config.graph,
-                                         config.trt_version, plugins)
-    if manifest.eagle:  # the draft head's own plan, built the same way
-        lint.check_model(out_dir / eagle.DRAFT_ONNX, trt_build.minor_version(trt))
-        draft = trt_build.draft_profiles(manifest.limits, mf.ModelShape(**manifest.eagle["model"]), manifest.io)
-        plan = trt_build.build_plan(out_dir / eagle.DRAFT_ONNX, draft, workspace_gib=config.workspace_gib,
-                                    opt_level=config.opt_level,
-                                    timing_cache=Path(config.timing_cache) if config.timing_cache else None, log=log,
-                                    sample_plugin=config.sampling_plugin)
-        (out_dir / eagle.DRAFT_PLAN).write_bytes(plan)
-        log(f"wrote {eagle.DRAFT_PLAN} ({len(plan) / 2**20:.1f} MiB)")
-        manifest = dataclasses.replace(manifest, eagle={**manifest.eagle, "profiles": [p.to_json() for p in draft]})
-    return dataclasses.replace(manifest, tensorrt=section)
 
 
 def build(config: BuildConfig, log=print) -> Path:
@@ -439,7 +402,9 @@ def build(config: BuildConfig, log=print) -> Path:
         manifest = make_manifest(ck, config, backend, spec, max_top_k, num_positions, lowerings, eagle_section)
         if config.lora:
             manifest = lora.bundle(config, manifest, tmp, log)
-        if backend == "tensorrt":
+        if backend == "tensorrt" and config.plan_later:
+            manifest = dataclasses.replace(manifest, tensorrt=dict(PENDING))
+        elif backend == "tensorrt":
             manifest = build_tensorrt(tmp, config, manifest, log)
         else:
             quant = QuantScheme.named(config.quantization, config.activations)
@@ -456,8 +421,16 @@ def build(config: BuildConfig, log=print) -> Path:
         if config.verify:
             from trtllm.builder.verify import verify_engine
 
-            log("verifying the engine against transformers")
-            report = {**verify_engine(tmp, ck, number_format(manifest), eagle=config.eagle), "code": code}
+            engine = None
+            if config.plan_later:  # no plan yet: its graph, through ONNX Runtime
+                from trtllm.runtime.backends.onnxruntime import OnnxRuntimeEngine
+
+                engine = OnnxRuntimeEngine(tmp, manifest, graph="onnx", huge_pages=False)
+            log("verifying the engine against transformers" + " (llm.onnx, through ONNX Runtime)" * config.plan_later)
+            # a TensorRT engine keeps transformers' side: its plan is checked against it where it is built again
+            reference = tmp / REFERENCE_NAME if backend == "tensorrt" else None
+            report = {**verify_engine(tmp, ck, number_format(manifest), eagle=config.eagle, engine=engine,
+                                      reference=reference), "code": code}
             (tmp / "verify.json").write_text(json.dumps(report, indent=2) + "\n")
             log(f"verified: max |logit error| {report['max_abs_error']:.2e} over {report['num_positions']} "
                 f"positions (greedy tokens agree: {report['tokens_agree']}); top-1 agreement "

@@ -20,15 +20,16 @@ and "/int16" or "/int8" for integer activations (--activations, or int8 in ONNX 
 from __future__ import annotations
 
 import copy
-import dataclasses
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from trtllm.builder.verify_logits import (RTOL, VerifyError, agreement, allowed_mismatches, check_finite,  # noqa: F401
+                                          engine_logits, judge, min_agreement, save_reference)
 from trtllm.runtime import kv_cache, sampling
 from trtllm.runtime.engine import load_engine
-from trtllm.runtime.generate import RowState, decode_inputs, prefill_inputs
+from trtllm.runtime.generate import RowState, prefill_inputs
 
 VERIFY_TEXT = "The quick brown fox jumps over the lazy dog. Edge devices run language models"
 AGREEMENT_TEXT = (
@@ -38,56 +39,6 @@ AGREEMENT_TEXT = (
     "Running such a model well on a laptop or an embedded board means reading every weight once per token, "
     "so memory bandwidth, not arithmetic, sets the speed. Quantized weights help because they are smaller.")
 NUM_DECODE = 8
-# With int8 activations (llama.cpp's numerics) the demo model measured 89-94% (int4) and 98% (int8),
-# moving with the kernels' float sum order: their floors are lower, and still far above a broken
-# build (58% for symmetric int4). int16 activations keep their weights' floors (measured 100%).
-MIN_AGREEMENT = {"none": 0.98, "float32": 0.98, "float16": 0.95, "bfloat16": 0.93, "int8": 0.93, "int4": 0.90,
-                 "int8/int16": 0.93, "int4/int16": 0.90, "int8/int8": 0.90, "int4/int8": 0.85}
-# An int8 KV cache (" kv-int8" after the format) holds each key and value within 1/254 of its row's
-# largest: its floor is the format's, at most KV_INT8_FLOOR.
-KV_INT8_FLOOR = 0.93
-
-
-def min_agreement(quantization: str) -> float:
-    fmt, _, kv = quantization.partition(" ")
-    return min(MIN_AGREEMENT[fmt], KV_INT8_FLOOR) if kv == "kv-int8" else MIN_AGREEMENT[fmt]
-
-
-RTOL = 1e-5  # float32 engines' logits: this much of the largest logit, where that is more than atol
-
-
-class VerifyError(RuntimeError):
-    """The engine's logits differ from transformers'; `report`: what was measured up to there."""
-
-    report: dict | None = None
-
-
-def engine_logits(engine, prompt_ids: list[int], num_decode: int, forced: list[int] | None = None,
-                  lora: dict | None = None):
-    """Prefill prompt_ids, then decode greedily (or feed `forced` tokens); returns the engine's
-    chosen ids and its logits [1 + num_decode, V]. `lora`: an adapter's arrays (runtime/lora.py)."""
-    params = sampling.SamplingParams(temperature=0.0, max_new_tokens=num_decode + 1)
-    row = RowState(prompt_ids=prompt_ids, params=params, rng=np.random.default_rng(0), eos_ids=frozenset())
-    batch = sampling.make_batch([params], engine.manifest.model.vocab_size, engine.manifest.max_top_k)
-    kv = kv_cache.for_engine(engine, 1, len(prompt_ids) + num_decode)  # (the last token is never fed)
-    inputs, logits, chosen = prefill_inputs([row], engine.manifest.pad_token_id, batch), [], []
-    vocab = engine.manifest.model.vocab_size
-    for step in range(num_decode + 1):
-        out = engine.step(dataclasses.replace(inputs, lora=lora), kv.view(0, 1), want_logits=True)
-        logits.append(out.logits[0].copy())
-        chosen.append(int(out.token_ids[0]))
-        if not np.isfinite(logits[-1]).all() or not 0 <= chosen[-1] < vocab:
-            # (overflowed: the sampler's answer may be past the vocabulary, and fed back it would be read
-            # out of the embedding's bounds; the rest count as not finite too, for check_finite to report)
-            missing = num_decode - step
-            logits += [np.full_like(logits[-1], np.nan)] * missing
-            chosen += [-1] * missing
-            break
-        row.output_ids.append(forced[step] if forced else chosen[-1])
-        inputs = decode_inputs([row], engine.manifest.pad_token_id, batch)
-    return chosen, np.stack(logits)
-
-
 def hf_logits(model, ids: list[int]) -> np.ndarray:
     with torch.no_grad():
         return model(torch.tensor([ids], dtype=torch.int64)).logits[0].float().numpy()
@@ -143,27 +94,6 @@ def verify_adapter(engine, engine_dir, name: str, ck, ids: list[int], num_decode
             **agreement(chosen, hf_logits(model, text[: len(chosen)]))}
 
 
-def check_finite(logits: np.ndarray, what: str = "") -> None:
-    # A NaN would also slip through every `error > atol` test below: refuse it outright.
-    bad = ~np.isfinite(logits).all(axis=-1)
-    if bad.any():
-        raise VerifyError(f"the engine's logits {what}are not finite at {int(bad.sum())} of {len(bad)} positions; "
-                          "the build is wrong. Rebuild with --no-verify only to inspect it")
-
-
-def agreement(chosen: list[int], ref: np.ndarray) -> dict:
-    """Teacher-forced top-1 agreement: the engine's chosen ids against transformers' argmax."""
-    mismatches = int(np.sum(np.array(chosen) != ref.argmax(-1)))
-    return {"agreement_positions": len(chosen), "top1_agreement": 1 - mismatches / len(chosen),
-            "mismatches": mismatches}
-
-
-def allowed_mismatches(positions: int, floor: float) -> int:
-    """The floor's share of the positions, but at least one (a tie), so a short text at a small KV
-    capacity is not failed by one."""
-    return max(1, int((1 - floor) * positions + 1e-9))
-
-
 def verify_eagle(engine, engine_dir, draft_dir, ck, ids: list[int]) -> dict:
     """The model's eagle_hidden over ids, then the head on the reference's hidden states (so each
     graph is judged alone): its proposal and hidden state, and a second step on its own."""
@@ -197,19 +127,24 @@ def verify_eagle(engine, engine_dir, draft_dir, ck, ids: list[int]) -> dict:
             "proposals_agree": [int(got_id[0]), int(got_id2[0])] == [ref_ids[-1], ref_ids2[-1]]}
 
 
-def verify_engine(engine_dir, ck, quantization: str = "none", atol: float = 1e-3, eagle: str | None = None) -> dict:
-    """`eagle`: the draft head's directory, for an engine built with one. A VerifyError carries the
-    report so far (the build writes it beside the engine it did not replace)."""
+def verify_engine(engine_dir, ck, quantization: str = "none", atol: float = 1e-3, eagle: str | None = None,
+                  engine=None, reference: Path | None = None) -> dict:
+    """`eagle`: the draft head's directory, for an engine built with one. `engine`: the engine to
+    check, loaded (else the directory's compiled form); it is closed. `reference`: where to save
+    transformers' logits for the plan step to check a TensorRT plan against (builder/plan.py). A
+    VerifyError carries the report so far (the build writes it beside the engine it did not replace)."""
     report = {"quantization": quantization}
     try:
-        return checked(engine_dir, ck, quantization, atol, eagle, report)
+        return checked(engine_dir, ck, quantization, atol, eagle, report, engine, reference)
     except VerifyError as e:
         e.report = report
         raise
 
 
-def checked(engine_dir, ck, quantization: str, atol: float, eagle: str | None, report: dict) -> dict:
-    engine = load_engine(engine_dir, graph="compiled", huge_pages=False)  # checked, then closed
+def checked(engine_dir, ck, quantization: str, atol: float, eagle: str | None, report: dict, engine=None,
+            reference: Path | None = None) -> dict:
+    if engine is None:
+        engine = load_engine(engine_dir, graph="compiled", huge_pages=False)  # checked, then closed
     try:
         # Every check fits the engine's limits, down to one prompt token and no decode step: a
         # prompt of P tokens and D decode steps fill P + D KV positions (the last token is not fed).
@@ -225,6 +160,7 @@ def checked(engine_dir, ck, quantization: str, atol: float, eagle: str | None, r
         generated, got = engine_logits(engine, ids, num_decode)
         check_finite(got)
         ref = hf_logits(ck.model, ids + generated[:-1])[len(ids) - 1:]
+        ref_ids = (ids, generated, ref)
         err = float(np.abs(got - ref).max())
         report.update(num_positions=int(ref.shape[0]), max_abs_error=err, atol=atol,
                       max_abs_logit=float(np.abs(ref).max()),
@@ -239,6 +175,8 @@ def checked(engine_dir, ck, quantization: str, atol: float, eagle: str | None, r
                       allowed_mismatches=allowed_mismatches(len(chosen), floor),
                       agreement_max_abs_error=float(np.abs(got - ref).max()),
                       agreement_mean_abs_error=float(np.abs(got - ref).mean()))
+        if reference is not None:
+            save_reference(reference, *ref_ids, text[: len(chosen)], ref.argmax(-1))
         adapters = {name: verify_adapter(engine, engine_dir, name, ck, ids, num_decode, text)
                     for name in engine.manifest.lora.get("adapters", {})}
         if adapters:
@@ -249,20 +187,7 @@ def checked(engine_dir, ck, quantization: str, atol: float, eagle: str | None, r
             report["eagle"] = verify_eagle(engine, engine_dir, eagle, ck, eagle_ids)
     finally:
         engine.close()
-    exact = quantization in ("none", "float32")
-    # Written `not err <= bound` so that a NaN fails.
-    for name, r in [("", report)] + [(f"with adapter {n} ", r) for n, r in report.get("adapters", {}).items()]:
-        # float32's tolerance: atol, or RTOL of the largest logit where logits are that large (a
-        # model whose logits reach 28,000 is off by 0.01 in float32 arithmetic, 3.4e-7 of it)
-        bound = max(atol, RTOL * r["max_abs_logit"])
-        if exact and not r["max_abs_error"] <= bound:
-            raise VerifyError(f"engine logits {name}differ from transformers by up to {r['max_abs_error']:.3g} "
-                              f"(> {bound:.3g}); the build is wrong. Rebuild with --no-verify only to inspect it")
-        if r["mismatches"] > report["allowed_mismatches"]:
-            raise VerifyError(f"the engine's top-1 token {name}agrees with transformers at {r['top1_agreement']:.1%} "
-                              f"of {r['agreement_positions']} positions ({r['mismatches']} differ, more than "
-                              f"{report['allowed_mismatches']}: the {report['min_agreement']:.0%} floor); the build is too "
-                              "inaccurate. Rebuild with --no-verify only to inspect it")
+    exact = judge(report, quantization, atol)
     e = report.get("eagle")
     if exact and e and not (e["hidden_max_abs_error"] <= atol * max(1.0, e["hidden_max_abs"])
                             and e["draft_max_abs_error"] <= atol * max(1.0, e["draft_max_abs"])

@@ -91,7 +91,15 @@ def load_engine(engine_dir, **options) -> Engine:
     # an interrupt inside a C extension's initialisation (onnxruntime's) comes out as its ImportError,
     # "initialization failed": under trtllm-run it waits for the import, then interrupts
     with interrupt.held():
-        module = importlib.import_module(module_name)
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as e:
+            if e.name != "onnxruntime":
+                raise
+            raise manifest_mod.ManifestError(
+                f"{engine_dir} is an ONNX Runtime engine, but onnxruntime is not installed here (it installs with "
+                f"trtllm-edge on Python >= 3.11; none before reads these graphs): pip install onnxruntime==1.32.0 "
+                "on Python 3.11+, or build a TensorRT engine for this device") from None
     cls = getattr(module, cls_name)
     return cls(engine_dir, m, **options)
 

@@ -185,7 +185,8 @@ def rebuild_hint(engine_dir: str | os.PathLike, backend: str | None = None) -> s
     """The build command to run again; a TensorRT engine's names its backend (else a machine without
     a GPU would build an ONNX Runtime engine in its place)."""
     hint = f"rebuild it: trtllm-build --model <checkpoint> --output {engine_dir}"
-    return hint + " --backend tensorrt (on this machine)" if backend == "tensorrt" else hint
+    return (hint + f" --backend tensorrt (on this machine), or only its plan: python -m trtllm.builder.plan {engine_dir}"
+            if backend == "tensorrt" else hint)
 
 
 def load(engine_dir: str | os.PathLike) -> Manifest:
@@ -273,7 +274,8 @@ def check(m: Manifest, engine_dir: Path) -> str:
     problem = check_eagle(m.eagle, model) or check_lora(m)
     if problem:
         return problem
-    named = [(f"files.{k}", v) for k, v in m.files.items()]
+    pending = m.tensorrt.get("plan") == "pending"  # (exported with --plan-later: the plan step writes it)
+    named = [(f"files.{k}", v) for k, v in m.files.items() if not (pending and k == "plan")]
     named += [(f"eagle.{k}", m.eagle.get(k)) for k in ("compiled", "plan") if k in m.eagle]
     named += [(f"lora.adapters.{k}", v) for k, v in m.lora.get("adapters", {}).items()]
     for where, name in named:

@@ -69,6 +69,10 @@ def main() -> None:
     if (out / "config.json").is_file() and (out / "model.safetensors").is_file():
         print(f"demo model already at {out}")
         return
+    # (ours are written whole, through OUT.partial: a directory with other things is someone else's, or damaged)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        sys.exit(f"{out} exists but is not a whole checkpoint (config.json and model.safetensors): remove it and "
+                 "run again")
     out.parent.mkdir(parents=True, exist_ok=True)
     gguf = gguf_path()
     print(f"converting {gguf.name} -> {out}")

@@ -4,7 +4,7 @@
 # Idempotent: a second run only checks what is installed. Sourced by quickstart.sh and test.sh.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-VENV="${TRTLLM_VENV:-$ROOT/.venv}"
+VENV="$(realpath -m "${TRTLLM_VENV:-$ROOT/.venv}")"  # (absolute: test.sh runs it from $ROOT)
 PY="${PYTHON:-python3}"
 if [ ! -x "$VENV/bin/python" ]; then
     echo "[setup] creating $VENV"

@@ -31,12 +31,13 @@ PY="$VENV/bin/python"
 # The builder needs torch (CPU is enough). The Triton kernel check needs a CUDA torch: on Jetson that
 # is NVIDIA's wheel for the JetPack (PyPI's aarch64 torch has no Tegra CUDA); point TRTLLM_TORCH at it.
 "$PY" -m pip install -q --disable-pip-version-check "${TRTLLM_TORCH:-torch==2.13.0}"
-"$PY" -m pip install -q --disable-pip-version-check -e "$ROOT[build,test,tensorrt,kernels]"
-# The extra pins cuda-python 12.x (CUDA 12 stacks: JetPack 6); a CUDA 13 driver (JetPack 7, Thor;
-# driver >= 580) takes cuda-python 13, as docs/tensorrt.md says.
+# cuda-python 12.x for CUDA 12 stacks (JetPack 6), 13 for a CUDA 13 driver (JetPack 7, Thor; driver
+# >= 580): an extra each, as docs/tensorrt.md says.
+TRT_EXTRA=tensorrt
 if command -v nvidia-smi > /dev/null && nvidia-smi 2>/dev/null | grep -Eq "CUDA Version: *(1[3-9]|[2-9][0-9])\."; then
-    "$PY" -m pip install -q --disable-pip-version-check "cuda-python>=13"
+    TRT_EXTRA=tensorrt-cuda13
 fi
+"$PY" -m pip install -q --disable-pip-version-check -e "$ROOT[build,test,$TRT_EXTRA,kernels]"
 "$PY" -c "import tensorrt" 2>/dev/null || {
     echo "error: TensorRT does not import in $VENV (on Jetson: sudo apt install python3-libnvinfer;" \
          "elsewhere install TensorRT's wheel from NVIDIA's index)" >&2; exit 2; }

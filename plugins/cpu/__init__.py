@@ -38,11 +38,12 @@ def library() -> Path | None:
 
 
 def stale() -> bool:
-    """Whether the library was built from other sources than these (build.py's SHA-256 stamp)."""
+    """Whether the library was built from other sources than these, or is not the file that build
+    wrote (build.py's SHA-256 stamp)."""
     from trtllm.plugins.cpu import build  # stdlib only; imported here, when a library is there
 
     try:
-        return build.needs_build()
+        return build.needs_build(compiler=False)
     except OSError:  # the sources are not shipped beside the library: nothing to compare with
         return False
 
@@ -98,6 +99,6 @@ def fingerprint() -> str:
 
 
 def missing_hint() -> str:
-    state = "was built from other sources than these" if LIBRARY.is_file() else "is not built"
+    state = ("was built from other sources than these, or is damaged" if LIBRARY.is_file() else "is not built")
     return (f"the native CPU kernel library {LIBRARY} {state}: run `bash scripts/setup.sh` "
             "(or `python -m trtllm.plugins.cpu.build`)")

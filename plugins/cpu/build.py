@@ -4,8 +4,8 @@ ONNX Runtime's PyPI wheel ships no C headers, so they come from Debian's libonnx
 (pinned by SHA-256, fetched once into build/ort-headers). The custom-op ABI is versioned: a library
 built against the 1.21 headers asks the runtime for API version 21, which every later ONNX Runtime
 provides. The compiler is the system's g++ (C++17). The library is rebuilt when what it is built from
-changes (a SHA-256 of the sources, headers, this script and $CXX, kept next to it), not when a file
-is newer: a checkout of older sources leaves older times. A library out of step with its sources is
+changes (a SHA-256 of the sources, headers, this script, then the library's own and $CXX, kept next
+to it), not when a file is newer: a checkout of older sources leaves older times. A library out of step with its sources is
 not used (trtllm.plugins.cpu.library()).
 """
 from __future__ import annotations
@@ -84,7 +84,7 @@ def compile_library(include: Path, out: Path = LIBRARY) -> Path:
         raise
     os.replace(tmp, out)  # a failed compile never replaces a good library
     stamp = stamp_of(out)
-    stamp.with_name(stamp.name + ".partial").write_text(digest + "\n")
+    stamp.with_name(stamp.name + ".partial").write_text(f"{digest}\n{library_digest(out)}\n{cxx}\n")
     os.replace(stamp.with_name(stamp.name + ".partial"), stamp)  # written last: a crash before it rebuilds
     return out
 
@@ -94,17 +94,29 @@ def stamp_of(out: Path) -> Path:
 
 
 def source_digest() -> str:
-    """SHA-256 of what the library is built from: sources, headers, this script and the compiler's
-    name (not its version: a new g++ does not rebuild; --force does)."""
-    digest = hashlib.sha256(os.environ.get("CXX", "g++").encode())
+    """SHA-256 of what the library is built from: sources, headers and this script."""
+    digest = hashlib.sha256()
     for path in [*SOURCES, *HEADERS, Path(__file__)]:
         digest.update(path.name.encode() + b"\0" + path.read_bytes())
     return digest.hexdigest()
 
 
-def needs_build(out: Path = LIBRARY) -> bool:
+def library_digest(out: Path) -> str:
+    """The library's own SHA-256 and size: a truncated or damaged copy (an interrupted copy to a
+    device) is not handed to ONNX Runtime, which dies on it without a word (SIGBUS)."""
+    data = out.read_bytes()
+    return f"{hashlib.sha256(data).hexdigest()} {len(data)}"
+
+
+def needs_build(out: Path = LIBRARY, compiler: bool = True) -> bool:
+    """Whether the library is missing, damaged, or built from other sources; `compiler`: or with
+    another $CXX (its name, not its version: a new g++ does not rebuild; --force does). At run time
+    (`compiler` False) the build's compiler does not matter: $CXX is the shell's, not the library's."""
     stamp = stamp_of(out)
-    return not (out.is_file() and stamp.is_file() and stamp.read_text().strip() == source_digest())
+    if not (out.is_file() and stamp.is_file()):
+        return True
+    want = [source_digest(), library_digest(out)] + ([os.environ.get("CXX", "g++")] if compiler else [])
+    return stamp.read_text().splitlines()[:len(want)] != want
 
 
 def main(argv=None) -> int:

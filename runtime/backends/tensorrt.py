@@ -162,6 +162,9 @@ class TensorRTEngine:
     draft_graph = False  # the EAGLE head's plan (TensorRTDraftEngine): no LoRA or verification inputs
 
     def __init__(self, engine_dir, manifest: Manifest, **options):
+        if manifest.tensorrt.get("plan") == "pending":  # (trtllm-build --plan-later)
+            raise ManifestError(f"{engine_dir} was exported without its TensorRT plan (trtllm-build --plan-later): "
+                                f"build it on this machine with python -m trtllm.builder.plan {engine_dir}")
         trt = import_tensorrt(engine_dir)
         from trtllm.runtime.backends import cuda
 

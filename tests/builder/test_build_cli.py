@@ -60,6 +60,16 @@ def test_refused_options(tmp_path, args, needle):
     assert not (tmp_path / "e").exists()
 
 
+def test_a_runtime_only_install_says_which_extra_the_build_needs(tmp_path, monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "onnx" else real(name, *a))
+    result = CliRunner().invoke(main, ["--model", str(tmp_path), "--output", str(tmp_path / "e")])
+    assert result.exit_code == 2 and "trtllm-build needs onnx" in result.output
+    assert 'pip install "trtllm-edge[build]"' in result.output
+
+
 @pytest.mark.parametrize("rank, config, needle", [
     (300, {}, "--lora big: rank 300 is above trtllm-edge's largest LoRA rank, 256"),
     # a setting the adapter's config refuses: before the export (it came after it, 18 s into an int4 build)

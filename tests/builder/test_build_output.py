@@ -108,6 +108,20 @@ def test_a_directory_with_someone_elses_manifest_is_not_an_engine(tmp_path, tiny
     assert (app / "src" / "app.js").read_text() == "code"
 
 
+def test_an_engine_of_the_first_format_is_replaced(tmp_path, tiny_checkpoint):
+    """The runtime asks to rebuild a format-1 engine (no build_id) in place: the build must take it."""
+    engine = tmp_path / "engine"
+    args = ["--model", str(tiny_checkpoint("llama")), "--output", str(engine), "--no-verify"]
+    assert CliRunner().invoke(main, args).exit_code == 0
+    manifest = json.loads((engine / "manifest.json").read_text())
+    del manifest["build_id"]
+    manifest["format_version"] = 1
+    (engine / "manifest.json").write_text(json.dumps(manifest))
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+    assert json.loads((engine / "manifest.json").read_text())["format_version"] > 1
+
+
 def test_an_input_inside_the_output_is_refused(tmp_path, tiny_checkpoint):
     engine = tmp_path / "engine"
     result = CliRunner().invoke(main, ["--model", str(tiny_checkpoint("llama")), "--output", str(engine), "--no-verify"])

@@ -245,8 +245,15 @@ def test_the_library_is_rebuilt_when_its_sources_change_not_when_they_are_newer(
     assert build.needs_build(library)  # nothing built
     library.write_bytes(b"built")
     assert build.needs_build(library)  # no stamp: built by something else
-    build.stamp_of(library).write_text(build.source_digest() + "\n")
+    build.stamp_of(library).write_text(f"{build.source_digest()}\n{build.library_digest(library)}\ng++\n")
+    monkeypatch.delenv("CXX", raising=False)
     assert not build.needs_build(library)
+    monkeypatch.setenv("CXX", "clang++")  # another compiler: rebuilt by setup, still used at run time
+    assert build.needs_build(library) and not build.needs_build(library, compiler=False)
+    monkeypatch.delenv("CXX")
+    library.write_bytes(b"buil")  # truncated (an interrupted copy): ONNX Runtime died on it with SIGBUS
+    assert build.needs_build(library, compiler=False)
+    library.write_bytes(b"built")
     os.utime(sources[0], (1e9, 1e9))  # older, same content
     os.utime(library, (2e9, 2e9))
     assert not build.needs_build(library)
@@ -261,6 +268,6 @@ def test_a_library_out_of_step_with_its_sources_is_not_used(monkeypatch):
     from trtllm.plugins.cpu import build
 
     assert cpu.library() is not None
-    monkeypatch.setattr(build, "needs_build", lambda out=build.LIBRARY: True)
+    monkeypatch.setattr(build, "needs_build", lambda out=build.LIBRARY, compiler=True: True)
     assert cpu.library() is None
-    assert "was built from other sources than these: run `bash scripts/setup.sh`" in cpu.missing_hint()
+    assert "was built from other sources than these, or is damaged: run `bash scripts/setup.sh`" in cpu.missing_hint()

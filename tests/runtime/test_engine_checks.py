@@ -120,6 +120,17 @@ def test_an_edited_lora_or_eagle_section_is_refused_when_it_loads(tmp_path, tiny
     assert message in str(caught.value)
 
 
+def test_an_onnxruntime_engine_without_onnxruntime_says_so(tiny_engine, monkeypatch):
+    """Python 3.10 (JetPack 6) installs the runtime without onnxruntime, which has no release there
+    that reads our graphs: an ONNX Runtime engine is refused in one line, not a raw ImportError."""
+    import sys
+
+    monkeypatch.setitem(sys.modules, "onnxruntime", None)  # (import onnxruntime: ModuleNotFoundError)
+    monkeypatch.delitem(sys.modules, "trtllm.runtime.backends.onnxruntime", raising=False)
+    with pytest.raises(mf.ManifestError, match="is an ONNX Runtime engine, but onnxruntime is not installed here"):
+        load_engine(tiny_engine("llama"))
+
+
 def test_the_engine_as_built_loads(tiny_engine):
     """The wrong variant's other side: every check passes on what trtllm-build writes."""
     load_engine(tiny_engine("llama")).close()

@@ -1,0 +1,160 @@
+"""A TensorRT engine's plan, built from its llm.onnx on the machine that will run it:
+`python -m trtllm.builder.plan ENGINE_DIR`.
+
+trtllm-build writes the plan itself where TensorRT is (`--backend tensorrt`). Where the checkpoint's
+tools cannot run beside TensorRT (JetPack 6: TensorRT's Python bindings are for its Python 3.10,
+transformers 5 needs 3.11), `trtllm-build --plan-later` exports the engine on another machine and
+this module builds its plan on the device: no torch, no transformers, only TensorRT, onnx (the op
+lint) and the runtime. It also builds a plan again for another TensorRT version or GPU. The plan is
+checked against what transformers computed at export (verify_reference.npz), with the build check's
+bounds (builder/verify_logits.py), before it replaces anything.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+from trtllm.builder import tensorrt as trt_build
+from trtllm.builder.engine_dir import write_checksums
+from trtllm.plugins import lint
+from trtllm.runtime import manifest as mf
+
+PENDING = {"plan": "pending"}  # the tensorrt section of an engine exported with --plan-later
+
+
+def build_tensorrt(out_dir: Path, options, manifest: mf.Manifest, log, source: Path | None = None) -> mf.Manifest:
+    """llm.onnx -> llm.plan (and the EAGLE head's plan), the graphs read from `source` (else
+    out_dir), the plans written to out_dir; returns the manifest with its tensorrt section (version,
+    GPU, profiles). `options`: sampling_plugin, workspace_gib, opt_level, timing_cache, graph and
+    trt_version (a BuildConfig, or the plan step's)."""
+    trt = trt_build.import_tensorrt()
+    source = source or out_dir
+    onnx_name = manifest.files.get("onnx", "llm.onnx")
+    lint.check_model(source / onnx_name, trt_build.minor_version(trt))  # the graph must parse on the TensorRT here
+    profiles = trt_build.optimization_profiles(manifest.limits, manifest.model, manifest.io, manifest.lora,
+                                               eagle=bool(manifest.eagle))
+    plugins = []
+    if options.sampling_plugin:  # registered before parsing, so the parser picks it over the ONNX body
+        from trtllm.plugins.sample import trt_plugin
+
+        trt_plugin.register()
+        plugins.append(trt_plugin.PLUGIN_ID)
+    timing_cache = Path(options.timing_cache) if options.timing_cache else None
+
+    def plan_of(onnx_path: Path, shapes, name: str) -> None:
+        plan = trt_build.build_plan(onnx_path, shapes, workspace_gib=options.workspace_gib,
+                                    opt_level=options.opt_level, timing_cache=timing_cache, log=log,
+                                    sample_plugin=options.sampling_plugin)
+        (out_dir / name).write_bytes(plan)
+        log(f"wrote {name} ({len(plan) / 2**20:.1f} MiB)")
+
+    plan_of(source / onnx_name, profiles, manifest.files.get("plan", trt_build.PLAN_NAME))
+    section = trt_build.manifest_section(trt.__version__, trt_build.gpu_info(), profiles, options.graph,
+                                         options.trt_version, plugins)
+    if manifest.eagle:  # the draft head's own plan, built the same way
+        lint.check_model(source / manifest.eagle["onnx"], trt_build.minor_version(trt))
+        draft = trt_build.draft_profiles(manifest.limits, mf.ModelShape(**manifest.eagle["model"]), manifest.io)
+        plan_of(source / manifest.eagle["onnx"], draft, manifest.eagle["plan"])
+        manifest = dataclasses.replace(manifest, eagle={**manifest.eagle, "profiles": [p.to_json() for p in draft]})
+    return dataclasses.replace(manifest, tensorrt=section)
+
+
+@dataclasses.dataclass
+class PlanOptions:
+    graph: str
+    trt_version: str
+    sampling_plugin: bool = False
+    workspace_gib: float = 4.0
+    opt_level: int = 3
+    timing_cache: str | None = None
+
+
+def plan_engine(engine_dir: Path, options: PlanOptions, verify: bool = True, log=print) -> dict | None:
+    """Build ENGINE_DIR's plan here and check it against the export's reference, in a staging
+    directory beside it (its files linked, the plans and manifest new); only then do the plans and
+    the manifest replace the engine's (the manifest last). Returns the check's report (None without)."""
+    from trtllm.builder.verify_logits import REFERENCE_NAME, check_against_reference, number_format
+    from trtllm.runtime.engine import load_engine
+
+    engine_dir = Path(engine_dir).resolve()
+    manifest = mf.load(engine_dir)
+    if manifest.backend != "tensorrt":
+        raise mf.ManifestError(f"{engine_dir} is an ONNX Runtime engine: it has no TensorRT plan to build")
+    reference = engine_dir / REFERENCE_NAME
+    if verify and not reference.is_file():
+        raise mf.ManifestError(f"{reference} is missing (an engine built with --no-verify, or before the plan step): "
+                               "nothing to check a plan against; rebuild it with trtllm-build, or pass --no-verify")
+    plans = [manifest.files.get("plan", trt_build.PLAN_NAME)] + ([manifest.eagle["plan"]] if manifest.eagle else [])
+    stage = Path(tempfile.mkdtemp(dir=engine_dir.parent, prefix=f".{engine_dir.name}.plan-"))
+    try:
+        for path in engine_dir.rglob("*"):  # the engine's files, linked: the plans and the manifest are new
+            rel = path.relative_to(engine_dir)
+            if path.is_dir():
+                (stage / rel).mkdir(exist_ok=True)
+            elif rel.as_posix() not in plans and rel.as_posix() != mf.MANIFEST_NAME:
+                (stage / rel).symlink_to(path)  # (what the runtime reads; the graphs are read where they are)
+        built = build_tensorrt(stage, options, manifest, log, source=engine_dir)
+        built = dataclasses.replace(built, sizes={**manifest.sizes, **{name: (stage / name).stat().st_size
+                                                                       for name in plans}})
+        mf.save(built, stage)
+        report = None
+        if verify:
+            engine = load_engine(stage)
+            try:
+                report = check_against_reference(engine, reference, number_format(built))
+            finally:
+                engine.close()
+            log(f"verified the plan against transformers' logits recorded at the export: max |logit error| "
+                f"{report['max_abs_error']:.2e}; top-1 agreement {report['top1_agreement']:.1%} over "
+                f"{report['agreement_positions']} positions")
+        if report is not None:  # beside the export's check (through ONNX Runtime) in verify.json
+            checks = engine_dir / "verify.json"
+            previous = json.loads(checks.read_text()) if checks.is_file() else {}
+            (stage / checks.name).unlink(missing_ok=True)
+            (stage / checks.name).write_text(json.dumps({**previous, "plan": report}, indent=2) + "\n")
+            plans.append(checks.name)
+        for name in plans:
+            os.replace(stage / name, engine_dir / name)
+        os.replace(stage / mf.MANIFEST_NAME, engine_dir / mf.MANIFEST_NAME)  # last: it names what is there
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+    write_checksums(engine_dir)
+    return report
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m trtllm.builder.plan", description=__doc__.splitlines()[0])
+    parser.add_argument("engine_dir", type=Path)
+    parser.add_argument("--timing-cache", help="TensorRT's timing cache file (reused across builds)")
+    parser.add_argument("--workspace-gib", type=float, default=None, help="the builder's workspace (default: the build's)")
+    parser.add_argument("--opt-level", type=int, default=None, help="TensorRT's builder optimization level 0-5")
+    parser.add_argument("--sampling-plugin", action="store_true", help="the sampler as a TensorRT plugin")
+    parser.add_argument("--no-verify", action="store_true", help="skip the check against the export's reference")
+    args = parser.parse_args(argv)
+    try:
+        manifest = mf.load(args.engine_dir)
+        given = manifest.build_config
+        options = PlanOptions(graph=manifest.graph_profile, trt_version=given.get("trt_version", ""),
+                              sampling_plugin=args.sampling_plugin or bool(given.get("sampling_plugin")),
+                              workspace_gib=args.workspace_gib or given.get("workspace_gib", 4.0),
+                              opt_level=given.get("opt_level", 3) if args.opt_level is None else args.opt_level,
+                              timing_cache=args.timing_cache)
+        plan_engine(args.engine_dir, options, verify=not args.no_verify)
+    except (mf.ManifestError, trt_build.TensorRTUnavailable) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except Exception as e:  # noqa: BLE001 - the build or its check failed
+        print(f"error: the plan was not built: {type(e).__name__}: {e}", file=sys.stderr)
+        return 1
+    print(f"plan written to {args.engine_dir}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

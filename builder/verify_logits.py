@@ -1,0 +1,155 @@
+"""The engine side of the build check (builder/verify.py), without torch: the engine's logits for a
+prompt and its greedy continuation, the floors of top-1 agreement per number format, and the
+checks on them. `python -m trtllm.builder.plan` checks a plan built on the device with these,
+against the reference the export recorded."""
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+
+from trtllm.runtime import kv_cache, sampling
+from trtllm.runtime import manifest as mf
+from trtllm.runtime.generate import RowState, decode_inputs, prefill_inputs
+
+# With int8 activations (llama.cpp's numerics) the demo model measured 89-94% (int4) and 98% (int8),
+# moving with the kernels' float sum order: their floors are lower, and still far above a broken
+# build (58% for symmetric int4). int16 activations keep their weights' floors (measured 100%).
+MIN_AGREEMENT = {"none": 0.98, "float32": 0.98, "float16": 0.95, "bfloat16": 0.93, "int8": 0.93, "int4": 0.90,
+                 "int8/int16": 0.93, "int4/int16": 0.90, "int8/int8": 0.90, "int4/int8": 0.85}
+# An int8 KV cache (" kv-int8" after the format) holds each key and value within 1/254 of its row's
+# largest: its floor is the format's, at most KV_INT8_FLOOR.
+KV_INT8_FLOOR = 0.93
+
+
+def min_agreement(quantization: str) -> float:
+    fmt, _, kv = quantization.partition(" ")
+    return min(MIN_AGREEMENT[fmt], KV_INT8_FLOOR) if kv == "kv-int8" else MIN_AGREEMENT[fmt]
+
+
+RTOL = 1e-5  # float32 engines' logits: this much of the largest logit, where that is more than atol
+
+
+class VerifyError(RuntimeError):
+    """The engine's logits differ from transformers'; `report`: what was measured up to there."""
+
+    report: dict | None = None
+
+
+def engine_logits(engine, prompt_ids: list[int], num_decode: int, forced: list[int] | None = None,
+                  lora: dict | None = None):
+    """Prefill prompt_ids, then decode greedily (or feed `forced` tokens); returns the engine's
+    chosen ids and its logits [1 + num_decode, V]. `lora`: an adapter's arrays (runtime/lora.py)."""
+    params = sampling.SamplingParams(temperature=0.0, max_new_tokens=num_decode + 1)
+    row = RowState(prompt_ids=prompt_ids, params=params, rng=np.random.default_rng(0), eos_ids=frozenset())
+    batch = sampling.make_batch([params], engine.manifest.model.vocab_size, engine.manifest.max_top_k)
+    kv = kv_cache.for_engine(engine, 1, len(prompt_ids) + num_decode)  # (the last token is never fed)
+    inputs, logits, chosen = prefill_inputs([row], engine.manifest.pad_token_id, batch), [], []
+    vocab = engine.manifest.model.vocab_size
+    for step in range(num_decode + 1):
+        out = engine.step(dataclasses.replace(inputs, lora=lora), kv.view(0, 1), want_logits=True)
+        logits.append(out.logits[0].copy())
+        chosen.append(int(out.token_ids[0]))
+        if not np.isfinite(logits[-1]).all() or not 0 <= chosen[-1] < vocab:
+            # (overflowed: the sampler's answer may be past the vocabulary, and fed back it would be read
+            # out of the embedding's bounds; the rest count as not finite too, for check_finite to report)
+            missing = num_decode - step
+            logits += [np.full_like(logits[-1], np.nan)] * missing
+            chosen += [-1] * missing
+            break
+        if step == num_decode:  # (the last logits: nothing more is fed, `forced` may end here)
+            break
+        row.output_ids.append(forced[step] if forced else chosen[-1])
+        inputs = decode_inputs([row], engine.manifest.pad_token_id, batch)
+    return chosen, np.stack(logits)
+
+
+def check_finite(logits: np.ndarray, what: str = "") -> None:
+    # A NaN would also slip through every `error > atol` test below: refuse it outright.
+    bad = ~np.isfinite(logits).all(axis=-1)
+    if bad.any():
+        raise VerifyError(f"the engine's logits {what}are not finite at {int(bad.sum())} of {len(bad)} positions; "
+                          "the build is wrong. Rebuild with --no-verify only to inspect it")
+
+
+def agreement(chosen: list[int], ref: np.ndarray) -> dict:
+    """Teacher-forced top-1 agreement: the engine's chosen ids against transformers' argmax."""
+    mismatches = int(np.sum(np.array(chosen) != ref.argmax(-1)))
+    return {"agreement_positions": len(chosen), "top1_agreement": 1 - mismatches / len(chosen),
+            "mismatches": mismatches}
+
+
+def allowed_mismatches(positions: int, floor: float) -> int:
+    """The floor's share of the positions, but at least one (a tie), so a short text at a small KV
+    capacity is not failed by one."""
+    return max(1, int((1 - floor) * positions + 1e-9))
+
+
+def number_format(manifest: mf.Manifest) -> str:
+    """What verify.py calls the engine's numbers, as its manifest records them: int8, int4, int4/int8
+    (activations: quant_activations) or the dtype, and " kv-int8" after it with an int8 KV cache."""
+    kv = " kv-int8" if manifest.model.kv_dtype == "int8" else ""
+    if manifest.quantization == "none":
+        return manifest.dtype + kv
+    activations = manifest.quantization_scheme.get("activations", "float32")
+    return manifest.quantization + ("" if activations == "float32" else "/" + activations) + kv
+
+
+def judge(report: dict, quantization: str, atol: float) -> bool:
+    """Raise VerifyError where the report's figures (and each adapter's) miss their bounds; returns
+    whether the format is held to exactness (float32). Written `not err <= bound` so that a NaN fails."""
+    exact = quantization in ("none", "float32")
+    for name, r in [("", report)] + [(f"with adapter {n} ", r) for n, r in report.get("adapters", {}).items()]:
+        # float32's tolerance: atol, or RTOL of the largest logit where logits are that large (a
+        # model whose logits reach 28,000 is off by 0.01 in float32 arithmetic, 3.4e-7 of it)
+        bound = max(atol, RTOL * r["max_abs_logit"])
+        if exact and not r["max_abs_error"] <= bound:
+            raise VerifyError(f"engine logits {name}differ from transformers by up to {r['max_abs_error']:.3g} "
+                              f"(> {bound:.3g}); the build is wrong. Rebuild with --no-verify only to inspect it")
+        if r["mismatches"] > report["allowed_mismatches"]:
+            raise VerifyError(f"the engine's top-1 token {name}agrees with transformers at {r['top1_agreement']:.1%} "
+                              f"of {r['agreement_positions']} positions ({r['mismatches']} differ, more than "
+                              f"{report['allowed_mismatches']}: the {report['min_agreement']:.0%} floor); the build is too "
+                              "inaccurate. Rebuild with --no-verify only to inspect it")
+    return exact
+
+
+# transformers' side of the build check, kept in a TensorRT engine for its plan step (builder/plan.py)
+REFERENCE_NAME = "verify_reference.npz"
+
+
+def save_reference(path: Path, ids, generated, logits, text, text_argmax) -> None:
+    """The check's prompt, the tokens it continued with and transformers' logits there (float32),
+    and the agreement text with transformers' top-1 token at each of its positions."""
+    np.savez(path, ids=np.asarray(ids, np.int64), generated=np.asarray(generated, np.int64),
+             logits=np.asarray(logits, np.float32), text=np.asarray(text, np.int64),
+             text_argmax=np.asarray(text_argmax, np.int64))
+
+
+def check_against_reference(engine, path: Path, quantization: str, atol: float = 1e-3) -> dict:
+    """The build check's 1 and 2 for an engine whose checkpoint is not here (a plan built on the
+    device): its logits along the recorded tokens against transformers' recorded ones."""
+    ref = np.load(path)
+    ids, generated = [int(t) for t in ref["ids"]], [int(t) for t in ref["generated"]]
+    report = {"quantization": quantization, "against": path.name}
+    try:
+        # fed the tokens transformers was fed (its own greedy ones may differ where the logits near-tie)
+        _, got = engine_logits(engine, ids, len(generated) - 1, forced=generated)
+        check_finite(got)
+        want = ref["logits"]
+        report.update(num_positions=int(want.shape[0]), max_abs_error=float(np.abs(got - want).max()), atol=atol,
+                      max_abs_logit=float(np.abs(want).max()),
+                      tokens_agree=[int(t) for t in want.argmax(-1)] == [int(t) for t in got.argmax(-1)])
+        text = [int(t) for t in ref["text"]]
+        chosen, got = engine_logits(engine, text[:1], len(text) - 1, forced=text[1:])
+        check_finite(got)
+        mismatches = int(np.sum(np.array(chosen) != ref["text_argmax"]))
+        floor = min_agreement(quantization)
+        report.update(agreement_positions=len(chosen), top1_agreement=1 - mismatches / len(chosen),
+                      mismatches=mismatches, min_agreement=floor, allowed_mismatches=allowed_mismatches(len(chosen), floor))
+        judge(report, quantization, atol)
+    except VerifyError as e:
+        e.report = report
+        raise
+    return report

@@ -1,0 +1,117 @@
+"""trtllm-build --plan-later and `python -m trtllm.builder.plan` (builder/plan.py), through the
+TensorRT stand-ins (tests/fakes): the export needs no TensorRT and is checked through ONNX Runtime;
+the plan step, with no checkpoint at hand, builds the plan, checks it against transformers' logits
+recorded at the export and answers as an engine built in one go. Its wrong variant, a plan whose
+logits are off, must fail the check and leave the engine as it was."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from tests import fakes
+from trtllm.builder import plan
+from trtllm.builder.config import BuildConfig, ConfigError
+from trtllm.builder.export import build
+from trtllm.builder.verify_logits import REFERENCE_NAME, VerifyError
+from trtllm.runtime.engine import load_engine
+from trtllm.runtime.manifest import ManifestError
+
+pytestmark = pytest.mark.hf
+LIMITS = dict(max_batch_size=2, max_input_len=64, max_kv_cache_capacity=128)
+PAYLOAD = {"max_generate_length": 8, "temperature": 0,
+           "requests": [{"messages": [{"role": "user", "content": "hello there"}]},
+                        {"messages": [{"role": "user", "content": "a second prompt"}], "temperature": 0.7, "seed": 2}]}
+
+
+@pytest.fixture(scope="module")
+def exported(tiny_checkpoint, tmp_path_factory):
+    """(the export, an engine built in one go): legacy graph, TensorRT 10.3's lint."""
+    root, ckpt = tmp_path_factory.mktemp("plan-later"), str(tiny_checkpoint("llama"))
+    options = dict(model=ckpt, backend="tensorrt", graph="legacy", trt_version="10.3", **LIMITS)
+    later = build(BuildConfig(output=str(root / "later"), plan_later=True, **options), log=lambda m: None)
+    with fakes.installed(FAKE_TRT_VERSION="10.3.0.30"):
+        whole = build(BuildConfig(output=str(root / "whole"), **options), log=lambda m: None)
+    return later, whole
+
+
+def copy_of(engine, tmp_path):
+    import shutil
+
+    return shutil.copytree(engine, tmp_path / "engine")
+
+
+def test_the_export_needs_no_tensorrt_and_keeps_the_reference(exported):
+    later, _ = exported
+    m = json.loads((later / "manifest.json").read_text())
+    assert m["backend"] == "tensorrt" and m["tensorrt"] == {"plan": "pending"} and not (later / "llm.plan").exists()
+    report = json.loads((later / "verify.json").read_text())
+    assert report["tokens_agree"] and report["top1_agreement"] >= report["min_agreement"]
+    ref = np.load(later / REFERENCE_NAME)
+    assert ref["logits"].shape[0] == len(ref["generated"]) and len(ref["text"]) == len(ref["text_argmax"])
+    with pytest.raises(ManifestError, match=r"exported without its TensorRT plan .* python -m trtllm.builder.plan"):
+        load_engine(later)
+
+
+def test_the_plan_step_answers_as_a_build_in_one_go(exported, run_cli, tmp_path):
+    later, whole = exported
+    engine = copy_of(later, tmp_path)
+    with fakes.installed(FAKE_TRT_VERSION="10.3.0.30"):
+        assert plan.main([str(engine)]) == 0
+        m = json.loads((engine / "manifest.json").read_text())
+        assert m["tensorrt"]["version"] == "10.3.0.30" and (engine / "llm.plan").is_file()
+        listed = (engine / "checksums.sha256").read_text()
+        assert "llm.plan" in listed
+        checks = json.loads((engine / "verify.json").read_text())
+        assert checks["plan"]["tokens_agree"] and checks["plan"]["max_abs_error"] < 1e-3 and "top1_agreement" in checks
+        result, out = run_cli(engine, PAYLOAD)
+        assert result.exit_code == 0, result.output
+        _, want = run_cli(whole, PAYLOAD)
+    assert [r["output_ids"] for r in out["responses"]] == [r["output_ids"] for r in want["responses"]]
+    assert not list(tmp_path.glob(".engine.plan-*"))  # the staging directory is gone
+
+
+def test_a_plan_off_from_the_reference_is_refused_and_changes_nothing(exported, tmp_path, monkeypatch):
+    """The wrong variant: the plan's logits 0.01 off, every token the same (a float32 engine: held to
+    transformers' logits within 1e-3)."""
+    from trtllm.builder import verify_logits
+
+    later, _ = exported
+    engine = copy_of(later, tmp_path)
+    before = (engine / "manifest.json").read_text()
+    real = verify_logits.engine_logits
+
+    def off(*args, **kwargs):
+        chosen, logits = real(*args, **kwargs)
+        return chosen, logits + np.float32(0.01) * (np.arange(logits.shape[-1]) % 2)
+
+    monkeypatch.setattr(verify_logits, "engine_logits", off)
+    with fakes.installed(FAKE_TRT_VERSION="10.3.0.30"):
+        with pytest.raises(VerifyError, match=r"engine logits differ from transformers by up to 0\.01"):
+            plan.plan_engine(engine, plan.PlanOptions(graph="legacy", trt_version="10.3"), log=lambda m: None)
+        assert plan.main([str(engine)]) == 1
+    assert (engine / "manifest.json").read_text() == before and not (engine / "llm.plan").exists()
+
+
+def test_refusals(exported, tmp_path):
+    later, _ = exported
+    with pytest.raises(ConfigError, match="--plan-later exports a TensorRT engine: it needs --backend tensorrt"):
+        BuildConfig(model="m", output="o", backend="onnxruntime", plan_later=True)
+    with pytest.raises(ConfigError, match="--timing-cache is the plan step's"):
+        BuildConfig(model="m", output="o", backend="tensorrt", plan_later=True, timing_cache="t.cache")
+    engine = copy_of(later, tmp_path)
+    (engine / REFERENCE_NAME).unlink()
+    with fakes.installed(FAKE_TRT_VERSION="10.3.0.30"):
+        assert plan.main([str(engine)]) == 2  # nothing to check against: --no-verify says so
+        assert plan.main([str(engine), "--no-verify"]) == 0
+    assert plan.main([str(engine)]) == 2  # (no TensorRT here)
+
+
+def test_the_plan_step_imports_without_torch_or_transformers():
+    code = ("import sys, trtllm.builder.plan, trtllm.builder.verify_logits; "
+            "print([m for m in ('torch', 'transformers') if m in sys.modules])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
