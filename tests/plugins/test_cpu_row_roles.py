@@ -84,19 +84,25 @@ def test_a_generated_input_without_one_value_fails_with_a_message(kind):
             session(m.SerializeToString()).run(None, {"x": x, "generated": flag})
 
 
-def test_weights_are_checked_on_every_call():
-    """Weights fed as graph inputs (the builder makes them initializers): a later call with
-    smaller tensors and the same K is refused, not read past their end."""
+def weights_as_inputs(k: int, n: int):
+    """(codes, scale, a MatMulBlockQuant model that takes them as graph inputs), 8-bit."""
     from tests.plugins.cpu_ops import one_node_model
     from trtllm.plugins import cpu
 
-    k, n = 64, 8
     _, (codes, scale, _) = case(8, k, n)
     node = helper.make_node(cpu.OP, ["x", "codes", "scale"], ["y"], domain=cpu.DOMAIN, bits=8, n=n, layout=cpu.LAYOUT)
     model = one_node_model(node, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, None, k]),
                                   helper.make_tensor_value_info("codes", TensorProto.UINT8, None),
                                   helper.make_tensor_value_info("scale", TensorProto.FLOAT16, None)],
                            [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    return codes, scale, model
+
+
+def test_weights_are_checked_on_every_call():
+    """Weights fed as graph inputs (the builder makes them initializers): a later call with
+    smaller tensors and the same K is refused, not read past their end."""
+    k, n = 64, 8
+    codes, scale, model = weights_as_inputs(k, n)
     s, x = session(model), np.ones((1, 1, k), np.float32)
     s.run(None, {"x": x, "codes": codes, "scale": scale})
     with pytest.raises(Exception, match="codes hold"):
@@ -107,16 +113,10 @@ def test_weights_fed_as_graph_inputs_are_read_every_call_and_never_copied():
     """Only constant initializers are copied onto huge pages (once, by address): a weight fed as a
     graph input may change in place between calls (it was kept as first read: the old answer), and
     its pages are the caller's (dropping them reverted a copy-on-write mapping's edits)."""
-    from tests.plugins.cpu_ops import one_node_model
     from trtllm.plugins import cpu
 
     k, n = 64, 8
-    _, (codes, scale, _) = case(8, k, n)
-    node = helper.make_node(cpu.OP, ["x", "codes", "scale"], ["y"], domain=cpu.DOMAIN, bits=8, n=n, layout=cpu.LAYOUT)
-    model = one_node_model(node, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, None, k]),
-                                  helper.make_tensor_value_info("codes", TensorProto.UINT8, None),
-                                  helper.make_tensor_value_info("scale", TensorProto.FLOAT16, None)],
-                           [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    codes, scale, model = weights_as_inputs(k, n)
     cpu.set_huge_pages(True)
     s, x = session(model), np.ones((1, 1, k), np.float32)
     before = cpu.copied_bytes()
