@@ -86,6 +86,11 @@ def plan_engine(engine_dir: Path, options: PlanOptions, verify: bool = True, log
     manifest = mf.load(engine_dir)
     if manifest.backend != "tensorrt":
         raise mf.ManifestError(f"{engine_dir} is an ONNX Runtime engine: it has no TensorRT plan to build")
+    usable, why = trt_build.availability()
+    if not usable:  # (the plan is this machine's TensorRT and GPU's: build it where the engine will run)
+        raise trt_build.TensorRTUnavailable(f"the plan step needs TensorRT and a CUDA GPU: {why}; run it on the "
+                                            "device the engine is for (on Jetson, TensorRT comes with JetPack: "
+                                            "python3-libnvinfer)")
     reference = engine_dir / REFERENCE_NAME
     if verify and not reference.is_file():
         raise mf.ManifestError(f"{reference} is missing (an engine built with --no-verify, or before the plan step): "

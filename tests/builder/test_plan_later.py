@@ -107,7 +107,10 @@ def test_refusals(exported, tmp_path):
     with fakes.installed(FAKE_TRT_VERSION="10.3.0.30"):
         assert plan.main([str(engine)]) == 2  # nothing to check against: --no-verify says so
         assert plan.main([str(engine), "--no-verify"]) == 0
-    assert plan.main([str(engine)]) == 2  # (no TensorRT here)
+    with pytest.raises(plan.trt_build.TensorRTUnavailable, match="the plan step needs TensorRT and a CUDA GPU: "
+                                                                 "TensorRT is not installed; run it on the device"):
+        plan.plan_engine(engine, plan.PlanOptions(graph="legacy", trt_version="10.3"), log=lambda m: None)
+    assert plan.main([str(engine)]) == 2
 
 
 def test_the_plan_step_imports_without_torch_or_transformers():
