@@ -129,15 +129,15 @@ class Scheduler:
         followers: dict[int, tuple[int, int]] = {}
         for slot in admitted:
             row = self.active[slot]
-            if row.num_reused:  # restored from the store already
-                continue
             most = len(row.prompt_ids) - MIN_COMPUTED
             keys = [((adapter_key(row), "prompt", tuple(row.prompt_ids)), most)]
-            if row.prefix_ids:
+            if row.prefix_ids and not row.num_reused:  # (restored from the store: its prefix is there already)
                 keys.append(((adapter_key(row), "prefix", row.prefix_ids), min(len(row.prefix_ids), most)))
-            # (a scored prompt leads, never follows: runtime/prompt_scores.py)
+            # (a scored prompt leads, never follows: runtime/prompt_scores.py). A row that restored part
+            # of its prompt still follows a leader of the same prompt for the rest (n samples after a
+            # saved system prompt: each computed the rest of the prompt itself, twice the time of none)
             found = None if row.prompt_logprobs is not None else \
-                next(((leaders[k], n) for k, n in keys if k in leaders and n > 0), None)
+                next(((leaders[k], n) for k, n in keys if k in leaders and n > row.num_reused), None)
             if found is None:
                 for k, _ in keys:
                     leaders.setdefault(k, slot)
@@ -420,6 +420,10 @@ class Scheduler:
     def release_finished(self) -> None:
         for slot in [s for s, r in self.active.items() if r.finish_reason]:
             row = self.active.pop(slot)
+            # a leader that ended before computing what its followers share (it failed mid-chunk): they
+            # compute their own prompt (they waited on its slot, which the next row may take)
+            for follower in [f for f, (leader, _) in self.waiting.items() if leader == slot]:
+                del self.waiting[follower]
             self.commit_context(slot, row)
             if row.finish_reason == "error":  # (its KV may be NaN: kv_cache.py clear)
                 self.kv.clear(slot, slot + 1)

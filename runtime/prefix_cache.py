@@ -240,8 +240,10 @@ class PrefixStore:
                     raise
                 self.write(key, data)
         except OSError as e:  # a read-only or full cache directory costs the reuse, not the request
-            warnings.warn(f"saved KV cannot be written to {self.dir} ({e}); later runs will "
-                          "recompute it (see --kv-cache-dir)", PrefixCacheWarning, stacklevel=2)
+            # (the reason without the file's name: each save's temporary name differs, and one
+            # warning per request buried the output; Python's filter then says it once)
+            warnings.warn(f"saved KV cannot be written to {self.dir} ({e.strerror or type(e).__name__}); later "
+                          "runs will recompute it (see --kv-cache-dir)", PrefixCacheWarning, stacklevel=2)
             return
         self.saves += 1
         self.tidy()

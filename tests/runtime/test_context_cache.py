@@ -193,6 +193,8 @@ def test_the_next_turn_reuses_the_last_ones_kv_and_answers_the_same(run_cli, tmp
         now = tokenizer.encode(answer["formatted_complete_request"])
         shared = next(i for i, (x, y) in enumerate(zip([*held, -1], now)) if x != y)
         assert shared >= first["prompt_tokens"] and prefill["reused_tokens"] == min(shared, len(now) - 2)
+        if policy == "including_generated_tokens":  # (positions of the answer, computed in decode steps, restored:
+            assert shared >= first["prompt_tokens"] + 2  # the random model's answer tokenizes again so far)
         assert prefill["reused_tokens"] + prefill["computed_tokens"] == len(now)
         assert answer["output_ids"] == fresh["output_ids"]
         if kind == "float32" or policy == "prefill_state_only":

@@ -460,13 +460,13 @@ def test_isolate_fails_a_bad_request_alone():
     doc = {"requests": [{"messages": [{"role": "user", "content": "a"}]},
                         {"messages": [{"role": "user", "content": "b"}], "top_k": -1},
                         {"messages": [{"role": "user"}]}],
-           "temperature": 0}
+           "temperature": 0.5}  # (sampled: top_k is checked against the engine's limit)
     inp = fmt.parse_input(doc, isolate=True)
     assert sorted(inp.invalid) == [1, 2] and inp.requests[1].messages == (fmt.Message("user", "b"),)
     assert inp.requests[2].messages == ()  # its conversation does not read: none echoed
     assert inp.invalid[1].startswith("`requests[1].top_k` must be an integer >= 0")
     assert inp.invalid[2].startswith("`requests[2].messages[0].content` must be")
-    assert inp.requests[0].temperature == 0
+    assert inp.requests[0].temperature == 0.5
     assert [i for i, _ in input_checks.check_limits(inp, 1, 100)] == [0]  # placeholders are not checked again
     assert inp.requests[1].n == inp.requests[2].n == 1
     two = fmt.parse_input({**doc, "n": 2, "requests": [{**doc["requests"][1], "n": 3}, doc["requests"][2],

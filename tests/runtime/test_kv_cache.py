@@ -114,6 +114,20 @@ def test_saved_prefix_is_restored_and_gives_the_same_tokens():
     assert engine.steps[0] == (4, 2)  # one prefill computes only what was not restored
 
 
+def test_samples_after_a_restored_prefix_still_share_the_rest_of_their_prompt():
+    """Four samples of one prompt whose system prompt is restored: one computes the rest of the
+    prompt, the others copy it (each computed it itself: twice the prefill time of no store)."""
+    system, rest = [21, 22, 23, 24, 25, 26], list(range(40, 70))
+    store = MemoryPrefixes()
+    run_rows(FakeEngine(), [row(system + [30, 31], prefix=system, save=True)], 1, prefixes=store)
+    rows = [row(system + rest, prefix=system) for _ in range(4)]
+    engine = FakeEngine()
+    run_rows(engine, rows, num_slots=4, prefixes=store)
+    assert [r.output_ids for r in rows] == [alone(system + rest)] * 4
+    assert [r.num_reused for r in rows] == [6, 34, 34, 34]  # (two tokens of each prompt computed: MIN_COMPUTED)
+    assert engine.steps[:2] == [(1, 30), (3, 2)]
+
+
 def test_idle_slots_do_not_disturb():
     """A long request keeps running while its neighbours' slots sit idle or are refilled."""
     rows = [row(PROMPTS[0], 20), row(PROMPTS[1], 2), row(PROMPTS[2], 2), row(PROMPTS[3], 2)]
@@ -338,6 +352,27 @@ def test_followers_of_a_chunked_leader_copy_its_kv_after_its_last_chunk():
     assert [r.output_ids for r in rows] == [alone(p, n) for p, n in zip(prompts, lengths)]
     assert rows[4].num_reused == 38 and rows[3].num_reused == 0
     assert (1, 16) in engine.steps and (1, 2) in engine.steps  # C's chunks, then D's last 2 tokens
+
+
+def test_followers_of_a_leader_that_fails_mid_prompt_compute_their_own(monkeypatch):
+    """C leads D (one 40-token prompt, chunked) and fails after its first chunk (its logits
+    overflowed): D computes its prompt itself and answers as alone; it waited on C's slot, which it
+    read after C was gone (a KeyError that failed every row still running)."""
+    from trtllm.runtime import generate
+
+    prompts, lengths = [[5, 6, 7], list(range(20, 60)), list(range(20, 60))], [12, 4, 4]
+    rows = [row(p, n) for p, n in zip(prompts, lengths)]
+    real = generate.Scheduler.prefill
+
+    def failing(self, start, stop):
+        real(self, start, stop)
+        if rows[1].slot in range(start, stop) and rows[1].computed and not rows[1].finish_reason:
+            rows[1].fail("the logits overflowed")
+
+    monkeypatch.setattr(generate.Scheduler, "prefill", failing)
+    run_rows(FakeEngine(), rows, 3, prefill_chunk=16)
+    assert rows[1].finish_reason == "error" and rows[2].num_reused == 0
+    assert [rows[0].output_ids, rows[2].output_ids] == [alone(prompts[0], 12), alone(prompts[2], 4)]
 
 
 class CapacityEngine(FakeEngine):

@@ -211,6 +211,24 @@ def test_unwritable_directory_is_a_warning_and_the_entry_still_serves(tmp_path):
     assert store.saves == 0
 
 
+def test_an_unwritable_directory_warns_once_per_run(tmp_path, monkeypatch):
+    """Each save's temporary file has its own name: the warning leaves it out, so Python's filter
+    says it once, not once per request (a read-only store gave 37 lines for 30 requests)."""
+    import warnings
+
+    store = PrefixStore(tmp_path, "engine-a")
+
+    def read_only(self, key, data):
+        raise OSError(errno.EROFS, "Read-only file system", str(tmp_path / f".tmp-{len(data)}-{key[:4]}.kv"))
+
+    monkeypatch.setattr(PrefixStore, "write", read_only)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("default")
+        for n in (3, 4, 5):
+            store.save(tuple(range(n)), kv(n=n))
+    assert len(caught) == 1 and "(Read-only file system)" in str(caught[0].message)
+
+
 def test_eviction_leaves_writes_in_progress_alone(tmp_path):
     """Another process's temporary file is not an entry: evicting it would fail that process's save."""
     other = tmp_path / ".tmp-other123.kv"
