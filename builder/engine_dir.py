@@ -138,14 +138,16 @@ def binary_sizes(engine_dir: Path) -> dict[str, int]:
                                              and p.suffix != ".json")}
 
 
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:  # (in pieces: hashlib.file_digest is Python 3.11's)
+        for piece in iter(lambda: f.read(1 << 20), b""):
+            digest.update(piece)
+    return digest.hexdigest()
+
+
 def write_checksums(engine_dir: Path) -> None:
-    lines = []
-    for path in engine_files(engine_dir):
-        digest = hashlib.sha256()
-        with open(path, "rb") as f:  # (in pieces: hashlib.file_digest is Python 3.11's)
-            for piece in iter(lambda: f.read(1 << 20), b""):
-                digest.update(piece)
-        lines.append(f"{digest.hexdigest()}  {path.relative_to(engine_dir).as_posix()}\n")
+    lines = [f"{file_sha256(path)}  {path.relative_to(engine_dir).as_posix()}\n" for path in engine_files(engine_dir)]
     (engine_dir / CHECKSUMS_NAME).write_text("".join(lines))
 
 

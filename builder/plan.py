@@ -21,7 +21,6 @@ import tempfile
 from pathlib import Path
 
 from trtllm.builder import tensorrt as trt_build
-from trtllm.builder.engine_dir import write_checksums
 from trtllm.plugins import lint
 from trtllm.runtime import manifest as mf
 
@@ -77,32 +76,29 @@ class PlanOptions:
 
 def plan_engine(engine_dir: Path, options: PlanOptions, verify: bool = True, log=print) -> dict | None:
     """Build ENGINE_DIR's plan here and check it against the export's reference, in a staging
-    directory beside it (its files linked, the plans and manifest new); only then do the plans and
-    the manifest replace the engine's (the manifest last). Returns the check's report (None without)."""
+    directory inside it (its files linked, the plans and manifest new); then the manifest says the
+    plan is pending, the plans and verify.json replace the engine's, and the new manifest comes
+    last: an interruption anywhere leaves an engine this step takes again. Returns the check's
+    report (None without one)."""
     from trtllm.builder.verify_logits import REFERENCE_NAME, check_against_reference, number_format
     from trtllm.runtime.engine import load_engine
 
     engine_dir = Path(engine_dir).resolve()
-    manifest = mf.load(engine_dir)
-    if manifest.backend != "tensorrt":
-        raise mf.ManifestError(f"{engine_dir} is an ONNX Runtime engine: it has no TensorRT plan to build")
-    usable, why = trt_build.availability()
-    if not usable:  # (the plan is this machine's TensorRT and GPU's: build it where the engine will run)
-        raise trt_build.TensorRTUnavailable(f"the plan step needs TensorRT and a CUDA GPU: {why}; run it on the "
-                                            "device the engine is for (on Jetson, TensorRT comes with JetPack: "
-                                            "python3-libnvinfer)")
+    manifest = mf.load(engine_dir, planning=True)  # (its plans, if any, may be missing or damaged)
     reference = engine_dir / REFERENCE_NAME
-    if verify and not reference.is_file():
-        raise mf.ManifestError(f"{reference} is missing (an engine built with --no-verify, or before the plan step): "
-                               "nothing to check a plan against; rebuild it with trtllm-build, or pass --no-verify")
+    refuse(engine_dir, manifest, reference if verify else None)
     plans = [manifest.files.get("plan", trt_build.PLAN_NAME)] + ([manifest.eagle["plan"]] if manifest.eagle else [])
-    stage = Path(tempfile.mkdtemp(dir=engine_dir.parent, prefix=f".{engine_dir.name}.plan-"))
+    written = [*plans, VERIFY_NAME, mf.MANIFEST_NAME]
+    check_copy(engine_dir, written)
+    stage = Path(tempfile.mkdtemp(dir=engine_dir, prefix=".plan.partial-"))
     try:
-        for path in engine_dir.rglob("*"):  # the engine's files, linked: the plans and the manifest are new
+        for path in sorted(engine_dir.rglob("*")):  # the engine's files, linked: the plans and the manifest are new
             rel = path.relative_to(engine_dir)
+            if rel.parts[0].startswith(".plan.partial-"):
+                continue
             if path.is_dir():
                 (stage / rel).mkdir(exist_ok=True)
-            elif rel.as_posix() not in plans and rel.as_posix() != mf.MANIFEST_NAME:
+            elif rel.as_posix() not in written:
                 (stage / rel).symlink_to(path)  # (what the runtime reads; the graphs are read where they are)
         built = build_tensorrt(stage, options, manifest, log, source=engine_dir)
         built = dataclasses.replace(built, sizes={**manifest.sizes, **{name: (stage / name).stat().st_size
@@ -117,23 +113,91 @@ def plan_engine(engine_dir: Path, options: PlanOptions, verify: bool = True, log
                 engine.close()
             log(f"verified the plan against transformers' logits recorded at the export: max |logit error| "
                 f"{report['max_abs_error']:.2e}; top-1 agreement {report['top1_agreement']:.1%} over "
-                f"{report['agreement_positions']} positions")
-        if report is not None:  # beside the export's check (through ONNX Runtime) in verify.json
-            checks = engine_dir / "verify.json"
-            previous = json.loads(checks.read_text()) if checks.is_file() else {}
-            (stage / checks.name).unlink(missing_ok=True)
-            (stage / checks.name).write_text(json.dumps({**previous, "plan": report}, indent=2) + "\n")
-            plans.append(checks.name)
-        for name in plans:
+                f"{report['agreement_positions']} positions" + (f", and with {len(report['adapters'])} adapters"
+                                                                 if report.get("adapters") else ""))
+        checks = engine_dir / VERIFY_NAME  # the export's check (through ONNX Runtime), and the plan's beside it
+        previous = json.loads(checks.read_text()) if checks.is_file() else {}
+        (stage / VERIFY_NAME).write_text(json.dumps({**previous, "plan": report or "not verified"}, indent=2) + "\n")
+        mf.save(manifest, engine_dir)  # pending (as loaded for planning): what the swap leaves if it stops
+        for name in written[:-1]:
             os.replace(stage / name, engine_dir / name)
         os.replace(stage / mf.MANIFEST_NAME, engine_dir / mf.MANIFEST_NAME)  # last: it names what is there
     finally:
         shutil.rmtree(stage, ignore_errors=True)
-    write_checksums(engine_dir)
+    update_checksums(engine_dir, written)
     return report
 
 
+VERIFY_NAME = "verify.json"
+
+
+def refuse(engine_dir: Path, manifest: mf.Manifest, reference: Path | None) -> None:
+    """What stops the plan step before any work: an engine it cannot plan or write, no TensorRT or
+    GPU here, a graph this TensorRT cannot parse, nothing to check the plan against."""
+    from trtllm.builder.config import MODERN_MIN_TRT, parse_trt_version
+
+    if manifest.backend != "tensorrt":
+        raise mf.ManifestError(f"{engine_dir} is an ONNX Runtime engine: it has no TensorRT plan to build")
+    if not os.access(engine_dir, os.W_OK):
+        raise mf.ManifestError(f"{engine_dir} is not writable: the plan step writes the plan into it")
+    usable, why = trt_build.availability()
+    if not usable:  # (the plan is this machine's TensorRT and GPU's: build it where the engine will run)
+        raise trt_build.TensorRTUnavailable(f"the plan step needs TensorRT and a CUDA GPU: {why}; run it on the "
+                                            "device the engine is for (on Jetson, TensorRT comes with JetPack: "
+                                            "python3-libnvinfer)")
+    version = trt_build.minor_version(trt_build.import_tensorrt())
+    if manifest.graph_profile == "modern" and parse_trt_version(version) < MODERN_MIN_TRT:
+        raise mf.ManifestError(f"{engine_dir} holds the modern graph (opset 24 Attention, TensorScatter), which "
+                               f"TensorRT {version} cannot parse (it needs >= 10.15): export it again with --profile "
+                               "jetson-orin-jp6 (the legacy graph)")
+    if reference is None:
+        return
+    if manifest.eagle:
+        raise mf.ManifestError(f"{engine_dir} has an EAGLE draft head, whose check needs its checkpoint: build the "
+                               "engine with trtllm-build on this machine, or pass --no-verify")
+    if not reference.is_file():
+        raise mf.ManifestError(f"{reference} is missing (an engine built with --no-verify, or before the plan step): "
+                               "nothing to check a plan against; rebuild it with trtllm-build, or pass --no-verify")
+
+
+def check_copy(engine_dir: Path, written: list[str]) -> None:
+    """Every file checksums.sha256 lists, but those the plan step writes, as the build wrote it: the
+    plan step would otherwise list a damaged copy's files as good."""
+    from trtllm.builder.engine_dir import CHECKSUMS_NAME, file_sha256
+
+    listed = engine_dir / CHECKSUMS_NAME
+    if not listed.is_file():
+        return
+    for line in listed.read_text().splitlines():
+        digest, _, name = line.partition("  ")
+        if name in written:
+            continue
+        path = engine_dir / name
+        if not path.is_file() or file_sha256(path) != digest:
+            state = "missing" if not path.is_file() else "not the file the build wrote"
+            raise mf.ManifestError(f"{path} is {state} ({CHECKSUMS_NAME}): the engine was damaged on its way here "
+                                   "(an interrupted copy?); copy it again whole")
+
+
+def update_checksums(engine_dir: Path, written: list[str]) -> None:
+    """checksums.sha256 with the lines of the files the plan step wrote computed anew, the others kept."""
+    from trtllm.builder.engine_dir import CHECKSUMS_NAME, file_sha256
+
+    listed, lines = engine_dir / CHECKSUMS_NAME, {}
+    for line in listed.read_text().splitlines() if listed.is_file() else []:
+        digest, _, name = line.partition("  ")
+        lines[name] = digest
+    for name in written:
+        if (engine_dir / name).is_file():
+            lines[name] = file_sha256(engine_dir / name)
+    tmp = listed.with_name(listed.name + ".partial")
+    tmp.write_text("".join(f"{digest}  {name}\n" for name, digest in sorted(lines.items())))
+    os.replace(tmp, listed)
+
+
 def main(argv=None) -> int:
+    from trtllm.runtime.interrupt import terminate_as_interrupt
+
     parser = argparse.ArgumentParser(prog="python -m trtllm.builder.plan", description=__doc__.splitlines()[0])
     parser.add_argument("engine_dir", type=Path)
     parser.add_argument("--timing-cache", help="TensorRT's timing cache file (reused across builds)")
@@ -142,15 +206,25 @@ def main(argv=None) -> int:
     parser.add_argument("--sampling-plugin", action="store_true", help="the sampler as a TensorRT plugin")
     parser.add_argument("--no-verify", action="store_true", help="skip the check against the export's reference")
     args = parser.parse_args(argv)
+    if args.opt_level is not None and not 0 <= args.opt_level <= 5:
+        parser.error(f"--opt-level must be an integer in [0, 5], got {args.opt_level}")
+    if args.workspace_gib is not None and not 0 < args.workspace_gib < float("inf"):
+        parser.error(f"--workspace-gib must be > 0, got {args.workspace_gib}")
     try:
-        manifest = mf.load(args.engine_dir)
-        given = manifest.build_config
-        options = PlanOptions(graph=manifest.graph_profile, trt_version=given.get("trt_version", ""),
-                              sampling_plugin=args.sampling_plugin or bool(given.get("sampling_plugin")),
-                              workspace_gib=args.workspace_gib or given.get("workspace_gib", 4.0),
-                              opt_level=given.get("opt_level", 3) if args.opt_level is None else args.opt_level,
-                              timing_cache=args.timing_cache)
-        plan_engine(args.engine_dir, options, verify=not args.no_verify)
+        with terminate_as_interrupt():  # (a timeout's SIGTERM: the staging directory goes as for Ctrl-C)
+            manifest = mf.load(args.engine_dir, planning=True)
+            given = manifest.build_config
+            options = PlanOptions(graph=manifest.graph_profile, trt_version=given.get("trt_version", ""),
+                                  sampling_plugin=args.sampling_plugin or bool(given.get("sampling_plugin")),
+                                  workspace_gib=given.get("workspace_gib", 4.0) if args.workspace_gib is None
+                                  else args.workspace_gib,
+                                  opt_level=given.get("opt_level", 3) if args.opt_level is None else args.opt_level,
+                                  timing_cache=args.timing_cache)
+            plan_engine(args.engine_dir, options, verify=not args.no_verify)
+    except KeyboardInterrupt:
+        print("interrupted: the plan step stopped; the engine is as it was, or its plan pending: run it again",
+              file=sys.stderr)
+        return 130
     except (mf.ManifestError, trt_build.TensorRTUnavailable) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -72,10 +72,11 @@ def peft_merged_model(model, adapter_dir):
     return peft.PeftModel.from_pretrained(copy.deepcopy(model), str(adapter_dir)).merge_and_unload().eval()
 
 
-def verify_adapter(engine, engine_dir, name: str, ck, ids: list[int], num_decode: int, text: list[int]) -> dict:
+def verify_adapter(engine, engine_dir, name: str, ck, ids: list[int], num_decode: int, text: list[int],
+                   refs: dict | None = None) -> dict:
     """A bundled adapter: the engine's logits with it against transformers with it merged (by PEFT
     when it is installed, as `pip install .[build]` does), on the short prompt (exactness) and on
-    the agreement text."""
+    the agreement text. `refs`: gets transformers' side under `name` (generated, logits, text_argmax)."""
     from trtllm.runtime import lora
 
     path = Path(engine_dir) / engine.manifest.lora["adapters"][name]
@@ -89,9 +90,12 @@ def verify_adapter(engine, engine_dir, name: str, ck, ids: list[int], num_decode
     ref = hf_logits(model, ids + generated[:-1])[len(ids) - 1:]
     chosen, forced = engine_logits(engine, text[:1], len(text) - 2, forced=text[1:], lora=adapter.arrays)
     check_finite(forced, f"with adapter {name} ")
+    text_ref = hf_logits(model, text[: len(chosen)])
+    if refs is not None:
+        refs[name] = (generated, ref, text_ref.argmax(-1))
     return {"reference": reference, "max_abs_error": float(np.abs(got - ref).max()),
             "max_abs_logit": float(np.abs(ref).max()), "tokens_agree": [int(t) for t in ref.argmax(-1)] == generated,
-            **agreement(chosen, hf_logits(model, text[: len(chosen)]))}
+            **agreement(chosen, text_ref)}
 
 
 def verify_eagle(engine, engine_dir, draft_dir, ck, ids: list[int]) -> dict:
@@ -175,12 +179,14 @@ def checked(engine_dir, ck, quantization: str, atol: float, eagle: str | None, r
                       allowed_mismatches=allowed_mismatches(len(chosen), floor),
                       agreement_max_abs_error=float(np.abs(got - ref).max()),
                       agreement_mean_abs_error=float(np.abs(got - ref).mean()))
-        if reference is not None:
-            save_reference(reference, *ref_ids, text[: len(chosen)], ref.argmax(-1))
-        adapters = {name: verify_adapter(engine, engine_dir, name, ck, ids, num_decode, text)
+        text_ref = (text[: len(chosen)], ref.argmax(-1))
+        adapter_refs: dict = {}
+        adapters = {name: verify_adapter(engine, engine_dir, name, ck, ids, num_decode, text, adapter_refs)
                     for name in engine.manifest.lora.get("adapters", {})}
         if adapters:
             report["adapters"] = adapters
+        if reference is not None:
+            save_reference(reference, *ref_ids, *text_ref, adapter_refs)
         if eagle:
             # The head drafts from the prompt's second token: >= 2 tokens (config.py asks max_input_len >= 2).
             eagle_ids = text_ids(ck.tokenizer, VERIFY_TEXT, max(2, min(24, limits.max_input_len, room)))

@@ -119,35 +119,55 @@ def judge(report: dict, quantization: str, atol: float) -> bool:
 REFERENCE_NAME = "verify_reference.npz"
 
 
-def save_reference(path: Path, ids, generated, logits, text, text_argmax) -> None:
+def save_reference(path: Path, ids, generated, logits, text, text_argmax, adapters: dict | None = None) -> None:
     """The check's prompt, the tokens it continued with and transformers' logits there (float32),
-    and the agreement text with transformers' top-1 token at each of its positions."""
-    np.savez(path, ids=np.asarray(ids, np.int64), generated=np.asarray(generated, np.int64),
-             logits=np.asarray(logits, np.float32), text=np.asarray(text, np.int64),
-             text_argmax=np.asarray(text_argmax, np.int64))
+    and the agreement text with transformers' top-1 token at each of its positions; for each bundled
+    adapter (name -> (generated, logits, text_argmax)) the same with it merged."""
+    arrays = {"ids": np.asarray(ids, np.int64), "text": np.asarray(text, np.int64)}
+    for prefix, (gen, lg, top) in {"": (generated, logits, text_argmax), **{f"adapter/{n}/": v for n, v in
+                                                                           (adapters or {}).items()}}.items():
+        arrays.update({f"{prefix}generated": np.asarray(gen, np.int64), f"{prefix}logits": np.asarray(lg, np.float32),
+                       f"{prefix}text_argmax": np.asarray(top, np.int64)})
+    with open(path, "wb") as f:  # (np.savez would add .npz to a name without it)
+        np.savez(f, **arrays)
 
 
 def check_against_reference(engine, path: Path, quantization: str, atol: float = 1e-3) -> dict:
-    """The build check's 1 and 2 for an engine whose checkpoint is not here (a plan built on the
-    device): its logits along the recorded tokens against transformers' recorded ones."""
+    """The build check's 1, 2 and 3 for an engine whose checkpoint is not here (a plan built on the
+    device): its logits along the recorded tokens against transformers' recorded ones, alone and
+    with each bundled adapter."""
+    from trtllm.runtime import lora
+
     ref = np.load(path)
-    ids, generated = [int(t) for t in ref["ids"]], [int(t) for t in ref["generated"]]
-    report = {"quantization": quantization, "against": path.name}
-    try:
+    ids, text = [int(t) for t in ref["ids"]], [int(t) for t in ref["text"]]
+    floor = min_agreement(quantization)
+    report = {"quantization": quantization, "against": path.name, "min_agreement": floor,
+              "allowed_mismatches": allowed_mismatches(len(text), floor)}
+
+    def measured(prefix: str, arrays: dict | None, what: str) -> dict:
+        generated, want = [int(t) for t in ref[f"{prefix}generated"]], ref[f"{prefix}logits"]
         # fed the tokens transformers was fed (its own greedy ones may differ where the logits near-tie)
-        _, got = engine_logits(engine, ids, len(generated) - 1, forced=generated)
-        check_finite(got)
-        want = ref["logits"]
-        report.update(num_positions=int(want.shape[0]), max_abs_error=float(np.abs(got - want).max()), atol=atol,
-                      max_abs_logit=float(np.abs(want).max()),
-                      tokens_agree=[int(t) for t in want.argmax(-1)] == [int(t) for t in got.argmax(-1)])
-        text = [int(t) for t in ref["text"]]
-        chosen, got = engine_logits(engine, text[:1], len(text) - 1, forced=text[1:])
-        check_finite(got)
-        mismatches = int(np.sum(np.array(chosen) != ref["text_argmax"]))
-        floor = min_agreement(quantization)
-        report.update(agreement_positions=len(chosen), top1_agreement=1 - mismatches / len(chosen),
-                      mismatches=mismatches, min_agreement=floor, allowed_mismatches=allowed_mismatches(len(chosen), floor))
+        _, got = engine_logits(engine, ids, len(generated) - 1, forced=generated, lora=arrays)
+        check_finite(got, what)
+        chosen, forced = engine_logits(engine, text[:1], len(text) - 1, forced=text[1:], lora=arrays)
+        check_finite(forced, what)
+        mismatches = int(np.sum(np.array(chosen) != ref[f"{prefix}text_argmax"]))
+        return {"num_positions": int(want.shape[0]), "max_abs_error": float(np.abs(got - want).max()),
+                "max_abs_logit": float(np.abs(want).max()), "atol": atol,
+                "tokens_agree": [int(t) for t in want.argmax(-1)] == [int(t) for t in got.argmax(-1)],
+                "agreement_positions": len(chosen), "top1_agreement": 1 - mismatches / len(chosen),
+                "mismatches": mismatches}
+
+    try:
+        report.update(measured("", None, ""))
+        m = engine.manifest
+        for name, rel in m.lora.get("adapters", {}).items():
+            if f"adapter/{name}/logits" not in ref.files:
+                raise VerifyError(f"{path.name} holds no reference for the bundled adapter {name}: rebuild the "
+                                  "engine with trtllm-build, or pass --no-verify")
+            adapter = lora.load_adapter(name, Path(engine.engine_dir) / rel, m)
+            report.setdefault("adapters", {})[name] = measured(f"adapter/{name}/", adapter.arrays,
+                                                               f"with adapter {name} ")
         judge(report, quantization, atol)
     except VerifyError as e:
         e.report = report

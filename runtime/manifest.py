@@ -189,8 +189,9 @@ def rebuild_hint(engine_dir: str | os.PathLike, backend: str | None = None) -> s
             if backend == "tensorrt" else hint)
 
 
-def load(engine_dir: str | os.PathLike) -> Manifest:
-    """Read and check ENGINE_DIR/manifest.json."""
+def load(engine_dir: str | os.PathLike, planning: bool = False) -> Manifest:
+    """Read and check ENGINE_DIR/manifest.json. `planning`: for the TensorRT plan step
+    (builder/plan.py), which writes the plans: they are not checked, and may be missing or damaged."""
     path = Path(engine_dir) / MANIFEST_NAME
     if not path.is_file():
         raise ManifestError(f"{path} not found: {engine_dir} is not an engine directory; "
@@ -221,6 +222,10 @@ def load(engine_dir: str | os.PathLike) -> Manifest:
         )
     except (KeyError, TypeError, ValueError, AttributeError) as e:
         raise ManifestError(f"{path} is malformed ({e}); {rebuild_hint(engine_dir, backend)}") from e
+    if planning and backend == "tensorrt" and all(isinstance(x, dict) for x in (manifest.files, manifest.eagle, manifest.sizes)):
+        plans = {manifest.files.get("plan"), manifest.eagle.get("plan")}
+        manifest = dataclasses.replace(manifest, tensorrt={"plan": "pending"},
+                                       sizes={k: v for k, v in dict(manifest.sizes).items() if k not in plans})
     problem = check(manifest, Path(engine_dir))
     if problem:
         raise ManifestError(f"{path}: {problem}; {rebuild_hint(engine_dir, backend)}")

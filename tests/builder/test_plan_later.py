@@ -71,7 +71,7 @@ def test_the_plan_step_answers_as_a_build_in_one_go(exported, run_cli, tmp_path)
         assert result.exit_code == 0, result.output
         _, want = run_cli(whole, PAYLOAD)
     assert [r["output_ids"] for r in out["responses"]] == [r["output_ids"] for r in want["responses"]]
-    assert not list(tmp_path.glob(".engine.plan-*"))  # the staging directory is gone
+    assert not list(engine.glob(".plan.partial-*"))  # the staging directory is gone
 
 
 def test_a_plan_off_from_the_reference_is_refused_and_changes_nothing(exported, tmp_path, monkeypatch):
@@ -96,6 +96,32 @@ def test_a_plan_off_from_the_reference_is_refused_and_changes_nothing(exported, 
     assert (engine / "manifest.json").read_text() == before and not (engine / "llm.plan").exists()
 
 
+def test_a_planned_engine_is_planned_again_whatever_its_plan_became(exported, tmp_path):
+    """The plan deleted, or the swap interrupted after the plans (the manifest still pending): the
+    runtime names the plan step, which takes the engine as it is (it refused it: the plan's size)."""
+    later, _ = exported
+    engine = copy_of(later, tmp_path)
+    with fakes.installed(FAKE_TRT_VERSION="10.3.0.30"):
+        assert plan.main([str(engine)]) == 0
+        (engine / "llm.plan").write_bytes(b"half a plan")
+        with pytest.raises(ManifestError, match="or only its plan: python -m trtllm.builder.plan"):
+            load_engine(engine)
+        assert plan.main([str(engine)]) == 0
+        load_engine(engine).close()
+
+
+def test_a_damaged_copy_is_refused_by_the_file_not_listed_as_good(exported, tmp_path):
+    later, _ = exported
+    engine = copy_of(later, tmp_path)
+    template = engine / "chat_template.jinja"
+    template.write_text(template.read_text()[:10])  # an interrupted copy
+    with fakes.installed(FAKE_TRT_VERSION="10.3.0.30"):
+        with pytest.raises(ManifestError, match=r"chat_template.jinja is not the file the build wrote .* copy it again"):
+            plan.plan_engine(engine, plan.PlanOptions(graph="legacy", trt_version="10.3"), log=lambda m: None)
+    assert "chat_template.jinja" in (engine / "checksums.sha256").read_text()
+    assert subprocess.run(["sha256sum", "-c", "--quiet", "checksums.sha256"], cwd=engine, capture_output=True).returncode
+
+
 def test_refusals(exported, tmp_path):
     later, _ = exported
     with pytest.raises(ConfigError, match="--plan-later exports a TensorRT engine: it needs --backend tensorrt"):
@@ -103,10 +129,16 @@ def test_refusals(exported, tmp_path):
     with pytest.raises(ConfigError, match="--timing-cache is the plan step's"):
         BuildConfig(model="m", output="o", backend="tensorrt", plan_later=True, timing_cache="t.cache")
     engine = copy_of(later, tmp_path)
-    (engine / REFERENCE_NAME).unlink()
+    (engine / REFERENCE_NAME).unlink()  # (as an export with --no-verify: no reference, nor its checksum)
+    listed = engine / "checksums.sha256"
+    listed.write_text("".join(ln + "\n" for ln in listed.read_text().splitlines() if REFERENCE_NAME not in ln))
     with fakes.installed(FAKE_TRT_VERSION="10.3.0.30"):
         assert plan.main([str(engine)]) == 2  # nothing to check against: --no-verify says so
+        for bad in (["--opt-level", "9"], ["--workspace-gib", "0"]):
+            with pytest.raises(SystemExit):
+                plan.main([str(engine), *bad])
         assert plan.main([str(engine), "--no-verify"]) == 0
+        assert json.loads((engine / "verify.json").read_text())["plan"] == "not verified"
     with pytest.raises(plan.trt_build.TensorRTUnavailable, match="the plan step needs TensorRT and a CUDA GPU: "
                                                                  "TensorRT is not installed; run it on the device"):
         plan.plan_engine(engine, plan.PlanOptions(graph="legacy", trt_version="10.3"), log=lambda m: None)
@@ -118,3 +150,42 @@ def test_the_plan_step_imports_without_torch_or_transformers():
             "print([m for m in ('torch', 'transformers') if m in sys.modules])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_the_modern_graph_on_an_older_tensorrt_is_one_line(tiny_checkpoint, tmp_path):
+    engine = build(BuildConfig(model=str(tiny_checkpoint("llama")), output=str(tmp_path / "modern"), backend="tensorrt",
+                               plan_later=True, **LIMITS), log=lambda m: None)
+    with fakes.installed(FAKE_TRT_VERSION="10.3.0.30"):
+        with pytest.raises(ManifestError, match="TensorRT 10.3 cannot parse .* export it again with --profile "
+                                                "jetson-orin-jp6"):
+            plan.plan_engine(engine, plan.PlanOptions(graph="modern", trt_version="11.1"), log=lambda m: None)
+
+
+def test_bundled_adapters_are_checked_against_their_reference(tiny_checkpoint, tmp_path, monkeypatch):
+    """The export keeps transformers' logits with each adapter merged; the plan step checks the plan
+    with each adapter bound. Wrong variant: logits off only where an adapter is bound."""
+    from tests.runtime.test_lora_cli import random_adapter
+    from trtllm.builder import verify_logits
+    from trtllm.runtime import manifest as mf
+
+    ckpt = str(tiny_checkpoint("llama"))
+    probe = build(BuildConfig(model=ckpt, output=str(tmp_path / "probe"), max_lora_rank=4, verify=False, **LIMITS),
+                  log=lambda m: None)
+    random_adapter(tmp_path / "math", mf.load(probe), 4, seed=3)
+    engine = build(BuildConfig(model=ckpt, output=str(tmp_path / "lora"), backend="tensorrt", graph="legacy",
+                               trt_version="10.3", plan_later=True, lora=(("math", str(tmp_path / "math")),), **LIMITS),
+                   log=lambda m: None)
+    assert "adapter/math/logits" in np.load(engine / REFERENCE_NAME).files
+    options = plan.PlanOptions(graph="legacy", trt_version="10.3")
+    with fakes.installed(FAKE_TRT_VERSION="10.3.0.30"):
+        report = plan.plan_engine(engine, options, log=lambda m: None)
+        assert report["adapters"]["math"]["max_abs_error"] < 1e-3 and report["adapters"]["math"]["tokens_agree"]
+        real = verify_logits.engine_logits
+
+        def off_with_an_adapter(*args, lora=None, **kwargs):
+            chosen, logits = real(*args, lora=lora, **kwargs)
+            return chosen, logits + np.float32(0.01) * (lora is not None) * (np.arange(logits.shape[-1]) % 2)
+
+        monkeypatch.setattr(verify_logits, "engine_logits", off_with_an_adapter)
+        with pytest.raises(VerifyError, match="with adapter math differ from transformers"):
+            plan.plan_engine(engine, options, log=lambda m: None)

@@ -165,7 +165,7 @@ def test_check_limits_leave_greedy_and_beam_requests_alone():
     from trtllm.runtime import sampling
 
     batch = sampling.make_batch([sampling.SamplingParams(temperature=0, top_k=2000)], 49152, 1024)
-    assert batch.top_k[0] == 0  # (it reached the sampler, which refused the greedy row)
+    assert batch.top_k[0] == 0  # (a greedy row's top_k reaches the sampler as 0, none: it was refused there)
     with pytest.raises(ValueError, match="top_k"):
         sampling.make_batch([sampling.SamplingParams(temperature=1.0, top_k=2000)], 49152, 1024)
 
