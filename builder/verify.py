@@ -186,7 +186,7 @@ def checked(engine_dir, ck, quantization: str, atol: float, eagle: str | None, r
         if adapters:
             report["adapters"] = adapters
         if reference is not None:
-            save_reference(reference, *ref_ids, *text_ref, adapter_refs)
+            save_reference(reference, *ref_ids, *text_ref, adapter_refs, export_error=err)
         if eagle:
             # The head drafts from the prompt's second token: >= 2 tokens (config.py asks max_input_len >= 2).
             eagle_ids = text_ids(ck.tokenizer, VERIFY_TEXT, max(2, min(24, limits.max_input_len, room)))

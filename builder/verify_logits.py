@@ -119,17 +119,26 @@ def judge(report: dict, quantization: str, atol: float) -> bool:
 REFERENCE_NAME = "verify_reference.npz"
 
 
-def save_reference(path: Path, ids, generated, logits, text, text_argmax, adapters: dict | None = None) -> None:
+def save_reference(path: Path, ids, generated, logits, text, text_argmax, adapters: dict | None = None,
+                   export_error: float = 0.0) -> None:
     """The check's prompt, the tokens it continued with and transformers' logits there (float32),
     and the agreement text with transformers' top-1 token at each of its positions; for each bundled
-    adapter (name -> (generated, logits, text_argmax)) the same with it merged."""
-    arrays = {"ids": np.asarray(ids, np.int64), "text": np.asarray(text, np.int64)}
+    adapter (name -> (generated, logits, text_argmax)) the same with it merged; and the exported
+    graph's own largest logit error there (a 16-bit plan's is bounded by a multiple of it)."""
+    arrays = {"ids": np.asarray(ids, np.int64), "text": np.asarray(text, np.int64),
+              "export_error": np.float64(export_error)}
     for prefix, (gen, lg, top) in {"": (generated, logits, text_argmax), **{f"adapter/{n}/": v for n, v in
                                                                            (adapters or {}).items()}}.items():
         arrays.update({f"{prefix}generated": np.asarray(gen, np.int64), f"{prefix}logits": np.asarray(lg, np.float32),
                        f"{prefix}text_argmax": np.asarray(top, np.int64)})
     with open(path, "wb") as f:  # (np.savez would add .npz to a name without it)
         np.savez(f, **arrays)
+
+
+# A 16-bit plan against the exported graph's own logit error (ONNX Runtime or TensorRT at the export):
+# GPU kernels round otherwise, but not by an order of magnitude; a twentieth of the largest logit is
+# the floor for an export that happened to land near transformers.
+PLAN_ERROR_FACTOR, PLAN_ERROR_SHARE = 10.0, 0.05
 
 
 def check_against_reference(engine, path: Path, quantization: str, atol: float = 1e-3) -> dict:
@@ -160,6 +169,16 @@ def check_against_reference(engine, path: Path, quantization: str, atol: float =
 
     try:
         report.update(measured("", None, ""))
+        if quantization.split(" ")[0] in ("float16", "bfloat16") and "export_error" in ref.files:
+            # the build's check bounds no 16-bit logit error (agreement only); here the graph's own error
+            # at the export is known: a plan far past it computes something else (logits scaled, say)
+            bound = max(PLAN_ERROR_FACTOR * float(ref["export_error"]), PLAN_ERROR_SHARE * report["max_abs_logit"])
+            report.update(export_error=float(ref["export_error"]), error_bound=bound)
+            if not report["max_abs_error"] <= bound:
+                raise VerifyError(f"the plan's logits differ from transformers by up to {report['max_abs_error']:.3g}, "
+                                  f"past {bound:.3g} ({PLAN_ERROR_FACTOR}x the exported graph's own error, "
+                                  f"{float(ref['export_error']):.3g}, or {PLAN_ERROR_SHARE:.0%} of the largest "
+                                  "logit); the plan is wrong. Run with --no-verify only to inspect it")
         m = engine.manifest
         for name, rel in m.lora.get("adapters", {}).items():
             if f"adapter/{name}/logits" not in ref.files:

@@ -189,3 +189,22 @@ def test_bundled_adapters_are_checked_against_their_reference(tiny_checkpoint, t
         monkeypatch.setattr(verify_logits, "engine_logits", off_with_an_adapter)
         with pytest.raises(VerifyError, match="with adapter math differ from transformers"):
             plan.plan_engine(engine, options, log=lambda m: None)
+
+
+def test_a_16_bit_plan_is_held_near_the_exported_graph_s_own_error(tiny_checkpoint, tmp_path, monkeypatch):
+    """float16's build check is top-1 agreement alone; the plan step also knows the exported graph's
+    logit error and bounds the plan's by ten times it. Wrong variant: logits doubled, argmax kept."""
+    from trtllm.builder import verify_logits
+
+    engine = build(BuildConfig(model=str(tiny_checkpoint("llama")), output=str(tmp_path / "half"), backend="tensorrt",
+                               graph="legacy", trt_version="10.3", dtype="float16", plan_later=True, **LIMITS),
+                   log=lambda m: None)
+    options = plan.PlanOptions(graph="legacy", trt_version="10.3")
+    with fakes.installed(FAKE_TRT_VERSION="10.3.0.30"):
+        report = plan.plan_engine(engine, options, log=lambda m: None)
+        assert report["max_abs_error"] <= report["error_bound"]
+        real = verify_logits.engine_logits
+        monkeypatch.setattr(verify_logits, "engine_logits",
+                            lambda *a, **k: (lambda chosen, logits: (chosen, 2 * logits))(*real(*a, **k)))
+        with pytest.raises(VerifyError, match="the plan's logits differ from transformers by up to .* past"):
+            plan.plan_engine(engine, options, log=lambda m: None)
