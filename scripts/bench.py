@@ -137,8 +137,10 @@ def our_run(engine, prompts: list[list[int]], gen: int, params=None):
     stamps: list[float] = []
     t0 = time.perf_counter()
     run_rows(engine, rows, len(rows), Timing(), on_token=lambda r: stamps.append(time.perf_counter()))
-    if len(stamps) < len(rows):
-        raise RuntimeError(f"generated {len(stamps)} tokens for {len(rows)} prompts: the engine's KV capacity is too small")
+    for i, r in enumerate(rows):  # (a row cut short by the KV capacity, or failed, would inflate the rate)
+        if len(r.output_ids) != gen or r.finish_reason == "error":
+            raise RuntimeError(f"row {i} generated {len(r.output_ids)} of {gen} tokens ({r.finish_reason}"
+                               f"{': ' + r.error if r.error else ''}): the engine's KV capacity may be too small")
     first = stamps[len(rows) - 1]  # every row's first token comes from the one prefill step
     return first - t0, stamps[-1] - first, rows[0].output_ids
 
@@ -178,6 +180,7 @@ def worker(name: str, engine_dir: Path, tokenizer_dir: Path, args) -> dict:
     runs = median_of(lambda: our_run(engine, [prompts[128]] * args.batch, gen))
     res["dec_b8_tps"] = round(statistics.median(args.batch * (gen - 1) / v[1] for v in runs), 1)
     res["weight_bytes_per_token"] = weight_bytes(engine_dir)
+    res["engine"] = {**engine_identity(engine.manifest), "build_id": engine.manifest.build_id}  # (what was measured)
     return res
 
 
@@ -223,7 +226,8 @@ def measure_peer(peer: str, args) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "peer.json"
         cmd = [str(python), str(SHARED_PEERS / "bench_peers.py"), "--peers", peer, "--threads", str(args.threads),
-               "--gen", str(args.gen), "--runs", str(args.runs), "--batch", str(args.batch), "--out", str(out)]
+               "--gen", str(args.gen), "--runs", str(args.runs), "--batch", str(args.batch), "--out", str(out),
+               "--timeout", str(args.timeout)]  # (its own default, 300 s, killed a slow round and dropped it)
         env = {**os.environ, "PEERS_DIR": str(PEERS_DIR)}
         if args.llama_build:  # llama-cpp-python loads libllama from here instead of its lib/ link
             env["LLAMA_CPP_LIB_PATH"] = str(args.llama_build / "bin")
@@ -270,17 +274,33 @@ def installed_peers() -> list[str]:
 
 
 def ensure_engine(model: Path, engine_dir: Path, options: list[str], extra: list[str]) -> None:
-    """Build the engine unless a usable one is there (an engine of an older format is rebuilt)."""
+    """Build the engine unless one of these options is there (an engine of an older format, or one
+    built with other options, is rebuilt: it would be measured under this engine's name)."""
     from trtllm.runtime import manifest as mf
 
     try:
-        mf.load(engine_dir)
-        return
+        if engine_identity(mf.load(engine_dir)) == wanted_identity(options):
+            return
     except mf.ManifestError:
         pass
     trtllm_build = Path(sys.executable).parent / "trtllm-build"
     subprocess.run([str(trtllm_build), "--model", str(model), "--output", str(engine_dir), *options, *extra],
                    check=True)
+
+
+def engine_identity(m) -> dict:
+    """What an engine measured under one of OURS' names must be: its number format."""
+    return {"dtype": m.dtype, "quantization": m.quantization, "kv": m.model.kv_dtype,
+            "activations": m.quantization_scheme.get("activations", "float32") if m.quantization_scheme else "float32"}
+
+
+def wanted_identity(options: list[str]) -> dict:
+    given = dict(zip(options[::2], options[1::2]))
+    dtype = given.get("--dtype", "float32")
+    quantization = given.get("--quantization", "none")
+    kv = given.get("--kv-cache-dtype", "auto")
+    return {"dtype": dtype, "quantization": quantization, "kv": dtype if kv == "auto" else kv,
+            "activations": given.get("--activations", "float32") if quantization != "none" else "float32"}
 
 
 def best_of(rounds: list[dict]) -> dict:
@@ -329,9 +349,15 @@ def add_ratios(results: list[dict], rounds: dict[str, list[dict]]) -> None:
             continue
         peers = [p["peer"] for p in results if not p["peer"].startswith("trtllm-") and p["precision"] == r["precision"]]
         mine = rounds[r["peer"].removeprefix("trtllm-")]
+        # a round where a peer of this precision failed pairs ours with the slower peers left: out
+        failed = [k for k in range(len(mine)) if any(k < len(rounds[p]) and "error" in rounds[p][k] for p in peers)]
+        if failed:
+            r["rounds_left_out"] = failed
         for metric, better in METRICS:
             paired = []
             for k, own in enumerate(mine):
+                if k in failed:
+                    continue
                 vals = [rounds[p][k][metric] for p in peers if k < len(rounds[p]) and rounds[p][k].get(metric)]
                 if vals and own.get(metric):
                     paired.append(round(ratio(own[metric], vals, better), 2))

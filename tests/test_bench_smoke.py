@@ -120,7 +120,7 @@ def test_ratios_are_paired_by_round():
     rounds = {"int4": [{"peer": "trtllm-int4", "dec_b1_tps": 100.0, "ttft128_ms": 50.0},
                        {"peer": "trtllm-int4", "dec_b1_tps": 200.0, "ttft128_ms": 40.0}],
               "llamacpp-q4_1": [{"peer": "llamacpp-q4_1", "dec_b1_tps": 120.0, "ttft128_ms": 100.0},
-                                {"peer": "llamacpp-q4_1", "error": "exit code -4"}],
+                                {"peer": "llamacpp-q4_1", "dec_b1_tps": 70.0, "ttft128_ms": 90.0}],
               "ortgenai-int4": [{"peer": "ortgenai-int4", "dec_b1_tps": 90.0, "ttft128_ms": 60.0},
                                 {"peer": "ortgenai-int4", "dec_b1_tps": 80.0, "ttft128_ms": 80.0}]}
     results = [{**best_of(rounds["int4"]), "precision": "int4"},
@@ -131,6 +131,26 @@ def test_ratios_are_paired_by_round():
     assert ours["paired_dec_b1_tps"] == [0.83, 2.5] and ours["ratio_dec_b1_tps_range"] == [0.83, 2.5]
     assert ours["paired_ttft128_ms"] == [1.2, 2.0] and ours["ratio_ttft128_ms"] == 1.6
     assert "ratio_dec_b1_tps" not in results[1]
+    # a peer that failed in a round: that round is left out (it paired ours with the slower peers left)
+    rounds["llamacpp-q4_1"][1] = {"peer": "llamacpp-q4_1", "error": "exit code -9"}
+    results = [{**best_of(rounds[name]), "precision": "int4"} for name in rounds]
+    add_ratios(results, rounds)
+    assert results[0]["paired_dec_b1_tps"] == [0.83] and results[0]["rounds_left_out"] == [1]
+
+
+def test_a_row_cut_short_fails_the_measurement(tiny_engine):
+    """The rate divides batch x (gen - 1) tokens by the time: a row the KV capacity stops early
+    would make it twice as fast (a review's tiny engine: 65 of 128 tokens each)."""
+    from scripts.bench import our_run
+    from trtllm.runtime.engine import load_engine
+
+    engine = load_engine(tiny_engine("llama"), huge_pages=False)
+    try:
+        capacity = engine.manifest.limits.max_kv_cache_capacity
+        with pytest.raises(RuntimeError, match=r"row 0 generated \d+ of"):
+            our_run(engine, [[5] * (capacity - 8)], 64)
+    finally:
+        engine.close()
 
 
 def test_chunked_prefill_bench_smoke(tiny_engine, tmp_path):
@@ -184,3 +204,22 @@ def test_bench_beam_smoke(tiny_engine, tmp_path):
     data = json.loads(out.read_text())
     assert list(data["beam_tokens_per_second"]) == ["ours"] and data["beam_tokens_per_second"]["ours"][0] > 0
     assert "ours alone" in proc.stderr
+
+
+def test_an_engine_of_other_options_is_not_measured_under_this_name():
+    """ensure_engine took any engine that loaded: a float32 one at the int4-a8 path was measured
+    and published as int4-a8."""
+    from types import SimpleNamespace
+
+    from scripts.bench import OURS, engine_identity, wanted_identity
+
+    def manifest(dtype="float32", quantization="none", activations=None, kv=None):
+        scheme = {"bits": 4, "activations": activations} if activations else ({"bits": 4} if quantization != "none" else {})
+        return SimpleNamespace(dtype=dtype, quantization=quantization, quantization_scheme=scheme,
+                               model=SimpleNamespace(kv_dtype=kv or dtype))
+
+    assert engine_identity(manifest(quantization="int4", activations="int8")) == wanted_identity(OURS["int4-a8"])
+    assert engine_identity(manifest()) != wanted_identity(OURS["int4-a8"])
+    assert engine_identity(manifest()) == wanted_identity(OURS["fp32"])
+    assert engine_identity(manifest(dtype="float16")) == wanted_identity(OURS["fp16"])
+    assert engine_identity(manifest(quantization="int4")) != wanted_identity(OURS["int4-a16"])
