@@ -113,9 +113,11 @@ def load(path_arg: str, target: DecoderSpec, embed: np.ndarray) -> Draft:
     act = config.get("hidden_act", "silu")
     if not isinstance(act, str) or act not in SILU:  # the head's MLP is written as SiLU's
         fail(path, f"config.hidden_act must be 'silu' or 'swish', got {config.get('hidden_act')!r}")
-    eagle_config = config.get("eagle_config") or {}
-    given = eagle_config.get("eagle_aux_hidden_state_layer_ids") if isinstance(eagle_config, dict) else None
-    aux = given or [2, layers // 2, layers - 3]
+    eagle_config = config.get("eagle_config")
+    if eagle_config is not None and not isinstance(eagle_config, dict):
+        fail(path, f"config.eagle_config must be an object, got {eagle_config!r}")
+    given = (eagle_config or {}).get("eagle_aux_hidden_state_layer_ids")
+    aux = [2, layers // 2, layers - 3] if given is None else given  # (an empty list is refused, not the default)
     if not isinstance(aux, list) or len(aux) != 3 or not all(whole(i, 0) and i < layers for i in aux):
         fail(path, f"eagle_aux_hidden_state_layer_ids must be three layer indices in [0, {layers}), got {aux}"
                    + ("" if given else f" (EAGLE-3's default [2, L/2, L-3] for the target's {layers} layers: set "
@@ -127,6 +129,8 @@ def load(path_arg: str, target: DecoderSpec, embed: np.ndarray) -> Draft:
     head_dim = config.get("head_dim") or h // heads
     inter = config.get("intermediate_size", target.intermediate_size)
     vocab = target.vocab_size
+    if config.get("vocab_size", vocab) != vocab:  # (a head trained for another tokenizer is never right)
+        fail(path, f"config.vocab_size {config.get('vocab_size')!r} differs from the target's {vocab}")
     draft_vocab = config.get("draft_vocab_size") or vocab
     for key, value in (("num_attention_heads", heads), ("num_key_value_heads", kv_heads), ("head_dim", head_dim),
                        ("intermediate_size", inter), ("draft_vocab_size", draft_vocab)):
@@ -167,6 +171,13 @@ def load(path_arg: str, target: DecoderSpec, embed: np.ndarray) -> Draft:
     mapped = np.arange(draft_vocab) + d2t
     if mapped.min() < 0 or mapped.max() >= vocab:
         fail(path, f"d2t maps draft ids outside the target vocabulary [0, {vocab})")
+    if "t2d" in t:  # (the target's ids the head drafts: what d2t maps to, no more)
+        t2d = np.asarray(t["t2d"])
+        want = np.zeros(vocab, bool)
+        want[mapped] = True
+        if t2d.shape != (vocab,) or not np.array_equal(t2d.astype(bool), want):
+            fail(path, f"t2d ({list(t2d.shape)}) is not the target ids d2t maps to: expected [{vocab}] true exactly "
+                       "at draft id + d2t")
     if "embed_tokens.weight" in t:
         embed = t["embed_tokens.weight"]
         if embed.shape != (vocab, h):
@@ -198,6 +209,11 @@ def rope_tables(draft: Draft, num_positions: int):
         # rope_type, a bad theta; ours: positions past what one table holds
         fail(draft.path, f"its RoPE settings ({', '.join(k for k in keys if k in draft.config)}) cannot be used: "
                          f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}")
+    theta = draft.config.get("rope_theta", 10000.0)
+    if isinstance(theta, bool) or not isinstance(theta, (int, float)) or not 0 < theta < float("inf") \
+            or not (np.isfinite(cos).all() and np.isfinite(sin).all()):
+        fail(draft.path, f"config.rope_theta must be a positive finite number (its RoPE tables are not finite), got "
+                         f"{theta!r}")
     if 2 * cos.shape[1] != draft.spec.head_dim:  # (transformers' Llama layer, the reference, rotates whole heads)
         fail(draft.path, f"its partial_rotary_factor rotates {2 * cos.shape[1]} of each head's {draft.spec.head_dim} "
                          "dimensions; an EAGLE-3 head is a Llama layer, which rotates whole heads")

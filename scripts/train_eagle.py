@@ -425,7 +425,12 @@ def train(model_dir, output_dir, *, num_prompts=512, max_new_tokens=128, draft_v
     `aux_layers`: the three layers the head reads (written into its eagle_config), else [2, L//2, L-3]."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-    layer_ids = aux_layer_ids(AutoConfig.from_pretrained(model_dir).num_hidden_layers, aux_layers)  # before loading
+    target_config = AutoConfig.from_pretrained(model_dir)
+    layer_ids = aux_layer_ids(target_config.num_hidden_layers, aux_layers)  # before loading
+    for name, value in (("--draft-vocab", draft_vocab), ("--soft-labels", soft_labels)):
+        if value > target_config.vocab_size:
+            raise OptionError(f"{name} must be at most the model's vocabulary size {target_config.vocab_size}, "
+                              f"got {value}")
     torch.set_num_threads(threads)
     torch.manual_seed(seed)
     t0 = time.time()
@@ -458,6 +463,18 @@ def train(model_dir, output_dir, *, num_prompts=512, max_new_tokens=128, draft_v
     return {**result, "initial_accuracy": initial, "timings": {**timings, **result["timings"]}}
 
 
+def output_problem(model: Path, output: Path) -> str:
+    """Why --output must not be written (it is replaced whole), or "": it must not hold the model or
+    lie inside it, and may hold only an earlier head (config.json and model.safetensors)."""
+    model, output = model.resolve(), output.resolve()
+    if output == model or model.is_relative_to(output) or output.is_relative_to(model):
+        return f"--output {output} would replace or sit inside --model {model}: choose another directory"
+    if output.exists() and (not output.is_dir() or {e.name for e in output.iterdir()} - {"config.json", "model.safetensors"}):
+        return (f"--output {output} exists and holds more than an earlier head (config.json, model.safetensors): "
+                "choose a new or empty directory (it is replaced whole)")
+    return ""
+
+
 def layer_list(text: str) -> list[int]:
     try:
         return [int(part) for part in text.split(",")]
@@ -484,9 +501,16 @@ def main(argv=None) -> int:
                    help="the three layers whose input hidden states the head reads (default: 2, L//2, L-3; a "
                         "model of fewer than 4 layers needs them)")
     a = p.parse_args(argv)
+    for name in ("num_prompts", "max_new_tokens", "draft_vocab", "steps_ttt", "epochs", "batch_size", "threads"):
+        if getattr(a, name) < (2 if name == "num_prompts" else 1):  # (num_prompts: one is held out)
+            p.error(f"--{name.replace('_', '-')} must be >= {2 if name == 'num_prompts' else 1}, got {getattr(a, name)}")
+    if a.soft_labels < 0 or not 0 < a.lr < float("inf"):
+        p.error(f"--soft-labels must be >= 0 and --lr > 0, got {a.soft_labels} and {a.lr}")
+    if problem := output_problem(Path(a.model), Path(a.output)):
+        p.error(problem)
     options = {k: v for k, v in vars(a).items() if k not in ("model", "output")}
     try:
-        result = train(a.model, a.output, **options)
+        result = train(a.model, Path(a.output).resolve(), **options)
     except OptionError as e:
         p.error(str(e))
     print(json.dumps({k: result[k] for k in ("accuracy", "initial_accuracy", "timings")}, indent=2))

@@ -93,6 +93,27 @@ def test_aux_layers_train_a_head_for_a_small_model(tmp_path, capsys):
         assert e.value.code == 2 and "--aux-layers" in capsys.readouterr().err
 
 
+def test_output_never_replaces_the_model_or_what_is_not_a_head(tmp_path, capsys):
+    """--output is replaced whole: it deleted the files of a directory given by mistake, and the
+    model itself as --output. Refused before the model loads (exit 2), as are options out of range."""
+    model = make_checkpoint("llama", tmp_path / "m", num_layers=4)
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "important.txt").write_text("mine")
+    for output, says in ((model, "would replace or sit inside --model"), (model / "head", "sit inside --model"),
+                         (tmp_path / "notes", "holds more than an earlier head")):
+        with pytest.raises(SystemExit) as e:
+            train_eagle.main(["--model", str(model), "--output", str(output)])
+        assert e.value.code == 2 and says in capsys.readouterr().err
+    assert (tmp_path / "notes" / "important.txt").read_text() == "mine" and (model / "config.json").is_file()
+    for option, value in (("--batch-size", "0"), ("--num-prompts", "1"), ("--steps-ttt", "0"), ("--lr", "-1")):
+        with pytest.raises(SystemExit) as e:
+            train_eagle.main(["--model", str(model), "--output", str(tmp_path / "head"), option, value])
+        assert e.value.code == 2 and option in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        train_eagle.main(["--model", str(model), "--output", str(tmp_path / "head"), "--draft-vocab", "100000"])
+    assert e.value.code == 2 and "--draft-vocab must be at most the model's vocabulary size" in capsys.readouterr().err
+
+
 def test_prompts_do_not_repeat_and_held_out_asks_are_unseen():
     chats, held = train_eagle.build_prompts(len(train_eagle.QUESTIONS) * len(train_eagle.SYSTEMS), seed=0)
     assert len({json.dumps(c) for c in chats}) == len(chats)  # a duplicate chat is a duplicate greedy answer

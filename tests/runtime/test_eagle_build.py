@@ -75,6 +75,14 @@ def edit_weight(draft, name, change):
     (lambda d: edit_config(d, rope_scaling={"rope_type": "bogus", "factor": 2.0}), "its RoPE settings"),
     (lambda d: edit_config(d, hidden_act="gelu"), "config.hidden_act must be 'silu' or 'swish', got 'gelu'"),
     (lambda d: edit_config(d, eagle_config={}), "EAGLE-3's default [2, L/2, L-3] for the target's 2 layers"),
+    # (review 49's: a list crashed the build's reference with an AttributeError; [] took the default)
+    (lambda d: edit_config(d, eagle_config=[1, 2, 3]), "config.eagle_config must be an object, got [1, 2, 3]"),
+    (lambda d: edit_config(d, eagle_config={"eagle_aux_hidden_state_layer_ids": []}), "three layer indices"),
+    (lambda d: edit_config(d, rope_theta=0), "config.rope_theta must be a positive finite number"),
+    # a head for another vocabulary: it built, and never guessed right
+    (lambda d: edit_config(d, vocab_size=32000), "config.vocab_size 32000 differs from the target's"),
+    (lambda d: edit_weight(d, "t2d", lambda w: np.zeros(1000, bool)), "t2d ([1000]) is not the target ids d2t maps to"),
+    (lambda d: edit_weight(d, "t2d", lambda w: ~w), "t2d ("),
     (lambda d: (d / "config.json").write_text("[1, 2]"), "config.json must hold a JSON object"),
     (lambda d: edit_weight(d, "lm_head.weight", lambda w: w * np.nan), "lm_head.weight holds NaN"),
     (lambda d: edit_weight(d, "fc.weight", lambda w: w.astype(np.int32)), "fc.weight is int32"),
