@@ -146,6 +146,13 @@ def file_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
+def read_checksums(engine_dir: Path) -> dict[str, str]:
+    """checksums.sha256 as file -> digest ({} where there is none)."""
+    listed = engine_dir / CHECKSUMS_NAME
+    lines = listed.read_text().splitlines() if listed.is_file() else []
+    return {name: digest for digest, _, name in (line.partition("  ") for line in lines)}
+
+
 def write_checksums(engine_dir: Path) -> None:
     lines = [f"{file_sha256(path)}  {path.relative_to(engine_dir).as_posix()}\n" for path in engine_files(engine_dir)]
     (engine_dir / CHECKSUMS_NAME).write_text("".join(lines))

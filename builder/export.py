@@ -25,7 +25,7 @@ from trtllm.builder import tensorrt as trt_build
 from trtllm.builder.architectures import spec_for, weights_of
 from trtllm.builder.config import MODERN_MIN_TRT, BuildConfig, ConfigError, listed, parse_trt_version
 from trtllm.builder import eagle, lora, provenance
-from trtllm.builder.plan import PENDING, build_tensorrt
+from trtllm.builder.plan import build_tensorrt
 from trtllm.builder.verify_logits import REFERENCE_NAME, number_format
 from trtllm.builder.decoder import DecoderWriter, attention_supported, gqa_supported, half_supported, lora_sites
 from trtllm.builder.engine_dir import (binary_sizes, check_output, in_place, readable_by_all, replace_engine,
@@ -403,7 +403,7 @@ def build(config: BuildConfig, log=print) -> Path:
         if config.lora:
             manifest = lora.bundle(config, manifest, tmp, log)
         if backend == "tensorrt" and config.plan_later:
-            manifest = dataclasses.replace(manifest, tensorrt=dict(PENDING))
+            manifest = dataclasses.replace(manifest, tensorrt=dict(mf.PLAN_PENDING))
         elif backend == "tensorrt":
             manifest = build_tensorrt(tmp, config, manifest, log)
         else:

@@ -21,11 +21,9 @@ import tempfile
 from pathlib import Path
 
 from trtllm.builder import tensorrt as trt_build
+from trtllm.builder.engine_dir import CHECKSUMS_NAME, file_sha256, read_checksums
 from trtllm.plugins import lint
 from trtllm.runtime import manifest as mf
-
-PENDING = {"plan": "pending"}  # the tensorrt section of an engine exported with --plan-later
-
 
 def build_tensorrt(out_dir: Path, options, manifest: mf.Manifest, log, source: Path | None = None) -> mf.Manifest:
     """llm.onnx -> llm.plan (and the EAGLE head's plan), the graphs read from `source` (else
@@ -163,13 +161,7 @@ def refuse(engine_dir: Path, manifest: mf.Manifest, reference: Path | None) -> N
 def check_copy(engine_dir: Path, written: list[str]) -> None:
     """Every file checksums.sha256 lists, but those the plan step writes, as the build wrote it: the
     plan step would otherwise list a damaged copy's files as good."""
-    from trtllm.builder.engine_dir import CHECKSUMS_NAME, file_sha256
-
-    listed = engine_dir / CHECKSUMS_NAME
-    if not listed.is_file():
-        return
-    for line in listed.read_text().splitlines():
-        digest, _, name = line.partition("  ")
+    for name, digest in read_checksums(engine_dir).items():
         if name in written:
             continue
         path = engine_dir / name
@@ -181,12 +173,7 @@ def check_copy(engine_dir: Path, written: list[str]) -> None:
 
 def update_checksums(engine_dir: Path, written: list[str]) -> None:
     """checksums.sha256 with the lines of the files the plan step wrote computed anew, the others kept."""
-    from trtllm.builder.engine_dir import CHECKSUMS_NAME, file_sha256
-
-    listed, lines = engine_dir / CHECKSUMS_NAME, {}
-    for line in listed.read_text().splitlines() if listed.is_file() else []:
-        digest, _, name = line.partition("  ")
-        lines[name] = digest
+    listed, lines = engine_dir / CHECKSUMS_NAME, read_checksums(engine_dir)
     for name in written:
         if (engine_dir / name).is_file():
             lines[name] = file_sha256(engine_dir / name)

@@ -95,7 +95,7 @@ def verify_adapter(engine, engine_dir, name: str, ck, ids: list[int], num_decode
         refs[name] = (generated, ref, text_ref.argmax(-1))
     return {"reference": reference, "max_abs_error": float(np.abs(got - ref).max()),
             "max_abs_logit": float(np.abs(ref).max()), "tokens_agree": [int(t) for t in ref.argmax(-1)] == generated,
-            **agreement(chosen, text_ref)}
+            **agreement(chosen, text_ref.argmax(-1))}
 
 
 def verify_eagle(engine, engine_dir, draft_dir, ck, ids: list[int]) -> dict:
@@ -164,7 +164,7 @@ def checked(engine_dir, ck, quantization: str, atol: float, eagle: str | None, r
         generated, got = engine_logits(engine, ids, num_decode)
         check_finite(got)
         ref = hf_logits(ck.model, ids + generated[:-1])[len(ids) - 1:]
-        ref_ids = (ids, generated, ref)
+        prompt_ref = (ids, generated, ref)  # (for the plan step's reference)
         err = float(np.abs(got - ref).max())
         report.update(num_positions=int(ref.shape[0]), max_abs_error=err, atol=atol,
                       max_abs_logit=float(np.abs(ref).max()),
@@ -174,19 +174,18 @@ def checked(engine_dir, ck, quantization: str, atol: float, eagle: str | None, r
         check_finite(got)
         # (the tokens the engine was fed, not one more: LongRoPE's factors depend on the whole length)
         ref = hf_logits(ck.model, text[: len(chosen)])
-        floor = min_agreement(quantization)
-        report.update(**agreement(chosen, ref), min_agreement=floor,
+        floor, text_top = min_agreement(quantization), ref.argmax(-1)
+        report.update(**agreement(chosen, text_top), min_agreement=floor,
                       allowed_mismatches=allowed_mismatches(len(chosen), floor),
                       agreement_max_abs_error=float(np.abs(got - ref).max()),
                       agreement_mean_abs_error=float(np.abs(got - ref).mean()))
-        text_ref = (text[: len(chosen)], ref.argmax(-1))
         adapter_refs: dict = {}
         adapters = {name: verify_adapter(engine, engine_dir, name, ck, ids, num_decode, text, adapter_refs)
                     for name in engine.manifest.lora.get("adapters", {})}
         if adapters:
             report["adapters"] = adapters
         if reference is not None:
-            save_reference(reference, *ref_ids, *text_ref, adapter_refs, export_error=err)
+            save_reference(reference, *prompt_ref, text[: len(chosen)], text_top, adapter_refs, export_error=err)
         if eagle:
             # The head drafts from the prompt's second token: >= 2 tokens (config.py asks max_input_len >= 2).
             eagle_ids = text_ids(ck.tokenizer, VERIFY_TEXT, max(2, min(24, limits.max_input_len, room)))

@@ -189,6 +189,14 @@ def rebuild_hint(engine_dir: str | os.PathLike, backend: str | None = None) -> s
             if backend == "tensorrt" else hint)
 
 
+PLAN_PENDING = {"plan": "pending"}  # the tensorrt section of an engine exported without its plan (--plan-later)
+
+
+def plan_pending(m: Manifest) -> bool:
+    """Whether a TensorRT engine's plan is still to be built (python -m trtllm.builder.plan)."""
+    return m.tensorrt == PLAN_PENDING
+
+
 def load(engine_dir: str | os.PathLike, planning: bool = False) -> Manifest:
     """Read and check ENGINE_DIR/manifest.json. `planning`: for the TensorRT plan step
     (builder/plan.py), which writes the plans: they are not checked, and may be missing or damaged."""
@@ -222,9 +230,10 @@ def load(engine_dir: str | os.PathLike, planning: bool = False) -> Manifest:
         )
     except (KeyError, TypeError, ValueError, AttributeError) as e:
         raise ManifestError(f"{path} is malformed ({e}); {rebuild_hint(engine_dir, backend)}") from e
-    if planning and backend == "tensorrt" and all(isinstance(x, dict) for x in (manifest.files, manifest.eagle, manifest.sizes)):
+    sections = (manifest.files, manifest.eagle, manifest.sizes)
+    if planning and backend == "tensorrt" and all(isinstance(x, dict) for x in sections):
         plans = {manifest.files.get("plan"), manifest.eagle.get("plan")}
-        manifest = dataclasses.replace(manifest, tensorrt={"plan": "pending"},
+        manifest = dataclasses.replace(manifest, tensorrt=dict(PLAN_PENDING),
                                        sizes={k: v for k, v in dict(manifest.sizes).items() if k not in plans})
     problem = check(manifest, Path(engine_dir))
     if problem:
@@ -279,7 +288,7 @@ def check(m: Manifest, engine_dir: Path) -> str:
     problem = check_eagle(m.eagle, model) or check_lora(m)
     if problem:
         return problem
-    pending = m.tensorrt.get("plan") == "pending"  # (exported with --plan-later: the plan step writes it)
+    pending = plan_pending(m)  # (exported with --plan-later: the plan step writes it)
     named = [(f"files.{k}", v) for k, v in m.files.items() if not (pending and k == "plan")]
     named += [(f"eagle.{k}", m.eagle.get(k)) for k in ("compiled", "plan") if k in m.eagle]
     named += [(f"lora.adapters.{k}", v) for k, v in m.lora.get("adapters", {}).items()]

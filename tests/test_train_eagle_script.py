@@ -115,7 +115,9 @@ def test_output_never_replaces_the_model_or_what_is_not_a_head(tmp_path, capsys)
 
 
 def test_prompts_do_not_repeat_and_held_out_asks_are_unseen():
-    chats, held = train_eagle.build_prompts(len(train_eagle.QUESTIONS) * len(train_eagle.SYSTEMS), seed=0)
+    import eagle_prompts
+
+    chats, held = eagle_prompts.build_prompts(len(eagle_prompts.QUESTIONS) * len(eagle_prompts.SYSTEMS), seed=0)
     assert len({json.dumps(c) for c in chats}) == len(chats)  # a duplicate chat is a duplicate greedy answer
     asks = [{c[-1]["content"] for c, h in zip(chats, held) if h == side} for side in (True, False)]
     assert asks[0] and not asks[0] & asks[1] and 0.05 < sum(held) / len(held) < 0.15

@@ -5,8 +5,8 @@ ONNX Runtime's PyPI wheel ships no C headers, so they come from Debian's libonnx
 built against the 1.21 headers asks the runtime for API version 21, which every later ONNX Runtime
 provides. The compiler is the system's g++ (C++17). The library is rebuilt when what it is built from
 changes (a SHA-256 of the sources, headers, this script, then the library's own and $CXX, kept next
-to it), not when a file is newer: a checkout of older sources leaves older times. A library out of step with its sources is
-not used (trtllm.plugins.cpu.library()).
+to it), not when a file is newer: a checkout of older sources leaves older times. A library out of
+step with its sources is not used (trtllm.plugins.cpu.library()).
 """
 from __future__ import annotations
 

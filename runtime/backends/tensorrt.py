@@ -23,7 +23,7 @@ import numpy as np
 from trtllm.runtime import lora
 from trtllm.runtime.engine import StepInputs, StepOutputs, optional_inputs_mismatch
 from trtllm.runtime.kv_cache import KVCacheManager, kv_storage
-from trtllm.runtime.manifest import Manifest, ManifestError, ModelShape, rebuild_hint
+from trtllm.runtime.manifest import Manifest, ManifestError, ModelShape, plan_pending, rebuild_hint
 
 PREFILL, DECODE = 0, 1  # the builder's profile order (builder/tensorrt.py)
 ALIGNMENT = 256         # TensorRT: every tensor address must be 256-byte aligned
@@ -162,7 +162,7 @@ class TensorRTEngine:
     draft_graph = False  # the EAGLE head's plan (TensorRTDraftEngine): no LoRA or verification inputs
 
     def __init__(self, engine_dir, manifest: Manifest, **options):
-        if manifest.tensorrt.get("plan") == "pending":  # (trtllm-build --plan-later)
+        if plan_pending(manifest):  # (trtllm-build --plan-later)
             raise ManifestError(f"{engine_dir} was exported without its TensorRT plan (trtllm-build --plan-later): "
                                 f"build it on this machine with python -m trtllm.builder.plan {engine_dir}")
         trt = import_tensorrt(engine_dir)
