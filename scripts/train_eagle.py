@@ -34,7 +34,9 @@ import argparse
 import json
 import math
 import random
+import re
 import shutil
+import sys
 import time
 from pathlib import Path
 
@@ -332,8 +334,8 @@ class OptionError(ValueError):
 def aux_layer_ids(num_layers: int, given: list[int] | None) -> list[int]:
     """The three layers whose input hiddens the head reads: `given`, or EAGLE-3's [2, L//2, L-3]."""
     if given is None:
-        if num_layers < 4:
-            raise OptionError(f"config.num_hidden_layers must be >= 4 for the default aux layers 2, L//2, L-3, got "
+        if num_layers < 3:  # (3 layers: [2, 1, 0], as trtllm-build and vLLM take the default)
+            raise OptionError(f"config.num_hidden_layers must be >= 3 for the default aux layers 2, L//2, L-3, got "
                               f"{num_layers!r}: give --aux-layers (three layer indices in [0, {num_layers}))")
         return [2, num_layers // 2, num_layers - 3]
     if len(given) != 3 or not all(0 <= i < num_layers for i in given):
@@ -405,6 +407,18 @@ def layer_list(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"three comma-separated layer indices, got {text!r}") from None
 
 
+def joined_values(argv: list[str], *options: str) -> list[str]:
+    """`--aux-layers -1,2,3` as `--aux-layers=-1,2,3`: argparse reads a value that starts with "-" and
+    is not a plain number as an option ("expected one argument"), so the range check never spoke."""
+    out = []
+    for arg in argv:
+        if out and out[-1] in options and re.fullmatch(r"-\d[-\d,]*", arg):
+            out[-1] = f"{out[-1]}={arg}"
+        else:
+            out.append(arg)
+    return out
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model", required=True, help="Hugging Face checkpoint dir (Llama family)")
@@ -422,8 +436,8 @@ def main(argv=None) -> int:
                    help="train on the target's K likeliest tokens and their probabilities (0: its argmax)")
     p.add_argument("--aux-layers", type=layer_list, default=None, metavar="A,B,C",
                    help="the three layers whose input hidden states the head reads (default: 2, L//2, L-3; a "
-                        "model of fewer than 4 layers needs them)")
-    a = p.parse_args(argv)
+                        "model of fewer than 3 layers needs them)")
+    a = p.parse_args(joined_values(sys.argv[1:] if argv is None else argv, "--aux-layers"))
     for name in ("num_prompts", "max_new_tokens", "draft_vocab", "steps_ttt", "epochs", "batch_size", "threads"):
         least = 2 if name == "num_prompts" else 1  # (num_prompts: one is held out)
         if getattr(a, name) < least:

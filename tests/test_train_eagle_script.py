@@ -67,8 +67,11 @@ def test_training_lowers_the_loss(trained):
 
 
 def test_too_few_layers_names_the_field(tmp_path):
-    model = make_checkpoint("llama", tmp_path / "m", num_layers=3)
-    with pytest.raises(ValueError, match="num_hidden_layers must be >= 4.*give --aux-layers"):
+    """The default [2, L//2, L-3] is three layers of any model of 3 or more ([2, 1, 0]: trtllm-build and
+    vLLM take it); 2 layers cannot have it."""
+    assert train_eagle.aux_layer_ids(3, None) == [2, 1, 0]
+    model = make_checkpoint("llama", tmp_path / "m", num_layers=2)
+    with pytest.raises(ValueError, match="num_hidden_layers must be >= 3.*give --aux-layers"):
         train_eagle.train(model, tmp_path / "draft", num_prompts=2, max_new_tokens=2, log=lambda _: None)
 
 
@@ -87,10 +90,13 @@ def test_aux_layers_train_a_head_for_a_small_model(tmp_path, capsys):
     engine = build(BuildConfig(model=str(model), output=str(tmp_path / "engine"), eagle=str(tmp_path / "draft"),
                                max_input_len=32, max_kv_cache_capacity=64), log=lambda _: None)
     assert json.loads((engine / "verify.json").read_text())["eagle"]["proposals_agree"]
-    for bad in ("0,1,2", "0,1", "a,b,c"):
+    in_range = "--aux-layers must be three layer indices in [0, 2)"
+    # (-1,0,1: argparse read a leading "-" as an option, "expected one argument")
+    for bad, said in (("0,1,2", in_range), ("0,1", in_range), ("-1,0,1", in_range),
+                      ("a,b,c", "three comma-separated layer indices, got 'a,b,c'")):
         with pytest.raises(SystemExit) as e:
             train_eagle.main(["--model", str(model), "--output", str(tmp_path / "bad"), "--aux-layers", bad])
-        assert e.value.code == 2 and "--aux-layers" in capsys.readouterr().err
+        assert e.value.code == 2 and said in capsys.readouterr().err, bad
 
 
 def test_output_never_replaces_the_model_or_what_is_not_a_head(tmp_path, capsys):
