@@ -23,10 +23,18 @@ from tests.parity.test_beam_search import hf_beams, same  # noqa: E402
 pytestmark = pytest.mark.hf
 # ernie4_5: an interleaved RoPE, its q and k rows reordered in the engine, and in each adapter's lora_B;
 # glm: the same on half of each head, and gate|up stored whole
-ARCHS = ["llama", "mistral", "qwen2", "qwen3", "phi3", "smollm3", "gemma3", "granite", "olmo2", "ernie4_5", "glm"]
+ARCHS = ["llama", "mistral", "ministral", "qwen2", "qwen3", "phi3", "phi4-mini", "smollm3", "gemma", "gemma2", "gemma3",
+         "granite", "olmo2", "olmo3", "exaone4", "ernie4_5", "helium", "hunyuan", "glm", "glm4"]
 ALL = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 PROMPTS = [[5, 17, 42, 99, 7], list(range(30, 52)), [3, 200, 11]]
 ATOL = 1e-4
+
+
+def atol(want: np.ndarray) -> float:
+    """ATOL, scaled past logits of 5: float32's rounding grows with the hidden states (Gemma's scaled
+    embeddings and a rank-8 adapter: max logit 16, transformers' own float32 logits 8.5e-5 from
+    float64's, the engine's 1.4e-4)."""
+    return ATOL * max(1.0, float(np.abs(want).max()) / 5)
 MAX_RANK = 8
 LORA_STD = 0.2  # every adapter changes the greedy tokens; no near-ties (top-2 gap > 1e-3) on these paths
 ADAPTERS = {  # name -> LoraConfig arguments (init_lora_weights=False: B is not zero, so the delta shows)
@@ -45,9 +53,9 @@ FUSED = {"q_proj": "qkv_proj", "k_proj": "qkv_proj", "v_proj": "qkv_proj", "gate
 
 def for_arch(arch: str, config: dict) -> dict:
     """An ADAPTERS entry with its module names as `arch`'s checkpoint has them."""
-    if arch not in ("phi3", "glm"):
+    if arch not in ("phi3", "phi4-mini", "glm", "glm4"):
         return config
-    fused = FUSED if arch == "phi3" else {m: f for m, f in FUSED.items() if f == "gate_up_proj"}
+    fused = FUSED if arch.startswith("phi") else {m: f for m, f in FUSED.items() if f == "gate_up_proj"}
     return {k: (list(dict.fromkeys(fused.get(m, m) for m in v)) if k == "target_modules" else
                 {fused.get(m, m): x for m, x in v.items()} if k.endswith("_pattern") else v)
             for k, v in config.items()}
@@ -122,13 +130,20 @@ def test_logits_and_tokens_match_peft(arch, lora_engine, adapters):
     engine = lora_engine(arch)
     for name, (pm, path) in adapters(arch).items():
         adapter = lora.load_adapter(name, path, engine.manifest)
+        moved = 0.0
         for prompt in PROMPTS:
             generated, got = engine_logits(engine, prompt, num_decode=4, lora=adapter.arrays)
-            np.testing.assert_allclose(got, peft_logits(pm, prompt, generated), atol=ATOL, rtol=0, err_msg=name)
+            want = peft_logits(pm, prompt, generated)
+            np.testing.assert_allclose(got, want, atol=atol(want), rtol=0, err_msg=name)
+            with pm.disable_adapter():
+                moved = max(moved, float(np.abs(want - peft_logits(pm, prompt, generated)).max()))
         want = [peft_greedy(pm, p, 16) for p in PROMPTS]
         assert run_greedy(engine, PROMPTS, 16, [adapter] * len(PROMPTS)) == want, name
         with pm.disable_adapter():
-            assert [peft_greedy(pm, p, 16) for p in PROMPTS] != want, f"{name} does not change the tokens"
+            base = [peft_greedy(pm, p, 16) for p in PROMPTS]
+        # the adapter changes the greedy tokens, so that the comparison sees it; where the tiny model
+        # writes one token whatever it is given (gemma2's, soft-capped, and layer1-mlp), its logits move
+        assert base != want or (arch == "gemma2" and moved > 1.0), f"{name} does not change the tokens ({moved=})"
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])
