@@ -69,11 +69,11 @@ def inside(path: str, directory: Path) -> bool:
 def show_warning(message, category, filename, lineno, file=None, line=None) -> None:
     """Warnings (saved system-prompt KV that cannot be written, say) as one plain line, not
     Python's file:line and source text."""
-    click.echo(f"warning: {message}", err=True)
+    stdout.say(f"warning: {message}")
 
 
 def fail_usage(message: str) -> None:
-    click.echo(f"error: {message}", err=True)
+    stdout.say(f"error: {message}")
     sys.exit(2)
 
 
@@ -158,8 +158,8 @@ def check_batch_size(inp: fmt.InputFile, manifest) -> None:
     the rest waits its turn, as on a server. The answers are the same, only later: say so."""
     most = manifest.limits.max_batch_size
     if inp.batch_size > most:
-        click.echo(f"warning: batch_size {inp.batch_size} is more than the engine's max_batch_size {most}: "
-                   f"running {most} at a time (rebuild with --max-batch-size {inp.batch_size} for more)", err=True)
+        stdout.say(f"warning: batch_size {inp.batch_size} is more than the engine's max_batch_size {most}: "
+                   f"running {most} at a time (rebuild with --max-batch-size {inp.batch_size} for more)")
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
@@ -252,7 +252,7 @@ def main(input_file: Path, engine_dir: Path, output: str | None, profile: str | 
                   spec_draft_step, spec_draft_top_k, spec_verify_size, prefill_chunk, interrupts, overrides, warmup,
                   sampling_defaults == "model", context_reuse, spec_ngram)
     except KeyboardInterrupt:  # not click's Abort: its exit code 1 means "some request failed"
-        click.echo("interrupted: files not yet written were left as they were", err=True)
+        stdout.say("interrupted: files not yet written were left as they were")
         sys.exit(130)
 
 
@@ -334,8 +334,8 @@ def serve(input_file: Path, engine_dir: Path, output: str | None, profile: str |
     for option in ("spec_draft_step", "spec_draft_top_k", "spec_verify_size"):
         source = click.get_current_context().get_parameter_source(option)
         if not engine.manifest.eagle and source is click.core.ParameterSource.COMMANDLINE:
-            click.echo(f"warning: --{option.replace('_', '-')} ignored: {engine_dir} has no EAGLE draft head "
-                       "(trtllm-build --eagle adds one)", err=True)
+            stdout.say(f"warning: --{option.replace('_', '-')} ignored: {engine_dir} has no EAGLE draft head "
+                       "(trtllm-build --eagle adds one)")
     try:
         drafter = Drafter.load(engine_dir, engine.manifest, spec_draft_step, spec_draft_top_k, spec_verify_size,
                                huge_pages=huge_pages)
@@ -357,22 +357,22 @@ def serve(input_file: Path, engine_dir: Path, output: str | None, profile: str |
                else "a TensorRT plan does not give the checked positions' logits" if m.backend == "tensorrt"
                else "its graph does not give the checked positions' logits (rebuild it with trtllm-build)")
         if why:
-            click.echo(f"warning: --spec-ngram ignored: {engine_dir}: {why}", err=True)
+            stdout.say(f"warning: --spec-ngram ignored: {engine_dir}: {why}")
         else:
             runner.lookup = Lookup(spec_ngram)
             if not m.samples_verified:
-                click.echo(f"warning: --spec-ngram: requests that sample decode without it: {engine_dir} was built "
-                           "before its graph sampled the checked positions (rebuild it with trtllm-build)", err=True)
+                stdout.say(f"warning: --spec-ngram: requests that sample decode without it: {engine_dir} was built "
+                           "before its graph sampled the checked positions (rebuild it with trtllm-build)")
     if context_reuse:
         from trtllm.runtime.context_cache import ContextCache
 
         runner.contexts = ContextCache(prefixes)
     elif any(getattr(r, name) != getattr(fmt.PLACEHOLDER, name) for r in inp.requests for name in fmt.CONTEXT_FIELDS):
-        click.echo("warning: the context_cache_* policies apply with --context-reuse only", err=True)
+        stdout.say("warning: the context_cache_* policies apply with --context-reuse only")
     adapters = AdapterSet.for_run(engine, inp.available_lora_weights, input_file.parent)
     runner.warm_up(inp, warmup, adapters, frozenset(engine_errors))
     if runner.cancelled:
-        click.echo("interrupted while warming up: nothing was answered or written", err=True)
+        stdout.say("interrupted while warming up: nothing was answered or written")
         sys.exit(130)
     printer = stdout.Printer(answers_wanted=output is not None)
     responses = runner.run(inp, engine_errors, on_text=printer.chunk if stream else None, adapters=adapters)
@@ -387,7 +387,7 @@ def serve(input_file: Path, engine_dir: Path, output: str | None, profile: str |
         try:
             files.write_atomic(output, result, indent=4, inline_from=OUTPUT_INLINE)  # (an interrupt waits)
             count = f"{len(responses)} response{'' if len(responses) == 1 else 's'}"
-            click.echo(f"wrote {count} to {files.shown(output)}", err=True)
+            stdout.say(f"wrote {count} to {files.shown(output)}")
         except BrokenPipeError:
             if not to_stdout:
                 raise
@@ -412,7 +412,7 @@ def serve(input_file: Path, engine_dir: Path, output: str | None, profile: str |
             text = r["output_text"].replace("\r", "\\r").replace("\n", "\\n")
             line = f"[{r['request_idx']}{sample}] ({r['finish_reason']}) {text}"
             if to_stdout:
-                click.echo(line, err=True)
+                stdout.say(line)
             else:
                 summary.text(line)
     if profile is not None:
@@ -422,21 +422,20 @@ def serve(input_file: Path, engine_dir: Path, output: str | None, profile: str |
             unwritten.append(f"--profile {files.shown(profile)} could not be written ({e})")
     failed = sorted({r["request_idx"] for r in responses if r["finish_reason"] == "error"})
     if failed:
-        click.echo(f"{len(failed)} of {len(inp.requests)} requests failed", err=True)
+        stdout.say(f"{len(failed)} of {len(inp.requests)} requests failed")
     if runner.cancelled:
         cut = sorted({r["request_idx"] for r in responses if r["finish_reason"] == "cancelled"})
         rest = len({r["request_idx"] for r in responses} - set(cut)
                    - {r["request_idx"] for r in responses if r["finish_reason"] == "error"})
-        click.echo(f"interrupted: {len(cut)} of {len(inp.requests)} requests were cancelled (their text so far is "
-                   "their answer)" + (f"; the other {rest} finished" if rest else ""), err=True)
+        stdout.say(f"interrupted: {len(cut)} of {len(inp.requests)} requests were cancelled (their text so far is "
+                   "their answer)" + (f"; the other {rest} finished" if rest else ""))
     late = interrupts is not None and bool(interrupts.kept)  # an interrupt that waited for the writes
     if late and not runner.cancelled:
-        click.echo("interrupted once generation was over" + ("" if unwritten else ": the answers were written first"),
-                   err=True)
+        stdout.say("interrupted once generation was over" + ("" if unwritten else ": the answers were written first"))
     lost = any(p.startswith("stdout") for p in unwritten)
     for problem in unwritten:
-        click.echo(f"error: {problem}" + ("; the answers are on stdout" if "--output" in problem and not stream
-                                          and not to_stdout and not lost else ""), err=True)
+        stdout.say(f"error: {problem}" + ("; the answers are on stdout" if "--output" in problem and not stream
+                                          and not to_stdout and not lost else ""))
     sys.exit(3 if unwritten else 141 if reader_gone else 130 if runner.cancelled or late else 1 if failed else 0)
 
 

@@ -1,6 +1,6 @@
 """trtllm-run's stdout: the printing of --stream's lines, the answers and the summaries, which a
 failing stdout stops without stopping the run, and a stdout closed at the start (`>&-`) held on
-/dev/null."""
+/dev/null; and its stderr (`say`), which a failure silences, never failing a request or the run."""
 from __future__ import annotations
 
 import contextlib
@@ -25,7 +25,12 @@ class Printer:
 
     def line(self, record: dict) -> None:
         with interrupt.held():  # a Ctrl-C now comes after the line, not in the middle of it
-            self.text(files.json_text(record))
+            try:
+                self.text(files.json_text(record))
+            except KeyboardInterrupt:  # a second one, breaking a write that hangs (a pipe nobody reads)
+                if self.answers_wanted:  # print no more (the cancelled rows' lines would hang again)
+                    self.gone = True  # and --output gets the answers
+                raise
 
     def text(self, text: str) -> None:
         if self.gone:
@@ -41,10 +46,10 @@ class Printer:
             pipe = isinstance(e, BrokenPipeError)
             if not self.answers_wanted:
                 if not pipe:
-                    click.echo(f"error: stdout could not be written ({e}); the answers are lost", err=True)
+                    say(f"error: stdout could not be written ({e}); the answers are lost")
                 sys.exit(141 if pipe else 3)
             if not pipe and self.tell:
-                click.echo(f"warning: stdout could not be written ({e}); the run goes on for --output", err=True)
+                say(f"warning: stdout could not be written ({e}); the run goes on for --output")
 
     def chunk(self, sample, text: str, finish_reason: str | None, token_ids: list[int], fields=None) -> None:
         """One streamed piece: {"request_idx", "sample_idx", "text", "token_ids"[, "finish_reason"][,
@@ -72,6 +77,19 @@ def write(text: str) -> None:
         return
     sys.stdout.flush()  # what Python holds goes first
     files.write_all(fd, text.encode("utf-8"))
+
+
+def say(message: str) -> None:
+    """One line to stderr: a warning, an error, a summary. A stderr that fails (its reader went away:
+    `2>&1 | head -1`; a closed terminal; /dev/full) is put on /dev/null: a warning raised inside
+    generation failed every request with BrokenPipeError, one before it stopped the run, and a clean
+    run ended with exit 1 and no --profile."""
+    try:
+        click.echo(message, err=True)
+    except (OSError, ValueError):  # (ValueError: a file object closed under us)
+        with contextlib.suppress(OSError, ValueError):
+            if sys.stderr.fileno() == 2:  # (Python would report it again as it exits)
+                os.dup2(os.open(os.devnull, os.O_WRONLY), 2)
 
 
 def silence() -> None:

@@ -151,20 +151,60 @@ def test_a_ctrl_c_inside_a_streamed_line_comes_after_it(tmp_path, tiny_engine, m
         [json.loads(ln) for ln in lines]
 
 
-def test_interrupt_exits_130_and_keeps_the_old_output(tmp_path, tiny_engine, monkeypatch):
-    from trtllm.runtime.runner import Runner
+def test_an_interrupt_while_the_engine_loads_keeps_the_old_output(tmp_path, tiny_engine, monkeypatch):
+    """Before generation nothing is answered: the exit is 130 and the old file stays (once
+    generating, the answers so far replace it: the tests below)."""
+    from trtllm.runtime import engine as engine_module
 
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
     engine = tiny_engine("llama")
-    monkeypatch.setattr(Runner, "run", interrupted)
+    monkeypatch.setattr(engine_module, "load_engine", interrupted)
     (tmp_path / "out.json").write_text('{"good": true}')
     (tmp_path / "in.json").write_text(json.dumps({"requests": [chat("a")]}))
     result = CliRunner().invoke(main, [str(tmp_path / "in.json"), "--engine", str(engine),
                                        "--output", str(tmp_path / "out.json")])
-    assert result.exit_code == 130 and "interrupted" in result.output
+    assert result.exit_code == 130 and "interrupted: files not yet written were left as they were" in result.output
     assert json.loads((tmp_path / "out.json").read_text()) == {"good": True}
+
+
+def test_interrupts_on_a_stream_nobody_reads_still_write_the_output(tmp_path, tiny_engine):
+    """`--stream --output` with a stdout pipe whose reader stopped reading (a pager left open): the
+    stream's write hangs once the pipe is full. The first Ctrl-C waits for the line, the second
+    breaks the write and ends generation; the cancelled rows' lines are no longer printed, so the
+    answers reach --output (they hung on the same pipe: two more Ctrl-Cs left the old file)."""
+    import array
+    import fcntl
+    import signal
+    import subprocess
+    import termios
+
+    payload = {"temperature": 0, "max_generate_length": 400, "ignore_eos": True, "num_logprobs": 20,
+               "requests": [chat(str(i)) for i in range(4)]}
+    (tmp_path / "in.json").write_text(json.dumps(payload))
+    (tmp_path / "out.json").write_text('{"old": true}')
+    read_end, write_end = os.pipe()  # nobody reads read_end
+    try:
+        proc = subprocess.Popen([sys.executable, "-m", "trtllm.runtime", str(tmp_path / "in.json"), "--engine",
+                                 str(tiny_engine("llama")), "--stream", "--output", str(tmp_path / "out.json")],
+                                stdout=write_end, stderr=subprocess.PIPE, text=True)
+        os.close(write_end)
+        deadline, waiting = time.time() + 240, array.array("i", [0])
+        while time.time() < deadline and proc.poll() is None and waiting[0] < 60_000:  # (a pipe holds 64 KiB)
+            time.sleep(0.5)
+            fcntl.ioctl(read_end, termios.FIONREAD, waiting)
+        time.sleep(1)
+        assert proc.poll() is None, "the run ended before the pipe was full"
+        for _ in range(2):
+            proc.send_signal(signal.SIGINT)
+            time.sleep(1.5)
+        err = proc.communicate(timeout=60)[1]
+    finally:
+        os.close(read_end)
+    assert proc.returncode == 130, err
+    reasons = [r["finish_reason"] for r in json.loads((tmp_path / "out.json").read_text())["responses"]]
+    assert len(reasons) == 4 and "cancelled" in reasons, reasons
 
 
 def three_in_one_slot(tmp_path, engine) -> tuple[list[str], list[dict]]:

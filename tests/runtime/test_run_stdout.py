@@ -3,6 +3,7 @@ a large answer), a full device, a closed descriptor, a file appended to; what go
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -137,3 +138,24 @@ def test_lines_hold_no_other_line_breaks(tmp_path, tiny_engine):
     written = (tmp_path / "out.json").read_text(encoding="utf-8")
     assert json.loads(written)["responses"][0]["output_text"] == text
     assert written.splitlines() == written.split("\n")[:-1] and "\\u2028" in written
+
+
+def test_a_failing_stderr_fails_nothing(tmp_path, tiny_engine):
+    """stderr's reader gone (`2>&1 | head -1`, a closed terminal): a warning raised while generating
+    (saved KV that cannot be written) failed every request with BrokenPipeError, and a clean run
+    exited 1 without its --profile. Now stderr is silenced and the run is what it would be."""
+    payload = {"temperature": 0, "max_generate_length": 2, "requests": [
+        {"messages": [{"role": "system", "content": "s"}, {"role": "user", "content": w}],
+         "save_system_prompt_kv_cache": True} for w in ("a", "b")]}
+    (tmp_path / "in.json").write_text(json.dumps(payload))
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader is gone
+    proc = subprocess.run([sys.executable, "-m", "trtllm.runtime", str(tmp_path / "in.json"), "--engine",
+                           str(tiny_engine("llama")), "--output", str(tmp_path / "out.json"), "--kv-cache-dir",
+                           "/proc/no-kv", "--profile", str(tmp_path / "profile.json")],
+                          stdout=subprocess.DEVNULL, stderr=write_end, timeout=300)
+    os.close(write_end)
+    assert proc.returncode == 0
+    assert [r["finish_reason"] for r in json.loads((tmp_path / "out.json").read_text())["responses"]] == \
+        ["max-length"] * 2
+    assert json.loads((tmp_path / "profile.json").read_text())
