@@ -171,8 +171,7 @@ def write_atomic(path: str | Path, data: dict, indent: int | None, inline_from: 
             raise
         # A directory we may not write, holding a file we may: rewrite the file in place, as the
         # shell's > would (not atomic: there is nowhere to put a temporary file).
-        with open(path, "w", encoding="utf-8") as f:
-            write_synced(f, text)
+        rewrite_in_place(path, text.encode("utf-8"))
         return
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
@@ -182,6 +181,24 @@ def write_atomic(path: str | Path, data: dict, indent: int | None, inline_from: 
     except BaseException:
         os.unlink(tmp)
         raise
+
+
+def rewrite_in_place(path: Path, data: bytes) -> None:
+    """`data` over the file at `path`, its space reserved before the old content is touched: a full
+    disk leaves the old file whole (opened with truncation, a good file became half a JSON document),
+    and the file is cut to the new length once written."""
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        try:
+            os.posix_fallocate(fd, 0, len(data))
+        except OSError as e:
+            if e.errno not in (errno.EOPNOTSUPP, errno.EINVAL):  # (a file system without it: written as it is)
+                raise
+        write_all(fd, data)
+        os.ftruncate(fd, len(data))
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def write_synced(f, text: str | bytes) -> None:

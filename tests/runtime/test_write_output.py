@@ -226,6 +226,29 @@ def test_a_writable_file_in_a_read_only_directory_is_rewritten_in_place(shared_d
     assert as_a_user(check) == 0
 
 
+def test_a_full_disk_leaves_a_file_rewritten_in_place_whole(tmp_path, monkeypatch):
+    """In place (a directory the user may not write), the new text's space is reserved first: a full
+    disk leaves the old file as it was (opened with truncation, it became half a JSON document), and
+    a shorter text leaves nothing of the longer old one."""
+    import errno
+
+    from trtllm.runtime import files
+
+    target = tmp_path / "out.json"
+    target.write_text(json.dumps({"good": "x" * 1000}))
+    files.rewrite_in_place(target, b'{"a": 1}\n')
+    assert json.loads(target.read_text()) == {"a": 1}
+    target.write_text(json.dumps({"good": "x" * 1000}))
+
+    def full(fd, offset, length):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "posix_fallocate", full)
+    with pytest.raises(OSError, match="No space left"):
+        files.rewrite_in_place(target, json.dumps({"new": "y" * 5000}).encode())
+    assert json.loads(target.read_text()) == {"good": "x" * 1000}
+
+
 def test_dumps_inlines_deep_containers_and_keeps_the_data():
     """The output's layout: indented down to a response's lists, each logprob step or message on
     one line (C-encoded: the pure-Python indenting encoder took 3 s for 4,096 x 50 logprobs)."""
