@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 import warnings
 from pathlib import Path
@@ -70,6 +71,16 @@ def show_warning(message, category, filename, lineno, file=None, line=None) -> N
     """Warnings (saved system-prompt KV that cannot be written, say) as one plain line, not
     Python's file:line and source text."""
     stdout.say(f"warning: {message}")
+
+
+def shown_text(text: str) -> str:
+    """An answer on one terminal line: its line breaks as \\n and \\r, other control characters as
+    \\xNN (a model steered to write ESC[2J cleared the screen; the file has the text itself)."""
+    text = text.replace("\r", "\\r").replace("\n", "\\n")
+    return CONTROL.sub(lambda m: f"\\x{ord(m[0]):02x}", text)
+
+
+CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")  # C0 and C1 but tab
 
 
 def fail_usage(message: str) -> None:
@@ -286,6 +297,12 @@ def serve(input_file: Path, engine_dir: Path, output: str | None, profile: str |
             fail_usage(f"{option} {files.shown(path)} is inside the engine directory {files.shown(engine_dir)}: "
                        "write it elsewhere")
     to_stdout = output is not None and files.descriptor(output) == 1
+    profile_to_stdout = profile is not None and files.descriptor(profile) == 1
+    if profile_to_stdout and (output is None or to_stdout or stream):  # two JSON documents in one stream
+        fail_usage(f"--profile {files.shown(profile)} is stdout, which "
+                   + ("--stream writes its lines to" if stream else "the answers go to (give --output a file)"))
+    if profile_to_stdout and stdout.CLOSED:
+        fail_usage(f"--profile {files.shown(profile)} is stdout, which is closed")
     if output is not None and profile is not None and same_file(output, profile):
         fail_usage(f"--output and --profile are the same file ({files.shown(output)})")
     if to_stdout and stdout.CLOSED:
@@ -406,12 +423,10 @@ def serve(input_file: Path, engine_dir: Path, output: str | None, profile: str |
             unwritten.append(f"stdout could not be written ({answers.error}); the answers are lost")
     else:
         summary = stdout.Printer(answers_wanted=True, tell=False)  # the answers are in the file: a failing stdout loses nothing
-        for r in responses:  # a line per answer; on stderr when the JSON went to stdout
+        for r in responses:  # a line per answer; on stderr when a JSON document goes to stdout
             sample = f" #{r['sample_idx']}" if "sample_idx" in r else ""
-            # one line each: an answer's own line breaks are shown as \n (the file has the text itself)
-            text = r["output_text"].replace("\r", "\\r").replace("\n", "\\n")
-            line = f"[{r['request_idx']}{sample}] ({r['finish_reason']}) {text}"
-            if to_stdout:
+            line = f"[{r['request_idx']}{sample}] ({r['finish_reason']}) {shown_text(r['output_text'])}"
+            if to_stdout or profile_to_stdout:
                 stdout.say(line)
             else:
                 summary.text(line)

@@ -326,9 +326,10 @@ def parse_input(obj: object, bundled_loras: tuple[str, ...] | None = (), isolate
             if not isinstance(e, InputError):
                 e = InputError(f"requests[{i}]", f"`requests[{i}]` could not be read ({type(e).__name__}: {e}; a bug "
                                "in trtllm-edge: please report it with this request)")
-            # as many error responses as samples asked for, where its `n` reads
+            # as many error responses as samples asked for, where its `n` reads (one where `n` is what
+            # is wrong: given twice, {"n": 1, "n": 3} read as 3)
             n = r.get("n", settings.n) if isinstance(r, dict) else settings.n
-            ok = isinstance(n, int) and not isinstance(n, bool) and 1 <= n <= MAX_N
+            ok = isinstance(n, int) and not isinstance(n, bool) and 1 <= n <= MAX_N and e.json_path != f"requests[{i}].n"
             requests.append(dataclasses.replace(PLACEHOLDER, n=n if ok else 1, messages=_readable_messages(r, i)))
             invalid[i] = str(e)
     return dataclasses.replace(settings, requests=tuple(requests), invalid=invalid)

@@ -453,7 +453,7 @@ def test_input_error_is_a_value_error():
     assert issubclass(InputError, ValueError)
 
 
-def test_isolate_fails_a_bad_request_alone():
+def test_isolate_fails_a_bad_request_alone(tmp_path):
     """trtllm-run's reading (isolate=True): a bad value inside a request becomes that request's
     error, its place a placeholder that never runs; the strict reading raises it, and the file's top
     level raises either way."""
@@ -474,6 +474,10 @@ def test_isolate_fails_a_bad_request_alone():
     assert [r.n for r in two.requests] == [3, 2, 1]  # an error response per sample, where its n reads
     with pytest.raises(fmt.InputError, match=r"requests\[1\]\.top_k"):
         fmt.parse_input(doc)
+    # one error response where `n` is what is wrong: given twice, it read as its last value
+    (tmp_path / "dup.json").write_text('{"requests": [{"messages": [], "n": 1, "n": 3}, {"messages": [], "n": 0}]}')
+    dup = fmt.read_input(tmp_path / "dup.json", isolate=True)
+    assert [r.n for r in dup.requests] == [1, 1] and "`requests[0].n` must be given once" in dup.invalid[0]
     # a number no float holds (10**400: float() raises OverflowError) in a field without an upper
     # bound fails its request alone, at its path; it took the whole run down (its echo too)
     video = {"messages": [{"role": "user", "content": [{"type": "video", "frames": ["f.jpg"], "fps": 10**400}]}]}

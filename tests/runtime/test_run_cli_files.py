@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
 
 import pytest
 from click.testing import CliRunner
@@ -139,6 +141,33 @@ def test_output_and_profile_must_differ(tmp_path, tiny_engine):
     result = CliRunner().invoke(main, [str(tmp_path / "in.json"), "--engine", str(tiny_engine("llama")),
                                        "--output", str(tmp_path / "x.json"), "--profile", str(tmp_path / "x.json")])
     assert result.exit_code == 2 and "the same file" in result.output
+
+
+def test_a_profile_on_the_stdout_the_answers_use_is_refused(tmp_path, tiny_engine):
+    """--profile /dev/stdout beside answers (or --stream's lines) on stdout gave two JSON documents
+    in one stream; beside --output FILE it is the one document there (the summaries go to stderr)."""
+    (tmp_path / "in.json").write_text(json.dumps({"requests": [chat("a")], "max_generate_length": 2}))
+    base = [str(tmp_path / "in.json"), "--engine", str(tiny_engine("llama")), "--profile", "/dev/stdout"]
+    for extra, said in (([], "the answers go to"), (["--stream", "--output", str(tmp_path / "o.json")], "--stream")):
+        result = CliRunner().invoke(main, base + extra)
+        assert result.exit_code == 2 and f"--profile /dev/stdout is stdout, which" in result.output, result.output
+        assert said in result.output
+    out = tmp_path / "fd1.txt"
+    with open(out, "w") as f:  # (a real descriptor 1: CliRunner's stdout has none)
+        proc = subprocess.run([sys.executable, "-m", "trtllm.runtime", *base, "--output", str(tmp_path / "o.json")],
+                              stdout=f, stderr=subprocess.PIPE, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    profile = json.loads(out.read_text())  # the one document there (a summary line would break it)
+    assert profile and "responses" not in profile
+    assert "[0] (max-length)" in proc.stderr
+
+
+def test_summary_lines_show_control_characters_escaped():
+    """The one-line summaries reach a terminal: an answer's ESC[2J (a model steered to write it)
+    would clear the screen."""
+    from trtllm.runtime.cli import shown_text
+
+    assert shown_text("a\x1b[2J\tb\nc\r\x9b\x07é") == "a\\x1b[2J\tb\\nc\\r\\x9b\\x07é"
 
 
 def test_an_input_file_name_that_is_not_utf8(tmp_path, tiny_engine):
