@@ -442,10 +442,23 @@ def rope_position_limit(model) -> int | None:
     """The positions a static RoPE table can hold for this model, if fewer than its own maximum:
     LongRoPE's short factors hold up to original_max_position_embeddings (transformers switches every
     position to the long factors past it, so no one table is right beyond)."""
-    params = getattr(model.config, "rope_parameters", None) or {}
-    if params.get("rope_type") == "longrope":
-        return int(params.get("original_max_position_embeddings") or model.config.original_max_position_embeddings)
-    return None
+    limits = [longrope_original(model.config, params) for params in rope_parameter_sets(model.config)
+              if params.get("rope_type") == "longrope"]
+    return min(limits) if limits else None
+
+
+def rope_parameter_sets(config) -> list[dict]:
+    """The config's RoPE parameters: one set, or one per layer type (Gemma 3, OLMo 3:
+    {"full_attention": {...}, "sliding_attention": {...}})."""
+    params = getattr(config, "rope_parameters", None) or {}
+    if "rope_type" not in params and params and all(isinstance(v, dict) for v in params.values()):
+        return list(params.values())
+    return [params]
+
+
+def longrope_original(config, params: dict) -> int:
+    """A LongRoPE set's original_max_position_embeddings: its own, else the config's."""
+    return int(params.get("original_max_position_embeddings") or config.original_max_position_embeddings)
 
 
 def rotary_tables(rotary, num_positions: int, layer_type: str | None = None) -> tuple:
@@ -459,10 +472,11 @@ def rotary_tables(rotary, num_positions: int, layer_type: str | None = None) -> 
         # (up to max_position_embeddings its table is the default one; the KV capacity stops there)
         raise CheckpointError(f"rope_type 'dynamic' changes its frequencies past max_position_embeddings "
                               f"({rotary.config.max_position_embeddings}), asked for {num_positions} positions")
-    if kind == "longrope" and num_positions > rotary.config.rope_parameters["original_max_position_embeddings"]:
+    params = rotary.config.rope_parameters
+    original = longrope_original(rotary.config, params[args[0]] if args else params) if kind == "longrope" else 0
+    if kind == "longrope" and num_positions > original:
         raise CheckpointError(f"rope_type 'longrope' holds one table up to original_max_position_embeddings "
-                              f"({rotary.config.rope_parameters['original_max_position_embeddings']}), asked for "
-                              f"{num_positions} positions")
+                              f"({original}), asked for {num_positions} positions")
     pos = torch.arange(num_positions, dtype=torch.int64)[None, :]
     with torch.no_grad():
         cos, sin = rotary(torch.zeros(1, dtype=torch.float32), pos, *args)

@@ -144,17 +144,25 @@ VARIANTS = {
     "smollm3 window 8": ("smollm3", lambda c, w: (
         setattr(c, "sliding_window", 8), setattr(c, "use_sliding_window", True),
         setattr(c, "layer_types", ["full_attention", "sliding_attention"]))),
-    # RoPE scaling on an HF checkpoint (original length 32 < the prompts' positions); `dynamic` is
-    # the default table up to max_position_embeddings, where the KV capacity stops
+    # RoPE scaling on an HF checkpoint (original length 16 < the positions fed, up to 27); `dynamic`
+    # is the default table up to max_position_embeddings (28 here: the last position fed is its
+    # last), where the KV capacity stops
     "llama rope linear": ("llama", lambda c, w: setattr(c, "rope_parameters", {
         "rope_type": "linear", "rope_theta": 10000.0, "factor": 4.0})),
     "llama rope llama3": ("llama", lambda c, w: setattr(c, "rope_parameters", {
         "rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-        "original_max_position_embeddings": 32})),
+        "original_max_position_embeddings": 16})),
     "llama rope yarn": ("llama", lambda c, w: setattr(c, "rope_parameters", {
-        "rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 32})),
-    "llama rope dynamic": ("llama", lambda c, w: setattr(c, "rope_parameters", {
-        "rope_type": "dynamic", "rope_theta": 10000.0, "factor": 4.0})),
+        "rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 16})),
+    "llama rope dynamic": ("llama", lambda c, w: (setattr(c, "max_position_embeddings", 28), setattr(
+        c, "rope_parameters", {"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 4.0}))),
+    # LongRoPE on the full layers of a per-layer-type RoPE (the capacity cut to its original 32): a
+    # bare KeyError stopped the build
+    "gemma3 longrope on the full layers": ("gemma3", lambda c, w: setattr(c, "rope_parameters", {
+        "full_attention": {"rope_type": "longrope", "rope_theta": 10000.0, "original_max_position_embeddings": 32,
+                           "short_factor": [1.0, 1.3, 2.1, 3.5, 4.0, 5.0, 6.0, 7.0],
+                           "long_factor": [1.5, 4.0, 9.0, 16.0, 20.0, 30.0, 40.0, 50.0]},
+        "sliding_attention": {"rope_type": "default", "rope_theta": 100.0}})),
     # Llama ignores sliding_window: an engine with a window would be wrong past it
     "llama ignores sliding_window": ("llama", lambda c, w: setattr(c, "sliding_window", 8)),
     "llama attention_bias": ("llama", with_attention_bias),
