@@ -67,7 +67,8 @@ def resolve(options: dict, profile: str) -> dict:
 @click.option("--graph", type=click.Choice(GRAPHS), help="Graph op set: modern (opset 24) or legacy (opset 20). [profile]")
 @click.option("--max-batch-size", type=int, help=f"[profile; default {DEFAULTS['max_batch_size']}]")
 @click.option("--max-input-len", type=int, help=f"[profile; default {DEFAULTS['max_input_len']}]")
-@click.option("--max-kv-cache-capacity", type=int, help=f"[profile; default {DEFAULTS['max_kv_cache_capacity']}]")
+@click.option("--max-kv-cache-capacity", type=int, help=f"[profile; default {DEFAULTS['max_kv_cache_capacity']}] "
+                                                          "at most the model's max_position_embeddings")
 @click.option("--workspace-gib", type=float, help="TensorRT builder workspace in GiB. [profile; default 4]")
 @click.option("--opt-level", type=int, help="TensorRT builder optimization level 0-5. [profile; default 3]")
 @click.option("--timing-cache", type=click.Path(dir_okay=False), help="TensorRT timing cache file (read and updated).")

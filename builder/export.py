@@ -61,7 +61,11 @@ def export_onnx(ck: ckpt.Checkpoint, config: BuildConfig, out_dir: Path, log, ba
     except ckpt.Unsupported as e:
         raise ckpt.CheckpointError(f"--model {config.model!r}: {e}") from e
     draft = eagle.load(config.eagle, spec, weights["model.embed_tokens.weight"]) if config.eagle else None
-    num_positions = min(config.max_kv_cache_capacity, ck.model.config.max_position_embeddings)
+    most = ck.model.config.max_position_embeddings
+    if isinstance(most, bool) or not isinstance(most, int) or most < 1:  # (0 failed later, naming a temporary dir)
+        raise ckpt.CheckpointError(f"--model {config.model!r}: config.max_position_embeddings must be an integer "
+                                   f">= 1, got {most!r}")
+    num_positions = min(config.max_kv_cache_capacity, most)
     what = "the model's max_position_embeddings"
     limit = ckpt.rope_position_limit(ck.model)
     if limit is not None and limit < num_positions:

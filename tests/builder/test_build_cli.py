@@ -158,6 +158,34 @@ def test_small_limits_are_verified_within_them(tmp_path, tiny_checkpoint, capaci
     assert report["num_positions"] == positions and report["agreement_positions"] == agreement
 
 
+def test_the_model_s_position_limit_lowers_the_engine_s_and_is_named(tmp_path):
+    """A model of 32 positions built for 64: its engine holds 32, and a longer prompt's error says a
+    rebuild cannot raise it (it told the user to rebuild with a larger --max-input-len, which is
+    lowered again). A max_position_embeddings of 0 is refused by name (it named a temporary directory)."""
+    import transformers
+
+    from tests.runtime.test_run_stdout import chat
+    from tests.tiny_models import make_checkpoint
+    from trtllm.runtime.cli import main as run_main
+
+    ckpt = make_checkpoint("llama", tmp_path / "m", max_positions=32)
+    engine = tmp_path / "engine"
+    result = CliRunner().invoke(main, ["--model", str(ckpt), "--output", str(engine), "--max-kv-cache-capacity", "64",
+                                       "--max-input-len", "64"])
+    assert result.exit_code == 0 and "lowered to the model's max_position_embeddings 32" in result.output
+    (tmp_path / "in.json").write_text(json.dumps({"requests": [chat(" ".join(["hello"] * 40))]}))
+    result = CliRunner().invoke(run_main, [str(tmp_path / "in.json"), "--engine", str(engine), "--output",
+                                           str(tmp_path / "out.json")])
+    error = json.loads((tmp_path / "out.json").read_text())["responses"][0]["error"]
+    assert "more than the engine's max_input_len 32 (the model's position limit: a rebuild cannot raise it); give " \
+        "truncate_prompt_tokens" in error, error
+    config = transformers.AutoConfig.from_pretrained(ckpt)
+    config.max_position_embeddings = 0
+    config.save_pretrained(ckpt)
+    result = CliRunner().invoke(main, ["--model", str(ckpt), "--output", str(tmp_path / "zero")])
+    assert result.exit_code != 0 and "config.max_position_embeddings must be an integer >= 1, got 0" in result.output
+
+
 def test_tensorrt_options_without_tensorrt_are_named(tmp_path, tiny_checkpoint):
     """--backend auto without TensorRT builds for ONNX Runtime and says the TensorRT flags did nothing."""
     result = CliRunner().invoke(main, ["--model", str(tiny_checkpoint("llama")), "--output", str(tmp_path / "e"),
