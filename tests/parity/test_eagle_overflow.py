@@ -74,3 +74,29 @@ def test_a_rejected_draft_that_overflows_fails_nothing(overflowing, params):
     if params is not PARAMS[2]:  # (plain greedy decoding itself feeds some of them: rows fail there too)
         assert all(why != "error" for _, why, _ in plain)
     assert run(3) == plain and run(3, 3) == plain
+
+
+def test_wrong_variant_a_row_failed_on_its_last_draft_s_overflow(overflowing, monkeypatch):
+    """The wrong variant: a verification whose last drafted position overflowed fails the row, though
+    a rejected draft held the token (its top logprob cannot say which): rows fail that plain
+    decoding answers."""
+    from trtllm.runtime import speculative
+
+    def failed_on_the_last(self, s, r, out):
+        if r is None or r.finish_reason or r.prefilling:
+            return True
+        if not self.speculates(r):
+            self.accept(s, out, s)
+            self.timing.generated_tokens += 1
+            return True
+        if not np.isfinite(out.top_logprobs[s, 0]):
+            self.accept_token(s, int(out.token_ids[s]), finite=False)
+            return True
+        return False
+
+    engine_dir, prompts, _ = overflowing
+    params = [PARAMS[0]] * len(prompts)
+    plain = generate(engine_dir, prompts, 0, params=params, rows_out=True)[2]
+    monkeypatch.setattr(speculative.SpecScheduler, "plain_or_failed", failed_on_the_last)
+    drafted = generate(engine_dir, prompts, 3, params=params, rows_out=True)[2]
+    assert [r.finish_reason for r in drafted] != [r.finish_reason for r in plain]

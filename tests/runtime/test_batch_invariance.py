@@ -222,3 +222,23 @@ def test_chunks_and_growth_are_exact_on_onnxruntime_attention(tiny_checkpoint, t
         grown_vs_fixed(engine, monkeypatch)
     finally:
         engine.close()
+
+
+@pytest.mark.parametrize("penalty", [{"repetition_penalty": 2.0}, {"frequency_penalty": 1.5, "presence_penalty": 1.0}])
+def test_a_penalized_request_in_a_reused_slot_is_the_request_alone(engines, penalty):
+    """In flight, a request takes over the slot of one that finished: its penalties count its own
+    tokens only (a slot that kept the last request's `seen` or counts penalised its answer)."""
+    from trtllm.runtime.generate import run_rows
+
+    params = sampling.SamplingParams(temperature=0, max_new_tokens=24, **penalty)
+
+    def rows(prompts):
+        return [RowState(prompt_ids=p, params=params, rng=np.random.default_rng(0), eos_ids=frozenset())
+                for p in prompts]
+
+    engine = engines["float32"]
+    alone = rows([PROMPT])
+    run_rows(engine, alone, 1)
+    after = rows([OTHERS[0], PROMPT])
+    run_rows(engine, after, 1)  # one slot: PROMPT's request reuses the first one's
+    assert after[1].output_ids == alone[0].output_ids

@@ -94,6 +94,10 @@ def test_patterns_match_the_end_of_a_module_name():
     assert lora.pattern_value({"q_proj": 1, "layers.1.self_attn.o_proj": 2}, "model.layers.0.self_attn.q_proj", 9) == 1
     assert lora.pattern_value({"layers.1.self_attn.o_proj": 2}, "model.layers.1.self_attn.o_proj", 9) == 2
     assert lora.pattern_value({"layers.1.self_attn.o_proj": 2}, "model.layers.11.self_attn.o_proj", 9) == 9
+    # keys are regular expressions, as PEFT's get_pattern_key reads them
+    regex = {r"layers\.[01]\.self_attn\.q_proj": 3}
+    assert lora.pattern_value(regex, "model.layers.1.self_attn.q_proj", 9) == 3
+    assert lora.pattern_value(regex, "model.layers.2.self_attn.q_proj", 9) == 9
 
 
 def _rank(path):

@@ -39,6 +39,25 @@ def test_seed_reproducible_and_fresh_without(run_cli, tiny_engine):
     assert texts(a)[3] != texts(b)[3]  # no seed: a fresh one each run
 
 
+def test_sample_i_draws_from_seed_plus_i(run_cli, tiny_engine):
+    """sampling.md: sample i of a request draws from numpy's default_rng(seed + i), so a request of
+    seed 5's sample 1 is one of seed 6's sample 0 (the same prompt and settings), and that stream is
+    the one numpy gives."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from trtllm.runtime.runner import sample_rng
+
+    payload = {"batch_size": 3, "temperature": 1.0, "top_k": 0, "top_p": 1.0, "max_generate_length": 12,
+               "requests": [chat("Hello", n=2, seed=5), chat("Hello", seed=6)]}
+    _, out = run_cli(tiny_engine("llama"), payload)
+    rs = out["responses"]
+    assert rs[1]["output_text"] == rs[2]["output_text"] != rs[0]["output_text"]
+    want = np.random.default_rng(6).random(8, dtype=np.float32)
+    assert (sample_rng(SimpleNamespace(seed=5), 1).random(8, dtype=np.float32) == want).all()
+
+
 def test_n_samples(run_cli, tiny_engine):
     payload = {"batch_size": 4, "temperature": 1.0, "top_k": 0, "top_p": 1.0, "max_generate_length": 12,
                "requests": [chat("Hello", n=3, seed=1), chat("Paris")]}
@@ -93,16 +112,18 @@ def test_logit_bias_and_eos_controls(run_cli, tiny_engine, eos_id):
     assert texts == ["", "<|im_start|><|im_start|>"]
 
 
-def hf_penalised_greedy(model, prompt, n, rep=1.0, freq=0.0, pres=0.0):
-    """Greedy decoding with the vLLM penalty formulas applied to transformers' logits (float64)."""
+def hf_penalised_greedy(model, prompt, n, rep=1.0, freq=0.0, pres=0.0, swapped=False):
+    """Greedy decoding with the vLLM penalty formulas applied to transformers' logits (float64).
+    `swapped`: the wrong variant, each penalty over the other's tokens (repetition over the output
+    only, frequency and presence over the prompt too)."""
     ids = list(prompt)
     for _ in range(n):
         with torch.no_grad():
             x = model(torch.tensor([ids])).logits[0, -1].double().numpy()
         seen = np.zeros_like(x, bool)
-        seen[ids] = True
+        seen[ids[len(prompt):] if swapped else ids] = True
         x = np.where(seen, np.where(x > 0, x / rep, x * rep), x)
-        out = ids[len(prompt):]
+        out = ids if swapped else ids[len(prompt):]
         counts = np.bincount(out, minlength=x.size) if out else np.zeros(x.size)
         x = x - freq * counts - pres * (counts > 0)
         ids.append(int(np.argmax(x)))
@@ -123,6 +144,8 @@ def test_penalties_match_reference(rep, freq, pres, tiny_checkpoint, tiny_engine
     row = RowState(prompt_ids=prompt, params=params, rng=np.random.default_rng(0), eos_ids=frozenset())
     run_batch(load_engine(tiny_engine("llama")), [row])
     assert row.output_ids == want
+    if (rep != 1) + (freq != 0) + (pres != 0) == 1:  # the wrong variant must miss (mixed, their effects blur)
+        assert row.output_ids != hf_penalised_greedy(model, prompt, 24, rep, freq, pres, swapped=True)
     if rep != 1:  # and transformers' own processor agrees for the repetition penalty
         with torch.no_grad():
             hf = model.generate(torch.tensor([prompt]), max_new_tokens=24, min_new_tokens=24, do_sample=False,

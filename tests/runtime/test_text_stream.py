@@ -40,6 +40,7 @@ def test_no_stops_streams_everything():
     ("abc XYZ abc", ["XYZ"], "abc ", "XYZ"),
     ("abc XYZ abc", ["c X", "Y"], "ab", "c X"),      # earliest position wins, not first listed
     ("abc XYZ abc", ["Y", "c X"], "ab", "c X"),
+    ("abcXYZ", ["Z", "XYZ"], "abc", "XYZ"),          # both complete on one token: the earliest start wins
     ("abc XYZ abc", ["XY", "X"], "abc ", "X"),       # "X" is there a token before "XY"
     ("abc\n\nXYZ", ["\n\n"], "abc", "\n\n"),
     ("abé🙂中 c", ["🙂中"], "abé", "🙂中"),            # multi-character unicode stop
@@ -54,6 +55,7 @@ def test_stop_strings(text, stops, expected, by):
 @pytest.mark.parametrize("text, stops, expected", [
     ("abc XYZ abc", ["XYZ"], "abc XYZ"),
     ("abc XYZ abc", ["c X", "Y"], "abc X"),  # the earliest, whole
+    ("abcXYZ", ["Z", "XYZ"], "abcXYZ"),
     ("aaaa", ["aa"], "aa"),
 ])
 def test_a_stop_string_kept_in_the_text(text, stops, expected):
@@ -89,6 +91,19 @@ def test_row_keeps_min_new_tokens_before_a_stop_string(min_new, expected):
         if row.finish_reason:
             break
     assert row.finish_reason == "stop-words" and row.text.final_text() == expected
+
+
+@pytest.mark.parametrize("ignore_eos, reason", [(False, "end-of-sequence"), (True, "stop-words")])
+def test_an_eos_id_in_stop_token_ids_ends_as_eos(ignore_eos, reason):
+    """input_format.md: a stop_token_ids id ends the sample with stop-words, except an EOS id, which
+    ends it with end-of-sequence unless ignore_eos is set (as vLLM checks EOS first). Users list
+    <|im_end|> in stop_token_ids often."""
+    from trtllm.runtime.generate import RowState
+
+    params = sampling.SamplingParams(temperature=0, stop_token_ids=(3,), ignore_eos=ignore_eos)
+    row = RowState([1, 2], params, np.random.default_rng(0), frozenset({3}))
+    row.accept(3, None)
+    assert row.finish_reason == reason
 
 
 def test_a_short_stop_before_min_new_tokens_stays_unmatched_beside_a_long_one():

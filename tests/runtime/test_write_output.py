@@ -90,6 +90,26 @@ def test_failed_write_keeps_the_old_file(tmp_path):
     assert os.listdir(tmp_path) == ["out.json"]
 
 
+def test_a_write_that_fails_part_way_keeps_the_old_file(tmp_path, monkeypatch):
+    """Half the new text written, then the disk is full: the old file stays whole and nothing is
+    left beside it (the failure above comes before any file is opened; a plain open("w") passed it)."""
+    from trtllm.runtime import files
+
+    out = tmp_path / "out.json"
+    out.write_text('{"good": true}')
+
+    def half_then_full(f, text):
+        f.write(text[: len(text) // 2])
+        f.flush()
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(files, "write_synced", half_then_full)
+    with pytest.raises(OSError, match="No space left"):
+        write_atomic(out, {"responses": ["x" * 1000]}, indent=2)
+    assert json.loads(out.read_text()) == {"good": True}
+    assert os.listdir(tmp_path) == ["out.json"]
+
+
 def test_descriptor_paths():
     assert descriptor(Path("/dev/stdout")) == 1 and descriptor(Path("/dev/stderr")) == 2
     assert descriptor(Path("/dev/fd/7")) == 7 and descriptor(Path("/proc/self/fd/3")) == 3
