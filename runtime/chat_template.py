@@ -195,10 +195,16 @@ class ChatTemplate:
         # the variables it reads from the caller (tools, enable_thinking, ...), found in its syntax tree
         self._reads = frozenset(jinja2.meta.find_undeclared_variables(self._template.environment.parse(source)))
         self.tool_use: ChatTemplate | None = None  # a tokenizer's template named "tool_use" (for_tools)
+        self.tools_only = False  # the tokenizer's one template is named "tool_use": no default one
 
     def for_tools(self, tools) -> ChatTemplate:
         """The template a request renders with: the one named "tool_use" where the request gives
-        tools and the tokenizer has one (Hermes 2 Pro/3, Command R), as transformers chooses."""
+        tools and the tokenizer has one (Hermes 2 Pro/3, Command R), as transformers chooses; a
+        tokenizer with no default template has none for a request without tools (transformers
+        raises there too)."""
+        if tools is None and self.tools_only:
+            raise ChatTemplateError("the engine's one chat template is named 'tool_use' and has no default: give "
+                                    "tools, or apply_chat_template false")
         return self.tool_use if tools is not None and self.tool_use is not None else self
 
     def reads(self, name: str) -> bool:
@@ -214,20 +220,21 @@ class ChatTemplate:
         config_path = engine_dir / files.get("tokenizer_config", "tokenizer_config.json")
         config = json.loads(config_path.read_text(encoding="utf-8")) if config_path.exists() else {}
         jinja_path = engine_dir / files.get("chat_template", "chat_template.jinja")
-        if jinja_path.exists():
-            source = jinja_path.read_text(encoding="utf-8")
-        else:
-            source = _template_from_config(config.get("chat_template"), config_path)
-        if source is None:
-            return None
-        template = cls(source, special_tokens_from_config(config))
         # (save_pretrained writes a named template to additional_chat_templates/NAME.jinja; older
         # tokenizer_config.json files hold a list of {name, template})
         tool_use = engine_dir / "additional_chat_templates" / "tool_use.jinja"
-        source = tool_use.read_text(encoding="utf-8") if tool_use.is_file() else _named(config.get("chat_template"),
-                                                                                         "tool_use")
-        if source is not None:
-            template.tool_use = cls(source, special_tokens_from_config(config))
+        tools_source = tool_use.read_text(encoding="utf-8") if tool_use.is_file() else \
+            _named(config.get("chat_template"), "tool_use")
+        if jinja_path.exists():
+            source = jinja_path.read_text(encoding="utf-8")
+        else:
+            source = _template_from_config(config.get("chat_template"), config_path, tools_source is not None)
+        if source is None and tools_source is None:
+            return None
+        template = cls(source or tools_source, special_tokens_from_config(config))
+        template.tools_only = source is None  # (a GGUF's tokenizer.chat_template.tool_use alone)
+        if tools_source is not None:
+            template.tool_use = template if source is None else cls(tools_source, special_tokens_from_config(config))
         return template
 
     def render(self, messages: list[dict], add_generation_prompt: bool = True, **kwargs) -> str:
@@ -413,12 +420,13 @@ def _named(value, name: str) -> str | None:
     return named.get(name) if isinstance(named.get(name), str) else None
 
 
-def _template_from_config(value, config_path: Path) -> str | None:
-    """tokenizer_config.json's "chat_template": a string or a list of {name, template}."""
+def _template_from_config(value, config_path: Path, tool_use: bool = False) -> str | None:
+    """tokenizer_config.json's "chat_template": a string or a list of {name, template} (without a
+    default one, None where a "tool_use" one is there)."""
     if value is None or isinstance(value, str):
         return value
     if isinstance(value, list):
-        if (default := _named(value, "default")) is not None:
+        if (default := _named(value, "default")) is not None or tool_use:
             return default
         names = {item.get("name") for item in value if isinstance(item, dict)}
         raise ChatTemplateError(f"{config_path}: chat_template must have a template named 'default', "

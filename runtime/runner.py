@@ -148,7 +148,11 @@ class Runner:
         # a template writes its special tokens into the text itself.
         templated = inp.apply_chat_template and self.template is not None
         tools = list(req.tools) if req.tools else None  # (a request's [] is none: the docs' "[] none", not a list
-        template = self.template.for_tools(tools) if templated else None  # a template reads as "tools given")
+        try:
+            template = self.template.for_tools(tools) if templated else None  # a template reads as "tools given")
+        except ChatTemplateError as e:
+            p.error = f"`requests[{index}].tools`: {e}"
+            return p
         parts = templated and template.takes_parts
         messages = [{"role": m.role, "content": m.parts() if parts else m.text(), **m.fields()} for m in req.messages]
         p.error = request_checks.unseen_tools(index, req, template) or request_checks.unread_kwargs(index, req,

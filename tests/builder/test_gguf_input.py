@@ -420,6 +420,15 @@ def test_a_ggufs_named_chat_templates_are_kept(untied_llama, tmp_path):
         "tokenizer.chat_template": "{{ messages[0].content }}", "tokenizer.chat_template.tool_use": "{{ tools }}"})
     templates = checkpoint.load(str(path)).tokenizer.chat_template
     assert templates == {"default": "{{ messages[0].content }}", "tool_use": "{{ tools }}"}
+    # alone, it is kept too: the engine renders requests with tools by it (and refuses the others)
+    path = write_llama_gguf(untied_llama, tmp_path / "alone.gguf", fields={"tokenizer.chat_template.tool_use": "T"})
+    tok = checkpoint.load(str(path)).tokenizer
+    assert tok.chat_template == {"tool_use": "T"}
+    tok.save_pretrained(tmp_path / "engine")
+    from trtllm.runtime.chat_template import ChatTemplate
+
+    ours = ChatTemplate.from_engine_dir(tmp_path / "engine")
+    assert ours.tools_only and ours.for_tools([{"type": "function"}]).render([]) == "T"
 
 
 @pytest.mark.parametrize("fields, skip, match", [

@@ -364,7 +364,7 @@ def test_engine_dir_template_sources(tmp_path):
     (tmp_path / "chat_template.jinja").unlink()
     assert _write_engine(tmp_path, {**config, "chat_template": "C"}).render([]) == "C"
     with pytest.raises(ChatTemplateError, match="default"):
-        _write_engine(tmp_path, {"chat_template": named[:1]})
+        _write_engine(tmp_path, {"chat_template": [{"name": "other", "template": "O"}]})
 
 
 def test_named_templates_match_transformers(tmp_path):
@@ -398,6 +398,28 @@ def test_a_tool_use_template_renders_requests_with_tools_as_transformers(tmp_pat
             assert ours.for_tools(given).render(messages, tools=given) == want
         assert ours.for_tools(tools).render(messages, tools=tools).startswith("TOOLS: ")
         assert ours.for_tools(None) is ours and ours.for_tools(tools).reads("tools") and not ours.reads("tools")
+
+
+def test_a_tool_use_template_alone_serves_requests_with_tools_only(tmp_path):
+    """A tokenizer whose one template is named "tool_use" (a GGUF with tokenizer.chat_template.tool_use
+    alone): transformers renders a request with tools by it and refuses one without (no default);
+    ours the same, in both of the engine's forms (it behaved as an engine without a template)."""
+    tool_use = "TOOLS: {{ tools | tojson }}\n" + SMOLLM2
+    hf = _hf_tokenizer({"tool_use": tool_use}, "<s>", "</s>", tmp_path)
+    tools = [{"type": "function", "function": {"name": "now", "parameters": {"type": "object"}}}]
+    messages = CONVERSATIONS["system_multi"]
+    with pytest.raises(ValueError, match="no default"):
+        hf.apply_chat_template(messages, tokenize=False)
+    config = json.loads((tmp_path / "tokenizer_config.json").read_text())
+    for ours in (ChatTemplate.from_engine_dir(tmp_path), None):
+        if ours is None:  # the older form: the config's list, no files
+            shutil.rmtree(tmp_path / "additional_chat_templates")
+            (tmp_path / "chat_template.jinja").unlink(missing_ok=True)
+            ours = _write_engine(tmp_path, {**config, "chat_template": [{"name": "tool_use", "template": tool_use}]})
+        want = hf.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True)
+        assert ours.for_tools(tools).render(messages, tools=tools) == want
+        with pytest.raises(ChatTemplateError, match="named 'tool_use' and has no default: give tools"):
+            ours.for_tools(None)
 
 
 def test_a_template_that_loops_over_the_content_gets_its_parts(tmp_path):
