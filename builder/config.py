@@ -166,10 +166,9 @@ class BuildConfig:
         if self.plan_later and self.backend != "tensorrt":
             raise ConfigError(f"--plan-later exports a TensorRT engine: it needs --backend tensorrt (or a TensorRT "
                               f"--profile), got --backend {self.backend}")
-        if self.plan_later and (self.timing_cache or self.eagle):
-            raise ConfigError("--plan-later: " + ("--timing-cache is the plan step's (python -m trtllm.builder.plan "
-                                                  "ENGINE_DIR --timing-cache FILE, on the device)" if self.timing_cache
-                                                  else "an EAGLE head's plan is not built later yet: build on the device"))
+        if self.plan_later and self.timing_cache:
+            raise ConfigError("--plan-later: --timing-cache is the plan step's (python -m trtllm.builder.plan "
+                              "ENGINE_DIR --timing-cache FILE, on the device)")
         if self.sampling_plugin and self.backend != "tensorrt":
             raise ConfigError("--sampling-plugin needs --backend tensorrt (it registers a TensorRT plugin)")
         if self.activations != "float32" and self.cpu_kernels == "onnxruntime":

@@ -425,16 +425,17 @@ def build(config: BuildConfig, log=print) -> Path:
         if config.verify:
             from trtllm.builder.verify import verify_engine
 
-            engine = None
-            if config.plan_later:  # no plan yet: its graph, through ONNX Runtime
-                from trtllm.runtime.backends.onnxruntime import OnnxRuntimeEngine
+            engine = draft_engine = None
+            if config.plan_later:  # no plan yet: its graphs, through ONNX Runtime
+                from trtllm.runtime.backends.onnxruntime import DraftEngine, OnnxRuntimeEngine
 
                 engine = OnnxRuntimeEngine(tmp, manifest, graph="onnx", huge_pages=False)
+                draft_engine = DraftEngine(tmp, manifest, huge_pages=False, graph="onnx") if config.eagle else None
             log("verifying the engine against transformers" + " (llm.onnx, through ONNX Runtime)" * config.plan_later)
             # a TensorRT engine keeps transformers' side: its plan is checked against it where it is built again
             reference = tmp / REFERENCE_NAME if backend == "tensorrt" else None
             report = {**verify_engine(tmp, ck, number_format(manifest), eagle=config.eagle, engine=engine,
-                                      reference=reference), "code": code}
+                                      reference=reference, draft_engine=draft_engine), "code": code}
             (tmp / "verify.json").write_text(json.dumps(report, indent=2) + "\n")
             log(f"verified: max |logit error| {report['max_abs_error']:.2e} over {report['num_positions']} "
                 f"positions (greedy tokens agree: {report['tokens_agree']}); top-1 agreement "

@@ -112,7 +112,9 @@ def plan_engine(engine_dir: Path, options: PlanOptions, verify: bool = True, log
             log(f"verified the plan against transformers' logits recorded at the export: max |logit error| "
                 f"{report['max_abs_error']:.2e}; top-1 agreement {report['top1_agreement']:.1%} over "
                 f"{report['agreement_positions']} positions" + (f", and with {len(report['adapters'])} adapters"
-                                                                 if report.get("adapters") else ""))
+                                                                 if report.get("adapters") else "")
+                + (f"; the EAGLE head's proposals agree: {report['eagle']['proposals_agree']}"
+                   if report.get("eagle") else ""))
         checks = engine_dir / VERIFY_NAME  # the export's check (through ONNX Runtime), and the plan's beside it
         previous = json.loads(checks.read_text()) if checks.is_file() else {}
         (stage / VERIFY_NAME).write_text(json.dumps({**previous, "plan": report or "not verified"}, indent=2) + "\n")
@@ -150,9 +152,6 @@ def refuse(engine_dir: Path, manifest: mf.Manifest, reference: Path | None) -> N
                                "jetson-orin-jp6 (the legacy graph)")
     if reference is None:
         return
-    if manifest.eagle:
-        raise mf.ManifestError(f"{engine_dir} has an EAGLE draft head, whose check needs its checkpoint: build the "
-                               "engine with trtllm-build on this machine, or pass --no-verify")
     if not reference.is_file():
         raise mf.ManifestError(f"{reference} is missing (an engine built with --no-verify, or before the plan step): "
                                "nothing to check a plan against; rebuild it with trtllm-build, or pass --no-verify")

@@ -86,6 +86,47 @@ def allowed_mismatches(positions: int, floor: float) -> int:
     return max(1, int((1 - floor) * positions + 1e-9))
 
 
+def measure_eagle(engine, engine_dir, ref: dict, draft_engine=None) -> dict:
+    """The EAGLE check's engine side, against the reference head's arrays (verify.eagle_reference):
+    the graph's eagle_hidden over the prompt, then the draft head on the reference's hidden states
+    (so each graph is judged alone), and a second step on the reference's own outputs.
+    `draft_engine`: the head's engine, loaded (else the engine directory's); it is closed."""
+    from trtllm.runtime.drafter import Drafter
+
+    m, ids = engine.manifest, [int(t) for t in ref["ids"]]
+    params = sampling.SamplingParams(temperature=0.0)
+    batch = sampling.make_batch([params], m.model.vocab_size, m.max_top_k)
+    row = RowState(prompt_ids=ids, params=params, rng=np.random.default_rng(0), eos_ids=frozenset())
+    base_kv = kv_cache.for_engine(engine, 1, len(ids))  # (held: a view does not keep device buffers alive)
+    out = engine.step(prefill_inputs([row], m.pad_token_id, batch), base_kv.view(0, 1))
+    drafter = Drafter(draft_engine, 1) if draft_engine is not None else Drafter.load(engine_dir, m, huge_pages=False)
+    try:
+        kv = kv_cache.for_engine(drafter.engine, 1, len(ids))
+        n, hidden, first = len(ids) - 1, np.asarray(ref["hidden"])[:-1], int(ref["draft_ids"][0])
+        got_id, got_h = drafter.engine.draft(np.array([ids[1:]]), hidden[None], np.arange(n)[None], np.array([0]),
+                                             np.array([n - 1]), kv.view(0, 1))
+        got_id2, got_h2 = drafter.engine.draft(np.array([[first]]), np.asarray(ref["draft_hidden"])[:1][None],
+                                               np.array([[n]]), np.array([n]), np.array([0]), kv.view(0, 1))
+    finally:
+        drafter.close()
+    draft_ref = np.asarray(ref["draft_hidden"])
+    return {"hidden_max_abs_error": float(np.abs(out.hidden[0] - ref["hidden"]).max()),
+            "hidden_max_abs": float(np.abs(ref["hidden"]).max()),
+            "draft_max_abs_error": float(np.abs(np.stack([got_h[0], got_h2[0]]) - draft_ref).max()),
+            "draft_max_abs": float(np.abs(draft_ref).max()),
+            "proposals_agree": [int(got_id[0]), int(got_id2[0])] == [int(t) for t in ref["draft_ids"]]}
+
+
+def judge_eagle(e: dict, atol: float) -> None:
+    """A float32 engine's EAGLE outputs within atol of their largest value, and the same proposals."""
+    if not (e["hidden_max_abs_error"] <= atol * max(1.0, e["hidden_max_abs"])
+            and e["draft_max_abs_error"] <= atol * max(1.0, e["draft_max_abs"]) and e["proposals_agree"]):
+        raise VerifyError(f"the EAGLE outputs differ from the reference head (eagle_hidden by "
+                          f"{e['hidden_max_abs_error']:.3g}, the draft head's hidden state by {e['draft_max_abs_error']:.3g}, "
+                          f"proposals agree: {e['proposals_agree']}); the build is wrong. Rebuild with --no-verify only "
+                          "to inspect it")
+
+
 def number_format(manifest: mf.Manifest) -> str:
     """What verify.py calls the engine's numbers, as its manifest records them: int8, int4, int4/int8
     (activations: quant_activations) or the dtype, and " kv-int8" after it with an int8 KV cache."""
@@ -120,13 +161,14 @@ REFERENCE_NAME = "verify_reference.npz"
 
 
 def save_reference(path: Path, ids, generated, logits, text, text_argmax, adapters: dict | None = None,
-                   export_error: float = 0.0) -> None:
+                   export_error: float = 0.0, eagle: dict | None = None) -> None:
     """The check's prompt, the tokens it continued with and transformers' logits there (float32),
     and the agreement text with transformers' top-1 token at each of its positions; for each bundled
-    adapter (name -> (generated, logits, text_argmax)) the same with it merged; and the exported
-    graph's own largest logit error there (a 16-bit plan's is bounded by a multiple of it)."""
+    adapter (name -> (generated, logits, text_argmax)) the same with it merged; the exported
+    graph's own largest logit error there (a 16-bit plan's is bounded by a multiple of it); and the
+    reference EAGLE head's arrays (verify.eagle_reference), as "eagle/NAME"."""
     arrays = {"ids": np.asarray(ids, np.int64), "text": np.asarray(text, np.int64),
-              "export_error": np.float64(export_error)}
+              "export_error": np.float64(export_error), **{f"eagle/{k}": v for k, v in (eagle or {}).items()}}
     for prefix, (gen, lg, top) in {"": (generated, logits, text_argmax), **{f"adapter/{n}/": v for n, v in
                                                                            (adapters or {}).items()}}.items():
         arrays.update({f"{prefix}generated": np.asarray(gen, np.int64), f"{prefix}logits": np.asarray(lg, np.float32),
@@ -178,6 +220,12 @@ def check_against_reference(engine, path: Path, quantization: str, atol: float =
                                   f"{float(ref['export_error']):.3g}, or {PLAN_ERROR_SHARE:.0%} of the largest "
                                   "logit); the plan is wrong. Run with --no-verify only to inspect it")
         m = engine.manifest
+        if m.eagle:
+            if "eagle/ids" not in ref.files:
+                raise VerifyError(f"{path.name} holds no reference for the EAGLE draft head (exported before the plan "
+                                  "step checked one): export the engine again with trtllm-build, or pass --no-verify")
+            report["eagle"] = measure_eagle(engine, engine.engine_dir, {k.removeprefix("eagle/"): ref[k]
+                                                                        for k in ref.files if k.startswith("eagle/")})
         for name, rel in m.lora.get("adapters", {}).items():
             if f"adapter/{name}/logits" not in ref.files:
                 raise VerifyError(f"{path.name} holds no reference for the bundled adapter {name}: rebuild the "
@@ -185,7 +233,8 @@ def check_against_reference(engine, path: Path, quantization: str, atol: float =
             adapter = lora.load_adapter(name, Path(engine.engine_dir) / rel, m)
             report.setdefault("adapters", {})[name] = measured(f"adapter/{name}/", adapter.arrays,
                                                                f"with adapter {name} ")
-        judge(report, quantization, atol)
+        if judge(report, quantization, atol) and "eagle" in report:
+            judge_eagle(report["eagle"], atol)
     except VerifyError as e:
         e.report = report
         raise

@@ -290,7 +290,8 @@ def check(m: Manifest, engine_dir: Path) -> str:
         return problem
     pending = plan_pending(m)  # (exported with --plan-later: the plan step writes it)
     named = [(f"files.{k}", v) for k, v in m.files.items() if not (pending and k == "plan")]
-    named += [(f"eagle.{k}", m.eagle.get(k)) for k in ("compiled", "plan") if k in m.eagle]
+    named += [(f"eagle.{k}", m.eagle.get(k)) for k in ("compiled", "plan") if k in m.eagle
+              and not (pending and k == "plan")]
     named += [(f"lora.adapters.{k}", v) for k, v in m.lora.get("adapters", {}).items()]
     for where, name in named:
         # by its name, not where symlinks lead (a shared tokenizer may be one)

@@ -299,13 +299,14 @@ class DraftEngine(OnnxRuntimeEngine):
 
     draft_graph = True
 
-    def __init__(self, engine_dir, manifest: Manifest, huge_pages: bool = True, **_):
+    def __init__(self, engine_dir, manifest: Manifest, huge_pages: bool = True, graph: str = "compiled", **_):
+        """`graph`: "onnx", the head's ONNX graph itself (a TensorRT engine's, checked before its plan)."""
         e = manifest.eagle
-        draft = dataclasses.replace(manifest, model=ModelShape(**e["model"]), files={"compiled": e["compiled"]},
+        draft = dataclasses.replace(manifest, model=ModelShape(**e["model"]), files={graph: e[graph]},
                                     lowerings=tuple(e["lowerings"]), lora={}, eagle={})
         self.tree = bool(e.get("tree"))  # its graph takes draft trees (tree_mask, draft_index)
         self.top_k = e.get("top_k", 0)
-        super().__init__(engine_dir, draft, num_threads=1, graph="compiled", huge_pages=huge_pages)
+        super().__init__(engine_dir, draft, num_threads=1, graph=graph, huge_pages=huge_pages)
 
     def draft(self, ids, hidden, positions, write_index, last_index, kv, prompt: bool = False, top: bool = False,
               nodes: np.ndarray | None = None, tree_mask: np.ndarray | None = None) -> tuple[np.ndarray, ...]:

@@ -208,3 +208,39 @@ def test_a_16_bit_plan_is_held_near_the_exported_graph_s_own_error(tiny_checkpoi
                             lambda *a, **k: (lambda chosen, logits: (chosen, 2 * logits))(*real(*a, **k)))
         with pytest.raises(VerifyError, match="the plan's logits differ from transformers by up to .* past"):
             plan.plan_engine(engine, options, log=lambda m: None)
+
+
+def test_an_eagle_engine_s_head_is_checked_against_its_reference(tiny_checkpoint, tmp_path, monkeypatch):
+    """The export keeps the reference head's eagle_hidden, proposals and hidden states; the plan step
+    checks both plans with them (it refused an EAGLE engine unless --no-verify). Wrong variant: the
+    head's hidden state off in the plan."""
+    from tests.eagle_drafts import random_draft
+    from tests.tiny_models import make_checkpoint
+    from trtllm.runtime.backends import tensorrt as trt_backend
+
+    ckpt = make_checkpoint("llama", tmp_path / "m", num_layers=4)
+    draft = random_draft(ckpt, tmp_path / "draft", seed=1)
+    engine = build(BuildConfig(model=str(ckpt), output=str(tmp_path / "eagle"), backend="tensorrt", graph="legacy",
+                               trt_version="10.3", plan_later=True, eagle=str(draft), **LIMITS), log=lambda m: None)
+    assert {"eagle/ids", "eagle/hidden", "eagle/draft_ids", "eagle/draft_hidden"} <= set(np.load(engine / REFERENCE_NAME).files)
+    options = plan.PlanOptions(graph="legacy", trt_version="10.3")
+    with fakes.installed(FAKE_TRT_VERSION="10.3.0.30"):
+        report = plan.plan_engine(engine, options, log=lambda m: None)
+        e = report["eagle"]
+        assert e["proposals_agree"] and e["draft_max_abs_error"] < 1e-3 * max(1.0, e["draft_max_abs"])
+        real = trt_backend.TensorRTDraftEngine.draft
+
+        def off(self, *args, **kwargs):
+            ids, hidden = real(self, *args, **kwargs)
+            return ids, hidden + np.float32(0.5)
+
+        monkeypatch.setattr(trt_backend.TensorRTDraftEngine, "draft", off)
+        with pytest.raises(VerifyError, match="the EAGLE outputs differ from the reference head"):
+            plan.plan_engine(engine, options, log=lambda m: None)
+    ref = dict(np.load(engine / REFERENCE_NAME))
+    with open(engine / REFERENCE_NAME, "wb") as f:  # an export from before: no head's reference
+        np.savez(f, **{k: v for k, v in ref.items() if not k.startswith("eagle/")})
+    plan.update_checksums(engine, [REFERENCE_NAME])
+    with fakes.installed(FAKE_TRT_VERSION="10.3.0.30"):
+        with pytest.raises(VerifyError, match="holds no reference for the EAGLE draft head"):
+            plan.plan_engine(engine, options, log=lambda m: None)
