@@ -30,7 +30,8 @@ from trtllm.runtime.lora import StepAdapters
 from trtllm.runtime.rows import PrefixSource, RowState, Timing
 from trtllm.runtime.step_inputs import (GENERATION_HEADROOM, MIN_COMPUTED, adapter_key, by_width,
                                         capacity_for, chunk_end, decode_inputs, kv_need, prefill_inputs,
-                                        restore_context_kv, restore_prefix_kv, rounded, runs, write_position)
+                                        restore_context_kv, restore_prefix_kv, rounded, runs, runs_to_length,
+                                        write_position)
 
 # (RowState, Timing and the step inputs lived here once: callers import them from here still)
 __all__ = ["PrefixSource", "RowState", "Timing", "Scheduler", "run_rows", "run_batch", "adapter_key", "chunk_end",
@@ -58,7 +59,11 @@ class Scheduler:
         # capacity, so it never grows); the books are the same. Every prompt fits from the start.
         start = capacity
         if self.grow_kv:
-            start = min(capacity, rounded(max([len(r.prompt_ids) for r in self.pending] + [1]) + GENERATION_HEADROOM))
+            # a row that cannot stop early fills its whole length: its KV from the start (growing copies
+            # the buffers and faults the new pages in mid-run: a 0.5 s step at batch 8, 512 tokens)
+            need = [len(r.prompt_ids) + GENERATION_HEADROOM for r in self.pending]
+            need += [kv_need(r) for r in self.pending if runs_to_length(r)]
+            start = min(capacity, rounded(max(need + [1])))
         self.kv = kv_cache.for_engine(engine, num_slots, start)
         self.kv.limit = max(self.kv.capacity, capacity)
         self.timing.kv_cache_bytes = max(self.timing.kv_cache_bytes, self.kv.nbytes)
@@ -150,7 +155,7 @@ class Scheduler:
 
     def copy_prompt(self, leader: int, slot: int, n: int) -> None:
         """A follower's first n positions from its leader (shared)."""
-        self.kv.write(slot, self.kv.read(leader, n))
+        self.kv.copy_slot(leader, slot, n)
 
     def restore_prefix(self, row: RowState) -> None:
         """A reused prefix leaves at least MIN_COMPUTED prompt tokens to compute."""

@@ -138,12 +138,12 @@ class SpecScheduler(SpecContext, SpecPause, TreeDecoding, Scheduler):
     def copy_prompt(self, leader: int, slot: int, n: int) -> None:
         super().copy_prompt(leader, slot, n)
         if self.follows(self.active[slot]):
-            self.dkv.write(slot, self.dkv.read(leader, n))
+            self.dkv.copy_slot(leader, slot, n)
 
     def moved(self, src: int, dst: int, row: RowState) -> None:
         """The draft's KV (filled as far as the model's, or less while paused), its next proposal
         and the pairs it has not seen move with the row."""
-        self.dkv.write(dst, self.dkv.read(src, row.filled()))
+        self.dkv.copy_slot(src, dst, row.filled())
         for state in (self.ready, self.kept):
             if src in state:
                 state[dst] = state.pop(src)

@@ -28,6 +28,12 @@ def kv_need(row: RowState) -> int:
     return len(row.prompt_ids) + max(row.max_new_tokens - 1, 0)
 
 
+def runs_to_length(row: RowState) -> bool:
+    """Whether a row generates its max_new_tokens whatever it draws: no EOS it heeds (ignore_eos), no
+    stop id or stop string, no grammar that can end it."""
+    return not row.banned and row.guide is None and (row.text is None or not row.text.stops)
+
+
 def rounded(positions: int) -> int:
     return -(-positions // CAPACITY_ROUNDING) * CAPACITY_ROUNDING
 

@@ -134,6 +134,10 @@ class DeviceKVCache(KVCacheManager):
                 self.stream.copy_2d(b.ptr + int(d) * self.slot_bytes + offset, pitch,
                                     self.scratch.ptr + i * self.slot_bytes + offset, pitch, width, heads, "d2d")
 
+    def copy_slot(self, src: int, dst: int, length: int) -> None:
+        """On the device, in stream order (it went to the host and back)."""
+        self.copy_positions(np.array([dst]), np.array([src]), 0, length)
+
     def move_position(self, slot: int, src: int, dst: int) -> None:
         """On the device, in stream order (the next step sees it): one strided copy per buffer."""
         _, heads, cap, dim = self.shape

@@ -228,6 +228,7 @@ def test_growing_kv_keeps_the_tokens_and_proposals(eagle_setup, monkeypatch):
     real_grow = SpecScheduler.grow
     monkeypatch.setattr(SpecScheduler, "grow", lambda self, c: grown.append(c) or real_grow(self, c))
     monkeypatch.setattr(generate, "GENERATION_HEADROOM", 0)
+    monkeypatch.setattr(generate, "runs_to_length", lambda row: False)  # (as rows that may stop early)
     ck, draft_dir, engine_dir = eagle_setup("llama")
     model = hf_model(ck)
     got, seen, timing = speculate(engine_dir, PROMPTS[:2], 90)

@@ -198,7 +198,11 @@ def grown_vs_fixed(engine, monkeypatch) -> None:
         return r, timing.kv_cache_bytes
 
     monkeypatch.setattr(generate, "GENERATION_HEADROOM", 0)
+    monkeypatch.setattr(generate, "runs_to_length", lambda row: False)  # (its length known: it would not grow)
+    grows, grow = [], generate.Scheduler.grow
+    monkeypatch.setattr(generate.Scheduler, "grow", lambda self, c: grows.append(c) or grow(self, c))
     (grown, grown_bytes), (fixed, fixed_bytes) = run(True), run(False)
+    assert grows  # (it did grow)
     assert grown_bytes == fixed_bytes and len(grown.output_ids) == 100  # it did reach 128
     assert grown.output_ids == fixed.output_ids
     for (v1, i1), (v2, i2) in zip(grown.logprobs, fixed.logprobs, strict=True):

@@ -406,6 +406,36 @@ def test_the_kv_buffers_grow_as_generation_needs_them(monkeypatch):
     assert set(engine.capacities) == {1024} and fixed.output_ids == long.output_ids
 
 
+class XTokenizer:
+    """Every id is an "x" (what TextStream's decoder needs)."""
+
+    special_ids = frozenset()
+
+    def decode(self, ids, skip_special_tokens=True):
+        return "x" * len(ids)
+
+
+def test_a_row_that_cannot_stop_early_gets_its_whole_length_at_once():
+    """ignore_eos and no stop id, stop string or grammar: it generates every token it is allowed,
+    so its slot starts at that (growing copied the buffers mid-run and faulted the new pages in:
+    a 0.5 s step at batch 8, 512 tokens); a row that heeds EOS beside it still starts small."""
+    from trtllm.runtime.text import TextStream
+
+    fixed = row([5, 6, 7], 1000)
+    fixed.params = SamplingParams(temperature=0, max_new_tokens=1000, ignore_eos=True)
+    fixed.__post_init__()  # (what it holds back, from its params)
+    engine = CapacityEngine(capacity=2048)
+    run_rows(engine, [fixed], 1)
+    assert set(engine.capacities) == {1024} and len(fixed.output_ids) == 1000
+    stopping = row([5, 6, 7], 1000)
+    stopping.params = fixed.params
+    stopping.__post_init__()
+    stopping.text = TextStream(XTokenizer(), ("never",))  # a stop string may end it: it starts small
+    engine = CapacityEngine(capacity=2048)
+    run_rows(engine, [stopping], 1)
+    assert min(engine.capacities) == 320 and stopping.output_ids == fixed.output_ids
+
+
 def test_growing_with_rows_in_every_state_keeps_their_tokens(monkeypatch):
     """Growth while other slots hold a parked chunked prompt, a finished row's free slot and a
     moved row: every row's tokens are the ones it gets alone."""
