@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from trtllm.builder.verify_logits import (RTOL, VerifyError, agreement, allowed_mismatches, check_finite,  # noqa: F401
+from trtllm.builder.verify_logits import (RTOL, BrokenCheckpoint, VerifyError, agreement, allowed_mismatches, check_finite,  # noqa: F401
                                           engine_logits, judge, judge_eagle, measure_eagle, min_agreement,
                                           save_reference)
 from trtllm.runtime.engine import load_engine
@@ -142,8 +142,9 @@ def checked(engine_dir, ck, quantization: str, atol: float, eagle: str | None, r
         # Before the engine's run: on NaN weights its tokens may lie past the vocabulary, which
         # transformers cannot be fed (one 24-token forward more, once per build).
         if not np.isfinite(hf_logits(ck.model, ids)).all():  # not the engine's fault: say whose it is
-            raise VerifyError("transformers' own logits for this checkpoint are NaN or infinite: the checkpoint is "
-                              "broken (NaN or infinite weights?), not the build")
+            raise BrokenCheckpoint("transformers' own logits for this checkpoint are NaN or infinite: the checkpoint "
+                                   "is broken (NaN or infinite weights, or a config value such as a rope_theta of 0?), "
+                                   "not the build")
         generated, got = engine_logits(engine, ids, num_decode)
         check_finite(got)
         ref = hf_logits(ck.model, ids + generated[:-1])[len(ids) - 1:]

@@ -37,6 +37,11 @@ class VerifyError(RuntimeError):
     report: dict | None = None
 
 
+class BrokenCheckpoint(VerifyError):
+    """transformers' own logits are not finite: the checkpoint is at fault, not the build (a bad
+    checkpoint: trtllm-build exits 2)."""
+
+
 def engine_logits(engine, prompt_ids: list[int], num_decode: int, forced: list[int] | None = None,
                   lora: dict | None = None):
     """Prefill prompt_ids, then decode greedily (or feed `forced` tokens); returns the engine's

@@ -450,8 +450,9 @@ class AdapterSet:
     file's directory). Each is loaded on first use and kept; a failure is remembered too, so every
     request naming it fails with the same message and the others run."""
 
-    def __init__(self, manifest: Manifest, paths: dict[str, Path]):
+    def __init__(self, manifest: Manifest, paths: dict[str, Path], given: frozenset[str] = frozenset()):
         self.manifest, self.paths = manifest, paths
+        self.given = given  # the names the input file's available_lora_weights gives (its value to fix)
         self.loaded: dict[str, Adapter | AdapterError] = {}
 
     @classmethod
@@ -459,7 +460,7 @@ class AdapterSet:
         m = engine.manifest
         paths = {name: Path(engine.engine_dir) / rel for name, rel in m.lora.get("adapters", {}).items()}
         paths.update({name: Path(input_dir) / p for name, p in available.items()})  # an absolute p stays p
-        return cls(m, paths)
+        return cls(m, paths, frozenset(available))
 
     def get(self, name: str) -> Adapter:
         if name not in self.loaded:

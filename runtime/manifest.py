@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -182,11 +183,53 @@ def save(manifest: Manifest, engine_dir: str | os.PathLike) -> Path:
 
 
 def rebuild_hint(engine_dir: str | os.PathLike, backend: str | None = None) -> str:
-    """The build command to run again; a TensorRT engine's names its backend (else a machine without
-    a GPU would build an ONNX Runtime engine in its place)."""
-    hint = f"rebuild it: trtllm-build --model <checkpoint> --output {engine_dir}"
-    return (hint + f" --backend tensorrt (on this machine), or only its plan: python -m trtllm.builder.plan {engine_dir}"
-            if backend == "tensorrt" else hint)
+    """The build command to run again: the checkpoint and options its manifest records, where it
+    reads (`<checkpoint>` else); a TensorRT engine's names its backend (else a machine without a GPU
+    would build an ONNX Runtime engine in its place)."""
+    hint = f"rebuild it: {build_command(engine_dir, backend)}"
+    if backend != "tensorrt":
+        return hint
+    return hint + f" (on this machine), or only its plan: python -m trtllm.builder.plan {engine_dir}"
+
+
+# build_config's keys that are trtllm-build options, in its --help's order, with trtllm-build's
+# defaults where no profile sets them (builder/config.py's BuildConfig): an option at its profile's
+# value is left out of the command
+BUILD_OPTIONS = {"backend": "auto", "dtype": "float32", "quantization": "none", "cpu_kernels": "auto",
+                 "activations": "float32", "kv_cache_dtype": "auto", "graph": "modern", "max_batch_size": 8,
+                 "max_input_len": 2048, "max_kv_cache_capacity": 4096, "workspace_gib": 4.0, "opt_level": 3,
+                 "sampling_plugin": False, "plan_later": False, "max_lora_rank": 0, "eagle": None}
+
+
+def build_command(engine_dir: str | os.PathLike, backend: str | None = None) -> str:
+    """`trtllm-build` with the checkpoint and the options the engine's manifest records (an int4
+    engine rebuilt as the hint said was float32), else with `<checkpoint>`; `backend` in place of
+    the recorded one."""
+    from importlib import resources
+
+    try:
+        raw = json.loads((Path(engine_dir) / MANIFEST_NAME).read_bytes().decode("utf-8"))
+        model, given = raw["source"]["model"], raw["build_config"]
+        assert isinstance(model, str) and isinstance(given, dict)
+    except Exception:  # noqa: BLE001 - unreadable, or not this format: the checkpoint is the user's to name
+        return f"trtllm-build --model <checkpoint> --output {engine_dir}" + (f" --backend {backend}" if backend else "")
+    profile = given.get("profile") or "cpu-default"
+    words = ["trtllm-build", "--model", model, "--output", str(engine_dir)]
+    try:  # the profile's values: those the command need not repeat
+        baseline = {**BUILD_OPTIONS, **json.loads(resources.files("trtllm.configs").joinpath(f"{profile}.json")
+                                                  .read_text(encoding="utf-8"))}
+    except Exception:  # noqa: BLE001 - a profile file of the build machine's: every option, then
+        baseline = {}
+    if profile != "cpu-default":
+        words += ["--profile", str(profile)]
+    for key in BUILD_OPTIONS:
+        value = backend if key == "backend" and backend else given.get(key)
+        if value is None or value is False or key in baseline and value == baseline[key]:
+            continue
+        words += ["--" + key.replace("_", "-")] + ([] if value is True else [str(value)])
+    for name, path in given.get("lora") or ():
+        words += ["--lora", f"{name}={path}"]
+    return " ".join(shlex.quote(w) for w in words)
 
 
 PLAN_PENDING = {"plan": "pending"}  # the tensorrt section of an engine exported without its plan (--plan-later)

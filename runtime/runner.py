@@ -6,6 +6,7 @@ A request that cannot be served becomes an `error` response; its neighbours stil
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import warnings
 from dataclasses import dataclass, field
@@ -140,8 +141,10 @@ class Runner:
         if req.lora_name is not None:
             try:
                 p.adapter = adapters.get(req.lora_name)
-            except AdapterError as e:
-                p.error = f"`requests[{index}].lora_name` {req.lora_name!r}: {e}"
+            except AdapterError as e:  # (the input's entry is the value to fix, where it names one)
+                where = f"available_lora_weights[{json.dumps(req.lora_name)}]` (`requests[{index}].lora_name`)" \
+                    if req.lora_name in adapters.given else f"requests[{index}].lora_name` {req.lora_name!r}"
+                p.error = f"`{where}: {e}"
                 return p
         # Without the template the text goes to the tokenizer as a plain string, so it gets the
         # tokenizer's own special tokens (a base model's BOS), as transformers' tokenizer(text) does;

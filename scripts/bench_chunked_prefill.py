@@ -37,7 +37,7 @@ def run_once(engine: str, chunk: int, work: Path, threads: int) -> dict:
     out, prof = work / "out.json", work / "profile.json"
     cmd = [str(TRTLLM_RUN), str(work / "input.json"), "--engine", engine, "--stream", "--threads", str(threads),
            "--output", str(out), "--profile", str(prof), "--prefill-chunk", str(chunk)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     a_times, b_first = [], None
     for line in proc.stdout:
         record, now = json.loads(line), time.perf_counter()
@@ -45,8 +45,9 @@ def run_once(engine: str, chunk: int, work: Path, threads: int) -> dict:
             a_times.append(now)
         elif b_first is None:
             b_first = now
-    if proc.wait() != 0:
-        raise SystemExit(f"{' '.join(cmd)} exited with {proc.returncode}")
+    err = proc.stderr.read()  # (a few summary lines: the pipe does not fill while stdout is read)
+    if proc.wait() != 0:  # trtllm-run says why (an engine not built yet: --engine's default is the int4 one)
+        raise SystemExit(f"{' '.join(cmd)} exited with {proc.returncode}:\n{err.strip()}")
     answers = [r["output_text"] for r in json.loads(out.read_text())["responses"]]
     return {"max_gap_s": max(b - a for a, b in zip(a_times, a_times[1:])), "b_first_after_a_s": b_first - a_times[0],
             "prefill_runs": json.loads(prof.read_text())["prefill"]["total_runs"], "answers": answers}

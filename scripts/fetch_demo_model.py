@@ -10,6 +10,7 @@ Idempotent: an existing complete OUT_DIR is left as is.
 """
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import os
 import shutil
@@ -64,8 +65,11 @@ def convert(gguf: Path, out: Path) -> None:
     os.replace(tmp, out)
 
 
-def main() -> None:
-    out = Path(sys.argv[1]) if len(sys.argv) > 1 else DEFAULT_OUT
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("out_dir", nargs="?", type=Path, default=DEFAULT_OUT,
+                        help=f"where to write the checkpoint (default: {DEFAULT_OUT})")
+    out = parser.parse_args(argv).out_dir  # (--help answered: it was taken for OUT_DIR, and 538 MB written there)
     if (out / "config.json").is_file() and (out / "model.safetensors").is_file():
         print(f"demo model already at {out}")
         return

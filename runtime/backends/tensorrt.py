@@ -49,8 +49,8 @@ def import_tensorrt(engine_dir):
         import tensorrt as trt
     except ImportError:
         raise ManifestError(f"{engine_dir} is a TensorRT engine, but TensorRT does not import here; install "
-                            f"TensorRT (on Jetson: JetPack's python3-libnvinfer) or {rebuild_hint(engine_dir)} "
-                            "--backend onnxruntime") from None
+                            f"TensorRT (on Jetson: JetPack's python3-libnvinfer) or "
+                            f"{rebuild_hint(engine_dir, 'onnxruntime')}") from None
     return trt
 
 

@@ -175,7 +175,7 @@ def test_a_broken_checkpoint_is_named_and_the_old_engine_kept(tmp_path, tiny_che
     weights["model.norm.weight"][:] = float("nan")
     save_file(weights, str(ckpt / "model.safetensors"))
     result = CliRunner().invoke(main, ["--model", str(ckpt), "--output", str(engine)])
-    assert result.exit_code == 1 and "the checkpoint is broken" in result.output, result.output
+    assert result.exit_code == 2 and "the checkpoint is broken" in result.output, result.output  # (a bad checkpoint)
     assert f"the report: {tmp_path / 'engine.verify-failed.json'}" in result.output
     assert "changed during the build" not in result.output
     failed = json.loads((tmp_path / "engine.verify-failed.json").read_text())

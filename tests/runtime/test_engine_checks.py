@@ -209,3 +209,26 @@ def test_the_tokenizer_and_template_are_read_by_the_manifest_s_names(tmp_path, t
     assert ours["formatted_complete_request"] == ref["formatted_complete_request"] and "WRONG" not in ref[
         "formatted_complete_request"]
     assert ours["output_text"] == ref["output_text"]
+
+
+def test_the_rebuild_command_is_the_engine_s_own(tmp_path):
+    """The command a refusal names is the checkpoint and options the manifest records, those its
+    profile sets left out: an int4 engine rebuilt as the hint said (`--model <checkpoint>`) was
+    float32, and dropped its adapters and head. Unreadable, the checkpoint is the user's to name."""
+    from trtllm.runtime.manifest import build_command, rebuild_hint
+
+    config = {"profile": "cpu-default", "backend": "auto", "dtype": "float32", "quantization": "int4",
+              "max_batch_size": 8, "max_input_len": 1024, "max_kv_cache_capacity": 4096, "activations": "int8",
+              "eagle": "/heads/my head", "lora": [["math", "/a/math"]], "verify": True, "plan_later": False}
+    (tmp_path / "manifest.json").write_text(json.dumps({"source": {"model": "/m/smol"}, "build_config": config}))
+    assert build_command(tmp_path) == (f"trtllm-build --model /m/smol --output {tmp_path} --quantization int4 "
+                                       "--activations int8 --max-input-len 1024 --eagle '/heads/my head' "
+                                       "--lora math=/a/math")
+    legacy = {**config, "profile": "tensorrt-legacy", "backend": "tensorrt", "dtype": "float16", "graph": "legacy",
+              "max_batch_size": 4, "max_input_len": 1024, "max_kv_cache_capacity": 2048, "workspace_gib": 1,
+              "opt_level": 3, "quantization": "none", "activations": "float32", "eagle": None, "lora": []}
+    (tmp_path / "manifest.json").write_text(json.dumps({"source": {"model": "/m/smol"}, "build_config": legacy}))
+    assert build_command(tmp_path) == f"trtllm-build --model /m/smol --output {tmp_path} --profile tensorrt-legacy"
+    assert rebuild_hint(tmp_path, "onnxruntime").endswith("--profile tensorrt-legacy --backend onnxruntime")
+    (tmp_path / "manifest.json").write_text("{")
+    assert build_command(tmp_path) == f"trtllm-build --model <checkpoint> --output {tmp_path}"

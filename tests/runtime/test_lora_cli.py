@@ -103,6 +103,8 @@ def test_requests_pick_adapters_and_a_bad_one_fails_alone(cli):
     assert result.exit_code == 1, result.output
     r = out["responses"]
     assert r[3]["finish_reason"] == "error" and "rank 8, above the engine's max_lora_rank 4" in r[3]["error"]
+    # the value to fix is the input's entry for it (the request names it)
+    assert r[3]["error"].startswith('`available_lora_weights["big"]` (`requests[3].lora_name`): ')
     assert [x["finish_reason"] for x in r[:3] + r[4:]] == ["max-length"] * 4
     assert len({r[0]["output_text"], r[1]["output_text"], r[2]["output_text"]}) == 3  # each adapter changes the text
     assert r[1]["output_text"] == r[4]["output_text"]

@@ -226,7 +226,10 @@ def test_refused_without_tensorrt(engines, run_cli):
     assert result.exit_code == 2 and out is None
     line = result.output.strip().splitlines()[-1]
     assert "is a TensorRT engine, but TensorRT does not import here" in line
-    assert "trtllm-build --model <checkpoint> --output" in line and "--backend onnxruntime" in line
+    # the command to run again: the checkpoint and the options the manifest records, for ONNX Runtime
+    model = json.loads((engines / "modern" / "manifest.json").read_text())["source"]["model"]
+    assert f"trtllm-build --model {model} --output {engines / 'modern'}" in line and "--backend onnxruntime" in line
+    assert "--max-kv-cache-capacity 160" in line
 
 
 @pytest.mark.parametrize("env, message", [
@@ -240,7 +243,9 @@ def test_plan_from_another_tensorrt_or_gpu_is_refused(engines, env, message):
     with fakes.installed(**env):
         with pytest.raises(ManifestError, match=message) as err:
             load_engine(engines / "modern")
-    assert "--backend tensorrt (on this machine)" in str(err.value)
+    # the engine's own build command, on TensorRT, with its limits: a plain rebuild would differ
+    assert " --backend tensorrt --max-batch-size " in str(err.value)
+    assert str(err.value).count(" (on this machine), or only its plan: python -m trtllm.builder.plan ") == 1
 
 
 def test_runtime_modules_do_not_import_tensorrt(engines):
@@ -467,5 +472,5 @@ def test_a_tensorrt_engine_missing_its_plan_names_the_tensorrt_build(engines, tm
     shutil.copytree(engines / "modern", engine)
     (engine / "llm.plan").unlink()
     with fakes.installed(), pytest.raises(ManifestError, match=r"llm\.plan is missing; rebuild it: trtllm-build "
-                                                               r".* --backend tensorrt \(on this machine\)"):
+                                                               r".* --backend tensorrt .*\(on this machine\)"):
         load_engine(engine)
