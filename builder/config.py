@@ -15,7 +15,7 @@ from pathlib import Path
 
 from trtllm.runtime import strict_json
 from trtllm.runtime.input_format import MAX_BATCH_SIZE
-from trtllm.runtime.manifest import DTYPES, GRAPHS, QUANTIZATIONS  # what an engine may say
+from trtllm.runtime.manifest import DTYPES, GRAPHS, PROFILE_ALIASES, QUANTIZATIONS  # what an engine may say
 
 BACKENDS = ("auto", "onnxruntime", "tensorrt")
 ACTIVATIONS = ("float32", "int16", "int8")  # quantized MatMuls' activations on our CPU kernels' decode steps
@@ -23,7 +23,6 @@ KV_CACHE_DTYPES = ("auto", "int8")  # auto: --dtype's; int8: rows of int8 values
 CPU_KERNELS = ("auto", "native", "onnxruntime")  # ONNX Runtime engines: plugins/cpu's kernels, or ORT's own
 PROFILES = ("cpu-default", "tensorrt-modern", "tensorrt-legacy", "jetson-orin-jp6", "jetson-thor-jp7")
 # DESIGN.md's device names for a profile that is ours under a graph's name (JetPack 6 is TensorRT 10.3)
-PROFILE_ALIASES = {"jetson-orin-jp6": "tensorrt-legacy"}
 MODERN_MIN_TRT = (10, 15)  # Attention (10.14) and TensorScatter, RotaryEmbedding, RMSNormalization (10.15)
 MAX_LIMIT = 2**31 - 1  # --max-batch-size, --max-input-len, --max-kv-cache-capacity
 PROFILE_KEYS = {"description", "backend", "dtype", "graph", "trt_version", "max_batch_size", "max_input_len",

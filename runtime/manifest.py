@@ -192,6 +192,8 @@ def rebuild_hint(engine_dir: str | os.PathLike, backend: str | None = None) -> s
     return hint + f" (on this machine), or only its plan: python -m trtllm.builder.plan {engine_dir}"
 
 
+PROFILE_ALIASES = {"jetson-orin-jp6": "tensorrt-legacy"}  # configs/ holds a file for the name on the right
+
 # build_config's keys that are trtllm-build options, in its --help's order, with trtllm-build's
 # defaults where no profile sets them (builder/config.py's BuildConfig): an option at its profile's
 # value is left out of the command
@@ -216,7 +218,8 @@ def build_command(engine_dir: str | os.PathLike, backend: str | None = None) -> 
     profile = given.get("profile") or "cpu-default"
     words = ["trtllm-build", "--model", model, "--output", str(engine_dir)]
     try:  # the profile's values: those the command need not repeat
-        baseline = {**BUILD_OPTIONS, **json.loads(resources.files("trtllm.configs").joinpath(f"{profile}.json")
+        name = PROFILE_ALIASES.get(profile, profile)
+        baseline = {**BUILD_OPTIONS, **json.loads(resources.files("trtllm.configs").joinpath(f"{name}.json")
                                                   .read_text(encoding="utf-8"))}
     except Exception:  # noqa: BLE001 - a profile file of the build machine's: every option, then
         baseline = {}

@@ -230,5 +230,8 @@ def test_the_rebuild_command_is_the_engine_s_own(tmp_path):
     (tmp_path / "manifest.json").write_text(json.dumps({"source": {"model": "/m/smol"}, "build_config": legacy}))
     assert build_command(tmp_path) == f"trtllm-build --model /m/smol --output {tmp_path} --profile tensorrt-legacy"
     assert rebuild_hint(tmp_path, "onnxruntime").endswith("--profile tensorrt-legacy --backend onnxruntime")
+    (tmp_path / "manifest.json").write_text(json.dumps({"source": {"model": "/m/smol"},
+                                                        "build_config": {**legacy, "profile": "jetson-orin-jp6"}}))
+    assert build_command(tmp_path) == f"trtllm-build --model /m/smol --output {tmp_path} --profile jetson-orin-jp6"
     (tmp_path / "manifest.json").write_text("{")
     assert build_command(tmp_path) == f"trtllm-build --model <checkpoint> --output {tmp_path}"
