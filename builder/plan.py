@@ -124,8 +124,17 @@ def plan_engine(engine_dir: Path, options: PlanOptions, verify: bool = True, log
         os.replace(stage / mf.MANIFEST_NAME, engine_dir / mf.MANIFEST_NAME)  # last: it names what is there
     finally:
         shutil.rmtree(stage, ignore_errors=True)
-    update_checksums(engine_dir, written)
+    try:
+        update_checksums(engine_dir, written)
+    except OSError as e:  # (a disk that filled with the plan): the plan is there and loads
+        raise ChecksumsNotUpdated(f"the plan is built and installed, but {engine_dir / CHECKSUMS_NAME} could not be "
+                                  f"updated ({e.strerror or e}): it lists the files as they were before the plan "
+                                  "step; free some space and run the plan step again") from e
     return report
+
+
+class ChecksumsNotUpdated(Exception):
+    """The last of the plan step's writes failed: not 'the plan was not built'."""
 
 
 VERIFY_NAME = "verify.json"
@@ -176,9 +185,14 @@ def update_checksums(engine_dir: Path, written: list[str]) -> None:
     for name in written:
         if (engine_dir / name).is_file():
             lines[name] = file_sha256(engine_dir / name)
-    tmp = listed.with_name(listed.name + ".partial")
-    tmp.write_text("".join(f"{digest}  {name}\n" for name, digest in sorted(lines.items())))
-    os.replace(tmp, listed)
+    # (a hidden .partial- name: what a killed step leaves is litter to a later build, engine_dir.LITTER)
+    tmp = listed.with_name(f".{listed.name}.partial-{os.getpid()}")
+    try:
+        tmp.write_text("".join(f"{digest}  {name}\n" for name, digest in sorted(lines.items())))
+        os.replace(tmp, listed)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def main(argv=None) -> int:
@@ -214,6 +228,9 @@ def main(argv=None) -> int:
     except (mf.ManifestError, trt_build.TensorRTUnavailable) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except ChecksumsNotUpdated as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
     except Exception as e:  # noqa: BLE001 - the build or its check failed
         print(f"error: the plan was not built: {type(e).__name__}: {e}", file=sys.stderr)
         return 1

@@ -110,6 +110,34 @@ def test_a_planned_engine_is_planned_again_whatever_its_plan_became(exported, tm
         load_engine(engine).close()
 
 
+def test_a_disk_full_at_the_checksums_says_the_plan_is_installed(exported, tmp_path, monkeypatch, capsys):
+    """The last write (checksums.sha256) failing leaves the installed plan, the old list and no
+    temporary file (a later build to the directory would refuse one it does not know)."""
+    import errno
+    import pathlib
+
+    later, _ = exported
+    engine = copy_of(later, tmp_path)
+    before = (engine / "checksums.sha256").read_text()
+    real = pathlib.Path.write_text
+
+    def full(self, text, *args, **kwargs):
+        if "checksums.sha256" in self.name:
+            real(self, text[:10], *args, **kwargs)
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(self, text, *args, **kwargs)
+
+    monkeypatch.setattr(pathlib.Path, "write_text", full)
+    with fakes.installed(FAKE_TRT_VERSION="10.3.0.30"):
+        assert plan.main([str(engine)]) == 1
+        load_engine(engine).close()
+    err = capsys.readouterr().err
+    assert "the plan is built and installed, but" in err and "No space left on device" in err
+    assert "was not built" not in err
+    assert (engine / "checksums.sha256").read_text() == before
+    assert sorted(p.name for p in engine.iterdir() if "checksums" in p.name) == ["checksums.sha256"]
+
+
 def test_a_damaged_copy_is_refused_by_the_file_not_listed_as_good(exported, tmp_path):
     later, _ = exported
     engine = copy_of(later, tmp_path)
