@@ -52,6 +52,7 @@ class ContextCache:
 
     store: PrefixStore
     index: dict[bytes, set[tuple[tuple[int, ...], str | None]]] = field(default_factory=dict)
+    keys: dict[tuple[tuple[int, ...], str | None], str] = field(default_factory=dict)  # each entry's store key
     scanned: bool = False
     lookups: int = 0
     hits: int = 0
@@ -59,6 +60,7 @@ class ContextCache:
     commits: int = 0
 
     def add(self, tokens: tuple[int, ...], adapter: str | None) -> None:
+        self.keys[tokens, adapter] = self.store.key(tokens, adapter)
         for h in _chain(tokens, adapter, len(tokens) // BLOCK):
             self.index.setdefault(h, set()).add((tokens, adapter))
 
@@ -125,6 +127,7 @@ class ContextCache:
 
     def forget(self, tokens: tuple[int, ...], adapter: str | None) -> None:
         """An entry that is gone."""
+        self.keys.pop((tokens, adapter), None)
         for h in _chain(tokens, adapter, len(tokens) // BLOCK):
             held = self.index.get(h, set())
             held.discard((tokens, adapter))
@@ -147,8 +150,15 @@ class ContextCache:
         self.store.save(tokens, read(len(tokens)), adapter)
         self.commits += 1
         self.add(tokens, adapter)
+        self.prune()
+
+    def prune(self) -> None:
+        """Forget the entries the store no longer holds (a save evicts the least recently used):
+        the index stays the size of the store, however many requests a run commits."""
+        for entry, key in list(self.keys.items()):
+            if not self.store.holds(key):
+                self.forget(*entry)
 
     def profile(self) -> dict:
         return {"lookups": self.lookups, "hits": self.hits, "reused_tokens": self.reused_tokens,
-                "committed_entries": self.commits,
-                "indexed_entries": len({entry for held in self.index.values() for entry in held})}
+                "committed_entries": self.commits, "indexed_entries": len(self.keys)}

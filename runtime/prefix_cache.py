@@ -128,7 +128,9 @@ class PrefixStore:
     def has(self, prefix_ids: tuple[int, ...], adapter: str | None = None) -> bool:
         """Whether an entry is there, without reading it or counting a hit (a corrupt one counts:
         reading it later discards it)."""
-        key = self.key(prefix_ids, adapter)
+        return self.holds(self.key(prefix_ids, adapter))
+
+    def holds(self, key: str) -> bool:
         return key in self.memory or self.path(key).is_file()
 
     def load(self, prefix_ids: tuple[int, ...], adapter: str | None = None,

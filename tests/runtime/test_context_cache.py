@@ -112,6 +112,22 @@ def test_an_evicted_entry_gives_its_blocks_back_and_does_not_stop_a_commit(tmp_p
     assert fresh.commits == 2 and len(list((tmp_path / "other" / "kv").glob("*.kv"))) == 1
 
 
+def test_the_index_keeps_only_what_the_store_holds_however_many_commits(tmp_path):
+    """--kv-cache-size evicts the oldest entries as new ones are saved; the index forgets them then
+    (not at a later lookup that meets them), so it stays the store's size over a long input file."""
+    entry = kv_of(range(2 * BLOCK)).nbytes + 4096  # (an entry's file: its KV and header)
+    c = ContextCache(PrefixStore(tmp_path / "kv", "engine-a", max_bytes=3 * entry, memory_bytes=0))
+    for i in range(40):
+        commit(c, range(1000 * i, 1000 * i + 2 * BLOCK))
+    files = list((tmp_path / "kv").glob("*.kv"))
+    on_disk = len(files)
+    assert c.commits == 40 and 1 <= on_disk <= 3 * entry // min(p.stat().st_size for p in files) < 40
+    assert c.profile()["indexed_entries"] == on_disk == len(c.keys)
+    assert len(c.index) == 2 * on_disk  # two blocks an entry: the evicted ones' blocks are gone
+    last = list(range(39000, 39000 + 2 * BLOCK)) + [1, 2]
+    assert c.lookup(last, None, 2 * BLOCK, layout).shape[2] == 2 * BLOCK
+
+
 def test_the_entry_that_shares_most_is_restored_past_the_blocks_others_share(tmp_path):
     """Entries that share whole blocks are all followed past them: the one that goes furthest wins,
     whichever is longer (a longer entry that parts from the prompt sooner does not hide it)."""
