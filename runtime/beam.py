@@ -271,7 +271,8 @@ def run_many(engine, jobs: list[tuple[list[int], BeamParams]], timing=None, done
     # searches run side by side while their beams fit in `limit` rows; one of more beams runs alone
     # (trtllm-run refuses more beams than max_batch_size; ONNX Runtime's batch is not bounded by it)
     limit = rows or m.limits.max_batch_size
-    slots = max([limit] + [p.num_beams for _, p in jobs])
+    # (no more slots than all the searches' beams: the KV is allocated for each, device memory on TensorRT)
+    slots = max(min(limit, sum(p.num_beams for _, p in jobs)), max(p.num_beams for _, p in jobs))
     # (a search's last token is never fed back: its prompt and all its answer but that one)
     kv = kv_cache.for_engine(engine, slots, max(len(prompt) + max(p.max_new_tokens - 1, 0) for prompt, p in jobs))
     widths = [Search(p, len(prompt)).width for prompt, p in jobs]

@@ -220,7 +220,7 @@ def test_max_generate_length_zero_and_ignore_eos(tiny_engine, run_cli, tmp_path)
     found transformers' -1e9 placeholder as the score, a slot and a prefill); the profile counts a
     token for each running beam of each decode step, as plain decoding counts each running row (it
     counted one a search, with the prompt step's)."""
-    requests = {"temperature": 0, "requests": [
+    requests = {"temperature": 0, "batch_size": 8, "requests": [
         {"messages": CHAT, "num_beams": 2, "max_generate_length": 0},
         {"messages": CHAT, "num_beams": 3, "n": 3, "max_generate_length": 6, "ignore_eos": True}]}
     profile = tmp_path / "profile.json"
@@ -237,6 +237,7 @@ def test_max_generate_length_zero_and_ignore_eos(tiny_engine, run_cli, tmp_path)
     # position more, past max_bytes where a long answer reached the capacity)
     slots = p["kv_cache"]["allocated_bytes"] // p["kv_cache"]["bytes_per_token"] // (full[0]["prompt_tokens"] + 5)
     assert p["kv_cache"]["allocated_bytes"] == slots * (full[0]["prompt_tokens"] + 5) * p["kv_cache"]["bytes_per_token"]
+    assert slots == 3  # the search's 3 beams, not the batch's max_batch_size slots
 
 
 def test_logits_that_overflow_fail_that_request_alone(tiny_engine, run_cli, monkeypatch):
