@@ -25,7 +25,7 @@ import click
 from trtllm.runtime import files
 from trtllm.runtime import input_format as fmt
 from trtllm.runtime import input_checks
-from trtllm.runtime import interrupt, reasoning, stdout
+from trtllm.runtime import grammar, interrupt, reasoning, stdout
 from trtllm.runtime.generation_config import CONFIG_NAMES, model_defaults
 from trtllm.runtime.input_fields import MAX_NUM_LOGPROBS
 from trtllm.runtime.tool_calls import PARSERS
@@ -331,6 +331,7 @@ def serve(input_file: Path, engine_dir: Path, output: str | None, profile: str |
     identity = identity_now()  # what saved KV is keyed by: it must be the engine that gets loaded
     try:
         engine = load_engine(engine_dir, num_threads=threads, huge_pages=huge_pages)
+        grammar.use_threads(threads)
     except ManifestError as e:
         fail_usage(str(e))
     if identity is None or identity_now() != identity:

@@ -25,6 +25,7 @@ class Grammars:
         self.tokenizer_size = tokenizer_size
         self._tokenizer = None
         self._compiled: dict[tuple[str, str], object] = {}  # (kind, text) -> a matcher at its start
+        self._first: dict[tuple[str, str], np.ndarray] = {}  # (kind, text) -> the mask at its start
 
     def tokenizer(self):
         if self._tokenizer is None:
@@ -38,7 +39,8 @@ class Grammars:
         return self._tokenizer
 
     def matcher(self, guide: Guide) -> Matcher:
-        """A fresh matcher for one sample; ValueError naming the guide's path if it does not compile."""
+        """A fresh matcher for one sample, its first mask computed (once a guide); ValueError naming the
+        guide's path if it does not compile."""
         try:
             tokenizer = self.tokenizer()
         except ValueError as e:
@@ -49,7 +51,11 @@ class Grammars:
         compiled = self._compiled[key]
         if isinstance(compiled, str):
             raise ValueError(f"`{guide.path}` does not compile: {compiled}")
-        return Matcher(compiled.deep_copy(), self.vocab_size, self.eos_ids, guide.path, tokenizer)
+        matcher = Matcher(compiled.deep_copy(), self.vocab_size, self.eos_ids, guide.path, tokenizer)
+        if key not in self._first:  # (read-only: every request of the guide holds this one array, not its own)
+            self._first[key] = matcher.allowed()
+        matcher._allowed = self._first[key]
+        return matcher
 
     @functools.cached_property
     def special(self) -> dict[str, int]:
@@ -177,6 +183,14 @@ class Matcher:
 
 
 _executor = None
+_threads: int | None = None  # trtllm-run --threads (None: every core, as the engine takes them)
+
+
+def use_threads(n: int | None) -> None:
+    """The mask pool's threads: --threads holds for them as for the engine's."""
+    global _executor, _threads
+    if n != _threads:
+        _executor, _threads = None, n
 
 
 def fill(matchers: list[Matcher]) -> None:
@@ -191,7 +205,7 @@ def fill(matchers: list[Matcher]) -> None:
     from llguidance.numpy import allocate_token_bitmask, fill_next_token_bitmask_par
 
     if _executor is None:
-        _executor = LLExecutor(num_threads=os.cpu_count() or 1)
+        _executor = LLExecutor(num_threads=_threads or os.cpu_count() or 1)
     bits = allocate_token_bitmask(len(matchers), matchers[0].tokenizer.vocab_size)
     fill_next_token_bitmask_par(_executor, [(m.m, i) for i, m in enumerate(matchers)], bits)
     for m, row in zip(matchers, bits.view(np.uint8)):

@@ -342,6 +342,8 @@ def test_masks_computed_together_are_each_rows_own(tiny_engine):
     grammars = grammar.Grammars(tok.to_json(), tok.vocab_size, [eos])
     specs = [{"regex": "[a-e]{2,5}"}, {"choice": CHOICES}, {"json_schema": {"type": "integer"}}, {"regex": "ab"}]
     matchers = [grammars.matcher(guided.parse(s, f"g{i}")) for i, s in enumerate(specs)]
+    again = grammars.matcher(guided.parse(specs[0], "g9"))  # (2,000 requests of one schema: one mask, not 2,000)
+    assert again.allowed() is matchers[0].allowed() and again.path == "g9.regex"
     for m, text in zip(matchers, ["ab", "", "1", "ab"]):
         for t in tok.encode(text, add_special_tokens=False):
             assert m.consume(t) is None
@@ -353,6 +355,21 @@ def test_masks_computed_together_are_each_rows_own(tiny_engine):
         assert not m.stale and np.array_equal(m.allowed(), a.allowed())
     assert matchers[0].allowed()[eos] and matchers[3].allowed()[eos]  # "ab" is complete
     assert matchers[3].allowed().sum() == 1 and not matchers[1].allowed()[eos]  # (no choice is empty)
+    # --threads holds for the pool as for the engine (it took every core)
+    import llguidance
+
+    made, real = [], llguidance.LLExecutor
+    try:
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(llguidance, "LLExecutor", lambda **kw: made.append(kw) or real(**kw))
+            grammar.use_threads(1)
+            for m in matchers:
+                m._allowed = None
+            grammar.fill(matchers)
+    finally:
+        grammar.use_threads(None)
+    assert made == [{"num_threads": 1}]
+    assert all(np.array_equal(m.allowed(), a.allowed()) for m, a in zip(matchers, alone))
 
 
 @pytest.mark.parametrize("grammar, texts", [
