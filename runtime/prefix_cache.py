@@ -222,14 +222,15 @@ class PrefixStore:
     def save(self, prefix_ids: tuple[int, ...], kv: np.ndarray, adapter: str | None = None) -> None:
         key = self.key(prefix_ids, adapter)
         kv = np.ascontiguousarray(kv)
-        payload = kv.tobytes()
+        payload = kv.reshape(-1).view(np.uint8)  # (its bytes, not a copy: an entry is up to hundreds of MB)
         header = json.dumps({"format": FORMAT, "key": key, "engine": self.engine_id, "adapter": adapter,
                              "prefix_ids": list(prefix_ids), "shape": list(kv.shape), "dtype": KV_NAMES[kv.dtype.name],
                              "crc32": zlib.crc32(payload)}).encode()
         self.remember(key, kv)  # this process reuses it even if the disk will not take it
-        data = MAGIC + struct.pack("<Q", len(header)) + header + payload
-        if len(data) > self.max_bytes:  # it would be evicted at once
-            warnings.warn(f"saved KV of {len(prefix_ids)} tokens is {len(data)} bytes, more than "
+        data = (MAGIC + struct.pack("<Q", len(header)) + header, payload)
+        size = len(data[0]) + payload.nbytes
+        if size > self.max_bytes:  # it would be evicted at once
+            warnings.warn(f"saved KV of {len(prefix_ids)} tokens is {size} bytes, more than "
                           f"--kv-cache-size ({self.max_bytes}): later runs will recompute it",
                           PrefixCacheWarning, stacklevel=2)
             self.tidy()  # a lowered limit still applies to what is there
@@ -238,7 +239,7 @@ class PrefixStore:
             try:
                 self.write(key, data)
             except OSError as e:  # a full disk (below --kv-cache-size): older entries make room, once
-                if e.errno not in (errno.ENOSPC, errno.EDQUOT) or not self.evict(free=self.shortfall(len(data), e)):
+                if e.errno not in (errno.ENOSPC, errno.EDQUOT) or not self.evict(free=self.shortfall(size, e)):
                     raise
                 self.write(key, data)
         except OSError as e:  # a read-only or full cache directory costs the reuse, not the request
@@ -276,12 +277,14 @@ class PrefixStore:
         while total > self.memory_bytes and len(self.memory) > 1:
             total -= self.memory.pop(next(iter(self.memory))).nbytes
 
-    def write(self, key: str, data: bytes) -> None:
+    def write(self, key: str, data: tuple[bytes, np.ndarray]) -> None:
+        """(header, payload): an entry's file, written whole under a temporary name, then renamed."""
         self.dir.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=self.dir, prefix=TMP_PREFIX, suffix=".kv")
         try:
             with os.fdopen(fd, "wb") as f:
-                files.write_synced(f, data)
+                f.write(data[0])
+                files.write_synced(f, data[1])
             os.chmod(tmp, 0o666 & ~files.current_umask())  # not mkstemp's 600: a cache directory may be shared
             os.replace(tmp, self.path(key))
         except BaseException:
