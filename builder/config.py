@@ -168,6 +168,8 @@ class BuildConfig:
         if self.plan_later and self.timing_cache:
             raise ConfigError("--plan-later: --timing-cache is the plan step's (python -m trtllm.builder.plan "
                               "ENGINE_DIR --timing-cache FILE, on the device)")
+        if self.timing_cache and Path(self.timing_cache).is_dir():  # (found before the build, not after it)
+            raise ConfigError(f"--timing-cache {self.timing_cache} is a directory; name a file in it")
         if self.sampling_plugin and self.backend != "tensorrt":
             raise ConfigError("--sampling-plugin needs --backend tensorrt (it registers a TensorRT plugin)")
         if self.activations != "float32" and self.cpu_kernels == "onnxruntime":

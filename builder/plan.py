@@ -208,6 +208,8 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.opt_level is not None and not 0 <= args.opt_level <= 5:
         parser.error(f"--opt-level must be an integer in [0, 5], got {args.opt_level}")
+    if args.timing_cache and Path(args.timing_cache).is_dir():  # (found before the build, not after it)
+        parser.error(f"--timing-cache {args.timing_cache} is a directory; name a file in it")
     if args.workspace_gib is not None and not 0 < args.workspace_gib < float("inf"):
         parser.error(f"--workspace-gib must be > 0, got {args.workspace_gib}")
     try:

@@ -254,11 +254,13 @@ def build_plan(onnx_path: Path, profiles: list[Profile], *, workspace_gib: float
     cache = config.create_timing_cache(cache_bytes)  # None when TensorRT cannot read the bytes at all
     if cache is None or not config.set_timing_cache(cache, ignore_mismatch=False):
         # A cache from another TensorRT or GPU is refused, a corrupt one unreadable: start afresh (and
-        # overwrite it below). Polygraphy recovers the same way (backend/trt/config.py).
+        # overwrite it below). (Polygraphy starts afresh only from a missing or unreadable file.)
         log(f"TensorRT: timing cache {timing_cache} is unreadable or from another TensorRT version or GPU; "
             "starting a new one")
         cache = config.create_timing_cache(b"")
-        config.set_timing_cache(cache, ignore_mismatch=False)
+        if cache is None or not config.set_timing_cache(cache, ignore_mismatch=False):
+            log("TensorRT: refused a new timing cache too; building without one (the file is left as it is)")
+            cache = None
     for prof in profiles:
         p = builder.create_optimization_profile()
         for name, (lo, opt, hi) in prof.shapes.items():
@@ -273,9 +275,13 @@ def build_plan(onnx_path: Path, profiles: list[Profile], *, workspace_gib: float
     if plan is None:
         raise RuntimeError("TensorRT failed to build the engine (see its log above); lower --max-batch-size, "
                            "--max-input-len or --max-kv-cache-capacity if it ran out of memory")
-    if timing_cache:
-        timing_cache.parent.mkdir(parents=True, exist_ok=True)
-        timing_cache.write_bytes(bytes(memoryview(cache.serialize())))
+    if timing_cache and cache is not None:
+        try:  # (the plan is built: a cache that cannot be saved costs the next build's time, not this one)
+            timing_cache.parent.mkdir(parents=True, exist_ok=True)
+            timing_cache.write_bytes(bytes(memoryview(cache.serialize())))
+        except OSError as e:
+            log(f"TensorRT: the timing cache could not be saved to {timing_cache} ({e.strerror or e}); the engine "
+                "is built, the next build times its layers again")
     return bytes(memoryview(plan))
 
 

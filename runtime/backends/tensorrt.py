@@ -184,6 +184,11 @@ class TensorRTEngine:
         if self.engine is None:
             raise ManifestError(f"TensorRT could not deserialize {path}; {trt_rebuild_hint(engine_dir)}")
         self.context = self.engine.create_execution_context()
+        if self.context is None:  # (TensorRT says why in its log: most often the device memory its activations take)
+            raise ManifestError(f"TensorRT could not create an execution context for {path} (its error is above; "
+                                "usually too little free device memory): free some, or rebuild for smaller "
+                                f"limits (--max-batch-size, --max-input-len, --max-kv-cache-capacity): "
+                                f"{trt_rebuild_hint(engine_dir)}")
         self.stream = cuda.Stream()
         self.profile: int | None = None
         self.kv_pairs = self.io.kv_pairs(manifest.model.num_layers)

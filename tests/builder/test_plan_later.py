@@ -138,6 +138,13 @@ def test_a_disk_full_at_the_checksums_says_the_plan_is_installed(exported, tmp_p
     assert sorted(p.name for p in engine.iterdir() if "checksums" in p.name) == ["checksums.sha256"]
 
 
+def test_a_timing_cache_directory_is_refused_before_the_plan_is_built(exported, tmp_path, capsys):
+    later, _ = exported
+    with pytest.raises(SystemExit) as stop:
+        plan.main([str(later), "--timing-cache", str(tmp_path)])
+    assert stop.value.code == 2 and "is a directory" in capsys.readouterr().err
+
+
 def test_a_damaged_copy_is_refused_by_the_file_not_listed_as_good(exported, tmp_path):
     later, _ = exported
     engine = copy_of(later, tmp_path)

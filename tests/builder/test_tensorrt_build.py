@@ -217,6 +217,19 @@ def test_unusable_timing_cache_is_replaced(tiny_checkpoint, tmp_path, stale):
     assert cache.read_bytes() == b"fake-timing-cache 10.16.0.1"
 
 
+def test_a_timing_cache_path_is_checked_before_the_build_and_its_save_costs_no_engine(tiny_checkpoint, tmp_path):
+    """A directory is refused before any work (a Jetson's build takes minutes); a cache that cannot
+    be saved after the build (a read-only place) is a note: the engine stands."""
+    with pytest.raises(ConfigError, match="--timing-cache .* is a directory"):
+        BuildConfig(model=str(tiny_checkpoint("llama")), output=str(tmp_path / "e"), backend="tensorrt",
+                    timing_cache=str(tmp_path))
+    blocked = tmp_path / "file"
+    blocked.write_text("")
+    logs = build_trt(tiny_checkpoint("llama"), tmp_path / "e", timing_cache=str(blocked / "timing.bin"))
+    assert any("the timing cache could not be saved to" in line for line in logs)
+    assert load(tmp_path / "e").tensorrt["version"] == "10.16.0.1"
+
+
 def test_modern_graph_is_refused_by_an_old_tensorrt(tiny_checkpoint, tmp_path):
     with pytest.raises(trt_build.TensorRTUnavailable, match="TensorRT 10.3 cannot parse the modern graph"):
         build_trt(tiny_checkpoint("llama"), tmp_path / "e", env={"FAKE_TRT_VERSION": "10.3.0.30"})

@@ -248,6 +248,17 @@ def test_plan_from_another_tensorrt_or_gpu_is_refused(engines, env, message):
     assert str(err.value).count(" (on this machine), or only its plan: python -m trtllm.builder.plan ") == 1
 
 
+def test_no_execution_context_is_one_message_at_load(engines):
+    """TensorRT returns no context where it cannot make one (device memory): the load says so, not
+    every request with an AttributeError."""
+    from trtllm.runtime.engine import load_engine
+
+    with fakes.installed(FAKE_TRT_NO_CONTEXT="1"):
+        with pytest.raises(ManifestError, match=r"could not create an execution context .* device memory.* "
+                                                 r"--max-kv-cache-capacity.*rebuild it: trtllm-build --model "):
+            load_engine(engines / "modern")
+
+
 def test_runtime_modules_do_not_import_tensorrt(engines):
     import subprocess
     import sys

@@ -19,6 +19,8 @@ so present_* written to the past_* address is an in-place update, as TensorRT's 
 FAKE_TRT_VERSION sets __version__; a bfloat16 plan runs in float32 with bfloat16 rounding (_bfloat16.py),
 a float16 plan on ONNX Runtime's float16 kernels; FAKE_TRT_FLOAT32_ARITHMETIC=1 computes either in float32
 from its 16-bit weights, the KV stored in its type (what our CPU kernels compute: tests).
+FAKE_TRT_NO_CONTEXT=1: create_execution_context returns None, as TensorRT does when it cannot (too
+little device memory for the plan's activations).
 """
 from __future__ import annotations
 
@@ -396,6 +398,8 @@ class ICudaEngine:
         return [Dims(d) for d in self.profiles[index][name]]
 
     def create_execution_context(self):
+        if os.environ.get("FAKE_TRT_NO_CONTEXT") == "1":
+            return None
         return IExecutionContext(self)
 
 
