@@ -193,7 +193,9 @@ def as_a_user(check) -> int:
             code = check()
         finally:
             os._exit(code)
-    return os.waitpid(pid, 0)[1] >> 8
+    code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+    assert code >= 0, f"the child was killed by signal {-code}"  # (not a result to compare)
+    return code
 
 
 @pytest.fixture
