@@ -201,8 +201,11 @@ class Scheduler:
 
     def accept(self, slot: int, out, b: int) -> None:
         token, top, chosen = int(out.token_ids[b]), None, None
-        if self.active[slot].params.num_logprobs:  # (so the step gave the logits: `step`)
-            top = (out.top_logprobs[b].copy(), out.top_logprob_ids[b].copy())
+        k = self.active[slot].params.num_logprobs
+        if k:  # (so the step gave the logits: `step`)
+            # the row's own K of the step's (the largest any row of the run asks for): a token past it
+            # takes its value from the logits below whatever the neighbours ask, as it does alone
+            top = (out.top_logprobs[b, :k].copy(), out.top_logprob_ids[b, :k].copy())
             at = np.flatnonzero(top[1] == token)
             if len(at):
                 chosen = float(top[0][at[0]])

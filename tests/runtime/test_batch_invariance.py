@@ -246,3 +246,26 @@ def test_a_penalized_request_in_a_reused_slot_is_the_request_alone(engines, pena
     after = rows([OTHERS[0], PROMPT])
     run_rows(engine, after, 1)  # one slot: PROMPT's request reuses the first one's
     assert after[1].output_ids == alone[0].output_ids
+
+
+def test_a_row_s_logprobs_are_its_own_whatever_its_neighbours_ask(engines):
+    """The step gives the largest num_logprobs any row of the run asks for; a row's token past its
+    own K takes its value from the logits, as alone (the graph's top-K value of the same token
+    rounds otherwise: token_logprobs 1 ulp apart with a neighbour asking for 20)."""
+    from trtllm.runtime.generate import run_rows
+
+    def row(prompt, k, seed):
+        params = sampling.SamplingParams(temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=24, num_logprobs=k)
+        return RowState(prompt_ids=prompt, params=params, rng=np.random.default_rng(seed), eos_ids=frozenset())
+
+    engine = engines["float32"]
+    alone = [row(PROMPT, 1, 3)]
+    run_rows(engine, alone, 2)
+    together = [row(PROMPT, 1, 3), row(OTHERS[0], 20, 4)]
+    run_rows(engine, together, 2)
+    mine, theirs = alone[0], together[0]
+    assert theirs.output_ids == mine.output_ids
+    assert len(mine.logprobs[0][0]) == 1 and len(theirs.logprobs[0][0]) == 1
+    assert theirs.token_logprobs == mine.token_logprobs  # bit for bit
+    # (sampled at temperature 1: some tokens were not the top one, the case the neighbour changed)
+    assert any(t != top[1][0] for t, top in zip(mine.output_ids, mine.logprobs))
