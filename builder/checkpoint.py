@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
 from trtllm.builder import gguf_checks
 from trtllm.builder.config import CheckpointError, Unsupported, listed  # noqa: F401 - raised as ckpt.CheckpointError
@@ -38,8 +38,66 @@ def unreadable(model_arg: str):
     except (CheckpointError, MemoryError, ImportError):  # (a missing optional package is no bad checkpoint)
         raise
     except Exception as e:  # noqa: BLE001 - each library has its own error types
-        first = next((line.strip() for line in str(e).splitlines() if line.strip()), "")
-        raise CheckpointError(f"--model {model_arg!r} cannot be loaded: {type(e).__name__}: {first[:300]}") from e
+        raise CheckpointError(f"--model {model_arg!r} cannot be loaded: {type(e).__name__}: {gist(e)}") from e
+
+
+def gist(e: Exception) -> str:
+    """An error's first line, with the next where the first only introduces it ("Validation error
+    for field 'rms_norm_eps':" / "expected float, got str")."""
+    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+    text = " ".join(lines[:2]) if len(lines) > 1 and lines[0].endswith(":") else (lines[0] if lines else "")
+    return text[:300]
+
+
+# quantization_config methods transformers turns back into float weights on the CPU (the model then
+# loads as any other); the others load as packed integer modules, not the weights this builder reads
+DEQUANTIZED = ("fp8",)
+# attention a config may name for its own training or serving that the CPU reference cannot run: the
+# model is the same with transformers' default
+GPU_ATTENTION = ("flash_attention_2", "flash_attention_3", "flex_attention", "paged_attention")
+
+
+def load_config(source, model_arg: str):
+    """config.json, checked for what the builder cannot take, with transformers' default attention
+    where it names a GPU kernel (a fine-tune saved with flash_attention_2 carries it)."""
+    config = AutoConfig.from_pretrained(source)
+    quant = getattr(config, "quantization_config", None)
+    if quant is not None:
+        method = quant.get("quant_method") if isinstance(quant, dict) else getattr(quant, "quant_method", None)
+        method = getattr(method, "value", method)
+        if str(method) not in DEQUANTIZED:
+            raise Unsupported(f"--model {model_arg!r}: config.quantization_config (quant_method {method!r}): a "
+                              "pre-quantized checkpoint cannot be built; build from the unquantized one, with "
+                              "--quantization int8 or int4 for a smaller engine")
+    named = str(getattr(config, "_attn_implementation", None) or "")
+    if named in GPU_ATTENTION or "flash" in named:  # (also a hub kernel's name, "kernels-community/flash-attn")
+        config._attn_implementation = None
+    return config
+
+
+def check_generation_config(path: Path) -> None:
+    """transformers passes over a generation_config.json it cannot read (and takes config.json's
+    eos id): its stop ids and sampling defaults would be lost without a word."""
+    if (path / "generation_config.json").is_file():
+        GenerationConfig.from_pretrained(path)
+
+
+def loaded_weight_files(path: Path) -> list[Path]:
+    """The weight files transformers reads (safetensors before pickles, the shards an index names):
+    what an engine records the hash of, not a consolidated copy or training state beside them."""
+    import json
+
+    for index, single in (("model.safetensors.index.json", "model.safetensors"),
+                          ("pytorch_model.bin.index.json", "pytorch_model.bin")):
+        if (path / index).is_file():
+            try:
+                shards = sorted(set(json.loads((path / index).read_text())["weight_map"].values()))
+                return [path / name for name in shards]
+            except (OSError, ValueError, KeyError, TypeError, AttributeError):
+                break  # (transformers has read it: an odd one is hashed whole, as below)
+        if (path / single).is_file():
+            return [path / single]
+    return [p for p in path.iterdir() if p.suffix in (".safetensors", ".bin")]
 
 
 def weights_hash(paths: list[Path]) -> str:
@@ -70,29 +128,52 @@ def load(model_arg: str) -> Checkpoint:
             raise CheckpointError(f"--model {model_arg!r} has no tokenizer ({', '.join(TOKENIZER_FILES)}): the engine "
                                   "needs one; copy the model's tokenizer files into the directory")
         with unreadable(model_arg):
-            model, info = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, output_loading_info=True)
-            check_loaded(info, model_arg)
-            tok = AutoTokenizer.from_pretrained(path)
-        files = [p for p in path.iterdir() if p.suffix in (".safetensors", ".bin")]
+            check_generation_config(path)
+            model, info, tok = load_model(path, model_arg)
         return check_vocab(Checkpoint(model.eval(), tok, {"model": str(path.resolve()), "kind": "dir",
-                                                          "sha256": weights_hash(files)},
+                                                          "sha256": weights_hash(loaded_weight_files(path))},
                                       tuple(sorted(info.get("unexpected_keys") or ()))), model_arg)
     if model_arg.startswith((".", "/", "~")) or model_arg.count("/") > 1:  # a path, not "org/name"
         raise CheckpointError(f"--model {model_arg!r}: no such directory or file")
     return load_hub(model_arg)
 
 
+def load_model(source, model_arg: str):
+    """(model, loading info, tokenizer); weights of other shapes are loaded as missing ones (not
+    transformers' error about an option nobody set) so that check_loaded names them."""
+    config = load_config(source, model_arg)
+    model, info = AutoModelForCausalLM.from_pretrained(source, config=config, dtype=torch.float32,
+                                                       output_loading_info=True, ignore_mismatched_sizes=True)
+    check_loaded(info, model_arg)
+    return model, info, AutoTokenizer.from_pretrained(source)
+
+
 def load_hub(hub_id: str) -> Checkpoint:
     try:
-        model, info = AutoModelForCausalLM.from_pretrained(hub_id, dtype=torch.float32, output_loading_info=True)
-        tok = AutoTokenizer.from_pretrained(hub_id)
-    except OSError as e:
+        with unreadable(hub_id):
+            model, info, tok = load_model(hub_id, hub_id)
+    except CheckpointError as e:
+        if not unreachable(e.__cause__):  # (the files came, and are what is wrong)
+            raise
         raise CheckpointError(
             f"--model {hub_id!r} is not a local directory or .gguf file, and downloading it from the "
-            f"Hugging Face hub failed (offline?): {str(e).splitlines()[0]}. "
-            "Pass a local checkpoint directory or .gguf file instead.") from e
-    check_loaded(info, hub_id)
+            f"Hugging Face hub failed (offline?): {gist(e.__cause__).rstrip('.')}. "
+            "Pass a local checkpoint directory or .gguf file instead.") from e.__cause__
     return check_vocab(Checkpoint(model.eval(), tok, {"model": hub_id, "kind": "hub", "sha256": None}), hub_id)
+
+
+def unreachable(e: BaseException | None) -> bool:
+    """Whether an error (or one it was raised from) is the hub's files not coming: no network, no
+    such repository or file, offline mode with nothing cached."""
+    import huggingface_hub.errors as hub_errors
+
+    while e is not None:
+        if isinstance(e, (hub_errors.HfHubHTTPError, hub_errors.LocalEntryNotFoundError, hub_errors.OfflineModeIsEnabled,
+                          hub_errors.EntryNotFoundError, ConnectionError, TimeoutError)) \
+                or type(e).__module__.split(".")[0] in ("requests", "httpx", "urllib3"):
+            return True
+        e = e.__cause__ or e.__context__
+    return False
 
 
 def eos_ids(ck: Checkpoint) -> list[int]:

@@ -290,8 +290,8 @@ def save_tokenizer(ck: ckpt.Checkpoint, out_dir: Path, model_arg: str) -> None:
     ck.tokenizer.save_pretrained(out_dir)
     ck.model.generation_config.to_json_file(out_dir / "generation_config.json")
     if not (out_dir / "tokenizer.json").is_file():
-        raise RuntimeError("the checkpoint's tokenizer has no fast (tokenizer.json) form, "
-                           "which the runtime needs")
+        raise ckpt.CheckpointError(f"--model {model_arg!r}: its tokenizer ({type(ck.tokenizer).__name__}) has no fast "
+                                   "(tokenizer.json) form, which the runtime needs")
     check_chat_template(out_dir, model_arg)
 
 
