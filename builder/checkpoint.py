@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import math
 import re
 import tempfile
@@ -13,6 +12,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
 from trtllm.builder import gguf_checks
+from trtllm.builder.weight_files import loaded_weight_files, weights_hash  # noqa: F401 - ckpt.weights_hash
 from trtllm.builder.config import CheckpointError, Unsupported, listed  # noqa: F401 - raised as ckpt.CheckpointError
 
 
@@ -80,35 +80,6 @@ def check_generation_config(path: Path) -> None:
     eos id): its stop ids and sampling defaults would be lost without a word."""
     if (path / "generation_config.json").is_file():
         GenerationConfig.from_pretrained(path)
-
-
-def loaded_weight_files(path: Path) -> list[Path]:
-    """The weight files transformers reads (safetensors before pickles, the shards an index names):
-    what an engine records the hash of, not a consolidated copy or training state beside them."""
-    import json
-
-    for index, single in (("model.safetensors.index.json", "model.safetensors"),
-                          ("pytorch_model.bin.index.json", "pytorch_model.bin")):
-        if (path / index).is_file():
-            try:
-                shards = sorted(set(json.loads((path / index).read_text())["weight_map"].values()))
-                return [path / name for name in shards]
-            except (OSError, ValueError, KeyError, TypeError, AttributeError):
-                break  # (transformers has read it: an odd one is hashed whole, as below)
-        if (path / single).is_file():
-            return [path / single]
-    return [p for p in path.iterdir() if p.suffix in (".safetensors", ".bin")]
-
-
-def weights_hash(paths: list[Path]) -> str:
-    """sha256 over the weight files' names and bytes, so an engine records what it was built from."""
-    h = hashlib.sha256()
-    for p in sorted(paths):
-        h.update(p.name.encode())
-        with open(p, "rb") as f:
-            for chunk in iter(lambda: f.read(1 << 20), b""):
-                h.update(chunk)
-    return h.hexdigest()
 
 
 def load(model_arg: str) -> Checkpoint:

@@ -88,7 +88,10 @@ def resolve(options: dict, profile: str) -> dict:
               help="An EAGLE-3 draft head (config.json + model.safetensors, as SpecForge writes them): the engine "
                    "then decodes requests speculatively (greedy and sampled ones).")
 @click.option("--no-verify", is_flag=True, help="Skip the logit check against transformers after building.")
-def main(model, output, profile, lora, eagle, no_verify, **options):
+@click.option("--if-changed", is_flag=True,
+              help="Build only if --output does not already hold this build's engine (the same options, checkpoint "
+                   "weights and files, and trtllm code; verified; no --lora or --eagle).")
+def main(model, output, profile, lora, eagle, no_verify, if_changed, **options):
     """Build an engine directory from a checkpoint."""
     try:
         if options.get("max_lora_rank") == 0 and lora:  # 0 on the command line: "no LoRA inputs"
@@ -119,6 +122,14 @@ def main(model, output, profile, lora, eagle, no_verify, **options):
 
     def log(message: str) -> None:
         click.echo(f"[{time.perf_counter() - start:6.1f}s] {message}", err=True)
+
+    if if_changed:
+        from trtllm.builder.current import unchanged
+
+        why = unchanged(config)
+        if why:
+            log(f"{output} is up to date ({why}): not built again")
+            return
 
     try:
         with terminate_as_interrupt():  # timeout, docker stop: clean up as for Ctrl-C

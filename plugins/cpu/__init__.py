@@ -99,6 +99,11 @@ def fingerprint() -> str:
 
 
 def missing_hint() -> str:
+    import os
+    import shutil
+
     state = ("was built from other sources than these, or is damaged" if LIBRARY.is_file() else "is not built")
+    cxx = os.environ.get("CXX", "g++")
+    need = "" if shutil.which(cxx) else f"; it needs a C++ compiler, and {cxx} is not on PATH (apt-get install g++)"
     return (f"the native CPU kernel library {LIBRARY} {state}: run `bash scripts/setup.sh` "
-            "(or `python -m trtllm.plugins.cpu.build`)")
+            f"(or `python -m trtllm.plugins.cpu.build`){need}")

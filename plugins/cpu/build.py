@@ -128,6 +128,11 @@ def main(argv=None) -> int:
     if not args.force and not needs_build():
         print(f"[cpu kernels] {LIBRARY} is up to date", file=sys.stderr)
         return 0
+    cxx = os.environ.get("CXX", "g++")
+    if shutil.which(cxx) is None:  # (before the headers' download, which would be for nothing)
+        print(f"[cpu kernels] no C++ compiler: {cxx} is not on PATH (apt-get install g++, or set $CXX); the "
+              "kernels are optional: engines run on ONNX Runtime's own", file=sys.stderr)
+        return 1
     compile_library(fetch_headers(args.headers))
     print(f"[cpu kernels] built {LIBRARY}", file=sys.stderr)
     return 0

@@ -1,0 +1,59 @@
+"""trtllm-build --if-changed (builder/current.py): the engine is left as it is only when this build
+would write the same one: same options, checkpoint and code, and a check that passed."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import pytest
+from click.testing import CliRunner
+
+from trtllm.builder.cli import main
+
+pytestmark = pytest.mark.hf
+LIMITS = ["--max-batch-size", "1", "--max-input-len", "32", "--max-kv-cache-capacity", "64"]
+
+
+@pytest.fixture
+def model(tiny_checkpoint, tmp_path):
+    return shutil.copytree(tiny_checkpoint("llama"), tmp_path / "model")
+
+
+def build(model, out, *extra):
+    result = CliRunner().invoke(main, ["--model", str(model), "--output", str(out), *LIMITS, "--if-changed", *extra])
+    assert result.exit_code == 0, result.output
+    build_id = json.loads((out / "manifest.json").read_text())["build_id"]
+    return "is up to date" in result.output, build_id
+
+
+def test_the_same_build_is_left_out_and_any_change_builds(model, tmp_path, monkeypatch):
+    from trtllm.builder import provenance
+
+    out = tmp_path / "engine"
+    skipped, first = build(model, out)
+    assert not skipped
+    assert build(model, out) == (True, first)  # nothing changed: the engine is the first build's
+    assert build(model, out, "--max-batch-size", "2")[0] is False  # another option
+    skipped, second = build(model, out, "--max-batch-size", "2")
+    assert skipped and second != first
+    template = model / "chat_template.jinja"  # a checkpoint file edited after the build
+    template.write_text(template.read_text() + "\n")
+    assert build(model, out, "--max-batch-size", "2")[0] is False
+    weights, built = model / "model.safetensors", (out / "manifest.json").stat().st_mtime
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 1  # other weights, with the file's time set back (cp -p of another checkpoint's)
+    weights.write_bytes(bytes(data))
+    os.utime(weights, (built - 60, built - 60))
+    assert build(model, out, "--max-batch-size", "2")[0] is False
+    monkeypatch.setattr(provenance, "code_fingerprint", lambda: "other code")
+    assert build(model, out, "--max-batch-size", "2")[0] is False
+
+
+def test_an_unverified_or_incomplete_engine_is_built_again(model, tmp_path):
+    out = tmp_path / "engine"
+    build(model, out, "--no-verify")
+    assert build(model, out, "--no-verify")[0] is False  # (no check recorded the code that built it)
+    build(model, out)
+    (out / "tokenizer.json").unlink()
+    assert build(model, out)[0] is False
