@@ -188,8 +188,15 @@ class BuildConfig:
                               f"Runtime, the modern graph and --cpu-kernels auto|native, got "
                               f"--backend {self.backend} --graph {self.graph} --cpu-kernels {self.cpu_kernels}")
         if self.graph == "legacy" and self.quantization != "none":
+            from_profile = f" (--profile {self.profile} builds it, for TensorRT {self.trt_version})" \
+                if self.profile not in (None, "cpu-default") else ""
             raise ConfigError(f"--quantization {self.quantization} needs the modern graph: block-wise and int4 "
-                              "DequantizeLinear are opset 21, the legacy graph is opset 20 (TensorRT 10.3)")
+                              f"DequantizeLinear are opset 21, the legacy graph is opset 20{from_profile}; a quantized "
+                              "TensorRT engine needs TensorRT >= 10.15 (--profile tensorrt-modern)")
+        if self.plan_later and self.dtype == "bfloat16" and self.verify:
+            raise ConfigError("--plan-later --dtype bfloat16: the export checks llm.onnx through ONNX Runtime, which has "
+                              "no bfloat16 kernels for its standard ops; export float16 (--dtype float16), or build on "
+                              "the device in one go (no --plan-later), where TensorRT runs the check")
         self.refuse_dtype_combinations()
 
     def refuse_dtype_combinations(self, backend: str | None = None) -> None:

@@ -182,6 +182,17 @@ def save(manifest: Manifest, engine_dir: str | os.PathLike) -> Path:
     return path
 
 
+def staged_for(engine_dir: str | os.PathLike) -> Path:
+    """The engine directory a build or plan step is staging (`.NAME.partial-XXXX` beside it, a plan
+    step's `.plan.partial-XXXX` inside it): what a command the user is told to run must name."""
+    path = Path(engine_dir)
+    if path.name.startswith(".plan.partial-"):
+        return path.parent
+    if path.name.startswith(".") and ".partial-" in path.name:
+        return path.with_name(path.name[1:path.name.rindex(".partial-")])
+    return path
+
+
 def rebuild_hint(engine_dir: str | os.PathLike, backend: str | None = None) -> str:
     """The build command to run again: the checkpoint and options its manifest records, where it
     reads (`<checkpoint>` else); a TensorRT engine's names its backend (else a machine without a GPU
@@ -189,7 +200,7 @@ def rebuild_hint(engine_dir: str | os.PathLike, backend: str | None = None) -> s
     hint = f"rebuild it: {build_command(engine_dir, backend)}"
     if backend != "tensorrt":
         return hint
-    return hint + f" (on this machine), or only its plan: python -m trtllm.builder.plan {engine_dir}"
+    return hint + f" (on this machine), or only its plan: python -m trtllm.builder.plan {staged_for(engine_dir)}"
 
 
 PROFILE_ALIASES = {"jetson-orin-jp6": "tensorrt-legacy"}  # configs/ holds a file for the name on the right
@@ -214,9 +225,10 @@ def build_command(engine_dir: str | os.PathLike, backend: str | None = None) -> 
         model, given = raw["source"]["model"], raw["build_config"]
         assert isinstance(model, str) and isinstance(given, dict)
     except Exception:  # noqa: BLE001 - unreadable, or not this format: the checkpoint is the user's to name
-        return f"trtllm-build --model <checkpoint> --output {engine_dir}" + (f" --backend {backend}" if backend else "")
+        return (f"trtllm-build --model <checkpoint> --output {staged_for(engine_dir)}"
+                + (f" --backend {backend}" if backend else ""))
     profile = given.get("profile") or "cpu-default"
-    words = ["trtllm-build", "--model", model, "--output", str(engine_dir)]
+    words = ["trtllm-build", "--model", model, "--output", str(staged_for(engine_dir))]
     try:  # the profile's values: those the command need not repeat
         name = PROFILE_ALIASES.get(profile, profile)
         baseline = {**BUILD_OPTIONS, **json.loads(resources.files("trtllm.configs").joinpath(f"{name}.json")

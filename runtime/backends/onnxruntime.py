@@ -94,6 +94,20 @@ def graph_mismatch(session, m: Manifest, draft: bool = False) -> str:
     return ""
 
 
+def without_our_kernels(m: Manifest) -> str:
+    """The options that build this engine on ONNX Runtime's own kernels: --cpu-kernels onnxruntime,
+    and in place of what only ours run (bfloat16, an int8 KV cache, integer activations, quantized
+    float16) what theirs do."""
+    words = ["--dtype float16"] if m.dtype == "bfloat16" else []
+    if m.model.kv_dtype == "int8":
+        words.append("--kv-cache-dtype auto")
+    if m.build_config.get("activations", "float32") != "float32":
+        words.append("--activations float32")
+    if m.quantization != "none" and m.dtype == "float16":
+        words.append("--dtype float32")
+    return " ".join(words + ["--cpu-kernels onnxruntime"])
+
+
 class OnnxRuntimeEngine:
     draft_graph = False  # the EAGLE head's graph (DraftEngine): graph_mismatch checks its inputs and outputs
 
@@ -111,16 +125,15 @@ class OnnxRuntimeEngine:
         if cpu_kernels.needed_by(manifest.lowerings):  # attention or quantized MatMuls as plugins/cpu's kernels
             library = cpu_kernels.library()
             if library is None:
-                # ONNX Runtime's own kernels have no bfloat16: such an engine needs another dtype
-                other = "--dtype float16" if manifest.dtype == "bfloat16" else "--cpu-kernels onnxruntime"
                 raise ManifestError(f"{engine_dir} runs on trtllm-edge's native CPU kernels, "
-                                    f"but {cpu_kernels.missing_hint()}; or rebuild the engine with {other}")
+                                    f"but {cpu_kernels.missing_hint()}; or rebuild the engine with "
+                                    f"{without_our_kernels(manifest)}")
             try:
                 opts.register_custom_ops_library(str(library))
             except Exception as e:  # noqa: BLE001 - ORT's Fail: a damaged file, another library by that name
                 raise ManifestError(f"the native CPU kernel library {library} cannot be loaded ({str(e)[:200]}): "
                                     "rebuild it with `python -m trtllm.plugins.cpu.build --force`, or rebuild the "
-                                    "engine with --cpu-kernels onnxruntime") from e
+                                    f"engine with {without_our_kernels(manifest)}") from e
             cpu_kernels.set_huge_pages(huge_pages)  # they copy their weights onto huge pages themselves
         before = hugepages.snapshot() if huge_pages else None
         try:

@@ -36,6 +36,11 @@ ARCHS = ["llama", "mistral", "qwen2", "qwen3"]
     (["--backend", "tensorrt"], "--backend tensorrt needs TensorRT and a CUDA GPU: TensorRT is not installed"),
     (["--profile", "jetson-nano"], "--profile must be one of cpu-default, tensorrt-modern, tensorrt-legacy, jetson-orin-jp6, jetson-thor-jp7"),
     (["--profile", "tensorrt-legacy", "--quantization", "int4"], "--quantization int4 needs the modern graph"),
+    # (the profile's TensorRT, not 10.3 always, and where the legacy graph came from)
+    (["--profile", "jetson-thor-jp7", "--quantization", "int8"],
+     "(--profile jetson-thor-jp7 builds it, for TensorRT 10.13); a quantized TensorRT engine needs TensorRT >= 10.15"),
+    # (its export's check runs llm.onnx on ONNX Runtime: no bfloat16 kernels; it failed after the export)
+    (["--profile", "jetson-orin-jp6", "--plan-later", "--dtype", "bfloat16"], "--plan-later --dtype bfloat16: the export"),
     (["--graph", "modern", "--profile", "tensorrt-legacy"], "needs TensorRT >= 10.15, but trt_version is 10.3"),
     (["--opt-level", "9"], "--opt-level must be an integer in [0, 5]"),
     (["--max-batch-size", "0"], "--max-batch-size must be an integer in [1, 2147483647]"),

@@ -235,3 +235,28 @@ def test_the_rebuild_command_is_the_engine_s_own(tmp_path):
     assert build_command(tmp_path) == f"trtllm-build --model /m/smol --output {tmp_path} --profile jetson-orin-jp6"
     (tmp_path / "manifest.json").write_text("{")
     assert build_command(tmp_path) == f"trtllm-build --model <checkpoint> --output {tmp_path}"
+    # a build's staging copy, a plan step's: the command names the engine's own directory
+    assert build_command(tmp_path / ".engine.partial-x1y2") == f"trtllm-build --model <checkpoint> --output {tmp_path / 'engine'}"
+    assert rebuild_hint(tmp_path / ".plan.partial-abc", "tensorrt").endswith(f"python -m trtllm.builder.plan {tmp_path}")
+
+
+@pytest.mark.parametrize("built", [
+    dict(dtype="bfloat16"), dict(kv_cache_dtype="int8"), dict(quantization="int4", activations="int8"),
+    dict(quantization="int4", dtype="float16"), dict(quantization="int8", activations="int16", kv_cache_dtype="int8"),
+])
+def test_the_rebuild_without_our_kernels_is_one_the_builder_takes(built, tmp_path):
+    """An engine on our CPU kernels, loaded where the library is missing, names the options that
+    build it on ONNX Runtime's own: each of them the builder accepts (--cpu-kernels onnxruntime
+    alone it refused for an int8 KV cache, integer activations, quantized float16)."""
+    from types import SimpleNamespace
+
+    from trtllm.builder.config import BuildConfig
+    from trtllm.runtime.backends.onnxruntime import without_our_kernels
+
+    config = BuildConfig(model=str(tmp_path), output=str(tmp_path / "e"), **built)  # (what was built)
+    manifest = SimpleNamespace(dtype=config.dtype, quantization=config.quantization, build_config=config.to_json(),
+                               model=SimpleNamespace(kv_dtype="int8" if config.kv_cache_dtype == "int8" else config.dtype))
+    words = without_our_kernels(manifest).split()
+    assert words[-2:] == ["--cpu-kernels", "onnxruntime"]
+    options = {**built, **{k[2:].replace("-", "_"): v for k, v in zip(words[::2], words[1::2])}}
+    BuildConfig(model=str(tmp_path), output=str(tmp_path / "e"), **options)  # not refused
