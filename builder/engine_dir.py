@@ -9,6 +9,7 @@ import os
 import re
 import shutil
 import tempfile
+import time
 from pathlib import Path
 
 from trtllm.builder.config import BuildConfig, ConfigError, listed
@@ -103,9 +104,20 @@ def replace_engine(new: Path, out_dir: Path, stage: Path) -> None:
 
 def swap_entries(new: Path, out_dir: Path, old: Path) -> None:
     moved: list[tuple[Path, Path]] = []  # (from, to), to undo in reverse
+    staging = re.compile(re.escape(f".{out_dir.name}.") + r"(partial|old)-.*")
+
+    def running(entry: Path) -> bool:
+        """Another in-place build's staging, written to within the hour: moving it into `old`, then
+        deleting it, failed that build half-way (the last build to swap wins, as beside the
+        directory). An older one is a killed build's, and goes with the old engine."""
+        try:
+            return staging.fullmatch(entry.name) is not None and time.time() - entry.stat().st_mtime < 3600
+        except OSError:
+            return False
+
     try:
         for entry in list(out_dir.iterdir()):
-            if entry in (new, old) or os.path.ismount(entry):
+            if entry in (new, old) or os.path.ismount(entry) or running(entry):
                 continue
             os.replace(entry, old / entry.name)
             moved.append((entry, old / entry.name))

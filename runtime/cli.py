@@ -273,6 +273,25 @@ def serve(input_file: Path, engine_dir: Path, output: str | None, profile: str |
           prefill_chunk: int, interrupts: interrupt.Watch | None = None, overrides: dict | None = None,
           warmup: int = 0, model_defaults: bool = False, context_reuse: bool = False, spec_ngram: int = 0) -> None:
     from trtllm.runtime import manifest as mf
+    from trtllm.runtime.prefix_cache import PrefixStore, engine_identity, parse_size, prefix_identity
+
+    def identity_now() -> str | None:
+        try:
+            return engine_identity(engine_dir)
+        except OSError:
+            return None  # no manifest: load_engine says what is wrong
+
+    # What saved KV is keyed by, and what every file read from the engine must belong to: a
+    # trtllm-build replacing it mid-load would pair one build's graph with another's tokenizer,
+    # draft head or adapters (checked again once they are all read)
+    identity = identity_now()
+
+    def replaced() -> bool:
+        return identity_now() != identity  # (None and None: no engine there, which load_engine names)
+
+    def replaced_says_so() -> None:
+        if replaced():
+            fail_usage(f"{engine_dir} changed while it was loading (a trtllm-build replacing it?); run again")
 
     try:  # the adapters bundled in the engine are names a request may use; a bad engine is reported below
         manifest = mf.load(engine_dir)
@@ -309,8 +328,6 @@ def serve(input_file: Path, engine_dir: Path, output: str | None, profile: str |
         fail_usage(f"--output {files.shown(output)} is stdout, which is closed")
     if stream and to_stdout:
         fail_usage(f"--output {files.shown(output)} is stdout, which --stream writes its lines to")
-    from trtllm.runtime.prefix_cache import PrefixStore, engine_identity, parse_size, prefix_identity
-
     try:
         max_bytes = parse_size(kv_cache_size)
     except ValueError as e:
@@ -322,20 +339,13 @@ def serve(input_file: Path, engine_dir: Path, output: str | None, profile: str |
     from trtllm.runtime.runner import Runner
     from trtllm.runtime.tokenizer import Tokenizer
 
-    def identity_now() -> str | None:
-        try:
-            return engine_identity(engine_dir)
-        except OSError:
-            return None  # no manifest: load_engine says what is wrong
-
-    identity = identity_now()  # what saved KV is keyed by: it must be the engine that gets loaded
     try:
         engine = load_engine(engine_dir, num_threads=threads, huge_pages=huge_pages)
         grammar.use_threads(threads)
     except ManifestError as e:
+        replaced_says_so()  # (a graph of the new build, a manifest of the old: not a broken engine)
         fail_usage(str(e))
-    if identity is None or identity_now() != identity:
-        fail_usage(f"{engine_dir} changed while it was loading (a trtllm-build replacing it?); run again")
+    replaced_says_so()
     check_batch_size(inp, engine.manifest)
     # Problems only the engine can see (a token id past its vocabulary) fail that request alone.
     m = engine.manifest
@@ -358,12 +368,14 @@ def serve(input_file: Path, engine_dir: Path, output: str | None, profile: str |
         drafter = Drafter.load(engine_dir, engine.manifest, spec_draft_step, spec_draft_top_k, spec_verify_size,
                                huge_pages=huge_pages)
     except ManifestError as e:
+        replaced_says_so()
         fail_usage(str(e))
     try:
         named = engine.manifest.files
         tokenizer = Tokenizer.from_engine_dir(engine_dir, named)
         template = ChatTemplate.from_engine_dir(engine_dir, named)
     except Exception as e:  # noqa: BLE001 - a missing or broken tokenizer file: the engine dir is incomplete
+        replaced_says_so()
         fail_usage(f"{engine_dir}: its tokenizer or chat template cannot be loaded ({type(e).__name__}: {e}); "
                    "rebuild it with trtllm-build")
     runner = Runner(engine, tokenizer, template, prefixes, drafter, prefill_chunk)
@@ -388,6 +400,8 @@ def serve(input_file: Path, engine_dir: Path, output: str | None, profile: str |
     elif any(getattr(r, name) != getattr(fmt.PLACEHOLDER, name) for r in inp.requests for name in fmt.CONTEXT_FIELDS):
         stdout.say("warning: the context_cache_* policies apply with --context-reuse only")
     adapters = AdapterSet.for_run(engine, inp.available_lora_weights, input_file.parent)
+    adapters.preload({r.lora_name for r in inp.requests if r.lora_name} - set(inp.available_lora_weights))
+    replaced_says_so()  # (the tokenizer, template, draft head and bundled adapters: all of one build)
     runner.warm_up(inp, warmup, adapters, frozenset(engine_errors))
     if runner.cancelled:
         stdout.say("interrupted while warming up: nothing was answered or written")

@@ -462,6 +462,16 @@ class AdapterSet:
         paths.update({name: Path(input_dir) / p for name, p in available.items()})  # an absolute p stays p
         return cls(m, paths, frozenset(available))
 
+    def preload(self, names) -> None:
+        """Load these (the engine's bundled ones a run names) now, while its files are checked to be
+        one build's; a failure is kept for the requests naming it, as get() keeps it."""
+        for name in sorted(names):
+            if name in self.paths:
+                try:
+                    self.get(name)
+                except AdapterError:
+                    pass
+
     def get(self, name: str) -> Adapter:
         if name not in self.loaded:
             try:

@@ -65,6 +65,26 @@ def test_rebuild_in_place_keeps_the_directory(tmp_path, tiny_checkpoint, monkeyp
     assert engine.stat().st_ino != inode and sorted(p.name for p in tmp_path.iterdir()) == ["engine"]
 
 
+def test_an_in_place_swap_leaves_another_running_build_s_staging(tmp_path, tiny_checkpoint, monkeypatch):
+    """Two builds to --output . at once: the first to finish swapped the other's staging directory
+    out with the old engine and deleted it (the other then failed half-way). A fresh one stays; one
+    an hour old is a killed build's, and goes."""
+    engine = tmp_path / "engine"
+    engine.mkdir()
+    monkeypatch.chdir(engine)
+    args = ["--model", str(tiny_checkpoint("llama")), "--output", ".", "--no-verify"]
+    assert CliRunner().invoke(main, args).exit_code == 0
+    running, killed = engine / ".engine.partial-abc123", engine / ".engine.partial-old999"
+    for d in (running, killed):
+        d.mkdir()
+        (d / "llm.onnx").write_bytes(b"half")
+    stale = os.stat(killed).st_mtime - 7200
+    os.utime(killed, (stale, stale))
+    result = CliRunner().invoke(main, args + ["--max-input-len", "32"])
+    assert result.exit_code == 0, result.output
+    assert (running / "llm.onnx").read_bytes() == b"half" and not killed.exists()
+
+
 def test_output_that_is_not_an_engine_is_never_deleted(tmp_path, tiny_checkpoint):
     """--output over a checkpoint or any other non-empty directory is refused (exit 2), nothing deleted."""
     keep = tmp_path / "notes"

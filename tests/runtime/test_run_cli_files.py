@@ -115,6 +115,43 @@ def test_engine_replaced_while_loading_is_refused(tmp_path, tiny_engine, monkeyp
     assert result.exit_code == 2 and "changed while it was loading" in result.output
 
 
+@pytest.mark.parametrize("when", ["load fails", "after load"])
+def test_engine_replaced_during_load_names_the_rebuild(tmp_path, tiny_engine, monkeypatch, when):
+    """A rebuild landing inside the load (the new build's graph, the old manifest) is not a broken
+    engine to rebuild; one landing after it, while the tokenizer, template, draft head and adapters
+    are read, would pair two builds' files: both say the engine changed, and nothing is answered."""
+    import shutil
+
+    from trtllm.runtime import engine as engine_mod
+    from trtllm.runtime import tokenizer as tokenizer_mod
+    from trtllm.runtime.manifest import ManifestError
+
+    engine = tmp_path / "engine"
+    shutil.copytree(tiny_engine("llama"), engine)
+
+    def rebuild():
+        manifest = json.loads((engine / "manifest.json").read_text())
+        (engine / "manifest.json").write_text(json.dumps({**manifest, "build_id": "another build"}))
+
+    if when == "load fails":
+        def load(*args, **kwargs):
+            rebuild()
+            raise ManifestError(f"{engine}/llm.ort.onnx does not match {engine}/manifest.json; rebuild it")
+        monkeypatch.setattr(engine_mod, "load_engine", load)
+    else:
+        real = tokenizer_mod.Tokenizer.from_engine_dir.__func__
+
+        def read(cls, *args, **kwargs):
+            rebuild()
+            return real(cls, *args, **kwargs)
+        monkeypatch.setattr(tokenizer_mod.Tokenizer, "from_engine_dir", classmethod(read))
+    (tmp_path / "in.json").write_text(json.dumps({"requests": [chat("a")]}))
+    out = tmp_path / "out.json"
+    result = CliRunner().invoke(main, [str(tmp_path / "in.json"), "--engine", str(engine), "--output", str(out)])
+    assert result.exit_code == 2 and "changed while it was loading" in result.output, result.output
+    assert "does not match" not in result.output and not out.exists()
+
+
 def test_output_failing_at_the_end_prints_the_answers(tmp_path, tiny_engine, monkeypatch):
     from trtllm.runtime import files
 
