@@ -31,6 +31,7 @@ from trtllm.runtime.messages import (  # noqa: F401 - ContentItem: part of this 
     Message,
     parse_messages as _messages,
     parse_template_kwargs as _template_kwargs,
+    parse_text as _text,
     readable_messages as _readable_messages,
     parse_tools as _tools,
 )
@@ -226,10 +227,10 @@ def _request(value: object, path: str, top: InputFile, bundled: tuple[str, ...] 
                                                    "add it to `available_lora_weights`")
         _fail(f"{path}.lora_name", "a key of `available_lora_weights` or an adapter in the engine "
               f"({_one_of(loras) or 'none are given'})", lora_name, hint)
-    total = sum(len(m.text().encode("utf-8")) for m in f["messages"])
+    total = sum(m.text_bytes() for m in f["messages"])
     if total > MAX_REQUEST_TEXT_BYTES:
         _fail(f"{path}.messages", f"at most {MAX_REQUEST_TEXT_BYTES} UTF-8 bytes (1 MiB) of "
-              "text in total", None, shown=f"{total} bytes")
+              "text (content and reasoning_content) in total", None, shown=f"{total} bytes")
     if f.get("continue_final_message") and not f["messages"]:
         _fail(f"{path}.continue_final_message", "false when `messages` is empty (there is no message to continue)",
               True)
@@ -276,7 +277,7 @@ _TOP_FIELDS = {
     "apply_chat_template": _bool,
     "add_generation_prompt": _bool,
     "enable_thinking": _bool,
-    "default_system_prompt": _string,
+    "default_system_prompt": _text,  # (each request's system message: a message's limit)
     "tools": _tools,
     "tool_choice": tool_calls.parse_choice,
     "tool_call_parser": tool_calls.parse_parser,

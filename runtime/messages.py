@@ -32,6 +32,7 @@ from trtllm.runtime.strict_json import (
 MAX_MESSAGES = 64
 MAX_CONTENT_ITEMS = 18
 MAX_CONTENT_BYTES = 128 * 1024  # one text content, UTF-8 bytes
+MAX_NAME_BYTES = 256  # a message's name or tool_call_id, UTF-8 bytes (OpenAI's names are 64 characters)
 ROLES = ("system", "user", "assistant", "tool")
 CONTENT_TYPES = ("text", "image", "audio", "video")
 MEDIA_TYPES = frozenset({"image", "audio", "video"})
@@ -72,6 +73,11 @@ class Message:
             out["tool_calls"] = [_template_call(call) for call in out["tool_calls"]]
         return out
 
+    def text_bytes(self) -> int:
+        """The UTF-8 bytes of its text and its reasoning_content: what a request's total counts."""
+        reasoning = dict(self.extra).get("reasoning_content")
+        return len(self.text().encode("utf-8")) + (len(reasoning.encode("utf-8")) if isinstance(reasoning, str) else 0)
+
     def text(self) -> str:
         """The text parts joined with "" (string content returned as is)."""
         if isinstance(self.content, str):
@@ -92,12 +98,20 @@ class Message:
         return {"role": self.role, "content": items, **dict(self.extra)}
 
 
-def _text(value: object, path: str) -> str:
+def parse_text(value: object, path: str) -> str:
     text = _string(value, path)
     num_bytes = len(text.encode("utf-8"))
     if num_bytes > MAX_CONTENT_BYTES:
         _fail(path, f"at most {MAX_CONTENT_BYTES} UTF-8 bytes (128 KiB)", value,
               shown=f"{num_bytes} bytes")
+    return text
+
+
+def _short_name(value: object, path: str) -> str:
+    text = _string(value, path, nonempty=True)
+    num_bytes = len(text.encode("utf-8"))
+    if num_bytes > MAX_NAME_BYTES:
+        _fail(path, f"at most {MAX_NAME_BYTES} UTF-8 bytes", value, shown=f"{num_bytes} bytes")
     return text
 
 
@@ -128,7 +142,7 @@ def _content_item(value: object, path: str) -> ContentItem:
         paths = tuple(_each(paths, f"{path}.frames", lambda v, p: _string(v, p, nonempty=True))) or _fail(
             f"{path}.frames", "a non-empty array of frame paths", [])
         fps = _fps(obj["fps"], f"{path}.fps") if "fps" in obj else None
-    parse = _text if kind == "text" else lambda v, p: _string(v, p, nonempty=True)
+    parse = parse_text if kind == "text" else lambda v, p: _string(v, p, nonempty=True)
     item_value = "" if frames else parse(obj[kind], f"{path}.{kind}")
     do_resize = _bool(obj["do_resize"], f"{path}.do_resize") if "do_resize" in obj else None
     return ContentItem(kind, item_value, do_resize, *((paths, fps) if frames else ()))
@@ -136,7 +150,7 @@ def _content_item(value: object, path: str) -> ContentItem:
 
 def _content(value: object, path: str) -> str | tuple[ContentItem, ...]:
     if isinstance(value, str):
-        return _text(value, path)
+        return parse_text(value, path)
     if not isinstance(value, list) or len(value) > MAX_CONTENT_ITEMS:
         _fail(path, f"a string or an array of at most {MAX_CONTENT_ITEMS} content items", value)
     return tuple(_each(value, path, _content_item))
@@ -179,9 +193,9 @@ def _sized(value: list, path: str, what: str) -> None:
 # name -> (parser, the roles that may give it)
 EXTRA_FIELDS = {
     "tool_calls": (_tool_calls, ("assistant",)),
-    "reasoning_content": (_text, ("assistant",)),
-    "tool_call_id": (lambda v, p: _string(v, p, nonempty=True), ("tool",)),
-    "name": (lambda v, p: _string(v, p, nonempty=True), ROLES),
+    "reasoning_content": (parse_text, ("assistant",)),
+    "tool_call_id": (_short_name, ("tool",)),
+    "name": (_short_name, ROLES),
 }
 
 

@@ -60,6 +60,9 @@ CALL = {"type": "function", "function": {"name": "w", "arguments": {"city": "Par
      "requests[0].messages[0].tool_calls[0].function.arguments.a", "once"),
     ({"role": "assistant", "content": "", "tool_calls": [{"a": "x" * 140_000}]}, "requests[0].messages[0].tool_calls",
      "at most 131072 UTF-8 bytes"),
+    ({"role": "user", "content": "x", "name": "n" * 257}, "requests[0].messages[0].name", "at most 256 UTF-8 bytes"),
+    ({"role": "tool", "content": "18", "tool_call_id": "i" * 300}, "requests[0].messages[0].tool_call_id",
+     "at most 256 UTF-8 bytes"),
 ])
 def test_tool_fields_of_a_message_are_checked_by_path(message, path, says):
     with pytest.raises(InputError) as e:
@@ -136,3 +139,16 @@ def test_a_video_is_a_file_or_edge_llms_frames():
         with pytest.raises(InputError) as e:
             item(**fields)
         assert e.value.json_path == f"requests[0].messages[0].content[0].{path}", fields
+
+
+def test_every_text_a_request_carries_is_bounded():
+    """The default system prompt (every request's system message) is one text, 128 KiB at most,
+    refused at the top level; reasoning_content counts toward a request's 1 MiB like its content."""
+    with pytest.raises(InputError) as e:
+        parse_input({"default_system_prompt": "x" * 140_000, "requests": [{"messages": []}]})
+    assert e.value.json_path == "default_system_prompt" and "at most 131072 UTF-8 bytes" in str(e.value)
+    turns = [{"role": "assistant", "content": "ok", "reasoning_content": "r" * 130_000}] * 9
+    with pytest.raises(InputError) as e:
+        parse_input({"requests": [{"messages": turns}]})
+    assert e.value.json_path == "requests[0].messages" and "content and reasoning_content" in str(e.value)
+    parse_input({"requests": [{"messages": turns[:8]}]})  # (8 x 130,002 bytes: under 1 MiB)
