@@ -246,7 +246,9 @@ class Runner:
             if row.error is not None:
                 return
             chunk = row.text.take(final=row.finish_reason is not None)
-            if chunk or row.finish_reason:
+            # a line for each new token, its text or not (held back: a possible stop string, a
+            # character cut across tokens): its ids and logprobs are known now
+            if chunk or row.finish_reason or len(row.output_ids) > sent[id(row)]:
                 start, sent[id(row)] = sent[id(row)], len(row.output_ids)
                 ids, smp = row.output_ids[start:], owner[id(row)]
                 fields = self.streamed_logprobs(smp, start) if ids else {}

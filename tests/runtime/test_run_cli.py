@@ -231,6 +231,24 @@ def test_a_row_failing_mid_stream_ends_with_one_error_line(tmp_path, tiny_engine
     assert other[-1]["finish_reason"] == "max-length" and all("finish_reason" not in ln for ln in other[:-1])
 
 
+def test_a_stream_line_comes_with_each_token_while_its_text_is_held_back(tmp_path, tiny_engine):
+    """A long stop string holds the text back; the ids and logprobs of each token still come on
+    their own line (they came in bulk with the text: 52 ids on the first line of a review's run)."""
+    stop = ["z" * 200]  # (never matched: the whole answer's text is held back to its last 199 characters)
+    (tmp_path / "in.json").write_text(json.dumps({"temperature": 0, "max_generate_length": 12, "ignore_eos": True,
+                                                  "num_logprobs": 2, "requests": [chat("a", stop=stop)]}))
+    out = tmp_path / "out.json"
+    result = CliRunner().invoke(main, [str(tmp_path / "in.json"), "--engine", str(tiny_engine("llama")), "--stream",
+                                       "--output", str(out)])
+    assert result.exit_code == 0, result.output
+    lines = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+    response = json.loads(out.read_text())["responses"][0]
+    assert [len(ln["token_ids"]) for ln in lines] == [1] * 12
+    assert [t for ln in lines for t in ln["token_ids"]] == response["output_ids"]
+    assert [len(ln["logprobs"]) for ln in lines] == [1] * 12
+    assert "".join(ln["text"] for ln in lines) == response["output_text"]
+
+
 def test_an_engine_failure_keeps_the_samples_that_finished(tmp_path, tiny_engine, monkeypatch):
     """n = 2 with one slot: sample 0 finishes in step 1, the engine raises in step 2 (sample 1's
     prefill). Only sample 1 fails; sample 0 keeps its answer."""
