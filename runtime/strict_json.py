@@ -39,6 +39,10 @@ def parse_int(digits: str) -> int | LongNumber:
 
 
 MAX_INT_DIGITS = 4000
+# Arrays and objects nest at most this deep in the input file and in a string of JSON inside it
+# (Python's parser itself stops near 1000, where its stack ends: a limit of ours, stated, instead)
+MAX_DEPTH = 512
+TOO_DEEP = object()  # (what the parser gave up on)
 MAX_KEY_SHOWN = 60  # characters of a key shown in a path
 
 
@@ -52,11 +56,15 @@ def read_json(text: str, path: str, what: str) -> object:
     """A string of JSON inside the file (a schema, a tool call's arguments), read as strictly as the
     file: repeated keys found later, NaN and Infinity refused; an error names `path`."""
     try:
-        return json.loads(text, object_pairs_hook=object_hook, parse_constant=_no_constant, parse_int=parse_int)
+        value = json.loads(text, object_pairs_hook=object_hook, parse_constant=_no_constant, parse_int=parse_int)
     except ValueError as e:
         fail(path, what, None, shown=f"invalid JSON: {e}")
     except RecursionError:
-        fail(path, what, None, shown="arrays or objects nested deeper than the parser goes")
+        value = TOO_DEEP
+    if value is TOO_DEEP or nesting(value) > MAX_DEPTH:
+        fail(path, f"{what} whose arrays and objects nest at most {MAX_DEPTH} deep", None,
+             shown=f"{deepest(text)[0]} deep")
+    return value
 
 
 def decode(data: bytes, label: str) -> object:
@@ -70,15 +78,30 @@ def decode(data: bytes, label: str) -> object:
         column = e.start - (data.rfind(b"\n", 0, e.start) + 1) + 1
         fail("", "UTF-8 text", None, label=label, shown=f"an invalid byte at line {line} column {column} (byte {e.start})")
     try:
-        return json.loads(text, object_pairs_hook=object_hook, parse_constant=float, parse_int=parse_int)
+        value = json.loads(text, object_pairs_hook=object_hook, parse_constant=float, parse_int=parse_int)
     except json.JSONDecodeError as e:
         fail("", "valid JSON", None, label=label,
              # some of json's messages end in "at" already ("Invalid control character at")
              shown=f"{e.msg.removesuffix(' at')} at line {e.lineno} column {e.colno}")
     except RecursionError:
+        value = TOO_DEEP
+    if value is TOO_DEEP or nesting(value) > MAX_DEPTH:
         depth, line, column = deepest(text)
-        fail("", "valid JSON", None, label=label, shown=f"arrays or objects nested {depth} deep, deeper than the "
-             f"parser goes (the deepest at line {line} column {column})")
+        fail("", f"JSON whose arrays and objects nest at most {MAX_DEPTH} deep", None, label=label,
+             shown=f"{depth} deep (the deepest at line {line} column {column})")
+    return value
+
+
+def nesting(value: object) -> int:
+    """How deep a parsed value's arrays and objects nest (without recursion: no stack to run out of)."""
+    most, todo = 0, [(value, 1)]
+    while todo:
+        v, depth = todo.pop()
+        items = v.values() if isinstance(v, dict) else v if isinstance(v, list) else None
+        if items is not None:
+            most = max(most, depth)
+            todo.extend((x, depth + 1) for x in items)
+    return most
 
 
 def deepest(text: str) -> tuple[int, int, int]:

@@ -214,11 +214,13 @@ MESSAGE = '{"messages": [{"role": "user", "content": "hi"}]}'
 
 
 @pytest.mark.parametrize("text, path, needle", [
-    # nesting past what json.loads recurses into (it raised RecursionError)
+    # nesting past what json.loads recurses into (it raised RecursionError), and past our limit below it
     ('{"requests": [{"messages": [], "stop": ' + "[" * 5000 + "]" * 5000 + "}]}", "",
-     "nested 5003 deep, deeper than the parser goes (the deepest at line 1 column 5039)"),
+     "must be JSON whose arrays and objects nest at most 512 deep, got 5003 deep (the deepest at line 1 column 5039)"),
     ('{"requests": [{"messages": [{"content": "[[[["}], "stop":\n ' + "[" * 5000 + "]" * 5000 + "}]}", "",
-     "nested 5003 deep, deeper than the parser goes (the deepest at line 2 column 5001)"),
+     "nest at most 512 deep, got 5003 deep (the deepest at line 2 column 5001)"),
+    ('{"requests": [{"messages": [], "chat_template_kwargs": {"x": ' + "[" * 600 + "]" * 600 + "}}]}", "",
+     "nest at most 512 deep, got 604 deep"),
     # integers of more digits than Python converts (json.loads raised ValueError)
     ('{"top_k": ' + "1" * 4301 + ', "requests": [%s]}' % MESSAGE, "top_k", "an integer of 4301 digits"),
     ('{"requests": [{"messages": [{"role": "user", "content": ' + "9" * 5000 + "}]}]}",
