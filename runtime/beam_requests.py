@@ -15,8 +15,8 @@ def unrunnable(req, index: int, manifest) -> str | None:
     if req.num_beams <= 1:
         return None
     if req.num_beams > manifest.limits.max_batch_size:
-        return (f"`{where}` {req.num_beams}: more beams than the engine's max_batch_size "
-                f"{manifest.limits.max_batch_size} (each beam is a batch row); rebuild with a larger --max-batch-size")
+        return (f"`{where}` must be at most the engine's max_batch_size {manifest.limits.max_batch_size} (each beam "
+                f"is a batch row), got {req.num_beams}; rebuild with a larger --max-batch-size")
     return None
 
 

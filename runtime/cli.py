@@ -75,12 +75,13 @@ def show_warning(message, category, filename, lineno, file=None, line=None) -> N
 
 def shown_text(text: str) -> str:
     """An answer on one terminal line: its line breaks as \\n and \\r, other control characters as
-    \\xNN (a model steered to write ESC[2J cleared the screen; the file has the text itself)."""
+    \\xNN, U+2028 and U+2029 as \\u2028 and \\u2029 (a model steered to write ESC[2J cleared the
+    screen; the file has the text itself)."""
     text = text.replace("\r", "\\r").replace("\n", "\\n")
-    return CONTROL.sub(lambda m: f"\\x{ord(m[0]):02x}", text)
+    return CONTROL.sub(lambda m: f"\\x{ord(m[0]):02x}" if ord(m[0]) < 0x100 else f"\\u{ord(m[0]):04x}", text)
 
 
-CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")  # C0 and C1 but tab
+CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029]")  # C0 and C1 but tab; Unicode's line breaks
 
 
 def fail_usage(message: str) -> None:

@@ -205,6 +205,7 @@ def test_summary_lines_show_control_characters_escaped():
     from trtllm.runtime.cli import shown_text
 
     assert shown_text("a\x1b[2J\tb\nc\r\x9b\x07é") == "a\\x1b[2J\tb\\nc\\r\\x9b\\x07é"
+    assert shown_text("a\u2028b\u2029c") == "a\\u2028b\\u2029c"  # (splitlines() cut the record there)
 
 
 def test_an_input_file_name_that_is_not_utf8(tmp_path, tiny_engine):

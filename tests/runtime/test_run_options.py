@@ -208,7 +208,8 @@ def test_model_defaults_fill_only_what_the_file_leaves_out(run_cli, tmp_path, ti
     assert "its `top_k` is refused (`top_k` must be <= 100 (the engine's sampler limit)" in refused["top_k"]
     (engine / "generation_config.json").write_text(json.dumps({"num_beams": 8}))  # more beams than the engine's rows
     _, refused = generation_defaults(engine, small)  # (every request failed, naming a `num_beams` the file lacks)
-    assert "its `num_beams` is refused (`num_beams` 8: more beams than the engine's max_batch_size 4" in refused["num_beams"]
+    assert ("its `num_beams` is refused (`num_beams` must be at most the engine's max_batch_size 4 (each beam is a "
+            "batch row), got 8") in refused["num_beams"]
     (engine / "generation_config.json").write_text(json.dumps({"max_new_tokens": 2}))
     result, out = run_cli(engine, {"requests": [chat("Hi", min_new_tokens=3)]}, "--sampling-defaults", "model")
     assert out["responses"][0]["error"] == ("`requests[0].min_new_tokens` must be <= `max_generate_length` "
