@@ -27,17 +27,30 @@ def unchanged(config: BuildConfig) -> str | None:
         listed = [line.split(maxsplit=1)[1] for line in (out / "checksums.sha256").read_text().splitlines()]
     except (OSError, ValueError, IndexError):
         return None
-    if manifest.get("build_config") != json.loads(json.dumps(config.to_json())) or manifest.get("tensorrt") == {"plan": "pending"}:
+    if same_paths(manifest.get("build_config")) != same_paths(json.loads(json.dumps(config.to_json()))) \
+            or manifest.get("tensorrt") == {"plan": "pending"}:
         return None
     if report.get("code") != provenance.code_fingerprint():
         return None
     if not all((out / name).is_file() for name in listed):
         return None
-    built = (out / "manifest.json").stat().st_mtime
-    files = [p for p in model.iterdir() if p.is_file()] if model.is_dir() else [model]
-    if any(p.stat().st_mtime > built for p in files):
-        return None
-    weights = loaded_weight_files(model) if model.is_dir() else [model]
-    if (manifest.get("source") or {}).get("sha256") != weights_hash(weights):
+    try:  # (a shard the index names gone, a file this user may not read: the build says what is wrong)
+        built = (out / "manifest.json").stat().st_mtime
+        files = [p for p in model.iterdir() if p.is_file()] if model.is_dir() else [model]
+        if any(p.stat().st_mtime > built for p in files):
+            return None
+        weights = loaded_weight_files(model) if model.is_dir() else [model]
+        if (manifest.get("source") or {}).get("sha256") != weights_hash(weights):
+            return None
+    except OSError:
         return None
     return "the same options, checkpoint and code as its build"
+
+
+def same_paths(build_config) -> object:
+    """The build's options with --model and --output as the directories they name (models/x,
+    ./models/x/ and /abs/models/x are one checkpoint)."""
+    if not isinstance(build_config, dict):
+        return build_config
+    return {**build_config, **{key: str(Path(build_config[key]).expanduser().resolve())
+                               for key in ("model", "output") if isinstance(build_config.get(key), str)}}

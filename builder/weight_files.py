@@ -21,14 +21,15 @@ def weights_hash(paths: list[Path]) -> str:
 def loaded_weight_files(path: Path) -> list[Path]:
     """The weight files transformers reads (safetensors before pickles, the shards an index names):
     what an engine records the hash of, not a consolidated copy or training state beside them."""
-    for index, single in (("model.safetensors.index.json", "model.safetensors"),
-                          ("pytorch_model.bin.index.json", "pytorch_model.bin")):
+    # (transformers' order: one file before an index, safetensors before pickles)
+    for single, index in (("model.safetensors", "model.safetensors.index.json"),
+                          ("pytorch_model.bin", "pytorch_model.bin.index.json")):
+        if (path / single).is_file():
+            return [path / single]
         if (path / index).is_file():
             try:
                 shards = sorted(set(json.loads((path / index).read_text())["weight_map"].values()))
                 return [path / name for name in shards]
             except (OSError, ValueError, KeyError, TypeError, AttributeError):
                 break  # (transformers has read it: an odd one is hashed whole, as below)
-        if (path / single).is_file():
-            return [path / single]
     return [p for p in path.iterdir() if p.suffix in (".safetensors", ".bin")]

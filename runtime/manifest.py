@@ -203,6 +203,7 @@ def rebuild_hint(engine_dir: str | os.PathLike, backend: str | None = None) -> s
     return hint + f" (on this machine), or only its plan: python -m trtllm.builder.plan {staged_for(engine_dir)}"
 
 
+TENSORRT_ONLY = ("sampling_plugin", "workspace_gib", "opt_level")  # options trtllm-build takes with TensorRT alone
 PROFILE_ALIASES = {"jetson-orin-jp6": "tensorrt-legacy"}  # configs/ holds a file for the name on the right
 
 # build_config's keys that are trtllm-build options, in its --help's order, with trtllm-build's
@@ -241,6 +242,8 @@ def build_command(engine_dir: str | os.PathLike, backend: str | None = None) -> 
         value = backend if key == "backend" and backend else given.get(key)
         if value is None or value is False or key in baseline and value == baseline[key]:
             continue
+        if key == "plan_later" or backend not in (None, "tensorrt") and key in TENSORRT_ONLY:
+            continue  # (a rebuild makes a whole engine; one for ONNX Runtime takes no TensorRT option)
         words += ["--" + key.replace("_", "-")] + ([] if value is True else [str(value)])
     for name, path in given.get("lora") or ():
         words += ["--lora", f"{name}={path}"]

@@ -8,8 +8,13 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="$(realpath -m "${TRTLLM_VENV:-$ROOT/.venv}")"  # (absolute: test.sh runs it from $ROOT)
 PY="${PYTHON:-python3}"  # the interpreter a new venv is made with
 new_enough() { "$1" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; }
+MAKING="$VENV/.trtllm-making"  # there while this script makes the venv: one it left half made is its own to remove
 if [ -x "$VENV/bin/python" ] && ! "$VENV/bin/python" -m pip --version >/dev/null 2>&1; then
-    echo "[setup] $VENV has no pip (a setup interrupted while making it?): making it again"
+    if [ ! -e "$MAKING" ]; then  # (someone else's environment: never removed)
+        echo "[setup] $VENV/bin/python has no pip: add it ($VENV/bin/python -m ensurepip) or set TRTLLM_VENV" >&2
+        exit 1
+    fi
+    echo "[setup] $VENV is half made (an interrupted setup): making it again"
     rm -rf "$VENV"
 fi
 if [ ! -x "$VENV/bin/python" ]; then
@@ -18,7 +23,9 @@ if [ ! -x "$VENV/bin/python" ]; then
         exit 1
     fi
     echo "[setup] creating $VENV"
+    mkdir -p "$VENV" && touch "$MAKING"
     "$PY" -m venv "$VENV"
+    rm -f "$MAKING"
 elif ! new_enough "$VENV/bin/python"; then
     echo "[setup] $VENV is $("$VENV/bin/python" --version 2>&1): Python 3.11 or newer is needed; remove it, or set TRTLLM_VENV" >&2
     exit 1

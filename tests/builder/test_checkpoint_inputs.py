@@ -95,6 +95,11 @@ def test_the_weights_hash_is_of_what_transformers_loads(tiny_checkpoint, tmp_pat
     shutil.rmtree(tmp_path / "e")
     assert build(plain, tmp_path).exit_code == 0
     assert json.loads((tmp_path / "e" / "manifest.json").read_text())["source"]["sha256"] == want
+    # shards and their index beside the single file: transformers loads the single file, and so is it hashed
+    from trtllm.builder.weight_files import loaded_weight_files
+
+    (plain / "model.safetensors.index.json").write_text('{"weight_map": {"a": "model-00001-of-00002.safetensors"}}')
+    assert loaded_weight_files(plain) == [plain / "model.safetensors"]
 
 
 def test_a_sentencepiece_only_tokenizer_builds_and_encodes_as_transformers(tmp_path):

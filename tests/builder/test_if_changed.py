@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -23,7 +24,7 @@ def model(tiny_checkpoint, tmp_path):
 def build(model, out, *extra):
     result = CliRunner().invoke(main, ["--model", str(model), "--output", str(out), *LIMITS, "--if-changed", *extra])
     assert result.exit_code == 0, result.output
-    build_id = json.loads((out / "manifest.json").read_text())["build_id"]
+    build_id = json.loads((Path(out) / "manifest.json").read_text())["build_id"]
     return "is up to date" in result.output, build_id
 
 
@@ -57,3 +58,30 @@ def test_an_unverified_or_incomplete_engine_is_built_again(model, tmp_path):
     build(model, out)
     (out / "tokenizer.json").unlink()
     assert build(model, out)[0] is False
+
+
+def test_the_same_directories_spelled_otherwise_are_the_same_build(model, tmp_path, monkeypatch):
+    out = tmp_path / "engine"
+    _, first = build(model, out)
+    monkeypatch.chdir(tmp_path)
+    assert build(f"./{model.name}/", f"{out.name}/") == (True, first)  # (relative, trailing slashes)
+
+
+def test_a_checkpoint_missing_a_shard_is_the_build_s_to_name(model, tmp_path):
+    """A shard the index names, deleted (no other file's time changes): the check falls through to
+    the build, which refuses the checkpoint (exit 2), not a traceback."""
+    from safetensors.numpy import load_file, save_file
+
+    weights = load_file(str(model / "model.safetensors"))
+    names = sorted(weights)
+    halves = {"model-00001-of-00002.safetensors": names[::2], "model-00002-of-00002.safetensors": names[1::2]}
+    for shard, keys in halves.items():
+        save_file({k: weights[k] for k in keys}, str(model / shard))
+    (model / "model.safetensors").unlink()
+    (model / "model.safetensors.index.json").write_text(json.dumps(
+        {"metadata": {}, "weight_map": {k: shard for shard, keys in halves.items() for k in keys}}))
+    out = tmp_path / "engine"
+    assert build(model, out)[0] is False
+    (model / "model-00001-of-00002.safetensors").unlink()
+    result = CliRunner().invoke(main, ["--model", str(model), "--output", str(out), *LIMITS, "--if-changed"])
+    assert result.exit_code == 2 and "Traceback" not in result.output, result.output

@@ -233,6 +233,13 @@ def test_the_rebuild_command_is_the_engine_s_own(tmp_path):
     (tmp_path / "manifest.json").write_text(json.dumps({"source": {"model": "/m/smol"},
                                                         "build_config": {**legacy, "profile": "jetson-orin-jp6"}}))
     assert build_command(tmp_path) == f"trtllm-build --model /m/smol --output {tmp_path} --profile jetson-orin-jp6"
+    # a rebuild for ONNX Runtime takes no TensorRT option, and no rebuild is only an export
+    trt = {**legacy, "sampling_plugin": True, "plan_later": True, "opt_level": 5}
+    (tmp_path / "manifest.json").write_text(json.dumps({"source": {"model": "/m/smol"}, "build_config": trt}))
+    assert build_command(tmp_path, "onnxruntime") == (f"trtllm-build --model /m/smol --output {tmp_path} "
+                                                      "--profile tensorrt-legacy --backend onnxruntime")
+    assert build_command(tmp_path) == (f"trtllm-build --model /m/smol --output {tmp_path} --profile tensorrt-legacy "
+                                       "--opt-level 5 --sampling-plugin")
     (tmp_path / "manifest.json").write_text("{")
     assert build_command(tmp_path) == f"trtllm-build --model <checkpoint> --output {tmp_path}"
     # a build's staging copy, a plan step's: the command names the engine's own directory
