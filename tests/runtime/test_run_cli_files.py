@@ -187,7 +187,7 @@ def test_a_profile_on_the_stdout_the_answers_use_is_refused(tmp_path, tiny_engin
     base = [str(tmp_path / "in.json"), "--engine", str(tiny_engine("llama")), "--profile", "/dev/stdout"]
     for extra, said in (([], "the answers go to"), (["--stream", "--output", str(tmp_path / "o.json")], "--stream")):
         result = CliRunner().invoke(main, base + extra)
-        assert result.exit_code == 2 and f"--profile /dev/stdout is stdout, which" in result.output, result.output
+        assert result.exit_code == 2 and "--profile /dev/stdout is stdout, which" in result.output, result.output
         assert said in result.output
     out = tmp_path / "fd1.txt"
     with open(out, "w") as f:  # (a real descriptor 1: CliRunner's stdout has none)
