@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
+from trtllm.builder.config import CheckpointError
 from trtllm.runtime import kv_cache, sampling
 from trtllm.runtime import manifest as mf
 from trtllm.runtime.generate import RowState, decode_inputs, prefill_inputs
@@ -37,9 +38,9 @@ class VerifyError(RuntimeError):
     report: dict | None = None
 
 
-class BrokenCheckpoint(VerifyError):
+class BrokenCheckpoint(VerifyError, CheckpointError):
     """transformers' own logits are not finite: the checkpoint is at fault, not the build (a bad
-    checkpoint: trtllm-build exits 2)."""
+    checkpoint, as any other: trtllm-build exits 2)."""
 
 
 def engine_logits(engine, prompt_ids: list[int], num_decode: int, forced: list[int] | None = None,

@@ -287,11 +287,8 @@ def serve(input_file: Path, engine_dir: Path, output: str | None, profile: str |
     # draft head or adapters (checked again once they are all read)
     identity = identity_now()
 
-    def replaced() -> bool:
-        return identity_now() != identity  # (None and None: no engine there, which load_engine names)
-
     def replaced_says_so() -> None:
-        if replaced():
+        if identity_now() != identity:  # (None and None: no engine there, which load_engine names)
             fail_usage(f"{engine_dir} changed while it was loading (a trtllm-build replacing it?); run again")
 
     try:  # the adapters bundled in the engine are names a request may use; a bad engine is reported below

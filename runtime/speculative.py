@@ -330,13 +330,18 @@ class SpecScheduler(SpecContext, SpecPause, TreeDecoding, Scheduler):
             self.accept(s, out, s)
             self.timing.generated_tokens += 1
             return True
-        # The top logprob is the last verified position's: its overflow fails the row only where no
-        # position's logits say more (else `emit` fails it at the first token drawn from overflowed
-        # logits, as plain decoding would, and a draft past the accepted ones fails nothing).
-        if out.verify_logits is None and not np.isfinite(out.top_logprobs[s, 0]):
+        if self.overflowed(s, out):
             self.accept_token(s, int(out.token_ids[s]), finite=False)
             return True
         return False
+
+    @staticmethod
+    def overflowed(s: int, out) -> bool:
+        """Whether the verify step's overflow fails row `s` here. The top logprob is the last verified
+        position's: it fails the row only where no position's logits say more (else `emit` fails it
+        at the first token drawn from overflowed logits, as plain decoding would, and a draft past
+        the accepted ones fails nothing)."""
+        return out.verify_logits is None and not np.isfinite(out.top_logprobs[s, 0])
 
     def finish_cycle(self, hi: int, rows: list, emitted: list, drawn: dict, out, pos: list[int], w: int,
                      step_time: float, elapsed: float, ahead: float, ahead_calls: int) -> None:

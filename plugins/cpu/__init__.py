@@ -98,12 +98,18 @@ def fingerprint() -> str:
     return f"trtllm.cpu {hashlib.sha256(LIBRARY.read_bytes()).hexdigest()[:16]} path {level}"
 
 
-def missing_hint() -> str:
+def compiler_name() -> str:
+    """The C++ compiler the library is built with: $CXX, else g++."""
     import os
+
+    return os.environ.get("CXX", "g++")
+
+
+def missing_hint() -> str:
     import shutil
 
     state = ("was built from other sources than these, or is damaged" if LIBRARY.is_file() else "is not built")
-    cxx = os.environ.get("CXX", "g++")
+    cxx = compiler_name()
     need = "" if shutil.which(cxx) else f"; it needs a C++ compiler, and {cxx} is not on PATH (apt-get install g++)"
     return (f"the native CPU kernel library {LIBRARY} {state}: run `bash scripts/setup.sh` "
             f"(or `python -m trtllm.plugins.cpu.build`){need}")

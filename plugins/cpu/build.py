@@ -21,7 +21,7 @@ import tarfile
 import urllib.request
 from pathlib import Path
 
-from trtllm.plugins.cpu import LIBRARY
+from trtllm.plugins.cpu import LIBRARY, compiler_name
 
 HERE = Path(__file__).resolve().parent
 SOURCES = [HERE / name for name in ("matmul.cc", "matmul_int8.cc", "matmul_block_quant.cc", "matmul_half.cc", "attention.cc",
@@ -70,7 +70,7 @@ def fetch_headers(dest: Path) -> Path:
 
 
 def compile_library(include: Path, out: Path = LIBRARY) -> Path:
-    cxx = os.environ.get("CXX", "g++")
+    cxx = compiler_name()
     digest = source_digest()  # of the sources as they are compiled (one edited meanwhile is not stamped)
     tmp = out.with_name(out.name + ".partial")
     # -Wno-uninitialized: GCC 12's own AVX-512 headers trip it (`__m256d __Y = __Y;` in _mm512_reduce_add_ps).
@@ -115,7 +115,7 @@ def needs_build(out: Path = LIBRARY, compiler: bool = True) -> bool:
     stamp = stamp_of(out)
     if not (out.is_file() and stamp.is_file()):
         return True
-    want = [source_digest(), library_digest(out)] + ([os.environ.get("CXX", "g++")] if compiler else [])
+    want = [source_digest(), library_digest(out)] + ([compiler_name()] if compiler else [])
     return stamp.read_text().splitlines()[:len(want)] != want
 
 
@@ -128,7 +128,7 @@ def main(argv=None) -> int:
     if not args.force and not needs_build():
         print(f"[cpu kernels] {LIBRARY} is up to date", file=sys.stderr)
         return 0
-    cxx = os.environ.get("CXX", "g++")
+    cxx = compiler_name()
     if shutil.which(cxx) is None:  # (before the headers' download, which would be for nothing)
         print(f"[cpu kernels] no C++ compiler: {cxx} is not on PATH (apt-get install g++, or set $CXX); the "
               "kernels are optional: engines run on ONNX Runtime's own", file=sys.stderr)
