@@ -11,6 +11,7 @@ uses one M.
     y --TopK(M)--> sy;  y == sy[:, 0] --first index--> greedy
     sy, temperature, min_p, top_k, top_p --> threshold thr (steps 5-9)
     y >= thr, exp((y - max y) / t) --> w --CumSum--> c --first weighted c > uniform * total--> token
+        (c in float64 on ONNX Runtime; TensorRT's form: float32 with its rounding carried, _compensated)
     where(temperature == 0, greedy, token) -> token_ids
 
 Two TopKs because the logprobs are of x (before the penalties) and the thresholds of y; the small
@@ -254,30 +255,103 @@ def _min_p_and_top_k(b: _Body) -> None:
 
 def _draw(b: _Body, float64: bool) -> None:
     """Steps 10-11: inverse CDF with the caller's uniform, then the greedy override. `float64`: the
-    CDF summed in float64 as the reference sums (ONNX Runtime's form); TensorRT has no float64 (its
-    parser casts DOUBLE down), so its form sums in float32, where a running sum near 3 takes
-    nothing from a weight below 1.2e-7 (with nothing restricted, 2e-4 of the demo model's mass)."""
+    CDF summed in float64 as the reference sums (ONNX Runtime's form). TensorRT has no float64 (its
+    parser casts DOUBLE down), so its form sums in float32 with the rounding carried along
+    (`_compensated`): a plain float32 running sum near 3 takes nothing from a weight below 1.2e-7
+    (with nothing restricted, 2e-4 of the demo model's mass could never be drawn)."""
     b.op("Where", "keep", "exp_d", "zero_f", out="w")                               # [B, V]
-    zero, u = "zero_f", "uniform"
-    if float64:
-        b.op("Cast", "w", out="w_64", to=TensorProto.DOUBLE)
-        b.op("Cast", "uniform", out="uniform_64", to=TensorProto.DOUBLE)
-        b.op("Cast", "zero_f", out="zero_64", to=TensorProto.DOUBLE)
-        zero, u = "zero_64", "uniform_64"
-    b.op("CumSum", "w_64" if float64 else "w", "axis_1", out="c")
     # only weighted tokens, the total their largest running sum: reference.py step 10 says why
     b.op("Greater", "w", "zero_f", out="weighted")
-    b.op("Where", "weighted", "c", zero, out="c_weighted")
-    b.op("ReduceMax", "c_weighted", "axes_1", out="total", keepdims=1)              # [B, 1]
-    b.op("Unsqueeze", u, "axes_1", out="u2")
-    b.op("Mul", "u2", "total", out="target")
-    b.op("Greater", "c", "target", out="past_target")
-    b.op("GreaterOrEqual", "c", "total", out="at_total")
+    b.op("Unsqueeze", "uniform", "axes_1", out="u2")                                # [B, 1]
+    if float64:
+        b.op("Cast", "w", out="w_64", to=TensorProto.DOUBLE)
+        b.op("Cast", "u2", out="u2_64", to=TensorProto.DOUBLE)
+        b.op("Cast", "zero_f", out="zero_64", to=TensorProto.DOUBLE)
+        b.op("CumSum", "w_64", "axis_1", out="c")
+        b.op("Where", "weighted", "c", "zero_64", out="c_weighted")
+        b.op("ReduceMax", "c_weighted", "axes_1", out="total", keepdims=1)          # [B, 1]
+        b.op("Mul", "u2_64", "total", out="target")
+        b.op("Greater", "c", "target", out="past_target")
+        b.op("GreaterOrEqual", "c", "total", out="at_total")
+    else:
+        _compensated(b)
     b.op("Or", "past_target", "at_total", out="passed")
     b.op("And", "passed", "weighted", out="chosen")
     _first_true(b, "chosen", out="token")                                           # [B]
     b.op("Equal", "temperature", "zero_f", out="is_greedy")
     b.op("Where", "is_greedy", "greedy", "token", out="token_ids_sampled")
+
+
+def _compensated(b: _Body) -> None:
+    """Step 10 in float32 alone, as exact as the float64 sum: past_target = S > uniform * total and
+    at_total = S >= total, S the running sum of w. CumSum's rounding is recovered from its own
+    output: each step c[i] - c[i-1] is exact (neighbouring sums are within a factor of 2), so
+    w - step is what that addition lost, and c + CumSum(lost) is S, whatever order the backend's
+    scan adds in (the differences telescope). The lost amounts are summed the same way once more
+    (their own float32 sum drifts by up to a weight over a long flat tail), and what that loses is
+    below 1e-12 of the total. The target u * total is kept as two float32 numbers: u and the
+    total's leading part, each cut to float16's 11 bits, multiply exactly, even where a GPU fuses
+    a product into an add; the rest of the product is small and rounds harmlessly. Compared as
+    (c - t_hi) + (small terms), whose first difference is exact where the two are close."""
+    b.const("minus_one_1d", np.array([-1], np.int64))
+    b.const("to_end_1d", np.array([np.iinfo(np.int64).max], np.int64))
+    b.const("no_index", np.array(-1, np.int32))
+    b.const("down", np.array(2.0 ** -8, np.float32))  # the total (<= V) into float16's range, exactly
+    b.const("up", np.array(2.0 ** 8, np.float32))
+    b.op("CumSum", "w", "axis_1", out="c")                                          # [B, V]
+    lost = _lost(b, "w", "c", "lost_c")
+    b.op("CumSum", lost, "axis_1", out="c_fix")
+    b.op("CumSum", _lost(b, lost, "c_fix", "lost_fix"), "axis_1", out="c_fix2")
+    # the total: S at the last weighted token, each part gathered there
+    b.op("Where", "weighted", "arange_v", "no_index", out="weighted_at")
+    b.op("ReduceMax", "weighted_at", "axes_1", out="last_i32", keepdims=1)          # [B, 1]
+    b.op("Cast", "last_i32", out="last", to=TensorProto.INT64)
+    for part in ("c", "c_fix", "c_fix2"):
+        b.op("GatherElements", part, "last", out=f"{part}_total", axis=1)           # [B, 1]
+    b.op("Add", "c_fix_total", "c_fix2_total", out="fix_total")
+    _leading(b, "u2", "u_hi", "u_lo")
+    b.op("Mul", "c_total", "down", out="c_total_down")
+    _leading(b, "c_total_down", "c_hi_down", "c_lo_down")
+    b.op("Mul", "c_hi_down", "up", out="c_hi")
+    b.op("Sub", "c_total", "c_hi", out="c_lo")
+    b.op("Mul", "u_hi", "c_hi", out="t_hi")                                         # exact: 11 x 11 bits
+    b.op("Mul", "u_hi", "c_lo", out="t_1")                                          # exact: 11 x 13 bits
+    b.op("Mul", "u_lo", "c_hi", out="t_2")                                          # exact: 13 x 11 bits
+    b.op("Mul", "u_lo", "c_lo", out="t_3")
+    b.op("Mul", "u2", "fix_total", out="t_4")
+    b.op("Add", "t_1", "t_2", out="t_12")
+    b.op("Add", "t_3", "t_4", out="t_34")
+    b.op("Add", "t_12", "t_34", out="t_lo")
+    _above(b, ("c", "t_hi"), ("c_fix", "t_lo"), ("c_fix2", None), out="s_minus_target")
+    b.op("Greater", "s_minus_target", "zero_f", out="past_target")
+    _above(b, ("c", "c_total"), ("c_fix", "c_fix_total"), ("c_fix2", "c_fix2_total"), out="s_minus_total")
+    b.op("GreaterOrEqual", "s_minus_total", "zero_f", out="at_total")
+
+
+def _lost(b: _Body, w: str, c: str, out: str) -> str:
+    """w - (c[i] - c[i-1]) (c[-1] = 0): what each addition of CumSum(w) = c rounded away."""
+    b.op("Slice", c, "zero_i", "one_i_1d", "axes_1", out=f"{c}_first")             # [B, 1]
+    b.op("Slice", c, "one_i_1d", "to_end_1d", "axes_1", out=f"{c}_next")            # [B, V-1]
+    b.op("Slice", c, "zero_i", "minus_one_1d", "axes_1", out=f"{c}_prev")
+    b.op("Sub", f"{c}_next", f"{c}_prev", out=f"{c}_rest_steps")
+    b.op("Concat", f"{c}_first", f"{c}_rest_steps", out=f"{c}_steps", axis=1)      # [B, V]
+    return b.op("Sub", w, f"{c}_steps", out=out)
+
+
+def _leading(b: _Body, x: str, hi: str, lo: str) -> None:
+    """x = hi + lo exactly, hi x rounded to float16's 11 significant bits (|x| < 65504)."""
+    b.op("Cast", x, out=f"{x}_half", to=TensorProto.FLOAT16)
+    b.op("Cast", f"{x}_half", out=hi, to=TensorProto.FLOAT)
+    b.op("Sub", x, hi, out=lo)
+
+
+def _above(b: _Body, *pairs: tuple[str, str | None], out: str) -> str:
+    """sum of (a - b) over pairs, the first (the large parts: exact where close) first."""
+    terms = [b.op("Sub", a, c, out=f"{out}_{a}") if c else a for a, c in pairs]
+    small = terms[1]
+    for i, t in enumerate(terms[2:]):
+        small = b.op("Add", small, t, out=f"{out}_small_{i}")
+    return b.op("Add", terms[0], small, out=out)
 
 
 def make_node(inputs: list[str], outputs: list[str], max_top_k: int,
@@ -291,12 +365,24 @@ def make_node(inputs: list[str], outputs: list[str], max_top_k: int,
                             plugin_namespace=schema.PLUGIN_NAMESPACE, plugin_version=schema.PLUGIN_VERSION)
 
 
+def has_float64_draw(fn: onnx.FunctionProto) -> bool:
+    """Whether a trtllm::Sample body draws in float64 (ONNX Runtime's form); the draw is inside the
+    If's sampling branch."""
+    def nodes(graph_nodes):
+        for n in graph_nodes:
+            yield n
+            for attr in n.attribute:
+                if attr.type == onnx.AttributeProto.GRAPH:
+                    yield from nodes(attr.g.node)
+    return any(n.op_type == "Cast" and n.output[0] == "w_64" for n in nodes(fn.node))
+
+
 def with_float64_draw(model: onnx.ModelProto) -> bool:
     """Give `model`'s trtllm::Sample body the float64 draw, in place (ONNX Runtime compiles the
     canonical graph where no ONNX Runtime form is written: --graph legacy, a model neither our
     kernels nor GroupQueryAttention run); True if it had a float32 one."""
     for i, fn in enumerate(model.functions):
-        if fn.domain != DOMAIN or fn.name != OP or any(n.op_type == "Cast" and n.output[0] == "w_64" for n in fn.node):
+        if fn.domain != DOMAIN or fn.name != OP or has_float64_draw(fn):
             continue
         m = next(numpy_helper.to_array(n.attribute[0].t) for n in fn.node if n.output[0] == "max_top_k")
         opset = next(o.version for o in fn.opset_import if o.domain == "")

@@ -356,17 +356,53 @@ def test_argmax_form_gives_the_same_outputs():
     assert (outs[1][0] == reference.sample(*greedy.values(), 64)[0]).all()
 
 
-def test_the_least_likely_tokens_are_drawn():
+def plain_float32_draw(b):
+    """The wrong variant: step 10 on CumSum's float32 sum as it comes (TensorRT's form until
+    session 40), its rounding lost."""
+    b.op("CumSum", "w", "axis_1", out="c")
+    b.op("Where", "weighted", "c", "zero_f", out="c_weighted")
+    b.op("ReduceMax", "c_weighted", "axes_1", out="total", keepdims=1)
+    b.op("Mul", "u2", "total", out="target")
+    b.op("Greater", "c", "target", out="past_target")
+    b.op("GreaterOrEqual", "c", "total", out="at_total")
+
+
+def draws(case, float64: bool, max_top_k: int = 64) -> np.ndarray:
+    model = body.make_model(max_top_k, float64_draw=float64, argmax=float64)
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return session.run(None, {name: case[name] for name in ARGS})[0]
+
+
+def test_the_least_likely_tokens_are_drawn(monkeypatch):
     """Sampled with nothing restricted, tokens whose weights a float32 running sum cannot hold are
     drawn where the exact CDF puts them: by the reference and ONNX Runtime's form of the body
-    (float64 sums). The wrong variant, TensorRT's form (float32 sums: it has no float64), never
-    draws one (the demo model's 36,700 least likely tokens, 2e-4 of the mass, were unreachable)."""
+    (float64 sums), and by TensorRT's (float32, its rounding carried). The wrong variant, a plain
+    float32 sum, never draws one (the demo model's 36,700 least likely tokens, 2e-4 of the mass,
+    were unreachable on TensorRT)."""
     case, want = tail_case()
-    feeds = {name: case[name] for name in ARGS}
-    assert (want[2:] > 0).all() and np.array_equal(reference.sample(*feeds.values(), 64)[0], want)
-    forms = [ort.InferenceSession(body.make_model(64, float64_draw=f64, argmax=f64).SerializeToString(),
-                                  providers=["CPUExecutionProvider"]).run(None, feeds)[0] for f64 in (True, False)]
-    assert np.array_equal(forms[0], want) and (forms[1] == 0).all()
+    assert (want[2:] > 0).all() and np.array_equal(reference.sample(*(case[n] for n in ARGS), 64)[0], want)
+    assert np.array_equal(draws(case, float64=True), want)
+    assert np.array_equal(draws(case, float64=False), want)
+    monkeypatch.setattr(body, "_compensated", plain_float32_draw)
+    assert (draws(case, float64=False) == 0).all()
+
+
+def test_the_float32_draw_gives_the_float64_draws_tokens(monkeypatch):
+    """TensorRT's form of the draw (float32 only) against the reference (float64 sums) on rows
+    shaped like a language model's: three likely tokens over 49,152 spread at logits of sd 2, each
+    uniform inside the tail (1% of the mass). Every token is the reference's; the wrong variant, a
+    plain float32 sum, missed 29 of 192 this way (15 of these 64)."""
+    rng = np.random.default_rng(7)
+    logits = (rng.standard_normal((64, 49152)) * 2).astype(np.float32)
+    for row in logits:
+        row[rng.integers(0, 49152, 3)] += 16
+    w = np.exp(logits.astype(np.float64) - logits.max(1, keepdims=True))
+    tail = 1 - np.sort(w, 1)[:, -3:].sum(1) / w.sum(1)
+    case = make_case(logits, 1.0, 0, 1.0, (1 - rng.random(64) * tail).astype(np.float32))
+    want = reference.sample(*(case[n] for n in ARGS), 1024)[0]
+    assert np.array_equal(draws(case, float64=False, max_top_k=1024), want)
+    monkeypatch.setattr(body, "_compensated", plain_float32_draw)
+    assert (draws(case, float64=False, max_top_k=1024) != want).sum() >= 5
 
 
 @pytest.mark.parametrize("min_p", [0.0, 0.01])
@@ -431,10 +467,12 @@ def _with_scan_error(model, error: np.ndarray, unweighted: bool = False):
 
 
 @pytest.mark.parametrize("uniform", [0.999, np.nextafter(np.float32(1), np.float32(0))])
-def test_a_scan_rounding_up_past_the_last_weighted_token_draws_a_weighted_one(uniform):
+def test_a_scan_rounding_up_past_the_last_weighted_token_draws_a_weighted_one(uniform, monkeypatch):
     """Sums past the last weighted token rounded above it (a parallel scan) must not draw a token of
-    weight 0 (here banned): the body draws the weighted one the exact sums give, as the reference;
-    the rule before weights counted, the wrong variant, draws the banned token 4."""
+    weight 0 (here banned): the body draws the weighted one the exact sums give, as the reference.
+    TensorRT's form recovers the scan's rounding from the sums themselves, so it does even without
+    the rule that only weighted tokens count; on a plain float32 sum that rule is what holds it:
+    without it, the wrong variant, the banned token 4 is drawn."""
     case = make_case(np.zeros((1, 8)), 1.0, 0, 1.0, uniform, bias=[[0, 0, 0, 0] + [-np.inf] * 4])
     error = np.array([[0, 0, 0, 0, 1e-2, 1e-2, 1e-2, 1e-2]], np.float32)
 
@@ -443,5 +481,7 @@ def test_a_scan_rounding_up_past_the_last_weighted_token_draws_a_weighted_one(un
         session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
         return session.run(None, {name: case[name] for name in ARGS})[0].tolist()
 
-    assert draw(unweighted=False) == [3] == run_reference(case, 1, 8)[0].tolist()
+    assert draw(unweighted=False) == draw(unweighted=True) == [3] == run_reference(case, 1, 8)[0].tolist()
+    monkeypatch.setattr(body, "_compensated", plain_float32_draw)
+    assert draw(unweighted=False) == [3]
     assert draw(unweighted=True) == [4]
