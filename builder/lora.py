@@ -18,7 +18,7 @@ def peft_files(path: str) -> tuple[Path, Path]:
     """A bundled adapter's PEFT files: the build checks it against PEFT itself, which cannot read
     Edge-LLM's processed form."""
     config, weights = rt_lora.adapter_files(path)
-    if weights.name == rt_lora.PROCESSED_NAME:
+    if rt_lora.processed_config(config):
         raise rt_lora.AdapterError(f"{path} is Edge-LLM's processed adapter: bundle the PEFT adapter it was made "
                                    "from (a processed one is read at run time, through available_lora_weights)")
     return config, weights

@@ -92,12 +92,15 @@ def read_safetensors(path: Path, data: bytes | None = None) -> dict[str, np.ndar
 
 def adapter_files(path: str | Path) -> tuple[Path, Path]:
     """(adapter_config.json, weights) of a PEFT adapter directory, or of a .safetensors file with
-    adapter_config.json beside it; or Edge-LLM's processed adapter (config.json beside it)."""
+    adapter_config.json beside it; or Edge-LLM's processed adapter (config.json beside it: the
+    config's name says which, `processed`)."""
     p = Path(path)
     weights = p / WEIGHTS_NAME if p.is_dir() else p
     if p.is_dir() and not weights.is_file() and (p / PROCESSED_NAME).is_file():
         weights = p / PROCESSED_NAME
     config = weights.parent / (PROCESSED_CONFIG_NAME if weights.name == PROCESSED_NAME else CONFIG_NAME)
+    if not p.is_dir() and not config.is_file() and (weights.parent / PROCESSED_CONFIG_NAME).is_file():
+        config = weights.parent / PROCESSED_CONFIG_NAME  # a processed adapter under a name of its own
     if p.is_dir() and not weights.is_file():
         bin_file = p / "adapter_model.bin"
         hint = " (a PyTorch .bin: save it with safe_serialization=True)" if bin_file.is_file() else ""
@@ -107,8 +110,14 @@ def adapter_files(path: str | Path) -> tuple[Path, Path]:
     if weights.suffix == ".bin" or zipped(weights):  # (torch.save writes a zip archive)
         raise AdapterError(f"{p} is a PyTorch .bin: save the adapter with safe_serialization=True")
     if not config.is_file():
-        raise AdapterError(f"{config} is missing: a PEFT adapter keeps its rank and alpha there")
+        raise AdapterError(f"{config} is missing: a PEFT adapter keeps its rank and alpha there (an Edge-LLM "
+                           f"processed adapter in {PROCESSED_CONFIG_NAME})")
     return config, weights
+
+
+def processed_config(config: Path) -> bool:
+    """Whether adapter_files found Edge-LLM's processed adapter (its config.json) rather than PEFT's."""
+    return config.name == PROCESSED_CONFIG_NAME
 
 
 def zipped(path: Path) -> bool:
@@ -260,7 +269,7 @@ def convert(name: str, path: str | Path, manifest: Manifest) -> Adapter:
     max_rank = manifest.limits.max_lora_rank
     known = {module for _, module, _, _ in projections(manifest)}
     pairs: dict[tuple[int, str], dict[str, np.ndarray]] = {}
-    processed = weights_path.name == PROCESSED_NAME
+    processed = processed_config(config_path)
     for key, value in tensors.items():
         m = (PROCESSED_KEY if processed else KEY).fullmatch(key.replace(".default.", "."))
         if m is None or m[2] not in known:

@@ -430,17 +430,21 @@ def processed(peft_dir, out):
     (out / lora.PROCESSED_CONFIG_NAME).write_text(json.dumps(cfg))
 
 
-@pytest.mark.parametrize("by_file", [False, True])
+@pytest.mark.parametrize("by_file", ["", lora.PROCESSED_NAME, "french_adapter.safetensors"])
 def test_an_edge_llm_processed_adapter_computes_what_its_peft_adapter_does(tmp_path, by_file):
-    """Edge-LLM's available_lora_weights point at process-lora's output: read as it is meant (A and
-    B transposed back, B's scale already in it), it gives the PEFT adapter's deltas to float16
-    rounding. v_proj's B is square (out = r = 4), which process-lora leaves as it was. The wrong
-    variants, scaling B again or transposing every matrix, are off (by alpha / r = 2; in v_proj)."""
+    """Edge-LLM's available_lora_weights point at process-lora's output (its directory, its file, or
+    the file renamed, as Edge-LLM's INPUT_FORMAT.md names it: config.json beside it says what it is):
+    read as it is meant (A and B transposed back, B's scale already in it), it gives the PEFT
+    adapter's deltas to float16 rounding. v_proj's B is square (out = r = 4), which process-lora
+    leaves as it was. The wrong variants, scaling B again or transposing every matrix, are off (by
+    alpha / r = 2; in v_proj)."""
     modules = {(0, "self_attn.q_proj"): 4, (1, "mlp.down_proj"): 4, (1, "self_attn.v_proj"): 4}
     write_adapter(tmp_path / "peft", modules)
     processed(tmp_path / "peft", tmp_path / "processed")
+    if by_file not in ("", lora.PROCESSED_NAME):
+        (tmp_path / "processed" / lora.PROCESSED_NAME).rename(tmp_path / "processed" / by_file)
     want = lora.load_adapter("a", tmp_path / "peft", MANIFEST)
-    got = lora.load_adapter("a", tmp_path / "processed" / (lora.PROCESSED_NAME if by_file else ""), MANIFEST)
+    got = lora.load_adapter("a", tmp_path / "processed" / by_file, MANIFEST)
     assert got.arrays.keys() == want.arrays.keys() and got.rank == want.rank == 4
     x = np.random.default_rng(1).standard_normal((3, H)).astype(np.float32)
     for layer in (0, 1):
