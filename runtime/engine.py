@@ -83,6 +83,8 @@ class Engine(Protocol):
     # results (library versions, the CPU's code path): saved system-prompt KV is keyed by it too.
     # Optional: kv_memory() -> {name: bytes}, the backend's own KV-sized buffers, for the profile's
     # kv_cache section (the TensorRT legacy graph's present_copy_bytes). Default: none.
+    # Optional: device_memory() -> the profile's peak_gpu_memory_* or peak_unified_memory_* keys (the
+    # TensorRT backend). Default: none (ONNX Runtime's memory is the CPU's, peak_cpu_memory_*).
 
 
 def load_engine(engine_dir, **options) -> Engine:

@@ -85,6 +85,7 @@ def of(runner) -> dict:
         **({"eagle_generation": eagle(runner)} if runner.drafter is not None else {}),
         **({"ngram_generation": ngram(runner)} if runner.lookup is not None else {}),
         "peak_cpu_memory_bytes": rss, "peak_cpu_memory_mb": rss / 2**20,
+        **(device() if (device := getattr(runner.engine, "device_memory", None)) else {}),
         "kv_cache": kv_cache(runner),
         **({"context_cache": runner.contexts.profile()} if runner.contexts is not None else {}),
         "stages": [stage(name, times) for name, times in t.stages.items()],

@@ -40,6 +40,16 @@ def device_info() -> dict:
     return {"name": name, "compute_capability": f"{props.major}.{props.minor}"}
 
 
+def memory_in_use() -> tuple[int, bool]:
+    """(bytes of device memory in use, the GPU is integrated): total - free as cudaMemGetInfo reports
+    it, the whole device's (other processes count); on an integrated GPU (Jetson) that memory is the
+    system's, shared with the CPU."""
+    rt = cudart()
+    free, total = check(rt.cudaMemGetInfo())
+    props = check(rt.cudaGetDeviceProperties(check(rt.cudaGetDevice())))
+    return int(total) - int(free), bool(getattr(props, "integrated", 0))
+
+
 class DeviceBuffer:
     """`nbytes` of device memory, freed with close()."""
 

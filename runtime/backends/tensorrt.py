@@ -208,6 +208,8 @@ class TensorRTEngine:
         self.device_rows: dict[str, dict] = {}  # [B, V] sampler inputs: what each device row holds
         self.held: dict[str, np.ndarray] = {}   # LoRA inputs: the host array each device buffer holds
         self.no_adapter = lora.base_adapter(manifest).arrays if manifest.lora else {}
+        self.peak_device_bytes = 0
+        self.device_memory()
 
     def kv_in_place(self, engine_dir) -> bool:
         """Whether each present_* must share its past_* address (an in-place KV update) or needs a
@@ -265,7 +267,19 @@ class TensorRTEngine:
 
     def make_kv_cache(self, model: ModelShape, num_slots: int, capacity: int) -> DeviceKVCache:
         # The plan's KV capacity is static (TensorScatter needs it), whatever the run asked for.
-        return DeviceKVCache(model, num_slots, self.manifest.limits.max_kv_cache_capacity, self.stream)
+        kv = DeviceKVCache(model, num_slots, self.manifest.limits.max_kv_cache_capacity, self.stream)
+        self.device_memory()
+        return kv
+
+    def device_memory(self) -> dict[str, float]:
+        """The profile's peak_gpu_memory_* (peak_unified_memory_* on an integrated GPU, Jetson), as
+        Edge-LLM writes them: the device's memory in use, the largest of what it was after loading,
+        after the KV cache was allocated and now. Everything is allocated up front (the plan's
+        static capacity, TensorRT's activations with the context), so that is the run's peak."""
+        used, integrated = self.cuda.memory_in_use()
+        self.peak_device_bytes = max(self.peak_device_bytes, used)
+        key = "peak_unified_memory" if integrated else "peak_gpu_memory"
+        return {f"{key}_bytes": self.peak_device_bytes, f"{key}_mb": self.peak_device_bytes / 2**20}
 
     def bind(self, name: str, array: np.ndarray, alive: list) -> None:
         array = np.ascontiguousarray(array, self.dtypes[name])

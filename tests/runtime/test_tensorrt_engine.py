@@ -126,6 +126,19 @@ def test_the_profile_counts_the_legacy_graphs_kv_copy(engines, run_cli, tmp_path
     assert 0 < profiles["legacy"]["present_copy_bytes"] <= profiles["legacy"]["allocated_bytes"]
 
 
+@pytest.mark.parametrize("integrated", ["0", "1"])
+def test_the_profile_has_edge_llms_device_memory_keys(engines, run_cli, tmp_path, integrated):
+    """--profile on TensorRT writes Edge-LLM's peak_gpu_memory_bytes/_mb, or on an integrated GPU
+    (Jetson) peak_unified_memory_bytes/_mb: the device memory in use, at least the KV cache's."""
+    with fakes.installed(FAKE_GPU_INTEGRATED=integrated):
+        outputs(run_cli, engines / "modern", "--profile", str(tmp_path / "p.json"))
+    profile = json.loads((tmp_path / "p.json").read_text())
+    key, other = ("peak_unified_memory", "peak_gpu_memory")[::1 if integrated == "1" else -1]
+    assert f"{other}_bytes" not in profile
+    assert profile[f"{key}_bytes"] >= profile["kv_cache"]["allocated_bytes"] > 0
+    assert profile[f"{key}_mb"] == profile[f"{key}_bytes"] / 2**20
+
+
 def test_profiles_switch_between_prefill_and_decode(engines):
     from trtllm.runtime import sampling
     from trtllm.runtime.engine import load_engine

@@ -3,7 +3,8 @@
 Same call shapes as the real module (every call returns a tuple that starts with the error code),
 and strict where a real GPU would fail or corrupt memory: a copy's direction must match where its
 pointers live (device = memory from cudaMalloc), and every device range must be allocated.
-FAKE_GPU_NAME / FAKE_GPU_CC set the device that cudaGetDeviceProperties reports.
+FAKE_GPU_NAME / FAKE_GPU_CC set the device that cudaGetDeviceProperties reports, FAKE_GPU_INTEGRATED=1
+an integrated one (Jetson); cudaMemGetInfo counts what cudaMalloc holds as in use.
 """
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ class cudaMemcpyKind(enum.IntEnum):  # noqa: N801
 
 
 OK = cudaError_t.cudaSuccess
+TOTAL_MEMORY = 141 * 2**30
 _allocations: dict[int, tuple[ctypes.Array, int]] = {}  # aligned pointer -> (backing buffer, size)
 _streams = itertools.count(0x5000)
 live_streams: set[int] = set()
@@ -45,6 +47,8 @@ class cudaDeviceProp:  # noqa: N801
         major, minor = os.environ.get("FAKE_GPU_CC", "9.0").split(".")
         self.name = os.environ.get("FAKE_GPU_NAME", "Fake H200").encode()
         self.major, self.minor = int(major), int(minor)
+        self.integrated = int(os.environ.get("FAKE_GPU_INTEGRATED", "0"))
+        self.totalGlobalMem = TOTAL_MEMORY
 
 
 def is_device(ptr: int, nbytes: int = 1) -> bool:
@@ -80,6 +84,10 @@ def cudaMalloc(nbytes):  # noqa: N802
     ptr = -(-ctypes.addressof(buf) // 256) * 256
     _allocations[ptr] = (buf, int(nbytes))
     return OK, ptr
+
+
+def cudaMemGetInfo():  # noqa: N802
+    return OK, TOTAL_MEMORY - sum(size for _, size in _allocations.values()), TOTAL_MEMORY
 
 
 def cudaFree(ptr):  # noqa: N802
