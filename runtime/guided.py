@@ -56,6 +56,9 @@ def _sized(text: str, path: str, value: object) -> str:
 _check_schema = check_value  # (a schema's values: what every other field of the file is held to)
 
 
+OPENAI_WRAPPER = {"name", "schema", "strict", "description"}
+
+
 def parse(value: object, path: str) -> Guide:
     """`guided_decoding`: an object with exactly one key of KINDS."""
     obj = json_object(value, path, "one of " + ", ".join(KINDS))
@@ -72,6 +75,12 @@ def parse(value: object, path: str) -> Guide:
         what = "a JSON schema (an object or a boolean, or a string of JSON holding one)"
         if isinstance(v, str):  # a schema written as a string of JSON, as some clients send it
             v = read_json(v, at, what)
+        if isinstance(v, dict) and "schema" in v and set(v) <= OPENAI_WRAPPER:
+            # OpenAI's response_format.json_schema, {"name", "schema", "strict"}: read as a schema
+            # it has no keyword and would allow any JSON (the answer went unconstrained)
+            v, at = v["schema"], key_path(at, "schema")
+            if isinstance(v, str):
+                v = read_json(v, at, what)
         if not isinstance(v, (dict, bool)):
             fail(at, what, v)
         _check_schema(v, at)

@@ -115,10 +115,16 @@ def _stop_token_ids(value: object, path: str) -> tuple[int, ...]:
 
 _penalty = _number(float, -MAX_ABS_PENALTY, MAX_ABS_PENALTY)
 
+
+def _top_k(value: object, path: str) -> int:
+    if value == -1 and not isinstance(value, bool):  # vLLM's "off"
+        _fail(path, "an integer >= 0", value, "write 0 for no top-k (vLLM's -1)")
+    return _nonnegative_int(value, path)
+
 # Given at the top level (the default for every request) or in a request (replacing it).
 SAMPLING_FIELDS = {
     "temperature": _number(float, 0, MAX_TEMPERATURE),
-    "top_k": _number(int, 0),
+    "top_k": lambda v, p: _top_k(v, p),
     "top_p": lambda v, p: _top_p(v, p),
     "max_generate_length": _number(int, 0),
     "seed": _number(int, 0, MAX_SEED),

@@ -98,6 +98,10 @@ class RowState:
             self.finish_reason = "stop-words"
         elif n >= self.max_new_tokens:
             self.finish_reason = "max-length"
+        if self.stopped_by_token() and self.text is not None and self.text.include_stop:
+            # vLLM's: the EOS or stop token that ended the answer keeps its text too (none where
+            # skip_special_tokens skips it)
+            self.text.push(token_id, check_stops=False)
         # the text held back comes out now, and may hold a stop string that ends the text sooner
         if self.finish_reason and self.text is not None and self.text.finish(check_stops=look):
             self.finish_reason = "stop-words"
@@ -132,11 +136,16 @@ class RowState:
     def overflow_causes(self) -> str:
         return overflow_causes(self.adapter)
 
-    def visible_ids(self) -> list[int]:
-        """The output without a final EOS or stop token (they are not part of output_text)."""
+    def stopped_by_token(self) -> bool:
+        """Whether the last token ended the answer as an EOS or a stop token id."""
         reason = self.ended or self.finish_reason
-        if reason == "end-of-sequence" or (
-                reason == "stop-words" and self.output_ids and self.output_ids[-1] in self.params.stop_token_ids):
+        return reason == "end-of-sequence" or (
+            reason == "stop-words" and bool(self.output_ids) and self.output_ids[-1] in self.params.stop_token_ids)
+
+    def visible_ids(self) -> list[int]:
+        """The output without a final EOS or stop token (they are not part of output_text, unless
+        include_stop_str_in_output)."""
+        if self.stopped_by_token() and not (self.text is not None and self.text.include_stop):
             return self.output_ids[:-1]
         return self.output_ids
 

@@ -181,13 +181,23 @@ def check_duplicates(obj: dict, path_of: Callable[[object], str]) -> None:
 OTHER_NAMES = {"max_new_tokens": "max_generate_length", "max_tokens": "max_generate_length",
                "max_length": "max_generate_length", "min_tokens": "min_new_tokens", "logprobs": "num_logprobs",
                "top_logprobs": "num_logprobs", "num_return_sequences": "n", "stop_sequences": "stop",
-               "response_format": "guided_decoding", "random_seed": "seed", "repeat_penalty": "repetition_penalty"}
+               "response_format": "guided_decoding", "random_seed": "seed", "repeat_penalty": "repetition_penalty",
+               "max_completion_tokens": "max_generate_length", "structured_outputs": "guided_decoding",
+               "guided_json": "guided_decoding", "guided_regex": "guided_decoding",
+               "guided_choice": "guided_decoding", "guided_grammar": "guided_decoding"}
+# Other engines' settings this format has no counterpart for: said so, instead of a near name that
+# means something else (spaces_between_special_tokens is not skip_special_tokens).
+UNSUPPORTED = {"spaces_between_special_tokens": "the text is decoded as the tokenizer decodes it",
+               "echo": "continue_final_message continues a turn you began; the prompt itself is never "
+                       "part of output_text"}
 
 
 def did_you_mean(word: object, options) -> str:
     other = OTHER_NAMES.get(word) if isinstance(word, str) else None
     if other in options:
         return f"did you mean {other!r} (this format's name for it)?"
+    if isinstance(word, str) and word in UNSUPPORTED:
+        return f"this format has no such setting: {UNSUPPORTED[word]}"
     close = difflib.get_close_matches(word, list(options), n=1) if isinstance(word, str) else []
     return f"did you mean {close[0]!r}?" if close else ""
 

@@ -86,6 +86,22 @@ def test_a_guide_is_inherited_from_the_top_level_and_names_where_it_was_written(
     assert json.loads(schema.requests[0].guided_decoding.text) == {"type": "string"}
 
 
+def test_openais_json_schema_wrapper_is_read_as_its_schema():
+    """OpenAI's response_format.json_schema object ({"name", "schema", "strict"}), moved into
+    guided_decoding.json_schema as the hint for response_format says: its `schema` is the guide. Read
+    as a schema itself it has no keyword and allowed any JSON (the answer went unconstrained)."""
+    schema = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+    for wrapped in ({"name": "city", "strict": True, "schema": schema}, {"name": "city", "schema": json.dumps(schema)}):
+        guide = parse_input({"requests": [request(guided_decoding={"json_schema": wrapped})]}).requests[0].guided_decoding
+        assert json.loads(guide.text) == schema and guide.path == "requests[0].guided_decoding.json_schema.schema"
+    e = error_of({"requests": [request(guided_decoding={"json_schema": {"name": "x", "schema": '{"a": 1, "a": 2}'}})]})
+    assert e.json_path == "requests[0].guided_decoding.json_schema.schema.a" and "given once" in str(e), str(e)
+    # a schema that merely has a property called "schema" is left as it is
+    own = {"type": "object", "properties": {"schema": {"type": "string"}}}
+    assert json.loads(parse_input({"requests": [request(guided_decoding={"json_schema": own})]})
+                      .requests[0].guided_decoding.text) == own
+
+
 def test_a_schema_is_read_as_strictly_as_the_file():
     """Inside a schema, as everywhere in the file: repeated keys and non-finite numbers are refused by
     path, in a schema object and in a string holding one; a string too deep to parse fails its

@@ -426,6 +426,12 @@ def test_hints():
     # another engine's name for a setting: ours, not the closest spelling (min_new_tokens: the opposite)
     assert "did you mean 'max_generate_length' (this format's name for it)?" in error(_set(*R0, "max_new_tokens", 8))
     assert "did you mean 'max_generate_length'" in error(_set("max_tokens", 8))
+    assert "did you mean 'max_generate_length'" in error(_set(*R0, "max_completion_tokens", 8))  # (OpenAI's now)
+    assert "did you mean 'guided_decoding'" in error(_set(*R0, "structured_outputs", {}))  # (vLLM's now)
+    # no counterpart here: said so, not a near name that means another thing
+    says = error(_set(*R0, "spaces_between_special_tokens", False))
+    assert "no such setting" in says and "skip_special_tokens" not in says
+    assert "write 0 for no top-k (vLLM's -1)" in error(_set("top_k", -1))
     # a float past 2**53 is not the integer written: no hint (1e23 is 99999999999999991611392)
     assert "write" not in error(_set("max_generate_length", 1e23)) and "write" not in error(_set("top_k", 1e300))
     assert error(_set("requests", 0, "messages", 0, "role", "bot")) == (

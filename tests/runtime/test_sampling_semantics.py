@@ -112,6 +112,37 @@ def test_logit_bias_and_eos_controls(run_cli, tiny_engine, eos_id):
     assert texts == ["", "<|im_start|><|im_start|>"]
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_include_stop_str_in_output_keeps_the_stop_tokens_text(run_cli, tiny_engine, eos_id, tmp_path, stream):
+    """vLLM's include_stop_str_in_output keeps the text of the EOS or stop token that ended the
+    answer (its detokenizer drops that token only without the flag): a stop token id's text, and
+    EOS's where skip_special_tokens is false (a skipped special token's text is nothing). It was
+    left out of output_text and of the stream."""
+    engine = tiny_engine("llama")
+    tok = Tokenizer.from_engine_dir(engine)
+    x = tok.encode("fox")[0]
+    payload = {"temperature": 0, "max_generate_length": 6, "requests": [
+        chat("a", logit_bias={str(x): 100}, stop_token_ids=[x], include_stop_str_in_output=True),
+        chat("b", logit_bias={str(x): 100}, stop_token_ids=[x]),
+        chat("c", logit_bias={str(eos_id): 100}, include_stop_str_in_output=True, skip_special_tokens=False),
+        chat("d", logit_bias={str(eos_id): 100}, include_stop_str_in_output=True),
+        chat("e", logit_bias={str(eos_id): 100}, skip_special_tokens=False)]}
+    want = [tok.decode([x]), "", tok.decode([eos_id], skip_special_tokens=False), "", ""]
+    assert want[0] and want[2]
+    options = ("--stream",) if stream else ()
+    result, out = run_cli(engine, payload, *options)
+    assert result.exit_code == 0
+    assert texts(out) == want
+    assert [r["finish_reason"] for r in out["responses"]] == ["stop-words"] * 2 + ["end-of-sequence"] * 3
+    if stream:
+        pieces = {}
+        for line in result.output.splitlines():
+            d = json.loads(line) if line.startswith("{") else {}  # (the CLI's other lines are mixed in)
+            if "text" in d:
+                pieces[d["request_idx"]] = pieces.get(d["request_idx"], "") + d["text"]
+        assert [pieces.get(i, "") for i in range(5)] == want
+
+
 def hf_penalised_greedy(model, prompt, n, rep=1.0, freq=0.0, pres=0.0, swapped=False):
     """Greedy decoding with the vLLM penalty formulas applied to transformers' logits (float64).
     `swapped`: the wrong variant, each penalty over the other's tokens (repetition over the output
