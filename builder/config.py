@@ -24,6 +24,14 @@ CPU_KERNELS = ("auto", "native", "onnxruntime")  # ONNX Runtime engines: plugins
 PROFILES = ("cpu-default", "tensorrt-modern", "tensorrt-legacy", "jetson-orin-jp6", "jetson-thor-jp7")
 # DESIGN.md's device names for a profile that is ours under a graph's name (JetPack 6 is TensorRT 10.3)
 MODERN_MIN_TRT = (10, 15)  # Attention (10.14) and TensorScatter, RotaryEmbedding, RMSNormalization (10.15)
+PLUGIN_MIN_TRT = (10, 6)   # tensorrt.plugin (QDP), which --sampling-plugin registers
+
+
+def legacy_profile_hint(version: str) -> str:
+    """Which profile exports the legacy graph for a TensorRT too old for the modern one."""
+    if (10, 13) <= parse_trt_version(version) < MODERN_MIN_TRT:
+        return "--profile jetson-thor-jp7 (JetPack 7.0/7.1) or tensorrt-legacy"
+    return "--profile tensorrt-legacy (jetson-orin-jp6 on JetPack 6)"
 MAX_LIMIT = 2**31 - 1  # --max-batch-size, --max-input-len, --max-kv-cache-capacity
 PROFILE_KEYS = {"description", "backend", "dtype", "graph", "trt_version", "max_batch_size", "max_input_len",
                 "max_kv_cache_capacity", "max_lora_rank", "workspace_gib", "opt_level"}
@@ -172,6 +180,9 @@ class BuildConfig:
             raise ConfigError(f"--timing-cache {self.timing_cache} is a directory; name a file in it")
         if self.sampling_plugin and self.backend != "tensorrt":
             raise ConfigError("--sampling-plugin needs --backend tensorrt (it registers a TensorRT plugin)")
+        if self.sampling_plugin and parse_trt_version(self.trt_version) < PLUGIN_MIN_TRT:
+            raise ConfigError(f"--sampling-plugin needs TensorRT >= 10.6 (tensorrt.plugin), but trt_version is "
+                              f"{self.trt_version}: leave it out (the in-graph sampler draws the same tokens)")
         if self.activations != "float32" and self.cpu_kernels == "onnxruntime":
             raise ConfigError(f"--activations {self.activations} is for our kernels: with --cpu-kernels onnxruntime, "
                               "MatMulNBits always quantizes activations to int8")

@@ -23,7 +23,7 @@ import onnx
 from trtllm.builder import checkpoint as ckpt
 from trtllm.builder import tensorrt as trt_build
 from trtllm.builder.architectures import spec_for, weights_of
-from trtllm.builder.config import MODERN_MIN_TRT, BuildConfig, ConfigError, listed, parse_trt_version
+from trtllm.builder.config import MODERN_MIN_TRT, BuildConfig, ConfigError, legacy_profile_hint, listed, parse_trt_version
 from trtllm.builder import eagle, lora, provenance
 from trtllm.builder.plan import build_tensorrt
 from trtllm.builder.verify_logits import REFERENCE_NAME, number_format
@@ -364,8 +364,8 @@ def resolve_backend(config: BuildConfig, log) -> str:
         if config.graph == "modern" and parse_trt_version(installed) < MODERN_MIN_TRT:
             picked = "" if config.backend == "tensorrt" else "--backend auto picked it: "
             raise trt_build.TensorRTUnavailable(f"TensorRT {installed} cannot parse the modern graph (it needs "
-                                                f">= 10.15; {picked}use --graph legacy, as --profile tensorrt-legacy "
-                                                "does, or --backend onnxruntime)")
+                                                f">= 10.15; {picked}use {legacy_profile_hint(installed)}, the legacy "
+                                                "graph, or --backend onnxruntime)")
     if config.backend == "tensorrt":
         log(f"backend tensorrt: {why}")
         return "tensorrt"

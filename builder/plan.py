@@ -143,7 +143,7 @@ VERIFY_NAME = "verify.json"
 def refuse(engine_dir: Path, manifest: mf.Manifest, reference: Path | None) -> None:
     """What stops the plan step before any work: an engine it cannot plan or write, no TensorRT or
     GPU here, a graph this TensorRT cannot parse, nothing to check the plan against."""
-    from trtllm.builder.config import MODERN_MIN_TRT, parse_trt_version
+    from trtllm.builder.config import MODERN_MIN_TRT, legacy_profile_hint, parse_trt_version
 
     if manifest.backend != "tensorrt":
         raise mf.ManifestError(f"{engine_dir} is an ONNX Runtime engine: it has no TensorRT plan to build")
@@ -157,8 +157,8 @@ def refuse(engine_dir: Path, manifest: mf.Manifest, reference: Path | None) -> N
     version = trt_build.minor_version(trt_build.import_tensorrt())
     if manifest.graph_profile == "modern" and parse_trt_version(version) < MODERN_MIN_TRT:
         raise mf.ManifestError(f"{engine_dir} holds the modern graph (opset 24 Attention, TensorScatter), which "
-                               f"TensorRT {version} cannot parse (it needs >= 10.15): export it again with --profile "
-                               "jetson-orin-jp6 (the legacy graph)")
+                               f"TensorRT {version} cannot parse (it needs >= 10.15): export it again with "
+                               f"{legacy_profile_hint(version)}, the legacy graph")
     if reference is None:
         return
     if not reference.is_file():

@@ -203,6 +203,13 @@ def rebuild_hint(engine_dir: str | os.PathLike, backend: str | None = None) -> s
     return hint + f" (on this machine), or only its plan: python -m trtllm.builder.plan {staged_for(engine_dir)}"
 
 
+def export_hint(engine_dir: str | os.PathLike) -> str:
+    """The plan step's: an exported directory it cannot take is copied or exported again (the plan
+    step is what the TensorRT rebuild hint would say to run)."""
+    return (f"copy the exported directory here again whole, or export it again (Python >= 3.11, no GPU "
+            f"needed): {build_command(engine_dir, 'tensorrt')} --plan-later")
+
+
 TENSORRT_ONLY = ("sampling_plugin", "workspace_gib", "opt_level")  # options trtllm-build takes with TensorRT alone
 PROFILE_ALIASES = {"jetson-orin-jp6": "tensorrt-legacy"}  # configs/ holds a file for the name on the right
 
@@ -262,25 +269,29 @@ def load(engine_dir: str | os.PathLike, planning: bool = False) -> Manifest:
     """Read and check ENGINE_DIR/manifest.json. `planning`: for the TensorRT plan step
     (builder/plan.py), which writes the plans: they are not checked, and may be missing or damaged."""
     path = Path(engine_dir) / MANIFEST_NAME
+
+    def hint(backend: str | None = None) -> str:  # (the plan step cannot mend an export: it is one)
+        return export_hint(engine_dir) if planning else rebuild_hint(engine_dir, backend)
+
     if not path.is_file():
         raise ManifestError(f"{path} not found: {engine_dir} is not an engine directory; "
                             f"build one with trtllm-build --model <checkpoint> --output {engine_dir}")
     try:
         raw = json.loads(path.read_bytes().decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
-        raise ManifestError(f"{path} is not valid JSON ({e}); {rebuild_hint(engine_dir)}") from e
+        raise ManifestError(f"{path} is not valid JSON ({e}); {hint()}") from e
     if not isinstance(raw, dict):
-        raise ManifestError(f"{path} must hold a JSON object, got {type(raw).__name__}; {rebuild_hint(engine_dir)}")
+        raise ManifestError(f"{path} must hold a JSON object, got {type(raw).__name__}; {hint()}")
     version = raw.get("format_version")
     if version is None:  # (another file written over it: a run's answers, say)
-        raise ManifestError(f"{path} is not an engine manifest (it has no format_version); {rebuild_hint(engine_dir)}")
+        raise ManifestError(f"{path} is not an engine manifest (it has no format_version); {hint()}")
     if version != FORMAT_VERSION:
         raise ManifestError(f"manifest.format_version must be {FORMAT_VERSION}, got {version!r}: "
-                            f"the engine was built by another trtllm-edge version; {rebuild_hint(engine_dir)}")
+                            f"the engine was built by another trtllm-edge version; {hint()}")
     backend = raw.get("backend")
     if backend not in SUPPORTED_BACKENDS:
         raise ManifestError(f"manifest.backend must be one of {SUPPORTED_BACKENDS}, got {backend!r}; "
-                            f"{rebuild_hint(engine_dir)}")
+                            f"{hint()}")
     try:
         manifest = Manifest(
             **{k: v for k, v in raw.items() if k not in ("limits", "model", "io", "eos_token_ids")},
@@ -290,7 +301,7 @@ def load(engine_dir: str | os.PathLike, planning: bool = False) -> Manifest:
             eos_token_ids=tuple(raw["eos_token_ids"]),
         )
     except (KeyError, TypeError, ValueError, AttributeError) as e:
-        raise ManifestError(f"{path} is malformed ({e}); {rebuild_hint(engine_dir, backend)}") from e
+        raise ManifestError(f"{path} is malformed ({e}); {hint(backend)}") from e
     sections = (manifest.files, manifest.eagle, manifest.sizes)
     if planning and backend == "tensorrt" and all(isinstance(x, dict) for x in sections):
         plans = {manifest.files.get("plan"), manifest.eagle.get("plan")}
@@ -298,7 +309,7 @@ def load(engine_dir: str | os.PathLike, planning: bool = False) -> Manifest:
                                        sizes={k: v for k, v in dict(manifest.sizes).items() if k not in plans})
     problem = check(manifest, Path(engine_dir))
     if problem:
-        raise ManifestError(f"{path}: {problem}; {rebuild_hint(engine_dir, backend)}")
+        raise ManifestError(f"{path}: {problem}; {hint(backend)}")
     return manifest
 
 

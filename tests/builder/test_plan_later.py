@@ -6,6 +6,7 @@ logits are off, must fail the check and leave the engine as it was."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
@@ -157,6 +158,27 @@ def test_a_damaged_copy_is_refused_by_the_file_not_listed_as_good(exported, tmp_
     assert subprocess.run(["sha256sum", "-c", "--quiet", "checksums.sha256"], cwd=engine, capture_output=True).returncode
 
 
+@pytest.mark.parametrize("damage", ["truncate", "delete"])
+def test_a_damaged_export_says_to_copy_or_export_it_again(exported, tmp_path, damage):
+    """What the manifest check finds (a file of the wrong size, one missing) is mended by copying the
+    export again or exporting it again with --plan-later, not by the plan step the TensorRT rebuild
+    hint names (that is the command that just failed)."""
+    later, _ = exported
+    engine = copy_of(later, tmp_path)
+    data = engine / "llm.onnx.data"
+    if damage == "truncate":
+        data.write_bytes(data.read_bytes()[:-100])
+    else:
+        (engine / "tokenizer.json").unlink()
+    with fakes.installed(FAKE_TRT_VERSION="10.3.0.30"):
+        with pytest.raises(ManifestError) as info:
+            plan.plan_engine(engine, plan.PlanOptions(graph="legacy", trt_version="10.3"), log=lambda m: None)
+    says = str(info.value)
+    assert "copy the exported directory here again whole, or export it again" in says, says
+    assert says.endswith("--plan-later") and ("--backend tensorrt" in says or "--profile" in says), says
+    assert "python -m trtllm.builder.plan" not in says, says
+
+
 def test_refusals(exported, tmp_path):
     later, _ = exported
     with pytest.raises(ConfigError, match="--plan-later exports a TensorRT engine: it needs --backend tensorrt"):
@@ -187,12 +209,16 @@ def test_the_plan_step_imports_without_torch_or_transformers():
     assert out.stdout.strip() == "[]"
 
 
-def test_the_modern_graph_on_an_older_tensorrt_is_one_line(tiny_checkpoint, tmp_path):
+@pytest.mark.parametrize("version, profile", [("10.3.0.30", "tensorrt-legacy (jetson-orin-jp6 on JetPack 6)"),
+                                              ("10.13.3.9", "jetson-thor-jp7 (JetPack 7.0/7.1)")])
+def test_the_modern_graph_on_an_older_tensorrt_is_one_line(tiny_checkpoint, tmp_path, version, profile):
+    """The profile it names is the device's: a Thor (TensorRT 10.13) was sent to the 8 GB Orin's."""
     engine = build(BuildConfig(model=str(tiny_checkpoint("llama")), output=str(tmp_path / "modern"), backend="tensorrt",
                                plan_later=True, **LIMITS), log=lambda m: None)
-    with fakes.installed(FAKE_TRT_VERSION="10.3.0.30"):
-        with pytest.raises(ManifestError, match="TensorRT 10.3 cannot parse .* export it again with --profile "
-                                                "jetson-orin-jp6"):
+    minor = ".".join(version.split(".")[:2])
+    with fakes.installed(FAKE_TRT_VERSION=version):
+        with pytest.raises(ManifestError, match=f"TensorRT {re.escape(minor)} cannot parse .* export it again with "
+                                                f"--profile {re.escape(profile)}"):
             plan.plan_engine(engine, plan.PlanOptions(graph="modern", trt_version="11.1"), log=lambda m: None)
 
 

@@ -241,7 +241,8 @@ def test_auto_refuses_the_modern_graph_on_an_old_tensorrt_before_the_export(tiny
     logs: list[str] = []
     with fakes.installed(FAKE_TRT_VERSION="10.3.0.30"), pytest.raises(
             trt_build.TensorRTUnavailable, match="TensorRT 10.3 cannot parse the modern graph .*--backend auto picked "
-                                                 "it: use --graph legacy.* or --backend onnxruntime"):
+                                                 "it: use --profile tensorrt-legacy .*, the legacy graph, or "
+                                                 "--backend onnxruntime"):
         build(BuildConfig(model=str(tiny_checkpoint("llama")), output=str(tmp_path / "e"), **LIMITS), log=logs.append)
     assert not any("loading" in line for line in logs) and not (tmp_path / "e").exists()
 
@@ -299,6 +300,11 @@ def test_kv_capacity_keeps_every_slot_256_byte_aligned():
 def test_sampling_plugin_needs_tensorrt_plugin_support(tiny_checkpoint, tmp_path):
     with pytest.raises(ConfigError, match="--sampling-plugin needs --backend tensorrt"):
         BuildConfig(model="m", output="o", backend="onnxruntime", sampling_plugin=True)
+    # a profile for a TensorRT before tensorrt.plugin: refused up front (the export went through and
+    # only the plan step on the device failed)
+    with pytest.raises(ConfigError, match="--sampling-plugin needs TensorRT >= 10.6 .* trt_version is 10.3"):
+        BuildConfig(model="m", output="o", backend="tensorrt", graph="legacy", trt_version="10.3", sampling_plugin=True)
+    BuildConfig(model="m", output="o", backend="tensorrt", graph="legacy", trt_version="10.13", sampling_plugin=True)
     # the stand-in TensorRT has no tensorrt.plugin (as TensorRT < 10.6): the build says so and writes nothing
     with pytest.raises(ImportError, match=r"needs tensorrt >= 10.6 with tensorrt.plugin"):
         build_trt(tiny_checkpoint("llama"), tmp_path / "e", sampling_plugin=True)
