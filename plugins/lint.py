@@ -147,10 +147,11 @@ class _Linter:
         if since and self.version < _parse_version(since):
             return issue(f"{node.op_type} needs TensorRT >= {since}, linting for "
                          f"{'.'.join(map(str, self.version))}")
-        dtype = _dtype(scope, node, 0)
         allowed = [self.table["type_aliases"].get(t, t) for t in spec["types"]]
-        if dtype is not None and dtype not in allowed:
-            issue(f"input 0 has dtype {dtype}, TensorRT supports {spec['types']}")
+        for i in DATA_INPUTS.get(node.op_type, (0,)):
+            dtype = _dtype(scope, node, i) if i < len(node.input) and node.input[i] else None
+            if dtype is not None and dtype not in allowed:
+                issue(f"input {i} has dtype {dtype}, TensorRT supports {spec['types']}")
         for kind, arg in spec.get("constraints", {}).items():
             for message in _CHECKS[kind](node, arg, scope, self.table):
                 issue(message)
@@ -169,6 +170,11 @@ class _Linter:
         opset = self._check_opset(function.opset_import, fprefix.rstrip("/"))
         types = _infer_function_types(self.model, function, node, scope)
         self._lint_nodes(function.node, fprefix, _Scope(None, types, opset))
+
+
+# The inputs whose dtype the table's `types` list: input 0 unless another holds the op's data type
+# (Where's input 0 is its condition, always BOOL).
+DATA_INPUTS = {"Where": (1, 2)}
 
 
 def opset_max(table: dict, version: tuple[int, ...]) -> int:

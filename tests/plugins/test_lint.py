@@ -117,6 +117,18 @@ def test_topk_constraints(model, needle):
     assert _ops(issues) == {"TopK"} and needle in issues[0].message, issues
 
 
+@pytest.mark.parametrize("dtype, ok", [(TensorProto.INT8, False), (TensorProto.FLOAT, True), (TensorProto.INT64, True)])
+def test_where_checks_its_data_inputs_not_its_condition(dtype, ok):
+    """Where's types are its data's (inputs 1 and 2); its condition, input 0, is BOOL. Only input 0
+    was checked, so INT8 data (a quantized type: Q/DQ only) passed."""
+    node = helper.make_node("Where", ["c", "x", "y"], ["z"], name="/w")
+    model = _model([node], [("c", TensorProto.BOOL, [4]), ("x", dtype, [4]), ("y", dtype, [4])], [("z", dtype, None)],
+                   opset=20)
+    for version in ("10.3", "11.1"):
+        issues = lint.lint_model(model, version)
+        assert (issues == []) if ok else (_ops(issues) == {"Where"} and "input 1 has dtype INT8" in issues[0].message), issues
+
+
 def test_topk_with_small_constant_k_passes():
     assert lint.lint_model(_topk_model(3839)) == []
 
