@@ -11,6 +11,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("gguf")
 
 from trtllm.builder import checkpoint  # noqa: E402
+from trtllm.builder import gguf as gguf_loader  # noqa: E402
 
 from tests.gguf_files import llama3_checkpoint, llama3_rope_factors, LLAMA3_ROPE, write_llama_gguf  # noqa: E402
 
@@ -120,7 +121,7 @@ def test_a_llama3_gguf_gets_its_rope_scaling_back(llama3, monkeypatch):
     ckpt, gguf = llama3
     assert checkpoint.load(str(gguf)).model.config.rope_parameters == {**LLAMA3_ROPE, "rope_theta": 500000.0}
     assert logits_gap(ckpt, gguf, 300) <= 1e-4
-    monkeypatch.setattr(checkpoint, "llama3_rope", lambda model, factors, arg: None)
+    monkeypatch.setattr(gguf_loader, "llama3_rope", lambda model, factors, arg: None)
     assert logits_gap(ckpt, gguf, 300) > 0.1
 
 
@@ -173,7 +174,7 @@ def test_a_phi3_gguf_loads_as_its_checkpoint_with_its_window(phi3, monkeypatch):
     ckpt, gguf = phi3
     assert checkpoint.load(str(gguf)).model.config.sliding_window == 8
     assert logits_gap(ckpt, gguf, 100) <= 1e-4
-    monkeypatch.setattr(checkpoint, "phi3_keys", lambda model, keys: None)
+    monkeypatch.setattr(gguf_loader, "phi3_keys", lambda model, keys: None)
     assert logits_gap(ckpt, gguf, 100) > 0.1
 
 
@@ -203,7 +204,7 @@ def test_a_longrope_phi3_gguf_gets_its_rope_back(phi4_mini, monkeypatch):
     np.testing.assert_array_equal(np.float32(params["short_factor"]), np.float32([1.0, 1.3, 2.1, 3.5]))
     assert logits_gap(ckpt, gguf, 200) <= 1e-4
     assert logits_gap(ckpt, gguf, 300) <= 1e-4  # (past 256 transformers takes the long factors)
-    monkeypatch.setattr(checkpoint, "phi3_longrope", lambda *args: None)
+    monkeypatch.setattr(gguf_loader, "phi3_longrope", lambda *args: None)
     assert logits_gap(ckpt, gguf, 200) > 0.1
 
 
@@ -221,14 +222,14 @@ def test_a_partial_rotary_phi3_gguf_gets_it_back(phi3, tmp_path, monkeypatch):
     gguf = write_llama_gguf(ckpt, tmp_path / "partial.gguf", arch="phi3")
     assert checkpoint.load(str(gguf)).model.config.rope_parameters["partial_rotary_factor"] == 0.5
     assert logits_gap(ckpt, gguf, 100) <= 1e-4
-    check_gguf = checkpoint.check_gguf
+    check_gguf = gguf_loader.check_gguf
 
     def full_rotary(path):
         keys = check_gguf(path)
         keys.rope_dims = None
         return keys
 
-    monkeypatch.setattr(checkpoint, "check_gguf", full_rotary)
+    monkeypatch.setattr(gguf_loader, "check_gguf", full_rotary)
     assert logits_gap(ckpt, gguf, 100) > 0.1
 
 
@@ -295,8 +296,8 @@ def test_a_gemma_gguf_query_scale_is_llama_cpps():
     def scale(arch, layers):
         attn = SimpleNamespace()
         config = SimpleNamespace(num_hidden_layers=layers, hidden_size=5376, num_attention_heads=32, head_dim=128)
-        checkpoint.gemma_keys(SimpleNamespace(config=config, model=SimpleNamespace(
-            layers=[SimpleNamespace(self_attn=attn)])), checkpoint.GgufKeys(arch))
+        gguf_loader.gemma_keys(SimpleNamespace(config=config, model=SimpleNamespace(
+            layers=[SimpleNamespace(self_attn=attn)])), gguf_loader.GgufKeys(arch))
         assert attn.scaling == config.query_pre_attn_scalar ** -0.5
         return config.query_pre_attn_scalar
 
@@ -349,7 +350,7 @@ def test_a_gemma_gguf_is_its_checkpoint_read_as_llama_cpp_reads_it(arch, linear,
     gguf = write_llama_gguf(ckpt, tmp_path / f"{arch}.gguf", arch=arch, rope_scaling=linear and ("linear", linear))
     assert logits_gap(ckpt, gguf, 60) <= 1e-4
     assert engine_answers_as(ckpt, gguf, tmp_path / "engine", 60, new=12)
-    monkeypatch.setattr(checkpoint, "gemma_keys", lambda model, keys: None)
+    monkeypatch.setattr(gguf_loader, "gemma_keys", lambda model, keys: None)
     assert logits_gap(ckpt, gguf, 60) > 0.1
 
 
@@ -383,7 +384,7 @@ def test_a_gguf_ends_generation_where_llama_cpp_does(untied_llama, tmp_path, mon
         return row.output_ids, row.finish_reason
 
     assert answer(out) == ([ids["<|endoftext|>"]], "end-of-sequence")
-    monkeypatch.setattr(checkpoint, "gguf_eog_ids", lambda reader, value: [])
+    monkeypatch.setattr(gguf_loader, "gguf_eog_ids", lambda reader, value: [])
     wrong = build(BuildConfig(model=str(path), output=str(tmp_path / "wrong"), max_batch_size=1, max_input_len=16,
                               max_kv_cache_capacity=64), log=lambda m: None)
     assert answer(wrong)[1] == "max-length"
