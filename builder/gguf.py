@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+from tokenizers import pre_tokenizers
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from trtllm.builder import gguf_checks
@@ -28,9 +29,7 @@ def load_gguf(path: Path) -> Checkpoint:
         # config.json) it finds beside the file to what the file holds, another model's as readily
         (Path(alone) / path.name).symlink_to(path.resolve())
         tok = AutoTokenizer.from_pretrained(alone, gguf_file=path.name)
-        if keys.chat_templates:  # (its loader reads the default one alone: a tool_use one was lost)
-            tok.chat_template = {"default": tok.chat_template, **keys.chat_templates} if tok.chat_template \
-                else keys.chat_templates
+        mend_tokenizer(tok, keys)
         model, info = AutoModelForCausalLM.from_pretrained(alone, gguf_file=path.name, dtype=torch.float32,
                                                            output_loading_info=True)
         check_loaded(info, str(path))
@@ -46,6 +45,17 @@ def load_gguf(path: Path) -> Checkpoint:
                                           "sha256": weights_hash([path])})
 
 
+def mend_tokenizer(tok, keys: "GgufKeys") -> None:
+    """What transformers' GGUF loader drops of the file's tokenizer, given back (scripts/
+    fetch_demo_model.py's conversion too): llama.cpp's digit split, the named chat templates."""
+    if keys.digits_apart:  # llama.cpp's split (and the model's own tokenizer.json's): each digit alone
+        tok.backend_tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
+            [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)])
+    if keys.chat_templates:  # (its loader reads the default one alone: a tool_use one was lost)
+        tok.chat_template = {"default": tok.chat_template, **keys.chat_templates} if tok.chat_template \
+            else keys.chat_templates
+
+
 @dataclass
 class GgufKeys:
     """What a GGUF holds that transformers' GGUF loader drops and load_gguf gives back."""
@@ -57,6 +67,7 @@ class GgufKeys:
     softcaps: dict = field(default_factory=dict)  # a gemma2 GGUF's: config name -> value
     linear: float | None = None  # a gemma3 GGUF's linear RoPE scaling (its global layers': Gemma 3 4B-27B)
     eog_ids: list[int] = field(default_factory=list)  # the tokens llama.cpp ends generation at (gguf_eog_ids)
+    digits_apart: bool = False  # a BPE vocabulary whose pre-tokenizer splits digits first (pre_tokenizer)
     chat_templates: dict = field(default_factory=dict)  # named ones (tokenizer.chat_template.<name>): tool_use
 
 
@@ -232,6 +243,7 @@ def check_gguf(path: Path) -> GgufKeys:
         keys.longrope = phi3_longrope(reader, value, keys.rope_dims, str(path))
     keys.linear = value(factors[0]) if linear else None
     keys.eog_ids = gguf_eog_ids(reader, value)
+    keys.digits_apart = pre_tokenizer(value("tokenizer.ggml.model"), value("tokenizer.ggml.pre"), str(path))
     keys.chat_templates = {name.removeprefix("tokenizer.chat_template."): value(name) for name in reader.fields
                            if name.startswith("tokenizer.chat_template.")}
     if arch in ("gemma2", "gemma3"):
@@ -245,6 +257,28 @@ def check_gguf(path: Path) -> GgufKeys:
         keys.softcaps = {name: value(f"{arch}.{name}") for name in ("attn_logit_softcapping", "final_logit_softcapping")
                          if value(f"{arch}.{name}") is not None}
     return keys
+
+
+# A BPE vocabulary's `tokenizer.ggml.pre`, how llama.cpp splits text before merging
+# (llama-vocab.cpp's regex_exprs): those transformers' GGUF loader knows (GGUF_PRE_TOKENIZER_SPLITS),
+# those of GPT-2's split (the loader's ByteLevel default), and those that split each digit off first
+# and then as GPT-2 (the loader had no entry: SmolLM's "\n\n1" came as three tokens, not two)
+GPT2_SPLIT_PRE = frozenset({"default", "gpt-2", "mpt", "olmo", "jais"})
+DIGITS_APART_PRE = frozenset({"starcoder", "refact", "command-r", "smollm", "codeshell", "exaone", "minerva-7b"})
+
+
+def pre_tokenizer(model: str | None, pre: str | None, path: str) -> bool:
+    """Whether a GGUF's BPE vocabulary splits digits apart first; refused where transformers' loader
+    would split text otherwise than llama.cpp (the build's check, on the same tokenizer, passes)."""
+    from transformers.integrations.gguf.gguf_tokenizer_mapping import GGUF_PRE_TOKENIZER_SPLITS
+
+    if model != "gpt2" or pre is None or pre in GPT2_SPLIT_PRE or pre in GGUF_PRE_TOKENIZER_SPLITS:
+        return False
+    if pre in DIGITS_APART_PRE:
+        return True
+    raise CheckpointError(f"--model {path!r} has tokenizer.ggml.pre {pre!r}, a text split transformers' GGUF loader "
+                          "does not know (it would split as GPT-2 and tokenize otherwise than llama.cpp): build "
+                          "from the Hugging Face checkpoint directory instead")
 
 
 # The tokens llama.cpp ends generation at besides the GGUF's eos/eot/eom ids (llama-vocab.cpp, which

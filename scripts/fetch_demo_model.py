@@ -36,11 +36,41 @@ def gguf_path() -> Path:
     return path
 
 
-def convert(gguf: Path, out: Path) -> None:
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+def gguf_tokenizer(gguf: Path):
+    """The GGUF's tokenizer as the builder reads it (builder/gguf.py: llama.cpp's text split, which
+    transformers' loader drops for SmolLM's vocabulary, given back)."""
+    from transformers import AutoTokenizer
+
+    from trtllm.builder.gguf import check_gguf, mend_tokenizer
 
     tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    mend_tokenizer(tok, check_gguf(gguf))
+    return tok
+
+
+def mend_stale_tokenizer(gguf: Path, out: Path) -> bool:
+    """A checkpoint converted before the digit split was given back holds GPT-2's split: its
+    tokenizer files are written again (the weights are the same). True if they were."""
+    import json
+
+    try:
+        saved = json.loads((out / "tokenizer.json").read_text()).get("pre_tokenizer")
+    except (OSError, ValueError):
+        saved = None
+    if '"Digits"' in json.dumps(saved):  # (SmolLM's split is there: no need to read the GGUF's, seconds)
+        return False
+    tok = gguf_tokenizer(gguf)
+    if saved == json.loads(tok.backend_tokenizer.to_str()).get("pre_tokenizer"):
+        return False
+    tok.save_pretrained(out)
+    return True
+
+
+def convert(gguf: Path, out: Path) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM, GenerationConfig
+
+    tok = gguf_tokenizer(gguf)
     loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
     # A GGUF-loaded model is flagged as quantized and save_pretrained refuses it, although every
     # weight is already plain float32: rebuild a clean model from the config and copy them in.
@@ -71,7 +101,11 @@ def main(argv=None) -> None:
                         help=f"where to write the checkpoint (default: {DEFAULT_OUT})")
     out = parser.parse_args(argv).out_dir  # (--help answered: it was taken for OUT_DIR, and 538 MB written there)
     if (out / "config.json").is_file() and (out / "model.safetensors").is_file():
-        print(f"demo model already at {out}")
+        if mend_stale_tokenizer(gguf_path(), out):
+            print(f"demo model at {out}: its tokenizer written again (digits split apart, as llama.cpp and "
+                  "SmolLM2's own tokenizer do)")
+        else:
+            print(f"demo model already at {out}")
         return
     # (ours are written whole, through OUT.partial: a directory with other things is someone else's, or damaged)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):

@@ -478,3 +478,28 @@ def test_control_tokens_outside_the_byte_alphabet_are_refused(untied_llama, tmp_
     with pytest.raises(checkpoint.CheckpointError, match="control tokens written outside its byte-level vocabulary's "
                                                          f"alphabet .*{re.escape(token)}"):
         checkpoint.load(str(path))
+
+
+@pytest.mark.parametrize("pre, want", [("smollm", ["x", "ĠĠ", "1", "2"]), ("starcoder", ["x", "ĠĠ", "1", "2"]),
+                                       ("default", ["x", "Ġ", "Ġ12"]), ("gpt-2", ["x", "Ġ", "Ġ12"])])
+def test_the_text_is_split_as_llama_cpp_splits_it(untied_llama, tmp_path, monkeypatch, pre, want):
+    """tokenizer.ggml.pre says how llama.cpp splits text before merging. SmolLM's (the demo model's)
+    and StarCoder's split each digit off first, which transformers' GGUF loader does not know: it split
+    as GPT-2, so "\n\n1" came as three tokens where llama.cpp (and SmolLM2's own tokenizer.json)
+    has two, and the answers changed. The wrong variant, the loader's split, is GPT-2's."""
+    path = write_llama_gguf(untied_llama, tmp_path / "t.gguf", pre=pre)
+    split = lambda: [piece for piece, _ in checkpoint.load(str(path)).tokenizer.backend_tokenizer  # noqa: E731
+                     .pre_tokenizer.pre_tokenize_str("x  12")]
+    assert split() == want
+    if pre == "smollm":
+        monkeypatch.setattr(gguf_loader, "pre_tokenizer", lambda *args: False)
+        assert split() == ["x", "Ġ", "Ġ12"]
+
+
+def test_a_text_split_the_loader_does_not_know_is_refused(untied_llama, tmp_path):
+    path = write_llama_gguf(untied_llama, tmp_path / "t.gguf", pre="deepseek-llm")
+    with pytest.raises(checkpoint.CheckpointError, match="tokenizer.ggml.pre 'deepseek-llm', a text split "
+                                                         "transformers' GGUF loader does not know"):
+        checkpoint.load(str(path))
+    assert checkpoint.load(str(write_llama_gguf(untied_llama, tmp_path / "l.gguf", pre="llama-bpe")))  # (it knows)
+

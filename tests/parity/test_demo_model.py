@@ -116,6 +116,30 @@ def test_gguf_build_matches_checkpoint_build(demo_engine, tmp_path):
     assert answers[0] == answers[1]
 
 
+def test_the_demo_checkpoint_splits_text_as_smollm2_does(demo_model, tmp_path):
+    """SmolLM2 splits each digit off before merging (its own tokenizer.json, llama.cpp's "smollm"):
+    the checkpoint converted from its GGUF must too (transformers' GGUF loader split as GPT-2, and a
+    numbered list's "\n\n1" came as three tokens). A checkpoint converted before is mended in place
+    by scripts/fetch_demo_model.py (its tokenizer files only)."""
+    from tokenizers import Tokenizer as Fast
+
+    from scripts.fetch_demo_model import gguf_path, mend_stale_tokenizer
+
+    def pieces(checkpoint):
+        return Fast.from_file(str(checkpoint / "tokenizer.json")).encode("a\n\n1 x  5", add_special_tokens=False).tokens
+    assert pieces(demo_model) == ["a", "ĊĊ", "1", "Ġx", "ĠĠ", "5"]
+    stale = tmp_path / "stale"
+    stale.mkdir()
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (stale / name).write_bytes((demo_model / name).read_bytes())
+    doc = json.loads((stale / "tokenizer.json").read_text())
+    doc["pre_tokenizer"] = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}
+    (stale / "tokenizer.json").write_text(json.dumps(doc))
+    assert pieces(stale) != pieces(demo_model)
+    assert mend_stale_tokenizer(gguf_path(), stale) and pieces(stale) == pieces(demo_model)
+    assert not mend_stale_tokenizer(gguf_path(), stale)
+
+
 def test_logprobs_match_transformers(demo_engine, demo_model, tmp_path, run_cli):
     """num_logprobs: top-K log_softmax of the (biased) logits within 1e-4 of transformers', and the
     top-1 bytes of a greedy answer concatenate to exactly its UTF-8 text (here with 'é')."""
