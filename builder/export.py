@@ -286,32 +286,35 @@ def compile_onnxruntime(out_dir: Path, log, quant: "QuantScheme | None" = None, 
 OPTIONAL_FILES = ("chat_template", "generation_config")  # files a checkpoint may not give
 
 
-def save_tokenizer(ck: ckpt.Checkpoint, out_dir: Path, model_arg: str) -> None:
+def save_tokenizer(ck: ckpt.Checkpoint, out_dir: Path, model_arg: str) -> bool:
+    """The tokenizer's files and generation_config.json into out_dir; whether it has a chat template."""
     ck.tokenizer.save_pretrained(out_dir)
     ck.model.generation_config.to_json_file(out_dir / "generation_config.json")
     if not (out_dir / "tokenizer.json").is_file():
         raise ckpt.CheckpointError(f"--model {model_arg!r}: its tokenizer ({type(ck.tokenizer).__name__}) has no fast "
                                    "(tokenizer.json) form, which the runtime needs")
-    check_chat_template(out_dir, model_arg)
+    return check_chat_template(out_dir, model_arg)
 
 
-def check_chat_template(out_dir: Path, model_arg: str) -> None:
+def check_chat_template(out_dir: Path, model_arg: str) -> bool:
     """The chat template as trtllm-run will read it: one that does not compile (trtllm-run would
     refuse the engine, and rebuilding it would not help), or fails on a plain user turn (every chat
     request would fail), is the checkpoint's to fix. Its own raise_exception on that turn is left
-    to the requests it refuses."""
+    to the requests it refuses. Whether there is one."""
     from trtllm.runtime.chat_template import ChatTemplate, ChatTemplateError, TemplateRaised
 
     try:
         template = ChatTemplate.from_engine_dir(out_dir)
         if template is not None:
             template.render([{"role": "user", "content": "Hello"}])
+        return template is not None
     except ChatTemplateError as e:
         if not isinstance(e.__cause__, TemplateRaised):
             raise ckpt.CheckpointError(f"--model {model_arg!r}: its chat template cannot be used: {e}") from e
     except Exception as e:  # noqa: BLE001 - jinja2's syntax errors, a chat_template that is no string
         raise ckpt.CheckpointError(f"--model {model_arg!r}: its chat template cannot be used: "
                                    f"{type(e).__name__}: {e}") from e
+    return True  # (one that raises on a plain turn: it is there)
 
 
 def make_manifest(ck, config: BuildConfig, backend: str, spec, max_top_k: int, num_positions: int,
@@ -401,7 +404,10 @@ def build(config: BuildConfig, log=print) -> Path:
         if ck.unused:  # (the engine is the model transformers loads, without them, and is checked against it)
             log(f"warning: {config.model} holds tensors its config gives the model no place for, which "
                 f"transformers drops and so does the engine: {listed(ck.unused)}")
-        save_tokenizer(ck, tmp, config.model)  # first: a chat template that cannot be used fails the build now
+        if not save_tokenizer(ck, tmp, config.model):  # first: a chat template that cannot be used fails the build now
+            log("note: the checkpoint has no chat template: trtllm-run will join a request's messages with newlines "
+                "(llama-server would format them as ChatML); put the model's chat_template.jinja in the checkpoint "
+                "to chat with it")
         spec, max_top_k, num_positions, lowerings, eagle_section = export_onnx(ck, config, tmp, log, backend)
         manifest = make_manifest(ck, config, backend, spec, max_top_k, num_positions, lowerings, eagle_section)
         if config.lora:

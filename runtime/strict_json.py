@@ -184,18 +184,30 @@ OTHER_NAMES = {"max_new_tokens": "max_generate_length", "max_tokens": "max_gener
                "response_format": "guided_decoding", "random_seed": "seed", "repeat_penalty": "repetition_penalty",
                "max_completion_tokens": "max_generate_length", "structured_outputs": "guided_decoding",
                "guided_json": "guided_decoding", "guided_regex": "guided_decoding",
-               "guided_choice": "guided_decoding", "guided_grammar": "guided_decoding"}
+               "guided_choice": "guided_decoding", "guided_grammar": "guided_decoding",
+               "n_predict": "max_generate_length", "n_probs": "num_logprobs", "grammar": "guided_decoding",
+               "json_schema": "guided_decoding"}
+# Where this format's field means something else than the other engine's of that name
+OTHER_NOTES = {"repeat_penalty": "it covers the whole prompt and answer, not llama.cpp's last repeat_last_n tokens"}
 # Other engines' settings this format has no counterpart for: said so, instead of a near name that
 # means something else (spaces_between_special_tokens is not skip_special_tokens).
 UNSUPPORTED = {"spaces_between_special_tokens": "the text is decoded as the tokenizer decodes it",
                "echo": "continue_final_message continues a turn you began; the prompt itself is never "
-                       "part of output_text"}
+                       "part of output_text",
+               "repeat_last_n": "repetition_penalty covers the whole prompt and answer",
+               "penalty_last_n": "repetition_penalty covers the whole prompt and answer",
+               "cache_prompt": "prompts are reused with trtllm-run --context-reuse and saved system prompts",
+               "min_keep": "min_p and top_k keep at least the most likely token",
+               "timings_per_token": "trtllm-run --profile writes the run's timings",
+               "post_sampling_probs": "num_logprobs gives log_softmax of the biased logits",
+               "parse_tool_calls": "tool calls are read with tool_call_parser"}
 
 
 def did_you_mean(word: object, options) -> str:
     other = OTHER_NAMES.get(word) if isinstance(word, str) else None
     if other in options:
-        return f"did you mean {other!r} (this format's name for it)?"
+        note = OTHER_NOTES.get(word)
+        return f"did you mean {other!r} (this format's name for it{'; ' + note if note else ''})?"
     if isinstance(word, str) and word in UNSUPPORTED:
         return f"this format has no such setting: {UNSUPPORTED[word]}"
     close = difflib.get_close_matches(word, list(options), n=1) if isinstance(word, str) else []

@@ -265,7 +265,8 @@ def test_a_checkpoint_that_cannot_be_built_is_exit_2_naming_model(tmp_path, dama
 def test_a_base_model_without_a_chat_template_builds_and_runs(tmp_path):
     """Its tokenizer has no template, so the engine has no chat_template.jinja and the manifest does
     not list one (a listed file that is missing is refused at load); trtllm-run sends the text as it
-    is, as for apply_chat_template false."""
+    is, as for apply_chat_template false. The build says so (a GGUF without one built in silence;
+    llama-server would use ChatML)."""
     from tests.tiny_models import make_checkpoint
     from trtllm.runtime import manifest as mf
     from trtllm.runtime.cli import main as run_main
@@ -275,6 +276,7 @@ def test_a_base_model_without_a_chat_template_builds_and_runs(tmp_path):
     result = CliRunner().invoke(main, ["--model", str(ckpt), "--output", str(tmp_path / "e"),
                                        "--max-input-len", "64", "--max-kv-cache-capacity", "128"])
     assert result.exit_code == 0, result.output
+    assert "note: the checkpoint has no chat template: trtllm-run will join a request's messages" in result.output
     assert "chat_template" not in mf.load(tmp_path / "e").files and not (tmp_path / "e" / "chat_template.jinja").exists()
     (tmp_path / "in.json").write_text(json.dumps({"requests": [{"messages": [{"role": "user", "content": "hi"}]}],
                                                   "max_generate_length": 2}))

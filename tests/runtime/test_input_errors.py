@@ -245,6 +245,13 @@ def test_hints():
     says = error(_set(*R0, "spaces_between_special_tokens", False))
     assert "no such setting" in says and "skip_special_tokens" not in says
     assert "write 0 for no top-k (vLLM's -1)" in error(_set("top_k", -1))
+    # llama.cpp's: its names, and where the same name means something else here
+    assert "did you mean 'max_generate_length'" in error(_set(*R0, "n_predict", 8))
+    assert "not llama.cpp's last repeat_last_n tokens" in error(_set(*R0, "repeat_penalty", 1.1))
+    for key in ("repeat_last_n", "min_keep", "cache_prompt"):
+        says = error(_set(*R0, key, 1))
+        assert "no such setting" in says and "did you mean" not in says, says
+    assert "leave it out (or null) for a fresh seed (llama.cpp's -1)" in error(_set("seed", -1))
     # a float past 2**53 is not the integer written: no hint (1e23 is 99999999999999991611392)
     assert "write" not in error(_set("max_generate_length", 1e23)) and "write" not in error(_set("top_k", 1e300))
     assert error(_set("requests", 0, "messages", 0, "role", "bot")) == (
