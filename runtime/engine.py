@@ -58,7 +58,7 @@ class StepOutputs:
     token_ids: np.ndarray
     top_logprobs: np.ndarray
     top_logprob_ids: np.ndarray
-    logits: np.ndarray | None = None
+    logits: np.ndarray | None = None  # asked for (want_logits): [B,V]; valid until the engine's next step
     verify_ids: np.ndarray | None = None  # samples_verified engines: the sampler's token at each verify_index position
     # eagle.logprobs and prompt_logits engines, asked for (want_logits): the verify_index positions'
     # [B,T,V]; valid until the engine's next step

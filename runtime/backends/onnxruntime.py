@@ -257,10 +257,12 @@ class OnnxRuntimeEngine:
             if m.eagle or m.prompt_logits else None
         self.session.run_with_iobinding(b)
         # Copies: the output buffers are reused by the next step. Rows keep the k logprobs asked for.
+        # The logits are a view (B x V floats, read before the next step: a copy of 1.5 MB a step
+        # at batch 8 cost 0.2-0.4 ms, for the few tokens drawn outside the top K).
         k = s.num_logprobs
         return StepOutputs(token_ids=outs[io.token_ids].copy(), top_logprobs=outs[io.top_logprobs][:, :k].copy(),
                            top_logprob_ids=outs[io.top_logprob_ids][:, :k].copy(),
-                           logits=outs[io.logits].copy() if want_logits else None,
+                           logits=outs[io.logits] if want_logits else None,
                            **({} if verify is None else {
                                "verify_ids": None if verify[0] is None else verify[0].copy(),
                                "hidden": None if verify[1] is None else verify[1].copy(),
