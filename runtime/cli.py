@@ -220,6 +220,10 @@ def check_batch_size(inp: fmt.InputFile, manifest) -> None:
 @click.option("--huge-pages/--no-huge-pages", default=True, show_default=True,
               help="Put the engine's weights on huge pages (Linux, CPU backend): faster decode, a second "
                    "or so more to load. TRTLLM_HUGE_PAGES=0 turns it off too.")
+@click.option("--spin/--no-spin", default=True, show_default=True,
+              help="ONNX Runtime's worker threads busy-wait between a step's parallel parts: the fastest on "
+                   "cores of their own. --no-spin lets them sleep, for a machine whose cores other work "
+                   "shares (there spinning workers take its time and the run's own).")
 @click.option("--spec-draft-step", default="auto", show_default=True, callback=lambda ctx, param, v: draft_step(v),
               help="EAGLE engines: tokens the draft head proposes per verification step: a number (0: no "
                    "speculative decoding), or auto: 0-4 per step, whatever has given the most tokens per "
@@ -246,7 +250,7 @@ def check_batch_size(inp: fmt.InputFile, manifest) -> None:
 def main(input_file: Path, engine_dir: Path, output: str | None, profile: str | None, batch_size: int | None,
          max_generate_length: int | None, num_logprobs: int | None, reasoning_parser: str | None,
          tool_call_parser: str | None, sampling_defaults: str, warmup: int, stream: bool, context_reuse: bool,
-         kv_cache_dir: Path | None, kv_cache_size: str, threads: int | None, huge_pages: bool,
+         kv_cache_dir: Path | None, kv_cache_size: str, threads: int | None, huge_pages: bool, spin: bool,
          spec_draft_step: int | str, spec_draft_top_k: int | str, spec_verify_size: int | str,
          spec_ngram: int, prefill_chunk: int) -> None:
     """Answer the requests in INPUT_FILE with the engine in --engine."""
@@ -262,7 +266,7 @@ def main(input_file: Path, engine_dir: Path, output: str | None, profile: str | 
                          if value is not None}
             serve(input_file, engine_dir, output, profile, stream, kv_cache_dir, kv_cache_size, threads, huge_pages,
                   spec_draft_step, spec_draft_top_k, spec_verify_size, prefill_chunk, interrupts, overrides, warmup,
-                  sampling_defaults == "model", context_reuse, spec_ngram)
+                  sampling_defaults == "model", context_reuse, spec_ngram, spin)
     except KeyboardInterrupt:  # not click's Abort: its exit code 1 means "some request failed"
         stdout.say("interrupted: files not yet written were left as they were")
         sys.exit(130)
@@ -272,7 +276,8 @@ def serve(input_file: Path, engine_dir: Path, output: str | None, profile: str |
           kv_cache_dir: Path | None, kv_cache_size: str, threads: int | None, huge_pages: bool,
           spec_draft_step: int | str, spec_draft_top_k: int | str, spec_verify_size: int | str,
           prefill_chunk: int, interrupts: interrupt.Watch | None = None, overrides: dict | None = None,
-          warmup: int = 0, model_defaults: bool = False, context_reuse: bool = False, spec_ngram: int = 0) -> None:
+          warmup: int = 0, model_defaults: bool = False, context_reuse: bool = False, spec_ngram: int = 0,
+          spin: bool = True) -> None:
     from trtllm.runtime import manifest as mf
     from trtllm.runtime.prefix_cache import PrefixStore, engine_identity, parse_size, prefix_identity
 
@@ -338,7 +343,7 @@ def serve(input_file: Path, engine_dir: Path, output: str | None, profile: str |
     from trtllm.runtime.tokenizer import Tokenizer
 
     try:
-        engine = load_engine(engine_dir, num_threads=threads, huge_pages=huge_pages)
+        engine = load_engine(engine_dir, num_threads=threads, huge_pages=huge_pages, spin=spin)
         grammar.use_threads(threads)
     except ManifestError as e:
         replaced_says_so()  # (a graph of the new build, a manifest of the old: not a broken engine)

@@ -26,11 +26,13 @@ from trtllm.runtime.manifest import BFLOAT16, Manifest, ManifestError, ModelShap
 PROMPT, GENERATED = np.zeros(1, np.int64), np.ones(1, np.int64)  # the `generated` input's two values
 
 
-def session_options(num_threads: int | None = None) -> ort.SessionOptions:
+def session_options(num_threads: int | None = None, spin: bool = True) -> ort.SessionOptions:
     opts = ort.SessionOptions()
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     opts.intra_op_num_threads = num_threads or 0  # (0: ONNX Runtime's default, one per core)
     opts.inter_op_num_threads = 1
+    if not spin:  # (its workers sleep between a step's parallel parts instead of busy-waiting: trtllm-run --no-spin)
+        opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
     opts.log_severity_level = 3
     return opts
 
@@ -112,7 +114,7 @@ class OnnxRuntimeEngine:
     draft_graph = False  # the EAGLE head's graph (DraftEngine): graph_mismatch checks its inputs and outputs
 
     def __init__(self, engine_dir, manifest: Manifest, num_threads: int | None = None, graph: str = "compiled",
-                 huge_pages: bool = True):
+                 huge_pages: bool = True, spin: bool = True):
         self.manifest, self.engine_dir = manifest, Path(engine_dir)
         path = Path(engine_dir) / manifest.files.get(graph, manifest.files.get("onnx", "llm.onnx"))
         if graph != "compiled" and manifest.model.kv_dtype == "int8":
@@ -121,7 +123,8 @@ class OnnxRuntimeEngine:
                                 "graph='compiled'")
         if not path.is_file():
             raise ManifestError(f"{path} is missing; {rebuild_hint(engine_dir)}")
-        opts = session_options(num_threads)
+        opts = session_options(num_threads, spin)
+        self.spin = spin
         if cpu_kernels.needed_by(manifest.lowerings):  # attention or quantized MatMuls as plugins/cpu's kernels
             library = cpu_kernels.library()
             if library is None:

@@ -56,6 +56,30 @@ def test_output_format_and_greedy_determinism(run_cli, tmp_path, tiny_engine):
     assert json.loads((tmp_path / "plain.json").read_text())["huge_pages"]["skipped"] == "turned off"
 
 
+def test_no_spin_lets_onnx_runtimes_workers_sleep(run_cli, tiny_engine, monkeypatch):
+    """--no-spin reaches the session (ONNX Runtime's allow_spinning 0: its workers sleep, for cores
+    that other work shares); the answers are the same either way."""
+    from trtllm.runtime import engine as engine_mod
+
+    spins, real, key = [], engine_mod.load_engine, "session.intra_op.allow_spinning"
+
+    def load(*args, **kwargs):
+        engine = real(*args, **kwargs)
+        try:
+            spins.append(engine.session.get_session_options().get_session_config_entry(key))
+        except Exception:  # noqa: BLE001 - ONNX Runtime's way of saying the entry was never set
+            spins.append("default")
+        return engine
+
+    monkeypatch.setattr(engine_mod, "load_engine", load)
+    payload = {"temperature": 0, "max_generate_length": 6, "requests": [chat("The quick brown fox")]}
+    engine, answers, seen = tiny_engine("llama"), [], []
+    for flag in ((), ("--no-spin",)):
+        answers.append(run_cli(engine, payload, *flag)[1]["responses"][0]["output_text"])
+        seen.append(spins[-1])
+    assert seen == ["default", "0"] and answers[0] == answers[1]
+
+
 def test_bad_request_fails_alone(run_cli, tmp_path, tiny_engine):
     engine = tiny_engine("llama")
     long_text = "word " * 400  # more tokens than the engine's max_input_len (256)
