@@ -285,8 +285,9 @@ def _draw(b: _Body, float64: bool) -> None:
 def _compensated(b: _Body) -> None:
     """Step 10 in float32 alone, as exact as the float64 sum: past_target = S > uniform * total and
     at_total = S >= total, S the running sum of w. CumSum's rounding is recovered from its own
-    output: each step c[i] - c[i-1] is exact (neighbouring sums are within a factor of 2), so
-    w - step is what that addition lost, and c + CumSum(lost) is S, whatever order the backend's
+    output: c[i] - c[i-1] is the amount that step added, computed with its own rounding error
+    (TwoSum: exact where a large weight follows small ones, where the difference itself rounds), so
+    w - that is what the addition lost, and c + CumSum(lost) is S, whatever order the backend's
     scan adds in (the differences telescope). The lost amounts are summed the same way once more
     (their own float32 sum drifts by up to a weight over a long flat tail), and what that loses is
     below 1e-12 of the total. The target u * total is kept as two float32 numbers: u and the
@@ -329,13 +330,23 @@ def _compensated(b: _Body) -> None:
 
 
 def _lost(b: _Body, w: str, c: str, out: str) -> str:
-    """w - (c[i] - c[i-1]) (c[-1] = 0): what each addition of CumSum(w) = c rounded away."""
+    """w - (c[i] - c[i-1]) (c[-1] = 0): what each addition of CumSum(w) = c rounded away. The
+    difference d = c[i] - c[i-1] is exact only where c[i-1] >= c[i] / 2; its own rounding error
+    (TwoSum: (c - (d - bd)) + (-c[i-1] - bd), bd = d - c) is taken off too."""
     b.op("Slice", c, "zero_i", "one_i_1d", "axes_1", out=f"{c}_first")             # [B, 1]
     b.op("Slice", c, "one_i_1d", "to_end_1d", "axes_1", out=f"{c}_next")            # [B, V-1]
     b.op("Slice", c, "zero_i", "minus_one_1d", "axes_1", out=f"{c}_prev")
-    b.op("Sub", f"{c}_next", f"{c}_prev", out=f"{c}_rest_steps")
-    b.op("Concat", f"{c}_first", f"{c}_rest_steps", out=f"{c}_steps", axis=1)      # [B, V]
-    return b.op("Sub", w, f"{c}_steps", out=out)
+    b.op("Sub", f"{c}_next", f"{c}_prev", out=f"{c}_d")
+    b.op("Sub", f"{c}_d", f"{c}_next", out=f"{c}_bd")
+    b.op("Sub", f"{c}_d", f"{c}_bd", out=f"{c}_d_back")
+    b.op("Sub", f"{c}_next", f"{c}_d_back", out=f"{c}_d_err_a")
+    b.op("Add", f"{c}_prev", f"{c}_bd", out=f"{c}_d_err_b_neg")
+    b.op("Sub", f"{c}_d_err_a", f"{c}_d_err_b_neg", out=f"{c}_d_err")            # (c[i] - c[i-1]) - d, exactly
+    zero_col = b.op("Sub", f"{c}_first", f"{c}_first", out=f"{c}_zero")           # [B, 1] (c[0] - 0 is exact)
+    b.op("Concat", f"{c}_first", f"{c}_d", out=f"{c}_steps", axis=1)               # [B, V]
+    b.op("Concat", zero_col, f"{c}_d_err", out=f"{c}_steps_err", axis=1)
+    b.op("Sub", w, f"{c}_steps", out=f"{out}_rough")
+    return b.op("Sub", f"{out}_rough", f"{c}_steps_err", out=out)
 
 
 def _leading(b: _Body, x: str, hi: str, lo: str) -> None:

@@ -405,6 +405,34 @@ def test_the_float32_draw_gives_the_float64_draws_tokens(monkeypatch):
     assert (draws(case, float64=False, max_top_k=1024) != want).sum() >= 5
 
 
+def test_the_float32_draw_is_exact_after_a_large_weight_and_for_any_uniform():
+    """Where a large weight follows small ones (a likely token after a tail), c[i] - c[i-1] is not
+    exact: its own rounding is taken off too (TwoSum). Without that the running sum was 2^-25 of it
+    off from there on, and every draw aimed into the tail after such a token came 6 tokens early
+    (60 of 60 here, a review's). Uniforms spread over [0, 1) on language-model-like rows too (the
+    error's effect grows with 1 - u, which the test above keeps small). A uniform whose target
+    falls within 1e-9 of a weight of a boundary is one the backends may round apart (DESIGN.md)."""
+    vocab, big = 4096, 1000
+    row = np.full(vocab, -20.0, np.float32)
+    row[[big, vocab - 1]] = 0.0
+    w = np.exp(row).astype(np.float64)  # (the weights as the sampler computes them: float32)
+    c = np.cumsum(w)
+    uniforms = np.array([(c[big] + (j + 0.5) * w[0]) / c[-1] for j in range(0, 3000, 50)], np.float32)
+    case = make_case(np.tile(row, (len(uniforms), 1)), 1.0, 0, 1.0, uniforms)
+    target = uniforms.astype(np.float64) * c[-1]
+    clear = np.abs(c[None, :] - target[:, None]).min(axis=1) > 1e-9 * w[0]
+    assert clear.sum() >= 55
+    want = reference.sample(*(case[n] for n in ARGS), 64)[0]
+    assert np.array_equal(draws(case, float64=False)[clear], want[clear])
+    rng = np.random.default_rng(3)
+    logits = (rng.standard_normal((64, 49152)) * 2).astype(np.float32)
+    for r in logits:
+        r[rng.integers(0, 49152, 3)] += 16
+    case = make_case(logits, 1.0, 0, 1.0, rng.random(64, dtype=np.float32))
+    want = reference.sample(*(case[n] for n in ARGS), 1024)[0]
+    assert np.array_equal(draws(case, float64=False, max_top_k=1024), want)
+
+
 @pytest.mark.parametrize("min_p", [0.0, 0.01])
 def test_min_p_survivors_beyond_max_top_k_renormalise_top_p(min_p):
     """More tokens pass min-p than the sampler sorts (M = 8 of 200): top-p must still divide by all
