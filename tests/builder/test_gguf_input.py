@@ -481,7 +481,7 @@ def test_control_tokens_outside_the_byte_alphabet_are_refused(untied_llama, tmp_
 
 
 @pytest.mark.parametrize("pre, want", [("smollm", ["x", "ĠĠ", "1", "2"]), ("starcoder", ["x", "ĠĠ", "1", "2"]),
-                                       ("default", ["x", "Ġ", "Ġ12"]), ("gpt-2", ["x", "Ġ", "Ġ12"])])
+                                       ("mellum", ["x", "Ġ", "Ġ12"]), ("gpt-2", ["x", "Ġ", "Ġ12"])])
 def test_the_text_is_split_as_llama_cpp_splits_it(untied_llama, tmp_path, monkeypatch, pre, want):
     """tokenizer.ggml.pre says how llama.cpp splits text before merging. SmolLM's (the demo model's)
     and StarCoder's split each digit off first, which transformers' GGUF loader does not know: it split
@@ -496,10 +496,29 @@ def test_the_text_is_split_as_llama_cpp_splits_it(untied_llama, tmp_path, monkey
         assert split() == ["x", "Ġ", "Ġ12"]
 
 
-def test_a_text_split_the_loader_does_not_know_is_refused(untied_llama, tmp_path):
-    path = write_llama_gguf(untied_llama, tmp_path / "t.gguf", pre="deepseek-llm")
-    with pytest.raises(checkpoint.CheckpointError, match="tokenizer.ggml.pre 'deepseek-llm', a text split "
-                                                         "transformers' GGUF loader does not know"):
+@pytest.mark.parametrize("pre, said", [("deepseek-llm", "tokenizer.ggml.pre 'deepseek-llm'"),
+                                       ("default", "tokenizer.ggml.pre 'default'"),
+                                       (None, "no tokenizer.ggml.pre \\(llama.cpp's default split\\)")])
+def test_a_text_split_the_loader_does_not_make_is_refused(untied_llama, tmp_path, pre, said):
+    """llama.cpp's "default" split (also where the key is missing) takes punctuation and digit runs
+    first: not GPT-2's, which the loader would make."""
+    path = write_llama_gguf(untied_llama, tmp_path / "t.gguf", pre=pre)
+    with pytest.raises(checkpoint.CheckpointError, match=f"{said}, a text split transformers' GGUF loader does "
+                                                         "not make"):
         checkpoint.load(str(path))
     assert checkpoint.load(str(write_llama_gguf(untied_llama, tmp_path / "l.gguf", pre="llama-bpe")))  # (it knows)
 
+
+
+def test_a_gguf_without_a_chat_template_builds_with_a_note_that_fits_it(untied_llama, tmp_path):
+    """No tokenizer.chat_template: the build says so, and, a GGUF being read alone (a template
+    beside it is never read), names what helps: the checkpoint directory or the GGUF's own key."""
+    from trtllm.builder.config import BuildConfig
+    from trtllm.builder.export import build
+
+    path = write_llama_gguf(untied_llama, tmp_path / "plain.gguf")
+    logs: list[str] = []
+    build(BuildConfig(model=str(path), output=str(tmp_path / "engine"), max_batch_size=1, max_input_len=16,
+                      max_kv_cache_capacity=64, verify=False), log=logs.append)
+    note = next(line for line in logs if line.startswith("note: the checkpoint has no chat template"))
+    assert "write tokenizer.chat_template into the GGUF" in note and "chat_template.jinja" not in note
