@@ -54,8 +54,8 @@ def unoptimized_sessions():
 
     original = backend.session_options
 
-    def plain(num_threads=None):
-        opts = original(num_threads)
+    def plain(num_threads=None, spin=True):
+        opts = original(num_threads, spin)
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
         return opts
 
