@@ -109,7 +109,7 @@ def batch_logits(engine, prompts: list[list[int]], forced: np.ndarray | None = N
     inputs, logits, tokens = prefill_inputs(rows, m.pad_token_id, batch), [], []
     for step in range(NUM_DECODE + 1):
         out = engine.step(inputs, kv.view(0, len(rows)), want_logits=True)
-        logits.append(out.logits)
+        logits.append(out.logits.copy())  # (valid until the engine's next step)
         tokens.append(out.token_ids)
         for b, row in enumerate(rows):
             row.output_ids.append(int(forced[step, b] if forced is not None else out.token_ids[b]))

@@ -55,7 +55,8 @@ def prefill(engine, prompts, kv=None, reused=()):
         r.num_reused = r.computed = n
     kv = kv or KVCacheManager(m.model, len(rows), CAPACITY)
     batch = sampling.make_batch([r.params for r in rows], m.model.vocab_size, m.max_top_k)
-    return engine.step(prefill_inputs(rows, m.pad_token_id, batch), kv.view(0, len(rows)), want_logits=True).logits
+    # (a copy: the engine's logits are valid until its next step)
+    return engine.step(prefill_inputs(rows, m.pad_token_id, batch), kv.view(0, len(rows)), want_logits=True).logits.copy()
 
 
 def test_a_prompt_in_a_batch_is_the_prompt_alone(engine):
@@ -111,7 +112,7 @@ def test_a_decode_step_in_a_batch_is_the_step_alone(engines, kind):
         step = StepInputs(input_ids=np.full((n, 1), 5, np.int64), position_ids=pos[:, None], write_index=pos,
                           last_index=np.zeros(n, np.int64),
                           sampling=sampling.make_batch(params[:n], m.model.vocab_size, m.max_top_k))
-        return engine.step(step, kv.view(0, n), want_logits=True).logits[0]
+        return engine.step(step, kv.view(0, n), want_logits=True).logits[0].copy()
 
     together, alone = decode(3), decode(1)  # the same KV writes both times: position len(prompt)
     assert np.array_equal(together, alone)
