@@ -128,13 +128,14 @@ def export_onnx(ck: ckpt.Checkpoint, config: BuildConfig, out_dir: Path, log, ba
     writer = DecoderWriter(spec, weights, cos, sin, max_top_k, quant=quant, dtype=config.dtype,
                            graph=config.graph, lora_rank=config.max_lora_rank, eagle=joint, local_rope=local,
                            tree=tree, verify_logits=backend == "onnxruntime")
-    model = writer.write()
-    issues = lint.lint_model(model, config.trt_version)
+    save(writer.write(), out_dir, ONNX_NAME)
+    del writer
+    # Linted as saved, without its weights: shape inference on the model in memory serialised every
+    # weight again (3.2-3.6x the weights' bytes: the build's peak), and past 2 GiB could not at all
+    issues = lint.lint_model(out_dir / ONNX_NAME, config.trt_version)
     if issues:
         raise RuntimeError(f"the exported graph fails the TensorRT {config.trt_version} op lint:\n" +
                            "\n".join(f"  {i.node} ({i.op}): {i.message}" for i in issues))
-    save(model, out_dir, ONNX_NAME)
-    del model
     lowerings = []
     if backend == "onnxruntime" and config.graph == "modern" and (gqa or quant is not None or half):
         # The ONNX Runtime form starts from a graph whose attention is a fused kernel (ours or ORT's)
@@ -187,12 +188,11 @@ def export_draft(draft: "eagle.Draft", config: BuildConfig, out_dir: Path, log, 
     (out_dir / eagle.DRAFT_DIR).mkdir()
     cos, sin = eagle.rope_tables(draft, num_positions)
     writer = eagle.DraftWriter(draft, cos, sin, tree, quant=quant, dtype=config.dtype, graph=config.graph)
-    model = writer.write()
-    issues = lint.lint_model(model, config.trt_version)
+    save(writer.write(), out_dir, eagle.DRAFT_ONNX)
+    issues = lint.lint_model(out_dir / eagle.DRAFT_ONNX, config.trt_version)  # (as saved: export_onnx says why)
     if issues:
         raise RuntimeError(f"the draft graph fails the TensorRT {config.trt_version} op lint:\n" +
                            "\n".join(f"  {i.node} ({i.op}): {i.message}" for i in issues))
-    save(model, out_dir, eagle.DRAFT_ONNX)
     spec, lowerings = draft.spec, []
     gqa = (attention_supported if native else gqa_supported)(spec, ort_activations(config, quant))
     half = native and half_supported(spec, config.dtype, quant)

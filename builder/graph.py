@@ -58,10 +58,16 @@ class GraphWriter:
         return outs[0] if len(outs) == 1 else outs
 
     def model(self, producer: str, extra_opsets: dict[str, int] | None = None) -> onnx.ModelProto:
-        graph = helper.make_graph(self.nodes, self.name, self.inputs, self.outputs, self.initializers)
+        """The model; the writer's initializers move into it (one weight copied at a time: make_graph
+        and make_model each copied them all, three copies of the weights at the peak)."""
+        graph = helper.make_graph(self.nodes, self.name, self.inputs, self.outputs)
         opsets = [helper.make_opsetid("", OPSET)]
         opsets += [helper.make_opsetid(d, v) for d, v in (extra_opsets or {}).items()]
         model = helper.make_model(graph, opset_imports=opsets, producer_name=producer,
                                   functions=self.functions)
+        del graph
+        pending, self.initializers = self.initializers[::-1], []
+        while pending:
+            model.graph.initializer.append(pending.pop())
         model.ir_version = 11
         return model

@@ -104,7 +104,7 @@ class _Linter:
 
     def run(self) -> list[LintIssue]:
         opset = self._check_opset(self.model.opset_import, "graph")
-        types = _infer_types(self.model)
+        types = _infer_types(self.model, self.issues)
         self._lint_graph(self.model.graph, "", _Scope(None, types, opset))
         return self.issues
 
@@ -205,14 +205,20 @@ def _constant_value(node):
 
 # --- types from shape inference ---------------------------------------------------------------
 
-def _infer_types(model) -> dict:
-    """name -> (dtype name, dims tuple or None) for every typed value in the graph and subgraphs."""
+def _infer_types(model, issues: list | None = None) -> dict:
+    """name -> (dtype name, dims tuple or None) for every typed value in the graph and subgraphs.
+    `issues`: where a whole model's inference failing is reported (a model in memory past 2 GiB
+    cannot be serialised for it): without it the dtype, rank and shape checks see only the graph's
+    inputs, outputs and initializers, and would pass what they could not check."""
     import onnx
 
     try:
         model = onnx.shape_inference.infer_shapes(model, strict_mode=False)
-    except Exception:  # noqa: BLE001 - shape inference is a best effort; the lint still runs
-        pass
+    except Exception as e:  # noqa: BLE001 - a function body's is a best effort; the lint still runs
+        if issues is not None:
+            issues.append(LintIssue("graph", "shape inference", f"ONNX shape inference failed ({type(e).__name__}: "
+                                    f"{str(e).splitlines()[0][:200] if str(e) else ''}), so dtypes, ranks and shapes "
+                                    "went unchecked: lint the saved file (lint_model(path), without its weights)"))
     types: dict = {}
     _collect_types(model.graph, types)
     return types

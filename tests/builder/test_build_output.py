@@ -306,3 +306,30 @@ def test_an_interrupt_a_finalizer_swallowed_still_stops_the_build(tmp_path, tiny
     assert result.exit_code == 130 and "interrupted" in result.output, result.output
     assert sorted(p.name for p in tmp_path.iterdir()) == ["engine"]
     assert json.loads((tmp_path / "engine" / "manifest.json").read_text())["limits"]["max_input_len"] == 16
+
+
+def test_the_export_holds_one_copy_of_the_weights_and_lints_the_saved_graph(tmp_path, tiny_checkpoint, monkeypatch):
+    """The build's memory peak was the export: make_graph and make_model each copied every weight
+    (three copies at once), and the op lint ran shape inference on the model in memory, which
+    serialised every weight again (8x the weights' bytes for the demo model in float32; past 2 GiB it
+    could not, and the lint checked nothing it needed types for). The writer's weights move into the
+    model, and the lint reads the saved graph without them."""
+    from trtllm.builder import export
+    from trtllm.builder.config import BuildConfig
+    from trtllm.builder.graph import GraphWriter
+    from trtllm.plugins import lint
+
+    linted, real_lint = [], lint.lint_model
+    monkeypatch.setattr(lint, "lint_model", lambda model, *a: linted.append(model) or real_lint(model, *a))
+    moved, real_model = [], GraphWriter.model
+
+    def model(self, *args, **kwargs):
+        made = real_model(self, *args, **kwargs)
+        moved.append((len(made.graph.initializer) > 0, len(self.initializers)))
+        return made
+
+    monkeypatch.setattr(GraphWriter, "model", model)
+    export.build(BuildConfig(model=str(tiny_checkpoint("llama")), output=str(tmp_path / "e"), max_batch_size=1,
+                             max_input_len=16, max_kv_cache_capacity=64, verify=False), log=lambda m: None)
+    assert linted and all(isinstance(m, os.PathLike) and m.name == export.ONNX_NAME for m in linted), linted
+    assert moved and all(has and left == 0 for has, left in moved), moved

@@ -129,6 +129,22 @@ def test_where_checks_its_data_inputs_not_its_condition(dtype, ok):
         assert (issues == []) if ok else (_ops(issues) == {"Where"} and "input 1 has dtype INT8" in issues[0].message), issues
 
 
+def test_a_model_shape_inference_cannot_take_is_an_issue_not_a_pass(monkeypatch):
+    """A model in memory past 2 GiB cannot be serialised for ONNX shape inference: the dtype checks
+    then see only the graph's inputs, and a DOUBLE inside passed. It is reported instead."""
+    node = helper.make_node("Cast", ["x"], ["d"], to=TensorProto.DOUBLE)
+    model = _model([node, helper.make_node("Abs", ["d"], ["y"], name="/abs")], [("x", F, [4])],
+                   [("y", TensorProto.DOUBLE, None)])
+    assert "Abs" in _ops(lint.lint_model(model))
+
+    def too_big(*args, **kwargs):
+        raise ValueError("Message onnx.ModelProto exceeds maximum protobuf size of 2GB")
+
+    monkeypatch.setattr(onnx.shape_inference, "infer_shapes", too_big)
+    issues = lint.lint_model(model)
+    assert any(i.op == "shape inference" and "exceeds maximum protobuf size" in i.message for i in issues), issues
+
+
 def test_topk_with_small_constant_k_passes():
     assert lint.lint_model(_topk_model(3839)) == []
 
