@@ -67,9 +67,24 @@ class QuantScheme:
                 "not_quantized": "norms, biases, KV cache, activations between layers"}
 
 
+SLICE_BYTES = 64 << 20  # float32 weights quantized at once: the work takes several times its input
+
+
 def quantize(w_t: np.ndarray, scheme: QuantScheme) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     """w_t [in, out] float32 -> (codes [in, out] in the ONNX integer type, scales [blocks, out] f32,
-    offsets [blocks, out] f32 or None). `in` must be a multiple of the block size."""
+    offsets [blocks, out] f32 or None). `in` must be a multiple of the block size. Done in slices of
+    output columns (each column's blocks are its own: the same result): the whole of a large
+    embedding at once took 3-4x its bytes more (6 GiB for a 128k x 4096 one)."""
+    k, n = w_t.shape
+    step = max(1, SLICE_BYTES // (4 * max(k, 1)))
+    if n <= step:
+        return quantize_columns(w_t, scheme)
+    parts = [quantize_columns(w_t[:, s:s + step], scheme) for s in range(0, n, step)]
+    return tuple(None if parts[0][i] is None else np.concatenate([p[i] for p in parts], axis=1) for i in range(3))
+
+
+def quantize_columns(w_t: np.ndarray, scheme: QuantScheme) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """quantize() of one slice of columns."""
     k, n = w_t.shape
     b = scheme.block_size
     if k % b:

@@ -60,7 +60,7 @@ class WeightWriter:
         if prefix in self.quantized:
             return self.quantized[prefix]
         g = self.g
-        codes, scale, offset = quantize(np.ascontiguousarray(w.T), scheme)
+        codes, scale, offset = quantize(w.T, scheme)  # (a view: quantize copies a slice at a time)
         if self.native:
             codes, scale, offset = pack_rows(codes, scale, offset, scheme.bits, scheme.block_size)
             if order is not None:

@@ -364,3 +364,19 @@ def test_dimension_off_the_block_is_a_config_error(tiny_checkpoint, tmp_path):
     assert result.exit_code == 2, result.output
     assert "intermediate_size 100, not a multiple of the quantization block (32)" in result.output
     assert not (tmp_path / "e").exists()
+
+
+@pytest.mark.parametrize("name", ["int8", "int4"])
+def test_quantizing_in_slices_of_columns_gives_the_whole_weights_result(name, monkeypatch):
+    """A large weight (an embedding of 128k x 4096 took 6 GiB more at once) is quantized a slice of
+    output columns at a time: each column's blocks are its own, so the codes, scales and offsets
+    are the whole weight's, bit for bit, whatever the slice (here 700 columns of 3,000)."""
+    from trtllm.builder import quantize as q
+
+    w = (np.random.default_rng(0).standard_normal((3000, 576)) * 0.05).astype(np.float32)
+    scheme = QuantScheme.named(name)
+    whole = q.quantize_columns(np.ascontiguousarray(w.T), scheme)
+    monkeypatch.setattr(q, "SLICE_BYTES", 576 * 4 * 700)
+    sliced = quantize(w.T, scheme)
+    for a, b in zip(whole, sliced):
+        assert (a is None and b is None) or (a.dtype == b.dtype and np.array_equal(a, b))
