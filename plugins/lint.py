@@ -5,7 +5,9 @@ What is checked, for the graph, every subgraph and every model-local function bo
     (`opset_max_by_trt`: 20 before 10.15, 24 from 10.15 on);
   - each default-domain op is in the table and, for an older TensorRT, not newer than the op's
     `since_trt` tag (ops without a tag are in the 10.0 table, so every 10.x has them);
-  - the dtype of the op's first input is one of the table's `types` (where shape inference knows it);
+  - the dtype of the op's data input (the first; Where's 1 and 2) is one of the table's `types` (where
+    shape inference knows it); a model ONNX shape inference cannot take is an issue itself (its types
+    went unchecked);
   - the op's `constraints` (one checker per kind in _CHECKS; a kind without a checker is an error);
   - a node of another domain is a model-local function whose body passes the same lint (that is
     how TensorRT imports it when no plugin of that name is registered).
@@ -49,9 +51,11 @@ def lint_model(model, trt_version: str = "11.1") -> list[LintIssue]:
     """Issues that would stop TensorRT `trt_version` from parsing `model`; [] when clean."""
     import onnx
 
-    if isinstance(model, (str, os.PathLike)):
+    saved = isinstance(model, (str, os.PathLike))
+    if saved:
         model = onnx.load(os.fspath(model), load_external_data=False)
     linter = _Linter(model, load_table(), _parse_version(trt_version))
+    linter.saved = saved
     return linter.run()
 
 
@@ -98,13 +102,14 @@ class _Linter:
         self.functions = {(f.domain, f.name, f.overload): f for f in model.functions}
         self.linted_functions: set = set()
         self.issues: list[LintIssue] = []
+        self.saved = False  # read from a file without its weights (lint_model(path))
         unknown = {kind for spec in table["ops"].values() for kind in spec.get("constraints", {})} - set(_CHECKS)
         if unknown:
             raise ValueError(f"trt_onnx_ops.json has constraint kinds the lint does not implement: {sorted(unknown)}")
 
     def run(self) -> list[LintIssue]:
         opset = self._check_opset(self.model.opset_import, "graph")
-        types = _infer_types(self.model, self.issues)
+        types = _infer_types(self.model, self.issues, self.saved)
         self._lint_graph(self.model.graph, "", _Scope(None, types, opset))
         return self.issues
 
@@ -205,7 +210,7 @@ def _constant_value(node):
 
 # --- types from shape inference ---------------------------------------------------------------
 
-def _infer_types(model, issues: list | None = None) -> dict:
+def _infer_types(model, issues: list | None = None, saved: bool = False) -> dict:
     """name -> (dtype name, dims tuple or None) for every typed value in the graph and subgraphs.
     `issues`: where a whole model's inference failing is reported (a model in memory past 2 GiB
     cannot be serialised for it): without it the dtype, rank and shape checks see only the graph's
@@ -216,9 +221,12 @@ def _infer_types(model, issues: list | None = None) -> dict:
         model = onnx.shape_inference.infer_shapes(model, strict_mode=False)
     except Exception as e:  # noqa: BLE001 - a function body's is a best effort; the lint still runs
         if issues is not None:
+            fix = ("the model is not valid ONNX" if saved else
+                   "lint the saved file (lint_model(path), without its weights: past 2 GiB a model in memory cannot "
+                   "be serialised for it)")
             issues.append(LintIssue("graph", "shape inference", f"ONNX shape inference failed ({type(e).__name__}: "
                                     f"{str(e).splitlines()[0][:200] if str(e) else ''}), so dtypes, ranks and shapes "
-                                    "went unchecked: lint the saved file (lint_model(path), without its weights)"))
+                                    f"went unchecked: {fix}"))
     types: dict = {}
     _collect_types(model.graph, types)
     return types

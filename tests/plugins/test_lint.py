@@ -142,7 +142,8 @@ def test_a_model_shape_inference_cannot_take_is_an_issue_not_a_pass(monkeypatch)
 
     monkeypatch.setattr(onnx.shape_inference, "infer_shapes", too_big)
     issues = lint.lint_model(model)
-    assert any(i.op == "shape inference" and "exceeds maximum protobuf size" in i.message for i in issues), issues
+    assert any(i.op == "shape inference" and "exceeds maximum protobuf size" in i.message
+               and "lint the saved file" in i.message for i in issues), issues
 
 
 def test_topk_with_small_constant_k_passes():
