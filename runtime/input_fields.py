@@ -116,27 +116,13 @@ def _stop_token_ids(value: object, path: str) -> tuple[int, ...]:
 _penalty = _number(float, -MAX_ABS_PENALTY, MAX_ABS_PENALTY)
 
 
-_seed_range = _number(int, 0, MAX_SEED)
-
-
-def _seed(value: object, path: str) -> int:
-    if value == -1 and not isinstance(value, bool):  # llama.cpp's "random"
-        _fail(path, f"an integer in [0, {MAX_SEED}]", value, "leave it out (or null) for a fresh seed (llama.cpp's -1)")
-    return _seed_range(value, path)
-
-
-def _top_k(value: object, path: str) -> int:
-    if value == -1 and not isinstance(value, bool):  # vLLM's "off"
-        _fail(path, "an integer >= 0", value, "write 0 for no top-k (vLLM's -1)")
-    return _nonnegative_int(value, path)
-
 # Given at the top level (the default for every request) or in a request (replacing it).
 SAMPLING_FIELDS = {
     "temperature": _number(float, 0, MAX_TEMPERATURE),
-    "top_k": lambda v, p: _top_k(v, p),
+    "top_k": _number(int, 0, outside={-1: "write 0 for no top-k (vLLM's -1)"}),
     "top_p": lambda v, p: _top_p(v, p),
     "max_generate_length": _number(int, 0),
-    "seed": lambda v, p: _seed(v, p),
+    "seed": _number(int, 0, MAX_SEED, outside={-1: "leave it out (or null) for a fresh seed (llama.cpp's -1)"}),
     "min_p": _number(float, 0, 1),
     "repetition_penalty": _number(float, MIN_REPETITION_PENALTY, MAX_REPETITION_PENALTY),
     "presence_penalty": _penalty,

@@ -234,8 +234,10 @@ def fmt(x: float) -> str:
     return str(int(x)) if float(x).is_integer() else str(x)
 
 
-def number(kind: type, lo: float, hi: float | None = None, lo_open: bool = False) -> Callable:
-    """A parser for an int or float field; ints are accepted for floats, never the reverse."""
+def number(kind: type, lo: float, hi: float | None = None, lo_open: bool = False,
+           outside: dict | None = None) -> Callable:
+    """A parser for an int or float field; ints are accepted for floats, never the reverse.
+    `outside`: out-of-range values another engine gives a meaning -> the hint refusing them."""
     noun = "an integer" if kind is int else "a finite number"
     if hi is None:
         desc = f"{noun} {'>' if lo_open else '>='} {fmt(lo)}"
@@ -253,9 +255,9 @@ def number(kind: type, lo: float, hi: float | None = None, lo_open: bool = False
             # the integer it spells, when that is allowed (and exactly what was written: past 2**53 a
             # float is not, 1e23 is 99999999999999991611392)
             hint = f"write {int(value)}" if value.is_integer() and in_range and abs(value) <= 2**53 else ""
-            fail(path, desc, value, hint)
+            fail(path, desc, value, hint or (outside or {}).get(value, ""))
         if not in_range:
-            fail(path, desc, value)
+            fail(path, desc, value, (outside or {}).get(value, ""))
         if kind is float and isinstance(value, int) and abs(value) > sys.float_info.max:
             fail(path, desc, value, "it is beyond the largest float")  # (float() would raise OverflowError)
         return kind(value)
