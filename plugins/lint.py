@@ -54,8 +54,7 @@ def lint_model(model, trt_version: str = "11.1") -> list[LintIssue]:
     saved = isinstance(model, (str, os.PathLike))
     if saved:
         model = onnx.load(os.fspath(model), load_external_data=False)
-    linter = _Linter(model, load_table(), _parse_version(trt_version))
-    linter.saved = saved
+    linter = _Linter(model, load_table(), _parse_version(trt_version), saved)
     return linter.run()
 
 
@@ -97,12 +96,12 @@ class _Scope:
 
 
 class _Linter:
-    def __init__(self, model, table: dict, version: tuple[int, ...]):
-        self.model, self.table, self.version = model, table, version
+    def __init__(self, model, table: dict, version: tuple[int, ...], saved: bool = False):
+        """`saved`: the model was read from a file without its weights (lint_model(path))."""
+        self.model, self.table, self.version, self.saved = model, table, version, saved
         self.functions = {(f.domain, f.name, f.overload): f for f in model.functions}
         self.linted_functions: set = set()
         self.issues: list[LintIssue] = []
-        self.saved = False  # read from a file without its weights (lint_model(path))
         unknown = {kind for spec in table["ops"].values() for kind in spec.get("constraints", {})} - set(_CHECKS)
         if unknown:
             raise ValueError(f"trt_onnx_ops.json has constraint kinds the lint does not implement: {sorted(unknown)}")
