@@ -124,7 +124,6 @@ class OnnxRuntimeEngine:
         if not path.is_file():
             raise ManifestError(f"{path} is missing; {rebuild_hint(engine_dir)}")
         opts = session_options(num_threads, spin)
-        self.spin = spin
         if cpu_kernels.needed_by(manifest.lowerings):  # attention or quantized MatMuls as plugins/cpu's kernels
             library = cpu_kernels.library()
             if library is None:
