@@ -128,14 +128,8 @@ def export_onnx(ck: ckpt.Checkpoint, config: BuildConfig, out_dir: Path, log, ba
     writer = DecoderWriter(spec, weights, cos, sin, max_top_k, quant=quant, dtype=config.dtype,
                            graph=config.graph, lora_rank=config.max_lora_rank, eagle=joint, local_rope=local,
                            tree=tree, verify_logits=backend == "onnxruntime")
-    save(writer.write(), out_dir, ONNX_NAME)
+    save_linted(writer.write(), out_dir, ONNX_NAME, "the exported graph", config.trt_version)
     del writer
-    # Linted as saved, without its weights: shape inference on the model in memory serialised every
-    # weight again (3.2-3.6x the weights' bytes: the build's peak), and past 2 GiB could not at all
-    issues = lint.lint_model(out_dir / ONNX_NAME, config.trt_version)
-    if issues:
-        raise RuntimeError(f"the exported graph fails the TensorRT {config.trt_version} op lint:\n" +
-                           "\n".join(f"  {i.node} ({i.op}): {i.message}" for i in issues))
     lowerings = []
     if backend == "onnxruntime" and config.graph == "modern" and (gqa or quant is not None or half):
         # The ONNX Runtime form starts from a graph whose attention is a fused kernel (ours or ORT's)
@@ -188,11 +182,7 @@ def export_draft(draft: "eagle.Draft", config: BuildConfig, out_dir: Path, log, 
     (out_dir / eagle.DRAFT_DIR).mkdir()
     cos, sin = eagle.rope_tables(draft, num_positions)
     writer = eagle.DraftWriter(draft, cos, sin, tree, quant=quant, dtype=config.dtype, graph=config.graph)
-    save(writer.write(), out_dir, eagle.DRAFT_ONNX)
-    issues = lint.lint_model(out_dir / eagle.DRAFT_ONNX, config.trt_version)  # (as saved: export_onnx says why)
-    if issues:
-        raise RuntimeError(f"the draft graph fails the TensorRT {config.trt_version} op lint:\n" +
-                           "\n".join(f"  {i.node} ({i.op}): {i.message}" for i in issues))
+    save_linted(writer.write(), out_dir, eagle.DRAFT_ONNX, "the draft graph", config.trt_version)
     spec, lowerings = draft.spec, []
     gqa = (attention_supported if native else gqa_supported)(spec, ort_activations(config, quant))
     half = native and half_supported(spec, config.dtype, quant)
@@ -231,6 +221,18 @@ def quant_activations(config: BuildConfig, backend: str, lowerings) -> str:
     if backend == "onnxruntime" and config.quantization != "none" and cpu_kernels.LOWERING not in lowerings:
         return "int8"
     return config.activations
+
+
+def save_linted(model: onnx.ModelProto, out_dir: Path, name: str, what: str, trt_version: str) -> None:
+    """save(), then the TensorRT op lint of the graph as saved, without its weights: shape inference
+    on the model in memory serialised every weight again (3.2-3.6x the weights' bytes: the build's
+    peak), and past 2 GiB could not at all."""
+    save(model, out_dir, name)
+    del model  # (the caller's was a temporary: its weights go before the lint)
+    issues = lint.lint_model(out_dir / name, trt_version)
+    if issues:
+        raise RuntimeError(f"{what} fails the TensorRT {trt_version} op lint:\n" +
+                           "\n".join(f"  {i.node} ({i.op}): {i.message}" for i in issues))
 
 
 def save(model: onnx.ModelProto, out_dir: Path, name: str) -> None:
