@@ -140,7 +140,22 @@ def both_on_grid(lo: np.ndarray, scale: np.ndarray, half: int) -> tuple[np.ndarr
 def nearest_pair(lo: np.ndarray, scale: np.ndarray, half: int, steps: int = 8):
     """Per block, the candidate nearest `lo` among its float16 neighbours and the offset's float16
     neighbours less half * scale, with lo and lo + half * scale both float16 values (float64 sums of
-    float16 values are exact)."""
+    float16 values are exact). Returns (best as float64, found)."""
+    lo64 = lo.astype(np.float64)
+    # lo itself where it and its offset are on the grid already (distance 0): 99.9% of the demo
+    # model's blocks, and the search below takes 34 passes over the rest (it was 90% of an int4 build's
+    # quantization time)
+    exact = on_float16_grid(lo64) & on_float16_grid(lo64 + half * scale.astype(np.float64))
+    if exact.all():
+        return lo64, exact
+    rest = ~exact
+    best, found = lo64.copy(), exact.copy()
+    best[rest], found[rest] = search_pair(lo[rest], scale[rest], half, steps)
+    return best, found
+
+
+def search_pair(lo: np.ndarray, scale: np.ndarray, half: int, steps: int):
+    """nearest_pair's search over every candidate, for blocks (1-D) where lo is not the answer."""
     shift = half * scale.astype(np.float64)
     lo64 = lo.astype(np.float64)
     candidates = float16_neighbours(lo, steps)

@@ -380,3 +380,27 @@ def test_quantizing_in_slices_of_columns_gives_the_whole_weights_result(name, mo
     sliced = quantize(w.T, scheme)
     for a, b in zip(whole, sliced):
         assert (a is None and b is None) or (a.dtype == b.dtype and np.array_equal(a, b))
+
+
+def test_int4_minimums_and_offsets_take_the_searched_pair_where_lo_is_not_one():
+    """quantize_asymmetric needs each block's minimum and its offset (min + 8 scale) on float16's
+    grid. nearest_pair keeps the minimum where that already holds (nearly every block) and searches
+    only the rest: the answer must be the full search's for every block, both kinds here (blocks far
+    from zero against their range need a move)."""
+    from trtllm.builder import quantize as q
+
+    rng = np.random.default_rng(3)
+    near = rng.standard_normal((64, 128)) * 0.02
+    off = rng.standard_normal((64, 128)) * 0.05 + rng.choice([-0.5, 0.2, 0.5], size=(1, 128))  # some move
+    far = rng.standard_normal((64, 128)) * 0.001 + rng.choice([-3.0, 5.0], size=(1, 128))  # need a coarser scale
+    w = np.concatenate([near, off, far], axis=1).astype(np.float32)   # [in, out]
+    grouped = w.reshape(2, 32, 384)
+    lo = q.half_grid(grouped.min(axis=1))
+    scale = q.half_grid((grouped.max(axis=1) - grouped.min(axis=1)) / 15)
+    best, found = q.nearest_pair(lo, scale, 8)
+    full, full_found = q.search_pair(lo.ravel(), scale.ravel(), 8, 8)
+    assert np.array_equal(found.ravel(), full_found) and np.array_equal(best.ravel(), full)
+    assert (best != lo)[:, 128:256].any() and not found[:, 256:].all()  # the search moved some, found none for others
+    codes, scale, offset = quantize(w, QuantScheme.named("int4"))
+    minimum = offset.astype(np.float64) - 8 * scale.astype(np.float64)
+    assert q.on_float16_grid(offset.astype(np.float64)).all() and q.on_float16_grid(minimum).all()
