@@ -5,10 +5,12 @@ import contextlib
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
 from trtllm.builder.weight_files import loaded_weight_files, weights_hash  # noqa: F401 - ckpt.weights_hash
+from trtllm.builder import prequantized
 from trtllm.builder.config import CheckpointError, Unsupported, listed  # noqa: F401 - raised as ckpt.CheckpointError
 
 
@@ -22,6 +24,8 @@ class Checkpoint:
     tokenizer: object
     source: dict  # {"model": arg, "kind": dir|gguf|hub, "sha256": hash of the weight files}
     unused: tuple[str, ...] = ()  # tensors of the checkpoint transformers' model does not load (dropped)
+    # a GPTQ/AWQ checkpoint's packed projections as it holds them (builder/prequantized.py), by weight name
+    grids: dict | None = None
 
 
 @contextlib.contextmanager
@@ -46,7 +50,8 @@ def gist(e: Exception) -> str:
 
 
 # quantization_config methods transformers turns back into float weights on the CPU (the model then
-# loads as any other); the others load as packed integer modules, not the weights this builder reads
+# loads as any other); GPTQ and AWQ this builder unpacks itself (builder/prequantized.py); the others
+# load as packed integer modules, not the weights this builder reads
 DEQUANTIZED = ("fp8",)
 # attention a config may name for its own training or serving that the CPU reference cannot run: the
 # model is the same with transformers' default
@@ -54,21 +59,26 @@ GPU_ATTENTION = ("flash_attention_2", "flash_attention_3", "flex_attention", "pa
 
 
 def load_config(source, model_arg: str):
-    """config.json, checked for what the builder cannot take, with transformers' default attention
-    where it names a GPU kernel (a fine-tune saved with flash_attention_2 carries it)."""
+    """(config.json, the Packing of a GPTQ/AWQ checkpoint or None), checked for what the builder
+    cannot take, with transformers' default attention where it names a GPU kernel (a fine-tune saved
+    with flash_attention_2 carries it). A GPTQ/AWQ config loses its quantization_config: transformers
+    then makes a float model, whose projections load_model fills from the packed ones."""
     config = AutoConfig.from_pretrained(source)
-    quant = getattr(config, "quantization_config", None)
+    quant, packing = getattr(config, "quantization_config", None), None
     if quant is not None:
         method = quant.get("quant_method") if isinstance(quant, dict) else getattr(quant, "quant_method", None)
         method = getattr(method, "value", method)
-        if str(method) not in DEQUANTIZED:
+        if str(method).lower() in prequantized.METHODS:
+            packing = prequantized.packing_of(quant if isinstance(quant, dict) else quant.to_dict(), model_arg)
+            del config.quantization_config
+        elif str(method) not in DEQUANTIZED:
             raise Unsupported(f"--model {model_arg!r}: config.quantization_config (quant_method {method!r}): a "
                               "pre-quantized checkpoint cannot be built; build from the unquantized one, with "
                               "--quantization int8 or int4 for a smaller engine")
     named = str(getattr(config, "_attn_implementation", None) or "")
     if named in GPU_ATTENTION or "flash" in named:  # (also a hub kernel's name, "kernels-community/flash-attn")
         config._attn_implementation = None
-    return config
+    return config, packing
 
 
 def check_generation_config(path: Path) -> None:
@@ -99,9 +109,11 @@ def load(model_arg: str) -> Checkpoint:
         with unreadable(model_arg):
             check_generation_config(path)
             model, info, tok = load_model(path, model_arg)
-        return check_vocab(Checkpoint(model.eval(), tok, {"model": str(path.resolve()), "kind": "dir",
-                                                          "sha256": weights_hash(loaded_weight_files(path))},
-                                      tuple(sorted(info.get("unexpected_keys") or ()))), model_arg)
+        source = {"model": str(path.resolve()), "kind": "dir", "sha256": weights_hash(loaded_weight_files(path))}
+        if info.get("packing"):
+            source["prequantized"] = info["packing"].to_json()
+        return check_vocab(Checkpoint(model.eval(), tok, source, tuple(sorted(info.get("unexpected_keys") or ())),
+                                      grids=info.get("grids")), model_arg)
     if model_arg.startswith((".", "/", "~")) or model_arg.count("/") > 1:  # a path, not "org/name"
         raise CheckpointError(f"--model {model_arg!r}: no such directory or file")
     return load_hub(model_arg)
@@ -110,11 +122,53 @@ def load(model_arg: str) -> Checkpoint:
 def load_model(source, model_arg: str):
     """(model, loading info, tokenizer); weights of other shapes are loaded as missing ones (not
     transformers' error about an option nobody set) so that check_loaded names them."""
-    config = load_config(source, model_arg)
-    model, info = AutoModelForCausalLM.from_pretrained(source, config=config, dtype=torch.float32,
-                                                       output_loading_info=True, ignore_mismatched_sizes=True)
+    config, packing = load_config(source, model_arg)
+    if packing is not None and not Path(str(source)).is_dir():
+        raise CheckpointError(f"--model {model_arg!r} is a {packing.method.upper()} checkpoint, whose packed weights "
+                              "are read from a local directory: download it (hf download) and pass its directory")
+    with quiet_loading(packing is not None):  # (its report would call the packed projections missing)
+        model, info = AutoModelForCausalLM.from_pretrained(source, config=config, dtype=torch.float32,
+                                                           output_loading_info=True, ignore_mismatched_sizes=True)
+    if packing is not None:
+        info = unpacked_into(model, info, packing, loaded_weight_files(Path(source)))
     check_loaded(info, model_arg)
     return model, info, AutoTokenizer.from_pretrained(source)
+
+
+@contextlib.contextmanager
+def quiet_loading(quiet: bool):
+    """transformers' loading report silenced (errors only) while `quiet`."""
+    from transformers.utils import logging as hf_logging
+
+    level = hf_logging.get_verbosity()
+    if quiet:
+        hf_logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(level)
+
+
+def unpacked_into(model, info: dict, packing, files: list[Path]) -> dict:
+    """A GPTQ/AWQ checkpoint's projections, which transformers' float model lacks (it loads their
+    packed tensors as unexpected ones), set from the packed ones; the loading info without them, and
+    with the grids and packing the build reads."""
+    grids = prequantized.read_grids(files, packing)
+    names = set(dict(model.named_parameters()))
+    for name, grid in grids.items():
+        if name not in names:  # (a packed module the model has no place for stays an unused tensor)
+            continue
+        param = model.get_parameter(name)
+        weight = torch.from_numpy(np.ascontiguousarray(grid.weight_t().T))
+        if tuple(param.shape) != tuple(weight.shape):
+            raise CheckpointError(f"{name} unpacks to {list(weight.shape)}, and the model's is {list(param.shape)}")
+        with torch.no_grad():
+            param.copy_(weight)
+    grids = {k: v for k, v in grids.items() if k in names}
+    missing = [k for k in info.get("missing_keys") or [] if (k if isinstance(k, str) else k[0]) not in grids]
+    mismatched = [k for k in info.get("mismatched_keys") or [] if (k if isinstance(k, str) else k[0]) not in grids]
+    return {**info, "missing_keys": missing, "mismatched_keys": mismatched, "grids": grids, "packing": packing,
+            "unexpected_keys": prequantized.consumed(list(info.get("unexpected_keys") or []), grids)}
 
 
 def load_hub(hub_id: str) -> Checkpoint:

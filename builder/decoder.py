@@ -170,7 +170,7 @@ class DecoderWriter(AttentionWriter, HeadWriter, WeightWriter):
                  native_kernels: bool = False, lora_rank: int = 0,
                  eagle: tuple[tuple[int, ...], np.ndarray] | None = None,
                  local_rope: tuple[np.ndarray, np.ndarray] | None = None, ort_form: bool = False,
-                 tree: bool = False, verify_logits: bool = False, kv_int8: bool = False):
+                 tree: bool = False, verify_logits: bool = False, kv_int8: bool = False, grids: dict | None = None):
         if graph not in GRAPHS:
             raise ValueError(f"graph must be one of {GRAPHS}, got {graph!r}")
         self.legacy = graph == "legacy"
@@ -236,6 +236,9 @@ class DecoderWriter(AttentionWriter, HeadWriter, WeightWriter):
         self.ort_form = ort_form or ort_attention or native_kernels  # ONNX Runtime's form, not llm.onnx
         self.quantized = {}  # prefix -> its quantized weights' names (dequantized or packed), made once
         self.has_generated = False  # plugins/cpu MatMuls: the `generated` input is declared (generated_input)
+        # a GPTQ/AWQ checkpoint's grids (builder/prequantized.py), and the projections whose grid int4
+        # kept or could not keep (quantize_weight)
+        self.grids, self.kept, self.requantized = grids or {}, [], []
 
     def linear(self, name: str, x: str, prefix: str, bias: bool = False) -> str:
         """x @ W.T (+ b)."""
@@ -249,7 +252,7 @@ class DecoderWriter(AttentionWriter, HeadWriter, WeightWriter):
         """Projections of the same input as one MatMul (q|k|v, gate|up): one weight read and one
         kernel instead of several; `lora` = (layer, site) adds that site's LoRA delta."""
         w = np.concatenate([self.w[f"{p}.weight"] for p in parts], axis=0)   # [sum(out), in]
-        y = self.matmul(name, x, prefix, w)
+        y = self.matmul(name, x, prefix, w, parts=parts)
         if bias:
             b = np.concatenate([self.w[f"{p}.bias"] for p in parts])
             y = self.g.op("Add", f"{name}/Add", [y, self.fw(f"{prefix}.bias", b)])
@@ -393,7 +396,8 @@ class DecoderWriter(AttentionWriter, HeadWriter, WeightWriter):
             return self.lora(f"{name}/down_proj", act, down, i, "down")
         if (self.native or self.half) and self.spec.hidden_act == "silu":  # gate, up, silu(gate) * up: one node of ours
             act = self.swiglu_matmul(f"{name}/gate_up_proj", x, f"{p}.gate_up_proj",
-                                     self.w[f"{p}.gate_proj.weight"], self.w[f"{p}.up_proj.weight"])
+                                     self.w[f"{p}.gate_proj.weight"], self.w[f"{p}.up_proj.weight"],
+                                     parts=[f"{p}.gate_proj", f"{p}.up_proj"])
             return self.linear(f"{name}/down_proj", act, f"{p}.down_proj")
         if self.gqa and self.quant is None:
             gate = self.linear(f"{name}/gate_proj", x, f"{p}.gate_proj")

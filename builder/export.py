@@ -127,8 +127,10 @@ def export_onnx(ck: ckpt.Checkpoint, config: BuildConfig, out_dir: Path, log, ba
                         f"the EAGLE head {config.eagle}")
     writer = DecoderWriter(spec, weights, cos, sin, max_top_k, quant=quant, dtype=config.dtype,
                            graph=config.graph, lora_rank=config.max_lora_rank, eagle=joint, local_rope=local,
-                           tree=tree, verify_logits=backend == "onnxruntime")
+                           tree=tree, verify_logits=backend == "onnxruntime", grids=ck.grids)
     save_linted(writer.write(), out_dir, ONNX_NAME, "the exported graph", config.trt_version)
+    if ck.grids:
+        log(grid_note(ck, quant, writer))
     del writer
     lowerings = []
     if backend == "onnxruntime" and config.graph == "modern" and (gqa or quant is not None or half):
@@ -158,10 +160,29 @@ def export_onnx(ck: ckpt.Checkpoint, config: BuildConfig, out_dir: Path, log, ba
         writer = DecoderWriter(spec, weights, cos, sin, max_top_k, quant=quant, dtype=config.dtype,
                                ort_attention=gqa or half, native_kernels=native,
                                lora_rank=config.max_lora_rank, eagle=joint, local_rope=local, ort_form=True,
-                               tree=tree, verify_logits=True, kv_int8=config.kv_cache_dtype == "int8")
+                               tree=tree, verify_logits=True, kv_int8=config.kv_cache_dtype == "int8",
+                               grids=ck.grids)
         save(writer.write(), out_dir, ORT_SOURCE)
     section = export_draft(draft, config, out_dir, log, num_positions, quant, native, backend, tree) if draft else {}
     return spec, max_top_k, num_positions, lowerings, section
+
+
+def grid_note(ck: ckpt.Checkpoint, quant: QuantScheme | None, writer: DecoderWriter) -> str:
+    """What the build did with a GPTQ/AWQ checkpoint's packed projections."""
+    packing = ck.source["prequantized"]
+    what = f"{packing['method'].upper()} {packing['bits']}-bit checkpoint (group size {packing['group_size']})"
+    if quant is None:
+        return (f"note: the {what} is built with float weights (its projections unpacked exactly); "
+                "--quantization int4 keeps its 4-bit codes and scales in a smaller engine")
+    kept, again = sorted(set(writer.kept)), sorted(set(writer.requantized))
+    if not kept:
+        return (f"note: the {what}: its projections are quantized again to int{quant.bits} from their exact float "
+                "weights" + (" (only a 4-bit grid in int4 blocks is kept)" if quant.bits != 4 or packing["bits"] != 4
+                             else " (act order or its group size mixes groups within our blocks of 32)"))
+    return (f"the {what}: int4 keeps its codes and scales for {len(kept)} of {len(kept) + len(again)} packed projections"
+            + (f"; quantized again from their float weights: {listed(again)} (act order or a group size that "
+               "mixes groups within a block of 32, an int8 lm_head, or a weight the architecture reorders)"
+               if again else ""))
 
 
 def check_blocks(spec, quant: QuantScheme, what: str) -> None:

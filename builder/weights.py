@@ -5,13 +5,15 @@ quantized engine's int8 token embedding.
 
 A mixin of DecoderWriter (builder/decoder.py), whose __init__ sets what these methods read: g (the
 GraphWriter), spec, w (the weights), io, quant, half, native, dtype, storage, ort_form, half_embedding,
-quantized (the cache of quantized weights) and has_generated.
+quantized (the cache of quantized weights), has_generated, grids (a GPTQ/AWQ checkpoint's) and the
+lists kept and requantized.
 """
 from __future__ import annotations
 
 import numpy as np
 from onnx import TensorProto
 
+from trtllm.builder import prequantized
 from trtllm.builder.quantize import QuantScheme, pack_rows, quantize, swiglu_rows
 from trtllm.plugins import cpu as cpu_kernels
 
@@ -29,8 +31,10 @@ class WeightWriter:
             array = array.astype(self.storage)
         return self.g.weight(name, array.astype(self.dtype))
 
-    def matmul(self, name: str, x: str, prefix: str, w: np.ndarray, rank: int = 3) -> str:
-        """x @ w.T, with w.T stored as [in, out] (no Transpose); block-quantized when asked."""
+    def matmul(self, name: str, x: str, prefix: str, w: np.ndarray, rank: int = 3,
+               parts: list[str] | None = None) -> str:
+        """x @ w.T, with w.T stored as [in, out] (no Transpose); block-quantized when asked. `parts`:
+        the projections w joins (default: prefix), whose checkpoint grids quantize_weight may keep."""
         g, scheme = self.g, self.quant
         if self.half:
             return self.half_matmul(name, x, g.weight(f"{prefix}.weight", w.astype(self.storage)), w.shape[0])
@@ -39,8 +43,8 @@ class WeightWriter:
         if prefix == "lm_head":
             scheme = scheme.for_lm_head()
         if self.native:  # the same weights, in the kernel's row-major layout: one node instead of six
-            return self.block_quant(name, x, prefix, w, scheme)
-        codes, scale, offset = self.quantized_weight(prefix, w, scheme)
+            return self.block_quant(name, x, prefix, w, scheme, parts=parts)
+        codes, scale, offset = self.quantized_weight(prefix, w, scheme, parts=parts)
         wq = self.dequantized(prefix, codes, scale, scheme)
         y = g.op("MatMul", f"{name}/MatMul", [x, wq])
         if offset is None:
@@ -53,14 +57,14 @@ class WeightWriter:
         return g.op("Add", f"{name}/offset/Add", [y, extra])
 
     def quantized_weight(self, prefix: str, w: np.ndarray, scheme: QuantScheme,
-                         order: np.ndarray | None = None) -> tuple[str, str, str | None]:
+                         order: np.ndarray | None = None, parts: list[str] | None = None) -> tuple[str, str, str | None]:
         """w [out, in] quantized once per prefix: the initializers' names (codes, scale, offset or None),
         as DequantizeLinear takes them ([in, out]) or, on our kernels, packed by rows (pack_rows, its rows
         optionally reordered). A tied lm_head's are the quantized embedding's (quantized_embedding)."""
         if prefix in self.quantized:
             return self.quantized[prefix]
         g = self.g
-        codes, scale, offset = quantize(w.T, scheme)  # (a view: quantize copies a slice at a time)
+        codes, scale, offset = self.quantize_weight(w, scheme, parts or [prefix])
         if self.native:
             codes, scale, offset = pack_rows(codes, scale, offset, scheme.bits, scheme.block_size)
             if order is not None:
@@ -72,6 +76,18 @@ class WeightWriter:
                  None if offset is None else g.weight(f"{prefix}.weight_offset", offset))
         self.quantized[prefix] = names
         return names
+
+    def quantize_weight(self, w: np.ndarray, scheme: QuantScheme, parts: list[str]):
+        """quantize() of w [out, in] or, where its parts are a GPTQ/AWQ checkpoint's projections that
+        int4's blocks hold, their own codes and scales (prequantized.on_blocks); `kept` and
+        `requantized` count which."""
+        grids = [self.grids.get(f"{p}.weight") for p in parts]
+        if grids and all(grids):
+            kept = prequantized.on_blocks(grids, w.T, scheme)
+            (self.kept if kept is not None else self.requantized).extend(parts)
+            if kept is not None:
+                return kept
+        return quantize(w.T, scheme)  # (a view: quantize copies a slice at a time)
 
     def dequantized(self, prefix: str, codes: str, scale: str, scheme: QuantScheme) -> str:
         """DequantizeLinear of a quantized weight [in, out], one node per weight (a tied lm_head and
@@ -87,21 +103,22 @@ class WeightWriter:
         return self.g.op(cpu_kernels.HALF, f"{name}/MatMulHalf", [x, w, self.generated_input()],
                          domain=cpu_kernels.DOMAIN, n=n, **attrs)
 
-    def swiglu_matmul(self, name: str, x: str, prefix: str, gate: np.ndarray, up: np.ndarray) -> str:
+    def swiglu_matmul(self, name: str, x: str, prefix: str, gate: np.ndarray, up: np.ndarray,
+                      parts: list[str] | None = None) -> str:
         """silu(x @ gate.T) * (x @ up.T) as one trtllm.cpu node (activation swiglu): the same
-        weights as two projections, rows ordered as the kernel pairs them."""
+        weights as two projections (`parts`: their names), rows ordered as the kernel pairs them."""
         both, order = np.concatenate([gate, up]), swiglu_rows(gate.shape[0])
         if self.half:
             w = self.g.weight(f"{prefix}.weight", both[order].astype(self.storage))
             return self.half_matmul(name, x, w, both.shape[0], activation="swiglu")
-        return self.block_quant(name, x, prefix, both, self.quant, order=order, activation="swiglu")
+        return self.block_quant(name, x, prefix, both, self.quant, order=order, activation="swiglu", parts=parts)
 
     def block_quant(self, name: str, x: str, prefix: str, w: np.ndarray, scheme: QuantScheme,
-                    order: np.ndarray | None = None, **attrs) -> str:
+                    order: np.ndarray | None = None, parts: list[str] | None = None, **attrs) -> str:
         """x @ w.T as one trtllm.cpu::MatMulBlockQuant node: w [out, in] quantized, packed in the
         kernel's layout (pack_rows), its rows optionally reordered."""
         g = self.g
-        packed, scale, offset = self.quantized_weight(prefix, w, scheme, order)
+        packed, scale, offset = self.quantized_weight(prefix, w, scheme, order, parts)
         if scheme.activations != "float32":
             attrs["activations"] = scheme.activations
         inputs = [x, packed, scale]

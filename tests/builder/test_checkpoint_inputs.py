@@ -64,7 +64,7 @@ def test_a_checkpoint_stored_wrong_is_one_line_naming_it(tiny_checkpoint, tmp_pa
     assert "Traceback" not in result.output and not (tmp_path / "e").exists()
 
 
-@pytest.mark.parametrize("method", ["gptq", "awq", "bitsandbytes"])
+@pytest.mark.parametrize("method", ["bitsandbytes", "compressed-tensors"])
 def test_a_pre_quantized_checkpoint_is_refused_by_its_config(tiny_checkpoint, tmp_path, method):
     """transformers would ask for optimum or gptqmodel, then load packed integer modules the builder
     cannot read: the config says what it is."""

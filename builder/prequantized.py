@@ -1,0 +1,198 @@
+"""Pre-quantized GPTQ and AWQ checkpoints: each packed projection (qweight, qzeros, scales, g_idx)
+read back into the float weight it stands for, and its integer grid kept for --quantization int4.
+
+The formats, as the kernels that run them decode them (weight [in, out] = scale * (q - zero), per
+group of `group_size` inputs; q and zero unsigned `bits`-bit integers packed into int32):
+- GPTQ (AutoGPTQ's "gptq" checkpoint format; 4 or 8 bits): qweight [in / (32/bits), out] packs
+  consecutive inputs, the first in the lowest bits; qzeros [groups, out / (32/bits)] packs
+  consecutive outputs so, and holds each zero minus 1 (AutoGPTQ's pack subtracts it, its kernels
+  add it back); scales [groups, out]; g_idx [in], each input's group (act order: not i // group_size).
+- AWQ (AutoAWQ's GEMM version; 4 bits): qweight [in, out / 8] and qzeros [groups, out / 8] pack 8
+  outputs each, output 8c + ORDER[i] in bits 4i..4i+3 (AWQ_ORDER); zeros as they are; scales [groups, out].
+
+The float weight is computed exactly (float16 scale times a small integer fits float32): the model
+transformers is given, and the engine is checked against, is the checkpoint's own. A float16
+kernel would round the product to float16; that is the kernel's rounding, not the checkpoint's.
+With --quantization int4, a projection whose groups split into our blocks of 32 keeps its codes and
+scales (builder/quantize.py from_grid) instead of being quantized again from the float weight.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from trtllm.builder.config import CheckpointError, Unsupported, listed
+from trtllm.builder.quantize import ONNX_DTYPE, QuantScheme, nearest_pair, quantize
+
+METHODS = ("gptq", "awq")
+PACKED = ("qweight", "qzeros", "scales", "g_idx")  # a packed projection's tensors
+AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)  # AutoAWQ's GEMM layout: nibble i of a word holds output 8c + AWQ_ORDER[i]
+
+
+@dataclass(frozen=True)
+class Packing:
+    """What a checkpoint's quantization_config says of its packed projections."""
+    method: str
+    bits: int
+    group_size: int  # -1: one group over all inputs
+
+    def to_json(self) -> dict:
+        return {"method": self.method, "bits": self.bits, "group_size": self.group_size}
+
+
+@dataclass
+class Grid:
+    """One projection as the checkpoint holds it: w_t [in, out] = scales[group] * (codes - zeros[group]),
+    its codes kept packed (half a byte a weight at 4 bits; unpacked, a byte)."""
+    method: str
+    bits: int
+    qweight: np.ndarray  # the checkpoint's int32 words
+    scales: np.ndarray   # [groups, out] float32 (float16 values)
+    zeros: np.ndarray    # [groups, out] int16
+    groups: np.ndarray   # [in] each input's group
+
+    def codes(self) -> np.ndarray:
+        """[in, out] uint8."""
+        if self.method == "gptq":
+            return unpack(self.qweight, self.bits, axis=0)
+        return awq_columns(unpack(self.qweight, self.bits, axis=1))
+
+    def weight_t(self) -> np.ndarray:
+        """The float weight [in, out], exactly."""
+        g = self.groups
+        return (self.scales[g] * (self.codes().astype(np.int16) - self.zeros[g])).astype(np.float32)
+
+
+def packing_of(quant: dict, model_arg: str) -> Packing:
+    """config.quantization_config of a GPTQ or AWQ checkpoint, checked for a layout this module reads."""
+    method = str(quant.get("quant_method")).lower()
+    where = f"--model {model_arg!r}: config.quantization_config"
+
+    def refuse(field: str, value, takes: str):
+        raise Unsupported(f"{where}.{field} is {value!r}; a {method.upper()} checkpoint is read with {takes} "
+                          "(build from the unquantized checkpoint otherwise, with --quantization int4 or int8)")
+
+    bits = quant.get("bits", quant.get("w_bit"))
+    group = quant.get("group_size", quant.get("q_group_size", 128))
+    if method == "gptq":
+        if bits not in (4, 8):
+            refuse("bits", bits, "4 or 8")
+        fmt = quant.get("checkpoint_format", "gptq")
+        if fmt != "gptq":  # gptq_v2 stores zeros without the minus one; marlin, bitblas: other layouts
+            refuse("checkpoint_format", fmt, 'the "gptq" format (AutoGPTQ\'s; gptqmodel saves it by default)')
+    else:
+        if bits != 4:
+            refuse("bits", bits, "4")
+        version = str(quant.get("version", "gemm")).lower()
+        if version != "gemm":
+            refuse("version", quant.get("version"), 'the "gemm" layout (AutoAWQ\'s default)')
+        if quant.get("zero_point", True) is not True:
+            refuse("zero_point", quant.get("zero_point"), "zero points")
+    if isinstance(group, bool) or not isinstance(group, int) or not (group == -1 or group > 0):
+        refuse("group_size", group, "a positive group size or -1")
+    return Packing(method, bits, group)
+
+
+def unpack(words: np.ndarray, bits: int, axis: int) -> np.ndarray:
+    """int32 words [r, c] -> their 32/bits unsigned fields (uint8), lowest bits first, along `axis`:
+    0 gives [r * per, c], 1 gives [r, c * per]. One field at a time (a whole int64 copy of a large
+    projection's fields took 8 bytes a weight)."""
+    per, mask = 32 // bits, np.uint32((1 << bits) - 1)
+    u = np.ascontiguousarray(words).view(np.uint32)
+    out = np.empty((u.shape[0], per, u.shape[1]) if axis == 0 else (u.shape[0], u.shape[1], per), np.uint8)
+    for j in range(per):
+        field = (u >> np.uint32(bits * j)) & mask
+        if axis == 0:
+            out[:, j, :] = field
+        else:
+            out[:, :, j] = field
+    return out.reshape(-1, u.shape[1]) if axis == 0 else out.reshape(u.shape[0], -1)
+
+
+def awq_columns(fields: np.ndarray) -> np.ndarray:
+    """AWQ's unpacked fields [r, out] (word c's field i at column 8c + i) in output order."""
+    out = np.empty_like(fields)
+    out.reshape(fields.shape[0], -1, 8)[:, :, AWQ_ORDER] = fields.reshape(fields.shape[0], -1, 8)
+    return out
+
+
+def grid_of(packing: Packing, tensors: dict, prefix: str) -> Grid:
+    """A packed projection's Grid, its shapes checked (a layout misread gives a wrong model, not an error)."""
+    qweight, qzeros, scales = (np.asarray(tensors[k]) for k in ("qweight", "qzeros", "scales"))
+    bits, per = packing.bits, 32 // packing.bits
+    zeros = unpack(qzeros, bits, axis=1).astype(np.int16)                     # [groups, out]
+    if packing.method == "gptq":
+        k, n, zeros = qweight.shape[0] * per, qweight.shape[1], zeros + 1
+    else:
+        k, n, zeros = qweight.shape[0], qweight.shape[1] * per, awq_columns(zeros)
+    size = k if packing.group_size == -1 else packing.group_size
+    if "g_idx" in tensors and packing.method == "gptq":
+        groups = np.asarray(tensors["g_idx"]).astype(np.int64)
+    else:
+        groups = np.arange(k) // size
+    num_groups = -(-k // size)
+    expect = {"scales": (num_groups, n), "qzeros": (num_groups, n), "g_idx": (k,)}
+    got = {"scales": scales.shape, "qzeros": zeros.shape, "g_idx": groups.shape}
+    bad = [f"{prefix}.{name} {list(got[name])} (expected {list(shape)})" for name, shape in expect.items()
+           if got[name] != shape]
+    if bad or groups.min(initial=0) < 0 or groups.max(initial=0) >= max(scales.shape[0], 1):
+        raise CheckpointError(f"{packing.method.upper()} tensors of another layout than quantization_config "
+                              f"says (bits {bits}, group_size {packing.group_size}): {listed(bad) or prefix + '.g_idx'}")
+    return Grid(packing.method, bits, qweight, scales.astype(np.float32), zeros, groups)
+
+
+def read_grids(files: list[Path], packing: Packing) -> dict[str, Grid]:
+    """Every packed projection in the weight files: {"<module>.weight": Grid}."""
+    from safetensors import safe_open
+
+    found: dict[str, dict] = {}
+    for path in files:
+        if path.suffix != ".safetensors":
+            raise CheckpointError(f"{packing.method.upper()} weights are read from safetensors files, and "
+                                  f"{path.name} is not one")
+        with safe_open(str(path), framework="numpy") as f:
+            for key in f.keys():
+                module, _, field = key.rpartition(".")
+                if field in PACKED:
+                    found.setdefault(module, {})[field] = f.get_tensor(key)
+    missing = [f"{m}.{t}" for m, parts in found.items() for t in ("qweight", "qzeros", "scales") if t not in parts]
+    if missing:
+        raise CheckpointError(f"a {packing.method.upper()} projection lacks tensors: {listed(sorted(missing))}")
+    return {f"{m}.weight": grid_of(packing, parts, m) for m, parts in sorted(found.items())}
+
+
+def consumed(unexpected: list[str], grids: dict[str, Grid]) -> list[str]:
+    """transformers' unexpected keys less the packed tensors read here."""
+    modules = {name[:-len(".weight")] for name in grids}
+    return [k for k in unexpected if not (k.rpartition(".")[2] in PACKED and k.rpartition(".")[0] in modules)]
+
+
+def on_blocks(grids: list[Grid], w_t: np.ndarray, scheme: QuantScheme):
+    """quantize(w_t, scheme)'s (codes, scales, offsets), taken from the checkpoint's grids of w_t's
+    parts (joined along the outputs: q|k|v, gate|up) instead of found again; None where they do not
+    fit int4's blocks: 4-bit grids whose groups hold whole blocks (not act order's mixed ones), and that
+    give w_t exactly (a weight the architecture renamed or reordered is quantized from its floats).
+    Codes and scales are the checkpoint's; each block's minimum, -scale * zero, moves to the nearest
+    value that keeps it and the offset on float16's grid (quantize.both_on_grid; a fraction of a
+    float16 step); the rare block where no such pair exists takes quantize()'s own."""
+    b, k = scheme.block_size, w_t.shape[0]
+    if scheme.bits != 4 or not scheme.asymmetric or k % b or any(g.bits != 4 or len(g.groups) != k for g in grids):
+        return None
+    if any((g.groups.reshape(-1, b) != g.groups[::b, None]).any() for g in grids):
+        return None
+    codes = np.concatenate([g.codes() for g in grids], axis=1)
+    scale = np.concatenate([g.scales[g.groups[::b]] for g in grids], axis=1)            # [blocks, out]
+    zero = np.concatenate([g.zeros[g.groups[::b]] for g in grids], axis=1)
+    if not np.array_equal(np.repeat(scale, b, axis=0) * (codes - np.repeat(zero, b, axis=0)), w_t):
+        return None
+    lo, found = nearest_pair((-scale * zero).astype(np.float32), scale, 8)
+    codes = (codes.astype(np.int8) - 8).astype(ONNX_DTYPE[4])
+    offset = (lo + 8 * scale.astype(np.float64)).astype(np.float32)
+    if not found.all():
+        own = quantize(w_t, scheme)
+        rows = np.repeat(found, b, axis=0)
+        codes = np.where(rows, codes.astype(np.int8), own[0].astype(np.int8)).astype(ONNX_DTYPE[4])
+        scale, offset = np.where(found, scale, own[1]), np.where(found, offset, own[2])
+    return codes, scale, offset

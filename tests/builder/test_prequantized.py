@@ -1,0 +1,196 @@
+"""Pre-quantized GPTQ and AWQ checkpoints (builder/prequantized.py): unpacked exactly into the float
+model transformers runs and the engine is checked against, their 4-bit grid kept by --quantization
+int4, and the layouts refused by name."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+import pytest
+from click.testing import CliRunner
+from onnx import numpy_helper
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from trtllm.builder import checkpoint as ckpt  # noqa: E402
+from trtllm.builder import prequantized  # noqa: E402
+from trtllm.builder.cli import main  # noqa: E402
+from trtllm.builder.config import BuildConfig  # noqa: E402
+from trtllm.builder.export import build  # noqa: E402
+from trtllm.builder.quantize import QuantScheme, dequantize, quantize  # noqa: E402
+from trtllm.builder.verify import engine_logits  # noqa: E402
+from trtllm.runtime.engine import load_engine  # noqa: E402
+
+from tests.prequantized_files import write_prequantized  # noqa: E402
+
+pytestmark = pytest.mark.hf
+
+VARIANTS = {
+    "gptq": dict(method="gptq"),  # symmetric, groups of 32
+    "gptq-act-order": dict(method="gptq", act_order=True),  # groups of 32 over permuted inputs
+    "gptq-8bit": dict(method="gptq", bits=8, group=64),
+    "awq": dict(method="awq", sym=False),  # zero points, groups of 32
+    "awq-g64": dict(method="awq", sym=False, group=64),
+}
+PROMPT = [5, 17, 42, 99, 7, 31, 8]
+
+
+@pytest.fixture(scope="module")
+def packed(tiny_checkpoint, tmp_path_factory):
+    """packed(variant) -> (checkpoint dir, {weight name: the float weight it packs})."""
+    made = {}
+
+    def get(name: str):
+        if name not in made:
+            out = tmp_path_factory.mktemp(name) / "ckpt"
+            made[name] = out, write_prequantized(tiny_checkpoint("llama"), out, **VARIANTS[name])
+        return made[name]
+
+    return get
+
+
+def reference_model(tiny_checkpoint, weights: dict):
+    """transformers' float tiny model with `weights` in place of its own."""
+    model = transformers.AutoModelForCausalLM.from_pretrained(tiny_checkpoint("llama"), dtype=torch.float32).eval()
+    with torch.no_grad():
+        for name, w in weights.items():
+            model.get_parameter(name).copy_(torch.from_numpy(w))
+    return model
+
+
+def mismatched(model, reference: dict) -> list[str]:
+    state = model.state_dict()
+    return [name for name, w in reference.items() if not np.array_equal(state[name].numpy(), w)]
+
+
+@pytest.mark.parametrize("name", VARIANTS)
+def test_packed_projections_load_as_the_weights_they_stand_for(name, packed, tiny_checkpoint):
+    """Every projection unpacks to scale * (q - zero) exactly, whatever the bits, group or act order;
+    everything else is the float checkpoint's; no packed tensor is left over as unused."""
+    path, reference = packed(name)
+    ck = ckpt.load(str(path))
+    assert len(reference) == 14 and mismatched(ck.model, reference) == []
+    float_state = transformers.AutoModelForCausalLM.from_pretrained(tiny_checkpoint("llama")).state_dict()
+    for key, value in ck.model.state_dict().items():
+        if key not in reference:
+            assert torch.equal(value, float_state[key]), key
+    assert ck.unused == ()
+    assert ck.source["prequantized"] == {"method": VARIANTS[name]["method"], "bits": VARIANTS[name].get("bits", 4),
+                                         "group_size": VARIANTS[name].get("group", 32)}
+
+
+def test_awq_read_without_its_interleave_is_the_wrong_model(packed, monkeypatch):
+    """The deliberately wrong variant: AWQ's words hold outputs 0 2 4 6 1 3 5 7; read in plain order,
+    the same check must fail."""
+    path, reference = packed("awq")
+    monkeypatch.setattr(prequantized, "AWQ_ORDER", tuple(range(8)))
+    assert len(mismatched(ckpt.load(str(path)).model, reference)) == len(reference)
+
+
+def test_a_float_engine_of_a_gptq_checkpoint_is_transformers_on_its_weights(packed, tiny_checkpoint, tmp_path):
+    """Built without --quantization (act order: int4 could not keep its grid), the engine computes
+    transformers with the unpacked weights, at float32 tolerance; the build says so."""
+    path, reference = packed("gptq-act-order")
+    said = []
+    out = build(BuildConfig(model=str(path), output=str(tmp_path / "e"), max_input_len=64,
+                            max_kv_cache_capacity=128), log=said.append)
+    assert any("the GPTQ 4-bit checkpoint (group size 32) is built with float weights" in m for m in said), said
+    generated, got = engine_logits(load_engine(out), PROMPT, num_decode=4)
+    with torch.no_grad():
+        ref = reference_model(tiny_checkpoint, reference)(torch.tensor([PROMPT + generated[:-1]])).logits
+    np.testing.assert_allclose(got, ref[0, len(PROMPT) - 1:].numpy(), atol=1e-4, rtol=0)
+    assert json.loads((out / "manifest.json").read_text())["source"]["prequantized"]["method"] == "gptq"
+
+
+def engine_weights(engine_dir, reference: dict) -> dict:
+    """The projections llm.onnx holds (codes, scales and offsets dequantized), under the checkpoint's
+    names: q|k|v and gate|up split again."""
+    model = onnx.load(str(engine_dir / "llm.onnx"))
+    init = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    out = {}
+    for fused, parts in (("self_attn.qkv_proj", ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"]),
+                         ("mlp.gate_up_proj", ["mlp.gate_proj", "mlp.up_proj"]),
+                         ("self_attn.o_proj", ["self_attn.o_proj"]), ("mlp.down_proj", ["mlp.down_proj"])):
+        for layer in (0, 1):
+            p = f"model.layers.{layer}"
+            w = dequantize(*(init[f"{p}.{fused}.weight_{k}"] for k in ("q4", "scale", "offset")), 32).T
+            sizes = np.cumsum([reference[f"{p}.{part}.weight"].shape[0] for part in parts])[:-1]
+            out.update({f"{p}.{part}.weight": np.ascontiguousarray(piece)
+                        for part, piece in zip(parts, np.split(w, sizes))})
+    return out
+
+
+def error_in_steps(weights: dict, reference: dict, scheme: QuantScheme) -> float:
+    """The largest |weight - checkpoint weight| in units of the checkpoint weight's own int4 step."""
+    worst = 0.0
+    for name, w in weights.items():
+        step = np.repeat(quantize(reference[name].T.copy(), scheme)[1], 32, axis=0).T
+        worst = max(worst, float((np.abs(w - reference[name]) / step).max()))
+    return worst
+
+
+@pytest.mark.parametrize("name", ["gptq", "awq-g64"])
+def test_int4_keeps_the_checkpoints_codes_and_scales(name, packed, tiny_checkpoint, tmp_path):
+    """--quantization int4 takes each projection's codes and scales as the checkpoint has them (only
+    a block's minimum may move, by a fraction of a float16 step, so that it and its offset are float16
+    values: AWQ's zero points): the engine's weights are the checkpoint's within 1/50 of a step,
+    where quantizing the float weights again is off by up to half a step. Its logits are transformers'
+    on the weights it holds (the int8 embedding and lm_head in the engine's rounding)."""
+    path, reference = packed(name)
+    said = []
+    out = build(BuildConfig(model=str(path), output=str(tmp_path / "e"), quantization="int4", max_input_len=64,
+                            max_kv_cache_capacity=128, verify=False), log=said.append)
+    assert any("int4 keeps its codes and scales for 14 of 14 packed projections" in m for m in said), said
+    scheme = QuantScheme.named("int4")
+    held = engine_weights(out, reference)
+    again = {k: dequantize(*quantize(w.T.copy(), scheme), 32).T for k, w in reference.items()}
+    kept_error, again_error = error_in_steps(held, reference, scheme), error_in_steps(again, reference, scheme)
+    assert kept_error < 0.02 and again_error > 0.2, (kept_error, again_error)
+    if name == "gptq":  # symmetric: every minimum, -8 scale, is a float16 value already
+        assert all(np.array_equal(held[k], reference[k]) for k in reference)
+    embed = transformers.AutoModelForCausalLM.from_pretrained(tiny_checkpoint("llama")).model.embed_tokens.weight
+    rounded = dequantize(*quantize(embed.detach().numpy().T.copy(), scheme.for_lm_head()), 32).T.copy()
+    model = reference_model(tiny_checkpoint, {**held, "model.embed_tokens.weight": rounded})
+    generated, got = engine_logits(load_engine(out), PROMPT, num_decode=4)
+    with torch.no_grad():
+        ref = model(torch.tensor([PROMPT + generated[:-1]])).logits[0, len(PROMPT) - 1:].numpy()
+    np.testing.assert_allclose(got, ref, atol=1e-4, rtol=0)
+
+
+def test_int4_quantizes_an_act_order_checkpoint_again_and_says_why(packed, tmp_path):
+    path, _ = packed("gptq-act-order")
+    said = []
+    build(BuildConfig(model=str(path), output=str(tmp_path / "e"), quantization="int4", max_input_len=64,
+                      max_kv_cache_capacity=128, verify=False), log=said.append)
+    assert any("quantized again to int4 from their exact float weights (act order" in m for m in said), said
+
+
+@pytest.mark.parametrize("variant, extra, needle", [
+    ("gptq", {"bits": 3}, "config.quantization_config.bits is 3; a GPTQ checkpoint is read with 4 or 8"),
+    ("gptq", {"checkpoint_format": "gptq_v2"}, "config.quantization_config.checkpoint_format is 'gptq_v2'"),
+    ("awq", {"version": "gemv"}, "config.quantization_config.version is 'gemv'"),
+    ("awq", {"zero_point": False}, "config.quantization_config.zero_point is False"),
+    ("gptq", {"group_size": 0}, "config.quantization_config.group_size is 0"),
+    ("gptq", {"group_size": 64}, "GPTQ tensors of another layout than quantization_config says (bits 4, group_size 64)"),
+])
+def test_a_layout_it_does_not_read_is_refused_by_name(variant, extra, needle, tiny_checkpoint, tmp_path):
+    path = tmp_path / "ckpt"
+    write_prequantized(tiny_checkpoint("llama"), path, **VARIANTS[variant], config_extra=extra)
+    result = CliRunner().invoke(main, ["--model", str(path), "--output", str(tmp_path / "e")])
+    assert result.exit_code == 2 and needle in result.output, result.output
+    assert "Traceback" not in result.output and not (tmp_path / "e").exists()
+
+
+def test_a_projection_without_its_zeros_is_refused(tiny_checkpoint, tmp_path):
+    from safetensors.numpy import load_file, save_file
+
+    path = tmp_path / "ckpt"
+    write_prequantized(tiny_checkpoint("llama"), path, method="gptq")
+    tensors = load_file(path / "model.safetensors")
+    del tensors["model.layers.1.mlp.down_proj.qzeros"]
+    save_file(tensors, path / "model.safetensors")
+    result = CliRunner().invoke(main, ["--model", str(path), "--output", str(tmp_path / "e")])
+    assert result.exit_code == 2 and "a GPTQ projection lacks tensors: model.layers.1.mlp.down_proj.qzeros" \
+        in result.output, result.output

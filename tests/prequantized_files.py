@@ -1,0 +1,96 @@
+"""GPTQ and AWQ checkpoints made from a tiny float one, packed as AutoGPTQ's QuantLinear.pack and
+AutoAWQ's pack_awq lay them out (word by word, as those loops do, not with the loader's vectorised
+unpacking), beside the float weights they stand for: the reference the loader is checked against."""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+
+PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+AWQ_PACK_ORDER = [0, 2, 4, 6, 1, 3, 5, 7]  # AutoAWQ: nibble i of a word holds output col * 8 + order[i]
+
+
+def quantize_groups(w_t: np.ndarray, bits: int, group: int, sym: bool, groups: np.ndarray):
+    """w_t [in, out] -> (q [in, out], scales [G, out] float16, zeros [G, out]) with each input in
+    `groups[i]`, as GPTQ's and AWQ's round-to-nearest steps compute them."""
+    maxq = 2 ** bits - 1
+    num = int(groups.max()) + 1
+    scales = np.zeros((num, w_t.shape[1]), np.float16)
+    zeros = np.zeros((num, w_t.shape[1]), np.int64)
+    for g in range(num):
+        rows = w_t[groups == g]
+        lo, hi = np.minimum(rows.min(0), 0), np.maximum(rows.max(0), 0)
+        if sym:
+            hi = np.maximum(-lo, hi)
+            lo = -hi
+        s = np.where(hi > lo, (hi - lo) / maxq, 1.0).astype(np.float16)
+        scales[g] = s
+        zeros[g] = np.full(w_t.shape[1], (maxq + 1) // 2) if sym else np.clip(np.rint(-lo / s.astype(np.float32)), 0, maxq)
+    q = np.clip(np.rint(w_t / scales[groups].astype(np.float32)) + zeros[groups], 0, maxq).astype(np.int64)
+    return q, scales, zeros
+
+
+def pack_gptq(q: np.ndarray, zeros: np.ndarray, bits: int):
+    """AutoGPTQ's layout: qweight packs `32 / bits` consecutive inputs per word (lowest bits first),
+    qzeros consecutive outputs, each zero stored minus 1."""
+    per = 32 // bits
+    qweight = np.zeros((q.shape[0] // per, q.shape[1]), np.uint32)
+    for row in range(qweight.shape[0]):
+        for j in range(per):
+            qweight[row] |= q[row * per + j].astype(np.uint32) << (bits * j)
+    z = (zeros - 1).astype(np.uint32) & np.uint32(2 ** bits - 1)
+    qzeros = np.zeros((z.shape[0], z.shape[1] // per), np.uint32)
+    for col in range(qzeros.shape[1]):
+        for j in range(per):
+            qzeros[:, col] |= z[:, col * per + j] << (bits * j)
+    return qweight.view(np.int32), qzeros.view(np.int32)
+
+
+def pack_awq(q: np.ndarray) -> np.ndarray:
+    """AutoAWQ's GEMM layout: 8 outputs per word, in AWQ_PACK_ORDER."""
+    packed = np.zeros((q.shape[0], q.shape[1] // 8), np.uint32)
+    for col in range(packed.shape[1]):
+        for i in range(8):
+            packed[:, col] |= q[:, col * 8 + AWQ_PACK_ORDER[i]].astype(np.uint32) << (4 * i)
+    return packed.view(np.int32)
+
+
+def write_prequantized(src: Path, out: Path, method: str, bits: int = 4, group: int = 32, sym: bool = True,
+                       act_order: bool = False, config_extra: dict | None = None) -> dict[str, np.ndarray]:
+    """A copy of the float checkpoint `src` with every decoder projection packed (GPTQ or AWQ);
+    returns the float weights [out, in] each packed projection stands for, by weight name."""
+    from safetensors.numpy import load_file, save_file
+
+    out.mkdir(parents=True, exist_ok=True)
+    for f in src.iterdir():
+        if f.name not in ("model.safetensors", "config.json"):
+            shutil.copy(f, out / f.name)
+    tensors, reference = load_file(src / "model.safetensors"), {}
+    rng = np.random.default_rng(7)
+    for name in [k for k in tensors if k.endswith(".weight") and k.split(".")[-2] in PROJECTIONS]:
+        w_t = tensors.pop(name).astype(np.float32).T.copy()              # [in, out]
+        k = w_t.shape[0]
+        groups = np.arange(k) // group
+        if act_order:  # GPTQ's desc_act: groups follow a permutation of the inputs
+            groups = groups[np.argsort(rng.permutation(k))]
+        q, scales, zeros = quantize_groups(w_t, bits, group, sym, groups)
+        module = name[:-len(".weight")]
+        if method == "gptq":
+            tensors[f"{module}.qweight"], tensors[f"{module}.qzeros"] = pack_gptq(q, zeros, bits)
+            tensors[f"{module}.g_idx"] = groups.astype(np.int32)
+        else:
+            tensors[f"{module}.qweight"] = pack_awq(q)
+            tensors[f"{module}.qzeros"] = pack_awq(zeros)
+        tensors[f"{module}.scales"] = scales
+        reference[name] = (scales[groups].astype(np.float32) * (q - zeros[groups])).T.astype(np.float32)
+    save_file(tensors, out / "model.safetensors", metadata={"format": "pt"})
+    config = json.loads((src / "config.json").read_text())
+    quant = ({"quant_method": "gptq", "bits": bits, "group_size": group, "sym": sym, "desc_act": act_order,
+              "checkpoint_format": "gptq"} if method == "gptq" else
+             {"quant_method": "awq", "bits": bits, "group_size": group, "zero_point": not sym, "version": "gemm"})
+    config["quantization_config"] = {**quant, **(config_extra or {})}
+    (out / "config.json").write_text(json.dumps(config))
+    return reference
