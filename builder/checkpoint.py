@@ -65,6 +65,10 @@ def load_config(source, model_arg: str):
     then makes a float model, whose projections load_model fills from the packed ones."""
     config = AutoConfig.from_pretrained(source)
     quant, packing = getattr(config, "quantization_config", None), None
+    if quant is None and Path(str(source)).is_dir():
+        quant = prequantized.side_config(Path(str(source)))
+        if quant is not None:
+            config.quantization_config = quant  # (deleted below: the packing is read from it)
     if quant is not None:
         method = quant.get("quant_method") if isinstance(quant, dict) else getattr(quant, "quant_method", None)
         method = getattr(method, "value", method)

@@ -24,7 +24,7 @@ from trtllm.builder import checkpoint as ckpt
 from trtllm.builder import tensorrt as trt_build
 from trtllm.builder.architectures import spec_for, weights_of
 from trtllm.builder.config import MODERN_MIN_TRT, BuildConfig, ConfigError, legacy_profile_hint, listed, parse_trt_version
-from trtllm.builder import eagle, lora, provenance
+from trtllm.builder import eagle, lora, prequantized, provenance
 from trtllm.builder.plan import build_tensorrt
 from trtllm.builder.verify_logits import REFERENCE_NAME, number_format
 from trtllm.builder.decoder import DecoderWriter, attention_supported, gqa_supported, half_supported, lora_sites
@@ -125,12 +125,13 @@ def export_onnx(ck: ckpt.Checkpoint, config: BuildConfig, out_dir: Path, log, ba
     if draft:
         refuse_bfloat16(config, backend, native and half_supported(draft.spec, config.dtype, quant), draft.spec,
                         f"the EAGLE head {config.eagle}")
+    grids = prequantized.as_written(ck.grids, spec) if ck.grids else None
     writer = DecoderWriter(spec, weights, cos, sin, max_top_k, quant=quant, dtype=config.dtype,
                            graph=config.graph, lora_rank=config.max_lora_rank, eagle=joint, local_rope=local,
-                           tree=tree, verify_logits=backend == "onnxruntime", grids=ck.grids)
+                           tree=tree, verify_logits=backend == "onnxruntime", grids=grids)
     save_linted(writer.write(), out_dir, ONNX_NAME, "the exported graph", config.trt_version)
-    if ck.grids:
-        log(grid_note(ck, quant, writer))
+    if grids:
+        log(grid_note(ck, quant, grids, writer.kept))
     del writer
     lowerings = []
     if backend == "onnxruntime" and config.graph == "modern" and (gqa or quant is not None or half):
@@ -161,28 +162,33 @@ def export_onnx(ck: ckpt.Checkpoint, config: BuildConfig, out_dir: Path, log, ba
                                ort_attention=gqa or half, native_kernels=native,
                                lora_rank=config.max_lora_rank, eagle=joint, local_rope=local, ort_form=True,
                                tree=tree, verify_logits=True, kv_int8=config.kv_cache_dtype == "int8",
-                               grids=ck.grids)
+                               grids=grids)
         save(writer.write(), out_dir, ORT_SOURCE)
     section = export_draft(draft, config, out_dir, log, num_positions, quant, native, backend, tree) if draft else {}
     return spec, max_top_k, num_positions, lowerings, section
 
 
-def grid_note(ck: ckpt.Checkpoint, quant: QuantScheme | None, writer: DecoderWriter) -> str:
-    """What the build did with a GPTQ/AWQ checkpoint's packed projections."""
+def grid_note(ck: ckpt.Checkpoint, quant: QuantScheme | None, grids: dict, kept: list[str]) -> str:
+    """What the build did with a GPTQ/AWQ checkpoint's packed projections (`grids` as written, `kept`
+    those int4 took as they are)."""
     packing = ck.source["prequantized"]
     what = f"{packing['method'].upper()} {packing['bits']}-bit checkpoint (group size {packing['group_size']})"
+    packed = sorted(name[:-len(".weight")] for name in grids)
+    why = ("only a 4-bit grid is kept, in int4's blocks" if packing["bits"] != 4 or (quant and quant.bits != 4) else
+           "act order or a group size that mixes groups within a block of 32, an int8 lm_head, or a weight the "
+           "architecture reorders")
     if quant is None:
-        return (f"note: the {what} is built with float weights (its projections unpacked exactly); "
-                "--quantization int4 keeps its 4-bit codes and scales in a smaller engine")
-    kept, again = sorted(set(writer.kept)), sorted(set(writer.requantized))
-    if not kept:
+        fits = [name for name, grid in grids.items() if grid.keepable() and name != "lm_head.weight"]
+        return (f"note: the {what} is built with float weights (its projections unpacked exactly); " +
+                (f"--quantization int4 would keep the codes and scales of {len(fits)} of its {len(packed)} packed "
+                 "projections in a smaller engine" if fits else
+                 f"--quantization int4 would quantize them again from those weights ({why})"))
+    again = sorted(set(packed) - set(kept))
+    if not set(kept) & set(packed):
         return (f"note: the {what}: its projections are quantized again to int{quant.bits} from their exact float "
-                "weights" + (" (only a 4-bit grid in int4 blocks is kept)" if quant.bits != 4 or packing["bits"] != 4
-                             else " (act order or its group size mixes groups within our blocks of 32)"))
-    return (f"the {what}: int4 keeps its codes and scales for {len(kept)} of {len(kept) + len(again)} packed projections"
-            + (f"; quantized again from their float weights: {listed(again)} (act order or a group size that "
-               "mixes groups within a block of 32, an int8 lm_head, or a weight the architecture reorders)"
-               if again else ""))
+                f"weights ({why})")
+    return (f"the {what}: int4 keeps its codes and scales for {len(packed) - len(again)} of {len(packed)} packed "
+            "projections" + (f"; quantized again from their float weights: {listed(again)} ({why})" if again else ""))
 
 
 def check_blocks(spec, quant: QuantScheme, what: str) -> None:

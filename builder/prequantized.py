@@ -18,7 +18,8 @@ scales (builder/quantize.py from_grid) instead of being quantized again from the
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -48,13 +49,16 @@ class Grid:
     its codes kept packed (half a byte a weight at 4 bits; unpacked, a byte)."""
     method: str
     bits: int
-    qweight: np.ndarray  # the checkpoint's int32 words
-    scales: np.ndarray   # [groups, out] float32 (float16 values)
-    zeros: np.ndarray    # [groups, out] int16
-    groups: np.ndarray   # [in] each input's group
+    qweight: np.ndarray | None  # the checkpoint's int32 words (None: `plain` holds the codes)
+    scales: np.ndarray          # [groups, out] float32 (float16 values)
+    zeros: np.ndarray           # [groups, out] int16
+    groups: np.ndarray          # [in] each input's group
+    plain: np.ndarray | None = None  # [in, out] uint8: codes of a slice that split AWQ's words
 
     def codes(self) -> np.ndarray:
         """[in, out] uint8."""
+        if self.plain is not None:
+            return self.plain
         if self.method == "gptq":
             return unpack(self.qweight, self.bits, axis=0)
         return awq_columns(unpack(self.qweight, self.bits, axis=1))
@@ -63,6 +67,59 @@ class Grid:
         """The float weight [in, out], exactly."""
         g = self.groups
         return (self.scales[g] * (self.codes().astype(np.int16) - self.zeros[g])).astype(np.float32)
+
+    def columns(self, start: int, stop: int) -> "Grid":
+        """Outputs start..stop-1 (a part of a projection stored whole: Phi-3's q|k|v)."""
+        part = replace(self, scales=self.scales[:, start:stop], zeros=self.zeros[:, start:stop])
+        if self.plain is not None:
+            return replace(part, plain=self.plain[:, start:stop])
+        if self.method == "gptq":  # a word packs inputs: whole columns
+            return replace(part, qweight=self.qweight[:, start:stop])
+        if start % 8 == 0 and stop % 8 == 0:  # AWQ: a word packs 8 outputs
+            return replace(part, qweight=self.qweight[:, start // 8:stop // 8])
+        return replace(part, qweight=None, plain=self.codes()[:, start:stop])
+
+    def keepable(self, block: int = 32) -> bool:
+        """Whether int4's blocks of `block` inputs can hold this grid: 4 bits, each block in one group."""
+        k = len(self.groups)
+        return self.bits == 4 and k % block == 0 and bool((self.groups.reshape(-1, block) == self.groups[::block, None]).all())
+
+
+def as_written(grids: dict[str, Grid], spec) -> dict[str, Grid]:
+    """The grids under the names DecoderWriter reads (architectures.weights_of): a projection the
+    checkpoint stores whole (Phi-3's qkv_proj and gate_up_proj, GLM's gate_up_proj) split by outputs
+    into q/k/v and gate/up, as its weight is."""
+    out = dict(grids)
+    q, kv = spec.num_heads * spec.head_dim, spec.num_kv_heads * spec.head_dim
+    for i in range(spec.num_layers):
+        p = f"model.layers.{i}"
+        for whole, parts in ((f"{p}.self_attn.qkv_proj", {"self_attn.q_proj": q, "self_attn.k_proj": kv,
+                                                          "self_attn.v_proj": kv}),
+                             (f"{p}.mlp.gate_up_proj", {"mlp.gate_proj": None, "mlp.up_proj": None})):
+            grid = out.pop(f"{whole}.weight", None)
+            if grid is None:
+                continue
+            n, start = grid.scales.shape[1], 0
+            for name, size in parts.items():
+                size = size or n // 2
+                out[f"{p}.{name}.weight"] = grid.columns(start, start + size)
+                start += size
+    return out
+
+
+def side_config(path: Path) -> dict | None:
+    """The quantization config of an older AutoGPTQ (quantize_config.json) or AutoAWQ (quant_config.json)
+    repository, whose config.json has none, as a quantization_config."""
+    for name, method in (("quantize_config.json", "gptq"), ("quant_config.json", "awq")):
+        if (path / name).is_file():
+            try:
+                found = json.loads((path / name).read_text())
+            except (OSError, ValueError) as e:
+                raise CheckpointError(f"{path / name} cannot be read: {e}") from e
+            if not isinstance(found, dict):
+                raise CheckpointError(f"{path / name} must hold a JSON object")
+            return {"quant_method": method, **found}
+    return None
 
 
 def packing_of(quant: dict, model_arg: str) -> Packing:
@@ -79,15 +136,21 @@ def packing_of(quant: dict, model_arg: str) -> Packing:
     if method == "gptq":
         if bits not in (4, 8):
             refuse("bits", bits, "4 or 8")
-        fmt = quant.get("checkpoint_format", "gptq")
+        # (transformers' GPTQConfig calls it `format`, `checkpoint_format` before)
+        field = "checkpoint_format" if quant.get("checkpoint_format") else "format"
+        fmt = quant.get(field) or "gptq"
         if fmt != "gptq":  # gptq_v2 stores zeros without the minus one; marlin, bitblas: other layouts
-            refuse("checkpoint_format", fmt, 'the "gptq" format (AutoGPTQ\'s; gptqmodel saves it by default)')
+            refuse(field, fmt, 'the "gptq" format (AutoGPTQ\'s; gptqmodel saves it by default)')
     else:
         if bits != 4:
             refuse("bits", bits, "4")
-        version = str(quant.get("version", "gemm")).lower()
-        if version != "gemm":
-            refuse("version", quant.get("version"), 'the "gemm" layout (AutoAWQ\'s default)')
+        # (transformers' AwqConfig calls it `format`, and reads the older `version` first; its backend
+        # names a kernel, but "llm-awq" is MIT's own layout)
+        field = "version" if quant.get("version") is not None else "format"
+        if str(quant.get(field) or "gemm").lower() != "gemm":
+            refuse(field, quant.get(field), 'AutoAWQ\'s "gemm" layout')
+        if str(quant.get("backend")).lower() == "llm-awq":
+            refuse("backend", quant.get("backend"), 'AutoAWQ\'s "gemm" layout')
         if quant.get("zero_point", True) is not True:
             refuse("zero_point", quant.get("zero_point"), "zero points")
     if isinstance(group, bool) or not isinstance(group, int) or not (group == -1 or group > 0):
@@ -178,9 +241,9 @@ def on_blocks(grids: list[Grid], w_t: np.ndarray, scheme: QuantScheme):
     value that keeps it and the offset on float16's grid (quantize.both_on_grid; a fraction of a
     float16 step); the rare block where no such pair exists takes quantize()'s own."""
     b, k = scheme.block_size, w_t.shape[0]
-    if scheme.bits != 4 or not scheme.asymmetric or k % b or any(g.bits != 4 or len(g.groups) != k for g in grids):
+    if scheme.bits != 4 or not scheme.asymmetric or any(len(g.groups) != k for g in grids):
         return None
-    if any((g.groups.reshape(-1, b) != g.groups[::b, None]).any() for g in grids):
+    if not all(g.keepable(b) for g in grids):
         return None
     codes = np.concatenate([g.codes() for g in grids], axis=1)
     scale = np.concatenate([g.scales[g.groups[::b]] for g in grids], axis=1)            # [blocks, out]

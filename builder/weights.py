@@ -5,8 +5,8 @@ quantized engine's int8 token embedding.
 
 A mixin of DecoderWriter (builder/decoder.py), whose __init__ sets what these methods read: g (the
 GraphWriter), spec, w (the weights), io, quant, half, native, dtype, storage, ort_form, half_embedding,
-quantized (the cache of quantized weights), has_generated, grids (a GPTQ/AWQ checkpoint's) and the
-lists kept and requantized.
+quantized (the cache of quantized weights), has_generated, grids (a GPTQ/AWQ checkpoint's) and kept
+(the projections whose grid int4 kept).
 """
 from __future__ import annotations
 
@@ -79,13 +79,12 @@ class WeightWriter:
 
     def quantize_weight(self, w: np.ndarray, scheme: QuantScheme, parts: list[str]):
         """quantize() of w [out, in] or, where its parts are a GPTQ/AWQ checkpoint's projections that
-        int4's blocks hold, their own codes and scales (prequantized.on_blocks); `kept` and
-        `requantized` count which."""
+        int4's blocks hold, their own codes and scales (prequantized.on_blocks; `kept` lists those)."""
         grids = [self.grids.get(f"{p}.weight") for p in parts]
         if grids and all(grids):
             kept = prequantized.on_blocks(grids, w.T, scheme)
-            (self.kept if kept is not None else self.requantized).extend(parts)
             if kept is not None:
+                self.kept.extend(parts)
                 return kept
         return quantize(w.T, scheme)  # (a view: quantize copies a slice at a time)
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "qkv_proj", "gate_up_proj")
 AWQ_PACK_ORDER = [0, 2, 4, 6, 1, 3, 5, 7]  # AutoAWQ: nibble i of a word holds output col * 8 + order[i]
 
 
@@ -59,9 +59,12 @@ def pack_awq(q: np.ndarray) -> np.ndarray:
 
 
 def write_prequantized(src: Path, out: Path, method: str, bits: int = 4, group: int = 32, sym: bool = True,
-                       act_order: bool = False, config_extra: dict | None = None) -> dict[str, np.ndarray]:
+                       act_order: bool = False, config_extra: dict | None = None,
+                       side_file: bool = False) -> dict[str, np.ndarray]:
     """A copy of the float checkpoint `src` with every decoder projection packed (GPTQ or AWQ);
-    returns the float weights [out, in] each packed projection stands for, by weight name."""
+    returns the float weights [out, in] each packed projection stands for, by weight name.
+    `side_file`: the quantization config in quantize_config.json (GPTQ) or quant_config.json (AWQ,
+    AutoAWQ's field names), as older repositories have it, not in config.json."""
     from safetensors.numpy import load_file, save_file
 
     out.mkdir(parents=True, exist_ok=True)
@@ -91,6 +94,13 @@ def write_prequantized(src: Path, out: Path, method: str, bits: int = 4, group: 
     quant = ({"quant_method": "gptq", "bits": bits, "group_size": group, "sym": sym, "desc_act": act_order,
               "checkpoint_format": "gptq"} if method == "gptq" else
              {"quant_method": "awq", "bits": bits, "group_size": group, "zero_point": not sym, "version": "gemm"})
-    config["quantization_config"] = {**quant, **(config_extra or {})}
+    quant = {**quant, **(config_extra or {})}
+    if not side_file:
+        config["quantization_config"] = quant
+    elif method == "gptq":
+        (out / "quantize_config.json").write_text(json.dumps({k: v for k, v in quant.items() if k != "quant_method"}))
+    else:
+        (out / "quant_config.json").write_text(json.dumps({"zero_point": quant["zero_point"], "w_bit": bits,
+                                                           "q_group_size": group, "version": "GEMM"}))
     (out / "config.json").write_text(json.dumps(config))
     return reference

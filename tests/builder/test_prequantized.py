@@ -96,7 +96,8 @@ def test_a_float_engine_of_a_gptq_checkpoint_is_transformers_on_its_weights(pack
     said = []
     out = build(BuildConfig(model=str(path), output=str(tmp_path / "e"), max_input_len=64,
                             max_kv_cache_capacity=128), log=said.append)
-    assert any("the GPTQ 4-bit checkpoint (group size 32) is built with float weights" in m for m in said), said
+    assert any("the GPTQ 4-bit checkpoint (group size 32) is built with float weights" in m and
+               "would quantize them again from those weights (act order" in m for m in said), said
     generated, got = engine_logits(load_engine(out), PROMPT, num_decode=4)
     with torch.no_grad():
         ref = reference_model(tiny_checkpoint, reference)(torch.tensor([PROMPT + generated[:-1]])).logits
@@ -173,6 +174,9 @@ def test_int4_quantizes_an_act_order_checkpoint_again_and_says_why(packed, tmp_p
     ("awq", {"version": "gemv"}, "config.quantization_config.version is 'gemv'"),
     ("awq", {"zero_point": False}, "config.quantization_config.zero_point is False"),
     ("gptq", {"group_size": 0}, "config.quantization_config.group_size is 0"),
+    ("gptq", {"format": "gptq_v2", "checkpoint_format": None}, "config.quantization_config.format is 'gptq_v2'"),  # transformers' newer name
+    ("awq", {"format": "gemv", "version": None}, "config.quantization_config.format is 'gemv'"),
+    ("awq", {"backend": "llm-awq"}, "config.quantization_config.backend is 'llm-awq'"),
     ("gptq", {"group_size": 64}, "GPTQ tensors of another layout than quantization_config says (bits 4, group_size 64)"),
 ])
 def test_a_layout_it_does_not_read_is_refused_by_name(variant, extra, needle, tiny_checkpoint, tmp_path):
@@ -194,3 +198,51 @@ def test_a_projection_without_its_zeros_is_refused(tiny_checkpoint, tmp_path):
     result = CliRunner().invoke(main, ["--model", str(path), "--output", str(tmp_path / "e")])
     assert result.exit_code == 2 and "a GPTQ projection lacks tensors: model.layers.1.mlp.down_proj.qzeros" \
         in result.output, result.output
+
+
+@pytest.mark.parametrize("method", ["gptq", "awq"])
+def test_an_older_repositorys_side_config_is_read(method, tiny_checkpoint, tmp_path):
+    """Older AutoGPTQ and AutoAWQ repositories describe the packing in quantize_config.json or
+    quant_config.json (AutoAWQ's w_bit, q_group_size, version "GEMM"), not in config.json."""
+    path = tmp_path / "ckpt"
+    reference = write_prequantized(tiny_checkpoint("llama"), path, method, sym=method == "gptq", side_file=True)
+    assert "quantization_config" not in json.loads((path / "config.json").read_text())
+    ck = ckpt.load(str(path))
+    assert mismatched(ck.model, reference) == [] and ck.source["prequantized"]["method"] == method
+
+
+@pytest.mark.parametrize("method", ["gptq", "awq"])
+def test_projections_stored_whole_keep_their_grid_split(method, tiny_checkpoint, tmp_path):
+    """Phi-3 stores q|k|v and gate|up whole: their grids are split by outputs as the weights are
+    (the build writes q, k, v, gate and up), and int4 keeps every one; the engine verifies."""
+    path = tmp_path / "ckpt"
+    reference = write_prequantized(tiny_checkpoint("phi3"), path, method, sym=method == "gptq")
+    assert any(name.endswith("qkv_proj.weight") for name in reference)
+    said = []
+    build(BuildConfig(model=str(path), output=str(tmp_path / "e"), quantization="int4", max_input_len=64,
+                      max_kv_cache_capacity=128), log=said.append)
+    assert any("int4 keeps its codes and scales for 14 of 14 packed projections" in m for m in said), said
+
+
+def test_an_awq_slice_that_splits_its_words_keeps_the_codes():
+    """AWQ packs 8 outputs a word: a part of a whole projection that starts or ends inside a word
+    holds its codes unpacked."""
+    rng = np.random.default_rng(0)
+    q = rng.integers(0, 16, size=(64, 32))
+    from tests.prequantized_files import pack_awq
+
+    grid = prequantized.Grid("awq", 4, pack_awq(q), np.ones((2, 32), np.float32), np.full((2, 32), 8, np.int16),
+                             np.arange(64) // 32)
+    assert np.array_equal(grid.codes(), q)
+    for start, stop in ((8, 24), (3, 13)):
+        part = grid.columns(start, stop)
+        assert np.array_equal(part.codes(), q[:, start:stop]) and (part.qweight is None) == (start % 8 != 0)
+
+
+def test_the_float_build_says_when_int4_would_quantize_again(packed, tmp_path):
+    path, _ = packed("gptq-8bit")
+    said = []
+    build(BuildConfig(model=str(path), output=str(tmp_path / "e"), max_input_len=64, max_kv_cache_capacity=128,
+                      verify=False), log=said.append)
+    assert any("--quantization int4 would quantize them again from those weights (only a 4-bit grid" in m
+               for m in said), said
