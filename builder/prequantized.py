@@ -248,8 +248,10 @@ def on_blocks(grids: list[Grid], w_t: np.ndarray, scheme: QuantScheme):
     codes = np.concatenate([g.codes() for g in grids], axis=1)
     scale = np.concatenate([g.scales[g.groups[::b]] for g in grids], axis=1)            # [blocks, out]
     zero = np.concatenate([g.zeros[g.groups[::b]] for g in grids], axis=1)
-    if not np.array_equal(np.repeat(scale, b, axis=0) * (codes - np.repeat(zero, b, axis=0)), w_t):
+    held = (codes.reshape(k // b, b, -1).astype(np.int16) - zero[:, None, :]) * scale[:, None, :]
+    if not np.array_equal(held.reshape(k, -1), w_t):
         return None
+    del held
     lo, found = nearest_pair((-scale * zero).astype(np.float32), scale, 8)
     codes = (codes.astype(np.int8) - 8).astype(ONNX_DTYPE[4])
     offset = (lo + 8 * scale.astype(np.float64)).astype(np.float32)
