@@ -168,6 +168,20 @@ def export_onnx(ck: ckpt.Checkpoint, config: BuildConfig, out_dir: Path, log, ba
     return spec, max_top_k, num_positions, lowerings, section
 
 
+WIDER = ("Q5_0", "Q5_1", "Q5_K", "Q6_K", "Q8_0", "Q8_K")  # GGUF quantized types of more than 4 bits
+
+
+def wider_hint(ck: ckpt.Checkpoint | None, config: BuildConfig) -> str:
+    """For an int4 build of a GGUF whose weights are partly of more than 4 bits (a small model's Q4_K_M
+    is mostly Q5_0: llama.cpp falls back where a row is not a multiple of 256), what to build instead."""
+    types = (ck.source.get("tensor_types") or {}) if ck is not None else {}
+    wider = sorted(t for t in types if t in WIDER)
+    if config.quantization != "int4" or not wider:
+        return ""
+    return (f"; the GGUF's {', '.join(wider)} weights hold more than 4 bits, which int4 rounds again: "
+            "--quantization int8 keeps them closer")
+
+
 def grid_note(ck: ckpt.Checkpoint, quant: QuantScheme | None, grids: dict, kept: list[str]) -> str:
     """What the build did with a GPTQ/AWQ checkpoint's packed projections (`grids` as written, `kept`
     those int4 took as they are)."""
@@ -427,6 +441,7 @@ def build(config: BuildConfig, log=print) -> Path:
     failed_report = out_dir.parent / f"{out_dir.name}.verify-failed.json"  # beside the engine a failure keeps
     code = provenance.code_fingerprint()  # (the check's report: whether it changed under the build)
     tmp = Path(tempfile.mkdtemp(dir=stage, prefix=f".{out_dir.name}.partial-"))
+    ck = None
     try:
         log(f"loading {config.model}")
         ck = ckpt.load(config.model)
@@ -495,7 +510,8 @@ def build(config: BuildConfig, log=print) -> Path:
             report.update(code=code, code_changed_during_build=changed)
             failed_report.write_text(json.dumps(report, indent=2) + "\n")
             e.args = (f"{e} (the report: {failed_report})" + (
-                "; the trtllm sources or the CPU kernel library changed during the build: run it again" * changed),)
+                "; the trtllm sources or the CPU kernel library changed during the build: run it again" * changed)
+                + wider_hint(ck, config),)
         raise
     failed_report.unlink(missing_ok=True)  # an earlier failure's
     return out_dir

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import re
 import tempfile
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -42,7 +43,7 @@ def load_gguf(path: Path) -> Checkpoint:
         if keys.eog_ids:  # (a GGUF has no generation_config: the loader's holds its one eos id)
             model.generation_config.eos_token_id = keys.eog_ids
     return Checkpoint(model.eval(), tok, {"model": str(path.resolve()), "kind": "gguf",
-                                          "sha256": weights_hash([path])})
+                                          "sha256": weights_hash([path]), "tensor_types": keys.tensor_types})
 
 
 def mend_tokenizer(tok, keys: "GgufKeys") -> None:
@@ -69,6 +70,7 @@ class GgufKeys:
     eog_ids: list[int] = field(default_factory=list)  # the tokens llama.cpp ends generation at (gguf_eog_ids)
     digits_apart: bool = False  # a BPE vocabulary whose pre-tokenizer splits digits first (pre_tokenizer)
     chat_templates: dict = field(default_factory=dict)  # named ones (tokenizer.chat_template.<name>): tool_use
+    tensor_types: dict = field(default_factory=dict)  # how many of its tensors each GGML type holds ("Q4_K": 16)
 
 
 def phi3_keys(model, keys: GgufKeys) -> None:
@@ -243,6 +245,7 @@ def check_gguf(path: Path) -> GgufKeys:
         keys.longrope = phi3_longrope(reader, value, keys.rope_dims, str(path))
     keys.linear = value(factors[0]) if linear else None
     keys.eog_ids = gguf_eog_ids(reader, value)
+    keys.tensor_types = dict(sorted(Counter(t.tensor_type.name for t in reader.tensors).items()))
     keys.digits_apart = pre_tokenizer(value("tokenizer.ggml.model"), value("tokenizer.ggml.pre"), str(path))
     keys.chat_templates = {name.removeprefix("tokenizer.chat_template."): value(name) for name in reader.fields
                            if name.startswith("tokenizer.chat_template.")}

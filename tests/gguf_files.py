@@ -42,7 +42,8 @@ def rope_rows(w: np.ndarray, heads: int) -> np.ndarray:
 def write_llama_gguf(ckpt: Path, out: Path, drop: tuple[str, ...] = (), extra_tensors: dict | None = None,
                      rope_scaling: tuple[str, float] | None = None, fields: dict | None = None,
                      arch: str = "llama", rope_dims: int | None = None, original_context: bool = True,
-                     attn_factor: float | None = None, pre: str | None = "gpt-2") -> Path:
+                     attn_factor: float | None = None, pre: str | None = "gpt-2",
+                     weight_type: str | None = None) -> Path:
     """`ckpt` (a tiny Llama checkpoint) as a GGUF; `drop` leaves tensors out (GGUF names),
     `rope_scaling` = (type, factor) adds llama.cpp's scaling keys, `fields` more keys: name -> float
     (float32), int (uint16) or str; `arch` labels it another architecture (general.architecture):
@@ -55,7 +56,8 @@ def write_llama_gguf(ckpt: Path, out: Path, drop: tuple[str, ...] = (), extra_te
     them (`drop` can leave those tensors out too; `original_context` False leaves out the context
     its short factors hold, `attn_factor` sets the attention factor written, 0 leaves it out); `pre`
     is its tokenizer.ggml.pre (llama.cpp's name for how text is split before merging; None: no key;
-    the tiny tokenizers split as GPT-2)."""
+    the tiny tokenizers split as GPT-2); `weight_type` (a GGML type gguf-py quantizes: "Q4_0", "Q8_0")
+    stores the layers' projections so, as llama-quantize would."""
     import gguf
     from safetensors.numpy import load_file
 
@@ -127,6 +129,10 @@ def write_llama_gguf(ckpt: Path, out: Path, drop: tuple[str, ...] = (), extra_te
             value = rope_rows(value, cfg["num_attention_heads"])
         elif arch != "qwen2" and name.endswith("attn_k.weight"):
             value = rope_rows(value, cfg["num_key_value_heads"])
+        if weight_type and name.startswith("blk.") and value.ndim == 2:
+            qtype = gguf.GGMLQuantizationType[weight_type]
+            w.add_tensor(name, gguf.quants.quantize(np.ascontiguousarray(value, np.float32), qtype), raw_dtype=qtype)
+            continue
         w.add_tensor(name, np.ascontiguousarray(value, np.float32))
     for name, value in (extra_tensors or {}).items():
         if name not in drop:

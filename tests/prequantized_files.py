@@ -8,6 +8,10 @@ import shutil
 from pathlib import Path
 
 import numpy as np
+import onnx
+from onnx import numpy_helper
+
+from trtllm.builder.quantize import dequantize, quantize
 
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "qkv_proj", "gate_up_proj")
 AWQ_PACK_ORDER = [0, 2, 4, 6, 1, 3, 5, 7]  # AutoAWQ: nibble i of a word holds output col * 8 + order[i]
@@ -104,3 +108,30 @@ def write_prequantized(src: Path, out: Path, method: str, bits: int = 4, group: 
                                                            "q_group_size": group, "version": "GEMM"}))
     (out / "config.json").write_text(json.dumps(config))
     return reference
+
+
+def engine_weights(engine_dir, reference: dict) -> dict:
+    """The projections an int4 engine's llm.onnx holds (codes, scales and offsets dequantized), under
+    the checkpoint's names: q|k|v and gate|up split again (layers 0 and 1 of a tiny model)."""
+    model = onnx.load(str(engine_dir / "llm.onnx"))
+    init = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    out = {}
+    for fused, parts in (("self_attn.qkv_proj", ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"]),
+                         ("mlp.gate_up_proj", ["mlp.gate_proj", "mlp.up_proj"]),
+                         ("self_attn.o_proj", ["self_attn.o_proj"]), ("mlp.down_proj", ["mlp.down_proj"])):
+        for layer in (0, 1):
+            p = f"model.layers.{layer}"
+            w = dequantize(*(init[f"{p}.{fused}.weight_{k}"] for k in ("q4", "scale", "offset")), 32).T
+            sizes = np.cumsum([reference[f"{p}.{part}.weight"].shape[0] for part in parts])[:-1]
+            out.update({f"{p}.{part}.weight": np.ascontiguousarray(piece)
+                        for part, piece in zip(parts, np.split(w, sizes))})
+    return out
+
+
+def error_in_steps(weights: dict, reference: dict, scheme) -> float:
+    """The largest |weight - checkpoint weight| in units of the checkpoint weight's own int4 step."""
+    worst = 0.0
+    for name, w in weights.items():
+        step = np.repeat(quantize(reference[name].T.copy(), scheme)[1], 32, axis=0).T
+        worst = max(worst, float((np.abs(w - reference[name]) / step).max()))
+    return worst

@@ -1,15 +1,14 @@
-"""Pre-quantized GPTQ and AWQ checkpoints (builder/prequantized.py): unpacked exactly into the float
-model transformers runs and the engine is checked against, their 4-bit grid kept by --quantization
-int4, and the layouts refused by name."""
+"""Checkpoints quantized before: GPTQ and AWQ (builder/prequantized.py) unpacked exactly into the
+float model transformers runs and the engine is checked against, their 4-bit grid kept by
+--quantization int4, and the layouts refused by name; a GGUF's 4-bit blocks, whose grid int4 finds
+again (quantize.grid_steps)."""
 from __future__ import annotations
 
 import json
 
 import numpy as np
-import onnx
 import pytest
 from click.testing import CliRunner
-from onnx import numpy_helper
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -23,7 +22,7 @@ from trtllm.builder.quantize import QuantScheme, dequantize, quantize  # noqa: E
 from trtllm.builder.verify import engine_logits  # noqa: E402
 from trtllm.runtime.engine import load_engine  # noqa: E402
 
-from tests.prequantized_files import write_prequantized  # noqa: E402
+from tests.prequantized_files import engine_weights, error_in_steps, write_prequantized  # noqa: E402
 
 pytestmark = pytest.mark.hf
 
@@ -105,40 +104,14 @@ def test_a_float_engine_of_a_gptq_checkpoint_is_transformers_on_its_weights(pack
     assert json.loads((out / "manifest.json").read_text())["source"]["prequantized"]["method"] == "gptq"
 
 
-def engine_weights(engine_dir, reference: dict) -> dict:
-    """The projections llm.onnx holds (codes, scales and offsets dequantized), under the checkpoint's
-    names: q|k|v and gate|up split again."""
-    model = onnx.load(str(engine_dir / "llm.onnx"))
-    init = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
-    out = {}
-    for fused, parts in (("self_attn.qkv_proj", ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"]),
-                         ("mlp.gate_up_proj", ["mlp.gate_proj", "mlp.up_proj"]),
-                         ("self_attn.o_proj", ["self_attn.o_proj"]), ("mlp.down_proj", ["mlp.down_proj"])):
-        for layer in (0, 1):
-            p = f"model.layers.{layer}"
-            w = dequantize(*(init[f"{p}.{fused}.weight_{k}"] for k in ("q4", "scale", "offset")), 32).T
-            sizes = np.cumsum([reference[f"{p}.{part}.weight"].shape[0] for part in parts])[:-1]
-            out.update({f"{p}.{part}.weight": np.ascontiguousarray(piece)
-                        for part, piece in zip(parts, np.split(w, sizes))})
-    return out
-
-
-def error_in_steps(weights: dict, reference: dict, scheme: QuantScheme) -> float:
-    """The largest |weight - checkpoint weight| in units of the checkpoint weight's own int4 step."""
-    worst = 0.0
-    for name, w in weights.items():
-        step = np.repeat(quantize(reference[name].T.copy(), scheme)[1], 32, axis=0).T
-        worst = max(worst, float((np.abs(w - reference[name]) / step).max()))
-    return worst
-
-
 @pytest.mark.parametrize("name", ["gptq", "awq-g64"])
-def test_int4_keeps_the_checkpoints_codes_and_scales(name, packed, tiny_checkpoint, tmp_path):
+def test_int4_keeps_the_checkpoints_codes_and_scales(name, packed, tiny_checkpoint, tmp_path, monkeypatch):
     """--quantization int4 takes each projection's codes and scales as the checkpoint has them (only
     a block's minimum may move, by a fraction of a float16 step, so that it and its offset are float16
     values: AWQ's zero points): the engine's weights are the checkpoint's within 1/50 of a step,
-    where quantizing the float weights again is off by up to half a step. Its logits are transformers'
-    on the weights it holds (the int8 embedding and lm_head in the engine's rounding)."""
+    where quantizing the float weights again with their blocks' minimum and maximum (without looking
+    for the grid they lie on: quantize.grid_steps) is off by up to half a step. Its logits are
+    transformers' on the weights it holds (the int8 embedding and lm_head in the engine's rounding)."""
     path, reference = packed(name)
     said = []
     out = build(BuildConfig(model=str(path), output=str(tmp_path / "e"), quantization="int4", max_input_len=64,
@@ -146,8 +119,12 @@ def test_int4_keeps_the_checkpoints_codes_and_scales(name, packed, tiny_checkpoi
     assert any("int4 keeps its codes and scales for 14 of 14 packed projections" in m for m in said), said
     scheme = QuantScheme.named("int4")
     held = engine_weights(out, reference)
+    kept_error = error_in_steps(held, reference, scheme)
+    from trtllm.builder import quantize as quantize_module
+
+    monkeypatch.setattr(quantize_module, "quantized_before", lambda *args: False)
     again = {k: dequantize(*quantize(w.T.copy(), scheme), 32).T for k, w in reference.items()}
-    kept_error, again_error = error_in_steps(held, reference, scheme), error_in_steps(again, reference, scheme)
+    again_error = error_in_steps(again, reference, scheme)
     assert kept_error < 0.02 and again_error > 0.2, (kept_error, again_error)
     if name == "gptq":  # symmetric: every minimum, -8 scale, is a float16 value already
         assert all(np.array_equal(held[k], reference[k]) for k in reference)
@@ -246,3 +223,24 @@ def test_the_float_build_says_when_int4_would_quantize_again(packed, tmp_path):
                       verify=False), log=said.append)
     assert any("--quantization int4 would quantize them again from those weights (only a 4-bit grid" in m
                for m in said), said
+
+
+def test_a_q4_0_gguf_keeps_its_grid_under_int4(untied_llama, tmp_path, monkeypatch):
+    """llama.cpp's Q4_0 is d * (q - 8) per block of 32: a block whose codes do not reach both 0 and
+    15 lies on a grid that its minimum and maximum do not give. int4 finds each block's grid, so the
+    engine holds the GGUF's weights within 1/50 of a step; with the minimum and maximum alone (the
+    wrong variant) it was off by more than 1/5 (the demo model as Q4_0: 68% top-1, now 100%)."""
+    from tests.gguf_files import write_llama_gguf
+    from trtllm.builder import quantize as quantize_module
+
+    path = write_llama_gguf(untied_llama, tmp_path / "m.gguf", weight_type="Q4_0")
+    ck = ckpt.load(str(path))
+    assert ck.source["tensor_types"]["Q4_0"] == 14
+    reference = {k: v.numpy() for k, v in ck.model.state_dict().items() if k.endswith("_proj.weight")}
+    out = build(BuildConfig(model=str(path), output=str(tmp_path / "e"), quantization="int4", max_input_len=64,
+                            max_kv_cache_capacity=128, verify=False), log=lambda m: None)
+    scheme = QuantScheme.named("int4")
+    assert error_in_steps(engine_weights(out, reference), reference, scheme) < 0.02
+    monkeypatch.setattr(quantize_module, "quantized_before", lambda *args: False)
+    again = {k: dequantize(*quantize(w.T.copy(), scheme), 32).T for k, w in reference.items()}
+    assert error_in_steps(again, reference, scheme) > 0.2

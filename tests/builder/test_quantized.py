@@ -404,3 +404,29 @@ def test_int4_minimums_and_offsets_take_the_searched_pair_where_lo_is_not_one():
     codes, scale, offset = quantize(w, QuantScheme.named("int4"))
     minimum = offset.astype(np.float64) - 8 * scale.astype(np.float64)
     assert q.on_float16_grid(offset.astype(np.float64)).all() and q.on_float16_grid(minimum).all()
+
+
+def test_int4_finds_the_grid_of_weights_quantized_before(monkeypatch):
+    """Weights already on a 4-bit grid per block of 32 (GGUF's Q4_K sub-blocks: a * q - m, with a
+    and m of more bits than float16 holds) whose codes do not span 0..15: quantize() finds each
+    block's step (quantize.grid_steps) and holds them within a float16 rounding of it, where the
+    block's minimum and maximum alone (the wrong variant) round values to another grid (blocks that
+    span 0..15 excepted).
+    Float weights (32 distinct values a block) are quantized as before."""
+    from trtllm.builder import quantize as q
+
+    rng = np.random.default_rng(5)
+    codes = rng.integers(0, 16, size=(256, 96))
+    codes[:, :48] = np.clip(codes[:, :48], 3, 12)                         # half the blocks span 3..12
+    codes[::32, 48:], codes[1::32, 48:] = 0, 15                          # the others all of 0..15
+    step = (rng.random((8, 96)) * 0.01 + 0.001).astype(np.float32) * np.float32(1 + 2 ** -15)
+    low = (step * rng.uniform(4, 10, size=(8, 96))).astype(np.float32)  # blocks around zero, as weights are
+    w = (np.repeat(step, 32, axis=0) * codes - np.repeat(low, 32, axis=0)).astype(np.float32)  # [in, out]
+    scheme = QuantScheme.named("int4")
+    err = np.abs(dequantize(*quantize(w, scheme), 32) - w) / np.repeat(step, 32, axis=0)
+    assert err.max() < 0.02, err.max()
+    monkeypatch.setattr(q, "quantized_before", lambda *args: False)
+    plain = np.abs(dequantize(*quantize(w, scheme), 32) - w) / np.repeat(step, 32, axis=0)
+    assert plain[:, :48].max() > 0.1 and plain[:, 48:].max() < 0.02
+    floats = rng.standard_normal((256, 96)).astype(np.float32)
+    assert not q.quantized_before(floats.reshape(8, 32, 96), 15)
