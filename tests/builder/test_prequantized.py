@@ -244,3 +244,19 @@ def test_a_q4_0_gguf_keeps_its_grid_under_int4(untied_llama, tmp_path, monkeypat
     monkeypatch.setattr(quantize_module, "quantized_before", lambda *args: False)
     again = {k: dequantize(*quantize(w.T.copy(), scheme), 32).T for k, w in reference.items()}
     assert error_in_steps(again, reference, scheme) > 0.2
+
+
+def test_an_int4_gguf_build_that_fails_its_check_names_the_wider_types():
+    """A small model's Q4_K_M is mostly Q5_0 (the demo's: 88.7% top-1 under int4, the build fails):
+    the failure says which of the GGUF's types hold more than 4 bits, and what to build instead."""
+    from types import SimpleNamespace
+
+    from trtllm.builder.export import wider_hint
+
+    ck = SimpleNamespace(source={"kind": "gguf", "tensor_types": {"F32": 61, "Q4_K": 16, "Q5_0": 166, "Q6_K": 14}})
+    hint = wider_hint(ck, BuildConfig(model="m.gguf", output="e", quantization="int4"))
+    assert hint == "; the GGUF's Q5_0, Q6_K weights hold more than 4 bits, which int4 rounds again: " \
+                   "--quantization int8 keeps them closer"
+    assert wider_hint(ck, BuildConfig(model="m.gguf", output="e", quantization="int8")) == ""
+    assert wider_hint(SimpleNamespace(source={"tensor_types": {"Q4_0": 14, "F32": 5}}),
+                      BuildConfig(model="m.gguf", output="e", quantization="int4")) == ""
