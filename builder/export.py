@@ -21,6 +21,7 @@ from pathlib import Path
 import onnx
 
 from trtllm.builder import checkpoint as ckpt
+from trtllm.builder.gguf import gguf_int4_hint
 from trtllm.builder import tensorrt as trt_build
 from trtllm.builder.architectures import spec_for, weights_of
 from trtllm.builder.config import MODERN_MIN_TRT, BuildConfig, ConfigError, legacy_profile_hint, listed, parse_trt_version
@@ -131,7 +132,7 @@ def export_onnx(ck: ckpt.Checkpoint, config: BuildConfig, out_dir: Path, log, ba
                            tree=tree, verify_logits=backend == "onnxruntime", grids=grids)
     save_linted(writer.write(), out_dir, ONNX_NAME, "the exported graph", config.trt_version)
     if grids:
-        log(grid_note(ck, quant, grids, writer.kept))
+        log(prequantized.grid_note(ck.source["prequantized"], quant, grids, writer.kept, spec))
     del writer
     lowerings = []
     if backend == "onnxruntime" and config.graph == "modern" and (gqa or quant is not None or half):
@@ -166,43 +167,6 @@ def export_onnx(ck: ckpt.Checkpoint, config: BuildConfig, out_dir: Path, log, ba
         save(writer.write(), out_dir, ORT_SOURCE)
     section = export_draft(draft, config, out_dir, log, num_positions, quant, native, backend, tree) if draft else {}
     return spec, max_top_k, num_positions, lowerings, section
-
-
-WIDER = ("Q5_0", "Q5_1", "Q5_K", "Q6_K", "Q8_0", "Q8_K")  # GGUF quantized types of more than 4 bits
-
-
-def wider_hint(ck: ckpt.Checkpoint | None, config: BuildConfig) -> str:
-    """For an int4 build of a GGUF whose weights are partly of more than 4 bits (a small model's Q4_K_M
-    is mostly Q5_0: llama.cpp falls back where a row is not a multiple of 256), what to build instead."""
-    types = (ck.source.get("tensor_types") or {}) if ck is not None else {}
-    wider = sorted(t for t in types if t in WIDER)
-    if config.quantization != "int4" or not wider:
-        return ""
-    return (f"; the GGUF's {', '.join(wider)} weights hold more than 4 bits, which int4 rounds again: "
-            "--quantization int8 keeps them closer")
-
-
-def grid_note(ck: ckpt.Checkpoint, quant: QuantScheme | None, grids: dict, kept: list[str]) -> str:
-    """What the build did with a GPTQ/AWQ checkpoint's packed projections (`grids` as written, `kept`
-    those int4 took as they are)."""
-    packing = ck.source["prequantized"]
-    what = f"{packing['method'].upper()} {packing['bits']}-bit checkpoint (group size {packing['group_size']})"
-    packed = sorted(name[:-len(".weight")] for name in grids)
-    why = ("only a 4-bit grid is kept, in int4's blocks" if packing["bits"] != 4 or (quant and quant.bits != 4) else
-           "act order or a group size that mixes groups within a block of 32, an int8 lm_head, or a weight the "
-           "architecture reorders")
-    if quant is None:
-        fits = [name for name, grid in grids.items() if grid.keepable() and name != "lm_head.weight"]
-        return (f"note: the {what} is built with float weights (its projections unpacked exactly); " +
-                (f"--quantization int4 would keep the codes and scales of {len(fits)} of its {len(packed)} packed "
-                 "projections in a smaller engine" if fits else
-                 f"--quantization int4 would quantize them again from those weights ({why})"))
-    again = sorted(set(packed) - set(kept))
-    if not set(kept) & set(packed):
-        return (f"note: the {what}: its projections are quantized again to int{quant.bits} from their exact float "
-                f"weights ({why})")
-    return (f"the {what}: int4 keeps its codes and scales for {len(packed) - len(again)} of {len(packed)} packed "
-            "projections" + (f"; quantized again from their float weights: {listed(again)} ({why})" if again else ""))
 
 
 def check_blocks(spec, quant: QuantScheme, what: str) -> None:
@@ -511,7 +475,7 @@ def build(config: BuildConfig, log=print) -> Path:
             failed_report.write_text(json.dumps(report, indent=2) + "\n")
             e.args = (f"{e} (the report: {failed_report})" + (
                 "; the trtllm sources or the CPU kernel library changed during the build: run it again" * changed)
-                + wider_hint(ck, config),)
+                + (gguf_int4_hint(ck.source, config.quantization) if ck is not None else ""),)
         raise
     failed_report.unlink(missing_ok=True)  # an earlier failure's
     return out_dir

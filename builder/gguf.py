@@ -46,6 +46,20 @@ def load_gguf(path: Path) -> Checkpoint:
                                           "sha256": weights_hash([path]), "tensor_types": keys.tensor_types})
 
 
+WIDER = ("Q5_0", "Q5_1", "Q5_K", "Q6_K", "Q8_0", "Q8_K")  # GGUF quantized types of more than 4 bits
+
+
+def gguf_int4_hint(source: dict, quantization: str) -> str:
+    """For an int4 build of a GGUF whose layers are partly of more than 4 bits (a small model's Q4_K_M
+    is mostly Q5_0: llama.cpp falls back where a row is not a multiple of 256) that failed its check,
+    what to build instead. (The embedding and output, int8 under int4 too, are not counted.)"""
+    wider = sorted(t for t in source.get("tensor_types") or {} if t in WIDER)
+    if quantization != "int4" or not wider:
+        return ""
+    return (f"; the GGUF's {', '.join(wider)} layer weights hold more than 4 bits, which int4 rounds again: "
+            "--quantization int8 keeps them closer")
+
+
 def mend_tokenizer(tok, keys: "GgufKeys") -> None:
     """What transformers' GGUF loader drops of the file's tokenizer, given back (scripts/
     fetch_demo_model.py's conversion too): llama.cpp's digit split, the named chat templates."""
@@ -70,7 +84,7 @@ class GgufKeys:
     eog_ids: list[int] = field(default_factory=list)  # the tokens llama.cpp ends generation at (gguf_eog_ids)
     digits_apart: bool = False  # a BPE vocabulary whose pre-tokenizer splits digits first (pre_tokenizer)
     chat_templates: dict = field(default_factory=dict)  # named ones (tokenizer.chat_template.<name>): tool_use
-    tensor_types: dict = field(default_factory=dict)  # how many of its tensors each GGML type holds ("Q4_K": 16)
+    tensor_types: dict = field(default_factory=dict)  # how many of its layers' weights each GGML type holds ("Q4_K": 16)
 
 
 def phi3_keys(model, keys: GgufKeys) -> None:
@@ -245,7 +259,8 @@ def check_gguf(path: Path) -> GgufKeys:
         keys.longrope = phi3_longrope(reader, value, keys.rope_dims, str(path))
     keys.linear = value(factors[0]) if linear else None
     keys.eog_ids = gguf_eog_ids(reader, value)
-    keys.tensor_types = dict(sorted(Counter(t.tensor_type.name for t in reader.tensors).items()))
+    keys.tensor_types = dict(sorted(Counter(t.tensor_type.name for t in reader.tensors
+                                            if t.name.startswith("blk.") and len(t.shape) == 2).items()))
     keys.digits_apart = pre_tokenizer(value("tokenizer.ggml.model"), value("tokenizer.ggml.pre"), str(path))
     keys.chat_templates = {name.removeprefix("tokenizer.chat_template."): value(name) for name in reader.fields
                            if name.startswith("tokenizer.chat_template.")}

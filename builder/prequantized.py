@@ -14,7 +14,7 @@ The float weight is computed exactly (float16 scale times a small integer fits f
 transformers is given, and the engine is checked against, is the checkpoint's own. A float16
 kernel would round the product to float16; that is the kernel's rounding, not the checkpoint's.
 With --quantization int4, a projection whose groups split into our blocks of 32 keeps its codes and
-scales (builder/quantize.py from_grid) instead of being quantized again from the float weight.
+scales (on_blocks) instead of being quantized again from the float weight.
 """
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from trtllm.builder.config import CheckpointError, Unsupported, listed
-from trtllm.builder.quantize import ONNX_DTYPE, QuantScheme, nearest_pair, quantize
+from trtllm.builder.quantize import ONNX_DTYPE, QuantScheme, nearest_pair, on_float16_grid, quantize
 
 METHODS = ("gptq", "awq")
 PACKED = ("qweight", "qzeros", "scales", "g_idx")  # a packed projection's tensors
@@ -237,16 +237,19 @@ def on_blocks(grids: list[Grid], w_t: np.ndarray, scheme: QuantScheme):
     parts (joined along the outputs: q|k|v, gate|up) instead of found again; None where they do not
     fit int4's blocks: 4-bit grids whose groups hold whole blocks (not act order's mixed ones), and that
     give w_t exactly (a weight the architecture renamed or reordered is quantized from its floats).
-    Codes and scales are the checkpoint's; each block's minimum, -scale * zero, moves to the nearest
-    value that keeps it and the offset on float16's grid (quantize.both_on_grid; a fraction of a
-    float16 step); the rare block where no such pair exists takes quantize()'s own."""
+    Codes and scales (float16 values, as our kernels keep them) are the checkpoint's; each block's
+    minimum, -scale * zero, moves to the nearest value that keeps it and the offset on float16's grid
+    (quantize.nearest_pair; a fraction of a float16 step); a block with no such pair takes quantize()'s
+    own codes, scale and offset."""
     b, k = scheme.block_size, w_t.shape[0]
     if scheme.bits != 4 or not scheme.asymmetric or any(len(g.groups) != k for g in grids):
         return None
     if not all(g.keepable(b) for g in grids):
         return None
-    codes = np.concatenate([g.codes() for g in grids], axis=1)
     scale = np.concatenate([g.scales[g.groups[::b]] for g in grids], axis=1)            # [blocks, out]
+    if not on_float16_grid(scale.astype(np.float64)).all():  # (our kernels keep scales in float16)
+        return None
+    codes = np.concatenate([g.codes() for g in grids], axis=1)
     zero = np.concatenate([g.zeros[g.groups[::b]] for g in grids], axis=1)
     held = (codes.reshape(k // b, b, -1).astype(np.int16) - zero[:, None, :]) * scale[:, None, :]
     if not np.array_equal(held.reshape(k, -1), w_t):
@@ -261,3 +264,26 @@ def on_blocks(grids: list[Grid], w_t: np.ndarray, scheme: QuantScheme):
         codes = np.where(rows, codes.astype(np.int8), own[0].astype(np.int8)).astype(ONNX_DTYPE[4])
         scale, offset = np.where(found, scale, own[1]), np.where(found, offset, own[2])
     return codes, scale, offset
+
+
+def grid_note(packing: dict, quant: QuantScheme | None, grids: dict[str, Grid], kept: list[str], spec) -> str:
+    """What the build did with a GPTQ/AWQ checkpoint's packed projections (`packing`: the manifest's
+    source.prequantized; `grids` as written, `kept` those int4 took as they are)."""
+    what = f"{packing['method'].upper()} {packing['bits']}-bit checkpoint (group size {packing['group_size']})"
+    packed = sorted(name[:-len(".weight")] for name in grids)
+    why = ("only a 4-bit grid is kept, in int4's blocks" if packing["bits"] != 4 or (quant and quant.bits != 4) else
+           "act order or a group size that mixes groups within a block of 32, an int8 lm_head, or q|k|v of an "
+           "interleaved RoPE, whose rows the build reorders")
+    if quant is None:
+        fits = [name for name, grid in grids.items() if grid.keepable() and name != "lm_head.weight"
+                and not (spec.interleaved_rope and name.split(".")[-2] in ("q_proj", "k_proj", "v_proj"))]
+        return (f"note: the {what} is built with float weights (its projections unpacked exactly); " +
+                (f"--quantization int4 would keep the codes and scales of {len(fits)} of its {len(packed)} packed "
+                 "projections in a smaller engine" if fits else
+                 f"--quantization int4 would quantize them again from those weights ({why})"))
+    again = sorted(set(packed) - set(kept))
+    if not set(kept) & set(packed):
+        return (f"note: the {what}: its projections are quantized again to int{quant.bits} from their exact float "
+                f"weights ({why})")
+    return (f"the {what}: int4 keeps its codes and scales for {len(packed) - len(again)} of {len(packed)} packed "
+            "projections" + (f"; quantized again from their float weights: {listed(again)} ({why})" if again else ""))

@@ -132,25 +132,38 @@ def grid_steps(grouped: np.ndarray, lo: np.ndarray, hi: np.ndarray, levels: int)
         return levels
     steps = np.full(lo.shape, float(levels), np.float32)
     rows = np.argwhere(hi > lo)                                           # (block, column) pairs
-    values = grouped.transpose(0, 2, 1)[rows[:, 0], rows[:, 1]]           # [m, block]
-    low, span = lo[rows[:, 0], rows[:, 1]][:, None], (hi - lo)[rows[:, 0], rows[:, 1]][:, None]
-    for j in range(levels, 0, -1):  # each j that fits holds the block exactly; the first is taken
-        t = (values - low) * (j / span)
-        fits = np.abs(t - np.rint(t)).max(axis=1) <= GRID_TOLERANCE
-        steps[rows[fits, 0], rows[fits, 1]] = j
-        rows, values, low, span = rows[~fits], values[~fits], low[~fits], span[~fits]
-        if not len(rows):
-            break
+    found = fitting_steps(grouped.transpose(0, 2, 1)[rows[:, 0], rows[:, 1]], levels)
+    fits = found > 0
+    steps[rows[fits, 0], rows[fits, 1]] = found[fits]
     return steps
 
 
+def fitting_steps(values: np.ndarray, levels: int) -> np.ndarray:
+    """values [m, block] (each row's max > min) -> per row the most steps j <= levels such that every
+    value is min + an integer times (max - min) / j, within GRID_TOLERANCE of a step (any such j
+    holds the row exactly: a multiple of its own grid's count), or 0 where none does."""
+    low = values.min(axis=1, keepdims=True)
+    span = values.max(axis=1, keepdims=True) - low
+    out = np.zeros(len(values), np.float32)
+    todo = np.arange(len(values))
+    for j in range(levels, 0, -1):
+        t = (values[todo] - low[todo]) * (j / span[todo])
+        fits = np.abs(t - np.rint(t)).max(axis=1) <= GRID_TOLERANCE
+        out[todo[fits]] = j
+        todo = todo[~fits]
+        if not len(todo):
+            break
+    return out
+
+
 def quantized_before(grouped: np.ndarray, levels: int, sample: int = 256) -> bool:
-    """Whether most of (up to) `sample` blocks hold at most levels + 1 distinct values: 32 weights
-    of a float checkpoint are nearly always 32 values."""
+    """Whether most of (up to) `sample` blocks lie on a grid of at most `levels` steps: 32 weights of
+    a float checkpoint are nearly always 32 values. (Distinct values alone are not enough: a pruned
+    float weight's blocks are mostly zeros, and searching each for a grid took 4x the quantization.)"""
     blocks = grouped[:, :, :: max(1, grouped.shape[0] * grouped.shape[2] // sample)]
-    ordered = np.sort(blocks, axis=1)
-    distinct = 1 + (np.diff(ordered, axis=1) != 0).sum(axis=1)
-    return bool(np.median(distinct) <= levels + 1)
+    values = blocks.transpose(0, 2, 1).reshape(-1, blocks.shape[1])
+    values = values[values.max(axis=1) > values.min(axis=1)]
+    return len(values) > 0 and bool(np.mean(fitting_steps(values, levels) > 0) >= 0.5)
 
 
 def both_on_grid(lo: np.ndarray, scale: np.ndarray, half: int) -> tuple[np.ndarray, np.ndarray]:

@@ -119,12 +119,12 @@ def test_int4_keeps_the_checkpoints_codes_and_scales(name, packed, tiny_checkpoi
     assert any("int4 keeps its codes and scales for 14 of 14 packed projections" in m for m in said), said
     scheme = QuantScheme.named("int4")
     held = engine_weights(out, reference)
-    kept_error = error_in_steps(held, reference, scheme)
+    kept_error = error_in_steps(held, reference)
     from trtllm.builder import quantize as quantize_module
 
     monkeypatch.setattr(quantize_module, "quantized_before", lambda *args: False)
     again = {k: dequantize(*quantize(w.T.copy(), scheme), 32).T for k, w in reference.items()}
-    again_error = error_in_steps(again, reference, scheme)
+    again_error = error_in_steps(again, reference)
     assert kept_error < 0.02 and again_error > 0.2, (kept_error, again_error)
     if name == "gptq":  # symmetric: every minimum, -8 scale, is a float16 value already
         assert all(np.array_equal(held[k], reference[k]) for k in reference)
@@ -240,23 +240,72 @@ def test_a_q4_0_gguf_keeps_its_grid_under_int4(untied_llama, tmp_path, monkeypat
     out = build(BuildConfig(model=str(path), output=str(tmp_path / "e"), quantization="int4", max_input_len=64,
                             max_kv_cache_capacity=128, verify=False), log=lambda m: None)
     scheme = QuantScheme.named("int4")
-    assert error_in_steps(engine_weights(out, reference), reference, scheme) < 0.02
+    assert error_in_steps(engine_weights(out, reference), reference) < 0.02
     monkeypatch.setattr(quantize_module, "quantized_before", lambda *args: False)
     again = {k: dequantize(*quantize(w.T.copy(), scheme), 32).T for k, w in reference.items()}
-    assert error_in_steps(again, reference, scheme) > 0.2
+    assert error_in_steps(again, reference) > 0.2
 
 
 def test_an_int4_gguf_build_that_fails_its_check_names_the_wider_types():
     """A small model's Q4_K_M is mostly Q5_0 (the demo's: 88.7% top-1 under int4, the build fails):
-    the failure says which of the GGUF's types hold more than 4 bits, and what to build instead."""
-    from types import SimpleNamespace
+    the failure says which of the GGUF's layer types hold more than 4 bits, and what to build instead.
+    The source records only the layers' weights: llama-quantize's Q8_0 or Q6_K token_embd and output
+    are int8 under int4 too, and a Q4_0 file (whose one Q8_0 tensor is token_embd) gets no hint."""
+    from trtllm.builder.gguf import gguf_int4_hint
 
-    from trtllm.builder.export import wider_hint
+    source = {"kind": "gguf", "tensor_types": {"F32": 61, "Q4_K": 16, "Q5_0": 166, "Q6_K": 14}}
+    assert gguf_int4_hint(source, "int4") == ("; the GGUF's Q5_0, Q6_K layer weights hold more than 4 bits, which "
+                                              "int4 rounds again: --quantization int8 keeps them closer")
+    assert gguf_int4_hint(source, "int8") == ""
+    assert gguf_int4_hint({"tensor_types": {"Q4_0": 14}}, "int4") == ""
 
-    ck = SimpleNamespace(source={"kind": "gguf", "tensor_types": {"F32": 61, "Q4_K": 16, "Q5_0": 166, "Q6_K": 14}})
-    hint = wider_hint(ck, BuildConfig(model="m.gguf", output="e", quantization="int4"))
-    assert hint == "; the GGUF's Q5_0, Q6_K weights hold more than 4 bits, which int4 rounds again: " \
-                   "--quantization int8 keeps them closer"
-    assert wider_hint(ck, BuildConfig(model="m.gguf", output="e", quantization="int8")) == ""
-    assert wider_hint(SimpleNamespace(source={"tensor_types": {"Q4_0": 14, "F32": 5}}),
-                      BuildConfig(model="m.gguf", output="e", quantization="int4")) == ""
+
+def test_a_q8_0_embedding_is_not_counted_among_a_ggufs_layer_types(untied_llama, tmp_path):
+    from tests.gguf_files import write_llama_gguf
+
+    path = write_llama_gguf(untied_llama, tmp_path / "m.gguf", weight_type="Q4_0")
+    assert ckpt.load(str(path)).source["tensor_types"] == {"Q4_0": 14}
+
+
+def test_q_k_v_of_an_interleaved_rope_are_quantized_again_and_listed(tiny_checkpoint, tmp_path):
+    """Helium's RoPE turns pairs of dimensions: the build reorders q's and k's rows, so their grids
+    no longer give the weights written (the check in on_blocks), and q|k|v, one MatMul, are quantized
+    again; the float build's note does not count them either."""
+    path = tmp_path / "ckpt"
+    write_prequantized(tiny_checkpoint("helium"), path, "gptq")
+    said = []
+    build(BuildConfig(model=str(path), output=str(tmp_path / "f"), max_input_len=64, max_kv_cache_capacity=128,
+                      verify=False), log=said.append)
+    assert any("--quantization int4 would keep the codes and scales of 8 of its 14 packed" in m for m in said), said
+    said = []
+    build(BuildConfig(model=str(path), output=str(tmp_path / "e"), quantization="int4", max_input_len=64,
+                      max_kv_cache_capacity=128), log=said.append)
+    note = next(m for m in said if "packed projections" in m)
+    assert "keeps its codes and scales for 8 of 14" in note and "model.layers.0.self_attn.v_proj" in note, note
+
+
+def test_a_block_without_a_float16_pair_takes_quantizes_own(packed, monkeypatch):
+    """on_blocks' fallback: where no minimum and offset are both float16 values (nearest_pair finds
+    none: here every other column, forced), the block is quantize()'s, codes, scale and offset
+    together (quantize() without its grid search here, so that its blocks differ from the grid's)."""
+    from trtllm.builder import quantize as quantize_module
+
+    path, _ = packed("awq-g64")  # (groups of 64: a block's codes need not reach 0 and 15, quantize()'s differ)
+    grid = ckpt.load(str(path)).grids["model.layers.0.mlp.down_proj.weight"]
+    w_t = grid.weight_t()
+    real = prequantized.nearest_pair
+
+    def half_found(lo, scale, half):
+        best, found = real(lo, scale, half)
+        found = found.copy()
+        found[:, ::2] = False
+        return best, found
+
+    monkeypatch.setattr(prequantized, "nearest_pair", half_found)
+    monkeypatch.setattr(quantize_module, "quantized_before", lambda *args: False)
+    scheme = QuantScheme.named("int4")
+    held = dequantize(*prequantized.on_blocks([grid], w_t, scheme), 32)
+    own = dequantize(*quantize(w_t, scheme), 32)
+    assert np.array_equal(held[:, ::2], own[:, ::2]) and not np.array_equal(held[:, 1::2], own[:, 1::2])
+    steps = np.repeat(grid.scales[grid.groups[::32]], 32, axis=0)
+    assert (np.abs(held - w_t) / steps)[:, 1::2].max() < 0.02
