@@ -134,7 +134,14 @@ def load_model(source, model_arg: str):
         model, info = AutoModelForCausalLM.from_pretrained(source, config=config, dtype=torch.float32,
                                                            output_loading_info=True, ignore_mismatched_sizes=True)
     if packing is not None:
-        info = unpacked_into(model, info, packing, loaded_weight_files(Path(source)))
+        info = unpacked_into(model, info, packing, loaded_weight_files(Path(source)), model_arg)
+    elif any(str(k).endswith(".qweight") for k in info.get("unexpected_keys") or []):
+        where = ("its config.json has no quantization_config, and no quantize_config.json or quant_config.json "
+                 "is beside it" if Path(str(source)).is_dir() else
+                 "download it (hf download) and pass its directory: its quantization config may be in a "
+                 "quantize_config.json or quant_config.json, read from a directory")
+        raise CheckpointError(f"--model {model_arg!r} holds GPTQ/AWQ packed weights (qweight, qzeros, scales) "
+                              f"without a quantization config to read them by: {where}")
     check_loaded(info, model_arg)
     return model, info, AutoTokenizer.from_pretrained(source)
 
@@ -153,11 +160,17 @@ def quiet_loading(quiet: bool):
         hf_logging.set_verbosity(level)
 
 
-def unpacked_into(model, info: dict, packing, files: list[Path]) -> dict:
+def unpacked_into(model, info: dict, packing, files: list[Path], model_arg: str) -> dict:
     """A GPTQ/AWQ checkpoint's projections, which transformers' float model lacks (it loads their
     packed tensors as unexpected ones), set from the packed ones; the loading info without them, and
-    with the grids and packing the build reads."""
-    grids = prequantized.read_grids(files, packing)
+    with the grids and packing the build reads (none where it holds no packed tensors: a float model
+    whose config kept its quantization_config)."""
+    try:
+        grids = prequantized.read_grids(files, packing)
+    except CheckpointError as e:
+        raise CheckpointError(f"--model {model_arg!r}: {e}") from e
+    if not grids:
+        return info
     names = set(dict(model.named_parameters()))
     for name, grid in grids.items():
         if name not in names:  # (a packed module the model has no place for stays an unused tensor)

@@ -36,7 +36,8 @@ def unchanged(config: BuildConfig) -> str | None:
         return None
     try:  # (a shard the index names gone, a file this user may not read: the build says what is wrong)
         built = (out / "manifest.json").stat().st_mtime
-        files = [p for p in model.iterdir() if p.is_file()] if model.is_dir() else [model]
+        # (the directory itself too: a file deleted or renamed there changes its time, not a file's)
+        files = [model, *(p for p in model.iterdir() if p.is_file())] if model.is_dir() else [model]
         if any(p.stat().st_mtime > built for p in files):
             return None
         weights = loaded_weight_files(model) if model.is_dir() else [model]

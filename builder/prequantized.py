@@ -118,24 +118,31 @@ def side_config(path: Path) -> dict | None:
                 raise CheckpointError(f"{path / name} cannot be read: {e}") from e
             if not isinstance(found, dict):
                 raise CheckpointError(f"{path / name} must hold a JSON object")
-            return {"quant_method": method, **found}
+            return {"quant_method": method, **found, SOURCE: name}
     return None
+
+
+SOURCE = "_read_from"  # the key side_config adds: the file a quantization config came from
 
 
 def packing_of(quant: dict, model_arg: str) -> Packing:
     """config.quantization_config of a GPTQ or AWQ checkpoint, checked for a layout this module reads."""
     method = str(quant.get("quant_method")).lower()
-    where = f"--model {model_arg!r}: config.quantization_config"
+    where = (f"--model {model_arg!r}: {quant[SOURCE]}'s " if SOURCE in quant else
+             f"--model {model_arg!r}: config.quantization_config.")
 
     def refuse(field: str, value, takes: str):
-        raise Unsupported(f"{where}.{field} is {value!r}; a {method.upper()} checkpoint is read with {takes} "
+        article = "an" if method == "awq" else "a"
+        raise Unsupported(f"{where}{field} is {value!r}; {article} {method.upper()} checkpoint is read with {takes} "
                           "(build from the unquantized checkpoint otherwise, with --quantization int4 or int8)")
 
-    bits = quant.get("bits", quant.get("w_bit"))
-    group = quant.get("group_size", quant.get("q_group_size", 128))
+    # (AutoAWQ's quant_config.json names them w_bit and q_group_size)
+    bits_field = "bits" if "bits" in quant else "w_bit"
+    group_field = "group_size" if "group_size" in quant else "q_group_size"
+    bits, group = quant.get(bits_field), quant.get(group_field, 128)
     if method == "gptq":
         if bits not in (4, 8):
-            refuse("bits", bits, "4 or 8")
+            refuse(bits_field, bits, "4 or 8")
         # (transformers' GPTQConfig calls it `format`, `checkpoint_format` before)
         field = "checkpoint_format" if quant.get("checkpoint_format") else "format"
         fmt = quant.get(field) or "gptq"
@@ -143,7 +150,7 @@ def packing_of(quant: dict, model_arg: str) -> Packing:
             refuse(field, fmt, 'the "gptq" format (AutoGPTQ\'s; gptqmodel saves it by default)')
     else:
         if bits != 4:
-            refuse("bits", bits, "4")
+            refuse(bits_field, bits, "4")
         # (transformers' AwqConfig calls it `format`, and reads the older `version` first; its backend
         # names a kernel, but "llm-awq" is MIT's own layout)
         field = "version" if quant.get("version") is not None else "format"
@@ -154,7 +161,7 @@ def packing_of(quant: dict, model_arg: str) -> Packing:
         if quant.get("zero_point", True) is not True:
             refuse("zero_point", quant.get("zero_point"), "zero points")
     if isinstance(group, bool) or not isinstance(group, int) or not (group == -1 or group > 0):
-        refuse("group_size", group, "a positive group size or -1")
+        refuse(group_field, group, "a positive group size or -1")
     return Packing(method, bits, group)
 
 
@@ -196,8 +203,8 @@ def grid_of(packing: Packing, tensors: dict, prefix: str) -> Grid:
     else:
         groups = np.arange(k) // size
     num_groups = -(-k // size)
-    expect = {"scales": (num_groups, n), "qzeros": (num_groups, n), "g_idx": (k,)}
-    got = {"scales": scales.shape, "qzeros": zeros.shape, "g_idx": groups.shape}
+    expect = {"scales": (num_groups, n), "qzeros": (num_groups, n // per), "g_idx": (k,)}
+    got = {"scales": scales.shape, "qzeros": qzeros.shape, "g_idx": groups.shape}
     bad = [f"{prefix}.{name} {list(got[name])} (expected {list(shape)})" for name, shape in expect.items()
            if got[name] != shape]
     if bad or groups.min(initial=0) < 0 or groups.max(initial=0) >= max(scales.shape[0], 1):
@@ -266,16 +273,22 @@ def on_blocks(grids: list[Grid], w_t: np.ndarray, scheme: QuantScheme):
     return codes, scale, offset
 
 
-def grid_note(packing: dict, quant: QuantScheme | None, grids: dict[str, Grid], kept: list[str], spec) -> str:
+def grid_note(packing: dict, quant: QuantScheme | None, grids: dict[str, Grid], kept: list[str], spec,
+              int4_builds: bool = True) -> str:
     """What the build did with a GPTQ/AWQ checkpoint's packed projections (`packing`: the manifest's
-    source.prequantized; `grids` as written, `kept` those int4 took as they are)."""
+    source.prequantized; `grids` as written, `kept` those int4 took as they are; `int4_builds`: whether
+    this build's graph and dtype take --quantization int4)."""
     what = f"{packing['method'].upper()} {packing['bits']}-bit checkpoint (group size {packing['group_size']})"
     packed = sorted(name[:-len(".weight")] for name in grids)
     why = ("only a 4-bit grid is kept, in int4's blocks" if packing["bits"] != 4 or (quant and quant.bits != 4) else
-           "act order or a group size that mixes groups within a block of 32, an int8 lm_head, or q|k|v of an "
-           "interleaved RoPE, whose rows the build reorders")
+           "act order or a group size that mixes groups within a block of 32, scales that are not float16 "
+           "values, an int8 lm_head, or q|k|v of an interleaved RoPE, whose rows the build reorders")
     if quant is None:
+        if not int4_builds:
+            return (f"note: the {what} is built with float weights (its projections unpacked exactly); its grid "
+                    "is kept only by --quantization int4, on the modern graph in float32 or float16")
         fits = [name for name, grid in grids.items() if grid.keepable() and name != "lm_head.weight"
+                and on_float16_grid(grid.scales.astype(np.float64)).all()
                 and not (spec.interleaved_rope and name.split(".")[-2] in ("q_proj", "k_proj", "v_proj"))]
         return (f"note: the {what} is built with float weights (its projections unpacked exactly); " +
                 (f"--quantization int4 would keep the codes and scales of {len(fits)} of its {len(packed)} packed "

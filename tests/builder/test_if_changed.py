@@ -85,3 +85,13 @@ def test_a_checkpoint_missing_a_shard_is_the_build_s_to_name(model, tmp_path):
     (model / "model-00001-of-00002.safetensors").unlink()
     result = CliRunner().invoke(main, ["--model", str(model), "--output", str(out), *LIMITS, "--if-changed"])
     assert result.exit_code == 2 and "Traceback" not in result.output, result.output
+
+
+def test_a_file_deleted_from_the_checkpoint_builds_again(model, tmp_path):
+    """A deleted generation_config.json (its stop ids and sampling defaults) or an older GPTQ
+    repository's quantize_config.json changes no remaining file's time, only the directory's."""
+    out = tmp_path / "engine"
+    build(model, out)
+    assert build(model, out)[0] is True
+    (model / "generation_config.json").unlink()
+    assert build(model, out)[0] is False

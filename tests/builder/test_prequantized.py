@@ -4,6 +4,7 @@ float model transformers runs and the engine is checked against, their 4-bit gri
 again (quantize.grid_steps)."""
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -155,6 +156,7 @@ def test_int4_quantizes_an_act_order_checkpoint_again_and_says_why(packed, tmp_p
     ("awq", {"format": "gemv", "version": None}, "config.quantization_config.format is 'gemv'"),
     ("awq", {"backend": "llm-awq"}, "config.quantization_config.backend is 'llm-awq'"),
     ("gptq", {"group_size": 64}, "GPTQ tensors of another layout than quantization_config says (bits 4, group_size 64)"),
+    ("gptq", {"group_size": 64}, "model.layers.0.mlp.down_proj.qzeros [4, 8] (expected [2, 8])"),  # as stored
 ])
 def test_a_layout_it_does_not_read_is_refused_by_name(variant, extra, needle, tiny_checkpoint, tmp_path):
     path = tmp_path / "ckpt"
@@ -309,3 +311,50 @@ def test_a_block_without_a_float16_pair_takes_quantizes_own(packed, monkeypatch)
     assert np.array_equal(held[:, ::2], own[:, ::2]) and not np.array_equal(held[:, 1::2], own[:, 1::2])
     steps = np.repeat(grid.scales[grid.groups[::32]], 32, axis=0)
     assert (np.abs(held - w_t) / steps)[:, 1::2].max() < 0.02
+
+
+def test_a_side_files_refusal_names_its_file_and_field(tiny_checkpoint, tmp_path):
+    path = tmp_path / "ckpt"
+    write_prequantized(tiny_checkpoint("llama"), path, "awq", sym=False, side_file=True)
+    side = path / "quant_config.json"
+    side.write_text(json.dumps({**json.loads(side.read_text()), "w_bit": 8}))
+    result = CliRunner().invoke(main, ["--model", str(path), "--output", str(tmp_path / "e")])
+    assert result.exit_code == 2 and "quant_config.json's w_bit is 8; an AWQ checkpoint is read with 4" \
+        in result.output, result.output
+
+
+def test_packed_weights_without_a_quantization_config_are_named(tiny_checkpoint, tmp_path):
+    """transformers would load them as unexpected tensors and the projections as missing ones."""
+    path = tmp_path / "ckpt"
+    write_prequantized(tiny_checkpoint("llama"), path, "gptq", side_file=True)
+    (path / "quantize_config.json").unlink()
+    result = CliRunner().invoke(main, ["--model", str(path), "--output", str(tmp_path / "e")])
+    assert result.exit_code == 2 and "holds GPTQ/AWQ packed weights (qweight, qzeros, scales) without a " \
+        "quantization config" in result.output, result.output
+
+
+def test_a_float_checkpoint_that_kept_its_quantization_config_is_not_recorded_as_packed(tiny_checkpoint, tmp_path):
+    import shutil
+
+    path = shutil.copytree(tiny_checkpoint("llama"), tmp_path / "ckpt")
+    (path / "quantize_config.json").write_text(json.dumps({"bits": 4, "group_size": 32, "sym": True}))
+    ck = ckpt.load(str(path))
+    assert "prequantized" not in ck.source and not ck.grids
+
+
+def test_the_float_note_says_what_int4_would_keep(packed, tmp_path):
+    """Scales that are not float16 values are not promised to int4 (which quantizes them again), and a
+    build whose graph takes no int4 says where the grid is kept."""
+    path, _ = packed("gptq")
+    ck = ckpt.load(str(path))
+    from trtllm.builder.architectures import spec_for
+
+    spec, packing = spec_for(ck.model), ck.source["prequantized"]
+    grids = dict(ck.grids)
+    note = prequantized.grid_note(packing, None, grids, [], spec)
+    assert "would keep the codes and scales of 14 of its 14" in note
+    name = "model.layers.0.mlp.down_proj.weight"
+    grids[name] = dataclasses.replace(grids[name], scales=grids[name].scales * np.float32(1 + 3e-4))
+    assert "would keep the codes and scales of 13 of its 14" in prequantized.grid_note(packing, None, grids, [], spec)
+    assert "kept only by --quantization int4, on the modern graph" in \
+        prequantized.grid_note(packing, None, grids, [], spec, int4_builds=False)
