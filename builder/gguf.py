@@ -46,18 +46,21 @@ def load_gguf(path: Path) -> Checkpoint:
                                           "sha256": weights_hash([path]), "tensor_types": keys.tensor_types})
 
 
-WIDER = ("Q5_0", "Q5_1", "Q5_K", "Q6_K", "Q8_0", "Q8_K")  # GGUF quantized types of more than 4 bits
+# GGUF types whose values int4 holds (quantize.grid_steps): 4-bit grids per block of 32, ternary ones,
+# and floats (quantized as any checkpoint's)
+ON_INT4_GRID = ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q4_K", "TQ1_0", "TQ2_0")
 
 
 def gguf_int4_hint(source: dict, quantization: str) -> str:
-    """For an int4 build of a GGUF whose layers are partly of more than 4 bits (a small model's Q4_K_M
-    is mostly Q5_0: llama.cpp falls back where a row is not a multiple of 256) that failed its check,
-    what to build instead. (The embedding and output, int8 under int4 too, are not counted.)"""
-    wider = sorted(t for t in source.get("tensor_types") or {} if t in WIDER)
-    if quantization != "int4" or not wider:
+    """For an int4 build of a GGUF whose layers are partly not on int4's grid (more bits: a small
+    model's Q4_K_M is mostly Q5_0, llama.cpp falling back where a row is not a multiple of 256; two
+    scales a block of 32: Q2_K, Q3_K; uneven levels: IQ4_NL, IQ4_XS) that failed its check, what to
+    build instead. (The embedding and output, int8 under int4 too, are not counted.)"""
+    again = sorted(t for t in source.get("tensor_types") or {} if t not in ON_INT4_GRID)
+    if quantization != "int4" or not again:
         return ""
-    return (f"; the GGUF's {', '.join(wider)} layer weights hold more than 4 bits, which int4 rounds again: "
-            "--quantization int8 keeps them closer")
+    return (f"; the GGUF's {', '.join(again)} layer weights are not on int4's grid (more bits, two scales a "
+            "block of 32, or uneven levels), and int4 rounds them again: --quantization int8 keeps them closer")
 
 
 def mend_tokenizer(tok, keys: "GgufKeys") -> None:

@@ -128,14 +128,29 @@ def grid_steps(grouped: np.ndarray, lo: np.ndarray, hi: np.ndarray, levels: int)
     for some j < 15, and quantizing it again with (hi - lo) / 15 would round every value to another
     grid (a Q4_0 demo model's int4 engine agreed with it at 68%). `levels` (one scalar) for a weight
     whose sampled blocks mostly hold more distinct values than a grid has, and for a block on none."""
-    if not quantized_before(grouped, levels):
+    if not any_few_values(grouped, levels):
         return levels
+    # decided per GRID_COLUMNS outputs: a fused q|k|v of a GGUF may hold a Q4_K v beside Q3_K q and k
+    searched = np.zeros(lo.shape[1], bool)
+    for start in range(0, grouped.shape[2], GRID_COLUMNS):
+        searched[start:start + GRID_COLUMNS] = quantized_before(grouped[:, :, start:start + GRID_COLUMNS], levels)
     steps = np.full(lo.shape, float(levels), np.float32)
-    rows = np.argwhere(hi > lo)                                           # (block, column) pairs
+    rows = np.argwhere((hi > lo) & searched)                              # (block, column) pairs
     found = fitting_steps(grouped.transpose(0, 2, 1)[rows[:, 0], rows[:, 1]], levels)
     fits = found > 0
     steps[rows[fits, 0], rows[fits, 1]] = found[fits]
     return steps
+
+
+GRID_COLUMNS = 32  # outputs whose blocks share one decision: fewer than any part of a fused projection
+
+
+def any_few_values(grouped: np.ndarray, levels: int, sample: int = 256) -> bool:
+    """Whether any of (up to) `sample` blocks holds at most levels + 1 distinct values: a float
+    weight's hold 32, and it skips the search at the cost of this sample."""
+    blocks = grouped[:, :, :: max(1, grouped.shape[0] * grouped.shape[2] // sample)]
+    distinct = 1 + (np.diff(np.sort(blocks, axis=1), axis=1) != 0).sum(axis=1)
+    return bool((distinct <= levels + 1).any())
 
 
 def fitting_steps(values: np.ndarray, levels: int) -> np.ndarray:
@@ -156,7 +171,7 @@ def fitting_steps(values: np.ndarray, levels: int) -> np.ndarray:
     return out
 
 
-def quantized_before(grouped: np.ndarray, levels: int, sample: int = 256) -> bool:
+def quantized_before(grouped: np.ndarray, levels: int, sample: int = 64) -> bool:
     """Whether most of (up to) `sample` blocks lie on a grid of at most `levels` steps: 32 weights of
     a float checkpoint are nearly always 32 values. (Distinct values alone are not enough: a pruned
     float weight's blocks are mostly zeros, and searching each for a grid took 4x the quantization.)"""

@@ -256,10 +256,14 @@ def test_an_int4_gguf_build_that_fails_its_check_names_the_wider_types():
     from trtllm.builder.gguf import gguf_int4_hint
 
     source = {"kind": "gguf", "tensor_types": {"F32": 61, "Q4_K": 16, "Q5_0": 166, "Q6_K": 14}}
-    assert gguf_int4_hint(source, "int4") == ("; the GGUF's Q5_0, Q6_K layer weights hold more than 4 bits, which "
-                                              "int4 rounds again: --quantization int8 keeps them closer")
+    assert gguf_int4_hint(source, "int4") == (
+        "; the GGUF's Q5_0, Q6_K layer weights are not on int4's grid (more bits, two scales a block of 32, or "
+        "uneven levels), and int4 rounds them again: --quantization int8 keeps them closer")
     assert gguf_int4_hint(source, "int8") == ""
     assert gguf_int4_hint({"tensor_types": {"Q4_0": 14}}, "int4") == ""
+    # 4-bit types whose values are not one even grid a block of 32: non-uniform levels, 16-weight scales
+    assert "IQ4_NL, IQ4_XS layer weights" in gguf_int4_hint({"tensor_types": {"IQ4_NL": 9, "IQ4_XS": 2}}, "int4")
+    assert "Q3_K layer weights" in gguf_int4_hint({"tensor_types": {"Q4_0": 9, "Q3_K": 2}}, "int4")
 
 
 def test_a_q8_0_embedding_is_not_counted_among_a_ggufs_layer_types(untied_llama, tmp_path):

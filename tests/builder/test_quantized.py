@@ -411,8 +411,8 @@ def test_int4_finds_the_grid_of_weights_quantized_before(monkeypatch):
     and m of more bits than float16 holds) whose codes do not span 0..15: quantize() finds each
     block's step (quantize.grid_steps) and holds them within a float16 rounding of it, where the
     block's minimum and maximum alone (the wrong variant) round values to another grid (blocks that
-    span 0..15 excepted).
-    Float weights (32 distinct values a block) are quantized as before."""
+    span 0..15 excepted). Float weights (32 distinct values a block, or a pruned one's zeros) are not
+    searched; a fused q|k|v whose v alone is on a grid keeps v's."""
     from trtllm.builder import quantize as q
 
     rng = np.random.default_rng(5)
@@ -425,10 +425,14 @@ def test_int4_finds_the_grid_of_weights_quantized_before(monkeypatch):
     scheme = QuantScheme.named("int4")
     err = np.abs(dequantize(*quantize(w, scheme), 32) - w) / np.repeat(step, 32, axis=0)
     assert err.max() < 0.02, err.max()
+    # (llama.cpp's Q3_K_M: a Q4_K v beside Q3_K q and k, one MatMul here)
+    fused = np.concatenate([rng.standard_normal((256, 160)).astype(np.float32), w[:, :32]], axis=1)
+    err = np.abs(dequantize(*quantize(fused, scheme), 32) - fused)[:, 160:] / np.repeat(step[:, :32], 32, axis=0)
+    assert err.max() < 0.02, err.max()
+    floats = rng.standard_normal((256, 96)).astype(np.float32)
+    assert not q.any_few_values(floats.reshape(8, 32, 96), 15)  # (not even sampled for a grid)
+    floats[rng.random(floats.shape) < 0.6] = 0  # a pruned weight: mostly zeros, no grid (searching took 4x)
+    assert not q.quantized_before(floats.reshape(8, 32, 96), 15)
     monkeypatch.setattr(q, "quantized_before", lambda *args: False)
     plain = np.abs(dequantize(*quantize(w, scheme), 32) - w) / np.repeat(step, 32, axis=0)
     assert plain[:, :48].max() > 0.1 and plain[:, 48:].max() < 0.02
-    floats = rng.standard_normal((256, 96)).astype(np.float32)
-    assert not q.quantized_before(floats.reshape(8, 32, 96), 15)
-    floats[rng.random(floats.shape) < 0.6] = 0  # a pruned weight: mostly zeros, no grid (searching took 4x)
-    assert not q.quantized_before(floats.reshape(8, 32, 96), 15)
