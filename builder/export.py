@@ -133,7 +133,7 @@ def export_onnx(ck: ckpt.Checkpoint, config: BuildConfig, out_dir: Path, log, ba
     save_linted(writer.write(), out_dir, ONNX_NAME, "the exported graph", config.trt_version)
     if grids:
         log(prequantized.grid_note(ck.source["prequantized"], quant, grids, writer.kept, spec,
-                                   int4_builds=config.graph == "modern" and config.dtype != "bfloat16"))
+                                   takes_quantization=config.graph == "modern" and config.dtype != "bfloat16"))
     del writer
     lowerings = []
     if backend == "onnxruntime" and config.graph == "modern" and (gqa or quant is not None or half):

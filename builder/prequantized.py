@@ -80,9 +80,11 @@ class Grid:
         return replace(part, qweight=None, plain=self.codes()[:, start:stop])
 
     def keepable(self, block: int = 32) -> bool:
-        """Whether int4's blocks of `block` inputs can hold this grid: 4 bits, each block in one group."""
+        """Whether --quantization int<bits>'s blocks of `block` inputs can hold this grid: each block in
+        one group; at 8 bits, symmetric (int8's blocks have no offset: every zero 128)."""
         k = len(self.groups)
-        return self.bits == 4 and k % block == 0 and bool((self.groups.reshape(-1, block) == self.groups[::block, None]).all())
+        return (k % block == 0 and bool((self.groups.reshape(-1, block) == self.groups[::block, None]).all())
+                and (self.bits == 4 or self.bits == 8 and bool((self.zeros == 128).all())))
 
 
 def as_written(grids: dict[str, Grid], spec) -> dict[str, Grid]:
@@ -242,14 +244,15 @@ def consumed(unexpected: list[str], grids: dict[str, Grid]) -> list[str]:
 def on_blocks(grids: list[Grid], w_t: np.ndarray, scheme: QuantScheme):
     """quantize(w_t, scheme)'s (codes, scales, offsets), taken from the checkpoint's grids of w_t's
     parts (joined along the outputs: q|k|v, gate|up) instead of found again; None where they do not
-    fit int4's blocks: 4-bit grids whose groups hold whole blocks (not act order's mixed ones), and that
-    give w_t exactly (a weight the architecture renamed or reordered is quantized from its floats).
+    fit the scheme's blocks: 4-bit grids for int4, symmetric 8-bit ones for int8 (symmetric_codes),
+    whose groups hold whole blocks (not act order's mixed ones), and that give w_t exactly (a weight
+    the architecture renamed or reordered is quantized from its floats).
     Codes and scales (float16 values, as our kernels keep them) are the checkpoint's; each block's
     minimum, -scale * zero, moves to the nearest value that keeps it and the offset on float16's grid
     (quantize.nearest_pair; a fraction of a float16 step); a block with no such pair takes quantize()'s
     own codes, scale and offset."""
     b, k = scheme.block_size, w_t.shape[0]
-    if scheme.bits != 4 or not scheme.asymmetric or any(len(g.groups) != k for g in grids):
+    if scheme.asymmetric != (scheme.bits == 4) or any(len(g.groups) != k or g.bits != scheme.bits for g in grids):
         return None
     if not all(g.keepable(b) for g in grids):
         return None
@@ -262,6 +265,8 @@ def on_blocks(grids: list[Grid], w_t: np.ndarray, scheme: QuantScheme):
     if not np.array_equal(held.reshape(k, -1), w_t):
         return None
     del held
+    if scheme.bits == 8:
+        return symmetric_codes(codes, scale, w_t, scheme)
     lo, found = nearest_pair((-scale * zero).astype(np.float32), scale, 8)
     codes = (codes.astype(np.int8) - 8).astype(ONNX_DTYPE[4])
     offset = (lo + 8 * scale.astype(np.float64)).astype(np.float32)
@@ -273,30 +278,46 @@ def on_blocks(grids: list[Grid], w_t: np.ndarray, scheme: QuantScheme):
     return codes, scale, offset
 
 
+def symmetric_codes(codes: np.ndarray, scale: np.ndarray, w_t: np.ndarray, scheme: QuantScheme):
+    """A symmetric 8-bit grid (zero 128) as int8's (codes, scales, None): codes q - 128, but a block
+    holding -128 (the grid's lowest level, which our int8 codes leave out: they span -127..127) takes
+    quantize()'s own codes and scale."""
+    b = scheme.block_size
+    signed = codes.astype(np.int16) - 128
+    full = (signed.reshape(-1, b, signed.shape[1]) == -128).any(axis=1)   # [blocks, out]
+    if full.any():
+        own = quantize(w_t, scheme)
+        signed = np.where(np.repeat(full, b, axis=0), own[0].astype(np.int16), signed)
+        scale = np.where(full, own[1], scale)
+    return signed.astype(np.int8).astype(ONNX_DTYPE[8]), scale.astype(np.float32), None
+
+
 def grid_note(packing: dict, quant: QuantScheme | None, grids: dict[str, Grid], kept: list[str], spec,
-              int4_builds: bool = True) -> str:
+              takes_quantization: bool = True) -> str:
     """What the build did with a GPTQ/AWQ checkpoint's packed projections (`packing`: the manifest's
-    source.prequantized; `grids` as written, `kept` those int4 took as they are; `int4_builds`: whether
-    this build's graph and dtype take --quantization int4)."""
+    source.prequantized; `grids` as written, `kept` those int4 or int8 took as they are;
+    `takes_quantization`: whether this build's graph and dtype take --quantization)."""
     what = f"{packing['method'].upper()} {packing['bits']}-bit checkpoint (group size {packing['group_size']})"
     packed = sorted(name[:-len(".weight")] for name in grids)
-    why = ("only a 4-bit grid is kept, in int4's blocks" if packing["bits"] != 4 or (quant and quant.bits != 4) else
+    bits = packing["bits"]
+    why = (f"its grid is kept by --quantization int{bits} only" if quant is not None and quant.bits != bits else
            "act order or a group size that mixes groups within a block of 32, scales that are not float16 "
-           "values, an int8 lm_head, or q|k|v of an interleaved RoPE, whose rows the build reorders")
+           "values, " + ("zero points (int8's blocks have none), " if bits == 8 else "") +
+           "an int8 lm_head, or q|k|v of an interleaved RoPE, whose rows the build reorders")
     if quant is None:
-        if not int4_builds:
+        if not takes_quantization:
             return (f"note: the {what} is built with float weights (its projections unpacked exactly); its grid "
-                    "is kept only by --quantization int4, on the modern graph in float32 or float16")
+                    f"is kept only by --quantization int{bits}, on the modern graph in float32 or float16")
         fits = [name for name, grid in grids.items() if grid.keepable() and name != "lm_head.weight"
                 and on_float16_grid(grid.scales.astype(np.float64)).all()
                 and not (spec.interleaved_rope and name.split(".")[-2] in ("q_proj", "k_proj", "v_proj"))]
         return (f"note: the {what} is built with float weights (its projections unpacked exactly); " +
-                (f"--quantization int4 would keep the codes and scales of {len(fits)} of its {len(packed)} packed "
-                 "projections in a smaller engine" if fits else
-                 f"--quantization int4 would quantize them again from those weights ({why})"))
+                (f"--quantization int{bits} would keep the codes and scales of {len(fits)} of its {len(packed)} "
+                 "packed projections in a smaller engine" if fits else
+                 f"--quantization int{bits} would quantize them again from those weights ({why})"))
     again = sorted(set(packed) - set(kept))
     if not set(kept) & set(packed):
         return (f"note: the {what}: its projections are quantized again to int{quant.bits} from their exact float "
                 f"weights ({why})")
-    return (f"the {what}: int4 keeps its codes and scales for {len(packed) - len(again)} of {len(packed)} packed "
-            "projections" + (f"; quantized again from their float weights: {listed(again)} ({why})" if again else ""))
+    return (f"the {what}: int{quant.bits} keeps its codes and scales for {len(packed) - len(again)} of "
+            f"{len(packed)} packed projections" + (f"; quantized again from their float weights: {listed(again)} ({why})" if again else ""))

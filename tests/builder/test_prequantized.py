@@ -218,13 +218,33 @@ def test_an_awq_slice_that_splits_its_words_keeps_the_codes():
         assert np.array_equal(part.codes(), q[:, start:stop]) and (part.qweight is None) == (start % 8 != 0)
 
 
-def test_the_float_build_says_when_int4_would_quantize_again(packed, tmp_path):
-    path, _ = packed("gptq-8bit")
+def test_int8_keeps_a_symmetric_8_bit_gptq_grid(packed, tmp_path):
+    """An 8-bit GPTQ checkpoint (zero 128) under --quantization int8: codes q - 128 and the
+    checkpoint's scales, so the engine's weights are the checkpoint's, but in a block holding -128
+    (int8's codes span -127..127), which takes quantize()'s own. The float build says int8 keeps it."""
+    from onnx import numpy_helper
+
+    import onnx
+
+    path, reference = packed("gptq-8bit")
     said = []
-    build(BuildConfig(model=str(path), output=str(tmp_path / "e"), max_input_len=64, max_kv_cache_capacity=128,
+    build(BuildConfig(model=str(path), output=str(tmp_path / "f"), max_input_len=64, max_kv_cache_capacity=128,
                       verify=False), log=said.append)
-    assert any("--quantization int4 would quantize them again from those weights (only a 4-bit grid" in m
-               for m in said), said
+    assert any("--quantization int8 would keep the codes and scales of 14 of its 14" in m for m in said), said
+    said = []
+    out = build(BuildConfig(model=str(path), output=str(tmp_path / "e"), quantization="int8", max_input_len=64,
+                            max_kv_cache_capacity=128, verify=False), log=said.append)
+    assert any("int8 keeps its codes and scales for 14 of 14 packed projections" in m for m in said), said
+    init = {i.name: numpy_helper.to_array(i) for i in onnx.load(str(out / "llm.onnx")).graph.initializer}
+    p = "model.layers.0.mlp.down_proj"
+    codes, scale = init[f"{p}.weight_q8"], init[f"{p}.weight_scale"]
+    held = dequantize(codes, scale, None, 32).T                            # [out, in]
+    ref = reference[f"{p}.weight"]
+    exact = (held == ref).reshape(ref.shape[0], -1, 32).all(axis=2)       # [out, blocks]
+    assert exact.mean() > 0.5 and (np.abs(held - ref) <= np.repeat(scale.T, 32, axis=1) / 2 + 1e-7).all()
+    plain = dequantize(*quantize(ref.T.copy(), QuantScheme.named("int8")), 32).T
+    again = (plain == ref).reshape(ref.shape[0], -1, 32).all(axis=2)    # (only where a block reaches +-127)
+    assert exact.mean() > again.mean() + 0.2, (exact.mean(), again.mean())
 
 
 def test_a_q4_0_gguf_keeps_its_grid_under_int4(untied_llama, tmp_path, monkeypatch):
@@ -361,4 +381,4 @@ def test_the_float_note_says_what_int4_would_keep(packed, tmp_path):
     grids[name] = dataclasses.replace(grids[name], scales=grids[name].scales * np.float32(1 + 3e-4))
     assert "would keep the codes and scales of 13 of its 14" in prequantized.grid_note(packing, None, grids, [], spec)
     assert "kept only by --quantization int4, on the modern graph" in \
-        prequantized.grid_note(packing, None, grids, [], spec, int4_builds=False)
+        prequantized.grid_note(packing, None, grids, [], spec, takes_quantization=False)
