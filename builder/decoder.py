@@ -237,7 +237,7 @@ class DecoderWriter(AttentionWriter, HeadWriter, WeightWriter):
         self.quantized = {}  # prefix -> its quantized weights' names (dequantized or packed), made once
         self.has_generated = False  # plugins/cpu MatMuls: the `generated` input is declared (generated_input)
         # a GPTQ/AWQ checkpoint's grids (builder/prequantized.py), and the projections whose grid int4
-        # kept (quantize_weight)
+        # or int8 kept (quantize_weight)
         self.grids, self.kept = grids or {}, []
 
     def linear(self, name: str, x: str, prefix: str, bias: bool = False) -> str:

@@ -81,9 +81,11 @@ class Grid:
 
     def keepable(self, block: int = 32) -> bool:
         """Whether --quantization int<bits>'s blocks of `block` inputs can hold this grid: each block in
-        one group; at 8 bits, symmetric (int8's blocks have no offset: every zero 128)."""
+        one group, whose scale is a float16 value (our kernels keep scales in float16); at 8 bits,
+        symmetric (int8's blocks have no offset: every zero 128)."""
         k = len(self.groups)
         return (k % block == 0 and bool((self.groups.reshape(-1, block) == self.groups[::block, None]).all())
+                and bool(on_float16_grid(self.scales[self.groups[::block]].astype(np.float64)).all())
                 and (self.bits == 4 or self.bits == 8 and bool((self.zeros == 128).all())))
 
 
@@ -211,7 +213,8 @@ def grid_of(packing: Packing, tensors: dict, prefix: str) -> Grid:
            if got[name] != shape]
     if bad or groups.min(initial=0) < 0 or groups.max(initial=0) >= max(scales.shape[0], 1):
         raise CheckpointError(f"{packing.method.upper()} tensors of another layout than quantization_config "
-                              f"says (bits {bits}, group_size {packing.group_size}): {listed(bad) or prefix + '.g_idx'}")
+                              f"says (bits {bits}, group_size {packing.group_size}): "
+                              f"{listed(bad) or prefix + '.g_idx'}")
     return Grid(packing.method, bits, qweight, scales.astype(np.float32), zeros, groups)
 
 
@@ -257,8 +260,6 @@ def on_blocks(grids: list[Grid], w_t: np.ndarray, scheme: QuantScheme):
     if not all(g.keepable(b) for g in grids):
         return None
     scale = np.concatenate([g.scales[g.groups[::b]] for g in grids], axis=1)            # [blocks, out]
-    if not on_float16_grid(scale.astype(np.float64)).all():  # (our kernels keep scales in float16)
-        return None
     codes = np.concatenate([g.codes() for g in grids], axis=1)
     zero = np.concatenate([g.zeros[g.groups[::b]] for g in grids], axis=1)
     held = (codes.reshape(k // b, b, -1).astype(np.int16) - zero[:, None, :]) * scale[:, None, :]
@@ -268,28 +269,29 @@ def on_blocks(grids: list[Grid], w_t: np.ndarray, scheme: QuantScheme):
     if scheme.bits == 8:
         return symmetric_codes(codes, scale, w_t, scheme)
     lo, found = nearest_pair((-scale * zero).astype(np.float32), scale, 8)
-    codes = (codes.astype(np.int8) - 8).astype(ONNX_DTYPE[4])
     offset = (lo + 8 * scale.astype(np.float64)).astype(np.float32)
-    if not found.all():
-        own = quantize(w_t, scheme)
-        rows = np.repeat(found, b, axis=0)
-        codes = np.where(rows, codes.astype(np.int8), own[0].astype(np.int8)).astype(ONNX_DTYPE[4])
-        scale, offset = np.where(found, scale, own[1]), np.where(found, offset, own[2])
-    return codes, scale, offset
+    return own_where(~found, w_t, scheme, codes.astype(np.int8) - 8, scale, offset)
 
 
 def symmetric_codes(codes: np.ndarray, scale: np.ndarray, w_t: np.ndarray, scheme: QuantScheme):
     """A symmetric 8-bit grid (zero 128) as int8's (codes, scales, None): codes q - 128, but a block
     holding -128 (the grid's lowest level, which our int8 codes leave out: they span -127..127) takes
     quantize()'s own codes and scale."""
-    b = scheme.block_size
     signed = codes.astype(np.int16) - 128
-    full = (signed.reshape(-1, b, signed.shape[1]) == -128).any(axis=1)   # [blocks, out]
-    if full.any():
+    full = (signed.reshape(-1, scheme.block_size, signed.shape[1]) == -128).any(axis=1)   # [blocks, out]
+    return own_where(full, w_t, scheme, signed, scale.astype(np.float32), None)
+
+
+def own_where(bad: np.ndarray, w_t: np.ndarray, scheme: QuantScheme, codes: np.ndarray, scale: np.ndarray,
+              offset: np.ndarray | None):
+    """(codes [in, out] as small integers, scale, offset) in the scheme's types, with the blocks
+    `bad` [blocks, out] (a grid our blocks cannot hold there) taken from quantize()'s own result."""
+    if bad.any():
         own = quantize(w_t, scheme)
-        signed = np.where(np.repeat(full, b, axis=0), own[0].astype(np.int16), signed)
-        scale = np.where(full, own[1], scale)
-    return signed.astype(np.int8).astype(ONNX_DTYPE[8]), scale.astype(np.float32), None
+        codes = np.where(np.repeat(bad, scheme.block_size, axis=0), own[0].astype(np.int16), codes)
+        scale = np.where(bad, own[1], scale)
+        offset = None if offset is None else np.where(bad, own[2], offset)
+    return codes.astype(np.int8).astype(ONNX_DTYPE[scheme.bits]), scale, offset
 
 
 def grid_note(packing: dict, quant: QuantScheme | None, grids: dict[str, Grid], kept: list[str], spec,
@@ -309,7 +311,6 @@ def grid_note(packing: dict, quant: QuantScheme | None, grids: dict[str, Grid], 
             return (f"note: the {what} is built with float weights (its projections unpacked exactly); its grid "
                     f"is kept only by --quantization int{bits}, on the modern graph in float32 or float16")
         fits = [name for name, grid in grids.items() if grid.keepable() and name != "lm_head.weight"
-                and on_float16_grid(grid.scales.astype(np.float64)).all()
                 and not (spec.interleaved_rope and name.split(".")[-2] in ("q_proj", "k_proj", "v_proj"))]
         return (f"note: the {what} is built with float weights (its projections unpacked exactly); " +
                 (f"--quantization int{bits} would keep the codes and scales of {len(fits)} of its {len(packed)} "
@@ -320,4 +321,5 @@ def grid_note(packing: dict, quant: QuantScheme | None, grids: dict[str, Grid], 
         return (f"note: the {what}: its projections are quantized again to int{quant.bits} from their exact float "
                 f"weights ({why})")
     return (f"the {what}: int{quant.bits} keeps its codes and scales for {len(packed) - len(again)} of "
-            f"{len(packed)} packed projections" + (f"; quantized again from their float weights: {listed(again)} ({why})" if again else ""))
+            f"{len(packed)} packed projections"
+            + (f"; quantized again from their float weights: {listed(again)} ({why})" if again else ""))

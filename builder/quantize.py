@@ -127,7 +127,7 @@ def grid_steps(grouped: np.ndarray, lo: np.ndarray, hi: np.ndarray, levels: int)
     by its loader): a block whose codes do not reach both ends of 0..15 lies on lo + k (hi - lo) / j
     for some j < 15, and quantizing it again with (hi - lo) / 15 would round every value to another
     grid (a Q4_0 demo model's int4 engine agreed with it at 68%). `levels` (one scalar) for a weight
-    whose sampled blocks mostly hold more distinct values than a grid has, and for a block on none."""
+    none of whose sampled blocks holds as few distinct values as a grid has, and for a block on none."""
     if not any_few_values(grouped, levels):
         return levels
     # decided per GRID_COLUMNS outputs: a fused q|k|v of a GGUF may hold a Q4_K v beside Q3_K q and k
@@ -148,9 +148,14 @@ GRID_COLUMNS = 32  # outputs whose blocks share one decision: fewer than any par
 def any_few_values(grouped: np.ndarray, levels: int, sample: int = 256) -> bool:
     """Whether any of (up to) `sample` blocks holds at most levels + 1 distinct values: a float
     weight's hold 32, and it skips the search at the cost of this sample."""
-    blocks = grouped[:, :, :: max(1, grouped.shape[0] * grouped.shape[2] // sample)]
-    distinct = 1 + (np.diff(np.sort(blocks, axis=1), axis=1) != 0).sum(axis=1)
+    distinct = 1 + (np.diff(np.sort(sampled_blocks(grouped, sample), axis=1), axis=1) != 0).sum(axis=1)
     return bool((distinct <= levels + 1).any())
+
+
+def sampled_blocks(grouped: np.ndarray, sample: int) -> np.ndarray:
+    """About `sample` of grouped's [blocks, block, out] blocks, every few outputs, as rows [m, block]."""
+    blocks = grouped[:, :, :: max(1, grouped.shape[0] * grouped.shape[2] // sample)]
+    return blocks.transpose(0, 2, 1).reshape(-1, blocks.shape[1])
 
 
 def fitting_steps(values: np.ndarray, levels: int) -> np.ndarray:
@@ -175,8 +180,7 @@ def quantized_before(grouped: np.ndarray, levels: int, sample: int = 64) -> bool
     """Whether most of (up to) `sample` blocks lie on a grid of at most `levels` steps: 32 weights of
     a float checkpoint are nearly always 32 values. (Distinct values alone are not enough: a pruned
     float weight's blocks are mostly zeros, and searching each for a grid took 4x the quantization.)"""
-    blocks = grouped[:, :, :: max(1, grouped.shape[0] * grouped.shape[2] // sample)]
-    values = blocks.transpose(0, 2, 1).reshape(-1, blocks.shape[1])
+    values = sampled_blocks(grouped, sample)
     values = values[values.max(axis=1) > values.min(axis=1)]
     return len(values) > 0 and bool(np.mean(fitting_steps(values, levels) > 0) >= 0.5)
 

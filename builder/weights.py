@@ -6,7 +6,7 @@ quantized engine's int8 token embedding.
 A mixin of DecoderWriter (builder/decoder.py), whose __init__ sets what these methods read: g (the
 GraphWriter), spec, w (the weights), io, quant, half, native, dtype, storage, ort_form, half_embedding,
 quantized (the cache of quantized weights), has_generated, grids (a GPTQ/AWQ checkpoint's) and kept
-(the projections whose grid int4 kept).
+(the projections whose grid int4 or int8 kept).
 """
 from __future__ import annotations
 
@@ -79,7 +79,7 @@ class WeightWriter:
 
     def quantize_weight(self, w: np.ndarray, scheme: QuantScheme, parts: list[str]):
         """quantize() of w [out, in] or, where its parts are a GPTQ/AWQ checkpoint's projections that
-        int4's blocks hold, their own codes and scales (prequantized.on_blocks; `kept` lists those)."""
+        the scheme's blocks hold, their own codes and scales (prequantized.on_blocks; `kept` lists those)."""
         grids = [self.grids.get(f"{p}.weight") for p in parts]
         if grids and all(grids):
             kept = prequantized.on_blocks(grids, w.T, scheme)
