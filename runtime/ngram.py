@@ -34,6 +34,7 @@ verify_sampler too (built since it came).
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -73,6 +74,17 @@ class Lookup:
                 return np.resize(seq[start:], self.k).tolist()  # (resize repeats it to k)
         return []
 
+    def proposer(self, num_slots: int, timing, capacity: int) -> Lookup:
+        return self  # (no state of its own: a draft model's has its KV, runtime/draft_model.py)
+
+    def guesses(self, rows: list, left: dict[int, int]) -> dict[int, list[int]]:
+        """slot -> its guesses, at most left[slot], for each slot in `left` that has some."""
+        out = {}
+        for s, most in left.items():
+            if d := self.propose(rows[s].prompt_ids + rows[s].output_ids)[:most]:
+                out[s] = d
+        return out
+
 
 class Pace:
     """Whether a step checks guesses: each kind of step's tokens per second (all rows'), as a running
@@ -110,6 +122,7 @@ class NgramScheduler(Scheduler):
     def __init__(self, *args, lookup: Lookup, **kwargs):
         super().__init__(*args, **kwargs)
         self.lookup = lookup
+        self.proposer = lookup.proposer(self.kv.num_slots, self.timing, self.kv.capacity)
         self.pace = Pace() if lookup.adaptive else None
         self.samples = self.engine.manifest.samples_verified  # rows that sample speculate too
         # and those whose biases change within a step, drawn on the host by the engine's sampler code
@@ -132,26 +145,36 @@ class NgramScheduler(Scheduler):
         min_new_tokens' ban), and no more than every slot of the step can write (each writes as many
         positions from its start: idle and parked ones pads) within the KV limit."""
         most = min(self.kv.limit - p for p in starts) - 1
-        out = {}
+        left = {}
         for s, r in enumerate(rows):
             if self.speculates(r):
                 exact = r.params.temperature == 0 or self.walked(r)  # (else min_new_tokens' ban: `room`)
-                left = min(most, r.max_new_tokens - len(r.output_ids) - 1 if exact else room(r))
-                if left > 0 and (d := self.lookup.propose(r.prompt_ids + r.output_ids)[:left]):
-                    out[s] = d
-        return out
+                if (n := min(most, r.max_new_tokens - len(r.output_ids) - 1 if exact else room(r))) > 0:
+                    left[s] = n
+        return self.proposer.guesses(rows, left) if left else {}
 
     def decode(self):
         hi = max(self.decoding()) + 1
         rows = [self.active.get(s) for s in range(hi)]
         starts = [write_position(r) for r in rows]
         # (looked up only for a step that may check them: Pace takes plain steps where they lose)
-        drafts = self.guesses(rows, starts) if self.pace is None or self.pace.guessing() else {}
+        t0 = time.perf_counter()
+        trying = self.pace is None or self.pace.guessing()
+        drafts = self.guesses(rows, starts) if trying else {}
+        # (a draft model's steps: counted against guessing, in the step's time, even where the draft
+        # was too unsure to guess)
+        drafting = time.perf_counter() - t0
+        model = self.proposer is not self.lookup
+        if trying and model:
+            self.timing.draft_seconds += drafting
+            self.timing.generation_seconds += drafting
+            self.timing.record("spec_decode_draft_proposal", drafting)
         if not drafts:
             before = self.timing.generated_tokens
             out, elapsed = super().decode()
             if self.pace is not None:
-                self.pace.record(False, self.timing.generated_tokens - before, elapsed)
+                # (a lookup that found nothing cost nothing: a plain step's figure; a draft model's did)
+                self.pace.record(trying and model, self.timing.generated_tokens - before, elapsed + drafting)
             return out, elapsed
         width = 1 + max(map(len, drafts.values()))
         self.ensure(max(p + width for p in starts))
@@ -189,7 +212,7 @@ class NgramScheduler(Scheduler):
             emitted += len(r.output_ids) - before
         t.generated_tokens += emitted
         if self.pace is not None:
-            self.pace.record(True, emitted, elapsed)
+            self.pace.record(True, emitted, elapsed + drafting)
         return out, elapsed
 
     def verify(self, s: int, row: RowState, drafts: list[int], out) -> None:

@@ -26,7 +26,7 @@ def kv_cache(runner) -> dict:
     m = runner.engine.manifest
     out = {"allocated_bytes": runner.timing.kv_cache_bytes, "bytes_per_token": bytes_per_token(m.model),
            "max_bytes": bytes_for(m.model, m.limits.max_batch_size, m.limits.max_kv_cache_capacity)}
-    if runner.drafter is not None:  # the EAGLE head's KV: its own layer, as many slots and positions
+    if runner.drafter is not None or drafts_with_model(runner):  # the EAGLE head's or draft engine's own KV
         out["draft_allocated_bytes"] = runner.timing.draft_kv_bytes
     kv_memory = getattr(runner.engine, "kv_memory", None)  # optional (runtime/engine.py)
     return {**out, **(kv_memory() if kv_memory else {})}
@@ -55,12 +55,21 @@ def eagle(runner) -> dict:
             "draft_runs": t.draft_runs, "draft_time_ms": 1e3 * t.draft_seconds}
 
 
+def drafts_with_model(runner) -> bool:
+    return getattr(runner.lookup, "engine", None) is not None  # (runtime/draft_model.py's DraftModel)
+
+
 def ngram(runner) -> dict:
-    """--spec-ngram: the steps that checked guesses, the guesses and those taken."""
+    """--spec-ngram and --spec-draft-engine: the steps that checked guesses, the guesses and those
+    taken; and a draft engine's steps and their time."""
     t = runner.timing
-    return {"draft_step": runner.lookup.k, "verify_steps": t.verify_runs, "drafted_tokens": t.drafted_tokens,
-            "accepted_tokens": t.accepted_tokens,
-            "draft_acceptance_rate": t.accepted_tokens / t.drafted_tokens if t.drafted_tokens else 0.0}
+    out = {"draft_step": runner.lookup.k, "verify_steps": t.verify_runs, "drafted_tokens": t.drafted_tokens,
+           "accepted_tokens": t.accepted_tokens,
+           "draft_acceptance_rate": t.accepted_tokens / t.drafted_tokens if t.drafted_tokens else 0.0}
+    if drafts_with_model(runner):
+        out.update(draft_step="auto" if runner.lookup.adaptive else runner.lookup.k, draft_runs=t.draft_runs,
+                   draft_time_ms=1e3 * t.draft_seconds)
+    return out
 
 
 def of(runner) -> dict:
@@ -83,7 +92,8 @@ def of(runner) -> dict:
                        "tokens_per_second": gen_tokens / t.generation_seconds if t.generation_seconds else 0.0,
                        "average_time_per_token_ms": 1e3 * t.generation_seconds / max(gen_tokens, 1)},
         **({"eagle_generation": eagle(runner)} if runner.drafter is not None else {}),
-        **({"ngram_generation": ngram(runner)} if runner.lookup is not None else {}),
+        **({"draft_model_generation" if drafts_with_model(runner) else "ngram_generation": ngram(runner)}
+           if runner.lookup is not None else {}),
         "peak_cpu_memory_bytes": rss, "peak_cpu_memory_mb": rss / 2**20,
         **(device() if (device := getattr(runner.engine, "device_memory", None)) else {}),
         "kv_cache": kv_cache(runner),

@@ -89,7 +89,7 @@ class Runner:
         self.drafter, self.prefill_chunk = drafter, prefill_chunk
         self.timing = Timing()
         self.contexts = None  # --context-reuse: runtime/context_cache.py's ContextCache
-        self.lookup = None  # --spec-ngram: runtime/ngram.py's Lookup
+        self.lookup = None  # --spec-ngram: runtime/ngram.py's Lookup; --spec-draft-engine: draft_model.py's DraftModel
         self._grammars = None  # guided decoding's, made when a request first asks for it
         self.cancelled = False  # a Ctrl-C ended the run: unfinished samples are "cancelled"
 

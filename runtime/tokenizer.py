@@ -155,6 +155,10 @@ class Tokenizer:
     def token_to_id(self, token: str) -> int | None:
         return self._backend.token_to_id(token)
 
+    def vocab(self) -> dict[str, int]:
+        """Every token, added ones too, with its id."""
+        return self._backend.get_vocab(with_added_tokens=True)
+
 
 def safe_cut(raw: str, c: int) -> bool:
     """Whether the clean-up (_CLEANUPS, pass by pass) of raw[:c] and raw[c:] apart is that of raw.

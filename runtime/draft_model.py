@@ -1,0 +1,231 @@
+"""Draft-model speculative decoding (trtllm-run --spec-draft-engine DIR): vLLM's draft model,
+llama.cpp's --model-draft.
+
+A second engine, smaller or more quantized, of the model's vocabulary, proposes each row's next k
+tokens; the model checks them in one step, as prompt lookup's guesses are checked (runtime/ngram.py's
+NgramScheduler: the answer is plain decoding's, greedy and sampled, whatever the draft proposes).
+
+The draft keeps a KV slot per row, holding a prefix of the row's text (`held`). A step first catches
+the draft up on what the row took since (its prompt, in chunks, the first time; then the tokens the
+model accepted and its own last one), which gives the first guess, then runs one-token steps for the
+rest, all rows of the step together. A greedy row's guess is the draft's argmax; a sampled row's, the
+draw its next random number would make from the draft's best candidates (sampling.propose, as an
+EAGLE head guesses), so that guess and draw agree as often as the two models' distributions do. A
+row stops drafting where the draft's best token is less likely than P_MIN (llama.cpp's --draft-p-min):
+a guess the draft is unsure of is seldom the model's, and widens the step for nothing.
+
+What the draft wrote for guesses the model did not take lies past its row's held prefix, where the
+next catch-up writes before anything reads it. A row whose text no longer fits the draft's KV
+capacity, or beyond the draft's batch size, decodes plainly.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from trtllm.runtime import kv_cache, sampling
+from trtllm.runtime.engine import Engine, StepInputs
+from trtllm.runtime.rows import RowState, Timing
+from trtllm.runtime.step_inputs import rounded
+
+DRAFTS = 6  # --spec-draft-step auto: guesses a step at most (fewer where the draft is unsure)
+CANDIDATES = 8  # a sampled row's guess is drawn among the draft's best 8 tokens (sampling.propose)
+CHUNK = 256  # the most tokens of a row's text the draft catches up on in one step
+P_MIN = 0.3  # a row stops drafting at a guess the draft gives less than this probability
+
+
+class DraftError(ValueError):
+    """A draft engine that cannot draft for this one (trtllm-run says so and exits 2)."""
+
+
+def check_pair(draft: Engine, engine: Engine, draft_vocab: dict[str, int], vocab: dict[str, int]) -> None:
+    """The draft must speak the model's vocabulary: each token the same id in both tokenizers (an
+    embedding table padded past the tokenizer's ids, as Qwen's sizes differ, is fine)."""
+    d, m = draft.manifest, engine.manifest
+    if d.eagle:
+        raise DraftError(f"{draft.engine_dir} has an EAGLE draft head: build the draft engine without --eagle")
+    if d.backend != "onnxruntime":
+        raise DraftError(f"{draft.engine_dir} is a {d.backend} engine: a draft engine is an ONNX Runtime one")
+    if draft_vocab != vocab:
+        differ = sorted(set(draft_vocab.items()) ^ set(vocab.items()), key=lambda kv: (kv[1], kv[0]))
+        token, _ = differ[0]
+        raise DraftError(f"{draft.engine_dir}'s tokenizer is not {engine.engine_dir}'s ({len(draft_vocab)} and "
+                         f"{len(vocab)} tokens; {token!r} is id {draft_vocab.get(token)} there, {vocab.get(token)} "
+                         "here): a draft model must share the model's vocabulary")
+    if d.model.vocab_size < (least := min(m.model.vocab_size, len(vocab))):
+        raise DraftError(f"{draft.engine_dir}'s embedding has {d.model.vocab_size} ids, fewer than the model's "
+                         f"{least}: a draft model must share the model's vocabulary")
+
+
+def load(draft_dir, engine: Engine, vocab: dict[str, int], draft_step: int | str, **options) -> DraftModel | None:
+    """The draft engine in `draft_dir` for `engine` (whose tokenizer's vocabulary is `vocab`), drafting
+    --spec-draft-step tokens (auto: up to DRAFTS, while that pays; 0: None, no drafting). A broken
+    engine directory raises manifest.ManifestError, a draft that cannot draft for `engine` DraftError."""
+    from trtllm.runtime.engine import load_engine
+    from trtllm.runtime.tokenizer import Tokenizer
+
+    if draft_step == 0:
+        return None
+    draft = load_engine(draft_dir, **options)
+    try:
+        draft_vocab = Tokenizer.from_engine_dir(draft_dir, draft.manifest.files).vocab()
+    except Exception as e:  # noqa: BLE001 - a missing or broken tokenizer file: the engine dir is incomplete
+        raise DraftError(f"{draft_dir}: its tokenizer cannot be loaded ({type(e).__name__}: {e}); rebuild it "
+                         "with trtllm-build") from e
+    check_pair(draft, engine, draft_vocab, vocab)
+    return DraftModel(draft, DRAFTS if draft_step == "auto" else draft_step, adaptive=draft_step == "auto")
+
+
+@dataclass
+class DraftModel:
+    """trtllm-run --spec-draft-engine: up to k guesses a step from `engine`, the draft (checked with
+    check_pair). `adaptive`: check guesses only while that gives more tokens per second than plain
+    steps (ngram.Pace, which counts the draft's time). The two engines take turns: loaded with
+    shared_threads=True (backends/onnxruntime.py share_threads) they share one pool of workers."""
+
+    engine: Engine
+    k: int
+    adaptive: bool = True
+    p_min: float = P_MIN
+
+    def proposer(self, num_slots: int, timing: Timing, capacity: int) -> DraftSlots:
+        """A run's draft KV: `num_slots` rows, starting at `capacity` positions (the model's start)."""
+        return DraftSlots(self, num_slots, timing, capacity)
+
+
+@dataclass
+class DraftSlots:
+    """One run's draft KV: a slot per row (by identity: the scheduler moves rows between its slots)."""
+
+    model: DraftModel
+    num_slots: int
+    timing: Timing
+    capacity: int
+    owner: list = field(init=False)  # draft slot -> its row, or None
+    held: list = field(init=False)   # draft slot -> the tokens whose KV it holds (positions 0..)
+
+    def __post_init__(self):
+        m = self.model.engine.manifest
+        n = max(1, min(self.num_slots, m.limits.max_batch_size))
+        self.owner, self.held = [None] * n, [[] for _ in range(n)]
+        self.kv = kv_cache.for_engine(self.model.engine, n, min(self.capacity, m.limits.max_kv_cache_capacity))
+        self.kv.limit = m.limits.max_kv_cache_capacity
+        self.batch = sampling.empty_batch(n, m.model.vocab_size, min(CANDIDATES, m.logprob_width), m.max_top_k)
+        self.pad = m.pad_token_id
+
+    def guesses(self, rows: list[RowState | None], left: dict[int, int]) -> dict[int, list[int]]:
+        """slot -> its guesses, at most left[slot] (and the draft's k) for each slot in `left`."""
+        live = {id(r) for r in rows if r is not None and not r.finish_reason}
+        for d, r in enumerate(self.owner):
+            if r is not None and id(r) not in live:
+                self.owner[d], self.held[d] = None, []
+        want = {}  # draft slot -> (scheduler slot, row, text, most guesses)
+        for s, most in left.items():
+            r, most = rows[s], min(most, self.model.k)
+            text = r.prompt_ids + r.output_ids
+            d = self.slot_of(r)
+            if d is None or len(text) + most > self.kv.limit:
+                continue
+            want[d] = (s, r, text, most)
+        if not want:
+            return {}
+        tops = self.catch_up({d: text for d, (_, _, text, _) in want.items()})
+        numbers = {d: r.peek(most) for d, (_, r, _, most) in want.items() if r.params.temperature > 0}
+        drafts = {d: [] for d in want}
+        going = set(want)
+        while going:
+            for d in sorted(going):
+                _, r, _, most = want[d]
+                guess = self.choose(*tops[d], r, numbers.get(d, ()), len(drafts[d]))
+                if guess is None:
+                    going.discard(d)
+                    continue
+                drafts[d].append(guess)
+                if len(drafts[d]) == most:
+                    going.discard(d)
+            if going:
+                out = self.step({d: [drafts[d][-1]] for d in going})
+                tops = {d: (out.top_logprobs[d], out.top_logprob_ids[d]) for d in going}
+        return {want[d][0]: g for d, g in drafts.items() if g}
+
+    def choose(self, top_lp, top_ids, row: RowState, numbers, j: int) -> int | None:
+        """A row's j-th guess from the draft's best tokens (`top_ids`, with their log-probabilities),
+        or None where the draft is unsure (P_MIN) or the guess is not a token of the model's."""
+        if not top_ids.size or not math.exp(float(top_lp[0])) >= self.model.p_min:  # (NaN logits: no guess)
+            return None
+        if numbers:
+            guess = sampling.propose(row.params, top_ids, top_lp, float(numbers[j]))
+        else:
+            guess = int(top_ids[0])
+        return guess if 0 <= guess < self.vocab_size else None
+
+    @property
+    def vocab_size(self) -> int:
+        return self.model.engine.manifest.model.vocab_size
+
+    def slot_of(self, row: RowState) -> int | None:
+        for d, r in enumerate(self.owner):
+            if r is row:
+                return d
+        for d, r in enumerate(self.owner):
+            if r is None:
+                self.owner[d], self.held[d] = row, []
+                return d
+        return None
+
+    def catch_up(self, texts: dict[int, list[int]]) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+        """Feed each draft slot the tokens of its text it does not hold (at least the last), in
+        chunks of CHUNK: slot -> the draft's best tokens after its text (log-probabilities, ids)."""
+        pending = {}
+        for d, text in texts.items():
+            held = self.held[d]
+            n = 0
+            for a, b in zip(held, text):
+                if a != b:
+                    break
+                n += 1
+            n = min(n, len(text) - 1)
+            self.held[d] = text[:n]
+            pending[d] = text[n:]
+        done = {}
+        while pending:
+            width = min(CHUNK, max(map(len, pending.values())))
+            feed = {d: p[:width] for d, p in pending.items()}
+            out = self.step(feed)
+            for d, p in feed.items():
+                pending[d] = pending[d][len(p):]
+                if not pending[d]:
+                    done[d] = (out.top_logprobs[d], out.top_logprob_ids[d])
+                    del pending[d]
+        return done
+
+    def step(self, feed: dict[int, list[int]]):
+        """One draft step: each slot in `feed` writes its tokens after what it holds (and holds them
+        after); the others write pads past their held prefix (or at 0, forgetting it where that would
+        pass the capacity), which later steps overwrite before reading."""
+        hi = max(feed) + 1
+        width = max(map(len, feed.values()))
+        starts = np.zeros(hi, np.int64)
+        ids = np.full((hi, width), self.pad, np.int64)
+        last = np.zeros(hi, np.int64)
+        for d in range(hi):
+            start = len(self.held[d])
+            if d not in feed and start + width > self.kv.limit:
+                self.held[d], start = [], 0
+            starts[d] = start
+            if d in feed:
+                ids[d, :len(feed[d])] = feed[d]
+                last[d] = len(feed[d]) - 1
+        if (need := int(starts.max()) + width) > self.kv.capacity:  # (doubling: a few copies a run)
+            self.kv.grow(max(rounded(need), 2 * self.kv.capacity))
+        self.timing.draft_kv_bytes = max(self.timing.draft_kv_bytes, self.kv.nbytes)
+        inputs = StepInputs(input_ids=ids, position_ids=starts[:, None] + np.arange(width),
+                            write_index=starts, last_index=last, sampling=sampling.rows(self.batch, 0, hi))
+        out = self.model.engine.step(inputs, self.kv.view(0, hi))
+        for d, tokens in feed.items():
+            self.held[d] = self.held[d] + tokens
+        self.timing.draft_runs += 1
+        return out
+
