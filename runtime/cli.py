@@ -229,7 +229,7 @@ def check_batch_size(inp: fmt.InputFile, manifest) -> None:
                    "speculative decoding), or auto: 0-4 per step, whatever has given the most tokens per "
                    "second so far in the run, starting from the engine's draft_step (1 on ONNX Runtime, 4 on "
                    "TensorRT). With --spec-draft-engine: the draft engine's most guesses a step (auto: up to "
-                   "6, while that gives more tokens per second than plain steps).")
+                   "8, while that gives more tokens per second than plain steps).")
 @click.option("--spec-draft-top-k", default="auto", show_default=True,
               callback=lambda ctx, param, v: count_or_auto(v, "auto or an integer >= 1"),
               help="EAGLE engines: candidates per node of a draft tree, expanded --spec-draft-step deep and "
@@ -246,7 +246,7 @@ def check_batch_size(inp: fmt.InputFile, manifest) -> None:
 @click.option("--spec-draft-engine", type=click.Path(path_type=Path, file_okay=False), default=None,
               help="Draft-model speculative decoding (vLLM's draft model, llama.cpp's --model-draft): an engine "
                    "of a smaller (or more quantized) model with the same vocabulary proposes --spec-draft-step "
-                   "tokens a step (auto: up to 6, while that gives more tokens per second than plain steps), "
+                   "tokens a step (auto: up to 8, while that gives more tokens per second than plain steps), "
                    "checked in one step, the answer unchanged. ONNX Runtime engines without an EAGLE head.")
 @click.option("--prefill-chunk", type=int, default=PREFILL_CHUNK, show_default=True,
               callback=lambda ctx, param, v: prefill_chunk(v),
@@ -350,10 +350,20 @@ def serve(input_file: Path, engine_dir: Path, output: str | None, profile: str |
 
     if spec_ngram and spec_draft_engine:
         fail_usage("--spec-ngram and --spec-draft-engine each choose the guesses: give one")
-    if spec_draft_engine:  # (before the model loads: a wrong path is said at once)
+    if spec_draft_engine:  # (before the model loads: a draft it cannot use is said at once, and the model
+        # is not put on a pool of workers shared with it for nothing)
+        from trtllm.runtime import draft_model
+
         try:
-            mf.load(spec_draft_engine)
-        except mf.ManifestError as e:
+            vocab = Tokenizer.from_engine_dir(engine_dir, manifest.files).vocab() if manifest else None
+        except Exception:  # noqa: BLE001 - a broken tokenizer file: said below, where the engine loads
+            vocab = None
+        try:
+            if vocab is None or manifest.eagle:  # (an EAGLE engine ignores it: below)
+                mf.load(spec_draft_engine)
+            else:
+                draft_model.check(spec_draft_engine, manifest, engine_dir, vocab)
+        except (mf.ManifestError, draft_model.DraftError) as e:
             fail_usage(f"--spec-draft-engine: {e}")
     try:
         # (a draft engine's steps and the model's take turns on one pool of workers: session_options; not
@@ -414,13 +424,10 @@ def serve(input_file: Path, engine_dir: Path, output: str | None, profile: str |
 
             runner.lookup = Lookup(spec_ngram)
         else:
-            from trtllm.runtime import draft_model
-
             try:
-                runner.lookup = draft_model.load(spec_draft_engine, engine, tokenizer.vocab(), spec_draft_step,
-                                                 num_threads=threads, huge_pages=huge_pages, spin=spin,
-                                                 shared_threads=True)
-            except (ManifestError, draft_model.DraftError) as e:
+                runner.lookup = draft_model.load(spec_draft_engine, spec_draft_step, num_threads=threads,
+                                                 huge_pages=huge_pages, spin=spin, shared_threads=True)
+            except ManifestError as e:
                 fail_usage(f"--spec-draft-engine: {e}")
         if runner.lookup is not None and not m.samples_verified:
             stdout.say(f"warning: {what}: requests that sample decode without it: {engine_dir} was built "

@@ -16,83 +16,106 @@ a guess the draft is unsure of is seldom the model's, and widens the step for no
 
 What the draft wrote for guesses the model did not take lies past its row's held prefix, where the
 next catch-up writes before anything reads it. A row whose text no longer fits the draft's KV
-capacity, or beyond the draft's batch size, decodes plainly.
+capacity, that holds an id the draft has not (a padded one), or beyond the draft's batch size,
+decodes plainly.
 """
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from trtllm.runtime import kv_cache, sampling
 from trtllm.runtime.engine import Engine, StepInputs
+from trtllm.runtime.manifest import Manifest
 from trtllm.runtime.rows import RowState, Timing
 from trtllm.runtime.step_inputs import rounded
 
-DRAFTS = 6  # --spec-draft-step auto: guesses a step at most (fewer where the draft is unsure)
+DRAFTS = 8  # --spec-draft-step auto: guesses a step at most (fewer where the draft is unsure)
 CANDIDATES = 8  # a sampled row's guess is drawn among the draft's best 8 tokens (sampling.propose)
 CHUNK = 256  # the most tokens of a row's text the draft catches up on in one step
-P_MIN = 0.3  # a row stops drafting at a guess the draft gives less than this probability
+P_MIN = 0.1  # a row stops drafting at a guess the draft gives less than this probability
 
 
 class DraftError(ValueError):
     """A draft engine that cannot draft for this one (trtllm-run says so and exits 2)."""
 
 
-def check_pair(draft: Engine, engine: Engine, draft_vocab: dict[str, int], vocab: dict[str, int]) -> None:
-    """The draft must speak the model's vocabulary: each token the same id in both tokenizers (an
-    embedding table padded past the tokenizer's ids, as Qwen's sizes differ, is fine)."""
-    d, m = draft.manifest, engine.manifest
-    if d.eagle:
-        raise DraftError(f"{draft.engine_dir} has an EAGLE draft head: build the draft engine without --eagle")
-    if d.backend != "onnxruntime":
-        raise DraftError(f"{draft.engine_dir} is a {d.backend} engine: a draft engine is an ONNX Runtime one")
+def check_pair(draft: Manifest, draft_dir, model: Manifest, model_dir, draft_vocab: dict[str, int],
+               vocab: dict[str, int]) -> None:
+    """The draft (its manifest and its tokenizer's vocabulary) must be an ONNX Runtime engine without
+    an EAGLE head that speaks the model's vocabulary: each token the same id in both tokenizers (an
+    embedding padded past the tokenizer's ids, as Qwen2.5's sizes differ, is fine)."""
+    if draft.eagle:
+        raise DraftError(f"{draft_dir} has an EAGLE draft head: build the draft engine without --eagle")
+    if draft.backend != "onnxruntime":
+        raise DraftError(f"{draft_dir} is a {draft.backend} engine: a draft engine is an ONNX Runtime one")
     if draft_vocab != vocab:
         differ = sorted(set(draft_vocab.items()) ^ set(vocab.items()), key=lambda kv: (kv[1], kv[0]))
         token, _ = differ[0]
-        raise DraftError(f"{draft.engine_dir}'s tokenizer is not {engine.engine_dir}'s ({len(draft_vocab)} and "
-                         f"{len(vocab)} tokens; {token!r} is id {draft_vocab.get(token)} there, {vocab.get(token)} "
-                         "here): a draft model must share the model's vocabulary")
-    if d.model.vocab_size < (least := min(m.model.vocab_size, len(vocab))):
-        raise DraftError(f"{draft.engine_dir}'s embedding has {d.model.vocab_size} ids, fewer than the model's "
+        raise DraftError(f"{draft_dir}'s tokenizer is not {model_dir}'s ({len(draft_vocab)} and {len(vocab)} "
+                         f"tokens; {token!r} is id {draft_vocab.get(token)} there, {vocab.get(token)} here): a "
+                         "draft model must share the model's vocabulary")
+    if draft.model.vocab_size < (least := min(model.model.vocab_size, len(vocab))):
+        raise DraftError(f"{draft_dir}'s embedding has {draft.model.vocab_size} ids, fewer than the model's "
                          f"{least}: a draft model must share the model's vocabulary")
 
 
-def load(draft_dir, engine: Engine, vocab: dict[str, int], draft_step: int | str, **options) -> DraftModel | None:
-    """The draft engine in `draft_dir` for `engine` (whose tokenizer's vocabulary is `vocab`), drafting
-    --spec-draft-step tokens (auto: up to DRAFTS, while that pays; 0: None, no drafting). A broken
-    engine directory raises manifest.ManifestError, a draft that cannot draft for `engine` DraftError."""
-    from trtllm.runtime.engine import load_engine
+def check(draft_dir, model: Manifest, model_dir, vocab: dict[str, int]) -> None:
+    """check_pair for the engine directory `draft_dir`, from its manifest and tokenizer alone (before
+    any engine loads). A broken engine directory raises manifest.ManifestError."""
+    from trtllm.runtime import manifest as mf
     from trtllm.runtime.tokenizer import Tokenizer
 
-    if draft_step == 0:
-        return None
-    draft = load_engine(draft_dir, **options)
+    draft = mf.load(draft_dir)
     try:
-        draft_vocab = Tokenizer.from_engine_dir(draft_dir, draft.manifest.files).vocab()
+        draft_vocab = Tokenizer.from_engine_dir(draft_dir, draft.files).vocab()
     except Exception as e:  # noqa: BLE001 - a missing or broken tokenizer file: the engine dir is incomplete
         raise DraftError(f"{draft_dir}: its tokenizer cannot be loaded ({type(e).__name__}: {e}); rebuild it "
                          "with trtllm-build") from e
-    check_pair(draft, engine, draft_vocab, vocab)
-    return DraftModel(draft, DRAFTS if draft_step == "auto" else draft_step, adaptive=draft_step == "auto")
+    check_pair(draft, draft_dir, model, model_dir, draft_vocab, vocab)
+
+
+def load(draft_dir, draft_step: int | str, **options) -> DraftModel | None:
+    """The draft engine in `draft_dir` (checked with `check`), drafting --spec-draft-step tokens
+    (auto: up to DRAFTS, while that pays; 0: None, no drafting). `options`: load_engine's."""
+    from trtllm.runtime.engine import load_engine
+
+    if draft_step == 0:
+        return None
+    return DraftModel(load_engine(draft_dir, **options), DRAFTS if draft_step == "auto" else draft_step,
+                      adaptive=draft_step == "auto")
 
 
 @dataclass
 class DraftModel:
     """trtllm-run --spec-draft-engine: up to k guesses a step from `engine`, the draft (checked with
-    check_pair). `adaptive`: check guesses only while that gives more tokens per second than plain
+    `check`). `adaptive`: check guesses only while that gives more tokens per second than plain
     steps (ngram.Pace, which counts the draft's time). The two engines take turns: loaded with
-    shared_threads=True (backends/onnxruntime.py share_threads) they share one pool of workers."""
+    shared_threads=True (backends/onnxruntime.py session_options) they share one pool of workers."""
 
     engine: Engine
     k: int
     adaptive: bool = True
     p_min: float = P_MIN
 
-    def proposer(self, num_slots: int, timing: Timing, capacity: int) -> DraftSlots:
-        """A run's draft KV: `num_slots` rows, starting at `capacity` positions (the model's start)."""
-        return DraftSlots(self, num_slots, timing, capacity)
+    def __post_init__(self):
+        # A session's first step takes its memory and sets up its kernels (390 ms for the demo's int4
+        # draft, against 7 ms after): here, not in the first step whose guesses Pace measures.
+        m = self.engine.manifest
+        kv = kv_cache.for_engine(self.engine, 1, 16)
+        self.engine.step(StepInputs(input_ids=np.full((1, 1), m.pad_token_id, np.int64),
+                                    position_ids=np.zeros((1, 1), np.int64), write_index=np.zeros(1, np.int64),
+                                    last_index=np.zeros(1, np.int64),
+                                    sampling=sampling.empty_batch(1, m.model.vocab_size, 1, m.max_top_k)),
+                         kv.view(0, 1))
+
+    def proposer(self, num_slots: int, timing: Timing, capacity: int, vocab_size: int) -> DraftSlots:
+        """A run's draft KV: `num_slots` rows, starting at `capacity` positions (the model's start);
+        `vocab_size`: the model's ids (a guess past them is no token of its)."""
+        return DraftSlots(self, num_slots, timing, capacity, vocab_size)
 
 
 @dataclass
@@ -103,6 +126,12 @@ class DraftSlots:
     num_slots: int
     timing: Timing
     capacity: int
+    vocab_size: int
+    # Catch-ups the scheduler's Pace leaves out of a step's cost: new rows' prompts (the draft's
+    # prefill, in timing.prefill_seconds), and rows behind by more than a step's tokens (plain steps
+    # were taken meanwhile: what a probe of guessing after them costs once)
+    prefill_seconds: float = 0.0
+    behind_seconds: float = 0.0
     owner: list = field(init=False)  # draft slot -> its row, or None
     held: list = field(init=False)   # draft slot -> the tokens whose KV it holds (positions 0..)
 
@@ -114,6 +143,7 @@ class DraftSlots:
         self.kv.limit = m.limits.max_kv_cache_capacity
         self.batch = sampling.empty_batch(n, m.model.vocab_size, min(CANDIDATES, m.logprob_width), m.max_top_k)
         self.pad = m.pad_token_id
+        self.ids = min(self.vocab_size, m.model.vocab_size)  # ids both models have
 
     def guesses(self, rows: list[RowState | None], left: dict[int, int]) -> dict[int, list[int]]:
         """slot -> its guesses, at most left[slot] (and the draft's k) for each slot in `left`."""
@@ -125,10 +155,13 @@ class DraftSlots:
         for s, most in left.items():
             r, most = rows[s], min(most, self.model.k)
             text = r.prompt_ids + r.output_ids
-            d = self.slot_of(r)
-            if d is None or len(text) + most > self.kv.limit:
+            if len(text) + most > self.kv.limit or max(text) >= self.ids:
+                # past the draft's KV, or holding an id it has not (a padded one a logit_bias chose):
+                # its text only grows, so its slot goes to others
+                self.release(r)
                 continue
-            want[d] = (s, r, text, most)
+            if (d := self.slot_of(r)) is not None:
+                want[d] = (s, r, text, most)
         if not want:
             return {}
         tops = self.catch_up({d: text for d, (_, _, text, _) in want.items()})
@@ -159,11 +192,7 @@ class DraftSlots:
             guess = sampling.propose(row.params, top_ids, top_lp, float(numbers[j]))
         else:
             guess = int(top_ids[0])
-        return guess if 0 <= guess < self.vocab_size else None
-
-    @property
-    def vocab_size(self) -> int:
-        return self.model.engine.manifest.model.vocab_size
+        return guess if 0 <= guess < self.ids else None
 
     def slot_of(self, row: RowState) -> int | None:
         for d, r in enumerate(self.owner):
@@ -175,23 +204,34 @@ class DraftSlots:
                 return d
         return None
 
+    def release(self, row: RowState) -> None:
+        for d, r in enumerate(self.owner):
+            if r is row:
+                self.owner[d], self.held[d] = None, []
+
     def catch_up(self, texts: dict[int, list[int]]) -> dict[int, tuple[np.ndarray, np.ndarray]]:
         """Feed each draft slot the tokens of its text it does not hold (at least the last), in
         chunks of CHUNK: slot -> the draft's best tokens after its text (log-probabilities, ids)."""
+        t0, prompts = time.perf_counter(), any(not self.held[d] for d in texts)
         pending = {}
         for d, text in texts.items():
-            held = self.held[d]
-            n = 0
-            for a, b in zip(held, text):
-                if a != b:
-                    break
-                n += 1
+            held, n = self.held[d], len(self.held[d])
+            if text[:n] != held:  # (list comparisons, in C: a long text's prefix, every step)
+                # it holds the row's text before the last step and that step's guesses past it
+                n = max(0, n - self.model.k - 1)
+                n = n if text[:n] == held[:n] else 0
+                while n < len(held) and n < len(text) and held[n] == text[n]:
+                    n += 1
             n = min(n, len(text) - 1)
             self.held[d] = text[:n]
             pending[d] = text[n:]
+        behind = max(map(len, pending.values())) > self.model.k + 1
         done = {}
         while pending:
-            width = min(CHUNK, max(map(len, pending.values())))
+            # every slot of the step writes its width from where it is: within the draft's KV (each
+            # text fits it, but not every text padded to the longest catch-up's chunk)
+            room = min(self.kv.limit - len(self.held[d]) for d in texts)
+            width = min(CHUNK, max(map(len, pending.values())), room)
             feed = {d: p[:width] for d, p in pending.items()}
             out = self.step(feed)
             for d, p in feed.items():
@@ -199,6 +239,13 @@ class DraftSlots:
                 if not pending[d]:
                     done[d] = (out.top_logprobs[d], out.top_logprob_ids[d])
                     del pending[d]
+        elapsed = time.perf_counter() - t0
+        if prompts:  # a new row's prompt: the draft's prefill
+            self.prefill_seconds += elapsed
+            self.timing.prefill_seconds += elapsed
+            self.timing.record("spec_decode_draft_prefill", elapsed)
+        elif behind:
+            self.behind_seconds += elapsed
         return done
 
     def step(self, feed: dict[int, list[int]]):
@@ -212,7 +259,7 @@ class DraftSlots:
         last = np.zeros(hi, np.int64)
         for d in range(hi):
             start = len(self.held[d])
-            if d not in feed and start + width > self.kv.limit:
+            if d not in feed and start + width > self.kv.limit:  # (never one of a catch-up's slots: its `room`)
                 self.held[d], start = [], 0
             starts[d] = start
             if d in feed:

@@ -74,7 +74,7 @@ class Lookup:
                 return np.resize(seq[start:], self.k).tolist()  # (resize repeats it to k)
         return []
 
-    def proposer(self, num_slots: int, timing, capacity: int) -> Lookup:
+    def proposer(self, num_slots: int, timing, capacity: int, vocab_size: int) -> Lookup:
         return self  # (no state of its own: a draft model's has its KV, runtime/draft_model.py)
 
     def guesses(self, rows: list, left: dict[int, int]) -> dict[int, list[int]]:
@@ -122,7 +122,8 @@ class NgramScheduler(Scheduler):
     def __init__(self, *args, lookup: Lookup, **kwargs):
         super().__init__(*args, **kwargs)
         self.lookup = lookup
-        self.proposer = lookup.proposer(self.kv.num_slots, self.timing, self.kv.capacity)
+        self.proposer = lookup.proposer(self.kv.num_slots, self.timing, self.kv.capacity,
+                                        self.engine.manifest.model.vocab_size)
         self.pace = Pace() if lookup.adaptive else None
         self.samples = self.engine.manifest.samples_verified  # rows that sample speculate too
         # and those whose biases change within a step, drawn on the host by the engine's sampler code
@@ -160,21 +161,26 @@ class NgramScheduler(Scheduler):
         # (looked up only for a step that may check them: Pace takes plain steps where they lose)
         t0 = time.perf_counter()
         trying = self.pace is None or self.pace.guessing()
-        drafts = self.guesses(rows, starts) if trying else {}
-        # (a draft model's steps: counted against guessing, in the step's time, even where the draft
-        # was too unsure to guess)
-        drafting = time.perf_counter() - t0
         model = self.proposer is not self.lookup
-        if trying and model:
-            self.timing.draft_seconds += drafting
-            self.timing.generation_seconds += drafting
-            self.timing.record("spec_decode_draft_proposal", drafting)
+        marks = (self.proposer.prefill_seconds, self.proposer.behind_seconds, self.timing.draft_runs) if model else ()
+        drafts = self.guesses(rows, starts) if trying else {}
+        # A draft model's steps are counted against guessing, in the step's time, even where the draft
+        # was too unsure to guess; but for its prefill of new rows' prompts (the prefill's time), and,
+        # for Pace, a catch-up on tokens plain steps took meanwhile (paid once, not per step).
+        drafting = paced = 0.0  # (a lookup's own time is left out, as it always was: tens of microseconds)
+        if model:
+            drafting = time.perf_counter() - t0 - (self.proposer.prefill_seconds - marks[0])
+            paced = drafting - (self.proposer.behind_seconds - marks[1])
+            if self.timing.draft_runs > marks[2]:  # (the draft ran: a row to guess for)
+                self.timing.draft_seconds += drafting
+                self.timing.generation_seconds += drafting
+                self.timing.record("spec_decode_draft_proposal", drafting)
         if not drafts:
             before = self.timing.generated_tokens
             out, elapsed = super().decode()
             if self.pace is not None:
                 # (a lookup that found nothing cost nothing: a plain step's figure; a draft model's did)
-                self.pace.record(trying and model, self.timing.generated_tokens - before, elapsed + drafting)
+                self.pace.record(trying and model, self.timing.generated_tokens - before, elapsed + paced)
             return out, elapsed
         width = 1 + max(map(len, drafts.values()))
         self.ensure(max(p + width for p in starts))
@@ -212,7 +218,7 @@ class NgramScheduler(Scheduler):
             emitted += len(r.output_ids) - before
         t.generated_tokens += emitted
         if self.pace is not None:
-            self.pace.record(True, emitted, elapsed + drafting)
+            self.pace.record(True, emitted, elapsed + paced)
         return out, elapsed
 
     def verify(self, s: int, row: RowState, drafts: list[int], out) -> None:

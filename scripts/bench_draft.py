@@ -3,7 +3,7 @@
 llama.cpp's speculative example with the same pair (the model's GGUF and the draft's).
 
     python scripts/bench_draft.py [--engine engines/smollm2-135m-instruct] [--draft engines/smollm2-int4]
-        [--steps auto,2,4,6] [--batches 1,4] [--gen 128] [--rounds 3] [--threads 2] [--temperature T]
+        [--steps auto,4,8] [--batches 1,4] [--gen 128] [--rounds 3] [--threads 2] [--temperature T]
         [--llama-cpp ~/peers/llama.cpp/build/bin] [--gguf ~/peers/gguf/smollm2-135m-instruct-f32.gguf]
         [--draft-gguf ~/peers/models/SmolLM2-135M-Instruct.Q4_1.gguf]
 
@@ -53,7 +53,7 @@ def llama_speculative(args, prompt: str, seed: int) -> tuple[float, float]:
         f.write(prompt)
     try:
         out = subprocess.run([str(args.llama_cpp / "llama-speculative"), "-m", str(args.gguf), "-md",
-                              str(args.draft_gguf), "-f", f.name, "-n", str(args.gen), "--draft-max", "6",
+                              str(args.draft_gguf), "-f", f.name, "-n", str(args.gen), "--spec-draft-n-max", "8",
                               "-t", str(args.threads), "-td", str(args.threads), "--temp", str(args.temperature),
                               "--seed", str(seed), "--ignore-eos", "-ngl", "0", "-ngld", "0",
                               *(["--top-k", str(SAMPLED["top_k"]), "--top-p", str(SAMPLED["top_p"]),
@@ -73,7 +73,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--engine", type=Path, default=ROOT / "engines" / "smollm2-135m-instruct")
     ap.add_argument("--draft", type=Path, default=ROOT / "engines" / "smollm2-int4")
-    ap.add_argument("--steps", default="auto,2,4,6")
+    ap.add_argument("--steps", default="auto,4,8")
     ap.add_argument("--batches", default="1,4")
     ap.add_argument("--gen", type=int, default=128)
     ap.add_argument("--rounds", type=int, default=3)
@@ -95,9 +95,8 @@ def main(argv=None) -> int:
 
     engine = load_engine(args.engine, num_threads=args.threads, shared_threads=True)
     tokenizer = Tokenizer.from_engine_dir(args.engine, engine.manifest.files)
+    draft_model.check(args.draft, engine.manifest, args.engine, tokenizer.vocab())
     drafter = load_engine(args.draft, num_threads=args.threads, shared_threads=True)
-    draft_model.check_pair(drafter, engine, Tokenizer.from_engine_dir(args.draft, drafter.manifest.files).vocab(),
-                           tokenizer.vocab())
     template = ChatTemplate.from_engine_dir(args.engine, engine.manifest.files)
     texts = [template.format([{"role": "user", "content": q}]).text for q in QUESTIONS]
     prompts = [tokenizer.encode(t, add_special_tokens=False) for t in texts]

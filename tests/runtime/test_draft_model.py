@@ -16,6 +16,8 @@ import pytest
 from tests.runtime.test_ngram import LOOPING, answers
 from trtllm.runtime import draft_model, ngram
 from trtllm.runtime.engine import load_engine
+from trtllm.runtime.generate import RowState, Timing, run_rows
+from trtllm.runtime.sampling import SamplingParams
 
 pytestmark = pytest.mark.hf
 
@@ -116,6 +118,69 @@ def test_rows_past_the_draft_s_batch_or_capacity_decode_plainly(engine):
     assert got == want and timing.accepted_tokens > 0 and timing.draft_kv_bytes > 0
 
 
+def test_a_row_too_long_for_the_draft_leaves_its_slot_to_others(engine):
+    """A draft of one slot and 128 positions: the first row outgrows it at once and must not keep
+    the slot from the second, whose answer loops (guesses that hold)."""
+    prompts = [[(i * 37) % 390 + 5 for i in range(124)], LOOPING[2]]
+    want, _ = answers(engine, prompts, n=60)
+    got, timing = answers(engine, prompts, draft(Smaller(engine, max_batch_size=1, max_kv_cache_capacity=128), 4),
+                          n=60)
+    assert got == want and timing.accepted_tokens > 20
+
+
+@pytest.fixture(scope="module")
+def built(tiny_checkpoint, tmp_path_factory):
+    """Drafts of other kinds, built once: on ONNX Runtime's own attention (GroupQueryAttention, which
+    refuses a step that writes past its KV buffer, where our kernel drops such writes), and the
+    tiny model with its embedding padded past the tokenizer (as Qwen2.5's are)."""
+    from tests.tiny_models import make_checkpoint
+    from trtllm.builder.config import BuildConfig
+    from trtllm.builder.export import build
+
+    made = {}
+    padded = make_checkpoint("llama", tmp_path_factory.mktemp("padded-ckpt"), padded_vocab=100)
+    for name, model, options in (("gqa", tiny_checkpoint("llama"), dict(cpu_kernels="onnxruntime")),
+                                 ("padded", padded, {})):
+        out = tmp_path_factory.mktemp(name) / "engine"
+        build(BuildConfig(model=str(model), output=str(out), max_batch_size=4, max_input_len=256,
+                          max_kv_cache_capacity=512, **options), log=lambda m: None)
+        made[name] = load_engine(out)
+    return made
+
+
+def test_a_long_catch_up_beside_a_row_near_the_draft_s_limit(built):
+    """A 250-token prompt admitted while another row nears the draft's 512 positions: the catch-up's
+    chunks are kept narrow enough that no slot of the step writes past the buffer."""
+    gqa = built["gqa"]
+    spec = [(list(range(10, 250)), 260), ([5, 17, 42, 99, 7], 30), ([(i * 7) % 390 + 3 for i in range(250)], 10)]
+
+    def rows():
+        return [RowState(prompt_ids=p, params=SamplingParams(max_new_tokens=n, temperature=0.0),
+                         rng=np.random.default_rng(i), eos_ids=frozenset()) for i, (p, n) in enumerate(spec)]
+
+    plain, spec_rows, timing = rows(), rows(), Timing()
+    run_rows(gqa, plain, 2)
+    run_rows(gqa, spec_rows, 2, timing, lookup=draft(gqa, 4))
+    assert [r.output_ids for r in spec_rows] == [r.output_ids for r in plain] and timing.accepted_tokens > 0
+
+
+def test_ids_one_model_has_and_the_other_not(engine, built):
+    """A draft with a wider embedding never guesses an id past the model's; a model that produces a
+    padded id (a logit_bias chose it) is not drafted for by a draft without that id."""
+    padded = built["padded"]
+    for model, other, bias in ((engine, padded, {}), (padded, engine, {450: 100.0})):
+        def rows():
+            return [RowState(prompt_ids=list(range(30, 60)), params=SamplingParams(max_new_tokens=30, temperature=0.0,
+                                                                                   logit_bias=bias),
+                             rng=np.random.default_rng(0), eos_ids=frozenset())]
+
+        plain, spec_rows = rows(), rows()
+        run_rows(model, plain, 1)
+        run_rows(model, spec_rows, 1, Timing(), lookup=draft(other, 4))
+        assert spec_rows[0].output_ids == plain[0].output_ids
+    assert 450 in plain[0].output_ids  # (the padded id was produced)
+
+
 def test_an_unsure_draft_guesses_nothing(engine):
     want, _ = answers(engine, LOOPING)
     got, timing = answers(engine, LOOPING, draft(engine, 4, p_min=1.01))
@@ -144,20 +209,19 @@ def test_wrong_variant_taking_guesses_unchecked_changes_answers(engine, other, m
 
 
 def test_a_draft_of_another_vocabulary_is_refused(engine):
-    vocab = {"a": 0, "b": 1, "c": 2}
-    draft_model.check_pair(engine, engine, vocab, dict(vocab))
+    vocab, m, where = {"a": 0, "b": 1, "c": 2}, engine.manifest, engine.engine_dir
+    draft_model.check_pair(m, where, m, where, vocab, dict(vocab))
     with pytest.raises(draft_model.DraftError, match=r"'b' is id 2 there, 1 here.*share the model's vocabulary"):
-        draft_model.check_pair(engine, engine, {"a": 0, "b": 2, "c": 1}, vocab)
-    small, n = Smaller(engine), engine.manifest.model.vocab_size
-    small.manifest = dataclasses.replace(small.manifest, model=dataclasses.replace(small.manifest.model,
-                                                                                   vocab_size=n - 10))
+        draft_model.check_pair(m, where, m, where, {"a": 0, "b": 2, "c": 1}, vocab)
+    n = m.model.vocab_size
+    small = dataclasses.replace(m, model=dataclasses.replace(m.model, vocab_size=n - 10))
     every = {str(i): i for i in range(n)}
     with pytest.raises(draft_model.DraftError, match=f"embedding has {n - 10} ids, fewer than the model's {n}"):
-        draft_model.check_pair(small, engine, every, every)
-    eagle = Smaller(engine)
-    eagle.manifest = dataclasses.replace(eagle.manifest, eagle={"draft_step": 1})
+        draft_model.check_pair(small, where, m, where, every, every)
     with pytest.raises(draft_model.DraftError, match="EAGLE draft head: build the draft engine without --eagle"):
-        draft_model.check_pair(eagle, engine, vocab, vocab)
+        draft_model.check_pair(dataclasses.replace(m, eagle={"draft_step": 1}), where, m, where, vocab, vocab)
+    with pytest.raises(draft_model.DraftError, match="is a tensorrt engine: a draft engine is an ONNX Runtime one"):
+        draft_model.check_pair(dataclasses.replace(m, backend="tensorrt"), where, m, where, vocab, vocab)
 
 
 def trtllm_run(engine, requests, tmp_path, *extra) -> tuple[subprocess.CompletedProcess, dict | None]:
