@@ -66,6 +66,30 @@ def test_cli_answers_match_transformers(demo_engine, reference, tmp_path):
         assert got["finish_reason"] == want["finish_reason"]
 
 
+def test_an_int4_draft_changes_no_token(demo_engine, demo_model, reference, tmp_path):
+    """trtllm-run --spec-draft-engine with the demo model's own int4 build as the draft: the float32
+    engine's answers are still transformers', and the draft's guesses mostly hold (a copy of the
+    model; a draft whose guesses were never used would pass the first check alone)."""
+    from trtllm.builder.config import BuildConfig
+    from trtllm.builder.export import build
+
+    draft = tmp_path / "int4"
+    build(BuildConfig(model=str(demo_model), output=str(draft), quantization="int4", max_batch_size=8,
+                      max_input_len=1024, max_kv_cache_capacity=2048), log=lambda m: None)
+    payload = {"batch_size": 5, "temperature": 0, "max_generate_length": NUM_TOKENS,
+               "requests": [{"messages": conv} for conv in CONVERSATIONS]}
+    (tmp_path / "in.json").write_text(json.dumps(payload))
+    cmd = [sys.executable, "-m", "trtllm.runtime", str(tmp_path / "in.json"), "--engine", str(demo_engine),
+           "--output", str(tmp_path / "out.json"), "--spec-draft-engine", str(draft), "--spec-draft-step", "4",
+           "--profile", str(tmp_path / "profile.json")]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    responses = json.loads((tmp_path / "out.json").read_text())["responses"]
+    assert [r["output_ids"] for r in responses] == [w["tokens"] for w in reference]
+    spec = json.loads((tmp_path / "profile.json").read_text())["draft_model_generation"]
+    assert spec["drafted_tokens"] > 100 and spec["accepted_tokens"] > 0.9 * spec["drafted_tokens"]
+
+
 def test_token_ids_match_transformers(demo_engine, reference):
     """Same prompts through the runtime's own template + tokenizer, compared id by id."""
     tokenizer, template = Tokenizer.from_engine_dir(demo_engine), ChatTemplate.from_engine_dir(demo_engine)
