@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import subprocess
 import sys
 import tempfile
@@ -37,7 +36,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
 from bench_eagle import QUESTIONS  # noqa: E402
-from bench_ngram import SAMPLED, spread  # noqa: E402
+from bench_ngram import SAMPLED, speed_and_acceptance, spread  # noqa: E402
 
 
 def ours(engine, rows_for, draft, batch: list[list[int]], args, seed: int):
@@ -62,11 +61,7 @@ def llama_speculative(args, prompt: str, seed: int) -> tuple[float, float]:
                              env={**os.environ, "LD_LIBRARY_PATH": str(args.llama_cpp)}).stderr
     finally:
         os.unlink(f.name)
-    speed = re.search(r"decoded\s+\d+ tokens in\s+[\d.]+ seconds, speed:\s+([\d.]+) t/s", out)
-    accept = re.search(r"accept\s+=\s+([\d.]+)%", out)
-    if not speed:
-        raise RuntimeError(f"llama-speculative printed no speed:\n{out[-2000:]}")
-    return float(speed.group(1)), float(accept.group(1)) / 100 if accept else float("nan")
+    return speed_and_acceptance(out, "llama-speculative")
 
 
 def main(argv=None) -> int:

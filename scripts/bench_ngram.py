@@ -80,10 +80,15 @@ def llama_lookup(binary: Path, gguf: Path, text: str, gen: int, k: int, threads:
                              env={**os.environ, "LD_LIBRARY_PATH": str(binary)}).stderr
     finally:
         os.unlink(f.name)
+    return speed_and_acceptance(out, "llama-lookup")
+
+
+def speed_and_acceptance(out: str, example: str) -> tuple[float, float]:
+    """A llama.cpp speculative example's decode tok/s and accepted share, from what it printed."""
     speed = re.search(r"decoded\s+\d+ tokens in\s+[\d.]+ seconds, speed:\s+([\d.]+) t/s", out)
     accept = re.search(r"accept\s+=\s+([\d.]+)%", out)
     if not speed:
-        raise RuntimeError(f"llama-lookup printed no speed:\n{out[-2000:]}")
+        raise RuntimeError(f"{example} printed no speed:\n{out[-2000:]}")
     return float(speed.group(1)), float(accept.group(1)) / 100 if accept else float("nan")
 
 

@@ -13,7 +13,7 @@ import sys
 import numpy as np
 import pytest
 
-from tests.runtime.test_ngram import LOOPING, answers
+from tests.runtime.test_ngram import LOOPING, answers, unchecked
 from trtllm.runtime import draft_model, ngram
 from trtllm.runtime.engine import load_engine
 from trtllm.runtime.generate import RowState, Timing, run_rows
@@ -195,13 +195,6 @@ def test_adaptive_drafting_is_exact_too(engine, other):
 
 
 def test_wrong_variant_taking_guesses_unchecked_changes_answers(engine, other, monkeypatch):
-    def unchecked(self, s, row, drafts, out):
-        for guess in drafts:
-            self.accept_token(s, guess)
-            if row.finish_reason:
-                return
-        self.accept(s, out, s)
-
     want, _ = answers(engine, LOOPING)
     monkeypatch.setattr(ngram.NgramScheduler, "verify", unchecked)
     got, _ = answers(engine, LOOPING, draft(other, 4))

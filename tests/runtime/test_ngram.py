@@ -153,14 +153,16 @@ def test_the_kv_buffer_bounds_the_guesses(engine, tiny_engine):
     assert got == want and timing.accepted_tokens > 0
 
 
-def test_wrong_variant_taking_guesses_unchecked_changes_answers(engine, monkeypatch):
-    def unchecked(self, s, row, drafts, out):
-        for guess in drafts:
-            self.accept_token(s, guess)
-            if row.finish_reason:
-                return
-        self.accept(s, out, s)
+def unchecked(self, s, row, drafts, out):
+    """The wrong variant of NgramScheduler.verify: every guess taken, then the step's own token."""
+    for guess in drafts:
+        self.accept_token(s, guess)
+        if row.finish_reason:
+            return
+    self.accept(s, out, s)
 
+
+def test_wrong_variant_taking_guesses_unchecked_changes_answers(engine, monkeypatch):
     want, _ = answers(engine, LOOPING)
     monkeypatch.setattr(ngram.NgramScheduler, "verify", unchecked)
     got, _ = answers(engine, LOOPING, ngram.Lookup(4, adaptive=False))
