@@ -54,8 +54,8 @@ def unoptimized_sessions():
 
     original = backend.session_options
 
-    def plain(num_threads=None, spin=True):
-        opts = original(num_threads, spin)
+    def plain(*args, **kwargs):
+        opts = original(*args, **kwargs)
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
         return opts
 
