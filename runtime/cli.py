@@ -350,27 +350,29 @@ def serve(input_file: Path, engine_dir: Path, output: str | None, profile: str |
 
     if spec_ngram and spec_draft_engine:
         fail_usage("--spec-ngram and --spec-draft-engine each choose the guesses: give one")
-    if spec_draft_engine:  # (before the model loads: a draft it cannot use is said at once, and the model
-        # is not put on a pool of workers shared with it for nothing)
+    # The draft is checked before the model loads: one it cannot use is said at once, and only a model
+    # that will draft with it goes on the pool of workers the two share (session_options: once made,
+    # every later session of the process must run on it). An EAGLE engine, a TensorRT one and one whose
+    # graph does not give the checked positions' logits ignore it (said below).
+    drafting = bool(spec_draft_engine and spec_draft_step != 0 and manifest is not None and not manifest.eagle
+                    and manifest.backend == "onnxruntime" and manifest.prompt_logits)
+    if spec_draft_engine and spec_draft_step != 0:
         from trtllm.runtime import draft_model
 
         try:
-            vocab = Tokenizer.from_engine_dir(engine_dir, manifest.files).vocab() if manifest else None
+            vocab = Tokenizer.from_engine_dir(engine_dir, manifest.files).vocab() if drafting else None
         except Exception:  # noqa: BLE001 - a broken tokenizer file: said below, where the engine loads
-            vocab = None
+            vocab, drafting = None, False
         try:
-            if vocab is None or manifest.eagle:  # (an EAGLE engine ignores it: below)
+            if vocab is None:
                 mf.load(spec_draft_engine)
             else:
                 draft_model.check(spec_draft_engine, manifest, engine_dir, vocab)
         except (mf.ManifestError, draft_model.DraftError) as e:
             fail_usage(f"--spec-draft-engine: {e}")
     try:
-        # (a draft engine's steps and the model's take turns on one pool of workers: session_options; not
-        # beside an EAGLE head, which drafts instead, on the calling thread)
         engine = load_engine(engine_dir, num_threads=threads, huge_pages=huge_pages, spin=spin,
-                             shared_threads=bool(spec_draft_engine and not spec_ngram and manifest is not None
-                                                 and not manifest.eagle))
+                             shared_threads=drafting)
         grammar.use_threads(threads)
     except ManifestError as e:
         replaced_says_so()  # (a graph of the new build, a manifest of the old: not a broken engine)
@@ -423,7 +425,9 @@ def serve(input_file: Path, engine_dir: Path, output: str | None, profile: str |
             from trtllm.runtime.ngram import Lookup
 
             runner.lookup = Lookup(spec_ngram)
-        else:
+        elif spec_draft_step != 0:  # (0: no drafting)
+            from trtllm.runtime import draft_model
+
             try:
                 runner.lookup = draft_model.load(spec_draft_engine, spec_draft_step, num_threads=threads,
                                                  huge_pages=huge_pages, spin=spin, shared_threads=True)

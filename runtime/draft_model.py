@@ -179,8 +179,7 @@ class DraftSlots:
                 if len(drafts[d]) == most:
                     going.discard(d)
             if going:
-                out = self.step({d: [drafts[d][-1]] for d in going})
-                tops = {d: (out.top_logprobs[d], out.top_logprob_ids[d]) for d in going}
+                tops = self.step({d: [drafts[d][-1]] for d in going})
         return {want[d][0]: g for d, g in drafts.items() if g}
 
     def choose(self, top_lp, top_ids, row: RowState, numbers, j: int) -> int | None:
@@ -228,17 +227,21 @@ class DraftSlots:
         behind = max(map(len, pending.values())) > self.model.k + 1
         done = {}
         while pending:
-            # every slot of the step writes its width from where it is: within the draft's KV (each
-            # text fits it, but not every text padded to the longest catch-up's chunk)
-            room = min(self.kv.limit - len(self.held[d]) for d in texts)
-            width = min(CHUNK, max(map(len, pending.values())), room)
-            feed = {d: p[:width] for d, p in pending.items()}
-            out = self.step(feed)
-            for d, p in feed.items():
-                pending[d] = pending[d][len(p):]
-                if not pending[d]:
-                    done[d] = (out.top_logprobs[d], out.top_logprob_ids[d])
-                    del pending[d]
+            # Every slot a step covers writes its width from where it is, which must stay within the
+            # draft's KV: each text fits it, but not every one padded to the longest catch-up's
+            # chunk (a row near the limit beside a new prompt). Then each slot catches up alone.
+            width = min(CHUNK, max(map(len, pending.values())))
+            if self.fits(min(pending), max(pending) + 1, width):
+                feeds = [{d: p[:width] for d, p in pending.items()}]
+            else:
+                feeds = [{d: p[:min(CHUNK, self.kv.limit - len(self.held[d]))]} for d, p in pending.items()]
+            for feed in feeds:
+                tops = self.step(feed)
+                for d, p in feed.items():
+                    pending[d] = pending[d][len(p):]
+                    if not pending[d]:
+                        done[d] = tops[d]
+                        del pending[d]
         elapsed = time.perf_counter() - t0
         if prompts:  # a new row's prompt: the draft's prefill
             self.prefill_seconds += elapsed
@@ -248,31 +251,37 @@ class DraftSlots:
             self.behind_seconds += elapsed
         return done
 
-    def step(self, feed: dict[int, list[int]]):
-        """One draft step: each slot in `feed` writes its tokens after what it holds (and holds them
-        after); the others write pads past their held prefix (or at 0, forgetting it where that would
-        pass the capacity), which later steps overwrite before reading."""
-        hi = max(feed) + 1
+    def fits(self, lo: int, hi: int, width: int) -> bool:
+        """Whether a step over draft slots lo..hi-1, `width` tokens each, stays within the draft's KV."""
+        return all(len(self.held[d]) + width <= self.kv.limit for d in range(lo, hi))
+
+    def step(self, feed: dict[int, list[int]]) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+        """One draft step over the slots from the least to the greatest in `feed`: each of those
+        writes its tokens after what it holds (and holds them after); the others write pads past
+        their held prefix (or at 0, forgetting it where that would pass the limit: catch-ups never
+        let it, `fits`), which later steps overwrite before reading. Slot -> the draft's best tokens
+        after its feed (log-probabilities, ids)."""
+        lo, hi = min(feed), max(feed) + 1
         width = max(map(len, feed.values()))
-        starts = np.zeros(hi, np.int64)
-        ids = np.full((hi, width), self.pad, np.int64)
-        last = np.zeros(hi, np.int64)
-        for d in range(hi):
+        starts = np.zeros(hi - lo, np.int64)
+        ids = np.full((hi - lo, width), self.pad, np.int64)
+        last = np.zeros(hi - lo, np.int64)
+        for b, d in enumerate(range(lo, hi)):
             start = len(self.held[d])
-            if d not in feed and start + width > self.kv.limit:  # (never one of a catch-up's slots: its `room`)
+            if d not in feed and start + width > self.kv.limit:
                 self.held[d], start = [], 0
-            starts[d] = start
+            starts[b] = start
             if d in feed:
-                ids[d, :len(feed[d])] = feed[d]
-                last[d] = len(feed[d]) - 1
+                ids[b, :len(feed[d])] = feed[d]
+                last[b] = len(feed[d]) - 1
         if (need := int(starts.max()) + width) > self.kv.capacity:  # (doubling: a few copies a run)
             self.kv.grow(max(rounded(need), 2 * self.kv.capacity))
         self.timing.draft_kv_bytes = max(self.timing.draft_kv_bytes, self.kv.nbytes)
         inputs = StepInputs(input_ids=ids, position_ids=starts[:, None] + np.arange(width),
-                            write_index=starts, last_index=last, sampling=sampling.rows(self.batch, 0, hi))
-        out = self.model.engine.step(inputs, self.kv.view(0, hi))
+                            write_index=starts, last_index=last, sampling=sampling.rows(self.batch, lo, hi))
+        out = self.model.engine.step(inputs, self.kv.view(lo, hi))
         for d, tokens in feed.items():
             self.held[d] = self.held[d] + tokens
         self.timing.draft_runs += 1
-        return out
+        return {d: (out.top_logprobs[d - lo], out.top_logprob_ids[d - lo]) for d in feed}
 

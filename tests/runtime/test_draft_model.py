@@ -256,5 +256,11 @@ def test_trtllm_run_refuses_a_draft_it_cannot_use(tiny_engine, run_cli, tmp_path
     assert result.exit_code == 2 and "give one" in result.output
     result, _ = run_cli(target, requests, "--spec-draft-engine", str(tmp_path / "none"))
     assert result.exit_code == 2 and "--spec-draft-engine: " in result.output and "none" in result.output
+    # --spec-draft-step 0: no drafting, and the model not on a pool shared with a draft
+    profile = tmp_path / "p.json"
+    result, out = run_cli(target, requests, "--spec-draft-engine", str(other_dir), "--spec-draft-step", "0",
+                          "--profile", str(profile))
+    assert result.exit_code == 0 and out["responses"][0]["finish_reason"] in ("max-length", "end-of-sequence")
+    assert "draft_model_generation" not in json.loads(profile.read_text())
     from trtllm.runtime.backends import onnxruntime as ort_backend
     assert not ort_backend.SHARED_THREADS  # (refused before the model loaded, on a shared pool)
