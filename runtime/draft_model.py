@@ -14,6 +14,10 @@ EAGLE head guesses), so that guess and draw agree as often as the two models' di
 row stops drafting where the draft's best token is less likely than P_MIN (llama.cpp's --draft-p-min):
 a guess the draft is unsure of is seldom the model's, and widens the step for nothing.
 
+A slot keeps its KV when its row leaves: a new row takes the free slot whose KV begins as its text
+does, or copies another slot's where that holds more of it (a common system prompt, as the model's
+own rows share theirs; not between rows that start in the same step), and catches up on the rest.
+
 What the draft wrote for guesses the model did not take lies past its row's held prefix, where the
 next catch-up writes before anything reads it. A row whose text no longer fits the draft's KV
 capacity, that holds an id the draft has not (a padded one), or beyond the draft's batch size,
@@ -36,7 +40,16 @@ from trtllm.runtime.step_inputs import rounded
 DRAFTS = 8  # --spec-draft-step auto: guesses a step at most (fewer where the draft is unsure)
 CANDIDATES = 8  # a sampled row's guess is drawn among the draft's best 8 tokens (sampling.propose)
 CHUNK = 256  # the most tokens of a row's text the draft catches up on in one step
+SHARED_MIN = 16  # a new row copies another slot's KV of its text's beginning from this many tokens on
 P_MIN = 0.1  # a row stops drafting at a guess the draft gives less than this probability
+
+
+def shared(a: list[int], b: list[int]) -> int:
+    """How many tokens a and b begin with alike."""
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:
+        return n
+    return int(np.argmin(np.equal(a[:n], b[:n])))  # (the first that differs)
 
 
 class DraftError(ValueError):
@@ -133,12 +146,14 @@ class DraftSlots:
     prefill_seconds: float = 0.0
     behind_seconds: float = 0.0
     owner: list = field(init=False)  # draft slot -> its row, or None
-    held: list = field(init=False)   # draft slot -> the tokens whose KV it holds (positions 0..)
+    # draft slot -> the tokens whose KV it holds (positions 0..), kept when its row leaves
+    held: list = field(init=False)
+    fresh: set = field(init=False)   # slots given to a new row since the last catch-up
 
     def __post_init__(self):
         m = self.model.engine.manifest
         n = max(1, min(self.num_slots, m.limits.max_batch_size))
-        self.owner, self.held = [None] * n, [[] for _ in range(n)]
+        self.owner, self.held, self.fresh = [None] * n, [[] for _ in range(n)], set()
         self.kv = kv_cache.for_engine(self.model.engine, n, min(self.capacity, m.limits.max_kv_cache_capacity))
         self.kv.limit = m.limits.max_kv_cache_capacity
         self.batch = sampling.empty_batch(n, m.model.vocab_size, min(CANDIDATES, m.logprob_width), m.max_top_k)
@@ -150,7 +165,7 @@ class DraftSlots:
         live = {id(r) for r in rows if r is not None and not r.finish_reason}
         for d, r in enumerate(self.owner):
             if r is not None and id(r) not in live:
-                self.owner[d], self.held[d] = None, []
+                self.owner[d] = None  # (its KV kept: a later row's prompt may begin the same way)
         want = {}  # draft slot -> (scheduler slot, row, text, most guesses)
         for s, most in left.items():
             r, most = rows[s], min(most, self.model.k)
@@ -160,7 +175,7 @@ class DraftSlots:
                 # its text only grows, so its slot goes to others
                 self.release(r)
                 continue
-            if (d := self.slot_of(r)) is not None:
+            if (d := self.slot_of(r, text)) is not None:
                 want[d] = (s, r, text, most)
         if not want:
             return {}
@@ -193,37 +208,48 @@ class DraftSlots:
             guess = int(top_ids[0])
         return guess if 0 <= guess < self.ids else None
 
-    def slot_of(self, row: RowState) -> int | None:
+    def slot_of(self, row: RowState, text: list[int]) -> int | None:
+        """The row's draft slot; for a new row, the free one whose KV begins as its text does
+        longest (a common system prompt), else the first free one."""
         for d, r in enumerate(self.owner):
             if r is row:
                 return d
-        for d, r in enumerate(self.owner):
-            if r is None:
-                self.owner[d], self.held[d] = row, []
-                return d
-        return None
+        free = [d for d, r in enumerate(self.owner) if r is None]
+        if not free:
+            return None
+        d = max(free, key=lambda d: (shared(self.held[d], text), -d))
+        self.owner[d] = row
+        self.fresh.add(d)
+        return d
 
     def release(self, row: RowState) -> None:
         for d, r in enumerate(self.owner):
             if r is row:
-                self.owner[d], self.held[d] = None, []
+                self.owner[d] = None
 
     def catch_up(self, texts: dict[int, list[int]]) -> dict[int, tuple[np.ndarray, np.ndarray]]:
         """Feed each draft slot the tokens of its text it does not hold (at least the last), in
         chunks of CHUNK: slot -> the draft's best tokens after its text (log-probabilities, ids)."""
-        t0, prompts = time.perf_counter(), any(not self.held[d] for d in texts)
-        pending = {}
+        t0, prompts = time.perf_counter(), bool(self.fresh & set(texts))
+        self.fresh.clear()
         for d, text in texts.items():
             held, n = self.held[d], len(self.held[d])
             if text[:n] != held:  # (list comparisons, in C: a long text's prefix, every step)
-                # it holds the row's text before the last step and that step's guesses past it
+                # it holds the row's text before the last step and that step's guesses past it (or
+                # another row's text: a slot freed and taken again)
                 n = max(0, n - self.model.k - 1)
-                n = n if text[:n] == held[:n] else 0
-                while n < len(held) and n < len(text) and held[n] == text[n]:
-                    n += 1
-            n = min(n, len(text) - 1)
-            self.held[d] = text[:n]
-            pending[d] = text[n:]
+                n = n if text[:n] == held[:n] else shared(held, text)
+            self.held[d] = text[:min(n, len(text) - 1)]
+        # A row far behind (a new one) copies what another slot holds of its text where that is more
+        # (rows with one system prompt, admitted together or one after another)
+        for d, text in texts.items():
+            if len(text) - len(self.held[d]) > self.model.k + 1:
+                e = max(range(len(self.held)), key=lambda e: shared(self.held[e], text) if e != d else -1)
+                n = min(shared(self.held[e], text), len(text) - 1)
+                if e != d and n >= len(self.held[d]) + SHARED_MIN:
+                    self.kv.copy_slot(e, d, n)
+                    self.held[d] = text[:n]
+        pending = {d: text[len(self.held[d]):] for d, text in texts.items()}
         behind = max(map(len, pending.values())) > self.model.k + 1
         done = {}
         while pending:
