@@ -15,8 +15,9 @@ row stops drafting where the draft's best token is less likely than P_MIN (llama
 a guess the draft is unsure of is seldom the model's, and widens the step for nothing.
 
 A slot keeps its KV when its row leaves: a new row takes the free slot whose KV begins as its text
-does, or copies another slot's where that holds more of it (a common system prompt, as the model's
-own rows share theirs; not between rows that start in the same step), and catches up on the rest.
+does, or copies another slot's where that holds more of it, or, started with others, copies what one
+of them computes (a common system prompt, as the model's own rows share theirs), and catches up on
+the rest.
 
 What the draft wrote for guesses the model did not take lies past its row's held prefix, where the
 next catch-up writes before anything reads it. A row whose text no longer fits the draft's KV
@@ -241,16 +242,37 @@ class DraftSlots:
                 n = n if text[:n] == held[:n] else shared(held, text)
             self.held[d] = text[:min(n, len(text) - 1)]
         # A row far behind (a new one) copies what another slot holds of its text where that is more
-        # (rows with one system prompt, admitted together or one after another)
-        for d, text in texts.items():
+        # (rows with one system prompt, one after another), or, where another row of this catch-up
+        # will compute more of it (rows started together), waits for it and copies that
+        followers = {}  # slot -> (the slot it copies after the others' catch-up, how many positions)
+        for d in sorted(texts):  # (a leader is a lower slot, decided before)
+            text = texts[d]
             if len(text) - len(self.held[d]) > self.model.k + 1:
                 e = max(range(len(self.held)), key=lambda e: shared(self.held[e], text) if e != d else -1)
                 n = min(shared(self.held[e], text), len(text) - 1)
                 if e != d and n >= len(self.held[d]) + SHARED_MIN:
                     self.kv.copy_slot(e, d, n)
                     self.held[d] = text[:n]
-        pending = {d: text[len(self.held[d]):] for d, text in texts.items()}
-        behind = max(map(len, pending.values())) > self.model.k + 1
+                leads = [(min(shared(texts[f], text), len(text) - 1), f) for f in texts if f < d and f not in followers]
+                if leads and (lead := max(leads))[0] >= len(self.held[d]) + SHARED_MIN:
+                    followers[d] = lead[1], lead[0]
+        behind = max(len(t) - len(self.held[d]) for d, t in texts.items()) > self.model.k + 1
+        done = self.feed({d: text[len(self.held[d]):] for d, text in texts.items() if d not in followers})
+        for d, (f, n) in followers.items():  # (f holds its whole text now)
+            self.kv.copy_slot(f, d, n)
+            self.held[d] = texts[d][:n]
+        done.update(self.feed({d: texts[d][len(self.held[d]):] for d in followers}))
+        elapsed = time.perf_counter() - t0
+        if prompts:  # a new row's prompt: the draft's prefill
+            self.prefill_seconds += elapsed
+            self.timing.prefill_seconds += elapsed
+            self.timing.record("spec_decode_draft_prefill", elapsed)
+        elif behind:
+            self.behind_seconds += elapsed
+        return done
+
+    def feed(self, pending: dict[int, list[int]]) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+        """catch_up's steps: each slot's pending tokens after what it holds."""
         done = {}
         while pending:
             # Every slot a step covers writes its width from where it is, which must stay within the
@@ -268,13 +290,6 @@ class DraftSlots:
                     if not pending[d]:
                         done[d] = tops[d]
                         del pending[d]
-        elapsed = time.perf_counter() - t0
-        if prompts:  # a new row's prompt: the draft's prefill
-            self.prefill_seconds += elapsed
-            self.timing.prefill_seconds += elapsed
-            self.timing.record("spec_decode_draft_prefill", elapsed)
-        elif behind:
-            self.behind_seconds += elapsed
         return done
 
     def fits(self, lo: int, hi: int, width: int) -> bool:
