@@ -141,11 +141,12 @@ class DraftSlots:
     timing: Timing
     capacity: int
     vocab_size: int
-    # Catch-ups the scheduler's Pace leaves out of a step's cost: new rows' prompts (the draft's
-    # prefill, in timing.prefill_seconds), and rows behind by more than a step's tokens (plain steps
-    # were taken meanwhile: what a probe of guessing after them costs once)
-    prefill_seconds: float = 0.0
-    behind_seconds: float = 0.0
+    # What the last `guesses` cost a step, for the scheduler's Pace: the draft's time but for its
+    # catch-ups on new rows' prompts (its prefill, in timing.prefill_seconds) and on rows behind by more
+    # than a step's tokens (plain steps were taken meanwhile: what a probe of guessing costs once)
+    cost: float = 0.0
+    timed = True  # (its guesses' time counts against guessing: ngram.Lookup's does not)
+    left_out: list = field(default_factory=lambda: [0.0, 0.0])  # this call's (prefill, behind) seconds
     owner: list = field(init=False)  # draft slot -> its row, or None
     # draft slot -> the tokens whose KV it holds (positions 0..), kept when its row leaves
     held: list = field(init=False)
@@ -162,7 +163,22 @@ class DraftSlots:
         self.ids = min(self.vocab_size, m.model.vocab_size)  # ids both models have
 
     def guesses(self, rows: list[RowState | None], left: dict[int, int]) -> dict[int, list[int]]:
-        """slot -> its guesses, at most left[slot] (and the draft's k) for each slot in `left`."""
+        """slot -> its guesses, at most left[slot] (and the draft's k) for each slot in `left`. Their
+        time is the decode step's (timing.generation_seconds, the draft_proposal stage) where the
+        draft ran, but for its prefill (catch_up); `cost` says what Pace counts of it."""
+        t0, runs, self.left_out[:] = time.perf_counter(), self.timing.draft_runs, [0.0, 0.0]
+        out = self.draft(rows, left)
+        prefill, behind = self.left_out
+        drafting = time.perf_counter() - t0 - prefill
+        if self.timing.draft_runs > runs:
+            t = self.timing
+            t.draft_seconds += drafting
+            t.generation_seconds += drafting
+            t.record("spec_decode_draft_proposal", drafting)
+        self.cost = drafting - behind
+        return out
+
+    def draft(self, rows: list[RowState | None], left: dict[int, int]) -> dict[int, list[int]]:
         live = {id(r) for r in rows if r is not None and not r.finish_reason}
         for d, r in enumerate(self.owner):
             if r is not None and id(r) not in live:
@@ -264,11 +280,11 @@ class DraftSlots:
         done.update(self.feed({d: texts[d][len(self.held[d]):] for d in followers}))
         elapsed = time.perf_counter() - t0
         if prompts:  # a new row's prompt: the draft's prefill
-            self.prefill_seconds += elapsed
+            self.left_out[0] += elapsed
             self.timing.prefill_seconds += elapsed
             self.timing.record("spec_decode_draft_prefill", elapsed)
         elif behind:
-            self.behind_seconds += elapsed
+            self.left_out[1] += elapsed
         return done
 
     def feed(self, pending: dict[int, list[int]]) -> dict[int, tuple[np.ndarray, np.ndarray]]:

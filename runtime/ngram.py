@@ -34,7 +34,6 @@ verify_sampler too (built since it came).
 """
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -59,6 +58,8 @@ class Lookup:
 
     k: int
     adaptive: bool = True
+    cost = 0.0  # what a lookup costs a step, for Pace: left out (tens of microseconds), as it always was
+    timed = False  # (a draft model's guesses are: runtime/draft_model.py's DraftSlots)
 
     def propose(self, tokens: list[int]) -> list[int]:
         """What followed the most recent earlier occurrence of the text's last n tokens (longest n first).
@@ -152,35 +153,24 @@ class NgramScheduler(Scheduler):
                 exact = r.params.temperature == 0 or self.walked(r)  # (else min_new_tokens' ban: `room`)
                 if (n := min(most, r.max_new_tokens - len(r.output_ids) - 1 if exact else room(r))) > 0:
                     left[s] = n
-        return self.proposer.guesses(rows, left) if left else {}
+        return self.proposer.guesses(rows, left)
 
     def decode(self):
         hi = max(self.decoding()) + 1
         rows = [self.active.get(s) for s in range(hi)]
         starts = [write_position(r) for r in rows]
         # (looked up only for a step that may check them: Pace takes plain steps where they lose)
-        t0 = time.perf_counter()
         trying = self.pace is None or self.pace.guessing()
-        model = self.proposer is not self.lookup
-        marks = (self.proposer.prefill_seconds, self.proposer.behind_seconds, self.timing.draft_runs) if model else ()
         drafts = self.guesses(rows, starts) if trying else {}
-        # A draft model's steps are counted against guessing, in the step's time, even where the draft
-        # was too unsure to guess; but for its prefill of new rows' prompts (the prefill's time), and,
-        # for Pace, a catch-up on tokens plain steps took meanwhile (paid once, not per step).
-        drafting = paced = 0.0  # (a lookup's own time is left out, as it always was: tens of microseconds)
-        if model:
-            drafting = time.perf_counter() - t0 - (self.proposer.prefill_seconds - marks[0])
-            paced = drafting - (self.proposer.behind_seconds - marks[1])
-            if self.timing.draft_runs > marks[2]:  # (the draft ran: a row to guess for)
-                self.timing.draft_seconds += drafting
-                self.timing.generation_seconds += drafting
-                self.timing.record("spec_decode_draft_proposal", drafting)
+        # (a draft model's steps count against guessing, even where the draft was too unsure to guess)
+        paced = self.proposer.cost if trying else 0.0
         if not drafts:
             before = self.timing.generated_tokens
             out, elapsed = super().decode()
             if self.pace is not None:
                 # (a lookup that found nothing cost nothing: a plain step's figure; a draft model's did)
-                self.pace.record(trying and model, self.timing.generated_tokens - before, elapsed + paced)
+                self.pace.record(trying and self.proposer.timed, self.timing.generated_tokens - before,
+                                 elapsed + paced)
             return out, elapsed
         width = 1 + max(map(len, drafts.values()))
         self.ensure(max(p + width for p in starts))
