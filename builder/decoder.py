@@ -170,7 +170,8 @@ class DecoderWriter(AttentionWriter, HeadWriter, WeightWriter):
                  native_kernels: bool = False, lora_rank: int = 0,
                  eagle: tuple[tuple[int, ...], np.ndarray] | None = None,
                  local_rope: tuple[np.ndarray, np.ndarray] | None = None, ort_form: bool = False,
-                 tree: bool = False, verify_logits: bool = False, kv_int8: bool = False, grids: dict | None = None):
+                 tree: bool = False, verify_logits: bool = False, kv_int8: bool = False, grids: dict | None = None,
+                 handoff: dict | None = None):
         if graph not in GRAPHS:
             raise ValueError(f"graph must be one of {GRAPHS}, got {graph!r}")
         self.legacy = graph == "legacy"
@@ -239,6 +240,9 @@ class DecoderWriter(AttentionWriter, HeadWriter, WeightWriter):
         # a GPTQ/AWQ checkpoint's grids (builder/prequantized.py), and the projections whose grid int4
         # or int8 kept (quantize_weight)
         self.grids, self.kept = grids or {}, []
+        # quantize_weight's results, shared by the build's two writers (llm.onnx, then its ONNX Runtime
+        # form), so that each weight is quantized once: the second takes (and frees) what the first made
+        self.handoff = handoff
 
     def linear(self, name: str, x: str, prefix: str, bias: bool = False) -> str:
         """x @ W.T (+ b)."""

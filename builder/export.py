@@ -127,16 +127,20 @@ def export_onnx(ck: ckpt.Checkpoint, config: BuildConfig, out_dir: Path, log, ba
         refuse_bfloat16(config, backend, native and half_supported(draft.spec, config.dtype, quant), draft.spec,
                         f"the EAGLE head {config.eagle}")
     grids = prequantized.as_written(ck.grids, spec) if ck.grids else None
+    # An ONNX Runtime form follows llm.onnx: it takes llm.onnx's quantized weights (WeightWriter.quantize_weight)
+    ort_form = backend == "onnxruntime" and config.graph == "modern" and (gqa or quant is not None or half)
+    handoff = {} if ort_form and quant is not None else None
     writer = DecoderWriter(spec, weights, cos, sin, max_top_k, quant=quant, dtype=config.dtype,
                            graph=config.graph, lora_rank=config.max_lora_rank, eagle=joint, local_rope=local,
-                           tree=tree, verify_logits=backend == "onnxruntime", grids=grids)
+                           tree=tree, verify_logits=backend == "onnxruntime", grids=grids,
+                           handoff=handoff)
     save_linted(writer.write(), out_dir, ONNX_NAME, "the exported graph", config.trt_version)
     if grids:
         log(prequantized.grid_note(ck.source["prequantized"], quant, grids, writer.kept, spec,
                                    takes_quantization=config.graph == "modern" and config.dtype != "bfloat16"))
     del writer
     lowerings = []
-    if backend == "onnxruntime" and config.graph == "modern" and (gqa or quant is not None or half):
+    if ort_form:
         # The ONNX Runtime form starts from a graph whose attention is a fused kernel (ours or ORT's)
         # and whose quantized or float16 MatMuls are ours (or left for ORT to fuse as MatMulNBits,
         # the embedding looked up in int8: DecoderWriter.quantized_embedding); the canonical
@@ -164,7 +168,7 @@ def export_onnx(ck: ckpt.Checkpoint, config: BuildConfig, out_dir: Path, log, ba
                                ort_attention=gqa or half, native_kernels=native,
                                lora_rank=config.max_lora_rank, eagle=joint, local_rope=local, ort_form=True,
                                tree=tree, verify_logits=True, kv_int8=config.kv_cache_dtype == "int8",
-                               grids=grids)
+                               grids=grids, handoff=handoff)
         save(writer.write(), out_dir, ORT_SOURCE)
     section = export_draft(draft, config, out_dir, log, num_positions, quant, native, backend, tree) if draft else {}
     return spec, max_top_k, num_positions, lowerings, section

@@ -288,6 +288,22 @@ def dequantize(codes: np.ndarray, scale: np.ndarray, offset: np.ndarray | None, 
     return w if offset is None else w + np.repeat(offset, block_size, axis=0)
 
 
+def pack_nibbles(codes: np.ndarray) -> tuple[np.ndarray, tuple[int, ...]]:
+    """int4 codes (one per byte in numpy) -> two to a byte, and the shape to unpack them to."""
+    flat = codes.astype(np.int8).reshape(-1)
+    low = flat.view(np.uint8) & 0xF
+    if low.size % 2:
+        low = np.append(low, np.uint8(0))
+    return low[0::2] | (low[1::2] << 4), codes.shape
+
+
+def unpack_nibbles(packed: tuple[np.ndarray, tuple[int, ...]]) -> np.ndarray:
+    """pack_nibbles' inverse."""
+    data, shape = packed
+    both = np.stack([data & 0xF, data >> 4], axis=-1).reshape(-1)[:int(np.prod(shape))].astype(np.int8)
+    return np.where(both > 7, both - 16, both).astype(np.int8).astype(ONNX_DTYPE[4]).reshape(shape)
+
+
 def pack_rows(codes: np.ndarray, scale: np.ndarray, offset: np.ndarray | None, bits: int, block_size: int = 32):
     """quantize()'s [in, out] layout -> trtllm.cpu::MatMulBlockQuant's row-major one (plugins/cpu):
     codes uint8 [out, in / 2] (int4: q = c + 8 in [0, 15], per block of 32 byte i = q[i] | q[i + 16] << 4,

@@ -5,16 +5,19 @@ quantized engine's int8 token embedding.
 
 A mixin of DecoderWriter (builder/decoder.py), whose __init__ sets what these methods read: g (the
 GraphWriter), spec, w (the weights), io, quant, half, native, dtype, storage, ort_form, half_embedding,
-quantized (the cache of quantized weights), has_generated, grids (a GPTQ/AWQ checkpoint's) and kept
-(the projections whose grid int4 or int8 kept).
+quantized (the cache of quantized weights), handoff (quantize_weight's results, shared with the build's
+other writer), has_generated, grids (a GPTQ/AWQ checkpoint's) and kept (the projections whose grid
+int4 or int8 kept).
 """
 from __future__ import annotations
+
+from dataclasses import replace
 
 import numpy as np
 from onnx import TensorProto
 
 from trtllm.builder import prequantized
-from trtllm.builder.quantize import QuantScheme, pack_rows, quantize, swiglu_rows
+from trtllm.builder.quantize import QuantScheme, pack_nibbles, pack_rows, quantize, swiglu_rows, unpack_nibbles
 from trtllm.plugins import cpu as cpu_kernels
 
 F32, I64 = TensorProto.FLOAT, TensorProto.INT64
@@ -79,14 +82,31 @@ class WeightWriter:
 
     def quantize_weight(self, w: np.ndarray, scheme: QuantScheme, parts: list[str]):
         """quantize() of w [out, in] or, where its parts are a GPTQ/AWQ checkpoint's projections that
-        the scheme's blocks hold, their own codes and scales (prequantized.on_blocks; `kept` lists those)."""
+        the scheme's blocks hold, their own codes and scales (prequantized.on_blocks; `kept` lists
+        those). Made once per build: where the build writes two graphs of the weights (`handoff` set),
+        the first leaves each result there and the second takes it (the int4 grid search is most of an
+        int4 build's time)."""
+        key = (tuple(parts), w.shape, replace(scheme, activations="float32"))  # (activations: the kernel's)
+        if self.handoff is not None and key in self.handoff:
+            (codes, scale, offset), kept = self.handoff.pop(key)
+            made = unpack_nibbles(codes) if scheme.bits == 4 else codes, scale, offset
+        else:
+            made, kept = self.quantize_new(w, scheme, parts)
+            if self.handoff is not None:  # int4 codes two to a byte: it holds 0.75 bytes a weight, not 1.25
+                codes, scale, offset = made
+                self.handoff[key] = (pack_nibbles(codes) if scheme.bits == 4 else codes, scale, offset), kept
+        if kept:
+            self.kept.extend(parts)
+        return made
+
+    def quantize_new(self, w: np.ndarray, scheme: QuantScheme, parts: list[str]):
+        """(quantize_weight's result, whether it is the checkpoint's own grid)."""
         grids = [self.grids.get(f"{p}.weight") for p in parts]
         if grids and all(grids):
             kept = prequantized.on_blocks(grids, w.T, scheme)
             if kept is not None:
-                self.kept.extend(parts)
-                return kept
-        return quantize(w.T, scheme)  # (a view: quantize copies a slice at a time)
+                return kept, True
+        return quantize(w.T, scheme), False  # (a view: quantize copies a slice at a time)
 
     def dequantized(self, prefix: str, codes: str, scale: str, scheme: QuantScheme) -> str:
         """DequantizeLinear of a quantized weight [in, out], one node per weight (a tied lm_head and
