@@ -341,6 +341,7 @@ def serve(input_file: Path, engine_dir: Path, output: str | None, profile: str |
         max_bytes = parse_size(kv_cache_size)
     except ValueError as e:
         fail_usage(str(e))
+    from trtllm.runtime import spec_options
     from trtllm.runtime.chat_template import ChatTemplate
     from trtllm.runtime.engine import load_engine
     from trtllm.runtime.lora import AdapterSet
@@ -350,26 +351,10 @@ def serve(input_file: Path, engine_dir: Path, output: str | None, profile: str |
 
     if spec_ngram and spec_draft_engine:
         fail_usage("--spec-ngram and --spec-draft-engine each choose the guesses: give one")
-    # The draft is checked before the model loads: one it cannot use is said at once, and only a model
-    # that will draft with it goes on the pool of workers the two share (session_options: once made,
-    # every later session of the process must run on it). An EAGLE engine, a TensorRT one and one whose
-    # graph does not give the checked positions' logits ignore it (said below).
-    drafting = bool(spec_draft_engine and spec_draft_step != 0 and manifest is not None and not manifest.eagle
-                    and manifest.backend == "onnxruntime" and manifest.prompt_logits)
-    if spec_draft_engine and spec_draft_step != 0:
-        from trtllm.runtime import draft_model
-
-        try:
-            vocab = Tokenizer.from_engine_dir(engine_dir, manifest.files).vocab() if drafting else None
-        except Exception:  # noqa: BLE001 - a broken tokenizer file: said below, where the engine loads
-            vocab, drafting = None, False
-        try:
-            if vocab is None:
-                mf.load(spec_draft_engine)
-            else:
-                draft_model.check(spec_draft_engine, manifest, engine_dir, vocab)
-        except (mf.ManifestError, draft_model.DraftError) as e:
-            fail_usage(f"--spec-draft-engine: {e}")
+    try:
+        drafting = spec_options.check_draft(spec_draft_engine, spec_draft_step, engine_dir, manifest)
+    except spec_options.OptionError as e:
+        fail_usage(str(e))
     try:
         engine = load_engine(engine_dir, num_threads=threads, huge_pages=huge_pages, spin=spin,
                              shared_threads=drafting)
@@ -413,29 +398,12 @@ def serve(input_file: Path, engine_dir: Path, output: str | None, profile: str |
         fail_usage(f"{engine_dir}: its tokenizer or chat template cannot be loaded ({type(e).__name__}: {e}); "
                    "rebuild it with trtllm-build")
     runner = Runner(engine, tokenizer, template, prefixes, drafter, prefill_chunk)
-    if spec_ngram or spec_draft_engine:
-        what = "--spec-ngram" if spec_ngram else "--spec-draft-engine"
-        m = engine.manifest
-        why = ("its EAGLE head drafts" if drafter is not None else "" if m.prompt_logits or m.eagle.get("logprobs")
-               else "a TensorRT plan does not give the checked positions' logits" if m.backend == "tensorrt"
-               else "its graph does not give the checked positions' logits (rebuild it with trtllm-build)")
-        if why:
-            stdout.say(f"warning: {what} ignored: {engine_dir}: {why}")
-        elif spec_ngram:
-            from trtllm.runtime.ngram import Lookup
-
-            runner.lookup = Lookup(spec_ngram)
-        elif spec_draft_step != 0:  # (0: no drafting)
-            from trtllm.runtime import draft_model
-
-            try:
-                runner.lookup = draft_model.load(spec_draft_engine, spec_draft_step, num_threads=threads,
-                                                 huge_pages=huge_pages, spin=spin, shared_threads=True)
-            except ManifestError as e:
-                fail_usage(f"--spec-draft-engine: {e}")
-        if runner.lookup is not None and not m.samples_verified:
-            stdout.say(f"warning: {what}: requests that sample decode without it: {engine_dir} was built "
-                       "before its graph sampled the checked positions (rebuild it with trtllm-build)")
+    try:
+        runner.lookup = spec_options.proposer(engine_dir, engine.manifest, spec_ngram, spec_draft_engine,
+                                              spec_draft_step, stdout.say, num_threads=threads,
+                                              huge_pages=huge_pages, spin=spin)
+    except spec_options.OptionError as e:
+        fail_usage(str(e))
     if context_reuse:
         from trtllm.runtime.context_cache import ContextCache
 
