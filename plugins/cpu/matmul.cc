@@ -103,7 +103,7 @@ __attribute__((target("avx512f,avx512bw,avx512vl,fma"))) void row_params_avx512(
 __attribute__((target("avx512f,avx512bw,avx512vl,fma"))) void dequant_rows_avx512(const Weights& w, int64_t r0, int nr,
                                                                                 float* out) {
   const int64_t nb = w.blocks();
-  const __m128i low = _mm_set1_epi8(0x0F);
+  const __m512 nibbles = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
   thread_local std::vector<float> params;
   params.resize(2 * nb);
   for (int r = 0; r < nr; ++r) {
@@ -118,14 +118,13 @@ __attribute__((target("avx512f,avx512bw,avx512vl,fma"))) void dequant_rows_avx51
     const float* scale = params.data();
     const float* offset = params.data() + nb;
     float* dst = out + r * w.k;
-    if (w.bits == 4) {
+    if (w.bits == 4) {  // the block's 16 weights s q + o, then each code looked up (as fused_avx512)
       const uint8_t* p = w.codes + row * nb * (kBlock / 2);
       for (int64_t b = 0; b < nb; ++b, p += kBlock / 2, dst += kBlock) {
-        const __m512 s = _mm512_set1_ps(scale[b]), o = _mm512_set1_ps(offset[b]);
-        const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-        const __m128i lo = _mm_and_si128(raw, low), hi = _mm_and_si128(_mm_srli_epi16(raw, 4), low);
-        _mm512_storeu_ps(dst, _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(lo)), s, o));
-        _mm512_storeu_ps(dst + 16, _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(hi)), s, o));
+        const __m512 table = _mm512_fmadd_ps(nibbles, _mm512_set1_ps(scale[b]), _mm512_set1_ps(offset[b]));
+        const __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+        _mm512_storeu_ps(dst, _mm512_permutexvar_ps(v, table));
+        _mm512_storeu_ps(dst + 16, _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), table));
       }
     } else {
       const int8_t* p = reinterpret_cast<const int8_t*>(w.codes) + row * w.k;
@@ -187,7 +186,9 @@ __attribute__((target("avx512f,avx512bw,avx512vl,fma"))) void fused_avx512(const
   // is bound by its vector instructions, not by memory, at 4 bits.
   constexpr bool kFactor = MR <= 2;
   const int64_t nb = w.blocks();
-  const __m128i low = _mm_set1_epi8(0x0F);
+  // 4-bit codes: v & 15 as float32 in one instruction, a table lookup that reads only its index's
+  // low 4 bits (an AND and a conversion before)
+  const __m512 nibbles = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
   __m512 acc[MR][NR];
 #pragma GCC unroll 4
   for (int m = 0; m < MR; ++m)
@@ -230,23 +231,28 @@ __attribute__((target("avx512f,avx512bw,avx512vl,fma"))) void fused_avx512(const
         __m512i lo, hi;
         if (BITS == 4 && kFactor) {
           hi = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w.codes + at * (kBlock / 2))));
-          lo = _mm512_and_si512(hi, _mm512_set1_epi32(0x0F));
-        } else if (BITS == 4) {
-          const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w.codes + at * (kBlock / 2)));
-          lo = _mm512_cvtepu8_epi32(_mm_and_si128(raw, low));
-          hi = _mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(raw, 4), low));
+          lo = hi;  // (its low nibble is taken by the lookup below)
+        } else if (BITS == 4) {  // (each nibble is looked up in the row's table of 16 weights below)
+          lo = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w.codes + at * (kBlock / 2))));
+          hi = _mm512_srli_epi32(lo, 4);
         } else {
           const int8_t* p = reinterpret_cast<const int8_t*>(w.codes) + at * kBlock;
           lo = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
           hi = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16)));
         }
         if (kFactor) {
-          wlo[r] = _mm512_cvtepi32_ps(lo);
+          wlo[r] = BITS == 4 ? _mm512_permutexvar_ps(lo, nibbles) : _mm512_cvtepi32_ps(lo);
           whi[r] = _mm512_cvtepi32_ps(hi);
         } else {
           const __m512 s = _mm512_set1_ps(scale[r][b - b0]), o = _mm512_set1_ps(offset[r][b - b0]);
-          wlo[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(lo), s, o);
-          whi[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(hi), s, o);
+          if (BITS == 4) {  // the block's 16 weights s q + o, each made as below, then looked up
+            const __m512 table = _mm512_fmadd_ps(nibbles, s, o);
+            wlo[r] = _mm512_permutexvar_ps(lo, table);
+            whi[r] = _mm512_permutexvar_ps(hi, table);
+          } else {
+            wlo[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(lo), s, o);
+            whi[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(hi), s, o);
+          }
         }
       }
 #pragma GCC unroll 4
