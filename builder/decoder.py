@@ -171,7 +171,7 @@ class DecoderWriter(AttentionWriter, HeadWriter, WeightWriter):
                  eagle: tuple[tuple[int, ...], np.ndarray] | None = None,
                  local_rope: tuple[np.ndarray, np.ndarray] | None = None, ort_form: bool = False,
                  tree: bool = False, verify_logits: bool = False, kv_int8: bool = False, grids: dict | None = None,
-                 handoff: dict | None = None):
+                 handoff: dict | None = None, hand_on: dict | None = None):
         if graph not in GRAPHS:
             raise ValueError(f"graph must be one of {GRAPHS}, got {graph!r}")
         self.legacy = graph == "legacy"
@@ -241,8 +241,9 @@ class DecoderWriter(AttentionWriter, HeadWriter, WeightWriter):
         # or int8 kept (quantize_weight)
         self.grids, self.kept = grids or {}, []
         # quantize_weight's results, shared by the build's two writers (llm.onnx, then its ONNX Runtime
-        # form), so that each weight is quantized once: the second takes (and frees) what the first made
-        self.handoff = handoff
+        # form), so that each weight is quantized once: the first leaves them in `hand_on`, the second
+        # takes (and frees) them from `handoff`
+        self.handoff, self.hand_on = {} if handoff is None else handoff, hand_on
 
     def linear(self, name: str, x: str, prefix: str, bias: bool = False) -> str:
         """x @ W.T (+ b)."""

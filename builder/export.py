@@ -133,7 +133,7 @@ def export_onnx(ck: ckpt.Checkpoint, config: BuildConfig, out_dir: Path, log, ba
     writer = DecoderWriter(spec, weights, cos, sin, max_top_k, quant=quant, dtype=config.dtype,
                            graph=config.graph, lora_rank=config.max_lora_rank, eagle=joint, local_rope=local,
                            tree=tree, verify_logits=backend == "onnxruntime", grids=grids,
-                           handoff=handoff)
+                           hand_on=handoff)
     save_linted(writer.write(), out_dir, ONNX_NAME, "the exported graph", config.trt_version)
     if grids:
         log(prequantized.grid_note(ck.source["prequantized"], quant, grids, writer.kept, spec,
@@ -170,6 +170,7 @@ def export_onnx(ck: ckpt.Checkpoint, config: BuildConfig, out_dir: Path, log, ba
                                tree=tree, verify_logits=True, kv_int8=config.kv_cache_dtype == "int8",
                                grids=grids, handoff=handoff)
         save(writer.write(), out_dir, ORT_SOURCE)
+        del writer, handoff  # (whatever the second did not take)
     section = export_draft(draft, config, out_dir, log, num_positions, quant, native, backend, tree) if draft else {}
     return spec, max_top_k, num_positions, lowerings, section
 

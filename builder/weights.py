@@ -5,8 +5,8 @@ quantized engine's int8 token embedding.
 
 A mixin of DecoderWriter (builder/decoder.py), whose __init__ sets what these methods read: g (the
 GraphWriter), spec, w (the weights), io, quant, half, native, dtype, storage, ort_form, half_embedding,
-quantized (the cache of quantized weights), handoff (quantize_weight's results, shared with the build's
-other writer), has_generated, grids (a GPTQ/AWQ checkpoint's) and kept (the projections whose grid
+quantized (the cache of quantized weights), handoff and hand_on (quantize_weight's results, taken
+from and left for the build's other writer), has_generated, grids (a GPTQ/AWQ checkpoint's) and kept (the projections whose grid
 int4 or int8 kept).
 """
 from __future__ import annotations
@@ -83,18 +83,21 @@ class WeightWriter:
     def quantize_weight(self, w: np.ndarray, scheme: QuantScheme, parts: list[str]):
         """quantize() of w [out, in] or, where its parts are a GPTQ/AWQ checkpoint's projections that
         the scheme's blocks hold, their own codes and scales (prequantized.on_blocks; `kept` lists
-        those). Made once per build: where the build writes two graphs of the weights (`handoff` set),
-        the first leaves each result there and the second takes it (the int4 grid search is most of an
-        int4 build's time)."""
+        those). An int4 weight is made once per build: where the build writes two graphs of the
+        weights, the first leaves each result in `hand_on` and the second takes it from `handoff`,
+        the same dict (int4's grid and offset searches are most of an int4 build's time)."""
+        # (the same parts, shape and scheme are the same array in both writers: both read self.w)
         key = (tuple(parts), w.shape, replace(scheme, activations="float32"))  # (activations: the kernel's)
-        if self.handoff is not None and key in self.handoff:
+        if key in self.handoff:
             (codes, scale, offset), kept = self.handoff.pop(key)
-            made = unpack_nibbles(codes) if scheme.bits == 4 else codes, scale, offset
+            made = unpack_nibbles(codes), scale, offset
         else:
             made, kept = self.quantize_new(w, scheme, parts)
-            if self.handoff is not None:  # int4 codes two to a byte: it holds 0.75 bytes a weight, not 1.25
+            # int4 only, its codes two to a byte (0.75 bytes a weight held between the writers): int8's
+            # rounding is quick (the demo model's int8 build took as long with it, and 10% more memory)
+            if self.hand_on is not None and scheme.bits == 4:
                 codes, scale, offset = made
-                self.handoff[key] = (pack_nibbles(codes) if scheme.bits == 4 else codes, scale, offset), kept
+                self.hand_on[key] = (pack_nibbles(codes), scale, offset), kept
         if kept:
             self.kept.extend(parts)
         return made

@@ -18,10 +18,10 @@ def ignores_guesses(manifest: Manifest, draft_step: int | str) -> str:
     the logits of the positions a step checks."""
     if manifest.eagle and draft_step != 0:
         return "its EAGLE head drafts"
-    if manifest.prompt_logits or manifest.eagle.get("logprobs"):
-        return ""
     if manifest.backend == "tensorrt":
         return "a TensorRT plan does not give the checked positions' logits"
+    if manifest.prompt_logits or manifest.eagle.get("logprobs"):
+        return ""
     return "its graph does not give the checked positions' logits (rebuild it with trtllm-build)"
 
 
