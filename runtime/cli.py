@@ -1,4 +1,4 @@
-"""trtllm-run INPUT.json --engine ENGINE_DIR [--output OUT.json] [--profile PROFILE.json]
+"""trtllm-run INPUT.json|- --engine ENGINE_DIR [--output OUT.json] [--profile PROFILE.json]  (-: stdin)
 
 Exit codes: 0 every request succeeded; 1 some request failed (its response says why: a bad value
 in the request, naming its JSON path, or what the engine could not do); 2 the input file's JSON or
@@ -175,7 +175,7 @@ def check_batch_size(inp: fmt.InputFile, manifest) -> None:
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
-@click.argument("input_file", type=click.Path(dir_okay=False, path_type=Path))
+@click.argument("input_file", type=click.Path(dir_okay=False, path_type=Path))  # `-`: stdin
 @click.option("--engine", "engine_dir", required=True, type=click.Path(path_type=Path),
               help="Engine directory written by trtllm-build.")
 @click.option("--output", type=click.Path(dir_okay=False),  # a str: Path would drop a trailing /
@@ -259,7 +259,7 @@ def main(input_file: Path, engine_dir: Path, output: str | None, profile: str | 
          kv_cache_dir: Path | None, kv_cache_size: str, threads: int | None, huge_pages: bool, spin: bool,
          spec_draft_step: int | str, spec_draft_top_k: int | str, spec_verify_size: int | str,
          spec_ngram: int, spec_draft_engine: Path | None, prefill_chunk: int) -> None:
-    """Answer the requests in INPUT_FILE with the engine in --engine."""
+    """Answer the requests in INPUT_FILE (`-`: read it from stdin) with the engine in --engine."""
     stdout.hold()
     try:
         with warnings.catch_warnings(), interrupt.watch() as interrupts:  # (both restored after the run)
@@ -319,7 +319,8 @@ def serve(input_file: Path, engine_dir: Path, output: str | None, profile: str |
     check_writable(output, "--output")
     check_writable(profile, "--profile")
     for option, path in (("--output", output), ("--profile", profile)):
-        if path is not None and same_file(path, input_file):  # the run would replace its own input
+        # the run would replace its own input (`-`: stdin, redirected from that file)
+        if path is not None and same_file(path, "/dev/stdin" if str(input_file) == "-" else input_file):
             fail_usage(f"{option} {files.shown(path)} is the input file")
         if path is not None and files.descriptor(path) is None and inside(path, engine_dir):  # or a file of the engine
             fail_usage(f"{option} {files.shown(path)} is inside the engine directory {files.shown(engine_dir)}: "

@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+import sys
 from dataclasses import dataclass, field
 
 from trtllm.runtime import beam_rules, files, guided, reasoning, tool_calls
@@ -359,10 +360,13 @@ def read_input(path: str | os.PathLike, bundled_loras: tuple[str, ...] | None = 
     (generation_config.model_defaults), `refused`: those of them that cannot be used, name -> why
     (RefusedDefault where one would apply)."""
     name = os.fspath(path)
-    label = f"input file `{files.shown(name)}`"
+    label = "the input on stdin (`-`)" if name == "-" else f"input file `{files.shown(name)}`"
     try:
-        with open(name, "rb") as f:
-            data = f.read()
+        if name == "-":  # (as other tools read `-`; a file of that name is ./-)
+            data = sys.stdin.buffer.read()
+        else:
+            with open(name, "rb") as f:
+                data = f.read()
     except OSError as e:
         _fail("", "a readable file", None, shown=e.strerror or type(e).__name__, label=label)
     obj = _decode(data, label)

@@ -424,3 +424,27 @@ def test_truncate_prompt_tokens_keeps_the_prompts_last_tokens(run_cli, tiny_engi
         _, out = run_cli(engine, {"requests": [{"messages": [{"role": "user", "content": "x"}],
                                                 "truncate_prompt_tokens": bad}]})
         assert out["responses"][0]["error"].startswith("`requests[0].truncate_prompt_tokens` must be an integer >= 1")
+
+
+def test_the_input_read_from_stdin(run_cli, tiny_engine, tmp_path):
+    """`-` reads the input from stdin, as other tools do: the same answers as from a file, an error
+    that names stdin, and an --output that is the file stdin is redirected from refused."""
+    import subprocess
+    import sys
+
+    engine = tiny_engine("llama")
+    payload = {"temperature": 0, "max_generate_length": 6, "requests": [chat("Hello there"), chat("Paris")]}
+    _, from_file = run_cli(engine, payload)
+    result = CliRunner().invoke(main, ["-", "--engine", str(engine)], input=json.dumps(payload))
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.stdout)
+    assert out["input_file"] == "-"
+    assert [r["output_ids"] for r in out["responses"]] == [r["output_ids"] for r in from_file["responses"]]
+    bad = CliRunner().invoke(main, ["-", "--engine", str(engine)], input="{")
+    assert bad.exit_code == 2 and "the input on stdin (`-`)" in bad.output, bad.output
+    (tmp_path / "in.json").write_text(json.dumps(payload))
+    with open(tmp_path / "in.json", "rb") as stdin:
+        run = subprocess.run([sys.executable, "-m", "trtllm.runtime", "-", "--engine", str(engine),
+                              "--output", str(tmp_path / "in.json")], stdin=stdin, capture_output=True, text=True)
+    assert run.returncode == 2 and "is the input file" in run.stdout + run.stderr, run.stdout + run.stderr
+    assert json.loads((tmp_path / "in.json").read_text()) == payload
