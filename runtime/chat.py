@@ -5,12 +5,13 @@ line read is a user turn, and the answer is printed as it is generated. Every tu
 of the conversation so far (trtllm-run --context-reuse's store, in a temporary directory unless
 --kv-cache-dir), so a turn computes only its own new tokens. `/reset` starts the conversation over,
 `/exit` or the end of the input ends it. Ctrl-C stops an answer (what it said so far stays in the
-conversation); at the prompt it ends the chat. Settings are the input file's
-(docs/input_format.md), checked as trtllm-run checks them.
+conversation); at the prompt it ends the chat, and SIGTERM or SIGHUP end it (exit 130). Settings
+are the input file's (docs/input_format.md), checked as trtllm-run checks them.
 """
 from __future__ import annotations
 
 import json
+import signal
 import sys
 import tempfile
 from pathlib import Path
@@ -19,6 +20,14 @@ import click
 
 from trtllm.runtime import input_format as fmt
 from trtllm.runtime import interrupt, stdout
+from trtllm.runtime.messages import MAX_MESSAGES
+
+
+class Out:
+    """What became of stdout: a write that failed stops the answer and ends the chat (exit 141
+    where its reader went away, as trtllm-run; 3 otherwise)."""
+
+    error: OSError | None = None
 
 
 def settings_of(pairs: tuple[str, ...]) -> dict:
@@ -36,14 +45,31 @@ def settings_of(pairs: tuple[str, ...]) -> dict:
 
 
 def document(settings: dict, messages: list[dict]) -> dict:
-    """A turn as trtllm-run's input file holds it: the settings, and one request of the conversation."""
-    return {**settings, "requests": [{"messages": messages}]}
+    """A turn as trtllm-run's input file holds it: the settings, and one request of the conversation
+    (a request's own fields, such as stop or lora_name, in the request)."""
+    top = {k: v for k, v in settings.items() if k in fmt.TOP_LEVEL}
+    own = {k: v for k, v in settings.items() if k not in fmt.TOP_LEVEL}
+    return {**top, "requests": [{**own, "messages": messages}]}
 
 
 def show(sample, text: str, finish_reason, token_ids, fields=None) -> None:
-    """Runner.run's on_text: the answer's text as it comes."""
-    sys.stdout.write(text)
-    sys.stdout.flush()
+    """Runner.run's on_text: the answer's text as it comes. A stdout that fails stops the answer as
+    a Ctrl-C does (Runner.run keeps what it has); the chat then ends (ask)."""
+    if Out.error is not None:
+        return
+    try:
+        stdout.write(text)
+    except OSError as e:
+        Out.error = e
+        raise KeyboardInterrupt from None
+
+
+def closed() -> None:
+    """End the chat for a stdout that failed."""
+    if isinstance(Out.error, BrokenPipeError):
+        sys.exit(141)
+    stdout.say(f"error: stdout could not be written ({Out.error})")
+    sys.exit(3)
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
@@ -51,56 +77,81 @@ def show(sample, text: str, finish_reason, token_ids, fields=None) -> None:
               help="Engine directory written by trtllm-build.")
 @click.option("--system", default=None, help="The system prompt (default: the chat template's own, if it has one).")
 @click.option("--set", "pairs", multiple=True, metavar="NAME=VALUE",
-              help="An input-file setting for every turn, e.g. --set temperature=0.7 --set max_generate_length=512 "
-                   "(docs/input_format.md; VALUE is JSON, or else a string). Repeat for more.")
+              help="An input-file setting for every turn, top-level or a request's own, e.g. --set temperature=0.7 "
+                   "--set max_generate_length=512 --set 'stop=[\"END\"]' (docs/input_format.md; VALUE is JSON, or "
+                   "else a string). Repeat for more.")
 @click.option("--kv-cache-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Where the conversation's KV is kept between turns (default: a temporary directory, removed "
                    "at the end); with a directory, a later chat with the same start restores it too.")
+@click.option("--kv-cache-size", default="2G", show_default=True,
+              help="Size limit of that store; least recently used entries are removed beyond it.")
 @click.option("--threads", type=click.IntRange(min=1), default=None, help="CPU threads (default: all cores).")
 def main(engine_dir: Path, system: str | None, pairs: tuple[str, ...], kv_cache_dir: Path | None,
+         kv_cache_size: str, threads: int | None) -> None:
+    """Chat with the engine in --engine, one line a turn (/reset starts over, /exit ends)."""
+    try:
+        chat(engine_dir, system, settings_of(pairs), kv_cache_dir, kv_cache_size, threads)
+    except KeyboardInterrupt:  # (while loading, or between a turn's answer and the next prompt)
+        stdout.say("interrupted")
+        sys.exit(130)
+
+
+def fail(message: str) -> None:
+    stdout.say(f"error: {message}")
+    sys.exit(2)
+
+
+def chat(engine_dir: Path, system: str | None, settings: dict, kv_cache_dir: Path | None, kv_cache_size: str,
          threads: int | None) -> None:
-    """Chat with the engine in --engine, one line a turn."""
-    settings = settings_of(pairs)
-    if "requests" in settings:
-        raise click.UsageError("--set requests: the turns are the requests")
     stdout.hold()
+    from trtllm.runtime import grammar
     from trtllm.runtime.chat_template import ChatTemplate
     from trtllm.runtime.context_cache import ContextCache
     from trtllm.runtime.engine import load_engine
+    from trtllm.runtime.lora import AdapterSet
     from trtllm.runtime.manifest import ManifestError
-    from trtllm.runtime.prefix_cache import PrefixStore, engine_identity, prefix_identity
+    from trtllm.runtime.prefix_cache import PrefixStore, engine_identity, parse_size, prefix_identity
     from trtllm.runtime.runner import Runner
+    from trtllm.runtime.speculative import Drafter
     from trtllm.runtime.tokenizer import Tokenizer
 
-    def fail(message: str) -> None:
-        stdout.say(f"error: {message}")
-        sys.exit(2)
-
+    if "requests" in settings or "messages" in settings:
+        fail("--set requests / messages: the turns are the conversation")
+    try:
+        max_bytes = parse_size(kv_cache_size)
+    except ValueError as e:
+        fail(f"--kv-cache-size: {e}")
     try:
         engine = load_engine(engine_dir, num_threads=threads)
+        grammar.use_threads(threads)
+        drafter = Drafter.load(engine_dir, engine.manifest)  # (an EAGLE engine's head drafts, as in trtllm-run)
         tokenizer = Tokenizer.from_engine_dir(engine_dir, engine.manifest.files)
         template = ChatTemplate.from_engine_dir(engine_dir, engine.manifest.files)
     except ManifestError as e:
         fail(str(e))
-    except KeyboardInterrupt:
-        sys.exit(130)
     bundled = tuple(engine.manifest.lora.get("adapters", {})) if engine.manifest.lora else None
     first = [{"role": "system", "content": system}] if system is not None else []
     try:  # the settings are checked once, before the first turn
-        fmt.parse_input(document(settings, first + [{"role": "user", "content": "-"}]), bundled)
+        checked = fmt.parse_input(document(settings, first + [{"role": "user", "content": "-"}]), bundled)
     except fmt.InputError as e:
         fail(f"--set: {e}")
+    if checked.requests[0].n > 1:
+        fail("--set n: a chat answers with one sample a turn")
+    adapters = AdapterSet.for_run(engine, checked.available_lora_weights, Path.cwd())  # (loaded once, not per turn)
     with tempfile.TemporaryDirectory(prefix="trtllm-chat-") as scratch:
-        store = PrefixStore(kv_cache_dir or Path(scratch), prefix_identity(engine_identity(engine_dir), engine))
-        runner = Runner(engine, tokenizer, template, store)
+        store = PrefixStore(kv_cache_dir or Path(scratch), prefix_identity(engine_identity(engine_dir), engine),
+                            max_bytes=max_bytes)
+        runner = Runner(engine, tokenizer, template, store, drafter, 256)
         runner.contexts = ContextCache(store)
-        converse(runner, first, settings, bundled)
+        converse(runner, first, settings, bundled, adapters)
 
 
-def converse(runner, first: list[dict], settings: dict, bundled) -> None:
+def converse(runner, first: list[dict], settings: dict, bundled, adapters) -> None:
     """The turns, until /exit, the end of the input or a Ctrl-C at the prompt."""
     history: list[dict] = []
-    prompt = "> " if sys.stdin.isatty() else ""
+    prompt = "> " if sys.stdin is not None and sys.stdin.isatty() else ""
+    if prompt:
+        import readline  # noqa: F401 - input() then edits the line and keeps a history of them
     while True:
         try:
             line = input(prompt)
@@ -116,18 +167,50 @@ def converse(runner, first: list[dict], settings: dict, bundled) -> None:
         if not line:
             continue
         turn = {"role": "user", "content": line}
-        inp = fmt.parse_input(document(settings, first + history + [turn]), bundled)
-        with interrupt.watch():  # a Ctrl-C ends this answer (Runner.run keeps its text), not the chat
-            answer = runner.run(inp, on_text=show)[0]
-        runner.cancelled = False
-        sys.stdout.write("\n")
-        sys.stdout.flush()
+        room = MAX_MESSAGES - len(first) - 1
+        if len(history) > room:  # a request holds at most MAX_MESSAGES: the oldest turns (pairs) go
+            keep = room - room % 2
+            history = history[len(history) - keep:] if keep else []
+            stdout.say(f"(the oldest turns are left out: a request holds at most {MAX_MESSAGES} messages)")
+        try:
+            inp = fmt.parse_input(document(settings, first + history + [turn]), bundled)
+        except fmt.InputError as e:  # (this line: not UTF-8, too long)
+            stdout.say(f"error: {e}")
+            continue
+        answer, ended = ask(runner, inp, adapters)
         if answer["finish_reason"] == "error":  # (a turn the engine cannot take: the conversation stays as it was)
             stdout.say(f"error: {answer.get('error')} (/reset starts the conversation over)")
             continue
         if answer["finish_reason"] == "cancelled":
             stdout.say("(stopped)")
+        elif answer["finish_reason"] == "max-length":
+            stdout.say(f"(cut at {inp.requests[0].max_generate_length} tokens: --set max_generate_length=N for more)")
         history += [turn, {"role": "assistant", "content": answer["output_text"]}]
+        if ended:
+            stdout.say("interrupted")
+            sys.exit(130)
+
+
+def ask(runner, inp, adapters) -> tuple[dict, bool]:
+    """One turn's answer, printed as it comes, and whether a SIGTERM or SIGHUP came (the chat then
+    ends; a Ctrl-C ends only the answer: Runner.run keeps its text as "cancelled")."""
+    ended = []
+    with interrupt.watch() as watch:
+        def ending(signum, frame):
+            ended.append(signum)
+            watch.handle(signum, frame)
+
+        try:
+            for sig in (signal.SIGTERM, signal.SIGHUP):
+                signal.signal(sig, ending)  # (watch() puts the handlers from before back)
+        except ValueError:  # not the main thread
+            pass
+        answer = runner.run(inp, on_text=show, adapters=adapters)[0]
+    runner.cancelled = False
+    show(None, "\n", None, [])
+    if Out.error is not None:
+        closed()
+    return answer, bool(ended)
 
 
 if __name__ == "__main__":

@@ -175,7 +175,8 @@ def check_batch_size(inp: fmt.InputFile, manifest) -> None:
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
-@click.argument("input_file", type=click.Path(dir_okay=False, path_type=Path))  # `-`: stdin
+# (a str: Path would make ./- into -, which is stdin)
+@click.argument("input_file", type=click.Path(dir_okay=False))
 @click.option("--engine", "engine_dir", required=True, type=click.Path(path_type=Path),
               help="Engine directory written by trtllm-build.")
 @click.option("--output", type=click.Path(dir_okay=False),  # a str: Path would drop a trailing /
@@ -253,7 +254,7 @@ def check_batch_size(inp: fmt.InputFile, manifest) -> None:
               help="While other requests generate, prefill a new prompt at most this many tokens per step, "
                    "with a decode step between chunks, so their streams keep going (0: each prompt in one "
                    "step).")
-def main(input_file: Path, engine_dir: Path, output: str | None, profile: str | None, batch_size: int | None,
+def main(input_file: str, engine_dir: Path, output: str | None, profile: str | None, batch_size: int | None,
          max_generate_length: int | None, num_logprobs: int | None, reasoning_parser: str | None,
          tool_call_parser: str | None, sampling_defaults: str, warmup: int, stream: bool, context_reuse: bool,
          kv_cache_dir: Path | None, kv_cache_size: str, threads: int | None, huge_pages: bool, spin: bool,
@@ -278,7 +279,7 @@ def main(input_file: Path, engine_dir: Path, output: str | None, profile: str | 
         sys.exit(130)
 
 
-def serve(input_file: Path, engine_dir: Path, output: str | None, profile: str | None, stream: bool,
+def serve(input_file: str | Path, engine_dir: Path, output: str | None, profile: str | None, stream: bool,
           kv_cache_dir: Path | None, kv_cache_size: str, threads: int | None, huge_pages: bool,
           spec_draft_step: int | str, spec_draft_top_k: int | str, spec_verify_size: int | str,
           prefill_chunk: int, interrupts: interrupt.Watch | None = None, overrides: dict | None = None,
@@ -315,12 +316,12 @@ def serve(input_file: Path, engine_dir: Path, output: str | None, profile: str |
     except fmt.RefusedDefault as e:
         fail_usage(e.message)
     except fmt.InputError as e:
-        fail_usage(f"{files.shown(input_file)}: {e}")
+        fail_usage(str(e) if os.fspath(input_file) == "-" else f"{files.shown(input_file)}: {e}")
     check_writable(output, "--output")
     check_writable(profile, "--profile")
     for option, path in (("--output", output), ("--profile", profile)):
         # the run would replace its own input (`-`: stdin, redirected from that file)
-        if path is not None and same_file(path, "/dev/stdin" if str(input_file) == "-" else input_file):
+        if path is not None and same_file(path, "/dev/stdin" if os.fspath(input_file) == "-" else input_file):
             fail_usage(f"{option} {files.shown(path)} is the input file")
         if path is not None and files.descriptor(path) is None and inside(path, engine_dir):  # or a file of the engine
             fail_usage(f"{option} {files.shown(path)} is inside the engine directory {files.shown(engine_dir)}: "
@@ -411,7 +412,7 @@ def serve(input_file: Path, engine_dir: Path, output: str | None, profile: str |
         runner.contexts = ContextCache(prefixes)
     elif any(getattr(r, name) != getattr(fmt.PLACEHOLDER, name) for r in inp.requests for name in fmt.CONTEXT_FIELDS):
         stdout.say("warning: the context_cache_* policies apply with --context-reuse only")
-    adapters = AdapterSet.for_run(engine, inp.available_lora_weights, input_file.parent)
+    adapters = AdapterSet.for_run(engine, inp.available_lora_weights, Path(input_file).parent)
     adapters.preload({r.lora_name for r in inp.requests if r.lora_name} - set(inp.available_lora_weights))
     replaced_says_so()  # (the tokenizer, template, draft head and bundled adapters: all of one build)
     runner.warm_up(inp, warmup, adapters, frozenset(engine_errors))

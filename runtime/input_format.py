@@ -290,6 +290,8 @@ _TOP_FIELDS = {
     "requests": lambda v, p: v,  # parsed below, once the LoRA names and defaults are known
 }
 
+TOP_LEVEL = frozenset(_TOP_FIELDS)  # the fields the file's top level takes (the others are a request's own)
+
 
 def _top_only(key: str):
     """A top-level setting given in a request: not an unknown key, a misplaced one (reported with the
@@ -363,6 +365,8 @@ def read_input(path: str | os.PathLike, bundled_loras: tuple[str, ...] | None = 
     label = "the input on stdin (`-`)" if name == "-" else f"input file `{files.shown(name)}`"
     try:
         if name == "-":  # (as other tools read `-`; a file of that name is ./-)
+            if sys.stdin is None:  # (`<&-`)
+                raise OSError(0, "stdin is closed")
             data = sys.stdin.buffer.read()
         else:
             with open(name, "rb") as f:

@@ -448,3 +448,22 @@ def test_the_input_read_from_stdin(run_cli, tiny_engine, tmp_path):
                               "--output", str(tmp_path / "in.json")], stdin=stdin, capture_output=True, text=True)
     assert run.returncode == 2 and "is the input file" in run.stdout + run.stderr, run.stdout + run.stderr
     assert json.loads((tmp_path / "in.json").read_text()) == payload
+
+
+def test_a_file_named_dash_is_read_as_dot_slash_dash(tiny_engine, tmp_path, monkeypatch):
+    """`./-` is the file of that name, not stdin; an empty or closed stdin is an error that says so."""
+    import os
+    import subprocess
+    import sys
+
+    payload = {"temperature": 0, "max_generate_length": 3, "requests": [chat("Paris")]}
+    (tmp_path / "-").write_text(json.dumps(payload))
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(main, ["./-", "--engine", str(tiny_engine("llama"))], input="{")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["input_file"] == "./-"
+    command = [sys.executable, "-m", "trtllm.runtime", "-", "--engine", str(tiny_engine("llama"))]
+    empty = subprocess.run(command, stdin=subprocess.DEVNULL, capture_output=True, text=True)
+    assert empty.returncode == 2 and "the input on stdin (`-`) must be valid JSON" in empty.stderr, empty.stderr
+    closed = subprocess.run(command, stdin=None, capture_output=True, text=True, preexec_fn=lambda: os.close(0))
+    assert closed.returncode == 2 and "stdin is closed" in closed.stderr, closed.stderr
