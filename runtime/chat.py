@@ -104,6 +104,7 @@ def fail(message: str) -> None:
 def chat(engine_dir: Path, system: str | None, settings: dict, kv_cache_dir: Path | None, kv_cache_size: str,
          threads: int | None) -> None:
     stdout.hold()
+    Out.error = None  # (a chat of its own: not one an earlier chat in this process had)
     from trtllm.runtime import grammar
     from trtllm.runtime.chat_template import ChatTemplate
     from trtllm.runtime.context_cache import ContextCache

@@ -143,3 +143,6 @@ def test_a_stdout_that_fails_ends_the_chat(tiny_engine, monkeypatch):
     result = CliRunner().invoke(chat.main, ["--engine", str(tiny_engine("llama")), *SETTINGS], input="Hi\nParis\n")
     assert result.exit_code == 141, result.output
     assert len(turns) == 1 and turns[0][1]["finish_reason"] == "cancelled"
+    monkeypatch.undo()  # a later chat in this process writes again
+    result = CliRunner().invoke(chat.main, ["--engine", str(tiny_engine("llama")), *SETTINGS], input="Hi\n")
+    assert result.exit_code == 0 and result.stdout.strip(), result.output
