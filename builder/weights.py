@@ -6,12 +6,10 @@ quantized engine's int8 token embedding.
 A mixin of DecoderWriter (builder/decoder.py), whose __init__ sets what these methods read: g (the
 GraphWriter), spec, w (the weights), io, quant, half, native, dtype, storage, ort_form, half_embedding,
 quantized (the cache of quantized weights), handoff and hand_on (quantize_weight's results, taken
-from and left for the build's other writer), has_generated, grids (a GPTQ/AWQ checkpoint's) and kept (the projections whose grid
-int4 or int8 kept).
+from and left for the build's other writer), has_generated, grids (a GPTQ/AWQ checkpoint's) and
+kept (the projections whose grid int4 or int8 kept).
 """
 from __future__ import annotations
-
-from dataclasses import replace
 
 import numpy as np
 from onnx import TensorProto
@@ -87,7 +85,7 @@ class WeightWriter:
         weights, the first leaves each result in `hand_on` and the second takes it from `handoff`,
         the same dict (int4's grid and offset searches are most of an int4 build's time)."""
         # (the same parts, shape and scheme are the same array in both writers: both read self.w)
-        key = (tuple(parts), w.shape, replace(scheme, activations="float32"))  # (activations: the kernel's)
+        key = (tuple(parts), w.shape, scheme)
         if key in self.handoff:
             (codes, scale, offset), kept = self.handoff.pop(key)
             made = unpack_nibbles(codes), scale, offset

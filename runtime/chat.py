@@ -20,6 +20,8 @@ import click
 
 from trtllm.runtime import input_format as fmt
 from trtllm.runtime import interrupt, stdout
+from trtllm.runtime.cli import PREFILL_CHUNK
+from trtllm.runtime.cli import fail_usage as fail
 from trtllm.runtime.messages import MAX_MESSAGES
 
 
@@ -96,11 +98,6 @@ def main(engine_dir: Path, system: str | None, pairs: tuple[str, ...], kv_cache_
         sys.exit(130)
 
 
-def fail(message: str) -> None:
-    stdout.say(f"error: {message}")
-    sys.exit(2)
-
-
 def chat(engine_dir: Path, system: str | None, settings: dict, kv_cache_dir: Path | None, kv_cache_size: str,
          threads: int | None) -> None:
     stdout.hold()
@@ -142,7 +139,7 @@ def chat(engine_dir: Path, system: str | None, settings: dict, kv_cache_dir: Pat
     with tempfile.TemporaryDirectory(prefix="trtllm-chat-") as scratch:
         store = PrefixStore(kv_cache_dir or Path(scratch), prefix_identity(engine_identity(engine_dir), engine),
                             max_bytes=max_bytes)
-        runner = Runner(engine, tokenizer, template, store, drafter, 256)
+        runner = Runner(engine, tokenizer, template, store, drafter, PREFILL_CHUNK)
         runner.contexts = ContextCache(store)
         converse(runner, first, settings, bundled, adapters)
 

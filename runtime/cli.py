@@ -310,18 +310,19 @@ def serve(input_file: str | Path, engine_dir: Path, output: str | None, profile:
         manifest, bundled = None, ()
     defaults, refused = generation_defaults(engine_dir, manifest) if model_defaults and manifest is not None \
         else (None, {})
+    from_stdin = os.fspath(input_file) == "-"
     try:
         inp = fmt.read_input(input_file, bundled, isolate=True, overrides=overrides,
                              defaults=defaults, refused=refused)  # a bad request fails alone
     except fmt.RefusedDefault as e:
         fail_usage(e.message)
     except fmt.InputError as e:
-        fail_usage(str(e) if os.fspath(input_file) == "-" else f"{files.shown(input_file)}: {e}")
+        fail_usage(str(e) if from_stdin else f"{files.shown(input_file)}: {e}")
     check_writable(output, "--output")
     check_writable(profile, "--profile")
     for option, path in (("--output", output), ("--profile", profile)):
         # the run would replace its own input (`-`: stdin, redirected from that file)
-        if path is not None and same_file(path, "/dev/stdin" if os.fspath(input_file) == "-" else input_file):
+        if path is not None and same_file(path, "/dev/stdin" if from_stdin else input_file):
             fail_usage(f"{option} {files.shown(path)} is the input file")
         if path is not None and files.descriptor(path) is None and inside(path, engine_dir):  # or a file of the engine
             fail_usage(f"{option} {files.shown(path)} is inside the engine directory {files.shown(engine_dir)}: "
