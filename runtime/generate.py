@@ -26,6 +26,7 @@ import numpy as np
 
 from trtllm.runtime import interrupt, kv_cache, prompt_scores, sampling
 from trtllm.runtime.engine import Engine, StepInputs
+from trtllm.runtime.input_fields import MAX_NUM_LOGPROBS as MAX_LOGPROBS
 from trtllm.runtime.lora import StepAdapters
 from trtllm.runtime.rows import PrefixSource, RowState, Timing
 from trtllm.runtime.step_inputs import (GENERATION_HEADROOM, MIN_COMPUTED, adapter_key, by_width,
@@ -39,22 +40,24 @@ __all__ = ["PrefixSource", "RowState", "Timing", "Scheduler", "run_rows", "run_b
 
 
 class Scheduler:
+    """`feed` (trtllm-serve): rows arriving while it runs. `feed(wait)` returns the rows that came
+    since its last call, waiting for one when `wait` (nothing else to do), and None once no more
+    will come; the scheduler then sizes for any row the engine takes (every slot, the whole KV
+    capacity, the most logprobs), since it cannot know them up front."""
+
     def __init__(self, engine: Engine, rows: list[RowState], num_slots: int, timing: Timing | None,
-                 on_token=None, prefixes: PrefixSource | None = None, prefill_chunk: int = 0):
+                 on_token=None, prefixes: PrefixSource | None = None, prefill_chunk: int = 0, feed=None):
         m = engine.manifest
         self.engine, self.timing, self.on_token, self.prefixes = engine, timing or Timing(), on_token, prefixes
+        self.feed = feed
         # (a chunk of one token would take ONNX Runtime's decode attention: see chunk_end)
         self.prefill_chunk = max(prefill_chunk, MIN_COMPUTED) if prefill_chunk > 0 else 0
-        capacity = capacity_for(rows, m.limits.max_kv_cache_capacity)
-        for r in rows:  # the KV buffer bounds what any row can generate (see kv_need)
-            r.max_new_tokens = min(r.max_new_tokens, capacity + 1 - len(r.prompt_ids))
-            # max_generate_length 0: done without a step (nor a slot), unless its prompt is to be scored
-            if r.max_new_tokens <= 0 and r.prompt_logprobs is None:
-                r.finish_reason = "max-length"
-                if on_token is not None:  # its stream still ends, with an empty line
-                    on_token(r)
-        self.pending = deque(r for r in rows if not r.finish_reason)
-        num_slots = max(1, min(num_slots, len(self.pending)))
+        self.capacity = capacity = (m.limits.max_kv_cache_capacity if feed is not None
+                                    else capacity_for(rows, m.limits.max_kv_cache_capacity))
+        self.pending: deque[RowState] = deque()
+        self.add(rows)
+        if feed is None:
+            num_slots = max(1, min(num_slots, len(self.pending)))
         # A backend with device memory (TensorRT) supplies its own KV storage (at its plan's static
         # capacity, so it never grows); the books are the same. Every prompt fits from the start.
         start = capacity
@@ -67,8 +70,8 @@ class Scheduler:
         self.kv = kv_cache.for_engine(engine, num_slots, start)
         self.kv.limit = max(self.kv.capacity, capacity)
         self.timing.kv_cache_bytes = max(self.timing.kv_cache_bytes, self.kv.nbytes)
-        self.batch = sampling.empty_batch(num_slots, m.model.vocab_size,
-                                          max([r.params.num_logprobs for r in rows] + [1]), m.max_top_k)
+        most_logprobs = MAX_LOGPROBS if feed is not None else max([r.params.num_logprobs for r in rows] + [1])
+        self.batch = sampling.empty_batch(num_slots, m.model.vocab_size, most_logprobs, m.max_top_k)
         self.active: dict[int, RowState] = {}
         self.lora = StepAdapters(m, num_slots) if m.lora else None
         self.decode_feeds: dict[int, StepInputs] = {}  # per batch width: reused step after step
@@ -77,8 +80,33 @@ class Scheduler:
     grow_kv = True  # the KV buffers start small and grow as generation needs (ensure); False: whole
     contexts = None  # --context-reuse: runtime/context_cache.py's ContextCache (run_rows sets it)
 
+    def add(self, rows: list[RowState]) -> None:
+        """Rows to run, after those given before."""
+        for r in rows:  # the KV buffer bounds what any row can generate (see kv_need)
+            r.max_new_tokens = min(r.max_new_tokens, self.capacity + 1 - len(r.prompt_ids))
+            # max_generate_length 0: done without a step (nor a slot), unless its prompt is to be scored
+            if r.max_new_tokens <= 0 and r.prompt_logprobs is None:
+                r.finish_reason = "max-length"
+                if self.on_token is not None:  # its stream still ends, with an empty line
+                    self.on_token(r)
+        self.pending.extend(r for r in rows if not r.finish_reason)
+
+    def fed(self) -> bool:
+        """Take what the feed has (waiting for it when idle); False once it is closed and all is done."""
+        while self.feed is not None:
+            rows = self.feed(not (self.pending or self.active))
+            if rows is None:
+                self.feed = None
+                break
+            self.add(rows)
+            # a row ended while it waited (its client went away): it takes no slot
+            self.pending = deque(r for r in self.pending if not r.finish_reason)
+            if self.pending or self.active:
+                return True
+        return bool(self.pending or self.active)
+
     def run(self) -> None:
-        while self.pending or self.active:
+        while self.fed():
             admitted = self.admit()
             self.waiting.update(self.shared(admitted))
             # every prompt not complete: the wave just admitted, and the next chunk of chunked ones
@@ -114,6 +142,9 @@ class Scheduler:
             if slot is None:
                 break
             self.pending.popleft()
+            if self.grow_kv:  # (sized for every row up front, unless it came from the feed)
+                self.ensure(min(self.kv.limit, kv_need(row) if runs_to_length(row)
+                                else len(row.prompt_ids) + GENERATION_HEADROOM))
             row.slot = row.batch_idx = slot
             self.active[slot] = row
             sampling.set_row(self.batch, slot, row.params, m.max_top_k, row.prompt_ids, row.banned, row.repeats)
@@ -440,28 +471,29 @@ class Scheduler:
 
 def run_rows(engine: Engine, rows: list[RowState], num_slots: int | None = None, timing: Timing | None = None,
              on_token=None, prefixes: PrefixSource | None = None, drafter=None, prefill_chunk: int = 0,
-             contexts=None, lookup=None) -> None:
+             contexts=None, lookup=None, feed=None) -> None:
     """Generate until every row has a finish_reason, `num_slots` at a time (default: all at once).
     `on_token(row)` is called after each accepted token (for streaming). `drafter`: an EAGLE
     engine's draft head (runtime/speculative.py), which rows then decode with (those it can
     verify exactly: speculative.py's docstring). `prefill_chunk`: prefill prompts at most this many
     tokens per step while other rows generate (0: whole). `contexts`: --context-reuse's
     ContextCache. `lookup`: --spec-ngram's runtime/ngram.py Lookup, which rows then decode with
-    (engines without a drafter; ngram.py's docstring says which rows)."""
-    if not rows:
+    (engines without a drafter; ngram.py's docstring says which rows). `feed`: rows that arrive
+    while it runs (Scheduler's docstring); it returns once the feed is closed and all are done."""
+    if not rows and feed is None:
         return
     if drafter is not None:
         from trtllm.runtime.speculative import SpecScheduler
 
         scheduler = SpecScheduler(engine, rows, num_slots or len(rows), timing, on_token, prefixes, drafter,
-                                  prefill_chunk)
+                                  prefill_chunk, feed=feed)
     elif lookup is not None:
         from trtllm.runtime.ngram import NgramScheduler
 
         scheduler = NgramScheduler(engine, rows, num_slots or len(rows), timing, on_token, prefixes, prefill_chunk,
-                                   lookup=lookup)
+                                   lookup=lookup, feed=feed)
     else:
-        scheduler = Scheduler(engine, rows, num_slots or len(rows), timing, on_token, prefixes, prefill_chunk)
+        scheduler = Scheduler(engine, rows, num_slots or len(rows), timing, on_token, prefixes, prefill_chunk, feed)
     scheduler.contexts = contexts
     scheduler.run()
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from trtllm.runtime import input_format as fmt
-from trtllm.runtime import beam_requests, interrupt, reasoning, request_checks, run_profile, tool_calls, tool_stream
+from trtllm.runtime import beam_requests, interrupt, reasoning, request_checks, run_profile, tool_calls
 from trtllm.runtime.chat_template import ChatTemplate, ChatTemplateError, raw_prompt
 from trtllm.runtime.engine import Engine
 from trtllm.runtime.generate import PrefixSource, RowState, Timing, run_rows
@@ -22,6 +22,7 @@ from trtllm.runtime.grammar import Grammars
 from trtllm.runtime.lora import AdapterError, AdapterSet
 from trtllm.runtime.prefix_cache import PrefixCacheWarning
 from trtllm.runtime.sampling import SamplingParams
+from trtllm.runtime.streams import Streams
 from trtllm.runtime.text import TextStream
 from trtllm.runtime.tokenizer import Tokenizer
 
@@ -231,42 +232,10 @@ class Runner:
             smp.row = self.make_row(smp)
         for smp in samples:
             smp.prepared.guide = None  # (each row has its copy: the checked one's mask goes)
-        owner = {id(smp.row): smp for smp in live}
-        sent = dict.fromkeys(owner, 0)  # ids handed out per row
-        # per row with a reasoning_parser: its lines' text split as it comes (not a forced call's: no thought)
-        splits = {id(smp.row): reasoning.Stream(req.reasoning_parser, smp.prepared.thinking) for smp in live
-                  if (req := smp.prepared.request).reasoning_parser
-                  and not tool_calls.forced(req.tool_choice)}
-        # per row whose answer (or its content, after the split) is read for tool calls: the calls as they end
-        calls = {id(smp.row): tool_stream.Stream(req.tool_choice, req.tool_call_parser, req.tools,
-                                                self.calls_key(smp), req.parallel_tool_calls) for smp in live
-                 if tool_calls.reads_calls((req := smp.prepared.request).tool_choice, req.tool_call_parser, req.tools)}
-
-        def on_token(row: RowState) -> None:
-            if row.error is not None:
-                return
-            chunk = row.text.take(final=row.finish_reason is not None)
-            # a line for each new token, its text or not (held back: a possible stop string, a
-            # character cut across tokens): its ids and logprobs are known now
-            if chunk or row.finish_reason or len(row.output_ids) > sent[id(row)]:
-                start, sent[id(row)] = sent[id(row)], len(row.output_ids)
-                ids, smp = row.output_ids[start:], owner[id(row)]
-                fields = self.streamed_logprobs(smp, start) if ids else {}
-                final, said = row.finish_reason is not None, chunk
-                if id(row) in splits:
-                    thought, said = splits[id(row)].push(chunk, final)
-                    fields.update({"reasoning_text": thought} if thought else {})
-                    if id(row) in calls and splits[id(row)].moved:  # (its content is no longer known)
-                        calls[id(row)].stop()
-                if id(row) in calls:
-                    said, called = calls[id(row)].push(said, final)
-                    fields.update({"new_tool_calls": called} if called else {})
-                    fields.update({"tool_call_deltas": deltas} if (deltas := calls[id(row)].take_deltas()) else {})
-                if said and (id(row) in splits or id(row) in calls):
-                    fields["content_text"] = said
-                if row.finish_reason not in (None, "cancelled"):
-                    fields.update(self.message_of(smp))
-                on_text(smp, chunk, row.finish_reason, ids, *([fields] if fields else []))
+        streams = Streams(self, on_text)
+        for smp in live:
+            streams.add(smp)
+        on_token = streams.on_token
 
         # trtllm-run: once generation is over (settle), an interrupt waits until the answers are
         # written; before, the first one ends generation, caught below wherever it lands

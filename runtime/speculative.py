@@ -79,8 +79,8 @@ __all__ = ["Drafter", "SpecScheduler", "draft_key", "exact", "greedy", "held", "
 
 class SpecScheduler(SpecContext, SpecPause, TreeDecoding, Scheduler):
     def __init__(self, engine, rows: list[RowState], num_slots: int, timing, on_token, prefixes, drafter: Drafter,
-                 prefill_chunk: int = 0):
-        super().__init__(engine, rows, num_slots, timing, on_token, prefixes, prefill_chunk)
+                 prefill_chunk: int = 0, feed=None):
+        super().__init__(engine, rows, num_slots, timing, on_token, prefixes, prefill_chunk, feed)
         self.drafter, self.k = drafter.engine, drafter.step
         self.top_k, self.verify_size = drafter.top_k, drafter.verify_size  # draft trees when top_k > 1
         self.dkv = kv_cache.for_engine(self.drafter, self.kv.num_slots, self.kv.capacity)  # (device KV on TensorRT)

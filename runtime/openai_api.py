@@ -1,0 +1,272 @@
+"""OpenAI's chat completions API in trtllm-serve: a request body becomes a one-request input
+document (docs/input_format.md) that input_format checks, and the run's responses and stream
+lines become OpenAI's objects (`chat.completion`, `chat.completion.chunk`).
+
+A body takes OpenAI's names (`max_tokens`, `max_completion_tokens`, `logprobs` with
+`top_logprobs`, `response_format`, `stream_options`), vLLM's extras (`top_k`, `min_p`,
+`repetition_penalty`, `min_tokens`, `guided_json` ...) and any field of a request of ours as it
+is. OpenAI's defaults replace ours where they differ: `top_p` 1, no `top_k`, and no limit on the
+answer's length but the engine's KV capacity. An error names the body's field as the client wrote it.
+"""
+from __future__ import annotations
+
+import re
+import time
+import uuid
+
+from trtllm.runtime import input_format as fmt
+
+# OpenAI's (and vLLM's) name -> ours, where they differ
+RENAMED = {"max_tokens": "max_generate_length", "max_completion_tokens": "max_generate_length",
+           "min_tokens": "min_new_tokens"}
+GUIDES = {"guided_json": "json_schema", "guided_regex": "regex", "guided_choice": "choice",
+          "guided_grammar": "ebnf"}  # vLLM's older guided decoding fields -> guided_decoding's key
+# Informational fields of OpenAI's that change nothing here
+IGNORED = frozenset({"user", "metadata", "store", "service_tier"})
+# Input-file fields that apply to a document's top level
+TOP_ONLY = frozenset({"apply_chat_template", "add_generation_prompt", "enable_thinking", "default_system_prompt"})
+# ... and those that are the server's to set, not a request's
+SERVER_ONLY = {"batch_size": "trtllm-serve runs every request it has as one batch (its --batch-size)",
+               "available_lora_weights": "adapters are given with trtllm-serve --lora NAME=PATH",
+               "requests": "a body is one request"}
+MAX_TOP_LOGPROBS = 20  # OpenAI's limit
+
+
+class ApiError(Exception):
+    """A request the server refuses: the HTTP status, OpenAI's error type and the field (param)."""
+
+    def __init__(self, message: str, param: str | None = None, status: int = 400,
+                 kind: str = "invalid_request_error", code: str | None = None):
+        super().__init__(message)
+        self.param, self.status, self.kind, self.code = param, status, kind, code
+
+    def body(self) -> dict:
+        return {"error": {"message": str(self), "type": self.kind, "param": self.param, "code": self.code}}
+
+
+class Translated:
+    """A body as an input document, and what the server itself reads from it."""
+
+    def __init__(self, document: dict, stream: bool, include_usage: bool, top_logprobs: int | None,
+                 names: dict[str, str], model: str):
+        self.document, self.stream, self.include_usage = document, stream, include_usage
+        self.top_logprobs = top_logprobs  # None: no logprobs asked for
+        self.names = names  # our field -> the body's name for it, where they differ
+        self.model = model
+
+    def error(self, e: fmt.InputError) -> ApiError:
+        """input_format's error about the document, in the body's names."""
+        return ApiError(self.rename(str(e)), self.rename_path(e.json_path))
+
+    def refused(self, message: str, status: int = 400) -> ApiError:
+        """A message of ours (a request check's, a failed run's) as the body's error; the field is
+        the path it starts with, where it names one."""
+        text = self.rename(message)
+        named = re.match(r"`([^`]+)`", text)
+        kind = "invalid_request_error" if status == 400 else "InternalServerError"
+        return ApiError(text, named.group(1) if named and status == 400 else None, status, kind)
+
+    def rename(self, text: str) -> str:
+        text = text.replace("`requests[0].", "`").replace("`requests[0]`", "the request")
+        for ours, theirs in self.names.items():
+            text = re.sub(rf"`{ours}\b", f"`{theirs}", text)
+        return text
+
+    def rename_path(self, path: str | None) -> str | None:
+        if not path:
+            return None
+        path = path.removeprefix("requests[0]").lstrip(".") or None
+        if path is None:
+            return None
+        head, sep, rest = path.partition(".")
+        return self.names.get(head, head) + sep + rest
+
+
+def _flag(body: dict, name: str, default: bool = False) -> bool:
+    value = body.get(name, default)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise ApiError(f"`{name}` must be true or false, got {value!r}", name)
+    return value
+
+
+def translate(body: object, served: str, adapters: frozenset[str], defaults: dict, capacity: int) -> Translated:
+    """A chat completions body as an input document. `served`: the model name the server answers
+    to; `adapters`: LoRA adapter names, which `model` may name instead (vLLM's); `defaults`:
+    trtllm-serve --set's settings, which the body's own replace; `capacity`: the engine's KV
+    capacity, the answer's length unless the body bounds it."""
+    if not isinstance(body, dict):
+        raise ApiError("the body must be a JSON object")
+    if "messages" not in body:
+        raise ApiError("`messages` is required", "messages")
+    body, names = dict(body), {}
+    model = body.pop("model", None)
+    if model is not None and not isinstance(model, str):
+        raise ApiError(f"`model` must be a string, got {model!r}", "model")
+    if model is not None and model != served and model not in adapters:
+        known = ", ".join(sorted({served, *adapters}))
+        raise ApiError(f"the model `{model}` does not exist here (served: {known})", "model", 404,
+                       "NotFoundError", "model_not_found")
+    stream = _flag(body, "stream")
+    body.pop("stream", None)
+    options = body.pop("stream_options", None)
+    if options is not None and not (stream and isinstance(options, dict) and set(options) <= {"include_usage"}):
+        raise ApiError("`stream_options` must be an object with `include_usage`, and only with `stream`: true",
+                       "stream_options")
+    include_usage = _flag(options or {}, "include_usage")
+    for name in IGNORED:
+        body.pop(name, None)
+    for name, why in SERVER_ONLY.items():
+        if name in body:
+            raise ApiError(f"`{name}` cannot be given in a request: {why}", name)
+    if body.get("num_beams", 1) != 1:
+        raise ApiError("`num_beams`: beam search is answered by trtllm-run, not trtllm-serve", "num_beams")
+    request: dict = {}
+    if model is not None and model != served:
+        request["lora_name"] = model
+    logprobs, top = _flag(body, "logprobs"), body.pop("top_logprobs", None)
+    body.pop("logprobs", None)
+    if top is not None and (not isinstance(top, int) or isinstance(top, bool) or not 0 <= top <= MAX_TOP_LOGPROBS):
+        raise ApiError(f"`top_logprobs` must be an integer from 0 to {MAX_TOP_LOGPROBS}, got {top!r}", "top_logprobs")
+    if top is not None and not logprobs:
+        raise ApiError("`top_logprobs` needs `logprobs`: true", "top_logprobs")
+    if logprobs:  # (each token's own logprob comes with the top ones: at least one)
+        request["num_logprobs"], names["num_logprobs"] = max(top or 0, 1), "top_logprobs"
+    guide = _guide(body)
+    if guide is not None:
+        request["guided_decoding"], names["guided_decoding"] = guide
+    for name, ours in RENAMED.items():
+        if name in body:
+            if ours in request or ours in body:
+                other = names.get(ours, ours)
+                raise ApiError(f"give one of `{name}` and `{other}` (the same setting)", name)
+            request[ours], names[ours] = body.pop(name), name
+    if isinstance(body.get("stop"), str):  # (OpenAI's one stop string)
+        body["stop"] = [body["stop"]]
+    if body.get("top_k") == -1:  # vLLM's "off"
+        body["top_k"] = 0
+    request.update(body)
+    top_level = {k: v for k, v in defaults.items() if k in fmt.TOP_LEVEL and k not in request}
+    own = {k: v for k, v in defaults.items() if k not in fmt.TOP_LEVEL and k not in request}
+    # OpenAI's defaults where ours differ (a --set default still wins over them)
+    openai = {"top_p": 1.0, "top_k": 0, "max_generate_length": capacity}
+    for k, v in openai.items():
+        if k not in request and k not in top_level and k not in own:
+            own[k] = v
+    top_level.update({k: request.pop(k) for k in list(request) if k in TOP_ONLY})
+    return Translated({**top_level, "requests": [{**own, **request}]}, stream, include_usage,
+                      (top or 0) if logprobs else None, names, model or served)
+
+
+def _guide(body: dict) -> tuple[dict, str] | None:
+    """guided_decoding from response_format or vLLM's guided_* fields, and the field it came from."""
+    given = [name for name in ("response_format", *GUIDES, "guided_decoding") if body.get(name) is not None]
+    if len(given) > 1:
+        raise ApiError(f"give one of {', '.join(f'`{n}`' for n in given)}", given[1])
+    if not given:
+        for name in ("response_format", *GUIDES):
+            body.pop(name, None)
+        return None
+    name = given[0]
+    if name == "guided_decoding":
+        return None  # (ours, as it is)
+    value = body.pop(name)
+    if name in GUIDES:
+        return {GUIDES[name]: value}, name
+    kind = value.get("type") if isinstance(value, dict) else None
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return {"json_object": True}, "response_format"
+    if kind == "json_schema" and isinstance(value.get("json_schema"), dict):
+        return {"json_schema": value["json_schema"]}, "response_format.json_schema"
+    raise ApiError("`response_format` must be {\"type\": \"text\"}, {\"type\": \"json_object\"} or "
+                   "{\"type\": \"json_schema\", \"json_schema\": {\"name\", \"schema\"}}", "response_format")
+
+
+# --- answers -------------------------------------------------------------------------------------
+
+FINISH = {"end-of-sequence": "stop", "stop-words": "stop", "max-length": "length", "cancelled": "abort"}
+
+
+def completion_id() -> str:
+    return f"chatcmpl-{uuid.uuid4().hex}"
+
+
+def finish_reason(response: dict) -> str:
+    reason = FINISH.get(response["finish_reason"], response["finish_reason"])
+    return "tool_calls" if reason == "stop" and response.get("tool_calls") else reason
+
+
+def message(response: dict) -> dict:
+    """A finished sample's message: its content, and where they were read, its reasoning and calls."""
+    out = {"role": "assistant", "content": response.get("content", response["output_text"])}
+    if "reasoning_content" in response:
+        out["reasoning_content"] = response["reasoning_content"]
+    if response.get("tool_calls"):
+        out["tool_calls"] = response["tool_calls"]
+    return out
+
+
+def logprobs(steps: list, own: list, top: int | None) -> dict | None:
+    """OpenAI's `logprobs` of the tokens whose top entries are `steps` and own entries `own`."""
+    if top is None:
+        return None
+    return {"content": [{**_entry(mine), "top_logprobs": [_entry(e) for e in step[:top]]}
+                        for mine, step in zip(own, steps)]}
+
+
+def _entry(e: dict) -> dict:
+    return {"token": e["token"], "logprob": e["logprob"] if e["logprob"] is not None else -9999.0,
+            "bytes": e["bytes"]}
+
+
+def usage(responses: list[dict], cached: int) -> dict:
+    prompt = responses[0].get("prompt_tokens", 0) if responses else 0
+    generated = sum(r.get("output_tokens", 0) for r in responses)
+    return {"prompt_tokens": prompt, "completion_tokens": generated, "total_tokens": prompt + generated,
+            "prompt_tokens_details": {"cached_tokens": cached}}
+
+
+def completion(cid: str, created: int, t: Translated, responses: list[dict], cached: int) -> dict:
+    choices = []
+    for i, r in enumerate(responses):
+        choice = {"index": i, "message": message(r), "logprobs": logprobs(r.get("logprobs", []),
+                                                                           r.get("token_logprobs", []),
+                                                                           t.top_logprobs),
+                  "finish_reason": finish_reason(r)}
+        if "stop_reason" in r:  # (vLLM's: the stop string or token id that ended it)
+            choice["stop_reason"] = r["stop_reason"]
+        choices.append(choice)
+    return {"id": cid, "object": "chat.completion", "created": created, "model": t.model, "choices": choices,
+            "usage": usage(responses, cached)}
+
+
+def chunk(cid: str, created: int, t: Translated, choices: list[dict], usage_of: dict | None = None) -> dict:
+    out = {"id": cid, "object": "chat.completion.chunk", "created": created, "model": t.model, "choices": choices}
+    if usage_of is not None:
+        out["usage"] = usage_of
+    return out
+
+
+def delta_choice(index: int, text: str, fields: dict, t: Translated, finish: str | None = None) -> dict | None:
+    """A stream line of one sample as a chunk's choice (None: nothing to send)."""
+    delta: dict = {}
+    if "reasoning_text" in fields:
+        delta["reasoning_content"] = fields["reasoning_text"]
+    split = "content_text" in fields or "reasoning_text" in fields or "tool_call_deltas" in fields
+    content = fields.get("content_text", "" if split else text)
+    if content:
+        delta["content"] = content
+    if fields.get("tool_call_deltas"):
+        delta["tool_calls"] = fields["tool_call_deltas"]
+    lp = logprobs(fields.get("logprobs", []), fields.get("token_logprobs", []), t.top_logprobs) \
+        if fields.get("token_logprobs") else None
+    if not delta and lp is None and finish is None:
+        return None
+    return {"index": index, "delta": delta, "logprobs": lp, "finish_reason": finish}
+
+
+def now() -> int:
+    return int(time.time())

@@ -1,0 +1,363 @@
+"""trtllm-serve --engine ENGINE_DIR [--host 127.0.0.1] [--port 8000] [--set NAME=VALUE ...]
+
+An OpenAI-compatible HTTP server (vLLM's `vllm serve`, llama.cpp's `llama-server`):
+`POST /v1/chat/completions` (streamed as server-sent events with `"stream": true`),
+`GET /v1/models` and `GET /health`. Requests are admitted into the batch that is running as they
+arrive (runtime/serving.py), up to --batch-size at once; each answers as trtllm-run answers the
+same request. A conversation's next turn restores the KV of the turns before it (trtllm-run
+--context-reuse's store, in a temporary directory unless --kv-cache-dir). A client that goes
+away ends its request at the next step. Ctrl-C or SIGTERM stop the server.
+"""
+from __future__ import annotations
+
+import json
+import queue
+import select
+import signal
+import socket
+import sys
+import tempfile
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import click
+
+from trtllm.runtime import input_checks, stdout
+from trtllm.runtime import input_format as fmt
+from trtllm.runtime import openai_api as api
+from trtllm.runtime.chat import document, settings_of
+from trtllm.runtime.cli import PREFILL_CHUNK
+from trtllm.runtime.cli import fail_usage as fail
+from trtllm.runtime.strict_json import decode
+
+MAX_BODY = 16 << 20  # bytes of a request body
+POLL = 0.25  # seconds between looks at whether a waiting client is still there
+ENDPOINTS = "POST /v1/chat/completions, GET /v1/models, GET /health"
+
+
+class App:
+    """What the HTTP threads share: the model's names and limits, and the generation loop."""
+
+    def __init__(self, service, manifest, served: str, adapters: frozenset[str], bundled, defaults: dict):
+        self.service, self.manifest, self.served, self.adapters = service, manifest, served, adapters
+        self.bundled, self.defaults = bundled, defaults
+        self.capacity = manifest.limits.max_kv_cache_capacity
+        self.created = api.now()
+        self.busy = 0  # handlers answering now (shutdown waits for them a little)
+        self.lock = threading.Lock()
+
+    def models(self) -> dict:
+        card = {"object": "model", "created": self.created, "owned_by": "trtllm-edge",
+                "max_model_len": self.capacity}
+        return {"object": "list", "data": [{"id": self.served, **card},
+                                           *({"id": a, **card, "parent": self.served} for a in sorted(self.adapters))]}
+
+    def job(self, raw: bytes):
+        """The body as a Job and its Translated, or the ApiError that refuses it."""
+        from trtllm.runtime.serving import Job
+
+        try:
+            body = decode(raw, "the body")
+        except fmt.InputError as e:
+            raise api.ApiError(str(e)) from None
+        t = api.translate(body, self.served, self.adapters, self.defaults, self.capacity)
+        try:
+            inp = fmt.parse_input(t.document, self.bundled)
+        except fmt.InputError as e:
+            raise t.error(e) from None
+        m = self.manifest
+        for _, problem in [*input_checks.check_limits(inp, m.max_top_k, m.model.vocab_size),
+                           *input_checks.check_against_engine(inp, m.model.vocab_size)]:
+            raise t.refused(problem)
+        return Job(inp, t.stream), t
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # (keep-alive: a client's requests share a connection)
+    server_version = "trtllm-serve"
+    timeout = 300  # seconds an idle kept-alive connection is held
+
+    @property
+    def app(self) -> App:
+        return self.server.app
+
+    def log_message(self, format, *args) -> None:  # noqa: A002 - BaseHTTPRequestHandler's name
+        if not self.server.quiet:
+            stdout.say(f"{self.address_string()} {format % args}")
+
+    def do_GET(self) -> None:  # noqa: N802 - BaseHTTPRequestHandler's name
+        path = urlsplit(self.path).path.rstrip("/")
+        if path in ("/health", "/v1/health"):
+            self.send_json(200, {"status": "ok"})
+        elif path == "/v1/models":
+            self.send_json(200, self.app.models())
+        else:
+            self.not_found(path)
+
+    def do_POST(self) -> None:  # noqa: N802
+        path = urlsplit(self.path).path.rstrip("/")
+        if path != "/v1/chat/completions":
+            self.not_found(path)
+            return
+        with self.app.lock:
+            self.app.busy += 1
+        try:
+            self.chat()
+        finally:
+            with self.app.lock:
+                self.app.busy -= 1
+
+    def not_found(self, path: str) -> None:
+        self.send_json(404, api.ApiError(f"no endpoint {path or '/'} here ({ENDPOINTS})", status=404,
+                                         kind="NotFoundError").body())
+
+    def chat(self) -> None:
+        try:
+            job, t = self.app.job(self.body())
+        except api.ApiError as e:
+            self.send_json(e.status, e.body())
+            return
+        if not self.app.service.submit(job):
+            self.send_json(503, api.ApiError("the server is shutting down", status=503,
+                                             kind="ServiceUnavailableError").body())
+            return
+        first = self.next_event(job)
+        if first is None:
+            return
+        if first[0] == "error":
+            self.send_json(400, t.refused(first[1]).body())
+        elif t.stream:
+            self.stream(job, t, first)
+        else:
+            self.answer(t, *first[1:])
+
+    def body(self) -> bytes:
+        if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
+            raise api.ApiError("send the body with a Content-Length, not chunked", status=411)
+        try:
+            length = int(self.headers.get("Content-Length", ""))
+        except ValueError:
+            raise api.ApiError("a Content-Length header is required", status=411) from None
+        if not 0 <= length <= MAX_BODY:
+            self.close_connection = True  # (the body is not read: the connection cannot carry another)
+            raise api.ApiError(f"the body must be at most {MAX_BODY} bytes, got {length}", status=413)
+        return self.rfile.read(length)
+
+    def next_event(self, job):
+        """The job's next event, or None where the client went away first (the job is then ended)."""
+        while True:
+            try:
+                return job.events.get(timeout=POLL)
+            except queue.Empty:
+                if self.gone():
+                    self.app.service.cancel(job)
+                    self.close_connection = True
+                    return None
+
+    def gone(self) -> bool:
+        """Whether the client closed its end (a readable socket with nothing to read)."""
+        try:
+            readable, _, _ = select.select([self.connection], [], [], 0)
+            return bool(readable) and not self.connection.recv(1, socket.MSG_PEEK)
+        except OSError:
+            return True
+
+    def answer(self, t: api.Translated, responses: list[dict], cached: int) -> None:
+        failed = [r for r in responses if r["finish_reason"] == "error"]
+        if failed:
+            self.send_json(500, t.refused(failed[0].get("error", ""), 500).body())
+            return
+        self.send_json(200, api.completion(api.completion_id(), api.now(), t, responses, cached))
+
+    def stream(self, job, t: api.Translated, event) -> None:
+        """Server-sent events: a role chunk per choice, the text as it comes, the usage where asked
+        for, then [DONE]. A write that fails (the client went away) ends the job."""
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Cache-Control", "no-cache")
+        self.send_header("Connection", "close")
+        self.end_headers()
+        self.close_connection = True
+        cid, created, n = api.completion_id(), api.now(), job.inp.requests[0].n
+        try:
+            self.event(api.chunk(cid, created, t, [{"index": i, "delta": {"role": "assistant", "content": ""},
+                                                    "logprobs": None, "finish_reason": None} for i in range(n)]))
+            while event is not None:
+                if event[0] == "line":
+                    _, index, text, finish, fields = event
+                    reason = None if finish is None else api.finish_reason({**fields, "finish_reason": finish})
+                    choice = api.delta_choice(index, text, fields, t, reason)
+                    if choice is not None:
+                        self.event(api.chunk(cid, created, t, [choice]))
+                elif event[0] == "done":
+                    responses, cached = event[1:]
+                    failed = [r for r in responses if r["finish_reason"] == "error"]
+                    if failed:
+                        self.event(t.refused(failed[0].get("error", ""), 500).body())
+                    elif t.include_usage:
+                        self.event(api.chunk(cid, created, t, [], api.usage(responses, cached)))
+                    self.wfile.write(b"data: [DONE]\n\n")
+                    self.wfile.flush()
+                    return
+                event = self.next_event(job)
+        except OSError:
+            self.app.service.cancel(job)
+
+    def event(self, obj: dict) -> None:
+        self.wfile.write(b"data: " + json.dumps(obj, ensure_ascii=False).encode() + b"\n\n")
+        self.wfile.flush()
+
+    def send_json(self, status: int, obj: dict) -> None:
+        data = json.dumps(obj, ensure_ascii=False).encode()
+        try:
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+        except OSError:
+            self.close_connection = True
+
+
+class Server(ThreadingHTTPServer):
+    daemon_threads = True  # (a kept-alive connection's thread does not hold the shutdown)
+    app: App
+    quiet = False
+
+
+def build(engine_dir: Path, host: str, port: int, served: str | None, settings: dict, loras: dict[str, str],
+          batch_size: int | None, threads: int | None, store_dir: Path, max_bytes: int, context_reuse: bool):
+    """The server, listening, and its generation loop, started. Exits 2 (click) on a bad option."""
+    from trtllm.runtime import grammar
+    from trtllm.runtime.chat_template import ChatTemplate
+    from trtllm.runtime.context_cache import ContextCache
+    from trtllm.runtime.engine import load_engine
+    from trtllm.runtime.lora import AdapterSet
+    from trtllm.runtime.manifest import ManifestError
+    from trtllm.runtime.prefix_cache import PrefixStore, engine_identity, prefix_identity
+    from trtllm.runtime.runner import Runner
+    from trtllm.runtime.serving import Service
+    from trtllm.runtime.speculative import Drafter
+    from trtllm.runtime.tokenizer import Tokenizer
+
+    try:
+        engine = load_engine(engine_dir, num_threads=threads)
+        grammar.use_threads(threads)
+        drafter = Drafter.load(engine_dir, engine.manifest)
+        tokenizer = Tokenizer.from_engine_dir(engine_dir, engine.manifest.files)
+        template = ChatTemplate.from_engine_dir(engine_dir, engine.manifest.files)
+    except ManifestError as e:
+        fail(str(e))
+    m = engine.manifest
+    bundled = tuple(m.lora.get("adapters", {})) if m.lora else None
+    if loras and bundled is None:
+        fail(f"--lora: {engine_dir} takes no LoRA adapters (trtllm-build --max-lora-rank makes one that does)")
+    try:  # the settings are checked once, before the first request
+        checked = fmt.parse_input({**document(settings, [{"role": "user", "content": "-"}]),
+                                   "available_lora_weights": loras}, bundled)
+    except fmt.InputError as e:
+        fail(f"--set / --lora: {e}")
+    limit = m.limits.max_batch_size
+    if batch_size is not None and batch_size > limit:
+        fail(f"--batch-size {batch_size}: the engine runs at most {limit} at once (its --max-batch-size)")
+    adapters = AdapterSet.for_run(engine, checked.available_lora_weights, Path.cwd())
+    store = PrefixStore(store_dir, prefix_identity(engine_identity(engine_dir), engine), max_bytes=max_bytes)
+    runner = Runner(engine, tokenizer, template, store, drafter, PREFILL_CHUNK)
+    if context_reuse:
+        runner.contexts = ContextCache(store)
+    service = Service(runner, adapters, batch_size or limit)
+    try:
+        httpd = Server((host, port), Handler)
+    except OSError as e:
+        fail(f"--host {host} --port {port}: cannot listen there ({e})")
+    httpd.app = App(service, m, served or engine_dir.resolve().name, frozenset((bundled or ()) + tuple(loras)),
+                    bundled, {**settings, **({"available_lora_weights": loras} if loras else {})})
+    service.start()
+    return httpd
+
+
+def stop(httpd: Server, wait: float = 5.0) -> None:
+    """End what runs ("abort"), let the handlers write their last lines, and close."""
+    httpd.app.service.close()
+    deadline = time.monotonic() + wait
+    while httpd.app.busy and time.monotonic() < deadline:
+        time.sleep(0.05)
+    httpd.server_close()
+
+
+def _stop(signum, frame):
+    raise KeyboardInterrupt
+
+
+def lora_pairs(pairs: tuple[str, ...]) -> dict[str, str]:
+    out = {}
+    for pair in pairs:
+        name, sep, path = pair.partition("=")
+        if not sep or not name or not path:
+            raise click.UsageError(f"--lora {pair}: give NAME=PATH")
+        out[name] = path
+    return out
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--engine", "engine_dir", required=True, type=click.Path(path_type=Path),
+              help="Engine directory written by trtllm-build.")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on (0.0.0.0: every one).")
+@click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True,
+              help="Port to listen on (0: a free one, printed).")
+@click.option("--model-name", default=None, help="The name clients give as `model` (default: the engine directory's).")
+@click.option("--set", "pairs", multiple=True, metavar="NAME=VALUE",
+              help="A default for every request, top-level or a request's own (docs/input_format.md; VALUE is JSON, "
+                   "or else a string), e.g. --set reasoning_parser=qwen3. A request's own value wins.")
+@click.option("--lora", "lora", multiple=True, metavar="NAME=PATH",
+              help="A LoRA adapter clients may name as `model` or `lora_name` (an engine's bundled ones need none).")
+@click.option("--batch-size", type=click.IntRange(min=1), default=None,
+              help="Requests generated at once (default: the engine's --max-batch-size); more wait for a slot.")
+@click.option("--threads", type=click.IntRange(min=1), default=None, help="CPU threads (default: all cores).")
+@click.option("--kv-cache-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Where saved system prompts and conversations' KV are kept (default: a temporary directory).")
+@click.option("--kv-cache-size", default="2G", show_default=True,
+              help="Size limit of that store; least recently used entries are removed beyond it.")
+@click.option("--no-context-reuse", is_flag=True,
+              help="Compute every prompt whole (default: restore the longest prefix an earlier request left).")
+@click.option("--quiet", is_flag=True, help="No line per HTTP request.")
+def main(engine_dir: Path, host: str, port: int, model_name: str | None, pairs: tuple[str, ...],
+         lora: tuple[str, ...], batch_size: int | None, threads: int | None, kv_cache_dir: Path | None,
+         kv_cache_size: str, no_context_reuse: bool, quiet: bool) -> None:
+    """Serve the engine in --engine over OpenAI's chat completions API."""
+    from trtllm.runtime import interrupt
+    from trtllm.runtime.prefix_cache import parse_size
+
+    stdout.hold()
+    try:
+        max_bytes = parse_size(kv_cache_size)
+    except ValueError as e:
+        fail(f"--kv-cache-size: {e}")
+    settings = settings_of(pairs)
+    if "requests" in settings or "messages" in settings:
+        fail("--set requests / messages: each HTTP request brings its own")
+    for sig in interrupt.SIGNALS:  # SIGTERM (systemd, docker stop) and SIGHUP stop it as Ctrl-C does
+        signal.signal(sig, _stop)
+    with tempfile.TemporaryDirectory(prefix="trtllm-serve-") as scratch:
+        try:
+            httpd = build(engine_dir, host, port, model_name, settings, lora_pairs(lora), batch_size, threads,
+                          kv_cache_dir or Path(scratch), max_bytes, not no_context_reuse)
+        except KeyboardInterrupt:
+            stdout.say("interrupted")
+            sys.exit(130)
+        httpd.quiet = quiet
+        address, bound = httpd.server_address[:2]
+        stdout.say(f"serving {httpd.app.served} at http://{address}:{bound}/v1 ({ENDPOINTS}); Ctrl-C stops it")
+        try:
+            httpd.serve_forever(poll_interval=0.5)
+        except KeyboardInterrupt:
+            stdout.say("stopping: requests still running end here")
+        finally:
+            stop(httpd)
+
+
+if __name__ == "__main__":
+    main()

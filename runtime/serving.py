@@ -1,0 +1,143 @@
+"""trtllm-serve's generation loop: one thread owns the engine and runs a Scheduler whose feed
+(generate.py) admits each request as it arrives, into the batch already running (continuous
+batching). HTTP threads hand requests over as Jobs and read their stream lines and answers from
+the job's queue; everything that touches the engine, the tokenizer's templates and the grammars
+runs on the loop's thread.
+"""
+from __future__ import annotations
+
+import queue
+import threading
+
+from trtllm.runtime import input_format as fmt
+from trtllm.runtime.generate import run_rows
+from trtllm.runtime.runner import Runner, Sample
+from trtllm.runtime.streams import Streams
+
+
+class Job:
+    """One HTTP request's samples. `events` carries, in order: ("line", sample_idx, text,
+    finish_reason, fields) while it streams, then ("done", responses, cached_tokens), or
+    ("error", message) where it could not run."""
+
+    def __init__(self, inp: fmt.InputFile, stream: bool):
+        self.inp, self.stream = inp, stream
+        self.samples: list[Sample] = []
+        self.events: queue.Queue = queue.Queue()
+        self.cancelled = False  # its client went away: its rows end at the next step
+
+
+class Service:
+    def __init__(self, runner: Runner, adapters, num_slots: int):
+        self.runner, self.adapters, self.num_slots = runner, adapters, num_slots
+        self.incoming: queue.Queue = queue.Queue()  # Jobs, and None to wake the loop (a cancel, close)
+        self.jobs: list[Job] = []  # admitted, not answered yet
+        self.job_of: dict[int, Job] = {}  # id(sample) -> its job, while it is admitted
+        self.closed = False
+        self.streams = Streams(runner, self.line)
+        self.thread = threading.Thread(target=self.loop, name="trtllm-serve generation", daemon=True)
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def submit(self, job: Job) -> bool:
+        """Queue a job; False once the server is closing."""
+        if self.closed:
+            return False
+        self.incoming.put(job)
+        return True
+
+    def cancel(self, job: Job) -> None:
+        job.cancelled = True
+        self.incoming.put(None)
+
+    def close(self, timeout: float | None = None) -> None:
+        """Cancel what runs (its text so far is its answer, "abort") and stop the loop."""
+        self.closed = True
+        self.incoming.put(None)
+        self.thread.join(timeout)
+
+    # --- the loop's thread ------------------------------------------------------------------------
+
+    def loop(self) -> None:
+        r = self.runner
+        while not self.closed:
+            try:
+                run_rows(r.engine, [], self.num_slots, r.timing, self.streams.on_token, r.prefixes, r.drafter,
+                         r.prefill_chunk, r.contexts, r.lookup, feed=self.feed)
+            except Exception as e:  # noqa: BLE001 - the engine failed: what runs fails, the server goes on
+                for job in self.jobs:
+                    for smp in job.samples:
+                        if not smp.row.finish_reason:
+                            smp.row.fail(f"the engine failed: {type(e).__name__}: {e}")
+            self.settle()
+        while True:  # (jobs that came as it closed)
+            try:
+                job = self.incoming.get_nowait()
+            except queue.Empty:
+                break
+            if job is not None:
+                job.events.put(("error", "the server is shutting down"))
+
+    def feed(self, wait: bool) -> list | None:
+        """The Scheduler's feed: rows of the jobs that came, waiting for one when `wait`."""
+        self.settle()
+        if self.closed:
+            for job in self.jobs:
+                self.end(job)
+            return None
+        rows = []
+        while True:
+            try:
+                job = self.incoming.get(block=wait and not rows)
+            except queue.Empty:
+                return rows
+            if job is None:  # a cancel (settle ends its rows) or a close
+                if self.closed:
+                    return rows + (self.feed(False) or [])
+                return rows
+            rows += self.admit(job)
+
+    def admit(self, job: Job) -> list:
+        """The job's rows, or none where it cannot run (its error goes to its queue)."""
+        if job.cancelled:
+            return []
+        r = self.runner
+        p = r.prepare(0, job.inp.requests[0], job.inp, self.adapters)
+        if p.error is not None:
+            job.events.put(("error", p.error))
+            return []
+        job.samples = [Sample(p, k) for k in range(job.inp.requests[0].n)]
+        for smp in job.samples:
+            smp.row = r.make_row(smp)
+            self.streams.add(smp)
+            self.job_of[id(smp)] = job
+        p.guide = None  # (each row has its copy)
+        self.jobs.append(job)
+        return [smp.row for smp in job.samples]
+
+    def end(self, job: Job) -> None:
+        for smp in job.samples:
+            if not smp.row.finish_reason:
+                smp.row.cancel()
+                self.streams.on_token(smp.row)  # its last line: the text held back, "cancelled"
+
+    def line(self, smp: Sample, text: str, finish_reason, token_ids, fields=None) -> None:
+        """Streams' on_text, for a job that streams."""
+        job = self.job_of.get(id(smp))
+        if job is not None and job.stream and not job.cancelled:
+            job.events.put(("line", smp.sample_idx, text, finish_reason, fields or {}))
+
+    def settle(self) -> None:
+        """Answer the jobs whose samples all ended; end the rows of jobs whose client went away."""
+        for job in list(self.jobs):
+            if job.cancelled:
+                self.end(job)
+            if all(smp.row.finish_reason for smp in job.samples):
+                self.jobs.remove(job)
+                responses = [self.runner.response(smp) for smp in job.samples]
+                cached = max(smp.row.num_reused for smp in job.samples)
+                for smp in job.samples:
+                    self.streams.drop(smp)
+                    del self.job_of[id(smp)]
+                job.events.put(("done", responses, cached))

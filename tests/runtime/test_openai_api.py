@@ -1,0 +1,91 @@
+"""trtllm-serve's translation of OpenAI's chat completions bodies into input documents, and of
+input_format's errors back into the body's names (runtime/openai_api.py)."""
+from __future__ import annotations
+
+import pytest
+
+from trtllm.runtime import input_format as fmt
+from trtllm.runtime import openai_api as api
+
+HI = [{"role": "user", "content": "Hi"}]
+
+
+def translate(body: dict, defaults: dict | None = None, adapters=frozenset()) -> api.Translated:
+    return api.translate({"messages": HI, **body}, "demo", adapters, defaults or {}, 4096)
+
+
+def request(t: api.Translated) -> fmt.Request:
+    return fmt.parse_input(t.document, ()).requests[0]
+
+
+def test_openai_names_and_defaults():
+    t = translate({"max_tokens": 9, "min_tokens": 2, "stop": "END", "top_k": -1, "logprobs": True,
+                   "top_logprobs": 3, "user": "u1", "seed": 4})
+    r = request(t)
+    assert (r.max_generate_length, r.min_new_tokens, r.stop, r.top_k, r.num_logprobs, r.seed) == (9, 2, ("END",), 0, 3, 4)
+    assert r.top_p == 1.0 and t.top_logprobs == 3 and not t.stream
+    guided = request(translate({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}}))
+    assert guided.guided_decoding is not None
+    plain = request(translate({}))  # OpenAI's defaults, not the input file's (top_p 0.8, top_k 50, 256 tokens)
+    assert (plain.top_p, plain.top_k, plain.max_generate_length, plain.num_logprobs) == (1.0, 0, 4096, 0)
+
+
+def test_logprobs_without_top_ones_still_give_each_tokens_own():
+    t = translate({"logprobs": True})
+    assert request(t).num_logprobs == 1 and t.top_logprobs == 0
+
+
+def test_server_defaults_lose_to_the_body_and_win_over_openais():
+    r = request(translate({"temperature": 0.5}, {"temperature": 0.1, "top_p": 0.9, "reasoning_parser": "qwen3"}))
+    assert (r.temperature, r.top_p, r.reasoning_parser) == (0.5, 0.9, "qwen3")
+
+
+def test_template_switches_go_to_the_top_level_and_adapters_are_models():
+    t = translate({"add_generation_prompt": False, "continue_final_message": True,
+                   "messages": HI + [{"role": "assistant", "content": "Hel"}], "model": "tuned"},
+                  adapters=frozenset({"tuned"}))
+    assert t.document["add_generation_prompt"] is False and t.document["requests"][0]["lora_name"] == "tuned"
+    assert t.model == "tuned"
+
+
+@pytest.mark.parametrize("body, param", [
+    ({"max_tokens": 1, "max_generate_length": 2}, "max_tokens"),
+    ({"top_logprobs": 2}, "top_logprobs"),
+    ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+    ({"stream": "yes"}, "stream"),
+    ({"stream_options": {"include_usage": True}}, "stream_options"),
+    ({"response_format": {"type": "json_object"}, "guided_regex": "a+"}, "guided_regex"),
+    ({"requests": []}, "requests"),
+    ({"num_beams": 3}, "num_beams"),
+    ({"model": "other"}, "model"),
+])
+def test_refusals_name_the_bodys_field(body, param):
+    with pytest.raises(api.ApiError) as e:
+        translate(body)
+    assert e.value.param == param
+
+
+def test_input_format_errors_come_back_in_the_bodys_names():
+    t = translate({"max_completion_tokens": -1})
+    with pytest.raises(fmt.InputError) as e:
+        fmt.parse_input(t.document, ())
+    error = t.error(e.value)
+    assert error.param == "max_completion_tokens" and str(error).startswith("`max_completion_tokens` must be")
+    assert "requests[0]" not in str(error)
+
+
+def test_answers_in_openais_shape():
+    t = translate({"logprobs": True, "top_logprobs": 1})
+    entry = {"token_id": 5, "token": "Hi", "bytes": [72, 105], "logprob": -0.5}
+    response = {"output_text": "<tool_call>...", "content": "", "finish_reason": "end-of-sequence",
+                "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}],
+                "prompt_tokens": 7, "output_tokens": 1, "logprobs": [[entry, entry]], "token_logprobs": [entry]}
+    out = api.completion("id1", 0, t, [response], 3)
+    choice = out["choices"][0]
+    assert choice["finish_reason"] == "tool_calls" and choice["message"]["tool_calls"] == response["tool_calls"]
+    assert choice["logprobs"]["content"][0] == {"token": "Hi", "logprob": -0.5, "bytes": [72, 105],
+                                                "top_logprobs": [{"token": "Hi", "logprob": -0.5, "bytes": [72, 105]}]}
+    assert out["usage"] == {"prompt_tokens": 7, "completion_tokens": 1, "total_tokens": 8,
+                            "prompt_tokens_details": {"cached_tokens": 3}}
+    assert api.delta_choice(0, "", {}, t) is None  # (a held-back token: nothing to send)
+    assert api.delta_choice(0, "x", {"reasoning_text": "hm"}, t)["delta"] == {"reasoning_content": "hm"}

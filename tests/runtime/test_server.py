@@ -1,0 +1,229 @@
+"""trtllm-serve on a tiny engine, over HTTP: requests arriving while others run answer as
+trtllm-run answers each alone, streamed or not; bad requests get OpenAI's error naming the body's
+field without disturbing their neighbours; a client that goes away ends its request."""
+from __future__ import annotations
+
+import http.client
+import json
+import socket
+import threading
+import time
+
+import pytest
+from click.testing import CliRunner
+
+from trtllm.runtime import generate, server
+
+pytest.importorskip("torch")  # the tiny engine is built with the builder
+pytestmark = pytest.mark.hf
+
+PROMPTS = ["Hello there", "The quick brown fox jumps over the lazy dog " * 8, "Paris", "One two three four",
+           "What is the capital of France?", "Tell me a story"]
+
+
+@pytest.fixture
+def serve(tiny_engine, tmp_path):
+    """serve(**options) -> (port, httpd): trtllm-serve on the tiny llama engine, stopped at the end."""
+    started = []
+
+    def start(settings=None, batch_size=None, context_reuse=True, engine=None):
+        httpd = server.build(engine or tiny_engine("llama"), "127.0.0.1", 0, None, settings or {}, {}, batch_size, 1,
+                             tmp_path / "kv", 1 << 30, context_reuse)
+        httpd.quiet = True
+        threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+        started.append(httpd)
+        return httpd.server_address[1], httpd
+
+    yield start
+    for httpd in started:
+        httpd.shutdown()
+        server.stop(httpd)
+
+
+def post(port: int, body, path="/v1/chat/completions") -> tuple[int, object]:
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+    c.request("POST", path, body if isinstance(body, (str, bytes)) else json.dumps(body))
+    r = c.getresponse()
+    data = r.read().decode()
+    if r.getheader("Content-Type") == "text/event-stream":
+        return r.status, [json.loads(e[6:]) if e != "data: [DONE]" else "[DONE]" for e in data.split("\n\n") if e]
+    return r.status, json.loads(data)
+
+
+def chat(prompt: str, **fields) -> dict:
+    return {"messages": [{"role": "user", "content": prompt}], **fields}
+
+
+def streamed_text(events: list, index: int = 0) -> str:
+    return "".join(c["delta"].get("content", "") for e in events if isinstance(e, dict) and "choices" in e
+                   for c in e["choices"] if c["index"] == index)
+
+
+def test_requests_arriving_while_others_run_answer_as_trtllm_run(serve, run_cli, tiny_engine):
+    port, _ = serve()
+    fields = {"temperature": 0, "max_tokens": 12, "ignore_eos": True}
+    answers = [None] * len(PROMPTS)
+
+    def ask(i):  # every other one streamed
+        status, out = post(port, chat(PROMPTS[i], **fields, stream=i % 2 == 1))
+        assert status == 200, out
+        answers[i] = streamed_text(out) if i % 2 else out["choices"][0]["message"]["content"]
+
+    threads = [threading.Thread(target=ask, args=(i,)) for i in range(len(PROMPTS))]
+    for t in threads:  # staggered: each arrives while the ones before it generate
+        t.start()
+        time.sleep(0.03)
+    for t in threads:
+        t.join()
+    for i, prompt in enumerate(PROMPTS):
+        _, out = run_cli(tiny_engine("llama"), {"temperature": 0, "max_generate_length": 12, "ignore_eos": True,
+                                                "requests": [{"messages": [{"role": "user", "content": prompt}]}]})
+        assert answers[i] == out["responses"][0]["output_text"], i
+
+
+def test_an_eagle_engines_head_drafts_for_requests_arriving_in_flight(serve, run_cli, tiny_checkpoint,
+                                                                        tmp_path_factory):
+    from tests.runtime.eagle_cli import build_engine
+
+    engine, _ = build_engine(tiny_checkpoint, tmp_path_factory)
+    port, httpd = serve(engine=engine)
+    bodies = [chat("Edge devices run small language models", temperature=0, max_tokens=16),
+              chat("What is the capital of France?", temperature=0.8, top_k=20, seed=7, max_tokens=16),
+              chat("The quick brown fox", temperature=0, max_tokens=16, stream=True),
+              chat("Numbers 0 1 2 3", temperature=0, max_tokens=16, stop=["4"])]
+    answers = [None] * len(bodies)
+
+    def ask(i):
+        _, out = post(port, bodies[i])
+        answers[i] = streamed_text(out) if bodies[i].get("stream") else out["choices"][0]["message"]["content"]
+
+    threads = [threading.Thread(target=ask, args=(i,)) for i in range(len(bodies))]
+    for t in threads:
+        t.start()
+        time.sleep(0.03)
+    for t in threads:
+        t.join()
+    assert httpd.app.service.runner.timing.drafted_tokens > 0
+    for i, body in enumerate(bodies):
+        request = {k: v for k, v in body.items() if k not in ("stream", "max_tokens")}
+        _, out = run_cli(engine, {"top_p": 1.0, "top_k": 0, "max_generate_length": 16, "requests": [request]})
+        assert answers[i] == out["responses"][0]["output_text"], i
+
+
+def test_a_kv_cache_that_does_not_grow_for_late_requests_fails_it(serve, monkeypatch):
+    """The wrong variant: a scheduler fed requests after it started must grow its KV for them (it
+    starts small, not knowing them); without that a long prompt arriving later fails."""
+    monkeypatch.setattr(generate.Scheduler, "ensure", lambda self, need: None)
+    port, _ = serve()
+    status, out = post(port, chat(PROMPTS[1], temperature=0, max_tokens=8))
+    assert status == 500 and "the engine failed" in out["error"]["message"]
+
+
+def test_sampled_answers_take_openai_defaults(serve, run_cli, tiny_engine):
+    """No top_p, top_k or max_tokens in the body: OpenAI's (top_p 1, no top_k), not the input
+    file's (0.8, 50); a seeded sample equals trtllm-run's with those."""
+    port, _ = serve()
+    status, out = post(port, chat("Hello there", seed=7, n=2, max_tokens=10, logprobs=True, top_logprobs=3))
+    assert status == 200, out
+    _, want = run_cli(tiny_engine("llama"), {"top_p": 1.0, "top_k": 0, "seed": 7, "n": 2, "max_generate_length": 10,
+                                             "num_logprobs": 3, "requests": [{"messages": [{"role": "user",
+                                                                                              "content": "Hello there"}]}]})
+    for choice, response in zip(out["choices"], want["responses"]):
+        assert choice["message"]["content"] == response["output_text"]
+        steps = choice["logprobs"]["content"]
+        assert [s["token"] for s in steps] == [e["token"] for e in response["token_logprobs"]]
+        assert [len(s["top_logprobs"]) for s in steps] == [3] * len(steps)
+    assert out["usage"]["completion_tokens"] == sum(r["output_tokens"] for r in want["responses"])
+
+
+def test_a_stream_has_openai_chunks(serve):
+    port, _ = serve()
+    body = chat("Hello there", temperature=0, max_tokens=6, ignore_eos=True)
+    _, whole = post(port, body)
+    status, events = post(port, {**body, "stream": True, "stream_options": {"include_usage": True}})
+    assert status == 200 and events[-1] == "[DONE]"
+    assert events[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    assert all(e["object"] == "chat.completion.chunk" and e["id"] == events[0]["id"] for e in events[:-1])
+    assert streamed_text(events) == whole["choices"][0]["message"]["content"]
+    assert [c["finish_reason"] for e in events[:-2] for c in e["choices"]][-1] == "length"
+    assert events[-2]["choices"] == [] and events[-2]["usage"]["completion_tokens"] == 6
+
+
+def test_the_next_turn_restores_the_conversation(serve):
+    port, _ = serve()
+    first = chat("Hello there", temperature=0, max_tokens=5)
+    _, out = post(port, first)
+    reply = out["choices"][0]["message"]["content"]
+    second = {**first, "messages": first["messages"] + [{"role": "assistant", "content": reply},
+                                                        {"role": "user", "content": "And then?"}]}
+    _, out = post(port, second)
+    assert out["usage"]["prompt_tokens_details"]["cached_tokens"] >= out["usage"]["prompt_tokens"] // 2
+
+
+@pytest.mark.parametrize("body, param, words", [
+    (chat("Hi", temperature=-1), "temperature", "`temperature` must be"),
+    (chat("Hi", max_tokens="x"), "max_tokens", "`max_tokens` must be"),
+    (chat("Hi", max_tokens=3, max_completion_tokens=4), "max_completion_tokens", "give one of"),
+    (chat("Hi", top_logprobs=2), "top_logprobs", "needs `logprobs`"),
+    (chat("Hi", frobnicate=1), "frobnicate", "known key"),
+    (chat("Hi", batch_size=2), "batch_size", "cannot be given"),
+    (chat("Hi", response_format={"type": "yaml"}), "response_format", "`response_format` must be"),
+    ({"messages": [{"role": "wizard", "content": "Hi"}]}, "messages[0].role", "`messages[0].role` must be"),
+    ({"messages": "Hi"}, "messages", "`messages` must be"),
+    (chat("Hi", num_beams=2), "num_beams", "beam search"),
+])
+def test_a_bad_request_names_the_field_and_its_neighbour_still_runs(serve, body, param, words):
+    port, _ = serve()
+    slow = {}
+    neighbour = threading.Thread(target=lambda: slow.update(
+        out=post(port, chat("Paris", temperature=0, max_tokens=40, ignore_eos=True))))
+    neighbour.start()
+    status, out = post(port, body)
+    neighbour.join()
+    assert status == 400 and out["error"]["param"] == param and words in out["error"]["message"], out
+    assert slow["out"][0] == 200 and slow["out"][1]["usage"]["completion_tokens"] == 40
+
+
+def test_other_refusals(serve):
+    port, _ = serve()
+    assert post(port, "{\"messages\": [")[0] == 400
+    status, out = post(port, chat("Hi", model="gpt-4"))
+    assert status == 404 and out["error"]["code"] == "model_not_found"
+    assert post(port, {}, "/v1/completions")[0] == 404
+    status, out = post(port, chat("x" * 3000, max_tokens=2))  # past the engine's max_input_len
+    assert status == 400 and "max_input_len" in out["error"]["message"]
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    c.request("GET", "/v1/models")
+    models = json.loads(c.getresponse().read())
+    assert [m["id"] for m in models["data"]] == ["engine"] and models["data"][0]["max_model_len"] == 512
+
+
+def test_a_client_that_goes_away_ends_its_request(serve):
+    port, httpd = serve()
+    ended, runner = [], httpd.app.service.runner
+    real = runner.response
+
+    def response(smp):  # (the loop's thread) an answered sample, and how its row ended
+        ended.append((smp.row.finish_reason, len(smp.row.output_ids)))
+        return real(smp)
+
+    runner.response = response
+    body = json.dumps(chat("Hello", max_tokens=500, ignore_eos=True, stream=True)).encode()
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+        assert sock.recv(100).startswith(b"HTTP/1.1 200")  # its first bytes, then gone
+    deadline = time.monotonic() + 20
+    while not ended and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert ended and ended[0][0] == "cancelled" and ended[0][1] < 500
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--set", "temperature=-1"], "temperature"),
+    (["--batch-size", "9"], "--batch-size 9"),
+    (["--set", "messages=[]"], "--set requests / messages"),
+    (["--lora", "x"], "NAME=PATH"),
+])
+def test_bad_options_exit_2_naming_them(tiny_engine, args, words):
+    result = CliRunner().invoke(server.main, ["--engine", str(tiny_engine("llama")), "--port", "0", *args])
+    assert result.exit_code == 2 and words in result.output, result.output
