@@ -97,9 +97,9 @@ class Scheduler:
             rows = self.feed(not (self.pending or self.active))
             if rows is None:
                 self.feed = None
-                break
-            self.add(rows)
-            # a row ended while it waited (its client went away): it takes no slot
+            else:
+                self.add(rows)
+            # a row ended while it waited (its client went away, the server closes): it takes no slot
             self.pending = deque(r for r in self.pending if not r.finish_reason)
             if self.pending or self.active:
                 return True

@@ -63,7 +63,7 @@ class Translated:
         the path it starts with, where it names one."""
         text = self.rename(message)
         named = re.match(r"`([^`]+)`", text)
-        kind = "invalid_request_error" if status == 400 else "InternalServerError"
+        kind = {400: "invalid_request_error", 503: "ServiceUnavailableError"}.get(status, "InternalServerError")
         return ApiError(text, named.group(1) if named and status == 400 else None, status, kind)
 
     def rename(self, text: str) -> str:

@@ -128,7 +128,8 @@ class Handler(BaseHTTPRequestHandler):
         if first is None:
             return
         if first[0] == "error":
-            self.send_json(400, t.refused(first[1]).body())
+            status = first[2] if len(first) > 2 else 400
+            self.send_json(status, t.refused(first[1], status).body())
         elif t.stream:
             self.stream(job, t, first)
         else:

@@ -18,7 +18,7 @@ from trtllm.runtime.streams import Streams
 class Job:
     """One HTTP request's samples. `events` carries, in order: ("line", sample_idx, text,
     finish_reason, fields) while it streams, then ("done", responses, cached_tokens), or
-    ("error", message) where it could not run."""
+    ("error", message[, HTTP status, 400 unless given]) where it could not run."""
 
     def __init__(self, inp: fmt.InputFile, stream: bool):
         self.inp, self.stream = inp, stream
@@ -77,7 +77,7 @@ class Service:
             except queue.Empty:
                 break
             if job is not None:
-                job.events.put(("error", "the server is shutting down"))
+                job.events.put(("error", "the server is shutting down", 503))
 
     def feed(self, wait: bool) -> list | None:
         """The Scheduler's feed: rows of the jobs that came, waiting for one when `wait`."""

@@ -227,3 +227,27 @@ def test_a_client_that_goes_away_ends_its_request(serve):
 def test_bad_options_exit_2_naming_them(tiny_engine, args, words):
     result = CliRunner().invoke(server.main, ["--engine", str(tiny_engine("llama")), "--port", "0", *args])
     assert result.exit_code == 2 and words in result.output, result.output
+
+
+def test_stopping_the_server_ends_a_running_request_with_what_it_has(serve):
+    port, httpd = serve()
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    c.request("POST", "/v1/chat/completions", json.dumps(chat("Hello", max_tokens=500, ignore_eos=True, stream=True)))
+    r = c.getresponse()
+    assert r.fp.readline().startswith(b"data: ")  # it runs
+    httpd.shutdown()
+    server.stop(httpd)
+    events = [json.loads(e[6:]) if e != "data: [DONE]" else "[DONE]"
+              for e in r.read().decode().split("\n\n") if e.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    finish = [ch["finish_reason"] for e in events[:-1] for ch in e["choices"] if ch["finish_reason"]]
+    assert finish == ["abort"]
+    assert post_refused_after_stop(port)
+
+
+def post_refused_after_stop(port: int) -> bool:
+    try:
+        post(port, chat("Hi"))
+    except OSError:
+        return True
+    return False
