@@ -463,6 +463,7 @@ class Scheduler:
             # compute their own prompt (they waited on its slot, which the next row may take)
             for follower in [f for f, (leader, _) in self.waiting.items() if leader == slot]:
                 del self.waiting[follower]
+            self.waiting.pop(slot, None)  # a follower that ended first (its client went away): nothing to copy
             self.commit_context(slot, row)
             if row.finish_reason == "error":  # (its KV may be NaN: kv_cache.py clear)
                 self.kv.clear(slot, slot + 1)

@@ -15,6 +15,7 @@ import time
 import uuid
 
 from trtllm.runtime import input_format as fmt
+from trtllm.runtime.strict_json import InputError, check_duplicates
 
 # OpenAI's (and vLLM's) name -> ours, where they differ
 RENAMED = {"max_tokens": "max_generate_length", "max_completion_tokens": "max_generate_length",
@@ -98,9 +99,18 @@ def translate(body: object, served: str, adapters: frozenset[str], defaults: dic
     capacity, the answer's length unless the body bounds it."""
     if not isinstance(body, dict):
         raise ApiError("the body must be a JSON object")
-    if "messages" not in body:
-        raise ApiError("`messages` is required", "messages")
-    body, names = dict(body), {}
+    try:  # (a key given twice: input_format checks the objects inside, this copy loses the mark)
+        check_duplicates(body, lambda key: key)
+    except InputError as e:
+        raise ApiError(str(e), e.json_path) from None
+    # null is "not given" in OpenAI's API, for every field
+    body, names = {k: v for k, v in body.items() if v is not None}, {}
+    if not isinstance(body.get("messages"), list) or not body["messages"]:
+        raise ApiError(f"`messages` must be a non-empty array of messages, got {body.get('messages')!r:.60}",
+                       "messages")
+    # OpenAI's newer name for the system role
+    body["messages"] = [{**m, "role": "system"} if isinstance(m, dict) and m.get("role") == "developer" else m
+                        for m in body["messages"]]
     model = body.pop("model", None)
     if model is not None and not isinstance(model, str):
         raise ApiError(f"`model` must be a string, got {model!r}", "model")

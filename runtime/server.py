@@ -94,6 +94,9 @@ class Handler(BaseHTTPRequestHandler):
             self.send_json(200, {"status": "ok"})
         elif path == "/v1/models":
             self.send_json(200, self.app.models())
+        elif path == "/v1/chat/completions":
+            self.send_json(405, api.ApiError("POST a request to /v1/chat/completions", status=405,
+                                             kind="MethodNotAllowed").body())
         else:
             self.not_found(path)
 
@@ -136,16 +139,41 @@ class Handler(BaseHTTPRequestHandler):
             self.answer(t, *first[1:])
 
     def body(self) -> bytes:
-        if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
-            raise api.ApiError("send the body with a Content-Length, not chunked", status=411)
+        """The request's body, by its Content-Length or in chunks. Where it is refused unread, the
+        connection closes after the answer (what follows on it is no request)."""
         try:
-            length = int(self.headers.get("Content-Length", ""))
-        except ValueError:
-            raise api.ApiError("a Content-Length header is required", status=411) from None
-        if not 0 <= length <= MAX_BODY:
-            self.close_connection = True  # (the body is not read: the connection cannot carry another)
-            raise api.ApiError(f"the body must be at most {MAX_BODY} bytes, got {length}", status=413)
-        return self.rfile.read(length)
+            if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
+                return self.chunked()
+            try:
+                length = int(self.headers.get("Content-Length", ""))
+            except ValueError:
+                raise api.ApiError("a Content-Length header (a number of bytes) is required", status=411) from None
+            if length < 0:
+                raise api.ApiError(f"Content-Length must be a number of bytes, got {length}")
+            if length > MAX_BODY:
+                raise api.ApiError(f"the body must be at most {MAX_BODY} bytes, got {length}", status=413)
+            return self.rfile.read(length)
+        except api.ApiError:
+            self.close_connection = True
+            raise
+
+    def chunked(self) -> bytes:
+        """A body sent with Transfer-Encoding: chunked (HTTP/1.1's size lines, then a 0 and the end)."""
+        data = bytearray()
+        while True:
+            line = self.rfile.readline(1024).split(b";")[0].strip()
+            try:
+                size = int(line, 16)
+            except ValueError:
+                raise api.ApiError(f"a chunk size must be hexadecimal, got {line[:40]!r}") from None
+            if size < 0 or len(data) + size > MAX_BODY:
+                raise api.ApiError(f"the body must be at most {MAX_BODY} bytes", status=413)
+            if size == 0:
+                while self.rfile.readline(1024).strip():  # (trailers, to the empty line)
+                    pass
+                return bytes(data)
+            data += self.rfile.read(size)
+            self.rfile.readline(1024)  # (the chunk's CRLF)
 
     def next_event(self, job):
         """The job's next event, or None where the client went away first (the job is then ended)."""
@@ -193,6 +221,11 @@ class Handler(BaseHTTPRequestHandler):
                     choice = api.delta_choice(index, text, fields, t, reason)
                     if choice is not None:
                         self.event(api.chunk(cid, created, t, [choice]))
+                elif event[0] == "error":  # (the answer could not be made: runtime/serving.py settle)
+                    self.event(t.refused(event[1], 500).body())
+                    self.wfile.write(b"data: [DONE]\n\n")
+                    self.wfile.flush()
+                    return
                 elif event[0] == "done":
                     responses, cached = event[1:]
                     failed = [r for r in responses if r["finish_reason"] == "error"]

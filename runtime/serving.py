@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 
 from trtllm.runtime import input_format as fmt
 from trtllm.runtime.generate import run_rows
@@ -34,6 +35,7 @@ class Service:
         self.jobs: list[Job] = []  # admitted, not answered yet
         self.job_of: dict[int, Job] = {}  # id(sample) -> its job, while it is admitted
         self.closed = False
+        self.lock = threading.Lock()  # (submit and close: no job goes in after the loop's last look)
         self.streams = Streams(runner, self.line)
         self.thread = threading.Thread(target=self.loop, name="trtllm-serve generation", daemon=True)
 
@@ -42,10 +44,11 @@ class Service:
 
     def submit(self, job: Job) -> bool:
         """Queue a job; False once the server is closing."""
-        if self.closed:
-            return False
-        self.incoming.put(job)
-        return True
+        with self.lock:
+            if self.closed:
+                return False
+            self.incoming.put(job)
+            return True
 
     def cancel(self, job: Job) -> None:
         job.cancelled = True
@@ -53,8 +56,9 @@ class Service:
 
     def close(self, timeout: float | None = None) -> None:
         """Cancel what runs (its text so far is its answer, "abort") and stop the loop."""
-        self.closed = True
-        self.incoming.put(None)
+        with self.lock:
+            self.closed = True
+            self.incoming.put(None)
         self.thread.join(timeout)
 
     # --- the loop's thread ------------------------------------------------------------------------
@@ -70,6 +74,7 @@ class Service:
                     for smp in job.samples:
                         if not smp.row.finish_reason:
                             smp.row.fail(f"the engine failed: {type(e).__name__}: {e}")
+                time.sleep(0.1)  # (an engine that fails at once every time: not a busy loop)
             self.settle()
         while True:  # (jobs that came as it closed)
             try:
@@ -104,12 +109,18 @@ class Service:
             return []
         r = self.runner
         p = r.prepare(0, job.inp.requests[0], job.inp, self.adapters)
-        if p.error is not None:
-            job.events.put(("error", p.error))
+        if p.error is not None:  # (a failure of ours in preparing it is no fault of the request's)
+            job.events.put(("error", p.error, 500 if "a bug in trtllm-edge" in p.error else 400))
             return []
-        job.samples = [Sample(p, k) for k in range(job.inp.requests[0].n)]
+        try:
+            job.samples = [Sample(p, k) for k in range(job.inp.requests[0].n)]
+            for smp in job.samples:
+                smp.row = r.make_row(smp)
+        except Exception as e:  # noqa: BLE001 - this request fails, not the loop
+            job.events.put(("error", f"the request could not be started ({type(e).__name__}: {e}; a bug in "
+                                     "trtllm-edge: please report it with this request)", 500))
+            return []
         for smp in job.samples:
-            smp.row = r.make_row(smp)
             self.streams.add(smp)
             self.job_of[id(smp)] = job
         p.guide = None  # (each row has its copy)
@@ -131,13 +142,25 @@ class Service:
     def settle(self) -> None:
         """Answer the jobs whose samples all ended; end the rows of jobs whose client went away."""
         for job in list(self.jobs):
-            if job.cancelled:
-                self.end(job)
-            if all(smp.row.finish_reason for smp in job.samples):
-                self.jobs.remove(job)
+            try:
+                if job.cancelled:
+                    self.end(job)
+                if not all(smp.row.finish_reason for smp in job.samples):
+                    continue
+                self.forget(job)
                 responses = [self.runner.response(smp) for smp in job.samples]
-                cached = max(smp.row.num_reused for smp in job.samples)
+                job.events.put(("done", responses, max(smp.row.num_reused for smp in job.samples)))
+            except Exception as e:  # noqa: BLE001 - this request fails, not the loop
                 for smp in job.samples:
-                    self.streams.drop(smp)
-                    del self.job_of[id(smp)]
-                job.events.put(("done", responses, cached))
+                    if not smp.row.finish_reason:
+                        smp.row.cancel()  # (its slot is released at the next step)
+                if job in self.jobs:
+                    self.forget(job)
+                job.events.put(("error", f"the answer could not be made ({type(e).__name__}: {e}; a bug in "
+                                         "trtllm-edge: please report it with this request)", 500))
+
+    def forget(self, job: Job) -> None:
+        self.jobs.remove(job)
+        for smp in job.samples:
+            self.streams.drop(smp)
+            self.job_of.pop(id(smp), None)

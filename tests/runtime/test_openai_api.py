@@ -89,3 +89,20 @@ def test_answers_in_openais_shape():
                             "prompt_tokens_details": {"cached_tokens": 3}}
     assert api.delta_choice(0, "", {}, t) is None  # (a held-back token: nothing to send)
     assert api.delta_choice(0, "x", {"reasoning_text": "hm"}, t)["delta"] == {"reasoning_content": "hm"}
+
+
+def test_null_is_not_given_and_developer_is_system():
+    r = request(translate({"max_tokens": None, "temperature": None, "n": None, "top_p": None,
+                           "messages": [{"role": "developer", "content": "Be brief."}] + HI}))
+    assert (r.max_generate_length, r.temperature, r.n, r.top_p) == (4096, 1.0, 1, 1.0)
+    assert [m.role for m in r.messages] == ["system", "user"]
+
+
+@pytest.mark.parametrize("text, param", [('{"messages": []}', "messages"),
+                                         ('{"messages": [{"role": "user", "content": "Hi"}], "n": 1, "n": 2}', "n")])
+def test_no_messages_and_keys_given_twice_are_refused(text, param):
+    from trtllm.runtime.strict_json import decode
+
+    with pytest.raises(api.ApiError) as e:
+        api.translate(decode(text.encode(), "the body"), "demo", frozenset(), {}, 4096)
+    assert e.value.param == param

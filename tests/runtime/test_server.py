@@ -251,3 +251,68 @@ def post_refused_after_stop(port: int) -> bool:
     except OSError:
         return True
     return False
+
+
+def test_a_follower_cancelled_while_its_leader_prefills_leaves_the_others_running(serve, monkeypatch):
+    """Two equal prompts admitted together: the second waits to copy the first's KV (generate.py
+    shared) while the first is prefilled in chunks beside a decoding request; the second's client
+    goes away meanwhile. Nothing else may notice."""
+    monkeypatch.setattr(server, "PREFILL_CHUNK", 16)  # (many chunks: a wide window)
+    port, httpd = serve()
+    service = httpd.app.service
+    decoding = {}
+    runner = threading.Thread(target=lambda: decoding.update(out=post(port, chat("Hello", temperature=0, max_tokens=120,
+                                                                               ignore_eos=True))))
+    runner.start()
+    while not service.jobs:
+        time.sleep(0.01)
+    body = json.dumps({"messages": [{"role": "system", "content": PROMPTS[1]}, {"role": "user", "content": "Hi"}],
+                       "temperature": 0, "max_tokens": 5}).encode()  # (what they share: the system prompt)
+    (leader, _), (follower, _) = httpd.app.job(body), httpd.app.job(body)
+    service.submit(leader)
+    service.submit(follower)
+    while not follower.samples:
+        time.sleep(0.001)
+    service.cancel(follower)
+    events = []
+    while not events or events[-1][0] == "line":
+        events.append(leader.events.get(timeout=60))
+    runner.join()
+    assert events[-1][0] == "done" and events[-1][1][0]["finish_reason"] == "max-length", events[-1]
+    assert decoding["out"][0] == 200 and decoding["out"][1]["usage"]["completion_tokens"] == 120
+
+
+def test_an_answer_that_cannot_be_made_fails_its_request_alone(serve, monkeypatch):
+    port, httpd = serve()
+    runner = httpd.app.service.runner
+    real = runner.response
+    monkeypatch.setattr(runner, "response", lambda smp: 1 / 0 if smp.prepared.request.seed == 13 else real(smp))
+    status, out = post(port, chat("Hi", seed=13, max_tokens=3))
+    assert status == 500 and "ZeroDivisionError" in out["error"]["message"]
+    assert post(port, chat("Hi", seed=14, max_tokens=3))[0] == 200  # (the loop goes on)
+
+
+def raw(port: int, request: bytes) -> bytes:
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+        sock.sendall(request)
+        data = b""
+        while chunk := sock.recv(65536):
+            data += chunk
+        return data
+
+
+def test_bodies_in_chunks_and_refused_lengths(serve):
+    port, _ = serve()
+    body = json.dumps(chat("Hi", max_tokens=2)).encode()
+    half = len(body) // 2
+    chunked = b"%x\r\n%s\r\n%x\r\n%s\r\n0\r\n\r\n" % (half, body[:half], len(body) - half, body[half:])
+    out = raw(port, b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n"
+                    b"Connection: close\r\n\r\n" + chunked)
+    assert out.startswith(b"HTTP/1.1 200") and b"chat.completion" in out
+    # refused unread: one answer, then the connection closes (what follows is no request)
+    out = raw(port, b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: -1\r\n\r\n" + body)
+    assert out.startswith(b"HTTP/1.1 400") and out.count(b"HTTP/1.1") == 1
+    out = raw(port, b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n\r\n" + body)
+    assert out.startswith(b"HTTP/1.1 411") and out.count(b"HTTP/1.1") == 1
+    assert raw(port, b"GET /v1/chat/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").startswith(
+        b"HTTP/1.1 405")
