@@ -1,6 +1,8 @@
-"""OpenAI's chat completions API in trtllm-serve: a request body becomes a one-request input
-document (docs/input_format.md) that input_format checks, and the run's responses and stream
-lines become OpenAI's objects (`chat.completion`, `chat.completion.chunk`).
+"""OpenAI's chat completions and completions APIs in trtllm-serve: a request body becomes a
+one-request input document (docs/input_format.md) that input_format checks, and the run's
+responses and stream lines become OpenAI's objects (`chat.completion`, `chat.completion.chunk`,
+`text_completion`). A completions body is a chat body of one user message, its prompt, without
+the chat template.
 
 A body takes OpenAI's names (`max_tokens`, `max_completion_tokens`, `logprobs` with
 `top_logprobs`, `response_format`, `stream_options`), vLLM's extras (`top_k`, `min_p`,
@@ -49,11 +51,12 @@ class Translated:
     """A body as an input document, and what the server itself reads from it."""
 
     def __init__(self, document: dict, stream: bool, include_usage: bool, top_logprobs: int | None,
-                 names: dict[str, str], model: str):
+                 names: dict[str, str], model: str, text: bool = False):
         self.document, self.stream, self.include_usage = document, stream, include_usage
         self.top_logprobs = top_logprobs  # None: no logprobs asked for
-        self.names = names  # our field -> the body's name for it, where they differ
+        self.names = names  # our field (or path) -> the body's name for it, where they differ
         self.model = model
+        self.text = text  # /v1/completions
 
     def error(self, e: fmt.InputError) -> ApiError:
         """input_format's error about the document, in the body's names."""
@@ -70,15 +73,15 @@ class Translated:
     def rename(self, text: str) -> str:
         text = text.replace("`requests[0].", "`").replace("`requests[0]`", "the request")
         for ours, theirs in self.names.items():
-            text = re.sub(rf"`{ours}\b", f"`{theirs}", text)
+            text = re.sub(rf"`{re.escape(ours)}(?![\w\[])", f"`{theirs}", text)
         return text
 
     def rename_path(self, path: str | None) -> str | None:
         if not path:
             return None
         path = path.removeprefix("requests[0]").lstrip(".") or None
-        if path is None:
-            return None
+        if path is None or path in self.names:
+            return path and self.names[path]
         head, sep, rest = path.partition(".")
         return self.names.get(head, head) + sep + rest
 
@@ -92,11 +95,13 @@ def _flag(body: dict, name: str, default: bool = False) -> bool:
     return value
 
 
-def translate(body: object, served: str, adapters: frozenset[str], defaults: dict, capacity: int) -> Translated:
+def translate(body: object, served: str, adapters: frozenset[str], defaults: dict, capacity: int,
+              text: bool = False) -> Translated:
     """A chat completions body as an input document. `served`: the model name the server answers
     to; `adapters`: LoRA adapter names, which `model` may name instead (vLLM's); `defaults`:
     trtllm-serve --set's settings, which the body's own replace; `capacity`: the engine's KV
-    capacity, the answer's length unless the body bounds it."""
+    capacity, the answer's length unless the body bounds it. `text`: a completions body instead
+    (/v1/completions: a `prompt`, no chat template, `logprobs` a number, 16 tokens unless told)."""
     if not isinstance(body, dict):
         raise ApiError("the body must be a JSON object")
     try:  # (a key given twice: input_format checks the objects inside, this copy loses the mark)
@@ -105,6 +110,8 @@ def translate(body: object, served: str, adapters: frozenset[str], defaults: dic
         raise ApiError(str(e), e.json_path) from None
     # null is "not given" in OpenAI's API, for every field
     body, names = {k: v for k, v in body.items() if v is not None}, {}
+    if text:
+        body, names = _text_body(body), {"messages[0].content": "prompt", "messages": "prompt"}
     if not isinstance(body.get("messages"), list) or not body["messages"]:
         raise ApiError(f"`messages` must be a non-empty array of messages, got {body.get('messages')!r:.60}",
                        "messages")
@@ -135,14 +142,19 @@ def translate(body: object, served: str, adapters: frozenset[str], defaults: dic
     request: dict = {}
     if model is not None and model != served:
         request["lora_name"] = model
-    logprobs, top = _flag(body, "logprobs"), body.pop("top_logprobs", None)
+    if text:  # (its logprobs: how many top ones, as top_logprobs says it for chat)
+        top = body.pop("logprobs", None)
+        logprobs, body["top_logprobs"] = top is not None, top
+        names["top_logprobs"] = "logprobs"
+    logprobs, top = logprobs if text else _flag(body, "logprobs"), body.pop("top_logprobs", None)
     body.pop("logprobs", None)
     if top is not None and (not isinstance(top, int) or isinstance(top, bool) or not 0 <= top <= MAX_TOP_LOGPROBS):
-        raise ApiError(f"`top_logprobs` must be an integer from 0 to {MAX_TOP_LOGPROBS}, got {top!r}", "top_logprobs")
+        field = names.get("top_logprobs", "top_logprobs")
+        raise ApiError(f"`{field}` must be an integer from 0 to {MAX_TOP_LOGPROBS}, got {top!r}", field)
     if top is not None and not logprobs:
         raise ApiError("`top_logprobs` needs `logprobs`: true", "top_logprobs")
     if logprobs:  # (each token's own logprob comes with the top ones: at least one)
-        request["num_logprobs"], names["num_logprobs"] = max(top or 0, 1), "top_logprobs"
+        request["num_logprobs"], names["num_logprobs"] = max(top or 0, 1), names.get("top_logprobs", "top_logprobs")
     guide = _guide(body)
     if guide is not None:
         request["guided_decoding"], names["guided_decoding"] = guide
@@ -160,13 +172,36 @@ def translate(body: object, served: str, adapters: frozenset[str], defaults: dic
     top_level = {k: v for k, v in defaults.items() if k in fmt.TOP_LEVEL and k not in request}
     own = {k: v for k, v in defaults.items() if k not in fmt.TOP_LEVEL and k not in request}
     # OpenAI's defaults where ours differ (a --set default still wins over them)
-    openai = {"top_p": 1.0, "top_k": 0, "max_generate_length": capacity}
+    openai = {"top_p": 1.0, "top_k": 0, "max_generate_length": 16 if text else capacity}
     for k, v in openai.items():
         if k not in request and k not in top_level and k not in own:
             own[k] = v
     top_level.update({k: request.pop(k) for k in list(request) if k in TOP_ONLY})
+    if text:
+        top_level.setdefault("apply_chat_template", False)
     return Translated({**top_level, "requests": [{**own, **request}]}, stream, include_usage,
-                      (top or 0) if logprobs else None, names, model or served)
+                      (top or 0) if logprobs else None, names, model or served, text)
+
+
+def _text_body(body: dict) -> dict:
+    """A completions body as a chat body of one user message, the prompt (no template: its text as it is)."""
+    if "messages" in body:
+        raise ApiError("`messages`: /v1/completions takes a `prompt` (/v1/chat/completions takes messages)", "messages")
+    prompt = body.pop("prompt", None)
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+        prompt = prompt[0]
+    if not isinstance(prompt, str):
+        raise ApiError(f"`prompt` must be a string (one prompt a request), got {prompt!r:.60}", "prompt")
+    if body.pop("echo", False):
+        raise ApiError("`echo` is not supported: the answer never holds the prompt", "echo")
+    if body.pop("suffix", ""):
+        raise ApiError("`suffix` is not supported (no fill-in-the-middle)", "suffix")
+    if body.get("best_of", body.get("n", 1)) != body.get("n", 1):
+        raise ApiError("`best_of` must equal `n` (each sample is returned)", "best_of")
+    body.pop("best_of", None)
+    if "top_logprobs" in body:
+        raise ApiError("`top_logprobs`: /v1/completions takes `logprobs` as the number of top tokens", "top_logprobs")
+    return {**body, "messages": [{"role": "user", "content": prompt}]}
 
 
 def _guide(body: dict) -> tuple[dict, str] | None:
@@ -200,8 +235,8 @@ def _guide(body: dict) -> tuple[dict, str] | None:
 FINISH = {"end-of-sequence": "stop", "stop-words": "stop", "max-length": "length", "cancelled": "abort"}
 
 
-def completion_id() -> str:
-    return f"chatcmpl-{uuid.uuid4().hex}"
+def completion_id(t: Translated) -> str:
+    return f"{'cmpl' if t.text else 'chatcmpl'}-{uuid.uuid4().hex}"
 
 
 def finish_reason(response: dict) -> str:
@@ -239,7 +274,28 @@ def usage(responses: list[dict], cached: int) -> dict:
             "prompt_tokens_details": {"cached_tokens": cached}}
 
 
+def text_logprobs(steps: list, own: list, top: int | None) -> dict | None:
+    """The completions API's `logprobs`: tokens, their logprobs, the top ones as {token: logprob}
+    and each token's offset in the text."""
+    if top is None:
+        return None
+    offsets, at = [], 0
+    for e in own:
+        offsets.append(at)
+        at += len(e["token"])
+    return {"tokens": [e["token"] for e in own], "token_logprobs": [_entry(e)["logprob"] for e in own],
+            "top_logprobs": [{e["token"]: _entry(e)["logprob"] for e in step[:top]} for step in steps],
+            "text_offset": offsets}
+
+
 def completion(cid: str, created: int, t: Translated, responses: list[dict], cached: int) -> dict:
+    if t.text:
+        choices = [{"index": i, "text": r["output_text"], "finish_reason": finish_reason(r),
+                    "logprobs": text_logprobs(r.get("logprobs", []), r.get("token_logprobs", []), t.top_logprobs),
+                    **({"stop_reason": r["stop_reason"]} if "stop_reason" in r else {})}
+                   for i, r in enumerate(responses)]
+        return {"id": cid, "object": "text_completion", "created": created,
+                "model": t.model, "choices": choices, "usage": usage(responses, cached)}
     choices = []
     for i, r in enumerate(responses):
         choice = {"index": i, "message": message(r), "logprobs": logprobs(r.get("logprobs", []),
@@ -254,7 +310,8 @@ def completion(cid: str, created: int, t: Translated, responses: list[dict], cac
 
 
 def chunk(cid: str, created: int, t: Translated, choices: list[dict], usage_of: dict | None = None) -> dict:
-    out = {"id": cid, "object": "chat.completion.chunk", "created": created, "model": t.model, "choices": choices}
+    out = {"id": cid, "object": "text_completion" if t.text else "chat.completion.chunk", "created": created,
+           "model": t.model, "choices": choices}
     if usage_of is not None:
         out["usage"] = usage_of
     return out
@@ -262,6 +319,12 @@ def chunk(cid: str, created: int, t: Translated, choices: list[dict], usage_of: 
 
 def delta_choice(index: int, text: str, fields: dict, t: Translated, finish: str | None = None) -> dict | None:
     """A stream line of one sample as a chunk's choice (None: nothing to send)."""
+    if t.text:
+        lp = text_logprobs(fields.get("logprobs", []), fields.get("token_logprobs", []), t.top_logprobs) \
+            if fields.get("token_logprobs") else None
+        if not text and lp is None and finish is None:
+            return None
+        return {"index": index, "text": text, "logprobs": lp, "finish_reason": finish}
     delta: dict = {}
     if "reasoning_text" in fields:
         delta["reasoning_content"] = fields["reasoning_text"]

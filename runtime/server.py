@@ -2,7 +2,7 @@
 
 An OpenAI-compatible HTTP server (vLLM's `vllm serve`, llama.cpp's `llama-server`):
 `POST /v1/chat/completions` (streamed as server-sent events with `"stream": true`),
-`GET /v1/models` and `GET /health`. Requests are admitted into the batch that is running as they
+`POST /v1/completions` (a prompt without the chat template), `GET /v1/models` and `GET /health`. Requests are admitted into the batch that is running as they
 arrive (runtime/serving.py), up to --batch-size at once; each answers as trtllm-run answers the
 same request. A conversation's next turn restores the KV of the turns before it (trtllm-run
 --context-reuse's store, in a temporary directory unless --kv-cache-dir). A client that goes
@@ -35,7 +35,7 @@ from trtllm.runtime.strict_json import decode
 
 MAX_BODY = 16 << 20  # bytes of a request body
 POLL = 0.25  # seconds between looks at whether a waiting client is still there
-ENDPOINTS = "POST /v1/chat/completions, GET /v1/models, GET /health"
+ENDPOINTS = "POST /v1/chat/completions, POST /v1/completions, GET /v1/models, GET /health"
 
 
 class App:
@@ -55,15 +55,15 @@ class App:
         return {"object": "list", "data": [{"id": self.served, **card},
                                            *({"id": a, **card, "parent": self.served} for a in sorted(self.adapters))]}
 
-    def job(self, raw: bytes):
-        """The body as a Job and its Translated, or the ApiError that refuses it."""
+    def job(self, raw: bytes, text: bool = False):
+        """The body as a Job and its Translated, or the ApiError that refuses it (`text`: /v1/completions)."""
         from trtllm.runtime.serving import Job
 
         try:
             body = decode(raw, "the body")
         except fmt.InputError as e:
             raise api.ApiError(str(e)) from None
-        t = api.translate(body, self.served, self.adapters, self.defaults, self.capacity)
+        t = api.translate(body, self.served, self.adapters, self.defaults, self.capacity, text)
         try:
             inp = fmt.parse_input(t.document, self.bundled)
         except fmt.InputError as e:
@@ -94,21 +94,21 @@ class Handler(BaseHTTPRequestHandler):
             self.send_json(200, {"status": "ok"})
         elif path == "/v1/models":
             self.send_json(200, self.app.models())
-        elif path == "/v1/chat/completions":
-            self.send_json(405, api.ApiError("POST a request to /v1/chat/completions", status=405,
+        elif path in ("/v1/chat/completions", "/v1/completions"):
+            self.send_json(405, api.ApiError(f"POST a request to {path}", status=405,
                                              kind="MethodNotAllowed").body())
         else:
             self.not_found(path)
 
     def do_POST(self) -> None:  # noqa: N802
         path = urlsplit(self.path).path.rstrip("/")
-        if path != "/v1/chat/completions":
+        if path not in ("/v1/chat/completions", "/v1/completions"):
             self.not_found(path)
             return
         with self.app.lock:
             self.app.busy += 1
         try:
-            self.chat()
+            self.chat(text=path == "/v1/completions")
         finally:
             with self.app.lock:
                 self.app.busy -= 1
@@ -117,9 +117,9 @@ class Handler(BaseHTTPRequestHandler):
         self.send_json(404, api.ApiError(f"no endpoint {path or '/'} here ({ENDPOINTS})", status=404,
                                          kind="NotFoundError").body())
 
-    def chat(self) -> None:
+    def chat(self, text: bool) -> None:
         try:
-            job, t = self.app.job(self.body())
+            job, t = self.app.job(self.body(), text)
         except api.ApiError as e:
             self.send_json(e.status, e.body())
             return
@@ -199,7 +199,7 @@ class Handler(BaseHTTPRequestHandler):
         if failed:
             self.send_json(500, t.refused(failed[0].get("error", ""), 500).body())
             return
-        self.send_json(200, api.completion(api.completion_id(), api.now(), t, responses, cached))
+        self.send_json(200, api.completion(api.completion_id(t), api.now(), t, responses, cached))
 
     def stream(self, job, t: api.Translated, event) -> None:
         """Server-sent events: a role chunk per choice, the text as it comes, the usage where asked
@@ -210,10 +210,11 @@ class Handler(BaseHTTPRequestHandler):
         self.send_header("Connection", "close")
         self.end_headers()
         self.close_connection = True
-        cid, created, n = api.completion_id(), api.now(), job.inp.requests[0].n
+        cid, created, n = api.completion_id(t), api.now(), job.inp.requests[0].n
         try:
-            self.event(api.chunk(cid, created, t, [{"index": i, "delta": {"role": "assistant", "content": ""},
-                                                    "logprobs": None, "finish_reason": None} for i in range(n)]))
+            if not t.text:  # (a chat stream opens with each choice's role)
+                self.event(api.chunk(cid, created, t, [{"index": i, "delta": {"role": "assistant", "content": ""},
+                                                        "logprobs": None, "finish_reason": None} for i in range(n)]))
             while event is not None:
                 if event[0] == "line":
                     _, index, text, finish, fields = event

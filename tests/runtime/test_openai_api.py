@@ -106,3 +106,17 @@ def test_no_messages_and_keys_given_twice_are_refused(text, param):
     with pytest.raises(api.ApiError) as e:
         api.translate(decode(text.encode(), "the body"), "demo", frozenset(), {}, 4096)
     assert e.value.param == param
+
+
+def test_a_completions_body_is_its_prompt_without_the_template():
+    t = api.translate({"prompt": ["Once upon"], "logprobs": 3, "stop": "."}, "demo", frozenset(), {}, 4096, text=True)
+    assert t.document["apply_chat_template"] is False and t.top_logprobs == 3 and t.text
+    r = request(t)
+    assert r.messages[0].content == "Once upon" and (r.max_generate_length, r.num_logprobs, r.stop) == (16, 3, (".",))
+    with pytest.raises(api.ApiError) as e:
+        api.translate({"messages": HI}, "demo", frozenset(), {}, 4096, text=True)
+    assert e.value.param == "messages"
+    t = api.translate({"prompt": "Hi", "max_tokens": -1}, "demo", frozenset(), {}, 4096, text=True)
+    with pytest.raises(fmt.InputError) as e:
+        fmt.parse_input(t.document, ())
+    assert t.error(e.value).param == "max_tokens"

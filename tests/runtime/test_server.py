@@ -189,7 +189,7 @@ def test_other_refusals(serve):
     assert post(port, "{\"messages\": [")[0] == 400
     status, out = post(port, chat("Hi", model="gpt-4"))
     assert status == 404 and out["error"]["code"] == "model_not_found"
-    assert post(port, {}, "/v1/completions")[0] == 404
+    assert post(port, {}, "/v1/embeddings")[0] == 404
     status, out = post(port, chat("x" * 3000, max_tokens=2))  # past the engine's max_input_len
     assert status == 400 and "max_input_len" in out["error"]["message"]
     c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
@@ -316,3 +316,21 @@ def test_bodies_in_chunks_and_refused_lengths(serve):
     assert out.startswith(b"HTTP/1.1 411") and out.count(b"HTTP/1.1") == 1
     assert raw(port, b"GET /v1/chat/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").startswith(
         b"HTTP/1.1 405")
+
+
+def test_a_text_completion_answers_its_prompt_without_the_template(serve, run_cli, tiny_engine):
+    port, _ = serve()
+    body = {"prompt": "The quick brown fox", "temperature": 0, "max_tokens": 8, "ignore_eos": True, "logprobs": 2}
+    status, out = post(port, body, "/v1/completions")
+    assert status == 200 and out["object"] == "text_completion", out
+    _, want = run_cli(tiny_engine("llama"), {"apply_chat_template": False, "temperature": 0, "max_generate_length": 8,
+                                             "ignore_eos": True, "requests": [{"messages": [
+                                                 {"role": "user", "content": "The quick brown fox"}]}]})
+    choice = out["choices"][0]
+    assert choice["text"] == want["responses"][0]["output_text"] and choice["finish_reason"] == "length"
+    assert len(choice["logprobs"]["tokens"]) == 8 and all(len(top) <= 2 for top in choice["logprobs"]["top_logprobs"])
+    status, events = post(port, {**body, "stream": True}, "/v1/completions")
+    assert events[-1] == "[DONE]" and "".join(c["text"] for e in events[:-1] for c in e["choices"]) == choice["text"]
+    status, out = post(port, {"prompt": "x" * 3000, "max_tokens": 2}, "/v1/completions")
+    assert status == 400 and out["error"]["param"] == "prompt", out
+    assert post(port, {"prompt": "Hi", "echo": True}, "/v1/completions")[1]["error"]["param"] == "echo"
