@@ -20,7 +20,6 @@ import click
 
 from trtllm.runtime import input_format as fmt
 from trtllm.runtime import interrupt, stdout
-from trtllm.runtime.cli import PREFILL_CHUNK
 from trtllm.runtime.cli import fail_usage as fail
 from trtllm.runtime.messages import MAX_MESSAGES
 
@@ -102,16 +101,9 @@ def chat(engine_dir: Path, system: str | None, settings: dict, kv_cache_dir: Pat
          threads: int | None) -> None:
     stdout.hold()
     Out.error = None  # (a chat of its own: not one an earlier chat in this process had)
-    from trtllm.runtime import grammar
-    from trtllm.runtime.chat_template import ChatTemplate
-    from trtllm.runtime.context_cache import ContextCache
-    from trtllm.runtime.engine import load_engine
+    from trtllm.runtime import loading
     from trtllm.runtime.lora import AdapterSet
-    from trtllm.runtime.manifest import ManifestError
-    from trtllm.runtime.prefix_cache import PrefixStore, engine_identity, parse_size, prefix_identity
-    from trtllm.runtime.runner import Runner
-    from trtllm.runtime.speculative import Drafter
-    from trtllm.runtime.tokenizer import Tokenizer
+    from trtllm.runtime.prefix_cache import parse_size
 
     if "requests" in settings or "messages" in settings:
         fail("--set requests / messages: the turns are the conversation")
@@ -119,28 +111,15 @@ def chat(engine_dir: Path, system: str | None, settings: dict, kv_cache_dir: Pat
         max_bytes = parse_size(kv_cache_size)
     except ValueError as e:
         fail(f"--kv-cache-size: {e}")
-    try:
-        engine = load_engine(engine_dir, num_threads=threads)
-        grammar.use_threads(threads)
-        drafter = Drafter.load(engine_dir, engine.manifest)  # (an EAGLE engine's head drafts, as in trtllm-run)
-        tokenizer = Tokenizer.from_engine_dir(engine_dir, engine.manifest.files)
-        template = ChatTemplate.from_engine_dir(engine_dir, engine.manifest.files)
-    except ManifestError as e:
-        fail(str(e))
-    bundled = tuple(engine.manifest.lora.get("adapters", {})) if engine.manifest.lora else None
+    loaded = loading.load(engine_dir, threads)
+    engine, bundled = loaded[0], loaded[4]
     first = [{"role": "system", "content": system}] if system is not None else []
-    try:  # the settings are checked once, before the first turn
-        checked = fmt.parse_input(document(settings, first + [{"role": "user", "content": "-"}]), bundled)
-    except fmt.InputError as e:
-        fail(f"--set: {e}")
+    checked = loading.check_settings(document(settings, first + [{"role": "user", "content": "-"}]), bundled, "--set")
     if checked.requests[0].n > 1:
         fail("--set n: a chat answers with one sample a turn")
     adapters = AdapterSet.for_run(engine, checked.available_lora_weights, Path.cwd())  # (loaded once, not per turn)
     with tempfile.TemporaryDirectory(prefix="trtllm-chat-") as scratch:
-        store = PrefixStore(kv_cache_dir or Path(scratch), prefix_identity(engine_identity(engine_dir), engine),
-                            max_bytes=max_bytes)
-        runner = Runner(engine, tokenizer, template, store, drafter, PREFILL_CHUNK)
-        runner.contexts = ContextCache(store)
+        runner = loading.runner(engine_dir, loaded, kv_cache_dir or Path(scratch), max_bytes)
         converse(runner, first, settings, bundled, adapters)
 
 

@@ -29,7 +29,6 @@ from trtllm.runtime import input_checks, stdout
 from trtllm.runtime import input_format as fmt
 from trtllm.runtime import openai_api as api
 from trtllm.runtime.chat import document, settings_of
-from trtllm.runtime.cli import PREFILL_CHUNK
 from trtllm.runtime.cli import fail_usage as fail
 from trtllm.runtime.strict_json import decode
 
@@ -266,43 +265,22 @@ class Server(ThreadingHTTPServer):
 def build(engine_dir: Path, host: str, port: int, served: str | None, settings: dict, loras: dict[str, str],
           batch_size: int | None, threads: int | None, store_dir: Path, max_bytes: int, context_reuse: bool):
     """The server, listening, and its generation loop, started. Exits 2 (click) on a bad option."""
-    from trtllm.runtime import grammar
-    from trtllm.runtime.chat_template import ChatTemplate
-    from trtllm.runtime.context_cache import ContextCache
-    from trtllm.runtime.engine import load_engine
+    from trtllm.runtime import loading
     from trtllm.runtime.lora import AdapterSet
-    from trtllm.runtime.manifest import ManifestError
-    from trtllm.runtime.prefix_cache import PrefixStore, engine_identity, prefix_identity
-    from trtllm.runtime.runner import Runner
     from trtllm.runtime.serving import Service
-    from trtllm.runtime.speculative import Drafter
-    from trtllm.runtime.tokenizer import Tokenizer
 
-    try:
-        engine = load_engine(engine_dir, num_threads=threads)
-        grammar.use_threads(threads)
-        drafter = Drafter.load(engine_dir, engine.manifest)
-        tokenizer = Tokenizer.from_engine_dir(engine_dir, engine.manifest.files)
-        template = ChatTemplate.from_engine_dir(engine_dir, engine.manifest.files)
-    except ManifestError as e:
-        fail(str(e))
+    loaded = loading.load(engine_dir, threads)
+    engine, bundled = loaded[0], loaded[4]
     m = engine.manifest
-    bundled = tuple(m.lora.get("adapters", {})) if m.lora else None
     if loras and bundled is None:
         fail(f"--lora: {engine_dir} takes no LoRA adapters (trtllm-build --max-lora-rank makes one that does)")
-    try:  # the settings are checked once, before the first request
-        checked = fmt.parse_input({**document(settings, [{"role": "user", "content": "-"}]),
-                                   "available_lora_weights": loras}, bundled)
-    except fmt.InputError as e:
-        fail(f"--set / --lora: {e}")
+    checked = loading.check_settings({**document(settings, [{"role": "user", "content": "-"}]),
+                                      "available_lora_weights": loras}, bundled, "--set / --lora")
     limit = m.limits.max_batch_size
     if batch_size is not None and batch_size > limit:
         fail(f"--batch-size {batch_size}: the engine runs at most {limit} at once (its --max-batch-size)")
     adapters = AdapterSet.for_run(engine, checked.available_lora_weights, Path.cwd())
-    store = PrefixStore(store_dir, prefix_identity(engine_identity(engine_dir), engine), max_bytes=max_bytes)
-    runner = Runner(engine, tokenizer, template, store, drafter, PREFILL_CHUNK)
-    if context_reuse:
-        runner.contexts = ContextCache(store)
+    runner = loading.runner(engine_dir, loaded, store_dir, max_bytes, context_reuse)
     service = Service(runner, adapters, batch_size or limit)
     try:
         httpd = Server((host, port), Handler)

@@ -257,7 +257,9 @@ def test_a_follower_cancelled_while_its_leader_prefills_leaves_the_others_runnin
     """Two equal prompts admitted together: the second waits to copy the first's KV (generate.py
     shared) while the first is prefilled in chunks beside a decoding request; the second's client
     goes away meanwhile. Nothing else may notice."""
-    monkeypatch.setattr(server, "PREFILL_CHUNK", 16)  # (many chunks: a wide window)
+    from trtllm.runtime import loading
+
+    monkeypatch.setattr(loading, "PREFILL_CHUNK", 16)  # (many chunks: a wide window)
     port, httpd = serve()
     service = httpd.app.service
     decoding = {}
