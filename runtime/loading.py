@@ -11,25 +11,35 @@ from trtllm.runtime.cli import PREFILL_CHUNK
 from trtllm.runtime.cli import fail_usage as fail
 
 
-def load(engine_dir: Path, threads: int | None):
-    """(engine, drafter, tokenizer, template, bundled adapter names or None), or exit 2 naming the problem."""
-    from trtllm.runtime import grammar
+def load(engine_dir: Path, threads: int | None, ngram: int = 0, draft_dir: Path | None = None,
+         draft_step: int | str = "auto"):
+    """(engine, drafter, tokenizer, template, bundled adapter names or None, lookup), or exit 2
+    naming the problem. `ngram`, `draft_dir` and `draft_step`: trtllm-run's --spec-ngram,
+    --spec-draft-engine and --spec-draft-step; `lookup` is their proposer (None: neither)."""
+    from trtllm.runtime import grammar, spec_options, stdout
+    from trtllm.runtime import manifest as mf
     from trtllm.runtime.chat_template import ChatTemplate
     from trtllm.runtime.engine import load_engine
-    from trtllm.runtime.manifest import ManifestError
     from trtllm.runtime.speculative import Drafter
     from trtllm.runtime.tokenizer import Tokenizer
 
+    if ngram and draft_dir:
+        fail("--spec-ngram and --spec-draft-engine each choose the guesses: give one")
     try:
-        engine = load_engine(engine_dir, num_threads=threads)
+        manifest = mf.load(engine_dir) if draft_dir else None
+        # (a model that drafts with the draft engine shares its pool of workers: spec_options.check_draft)
+        drafting = spec_options.check_draft(draft_dir, draft_step, engine_dir, manifest)
+        engine = load_engine(engine_dir, num_threads=threads, shared_threads=drafting)
         grammar.use_threads(threads)
         drafter = Drafter.load(engine_dir, engine.manifest)  # (an EAGLE engine's head drafts, as in trtllm-run)
         tokenizer = Tokenizer.from_engine_dir(engine_dir, engine.manifest.files)
         template = ChatTemplate.from_engine_dir(engine_dir, engine.manifest.files)
-    except ManifestError as e:
+        lookup = spec_options.proposer(engine_dir, engine.manifest, ngram, draft_dir, draft_step, stdout.say,
+                                       num_threads=threads)
+    except (mf.ManifestError, spec_options.OptionError) as e:
         fail(str(e))
     bundled = tuple(engine.manifest.lora.get("adapters", {})) if engine.manifest.lora else None
-    return engine, drafter, tokenizer, template, bundled
+    return engine, drafter, tokenizer, template, bundled, lookup
 
 
 def check_settings(document: dict, bundled, option: str) -> fmt.InputFile:
@@ -47,9 +57,10 @@ def runner(engine_dir: Path, loaded, store_dir: Path, max_bytes: int, context_re
     from trtllm.runtime.prefix_cache import PrefixStore, engine_identity, prefix_identity
     from trtllm.runtime.runner import Runner
 
-    engine, drafter, tokenizer, template, _ = loaded
+    engine, drafter, tokenizer, template, _, lookup = loaded
     store = PrefixStore(store_dir, prefix_identity(engine_identity(engine_dir), engine), max_bytes=max_bytes)
     out = Runner(engine, tokenizer, template, store, drafter, PREFILL_CHUNK)
+    out.lookup = lookup
     if context_reuse:
         out.contexts = ContextCache(store)
     return out

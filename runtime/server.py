@@ -29,6 +29,7 @@ from trtllm.runtime import input_checks, stdout
 from trtllm.runtime import input_format as fmt
 from trtllm.runtime import openai_api as api
 from trtllm.runtime.chat import document, settings_of
+from trtllm.runtime.cli import draft_step
 from trtllm.runtime.cli import fail_usage as fail
 from trtllm.runtime.strict_json import decode
 
@@ -263,13 +264,15 @@ class Server(ThreadingHTTPServer):
 
 
 def build(engine_dir: Path, host: str, port: int, served: str | None, settings: dict, loras: dict[str, str],
-          batch_size: int | None, threads: int | None, store_dir: Path, max_bytes: int, context_reuse: bool):
-    """The server, listening, and its generation loop, started. Exits 2 (click) on a bad option."""
+          batch_size: int | None, threads: int | None, store_dir: Path, max_bytes: int, context_reuse: bool,
+          spec: dict | None = None):
+    """The server, listening, and its generation loop, started. Exits 2 (click) on a bad option.
+    `spec`: loading.load's speculative options (ngram, draft_dir, draft_step)."""
     from trtllm.runtime import loading
     from trtllm.runtime.lora import AdapterSet
     from trtllm.runtime.serving import Service
 
-    loaded = loading.load(engine_dir, threads)
+    loaded = loading.load(engine_dir, threads, **(spec or {}))
     engine, bundled = loaded[0], loaded[4]
     m = engine.manifest
     if loras and bundled is None:
@@ -336,10 +339,17 @@ def lora_pairs(pairs: tuple[str, ...]) -> dict[str, str]:
               help="Size limit of that store; least recently used entries are removed beyond it.")
 @click.option("--no-context-reuse", is_flag=True,
               help="Compute every prompt whole (default: restore the longest prefix an earlier request left).")
+@click.option("--spec-ngram", type=click.IntRange(0, 16), default=0, show_default=True,
+              help="Prompt lookup decoding, as trtllm-run's (0: off).")
+@click.option("--spec-draft-engine", type=click.Path(path_type=Path, file_okay=False), default=None,
+              help="Draft-model speculative decoding, as trtllm-run's.")
+@click.option("--spec-draft-step", default="auto", show_default=True, callback=lambda ctx, param, v: draft_step(v),
+              help="Tokens --spec-draft-engine proposes a step (auto, or a number; 0: none).")
 @click.option("--quiet", is_flag=True, help="No line per HTTP request.")
 def main(engine_dir: Path, host: str, port: int, model_name: str | None, pairs: tuple[str, ...],
          lora: tuple[str, ...], batch_size: int | None, threads: int | None, kv_cache_dir: Path | None,
-         kv_cache_size: str, no_context_reuse: bool, quiet: bool) -> None:
+         kv_cache_size: str, no_context_reuse: bool, spec_ngram: int, spec_draft_engine: Path | None,
+         spec_draft_step: int | str, quiet: bool) -> None:
     """Serve the engine in --engine over OpenAI's chat completions API."""
     from trtllm.runtime import interrupt
     from trtllm.runtime.prefix_cache import parse_size
@@ -357,7 +367,8 @@ def main(engine_dir: Path, host: str, port: int, model_name: str | None, pairs: 
     with tempfile.TemporaryDirectory(prefix="trtllm-serve-") as scratch:
         try:
             httpd = build(engine_dir, host, port, model_name, settings, lora_pairs(lora), batch_size, threads,
-                          kv_cache_dir or Path(scratch), max_bytes, not no_context_reuse)
+                          kv_cache_dir or Path(scratch), max_bytes, not no_context_reuse,
+                          {"ngram": spec_ngram, "draft_dir": spec_draft_engine, "draft_step": spec_draft_step})
         except KeyboardInterrupt:
             stdout.say("interrupted")
             sys.exit(130)

@@ -6,6 +6,8 @@ from __future__ import annotations
 import http.client
 import json
 import socket
+import subprocess
+import sys
 import threading
 import time
 
@@ -26,9 +28,9 @@ def serve(tiny_engine, tmp_path):
     """serve(**options) -> (port, httpd): trtllm-serve on the tiny llama engine, stopped at the end."""
     started = []
 
-    def start(settings=None, batch_size=None, context_reuse=True, engine=None):
+    def start(settings=None, batch_size=None, context_reuse=True, engine=None, spec=None):
         httpd = server.build(engine or tiny_engine("llama"), "127.0.0.1", 0, None, settings or {}, {}, batch_size, 1,
-                             tmp_path / "kv", 1 << 30, context_reuse)
+                             tmp_path / "kv", 1 << 30, context_reuse, spec)
         httpd.quiet = True
         threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
         started.append(httpd)
@@ -336,3 +338,56 @@ def test_a_text_completion_answers_its_prompt_without_the_template(serve, run_cl
     status, out = post(port, {"prompt": "x" * 3000, "max_tokens": 2}, "/v1/completions")
     assert status == 400 and out["error"]["param"] == "prompt", out
     assert post(port, {"prompt": "Hi", "echo": True}, "/v1/completions")[1]["error"]["param"] == "echo"
+
+
+SPECULATED = [chat("the cat the cat the cat the cat", temperature=0, max_tokens=32),
+              chat("Hi", temperature=0.7, seed=3, max_tokens=32)]
+
+
+def staggered(port: int, bodies: list[dict]) -> list[str]:
+    answers = [None] * len(bodies)
+
+    def ask(i):
+        answers[i] = post(port, bodies[i])[1]["choices"][0]["message"]["content"]
+
+    threads = [threading.Thread(target=ask, args=(i,)) for i in range(len(bodies))]
+    for t in threads:
+        t.start()
+        time.sleep(0.02)
+    for t in threads:
+        t.join()
+    return answers
+
+
+def plain_answers(run_cli, engine, bodies: list[dict]) -> list[str]:
+    out = []
+    for body in bodies:
+        request = {k: v for k, v in body.items() if k != "max_tokens"}
+        _, got = run_cli(engine, {"top_p": 1.0, "top_k": 0, "max_generate_length": body["max_tokens"],
+                                  "requests": [request]})
+        out.append(got["responses"][0]["output_text"])
+    return out
+
+
+def test_prompt_lookup_guesses_for_requests_in_flight(serve, run_cli, tiny_engine):
+    port, httpd = serve(spec={"ngram": 5})
+    assert staggered(port, SPECULATED) == plain_answers(run_cli, tiny_engine("llama"), SPECULATED)
+    assert httpd.app.service.runner.timing.drafted_tokens > 0
+
+
+def test_a_draft_engine_guesses_for_requests_in_flight(run_cli, tiny_engine, tmp_path):
+    """In a server process of its own: a draft engine's model shares its pool of workers
+    (spec_options.check_draft), which would be every later session's in this process."""
+    target, draft = tiny_engine("llama"), tiny_engine("qwen2")
+    proc = subprocess.Popen([sys.executable, "-m", "trtllm.runtime.server", "--engine", str(target), "--port", "0",
+                             "--spec-draft-engine", str(draft), "--spec-draft-step", "3", "--threads", "1"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        line = proc.stdout.readline()
+        assert "serving" in line, line + proc.stdout.read()
+        port = int(line.split("/v1")[0].rsplit(":", 1)[1])
+        assert staggered(port, SPECULATED) == plain_answers(run_cli, target, SPECULATED)
+    finally:
+        proc.terminate()
+        out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0 and "warning" not in out, out
