@@ -19,7 +19,7 @@ from pathlib import Path
 import click
 
 from trtllm.runtime import input_format as fmt
-from trtllm.runtime import interrupt, stdout
+from trtllm.runtime import interrupt, loading, stdout
 from trtllm.runtime.cli import fail_usage as fail
 from trtllm.runtime.messages import MAX_MESSAGES
 
@@ -87,21 +87,23 @@ def closed() -> None:
 @click.option("--kv-cache-size", default="2G", show_default=True,
               help="Size limit of that store; least recently used entries are removed beyond it.")
 @click.option("--threads", type=click.IntRange(min=1), default=None, help="CPU threads (default: all cores).")
+@loading.speculation
 def main(engine_dir: Path, system: str | None, pairs: tuple[str, ...], kv_cache_dir: Path | None,
-         kv_cache_size: str, threads: int | None) -> None:
+         kv_cache_size: str, threads: int | None, spec_ngram: int, spec_draft_engine: Path | None,
+         spec_draft_step: int | str) -> None:
     """Chat with the engine in --engine, one line a turn (/reset starts over, /exit ends)."""
     try:
-        chat(engine_dir, system, settings_of(pairs), kv_cache_dir, kv_cache_size, threads)
+        chat(engine_dir, system, settings_of(pairs), kv_cache_dir, kv_cache_size, threads,
+             {"ngram": spec_ngram, "draft_dir": spec_draft_engine, "draft_step": spec_draft_step})
     except KeyboardInterrupt:  # (while loading, or between a turn's answer and the next prompt)
         stdout.say("interrupted")
         sys.exit(130)
 
 
 def chat(engine_dir: Path, system: str | None, settings: dict, kv_cache_dir: Path | None, kv_cache_size: str,
-         threads: int | None) -> None:
+         threads: int | None, spec: dict | None = None) -> None:
     stdout.hold()
     Out.error = None  # (a chat of its own: not one an earlier chat in this process had)
-    from trtllm.runtime import loading
     from trtllm.runtime.lora import AdapterSet
     from trtllm.runtime.prefix_cache import parse_size
 
@@ -111,7 +113,7 @@ def chat(engine_dir: Path, system: str | None, settings: dict, kv_cache_dir: Pat
         max_bytes = parse_size(kv_cache_size)
     except ValueError as e:
         fail(f"--kv-cache-size: {e}")
-    loaded = loading.load(engine_dir, threads)
+    loaded = loading.load(engine_dir, threads, **(spec or {}))
     engine, bundled = loaded[0], loaded[4]
     first = [{"role": "system", "content": system}] if system is not None else []
     checked = loading.check_settings(document(settings, first + [{"role": "user", "content": "-"}]), bundled, "--set")

@@ -6,9 +6,28 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import click
+
 from trtllm.runtime import input_format as fmt
-from trtllm.runtime.cli import PREFILL_CHUNK
+from trtllm.runtime.cli import PREFILL_CHUNK, draft_step
 from trtllm.runtime.cli import fail_usage as fail
+
+
+def speculation(command):
+    """trtllm-run's --spec-ngram, --spec-draft-engine and --spec-draft-step, on another command
+    (its function takes spec_ngram, spec_draft_engine and spec_draft_step)."""
+    options = [
+        click.option("--spec-ngram", type=click.IntRange(0, 16), default=0, show_default=True,
+                     help="Prompt lookup decoding, as trtllm-run's (0: off)."),
+        click.option("--spec-draft-engine", type=click.Path(path_type=Path, file_okay=False), default=None,
+                     help="Draft-model speculative decoding, as trtllm-run's."),
+        click.option("--spec-draft-step", default="auto", show_default=True,
+                     callback=lambda ctx, param, v: draft_step(v),
+                     help="Tokens --spec-draft-engine proposes a step (auto, or a number; 0: none)."),
+    ]
+    for option in reversed(options):
+        command = option(command)
+    return command
 
 
 def load(engine_dir: Path, threads: int | None, ngram: int = 0, draft_dir: Path | None = None,

@@ -27,9 +27,9 @@ import click
 
 from trtllm.runtime import input_checks, stdout
 from trtllm.runtime import input_format as fmt
+from trtllm.runtime import loading
 from trtllm.runtime import openai_api as api
 from trtllm.runtime.chat import document, settings_of
-from trtllm.runtime.cli import draft_step
 from trtllm.runtime.cli import fail_usage as fail
 from trtllm.runtime.strict_json import decode
 
@@ -268,7 +268,6 @@ def build(engine_dir: Path, host: str, port: int, served: str | None, settings: 
           spec: dict | None = None):
     """The server, listening, and its generation loop, started. Exits 2 (click) on a bad option.
     `spec`: loading.load's speculative options (ngram, draft_dir, draft_step)."""
-    from trtllm.runtime import loading
     from trtllm.runtime.lora import AdapterSet
     from trtllm.runtime.serving import Service
 
@@ -339,12 +338,7 @@ def lora_pairs(pairs: tuple[str, ...]) -> dict[str, str]:
               help="Size limit of that store; least recently used entries are removed beyond it.")
 @click.option("--no-context-reuse", is_flag=True,
               help="Compute every prompt whole (default: restore the longest prefix an earlier request left).")
-@click.option("--spec-ngram", type=click.IntRange(0, 16), default=0, show_default=True,
-              help="Prompt lookup decoding, as trtllm-run's (0: off).")
-@click.option("--spec-draft-engine", type=click.Path(path_type=Path, file_okay=False), default=None,
-              help="Draft-model speculative decoding, as trtllm-run's.")
-@click.option("--spec-draft-step", default="auto", show_default=True, callback=lambda ctx, param, v: draft_step(v),
-              help="Tokens --spec-draft-engine proposes a step (auto, or a number; 0: none).")
+@loading.speculation
 @click.option("--quiet", is_flag=True, help="No line per HTTP request.")
 def main(engine_dir: Path, host: str, port: int, model_name: str | None, pairs: tuple[str, ...],
          lora: tuple[str, ...], batch_size: int | None, threads: int | None, kv_cache_dir: Path | None,
