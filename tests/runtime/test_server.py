@@ -93,23 +93,9 @@ def test_an_eagle_engines_head_drafts_for_requests_arriving_in_flight(serve, run
               chat("What is the capital of France?", temperature=0.8, top_k=20, seed=7, max_tokens=16),
               chat("The quick brown fox", temperature=0, max_tokens=16, stream=True),
               chat("Numbers 0 1 2 3", temperature=0, max_tokens=16, stop=["4"])]
-    answers = [None] * len(bodies)
-
-    def ask(i):
-        _, out = post(port, bodies[i])
-        answers[i] = streamed_text(out) if bodies[i].get("stream") else out["choices"][0]["message"]["content"]
-
-    threads = [threading.Thread(target=ask, args=(i,)) for i in range(len(bodies))]
-    for t in threads:
-        t.start()
-        time.sleep(0.03)
-    for t in threads:
-        t.join()
+    answers = staggered(port, bodies)
     assert httpd.app.service.runner.timing.drafted_tokens > 0
-    for i, body in enumerate(bodies):
-        request = {k: v for k, v in body.items() if k not in ("stream", "max_tokens")}
-        _, out = run_cli(engine, {"top_p": 1.0, "top_k": 0, "max_generate_length": 16, "requests": [request]})
-        assert answers[i] == out["responses"][0]["output_text"], i
+    assert answers == plain_answers(run_cli, engine, bodies)
 
 
 def test_a_kv_cache_that_does_not_grow_for_late_requests_fails_it(serve, monkeypatch):
@@ -345,10 +331,12 @@ SPECULATED = [chat("the cat the cat the cat the cat", temperature=0, max_tokens=
 
 
 def staggered(port: int, bodies: list[dict]) -> list[str]:
+    """The answers to bodies sent a little apart, each arriving while the ones before run."""
     answers = [None] * len(bodies)
 
     def ask(i):
-        answers[i] = post(port, bodies[i])[1]["choices"][0]["message"]["content"]
+        out = post(port, bodies[i])[1]
+        answers[i] = streamed_text(out) if bodies[i].get("stream") else out["choices"][0]["message"]["content"]
 
     threads = [threading.Thread(target=ask, args=(i,)) for i in range(len(bodies))]
     for t in threads:
@@ -362,7 +350,7 @@ def staggered(port: int, bodies: list[dict]) -> list[str]:
 def plain_answers(run_cli, engine, bodies: list[dict]) -> list[str]:
     out = []
     for body in bodies:
-        request = {k: v for k, v in body.items() if k != "max_tokens"}
+        request = {k: v for k, v in body.items() if k not in ("max_tokens", "stream")}
         _, got = run_cli(engine, {"top_p": 1.0, "top_k": 0, "max_generate_length": body["max_tokens"],
                                   "requests": [request]})
         out.append(got["responses"][0]["output_text"])
