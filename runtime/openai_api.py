@@ -8,7 +8,8 @@ A body takes OpenAI's names (`max_tokens`, `max_completion_tokens`, `logprobs` w
 `top_logprobs`, `response_format`, `stream_options`), vLLM's extras (`top_k`, `min_p`,
 `repetition_penalty`, `min_tokens`, `guided_json` ...) and any field of a request of ours as it
 is. OpenAI's defaults replace ours where they differ: `top_p` 1, no `top_k`, and no limit on the
-answer's length but the engine's KV capacity. An error names the body's field as the client wrote it.
+answer's length but the engine's KV capacity (a completion's: 16 tokens). An error names the body's
+field as the client wrote it.
 """
 from __future__ import annotations
 
@@ -33,6 +34,10 @@ SERVER_ONLY = {"batch_size": "trtllm-serve runs every request it has as one batc
                "available_lora_weights": "adapters are given with trtllm-serve --lora NAME=PATH",
                "requests": "a body is one request"}
 MAX_TOP_LOGPROBS = 20  # OpenAI's limit
+# Settings of a chat's template and answer that a completion (a prompt as it is) has no use for
+CHAT_ONLY = frozenset({"apply_chat_template", "add_generation_prompt", "enable_thinking", "default_system_prompt",
+                       "chat_template_kwargs", "continue_final_message", "tools", "tool_choice", "tool_call_parser",
+                       "parallel_tool_calls", "reasoning_parser"})
 
 
 class ApiError(Exception):
@@ -169,6 +174,8 @@ def translate(body: object, served: str, adapters: frozenset[str], defaults: dic
     if body.get("top_k") == -1:  # vLLM's "off"
         body["top_k"] = 0
     request.update(body)
+    if text:  # (a server's chat settings: its prompt goes to the model as it is)
+        defaults = {k: v for k, v in defaults.items() if k not in CHAT_ONLY}
     top_level = {k: v for k, v in defaults.items() if k in fmt.TOP_LEVEL and k not in request}
     own = {k: v for k, v in defaults.items() if k not in fmt.TOP_LEVEL and k not in request}
     # OpenAI's defaults where ours differ (a --set default still wins over them)
@@ -178,7 +185,7 @@ def translate(body: object, served: str, adapters: frozenset[str], defaults: dic
             own[k] = v
     top_level.update({k: request.pop(k) for k in list(request) if k in TOP_ONLY})
     if text:
-        top_level.setdefault("apply_chat_template", False)
+        top_level["apply_chat_template"] = False
     return Translated({**top_level, "requests": [{**own, **request}]}, stream, include_usage,
                       (top or 0) if logprobs else None, names, model or served, text)
 
@@ -201,6 +208,10 @@ def _text_body(body: dict) -> dict:
     body.pop("best_of", None)
     if "top_logprobs" in body:
         raise ApiError("`top_logprobs`: /v1/completions takes `logprobs` as the number of top tokens", "top_logprobs")
+    for name in CHAT_ONLY:
+        if name in body:
+            raise ApiError(f"`{name}`: /v1/completions sends its prompt as it is, with no chat template "
+                           "(/v1/chat/completions takes it)", name)
     return {**body, "messages": [{"role": "user", "content": prompt}]}
 
 
@@ -274,15 +285,18 @@ def usage(responses: list[dict], cached: int) -> dict:
             "prompt_tokens_details": {"cached_tokens": cached}}
 
 
-def text_logprobs(steps: list, own: list, top: int | None) -> dict | None:
+def text_logprobs(steps: list, own: list, top: int | None, before: bytearray | None = None) -> dict | None:
     """The completions API's `logprobs`: tokens, their logprobs, the top ones as {token: logprob}
-    and each token's offset in the text."""
+    and each token's offset in the text, in characters. `before`: the bytes of the tokens given
+    before these (a stream's earlier chunks), to which these are added. An offset counts the
+    characters whole before the token (a character split across tokens counts once, at its end)."""
     if top is None:
         return None
-    offsets, at = [], 0
+    before = bytearray() if before is None else before
+    offsets = []
     for e in own:
-        offsets.append(at)
-        at += len(e["token"])
+        offsets.append(len(before.decode("utf-8", errors="ignore")))
+        before += bytes(e["bytes"])
     return {"tokens": [e["token"] for e in own], "token_logprobs": [_entry(e)["logprob"] for e in own],
             "top_logprobs": [{e["token"]: _entry(e)["logprob"] for e in step[:top]} for step in steps],
             "text_offset": offsets}
@@ -317,10 +331,12 @@ def chunk(cid: str, created: int, t: Translated, choices: list[dict], usage_of: 
     return out
 
 
-def delta_choice(index: int, text: str, fields: dict, t: Translated, finish: str | None = None) -> dict | None:
-    """A stream line of one sample as a chunk's choice (None: nothing to send)."""
+def delta_choice(index: int, text: str, fields: dict, t: Translated, finish: str | None = None,
+                 sent: bytearray | None = None) -> dict | None:
+    """A stream line of one sample as a chunk's choice (None: nothing to send). `sent`: the bytes of
+    this choice's tokens in the chunks before (completions' text offsets go on from them)."""
     if t.text:
-        lp = text_logprobs(fields.get("logprobs", []), fields.get("token_logprobs", []), t.top_logprobs) \
+        lp = text_logprobs(fields.get("logprobs", []), fields.get("token_logprobs", []), t.top_logprobs, sent) \
             if fields.get("token_logprobs") else None
         if not text and lp is None and finish is None:
             return None

@@ -2,9 +2,10 @@
 
 An OpenAI-compatible HTTP server (vLLM's `vllm serve`, llama.cpp's `llama-server`):
 `POST /v1/chat/completions` (streamed as server-sent events with `"stream": true`),
-`POST /v1/completions` (a prompt without the chat template), `GET /v1/models` and `GET /health`. Requests are admitted into the batch that is running as they
-arrive (runtime/serving.py), up to --batch-size at once; each answers as trtllm-run answers the
-same request. A conversation's next turn restores the KV of the turns before it (trtllm-run
+`POST /v1/completions` (a prompt without the chat template), `GET /v1/models` and
+`GET /health`. Requests are admitted into the batch that is running as they arrive
+(runtime/serving.py), up to --batch-size at once; each answers as trtllm-run answers the same
+request. A conversation's next turn restores the KV of the turns before it (trtllm-run
 --context-reuse's store, in a temporary directory unless --kv-cache-dir). A client that goes
 away ends its request at the next step. Ctrl-C or SIGTERM stop the server.
 """
@@ -211,6 +212,7 @@ class Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.close_connection = True
         cid, created, n = api.completion_id(t), api.now(), job.inp.requests[0].n
+        sent = [bytearray() for _ in range(n)]  # (each choice's tokens so far: completions' text offsets)
         try:
             if not t.text:  # (a chat stream opens with each choice's role)
                 self.event(api.chunk(cid, created, t, [{"index": i, "delta": {"role": "assistant", "content": ""},
@@ -219,7 +221,7 @@ class Handler(BaseHTTPRequestHandler):
                 if event[0] == "line":
                     _, index, text, finish, fields = event
                     reason = None if finish is None else api.finish_reason({**fields, "finish_reason": finish})
-                    choice = api.delta_choice(index, text, fields, t, reason)
+                    choice = api.delta_choice(index, text, fields, t, reason, sent[index])
                     if choice is not None:
                         self.event(api.chunk(cid, created, t, [choice]))
                 elif event[0] == "error":  # (the answer could not be made: runtime/serving.py settle)
@@ -344,7 +346,7 @@ def main(engine_dir: Path, host: str, port: int, model_name: str | None, pairs: 
          lora: tuple[str, ...], batch_size: int | None, threads: int | None, kv_cache_dir: Path | None,
          kv_cache_size: str, no_context_reuse: bool, spec_ngram: int, spec_draft_engine: Path | None,
          spec_draft_step: int | str, quiet: bool) -> None:
-    """Serve the engine in --engine over OpenAI's chat completions API."""
+    """Serve the engine in --engine over OpenAI's chat completions and completions APIs."""
     from trtllm.runtime import interrupt
     from trtllm.runtime.prefix_cache import parse_size
 

@@ -5,8 +5,10 @@
 
 Each server is a subprocess of this one, started for its turn and stopped after it, with the same
 thread count, the same number of parallel slots and the same requests: C clients at once, each
-sending R streamed chat requests one after the other (distinct prompts after the same system
-prompt), greedy, EOS ignored, exactly --max-tokens new tokens each. Figures per C: the whole
+sending R streamed chat requests one after the other (prompts that differ after the chat
+template's default system prompt, none asked twice of a server), greedy, EOS ignored, exactly
+--max-tokens new tokens each (checked: a request that fails or streams another number of text
+chunks stops the benchmark). Figures per C: the whole
 load's generated tokens per second (wall clock from the first request to the last answer) and
 the median time to the first token (to the first chunk with text). Every round runs each
 system once per C, every other round in the reverse order; ratios (ours / llama-server's, > 1
@@ -19,8 +21,11 @@ import argparse
 import http.client
 import json
 import os
+import signal
+import socket
 import statistics
 import subprocess
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -42,11 +47,19 @@ def server_commands(args, port: int) -> dict[str, list[str]]:
     return {"trtllm-serve": ours, "llama-server": llama}
 
 
-def wait_ready(port: int, proc: subprocess.Popen, timeout: float = 300) -> None:
+def listening(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+        return True
+    except OSError:
+        return False
+
+
+def wait_ready(port: int, proc: subprocess.Popen, log: Path, timeout: float = 300) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"the server exited with {proc.returncode}")
+            raise RuntimeError(f"the server exited with {proc.returncode}: {log.read_text()[-2000:]}")
         try:
             c = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
             c.request("GET", "/health")
@@ -58,14 +71,16 @@ def wait_ready(port: int, proc: subprocess.Popen, timeout: float = 300) -> None:
     raise RuntimeError("the server did not come up")
 
 
-def one_request(port: int, topic: str, max_tokens: int) -> tuple[float, float, int]:
+def one_request(port: int, prompt: str, max_tokens: int) -> tuple[float, float, int]:
     """(seconds to the first text, seconds in all, chunks with text) of one streamed request."""
-    body = {"messages": [{"role": "user", "content": f"Write a short story about {topic}."}], "temperature": 0,
+    body = {"messages": [{"role": "user", "content": prompt}], "temperature": 0,
             "max_tokens": max_tokens, "ignore_eos": True, "stream": True}
     t0 = time.perf_counter()
     c = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
     c.request("POST", "/v1/chat/completions", json.dumps(body), {"Content-Type": "application/json"})
     r = c.getresponse()
+    if r.status != 200:
+        raise RuntimeError(f"HTTP {r.status}: {r.read()[:500]!r}")
     first, pieces = None, 0
     for line in r:
         if not line.startswith(b"data: {"):
@@ -78,12 +93,20 @@ def one_request(port: int, topic: str, max_tokens: int) -> tuple[float, float, i
     return first or float("nan"), time.perf_counter() - t0, pieces
 
 
+def prompt(clients: int, k: int, j: int) -> str:
+    """Client k's j-th prompt at this load: none asked twice of one server (each caches prompts)."""
+    return f"Write a short story about {TOPICS[(k * 7 + j) % len(TOPICS)]}, number {clients}-{k}-{j}."
+
+
 def load(port: int, clients: int, per_client: int, max_tokens: int) -> dict:
-    results, start = [], time.perf_counter()
+    results, errors, start = [], [], time.perf_counter()
 
     def client(k: int) -> None:
-        for j in range(per_client):
-            results.append(one_request(port, TOPICS[(k * per_client + j) % len(TOPICS)], max_tokens))
+        try:
+            for j in range(per_client):
+                results.append(one_request(port, prompt(clients, k, j), max_tokens))
+        except Exception as e:  # noqa: BLE001 - said below, for the whole load
+            errors.append(e)
 
     threads = [threading.Thread(target=client, args=(k,)) for k in range(clients)]
     for t in threads:
@@ -91,23 +114,30 @@ def load(port: int, clients: int, per_client: int, max_tokens: int) -> dict:
     for t in threads:
         t.join()
     wall = time.perf_counter() - start
+    short = [r[2] for r in results if r[2] != max_tokens]
+    if errors or short:
+        raise RuntimeError(f"C={clients}: {errors[:1] or ''} {len(short)} answers of another length: {short[:4]}")
     tokens = clients * per_client * max_tokens
     return {"clients": clients, "requests": len(results), "wall_s": wall, "tokens_per_s": tokens / wall,
             "ttft_ms": 1000 * statistics.median(r[0] for r in results), "text_chunks": sum(r[2] for r in results)}
 
 
 def run_system(name: str, command: list[str], port: int, args) -> list[dict]:
-    proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        wait_ready(port, proc)
-        one_request(port, "a warm-up", 8)
-        return [{"system": name, **load(port, c, args.requests_per_client, args.max_tokens)} for c in args.clients]
-    finally:
-        proc.terminate()
+    if listening(port):
+        raise RuntimeError(f"something listens on port {port} already: give --port another")
+    with tempfile.NamedTemporaryFile(prefix=f"{name}-", suffix=".log") as log:
+        proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
         try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+            wait_ready(port, proc, Path(log.name))
+            one_request(port, "Write a short story about a warm-up.", 8)
+            return [{"system": name, **load(port, c, args.requests_per_client, args.max_tokens)} for c in args.clients]
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
 
 
 def ratios(rounds: list[list[dict]], clients: list[int]) -> dict:
@@ -121,6 +151,10 @@ def ratios(rounds: list[list[dict]], clients: list[int]) -> dict:
         out[str(c)] = {"tokens_per_s": [statistics.median(rate), min(rate), max(rate)],
                        "ttft": [statistics.median(ttft), min(ttft), max(ttft)]}
     return out
+
+
+def interrupted(signum, frame):
+    raise KeyboardInterrupt
 
 
 def main() -> None:
@@ -138,6 +172,8 @@ def main() -> None:
     parser.add_argument("--port", type=int, default=18571)
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
+    # SIGTERM as Ctrl-C: the server of the turn is stopped on the way out (run_system's finally)
+    signal.signal(signal.SIGTERM, interrupted)
     commands = server_commands(args, args.port)
     rounds = []
     for k in range(args.rounds):

@@ -120,3 +120,29 @@ def test_a_completions_body_is_its_prompt_without_the_template():
     with pytest.raises(fmt.InputError) as e:
         fmt.parse_input(t.document, ())
     assert t.error(e.value).param == "max_tokens"
+
+
+def test_a_completion_leaves_out_the_servers_chat_settings_and_refuses_its_own():
+    defaults = {"default_system_prompt": "SYS", "apply_chat_template": True, "reasoning_parser": "qwen3",
+                "chat_template_kwargs": {"enable_thinking": False}, "temperature": 0.2}
+    t = api.translate({"prompt": "Hi"}, "demo", frozenset(), defaults, 4096, text=True)
+    r = request(t)
+    assert t.document["apply_chat_template"] is False and "default_system_prompt" not in t.document
+    assert (r.reasoning_parser, r.chat_template_kwargs, r.temperature) == (None, None, 0.2)
+    with pytest.raises(api.ApiError) as e:
+        api.translate({"prompt": "Hi", "apply_chat_template": True}, "demo", frozenset(), {}, 4096, text=True)
+    assert e.value.param == "apply_chat_template"
+
+
+def test_text_offsets_go_on_over_a_stream_and_count_whole_characters():
+    t = api.translate({"prompt": "Hi", "logprobs": 0}, "demo", frozenset(), {}, 4096, text=True)
+    e = lambda raw: {"token_id": 1, "token": raw.decode(errors="replace"), "bytes": list(raw), "logprob": -1.0}  # noqa: E731
+    cat = "猫".encode()  # 3 bytes, split over two tokens below
+    tokens = [e(b"a"), e(cat[:2]), e(cat[2:]), e(b"b")]
+    whole = api.text_logprobs([[x] for x in tokens], tokens, 0)
+    assert whole["text_offset"] == [0, 1, 1, 2]  # ("a", then the cat once whole, then "b")
+    sent = bytearray()
+    first = api.delta_choice(0, "a", {"token_logprobs": tokens[:2], "logprobs": [[x] for x in tokens[:2]]}, t, None, sent)
+    second = api.delta_choice(0, "猫b", {"token_logprobs": tokens[2:], "logprobs": [[x] for x in tokens[2:]]}, t, None,
+                              sent)
+    assert first["logprobs"]["text_offset"] + second["logprobs"]["text_offset"] == whole["text_offset"]
