@@ -11,6 +11,7 @@ away ends its request at the next step. Ctrl-C or SIGTERM stop the server.
 """
 from __future__ import annotations
 
+import hmac
 import json
 import queue
 import select
@@ -91,8 +92,10 @@ class Handler(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:  # noqa: N802 - BaseHTTPRequestHandler's name
         path = urlsplit(self.path).path.rstrip("/")
-        if path in ("/health", "/v1/health"):
+        if path in ("/health", "/v1/health"):  # (open: a load balancer's probe carries no key)
             self.send_json(200, {"status": "ok"})
+        elif not self.allowed():
+            return
         elif path == "/v1/models":
             self.send_json(200, self.app.models())
         elif path in ("/v1/chat/completions", "/v1/completions"):
@@ -103,7 +106,11 @@ class Handler(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:  # noqa: N802
         path = urlsplit(self.path).path.rstrip("/")
+        if not self.allowed():
+            self.close_connection = True  # (its body is not read)
+            return
         if path not in ("/v1/chat/completions", "/v1/completions"):
+            self.close_connection = True
             self.not_found(path)
             return
         with self.app.lock:
@@ -113,6 +120,41 @@ class Handler(BaseHTTPRequestHandler):
         finally:
             with self.app.lock:
                 self.app.busy -= 1
+
+    def do_OPTIONS(self) -> None:  # noqa: N802 - a browser's CORS preflight
+        self.send_response(204)
+        self.send_header("Allow", "GET, POST, OPTIONS")
+        if self.cors_origin() is not None:
+            self.send_header("Access-Control-Allow-Methods", "GET, POST, OPTIONS")
+            self.send_header("Access-Control-Allow-Headers", "Authorization, Content-Type")
+            self.send_header("Access-Control-Max-Age", "600")
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def end_headers(self) -> None:
+        if (origin := self.cors_origin()) is not None:  # (--allowed-origins: browsers may read the answer)
+            self.send_header("Access-Control-Allow-Origin", origin)
+            self.send_header("Vary", "Origin")
+        super().end_headers()
+
+    def cors_origin(self) -> str | None:
+        """The Access-Control-Allow-Origin for this request's Origin (None: not allowed, or none)."""
+        origin, allowed = self.headers.get("Origin"), self.server.origins
+        if origin is None or not allowed:
+            return None
+        return "*" if "*" in allowed else origin if origin in allowed else None
+
+    def allowed(self) -> bool:
+        """Whether the request carries the server's --api-key (as OpenAI's clients send it); else a 401."""
+        key = self.server.api_key
+        if key is None:
+            return True
+        given = self.headers.get("Authorization", "")
+        if given.startswith("Bearer ") and hmac.compare_digest(given[7:].strip().encode(), key.encode()):
+            return True
+        self.send_json(401, api.ApiError("a valid API key is required (Authorization: Bearer KEY)", status=401,
+                                         kind="AuthenticationError", code="invalid_api_key").body())
+        return False
 
     def not_found(self, path: str) -> None:
         self.send_json(404, api.ApiError(f"no endpoint {path or '/'} here ({ENDPOINTS})", status=404,
@@ -263,6 +305,8 @@ class Server(ThreadingHTTPServer):
     daemon_threads = True  # (a kept-alive connection's thread does not hold the shutdown)
     app: App
     quiet = False
+    api_key: str | None = None  # --api-key: every request but /health must carry it
+    origins: tuple[str, ...] = ()  # --allowed-origins: the browser origins CORS lets read the answers
 
 
 def build(engine_dir: Path, host: str, port: int, served: str | None, settings: dict, loras: dict[str, str],
@@ -341,11 +385,15 @@ def lora_pairs(pairs: tuple[str, ...]) -> dict[str, str]:
 @click.option("--no-context-reuse", is_flag=True,
               help="Compute every prompt whole (default: restore the longest prefix an earlier request left).")
 @loading.speculation
+@click.option("--api-key", envvar="TRTLLM_API_KEY", default=None,
+              help="Require `Authorization: Bearer KEY` on every request but /health (also from $TRTLLM_API_KEY).")
+@click.option("--allowed-origins", "origins", multiple=True, metavar="ORIGIN",
+              help="A browser origin (https://app.example) whose pages may read the answers (CORS); * for any.")
 @click.option("--quiet", is_flag=True, help="No line per HTTP request.")
 def main(engine_dir: Path, host: str, port: int, model_name: str | None, pairs: tuple[str, ...],
          lora: tuple[str, ...], batch_size: int | None, threads: int | None, kv_cache_dir: Path | None,
          kv_cache_size: str, no_context_reuse: bool, spec_ngram: int, spec_draft_engine: Path | None,
-         spec_draft_step: int | str, quiet: bool) -> None:
+         spec_draft_step: int | str, api_key: str | None, origins: tuple[str, ...], quiet: bool) -> None:
     """Serve the engine in --engine over OpenAI's chat completions and completions APIs."""
     from trtllm.runtime import interrupt
     from trtllm.runtime.prefix_cache import parse_size
@@ -368,7 +416,7 @@ def main(engine_dir: Path, host: str, port: int, model_name: str | None, pairs: 
         except KeyboardInterrupt:
             stdout.say("interrupted")
             sys.exit(130)
-        httpd.quiet = quiet
+        httpd.quiet, httpd.api_key, httpd.origins = quiet, api_key or None, origins
         address, bound = httpd.server_address[:2]
         stdout.say(f"serving {httpd.app.served} at http://{address}:{bound}/v1 ({ENDPOINTS}); Ctrl-C stops it")
         try:

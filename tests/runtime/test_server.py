@@ -379,3 +379,29 @@ def test_a_draft_engine_guesses_for_requests_in_flight(run_cli, tiny_engine, tmp
         proc.terminate()
         out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 0 and "warning" not in out, out
+
+
+def request(port: int, method: str, path: str, headers: dict, body: bytes | None = None):
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    c.request(method, path, body, headers)
+    r = c.getresponse()
+    return r.status, dict(r.getheaders()), r.read()
+
+
+def test_an_api_key_is_required_where_given_and_origins_may_read_answers(serve):
+    port, httpd = serve()
+    httpd.api_key, httpd.origins = "s3cret", ("https://app.example",)
+    body = json.dumps(chat("Hi", max_tokens=2)).encode()
+    status, _, out = request(port, "POST", "/v1/chat/completions", {}, body)
+    assert status == 401 and json.loads(out)["error"]["code"] == "invalid_api_key"
+    assert request(port, "POST", "/v1/chat/completions", {"Authorization": "Bearer wrong"}, body)[0] == 401
+    assert request(port, "GET", "/v1/models", {})[0] == 401
+    assert request(port, "GET", "/health", {})[0] == 200  # (a probe carries no key)
+    status, headers, _ = request(port, "POST", "/v1/chat/completions",
+                                 {"Authorization": "Bearer s3cret", "Origin": "https://app.example"}, body)
+    assert status == 200 and headers["Access-Control-Allow-Origin"] == "https://app.example"
+    status, headers, _ = request(port, "OPTIONS", "/v1/chat/completions",
+                                 {"Origin": "https://app.example", "Access-Control-Request-Method": "POST"})
+    assert status == 204 and "Authorization" in headers["Access-Control-Allow-Headers"]
+    _, headers, _ = request(port, "GET", "/health", {"Origin": "https://elsewhere.example"})
+    assert "Access-Control-Allow-Origin" not in headers
