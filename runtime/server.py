@@ -32,12 +32,14 @@ from trtllm.runtime import input_format as fmt
 from trtllm.runtime import loading
 from trtllm.runtime import openai_api as api
 from trtllm.runtime.chat import document, settings_of
+from trtllm.runtime.metrics import Metrics
 from trtllm.runtime.cli import fail_usage as fail
 from trtllm.runtime.strict_json import decode
 
 MAX_BODY = 16 << 20  # bytes of a request body
 POLL = 0.25  # seconds between looks at whether a waiting client is still there
-ENDPOINTS = "POST /v1/chat/completions, POST /v1/completions, GET /v1/models, GET /health"
+ENDPOINTS = "POST /v1/chat/completions, POST /v1/completions, GET /v1/models, GET /health, GET /metrics"
+CLIENT_GONE = 499  # (nginx's: the client closed its connection before the answer)
 
 
 class App:
@@ -49,6 +51,7 @@ class App:
         self.capacity = manifest.limits.max_kv_cache_capacity
         self.created = api.now()
         self.busy = 0  # handlers answering now (shutdown waits for them a little)
+        self.metrics = Metrics()
         self.lock = threading.Lock()
 
     def models(self) -> dict:
@@ -98,6 +101,13 @@ class Handler(BaseHTTPRequestHandler):
             return
         elif path == "/v1/models":
             self.send_json(200, self.app.models())
+        elif path == "/metrics":
+            data = self.app.metrics.text(*self.app.service.counts(), self.app.served).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
         elif path in ("/v1/chat/completions", "/v1/completions"):
             self.send_json(405, api.ApiError(f"POST a request to {path}", status=405,
                                              kind="MethodNotAllowed").body())
@@ -161,25 +171,32 @@ class Handler(BaseHTTPRequestHandler):
                                          kind="NotFoundError").body())
 
     def chat(self, text: bool) -> None:
+        """Answer a request, and record it in /metrics: (HTTP status, usage, time to first text)."""
+        start = time.perf_counter()
+        status, usage, first_text = self.respond(text, start)
+        self.app.metrics.answered("completions" if text else "chat/completions", status, time.perf_counter() - start,
+                                  usage, first_text)
+
+    def respond(self, text: bool, start: float) -> tuple[int, dict | None, float | None]:
         try:
             job, t = self.app.job(self.body(), text)
         except api.ApiError as e:
             self.send_json(e.status, e.body())
-            return
+            return e.status, None, None
         if not self.app.service.submit(job):
             self.send_json(503, api.ApiError("the server is shutting down", status=503,
                                              kind="ServiceUnavailableError").body())
-            return
+            return 503, None, None
         first = self.next_event(job)
         if first is None:
-            return
+            return CLIENT_GONE, None, None
         if first[0] == "error":
             status = first[2] if len(first) > 2 else 400
             self.send_json(status, t.refused(first[1], status).body())
-        elif t.stream:
-            self.stream(job, t, first)
-        else:
-            self.answer(t, *first[1:])
+            return status, None, None
+        if t.stream:
+            return self.stream(job, t, first, start)
+        return self.answer(t, *first[1:])
 
     def body(self) -> bytes:
         """The request's body, by its Content-Length or in chunks. Where it is refused unread, the
@@ -237,16 +254,19 @@ class Handler(BaseHTTPRequestHandler):
         except OSError:
             return True
 
-    def answer(self, t: api.Translated, responses: list[dict], cached: int) -> None:
+    def answer(self, t: api.Translated, responses: list[dict], cached: int) -> tuple[int, dict | None, None]:
         failed = [r for r in responses if r["finish_reason"] == "error"]
         if failed:
             self.send_json(500, t.refused(failed[0].get("error", ""), 500).body())
-            return
-        self.send_json(200, api.completion(api.completion_id(t), api.now(), t, responses, cached))
+            return 500, None, None
+        out = api.completion(api.completion_id(t), api.now(), t, responses, cached)
+        self.send_json(200, out)
+        return 200, out["usage"], None
 
-    def stream(self, job, t: api.Translated, event) -> None:
+    def stream(self, job, t: api.Translated, event, start: float) -> tuple[int, dict | None, float | None]:
         """Server-sent events: a role chunk per choice, the text as it comes, the usage where asked
         for, then [DONE]. A write that fails (the client went away) ends the job."""
+        first_text = None
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Cache-Control", "no-cache")
@@ -266,24 +286,28 @@ class Handler(BaseHTTPRequestHandler):
                     choice = api.delta_choice(index, text, fields, t, reason, sent[index])
                     if choice is not None:
                         self.event(api.chunk(cid, created, t, [choice]))
+                        if text and first_text is None:
+                            first_text = time.perf_counter() - start
                 elif event[0] == "error":  # (the answer could not be made: runtime/serving.py settle)
                     self.event(t.refused(event[1], 500).body())
                     self.wfile.write(b"data: [DONE]\n\n")
                     self.wfile.flush()
-                    return
+                    return 500, None, first_text
                 elif event[0] == "done":
                     responses, cached = event[1:]
                     failed = [r for r in responses if r["finish_reason"] == "error"]
+                    usage = None if failed else api.usage(responses, cached)
                     if failed:
                         self.event(t.refused(failed[0].get("error", ""), 500).body())
                     elif t.include_usage:
-                        self.event(api.chunk(cid, created, t, [], api.usage(responses, cached)))
+                        self.event(api.chunk(cid, created, t, [], usage))
                     self.wfile.write(b"data: [DONE]\n\n")
                     self.wfile.flush()
-                    return
+                    return (500 if failed else 200), usage, first_text
                 event = self.next_event(job)
         except OSError:
             self.app.service.cancel(job)
+        return CLIENT_GONE, None, first_text
 
     def event(self, obj: dict) -> None:
         self.wfile.write(b"data: " + json.dumps(obj, ensure_ascii=False).encode() + b"\n\n")

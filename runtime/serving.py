@@ -54,6 +54,11 @@ class Service:
         job.cancelled = True
         self.incoming.put(None)
 
+    def counts(self) -> tuple[int, int]:
+        """(requests generating, requests waiting for a KV slot), read from another thread: a moment's view."""
+        running = sum(1 for job in list(self.jobs) if any(s.row.slot is not None for s in job.samples))
+        return running, len(self.jobs) - running + self.incoming.qsize()
+
     def close(self, timeout: float | None = None) -> None:
         """Cancel what runs (its text so far is its answer, "abort") and stop the loop."""
         with self.lock:

@@ -405,3 +405,22 @@ def test_an_api_key_is_required_where_given_and_origins_may_read_answers(serve):
     assert status == 204 and "Authorization" in headers["Access-Control-Allow-Headers"]
     _, headers, _ = request(port, "GET", "/health", {"Origin": "https://elsewhere.example"})
     assert "Access-Control-Allow-Origin" not in headers
+
+
+def test_metrics_count_requests_tokens_and_times(serve):
+    port, _ = serve()
+    post(port, chat("Hello there", temperature=0, max_tokens=5, ignore_eos=True))
+    post(port, chat("Paris", temperature=0, max_tokens=3, ignore_eos=True, stream=True))
+    post(port, chat("Hi", temperature=-1))
+    status, headers, out = request(port, "GET", "/metrics", {})
+    assert status == 200 and headers["Content-Type"].startswith("text/plain")
+    values = {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in out.decode().splitlines()
+              if line and not line.startswith("#")}
+    model = 'model_name="engine"'
+    assert values[f'trtllm_requests_total{{{model},endpoint="chat/completions",status="200"}}'] == 2
+    assert values[f'trtllm_requests_total{{{model},endpoint="chat/completions",status="400"}}'] == 1
+    assert values[f"trtllm_generation_tokens_total{{{model}}}"] == 8
+    assert values[f"trtllm_time_to_first_token_seconds_count{{{model}}}"] == 1  # (streams only)
+    assert values[f"trtllm_e2e_request_latency_seconds_count{{{model}}}"] == 3
+    assert values[f'trtllm_e2e_request_latency_seconds_bucket{{{model},le="+Inf"}}'] == 3
+    assert values[f"trtllm_num_requests_running{{{model}}}"] == 0
