@@ -75,6 +75,11 @@ class Translated:
         kind = {400: "invalid_request_error", 503: "ServiceUnavailableError"}.get(status, "InternalServerError")
         return ApiError(text, named.group(1) if named and status == 400 else None, status, kind)
 
+    def failure(self, responses: list[dict]) -> ApiError | None:
+        """The 500 of an answer with a sample that failed while it ran (the first one's error), else None."""
+        failed = next((r for r in responses if r["finish_reason"] == "error"), None)
+        return None if failed is None else self.refused(failed.get("error", ""), 500)
+
     def rename(self, text: str) -> str:
         text = text.replace("`requests[0].", "`").replace("`requests[0]`", "the request")
         for ours, theirs in self.names.items():

@@ -102,12 +102,8 @@ class Handler(BaseHTTPRequestHandler):
         elif path == "/v1/models":
             self.send_json(200, self.app.models())
         elif path == "/metrics":
-            data = self.app.metrics.text(*self.app.service.counts(), self.app.served).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "text/plain; version=0.0.4")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+            self.send_bytes(200, self.app.metrics.text(*self.app.service.counts(), self.app.served).encode(),
+                            "text/plain; version=0.0.4")
         elif path in ("/v1/chat/completions", "/v1/completions"):
             self.send_json(405, api.ApiError(f"POST a request to {path}", status=405,
                                              kind="MethodNotAllowed").body())
@@ -255,9 +251,8 @@ class Handler(BaseHTTPRequestHandler):
             return True
 
     def answer(self, t: api.Translated, responses: list[dict], cached: int) -> tuple[int, dict | None, None]:
-        failed = [r for r in responses if r["finish_reason"] == "error"]
-        if failed:
-            self.send_json(500, t.refused(failed[0].get("error", ""), 500).body())
+        if (failed := t.failure(responses)) is not None:
+            self.send_json(500, failed.body())
             return 500, None, None
         out = api.completion(api.completion_id(t), api.now(), t, responses, cached)
         self.send_json(200, out)
@@ -290,19 +285,17 @@ class Handler(BaseHTTPRequestHandler):
                             first_text = time.perf_counter() - start
                 elif event[0] == "error":  # (the answer could not be made: runtime/serving.py settle)
                     self.event(t.refused(event[1], 500).body())
-                    self.wfile.write(b"data: [DONE]\n\n")
-                    self.wfile.flush()
+                    self.done()
                     return 500, None, first_text
                 elif event[0] == "done":
                     responses, cached = event[1:]
-                    failed = [r for r in responses if r["finish_reason"] == "error"]
+                    failed = t.failure(responses)
                     usage = None if failed else api.usage(responses, cached)
                     if failed:
-                        self.event(t.refused(failed[0].get("error", ""), 500).body())
+                        self.event(failed.body())
                     elif t.include_usage:
                         self.event(api.chunk(cid, created, t, [], usage))
-                    self.wfile.write(b"data: [DONE]\n\n")
-                    self.wfile.flush()
+                    self.done()
                     return (500 if failed else 200), usage, first_text
                 event = self.next_event(job)
         except OSError:
@@ -313,11 +306,18 @@ class Handler(BaseHTTPRequestHandler):
         self.wfile.write(b"data: " + json.dumps(obj, ensure_ascii=False).encode() + b"\n\n")
         self.wfile.flush()
 
+    def done(self) -> None:
+        """A stream's last event."""
+        self.wfile.write(b"data: [DONE]\n\n")
+        self.wfile.flush()
+
     def send_json(self, status: int, obj: dict) -> None:
-        data = json.dumps(obj, ensure_ascii=False).encode()
+        self.send_bytes(status, json.dumps(obj, ensure_ascii=False).encode(), "application/json")
+
+    def send_bytes(self, status: int, data: bytes, content_type: str) -> None:
         try:
             self.send_response(status)
-            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Type", content_type)
             self.send_header("Content-Length", str(len(data)))
             self.end_headers()
             self.wfile.write(data)

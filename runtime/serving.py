@@ -92,21 +92,20 @@ class Service:
     def feed(self, wait: bool) -> list | None:
         """The Scheduler's feed: rows of the jobs that came, waiting for one when `wait`."""
         self.settle()
-        if self.closed:
-            for job in self.jobs:
-                self.end(job)
-            return None
         rows = []
-        while True:
+        while not self.closed:
             try:
                 job = self.incoming.get(block=wait and not rows)
             except queue.Empty:
                 return rows
-            if job is None:  # a cancel (settle ends its rows) or a close
-                if self.closed:
-                    return rows + (self.feed(False) or [])
+            if job is None and not self.closed:  # a cancel: settle ends its rows at the next call
                 return rows
-            rows += self.admit(job)
+            if job is not None:
+                rows += self.admit(job)
+        # closing: what runs ends with what it has (the rows just admitted too: their jobs are ended)
+        for job in self.jobs:
+            self.end(job)
+        return None
 
     def admit(self, job: Job) -> list:
         """The job's rows, or none where it cannot run (its error goes to its queue)."""

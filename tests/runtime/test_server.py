@@ -64,23 +64,8 @@ def streamed_text(events: list, index: int = 0) -> str:
 def test_requests_arriving_while_others_run_answer_as_trtllm_run(serve, run_cli, tiny_engine):
     port, _ = serve()
     fields = {"temperature": 0, "max_tokens": 12, "ignore_eos": True}
-    answers = [None] * len(PROMPTS)
-
-    def ask(i):  # every other one streamed
-        status, out = post(port, chat(PROMPTS[i], **fields, stream=i % 2 == 1))
-        assert status == 200, out
-        answers[i] = streamed_text(out) if i % 2 else out["choices"][0]["message"]["content"]
-
-    threads = [threading.Thread(target=ask, args=(i,)) for i in range(len(PROMPTS))]
-    for t in threads:  # staggered: each arrives while the ones before it generate
-        t.start()
-        time.sleep(0.03)
-    for t in threads:
-        t.join()
-    for i, prompt in enumerate(PROMPTS):
-        _, out = run_cli(tiny_engine("llama"), {"temperature": 0, "max_generate_length": 12, "ignore_eos": True,
-                                                "requests": [{"messages": [{"role": "user", "content": prompt}]}]})
-        assert answers[i] == out["responses"][0]["output_text"], i
+    bodies = [chat(prompt, **fields, stream=i % 2 == 1) for i, prompt in enumerate(PROMPTS)]  # every other streamed
+    assert staggered(port, bodies) == plain_answers(run_cli, tiny_engine("llama"), bodies)
 
 
 def test_an_eagle_engines_head_drafts_for_requests_arriving_in_flight(serve, run_cli, tiny_checkpoint,
@@ -335,7 +320,8 @@ def staggered(port: int, bodies: list[dict]) -> list[str]:
     answers = [None] * len(bodies)
 
     def ask(i):
-        out = post(port, bodies[i])[1]
+        status, out = post(port, bodies[i])
+        assert status == 200, out  # (else its answer stays None)
         answers[i] = streamed_text(out) if bodies[i].get("stream") else out["choices"][0]["message"]["content"]
 
     threads = [threading.Thread(target=ask, args=(i,)) for i in range(len(bodies))]
