@@ -39,6 +39,7 @@ from trtllm.builder.attention import AttentionWriter
 from trtllm.builder.config import GRAPHS
 from trtllm.builder.graph import DTYPES, STORAGE, GraphWriter
 from trtllm.builder.head import HeadWriter
+from trtllm.builder.moe import MoE, MoEWriter
 from trtllm.builder.quantize import QuantScheme
 from trtllm.builder.weights import WeightWriter
 from trtllm.plugins import cpu as cpu_kernels
@@ -88,6 +89,7 @@ class DecoderSpec:
     final_softcap: float | None = None  # logits -> c tanh(logits / c) (Gemma 2's final_logit_softcapping)
     interleaved_rope: bool = False    # the checkpoint's RoPE turns pairs (2i, 2i + 1) (ERNIE 4.5, Helium, GLM): q
                                       # and k rows are reordered (architectures.weights_of), the graph's is rotate-half
+    moe: MoE | None = None            # mixture-of-experts MLPs (builder/moe.py) on all but moe.dense_layers
 
     def window(self, layer: int) -> int | None:
         """Layer `layer`'s sliding window, or None for full attention."""
@@ -153,16 +155,25 @@ def half_supported(spec: DecoderSpec, dtype: str, quant: QuantScheme | None) -> 
     """Where a float16 or bfloat16 engine's ONNX Runtime form runs on trtllm.cpu::MatMulHalf and
     Attention (float32 activations, weights and cache in the engine's dtype), given our kernels:
     16-bit and unquantized, attention as attention_supported, and every projection's input width a
-    multiple of 32."""
-    widths = (spec.hidden_size, spec.intermediate_size, spec.num_heads * spec.head_dim)
+    multiple of 32 (a shared expert's down_proj too; the experts themselves are standard MatMuls)."""
     return (dtype in ("float16", "bfloat16") and quant is None and attention_supported(spec, "float32")
-            and all(w % 32 == 0 for w in widths))
+            and all(w % 32 == 0 for w in projection_widths(spec).values()))
 
 
-class DecoderWriter(AttentionWriter, HeadWriter, WeightWriter):
+def projection_widths(spec: DecoderSpec) -> dict[str, int]:
+    """The input widths of the projections on MatMul kernels, by the config's names for them."""
+    widths = {"hidden_size": spec.hidden_size, "intermediate_size": spec.intermediate_size,
+              "heads x head_dim": spec.num_heads * spec.head_dim}
+    if spec.moe is not None and spec.moe.shared_size:
+        widths["shared expert's intermediate size"] = spec.moe.shared_size
+    return widths
+
+
+class DecoderWriter(AttentionWriter, HeadWriter, WeightWriter, MoEWriter):
     """Writes one decoder graph; `graph` picks the profile ("modern" opset 24, "legacy" opset 20,
     which refuses `quant` and `ort_attention`). Its attention (builder/attention.py), head and sampler
-    (builder/head.py) and weights (builder/weights.py) are written by its mixins."""
+    (builder/head.py), weights (builder/weights.py) and mixture-of-experts MLPs (builder/moe.py) are
+    written by its mixins."""
 
     def __init__(self, spec: DecoderSpec, weights: dict[str, np.ndarray], rope_cos: np.ndarray,
                  rope_sin: np.ndarray, max_top_k: int, io: GraphIO = GraphIO(), quant: QuantScheme | None = None,
@@ -391,6 +402,8 @@ class DecoderWriter(AttentionWriter, HeadWriter, WeightWriter):
         return g.op("Transpose", f"{name}/Transpose", [x], perm=[0, 2, 1, 3])
 
     def mlp(self, i: int, x: str) -> str:
+        if self.spec.moe is not None and i not in self.spec.moe.dense_layers:
+            return self.moe(i, x)
         p, name = f"model.layers.{i}.mlp", f"/model/layers.{i}/mlp"
         # ONNX Runtime's float form: two MatMuls cost less than one plus a Split (its copy). Not for
         # int4/int8: each quantized projection carries its own offset kernels (measured 6% slower).

@@ -83,6 +83,8 @@ def export_onnx(ck: ckpt.Checkpoint, config: BuildConfig, out_dir: Path, log, ba
     log(f"writing the {spec.architecture} graph ({config.graph} profile; {spec.num_layers} layers, hidden "
         f"{spec.hidden_size}, {spec.num_heads}/{spec.num_kv_heads} heads)")
     max_top_k = min(MAX_TOP_K, spec.vocab_size)
+    if spec.moe is not None:
+        refuse_for_experts(config, spec)
     quant = QuantScheme.named(config.quantization, config.activations)
     if quant:
         check_blocks(spec, quant, "the model")
@@ -128,7 +130,9 @@ def export_onnx(ck: ckpt.Checkpoint, config: BuildConfig, out_dir: Path, log, ba
                         f"the EAGLE head {config.eagle}")
     grids = prequantized.as_written(ck.grids, spec) if ck.grids else None
     # An ONNX Runtime form follows llm.onnx: it takes llm.onnx's quantized weights (WeightWriter.quantize_weight)
-    ort_form = backend == "onnxruntime" and config.graph == "modern" and (gqa or quant is not None or half)
+    # (a float32 or `half` mixture of experts: ONNX Runtime's MoE node computes only the chosen experts)
+    moe_node = spec.moe is not None and (config.dtype == "float32" or half)
+    ort_form = backend == "onnxruntime" and config.graph == "modern" and (gqa or quant is not None or half or moe_node)
     handoff = {} if ort_form and quant is not None else None
     writer = DecoderWriter(spec, weights, cos, sin, max_top_k, quant=quant, dtype=config.dtype,
                            graph=config.graph, lora_rank=config.max_lora_rank, eagle=joint, local_rope=local,
@@ -151,6 +155,9 @@ def export_onnx(ck: ckpt.Checkpoint, config: BuildConfig, out_dir: Path, log, ba
             skip = ["SkipSimplifiedLayerNormalization"] if spec.pre_norms else []
             log(f"lowering attention to {attention}" + ", residual + RMSNorm to SkipSimplifiedLayerNormalization" * bool(skip))
             lowerings += [attention, *skip]
+        if moe_node:
+            log("lowering the mixtures of experts to com.microsoft MoE (each token's chosen experts only)")
+            lowerings.append("MoE")
         if quant_native:
             log(f"lowering the quantized MatMuls to {cpu_kernels.LOWERING} (plugins/cpu)")
             lowerings.append(cpu_kernels.LOWERING)
@@ -173,6 +180,18 @@ def export_onnx(ck: ckpt.Checkpoint, config: BuildConfig, out_dir: Path, log, ba
         del writer, handoff  # (whatever the second did not take)
     section = export_draft(draft, config, out_dir, log, num_positions, quant, native, backend, tree) if draft else {}
     return spec, max_top_k, num_positions, lowerings, section
+
+
+def refuse_for_experts(config: BuildConfig, spec) -> None:
+    """What a mixture-of-experts model cannot be built with yet: quantized experts (their 3-D weights
+    have no quantized form in the graph) and LoRA (adapters target dense MLP modules)."""
+    what = f"{spec.architecture} is a mixture of experts ({spec.moe.num_experts} experts, {spec.moe.top_k} a token)"
+    if config.quantization != "none":
+        raise ConfigError(f"--quantization {config.quantization}: {what}, whose experts are not quantized yet; "
+                          "build it with --dtype float32, float16 or bfloat16")
+    if config.max_lora_rank:
+        raise ConfigError(f"--max-lora-rank {config.max_lora_rank}: {what}, and LoRA adapters on experts are not "
+                          "supported; build it without --max-lora-rank")
 
 
 def check_blocks(spec, quant: QuantScheme, what: str) -> None:

@@ -3,6 +3,7 @@ or ONNX Runtime's own, and what neither can run, refused naming what stands in t
 from __future__ import annotations
 
 from trtllm.builder.config import BuildConfig, ConfigError
+from trtllm.builder.decoder import projection_widths
 from trtllm.builder.quantize import QuantScheme
 from trtllm.plugins import cpu as cpu_kernels
 
@@ -33,8 +34,7 @@ def half_obstacle(spec, what: str = "this model") -> str:
     """Why a 16-bit model's form cannot run on our kernels (decoder.half_supported), named."""
     if spec.head_dim % 16:
         return f"{what} cannot run on them: its head size ({spec.head_dim}) is not a multiple of 16"
-    for name, width in (("hidden_size", spec.hidden_size), ("intermediate_size", spec.intermediate_size),
-                        ("heads x head_dim", spec.num_heads * spec.head_dim)):
+    for name, width in projection_widths(spec).items():
         if width % 32:
             return f"{what} cannot run on them: its {name} ({width}), a projection's input width, is not a multiple of 32"
     return f"{what} cannot run on them: its attention is not one they run"

@@ -72,6 +72,18 @@ ARCHS = {
                                                         "residual_multiplier": 0.3, "logits_scaling": 2.5}),
     # norms on the attention and MLP outputs only, q and k normed over all their heads
     "olmo2": ("Olmo2Config", "Olmo2ForCausalLM", {}),
+    # mixtures of experts (builder/moe.py): 4 experts, 2 a token; normalized or not; Qwen2-MoE with a
+    # gated shared expert and a dense layer (mlp_only_layers); Granite MoE's shared expert and multipliers
+    "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM", {"num_experts": 4, "num_experts_per_tok": 2,
+                                                           "moe_intermediate_size": 32, "norm_topk_prob": True}),
+    "qwen2_moe": ("Qwen2MoeConfig", "Qwen2MoeForCausalLM", {
+        "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32, "norm_topk_prob": False,
+        "shared_expert_intermediate_size": 64, "mlp_only_layers": [1]}),
+    "olmoe": ("OlmoeConfig", "OlmoeForCausalLM", {"num_experts": 4, "num_experts_per_tok": 2}),
+    "mixtral": ("MixtralConfig", "MixtralForCausalLM", {"num_local_experts": 4, "num_experts_per_tok": 2}),
+    "granitemoe": ("GraniteMoeSharedConfig", "GraniteMoeSharedForCausalLM", {
+        "num_local_experts": 4, "num_experts_per_tok": 2, "shared_intermediate_size": 64,
+        "embedding_multiplier": 4.0, "attention_multiplier": 0.1, "residual_multiplier": 0.3, "logits_scaling": 2.5}),
 }
 
 

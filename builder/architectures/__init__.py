@@ -9,9 +9,10 @@ import dataclasses
 
 import numpy as np
 
-from trtllm.builder.architectures import (ernie4_5, exaone4, gemma, gemma2, gemma3, glm, glm4, granite, helium,
-                                          hunyuan, llama, ministral, mistral, olmo2, olmo3, phi3, qwen2, qwen3,
-                                          smollm3)
+from trtllm.builder.architectures import (ernie4_5, exaone4, gemma, gemma2, gemma3, glm, glm4, granite, granitemoe,
+                                          helium, hunyuan, llama, ministral, mistral, mixtral, olmo2, olmo3, olmoe,
+                                          phi3, qwen2, qwen2_moe, qwen3, qwen3_moe, smollm3)
+from trtllm.builder import moe
 from trtllm.builder.checkpoint import Unsupported, state_dict_numpy
 from trtllm.runtime.lora import rope_pair_order
 
@@ -24,16 +25,22 @@ ARCHITECTURES = {
     "GlmForCausalLM": glm.spec_from_config,
     "Glm4ForCausalLM": glm4.spec_from_config,
     "GraniteForCausalLM": granite.spec_from_config,
+    "GraniteMoeForCausalLM": granitemoe.spec_from_config,
+    "GraniteMoeSharedForCausalLM": granitemoe.shared_spec_from_config,
     "HeliumForCausalLM": helium.spec_from_config,
     "HunYuanDenseV1ForCausalLM": hunyuan.spec_from_config,
     "LlamaForCausalLM": llama.spec_from_config,
     "MinistralForCausalLM": ministral.spec_from_config,
     "MistralForCausalLM": mistral.spec_from_config,
+    "MixtralForCausalLM": mixtral.spec_from_config,
     "Olmo2ForCausalLM": olmo2.spec_from_config,
     "Olmo3ForCausalLM": olmo3.spec_from_config,
+    "OlmoeForCausalLM": olmoe.spec_from_config,
     "Phi3ForCausalLM": phi3.spec_from_config,
     "Qwen2ForCausalLM": qwen2.spec_from_config,
+    "Qwen2MoeForCausalLM": qwen2_moe.spec_from_config,
     "Qwen3ForCausalLM": qwen3.spec_from_config,
+    "Qwen3MoeForCausalLM": qwen3_moe.spec_from_config,
     "SmolLM3ForCausalLM": smollm3.spec_from_config,
 }
 
@@ -72,7 +79,12 @@ def spec_for(model):
 def from_modules(model, spec) -> dict:
     """The biases and the lm_head tie as the loaded modules have them; refuses what the graph lacks."""
     layers = model.model.layers
-    attn, mlp = layers[0].self_attn, layers[0].mlp
+    attn = layers[0].self_attn
+    if spec.moe is not None:
+        moe.check_modules(layers, spec)
+    # the MLP's biases, on a dense layer (a mixture of experts has none: moe.check_modules)
+    dense = [layer.mlp for i, layer in enumerate(layers) if spec.moe is None or i in spec.moe.dense_layers]
+    mlp = dense[0] if dense else None
 
     def has_bias(module) -> bool:
         return getattr(module, "bias", None) is not None
@@ -81,8 +93,9 @@ def from_modules(model, spec) -> dict:
     qkv = {has_bias(m) for m in ((attn.qkv_proj,) if fused else (attn.q_proj, attn.k_proj, attn.v_proj))}
     if len(qkv) > 1:
         raise Unsupported("q_proj, k_proj and v_proj must all have a bias or none")
-    gate_up = (mlp.gate_up_proj,) if fused or spec.fused_gate_up else (mlp.gate_proj, mlp.up_proj)  # (GLM: gate|up)
-    if any(has_bias(m) for m in gate_up + (mlp.down_proj,)):
+    gate_up = () if mlp is None else (mlp.gate_up_proj,) if fused or spec.fused_gate_up else \
+        (mlp.gate_proj, mlp.up_proj)  # (GLM: gate|up)
+    if any(has_bias(m) for m in gate_up + ((mlp.down_proj,) if mlp is not None else ())):
         raise Unsupported("MLP biases (config.mlp_bias) are not supported")
     expected = [spec.window(i) for i in range(len(layers))]
     # the window a layer's attention uses: EXAONE 4's keeps config.sliding_window on every layer, and
@@ -107,6 +120,8 @@ def weights_of(model, spec) -> dict[str, np.ndarray]:
         w = {".".join(names.get(part, part) for part in k.split(".")): v for k, v in w.items()}
     if spec.interleaved_rope:
         reorder_rope_rows(w, spec)
+    if spec.moe is not None:
+        moe.canonical_names(w, spec)
     if not (spec.fused_projections or spec.fused_gate_up):
         return w
     q, kv = spec.num_heads * spec.head_dim, spec.num_kv_heads * spec.head_dim

@@ -19,8 +19,13 @@ def multiplier(config, key: str) -> float:
     return float(value)
 
 
+def multipliers(config) -> dict:
+    """The four multipliers as DecoderSpec fields (Granite MoE's too)."""
+    return {"embed_scale": multiplier(config, "embedding_multiplier"),
+            "query_scale": multiplier(config, "attention_multiplier"),
+            "residual_scale": multiplier(config, "residual_multiplier"),
+            "logits_scale": multiplier(config, "logits_scaling")}
+
+
 def spec_from_config(config):
-    return base_spec(config, "GraniteForCausalLM", embed_scale=multiplier(config, "embedding_multiplier"),
-                     query_scale=multiplier(config, "attention_multiplier"),
-                     residual_scale=multiplier(config, "residual_multiplier"),
-                     logits_scale=multiplier(config, "logits_scaling"))
+    return base_spec(config, "GraniteForCausalLM", **multipliers(config))

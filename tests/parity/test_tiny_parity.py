@@ -21,7 +21,9 @@ from tests.engine_helpers import resized, run_greedy  # noqa: E402
 
 pytestmark = pytest.mark.hf
 ARCHS = ["llama", "mistral", "ministral", "qwen2", "qwen3", "phi3", "phi4-mini", "smollm3", "gemma", "gemma2", "gemma3",
-         "granite", "olmo2", "olmo3", "exaone4", "ernie4_5", "helium", "hunyuan", "glm", "glm4"]
+         "granite", "olmo2", "olmo3", "exaone4", "ernie4_5", "helium", "hunyuan", "glm", "glm4",
+         "qwen3_moe", "qwen2_moe", "olmoe", "mixtral", "granitemoe"]
+MOE_ARCHS = ("qwen3_moe", "qwen2_moe", "olmoe", "mixtral", "granitemoe")
 PROMPTS = [[5, 17, 42, 99, 7], list(range(30, 52)), [3, 200, 11], list(range(100, 140, 3))]
 ATOL = 1e-4
 
@@ -249,6 +251,17 @@ UNDONE = {
     "olmo2, nothing undone (the control: passes)": ("olmo2", {}),
     "olmo2, no q/k norms": ("olmo2", dict(full_qk_norm=False)),
     "olmo2, outputs not normed": ("olmo2", dict(sandwich_norms=False)),
+    # mixtures of experts: `moe` changes the spec's MoE section
+    "qwen3_moe, nothing undone (the control: passes)": ("qwen3_moe", {}),
+    "qwen3_moe, top-k weights not normalized": ("qwen3_moe", dict(moe=dict(normalize=False))),
+    "qwen3_moe, every expert on every token (top-k = all)": ("qwen3_moe", dict(moe=dict(top_k=4))),
+    "qwen3_moe, one expert a token": ("qwen3_moe", dict(moe=dict(top_k=1))),
+    "olmoe, top-k weights normalized": ("olmoe", dict(moe=dict(normalize=True))),
+    "mixtral, top-k weights not normalized": ("mixtral", dict(moe=dict(normalize=False))),
+    "qwen2_moe, nothing undone (the control: passes)": ("qwen2_moe", {}),
+    "qwen2_moe, shared expert not gated": ("qwen2_moe", dict(moe=dict(shared_gate=False))),
+    "granitemoe, nothing undone (the control: passes)": ("granitemoe", {}),
+    "granitemoe, no shared expert": ("granitemoe", dict(moe=dict(shared_size=0))),
 }
 
 
@@ -268,7 +281,10 @@ def test_each_change_undone_is_caught(name, tiny_checkpoint, tiny_engine, tmp_pa
     engine_dir = shutil.copytree(tiny_engine(arch), tmp_path / "engine")
     ck = ckpt.load(str(tiny_checkpoint(arch)))
     long_factors = changes.get("long_factors", False)  # not the spec's: the RoPE table's
-    spec = dataclasses.replace(spec_for(ck.model), **{k: v for k, v in changes.items() if k != "long_factors"})
+    spec = spec_for(ck.model)
+    if "moe" in changes:
+        changes = {**changes, "moe": dataclasses.replace(spec.moe, **changes["moe"])}
+    spec = dataclasses.replace(spec, **{k: v for k, v in changes.items() if k != "long_factors"})
     manifest = mf.load(engine_dir)  # (before llm.onnx is taken away: a manifest's files must be there)
     positions = manifest.limits.max_kv_cache_capacity
     cos, sin = ckpt.rope_tables(ck.model, positions)
@@ -326,7 +342,9 @@ def test_a_class_without_a_graph_is_refused(tmp_path):
                                           ("gemma3", True), ("gemma", True), ("ministral", True), ("olmo3", True),
                                           ("exaone4", True), ("ernie4_5", True), ("helium", True), ("hunyuan", True),
                                           ("glm", True), ("glm4", True),
-                                          ("granite", True), ("olmo2", True)])
+                                          ("granite", True), ("olmo2", True), ("qwen3_moe", True),
+                                          ("qwen2_moe", True), ("olmoe", True), ("mixtral", True),
+                                          ("granitemoe", True)])
 def test_onnxruntime_lowering_matches_the_canonical_graph(arch, lowered, tiny_engine):
     """The compiled ONNX Runtime form may use GroupQueryAttention (one fused kernel) where it is
     proven equal: its logits match the canonical standard-op graph's (and, above, transformers')."""
@@ -342,8 +360,11 @@ def test_onnxruntime_lowering_matches_the_canonical_graph(arch, lowered, tiny_en
     # scripts/setup.sh does
     # (OLMo 2, 3 and EXAONE 4 norm before their residual adds, not after: nothing to fuse)
     skip = lowered and arch not in ("olmo2", "olmo3", "exaone4")
+    moe = arch in MOE_ARCHS  # (its experts on ONNX Runtime's MoE node: the chosen ones only)
     assert manifest["lowerings"] == ([cpu.ATTENTION_LOWERING, *["SkipSimplifiedLayerNormalization"] * skip,
-                                      cpu.SAMPLE_LOWERING] if lowered else [])
+                                      *["MoE"] * moe, cpu.SAMPLE_LOWERING] if lowered else [])
+    assert (("com.microsoft", "MoE") in {(n.domain, n.op_type) for n in onnx.load(
+        engine_dir / "llm.ort.onnx", load_external_data=False).graph.node}) == moe
     ops = {(n.domain, n.op_type) for n in onnx.load(engine_dir / "llm.ort.onnx", load_external_data=False).graph.node}
     assert ((cpu.DOMAIN, cpu.ATTENTION) in ops) == lowered == ((cpu.DOMAIN, cpu.SAMPLE) in ops)
     assert (("com.microsoft", "SkipSimplifiedLayerNormalization") in ops) == skip

@@ -1,0 +1,186 @@
+"""Mixture-of-experts MLPs (Qwen3-MoE, Qwen2-MoE, OLMoE, Mixtral, Granite MoE): the spec, the
+checkpoint's names, and the graph.
+
+Every class here routes the same way, written once:
+
+    probs  = softmax(x @ router.T) in float32            [N, E]
+    top, j = TopK(probs, k)                              (normalize: top /= sum(top))
+    y      = sum over the k experts e = j of top_e * down_e(act(gate_e(x)) * up_e(x))
+    (+ a shared expert's MLP on every token, times sigmoid(x @ shared_gate.T) where there is one)
+
+Mixtral's and Granite MoE's softmax over the top-k logits alone is the normalized form (the same
+values). llm.onnx computes every expert on every token and weights the k chosen ones (the rest get
+weight 0 and are masked, so one that overflows in float16 adds nothing), in standard ops TensorRT
+parses: exact, and E / k times the chosen experts' arithmetic. The ONNX Runtime form (float32
+arithmetic) is one com.microsoft MoE node a layer instead, which computes the chosen experts only.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from onnx import TensorProto, helper
+
+from trtllm.builder.checkpoint import Unsupported
+
+F32 = TensorProto.FLOAT
+
+
+@dataclass(frozen=True)
+class MoE:
+    num_experts: int
+    top_k: int
+    expert_size: int                     # each expert's intermediate width
+    normalize: bool                      # the k chosen weights divided by their sum
+    dense_layers: tuple[int, ...] = ()   # layers with a dense MLP (intermediate_size) instead
+    shared_size: int = 0                 # a shared expert's intermediate width (0: none)
+    shared_gate: bool = False            # ... times sigmoid(x @ shared_expert_gate.T) (Qwen2-MoE)
+
+
+def positive(config, key: str) -> int:
+    value = getattr(config, key, None)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise Unsupported(f"config.{key} must be a positive integer, got {value!r}")
+    return value
+
+
+def moe_from_config(config, experts_key: str, size_key: str, normalize: bool, shared_size: int = 0,
+                    shared_gate: bool = False) -> MoE:
+    """The MoE section of a config; refuses what the graph does not route the way transformers does."""
+    num, k = positive(config, experts_key), positive(config, "num_experts_per_tok")
+    if k > num:
+        raise Unsupported(f"config.num_experts_per_tok ({k}) must be at most config.{experts_key} ({num})")
+    if getattr(config, "router_jitter_noise", 0.0):  # (only in training, but refuse what we cannot tell apart)
+        raise Unsupported("config.router_jitter_noise must be 0 for inference")
+    return MoE(num_experts=num, top_k=k, expert_size=positive(config, size_key), normalize=bool(normalize),
+               dense_layers=qwen_dense_layers(config), shared_size=shared_size, shared_gate=shared_gate)
+
+
+def qwen_dense_layers(config) -> tuple[int, ...]:
+    """The layers Qwen's MoE classes give a dense MLP: those in mlp_only_layers, and those off the
+    decoder_sparse_step (a config without these keys: none)."""
+    step = getattr(config, "decoder_sparse_step", 1) or 1
+    only = set(getattr(config, "mlp_only_layers", None) or ())
+    return tuple(i for i in range(config.num_hidden_layers) if i in only or (i + 1) % step)
+
+
+# A MoE layer's weights under the names MoEWriter reads, from each class's own:
+#   mlp.router.weight [E, H]; mlp.experts.gate_up_proj [E, 2I, H] (gate rows, then up);
+#   mlp.experts.down_proj [E, H, I]; mlp.shared_expert.{gate,up,down}_proj.weight; mlp.shared_expert_gate.weight
+ROUTER_NAMES = ("mlp.gate.weight", "mlp.router.weight", "block_sparse_moe.router.weight")
+
+
+def canonical_names(w: dict[str, np.ndarray], spec) -> None:
+    """Rename (in place) each MoE layer's weights to the names above: Qwen's and OLMoE's router `gate`,
+    Granite MoE's block_sparse_moe and shared_mlp (its input_linear holds gate|up)."""
+    for i in range(spec.num_layers):
+        if i in spec.moe.dense_layers:
+            continue
+        p = f"model.layers.{i}"
+        router = [n for n in ROUTER_NAMES if f"{p}.{n}" in w]
+        if len(router) != 1:
+            raise Unsupported(f"layer {i}: expected one MoE router weight of {ROUTER_NAMES}, found {router}")
+        w[f"{p}.mlp.router.weight"] = w.pop(f"{p}.{router[0]}")
+        for part in ("gate_up_proj", "down_proj"):
+            if f"{p}.block_sparse_moe.experts.{part}" in w:
+                w[f"{p}.mlp.experts.{part}"] = w.pop(f"{p}.block_sparse_moe.experts.{part}")
+        if f"{p}.shared_mlp.input_linear.weight" in w:
+            gate, up = np.split(w.pop(f"{p}.shared_mlp.input_linear.weight"), 2)
+            w[f"{p}.mlp.shared_expert.gate_proj.weight"], w[f"{p}.mlp.shared_expert.up_proj.weight"] = gate, up
+            w[f"{p}.mlp.shared_expert.down_proj.weight"] = w.pop(f"{p}.shared_mlp.output_linear.weight")
+        e, i2, h = w[f"{p}.mlp.experts.gate_up_proj"].shape
+        if (e, i2, h) != (spec.moe.num_experts, 2 * spec.moe.expert_size, spec.hidden_size):
+            raise Unsupported(f"layer {i}: experts.gate_up_proj is {(e, i2, h)}, the config says "
+                              f"{(spec.moe.num_experts, 2 * spec.moe.expert_size, spec.hidden_size)}")
+
+
+def check_modules(layers, spec) -> None:
+    """Refuse expert biases (gpt-oss has them; none of the classes here do)."""
+    for layer in layers:
+        block = getattr(layer, "block_sparse_moe", None) or layer.mlp
+        experts = getattr(block, "experts", None)
+        if experts is None:
+            continue
+        if any(getattr(experts, n, None) is not None for n in ("gate_up_proj_bias", "down_proj_bias")):
+            raise Unsupported("expert biases are not supported")
+
+
+class MoEWriter:
+    """The MoE half of DecoderWriter's MLP (see the module docstring); reads g, spec, w, dtype and
+    ftype, and DecoderWriter's fw, linear and gated."""
+
+    def moe(self, i: int, x: str) -> str:
+        g, m = self.g, self.spec.moe
+        p, name = f"model.layers.{i}.mlp", f"/model/layers.{i}/mlp"
+        # the router in the graph's type, as transformers' Linear; its softmax in float32
+        logits = self.linear(f"{name}/router", x, f"{p}.router")
+        if self.ort_form and self.ftype == F32:
+            y = self.ort_moe(i, x, logits)
+            return y if not m.shared_size else self.shared_expert(i, x, y)
+        if self.ftype != F32:
+            logits = g.op("Cast", f"{name}/router/Cast", [logits], to=F32)
+        probs = g.op("Softmax", f"{name}/router/Softmax", [logits], axis=-1)
+        top, chosen = g.op("TopK", f"{name}/router/TopK", [probs, g.const([m.top_k])], num_outputs=2, axis=-1)
+        if m.normalize:
+            total = g.op("ReduceSum", f"{name}/router/ReduceSum", [top, g.const([-1])], keepdims=1)
+            top = g.op("Div", f"{name}/router/Div", [top, total])
+        zeros = g.op("ConstantOfShape", f"{name}/router/Zeros", [g.op("Shape", f"{name}/router/Shape", [probs])])
+        # [B,S,E]: each token's weight per expert (0 where not chosen), and which were chosen
+        weights = g.op("ScatterElements", f"{name}/router/Weights", [zeros, chosen, top], axis=-1)
+        ones = g.op("ConstantOfShape", f"{name}/router/Ones", [g.op("Shape", f"{name}/router/TopShape", [top])],
+                    value=helper.make_tensor("value", F32, [1], [1.0]))
+        picked = g.op("ScatterElements", f"{name}/router/Picked", [zeros, chosen, ones], axis=-1)
+        # every expert on every token: [B,1,S,H] @ [E,H,2I] -> [B,E,S,2I] -> [B,E,S,I] @ [E,I,H] -> [B,E,S,H]
+        gate_up, down = self.w[f"{p}.experts.gate_up_proj"], self.w[f"{p}.experts.down_proj"]
+        xe = g.op("Unsqueeze", f"{name}/experts/Unsqueeze", [x, g.const([1])])
+        y = g.op("MatMul", f"{name}/experts/gate_up/MatMul",
+                 [xe, self.fw(f"{p}.experts.gate_up_proj", gate_up.transpose(0, 2, 1))])
+        gate, up = g.op("Split", f"{name}/experts/Split", [y, g.const([m.expert_size] * 2)], num_outputs=2, axis=-1)
+        y = g.op("MatMul", f"{name}/experts/down/MatMul",
+                 [self.gated(f"{name}/experts", gate, up), self.fw(f"{p}.experts.down_proj", down.transpose(0, 2, 1))])
+
+        def per_expert(t: str, what: str) -> str:  # [B,S,E] -> [B,E,S,1]
+            t = g.op("Transpose", f"{name}/experts/{what}/Transpose", [t], perm=[0, 2, 1])
+            return g.op("Unsqueeze", f"{name}/experts/{what}/Unsqueeze", [t, g.const([-1])])
+        w = per_expert(weights, "weights")
+        if self.ftype != F32:  # transformers casts the chosen weights to the model's type
+            w = g.op("Cast", f"{name}/experts/weights/Cast", [w], to=self.ftype)
+        y = g.op("Mul", f"{name}/experts/Weighted", [y, w])
+        keep = g.op("Greater", f"{name}/experts/Keep", [per_expert(picked, "picked"), g.const(0.5, np.float32)])
+        y = g.op("Where", f"{name}/experts/Where", [keep, y, g.const(0.0, self.dtype)])
+        y = g.op("ReduceSum", f"{name}/experts/ReduceSum", [y, g.const([1])], keepdims=0)
+        return y if not m.shared_size else self.shared_expert(i, x, y)
+
+    def ort_moe(self, i: int, x: str, logits: str) -> str:
+        """ONNX Runtime's form: its com.microsoft MoE node computes only each token's chosen experts
+        (softmax, top-k and the normalization inside it), gate|up interleaved row by row, its SwiGLU
+        made the plain one (alpha 1, no +1 on up); [B,S,H] as [B*S,H] rows."""
+        g, m = self.g, self.spec.moe
+        p, name = f"model.layers.{i}.mlp", f"/model/layers.{i}/mlp"
+        gate_up, down = self.w[f"{p}.experts.gate_up_proj"], self.w[f"{p}.experts.down_proj"]
+        e, h = m.num_experts, self.spec.hidden_size
+        interleaved = np.stack([gate_up[:, :m.expert_size], gate_up[:, m.expert_size:]], axis=2).reshape(gate_up.shape)
+        rows = g.op("Reshape", f"{name}/experts/Rows", [x, g.const([-1, h])])
+        scores = g.op("Reshape", f"{name}/router/Rows", [logits, g.const([-1, e])])
+        y = g.op("MoE", f"{name}/experts/MoE", [rows, scores, self.fw(f"{p}.experts.gate_up_proj", interleaved), "",
+                                                 self.fw(f"{p}.experts.down_proj", down)],
+                 domain="com.microsoft", k=m.top_k, normalize_routing_weights=int(m.normalize),
+                 activation_type="swiglu",  # (every MoE spec's hidden_act is silu: base_spec's check)
+                 swiglu_fusion=1, activation_alpha=1.0, activation_beta=0.0)
+        return g.op("Reshape", f"{name}/experts/Unrows", [y, g.op("Shape", f"{name}/experts/Shape", [x])])
+
+    def shared_expert(self, i: int, x: str, y: str) -> str:
+        """y + the shared expert's MLP of x (times sigmoid(x @ shared_expert_gate.T) with shared_gate)."""
+        g, m = self.g, self.spec.moe
+        p, name = f"model.layers.{i}.mlp", f"/model/layers.{i}/mlp"
+        s = f"{p}.shared_expert"
+        gate = self.linear(f"{name}/shared_expert/gate_proj", x, f"{s}.gate_proj")
+        up = self.linear(f"{name}/shared_expert/up_proj", x, f"{s}.up_proj")
+        shared = self.linear(f"{name}/shared_expert/down_proj", self.gated(f"{name}/shared_expert", gate, up),
+                             f"{s}.down_proj")
+        if m.shared_gate:
+            gate = self.linear(f"{name}/shared_expert_gate", x, f"{p}.shared_expert_gate")
+            shared = g.op("Mul", f"{name}/shared_expert/Gated",
+                          [shared, g.op("Sigmoid", f"{name}/shared_expert_gate/Sigmoid", [gate])])
+        y = g.op("Add", f"{name}/shared_expert/Add", [y, shared])
+        return y

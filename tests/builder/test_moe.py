@@ -1,0 +1,104 @@
+"""Mixtures of experts (builder/moe.py) beyond the parity suite (tests/parity/test_tiny_parity.py):
+16-bit engines, the TensorRT targets (the stand-in runs llm.onnx, whose experts are standard ops),
+what the build refuses, and the spec read from each config."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+import pytest
+import torch
+import transformers
+
+from tests import fakes
+from tests.tiny_models import make_checkpoint
+from trtllm.builder.checkpoint import CheckpointError
+from trtllm.builder.config import BuildConfig, ConfigError
+from trtllm.builder.export import build
+from trtllm.builder.verify import engine_logits
+from trtllm.runtime.engine import load_engine
+
+pytestmark = pytest.mark.hf
+LIMITS = dict(max_input_len=64, max_kv_cache_capacity=128, max_batch_size=3)
+PROMPT = [5, 17, 42, 99, 7, 31, 8, 64, 3, 11]
+
+
+@pytest.fixture(scope="module")
+def qwen3_moe(tmp_path_factory):
+    return make_checkpoint("qwen3_moe", tmp_path_factory.mktemp("qwen3-moe"))
+
+
+def reference_logits(ckpt, generated: list[int]) -> np.ndarray:
+    model = transformers.AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.float32).eval()
+    with torch.no_grad():
+        return model(torch.tensor([PROMPT + generated[:-1]])).logits[0, len(PROMPT) - 1:].numpy()
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_16_bit_engines_pass_the_build_check(dtype, qwen3_moe, tmp_path):
+    """On our kernels (float32 arithmetic on 16-bit weights): the experts on ONNX Runtime's MoE node,
+    within the build's check against transformers (its greedy tokens and top-1 agreement floor)."""
+    out = build(BuildConfig(model=str(qwen3_moe), output=str(tmp_path / "e"), dtype=dtype, **LIMITS),
+                log=lambda m: None)
+    report = json.loads((out / "verify.json").read_text())
+    assert report["tokens_agree"] and report["top1_agreement"] >= report["min_agreement"]
+    assert "MoE" in json.loads((out / "manifest.json").read_text())["lowerings"]
+
+
+@pytest.mark.parametrize("options, env", [({}, {}), ({"graph": "legacy", "trt_version": "10.3"},
+                                                   {"FAKE_TRT_VERSION": "10.3.0.30"})])
+def test_the_tensorrt_graph_matches_transformers(options, env, qwen3_moe, tmp_path):
+    """llm.onnx, what TensorRT parses (modern and legacy profiles, each linted for its version by the
+    build): every expert on every token in standard ops, the chosen ones weighted; the stand-in runs it."""
+    with fakes.installed(**env):
+        out = build(BuildConfig(model=str(qwen3_moe), output=str(tmp_path / "e"), backend="tensorrt", **options,
+                                **LIMITS), log=lambda m: None)
+        generated, got = engine_logits(load_engine(out), PROMPT, num_decode=4)
+    ops = {n.op_type for n in onnx.load(out / "llm.onnx", load_external_data=False).graph.node}
+    assert {"TopK", "ScatterElements"} <= ops and "MoE" not in ops
+    np.testing.assert_allclose(got, reference_logits(qwen3_moe, generated), atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"quantization": "int4"}, r"--quantization int4: Qwen3MoeForCausalLM is a mixture of experts \(4 experts, 2 a "
+                               r"token\), whose experts are not quantized yet; build it with --dtype float32"),
+    ({"max_lora_rank": 8}, r"--max-lora-rank 8: .* LoRA adapters on experts are not supported"),
+])
+def test_what_is_not_built_yet_is_refused_by_name(options, message, qwen3_moe, tmp_path):
+    with pytest.raises(ConfigError, match=message):
+        build(BuildConfig(model=str(qwen3_moe), output=str(tmp_path / "e"), **options, **LIMITS), log=lambda m: None)
+    assert not (tmp_path / "e").exists()
+
+
+def edited(tmp_path, arch: str, **changes):
+    ckpt = make_checkpoint(arch, tmp_path / "ckpt")
+    config = json.loads((ckpt / "config.json").read_text())
+    (ckpt / "config.json").write_text(json.dumps({**config, **changes}))
+    return ckpt
+
+
+@pytest.mark.parametrize("arch, changes, message", [
+    ("olmoe", {"clip_qkv": 8.0}, r"config.clip_qkv must be null"),
+    ("mixtral", {"router_jitter_noise": 0.1}, r"config.router_jitter_noise must be 0"),
+    ("qwen3_moe", {"num_experts_per_tok": 5}, r"config.num_experts_per_tok \(5\) must be at most config.num_experts"),
+])
+def test_configs_the_graph_would_route_wrong_are_refused(arch, changes, message, tmp_path):
+    with pytest.raises(CheckpointError, match=message):
+        build(BuildConfig(model=str(edited(tmp_path, arch, **changes)), output=str(tmp_path / "e"), **LIMITS),
+              log=lambda m: None)
+
+
+def test_each_config_gives_its_routing(tiny_checkpoint):
+    """What each class does, as the spec says it: Qwen's norm_topk_prob, Mixtral's and Granite's
+    softmax over the top-k (normalized), Qwen2-MoE's gated shared expert and dense layer."""
+    from trtllm.builder import checkpoint as ckpt
+    from trtllm.builder.architectures import spec_for
+
+    def moe(arch):
+        return spec_for(ckpt.load(str(tiny_checkpoint(arch))).model).moe
+    assert (moe("qwen3_moe").normalize, moe("olmoe").normalize, moe("mixtral").normalize) == (True, False, True)
+    qwen2 = moe("qwen2_moe")
+    assert (qwen2.shared_size, qwen2.shared_gate, qwen2.dense_layers, qwen2.normalize) == (64, True, (1,), False)
+    granite = moe("granitemoe")
+    assert (granite.shared_size, granite.shared_gate, granite.normalize, granite.expert_size) == (64, False, True, 128)
