@@ -75,6 +75,9 @@ def load_config(source, model_arg: str):
         if str(method).lower() in prequantized.METHODS:
             packing = prequantized.packing_of(quant if isinstance(quant, dict) else quant.to_dict(), model_arg)
             del config.quantization_config
+            if any(getattr(config, key, None) for key in ("num_experts", "num_local_experts")):
+                raise Unsupported(f"--model {model_arg!r}: a {method} mixture of experts: pre-quantized experts are "
+                                  "not supported yet; build from the unquantized checkpoint")
         elif str(method) not in DEQUANTIZED:
             raise Unsupported(f"--model {model_arg!r}: config.quantization_config (quant_method {method!r}): a "
                               "pre-quantized checkpoint cannot be built; build from the unquantized one, with "

@@ -190,8 +190,8 @@ def refuse_for_experts(config: BuildConfig, spec) -> None:
         raise ConfigError(f"--quantization {config.quantization}: {what}, whose experts are not quantized yet; "
                           "build it with --dtype float32, float16 or bfloat16")
     if config.max_lora_rank:
-        raise ConfigError(f"--max-lora-rank {config.max_lora_rank}: {what}, and LoRA adapters on experts are not "
-                          "supported; build it without --max-lora-rank")
+        raise ConfigError(f"LoRA (--max-lora-rank, --lora): {what}, and LoRA adapters on experts are not "
+                          "supported; build it without LoRA")
 
 
 def check_blocks(spec, quant: QuantScheme, what: str) -> None:

@@ -45,20 +45,19 @@ def positive(config, key: str) -> int:
 
 
 def moe_from_config(config, experts_key: str, size_key: str, normalize: bool, shared_size: int = 0,
-                    shared_gate: bool = False) -> MoE:
-    """The MoE section of a config; refuses what the graph does not route the way transformers does."""
+                    shared_gate: bool = False, dense_layers: tuple[int, ...] = ()) -> MoE:
+    """The MoE section of a config; refuses what the graph does not route the way transformers does.
+    (Mixtral's router_jitter_noise is ignored, as transformers does outside training.)"""
     num, k = positive(config, experts_key), positive(config, "num_experts_per_tok")
     if k > num:
         raise Unsupported(f"config.num_experts_per_tok ({k}) must be at most config.{experts_key} ({num})")
-    if getattr(config, "router_jitter_noise", 0.0):  # (only in training, but refuse what we cannot tell apart)
-        raise Unsupported("config.router_jitter_noise must be 0 for inference")
     return MoE(num_experts=num, top_k=k, expert_size=positive(config, size_key), normalize=bool(normalize),
-               dense_layers=qwen_dense_layers(config), shared_size=shared_size, shared_gate=shared_gate)
+               dense_layers=dense_layers, shared_size=shared_size, shared_gate=shared_gate)
 
 
 def qwen_dense_layers(config) -> tuple[int, ...]:
     """The layers Qwen's MoE classes give a dense MLP: those in mlp_only_layers, and those off the
-    decoder_sparse_step (a config without these keys: none)."""
+    decoder_sparse_step (a config without these keys: none). The other classes read neither key."""
     step = getattr(config, "decoder_sparse_step", 1) or 1
     only = set(getattr(config, "mlp_only_layers", None) or ())
     return tuple(i for i in range(config.num_hidden_layers) if i in only or (i + 1) % step)

@@ -81,6 +81,9 @@ ARCHS = {
         "shared_expert_intermediate_size": 64, "mlp_only_layers": [1]}),
     "olmoe": ("OlmoeConfig", "OlmoeForCausalLM", {"num_experts": 4, "num_experts_per_tok": 2}),
     "mixtral": ("MixtralConfig", "MixtralForCausalLM", {"num_local_experts": 4, "num_experts_per_tok": 2}),
+    "granitemoe-plain": ("GraniteMoeConfig", "GraniteMoeForCausalLM", {
+        "num_local_experts": 4, "num_experts_per_tok": 2, "embedding_multiplier": 4.0, "attention_multiplier": 0.1,
+        "residual_multiplier": 0.3, "logits_scaling": 2.5}),
     "granitemoe": ("GraniteMoeSharedConfig", "GraniteMoeSharedForCausalLM", {
         "num_local_experts": 4, "num_experts_per_tok": 2, "shared_intermediate_size": 64,
         "embedding_multiplier": 4.0, "attention_multiplier": 0.1, "residual_multiplier": 0.3, "logits_scaling": 2.5}),

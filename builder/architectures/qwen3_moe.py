@@ -6,9 +6,10 @@ from __future__ import annotations
 
 from trtllm.builder.architectures.llama import base_spec
 from trtllm.builder.architectures.mistral import sliding_window
-from trtllm.builder.moe import moe_from_config
+from trtllm.builder.moe import moe_from_config, qwen_dense_layers
 
 
 def spec_from_config(config):
-    moe = moe_from_config(config, "num_experts", "moe_intermediate_size", config.norm_topk_prob)
+    moe = moe_from_config(config, "num_experts", "moe_intermediate_size", config.norm_topk_prob,
+                          dense_layers=qwen_dense_layers(config))
     return base_spec(config, "Qwen3MoeForCausalLM", qk_norm=True, sliding_window=sliding_window(config), moe=moe)

@@ -63,7 +63,7 @@ def test_the_tensorrt_graph_matches_transformers(options, env, qwen3_moe, tmp_pa
 @pytest.mark.parametrize("options, message", [
     ({"quantization": "int4"}, r"--quantization int4: Qwen3MoeForCausalLM is a mixture of experts \(4 experts, 2 a "
                                r"token\), whose experts are not quantized yet; build it with --dtype float32"),
-    ({"max_lora_rank": 8}, r"--max-lora-rank 8: .* LoRA adapters on experts are not supported"),
+    ({"max_lora_rank": 8}, r"LoRA \(--max-lora-rank, --lora\): .* LoRA adapters on experts are not supported"),
 ])
 def test_what_is_not_built_yet_is_refused_by_name(options, message, qwen3_moe, tmp_path):
     with pytest.raises(ConfigError, match=message):
@@ -80,13 +80,32 @@ def edited(tmp_path, arch: str, **changes):
 
 @pytest.mark.parametrize("arch, changes, message", [
     ("olmoe", {"clip_qkv": 8.0}, r"config.clip_qkv must be null"),
-    ("mixtral", {"router_jitter_noise": 0.1}, r"config.router_jitter_noise must be 0"),
     ("qwen3_moe", {"num_experts_per_tok": 5}, r"config.num_experts_per_tok \(5\) must be at most config.num_experts"),
 ])
 def test_configs_the_graph_would_route_wrong_are_refused(arch, changes, message, tmp_path):
     with pytest.raises(CheckpointError, match=message):
         build(BuildConfig(model=str(edited(tmp_path, arch, **changes)), output=str(tmp_path / "e"), **LIMITS),
               log=lambda m: None)
+
+
+def test_a_pre_quantized_mixture_of_experts_is_refused_by_name(qwen3_moe, tmp_path):
+    """GPTQ/AWQ pack each expert on its own, where transformers' class holds them fused: refused,
+    not failed with a list of "missing" weights that are there, packed."""
+    from tests.prequantized_files import write_prequantized
+
+    write_prequantized(qwen3_moe, tmp_path / "gptq", "gptq")
+    with pytest.raises(CheckpointError, match=r"a gptq mixture of experts: pre-quantized experts are not supported"):
+        build(BuildConfig(model=str(tmp_path / "gptq"), output=str(tmp_path / "e"), **LIMITS), log=lambda m: None)
+
+
+def test_keys_only_qwen_reads_change_nothing_elsewhere(tmp_path):
+    """mlp_only_layers and decoder_sparse_step are Qwen's: Mixtral's class ignores them, and so does
+    its spec (they crashed the build), as it does router_jitter_noise (training only)."""
+    from trtllm.builder import checkpoint as ckpt
+    from trtllm.builder.architectures import spec_for
+
+    ckpt_dir = edited(tmp_path, "mixtral", mlp_only_layers=[0], decoder_sparse_step=2, router_jitter_noise=0.1)
+    assert spec_for(ckpt.load(str(ckpt_dir)).model).moe.dense_layers == ()
 
 
 def test_each_config_gives_its_routing(tiny_checkpoint):

@@ -22,8 +22,8 @@ from tests.engine_helpers import resized, run_greedy  # noqa: E402
 pytestmark = pytest.mark.hf
 ARCHS = ["llama", "mistral", "ministral", "qwen2", "qwen3", "phi3", "phi4-mini", "smollm3", "gemma", "gemma2", "gemma3",
          "granite", "olmo2", "olmo3", "exaone4", "ernie4_5", "helium", "hunyuan", "glm", "glm4",
-         "qwen3_moe", "qwen2_moe", "olmoe", "mixtral", "granitemoe"]
-MOE_ARCHS = ("qwen3_moe", "qwen2_moe", "olmoe", "mixtral", "granitemoe")
+         "qwen3_moe", "qwen2_moe", "olmoe", "mixtral", "granitemoe", "granitemoe-plain"]
+MOE_ARCHS = ("qwen3_moe", "qwen2_moe", "olmoe", "mixtral", "granitemoe", "granitemoe-plain")
 PROMPTS = [[5, 17, 42, 99, 7], list(range(30, 52)), [3, 200, 11], list(range(100, 140, 3))]
 ATOL = 1e-4
 
@@ -105,6 +105,16 @@ def untied_head_kept(config, weights):
     weights["lm_head.weight"] = torch.randn_like(weights["model.embed_tokens.weight"]) * 0.1
 
 
+def dense_layer_0(config, weights):
+    """decoder_sparse_step 2: layer 0 a dense MLP (intermediate_size), with weights of its own."""
+    config.decoder_sparse_step = 2
+    for key in [k for k in weights if k.startswith("model.layers.0.mlp.")]:
+        del weights[key]
+    h, inter = config.hidden_size, config.intermediate_size
+    for name, shape in (("gate_proj", (inter, h)), ("up_proj", (inter, h)), ("down_proj", (h, inter))):
+        weights[f"model.layers.0.mlp.{name}.weight"] = torch.randn(shape) * 2 / shape[1] ** 0.5
+
+
 VARIANTS = {
     # Mistral with a window shorter than the prompt: the in-graph window mask matches HF
     "mistral window 8": ("mistral", lambda c, w: setattr(c, "sliding_window", 8)),
@@ -171,6 +181,12 @@ VARIANTS = {
     "llama hidden_act swish (SiLU's other name)": ("llama", lambda c, w: setattr(c, "hidden_act", "swish")),
     "qwen3 attention_bias": ("qwen3", with_attention_bias),
     "llama tied, own lm_head": ("llama", untied_head_kept),
+    # mixtures of experts with a window shorter than the prompt (Qwen3-MoE's on every layer where the
+    # config keeps it, Mixtral's always), and Qwen3-MoE's layer 0 dense (decoder_sparse_step 2)
+    "qwen3_moe window 8": ("qwen3_moe", lambda c, w: (setattr(c, "sliding_window", 8),
+                                                      setattr(c, "use_sliding_window", True))),
+    "mixtral window 8": ("mixtral", lambda c, w: setattr(c, "sliding_window", 8)),
+    "qwen3_moe layer 0 dense": ("qwen3_moe", dense_layer_0),
     # the class comes from model_type, whatever config.architectures says
     "qwen2 labelled llama": ("qwen2", lambda c, w: setattr(c, "architectures", ["LlamaForCausalLM"])),
 }
@@ -344,7 +360,7 @@ def test_a_class_without_a_graph_is_refused(tmp_path):
                                           ("glm", True), ("glm4", True),
                                           ("granite", True), ("olmo2", True), ("qwen3_moe", True),
                                           ("qwen2_moe", True), ("olmoe", True), ("mixtral", True),
-                                          ("granitemoe", True)])
+                                          ("granitemoe", True), ("granitemoe-plain", True)])
 def test_onnxruntime_lowering_matches_the_canonical_graph(arch, lowered, tiny_engine):
     """The compiled ONNX Runtime form may use GroupQueryAttention (one fused kernel) where it is
     proven equal: its logits match the canonical standard-op graph's (and, above, transformers')."""
