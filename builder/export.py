@@ -156,8 +156,9 @@ def export_onnx(ck: ckpt.Checkpoint, config: BuildConfig, out_dir: Path, log, ba
             log(f"lowering attention to {attention}" + ", residual + RMSNorm to SkipSimplifiedLayerNormalization" * bool(skip))
             lowerings += [attention, *skip]
         if moe_node:
-            log("lowering the mixtures of experts to com.microsoft MoE (each token's chosen experts only)")
-            lowerings.append("MoE")
+            node = "MoE" if quant is None else "QMoE"
+            log(f"lowering the mixtures of experts to com.microsoft {node} (each token's chosen experts only)")
+            lowerings.append(node)
         if quant_native:
             log(f"lowering the quantized MatMuls to {cpu_kernels.LOWERING} (plugins/cpu)")
             lowerings.append(cpu_kernels.LOWERING)
@@ -183,12 +184,16 @@ def export_onnx(ck: ckpt.Checkpoint, config: BuildConfig, out_dir: Path, log, ba
 
 
 def refuse_for_experts(config: BuildConfig, spec) -> None:
-    """What a mixture-of-experts model cannot be built with yet: quantized experts (their 3-D weights
-    have no quantized form in the graph) and LoRA (adapters target dense MLP modules)."""
+    """What a mixture-of-experts model cannot be built with yet: int8 experts (ONNX Runtime's 8-bit
+    QMoE rounds the activations too), int4 ones in a 16-bit engine, and LoRA (adapters target dense
+    MLP modules)."""
     what = f"{spec.architecture} is a mixture of experts ({spec.moe.num_experts} experts, {spec.moe.top_k} a token)"
-    if config.quantization != "none":
-        raise ConfigError(f"--quantization {config.quantization}: {what}, whose experts are not quantized yet; "
-                          "build it with --dtype float32, float16 or bfloat16")
+    if config.quantization == "int8":
+        raise ConfigError(f"--quantization int8: {what}, whose experts are quantized to int4 only for now; "
+                          "use --quantization int4, or build it unquantized")
+    if config.quantization == "int4" and config.dtype != "float32":
+        raise ConfigError(f"--quantization int4 --dtype {config.dtype}: {what}, whose int4 experts are built with "
+                          "--dtype float32 only for now")
     if config.max_lora_rank:
         raise ConfigError(f"LoRA (--max-lora-rank, --lora): {what}, and LoRA adapters on experts are not "
                           "supported; build it without LoRA")
@@ -199,6 +204,10 @@ def check_blocks(spec, quant: QuantScheme, what: str) -> None:
     gate/up, lm_head), heads x head_dim (o_proj) and intermediate_size (down_proj)."""
     sizes = {"hidden_size": spec.hidden_size, "num_attention_heads x head_dim": spec.num_heads * spec.head_dim,
              "intermediate_size": spec.intermediate_size}
+    if spec.moe is not None:
+        sizes["the experts' intermediate size"] = spec.moe.expert_size
+        if spec.moe.shared_size:
+            sizes["the shared expert's intermediate size"] = spec.moe.shared_size
     bad = [f"{name} {n}" for name, n in sizes.items() if n % quant.block_size]
     if bad:
         raise ConfigError(f"--quantization int{quant.bits}: {what} has {', '.join(bad)}, not a "
@@ -349,6 +358,19 @@ def check_chat_template(out_dir: Path, model_arg: str) -> bool:
     return True  # (one that raises on a plain turn: it is there)
 
 
+def quant_section(scheme: QuantScheme | None, spec) -> dict:
+    """The manifest's quantization_scheme: the scheme, and for a mixture of experts how its experts
+    are held (builder/moe_quant.py) and what stays float."""
+    if scheme is None:
+        return {}
+    section = scheme.to_json()
+    if spec.moe is not None:
+        section["experts"] = ("int4 by row, blocks of 32 inputs, a float32 scale and an integer zero point each "
+                              "(ONNX Runtime's QMoE form)")
+        section["not_quantized"] += ", the experts' router" + " and the shared expert's gate" * spec.moe.shared_gate
+    return section
+
+
 def make_manifest(ck, config: BuildConfig, backend: str, spec, max_top_k: int, num_positions: int,
                   lowerings: list[str] = (), eagle_section: dict | None = None) -> mf.Manifest:
     pad = ck.tokenizer.pad_token_id
@@ -357,7 +379,7 @@ def make_manifest(ck, config: BuildConfig, backend: str, spec, max_top_k: int, n
     return mf.Manifest(
         architecture=spec.architecture, backend=backend, dtype=config.dtype, graph_profile=config.graph,
         quantization=config.quantization,
-        quantization_scheme=q.to_json() if (q := QuantScheme.named(config.quantization, activations)) else {},
+        quantization_scheme=quant_section(QuantScheme.named(config.quantization, activations), spec),
         limits=mf.Limits(max_batch_size=config.max_batch_size, max_input_len=min(config.max_input_len, num_positions),
                          max_kv_cache_capacity=num_positions, max_lora_rank=config.max_lora_rank),
         model=mf.ModelShape(vocab_size=spec.vocab_size, hidden_size=spec.hidden_size, num_layers=spec.num_layers,

@@ -12,7 +12,8 @@ Mixtral's and Granite MoE's softmax over the top-k logits alone is the normalize
 values). llm.onnx computes every expert on every token and weights the k chosen ones (the rest get
 weight 0 and are masked, so one that overflows in float16 adds nothing), in standard ops TensorRT
 parses: exact, and E / k times the chosen experts' arithmetic. The ONNX Runtime form (float32
-arithmetic) is one com.microsoft MoE node a layer instead, which computes the chosen experts only.
+arithmetic) is one com.microsoft MoE node a layer instead (QMoE for int4 experts: moe_quant.py),
+which computes the chosen experts only.
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ import numpy as np
 from onnx import TensorProto, helper
 
 from trtllm.builder.checkpoint import Unsupported
+from trtllm.builder.moe_quant import BLOCK, Experts, quantize_experts
 
 F32 = TensorProto.FLOAT
 
@@ -111,8 +113,9 @@ class MoEWriter:
     def moe(self, i: int, x: str) -> str:
         g, m = self.g, self.spec.moe
         p, name = f"model.layers.{i}.mlp", f"/model/layers.{i}/mlp"
-        # the router in the graph's type, as transformers' Linear; its softmax in float32
-        logits = self.linear(f"{name}/router", x, f"{p}.router")
+        # the router in the graph's type, as transformers' Linear (never quantized: it picks the
+        # experts); its softmax in float32
+        logits = self.float_linear(f"{name}/router", x, f"{p}.router")
         if self.ort_form and self.ftype == F32:
             y = self.ort_moe(i, x, logits)
             return y if not m.shared_size else self.shared_expert(i, x, y)
@@ -130,13 +133,10 @@ class MoEWriter:
                     value=helper.make_tensor("value", F32, [1], [1.0]))
         picked = g.op("ScatterElements", f"{name}/router/Picked", [zeros, chosen, ones], axis=-1)
         # every expert on every token: [B,1,S,H] @ [E,H,2I] -> [B,E,S,2I] -> [B,E,S,I] @ [E,I,H] -> [B,E,S,H]
-        gate_up, down = self.w[f"{p}.experts.gate_up_proj"], self.w[f"{p}.experts.down_proj"]
         xe = g.op("Unsqueeze", f"{name}/experts/Unsqueeze", [x, g.const([1])])
-        y = g.op("MatMul", f"{name}/experts/gate_up/MatMul",
-                 [xe, self.fw(f"{p}.experts.gate_up_proj", gate_up.transpose(0, 2, 1))])
+        y = self.expert_matmul(f"{name}/experts/gate_up", xe, f"{p}.experts.gate_up_proj")
         gate, up = g.op("Split", f"{name}/experts/Split", [y, g.const([m.expert_size] * 2)], num_outputs=2, axis=-1)
-        y = g.op("MatMul", f"{name}/experts/down/MatMul",
-                 [self.gated(f"{name}/experts", gate, up), self.fw(f"{p}.experts.down_proj", down.transpose(0, 2, 1))])
+        y = self.expert_matmul(f"{name}/experts/down", self.gated(f"{name}/experts", gate, up), f"{p}.experts.down_proj")
 
         def per_expert(t: str, what: str) -> str:  # [B,S,E] -> [B,E,S,1]
             t = g.op("Transpose", f"{name}/experts/{what}/Transpose", [t], perm=[0, 2, 1])
@@ -150,22 +150,71 @@ class MoEWriter:
         y = g.op("ReduceSum", f"{name}/experts/ReduceSum", [y, g.const([1])], keepdims=0)
         return y if not m.shared_size else self.shared_expert(i, x, y)
 
+    def float_linear(self, name: str, x: str, prefix: str) -> str:
+        """x @ W.T for the router and the shared expert's gate: never quantized (a few rows that
+        decide, not compute; int4 would move which experts a token gets)."""
+        if self.quant is None:
+            return self.linear(name, x, prefix)
+        return self.g.op("MatMul", f"{name}/MatMul", [x, self.fw(f"{prefix}.weight", self.w[f"{prefix}.weight"].T)])
+
+    def expert_matmul(self, name: str, x: str, prefix: str) -> str:
+        """x [B,1|E,S,K] @ each expert's W.T -> [B,E,S,N]. int4 (moe_quant.py): the codes dequantized
+        as one 2-D DequantizeLinear [E*K, N] (the form TensorRT takes for weights) reshaped to
+        [E,K,N], plus blocksum(x) @ the offsets [E, K/32, N]."""
+        g, w = self.g, self.w[prefix]
+        if self.quant is None:
+            return g.op("MatMul", f"{name}/MatMul", [x, self.fw(prefix, w.transpose(0, 2, 1))])
+        e, n, k = w.shape
+        codes, scale, offset = self.quantized_experts(prefix).canonical()
+        weights = g.op("DequantizeLinear", f"{name}/DequantizeLinear",
+                       [g.weight(f"{prefix}.weight_q4", codes), g.weight(f"{prefix}.weight_scale", scale)],
+                       axis=0, block_size=BLOCK)
+        weights = g.op("Reshape", f"{name}/Reshape", [weights, g.const([e, k, n])])
+        y = g.op("MatMul", f"{name}/MatMul", [x, weights])
+        blocks = g.op("Reshape", f"{name}/offset/Reshape", [x, g.const([0, 0, 0, k // BLOCK, BLOCK])])
+        sums = g.op("ReduceSum", f"{name}/offset/ReduceSum", [blocks, g.const([-1])], keepdims=0)
+        extra = g.op("MatMul", f"{name}/offset/MatMul",
+                     [sums, g.weight(f"{prefix}.weight_offset", offset.reshape(e, k // BLOCK, n))])
+        return g.op("Add", f"{name}/offset/Add", [y, extra])
+
+    def quantized_experts(self, prefix: str) -> Experts:
+        """The int4 experts of one projection, quantized once for both of the build's writers (the
+        first leaves them in hand_on, the second takes them from handoff)."""
+        key = ("experts", prefix)
+        if key in self.handoff:
+            return self.handoff.pop(key)
+        made = quantize_experts(self.w[prefix])
+        if self.hand_on is not None:
+            self.hand_on[key] = made
+        return made
+
     def ort_moe(self, i: int, x: str, logits: str) -> str:
-        """ONNX Runtime's form: its com.microsoft MoE node computes only each token's chosen experts
+        """ONNX Runtime's form: its com.microsoft MoE node (QMoE for int4 experts: their codes and
+        zero points, float32 scales and activations) computes only each token's chosen experts
         (softmax, top-k and the normalization inside it), gate|up interleaved row by row, its SwiGLU
         made the plain one (alpha 1, no +1 on up); [B,S,H] as [B*S,H] rows."""
         g, m = self.g, self.spec.moe
         p, name = f"model.layers.{i}.mlp", f"/model/layers.{i}/mlp"
-        gate_up, down = self.w[f"{p}.experts.gate_up_proj"], self.w[f"{p}.experts.down_proj"]
-        e, h = m.num_experts, self.spec.hidden_size
-        interleaved = np.stack([gate_up[:, :m.expert_size], gate_up[:, m.expert_size:]], axis=2).reshape(gate_up.shape)
-        rows = g.op("Reshape", f"{name}/experts/Rows", [x, g.const([-1, h])])
-        scores = g.op("Reshape", f"{name}/router/Rows", [logits, g.const([-1, e])])
-        y = g.op("MoE", f"{name}/experts/MoE", [rows, scores, self.fw(f"{p}.experts.gate_up_proj", interleaved), "",
-                                                 self.fw(f"{p}.experts.down_proj", down)],
-                 domain="com.microsoft", k=m.top_k, normalize_routing_weights=int(m.normalize),
-                 activation_type="swiglu",  # (every MoE spec's hidden_act is silu: base_spec's check)
-                 swiglu_fusion=1, activation_alpha=1.0, activation_beta=0.0)
+        w1, w2 = f"{p}.experts.gate_up_proj", f"{p}.experts.down_proj"
+        rows = g.op("Reshape", f"{name}/experts/Rows", [x, g.const([-1, self.spec.hidden_size])])
+        scores = g.op("Reshape", f"{name}/router/Rows", [logits, g.const([-1, m.num_experts])])
+        pairs = np.stack([np.arange(m.expert_size), np.arange(m.expert_size) + m.expert_size], axis=1).reshape(-1)
+        attrs = dict(domain="com.microsoft", k=m.top_k, normalize_routing_weights=int(m.normalize),
+                     # (every MoE spec's hidden_act is silu: base_spec's check)
+                     activation_type="swiglu", swiglu_fusion=1, activation_alpha=1.0, activation_beta=0.0)
+        if self.quant is None:
+            y = g.op("MoE", f"{name}/experts/MoE", [rows, scores, self.fw(w1, self.w[w1][:, pairs]), "",
+                                                     self.fw(w2, self.w[w2])], **attrs)
+        else:
+            (q1, s1, z1), (q2, s2, z2) = self.quantized_experts(w1).packed(pairs), self.quantized_experts(w2).packed()
+            inputs = [rows, scores, g.weight(f"{w1}.qmoe_q4", q1), g.weight(f"{w1}.qmoe_scale", s1), "",
+                      g.weight(f"{w2}.qmoe_q4", q2), g.weight(f"{w2}.qmoe_scale", s2), "", "", "", "",
+                      g.weight(f"{w1}.qmoe_zero", z1), g.weight(f"{w2}.qmoe_zero", z2)]
+            if not m.normalize:  # with normalize_routing_weights 0, QMoE's CPU kernel (ONNX Runtime 1.32) does
+                # not weight by the plain top-k probabilities (checked against numpy); given as router_weights, it does
+                inputs += ["", g.op("Softmax", f"{name}/router/RowSoftmax", [scores], axis=-1)]
+            y = g.op("QMoE", f"{name}/experts/QMoE", inputs, expert_weight_bits=4, block_size=BLOCK,
+                     accuracy_level=0, **attrs)
         return g.op("Reshape", f"{name}/experts/Unrows", [y, g.op("Shape", f"{name}/experts/Shape", [x])])
 
     def shared_expert(self, i: int, x: str, y: str) -> str:
@@ -178,7 +227,7 @@ class MoEWriter:
         shared = self.linear(f"{name}/shared_expert/down_proj", self.gated(f"{name}/shared_expert", gate, up),
                              f"{s}.down_proj")
         if m.shared_gate:
-            gate = self.linear(f"{name}/shared_expert_gate", x, f"{p}.shared_expert_gate")
+            gate = self.float_linear(f"{name}/shared_expert_gate", x, f"{p}.shared_expert_gate")
             shared = g.op("Mul", f"{name}/shared_expert/Gated",
                           [shared, g.op("Sigmoid", f"{name}/shared_expert_gate/Sigmoid", [gate])])
         y = g.op("Add", f"{name}/shared_expert/Add", [y, shared])

@@ -61,14 +61,69 @@ def test_the_tensorrt_graph_matches_transformers(options, env, qwen3_moe, tmp_pa
 
 
 @pytest.mark.parametrize("options, message", [
-    ({"quantization": "int4"}, r"--quantization int4: Qwen3MoeForCausalLM is a mixture of experts \(4 experts, 2 a "
-                               r"token\), whose experts are not quantized yet; build it with --dtype float32"),
+    ({"quantization": "int8"}, r"--quantization int8: Qwen3MoeForCausalLM is a mixture of experts \(4 experts, 2 a "
+                               r"token\), whose experts are quantized to int4 only for now; use --quantization int4"),
+    ({"quantization": "int4", "dtype": "float16"}, r"--quantization int4 --dtype float16: .* --dtype float32 only"),
     ({"max_lora_rank": 8}, r"LoRA \(--max-lora-rank, --lora\): .* LoRA adapters on experts are not supported"),
 ])
 def test_what_is_not_built_yet_is_refused_by_name(options, message, qwen3_moe, tmp_path):
     with pytest.raises(ConfigError, match=message):
         build(BuildConfig(model=str(qwen3_moe), output=str(tmp_path / "e"), **options, **LIMITS), log=lambda m: None)
     assert not (tmp_path / "e").exists()
+
+
+def test_the_int4_expert_quantizer():
+    """By row and block of 32: within half a step of the weights, zero held exactly, codes and zero
+    points in [0, 15] two to a byte; llm.onnx's form (s c + o, c = q - 8) is the same weights."""
+    from trtllm.builder.moe_quant import BLOCK, dequantized, nibbles, quantize_experts
+
+    w = np.random.default_rng(0).standard_normal((3, 8, 96)).astype(np.float32)
+    w[0, 0, :BLOCK] = np.abs(w[0, 0, :BLOCK]) + 1  # a block of positive weights: its range still holds 0
+    experts = quantize_experts(w)
+    step = np.repeat(experts.scale, BLOCK, axis=-1)
+    assert np.all(np.abs(dequantized(experts) - w) <= 0.5 * step + 1e-6)
+    assert experts.q.max() <= 15 and experts.zero.max() <= 15 and experts.zero[0, 0, 0] == 0
+    codes, scale, offset = experts.canonical()
+    canonical = (codes.astype(np.float32).reshape(3, 96 // BLOCK, BLOCK, 8) * scale.reshape(3, -1, 1, 8)
+                 + offset.reshape(3, -1, 1, 8)).reshape(3, 96, 8).transpose(0, 2, 1)
+    np.testing.assert_allclose(canonical, dequantized(experts), atol=1e-6, rtol=0)
+    packed = nibbles(experts.zero)  # 3 blocks: padded to 4 nibbles
+    assert packed.shape == (3, 8, 2) and np.array_equal(packed[..., 0] & 15, experts.zero[..., 0])
+    assert np.array_equal(packed[..., 1] >> 4, np.zeros((3, 8), np.uint8))
+
+
+@pytest.mark.parametrize("arch", ["qwen3_moe", "olmoe", "qwen2_moe", "granitemoe"])
+def test_int4_experts_compute_their_dequantized_weights(arch, tiny_checkpoint, tmp_path):
+    """--quantization int4: ONNX Runtime's QMoE form (with our kernels' int4 projections) and
+    llm.onnx (DequantizeLinear, as TensorRT parses it) both compute transformers with every weight
+    replaced by its dequantized value, at float32 tolerance; normalized top-k weights or not (QMoE
+    is given the softmax for those), shared experts gated or not, a dense layer. Random tiny weights
+    are too fragile for the build's agreement check: built with verify off, checked here."""
+    from tests.builder.test_quantized import dequantized_model
+    from tests.engine_helpers import unoptimized_sessions
+    from trtllm.builder.moe_quant import dequantized, quantize_experts
+    from trtllm.builder.quantize import QuantScheme
+
+    ckpt = tiny_checkpoint(arch)
+    out = build(BuildConfig(model=str(ckpt), output=str(tmp_path / "e"), quantization="int4", verify=False, **LIMITS),
+                log=lambda m: None)
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert "QMoE" in manifest["lowerings"] and "QMoE" in manifest["quantization_scheme"]["experts"]
+    assert "router" in manifest["quantization_scheme"]["not_quantized"]
+    model = dequantized_model(ckpt, QuantScheme.named("int4"))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith(("experts.gate_up_proj", "experts.down_proj")):
+                p.copy_(torch.from_numpy(dequantized(quantize_experts(p.numpy().copy()))))
+    for graph in ("compiled", "onnx"):
+        with unoptimized_sessions():
+            engine = load_engine(out, graph=graph)
+        generated, got = engine_logits(engine, PROMPT, num_decode=4)
+        with torch.no_grad():
+            ref = model(torch.tensor([PROMPT + generated[:-1]])).logits[0, len(PROMPT) - 1:].numpy()
+        np.testing.assert_allclose(got, ref, atol=1e-4, rtol=0)
+    # the deliberately wrong variant: the unquantized experts must not match at this tolerance
+    assert np.abs(got - reference_logits(ckpt, generated)).max() > 1e-3
 
 
 def edited(tmp_path, arch: str, **changes):

@@ -65,7 +65,7 @@ def dequantized_model(ckpt, scheme: QuantScheme):
 
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if name.endswith("proj.weight"):
+            if name.endswith(("proj.weight", "input_linear.weight", "output_linear.weight")):
                 rounded(p, scheme)
         rounded(model.model.embed_tokens.weight, head)  # a tied lm_head is this same tensor
         if model.lm_head.weight.data_ptr() != model.model.embed_tokens.weight.data_ptr():

@@ -1,0 +1,76 @@
+"""int4 experts (--quantization int4 on a mixture of experts), held so that both forms of the
+engine compute the very same weights.
+
+Each expert's weight [N, K] is quantized by row, in blocks of 32 inputs, with a float32 scale s and
+an integer zero point z (GPTQ's asymmetric form; each block's range widened to hold 0):
+w ~ s (q - z), q and z in [0, 15]. ONNX Runtime's QMoE node (com.microsoft) takes exactly that: q
+and z two to a byte (low nibble first), s as is. llm.onnx (TensorRT's) writes the same weights
+in our int4 form (builder/quantize.py): codes c = q - 8 for DequantizeLinear, whose zero point
+TensorRT wants 0, and an offset o = (8 - z) s per block: s c + o = s (q - z).
+
+Not our dense int4 grid (a float offset per block, which QMoE cannot hold), nor int8: ONNX
+Runtime's 8-bit QMoE rounds the activations to 8 bits as well, so its answers would not be the
+canonical graph's.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import ml_dtypes
+import numpy as np
+
+BLOCK = 32
+LEVELS = 15
+
+
+@dataclass
+class Experts:
+    """One projection of every expert, quantized: q, z uint8 [E, N, K] and [E, N, K / 32], s float32."""
+
+    q: np.ndarray
+    scale: np.ndarray
+    zero: np.ndarray
+
+    def packed(self, rows: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """QMoE's inputs (codes, scales, zero points), rows in `rows`' order (gate|up interleaved)."""
+        q, s, z = (a if rows is None else a[:, rows] for a in (self.q, self.scale, self.zero))
+        return nibbles(q), s, nibbles(z)
+
+    def canonical(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """llm.onnx's (codes int4 [E*K, N], scales and offsets [E*K / 32, N]): DequantizeLinear on axis
+        0 in blocks of 32, which never cross an expert (K is a multiple of 32), reshaped to [E, K, N]."""
+        e, n, k = self.q.shape
+
+        def stacked(a):  # [E, N, X] -> [E*X, N]
+            return np.ascontiguousarray(a.transpose(0, 2, 1)).reshape(e * a.shape[2], n)
+        codes = stacked(self.q.astype(np.int8) - 8).astype(ml_dtypes.int4)
+        offset = (8 - self.zero.astype(np.float32)) * self.scale
+        return codes, stacked(self.scale), stacked(offset)
+
+
+def quantize_experts(w: np.ndarray) -> Experts:
+    """w [E, N, K] float32 -> its int4 codes, scales and zero points, by row and block of 32 inputs."""
+    e, n, k = w.shape
+    if k % BLOCK:
+        raise ValueError(f"experts with {k} inputs cannot be split into blocks of {BLOCK}")
+    blocks = w.reshape(e, n, k // BLOCK, BLOCK)
+    lo, hi = np.minimum(blocks.min(axis=-1), 0), np.maximum(blocks.max(axis=-1), 0)
+    scale = ((hi - lo) / LEVELS).astype(np.float32)
+    scale[scale == 0] = 1.0  # a block of zeros: any scale, codes all at the zero point
+    zero = np.clip(np.rint(-lo / scale), 0, LEVELS)
+    q = np.clip(np.rint(blocks / scale[..., None]) + zero[..., None], 0, LEVELS)
+    return Experts(q.reshape(e, n, k).astype(np.uint8), scale, zero.astype(np.uint8))
+
+
+def nibbles(a: np.ndarray) -> np.ndarray:
+    """uint8 values < 16 along the last axis, two to a byte, low nibble first (an odd count padded with 0)."""
+    if a.shape[-1] % 2:
+        a = np.concatenate([a, np.zeros(a.shape[:-1] + (1,), np.uint8)], axis=-1)
+    return (a[..., 0::2] | (a[..., 1::2] << 4)).astype(np.uint8)
+
+
+def dequantized(experts: Experts) -> np.ndarray:
+    """The weights both forms compute, [E, N, K] (tests)."""
+    e, n, k = experts.q.shape
+    q = experts.q.reshape(e, n, k // BLOCK, BLOCK).astype(np.float32)
+    return ((q - experts.zero[..., None]) * experts.scale[..., None]).reshape(e, n, k)
