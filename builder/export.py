@@ -84,7 +84,7 @@ def export_onnx(ck: ckpt.Checkpoint, config: BuildConfig, out_dir: Path, log, ba
         f"{spec.hidden_size}, {spec.num_heads}/{spec.num_kv_heads} heads)")
     max_top_k = min(MAX_TOP_K, spec.vocab_size)
     if spec.moe is not None:
-        refuse_for_experts(config, spec)
+        refuse_for_experts(config, spec, backend)
     quant = QuantScheme.named(config.quantization, config.activations)
     if quant:
         check_blocks(spec, quant, "the model")
@@ -183,14 +183,17 @@ def export_onnx(ck: ckpt.Checkpoint, config: BuildConfig, out_dir: Path, log, ba
     return spec, max_top_k, num_positions, lowerings, section
 
 
-def refuse_for_experts(config: BuildConfig, spec) -> None:
+def refuse_for_experts(config: BuildConfig, spec, backend: str) -> None:
     """What a mixture-of-experts model cannot be built with yet: int8 experts (ONNX Runtime's 8-bit
-    QMoE rounds the activations too), int4 ones in a 16-bit engine, and LoRA (adapters target dense
-    MLP modules)."""
+    QMoE rounds the activations too), int4 ones for TensorRT or in a 16-bit engine, and LoRA
+    (adapters target dense MLP modules)."""
     what = f"{spec.architecture} is a mixture of experts ({spec.moe.num_experts} experts, {spec.moe.top_k} a token)"
     if config.quantization == "int8":
         raise ConfigError(f"--quantization int8: {what}, whose experts are quantized to int4 only for now; "
                           "use --quantization int4, or build it unquantized")
+    if config.quantization == "int4" and backend == "tensorrt":
+        raise ConfigError(f"--quantization int4 --backend tensorrt: {what}; int4 experts are built for ONNX Runtime "
+                          "only for now (their graph for TensorRT has not run on it); build it unquantized")
     if config.quantization == "int4" and config.dtype != "float32":
         raise ConfigError(f"--quantization int4 --dtype {config.dtype}: {what}, whose int4 experts are built with "
                           "--dtype float32 only for now")
@@ -202,8 +205,9 @@ def refuse_for_experts(config: BuildConfig, spec) -> None:
 def check_blocks(spec, quant: QuantScheme, what: str) -> None:
     """Each quantized MatMul's input features must split into whole blocks: hidden_size (q/k/v,
     gate/up, lm_head), heads x head_dim (o_proj) and intermediate_size (down_proj)."""
-    sizes = {"hidden_size": spec.hidden_size, "num_attention_heads x head_dim": spec.num_heads * spec.head_dim,
-             "intermediate_size": spec.intermediate_size}
+    sizes = {"hidden_size": spec.hidden_size, "num_attention_heads x head_dim": spec.num_heads * spec.head_dim}
+    if spec.moe is None or spec.moe.dense_layers:
+        sizes["intermediate_size"] = spec.intermediate_size
     if spec.moe is not None:
         sizes["the experts' intermediate size"] = spec.moe.expert_size
         if spec.moe.shared_size:
@@ -365,8 +369,9 @@ def quant_section(scheme: QuantScheme | None, spec) -> dict:
         return {}
     section = scheme.to_json()
     if spec.moe is not None:
-        section["experts"] = ("int4 by row, blocks of 32 inputs, a float32 scale and an integer zero point each "
-                              "(ONNX Runtime's QMoE form)")
+        section["experts"] = ("int4 by row, blocks of 32 inputs, a float32 scale and an integer zero point each, "
+                              "computed with float32 activations whatever `activations` says (ONNX Runtime's "
+                              "QMoE node)")
         section["not_quantized"] += ", the experts' router" + " and the shared expert's gate" * spec.moe.shared_gate
     return section
 

@@ -23,7 +23,7 @@ import numpy as np
 from onnx import TensorProto, helper
 
 from trtllm.builder.checkpoint import Unsupported
-from trtllm.builder.moe_quant import BLOCK, Experts, quantize_experts
+from trtllm.builder.moe_quant import BLOCK, Experts, handed_on, quantize_experts, taken
 
 F32 = TensorProto.FLOAT
 
@@ -159,8 +159,9 @@ class MoEWriter:
 
     def expert_matmul(self, name: str, x: str, prefix: str) -> str:
         """x [B,1|E,S,K] @ each expert's W.T -> [B,E,S,N]. int4 (moe_quant.py): the codes dequantized
-        as one 2-D DequantizeLinear [E*K, N] (the form TensorRT takes for weights) reshaped to
-        [E,K,N], plus blocksum(x) @ the offsets [E, K/32, N]."""
+        as one 2-D DequantizeLinear [E*K, N] reshaped to [E,K,N], plus blocksum(x) @ the offsets
+        [E, K/32, N] (run by ONNX Runtime here; TensorRT's int4 path wants a 2-D weight straight into a
+        MatMul, so a TensorRT build of int4 experts is refused until it is proven there)."""
         g, w = self.g, self.w[prefix]
         if self.quant is None:
             return g.op("MatMul", f"{name}/MatMul", [x, self.fw(prefix, w.transpose(0, 2, 1))])
@@ -182,10 +183,10 @@ class MoEWriter:
         first leaves them in hand_on, the second takes them from handoff)."""
         key = ("experts", prefix)
         if key in self.handoff:
-            return self.handoff.pop(key)
+            return taken(self.handoff.pop(key))
         made = quantize_experts(self.w[prefix])
         if self.hand_on is not None:
-            self.hand_on[key] = made
+            self.hand_on[key] = handed_on(made)
         return made
 
     def ort_moe(self, i: int, x: str, logits: str) -> str:
@@ -210,11 +211,13 @@ class MoEWriter:
             inputs = [rows, scores, g.weight(f"{w1}.qmoe_q4", q1), g.weight(f"{w1}.qmoe_scale", s1), "",
                       g.weight(f"{w2}.qmoe_q4", q2), g.weight(f"{w2}.qmoe_scale", s2), "", "", "", "",
                       g.weight(f"{w1}.qmoe_zero", z1), g.weight(f"{w2}.qmoe_zero", z2)]
-            if not m.normalize:  # with normalize_routing_weights 0, QMoE's CPU kernel (ONNX Runtime 1.32) does
-                # not weight by the plain top-k probabilities (checked against numpy); given as router_weights, it does
+            if not m.normalize:  # QMoE's CPU kernel (ONNX Runtime 1.32) normalizes its top-k weights even with
+                # normalize_routing_weights 0 (checked against numpy); given the softmax as router_weights, it
+                # weights by them as the attribute says
                 inputs += ["", g.op("Softmax", f"{name}/router/RowSoftmax", [scores], axis=-1)]
+            # (weights_prepacked 0: the raw layout above, not the default's "the provider's own")
             y = g.op("QMoE", f"{name}/experts/QMoE", inputs, expert_weight_bits=4, block_size=BLOCK,
-                     accuracy_level=0, **attrs)
+                     accuracy_level=0, weights_prepacked=0, **attrs)
         return g.op("Reshape", f"{name}/experts/Unrows", [y, g.op("Shape", f"{name}/experts/Shape", [x])])
 
     def shared_expert(self, i: int, x: str, y: str) -> str:

@@ -49,17 +49,37 @@ class Experts:
 
 
 def quantize_experts(w: np.ndarray) -> Experts:
-    """w [E, N, K] float32 -> its int4 codes, scales and zero points, by row and block of 32 inputs."""
+    """w [E, N, K] float32 -> its int4 codes, scales and zero points, by row and block of 32 inputs;
+    one expert at a time (the work takes a few times its input)."""
     e, n, k = w.shape
     if k % BLOCK:
         raise ValueError(f"experts with {k} inputs cannot be split into blocks of {BLOCK}")
-    blocks = w.reshape(e, n, k // BLOCK, BLOCK)
-    lo, hi = np.minimum(blocks.min(axis=-1), 0), np.maximum(blocks.max(axis=-1), 0)
-    scale = ((hi - lo) / LEVELS).astype(np.float32)
-    scale[scale == 0] = 1.0  # a block of zeros: any scale, codes all at the zero point
-    zero = np.clip(np.rint(-lo / scale), 0, LEVELS)
-    q = np.clip(np.rint(blocks / scale[..., None]) + zero[..., None], 0, LEVELS)
-    return Experts(q.reshape(e, n, k).astype(np.uint8), scale, zero.astype(np.uint8))
+    q, scale, zero = np.empty((e, n, k), np.uint8), np.empty((e, n, k // BLOCK), np.float32), \
+        np.empty((e, n, k // BLOCK), np.uint8)
+    for i in range(e):
+        blocks = w[i].reshape(n, k // BLOCK, BLOCK)
+        lo, hi = np.minimum(blocks.min(axis=-1), 0), np.maximum(blocks.max(axis=-1), 0)
+        s = ((hi - lo) / LEVELS).astype(np.float32)
+        if not np.isfinite(s).all():
+            raise ValueError(f"expert {i} has weights whose range float32 cannot hold")
+        s[s == 0] = 1.0  # a block of zeros: any scale, codes all at the zero point
+        z = np.clip(np.rint(-lo / s), 0, LEVELS)
+        q[i] = (np.clip(np.rint(blocks / s[..., None]) + z[..., None], 0, LEVELS)).reshape(n, k)
+        scale[i], zero[i] = s, z
+    return Experts(q, scale, zero)
+
+
+def handed_on(experts: Experts) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """What the build's first writer leaves for the second: the codes two to a byte."""
+    return nibbles(experts.q), experts.scale, experts.zero
+
+
+def taken(handed: tuple[np.ndarray, np.ndarray, np.ndarray]) -> Experts:
+    """handed_on's Experts back (K is a multiple of 32: no padding to drop)."""
+    packed, scale, zero = handed
+    q = np.empty(packed.shape[:-1] + (2 * packed.shape[-1],), np.uint8)
+    q[..., 0::2], q[..., 1::2] = packed & 15, packed >> 4
+    return Experts(q, scale, zero)
 
 
 def nibbles(a: np.ndarray) -> np.ndarray:

@@ -3,6 +3,7 @@
 what the build refuses, and the spec read from each config."""
 from __future__ import annotations
 
+import contextlib
 import json
 
 import numpy as np
@@ -64,10 +65,13 @@ def test_the_tensorrt_graph_matches_transformers(options, env, qwen3_moe, tmp_pa
     ({"quantization": "int8"}, r"--quantization int8: Qwen3MoeForCausalLM is a mixture of experts \(4 experts, 2 a "
                                r"token\), whose experts are quantized to int4 only for now; use --quantization int4"),
     ({"quantization": "int4", "dtype": "float16"}, r"--quantization int4 --dtype float16: .* --dtype float32 only"),
+    ({"quantization": "int4", "backend": "tensorrt"}, r"--quantization int4 --backend tensorrt: .* int4 experts are "
+                                                      r"built for ONNX Runtime only for now"),
     ({"max_lora_rank": 8}, r"LoRA \(--max-lora-rank, --lora\): .* LoRA adapters on experts are not supported"),
 ])
 def test_what_is_not_built_yet_is_refused_by_name(options, message, qwen3_moe, tmp_path):
-    with pytest.raises(ConfigError, match=message):
+    trt = fakes.installed() if options.get("backend") == "tensorrt" else contextlib.nullcontext()  # (the stand-in)
+    with trt, pytest.raises(ConfigError, match=message):
         build(BuildConfig(model=str(qwen3_moe), output=str(tmp_path / "e"), **options, **LIMITS), log=lambda m: None)
     assert not (tmp_path / "e").exists()
 
@@ -75,14 +79,20 @@ def test_what_is_not_built_yet_is_refused_by_name(options, message, qwen3_moe, t
 def test_the_int4_expert_quantizer():
     """By row and block of 32: within half a step of the weights, zero held exactly, codes and zero
     points in [0, 15] two to a byte; llm.onnx's form (s c + o, c = q - 8) is the same weights."""
-    from trtllm.builder.moe_quant import BLOCK, dequantized, nibbles, quantize_experts
+    from trtllm.builder.moe_quant import BLOCK, dequantized, handed_on, nibbles, quantize_experts, taken
 
     w = np.random.default_rng(0).standard_normal((3, 8, 96)).astype(np.float32)
-    w[0, 0, :BLOCK] = np.abs(w[0, 0, :BLOCK]) + 1  # a block of positive weights: its range still holds 0
+    w[0, 0, :BLOCK] = np.abs(w[0, 0, :BLOCK]) + 1  # positive weights: the block's range still holds 0
+    w[0, 1, :BLOCK] = -np.abs(w[0, 1, :BLOCK]) - 1  # negative ones: zero point 15
+    w[0, 2, :BLOCK] = 0.0  # all zeros: codes at the zero point, any scale
     experts = quantize_experts(w)
     step = np.repeat(experts.scale, BLOCK, axis=-1)
     assert np.all(np.abs(dequantized(experts) - w) <= 0.5 * step + 1e-6)
-    assert experts.q.max() <= 15 and experts.zero.max() <= 15 and experts.zero[0, 0, 0] == 0
+    assert experts.q.max() <= 15 and experts.zero.max() <= 15
+    assert (experts.zero[0, 0, 0], experts.zero[0, 1, 0]) == (0, 15) and not dequantized(experts)[0, 2, :BLOCK].any()
+    back = taken(handed_on(experts))  # the build's first writer to its second, codes two to a byte
+    assert all(np.array_equal(a, b) for a, b in zip((back.q, back.scale, back.zero), (experts.q, experts.scale,
+                                                                                       experts.zero)))
     codes, scale, offset = experts.canonical()
     canonical = (codes.astype(np.float32).reshape(3, 96 // BLOCK, BLOCK, 8) * scale.reshape(3, -1, 1, 8)
                  + offset.reshape(3, -1, 1, 8)).reshape(3, 96, 8).transpose(0, 2, 1)
@@ -92,7 +102,7 @@ def test_the_int4_expert_quantizer():
     assert np.array_equal(packed[..., 1] >> 4, np.zeros((3, 8), np.uint8))
 
 
-@pytest.mark.parametrize("arch", ["qwen3_moe", "olmoe", "qwen2_moe", "granitemoe"])
+@pytest.mark.parametrize("arch", ["qwen3_moe", "olmoe", "qwen2_moe", "granitemoe", "granitemoe-plain", "mixtral"])
 def test_int4_experts_compute_their_dequantized_weights(arch, tiny_checkpoint, tmp_path):
     """--quantization int4: ONNX Runtime's QMoE form (with our kernels' int4 projections) and
     llm.onnx (DequantizeLinear, as TensorRT parses it) both compute transformers with every weight
@@ -110,6 +120,7 @@ def test_int4_experts_compute_their_dequantized_weights(arch, tiny_checkpoint, t
     manifest = json.loads((out / "manifest.json").read_text())
     assert "QMoE" in manifest["lowerings"] and "QMoE" in manifest["quantization_scheme"]["experts"]
     assert "router" in manifest["quantization_scheme"]["not_quantized"]
+    float_experts = dequantized_model(ckpt, QuantScheme.named("int4"))  # the wrong variant: experts left float
     model = dequantized_model(ckpt, QuantScheme.named("int4"))
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -120,10 +131,31 @@ def test_int4_experts_compute_their_dequantized_weights(arch, tiny_checkpoint, t
             engine = load_engine(out, graph=graph)
         generated, got = engine_logits(engine, PROMPT, num_decode=4)
         with torch.no_grad():
-            ref = model(torch.tensor([PROMPT + generated[:-1]])).logits[0, len(PROMPT) - 1:].numpy()
+            ids = torch.tensor([PROMPT + generated[:-1]])
+            ref = model(ids).logits[0, len(PROMPT) - 1:].numpy()
+            wrong = float_experts(ids).logits[0, len(PROMPT) - 1:].numpy()
         np.testing.assert_allclose(got, ref, atol=1e-4, rtol=0)
-    # the deliberately wrong variant: the unquantized experts must not match at this tolerance
-    assert np.abs(got - reference_logits(ckpt, generated)).max() > 1e-3
+        assert np.abs(got - wrong).max() > 1e-3
+
+
+def test_int4_needs_expert_widths_in_whole_blocks():
+    """Each expert's input widths (hidden size for gate|up, its own width for down) split into blocks of 32."""
+    import dataclasses
+
+    from trtllm.builder.decoder import DecoderSpec
+    from trtllm.builder.export import check_blocks
+    from trtllm.builder.moe import MoE
+    from trtllm.builder.quantize import QuantScheme
+
+    spec = DecoderSpec(architecture="Qwen3MoeForCausalLM", vocab_size=64, hidden_size=64, intermediate_size=80,
+                       num_layers=1, num_heads=4, num_kv_heads=2, head_dim=16, rms_norm_eps=1e-6,
+                       moe=MoE(num_experts=4, top_k=2, expert_size=48, normalize=True))
+    with pytest.raises(ConfigError, match=r"the experts' intermediate size 48, not a multiple of the quantization "
+                                          r"block \(32\)"):
+        check_blocks(spec, QuantScheme.named("int4"), "the model")
+    # intermediate_size (80) is no MLP's width without a dense layer: not asked for
+    check_blocks(dataclasses.replace(spec, moe=MoE(num_experts=4, top_k=2, expert_size=64, normalize=True)),
+                 QuantScheme.named("int4"), "the model")
 
 
 def edited(tmp_path, arch: str, **changes):
