@@ -1,0 +1,144 @@
+#!/usr/bin/env python3
+"""A mixture of experts against llama.cpp, side by side in one run (after ../shared/peers/setup.sh).
+
+    python scripts/bench_moe.py [--rounds 3] [--threads 2] [--work DIR]
+
+No MoE checkpoint can be downloaded here, so the model is a synthetic Qwen3-MoE written with
+transformers (random weights, the demo model's tokenizer): 8 layers, hidden 1024, 32 experts of
+width 512, 8 a token (478M parameters, 140M active a token). Timings do not depend on the weights'
+values: every token runs 8 experts whatever they are. llama.cpp gets the same checkpoint through
+its own converter (F32), and Q4_1 from its llama-quantize; we build float32 and int4 engines.
+
+Protocol: scripts/bench.py's for ours (its worker: TTFT at 128 and 512 prompt tokens, decode at
+batch 1 after the 128-token prompt and at batch 8, greedy, EOS ignored); llama.cpp's own tools for
+it: llama-bench's prompt processing (pp128, pp512: TTFT = n / rate) and decode after a 128-token
+context (tg with -d 128), llama-batched-bench for batch 8 (8 sequences of 128 prompt tokens, their
+generation rate). llama.cpp's tools load the libraries of its build without AMX
+(`--llama-libs`, docs/performance.md's Fairness: this VM does not enable AMX tile state, and the
+AMX build's Q4_1 prompt kernels crash). Every system once a round, every other round in reverse order; ratios are paired
+by round (> 1: ours is better), as scripts/bench.py gives them.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench  # noqa: E402  (scripts/bench.py: our worker, paired ratios)
+
+ROOT, PEERS_DIR = bench.ROOT, bench.PEERS_DIR
+OURS = {"fp32": [], "int4": ["--quantization", "int4"]}
+LLAMA = {"llamacpp-f32": ("moe-f32.gguf", "fp32"), "llamacpp-q4_1": ("moe-q4_1.gguf", "int4")}
+ORDER = ["fp32", "llamacpp-f32", "int4", "llamacpp-q4_1"]
+
+
+def make_checkpoint(out: Path) -> None:
+    import torch
+    import transformers
+
+    tok = transformers.AutoTokenizer.from_pretrained(bench.DEMO)
+    config = transformers.Qwen3MoeConfig(
+        vocab_size=len(tok), hidden_size=1024, intermediate_size=2048, moe_intermediate_size=512, num_hidden_layers=8,
+        num_attention_heads=16, num_key_value_heads=8, head_dim=64, num_experts=32, num_experts_per_tok=8,
+        norm_topk_prob=True, max_position_embeddings=2048, tie_word_embeddings=True, bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if not name.endswith("norm.weight"):
+                p.copy_(torch.randn_like(p) / p.shape[-1] ** 0.5)
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+
+
+def prepare(work: Path, llama_bin: Path) -> dict[str, Path]:
+    """The checkpoint, llama.cpp's GGUF files and our engines, each made once."""
+    ckpt = work / "ckpt"
+    if not (ckpt / "config.json").is_file():
+        make_checkpoint(ckpt)
+    convert = next((PEERS_DIR / "src").glob("llama_cpp_python-*/vendor/llama.cpp/convert_hf_to_gguf.py"))
+    if not (work / "moe-f32.gguf").is_file():
+        subprocess.run([str(PEERS_DIR / "venv" / "bin" / "python"), str(convert), str(ckpt), "--outtype", "f32",
+                        "--outfile", str(work / "moe-f32.gguf")], check=True, capture_output=True)
+    if not (work / "moe-q4_1.gguf").is_file():
+        subprocess.run([str(llama_bin / "llama-quantize"), str(work / "moe-f32.gguf"), str(work / "moe-q4_1.gguf"),
+                        "Q4_1", "2"], check=True, capture_output=True)
+    engines = {}
+    for name, options in OURS.items():
+        engines[name] = work / f"engine-{name}"
+        # random weights: int4 misses the build's agreement floor, which measures nothing here
+        bench.ensure_engine(ckpt, engines[name], options, ["--max-input-len", "512", "--max-kv-cache-capacity", "1024",
+                                                           "--no-verify"])
+    return {"ckpt": ckpt, **engines}
+
+
+def measure_llama(peer: str, work: Path, llama_bin: Path, args) -> dict:
+    gguf, precision = LLAMA[peer]
+    res = {"peer": peer, "precision": precision}
+    env = {**os.environ, "LD_LIBRARY_PATH": str(args.llama_libs)}
+    cmd = [str(llama_bin / "llama-bench"), "-m", str(work / gguf), "-t", str(args.threads), "-r", str(args.runs),
+           "-o", "json"]
+    prompt, _, rss = bench.run_measured(cmd + ["-p", "128,512", "-n", "0"], args.timeout, env)
+    decode, _, rss2 = bench.run_measured(cmd + ["-p", "0", "-n", str(args.gen), "-d", "128"], args.timeout, env)
+    batched, _, rss3 = bench.run_measured([str(llama_bin / "llama-batched-bench"), "-m", str(work / gguf), "-t",
+                                           str(args.threads), "-c", "2048", "-npp", "128", "-ntg", str(args.gen),
+                                           "-npl", "8", "--output-format", "jsonl"], args.timeout, env)
+    try:
+        rates = {e["n_prompt"]: e["avg_ts"] for e in json.loads(prompt)}
+        res["ttft128_ms"] = round(128_000 / rates[128], 1)
+        res["ttft512_ms"] = round(512_000 / rates[512], 1)
+        res["dec_b1_tps"] = round(json.loads(decode)[0]["avg_ts"], 1)
+        rows = [json.loads(line) for line in batched.splitlines() if line.startswith("{")]
+        res["dec_b8_tps"] = round(next(r["speed_tg"] for r in rows if r.get("pl") == 8), 1)
+    except (ValueError, LookupError, TypeError, StopIteration) as e:
+        res["error"] = f"llama.cpp's output not read: {type(e).__name__}: {e}"
+    res["peak_rss_mb"] = round(max(rss, rss2, rss3), 1)
+    return res
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--gen", type=int, default=64)
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--timeout", type=int, default=900)
+    ap.add_argument("--work", type=Path, default=ROOT / "out" / "bench-moe")
+    ap.add_argument("--llama-build", type=Path, default=PEERS_DIR / "llama.cpp" / "build",
+                    help="where llama-bench, llama-batched-bench and llama-quantize are (bin/)")
+    ap.add_argument("--llama-libs", type=Path, default=PEERS_DIR / "llama.cpp" / "build-noamx" / "bin",
+                    help="the libraries they load: the build without AMX (see the docstring)")
+    ap.add_argument("--out", type=Path, default=ROOT / "out" / "bench-moe.json")
+    args = ap.parse_args()
+    args.batch = 8
+    llama_bin = args.llama_build / "bin"
+    args.work.mkdir(parents=True, exist_ok=True)
+    paths = prepare(args.work, llama_bin)
+    rounds: dict[str, list[dict]] = {name: [] for name in ORDER}
+    for k in range(args.rounds):
+        for name in ORDER if k % 2 == 0 else ORDER[::-1]:
+            if name in OURS:
+                res = bench.measure_ours(name, paths[name], paths["ckpt"], args)
+            else:
+                res = measure_llama(name, args.work, llama_bin, args)
+            rounds[name].append(res)
+            print(f"round {k + 1}: {name}: " + ", ".join(f"{m} {res.get(m)}" for m, _ in bench.METRICS), flush=True)
+    results = [{**bench.best_of(rounds[name]), "peer": rounds[name][0]["peer"]} for name in ORDER]
+    bench.add_ratios(results, rounds)
+    for r in results:
+        print(f"{r['peer']:<16}{r['precision']:>5}  " + "  ".join(f"{m} {r.get(m)}" for m, _ in bench.METRICS) +
+              ("  ratios " + " / ".join(f"{r.get(f'ratio_{m}')} {r.get(f'ratio_{m}_range')}" for m, _ in bench.METRICS)
+               if r["peer"].startswith("trtllm-") else ""))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"model": "synthetic Qwen3-MoE (scripts/bench_moe.py)", "threads": args.threads,
+                                    "gen": args.gen, "rounds": args.rounds, "llama_libs": str(args.llama_libs),
+                                    "results": results}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
