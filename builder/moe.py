@@ -107,10 +107,11 @@ def check_modules(layers, spec) -> None:
 
 
 class MoEWriter:
-    """The MoE half of DecoderWriter's MLP (see the module docstring); reads g, spec, w, dtype and
-    ftype, and DecoderWriter's fw, linear and gated."""
+    """The MoE half of DecoderWriter's MLP (see the module docstring); reads g, spec, w, dtype, ftype,
+    quant, ort_form, handoff and hand_on, and DecoderWriter's fw, linear and gated."""
 
     def moe(self, i: int, x: str) -> str:
+        """Layer i's mixture of experts of x [B,S,H] (its shared expert's MLP added)."""
         g, m = self.g, self.spec.moe
         p, name = f"model.layers.{i}.mlp", f"/model/layers.{i}/mlp"
         # the router in the graph's type, as transformers' Linear (never quantized: it picks the
