@@ -161,9 +161,11 @@ def half_supported(spec: DecoderSpec, dtype: str, quant: QuantScheme | None) -> 
 
 
 def projection_widths(spec: DecoderSpec) -> dict[str, int]:
-    """The input widths of the projections on MatMul kernels, by the config's names for them."""
-    widths = {"hidden_size": spec.hidden_size, "heads x head_dim": spec.num_heads * spec.head_dim}
-    if spec.moe is None or spec.moe.dense_layers:  # (experts run on ONNX Runtime's MoE node, any width)
+    """The input widths of the projections on MatMul kernels (16-bit: MatMulHalf; quantized: block
+    quantization), by the config's names for them. The experts run on ONNX Runtime's MoE node (any
+    width); quantized, their width is export.check_blocks' to ask for."""
+    widths = {"hidden_size": spec.hidden_size, "num_attention_heads x head_dim": spec.num_heads * spec.head_dim}
+    if spec.moe is None or spec.moe.dense_layers:
         widths["intermediate_size"] = spec.intermediate_size
     if spec.moe is not None and spec.moe.shared_size:
         widths["shared expert's intermediate size"] = spec.moe.shared_size

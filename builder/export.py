@@ -28,7 +28,8 @@ from trtllm.builder.config import MODERN_MIN_TRT, BuildConfig, ConfigError, lega
 from trtllm.builder import eagle, lora, prequantized, provenance
 from trtllm.builder.plan import build_tensorrt
 from trtllm.builder.verify_logits import REFERENCE_NAME, number_format
-from trtllm.builder.decoder import DecoderWriter, attention_supported, gqa_supported, half_supported, lora_sites
+from trtllm.builder.decoder import (DecoderWriter, attention_supported, gqa_supported, half_supported, lora_sites,
+                                    projection_widths)
 from trtllm.builder.engine_dir import (binary_sizes, check_output, in_place, readable_by_all, replace_engine,
                                        write_checksums)
 from trtllm.builder.kernel_choice import half_obstacle, ort_activations, refuse_bfloat16, use_native_kernels
@@ -204,14 +205,11 @@ def refuse_for_experts(config: BuildConfig, spec, backend: str) -> None:
 
 def check_blocks(spec, quant: QuantScheme, what: str) -> None:
     """Each quantized MatMul's input features must split into whole blocks: hidden_size (q/k/v,
-    gate/up, lm_head), heads x head_dim (o_proj) and intermediate_size (down_proj)."""
-    sizes = {"hidden_size": spec.hidden_size, "num_attention_heads x head_dim": spec.num_heads * spec.head_dim}
-    if spec.moe is None or spec.moe.dense_layers:
-        sizes["intermediate_size"] = spec.intermediate_size
+    gate/up, lm_head), heads x head_dim (o_proj) and intermediate_size (down_proj), as
+    decoder.projection_widths gives them, and the experts' (down_proj) of a mixture of experts."""
+    sizes = projection_widths(spec)
     if spec.moe is not None:
         sizes["the experts' intermediate size"] = spec.moe.expert_size
-        if spec.moe.shared_size:
-            sizes["the shared expert's intermediate size"] = spec.moe.shared_size
     bad = [f"{name} {n}" for name, n in sizes.items() if n % quant.block_size]
     if bad:
         raise ConfigError(f"--quantization int{quant.bits}: {what} has {', '.join(bad)}, not a "

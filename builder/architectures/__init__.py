@@ -83,8 +83,7 @@ def from_modules(model, spec) -> dict:
     if spec.moe is not None:
         moe.check_modules(layers, spec)
     # the MLP's biases, on a dense layer (a mixture of experts has none: moe.check_modules)
-    dense = [layer.mlp for i, layer in enumerate(layers) if spec.moe is None or i in spec.moe.dense_layers]
-    mlp = dense[0] if dense else None
+    mlp = next((layer.mlp for i, layer in enumerate(layers) if spec.moe is None or i in spec.moe.dense_layers), None)
 
     def has_bias(module) -> bool:
         return getattr(module, "bias", None) is not None
@@ -93,10 +92,10 @@ def from_modules(model, spec) -> dict:
     qkv = {has_bias(m) for m in ((attn.qkv_proj,) if fused else (attn.q_proj, attn.k_proj, attn.v_proj))}
     if len(qkv) > 1:
         raise Unsupported("q_proj, k_proj and v_proj must all have a bias or none")
-    gate_up = () if mlp is None else (mlp.gate_up_proj,) if fused or spec.fused_gate_up else \
-        (mlp.gate_proj, mlp.up_proj)  # (GLM: gate|up)
-    if any(has_bias(m) for m in gate_up + ((mlp.down_proj,) if mlp is not None else ())):
-        raise Unsupported("MLP biases (config.mlp_bias) are not supported")
+    if mlp is not None:
+        gate_up = (mlp.gate_up_proj,) if fused or spec.fused_gate_up else (mlp.gate_proj, mlp.up_proj)  # (GLM: gate|up)
+        if any(has_bias(m) for m in gate_up + (mlp.down_proj,)):
+            raise Unsupported("MLP biases (config.mlp_bias) are not supported")
     expected = [spec.window(i) for i in range(len(layers))]
     # the window a layer's attention uses: EXAONE 4's keeps config.sliding_window on every layer, and
     # applies it where is_sliding

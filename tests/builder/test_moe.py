@@ -10,9 +10,9 @@ import numpy as np
 import onnx
 import pytest
 import torch
-import transformers
 
 from tests import fakes
+from tests.parity.test_tiny_parity import hf_model, variant
 from tests.tiny_models import make_checkpoint
 from trtllm.builder.checkpoint import CheckpointError
 from trtllm.builder.config import BuildConfig, ConfigError
@@ -31,7 +31,7 @@ def qwen3_moe(tmp_path_factory):
 
 
 def reference_logits(ckpt, generated: list[int]) -> np.ndarray:
-    model = transformers.AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.float32).eval()
+    model = hf_model(ckpt)
     with torch.no_grad():
         return model(torch.tensor([PROMPT + generated[:-1]])).logits[0, len(PROMPT) - 1:].numpy()
 
@@ -159,10 +159,8 @@ def test_int4_needs_expert_widths_in_whole_blocks():
 
 
 def edited(tmp_path, arch: str, **changes):
-    ckpt = make_checkpoint(arch, tmp_path / "ckpt")
-    config = json.loads((ckpt / "config.json").read_text())
-    (ckpt / "config.json").write_text(json.dumps({**config, **changes}))
-    return ckpt
+    """A tiny `arch` checkpoint with these config keys set."""
+    return variant(tmp_path, arch, lambda config, weights: [setattr(config, k, v) for k, v in changes.items()])
 
 
 @pytest.mark.parametrize("arch, changes, message", [
