@@ -40,6 +40,7 @@ from trtllm.builder.config import GRAPHS
 from trtllm.builder.graph import DTYPES, STORAGE, GraphWriter
 from trtllm.builder.head import HeadWriter
 from trtllm.builder.moe import MoE, MoEWriter
+from trtllm.builder.moe import kernel_takes as moe_kernel_takes
 from trtllm.builder.quantize import QuantScheme
 from trtllm.builder.weights import WeightWriter
 from trtllm.plugins import cpu as cpu_kernels
@@ -155,15 +156,16 @@ def half_supported(spec: DecoderSpec, dtype: str, quant: QuantScheme | None) -> 
     """Where a float16 or bfloat16 engine's ONNX Runtime form runs on trtllm.cpu::MatMulHalf and
     Attention (float32 activations, weights and cache in the engine's dtype), given our kernels:
     16-bit and unquantized, attention as attention_supported, and every projection's input width a
-    multiple of 32 (a shared expert's down_proj too; the experts themselves are standard MatMuls)."""
+    multiple of 32 (a shared expert's down_proj too; the experts are moe.kernel_takes' to ask for)."""
     return (dtype in ("float16", "bfloat16") and quant is None and attention_supported(spec, "float32")
             and all(w % 32 == 0 for w in projection_widths(spec).values()))
 
 
 def projection_widths(spec: DecoderSpec) -> dict[str, int]:
     """The input widths of the projections on MatMul kernels (16-bit: MatMulHalf; quantized: block
-    quantization), by the config's names for them. The experts run on ONNX Runtime's MoE node (any
-    width); quantized, their width is export.check_blocks' to ask for."""
+    quantization), by the config's names for them. The experts are not among them: our MoE kernel
+    takes them where moe.kernel_takes says (else ONNX Runtime's MoE node, any width); quantized,
+    their width is export.check_blocks' to ask for."""
     widths = {"hidden_size": spec.hidden_size, "num_attention_heads x head_dim": spec.num_heads * spec.head_dim}
     if spec.moe is None or spec.moe.dense_layers:
         widths["intermediate_size"] = spec.intermediate_size
@@ -185,7 +187,7 @@ class DecoderWriter(AttentionWriter, HeadWriter, WeightWriter, MoEWriter):
                  eagle: tuple[tuple[int, ...], np.ndarray] | None = None,
                  local_rope: tuple[np.ndarray, np.ndarray] | None = None, ort_form: bool = False,
                  tree: bool = False, verify_logits: bool = False, kv_int8: bool = False, grids: dict | None = None,
-                 handoff: dict | None = None, hand_on: dict | None = None):
+                 handoff: dict | None = None, hand_on: dict | None = None, dense_experts: bool = False):
         if graph not in GRAPHS:
             raise ValueError(f"graph must be one of {GRAPHS}, got {graph!r}")
         self.legacy = graph == "legacy"
@@ -235,6 +237,10 @@ class DecoderWriter(AttentionWriter, HeadWriter, WeightWriter, MoEWriter):
         self.lora_rank = lora_rank  # > 0: LoRA inputs on every site (lora_sites)
         self.native_lora = native_kernels and lora_rank > 0  # as trtllm.cpu::LoraAdd nodes
         self.native_sample = native_kernels  # trtllm::Sample as trtllm.cpu::Sample (its body costs 2 ms a row)
+        self.native_moe = native_kernels and moe_kernel_takes(spec, quant)  # trtllm.cpu::MoE (builder/moe.py)
+        # quantized experts as the other projections (our kernel's form, and llm.onnx's to match), not
+        # QMoE's zero points (moe_quant.py): the build decides it for both of its writers
+        self.dense_experts = dense_experts
         self.sites = lora_sites(spec)
         self.eagle = eagle  # (the draft's three layers, its fc [H, 3H]): EAGLE-3 outputs (builder/eagle.py)
         # The logits of the positions verify_index names as an output too (ONNX Runtime): EAGLE rows

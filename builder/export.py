@@ -33,6 +33,7 @@ from trtllm.builder.decoder import (DecoderWriter, attention_supported, gqa_supp
 from trtllm.builder.engine_dir import (binary_sizes, check_output, in_place, readable_by_all, replace_engine,
                                        write_checksums)
 from trtllm.builder.kernel_choice import half_obstacle, ort_activations, refuse_bfloat16, use_native_kernels
+from trtllm.builder.moe import kernel_takes as moe_kernel_takes
 from trtllm.builder.quantize import QuantScheme
 from trtllm.plugins import cpu as cpu_kernels
 from trtllm.plugins import lint
@@ -84,8 +85,6 @@ def export_onnx(ck: ckpt.Checkpoint, config: BuildConfig, out_dir: Path, log, ba
     log(f"writing the {spec.architecture} graph ({config.graph} profile; {spec.num_layers} layers, hidden "
         f"{spec.hidden_size}, {spec.num_heads}/{spec.num_kv_heads} heads)")
     max_top_k = min(MAX_TOP_K, spec.vocab_size)
-    if spec.moe is not None:
-        refuse_for_experts(config, spec, backend)
     quant = QuantScheme.named(config.quantization, config.activations)
     if quant:
         check_blocks(spec, quant, "the model")
@@ -102,6 +101,9 @@ def export_onnx(ck: ckpt.Checkpoint, config: BuildConfig, out_dir: Path, log, ba
     half = half_supported(spec, config.dtype, quant)  # only on the native kernels
     ours = attention_supported(spec, ort_activations(config, quant))
     native = backend == "onnxruntime" and config.graph == "modern" and use_native_kernels(config, ours or half, log)
+    native_experts = native and moe_kernel_takes(spec, quant)  # (False without experts)
+    if spec.moe is not None:
+        refuse_for_experts(config, spec, backend, native_experts)
     gqa = ours if native else gqa_supported(spec, config.dtype)  # attention as one node: ours, or ONNX Runtime's
     quant_native = native and quant is not None
     if quant is not None and config.activations != "float32" and not quant_native:
@@ -131,14 +133,16 @@ def export_onnx(ck: ckpt.Checkpoint, config: BuildConfig, out_dir: Path, log, ba
                         f"the EAGLE head {config.eagle}")
     grids = prequantized.as_written(ck.grids, spec) if ck.grids else None
     # An ONNX Runtime form follows llm.onnx: it takes llm.onnx's quantized weights (WeightWriter.quantize_weight)
-    # (a float32 or `half` mixture of experts: ONNX Runtime's MoE node computes only the chosen experts)
-    moe_node = spec.moe is not None and (config.dtype == "float32" or half)
+    # (a float32, `half` or quantized mixture of experts: one node a layer computes only the chosen experts)
+    moe_node = spec.moe is not None and (config.dtype == "float32" or half or (native_experts and quant is not None))
+    # quantized experts on our kernel: quantized as the other projections, in both graphs
+    dense_experts = native_experts and quant is not None
     ort_form = backend == "onnxruntime" and config.graph == "modern" and (gqa or quant is not None or half or moe_node)
     handoff = {} if ort_form and quant is not None else None
     writer = DecoderWriter(spec, weights, cos, sin, max_top_k, quant=quant, dtype=config.dtype,
                            graph=config.graph, lora_rank=config.max_lora_rank, eagle=joint, local_rope=local,
                            tree=tree, verify_logits=backend == "onnxruntime", grids=grids,
-                           hand_on=handoff)
+                           hand_on=handoff, dense_experts=dense_experts)
     save_linted(writer.write(), out_dir, ONNX_NAME, "the exported graph", config.trt_version)
     if grids:
         log(prequantized.grid_note(ck.source["prequantized"], quant, grids, writer.kept, spec,
@@ -157,8 +161,10 @@ def export_onnx(ck: ckpt.Checkpoint, config: BuildConfig, out_dir: Path, log, ba
             log(f"lowering attention to {attention}" + ", residual + RMSNorm to SkipSimplifiedLayerNormalization" * bool(skip))
             lowerings += [attention, *skip]
         if moe_node:
-            node = "MoE" if quant is None else "QMoE"
-            log(f"lowering the mixtures of experts to com.microsoft {node} (each token's chosen experts only)")
+            node = ((cpu_kernels.MOE_LOWERING if quant is None else cpu_kernels.MOE_QUANT_LOWERING) if native_experts
+                    else "MoE" if quant is None else "QMoE")
+            where = node if cpu_kernels.needed_by([node]) else f"com.microsoft {node}"
+            log(f"lowering the mixtures of experts to {where} (each token's chosen experts only)")
             lowerings.append(node)
         if quant_native:
             log(f"lowering the quantized MatMuls to {cpu_kernels.LOWERING} (plugins/cpu)")
@@ -177,27 +183,34 @@ def export_onnx(ck: ckpt.Checkpoint, config: BuildConfig, out_dir: Path, log, ba
                                ort_attention=gqa or half, native_kernels=native,
                                lora_rank=config.max_lora_rank, eagle=joint, local_rope=local, ort_form=True,
                                tree=tree, verify_logits=True, kv_int8=config.kv_cache_dtype == "int8",
-                               grids=grids, handoff=handoff)
+                               grids=grids, handoff=handoff, dense_experts=dense_experts)
         save(writer.write(), out_dir, ORT_SOURCE)
         del writer, handoff  # (whatever the second did not take)
     section = export_draft(draft, config, out_dir, log, num_positions, quant, native, backend, tree) if draft else {}
     return spec, max_top_k, num_positions, lowerings, section
 
 
-def refuse_for_experts(config: BuildConfig, spec, backend: str) -> None:
-    """What a mixture-of-experts model cannot be built with yet: int8 experts (ONNX Runtime's 8-bit
-    QMoE rounds the activations too), int4 ones for TensorRT or in a 16-bit engine, and LoRA
-    (adapters target dense MLP modules)."""
+def refuse_for_experts(config: BuildConfig, spec, backend: str, native_experts: bool) -> None:
+    """What a mixture-of-experts model cannot be built with yet: quantized experts for TensorRT, int8
+    ones or 16-bit engines' int4 ones without our kernel (ONNX Runtime's QMoE rounds 8-bit activations
+    too, and holds float32 scales), and LoRA (adapters target dense MLP modules)."""
     what = f"{spec.architecture} is a mixture of experts ({spec.moe.num_experts} experts, {spec.moe.top_k} a token)"
-    if config.quantization == "int8":
-        raise ConfigError(f"--quantization int8: {what}, whose experts are quantized to int4 only for now; "
-                          "use --quantization int4, or build it unquantized")
-    if config.quantization == "int4" and backend == "tensorrt":
-        raise ConfigError(f"--quantization int4 --backend tensorrt: {what}; int4 experts are built for ONNX Runtime "
-                          "only for now (their graph for TensorRT has not run on it); build it unquantized")
-    if config.quantization == "int4" and config.dtype != "float32":
-        raise ConfigError(f"--quantization int4 --dtype {config.dtype}: {what}, whose int4 experts are built with "
-                          "--dtype float32 only for now")
+    q = config.quantization
+    if q != "none" and backend == "tensorrt":
+        raise ConfigError(f"--quantization {q} --backend tensorrt: {what}; quantized experts are built for ONNX "
+                          "Runtime only for now (their graph for TensorRT has not run on it); build it unquantized")
+    if q != "none" and not native_experts:
+        why = ("--cpu-kernels onnxruntime asks for ONNX Runtime's own" if config.cpu_kernels == "onnxruntime" else
+               cpu_kernels.missing_hint() if cpu_kernels.library() is None else
+               f"they need a hidden size and expert width that are multiples of 32 (this model's: "
+               f"{spec.hidden_size}, {spec.moe.expert_size})")
+        if q == "int8":
+            raise ConfigError(f"--quantization int8: {what}, whose int8 experts run on our CPU kernels only (ONNX "
+                              f"Runtime's 8-bit QMoE rounds the activations to 8 bits too), and {why}; use "
+                              "--quantization int4, or build it unquantized")
+        if config.dtype != "float32":
+            raise ConfigError(f"--quantization {q} --dtype {config.dtype}: {what}, whose int4 experts run on ONNX "
+                              f"Runtime's QMoE without our CPU kernels ({why}), with --dtype float32 only")
     if config.max_lora_rank:
         raise ConfigError(f"LoRA (--max-lora-rank, --lora): {what}, and LoRA adapters on experts are not "
                           "supported; build it without LoRA")
@@ -360,16 +373,18 @@ def check_chat_template(out_dir: Path, model_arg: str) -> bool:
     return True  # (one that raises on a plain turn: it is there)
 
 
-def quant_section(scheme: QuantScheme | None, spec) -> dict:
+def quant_section(scheme: QuantScheme | None, spec, lowerings=()) -> dict:
     """The manifest's quantization_scheme: the scheme, and for a mixture of experts how its experts
-    are held (builder/moe_quant.py) and what stays float."""
+    are held (as the other projections on our kernel; builder/moe_quant.py's on QMoE) and what stays float."""
     if scheme is None:
         return {}
     section = scheme.to_json()
     if spec.moe is not None:
-        section["experts"] = ("int4 by row, blocks of 32 inputs, a float32 scale and an integer zero point each, "
-                              "computed with float32 activations whatever `activations` says (ONNX Runtime's "
-                              "QMoE node)")
+        section["experts"] = ((f"int{scheme.bits} as the other projections (trtllm.cpu::MoEBlockQuant)"
+                               if cpu_kernels.MOE_QUANT_LOWERING in lowerings else
+                               "int4 by row, blocks of 32 inputs, a float32 scale and an integer zero point each "
+                               "(ONNX Runtime's QMoE node)") +
+                              ", computed with float32 activations whatever `activations` says")
         section["not_quantized"] += ", the experts' router" + " and the shared expert's gate" * spec.moe.shared_gate
     return section
 
@@ -382,7 +397,7 @@ def make_manifest(ck, config: BuildConfig, backend: str, spec, max_top_k: int, n
     return mf.Manifest(
         architecture=spec.architecture, backend=backend, dtype=config.dtype, graph_profile=config.graph,
         quantization=config.quantization,
-        quantization_scheme=quant_section(QuantScheme.named(config.quantization, activations), spec),
+        quantization_scheme=quant_section(QuantScheme.named(config.quantization, activations), spec, lowerings),
         limits=mf.Limits(max_batch_size=config.max_batch_size, max_input_len=min(config.max_input_len, num_positions),
                          max_kv_cache_capacity=num_positions, max_lora_rank=config.max_lora_rank),
         model=mf.ModelShape(vocab_size=spec.vocab_size, hidden_size=spec.hidden_size, num_layers=spec.num_layers,

@@ -12,8 +12,11 @@ Mixtral's and Granite MoE's softmax over the top-k logits alone is the normalize
 values). llm.onnx computes every expert on every token and weights the k chosen ones (the rest get
 weight 0 and are masked, so one that overflows in float16 adds nothing), in standard ops TensorRT
 parses: exact, and E / k times the chosen experts' arithmetic. The ONNX Runtime form (float32
-arithmetic) is one com.microsoft MoE node a layer instead (QMoE for int4 experts: moe_quant.py),
-which computes the chosen experts only.
+arithmetic) computes the chosen experts only, in one node a layer: on our CPU kernels
+trtllm.cpu::MoE (plugins/cpu/moe.cc), which holds a 16-bit engine's experts in their own type, or
+MoEBlockQuant for int4/int8 experts quantized as the model's other projections (both graphs then
+hold those: `dense_experts`); else com.microsoft MoE (its experts float32), or QMoE for int4
+experts (moe_quant.py).
 """
 from __future__ import annotations
 
@@ -24,6 +27,8 @@ from onnx import TensorProto, helper
 
 from trtllm.builder.checkpoint import Unsupported
 from trtllm.builder.moe_quant import BLOCK, Experts, handed_on, quantize_experts, taken
+from trtllm.builder.quantize import pack_rows, swiglu_rows
+from trtllm.plugins import cpu as cpu_kernels
 
 F32 = TensorProto.FLOAT
 
@@ -37,6 +42,13 @@ class MoE:
     dense_layers: tuple[int, ...] = ()   # layers with a dense MLP (intermediate_size) instead
     shared_size: int = 0                 # a shared expert's intermediate width (0: none)
     shared_gate: bool = False            # ... times sigmoid(x @ shared_expert_gate.T) (Qwen2-MoE)
+
+
+def kernel_takes(spec, quant) -> bool:
+    """Whether our kernels run this model's experts (trtllm.cpu::MoE, float ones; MoEBlockQuant, int4
+    or int8 in blocks of 32): hidden size and expert width multiples of 32 (its blocks of inputs)."""
+    return (spec.moe is not None and (quant is None or (quant.bits in (4, 8) and quant.block_size == 32))
+            and spec.hidden_size % 32 == 0 and spec.moe.expert_size % 32 == 0)
 
 
 def positive(config, key: str) -> int:
@@ -108,7 +120,8 @@ def check_modules(layers, spec) -> None:
 
 class MoEWriter:
     """The MoE half of DecoderWriter's MLP (see the module docstring); reads g, spec, w, dtype, ftype,
-    quant, ort_form, handoff and hand_on, and DecoderWriter's fw, linear and gated."""
+    storage, half, quant, ort_form, native_moe, dense_experts, handoff and hand_on, and DecoderWriter's
+    fw, linear, gated, generated_input and quantize_weight."""
 
     def moe(self, i: int, x: str) -> str:
         """Layer i's mixture of experts of x [B,S,H] (its shared expert's MLP added)."""
@@ -118,7 +131,7 @@ class MoEWriter:
         # experts); its softmax in float32
         logits = self.float_linear(f"{name}/router", x, f"{p}.router")
         if self.ort_form and self.ftype == F32:
-            y = self.ort_moe(i, x, logits)
+            y = self.kernel_moe(i, x, logits) if self.native_moe else self.ort_moe(i, x, logits)
             return y if not m.shared_size else self.shared_expert(i, x, y)
         if self.ftype != F32:
             logits = g.op("Cast", f"{name}/router/Cast", [logits], to=F32)
@@ -167,17 +180,30 @@ class MoEWriter:
         if self.quant is None:
             return g.op("MatMul", f"{name}/MatMul", [x, self.fw(prefix, w.transpose(0, 2, 1))])
         e, n, k = w.shape
-        codes, scale, offset = self.quantized_experts(prefix).canonical()
+        if self.dense_experts:  # each expert's [K, N] blocks stacked: [E*K, N], [E*K/32, N]
+            codes, scale, offset = (None if parts[0] is None else np.concatenate(parts)
+                                    for parts in zip(*self.expert_weights(prefix)))
+            scale, offset = scale.astype(self.dtype), None if offset is None else offset.astype(self.dtype)
+        else:
+            codes, scale, offset = self.quantized_experts(prefix).canonical()
         weights = g.op("DequantizeLinear", f"{name}/DequantizeLinear",
-                       [g.weight(f"{prefix}.weight_q4", codes), g.weight(f"{prefix}.weight_scale", scale)],
+                       [g.weight(f"{prefix}.weight_q{self.quant.bits}", codes), g.weight(f"{prefix}.weight_scale", scale)],
                        axis=0, block_size=BLOCK)
         weights = g.op("Reshape", f"{name}/Reshape", [weights, g.const([e, k, n])])
         y = g.op("MatMul", f"{name}/MatMul", [x, weights])
+        if offset is None:  # int8: symmetric
+            return y
         blocks = g.op("Reshape", f"{name}/offset/Reshape", [x, g.const([0, 0, 0, k // BLOCK, BLOCK])])
         sums = g.op("ReduceSum", f"{name}/offset/ReduceSum", [blocks, g.const([-1])], keepdims=0)
         extra = g.op("MatMul", f"{name}/offset/MatMul",
                      [sums, g.weight(f"{prefix}.weight_offset", offset.reshape(e, k // BLOCK, n))])
         return g.op("Add", f"{name}/offset/Add", [y, extra])
+
+    def expert_weights(self, prefix: str) -> list[tuple]:
+        """dense_experts: each expert of one projection quantized as the model's other projections
+        (WeightWriter.quantize_weight, once for both writers): (codes [K, N], scale, offset or None)."""
+        w = self.w[prefix]
+        return [self.quantize_weight(w[i], self.quant, [f"{prefix}.{i}"]) for i in range(w.shape[0])]
 
     def quantized_experts(self, prefix: str) -> Experts:
         """The int4 experts of one projection, quantized once for both of the build's writers (the
@@ -220,6 +246,30 @@ class MoEWriter:
             y = g.op("QMoE", f"{name}/experts/QMoE", inputs, expert_weight_bits=4, block_size=BLOCK,
                      accuracy_level=0, weights_prepacked=0, **attrs)
         return g.op("Reshape", f"{name}/experts/Unrows", [y, g.op("Shape", f"{name}/experts/Shape", [x])])
+
+    def kernel_moe(self, i: int, x: str, logits: str) -> str:
+        """Our kernel's form: one trtllm.cpu::MoE node (routing as ort_moe's node; float experts in
+        the engine's type) or MoEBlockQuant (expert_weights packed as MatMulBlockQuant's), each
+        expert's gate|up rows in the kernels' swiglu order."""
+        g, m = self.g, self.spec.moe
+        p, name = f"model.layers.{i}.mlp", f"/model/layers.{i}/mlp"
+        w1, w2 = f"{p}.experts.gate_up_proj", f"{p}.experts.down_proj"
+        order, attrs = swiglu_rows(m.expert_size), dict(domain=cpu_kernels.DOMAIN, k=m.top_k, normalize=int(m.normalize))
+        if self.quant is None:
+            held = self.storage if self.half else np.float32
+            gate_up = g.weight(w1, self.w[w1][:, order].astype(held))
+            return g.op(cpu_kernels.MOE, f"{name}/experts/MoE", [x, logits, gate_up, g.weight(w2, self.w[w2].astype(held)),
+                                                                 self.generated_input()], **attrs)
+        inputs = [x, logits]
+        for prefix, rows in ((w1, order), (w2, slice(None))):  # MatMulBlockQuant's packing, expert by expert
+            packed = [pack_rows(*parts, self.quant.bits) for parts in self.expert_weights(prefix)]
+            for what, arrays in zip(("q", "scale", "offset"), zip(*packed)):
+                inputs.append("" if arrays[0] is None else g.weight(f"{prefix}.moe_{what}",
+                                                                      np.stack(arrays)[:, rows]))
+        # generated rows as exact as the engine's other projections: with integer activations those are
+        # the same in any batch, and so the experts' must be (with float32 ones neither is: faster)
+        return g.op(cpu_kernels.MOE_QUANT, f"{name}/experts/MoEBlockQuant", [*inputs, self.generated_input()],
+                    bits=self.quant.bits, exact_rows=int(self.quant.activations != "float32"), **attrs)
 
     def shared_expert(self, i: int, x: str, y: str) -> str:
         """y + the shared expert's MLP of x (times sigmoid(x @ shared_expert_gate.T) with shared_gate)."""

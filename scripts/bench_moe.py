@@ -7,7 +7,8 @@ No MoE checkpoint can be downloaded here, so the model is a synthetic Qwen3-MoE 
 transformers (random weights, the demo model's tokenizer): 8 layers, hidden 1024, 32 experts of
 width 512, 8 a token (478M parameters, 140M active a token). Timings do not depend on the weights'
 values: every token runs 8 experts whatever they are. llama.cpp gets the same checkpoint through
-its own converter (F32), and Q4_1 from its llama-quantize; we build float32 and int4 engines.
+its own converter (F32 and BF16), and Q4_1 from its llama-quantize; we build float32, bfloat16 and
+int4 engines.
 
 Protocol: scripts/bench.py's for ours (its worker: TTFT at 128 and 512 prompt tokens, decode at
 batch 1 after the 128-token prompt and at batch 8, greedy, EOS ignored); llama.cpp's own tools for
@@ -23,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -30,10 +32,15 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench  # noqa: E402  (scripts/bench.py: our worker, paired ratios)
 
+from trtllm.plugins import cpu as cpu_kernels  # noqa: E402
+from trtllm.runtime import manifest as mf  # noqa: E402
+
 ROOT, PEERS_DIR = bench.ROOT, bench.PEERS_DIR
-OURS = {"fp32": [], "int4": ["--quantization", "int4"]}
-LLAMA = {"llamacpp-f32": ("moe-f32.gguf", "fp32"), "llamacpp-q4_1": ("moe-q4_1.gguf", "int4")}
-ORDER = ["fp32", "llamacpp-f32", "int4", "llamacpp-q4_1"]
+OUR_MOE = {cpu_kernels.MOE_LOWERING, cpu_kernels.MOE_QUANT_LOWERING}
+OURS = {"fp32": [], "bf16": ["--dtype", "bfloat16"], "int4": ["--quantization", "int4"]}
+LLAMA = {"llamacpp-f32": ("moe-f32.gguf", "fp32"), "llamacpp-bf16": ("moe-bf16.gguf", "bf16"),
+         "llamacpp-q4_1": ("moe-q4_1.gguf", "int4")}
+ORDER = ["fp32", "llamacpp-f32", "bf16", "llamacpp-bf16", "int4", "llamacpp-q4_1"]
 
 
 def make_checkpoint(out: Path) -> None:
@@ -60,11 +67,15 @@ def prepare(work: Path, llama_bin: Path) -> dict[str, Path]:
     """The checkpoint, llama.cpp's GGUF files and our engines, each made once."""
     ckpt = work / "ckpt"
     if not (ckpt / "config.json").is_file():
-        make_checkpoint(ckpt)
+        # in a child process: a child's peak RSS (wait4) starts from this process's at fork, so the
+        # checkpoint's gigabytes held here would count in every system's figure
+        subprocess.run([sys.executable, __file__, "--_checkpoint", str(ckpt)], check=True)
     convert = next((PEERS_DIR / "src").glob("llama_cpp_python-*/vendor/llama.cpp/convert_hf_to_gguf.py"))
-    if not (work / "moe-f32.gguf").is_file():
-        subprocess.run([str(PEERS_DIR / "venv" / "bin" / "python"), str(convert), str(ckpt), "--outtype", "f32",
-                        "--outfile", str(work / "moe-f32.gguf")], check=True, capture_output=True)
+    for outtype in ("f32", "bf16"):
+        gguf = work / f"moe-{outtype}.gguf"
+        if not gguf.is_file():
+            subprocess.run([str(PEERS_DIR / "venv" / "bin" / "python"), str(convert), str(ckpt), "--outtype", outtype,
+                            "--outfile", str(gguf)], check=True, capture_output=True)
     if not (work / "moe-q4_1.gguf").is_file():
         subprocess.run([str(llama_bin / "llama-quantize"), str(work / "moe-f32.gguf"), str(work / "moe-q4_1.gguf"),
                         "Q4_1", "2"], check=True, capture_output=True)
@@ -72,8 +83,12 @@ def prepare(work: Path, llama_bin: Path) -> dict[str, Path]:
     for name, options in OURS.items():
         engines[name] = work / f"engine-{name}"
         # random weights: int4 misses the build's agreement floor, which measures nothing here
-        bench.ensure_engine(ckpt, engines[name], options, ["--max-input-len", "512", "--max-kv-cache-capacity", "1024",
-                                                           "--no-verify"])
+        extra = ["--max-input-len", "512", "--max-kv-cache-capacity", "1024", "--no-verify"]
+        bench.ensure_engine(ckpt, engines[name], options, extra)
+        if cpu_kernels.library() is not None and not set(mf.load(engines[name]).lowerings) & OUR_MOE:
+            # built before our MoE kernel, with the same options (ensure_engine compares options only)
+            shutil.rmtree(engines[name])
+            bench.ensure_engine(ckpt, engines[name], options, extra)
     return {"ckpt": ckpt, **engines}
 
 
@@ -102,6 +117,8 @@ def measure_llama(peer: str, work: Path, llama_bin: Path, args) -> dict:
 
 
 def main() -> None:
+    if sys.argv[1:2] == ["--_checkpoint"]:  # prepare()'s child
+        return make_checkpoint(Path(sys.argv[2]))
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
@@ -114,21 +131,23 @@ def main() -> None:
     ap.add_argument("--llama-libs", type=Path, default=PEERS_DIR / "llama.cpp" / "build-noamx" / "bin",
                     help="the libraries they load: the build without AMX (see the docstring)")
     ap.add_argument("--out", type=Path, default=ROOT / "out" / "bench-moe.json")
+    ap.add_argument("--systems", default=",".join(ORDER), help=f"which of {','.join(ORDER)} (default: all)")
     args = ap.parse_args()
+    order = [name for name in ORDER if name in args.systems.split(",")]
     args.batch = 8
     llama_bin = args.llama_build / "bin"
     args.work.mkdir(parents=True, exist_ok=True)
     paths = prepare(args.work, llama_bin)
-    rounds: dict[str, list[dict]] = {name: [] for name in ORDER}
+    rounds: dict[str, list[dict]] = {name: [] for name in order}
     for k in range(args.rounds):
-        for name in ORDER if k % 2 == 0 else ORDER[::-1]:
+        for name in order if k % 2 == 0 else order[::-1]:
             if name in OURS:
                 res = bench.measure_ours(name, paths[name], paths["ckpt"], args)
             else:
                 res = measure_llama(name, args.work, llama_bin, args)
             rounds[name].append(res)
             print(f"round {k + 1}: {name}: " + ", ".join(f"{m} {res.get(m)}" for m, _ in bench.METRICS), flush=True)
-    results = [{**bench.best_of(rounds[name]), "peer": rounds[name][0]["peer"]} for name in ORDER]
+    results = [{**bench.best_of(rounds[name]), "peer": rounds[name][0]["peer"]} for name in order]
     bench.add_ratios(results, rounds)
     for r in results:
         print(f"{r['peer']:<16}{r['precision']:>5}  " + "  ".join(f"{m} {r.get(m)}" for m, _ in bench.METRICS) +

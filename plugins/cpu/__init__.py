@@ -15,11 +15,15 @@ HALF = "MatMulHalf"  # float16 weights, float32 activations (a float16 engine's 
 LORA = "LoraAdd"     # a fused projection plus its LoRA deltas (LoRA engines)
 LORA_SWIGLU = "LoraAddSwiglu"  # the same, then silu(gate) * up (gate|up)
 SAMPLE = "Sample"  # trtllm::Sample (plugins/sample) in C++: the sampler of the engines on our kernels
+MOE = "MoE"        # a mixture of experts' MLP, the chosen experts only (float32, float16 or bfloat16 experts)
+MOE_QUANT = "MoEBlockQuant"  # the same for int4 or int8 experts, packed as MatMulBlockQuant's weights
 LOWERING = f"{DOMAIN}::{OP}"  # how an engine's manifest (`lowerings`) says it needs this library
 ATTENTION_LOWERING = f"{DOMAIN}::{ATTENTION}"
 HALF_LOWERING = f"{DOMAIN}::{HALF}"
 LORA_LOWERING = f"{DOMAIN}::{LORA}"
 SAMPLE_LOWERING = f"{DOMAIN}::{SAMPLE}"
+MOE_LOWERING = f"{DOMAIN}::{MOE}"
+MOE_QUANT_LOWERING = f"{DOMAIN}::{MOE_QUANT}"
 LAYOUT = 1         # the weight packing the kernel reads (its `layout` attribute; kLayout in the .cc)
 SWIGLU_GROUP = 16  # activation=swiglu: outputs per 32-row task (kChunkRows / 2 in the .cc)
 LIBRARY = Path(__file__).with_name("libtrtllm_cpu.so")

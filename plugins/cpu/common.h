@@ -77,6 +77,10 @@ OrtCustomOp* attention_int8_cache_op();  // and for an int8 cache (rows of D val
 OrtCustomOp* lora_add_op();
 OrtCustomOp* lora_add_swiglu_op();
 OrtCustomOp* sample_op();  // trtllm::Sample (plugins/sample/reference.py)
+OrtCustomOp* moe_op();       // float32 experts
+OrtCustomOp* moe_half_op();  // the same op for float16 experts
+OrtCustomOp* moe_bf16_op();  // and for bfloat16 ones
+OrtCustomOp* moe_block_quant_op();  // MoEBlockQuant: int4 or int8 experts (MatMulBlockQuant's packing)
 
 // IEEE float16 bits <-> float32, portable (the AVX-512 paths use F16C's conversions, which agree).
 inline float half_to_float(uint16_t h) {

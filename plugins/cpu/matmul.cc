@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstring>
 #include <stdexcept>
+#include <type_traits>
 #include <vector>
 
 namespace trtllm_cpu::matmul {
@@ -36,6 +37,10 @@ void dequant_rows_generic(const Weights& w, int64_t r0, int nr, float* out) {
   params.resize(2 * nb);
   for (int r = 0; r < nr; ++r) {
     const int64_t row = r0 + r;
+    if (w.bits == 32) {
+      std::memcpy(out + r * w.k, reinterpret_cast<const float*>(w.codes) + row * w.k, w.k * sizeof(float));
+      continue;
+    }
     if (w.bits == 16) {
       const uint16_t* h = reinterpret_cast<const uint16_t*>(w.codes) + row * w.k;
       for (int64_t i = 0; i < w.k; ++i) out[r * w.k + i] = w.brain ? trtllm_cpu::bf16_to_float(h[i]) : half_to_float(h[i]);
@@ -108,6 +113,10 @@ __attribute__((target("avx512f,avx512bw,avx512vl,fma"))) void dequant_rows_avx51
   params.resize(2 * nb);
   for (int r = 0; r < nr; ++r) {
     const int64_t row = r0 + r;
+    if (w.bits == 32) {
+      std::memcpy(out + r * w.k, reinterpret_cast<const float*>(w.codes) + row * w.k, w.k * sizeof(float));
+      continue;
+    }
     if (w.bits == 16) {
       const uint16_t* h = reinterpret_cast<const uint16_t*>(w.codes) + row * w.k;
       if (w.brain) widen_avx512<true>(h, w.k, out + r * w.k);
@@ -276,19 +285,24 @@ __attribute__((target("avx512f,avx512bw,avx512vl,fma"))) void fused_avx512(const
     for (int r = 0; r < NR; ++r) y[m * ldy + r] = _mm512_reduce_add_ps(acc[m][r]);
 }
 
-// 16 weights of 16 bits, loaded as float32 (widen).
-template <bool BF>
-__attribute__((target("avx512f,avx512bw,avx512vl,fma"))) inline __m512 widen16(const uint16_t* p) {
-  return widen<BF>(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+// Float weights as the decode kernels read them: float16 (F16C), bfloat16 (a shift) or float32.
+enum Float { kHalf, kBrain, kSingle };
+
+// 16 weights from p (elements of the kind), as float32.
+template <int KIND>
+__attribute__((target("avx512f,avx512bw,avx512vl,fma"))) inline __m512 load16(const void* p) {
+  if constexpr (KIND == kSingle) return _mm512_loadu_ps(p);
+  else return widen<KIND == kBrain>(_mm256_loadu_si256(static_cast<const __m256i*>(p)));
 }
 
-// Decode with float16 (BF: bfloat16) weights: NR rows converted into registers and used by MR
-// activation rows; the next tiles are prefetched as above (a row is 2K bytes).
-template <int MR, int NR, bool BF>
-__attribute__((target("avx512f,avx512bw,avx512vl,fma"))) void half_avx512(const Weights& w, int64_t row,
-                                                                        const float* x, int64_t ldx, const float*,
-                                                                        float* y, int64_t ldy) {
-  const uint16_t* base = reinterpret_cast<const uint16_t*>(w.codes) + row * w.k;
+// Decode with float weights (16-bit, converted in registers, or float32): NR rows used by MR
+// activation rows at once; the next tiles are prefetched as above (a row is K elements).
+template <int MR, int NR, int KIND>
+__attribute__((target("avx512f,avx512bw,avx512vl,fma"))) void float_avx512(const Weights& w, int64_t row,
+                                                                         const float* x, int64_t ldx, const float*,
+                                                                         float* y, int64_t ldy) {
+  using T = std::conditional_t<KIND == kSingle, float, uint16_t>;
+  const T* base = reinterpret_cast<const T*>(w.codes) + row * w.k;
   const char* ahead = reinterpret_cast<const char*>(base + kAhead * NR * w.k);
   __m512 acc[MR][NR];
 #pragma GCC unroll 4
@@ -297,12 +311,15 @@ __attribute__((target("avx512f,avx512bw,avx512vl,fma"))) void half_avx512(const 
     for (int r = 0; r < NR; ++r) acc[m][r] = _mm512_setzero_ps();
   for (int64_t i = 0; i < w.k; i += kBlock) {
 #pragma GCC unroll 4
-    for (int r = 0; r < NR; ++r) _mm_prefetch(ahead + (r * w.k + i) * 2, _MM_HINT_T0);
+    for (int r = 0; r < NR; ++r) {
+      _mm_prefetch(ahead + (r * w.k + i) * sizeof(T), _MM_HINT_T0);
+      if constexpr (sizeof(T) == 4) _mm_prefetch(ahead + (r * w.k + i) * sizeof(T) + 64, _MM_HINT_T0);
+    }
     __m512 wlo[NR], whi[NR];
 #pragma GCC unroll 4
     for (int r = 0; r < NR; ++r) {
-      wlo[r] = widen16<BF>(base + r * w.k + i);
-      whi[r] = widen16<BF>(base + r * w.k + i + 16);
+      wlo[r] = load16<KIND>(base + r * w.k + i);
+      whi[r] = load16<KIND>(base + r * w.k + i + 16);
     }
 #pragma GCC unroll 4
     for (int m = 0; m < MR; ++m) {
@@ -399,11 +416,12 @@ constexpr FusedFn fused_row[kRows] = {fused_avx512<BITS, MR, 1>, fused_avx512<BI
 template <int BITS>
 constexpr const FusedFn* kFused[kFusedBatch] = {fused_row<BITS, 1>, fused_row<BITS, 2>, fused_row<BITS, 3>,
                                                 fused_row<BITS, 4>};
-template <int MR, bool BF>
-constexpr FusedFn half_row[kRows] = {half_avx512<MR, 1, BF>, half_avx512<MR, 2, BF>, half_avx512<MR, 3, BF>,
-                                     half_avx512<MR, 4, BF>};
-template <bool BF>
-constexpr const FusedFn* kHalf[kFusedBatch] = {half_row<1, BF>, half_row<2, BF>, half_row<3, BF>, half_row<4, BF>};
+template <int MR, int KIND>
+constexpr FusedFn float_row[kRows] = {float_avx512<MR, 1, KIND>, float_avx512<MR, 2, KIND>, float_avx512<MR, 3, KIND>,
+                                      float_avx512<MR, 4, KIND>};
+template <int KIND>
+constexpr const FusedFn* kFloat[kFusedBatch] = {float_row<1, KIND>, float_row<2, KIND>, float_row<3, KIND>,
+                                                float_row<4, KIND>};
 
 using TileFn = void (*)(const float*, int64_t, const float*, int64_t, float*, int64_t);
 
@@ -475,10 +493,11 @@ void run_chunk(void* data, size_t chunk) {
 #ifdef TRTLLM_X86
       if (use_avx512()) {
         // Decode: the weights go from their codes into registers; a batch re-reads them from L1.
-        for (int64_t m = 0; m < job.m; m += kFusedBatch) {
-          const int mr = static_cast<int>(std::min<int64_t>(kFusedBatch, job.m - m));
+        const int64_t batch = job.row_exact && w.bits <= 8 ? 2 : kFusedBatch;  // (Job::row_exact)
+        for (int64_t m = 0; m < job.m; m += batch) {
+          const int mr = static_cast<int>(std::min<int64_t>(batch, job.m - m));
           const FusedFn* const* table = w.bits == 4 ? kFused<4> : w.bits == 8 ? kFused<8>
-                                         : w.brain ? kHalf<true> : kHalf<false>;
+                                         : w.bits == 32 ? kFloat<kSingle> : w.brain ? kFloat<kBrain> : kFloat<kHalf>;
           const float* x = (w.bits == 4 && mr <= 2 ? job.xt : job.x) + m * w.k;
           table[mr - 1][nr - 1](w, r, x, w.k, job.xs ? job.xs + m * w.blocks() : nullptr,
                                 out + m * ldy + (r - r0), ldy);
@@ -493,28 +512,36 @@ void run_chunk(void* data, size_t chunk) {
   } else {
     // Prefill: the chunk's rows are dequantized once (L2) and reused by panels of activation rows.
     if (scratch.size() < static_cast<size_t>(kChunkRows * w.k)) scratch.resize(kChunkRows * w.k);
-    dequant_rows(w, r0, static_cast<int>(r1 - r0), scratch.data());
 #ifdef TRTLLM_X86
     if (use_avx512() && w.k % 16 == 0) {  // outer products over a transposed panel (kPanelRows above)
       thread_local std::vector<float> panel;
       if (panel.size() < static_cast<size_t>(kChunkRows * w.k)) panel.resize(kChunkRows * w.k);
       const int nr = static_cast<int>(r1 - r0);
-      std::fill(scratch.begin() + nr * w.k, scratch.begin() + kChunkRows * w.k, 0.0f);  // a short chunk's rest
-      transpose_panel(scratch.data(), w.k, panel.data());
+      const float* rows = scratch.data();
+      if (w.bits == 32 && nr == kChunkRows) {  // float32 rows are transposed where they lie
+        rows = reinterpret_cast<const float*>(w.codes) + r0 * w.k;
+      } else {
+        dequant_rows(w, r0, nr, scratch.data());
+        std::fill(scratch.begin() + nr * w.k, scratch.begin() + kChunkRows * w.k, 0.0f);  // a short chunk's rest
+      }
+      transpose_panel(rows, w.k, panel.data());
       for (int64_t m = 0; m < job.m; m += kPanelRows) {
         const int mr = static_cast<int>(std::min<int64_t>(kPanelRows, job.m - m));
         kPanelFns[mr - 1](panel.data(), w.k, job.x + m * w.k, w.k, out + m * ldy, ldy, nr);
       }
     } else
 #endif
-    for (int64_t m0 = 0; m0 < job.m; m0 += kPanel) {  // portable: 6 x 4 tiles of dot products
-      const int64_t m1 = std::min(job.m, m0 + kPanel);
-      for (int64_t r = r0; r < r1; r += kRows) {
-        const int nr = static_cast<int>(std::min<int64_t>(kRows, r1 - r));
-        const float* wr = scratch.data() + (r - r0) * w.k;
-        for (int64_t m = m0; m < m1; m += kBatch) {
-          const int mr = static_cast<int>(std::min<int64_t>(kBatch, m1 - m));
-          tile(wr, nr, w.k, job.x + m * w.k, mr, w.k, out + m * ldy + (r - r0), ldy);
+    {
+      dequant_rows(w, r0, static_cast<int>(r1 - r0), scratch.data());
+      for (int64_t m0 = 0; m0 < job.m; m0 += kPanel) {  // portable: 6 x 4 tiles of dot products
+        const int64_t m1 = std::min(job.m, m0 + kPanel);
+        for (int64_t r = r0; r < r1; r += kRows) {
+          const int nr = static_cast<int>(std::min<int64_t>(kRows, r1 - r));
+          const float* wr = scratch.data() + (r - r0) * w.k;
+          for (int64_t m = m0; m < m1; m += kBatch) {
+            const int mr = static_cast<int>(std::min<int64_t>(kBatch, m1 - m));
+            tile(wr, nr, w.k, job.x + m * w.k, mr, w.k, out + m * ldy + (r - r0), ldy);
+          }
         }
       }
     }
@@ -550,8 +577,12 @@ int generated_flag(Ort::KernelContext& ctx, size_t index) {
   return flag.GetTensorData<int64_t>()[0] != 0 ? 1 : 0;
 }
 
+int64_t chunks(const Job& job) { return (job.w.n + kChunkRows - 1) / kChunkRows; }
+
+void run_task(const Job& job, int64_t chunk) { run_chunk(const_cast<Job*>(&job), static_cast<size_t>(chunk)); }
+
 void run(Ort::KernelContext& ctx, Job& job) {
-  parallel_for(ctx, run_chunk, static_cast<size_t>((job.w.n + kChunkRows - 1) / kChunkRows), &job);
+  parallel_for(ctx, run_chunk, static_cast<size_t>(chunks(job)), &job);
 }
 
 OrtStatusPtr fail(const std::string& message, const char* op) {

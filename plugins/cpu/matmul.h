@@ -19,10 +19,10 @@ constexpr int64_t kPanel = 48;      // activation rows kept in L2 while a chunk'
 constexpr int64_t kSmallBatch = 16; // up to this many activation rows, the weights are dequantized in registers
 
 struct Weights {
-  const uint8_t* codes;    // bits 16: float16 (or bfloat16) weights [n, k]
+  const uint8_t* codes;    // bits 16: float16 (or bfloat16) weights [n, k]; bits 32: float32 ones
   const uint16_t* scale;   // float16 bits
   const uint16_t* offset;  // float16 bits; may be null
-  int64_t n, k, bits;     // 4, 8, or 16 (MatMulHalf)
+  int64_t n, k, bits;     // 4, 8, 16 (MatMulHalf) or 32 (MoE's float32 experts)
   bool brain = false;     // bits 16: the codes are bfloat16, not float16
   int64_t blocks() const { return k / kBlock; }
 };
@@ -44,6 +44,11 @@ struct Job {
   // row is computed the same whatever its neighbours. Neither: by size, m <= kSmallBatch.
   bool prompt = false, generated = false;
   bool decode_path() const { return !prompt && (generated || m <= kSmallBatch); }
+  // Decode rows of quantized weights computed the same whatever their number: 1-2 rows at a time,
+  // whose dot products take the scale out (3-4 dequantize first, which rounds otherwise, and share
+  // each dequantized weight: faster). MoE's generated rows where asked: how many share an expert
+  // depends on the rest of the batch.
+  bool row_exact = false;
 };
 
 // The node's optional `generated` input (int64 [1]) at `index`: 1 (generated tokens), 0 (a
@@ -76,6 +81,10 @@ void swiglu(const float* gate, const float* up, int64_t count, float* out);
 // The job on ONNX Runtime's threads, in tasks of kChunkRows weight rows; a task's exception is
 // thrown again here (parallel_for).
 void run(Ort::KernelContext& ctx, Job& job);
+// Its tasks one at a time, for a caller that runs the tasks of several jobs in one parallel_for
+// (MoE: every chosen expert's rows at once): how many, and task `chunk`.
+int64_t chunks(const Job& job);
+void run_task(const Job& job, int64_t chunk);
 
 // An ONNX Runtime status naming the op; check_activation: "" when `activation` is valid for n.
 OrtStatusPtr fail(const std::string& message, const char* op);

@@ -86,6 +86,10 @@ __attribute__((visibility("default"))) OrtStatus* ORT_API_CALL RegisterCustomOps
       domain->Add(trtllm_cpu::lora_add_op());
       domain->Add(trtllm_cpu::lora_add_swiglu_op());
       domain->Add(trtllm_cpu::sample_op());
+      domain->Add(trtllm_cpu::moe_op());
+      domain->Add(trtllm_cpu::moe_half_op());
+      domain->Add(trtllm_cpu::moe_bf16_op());
+      domain->Add(trtllm_cpu::moe_block_quant_op());
     });
     Ort::UnownedSessionOptions(options).Add(*domain);
   } catch (const std::exception& e) {

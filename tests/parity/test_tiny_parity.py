@@ -376,12 +376,11 @@ def test_onnxruntime_lowering_matches_the_canonical_graph(arch, lowered, tiny_en
     # scripts/setup.sh does
     # (OLMo 2, 3 and EXAONE 4 norm before their residual adds, not after: nothing to fuse)
     skip = lowered and arch not in ("olmo2", "olmo3", "exaone4")
-    moe = arch in MOE_ARCHS  # (its experts on ONNX Runtime's MoE node: the chosen ones only)
+    moe = arch in MOE_ARCHS  # (its experts on our MoE kernel: the chosen ones only)
     assert manifest["lowerings"] == ([cpu.ATTENTION_LOWERING, *["SkipSimplifiedLayerNormalization"] * skip,
-                                      *["MoE"] * moe, cpu.SAMPLE_LOWERING] if lowered else [])
-    assert (("com.microsoft", "MoE") in {(n.domain, n.op_type) for n in onnx.load(
-        engine_dir / "llm.ort.onnx", load_external_data=False).graph.node}) == moe
+                                      *[cpu.MOE_LOWERING] * moe, cpu.SAMPLE_LOWERING] if lowered else [])
     ops = {(n.domain, n.op_type) for n in onnx.load(engine_dir / "llm.ort.onnx", load_external_data=False).graph.node}
+    assert ((cpu.DOMAIN, cpu.MOE) in ops) == moe
     assert ((cpu.DOMAIN, cpu.ATTENTION) in ops) == lowered == ((cpu.DOMAIN, cpu.SAMPLE) in ops)
     assert (("com.microsoft", "SkipSimplifiedLayerNormalization") in ops) == skip
     assert "GroupQueryAttention" not in {n.op_type for n in onnx.load(engine_dir / "llm.onnx",

@@ -1,0 +1,353 @@
+// trtllm.cpu::MoE and MoEBlockQuant: a mixture of experts' MLP (Qwen3-MoE, Qwen2-MoE, OLMoE,
+// Mixtral, Granite MoE), each token through its top-k experts only, on the MatMul kernels of
+// MatMulHalf and MatMulBlockQuant (matmul.cc).
+//
+// Why: ONNX Runtime's MoE node holds its experts in float32 only (a 16-bit engine's twice the
+// bytes), at batch 1 it ran a float32 model's decode at 0.92x llama.cpp's, and its QMoE takes no
+// float block offsets (our int4) nor float32 activations at 8 bits. Here every chosen expert's weight
+// rows are tasks of one parallel pass, gate|up for all of them, then down for all.
+//
+// MoE inputs:  x [..., H] float32; logits [..., E] float32 (the router's); w1 [E, 2I, H] (each
+//              expert's gate and up rows in the swiglu order of MatMulHalf: quantize.swiglu_rows);
+//              w2 [E, H, I]; generated (int64 [1], optional: MatMulHalf's row roles). w1 and w2
+//              float32, float16 or bfloat16 (registered once per type under one name).
+// MoEBlockQuant inputs: x, logits, w1 codes, w1_scale, w1_offset, w2 codes, w2_scale, w2_offset,
+//              generated: each expert's weights packed as MatMulBlockQuant's (uint8 codes [E, N, K/2]
+//              at 4 bits or [E, N, K] at 8, float16 scales and offsets [E, N, K/32]; offsets
+//              optional at 8 bits); attributes bits (4 or 8) and exact_rows (1: generated rows
+//              through the decode kernels 1-2 at a time, so each row's result is the same whatever
+//              shares its experts, at some cost in batched decode; 0, the default: by count, as
+//              MatMulBlockQuant's float32 activations). Activations float32.
+// Output:  y [..., H] float32: sum over the token's chosen experts e of p_e (silu(x W1g_e.T) *
+//          (x W1u_e.T)) @ W2_e.T. H and I multiples of 32.
+// Attributes: k (experts a token), normalize (1: the chosen probabilities divided by their sum).
+// Routing as transformers': softmax of the logits in float32, the k largest probabilities (an exact
+// tie goes to the lower expert index, as ONNX's TopK), normalized when asked; products accumulate in
+// float32, and a token's experts are summed in the router's order.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "matmul.h"
+#include "resident.h"
+
+namespace {
+
+using namespace trtllm_cpu::matmul;
+using trtllm_cpu::parallel_for;
+
+constexpr char kName[] = "MoE", kQuantName[] = "MoEBlockQuant";
+// Tokens routed per pass: bounds the gathered rows' memory (k x 3 rows of H or I floats a token)
+// while a long prompt still gives each expert many rows to share a read of its weights.
+constexpr int64_t kTokens = 1024;
+constexpr int64_t kRowsPerTask = 64;  // gather and combine: token slots per task
+
+struct Pass {  // one block of tokens, routed
+  const float* x;  // [count, H]
+  float* y;        // [count, H]
+  int64_t count, h, i, k;
+  std::vector<int64_t> slot_row;    // token slot t * k + j -> its row in the gathered buffers
+  std::vector<int64_t> row_token;   // gathered row -> its token
+  std::vector<float> weight;        // token slot -> its expert's weight
+  std::vector<float> xg, hg, og;    // gathered x [rows, H], silu(gate) * up [rows, I], down [rows, H]
+  std::vector<float> sums[2], split[2];  // block-quantized decode rows' inputs (decode_inputs) of xg, hg
+  std::vector<Job> jobs;            // gate|up jobs, then down jobs, one of each per chosen expert
+  std::vector<std::pair<int64_t, int64_t>> tasks;  // (job, chunk)
+};
+
+void gather(void* data, size_t task) {
+  Pass& p = *static_cast<Pass*>(data);
+  const int64_t r1 = std::min<int64_t>(p.count * p.k, (static_cast<int64_t>(task) + 1) * kRowsPerTask);
+  for (int64_t r = static_cast<int64_t>(task) * kRowsPerTask; r < r1; ++r)
+    std::copy_n(p.x + p.row_token[r] * p.h, p.h, p.xg.data() + r * p.h);
+}
+
+void compute(void* data, size_t task) {
+  const Pass& p = *static_cast<const Pass*>(data);
+  const auto [job, chunk] = p.tasks[task];
+  run_task(p.jobs[job], chunk);
+}
+
+// y[t] = sum_j weight[t, j] og[row of (t, j)], the slots in the router's order (largest first)
+void combine(void* data, size_t task) {
+  Pass& p = *static_cast<Pass*>(data);
+  const int64_t t1 = std::min<int64_t>(p.count, (static_cast<int64_t>(task) + 1) * kRowsPerTask);
+  for (int64_t t = static_cast<int64_t>(task) * kRowsPerTask; t < t1; ++t) {
+    float* y = p.y + t * p.h;
+    std::fill(y, y + p.h, 0.0f);
+    for (int64_t j = 0; j < p.k; ++j) {
+      const float w = p.weight[t * p.k + j], *o = p.og.data() + p.slot_row[t * p.k + j] * p.h;
+      for (int64_t c = 0; c < p.h; ++c) y[c] += w * o[c];
+    }
+  }
+}
+
+// Each token's k experts and their weights (chosen [count, k], weight [count, k]).
+void route(const float* logits, int64_t count, int64_t e, int64_t k, bool normalize, std::vector<int64_t>& chosen,
+           std::vector<float>& weight) {
+  std::vector<float> probs(e);
+  std::vector<char> taken(e);
+  for (int64_t t = 0; t < count; ++t) {
+    const float* l = logits + t * e;
+    const float top = *std::max_element(l, l + e);
+    float sum = 0.0f;
+    for (int64_t i = 0; i < e; ++i) sum += probs[i] = std::exp(l[i] - top);
+    for (int64_t i = 0; i < e; ++i) probs[i] /= sum;
+    std::fill(taken.begin(), taken.end(), 0);
+    float picked = 0.0f;
+    for (int64_t j = 0; j < k; ++j) {
+      int64_t best = -1;
+      for (int64_t i = 0; i < e; ++i)  // strictly greater: a tie keeps the lower index
+        if (!taken[i] && (best < 0 || probs[i] > probs[best])) best = i;
+      taken[best] = 1;
+      chosen[t * k + j] = best;
+      picked += weight[t * k + j] = probs[best];
+    }
+    if (normalize)
+      for (int64_t j = 0; j < k; ++j) weight[t * k + j] /= picked;
+  }
+}
+
+// One projection of every expert, E weights of n rows by k inputs: float (bits 32 or 16) or
+// MatMulBlockQuant's codes, scales and offsets (bits 4 or 8), each expert's after the last's.
+struct Experts {
+  const uint8_t* codes = nullptr;
+  const uint16_t *scale = nullptr, *offset = nullptr;
+  int64_t e = 0, n = 0, k = 0, bits = 32;
+  bool brain = false;
+
+  size_t code_bytes() const { return static_cast<size_t>(bits == 4 ? n * k / 2 : n * k * (bits / 8)); }
+  size_t params() const { return static_cast<size_t>(n * (k / kBlock)); }  // scales (offsets) an expert
+  Weights of(int64_t i) const {
+    Weights w{codes + i * code_bytes(), scale ? scale + i * params() : nullptr, offset ? offset + i * params() : nullptr,
+              n, k, bits};
+    w.brain = brain;
+    return w;
+  }
+};
+
+// Decode rows of block-quantized weights take x's block sums (the offsets' share) and, at 4 bits,
+// x split as fused_avx512 reads it: as MatMulBlockQuant makes them, for rows [0, m) of x [m, k].
+void decode_inputs(const float* x, int64_t m, int64_t k, int64_t bits, float* sums, float* split) {
+  for (int64_t i = 0; i < m * (k / kBlock); ++i) {
+    float total = 0.0f;
+    for (int64_t j = 0; j < kBlock; ++j) total += x[i * kBlock + j];
+    sums[i] = total;
+    if (bits != 4) continue;
+    for (int64_t j = 0; j < kBlock / 2; ++j) {
+      const float hi = x[i * kBlock + j + 16] * 0.0625f;
+      split[i * kBlock + j] = x[i * kBlock + j] - hi;
+      split[i * kBlock + j + 16] = hi;
+    }
+  }
+}
+
+struct MoEKernel {
+  int64_t k;
+  bool normalize;
+  int64_t bits;  // 32 or 16 (brain: bfloat16): the float op; 4 or 8: MoEBlockQuant
+  bool brain;
+  bool exact_rows;  // quantized generated rows 1-2 at a time (Job::row_exact): the exact_rows attribute
+  const char* name;
+  std::mutex lock;  // guards the copies
+  trtllm_cpu::Resident copies[6];  // w1's codes, scale, offset, then w2's
+
+  bool quantized() const { return bits <= 8; }
+
+  // The node's two projections, checked against each other and copied (once) where they are constants.
+  std::string experts(Ort::KernelContext& ctx, Experts& w1, Experts& w2) {
+    const size_t at2 = quantized() ? 5 : 3;
+    auto shape = [&](size_t i) { return ctx.GetInput(i).GetTensorTypeAndShapeInfo().GetShape(); };
+    const auto s1 = shape(quantized() ? 3 : 2), s2 = shape(quantized() ? 6 : 3);  // scales, or the weights
+    const int64_t scale = quantized() ? kBlock : 1;  // a scale per 32 inputs
+    if (s1.size() != 3 || s2.size() != 3 || s1[0] != s2[0] || s1[1] != 2 * s2[2] * scale || s1[2] * scale != s2[1])
+      return quantized() ? "w1_scale must be [E, 2I, H / 32] and w2_scale [E, H, I / 32]"
+                         : "w1 must be [E, 2I, H] and w2 [E, H, I]";
+    w1.e = w2.e = s1[0], w1.n = s1[1], w1.k = s2[1], w2.n = s2[1], w2.k = w1.n / 2;
+    if (w1.k % kBlock || w2.k % kBlock) return "H and I must be multiples of 32";
+    Experts* both[2] = {&w1, &w2};
+    std::lock_guard<std::mutex> hold(lock);
+    for (int j = 0; j < 2; ++j) {
+      Experts& w = *both[j];
+      w.bits = bits, w.brain = brain;
+      const size_t first = j == 0 ? 2 : at2;
+      auto codes = ctx.GetInput(first);
+      const size_t bytes = w.e * w.code_bytes();
+      const char* which = j == 0 ? "w1" : "w2";
+      if (codes.GetTensorTypeAndShapeInfo().GetElementCount() * (quantized() ? 1 : bits / 8) != bytes)
+        return std::string(which) + " holds " + std::to_string(codes.GetTensorTypeAndShapeInfo().GetElementCount()) +
+               " values, expected " + std::to_string(bytes / (quantized() ? 1 : bits / 8)) + " for [E, N, K] = [" +
+               std::to_string(w.e) + ", " + std::to_string(w.n) + ", " + std::to_string(w.k) + "]";
+      w.codes = static_cast<const uint8_t*>(copies[3 * j].get(codes.GetTensorRawData(), bytes));
+      if (!quantized()) continue;
+      w.scale = static_cast<const uint16_t*>(copies[3 * j + 1].get(ctx.GetInput(first + 1).GetTensorRawData(),
+                                                                    w.e * w.params() * 2));
+      auto offset = ctx.GetInput(first + 2);
+      if (offset) {
+        if (offset.GetTensorTypeAndShapeInfo().GetElementCount() != w.e * w.params())
+          return std::string(which) + "_offset must be shaped as its scale";
+        w.offset = static_cast<const uint16_t*>(copies[3 * j + 2].get(offset.GetTensorRawData(), w.e * w.params() * 2));
+      } else if (bits == 4) {
+        return std::string("4-bit experts need their offsets (") + which + "_offset)";
+      }
+    }
+    return "";
+  }
+
+  OrtStatusPtr ComputeV2(OrtKernelContext* raw) {
+    try {
+      Ort::KernelContext ctx(raw);
+      auto x = ctx.GetInput(0), logits = ctx.GetInput(1);
+      Experts w1, w2;
+      if (const std::string bad = experts(ctx, w1, w2); !bad.empty()) return fail(bad, name);
+      const int64_t e = w1.e, h = w1.k, inner = w2.k;
+      if (k > e) return fail("k must be in [1, E = " + std::to_string(e) + "]", name);
+      const Rows rows = rows_of(x.GetTensorTypeAndShapeInfo().GetShape(), h, false);
+      if (!rows.error.empty()) return fail(rows.error, name);
+      if (rows.k != h) return fail("x's last dimension must be H = " + std::to_string(h), name);
+      const auto ls = logits.GetTensorTypeAndShapeInfo().GetShape();
+      if (ls.empty() || ls.back() != e || static_cast<int64_t>(logits.GetTensorTypeAndShapeInfo().GetElementCount()) != rows.m * e)
+        return fail("logits must hold E = " + std::to_string(e) + " values per row of x", name);
+      auto y = ctx.GetOutput(0, rows.y_shape);
+      if (rows.m == 0) return nullptr;
+      const int flag = generated_flag(ctx, quantized() ? 8 : 4);
+      const float* xs = x.GetTensorData<float>();
+      float* ys = y.GetTensorMutableData<float>();
+      std::vector<int64_t> chosen(rows.m * k);
+      std::vector<float> weight(rows.m * k);
+      route(logits.GetTensorData<float>(), rows.m, e, k, normalize, chosen, weight);
+      // the calling thread's buffers, kept between calls: new pages each call cost more than the
+      // gather (page faults, zeroing); they hold the largest pass's rows until the thread ends
+      thread_local Pass p;
+      for (int64_t t0 = 0; t0 < rows.m; t0 += kTokens) {
+        p.jobs.clear();
+        p.count = std::min(kTokens, rows.m - t0);
+        p.x = xs + t0 * h, p.y = ys + t0 * h, p.h = h, p.i = inner, p.k = k;
+        const int64_t slots = p.count * k;
+        const int64_t* pick = chosen.data() + t0 * k;
+        p.weight.assign(weight.begin() + t0 * k, weight.begin() + t0 * k + slots);
+        // counting sort of the slots by expert: each expert's rows contiguous, in token order
+        std::vector<int64_t> start(e + 1, 0);
+        for (int64_t s = 0; s < slots; ++s) ++start[pick[s] + 1];
+        for (int64_t i = 0; i < e; ++i) start[i + 1] += start[i];
+        std::vector<int64_t> next(start.begin(), start.end() - 1);
+        p.slot_row.resize(slots), p.row_token.resize(slots);
+        for (int64_t s = 0; s < slots; ++s) {
+          const int64_t r = next[pick[s]]++;
+          p.slot_row[s] = r, p.row_token[r] = s / k;
+        }
+        p.xg.resize(slots * h), p.hg.resize(slots * inner), p.og.resize(slots * h);
+        parallel_for(ctx, gather, static_cast<size_t>((slots + kRowsPerTask - 1) / kRowsPerTask), &p);
+        std::vector<int64_t> used;
+        for (int64_t i = 0; i < e; ++i)
+          if (start[i + 1] > start[i]) used.push_back(i);
+        // the busiest experts' tasks first: the last tasks to start are the short ones
+        std::stable_sort(used.begin(), used.end(),
+                         [&](int64_t a, int64_t b) { return start[a + 1] - start[a] > start[b + 1] - start[b]; });
+        bool decode[2] = {false, false};
+        for (int pass = 0; pass < 2; ++pass)
+          for (const int64_t i : used) {
+            const int64_t r0 = start[i], m = start[i + 1] - r0, width = pass == 0 ? h : inner;
+            Job job{};
+            job.w = (pass == 0 ? w1 : w2).of(i);
+            job.x = (pass == 0 ? p.xg.data() : p.hg.data()) + r0 * width;
+            job.y = pass == 0 ? p.hg.data() + r0 * inner : p.og.data() + r0 * h;
+            job.m = m, job.swiglu = pass == 0;
+            job.prompt = flag == 0, job.generated = flag == 1;
+            job.row_exact = exact_rows && flag == 1;
+            decode[pass] = decode[pass] || (quantized() && job.decode_path());
+            p.jobs.push_back(job);
+          }
+        const size_t half = p.jobs.size() / 2;
+        for (int pass = 0; pass < 2; ++pass) {
+          const int64_t width = pass == 0 ? h : inner;
+          const float* in = pass == 0 ? p.xg.data() : p.hg.data();
+          if (decode[pass]) {  // the pass's rows' block sums (and 4-bit split), where its decode jobs read them
+            p.sums[pass].resize(slots * width / kBlock);
+            p.split[pass].resize(bits == 4 ? slots * width : 0);
+            decode_inputs(in, slots, width, bits, p.sums[pass].data(), p.split[pass].data());
+            for (size_t j = pass * half; j < (pass + 1) * half; ++j) {
+              const int64_t r0 = (p.jobs[j].x - in) / width;
+              p.jobs[j].xs = p.sums[pass].data() + r0 * (width / kBlock);
+              p.jobs[j].xt = bits == 4 ? p.split[pass].data() + r0 * width : nullptr;
+            }
+          }
+          p.tasks.clear();
+          for (size_t j = pass * half; j < (pass + 1) * half; ++j)
+            for (int64_t c = 0; c < chunks(p.jobs[j]); ++c) p.tasks.emplace_back(j, c);
+          parallel_for(ctx, compute, p.tasks.size(), &p);  // a task's exception reaches the catch below
+        }
+        parallel_for(ctx, combine, static_cast<size_t>((p.count + kRowsPerTask - 1) / kRowsPerTask), &p);
+      }
+      return nullptr;
+    } catch (const std::exception& e) {
+      return fail(e.what(), name);
+    }
+  }
+};
+
+// W: the experts' element type (float32, float16, bfloat16; uint8 for MoEBlockQuant's codes).
+template <ONNXTensorElementDataType W>
+struct MoEOp : Ort::CustomOpBase<MoEOp<W>, MoEKernel, true> {
+  static constexpr bool kQuant = W == ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8;
+
+  OrtStatusPtr CreateKernelV2(const OrtApi&, const OrtKernelInfo* info, void** kernel) const {
+    try {
+      Ort::ConstKernelInfo ki(info);
+      const int64_t k = ki.GetAttribute<int64_t>("k");
+      if (k < 1) return fail("k must be positive", GetName());
+      const int64_t normalize = trtllm_cpu::attribute_or<int64_t>(ki, "normalize", 0);
+      const int64_t bits = kQuant ? ki.GetAttribute<int64_t>("bits") : W == ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT ? 32 : 16;
+      if (kQuant && bits != 4 && bits != 8) return fail("bits must be 4 or 8", GetName());
+      const bool exact_rows = trtllm_cpu::attribute_or<int64_t>(ki, "exact_rows", 0) != 0;
+      auto* made = new MoEKernel{k, normalize != 0, bits, W == ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16, exact_rows,
+                                 GetName(), {}, {}};
+      for (size_t j = 0; j < (kQuant ? 6u : 2u); ++j)  // an input that is not a constant is read where it is
+        made->copies[kQuant ? j : 3 * j].constant = trtllm_cpu::constant_input(ki, 2 + j);
+      *kernel = made;
+      return nullptr;
+    } catch (const std::exception& e) {
+      return fail(e.what(), GetName());
+    }
+  }
+  const char* GetName() const { return kQuant ? kQuantName : kName; }
+  const char* GetExecutionProviderType() const { return "CPUExecutionProvider"; }
+  // float: x, logits, w1, w2, generated; MoEBlockQuant: x, logits, w1, w1_scale, w1_offset, w2,
+  // w2_scale, w2_offset, generated (offsets optional at 8 bits; generated int64 [1], optional)
+  size_t GetInputTypeCount() const { return kQuant ? 9 : 5; }
+  ONNXTensorElementDataType GetInputType(size_t i) const {
+    if (i < 2) return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
+    if (i + 1 == GetInputTypeCount()) return ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64;
+    return kQuant && i != 2 && i != 5 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16 : W;
+  }
+  OrtCustomOpInputOutputCharacteristic GetInputCharacteristic(size_t i) const {
+    const bool optional = i + 1 == GetInputTypeCount() || (kQuant && (i == 4 || i == 7));
+    return optional ? INPUT_OUTPUT_OPTIONAL : INPUT_OUTPUT_REQUIRED;
+  }
+  size_t GetOutputTypeCount() const { return 1; }
+  ONNXTensorElementDataType GetOutputType(size_t) const { return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT; }
+};
+
+}  // namespace
+
+namespace trtllm_cpu {
+OrtCustomOp* moe_op() {
+  static MoEOp<ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT> op;
+  return &op;
+}
+OrtCustomOp* moe_half_op() {
+  static MoEOp<ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16> op;
+  return &op;
+}
+OrtCustomOp* moe_bf16_op() {
+  static MoEOp<ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16> op;
+  return &op;
+}
+OrtCustomOp* moe_block_quant_op() {
+  static MoEOp<ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8> op;
+  return &op;
+}
+}  // namespace trtllm_cpu
