@@ -98,13 +98,16 @@ def test_a_decode_step_in_a_batch_is_the_step_alone(engines, kind):
     tests/builder/test_quantized.py). int4 and int8 with float32 activations are the exception: their
     decode kernels specialise by row count (one or two rows take x split), so only their prompts are
     exact (docs/input_format.md says so)."""
+    assert_decode_step_alone(engines[kind])
+
+
+def assert_decode_step_alone(engine, prompts=(PROMPT, *OTHERS)) -> None:
+    """Row 0's logits of a decode step of every row equal those of a step of row 0 alone."""
     from trtllm.runtime.engine import StepInputs
 
-    engine = engines[kind]
     m = engine.manifest
-    prompts = [PROMPT, *OTHERS]
     kv = KVCacheManager(m.model, len(prompts), CAPACITY)
-    prefill(engine, prompts, kv)
+    prefill(engine, list(prompts), kv)
     params = [sampling.SamplingParams(temperature=0)] * len(prompts)
 
     def decode(n):  # one generated token for the first n rows, each at the position after its prompt
@@ -114,8 +117,27 @@ def test_a_decode_step_in_a_batch_is_the_step_alone(engines, kind):
                           sampling=sampling.make_batch(params[:n], m.model.vocab_size, m.max_top_k))
         return engine.step(step, kv.view(0, n), want_logits=True).logits[0].copy()
 
-    together, alone = decode(3), decode(1)  # the same KV writes both times: position len(prompt)
+    together, alone = decode(len(prompts)), decode(1)  # the same KV writes both times: position len(prompt)
     assert np.array_equal(together, alone)
+
+
+@pytest.mark.parametrize("options", [{}, {"quantization": "int4", "activations": "int16"}],
+                         ids=["float32", "int4-a16"])
+def test_a_mixture_of_experts_is_batch_invariant_too(options, tiny_checkpoint, tmp_path):
+    """Its experts on our MoE kernel see other rows routed with them: a prompt, and on float32 and
+    integer-activation engines a generated row, is still computed the same alone and in a batch
+    (8 rows, 4 experts, 2 a token: several rows share an expert)."""
+    build(BuildConfig(model=str(tiny_checkpoint("qwen3_moe")), output=str(tmp_path / "e"), max_input_len=64,
+                      max_kv_cache_capacity=CAPACITY, verify=False, **options), log=lambda m: None)
+    engine = load_engine(tmp_path / "e", huge_pages=False)
+    try:
+        assert any("MoE" in name for name in engine.manifest.lowerings)
+        prompts = [PROMPT, *OTHERS, *[[(3 * i + j) % 45 + 2 for i in range(5 + 3 * j)] for j in range(5)]]
+        alone = prefill(engine, [PROMPT])[0]
+        assert np.array_equal(prefill(engine, prompts)[0], alone)
+        assert_decode_step_alone(engine, prompts)
+    finally:
+        engine.close()
 
 
 def test_prompt_path_bench_runs(engines):
