@@ -32,6 +32,7 @@ class Service:
     def __init__(self, runner: Runner, adapters, num_slots: int):
         self.runner, self.adapters, self.num_slots = runner, adapters, num_slots
         self.incoming: queue.Queue = queue.Queue()  # Jobs, and None to wake the loop (a cancel, close)
+        self.queued = 0  # the Jobs in `incoming` (its size counts the wake-ups too)
         self.jobs: list[Job] = []  # admitted, not answered yet
         self.job_of: dict[int, Job] = {}  # id(sample) -> its job, while it is admitted
         self.closed = False
@@ -47,6 +48,7 @@ class Service:
         with self.lock:
             if self.closed:
                 return False
+            self.queued += 1
             self.incoming.put(job)
             return True
 
@@ -57,7 +59,7 @@ class Service:
     def counts(self) -> tuple[int, int]:
         """(requests generating, requests waiting for a KV slot), read from another thread: a moment's view."""
         running = sum(1 for job in list(self.jobs) if any(s.row.slot is not None for s in job.samples))
-        return running, len(self.jobs) - running + self.incoming.qsize()
+        return running, len(self.jobs) - running + self.queued
 
     def close(self, timeout: float | None = None) -> None:
         """Cancel what runs (its text so far is its answer, "abort") and stop the loop."""
@@ -101,6 +103,8 @@ class Service:
             if job is None and not self.closed:  # a cancel: settle ends its rows at the next call
                 return rows
             if job is not None:
+                with self.lock:
+                    self.queued -= 1
                 rows += self.admit(job)
         # closing: what runs ends with what it has (the rows just admitted too: their jobs are ended)
         for job in self.jobs:

@@ -393,6 +393,18 @@ def test_an_api_key_is_required_where_given_and_origins_may_read_answers(serve):
     assert "Access-Control-Allow-Origin" not in headers
 
 
+def test_a_cancel_is_not_counted_as_a_waiting_request():
+    """The loop is woken by a None in the queue (a cancel, a close): /metrics' waiting gauge counts
+    the queued requests, not the wake-ups (it used to count a cancel as one more, for a moment)."""
+    from trtllm.runtime.serving import Job, Service
+
+    service = Service(runner=None, adapters=None, num_slots=2)  # (its loop not started)
+    job = Job(inp=None, stream=False)
+    assert service.submit(job) and service.counts() == (0, 1)
+    service.cancel(job)
+    assert service.counts() == (0, 1)
+
+
 def test_metrics_count_requests_tokens_and_times(serve):
     port, _ = serve()
     post(port, chat("Hello there", temperature=0, max_tokens=5, ignore_eos=True))
