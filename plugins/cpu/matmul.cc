@@ -461,6 +461,20 @@ __attribute__((target("avx512f,avx512bw,avx512vl,fma"))) void swiglu_avx512(cons
 
 #endif  // TRTLLM_X86
 
+void decode_inputs(const float* x, int64_t m, int64_t k, float* sums, float* split) {
+  for (int64_t i = 0; i < m * (k / kBlock); ++i) {
+    float total = 0.0f;
+    for (int64_t j = 0; j < kBlock; ++j) total += x[i * kBlock + j];
+    sums[i] = total;
+    if (!split) continue;
+    for (int64_t j = 0; j < kBlock / 2; ++j) {  // byte j holds q[j] and q[j + 16]: see fused_avx512
+      const float hi = x[i * kBlock + j + 16] * 0.0625f;
+      split[i * kBlock + j] = x[i * kBlock + j] - hi;
+      split[i * kBlock + j + 16] = hi;
+    }
+  }
+}
+
 void swiglu(const float* gate, const float* up, int64_t count, float* out) {
 #ifdef TRTLLM_X86
   if (use_avx512()) return swiglu_avx512(gate, up, count, out);

@@ -75,6 +75,11 @@ IntRow int_row(int64_t k, int bits, int levels);
 void quantize_rows(const float* x, int64_t m, int64_t k, int bits, int levels, int8_t* q, float* d);
 void int_tile(const Job& job, int64_t row, int nr, float* out, int64_t ldy);
 
+// What decode rows of block-quantized weights take besides x [m, k]: its block sums [m, k / 32]
+// (the offsets' share, Job::xs) and, where `split` is not null, x split as fused_avx512 reads
+// 4-bit codes with 1-2 rows (Job::xt, [m, k]).
+void decode_inputs(const float* x, int64_t m, int64_t k, float* sums, float* split);
+
 // out[i] = silu(gate[i]) * up[i] (AVX-512 or portable).
 void swiglu(const float* gate, const float* up, int64_t count, float* out);
 

@@ -94,22 +94,15 @@ struct Kernel {
       job.generated = flag == 1 && levels;
       const bool integer = levels && job.decode_path();
       if (job.decode_path()) {
-        sums.assign(m * nb, 0.0f);
-        for (int64_t i = 0; i < m * nb; ++i)
-          for (int64_t j = 0; j < kBlock; ++j) sums[i] += xd[i * kBlock + j];
+        sums.resize(m * nb);
+        const bool split_x = !integer && bits == 4;
+        if (split_x) split.resize(m * k);
+        decode_inputs(xd, m, k, sums.data(), split_x ? split.data() : nullptr);
         if (integer) {
           const IntRow shape = int_row(k, static_cast<int>(bits), levels);
           quant.resize(m * shape.bytes);
           quant_scale.resize(m * shape.scales);
           quantize_rows(xd, m, k, static_cast<int>(bits), levels, quant.data(), quant_scale.data());
-        } else if (bits == 4) {
-          split.resize(m * k);
-          for (int64_t i = 0; i < m * nb; ++i)
-            for (int64_t j = 0; j < kBlock / 2; ++j) {
-              const float hi = xd[i * kBlock + j + 16] * 0.0625f;
-              split[i * kBlock + j] = xd[i * kBlock + j] - hi;
-              split[i * kBlock + j + 16] = hi;
-            }
         }
       }
       const void *codes_at, *scale_at, *offset_at = nullptr;

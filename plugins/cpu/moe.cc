@@ -48,7 +48,7 @@ constexpr int64_t kRowsPerTask = 64;  // gather and combine: token slots per tas
 struct Pass {  // one block of tokens, routed
   const float* x;  // [count, H]
   float* y;        // [count, H]
-  int64_t count, h, i, k;
+  int64_t count, h, k;
   std::vector<int64_t> slot_row;    // token slot t * k + j -> its row in the gathered buffers
   std::vector<int64_t> row_token;   // gathered row -> its token
   std::vector<float> weight;        // token slot -> its expert's weight
@@ -128,22 +128,6 @@ struct Experts {
     return w;
   }
 };
-
-// Decode rows of block-quantized weights take x's block sums (the offsets' share) and, at 4 bits,
-// x split as fused_avx512 reads it: as MatMulBlockQuant makes them, for rows [0, m) of x [m, k].
-void decode_inputs(const float* x, int64_t m, int64_t k, int64_t bits, float* sums, float* split) {
-  for (int64_t i = 0; i < m * (k / kBlock); ++i) {
-    float total = 0.0f;
-    for (int64_t j = 0; j < kBlock; ++j) total += x[i * kBlock + j];
-    sums[i] = total;
-    if (bits != 4) continue;
-    for (int64_t j = 0; j < kBlock / 2; ++j) {
-      const float hi = x[i * kBlock + j + 16] * 0.0625f;
-      split[i * kBlock + j] = x[i * kBlock + j] - hi;
-      split[i * kBlock + j + 16] = hi;
-    }
-  }
-}
 
 struct MoEKernel {
   int64_t k;
@@ -225,7 +209,7 @@ struct MoEKernel {
       for (int64_t t0 = 0; t0 < rows.m; t0 += kTokens) {
         p.jobs.clear();
         p.count = std::min(kTokens, rows.m - t0);
-        p.x = xs + t0 * h, p.y = ys + t0 * h, p.h = h, p.i = inner, p.k = k;
+        p.x = xs + t0 * h, p.y = ys + t0 * h, p.h = h, p.k = k;
         const int64_t slots = p.count * k;
         const int64_t* pick = chosen.data() + t0 * k;
         p.weight.assign(weight.begin() + t0 * k, weight.begin() + t0 * k + slots);
@@ -268,7 +252,7 @@ struct MoEKernel {
           if (decode[pass]) {  // the pass's rows' block sums (and 4-bit split), where its decode jobs read them
             p.sums[pass].resize(slots * width / kBlock);
             p.split[pass].resize(bits == 4 ? slots * width : 0);
-            decode_inputs(in, slots, width, bits, p.sums[pass].data(), p.split[pass].data());
+            decode_inputs(in, slots, width, p.sums[pass].data(), bits == 4 ? p.split[pass].data() : nullptr);
             for (size_t j = pass * half; j < (pass + 1) * half; ++j) {
               const int64_t r0 = (p.jobs[j].x - in) / width;
               p.jobs[j].xs = p.sums[pass].data() + r0 * (width / kBlock);

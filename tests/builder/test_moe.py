@@ -156,9 +156,9 @@ def test_the_int4_expert_quantizer():
 
 def dense_experts(experts: np.ndarray, scheme) -> np.ndarray:
     """Each expert [N, K] quantized and dequantized as the model's other projections."""
-    from trtllm.builder.quantize import dequantize, quantize
+    from tests.builder.test_quantized import dequantized_weight
 
-    return np.stack([dequantize(*quantize(np.ascontiguousarray(w.T), scheme), scheme.block_size).T for w in experts])
+    return np.stack([dequantized_weight(w, scheme) for w in experts])
 
 
 @pytest.mark.parametrize("arch", ["qwen3_moe", "olmoe", "qwen2_moe", "granitemoe", "granitemoe-plain", "mixtral"])

@@ -53,6 +53,12 @@ def quantized(tiny_checkpoint, tmp_path_factory):
     return ckpt, engines
 
 
+def dequantized_weight(w: np.ndarray, scheme: QuantScheme) -> np.ndarray:
+    """w [out, in] as the graph computes with it: quantized, then dequantized."""
+    codes, scale, offset = quantize(np.ascontiguousarray(w.T), scheme)
+    return dequantize(codes, scale, offset, scheme.block_size).T
+
+
 def dequantized_model(ckpt, scheme: QuantScheme):
     """transformers with every projection, the lm_head and the token embedding replaced by what the
     graph computes (the embedding and the lm_head in the lm_head's scheme; tied, one table)."""
@@ -60,8 +66,7 @@ def dequantized_model(ckpt, scheme: QuantScheme):
     head = scheme.for_lm_head()
 
     def rounded(p, s):
-        codes, scale, offset = quantize(p.numpy().T.copy(), s)
-        p.copy_(torch.from_numpy(dequantize(codes, scale, offset, s.block_size).T.copy()))
+        p.copy_(torch.from_numpy(dequantized_weight(p.numpy(), s).copy()))
 
     with torch.no_grad():
         for name, p in model.named_parameters():
