@@ -112,7 +112,9 @@ class DecoderSpec:
 
 def lora_sites(spec: DecoderSpec) -> dict[str, dict]:
     """Where LoRA deltas enter a layer: each fused projection (site), with its input width and, per
-    PEFT module, the columns of its output [name, start, stop]; each module has its own inputs."""
+    PEFT module, the columns of its output [name, start, stop]; each module has its own inputs. A site
+    on some layers only lists them in "layers": a mixture of experts' dense MLP is on its dense layers,
+    its shared expert (and that expert's gate) on the others; its routed experts and router take none."""
     h, i = spec.hidden_size, spec.intermediate_size
     q, kv = spec.num_heads * spec.head_dim, spec.num_kv_heads * spec.head_dim
 
@@ -128,8 +130,26 @@ def lora_sites(spec: DecoderSpec) -> dict[str, dict]:
         columns(("self_attn.q_proj", q), ("self_attn.k_proj", kv), ("self_attn.v_proj", kv))
     gate_up = columns(("mlp.gate_up_proj", 2 * i)) if spec.fused_projections or spec.fused_gate_up else \
         columns(("mlp.gate_proj", i), ("mlp.up_proj", i))
-    return {"qkv": {"in": h, "modules": qkv}, "o": {"in": q, "modules": columns(("self_attn.o_proj", h))},
-            "gate_up": {"in": h, "modules": gate_up}, "down": {"in": i, "modules": columns(("mlp.down_proj", h))}}
+    sites = {"qkv": {"in": h, "modules": qkv}, "o": {"in": q, "modules": columns(("self_attn.o_proj", h))}}
+    moe, every = spec.moe, list(range(spec.num_layers))
+    dense = every if moe is None else list(moe.dense_layers)
+    if dense:
+        sites["gate_up"] = {"in": h, "modules": gate_up}
+        sites["down"] = {"in": i, "modules": columns(("mlp.down_proj", h))}
+    if moe is not None and moe.shared_size:
+        s, sparse = moe.shared_size, [n for n in every if n not in moe.dense_layers]
+        shared = (columns(("shared_mlp.input_linear", 2 * s)), columns(("shared_mlp.output_linear", h))) \
+            if moe.shared_fused else (columns(("mlp.shared_expert.gate_proj", s), ("mlp.shared_expert.up_proj", s)),
+                                      columns(("mlp.shared_expert.down_proj", h)))
+        sites["shared_gate_up"] = {"in": h, "modules": shared[0], "layers": sparse}
+        sites["shared_down"] = {"in": s, "modules": shared[1], "layers": sparse}
+        if moe.shared_gate:
+            sites["shared_expert_gate"] = {"in": h, "modules": columns(("mlp.shared_expert_gate", 1)), "layers": sparse}
+    if moe is not None:
+        for site in ("gate_up", "down"):
+            if site in sites:
+                sites[site]["layers"] = dense
+    return {name: {k: v for k, v in site.items() if k != "layers" or v != every} for name, site in sites.items()}
 
 
 def gqa_supported(spec: DecoderSpec, dtype: str) -> bool:

@@ -92,7 +92,9 @@ def export_onnx(ck: ckpt.Checkpoint, config: BuildConfig, out_dir: Path, log, ba
             check_blocks(draft.spec, quant, f"the EAGLE head {config.eagle}")
         log(f"quantizing the linear layers to int{quant.bits} (block {quant.block_size}, {quant.method})")
     if config.max_lora_rank:
-        log(f"LoRA inputs on every layer's qkv, o, gate|up and down projections (rank <= {config.max_lora_rank})")
+        log(f"LoRA inputs on every layer's qkv, o, gate|up and down projections (rank <= {config.max_lora_rank})"
+            if spec.moe is None else f"LoRA inputs on every layer's qkv and o projections, the dense layers' and "
+            f"shared expert's MLP (rank <= {config.max_lora_rank}; none on the routed experts or router)")
     joint = (draft.aux_layers, draft.fc) if draft else None
     if draft:
         log(f"EAGLE-3 draft head {config.eagle}: hidden states of layers {list(draft.aux_layers)}, draft vocabulary "
@@ -193,7 +195,8 @@ def export_onnx(ck: ckpt.Checkpoint, config: BuildConfig, out_dir: Path, log, ba
 def refuse_for_experts(config: BuildConfig, spec, backend: str, native_experts: bool) -> None:
     """What a mixture-of-experts model cannot be built with yet: quantized experts for TensorRT, int8
     ones or 16-bit engines' int4 ones without our kernel (ONNX Runtime's QMoE rounds 8-bit activations
-    too, and holds float32 scales), and LoRA (adapters target dense MLP modules)."""
+    too, and holds float32 scales). (LoRA adapts its attention, dense layers and shared expert:
+    decoder.lora_sites; an adapter on its routed experts or router is refused when it is loaded.)"""
     what = f"{spec.architecture} is a mixture of experts ({spec.moe.num_experts} experts, {spec.moe.top_k} a token)"
     q = config.quantization
     if q != "none" and backend == "tensorrt":
@@ -211,9 +214,6 @@ def refuse_for_experts(config: BuildConfig, spec, backend: str, native_experts: 
         if config.dtype != "float32":
             raise ConfigError(f"--quantization {q} --dtype {config.dtype}: {what}, whose int4 experts run on ONNX "
                               f"Runtime's QMoE without our CPU kernels ({why}), with --dtype float32 only")
-    if config.max_lora_rank:
-        raise ConfigError(f"LoRA (--max-lora-rank, --lora): {what}, and LoRA adapters on experts are not "
-                          "supported; build it without LoRA")
 
 
 def check_blocks(spec, quant: QuantScheme, what: str) -> None:

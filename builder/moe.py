@@ -42,6 +42,7 @@ class MoE:
     dense_layers: tuple[int, ...] = ()   # layers with a dense MLP (intermediate_size) instead
     shared_size: int = 0                 # a shared expert's intermediate width (0: none)
     shared_gate: bool = False            # ... times sigmoid(x @ shared_expert_gate.T) (Qwen2-MoE)
+    shared_fused: bool = False           # the checkpoint holds its gate|up whole (Granite's shared_mlp): LoRA's names
 
 
 def kernel_takes(spec, quant) -> bool:
@@ -59,14 +60,14 @@ def positive(config, key: str) -> int:
 
 
 def moe_from_config(config, experts_key: str, size_key: str, normalize: bool, shared_size: int = 0,
-                    shared_gate: bool = False, dense_layers: tuple[int, ...] = ()) -> MoE:
+                    shared_gate: bool = False, dense_layers: tuple[int, ...] = (), shared_fused: bool = False) -> MoE:
     """The MoE section of a config; refuses what the graph does not route the way transformers does.
     (Mixtral's router_jitter_noise is ignored, as transformers does outside training.)"""
     num, k = positive(config, experts_key), positive(config, "num_experts_per_tok")
     if k > num:
         raise Unsupported(f"config.num_experts_per_tok ({k}) must be at most config.{experts_key} ({num})")
     return MoE(num_experts=num, top_k=k, expert_size=positive(config, size_key), normalize=bool(normalize),
-               dense_layers=dense_layers, shared_size=shared_size, shared_gate=shared_gate)
+               dense_layers=dense_layers, shared_size=shared_size, shared_gate=shared_gate, shared_fused=shared_fused)
 
 
 def qwen_dense_layers(config) -> tuple[int, ...]:
@@ -120,8 +121,8 @@ def check_modules(layers, spec) -> None:
 
 class MoEWriter:
     """The MoE half of DecoderWriter's MLP (see the module docstring); reads g, spec, w, dtype, ftype,
-    storage, half, quant, ort_form, native_moe, dense_experts, handoff and hand_on, and DecoderWriter's
-    fw, linear, gated, generated_input and quantize_weight."""
+    storage, half, quant, ort_form, native_moe, dense_experts, handoff, hand_on and lora_rank, and
+    DecoderWriter's fw, linear, fused_proj, lora, gated, generated_input and quantize_weight."""
 
     def moe(self, i: int, x: str) -> str:
         """Layer i's mixture of experts of x [B,S,H] (its shared expert's MLP added)."""
@@ -272,17 +273,23 @@ class MoEWriter:
                     bits=self.quant.bits, exact_rows=int(self.quant.activations != "float32"), **attrs)
 
     def shared_expert(self, i: int, x: str, y: str) -> str:
-        """y + the shared expert's MLP of x (times sigmoid(x @ shared_expert_gate.T) with shared_gate)."""
+        """y + the shared expert's MLP of x (times sigmoid(x @ shared_expert_gate.T) with shared_gate).
+        A LoRA engine adds its deltas to gate|up, down and the gate (decoder.lora_sites' shared sites)."""
         g, m = self.g, self.spec.moe
         p, name = f"model.layers.{i}.mlp", f"/model/layers.{i}/mlp"
-        s = f"{p}.shared_expert"
-        gate = self.linear(f"{name}/shared_expert/gate_proj", x, f"{s}.gate_proj")
-        up = self.linear(f"{name}/shared_expert/up_proj", x, f"{s}.up_proj")
-        shared = self.linear(f"{name}/shared_expert/down_proj", self.gated(f"{name}/shared_expert", gate, up),
-                             f"{s}.down_proj")
+        s, e = f"{p}.shared_expert", f"{name}/shared_expert"
+        if self.lora_rank:  # the delta joins gate|up before the activation, as in the dense MLP
+            act = self.lora(f"{e}/gate_up_proj", x, self.fused_proj(f"{e}/gate_up_proj", x, f"{s}.gate_up_proj",
+                                                                   [f"{s}.gate_proj", f"{s}.up_proj"]),
+                            i, "shared_gate_up", gated=True)
+            shared = self.lora(f"{e}/down_proj", act, self.linear(f"{e}/down_proj", act, f"{s}.down_proj"),
+                               i, "shared_down")
+        else:
+            gate = self.linear(f"{e}/gate_proj", x, f"{s}.gate_proj")
+            up = self.linear(f"{e}/up_proj", x, f"{s}.up_proj")
+            shared = self.linear(f"{e}/down_proj", self.gated(e, gate, up), f"{s}.down_proj")
         if m.shared_gate:
             gate = self.float_linear(f"{name}/shared_expert_gate", x, f"{p}.shared_expert_gate")
-            shared = g.op("Mul", f"{name}/shared_expert/Gated",
-                          [shared, g.op("Sigmoid", f"{name}/shared_expert_gate/Sigmoid", [gate])])
-        y = g.op("Add", f"{name}/shared_expert/Add", [y, shared])
-        return y
+            gate = self.lora(f"{name}/shared_expert_gate", x, gate, i, "shared_expert_gate")
+            shared = g.op("Mul", f"{e}/Gated", [shared, g.op("Sigmoid", f"{name}/shared_expert_gate/Sigmoid", [gate])])
+        return g.op("Add", f"{e}/Add", [y, shared])

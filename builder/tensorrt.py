@@ -20,7 +20,7 @@ from pathlib import Path
 
 from trtllm.runtime.backends.tensorrt import ALIGNMENT
 from trtllm.runtime.kv_cache import kv_storage
-from trtllm.runtime.manifest import GraphIO, Limits, ModelShape
+from trtllm.runtime.manifest import GraphIO, Limits, ModelShape, lora_projections
 
 PLAN_NAME = "llm.plan"
 
@@ -72,12 +72,10 @@ def optimization_profiles(limits: Limits, model: ModelShape, io: GraphIO, lora: 
         for i in range(model.num_layers):
             shapes[io.past_key.format(i=i)] = batch(*kv)
             shapes[io.past_value.format(i=i)] = batch(*kv)
-            r = limits.max_lora_rank
-            for s in (lora or {}).get("sites", {}).values():
-                for module, lo, hi in s["modules"]:
-                    n_in, n_out = s["in"], hi - lo
-                    shapes[io.lora_a.format(i=i, module=module)] = ((1, n_in, 0), (1, n_in, r), (b, n_in, r))
-                    shapes[io.lora_b.format(i=i, module=module)] = ((1, 0, n_out), (1, r, n_out), (b, r, n_out))
+        r = limits.max_lora_rank
+        for i, module, n_in, n_out in lora_projections(lora or {}, model.num_layers):
+            shapes[io.lora_a.format(i=i, module=module)] = ((1, n_in, 0), (1, n_in, r), (b, n_in, r))
+            shapes[io.lora_b.format(i=i, module=module)] = ((1, 0, n_out), (1, r, n_out), (b, r, n_out))
         if eagle:
             shapes[io.verify_index] = shapes[io.verify_uniform] = ((1, 0), (b, 0), (b, seq[2][1]))
             # a tree over the step's tokens: [B, S, 0] (a plain step, a chain) to [B, S, S]

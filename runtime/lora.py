@@ -3,7 +3,8 @@
 A LoRA engine (`trtllm-build --max-lora-rank R`) has, per layer i and projection (PEFT's module
 name, e.g. self_attn.q_proj), the inputs lora_a.{i}.{module} [n, in, r] and lora_b.{i}.{module}
 [n, r, out], and adds (x @ lora_a) @ lora_b to that projection's columns of its fused projection
-(builder/decoder.py `lora_sites`). A PEFT adapter becomes those arrays once, when it is loaded:
+(builder/decoder.py `lora_sites`; a mixture of experts' dense MLP and shared expert are on some
+layers only, its routed experts and router on none). A PEFT adapter becomes those arrays once, when it is loaded:
 lora_a = A^T, lora_b = scale * B^T with PEFT's scale (alpha / r, or alpha / sqrt(r) with rsLoRA);
 a module it does not adapt gets rank 0 (its delta is zero).
 
@@ -27,17 +28,19 @@ from pathlib import Path
 import numpy as np
 
 from trtllm.plugins.cpu import LORA_LOWERING
-from trtllm.runtime.manifest import Manifest, whole
+from trtllm.runtime.manifest import Manifest, lora_projections, whole
 
 CONFIG_NAME, WEIGHTS_NAME = "adapter_config.json", "adapter_model.safetensors"
 # TensorRT Edge-LLM's process-lora output: the PEFT config copied as config.json, and each module's
 # lora_A as [in, r] and lora_B as [r, out], B already times alpha / r, keys without base_model.model.
 PROCESSED_CONFIG_NAME, PROCESSED_NAME = "config.json", "processed_adapter_model.safetensors"
-PROCESSED_KEY = re.compile(r"model\.layers\.(\d+)\.((?:self_attn|mlp)\.\w+)\.lora_([AB])\.weight")
+PROCESSED_KEY = re.compile(r"model\.layers\.(\d+)\.([\w.]+?)\.lora_([AB])\.weight")
 # PEFT's key for a LoRA matrix of a decoder layer's projection, e.g.
 # base_model.model.model.layers.3.self_attn.q_proj.lora_A.weight ([r, in]; lora_B is [out, r])
 PEFT_DEFAULTS = {"r": 8, "lora_alpha": 8}  # LoraConfig's, where adapter_config.json leaves them out
-KEY = re.compile(r"base_model\.model\.model\.layers\.(\d+)\.((?:self_attn|mlp)\.\w+)\.lora_([AB])\.weight")
+KEY = re.compile(r"base_model\.model\.model\.layers\.(\d+)\.([\w.]+?)\.lora_([AB])\.weight")
+# A mixture of experts' routed experts and router (transformers' and PEFT's names): no LoRA inputs
+ROUTED = re.compile(r"(?:mlp|block_sparse_moe)\.(?:experts\b.*|gate|router\b.*)")
 SAFETENSORS_DTYPES = {"F32": "<f4", "F16": "<f2", "F64": "<f8", "BF16": "<u2"}
 
 
@@ -151,7 +154,10 @@ def read_config(path: Path, data: bytes | None = None) -> dict:
         "arrow_config": (bool(cfg.get("arrow_config")), "Arrow routes among several adapters per token"),
         "monteclora_config": (bool(cfg.get("monteclora_config")), "MonteCLoRA samples its weights"),
         "trainable_token_indices": (bool(cfg.get("trainable_token_indices")), "it retrains embedding rows too"),
-        "target_parameters": (bool(cfg.get("target_parameters")), "it adapts parameters, not the projections"),
+        "target_parameters": (bool(cfg.get("target_parameters")),
+                              "it adapts parameters, not projections: on a mixture of experts, the routed experts' or "
+                              "router's, which PEFT's all-linear adapts so and LoRA here does not; train it with "
+                              "target_modules naming the projections"),
         "kasa_config": (bool(cfg.get("kasa_config")), "KaSA truncates the base weights and scales by a learned diagonal"),
         # (EVA is not here: it sets lora_A and the ranks, which it saves in rank_pattern and
         # alpha_pattern, and leaves the base weights alone)
@@ -267,18 +273,27 @@ def convert(name: str, path: str | Path, manifest: Manifest) -> Adapter:
     tensors = read_safetensors(weights_path, parts[1])
     dtype = dtype_of(manifest)
     max_rank = manifest.limits.max_lora_rank
-    known = {module for _, module, _, _ in projections(manifest)}
+    known: dict[str, list[int]] = {}  # module -> the layers with its inputs
+    for layer, module, _, _ in projections(manifest):
+        known.setdefault(module, []).append(layer)
     pairs: dict[tuple[int, str], dict[str, np.ndarray]] = {}
     processed = processed_config(config_path)
     for key, value in tensors.items():
         m = (PROCESSED_KEY if processed else KEY).fullmatch(key.replace(".default.", "."))
+        if m is not None and m[2] not in known and ROUTED.fullmatch(m[2]):
+            raise AdapterError(f"{weights_path}: tensor {key} adapts a mixture of experts' routed experts or router; "
+                               "LoRA on those is not supported (an adapter may adapt "
+                               f"{', '.join(known)}): train it with target_modules naming those only")
         if m is None or m[2] not in known:
-            raise AdapterError(f"{weights_path}: tensor {key} is not a LoRA matrix of a layer's q/k/v/o, gate, up "
-                               "or down projection, the modules this engine can adapt")
+            raise AdapterError(f"{weights_path}: tensor {key} is not a LoRA matrix of a module this engine can "
+                               f"adapt ({', '.join(known)})")
         layer = int(m[1])
         if layer >= manifest.model.num_layers:
             raise AdapterError(f"{weights_path}: tensor {key} is for layer {layer}; the model has "
                                f"{manifest.model.num_layers}")
+        if layer not in known[m[2]]:  # a mixture of experts' dense MLP or shared expert, on a layer without it
+            raise AdapterError(f"{weights_path}: tensor {key} is for layer {layer}, which has no {m[2]} (the "
+                               f"layers with one: {known[m[2]]})")
         if not targeted(cfg, layer, m[2]):  # PEFT would leave it out; applying it would compute something else
             raise AdapterError(f"{weights_path}: tensor {key} is for a module that {config_path} does not target "
                                f"(target_modules {cfg.get('target_modules')!r}, layers_to_transform "
@@ -344,10 +359,7 @@ def rope_pair_order(width: int, head_dim: int, rotary_dim: int) -> np.ndarray:
 
 def projections(manifest: Manifest) -> Iterator[tuple[int, str, int, int]]:
     """(layer, PEFT module, in, out) of every LoRA input pair of a LoRA engine, layer by layer."""
-    for layer in range(manifest.model.num_layers):
-        for s in manifest.lora["sites"].values():
-            for module, lo, hi in s["modules"]:
-                yield layer, module, s["in"], hi - lo
+    return lora_projections(manifest.lora, manifest.model.num_layers)
 
 
 def checked_pair(pair: dict, where: str, n_in: int, n_out: int, max_rank: int) -> tuple[np.ndarray, np.ndarray]:

@@ -412,6 +412,16 @@ def check_eagle(e: dict, model: ModelShape) -> str:
     return ""
 
 
+def lora_projections(lora: dict, num_layers: int):
+    """(layer, PEFT module, in, out) of every LoRA input pair a lora section's sites give, layer by
+    layer; a site with "layers" is on those layers only (builder/decoder.py's lora_sites)."""
+    for layer in range(num_layers):
+        for s in lora.get("sites", {}).values():
+            if "layers" not in s or layer in s["layers"]:
+                for module, lo, hi in s["modules"]:
+                    yield layer, module, s["in"], hi - lo
+
+
 def check_lora(m: Manifest) -> str:
     """A LoRA section goes with a max_lora_rank, and the reverse."""
     if bool(m.lora) != bool(m.limits.max_lora_rank):
@@ -427,6 +437,9 @@ def check_lora(m: Manifest) -> str:
                 isinstance(e, list) and len(e) == 3 and isinstance(e[0], str) and whole(e[1], 0) and whole(e[2])
                 and e[1] < e[2] for e in modules)):
             return f"lora.sites.{name} must be {{\"in\": width, \"modules\": [[module, start, stop], ...]}}, got {site!r}"
+        layers = site.get("layers", [0])
+        if not (isinstance(layers, list) and layers and all(whole(i, 0) and i < m.model.num_layers for i in layers)):
+            return f"lora.sites.{name}.layers must be a list of layer indices below {m.model.num_layers}, got {layers!r}"
     rope = m.lora.get("interleaved_rope")  # runtime/lora.py's rope_pair_order: an even rotary_dim <= head_dim
     if rope is not None and not (whole(rope) and rope % 2 == 0 and rope <= m.model.head_dim):
         return f"lora.interleaved_rope must be an even rotary width up to head_dim {m.model.head_dim}, got {rope!r}"

@@ -85,7 +85,6 @@ def test_the_tensorrt_graph_matches_transformers(options, env, qwen3_moe, tmp_pa
      r"--quantization int4 --dtype float16 .* use --dtype float32"),
     ({"quantization": "int8", "backend": "tensorrt"}, r"--quantization int8 --backend tensorrt: .* quantized experts "
                                                       r"are built for ONNX Runtime only for now"),
-    ({"max_lora_rank": 8}, r"LoRA \(--max-lora-rank, --lora\): .* LoRA adapters on experts are not supported"),
 ])
 def test_what_is_not_built_yet_is_refused_by_name(options, message, qwen3_moe, tmp_path):
     trt = fakes.installed() if options.get("backend") == "tensorrt" else contextlib.nullcontext()  # (the stand-in)

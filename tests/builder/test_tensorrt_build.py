@@ -53,19 +53,20 @@ def test_static_axes_come_from_the_profiles():
     assert trt_build.static_shape((-1, -1), io.input_ids, one) == (1, 1)
 
 
-@pytest.mark.parametrize("graph", ["modern", "legacy"])
-def test_profiles_cover_every_graph_input(tiny_checkpoint, tmp_path, graph):
-    build(BuildConfig(model=str(tiny_checkpoint("qwen3")), output=str(tmp_path / "e"), backend="onnxruntime",
-                      graph=graph, trt_version="10.3" if graph == "legacy" else "11.1", verify=False, **LIMITS),
-          log=lambda m: None)
+# (a LoRA mixture of experts: its MLP sites on some layers only, the profiles' LoRA inputs as its graph's)
+@pytest.mark.parametrize("arch, graph, rank", [("qwen3", "modern", 0), ("qwen3", "legacy", 0), ("qwen2_moe", "modern", 4)])
+def test_profiles_cover_every_graph_input(tiny_checkpoint, tmp_path, arch, graph, rank):
+    build(BuildConfig(model=str(tiny_checkpoint(arch)), output=str(tmp_path / "e"), backend="onnxruntime",
+                      graph=graph, trt_version="10.3" if graph == "legacy" else "11.1", verify=False,
+                      max_lora_rank=rank, **LIMITS), log=lambda m: None)
     m = load(tmp_path / "e")
     inputs = {i.name for i in onnx.load(str(tmp_path / "e" / "llm.onnx"), load_external_data=False).graph.input}
     # (an ONNX Runtime build's graph takes verify_index for prompt_logprobs and verify_uniform for prompt
     # lookup's sampled rows; a TensorRT build's does not)
     assert m.prompt_logits and m.verify_sampler and {m.io.verify_index, m.io.verify_uniform} <= inputs
-    for p in trt_build.optimization_profiles(m.limits, m.model, m.io):
+    for p in trt_build.optimization_profiles(m.limits, m.model, m.io, m.lora):
         assert set(p.shapes) == inputs - {m.io.verify_index, m.io.verify_uniform}
-    assert m.graph_profile == graph
+    assert m.graph_profile == graph and any(".shared_expert." in n for n in inputs) == bool(rank)
 
 
 def test_the_kv_capacity_is_static_when_the_parser_imports_the_graph(tiny_checkpoint, tmp_path):

@@ -95,6 +95,9 @@ SECTIONS = [
      'lora.sites.o must be {"in": width, "modules": [[module, start, stop], ...]}'),
     (both(setter("limits.max_lora_rank", 4), setter("lora", {"adapters": {}, "sites": {
         "o": {"in": 32, "modules": [["self_attn.o_proj", 5, 2]]}}})), "lora.sites.o must be"),
+    (both(setter("limits.max_lora_rank", 4), setter("lora", {"adapters": {}, "sites": {
+        "o": {"in": 32, "modules": [["self_attn.o_proj", 0, 32]], "layers": [0, 99]}}})),
+     "lora.sites.o.layers must be a list of layer indices below 2, got [0, 99]"),
     (setter("eagle", {**EAGLE, "draft_step": -5}), "eagle.draft_step must be an integer in [1, any], got -5"),
     (setter("eagle", {**EAGLE, "draft_top_k": 9}), "eagle.draft_top_k must be an integer in [1, 4], got 9"),
     (setter("eagle", {**EAGLE, "tree": "yes"}), "eagle.tree must be true or false"),
