@@ -14,7 +14,8 @@ def _check_positive(name: str, value: object) -> None:
 def check_against_engine(inp: InputFile, vocab_size: int) -> list[tuple[int, str]]:
     """Per-request problems that need the engine: (request index, message naming the JSON path).
 
-    Token ids in `logit_bias`, `stop_token_ids` and `allowed_token_ids` must be below `vocab_size`."""
+    Token ids in `logit_bias`, `stop_token_ids`, `allowed_token_ids` and `prompt_token_ids` must be
+    below `vocab_size`."""
     _check_positive("vocab_size", vocab_size)
     problems = []
     for i, req in enumerate(inp.requests):
@@ -25,6 +26,7 @@ def check_against_engine(inp: InputFile, vocab_size: int) -> list[tuple[int, str
         bad += [(f"{stop_path}[{j}]", token_id) for j, token_id in enumerate(req.stop_token_ids)]
         allowed_path = req.where(i, "allowed_token_ids")
         bad += [(f"{allowed_path}[{j}]", token_id) for j, token_id in enumerate(req.allowed_token_ids or ())]
+        bad += [(f"requests[{i}].prompt_token_ids[{j}]", token_id) for j, token_id in enumerate(req.prompt_token_ids or ())]
         problems += [(i, f"`{path}` must be a token id below the vocabulary size {vocab_size}, "
                          f"got {token_id}") for path, token_id in bad if token_id >= vocab_size]
     return problems

@@ -113,6 +113,18 @@ def _stop_token_ids(value: object, path: str) -> tuple[int, ...]:
     return tuple(_token_id(v, f"{path}[{i}]") for i, v in enumerate(items))
 
 
+MAX_PROMPT_TOKEN_IDS = 1 << 18  # (the engine's max_input_len is the real limit, checked when it runs)
+
+
+def prompt_token_ids(value: object, path: str) -> tuple[int, ...]:
+    """vLLM's tokens prompt: the prompt as token ids, non-empty (each below the vocabulary size: checked
+    against the engine, input_checks)."""
+    items = _array(value, path, "token ids", MAX_PROMPT_TOKEN_IDS)
+    if not items:
+        _fail(path, "a non-empty array of token ids (the prompt)", value)
+    return tuple(_token_id(v, f"{path}[{i}]") for i, v in enumerate(items))
+
+
 _penalty = _number(float, -MAX_ABS_PENALTY, MAX_ABS_PENALTY)
 
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 from trtllm.runtime import beam_rules, files, guided, reasoning, tool_calls
 from trtllm.runtime.generation_config import CONFIG_NAMES
-from trtllm.runtime.input_fields import MAX_N, SAMPLING_FIELDS, SAMPLING_FIELDS_READ, lora_weights, stop
+from trtllm.runtime.input_fields import MAX_N, SAMPLING_FIELDS, SAMPLING_FIELDS_READ, lora_weights, prompt_token_ids, stop
 from trtllm.runtime.messages import (  # noqa: F401 - ContentItem: part of this module's API
     MEDIA_TYPES,
     ContentItem,
@@ -61,7 +61,7 @@ class Request:
     """One request. The sampling fields are resolved: the request's own value, else the top-level
     one, else the default below (the Edge-LLM defaults; docs/sampling.md has their meaning)."""
 
-    messages: tuple[Message, ...]
+    messages: tuple[Message, ...]  # () where prompt_token_ids gives the prompt
     lora_name: str | None
     save_system_prompt_kv_cache: bool
     disable_spec_decode: bool
@@ -103,6 +103,7 @@ class Request:
     allowed_token_ids: tuple[int, ...] | None = None  # vLLM's: the only ids it may generate (None: all)
     truncate_prompt_tokens: int | None = None  # vLLM's: keep the prompt's last k tokens (-1: max_input_len)
     no_repeat_ngram_size: int = 0  # transformers' (and TensorRT-LLM's): no n tokens in a row twice; 0 = off
+    prompt_token_ids: tuple[int, ...] | None = None  # vLLM's tokens prompt: the prompt itself (no template)
     # the keys it gave itself (parse_input fills it): errors about others name the top level's path
     own_fields: frozenset[str] = field(default=frozenset(), compare=False)
 
@@ -199,6 +200,7 @@ CONTEXT_FIELDS = {"context_cache_lookup_policy": _choice(("use_cache", "bypass")
 
 _REQUEST_FIELDS = {
     "messages": _messages,
+    "prompt_token_ids": prompt_token_ids,
     "lora_name": _lora_name,
     # upstream's test fixtures carry the expected answer for scoring; it takes no part in generation
     "reference": _string,
@@ -219,7 +221,17 @@ _REQUEST_FIELDS = {
 
 def _request(value: object, path: str, top: InputFile, bundled: tuple[str, ...] | None = ()) -> Request:
     value = _without_nulls(value, NULL_IS_UNSET)
-    f = _resolve_aliases(_fields(value, path, _REQUEST_TABLE, "a request", ("messages",)), path)
+    ids = isinstance(value, dict) and "prompt_token_ids" in value  # the prompt as ids: no messages
+    f = _resolve_aliases(_fields(value, path, _REQUEST_TABLE, "a request"), path)
+    if not ids and "messages" not in f:
+        _fail(f"{path}.messages", "given (or `prompt_token_ids`: a request needs a prompt)", None, shown="nothing")
+    if ids and "messages" in f:
+        _fail(f"{path}.prompt_token_ids", "absent when `messages` is given (the prompt is one or the other)",
+              f["prompt_token_ids"], shown="both")
+    if ids and f.get("continue_final_message"):
+        _fail(f"{path}.continue_final_message", "false with `prompt_token_ids` (there is no message to continue)",
+              True)
+    f.setdefault("messages", ())
     loras = {**dict.fromkeys(bundled or (), ""), **top.available_lora_weights}
     lora_name = f.get("lora_name")
     if lora_name is not None and lora_name not in loras:
@@ -268,6 +280,7 @@ def _request(value: object, path: str, top: InputFile, bundled: tuple[str, ...] 
         tool_call_parser=parser,
         **{name: own(name) for name in (*INHERITED, *CONTEXT_FIELDS)},
         **sampling,
+        prompt_token_ids=f.get("prompt_token_ids"),
         own_fields=frozenset(f),
     )
 

@@ -82,6 +82,8 @@ class Translated:
 
     def rename(self, text: str) -> str:
         text = text.replace("`requests[0].", "`").replace("`requests[0]`", "the request")
+        if self.text:  # a completion's prompt of token ids, item by item
+            text = text.replace("`prompt_token_ids", "`prompt")
         for ours, theirs in self.names.items():
             text = re.sub(rf"`{re.escape(ours)}(?![\w\[])", f"`{theirs}", text)
         return text
@@ -90,6 +92,8 @@ class Translated:
         if not path:
             return None
         path = path.removeprefix("requests[0]").lstrip(".") or None
+        if self.text and path and path.startswith("prompt_token_ids"):
+            return "prompt" + path.removeprefix("prompt_token_ids")
         if path is None or path in self.names:
             return path and self.names[path]
         head, sep, rest = path.partition(".")
@@ -122,12 +126,13 @@ def translate(body: object, served: str, adapters: frozenset[str], defaults: dic
     body, names = {k: v for k, v in body.items() if v is not None}, {}
     if text:
         body, names = _text_body(body), {"messages[0].content": "prompt", "messages": "prompt"}
-    if not isinstance(body.get("messages"), list) or not body["messages"]:
-        raise ApiError(f"`messages` must be a non-empty array of messages, got {body.get('messages')!r:.60}",
-                       "messages")
-    # OpenAI's newer name for the system role
-    body["messages"] = [{**m, "role": "system"} if isinstance(m, dict) and m.get("role") == "developer" else m
-                        for m in body["messages"]]
+    if "prompt_token_ids" not in body:  # (a completion's prompt of token ids has no messages)
+        if not isinstance(body.get("messages"), list) or not body["messages"]:
+            raise ApiError(f"`messages` must be a non-empty array of messages, got {body.get('messages')!r:.60}",
+                           "messages")
+        # OpenAI's newer name for the system role
+        body["messages"] = [{**m, "role": "system"} if isinstance(m, dict) and m.get("role") == "developer" else m
+                            for m in body["messages"]]
     model = body.pop("model", None)
     if model is not None and not isinstance(model, str):
         raise ApiError(f"`model` must be a string, got {model!r}", "model")
@@ -196,14 +201,20 @@ def translate(body: object, served: str, adapters: frozenset[str], defaults: dic
 
 
 def _text_body(body: dict) -> dict:
-    """A completions body as a chat body of one user message, the prompt (no template: its text as it is)."""
-    if "messages" in body:
-        raise ApiError("`messages`: /v1/completions takes a `prompt` (/v1/chat/completions takes messages)", "messages")
+    """A completions body as a chat body of one user message, the prompt (no template: its text as it
+    is), or as a request of the prompt's token ids (OpenAI's array of integers: `prompt_token_ids`)."""
+    for name in ("messages", "prompt_token_ids"):
+        if name in body:
+            raise ApiError(f"`{name}`: /v1/completions takes a `prompt` (a string or an array of token ids)", name)
     prompt = body.pop("prompt", None)
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
-        prompt = prompt[0]
-    if not isinstance(prompt, str):
-        raise ApiError(f"`prompt` must be a string (one prompt a request), got {prompt!r:.60}", "prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+        prompt = prompt[0]  # (a list of one prompt)
+    ids = isinstance(prompt, list) and bool(prompt) and all(isinstance(t, int) and not isinstance(t, bool)
+                                                            for t in prompt)
+    if not isinstance(prompt, str) and not ids:
+        many = isinstance(prompt, list) and len(prompt) > 1 and all(isinstance(p, (str, list)) for p in prompt)
+        raise ApiError(f"`prompt` must be a string or a non-empty array of token ids"
+                       f"{' (one prompt a request)' if many else ''}, got {prompt!r:.60}", "prompt")
     if body.pop("echo", False):
         raise ApiError("`echo` is not supported: the answer never holds the prompt", "echo")
     if body.pop("suffix", ""):
@@ -217,7 +228,7 @@ def _text_body(body: dict) -> dict:
         if name in body:
             raise ApiError(f"`{name}`: /v1/completions sends its prompt as it is, with no chat template "
                            "(/v1/chat/completions takes it)", name)
-    return {**body, "messages": [{"role": "user", "content": prompt}]}
+    return {**body, "prompt_token_ids": prompt} if ids else {**body, "messages": [{"role": "user", "content": prompt}]}
 
 
 def _guide(body: dict) -> tuple[dict, str] | None:

@@ -86,14 +86,15 @@ def token_problem(p, req: fmt.Request, index: int, tokenizer, manifest) -> str |
         if why:
             return f"`{req.where(index, 'allowed_token_ids')}`: {why}: no token could come"
     limit = manifest.limits.max_input_len
+    prompt = f"requests[{index}].{'messages' if req.prompt_token_ids is None else 'prompt_token_ids'}"
     if not p.prompt_ids:
-        return f"`requests[{index}].messages`: the prompt is empty: there is nothing to generate from"
+        return f"`{prompt}`: the prompt is empty: there is nothing to generate from"
     if len(p.prompt_ids) > limit:
         asked = (manifest.build_config or {}).get("max_input_len")
         # (a build asked for more and was lowered to the model's positions: a rebuild cannot raise it)
         fix = " (the model's position limit: a rebuild cannot raise it); give" if isinstance(asked, int) \
             and asked > limit else "; rebuild with a larger --max-input-len, or give"
-        return (f"`requests[{index}].messages`: the prompt is {len(p.prompt_ids)} tokens, more than the engine's "
+        return (f"`{prompt}`: the prompt is {len(p.prompt_ids)} tokens, more than the engine's "
                 f"max_input_len {limit}{fix} truncate_prompt_tokens (-1 keeps its last max_input_len)")
     return None
 

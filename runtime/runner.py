@@ -15,7 +15,7 @@ import numpy as np
 
 from trtllm.runtime import input_format as fmt
 from trtllm.runtime import beam_requests, interrupt, reasoning, request_checks, run_profile, tool_calls
-from trtllm.runtime.chat_template import ChatTemplate, ChatTemplateError, raw_prompt
+from trtllm.runtime.chat_template import ChatTemplate, ChatTemplateError, FormattedPrompt, raw_prompt
 from trtllm.runtime.engine import Engine
 from trtllm.runtime.generate import PrefixSource, RowState, Timing, run_rows
 from trtllm.runtime.grammar import Grammars
@@ -147,6 +147,15 @@ class Runner:
                     if req.lora_name in adapters.given else f"requests[{index}].lora_name` {req.lora_name!r}"
                 p.error = f"`{where}: {e}"
                 return p
+        if req.prompt_token_ids is not None:  # vLLM's tokens prompt: the ids as they are (no template, no tokenizer)
+            p.error = request_checks.unseen_tools(index, req, None) or request_checks.unread_kwargs(index, req, None)
+            if p.error:  # (tools and template variables would not reach the model: no template runs)
+                return p
+            ids = list(req.prompt_token_ids)
+            fp = FormattedPrompt(text=self.tokenizer.decode(ids, skip_special_tokens=False, clean_up=False),
+                                 system_prefix="")
+            p.thinking = fp.text.rstrip().endswith("<think>")  # (a prompt that opens the thought, as templated)
+            return self.tokenized(p, index, ids, fp, templated=False)
         # Without the template the text goes to the tokenizer as a plain string, so it gets the
         # tokenizer's own special tokens (a base model's BOS), as transformers' tokenizer(text) does;
         # a template writes its special tokens into the text itself.
@@ -182,8 +191,12 @@ class Runner:
         except ChatTemplateError as e:
             p.error = f"`requests[{index}].messages`: the chat template failed: {e}"
             return p
-        p.text, p.system_prefix = fp.text, fp.system_prefix
-        p.prompt_ids = self.tokenizer.encode(fp.text, add_special_tokens=not templated)
+        return self.tokenized(p, index, self.tokenizer.encode(fp.text, add_special_tokens=not templated), fp, templated)
+
+    def tokenized(self, p: Prepared, index: int, ids: list[int], fp: FormattedPrompt, templated: bool) -> Prepared:
+        """p with its prompt's ids (truncated where the request asks) and its reusable system prefix."""
+        req = p.request
+        p.text, p.system_prefix, p.prompt_ids = fp.text, fp.system_prefix, ids
         limit = self.engine.manifest.limits.max_input_len
         keep = limit if req.truncate_prompt_tokens == -1 else req.truncate_prompt_tokens
         if keep and keep > limit:  # (vLLM refuses one past the model's length too)

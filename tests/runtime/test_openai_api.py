@@ -146,3 +146,23 @@ def test_text_offsets_go_on_over_a_stream_and_count_whole_characters():
     second = api.delta_choice(0, "猫b", {"token_logprobs": tokens[2:], "logprobs": [[x] for x in tokens[2:]]}, t, None,
                               sent)
     assert first["logprobs"]["text_offset"] + second["logprobs"]["text_offset"] == whole["text_offset"]
+
+
+def test_a_completion_of_token_ids_is_a_tokens_prompt():
+    """OpenAI's prompt of token ids (or a list of one) is the request's prompt_token_ids; the errors about
+    them name `prompt` and its items; several prompts, messages or prompt_token_ids are refused."""
+    for prompt in ([5, 6, 7], [[5, 6, 7]]):
+        r = request(api.translate({"prompt": prompt}, "demo", frozenset(), {}, 4096, text=True))
+        assert r.prompt_token_ids == (5, 6, 7) and r.messages == ()
+    t = api.translate({"prompt": [5, -1]}, "demo", frozenset(), {}, 4096, text=True)
+    with pytest.raises(fmt.InputError) as e:
+        fmt.parse_input(t.document, ())
+    err = t.error(e.value)
+    assert err.param == "prompt[1]" and str(err).startswith("`prompt[1]` must be an integer >= 0")
+    for body, param in (({"prompt": ["a", [1]]}, "prompt"), ({"prompt": [True]}, "prompt"),
+                        ({"prompt_token_ids": [1]}, "prompt_token_ids"), ({"prompt": [[1], [2]]}, "prompt")):
+        with pytest.raises(api.ApiError) as e:
+            api.translate(body, "demo", frozenset(), {}, 4096, text=True)
+        assert e.value.param == param
+    with pytest.raises(api.ApiError, match="one prompt a request"):
+        api.translate({"prompt": [[1], [2]]}, "demo", frozenset(), {}, 4096, text=True)

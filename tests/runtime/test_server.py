@@ -309,6 +309,19 @@ def test_a_text_completion_answers_its_prompt_without_the_template(serve, run_cl
     status, out = post(port, {"prompt": "x" * 3000, "max_tokens": 2}, "/v1/completions")
     assert status == 400 and out["error"]["param"] == "prompt", out
     assert post(port, {"prompt": "Hi", "echo": True}, "/v1/completions")[1]["error"]["param"] == "echo"
+    # the prompt as token ids (OpenAI's array of integers, or a list of one): the same answer as its text
+    from trtllm.runtime.tokenizer import Tokenizer
+
+    ids = Tokenizer.from_engine_dir(tiny_engine("llama")).encode("The quick brown fox", add_special_tokens=True)
+    for prompt in (ids, [ids]):
+        status, out = post(port, {**body, "prompt": prompt}, "/v1/completions")
+        assert status == 200 and out["choices"][0]["text"] == choice["text"], out
+        assert out["usage"]["prompt_tokens"] == len(ids)
+    for prompt, param, says in (([1, 10 ** 6], "prompt[1]", "`prompt[1]` must be a token id below the vocabulary"),
+                                ([1] * 3000, "prompt", "`prompt`: the prompt is 3000 tokens"),
+                                (["a", "b"], "prompt", "(one prompt a request)"), ([], "prompt", "non-empty")):
+        status, out = post(port, {"prompt": prompt, "max_tokens": 2}, "/v1/completions")
+        assert status == 400 and out["error"]["param"] == param and says in out["error"]["message"], out
 
 
 SPECULATED = [chat("the cat the cat the cat the cat", temperature=0, max_tokens=32),
