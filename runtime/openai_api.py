@@ -56,12 +56,13 @@ class Translated:
     """A body as an input document, and what the server itself reads from it."""
 
     def __init__(self, document: dict, stream: bool, include_usage: bool, top_logprobs: int | None,
-                 names: dict[str, str], model: str, text: bool = False):
+                 names: dict[str, str], model: str, text: bool = False, echo: bool = False):
         self.document, self.stream, self.include_usage = document, stream, include_usage
         self.top_logprobs = top_logprobs  # None: no logprobs asked for
         self.names = names  # our field (or path) -> the body's name for it, where they differ
         self.model = model
-        self.text = text  # /v1/completions
+        self.text, self.echo = text, echo  # /v1/completions; its answers open with their prompts
+        self.prompts = len(document["requests"])  # (a completion's prompts: a request each)
 
     def error(self, e: fmt.InputError) -> ApiError:
         """input_format's error about the document, in the body's names."""
@@ -80,10 +81,17 @@ class Translated:
         failed = next((r for r in responses if r["finish_reason"] == "error"), None)
         return None if failed is None else self.refused(failed.get("error", ""), 500)
 
+    def prompt(self, i: str) -> str:
+        """The body's name for request i's prompt: `prompt`, or `prompt[i]` of several."""
+        return "prompt" if self.prompts == 1 else f"prompt[{i}]"
+
     def rename(self, text: str) -> str:
-        text = text.replace("`requests[0].", "`").replace("`requests[0]`", "the request")
-        if self.text:  # a completion's prompt of token ids, item by item
-            text = text.replace("`prompt_token_ids", "`prompt")
+        if self.text:  # a completion's prompt, as text or token ids (item by item)
+            text = re.sub(r"`requests\[(\d+)\]\.(?:prompt_token_ids|messages\[0\]\.content|messages)(?!\w)",
+                          lambda m: f"`{self.prompt(m[1])}", text)
+            if self.prompts > 1:
+                text = re.sub(r"`requests\[(\d+)\]`", lambda m: f"`{self.prompt(m[1])}`", text)
+        text = re.sub(r"`requests\[\d+\]\.", "`", text).replace("`requests[0]`", "the request")
         for ours, theirs in self.names.items():
             text = re.sub(rf"`{re.escape(ours)}(?![\w\[])", f"`{theirs}", text)
         return text
@@ -91,10 +99,13 @@ class Translated:
     def rename_path(self, path: str | None) -> str | None:
         if not path:
             return None
-        path = path.removeprefix("requests[0]").lstrip(".") or None
-        if self.text and path and path.startswith("prompt_token_ids"):
-            return "prompt" + path.removeprefix("prompt_token_ids")
-        if path is None or path in self.names:
+        at = re.match(r"requests\[(\d+)\]\.?", path)
+        i, path = (at[1], path[at.end():]) if at else ("0", path)
+        if self.text and path.startswith(("prompt_token_ids", "messages")):
+            return self.prompt(i) + (path.removeprefix("prompt_token_ids") if path.startswith("prompt_") else "")
+        if not path:
+            return self.prompt(i) if self.text and self.prompts > 1 else None
+        if path in self.names:
             return path and self.names[path]
         head, sep, rest = path.partition(".")
         return self.names.get(head, head) + sep + rest
@@ -123,14 +134,13 @@ def translate(body: object, served: str, adapters: frozenset[str], defaults: dic
     except InputError as e:
         raise ApiError(str(e), e.json_path) from None
     # null is "not given" in OpenAI's API, for every field
-    body, names = {k: v for k, v in body.items() if v is not None}, {}
+    body, names, prompts = {k: v for k, v in body.items() if v is not None}, {}, [{}]
     if text:
-        body, names = _text_body(body), {"messages[0].content": "prompt", "messages": "prompt"}
-    if "prompt_token_ids" not in body:  # (a completion's prompt of token ids has no messages)
-        if not isinstance(body.get("messages"), list) or not body["messages"]:
-            raise ApiError(f"`messages` must be a non-empty array of messages, got {body.get('messages')!r:.60}",
-                           "messages")
-        # OpenAI's newer name for the system role
+        body, prompts = _text_body(body)
+    elif not isinstance(body.get("messages"), list) or not body["messages"]:
+        raise ApiError(f"`messages` must be a non-empty array of messages, got {body.get('messages')!r:.60}",
+                       "messages")
+    else:  # OpenAI's newer name for the system role
         body["messages"] = [{**m, "role": "system"} if isinstance(m, dict) and m.get("role") == "developer" else m
                             for m in body["messages"]]
     model = body.pop("model", None)
@@ -140,8 +150,11 @@ def translate(body: object, served: str, adapters: frozenset[str], defaults: dic
         known = ", ".join(sorted({served, *adapters}))
         raise ApiError(f"the model `{model}` does not exist here (served: {known})", "model", 404,
                        "NotFoundError", "model_not_found")
-    stream = _flag(body, "stream")
+    stream, echo = _flag(body, "stream"), text and _flag(body, "echo")
     body.pop("stream", None)
+    body.pop("echo", None)
+    if echo and stream:
+        raise ApiError("`echo` with `stream` is not supported: ask for the whole answer", "echo")
     options = body.pop("stream_options", None)
     if options is not None and not (stream and isinstance(options, dict) and set(options) <= {"include_usage"}):
         raise ApiError("`stream_options` must be an object with `include_usage`, and only with `stream`: true",
@@ -170,6 +183,8 @@ def translate(body: object, served: str, adapters: frozenset[str], defaults: dic
         raise ApiError("`top_logprobs` needs `logprobs`: true", "top_logprobs")
     if logprobs:  # (each token's own logprob comes with the top ones: at least one)
         request["num_logprobs"], names["num_logprobs"] = max(top or 0, 1), names.get("top_logprobs", "top_logprobs")
+        if echo:  # the prompt's too: each token's, and as many top ones
+            request["prompt_logprobs"], names["prompt_logprobs"] = top or 0, "logprobs"
     guide = _guide(body)
     if guide is not None:
         request["guided_decoding"], names["guided_decoding"] = guide
@@ -196,27 +211,32 @@ def translate(body: object, served: str, adapters: frozenset[str], defaults: dic
     top_level.update({k: request.pop(k) for k in list(request) if k in TOP_ONLY})
     if text:
         top_level["apply_chat_template"] = False
-    return Translated({**top_level, "requests": [{**own, **request}]}, stream, include_usage,
-                      (top or 0) if logprobs else None, names, model or served, text)
+    return Translated({**top_level, "requests": [{**own, **request, **prompt} for prompt in prompts]}, stream,
+                      include_usage, (top or 0) if logprobs else None, names, model or served, text, echo)
 
 
-def _text_body(body: dict) -> dict:
-    """A completions body as a chat body of one user message, the prompt (no template: its text as it
-    is), or as a request of the prompt's token ids (OpenAI's array of integers: `prompt_token_ids`)."""
+MAX_PROMPTS = 256  # prompts of one completions request
+
+
+def _text_body(body: dict) -> tuple[dict, list[dict]]:
+    """A completions body without its prompts, and each prompt as a request's: one user message, its
+    text as it is (no template), or its token ids (OpenAI's array of integers: `prompt_token_ids`).
+    `prompt` is one prompt, or an array of them (each a string or an array of ids)."""
     for name in ("messages", "prompt_token_ids"):
         if name in body:
             raise ApiError(f"`{name}`: /v1/completions takes a `prompt` (a string or an array of token ids)", name)
     prompt = body.pop("prompt", None)
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
-        prompt = prompt[0]  # (a list of one prompt)
-    ids = isinstance(prompt, list) and bool(prompt) and all(isinstance(t, int) and not isinstance(t, bool)
-                                                            for t in prompt)
-    if not isinstance(prompt, str) and not ids:
-        many = isinstance(prompt, list) and len(prompt) > 1 and all(isinstance(p, (str, list)) for p in prompt)
-        raise ApiError(f"`prompt` must be a string or a non-empty array of token ids"
-                       f"{' (one prompt a request)' if many else ''}, got {prompt!r:.60}", "prompt")
-    if body.pop("echo", False):
-        raise ApiError("`echo` is not supported: the answer never holds the prompt", "echo")
+    if isinstance(prompt, str) or _token_ids(prompt):
+        prompt = [prompt]
+    if not isinstance(prompt, list) or not 1 <= len(prompt) <= MAX_PROMPTS:
+        raise ApiError(f"`prompt` must be a string, an array of token ids, or an array of 1 to {MAX_PROMPTS} of "
+                       f"those, got {prompt!r:.60}", "prompt")
+    prompts = []
+    for i, p in enumerate(prompt):
+        where = "prompt" if len(prompt) == 1 else f"prompt[{i}]"
+        if not isinstance(p, str) and not _token_ids(p):
+            raise ApiError(f"`{where}` must be a string or a non-empty array of token ids, got {p!r:.60}", where)
+        prompts.append({"prompt_token_ids": p} if _token_ids(p) else {"messages": [{"role": "user", "content": p}]})
     if body.pop("suffix", ""):
         raise ApiError("`suffix` is not supported (no fill-in-the-middle)", "suffix")
     if body.get("best_of", body.get("n", 1)) != body.get("n", 1):
@@ -224,11 +244,18 @@ def _text_body(body: dict) -> dict:
     body.pop("best_of", None)
     if "top_logprobs" in body:
         raise ApiError("`top_logprobs`: /v1/completions takes `logprobs` as the number of top tokens", "top_logprobs")
+    if "prompt_logprobs" in body and body.get("echo"):
+        raise ApiError("`prompt_logprobs`: `echo` with `logprobs` gives the prompt's", "prompt_logprobs")
     for name in CHAT_ONLY:
         if name in body:
             raise ApiError(f"`{name}`: /v1/completions sends its prompt as it is, with no chat template "
                            "(/v1/chat/completions takes it)", name)
-    return {**body, "prompt_token_ids": prompt} if ids else {**body, "messages": [{"role": "user", "content": prompt}]}
+    return body, prompts
+
+
+def _token_ids(value: object) -> bool:
+    return isinstance(value, list) and bool(value) and all(isinstance(t, int) and not isinstance(t, bool)
+                                                           for t in value)
 
 
 def _guide(body: dict) -> tuple[dict, str] | None:
@@ -295,7 +322,8 @@ def _entry(e: dict) -> dict:
 
 
 def usage(responses: list[dict], cached: int) -> dict:
-    prompt = responses[0].get("prompt_tokens", 0) if responses else 0
+    """Each prompt's tokens once (its n samples share it), and every generated one."""
+    prompt = sum(r.get("prompt_tokens", 0) for r in responses if r.get("sample_idx", 0) == 0)
     generated = sum(r.get("output_tokens", 0) for r in responses)
     return {"prompt_tokens": prompt, "completion_tokens": generated, "total_tokens": prompt + generated,
             "prompt_tokens_details": {"cached_tokens": cached}}
@@ -313,17 +341,33 @@ def text_logprobs(steps: list, own: list, top: int | None, before: bytearray | N
     for e in own:
         offsets.append(len(before.decode("utf-8", errors="ignore")))
         before += bytes(e["bytes"])
-    return {"tokens": [e["token"] for e in own], "token_logprobs": [_entry(e)["logprob"] for e in own],
-            "top_logprobs": [{e["token"]: _entry(e)["logprob"] for e in step[:top]} for step in steps],
+    return {"tokens": [e["token"] for e in own],
+            "token_logprobs": [None if e.get("unscored") else _entry(e)["logprob"] for e in own],
+            "top_logprobs": [None if step is None else {e["token"]: _entry(e)["logprob"] for e in step[:top]}
+                             for step in steps],
             "text_offset": offsets}
+
+
+def echoed(r: dict) -> tuple[str, list, list]:
+    """An echoed completion's text, and its logprobs' top entries and own entries: the prompt's, then
+    the answer's (the prompt's first token has none: null, as OpenAI gives it)."""
+    text = (r.get("formatted_complete_request") or "") + r["output_text"]
+    if "prompt_first" not in r or "prompt_token_logprobs" not in r:
+        return text, r.get("logprobs", []), r.get("token_logprobs", [])
+    prompt = r["prompt_token_logprobs"][1:]
+    steps = [None] + (r.get("prompt_logprobs") or [None, *([[]] * len(prompt))])[1:] + r.get("logprobs", [])
+    return text, steps, [{**r["prompt_first"], "unscored": True}, *prompt, *r.get("token_logprobs", [])]
 
 
 def completion(cid: str, created: int, t: Translated, responses: list[dict], cached: int) -> dict:
     if t.text:
-        choices = [{"index": i, "text": r["output_text"], "finish_reason": finish_reason(r),
-                    "logprobs": text_logprobs(r.get("logprobs", []), r.get("token_logprobs", []), t.top_logprobs),
-                    **({"stop_reason": r["stop_reason"]} if "stop_reason" in r else {})}
-                   for i, r in enumerate(responses)]
+        choices = []
+        for i, r in enumerate(responses):  # (a prompt's n choices after the one's before it: OpenAI's order)
+            text, steps, own = echoed(r) if t.echo else (r["output_text"], r.get("logprobs", []),
+                                                          r.get("token_logprobs", []))
+            choices.append({"index": i, "text": text, "finish_reason": finish_reason(r),
+                            "logprobs": text_logprobs(steps, own, t.top_logprobs),
+                            **({"stop_reason": r["stop_reason"]} if "stop_reason" in r else {})})
         return {"id": cid, "object": "text_completion", "created": created,
                 "model": t.model, "choices": choices, "usage": usage(responses, cached)}
     choices = []

@@ -77,7 +77,7 @@ class App:
         for _, problem in [*input_checks.check_limits(inp, m.max_top_k, m.model.vocab_size),
                            *input_checks.check_against_engine(inp, m.model.vocab_size)]:
             raise t.refused(problem)
-        return Job(inp, t.stream), t
+        return Job(inp, t.stream, t.echo), t
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -268,7 +268,7 @@ class Handler(BaseHTTPRequestHandler):
         self.send_header("Connection", "close")
         self.end_headers()
         self.close_connection = True
-        cid, created, n = api.completion_id(t), api.now(), job.inp.requests[0].n
+        cid, created, n = api.completion_id(t), api.now(), sum(r.n for r in job.inp.requests)  # (choices)
         sent = [bytearray() for _ in range(n)]  # (each choice's tokens so far: completions' text offsets)
         try:
             if not t.text:  # (a chat stream opens with each choice's role)

@@ -17,13 +17,16 @@ from trtllm.runtime.streams import Streams
 
 
 class Job:
-    """One HTTP request's samples. `events` carries, in order: ("line", sample_idx, text,
-    finish_reason, fields) while it streams, then ("done", responses, cached_tokens), or
-    ("error", message[, HTTP status, 400 unless given]) where it could not run."""
+    """One HTTP request's samples: its requests' (a completion's prompts: one each), request by request.
+    `events` carries, in order: ("line", choice, text, finish_reason, fields) while it streams (choice:
+    the sample's place among them), then ("done", responses, cached_tokens), or ("error", message[,
+    HTTP status, 400 unless given]) where it could not run. `echo`: each response also gets
+    `prompt_first`, its prompt's first token (an entry with no logprob: echoed answers open with it)."""
 
-    def __init__(self, inp: fmt.InputFile, stream: bool):
-        self.inp, self.stream = inp, stream
+    def __init__(self, inp: fmt.InputFile, stream: bool, echo: bool = False):
+        self.inp, self.stream, self.echo = inp, stream, echo
         self.samples: list[Sample] = []
+        self.choice: dict[int, int] = {}  # id(sample) -> its place in samples
         self.events: queue.Queue = queue.Queue()
         self.cancelled = False  # its client went away: its rows end at the next step
 
@@ -115,15 +118,18 @@ class Service:
         """The job's rows, or none where it cannot run (its error goes to its queue)."""
         if job.cancelled:
             return []
-        r = self.runner
-        p = r.prepare(0, job.inp.requests[0], job.inp, self.adapters)
-        if p.error is not None:  # (a failure of ours in preparing it is no fault of the request's)
-            job.events.put(("error", p.error, 500 if "a bug in trtllm-edge" in p.error else 400))
-            return []
+        r, prepared = self.runner, []
+        for i, req in enumerate(job.inp.requests):  # (one that cannot run fails the job: OpenAI's 400)
+            p = r.prepare(i, req, job.inp, self.adapters)
+            if p.error is not None:  # (a failure of ours in preparing it is no fault of the request's)
+                job.events.put(("error", p.error, 500 if "a bug in trtllm-edge" in p.error else 400))
+                return []
+            prepared.append(p)
         try:
-            job.samples = [Sample(p, k) for k in range(job.inp.requests[0].n)]
-            for smp in job.samples:
+            job.samples = [Sample(p, k) for p in prepared for k in range(p.request.n)]
+            for place, smp in enumerate(job.samples):
                 smp.row = r.make_row(smp)
+                job.choice[id(smp)] = place
         except Exception as e:  # noqa: BLE001 - this request fails, not the loop
             job.events.put(("error", f"the request could not be started ({type(e).__name__}: {e}; a bug in "
                                      "trtllm-edge: please report it with this request)", 500))
@@ -131,7 +137,8 @@ class Service:
         for smp in job.samples:
             self.streams.add(smp)
             self.job_of[id(smp)] = job
-        p.guide = None  # (each row has its copy)
+        for p in prepared:
+            p.guide = None  # (each row has its copy)
         self.jobs.append(job)
         return [smp.row for smp in job.samples]
 
@@ -145,7 +152,7 @@ class Service:
         """Streams' on_text, for a job that streams."""
         job = self.job_of.get(id(smp))
         if job is not None and job.stream and not job.cancelled:
-            job.events.put(("line", smp.sample_idx, text, finish_reason, fields or {}))
+            job.events.put(("line", job.choice[id(smp)], text, finish_reason, fields or {}))
 
     def settle(self) -> None:
         """Answer the jobs whose samples all ended; end the rows of jobs whose client went away."""
@@ -157,7 +164,14 @@ class Service:
                     continue
                 self.forget(job)
                 responses = [self.runner.response(smp) for smp in job.samples]
-                job.events.put(("done", responses, max(smp.row.num_reused for smp in job.samples)))
+                if job.echo:
+                    for r, smp in zip(responses, job.samples):
+                        r["prompt_first"] = self.runner.logprob_entry(smp.prepared.prompt_ids[0], float("-inf"))
+                reused: dict[int, int] = {}  # each request's prompt once: the most any of its samples reused
+                for smp in job.samples:
+                    reused[smp.prepared.index] = max(reused.get(smp.prepared.index, 0), smp.row.num_reused)
+                cached = sum(reused.values())
+                job.events.put(("done", responses, cached))
             except Exception as e:  # noqa: BLE001 - this request fails, not the loop
                 for smp in job.samples:
                     if not smp.row.finish_reason:

@@ -150,7 +150,7 @@ def test_text_offsets_go_on_over_a_stream_and_count_whole_characters():
 
 def test_a_completion_of_token_ids_is_a_tokens_prompt():
     """OpenAI's prompt of token ids (or a list of one) is the request's prompt_token_ids; the errors about
-    them name `prompt` and its items; several prompts, messages or prompt_token_ids are refused."""
+    them name `prompt` and its items; messages or prompt_token_ids in the body are refused."""
     for prompt in ([5, 6, 7], [[5, 6, 7]]):
         r = request(api.translate({"prompt": prompt}, "demo", frozenset(), {}, 4096, text=True))
         assert r.prompt_token_ids == (5, 6, 7) and r.messages == ()
@@ -159,10 +159,34 @@ def test_a_completion_of_token_ids_is_a_tokens_prompt():
         fmt.parse_input(t.document, ())
     err = t.error(e.value)
     assert err.param == "prompt[1]" and str(err).startswith("`prompt[1]` must be an integer >= 0")
-    for body, param in (({"prompt": ["a", [1]]}, "prompt"), ({"prompt": [True]}, "prompt"),
-                        ({"prompt_token_ids": [1]}, "prompt_token_ids"), ({"prompt": [[1], [2]]}, "prompt")):
+    for body, param in (({"prompt": [True]}, "prompt"), ({"prompt": [[]]}, "prompt"), ({"prompt": []}, "prompt"),
+                        ({"prompt": ["a", [True]]}, "prompt[1]"), ({"prompt_token_ids": [1]}, "prompt_token_ids"),
+                        ({"prompt": [[1]] * (api.MAX_PROMPTS + 1)}, "prompt")):
         with pytest.raises(api.ApiError) as e:
             api.translate(body, "demo", frozenset(), {}, 4096, text=True)
         assert e.value.param == param
-    with pytest.raises(api.ApiError, match="one prompt a request"):
-        api.translate({"prompt": [[1], [2]]}, "demo", frozenset(), {}, 4096, text=True)
+
+
+def test_several_prompts_are_a_request_each_and_errors_name_theirs():
+    """A completion's array of prompts (strings and arrays of ids) is a request each, with the body's
+    settings; an error about one names `prompt[i]` (an id in it `prompt[i][j]`), and a shared
+    setting by its own name."""
+    t = api.translate({"prompt": ["Once", [5, 6], "upon"], "n": 2, "max_tokens": 3, "logprobs": 1, "echo": True},
+                      "demo", frozenset(), {}, 4096, text=True)
+    inp = fmt.parse_input(t.document, ())
+    assert [(r.messages[0].content if r.messages else r.prompt_token_ids) for r in inp.requests] == ["Once", (5, 6),
+                                                                                                       "upon"]
+    assert all((r.n, r.max_generate_length, r.num_logprobs, r.prompt_logprobs) == (2, 3, 1, 1) for r in inp.requests)
+    assert t.echo and t.prompts == 3
+    t = api.translate({"prompt": ["a", [5, -1]]}, "demo", frozenset(), {}, 4096, text=True)
+    with pytest.raises(fmt.InputError) as e:
+        fmt.parse_input(t.document, ())
+    assert t.error(e.value).param == "prompt[1][1]" and str(t.error(e.value)).startswith("`prompt[1][1]` must be")
+    assert t.rename_path("requests[1].prompt_token_ids[1]") == "prompt[1][1]"
+    assert t.rename_path("requests[0].messages[0].content") == "prompt[0]"
+    assert t.rename_path("requests[1].temperature") == "temperature"
+    assert t.refused("`requests[1].prompt_token_ids`: the prompt is 9 tokens").param == "prompt[1]"
+    assert str(t.refused("`requests[1].messages[0].content` is bad")) == "`prompt[1]` is bad"
+    with pytest.raises(api.ApiError) as e:  # (the prompt's scores come with the whole answer)
+        api.translate({"prompt": "a", "echo": True, "stream": True}, "demo", frozenset(), {}, 4096, text=True)
+    assert e.value.param == "echo"

@@ -308,7 +308,6 @@ def test_a_text_completion_answers_its_prompt_without_the_template(serve, run_cl
     assert events[-1] == "[DONE]" and "".join(c["text"] for e in events[:-1] for c in e["choices"]) == choice["text"]
     status, out = post(port, {"prompt": "x" * 3000, "max_tokens": 2}, "/v1/completions")
     assert status == 400 and out["error"]["param"] == "prompt", out
-    assert post(port, {"prompt": "Hi", "echo": True}, "/v1/completions")[1]["error"]["param"] == "echo"
     # the prompt as token ids (OpenAI's array of integers, or a list of one): the same answer as its text
     from trtllm.runtime.tokenizer import Tokenizer
 
@@ -319,9 +318,63 @@ def test_a_text_completion_answers_its_prompt_without_the_template(serve, run_cl
         assert out["usage"]["prompt_tokens"] == len(ids)
     for prompt, param, says in (([1, 10 ** 6], "prompt[1]", "`prompt[1]` must be a token id below the vocabulary"),
                                 ([1] * 3000, "prompt", "`prompt`: the prompt is 3000 tokens"),
-                                (["a", "b"], "prompt", "(one prompt a request)"), ([], "prompt", "non-empty")):
+                                ([["a"]], "prompt", "a non-empty array of token ids"),
+                                (["a", [1, 10 ** 6]], "prompt[1][1]", "`prompt[1][1]` must be a token id")):
         status, out = post(port, {"prompt": prompt, "max_tokens": 2}, "/v1/completions")
         assert status == 400 and out["error"]["param"] == param and says in out["error"]["message"], out
+
+
+def test_several_prompts_are_answered_in_openais_order(serve):
+    """A completion of an array of prompts (text and token ids) with n = 2: choice i * n + j is prompt i's
+    sample j, each what that prompt gets alone, streamed too; the usage counts every prompt once."""
+    from trtllm.runtime.tokenizer import Tokenizer
+
+    port, httpd = serve()
+    ids = Tokenizer.from_engine_dir(httpd.app.service.runner.engine.engine_dir).encode("Hello there",
+                                                                                     add_special_tokens=True)
+    body = {"temperature": 0.8, "seed": 11, "n": 2, "max_tokens": 6, "ignore_eos": True}
+    alone = [post(port, {**body, "prompt": p}, "/v1/completions")[1] for p in ("The quick brown fox", ids)]
+    status, out = post(port, {**body, "prompt": ["The quick brown fox", ids]}, "/v1/completions")
+    assert status == 200, out
+    assert [c["index"] for c in out["choices"]] == [0, 1, 2, 3]
+    assert [c["text"] for c in out["choices"]] == [c["text"] for a in alone for c in a["choices"]]
+    assert out["usage"]["prompt_tokens"] == sum(a["usage"]["prompt_tokens"] for a in alone)
+    assert out["usage"]["completion_tokens"] == 24
+    status, events = post(port, {**body, "prompt": ["The quick brown fox", ids], "stream": True}, "/v1/completions")
+    texts = ["", "", "", ""]
+    for e in events[:-1]:
+        for c in e["choices"]:
+            texts[c["index"]] += c["text"]
+    assert texts == [c["text"] for c in out["choices"]]
+
+
+def test_echo_gives_the_prompt_and_its_logprobs_as_lm_eval_reads_them(serve, run_cli, tiny_engine):
+    """echo with logprobs (lm-evaluation-harness's loglikelihood requests: max_tokens 1, or 0): the text
+    opens with the prompt, and the tokens, logprobs and top logprobs with the prompt's, its first
+    token's null; the prompt's are trtllm-run's prompt_logprobs for the same prompt."""
+    port, _ = serve()
+    prompt = "The quick brown fox"
+    _, want = run_cli(tiny_engine("llama"), {"apply_chat_template": False, "temperature": 0, "max_generate_length": 1,
+                                             "num_logprobs": 1, "prompt_logprobs": 1, "requests": [
+                                                 {"messages": [{"role": "user", "content": prompt}]}]})
+    w = want["responses"][0]
+    for max_tokens in (1, 0):
+        status, out = post(port, {"prompt": [prompt, prompt], "echo": True, "logprobs": 1, "max_tokens": max_tokens,
+                                  "temperature": 0}, "/v1/completions")
+        assert status == 200, out
+        for c in out["choices"]:
+            lp = c["logprobs"]
+            assert c["text"] == prompt + (w["output_text"] if max_tokens else "")
+            assert len(lp["tokens"]) == w["prompt_tokens"] + max_tokens
+            assert lp["token_logprobs"][0] is None and lp["top_logprobs"][0] is None
+            assert lp["token_logprobs"][1:w["prompt_tokens"]] == [e["logprob"] for e in w["prompt_token_logprobs"][1:]]
+            assert lp["top_logprobs"][1:w["prompt_tokens"]] == [{e["token"]: e["logprob"] for e in top}
+                                                                for top in w["prompt_logprobs"][1:]]
+            assert lp["text_offset"][0] == 0 and lp["text_offset"] == sorted(lp["text_offset"])
+            if max_tokens:
+                assert lp["token_logprobs"][-1] == w["token_logprobs"][0]["logprob"]
+    status, out = post(port, {"prompt": prompt, "echo": True, "stream": True}, "/v1/completions")
+    assert status == 400 and out["error"]["param"] == "echo"
 
 
 SPECULATED = [chat("the cat the cat the cat the cat", temperature=0, max_tokens=32),
