@@ -63,6 +63,7 @@ class Translated:
         self.model = model
         self.text, self.echo = text, echo  # /v1/completions; its answers open with their prompts
         self.prompts = len(document["requests"])  # (a completion's prompts: a request each)
+        self.token_strs = False  # /tokenize: each id's vocabulary piece too
 
     def error(self, e: fmt.InputError) -> ApiError:
         """input_format's error about the document, in the body's names."""
@@ -256,6 +257,55 @@ def _text_body(body: dict) -> tuple[dict, list[dict]]:
 def _token_ids(value: object) -> bool:
     return isinstance(value, list) and bool(value) and all(isinstance(t, int) and not isinstance(t, bool)
                                                            for t in value)
+
+
+def counting_body(body: object) -> tuple[dict, bool, bool]:
+    """vLLM's /tokenize body as a completions body (`prompt`) or a chat body (`messages`), whether the
+    first, and its `return_token_strs`; without its own fields (`add_special_tokens`: the
+    default of each, a completion's prompt with the tokenizer's own special tokens and a chat's
+    with the template's, is all there is)."""
+    if not isinstance(body, dict):
+        raise ApiError("the body must be a JSON object")
+    body = dict(body)
+    text = "messages" not in body
+    strs = body.pop("return_token_strs", None)
+    if strs is not None and not isinstance(strs, bool):
+        raise ApiError(f"`return_token_strs` must be true or false, got {strs!r}", "return_token_strs")
+    special = body.pop("add_special_tokens", None)
+    if special is not None and special is not text:
+        raise ApiError(f"`add_special_tokens` must be {str(text).lower()} (or absent): "
+                       f"{'a prompt is encoded with' if text else 'the chat template writes'} the special tokens, "
+                       "as a request of the same body runs", "add_special_tokens")
+    for name in ("max_tokens", "max_completion_tokens", "stream", "n", "echo"):
+        body.pop(name, None)  # (what a generation request would also say: it changes no token of the prompt)
+    return body, text, bool(strs)
+
+
+def tokenized(ids: list[int], capacity: int, strs: bool, tokenizer) -> dict:
+    """vLLM's /tokenize answer."""
+    return {"count": len(ids), "max_model_len": capacity, "tokens": ids,
+            "token_strs": [tokenizer.id_to_token(i) for i in ids] if strs else None}
+
+
+def detokenize_ids(body: object, served: str, adapters: frozenset[str], vocab_size: int) -> list[int]:
+    """vLLM's /detokenize body's `tokens`, each below the vocabulary size."""
+    if not isinstance(body, dict):
+        raise ApiError("the body must be a JSON object")
+    unknown = set(body) - {"tokens", "model"}
+    if unknown:
+        raise ApiError(f"`{sorted(unknown)[0]}` is not a field of /detokenize (tokens, model)", sorted(unknown)[0])
+    model = body.get("model")
+    if model is not None and model != served and model not in adapters:
+        raise ApiError(f"the model `{model}` does not exist here (served: {served})", "model", 404, "NotFoundError",
+                       "model_not_found")
+    ids = body.get("tokens")
+    if not isinstance(ids, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
+        raise ApiError(f"`tokens` must be an array of token ids, got {ids!r:.60}", "tokens")
+    bad = next((j for j, t in enumerate(ids) if not 0 <= t < vocab_size), None)
+    if bad is not None:
+        raise ApiError(f"`tokens[{bad}]` must be a token id below the vocabulary size {vocab_size}, got {ids[bad]}",
+                       f"tokens[{bad}]")
+    return ids
 
 
 def _guide(body: dict) -> tuple[dict, str] | None:

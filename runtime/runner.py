@@ -123,20 +123,23 @@ class Runner:
             p.guide = matcher
         return error
 
-    def prepare(self, index: int, req: fmt.Request, inp: fmt.InputFile, adapters: AdapterSet) -> Prepared:
+    def prepare(self, index: int, req: fmt.Request, inp: fmt.InputFile, adapters: AdapterSet,
+                counting: bool = False) -> Prepared:
         """The request as ids (`prepared`), or why it cannot run; a failure of ours in doing so is
-        that request's error alone."""
+        that request's error alone. `counting`: only its prompt's ids are wanted (trtllm-serve's
+        /tokenize): its grammar is not compiled, and a prompt too long to run is no error."""
         try:
-            return self.prepared(index, req, inp, adapters)
+            return self.prepared(index, req, inp, adapters, counting)
         except Exception as e:  # noqa: BLE001 - one request's failure is its own, whatever it is
             return Prepared(index, req, error=f"`requests[{index}]` could not be prepared ({type(e).__name__}: {e}; "
                                               "a bug in trtllm-edge: please report it with this request)")
 
-    def prepared(self, index: int, req: fmt.Request, inp: fmt.InputFile, adapters: AdapterSet) -> Prepared:
+    def prepared(self, index: int, req: fmt.Request, inp: fmt.InputFile, adapters: AdapterSet,
+                 counting: bool = False) -> Prepared:
         p = Prepared(index, req)
         m = self.engine.manifest
         p.error = (request_checks.unsupported(req, index) or request_checks.unscored(req, index, m)
-                   or beam_requests.unrunnable(req, index, m) or self.check_guide(p))
+                   or beam_requests.unrunnable(req, index, m) or (None if counting else self.check_guide(p)))
         if p.error:
             return p
         if req.lora_name is not None:
@@ -155,7 +158,7 @@ class Runner:
             fp = FormattedPrompt(text=self.tokenizer.decode(ids, skip_special_tokens=False, clean_up=False),
                                  system_prefix="")
             p.thinking = fp.text.rstrip().endswith("<think>")  # (a prompt that opens the thought, as templated)
-            return self.tokenized(p, index, ids, fp, templated=False)
+            return self.tokenized(p, index, ids, fp, templated=False, counting=counting)
         # Without the template the text goes to the tokenizer as a plain string, so it gets the
         # tokenizer's own special tokens (a base model's BOS), as transformers' tokenizer(text) does;
         # a template writes its special tokens into the text itself.
@@ -191,9 +194,11 @@ class Runner:
         except ChatTemplateError as e:
             p.error = f"`requests[{index}].messages`: the chat template failed: {e}"
             return p
-        return self.tokenized(p, index, self.tokenizer.encode(fp.text, add_special_tokens=not templated), fp, templated)
+        return self.tokenized(p, index, self.tokenizer.encode(fp.text, add_special_tokens=not templated), fp, templated,
+                              counting)
 
-    def tokenized(self, p: Prepared, index: int, ids: list[int], fp: FormattedPrompt, templated: bool) -> Prepared:
+    def tokenized(self, p: Prepared, index: int, ids: list[int], fp: FormattedPrompt, templated: bool,
+                  counting: bool = False) -> Prepared:
         """p with its prompt's ids (truncated where the request asks) and its reusable system prefix."""
         req = p.request
         p.text, p.system_prefix, p.prompt_ids = fp.text, fp.system_prefix, ids
@@ -215,7 +220,8 @@ class Runner:
         if req.save_system_prompt_kv_cache and not p.prefix_ids:  # (asked, and nothing can be: say so)
             warnings.warn(request_checks.unsaved(req, index, templated, truncated, fp.system_prefix),
                           PrefixCacheWarning, stacklevel=2)
-        p.error = request_checks.token_problem(p, req, index, self.tokenizer, self.engine.manifest)
+        if not counting:
+            p.error = request_checks.token_problem(p, req, index, self.tokenizer, self.engine.manifest)
         return p
 
     def make_row(self, smp: Sample) -> RowState:

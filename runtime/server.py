@@ -2,8 +2,8 @@
 
 An OpenAI-compatible HTTP server (vLLM's `vllm serve`, llama.cpp's `llama-server`):
 `POST /v1/chat/completions` (streamed as server-sent events with `"stream": true`),
-`POST /v1/completions` (a prompt without the chat template), `GET /v1/models` and
-`GET /health`. Requests are admitted into the batch that is running as they arrive
+`POST /v1/completions` (prompts without the chat template), vLLM's `POST /tokenize` and
+`POST /detokenize`, `GET /v1/models`, `GET /health` and `GET /metrics`. Requests are admitted into the batch that is running as they arrive
 (runtime/serving.py), up to --batch-size at once; each answers as trtllm-run answers the same
 request. A conversation's next turn restores the KV of the turns before it (trtllm-run
 --context-reuse's store, in a temporary directory unless --kv-cache-dir). A client that goes
@@ -38,7 +38,10 @@ from trtllm.runtime.strict_json import decode
 
 MAX_BODY = 16 << 20  # bytes of a request body
 POLL = 0.25  # seconds between looks at whether a waiting client is still there
-ENDPOINTS = "POST /v1/chat/completions, POST /v1/completions, GET /v1/models, GET /health, GET /metrics"
+ENDPOINTS = ("POST /v1/chat/completions, POST /v1/completions, POST /tokenize, POST /detokenize, GET /v1/models, "
+             "GET /health, GET /metrics")
+GENERATE = ("/v1/chat/completions", "/v1/completions")
+COUNT = ("/tokenize", "/detokenize")  # (vLLM's paths)
 CLIENT_GONE = 499  # (nginx's: the client closed its connection before the answer)
 
 
@@ -60,15 +63,22 @@ class App:
         return {"object": "list", "data": [{"id": self.served, **card},
                                            *({"id": a, **card, "parent": self.served} for a in sorted(self.adapters))]}
 
-    def job(self, raw: bytes, text: bool = False):
-        """The body as a Job and its Translated, or the ApiError that refuses it (`text`: /v1/completions)."""
+    def job(self, raw: bytes, text: bool = False, counting: bool = False):
+        """The body as a Job and its Translated, or the ApiError that refuses it (`text`: /v1/completions;
+        `counting`: /tokenize's body, which is either's)."""
         from trtllm.runtime.serving import Job
 
         try:
             body = decode(raw, "the body")
         except fmt.InputError as e:
             raise api.ApiError(str(e)) from None
+        strs = False
+        if counting:
+            body, text, strs = api.counting_body(body)
         t = api.translate(body, self.served, self.adapters, self.defaults, self.capacity, text)
+        t.token_strs = strs
+        if counting and t.prompts > 1:
+            raise api.ApiError("`prompt`: /tokenize takes one prompt", "prompt")
         try:
             inp = fmt.parse_input(t.document, self.bundled)
         except fmt.InputError as e:
@@ -77,7 +87,17 @@ class App:
         for _, problem in [*input_checks.check_limits(inp, m.max_top_k, m.model.vocab_size),
                            *input_checks.check_against_engine(inp, m.model.vocab_size)]:
             raise t.refused(problem)
-        return Job(inp, t.stream, t.echo), t
+        return Job(inp, t.stream, t.echo, counting), t
+
+    def detokenize(self, raw: bytes) -> dict:
+        """vLLM's /detokenize: {"prompt": the ids' text, special tokens kept}. (Decoding needs no
+        template: the tokenizer's Rust decoder is safe from any thread.)"""
+        try:
+            body = decode(raw, "the body")
+        except fmt.InputError as e:
+            raise api.ApiError(str(e)) from None
+        ids = api.detokenize_ids(body, self.served, self.adapters, self.manifest.model.vocab_size)
+        return {"prompt": self.service.runner.tokenizer.decode(ids, skip_special_tokens=False, clean_up=False)}
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -104,7 +124,7 @@ class Handler(BaseHTTPRequestHandler):
         elif path == "/metrics":
             self.send_bytes(200, self.app.metrics.text(*self.app.service.counts(), self.app.served).encode(),
                             "text/plain; version=0.0.4")
-        elif path in ("/v1/chat/completions", "/v1/completions"):
+        elif path in GENERATE + COUNT:
             self.send_json(405, api.ApiError(f"POST a request to {path}", status=405,
                                              kind="MethodNotAllowed").body())
         else:
@@ -115,14 +135,17 @@ class Handler(BaseHTTPRequestHandler):
         if not self.allowed():
             self.close_connection = True  # (its body is not read)
             return
-        if path not in ("/v1/chat/completions", "/v1/completions"):
+        if path not in GENERATE + COUNT:
             self.close_connection = True
             self.not_found(path)
             return
         with self.app.lock:
             self.app.busy += 1
         try:
-            self.chat(text=path == "/v1/completions")
+            if path in COUNT:
+                self.count(path)
+            else:
+                self.chat(text=path == "/v1/completions")
         finally:
             with self.app.lock:
                 self.app.busy -= 1
@@ -172,6 +195,34 @@ class Handler(BaseHTTPRequestHandler):
         status, usage, first_text = self.respond(text, start)
         self.app.metrics.answered("completions" if text else "chat/completions", status, time.perf_counter() - start,
                                   usage, first_text)
+
+    def count(self, path: str) -> None:
+        """/tokenize (the prompt's ids, as a request of the same body would run them: template,
+        `--set` defaults and all) or /detokenize; counted in /metrics by endpoint."""
+        status = 200
+        try:
+            if path == "/detokenize":
+                out = self.app.detokenize(self.body())
+            else:
+                out, status = self.tokenize()
+        except api.ApiError as e:
+            out, status = e.body(), e.status
+        if status != CLIENT_GONE:
+            self.send_json(status, out)
+        self.app.metrics.answered(path.lstrip("/"), status)  # (a count, not a request's latency)
+
+    def tokenize(self) -> tuple[dict, int]:
+        job, t = self.app.job(self.body(), counting=True)
+        if not self.app.service.submit(job):
+            return api.ApiError("the server is shutting down", status=503, kind="ServiceUnavailableError").body(), 503
+        event = self.next_event(job)
+        if event is None:
+            return {}, CLIENT_GONE
+        if event[0] == "error":
+            status = event[2] if len(event) > 2 else 400
+            return t.refused(event[1], status).body(), status
+        ids = event[1][0]
+        return api.tokenized(ids, self.app.capacity, t.token_strs, self.app.service.runner.tokenizer), 200
 
     def respond(self, text: bool, start: float) -> tuple[int, dict | None, float | None]:
         try:

@@ -21,10 +21,11 @@ class Job:
     `events` carries, in order: ("line", choice, text, finish_reason, fields) while it streams (choice:
     the sample's place among them), then ("done", responses, cached_tokens), or ("error", message[,
     HTTP status, 400 unless given]) where it could not run. `echo`: each response also gets
-    `prompt_first`, its prompt's first token (an entry with no logprob: echoed answers open with it)."""
+    `prompt_first`, its prompt's first token (an entry with no logprob: echoed answers open with it).
+    `counting` (/tokenize): it is prepared, not run, and answers ("tokens", each request's prompt ids)."""
 
-    def __init__(self, inp: fmt.InputFile, stream: bool, echo: bool = False):
-        self.inp, self.stream, self.echo = inp, stream, echo
+    def __init__(self, inp: fmt.InputFile, stream: bool, echo: bool = False, counting: bool = False):
+        self.inp, self.stream, self.echo, self.counting = inp, stream, echo, counting
         self.samples: list[Sample] = []
         self.choice: dict[int, int] = {}  # id(sample) -> its place in samples
         self.events: queue.Queue = queue.Queue()
@@ -120,11 +121,14 @@ class Service:
             return []
         r, prepared = self.runner, []
         for i, req in enumerate(job.inp.requests):  # (one that cannot run fails the job: OpenAI's 400)
-            p = r.prepare(i, req, job.inp, self.adapters)
+            p = r.prepare(i, req, job.inp, self.adapters, job.counting)
             if p.error is not None:  # (a failure of ours in preparing it is no fault of the request's)
                 job.events.put(("error", p.error, 500 if "a bug in trtllm-edge" in p.error else 400))
                 return []
             prepared.append(p)
+        if job.counting:  # (the template and tokenizer run here, on the loop's thread, as for a request)
+            job.events.put(("tokens", [p.prompt_ids for p in prepared]))
+            return []
         try:
             job.samples = [Sample(p, k) for p in prepared for k in range(p.request.n)]
             for place, smp in enumerate(job.samples):

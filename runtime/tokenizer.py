@@ -155,6 +155,10 @@ class Tokenizer:
     def token_to_id(self, token: str) -> int | None:
         return self._backend.token_to_id(token)
 
+    def id_to_token(self, token_id: int) -> str | None:
+        """The vocabulary's piece for an id (byte-level BPE's "Ġthe"), as transformers' convert_ids_to_tokens."""
+        return self._backend.id_to_token(token_id)
+
     def vocab(self) -> dict[str, int]:
         """Every token, added ones too, with its id."""
         return self._backend.get_vocab(with_added_tokens=True)

@@ -377,6 +377,39 @@ def test_echo_gives_the_prompt_and_its_logprobs_as_lm_eval_reads_them(serve, run
     assert status == 400 and out["error"]["param"] == "echo"
 
 
+def test_tokenize_counts_what_a_request_of_the_same_body_runs(serve):
+    """vLLM's /tokenize: a chat body's ids are those its completion's prompt runs (the template, and the
+    server's --set default system prompt), its count the usage's prompt_tokens; a prompt's are the
+    tokenizer's, with its pieces on request; a prompt past max_input_len is still counted.
+    /detokenize gives the ids' text back; bad bodies are 400s naming the field."""
+    from trtllm.runtime.tokenizer import Tokenizer
+
+    port, httpd = serve({"default_system_prompt": "You are terse."})
+    tok = Tokenizer.from_engine_dir(httpd.app.service.runner.engine.engine_dir)
+    messages = [{"role": "user", "content": "Hello there"}]
+    status, out = post(port, {"messages": messages}, "/tokenize")
+    assert status == 200, out
+    _, answer = post(port, chat("Hello there", max_tokens=1))
+    assert out["count"] == len(out["tokens"]) == answer["usage"]["prompt_tokens"]
+    assert out["max_model_len"] == httpd.app.capacity and out["token_strs"] is None
+    assert "You are terse." in tok.decode(out["tokens"], skip_special_tokens=False)
+    status, out = post(port, {"prompt": "The quick brown fox", "return_token_strs": True}, "/tokenize")
+    assert out["tokens"] == tok.encode("The quick brown fox", add_special_tokens=True)
+    assert "".join(out["token_strs"]).replace("Ġ", " ") == "The quick brown fox"
+    status, out = post(port, {"prompt": "x " * 5000}, "/tokenize")
+    assert status == 200 and out["count"] > httpd.app.manifest.limits.max_input_len
+    status, out = post(port, {"tokens": tok.encode("The quick brown fox")}, "/detokenize")
+    assert (status, out) == (200, {"prompt": "The quick brown fox"})
+    for path, body, param in (("/tokenize", {"prompt": "a", "add_special_tokens": False}, "add_special_tokens"),
+                              ("/tokenize", {"prompt": ["a", "b"]}, "prompt"),
+                              ("/tokenize", {"messages": [{"role": "nobody", "content": "a"}]}, "messages[0].role"),
+                              ("/detokenize", {"tokens": [1, 10 ** 7]}, "tokens[1]"),
+                              ("/detokenize", {"tokens": "1 2"}, "tokens"),
+                              ("/detokenize", {"tokens": [1], "model": "other"}, "model")):
+        status, out = post(port, body, path)
+        assert status in (400, 404) and out["error"]["param"] == param, (path, body, out)
+
+
 SPECULATED = [chat("the cat the cat the cat the cat", temperature=0, max_tokens=32),
               chat("Hi", temperature=0.7, seed=3, max_tokens=32)]
 
