@@ -110,11 +110,13 @@ class DecoderSpec:
         return float(self.head_dim) ** -0.5 if self.query_scale is None else float(self.query_scale)
 
 
-def lora_sites(spec: DecoderSpec) -> dict[str, dict]:
+def lora_sites(spec: DecoderSpec, experts: bool = False) -> dict[str, dict]:
     """Where LoRA deltas enter a layer: each fused projection (site), with its input width and, per
     PEFT module, the columns of its output [name, start, stop]; each module has its own inputs. A site
     on some layers only lists them in "layers": a mixture of experts' dense MLP is on its dense layers,
-    its shared expert (and that expert's gate) on the others; its routed experts and router take none."""
+    its shared expert (and that expert's gate) on the others, and with `experts` its routed experts'
+    gate|up and down too ("experts": E, an adapter per expert; not where ONNX Runtime's MoE node runs
+    them, which takes none). The router takes none."""
     h, i = spec.hidden_size, spec.intermediate_size
     q, kv = spec.num_heads * spec.head_dim, spec.num_kv_heads * spec.head_dim
 
@@ -145,6 +147,11 @@ def lora_sites(spec: DecoderSpec) -> dict[str, dict]:
         sites["shared_down"] = {"in": s, "modules": shared[1], "layers": sparse}
         if moe.shared_gate:
             sites["shared_expert_gate"] = {"in": h, "modules": columns(("mlp.shared_expert_gate", 1)), "layers": sparse}
+    if moe is not None and experts:
+        e, w, sparse = moe.num_experts, moe.expert_size, [n for n in every if n not in moe.dense_layers]
+        sites["experts_gate_up"] = {"in": h, "modules": columns(("mlp.experts.gate_proj", w), ("mlp.experts.up_proj", w)),
+                                    "experts": e, "layers": sparse}
+        sites["experts_down"] = {"in": w, "modules": columns(("mlp.experts.down_proj", h)), "experts": e, "layers": sparse}
     if moe is not None:
         for site in ("gate_up", "down"):
             if site in sites:
@@ -207,7 +214,8 @@ class DecoderWriter(AttentionWriter, HeadWriter, WeightWriter, MoEWriter):
                  eagle: tuple[tuple[int, ...], np.ndarray] | None = None,
                  local_rope: tuple[np.ndarray, np.ndarray] | None = None, ort_form: bool = False,
                  tree: bool = False, verify_logits: bool = False, kv_int8: bool = False, grids: dict | None = None,
-                 handoff: dict | None = None, hand_on: dict | None = None, dense_experts: bool = False):
+                 handoff: dict | None = None, hand_on: dict | None = None, dense_experts: bool = False,
+                 lora_experts: bool = False):
         if graph not in GRAPHS:
             raise ValueError(f"graph must be one of {GRAPHS}, got {graph!r}")
         self.legacy = graph == "legacy"
@@ -261,7 +269,7 @@ class DecoderWriter(AttentionWriter, HeadWriter, WeightWriter, MoEWriter):
         # quantized experts as the other projections (our kernel's form, and llm.onnx's to match), not
         # QMoE's zero points (moe_quant.py): the build decides it for both of its writers
         self.dense_experts = dense_experts
-        self.sites = lora_sites(spec)
+        self.sites = lora_sites(spec, lora_experts)  # (lora_experts: the routed experts' sites too)
         self.eagle = eagle  # (the draft's three layers, its fc [H, 3H]): EAGLE-3 outputs (builder/eagle.py)
         # The logits of the positions verify_index names as an output too (ONNX Runtime): EAGLE rows
         # that ask for logprobs take theirs from it (it is written where the sampler's input is), and
@@ -303,6 +311,19 @@ class DecoderWriter(AttentionWriter, HeadWriter, WeightWriter, MoEWriter):
             y = self.g.op("Add", f"{name}/Add", [y, self.fw(f"{prefix}.bias", b)])
         return y if lora is None else self.lora(name, x, y, *lora)
 
+    def lora_pair(self, layer: int, site_io: dict, module: str, width: int, where: str) -> tuple[str, str]:
+        """A module's graph inputs lora_a [1|B, in, r] and lora_b [1|B, r, width] ([1|B, E, in, r] and
+        [1|B, E, r, width] on the experts: one adapter each), in the graph's type: given in lora_type
+        (the manifest's LoRA dtype) whatever the activations, cast where they differ."""
+        g, rank = self.g, f"lora_rank.{layer}.{module}"
+        lead = ["lora_batch", site_io["experts"]] if "experts" in site_io else ["lora_batch"]
+        a = g.input(self.io.lora_a.format(i=layer, module=module), self.lora_type, [*lead, site_io["in"], rank])
+        b = g.input(self.io.lora_b.format(i=layer, module=module), self.lora_type, [*lead, rank, width])
+        if self.lora_type != self.ftype:
+            a = g.op("Cast", f"{where}/Cast_a", [a], to=self.ftype)
+            b = g.op("Cast", f"{where}/Cast_b", [b], to=self.ftype)
+        return a, b
+
     def lora(self, name: str, x: str, y: str, layer: int, site: str, gated: bool = False) -> str:
         """y + Concat over the site's modules of (x @ lora_a) @ lora_b: [B,S,in] @ [1|B, in, r] @
         [1|B, r, out]. A leading 1 shares one adapter across the batch, B gives each row its own;
@@ -312,14 +333,8 @@ class DecoderWriter(AttentionWriter, HeadWriter, WeightWriter, MoEWriter):
             return y
         g, site_io, deltas, pairs = self.g, self.sites[site], [], []
         for module, lo, hi in site_io["modules"]:
-            rank, where = f"lora_rank.{layer}.{module}", f"{name}/lora/{module.split('.')[-1]}"
-            # in lora_type (the manifest's LoRA dtype), whatever the activations: cast where they differ
-            a, b = self.io.lora_a.format(i=layer, module=module), self.io.lora_b.format(i=layer, module=module)
-            a = g.input(a, self.lora_type, ["lora_batch", site_io["in"], rank])
-            b = g.input(b, self.lora_type, ["lora_batch", rank, hi - lo])
-            if self.lora_type != self.ftype:
-                a = g.op("Cast", f"{where}/Cast_a", [a], to=self.ftype)
-                b = g.op("Cast", f"{where}/Cast_b", [b], to=self.ftype)
+            where = f"{name}/lora/{module.split('.')[-1]}"
+            a, b = self.lora_pair(layer, site_io, module, hi - lo, where)
             pairs += [a, b]
             if not self.native_lora:
                 deltas.append(g.op("MatMul", f"{where}/MatMul_b", [g.op("MatMul", f"{where}/MatMul_a", [x, a]), b]))

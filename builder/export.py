@@ -94,7 +94,8 @@ def export_onnx(ck: ckpt.Checkpoint, config: BuildConfig, out_dir: Path, log, ba
     if config.max_lora_rank:
         log(f"LoRA inputs on every layer's qkv, o, gate|up and down projections (rank <= {config.max_lora_rank})"
             if spec.moe is None else f"LoRA inputs on every layer's qkv and o projections, the dense layers' and "
-            f"shared expert's MLP (rank <= {config.max_lora_rank}; none on the routed experts or router)")
+            f"shared expert's MLP and the routed experts' (rank <= {config.max_lora_rank}; none on the router; none on "
+            "the experts where ONNX Runtime's MoE node runs them)")
     joint = (draft.aux_layers, draft.fc) if draft else None
     if draft:
         log(f"EAGLE-3 draft head {config.eagle}: hidden states of layers {list(draft.aux_layers)}, draft vocabulary "
@@ -141,10 +142,12 @@ def export_onnx(ck: ckpt.Checkpoint, config: BuildConfig, out_dir: Path, log, ba
     dense_experts = native_experts and quant is not None
     ort_form = backend == "onnxruntime" and config.graph == "modern" and (gqa or quant is not None or half or moe_node)
     handoff = {} if ort_form and quant is not None else None
+    # LoRA on the routed experts: in both graphs, unless ONNX Runtime's MoE node runs them (it takes none)
+    lora_experts = lora_on_experts(spec, ort_form and moe_node and not native_experts)
     writer = DecoderWriter(spec, weights, cos, sin, max_top_k, quant=quant, dtype=config.dtype,
                            graph=config.graph, lora_rank=config.max_lora_rank, eagle=joint, local_rope=local,
                            tree=tree, verify_logits=backend == "onnxruntime", grids=grids,
-                           hand_on=handoff, dense_experts=dense_experts)
+                           hand_on=handoff, dense_experts=dense_experts, lora_experts=lora_experts)
     save_linted(writer.write(), out_dir, ONNX_NAME, "the exported graph", config.trt_version)
     if grids:
         log(prequantized.grid_note(ck.source["prequantized"], quant, grids, writer.kept, spec,
@@ -185,7 +188,7 @@ def export_onnx(ck: ckpt.Checkpoint, config: BuildConfig, out_dir: Path, log, ba
                                ort_attention=gqa or half, native_kernels=native,
                                lora_rank=config.max_lora_rank, eagle=joint, local_rope=local, ort_form=True,
                                tree=tree, verify_logits=True, kv_int8=config.kv_cache_dtype == "int8",
-                               grids=grids, handoff=handoff, dense_experts=dense_experts)
+                               grids=grids, handoff=handoff, dense_experts=dense_experts, lora_experts=lora_experts)
         save(writer.write(), out_dir, ORT_SOURCE)
         del writer, handoff  # (whatever the second did not take)
     section = export_draft(draft, config, out_dir, log, num_positions, quant, native, backend, tree) if draft else {}
@@ -195,8 +198,8 @@ def export_onnx(ck: ckpt.Checkpoint, config: BuildConfig, out_dir: Path, log, ba
 def refuse_for_experts(config: BuildConfig, spec, backend: str, native_experts: bool) -> None:
     """What a mixture-of-experts model cannot be built with yet: quantized experts for TensorRT, int8
     ones or 16-bit engines' int4 ones without our kernel (ONNX Runtime's QMoE rounds 8-bit activations
-    too, and holds float32 scales). (LoRA adapts its attention, dense layers and shared expert:
-    decoder.lora_sites; an adapter on its routed experts or router is refused when it is loaded.)"""
+    too, and holds float32 scales). (LoRA adapts its attention, dense layers, shared expert and routed
+    experts: decoder.lora_sites; an adapter on its router is refused when it is loaded.)"""
     what = f"{spec.architecture} is a mixture of experts ({spec.moe.num_experts} experts, {spec.moe.top_k} a token)"
     q = config.quantization
     if q != "none" and backend == "tensorrt":
@@ -214,6 +217,12 @@ def refuse_for_experts(config: BuildConfig, spec, backend: str, native_experts: 
         if config.dtype != "float32":
             raise ConfigError(f"--quantization {q} --dtype {config.dtype}: {what}, whose int4 experts run on ONNX "
                               f"Runtime's QMoE without our CPU kernels ({why}), with --dtype float32 only")
+
+
+def lora_on_experts(spec, ort_moe_node: bool) -> bool:
+    """Whether a mixture of experts' routed experts get LoRA inputs: where our MoE kernel or standard
+    ops run them, not where ONNX Runtime's MoE / QMoE node does (`ort_moe_node`: it takes no deltas)."""
+    return spec.moe is not None and not ort_moe_node
 
 
 def check_blocks(spec, quant: QuantScheme, what: str) -> None:
@@ -410,7 +419,7 @@ def make_manifest(ck, config: BuildConfig, backend: str, spec, max_top_k: int, n
                "generation_config": "generation_config.json"},
         build_config=config.to_json(), source=ck.source, versions=versions(), build_id=uuid.uuid4().hex,
         lowerings=tuple(lowerings),
-        lora=({"sites": lora_sites(spec), "adapters": {},
+        lora=({"sites": lora_sites(spec, lora_on_experts(spec, bool({"MoE", "QMoE"} & set(lowerings)))), "adapters": {},
                **({"interleaved_rope": spec.rotary_dim or spec.head_dim} if spec.interleaved_rope else {})}
               if config.max_lora_rank else {}),
         eagle=eagle_section or {},

@@ -121,8 +121,8 @@ def check_modules(layers, spec) -> None:
 
 class MoEWriter:
     """The MoE half of DecoderWriter's MLP (see the module docstring); reads g, spec, w, dtype, ftype,
-    storage, half, quant, ort_form, native_moe, dense_experts, handoff, hand_on and lora_rank, and
-    DecoderWriter's fw, linear, fused_proj, lora, gated, generated_input and quantize_weight."""
+    storage, half, quant, ort_form, native_moe, dense_experts, handoff, hand_on, lora_rank and sites, and
+    DecoderWriter's fw, linear, fused_proj, lora, lora_pair, gated, generated_input and quantize_weight."""
 
     def moe(self, i: int, x: str) -> str:
         """Layer i's mixture of experts of x [B,S,H] (its shared expert's MLP added)."""
@@ -150,8 +150,11 @@ class MoEWriter:
         # every expert on every token: [B,1,S,H] @ [E,H,2I] -> [B,E,S,2I] -> [B,E,S,I] @ [E,I,H] -> [B,E,S,H]
         xe = g.op("Unsqueeze", f"{name}/experts/Unsqueeze", [x, g.const([1])])
         y = self.expert_matmul(f"{name}/experts/gate_up", xe, f"{p}.experts.gate_up_proj")
+        y = self.expert_lora(f"{name}/experts/gate_up", xe, y, i, "experts_gate_up")
         gate, up = g.op("Split", f"{name}/experts/Split", [y, g.const([m.expert_size] * 2)], num_outputs=2, axis=-1)
-        y = self.expert_matmul(f"{name}/experts/down", self.gated(f"{name}/experts", gate, up), f"{p}.experts.down_proj")
+        act = self.gated(f"{name}/experts", gate, up)
+        y = self.expert_lora(f"{name}/experts/down", act, self.expert_matmul(f"{name}/experts/down", act,
+                                                                              f"{p}.experts.down_proj"), i, "experts_down")
 
         def per_expert(t: str, what: str) -> str:  # [B,S,E] -> [B,E,S,1]
             t = g.op("Transpose", f"{name}/experts/{what}/Transpose", [t], perm=[0, 2, 1])
@@ -164,6 +167,36 @@ class MoEWriter:
         y = g.op("Where", f"{name}/experts/Where", [keep, y, g.const(0.0, self.dtype)])
         y = g.op("ReduceSum", f"{name}/experts/ReduceSum", [y, g.const([1])], keepdims=0)
         return y if not m.shared_size else self.shared_expert(i, x, y)
+
+    def expert_lora(self, name: str, x: str, y: str, i: int, site: str) -> str:
+        """y [B,E,S,out] + each expert's LoRA delta of x [B,1|E,S,in]: (x @ lora_a_e) @ lora_b_e, lora_a
+        [1|B,E,in,r] (a leading 1: one adapter for the batch), the site's modules side by side."""
+        if not self.lora_rank or site not in self.sites:
+            return y
+        g, site_io, deltas = self.g, self.sites[site], []
+        for module, lo, hi in site_io["modules"]:
+            where = f"{name}/lora/{module.split('.')[-1]}"
+            a, b = self.lora_pair(i, site_io, module, hi - lo, where)
+            deltas.append(g.op("MatMul", f"{where}/MatMul_b", [g.op("MatMul", f"{where}/MatMul_a", [x, a]), b]))
+        d = deltas[0] if len(deltas) == 1 else g.op("Concat", f"{name}/lora/Concat", deltas, axis=-1)
+        return g.op("Add", f"{name}/lora/Add", [y, d])
+
+    def kernel_lora(self, i: int, name: str) -> list[str]:
+        """Our MoE kernel's LoRA inputs (a1, b1, a2, b2; none without expert sites): gate's and up's
+        lora_a side by side [n,E,H,rg+ru], their lora_b block-diagonal [n,E,rg+ru,2I] in the kernel's
+        swiglu column order, down's as they are."""
+        if not self.lora_rank or "experts_gate_up" not in self.sites:
+            return []
+        g, w = self.g, self.spec.moe.expert_size
+        up_site, down_site = self.sites["experts_gate_up"], self.sites["experts_down"]
+        (ga, gb), (ua, ub) = (self.lora_pair(i, up_site, module, hi - lo, f"{name}/lora/{module.split('.')[-1]}")
+                              for module, lo, hi in up_site["modules"])
+        a1 = g.op("Concat", f"{name}/lora/a1", [ga, ua], axis=-1)
+        pad = lambda t, left, what: g.op("Pad", f"{name}/lora/{what}", [t, g.const([0, 0, 0, left, 0, 0, 0, w - left])])  # noqa: E731
+        b1 = g.op("Concat", f"{name}/lora/b1", [pad(gb, 0, "gate_pad"), pad(ub, w, "up_pad")], axis=-2)
+        b1 = g.op("Gather", f"{name}/lora/b1_order", [b1, g.const(swiglu_rows(w))], axis=-1)
+        module, lo, hi = down_site["modules"][0]
+        return [a1, b1, *self.lora_pair(i, down_site, module, hi - lo, f"{name}/lora/down")]
 
     def float_linear(self, name: str, x: str, prefix: str) -> str:
         """x @ W.T for the router and the shared expert's gate: never quantized (a few rows that
@@ -223,6 +256,8 @@ class MoEWriter:
         (softmax, top-k and the normalization inside it), gate|up interleaved row by row, its SwiGLU
         made the plain one (alpha 1, no +1 on up); [B,S,H] as [B*S,H] rows."""
         g, m = self.g, self.spec.moe
+        if self.lora_rank and "experts_gate_up" in self.sites:
+            raise ValueError("ONNX Runtime's MoE node takes no LoRA: the experts' sites go with our kernel")
         p, name = f"model.layers.{i}.mlp", f"/model/layers.{i}/mlp"
         w1, w2 = f"{p}.experts.gate_up_proj", f"{p}.experts.down_proj"
         rows = g.op("Reshape", f"{name}/experts/Rows", [x, g.const([-1, self.spec.hidden_size])])
@@ -260,7 +295,8 @@ class MoEWriter:
             held = self.storage if self.half else np.float32
             gate_up = g.weight(w1, self.w[w1][:, order].astype(held))
             return g.op(cpu_kernels.MOE, f"{name}/experts/MoE", [x, logits, gate_up, g.weight(w2, self.w[w2].astype(held)),
-                                                                 self.generated_input()], **attrs)
+                                                                 self.generated_input(),
+                                                                 *self.kernel_lora(i, f"{name}/experts")], **attrs)
         inputs = [x, logits]
         for prefix, rows in ((w1, order), (w2, slice(None))):  # MatMulBlockQuant's packing, expert by expert
             packed = [pack_rows(*parts, self.quant.bits) for parts in self.expert_weights(prefix)]
@@ -269,7 +305,8 @@ class MoEWriter:
                                                                       np.stack(arrays)[:, rows]))
         # generated rows as exact as the engine's other projections: with integer activations those are
         # the same in any batch, and so the experts' must be (with float32 ones neither is: faster)
-        return g.op(cpu_kernels.MOE_QUANT, f"{name}/experts/MoEBlockQuant", [*inputs, self.generated_input()],
+        return g.op(cpu_kernels.MOE_QUANT, f"{name}/experts/MoEBlockQuant",
+                    [*inputs, self.generated_input(), *self.kernel_lora(i, f"{name}/experts")],
                     bits=self.quant.bits, exact_rows=int(self.quant.activations != "float32"), **attrs)
 
     def shared_expert(self, i: int, x: str, y: str) -> str:

@@ -73,9 +73,10 @@ def optimization_profiles(limits: Limits, model: ModelShape, io: GraphIO, lora: 
             shapes[io.past_key.format(i=i)] = batch(*kv)
             shapes[io.past_value.format(i=i)] = batch(*kv)
         r = limits.max_lora_rank
-        for i, module, n_in, n_out in lora_projections(lora or {}, model.num_layers):
-            shapes[io.lora_a.format(i=i, module=module)] = ((1, n_in, 0), (1, n_in, r), (b, n_in, r))
-            shapes[io.lora_b.format(i=i, module=module)] = ((1, 0, n_out), (1, r, n_out), (b, r, n_out))
+        for i, module, n_in, n_out, experts in lora_projections(lora or {}, model.num_layers):
+            e = (experts,) if experts else ()  # (an adapter per routed expert)
+            shapes[io.lora_a.format(i=i, module=module)] = ((1, *e, n_in, 0), (1, *e, n_in, r), (b, *e, n_in, r))
+            shapes[io.lora_b.format(i=i, module=module)] = ((1, *e, 0, n_out), (1, *e, r, n_out), (b, *e, r, n_out))
         if eagle:
             shapes[io.verify_index] = shapes[io.verify_uniform] = ((1, 0), (b, 0), (b, seq[2][1]))
             # a tree over the step's tokens: [B, S, 0] (a plain step, a chain) to [B, S, S]

@@ -55,12 +55,29 @@ def merged_model(model, adapter, manifest):
 
     merged, io = copy.deepcopy(model), manifest.io
     with torch.no_grad():
-        for i, name, _, _ in projections(manifest):
-            a = adapter.arrays[io.lora_a.format(i=i, module=name)][0].astype(np.float64)  # [in, r]
-            b = adapter.arrays[io.lora_b.format(i=i, module=name)][0].astype(np.float64)  # [r, out]
+        for i, name, _, _, experts in projections(manifest):
+            a = adapter.arrays[io.lora_a.format(i=i, module=name)][0].astype(np.float64)  # [in, r] ([E, in, r])
+            b = adapter.arrays[io.lora_b.format(i=i, module=name)][0].astype(np.float64)  # [r, out] ([E, r, out])
+            if experts:  # the stacked parameter's rows of this projection: [E, out, in] each
+                weight, rows = expert_parameter(merged.model.layers[i], name, b.shape[-1])
+                weight[:, rows] += torch.from_numpy(np.einsum("eir,ero->eoi", a, b)).to(weight.dtype)
+                continue
             weight = merged.model.layers[i].get_submodule(name).weight
             weight += torch.from_numpy((a @ b).T).to(weight.dtype)
     return merged
+
+
+def expert_parameter(layer, module: str, width: int):
+    """transformers' stacked parameter of a routed experts' projection ([E, 2I, H] gate|up, [E, H, I]
+    down) and the rows of it `module` is (mlp.experts.gate_proj: the first I)."""
+    holder = next(m for m in (getattr(layer, "mlp", None), getattr(layer, "block_sparse_moe", None)) if m is not None)
+    experts = getattr(holder, "experts", None)
+    kind = module.rsplit(".", 1)[1]
+    if experts is not None and hasattr(experts, "gate_up_proj"):
+        weight = experts.down_proj if kind == "down_proj" else experts.gate_up_proj
+    else:  # Granite MoE's ParallelExperts
+        weight = (holder.output_linear if kind == "down_proj" else holder.input_linear).weight
+    return weight, slice(width, 2 * width) if kind == "up_proj" else slice(0, width) if kind == "gate_proj" else slice(None)
 
 
 def peft_merged_model(model, adapter_dir):

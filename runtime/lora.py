@@ -28,6 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from trtllm.plugins.cpu import LORA_LOWERING
+from trtllm.runtime.lora_experts import ExpertTensors, expert_parameters, stacked_arrays
 from trtllm.runtime.manifest import Manifest, lora_projections, whole
 
 CONFIG_NAME, WEIGHTS_NAME = "adapter_config.json", "adapter_model.safetensors"
@@ -39,8 +40,9 @@ PROCESSED_KEY = re.compile(r"model\.layers\.(\d+)\.([\w.]+?)\.lora_([AB])\.weigh
 # base_model.model.model.layers.3.self_attn.q_proj.lora_A.weight ([r, in]; lora_B is [out, r])
 PEFT_DEFAULTS = {"r": 8, "lora_alpha": 8}  # LoraConfig's, where adapter_config.json leaves them out
 KEY = re.compile(r"base_model\.model\.model\.layers\.(\d+)\.([\w.]+?)\.lora_([AB])\.weight")
-# A mixture of experts' routed experts and router (transformers' and PEFT's names): no LoRA inputs
-ROUTED = re.compile(r"(?:mlp|block_sparse_moe)\.(?:experts\b.*|gate|router\b.*)")
+# A mixture of experts' routed experts and router (transformers' and PEFT's names): the experts
+# where the engine has their sites (runtime/lora_experts.py), the router never
+ROUTED = re.compile(r"(?:mlp|block_sparse_moe)\.(?:experts\b.*|gate|router\b.*|input_linear|output_linear)")
 SAFETENSORS_DTYPES = {"F32": "<f4", "F16": "<f2", "F64": "<f8", "BF16": "<u2"}
 
 
@@ -154,10 +156,9 @@ def read_config(path: Path, data: bytes | None = None) -> dict:
         "arrow_config": (bool(cfg.get("arrow_config")), "Arrow routes among several adapters per token"),
         "monteclora_config": (bool(cfg.get("monteclora_config")), "MonteCLoRA samples its weights"),
         "trainable_token_indices": (bool(cfg.get("trainable_token_indices")), "it retrains embedding rows too"),
-        "target_parameters": (bool(cfg.get("target_parameters")),
-                              "it adapts parameters, not projections: on a mixture of experts, the routed experts' or "
-                              "router's, which PEFT's all-linear adapts so and LoRA here does not; train it with "
-                              "target_modules naming the projections"),
+        "target_parameters": (bool(cfg.get("target_parameters")) and not expert_parameters(cfg["target_parameters"]),
+                              "of a model's parameters, only a mixture of experts' routed experts' (gate_up_proj, "
+                              "down_proj) are adapted here, not its router's"),
         "kasa_config": (bool(cfg.get("kasa_config")), "KaSA truncates the base weights and scales by a learned diagonal"),
         # (EVA is not here: it sets lora_A and the ranks, which it saves in rank_pattern and
         # alpha_pattern, and leaves the base weights alone)
@@ -274,15 +275,23 @@ def convert(name: str, path: str | Path, manifest: Manifest) -> Adapter:
     dtype = dtype_of(manifest)
     max_rank = manifest.limits.max_lora_rank
     known: dict[str, list[int]] = {}  # module -> the layers with its inputs
-    for layer, module, _, _ in projections(manifest):
+    for layer, module, _, _, _ in projections(manifest):
         known.setdefault(module, []).append(layer)
     pairs: dict[tuple[int, str], dict[str, np.ndarray]] = {}
     processed = processed_config(config_path)
+    experts = ExpertTensors(str(weights_path))
+    on_experts = any("experts" in site for site in manifest.lora["sites"].values())
     for key, value in tensors.items():
         m = (PROCESSED_KEY if processed else KEY).fullmatch(key.replace(".default.", "."))
+        if m is not None and on_experts and not processed and int(m[1]) in known["mlp.experts.down_proj"] \
+                and experts.take(int(m[1]), m[2], m[3], value):
+            continue  # (checked against the config as PEFT does, per expert, below)
         if m is not None and m[2] not in known and ROUTED.fullmatch(m[2]):
-            raise AdapterError(f"{weights_path}: tensor {key} adapts a mixture of experts' routed experts or router; "
-                               "LoRA on those is not supported (an adapter may adapt "
+            what = "router" if on_experts else "routed experts or router"
+            why = ("" if on_experts or processed else "; this engine's experts run on ONNX Runtime's MoE node, which "
+                   "takes none: build it with our CPU kernels (trtllm-build --cpu-kernels auto)")
+            raise AdapterError(f"{weights_path}: tensor {key} adapts a mixture of experts' {what}; LoRA on "
+                               f"{'it' if on_experts else 'those'} is not supported here{why} (an adapter may adapt "
                                f"{', '.join(known)}): train it with target_modules naming those only")
         if m is None or m[2] not in known:
             raise AdapterError(f"{weights_path}: tensor {key} is not a LoRA matrix of a module this engine can "
@@ -300,11 +309,22 @@ def convert(name: str, path: str | Path, manifest: Manifest) -> Adapter:
                                f"{cfg.get('layers_to_transform')!r}); PEFT would not load it: fix the config or "
                                "remove the tensor")
         pairs.setdefault((layer, m[2]), {})[m[3]] = value
-    if not pairs:  # (an export that saved nothing, or under names of its own: it would answer as the base model)
+    if not pairs and not experts:  # (an export that saved nothing, or under names of its own: the base model)
         raise AdapterError(f"{weights_path} holds no LoRA matrices")
+    for (layer, _, e), peft in experts.names.items():  # PEFT's check, as for any Linear
+        if not targeted(cfg, layer, peft):
+            raise AdapterError(f"{weights_path}: layer {layer}'s {peft} tensors are for a module that {config_path} "
+                               f"does not target (target_modules {cfg.get('target_modules')!r}); PEFT would not "
+                               "load them")
+    stacked = experts.pairs(manifest.lora["sites"], cfg, max_rank) if experts else {}
     arrays: dict[str, np.ndarray] = {}
     top = 0
-    for layer, mod, n_in, n_out in projections(manifest):
+    for layer, mod, n_in, n_out, n_experts in projections(manifest):
+        if n_experts:  # an adapter per routed expert (runtime/lora_experts.py)
+            a, b = stacked_arrays(stacked.get((layer, mod), [None] * n_experts), n_in, n_out)
+            top = max(top, a.shape[-1])
+            arrays.update(module_arrays(manifest, layer, mod, a, b, dtype, stacked=True))
+            continue
         pair = pairs.get((layer, mod))
         if pair is not None and processed:
             pair = unprocessed(pair, cfg["r"], n_in, n_out)
@@ -357,8 +377,9 @@ def rope_pair_order(width: int, head_dim: int, rotary_dim: int) -> np.ndarray:
     return (np.arange(width // head_dim)[:, None] * head_dim + head).ravel()
 
 
-def projections(manifest: Manifest) -> Iterator[tuple[int, str, int, int]]:
-    """(layer, PEFT module, in, out) of every LoRA input pair of a LoRA engine, layer by layer."""
+def projections(manifest: Manifest) -> Iterator[tuple[int, str, int, int, int]]:
+    """(layer, PEFT module, in, out, experts) of every LoRA input pair of a LoRA engine, layer by
+    layer (experts: E on a mixture of experts' routed experts, an adapter each; else 0)."""
     return lora_projections(manifest.lora, manifest.model.num_layers)
 
 
@@ -380,19 +401,26 @@ def checked_pair(pair: dict, where: str, n_in: int, n_out: int, max_rank: int) -
     return a, b
 
 
-def module_arrays(manifest: Manifest, layer: int, module: str, a: np.ndarray, b: np.ndarray, dtype) -> dict:
-    """PEFT's A [r, in] and (scaled) B [out, r] as the graph's lora_a [1, in, r] and lora_b [1, r, out]."""
+def module_arrays(manifest: Manifest, layer: int, module: str, a: np.ndarray, b: np.ndarray, dtype,
+                  stacked: bool = False) -> dict:
+    """PEFT's A [r, in] and (scaled) B [out, r] as the graph's lora_a [1, in, r] and lora_b [1, r, out];
+    `stacked`: the experts' a [E, in, r] and b [E, r, out] as [1, E, in, r] and [1, E, r, out]."""
     io = manifest.io
-    return {io.lora_a.format(i=layer, module=module): np.ascontiguousarray(a.T[None], dtype),
-            io.lora_b.format(i=layer, module=module): np.ascontiguousarray(b.T[None], dtype)}
+    a, b = (a, b) if stacked else (a.T, b.T)
+    return {io.lora_a.format(i=layer, module=module): np.ascontiguousarray(a[None], dtype),
+            io.lora_b.format(i=layer, module=module): np.ascontiguousarray(b[None], dtype)}
 
 
 def base_adapter(manifest: Manifest) -> Adapter:
     """No adapter: rank 0 on every module, so every delta is zero."""
     dtype = dtype_of(manifest)
     arrays = {}
-    for layer, mod, n_in, n_out in projections(manifest):
-        arrays.update(module_arrays(manifest, layer, mod, np.zeros((0, n_in)), np.zeros((n_out, 0)), dtype))
+    for layer, mod, n_in, n_out, experts in projections(manifest):
+        if experts:
+            arrays.update(module_arrays(manifest, layer, mod, np.zeros((experts, n_in, 0)),
+                                        np.zeros((experts, 0, n_out)), dtype, stacked=True))
+        else:
+            arrays.update(module_arrays(manifest, layer, mod, np.zeros((0, n_in)), np.zeros((n_out, 0)), dtype))
     return Adapter(name="", digest="", arrays=arrays, rank=0)
 
 
@@ -414,7 +442,7 @@ class StepAdapters:
     def __init__(self, manifest: Manifest, num_slots: int):
         self.base = base_adapter(manifest)
         self.shared_exact = LORA_LOWERING in manifest.lowerings  # LoraAdd: a shared adapter per row alike
-        self.a_names = {manifest.io.lora_a.format(i=i, module=mod) for i, mod, _, _ in projections(manifest)}
+        self.a_names = {manifest.io.lora_a.format(i=i, module=mod) for i, mod, _, _, _ in projections(manifest)}
         self.num_slots = num_slots
         self.held: list = [None] * num_slots  # the adapter each slot's buffer rows hold
         self.buffers: dict[str, np.ndarray] = {}
@@ -439,7 +467,8 @@ class StepAdapters:
         return self.views[span]
 
     def rank_axis(self, name: str) -> int:
-        return 2 if name in self.a_names else 1
+        """lora_a [n, (E,) in, r]: its last axis; lora_b [n, (E,) r, out]: the one before."""
+        return self.base.arrays[name].ndim - (1 if name in self.a_names else 2)
 
     def fit(self, adapters) -> None:
         """Buffers at least as wide as these adapters' ranks, growing (content kept) when one is wider."""

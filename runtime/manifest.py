@@ -413,13 +413,14 @@ def check_eagle(e: dict, model: ModelShape) -> str:
 
 
 def lora_projections(lora: dict, num_layers: int):
-    """(layer, PEFT module, in, out) of every LoRA input pair a lora section's sites give, layer by
-    layer; a site with "layers" is on those layers only (builder/decoder.py's lora_sites)."""
+    """(layer, PEFT module, in, out, experts) of every LoRA input pair a lora section's sites give,
+    layer by layer; a site with "layers" is on those layers only, and one with "experts" (E) holds an
+    adapter per routed expert, 0 elsewhere (builder/decoder.py's lora_sites)."""
     for layer in range(num_layers):
         for s in lora.get("sites", {}).values():
             if "layers" not in s or layer in s["layers"]:
                 for module, lo, hi in s["modules"]:
-                    yield layer, module, s["in"], hi - lo
+                    yield layer, module, s["in"], hi - lo, s.get("experts", 0)
 
 
 def check_lora(m: Manifest) -> str:
@@ -440,6 +441,8 @@ def check_lora(m: Manifest) -> str:
         layers = site.get("layers", [0])
         if not (isinstance(layers, list) and layers and all(whole(i, 0) and i < m.model.num_layers for i in layers)):
             return f"lora.sites.{name}.layers must be a list of layer indices below {m.model.num_layers}, got {layers!r}"
+        if not whole(site.get("experts", 1)):
+            return f"lora.sites.{name}.experts must be the number of experts, got {site['experts']!r}"
     rope = m.lora.get("interleaved_rope")  # runtime/lora.py's rope_pair_order: an even rotary_dim <= head_dim
     if rope is not None and not (whole(rope) and rope % 2 == 0 and rope <= m.model.head_dim):
         return f"lora.interleaved_rope must be an even rotary width up to head_dim {m.model.head_dim}, got {rope!r}"

@@ -49,8 +49,8 @@ def random_adapter(path: Path, m, rank: int, seed: int, modules=ALL, std: float 
     from safetensors.numpy import save_file
 
     rng, tensors = np.random.default_rng(seed), {}
-    for i, name, n_in, n_out in lora.projections(m):
-        if name.split(".")[-1] in modules:
+    for i, name, n_in, n_out, experts in lora.projections(m):
+        if name.split(".")[-1] in modules and not experts:  # (the dense projections' only)
             prefix = f"base_model.model.model.layers.{i}.{name}"
             tensors[f"{prefix}.lora_A.weight"] = rng.normal(0, std, (rank, n_in)).astype(np.float32)
             tensors[f"{prefix}.lora_B.weight"] = rng.normal(0, std, (n_out, rank)).astype(np.float32)

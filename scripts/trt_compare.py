@@ -33,9 +33,10 @@ def lora_feeds(m: mf.Manifest) -> dict:
     if not m.lora:
         return {}
     rng, r, dtype, out = np.random.default_rng(0), min(4, m.limits.max_lora_rank), lora.dtype_of(m), {}
-    for i, module, n_in, n_out in lora.projections(m):
-        out[m.io.lora_a.format(i=i, module=module)] = rng.normal(0, 0.05, (1, n_in, r)).astype(dtype)
-        out[m.io.lora_b.format(i=i, module=module)] = rng.normal(0, 0.05, (1, r, n_out)).astype(dtype)
+    for i, module, n_in, n_out, experts in lora.projections(m):
+        e = (experts,) if experts else ()
+        out[m.io.lora_a.format(i=i, module=module)] = rng.normal(0, 0.05, (1, *e, n_in, r)).astype(dtype)
+        out[m.io.lora_b.format(i=i, module=module)] = rng.normal(0, 0.05, (1, *e, r, n_out)).astype(dtype)
     return out
 
 

@@ -18,6 +18,10 @@
 //              through the decode kernels 1-2 at a time, so each row's result is the same whatever
 //              shares its experts, at some cost in batched decode; 0, the default: by count, as
 //              MatMulBlockQuant's float32 activations). Activations float32.
+// LoRA (both ops, optional, after generated): a1 [n, E, H, r1], b1 [n, E, r1, 2I] (its columns in
+//          w1's swiglu order), a2 [n, E, I, r2], b2 [n, E, r2, H], float32; n 1 (one adapter) or x's
+//          leading dimension (row b's own). Each chosen expert's gate|up gets (x a1_e) b1_e before
+//          the activation, and its down (h a2_e) b2_e: a LoRA adapter on the experts (a rank of 0: none).
 // Output:  y [..., H] float32: sum over the token's chosen experts e of p_e (silu(x W1g_e.T) *
 //          (x W1u_e.T)) @ W2_e.T. H and I multiples of 32.
 // Attributes: k (experts a token), normalize (1: the chosen probabilities divided by their sum).
@@ -45,10 +49,20 @@ constexpr char kName[] = "MoE", kQuantName[] = "MoEBlockQuant";
 constexpr int64_t kTokens = 1024;
 constexpr int64_t kRowsPerTask = 64;  // gather and combine: token slots per task
 
+// The experts' LoRA inputs (a rank of 0 or absent: none on that projection).
+struct Lora {
+  const float *a1 = nullptr, *b1 = nullptr, *a2 = nullptr, *b2 = nullptr;
+  int64_t n = 1, r1 = 0, r2 = 0, per = 1;  // adapters, ranks, tokens per adapter
+};
+
 struct Pass {  // one block of tokens, routed
   const float* x;  // [count, H]
   float* y;        // [count, H]
   int64_t count, h, k;
+  int64_t t0 = 0, e = 0, inner = 0;  // the block's first token; experts; I
+  const Lora* lora = nullptr;
+  std::vector<int64_t> row_expert;  // gathered row -> its expert (LoRA)
+  std::vector<float> pre;           // LoRA on gate|up: the rows' gate|up before the activation [rows, 2I]
   std::vector<int64_t> slot_row;    // token slot t * k + j -> its row in the gathered buffers
   std::vector<int64_t> row_token;   // gathered row -> its token
   std::vector<float> weight;        // token slot -> its expert's weight
@@ -69,6 +83,46 @@ void compute(void* data, size_t task) {
   const Pass& p = *static_cast<const Pass*>(data);
   const auto [job, chunk] = p.tasks[task];
   run_task(p.jobs[job], chunk);
+}
+
+// out [cols] += (in [k] @ a [k, r]) @ b [r, cols]: one row's LoRA delta.
+void add_delta(const float* in, int64_t k, const float* a, const float* b, int64_t r, int64_t cols, float* out) {
+  thread_local std::vector<float> u;
+  u.assign(r, 0.0f);
+  for (int64_t i = 0; i < k; ++i)
+    for (int64_t j = 0; j < r; ++j) u[j] += in[i] * a[i * r + j];
+  for (int64_t j = 0; j < r; ++j)
+    for (int64_t c = 0; c < cols; ++c) out[c] += u[j] * b[j * cols + c];
+}
+
+// The adapter (of n) of gathered row r: its token's batch row's, or the one.
+int64_t adapter_of(const Pass& p, int64_t r) { return p.lora->n == 1 ? 0 : (p.t0 + p.row_token[r]) / p.lora->per; }
+
+// LoRA on gate|up: each row's delta added to its gate|up, then silu(gate) * up into hg (what the
+// fused swiglu jobs write without it: per 32 columns, 16 gate then their 16 up).
+void lora_gate_up(void* data, size_t task) {
+  Pass& p = *static_cast<Pass*>(data);
+  const Lora& l = *p.lora;
+  const int64_t two = 2 * p.inner, r1 = std::min<int64_t>(p.count * p.k, (static_cast<int64_t>(task) + 1) * kRowsPerTask);
+  for (int64_t r = static_cast<int64_t>(task) * kRowsPerTask; r < r1; ++r) {
+    const int64_t at = adapter_of(p, r) * p.e + p.row_expert[r];
+    float* pre = p.pre.data() + r * two;
+    add_delta(p.xg.data() + r * p.h, p.h, l.a1 + at * p.h * l.r1, l.b1 + at * l.r1 * two, l.r1, two, pre);
+    for (int64_t c = 0; c < two; c += kChunkRows)
+      swiglu(pre + c, pre + c + kChunkRows / 2, kChunkRows / 2, p.hg.data() + r * p.inner + c / 2);
+  }
+}
+
+// LoRA on down: each row's delta added to its down.
+void lora_down(void* data, size_t task) {
+  Pass& p = *static_cast<Pass*>(data);
+  const Lora& l = *p.lora;
+  const int64_t r1 = std::min<int64_t>(p.count * p.k, (static_cast<int64_t>(task) + 1) * kRowsPerTask);
+  for (int64_t r = static_cast<int64_t>(task) * kRowsPerTask; r < r1; ++r) {
+    const int64_t at = adapter_of(p, r) * p.e + p.row_expert[r];
+    add_delta(p.hg.data() + r * p.inner, p.inner, l.a2 + at * p.inner * l.r2, l.b2 + at * l.r2 * p.h, l.r2, p.h,
+              p.og.data() + r * p.h);
+  }
 }
 
 // y[t] = sum_j weight[t, j] og[row of (t, j)], the slots in the router's order (largest first)
@@ -181,6 +235,34 @@ struct MoEKernel {
     return "";
   }
 
+  // The optional LoRA inputs from `first` on (a1, b1, a2, b2), checked against the experts and x's
+  // m rows of `batch` leading rows.
+  std::string lora_inputs(Ort::KernelContext& ctx, size_t first, int64_t e, int64_t h, int64_t inner, int64_t m,
+                          int64_t batch, Lora& l) {
+    const int64_t widths[2][2] = {{h, 2 * inner}, {inner, h}};
+    for (int j = 0; j < 2; ++j) {
+      const size_t at = first + 2 * j;
+      const bool a = ctx.GetInputCount() > at && ctx.GetInput(at), b = ctx.GetInputCount() > at + 1 && ctx.GetInput(at + 1);
+      const std::string which = j == 0 ? "1" : "2";
+      if (a != b) return "lora_a" + which + " and lora_b" + which + " go together";
+      if (!a) continue;
+      const auto sa = ctx.GetInput(at).GetTensorTypeAndShapeInfo().GetShape();
+      const auto sb = ctx.GetInput(at + 1).GetTensorTypeAndShapeInfo().GetShape();
+      if (sa.size() != 4 || sb.size() != 4 || sa[0] != sb[0] || sa[1] != e || sb[1] != e || sa[2] != widths[j][0] ||
+          sa[3] != sb[2] || sb[3] != widths[j][1] || (sa[0] != 1 && sa[0] != batch))
+        return "lora_a" + which + " must be [n, E, " + std::to_string(widths[j][0]) + ", r] and lora_b" + which +
+               " [n, E, r, " + std::to_string(widths[j][1]) + "], n 1 or x's leading dimension " + std::to_string(batch);
+      if (sa[3] == 0) continue;  // (rank 0: no adapter there)
+      if (l.r1 + l.r2 > 0 && sa[0] != l.n) return "lora_a1 and lora_a2 must hold the same number of adapters";
+      l.n = sa[0];
+      (j == 0 ? l.a1 : l.a2) = ctx.GetInput(at).GetTensorData<float>();
+      (j == 0 ? l.b1 : l.b2) = ctx.GetInput(at + 1).GetTensorData<float>();
+      (j == 0 ? l.r1 : l.r2) = sa[3];
+    }
+    l.per = m / l.n;
+    return "";
+  }
+
   OrtStatusPtr ComputeV2(OrtKernelContext* raw) {
     try {
       Ort::KernelContext ctx(raw);
@@ -198,6 +280,11 @@ struct MoEKernel {
       auto y = ctx.GetOutput(0, rows.y_shape);
       if (rows.m == 0) return nullptr;
       const int flag = generated_flag(ctx, quantized() ? 8 : 4);
+      Lora lora;
+      const auto xs_shape = x.GetTensorTypeAndShapeInfo().GetShape();
+      if (const std::string bad = lora_inputs(ctx, quantized() ? 9 : 5, e, h, inner, rows.m,
+                                              xs_shape.size() > 1 ? xs_shape[0] : 1, lora); !bad.empty())
+        return fail(bad, name);
       const float* xs = x.GetTensorData<float>();
       float* ys = y.GetTensorMutableData<float>();
       std::vector<int64_t> chosen(rows.m * k);
@@ -210,6 +297,7 @@ struct MoEKernel {
         p.jobs.clear();
         p.count = std::min(kTokens, rows.m - t0);
         p.x = xs + t0 * h, p.y = ys + t0 * h, p.h = h, p.k = k;
+        p.t0 = t0, p.e = e, p.inner = inner, p.lora = &lora;
         const int64_t slots = p.count * k;
         const int64_t* pick = chosen.data() + t0 * k;
         p.weight.assign(weight.begin() + t0 * k, weight.begin() + t0 * k + slots);
@@ -224,6 +312,11 @@ struct MoEKernel {
           p.slot_row[s] = r, p.row_token[r] = s / k;
         }
         p.xg.resize(slots * h), p.hg.resize(slots * inner), p.og.resize(slots * h);
+        if (lora.r1 || lora.r2) {
+          p.row_expert.resize(slots);
+          for (int64_t i = 0; i < e; ++i) std::fill(p.row_expert.begin() + start[i], p.row_expert.begin() + start[i + 1], i);
+          if (lora.r1) p.pre.resize(slots * 2 * inner);
+        }
         parallel_for(ctx, gather, static_cast<size_t>((slots + kRowsPerTask - 1) / kRowsPerTask), &p);
         std::vector<int64_t> used;
         for (int64_t i = 0; i < e; ++i)
@@ -238,8 +331,9 @@ struct MoEKernel {
             Job job{};
             job.w = (pass == 0 ? w1 : w2).of(i);
             job.x = (pass == 0 ? p.xg.data() : p.hg.data()) + r0 * width;
-            job.y = pass == 0 ? p.hg.data() + r0 * inner : p.og.data() + r0 * h;
-            job.m = m, job.swiglu = pass == 0;
+            // (LoRA on gate|up: the rows' gate|up as they are, the delta and activation after)
+            job.y = pass == 1 ? p.og.data() + r0 * h : lora.r1 ? p.pre.data() + r0 * 2 * inner : p.hg.data() + r0 * inner;
+            job.m = m, job.swiglu = pass == 0 && !lora.r1;
             job.prompt = flag == 0, job.generated = flag == 1;
             job.row_exact = exact_rows && flag == 1;
             decode[pass] = decode[pass] || (quantized() && job.decode_path());
@@ -263,6 +357,8 @@ struct MoEKernel {
           for (size_t j = pass * half; j < (pass + 1) * half; ++j)
             for (int64_t c = 0; c < chunks(p.jobs[j]); ++c) p.tasks.emplace_back(j, c);
           parallel_for(ctx, compute, p.tasks.size(), &p);  // a task's exception reaches the catch below
+          if (pass == 0 ? lora.r1 : lora.r2)
+            parallel_for(ctx, pass == 0 ? lora_gate_up : lora_down, static_cast<size_t>((slots + kRowsPerTask - 1) / kRowsPerTask), &p);
         }
         parallel_for(ctx, combine, static_cast<size_t>((p.count + kRowsPerTask - 1) / kRowsPerTask), &p);
       }
@@ -300,15 +396,17 @@ struct MoEOp : Ort::CustomOpBase<MoEOp<W>, MoEKernel, true> {
   const char* GetName() const { return kQuant ? kQuantName : kName; }
   const char* GetExecutionProviderType() const { return "CPUExecutionProvider"; }
   // float: x, logits, w1, w2, generated; MoEBlockQuant: x, logits, w1, w1_scale, w1_offset, w2,
-  // w2_scale, w2_offset, generated (offsets optional at 8 bits; generated int64 [1], optional)
-  size_t GetInputTypeCount() const { return kQuant ? 9 : 5; }
+  // w2_scale, w2_offset, generated (offsets optional at 8 bits; generated int64 [1], optional);
+  // then both: lora_a1, lora_b1, lora_a2, lora_b2 (optional, float32)
+  static constexpr size_t kGenerated = kQuant ? 8 : 4;
+  size_t GetInputTypeCount() const { return kGenerated + 5; }
   ONNXTensorElementDataType GetInputType(size_t i) const {
-    if (i < 2) return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
-    if (i + 1 == GetInputTypeCount()) return ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64;
+    if (i < 2 || i > kGenerated) return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
+    if (i == kGenerated) return ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64;
     return kQuant && i != 2 && i != 5 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16 : W;
   }
   OrtCustomOpInputOutputCharacteristic GetInputCharacteristic(size_t i) const {
-    const bool optional = i + 1 == GetInputTypeCount() || (kQuant && (i == 4 || i == 7));
+    const bool optional = i >= kGenerated || (kQuant && (i == 4 || i == 7));
     return optional ? INPUT_OUTPUT_OPTIONAL : INPUT_OUTPUT_REQUIRED;
   }
   size_t GetOutputTypeCount() const { return 1; }

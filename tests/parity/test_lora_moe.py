@@ -1,12 +1,15 @@
 """LoRA on mixtures of experts against PEFT on transformers: adapters on the attention, a dense
 layer's MLP (Qwen2-MoE's mlp_only_layers), the shared expert and its gate (Qwen2-MoE; Granite MoE's
-shared_mlp, gate|up whole), in both graphs (the ONNX Runtime form on our MoE kernel, llm.onnx with
-every expert), logits within 1e-4 and greedy tokens token-exact, alone and in a mixed batch in
-flight; int4 experts with an adapter against PEFT on the dequantized weights. What has no LoRA inputs
-(the routed experts and the router) is refused by name. The deliberately wrong variant (the shared
-expert's gate and up deltas swapped) must miss PEFT."""
+shared_mlp, gate|up whole) and the routed experts (PEFT's target_parameters on transformers 5's
+stacked experts; and the per-expert form PEFT gave transformers 4's, against the merged weights), in
+both graphs (the ONNX Runtime form on our MoE kernel, llm.onnx with every expert), logits within 1e-4
+and greedy tokens token-exact, alone and in a mixed batch in flight; int4 experts with an adapter
+against PEFT on the dequantized weights. What has no LoRA inputs (the router; the experts where ONNX
+Runtime's MoE node runs them) is refused by name. The deliberately wrong variant (the shared expert's
+gate and up deltas swapped) must miss PEFT."""
 from __future__ import annotations
 
+import copy
 import json
 
 import numpy as np
@@ -28,10 +31,9 @@ from trtllm.runtime.engine import load_engine  # noqa: E402
 
 pytestmark = pytest.mark.hf
 ATTENTION = ["q_proj", "k_proj", "v_proj", "o_proj"]
-# what an adapter may adapt besides the attention, by class: Qwen2-MoE's dense layer 1 (gate_proj,
-# up_proj, down_proj), its shared expert (the same names under mlp.shared_expert) and that expert's
-# gate; Granite MoE's shared_mlp (its experts are block_sparse_moe.input_linear / output_linear:
-# named in full, so that PEFT leaves those alone)
+# what an adapter may adapt besides the attention and the experts, by class: Qwen2-MoE's dense layer 1
+# (gate_proj, up_proj, down_proj), its shared expert (the same names under mlp.shared_expert) and that
+# expert's gate; Granite MoE's shared_mlp (named in full)
 BESIDES = {"qwen3_moe": [], "olmoe": [], "mixtral": [],
            "qwen2_moe": ["gate_proj", "up_proj", "down_proj", "shared_expert_gate"],
            "granitemoe": ["shared_mlp.input_linear", "shared_mlp.output_linear"]}
@@ -39,9 +41,18 @@ ARCHS = list(BESIDES)
 LIMITS = dict(max_batch_size=4, max_input_len=128, max_kv_cache_capacity=256, max_lora_rank=MAX_RANK)
 
 
+def expert_parameters(arch: str) -> list[str]:
+    """transformers 5's stacked experts' parameters, as PEFT's target_parameters names them."""
+    holder = "block_sparse_moe" if arch == "granitemoe" else "mlp"
+    return [f"{holder}.experts.gate_up_proj", f"{holder}.experts.down_proj"]
+
+
 def adapters_for(arch: str) -> dict[str, dict]:
-    """LoraConfig arguments: the attention alone (rsLoRA), and everything the class lets LoRA adapt."""
-    made = {"attention": dict(r=8, lora_alpha=4, target_modules=ATTENTION, use_rslora=True)}
+    """LoraConfig arguments: the attention alone (rsLoRA), everything the class lets LoRA adapt but its
+    experts, and the experts (with q and v)."""
+    made = {"attention": dict(r=8, lora_alpha=4, target_modules=ATTENTION, use_rslora=True),
+            "experts": dict(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"],
+                            target_parameters=expert_parameters(arch))}
     if BESIDES[arch]:
         made["all"] = dict(r=4, lora_alpha=8, target_modules=ATTENTION + BESIDES[arch], rank_pattern={"o_proj": 6})
     return made
@@ -87,21 +98,27 @@ def test_adapters_on_a_mixture_of_experts_match_peft(arch, moe_lora):
 
 
 def test_every_site_is_used_and_mixed_rows_compute_what_each_does_alone(moe_lora):
-    """Qwen2-MoE's adapter reaches each of its sites (a dense layer's MLP, the shared expert, its gate):
-    zeroing one site's lora_b moves the logits. Rows with different adapters (and none) in flight, 2
-    slots, compute what each computes alone."""
+    """Qwen2-MoE's adapters reach each of its sites (a dense layer's MLP, the shared expert, its gate,
+    the routed experts' gate, up and down): zeroing one site's lora_b moves the logits. Rows with
+    different adapters (and none) in flight, 2 slots, compute what each computes alone (our MoE kernel
+    then takes an adapter per row)."""
     out, made = moe_lora("qwen2_moe")
     engine = load_engine(out)
     pm, path = made["all"]
     adapter = lora.load_adapter("all", path, engine.manifest)
     generated, full = engine_logits(engine, PROMPTS[1], num_decode=4, lora=adapter.arrays)
-    for module, layer in (("mlp.gate_proj", 1), ("mlp.down_proj", 1), ("mlp.shared_expert.up_proj", 0),
-                          ("mlp.shared_expert.down_proj", 0), ("mlp.shared_expert_gate", 0)):
+    on_experts = lora.load_adapter("experts", made["experts"][1], engine.manifest)
+    experts_full = engine_logits(engine, PROMPTS[1], num_decode=4, lora=on_experts.arrays)[1]
+    for module, layer, used, logits in (
+            ("mlp.gate_proj", 1, adapter, full), ("mlp.down_proj", 1, adapter, full),
+            ("mlp.shared_expert.up_proj", 0, adapter, full), ("mlp.shared_expert.down_proj", 0, adapter, full),
+            ("mlp.shared_expert_gate", 0, adapter, full), ("mlp.experts.gate_proj", 0, on_experts, experts_full),
+            ("mlp.experts.up_proj", 0, on_experts, experts_full), ("mlp.experts.down_proj", 0, on_experts, experts_full)):
         b = engine.manifest.io.lora_b.format(i=layer, module=module)
-        cut = {**adapter.arrays, b: np.zeros_like(adapter.arrays[b])}
-        assert np.abs(engine_logits(engine, PROMPTS[1], num_decode=4, lora=cut)[1] - full).max() > 1e-2, module
+        cut = {**used.arrays, b: np.zeros_like(used.arrays[b])}
+        assert np.abs(engine_logits(engine, PROMPTS[1], num_decode=4, lora=cut)[1] - logits).max() > 1e-2, module
     other = lora.load_adapter("attention", made["attention"][1], engine.manifest)
-    prompts, picks = PROMPTS + PROMPTS[:2], [adapter, None, other, other, adapter]
+    prompts, picks = PROMPTS + PROMPTS[:2], [adapter, on_experts, other, None, on_experts]
     alone = [run_greedy(engine, [p], 12, [a])[0] for p, a in zip(prompts, picks)]
     assert run_greedy(engine, prompts, 12, picks, num_slots=2) == alone
 
@@ -119,8 +136,9 @@ def test_swapped_shared_expert_deltas_are_caught(moe_lora):
 
 
 def test_int4_experts_with_an_adapter_compute_peft_on_the_dequantized_weights(tiny_checkpoint, moe_lora, tmp_path):
-    """--quantization int4 (MoEBlockQuant experts) with LoRA: PEFT on transformers whose projections
-    and experts are their dequantized values, at float32 tolerance relative to the logits."""
+    """--quantization int4 (MoEBlockQuant experts) with LoRA, on the other projections and on the
+    experts: PEFT on transformers whose projections and experts are their dequantized values, at
+    float32 tolerance relative to the logits."""
     from tests.builder.test_moe import dense_experts
     from tests.builder.test_quantized import dequantized_model
     from trtllm.builder.quantize import QuantScheme
@@ -136,12 +154,13 @@ def test_int4_experts_with_an_adapter_compute_peft_on_the_dequantized_weights(ti
         for name, p in model.named_parameters():
             if name.endswith(("experts.gate_up_proj", "experts.down_proj")):
                 p.copy_(torch.from_numpy(dense_experts(p.numpy().copy(), scheme)))
-    path = moe_lora("qwen2_moe")[1]["all"][1]
-    pm = peft.PeftModel.from_pretrained(model, path).eval()
-    adapter = lora.load_adapter("all", path, engine.manifest)
-    generated, got = engine_logits(engine, PROMPTS[1], num_decode=4, lora=adapter.arrays)
-    ref = peft_logits(pm, PROMPTS[1], generated)
-    np.testing.assert_allclose(got, ref, atol=2e-5 * np.abs(ref).max(), rtol=0)
+    for name in ("all", "experts"):  # (the experts' adapter: on MoEBlockQuant)
+        path = moe_lora("qwen2_moe")[1][name][1]
+        pm = peft.PeftModel.from_pretrained(copy.deepcopy(model), path).eval()
+        adapter = lora.load_adapter(name, path, engine.manifest)
+        generated, got = engine_logits(engine, PROMPTS[1], num_decode=4, lora=adapter.arrays)
+        ref = peft_logits(pm, PROMPTS[1], generated)
+        np.testing.assert_allclose(got, ref, atol=2e-5 * np.abs(ref).max(), rtol=0, err_msg=name)
 
 
 def edited_adapter(src, dst, rename: dict[str, str]) -> None:
@@ -155,20 +174,21 @@ def edited_adapter(src, dst, rename: dict[str, str]) -> None:
 
 
 def test_what_has_no_lora_inputs_is_refused_by_name(moe_lora, tiny_checkpoint, tmp_path):
-    """An adapter on the routed experts (PEFT's all-linear on Qwen3-MoE adapts their parameters), one
-    naming an expert or the router as a module, and a dense layer's module on a sparse layer: each
-    fails to load with a message that says what and where, and a build bundling it fails the same."""
+    """The router (PEFT's target_parameters on it, or a key on mlp.gate), a dense layer's module on a
+    sparse layer, and the experts where ONNX Runtime's MoE node runs them: each fails to load with a
+    message that says what and where, and a build bundling it fails the same."""
     out, made = moe_lora("qwen2_moe")
     engine = load_engine(out)
-    make_adapter(tiny_checkpoint("qwen3_moe"), tmp_path / "all-linear", 0, r=2, target_modules="all-linear")
-    with pytest.raises(lora.AdapterError, match=r"target_parameters = .*the routed experts"):
-        lora.load_adapter("x", tmp_path / "all-linear", load_engine(moe_lora("qwen3_moe")[0]).manifest)
+    make_adapter(tiny_checkpoint("qwen3_moe"), tmp_path / "router-parameter", 0, r=2, target_modules=["q_proj"],
+                 target_parameters=["mlp.gate.weight"])
+    with pytest.raises(lora.AdapterError, match=r"target_parameters = \['mlp.gate.weight'\] is not supported \(of a "
+                                                 r"model's parameters, only a mixture of experts' routed experts'"):
+        lora.load_adapter("x", tmp_path / "router-parameter", load_engine(moe_lora("qwen3_moe")[0]).manifest)
     src = made["all"][1]
-    cases = {"expert": ({"mlp.shared_expert.gate_proj": "mlp.experts.0.gate_proj"},
-                        r"tensor .*layers\.0\.mlp\.experts\.0\.gate_proj\.lora_A.* routed experts or router; LoRA on "
-                        r"those is not supported \(an adapter may adapt self_attn\.q_proj, .*mlp\.shared_expert_gate, "
-                        r"mlp\.gate_proj, mlp\.up_proj, mlp\.down_proj\)"),
-             "router": ({"mlp.shared_expert_gate": "mlp.gate"}, "routed experts or router"),
+    cases = {"router": ({"mlp.shared_expert_gate": "mlp.gate"},
+                        r"tensor .*layers\.0\.mlp\.gate\.lora_A.* adapts a mixture of experts' router; LoRA on it "
+                        r"is not supported here \(an adapter may adapt self_attn\.q_proj, .*mlp\.shared_expert_gate, "
+                        r"mlp\.experts\.gate_proj, mlp\.experts\.up_proj, mlp\.experts\.down_proj, mlp\.gate_proj"),
              "sparse": ({"layers.1.mlp.down_proj": "layers.0.mlp.down_proj"},
                         r"is for layer 0, which has no mlp\.down_proj \(the layers with one: \[1\]\)")}
     for name, (rename, message) in cases.items():
@@ -181,15 +201,79 @@ def test_what_has_no_lora_inputs_is_refused_by_name(moe_lora, tiny_checkpoint, t
         build(BuildConfig(model=str(tiny_checkpoint("qwen2_moe")), output=str(tmp_path / "b"), verify=False,
                           lora=(("sparse", str(tmp_path / "sparse")),), **{**LIMITS, "max_lora_rank": 0}),
               log=lambda m: None)
+    ort = build(BuildConfig(model=str(tiny_checkpoint("qwen2_moe")), output=str(tmp_path / "ort"), verify=False,
+                            cpu_kernels="onnxruntime", **LIMITS), log=lambda m: None)
+    m = load_engine(ort).manifest
+    assert "MoE" in m.lowerings and "experts_gate_up" not in m.lora["sites"]
+    with pytest.raises(lora.AdapterError, match=r"adapts a mixture of experts' routed experts or router; LoRA on "
+                                                r"those is not supported here; this engine's experts run on ONNX "
+                                                r"Runtime's MoE node"):
+        lora.load_adapter("experts", made["experts"][1], m)
+
+
+def per_expert_adapter(ckpt, out_dir, arch: str, experts: list[int], seed: int):
+    """A transformers 4-style PEFT adapter on some experts of every sparse layer (a Linear each: Qwen's
+    mlp.experts.{e}.gate_proj, Mixtral's block_sparse_moe.experts.{e}.w1 ...), rank 4, alpha 8, and
+    transformers with it merged into the stacked experts: W_e += (alpha / r) B_e A_e."""
+    model = transformers.AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.float32).eval()
+    rng, tensors, scale = np.random.default_rng(seed), {}, 2.0
+    mixtral = arch == "mixtral"
+    names = {"gate": "w1", "up": "w3", "down": "w2"} if mixtral else {k: f"{k}_proj" for k in ("gate", "up", "down")}
+    with torch.no_grad():
+        for i, layer in enumerate(model.model.layers):
+            holder = layer.mlp
+            if not hasattr(holder, "experts") or not hasattr(holder.experts, "gate_up_proj"):
+                continue  # (a dense layer)
+            gate_up, down = holder.experts.gate_up_proj, holder.experts.down_proj
+            h, w = gate_up.shape[2], gate_up.shape[1] // 2
+            for e in experts:
+                for kind, n_in, n_out in (("gate", h, w), ("up", h, w), ("down", w, h)):
+                    a, b = (rng.standard_normal(s).astype(np.float32) * 0.3 for s in ((4, n_in), (n_out, 4)))
+                    key = (f"base_model.model.model.layers.{i}.{'block_sparse_moe' if mixtral else 'mlp'}.experts.{e}."
+                           f"{names[kind]}")
+                    tensors[f"{key}.lora_A.weight"], tensors[f"{key}.lora_B.weight"] = a, b
+                    delta = torch.from_numpy(scale * (b @ a))
+                    if kind == "down":
+                        down[e] += delta
+                    else:
+                        gate_up[e, slice(0, w) if kind == "gate" else slice(w, 2 * w)] += delta
+    out_dir.mkdir()
+    save_file(tensors, str(out_dir / lora.WEIGHTS_NAME))
+    (out_dir / lora.CONFIG_NAME).write_text(json.dumps({"peft_type": "LORA", "r": 4, "lora_alpha": 8,
+                                                        "target_modules": list(names.values())}))
+    return model
+
+
+@pytest.mark.parametrize("arch", ["qwen3_moe", "mixtral"])
+def test_a_per_expert_adapter_is_its_merged_weights(arch, moe_lora, tiny_checkpoint, tmp_path):
+    """transformers 4's form (a PEFT pair per expert; Mixtral's w1/w3/w2), on two of the four experts:
+    both graphs compute transformers with the deltas merged into those experts' weights."""
+    out, _ = moe_lora(arch)
+    merged = per_expert_adapter(tiny_checkpoint(arch), tmp_path / "a", arch, [0, 2], 5)
+    for graph in ("compiled", "onnx"):
+        with unoptimized_sessions():
+            engine = load_engine(out, graph=graph)
+        adapter = lora.load_adapter("a", tmp_path / "a", engine.manifest)
+        assert adapter.arrays[engine.manifest.io.lora_a.format(i=0, module="mlp.experts.gate_proj")].shape == (
+            1, 4, 64, 4)
+        for prompt in PROMPTS:
+            generated, got = engine_logits(engine, prompt, num_decode=4, lora=adapter.arrays)
+            want = peft_logits(merged, prompt, generated)
+            np.testing.assert_allclose(got, want, atol=atol(want), rtol=0, err_msg=graph)
+    plain = engine_logits(engine, PROMPTS[1], num_decode=4)
+    assert np.abs(plain[1] - peft_logits(merged, PROMPTS[1], plain[0])).max() > 1e-2
 
 
 def test_the_manifest_lists_each_site_with_its_layers(moe_lora):
     """lora.sites: the attention on every layer; Qwen2-MoE's dense MLP on layer 1 only, its shared
-    expert and gate on layer 0; Granite MoE's shared_mlp modules whole ([gate|up] one module)."""
+    expert, that expert's gate and the routed experts (4 adapters a module) on layer 0; Granite MoE's
+    shared_mlp modules whole ([gate|up] one module)."""
     sites = json.loads((moe_lora("qwen2_moe")[0] / "manifest.json").read_text())["lora"]["sites"]
     assert {k: v.get("layers") for k, v in sites.items()} == {
         "qkv": None, "o": None, "gate_up": [1], "down": [1], "shared_gate_up": [0], "shared_down": [0],
-        "shared_expert_gate": [0]}
+        "shared_expert_gate": [0], "experts_gate_up": [0], "experts_down": [0]}
+    assert sites["experts_gate_up"]["experts"] == 4 and sites["experts_gate_up"]["modules"] == [
+        ["mlp.experts.gate_proj", 0, 32], ["mlp.experts.up_proj", 32, 64]]
     sites = json.loads((moe_lora("granitemoe")[0] / "manifest.json").read_text())["lora"]["sites"]
     assert sites["shared_gate_up"]["modules"] == [["shared_mlp.input_linear", 0, 128]]
     assert sites["shared_down"]["modules"] == [["shared_mlp.output_linear", 0, 64]] and "gate_up" not in sites

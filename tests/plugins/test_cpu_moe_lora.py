@@ -1,0 +1,123 @@
+"""LoRA on the experts of trtllm.cpu::MoE and MoEBlockQuant (plugins/cpu/moe.cc): each chosen expert's
+gate|up gets (x a1_e) b1_e before the activation and its down (h a2_e) b2_e, one adapter for all
+rows or one per batch row, against a float64 numpy reference of the adapted weights."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+onnx = pytest.importorskip("onnx")
+from onnx import TensorProto, helper, numpy_helper  # noqa: E402
+
+from trtllm.builder.quantize import swiglu_rows  # noqa: E402
+from trtllm.plugins import cpu  # noqa: E402
+
+from tests.plugins.cpu_ops import one_node_model, session  # noqa: E402
+from tests.plugins.test_cpu_moe import experts, quantized, reference  # noqa: E402
+
+LORA = ["lora_a1", "lora_b1", "lora_a2", "lora_b2"]
+
+
+def adapters(n: int, e: int, h: int, i: int, r1: int, r2: int, seed: int) -> dict:
+    """a1 [n, E, H, r1], b1 [n, E, r1, 2I] (gate columns, then up: the checkpoint's order), a2, b2."""
+    rng = np.random.default_rng(seed)
+    f = lambda *shape: (rng.standard_normal(shape) * 0.2).astype(np.float32)  # noqa: E731
+    return {"lora_a1": f(n, e, h, r1), "lora_b1": f(n, e, r1, 2 * i), "lora_a2": f(n, e, i, r2),
+            "lora_b2": f(n, e, r2, h)}
+
+
+def model(w1: np.ndarray, w2: np.ndarray, k: int, bits: int) -> tuple[bytes, np.ndarray, np.ndarray]:
+    """One MoE (bits 32: float32 experts) or MoEBlockQuant node with LoRA inputs, x [B, S, H]; returns
+    it and the experts it computes with (dequantized)."""
+    e, h, i = w2.shape
+    order = swiglu_rows(i)
+    if bits == 32:
+        inits, d1, d2 = {"w1": np.ascontiguousarray(w1[:, order]), "w2": w2}, w1, w2
+        node = helper.make_node(cpu.MOE, ["x", "logits", "w1", "w2", "generated", *LORA], ["y"], domain=cpu.DOMAIN,
+                                k=k, normalize=1)
+    else:
+        (c1, s1, o1), d1 = quantized(w1, bits)
+        (c2, s2, o2), d2 = quantized(w2, bits)
+        given = {"w1": c1[:, order], "w1_scale": s1[:, order], "w1_offset": None if o1 is None else o1[:, order],
+                 "w2": c2, "w2_scale": s2, "w2_offset": o2}  # (int8: no offsets)
+        inits = {n: np.ascontiguousarray(a) for n, a in given.items() if a is not None}
+        node = helper.make_node(cpu.MOE_QUANT, ["x", "logits", *(n if n in inits else "" for n in given), "generated",
+                                                *LORA], ["y"], domain=cpu.DOMAIN, k=k, normalize=1, bits=bits,
+                                exact_rows=1)
+    f = lambda name, shape: helper.make_tensor_value_info(name, TensorProto.FLOAT, shape)  # noqa: E731
+    graph_inputs = [f("x", ["b", "s", "h"]), f("logits", ["b", "s", "e"]),
+                    helper.make_tensor_value_info("generated", TensorProto.INT64, [1]),
+                    *(f(n, ["n", "e", "k", "r"] if n.startswith("lora_a") else ["n", "e", "r", "c"]) for n in LORA)]
+    return (one_node_model(node, graph_inputs, [f("y", ["b", "s", "h"])],
+                           [numpy_helper.from_array(a, n) for n, a in inits.items()]), d1, d2)
+
+
+def lora_reference(x, logits, w1, w2, k: int, lora: dict) -> np.ndarray:
+    """Each batch row through the experts plus its adapter's deltas (float64)."""
+    out = []
+    n = lora["lora_a1"].shape[0]
+    for b in range(x.shape[0]):
+        a = b if n > 1 else 0
+        d1 = np.einsum("ehr,erc->ech", lora["lora_a1"][a].astype(np.float64), lora["lora_b1"][a].astype(np.float64))
+        d2 = np.einsum("eir,erc->eci", lora["lora_a2"][a].astype(np.float64), lora["lora_b2"][a].astype(np.float64))
+        out.append(reference(x[b], logits[b], w1.astype(np.float64) + d1, w2.astype(np.float64) + d2, k))
+    return np.stack(out)
+
+
+def run(sess, x, logits, generated: int, lora: dict, order: np.ndarray) -> np.ndarray:
+    fed = {**lora, "lora_b1": np.ascontiguousarray(lora["lora_b1"][..., order])}  # the kernel's swiglu order
+    return sess.run(None, {"x": x, "logits": logits, "generated": np.array([generated], np.int64), **fed})[0]
+
+
+@pytest.mark.parametrize("bits", [32, 4, 8])
+@pytest.mark.parametrize("b, s, n, r1, r2, generated", [(3, 1, 3, 4, 3, 1), (2, 9, 1, 4, 2, 0), (2, 9, 2, 8, 4, 0),
+                                                        (4, 1, 1, 0, 5, 1), (3, 1, 3, 6, 0, 1), (1, 1030, 1, 2, 2, 0)])
+def test_expert_adapters_add_their_deltas(bits, b, s, n, r1, r2, generated):
+    """Generated rows (the decode kernels) and a prompt's (prefill; past the kernel's 1,024 tokens a
+    pass); one adapter or one per row; a rank of 0 on one projection (its fused path kept)."""
+    e, k, h, i = 6, 2, 64, 32
+    w1, w2 = experts(e, h, i, b + s + bits, "float32")
+    onnx_model, d1, d2 = model(w1, w2, k, bits)
+    rng = np.random.default_rng(s + n)
+    x, logits = rng.standard_normal((b, s, h)).astype(np.float32), rng.standard_normal((b, s, e)).astype(np.float32)
+    lora = adapters(n, e, h, i, r1, r2, b + r1)
+    y = run(session(onnx_model), x, logits, generated, lora, swiglu_rows(i))
+    ref = lora_reference(x, logits, d1, d2, k, lora)
+    assert np.abs(y - ref).max() <= 2e-5 * np.abs(ref).max(), np.abs(y - ref).max()
+    plain = lora_reference(x, logits, d1, d2, k, {name: a[..., :0] if name.startswith("lora_a") else a[:, :, :0]
+                                                    for name, a in lora.items()})  # (rank 0: no adapter)
+    assert np.abs(plain - ref).max() > 1e-2 * np.abs(ref).max()  # the adapter moves the output
+
+
+def test_each_row_is_what_it_computes_alone_and_b1_must_be_in_swiglu_order():
+    """With an adapter per row (int4, exact_rows), each generated row is bit for bit what it gives in
+    a batch of one; b1's columns left in the checkpoint's order (the wrong variant) miss the reference."""
+    e, k, h, i, b = 6, 2, 64, 32, 4
+    w1, w2 = experts(e, h, i, 7, "float32")
+    onnx_model, d1, d2 = model(w1, w2, k, 4)
+    sess = session(onnx_model)
+    rng = np.random.default_rng(3)
+    x, logits = rng.standard_normal((b, 1, h)).astype(np.float32), rng.standard_normal((b, 1, e)).astype(np.float32)
+    lora, order = adapters(b, e, h, i, 4, 4, 5), swiglu_rows(i)
+    together = run(sess, x, logits, 1, lora, order)
+    for row in range(b):
+        alone = run(sess, x[row:row + 1], logits[row:row + 1], 1, {n: a[row:row + 1] for n, a in lora.items()}, order)
+        assert np.array_equal(alone[0], together[row])
+    ref = lora_reference(x, logits, d1, d2, k, lora)
+    wrong = run(sess, x, logits, 1, lora, np.arange(2 * i))
+    assert np.abs(wrong - ref).max() > 100 * 2e-5 * np.abs(ref).max()
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"lora_a1": np.zeros((1, 6, 64, 4), np.float32)}, "lora_a1 must be [n, E, 64, r] and lora_b1 [n, E, r, 64]"),
+    ({"lora_a2": np.zeros((2, 6, 32, 2), np.float32), "lora_b2": np.zeros((2, 6, 2, 64), np.float32)},
+     "n 1 or x's leading dimension 3"),
+])
+def test_mismatched_adapters_fail_with_a_message(change, message):
+    e, k, h, i = 6, 2, 64, 32
+    w1, w2 = experts(e, h, i, 1, "float32")
+    sess = session(model(w1, w2, k, 32)[0])
+    lora = {**adapters(1, e, h, i, 2, 2, 0), **change}
+    with pytest.raises(Exception, match=message.replace("[", r"\[").replace("]", r"\]")):
+        sess.run(None, {"x": np.zeros((3, 1, h), np.float32), "logits": np.zeros((3, 1, e), np.float32),
+                        "generated": np.array([1], np.int64), **lora})
