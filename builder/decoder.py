@@ -149,9 +149,10 @@ def lora_sites(spec: DecoderSpec, experts: bool = False) -> dict[str, dict]:
             sites["shared_expert_gate"] = {"in": h, "modules": columns(("mlp.shared_expert_gate", 1)), "layers": sparse}
     if moe is not None and experts:
         e, w, sparse = moe.num_experts, moe.expert_size, [n for n in every if n not in moe.dense_layers]
-        sites["experts_gate_up"] = {"in": h, "modules": columns(("mlp.experts.gate_proj", w), ("mlp.experts.up_proj", w)),
-                                    "experts": e, "layers": sparse}
-        sites["experts_down"] = {"in": w, "modules": columns(("mlp.experts.down_proj", h)), "experts": e, "layers": sparse}
+        gate_up = columns(("mlp.experts.gate_proj", w), ("mlp.experts.up_proj", w))
+        sites["experts_gate_up"] = {"in": h, "modules": gate_up, "experts": e, "layers": sparse}
+        sites["experts_down"] = {"in": w, "modules": columns(("mlp.experts.down_proj", h)), "experts": e,
+                                 "layers": sparse}
     if moe is not None:
         for site in ("gate_up", "down"):
             if site in sites:

@@ -77,7 +77,8 @@ def expert_parameter(layer, module: str, width: int):
         weight = experts.down_proj if kind == "down_proj" else experts.gate_up_proj
     else:  # Granite MoE's ParallelExperts
         weight = (holder.output_linear if kind == "down_proj" else holder.input_linear).weight
-    return weight, slice(width, 2 * width) if kind == "up_proj" else slice(0, width) if kind == "gate_proj" else slice(None)
+    rows = {"gate_proj": slice(0, width), "up_proj": slice(width, 2 * width)}.get(kind, slice(None))
+    return weight, rows
 
 
 def peft_merged_model(model, adapter_dir):

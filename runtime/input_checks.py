@@ -26,7 +26,8 @@ def check_against_engine(inp: InputFile, vocab_size: int) -> list[tuple[int, str
         bad += [(f"{stop_path}[{j}]", token_id) for j, token_id in enumerate(req.stop_token_ids)]
         allowed_path = req.where(i, "allowed_token_ids")
         bad += [(f"{allowed_path}[{j}]", token_id) for j, token_id in enumerate(req.allowed_token_ids or ())]
-        bad += [(f"requests[{i}].prompt_token_ids[{j}]", token_id) for j, token_id in enumerate(req.prompt_token_ids or ())]
+        bad += [(f"requests[{i}].prompt_token_ids[{j}]", token_id)
+                for j, token_id in enumerate(req.prompt_token_ids or ())]
         problems += [(i, f"`{path}` must be a token id below the vocabulary size {vocab_size}, "
                          f"got {token_id}") for path, token_id in bad if token_id >= vocab_size]
     return problems

@@ -25,7 +25,8 @@ from dataclasses import dataclass, field
 
 from trtllm.runtime import beam_rules, files, guided, reasoning, tool_calls
 from trtllm.runtime.generation_config import CONFIG_NAMES
-from trtllm.runtime.input_fields import MAX_N, SAMPLING_FIELDS, SAMPLING_FIELDS_READ, lora_weights, prompt_token_ids, stop
+from trtllm.runtime.input_fields import (MAX_N, SAMPLING_FIELDS, SAMPLING_FIELDS_READ, lora_weights, prompt_token_ids,
+                                         stop)
 from trtllm.runtime.messages import (  # noqa: F401 - ContentItem: part of this module's API
     MEDIA_TYPES,
     ContentItem,

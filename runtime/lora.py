@@ -280,19 +280,29 @@ def convert(name: str, path: str | Path, manifest: Manifest) -> Adapter:
     pairs: dict[tuple[int, str], dict[str, np.ndarray]] = {}
     processed = processed_config(config_path)
     experts = ExpertTensors(str(weights_path))
-    on_experts = any("experts" in site for site in manifest.lora["sites"].values())
+    on_experts = [module for module, _, _ in stacked_sites(manifest)]  # (our names: PEFT's are others)
     for key, value in tensors.items():
         m = (PROCESSED_KEY if processed else KEY).fullmatch(key.replace(".default.", "."))
-        if m is not None and on_experts and not processed and int(m[1]) in known["mlp.experts.down_proj"] \
+        routed = m is not None and m[2] not in known and ROUTED.fullmatch(m[2]) is not None
+        if routed and on_experts and not processed and int(m[1]) in known[on_experts[0]] \
                 and experts.take(int(m[1]), m[2], m[3], value):
             continue  # (checked against the config as PEFT does, per expert, below)
-        if m is not None and m[2] not in known and ROUTED.fullmatch(m[2]):
-            what = "router" if on_experts else "routed experts or router"
-            why = ("" if on_experts or processed else "; this engine's experts run on ONNX Runtime's MoE node, which "
-                   "takes none: build it with our CPU kernels (trtllm-build --cpu-kernels auto)")
-            raise AdapterError(f"{weights_path}: tensor {key} adapts a mixture of experts' {what}; LoRA on "
-                               f"{'it' if on_experts else 'those'} is not supported here{why} (an adapter may adapt "
-                               f"{', '.join(known)}): train it with target_modules naming those only")
+        if m is not None and m[2] in on_experts:  # (our name for them, not one of PEFT's)
+            raise AdapterError(f"{weights_path}: tensor {key} is in neither of PEFT's forms of the experts' LoRA (a "
+                               "pair per expert, mlp.experts.{e}.gate_proj ..., or target_parameters' stacked "
+                               "mlp.experts): docs/lora.md")
+        if routed:
+            router = m[2].split(".")[1] in ("gate", "router")
+            why = ("Edge-LLM's processed adapters are read on the dense projections only" if processed else
+                   "" if router else
+                   f"layer {m[1]} has no experts" if on_experts else
+                   "this engine has no LoRA inputs on its experts: ONNX Runtime's MoE node runs them (build it with "
+                   "our CPU kernels, trtllm-build --cpu-kernels auto), or it was built before trtllm-edge took them "
+                   "(rebuild it)")
+            raise AdapterError(f"{weights_path}: tensor {key} adapts a mixture of experts' "
+                               f"{'router' if router else 'routed experts'}; LoRA on it is not supported here"
+                               f"{'; ' + why if why else ''} (an adapter may adapt {', '.join(known)}): train it "
+                               "with target_modules naming those only")
         if m is None or m[2] not in known:
             raise AdapterError(f"{weights_path}: tensor {key} is not a LoRA matrix of a module this engine can "
                                f"adapt ({', '.join(known)})")
@@ -375,6 +385,12 @@ def rope_pair_order(width: int, head_dim: int, rotary_dim: int) -> np.ndarray:
     q and k being reordered alike; the build reorders the weights, and this the adapters' lora_B."""
     head = np.concatenate([np.arange(0, rotary_dim, 2), np.arange(1, rotary_dim, 2), np.arange(rotary_dim, head_dim)])
     return (np.arange(width // head_dim)[:, None] * head_dim + head).ravel()
+
+
+def stacked_sites(manifest: Manifest) -> list[tuple[str, int, int]]:
+    """(module, in, experts) of each LoRA module with an adapter per routed expert."""
+    return [(module, s["in"], s["experts"]) for s in manifest.lora["sites"].values() if "experts" in s
+            for module, _, _ in s["modules"]]
 
 
 def projections(manifest: Manifest) -> Iterator[tuple[int, str, int, int, int]]:

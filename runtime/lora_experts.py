@@ -87,14 +87,17 @@ class ExpertTensors:
             r = a.shape[0] // experts
             if kind is None or a.shape[0] % experts or b.shape[1] != a.shape[0]:
                 raise AdapterError(f"{where}: lora_A {list(a.shape)} and lora_B {list(b.shape)} are not the stacked "
-                                 f"LoRA of this model's {experts} experts (gate|up: [r x {experts}, {h}] and "
-                                 f"[{2 * w}, r x {experts}]; down: [r x {experts}, {w}] and [{h}, r x {experts}])")
-            if r != cfg["r"]:
-                raise AdapterError(f"{where} has rank {r} an expert, but its config says {cfg['r']}")
+                                   f"LoRA of this model's {experts} experts (gate|up: [r x {experts}, {h}] and "
+                                   f"[{2 * w}, r x {experts}]; down: [r x {experts}, {w}] and [{h}, r x {experts}])")
+            # PEFT's rank_pattern and alpha_pattern name the parameter (model.layers.i.mlp.experts.down_proj)
+            parameter = f"{key.split('.')[0]}.experts.{'gate_up_proj' if kind == 'gate_up' else 'down_proj'}"
+            declared = pattern_value(cfg.get("rank_pattern"), f"model.layers.{layer}.{parameter}", cfg["r"])
+            if r != declared:
+                raise AdapterError(f"{where} has rank {r} an expert, but its config says {declared} (r or rank_pattern)")
             if r > max_rank:
                 raise AdapterError(f"{where} has rank {r}, above the engine's max_lora_rank {max_rank}; rebuild with "
                                    f"--max-lora-rank {r} or more")
-            s = module_scale(cfg, layer, key, r)
+            s = module_scale(cfg, layer, parameter, r)
             per = [(a.reshape(experts, r, -1)[e], s * b.astype(np.float32).reshape(b.shape[0], r, experts)[:, :, e])
                    for e in range(experts)]
             for name, rows in ((("gate_proj", slice(0, w)), ("up_proj", slice(w, 2 * w))) if kind == "gate_up"

@@ -49,10 +49,11 @@ def expert_parameters(arch: str) -> list[str]:
 
 def adapters_for(arch: str) -> dict[str, dict]:
     """LoraConfig arguments: the attention alone (rsLoRA), everything the class lets LoRA adapt but its
-    experts, and the experts (with q and v)."""
+    experts, and the experts (with q and v; PEFT's patterns name the experts' parameters)."""
     made = {"attention": dict(r=8, lora_alpha=4, target_modules=ATTENTION, use_rslora=True),
             "experts": dict(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"],
-                            target_parameters=expert_parameters(arch))}
+                            target_parameters=expert_parameters(arch), rank_pattern={"gate_up_proj": 2},
+                            alpha_pattern={"down_proj": 32})}
     if BESIDES[arch]:
         made["all"] = dict(r=4, lora_alpha=8, target_modules=ATTENTION + BESIDES[arch], rank_pattern={"o_proj": 6})
     return made
@@ -113,7 +114,8 @@ def test_every_site_is_used_and_mixed_rows_compute_what_each_does_alone(moe_lora
             ("mlp.gate_proj", 1, adapter, full), ("mlp.down_proj", 1, adapter, full),
             ("mlp.shared_expert.up_proj", 0, adapter, full), ("mlp.shared_expert.down_proj", 0, adapter, full),
             ("mlp.shared_expert_gate", 0, adapter, full), ("mlp.experts.gate_proj", 0, on_experts, experts_full),
-            ("mlp.experts.up_proj", 0, on_experts, experts_full), ("mlp.experts.down_proj", 0, on_experts, experts_full)):
+            ("mlp.experts.up_proj", 0, on_experts, experts_full),
+            ("mlp.experts.down_proj", 0, on_experts, experts_full)):
         b = engine.manifest.io.lora_b.format(i=layer, module=module)
         cut = {**used.arrays, b: np.zeros_like(used.arrays[b])}
         assert np.abs(engine_logits(engine, PROMPTS[1], num_decode=4, lora=cut)[1] - logits).max() > 1e-2, module
@@ -129,7 +131,8 @@ def test_swapped_shared_expert_deltas_are_caught(moe_lora):
     engine = load_engine(out)
     pm, path = made["all"]
     arrays = dict(lora.load_adapter("all", path, engine.manifest).arrays)
-    gate, up = (engine.manifest.io.lora_b.format(i=0, module=f"mlp.shared_expert.{m}") for m in ("gate_proj", "up_proj"))
+    gate, up = (engine.manifest.io.lora_b.format(i=0, module=f"mlp.shared_expert.{m}")
+                for m in ("gate_proj", "up_proj"))
     arrays[gate], arrays[up] = arrays[up], arrays[gate]
     generated, got = engine_logits(engine, PROMPTS[1], num_decode=4, lora=arrays)
     assert np.abs(got - peft_logits(pm, PROMPTS[1], generated)).max() > 100 * atol(got)
@@ -195,6 +198,16 @@ def test_what_has_no_lora_inputs_is_refused_by_name(moe_lora, tiny_checkpoint, t
         edited_adapter(src, tmp_path / name, rename)
         with pytest.raises(lora.AdapterError, match=message):
             lora.load_adapter(name, tmp_path / name, engine.manifest)
+    src = made["experts"][1]  # (PEFT's stacked form: mlp.experts.base_layer is gate|up, mlp.experts down)
+    cases = {"dense": ({"layers.0.mlp.experts": "layers.1.mlp.experts"},
+                       r"layers\.1\.mlp\.experts.* adapts a mixture of experts' routed experts; LoRA on it is not "
+                       r"supported here; layer 1 has no experts"),
+             "ours": ({"mlp.experts.base_layer": "mlp.experts.gate_proj"},
+                      r"layers\.0\.mlp\.experts\.gate_proj\.lora_A.* is in neither of PEFT's forms")}
+    for name, (rename, message) in cases.items():
+        edited_adapter(src, tmp_path / name, rename)
+        with pytest.raises(lora.AdapterError, match=message):
+            lora.load_adapter(name, tmp_path / name, engine.manifest)
     from trtllm.builder.config import ConfigError
 
     with pytest.raises(ConfigError, match=r"--lora sparse: .*which has no mlp\.down_proj"):
@@ -205,9 +218,9 @@ def test_what_has_no_lora_inputs_is_refused_by_name(moe_lora, tiny_checkpoint, t
                             cpu_kernels="onnxruntime", **LIMITS), log=lambda m: None)
     m = load_engine(ort).manifest
     assert "MoE" in m.lowerings and "experts_gate_up" not in m.lora["sites"]
-    with pytest.raises(lora.AdapterError, match=r"adapts a mixture of experts' routed experts or router; LoRA on "
-                                                r"those is not supported here; this engine's experts run on ONNX "
-                                                r"Runtime's MoE node"):
+    with pytest.raises(lora.AdapterError, match=r"adapts a mixture of experts' routed experts; LoRA on it is not "
+                                                r"supported here; this engine has no LoRA inputs on its experts: ONNX "
+                                                r"Runtime's MoE node runs them"):
         lora.load_adapter("experts", made["experts"][1], m)
 
 

@@ -12,7 +12,7 @@ from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 from trtllm.builder.quantize import swiglu_rows  # noqa: E402
 from trtllm.plugins import cpu  # noqa: E402
 
-from tests.plugins.cpu_ops import one_node_model, session  # noqa: E402
+from tests.plugins.cpu_ops import on_portable_path, one_node_model, session  # noqa: E402
 from tests.plugins.test_cpu_moe import experts, quantized, reference  # noqa: E402
 
 LORA = ["lora_a1", "lora_b1", "lora_a2", "lora_b2"]
@@ -69,12 +69,12 @@ def run(sess, x, logits, generated: int, lora: dict, order: np.ndarray) -> np.nd
     return sess.run(None, {"x": x, "logits": logits, "generated": np.array([generated], np.int64), **fed})[0]
 
 
-@pytest.mark.parametrize("bits", [32, 4, 8])
-@pytest.mark.parametrize("b, s, n, r1, r2, generated", [(3, 1, 3, 4, 3, 1), (2, 9, 1, 4, 2, 0), (2, 9, 2, 8, 4, 0),
-                                                        (4, 1, 1, 0, 5, 1), (3, 1, 3, 6, 0, 1), (1, 1030, 1, 2, 2, 0)])
-def test_expert_adapters_add_their_deltas(bits, b, s, n, r1, r2, generated):
-    """Generated rows (the decode kernels) and a prompt's (prefill; past the kernel's 1,024 tokens a
-    pass); one adapter or one per row; a rank of 0 on one projection (its fused path kept)."""
+CASES = [(3, 1, 3, 4, 3, 1), (2, 9, 1, 4, 2, 0), (2, 9, 2, 8, 4, 0), (4, 1, 1, 0, 5, 1), (3, 1, 3, 6, 0, 1),
+         (1, 1030, 1, 2, 2, 0), (2, 700, 2, 2, 2, 0)]  # (B, S, adapters, r1, r2, generated)
+
+
+def check_lora(bits: int, b: int, s: int, n: int, r1: int, r2: int, generated: int) -> tuple[float, float]:
+    """(the kernel's largest error, how far the adapter moves the output), relative to the output."""
     e, k, h, i = 6, 2, 64, 32
     w1, w2 = experts(e, h, i, b + s + bits, "float32")
     onnx_model, d1, d2 = model(w1, w2, k, bits)
@@ -83,10 +83,27 @@ def test_expert_adapters_add_their_deltas(bits, b, s, n, r1, r2, generated):
     lora = adapters(n, e, h, i, r1, r2, b + r1)
     y = run(session(onnx_model), x, logits, generated, lora, swiglu_rows(i))
     ref = lora_reference(x, logits, d1, d2, k, lora)
-    assert np.abs(y - ref).max() <= 2e-5 * np.abs(ref).max(), np.abs(y - ref).max()
     plain = lora_reference(x, logits, d1, d2, k, {name: a[..., :0] if name.startswith("lora_a") else a[:, :, :0]
                                                     for name, a in lora.items()})  # (rank 0: no adapter)
-    assert np.abs(plain - ref).max() > 1e-2 * np.abs(ref).max()  # the adapter moves the output
+    scale = float(np.abs(ref).max())
+    return float(np.abs(y - ref).max()) / scale, float(np.abs(plain - ref).max()) / scale
+
+
+@pytest.mark.parametrize("bits", [32, 4, 8])
+@pytest.mark.parametrize("case", CASES)
+def test_expert_adapters_add_their_deltas(bits, case):
+    """Generated rows (the decode kernels) and a prompt's (prefill; past the kernel's 1,024 tokens a
+    pass, with one adapter and with one a row, whose second block starts inside row 1); one adapter
+    or one per row; a rank of 0 on one projection (its fused path kept)."""
+    error, moved = check_lora(bits, *case)
+    assert error <= 2e-5 and moved > 1e-2, (error, moved)
+
+
+def test_the_portable_path_adds_them_too():
+    """The same on the portable C++ (a CPU without AVX-512)."""
+    found = on_portable_path("test_cpu_moe_lora", f"[check_lora(b, *c) for b in (32, 4) for c in {CASES[:5]}]")
+    for error, moved in found:
+        assert error <= 2e-5 and moved > 1e-2, (error, moved)
 
 
 def test_each_row_is_what_it_computes_alone_and_b1_must_be_in_swiglu_order():
