@@ -114,9 +114,9 @@ def lora_sites(spec: DecoderSpec, experts: bool = False) -> dict[str, dict]:
     """Where LoRA deltas enter a layer: each fused projection (site), with its input width and, per
     PEFT module, the columns of its output [name, start, stop]; each module has its own inputs. A site
     on some layers only lists them in "layers": a mixture of experts' dense MLP is on its dense layers,
-    its shared expert (and that expert's gate) on the others, and with `experts` its routed experts'
-    gate|up and down too ("experts": E, an adapter per expert; not where ONNX Runtime's MoE node runs
-    them, which takes none). The router takes none."""
+    its shared expert (and that expert's gate) and its router on the others, and with `experts` its
+    routed experts' gate|up and down too ("experts": E, an adapter per expert; not where ONNX Runtime's
+    MoE node runs them, which takes none)."""
     h, i = spec.hidden_size, spec.intermediate_size
     q, kv = spec.num_heads * spec.head_dim, spec.num_kv_heads * spec.head_dim
 
@@ -147,6 +147,9 @@ def lora_sites(spec: DecoderSpec, experts: bool = False) -> dict[str, dict]:
         sites["shared_down"] = {"in": s, "modules": shared[1], "layers": sparse}
         if moe.shared_gate:
             sites["shared_expert_gate"] = {"in": h, "modules": columns(("mlp.shared_expert_gate", 1)), "layers": sparse}
+    if moe is not None:  # (the router's delta joins its logits, before the softmax, in every form)
+        sites["router"] = {"in": h, "modules": columns((moe.router_module, moe.num_experts)),
+                           "layers": [n for n in every if n not in moe.dense_layers]}
     if moe is not None and experts:
         e, w, sparse = moe.num_experts, moe.expert_size, [n for n in every if n not in moe.dense_layers]
         gate_up = columns(("mlp.experts.gate_proj", w), ("mlp.experts.up_proj", w))

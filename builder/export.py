@@ -94,8 +94,8 @@ def export_onnx(ck: ckpt.Checkpoint, config: BuildConfig, out_dir: Path, log, ba
     if config.max_lora_rank:
         log(f"LoRA inputs on every layer's qkv, o, gate|up and down projections (rank <= {config.max_lora_rank})"
             if spec.moe is None else f"LoRA inputs on every layer's qkv and o projections, the dense layers' and "
-            f"shared expert's MLP and the routed experts' (rank <= {config.max_lora_rank}; none on the router; none on "
-            "the experts where ONNX Runtime's MoE node runs them)")
+            f"shared expert's MLP, the router and the routed experts (rank <= {config.max_lora_rank}; none on the "
+            "experts where ONNX Runtime's MoE node runs them)")
     joint = (draft.aux_layers, draft.fc) if draft else None
     if draft:
         log(f"EAGLE-3 draft head {config.eagle}: hidden states of layers {list(draft.aux_layers)}, draft vocabulary "
@@ -199,7 +199,7 @@ def refuse_for_experts(config: BuildConfig, spec, backend: str, native_experts: 
     """What a mixture-of-experts model cannot be built with yet: quantized experts for TensorRT, int8
     ones or 16-bit engines' int4 ones without our kernel (ONNX Runtime's QMoE rounds 8-bit activations
     too, and holds float32 scales). (LoRA adapts its attention, dense layers, shared expert and routed
-    experts: decoder.lora_sites; an adapter on its router is refused when it is loaded.)"""
+    experts, router: decoder.lora_sites.)"""
     what = f"{spec.architecture} is a mixture of experts ({spec.moe.num_experts} experts, {spec.moe.top_k} a token)"
     q = config.quantization
     if q != "none" and backend == "tensorrt":

@@ -43,6 +43,7 @@ class MoE:
     shared_size: int = 0                 # a shared expert's intermediate width (0: none)
     shared_gate: bool = False            # ... times sigmoid(x @ shared_expert_gate.T) (Qwen2-MoE)
     shared_fused: bool = False           # the checkpoint holds its gate|up whole (Granite's shared_mlp): LoRA's names
+    router_module: str = "mlp.gate"      # the router's module name in PEFT's keys (LoRA)
 
 
 def kernel_takes(spec, quant) -> bool:
@@ -60,14 +61,16 @@ def positive(config, key: str) -> int:
 
 
 def moe_from_config(config, experts_key: str, size_key: str, normalize: bool, shared_size: int = 0,
-                    shared_gate: bool = False, dense_layers: tuple[int, ...] = (), shared_fused: bool = False) -> MoE:
+                    shared_gate: bool = False, dense_layers: tuple[int, ...] = (), shared_fused: bool = False,
+                    router_module: str = "mlp.gate") -> MoE:
     """The MoE section of a config; refuses what the graph does not route the way transformers does.
     (Mixtral's router_jitter_noise is ignored, as transformers does outside training.)"""
     num, k = positive(config, experts_key), positive(config, "num_experts_per_tok")
     if k > num:
         raise Unsupported(f"config.num_experts_per_tok ({k}) must be at most config.{experts_key} ({num})")
     return MoE(num_experts=num, top_k=k, expert_size=positive(config, size_key), normalize=bool(normalize),
-               dense_layers=dense_layers, shared_size=shared_size, shared_gate=shared_gate, shared_fused=shared_fused)
+               dense_layers=dense_layers, shared_size=shared_size, shared_gate=shared_gate, shared_fused=shared_fused,
+               router_module=router_module)
 
 
 def qwen_dense_layers(config) -> tuple[int, ...]:
@@ -130,7 +133,7 @@ class MoEWriter:
         p, name = f"model.layers.{i}.mlp", f"/model/layers.{i}/mlp"
         # the router in the graph's type, as transformers' Linear (never quantized: it picks the
         # experts); its softmax in float32
-        logits = self.float_linear(f"{name}/router", x, f"{p}.router")
+        logits = self.lora(f"{name}/router", x, self.float_linear(f"{name}/router", x, f"{p}.router"), i, "router")
         if self.ort_form and self.ftype == F32:
             y = self.kernel_moe(i, x, logits) if self.native_moe else self.ort_moe(i, x, logits)
             return y if not m.shared_size else self.shared_expert(i, x, y)

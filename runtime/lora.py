@@ -3,8 +3,8 @@
 A LoRA engine (`trtllm-build --max-lora-rank R`) has, per layer i and projection (PEFT's module
 name, e.g. self_attn.q_proj), the inputs lora_a.{i}.{module} [n, in, r] and lora_b.{i}.{module}
 [n, r, out], and adds (x @ lora_a) @ lora_b to that projection's columns of its fused projection
-(builder/decoder.py `lora_sites`; a mixture of experts' dense MLP and shared expert are on some
-layers only, its routed experts and router on none). A PEFT adapter becomes those arrays once, when it is loaded:
+(builder/decoder.py `lora_sites`; a mixture of experts' dense MLP, shared expert, router and routed
+experts are on some layers only; runtime/lora_experts.py reads the experts'). A PEFT adapter becomes those arrays once, when it is loaded:
 lora_a = A^T, lora_b = scale * B^T with PEFT's scale (alpha / r, or alpha / sqrt(r) with rsLoRA);
 a module it does not adapt gets rank 0 (its delta is zero).
 
@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from trtllm.plugins.cpu import LORA_LOWERING
-from trtllm.runtime.lora_experts import ExpertTensors, expert_parameters, stacked_arrays
+from trtllm.runtime.lora_experts import ExpertTensors, moe_parameters, stacked_arrays
 from trtllm.runtime.manifest import Manifest, lora_projections, whole
 
 CONFIG_NAME, WEIGHTS_NAME = "adapter_config.json", "adapter_model.safetensors"
@@ -156,9 +156,9 @@ def read_config(path: Path, data: bytes | None = None) -> dict:
         "arrow_config": (bool(cfg.get("arrow_config")), "Arrow routes among several adapters per token"),
         "monteclora_config": (bool(cfg.get("monteclora_config")), "MonteCLoRA samples its weights"),
         "trainable_token_indices": (bool(cfg.get("trainable_token_indices")), "it retrains embedding rows too"),
-        "target_parameters": (bool(cfg.get("target_parameters")) and not expert_parameters(cfg["target_parameters"]),
-                              "of a model's parameters, only a mixture of experts' routed experts' (gate_up_proj, "
-                              "down_proj) are adapted here, not its router's"),
+        "target_parameters": (bool(cfg.get("target_parameters")) and not moe_parameters(cfg["target_parameters"]),
+                              "of a model's parameters, only a mixture of experts' are adapted here: its experts' "
+                              "gate_up_proj and down_proj, its router's weight"),
         "kasa_config": (bool(cfg.get("kasa_config")), "KaSA truncates the base weights and scales by a learned diagonal"),
         # (EVA is not here: it sets lora_A and the ranks, which it saves in rank_pattern and
         # alpha_pattern, and leaves the base weights alone)
@@ -203,8 +203,8 @@ def targeted(cfg: dict, layer: int, module: str) -> bool:
     if excluded and (re.fullmatch(excluded, name) if isinstance(excluded, str) else
                      name in excluded or any(name.endswith("." + e) for e in excluded)):
         return False
-    if targets is None:
-        return True
+    if targets is None or any(f"{name}.weight".endswith(t) for t in cfg.get("target_parameters") or ()):
+        return True  # (a mixture of experts' router, as target_parameters names its weight)
     if isinstance(targets, str):
         return targets.lower() == "all-linear" or re.fullmatch(targets, name) is not None
     if name in targets:
@@ -294,7 +294,8 @@ def convert(name: str, path: str | Path, manifest: Manifest) -> Adapter:
         if routed:
             router = m[2].split(".")[1] in ("gate", "router")
             why = ("Edge-LLM's processed adapters are read on the dense projections only" if processed else
-                   "" if router else
+                   "this engine has no LoRA inputs on its router: it was built before trtllm-edge took them (rebuild "
+                   "it), or the adapter names it otherwise (transformers 4's Granite MoE router.layer)" if router else
                    f"layer {m[1]} has no experts" if on_experts else
                    "this engine has no LoRA inputs on its experts: ONNX Runtime's MoE node runs them (build it with "
                    "our CPU kernels, trtllm-build --cpu-kernels auto), or it was built before trtllm-edge took them "

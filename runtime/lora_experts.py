@@ -22,13 +22,14 @@ PER_EXPERT = re.compile(r"(?:mlp|block_sparse_moe)\.experts\.(\d+)\.(gate_proj|u
 STACKED = re.compile(r"(?:mlp|block_sparse_moe)\.experts(?:\.base_layer)*")
 NAMES = {"gate_proj": "gate_proj", "w1": "gate_proj", "up_proj": "up_proj", "w3": "up_proj", "down_proj": "down_proj",
          "w2": "down_proj"}
-# target_parameters naming the experts' parameters (anything else there is refused: runtime/lora.read_config)
-PARAMETERS = ("experts.gate_up_proj", "experts.down_proj")
+# target_parameters naming a mixture of experts' parameters: its experts' (by suffix, as PEFT matches
+# them) and its router's weight (anything else there is refused: runtime/lora.read_config)
+PARAMETERS = ("gate_up_proj", "down_proj", "gate.weight", "router.weight")
 MODULE = "mlp.experts.{}"  # the engine's module names (builder/decoder.py lora_sites)
 
 
-def expert_parameters(targets) -> bool:
-    """Whether target_parameters names only the routed experts' parameters (what this engine adapts)."""
+def moe_parameters(targets) -> bool:
+    """Whether target_parameters names only a mixture of experts' parameters (what this engine adapts)."""
     return bool(targets) and all(isinstance(t, str) and t.endswith(PARAMETERS) for t in targets)
 
 

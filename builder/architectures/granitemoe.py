@@ -11,7 +11,7 @@ from trtllm.builder.moe import moe_from_config
 
 def spec(config, architecture: str, shared_size: int = 0):
     moe = moe_from_config(config, "num_local_experts", "intermediate_size", normalize=True, shared_size=shared_size,
-                          shared_fused=True)  # (shared_mlp.input_linear: gate|up)
+                          shared_fused=True, router_module="block_sparse_moe.router")  # (shared_mlp.input_linear: gate|up)
     return base_spec(config, architecture, moe=moe, **multipliers(config))
 
 

@@ -48,9 +48,13 @@ def expert_parameters(arch: str) -> list[str]:
 
 
 def adapters_for(arch: str) -> dict[str, dict]:
-    """LoraConfig arguments: the attention alone (rsLoRA), everything the class lets LoRA adapt but its
-    experts, and the experts (with q and v; PEFT's patterns name the experts' parameters)."""
+    """LoraConfig arguments: the attention alone (rsLoRA), PEFT's all-linear, everything the class lets
+    LoRA adapt but its experts, and the experts (with q and v; PEFT's patterns name the experts'
+    parameters)."""
     made = {"attention": dict(r=8, lora_alpha=4, target_modules=ATTENTION, use_rslora=True),
+            # PEFT's all-linear: on Qwen3-MoE, OLMoE and Mixtral the attention, the router's weight and the
+            # experts' parameters (target_parameters); on Qwen2-MoE the shared expert and its gate too
+            "all-linear": dict(r=4, lora_alpha=8, target_modules="all-linear"),
             "experts": dict(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"],
                             target_parameters=expert_parameters(arch), rank_pattern={"gate_up_proj": 2},
                             alpha_pattern={"down_proj": 32})}
@@ -125,6 +129,31 @@ def test_every_site_is_used_and_mixed_rows_compute_what_each_does_alone(moe_lora
     assert run_greedy(engine, prompts, 12, picks, num_slots=2) == alone
 
 
+@pytest.mark.parametrize("arch", ["qwen3_moe", "granitemoe"])
+def test_the_router_and_the_experts_are_adapted(arch, moe_lora, tiny_checkpoint, tmp_path):
+    """PEFT's all-linear on Qwen3-MoE adapts the router (target_parameters: its weight) and every expert;
+    Granite MoE's router (block_sparse_moe.router, which all-linear leaves) named by target_parameters:
+    PEFT's logits, and zeroing the router's (or an expert projection's) lora_b moves them."""
+    out, made = moe_lora(arch)
+    engine = load_engine(out)
+    if arch == "granitemoe":
+        pm = make_adapter(tiny_checkpoint(arch), tmp_path / "router", 3, r=4, lora_alpha=8, target_modules=["q_proj"],
+                          target_parameters=["block_sparse_moe.router.weight"])
+        path = tmp_path / "router"
+    else:
+        pm, path = made["all-linear"]
+    adapter = lora.load_adapter("a", path, engine.manifest)
+    generated, full = engine_logits(engine, PROMPTS[1], num_decode=4, lora=adapter.arrays)
+    want = peft_logits(pm, PROMPTS[1], generated)
+    np.testing.assert_allclose(full, want, atol=atol(want), rtol=0)
+    router = engine.manifest.lora["sites"]["router"]["modules"][0][0]
+    for module in [router] + (["mlp.experts.gate_proj", "mlp.experts.down_proj"] if arch == "qwen3_moe" else []):
+        b = engine.manifest.io.lora_b.format(i=0, module=module)
+        assert adapter.arrays[b].shape[-2] > 0, module  # (its rank)
+        cut = {**adapter.arrays, b: np.zeros_like(adapter.arrays[b])}
+        assert np.abs(engine_logits(engine, PROMPTS[1], num_decode=4, lora=cut)[1] - full).max() > 1e-3, module
+
+
 def test_swapped_shared_expert_deltas_are_caught(moe_lora):
     """The deliberately wrong variant: the shared expert's gate and up lora_b exchanged must miss PEFT."""
     out, made = moe_lora("qwen2_moe")
@@ -177,22 +206,13 @@ def edited_adapter(src, dst, rename: dict[str, str]) -> None:
 
 
 def test_what_has_no_lora_inputs_is_refused_by_name(moe_lora, tiny_checkpoint, tmp_path):
-    """The router (PEFT's target_parameters on it, or a key on mlp.gate), a dense layer's module on a
-    sparse layer, and the experts where ONNX Runtime's MoE node runs them: each fails to load with a
-    message that says what and where, and a build bundling it fails the same."""
+    """A dense layer's module on a sparse layer, the experts on a dense layer or under the engine's own
+    names, and the experts where ONNX Runtime's MoE node runs them: each fails to load with a message
+    that says what and where, and a build bundling one fails the same."""
     out, made = moe_lora("qwen2_moe")
     engine = load_engine(out)
-    make_adapter(tiny_checkpoint("qwen3_moe"), tmp_path / "router-parameter", 0, r=2, target_modules=["q_proj"],
-                 target_parameters=["mlp.gate.weight"])
-    with pytest.raises(lora.AdapterError, match=r"target_parameters = \['mlp.gate.weight'\] is not supported \(of a "
-                                                 r"model's parameters, only a mixture of experts' routed experts'"):
-        lora.load_adapter("x", tmp_path / "router-parameter", load_engine(moe_lora("qwen3_moe")[0]).manifest)
     src = made["all"][1]
-    cases = {"router": ({"mlp.shared_expert_gate": "mlp.gate"},
-                        r"tensor .*layers\.0\.mlp\.gate\.lora_A.* adapts a mixture of experts' router; LoRA on it "
-                        r"is not supported here \(an adapter may adapt self_attn\.q_proj, .*mlp\.shared_expert_gate, "
-                        r"mlp\.experts\.gate_proj, mlp\.experts\.up_proj, mlp\.experts\.down_proj, mlp\.gate_proj"),
-             "sparse": ({"layers.1.mlp.down_proj": "layers.0.mlp.down_proj"},
+    cases = {"sparse": ({"layers.1.mlp.down_proj": "layers.0.mlp.down_proj"},
                         r"is for layer 0, which has no mlp\.down_proj \(the layers with one: \[1\]\)")}
     for name, (rename, message) in cases.items():
         edited_adapter(src, tmp_path / name, rename)
@@ -280,16 +300,18 @@ def test_a_per_expert_adapter_is_its_merged_weights(arch, moe_lora, tiny_checkpo
 def test_the_manifest_lists_each_site_with_its_layers(moe_lora):
     """lora.sites: the attention on every layer; Qwen2-MoE's dense MLP on layer 1 only, its shared
     expert, that expert's gate and the routed experts (4 adapters a module) on layer 0; Granite MoE's
-    shared_mlp modules whole ([gate|up] one module)."""
+    shared_mlp modules whole ([gate|up] one module), and its router under its own name."""
     sites = json.loads((moe_lora("qwen2_moe")[0] / "manifest.json").read_text())["lora"]["sites"]
     assert {k: v.get("layers") for k, v in sites.items()} == {
         "qkv": None, "o": None, "gate_up": [1], "down": [1], "shared_gate_up": [0], "shared_down": [0],
-        "shared_expert_gate": [0], "experts_gate_up": [0], "experts_down": [0]}
+        "shared_expert_gate": [0], "router": [0], "experts_gate_up": [0], "experts_down": [0]}
+    assert sites["router"]["modules"] == [["mlp.gate", 0, 4]]
     assert sites["experts_gate_up"]["experts"] == 4 and sites["experts_gate_up"]["modules"] == [
         ["mlp.experts.gate_proj", 0, 32], ["mlp.experts.up_proj", 32, 64]]
     sites = json.loads((moe_lora("granitemoe")[0] / "manifest.json").read_text())["lora"]["sites"]
     assert sites["shared_gate_up"]["modules"] == [["shared_mlp.input_linear", 0, 128]]
     assert sites["shared_down"]["modules"] == [["shared_mlp.output_linear", 0, 64]] and "gate_up" not in sites
+    assert sites["router"]["modules"] == [["block_sparse_moe.router", 0, 4]]
 
 
 def test_trtllm_run_answers_with_a_bundled_adapter_as_peft(moe_lora, tiny_checkpoint, tmp_path, run_cli):

@@ -206,8 +206,8 @@ def _not_safetensors(path):
     (_config(monteclora_config={"n_samples": 4}), "MonteCLoRA samples its weights"),
     (_config(use_qalora=True, qalora_group_size=16), "QALoRA pools its inputs"),
     (_config(trainable_token_indices=[5]), "retrains embedding rows"),
-    (_config(target_parameters=["mlp.gate.weight"]), "only a mixture of experts' routed experts' (gate_up_proj, "
-                                                      "down_proj) are adapted here, not its router's"),
+    (_config(target_parameters=["model.embed_tokens.weight"]), "only a mixture of experts' are adapted here: its "
+                                                                "experts' gate_up_proj and down_proj, its router's"),
     (_config(alpha_pattern=["q_proj"]), "alpha_pattern must be an object"),
     (_config(alpha_pattern={"q_proj(": 2}), "is not a valid regular expression"),
     (_config(alpha_pattern={"q_proj": "3"}), "alpha_pattern['q_proj'] must be a finite number"),
