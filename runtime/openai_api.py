@@ -153,7 +153,8 @@ def translate(body: object, served: str, adapters: frozenset[str], defaults: dic
                        "NotFoundError", "model_not_found")
     stream, echo = _flag(body, "stream"), text and _flag(body, "echo")
     body.pop("stream", None)
-    body.pop("echo", None)
+    if text:  # (a chat body's echo is no field of ours: refused as any unknown one)
+        body.pop("echo", None)
     if echo and stream:
         raise ApiError("`echo` with `stream` is not supported: ask for the whole answer", "echo")
     options = body.pop("stream_options", None)
@@ -245,8 +246,12 @@ def _text_body(body: dict) -> tuple[dict, list[dict]]:
     body.pop("best_of", None)
     if "top_logprobs" in body:
         raise ApiError("`top_logprobs`: /v1/completions takes `logprobs` as the number of top tokens", "top_logprobs")
-    if "prompt_logprobs" in body and body.get("echo"):
-        raise ApiError("`prompt_logprobs`: `echo` with `logprobs` gives the prompt's", "prompt_logprobs")
+    if "prompt_logprobs" in body:  # (a completion's answer has no place for them but echo's)
+        raise ApiError("`prompt_logprobs`: /v1/completions gives the prompt's logprobs with `echo` and `logprobs`",
+                       "prompt_logprobs")
+    if body.get("echo") and body.get("truncate_prompt_tokens") is not None:
+        raise ApiError("`truncate_prompt_tokens` with `echo`: the echoed prompt would be the whole one, its tokens the "
+                       "kept ones", "truncate_prompt_tokens")
     for name in CHAT_ONLY:
         if name in body:
             raise ApiError(f"`{name}`: /v1/completions sends its prompt as it is, with no chat template "
@@ -257,6 +262,12 @@ def _text_body(body: dict) -> tuple[dict, list[dict]]:
 def _token_ids(value: object) -> bool:
     return isinstance(value, list) and bool(value) and all(isinstance(t, int) and not isinstance(t, bool)
                                                            for t in value)
+
+
+# A body's fields that make its prompt's ids (/tokenize reads these)
+PROMPT_FIELDS = frozenset({"prompt", "messages", "model", "tools", "chat_template_kwargs", "add_generation_prompt",
+                           "continue_final_message", "enable_thinking", "default_system_prompt", "truncate_prompt_tokens",
+                           "apply_chat_template"})
 
 
 def counting_body(body: object) -> tuple[dict, bool, bool]:
@@ -276,9 +287,9 @@ def counting_body(body: object) -> tuple[dict, bool, bool]:
         raise ApiError(f"`add_special_tokens` must be {str(text).lower()} (or absent): "
                        f"{'a prompt is encoded with' if text else 'the chat template writes'} the special tokens, "
                        "as a request of the same body runs", "add_special_tokens")
-    for name in ("max_tokens", "max_completion_tokens", "stream", "n", "echo"):
-        body.pop(name, None)  # (what a generation request would also say: it changes no token of the prompt)
-    return body, text, bool(strs)
+    # what makes the prompt's ids; the rest (sampling, streaming, n, ...) changes none of them: left out
+    # unread, so that a generation body counts as it is
+    return {k: v for k, v in body.items() if k in PROMPT_FIELDS}, text, bool(strs)
 
 
 def tokenized(ids: list[int], capacity: int, strs: bool, tokenizer) -> dict:
@@ -398,25 +409,27 @@ def text_logprobs(steps: list, own: list, top: int | None, before: bytearray | N
             "text_offset": offsets}
 
 
-def echoed(r: dict) -> tuple[str, list, list]:
-    """An echoed completion's text, and its logprobs' top entries and own entries: the prompt's, then
-    the answer's (the prompt's first token has none: null, as OpenAI gives it)."""
-    text = (r.get("formatted_complete_request") or "") + r["output_text"]
+def echoed(r: dict) -> tuple[str, list, list, bytearray | None]:
+    """An echoed completion's text, its logprobs' top entries and own entries: the prompt's, then the
+    answer's (the prompt's first token has none: null, as OpenAI gives it); and the bytes before them
+    (None: none; the prompt's where it was not scored, a request ended before its prompt was)."""
+    prompt_text = r.get("formatted_complete_request") or ""
+    text = prompt_text + r["output_text"]
     if "prompt_first" not in r or "prompt_token_logprobs" not in r:
-        return text, r.get("logprobs", []), r.get("token_logprobs", [])
+        return text, r.get("logprobs", []), r.get("token_logprobs", []), bytearray(prompt_text.encode())
     prompt = r["prompt_token_logprobs"][1:]
     steps = [None] + (r.get("prompt_logprobs") or [None, *([[]] * len(prompt))])[1:] + r.get("logprobs", [])
-    return text, steps, [{**r["prompt_first"], "unscored": True}, *prompt, *r.get("token_logprobs", [])]
+    return text, steps, [{**r["prompt_first"], "unscored": True}, *prompt, *r.get("token_logprobs", [])], None
 
 
 def completion(cid: str, created: int, t: Translated, responses: list[dict], cached: int) -> dict:
     if t.text:
         choices = []
         for i, r in enumerate(responses):  # (a prompt's n choices after the one's before it: OpenAI's order)
-            text, steps, own = echoed(r) if t.echo else (r["output_text"], r.get("logprobs", []),
-                                                          r.get("token_logprobs", []))
+            text, steps, own, before = echoed(r) if t.echo else (r["output_text"], r.get("logprobs", []),
+                                                                  r.get("token_logprobs", []), None)
             choices.append({"index": i, "text": text, "finish_reason": finish_reason(r),
-                            "logprobs": text_logprobs(steps, own, t.top_logprobs),
+                            "logprobs": text_logprobs(steps, own, t.top_logprobs, before),
                             **({"stop_reason": r["stop_reason"]} if "stop_reason" in r else {})})
         return {"id": cid, "object": "text_completion", "created": created,
                 "model": t.model, "choices": choices, "usage": usage(responses, cached)}

@@ -142,7 +142,7 @@ class Runner:
                    or beam_requests.unrunnable(req, index, m) or (None if counting else self.check_guide(p)))
         if p.error:
             return p
-        if req.lora_name is not None:
+        if req.lora_name is not None and not counting:  # (an adapter changes no token of the prompt)
             try:
                 p.adapter = adapters.get(req.lora_name)
             except AdapterError as e:  # (the input's entry is the value to fix, where it names one)
@@ -154,7 +154,12 @@ class Runner:
             p.error = request_checks.unseen_tools(index, req, None) or request_checks.unread_kwargs(index, req, None)
             if p.error:  # (tools and template variables would not reach the model: no template runs)
                 return p
-            ids = list(req.prompt_token_ids)
+            ids, vocab = list(req.prompt_token_ids), m.model.vocab_size
+            bad = next((j for j, t in enumerate(ids) if t >= vocab), None)
+            if bad is not None:  # (input_checks says so too; decoding it would fail otherwise)
+                p.error = (f"`requests[{index}].prompt_token_ids[{bad}]` must be a token id below the vocabulary size "
+                           f"{vocab}, got {ids[bad]}")
+                return p
             fp = FormattedPrompt(text=self.tokenizer.decode(ids, skip_special_tokens=False, clean_up=False),
                                  system_prefix="")
             p.thinking = fp.text.rstrip().endswith("<think>")  # (a prompt that opens the thought, as templated)

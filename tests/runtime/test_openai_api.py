@@ -187,6 +187,12 @@ def test_several_prompts_are_a_request_each_and_errors_name_theirs():
     assert t.rename_path("requests[1].temperature") == "temperature"
     assert t.refused("`requests[1].prompt_token_ids`: the prompt is 9 tokens").param == "prompt[1]"
     assert str(t.refused("`requests[1].messages[0].content` is bad")) == "`prompt[1]` is bad"
-    with pytest.raises(api.ApiError) as e:  # (the prompt's scores come with the whole answer)
-        api.translate({"prompt": "a", "echo": True, "stream": True}, "demo", frozenset(), {}, 4096, text=True)
-    assert e.value.param == "echo"
+    for body, param in (({"prompt": "a", "echo": True, "stream": True}, "echo"),  # (scores come with the answer)
+                        ({"prompt": "a", "prompt_logprobs": 1}, "prompt_logprobs"),  # (echo gives them)
+                        ({"prompt": "a", "echo": True, "truncate_prompt_tokens": 2}, "truncate_prompt_tokens")):
+        with pytest.raises(api.ApiError) as e:
+            api.translate(body, "demo", frozenset(), {}, 4096, text=True)
+        assert e.value.param == param
+    t = api.translate({"messages": [{"role": "user", "content": "a"}], "echo": True}, "demo", frozenset(), {}, 4096)
+    with pytest.raises(fmt.InputError, match="echo"):  # (a chat body's echo: not ours, refused as any unknown key)
+        fmt.parse_input(t.document, ())

@@ -398,6 +398,11 @@ def test_tokenize_counts_what_a_request_of_the_same_body_runs(serve):
     assert "".join(out["token_strs"]).replace("Ġ", " ") == "The quick brown fox"
     status, out = post(port, {"prompt": "x " * 5000}, "/tokenize")
     assert status == 200 and out["count"] > httpd.app.manifest.limits.max_input_len
+    ids = tok.encode("Hi", add_special_tokens=True)
+    for generation in ({"max_tokens": 100, "min_tokens": 50}, {"n": 2, "best_of": 2}, {"top_k": 10 ** 6},
+                       {"stream": True, "stream_options": {"include_usage": True}}, {"prompt_logprobs": 1}):
+        status, out = post(port, {"prompt": "Hi", **generation}, "/tokenize")  # (a generation body, counted)
+        assert (status, out.get("tokens")) == (200, ids), (generation, out)
     status, out = post(port, {"tokens": tok.encode("The quick brown fox")}, "/detokenize")
     assert (status, out) == (200, {"prompt": "The quick brown fox"})
     for path, body, param in (("/tokenize", {"prompt": "a", "add_special_tokens": False}, "add_special_tokens"),
