@@ -208,7 +208,8 @@ def edited_adapter(src, dst, rename: dict[str, str]) -> None:
 def test_what_has_no_lora_inputs_is_refused_by_name(moe_lora, tiny_checkpoint, tmp_path):
     """A dense layer's module on a sparse layer, the experts on a dense layer or under the engine's own
     names, and the experts where ONNX Runtime's MoE node runs them: each fails to load with a message
-    that says what and where, and a build bundling one fails the same."""
+    that says what and where, and a build bundling one fails the same. The router's adapter still
+    applies where that node runs the experts."""
     out, made = moe_lora("qwen2_moe")
     engine = load_engine(out)
     src = made["all"][1]
@@ -242,6 +243,14 @@ def test_what_has_no_lora_inputs_is_refused_by_name(moe_lora, tiny_checkpoint, t
                                                 r"supported here; this engine has no LoRA inputs on its experts: ONNX "
                                                 r"Runtime's MoE node runs them"):
         lora.load_adapter("experts", made["experts"][1], m)
+    # (the router's logits are the node's input: its adapter still applies there, as PEFT's)
+    pm = make_adapter(tiny_checkpoint("qwen2_moe"), tmp_path / "router", 4, r=4, lora_alpha=8,
+                      target_modules=["q_proj"], target_parameters=["mlp.gate.weight"])
+    engine = load_engine(ort)
+    generated, got = engine_logits(engine, PROMPTS[1], num_decode=4,
+                                   lora=lora.load_adapter("router", tmp_path / "router", engine.manifest).arrays)
+    want = peft_logits(pm, PROMPTS[1], generated)
+    np.testing.assert_allclose(got, want, atol=atol(want), rtol=0)
 
 
 def per_expert_adapter(ckpt, out_dir, arch: str, experts: list[int], seed: int):
