@@ -185,21 +185,13 @@ class MoEWriter:
         return g.op("Add", f"{name}/lora/Add", [y, d])
 
     def kernel_lora(self, i: int, name: str) -> list[str]:
-        """Our MoE kernel's LoRA inputs (a1, b1, a2, b2; none without expert sites): gate's and up's
-        lora_a side by side [n,E,H,rg+ru], their lora_b block-diagonal [n,E,rg+ru,2I] in the kernel's
-        swiglu column order, down's as they are."""
+        """Our MoE kernel's LoRA inputs, as the runtime feeds them (none without expert sites): gate's,
+        up's and down's lora_a and lora_b, each [n, E, in, r] and [n, E, r, out] (the kernel puts
+        gate's and up's deltas in its own column order: no copy of them a step)."""
         if not self.lora_rank or "experts_gate_up" not in self.sites:
             return []
-        g, w = self.g, self.spec.moe.expert_size
-        up_site, down_site = self.sites["experts_gate_up"], self.sites["experts_down"]
-        (ga, gb), (ua, ub) = (self.lora_pair(i, up_site, module, hi - lo, f"{name}/lora/{module.split('.')[-1]}")
-                              for module, lo, hi in up_site["modules"])
-        a1 = g.op("Concat", f"{name}/lora/a1", [ga, ua], axis=-1)
-        pad = lambda t, left, what: g.op("Pad", f"{name}/lora/{what}", [t, g.const([0, 0, 0, left, 0, 0, 0, w - left])])  # noqa: E731
-        b1 = g.op("Concat", f"{name}/lora/b1", [pad(gb, 0, "gate_pad"), pad(ub, w, "up_pad")], axis=-2)
-        b1 = g.op("Gather", f"{name}/lora/b1_order", [b1, g.const(swiglu_rows(w))], axis=-1)
-        module, lo, hi = down_site["modules"][0]
-        return [a1, b1, *self.lora_pair(i, down_site, module, hi - lo, f"{name}/lora/down")]
+        return [t for site in ("experts_gate_up", "experts_down") for module, lo, hi in self.sites[site]["modules"]
+                for t in self.lora_pair(i, self.sites[site], module, hi - lo, f"{name}/lora/{module.split('.')[-1]}")]
 
     def float_linear(self, name: str, x: str, prefix: str) -> str:
         """x @ W.T for the router and the shared expert's gate: never quantized (a few rows that

@@ -18,10 +18,12 @@
 //              through the decode kernels 1-2 at a time, so each row's result is the same whatever
 //              shares its experts, at some cost in batched decode; 0, the default: by count, as
 //              MatMulBlockQuant's float32 activations). Activations float32.
-// LoRA (both ops, optional, after generated): a1 [n, E, H, r1], b1 [n, E, r1, 2I] (its columns in
-//          w1's swiglu order), a2 [n, E, I, r2], b2 [n, E, r2, H], float32; n 1 (one adapter) or x's
-//          leading dimension (row b's own). Each chosen expert's gate|up gets (x a1_e) b1_e before
-//          the activation, and its down (h a2_e) b2_e: a LoRA adapter on the experts (a rank of 0: none).
+// LoRA (both ops, optional, after generated): gate_a [n, E, H, rg], gate_b [n, E, rg, I], up_a, up_b
+//          (likewise), down_a [n, E, I, rd], down_b [n, E, rd, H], float32, in the checkpoint's column
+//          order (the graph feeds the runtime's arrays as they are: no copy a step); n 1 (one adapter)
+//          or x's leading dimension (row b's own). Each chosen expert's gate gets (x gate_a_e)
+//          gate_b_e before the activation, its up likewise, and its down (h down_a_e) down_b_e: a
+//          LoRA adapter on the experts (a rank of 0: none on that projection).
 // Output:  y [..., H] float32: sum over the token's chosen experts e of p_e (silu(x W1g_e.T) *
 //          (x W1u_e.T)) @ W2_e.T. H and I multiples of 32.
 // Attributes: k (experts a token), normalize (1: the chosen probabilities divided by their sum).
@@ -51,8 +53,12 @@ constexpr int64_t kRowsPerTask = 64;  // gather and combine: token slots per tas
 
 // The experts' LoRA inputs (a rank of 0 or absent: none on that projection).
 struct Lora {
-  const float *a1 = nullptr, *b1 = nullptr, *a2 = nullptr, *b2 = nullptr;
-  int64_t n = 1, r1 = 0, r2 = 0, per = 1;  // adapters, ranks, tokens per adapter
+  struct Pair {
+    const float *a = nullptr, *b = nullptr;
+    int64_t r = 0;
+  } gate, up, down;
+  int64_t n = 1, per = 1;  // adapters, tokens per adapter
+  bool gate_up() const { return gate.r || up.r; }
 };
 
 struct Pass {  // one block of tokens, routed
@@ -98,18 +104,28 @@ void add_delta(const float* in, int64_t k, const float* a, const float* b, int64
 // The adapter (of n) of gathered row r: its token's batch row's, or the one.
 int64_t adapter_of(const Pass& p, int64_t r) { return p.lora->n == 1 ? 0 : (p.t0 + p.row_token[r]) / p.lora->per; }
 
-// LoRA on gate|up: each row's delta added to its gate|up, then silu(gate) * up into hg (what the
-// fused swiglu jobs write without it: per 32 columns, 16 gate then their 16 up).
+// LoRA on gate|up: each row's gate and up deltas added to its gate|up, then silu(gate) * up into hg
+// (what the fused swiglu jobs write without it). gate|up is in w1's swiglu order, per 32 columns 16
+// gate then their 16 up; the deltas are in the checkpoint's order, and go to those places.
 void lora_gate_up(void* data, size_t task) {
   Pass& p = *static_cast<Pass*>(data);
   const Lora& l = *p.lora;
-  const int64_t two = 2 * p.inner, r1 = std::min<int64_t>(p.count * p.k, (static_cast<int64_t>(task) + 1) * kRowsPerTask);
+  const int64_t half = kChunkRows / 2, r1 = std::min<int64_t>(p.count * p.k, (static_cast<int64_t>(task) + 1) * kRowsPerTask);
+  thread_local std::vector<float> delta;
   for (int64_t r = static_cast<int64_t>(task) * kRowsPerTask; r < r1; ++r) {
     const int64_t at = adapter_of(p, r) * p.e + p.row_expert[r];
-    float* pre = p.pre.data() + r * two;
-    add_delta(p.xg.data() + r * p.h, p.h, l.a1 + at * p.h * l.r1, l.b1 + at * l.r1 * two, l.r1, two, pre);
-    for (int64_t c = 0; c < two; c += kChunkRows)
-      swiglu(pre + c, pre + c + kChunkRows / 2, kChunkRows / 2, p.hg.data() + r * p.inner + c / 2);
+    float* pre = p.pre.data() + r * 2 * p.inner;
+    const Lora::Pair* pairs[2] = {&l.gate, &l.up};
+    for (int j = 0; j < 2; ++j) {
+      const Lora::Pair& q = *pairs[j];
+      if (!q.r) continue;
+      delta.assign(p.inner, 0.0f);
+      add_delta(p.xg.data() + r * p.h, p.h, q.a + at * p.h * q.r, q.b + at * q.r * p.inner, q.r, p.inner, delta.data());
+      for (int64_t c = 0; c < p.inner; c += half)  // (gate column c at 2c - c % 16; up's 16 after)
+        for (int64_t t = 0; t < half; ++t) pre[2 * c + j * half + t] += delta[c + t];
+    }
+    for (int64_t c = 0; c < 2 * p.inner; c += kChunkRows)
+      swiglu(pre + c, pre + c + half, half, p.hg.data() + r * p.inner + c / 2);
   }
 }
 
@@ -120,8 +136,8 @@ void lora_down(void* data, size_t task) {
   const int64_t r1 = std::min<int64_t>(p.count * p.k, (static_cast<int64_t>(task) + 1) * kRowsPerTask);
   for (int64_t r = static_cast<int64_t>(task) * kRowsPerTask; r < r1; ++r) {
     const int64_t at = adapter_of(p, r) * p.e + p.row_expert[r];
-    add_delta(p.hg.data() + r * p.inner, p.inner, l.a2 + at * p.inner * l.r2, l.b2 + at * l.r2 * p.h, l.r2, p.h,
-              p.og.data() + r * p.h);
+    add_delta(p.hg.data() + r * p.inner, p.inner, l.down.a + at * p.inner * l.down.r, l.down.b + at * l.down.r * p.h,
+              l.down.r, p.h, p.og.data() + r * p.h);
   }
 }
 
@@ -235,29 +251,30 @@ struct MoEKernel {
     return "";
   }
 
-  // The optional LoRA inputs from `first` on (a1, b1, a2, b2), checked against the experts and x's
-  // m rows of `batch` leading rows.
+  // The optional LoRA inputs from `first` on (gate, up, down: a then b), checked against the experts
+  // and x's m rows of `batch` leading rows.
   std::string lora_inputs(Ort::KernelContext& ctx, size_t first, int64_t e, int64_t h, int64_t inner, int64_t m,
                           int64_t batch, Lora& l) {
-    const int64_t widths[2][2] = {{h, 2 * inner}, {inner, h}};
-    for (int j = 0; j < 2; ++j) {
+    const char* names[3] = {"gate", "up", "down"};
+    const int64_t widths[3][2] = {{h, inner}, {h, inner}, {inner, h}};
+    Lora::Pair* pairs[3] = {&l.gate, &l.up, &l.down};
+    bool counted = false;
+    for (int j = 0; j < 3; ++j) {
       const size_t at = first + 2 * j;
       const bool a = ctx.GetInputCount() > at && ctx.GetInput(at), b = ctx.GetInputCount() > at + 1 && ctx.GetInput(at + 1);
-      const std::string which = j == 0 ? "1" : "2";
-      if (a != b) return "lora_a" + which + " and lora_b" + which + " go together";
+      const std::string which = names[j];
+      if (a != b) return "lora " + which + "_a and " + which + "_b go together";
       if (!a) continue;
       const auto sa = ctx.GetInput(at).GetTensorTypeAndShapeInfo().GetShape();
       const auto sb = ctx.GetInput(at + 1).GetTensorTypeAndShapeInfo().GetShape();
       if (sa.size() != 4 || sb.size() != 4 || sa[0] != sb[0] || sa[1] != e || sb[1] != e || sa[2] != widths[j][0] ||
           sa[3] != sb[2] || sb[3] != widths[j][1] || (sa[0] != 1 && sa[0] != batch))
-        return "lora_a" + which + " must be [n, E, " + std::to_string(widths[j][0]) + ", r] and lora_b" + which +
-               " [n, E, r, " + std::to_string(widths[j][1]) + "], n 1 or x's leading dimension " + std::to_string(batch);
+        return "lora " + which + "_a must be [n, E, " + std::to_string(widths[j][0]) + ", r] and " + which + "_b [n, E, r, " +
+               std::to_string(widths[j][1]) + "], n 1 or x's leading dimension " + std::to_string(batch);
       if (sa[3] == 0) continue;  // (rank 0: no adapter there)
-      if (l.r1 + l.r2 > 0 && sa[0] != l.n) return "lora_a1 and lora_a2 must hold the same number of adapters";
-      l.n = sa[0];
-      (j == 0 ? l.a1 : l.a2) = ctx.GetInput(at).GetTensorData<float>();
-      (j == 0 ? l.b1 : l.b2) = ctx.GetInput(at + 1).GetTensorData<float>();
-      (j == 0 ? l.r1 : l.r2) = sa[3];
+      if (counted && sa[0] != l.n) return "the lora inputs must hold the same number of adapters";
+      l.n = sa[0], counted = true;
+      *pairs[j] = {ctx.GetInput(at).GetTensorData<float>(), ctx.GetInput(at + 1).GetTensorData<float>(), sa[3]};
     }
     l.per = m / l.n;
     return "";
@@ -312,10 +329,10 @@ struct MoEKernel {
           p.slot_row[s] = r, p.row_token[r] = s / k;
         }
         p.xg.resize(slots * h), p.hg.resize(slots * inner), p.og.resize(slots * h);
-        if (lora.r1 || lora.r2) {
+        if (lora.gate_up() || lora.down.r) {
           p.row_expert.resize(slots);
           for (int64_t i = 0; i < e; ++i) std::fill(p.row_expert.begin() + start[i], p.row_expert.begin() + start[i + 1], i);
-          if (lora.r1) p.pre.resize(slots * 2 * inner);
+          if (lora.gate_up()) p.pre.resize(slots * 2 * inner);
         }
         parallel_for(ctx, gather, static_cast<size_t>((slots + kRowsPerTask - 1) / kRowsPerTask), &p);
         std::vector<int64_t> used;
@@ -332,8 +349,8 @@ struct MoEKernel {
             job.w = (pass == 0 ? w1 : w2).of(i);
             job.x = (pass == 0 ? p.xg.data() : p.hg.data()) + r0 * width;
             // (LoRA on gate|up: the rows' gate|up as they are, the delta and activation after)
-            job.y = pass == 1 ? p.og.data() + r0 * h : lora.r1 ? p.pre.data() + r0 * 2 * inner : p.hg.data() + r0 * inner;
-            job.m = m, job.swiglu = pass == 0 && !lora.r1;
+            job.y = pass == 1 ? p.og.data() + r0 * h : lora.gate_up() ? p.pre.data() + r0 * 2 * inner : p.hg.data() + r0 * inner;
+            job.m = m, job.swiglu = pass == 0 && !lora.gate_up();
             job.prompt = flag == 0, job.generated = flag == 1;
             job.row_exact = exact_rows && flag == 1;
             decode[pass] = decode[pass] || (quantized() && job.decode_path());
@@ -357,7 +374,7 @@ struct MoEKernel {
           for (size_t j = pass * half; j < (pass + 1) * half; ++j)
             for (int64_t c = 0; c < chunks(p.jobs[j]); ++c) p.tasks.emplace_back(j, c);
           parallel_for(ctx, compute, p.tasks.size(), &p);  // a task's exception reaches the catch below
-          if (pass == 0 ? lora.r1 : lora.r2)
+          if (pass == 0 ? lora.gate_up() : lora.down.r > 0)
             parallel_for(ctx, pass == 0 ? lora_gate_up : lora_down, static_cast<size_t>((slots + kRowsPerTask - 1) / kRowsPerTask), &p);
         }
         parallel_for(ctx, combine, static_cast<size_t>((p.count + kRowsPerTask - 1) / kRowsPerTask), &p);
@@ -397,9 +414,9 @@ struct MoEOp : Ort::CustomOpBase<MoEOp<W>, MoEKernel, true> {
   const char* GetExecutionProviderType() const { return "CPUExecutionProvider"; }
   // float: x, logits, w1, w2, generated; MoEBlockQuant: x, logits, w1, w1_scale, w1_offset, w2,
   // w2_scale, w2_offset, generated (offsets optional at 8 bits; generated int64 [1], optional);
-  // then both: lora_a1, lora_b1, lora_a2, lora_b2 (optional, float32)
+  // then both: LoRA's gate_a, gate_b, up_a, up_b, down_a, down_b (optional, float32)
   static constexpr size_t kGenerated = kQuant ? 8 : 4;
-  size_t GetInputTypeCount() const { return kGenerated + 5; }
+  size_t GetInputTypeCount() const { return kGenerated + 7; }
   ONNXTensorElementDataType GetInputType(size_t i) const {
     if (i < 2 || i > kGenerated) return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
     if (i == kGenerated) return ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64;

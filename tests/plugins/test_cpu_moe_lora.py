@@ -1,5 +1,5 @@
 """LoRA on the experts of trtllm.cpu::MoE and MoEBlockQuant (plugins/cpu/moe.cc): each chosen expert's
-gate|up gets (x a1_e) b1_e before the activation and its down (h a2_e) b2_e, one adapter for all
+gate and up get (x a_e) b_e before the activation and its down (h a_e) b_e, one adapter for all
 rows or one per batch row, against a float64 numpy reference of the adapted weights."""
 from __future__ import annotations
 
@@ -15,15 +15,16 @@ from trtllm.plugins import cpu  # noqa: E402
 from tests.plugins.cpu_ops import on_portable_path, one_node_model, session  # noqa: E402
 from tests.plugins.test_cpu_moe import experts, quantized, reference  # noqa: E402
 
-LORA = ["lora_a1", "lora_b1", "lora_a2", "lora_b2"]
+LORA = ["gate_a", "gate_b", "up_a", "up_b", "down_a", "down_b"]
 
 
 def adapters(n: int, e: int, h: int, i: int, r1: int, r2: int, seed: int) -> dict:
-    """a1 [n, E, H, r1], b1 [n, E, r1, 2I] (gate columns, then up: the checkpoint's order), a2, b2."""
+    """gate and up [n, E, H, r1] and [n, E, r1, I] (up's rank r1 // 2: they may differ), down [n, E, I, r2]
+    and [n, E, r2, H]."""
     rng = np.random.default_rng(seed)
     f = lambda *shape: (rng.standard_normal(shape) * 0.2).astype(np.float32)  # noqa: E731
-    return {"lora_a1": f(n, e, h, r1), "lora_b1": f(n, e, r1, 2 * i), "lora_a2": f(n, e, i, r2),
-            "lora_b2": f(n, e, r2, h)}
+    return {"gate_a": f(n, e, h, r1), "gate_b": f(n, e, r1, i), "up_a": f(n, e, h, r1 // 2),
+            "up_b": f(n, e, r1 // 2, i), "down_a": f(n, e, i, r2), "down_b": f(n, e, r2, h)}
 
 
 def model(w1: np.ndarray, w2: np.ndarray, k: int, bits: int) -> tuple[bytes, np.ndarray, np.ndarray]:
@@ -47,7 +48,8 @@ def model(w1: np.ndarray, w2: np.ndarray, k: int, bits: int) -> tuple[bytes, np.
     f = lambda name, shape: helper.make_tensor_value_info(name, TensorProto.FLOAT, shape)  # noqa: E731
     graph_inputs = [f("x", ["b", "s", "h"]), f("logits", ["b", "s", "e"]),
                     helper.make_tensor_value_info("generated", TensorProto.INT64, [1]),
-                    *(f(n, ["n", "e", "k", "r"] if n.startswith("lora_a") else ["n", "e", "r", "c"]) for n in LORA)]
+                    *(f(n, ["n", "e", "k", f"r{n[0]}"] if n.endswith("_a") else ["n", "e", f"r{n[0]}", "c"])
+                      for n in LORA)]
     return (one_node_model(node, graph_inputs, [f("y", ["b", "s", "h"])],
                            [numpy_helper.from_array(a, n) for n, a in inits.items()]), d1, d2)
 
@@ -55,18 +57,24 @@ def model(w1: np.ndarray, w2: np.ndarray, k: int, bits: int) -> tuple[bytes, np.
 def lora_reference(x, logits, w1, w2, k: int, lora: dict) -> np.ndarray:
     """Each batch row through the experts plus its adapter's deltas (float64)."""
     out = []
-    n = lora["lora_a1"].shape[0]
+    n = lora["gate_a"].shape[0]
+    f = lambda name, a: lora[name][a].astype(np.float64)  # noqa: E731
     for b in range(x.shape[0]):
         a = b if n > 1 else 0
-        d1 = np.einsum("ehr,erc->ech", lora["lora_a1"][a].astype(np.float64), lora["lora_b1"][a].astype(np.float64))
-        d2 = np.einsum("eir,erc->eci", lora["lora_a2"][a].astype(np.float64), lora["lora_b2"][a].astype(np.float64))
-        out.append(reference(x[b], logits[b], w1.astype(np.float64) + d1, w2.astype(np.float64) + d2, k))
+        gate, up = (np.einsum("ehr,eri->eih", f(f"{p}_a", a), f(f"{p}_b", a)) for p in ("gate", "up"))
+        d2 = np.einsum("eir,erh->ehi", f("down_a", a), f("down_b", a))
+        out.append(reference(x[b], logits[b], w1.astype(np.float64) + np.concatenate([gate, up], axis=1),
+                             w2.astype(np.float64) + d2, k))
     return np.stack(out)
 
 
-def run(sess, x, logits, generated: int, lora: dict, order: np.ndarray) -> np.ndarray:
-    fed = {**lora, "lora_b1": np.ascontiguousarray(lora["lora_b1"][..., order])}  # the kernel's swiglu order
-    return sess.run(None, {"x": x, "logits": logits, "generated": np.array([generated], np.int64), **fed})[0]
+def run(sess, x, logits, generated: int, lora: dict) -> np.ndarray:
+    return sess.run(None, {"x": x, "logits": logits, "generated": np.array([generated], np.int64), **lora})[0]
+
+
+def without(lora: dict) -> dict:
+    """The same inputs at rank 0: no adapter."""
+    return {name: a[..., :0] if name.endswith("_a") else a[:, :, :0] for name, a in lora.items()}
 
 
 CASES = [(3, 1, 3, 4, 3, 1), (2, 9, 1, 4, 2, 0), (2, 9, 2, 8, 4, 0), (4, 1, 1, 0, 5, 1), (3, 1, 3, 6, 0, 1),
@@ -81,10 +89,9 @@ def check_lora(bits: int, b: int, s: int, n: int, r1: int, r2: int, generated: i
     rng = np.random.default_rng(s + n)
     x, logits = rng.standard_normal((b, s, h)).astype(np.float32), rng.standard_normal((b, s, e)).astype(np.float32)
     lora = adapters(n, e, h, i, r1, r2, b + r1)
-    y = run(session(onnx_model), x, logits, generated, lora, swiglu_rows(i))
+    y = run(session(onnx_model), x, logits, generated, lora)
     ref = lora_reference(x, logits, d1, d2, k, lora)
-    plain = lora_reference(x, logits, d1, d2, k, {name: a[..., :0] if name.startswith("lora_a") else a[:, :, :0]
-                                                    for name, a in lora.items()})  # (rank 0: no adapter)
+    plain = lora_reference(x, logits, d1, d2, k, without(lora))
     scale = float(np.abs(ref).max())
     return float(np.abs(y - ref).max()) / scale, float(np.abs(plain - ref).max()) / scale
 
@@ -106,28 +113,28 @@ def test_the_portable_path_adds_them_too():
         assert error <= 2e-5 and moved > 1e-2, (error, moved)
 
 
-def test_each_row_is_what_it_computes_alone_and_b1_must_be_in_swiglu_order():
+def test_each_row_is_what_it_computes_alone_and_gate_and_up_must_not_swap():
     """With an adapter per row (int4, exact_rows), each generated row is bit for bit what it gives in
-    a batch of one; b1's columns left in the checkpoint's order (the wrong variant) miss the reference."""
+    a batch of one; gate's and up's adapters exchanged (the wrong variant) miss the reference."""
     e, k, h, i, b = 6, 2, 64, 32, 4
     w1, w2 = experts(e, h, i, 7, "float32")
     onnx_model, d1, d2 = model(w1, w2, k, 4)
     sess = session(onnx_model)
     rng = np.random.default_rng(3)
     x, logits = rng.standard_normal((b, 1, h)).astype(np.float32), rng.standard_normal((b, 1, e)).astype(np.float32)
-    lora, order = adapters(b, e, h, i, 4, 4, 5), swiglu_rows(i)
-    together = run(sess, x, logits, 1, lora, order)
+    lora = adapters(b, e, h, i, 4, 4, 5)
+    together = run(sess, x, logits, 1, lora)
     for row in range(b):
-        alone = run(sess, x[row:row + 1], logits[row:row + 1], 1, {n: a[row:row + 1] for n, a in lora.items()}, order)
+        alone = run(sess, x[row:row + 1], logits[row:row + 1], 1, {n: a[row:row + 1] for n, a in lora.items()})
         assert np.array_equal(alone[0], together[row])
     ref = lora_reference(x, logits, d1, d2, k, lora)
-    wrong = run(sess, x, logits, 1, lora, np.arange(2 * i))
-    assert np.abs(wrong - ref).max() > 100 * 2e-5 * np.abs(ref).max()
+    swapped = {**lora, "gate_a": lora["up_a"], "gate_b": lora["up_b"], "up_a": lora["gate_a"], "up_b": lora["gate_b"]}
+    assert np.abs(run(sess, x, logits, 1, swapped) - ref).max() > 100 * 2e-5 * np.abs(ref).max()
 
 
 @pytest.mark.parametrize("change, message", [
-    ({"lora_a1": np.zeros((1, 6, 64, 4), np.float32)}, "lora_a1 must be [n, E, 64, r] and lora_b1 [n, E, r, 64]"),
-    ({"lora_a2": np.zeros((2, 6, 32, 2), np.float32), "lora_b2": np.zeros((2, 6, 2, 64), np.float32)},
+    ({"gate_a": np.zeros((1, 6, 64, 4), np.float32)}, "lora gate_a must be [n, E, 64, r] and gate_b [n, E, r, 32]"),
+    ({"down_a": np.zeros((2, 6, 32, 2), np.float32), "down_b": np.zeros((2, 6, 2, 64), np.float32)},
      "n 1 or x's leading dimension 3"),
 ])
 def test_mismatched_adapters_fail_with_a_message(change, message):
