@@ -17,6 +17,11 @@ trtllm.cpu::MoE (plugins/cpu/moe.cc), which holds a 16-bit engine's experts in t
 MoEBlockQuant for int4/int8 experts quantized as the model's other projections (both graphs then
 hold those: `dense_experts`); else com.microsoft MoE (its experts float32), or QMoE for int4
 experts (moe_quant.py).
+
+A LoRA engine (decoder.lora_sites) adds deltas to the router's logits (before the softmax), the shared
+expert's projections and each routed expert's gate, up and down: on every expert in llm.onnx, on the
+chosen ones inside our kernel (which takes the runtime's arrays as they are); ONNX Runtime's MoE node
+takes none, so where it runs the experts they have no LoRA inputs.
 """
 from __future__ import annotations
 
