@@ -31,8 +31,10 @@ def load_gguf(path: Path) -> Checkpoint:
         (Path(alone) / path.name).symlink_to(path.resolve())
         tok = AutoTokenizer.from_pretrained(alone, gguf_file=path.name)
         mend_tokenizer(tok, keys)
+        config = moe_config(alone, path.name, keys)
         model, info = AutoModelForCausalLM.from_pretrained(alone, gguf_file=path.name, dtype=torch.float32,
-                                                           output_loading_info=True)
+                                                           output_loading_info=True, **({"config": config} if config
+                                                                                         else {}))
         check_loaded(info, str(path))
         if keys.rope_freqs is not None:
             llama3_rope(model, keys.rope_freqs, str(path))
@@ -88,6 +90,37 @@ class GgufKeys:
     digits_apart: bool = False  # a BPE vocabulary whose pre-tokenizer splits digits first (pre_tokenizer)
     chat_templates: dict = field(default_factory=dict)  # named ones (tokenizer.chat_template.<name>): tool_use
     tensor_types: dict = field(default_factory=dict)  # how many of its layers' weights each GGML type holds ("Q4_K": 16)
+    moe: dict = field(default_factory=dict)  # a mixture of experts' config values the loader drops (moe_config)
+
+
+def moe_keys(value, arch: str, path: str) -> dict:
+    """A mixture of experts' config values that transformers' GGUF loader leaves at its defaults (the
+    experts' width, the shared expert's; its routing's normalization, which llama.cpp's graph fixes per
+    architecture), for moe_config."""
+    width = value(f"{arch}.expert_feed_forward_length")
+    if width is None:
+        raise CheckpointError(f"--model {path!r} is a {arch} GGUF without {arch}.expert_feed_forward_length (the experts' "
+                              "width), which transformers' GGUF loader would take as its default: build from the "
+                              "Hugging Face checkpoint directory instead")
+    out = {"moe_intermediate_size": int(width), "norm_topk_prob": MOE_NORMALIZED[arch],
+           "mlp_only_layers": [], "decoder_sparse_step": 1}  # (llama.cpp's: every layer a mixture)
+    shared = value(f"{arch}.expert_shared_feed_forward_length")
+    if shared is not None:
+        out["shared_expert_intermediate_size"] = int(shared)
+    return out
+
+
+def moe_config(directory: str, name: str, keys: GgufKeys):
+    """The config transformers' loader makes of a mixture of experts' GGUF, with moe_keys' values (None:
+    not a mixture of experts)."""
+    if not keys.moe:
+        return None
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(directory, gguf_file=name)
+    for key, value in keys.moe.items():
+        setattr(config, key, value)
+    return config
 
 
 def phi3_keys(model, keys: GgufKeys) -> None:
@@ -186,14 +219,21 @@ def llama3_rope(model, factors: list[float], model_arg: str) -> None:
 # (attention biases in a llama GGUF, say) without a word, and llama.cpp would use them.
 GGUF_TENSORS = re.compile(r"token_embd\.weight|output_norm\.weight|output\.weight|blk\.\d+\.(attn_norm|attn_q|attn_k|"
                           r"attn_v|attn_output|ffn_norm|ffn_gate|ffn_up|ffn_down)\.weight")
+EXPERTS = r"ffn_gate_inp|ffn_(?:gate|up|down)_exps"
 GGUF_EXTRA = {"qwen2": re.compile(r"blk\.\d+\.attn_[qkv]\.bias"),
+              "qwen3moe": re.compile(rf"blk\.\d+\.(?:attn_[qk]_norm|{EXPERTS})\.weight"),
+              "qwen2moe": re.compile(rf"blk\.\d+\.(?:attn_[qkv]\.bias|(?:{EXPERTS}|ffn_(?:gate|up|down)_shexp|"
+                                     r"ffn_gate_inp_shexp)\.weight)"),
               "qwen3": re.compile(r"blk\.\d+\.attn_[qk]_norm\.weight"),
               # (its gate|up is ffn_up; the LongRoPE factors: phi3_longrope)
               "phi3": re.compile(r"blk\.\d+\.attn_qkv\.weight|rope_factors_(long|short)\.weight"),
               "gemma2": re.compile(r"blk\.\d+\.(post_attention_norm|post_ffw_norm)\.weight"),
               "gemma3": re.compile(r"blk\.\d+\.(post_attention_norm|post_ffw_norm|attn_[qk]_norm)\.weight")}
 # what llama.cpp labels them (a Mistral GGUF is "llama")
-GGUF_ARCHS = {"llama", "qwen2", "qwen3", "phi3", "gemma2", "gemma3"}
+GGUF_ARCHS = {"llama", "qwen2", "qwen3", "phi3", "gemma2", "gemma3", "qwen2moe", "qwen3moe"}
+# Mixtures of experts: whether llama.cpp's graph divides the chosen experts' weights by their sum
+# (its build_moe_ffn's norm_w: Qwen3-MoE's does, Qwen2-MoE's does not), which the file does not say
+MOE_NORMALIZED = {"qwen3moe": True, "qwen2moe": False}
 
 
 def check_gguf(path: Path) -> GgufKeys:
@@ -260,6 +300,8 @@ def check_gguf(path: Path) -> GgufKeys:
         keys.rope_dims = int(dims) if dims is not None else \
             int(value("phi3.embedding_length")) // int(value("phi3.attention.head_count"))
         keys.longrope = phi3_longrope(reader, value, keys.rope_dims, str(path))
+    if arch in MOE_NORMALIZED:
+        keys.moe = moe_keys(value, arch, str(path))
     keys.linear = value(factors[0]) if linear else None
     keys.eog_ids = gguf_eog_ids(reader, value)
     keys.tensor_types = dict(sorted(Counter(t.tensor_type.name for t in reader.tensors

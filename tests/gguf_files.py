@@ -179,3 +179,82 @@ def llama3_checkpoint(ckpt: Path, out: Path) -> Path:
     cfg.pop("rope_theta", None)
     (out / "config.json").write_text(json.dumps({**cfg, "rope_parameters": LLAMA3_ROPE}))
     return out
+
+
+MOE_NAMES = {"input_layernorm.weight": "attn_norm.weight", "post_attention_layernorm.weight": "ffn_norm.weight",
+             "self_attn.q_proj.weight": "attn_q.weight", "self_attn.k_proj.weight": "attn_k.weight",
+             "self_attn.v_proj.weight": "attn_v.weight", "self_attn.o_proj.weight": "attn_output.weight",
+             "self_attn.q_norm.weight": "attn_q_norm.weight", "self_attn.k_norm.weight": "attn_k_norm.weight",
+             "self_attn.q_proj.bias": "attn_q.bias", "self_attn.k_proj.bias": "attn_k.bias",
+             "self_attn.v_proj.bias": "attn_v.bias", "mlp.gate.weight": "ffn_gate_inp.weight",
+             "mlp.shared_expert.gate_proj.weight": "ffn_gate_shexp.weight",
+             "mlp.shared_expert.up_proj.weight": "ffn_up_shexp.weight",
+             "mlp.shared_expert.down_proj.weight": "ffn_down_shexp.weight",
+             "mlp.shared_expert_gate.weight": "ffn_gate_inp_shexp.weight"}
+
+
+def write_moe_gguf(ckpt: Path, out: Path, arch: str, weight_type: str | None = None, drop: tuple[str, ...] = ()) -> Path:
+    """A tiny Qwen3-MoE (`arch` "qwen3moe") or Qwen2-MoE ("qwen2moe", every layer a mixture) checkpoint
+    as llama.cpp's converter writes it: each layer's experts stacked (ffn_gate_exps [E, I, H], ...),
+    its keys expert_count, expert_used_count, expert_feed_forward_length (and the shared expert's);
+    q/k rows as they are (NeoX's RoPE). `weight_type` ("Q8_0", "Q4_0") stores the experts so; `drop`
+    leaves keys out (their names without the architecture)."""
+    import gguf
+    from safetensors.numpy import load_file
+
+    cfg = json.loads((ckpt / "config.json").read_text())
+    w = gguf.GGUFWriter(str(out), arch)
+    w.add_name("tiny")
+    w.add_context_length(cfg["max_position_embeddings"])
+    w.add_embedding_length(cfg["hidden_size"])
+    w.add_block_count(cfg["num_hidden_layers"])
+    w.add_feed_forward_length(cfg["intermediate_size"])
+    w.add_head_count(cfg["num_attention_heads"])
+    w.add_head_count_kv(cfg["num_key_value_heads"])
+    w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+    w.add_rope_freq_base((cfg.get("rope_parameters") or {}).get("rope_theta", cfg.get("rope_theta", 10000.0)))
+    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+    w.add_key_length(head_dim)
+    w.add_value_length(head_dim)
+    experts = cfg.get("num_experts") or cfg["num_local_experts"]
+    keys = {"expert_count": experts, "expert_used_count": cfg["num_experts_per_tok"],
+            "expert_feed_forward_length": cfg["moe_intermediate_size"]}
+    if cfg.get("shared_expert_intermediate_size"):
+        keys["expert_shared_feed_forward_length"] = cfg["shared_expert_intermediate_size"]
+    for key, value in keys.items():
+        if key not in drop:
+            w.add_uint32(f"{arch}.{key}", value)
+    tokenizer = json.loads((ckpt / "tokenizer.json").read_text())
+    added = {a["id"]: a["content"] for a in tokenizer["added_tokens"]}
+    tokens = {**{i: t for t, i in tokenizer["model"]["vocab"].items()}, **added}
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("gpt-2")
+    w.add_token_list([tokens[i] for i in range(len(tokens))])
+    w.add_token_types([gguf.TokenType.CONTROL if i in added else gguf.TokenType.NORMAL for i in range(len(tokens))])
+    w.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in tokenizer["model"]["merges"]])
+    w.add_bos_token_id(cfg["bos_token_id"])
+    w.add_eos_token_id(cfg["eos_token_id"])
+    weights = load_file(ckpt / "model.safetensors")
+    for i in range(cfg["num_hidden_layers"]):
+        prefix = f"model.layers.{i}."
+        for key, name in MOE_NAMES.items():
+            if prefix + key in weights:  # (the shared expert's one-row gate as a vector, as llama.cpp has it)
+                value = weights[prefix + key]
+                w.add_tensor(f"blk.{i}.{name}", np.ascontiguousarray(value.reshape(-1) if "inp_shexp" in name else value,
+                                                                     np.float32))
+        for proj, name in (("gate_proj", "ffn_gate_exps"), ("up_proj", "ffn_up_exps"), ("down_proj", "ffn_down_exps")):
+            stacked = np.ascontiguousarray(np.stack([weights[f"{prefix}mlp.experts.{e}.{proj}.weight"]
+                                                     for e in range(experts)]), np.float32)
+            if weight_type:
+                qtype = gguf.GGMLQuantizationType[weight_type]
+                w.add_tensor(f"blk.{i}.{name}.weight", gguf.quants.quantize(stacked, qtype), raw_dtype=qtype)
+            else:
+                w.add_tensor(f"blk.{i}.{name}.weight", stacked)
+    for key, name in TOP_NAMES.items():
+        if key in weights:
+            w.add_tensor(name, weights[key])
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return out

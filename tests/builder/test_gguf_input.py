@@ -11,7 +11,8 @@ pytest.importorskip("gguf")
 from trtllm.builder import checkpoint  # noqa: E402
 from trtllm.builder import gguf as gguf_loader  # noqa: E402
 
-from tests.gguf_files import llama3_checkpoint, llama3_rope_factors, LLAMA3_ROPE, write_llama_gguf  # noqa: E402
+from tests.gguf_files import (llama3_checkpoint, llama3_rope_factors, LLAMA3_ROPE, write_llama_gguf,  # noqa: E402
+                              write_moe_gguf)
 
 pytestmark = pytest.mark.hf
 
@@ -407,4 +408,55 @@ def test_a_truncated_gguf_says_so(untied_llama, tmp_path, keep):
     data = path.read_bytes()
     path.write_bytes(data[:keep])
     with pytest.raises(checkpoint.CheckpointError, match="not a readable GGUF: truncated or corrupt"):
+        checkpoint.load(str(path))
+
+
+@pytest.mark.parametrize("arch, gguf_arch, weight_type", [("qwen3_moe", "qwen3moe", None),
+                                                          ("qwen3_moe", "qwen3moe", "Q8_0"),
+                                                          ("qwen2_moe", "qwen2moe", None)])
+def test_a_moe_gguf_engine_answers_as_its_checkpoint(arch, gguf_arch, weight_type, tmp_path):
+    """A Qwen3-MoE or Qwen2-MoE GGUF (its shared expert and gate; every layer a mixture, as llama.cpp
+    has them): transformers' loader takes the experts' width, the shared expert's and the routing's
+    normalization from what llama.cpp reads (moe_keys), and the engine built from the file answers as
+    the checkpoint's transformers model (Q8_0 experts: as the dequantized ones). The wrong variant,
+    the loader's defaults (a 768-wide expert), does not load."""
+    import transformers
+
+    from tests.tiny_models import make_checkpoint
+    from trtllm.builder.config import BuildConfig
+    from trtllm.builder.export import build
+    from trtllm.builder.verify import engine_logits
+    from trtllm.runtime.engine import load_engine
+
+    ckpt = make_checkpoint(arch, tmp_path / "ckpt", num_layers=1)  # (Qwen2-MoE's layer 1 is dense: left out)
+    path = write_moe_gguf(ckpt, tmp_path / "tiny.gguf", gguf_arch, weight_type)
+    loaded = checkpoint.load(str(path)).model
+    source = transformers.AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.float32).eval()
+    if weight_type:  # (the experts as llama.cpp's Q8_0 holds them)
+        source = loaded
+    out = build(BuildConfig(model=str(path), output=str(tmp_path / "e"), max_input_len=64, max_kv_cache_capacity=128),
+                log=lambda m: None)
+    engine = load_engine(out)
+    prompt = [5, 17, 42, 99, 7, 30, 31]
+    generated, got = engine_logits(engine, prompt, num_decode=4)
+    with torch.no_grad():
+        want = source(torch.tensor([prompt + generated[:-1]])).logits[0, len(prompt) - 1:].numpy()
+    np.testing.assert_allclose(got, want, atol=1e-4, rtol=0)
+    from trtllm.builder import gguf as loader
+
+    moe = {**loader.MOE_NORMALIZED}
+    with pytest.raises(checkpoint.CheckpointError, match="cannot be loaded: .*ignore_mismatched_sizes"):
+        try:  # the wrong variant: no mending, the loader's defaults
+            loader.MOE_NORMALIZED.clear()
+            checkpoint.load(str(path))
+        finally:
+            loader.MOE_NORMALIZED.update(moe)
+
+
+def test_a_moe_gguf_without_its_experts_width_is_refused(tmp_path):
+    from tests.tiny_models import make_checkpoint
+
+    ckpt = make_checkpoint("qwen3_moe", tmp_path / "ckpt", num_layers=1)
+    path = write_moe_gguf(ckpt, tmp_path / "tiny.gguf", "qwen3moe", drop=("expert_feed_forward_length",))
+    with pytest.raises(checkpoint.CheckpointError, match="without qwen3moe.expert_feed_forward_length"):
         checkpoint.load(str(path))
