@@ -39,6 +39,46 @@ def rope_rows(w: np.ndarray, heads: int) -> np.ndarray:
     return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
+def writer(out: Path, arch: str, cfg: dict):
+    """A GGUFWriter with the keys every architecture's converter writes from the config."""
+    import gguf
+
+    w = gguf.GGUFWriter(str(out), arch)
+    w.add_name("tiny")
+    w.add_context_length(cfg["max_position_embeddings"])
+    w.add_embedding_length(cfg["hidden_size"])
+    w.add_block_count(cfg["num_hidden_layers"])
+    w.add_feed_forward_length(cfg["intermediate_size"])
+    w.add_head_count(cfg["num_attention_heads"])
+    w.add_head_count_kv(cfg["num_key_value_heads"])
+    w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+    rope = cfg.get("rope_parameters") or {}
+    w.add_rope_freq_base(cfg.get("rope_theta") or rope.get("full_attention", rope).get("rope_theta", 10000.0))
+    return w
+
+
+def add_tokenizer(w, ckpt: Path, cfg: dict, pre: str | None, mask: bool = False) -> None:
+    """The tiny checkpoint's byte-level BPE as llama.cpp's converter writes it (`mask`: Gemma's <mask>
+    added where the vocabulary lacks it, as transformers' Gemma tokenizer adds it)."""
+    import gguf
+
+    tokenizer = json.loads((ckpt / "tokenizer.json").read_text())
+    added = {a["id"]: a["content"] for a in tokenizer["added_tokens"]}
+    tokens = {**{i: t for t, i in tokenizer["model"]["vocab"].items()}, **added}
+    if mask and "<mask>" not in tokens.values():
+        added[len(tokens)] = tokens[len(tokens)] = "<mask>"
+    w.add_tokenizer_model("gpt2")
+    if pre is not None:
+        w.add_tokenizer_pre(pre)
+    w.add_token_list([tokens[i] for i in range(len(tokens))])
+    w.add_token_types([gguf.TokenType.CONTROL if i in added else gguf.TokenType.NORMAL for i in range(len(tokens))])
+    w.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in tokenizer["model"]["merges"]])
+    w.add_bos_token_id(cfg["bos_token_id"])
+    w.add_eos_token_id(cfg["eos_token_id"])
+    if cfg.get("pad_token_id") is not None:
+        w.add_pad_token_id(cfg["pad_token_id"])
+
+
 def write_llama_gguf(ckpt: Path, out: Path, drop: tuple[str, ...] = (), extra_tensors: dict | None = None,
                      rope_scaling: tuple[str, float] | None = None, fields: dict | None = None,
                      arch: str = "llama", rope_dims: int | None = None, original_context: bool = True,
@@ -63,17 +103,8 @@ def write_llama_gguf(ckpt: Path, out: Path, drop: tuple[str, ...] = (), extra_te
 
     cfg = json.loads((ckpt / "config.json").read_text())
     head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
-    w = gguf.GGUFWriter(str(out), arch)
-    w.add_name("tiny")
-    w.add_context_length(cfg["max_position_embeddings"])
-    w.add_embedding_length(cfg["hidden_size"])
-    w.add_block_count(cfg["num_hidden_layers"])
-    w.add_feed_forward_length(cfg["intermediate_size"])
-    w.add_head_count(cfg["num_attention_heads"])
-    w.add_head_count_kv(cfg["num_key_value_heads"])
-    w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+    w = writer(out, arch, cfg)
     rope = cfg.get("rope_parameters") or {}
-    w.add_rope_freq_base(cfg.get("rope_theta") or rope.get("full_attention", rope).get("rope_theta", 10000.0))
     gemma = arch in ("gemma2", "gemma3")
     if gemma:  # (the converter leaves the window out where no layer slides, the soft-caps where none)
         w.add_key_length(head_dim)
@@ -104,21 +135,7 @@ def write_llama_gguf(ckpt: Path, out: Path, drop: tuple[str, ...] = (), extra_te
     for name, field in (fields or {}).items():
         (w.add_string if isinstance(field, str) else w.add_float32 if isinstance(field, float) else w.add_uint16)(
             name, field)
-    tokenizer = json.loads((ckpt / "tokenizer.json").read_text())
-    added = {a["id"]: a["content"] for a in tokenizer["added_tokens"]}
-    tokens = {**{i: t for t, i in tokenizer["model"]["vocab"].items()}, **added}
-    if gemma and "<mask>" not in tokens.values():  # (transformers' Gemma tokenizer adds it where it is not)
-        added[len(tokens)] = tokens[len(tokens)] = "<mask>"
-    w.add_tokenizer_model("gpt2")
-    if pre is not None:
-        w.add_tokenizer_pre(pre)
-    w.add_token_list([tokens[i] for i in range(len(tokens))])
-    w.add_token_types([gguf.TokenType.CONTROL if i in added else gguf.TokenType.NORMAL for i in range(len(tokens))])
-    w.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in tokenizer["model"]["merges"]])
-    w.add_bos_token_id(cfg["bos_token_id"])
-    w.add_eos_token_id(cfg["eos_token_id"])
-    if cfg.get("pad_token_id") is not None:
-        w.add_pad_token_id(cfg["pad_token_id"])
+    add_tokenizer(w, ckpt, cfg, pre, mask=gemma)
     for key, value in load_file(ckpt / "model.safetensors").items():
         name = gguf_name(key, GEMMA_NAMES if gemma else LAYER_NAMES)
         if name in drop:
@@ -203,16 +220,7 @@ def write_moe_gguf(ckpt: Path, out: Path, arch: str, weight_type: str | None = N
     from safetensors.numpy import load_file
 
     cfg = json.loads((ckpt / "config.json").read_text())
-    w = gguf.GGUFWriter(str(out), arch)
-    w.add_name("tiny")
-    w.add_context_length(cfg["max_position_embeddings"])
-    w.add_embedding_length(cfg["hidden_size"])
-    w.add_block_count(cfg["num_hidden_layers"])
-    w.add_feed_forward_length(cfg["intermediate_size"])
-    w.add_head_count(cfg["num_attention_heads"])
-    w.add_head_count_kv(cfg["num_key_value_heads"])
-    w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
-    w.add_rope_freq_base((cfg.get("rope_parameters") or {}).get("rope_theta", cfg.get("rope_theta", 10000.0)))
+    w = writer(out, arch, cfg)
     head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
     w.add_key_length(head_dim)
     w.add_value_length(head_dim)
@@ -224,16 +232,7 @@ def write_moe_gguf(ckpt: Path, out: Path, arch: str, weight_type: str | None = N
     for key, value in keys.items():
         if key not in drop:
             w.add_uint32(f"{arch}.{key}", value)
-    tokenizer = json.loads((ckpt / "tokenizer.json").read_text())
-    added = {a["id"]: a["content"] for a in tokenizer["added_tokens"]}
-    tokens = {**{i: t for t, i in tokenizer["model"]["vocab"].items()}, **added}
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("gpt-2")
-    w.add_token_list([tokens[i] for i in range(len(tokens))])
-    w.add_token_types([gguf.TokenType.CONTROL if i in added else gguf.TokenType.NORMAL for i in range(len(tokens))])
-    w.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in tokenizer["model"]["merges"]])
-    w.add_bos_token_id(cfg["bos_token_id"])
-    w.add_eos_token_id(cfg["eos_token_id"])
+    add_tokenizer(w, ckpt, cfg, "gpt-2")
     weights = load_file(ckpt / "model.safetensors")
     for i in range(cfg["num_hidden_layers"]):
         prefix = f"model.layers.{i}."
