@@ -345,3 +345,24 @@ def test_trtllm_run_answers_with_a_bundled_adapter_as_peft(moe_lora, tiny_checkp
             want += [with_adapter, peft_greedy(pm, ids, 10)]
     assert [r["output_ids"] for r in got["responses"]] == want
     assert want[0] != want[1]
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_the_build_checks_reference_without_peft_is_peft(arch, moe_lora, tiny_checkpoint):
+    """Without PEFT, a bundled adapter's build check merges the engine's reading of it into transformers
+    (verify.merged_model; the experts' rows of their stacked parameters: verify.expert_parameter):
+    that model's logits are PEFT's, for the all-linear and the experts' adapters."""
+    from trtllm.builder.verify import merged_model
+
+    out, made = moe_lora(arch)
+    engine = load_engine(out)
+    base = transformers.AutoModelForCausalLM.from_pretrained(tiny_checkpoint(arch), dtype=torch.float32).eval()
+    for name in ("all-linear", "experts"):
+        pm, path = made[name]
+        merged = merged_model(base, lora.load_adapter(name, path, engine.manifest), engine.manifest)
+        ids = torch.tensor([PROMPTS[1]])
+        with torch.no_grad():
+            want, got = pm(ids).logits.numpy(), merged(ids).logits.numpy()
+            moved = float(np.abs(base(ids).logits.numpy() - want).max())
+        np.testing.assert_allclose(got, want, atol=atol(want), rtol=0, err_msg=name)
+        assert moved > 1e-2, name  # (the adapter moves them: the comparison sees it)
