@@ -587,14 +587,14 @@ struct Kernel {
       if (ctx.GetInput(7).GetTensorTypeAndShapeInfo().GetShape() != cs) return fail("sin must have cos's shape");
       if (past_value.GetTensorTypeAndShapeInfo().GetShape() != ks) return fail("past_key and past_value differ in shape");
       for (size_t i : {size_t{8}, size_t{9}}) {
-        auto norm = ctx.GetInputCount() > i ? ctx.GetInput(i) : Ort::ConstValue{nullptr};
+        auto norm = trtllm_cpu::optional_input(ctx, i);
         if (norm && norm.GetTensorTypeAndShapeInfo().GetShape() != std::vector<int64_t>{n.d})
           return fail("q_norm and k_norm must be [head_size]");
       }
-      if ((ctx.GetInputCount() > 8 && ctx.GetInput(8)) != (ctx.GetInputCount() > 9 && ctx.GetInput(9)))
+      if (bool(trtllm_cpu::optional_input(ctx, 8)) != bool(trtllm_cpu::optional_input(ctx, 9)))
         return fail("q_norm and k_norm come together");
-      if (ctx.GetInputCount() > 10 && ctx.GetInput(10)) {
-        const auto ts = ctx.GetInput(10).GetTensorTypeAndShapeInfo().GetShape();
+      if (auto tree = trtllm_cpu::optional_input(ctx, 10)) {
+        const auto ts = tree.GetTensorTypeAndShapeInfo().GetShape();
         if (ts.size() != 3 || ts[0] != n.b || ts[1] != n.s) return fail("tree_mask must be [batch, seq, T]");
       }
       if (past_value.GetTensorTypeAndShapeInfo().GetElementType() != kv_type)
@@ -629,10 +629,9 @@ struct Kernel {
     const float* x = qkv.GetTensorData<float>();
     const float* cosd = ctx.GetInput(6).GetTensorData<float>();
     const float* sind = ctx.GetInput(7).GetTensorData<float>();
-    auto q_norm = ctx.GetInputCount() > 8 ? ctx.GetInput(8) : Ort::ConstValue{nullptr};
-    auto k_norm = ctx.GetInputCount() > 9 ? ctx.GetInput(9) : Ort::ConstValue{nullptr};
+    auto q_norm = trtllm_cpu::optional_input(ctx, 8), k_norm = trtllm_cpu::optional_input(ctx, 9);
     const float* kn = k_norm ? k_norm.GetTensorData<float>() : nullptr;
-    auto tree = ctx.GetInputCount() > 10 ? ctx.GetInput(10) : Ort::ConstValue{nullptr};
+    auto tree = trtllm_cpu::optional_input(ctx, 10);
     const int64_t width = (h + 2 * hk) * n.d;
     thread_local std::vector<float> rotated, normed;
     rotated.resize(n.d);

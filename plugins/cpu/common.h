@@ -42,6 +42,12 @@ T attribute_or(const Ort::ConstKernelInfo& info, const char* name, T fallback) {
   }
 }
 
+// An optional input: the value, or null where the node leaves it out (empty name) or has fewer inputs
+// (a graph from before it was added).
+inline Ort::ConstValue optional_input(Ort::KernelContext& ctx, size_t i) {
+  return ctx.GetInputCount() > i ? ctx.GetInput(i) : Ort::ConstValue{nullptr};
+}
+
 // task(data, i) for i < count on ONNX Runtime's pool. An exception there (a bad_alloc) would end the
 // process (std::terminate): it is caught in the pool thread and thrown again here, for the
 // kernel's own catch to turn into an error status.

@@ -583,8 +583,7 @@ Rows rows_of(std::vector<int64_t> x_shape, int64_t n, bool swiglu) {
 }
 
 int generated_flag(Ort::KernelContext& ctx, size_t index) {
-  if (ctx.GetInputCount() <= index) return -1;
-  const auto flag = ctx.GetInput(index);
+  const auto flag = trtllm_cpu::optional_input(ctx, index);
   if (!flag) return -1;
   if (flag.GetTensorTypeAndShapeInfo().GetElementCount() != 1)
     throw std::runtime_error("generated must hold one value (1: generated rows, 0: a prompt's)");

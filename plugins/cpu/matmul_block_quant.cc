@@ -67,7 +67,7 @@ struct Kernel {
     try {
       Ort::KernelContext ctx(raw);
       auto x = ctx.GetInput(0), codes = ctx.GetInput(1), scale = ctx.GetInput(2);
-      auto offset = ctx.GetInputCount() > 3 ? ctx.GetInput(3) : Ort::ConstValue{nullptr};
+      auto offset = trtllm_cpu::optional_input(ctx, 3);
       const Rows rows = rows_of(x.GetTensorTypeAndShapeInfo().GetShape(), n, swiglu);
       if (!rows.error.empty()) return fail(rows.error);
       const int64_t m = rows.m, k = rows.k, nb = k / kBlock;

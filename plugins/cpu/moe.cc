@@ -49,7 +49,7 @@ constexpr char kName[] = "MoE", kQuantName[] = "MoEBlockQuant";
 // Tokens routed per pass: bounds the gathered rows' memory (k x 3 rows of H or I floats a token)
 // while a long prompt still gives each expert many rows to share a read of its weights.
 constexpr int64_t kTokens = 1024;
-constexpr int64_t kRowsPerTask = 64;  // gather and combine: token slots per task
+constexpr int64_t kRowsPerTask = 64;  // gather, LoRA and combine: rows (token slots) per task
 
 // The experts' LoRA inputs (a rank of 0 or absent: none on that projection).
 struct Lora {
@@ -78,10 +78,20 @@ struct Pass {  // one block of tokens, routed
   std::vector<std::pair<int64_t, int64_t>> tasks;  // (job, chunk)
 };
 
+// A task's kRowsPerTask rows (or token slots) of `total`: [first, end).
+struct Span {
+  int64_t first, end;
+};
+Span span(size_t task, int64_t total) {
+  const int64_t first = static_cast<int64_t>(task) * kRowsPerTask;
+  return {first, std::min(total, first + kRowsPerTask)};
+}
+size_t spans(int64_t total) { return static_cast<size_t>((total + kRowsPerTask - 1) / kRowsPerTask); }  // tasks
+
 void gather(void* data, size_t task) {
   Pass& p = *static_cast<Pass*>(data);
-  const int64_t r1 = std::min<int64_t>(p.count * p.k, (static_cast<int64_t>(task) + 1) * kRowsPerTask);
-  for (int64_t r = static_cast<int64_t>(task) * kRowsPerTask; r < r1; ++r)
+  const Span s = span(task, p.count * p.k);
+  for (int64_t r = s.first; r < s.end; ++r)
     std::copy_n(p.x + p.row_token[r] * p.h, p.h, p.xg.data() + r * p.h);
 }
 
@@ -110,9 +120,10 @@ int64_t adapter_of(const Pass& p, int64_t r) { return p.lora->n == 1 ? 0 : (p.t0
 void lora_gate_up(void* data, size_t task) {
   Pass& p = *static_cast<Pass*>(data);
   const Lora& l = *p.lora;
-  const int64_t half = kChunkRows / 2, r1 = std::min<int64_t>(p.count * p.k, (static_cast<int64_t>(task) + 1) * kRowsPerTask);
+  const int64_t half = kChunkRows / 2;
+  const Span s = span(task, p.count * p.k);
   thread_local std::vector<float> delta;
-  for (int64_t r = static_cast<int64_t>(task) * kRowsPerTask; r < r1; ++r) {
+  for (int64_t r = s.first; r < s.end; ++r) {
     const int64_t at = adapter_of(p, r) * p.e + p.row_expert[r];
     float* pre = p.pre.data() + r * 2 * p.inner;
     const Lora::Pair* pairs[2] = {&l.gate, &l.up};
@@ -133,8 +144,8 @@ void lora_gate_up(void* data, size_t task) {
 void lora_down(void* data, size_t task) {
   Pass& p = *static_cast<Pass*>(data);
   const Lora& l = *p.lora;
-  const int64_t r1 = std::min<int64_t>(p.count * p.k, (static_cast<int64_t>(task) + 1) * kRowsPerTask);
-  for (int64_t r = static_cast<int64_t>(task) * kRowsPerTask; r < r1; ++r) {
+  const Span s = span(task, p.count * p.k);
+  for (int64_t r = s.first; r < s.end; ++r) {
     const int64_t at = adapter_of(p, r) * p.e + p.row_expert[r];
     add_delta(p.hg.data() + r * p.inner, p.inner, l.down.a + at * p.inner * l.down.r, l.down.b + at * l.down.r * p.h,
               l.down.r, p.h, p.og.data() + r * p.h);
@@ -144,8 +155,8 @@ void lora_down(void* data, size_t task) {
 // y[t] = sum_j weight[t, j] og[row of (t, j)], the slots in the router's order (largest first)
 void combine(void* data, size_t task) {
   Pass& p = *static_cast<Pass*>(data);
-  const int64_t t1 = std::min<int64_t>(p.count, (static_cast<int64_t>(task) + 1) * kRowsPerTask);
-  for (int64_t t = static_cast<int64_t>(task) * kRowsPerTask; t < t1; ++t) {
+  const Span s = span(task, p.count);
+  for (int64_t t = s.first; t < s.end; ++t) {
     float* y = p.y + t * p.h;
     std::fill(y, y + p.h, 0.0f);
     for (int64_t j = 0; j < p.k; ++j) {
@@ -261,12 +272,11 @@ struct MoEKernel {
     bool counted = false;
     for (int j = 0; j < 3; ++j) {
       const size_t at = first + 2 * j;
-      const bool a = ctx.GetInputCount() > at && ctx.GetInput(at), b = ctx.GetInputCount() > at + 1 && ctx.GetInput(at + 1);
+      const auto a = trtllm_cpu::optional_input(ctx, at), b = trtllm_cpu::optional_input(ctx, at + 1);
       const std::string which = names[j];
-      if (a != b) return "lora " + which + "_a and " + which + "_b go together";
+      if (bool(a) != bool(b)) return "lora " + which + "_a and " + which + "_b go together";
       if (!a) continue;
-      const auto sa = ctx.GetInput(at).GetTensorTypeAndShapeInfo().GetShape();
-      const auto sb = ctx.GetInput(at + 1).GetTensorTypeAndShapeInfo().GetShape();
+      const auto sa = a.GetTensorTypeAndShapeInfo().GetShape(), sb = b.GetTensorTypeAndShapeInfo().GetShape();
       if (sa.size() != 4 || sb.size() != 4 || sa[0] != sb[0] || sa[1] != e || sb[1] != e || sa[2] != widths[j][0] ||
           sa[3] != sb[2] || sb[3] != widths[j][1] || (sa[0] != 1 && sa[0] != batch))
         return "lora " + which + "_a must be [n, E, " + std::to_string(widths[j][0]) + ", r] and " + which + "_b [n, E, r, " +
@@ -274,7 +284,7 @@ struct MoEKernel {
       if (sa[3] == 0) continue;  // (rank 0: no adapter there)
       if (counted && sa[0] != l.n) return "the lora inputs must hold the same number of adapters";
       l.n = sa[0], counted = true;
-      *pairs[j] = {ctx.GetInput(at).GetTensorData<float>(), ctx.GetInput(at + 1).GetTensorData<float>(), sa[3]};
+      *pairs[j] = {a.GetTensorData<float>(), b.GetTensorData<float>(), sa[3]};
     }
     l.per = m / l.n;
     return "";
@@ -334,7 +344,7 @@ struct MoEKernel {
           for (int64_t i = 0; i < e; ++i) std::fill(p.row_expert.begin() + start[i], p.row_expert.begin() + start[i + 1], i);
           if (lora.gate_up()) p.pre.resize(slots * 2 * inner);
         }
-        parallel_for(ctx, gather, static_cast<size_t>((slots + kRowsPerTask - 1) / kRowsPerTask), &p);
+        parallel_for(ctx, gather, spans(slots), &p);
         std::vector<int64_t> used;
         for (int64_t i = 0; i < e; ++i)
           if (start[i + 1] > start[i]) used.push_back(i);
@@ -375,9 +385,9 @@ struct MoEKernel {
             for (int64_t c = 0; c < chunks(p.jobs[j]); ++c) p.tasks.emplace_back(j, c);
           parallel_for(ctx, compute, p.tasks.size(), &p);  // a task's exception reaches the catch below
           if (pass == 0 ? lora.gate_up() : lora.down.r > 0)
-            parallel_for(ctx, pass == 0 ? lora_gate_up : lora_down, static_cast<size_t>((slots + kRowsPerTask - 1) / kRowsPerTask), &p);
+            parallel_for(ctx, pass == 0 ? lora_gate_up : lora_down, spans(slots), &p);
         }
-        parallel_for(ctx, combine, static_cast<size_t>((p.count + kRowsPerTask - 1) / kRowsPerTask), &p);
+        parallel_for(ctx, combine, spans(p.count), &p);
       }
       return nullptr;
     } catch (const std::exception& e) {
