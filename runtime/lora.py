@@ -275,12 +275,14 @@ def convert(name: str, path: str | Path, manifest: Manifest) -> Adapter:
     dtype = dtype_of(manifest)
     max_rank = manifest.limits.max_lora_rank
     known: dict[str, list[int]] = {}  # module -> the layers with its inputs
-    for layer, module, _, _, _ in projections(manifest):
+    on_experts: list[str] = []  # the modules with an adapter per routed expert (our names: PEFT's are others)
+    for layer, module, _, _, n_experts in projections(manifest):
         known.setdefault(module, []).append(layer)
+        if n_experts and module not in on_experts:
+            on_experts.append(module)
     pairs: dict[tuple[int, str], dict[str, np.ndarray]] = {}
     processed = processed_config(config_path)
     experts = ExpertTensors(str(weights_path))
-    on_experts = [module for module, _, _ in stacked_sites(manifest)]  # (our names: PEFT's are others)
     for key, value in tensors.items():
         m = (PROCESSED_KEY if processed else KEY).fullmatch(key.replace(".default.", "."))
         routed = m is not None and m[2] not in known and ROUTED.fullmatch(m[2]) is not None
@@ -386,12 +388,6 @@ def rope_pair_order(width: int, head_dim: int, rotary_dim: int) -> np.ndarray:
     q and k being reordered alike; the build reorders the weights, and this the adapters' lora_B."""
     head = np.concatenate([np.arange(0, rotary_dim, 2), np.arange(1, rotary_dim, 2), np.arange(rotary_dim, head_dim)])
     return (np.arange(width // head_dim)[:, None] * head_dim + head).ravel()
-
-
-def stacked_sites(manifest: Manifest) -> list[tuple[str, int, int]]:
-    """(module, in, experts) of each LoRA module with an adapter per routed expert."""
-    return [(module, s["in"], s["experts"]) for s in manifest.lora["sites"].values() if "experts" in s
-            for module, _, _ in s["modules"]]
 
 
 def projections(manifest: Manifest) -> Iterator[tuple[int, str, int, int, int]]:

@@ -76,13 +76,12 @@ class ExpertTensors:
                 raise AdapterError(f"{where} has rank {a.shape[0]}, but its config says {declared} (r or rank_pattern)")
             b = module_scale(cfg, layer, peft, a.shape[0]) * b.astype(np.float32)
             out.setdefault((layer, module), [None] * experts)[e] = (a, b)
-        gate_up, down = (shapes.get(MODULE.format(n)) for n in ("gate_proj", "down_proj"))
+        h, w, experts = shapes.get(MODULE.format("gate_proj"), (0, 0, 0))  # (gate|up: H in, I out, E)
         for (layer, key), pair in self.stacked.items():
             where = f"{self.where}: layer {layer} {key}"
             if set(pair) != {"A", "B"} or pair["A"].ndim != 2 or pair["B"].ndim != 2:
                 raise AdapterError(f"{where} must have a 2-D lora_A and lora_B")
             a, b = pair["A"], pair["B"]
-            h, w, experts = gate_up[0], gate_up[1], gate_up[2]
             kind = ("gate_up" if (a.shape[1], b.shape[0]) == (h, 2 * w) else
                     "down" if (a.shape[1], b.shape[0]) == (w, h) else None)
             r = a.shape[0] // experts

@@ -310,7 +310,7 @@ def detokenize_ids(body: object, served: str, adapters: frozenset[str], vocab_si
         raise ApiError(f"the model `{model}` does not exist here (served: {served})", "model", 404, "NotFoundError",
                        "model_not_found")
     ids = body.get("tokens")
-    if not isinstance(ids, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
+    if ids != [] and not _token_ids(ids):  # (none: an empty text)
         raise ApiError(f"`tokens` must be an array of token ids, got {ids!r:.60}", "tokens")
     bad = next((j for j, t in enumerate(ids) if not 0 <= t < vocab_size), None)
     if bad is not None:
