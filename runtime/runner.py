@@ -400,8 +400,9 @@ class Runner:
                 p = Prepared(i, req, error=inp.invalid[i])
             else:
                 p = self.prepare(i, req, inp, adapters)
-            if errors and i in errors:  # (both where it has both: fixed in one go, not one run each)
-                p.error = errors[i] if p.error is None else f"{errors[i]}; {p.error}"
+            if errors and i in errors:  # (both where it has both: fixed in one go, not one run each; once
+                # where preparing found what the engine's checks did: a prompt id past the vocabulary)
+                p.error = errors[i] if p.error is None or p.error in errors[i] else f"{errors[i]}; {p.error}"
             samples += [Sample(p, k) for k in range(req.n)]
         # batch_size at most the engine's max_batch_size: the rest waits for a free slot
         self.generate(samples, min(inp.batch_size, self.engine.manifest.limits.max_batch_size), on_text)

@@ -84,6 +84,7 @@ def test_what_needs_the_engine_fails_its_request_alone(run_cli, tiny_engine):
     r = out["responses"]
     assert r[0]["error"].startswith(f"`requests[0].prompt_token_ids[1]` must be a token id below the vocabulary "
                                     f"size {m.model.vocab_size}") and "bug" not in r[0]["error"]
+    assert r[0]["error"].count("must be a token id") == 1  # (the engine's check and preparing: said once)
     assert r[1]["error"].startswith(f"`requests[1].prompt_token_ids`: the prompt is {m.limits.max_input_len + 1} "
                                     "tokens, more than the engine's max_input_len")
     assert r[2]["error"].startswith("`requests[2].tools` needs the chat template")
