@@ -199,30 +199,41 @@ class Handler(BaseHTTPRequestHandler):
     def count(self, path: str) -> None:
         """/tokenize (the prompt's ids, as a request of the same body would run them: template,
         `--set` defaults and all) or /detokenize; counted in /metrics by endpoint."""
-        status = 200
         try:
             if path == "/detokenize":
-                out = self.app.detokenize(self.body())
+                self.send_json(200, self.app.detokenize(self.body()))
+                status = 200
             else:
-                out, status = self.tokenize()
+                status = self.tokenize()
         except api.ApiError as e:
-            out, status = e.body(), e.status
-        if status != CLIENT_GONE:
-            self.send_json(status, out)
+            self.send_json(e.status, e.body())
+            status = e.status
         self.app.metrics.answered(path.lstrip("/"), status)  # (a count, not a request's latency)
 
-    def tokenize(self) -> tuple[dict, int]:
+    def tokenize(self) -> int:
+        """Answer /tokenize; its HTTP status."""
         job, t = self.app.job(self.body(), counting=True)
+        first = self.opening(job, t)
+        if isinstance(first, int):  # (refused, or gone: said already)
+            return first
+        self.send_json(200, api.tokenized(first[1][0], self.app.capacity, t.token_strs, self.app.service.runner.tokenizer))
+        return 200
+
+    def opening(self, job, t: api.Translated) -> tuple | int:
+        """The job submitted and its first event; where there is none to answer from, its status: the
+        refusal sent (503: closing; the request's error) or the client gone (CLIENT_GONE, nothing sent)."""
         if not self.app.service.submit(job):
-            return api.ApiError("the server is shutting down", status=503, kind="ServiceUnavailableError").body(), 503
-        event = self.next_event(job)
-        if event is None:
-            return {}, CLIENT_GONE
-        if event[0] == "error":
-            status = event[2] if len(event) > 2 else 400
-            return t.refused(event[1], status).body(), status
-        ids = event[1][0]
-        return api.tokenized(ids, self.app.capacity, t.token_strs, self.app.service.runner.tokenizer), 200
+            self.send_json(503, api.ApiError("the server is shutting down", status=503,
+                                             kind="ServiceUnavailableError").body())
+            return 503
+        first = self.next_event(job)
+        if first is None:
+            return CLIENT_GONE
+        if first[0] == "error":
+            status = first[2] if len(first) > 2 else 400
+            self.send_json(status, t.refused(first[1], status).body())
+            return status
+        return first
 
     def respond(self, text: bool, start: float) -> tuple[int, dict | None, float | None]:
         try:
@@ -230,17 +241,9 @@ class Handler(BaseHTTPRequestHandler):
         except api.ApiError as e:
             self.send_json(e.status, e.body())
             return e.status, None, None
-        if not self.app.service.submit(job):
-            self.send_json(503, api.ApiError("the server is shutting down", status=503,
-                                             kind="ServiceUnavailableError").body())
-            return 503, None, None
-        first = self.next_event(job)
-        if first is None:
-            return CLIENT_GONE, None, None
-        if first[0] == "error":
-            status = first[2] if len(first) > 2 else 400
-            self.send_json(status, t.refused(first[1], status).body())
-            return status, None, None
+        first = self.opening(job, t)
+        if isinstance(first, int):
+            return first, None, None
         if t.stream:
             return self.stream(job, t, first, start)
         return self.answer(t, *first[1:])
