@@ -135,11 +135,12 @@ def lora_sites(spec: DecoderSpec, experts: bool = False) -> dict[str, dict]:
     sites = {"qkv": {"in": h, "modules": qkv}, "o": {"in": q, "modules": columns(("self_attn.o_proj", h))}}
     moe, every = spec.moe, list(range(spec.num_layers))
     dense = every if moe is None else list(moe.dense_layers)
+    sparse = [n for n in every if n not in dense]  # (a mixture's layers)
     if dense:
-        sites["gate_up"] = {"in": h, "modules": gate_up}
-        sites["down"] = {"in": i, "modules": columns(("mlp.down_proj", h))}
+        sites["gate_up"] = {"in": h, "modules": gate_up, "layers": dense}
+        sites["down"] = {"in": i, "modules": columns(("mlp.down_proj", h)), "layers": dense}
     if moe is not None and moe.shared_size:
-        s, sparse = moe.shared_size, [n for n in every if n not in moe.dense_layers]
+        s = moe.shared_size
         shared = (columns(("shared_mlp.input_linear", 2 * s)), columns(("shared_mlp.output_linear", h))) \
             if moe.shared_fused else (columns(("mlp.shared_expert.gate_proj", s), ("mlp.shared_expert.up_proj", s)),
                                       columns(("mlp.shared_expert.down_proj", h)))
@@ -148,18 +149,14 @@ def lora_sites(spec: DecoderSpec, experts: bool = False) -> dict[str, dict]:
         if moe.shared_gate:
             sites["shared_expert_gate"] = {"in": h, "modules": columns(("mlp.shared_expert_gate", 1)), "layers": sparse}
     if moe is not None:  # (the router's delta joins its logits, before the softmax, in every form)
-        sites["router"] = {"in": h, "modules": columns((moe.router_module, moe.num_experts)),
-                           "layers": [n for n in every if n not in moe.dense_layers]}
+        sites["router"] = {"in": h, "modules": columns((moe.router_module, moe.num_experts)), "layers": sparse}
     if moe is not None and experts:
-        e, w, sparse = moe.num_experts, moe.expert_size, [n for n in every if n not in moe.dense_layers]
+        e, w = moe.num_experts, moe.expert_size
         gate_up = columns(("mlp.experts.gate_proj", w), ("mlp.experts.up_proj", w))
         sites["experts_gate_up"] = {"in": h, "modules": gate_up, "experts": e, "layers": sparse}
         sites["experts_down"] = {"in": w, "modules": columns(("mlp.experts.down_proj", h)), "experts": e,
                                  "layers": sparse}
-    if moe is not None:
-        for site in ("gate_up", "down"):
-            if site in sites:
-                sites[site]["layers"] = dense
+    # ("layers" only where a site is on some layers: a dense model's manifest stays as it was)
     return {name: {k: v for k, v in site.items() if k != "layers" or v != every} for name, site in sites.items()}
 
 

@@ -70,13 +70,9 @@ def merged_model(model, adapter, manifest):
 def expert_parameter(layer, module: str, width: int):
     """transformers' stacked parameter of a routed experts' projection ([E, 2I, H] gate|up, [E, H, I]
     down) and the rows of it `module` is (mlp.experts.gate_proj: the first I)."""
-    holder = next(m for m in (getattr(layer, "mlp", None), getattr(layer, "block_sparse_moe", None)) if m is not None)
-    experts = getattr(holder, "experts", None)
+    experts = (getattr(layer, "mlp", None) or layer.block_sparse_moe).experts  # (Granite MoE's holder)
     kind = module.rsplit(".", 1)[1]
-    if experts is not None and hasattr(experts, "gate_up_proj"):
-        weight = experts.down_proj if kind == "down_proj" else experts.gate_up_proj
-    else:  # Granite MoE's ParallelExperts
-        weight = (holder.output_linear if kind == "down_proj" else holder.input_linear).weight
+    weight = experts.down_proj if kind == "down_proj" else experts.gate_up_proj
     rows = {"gate_proj": slice(0, width), "up_proj": slice(width, 2 * width)}.get(kind, slice(None))
     return weight, rows
 
