@@ -55,23 +55,29 @@ def quantized(w: np.ndarray, bits: int) -> tuple[list[np.ndarray], np.ndarray]:
     return [None if parts[0][j] is None else np.stack([q[j] for q in parts]) for j in range(3)], np.stack(back)
 
 
+def quant_inputs(w1: np.ndarray, w2: np.ndarray, bits: int) -> tuple[dict, list[str], np.ndarray, np.ndarray]:
+    """MoEBlockQuant's weight inputs of w1, w2 quantized (w1's rows in the swiglu order): (the
+    initializers, the node's input names for them, "" for int8's absent offsets; the dequantized experts)."""
+    (c1, s1, o1), d1 = quantized(w1, bits)
+    (c2, s2, o2), d2 = quantized(w2, bits)
+    order = swiglu_rows(w2.shape[2])
+    c1, s1, o1 = (None if a is None else np.ascontiguousarray(a[:, order]) for a in (c1, s1, o1))
+    given = {"w1": c1, "w1_scale": s1, "w1_offset": o1, "w2": c2, "w2_scale": s2, "w2_offset": o2}
+    return ({n: a for n, a in given.items() if a is not None}, [n if given[n] is not None else "" for n in given],
+            d1, d2)
+
+
 def quant_model(w1: np.ndarray, w2: np.ndarray, k: int, bits: int, exact_rows: int = 0) -> tuple[bytes, np.ndarray,
                                                                                               np.ndarray]:
     """One MoEBlockQuant node of w1, w2 quantized; returns it and the dequantized experts."""
-    e, h, i = w2.shape
-    (c1, s1, o1), d1 = quantized(w1, bits)
-    (c2, s2, o2), d2 = quantized(w2, bits)
-    order = swiglu_rows(i)
-    c1, s1, o1 = (None if a is None else np.ascontiguousarray(a[:, order]) for a in (c1, s1, o1))
-    inits = {"w1": c1, "w1_scale": s1, "w1_offset": o1, "w2": c2, "w2_scale": s2, "w2_offset": o2}
-    names = [n if inits[n] is not None else "" for n in inits]
+    inits, names, d1, d2 = quant_inputs(w1, w2, bits)
     node = helper.make_node(cpu.MOE_QUANT, ["x", "logits", *names, "generated"], ["y"], domain=cpu.DOMAIN, k=k,
                             normalize=1, bits=bits, exact_rows=exact_rows)
     model = one_node_model(node, [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["t", "h"]),
                                   helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["t", "e"]),
                                   helper.make_tensor_value_info("generated", TensorProto.INT64, [1])],
                            [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["t", "h"])],
-                           [numpy_helper.from_array(a, n) for n, a in inits.items() if a is not None])
+                           [numpy_helper.from_array(a, n) for n, a in inits.items()])
     return model, d1, d2
 
 

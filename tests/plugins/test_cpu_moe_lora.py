@@ -13,7 +13,7 @@ from trtllm.builder.quantize import swiglu_rows  # noqa: E402
 from trtllm.plugins import cpu  # noqa: E402
 
 from tests.plugins.cpu_ops import on_portable_path, one_node_model, session  # noqa: E402
-from tests.plugins.test_cpu_moe import experts, quantized, reference  # noqa: E402
+from tests.plugins.test_cpu_moe import experts, quant_inputs, reference  # noqa: E402
 
 LORA = ["gate_a", "gate_b", "up_a", "up_b", "down_a", "down_b"]
 
@@ -30,21 +30,14 @@ def adapters(n: int, e: int, h: int, i: int, r1: int, r2: int, seed: int) -> dic
 def model(w1: np.ndarray, w2: np.ndarray, k: int, bits: int) -> tuple[bytes, np.ndarray, np.ndarray]:
     """One MoE (bits 32: float32 experts) or MoEBlockQuant node with LoRA inputs, x [B, S, H]; returns
     it and the experts it computes with (dequantized)."""
-    e, h, i = w2.shape
-    order = swiglu_rows(i)
     if bits == 32:
-        inits, d1, d2 = {"w1": np.ascontiguousarray(w1[:, order]), "w2": w2}, w1, w2
+        inits, d1, d2 = {"w1": np.ascontiguousarray(w1[:, swiglu_rows(w2.shape[2])]), "w2": w2}, w1, w2
         node = helper.make_node(cpu.MOE, ["x", "logits", "w1", "w2", "generated", *LORA], ["y"], domain=cpu.DOMAIN,
                                 k=k, normalize=1)
     else:
-        (c1, s1, o1), d1 = quantized(w1, bits)
-        (c2, s2, o2), d2 = quantized(w2, bits)
-        given = {"w1": c1[:, order], "w1_scale": s1[:, order], "w1_offset": None if o1 is None else o1[:, order],
-                 "w2": c2, "w2_scale": s2, "w2_offset": o2}  # (int8: no offsets)
-        inits = {n: np.ascontiguousarray(a) for n, a in given.items() if a is not None}
-        node = helper.make_node(cpu.MOE_QUANT, ["x", "logits", *(n if n in inits else "" for n in given), "generated",
-                                                *LORA], ["y"], domain=cpu.DOMAIN, k=k, normalize=1, bits=bits,
-                                exact_rows=1)
+        inits, names, d1, d2 = quant_inputs(w1, w2, bits)
+        node = helper.make_node(cpu.MOE_QUANT, ["x", "logits", *names, "generated", *LORA], ["y"], domain=cpu.DOMAIN,
+                                k=k, normalize=1, bits=bits, exact_rows=1)
     f = lambda name, shape: helper.make_tensor_value_info(name, TensorProto.FLOAT, shape)  # noqa: E731
     graph_inputs = [f("x", ["b", "s", "h"]), f("logits", ["b", "s", "e"]),
                     helper.make_tensor_value_info("generated", TensorProto.INT64, [1]),
