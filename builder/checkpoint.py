@@ -10,7 +10,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
 from trtllm.builder.weight_files import loaded_weight_files, weights_hash  # noqa: F401 - ckpt.weights_hash
-from trtllm.builder import prequantized
+from trtllm.builder import prequantized, vision
 from trtllm.builder.config import CheckpointError, Unsupported, listed  # noqa: F401 - raised as ckpt.CheckpointError
 
 
@@ -26,6 +26,8 @@ class Checkpoint:
     unused: tuple[str, ...] = ()  # tensors of the checkpoint transformers' model does not load (dropped)
     # a GPTQ/AWQ checkpoint's packed projections as it holds them (builder/prequantized.py), by weight name
     grids: dict | None = None
+    # a vision-language checkpoint's whole model (builder/vision.py); `model` is then its language model
+    vision: "torch.nn.Module | None" = None
 
 
 @contextlib.contextmanager
@@ -119,8 +121,11 @@ def load(model_arg: str) -> Checkpoint:
         source = {"model": str(path.resolve()), "kind": "dir", "sha256": weights_hash(loaded_weight_files(path))}
         if info.get("packing"):
             source["prequantized"] = info["packing"].to_json()
+        whole = None
+        if vision.is_vision_language(model):
+            whole, model = model.eval(), vision.language_model(model)
         return check_vocab(Checkpoint(model.eval(), tok, source, tuple(sorted(info.get("unexpected_keys") or ())),
-                                      grids=info.get("grids")), model_arg)
+                                      grids=info.get("grids"), vision=whole), model_arg)
     if model_arg.startswith((".", "/", "~")) or model_arg.count("/") > 1:  # a path, not "org/name"
         raise CheckpointError(f"--model {model_arg!r}: no such directory or file")
     return load_hub(model_arg)
@@ -133,6 +138,13 @@ def load_model(source, model_arg: str):
     if packing is not None and not Path(str(source)).is_dir():
         raise CheckpointError(f"--model {model_arg!r} is a {packing.method.upper()} checkpoint, whose packed weights "
                               "are read from a local directory: download it (hf download) and pass its directory")
+    if getattr(config, "model_type", None) in vision.MODEL_TYPES:
+        if packing is not None:
+            raise Unsupported(f"--model {model_arg!r}: a {packing.method.upper()} vision-language model: build from "
+                              "the unquantized checkpoint (--quantization int4 or int8 quantizes its language model)")
+        model, info = vision.load(source, config)
+        check_loaded(info, model_arg)
+        return model, info, AutoTokenizer.from_pretrained(source)
     with quiet_loading(packing is not None):  # (its report would call the packed projections missing)
         model, info = AutoModelForCausalLM.from_pretrained(source, config=config, dtype=torch.float32,
                                                            output_loading_info=True, ignore_mismatched_sizes=True)

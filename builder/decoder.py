@@ -91,6 +91,8 @@ class DecoderSpec:
     interleaved_rope: bool = False    # the checkpoint's RoPE turns pairs (2i, 2i + 1) (ERNIE 4.5, Helium, GLM): q
                                       # and k rows are reordered (architectures.weights_of), the graph's is rotate-half
     moe: MoE | None = None            # mixture-of-experts MLPs (builder/moe.py) on all but moe.dense_layers
+    image_embeds: bool = False        # a vision-language model's: image tokens take embeddings the vision graph
+                                      # made (image_embeds at image_index), not the table's (builder/vision.py)
 
     def window(self, layer: int) -> int | None:
         """Layer `layer`'s sliding window, or None for full attention."""
@@ -493,6 +495,12 @@ class DecoderWriter(AttentionWriter, HeadWriter, WeightWriter, MoEWriter):
             h = g.op("Gather", "/model/embed_tokens/Gather", [embed, input_ids], axis=0)
         if s.embed_scale != 1.0:  # in the table's type, as transformers multiplies
             h = g.op("Mul", "/model/embed_tokens/Scale", [h, g.const(s.embed_scale, self.dtype)])
+        if s.image_embeds:  # written over the image tokens' rows, as transformers' masked_scatter does
+            embeds = g.input(io.image_embeds, TensorProto.FLOAT, ["image_tokens", s.hidden_size])
+            if self.ftype != TensorProto.FLOAT:
+                embeds = g.op("Cast", "/model/image_embeds/Cast", [embeds], to=self.ftype)
+            index = g.input(io.image_index, I64, ["image_tokens", 2])
+            h = g.op("ScatterND", "/model/image_embeds/ScatterND", [h, index, embeds])
         if self.gqa:
             mask = None
             if not self.native_attention:

@@ -25,7 +25,7 @@ from trtllm.builder.gguf import gguf_int4_hint
 from trtllm.builder import tensorrt as trt_build
 from trtllm.builder.architectures import spec_for, weights_of
 from trtllm.builder.config import MODERN_MIN_TRT, BuildConfig, ConfigError, legacy_profile_hint, listed, parse_trt_version
-from trtllm.builder import eagle, lora, prequantized, provenance
+from trtllm.builder import eagle, lora, prequantized, provenance, vision
 from trtllm.builder.plan import build_tensorrt
 from trtllm.builder.verify_logits import REFERENCE_NAME, number_format
 from trtllm.builder.decoder import (DecoderWriter, attention_supported, gqa_supported, half_supported, lora_sites,
@@ -63,6 +63,9 @@ def export_onnx(ck: ckpt.Checkpoint, config: BuildConfig, out_dir: Path, log, ba
         weights = weights_of(ck.model, spec)
     except ckpt.Unsupported as e:
         raise ckpt.CheckpointError(f"--model {config.model!r}: {e}") from e
+    if ck.vision is not None:
+        refuse_for_vision(config, backend)
+        spec = dataclasses.replace(spec, image_embeds=True)
     draft = eagle.load(config.eagle, spec, weights["model.embed_tokens.weight"]) if config.eagle else None
     most = ck.model.config.max_position_embeddings
     if isinstance(most, bool) or not isinstance(most, int) or most < 1:  # (0 failed later, naming a temporary dir)
@@ -217,6 +220,30 @@ def refuse_for_experts(config: BuildConfig, spec, backend: str, native_experts: 
         if config.dtype != "float32":
             raise ConfigError(f"--quantization {q} --dtype {config.dtype}: {what}, whose int4 experts run on ONNX "
                               f"Runtime's QMoE without our CPU kernels ({why}), with --dtype float32 only")
+
+
+def refuse_for_vision(config: BuildConfig, backend: str) -> None:
+    """What a vision-language model's engine does not do yet, named before anything is written."""
+    for refused, what in ((backend == "tensorrt", f"--backend {config.backend} (TensorRT: the vision graph's plan is "
+                           "not built yet; use --backend onnxruntime)"),
+                          (config.eagle, "--eagle"), (config.max_lora_rank or config.lora, "LoRA (--max-lora-rank, --lora)")):
+        if refused:
+            raise ConfigError(f"--model {config.model!r} is a vision-language model, and its engines do not take "
+                              f"{what} yet")
+
+
+def export_vision(ck: ckpt.Checkpoint, config: BuildConfig, out_dir: Path, log) -> tuple[dict, "vision.VisionSpec"]:
+    """vision.onnx (the image encoder and projector, float32) and the manifest's vision section."""
+    try:
+        spec = vision.spec_of(ck.vision.config)
+        section = vision.section(ck.vision, ck.tokenizer, spec, config.model)
+    except ckpt.Unsupported as e:
+        raise ckpt.CheckpointError(f"--model {config.model!r}: {e}") from e
+    log(f"writing the vision graph ({spec.num_layers} layers, hidden {spec.hidden_size}, {spec.image_size[0]}px tiles, "
+        f"{spec.tokens_per_tile} tokens a tile)")
+    save_linted(vision.VisionWriter(spec, vision.weights_of(ck.vision)).write(), out_dir, vision.VISION_NAME,
+                "the vision graph", config.trt_version)
+    return section, spec
 
 
 def lora_on_experts(spec, ort_moe_node: bool) -> bool:
@@ -399,7 +426,8 @@ def quant_section(scheme: QuantScheme | None, spec, lowerings=()) -> dict:
 
 
 def make_manifest(ck, config: BuildConfig, backend: str, spec, max_top_k: int, num_positions: int,
-                  lowerings: list[str] = (), eagle_section: dict | None = None) -> mf.Manifest:
+                  lowerings: list[str] = (), eagle_section: dict | None = None,
+                  vision_section: dict | None = None) -> mf.Manifest:
     pad = ck.tokenizer.pad_token_id
     activations = quant_activations(config, backend, lowerings)
     compiled = {"onnxruntime": {"compiled": ORT_NAME}, "tensorrt": {"plan": trt_build.PLAN_NAME}}[backend]
@@ -416,13 +444,15 @@ def make_manifest(ck, config: BuildConfig, backend: str, spec, max_top_k: int, n
         eos_token_ids=tuple(ckpt.eos_ids(ck)), max_top_k=max_top_k, pad_token_id=int(pad) if pad is not None else 0,
         files={"onnx": ONNX_NAME, **compiled, "tokenizer": "tokenizer.json",
                "tokenizer_config": "tokenizer_config.json", "chat_template": "chat_template.jinja",
-               "generation_config": "generation_config.json"},
+               "generation_config": "generation_config.json",
+               **({"vision": vision_section["graph"]} if vision_section else {})},
         build_config=config.to_json(), source=ck.source, versions=versions(), build_id=uuid.uuid4().hex,
         lowerings=tuple(lowerings),
         lora=({"sites": lora_sites(spec, lora_on_experts(spec, bool({"MoE", "QMoE"} & set(lowerings)))), "adapters": {},
                **({"interleaved_rope": spec.rotary_dim or spec.head_dim} if spec.interleaved_rope else {})}
               if config.max_lora_rank else {}),
         eagle=eagle_section or {},
+        vision=vision_section or {},
         # verify_index in, verify_logits out (DecoderWriter's verify_logits): every prompt position's
         # logits on request. Not in a TensorRT plan, whose outputs are sized for the widest step.
         prompt_logits=backend == "onnxruntime",
@@ -492,7 +522,9 @@ def build(config: BuildConfig, log=print) -> Path:
             log("note: the checkpoint has no chat template: trtllm-run will join a request's messages with newlines "
                 f"(llama-server would format them as ChatML); {fix} to chat with it")
         spec, max_top_k, num_positions, lowerings, eagle_section = export_onnx(ck, config, tmp, log, backend)
-        manifest = make_manifest(ck, config, backend, spec, max_top_k, num_positions, lowerings, eagle_section)
+        vision_section, vision_spec = export_vision(ck, config, tmp, log) if ck.vision is not None else ({}, None)
+        manifest = make_manifest(ck, config, backend, spec, max_top_k, num_positions, lowerings, eagle_section,
+                                 vision_section)
         if config.lora:
             manifest = lora.bundle(config, manifest, tmp, log)
         if backend == "tensorrt" and config.plan_later:
@@ -525,6 +557,10 @@ def build(config: BuildConfig, log=print) -> Path:
             reference = tmp / REFERENCE_NAME if backend == "tensorrt" else None
             report = {**verify_engine(tmp, ck, number_format(manifest), eagle=config.eagle, engine=engine,
                                       reference=reference, draft_engine=draft_engine), "code": code}
+            if vision_spec is not None:
+                report["vision"] = vision.verify(tmp / vision.VISION_NAME, ck.vision, vision_spec)
+                log(f"verified the vision graph: max |error| {report['vision']['max_abs_error']:.2e} of the image "
+                    "embeddings")
             (tmp / "verify.json").write_text(json.dumps(report, indent=2) + "\n")
             log(f"verified: max |logit error| {report['max_abs_error']:.2e} over {report['num_positions']} "
                 f"positions (greedy tokens agree: {report['tokens_agree']}); top-1 agreement "

@@ -44,11 +44,13 @@ class BrokenCheckpoint(VerifyError, CheckpointError):
 
 
 def engine_logits(engine, prompt_ids: list[int], num_decode: int, forced: list[int] | None = None,
-                  lora: dict | None = None):
+                  lora: dict | None = None, images=None):
     """Prefill prompt_ids, then decode greedily (or feed `forced` tokens); returns the engine's
-    chosen ids and its logits [1 + num_decode, V]. `lora`: an adapter's arrays (runtime/lora.py)."""
+    chosen ids and its logits [1 + num_decode, V]. `lora`: an adapter's arrays (runtime/lora.py);
+    `images`: the prompt's (runtime/media.py PromptImages), on a vision-language engine."""
     params = sampling.SamplingParams(temperature=0.0, max_new_tokens=num_decode + 1)
-    row = RowState(prompt_ids=prompt_ids, params=params, rng=np.random.default_rng(0), eos_ids=frozenset())
+    row = RowState(prompt_ids=prompt_ids, params=params, rng=np.random.default_rng(0), eos_ids=frozenset(),
+                   images=images)
     batch = sampling.make_batch([params], engine.manifest.model.vocab_size, engine.manifest.max_top_k)
     kv = kv_cache.for_engine(engine, 1, len(prompt_ids) + num_decode)  # (the last token is never fed)
     inputs, logits, chosen = prefill_inputs([row], engine.manifest.pad_token_id, batch), [], []

@@ -401,6 +401,7 @@ def serve(input_file: str | Path, engine_dir: Path, output: str | None, profile:
         fail_usage(f"{engine_dir}: its tokenizer or chat template cannot be loaded ({type(e).__name__}: {e}); "
                    "rebuild it with trtllm-build")
     runner = Runner(engine, tokenizer, template, prefixes, drafter, prefill_chunk)
+    runner.media_dir = Path(input_file).parent  # (relative image paths, as relative adapter paths)
     try:
         runner.lookup = spec_options.proposer(engine_dir, engine.manifest, spec_ngram, spec_draft_engine,
                                               spec_draft_step, stdout.say, num_threads=threads,

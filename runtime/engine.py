@@ -51,6 +51,10 @@ class StepInputs:
     tree_mask: np.ndarray | None = None  # EAGLE tree engines: bool [B, S, T] (None: [B, S, 0], causal)
     verify_uniform: np.ndarray | None = None  # samples_verified engines: f32 [B, T] (None: 0s)
     prompt: bool = False  # the tokens come from the request (prefill), not from generation
+    # vision-language engines: the step's image tokens' embeddings f32 [N, H] and their (row, position
+    # in the step) int64 [N, 2] (None: N = 0)
+    image_embeds: np.ndarray | None = None
+    image_index: np.ndarray | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,7 +111,7 @@ def load_engine(engine_dir, **options) -> Engine:
 
 
 def optional_inputs_mismatch(inputs: set[str], m: manifest_mod.Manifest) -> str:
-    """The LoRA and EAGLE inputs the graph has against those the manifest's sections make the
+    """The LoRA, EAGLE and image inputs the graph has against those the manifest's sections make the
     runtime feed, or "" (an input left unfed failed every request in ONNX Runtime)."""
     io, e = m.io, m.eagle
     prefixes = (io.lora_a.split("{")[0], io.lora_b.split("{")[0])
@@ -116,7 +120,9 @@ def optional_inputs_mismatch(inputs: set[str], m: manifest_mod.Manifest) -> str:
         return "the graph's LoRA inputs are not those of the manifest's lora.sites and limits.max_lora_rank"
     if lora_inputs and not m.lora:
         return "the graph has LoRA inputs, and the manifest no lora section"
-    for name, fed, section in ((io.verify_index, bool(e) or m.prompt_logits, "eagle section or prompt_logits"),
+    for name, fed, section in ((io.image_embeds, bool(m.vision), "vision section"),
+                               (io.image_index, bool(m.vision), "vision section"),
+                               (io.verify_index, bool(e) or m.prompt_logits, "eagle section or prompt_logits"),
                                (io.verify_uniform, m.samples_verified, "verify_sampler or eagle.verify"),
                                (io.tree_mask, bool(e.get("tree")), "eagle.tree")):
         if (name in inputs) != fed:

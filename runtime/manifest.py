@@ -109,6 +109,9 @@ class GraphIO:
     draft_top_logprobs: str = "draft_top_logprobs"  # draft_index, best first, and their f32 log-probabilities
     draft_index: str = "draft_index"          # int64 [batch, T]: draft tree nodes (eagle.tree engines), whose
     draft_node_hidden: str = "draft_node_hidden"  # f32 [batch, T, H] hidden states come out too
+    image_embeds: str = "image_embeds"        # f32 [N, H]: vision-language engines only (manifest.vision), the
+    image_index: str = "image_index"          # image tokens' embeddings, and int64 [N, 2] their (row, position
+                                              # in the step); N = 0 in a step without one
     generated: str = "generated"              # int64 [1], graphs on plugins/cpu's MatMul kernels: 1 when the
                                               # step's tokens were generated, 0 for a prompt (kernel path per role)
 
@@ -142,6 +145,8 @@ class Manifest:
     tensorrt: dict = field(default_factory=dict)  # TensorRT builds: version, GPU, profiles (builder/tensorrt.py)
     lora: dict = field(default_factory=dict)  # LoRA engines: sites, dtype, bundled adapters (runtime/lora.py)
     eagle: dict = field(default_factory=dict)  # EAGLE engines: the draft graph, its shape and files (builder/eagle.py)
+    # vision-language engines: the vision graph, the image tokens, the pixels' preprocessing (builder/vision.py)
+    vision: dict = field(default_factory=dict)
     # the graph gives the logits of the positions verify_index names (verify_logits): prompt_logprobs
     prompt_logits: bool = False
     # and samples them, each with its own random number (verify_uniform in, verify_ids out): prompt
@@ -354,10 +359,11 @@ def check(m: Manifest, engine_dir: Path) -> str:
             return f"{name} must be true or false, got {getattr(m, name)!r}"
     if m.verify_sampler and not m.prompt_logits:
         return "verify_sampler needs prompt_logits: it samples the logits of the verify_index positions"
-    for name, section in (("files", m.files), ("lora", m.lora), ("eagle", m.eagle), ("sizes", m.sizes)):
+    for name, section in (("files", m.files), ("lora", m.lora), ("eagle", m.eagle), ("sizes", m.sizes),
+                          ("vision", m.vision)):
         if not isinstance(section, dict):
             return f"{name} must be an object, got {type(section).__name__}"
-    problem = check_eagle(m.eagle, model) or check_lora(m)
+    problem = check_eagle(m.eagle, model) or check_lora(m) or check_vision(m)
     if problem:
         return problem
     pending = plan_pending(m)  # (exported with --plan-later: the plan step writes it)
@@ -388,6 +394,31 @@ def check_sizes(sizes: dict, engine_dir: Path) -> str:
             return (f"{name} is {found}, and the build wrote {size:,} bytes: the engine directory is incomplete "
                     "or damaged (an interrupted copy?): copy it again whole (`sha256sum -c checksums.sha256` "
                     "inside it checks every file)")
+    return ""
+
+
+VISION_KEYS = ("graph", "image_size", "tokens_per_tile", "hidden_size", "image_token", "image_token_id",
+               "start_token_id", "end_token_id", "preprocess")
+
+
+def check_vision(m: Manifest) -> str:
+    """The vision section's numbers (builder/vision.py), or "": the runtime places image tokens by them."""
+    v = m.vision
+    if not v:
+        return ""
+    missing = [k for k in VISION_KEYS if k not in v]
+    if missing:
+        return f"vision lacks {', '.join(missing)}"
+    if v["graph"] != m.files.get("vision"):
+        return f"vision.graph {v['graph']!r} must be files.vision {m.files.get('vision')!r}"
+    for name in ("image_token_id", "start_token_id", "end_token_id"):
+        if not (whole(v[name], 0) and v[name] < m.model.vocab_size):
+            return f"vision.{name} must be a token id below the vocabulary size {m.model.vocab_size}, got {v[name]!r}"
+    if not whole(v["tokens_per_tile"]) or v["hidden_size"] != m.model.hidden_size:
+        return (f"vision.tokens_per_tile must be an integer >= 1 and vision.hidden_size model.hidden_size "
+                f"({m.model.hidden_size}), got {v['tokens_per_tile']!r} and {v['hidden_size']!r}")
+    if not isinstance(v["preprocess"], dict) or not isinstance(v["image_token"], str):
+        return "vision.preprocess must be an object and vision.image_token a string"
     return ""
 
 

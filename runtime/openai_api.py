@@ -121,6 +121,26 @@ def _flag(body: dict, name: str, default: bool = False) -> bool:
     return value
 
 
+def _image_parts(message: object, index: int) -> object:
+    """OpenAI's `{"type": "image_url", "image_url": {"url": ...}}` content parts as our image items
+    (the url a data: URL, media.place checks); anything else as it is, for input_format to check."""
+    content = message.get("content") if isinstance(message, dict) else None
+    if not isinstance(content, list):
+        return message
+    items = []
+    for j, part in enumerate(content):
+        if isinstance(part, dict) and part.get("type") == "image_url":
+            where = f"messages[{index}].content[{j}].image_url"
+            image = part.get("image_url")
+            url = image.get("url") if isinstance(image, dict) else image
+            if not isinstance(url, str) or not url.startswith("data:"):
+                raise ApiError(f"`{where}` must be a data: URL (data:image/png;base64,...), or an object whose `url` "
+                               f"is one: the server fetches nothing, got {str(url)[:60]!r}", where)
+            part = {"type": "image", "image": url}
+        items.append(part)
+    return {**message, "content": items}
+
+
 def translate(body: object, served: str, adapters: frozenset[str], defaults: dict, capacity: int,
               text: bool = False) -> Translated:
     """A chat completions body as an input document. `served`: the model name the server answers
@@ -141,9 +161,9 @@ def translate(body: object, served: str, adapters: frozenset[str], defaults: dic
     elif not isinstance(body.get("messages"), list) or not body["messages"]:
         raise ApiError(f"`messages` must be a non-empty array of messages, got {body.get('messages')!r:.60}",
                        "messages")
-    else:  # OpenAI's newer name for the system role
-        body["messages"] = [{**m, "role": "system"} if isinstance(m, dict) and m.get("role") == "developer" else m
-                            for m in body["messages"]]
+    else:  # OpenAI's newer name for the system role; its image parts as our image items
+        body["messages"] = [_image_parts({**m, "role": "system"} if isinstance(m, dict) and m.get("role") == "developer"
+                                         else m, i) for i, m in enumerate(body["messages"])]
     model = body.pop("model", None)
     if model is not None and not isinstance(model, str):
         raise ApiError(f"`model` must be a string, got {model!r}", "model")

@@ -7,11 +7,16 @@ from trtllm.runtime import bans, grammar, tool_calls
 from trtllm.runtime import input_format as fmt
 
 
-def unsupported(req: fmt.Request, index: int) -> str | None:
+def unsupported(req: fmt.Request, index: int, manifest=None) -> str | None:
     """Features this engine cannot serve yet: the request fails, its neighbours do not."""
     media = req.media_types()
-    if media:
+    if media and not (manifest is not None and manifest.vision):
         return f"`requests[{index}].messages` contain {', '.join(sorted(media))} content: this engine is text-only"
+    if media - {"image"}:
+        return (f"`requests[{index}].messages` contain {', '.join(sorted(media - {'image'}))} content: this engine "
+                "takes images only")
+    if media and req.num_beams > 1:
+        return f"`{req.where(index, 'num_beams')}`: beam search does not take images yet"
     return None
 
 

@@ -42,6 +42,7 @@ class RowState:
     context_commit: str | None = None  # and keeps its own: its context_cache_commit_policy (None: not)
     computed: int = 0                 # prompt positions whose KV is in its slot (restored, copied or computed)
     adapter: object = None            # its LoRA adapter (runtime/lora.py Adapter), None for the base model
+    images: object = None             # its prompt's images (runtime/media.py PromptImages), None without
     speculative: bool = True          # may decode speculatively (EAGLE engines; False: disable_spec_decode)
     guesses: bool = True              # a sampled row's drafts guess at its draws (False: spec_proposal_sampling greedy)
     guide: object = None              # guided decoding's matcher (runtime/grammar.py Matcher), None if unconstrained
@@ -175,6 +176,8 @@ class Timing:
     speculative_tokens: int = 0
     branch_tokens: int = 0    # draft trees: accepted drafts that were not the head's first choice
     draft_steps: dict[int, int] = field(default_factory=dict)  # k -> decode cycles that drafted k (0: paused)
+    images: int = 0           # vision-language engines: the images the run's prompts held, and their tokens
+    image_tokens: int = 0
     # Edge-LLM's profile stages (llm_prefill, llm_generation, spec_decode_*): each engine call's seconds
     stages: dict[str, list[float]] = field(default_factory=dict)
 

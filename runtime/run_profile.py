@@ -72,6 +72,15 @@ def ngram(runner) -> dict:
     return out
 
 
+def multimodal(runner) -> dict:
+    """Edge-LLM's multimodal entry: the vision graph's runs (one an image), the images and their tokens."""
+    t = runner.timing
+    seconds = t.stages.get("vision_encoder", [])
+    return {"total_runs": len(seconds), "total_images": t.images, "total_image_tokens": t.image_tokens,
+            "total_audios": 0, "total_audio_tokens": 0, "total_multimodal_tokens": t.image_tokens,
+            "average_time_per_token_ms": 1e3 * sum(seconds) / max(t.image_tokens, 1)}
+
+
 def of(runner) -> dict:
     """The --profile file's object: Edge-LLM's keys for a run, and ours."""
     t = runner.timing
@@ -94,6 +103,7 @@ def of(runner) -> dict:
         **({"eagle_generation": eagle(runner)} if runner.drafter is not None else {}),
         **({"draft_model_generation" if drafts_with_model(runner) else "ngram_generation": ngram(runner)}
            if runner.lookup is not None else {}),
+        **({"multimodal": multimodal(runner)} if runner.engine.manifest.vision else {}),
         "peak_cpu_memory_bytes": rss, "peak_cpu_memory_mb": rss / 2**20,
         **(device() if (device := getattr(runner.engine, "device_memory", None)) else {}),
         "kv_cache": kv_cache(runner),

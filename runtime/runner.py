@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from trtllm.runtime import input_format as fmt
-from trtllm.runtime import beam_requests, interrupt, reasoning, request_checks, run_profile, tool_calls
+from trtllm.runtime import beam_requests, interrupt, media, reasoning, request_checks, run_profile, tool_calls
 from trtllm.runtime.chat_template import ChatTemplate, ChatTemplateError, FormattedPrompt, raw_prompt
 from trtllm.runtime.engine import Engine
 from trtllm.runtime.generate import PrefixSource, RowState, Timing, run_rows
@@ -45,6 +45,7 @@ class Prepared:
     error: str | None = None
     scorer: RowState | None = None    # prompt_logprobs: the sample that scores the prompt for all (the first)
     thinking: bool = False            # the template was given enable_thinking true (reasoning.split)
+    images: object = None             # its prompt's images (runtime/media.py PromptImages), None without
 
 
 @dataclass
@@ -93,6 +94,8 @@ class Runner:
         self.lookup = None  # --spec-ngram: runtime/ngram.py's Lookup; --spec-draft-engine: draft_model.py's DraftModel
         self._grammars = None  # guided decoding's, made when a request first asks for it
         self.cancelled = False  # a Ctrl-C ended the run: unfinished samples are "cancelled"
+        self.media_dir = "."  # where a request's relative image paths start (trtllm-run: the input file's directory)
+        self._images = None  # a vision-language engine's image encoder, made at its first image
 
     def grammars(self) -> Grammars:
         if self._grammars is None:
@@ -138,7 +141,7 @@ class Runner:
                  counting: bool = False) -> Prepared:
         p = Prepared(index, req)
         m = self.engine.manifest
-        p.error = (request_checks.unsupported(req, index) or request_checks.unscored(req, index, m)
+        p.error = (request_checks.unsupported(req, index, m) or request_checks.unscored(req, index, m)
                    or beam_requests.unrunnable(req, index, m) or (None if counting else self.check_guide(p)))
         if p.error:
             return p
@@ -155,6 +158,10 @@ class Runner:
             if p.error:  # (tools and template variables would not reach the model: no template runs)
                 return p
             ids, vocab = list(req.prompt_token_ids), m.model.vocab_size
+            if m.vision and m.vision["image_token_id"] in ids:  # (no image to give them: messages take images)
+                p.error = (f"`requests[{index}].prompt_token_ids[{ids.index(m.vision['image_token_id'])}]` is the "
+                           "image token, and token ids come without images: give images as messages' content items")
+                return p
             bad = next((j for j, t in enumerate(ids) if t >= vocab), None)
             if bad is not None:  # (input_checks says so too; decoding it would fail otherwise)
                 p.error = (f"`requests[{index}].prompt_token_ids[{bad}]` must be a token id below the vocabulary size "
@@ -199,8 +206,29 @@ class Runner:
         except ChatTemplateError as e:
             p.error = f"`requests[{index}].messages`: the chat template failed: {e}"
             return p
-        return self.tokenized(p, index, self.tokenizer.encode(fp.text, add_special_tokens=not templated), fp, templated,
-                              counting)
+        ids = self.tokenizer.encode(fp.text, add_special_tokens=not templated)
+        if m.vision:
+            try:
+                ids, p.images = media.place(ids, req, index, m.vision, None if counting else self.image_encoder(),
+                                            self.media_dir)
+            except media.MediaError as e:
+                p.error = str(e)
+                return p
+        placed = len(ids)
+        p = self.tokenized(p, index, ids, fp, templated, counting)
+        if p.images is not None and not p.error:
+            if len(p.prompt_ids) != placed:  # (its last tokens: an image cut in two, or left out)
+                p.error = (f"`{req.where(index, 'truncate_prompt_tokens')}` would cut the prompt's images: "
+                           f"it holds {placed} tokens with them")
+            elif not counting:
+                self.timing.images += p.images.count
+                self.timing.image_tokens += len(p.images.positions)
+        return p
+
+    def image_encoder(self) -> media.ImageEncoder:
+        if self._images is None:
+            self._images = media.ImageEncoder(self.engine.engine_dir, self.engine.manifest, lambda: self.timing)
+        return self._images
 
     def tokenized(self, p: Prepared, index: int, ids: list[int], fp: FormattedPrompt, templated: bool,
                   counting: bool = False) -> Prepared:
@@ -236,7 +264,7 @@ class Runner:
                         eos_ids=frozenset(self.engine.manifest.eos_token_ids),
                         text=TextStream(self.tokenizer, req.stop, req.include_stop_str_in_output,
                                         req.skip_special_tokens), prefix_ids=p.prefix_ids,
-                        save_prefix=req.save_system_prompt_kv_cache, adapter=p.adapter,
+                        save_prefix=req.save_system_prompt_kv_cache, adapter=p.adapter, images=p.images,
                         guide=p.guide and p.guide.copy(),  # (each sample its own place, the first mask shared)
                         speculative=not req.disable_spec_decode,  # (guided: greedy ones, runtime/speculative.py)
                         guesses=req.spec_proposal_sampling != "greedy",

@@ -18,8 +18,11 @@ GENERATION_HEADROOM = 256
 
 
 def adapter_key(owner) -> str | None:
-    """Its LoRA adapter's digest in the saved KV's keys (a row's, a beam search's: its `adapter`)."""
-    return None if owner.adapter is None else owner.adapter.digest
+    """Its LoRA adapter's digest in the saved KV's keys (a row's, a beam search's: its `adapter`), and
+    its images' (a prompt's image tokens are one id whatever the image: their KV is the pixels')."""
+    key = None if owner.adapter is None else owner.adapter.digest
+    images = getattr(owner, "images", None)
+    return key if images is None else f"{key or ''}+images:{images.digest}"
 
 
 def kv_need(row: RowState) -> int:
@@ -134,8 +137,12 @@ def prefill_inputs(rows: list[RowState], pad_id: int, batch: sampling.SamplingBa
     for b, t in enumerate(rests):
         ids[b, : len(t)] = t
     positions = np.array(starts, np.int64)[:, None] + np.arange(width, dtype=np.int64)[None, :]
+    windows = [r.images.window(b, r.computed, r.computed + len(t)) for b, (r, t) in enumerate(zip(rows, rests))
+               if r.images is not None]
     return StepInputs(input_ids=ids, position_ids=positions, write_index=np.array(starts, np.int64), prompt=True,
-                      last_index=np.array([len(t) - 1 for t in rests], np.int64), sampling=batch)
+                      last_index=np.array([len(t) - 1 for t in rests], np.int64), sampling=batch,
+                      **({"image_index": np.concatenate([w[0] for w in windows]),
+                          "image_embeds": np.concatenate([w[1] for w in windows])} if windows else {}))
 
 
 def guess_ids(rows: list[RowState | None], guesses: dict[int, list[int]], width: int, pad_id: int) -> np.ndarray:

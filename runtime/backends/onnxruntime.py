@@ -239,6 +239,11 @@ class OnnxRuntimeEngine:
         if m.samples_verified:
             feeds[io.verify_uniform] = inputs.verify_uniform if inputs.verify_uniform is not None \
                 else self.zeros_of(feeds[io.verify_index].shape, np.float32)
+        if m.vision:  # (a step without image tokens: none, [0, H])
+            no_image = inputs.image_embeds is None
+            feeds[io.image_embeds] = self.zeros_of((0, m.model.hidden_size), np.float32) if no_image \
+                else inputs.image_embeds
+            feeds[io.image_index] = self.zeros_of((0, 2), np.int64) if no_image else inputs.image_index
         if m.eagle:
             if m.eagle.get("tree"):  # no tree: [B, S, 0], the causal mask alone
                 feeds[io.tree_mask] = inputs.tree_mask if inputs.tree_mask is not None \

@@ -199,7 +199,7 @@ def test_chat_prompt_ids_match_transformers(gemma):
     for part in ("normalizer", "pre_tokenizer", "post_processor", "decoder", "added_tokens"):
         assert built[part] == original[part], part  # the build re-saves the tokenizer: the layout is kept
     tok, limits = Tokenizer.from_engine_dir(gemma.engine), types.SimpleNamespace(max_input_len=64)
-    runner = Runner(types.SimpleNamespace(manifest=types.SimpleNamespace(limits=limits)), tok,
+    runner = Runner(types.SimpleNamespace(manifest=types.SimpleNamespace(limits=limits, vision={})), tok,
                     ChatTemplate.from_engine_dir(gemma.engine))  # trtllm-run's prompt code, without the engine
     for chat in CHATS:
         for templated in (True, False):
@@ -225,7 +225,7 @@ def test_content_parts_reach_the_template_as_transformers_passes_them(gemma):
     chat = [{"role": "system", "content": [{"type": "text", "text": "Be brief. "}, {"type": "text", "text": " Really."}]},
             {"role": "user", "content": [{"type": "text", "text": "Hello "}, {"type": "text", "text": " world"}]}]
     tok, limits = Tokenizer.from_engine_dir(gemma.engine), types.SimpleNamespace(max_input_len=64)
-    runner = Runner(types.SimpleNamespace(manifest=types.SimpleNamespace(limits=limits)), tok,
+    runner = Runner(types.SimpleNamespace(manifest=types.SimpleNamespace(limits=limits, vision={})), tok,
                     ChatTemplate.from_engine_dir(gemma.engine))
     inp = parse_input({"requests": [{"messages": chat}]})
     p = runner.prepare(0, inp.requests[0], inp, None)

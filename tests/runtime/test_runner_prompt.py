@@ -11,7 +11,7 @@ from trtllm.runtime.input_format import parse_input
 from trtllm.runtime.runner import Runner
 from trtllm.runtime.tokenizer import Tokenizer
 
-ENGINE = types.SimpleNamespace(manifest=types.SimpleNamespace(limits=types.SimpleNamespace(max_input_len=64)))
+ENGINE = types.SimpleNamespace(manifest=types.SimpleNamespace(limits=types.SimpleNamespace(max_input_len=64), vision={}))
 
 
 def bos_tokenizer(tmp_path) -> Tokenizer:

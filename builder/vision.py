@@ -1,0 +1,274 @@
+"""A vision-language model's image encoder as its own graph, `vision.onnx`: pixels in, the language
+model's input embeddings of the image tokens out. InternVL's: InternViT, the pixel shuffle, the MLP
+projector (transformers' InternVLModel.get_image_features).
+
+    pixel_values [tiles, 3, H, W] f32
+      -> Conv(patch) + [CLS] + position embeddings
+      -> layers: x += lambda_1 * attn(norm(x)); x += lambda_2 * mlp(norm(x))   (bidirectional attention)
+      -> drop [CLS] -> pixel shuffle (downsample_ratio) -> LayerNorm, Linear, GELU, Linear
+      -> image_embeds [tiles * tokens_per_tile, hidden] f32
+
+Written op by op as the decoder is (no tracing), in float32 whatever the language model's --dtype:
+the encoder runs once per image, its cost is in the prompt's prefill, and its numbers then match
+transformers' to float32 rounding.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+
+from trtllm.builder.config import Unsupported
+from trtllm.builder.graph import GraphWriter
+
+PIXELS, EMBEDS = "pixel_values", "image_embeds"
+VISION_NAME = "vision.onnx"
+MODEL_TYPES = ("internvl",)  # config.model_type of the vision-language models built
+F32 = onnx.TensorProto.FLOAT
+ACTIVATIONS = {"gelu": "none", "gelu_pytorch_tanh": "tanh", "gelu_new": "tanh"}  # Gelu's `approximate`
+
+
+@dataclass(frozen=True)
+class VisionSpec:
+    image_size: tuple[int, int]
+    patch_size: int
+    hidden_size: int
+    num_heads: int
+    num_layers: int
+    norm: str             # "layer_norm" or "rms_norm"
+    eps: float
+    qk_norm: bool
+    act: str              # Gelu's approximate: "none" or "tanh"
+    projector_act: str
+    downsample: int       # 1 / downsample_ratio: the pixel shuffle folds downsample x downsample patches into one
+    final_norm: bool      # use_mean_pooling false: a LayerNorm after the last layer
+    out_hidden: int       # the language model's hidden size
+
+    @property
+    def grid(self) -> int:
+        return self.image_size[0] // self.patch_size
+
+    @property
+    def tokens_per_tile(self) -> int:
+        return (self.grid // self.downsample) ** 2
+
+
+def is_vision_language(model) -> bool:
+    return getattr(model.config, "model_type", None) in MODEL_TYPES
+
+
+def load(source, config):
+    """(the whole model, transformers' loading info), float32."""
+    import torch
+    from transformers import AutoModelForImageTextToText
+
+    return AutoModelForImageTextToText.from_pretrained(source, config=config, dtype=torch.float32,
+                                                       output_loading_info=True, ignore_mismatched_sizes=True)
+
+
+def language_model(vlm):
+    """The language model of a loaded vision-language model as a causal LM of its text_config's class,
+    holding the same modules (no copy): what the rest of the build reads, and verifies against."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):  # (its own weights are replaced at once)
+        text = AutoModelForCausalLM.from_config(vlm.config.text_config)
+    text.model, text.lm_head = vlm.model.language_model, vlm.lm_head
+    text.generation_config = vlm.generation_config
+    return text.eval()
+
+
+def spec_of(config) -> VisionSpec:
+    """InternVLConfig -> VisionSpec; what the graph does not do is refused by name."""
+    v = config.vision_config
+    size, patch = tuple(v.image_size), tuple(v.patch_size)
+    ratio = float(config.downsample_ratio)
+    down = round(1 / ratio)
+    checks = [
+        (size[0] == size[1] and patch[0] == patch[1], f"vision_config.image_size {list(size)} and patch_size "
+         f"{list(patch)} must be square"),
+        (size[0] % patch[0] == 0, "vision_config.image_size must be a multiple of patch_size"),
+        (abs(down * ratio - 1) < 1e-9 and (size[0] // patch[0]) % down == 0,
+         f"downsample_ratio {ratio} must be 1/n for an n dividing the {size[0] // patch[0]} patches a side"),
+        (config.vision_feature_layer == -1, f"vision_feature_layer {config.vision_feature_layer!r}: only -1 (the "
+         "last layer's output) is supported"),
+        (config.vision_feature_select_strategy == "default", "vision_feature_select_strategy "
+         f"{config.vision_feature_select_strategy!r}: only 'default' (the [CLS] token dropped) is supported"),
+        (v.hidden_act in ACTIVATIONS and config.projector_hidden_act in ACTIVATIONS,
+         f"activations {v.hidden_act!r} / {config.projector_hidden_act!r}: supported {sorted(ACTIVATIONS)}"),
+        (v.norm_type in ("layer_norm", "rms_norm"), f"vision_config.norm_type {v.norm_type!r}"),
+        (v.use_absolute_position_embeddings, "vision_config.use_absolute_position_embeddings false"),
+        (v.hidden_size % v.num_attention_heads == 0, "vision hidden_size must be a multiple of its heads"),
+    ]
+    for ok, what in checks:
+        if not ok:
+            raise Unsupported(f"the vision encoder: {what}")
+    return VisionSpec(size, patch[0], v.hidden_size, v.num_attention_heads, v.num_hidden_layers, v.norm_type,
+                      float(v.layer_norm_eps), bool(v.use_qk_norm), ACTIVATIONS[v.hidden_act],
+                      ACTIVATIONS[config.projector_hidden_act], down, not v.use_mean_pooling,
+                      config.text_config.hidden_size)
+
+
+def weights_of(vlm) -> dict[str, np.ndarray]:
+    """The encoder's and projector's weights, float32 numpy, under names without the model's prefix."""
+    out = {}
+    for prefix in ("model.vision_tower.", "model.multi_modal_projector."):
+        for name, tensor in vlm.state_dict().items():
+            if name.startswith(prefix):
+                out[name[len("model."):]] = tensor.detach().float().numpy()
+    return out
+
+
+class VisionWriter:
+    def __init__(self, spec: VisionSpec, weights: dict[str, np.ndarray]):
+        self.s, self.w, self.g = spec, weights, GraphWriter("vision")
+
+    def weight(self, name: str, transpose: bool = False) -> str:
+        array = self.w[name]
+        return self.g.weight(name, np.ascontiguousarray(array.T) if transpose else array)
+
+    def linear(self, name: str, x: str, module: str, bias: bool = True) -> str:
+        y = self.g.op("MatMul", f"{name}/MatMul", [x, self.weight(f"{module}.weight", transpose=True)])
+        if bias and f"{module}.bias" in self.w:
+            y = self.g.op("Add", f"{name}/Add", [y, self.weight(f"{module}.bias")])
+        return y
+
+    def norm(self, name: str, x: str, module: str, kind: str, eps: float) -> str:
+        g = self.g
+        if kind == "layer_norm":
+            return g.op("LayerNormalization", name, [x, self.weight(f"{module}.weight"), self.weight(f"{module}.bias")],
+                        axis=-1, epsilon=eps)
+        # RMSNorm in float32, as InternVLVisionRMSNorm computes it
+        mean = g.op("ReduceMean", f"{name}/ReduceMean", [g.op("Mul", f"{name}/Square", [x, x]), g.const([-1])])
+        root = g.op("Sqrt", f"{name}/Sqrt", [g.op("Add", f"{name}/Eps", [mean, g.const(eps, np.float32)])])
+        return g.op("Mul", f"{name}/Scale", [g.op("Div", f"{name}/Div", [x, root]), self.weight(f"{module}.weight")])
+
+    def attention(self, i: int, x: str) -> str:
+        s, g = self.s, self.g
+        p, name = f"vision_tower.encoder.layer.{i}.attention", f"/vision/layers.{i}/attn"
+        head = s.hidden_size // s.num_heads
+        split = g.const([0, -1, s.num_heads, head])
+        heads = {}
+        for proj in ("q", "k", "v"):
+            y = self.linear(f"{name}/{proj}_proj", x, f"{p}.{proj}_proj")
+            if s.qk_norm and proj != "v":  # over the whole projection, before the heads split
+                y = self.norm(f"{name}/{proj}_norm", y, f"{p}.{proj}_norm", "rms_norm", 1e-6)
+            y = g.op("Reshape", f"{name}/{proj}/Reshape", [y, split])
+            heads[proj] = g.op("Transpose", f"{name}/{proj}/Transpose", [y], perm=[0, 2, 1, 3])
+        k_t = g.op("Transpose", f"{name}/k/TransposeT", [heads["k"]], perm=[0, 1, 3, 2])
+        scores = g.op("MatMul", f"{name}/Scores", [heads["q"], k_t])
+        scores = g.op("Mul", f"{name}/Scale", [scores, g.const(head ** -0.5, np.float32)])
+        probs = g.op("Softmax", f"{name}/Softmax", [scores], axis=-1)
+        out = g.op("MatMul", f"{name}/Context", [probs, heads["v"]])
+        out = g.op("Transpose", f"{name}/Context/Transpose", [out], perm=[0, 2, 1, 3])
+        out = g.op("Reshape", f"{name}/Context/Reshape", [out, g.const([0, -1, s.hidden_size])])
+        return self.linear(f"{name}/projection_layer", out, f"{p}.projection_layer")
+
+    def layer(self, i: int, x: str) -> str:
+        s, g = self.s, self.g
+        p, name = f"vision_tower.encoder.layer.{i}", f"/vision/layers.{i}"
+        attn = self.attention(i, self.norm(f"{name}/layernorm_before", x, f"{p}.layernorm_before", s.norm, s.eps))
+        x = g.op("Add", f"{name}/attn/Residual", [x, g.op("Mul", f"{name}/lambda_1", [attn, self.weight(f"{p}.lambda_1")])])
+        y = self.norm(f"{name}/layernorm_after", x, f"{p}.layernorm_after", s.norm, s.eps)
+        y = self.linear(f"{name}/mlp/fc1", y, f"{p}.mlp.fc1")
+        y = g.op("Gelu", f"{name}/mlp/act", [y], approximate=s.act)
+        y = self.linear(f"{name}/mlp/fc2", y, f"{p}.mlp.fc2")
+        return g.op("Add", f"{name}/mlp/Residual", [x, g.op("Mul", f"{name}/lambda_2", [y, self.weight(f"{p}.lambda_2")])])
+
+    def write(self) -> onnx.ModelProto:
+        s, g = self.s, self.g
+        h, w = s.image_size
+        pixels = g.input(PIXELS, F32, ["tiles", 3, h, w])
+        e = "vision_tower.embeddings"
+        x = g.op("Conv", "/vision/patch/Conv", [pixels, self.weight(f"{e}.patch_embeddings.projection.weight"),
+                                                self.weight(f"{e}.patch_embeddings.projection.bias")],
+                 kernel_shape=[s.patch_size, s.patch_size], strides=[s.patch_size, s.patch_size])
+        x = g.op("Reshape", "/vision/patch/Reshape", [x, g.const([0, s.hidden_size, -1])])
+        x = g.op("Transpose", "/vision/patch/Transpose", [x], perm=[0, 2, 1])
+        tiles = g.op("Slice", "/vision/tiles", [g.op("Shape", "/vision/Shape", [pixels]), g.const([0]), g.const([1])])
+        cls_shape = g.op("Concat", "/vision/cls/shape", [tiles, g.const([1, s.hidden_size])], axis=0)
+        cls = g.op("Expand", "/vision/cls/Expand", [self.weight(f"{e}.cls_token"), cls_shape])
+        x = g.op("Concat", "/vision/cls/Concat", [cls, x], axis=1)
+        x = g.op("Add", "/vision/position/Add", [x, self.weight(f"{e}.position_embeddings")])
+        for i in range(s.num_layers):
+            x = self.layer(i, x)
+        if s.final_norm:
+            x = self.norm("/vision/layernorm", x, "vision_tower.layernorm", "layer_norm", s.eps)
+        x = self.pixel_shuffle(g.op("Slice", "/vision/drop_cls", [x, g.const([1]), g.const([2 ** 62]), g.const([1])]))
+        p = "multi_modal_projector"
+        x = g.op("LayerNormalization", "/projector/layer_norm", [x, self.weight(f"{p}.layer_norm.weight"),
+                                                                 self.weight(f"{p}.layer_norm.bias")],
+                 axis=-1, epsilon=1e-5)  # (nn.LayerNorm's default eps: the projector's config names none)
+        x = self.linear("/projector/linear_1", x, f"{p}.linear_1")
+        x = g.op("Gelu", "/projector/act", [x], approximate=s.projector_act)
+        x = self.linear("/projector/linear_2", x, f"{p}.linear_2")
+        g.op("Reshape", "/vision/flatten", [x, g.const([-1, s.out_hidden])], outputs=[EMBEDS])
+        g.output(EMBEDS, F32, ["image_tokens", s.out_hidden])
+        return g.model("trtllm-edge")
+
+    def pixel_shuffle(self, x: str) -> str:
+        """[tiles, F*F, C] -> [tiles, (F/n)^2, C*n*n] as InternVLModel.pixel_shuffle folds it (its two
+        reshapes and transposes, for a square grid)."""
+        s, g, n, f = self.s, self.g, self.s.downsample, self.s.grid
+        c = s.hidden_size
+        x = g.op("Reshape", "/vision/shuffle/Reshape0", [x, g.const([0, f, f // n, c * n])])
+        x = g.op("Transpose", "/vision/shuffle/Transpose0", [x], perm=[0, 2, 1, 3])
+        x = g.op("Reshape", "/vision/shuffle/Reshape1", [x, g.const([0, f // n, f // n, c * n * n])])
+        x = g.op("Transpose", "/vision/shuffle/Transpose1", [x], perm=[0, 2, 1, 3])
+        return g.op("Reshape", "/vision/shuffle/Reshape2", [x, g.const([0, -1, c * n * n])])
+
+
+def section(vlm, tokenizer, spec: VisionSpec, source) -> dict:
+    """The manifest's vision section: the graph, the image tokens and how pixels are made (runtime/images.py)."""
+    from transformers.image_processing_utils import ImageProcessingMixin
+
+    from trtllm.runtime.images import preprocess_config
+
+    config = vlm.config
+    if config.image_seq_length != spec.tokens_per_tile:
+        raise Unsupported(f"image_seq_length {config.image_seq_length} is not the {spec.tokens_per_tile} tokens the "
+                          "vision encoder gives a tile")
+    tokens = {}
+    for key in ("context_image_token", "start_image_token", "end_image_token"):
+        text = getattr(tokenizer, key, None)
+        token_id = tokenizer.convert_tokens_to_ids(text) if isinstance(text, str) else None
+        if token_id is None or token_id == tokenizer.unk_token_id:
+            raise Unsupported(f"the tokenizer names no {key} (tokenizer_config.json's extra_special_tokens), "
+                              "which InternVL's prompts need")
+        tokens[key] = (text, int(token_id))
+    if tokens["context_image_token"][1] != config.image_token_id:
+        raise Unsupported(f"config.image_token_id {config.image_token_id} is not the tokenizer's context_image_token "
+                          f"{tokens['context_image_token']}")
+    try:
+        processor, _ = ImageProcessingMixin.get_image_processor_dict(source)
+        pre = preprocess_config(processor, crop_to_patches=True)  # (InternVLProcessor always tiles)
+    except (OSError, ValueError) as e:
+        raise Unsupported(f"its image processor's config (preprocessor_config.json) cannot be used: {e}") from e
+    if pre["size"] != list(spec.image_size):
+        raise Unsupported(f"preprocessor_config.size {pre['size']} is not the vision encoder's image_size "
+                          f"{list(spec.image_size)}")
+    return {"architecture": config.model_type, "graph": VISION_NAME, "image_size": list(spec.image_size),
+            "tokens_per_tile": spec.tokens_per_tile, "hidden_size": spec.out_hidden,
+            "image_token": tokens["context_image_token"][0], "image_token_id": tokens["context_image_token"][1],
+            "start_token_id": tokens["start_image_token"][1], "end_token_id": tokens["end_image_token"][1],
+            "preprocess": pre}
+
+
+def verify(graph_path, vlm, spec: VisionSpec, tiles: int = 2) -> dict:
+    """vision.onnx through ONNX Runtime against transformers' get_image_features on random pixels;
+    a mismatch raises. Returns the figures for verify.json."""
+    import onnxruntime as ort
+    import torch
+
+    pixels = np.random.default_rng(0).standard_normal((tiles, 3, *spec.image_size)).astype(np.float32)
+    ours = ort.InferenceSession(str(graph_path), providers=["CPUExecutionProvider"]).run(None, {PIXELS: pixels})[0]
+    with torch.no_grad():
+        ref = vlm.model.get_image_features(torch.from_numpy(pixels), return_dict=True).pooler_output
+    ref = ref.reshape(-1, spec.out_hidden).numpy()
+    error, scale = float(np.abs(ours - ref).max()), float(np.abs(ref).max())
+    if ours.shape != ref.shape or not error <= 1e-4 * max(1.0, scale):
+        raise RuntimeError(f"the vision graph's image embeddings differ from transformers': max |error| {error:.3g} "
+                           f"(largest value {scale:.3g}; shapes {list(ours.shape)} and {list(ref.shape)})")
+    return {"max_abs_error": error, "max_abs_value": scale, "tiles": tiles}

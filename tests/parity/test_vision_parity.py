@@ -1,0 +1,235 @@
+"""A vision-language engine (InternVL: builder/vision.py, runtime/media.py) against transformers:
+greedy tokens exact and logprobs within float32 tolerance, for prompts with images of several shapes
+(one tile, several tiles and the thumbnail), two images, images beside text-only rows in one batch,
+and saved KV that must not mix one image's prompt with another's. The reference is transformers'
+InternVLForConditionalGeneration fed what InternVLProcessor gives it: GotOcr2ImageProcessorPil's
+pixels with crop_to_patches, and each image token expanded to <img>, its tiles' tokens and </img>."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from tests.tiny_vlm import make_vlm_checkpoint
+from trtllm.runtime import images
+
+NEW_TOKENS = 12
+SIZES = {"wide.png": (200, 90), "square.png": (60, 60), "tall.png": (70, 150)}  # (width, height)
+
+
+@pytest.fixture(scope="module")
+def vlm(tmp_path_factory):
+    """(checkpoint dir, engine dir, images dir, transformers model, tokenizer)."""
+    import torch
+    import transformers
+    from PIL import Image
+
+    from trtllm.builder.config import BuildConfig
+    from trtllm.builder.export import build
+
+    ckpt = make_vlm_checkpoint(tmp_path_factory.mktemp("vlm-ckpt"))
+    engine = tmp_path_factory.mktemp("vlm-engine") / "engine"
+    build(BuildConfig(model=str(ckpt), output=str(engine), max_batch_size=4, max_input_len=256,
+                      max_kv_cache_capacity=512), log=lambda m: None)
+    images = tmp_path_factory.mktemp("vlm-images")
+    rng = np.random.default_rng(3)
+    for name, (w, h) in SIZES.items():
+        Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)).save(images / name)
+    model = transformers.AutoModelForImageTextToText.from_pretrained(ckpt, dtype=torch.float32).eval()
+    model.generation_config.eos_token_id = None  # (our rows ignore EOS: both run NEW_TOKENS)
+    return ckpt, engine, images, model, transformers.AutoTokenizer.from_pretrained(ckpt)
+
+
+def reference(vlm, content: list, crop_to_patches: bool = True) -> tuple[list[int], np.ndarray]:
+    """transformers' greedy tokens and first-step log-probabilities for one user turn."""
+    import torch
+    from PIL import Image
+    from transformers.models.got_ocr2.image_processing_pil_got_ocr2 import GotOcr2ImageProcessorPil
+
+    ckpt, _, images, model, tok = vlm
+    messages = [{"role": "user", "content": [{"type": "image"} if "image" in c else c for c in content]}]
+    text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    files = [c["image"] for c in content if "image" in c]
+    kwargs = {}
+    if files:
+        config = json.loads((ckpt / "preprocessor_config.json").read_text())
+        processor = GotOcr2ImageProcessorPil(**{k: v for k, v in config.items() if k != "image_processor_type"})
+        pictures = [Image.open(images / f).convert("RGB") for f in files]
+        feats = processor(pictures, crop_to_patches=crop_to_patches, return_tensors="pt")
+        parts = text.split("<IMG_CONTEXT>")  # InternVLProcessor.replace_image_token, image by image
+        text = parts[0] + "".join(f"<img>{'<IMG_CONTEXT>' * 4 * n}</img>{rest}"
+                                  for n, rest in zip(feats["num_patches"].tolist(), parts[1:]))
+        kwargs["pixel_values"] = feats["pixel_values"]
+    ids = tok(text, return_tensors="pt", add_special_tokens=False)["input_ids"]
+    with torch.no_grad():
+        first = torch.log_softmax(model(input_ids=ids, **kwargs).logits[0, -1], -1).numpy()
+        out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW_TOKENS,
+                             do_sample=False, **kwargs)
+    return out[0, ids.shape[1]:].tolist(), first
+
+
+CASES = [
+    [{"type": "image", "image": "wide.png"}, {"type": "text", "text": "What is in this picture?"}],
+    [{"type": "text", "text": "Compare"}, {"type": "image", "image": "square.png"},
+     {"type": "image", "image": "tall.png"}],
+    [{"type": "text", "text": "The quick brown fox"}],
+    [{"type": "image", "image": "square.png"}, {"type": "text", "text": "What is in this picture?"}],
+]
+
+
+def run(vlm, run_cli, contents: list, *extra, **top):
+    _, engine, images, _, _ = vlm
+    payload = {"batch_size": 4, "temperature": 0.0, "ignore_eos": True, "max_generate_length": NEW_TOKENS,
+               "num_logprobs": 5, **top,
+               "requests": [{"messages": [{"role": "user", "content": json.loads(json.dumps(c))}]} for c in contents]}
+    for request in payload["requests"]:  # (a relative path is read from the input file's directory)
+        for item in request["messages"][0]["content"]:
+            if "image" in item and item["image"] in SIZES:
+                item["image"] = str(images / item["image"])
+    result, out = run_cli(engine, payload, *extra)
+    return result, out
+
+
+def test_greedy_tokens_and_logprobs_match_transformers(vlm, run_cli):
+    result, out = run(vlm, run_cli, CASES)
+    assert result.exit_code == 0, result.output
+    for content, response in zip(CASES, out["responses"]):
+        tokens, first = reference(vlm, content)
+        assert response["output_ids"] == tokens, content
+        top = response["logprobs"][0]
+        ids = [e["token_id"] for e in top]
+        assert ids[0] == int(np.argmax(first))
+        np.testing.assert_allclose([e["logprob"] for e in top], first[ids], atol=1e-4)
+
+
+def test_a_wrong_reference_is_told_apart(vlm, run_cli):
+    """The deliberately wrong variant: the processor without tiling (what reading its config file's
+    crop_to_patches would give) gives other tokens, and the comparison above would fail on them."""
+    result, out = run(vlm, run_cli, CASES[:1])
+    assert result.exit_code == 0, result.output
+    tokens, _ = reference(vlm, CASES[0], crop_to_patches=False)
+    assert out["responses"][0]["output_ids"] != tokens
+
+
+def test_saved_kv_is_the_images_own(vlm, run_cli, tmp_path):
+    """With --context-reuse, a prompt with another image never takes the first one's KV (the image
+    tokens are one id whatever the image); the same image again does, and gives the same tokens."""
+    other = [{"type": "image", "image": "tall.png"}, {"type": "text", "text": "What is in this picture?"}]
+    contents = [CASES[3], other, CASES[3]]
+    profile = tmp_path / "profile.json"
+    result, out = run(vlm, run_cli, contents, "--context-reuse", "--profile", str(profile), batch_size=1)
+    assert result.exit_code == 0, result.output
+    for content, response in zip(contents, out["responses"]):
+        assert response["output_ids"] == reference(vlm, content)[0]
+    prof = json.loads(profile.read_text())
+    assert prof["prefill"]["reused_tokens"] > 0  # the third took the first's
+    assert prof["multimodal"]["total_images"] == 3
+    pre = json.loads((vlm[1] / "manifest.json").read_text())["vision"]["preprocess"]
+    tiles = [images.tile_count(*SIZES[c[0]["image"]], pre) for c in contents]
+    assert tiles == [1, 3, 1]  # (70 x 150: a 1 x 2 grid and the thumbnail)
+    assert prof["multimodal"]["total_image_tokens"] == 4 * sum(tiles)
+    assert "vision_encoder" in [s["stage_id"] for s in prof["stages"]]
+
+
+def test_bad_images_fail_their_request_alone(vlm, run_cli, tmp_path):
+    (tmp_path / "notes.txt").write_text("not an image")
+    contents = [
+        [{"type": "image", "image": "missing.png"}],
+        [{"type": "image", "image": str(tmp_path / "notes.txt")}],
+        [{"type": "image", "image": "square.png", "do_resize": False}],
+        [{"type": "audio", "audio": "a.wav"}],
+        [{"type": "text", "text": "a literal <IMG_CONTEXT> token"}],
+        CASES[2],
+        [{"type": "image", "image": "here.png"}],  # (beside the input file: tmp_path)
+    ]
+    (tmp_path / "here.png").write_bytes((vlm[2] / "square.png").read_bytes())
+    result, out = run(vlm, run_cli, contents)
+    errors = [r.get("error") for r in out["responses"]]
+    assert "requests[0].messages[0].content[0].image" in errors[0] and "no such file" in errors[0]
+    assert "requests[1].messages[0].content[0].image" in errors[1] and "notes.txt" in errors[1]
+    assert "requests[2].messages[0].content[0].do_resize" in errors[2]
+    assert "audio" in errors[3] and "images only" in errors[3]
+    assert "'<IMG_CONTEXT>'" in errors[4] and "requests[4].messages" in errors[4]
+    assert errors[5] is None and out["responses"][5]["output_ids"] == reference(vlm, CASES[2])[0]
+    assert errors[6] is None and out["responses"][6]["output_ids"] == reference(vlm, [{"image": "square.png"}])[0]
+    assert result.exit_code != 0
+
+
+def test_truncation_and_token_ids_cannot_cut_or_fake_images(vlm, run_cli):
+    _, engine, images, _, tok = vlm
+    context = tok.convert_tokens_to_ids("<IMG_CONTEXT>")
+    payload = {"temperature": 0.0, "max_generate_length": 2, "requests": [
+        {"messages": [{"role": "user", "content": [{"type": "image", "image": str(images / "wide.png")},
+                                                   {"type": "text", "text": "hi"}]}], "truncate_prompt_tokens": 6},
+        {"prompt_token_ids": [1, context, 2]},
+    ]}
+    result, out = run_cli(engine, payload)
+    errors = [r.get("error") for r in out["responses"]]
+    assert "requests[0].truncate_prompt_tokens" in errors[0] and "images" in errors[0]
+    assert "requests[1].prompt_token_ids[1]" in errors[1] and "image token" in errors[1]
+
+
+def test_text_engine_refuses_images(tiny_engine, run_cli):
+    result, out = run_cli(tiny_engine("qwen2"), {"requests": [
+        {"messages": [{"role": "user", "content": [{"type": "image", "image": "x.png"}]}]}]})
+    assert "text-only" in out["responses"][0]["error"]
+
+
+def test_build_records_and_checks_the_vision_graph(vlm):
+    _, engine, _, _, _ = vlm
+    manifest = json.loads((engine / "manifest.json").read_text())
+    vision = manifest["vision"]
+    assert manifest["files"]["vision"] == vision["graph"] == "vision.onnx"
+    assert vision["tokens_per_tile"] == 4 and vision["preprocess"]["crop_to_patches"] is True
+    report = json.loads((engine / "verify.json").read_text())
+    assert report["vision"]["max_abs_error"] < 1e-4
+
+
+def test_served_image_url_parts_match_transformers(vlm, tmp_path):
+    """trtllm-serve takes OpenAI's image_url parts as data: URLs, and opens no file for a client."""
+    import base64
+    import http.client
+    import threading
+
+    from trtllm.runtime import server
+
+    _, engine, images, _, _ = vlm
+    httpd = server.build(engine, "127.0.0.1", 0, None, {}, {}, 2, 1, tmp_path / "kv", 1 << 30, True, None)
+    httpd.quiet = True
+    threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+
+    def post(content) -> tuple[int, dict]:
+        c = http.client.HTTPConnection("127.0.0.1", httpd.server_address[1], timeout=120)
+        c.request("POST", "/v1/chat/completions", json.dumps({
+            "messages": [{"role": "user", "content": content}], "temperature": 0, "ignore_eos": True,
+            "max_tokens": NEW_TOKENS, "logprobs": True}))
+        r = c.getresponse()
+        return r.status, json.loads(r.read())
+
+    try:
+        url = "data:image/png;base64," + base64.b64encode((images / "wide.png").read_bytes()).decode()
+        status, body = post([{"type": "image_url", "image_url": {"url": url}},
+                             {"type": "text", "text": "What is in this picture?"}])
+        assert status == 200, body
+        tokens, first = reference(vlm, CASES[0])
+        assert body["choices"][0]["message"]["content"] == vlm[4].decode(tokens, skip_special_tokens=True)
+        assert abs(body["choices"][0]["logprobs"]["content"][0]["logprob"] - first[tokens[0]]) < 1e-4
+        for content, named in (([{"type": "image_url", "image_url": {"url": "https://example.com/a.png"}}],
+                                "messages[0].content[0].image_url"),
+                               ([{"type": "image", "image": str(images / "wide.png")}],
+                                "messages[0].content[0].image")):
+            status, body = post(content)
+            assert status == 400 and named in body["error"]["message"], body
+    finally:
+        httpd.shutdown()
+        server.stop(httpd)
+
+
+def test_profile_after_a_warm_up_counts_the_run_alone(vlm, run_cli, tmp_path):
+    profile = tmp_path / "profile.json"
+    result, out = run(vlm, run_cli, CASES[:1], "--warmup", "2", "--profile", str(profile))
+    assert result.exit_code == 0, result.output
+    prof = json.loads(profile.read_text())
+    runs = {s["stage_id"]: s["total_runs"] for s in prof["stages"]}
+    assert runs["vision_encoder"] == prof["multimodal"]["total_runs"] == prof["multimodal"]["total_images"] == 1

@@ -1,0 +1,69 @@
+"""A tiny random InternVL checkpoint (InternViT + pixel shuffle + MLP projector on a Qwen2 model) with the
+tiny models' BPE tokenizer, InternVL's image tokens and a chat template that writes one per image, made
+in the test run with transformers: nothing is downloaded."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tests.tiny_models import make_tokenizer
+
+IMAGE_TOKENS = {"start_image_token": "<img>", "end_image_token": "</img>", "context_image_token": "<IMG_CONTEXT>",
+                "video_token": "<video>"}
+# InternVL's own template's shape: an image item is its context token and a newline
+TEMPLATE = (
+    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' }}"
+    "{% if message['content'] is string %}{{ message['content'] }}{% else %}"
+    "{% for item in message['content'] %}{% if item['type'] == 'image' %}{{ '<IMG_CONTEXT>\n' }}"
+    "{% elif item['type'] == 'text' %}{{ item['text'] }}{% endif %}{% endfor %}{% endif %}"
+    "{{ '<|im_end|>\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+IMAGE_SIZE = 56  # 4 x 4 patches of 14, 4 image tokens a tile after the pixel shuffle
+
+
+def make_vlm_checkpoint(out_dir: Path, seed: int = 0, max_patches: int = 4, qk_norm: bool = False,
+                        norm_type: str = "layer_norm") -> Path:
+    import torch
+    import transformers
+    from transformers import GenerationConfig
+
+    out_dir = Path(out_dir)
+    tok = make_tokenizer(out_dir)
+    tok.add_special_tokens({"additional_special_tokens": list(IMAGE_TOKENS.values())})
+    tok.chat_template = TEMPLATE
+    ids = {k: tok.convert_tokens_to_ids(v) for k, v in IMAGE_TOKENS.items()}
+    text = transformers.Qwen2Config(
+        vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, max_position_embeddings=512, rms_norm_eps=1e-6,
+        tie_word_embeddings=True, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id, rope_theta=10000.0)
+    vision = transformers.InternVLVisionConfig(
+        hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64, image_size=IMAGE_SIZE,
+        patch_size=14, use_qk_norm=qk_norm, norm_type=norm_type, attention_bias=True)
+    config = transformers.InternVLConfig(vision_config=vision.to_dict(), text_config=text.to_dict(),
+                                         image_token_id=ids["context_image_token"], image_seq_length=4,
+                                         tie_word_embeddings=True)
+    torch.manual_seed(seed)
+    model = transformers.InternVLForConditionalGeneration(config).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight") or name.endswith(("layernorm_before.weight", "layernorm_after.weight")):
+                p.copy_(1.0 + 0.1 * torch.randn_like(p))
+            else:
+                p.copy_(torch.randn_like(p) * (0.5 if "bias" in name else 1.0) / p.shape[-1] ** 0.5 * 2.0)
+    model.generation_config = GenerationConfig(bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+                                               pad_token_id=tok.pad_token_id, do_sample=False)
+    model.save_pretrained(out_dir)
+    tok.save_pretrained(out_dir)
+    config_path = out_dir / "tokenizer_config.json"
+    tok_config = json.loads(config_path.read_text())
+    tok_config["extra_special_tokens"] = IMAGE_TOKENS
+    config_path.write_text(json.dumps(tok_config, indent=2))
+    (out_dir / "preprocessor_config.json").write_text(json.dumps({
+        "image_processor_type": "GotOcr2ImageProcessor", "crop_to_patches": True, "min_patches": 1,
+        "max_patches": max_patches, "size": {"height": IMAGE_SIZE, "width": IMAGE_SIZE}, "resample": 3,
+        "do_rescale": True, "rescale_factor": 1 / 255, "do_normalize": True,
+        "image_mean": [0.485, 0.456, 0.406], "image_std": [0.229, 0.224, 0.225], "do_convert_rgb": True}, indent=2))
+    (out_dir / "processor_config.json").write_text(json.dumps({"processor_class": "InternVLProcessor",
+                                                               "image_seq_length": 4}, indent=2))
+    return out_dir
