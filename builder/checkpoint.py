@@ -121,9 +121,7 @@ def load(model_arg: str) -> Checkpoint:
         source = {"model": str(path.resolve()), "kind": "dir", "sha256": weights_hash(loaded_weight_files(path))}
         if info.get("packing"):
             source["prequantized"] = info["packing"].to_json()
-        whole = None
-        if vision.is_vision_language(model):
-            whole, model = model.eval(), vision.language_model(model)
+        model, whole = split_vision(model)
         return check_vocab(Checkpoint(model.eval(), tok, source, tuple(sorted(info.get("unexpected_keys") or ())),
                                       grids=info.get("grids"), vision=whole), model_arg)
     if model_arg.startswith((".", "/", "~")) or model_arg.count("/") > 1:  # a path, not "org/name"
@@ -214,7 +212,16 @@ def load_hub(hub_id: str) -> Checkpoint:
             f"--model {hub_id!r} is not a local directory or .gguf file, and downloading it from the "
             f"Hugging Face hub failed (offline?): {gist(e.__cause__).rstrip('.')}. "
             "Pass a local checkpoint directory or .gguf file instead.") from e.__cause__
-    return check_vocab(Checkpoint(model.eval(), tok, {"model": hub_id, "kind": "hub", "sha256": None}), hub_id)
+    model, whole = split_vision(model)
+    return check_vocab(Checkpoint(model.eval(), tok, {"model": hub_id, "kind": "hub", "sha256": None}, vision=whole),
+                       hub_id)
+
+
+def split_vision(model) -> tuple:
+    """(the language model, the whole model) of a vision-language model; (model, None) of another."""
+    if not vision.is_vision_language(model):
+        return model, None
+    return vision.language_model(model), model.eval()
 
 
 def unreachable(e: BaseException | None) -> bool:

@@ -87,6 +87,10 @@ def resolve(options: dict, profile: str) -> dict:
 @click.option("--eagle", metavar="DRAFT_DIR",
               help="An EAGLE-3 draft head (config.json + model.safetensors, as SpecForge writes them): the engine "
                    "then decodes requests speculatively (greedy and sampled ones).")
+@click.option("--max-image-tiles", type=int,
+              help="Vision-language models: cut an image into at most this many tiles (plus the thumbnail), "
+                   "fewer than the checkpoint's max_patches: fewer image tokens, a faster prefill. [default: the "
+                   "checkpoint's]")
 @click.option("--no-verify", is_flag=True, help="Skip the logit check against transformers after building.")
 @click.option("--if-changed", is_flag=True,
               help="Build only if --output does not already hold this build's engine (the same options, checkpoint "

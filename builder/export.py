@@ -66,6 +66,9 @@ def export_onnx(ck: ckpt.Checkpoint, config: BuildConfig, out_dir: Path, log, ba
     if ck.vision is not None:
         refuse_for_vision(config, backend)
         spec = dataclasses.replace(spec, image_embeds=True)
+    elif config.max_image_tiles is not None:
+        raise ConfigError(f"--max-image-tiles is for vision-language models, and --model {config.model!r} is a "
+                          "text model")
     draft = eagle.load(config.eagle, spec, weights["model.embed_tokens.weight"]) if config.eagle else None
     most = ck.model.config.max_position_embeddings
     if isinstance(most, bool) or not isinstance(most, int) or most < 1:  # (0 failed later, naming a temporary dir)
@@ -232,18 +235,24 @@ def refuse_for_vision(config: BuildConfig, backend: str) -> None:
                               f"{what} yet")
 
 
-def export_vision(ck: ckpt.Checkpoint, config: BuildConfig, out_dir: Path, log) -> tuple[dict, "vision.VisionSpec"]:
-    """vision.onnx (the image encoder and projector, float32) and the manifest's vision section."""
-    try:
+def vision_section(ck: ckpt.Checkpoint, config: BuildConfig) -> tuple[dict, "vision.VisionSpec"]:
+    """The manifest's vision section and the encoder's spec: what a vision-language build refuses,
+    before the language model's export."""
+    try:  # (the processor's config is read where the checkpoint was: a directory, or the hub's cache)
         spec = vision.spec_of(ck.vision.config)
-        section = vision.section(ck.vision, ck.tokenizer, spec, config.model)
+        return vision.section(ck.vision, ck.tokenizer, spec, ck.source["model"], config.max_image_tiles), spec
     except ckpt.Unsupported as e:
         raise ckpt.CheckpointError(f"--model {config.model!r}: {e}") from e
+
+
+def export_vision(ck: ckpt.Checkpoint, config: BuildConfig, out_dir: Path, log, section: dict,
+                  spec: "vision.VisionSpec") -> None:
+    """vision.onnx: the image encoder and projector, float32."""
+    most = section["preprocess"]["max_patches"] if section["preprocess"]["crop_to_patches"] else 1
     log(f"writing the vision graph ({spec.num_layers} layers, hidden {spec.hidden_size}, {spec.image_size[0]}px tiles, "
-        f"{spec.tokens_per_tile} tokens a tile)")
+        f"{spec.tokens_per_tile} tokens a tile, up to {most} tiles an image" + " and its thumbnail" * (most > 1) + ")")
     save_linted(vision.VisionWriter(spec, vision.weights_of(ck.vision)).write(), out_dir, vision.VISION_NAME,
                 "the vision graph", config.trt_version)
-    return section, spec
 
 
 def lora_on_experts(spec, ort_moe_node: bool) -> bool:
@@ -521,10 +530,12 @@ def build(config: BuildConfig, log=print) -> Path:
                    if ck.source.get("kind") == "gguf" else "put the model's chat_template.jinja in the checkpoint")
             log("note: the checkpoint has no chat template: trtllm-run will join a request's messages with newlines "
                 f"(llama-server would format them as ChatML); {fix} to chat with it")
+        image_section, vision_spec = vision_section(ck, config) if ck.vision is not None else ({}, None)
         spec, max_top_k, num_positions, lowerings, eagle_section = export_onnx(ck, config, tmp, log, backend)
-        vision_section, vision_spec = export_vision(ck, config, tmp, log) if ck.vision is not None else ({}, None)
+        if vision_spec is not None:
+            export_vision(ck, config, tmp, log, image_section, vision_spec)
         manifest = make_manifest(ck, config, backend, spec, max_top_k, num_positions, lowerings, eagle_section,
-                                 vision_section)
+                                 image_section)
         if config.lora:
             manifest = lora.bundle(config, manifest, tmp, log)
         if backend == "tensorrt" and config.plan_later:

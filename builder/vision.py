@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 import onnx
 
-from trtllm.builder.config import Unsupported
+from trtllm.builder.config import ConfigError, Unsupported
 from trtllm.builder.graph import GraphWriter
 
 PIXELS, EMBEDS = "pixel_values", "image_embeds"
@@ -220,8 +220,9 @@ class VisionWriter:
         return g.op("Reshape", "/vision/shuffle/Reshape2", [x, g.const([0, -1, c * n * n])])
 
 
-def section(vlm, tokenizer, spec: VisionSpec, source) -> dict:
-    """The manifest's vision section: the graph, the image tokens and how pixels are made (runtime/images.py)."""
+def section(vlm, tokenizer, spec: VisionSpec, source, max_tiles: int | None = None) -> dict:
+    """The manifest's vision section: the graph, the image tokens and how pixels are made (runtime/images.py);
+    `max_tiles` (--max-image-tiles) lowers the processor's max_patches."""
     from transformers.image_processing_utils import ImageProcessingMixin
 
     from trtllm.runtime.images import preprocess_config
@@ -246,6 +247,10 @@ def section(vlm, tokenizer, spec: VisionSpec, source) -> dict:
         pre = preprocess_config(processor, crop_to_patches=True)  # (InternVLProcessor always tiles)
     except (OSError, ValueError) as e:
         raise Unsupported(f"its image processor's config (preprocessor_config.json) cannot be used: {e}") from e
+    if max_tiles is not None:
+        if max_tiles < pre["min_patches"]:
+            raise ConfigError(f"--max-image-tiles {max_tiles} is below the processor's min_patches {pre['min_patches']}")
+        pre["max_patches"] = min(pre["max_patches"], max_tiles)
     if pre["size"] != list(spec.image_size):
         raise Unsupported(f"preprocessor_config.size {pre['size']} is not the vision encoder's image_size "
                           f"{list(spec.image_size)}")

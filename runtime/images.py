@@ -41,16 +41,22 @@ IGNORED = {"image_processor_type", "processor_class", "auto_map", "default_to_sq
            "input_data_format", "device", "return_tensors", "disable_grouping", "image_seq_length",
            "do_center_crop", "crop_size", "do_pad", "pad_size"}
 FLAGS = ("crop_to_patches", "do_rescale", "do_normalize", "do_resize", "do_convert_rgb")
+# What an image may be: the common raster formats only (Pillow would also open EPS through Ghostscript,
+# and others no client needs), and at most this many pixels, checked before it is decoded (a 16 MB
+# request can hold a PNG of a billion pixels)
+FORMATS = ("PNG", "JPEG", "WEBP", "GIF", "BMP", "TIFF")
+MAX_PIXELS = 64 * 2**20
 
 
-def load_image(source: str | bytes | os.PathLike) -> Image:
-    """A file path, encoded bytes or a `data:image/...;base64,` URL -> a loaded RGB image."""
-    from PIL import Image, ImageOps
+def load_image(source: str | bytes | os.PathLike, name: str | None = None) -> Image:
+    """A file path, encoded bytes or a `data:image/...;base64,` URL -> a loaded RGB image. `name`:
+    what an error calls bytes (the file they were read from)."""
+    from PIL import Image, ImageOps, UnidentifiedImageError
 
     if isinstance(source, bytes):
-        name, data = f"<{len(source)} bytes>", source
+        name, data = name or f"<{len(source)} bytes>", source
     elif isinstance(source, str) and source.startswith("data:"):
-        name, data = f"{source[:40]}...", _data_url(source)
+        name, data = f"{source[:40]}...", data_url(source)
     else:
         name = data = os.fspath(source)
         if not os.path.exists(data):
@@ -58,15 +64,24 @@ def load_image(source: str | bytes | os.PathLike) -> Image:
         if os.path.isdir(data):
             raise ValueError(f"image {name!r}: is a directory")
     try:
-        with Image.open(io.BytesIO(data) if isinstance(data, bytes) else data) as image:
+        with Image.open(io.BytesIO(data) if isinstance(data, bytes) else data, formats=FORMATS) as image:
+            if image.width * image.height > MAX_PIXELS:
+                raise ValueError(f"image {name!r}: {image.width} x {image.height} pixels, more than the "
+                                 f"{MAX_PIXELS:,} an image may have")
             image.load()
             # transformers' load_image turns a path upright by its EXIF orientation; so do we
             return to_rgb(ImageOps.exif_transpose(image))
-    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as e:
+    except ValueError as e:
+        if str(e).startswith(f"image {name!r}"):
+            raise
         raise ValueError(f"image {name!r}: not an image Pillow can read ({e})") from None
+    except UnidentifiedImageError:
+        raise ValueError(f"image {name!r}: not an image Pillow can read (none of {', '.join(FORMATS)})") from None
+    except Exception as e:  # noqa: BLE001 - Pillow's decoders raise many kinds (OSError, SyntaxError, ...)
+        raise ValueError(f"image {name!r}: not an image Pillow can read ({type(e).__name__}: {e})") from None
 
 
-def _data_url(url: str) -> bytes:
+def data_url(url: str) -> bytes:
     head, comma, payload = url.partition(",")
     if not comma or not head.endswith(";base64"):
         raise ValueError(f"image data URL {url[:40]!r}: must be data:<type>;base64,<data>")

@@ -417,8 +417,17 @@ def check_vision(m: Manifest) -> str:
     if not whole(v["tokens_per_tile"]) or v["hidden_size"] != m.model.hidden_size:
         return (f"vision.tokens_per_tile must be an integer >= 1 and vision.hidden_size model.hidden_size "
                 f"({m.model.hidden_size}), got {v['tokens_per_tile']!r} and {v['hidden_size']!r}")
-    if not isinstance(v["preprocess"], dict) or not isinstance(v["image_token"], str):
-        return "vision.preprocess must be an object and vision.image_token a string"
+    if not isinstance(v["image_token"], str):
+        return f"vision.image_token must be a string, got {v['image_token']!r}"
+    if m.backend != "onnxruntime":  # (no plan step builds vision.onnx yet)
+        return f"a vision section is for ONNX Runtime engines, got backend {m.backend!r}"
+    pre = v["preprocess"]
+    keys = ("size", "crop_to_patches", "min_patches", "max_patches", "resample", "rescale_factor", "image_mean",
+            "image_std")
+    if not isinstance(pre, dict) or set(pre) != set(keys) or pre["size"] != v["image_size"] \
+            or not all(whole(pre[k]) for k in ("min_patches", "max_patches")):
+        return (f"vision.preprocess must hold {', '.join(keys)} (its size vision.image_size, its patch counts "
+                f"integers >= 1), got {pre!r:.200}")
     return ""
 
 

@@ -5,32 +5,51 @@ The chat template writes one image token (InternVL's `<IMG_CONTEXT>`) where each
 transformers' InternVLProcessor does, each becomes `<img>`, tiles x tokens_per_tile image tokens and
 `</img>`. The prompt's ids then hold the image tokens, and PromptImages their embeddings, which a
 prefill step feeds the graph (image_embeds at image_index) in place of the token table's.
+
+An image is read and checked when its request is prepared (a bad one fails that request alone),
+and kept as its file's bytes; it is encoded when its row's prefill first reaches it, and the
+embeddings are let go once the prefill is past them: a run of many requests holds the embeddings of
+the rows being prefilled only.
 """
 from __future__ import annotations
 
 import hashlib
 import os
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from trtllm.runtime import images
 
+TILES_A_RUN = 4  # tiles the vision graph encodes at once: its attention's memory grows with them
 
-@dataclass(frozen=True)
+
 class PromptImages:
-    positions: np.ndarray  # int64 [N]: the prompt positions of the image tokens, ascending
-    embeds: np.ndarray     # f32 [N, hidden]: what the graph takes there
-    digest: str            # of the images' pixels: saved KV of a prompt with images is keyed by it too
-    count: int             # images
+    """A prompt's images: where their tokens are, and (encoded when first asked for) their embeddings."""
 
-    def window(self, row: int, start: int, end: int) -> tuple[np.ndarray, np.ndarray]:
-        """The image tokens among prompt positions [start, end): their (row, position - start) and embeddings."""
+    def __init__(self, positions: np.ndarray, sources: list[bytes], digest: str, encode):
+        self.positions = positions  # int64 [N]: the prompt positions of the image tokens, ascending
+        self.sources = sources      # each image's bytes, in prompt order
+        self.digest = digest        # of those bytes: KV of a prompt with images is keyed by it too
+        self.count = len(sources)
+        self._encode = encode       # bytes -> [tiles * tokens_per_tile, hidden] (None: counted only)
+        self.embeds: np.ndarray | None = None
+
+    def window(self, row: int, start: int, end: int) -> tuple[np.ndarray, np.ndarray] | None:
+        """The image tokens among prompt positions [start, end): their (row, position - start) and
+        embeddings, or None where there are none. The embeddings are made at the first window with
+        some, and go once `end` is past the last image token (the prefill is done with them)."""
         lo, hi = np.searchsorted(self.positions, [start, end])
+        if hi == lo:
+            return None
+        if self.embeds is None:
+            self.embeds = np.concatenate([self._encode(source) for source in self.sources])
+        embeds = self.embeds[lo:hi]
+        if end > self.positions[-1]:
+            self.embeds = None
         at = self.positions[lo:hi] - start
-        return np.stack([np.full_like(at, row), at], axis=1), self.embeds[lo:hi]
+        return np.stack([np.full_like(at, row), at], axis=1), embeds
 
 
 class MediaError(ValueError):
@@ -45,8 +64,9 @@ class ImageEncoder:
         self.dir, self.section, self.timing, self.threads = Path(engine_dir), manifest.vision, timing, num_threads
         self.session = None
 
-    def encode(self, pixels: np.ndarray) -> np.ndarray:
-        """[tiles, 3, H, W] -> [tiles * tokens_per_tile, hidden]."""
+    def __call__(self, source: bytes) -> np.ndarray:
+        """An image's bytes -> its embeddings [tiles * tokens_per_tile, hidden]."""
+        pixels = images.pixel_values(images.load_image(source), self.section["preprocess"])
         if self.session is None:
             import onnxruntime as ort
 
@@ -56,7 +76,8 @@ class ImageEncoder:
             self.session = ort.InferenceSession(str(self.dir / self.section["graph"]), opts,
                                                 providers=["CPUExecutionProvider"])
         began = time.perf_counter()
-        out = self.session.run(None, {"pixel_values": pixels})[0]
+        out = np.concatenate([self.session.run(None, {"pixel_values": pixels[i:i + TILES_A_RUN]})[0]
+                              for i in range(0, len(pixels), TILES_A_RUN)])
         if self.timing is not None:
             self.timing().record("vision_encoder", time.perf_counter() - began)
         return out
@@ -74,11 +95,31 @@ def image_items(req, index: int) -> list[tuple[str, object]]:
     return out
 
 
-def place(ids: list[int], req, index: int, section: dict, encoder: ImageEncoder | None,
-          media_dir: str | os.PathLike | None = ".") -> tuple[list[int], PromptImages | None]:
-    """The prompt's ids with each image token expanded, and its images' embeddings (encoder None: only
-    counted, as /tokenize wants). `media_dir`: where relative paths start; None: data: URLs only
-    (trtllm-serve). Raises MediaError naming the item or field at fault."""
+def read(value: str, where: str, media_dir: str | os.PathLike | None) -> tuple[bytes, int, int]:
+    """An image item's bytes, checked to be an image: (bytes, width, height)."""
+    if media_dir is None and not value.startswith("data:"):
+        raise MediaError(f"`{where}` must be a data: URL (data:image/png;base64,...): the server reads no file "
+                         "and fetches nothing")
+    try:
+        if value.startswith("data:"):
+            data, name = images.data_url(value), f"{value[:40]}..."
+        else:
+            path = os.path.join(media_dir, value)
+            if not os.path.isfile(path):
+                raise ValueError(f"image {value!r}: no such file" + (f" (read as {path})" if path != value else ""))
+            with open(path, "rb") as f:
+                data, name = f.read(), value
+        image = images.load_image(data, name)
+    except (ValueError, OSError) as e:
+        raise MediaError(f"`{where}`: {e}") from None
+    return data, image.width, image.height
+
+
+def place(ids: list[int], req, index: int, section: dict, encoder=None,
+          media_dir: str | os.PathLike | None = None) -> tuple[list[int], PromptImages | None]:
+    """The prompt's ids with each image token expanded, and its images (encoder None: counted only,
+    as /tokenize wants). `media_dir`: where relative paths start; None: data: URLs only (trtllm-serve).
+    Raises MediaError naming the item or field at fault."""
     items = image_items(req, index)
     context = section["image_token_id"]
     found = [i for i, t in enumerate(ids) if t == context]
@@ -86,33 +127,21 @@ def place(ids: list[int], req, index: int, section: dict, encoder: ImageEncoder 
         raise MediaError(f"`requests[{index}].messages`: {len(items)} image item(s), and the prompt the chat template "
                          f"wrote has {len(found)} {section['image_token']!r} token(s): the images need the engine's "
                          "chat template (apply_chat_template true), and the text must not write that token itself")
+    if not items:
+        return ids, None
     pre, per_tile = section["preprocess"], section["tokens_per_tile"]
-    out, positions, embeds, digest = [], [], [], hashlib.sha256()
-    last = 0
+    out, positions, sources, digest, last = [], [], [], hashlib.sha256(), 0
     for (where, item), at in zip(items, found):
         if item.do_resize is False:
             raise MediaError(f"`{where.rsplit('.', 1)[0]}.do_resize`: false is not possible on this engine "
                              "(InternVL's tiles are always resized)")
-        if media_dir is None and not item.value.startswith("data:"):
-            raise MediaError(f"`{where}` must be a data: URL (data:image/png;base64,...): the server reads no file "
-                             "and fetches nothing")
-        try:
-            source = item.value if item.value.startswith("data:") else os.path.join(media_dir, item.value)
-            image = images.load_image(source)
-            pixels = images.pixel_values(image, pre)
-        except (ValueError, OSError) as e:
-            raise MediaError(f"`{where}`: {e}") from None
-        digest.update(np.ascontiguousarray(pixels).tobytes())
+        data, width, height = read(item.value, where, media_dir)
+        digest.update(hashlib.sha256(data).digest())
+        sources.append(data)
+        tokens = images.tile_count(width, height, pre) * per_tile
         out += ids[last:at] + [section["start_token_id"]]
-        positions.append(np.arange(len(out), len(out) + len(pixels) * per_tile))
-        out += [context] * (len(pixels) * per_tile) + [section["end_token_id"]]
-        if encoder is not None:
-            embeds.append(encoder.encode(pixels))
+        positions.append(np.arange(len(out), len(out) + tokens))
+        out += [context] * tokens + [section["end_token_id"]]
         last = at + 1
     out += ids[last:]
-    if not items:
-        return out, None
-    hidden = section["hidden_size"]
-    return out, PromptImages(np.concatenate(positions).astype(np.int64),
-                             np.concatenate(embeds) if embeds else np.zeros((0, hidden), np.float32),
-                             digest.hexdigest(), len(items))
+    return out, PromptImages(np.concatenate(positions).astype(np.int64), sources, digest.hexdigest(), encoder)

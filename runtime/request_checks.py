@@ -97,8 +97,14 @@ def token_problem(p, req: fmt.Request, index: int, tokenizer, manifest) -> str |
     if len(p.prompt_ids) > limit:
         asked = (manifest.build_config or {}).get("max_input_len")
         # (a build asked for more and was lowered to the model's positions: a rebuild cannot raise it)
-        fix = " (the model's position limit: a rebuild cannot raise it); give" if isinstance(asked, int) \
-            and asked > limit else "; rebuild with a larger --max-input-len, or give"
+        lowered = isinstance(asked, int) and asked > limit
+        if p.images is not None:  # (truncating would cut an image: fewer tiles are the way)
+            more = " (the model's position limit)" if lowered else "; rebuild with a larger --max-input-len"
+            return (f"`{prompt}`: the prompt is {len(p.prompt_ids)} tokens, {len(p.images.positions)} of them its "
+                    f"images', more than the engine's max_input_len {limit}{more}, or give fewer or smaller images "
+                    "(or rebuild with a lower --max-image-tiles)")
+        fix = " (the model's position limit: a rebuild cannot raise it); give" if lowered \
+            else "; rebuild with a larger --max-input-len, or give"
         return (f"`{prompt}`: the prompt is {len(p.prompt_ids)} tokens, more than the engine's "
                 f"max_input_len {limit}{fix} truncate_prompt_tokens (-1 keeps its last max_input_len)")
     return None

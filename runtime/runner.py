@@ -94,7 +94,9 @@ class Runner:
         self.lookup = None  # --spec-ngram: runtime/ngram.py's Lookup; --spec-draft-engine: draft_model.py's DraftModel
         self._grammars = None  # guided decoding's, made when a request first asks for it
         self.cancelled = False  # a Ctrl-C ended the run: unfinished samples are "cancelled"
-        self.media_dir = "."  # where a request's relative image paths start (trtllm-run: the input file's directory)
+        # where a request's relative image paths start (trtllm-run: the input file's directory); None:
+        # images come as data: URLs only (trtllm-serve: a client's image is in its body)
+        self.media_dir = None
         self._images = None  # a vision-language engine's image encoder, made at its first image
 
     def grammars(self) -> Grammars:
@@ -227,7 +229,8 @@ class Runner:
 
     def image_encoder(self) -> media.ImageEncoder:
         if self._images is None:
-            self._images = media.ImageEncoder(self.engine.engine_dir, self.engine.manifest, lambda: self.timing)
+            self._images = media.ImageEncoder(self.engine.engine_dir, self.engine.manifest, lambda: self.timing,
+                                              getattr(self.engine, "num_threads", None))
         return self._images
 
     def tokenized(self, p: Prepared, index: int, ids: list[int], fp: FormattedPrompt, templated: bool,

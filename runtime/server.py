@@ -407,7 +407,6 @@ def build(engine_dir: Path, host: str, port: int, served: str | None, settings: 
         fail(f"--batch-size {batch_size}: the engine runs at most {limit} at once (its --max-batch-size)")
     adapters = AdapterSet.for_run(engine, checked.available_lora_weights, Path.cwd())
     runner = loading.runner(engine_dir, loaded, store_dir, max_bytes, context_reuse)
-    runner.media_dir = None  # (a client's image comes in its body, as a data: URL: the server opens no file for it)
     service = Service(runner, adapters, batch_size or limit)
     try:
         httpd = Server((host, port), Handler)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from trtllm.runtime.rows import RowState
-from trtllm.runtime.step_inputs import MIN_COMPUTED, adapter_key
+from trtllm.runtime.step_inputs import MIN_COMPUTED, prompt_key
 
 
 def draft_key(row: RowState) -> str:
@@ -38,7 +38,7 @@ class SpecContext:
         limit = len(row.prompt_ids) - MIN_COMPUTED
         if self.contexts is None or not row.context_lookup or limit <= row.num_reused + 1:
             return
-        kv = self.contexts.lookup(row.prompt_ids, adapter_key(row), limit, self.kv.layout)
+        kv = self.contexts.lookup(row.prompt_ids, prompt_key(row), limit, self.kv.layout)
         if kv is None:
             return
         head = self.contexts.lookup(row.prompt_ids[:kv.shape[2]], draft_key(row), kv.shape[2],

@@ -18,11 +18,16 @@ GENERATION_HEADROOM = 256
 
 
 def adapter_key(owner) -> str | None:
-    """Its LoRA adapter's digest in the saved KV's keys (a row's, a beam search's: its `adapter`), and
-    its images' (a prompt's image tokens are one id whatever the image: their KV is the pixels')."""
-    key = None if owner.adapter is None else owner.adapter.digest
-    images = getattr(owner, "images", None)
-    return key if images is None else f"{key or ''}+images:{images.digest}"
+    """Its LoRA adapter's digest in the saved KV's keys (a row's, a beam search's: its `adapter`):
+    what a saved system prompt is keyed by (it never holds an image: media.py)."""
+    return None if owner.adapter is None else owner.adapter.digest
+
+
+def prompt_key(row: RowState) -> str | None:
+    """adapter_key, and its images' digest: what KV of its whole prompt (context reuse, rows sharing a
+    prompt) is keyed by. An image's tokens are one id whatever the image: their KV is the pixels'."""
+    key = adapter_key(row)
+    return key if row.images is None else f"{key or ''}+images:{row.images.digest}"
 
 
 def kv_need(row: RowState) -> int:
@@ -137,8 +142,8 @@ def prefill_inputs(rows: list[RowState], pad_id: int, batch: sampling.SamplingBa
     for b, t in enumerate(rests):
         ids[b, : len(t)] = t
     positions = np.array(starts, np.int64)[:, None] + np.arange(width, dtype=np.int64)[None, :]
-    windows = [r.images.window(b, r.computed, r.computed + len(t)) for b, (r, t) in enumerate(zip(rows, rests))
-               if r.images is not None]
+    windows = [w for b, (r, t) in enumerate(zip(rows, rests))
+               if r.images is not None and (w := r.images.window(b, r.computed, r.computed + len(t))) is not None]
     return StepInputs(input_ids=ids, position_ids=positions, write_index=np.array(starts, np.int64), prompt=True,
                       last_index=np.array([len(t) - 1 for t in rests], np.int64), sampling=batch,
                       **({"image_index": np.concatenate([w[0] for w in windows]),

@@ -134,6 +134,7 @@ class OnnxRuntimeEngine:
                  huge_pages: bool = True, spin: bool = True, shared_threads: bool = False):
         """`shared_threads`: run on the process's shared pool of workers (session_options)."""
         self.manifest, self.engine_dir = manifest, Path(engine_dir)
+        self.num_threads = num_threads  # (a vision-language engine's image encoder takes as many: runtime/media.py)
         path = Path(engine_dir) / manifest.files.get(graph, manifest.files.get("onnx", "llm.onnx"))
         if graph != "compiled" and manifest.model.kv_dtype == "int8":
             raise ManifestError(f"{engine_dir} keeps an int8 KV cache, which only its compiled form reads (our "

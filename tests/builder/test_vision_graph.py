@@ -80,3 +80,15 @@ def test_build_refuses_what_vision_engines_lack(tmp_path, options, named):
         build(BuildConfig(model=str(ckpt), output=str(tmp_path / "engine"), max_batch_size=1, max_input_len=64,
                           max_kv_cache_capacity=128, **options), log=lambda m: None)
     assert not (tmp_path / "engine").exists()
+
+
+def test_a_hub_id_loads_as_a_vision_language_model(tmp_path, monkeypatch):
+    """A hub ID's checkpoint is split as a directory's is (the files here come from a local one)."""
+    from trtllm.builder import checkpoint as ckpt
+
+    local, real = make_vlm_checkpoint(tmp_path), ckpt.load_model
+    monkeypatch.setattr(ckpt, "load_model", lambda source, model_arg: real(local, model_arg))
+    ck = ckpt.load("example/InternVL-tiny-hf")
+    assert ck.source["kind"] == "hub" and type(ck.vision).__name__ == "InternVLForConditionalGeneration"
+    assert type(ck.model).__name__ == "Qwen2ForCausalLM"
+    assert ck.model.model is ck.vision.model.language_model  # (the same modules: nothing copied)

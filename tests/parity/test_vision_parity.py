@@ -15,7 +15,9 @@ from tests.tiny_vlm import make_vlm_checkpoint
 from trtllm.runtime import images
 
 NEW_TOKENS = 12
-SIZES = {"wide.png": (200, 90), "square.png": (60, 60), "tall.png": (70, 150)}  # (width, height)
+# (width, height); square2 is square's size with other pixels: the same token ids, another image
+SIZES = {"wide.png": (200, 90), "square.png": (60, 60), "tall.png": (70, 150), "wider.png": (300, 80),
+         "square2.png": (60, 60)}
 
 
 @pytest.fixture(scope="module")
@@ -41,14 +43,16 @@ def vlm(tmp_path_factory):
     return ckpt, engine, images, model, transformers.AutoTokenizer.from_pretrained(ckpt)
 
 
-def reference(vlm, content: list, crop_to_patches: bool = True) -> tuple[list[int], np.ndarray]:
-    """transformers' greedy tokens and first-step log-probabilities for one user turn."""
+def reference(vlm, content: list, crop_to_patches: bool = True, system: dict | None = None,
+              **processor_options) -> tuple[list[int], np.ndarray]:
+    """transformers' greedy tokens and first-step log-probabilities for one user turn (after `system`)."""
     import torch
     from PIL import Image
     from transformers.models.got_ocr2.image_processing_pil_got_ocr2 import GotOcr2ImageProcessorPil
 
     ckpt, _, images, model, tok = vlm
-    messages = [{"role": "user", "content": [{"type": "image"} if "image" in c else c for c in content]}]
+    messages = [system] * (system is not None) + [
+        {"role": "user", "content": [{"type": "image"} if "image" in c else c for c in content]}]
     text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     files = [c["image"] for c in content if "image" in c]
     kwargs = {}
@@ -56,7 +60,7 @@ def reference(vlm, content: list, crop_to_patches: bool = True) -> tuple[list[in
         config = json.loads((ckpt / "preprocessor_config.json").read_text())
         processor = GotOcr2ImageProcessorPil(**{k: v for k, v in config.items() if k != "image_processor_type"})
         pictures = [Image.open(images / f).convert("RGB") for f in files]
-        feats = processor(pictures, crop_to_patches=crop_to_patches, return_tensors="pt")
+        feats = processor(pictures, crop_to_patches=crop_to_patches, return_tensors="pt", **processor_options)
         parts = text.split("<IMG_CONTEXT>")  # InternVLProcessor.replace_image_token, image by image
         text = parts[0] + "".join(f"<img>{'<IMG_CONTEXT>' * 4 * n}</img>{rest}"
                                   for n, rest in zip(feats["num_patches"].tolist(), parts[1:]))
@@ -112,24 +116,68 @@ def test_a_wrong_reference_is_told_apart(vlm, run_cli):
     assert out["responses"][0]["output_ids"] != tokens
 
 
-def test_saved_kv_is_the_images_own(vlm, run_cli, tmp_path):
-    """With --context-reuse, a prompt with another image never takes the first one's KV (the image
-    tokens are one id whatever the image); the same image again does, and gives the same tokens."""
-    other = [{"type": "image", "image": "tall.png"}, {"type": "text", "text": "What is in this picture?"}]
-    contents = [CASES[3], other, CASES[3]]
+def asking(image: str, text: str = "What is in this picture?") -> list:
+    return [{"type": "image", "image": image}, {"type": "text", "text": text}]
+
+
+def test_kv_is_never_shared_across_images(vlm, run_cli, tmp_path):
+    """Two images of one size give the same token ids: rows of one batch sharing a prompt (n samples,
+    a common prompt) and --context-reuse must tell them apart by their pixels; the same image again
+    reuses its KV, with the same tokens."""
+    one, other = reference(vlm, asking("square.png"))[0], reference(vlm, asking("square2.png"))[0]
+    assert one != other  # (else sharing one's KV with the other would go unseen)
+    result, out = run(vlm, run_cli, [asking("square.png"), asking("square2.png"), asking("square.png")])
+    assert result.exit_code == 0, result.output  # one batch: the third copies the first's KV
+    assert [r["output_ids"] for r in out["responses"]] == [one, other, one]
     profile = tmp_path / "profile.json"
-    result, out = run(vlm, run_cli, contents, "--context-reuse", "--profile", str(profile), batch_size=1)
+    result, out = run(vlm, run_cli, [asking("square.png"), asking("square2.png"), asking("square.png")],
+                      "--context-reuse", "--profile", str(profile), batch_size=1)
     assert result.exit_code == 0, result.output
-    for content, response in zip(contents, out["responses"]):
-        assert response["output_ids"] == reference(vlm, content)[0]
+    assert [r["output_ids"] for r in out["responses"]] == [one, other, one]
     prof = json.loads(profile.read_text())
     assert prof["prefill"]["reused_tokens"] > 0  # the third took the first's
-    assert prof["multimodal"]["total_images"] == 3
-    pre = json.loads((vlm[1] / "manifest.json").read_text())["vision"]["preprocess"]
-    tiles = [images.tile_count(*SIZES[c[0]["image"]], pre) for c in contents]
-    assert tiles == [1, 3, 1]  # (70 x 150: a 1 x 2 grid and the thumbnail)
-    assert prof["multimodal"]["total_image_tokens"] == 4 * sum(tiles)
+    assert prof["multimodal"]["total_images"] == 3 and prof["multimodal"]["total_image_tokens"] == 3 * 4
     assert "vision_encoder" in [s["stage_id"] for s in prof["stages"]]
+    result, out = run(vlm, run_cli, [asking("square2.png")], n=2)  # two samples: one prompt, its KV copied
+    assert [c["output_ids"] for c in out["responses"]] == [other, other]
+
+
+def test_a_saved_system_prompt_serves_every_image(vlm, run_cli, tmp_path):
+    """A system prompt's saved KV holds no image: a request with another image reuses it."""
+    system = {"role": "system", "content": "You are a careful describer of pictures, brief and exact."}
+    store = tmp_path / "kv"
+    for image in ("square.png", "square2.png"):
+        _, engine, images_dir, model, tok = vlm
+        profile = tmp_path / f"{image}.json"
+        result, out = run_cli(engine, {"temperature": 0.0, "ignore_eos": True, "max_generate_length": NEW_TOKENS,
+                                       "requests": [{"save_system_prompt_kv_cache": True, "messages": [
+                                           system, {"role": "user", "content": [
+                                               {"type": "image", "image": str(images_dir / image)},
+                                               {"type": "text", "text": "What is in this picture?"}]}]}]},
+                              "--kv-cache-dir", str(store), "--profile", str(profile))
+        assert result.exit_code == 0, result.output
+        assert out["responses"][0]["output_ids"] == reference(vlm, asking(image), system=system)[0]
+    assert json.loads(profile.read_text())["prefill"]["reused_tokens"] > 0  # (the second image's run)
+
+
+def test_prompt_lookup_and_chunked_prefill_keep_the_images(vlm, run_cli, tmp_path):
+    """--spec-ngram's verify steps, and a prompt prefilled in chunks of 16 while another row decodes
+    (its image's 20 tokens, from position 4, cut across chunks), give transformers' tokens."""
+    want = reference(vlm, asking("wider.png"))[0]
+    result, out = run(vlm, run_cli, [asking("wider.png")], "--spec-ngram", "3")
+    assert result.exit_code == 0, result.output
+    assert out["responses"][0]["output_ids"] == want
+    _, engine, images_dir, _, _ = vlm
+    profile = tmp_path / "profile.json"
+    result, out = run_cli(engine, {"temperature": 0.0, "ignore_eos": True, "max_generate_length": NEW_TOKENS,
+                                   "batch_size": 2, "requests": [  # (the second ends first: the third takes its slot)
+                                       {"messages": [{"role": "user", "content": "The quick brown fox"}]},
+                                       {"messages": [{"role": "user", "content": "Paris"}], "max_generate_length": 2},
+                                       {"messages": [{"role": "user", "content": asking(str(images_dir / "wider.png"))}]}]},
+                          "--prefill-chunk", "16", "--profile", str(profile))
+    assert result.exit_code == 0, result.output
+    assert out["responses"][2]["output_ids"] == want
+    assert json.loads(profile.read_text())["prefill"]["total_runs"] >= 3  # (one step, then the third's chunks)
 
 
 def test_bad_images_fail_their_request_alone(vlm, run_cli, tmp_path):
@@ -163,11 +211,14 @@ def test_truncation_and_token_ids_cannot_cut_or_fake_images(vlm, run_cli):
         {"messages": [{"role": "user", "content": [{"type": "image", "image": str(images / "wide.png")},
                                                    {"type": "text", "text": "hi"}]}], "truncate_prompt_tokens": 6},
         {"prompt_token_ids": [1, context, 2]},
+        {"messages": [{"role": "user", "content": [{"type": "image", "image": str(images / "wider.png")}] * 12}]},
     ]}
     result, out = run_cli(engine, payload)
     errors = [r.get("error") for r in out["responses"]]
     assert "requests[0].truncate_prompt_tokens" in errors[0] and "images" in errors[0]
     assert "requests[1].prompt_token_ids[1]" in errors[1] and "image token" in errors[1]
+    assert "240 of them its images'" in errors[2] and "max_input_len 256" in errors[2]  # (12 x 5 tiles x 4)
+    assert "--max-image-tiles" in errors[2] and "truncate_prompt_tokens" not in errors[2]
 
 
 def test_text_engine_refuses_images(tiny_engine, run_cli):
@@ -233,3 +284,50 @@ def test_profile_after_a_warm_up_counts_the_run_alone(vlm, run_cli, tmp_path):
     prof = json.loads(profile.read_text())
     runs = {s["stage_id"]: s["total_runs"] for s in prof["stages"]}
     assert runs["vision_encoder"] == prof["multimodal"]["total_runs"] == prof["multimodal"]["total_images"] == 1
+
+
+def test_max_image_tiles_is_the_processors_max_patches(vlm, run_cli, tmp_path):
+    """--max-image-tiles 2: what transformers gives with max_patches=2 (the wider image: 2 tiles and the
+    thumbnail, where 4 allow a 4 x 1 grid)."""
+    from click.testing import CliRunner
+
+    from trtllm.builder.cli import main as build_main
+
+    ckpt, _, images_dir, _, _ = vlm
+    engine = tmp_path / "engine"
+    result = CliRunner().invoke(build_main, ["--model", str(ckpt), "--output", str(engine), "--max-batch-size", "1",
+                                             "--max-input-len", "128", "--max-kv-cache-capacity", "256",
+                                             "--max-image-tiles", "2"])
+    assert result.exit_code == 0, result.output
+    pre = json.loads((engine / "manifest.json").read_text())["vision"]["preprocess"]
+    assert pre["max_patches"] == 2
+    assert images.tile_count(*SIZES["wider.png"], pre) == 3
+    assert images.tile_count(*SIZES["wider.png"], {**pre, "max_patches": 4}) == 5
+    content = [{"type": "image", "image": "wider.png"}, {"type": "text", "text": "What is in this picture?"}]
+    result, out = run_cli(engine, {"temperature": 0.0, "ignore_eos": True, "max_generate_length": NEW_TOKENS,
+                                   "requests": [{"messages": [{"role": "user", "content": [
+                                       {"type": "image", "image": str(images_dir / "wider.png")},
+                                       {"type": "text", "text": "What is in this picture?"}]}]}]})
+    assert result.exit_code == 0, result.output
+    assert out["responses"][0]["output_ids"] == reference(vlm, content, max_patches=2)[0]
+    assert out["responses"][0]["output_ids"] != reference(vlm, content)[0]
+
+
+@pytest.mark.parametrize("damage, named", [
+    (lambda v: v.update(image_token_id=10**6), "vision.image_token_id"),
+    (lambda v: v.update(hidden_size=7), "vision.hidden_size"),
+    (lambda v: v["preprocess"].pop("image_std"), "vision.preprocess"),
+    (lambda v: v.pop("tokens_per_tile"), "vision lacks tokens_per_tile"),
+])
+def test_a_damaged_vision_section_is_refused_by_name(vlm, tmp_path, damage, named):
+    import shutil
+
+    from trtllm.runtime.manifest import ManifestError, load
+
+    engine = tmp_path / "engine"
+    shutil.copytree(vlm[1], engine)
+    manifest = json.loads((engine / "manifest.json").read_text())
+    damage(manifest["vision"])
+    (engine / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ManifestError, match=named):
+        load(engine)

@@ -168,6 +168,10 @@ def test_load_image_errors_name_the_source_and_why(tmp_path):
         load_image("data:image/png,abc")
     with pytest.raises(ValueError, match="bad base64"):
         load_image("data:image/png;base64,@@@")
+    ppm = io.BytesIO()  # a format Pillow reads, and a client never needs: not opened
+    IMAGES["small-100x80"].save(ppm, format="PPM")
+    with pytest.raises(ValueError, match=r"not an image Pillow can read \(none of PNG, JPEG"):
+        load_image(ppm.getvalue())
     for source in (str(missing), str(text), b"junk", truncated):  # one line each
         with pytest.raises(ValueError) as error:
             load_image(source)
@@ -208,3 +212,11 @@ def test_importing_the_module_loads_no_pil():
     code = "import sys, trtllm.runtime.images; print(sorted(m for m in sys.modules if m.startswith('PIL')))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_an_image_of_too_many_pixels_is_refused_before_it_is_decoded(monkeypatch):
+    from trtllm.runtime import images
+
+    monkeypatch.setattr(images, "MAX_PIXELS", 100 * 80 - 1)
+    with pytest.raises(ValueError, match="100 x 80 pixels, more than the 7,999"):
+        load_image(png_bytes(IMAGES["small-100x80"]))
