@@ -52,8 +52,9 @@ def check_output(config: BuildConfig, out_dir: Path) -> None:
 
 # What an engine directory of any build holds: its graphs and plans, the tokenizer files
 # transformers' save_pretrained writes (additional_chat_templates: a tokenizer's named templates),
-# the saved system-prompt KV (cache), adapters and the draft head.
+# the saved system-prompt KV (cache), adapters, the draft head and a vision-language model's image encoder.
 BUILT = re.compile(r"manifest\.json|verify\.json|verify_reference\.npz|checksums\.sha256|cache|lora|eagle|llm\..*|"
+                   r"vision\.onnx(\.data)?|"
                    r".*\.(jinja|model)|"
                    r"tokenizer.*|generation_config\.json|special_tokens_map\.json|added_tokens\.json|vocab\..*|"
                    r"merges\.txt|chat_template\.json|additional_chat_templates")
@@ -146,7 +147,7 @@ def binary_sizes(engine_dir: Path) -> dict[str, int]:
     is refused by name. Text files (a chat template, generation_config.json) are left out: a user
     may edit those."""
     return {p.relative_to(engine_dir).as_posix(): p.stat().st_size for p in engine_files(engine_dir)
-            if p.name.startswith("llm.") or (p.relative_to(engine_dir).parts[0] in ("lora", "eagle")
+            if p.name.startswith(("llm.", "vision.")) or (p.relative_to(engine_dir).parts[0] in ("lora", "eagle")
                                              and p.suffix != ".json")}
 
 

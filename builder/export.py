@@ -229,7 +229,7 @@ def refuse_for_vision(config: BuildConfig, backend: str) -> None:
     """What a vision-language model's engine does not do yet, named before anything is written."""
     for refused, what in ((backend == "tensorrt", f"--backend {config.backend} (TensorRT: the vision graph's plan is "
                            "not built yet; use --backend onnxruntime)"),
-                          (config.eagle, "--eagle"), (config.max_lora_rank or config.lora, "LoRA (--max-lora-rank, --lora)")):
+                          (config.eagle, "--eagle")):
         if refused:
             raise ConfigError(f"--model {config.model!r} is a vision-language model, and its engines do not take "
                               f"{what} yet")
@@ -458,7 +458,8 @@ def make_manifest(ck, config: BuildConfig, backend: str, spec, max_top_k: int, n
         build_config=config.to_json(), source=ck.source, versions=versions(), build_id=uuid.uuid4().hex,
         lowerings=tuple(lowerings),
         lora=({"sites": lora_sites(spec, lora_on_experts(spec, bool({"MoE", "QMoE"} & set(lowerings)))), "adapters": {},
-               **({"interleaved_rope": spec.rotary_dim or spec.head_dim} if spec.interleaved_rope else {})}
+               **({"interleaved_rope": spec.rotary_dim or spec.head_dim} if spec.interleaved_rope else {}),
+               **({"prefix": vision.LANGUAGE_PREFIX} if spec.image_embeds else {})}
               if config.max_lora_rank else {}),
         eagle=eagle_section or {},
         vision=vision_section or {},

@@ -77,12 +77,18 @@ def expert_parameter(layer, module: str, width: int):
     return weight, rows
 
 
-def peft_merged_model(model, adapter_dir):
+def peft_merged_model(ck, adapter_dir):
     """A copy of the transformers model with the adapter merged by PEFT itself: a reference that
-    does not share our reading of the adapter's config (scales, rank and alpha patterns, rsLoRA)."""
+    does not share our reading of the adapter's config (scales, rank and alpha patterns, rsLoRA).
+    A vision-language model's adapter names its modules in the whole model: merged there, and its
+    language model taken."""
     import peft
 
-    return peft.PeftModel.from_pretrained(copy.deepcopy(model), str(adapter_dir)).merge_and_unload().eval()
+    from trtllm.builder import vision
+
+    merged = peft.PeftModel.from_pretrained(copy.deepcopy(ck.vision if ck.vision is not None else ck.model),
+                                            str(adapter_dir)).merge_and_unload().eval()
+    return merged if ck.vision is None else vision.language_model(merged)
 
 
 def verify_adapter(engine, engine_dir, name: str, ck, ids: list[int], num_decode: int, text: list[int],
@@ -95,7 +101,7 @@ def verify_adapter(engine, engine_dir, name: str, ck, ids: list[int], num_decode
     path = Path(engine_dir) / engine.manifest.lora["adapters"][name]
     adapter = lora.load_adapter(name, path, engine.manifest)
     try:
-        model, reference = peft_merged_model(ck.model, path if path.is_dir() else path.parent), "peft"
+        model, reference = peft_merged_model(ck, path if path.is_dir() else path.parent), "peft"
     except ImportError:
         model, reference = merged_model(ck.model, adapter, engine.manifest), "the engine's reading of the adapter"
     generated, got = engine_logits(engine, ids, num_decode, lora=adapter.arrays)

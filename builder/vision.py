@@ -25,6 +25,7 @@ from trtllm.builder.graph import GraphWriter
 PIXELS, EMBEDS = "pixel_values", "image_embeds"
 VISION_NAME = "vision.onnx"
 MODEL_TYPES = ("internvl",)  # config.model_type of the vision-language models built
+LANGUAGE_PREFIX = "model.language_model"  # where their decoder layers are (PEFT adapters name them so)
 F32 = onnx.TensorProto.FLOAT
 ACTIVATIONS = {"gelu": "none", "gelu_pytorch_tanh": "tanh", "gelu_new": "tanh"}  # Gelu's `approximate`
 

@@ -91,7 +91,8 @@ def closed() -> None:
 def main(engine_dir: Path, system: str | None, pairs: tuple[str, ...], kv_cache_dir: Path | None,
          kv_cache_size: str, threads: int | None, spec_ngram: int, spec_draft_engine: Path | None,
          spec_draft_step: int | str) -> None:
-    """Chat with the engine in --engine, one line a turn (/reset starts over, /exit ends)."""
+    """Chat with the engine in --engine, one line a turn (/reset starts over, /exit ends; on a
+    vision-language engine, /image PATH gives the next turn an image)."""
     try:
         chat(engine_dir, system, settings_of(pairs), kv_cache_dir, kv_cache_size, threads,
              {"ngram": spec_ngram, "draft_dir": spec_draft_engine, "draft_step": spec_draft_step})
@@ -122,12 +123,14 @@ def chat(engine_dir: Path, system: str | None, settings: dict, kv_cache_dir: Pat
     adapters = AdapterSet.for_run(engine, checked.available_lora_weights, Path.cwd())  # (loaded once, not per turn)
     with tempfile.TemporaryDirectory(prefix="trtllm-chat-") as scratch:
         runner = loading.runner(engine_dir, loaded, kv_cache_dir or Path(scratch), max_bytes)
+        runner.media_dir = Path.cwd()  # (/image's paths: the user's own files, as they name them)
         converse(runner, first, settings, bundled, adapters)
 
 
 def converse(runner, first: list[dict], settings: dict, bundled, adapters) -> None:
     """The turns, until /exit, the end of the input or a Ctrl-C at the prompt."""
     history: list[dict] = []
+    images: list[str] = []  # /image's, for the next turn
     prompt = "> " if sys.stdin is not None and sys.stdin.isatty() else ""
     if prompt:
         import readline  # noqa: F401 - input() then edits the line and keeps a history of them
@@ -140,12 +143,24 @@ def converse(runner, first: list[dict], settings: dict, bundled, adapters) -> No
         if line == "/exit":
             break
         if line == "/reset":
-            history = []
+            history, images = [], []
             stdout.say("(the conversation starts over)")
+            continue
+        if line.split(maxsplit=1)[:1] == ["/image"]:
+            path = line[len("/image"):].strip()
+            if not runner.engine.manifest.vision:
+                stdout.say("error: /image needs a vision-language engine; this one is text-only")
+            elif not path:
+                stdout.say("error: /image PATH: the image file the next message is about")
+            else:
+                images.append(path)
+                stdout.say(f"(the next message comes with {path})")
             continue
         if not line:
             continue
-        turn = {"role": "user", "content": line}
+        turn = {"role": "user", "content": [*({"type": "image", "image": p} for p in images),
+                                            {"type": "text", "text": line}] if images else line}
+        images = []  # (a turn that fails takes them with it: its error says why)
         room = MAX_MESSAGES - len(first) - 1
         if len(history) > room:  # a request holds at most MAX_MESSAGES: the oldest turns (pairs) go
             keep = room - room % 2

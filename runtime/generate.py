@@ -29,7 +29,7 @@ from trtllm.runtime.engine import Engine, StepInputs
 from trtllm.runtime.input_fields import MAX_NUM_LOGPROBS as MAX_LOGPROBS
 from trtllm.runtime.lora import StepAdapters
 from trtllm.runtime.rows import PrefixSource, RowState, Timing
-from trtllm.runtime.step_inputs import (GENERATION_HEADROOM, MIN_COMPUTED, adapter_key, by_width, prompt_key,
+from trtllm.runtime.step_inputs import (GENERATION_HEADROOM, MIN_COMPUTED, adapter_key, by_width, key_ids,
                                         capacity_for, chunk_end, decode_inputs, kv_need, prefill_inputs,
                                         restore_context_kv, restore_prefix_kv, rounded, runs, runs_to_length,
                                         write_position)
@@ -166,7 +166,7 @@ class Scheduler:
         for slot in admitted:
             row = self.active[slot]
             most = len(row.prompt_ids) - MIN_COMPUTED
-            keys = [((prompt_key(row), "prompt", tuple(row.prompt_ids)), most)]
+            keys = [((adapter_key(row), "prompt", tuple(key_ids(row))), most)]
             if row.prefix_ids and not row.num_reused:  # (restored from the store: its prefix is there already)
                 keys.append(((adapter_key(row), "prefix", row.prefix_ids), min(len(row.prefix_ids), most)))
             # (a scored prompt leads, never follows: runtime/prompt_scores.py). A row that restored part
@@ -198,7 +198,7 @@ class Scheduler:
         """--context-reuse: the longest prefix of the prompt that an earlier request's KV holds,
         where it is longer than a saved system prompt's; MIN_COMPUTED tokens are left to compute."""
         if row.context_lookup:
-            row.num_reused = restore_context_kv(self.contexts, self.kv, row.slot, row.prompt_ids, prompt_key(row),
+            row.num_reused = restore_context_kv(self.contexts, self.kv, row.slot, key_ids(row), adapter_key(row),
                                                 row.num_reused)
 
     def commit_context(self, slot: int, row: RowState) -> bool:
@@ -208,8 +208,8 @@ class Scheduler:
         if self.contexts is None or row.context_commit is None or row.finish_reason in ("error", "cancelled"):
             return False
         n = row.filled() if row.context_commit == "including_generated_tokens" else min(row.computed, row.filled())
-        tokens = tuple([*row.prompt_ids, *row.output_ids][:n])
-        self.contexts.commit(tokens, prompt_key(row), lambda length: self.kv.read(slot, length))
+        tokens = tuple([*key_ids(row), *row.output_ids][:n])
+        self.contexts.commit(tokens, adapter_key(row), lambda length: self.kv.read(slot, length))
         return True
 
     def step(self, start: int, stop: int, inputs: StepInputs, drawn: frozenset = frozenset(), want_logits=False):

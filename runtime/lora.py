@@ -40,6 +40,15 @@ PROCESSED_KEY = re.compile(r"model\.layers\.(\d+)\.([\w.]+?)\.lora_([AB])\.weigh
 # base_model.model.model.layers.3.self_attn.q_proj.lora_A.weight ([r, in]; lora_B is [out, r])
 PEFT_DEFAULTS = {"r": 8, "lora_alpha": 8}  # LoraConfig's, where adapter_config.json leaves them out
 KEY = re.compile(r"base_model\.model\.model\.layers\.(\d+)\.([\w.]+?)\.lora_([AB])\.weight")
+# A vision-language model's language model is under another name (lora.prefix: InternVL's
+# model.language_model); its vision encoder takes no adapter
+VISION_MODULES = re.compile(r"base_model\.model\.model\.(vision_tower|multi_modal_projector)\..*")
+
+
+def key_pattern(prefix: str) -> re.Pattern:
+    """KEY for a model whose decoder layers are `{prefix}.layers` (PEFT's names: base_model.model. first)."""
+    return KEY if prefix == "model" else re.compile(
+        rf"base_model\.model\.{re.escape(prefix)}\.layers\.(\d+)\.([\w.]+?)\.lora_([AB])\.weight")
 # A mixture of experts' routed experts and router (transformers' and PEFT's names): the experts
 # where the engine has their sites (runtime/lora_experts.py), the router never
 ROUTED = re.compile(r"(?:mlp|block_sparse_moe)\.(?:experts\b.*|gate|router\b.*|input_linear|output_linear)")
@@ -192,13 +201,13 @@ def read_config(path: Path, data: bytes | None = None) -> dict:
     return cfg
 
 
-def targeted(cfg: dict, layer: int, module: str) -> bool:
-    """Whether PEFT puts a LoRA on model.layers.{layer}.{module} (its check_target_module_exists):
+def targeted(cfg: dict, layer: int, module: str, prefix: str = "model") -> bool:
+    """Whether PEFT puts a LoRA on {prefix}.layers.{layer}.{module} (its check_target_module_exists):
     not if exclude_modules names it; target_modules a regular expression over the whole name,
     "all-linear", or names the module's name is or ends with; and then, for a name it ends with,
     the layer among layers_to_transform (none or [] is every layer; layers_pattern names the
     segment before the index). Without target_modules, the tensors say."""
-    name, targets = f"model.layers.{layer}.{module}", cfg.get("target_modules")
+    name, targets = f"{prefix}.layers.{layer}.{module}", cfg.get("target_modules")
     excluded = cfg.get("exclude_modules")
     if excluded and (re.fullmatch(excluded, name) if isinstance(excluded, str) else
                      name in excluded or any(name.endswith("." + e) for e in excluded)):
@@ -239,8 +248,8 @@ def pattern_value(patterns: dict, module: str, default):
     return default
 
 
-def module_scale(cfg: dict, layer: int, module: str, rank: int) -> float:
-    alpha = pattern_value(cfg.get("alpha_pattern"), f"model.layers.{layer}.{module}", cfg["lora_alpha"])
+def module_scale(cfg: dict, layer: int, module: str, rank: int, prefix: str = "model") -> float:
+    alpha = pattern_value(cfg.get("alpha_pattern"), f"{prefix}.layers.{layer}.{module}", cfg["lora_alpha"])
     return alpha / math.sqrt(rank) if cfg.get("use_rslora") else alpha / rank
 
 
@@ -283,8 +292,13 @@ def convert(name: str, path: str | Path, manifest: Manifest) -> Adapter:
     pairs: dict[tuple[int, str], dict[str, np.ndarray]] = {}
     processed = processed_config(config_path)
     experts = ExpertTensors(str(weights_path))
+    prefix = manifest.lora.get("prefix", "model")
     for key, value in tensors.items():
-        m = (PROCESSED_KEY if processed else KEY).fullmatch(key.replace(".default.", "."))
+        if VISION_MODULES.fullmatch(key):
+            raise AdapterError(f"{weights_path}: tensor {key} adapts the vision encoder, which takes no LoRA here "
+                               f"(an adapter may adapt the language model's {', '.join(known)}): train it with "
+                               "target_modules naming the language model's modules only")
+        m = (PROCESSED_KEY if processed else key_pattern(prefix)).fullmatch(key.replace(".default.", "."))
         routed = m is not None and m[2] not in known and ROUTED.fullmatch(m[2]) is not None
         if routed and on_experts and not processed and int(m[1]) in known[on_experts[0]] \
                 and experts.take(int(m[1]), m[2], m[3], value):
@@ -316,7 +330,7 @@ def convert(name: str, path: str | Path, manifest: Manifest) -> Adapter:
         if layer not in known[m[2]]:  # a mixture of experts' dense MLP or shared expert, on a layer without it
             raise AdapterError(f"{weights_path}: tensor {key} is for layer {layer}, which has no {m[2]} (the "
                                f"layers with one: {known[m[2]]})")
-        if not targeted(cfg, layer, m[2]):  # PEFT would leave it out; applying it would compute something else
+        if not targeted(cfg, layer, m[2], prefix):  # PEFT would leave it out; applying it would compute something else
             raise AdapterError(f"{weights_path}: tensor {key} is for a module that {config_path} does not target "
                                f"(target_modules {cfg.get('target_modules')!r}, layers_to_transform "
                                f"{cfg.get('layers_to_transform')!r}); PEFT would not load it: fix the config or "
@@ -345,13 +359,13 @@ def convert(name: str, path: str | Path, manifest: Manifest) -> Adapter:
             a, b = np.zeros((0, n_in)), np.zeros((n_out, 0))
         else:
             a, b = checked_pair(pair, f"{weights_path}: layer {layer} {mod}", n_in, n_out, max_rank)
-            declared = pattern_value(cfg.get("rank_pattern"), f"model.layers.{layer}.{mod}", cfg["r"])
+            declared = pattern_value(cfg.get("rank_pattern"), f"{prefix}.layers.{layer}.{mod}", cfg["r"])
             if a.shape[0] != declared:  # PEFT scales by the declared rank, and would not load this either
                 raise AdapterError(f"{weights_path}: layer {layer} {mod} has rank {a.shape[0]}, but {config_path} "
                                    f"says {declared} (r or rank_pattern)")
             top = max(top, a.shape[0])
             # (processed: B holds Edge-LLM's alpha / r already, what its engine computes with)
-            b = (1.0 if processed else module_scale(cfg, layer, mod, a.shape[0])) * b.astype(np.float32)
+            b = (1.0 if processed else module_scale(cfg, layer, mod, a.shape[0], prefix)) * b.astype(np.float32)
             rope = manifest.lora.get("interleaved_rope")  # its rotary_dim: q and k rows as the build ordered them
             if rope and mod in ("self_attn.q_proj", "self_attn.k_proj"):
                 b = b[rope_pair_order(n_out, manifest.model.head_dim, rope)]

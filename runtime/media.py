@@ -28,10 +28,12 @@ TILES_A_RUN = 4  # tiles the vision graph encodes at once: its attention's memor
 class PromptImages:
     """A prompt's images: where their tokens are, and (encoded when first asked for) their embeddings."""
 
-    def __init__(self, positions: np.ndarray, sources: list[bytes], digest: str, encode):
+    def __init__(self, positions: np.ndarray, sources: list[bytes], keyed: list[int], encode):
         self.positions = positions  # int64 [N]: the prompt positions of the image tokens, ascending
         self.sources = sources      # each image's bytes, in prompt order
-        self.digest = digest        # of those bytes: KV of a prompt with images is keyed by it too
+        # the prompt's ids, each image's tokens as an id of its own (negative: no token's), from its
+        # bytes' SHA-256: what KV of the prompt is keyed by (step_inputs.key_ids)
+        self.keyed = keyed
         self.count = len(sources)
         self._encode = encode       # bytes -> [tiles * tokens_per_tile, hidden] (None: counted only)
         self.embeds: np.ndarray | None = None
@@ -130,18 +132,20 @@ def place(ids: list[int], req, index: int, section: dict, encoder=None,
     if not items:
         return ids, None
     pre, per_tile = section["preprocess"], section["tokens_per_tile"]
-    out, positions, sources, digest, last = [], [], [], hashlib.sha256(), 0
+    out, positions, sources, keyed, last = [], [], [], [], 0
     for (where, item), at in zip(items, found):
         if item.do_resize is False:
             raise MediaError(f"`{where.rsplit('.', 1)[0]}.do_resize`: false is not possible on this engine "
                              "(InternVL's tiles are always resized)")
         data, width, height = read(item.value, where, media_dir)
-        digest.update(hashlib.sha256(data).digest())
         sources.append(data)
         tokens = images.tile_count(width, height, pre) * per_tile
+        own = -1 - int(hashlib.sha256(data).hexdigest()[:15], 16)  # (60 bits: below 0, within int64)
+        keyed += ids[last:at] + [section["start_token_id"]] + [own] * tokens + [section["end_token_id"]]
         out += ids[last:at] + [section["start_token_id"]]
         positions.append(np.arange(len(out), len(out) + tokens))
         out += [context] * tokens + [section["end_token_id"]]
         last = at + 1
     out += ids[last:]
-    return out, PromptImages(np.concatenate(positions).astype(np.int64), sources, digest.hexdigest(), encoder)
+    keyed += ids[last:]
+    return out, PromptImages(np.concatenate(positions).astype(np.int64), sources, keyed, encoder)

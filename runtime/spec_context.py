@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from trtllm.runtime.rows import RowState
-from trtllm.runtime.step_inputs import MIN_COMPUTED, prompt_key
+from trtllm.runtime.step_inputs import MIN_COMPUTED, adapter_key, key_ids
 
 
 def draft_key(row: RowState) -> str:
@@ -38,10 +38,10 @@ class SpecContext:
         limit = len(row.prompt_ids) - MIN_COMPUTED
         if self.contexts is None or not row.context_lookup or limit <= row.num_reused + 1:
             return
-        kv = self.contexts.lookup(row.prompt_ids, prompt_key(row), limit, self.kv.layout)
+        kv = self.contexts.lookup(key_ids(row), adapter_key(row), limit, self.kv.layout)
         if kv is None:
             return
-        head = self.contexts.lookup(row.prompt_ids[:kv.shape[2]], draft_key(row), kv.shape[2],
+        head = self.contexts.lookup(key_ids(row)[:kv.shape[2]], draft_key(row), kv.shape[2],
                                     lambda n: self.dkv.layout(n - 1), lag=1)
         n = 0 if head is None else min(kv.shape[2] - 1, head.shape[2])
         if n <= row.num_reused:
@@ -70,7 +70,7 @@ class SpecContext:
         kept = super().commit_context(slot, row)
         if kept and id(row) in self.drafted and len(row.output_ids) > 1:
             answer = id(row) in self.caught and row.context_commit == "including_generated_tokens"
-            tokens = (*row.prompt_ids, *row.output_ids) if answer else tuple(row.prompt_ids)
+            tokens = (*key_ids(row), *row.output_ids) if answer else tuple(key_ids(row))
             self.contexts.commit(tokens, draft_key(row), lambda n: self.dkv.read(slot, n - 1))
         self.drafted.discard(id(row))
         self.caught.discard(id(row))

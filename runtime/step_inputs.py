@@ -23,11 +23,11 @@ def adapter_key(owner) -> str | None:
     return None if owner.adapter is None else owner.adapter.digest
 
 
-def prompt_key(row: RowState) -> str | None:
-    """adapter_key, and its images' digest: what KV of its whole prompt (context reuse, rows sharing a
-    prompt) is keyed by. An image's tokens are one id whatever the image: their KV is the pixels'."""
-    key = adapter_key(row)
-    return key if row.images is None else f"{key or ''}+images:{row.images.digest}"
+def key_ids(row: RowState) -> list[int]:
+    """Its prompt's ids as KV of a prompt is keyed by them (context reuse, rows sharing a prompt):
+    an image's tokens are one id whatever the image, so there they are an id of the image's own
+    (runtime/media.py PromptImages.keyed): a prompt with another image shares its KV up to that image."""
+    return row.prompt_ids if row.images is None else row.images.keyed
 
 
 def kv_need(row: RowState) -> int:

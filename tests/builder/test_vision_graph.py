@@ -68,7 +68,7 @@ def test_a_wrong_pixel_shuffle_is_caught(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("options, named", [
-    ({"max_lora_rank": 8}, "LoRA"),
+    ({"eagle": "{tmp}"}, "--eagle"),
     ({"backend": "tensorrt", "plan_later": True}, "TensorRT"),
 ])
 def test_build_refuses_what_vision_engines_lack(tmp_path, options, named):
@@ -76,6 +76,7 @@ def test_build_refuses_what_vision_engines_lack(tmp_path, options, named):
     from trtllm.builder.export import build
 
     ckpt = make_vlm_checkpoint(tmp_path / "ckpt")
+    options = {k: v.format(tmp=tmp_path) if isinstance(v, str) else v for k, v in options.items()}
     with pytest.raises(ConfigError, match=f"vision-language model.*{named}"):
         build(BuildConfig(model=str(ckpt), output=str(tmp_path / "engine"), max_batch_size=1, max_input_len=64,
                           max_kv_cache_capacity=128, **options), log=lambda m: None)

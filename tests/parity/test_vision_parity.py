@@ -43,18 +43,21 @@ def vlm(tmp_path_factory):
     return ckpt, engine, images, model, transformers.AutoTokenizer.from_pretrained(ckpt)
 
 
-def reference(vlm, content: list, crop_to_patches: bool = True, system: dict | None = None,
-              **processor_options) -> tuple[list[int], np.ndarray]:
-    """transformers' greedy tokens and first-step log-probabilities for one user turn (after `system`)."""
+def reference(vlm, content: list, crop_to_patches: bool = True, system: dict | None = None, model=None,
+              history: list | None = None, **processor_options) -> tuple[list[int], np.ndarray]:
+    """transformers' greedy tokens and first-step log-probabilities for one user turn (after `system`
+    and the `history` of messages); `model`: another than the checkpoint's (one with a LoRA adapter)."""
     import torch
     from PIL import Image
     from transformers.models.got_ocr2.image_processing_pil_got_ocr2 import GotOcr2ImageProcessorPil
 
-    ckpt, _, images, model, tok = vlm
-    messages = [system] * (system is not None) + [
-        {"role": "user", "content": [{"type": "image"} if "image" in c else c for c in content]}]
+    ckpt, _, images, base, tok = vlm
+    model = base if model is None else model
+    turns = [*([system] if system else []), *(history or []), {"role": "user", "content": content}]
+    messages = [{**m, "content": m["content"] if isinstance(m["content"], str) else
+                 [{"type": "image"} if "image" in c else c for c in m["content"]]} for m in turns]
     text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    files = [c["image"] for c in content if "image" in c]
+    files = [c["image"] for m in turns if not isinstance(m["content"], str) for c in m["content"] if "image" in c]
     kwargs = {}
     if files:
         config = json.loads((ckpt / "preprocessor_config.json").read_text())
@@ -140,6 +143,29 @@ def test_kv_is_never_shared_across_images(vlm, run_cli, tmp_path):
     assert "vision_encoder" in [s["stage_id"] for s in prof["stages"]]
     result, out = run(vlm, run_cli, [asking("square2.png")], n=2)  # two samples: one prompt, its KV copied
     assert [c["output_ids"] for c in out["responses"]] == [other, other]
+
+
+def test_a_later_image_keeps_the_kv_before_it(vlm, run_cli, tmp_path):
+    """A conversation's second turn with a new image reuses the first turn's KV, up to that image:
+    an image's tokens are keyed by its own bytes, not the prompt's whole set of images."""
+    _, engine, images_dir, _, _ = vlm
+    first = [{"type": "image", "image": "square.png"}, {"type": "text", "text": "What is in this picture?"}]
+    history = [{"role": "user", "content": first}, {"role": "assistant", "content": "ok"}]
+    later = [{"type": "image", "image": "square2.png"}, {"type": "text", "text": "And this one?"}]
+
+    def placed(content):
+        return [{**c, "image": str(images_dir / c["image"])} if "image" in c else c for c in content]
+
+    profile = tmp_path / "profile.json"
+    result, out = run_cli(engine, {"temperature": 0.0, "ignore_eos": True, "max_generate_length": NEW_TOKENS,
+                                   "batch_size": 1, "requests": [
+                                       {"messages": [{"role": "user", "content": placed(first)}]},
+                                       {"messages": [{"role": "user", "content": placed(first)},
+                                                     history[1], {"role": "user", "content": placed(later)}]}]},
+                          "--context-reuse", "--profile", str(profile))
+    assert result.exit_code == 0, result.output
+    assert out["responses"][1]["output_ids"] == reference(vlm, later, history=history)[0]
+    assert json.loads(profile.read_text())["prefill"]["reused_tokens"] >= 16
 
 
 def test_a_saved_system_prompt_serves_every_image(vlm, run_cli, tmp_path):
@@ -331,3 +357,70 @@ def test_a_damaged_vision_section_is_refused_by_name(vlm, tmp_path, damage, name
     (engine / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(ManifestError, match=named):
         load(engine)
+
+
+def peft_adapter(vlm, path, seed: int, target_modules) -> object:
+    """A random PEFT adapter of the whole model (its B not zero), saved to `path`; the PEFT model."""
+    import copy
+
+    import peft
+    import torch
+
+    torch.manual_seed(seed)
+    config = peft.LoraConfig(r=4, lora_alpha=8, target_modules=target_modules, init_lora_weights=False)
+    model = peft.get_peft_model(copy.deepcopy(vlm[3]), config).eval()
+    model.save_pretrained(path)
+    return model
+
+
+def test_lora_adapters_on_the_language_model_match_peft(vlm, run_cli, tmp_path):
+    """A PEFT adapter of InternVL's language model (as PEFT names it in the whole model: its modules
+    under model.language_model), bundled (the build checks it against PEFT's merge) and given at run
+    time, with images, beside rows with no adapter; one that adapts the vision encoder is refused."""
+    from click.testing import CliRunner
+
+    from trtllm.builder.cli import main as build_main
+
+    language = r".*language_model.*\.(q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj)"
+    bundled = peft_adapter(vlm, tmp_path / "bundled", 1, language)
+    given = peft_adapter(vlm, tmp_path / "given", 2, language)
+    peft_adapter(vlm, tmp_path / "vision", 3, ["q_proj", "v_proj"])  # (the encoder's attention has them too)
+    engine = tmp_path / "engine"
+    result = CliRunner().invoke(build_main, ["--model", str(vlm[0]), "--output", str(engine), "--max-batch-size", "4",
+                                             "--max-input-len", "256", "--max-kv-cache-capacity", "512",
+                                             "--lora", f"bundled={tmp_path / 'bundled'}"])
+    assert result.exit_code == 0, result.output
+    assert "verified adapter bundled" in result.output
+    _, _, images_dir, _, _ = vlm
+    contents = [CASES[0], CASES[0], CASES[1], CASES[2], CASES[0]]
+    names = ["bundled", "given", None, "given", "vision"]
+    payload = {"temperature": 0.0, "ignore_eos": True, "max_generate_length": NEW_TOKENS, "batch_size": 4,
+               "available_lora_weights": {"given": str(tmp_path / "given"), "vision": str(tmp_path / "vision")},
+               "requests": [{"messages": [{"role": "user", "content": [
+                   {**c, "image": str(images_dir / c["image"])} if "image" in c else c for c in content]}],
+                   **({"lora_name": name} if name else {})} for content, name in zip(contents, names)]}
+    result, out = run_cli(engine, payload)
+    responses = out["responses"]
+    models = {"bundled": bundled, "given": given, None: None}
+    for content, name, response in zip(contents[:4], names, responses):
+        assert response["output_ids"] == reference(vlm, content, model=models[name])[0], name
+    assert responses[0]["output_ids"] != reference(vlm, CASES[0])[0]  # (the adapter changes the answer)
+    assert "adapts the vision encoder" in responses[4]["error"]
+
+
+def test_trtllm_chat_gives_a_turn_an_image(vlm, monkeypatch):
+    """/image PATH: the next turn comes with it, as trtllm-run's image item; the turns after keep it."""
+    from click.testing import CliRunner
+
+    from trtllm.runtime import chat
+
+    _, engine, images_dir, _, tok = vlm
+    monkeypatch.chdir(images_dir)  # (its paths are the user's, from where the chat runs)
+    result = CliRunner().invoke(chat.main, ["--engine", str(engine), "--set", "temperature=0", "--set",
+                                            "ignore_eos=true", "--set", f"max_generate_length={NEW_TOKENS}"],
+                                input="/image wide.png\nWhat is in this picture?\n/image\n/image missing.png\nHi\n")
+    assert result.exit_code == 0, result.output
+    answer = tok.decode(reference(vlm, CASES[0])[0], skip_special_tokens=True)
+    assert "(the next message comes with wide.png)" in result.output and answer in result.output
+    assert "error: /image PATH" in result.output
+    assert "no such file" in result.output and "missing.png" in result.output

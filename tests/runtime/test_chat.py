@@ -146,3 +146,12 @@ def test_a_stdout_that_fails_ends_the_chat(tiny_engine, monkeypatch):
     monkeypatch.undo()  # a later chat in this process writes again
     result = CliRunner().invoke(chat.main, ["--engine", str(tiny_engine("llama")), *SETTINGS], input="Hi\n")
     assert result.exit_code == 0 and result.stdout.strip(), result.output
+
+
+def test_image_on_a_text_engine_says_so_and_the_chat_goes_on(tiny_engine, monkeypatch):
+    turns = recorded(monkeypatch)
+    result = CliRunner().invoke(chat.main, ["--engine", str(tiny_engine("llama")), *SETTINGS],
+                                input="/image cat.png\nHello there\n")
+    assert result.exit_code == 0, result.output
+    assert "error: /image needs a vision-language engine" in result.output
+    assert [m.content for m in turns[0][0]] == ["Hello there"]  # (the turn went without it)

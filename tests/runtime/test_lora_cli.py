@@ -182,7 +182,7 @@ def test_the_build_check_catches_an_adapter_the_engine_gets_wrong(tiny_checkpoin
     probe = build(BuildConfig(model=ckpt, output=str(tmp_path / "probe"), max_lora_rank=4, verify=False, **LIMITS),
                   log=lambda m: None)
     adapter = random_adapter(tmp_path / "adapter", mf.load(probe), 4, seed=5)
-    monkeypatch.setattr(verify, "peft_merged_model", lambda model, path: model)
+    monkeypatch.setattr(verify, "peft_merged_model", lambda ck, path: ck.model)
     with pytest.raises(verify.VerifyError, match="with adapter x differ from transformers"):
         build(BuildConfig(model=ckpt, output=str(tmp_path / "e"), lora=(("x", str(adapter)),), **LIMITS),
               log=lambda m: None)
@@ -204,9 +204,9 @@ def test_the_build_check_reads_the_adapter_apart_from_the_engine(tiny_checkpoint
     adapter = random_adapter(tmp_path / "adapter", mf.load(probe), 4, seed=5)
     config = json.loads((adapter / lora.CONFIG_NAME).read_text())
     (adapter / lora.CONFIG_NAME).write_text(json.dumps({**config, "use_rslora": True}))
-    monkeypatch.setattr(lora, "module_scale", lambda cfg, layer, module, rank: cfg["lora_alpha"] / rank)
+    monkeypatch.setattr(lora, "module_scale", lambda cfg, layer, module, rank, prefix="model": cfg["lora_alpha"] / rank)
     if not peft_installed:
-        monkeypatch.setattr(verify, "peft_merged_model", lambda model, path: (_ for _ in ()).throw(ImportError("peft")))
+        monkeypatch.setattr(verify, "peft_merged_model", lambda ck, path: (_ for _ in ()).throw(ImportError("peft")))
         out = build(BuildConfig(model=ckpt, output=str(tmp_path / "e"), lora=(("x", str(adapter)),), **LIMITS),
                     log=lambda m: None)
         report = json.loads((out / "verify.json").read_text())["adapters"]["x"]
@@ -230,7 +230,7 @@ def test_the_build_check_judges_adapters_of_a_float16_engine(tiny_checkpoint, tm
     logs = []
     build(config, log=logs.append)
     assert any(line.startswith("verified adapter x:") for line in logs)
-    monkeypatch.setattr(verify, "peft_merged_model", lambda model, path: model)
+    monkeypatch.setattr(verify, "peft_merged_model", lambda ck, path: ck.model)
     with pytest.raises(verify.VerifyError, match="top-1 token with adapter x agrees with transformers at"):
         build(config, log=lambda m: None)
 
