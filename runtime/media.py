@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import hashlib
 import os
+import threading
 import time
+from collections import OrderedDict
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +25,7 @@ import numpy as np
 from trtllm.runtime import images
 
 TILES_A_RUN = 4  # tiles the vision graph encodes at once: its attention's memory grows with them
+WARM_IMAGES = 16  # images encoded ahead (ImageEncoder.warm) and not yet taken, at most
 
 
 class PromptImages:
@@ -65,18 +68,39 @@ class ImageEncoder:
     def __init__(self, engine_dir, manifest, timing=None, num_threads: int | None = None):
         self.dir, self.section, self.timing, self.threads = Path(engine_dir), manifest.vision, timing, num_threads
         self.session = None
+        self.lock = threading.Lock()  # (warm runs in a server's request threads, __call__ in its generation loop)
+        self.warmed: OrderedDict[str, np.ndarray] = OrderedDict()  # sha256 of an image's bytes -> its embeddings
+
+    def warm(self, source: bytes) -> None:
+        """Encode an image ahead, in the caller's thread (trtllm-serve's request thread: the running
+        streams go on meanwhile), for the __call__ that takes it; one that cannot be read is left to
+        that call to say so, naming its item."""
+        try:
+            out = self.encode(source)
+        except (ValueError, OSError):
+            return
+        with self.lock:
+            self.warmed[hashlib.sha256(source).hexdigest()] = out
+            while len(self.warmed) > WARM_IMAGES:  # (a request that failed before its prefill never takes its own)
+                self.warmed.popitem(last=False)
 
     def __call__(self, source: bytes) -> np.ndarray:
-        """An image's bytes -> its embeddings [tiles * tokens_per_tile, hidden]."""
-        pixels = images.pixel_values(images.load_image(source), self.section["preprocess"])
-        if self.session is None:
-            import onnxruntime as ort
+        """An image's bytes -> its embeddings [tiles * tokens_per_tile, hidden]: warmed ones taken."""
+        with self.lock:
+            out = self.warmed.pop(hashlib.sha256(source).hexdigest(), None) if self.warmed else None
+        return self.encode(source) if out is None else out
 
-            opts = ort.SessionOptions()
-            opts.intra_op_num_threads = self.threads or 0
-            opts.log_severity_level = 3
-            self.session = ort.InferenceSession(str(self.dir / self.section["graph"]), opts,
-                                                providers=["CPUExecutionProvider"])
+    def encode(self, source: bytes) -> np.ndarray:
+        pixels = images.pixel_values(images.load_image(source), self.section["preprocess"])
+        with self.lock:
+            if self.session is None:
+                import onnxruntime as ort
+
+                opts = ort.SessionOptions()
+                opts.intra_op_num_threads = self.threads or 0
+                opts.log_severity_level = 3
+                self.session = ort.InferenceSession(str(self.dir / self.section["graph"]), opts,
+                                                    providers=["CPUExecutionProvider"])
         began = time.perf_counter()
         out = np.concatenate([self.session.run(None, {"pixel_values": pixels[i:i + TILES_A_RUN]})[0]
                               for i in range(0, len(pixels), TILES_A_RUN)])

@@ -222,6 +222,8 @@ class Handler(BaseHTTPRequestHandler):
     def opening(self, job, t: api.Translated) -> tuple | int:
         """The job submitted and its first event; where there is none to answer from, its status: the
         refusal sent (503: closing; the request's error) or the client gone (CLIENT_GONE, nothing sent)."""
+        if self.app.manifest.vision and not job.counting:
+            warm_images(self.app.service.runner, job.inp)
         if not self.app.service.submit(job):
             self.send_json(503, api.ApiError("the server is shutting down", status=503,
                                              kind="ServiceUnavailableError").body())
@@ -407,6 +409,8 @@ def build(engine_dir: Path, host: str, port: int, served: str | None, settings: 
         fail(f"--batch-size {batch_size}: the engine runs at most {limit} at once (its --max-batch-size)")
     adapters = AdapterSet.for_run(engine, checked.available_lora_weights, Path.cwd())
     runner = loading.runner(engine_dir, loaded, store_dir, max_bytes, context_reuse)
+    if runner.engine.manifest.vision:  # (made here: request threads and the generation loop share it)
+        runner.image_encoder()
     service = Service(runner, adapters, batch_size or limit)
     try:
         httpd = Server((host, port), Handler)
@@ -439,6 +443,21 @@ def lora_pairs(pairs: tuple[str, ...]) -> dict[str, str]:
             raise click.UsageError(f"--lora {pair}: give NAME=PATH")
         out[name] = path
     return out
+
+
+def warm_images(runner, inp) -> None:
+    """A request's images encoded here, in its own thread, before it joins the batch: the generation
+    loop then takes them (runtime/media.py ImageEncoder.warm) instead of stopping every stream for
+    them. One that cannot be read is the loop's to refuse, naming its item."""
+    from trtllm.runtime import images, media
+
+    for req in inp.requests:
+        for _, item in media.image_items(req, 0):
+            try:
+                data = images.data_url(item.value)
+            except ValueError:
+                continue
+            runner.image_encoder().warm(data)
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})

@@ -263,13 +263,19 @@ def test_build_records_and_checks_the_vision_graph(vlm):
     assert report["vision"]["max_abs_error"] < 1e-4
 
 
-def test_served_image_url_parts_match_transformers(vlm, tmp_path):
-    """trtllm-serve takes OpenAI's image_url parts as data: URLs, and opens no file for a client."""
+def test_served_image_url_parts_match_transformers(vlm, tmp_path, monkeypatch):
+    """trtllm-serve takes OpenAI's image_url parts as data: URLs, and opens no file for a client; an
+    image is encoded in its request's thread, not on the generation loop (the other streams go on)."""
     import base64
     import http.client
     import threading
 
-    from trtllm.runtime import server
+    from trtllm.runtime import media, server
+
+    threads = []
+    encode = media.ImageEncoder.encode
+    monkeypatch.setattr(media.ImageEncoder, "encode",
+                        lambda self, source: threads.append(threading.current_thread().name) or encode(self, source))
 
     _, engine, images, _, _ = vlm
     httpd = server.build(engine, "127.0.0.1", 0, None, {}, {}, 2, 1, tmp_path / "kv", 1 << 30, True, None)
@@ -290,6 +296,7 @@ def test_served_image_url_parts_match_transformers(vlm, tmp_path):
                              {"type": "text", "text": "What is in this picture?"}])
         assert status == 200, body
         tokens, first = reference(vlm, CASES[0])
+        assert threads and "trtllm-serve generation" not in threads  # (encoded once, ahead)
         assert body["choices"][0]["message"]["content"] == vlm[4].decode(tokens, skip_special_tokens=True)
         assert abs(body["choices"][0]["logprobs"]["content"][0]["logprob"] - first[tokens[0]]) < 1e-4
         for content, named in (([{"type": "image_url", "image_url": {"url": "https://example.com/a.png"}}],

@@ -67,3 +67,19 @@ def test_each_images_tokens_are_keyed_by_its_own_bytes(tmp_path):
     a, b, ab = keyed("a.png"), keyed("b.png"), keyed("a.png", "b.png")
     assert a[:2] == [1, 7] and a[2] == a[3] < 0 and a[4:] == [8, 2]
     assert a[2] != b[2] and ab[:6] == a and ab[6:] == b[1:]
+
+
+def test_a_warmed_image_is_taken_once_and_the_warmed_are_bounded(monkeypatch):
+    from types import SimpleNamespace
+
+    from trtllm.runtime import media
+
+    runs = []
+    encoder = media.ImageEncoder("/nowhere", SimpleNamespace(vision={}))
+    monkeypatch.setattr(encoder, "encode", lambda source: runs.append(source) or np.full((1, 2), len(runs), np.float32))
+    encoder.warm(b"a")
+    assert encoder(b"a")[0, 0] == 1 and runs == [b"a"]  # (taken: not encoded again)
+    assert encoder(b"a")[0, 0] == 2  # (taken once: the next is encoded)
+    for i in range(media.WARM_IMAGES + 3):
+        encoder.warm(bytes([i]))
+    assert len(encoder.warmed) == media.WARM_IMAGES

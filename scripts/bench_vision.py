@@ -1,0 +1,87 @@
+"""What an image costs on the CPU: the vision graph (builder/vision.py, through ONNX Runtime) against
+transformers' InternVL get_image_features on the same pixels, at InternVL3's encoder size
+(InternViT-300M: 24 layers, 1,024 wide, 448 x 448 tiles of 1,025 patches, 256 tokens each), with
+random weights (no checkpoint is downloaded here).
+
+    python scripts/bench_vision.py [--tiles 1 4] [--rounds 3] [--threads 2]
+
+Each round times both on each tile count, alternating, in this one process; the ratio is paired
+by round (transformers' time / ours: > 1 is ours faster), as median [min-max]: the machine is
+shared, so only ratios of one round mean anything. The outputs are compared too.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+
+def encoder(tmp: Path):
+    """(transformers' model, our vision.onnx path, its spec): InternVL3-1B's vision config, a one-layer
+    text model (it plays no part), random weights."""
+    import torch
+    import transformers
+
+    from trtllm.builder import vision
+    from trtllm.builder.export import save
+
+    vision_config = transformers.InternVLVisionConfig(hidden_size=1024, num_hidden_layers=24, num_attention_heads=16,
+                                                      intermediate_size=4096, image_size=448, patch_size=14,
+                                                      attention_bias=True)
+    text = transformers.Qwen2Config(vocab_size=1000, hidden_size=896, intermediate_size=256, num_hidden_layers=1,
+                                    num_attention_heads=14, num_key_value_heads=2)
+    config = transformers.InternVLConfig(vision_config=vision_config.to_dict(), text_config=text.to_dict(),
+                                         image_token_id=999)
+    torch.manual_seed(0)
+    model = transformers.InternVLForConditionalGeneration(config).eval()
+    spec = vision.spec_of(model.config)
+    save(vision.VisionWriter(spec, vision.weights_of(model)).write(), tmp, vision.VISION_NAME)
+    return model, tmp / vision.VISION_NAME, spec
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--tiles", type=int, nargs="+", default=[1, 4])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args()
+    import onnxruntime as ort
+    import torch
+
+    torch.set_num_threads(args.threads)
+    with tempfile.TemporaryDirectory() as tmp:
+        model, path, spec = encoder(Path(tmp))
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads = args.threads
+        session = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+        times: dict[int, list[tuple[float, float]]] = {n: [] for n in args.tiles}
+        for r in range(args.rounds):
+            for n in args.tiles:
+                pixels = np.random.default_rng(r).standard_normal((n, 3, *spec.image_size)).astype(np.float32)
+                began = time.perf_counter()
+                ours = session.run(None, {"pixel_values": pixels})[0]
+                mine = time.perf_counter() - began
+                began = time.perf_counter()
+                with torch.no_grad():
+                    ref = model.model.get_image_features(torch.from_numpy(pixels), return_dict=True).pooler_output
+                theirs = time.perf_counter() - began
+                error = float(np.abs(ours - ref.reshape(ours.shape).numpy()).max())
+                times[n].append((mine, theirs))
+                print(f"round {r + 1}, {n} tile(s): ours {mine:.2f} s, transformers {theirs:.2f} s, "
+                      f"max |difference| {error:.2e}", flush=True)
+        for n, pairs in times.items():
+            ratios = [theirs / mine for mine, theirs in pairs]
+            print(f"{n} tile(s): ours best {min(m for m, _ in pairs) / n:.2f} s a tile, transformers best "
+                  f"{min(t for _, t in pairs) / n:.2f} s a tile; transformers / ours {statistics.median(ratios):.2f} "
+                  f"[{min(ratios):.2f}-{max(ratios):.2f}]")
+
+
+if __name__ == "__main__":
+    main()
