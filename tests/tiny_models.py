@@ -112,7 +112,6 @@ def make_checkpoint(arch: str, out_dir: Path, seed: int = 0, num_layers: int = 2
     `padded_vocab`: that many embedding rows past the tokenizer's (as Qwen2.5, Phi-3 and Gemma pad)."""
     import torch
     import transformers
-    from transformers import GenerationConfig
 
     cfg_name, _, extra = ARCHS[arch]
     if arch in ("gemma2", "gemma3", "ministral", "olmo3", "exaone4"):  # sliding layers with a full one every other layer
@@ -129,14 +128,29 @@ def make_checkpoint(arch: str, out_dir: Path, seed: int = 0, num_layers: int = 2
         config.attention_bias = False
     torch.manual_seed(seed)
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    randomized(model)
+    saved(model, tok, out_dir)
+    return out_dir
+
+
+def randomized(model, norms: tuple[str, ...] = ("norm.weight",)) -> None:
+    """Every weight drawn anew (the module docstring's large std); a norm's (its name ends with one
+    of `norms`) near 1."""
+    import torch
+
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if name.endswith("norm.weight"):
+            if name.endswith(norms):
                 p.copy_(1.0 + 0.1 * torch.randn_like(p))
             else:
                 p.copy_(torch.randn_like(p) * (0.5 if "bias" in name else 1.0) / p.shape[-1] ** 0.5 * 2.0)
+
+
+def saved(model, tok, out_dir: Path) -> None:
+    """The model, with greedy generation and the tokenizer's special ids, and the tokenizer into out_dir."""
+    from transformers import GenerationConfig
+
     model.generation_config = GenerationConfig(bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
                                                pad_token_id=tok.pad_token_id, do_sample=False)
     model.save_pretrained(out_dir)
     tok.save_pretrained(out_dir)
-    return out_dir

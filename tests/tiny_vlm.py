@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tests.tiny_models import make_tokenizer
+from tests.tiny_models import make_tokenizer, randomized, saved
 
 IMAGE_TOKENS = {"start_image_token": "<img>", "end_image_token": "</img>", "context_image_token": "<IMG_CONTEXT>",
                 "video_token": "<video>"}
@@ -25,8 +25,6 @@ def make_vlm_checkpoint(out_dir: Path, seed: int = 0, max_patches: int = 4, qk_n
                         norm_type: str = "layer_norm") -> Path:
     import torch
     import transformers
-    from transformers import GenerationConfig
-
     out_dir = Path(out_dir)
     tok = make_tokenizer(out_dir)
     tok.add_special_tokens({"additional_special_tokens": list(IMAGE_TOKENS.values())})
@@ -45,16 +43,8 @@ def make_vlm_checkpoint(out_dir: Path, seed: int = 0, max_patches: int = 4, qk_n
                                          tie_word_embeddings=True)
     torch.manual_seed(seed)
     model = transformers.InternVLForConditionalGeneration(config).eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("norm.weight") or name.endswith(("layernorm_before.weight", "layernorm_after.weight")):
-                p.copy_(1.0 + 0.1 * torch.randn_like(p))
-            else:
-                p.copy_(torch.randn_like(p) * (0.5 if "bias" in name else 1.0) / p.shape[-1] ** 0.5 * 2.0)
-    model.generation_config = GenerationConfig(bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
-                                               pad_token_id=tok.pad_token_id, do_sample=False)
-    model.save_pretrained(out_dir)
-    tok.save_pretrained(out_dir)
+    randomized(model, ("norm.weight", "layernorm_before.weight", "layernorm_after.weight"))
+    saved(model, tok, out_dir)
     config_path = out_dir / "tokenizer_config.json"
     tok_config = json.loads(config_path.read_text())
     tok_config["extra_special_tokens"] = IMAGE_TOKENS
