@@ -64,7 +64,7 @@ def export_onnx(ck: ckpt.Checkpoint, config: BuildConfig, out_dir: Path, log, ba
     except ckpt.Unsupported as e:
         raise ckpt.CheckpointError(f"--model {config.model!r}: {e}") from e
     if ck.vision is not None:
-        refuse_for_vision(config, backend)
+        refuse_for_vision(config, backend, spec)
         spec = dataclasses.replace(spec, image_embeds=True)
     elif config.max_image_tiles is not None:
         raise ConfigError(f"--max-image-tiles is for vision-language models, and --model {config.model!r} is a "
@@ -225,11 +225,13 @@ def refuse_for_experts(config: BuildConfig, spec, backend: str, native_experts: 
                               f"Runtime's QMoE without our CPU kernels ({why}), with --dtype float32 only")
 
 
-def refuse_for_vision(config: BuildConfig, backend: str) -> None:
+def refuse_for_vision(config: BuildConfig, backend: str, spec) -> None:
     """What a vision-language model's engine does not do yet, named before anything is written."""
     for refused, what in ((backend == "tensorrt", f"--backend {config.backend} (TensorRT: the vision graph's plan is "
                            "not built yet; use --backend onnxruntime)"),
-                          (config.eagle, "--eagle")):
+                          (config.eagle, "--eagle"),
+                          ((config.max_lora_rank or config.lora) and spec.moe is not None,
+                           "LoRA on a mixture-of-experts language model")):
         if refused:
             raise ConfigError(f"--model {config.model!r} is a vision-language model, and its engines do not take "
                               f"{what} yet")

@@ -10,6 +10,7 @@ are the input file's (docs/input_format.md), checked as trtllm-run checks them.
 """
 from __future__ import annotations
 
+import base64
 import json
 import signal
 import sys
@@ -153,8 +154,11 @@ def converse(runner, first: list[dict], settings: dict, bundled, adapters) -> No
             elif not path:
                 stdout.say("error: /image PATH: the image file the next message is about")
             else:
-                images.append(path)
-                stdout.say(f"(the next message comes with {path})")
+                try:
+                    images.append(image_url(path))
+                    stdout.say(f"(the next message comes with {path})")
+                except ValueError as e:
+                    stdout.say(f"error: /image {path}: {e}")
             continue
         if not line:
             continue
@@ -183,6 +187,19 @@ def converse(runner, first: list[dict], settings: dict, bundled, adapters) -> No
         if ended:
             stdout.say("interrupted")
             sys.exit(130)
+
+
+def image_url(path: str) -> str:
+    """The image file as a data: URL, read and checked now: the conversation keeps the image itself
+    (a file deleted or changed later would change what its turns were about)."""
+    from trtllm.runtime import images
+
+    try:
+        data = Path(path).read_bytes()
+    except OSError as e:
+        raise ValueError(f"cannot be read ({e.strerror or e})") from None
+    image = images.load_image(data, path)
+    return f"data:image/{(image.format or 'png').lower()};base64,{base64.b64encode(data).decode()}"
 
 
 def ask(runner, inp, adapters) -> tuple[dict, bool]:

@@ -84,7 +84,8 @@ class ContextCache:
                 tokens, adapter = header["prefix_ids"], header.get("adapter")
                 if header.get("engine") != self.store.engine_id or not (adapter is None or isinstance(adapter, str)):
                     continue
-                if not all(type(t) is int and 0 <= t < 2**63 for t in tokens):
+                # (a prompt's image tokens are keyed by negative ids of their own: runtime/media.py)
+                if not all(type(t) is int and -2**63 <= t < 2**63 for t in tokens):
                     continue
                 self.add(tuple(tokens), adapter)
             except (OSError, ValueError, TypeError, KeyError, OverflowError, RecursionError):

@@ -293,6 +293,10 @@ def convert(name: str, path: str | Path, manifest: Manifest) -> Adapter:
     processed = processed_config(config_path)
     experts = ExpertTensors(str(weights_path))
     prefix = manifest.lora.get("prefix", "model")
+    if processed and prefix != "model":  # (its keys name the decoder's layers as a text model's)
+        raise AdapterError(f"{weights_path}: an Edge-LLM processed adapter, and this vision-language engine reads "
+                           f"PEFT adapters of the whole model only (modules under {prefix}): give the PEFT adapter it "
+                           "was made from")
     for key, value in tensors.items():
         if VISION_MODULES.fullmatch(key):
             raise AdapterError(f"{weights_path}: tensor {key} adapts the vision encoder, which takes no LoRA here "
@@ -320,6 +324,10 @@ def convert(name: str, path: str | Path, manifest: Manifest) -> Adapter:
                                f"{'router' if router else 'routed experts'}; LoRA on it is not supported here"
                                f"{'; ' + why if why else ''} (an adapter may adapt {', '.join(known)}): train it "
                                "with target_modules naming those only")
+        if m is None and prefix != "model" and KEY.fullmatch(key.replace(".default.", ".")):
+            raise AdapterError(f"{weights_path}: tensor {key} names the language model as a model of its own; this "
+                               f"vision-language engine takes PEFT adapters of the whole model, whose names are "
+                               f"base_model.model.{prefix}.layers...: train it on the whole model")
         if m is None or m[2] not in known:
             raise AdapterError(f"{weights_path}: tensor {key} is not a LoRA matrix of a module this engine can "
                                f"adapt ({', '.join(known)})")

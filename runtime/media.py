@@ -25,11 +25,14 @@ import numpy as np
 from trtllm.runtime import images
 
 TILES_A_RUN = 4  # tiles the vision graph encodes at once: its attention's memory grows with them
-WARM_IMAGES = 16  # images encoded ahead (ImageEncoder.warm) and not yet taken, at most
+# embeddings kept by their image's bytes (ImageEncoder.kept): the same image in another request, or
+# encoded ahead by trtllm-serve's request thread, is not encoded again
+KEPT_BYTES = 256 * 2**20
 
 
 class PromptImages:
-    """A prompt's images: where their tokens are, and (encoded when first asked for) their embeddings."""
+    """A prompt's images: where their tokens are, and (each encoded when a window first reaches it)
+    their embeddings."""
 
     def __init__(self, positions: np.ndarray, sources: list[bytes], keyed: list[int], encode):
         self.positions = positions  # int64 [N]: the prompt positions of the image tokens, ascending
@@ -39,22 +42,29 @@ class PromptImages:
         self.keyed = keyed
         self.count = len(sources)
         self._encode = encode       # bytes -> [tiles * tokens_per_tile, hidden] (None: counted only)
-        self.embeds: np.ndarray | None = None
+        # each image's first and last index into positions (its tokens are contiguous), and embeddings
+        starts = [0, *(np.flatnonzero(np.diff(positions) != 1) + 1).tolist()]
+        self.spans = [(lo, hi) for lo, hi in zip(starts, [*starts[1:], len(positions)])]
+        self.embeds: list[np.ndarray | None] = [None] * self.count
 
     def window(self, row: int, start: int, end: int) -> tuple[np.ndarray, np.ndarray] | None:
         """The image tokens among prompt positions [start, end): their (row, position - start) and
-        embeddings, or None where there are none. The embeddings are made at the first window with
-        some, and go once `end` is past the last image token (the prefill is done with them)."""
+        embeddings, or None where there are none. An image is encoded at the first window that holds
+        some of its tokens (none that KV restored past it), and let go once `end` is past its last."""
         lo, hi = np.searchsorted(self.positions, [start, end])
         if hi == lo:
             return None
-        if self.embeds is None:
-            self.embeds = np.concatenate([self._encode(source) for source in self.sources])
-        embeds = self.embeds[lo:hi]
-        if end > self.positions[-1]:
-            self.embeds = None
+        parts = []
+        for k, (first, last) in enumerate(self.spans):
+            if last <= lo or first >= hi:
+                continue
+            if self.embeds[k] is None:
+                self.embeds[k] = self._encode(self.sources[k])
+            parts.append(self.embeds[k][max(lo, first) - first:min(hi, last) - first])
+            if end > self.positions[last - 1]:
+                self.embeds[k] = None
         at = self.positions[lo:hi] - start
-        return np.stack([np.full_like(at, row), at], axis=1), embeds
+        return np.stack([np.full_like(at, row), at], axis=1), np.concatenate(parts)
 
 
 class MediaError(ValueError):
@@ -69,26 +79,32 @@ class ImageEncoder:
         self.dir, self.section, self.timing, self.threads = Path(engine_dir), manifest.vision, timing, num_threads
         self.session = None
         self.lock = threading.Lock()  # (warm runs in a server's request threads, __call__ in its generation loop)
-        self.warmed: OrderedDict[str, np.ndarray] = OrderedDict()  # sha256 of an image's bytes -> its embeddings
+        # sha256 of an image's bytes -> its embeddings, the least recently used first, KEPT_BYTES in all
+        self.kept: OrderedDict[str, np.ndarray] = OrderedDict()
 
     def warm(self, source: bytes) -> None:
         """Encode an image ahead, in the caller's thread (trtllm-serve's request thread: the running
-        streams go on meanwhile), for the __call__ that takes it; one that cannot be read is left to
-        that call to say so, naming its item."""
+        streams go on meanwhile), unless it is kept already (a conversation's image, sent again each
+        turn). Best effort: one that cannot be read, or fails, is left to __call__ to say so."""
         try:
-            out = self.encode(source)
-        except (ValueError, OSError):
-            return
-        with self.lock:
-            self.warmed[hashlib.sha256(source).hexdigest()] = out
-            while len(self.warmed) > WARM_IMAGES:  # (a request that failed before its prefill never takes its own)
-                self.warmed.popitem(last=False)
+            self(source)
+        except Exception:  # noqa: BLE001 - the generation loop's call reports it, for that request alone
+            pass
 
     def __call__(self, source: bytes) -> np.ndarray:
-        """An image's bytes -> its embeddings [tiles * tokens_per_tile, hidden]: warmed ones taken."""
+        """An image's bytes -> its embeddings [tiles * tokens_per_tile, hidden], kept ones again."""
+        digest = hashlib.sha256(source).hexdigest()
         with self.lock:
-            out = self.warmed.pop(hashlib.sha256(source).hexdigest(), None) if self.warmed else None
-        return self.encode(source) if out is None else out
+            out = self.kept.get(digest)
+            if out is not None:
+                self.kept.move_to_end(digest)
+                return out
+        out = self.encode(source)
+        with self.lock:
+            self.kept[digest] = out
+            while sum(a.nbytes for a in self.kept.values()) > KEPT_BYTES and len(self.kept) > 1:
+                self.kept.popitem(last=False)
+        return out
 
     def encode(self, source: bytes) -> np.ndarray:
         pixels = images.pixel_values(images.load_image(source), self.section["preprocess"])

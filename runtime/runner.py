@@ -465,6 +465,8 @@ class Runner:
         finally:
             self.prefixes, self.contexts = prefixes, contexts
         self.timing = Timing()
+        if self._images is not None:  # (the run encodes its images as without a warm-up, as it keeps no KV of it)
+            self._images.kept.clear()
 
     def profile(self) -> dict:
         """The --profile file's object (runtime/run_profile.py)."""

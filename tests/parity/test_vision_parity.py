@@ -366,16 +366,20 @@ def test_a_damaged_vision_section_is_refused_by_name(vlm, tmp_path, damage, name
         load(engine)
 
 
-def peft_adapter(vlm, path, seed: int, target_modules) -> object:
-    """A random PEFT adapter of the whole model (its B not zero), saved to `path`; the PEFT model."""
+def peft_adapter(vlm, path, seed: int, target_modules, alone: bool = False) -> object:
+    """A random PEFT adapter of the whole model (its B not zero; `alone`: of its language model as a
+    model of its own), saved to `path`; the PEFT model."""
     import copy
 
     import peft
     import torch
 
+    from trtllm.builder.vision import language_model
+
     torch.manual_seed(seed)
     config = peft.LoraConfig(r=4, lora_alpha=8, target_modules=target_modules, init_lora_weights=False)
-    model = peft.get_peft_model(copy.deepcopy(vlm[3]), config).eval()
+    whole = copy.deepcopy(vlm[3])
+    model = peft.get_peft_model(language_model(whole) if alone else whole, config).eval()
     model.save_pretrained(path)
     return model
 
@@ -392,6 +396,7 @@ def test_lora_adapters_on_the_language_model_match_peft(vlm, run_cli, tmp_path):
     bundled = peft_adapter(vlm, tmp_path / "bundled", 1, language)
     given = peft_adapter(vlm, tmp_path / "given", 2, language)
     peft_adapter(vlm, tmp_path / "vision", 3, ["q_proj", "v_proj"])  # (the encoder's attention has them too)
+    peft_adapter(vlm, tmp_path / "alone", 4, ["q_proj"], alone=True)
     engine = tmp_path / "engine"
     result = CliRunner().invoke(build_main, ["--model", str(vlm[0]), "--output", str(engine), "--max-batch-size", "4",
                                              "--max-input-len", "256", "--max-kv-cache-capacity", "512",
@@ -399,10 +404,10 @@ def test_lora_adapters_on_the_language_model_match_peft(vlm, run_cli, tmp_path):
     assert result.exit_code == 0, result.output
     assert "verified adapter bundled" in result.output
     _, _, images_dir, _, _ = vlm
-    contents = [CASES[0], CASES[0], CASES[1], CASES[2], CASES[0]]
-    names = ["bundled", "given", None, "given", "vision"]
+    contents = [CASES[0], CASES[0], CASES[1], CASES[2], CASES[0], CASES[0]]
+    names = ["bundled", "given", None, "given", "vision", "alone"]
     payload = {"temperature": 0.0, "ignore_eos": True, "max_generate_length": NEW_TOKENS, "batch_size": 4,
-               "available_lora_weights": {"given": str(tmp_path / "given"), "vision": str(tmp_path / "vision")},
+               "available_lora_weights": {name: str(tmp_path / name) for name in ("given", "vision", "alone")},
                "requests": [{"messages": [{"role": "user", "content": [
                    {**c, "image": str(images_dir / c["image"])} if "image" in c else c for c in content]}],
                    **({"lora_name": name} if name else {})} for content, name in zip(contents, names)]}
@@ -413,6 +418,7 @@ def test_lora_adapters_on_the_language_model_match_peft(vlm, run_cli, tmp_path):
         assert response["output_ids"] == reference(vlm, content, model=models[name])[0], name
     assert responses[0]["output_ids"] != reference(vlm, CASES[0])[0]  # (the adapter changes the answer)
     assert "adapts the vision encoder" in responses[4]["error"]
+    assert "base_model.model.model.language_model.layers" in responses[5]["error"]
 
 
 def test_trtllm_chat_gives_a_turn_an_image(vlm, monkeypatch):
@@ -425,9 +431,14 @@ def test_trtllm_chat_gives_a_turn_an_image(vlm, monkeypatch):
     monkeypatch.chdir(images_dir)  # (its paths are the user's, from where the chat runs)
     result = CliRunner().invoke(chat.main, ["--engine", str(engine), "--set", "temperature=0", "--set",
                                             "ignore_eos=true", "--set", f"max_generate_length={NEW_TOKENS}"],
-                                input="/image wide.png\nWhat is in this picture?\n/image\n/image missing.png\nHi\n")
+                                input="/image wide.png\nWhat is in this picture?\nAnd then?\n/image\n"
+                                      "/image missing.png\n")
     assert result.exit_code == 0, result.output
     answer = tok.decode(reference(vlm, CASES[0])[0], skip_special_tokens=True)
     assert "(the next message comes with wide.png)" in result.output and answer in result.output
+    history = [{"role": "user", "content": CASES[0]}, {"role": "assistant", "content": answer}]
+    then = tok.decode(reference(vlm, [{"type": "text", "text": "And then?"}], history=history)[0],
+                      skip_special_tokens=True)
+    assert then in result.output  # (the second turn: the image still in the conversation)
     assert "error: /image PATH" in result.output
-    assert "no such file" in result.output and "missing.png" in result.output
+    assert "error: /image missing.png: cannot be read" in result.output

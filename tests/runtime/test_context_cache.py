@@ -327,3 +327,15 @@ def test_a_request_that_restored_context_still_saves_its_system_prompt(run_cli, 
     _, out = run_cli(engine, {**base, "requests": [{"messages": [SYSTEM, {"role": "user", "content": "z"}]}]},
                      "--kv-cache-dir", store, "--profile", str(profile))
     assert profile_of(profile)["prefill"]["reused_tokens"] > 0 and out["responses"][0]["finish_reason"] != "error"
+
+
+def test_an_entry_with_image_keys_is_found_by_a_later_process(tmp_path):
+    """A prompt's image tokens are keyed by negative ids of their own (runtime/media.py): an entry
+    holding them is read back by a later process's scan as any other."""
+    image = -1 - 2**59
+    tokens = [1, 2, 3, *[image] * 20, 4, 5]
+    commit(cache(tmp_path), tokens)
+    later = cache(tmp_path)
+    assert later.lookup(tokens + [6, 7], None, len(tokens), layout).shape[2] == len(tokens)
+    other = [1, 2, 3, *[image - 1] * 20, 4, 5]  # (another image: only the 3 tokens before it are shared)
+    assert later.lookup(other, None, len(other), layout) is None

@@ -2,6 +2,8 @@
 let go once the prefill is past them; the windows a step feeds."""
 from __future__ import annotations
 
+import hashlib
+
 import numpy as np
 
 from trtllm.runtime.media import PromptImages
@@ -18,26 +20,27 @@ def images(calls: list) -> PromptImages:
     return PromptImages(np.array([3, 4, 5, 6, 10, 11]), [b"first", b"second"], [], encode)
 
 
-def test_windows_encode_once_and_let_go_after_the_last_image_token():
+def test_windows_encode_each_image_once_and_let_it_go_after_its_last_token():
     calls = []
     p = images(calls)
     assert p.window(0, 0, 3) is None and calls == []  # (a chunk before any image: nothing encoded)
     index, embeds = p.window(1, 3, 8)
-    assert calls == [b"first", b"second"]
+    assert calls == [b"first"]  # (the second's tokens are not in this chunk)
     assert index.tolist() == [[1, 0], [1, 1], [1, 2], [1, 3]] and embeds[:, 0].tolist() == [0, 1, 2, 3]
+    assert p.embeds[0] is None  # (past position 6: done with it)
     index, embeds = p.window(1, 8, 12)  # (end past position 11: done with them)
     assert index.tolist() == [[1, 2], [1, 3]] and embeds[:, 0].tolist() == [4, 5]
-    assert p.embeds is None and len(calls) == 2
+    assert p.embeds == [None, None] and calls == [b"first", b"second"]
     assert p.window(0, 12, 20) is None
 
 
-def test_a_window_after_the_embeddings_went_encodes_them_again():
+def test_kv_restored_past_an_image_spares_its_encoding():
     calls = []
     p = images(calls)
-    p.window(0, 0, 20)
-    assert p.embeds is None
-    index, embeds = p.window(0, 9, 11)
-    assert index.tolist() == [[0, 1]] and embeds[:, 0].tolist() == [4] and len(calls) == 4
+    index, embeds = p.window(0, 8, 20)  # (KV restored for positions 0-7: the first image's)
+    assert calls == [b"second"] and index.tolist() == [[0, 2], [0, 3]] and embeds[:, 0].tolist() == [4, 5]
+    index, embeds = p.window(0, 5, 11)  # (a chunk that cuts both: the first's tail, the second's head)
+    assert index.tolist() == [[0, 0], [0, 1], [0, 5]] and embeds[:, 0].tolist() == [2, 3, 4]
 
 
 def test_each_images_tokens_are_keyed_by_its_own_bytes(tmp_path):
@@ -69,17 +72,28 @@ def test_each_images_tokens_are_keyed_by_its_own_bytes(tmp_path):
     assert a[2] != b[2] and ab[:6] == a and ab[6:] == b[1:]
 
 
-def test_a_warmed_image_is_taken_once_and_the_warmed_are_bounded(monkeypatch):
+def test_embeddings_are_kept_by_the_images_bytes_within_a_bound(monkeypatch):
+    """An image encoded once (ahead, by warm: trtllm-serve) is not encoded again while kept; the
+    kept ones stay within KEPT_BYTES, the least recently used going first."""
     from types import SimpleNamespace
 
     from trtllm.runtime import media
 
     runs = []
     encoder = media.ImageEncoder("/nowhere", SimpleNamespace(vision={}))
-    monkeypatch.setattr(encoder, "encode", lambda source: runs.append(source) or np.full((1, 2), len(runs), np.float32))
+    monkeypatch.setattr(encoder, "encode", lambda source: runs.append(source) or np.zeros((4, 2), np.float32))
+    monkeypatch.setattr(media, "KEPT_BYTES", 3 * 32)  # (three images' embeddings)
     encoder.warm(b"a")
-    assert encoder(b"a")[0, 0] == 1 and runs == [b"a"]  # (taken: not encoded again)
-    assert encoder(b"a")[0, 0] == 2  # (taken once: the next is encoded)
-    for i in range(media.WARM_IMAGES + 3):
-        encoder.warm(bytes([i]))
-    assert len(encoder.warmed) == media.WARM_IMAGES
+    encoder.warm(b"a")
+    encoder(b"a")
+    assert runs == [b"a"]
+    for name in (b"b", b"c", b"a", b"d"):  # (a used again: b, the least recent, goes for d)
+        encoder(name)
+    assert runs == [b"a", b"b", b"c", b"d"]
+    assert list(encoder.kept) == [hashlib.sha256(x).hexdigest() for x in (b"c", b"a", b"d")]
+
+    def failing(source):
+        raise RuntimeError("the session failed")
+
+    monkeypatch.setattr(encoder, "encode", failing)
+    encoder.warm(b"e")  # (best effort: the loop's own call says why)
