@@ -182,6 +182,9 @@ def translate(body: object, served: str, adapters: frozenset[str], defaults: dic
         raise ApiError("`stream_options` must be an object with `include_usage`, and only with `stream`: true",
                        "stream_options")
     include_usage = _flag(options or {}, "include_usage")
+    if not text and "prompt_logprobs" in body:  # (computed, the answer would have no place for them)
+        raise ApiError("`prompt_logprobs`: a chat completion does not give them here; /v1/completions gives a "
+                       "prompt's logprobs with `echo` and `logprobs`", "prompt_logprobs")
     for name in IGNORED:
         body.pop(name, None)
     for name, why in SERVER_ONLY.items():

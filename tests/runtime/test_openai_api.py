@@ -193,6 +193,10 @@ def test_several_prompts_are_a_request_each_and_errors_name_theirs():
         with pytest.raises(api.ApiError) as e:
             api.translate(body, "demo", frozenset(), {}, 4096, text=True)
         assert e.value.param == param
+    with pytest.raises(api.ApiError) as e:  # (computed, a chat answer would drop them)
+        api.translate({"messages": [{"role": "user", "content": "a"}], "prompt_logprobs": 1}, "demo", frozenset(), {},
+                      4096)
+    assert e.value.param == "prompt_logprobs" and "/v1/completions" in str(e.value)
     t = api.translate({"messages": [{"role": "user", "content": "a"}], "echo": True}, "demo", frozenset(), {}, 4096)
     with pytest.raises(fmt.InputError, match="echo"):  # (a chat body's echo: not ours, refused as any unknown key)
         fmt.parse_input(t.document, ())
