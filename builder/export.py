@@ -229,7 +229,6 @@ def refuse_for_vision(config: BuildConfig, backend: str, spec) -> None:
     """What a vision-language model's engine does not do yet, named before anything is written."""
     for refused, what in ((backend == "tensorrt", f"--backend {config.backend} (TensorRT: the vision graph's plan is "
                            "not built yet; use --backend onnxruntime)"),
-                          (config.eagle, "--eagle"),
                           ((config.max_lora_rank or config.lora) and spec.moe is not None,
                            "LoRA on a mixture-of-experts language model")):
         if refused:

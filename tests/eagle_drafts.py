@@ -16,6 +16,7 @@ def random_draft(target_dir: Path, out_dir: Path, seed: int = 0, draft_vocab: in
     from safetensors.numpy import save_file
 
     cfg = json.loads((Path(target_dir) / "config.json").read_text())
+    cfg = cfg.get("text_config") or cfg  # (a vision-language model's: its language model's)
     h, heads = cfg["hidden_size"], cfg["num_attention_heads"]
     kv, d, inter, vocab = cfg["num_key_value_heads"], cfg.get("head_dim") or h // heads, cfg["intermediate_size"], \
         cfg["vocab_size"]

@@ -442,3 +442,27 @@ def test_trtllm_chat_gives_a_turn_an_image(vlm, monkeypatch):
     assert then in result.output  # (the second turn: the image still in the conversation)
     assert "error: /image PATH" in result.output
     assert "error: /image missing.png: cannot be read" in result.output
+
+
+def test_an_eagle_head_speculates_over_prompts_with_images(vlm, run_cli, tmp_path):
+    """An EAGLE-3 head on a vision-language engine: it drafts from the model's hidden states (image-
+    aware) and the token table's rows (an image token's own); greedy answers stay transformers'."""
+    from tests.eagle_drafts import random_draft
+    from trtllm.builder.config import BuildConfig
+    from trtllm.builder.export import build
+
+    draft = random_draft(vlm[0], tmp_path / "draft", seed=3, aux=[0, 1, 1])
+    engine = build(BuildConfig(model=str(vlm[0]), output=str(tmp_path / "engine"), eagle=str(draft),
+                               max_batch_size=4, max_input_len=256, max_kv_cache_capacity=512), log=lambda m: None)
+    _, _, images_dir, _, _ = vlm
+    profile = tmp_path / "profile.json"
+    result, out = run_cli(engine, {"temperature": 0.0, "ignore_eos": True, "max_generate_length": NEW_TOKENS,
+                                   "batch_size": 4, "requests": [
+                                       {"messages": [{"role": "user", "content": [
+                                           {**c, "image": str(images_dir / c["image"])} if "image" in c else c
+                                           for c in content]}]} for content in CASES]},
+                          "--profile", str(profile))
+    assert result.exit_code == 0, result.output
+    for content, response in zip(CASES, out["responses"]):
+        assert response["output_ids"] == reference(vlm, content)[0]
+    assert json.loads(profile.read_text())["eagle_generation"]["total_runs"] > 0
