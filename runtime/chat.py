@@ -158,7 +158,7 @@ def converse(runner, first: list[dict], settings: dict, bundled, adapters) -> No
                     images.append(image_url(path))
                     stdout.say(f"(the next message comes with {path})")
                 except ValueError as e:
-                    stdout.say(f"error: /image {path}: {e}")
+                    stdout.say(f"error: /image: {e}" if str(e).startswith("image ") else f"error: /image {path}: {e}")
             continue
         if not line:
             continue
@@ -198,8 +198,8 @@ def image_url(path: str) -> str:
         data = Path(path).read_bytes()
     except OSError as e:
         raise ValueError(f"cannot be read ({e.strerror or e})") from None
-    image = images.load_image(data, path)
-    return f"data:image/{(image.format or 'png').lower()};base64,{base64.b64encode(data).decode()}"
+    images.load_image(data, path)  # (checked now: its error names the file)
+    return f"data:application/octet-stream;base64,{base64.b64encode(data).decode()}"  # (Pillow tells the format)
 
 
 def ask(runner, inp, adapters) -> tuple[dict, bool]:

@@ -7,9 +7,9 @@ transformers' InternVLProcessor does, each becomes `<img>`, tiles x tokens_per_t
 prefill step feeds the graph (image_embeds at image_index) in place of the token table's.
 
 An image is read and checked when its request is prepared (a bad one fails that request alone),
-and kept as its file's bytes; it is encoded when its row's prefill first reaches it, and the
-embeddings are let go once the prefill is past them: a run of many requests holds the embeddings of
-the rows being prefilled only.
+and kept as its file's bytes; it is encoded when its row's prefill first reaches it, and the row
+lets its embeddings go once its prefill is past them. The encoder keeps the last KEPT_BYTES of
+embeddings by the image's bytes (the same image again is not encoded again), one encoding at a time.
 """
 from __future__ import annotations
 
@@ -79,31 +79,56 @@ class ImageEncoder:
         self.dir, self.section, self.timing, self.threads = Path(engine_dir), manifest.vision, timing, num_threads
         self.session = None
         self.lock = threading.Lock()  # (warm runs in a server's request threads, __call__ in its generation loop)
+        # one encoding at a time: each takes every core and its attention's memory, and a second caller
+        # of the same image then finds it kept
+        self.encoding = threading.Lock()
         # sha256 of an image's bytes -> its embeddings, the least recently used first, KEPT_BYTES in all
         self.kept: OrderedDict[str, np.ndarray] = OrderedDict()
+        self.waiting: set[str] = set()  # warmed and not yet taken: evicted last
 
     def warm(self, source: bytes) -> None:
         """Encode an image ahead, in the caller's thread (trtllm-serve's request thread: the running
         streams go on meanwhile), unless it is kept already (a conversation's image, sent again each
         turn). Best effort: one that cannot be read, or fails, is left to __call__ to say so."""
         try:
-            self(source)
+            digest = hashlib.sha256(source).hexdigest()
+            with self.lock:
+                if digest in self.kept:
+                    self.waiting.add(digest)
+                    return
+            self.take(source, digest)
+            with self.lock:
+                if digest in self.kept:
+                    self.waiting.add(digest)
         except Exception:  # noqa: BLE001 - the generation loop's call reports it, for that request alone
             pass
 
     def __call__(self, source: bytes) -> np.ndarray:
         """An image's bytes -> its embeddings [tiles * tokens_per_tile, hidden], kept ones again."""
         digest = hashlib.sha256(source).hexdigest()
+        out = self.take(source, digest)
+        with self.lock:
+            self.waiting.discard(digest)
+        return out
+
+    def take(self, source: bytes, digest: str) -> np.ndarray:
+        """The kept embeddings, else encoded (after any encoding under way: it may be this image's) and kept."""
         with self.lock:
             out = self.kept.get(digest)
-            if out is not None:
-                self.kept.move_to_end(digest)
-                return out
-        out = self.encode(source)
+        if out is None:
+            with self.encoding:
+                with self.lock:
+                    out = self.kept.get(digest)
+                if out is None:
+                    out = self.encode(source)
         with self.lock:
             self.kept[digest] = out
+            self.kept.move_to_end(digest)
             while sum(a.nbytes for a in self.kept.values()) > KEPT_BYTES and len(self.kept) > 1:
-                self.kept.popitem(last=False)
+                # (the least recently used that no request waits for, else the least recently used)
+                old = next((k for k in self.kept if k not in self.waiting and k != digest), next(iter(self.kept)))
+                self.kept.pop(old)
+                self.waiting.discard(old)
         return out
 
     def encode(self, source: bytes) -> np.ndarray:

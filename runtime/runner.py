@@ -464,9 +464,9 @@ class Runner:
                 self.cancelled = self.cancelled or not interrupt.resume()
         finally:
             self.prefixes, self.contexts = prefixes, contexts
+            if self._images is not None:  # (the run encodes its images as without a warm-up, as it keeps no KV of it)
+                self._images.kept.clear()
         self.timing = Timing()
-        if self._images is not None:  # (the run encodes its images as without a warm-up, as it keeps no KV of it)
-            self._images.kept.clear()
 
     def profile(self) -> dict:
         """The --profile file's object (runtime/run_profile.py)."""

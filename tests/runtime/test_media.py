@@ -97,3 +97,45 @@ def test_embeddings_are_kept_by_the_images_bytes_within_a_bound(monkeypatch):
 
     monkeypatch.setattr(encoder, "encode", failing)
     encoder.warm(b"e")  # (best effort: the loop's own call says why)
+
+
+def test_a_warmed_image_outlasts_others_until_taken_and_encodings_run_one_at_a_time(monkeypatch):
+    import threading
+    import time
+    from types import SimpleNamespace
+
+    from trtllm.runtime import media
+
+    runs, running, most = [], [0], [0]
+
+    def encode(source):
+        running[0] += 1
+        most[0] = max(most[0], running[0])
+        time.sleep(0.05)
+        running[0] -= 1
+        runs.append(source)
+        return np.zeros((4, 2), np.float32)
+
+    encoder = media.ImageEncoder("/nowhere", SimpleNamespace(vision={}))
+    monkeypatch.setattr(encoder, "encode", encode)
+    monkeypatch.setattr(media, "KEPT_BYTES", 2 * 32)  # (two images' embeddings)
+    encoder.warm(b"x")  # (a server's request thread, ahead of its prefill)
+    encoder(b"p"), encoder(b"q")  # (others, later: over the bound, p goes, not the waiting x)
+    encoder(b"x")
+    assert runs == [b"x", b"p", b"q"]
+    threads = [threading.Thread(target=encoder.warm, args=(b"y",)) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert most[0] == 1 and runs.count(b"y") == 1  # (one at a time; the others found it kept)
+
+
+def test_a_window_after_the_embeddings_went_encodes_them_again():
+    """(An EAGLE row restored up to an image token prefills from that token again: correct, if slower.)"""
+    calls = []
+    p = images(calls)
+    p.window(0, 0, 20)
+    assert p.embeds == [None, None]
+    index, embeds = p.window(0, 9, 11)
+    assert index.tolist() == [[0, 1]] and embeds[:, 0].tolist() == [4] and calls == [b"first", b"second", b"second"]
