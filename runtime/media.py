@@ -92,11 +92,7 @@ class ImageEncoder:
         turn). Best effort: one that cannot be read, or fails, is left to __call__ to say so."""
         try:
             digest = hashlib.sha256(source).hexdigest()
-            with self.lock:
-                if digest in self.kept:
-                    self.waiting.add(digest)
-                    return
-            self.take(source, digest)
+            self.take(source, digest)  # (kept already: found there)
             with self.lock:
                 if digest in self.kept:
                     self.waiting.add(digest)
@@ -197,7 +193,7 @@ def place(ids: list[int], req, index: int, section: dict, encoder=None,
     if not items:
         return ids, None
     pre, per_tile = section["preprocess"], section["tokens_per_tile"]
-    out, positions, sources, keyed, last = [], [], [], [], 0
+    out, positions, sources, last = [], [], [], 0
     for (where, item), at in zip(items, found):
         if item.do_resize is False:
             raise MediaError(f"`{where.rsplit('.', 1)[0]}.do_resize`: false is not possible on this engine "
@@ -205,12 +201,12 @@ def place(ids: list[int], req, index: int, section: dict, encoder=None,
         data, width, height = read(item.value, where, media_dir)
         sources.append(data)
         tokens = images.tile_count(width, height, pre) * per_tile
-        own = -1 - int(hashlib.sha256(data).hexdigest()[:15], 16)  # (60 bits: below 0, within int64)
-        keyed += ids[last:at] + [section["start_token_id"]] + [own] * tokens + [section["end_token_id"]]
         out += ids[last:at] + [section["start_token_id"]]
         positions.append(np.arange(len(out), len(out) + tokens))
         out += [context] * tokens + [section["end_token_id"]]
         last = at + 1
     out += ids[last:]
-    keyed += ids[last:]
+    keyed = list(out)  # (each image's tokens as an id of its bytes' own: 60 bits, below 0, within int64)
+    for at, data in zip(positions, sources):
+        keyed[at[0]:at[-1] + 1] = [-1 - int(hashlib.sha256(data).hexdigest()[:15], 16)] * len(at)
     return out, PromptImages(np.concatenate(positions).astype(np.int64), sources, keyed, encoder)
