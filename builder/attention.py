@@ -1,12 +1,14 @@
 """How DecoderWriter writes attention: the q/k/v heads' RoPE, the in-place KV write and the attention
 itself as standard ops (opset 24's Attention, RotaryEmbedding and TensorScatter, or builder/legacy_ops.py's
 older ones), as ONNX Runtime's GroupQueryAttention, or as our kernel (trtllm.cpu::Attention); and the
-masks every layer's kind of attention reads (causal, windowed, a draft tree's).
+masks every layer's kind of attention reads (causal, windowed, a draft tree's), and multimodal RoPE's
+per-token rotary rows (mrope).
 
 A mixin of DecoderWriter (builder/decoder.py), whose __init__ and prologue set what these methods read:
 g, spec, io, legacy, gqa, native_attention, tree, tree_mask, dtype, ftype, kv_type, the rotary tables
-(cos, sin, local_cos, local_sin, rope_shape, no_rope; legacy: rope, local_rope_rows, kv_index) and, for
-GroupQueryAttention, gqa_lengths' seqlens_k, total_len and query_seqlens.
+(cos, sin, local_cos, local_sin, rope_shape, no_rope; legacy: rope, local_rope_rows, kv_index; mrope makes
+the step's own cos and sin) and, for GroupQueryAttention, gqa_lengths' seqlens_k, total_len and
+query_seqlens.
 """
 from __future__ import annotations
 
@@ -87,6 +89,40 @@ class AttentionWriter:
         cos, sin = self.rope_tables(kind)
         attrs = {"rotary_embedding_dim": s.rotary_dim} if s.rotary_dim not in (None, s.head_dim) else {}
         return self.g.op("RotaryEmbedding", f"{name}/RotaryEmbedding", [x, cos, sin, position_ids], **attrs)
+
+    def mrope(self, position_ids: str) -> str:
+        """Multimodal RoPE (Qwen2-VL): each token has a (temporal, height, width) position, and each
+        section of the rotary columns turns by one of them, as transformers' recomposition_frequencies
+        takes them. A text token's three are its slot plus its row's rope_delta (the slots images saved:
+        an image of h x w tokens spans max(h, w) positions); rope_positions gives the three of the step's
+        tokens at rope_index (the images', and text after an image in a prompt) whole. Makes the step's
+        cos/sin rows [B*S, D/2] the layers' tables (all three equal: the model's one table's rows) and
+        returns the positions 0..B*S-1 they are read at."""
+        g, s, io = self.g, self.spec, self.io
+        I64 = TensorProto.INT64
+        delta = g.input(io.rope_delta, I64, ["batch"])
+        index = g.input(io.rope_index, I64, ["rope_tokens", 2])
+        values = g.input(io.rope_positions, I64, ["rope_tokens", 3])
+        text = g.op("Add", "/model/mrope/text", [position_ids, g.op("Unsqueeze", "/model/mrope/delta",
+                                                                    [delta, g.const([1])])])        # [B,S]
+        shape = g.op("Shape", "/model/mrope/shape", [position_ids])
+        three = g.op("Expand", "/model/mrope/three", [g.op("Unsqueeze", "/model/mrope/text3", [text, g.const([2])]),
+                                                      g.op("Concat", "/model/mrope/shape3", [shape, g.const([3])], axis=0)])
+        pos = g.op("ScatterND", "/model/mrope/positions", [three, index, values])                   # [B,S,3]
+        flat = g.op("Range", "/model/mrope/rows", [g.const(0), g.op("Size", "/model/mrope/size", [position_ids]),
+                                                   g.const(1)])
+        half = sum(s.mrope_section)
+        for kind in ("cos", "sin"):
+            parts, start = [], 0
+            for axis, width in enumerate(s.mrope_section):
+                cols = g.op("Slice", f"/model/mrope/{kind}/cols{axis}", [getattr(self, kind), g.const([start]),
+                                                                         g.const([start + width]), g.const([1])])
+                at = g.op("Gather", f"/model/mrope/{kind}/axis{axis}", [pos, g.const(axis)], axis=2)  # [B,S]
+                parts.append(g.op("Gather", f"/model/mrope/{kind}/rows{axis}", [cols, at], axis=0))
+                start += width
+            rows = g.op("Concat", f"/model/mrope/{kind}/Concat", parts, axis=-1)                  # [B,S,D/2]
+            setattr(self, kind, g.op("Reshape", f"/model/mrope/{kind}/Reshape", [rows, g.const([-1, half])]))
+        return g.op("Reshape", "/model/mrope/flat", [flat, shape])
 
     def kv_write(self, name: str, past: str, new: str, write_index: str, present: str) -> None:
         """new [B,kv_heads,S,D] into slots write_index[b].. of past; present is the same buffer."""

@@ -130,6 +130,7 @@ class BuildConfig:
     tensorrt_options: tuple[str, ...] = ()  # TensorRT-only flags given on the command line (--timing-cache, ...)
     plan_later: bool = False        # TensorRT: export all but the plan, built on the device (builder/plan.py)
     max_image_tiles: int | None = None  # vision-language models: at most this many tiles an image (None: the checkpoint's)
+    max_image_pixels: int | None = None  # ... resized to their own grid (Qwen2.5-VL): at most this many pixels an image
 
     def __post_init__(self):
         for name, allowed in (("backend", BACKENDS), ("dtype", DTYPES), ("quantization", QUANTIZATIONS),
@@ -159,6 +160,9 @@ class BuildConfig:
         if self.max_image_tiles is not None and (isinstance(self.max_image_tiles, bool) or
                                                  not isinstance(self.max_image_tiles, int) or self.max_image_tiles < 1):
             raise ConfigError(f"--max-image-tiles must be an integer >= 1, got {self.max_image_tiles!r}")
+        if self.max_image_pixels is not None and (isinstance(self.max_image_pixels, bool) or
+                                                  not isinstance(self.max_image_pixels, int) or self.max_image_pixels < 1):
+            raise ConfigError(f"--max-image-pixels must be an integer >= 1, got {self.max_image_pixels!r}")
         if self.eagle and self.max_input_len < 2:  # the head drafts from a prompt's second token on
             raise ConfigError(f"--eagle needs --max-input-len >= 2, got {self.max_input_len}")
         if self.max_input_len > self.max_kv_cache_capacity:

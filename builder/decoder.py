@@ -93,6 +93,8 @@ class DecoderSpec:
     moe: MoE | None = None            # mixture-of-experts MLPs (builder/moe.py) on all but moe.dense_layers
     image_embeds: bool = False        # a vision-language model's: image tokens take embeddings the vision graph
                                       # made (image_embeds at image_index), not the table's (builder/vision.py)
+    mrope_section: tuple[int, ...] | None = None  # Qwen2-VL's multimodal RoPE: the rotary columns (head_dim / 2
+                                      # in all) that turn with a token's temporal, height and width position
 
     def window(self, layer: int) -> int | None:
         """Layer `layer`'s sliding window, or None for full attention."""
@@ -168,7 +170,9 @@ def gqa_supported(spec: DecoderSpec, dtype: str) -> bool:
     windows, q/k norms (Qwen3, Gemma, OLMo 2), NoPE layers (SmolLM3: it rotates every layer), a scale
     of the model's own, soft-capped scores (Gemma 2) and float16 are not lowered to it."""
     partial_ok = spec.rotary_dim is None or (spec.rotary_dim // 2) % 8 == 0
+    # (multimodal RoPE's per-token tables are shorter than the KV, which GroupQueryAttention refuses)
     return (spec.head_dim % 16 == 0 and partial_ok and not spec.sliding_window and not spec.qk_norm
+            and spec.mrope_section is None
             and not spec.full_qk_norm and not spec.nope_layers and spec.query_scale is None
             and spec.attn_softcap is None and dtype == "float32")
 
@@ -478,6 +482,8 @@ class DecoderWriter(AttentionWriter, HeadWriter, WeightWriter, MoEWriter):
         g, s, io = self.g, self.spec, self.io
         input_ids = g.input(io.input_ids, I64, ["batch", "seq"])
         position_ids = g.input(io.position_ids, I64, ["batch", "seq"])
+        if s.mrope_section:  # every layer turns by the step's own rows (mrope), at positions 0..B*S-1
+            position_ids = self.mrope(position_ids)
         write_index = g.input(io.write_index, I64, ["batch"])
         last_index = g.input(io.last_index, I64, ["batch"])
         if self.tree:

@@ -24,9 +24,11 @@ from trtllm.builder.graph import GraphWriter
 
 PIXELS, EMBEDS = "pixel_values", "image_embeds"
 VISION_NAME = "vision.onnx"
-MODEL_TYPES = ("internvl",)  # config.model_type of the vision-language models built
+MODEL_TYPES = ("internvl", "qwen2_vl", "qwen2_5_vl")  # config.model_type of the vision-language models built
 LANGUAGE_PREFIX = "model.language_model"  # where their decoder layers are (PEFT adapters name them so)
 F32 = onnx.TensorProto.FLOAT
+# Qwen2-VL's and Qwen2.5-VL's language models: Qwen2's layers, their RoPE multimodal (DecoderSpec.mrope_section)
+QWEN2_TEXT = ("qwen2_vl_text", "qwen2_5_vl_text")
 ACTIVATIONS = {"gelu": "none", "gelu_pytorch_tanh": "tanh", "gelu_new": "tanh"}  # Gelu's `approximate`
 
 
@@ -72,13 +74,35 @@ def language_model(vlm):
     """The language model of a loaded vision-language model as a causal LM of its text_config's class,
     holding the same modules (no copy): what the rest of the build reads, and verifies against."""
     import torch
-    from transformers import AutoModelForCausalLM
+    import transformers
 
+    config = vlm.config.text_config
     with torch.device("meta"):  # (its own weights are replaced at once)
-        text = AutoModelForCausalLM.from_config(vlm.config.text_config)
+        if config.model_type in QWEN2_TEXT:  # (no causal LM class of its own: Qwen2's, whose layers it has)
+            kept = {k: v for k, v in config.to_dict().items() if k not in ("model_type", "architectures")}
+            kept["rope_parameters"] = {k: v for k, v in (kept.get("rope_parameters") or {}).items()
+                                       if k != "mrope_section"}
+            text = transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**kept))
+        else:
+            text = transformers.AutoModelForCausalLM.from_config(config)
     text.model, text.lm_head = vlm.model.language_model, vlm.lm_head
     text.generation_config = vlm.generation_config
     return text.eval()
+
+
+def mrope_section(config) -> tuple[int, ...] | None:
+    """The language model's multimodal RoPE sections (DecoderSpec.mrope_section), or None: the rotary
+    columns turned by a token's temporal, height and width positions (transformers' default where the
+    config names none)."""
+    text = config.text_config
+    if text.model_type not in QWEN2_TEXT:
+        return None
+    section = tuple(int(n) for n in (text.rope_parameters or {}).get("mrope_section") or (16, 24, 24))
+    head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+    if len(section) != 3 or sum(section) != head_dim // 2 or min(section) < 1:
+        raise Unsupported(f"rope_parameters.mrope_section {list(section)} must be three widths adding up to half "
+                          f"the head size ({head_dim // 2})")
+    return section
 
 
 def spec_of(config) -> VisionSpec:
@@ -251,7 +275,10 @@ def section(vlm, tokenizer, spec: VisionSpec, source, max_tiles: int | None = No
     if max_tiles is not None:
         if max_tiles < pre["min_patches"]:
             raise ConfigError(f"--max-image-tiles {max_tiles} is below the processor's min_patches {pre['min_patches']}")
-        pre["max_patches"] = min(pre["max_patches"], max_tiles)
+        if max_tiles > pre["max_patches"]:
+            raise ConfigError(f"--max-image-tiles {max_tiles} is above the processor's max_patches "
+                              f"{pre['max_patches']}: it only lowers it")
+        pre["max_patches"] = max_tiles
     if pre["size"] != list(spec.image_size):
         raise Unsupported(f"preprocessor_config.size {pre['size']} is not the vision encoder's image_size "
                           f"{list(spec.image_size)}")

@@ -55,6 +55,12 @@ class StepInputs:
     # in the step) int64 [N, 2] (None: N = 0)
     image_embeds: np.ndarray | None = None
     image_index: np.ndarray | None = None
+    # multimodal RoPE engines (manifest.vision.mrope_section): int64 [B], added to each row's text tokens'
+    # slots for their rotary positions (None: 0s); and the step's tokens whose three positions are given
+    # whole: (row, position in the step) int64 [M, 2] and (temporal, height, width) int64 [M, 3] (None: M = 0)
+    rope_delta: np.ndarray | None = None
+    rope_index: np.ndarray | None = None
+    rope_positions: np.ndarray | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,8 +126,12 @@ def optional_inputs_mismatch(inputs: set[str], m: manifest_mod.Manifest) -> str:
         return "the graph's LoRA inputs are not those of the manifest's lora.sites and limits.max_lora_rank"
     if lora_inputs and not m.lora:
         return "the graph has LoRA inputs, and the manifest no lora section"
+    mrope = bool(m.vision.get("mrope_section"))
     for name, fed, section in ((io.image_embeds, bool(m.vision), "vision section"),
                                (io.image_index, bool(m.vision), "vision section"),
+                               (io.rope_delta, mrope, "vision.mrope_section"),
+                               (io.rope_index, mrope, "vision.mrope_section"),
+                               (io.rope_positions, mrope, "vision.mrope_section"),
                                (io.verify_index, bool(e) or m.prompt_logits, "eagle section or prompt_logits"),
                                (io.verify_uniform, m.samples_verified, "verify_sampler or eagle.verify"),
                                (io.tree_mask, bool(e.get("tree")), "eagle.tree")):

@@ -164,17 +164,17 @@ def preprocess_config(processor_config: dict, *, crop_to_patches: bool | None = 
         ("do_resize", cfg["do_resize"] is True, "true"),
         ("do_convert_rgb", cfg["do_convert_rgb"] is True, "true"),
         ("size", isinstance(size, dict) and set(size) == {"height", "width"}
-         and all(_is_int(v) and v > 0 for v in size.values()), '{"height": int > 0, "width": int > 0}'),
-        ("min_patches", _is_int(lo) and lo >= 1, "an int >= 1"),
-        ("max_patches", _is_int(hi) and hi >= 1, "an int >= 1"),
-        ("min_patches", not (_is_int(lo) and _is_int(hi)) or lo <= hi, "<= max_patches"),
-        ("resample", cfg["resample"] in range(6) and _is_int(cfg["resample"]), "a PIL filter number 0..5"),
-        ("rescale_factor", _is_number(cfg["rescale_factor"]), "a number"),
+         and all(is_int(v) and v > 0 for v in size.values()), '{"height": int > 0, "width": int > 0}'),
+        ("min_patches", is_int(lo) and lo >= 1, "an int >= 1"),
+        ("max_patches", is_int(hi) and hi >= 1, "an int >= 1"),
+        ("min_patches", not (is_int(lo) and is_int(hi)) or lo <= hi, "<= max_patches"),
+        ("resample", cfg["resample"] in range(6) and is_int(cfg["resample"]), "a PIL filter number 0..5"),
+        ("rescale_factor", is_number(cfg["rescale_factor"]), "a number"),
     ]
     if cfg["do_normalize"]:
         for key in ("image_mean", "image_std"):  # one number stands for all three channels
-            cfg[key] = [cfg[key]] * 3 if _is_number(cfg[key]) else cfg[key]
-            ok = isinstance(cfg[key], list) and len(cfg[key]) == 3 and all(map(_is_number, cfg[key]))
+            cfg[key] = [cfg[key]] * 3 if is_number(cfg[key]) else cfg[key]
+            ok = isinstance(cfg[key], list) and len(cfg[key]) == 3 and all(map(is_number, cfg[key]))
             checks.append((key, ok, "a number or 3 numbers"))
         checks.append(("image_std", not isinstance(cfg["image_std"], list) or 0 not in cfg["image_std"],
                        "non-zero"))
@@ -192,9 +192,9 @@ def preprocess_config(processor_config: dict, *, crop_to_patches: bool | None = 
     }
 
 
-def _is_int(value) -> bool:
+def is_int(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _is_number(value) -> bool:
+def is_number(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)

@@ -42,7 +42,7 @@ PEFT_DEFAULTS = {"r": 8, "lora_alpha": 8}  # LoraConfig's, where adapter_config.
 KEY = re.compile(r"base_model\.model\.model\.layers\.(\d+)\.([\w.]+?)\.lora_([AB])\.weight")
 # A vision-language model's language model is under another name (lora.prefix: InternVL's
 # model.language_model); its vision encoder takes no adapter
-VISION_MODULES = re.compile(r"base_model\.model\.model\.(vision_tower|multi_modal_projector)\..*")
+VISION_MODULES = re.compile(r"base_model\.model\.model\.(vision_tower|multi_modal_projector|visual)\..*")
 
 
 def key_pattern(prefix: str) -> re.Pattern:

@@ -20,6 +20,8 @@ import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from trtllm.runtime import vision_section
+
 FORMAT_VERSION = 4  # 2: the sampler takes penalties and min_p; 3: static-width logprob outputs;
 # 4: with min_p and no top_k, top-p measures its mass over every min-p survivor (the sampler in the graph)
 MANIFEST_NAME = "manifest.json"
@@ -112,6 +114,10 @@ class GraphIO:
     image_embeds: str = "image_embeds"        # f32 [N, H]: vision-language engines only (manifest.vision), the
     image_index: str = "image_index"          # image tokens' embeddings, and int64 [N, 2] their (row, position
                                               # in the step); N = 0 in a step without one
+    rope_delta: str = "rope_delta"            # int64 [batch]: multimodal RoPE engines (Qwen2-VL): added to a
+                                              # text token's slot for its three rotary positions
+    rope_index: str = "rope_index"            # int64 [M, 2]: (row, position in the step) of the tokens whose
+    rope_positions: str = "rope_positions"    # three positions, int64 [M, 3], are given whole (M = 0: none)
     generated: str = "generated"              # int64 [1], graphs on plugins/cpu's MatMul kernels: 1 when the
                                               # step's tokens were generated, 0 for a prompt (kernel path per role)
 
@@ -363,7 +369,7 @@ def check(m: Manifest, engine_dir: Path) -> str:
                           ("vision", m.vision)):
         if not isinstance(section, dict):
             return f"{name} must be an object, got {type(section).__name__}"
-    problem = check_eagle(m.eagle, model) or check_lora(m) or check_vision(m)
+    problem = check_eagle(m.eagle, model) or check_lora(m) or vision_section.check(m)
     if problem:
         return problem
     pending = plan_pending(m)  # (exported with --plan-later: the plan step writes it)
@@ -394,40 +400,6 @@ def check_sizes(sizes: dict, engine_dir: Path) -> str:
             return (f"{name} is {found}, and the build wrote {size:,} bytes: the engine directory is incomplete "
                     "or damaged (an interrupted copy?): copy it again whole (`sha256sum -c checksums.sha256` "
                     "inside it checks every file)")
-    return ""
-
-
-VISION_KEYS = ("graph", "image_size", "tokens_per_tile", "hidden_size", "image_token", "image_token_id",
-               "start_token_id", "end_token_id", "preprocess")
-
-
-def check_vision(m: Manifest) -> str:
-    """The vision section's numbers (builder/vision.py), or "": the runtime places image tokens by them."""
-    v = m.vision
-    if not v:
-        return ""
-    missing = [k for k in VISION_KEYS if k not in v]
-    if missing:
-        return f"vision lacks {', '.join(missing)}"
-    if v["graph"] != m.files.get("vision"):
-        return f"vision.graph {v['graph']!r} must be files.vision {m.files.get('vision')!r}"
-    for name in ("image_token_id", "start_token_id", "end_token_id"):
-        if not (whole(v[name], 0) and v[name] < m.model.vocab_size):
-            return f"vision.{name} must be a token id below the vocabulary size {m.model.vocab_size}, got {v[name]!r}"
-    if not whole(v["tokens_per_tile"]) or v["hidden_size"] != m.model.hidden_size:
-        return (f"vision.tokens_per_tile must be an integer >= 1 and vision.hidden_size model.hidden_size "
-                f"({m.model.hidden_size}), got {v['tokens_per_tile']!r} and {v['hidden_size']!r}")
-    if not isinstance(v["image_token"], str):
-        return f"vision.image_token must be a string, got {v['image_token']!r}"
-    if m.backend != "onnxruntime":  # (no plan step builds vision.onnx yet)
-        return f"a vision section is for ONNX Runtime engines, got backend {m.backend!r}"
-    pre = v["preprocess"]
-    keys = ("size", "crop_to_patches", "min_patches", "max_patches", "resample", "rescale_factor", "image_mean",
-            "image_std")
-    if not isinstance(pre, dict) or set(pre) != set(keys) or pre["size"] != v["image_size"] \
-            or not all(whole(pre[k]) for k in ("min_patches", "max_patches")):
-        return (f"vision.preprocess must hold {', '.join(keys)} (its size vision.image_size, its patch counts "
-                f"integers >= 1), got {pre!r:.200}")
     return ""
 
 

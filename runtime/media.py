@@ -1,10 +1,15 @@
 """A request's images on a vision-language engine (manifest.vision): read, tiled (runtime/images.py),
 encoded by the vision graph, and placed in its prompt.
 
-The chat template writes one image token (InternVL's `<IMG_CONTEXT>`) where each image item is; as
-transformers' InternVLProcessor does, each becomes `<img>`, tiles x tokens_per_tile image tokens and
-`</img>`. The prompt's ids then hold the image tokens, and PromptImages their embeddings, which a
-prefill step feeds the graph (image_embeds at image_index) in place of the token table's.
+The chat template writes one image token where each image item is. As transformers' processors do,
+InternVL's (`<IMG_CONTEXT>`) becomes `<img>`, tiles x tokens_per_tile image tokens and `</img>`;
+Qwen2.5-VL's (`<|image_pad|>`, between the template's own start and end tokens) becomes one token per
+2 x 2 patches of the image resized to its own grid (runtime/images_qwen.py). The prompt's ids then hold
+the image tokens, and PromptImages their embeddings, which a prefill step feeds the graph (image_embeds
+at image_index) in place of the token table's. Qwen's language model turns each token by three
+positions (multimodal RoPE): an image's tokens by their row and column, the text after it from past
+the image's larger side; PromptImages holds them (rope_window) and the shift the generated tokens take
+(rope_delta).
 
 An image is read and checked when its request is prepared (a bad one fails that request alone),
 and kept as its file's bytes; it is encoded when its row's prefill first reaches it, and the row
@@ -22,26 +27,31 @@ from pathlib import Path
 
 import numpy as np
 
-from trtllm.runtime import images
+from trtllm.runtime import images, images_qwen
 
 TILES_A_RUN = 4  # tiles the vision graph encodes at once: its attention's memory grows with them
 # embeddings kept by their image's bytes (ImageEncoder.kept): the same image in another request, or
 # encoded ahead by trtllm-serve's request thread, is not encoded again
 KEPT_BYTES = 256 * 2**20
+QWEN = ("qwen2_vl", "qwen2_5_vl")  # vision.architecture of Qwen's encoders (runtime/images_qwen.py's inputs)
 
 
 class PromptImages:
     """A prompt's images: where their tokens are, and (each encoded when a window first reaches it)
     their embeddings."""
 
-    def __init__(self, positions: np.ndarray, sources: list[bytes], keyed: list[int], encode):
+    def __init__(self, positions: np.ndarray, sources: list[bytes], keyed: list[int], encode,
+                 rope: np.ndarray | None = None, rope_delta: int = 0):
         self.positions = positions  # int64 [N]: the prompt positions of the image tokens, ascending
+        # multimodal RoPE engines: each prompt token's (temporal, height, width) position int64 [3, n],
+        # and the shift from a slot past the prompt to its position (None, 0: positions are slots)
+        self.rope, self.rope_delta = rope, rope_delta
         self.sources = sources      # each image's bytes, in prompt order
         # the prompt's ids, each image's tokens as an id of its own (negative: no token's), from its
         # bytes' SHA-256: what KV of the prompt is keyed by (step_inputs.key_ids)
         self.keyed = keyed
         self.count = len(sources)
-        self._encode = encode       # bytes -> [tiles * tokens_per_tile, hidden] (None: counted only)
+        self._encode = encode       # bytes -> [its image tokens, hidden] (None: counted only)
         # each image's first and last index into positions (its tokens are contiguous), and embeddings
         starts = [0, *(np.flatnonzero(np.diff(positions) != 1) + 1).tolist()]
         self.spans = [(lo, hi) for lo, hi in zip(starts, [*starts[1:], len(positions)])]
@@ -66,6 +76,18 @@ class PromptImages:
         at = self.positions[lo:hi] - start
         return np.stack([np.full_like(at, row), at], axis=1), np.concatenate(parts)
 
+    def rope_window(self, row: int, start: int, end: int) -> tuple[np.ndarray, np.ndarray] | None:
+        """Multimodal RoPE: the tokens among prompt positions [start, end) whose three positions are not
+        their slot (an image's, and the text after one): their (row, position - start) and positions
+        int64 [M, 3], or None where there are none."""
+        if self.rope is None:
+            return None
+        part = self.rope[:, start:end]
+        moved = np.flatnonzero((part != np.arange(start, start + part.shape[1])).any(axis=0))
+        if not len(moved):
+            return None
+        return np.stack([np.full_like(moved, row), moved], axis=1), np.ascontiguousarray(part[:, moved].T)
+
 
 class MediaError(ValueError):
     """One request's image that cannot be used; the message names its JSON path."""
@@ -77,6 +99,7 @@ class ImageEncoder:
 
     def __init__(self, engine_dir, manifest, timing=None, num_threads: int | None = None):
         self.dir, self.section, self.timing, self.threads = Path(engine_dir), manifest.vision, timing, num_threads
+        self.limit = manifest.limits.max_input_len  # (an image with more tokens is refused, not encoded ahead)
         self.session = None
         self.lock = threading.Lock()  # (warm runs in a server's request threads, __call__ in its generation loop)
         # one encoding at a time: each takes every core and its attention's memory, and a second caller
@@ -91,6 +114,8 @@ class ImageEncoder:
         streams go on meanwhile), unless it is kept already (a conversation's image, sent again each
         turn). Best effort: one that cannot be read, or fails, is left to __call__ to say so."""
         try:
+            if not self.fits(source):
+                return  # (its request is refused as too long: its encoding, and memory, are not spent)
             digest = hashlib.sha256(source).hexdigest()
             self.take(source, digest)  # (kept already: found there)
             with self.lock:
@@ -99,8 +124,14 @@ class ImageEncoder:
         except Exception:  # noqa: BLE001 - the generation loop's call reports it, for that request alone
             pass
 
+    def fits(self, source: bytes) -> bool:
+        """Whether an image's tokens fit the engine's max_input_len (one that does not is not encoded
+        ahead: Qwen's encoder memory grows with the square of an image's size)."""
+        image = images.load_image(source)
+        return image_tokens(image.width, image.height, self.section) <= self.limit
+
     def __call__(self, source: bytes) -> np.ndarray:
-        """An image's bytes -> its embeddings [tiles * tokens_per_tile, hidden], kept ones again."""
+        """An image's bytes -> its embeddings [its image tokens, hidden], kept ones again."""
         digest = hashlib.sha256(source).hexdigest()
         out = self.take(source, digest)
         with self.lock:
@@ -128,7 +159,16 @@ class ImageEncoder:
         return out
 
     def encode(self, source: bytes) -> np.ndarray:
-        pixels = images.pixel_values(images.load_image(source), self.section["preprocess"])
+        image, pre, order = images.load_image(source), self.section["preprocess"], None
+        if self.section["architecture"] in QWEN:  # the whole image at once (a head at a time in its full-attention layers)
+            pixels, grid = images_qwen.pixel_values(image, pre)
+            at = images_qwen.encoder_inputs([grid], pre["merge_size"], self.section["window_size"],
+                                            pre["patch_size"])
+            runs, order = [{"pixel_values": pixels[at["order"]], **{k: at[k] for k in (
+                "patch_positions", "image_ids", "window_rows", "window_slots")}}], at["reverse"]
+        else:
+            pixels = images.pixel_values(image, pre)
+            runs = [{"pixel_values": pixels[i:i + TILES_A_RUN]} for i in range(0, len(pixels), TILES_A_RUN)]
         with self.lock:
             if self.session is None:
                 import onnxruntime as ort
@@ -139,8 +179,11 @@ class ImageEncoder:
                 self.session = ort.InferenceSession(str(self.dir / self.section["graph"]), opts,
                                                     providers=["CPUExecutionProvider"])
         began = time.perf_counter()
-        out = np.concatenate([self.session.run(None, {"pixel_values": pixels[i:i + TILES_A_RUN]})[0]
-                              for i in range(0, len(pixels), TILES_A_RUN)])
+        takes = {i.name for i in self.session.get_inputs()}  # (Qwen2-VL's graph has no windows)
+        out = np.concatenate([self.session.run(None, {k: v for k, v in feeds.items() if k in takes})[0]
+                              for feeds in runs])
+        if order is not None:  # (Qwen2.5-VL's encoder works in window order: back to the image's)
+            out = out[order]
         if self.timing is not None:
             self.timing().record("vision_encoder", time.perf_counter() - began)
         return out
@@ -178,6 +221,14 @@ def read(value: str, where: str, media_dir: str | os.PathLike | None) -> tuple[b
     return data, image.width, image.height
 
 
+def image_tokens(width: int, height: int, section: dict) -> int:
+    """The tokens an image of this size takes in the prompt."""
+    pre = section["preprocess"]
+    if section["architecture"] in QWEN:
+        return images_qwen.token_count(width, height, pre)
+    return images.tile_count(width, height, pre) * section["tokens_per_tile"]
+
+
 def place(ids: list[int], req, index: int, section: dict, encoder=None,
           media_dir: str | os.PathLike | None = None) -> tuple[list[int], PromptImages | None]:
     """The prompt's ids with each image token expanded, and its images (encoder None: counted only,
@@ -192,21 +243,35 @@ def place(ids: list[int], req, index: int, section: dict, encoder=None,
                          "chat template (apply_chat_template true), and the text must not write that token itself")
     if not items:
         return ids, None
-    pre, per_tile = section["preprocess"], section["tokens_per_tile"]
-    out, positions, sources, last = [], [], [], 0
+    pre, qwen = section["preprocess"], section["architecture"] in QWEN
+    out, positions, sources, grids, last = [], [], [], [], 0
     for (where, item), at in zip(items, found):
         if item.do_resize is False:
             raise MediaError(f"`{where.rsplit('.', 1)[0]}.do_resize`: false is not possible on this engine "
-                             "(InternVL's tiles are always resized)")
+                             "(its images are always resized)")
         data, width, height = read(item.value, where, media_dir)
         sources.append(data)
-        tokens = images.tile_count(width, height, pre) * per_tile
-        out += ids[last:at] + [section["start_token_id"]]
+        # InternVL's template writes the image token alone, and its processor wraps the image's tokens
+        # in start and end tokens; Qwen's writes all three, and its processor repeats the middle one
+        if qwen and not (0 < at < len(ids) - 1 and ids[at - 1] == section["start_token_id"]
+                         and ids[at + 1] == section["end_token_id"]):
+            raise MediaError(f"`requests[{index}].messages`: the chat template wrote {section['image_token']!r} for "
+                             f"`{where}` without the image's start and end tokens around it, as Qwen's template "
+                             "writes them: the engine's chat template is needed (apply_chat_template true)")
+        out += ids[last:at] + [section["start_token_id"]] * (not qwen)
+        try:
+            if qwen:
+                grids.append(images_qwen.grid(width, height, pre))
+            tokens = image_tokens(width, height, section)
+        except ValueError as e:  # (a shape the processor refuses: 200:1 or narrower)
+            raise MediaError(f"`{where}`: {e}") from None
         positions.append(np.arange(len(out), len(out) + tokens))
-        out += [context] * tokens + [section["end_token_id"]]
+        out += [context] * tokens + [section["end_token_id"]] * (not qwen)
         last = at + 1
     out += ids[last:]
     keyed = list(out)  # (each image's tokens as an id of its bytes' own: 60 bits, below 0, within int64)
     for at, data in zip(positions, sources):
         keyed[at[0]:at[-1] + 1] = [-1 - int(hashlib.sha256(data).hexdigest()[:15], 16)] * len(at)
-    return out, PromptImages(np.concatenate(positions).astype(np.int64), sources, keyed, encoder)
+    rope = images_qwen.rope_positions(len(out), [(int(at[0]), g) for at, g in zip(positions, grids)],
+                                      pre["merge_size"]) if qwen else (None, 0)
+    return out, PromptImages(np.concatenate(positions).astype(np.int64), sources, keyed, encoder, *rope)

@@ -44,7 +44,7 @@ from trtllm.runtime.engine import StepInputs
 from trtllm.runtime.generate import Scheduler
 from trtllm.runtime.rows import RowState
 from trtllm.runtime.spec_rules import changing, room
-from trtllm.runtime.step_inputs import guess_ids, write_position
+from trtllm.runtime.step_inputs import guess_ids, rope_deltas, write_position
 
 MIN_NGRAM, MAX_NGRAM = 2, 4  # a match of one token proposes too much that is wrong
 PROBE = 16  # steps of the faster kind before one of the other, measured again (doubling while it loses)
@@ -186,7 +186,7 @@ class NgramScheduler(Scheduler):
         inputs = StepInputs(input_ids=ids, position_ids=np.array(starts, np.int64)[:, None] + np.arange(width),
                             write_index=np.array(starts, np.int64),
                             last_index=np.array([len(drafts.get(s, ())) for s in range(hi)], np.int64),
-                            sampling=sampling.rows(self.batch, 0, hi),
+                            sampling=sampling.rows(self.batch, 0, hi), rope_delta=rope_deltas(rows[:hi]),
                             verify_index=np.tile(np.arange(checked, dtype=np.int64), (hi, 1)), verify_uniform=uniform)
         out, elapsed = self.step(0, hi, inputs, frozenset(drawn), want_logits=True)
         t = self.timing

@@ -98,11 +98,12 @@ def token_problem(p, req: fmt.Request, index: int, tokenizer, manifest) -> str |
         asked = (manifest.build_config or {}).get("max_input_len")
         # (a build asked for more and was lowered to the model's positions: a rebuild cannot raise it)
         lowered = isinstance(asked, int) and asked > limit
-        if p.images is not None:  # (truncating would cut an image: fewer tiles are the way)
+        if p.images is not None:  # (truncating would cut an image: fewer tiles or pixels are the way)
+            knob = "--max-image-tiles" if manifest.vision["architecture"] == "internvl" else "--max-image-pixels"
             more = " (the model's position limit)" if lowered else "; rebuild with a larger --max-input-len"
             return (f"`{prompt}`: the prompt is {len(p.prompt_ids)} tokens, {len(p.images.positions)} of them its "
                     f"images', more than the engine's max_input_len {limit}{more}, or give fewer or smaller images "
-                    "(or rebuild with a lower --max-image-tiles)")
+                    f"(or rebuild with a lower {knob})")
         fix = " (the model's position limit: a rebuild cannot raise it); give" if lowered \
             else "; rebuild with a larger --max-input-len, or give"
         return (f"`{prompt}`: the prompt is {len(p.prompt_ids)} tokens, more than the engine's "

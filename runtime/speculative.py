@@ -66,7 +66,7 @@ from trtllm.runtime.draft_tree import TreeDecoding
 from trtllm.runtime.drafter import Drafter
 from trtllm.runtime.engine import StepInputs
 from trtllm.runtime.generate import RowState, Scheduler, adapter_key, write_position
-from trtllm.runtime.step_inputs import guess_ids
+from trtllm.runtime.step_inputs import guess_ids, rope_deltas
 from trtllm.runtime.spec_context import SpecContext, draft_key
 from trtllm.runtime.spec_pause import PAUSE_FLUSH, SpecPause
 from trtllm.runtime.spec_rules import changing, exact, greedy, held, lowering, room, sampled
@@ -310,6 +310,7 @@ class SpecScheduler(SpecContext, SpecPause, TreeDecoding, Scheduler):
                 uniform[s, : len(d)] = [drawn[s][j] for j in d]
         inputs = StepInputs(input_ids=ids, position_ids=positions, write_index=start, last_index=last,
                             sampling=sampling.rows(self.batch, 0, hi), tree_mask=tree_mask,
+                            rope_delta=rope_deltas([self.active.get(s) for s in range(hi)]),
                             verify_index=np.tile(np.arange(w, dtype=np.int64), (hi, 1)), verify_uniform=uniform)
         # (the verified positions' logits, where the graph gives them: free to read, and what says
         # which position overflowed, `emit`)

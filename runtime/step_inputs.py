@@ -144,10 +144,24 @@ def prefill_inputs(rows: list[RowState], pad_id: int, batch: sampling.SamplingBa
     positions = np.array(starts, np.int64)[:, None] + np.arange(width, dtype=np.int64)[None, :]
     windows = [w for b, (r, t) in enumerate(zip(rows, rests))
                if r.images is not None and (w := r.images.window(b, r.computed, r.computed + len(t))) is not None]
+    # multimodal RoPE: the tokens whose three positions are not their slot's (an image's, and the text after)
+    turns = [w for b, (r, t) in enumerate(zip(rows, rests))
+             if r.images is not None and (w := r.images.rope_window(b, r.computed, r.computed + len(t))) is not None]
     return StepInputs(input_ids=ids, position_ids=positions, write_index=np.array(starts, np.int64), prompt=True,
                       last_index=np.array([len(t) - 1 for t in rests], np.int64), sampling=batch,
                       **({"image_index": np.concatenate([w[0] for w in windows]),
-                          "image_embeds": np.concatenate([w[1] for w in windows])} if windows else {}))
+                          "image_embeds": np.concatenate([w[1] for w in windows])} if windows else {}),
+                      **({"rope_index": np.concatenate([w[0] for w in turns]),
+                          "rope_positions": np.concatenate([w[1] for w in turns])} if turns else {}))
+
+
+def rope_deltas(rows: list[RowState | None]) -> np.ndarray | None:
+    """Multimodal RoPE: each row's shift from a slot past its prompt to that token's rotary position
+    (negative: an image of h x w tokens spans max(h, w) positions); None where every row's is 0. A
+    row with no token yet (parked: its pad is overwritten before it is read) takes none, which could
+    put its pad before position 0."""
+    deltas = [0 if r is None or r.images is None or not r.output_ids else r.images.rope_delta for r in rows]
+    return np.array(deltas, np.int64) if any(deltas) else None
 
 
 def guess_ids(rows: list[RowState | None], guesses: dict[int, list[int]], width: int, pad_id: int) -> np.ndarray:
@@ -179,11 +193,14 @@ def decode_inputs(rows: list[RowState | None], pad_id: int, batch: sampling.Samp
     nothing to bind again."""
     last = [pad_id if r is None or not r.output_ids else r.output_ids[-1] for r in rows]
     pos = [write_position(r) for r in rows]
-    if reuse is not None:
+    delta = rope_deltas(rows)
+    if reuse is not None and (reuse.rope_delta is None) == (delta is None):
         reuse.input_ids[:, 0] = last
         reuse.position_ids[:, 0] = pos
         reuse.write_index[:] = pos
+        if delta is not None:
+            reuse.rope_delta[:] = delta
         return reuse
     return StepInputs(input_ids=np.array(last, np.int64)[:, None], position_ids=np.array(pos, np.int64)[:, None],
                       write_index=np.array(pos, np.int64), last_index=np.zeros(len(rows), np.int64),
-                      sampling=batch)
+                      sampling=batch, rope_delta=delta)

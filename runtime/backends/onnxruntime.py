@@ -245,6 +245,12 @@ class OnnxRuntimeEngine:
             feeds[io.image_embeds] = self.zeros_of((0, m.model.hidden_size), np.float32) if no_image \
                 else inputs.image_embeds
             feeds[io.image_index] = self.zeros_of((0, 2), np.int64) if no_image else inputs.image_index
+            if m.vision.get("mrope_section"):  # (text alone: its slots, [B] 0s; none given whole, [0, 3])
+                feeds[io.rope_delta] = self.zeros_of((batch,), np.int64) if inputs.rope_delta is None \
+                    else inputs.rope_delta
+                given = inputs.rope_index is not None
+                feeds[io.rope_index] = inputs.rope_index if given else self.zeros_of((0, 2), np.int64)
+                feeds[io.rope_positions] = inputs.rope_positions if given else self.zeros_of((0, 3), np.int64)
         if m.eagle:
             if m.eagle.get("tree"):  # no tree: [B, S, 0], the causal mask alone
                 feeds[io.tree_mask] = inputs.tree_mask if inputs.tree_mask is not None \

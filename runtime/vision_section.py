@@ -1,0 +1,71 @@
+"""The manifest's vision section (builder/vision.py, builder/vision_qwen.py), checked at load: the
+runtime places a request's image tokens and makes its pixels by these numbers, so a damaged one is
+refused by name here rather than giving wrong answers later. Standard library only, as manifest.py."""
+from __future__ import annotations
+
+KEYS = ("architecture", "graph", "hidden_size", "image_token", "image_token_id", "start_token_id",
+        "end_token_id", "preprocess")
+# each encoder's own keys, and its preprocess section's (runtime/images.py, runtime/images_qwen.py)
+QWEN = (("mrope_section", "window_size"),
+        ("patch_size", "temporal_patch_size", "merge_size", "min_pixels", "max_pixels", "resample",
+         "rescale_factor", "image_mean", "image_std"))
+KINDS = {
+    "internvl": (("image_size", "tokens_per_tile"),
+                 ("size", "crop_to_patches", "min_patches", "max_patches", "resample", "rescale_factor", "image_mean",
+                  "image_std")),
+    "qwen2_5_vl": QWEN,
+    "qwen2_vl": QWEN,  # (its window_size null: no windowed layers)
+}
+
+
+def check(m) -> str:
+    """A Manifest's vision section, or "" where it is sound (or absent)."""
+    from trtllm.runtime.manifest import whole
+
+    v = m.vision
+    if not v:
+        return ""
+    kind = KINDS.get(v.get("architecture"))
+    if kind is None:
+        return f"vision.architecture must be one of {sorted(KINDS)}, got {v.get('architecture')!r}"
+    missing = [k for k in KEYS + kind[0] if k not in v]
+    if missing:
+        return f"vision lacks {', '.join(missing)}"
+    if v["graph"] != m.files.get("vision"):
+        return f"vision.graph {v['graph']!r} must be files.vision {m.files.get('vision')!r}"
+    for name in ("image_token_id", "start_token_id", "end_token_id"):
+        if not (whole(v[name], 0) and v[name] < m.model.vocab_size):
+            return f"vision.{name} must be a token id below the vocabulary size {m.model.vocab_size}, got {v[name]!r}"
+    if v["hidden_size"] != m.model.hidden_size:
+        return f"vision.hidden_size must be model.hidden_size ({m.model.hidden_size}), got {v['hidden_size']!r}"
+    if not isinstance(v["image_token"], str):
+        return f"vision.image_token must be a string, got {v['image_token']!r}"
+    if m.backend != "onnxruntime":  # (no plan step builds vision.onnx yet)
+        return f"a vision section is for ONNX Runtime engines, got backend {m.backend!r}"
+    pre = v["preprocess"]
+    if not isinstance(pre, dict) or set(pre) != set(kind[1]):
+        return f"vision.preprocess must hold {', '.join(kind[1])}, got {pre!r:.200}"
+    numbers = all(isinstance(pre[k], list) and len(pre[k]) == 3 and all(
+        isinstance(x, (int, float)) and not isinstance(x, bool) for x in pre[k]) for k in ("image_mean", "image_std"))
+    if not numbers or 0 in pre["image_std"] or not whole(pre["resample"], 0) or pre["resample"] > 5:
+        return (f"vision.preprocess's image_mean and image_std must be 3 numbers each (no std 0), and resample a "
+                f"PIL filter number 0..5, got {pre!r:.200}")
+    if v["architecture"] == "internvl":
+        if not whole(v["tokens_per_tile"]) or pre["size"] != v["image_size"] \
+                or not all(whole(pre[k]) for k in ("min_patches", "max_patches")):
+            return (f"vision.tokens_per_tile and preprocess.min_patches and max_patches must be integers >= 1 and "
+                    f"preprocess.size vision.image_size, got {v['tokens_per_tile']!r}, {pre!r:.200}")
+        return ""
+    section = v["mrope_section"]
+    if not (isinstance(section, list) and len(section) == 3 and all(whole(n) for n in section)
+            and sum(section) * 2 == m.model.head_dim):
+        return f"vision.mrope_section must be 3 integers >= 1 adding up to head_dim / 2, got {section!r}"
+    if not all(whole(pre[k]) for k in ("patch_size", "temporal_patch_size", "merge_size", "min_pixels", "max_pixels")) \
+            or pre["min_pixels"] > pre["max_pixels"]:
+        return f"vision.preprocess's sizes must be integers >= 1 (min_pixels <= max_pixels), got {pre!r:.200}"
+    # Qwen2-VL has no windowed layers; Qwen2.5-VL's windows hold a merged patch at least
+    least = pre["merge_size"] * pre["patch_size"]
+    if (v["window_size"] is not None) if v["architecture"] == "qwen2_vl" else not whole(v["window_size"], least):
+        return ("vision.window_size must be " + ("null on qwen2_vl" if v["architecture"] == "qwen2_vl" else
+                f"an integer >= merge_size x patch_size ({least})") + f", got {v['window_size']!r}")
+    return ""

@@ -1,0 +1,94 @@
+"""What an image costs on the CPU on Qwen2.5-VL: the vision graph (builder/vision_qwen.py, through ONNX
+Runtime, its inputs from runtime/images_qwen.py) against transformers' get_image_features on the same
+pixels, at Qwen2.5-VL-3B's encoder size (32 layers, 1,280 wide, 16 heads, 112 px windows, full
+attention in 4 layers), with random weights (no checkpoint is downloaded here).
+
+    python scripts/bench_vision_qwen.py [--sizes 448x448 896x672] [--rounds 3] [--threads 2]
+
+An image of W x H pixels (multiples of 28) is (H/14) x (W/14) patches and a quarter as many tokens.
+Each round times both on each size, alternating, in this one process; the ratio is paired by round
+(transformers' time / ours: > 1 is ours faster), as median [min-max]: the machine is shared, so only
+ratios of one round mean anything. The outputs are compared too.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+
+def encoder(tmp: Path):
+    """(transformers' model, our vision.onnx path, its spec): Qwen2.5-VL-3B's vision config, a one-layer
+    text model (it plays no part), random weights."""
+    import torch
+    import transformers
+
+    from trtllm.builder import vision_qwen
+    from trtllm.builder.export import save
+
+    vision = {"depth": 32, "hidden_size": 1280, "num_heads": 16, "intermediate_size": 3420, "out_hidden_size": 2048,
+              "window_size": 112, "fullatt_block_indexes": [7, 15, 23, 31], "patch_size": 14,
+              "temporal_patch_size": 2, "spatial_merge_size": 2, "hidden_act": "silu"}
+    text = {"vocab_size": 1000, "hidden_size": 2048, "intermediate_size": 256, "num_hidden_layers": 1,
+            "num_attention_heads": 16, "num_key_value_heads": 2,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 1e6, "mrope_section": [16, 24, 24]}}
+    config = transformers.Qwen2_5_VLConfig(vision_config=vision, text_config=text, image_token_id=999)
+    torch.manual_seed(0)
+    model = transformers.Qwen2_5_VLForConditionalGeneration(config).eval()
+    spec = vision_qwen.spec_of(model.config)
+    save(vision_qwen.QwenVisionWriter(spec, vision_qwen.weights_of(model)).write(), tmp, "vision.onnx")
+    return model, tmp / "vision.onnx", spec
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sizes", nargs="+", default=["448x448", "896x672"])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args()
+    import onnxruntime as ort
+    import torch
+
+    from trtllm.runtime.images_qwen import encoder_inputs
+
+    torch.set_num_threads(args.threads)
+    with tempfile.TemporaryDirectory() as tmp:
+        model, path, spec = encoder(Path(tmp))
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads = args.threads
+        session = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+        takes = {i.name for i in session.get_inputs()}
+        times: dict[str, list[tuple[float, float]]] = {size: [] for size in args.sizes}
+        for r in range(args.rounds):
+            for size in args.sizes:
+                width, height = (int(n) for n in size.split("x"))
+                grid = (1, height // spec.patch_size, width // spec.patch_size)
+                pixels = np.random.default_rng(r).standard_normal((grid[1] * grid[2], spec.patch_dim)).astype(np.float32)
+                began = time.perf_counter()
+                at = encoder_inputs([grid], spec.spatial_merge_size, spec.window_size, spec.patch_size)
+                feeds = {"pixel_values": pixels[at["order"]], **{k: v for k, v in at.items() if k in takes}}
+                ours = session.run(None, feeds)[0][at["reverse"]]
+                mine = time.perf_counter() - began
+                began = time.perf_counter()
+                with torch.no_grad():
+                    ref = model.model.get_image_features(torch.from_numpy(pixels), torch.tensor([grid]),
+                                                         return_dict=True).pooler_output[0].numpy()
+                theirs = time.perf_counter() - began
+                times[size].append((mine, theirs))
+                print(f"round {r + 1}, {size} ({len(ref)} tokens): ours {mine:.2f} s, transformers {theirs:.2f} s, "
+                      f"max |difference| {float(np.abs(ours - ref).max()):.2e}", flush=True)
+        for size, pairs in times.items():
+            ratios = [theirs / mine for mine, theirs in pairs]
+            print(f"{size}: ours best {min(m for m, _ in pairs):.2f} s, transformers best {min(t for _, t in pairs):.2f} s; "
+                  f"transformers / ours {statistics.median(ratios):.2f} [{min(ratios):.2f}-{max(ratios):.2f}]")
+
+
+if __name__ == "__main__":
+    main()
