@@ -91,15 +91,14 @@ class AttentionWriter:
         return self.g.op("RotaryEmbedding", f"{name}/RotaryEmbedding", [x, cos, sin, position_ids], **attrs)
 
     def mrope(self, position_ids: str) -> str:
-        """Multimodal RoPE (Qwen2-VL): each token has a (temporal, height, width) position, and each
-        section of the rotary columns turns by one of them, as transformers' recomposition_frequencies
-        takes them. A text token's three are its slot plus its row's rope_delta (the slots images saved:
-        an image of h x w tokens spans max(h, w) positions); rope_positions gives the three of the step's
-        tokens at rope_index (the images', and text after an image in a prompt) whole. Makes the step's
-        cos/sin rows [B*S, D/2] the layers' tables (all three equal: the model's one table's rows) and
-        returns the positions 0..B*S-1 they are read at."""
-        g, s, io = self.g, self.spec, self.io
-        I64 = TensorProto.INT64
+        """Multimodal RoPE (Qwen2-VL, Qwen3-VL): each token has a (temporal, height, width) position, and
+        each rotary column turns by one of them (spec.mrope_axes). A text token's three are its slot
+        plus its row's rope_delta (the slots images saved: an image of h x w tokens spans max(h, w)
+        positions); rope_positions gives the three of the step's tokens at rope_index (the images', and
+        text after an image in a prompt) whole. Makes the step's cos/sin rows [B*S, D/2] the layers'
+        tables (all three equal: the model's one table's rows) and returns the positions 0..B*S-1 they
+        are read at."""
+        g, s, io, I64 = self.g, self.spec, self.io, TensorProto.INT64
         delta = g.input(io.rope_delta, I64, ["batch"])
         index = g.input(io.rope_index, I64, ["rope_tokens", 2])
         values = g.input(io.rope_positions, I64, ["rope_tokens", 3])
@@ -111,17 +110,16 @@ class AttentionWriter:
         pos = g.op("ScatterND", "/model/mrope/positions", [three, index, values])                   # [B,S,3]
         flat = g.op("Range", "/model/mrope/rows", [g.const(0), g.op("Size", "/model/mrope/size", [position_ids]),
                                                    g.const(1)])
-        half = sum(s.mrope_section)
-        for kind in ("cos", "sin"):
-            parts, start = [], 0
-            for axis, width in enumerate(s.mrope_section):
-                cols = g.op("Slice", f"/model/mrope/{kind}/cols{axis}", [getattr(self, kind), g.const([start]),
-                                                                         g.const([start + width]), g.const([1])])
-                at = g.op("Gather", f"/model/mrope/{kind}/axis{axis}", [pos, g.const(axis)], axis=2)  # [B,S]
-                parts.append(g.op("Gather", f"/model/mrope/{kind}/rows{axis}", [cols, at], axis=0))
-                start += width
-            rows = g.op("Concat", f"/model/mrope/{kind}/Concat", parts, axis=-1)                  # [B,S,D/2]
-            setattr(self, kind, g.op("Reshape", f"/model/mrope/{kind}/Reshape", [rows, g.const([-1, half])]))
+        axes = s.mrope_axes()
+        at = [g.op("Gather", f"/model/mrope/axis{axis}", [pos, g.const(axis)], axis=2) for axis in range(3)]  # [B,S]
+        for kind in ("cos", "sin"):  # each column from its axis's rows (a choice, not arithmetic: exact)
+            rows = [g.op("Gather", f"/model/mrope/{kind}/rows{axis}", [getattr(self, kind), at[axis]], axis=0)
+                    for axis in range(3)]                                                         # [B,S,D/2] each
+            picked = rows[0]
+            for axis in (1, 2):
+                picked = g.op("Where", f"/model/mrope/{kind}/pick{axis}", [g.const(axes == axis, np.bool_),
+                                                                          rows[axis], picked])
+            setattr(self, kind, g.op("Reshape", f"/model/mrope/{kind}/Reshape", [picked, g.const([-1, len(axes)])]))
         return g.op("Reshape", "/model/mrope/flat", [flat, shape])
 
     def kv_write(self, name: str, past: str, new: str, write_index: str, present: str) -> None:

@@ -92,9 +92,9 @@ def resolve(options: dict, profile: str) -> dict:
                    "fewer than the checkpoint's max_patches: fewer image tokens, a faster prefill. [default: the "
                    "checkpoint's]")
 @click.option("--max-image-pixels", type=int,
-              help="Vision-language models that resize each image to its own grid (Qwen2.5-VL): at most this "
-                   "many pixels an image, fewer than the checkpoint's max_pixels: fewer image tokens (one per "
-                   "28 x 28 pixels), a faster prefill. [default: the checkpoint's]")
+              help="Vision-language models that resize each image to its own grid (Qwen-VL): at most this many "
+                   "pixels an image, fewer than the checkpoint's max_pixels: fewer image tokens (one per 28 x 28 "
+                   "pixels; Qwen3-VL: 32 x 32), a faster prefill. [default: the checkpoint's]")
 @click.option("--no-verify", is_flag=True, help="Skip the logit check against transformers after building.")
 @click.option("--if-changed", is_flag=True,
               help="Build only if --output does not already hold this build's engine (the same options, checkpoint "

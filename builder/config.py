@@ -130,7 +130,7 @@ class BuildConfig:
     tensorrt_options: tuple[str, ...] = ()  # TensorRT-only flags given on the command line (--timing-cache, ...)
     plan_later: bool = False        # TensorRT: export all but the plan, built on the device (builder/plan.py)
     max_image_tiles: int | None = None  # vision-language models: at most this many tiles an image (None: the checkpoint's)
-    max_image_pixels: int | None = None  # ... resized to their own grid (Qwen2.5-VL): at most this many pixels an image
+    max_image_pixels: int | None = None  # ... resized to their own grid (Qwen-VL): at most this many pixels an image
 
     def __post_init__(self):
         for name, allowed in (("backend", BACKENDS), ("dtype", DTYPES), ("quantization", QUANTIZATIONS),

@@ -95,6 +95,20 @@ class DecoderSpec:
                                       # made (image_embeds at image_index), not the table's (builder/vision.py)
     mrope_section: tuple[int, ...] | None = None  # Qwen2-VL's multimodal RoPE: the rotary columns (head_dim / 2
                                       # in all) that turn with a token's temporal, height and width position
+    mrope_interleaved: bool = False   # ... taken in turn (Qwen3-VL: t, h, w, t, h, w, ...), not in three runs
+    deepstack_layers: int = 0         # Qwen3-VL: the image tokens' rows after each of the first K layers get
+                                      # the vision graph's k-th extra embeddings added (image_embeds' columns
+                                      # H(k+1)..H(k+2): it is [N, H * (1 + K)])
+
+    def mrope_axes(self) -> np.ndarray:
+        """Multimodal RoPE: which position (0 temporal, 1 height, 2 width) turns each rotary column, as
+        transformers' recomposition_frequencies takes them."""
+        t, h, w = self.mrope_section
+        if not self.mrope_interleaved:
+            return np.repeat([0, 1, 2], [t, h, w])
+        axes = np.zeros(t + h + w, np.int64)
+        axes[1:3 * h:3], axes[2:3 * w:3] = 1, 2
+        return axes
 
     def window(self, layer: int) -> int | None:
         """Layer `layer`'s sliding window, or None for full attention."""
@@ -502,11 +516,16 @@ class DecoderWriter(AttentionWriter, HeadWriter, WeightWriter, MoEWriter):
         if s.embed_scale != 1.0:  # in the table's type, as transformers multiplies
             h = g.op("Mul", "/model/embed_tokens/Scale", [h, g.const(s.embed_scale, self.dtype)])
         if s.image_embeds:  # written over the image tokens' rows, as transformers' masked_scatter does
-            embeds = g.input(io.image_embeds, TensorProto.FLOAT, ["image_tokens", s.hidden_size])
+            width = s.hidden_size * (1 + s.deepstack_layers)
+            embeds = g.input(io.image_embeds, TensorProto.FLOAT, ["image_tokens", width])
             if self.ftype != TensorProto.FLOAT:
                 embeds = g.op("Cast", "/model/image_embeds/Cast", [embeds], to=self.ftype)
-            index = g.input(io.image_index, I64, ["image_tokens", 2])
-            h = g.op("ScatterND", "/model/image_embeds/ScatterND", [h, index, embeds])
+            self.image_index = g.input(io.image_index, I64, ["image_tokens", 2])
+            parts = [embeds] if not s.deepstack_layers else g.op(
+                "Split", "/model/image_embeds/Split", [embeds, g.const([s.hidden_size] * (1 + s.deepstack_layers))],
+                num_outputs=1 + s.deepstack_layers, axis=-1)
+            self.deepstack = parts[1:]  # (each added after its layer: write)
+            h = g.op("ScatterND", "/model/image_embeds/ScatterND", [h, self.image_index, parts[0]])
         if self.gqa:
             mask = None
             if not self.native_attention:
@@ -524,6 +543,14 @@ class DecoderWriter(AttentionWriter, HeadWriter, WeightWriter, MoEWriter):
                                                               "/model/rotary_local")
             self.kv_index = legacy_ops.scatter_indices(g, input_ids, write_index, s.num_kv_heads)
         return input_ids, position_ids, write_index, last_index, h, mask
+
+    def deepstack_add(self, i: int, h: str) -> str:
+        """h's image token rows += the vision graph's i-th extra rows (Gather, Add, Scatter: TensorRT's
+        ScatterND takes no reduction)."""
+        g, name = self.g, f"/model/layers.{i}/deepstack"
+        rows = g.op("GatherND", f"{name}/GatherND", [h, self.image_index])
+        extra = self.deepstack[i]
+        return g.op("ScatterND", f"{name}/ScatterND", [h, self.image_index, g.op("Add", f"{name}/Add", [rows, extra])])
 
     def finish(self) -> "onnx.ModelProto":  # noqa: F821
         extra = {sample_body.DOMAIN: sample_schema.DOMAIN_VERSION, **({"com.microsoft": 1} if self.gqa else {}),
@@ -557,7 +584,10 @@ class DecoderWriter(AttentionWriter, HeadWriter, WeightWriter, MoEWriter):
                 y = self.rms_norm(f"/model/layers.{i}/post_feedforward_layernorm", y,
                                   f"model.layers.{i}.post_feedforward_layernorm.weight")
             branch = (f"/model/layers.{i}/mlp/residual", self.residual_scaled(f"/model/layers.{i}/mlp", y))
-        h = g.op("Add", branch[0], [h, branch[1]])
+            if i < s.deepstack_layers:  # (Qwen3-VL) the layer's output, then the image tokens' extra rows added
+                h, branch = self.deepstack_add(i, g.op("Add", branch[0], [h, branch[1]])), None
+        if branch is not None:  # (None: the last layer took its image rows already)
+            h = g.op("Add", branch[0], [h, branch[1]])
         if self.eagle is not None:
             self.eagle_hidden([aux[i] for i in self.eagle[0]])
         logits = self.lm_head(h, last_index)

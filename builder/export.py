@@ -68,7 +68,12 @@ def export_onnx(ck: ckpt.Checkpoint, config: BuildConfig, out_dir: Path, log, ba
             mrope = vision.mrope_section(ck.vision.config)
         except ckpt.Unsupported as e:
             raise ckpt.CheckpointError(f"--model {config.model!r}: {e}") from e
-        spec = dataclasses.replace(spec, image_embeds=True, mrope_section=mrope)
+        deepstack = len(getattr(ck.vision.config.vision_config, "deepstack_visual_indexes", None) or ())
+        if deepstack > spec.num_layers:
+            raise ckpt.CheckpointError(f"--model {config.model!r}: vision_config.deepstack_visual_indexes feeds "
+                                       f"{deepstack} layers, more than the language model's {spec.num_layers}")
+        spec = dataclasses.replace(spec, image_embeds=True, mrope_section=mrope, deepstack_layers=deepstack,
+                                   mrope_interleaved=vision.mrope_interleaved(ck.vision.config))
         refuse_for_vision(config, backend, spec)
     elif config.max_image_tiles is not None or config.max_image_pixels is not None:
         flag = "--max-image-tiles" if config.max_image_tiles is not None else "--max-image-pixels"
@@ -243,7 +248,7 @@ def refuse_for_vision(config: BuildConfig, backend: str, spec) -> None:
 
 
 def vision_family(vlm):
-    """The module that writes a vision-language model's encoder: vision_qwen (Qwen2-VL, Qwen2.5-VL) or vision (InternVL)."""
+    """The module that writes a vision-language model's encoder: vision_qwen (Qwen-VL) or vision (InternVL)."""
     return vision_qwen if vlm.config.model_type in vision_qwen.MODEL_TYPES else vision
 
 

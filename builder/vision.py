@@ -24,11 +24,13 @@ from trtllm.builder.graph import GraphWriter
 
 PIXELS, EMBEDS = "pixel_values", "image_embeds"
 VISION_NAME = "vision.onnx"
-MODEL_TYPES = ("internvl", "qwen2_vl", "qwen2_5_vl")  # config.model_type of the vision-language models built
+MODEL_TYPES = ("internvl", "qwen2_vl", "qwen2_5_vl", "qwen3_vl")  # config.model_type of the vision-language models built
 LANGUAGE_PREFIX = "model.language_model"  # where their decoder layers are (PEFT adapters name them so)
 F32 = onnx.TensorProto.FLOAT
-# Qwen2-VL's and Qwen2.5-VL's language models: Qwen2's layers, their RoPE multimodal (DecoderSpec.mrope_section)
-QWEN2_TEXT = ("qwen2_vl_text", "qwen2_5_vl_text")
+# Qwen-VL language models: a text model's layers (Qwen2's; Qwen3-VL: Qwen3's), their RoPE multimodal
+# (DecoderSpec.mrope_section), with no causal LM class of their own: the text model's, holding theirs
+QWEN_TEXT = {"qwen2_vl_text": "Qwen2", "qwen2_5_vl_text": "Qwen2", "qwen3_vl_text": "Qwen3"}
+MROPE_DEFAULT = {"qwen2_vl_text": (16, 24, 24), "qwen2_5_vl_text": (16, 24, 24), "qwen3_vl_text": (24, 20, 20)}
 ACTIVATIONS = {"gelu": "none", "gelu_pytorch_tanh": "tanh", "gelu_new": "tanh"}  # Gelu's `approximate`
 
 
@@ -78,11 +80,12 @@ def language_model(vlm):
 
     config = vlm.config.text_config
     with torch.device("meta"):  # (its own weights are replaced at once)
-        if config.model_type in QWEN2_TEXT:  # (no causal LM class of its own: Qwen2's, whose layers it has)
+        if config.model_type in QWEN_TEXT:
             kept = {k: v for k, v in config.to_dict().items() if k not in ("model_type", "architectures")}
             kept["rope_parameters"] = {k: v for k, v in (kept.get("rope_parameters") or {}).items()
-                                       if k != "mrope_section"}
-            text = transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**kept))
+                                       if k not in ("mrope_section", "mrope_interleaved")}
+            base = QWEN_TEXT[config.model_type]
+            text = getattr(transformers, f"{base}ForCausalLM")(getattr(transformers, f"{base}Config")(**kept))
         else:
             text = transformers.AutoModelForCausalLM.from_config(config)
     text.model, text.lm_head = vlm.model.language_model, vlm.lm_head
@@ -95,14 +98,23 @@ def mrope_section(config) -> tuple[int, ...] | None:
     columns turned by a token's temporal, height and width positions (transformers' default where the
     config names none)."""
     text = config.text_config
-    if text.model_type not in QWEN2_TEXT:
+    if text.model_type not in QWEN_TEXT:
         return None
-    section = tuple(int(n) for n in (text.rope_parameters or {}).get("mrope_section") or (16, 24, 24))
+    section = tuple(int(n) for n in (text.rope_parameters or {}).get("mrope_section") or MROPE_DEFAULT[text.model_type])
     head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
-    if len(section) != 3 or sum(section) != head_dim // 2 or min(section) < 1:
+    # (interleaved: height and width take every third column from the second and the third)
+    interleaved_fits = not mrope_interleaved(config) or (3 * section[1] <= sum(section) + 1
+                                                         and 3 * section[2] <= sum(section))
+    if len(section) != 3 or sum(section) != head_dim // 2 or min(section) < 1 or not interleaved_fits:
         raise Unsupported(f"rope_parameters.mrope_section {list(section)} must be three widths adding up to half "
-                          f"the head size ({head_dim // 2})")
+                          f"the head size ({head_dim // 2})" + " (interleaved: each of the last two about a third of"
+                          " it at most)" * mrope_interleaved(config))
     return section
+
+
+def mrope_interleaved(config) -> bool:
+    """Whether the sections take the rotary columns in turn (Qwen3-VL's recomposition always does)."""
+    return config.text_config.model_type == "qwen3_vl_text"
 
 
 def spec_of(config) -> VisionSpec:

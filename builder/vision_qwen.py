@@ -1,6 +1,6 @@
-"""Qwen2.5-VL's and Qwen2-VL's image encoder as `vision.onnx` (transformers'
-Qwen2_5_VisionTransformerPretrainedModel / Qwen2VisionTransformerPretrainedModel), float32, op by op as
-vision.py writes InternVL's.
+"""Qwen2.5-VL's, Qwen2-VL's and Qwen3-VL's image encoder as `vision.onnx` (transformers'
+Qwen2_5_VisionTransformerPretrainedModel / Qwen2VisionTransformerPretrainedModel / Qwen3VLVisionModel),
+float32, op by op as vision.py writes InternVL's.
 
 Images of any size come in as one packed sequence of patch rows; what is per image (positions, which
 rows may attend to which) comes in as inputs the runtime computes from the grids (see `_inputs`):
@@ -11,12 +11,17 @@ rows may attend to which) comes in as inputs the runtime computes from the grids
     window_slots    [P] i64             ... and each row's place in window_rows (runtime/images_qwen.py's
                                         window_layout)
     image_ids       [P] i64             equal ids attend to each other in full-attention layers
-      -> MatMul (the Conv3d patch embedding: kernel = stride = the whole row)
+    pos_index       [P, 4] i64          Qwen3-VL only: each row's 4 taps into the learned position table
+    pos_weights     [P, 4] f32          ... and their bilinear weights (get_vision_interpolation_indices_and_weights)
+      -> MatMul (the Conv3d patch embedding: kernel = stride = the whole row; Qwen3-VL: + its bias,
+         + sum_k pos_embed[pos_index[:, k]] * pos_weights[:, k])
       -> blocks: x += proj(attn(norm1(x))); x += mlp(norm2(x))   2-D rotary q/k, bidirectional: a
          windowed layer over each window alone (rows gathered into the padded batch and back), a
          full-attention layer over its image, a head at a time (one [P, P] of scores at once)
+         (Qwen3-VL: after each deepstack layer, that layer's own merger on its output, norm after the fold)
       -> merger: norm, [P, C] -> [P/m^2, C*m^2] (m^2 consecutive rows), Linear, GELU, Linear
-    image_embeds    [P/m^2, out_hidden] f32, in window order (argsort(window_index) puts them back)
+    image_embeds    [P/m^2, out_hidden * (1 + K)] f32, in window order (argsort(window_index) puts them back):
+                    the merger's output, then the K deepstack mergers' (K = 0 but on Qwen3-VL), side by side
 """
 from __future__ import annotations
 
@@ -30,8 +35,9 @@ from trtllm.builder.vision import VisionWriter
 
 PIXELS, POSITIONS, WINDOW_ROWS, WINDOW_SLOTS, IMAGE_IDS, EMBEDS = (
     "pixel_values", "patch_positions", "window_rows", "window_slots", "image_ids", "image_embeds")
+POS_INDEX, POS_WEIGHTS = "pos_index", "pos_weights"
 WINDOW_IDS = "window_ids"  # (not an input: what window_rows and window_slots are made from, as the runtime does)
-MODEL_TYPES = ("qwen2_5_vl", "qwen2_vl")
+MODEL_TYPES = ("qwen2_5_vl", "qwen2_vl", "qwen3_vl")
 F32, I64 = onnx.TensorProto.FLOAT, onnx.TensorProto.INT64
 ACTIVATIONS = ("silu", "quick_gelu", "gelu", "gelu_pytorch_tanh")
 PREFIX = "model.visual."
@@ -52,13 +58,25 @@ class QwenVisionSpec:
     window_size: int | None          # pixels a window's side; None: Qwen2-VL, every layer full attention
     fullatt_block_indexes: tuple[int, ...]
     out_hidden_size: int
-    norm: str                        # "rms_norm" (Qwen2.5-VL) or "layer_norm" (Qwen2-VL), eps 1e-6 both
-    mlp: str                         # "gated" (gate/up/down) or "fc" (fc1, act, fc2)
+    norm: str                        # "rms_norm" (Qwen2.5-VL) or "layer_norm" (Qwen2-VL, Qwen3-VL), eps 1e-6 all
+    mlp: str                         # "gated" (gate/up/down), "fc" (fc1, act, fc2) or "linear_fc" (linear_fc1, ...)
     eps: float = 1e-6
+    num_position_embeddings: int | None = None    # Qwen3-VL: its learned position table's rows (a square grid)
+    deepstack_visual_indexes: tuple[int, ...] = ()  # Qwen3-VL: the layers whose outputs get a merger of their own
 
     @property
     def head_dim(self) -> int:
         return self.hidden_size // self.num_heads
+
+    @property
+    def deepstack_layers(self) -> int:
+        """K: the deepstack mergers, whose outputs follow the merger's in image_embeds."""
+        return len(self.deepstack_visual_indexes)
+
+    @property
+    def num_grid_per_side(self) -> int | None:
+        """The learned position table's side (transformers' num_grid_per_side), or None: no table."""
+        return None if self.num_position_embeddings is None else round(self.num_position_embeddings ** 0.5)
 
     @property
     def patch_dim(self) -> int:
@@ -69,14 +87,15 @@ class QwenVisionSpec:
 
 
 def spec_of(config) -> QwenVisionSpec:
-    """Qwen2_5_VLConfig or Qwen2VLConfig -> QwenVisionSpec; what the graph does not do is refused by name."""
+    """Qwen2_5_VLConfig, Qwen2VLConfig or Qwen3VLConfig -> QwenVisionSpec; what the graph does not do is
+    refused by name."""
     v, kind = config.vision_config, config.model_type
     if kind not in MODEL_TYPES:
         raise Unsupported(f"config.model_type must be one of {list(MODEL_TYPES)}, got {kind!r}")
-    qwen25 = kind == "qwen2_5_vl"
-    hidden = v.hidden_size if qwen25 else v.embed_dim
-    out_hidden = v.out_hidden_size if qwen25 else v.hidden_size
-    field = "vision_config.hidden_size" if qwen25 else "vision_config.embed_dim"
+    qwen2 = kind == "qwen2_vl"  # (its vision_config names the widths otherwise)
+    hidden = v.embed_dim if qwen2 else v.hidden_size
+    out_hidden = v.hidden_size if qwen2 else v.out_hidden_size
+    field = "vision_config.embed_dim" if qwen2 else "vision_config.hidden_size"
     heads = v.num_heads
     for key in ("patch_size", "temporal_patch_size", "spatial_merge_size"):  # (before the checks' arithmetic)
         if not isinstance(getattr(v, key), int):
@@ -93,23 +112,45 @@ def spec_of(config) -> QwenVisionSpec:
         (out_hidden == config.text_config.hidden_size, f"vision_config's output size {out_hidden} must be "
          f"text_config.hidden_size {config.text_config.hidden_size}"),
     ]
-    if qwen25:
-        full = set(v.fullatt_block_indexes) & set(range(v.depth))
-        checks += [
-            (v.window_size // v.spatial_merge_size // v.patch_size >= 1, f"vision_config.window_size must be at "
-             f"least spatial_merge_size x patch_size = {v.spatial_merge_size * v.patch_size}, got {v.window_size}"),
-            # (the graph takes both windows and image_ids: each must feed some layer)
-            (0 < len(full) < v.depth, "vision_config.fullatt_block_indexes must name some but not all of the "
-             f"{v.depth} layers, got {list(v.fullatt_block_indexes)}"),
-        ]
+    checks += window_checks(v) if kind == "qwen2_5_vl" else deepstack_checks(v) if kind == "qwen3_vl" else []
     for ok, what in checks:
         if not ok:
             raise Unsupported(f"the vision encoder: {what}")
+    qwen3, qwen25 = kind == "qwen3_vl", kind == "qwen2_5_vl"
     return QwenVisionSpec(
         kind, v.patch_size, v.temporal_patch_size, v.in_channels, hidden, heads, v.depth,
-        v.intermediate_size if qwen25 else int(hidden * v.mlp_ratio), v.hidden_act, v.spatial_merge_size,
+        int(hidden * v.mlp_ratio) if qwen2 else v.intermediate_size, v.hidden_act, v.spatial_merge_size,
         v.window_size if qwen25 else None, tuple(v.fullatt_block_indexes) if qwen25 else (), out_hidden,
-        "rms_norm" if qwen25 else "layer_norm", "gated" if qwen25 else "fc")
+        "rms_norm" if qwen25 else "layer_norm", "gated" if qwen25 else "linear_fc" if qwen3 else "fc",
+        num_position_embeddings=v.num_position_embeddings if qwen3 else None,
+        deepstack_visual_indexes=tuple(v.deepstack_visual_indexes) if qwen3 else ())
+
+
+def window_checks(v) -> list[tuple[bool, str]]:
+    """Qwen2.5-VL's windows: (ok, what) pairs, as spec_of's."""
+    full = set(v.fullatt_block_indexes) & set(range(v.depth))
+    return [
+        (v.window_size // v.spatial_merge_size // v.patch_size >= 1, f"vision_config.window_size must be at "
+         f"least spatial_merge_size x patch_size = {v.spatial_merge_size * v.patch_size}, got {v.window_size}"),
+        # (the graph takes both windows and image_ids: each must feed some layer)
+        (0 < len(full) < v.depth, "vision_config.fullatt_block_indexes must name some but not all of the "
+         f"{v.depth} layers, got {list(v.fullatt_block_indexes)}"),
+    ]
+
+
+def deepstack_checks(v) -> list[tuple[bool, str]]:
+    """Qwen3-VL's position table and deepstack layers: (ok, what) pairs, as spec_of's."""
+    n, layers = v.num_position_embeddings, list(v.deepstack_visual_indexes)
+    side = round(n ** 0.5) if isinstance(n, int) and n > 0 else 0
+    return [
+        # (transformers resamples int(sqrt(n)) a side: the runtime's pos_index reads the same square)
+        (side > 0 and side * side == n,
+         f"vision_config.num_position_embeddings must be a square number > 0 (a side x side grid), got {n!r}"),
+        # transformers gathers the features in layer order: the graph's columns follow the list's
+        (all(isinstance(i, int) for i in layers) and layers == sorted(set(layers))
+         and all(0 <= i < v.depth for i in layers), "vision_config.deepstack_visual_indexes must be increasing "
+         f"layer numbers below depth {v.depth}, got {layers}"),
+    ]
 
 
 def weights_of(vlm) -> dict[str, np.ndarray]:
@@ -118,7 +159,7 @@ def weights_of(vlm) -> dict[str, np.ndarray]:
     out = {name[len(PREFIX):]: t.detach().float().numpy() for name, t in vlm.state_dict().items()
            if name.startswith(PREFIX)}
     out["rotary_pos_emb.inv_freq"] = vlm.model.visual.rotary_pos_emb.inv_freq.detach().float().numpy()
-    return out
+    return out  # (Qwen3-VL's pos_embed.weight is in the state dict: [num_position_embeddings, hidden])
 
 
 class QwenVisionWriter(VisionWriter):  # (its weight, linear and norm ops: every Linear here has a bias)
@@ -195,23 +236,55 @@ class QwenVisionWriter(VisionWriter):  # (its weight, linear and norm ops: every
 
     def mlp(self, i: int, x: str) -> str:
         p, name = f"blocks.{i}.mlp", f"/vision/blocks.{i}/mlp"
-        if self.s.mlp == "fc":
-            hidden = self.act(f"{name}/act", self.linear(f"{name}/fc1", x, f"{p}.fc1"))
-            return self.linear(f"{name}/fc2", hidden, f"{p}.fc2")
+        if self.s.mlp in ("fc", "linear_fc"):
+            fc1, fc2 = ("fc1", "fc2") if self.s.mlp == "fc" else ("linear_fc1", "linear_fc2")
+            hidden = self.act(f"{name}/act", self.linear(f"{name}/{fc1}", x, f"{p}.{fc1}"))
+            return self.linear(f"{name}/{fc2}", hidden, f"{p}.{fc2}")
         gate = self.act(f"{name}/act", self.linear(f"{name}/gate_proj", x, f"{p}.gate_proj"))
         up = self.linear(f"{name}/up_proj", x, f"{p}.up_proj")
         return self.linear(f"{name}/down_proj", self.g.op("Mul", f"{name}/Mul", [gate, up]), f"{p}.down_proj")
+
+    def merger(self, module: str, x: str, postshuffle: bool = False, output: str | None = None) -> str:
+        """[P, C] -> [P/m^2, out_hidden]: norm, then [P/m^2, C*m^2] (m^2 consecutive rows), Linear, GELU,
+        Linear; `postshuffle` (Qwen3-VL's deepstack mergers): the rows folded first, the norm over C*m^2."""
+        s, g, name = self.s, self.g, f"/vision/{module}"
+        norm, fc1, fc2 = ("ln_q", "mlp.0", "mlp.2") if s.mlp != "linear_fc" else ("norm", "linear_fc1", "linear_fc2")
+
+        def fold(y: str) -> str:  # [P, C] -> [P/m^2, C*m^2]
+            return g.op("Reshape", f"{name}/Reshape", [y, g.const([-1, s.hidden_size * s.spatial_merge_size ** 2])])
+
+        if postshuffle:
+            x = self.norm(f"{name}/{norm}", fold(x), f"{module}.{norm}")
+        else:
+            x = fold(self.norm(f"{name}/{norm}", x, f"{module}.{norm}"))
+        x = g.op("Gelu", f"{name}/act", [self.linear(f"{name}/{fc1}", x, f"{module}.{fc1}")], approximate="none")
+        y = g.op("MatMul", f"{name}/{fc2}/MatMul", [x, self.weight(f"{module}.{fc2}.weight", transpose=True)])
+        return g.op("Add", f"{name}/{fc2}/Add", [y, self.weight(f"{module}.{fc2}.bias")],
+                    outputs=[output] if output else None)
+
+    def position_embedding(self, x: str, index: str, weights: str) -> str:
+        """x + sum_k pos_embed[index[:, k]] * weights[:, k]: Qwen3-VL's learned table resampled to the rows'
+        grids (the taps and weights of the bilinear interpolation come in: [P, 4] each)."""
+        g, n = self.g, "/vision/pos_embed"
+        taps = g.op("Gather", f"{n}/Gather", [self.weight("pos_embed.weight"), index], axis=0)  # [P, 4, C]
+        taps = g.op("Mul", f"{n}/Mul", [taps, g.op("Unsqueeze", f"{n}/Unsqueeze", [weights, g.const([-1])])])
+        return g.op("Add", f"{n}/Add", [x, g.op("ReduceSum", f"{n}/ReduceSum", [taps, g.const([1])], keepdims=0)])
 
     def write(self) -> onnx.ModelProto:
         s, g = self.s, self.g
         pixels = g.input(PIXELS, F32, ["patches", s.patch_dim])
         positions = g.input(POSITIONS, I64, ["patches", 2])
+        ids = g.input(IMAGE_IDS, I64, ["patches"])
         # Conv3d with kernel = stride = the patch: one dot product a row, the kernel flattened as the row
         # is, (C, T, H, W)
         kernel = self.w["patch_embed.proj.weight"].reshape(s.hidden_size, -1)
         x = g.op("MatMul", "/vision/patch_embed/MatMul", [pixels, g.weight("patch_embed.proj.weight", kernel.T.copy())])
+        if "patch_embed.proj.bias" in self.w:  # (Qwen3-VL's)
+            x = g.op("Add", "/vision/patch_embed/Add", [x, self.weight("patch_embed.proj.bias")])
+        if s.num_position_embeddings is not None:
+            x = self.position_embedding(x, g.input(POS_INDEX, I64, ["patches", 4]),
+                                        g.input(POS_WEIGHTS, F32, ["patches", 4]))
         cos, sin = self.rotary(positions)                                                    # [P, d]
-        ids = g.input(IMAGE_IDS, I64, ["patches"])
         full = (self.mask("/vision/image_mask", ids), (cos, sin), None)                      # mask [P, P]
         if s.window_size is not None:  # (shared by every windowed layer)
             rows = g.input(WINDOW_ROWS, I64, ["windows", "window_width"])
@@ -223,6 +296,7 @@ class QwenVisionWriter(VisionWriter):  # (its weight, linear and norm ops: every
                 g.op("Gather", f"/vision/windows/{n}", [t, windows[0]], axis=0), g.const([1])])
                 for n, t in (("cos", cos), ("sin", sin)))                                    # [Nw, 1, W, d]
             windowed = (mask, rope, windows)
+        deepstack = []  # [P/m^2, out_hidden] each, in layer order
         for i in range(s.depth):
             name = f"/vision/blocks.{i}"
             mask, rope, at = full if s.full_attention(i) else windowed
@@ -230,13 +304,13 @@ class QwenVisionWriter(VisionWriter):  # (its weight, linear and norm ops: every
             x = g.op("Add", f"{name}/attn/Residual", [x, attn])
             mlp = self.mlp(i, self.norm(f"{name}/norm2", x, f"blocks.{i}.norm2"))
             x = g.op("Add", f"{name}/mlp/Residual", [x, mlp])
-        x = self.norm("/vision/merger/ln_q", x, "merger.ln_q")
-        x = g.op("Reshape", "/vision/merger/Reshape", [x, g.const([-1, s.hidden_size * s.spatial_merge_size ** 2])])
-        x = self.linear("/vision/merger/mlp.0", x, "merger.mlp.0")
-        x = g.op("Gelu", "/vision/merger/act", [x], approximate="none")
-        y = g.op("MatMul", "/vision/merger/mlp.2/MatMul", [x, self.weight("merger.mlp.2.weight", transpose=True)])
-        g.op("Add", "/vision/merger/mlp.2/Add", [y, self.weight("merger.mlp.2.bias")], outputs=[EMBEDS])
-        g.output(EMBEDS, F32, ["image_tokens", s.out_hidden_size])
+            if i in s.deepstack_visual_indexes:
+                j = s.deepstack_visual_indexes.index(i)
+                deepstack.append(self.merger(f"deepstack_merger_list.{j}", x, postshuffle=True))
+        x = self.merger("merger", x, output=None if deepstack else EMBEDS)
+        if deepstack:
+            g.op("Concat", "/vision/deepstack/Concat", [x, *deepstack], axis=-1, outputs=[EMBEDS])
+        g.output(EMBEDS, F32, ["image_tokens", s.out_hidden_size * (1 + s.deepstack_layers)])
         return g.model("trtllm-edge")
 
 
@@ -248,9 +322,12 @@ def _inputs(grids, spec: QwenVisionSpec) -> dict[str, np.ndarray]:
       patch_positions [P, 2] get_vision_position_ids (block-major (h, w)), then [rows];
       window_ids    [P]      the window of each row *in window order*: segment numbers of cu_window_seqlens;
       image_ids     [P]      likewise of get_vision_cu_seqlens (one segment a frame, h * w rows);
-      unpermute     [P/m^2]  argsort(window_index): image_embeds[unpermute] is transformers' order."""
+      unpermute     [P/m^2]  argsort(window_index): image_embeds[unpermute] is transformers' order;
+      pos_index, pos_weights [P, 4]  Qwen3-VL: get_vision_interpolation_indices_and_weights (bilinear,
+                             corners aligned, as Qwen3VLVisionModel calls it), then [rows]."""
     import torch
-    from transformers.vision_utils import get_vision_cu_seqlens, get_vision_position_ids, get_vision_window_index
+    from transformers.vision_utils import (get_vision_cu_seqlens, get_vision_interpolation_indices_and_weights,
+                                           get_vision_position_ids, get_vision_window_index)
 
     grid_thw = torch.tensor(grids, dtype=torch.int64)
     unit = spec.spatial_merge_size ** 2
@@ -271,12 +348,18 @@ def _inputs(grids, spec: QwenVisionSpec) -> dict[str, np.ndarray]:
            IMAGE_IDS: segment(cu_seqlens)}
     if cu_windows is not None:
         out[WINDOW_IDS] = segment(cu_windows)
+    if spec.num_grid_per_side is not None:
+        index, weights = get_vision_interpolation_indices_and_weights(
+            grid_thw, spec.num_grid_per_side, mode="bilinear", align_corners=True,
+            spatial_merge_size=spec.spatial_merge_size)
+        out[POS_INDEX], out[POS_WEIGHTS] = index.numpy()[rows].astype(np.int64), weights.numpy()[rows]
     return out
 
 
 def verify(graph_path, vlm, spec: QwenVisionSpec, grids=((1, 8, 12), (1, 4, 4))) -> dict:
-    """vision.onnx through ONNX Runtime against transformers' get_image_features on random pixels for
-    `grids` (one run, all images packed); a mismatch raises. Returns the figures for verify.json."""
+    """vision.onnx through ONNX Runtime against transformers' get_image_features (its pooler_output and
+    deepstack_features side by side) on random pixels for `grids` (one run, all images packed); a mismatch
+    raises. Returns the figures for verify.json."""
     import onnxruntime as ort
     import torch
 
@@ -293,7 +376,10 @@ def verify(graph_path, vlm, spec: QwenVisionSpec, grids=((1, 8, 12), (1, 4, 4)))
     ours = ours[feeds["unpermute"]]
     with torch.no_grad():
         ref = vlm.model.get_image_features(torch.from_numpy(pixels), torch.tensor(grids), return_dict=True)
-    ref = torch.cat(list(ref.pooler_output)).numpy()  # (a tuple, one entry an image)
+    # pooler_output: a tuple, one entry an image; Qwen3-VL's deepstack_features: a list, one entry a
+    # deepstack layer (in layer order), each such a tuple: side by side as image_embeds has them
+    blocks = [ref.pooler_output, *(getattr(ref, "deepstack_features", None) or ())]
+    ref = torch.cat([torch.cat(list(images)) for images in blocks], dim=-1).numpy()
     error = float(np.abs(ours - ref).max()) if ours.shape == ref.shape else float("inf")
     scale = float(np.abs(ref).max())
     if not error <= 1e-4 * max(1.0, scale):
@@ -304,12 +390,14 @@ def verify(graph_path, vlm, spec: QwenVisionSpec, grids=((1, 8, 12), (1, 4, 4)))
 
 def section(vlm, tokenizer, spec: QwenVisionSpec, source, max_pixels: int | None = None) -> dict:
     """The manifest's vision section: the graph, the image tokens (the config's ids), the language
-    model's M-RoPE sections, and how pixels are made (runtime/images_qwen.py); `max_pixels`
-    (--max-image-pixels) lowers the processor's max_pixels."""
+    model's M-RoPE sections (Qwen3-VL's interleaved), the deepstack layers (image_embeds' extra column
+    blocks, K: the language model's first K layers each add one to their image rows), the learned
+    position grid's side (Qwen3-VL; else None), and how pixels are made (runtime/images_qwen.py);
+    `max_pixels` (--max-image-pixels) lowers the processor's max_pixels."""
     from transformers.image_processing_utils import ImageProcessingMixin
 
     from trtllm.builder.config import ConfigError
-    from trtllm.builder.vision import VISION_NAME, mrope_section
+    from trtllm.builder.vision import VISION_NAME, mrope_interleaved, mrope_section
     from trtllm.runtime.images_qwen import preprocess_config
 
     config = vlm.config
@@ -340,4 +428,6 @@ def section(vlm, tokenizer, spec: QwenVisionSpec, source, max_pixels: int | None
             "image_token": tokenizer.convert_ids_to_tokens(ids["image_token_id"]),
             "image_token_id": ids["image_token_id"], "start_token_id": ids["vision_start_token_id"],
             "end_token_id": ids["vision_end_token_id"], "mrope_section": list(mrope_section(config)),
-            "window_size": spec.window_size, "preprocess": pre}
+            "mrope_interleaved": mrope_interleaved(config), "window_size": spec.window_size,
+            "deepstack_layers": spec.deepstack_layers, "num_grid_per_side": spec.num_grid_per_side,
+            "preprocess": pre}

@@ -1,10 +1,10 @@
-"""Qwen2-VL and Qwen2.5-VL's image input: an image -> pixel_values, the vision tower's index inputs and
-the language model's M-RoPE positions.
+"""Qwen2-VL, Qwen2.5-VL and Qwen3-VL's image input: an image -> pixel_values, the vision tower's index
+inputs and the language model's M-RoPE positions.
 
-Reproduces transformers 5.24's `Qwen2VLImageProcessorPil` (Qwen2.5-VL uses the same one), the index
-helpers of `transformers.vision_utils` that Qwen2.5-VL's vision forward calls, and
-`Qwen2_5_VLModel.get_rope_index` for still images, with numpy and Pillow; PIL is imported only when an
-image is touched.
+Reproduces transformers 5.24's `Qwen2VLImageProcessorPil` (Qwen2.5-VL and Qwen3-VL use the same one), the
+index helpers of `transformers.vision_utils` that Qwen2.5-VL's and Qwen3-VL's vision forwards call, and
+`Qwen2_5_VLModel.get_rope_index` for still images (Qwen3VLModel's gives the same positions for them), with
+numpy and Pillow; PIL is imported only when an image is touched.
 
     image -> RGB (alpha over white) -> resize to (h, w), both multiples of patch * merge (smart_resize)
           -> uint8 * rescale_factor (in float64, then float32) -> (x - mean) / std in float32
@@ -12,7 +12,7 @@ image is touched.
              by merge window: row-major over the (h/P/M, w/P/M) windows, row-major inside each
 
 `pre`, written by the builder into the manifest (see preprocess_config):
-    patch_size           int: P, a patch's side in pixels (14)
+    patch_size           int: P, a patch's side in pixels (14; 16 for Qwen3-VL)
     temporal_patch_size  int: T, the frames a patch spans (2; a still image is repeated)
     merge_size           int: M, the merger turns M x M patches into one token (2)
     min_pixels           int: the fewest pixels an image is resized to
@@ -102,7 +102,7 @@ def pixel_values(image: Image, pre: dict) -> tuple[np.ndarray, tuple[int, int, i
 
 
 def encoder_inputs(grids: list[tuple[int, int, int]], merge_size: int, window_size: int | None,
-                   patch_size: int) -> dict:
+                   patch_size: int, num_grid_per_side: int | None = None) -> dict:
     """The vision tower's index inputs for images whose pixel_values rows are concatenated (P rows).
 
     Qwen2.5-VL reorders merge units (M*M consecutive rows) so each window of W x W units (W =
@@ -118,6 +118,9 @@ def encoder_inputs(grids: list[tuple[int, int, int]], merge_size: int, window_si
         window_rows      [windows, widest], window_slots [P]: the windows as a padded batch (window_layout)
         image_ids        [P]     rows with equal ids attend to each other in full-attention layers
         reverse          [P / M^2]  merged tokens back to the original order (merged[reverse])
+    and, with num_grid_per_side S (Qwen3-VL's learned S x S position table, resampled to each image):
+        pos_index        [P, 4]  each reordered row's 4 rows of the flattened table (pos_embed_taps)
+        pos_weights      [P, 4]  float32, their weights: sum(table[pos_index] * pos_weights[..., None], 1)
     """
     unit = merge_size ** 2
     if window_size is not None:
@@ -125,7 +128,9 @@ def encoder_inputs(grids: list[tuple[int, int, int]], merge_size: int, window_si
         if side < 1:
             raise ValueError(f"window_size must be at least merge_size * patch_size = {merge_size * patch_size}, "
                              f"got {window_size!r}")
-    positions, window_of_unit, image_ids = [], [], []
+    if num_grid_per_side is not None and not (is_int(num_grid_per_side) and num_grid_per_side > 0):
+        raise ValueError(f"num_grid_per_side must be an int > 0, got {num_grid_per_side!r}")
+    positions, sizes, window_of_unit, image_ids = [], [], [], []
     num_windows = num_frames = 0
     for t, h, w in grids:
         if h % merge_size or w % merge_size or min(t, h, w) < 1:
@@ -138,6 +143,7 @@ def encoder_inputs(grids: list[tuple[int, int, int]], merge_size: int, window_si
         hw = np.stack([ys.reshape(block).transpose(0, 2, 1, 3).ravel(),
                        xs.reshape(block).transpose(0, 2, 1, 3).ravel()], axis=-1)
         positions.append(np.tile(hw, (t, 1)))
+        sizes.append(np.tile([h, w], (t * h * w, 1)))
         image_ids.append(np.repeat(np.arange(num_frames, num_frames + t), h * w))
         num_frames += t
         if window_size is not None:
@@ -160,9 +166,34 @@ def encoder_inputs(grids: list[tuple[int, int, int]], merge_size: int, window_si
     order = (window_index[:, None] * unit + np.arange(unit)).ravel()
     # windows never cross a frame, so a frame's rows stay where they were: image_ids need no reordering
     rows, slots = window_layout(window_ids)
-    return {"order": order.astype(np.int64), "patch_positions": positions[order].astype(np.int64),
-            "window_ids": window_ids.astype(np.int64), "image_ids": image_ids.astype(np.int64),
-            "window_rows": rows, "window_slots": slots, "reverse": np.argsort(window_index).astype(np.int64)}
+    out = {"order": order.astype(np.int64), "patch_positions": positions[order].astype(np.int64),
+           "window_ids": window_ids.astype(np.int64), "image_ids": image_ids.astype(np.int64),
+           "window_rows": rows, "window_slots": slots, "reverse": np.argsort(window_index).astype(np.int64)}
+    if num_grid_per_side is not None:
+        out["pos_index"], out["pos_weights"] = pos_embed_taps(
+            out["patch_positions"], np.concatenate(sizes)[order], num_grid_per_side)
+    return out
+
+
+def pos_embed_taps(positions: np.ndarray, sizes: np.ndarray, side: int) -> tuple[np.ndarray, np.ndarray]:
+    """(int64 [P, 4], float32 [P, 4]): the learned side x side position table bilinearly resampled, with
+    corners aligned, to each row's (h, w) grid at its (y, x) position (positions, sizes [P, 2]), as
+    transformers' get_vision_interpolation_indices_and_weights(mode="bilinear", align_corners=True).
+
+        source row   sy = y * (side - 1) / max(h - 1, 1)     y0 = floor(sy), y1 = min(y0 + 1, side - 1)
+        weights      wy0 = 1 - (sy - y0), wy1 = max(1 - |sy - y0 - 1|, 0)         (x likewise)
+        pos_index    [y0*side + x0,  y0*side + x1,  y1*side + x0,  y1*side + x1]
+        pos_weights  [wy0 * wx0,     wy0 * wx1,     wy1 * wx0,     wy1 * wx1]
+
+    Computed in float32 op for op as transformers does, so the weights are bit-equal to its."""
+    src = positions.astype(np.float32) * np.float32(side - 1) / np.maximum(sizes - 1, 1).astype(np.float32)
+    floor = np.floor(src)  # [P, 2]
+    offsets = np.arange(2)  # the tap below (floor) and above (floor + 1)
+    taps = np.clip(floor.astype(np.int64)[..., None] + offsets, 0, side - 1)  # [P, 2 axes, 2 taps]
+    distance = np.abs(src[..., None] - floor[..., None] - offsets.astype(np.float32))
+    weights = np.maximum(np.float32(1) - distance, np.float32(0))  # the hat kernel; 0 for a clamped edge tap
+    index = taps[:, 0, :, None] * side + taps[:, 1, None, :]  # [P, y tap, x tap]
+    return index.reshape(-1, 4), (weights[:, 0, :, None] * weights[:, 1, None, :]).reshape(-1, 4)
 
 
 def window_layout(window_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -3,7 +3,7 @@ encoded by the vision graph, and placed in its prompt.
 
 The chat template writes one image token where each image item is. As transformers' processors do,
 InternVL's (`<IMG_CONTEXT>`) becomes `<img>`, tiles x tokens_per_tile image tokens and `</img>`;
-Qwen2.5-VL's (`<|image_pad|>`, between the template's own start and end tokens) becomes one token per
+Qwen-VL's (`<|image_pad|>`, between the template's own start and end tokens) becomes one token per
 2 x 2 patches of the image resized to its own grid (runtime/images_qwen.py). The prompt's ids then hold
 the image tokens, and PromptImages their embeddings, which a prefill step feeds the graph (image_embeds
 at image_index) in place of the token table's. Qwen's language model turns each token by three
@@ -33,7 +33,7 @@ TILES_A_RUN = 4  # tiles the vision graph encodes at once: its attention's memor
 # embeddings kept by their image's bytes (ImageEncoder.kept): the same image in another request, or
 # encoded ahead by trtllm-serve's request thread, is not encoded again
 KEPT_BYTES = 256 * 2**20
-QWEN = ("qwen2_vl", "qwen2_5_vl")  # vision.architecture of Qwen's encoders (runtime/images_qwen.py's inputs)
+QWEN = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")  # vision.architecture of Qwen's encoders (runtime/images_qwen.py)
 
 
 class PromptImages:
@@ -163,9 +163,10 @@ class ImageEncoder:
         if self.section["architecture"] in QWEN:  # the whole image at once (a head at a time in its full-attention layers)
             pixels, grid = images_qwen.pixel_values(image, pre)
             at = images_qwen.encoder_inputs([grid], pre["merge_size"], self.section["window_size"],
-                                            pre["patch_size"])
+                                            pre["patch_size"], self.section["num_grid_per_side"])
             runs, order = [{"pixel_values": pixels[at["order"]], **{k: at[k] for k in (
-                "patch_positions", "image_ids", "window_rows", "window_slots")}}], at["reverse"]
+                "patch_positions", "image_ids", "window_rows", "window_slots", "pos_index", "pos_weights")
+                if k in at}}], at["reverse"]
         else:
             pixels = images.pixel_values(image, pre)
             runs = [{"pixel_values": pixels[i:i + TILES_A_RUN]} for i in range(0, len(pixels), TILES_A_RUN)]

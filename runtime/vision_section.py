@@ -6,7 +6,7 @@ from __future__ import annotations
 KEYS = ("architecture", "graph", "hidden_size", "image_token", "image_token_id", "start_token_id",
         "end_token_id", "preprocess")
 # each encoder's own keys, and its preprocess section's (runtime/images.py, runtime/images_qwen.py)
-QWEN = (("mrope_section", "window_size"),
+QWEN = (("mrope_section", "mrope_interleaved", "window_size", "deepstack_layers", "num_grid_per_side"),
         ("patch_size", "temporal_patch_size", "merge_size", "min_pixels", "max_pixels", "resample",
          "rescale_factor", "image_mean", "image_std"))
 KINDS = {
@@ -15,6 +15,7 @@ KINDS = {
                   "image_std")),
     "qwen2_5_vl": QWEN,
     "qwen2_vl": QWEN,  # (its window_size null: no windowed layers)
+    "qwen3_vl": QWEN,  # (no windows either; deepstack_layers of its language model take extra image rows)
 }
 
 
@@ -58,14 +59,23 @@ def check(m) -> str:
         return ""
     section = v["mrope_section"]
     if not (isinstance(section, list) and len(section) == 3 and all(whole(n) for n in section)
-            and sum(section) * 2 == m.model.head_dim):
-        return f"vision.mrope_section must be 3 integers >= 1 adding up to head_dim / 2, got {section!r}"
+            and sum(section) * 2 == m.model.head_dim and isinstance(v["mrope_interleaved"], bool)):
+        return (f"vision.mrope_section must be 3 integers >= 1 adding up to head_dim / 2, and mrope_interleaved a "
+                f"bool, got {section!r}, {v['mrope_interleaved']!r}")
+    if not (whole(v["deepstack_layers"], 0) and v["deepstack_layers"] <= m.model.num_layers):
+        return (f"vision.deepstack_layers must be an integer in [0, {m.model.num_layers}] (model.num_layers), got "
+                f"{v['deepstack_layers']!r}")
     if not all(whole(pre[k]) for k in ("patch_size", "temporal_patch_size", "merge_size", "min_pixels", "max_pixels")) \
             or pre["min_pixels"] > pre["max_pixels"]:
         return f"vision.preprocess's sizes must be integers >= 1 (min_pixels <= max_pixels), got {pre!r:.200}"
     # Qwen2-VL has no windowed layers; Qwen2.5-VL's windows hold a merged patch at least
     least = pre["merge_size"] * pre["patch_size"]
-    if (v["window_size"] is not None) if v["architecture"] == "qwen2_vl" else not whole(v["window_size"], least):
-        return ("vision.window_size must be " + ("null on qwen2_vl" if v["architecture"] == "qwen2_vl" else
+    grid = v["num_grid_per_side"]  # (Qwen3-VL's learned position grid, resampled to each image's)
+    if (grid is None) != (v["architecture"] != "qwen3_vl") or not (grid is None or whole(grid)):
+        return (f"vision.num_grid_per_side must be an integer >= 1 on qwen3_vl and null on the others, got "
+                f"{grid!r}")
+    windowless = v["architecture"] != "qwen2_5_vl"
+    if (v["window_size"] is not None) if windowless else not whole(v["window_size"], least):
+        return ("vision.window_size must be " + (f"null on {v['architecture']}" if windowless else
                 f"an integer >= merge_size x patch_size ({least})") + f", got {v['window_size']!r}")
     return ""

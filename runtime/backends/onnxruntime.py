@@ -242,7 +242,8 @@ class OnnxRuntimeEngine:
                 else self.zeros_of(feeds[io.verify_index].shape, np.float32)
         if m.vision:  # (a step without image tokens: none, [0, H])
             no_image = inputs.image_embeds is None
-            feeds[io.image_embeds] = self.zeros_of((0, m.model.hidden_size), np.float32) if no_image \
+            width = m.model.hidden_size * (1 + m.vision.get("deepstack_layers", 0))  # (Qwen3-VL's extra rows)
+            feeds[io.image_embeds] = self.zeros_of((0, width), np.float32) if no_image \
                 else inputs.image_embeds
             feeds[io.image_index] = self.zeros_of((0, 2), np.int64) if no_image else inputs.image_index
             if m.vision.get("mrope_section"):  # (text alone: its slots, [B] 0s; none given whole, [0, 3])

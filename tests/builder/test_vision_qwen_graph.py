@@ -1,6 +1,8 @@
-"""builder/vision_qwen.py's graph against transformers' Qwen2.5-VL and Qwen2-VL image features: several images
-packed in one run, grids that do not fill whole windows, a video's two frames; the graph's inputs, the
-ONNX checker and the TensorRT op lint; the wrong feeds that must fail; what spec_of refuses."""
+"""builder/vision_qwen.py's graph against transformers' Qwen2.5-VL, Qwen2-VL and Qwen3-VL image features
+(Qwen3-VL's deepstack features beside them): several images packed in one run, grids that do not fill
+whole windows, a video's two frames, grids larger and smaller than Qwen3-VL's learned position grid; the
+graph's inputs, the ONNX checker and the TensorRT op lint; the wrong feeds that must fail; what spec_of
+refuses; the manifest section's deepstack and M-RoPE keys."""
 from __future__ import annotations
 
 import copy
@@ -11,14 +13,20 @@ import pytest
 
 from tests.tiny_qwen_vl import make_qwen_vl_checkpoint
 
+# (sides even: whole 2 x 2 merge units; Qwen3-VL's learned grid is 4 x 4 patches, resampled to each)
 GRIDS = [
     ((1, 8, 12), (1, 4, 4)),  # two images in one run
     ((1, 6, 10),),            # 6 x 10 patches: windows are 4 x 4 patches, so the last row and column are partial
     ((2, 4, 6), (1, 10, 2)),  # a two-frame video (each frame its own segment) and a thin image
 ]
+INPUTS = {  # each kind's graph inputs, in order
+    "qwen2_5_vl": ["pixel_values", "patch_positions", "image_ids", "window_rows", "window_slots"],
+    "qwen2_vl": ["pixel_values", "patch_positions", "image_ids"],
+    "qwen3_vl": ["pixel_values", "patch_positions", "image_ids", "pos_index", "pos_weights"],
+}
 
 
-@pytest.fixture(scope="module", params=["qwen2_5_vl", "qwen2_vl"])
+@pytest.fixture(scope="module", params=["qwen2_5_vl", "qwen2_vl", "qwen3_vl"])
 def built(request, tmp_path_factory):
     """(the model, its spec, the written graph, vision.onnx saved and linted as export.py saves it)."""
     import torch
@@ -33,7 +41,7 @@ def built(request, tmp_path_factory):
     spec = vision_qwen.spec_of(model.config)
     graph = vision_qwen.QwenVisionWriter(spec, vision_qwen.weights_of(model)).write()
     save_linted(copy.deepcopy(graph), out, "vision.onnx", "the vision graph", "11.1")  # raises on a lint issue
-    return model, spec, graph, out / "vision.onnx"
+    return model, spec, graph, out / "vision.onnx"  # (the checkpoint: out / "ckpt")
 
 
 @pytest.mark.parametrize("grids", GRIDS, ids=["two_images", "partial_windows", "video+thin"])
@@ -51,30 +59,49 @@ def test_graph_inputs_outputs_and_checker(built):
 
     model, spec, graph, _ = built
     onnx.checker.check_model(graph)
-    names = [i.name for i in graph.graph.input]
-    windowed = [vq.WINDOW_ROWS, vq.WINDOW_SLOTS] if spec.model_type == "qwen2_5_vl" else []
-    assert names == [vq.PIXELS, vq.POSITIONS, vq.IMAGE_IDS, *windowed]
+    assert [i.name for i in graph.graph.input] == INPUTS[spec.model_type]
+    shapes = {i.name: [d.dim_value or d.dim_param for d in i.type.tensor_type.shape.dim] for i in graph.graph.input}
+    if spec.model_type == "qwen3_vl":
+        assert shapes[vq.POS_INDEX] == shapes[vq.POS_WEIGHTS] == ["patches", 4]
     assert [o.name for o in graph.graph.output] == [vq.EMBEDS]
     dims = [d.dim_value or d.dim_param for d in graph.graph.output[0].type.tensor_type.shape.dim]
-    assert dims == ["image_tokens", model.config.text_config.hidden_size]
-    assert spec.patch_dim == 3 * 2 * 14 * 14
+    # the merger's embeddings, then each deepstack merger's (Qwen3-VL: layers 0 and 1), side by side
+    deepstack = len(getattr(model.config.vision_config, "deepstack_visual_indexes", ()))
+    assert spec.deepstack_layers == deepstack == (2 if spec.model_type == "qwen3_vl" else 0)
+    assert dims == ["image_tokens", model.config.text_config.hidden_size * (1 + deepstack)]
+    assert spec.patch_dim == 3 * 2 * spec.patch_size ** 2
+    assert spec.patch_size == (16 if spec.model_type == "qwen3_vl" else 14)
 
 
-@pytest.mark.parametrize("wrong", ["unpermuted_rows", "one_window", "one_image"])
+@pytest.mark.parametrize("wrong", ["unpermuted_rows", "one_window", "one_image", "reversed_pos_weights",
+                                   "unaligned_pos_grid"])
 def test_wrong_inputs_are_caught(built, monkeypatch, wrong):
-    """The deliberately wrong variants: rows left in the processor's order, every row in one window, or
-    both images in one segment must fail verify (Qwen2-VL has no windows: only the last applies)."""
+    """The deliberately wrong variants: rows left in the processor's order, every row in one window, both
+    images in one segment, the position taps' weights reversed, or the learned grid resampled without
+    aligned corners (F.interpolate's default, not Qwen3VLVisionModel's) must fail verify (Qwen2-VL and
+    Qwen3-VL have no windows, only Qwen3-VL a position grid)."""
+    import torch
+    from transformers.vision_utils import get_vision_interpolation_indices_and_weights
+
     from trtllm.builder import vision_qwen as vq
 
     model, spec, _, path = built
-    if wrong != "one_image" and spec.window_size is None:
-        pytest.skip("Qwen2-VL's rows are in the processor's order, and it has no windows")
+    if wrong in ("unpermuted_rows", "one_window") and spec.window_size is None:
+        pytest.skip(f"{spec.model_type}'s rows are in the processor's order, and it has no windows")
+    if wrong.endswith(("pos_weights", "pos_grid")) and spec.num_grid_per_side is None:
+        pytest.skip(f"{spec.model_type} has no learned position grid")
     real = vq._inputs
 
     def broken(grids, s):
         feeds = real(grids, s)
         if wrong == "unpermuted_rows":
             feeds["rows"] = np.arange(len(feeds["rows"]))
+        elif wrong == "reversed_pos_weights":
+            feeds[vq.POS_WEIGHTS] = np.ascontiguousarray(feeds[vq.POS_WEIGHTS][:, ::-1])
+        elif wrong == "unaligned_pos_grid":
+            index, weights = get_vision_interpolation_indices_and_weights(
+                torch.tensor(grids), s.num_grid_per_side, align_corners=False, spatial_merge_size=s.spatial_merge_size)
+            feeds[vq.POS_INDEX], feeds[vq.POS_WEIGHTS] = index.numpy(), weights.numpy()
         else:
             key = vq.WINDOW_IDS if wrong == "one_window" else vq.IMAGE_IDS
             feeds[key] = np.ones_like(feeds[key])
@@ -92,6 +119,12 @@ def test_wrong_inputs_are_caught(built, monkeypatch, wrong):
     ("qwen2_5_vl", "patch_size", [14, 14]),
     ("qwen2_vl", "hidden_act", "gelu_fast"),
     ("qwen2_vl", "embed_dim", 36),
+    ("qwen3_vl", "hidden_act", "relu"),
+    ("qwen3_vl", "hidden_size", 36),
+    ("qwen3_vl", "num_position_embeddings", 15),
+    ("qwen3_vl", "deepstack_visual_indexes", [1, 0]),
+    ("qwen3_vl", "deepstack_visual_indexes", [0, 3]),
+    ("qwen3_vl", "patch_size", [16, 16]),
 ])
 def test_spec_of_refuses_by_field(kind, field, value):
     import transformers
@@ -105,3 +138,27 @@ def test_spec_of_refuses_by_field(kind, field, value):
     object.__setattr__(config.vision_config, field, value)  # (past the strict config's own checks)
     with pytest.raises(Unsupported, match=f"vision_config.{field}"):
         vision_qwen.spec_of(config)
+
+
+def test_section_names_deepstack_and_interleave(built):
+    """The manifest section: deepstack_layers K (image_embeds' extra column blocks), mrope_interleaved
+    (Qwen3-VL's recomposition always interleaves), num_grid_per_side (the runtime's pos_index needs it)
+    and Qwen3-VL's processor (16 px patches, size's shortest_edge / longest_edge)."""
+    import transformers
+
+    from trtllm.builder import vision_qwen as vq
+
+    model, spec, _, path = built
+    qwen3 = spec.model_type == "qwen3_vl"
+    ckpt = path.parent / "ckpt"
+    out = vq.section(model, transformers.AutoTokenizer.from_pretrained(ckpt), spec, ckpt)
+    assert out["architecture"] == spec.model_type and out["hidden_size"] == 64
+    assert out["deepstack_layers"] == (2 if qwen3 else 0)
+    assert out["mrope_interleaved"] is qwen3
+    assert out["mrope_section"] == ([3, 3, 2] if qwen3 else [2, 3, 3])
+    assert out["num_grid_per_side"] == (4 if qwen3 else None) and out["window_size"] == spec.window_size
+    assert out["image_token"] == "<|image_pad|>"
+    pre = out["preprocess"]
+    assert (pre["patch_size"], pre["merge_size"]) == (spec.patch_size, 2)
+    if qwen3:
+        assert (pre["min_pixels"], pre["max_pixels"], pre["image_mean"]) == (64 * 64, 32 * 32 * 64, [0.5] * 3)

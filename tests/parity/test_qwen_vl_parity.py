@@ -52,7 +52,7 @@ def reference(qvl, content: list, history: list | None = None, flat_positions: b
               model=None, **processor_options) -> tuple[list[int], np.ndarray]:
     """transformers' greedy tokens and first-step log-probabilities for one user turn after `history`;
     `flat_positions`: the deliberately wrong variant, every token at its slot on all three axes (no
-    mm_token_type_ids, so transformers cannot place the images); `model`: another (a LoRA adapter's)."""
+    token marked an image's in mm_token_type_ids); `model`: another (a LoRA adapter's)."""
     import torch
     from PIL import Image
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
@@ -76,8 +76,8 @@ def reference(qvl, content: list, history: list | None = None, flat_positions: b
                                   for grid, rest in zip(feats["image_grid_thw"], parts[1:]))
         kwargs = {"pixel_values": feats["pixel_values"], "image_grid_thw": feats["image_grid_thw"]}
     ids = tok(text, return_tensors="pt", add_special_tokens=False)["input_ids"]
-    if files and not flat_positions:
-        kwargs["mm_token_type_ids"] = (ids == model.config.image_token_id).int()
+    if files:  # (flat_positions: no token marked an image's, so all take text positions)
+        kwargs["mm_token_type_ids"] = (ids == model.config.image_token_id).int() * (not flat_positions)
     # (transformers keeps a prompt's RoPE shift on the model for the steps after it: none from another call)
     inner = (model.get_base_model() if hasattr(model, "get_base_model") else model).model
     with torch.no_grad():
@@ -144,6 +144,31 @@ def test_qwen2_vl_matches_transformers(tmp_path_factory, run_cli):
     assert result.exit_code == 0, result.output
     check(q2, CASES[:2], out)
     assert json.loads((q2[1] / "manifest.json").read_text())["vision"]["window_size"] is None
+
+
+@pytest.fixture(scope="module")
+def q3(tmp_path_factory):
+    return make(tmp_path_factory, "qwen3_vl")
+
+
+def test_qwen3_vl_matches_transformers(q3, run_cli, tmp_path):
+    """Qwen3-VL: its M-RoPE sections interleaved (t, h, w, t, ...), a learned position grid resampled to
+    each image, and the encoder's extra rows (deepstack) added to the image tokens after the language
+    model's first layers: one batch as above, a prompt prefilled in chunks that cut its images (each
+    chunk's deepstack rows with its image tokens), and the wrong variant told apart."""
+    result, out = run(q3, run_cli, CASES)
+    assert result.exit_code == 0, result.output
+    check(q3, CASES, out)
+    manifest = json.loads((q3[1] / "manifest.json").read_text())["vision"]
+    assert manifest["deepstack_layers"] == 2 and manifest["mrope_interleaved"] is True
+    assert out["responses"][1]["output_ids"] != reference(q3, CASES[1], flat_positions=True)[0]
+    result, out = run_cli(q3[1], {"temperature": 0.0, "ignore_eos": True, "max_generate_length": NEW_TOKENS,
+                                  "batch_size": 2, "requests": [
+                                      {"messages": [{"role": "user", "content": "The quick brown fox"}]},
+                                      {"messages": [{"role": "user", "content": placed(q3, CASES[1])}]}]},
+                          "--prefill-chunk", "16")
+    assert result.exit_code == 0, result.output
+    assert out["responses"][1]["output_ids"] == reference(q3, CASES[1])[0]
 
 
 def test_chunked_prefill_and_prompt_lookup_keep_the_positions(qvl, run_cli, tmp_path):
@@ -283,13 +308,17 @@ def test_an_eagle_head_is_refused_by_name(qvl, tmp_path):
                           max_input_len=256, max_kv_cache_capacity=512), log=lambda m: None)
 
 
+@pytest.mark.parametrize("kind", ["qvl", "q3"])
 @pytest.mark.parametrize("option", [["--graph", "legacy"], ["--cpu-kernels", "onnxruntime"]])
-def test_other_graph_forms_match_transformers(qvl, run_cli, tmp_path, option):
+def test_other_graph_forms_match_transformers(request, run_cli, tmp_path, option, kind):
     """The legacy graph (opset 20: RoPE by Gather and Mul) and ONNX Runtime's own kernels (standard
-    attention: GroupQueryAttention is not given the step's RoPE rows) take the same positions."""
+    attention: GroupQueryAttention is not given the step's RoPE rows) take the same positions (and
+    Qwen3-VL's deepstack rows)."""
     from click.testing import CliRunner
 
     from trtllm.builder.cli import main as build_main
+
+    qvl = request.getfixturevalue(kind)
 
     engine = tmp_path / "engine"
     result = CliRunner().invoke(build_main, ["--model", str(qvl[0]), "--output", str(engine), "--max-batch-size", "4",
@@ -362,3 +391,49 @@ def test_lora_adapters_on_the_language_model_match_peft(qvl, run_cli, tmp_path):
         assert response["output_ids"] == reference(qvl, content, model=model)[0]
     assert responses[0]["output_ids"] != reference(qvl, CASES[0])[0]  # (the adapter changes the answer)
     assert "adapts the vision encoder" in responses[3]["error"]
+
+
+def test_served_images_match_transformers_and_one_too_long_is_not_encoded(qvl, tmp_path, monkeypatch):
+    """trtllm-serve: an image_url part as a data: URL gives transformers' answer (encoded in the request's
+    own thread, ahead); on an engine whose max_input_len its tokens pass, it is refused unencoded."""
+    import base64
+    import http.client
+    import threading
+
+    from trtllm.builder.config import BuildConfig
+    from trtllm.builder.export import build
+    from trtllm.runtime import media, server
+
+    encoded = []
+    encode = media.ImageEncoder.encode
+    monkeypatch.setattr(media.ImageEncoder, "encode", lambda self, source: encoded.append(
+        threading.current_thread().name) or encode(self, source))
+    short = build(BuildConfig(model=str(qvl[0]), output=str(tmp_path / "short"), max_input_len=48,
+                              max_kv_cache_capacity=128), log=lambda m: None)
+
+    def post(engine, png: bytes) -> tuple[int, dict]:
+        httpd = server.build(engine, "127.0.0.1", 0, None, {}, {}, 2, 1, tmp_path / "kv", 1 << 30, True, None)
+        httpd.quiet = True
+        threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+        try:
+            url = "data:image/png;base64," + base64.b64encode(png).decode()
+            c = http.client.HTTPConnection("127.0.0.1", httpd.server_address[1], timeout=120)
+            c.request("POST", "/v1/chat/completions", json.dumps({
+                "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}},
+                                                          {"type": "text", "text": "What is in this picture?"}]}],
+                "temperature": 0, "ignore_eos": True, "max_tokens": NEW_TOKENS}))
+            r = c.getresponse()
+            return r.status, json.loads(r.read())
+        finally:
+            httpd.shutdown()
+            server.stop(httpd)
+
+    status, body = post(qvl[1], (qvl[2] / "wide.png").read_bytes())
+    assert status == 200, body
+    tokens, _ = reference(qvl, CASES[0])
+    assert body["choices"][0]["message"]["content"] == qvl[4].decode(tokens, skip_special_tokens=True)
+    assert encoded and "trtllm-serve generation" not in encoded  # (ahead, in the request's thread)
+    encoded.clear()
+    status, body = post(short, (qvl[2] / "big.png").read_bytes())  # (54 tokens: past max_input_len 48)
+    assert status == 400 and "more than the engine's max_input_len 48" in body["error"]["message"], body
+    assert encoded == []

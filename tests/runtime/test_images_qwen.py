@@ -1,5 +1,6 @@
-"""runtime/images_qwen.py against transformers 5.24: Qwen2VLImageProcessorPil (Qwen2-VL's and Qwen2.5-VL's
-image processor), the vision index helpers Qwen2.5-VL's vision forward calls, and get_rope_index.
+"""runtime/images_qwen.py against transformers 5.24: Qwen2VLImageProcessorPil (Qwen2-VL's, Qwen2.5-VL's and
+Qwen3-VL's image processor), the vision index helpers Qwen2.5-VL's and Qwen3-VL's vision forwards call
+(Qwen3-VL's position-table interpolation included), and get_rope_index.
 
 Each preprocessing case builds the processor and our `pre` from the same preprocessor_config dict, so
 preprocess_config's reading of the file (defaults, legacy min/max_pixels, do_rescale/do_normalize) is
@@ -7,16 +8,26 @@ checked too. Both sides resize with Pillow and do the same float32 arithmetic: t
 """
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 from PIL import Image
-from transformers import Qwen2_5_VLConfig
+from transformers import AutoImageProcessor, Qwen2_5_VLConfig, Qwen3VLConfig
+from transformers.models.auto.image_processing_auto import IMAGE_PROCESSOR_MAPPING_NAMES
 from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VLModel
 from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize as hf_smart_resize
 from transformers.models.qwen2_vl.modeling_qwen2_vl import Qwen2VLModel
-from transformers.vision_utils import get_vision_cu_seqlens, get_vision_position_ids, get_vision_window_index
+from transformers.models.qwen3_vl.modeling_qwen3_vl import Qwen3VLModel
+from transformers.vision_utils import (
+    get_vision_cu_seqlens,
+    get_vision_interpolation_indices_and_weights,
+    get_vision_position_ids,
+    get_vision_window_index,
+)
 
 from trtllm.runtime.images_qwen import (
     encoder_inputs,
@@ -32,9 +43,15 @@ pytestmark = pytest.mark.hf
 QWEN = {"min_pixels": 3136, "max_pixels": 12845056, "patch_size": 14, "temporal_patch_size": 2, "merge_size": 2,
         "image_mean": [0.48145466, 0.4578275, 0.40821073], "image_std": [0.26862954, 0.26130258, 0.27577711],
         "image_processor_type": "Qwen2VLImageProcessor", "processor_class": "Qwen2_5_VLProcessor"}
+# Qwen/Qwen3-VL-2B-Instruct's preprocessor_config.json ("...Fast" names the torchvision class; without
+# torchvision, or with backend="pil", transformers loads Qwen2VLImageProcessorPil from it)
+QWEN3 = {"size": {"longest_edge": 16777216, "shortest_edge": 65536}, "patch_size": 16, "temporal_patch_size": 2,
+         "merge_size": 2, "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5],
+         "processor_class": "Qwen3VLProcessor", "image_processor_type": "Qwen2VLImageProcessorFast"}
 SMALL = {"min_pixels": 28 * 28 * 4, "max_pixels": 28 * 28 * 64}  # keeps the big images' pixels few and fast
 CONFIGS = {
     "qwen2.5-vl": QWEN,
+    "qwen3-vl": QWEN3,
     "defaults": {},  # class defaults: max 28*28*1280 pixels, CLIP's mean and std
     "size-dict": {"size": {"shortest_edge": 28 * 28 * 4, "longest_edge": 28 * 28 * 64}},
     "legacy-wins": {"size": {"shortest_edge": 28 * 28 * 100, "longest_edge": 28 * 28 * 200}, **SMALL},
@@ -92,6 +109,22 @@ def test_pixel_values_match_transformers(config_name, image_name):
     assert token_count(image.width, image.height, pre) == t * h * w // pre["merge_size"] ** 2
     processor = Qwen2VLImageProcessorPil(**config)
     assert t * h * w == processor.get_number_of_image_patches(image.height, image.width)
+
+
+def test_qwen3_vl_uses_qwen2_vl_image_processor(tmp_path):
+    """Qwen3-VL has no image processor of its own: its checkpoint's config loads Qwen2-VL's."""
+    assert IMAGE_PROCESSOR_MAPPING_NAMES["qwen3_vl"] == {"torchvision": "Qwen2VLImageProcessor",
+                                                         "pil": "Qwen2VLImageProcessorPil"}
+    (tmp_path / "preprocessor_config.json").write_text(json.dumps(QWEN3))
+    processor = AutoImageProcessor.from_pretrained(tmp_path, backend="pil")
+    assert type(processor) is Qwen2VLImageProcessorPil
+    assert preprocess_config(QWEN3) == {
+        "patch_size": 16, "temporal_patch_size": 2, "merge_size": 2, "min_pixels": 65536, "max_pixels": 16777216,
+        "resample": 3, "rescale_factor": 1 / 255, "image_mean": [0.5] * 3, "image_std": [0.5] * 3}
+    image = IMAGES["wide-900x150"]
+    expected = processor(image, return_tensors="np")
+    got, thw = pixel_values(image, preprocess_config(QWEN3))
+    assert thw == tuple(expected["image_grid_thw"][0]) and np.array_equal(got, expected["pixel_values"])
 
 
 def test_preprocess_config_reads_the_keys_transformers_reads():
@@ -218,11 +251,70 @@ def test_encoder_inputs_refuse_bad_grids():
         encoder_inputs([(1, 4, 4)], 2, 20, 14)
 
 
+POS_GRIDS = {
+    "square": [(1, 16, 16)],
+    "wide": [(1, 8, 40)],
+    "tall": [(1, 36, 6)],
+    "over-the-table": [(1, 120, 96)],  # more patches a side than the table has rows
+    "several": [(1, 10, 22), (1, 16, 8), (1, 2, 30), (1, 36, 4)],
+    "video": [(2, 6, 10), (1, 8, 8)],  # a two-frame entry: both frames read the same table rows
+}
+
+
+def interpolated_rows(table, side, grids, positions):
+    """Each row's patch of the table resized by F.interpolate, what transformers' helper stands for."""
+    rows, start = [], 0
+    for t, h, w in grids:
+        image = F.interpolate(table.T.reshape(1, -1, side, side), size=(h, w), mode="bilinear",
+                              align_corners=True)[0]  # [C, h, w]
+        y, x = torch.from_numpy(positions[start:start + t * h * w]).T
+        rows.append(image[:, y, x].T)
+        start += t * h * w
+    return torch.cat(rows).numpy()
+
+
+@pytest.mark.parametrize("grids_name", POS_GRIDS)
+@pytest.mark.parametrize("side, merge_size", [(48, 2), (32, 2), (7, 3)])  # Qwen3-VL's tables are 48 x 48
+def test_pos_embed_taps_match_transformers(grids_name, side, merge_size):
+    grids = [(t, h // 2 * merge_size, w // 2 * merge_size) for t, h, w in POS_GRIDS[grids_name]]
+    got = encoder_inputs(grids, merge_size, None, 16, num_grid_per_side=side)
+    index, weights = get_vision_interpolation_indices_and_weights(
+        torch.tensor(grids), side, mode="bilinear", align_corners=True, spatial_merge_size=merge_size)
+    assert got["pos_index"].dtype == np.int64 and got["pos_weights"].dtype == np.float32
+    assert got["pos_index"].shape == got["pos_weights"].shape == (len(got["order"]), 4)
+    assert np.array_equal(got["pos_index"], index.numpy())
+    assert np.array_equal(got["pos_weights"], weights.numpy())  # bit for bit: the same float32 operations
+    # Qwen3VLVisionModel's pos_embeds, and the table resized: only the summation order differs
+    table = torch.randn(side * side, 8, generator=torch.Generator().manual_seed(0))
+    ours = (table.numpy()[got["pos_index"]] * got["pos_weights"][..., None]).sum(1)
+    assert np.allclose(ours, (table[index] * weights[:, :, None]).sum(1).numpy(), rtol=0, atol=1e-6)
+    # F.interpolate rounds the scale (side - 1) / (h - 1) before multiplying: source rows a few ulps apart
+    assert np.allclose(ours, interpolated_rows(table, side, grids, got["patch_positions"]), rtol=0, atol=1e-4)
+
+
+def test_pos_embed_taps_deliberately_wrong_variants_differ():
+    """Parity-suite control: half-pixel centres (align_corners False) or rows in raster order instead of
+    merge-window order must change what the test compares."""
+    grids, hf_taps = [(1, 10, 22)], get_vision_interpolation_indices_and_weights
+    got = encoder_inputs(grids, 2, None, 16, num_grid_per_side=48)
+    _, half_pixel = hf_taps(torch.tensor(grids), 48, align_corners=False, spatial_merge_size=2)
+    raster, _ = hf_taps(torch.tensor(grids), 48, align_corners=True, spatial_merge_size=1)
+    assert not np.allclose(got["pos_weights"], half_pixel.numpy())
+    assert not np.array_equal(got["pos_index"], raster.numpy())
+
+
+def test_pos_embed_taps_only_when_asked_and_refuse_a_bad_side():
+    assert "pos_index" not in encoder_inputs([(1, 4, 4)], 2, None, 16)
+    for side in (0, 48.0):
+        with pytest.raises(ValueError, match=r"^num_grid_per_side must be an int > 0, got"):
+            encoder_inputs([(1, 4, 4)], 2, None, 16, num_grid_per_side=side)
+
+
 class RopeStub:
     """`self` for get_rope_index, unbound: its config and the one method it calls."""
 
     def __init__(self, model_class):
-        self.config = Qwen2_5_VLConfig()
+        self.config = Qwen3VLConfig() if model_class is Qwen3VLModel else Qwen2_5_VLConfig()
         self.get_vision_position_ids = model_class.get_vision_position_ids.__get__(self)
         self.get_rope_index = model_class.get_rope_index.__get__(self)
 
@@ -237,7 +329,7 @@ PROMPTS = {  # (n, [(start, grid)])
 }
 
 
-@pytest.mark.parametrize("model_class", [Qwen2_5_VLModel, Qwen2VLModel])
+@pytest.mark.parametrize("model_class", [Qwen2_5_VLModel, Qwen2VLModel, Qwen3VLModel])
 @pytest.mark.parametrize("prompt_name", PROMPTS)
 def test_rope_positions_match_get_rope_index(model_class, prompt_name):
     n, images = PROMPTS[prompt_name]
