@@ -68,10 +68,14 @@ def export_onnx(ck: ckpt.Checkpoint, config: BuildConfig, out_dir: Path, log, ba
             mrope = vision.mrope_section(ck.vision.config)
         except ckpt.Unsupported as e:
             raise ckpt.CheckpointError(f"--model {config.model!r}: {e}") from e
-        deepstack = len(getattr(ck.vision.config.vision_config, "deepstack_visual_indexes", None) or ())
+        family = vision_family(ck.vision)
+        try:  # (the encoder's spec checks the list: its extra rows go to as many first layers)
+            deepstack = family.spec_of(ck.vision.config).deepstack_layers if family is vision_qwen else 0
+        except ckpt.Unsupported as e:
+            raise ckpt.CheckpointError(f"--model {config.model!r}: {e}") from e
         if deepstack > spec.num_layers:
-            raise ckpt.CheckpointError(f"--model {config.model!r}: vision_config.deepstack_visual_indexes feeds "
-                                       f"{deepstack} layers, more than the language model's {spec.num_layers}")
+            raise ckpt.CheckpointError(f"--model {config.model!r}: vision_config.deepstack_visual_indexes must name "
+                                       f"at most the language model's {spec.num_layers} layers, got {deepstack}")
         spec = dataclasses.replace(spec, image_embeds=True, mrope_section=mrope, deepstack_layers=deepstack,
                                    mrope_interleaved=vision.mrope_interleaved(ck.vision.config))
         refuse_for_vision(config, backend, spec)

@@ -24,13 +24,15 @@ from trtllm.builder.graph import GraphWriter
 
 PIXELS, EMBEDS = "pixel_values", "image_embeds"
 VISION_NAME = "vision.onnx"
-MODEL_TYPES = ("internvl", "qwen2_vl", "qwen2_5_vl", "qwen3_vl")  # config.model_type of the vision-language models built
+# config.model_type of the vision-language models built
+MODEL_TYPES = ("internvl", "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe")
 LANGUAGE_PREFIX = "model.language_model"  # where their decoder layers are (PEFT adapters name them so)
 F32 = onnx.TensorProto.FLOAT
 # Qwen-VL language models: a text model's layers (Qwen2's; Qwen3-VL: Qwen3's), their RoPE multimodal
 # (DecoderSpec.mrope_section), with no causal LM class of their own: the text model's, holding theirs
-QWEN_TEXT = {"qwen2_vl_text": "Qwen2", "qwen2_5_vl_text": "Qwen2", "qwen3_vl_text": "Qwen3"}
-MROPE_DEFAULT = {"qwen2_vl_text": (16, 24, 24), "qwen2_5_vl_text": (16, 24, 24), "qwen3_vl_text": (24, 20, 20)}
+QWEN_TEXT = {"qwen2_vl_text": "Qwen2", "qwen2_5_vl_text": "Qwen2", "qwen3_vl_text": "Qwen3", "qwen3_vl_moe_text": "Qwen3Moe"}
+MROPE_DEFAULT = {"qwen2_vl_text": (16, 24, 24), "qwen2_5_vl_text": (16, 24, 24), "qwen3_vl_text": (24, 20, 20),
+                 "qwen3_vl_moe_text": (24, 20, 20)}
 ACTIVATIONS = {"gelu": "none", "gelu_pytorch_tanh": "tanh", "gelu_new": "tanh"}  # Gelu's `approximate`
 
 
@@ -85,6 +87,8 @@ def language_model(vlm):
             kept["rope_parameters"] = {k: v for k, v in (kept.get("rope_parameters") or {}).items()
                                        if k not in ("mrope_section", "mrope_interleaved")}
             base = QWEN_TEXT[config.model_type]
+            if base == "Qwen3Moe":  # (its router always renormalizes the chosen experts' weights)
+                kept["num_experts"], kept["norm_topk_prob"] = config.num_experts, True
             text = getattr(transformers, f"{base}ForCausalLM")(getattr(transformers, f"{base}Config")(**kept))
         else:
             text = transformers.AutoModelForCausalLM.from_config(config)
@@ -103,8 +107,8 @@ def mrope_section(config) -> tuple[int, ...] | None:
     section = tuple(int(n) for n in (text.rope_parameters or {}).get("mrope_section") or MROPE_DEFAULT[text.model_type])
     head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
     # (interleaved: height and width take every third column from the second and the third)
-    interleaved_fits = not mrope_interleaved(config) or (3 * section[1] <= sum(section) + 1
-                                                         and 3 * section[2] <= sum(section))
+    interleaved_fits = len(section) == 3 and (not mrope_interleaved(config) or (
+        3 * section[1] <= sum(section) + 1 and 3 * section[2] <= sum(section)))
     if len(section) != 3 or sum(section) != head_dim // 2 or min(section) < 1 or not interleaved_fits:
         raise Unsupported(f"rope_parameters.mrope_section {list(section)} must be three widths adding up to half "
                           f"the head size ({head_dim // 2})" + " (interleaved: each of the last two about a third of"
@@ -114,7 +118,7 @@ def mrope_section(config) -> tuple[int, ...] | None:
 
 def mrope_interleaved(config) -> bool:
     """Whether the sections take the rotary columns in turn (Qwen3-VL's recomposition always does)."""
-    return config.text_config.model_type == "qwen3_vl_text"
+    return config.text_config.model_type in ("qwen3_vl_text", "qwen3_vl_moe_text")
 
 
 def spec_of(config) -> VisionSpec:

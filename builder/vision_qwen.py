@@ -17,7 +17,7 @@ rows may attend to which) comes in as inputs the runtime computes from the grids
          + sum_k pos_embed[pos_index[:, k]] * pos_weights[:, k])
       -> blocks: x += proj(attn(norm1(x))); x += mlp(norm2(x))   2-D rotary q/k, bidirectional: a
          windowed layer over each window alone (rows gathered into the padded batch and back), a
-         full-attention layer over its image, a head at a time (one [P, P] of scores at once)
+         full-attention layer over its image (ONNX's Attention either way: one fused node)
          (Qwen3-VL: after each deepstack layer, that layer's own merger on its output, norm after the fold)
       -> merger: norm, [P, C] -> [P/m^2, C*m^2] (m^2 consecutive rows), Linear, GELU, Linear
     image_embeds    [P/m^2, out_hidden * (1 + K)] f32, in window order (argsort(window_index) puts them back):
@@ -37,7 +37,7 @@ PIXELS, POSITIONS, WINDOW_ROWS, WINDOW_SLOTS, IMAGE_IDS, EMBEDS = (
     "pixel_values", "patch_positions", "window_rows", "window_slots", "image_ids", "image_embeds")
 POS_INDEX, POS_WEIGHTS = "pos_index", "pos_weights"
 WINDOW_IDS = "window_ids"  # (not an input: what window_rows and window_slots are made from, as the runtime does)
-MODEL_TYPES = ("qwen2_5_vl", "qwen2_vl", "qwen3_vl")
+MODEL_TYPES = ("qwen2_5_vl", "qwen2_vl", "qwen3_vl", "qwen3_vl_moe")
 F32, I64 = onnx.TensorProto.FLOAT, onnx.TensorProto.INT64
 ACTIVATIONS = ("silu", "quick_gelu", "gelu", "gelu_pytorch_tanh")
 PREFIX = "model.visual."
@@ -92,6 +92,7 @@ def spec_of(config) -> QwenVisionSpec:
     v, kind = config.vision_config, config.model_type
     if kind not in MODEL_TYPES:
         raise Unsupported(f"config.model_type must be one of {list(MODEL_TYPES)}, got {kind!r}")
+    kind = "qwen3_vl" if kind == "qwen3_vl_moe" else kind  # (the same encoder: the experts are the text model's)
     qwen2 = kind == "qwen2_vl"  # (its vision_config names the widths otherwise)
     hidden = v.embed_dim if qwen2 else v.hidden_size
     out_hidden = v.hidden_size if qwen2 else v.out_hidden_size
@@ -141,7 +142,7 @@ def window_checks(v) -> list[tuple[bool, str]]:
 def deepstack_checks(v) -> list[tuple[bool, str]]:
     """Qwen3-VL's position table and deepstack layers: (ok, what) pairs, as spec_of's."""
     n, layers = v.num_position_embeddings, list(v.deepstack_visual_indexes)
-    side = round(n ** 0.5) if isinstance(n, int) and n > 0 else 0
+    side = round(n ** 0.5) if isinstance(n, int) and not isinstance(n, bool) and n > 0 else 0
     return [
         # (transformers resamples int(sqrt(n)) a side: the runtime's pos_index reads the same square)
         (side > 0 and side * side == n,
@@ -184,10 +185,10 @@ class QwenVisionWriter(VisionWriter):  # (its weight, linear and norm ops: every
         return g.op("Cos", f"{n}/Cos", [freqs]), g.op("Sin", f"{n}/Sin", [freqs])
 
     def mask(self, name: str, ids: str) -> str:
-        """[P, P] bool: row i may attend to row j when ids[i] == ids[j]."""
+        """[1, 1, P, P] bool: row i may attend to row j when ids[i] == ids[j]."""
         g = self.g
-        rows = g.op("Unsqueeze", f"{name}/Rows", [ids, g.const([1])])
-        cols = g.op("Unsqueeze", f"{name}/Cols", [ids, g.const([0])])
+        rows = g.op("Unsqueeze", f"{name}/Rows", [ids, g.const([0, 1, 3])])
+        cols = g.op("Unsqueeze", f"{name}/Cols", [ids, g.const([0, 1, 2])])
         return g.op("Equal", f"{name}/Equal", [rows, cols])
 
     def rotate(self, name: str, x: str, cos: str, sin: str) -> str:
@@ -213,26 +214,14 @@ class QwenVisionWriter(VisionWriter):  # (its weight, linear and norm ops: every
         q, k, v = (g.op("Squeeze", f"{name}/{t}/Squeeze", [part, g.const([0])]) for t, part in zip(
             "qkv", g.op("Split", f"{name}/qkv/Split", [qkv, g.const([1, 1, 1])], num_outputs=3, axis=0)))
         q, k = self.rotate(f"{name}/q_rotary", q, *rope), self.rotate(f"{name}/k_rotary", k, *rope)
-        if windows is not None:
-            out = self.attend(f"{name}/core", q, k, v, mask)                                 # [Nw, heads, W, d]
-        else:  # a head at a time: one [P, P] of scores is alive at once, not one a head
-            out = g.op("Concat", f"{name}/heads", [self.attend(f"{name}/head{h}", *(
-                g.op("Slice", f"{name}/head{h}/{t}", [part, g.const([h]), g.const([h + 1]), g.const([1])])
-                for t, part in zip("qkv", (q, k, v))), mask) for h in range(s.num_heads)], axis=1)
+        # ONNX's Attention (a fused kernel on ONNX Runtime and TensorRT): [N, heads, n, d], mask [N or 1, 1, n, n]
+        out = g.op("Attention", f"{name}/Attention", [q, k, v, mask], scale=s.head_dim ** -0.5,
+                   softmax_precision=onnx.TensorProto.FLOAT)                                 # [N, heads, n, d]
         out = g.op("Transpose", f"{name}/Context/Transpose", [out], perm=[0, 2, 1, 3])        # [N, n, heads, d]
         out = g.op("Reshape", f"{name}/Context/Reshape", [out, g.const([-1, s.hidden_size])])
         if windows is not None:  # each row from its window's place
             out = g.op("Gather", f"{name}/Context/Rows", [out, windows[1]], axis=0)
         return self.linear(f"{name}/proj", out, f"{p}.proj")
-
-    def attend(self, name: str, q: str, k: str, v: str, mask: str) -> str:
-        """softmax(q k^T / sqrt(d), where mask) v, the scores in float32."""
-        g = self.g
-        k_t = g.op("Transpose", f"{name}/k/TransposeT", [k], perm=[0, 1, 3, 2])
-        scores = g.op("Mul", f"{name}/Scale", [g.op("MatMul", f"{name}/Scores", [q, k_t]),
-                                               g.const(self.s.head_dim ** -0.5, np.float32)])
-        scores = g.op("Where", f"{name}/Mask", [mask, scores, g.const(np.finfo(np.float32).min, np.float32)])
-        return g.op("MatMul", f"{name}/Context", [g.op("Softmax", f"{name}/Softmax", [scores], axis=-1), v])
 
     def mlp(self, i: int, x: str) -> str:
         p, name = f"blocks.{i}.mlp", f"/vision/blocks.{i}/mlp"
@@ -291,7 +280,14 @@ class QwenVisionWriter(VisionWriter):  # (its weight, linear and norm ops: every
             windows = (g.op("Max", "/vision/windows/rows", [rows, g.const(0)]),
                        g.input(WINDOW_SLOTS, I64, ["patches"]))
             valid = g.op("GreaterOrEqual", "/vision/windows/valid", [rows, g.const(0)])      # [Nw, W]
-            mask = g.op("Unsqueeze", "/vision/windows/mask", [valid, g.const([1, 2])])       # [Nw, 1, 1, W]
+            # [Nw, 1, W, W]: every row of a window (its padding too: gathered out after) sees its real rows
+            shape = g.op("Shape", "/vision/windows/shape", [rows])
+            square = g.op("Concat", "/vision/windows/square", [
+                g.op("Slice", "/vision/windows/count", [shape, g.const([0]), g.const([1])]), g.const([1]),
+                g.op("Slice", "/vision/windows/width", [shape, g.const([1]), g.const([2])]),
+                g.op("Slice", "/vision/windows/width2", [shape, g.const([1]), g.const([2])])], axis=0)
+            mask = g.op("Expand", "/vision/windows/mask", [
+                g.op("Unsqueeze", "/vision/windows/keys", [valid, g.const([1, 2])]), square])
             rope = tuple(g.op("Unsqueeze", f"/vision/windows/{n}4", [
                 g.op("Gather", f"/vision/windows/{n}", [t, windows[0]], axis=0), g.const([1])])
                 for n, t in (("cos", cos), ("sin", sin)))                                    # [Nw, 1, W, d]

@@ -111,7 +111,8 @@ class GraphIO:
     draft_top_logprobs: str = "draft_top_logprobs"  # draft_index, best first, and their f32 log-probabilities
     draft_index: str = "draft_index"          # int64 [batch, T]: draft tree nodes (eagle.tree engines), whose
     draft_node_hidden: str = "draft_node_hidden"  # f32 [batch, T, H] hidden states come out too
-    image_embeds: str = "image_embeds"        # f32 [N, H]: vision-language engines only (manifest.vision), the
+    image_embeds: str = "image_embeds"        # f32 [N, H (Qwen3-VL: H x (1 + deepstack_layers))]: vision-language
+                                              # engines only (manifest.vision), the
     image_index: str = "image_index"          # image tokens' embeddings, and int64 [N, 2] their (row, position
                                               # in the step); N = 0 in a step without one
     rope_delta: str = "rope_delta"            # int64 [batch]: multimodal RoPE engines (Qwen2-VL): added to a

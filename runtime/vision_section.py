@@ -57,14 +57,15 @@ def check(m) -> str:
             return (f"vision.tokens_per_tile and preprocess.min_patches and max_patches must be integers >= 1 and "
                     f"preprocess.size vision.image_size, got {v['tokens_per_tile']!r}, {pre!r:.200}")
         return ""
-    section = v["mrope_section"]
+    section, qwen3 = v["mrope_section"], v["architecture"] == "qwen3_vl"
     if not (isinstance(section, list) and len(section) == 3 and all(whole(n) for n in section)
-            and sum(section) * 2 == m.model.head_dim and isinstance(v["mrope_interleaved"], bool)):
-        return (f"vision.mrope_section must be 3 integers >= 1 adding up to head_dim / 2, and mrope_interleaved a "
-                f"bool, got {section!r}, {v['mrope_interleaved']!r}")
-    if not (whole(v["deepstack_layers"], 0) and v["deepstack_layers"] <= m.model.num_layers):
-        return (f"vision.deepstack_layers must be an integer in [0, {m.model.num_layers}] (model.num_layers), got "
-                f"{v['deepstack_layers']!r}")
+            and sum(section) * 2 == m.model.head_dim):
+        return f"vision.mrope_section must be 3 integers >= 1 adding up to head_dim / 2, got {section!r}"
+    if v["mrope_interleaved"] is not qwen3:  # (the graph's choice, which the runtime does not make)
+        return f"vision.mrope_interleaved must be {str(qwen3).lower()} on {v['architecture']}, got {v['mrope_interleaved']!r}"
+    most = m.model.num_layers if qwen3 else 0  # (the layers the vision graph's extra rows go to: Qwen3-VL's)
+    if not (whole(v["deepstack_layers"], 0) and v["deepstack_layers"] <= most):
+        return f"vision.deepstack_layers must be an integer in [0, {most}] on {v['architecture']}, got {v['deepstack_layers']!r}"
     if not all(whole(pre[k]) for k in ("patch_size", "temporal_patch_size", "merge_size", "min_pixels", "max_pixels")) \
             or pre["min_pixels"] > pre["max_pixels"]:
         return f"vision.preprocess's sizes must be integers >= 1 (min_pixels <= max_pixels), got {pre!r:.200}"

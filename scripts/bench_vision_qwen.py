@@ -1,11 +1,14 @@
-"""What an image costs on the CPU on Qwen2.5-VL: the vision graph (builder/vision_qwen.py, through ONNX
+"""What an image costs on the CPU on Qwen2.5-VL or Qwen3-VL: the vision graph (builder/vision_qwen.py, through ONNX
 Runtime, its inputs from runtime/images_qwen.py) against transformers' get_image_features on the same
 pixels, at Qwen2.5-VL-3B's encoder size (32 layers, 1,280 wide, 16 heads, 112 px windows, full
-attention in 4 layers), with random weights (no checkpoint is downloaded here).
+attention in 4 layers) or Qwen3-VL-2B's (24 layers, 1,024 wide, full attention, DeepStack), with random
+weights (no checkpoint is downloaded here).
 
-    python scripts/bench_vision_qwen.py [--sizes 448x448 896x672] [--rounds 3] [--threads 2]
+    python scripts/bench_vision_qwen.py [--model qwen2.5-vl|qwen3-vl] [--sizes 448x448 896x672] [--rounds 3]
+                                        [--threads 2]
 
-An image of W x H pixels (multiples of 28) is (H/14) x (W/14) patches and a quarter as many tokens.
+An image of W x H pixels (multiples of 28; Qwen3-VL: 32) is (H/14) x (W/14) patches (Qwen3-VL: /16) and
+a quarter as many tokens.
 Each round times both on each size, alternating, in this one process; the ratio is paired by round
 (transformers' time / ours: > 1 is ours faster), as median [min-max]: the machine is shared, so only
 ratios of one round mean anything. The outputs are compared too.
@@ -24,8 +27,22 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
-def encoder(tmp: Path):
-    """(transformers' model, our vision.onnx path, its spec): Qwen2.5-VL-3B's vision config, a one-layer
+# the encoders' configs: Qwen2.5-VL-3B's (windowed) and Qwen3-VL-2B's (full attention, a learned
+# position grid, DeepStack mergers on 3 layers)
+MODELS = {
+    "qwen2.5-vl": ("Qwen2_5_VL", {"depth": 32, "hidden_size": 1280, "num_heads": 16, "intermediate_size": 3420,
+                                  "out_hidden_size": 2048, "window_size": 112, "fullatt_block_indexes": [7, 15, 23, 31],
+                                  "patch_size": 14, "temporal_patch_size": 2, "spatial_merge_size": 2,
+                                  "hidden_act": "silu"}),
+    "qwen3-vl": ("Qwen3VL", {"depth": 24, "hidden_size": 1024, "num_heads": 16, "intermediate_size": 4096,
+                             "out_hidden_size": 2048, "num_position_embeddings": 2304, "deepstack_visual_indexes": [5, 11, 17],
+                             "patch_size": 16, "temporal_patch_size": 2, "spatial_merge_size": 2,
+                             "hidden_act": "gelu_pytorch_tanh"}),
+}
+
+
+def encoder(tmp: Path, name: str):
+    """(transformers' model, our vision.onnx path, its spec): MODELS[name]'s vision config, a one-layer
     text model (it plays no part), random weights."""
     import torch
     import transformers
@@ -33,15 +50,13 @@ def encoder(tmp: Path):
     from trtllm.builder import vision_qwen
     from trtllm.builder.export import save
 
-    vision = {"depth": 32, "hidden_size": 1280, "num_heads": 16, "intermediate_size": 3420, "out_hidden_size": 2048,
-              "window_size": 112, "fullatt_block_indexes": [7, 15, 23, 31], "patch_size": 14,
-              "temporal_patch_size": 2, "spatial_merge_size": 2, "hidden_act": "silu"}
+    prefix, vision = MODELS[name]
     text = {"vocab_size": 1000, "hidden_size": 2048, "intermediate_size": 256, "num_hidden_layers": 1,
-            "num_attention_heads": 16, "num_key_value_heads": 2,
+            "num_attention_heads": 16, "num_key_value_heads": 2, "head_dim": 128,
             "rope_parameters": {"rope_type": "default", "rope_theta": 1e6, "mrope_section": [16, 24, 24]}}
-    config = transformers.Qwen2_5_VLConfig(vision_config=vision, text_config=text, image_token_id=999)
+    config = getattr(transformers, f"{prefix}Config")(vision_config=vision, text_config=text, image_token_id=999)
     torch.manual_seed(0)
-    model = transformers.Qwen2_5_VLForConditionalGeneration(config).eval()
+    model = getattr(transformers, f"{prefix}ForConditionalGeneration")(config).eval()
     spec = vision_qwen.spec_of(model.config)
     save(vision_qwen.QwenVisionWriter(spec, vision_qwen.weights_of(model)).write(), tmp, "vision.onnx")
     return model, tmp / "vision.onnx", spec
@@ -49,6 +64,7 @@ def encoder(tmp: Path):
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", choices=sorted(MODELS), default="qwen2.5-vl")
     parser.add_argument("--sizes", nargs="+", default=["448x448", "896x672"])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
@@ -60,7 +76,7 @@ def main() -> None:
 
     torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as tmp:
-        model, path, spec = encoder(Path(tmp))
+        model, path, spec = encoder(Path(tmp), args.model)
         opts = ort.SessionOptions()
         opts.intra_op_num_threads = args.threads
         session = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
@@ -72,14 +88,17 @@ def main() -> None:
                 grid = (1, height // spec.patch_size, width // spec.patch_size)
                 pixels = np.random.default_rng(r).standard_normal((grid[1] * grid[2], spec.patch_dim)).astype(np.float32)
                 began = time.perf_counter()
-                at = encoder_inputs([grid], spec.spatial_merge_size, spec.window_size, spec.patch_size)
+                at = encoder_inputs([grid], spec.spatial_merge_size, spec.window_size, spec.patch_size,
+                                    spec.num_grid_per_side)
                 feeds = {"pixel_values": pixels[at["order"]], **{k: v for k, v in at.items() if k in takes}}
                 ours = session.run(None, feeds)[0][at["reverse"]]
                 mine = time.perf_counter() - began
                 began = time.perf_counter()
                 with torch.no_grad():
-                    ref = model.model.get_image_features(torch.from_numpy(pixels), torch.tensor([grid]),
-                                                         return_dict=True).pooler_output[0].numpy()
+                    out = model.model.get_image_features(torch.from_numpy(pixels), torch.tensor([grid]),
+                                                         return_dict=True)
+                ref = np.concatenate([out.pooler_output[0].numpy(), *(  # (Qwen3-VL: DeepStack's rows beside)
+                    f[0].numpy() for f in getattr(out, "deepstack_features", None) or ())], axis=-1)
                 theirs = time.perf_counter() - began
                 times[size].append((mine, theirs))
                 print(f"round {r + 1}, {size} ({len(ref)} tokens): ours {mine:.2f} s, transformers {theirs:.2f} s, "

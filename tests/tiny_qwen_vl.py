@@ -27,7 +27,8 @@ QWEN3_PATCH = 16  # (Qwen3-VL's own: 16 px patches, mean and std 0.5)
 CLIP_MEAN, CLIP_STD = [0.48145466, 0.4578275, 0.40821073], [0.26862954, 0.26130258, 0.27577711]
 KINDS = {"qwen2_5_vl": ("Qwen2_5_VLConfig", "Qwen2_5_VLForConditionalGeneration"),
          "qwen2_vl": ("Qwen2VLConfig", "Qwen2VLForConditionalGeneration"),
-         "qwen3_vl": ("Qwen3VLConfig", "Qwen3VLForConditionalGeneration")}
+         "qwen3_vl": ("Qwen3VLConfig", "Qwen3VLForConditionalGeneration"),
+         "qwen3_vl_moe": ("Qwen3VLMoeConfig", "Qwen3VLMoeForConditionalGeneration")}
 # the tower's norms (kept near 1, not scaled): Qwen3-VL's mergers' is `norm`, Qwen2.5-VL's `ln_q`
 TOWER_NORMS = ("norm1.weight", "norm2.weight", "ln_q.weight", ".norm.weight")
 
@@ -37,7 +38,7 @@ def vision_config(kind: str) -> dict:
     layers 1 and 3. Qwen3-VL: depth 3, a 4 x 4 learned position grid, deepstack mergers on layers 0 and 1."""
     common = {"depth": 4, "num_heads": 2, "patch_size": PATCH, "temporal_patch_size": 2,
               "spatial_merge_size": MERGE, "in_channels": 3}
-    if kind == "qwen3_vl":
+    if kind.startswith("qwen3_vl"):
         return {**common, "depth": 3, "patch_size": QWEN3_PATCH, "hidden_size": 32, "intermediate_size": 64,
                 "hidden_act": "gelu_pytorch_tanh", "out_hidden_size": 64, "num_position_embeddings": 16,
                 "deepstack_visual_indexes": [0, 1]}
@@ -63,8 +64,12 @@ def make_qwen_vl_checkpoint(out_dir: Path, seed: int = 0, kind: str = "qwen2_5_v
             "eos_token_id": tok.eos_token_id, "pad_token_id": tok.pad_token_id,
             # M-RoPE: (temporal, height, width) sections of the head's 8 frequencies
             "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]}}
-    if kind == "qwen3_vl":  # (Qwen3-VL's own shape: interleaved, t h w t h w t h; t gets the rest)
+    if kind.startswith("qwen3_vl"):  # (Qwen3-VL's own shape: interleaved, t h w t h w t h; t gets the rest)
         text["rope_parameters"] = {**text["rope_parameters"], "mrope_section": [3, 3, 2], "mrope_interleaved": True}
+        text["num_hidden_layers"] = 3  # (DeepStack's rows go to the first 2: a plain layer after them)
+    if kind == "qwen3_vl_moe":  # (4 experts of 32, 2 a token, on every layer)
+        text.update(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, decoder_sparse_step=1,
+                    mlp_only_layers=[])
     config = getattr(transformers, config_name)(text_config=text, vision_config=vision_config(kind),
                                                 tie_word_embeddings=True, **ids)
     torch.manual_seed(seed)
@@ -79,14 +84,14 @@ def make_qwen_vl_checkpoint(out_dir: Path, seed: int = 0, kind: str = "qwen2_5_v
             if not name.endswith((*TOWER_NORMS, "ln_q.bias")):
                 p.mul_(0.5)
     saved(model, tok, out_dir)
-    if kind == "qwen3_vl":  # (its size as Qwen3-VL's own config gives it: shortest_edge / longest_edge pixels)
+    if kind.startswith("qwen3_vl"):  # (its size as Qwen3-VL's own config gives it: shortest_edge / longest_edge pixels)
         pixels, mean, std = {"size": {"shortest_edge": 64 * 64, "longest_edge": 32 * 32 * 64}}, [0.5] * 3, [0.5] * 3
     else:
         pixels, mean, std = {"min_pixels": 56 * 56, "max_pixels": 28 * 28 * 64}, CLIP_MEAN, CLIP_STD
     (out_dir / "preprocessor_config.json").write_text(json.dumps({
         "image_processor_type": "Qwen2VLImageProcessor",
         "processor_class": {"qwen2_5_vl": "Qwen2_5_VLProcessor", "qwen2_vl": "Qwen2VLProcessor",
-                            "qwen3_vl": "Qwen3VLProcessor"}[kind],
+                            "qwen3_vl": "Qwen3VLProcessor", "qwen3_vl_moe": "Qwen3VLProcessor"}[kind],
         **pixels, "patch_size": config.vision_config.patch_size, "temporal_patch_size": 2,
         "merge_size": MERGE, "do_resize": True, "resample": 3, "do_rescale": True, "rescale_factor": 1 / 255,
         "do_normalize": True, "image_mean": mean, "image_std": std, "do_convert_rgb": True}, indent=2))

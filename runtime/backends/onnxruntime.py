@@ -105,9 +105,12 @@ def graph_mismatch(session, m: Manifest, draft: bool = False) -> str:
         return f"{kv.name} is {kv.shape}, the manifest says [batch, {model.num_kv_heads}, capacity, {model.kv_row}]"
     if kv.type != ORT_TYPES[model.kv_dtype]:
         return f"{kv.name} is {kv.type}, the manifest says model.kv_dtype {model.kv_dtype}"
+    embeds = model.hidden_size * (1 + m.vision.get("deepstack_layers", 0)) if m.vision else None
     for name, width, what in () if draft else ((io.logits, model.vocab_size, "model.vocab_size"),
-                                               (io.top_logprobs, m.logprob_width, "min(max_num_logprobs, max_top_k)")):
-        shape = outputs[name].shape if name in outputs else None
+                                               (io.top_logprobs, m.logprob_width, "min(max_num_logprobs, max_top_k)"),
+                                               (io.image_embeds, embeds, "model.hidden_size x (1 + "
+                                                                         "vision.deepstack_layers)")):
+        shape = (outputs.get(name) or inputs.get(name)).shape if name in outputs or name in inputs else None
         if shape and isinstance(shape[-1], int) and shape[-1] != width:
             return f"{name} is {shape[-1]} wide, the manifest says {what} {width}"
     return ""

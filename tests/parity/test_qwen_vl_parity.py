@@ -1,5 +1,5 @@
-"""Qwen2.5-VL and Qwen2-VL engines (builder/vision_qwen.py, runtime/images_qwen.py, the decoder's
-multimodal RoPE) against transformers: greedy tokens exact and logprobs within float32 tolerance, for
+"""Qwen2.5-VL, Qwen2-VL, Qwen3-VL and Qwen3-VL-MoE engines (builder/vision_qwen.py, runtime/images_qwen.py,
+the decoder's multimodal RoPE and DeepStack) against transformers: greedy tokens exact and logprobs within float32 tolerance, for
 prompts with images of several sizes (each resized to its own grid), two images, images beside
 text-only rows in one batch (each row's own RoPE shift in the shared decode steps), prompts prefilled
 in chunks that cut an image, prompt lookup's verify steps and KV restored from an earlier request. The
@@ -49,10 +49,11 @@ def qvl(tmp_path_factory):
 
 
 def reference(qvl, content: list, history: list | None = None, flat_positions: bool = False,
-              model=None, **processor_options) -> tuple[list[int], np.ndarray]:
+              model=None, no_deepstack: bool = False, **processor_options) -> tuple[list[int], np.ndarray]:
     """transformers' greedy tokens and first-step log-probabilities for one user turn after `history`;
     `flat_positions`: the deliberately wrong variant, every token at its slot on all three axes (no
-    token marked an image's in mm_token_type_ids); `model`: another (a LoRA adapter's)."""
+    token marked an image's in mm_token_type_ids); `no_deepstack`: another (Qwen3-VL), the encoder's
+    extra rows never added; `model`: another (a LoRA adapter's)."""
     import torch
     from PIL import Image
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
@@ -80,12 +81,16 @@ def reference(qvl, content: list, history: list | None = None, flat_positions: b
         kwargs["mm_token_type_ids"] = (ids == model.config.image_token_id).int() * (not flat_positions)
     # (transformers keeps a prompt's RoPE shift on the model for the steps after it: none from another call)
     inner = (model.get_base_model() if hasattr(model, "get_base_model") else model).model
+    text_model = inner.language_model
+    if no_deepstack:
+        text_model._deepstack_process = lambda hidden, mask, embeds: hidden
     with torch.no_grad():
         inner.rope_deltas = None
         first = torch.log_softmax(model(input_ids=ids, **kwargs).logits[0, -1], -1).numpy()
         inner.rope_deltas = None
         out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW_TOKENS,
                              do_sample=False, **kwargs)
+    text_model.__dict__.pop("_deepstack_process", None)
     return out[0, ids.shape[1]:].tolist(), first
 
 
@@ -162,13 +167,30 @@ def test_qwen3_vl_matches_transformers(q3, run_cli, tmp_path):
     manifest = json.loads((q3[1] / "manifest.json").read_text())["vision"]
     assert manifest["deepstack_layers"] == 2 and manifest["mrope_interleaved"] is True
     assert out["responses"][1]["output_ids"] != reference(q3, CASES[1], flat_positions=True)[0]
+    # (without the DeepStack rows: another first step, beyond the tolerance check() holds ours to)
+    without = reference(q3, CASES[3], no_deepstack=True)[1]
+    top = out["responses"][3]["logprobs"][0]
+    assert max(abs(e["logprob"] - without[e["token_id"]]) for e in top) > 1e-2, [(e["logprob"], without[e["token_id"]]) for e in top]
+    profile = tmp_path / "profile.json"  # (the big image's 54 tokens, from position 4, cut by chunks of 16)
     result, out = run_cli(q3[1], {"temperature": 0.0, "ignore_eos": True, "max_generate_length": NEW_TOKENS,
                                   "batch_size": 2, "requests": [
                                       {"messages": [{"role": "user", "content": "The quick brown fox"}]},
-                                      {"messages": [{"role": "user", "content": placed(q3, CASES[1])}]}]},
-                          "--prefill-chunk", "16")
+                                      {"messages": [{"role": "user", "content": placed(q3, CASES[3])}]}]},
+                          "--prefill-chunk", "16", "--profile", str(profile))
     assert result.exit_code == 0, result.output
-    assert out["responses"][1]["output_ids"] == reference(q3, CASES[1])[0]
+    assert out["responses"][1]["output_ids"] == reference(q3, CASES[3])[0]
+    assert json.loads(profile.read_text())["prefill"]["total_runs"] >= 5
+
+
+def test_qwen3_vl_moe_matches_transformers(tmp_path_factory, run_cli):
+    """Qwen3-VL-MoE: Qwen3-VL's encoder on a mixture-of-experts Qwen3 (its router always renormalizes
+    the chosen experts' weights), on our MoE kernel."""
+    qm = make(tmp_path_factory, "qwen3_vl_moe")
+    result, out = run(qm, run_cli, CASES[:3])
+    assert result.exit_code == 0, result.output
+    check(qm, CASES[:3], out)
+    manifest = json.loads((qm[1] / "manifest.json").read_text())
+    assert manifest["vision"]["architecture"] == "qwen3_vl" and manifest["architecture"] == "Qwen3MoeForCausalLM"
 
 
 def test_chunked_prefill_and_prompt_lookup_keep_the_positions(qvl, run_cli, tmp_path):
@@ -191,10 +213,12 @@ def test_chunked_prefill_and_prompt_lookup_keep_the_positions(qvl, run_cli, tmp_
     assert out["responses"][0]["output_ids"] == want
 
 
-def test_kv_is_never_shared_across_images_and_is_reused_for_the_same(qvl, run_cli, tmp_path):
+@pytest.mark.parametrize("kind", ["qvl", "q3"])
+def test_kv_is_never_shared_across_images_and_is_reused_for_the_same(request, run_cli, tmp_path, kind):
     """Two images of one size give the same token ids and positions: rows sharing a prompt and
     --context-reuse tell them apart by their pixels; the same image again reuses its KV (the text
     after it at its shifted positions), with the same tokens."""
+    qvl = request.getfixturevalue(kind)
     one, other = reference(qvl, asking("square.png"))[0], reference(qvl, asking("square2.png"))[0]
     assert one != other
     profile = tmp_path / "profile.json"
@@ -286,7 +310,12 @@ def test_build_records_the_vision_section_and_a_damaged_one_is_refused(qvl, tmp_
                           (lambda v: v.update(architecture="llava"), "vision.architecture"),
                           (lambda v: v.update(window_size=None), "vision.window_size must be an integer"),
                           (lambda v: v.update(window_size=14), "vision.window_size must be an integer >= "),
-                          (lambda v: v["preprocess"].update(image_std=[0.5, 0, 0.5]), "no std 0")):
+                          (lambda v: v["preprocess"].update(image_std=[0.5, 0, 0.5]), "no std 0"),
+                          (lambda v: v.update(deepstack_layers=2), "vision.deepstack_layers must be an integer in "
+                                                                   r"\[0, 0\] on qwen2_5_vl"),
+                          (lambda v: v.update(mrope_interleaved=True), "vision.mrope_interleaved must be false"),
+                          (lambda v: v.update(num_grid_per_side=4), "vision.num_grid_per_side"),
+                          (lambda v: v.pop("deepstack_layers"), "vision lacks deepstack_layers")):
         engine = tmp_path / "engine"
         shutil.rmtree(engine, ignore_errors=True)
         shutil.copytree(qvl[1], engine)
@@ -331,13 +360,18 @@ def test_other_graph_forms_match_transformers(request, run_cli, tmp_path, option
     check(qvl, CASES[:3], out)
 
 
-@pytest.mark.parametrize("option", [["--dtype", "float16"], ["--quantization", "int8"]])
-def test_lossy_engines_answer_images(qvl, run_cli, tmp_path, option):
-    """float16 and int8 language models with images (the encoder stays float32): each request's
-    first token is transformers' (later ones may part, as on any lossy engine)."""
+@pytest.mark.parametrize("kind, option", [("qvl", ["--dtype", "float16"]), ("qvl", ["--quantization", "int8"]),
+                                          ("q3", ["--dtype", "float16"]),
+                                          ("q3", ["--dtype", "float16", "--cpu-kernels", "onnxruntime"])])
+def test_lossy_engines_answer_images(request, run_cli, tmp_path, kind, option):
+    """float16 and int8 language models with images (the encoder stays float32; the image rows cast to
+    float16 where the graph computes in it: ONNX Runtime's own kernels): each request's first token is
+    transformers' (later ones may part, as on any lossy engine)."""
     from click.testing import CliRunner
 
     from trtllm.builder.cli import main as build_main
+
+    qvl = request.getfixturevalue(kind)
 
     engine = tmp_path / "engine"
     result = CliRunner().invoke(build_main, ["--model", str(qvl[0]), "--output", str(engine), "--max-batch-size", "4",
