@@ -25,7 +25,7 @@ from trtllm.builder.gguf import gguf_int4_hint
 from trtllm.builder import tensorrt as trt_build
 from trtllm.builder.architectures import spec_for, weights_of
 from trtllm.builder.config import MODERN_MIN_TRT, BuildConfig, ConfigError, legacy_profile_hint, listed, parse_trt_version
-from trtllm.builder import eagle, lora, prequantized, provenance, vision, vision_qwen
+from trtllm.builder import eagle, lora, prequantized, provenance, vision, vision_export
 from trtllm.builder.plan import build_tensorrt
 from trtllm.builder.verify_logits import REFERENCE_NAME, number_format
 from trtllm.builder.decoder import (DecoderWriter, attention_supported, gqa_supported, half_supported, lora_sites,
@@ -64,21 +64,7 @@ def export_onnx(ck: ckpt.Checkpoint, config: BuildConfig, out_dir: Path, log, ba
     except ckpt.Unsupported as e:
         raise ckpt.CheckpointError(f"--model {config.model!r}: {e}") from e
     if ck.vision is not None:
-        try:
-            mrope = vision.mrope_section(ck.vision.config)
-        except ckpt.Unsupported as e:
-            raise ckpt.CheckpointError(f"--model {config.model!r}: {e}") from e
-        family = vision_family(ck.vision)
-        try:  # (the encoder's spec checks the list: its extra rows go to as many first layers)
-            deepstack = family.spec_of(ck.vision.config).deepstack_layers if family is vision_qwen else 0
-        except ckpt.Unsupported as e:
-            raise ckpt.CheckpointError(f"--model {config.model!r}: {e}") from e
-        if deepstack > spec.num_layers:
-            raise ckpt.CheckpointError(f"--model {config.model!r}: vision_config.deepstack_visual_indexes must name "
-                                       f"at most the language model's {spec.num_layers} layers, got {deepstack}")
-        spec = dataclasses.replace(spec, image_embeds=True, mrope_section=mrope, deepstack_layers=deepstack,
-                                   mrope_interleaved=vision.mrope_interleaved(ck.vision.config))
-        refuse_for_vision(config, backend, spec)
+        spec = vision_export.language_spec(ck, config, backend, spec)
     elif config.max_image_tiles is not None or config.max_image_pixels is not None:
         flag = "--max-image-tiles" if config.max_image_tiles is not None else "--max-image-pixels"
         raise ConfigError(f"{flag} is for vision-language models, and --model {config.model!r} is a text model")
@@ -236,62 +222,6 @@ def refuse_for_experts(config: BuildConfig, spec, backend: str, native_experts: 
         if config.dtype != "float32":
             raise ConfigError(f"--quantization {q} --dtype {config.dtype}: {what}, whose int4 experts run on ONNX "
                               f"Runtime's QMoE without our CPU kernels ({why}), with --dtype float32 only")
-
-
-def refuse_for_vision(config: BuildConfig, backend: str, spec) -> None:
-    """What a vision-language model's engine does not do yet, named before anything is written."""
-    for refused, what in ((backend == "tensorrt", f"--backend {config.backend} (TensorRT: the vision graph's plan is "
-                           "not built yet; use --backend onnxruntime)"),
-                          ((config.max_lora_rank or config.lora) and spec.moe is not None,
-                           "LoRA on a mixture-of-experts language model"),
-                          (config.eagle and spec.mrope_section, "EAGLE-3 heads (its language model's RoPE is "
-                           "multimodal, and no head is trained for it here)")):
-        if refused:
-            raise ConfigError(f"--model {config.model!r} is a vision-language model, and its engines do not take "
-                              f"{what} yet")
-
-
-def vision_family(vlm):
-    """The module that writes a vision-language model's encoder: vision_qwen (Qwen-VL) or vision (InternVL)."""
-    return vision_qwen if vlm.config.model_type in vision_qwen.MODEL_TYPES else vision
-
-
-def vision_section(ck: ckpt.Checkpoint, config: BuildConfig) -> tuple[dict, object]:
-    """The manifest's vision section and the encoder's spec: what a vision-language build refuses,
-    before the language model's export."""
-    qwen = vision_family(ck.vision) is vision_qwen
-    # each model's own knob for its image tokens: InternVL's tiles, Qwen's pixels (its own grid an image)
-    wrong = "--max-image-tiles" if qwen and config.max_image_tiles is not None else \
-        "--max-image-pixels" if not qwen and config.max_image_pixels is not None else None
-    if wrong:
-        raise ConfigError(f"{wrong} is not for --model {config.model!r}: its images are "
-                          + ("resized to a grid of their own; use --max-image-pixels" if qwen else
-                             "cut into tiles; use --max-image-tiles"))
-    try:  # (the processor's config is read where the checkpoint was: a directory, or the hub's cache)
-        if qwen:
-            spec = vision_qwen.spec_of(ck.vision.config)
-            return vision_qwen.section(ck.vision, ck.tokenizer, spec, ck.source["model"], config.max_image_pixels), spec
-        spec = vision.spec_of(ck.vision.config)
-        return vision.section(ck.vision, ck.tokenizer, spec, ck.source["model"], config.max_image_tiles), spec
-    except ckpt.Unsupported as e:
-        raise ckpt.CheckpointError(f"--model {config.model!r}: {e}") from e
-
-
-def export_vision(ck: ckpt.Checkpoint, config: BuildConfig, out_dir: Path, log, section: dict, spec) -> None:
-    """vision.onnx: the image encoder and projector, float32."""
-    if vision_family(ck.vision) is vision_qwen:
-        pre = section["preprocess"]
-        log(f"writing the vision graph ({spec.depth} layers, hidden {spec.hidden_size}, "
-            + (f"{spec.window_size}px windows, " if spec.window_size else "") + f"up to {pre['max_pixels']} pixels "
-            f"an image: {pre['max_pixels'] // (spec.patch_size * spec.spatial_merge_size) ** 2} tokens)")
-        writer = vision_qwen.QwenVisionWriter(spec, vision_qwen.weights_of(ck.vision))
-    else:
-        most = section["preprocess"]["max_patches"] if section["preprocess"]["crop_to_patches"] else 1
-        log(f"writing the vision graph ({spec.num_layers} layers, hidden {spec.hidden_size}, {spec.image_size[0]}px "
-            f"tiles, {spec.tokens_per_tile} tokens a tile, up to {most} tiles an image"
-            + " and its thumbnail" * (most > 1) + ")")
-        writer = vision.VisionWriter(spec, vision.weights_of(ck.vision))
-    save_linted(writer.write(), out_dir, vision.VISION_NAME, "the vision graph", config.trt_version)
 
 
 def lora_on_experts(spec, ort_moe_node: bool) -> bool:
@@ -570,10 +500,10 @@ def build(config: BuildConfig, log=print) -> Path:
                    if ck.source.get("kind") == "gguf" else "put the model's chat_template.jinja in the checkpoint")
             log("note: the checkpoint has no chat template: trtllm-run will join a request's messages with newlines "
                 f"(llama-server would format them as ChatML); {fix} to chat with it")
-        image_section, vision_spec = vision_section(ck, config) if ck.vision is not None else ({}, None)
+        image_section, vision_spec = vision_export.section(ck, config) if ck.vision is not None else ({}, None)
         spec, max_top_k, num_positions, lowerings, eagle_section = export_onnx(ck, config, tmp, log, backend)
         if vision_spec is not None:
-            export_vision(ck, config, tmp, log, image_section, vision_spec)
+            vision_export.write(ck, config, tmp, log, image_section, vision_spec)
         manifest = make_manifest(ck, config, backend, spec, max_top_k, num_positions, lowerings, eagle_section,
                                  image_section)
         if config.lora:
@@ -609,7 +539,8 @@ def build(config: BuildConfig, log=print) -> Path:
             report = {**verify_engine(tmp, ck, number_format(manifest), eagle=config.eagle, engine=engine,
                                       reference=reference, draft_engine=draft_engine), "code": code}
             if vision_spec is not None:
-                report["vision"] = vision_family(ck.vision).verify(tmp / vision.VISION_NAME, ck.vision, vision_spec)
+                report["vision"] = vision_export.family(ck.vision).verify(tmp / vision.VISION_NAME, ck.vision,
+                                                                          vision_spec)
                 log(f"verified the vision graph: max |error| {report['vision']['max_abs_error']:.2e} of the image "
                     "embeddings")
             (tmp / "verify.json").write_text(json.dumps(report, indent=2) + "\n")

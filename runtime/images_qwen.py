@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 # the processor's convert_to_rgb is the same as InternVL's (alpha or a transparent colour over white)
+from trtllm.runtime import images
 from trtllm.runtime.images import is_int, is_number, to_rgb
 
 if TYPE_CHECKING:
@@ -42,10 +43,9 @@ DEFAULTS = {
     "image_mean": [0.48145466, 0.4578275, 0.40821073], "image_std": [0.26862954, 0.26130258, 0.27577711],
     "do_rescale": True, "do_normalize": True, "do_resize": True, "do_convert_rgb": True,
 }
-# Keys that do not change Qwen2-VL's pixels: bookkeeping, output form, or steps its _preprocess never runs
-IGNORED = {"image_processor_type", "processor_class", "feature_extractor_type", "auto_map", "default_to_square",
-           "data_format", "input_data_format", "device", "return_tensors", "disable_grouping",
-           "image_seq_length", "do_center_crop", "crop_size", "do_pad", "pad_size"}
+# Keys that do not change Qwen2-VL's pixels: bookkeeping, output form, or steps its _preprocess never
+# runs (GotOcr2's, and an older config's feature_extractor_type)
+IGNORED = images.IGNORED | {"feature_extractor_type"}
 FLAGS = ("do_rescale", "do_normalize", "do_resize", "do_convert_rgb")
 
 

@@ -29,6 +29,7 @@ from transformers.vision_utils import (
     get_vision_window_index,
 )
 
+from tests.runtime.test_images import palette_image, random_image
 from trtllm.runtime.images_qwen import (
     encoder_inputs,
     pixel_values,
@@ -62,19 +63,6 @@ CONFIGS = {
     "no-normalize": {**SMALL, "do_normalize": False},
     "neither": {**SMALL, "do_rescale": False, "do_normalize": False},
 }
-
-
-def random_image(width: int, height: int, mode: str = "RGB", seed: int = 0) -> Image.Image:
-    channels = {"L": 1, "RGB": 3, "RGBA": 4}[mode]
-    pixels = np.random.default_rng(seed).integers(0, 256, (height, width, channels), dtype=np.uint8)
-    return Image.fromarray(pixels.squeeze(-1) if channels == 1 else pixels, mode)
-
-
-def palette_image(width: int, height: int, seed: int) -> Image.Image:
-    """A "P" image whose colour 0 is transparent: no alpha band, yet composited over white."""
-    image = random_image(width, height, seed=seed).quantize(16)
-    image.info["transparency"] = 0
-    return image
 
 
 IMAGES = {

@@ -1,0 +1,86 @@
+"""A vision-language build's steps beside the language model's export (builder/export.py): the
+language model's spec with its image inputs, the manifest's vision section, and vision.onnx, by family
+(builder/vision.py: InternVL; builder/vision_qwen.py: Qwen2-VL, Qwen2.5-VL, Qwen3-VL)."""
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from trtllm.builder import checkpoint as ckpt
+from trtllm.builder import vision, vision_qwen
+from trtllm.builder.config import BuildConfig, ConfigError
+
+
+def family(vlm):
+    """The module that writes a vision-language model's encoder: vision_qwen (Qwen-VL) or vision (InternVL)."""
+    return vision_qwen if vlm.config.model_type in vision_qwen.MODEL_TYPES else vision
+
+
+def language_spec(ck: ckpt.Checkpoint, config: BuildConfig, backend: str, spec):
+    """The language model's DecoderSpec with what the images add: their embeddings' inputs, Qwen's
+    multimodal RoPE and Qwen3-VL's DeepStack layers; what its engines do not take is refused."""
+    try:  # (the encoder's spec checks the DeepStack list: its extra rows go to as many first layers)
+        mrope = vision.mrope_section(ck.vision.config)
+        deepstack = vision_qwen.spec_of(ck.vision.config).deepstack_layers if family(ck.vision) is vision_qwen else 0
+    except ckpt.Unsupported as e:
+        raise ckpt.CheckpointError(f"--model {config.model!r}: {e}") from e
+    if deepstack > spec.num_layers:
+        raise ckpt.CheckpointError(f"--model {config.model!r}: vision_config.deepstack_visual_indexes must name "
+                                   f"at most the language model's {spec.num_layers} layers, got {deepstack}")
+    spec = dataclasses.replace(spec, image_embeds=True, mrope_section=mrope, deepstack_layers=deepstack,
+                               mrope_interleaved=vision.mrope_interleaved(ck.vision.config))
+    refuse(config, backend, spec)
+    return spec
+
+
+def refuse(config: BuildConfig, backend: str, spec) -> None:
+    """What a vision-language model's engine does not do yet, named before anything is written."""
+    for refused, what in ((backend == "tensorrt", f"--backend {config.backend} (TensorRT: the vision graph's plan is "
+                           "not built yet; use --backend onnxruntime)"),
+                          ((config.max_lora_rank or config.lora) and spec.moe is not None,
+                           "LoRA on a mixture-of-experts language model"),
+                          (config.eagle and spec.mrope_section, "EAGLE-3 heads (its language model's RoPE is "
+                           "multimodal, and no head is trained for it here)")):
+        if refused:
+            raise ConfigError(f"--model {config.model!r} is a vision-language model, and its engines do not take "
+                              f"{what} yet")
+
+
+def section(ck: ckpt.Checkpoint, config: BuildConfig) -> tuple[dict, object]:
+    """The manifest's vision section and the encoder's spec: what a vision-language build refuses,
+    before the language model's export."""
+    qwen = family(ck.vision) is vision_qwen
+    # each model's own knob for its image tokens: InternVL's tiles, Qwen's pixels (its own grid an image)
+    wrong = "--max-image-tiles" if qwen and config.max_image_tiles is not None else \
+        "--max-image-pixels" if not qwen and config.max_image_pixels is not None else None
+    if wrong:
+        raise ConfigError(f"{wrong} is not for --model {config.model!r}: its images are "
+                          + ("resized to a grid of their own; use --max-image-pixels" if qwen else
+                             "cut into tiles; use --max-image-tiles"))
+    try:  # (the processor's config is read where the checkpoint was: a directory, or the hub's cache)
+        if qwen:
+            spec = vision_qwen.spec_of(ck.vision.config)
+            return vision_qwen.section(ck.vision, ck.tokenizer, spec, ck.source["model"], config.max_image_pixels), spec
+        spec = vision.spec_of(ck.vision.config)
+        return vision.section(ck.vision, ck.tokenizer, spec, ck.source["model"], config.max_image_tiles), spec
+    except ckpt.Unsupported as e:
+        raise ckpt.CheckpointError(f"--model {config.model!r}: {e}") from e
+
+
+def write(ck: ckpt.Checkpoint, config: BuildConfig, out_dir: Path, log, made: dict, spec) -> None:
+    """vision.onnx: the image encoder and projector, float32, linted as llm.onnx is (`made`: its section)."""
+    from trtllm.builder.export import save_linted
+
+    if family(ck.vision) is vision_qwen:
+        pre = made["preprocess"]
+        log(f"writing the vision graph ({spec.depth} layers, hidden {spec.hidden_size}, "
+            + (f"{spec.window_size}px windows, " if spec.window_size else "") + f"up to {pre['max_pixels']} pixels "
+            f"an image: {pre['max_pixels'] // (spec.patch_size * spec.spatial_merge_size) ** 2} tokens)")
+        writer = vision_qwen.QwenVisionWriter(spec, vision_qwen.weights_of(ck.vision))
+    else:
+        most = made["preprocess"]["max_patches"] if made["preprocess"]["crop_to_patches"] else 1
+        log(f"writing the vision graph ({spec.num_layers} layers, hidden {spec.hidden_size}, {spec.image_size[0]}px "
+            f"tiles, {spec.tokens_per_tile} tokens a tile, up to {most} tiles an image"
+            + " and its thumbnail" * (most > 1) + ")")
+        writer = vision.VisionWriter(spec, vision.weights_of(ck.vision))
+    save_linted(writer.write(), out_dir, vision.VISION_NAME, "the vision graph", config.trt_version)
