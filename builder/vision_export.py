@@ -1,6 +1,6 @@
 """A vision-language build's steps beside the language model's export (builder/export.py): the
 language model's spec with its image inputs, the manifest's vision section, and vision.onnx, by family
-(builder/vision.py: InternVL; builder/vision_qwen.py: Qwen2-VL, Qwen2.5-VL, Qwen3-VL)."""
+(builder/vision.py: InternVL; builder/vision_qwen.py: Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Qwen3-VL-MoE)."""
 from __future__ import annotations
 
 import dataclasses
@@ -8,7 +8,7 @@ from pathlib import Path
 
 from trtllm.builder import checkpoint as ckpt
 from trtllm.builder import vision, vision_qwen
-from trtllm.builder.config import BuildConfig, ConfigError
+from trtllm.builder.config import MODERN_MIN_TRT, BuildConfig, ConfigError, parse_trt_version
 
 
 def family(vlm):
@@ -40,7 +40,11 @@ def refuse(config: BuildConfig, backend: str, spec) -> None:
                           ((config.max_lora_rank or config.lora) and spec.moe is not None,
                            "LoRA on a mixture-of-experts language model"),
                           (config.eagle and spec.mrope_section, "EAGLE-3 heads (its language model's RoPE is "
-                           "multimodal, and no head is trained for it here)")):
+                           "multimodal, and no head is trained for it here)"),
+                          # (vision.onnx is written once, at opset 24, and linted at the profile's version)
+                          (parse_trt_version(config.trt_version) < MODERN_MIN_TRT,
+                           f"a TensorRT {config.trt_version} profile (its vision graph needs TensorRT >= "
+                           f"{MODERN_MIN_TRT[0]}.{MODERN_MIN_TRT[1]}'s ops)")):
         if refused:
             raise ConfigError(f"--model {config.model!r} is a vision-language model, and its engines do not take "
                               f"{what} yet")
@@ -76,6 +80,11 @@ def write(ck: ckpt.Checkpoint, config: BuildConfig, out_dir: Path, log, made: di
         log(f"writing the vision graph ({spec.depth} layers, hidden {spec.hidden_size}, "
             + (f"{spec.window_size}px windows, " if spec.window_size else "") + f"up to {pre['max_pixels']} pixels "
             f"an image: {pre['max_pixels'] // (spec.patch_size * spec.spatial_merge_size) ** 2} tokens)")
+        # (its full-attention layers hold all heads' [P, P] scores at once: say what the largest image costs)
+        scores = spec.num_heads * (pre["max_pixels"] // spec.patch_size ** 2) ** 2 * 4
+        if scores > 4 * 2**30:
+            log(f"note: an image of max_pixels ({pre['max_pixels']}) takes about {scores / 2**30:.0f} GiB in the vision "
+                "encoder's attention; --max-image-pixels lowers it (the memory grows with its square)")
         writer = vision_qwen.QwenVisionWriter(spec, vision_qwen.weights_of(ck.vision))
     else:
         most = made["preprocess"]["max_patches"] if made["preprocess"]["crop_to_patches"] else 1

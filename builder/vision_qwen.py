@@ -274,13 +274,14 @@ class QwenVisionWriter(VisionWriter):  # (its weight, linear and norm ops: every
             x = self.position_embedding(x, g.input(POS_INDEX, I64, ["patches", 4]),
                                         g.input(POS_WEIGHTS, F32, ["patches", 4]))
         cos, sin = self.rotary(positions)                                                    # [P, d]
-        full = (self.mask("/vision/image_mask", ids), (cos, sin), None)                      # mask [P, P]
+        full = (self.mask("/vision/image_mask", ids), (cos, sin), None)                      # mask [1, 1, P, P]
         if s.window_size is not None:  # (shared by every windowed layer)
             rows = g.input(WINDOW_ROWS, I64, ["windows", "window_width"])
             windows = (g.op("Max", "/vision/windows/rows", [rows, g.const(0)]),
                        g.input(WINDOW_SLOTS, I64, ["patches"]))
             valid = g.op("GreaterOrEqual", "/vision/windows/valid", [rows, g.const(0)])      # [Nw, W]
             # [Nw, 1, W, W]: every row of a window (its padding too: gathered out after) sees its real rows
+            # (expanded: ONNX Runtime 1.32's Attention refuses a [Nw, 1, 1, W] mask, which ONNX's broadcasts)
             shape = g.op("Shape", "/vision/windows/shape", [rows])
             square = g.op("Concat", "/vision/windows/square", [
                 g.op("Slice", "/vision/windows/count", [shape, g.const([0]), g.const([1])]), g.const([1]),

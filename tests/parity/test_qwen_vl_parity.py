@@ -326,7 +326,7 @@ def test_build_records_the_vision_section_and_a_damaged_one_is_refused(qvl, tmp_
             load(engine)
 
 
-def test_an_eagle_head_is_refused_by_name(qvl, tmp_path):
+def test_an_eagle_head_and_an_old_tensorrt_profile_are_refused_by_name(qvl, tmp_path):
     from tests.eagle_drafts import random_draft
     from trtllm.builder.config import BuildConfig, ConfigError
     from trtllm.builder.export import build
@@ -335,6 +335,10 @@ def test_an_eagle_head_is_refused_by_name(qvl, tmp_path):
     with pytest.raises(ConfigError, match="EAGLE-3 heads .*multimodal"):
         build(BuildConfig(model=str(qvl[0]), output=str(tmp_path / "engine"), eagle=str(draft),
                           max_input_len=256, max_kv_cache_capacity=512), log=lambda m: None)
+    with pytest.raises(ConfigError, match=r"a TensorRT 10.3 profile \(its vision graph needs TensorRT >= 10.15"):
+        build(BuildConfig(model=str(qvl[0]), output=str(tmp_path / "engine"), graph="legacy", trt_version="10.3",
+                          max_input_len=256, max_kv_cache_capacity=512), log=lambda m: None)
+    assert not (tmp_path / "engine").exists()
 
 
 @pytest.mark.parametrize("kind", ["qvl", "q3"])
