@@ -55,16 +55,18 @@ def versions() -> dict:
     return out
 
 
-def export_onnx(ck: ckpt.Checkpoint, config: BuildConfig, out_dir: Path, log, backend: str = "onnxruntime") -> tuple:
+def export_onnx(ck: ckpt.Checkpoint, config: BuildConfig, out_dir: Path, log, backend: str = "onnxruntime",
+                encoder=None) -> tuple:
     """llm.onnx and, for ONNX Runtime, the lowered source of its compiled form; with --eagle, the
-    draft head's graphs too (export_draft). Returns (spec, max_top_k, num_positions, lowerings, eagle section)."""
+    draft head's graphs too (export_draft); `encoder`: a vision-language model's encoder spec
+    (vision_export.section's). Returns (spec, max_top_k, num_positions, lowerings, eagle section)."""
     try:  # what the architecture's checks refuse (MLP biases, a config its class ignores) names --model
         spec = spec_for(ck.model)
         weights = weights_of(ck.model, spec)
     except ckpt.Unsupported as e:
         raise ckpt.CheckpointError(f"--model {config.model!r}: {e}") from e
     if ck.vision is not None:
-        spec = vision_export.language_spec(ck, config, backend, spec)
+        spec = vision_export.language_spec(ck, config, backend, spec, encoder)
     elif config.max_image_tiles is not None or config.max_image_pixels is not None:
         flag = "--max-image-tiles" if config.max_image_tiles is not None else "--max-image-pixels"
         raise ConfigError(f"{flag} is for vision-language models, and --model {config.model!r} is a text model")
@@ -501,7 +503,8 @@ def build(config: BuildConfig, log=print) -> Path:
             log("note: the checkpoint has no chat template: trtllm-run will join a request's messages with newlines "
                 f"(llama-server would format them as ChatML); {fix} to chat with it")
         image_section, vision_spec = vision_export.section(ck, config) if ck.vision is not None else ({}, None)
-        spec, max_top_k, num_positions, lowerings, eagle_section = export_onnx(ck, config, tmp, log, backend)
+        spec, max_top_k, num_positions, lowerings, eagle_section = export_onnx(ck, config, tmp, log, backend,
+                                                                               vision_spec)
         if vision_spec is not None:
             vision_export.write(ck, config, tmp, log, image_section, vision_spec)
         manifest = make_manifest(ck, config, backend, spec, max_top_k, num_positions, lowerings, eagle_section,

@@ -16,14 +16,16 @@ def family(vlm):
     return vision_qwen if vlm.config.model_type in vision_qwen.MODEL_TYPES else vision
 
 
-def language_spec(ck: ckpt.Checkpoint, config: BuildConfig, backend: str, spec):
+def language_spec(ck: ckpt.Checkpoint, config: BuildConfig, backend: str, spec, encoder):
     """The language model's DecoderSpec with what the images add: their embeddings' inputs, Qwen's
-    multimodal RoPE and Qwen3-VL's DeepStack layers; what its engines do not take is refused."""
-    try:  # (the encoder's spec checks the DeepStack list: its extra rows go to as many first layers)
+    multimodal RoPE and Qwen3-VL's DeepStack layers (`encoder`: the encoder's spec, section's, which
+    checked the DeepStack list: its extra rows go to as many first layers); what its engines do not
+    take is refused."""
+    try:
         mrope = vision.mrope_section(ck.vision.config)
-        deepstack = vision_qwen.spec_of(ck.vision.config).deepstack_layers if family(ck.vision) is vision_qwen else 0
     except ckpt.Unsupported as e:
         raise ckpt.CheckpointError(f"--model {config.model!r}: {e}") from e
+    deepstack = encoder.deepstack_layers if family(ck.vision) is vision_qwen else 0
     if deepstack > spec.num_layers:
         raise ckpt.CheckpointError(f"--model {config.model!r}: vision_config.deepstack_visual_indexes must name "
                                    f"at most the language model's {spec.num_layers} layers, got {deepstack}")

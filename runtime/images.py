@@ -153,21 +153,38 @@ def preprocess_config(processor_config: dict, *, crop_to_patches: bool | None = 
 
     crop_to_patches: None keeps the file's; InternVLProcessor passes True whatever the file says.
     """
-    unknown = sorted(set(processor_config) - set(DEFAULTS) - IGNORED)
+    def own(cfg: dict) -> list[tuple[str, bool, str]]:
+        size, lo, hi = cfg["size"], cfg["min_patches"], cfg["max_patches"]
+        return [("size", isinstance(size, dict) and set(size) == {"height", "width"}
+                 and all(is_int(v) and v > 0 for v in size.values()), '{"height": int > 0, "width": int > 0}'),
+                ("min_patches", is_int(lo) and lo >= 1, "an int >= 1"),
+                ("max_patches", is_int(hi) and hi >= 1, "an int >= 1"),
+                ("min_patches", not (is_int(lo) and is_int(hi)) or lo <= hi, "<= max_patches")]
+
+    cfg, pixels = read_processor_config(processor_config, DEFAULTS, IGNORED, FLAGS, own)
+    return {
+        "size": [cfg["size"]["height"], cfg["size"]["width"]],
+        "crop_to_patches": cfg["crop_to_patches"] if crop_to_patches is None else crop_to_patches,
+        "min_patches": cfg["min_patches"], "max_patches": cfg["max_patches"], **pixels,
+    }
+
+
+def read_processor_config(processor_config: dict, defaults: dict, ignored: set, flags: tuple, own) -> tuple[dict, dict]:
+    """What every image processor port reads alike (here and runtime/images_qwen.py): unknown keys refused,
+    null as the class default (transformers' _set_attributes), the flags, resampling, rescaling and
+    normalization checked, and the processor's own checks, `own(cfg)` -> [(key, ok, constraint)] (it may
+    normalize its keys in cfg first). A setting that fails raises ValueError naming it. Returns (cfg,
+    the pixel settings: resample, rescale_factor, image_mean, image_std, with rescaling or normalization
+    off as 1.0 and 0s and 1s)."""
+    unknown = sorted(set(processor_config) - set(defaults) - ignored)
     if unknown:
         raise ValueError(f"preprocessor_config.{unknown[0]} is not a setting trtllm reproduces")
-    # null means the class default, as in transformers' _set_attributes
-    cfg = {k: DEFAULTS[k] if processor_config.get(k) is None else processor_config[k] for k in DEFAULTS}
-    size, lo, hi = cfg["size"], cfg["min_patches"], cfg["max_patches"]
-    checks = [(k, isinstance(cfg[k], bool), "true or false") for k in FLAGS] + [
+    cfg = {k: defaults[k] if processor_config.get(k) is None else processor_config[k] for k in defaults}
+    checks = [(k, isinstance(cfg[k], bool), "true or false") for k in flags] + [
         # without these two transformers gives other sizes or channels
         ("do_resize", cfg["do_resize"] is True, "true"),
         ("do_convert_rgb", cfg["do_convert_rgb"] is True, "true"),
-        ("size", isinstance(size, dict) and set(size) == {"height", "width"}
-         and all(is_int(v) and v > 0 for v in size.values()), '{"height": int > 0, "width": int > 0}'),
-        ("min_patches", is_int(lo) and lo >= 1, "an int >= 1"),
-        ("max_patches", is_int(hi) and hi >= 1, "an int >= 1"),
-        ("min_patches", not (is_int(lo) and is_int(hi)) or lo <= hi, "<= max_patches"),
+        *own(cfg),
         ("resample", cfg["resample"] in range(6) and is_int(cfg["resample"]), "a PIL filter number 0..5"),
         ("rescale_factor", is_number(cfg["rescale_factor"]), "a number"),
     ]
@@ -182,10 +199,8 @@ def preprocess_config(processor_config: dict, *, crop_to_patches: bool | None = 
         if not ok:
             value = processor_config.get(key)
             raise ValueError(f"preprocessor_config.{key} must be {constraint}, got {value!r}")
-    return {
-        "size": [size["height"], size["width"]],
-        "crop_to_patches": cfg["crop_to_patches"] if crop_to_patches is None else crop_to_patches,
-        "min_patches": lo, "max_patches": hi, "resample": cfg["resample"],
+    return cfg, {
+        "resample": cfg["resample"],
         "rescale_factor": float(cfg["rescale_factor"]) if cfg["do_rescale"] else 1.0,
         "image_mean": [float(v) for v in cfg["image_mean"]] if cfg["do_normalize"] else [0.0] * 3,
         "image_std": [float(v) for v in cfg["image_std"]] if cfg["do_normalize"] else [1.0] * 3,

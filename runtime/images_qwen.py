@@ -31,7 +31,7 @@ import numpy as np
 
 # the processor's convert_to_rgb is the same as InternVL's (alpha or a transparent colour over white)
 from trtllm.runtime import images
-from trtllm.runtime.images import is_int, is_number, to_rgb
+from trtllm.runtime.images import is_int, to_rgb
 
 if TYPE_CHECKING:
     from PIL.Image import Image
@@ -239,50 +239,28 @@ def rope_positions(n: int, images: list[tuple[int, tuple[int, int, int]]],
 
 def preprocess_config(processor_config: dict) -> dict:
     """A checkpoint's preprocessor_config.json -> `pre`; refuses a setting it does not reproduce."""
-    unknown = sorted(set(processor_config) - set(DEFAULTS) - IGNORED)
-    if unknown:
-        raise ValueError(f"preprocessor_config.{unknown[0]} is not a setting trtllm reproduces")
-    # null means the class default, as in transformers' _set_attributes
-    cfg = {k: DEFAULTS[k] if processor_config.get(k) is None else processor_config[k] for k in DEFAULTS}
-    size = cfg["size"]
-    if isinstance(size, dict):
-        # the legacy top-level keys win over size's, as in Qwen2VLImageProcessorPil.__init__
-        size = dict(size)
-        for legacy, key in (("min_pixels", "shortest_edge"), ("max_pixels", "longest_edge")):
-            if cfg[legacy] is not None:
-                size[key] = cfg[legacy]
-                size.pop(legacy, None)
-    ok_size = (isinstance(size, dict) and set(size) == {"shortest_edge", "longest_edge"}
-               and all(is_int(v) and v > 0 for v in size.values()))
-    checks = [(k, isinstance(cfg[k], bool), "true or false") for k in FLAGS] + [
-        # without these two transformers gives other sizes or channels
-        ("do_resize", cfg["do_resize"] is True, "true"),
-        ("do_convert_rgb", cfg["do_convert_rgb"] is True, "true"),
-        *((k, cfg[k] is None or (is_int(cfg[k]) and cfg[k] > 0), "an int > 0")
-          for k in ("min_pixels", "max_pixels")),
-        ("size", ok_size, '{"shortest_edge": int > 0, "longest_edge": int > 0} (min and max pixels), '
-                          "or top-level min_pixels and max_pixels"),
-        *((k, is_int(cfg[k]) and cfg[k] > 0, "an int > 0") for k in ("patch_size", "temporal_patch_size",
-                                                                      "merge_size")),
-        ("resample", cfg["resample"] in range(6) and is_int(cfg["resample"]), "a PIL filter number 0..5"),
-        ("rescale_factor", is_number(cfg["rescale_factor"]), "a number"),
-    ]
-    if cfg["do_normalize"]:
-        for key in ("image_mean", "image_std"):  # one number stands for all three channels
-            cfg[key] = [cfg[key]] * 3 if is_number(cfg[key]) else cfg[key]
-            ok = isinstance(cfg[key], list) and len(cfg[key]) == 3 and all(map(is_number, cfg[key]))
-            checks.append((key, ok, "a number or 3 numbers"))
-        checks.append(("image_std", not isinstance(cfg["image_std"], list) or 0 not in cfg["image_std"],
-                       "non-zero"))
-    for key, ok, constraint in checks:
-        if not ok:
-            value = processor_config.get(key)
-            raise ValueError(f"preprocessor_config.{key} must be {constraint}, got {value!r}")
+    def own(cfg: dict) -> list[tuple[str, bool, str]]:
+        size = cfg["size"]
+        if isinstance(size, dict):
+            # the legacy top-level keys win over size's, as in Qwen2VLImageProcessorPil.__init__
+            size = dict(size)
+            for legacy, key in (("min_pixels", "shortest_edge"), ("max_pixels", "longest_edge")):
+                if cfg[legacy] is not None:
+                    size[key] = cfg[legacy]
+                    size.pop(legacy, None)
+        cfg["size"] = size
+        return [*((k, cfg[k] is None or (is_int(cfg[k]) and cfg[k] > 0), "an int > 0")
+                  for k in ("min_pixels", "max_pixels")),
+                ("size", isinstance(size, dict) and set(size) == {"shortest_edge", "longest_edge"}
+                 and all(is_int(v) and v > 0 for v in size.values()),
+                 '{"shortest_edge": int > 0, "longest_edge": int > 0} (min and max pixels), '
+                 "or top-level min_pixels and max_pixels"),
+                *((k, is_int(cfg[k]) and cfg[k] > 0, "an int > 0") for k in ("patch_size", "temporal_patch_size",
+                                                                              "merge_size"))]
+
+    cfg, pixels = images.read_processor_config(processor_config, DEFAULTS, IGNORED, FLAGS, own)
     return {
         "patch_size": cfg["patch_size"], "temporal_patch_size": cfg["temporal_patch_size"],
-        "merge_size": cfg["merge_size"], "min_pixels": size["shortest_edge"], "max_pixels": size["longest_edge"],
-        "resample": cfg["resample"],
-        "rescale_factor": float(cfg["rescale_factor"]) if cfg["do_rescale"] else 1.0,
-        "image_mean": [float(v) for v in cfg["image_mean"]] if cfg["do_normalize"] else [0.0] * 3,
-        "image_std": [float(v) for v in cfg["image_std"]] if cfg["do_normalize"] else [1.0] * 3,
+        "merge_size": cfg["merge_size"], "min_pixels": cfg["size"]["shortest_edge"],
+        "max_pixels": cfg["size"]["longest_edge"], **pixels,
     }

@@ -57,3 +57,15 @@ def make_vlm_checkpoint(out_dir: Path, seed: int = 0, max_patches: int = 4, qk_n
     (out_dir / "processor_config.json").write_text(json.dumps({"processor_class": "InternVLProcessor",
                                                                "image_seq_length": 4}, indent=2))
     return out_dir
+
+
+def assert_answer(response: dict, tokens: list[int], first) -> None:
+    """An engine's response against transformers' greedy tokens and first-step log-probabilities
+    (a numpy array over the vocabulary): the tokens exact, the top logprobs within 1e-4."""
+    import numpy as np
+
+    assert response["output_ids"] == tokens
+    top = response["logprobs"][0]
+    ids = [e["token_id"] for e in top]
+    assert ids[0] == int(np.argmax(first))
+    np.testing.assert_allclose([e["logprob"] for e in top], first[ids], atol=1e-4)

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from tests.tiny_qwen_vl import make_qwen_vl_checkpoint
+from tests.tiny_vlm import assert_answer
 
 NEW_TOKENS = 12
 # (width, height); square2 is square's size with other pixels: the same token ids, another image
@@ -120,12 +121,7 @@ def run(qvl, run_cli, contents: list, *extra, **top):
 
 def check(qvl, contents, out, **options):
     for content, response in zip(contents, out["responses"]):
-        tokens, first = reference(qvl, content, **options)
-        assert response["output_ids"] == tokens, content
-        top = response["logprobs"][0]
-        ids = [e["token_id"] for e in top]
-        assert ids[0] == int(np.argmax(first))
-        np.testing.assert_allclose([e["logprob"] for e in top], first[ids], atol=1e-4)
+        assert_answer(response, *reference(qvl, content, **options))
 
 
 def test_greedy_tokens_and_logprobs_match_transformers(qvl, run_cli):

@@ -11,7 +11,7 @@ import json
 import numpy as np
 import pytest
 
-from tests.tiny_vlm import make_vlm_checkpoint
+from tests.tiny_vlm import assert_answer, make_vlm_checkpoint
 from trtllm.runtime import images
 
 NEW_TOKENS = 12
@@ -102,12 +102,7 @@ def test_greedy_tokens_and_logprobs_match_transformers(vlm, run_cli):
     result, out = run(vlm, run_cli, CASES)
     assert result.exit_code == 0, result.output
     for content, response in zip(CASES, out["responses"]):
-        tokens, first = reference(vlm, content)
-        assert response["output_ids"] == tokens, content
-        top = response["logprobs"][0]
-        ids = [e["token_id"] for e in top]
-        assert ids[0] == int(np.argmax(first))
-        np.testing.assert_allclose([e["logprob"] for e in top], first[ids], atol=1e-4)
+        assert_answer(response, *reference(vlm, content))
 
 
 def test_a_wrong_reference_is_told_apart(vlm, run_cli):
