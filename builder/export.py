@@ -425,7 +425,8 @@ def make_manifest(ck, config: BuildConfig, backend: str, spec, max_top_k: int, n
         files={"onnx": ONNX_NAME, **compiled, "tokenizer": "tokenizer.json",
                "tokenizer_config": "tokenizer_config.json", "chat_template": "chat_template.jinja",
                "generation_config": "generation_config.json",
-               **({"vision": vision_section["graph"]} if vision_section else {})},
+               **({"vision": vision_section["graph"]} if vision_section else {}),
+               **({"vision_compiled": vision_section["compiled"]} if vision_section.get("compiled") else {})},
         build_config=config.to_json(), source=ck.source, versions=versions(), build_id=uuid.uuid4().hex,
         lowerings=tuple(lowerings),
         lora=({"sites": lora_sites(spec, lora_on_experts(spec, bool({"MoE", "QMoE"} & set(lowerings)))), "adapters": {},
@@ -506,7 +507,8 @@ def build(config: BuildConfig, log=print) -> Path:
         spec, max_top_k, num_positions, lowerings, eagle_section = export_onnx(ck, config, tmp, log, backend,
                                                                                vision_spec)
         if vision_spec is not None:
-            vision_export.write(ck, config, tmp, log, image_section, vision_spec)
+            vision_export.write(ck, config, tmp, log, image_section, vision_spec,
+                                native=vision_export.native_form(ck, config, backend))
         manifest = make_manifest(ck, config, backend, spec, max_top_k, num_positions, lowerings, eagle_section,
                                  image_section)
         if config.lora:
@@ -542,10 +544,12 @@ def build(config: BuildConfig, log=print) -> Path:
             report = {**verify_engine(tmp, ck, number_format(manifest), eagle=config.eagle, engine=engine,
                                       reference=reference, draft_engine=draft_engine), "code": code}
             if vision_spec is not None:
+                compiled = {"compiled": tmp / image_section["compiled"]} if image_section.get("compiled") else {}
                 report["vision"] = vision_export.family(ck.vision).verify(tmp / vision.VISION_NAME, ck.vision,
-                                                                          vision_spec)
+                                                                          vision_spec, **compiled)
                 log(f"verified the vision graph: max |error| {report['vision']['max_abs_error']:.2e} of the image "
-                    "embeddings")
+                    "embeddings" + (f"; its ONNX Runtime form's {report['vision']['compiled_max_abs_error']:.2e}"
+                                    if compiled else ""))
             (tmp / "verify.json").write_text(json.dumps(report, indent=2) + "\n")
             log(f"verified: max |logit error| {report['max_abs_error']:.2e} over {report['num_positions']} "
                 f"positions (greedy tokens agree: {report['tokens_agree']}); top-1 agreement "

@@ -73,21 +73,33 @@ def section(ck: ckpt.Checkpoint, config: BuildConfig) -> tuple[dict, object]:
         raise ckpt.CheckpointError(f"--model {config.model!r}: {e}") from e
 
 
-def write(ck: ckpt.Checkpoint, config: BuildConfig, out_dir: Path, log, made: dict, spec) -> None:
-    """vision.onnx: the image encoder and projector, float32, linted as llm.onnx is (`made`: its section)."""
+def native_form(ck: ckpt.Checkpoint, config: BuildConfig, backend: str) -> bool:
+    """Whether vision.onnx gets an ONNX Runtime form on our kernels (vision.ort.onnx, Qwen-VL's: its attention
+    as trtllm.cpu::SegmentAttention), as llm.onnx's follows --cpu-kernels."""
+    from trtllm.plugins import cpu as cpu_kernels
+
+    return (family(ck.vision) is vision_qwen and backend == "onnxruntime" and config.cpu_kernels != "onnxruntime"
+            and cpu_kernels.library() is not None)
+
+
+def write(ck: ckpt.Checkpoint, config: BuildConfig, out_dir: Path, log, made: dict, spec, native: bool = False) -> None:
+    """vision.onnx: the image encoder and projector, float32, linted as llm.onnx is (`made`: its section);
+    `native` (native_form): and vision.ort.onnx, which reads vision.onnx's weights (made["compiled"] names it)."""
     from trtllm.builder.export import save_linted
+    from trtllm.plugins import cpu as cpu_kernels
 
     if family(ck.vision) is vision_qwen:
         pre = made["preprocess"]
         log(f"writing the vision graph ({spec.depth} layers, hidden {spec.hidden_size}, "
             + (f"{spec.window_size}px windows, " if spec.window_size else "") + f"up to {pre['max_pixels']} pixels "
             f"an image: {pre['max_pixels'] // (spec.patch_size * spec.spatial_merge_size) ** 2} tokens)")
-        # (its full-attention layers hold all heads' [P, P] scores at once: say what the largest image costs)
+        # (ONNX's Attention holds all heads' [P, P] scores at once: say what the largest image costs there)
         scores = spec.num_heads * (pre["max_pixels"] // spec.patch_size ** 2) ** 2 * 4
-        if scores > 4 * 2**30:
+        if scores > 4 * 2**30 and not native:
             log(f"note: an image of max_pixels ({pre['max_pixels']}) takes about {scores / 2**30:.0f} GiB in the vision "
                 "encoder's attention; --max-image-pixels lowers it (the memory grows with its square)")
-        writer = vision_qwen.QwenVisionWriter(spec, vision_qwen.weights_of(ck.vision))
+        weights = vision_qwen.weights_of(ck.vision)
+        writer = vision_qwen.QwenVisionWriter(spec, weights)
     else:
         most = made["preprocess"]["max_patches"] if made["preprocess"]["crop_to_patches"] else 1
         log(f"writing the vision graph ({spec.num_layers} layers, hidden {spec.hidden_size}, {spec.image_size[0]}px "
@@ -95,3 +107,31 @@ def write(ck: ckpt.Checkpoint, config: BuildConfig, out_dir: Path, log, made: di
             + " and its thumbnail" * (most > 1) + ")")
         writer = vision.VisionWriter(spec, vision.weights_of(ck.vision))
     save_linted(writer.write(), out_dir, vision.VISION_NAME, "the vision graph", config.trt_version)
+    del writer
+    if native:
+        log(f"lowering the vision graph's attention to {cpu_kernels.SEGMENT_ATTENTION_LOWERING} (plugins/cpu: its memory linear in an "
+            f"image's patches) in {vision.VISION_COMPILED}")
+        write_sharing(vision_qwen.QwenVisionWriter(spec, weights, native=True).write(), out_dir)
+        made.update(compiled=vision.VISION_COMPILED, lowerings=[cpu_kernels.SEGMENT_ATTENTION_LOWERING])
+
+
+
+
+def write_sharing(model, out_dir: Path) -> None:
+    """vision.ort.onnx: `model`, its weights read from vision.onnx.data where vision.onnx keeps the same
+    tensor (the two forms differ in their attention only), so an engine holds them once."""
+    import onnx
+
+    canonical = onnx.load(str(out_dir / vision.VISION_NAME), load_external_data=False)
+    stored = {t.name: t for t in canonical.graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL}
+    kept = 0
+    for t in model.graph.initializer:
+        ref = stored.get(t.name)
+        if ref is not None and list(ref.dims) == list(t.dims) and ref.data_type == t.data_type \
+                and not t.name.startswith("/const/"):  # (constants are numbered per graph: never shared)
+            t.CopyFrom(ref)
+            kept += 1
+    if kept != len(stored):
+        raise RuntimeError(f"{vision.VISION_COMPILED} shares {kept} of vision.onnx's {len(stored)} weights: the two "
+                           "forms must hold the same ones")
+    onnx.save(model, str(out_dir / vision.VISION_COMPILED))

@@ -26,17 +26,19 @@ rows may attend to which) comes in as inputs the runtime computes from the grids
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import onnx
 
 from trtllm.builder.config import Unsupported
 from trtllm.builder.vision import VisionWriter
+from trtllm.plugins.cpu import DOMAIN as CPU_DOMAIN
 
 PIXELS, POSITIONS, WINDOW_ROWS, WINDOW_SLOTS, IMAGE_IDS, EMBEDS = (
     "pixel_values", "patch_positions", "window_rows", "window_slots", "image_ids", "image_embeds")
 POS_INDEX, POS_WEIGHTS = "pos_index", "pos_weights"
-WINDOW_IDS = "window_ids"  # (not an input: what window_rows and window_slots are made from, as the runtime does)
+WINDOW_IDS = "window_ids"  # what window_rows and window_slots are made from (an input of the native form only)
 MODEL_TYPES = ("qwen2_5_vl", "qwen2_vl", "qwen3_vl", "qwen3_vl_moe")
 F32, I64 = onnx.TensorProto.FLOAT, onnx.TensorProto.INT64
 ACTIVATIONS = ("silu", "quick_gelu", "gelu", "gelu_pytorch_tanh")
@@ -164,6 +166,13 @@ def weights_of(vlm) -> dict[str, np.ndarray]:
 
 
 class QwenVisionWriter(VisionWriter):  # (its weight, linear and norm ops: every Linear here has a bias)
+    def __init__(self, spec: QwenVisionSpec, weights: dict[str, np.ndarray], native: bool = False):
+        """native: ONNX Runtime's form, each layer's rotary and attention one trtllm.cpu::SegmentAttention
+        node (plugins/cpu/segment_attention.cc: memory linear in the patches), its windows as window_ids;
+        else the canonical graph TensorRT parses."""
+        super().__init__(spec, weights)
+        self.native = native
+
     def norm(self, name: str, x: str, module: str) -> str:
         return super().norm(name, x, module, self.s.norm, self.s.eps)
 
@@ -176,12 +185,14 @@ class QwenVisionWriter(VisionWriter):  # (its weight, linear and norm ops: every
 
     def rotary(self, positions: str) -> tuple[str, str]:
         """(cos, sin) [P, head_dim]: angles pos * inv_freq in float32, laid out as transformers'
-        recomposition_frequencies does: [h freqs | w freqs | h freqs | w freqs] (rotate_half form)."""
+        recomposition_frequencies does: [h freqs | w freqs | h freqs | w freqs] (rotate_half form); the
+        native form's [P, head_dim / 2], their first half (SegmentAttention's tables)."""
         g, n = self.g, "/vision/rotary"
         pos = g.op("Unsqueeze", f"{n}/Unsqueeze", [g.op("Cast", f"{n}/Cast", [positions], to=F32), g.const([-1])])
         freqs = g.op("Mul", f"{n}/Mul", [pos, self.weight("rotary_pos_emb.inv_freq")])      # [P, 2, head/4]
         freqs = g.op("Reshape", f"{n}/Reshape", [freqs, g.const([0, self.s.head_dim // 2])])  # [P, head/2]
-        freqs = g.op("Concat", f"{n}/Concat", [freqs, freqs], axis=-1)                      # [P, head]
+        if not self.native:
+            freqs = g.op("Concat", f"{n}/Concat", [freqs, freqs], axis=-1)                  # [P, head]
         return g.op("Cos", f"{n}/Cos", [freqs]), g.op("Sin", f"{n}/Sin", [freqs])
 
     def mask(self, name: str, ids: str) -> str:
@@ -206,6 +217,10 @@ class QwenVisionWriter(VisionWriter):  # (its weight, linear and norm ops: every
         s, g = self.s, self.g
         p, name = f"blocks.{i}.attn", f"/vision/blocks.{i}/attn"
         qkv = self.linear(f"{name}/qkv", x, f"{p}.qkv")                                     # [P, 3C]
+        if self.native:  # mask: the segment ids (image_ids, or window_ids in a windowed layer)
+            out = g.op("SegmentAttention", f"{name}/SegmentAttention", [qkv, *rope, mask], domain=CPU_DOMAIN,
+                       num_heads=s.num_heads, scale=s.head_dim ** -0.5)                      # [P, C]
+            return self.linear(f"{name}/proj", out, f"{p}.proj")
         if windows is not None:                                                              # [Nw, W, 3C]
             qkv = g.op("Gather", f"{name}/qkv/Windows", [qkv, windows[0]], axis=0)
         qkv = g.op("Reshape", f"{name}/qkv/Reshape", [qkv, g.const([0, -1, 3, s.num_heads, s.head_dim] if windows
@@ -274,8 +289,10 @@ class QwenVisionWriter(VisionWriter):  # (its weight, linear and norm ops: every
             x = self.position_embedding(x, g.input(POS_INDEX, I64, ["patches", 4]),
                                         g.input(POS_WEIGHTS, F32, ["patches", 4]))
         cos, sin = self.rotary(positions)                                                    # [P, d]
-        full = (self.mask("/vision/image_mask", ids), (cos, sin), None)                      # mask [1, 1, P, P]
-        if s.window_size is not None:  # (shared by every windowed layer)
+        full = (ids if self.native else self.mask("/vision/image_mask", ids), (cos, sin), None)  # mask [1, 1, P, P]
+        if s.window_size is not None and self.native:
+            windowed = (g.input(WINDOW_IDS, I64, ["patches"]), (cos, sin), None)
+        elif s.window_size is not None:  # (shared by every windowed layer)
             rows = g.input(WINDOW_ROWS, I64, ["windows", "window_width"])
             windows = (g.op("Max", "/vision/windows/rows", [rows, g.const(0)]),
                        g.input(WINDOW_SLOTS, I64, ["patches"]))
@@ -308,7 +325,7 @@ class QwenVisionWriter(VisionWriter):  # (its weight, linear and norm ops: every
         if deepstack:
             g.op("Concat", "/vision/deepstack/Concat", [x, *deepstack], axis=-1, outputs=[EMBEDS])
         g.output(EMBEDS, F32, ["image_tokens", s.out_hidden_size * (1 + s.deepstack_layers)])
-        return g.model("trtllm-edge")
+        return g.model("trtllm-edge", {CPU_DOMAIN: 1} if self.native else None)
 
 
 def _inputs(grids, spec: QwenVisionSpec) -> dict[str, np.ndarray]:
@@ -353,36 +370,52 @@ def _inputs(grids, spec: QwenVisionSpec) -> dict[str, np.ndarray]:
     return out
 
 
-def verify(graph_path, vlm, spec: QwenVisionSpec, grids=((1, 8, 12), (1, 4, 4))) -> dict:
+def verify(graph_path, vlm, spec: QwenVisionSpec, grids=((1, 8, 12), (1, 4, 4)), compiled=None) -> dict:
     """vision.onnx through ONNX Runtime against transformers' get_image_features (its pooler_output and
-    deepstack_features side by side) on random pixels for `grids` (one run, all images packed); a mismatch
-    raises. Returns the figures for verify.json."""
-    import onnxruntime as ort
+    deepstack_features side by side) on random pixels for `grids` (one run, all images packed), and
+    `compiled` (vision.ort.onnx, on our kernels) alike; a mismatch raises. Returns the figures for verify.json."""
     import torch
-
-    from trtllm.runtime.images_qwen import window_layout
 
     total = sum(t * h * w for t, h, w in grids)
     pixels = np.random.default_rng(0).standard_normal((total, spec.patch_dim)).astype(np.float32)
     feeds = _inputs(grids, spec)
-    session = ort.InferenceSession(str(graph_path), providers=["CPUExecutionProvider"])
-    if WINDOW_IDS in feeds:
-        feeds[WINDOW_ROWS], feeds[WINDOW_SLOTS] = window_layout(feeds[WINDOW_IDS])
-    names = [i.name for i in session.get_inputs()]
-    ours = session.run(None, {PIXELS: pixels[feeds["rows"]], **{n: feeds[n] for n in names if n != PIXELS}})[0]
-    ours = ours[feeds["unpermute"]]
     with torch.no_grad():
         ref = vlm.model.get_image_features(torch.from_numpy(pixels), torch.tensor(grids), return_dict=True)
     # pooler_output: a tuple, one entry an image; Qwen3-VL's deepstack_features: a list, one entry a
     # deepstack layer (in layer order), each such a tuple: side by side as image_embeds has them
     blocks = [ref.pooler_output, *(getattr(ref, "deepstack_features", None) or ())]
     ref = torch.cat([torch.cat(list(images)) for images in blocks], dim=-1).numpy()
-    error = float(np.abs(ours - ref).max()) if ours.shape == ref.shape else float("inf")
     scale = float(np.abs(ref).max())
-    if not error <= 1e-4 * max(1.0, scale):
-        raise RuntimeError(f"the vision graph's image embeddings differ from transformers': max |error| {error:.3g} "
-                           f"(largest value {scale:.3g}; shapes {list(ours.shape)} and {list(ref.shape)})")
-    return {"max_abs_error": error, "max_abs_value": scale, "grids": [list(g) for g in grids]}
+    out = {"max_abs_value": scale, "grids": [list(g) for g in grids]}
+    for key, path in (("max_abs_error", graph_path), ("compiled_max_abs_error", compiled)):
+        if path is None:
+            continue
+        ours = _run(path, pixels[feeds["rows"]], feeds, native=key != "max_abs_error")[feeds["unpermute"]]
+        error = float(np.abs(ours - ref).max()) if ours.shape == ref.shape else float("inf")
+        if not error <= 1e-4 * max(1.0, scale):
+            raise RuntimeError(f"the vision graph {Path(path).name}'s image embeddings differ from transformers': "
+                               f"max |error| {error:.3g} (largest value {scale:.3g}; shapes {list(ours.shape)} and "
+                               f"{list(ref.shape)})")
+        out[key] = error
+    return out
+
+
+def _run(path, pixels, feeds, native: bool) -> np.ndarray:
+    """One run of a vision graph (`native`: with our kernel library) on what _inputs made."""
+    import onnxruntime as ort
+
+    from trtllm.plugins import cpu as cpu_kernels
+    from trtllm.runtime.images_qwen import window_layout
+
+    opts = ort.SessionOptions()
+    if native:
+        opts.register_custom_ops_library(str(cpu_kernels.library()))
+    session = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+    feeds = dict(feeds)
+    if WINDOW_IDS in feeds:
+        feeds[WINDOW_ROWS], feeds[WINDOW_SLOTS] = window_layout(feeds[WINDOW_IDS])
+    names = [i.name for i in session.get_inputs()]
+    return session.run(None, {PIXELS: pixels, **{n: feeds[n] for n in names if n != PIXELS}})[0]
 
 
 def section(vlm, tokenizer, spec: QwenVisionSpec, source, max_pixels: int | None = None) -> dict:

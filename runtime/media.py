@@ -27,6 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
+from trtllm.plugins import cpu as cpu_kernels
 from trtllm.runtime import images, images_qwen
 
 TILES_A_RUN = 4  # tiles the vision graph encodes at once: its attention's memory grows with them
@@ -101,6 +102,7 @@ class ImageEncoder:
         self.dir, self.section, self.timing, self.threads = Path(engine_dir), manifest.vision, timing, num_threads
         self.limit = manifest.limits.max_input_len  # (an image with more tokens is refused, not encoded ahead)
         self.session = None
+        self.graph: str | None = None  # the graph it runs (load()'s choice)
         self.lock = threading.Lock()  # (warm runs in a server's request threads, __call__ in its generation loop)
         # one encoding at a time: each takes every core and its attention's memory, and a second caller
         # of the same image then finds it kept
@@ -165,22 +167,17 @@ class ImageEncoder:
             at = images_qwen.encoder_inputs([grid], pre["merge_size"], self.section["window_size"],
                                             pre["patch_size"], self.section["num_grid_per_side"])
             runs, order = [{"pixel_values": pixels[at["order"]], **{k: at[k] for k in (
-                "patch_positions", "image_ids", "window_rows", "window_slots", "pos_index", "pos_weights")
+                "patch_positions", "image_ids", "window_ids", "window_rows", "window_slots", "pos_index", "pos_weights")
                 if k in at}}], at["reverse"]
         else:
             pixels = images.pixel_values(image, pre)
             runs = [{"pixel_values": pixels[i:i + TILES_A_RUN]} for i in range(0, len(pixels), TILES_A_RUN)]
         with self.lock:
             if self.session is None:
-                import onnxruntime as ort
-
-                opts = ort.SessionOptions()
-                opts.intra_op_num_threads = self.threads or 0
-                opts.log_severity_level = 3
-                self.session = ort.InferenceSession(str(self.dir / self.section["graph"]), opts,
-                                                    providers=["CPUExecutionProvider"])
+                self.session = self.load()
         began = time.perf_counter()
-        takes = {i.name for i in self.session.get_inputs()}  # (Qwen2-VL's graph has no windows)
+        takes = {i.name for i in self.session.get_inputs()}  # (Qwen2-VL's graph has no windows; the native form
+        # takes window_ids, the other window_rows and window_slots)
         out = np.concatenate([self.session.run(None, {k: v for k, v in feeds.items() if k in takes})[0]
                               for feeds in runs])
         if order is not None:  # (Qwen2.5-VL's encoder works in window order: back to the image's)
@@ -188,6 +185,25 @@ class ImageEncoder:
         if self.timing is not None:
             self.timing().record("vision_encoder", time.perf_counter() - began)
         return out
+
+    def load(self):
+        """The vision graph's session: its ONNX Runtime form on our kernels where the build wrote one
+        (vision.ort.onnx: attention as trtllm.cpu::SegmentAttention, memory linear in an image's
+        patches) and the kernel's fast path runs on this CPU (AVX2), else vision.onnx (ONNX's
+        Attention: faster than the kernel's portable path; its memory grows with the patches' square)."""
+        import onnxruntime as ort
+
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads = self.threads or 0
+        opts.log_severity_level = 3
+        compiled = self.section.get("compiled")
+        if compiled and cpu_kernels.segment_attention_fast():
+            opts.register_custom_ops_library(str(cpu_kernels.library()))
+        else:
+            compiled = None
+        self.graph = compiled or self.section["graph"]
+        return ort.InferenceSession(str(self.dir / self.graph), opts,
+                                    providers=["CPUExecutionProvider"])
 
 
 def image_items(req, index: int) -> list[tuple[str, object]]:

@@ -1,6 +1,7 @@
 """What an image costs on the CPU on Qwen2.5-VL or Qwen3-VL: the vision graph (builder/vision_qwen.py, through ONNX
-Runtime, its inputs from runtime/images_qwen.py) against transformers' get_image_features on the same
-pixels, at Qwen2.5-VL-3B's encoder size (32 layers, 1,280 wide, 16 heads, 112 px windows, full
+Runtime, its inputs from runtime/images_qwen.py) in both its forms (vision.onnx, ONNX's Attention;
+vision.ort.onnx, trtllm.cpu::SegmentAttention, where the kernel library is built) against transformers'
+get_image_features on the same pixels, at Qwen2.5-VL-3B's encoder size (32 layers, 1,280 wide, 16 heads, 112 px windows, full
 attention in 4 layers) or Qwen3-VL-2B's (24 layers, 1,024 wide, full attention, DeepStack), with random
 weights (no checkpoint is downloaded here).
 
@@ -9,7 +10,7 @@ weights (no checkpoint is downloaded here).
 
 An image of W x H pixels (multiples of 28; Qwen3-VL: 32) is (H/14) x (W/14) patches (Qwen3-VL: /16) and
 a quarter as many tokens.
-Each round times both on each size, alternating, in this one process; the ratio is paired by round
+Each round times all of them on each size, one after another, in this one process; the ratio is paired by round
 (transformers' time / ours: > 1 is ours faster), as median [min-max]: the machine is shared, so only
 ratios of one round mean anything. The outputs are compared too.
 """
@@ -43,7 +44,7 @@ MODELS = {
 
 def encoder(tmp: Path, name: str):
     """(transformers' model, our vision.onnx path, its spec): MODELS[name]'s vision config, a one-layer
-    text model (it plays no part), random weights."""
+    text model (it plays no part), random weights; and vision.ort.onnx beside it where our kernels are built."""
     import torch
     import transformers
 
@@ -57,8 +58,14 @@ def encoder(tmp: Path, name: str):
     config = getattr(transformers, f"{prefix}Config")(vision_config=vision, text_config=text, image_token_id=999)
     torch.manual_seed(0)
     model = getattr(transformers, f"{prefix}ForConditionalGeneration")(config).eval()
+    from trtllm.builder.vision_export import write_sharing
+    from trtllm.plugins import cpu
+
     spec = vision_qwen.spec_of(model.config)
-    save(vision_qwen.QwenVisionWriter(spec, vision_qwen.weights_of(model)).write(), tmp, "vision.onnx")
+    weights = vision_qwen.weights_of(model)
+    save(vision_qwen.QwenVisionWriter(spec, weights).write(), tmp, "vision.onnx")
+    if cpu.library() is not None:
+        write_sharing(vision_qwen.QwenVisionWriter(spec, weights, native=True).write(), tmp)
     return model, tmp / "vision.onnx", spec
 
 
@@ -72,27 +79,35 @@ def main() -> None:
     import onnxruntime as ort
     import torch
 
+    from trtllm.plugins import cpu
     from trtllm.runtime.images_qwen import encoder_inputs
 
     torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as tmp:
         model, path, spec = encoder(Path(tmp), args.model)
-        opts = ort.SessionOptions()
-        opts.intra_op_num_threads = args.threads
-        session = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
-        takes = {i.name for i in session.get_inputs()}
-        times: dict[str, list[tuple[float, float]]] = {size: [] for size in args.sizes}
+        sessions = {}  # form -> session
+        for form, name in (("vision.onnx", "vision.onnx"), ("our kernels", "vision.ort.onnx")):
+            if (Path(tmp) / name).exists():
+                opts = ort.SessionOptions()
+                opts.intra_op_num_threads = args.threads
+                if form == "our kernels":
+                    opts.register_custom_ops_library(str(cpu.library()))
+                sessions[form] = ort.InferenceSession(str(Path(tmp) / name), opts, providers=["CPUExecutionProvider"])
+        times: dict[tuple[str, str], list[tuple[float, float]]] = {}  # (size, form) -> (ours, transformers) a round
         for r in range(args.rounds):
             for size in args.sizes:
                 width, height = (int(n) for n in size.split("x"))
                 grid = (1, height // spec.patch_size, width // spec.patch_size)
                 pixels = np.random.default_rng(r).standard_normal((grid[1] * grid[2], spec.patch_dim)).astype(np.float32)
-                began = time.perf_counter()
-                at = encoder_inputs([grid], spec.spatial_merge_size, spec.window_size, spec.patch_size,
-                                    spec.num_grid_per_side)
-                feeds = {"pixel_values": pixels[at["order"]], **{k: v for k, v in at.items() if k in takes}}
-                ours = session.run(None, feeds)[0][at["reverse"]]
-                mine = time.perf_counter() - began
+                mine, ours = {}, {}
+                for form, session in sessions.items():
+                    takes = {i.name for i in session.get_inputs()}
+                    began = time.perf_counter()
+                    at = encoder_inputs([grid], spec.spatial_merge_size, spec.window_size, spec.patch_size,
+                                        spec.num_grid_per_side)
+                    feeds = {"pixel_values": pixels[at["order"]], **{k: v for k, v in at.items() if k in takes}}
+                    ours[form] = session.run(None, feeds)[0][at["reverse"]]
+                    mine[form] = time.perf_counter() - began
                 began = time.perf_counter()
                 with torch.no_grad():
                     out = model.model.get_image_features(torch.from_numpy(pixels), torch.tensor([grid]),
@@ -100,13 +115,23 @@ def main() -> None:
                 ref = np.concatenate([out.pooler_output[0].numpy(), *(  # (Qwen3-VL: DeepStack's rows beside)
                     f[0].numpy() for f in getattr(out, "deepstack_features", None) or ())], axis=-1)
                 theirs = time.perf_counter() - began
-                times[size].append((mine, theirs))
-                print(f"round {r + 1}, {size} ({len(ref)} tokens): ours {mine:.2f} s, transformers {theirs:.2f} s, "
-                      f"max |difference| {float(np.abs(ours - ref).max()):.2e}", flush=True)
-        for size, pairs in times.items():
-            ratios = [theirs / mine for mine, theirs in pairs]
-            print(f"{size}: ours best {min(m for m, _ in pairs):.2f} s, transformers best {min(t for _, t in pairs):.2f} s; "
-                  f"transformers / ours {statistics.median(ratios):.2f} [{min(ratios):.2f}-{max(ratios):.2f}]")
+                for form in sessions:
+                    times.setdefault((size, form), []).append((mine[form], theirs))
+                print(f"round {r + 1}, {size} ({len(ref)} tokens): transformers {theirs:.2f} s; " + "; ".join(
+                    f"{form} {mine[form]:.2f} s (max |difference| {float(np.abs(ours[form] - ref).max()):.2e})"
+                    for form in sessions), flush=True)
+        summary(times)
+
+
+def summary(times: dict, unit: str = "s") -> None:
+    """Each (size, form)'s best round, transformers' and ours, and the ratio paired by round, median [min-max];
+    `times`: (size, form) -> [(ours, transformers) a round], in seconds (shown in `unit`: s or ms)."""
+    scale, digits = (1e3, 0) if unit == "ms" else (1.0, 2)
+    for (size, form), pairs in times.items():
+        ratios = [theirs / mine for mine, theirs in pairs]
+        print(f"{size}, {form}: best {min(m for m, _ in pairs) * scale:.{digits}f} {unit}, transformers best "
+              f"{min(t for _, t in pairs) * scale:.{digits}f} {unit}; transformers / ours "
+              f"{statistics.median(ratios):.2f} [{min(ratios):.2f}-{max(ratios):.2f}]")
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ MOE = "MoE"        # a mixture of experts' MLP, the chosen experts only (float32
 MOE_QUANT = "MoEBlockQuant"  # the same for int4 or int8 experts, packed as MatMulBlockQuant's weights
 LOWERING = f"{DOMAIN}::{OP}"  # how an engine's manifest (`lowerings`) says it needs this library
 ATTENTION_LOWERING = f"{DOMAIN}::{ATTENTION}"
+SEGMENT_ATTENTION_LOWERING = f"{DOMAIN}::SegmentAttention"  # a vision encoder's (vision.ort.onnx)
 HALF_LOWERING = f"{DOMAIN}::{HALF}"
 LORA_LOWERING = f"{DOMAIN}::{LORA}"
 SAMPLE_LOWERING = f"{DOMAIN}::{SAMPLE}"
@@ -59,6 +60,15 @@ def set_huge_pages(on: bool) -> None:
 
     if LIBRARY.is_file():  # whether it is current is the loader's question (library()), asked before this
         ctypes.CDLL(str(LIBRARY)).trtllm_cpu_set_huge_pages(1 if on else 0)
+
+
+def segment_attention_fast() -> bool:
+    """Whether trtllm.cpu::SegmentAttention takes its AVX2 path on this CPU (not where TRTLLM_CPU_KERNEL=generic
+    asks for the portable one): where it does not, ONNX Runtime's own Attention is faster, and the
+    runtime runs a Qwen-VL engine's vision.onnx instead of vision.ort.onnx (runtime/media.py)."""
+    import ctypes
+
+    return library() is not None and ctypes.CDLL(str(LIBRARY)).trtllm_cpu_avx2() == 1
 
 
 def copied_bytes() -> int:

@@ -25,6 +25,7 @@ from trtllm.plugins.cpu import LIBRARY, compiler_name
 
 HERE = Path(__file__).resolve().parent
 SOURCES = [HERE / name for name in ("matmul.cc", "matmul_int8.cc", "matmul_block_quant.cc", "matmul_half.cc", "attention.cc",
+                                     "segment_attention.cc",
                                      "lora.cc", "sample.cc", "moe.cc", "register.cc")]
 HEADERS = [HERE / "common.h", HERE / "resident.h", HERE / "matmul.h"]
 ROOT = HERE.parent.parent

@@ -22,6 +22,8 @@ namespace trtllm_cpu {
 
 // AVX-512 (F, BW, VL) kernels, unless TRTLLM_CPU_KERNEL=generic asks for the portable ones (tests).
 bool use_avx512();
+// AVX2 with FMA (the vision encoder's attention), unless TRTLLM_CPU_KERNEL=generic.
+bool use_avx2();
 // And AVX-512 VNNI's int8 dot products, unless TRTLLM_CPU_KERNEL=avx512 asks for AVX-512BW's (tests).
 bool use_vnni();
 
@@ -80,6 +82,7 @@ OrtCustomOp* attention_op();             // a float32 KV cache
 OrtCustomOp* attention_half_cache_op();  // the same op for a float16 cache
 OrtCustomOp* attention_bf16_cache_op();  // and for a bfloat16 cache
 OrtCustomOp* attention_int8_cache_op();  // and for an int8 cache (rows of D values and a float32 scale)
+OrtCustomOp* segment_attention_op();     // a vision encoder's: within runs of rows (Qwen-VL's windows, images)
 OrtCustomOp* lora_add_op();
 OrtCustomOp* lora_add_swiglu_op();
 OrtCustomOp* sample_op();  // trtllm::Sample (plugins/sample/reference.py)

@@ -25,6 +25,20 @@ bool use_avx512() {
   return yes;
 }
 
+bool use_avx2() {
+  static const bool yes = [] {
+    const char* force = std::getenv("TRTLLM_CPU_KERNEL");
+    if (force && std::string(force) == "generic") return false;
+#ifdef TRTLLM_X86
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+#else
+    return false;
+#endif
+  }();
+  return yes;
+}
+
 bool use_vnni() {
   static const bool yes = [] {
     const char* force = std::getenv("TRTLLM_CPU_KERNEL");
@@ -60,6 +74,10 @@ __attribute__((visibility("default"))) void trtllm_cpu_set_huge_pages(int on) {
   trtllm_cpu::huge_pages_setting.store(on ? 1 : 0);
 }
 
+// Whether SegmentAttention takes its AVX2 path here (the runtime then runs vision.ort.onnx: elsewhere
+// the portable path is slower than ONNX Runtime's own Attention, and vision.onnx runs).
+__attribute__((visibility("default"))) int trtllm_cpu_avx2() { return trtllm_cpu::use_avx2() ? 1 : 0; }
+
 // The bytes of weights copied onto huge pages so far (a test's way to see which ones were).
 __attribute__((visibility("default"))) uint64_t trtllm_cpu_copied_bytes() { return trtllm_cpu::copied.load(); }
 
@@ -83,6 +101,7 @@ __attribute__((visibility("default"))) OrtStatus* ORT_API_CALL RegisterCustomOps
       domain->Add(trtllm_cpu::attention_half_cache_op());
       domain->Add(trtllm_cpu::attention_bf16_cache_op());
       domain->Add(trtllm_cpu::attention_int8_cache_op());
+      domain->Add(trtllm_cpu::segment_attention_op());
       domain->Add(trtllm_cpu::lora_add_op());
       domain->Add(trtllm_cpu::lora_add_swiglu_op());
       domain->Add(trtllm_cpu::sample_op());

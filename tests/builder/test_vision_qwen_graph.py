@@ -13,6 +13,12 @@ import pytest
 
 from tests.tiny_qwen_vl import make_qwen_vl_checkpoint
 
+
+def cpu_missing() -> str:
+    from trtllm.plugins import cpu
+
+    return f"vision.ort.onnx needs our CPU kernels: {cpu.missing_hint()}"
+
 # (sides even: whole 2 x 2 merge units; Qwen3-VL's learned grid is 4 x 4 patches, resampled to each)
 GRIDS = [
     ((1, 8, 12), (1, 4, 4)),  # two images in one run
@@ -28,36 +34,47 @@ INPUTS = {  # each kind's graph inputs, in order
 
 @pytest.fixture(scope="module", params=["qwen2_5_vl", "qwen2_vl", "qwen3_vl"])
 def built(request, tmp_path_factory):
-    """(the model, its spec, the written graph, vision.onnx saved and linted as export.py saves it)."""
+    """(the model, its spec, the written graph, vision.onnx saved and linted as export.py saves it, and
+    vision.ort.onnx beside it, the native form, where our kernel library is built: else None)."""
     import torch
     import transformers
 
     from trtllm.builder import vision_qwen
     from trtllm.builder.export import save_linted
+    from trtllm.builder.vision_export import write_sharing
+    from trtllm.plugins import cpu
 
     out = tmp_path_factory.mktemp(request.param)
     model = transformers.AutoModelForImageTextToText.from_pretrained(
         make_qwen_vl_checkpoint(out / "ckpt", kind=request.param), dtype=torch.float32).eval()
     spec = vision_qwen.spec_of(model.config)
-    graph = vision_qwen.QwenVisionWriter(spec, vision_qwen.weights_of(model)).write()
+    weights = vision_qwen.weights_of(model)
+    graph = vision_qwen.QwenVisionWriter(spec, weights).write()
     save_linted(copy.deepcopy(graph), out, "vision.onnx", "the vision graph", "11.1")  # raises on a lint issue
-    return model, spec, graph, out / "vision.onnx"  # (the checkpoint: out / "ckpt")
+    native = None
+    if cpu.library() is not None:
+        write_sharing(vision_qwen.QwenVisionWriter(spec, weights, native=True).write(), out)
+        native = out / "vision.ort.onnx"
+    return model, spec, graph, out / "vision.onnx", native  # (the checkpoint: out / "ckpt")
 
 
 @pytest.mark.parametrize("grids", GRIDS, ids=["two_images", "partial_windows", "video+thin"])
 def test_vision_graph_matches_transformers(built, grids):
     from trtllm.builder import vision_qwen
 
-    model, spec, _, path = built
-    report = vision_qwen.verify(path, model, spec, grids=grids)
+    model, spec, _, path, native = built
+    report = vision_qwen.verify(path, model, spec, grids=grids, compiled=native)
     assert report["max_abs_error"] <= 1e-4 * max(1.0, report["max_abs_value"])
+    if native is None:
+        pytest.skip(f"{cpu_missing()} (vision.onnx checked)")
+    assert report["compiled_max_abs_error"] <= 1e-4 * max(1.0, report["max_abs_value"])
     assert report["grids"] == [list(g) for g in grids]
 
 
 def test_graph_inputs_outputs_and_checker(built):
     from trtllm.builder import vision_qwen as vq
 
-    model, spec, graph, _ = built
+    model, spec, graph, _, _ = built
     onnx.checker.check_model(graph)
     assert [i.name for i in graph.graph.input] == INPUTS[spec.model_type]
     shapes = {i.name: [d.dim_value or d.dim_param for d in i.type.tensor_type.shape.dim] for i in graph.graph.input}
@@ -73,9 +90,27 @@ def test_graph_inputs_outputs_and_checker(built):
     assert spec.patch_size == (16 if spec.model_type == "qwen3_vl" else 14)
 
 
+def test_native_form_inputs_ops_and_shared_weights(built):
+    """vision.ort.onnx: window_ids for window_rows and window_slots, one SegmentAttention a layer and no
+    ONNX Attention, and no weight of its own (it reads vision.onnx.data)."""
+    _, spec, _, path, native = built
+    if native is None:
+        pytest.skip(cpu_missing())
+    model = onnx.load(str(native), load_external_data=False)
+    want = [n for n in INPUTS[spec.model_type] if n not in ("window_rows", "window_slots")]
+    want += ["window_ids"] if spec.window_size else []
+    assert [i.name for i in model.graph.input] == want
+    ops = [(n.domain, n.op_type) for n in model.graph.node]
+    assert ops.count(("trtllm.cpu", "SegmentAttention")) == spec.depth and ("", "Attention") not in ops
+    external = [t for t in model.graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL]
+    assert external and {t.external_data[0].value for t in external} == {"vision.onnx.data"}
+    assert not (native.parent / "vision.ort.onnx.data").exists()
+
+
+@pytest.mark.parametrize("form", ["vision.onnx", "vision.ort.onnx"])
 @pytest.mark.parametrize("wrong", ["unpermuted_rows", "one_window", "one_image", "reversed_pos_weights",
                                    "unaligned_pos_grid"])
-def test_wrong_inputs_are_caught(built, monkeypatch, wrong):
+def test_wrong_inputs_are_caught(built, monkeypatch, wrong, form):
     """The deliberately wrong variants: rows left in the processor's order, every row in one window, both
     images in one segment, the position taps' weights reversed, or the learned grid resampled without
     aligned corners (F.interpolate's default, not Qwen3VLVisionModel's) must fail verify (Qwen2-VL and
@@ -85,7 +120,9 @@ def test_wrong_inputs_are_caught(built, monkeypatch, wrong):
 
     from trtllm.builder import vision_qwen as vq
 
-    model, spec, _, path = built
+    model, spec, _, path, native = built
+    if form == "vision.ort.onnx" and native is None:
+        pytest.skip(cpu_missing())
     if wrong in ("unpermuted_rows", "one_window") and spec.window_size is None:
         pytest.skip(f"{spec.model_type}'s rows are in the processor's order, and it has no windows")
     if wrong.endswith(("pos_weights", "pos_grid")) and spec.num_grid_per_side is None:
@@ -108,8 +145,11 @@ def test_wrong_inputs_are_caught(built, monkeypatch, wrong):
         return feeds
 
     monkeypatch.setattr(vq, "_inputs", broken)
-    with pytest.raises(RuntimeError, match="differ from transformers"):
-        vq.verify(path, model, spec, grids=GRIDS[0])
+    with pytest.raises(RuntimeError, match=f"{form}'s image embeddings differ from transformers"):
+        if form == "vision.onnx":
+            vq.verify(path, model, spec, grids=GRIDS[0])
+        else:
+            vq.verify(None, model, spec, grids=GRIDS[0], compiled=native)
 
 
 @pytest.mark.parametrize("kind, field, value", [
@@ -148,7 +188,7 @@ def test_section_names_deepstack_and_interleave(built):
 
     from trtllm.builder import vision_qwen as vq
 
-    model, spec, _, path = built
+    model, spec, _, path, _ = built
     qwen3 = spec.model_type == "qwen3_vl"
     ckpt = path.parent / "ckpt"
     out = vq.section(model, transformers.AutoTokenizer.from_pretrained(ckpt), spec, ckpt)

@@ -291,6 +291,28 @@ def test_bad_images_and_too_long_prompts_fail_their_request_alone(qvl, run_cli, 
     assert result.exit_code != 0
 
 
+@pytest.mark.parametrize("without", ["library", "fast_path"])
+def test_the_encoder_runs_vision_onnx_where_our_kernel_is_missing_or_slow(qvl, monkeypatch, without):
+    """vision.ort.onnx runs where our kernel library is built and its AVX2 path runs here; without the
+    library, or on a CPU without AVX2 (its portable path is slower than ONNX Runtime's Attention),
+    the same engine runs vision.onnx, to the same embeddings."""
+    from trtllm.runtime import media
+    from trtllm.runtime.manifest import load
+
+    manifest, png = load(qvl[1]), (qvl[2] / "wide.png").read_bytes()
+    fast = media.ImageEncoder(qvl[1], manifest)
+    ours = fast(png)
+    assert fast.graph == "vision.ort.onnx"
+    if without == "library":
+        monkeypatch.setattr(media.cpu_kernels, "library", lambda: None)
+    else:
+        monkeypatch.setattr(media.cpu_kernels, "segment_attention_fast", lambda: False)
+    plain = media.ImageEncoder(qvl[1], manifest)
+    theirs = plain(png)
+    assert plain.graph == "vision.onnx"
+    assert ours.shape == theirs.shape and np.abs(ours - theirs).max() < 1e-4
+
+
 def test_build_records_the_vision_section_and_a_damaged_one_is_refused(qvl, tmp_path):
     import shutil
 
@@ -300,7 +322,13 @@ def test_build_records_the_vision_section_and_a_damaged_one_is_refused(qvl, tmp_
     vision = manifest["vision"]
     assert vision["architecture"] == "qwen2_5_vl" and vision["mrope_section"] == [2, 3, 3]
     assert vision["window_size"] == 56 and vision["preprocess"]["merge_size"] == 2
-    assert json.loads((qvl[1] / "verify.json").read_text())["vision"]["max_abs_error"] < 1e-3
+    checked = json.loads((qvl[1] / "verify.json").read_text())["vision"]
+    assert checked["max_abs_error"] < 1e-3 and checked["compiled_max_abs_error"] < 1e-3
+    # ONNX Runtime's form on our kernels reads vision.onnx's weights: the engine holds them once
+    assert vision["compiled"] == manifest["files"]["vision_compiled"] == "vision.ort.onnx"
+    assert vision["lowerings"] == ["trtllm.cpu::SegmentAttention"]
+    assert not (qvl[1] / "vision.ort.onnx.data").exists()
+    assert (qvl[1] / "vision.ort.onnx").stat().st_size < (qvl[1] / "vision.onnx.data").stat().st_size / 4
     for damage, named in ((lambda v: v.update(mrope_section=[2, 3, 4]), "vision.mrope_section"),
                           (lambda v: v["preprocess"].pop("merge_size"), "vision.preprocess"),
                           (lambda v: v.update(architecture="llava"), "vision.architecture"),
@@ -311,7 +339,10 @@ def test_build_records_the_vision_section_and_a_damaged_one_is_refused(qvl, tmp_
                                                                    r"\[0, 0\] on qwen2_5_vl"),
                           (lambda v: v.update(mrope_interleaved=True), "vision.mrope_interleaved must be false"),
                           (lambda v: v.update(num_grid_per_side=4), "vision.num_grid_per_side"),
-                          (lambda v: v.pop("deepstack_layers"), "vision lacks deepstack_layers")):
+                          (lambda v: v.pop("deepstack_layers"), "vision lacks deepstack_layers"),
+                          (lambda v: v.update(compiled="llm.ort.onnx"), "vision.compiled 'llm.ort.onnx' must be "
+                                                                        "files.vision_compiled 'vision.ort.onnx'"),
+                          (lambda v: v.update(lowerings=[]), r"with lowerings \['trtllm.cpu::SegmentAttention'\], got \[\]")):
         engine = tmp_path / "engine"
         shutil.rmtree(engine, ignore_errors=True)
         shutil.copytree(qvl[1], engine)
@@ -353,6 +384,8 @@ def test_other_graph_forms_match_transformers(request, run_cli, tmp_path, option
     result = CliRunner().invoke(build_main, ["--model", str(qvl[0]), "--output", str(engine), "--max-batch-size", "4",
                                              "--max-input-len", "256", "--max-kv-cache-capacity", "512", *option])
     assert result.exit_code == 0, result.output
+    # ONNX Runtime's own kernels: the canonical vision.onnx runs (ONNX's Attention), not our kernel's form
+    assert (engine / "vision.ort.onnx").exists() == (option[0] != "--cpu-kernels")
     result, out = run_cli(engine, {"batch_size": 4, "temperature": 0.0, "ignore_eos": True, "num_logprobs": 5,
                                    "max_generate_length": NEW_TOKENS, "requests": [
                                        {"messages": [{"role": "user", "content": placed(qvl, c)}]} for c in CASES[:3]]})

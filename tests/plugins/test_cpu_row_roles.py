@@ -63,8 +63,12 @@ def test_a_row_is_the_same_alone_and_in_a_batch(kind, flag):
 
 @pytest.mark.parametrize("kind", ["int4", "half"])
 def test_without_the_input_the_call_size_decides(kind):
-    """The wrong variant: 1 row takes the decode path, 40 rows the prefill path; they differ."""
-    assert rows_alone_and_together(kind, None) != [True] * 3
+    """The wrong variant: 1 row takes the decode path, 40 rows the prefill path; they differ where the
+    two paths are AVX-512's (a CPU without AVX-512, an AMD EPYC VM here, runs one portable path for both,
+    and they agree)."""
+    from tests.plugins.test_cpu_matmul_int8 import kernel_path
+
+    assert (rows_alone_and_together(kind, None) != [True] * 3) == (kernel_path() >= 2)
 
 
 @pytest.mark.parametrize("kind", ["int4", "half"])
