@@ -109,12 +109,10 @@ def write(ck: ckpt.Checkpoint, config: BuildConfig, out_dir: Path, log, made: di
     save_linted(writer.write(), out_dir, vision.VISION_NAME, "the vision graph", config.trt_version)
     del writer
     if native:
-        log(f"lowering the vision graph's attention to {cpu_kernels.SEGMENT_ATTENTION_LOWERING} (plugins/cpu: its memory linear in an "
-            f"image's patches) in {vision.VISION_COMPILED}")
+        log(f"lowering the vision graph's attention to {cpu_kernels.SEGMENT_ATTENTION_LOWERING} (plugins/cpu: its "
+            f"memory linear in an image's patches) in {vision.VISION_COMPILED}")
         write_sharing(vision_qwen.QwenVisionWriter(spec, weights, native=True).write(), out_dir)
         made.update(compiled=vision.VISION_COMPILED, lowerings=[cpu_kernels.SEGMENT_ATTENTION_LOWERING])
-
-
 
 
 def write_sharing(model, out_dir: Path) -> None:

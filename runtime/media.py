@@ -176,8 +176,8 @@ class ImageEncoder:
             if self.session is None:
                 self.session = self.load()
         began = time.perf_counter()
-        takes = {i.name for i in self.session.get_inputs()}  # (Qwen2-VL's graph has no windows; the native form
-        # takes window_ids, the other window_rows and window_slots)
+        # (Qwen2-VL's graph has no windows; vision.ort.onnx takes window_ids, vision.onnx window_rows and _slots)
+        takes = {i.name for i in self.session.get_inputs()}
         out = np.concatenate([self.session.run(None, {k: v for k, v in feeds.items() if k in takes})[0]
                               for feeds in runs])
         if order is not None:  # (Qwen2.5-VL's encoder works in window order: back to the image's)

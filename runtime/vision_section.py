@@ -11,7 +11,6 @@ KEYS = ("architecture", "graph", "hidden_size", "image_token", "image_token_id",
 QWEN = (("mrope_section", "mrope_interleaved", "window_size", "deepstack_layers", "num_grid_per_side"),
         ("patch_size", "temporal_patch_size", "merge_size", "min_pixels", "max_pixels", "resample",
          "rescale_factor", "image_mean", "image_std"))
-QWEN_KINDS = ("qwen2_5_vl", "qwen2_vl", "qwen3_vl")
 KINDS = {
     "internvl": (("image_size", "tokens_per_tile"),
                  ("size", "crop_to_patches", "min_patches", "max_patches", "resample", "rescale_factor", "image_mean",
@@ -38,10 +37,11 @@ def check(m) -> str:
     if v["graph"] != m.files.get("vision"):
         return f"vision.graph {v['graph']!r} must be files.vision {m.files.get('vision')!r}"
     # its ONNX Runtime form on our kernels (Qwen-VL's, vision.ort.onnx), where the build wrote one
-    if v.get("compiled") != m.files.get("vision_compiled") or (v.get("compiled") is not None and (
-            v["architecture"] not in QWEN_KINDS or v.get("lowerings") != [SEGMENT_ATTENTION])):
-        return (f"vision.compiled {v.get('compiled')!r} must be files.vision_compiled {m.files.get('vision_compiled')!r}, "
-                f"on a Qwen-VL engine, with lowerings [{SEGMENT_ATTENTION!r}], got {v.get('lowerings')!r}")
+    compiled = v.get("compiled")
+    if compiled != m.files.get("vision_compiled") or (compiled is not None and (
+            kind is not QWEN or v.get("lowerings") != [SEGMENT_ATTENTION])):
+        return (f"vision.compiled {compiled!r} must be files.vision_compiled {m.files.get('vision_compiled')!r}, on "
+                f"a Qwen-VL engine, with lowerings [{SEGMENT_ATTENTION!r}], got {v.get('lowerings')!r}")
     for name in ("image_token_id", "start_token_id", "end_token_id"):
         if not (whole(v[name], 0) and v[name] < m.model.vocab_size):
             return f"vision.{name} must be a token id below the vocabulary size {m.model.vocab_size}, got {v[name]!r}"

@@ -152,3 +152,20 @@ def test_refuses_shapes_it_would_misread(feeds, message):
     qkv, cos, sin, ids = feeds(*case([4, 6], 2, 16))
     with pytest.raises(Exception, match=message.replace("[", r"\[").replace("]", r"\]")):
         run(2, qkv, cos, sin, ids)
+
+
+def peak_growth_mb(p: int) -> float:
+    """How far one call on p rows (one head of 64, one segment) raises this process's peak memory, in MB."""
+    import resource
+
+    qkv, cos, sin, ids = case([p], 1, 64)
+    s = session(op_model(1))
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    s.run(None, {"qkv": qkv, "cos": cos, "sin": sin, "segment_ids": ids})
+    return (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
+
+
+def test_memory_grows_with_the_rows_not_their_square():
+    """16,000 rows in one segment: ONNX's Attention would hold a 1 GB [P, P] score matrix for the one
+    head; the kernel holds the keys and values again (8 MB) and its tasks' blocks."""
+    assert on_portable_path("test_cpu_segment_attention", "peak_growth_mb(16000)", kernel="auto") < 100
