@@ -22,27 +22,18 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from scripts.bench_vision_qwen import MODELS, summary  # noqa: E402
+from scripts.bench_vision_qwen import MODELS, model_of, summary  # noqa: E402
 
 
 def layer(name: str):
     """(transformers' model, its spec, {form: ONNX model bytes}): MODELS[name]'s encoder with two layers,
     layer 0 of full attention, whose attention alone each graph computes."""
-    import torch
-    import transformers
-
     from trtllm.builder import vision_qwen as vq
     from trtllm.plugins import cpu
 
-    prefix, vision = MODELS[name]
-    vision = {**vision, "depth": 2, **({"fullatt_block_indexes": [0]} if "fullatt_block_indexes" in vision else {}),
-              **({"deepstack_visual_indexes": [1]} if "deepstack_visual_indexes" in vision else {})}
-    text = {"vocab_size": 1000, "hidden_size": vision["out_hidden_size"], "intermediate_size": 256,
-            "num_hidden_layers": 1, "num_attention_heads": 16, "num_key_value_heads": 2, "head_dim": 128,
-            "rope_parameters": {"rope_type": "default", "rope_theta": 1e6, "mrope_section": [16, 24, 24]}}
-    config = getattr(transformers, f"{prefix}Config")(vision_config=vision, text_config=text, image_token_id=999)
-    torch.manual_seed(0)
-    model = getattr(transformers, f"{prefix}ForConditionalGeneration")(config).eval()
+    vision = MODELS[name][1]
+    model = model_of(name, depth=2, **({"fullatt_block_indexes": [0]} if "fullatt_block_indexes" in vision else {}),
+                     **({"deepstack_visual_indexes": [1]} if "deepstack_visual_indexes" in vision else {}))
     spec = vq.spec_of(model.config)
     weights = vq.weights_of(model)
     graphs = {}

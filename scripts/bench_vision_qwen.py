@@ -42,25 +42,31 @@ MODELS = {
 }
 
 
-def encoder(tmp: Path, name: str):
-    """(transformers' model, our vision.onnx path, its spec): MODELS[name]'s vision config, a one-layer
-    text model (it plays no part), random weights; and vision.ort.onnx beside it where our kernels are built."""
+def model_of(name: str, **vision_changes):
+    """transformers' model for MODELS[name]'s vision config (with `vision_changes`), a one-layer text
+    model (it plays no part), random weights."""
     import torch
     import transformers
-
-    from trtllm.builder import vision_qwen
-    from trtllm.builder.export import save
 
     prefix, vision = MODELS[name]
     text = {"vocab_size": 1000, "hidden_size": 2048, "intermediate_size": 256, "num_hidden_layers": 1,
             "num_attention_heads": 16, "num_key_value_heads": 2, "head_dim": 128,
             "rope_parameters": {"rope_type": "default", "rope_theta": 1e6, "mrope_section": [16, 24, 24]}}
-    config = getattr(transformers, f"{prefix}Config")(vision_config=vision, text_config=text, image_token_id=999)
+    config = getattr(transformers, f"{prefix}Config")(vision_config={**vision, **vision_changes}, text_config=text,
+                                                      image_token_id=999)
     torch.manual_seed(0)
-    model = getattr(transformers, f"{prefix}ForConditionalGeneration")(config).eval()
+    return getattr(transformers, f"{prefix}ForConditionalGeneration")(config).eval()
+
+
+def encoder(tmp: Path, name: str):
+    """(transformers' model, our vision.onnx path, its spec): model_of(name); and vision.ort.onnx beside
+    vision.onnx where our kernels are built."""
+    from trtllm.builder import vision_qwen
+    from trtllm.builder.export import save
     from trtllm.builder.vision_export import write_sharing
     from trtllm.plugins import cpu
 
+    model = model_of(name)
     spec = vision_qwen.spec_of(model.config)
     weights = vision_qwen.weights_of(model)
     save(vision_qwen.QwenVisionWriter(spec, weights).write(), tmp, "vision.onnx")
