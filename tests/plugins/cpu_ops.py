@@ -41,3 +41,13 @@ def on_portable_path(module: str, expression: str, kernel: str = "generic"):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env={**os.environ, "TRTLLM_CPU_KERNEL": kernel}, cwd=ROOT)
     return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def portable_only() -> bool:
+    """Whether this process's library runs its portable code alone (a CPU without AVX-512: an AMD EPYC
+    VM here): its sums run in another order than the AVX-512 kernels', and the parity tests that hold
+    those to 2e-5 of transformers' logits allow the portable path more (it measured up to 6.1e-5)."""
+    import ctypes
+
+    library = cpu.library()
+    return library is not None and ctypes.CDLL(str(library)).trtllm_cpu_kernel_path() == 1

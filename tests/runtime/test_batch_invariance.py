@@ -16,6 +16,8 @@ from trtllm.runtime.engine import load_engine  # noqa: E402
 from trtllm.runtime.generate import RowState, prefill_inputs  # noqa: E402
 from trtllm.runtime.kv_cache import KVCacheManager  # noqa: E402
 
+from tests.plugins.cpu_ops import portable_only  # noqa: E402
+
 pytestmark = pytest.mark.hf
 CAPACITY = 128
 PROMPT = [(7 * i + 3) % 50 + 1 for i in range(24)]
@@ -87,7 +89,8 @@ def test_wrong_variant_prompt_steps_called_generated(tiny_checkpoint, tmp_path, 
         alone = prefill(engine, [PROMPT])[0]
         kv = KVCacheManager(engine.manifest.model, 1, CAPACITY)
         prefill(engine, [PROMPT[:12]], kv)
-        assert not np.array_equal(prefill(engine, [PROMPT], kv, reused=[12])[0], alone)
+        # (where the decode and prefill paths are AVX-512's: the portable code has one path for both)
+        assert np.array_equal(prefill(engine, [PROMPT], kv, reused=[12])[0], alone) == portable_only()
     finally:
         engine.close()
 
