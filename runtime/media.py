@@ -162,7 +162,7 @@ class ImageEncoder:
 
     def encode(self, source: bytes) -> np.ndarray:
         image, pre, order = images.load_image(source), self.section["preprocess"], None
-        if self.section["architecture"] in QWEN:  # the whole image in one run (all heads' attention at once)
+        if self.section["architecture"] in QWEN:  # the whole image in one run
             pixels, grid = images_qwen.pixel_values(image, pre)
             at = images_qwen.encoder_inputs([grid], pre["merge_size"], self.section["window_size"],
                                             pre["patch_size"], self.section["num_grid_per_side"])

@@ -45,6 +45,7 @@
 
 namespace {
 
+using trtllm_cpu::rotary;
 using trtllm_cpu::use_avx512;
 #ifdef TRTLLM_X86
 using trtllm_cpu::exp_avx512;
@@ -166,17 +167,6 @@ void head_norm(const float* x, const float* w, float epsilon, int64_t d, float* 
   for (int64_t i = 0; i < d; ++i) sum += x[i] * x[i];
   const float inv = 1.0f / std::sqrt(sum / static_cast<float>(d) + epsilon);
   for (int64_t i = 0; i < d; ++i) out[i] = x[i] * inv * w[i];
-}
-
-// out[0:D] = rotate_half rotary of x's first R dimensions at position pos (cos, sin: its rows of
-// R / 2), the rest as they are (partial rotary), all times `times`
-void rotary(const float* x, const float* cos, const float* sin, int64_t d, int64_t r, float times, float* out) {
-  const int64_t half = r / 2;
-  for (int64_t i = 0; i < half; ++i) {
-    out[i] = (x[i] * cos[i] - x[i + half] * sin[i]) * times;
-    out[i + half] = (x[i + half] * cos[i] + x[i] * sin[i]) * times;
-  }
-  for (int64_t i = r; i < d; ++i) out[i] = x[i] * times;
 }
 
 // One query against slots [lo, t) (with `mask`, a tree's: those it hides weigh 0): scores, softmax,

@@ -34,6 +34,17 @@ bool huge_pages_wanted();
 // Adds to what trtllm_cpu_copied_bytes() reports (Resident's copies).
 void count_copied(size_t bytes);
 
+// out[0:D] = rotate_half rotary of x's first R dimensions (cos, sin: its row's R / 2 values), the rest
+// as they are (partial rotary), all times `times`: a q or k head (attention.cc, segment_attention.cc).
+inline void rotary(const float* x, const float* cos, const float* sin, int64_t d, int64_t r, float times, float* out) {
+  const int64_t half = r / 2;
+  for (int64_t i = 0; i < half; ++i) {
+    out[i] = (x[i] * cos[i] - x[i + half] * sin[i]) * times;
+    out[i + half] = (x[i + half] * cos[i] + x[i] * sin[i]) * times;
+  }
+  for (int64_t i = r; i < d; ++i) out[i] = x[i] * times;
+}
+
 // A node attribute, or `fallback` when the node does not have it.
 template <typename T>
 T attribute_or(const Ort::ConstKernelInfo& info, const char* name, T fallback) {

@@ -56,15 +56,6 @@ struct Job {
   float* y;
 };
 
-// out[0:D] = x with the rotary of its row (cos, sin: that row's R / 2 values; null: none), times `times`.
-void rotary(const float* x, const float* cos, const float* sin, int64_t d, int64_t half, float times, float* out) {
-  for (int64_t i = 0; i < half; ++i) {
-    out[i] = (x[i] * cos[i] - x[i + half] * sin[i]) * times;
-    out[i + half] = (x[i + half] * cos[i] + x[i] * sin[i]) * times;
-  }
-  for (int64_t i = 2 * half; i < d; ++i) out[i] = x[i] * times;
-}
-
 // Task t of the prepass: head t / nb's keys of block t % nb, rotated into kt, and their values into v.
 void keys_task(void* data, size_t t) {
   const Job& job = *static_cast<const Job*>(data);
@@ -80,7 +71,7 @@ void keys_task(void* data, size_t t) {
       continue;
     }
     const float* k = job.qkv + j * width + (job.h + h) * d;
-    rotary(k, job.cos + j * job.half, job.sin + j * job.half, d, job.half, 1.0f, row.data());
+    trtllm_cpu::rotary(k, job.cos + j * job.half, job.sin + j * job.half, d, 2 * job.half, 1.0f, row.data());
     for (int64_t i = 0; i < d; ++i) block[i * 8 + lane] = row[i];
     std::memcpy(job.v + (h * job.p + j) * d, k + job.h * d, d * sizeof(float));
   }
@@ -90,8 +81,8 @@ void keys_task(void* data, size_t t) {
 void queries(const Job& job, const Task& t, float* q) {
   const int64_t width = 3 * job.h * job.d;
   for (int64_t i = t.q0; i < t.q1; ++i)
-    rotary(job.qkv + i * width + t.h * job.d, job.cos + i * job.half, job.sin + i * job.half, job.d, job.half,
-           job.scale, q + (i - t.q0) * job.d);
+    trtllm_cpu::rotary(job.qkv + i * width + t.h * job.d, job.cos + i * job.half, job.sin + i * job.half, job.d,
+                       2 * job.half, job.scale, q + (i - t.q0) * job.d);
 }
 
 // Portable: each row's scores over its segment (8 keys at a time, as kt holds them: loops the compiler
