@@ -3,7 +3,8 @@
 //
 // Why: ONNX Runtime's GroupQueryAttention is a third of a batch-1 int4 decode step here; most of it
 // is 128-bit loops over the cache. This kernel reads each row's keys and values once per kv head
-// with AVX-512 and splits the work over (row, heads of one kv head, block of queries).
+// with AVX-512 (or AVX2: attention_avx2.cc) and splits the work over (row, heads of one kv head,
+// block of queries).
 //
 // Inputs:  0 qkv [B, S, (H + 2 Hk) D] float32 (the q heads, then the k heads, then the v heads)
 //          1 past_key, 2 past_value [B, Hk, C, D] float32, or both float16 or bfloat16 (a float16 or
@@ -41,10 +42,11 @@
 #include <string>
 #include <vector>
 
-#include "common.h"
+#include "attention.h"
 
 namespace {
 
+using namespace trtllm_cpu::attention;
 using trtllm_cpu::rotary;
 using trtllm_cpu::use_avx512;
 #ifdef TRTLLM_X86
@@ -52,7 +54,6 @@ using trtllm_cpu::exp_avx512;
 #endif
 
 constexpr int64_t kQueries = 8;  // tokens per task (prefill): they share each read of the keys and values
-constexpr int kMaxRows = 64;     // query rows per task: tokens x the heads of a group that share a task
 // Keys are split into parts of this many slots, at fixed slot numbers, each part a task of its own
 // whose partial softmax is merged after (as flash-decoding does): a long context's decode step then
 // has work for every thread, and the heads of a kv head read its cache once. The parts of a row
@@ -99,42 +100,6 @@ struct Split {
     return r;
   }
 };
-
-// The cache's element: float, float16 bits, bfloat16, or int8 (a row's scale after its values).
-using trtllm_cpu::bf16;
-inline float to_float(int8_t x) { return static_cast<float>(x); }
-inline float to_float(float x) { return x; }
-inline float to_float(uint16_t h) { return trtllm_cpu::half_to_float(h); }
-inline float to_float(bf16 h) { return trtllm_cpu::bf16_to_float(h.bits); }
-
-// Bytes after an int8 row's D values: its scale. A row of the cache is D + kScaleBytes<T> elements.
-template <typename T>
-constexpr int64_t kScaleBytes = 0;
-template <>
-constexpr int64_t kScaleBytes<int8_t> = 4;
-
-// What a row's values are multiplied by: its scale (int8), else 1.
-template <typename T>
-inline float row_scale(const T*, int64_t) {
-  return 1.0f;
-}
-inline float row_scale(const int8_t* row, int64_t d) {
-  float s;
-  std::memcpy(&s, row + d, sizeof s);
-  return s;
-}
-
-// A task's tree mask (input 10): row r sees a slot j >= start only where row[r][j - start].
-struct Tree {
-  int64_t start;
-  const bool* row[kMaxRows];
-};
-
-// The slots in [lo, t) that a row's mask hides, their scores set to -inf.
-inline void hide(const bool* mask, int64_t start, int64_t lo, int64_t t, float* scores) {
-  for (int64_t j = std::max(lo, start); j < t; ++j)
-    if (!mask[j - start]) scores[j] = -INFINITY;
-}
 
 template <typename T>
 struct Job {
@@ -475,6 +440,9 @@ void run_task(void* data, size_t task) {
   if (use_avx512() && block_index(n.d) >= 0)
     return kBlock<T>[block_index(n.d)](q.data(), qn, lo, t, key, value, job.tree ? &tree : nullptr, job.softcap,
                                        scores.data(), ld, outs, stats);
+  if (trtllm_cpu::use_avx2() && attend_block_avx2(n.d, q.data(), qn, lo, t, key, value, job.tree ? &tree : nullptr,
+                                                  job.softcap, scores.data(), ld, outs, stats))
+    return;
 #endif
   for (int r = 0; r < qn; ++r)
     attend_generic(q.data() + r * n.d, key, value, lo[r], t[r], n.d, job.tree ? tree.row[r] : nullptr, tree.start,

@@ -22,7 +22,8 @@ namespace trtllm_cpu {
 
 // AVX-512 (F, BW, VL) kernels, unless TRTLLM_CPU_KERNEL=generic asks for the portable ones (tests).
 bool use_avx512();
-// AVX2 with FMA (the vision encoder's attention), unless TRTLLM_CPU_KERNEL=generic.
+// AVX2 with FMA and F16C (every kernel's path where AVX-512 is not), unless TRTLLM_CPU_KERNEL=generic
+// asks for the portable one; TRTLLM_CPU_KERNEL=avx2 takes it on an AVX-512 CPU too (tests).
 bool use_avx2();
 // And AVX-512 VNNI's int8 dot products, unless TRTLLM_CPU_KERNEL=avx512 asks for AVX-512BW's (tests).
 bool use_vnni();
@@ -185,6 +186,51 @@ __attribute__((target("avx512f,avx512bw,avx512vl,fma"))) inline __m512 exp_avx51
   p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
   p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
   return _mm512_scalef_ps(p, n);
+}
+
+// The AVX2 paths (8 lanes, with FMA and F16C): every x86-64 CPU of the last ten years has them,
+// AVX-512 ones included, and CPUs without AVX-512 (AMD Zen 1-3, Intel's client cores) run them.
+#define TRTLLM_AVX2 __attribute__((target("avx2,fma,f16c")))
+
+// exp(x) as 2^n p(r), r = x - n ln2, p of degree 6 (as exp_avx512): relative error below 2e-7. x is
+// clamped to [-87, 88] (2^n stays a normal number: its exponent bits are built directly); a NaN
+// stays NaN (min and max give their second operand where one is NaN).
+TRTLLM_AVX2 inline __m256 exp_avx2(__m256 x) {
+  x = _mm256_max_ps(_mm256_set1_ps(-87.0f), _mm256_min_ps(_mm256_set1_ps(88.0f), x));
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693145752f), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.42860677e-6f), r);
+  __m256 p = _mm256_set1_ps(1.0f / 720);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+
+// Lanes j .. j + 7 that lie in [lo, hi), as a mask of all-ones floats.
+TRTLLM_AVX2 inline __m256 lanes_avx2(int64_t j, int64_t lo, int64_t hi) {
+  const __m256i k = _mm256_add_epi32(_mm256_set1_epi32(static_cast<int>(j - lo)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+  const __m256i in = _mm256_and_si256(_mm256_cmpgt_epi32(k, _mm256_set1_epi32(-1)),
+                                      _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(hi - lo)), k));
+  return _mm256_castsi256_ps(in);
+}
+
+// The largest of a vector's 8 lanes.
+TRTLLM_AVX2 inline float max_avx2(__m256 x) {
+  __m128 m = _mm_max_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
+  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+  return _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
+}
+
+// The sum of a vector's 8 lanes, in a fixed order.
+TRTLLM_AVX2 inline float sum_avx2(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
 }
 #endif
 

@@ -49,11 +49,21 @@ using XaFn = void (*)(const float* x, int64_t ldx, const float* a, int64_t k_cou
 using TbFn = void (*)(const float* t, const float* b, int64_t r, int64_t ldb, int64_t c, float* y, int64_t ldy);
 constexpr int kGroup = 4;
 
+// Each sum in two chains of k (k mod 2, an odd k's last term in the first), added to t at the end, as
+// xa_avx512 sums: one running sum over k left GLM's LoRA logits 2.8e-4 from PEFT's, past the 1e-4
+// the AVX-512 path keeps.
 template <int G>
 void xa_generic(const float* x, int64_t ldx, const float* a, int64_t k_count, int64_t r, float* t) {
-  for (int i = 0; i < G; ++i)
-    for (int64_t k = 0; k < k_count; ++k)
-      for (int64_t q = 0; q < r; ++q) t[i * r + q] += x[i * ldx + k] * a[k * r + q];
+  thread_local std::vector<float> chains;
+  chains.resize(2 * r);
+  for (int i = 0; i < G; ++i) {
+    std::fill(chains.begin(), chains.end(), 0.0f);
+    for (int64_t k = 0; k < k_count; ++k) {
+      float* chain = chains.data() + (k % 2 && k < k_count - k_count % 2 ? r : 0);
+      for (int64_t q = 0; q < r; ++q) chain[q] += x[i * ldx + k] * a[k * r + q];
+    }
+    for (int64_t q = 0; q < r; ++q) t[i * r + q] = (t[i * r + q] + chains[q]) + chains[r + q];
+  }
 }
 
 template <int G>

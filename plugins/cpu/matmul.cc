@@ -1,6 +1,7 @@
 // The MatMul kernels (matmul.h): decode rows multiply weights dequantized or converted straight
 // into registers; prefill rows go through a transposed float32 panel per chunk of weight rows.
-// Portable code first (the reference the AVX-512 path is tested against, and the fallback).
+// Portable code first (the reference the AVX-512 and AVX2 (matmul_avx2.cc) paths are tested
+// against, and the fallback).
 #include "matmul.h"
 
 #include <algorithm>
@@ -13,6 +14,7 @@
 namespace trtllm_cpu::matmul {
 namespace {
 
+using trtllm_cpu::use_avx2;
 using trtllm_cpu::use_avx512;
 #ifdef TRTLLM_X86
 using trtllm_cpu::exp_avx512;
@@ -442,6 +444,7 @@ constexpr const TileFn* kTiles[kBatch] = {tile_row<1>, tile_row<2>, tile_row<3>,
 void dequant_rows(const Weights& w, int64_t r0, int nr, float* out) {
 #ifdef TRTLLM_X86
   if (use_avx512()) return dequant_rows_avx512(w, r0, nr, out);
+  if (use_avx2()) return avx2::dequant_rows(w, r0, nr, out);
 #endif
   dequant_rows_generic(w, r0, nr, out);
 }
@@ -486,6 +489,7 @@ void decode_inputs(const float* x, int64_t m, int64_t k, float* sums, float* spl
 void swiglu(const float* gate, const float* up, int64_t count, float* out) {
 #ifdef TRTLLM_X86
   if (use_avx512()) return swiglu_avx512(gate, up, count, out);
+  if (use_avx2()) return avx2::swiglu(gate, up, count, out);
 #endif
   for (int64_t i = 0; i < count; ++i) out[i] = gate[i] * up[i] / (1.0f + std::exp(-gate[i]));
 }
@@ -526,6 +530,10 @@ void run_chunk(void* data, size_t chunk) {
         }
         continue;
       }
+      if (use_avx2()) {
+        avx2::decode(w, r, nr, job.x, job.m, out + (r - r0), ldy);
+        continue;
+      }
 #endif
       if (scratch.size() < static_cast<size_t>(kRows * w.k)) scratch.resize(kRows * w.k);
       dequant_rows_generic(w, r, nr, scratch.data());
@@ -551,6 +559,8 @@ void run_chunk(void* data, size_t chunk) {
         const int mr = static_cast<int>(std::min<int64_t>(kPanelRows, job.m - m));
         kPanelFns[mr - 1](panel.data(), w.k, job.x + m * w.k, w.k, out + m * ldy, ldy, nr);
       }
+    } else if (use_avx2()) {
+      avx2::prefill(w, r0, static_cast<int>(r1 - r0), job.x, job.m, out, ldy);
     } else
 #endif
     {

@@ -71,6 +71,12 @@ Rows rows_of(std::vector<int64_t> x_shape, int64_t n, bool swiglu);
 struct IntRow {
   int64_t bytes, scales, part;
 };
+// The layout's sizes (one digit of a row): a run of 16 blocks is 512 bytes and holds its d in 16
+// lanes (4-bit) or 32 (8-bit); a unit of the rest is 4 blocks (4-bit) or 2 (8-bit), 16 lanes of d.
+constexpr int64_t kRun = 16, kRunBytes = kRun * kBlock, kUnitScales = 16;
+constexpr int64_t run_scales(int bits) { return bits == 4 ? 16 : 32; }
+constexpr int64_t unit_blocks(int bits) { return bits == 4 ? 4 : 2; }
+constexpr int64_t unit_bytes(int bits) { return unit_blocks(bits) * kBlock; }
 IntRow int_row(int64_t k, int bits, int levels);
 void quantize_rows(const float* x, int64_t m, int64_t k, int bits, int levels, int8_t* q, float* d);
 void int_tile(const Job& job, int64_t row, int nr, float* out, int64_t ldy);
@@ -80,7 +86,21 @@ void int_tile(const Job& job, int64_t row, int nr, float* out, int64_t ldy);
 // 4-bit codes with 1-2 rows (Job::xt, [m, k]).
 void decode_inputs(const float* x, int64_t m, int64_t k, float* sums, float* split);
 
-// out[i] = silu(gate[i]) * up[i] (AVX-512 or portable).
+#ifdef TRTLLM_X86
+// The AVX2 path (matmul_avx2.cc), where AVX-512 is not: `nr` weight rows from `row` times m activation
+// rows x [m][K] into y[i * ldy + r] (decode: nr <= kRows; prefill: a chunk, nr <= kChunkRows), and
+// rows as float32 [nr][K].
+namespace avx2 {
+void decode(const Weights& w, int64_t row, int nr, const float* x, int64_t m, float* y, int64_t ldy);
+void prefill(const Weights& w, int64_t row, int nr, const float* x, int64_t m, float* y, int64_t ldy);
+void dequant_rows(const Weights& w, int64_t row, int nr, float* out);
+void swiglu(const float* gate, const float* up, int64_t count, float* out);
+// int_tile's (matmul_int8_avx2.cc): the AVX-512 layout read as two 256-bit halves per vector.
+void int_tile(const Job& job, int64_t row, int nr, float* out, int64_t ldy);
+}  // namespace avx2
+#endif
+
+// out[i] = silu(gate[i]) * up[i] (AVX-512, AVX2 or portable).
 void swiglu(const float* gate, const float* up, int64_t count, float* out);
 
 // The job on ONNX Runtime's threads, in tasks of kChunkRows weight rows; a task's exception is

@@ -38,13 +38,6 @@
 
 namespace trtllm_cpu::matmul {
 
-// The layout's sizes (one digit of a row): a run of 16 blocks is 512 bytes and holds its d in 16
-// lanes (4-bit) or 32 (8-bit); a unit of the rest is 4 blocks (4-bit) or 2 (8-bit), 16 lanes of d.
-constexpr int64_t kRun = 16, kRunBytes = kRun * kBlock, kUnitScales = 16;
-constexpr int64_t run_scales(int bits) { return bits == 4 ? 16 : 32; }
-constexpr int64_t unit_blocks(int bits) { return bits == 4 ? 4 : 2; }
-constexpr int64_t unit_bytes(int bits) { return unit_blocks(bits) * kBlock; }
-
 IntRow int_row(int64_t k, int bits, int levels) {
   const int64_t nb = k / kBlock, runs = nb / kRun;
   const int64_t units = (nb - runs * kRun + unit_blocks(bits) - 1) / unit_blocks(bits);
@@ -408,6 +401,7 @@ void quantize_rows(const float* x, int64_t m, int64_t k, int bits, int levels, i
 
 void int_tile(const Job& job, int64_t row, int nr, float* out, int64_t ldy) {
 #ifdef TRTLLM_X86
+  if (!use_avx512() && use_avx2()) return avx2::int_tile(job, row, nr, out, ldy);
   if (use_avx512()) {
     const int bits = static_cast<int>(job.w.bits);
     const TileFn* tiles = use_vnni() ? tiles_for<true>(bits, job.levels) : tiles_for<false>(bits, job.levels);

@@ -13,7 +13,7 @@ namespace trtllm_cpu {
 bool use_avx512() {
   static const bool yes = [] {
     const char* force = std::getenv("TRTLLM_CPU_KERNEL");
-    if (force && std::string(force) == "generic") return false;
+    if (force && (std::string(force) == "generic" || std::string(force) == "avx2")) return false;
 #ifdef TRTLLM_X86
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
@@ -31,7 +31,7 @@ bool use_avx2() {
     if (force && std::string(force) == "generic") return false;
 #ifdef TRTLLM_X86
     __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
 #else
     return false;
 #endif
@@ -117,8 +117,8 @@ __attribute__((visibility("default"))) OrtStatus* ORT_API_CALL RegisterCustomOps
   return nullptr;
 }
 
-// Which code path this CPU takes (for reports): 3 = AVX-512 with VNNI, 2 = AVX-512, 1 = portable.
+// Which code path this CPU takes (for reports): 4 = AVX-512 with VNNI, 3 = AVX-512, 2 = AVX2, 1 = portable.
 __attribute__((visibility("default"))) int trtllm_cpu_kernel_path() {
-  return trtllm_cpu::use_vnni() ? 3 : trtllm_cpu::use_avx512() ? 2 : 1;
+  return trtllm_cpu::use_vnni() ? 4 : trtllm_cpu::use_avx512() ? 3 : trtllm_cpu::use_avx2() ? 2 : 1;
 }
 }

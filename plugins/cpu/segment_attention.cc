@@ -120,47 +120,11 @@ void task_generic(const Job& job, const Task& t) {
 }
 
 #ifdef TRTLLM_X86
-// The fast path is AVX2 with FMA (8 lanes), not AVX-512: it runs on every x86-64 CPU of the last ten
-// years, AVX-512 ones included, and on the AMD EPYC VMs here, which have no AVX-512.
-#define AVX2 __attribute__((target("avx2,fma")))
-
-// exp(x) as 2^n p(r), r = x - n ln2, p of degree 6 (as trtllm_cpu::exp_avx512): relative error below
-// 2e-7. x is clamped to [-87, 88] (2^n stays a normal number: its exponent bits are built directly).
-AVX2 inline __m256 exp_avx2(__m256 x) {
-  x = _mm256_max_ps(_mm256_set1_ps(-87.0f), _mm256_min_ps(_mm256_set1_ps(88.0f), x));
-  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693145752f), x);
-  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.42860677e-6f), r);
-  __m256 p = _mm256_set1_ps(1.0f / 720);
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-  return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
-}
-
-// Lanes j .. j + 7 that lie in [lo, hi), as a mask of all-ones floats.
-AVX2 inline __m256 lanes(int64_t j, int64_t lo, int64_t hi) {
-  const __m256i k = _mm256_add_epi32(_mm256_set1_epi32(static_cast<int>(j - lo)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-  const __m256i in = _mm256_and_si256(_mm256_cmpgt_epi32(k, _mm256_set1_epi32(-1)),
-                                      _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(hi - lo)), k));
-  return _mm256_castsi256_ps(in);
-}
-
-AVX2 inline float hmax(__m256 x) {
-  __m128 m = _mm_max_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
-  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
-  return _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
-}
-
-AVX2 inline float hsum(__m256 x) {
-  __m128 m = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
-  m = _mm_add_ps(m, _mm_movehl_ps(m, m));
-  return _mm_cvtss_f32(_mm_add_ss(m, _mm_movehdup_ps(m)));
-}
+#define AVX2 TRTLLM_AVX2
+using trtllm_cpu::exp_avx2;
+using trtllm_cpu::lanes_avx2;
+using trtllm_cpu::max_avx2;
+using trtllm_cpu::sum_avx2;
 
 // Scores of kMicro query rows (q: D apart) against NV vectors of 8 keys (kt: their first block of 8),
 // stored at out[r][8 v + lane] (rows kChunk apart). kMicro x NV sums, kMicro broadcasts and a key vector
@@ -258,18 +222,18 @@ AVX2 void task_avx2(const Job& job, const Task& t) {
         __m256 most = _mm256_set1_ps(-INFINITY);
         for (int64_t v = 0; v < nv; ++v)
           most = _mm256_max_ps(most, _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), _mm256_loadu_ps(row + 8 * v),
-                                                      lanes(j0 + 8 * v, t.s0, t.s1)));
-        const float old = top[r0 + r], now = std::max(old, hmax(most));
+                                                      lanes_avx2(j0 + 8 * v, t.s0, t.s1)));
+        const float old = top[r0 + r], now = std::max(old, max_avx2(most));
         const __m256 shift = _mm256_set1_ps(now);
         __m256 sum = _mm256_setzero_ps();
         for (int64_t v = 0; v < nv; ++v) {  // (a key outside the segment weighs exactly 0)
-          const __m256 e = _mm256_and_ps(lanes(j0 + 8 * v, t.s0, t.s1),
+          const __m256 e = _mm256_and_ps(lanes_avx2(j0 + 8 * v, t.s0, t.s1),
                                          exp_avx2(_mm256_sub_ps(_mm256_loadu_ps(row + 8 * v), shift)));
           sum = _mm256_add_ps(sum, e);
           _mm256_storeu_ps(row + 8 * v, e);
         }
         corr[r0 + r] = std::exp(old - now);  // (0 at the first chunk: old is -inf)
-        total[r0 + r] = total[r0 + r] * corr[r0 + r] + hsum(sum);
+        total[r0 + r] = total[r0 + r] * corr[r0 + r] + sum_avx2(sum);
         top[r0 + r] = now;
       }
       for (int64_t c = 0; c < d; c += 32) {  // the output's dimensions 32 at a time (kMicro x 4 sums)

@@ -260,13 +260,17 @@ def test_norms_after_the_rotary_match_the_reference(shape, window, norms):
     assert check_window(shape, window, norms, norm_after=True, reference_after=False) > 1e-3
 
 
-def test_norms_after_the_rotary_on_the_portable_path_too():
-    errors = on_portable_path("test_cpu_attention", "[check_window(*c, norm_after=True) for c in WINDOW_CASES if c[2]]")
+@pytest.mark.parametrize("kernel", ["generic", "avx2"])
+def test_norms_after_the_rotary_on_the_portable_and_avx2_paths_too(kernel):
+    errors = on_portable_path("test_cpu_attention", "[check_window(*c, norm_after=True) for c in WINDOW_CASES if c[2]]",
+                              kernel=kernel)
     assert np.max(errors) < 1e-5
 
 
-def test_window_and_norms_on_the_portable_path_too():
-    errors = on_portable_path("test_cpu_attention", "[check_window(*c) for c in WINDOW_CASES + LONG_CASES]")
+@pytest.mark.parametrize("kernel", ["generic", "avx2"])
+def test_window_and_norms_on_the_portable_and_avx2_paths_too(kernel):
+    errors = on_portable_path("test_cpu_attention", "[check_window(*c) for c in WINDOW_CASES + LONG_CASES]",
+                              kernel=kernel)
     assert np.max(errors) < 1e-5  # builtin max() skips a NaN after the first item
 
 
@@ -299,8 +303,10 @@ def test_a_nan_or_inf_key_or_q_makes_the_output_nan(what):
     assert nonfinite_output(what)
 
 
-def test_a_nan_or_inf_key_or_q_makes_the_output_nan_on_the_portable_path_too():
-    assert on_portable_path("test_cpu_attention", "[nonfinite_output(w) for w in NONFINITE]") == [True] * len(NONFINITE)
+@pytest.mark.parametrize("kernel", ["generic", "avx2"])
+def test_a_nan_or_inf_key_or_q_makes_the_output_nan_on_the_portable_and_avx2_paths_too(kernel):
+    assert on_portable_path("test_cpu_attention", "[nonfinite_output(w) for w in NONFINITE]",
+                            kernel=kernel) == [True] * len(NONFINITE)
 
 
 # (shape as in CASES, window, softcap c): Gemma 2's soft-capped scores (c = 50 in its configs; small
@@ -327,8 +333,9 @@ def test_soft_capped_scores_match_the_reference(shape, window, softcap):
     assert check_softcap(shape, window, softcap) < 1e-5
 
 
-def test_soft_capped_scores_on_the_portable_path_too():
-    errors = on_portable_path("test_cpu_attention", "[check_softcap(*c) for c in SOFTCAP_CASES]")
+@pytest.mark.parametrize("kernel", ["generic", "avx2"])
+def test_soft_capped_scores_on_the_portable_and_avx2_paths_too(kernel):
+    errors = on_portable_path("test_cpu_attention", "[check_softcap(*c) for c in SOFTCAP_CASES]", kernel=kernel)
     assert np.max(errors) < 1e-5
 
 
@@ -363,11 +370,12 @@ SPECIAL = np.array([1 + 2**-8, 1 + 3 * 2**-8, -(1 + 2**-8), 3.4e38, -3.4e38, np.
                     2**-133 * 3, 65504.0, 1.00390625, 0.1, -7.123456], np.float32)  # 15 values
 
 
-def test_a_bfloat16_cache_rounds_as_ml_dtypes_bit_for_bit():
+@pytest.mark.parametrize("kernel", ["generic", "avx2"])
+def test_a_bfloat16_cache_rounds_as_ml_dtypes_bit_for_bit(kernel):
     """Values (written without rotary) at ties (1 + 2^-8 rounds to even, 1 + 3 * 2^-8 up), past the
     largest bfloat16 (to inf), inf, NaN, -0 and subnormals: the cache holds ml_dtypes' bfloat16 bits,
     on both code paths. A kernel that truncated would keep 1 + 3 * 2^-8 one step low."""
-    assert on_portable_path("test_cpu_attention", "bf16_written_values()") == bf16_written_values()
+    assert on_portable_path("test_cpu_attention", "bf16_written_values()", kernel=kernel) == bf16_written_values()
     got, want = (np.array(v, np.uint16) for v in bf16_written_values())
     nan = np.isnan(SPECIAL)
     assert np.array_equal(got[~nan], want[~nan])
@@ -393,9 +401,11 @@ def bf16_written_values() -> list[list[int]]:
     return [past[0, 0, 0, :-1].tolist(), SPECIAL.astype(ml_dtypes.bfloat16).view(np.uint16).tolist()]
 
 
-def test_portable_path_matches_too():
+@pytest.mark.parametrize("kernel", ["generic", "avx2"])
+def test_portable_and_avx2_paths_match_too(kernel):
     errors = np.array(on_portable_path("test_cpu_attention",
-                                       "[[check(*c), check_half_cache(*c), check_bf16_cache(*c)] for c in CASES]"))
+                                       "[[check(*c), check_half_cache(*c), check_bf16_cache(*c)] for c in CASES]",
+                                       kernel=kernel))
     assert errors[:, 0].max() < 1e-5 and errors[:, 1].max() <= 1 and errors[:, 2].max() <= 1
 
 

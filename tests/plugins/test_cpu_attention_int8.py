@@ -86,8 +86,11 @@ def test_an_int8_cache_with_soft_capped_scores():
     assert check_int8_cache(2, 11, 4, 1, 16, 64, [0, 9], softcap=2.0) <= 1
 
 
-def test_an_int8_cache_on_the_portable_path_too():
-    errors = on_portable_path("test_cpu_attention_int8", "[check_int8_cache(*c) for c in CASES + [c[0] for c in LONG_CASES[:2]]]")
+@pytest.mark.parametrize("kernel", ["generic", "avx2"])
+def test_an_int8_cache_on_the_portable_and_avx2_paths_too(kernel):
+    errors = on_portable_path("test_cpu_attention_int8",
+                              "[check_int8_cache(*c) for c in CASES + [c[0] for c in LONG_CASES[:2]]]",
+                              kernel=kernel)
     assert np.max(errors) <= 1
 
 

@@ -132,11 +132,12 @@ def test_a_causal_tree_mask_changes_nothing(shape, t, window):
     assert causal_tree_is_no_tree(shape, t, window)
 
 
-def test_tree_masks_on_the_portable_path_too():
+@pytest.mark.parametrize("kernel", ["generic", "avx2"])
+def test_tree_masks_on_the_portable_and_avx2_paths_too(kernel):
     cases = [f"check_tree(*{c!r}, kv={kv})" for c in TREE_CASES for kv in (F32, F16, BF16)]
     cases += [f"check_tree({c[0]!r}, {c[1]}, window={c[2]}, norms={c[3]})" for c in TREE_WINDOW_CASES]
     cases += [f"check_tree({c[0]!r}, {c[1]}, window={c[2]}, star={c[3]})" for c in TREE_LONG_CASES]
-    errors = on_portable_path("test_cpu_attention_tree", "[" + ", ".join(cases) + "]")
+    errors = on_portable_path("test_cpu_attention_tree", "[" + ", ".join(cases) + "]", kernel=kernel)
     assert np.max(errors) <= 1
     assert on_portable_path("test_cpu_attention_tree", "[causal_tree_is_no_tree(*c) for c in TRIL_CASES]") == [True] * 4
 

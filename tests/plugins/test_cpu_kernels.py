@@ -137,9 +137,11 @@ def test_one_thread_and_a_2d_input():
     assert check(4, 9, 576, 37, threads=1, rank=2) < 2e-6
 
 
-def test_portable_path_matches_too():
+@pytest.mark.parametrize("kernel", ["generic", "avx2"])  # (avx2: the portable path where the CPU lacks it)
+def test_portable_and_avx2_paths_match_too(kernel):
     errors = on_portable_path("test_cpu_kernels", "[check(b, *s) for b in (4, 8) for s in SHAPES] + "
-                                                  "[check_swiglu(b, *s) for b in (4, 8) for s in SWIGLU]")
+                                                  "[check_swiglu(b, *s) for b in (4, 8) for s in SWIGLU]",
+                                                                                 kernel=kernel)
     assert len(errors) == 2 * (len(SHAPES) + len(SWIGLU)) and max(errors) < 2e-6
 
 

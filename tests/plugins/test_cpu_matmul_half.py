@@ -74,9 +74,10 @@ def test_one_thread_and_a_2d_input():
     assert check(9, 576, 37, rank=2, threads=1) < 2e-6
 
 
-def test_portable_path_matches_too():
+@pytest.mark.parametrize("kernel", ["generic", "avx2"])  # (avx2: the portable path where the CPU lacks it)
+def test_portable_and_avx2_paths_match_too(kernel):
     errors = on_portable_path("test_cpu_matmul_half", "[check(*s, dtype=t) for s in SHAPES for t in DTYPES] + "
-                              "[check_swiglu(*s, dtype=t) for s in SWIGLU for t in DTYPES]")
+                              "[check_swiglu(*s, dtype=t) for s in SWIGLU for t in DTYPES]", kernel=kernel)
     assert len(errors) == 2 * (len(SHAPES) + len(SWIGLU)) and max(errors) < 2e-6
 
 

@@ -153,19 +153,19 @@ def test_generated_input_decides_not_the_call_size(activations, bits):
 
 
 def kernel_path() -> int:
-    """The code path the library runs in this process: 3 VNNI, 2 AVX-512BW, 1 portable."""
+    """The code path the library runs in this process: 4 VNNI, 3 AVX-512BW, 2 AVX2, 1 portable."""
     import ctypes
 
     return ctypes.CDLL(str(cpu.library())).trtllm_cpu_kernel_path()
 
 
-@pytest.mark.parametrize("kernel, path", [("generic", 1), ("avx512", 2)])
+@pytest.mark.parametrize("kernel, path", [("generic", 1), ("avx2", 2), ("avx512", 3)])
 def test_every_code_path_matches(kernel, path):
     errors = on_portable_path("test_cpu_matmul_int8", "[check(*s, a, b) for s in SHAPES for a in LEVELS "
                               "for b in (4, 8)] + [nan_rows(a, b) for a in LEVELS for b in (4, 8)] + [kernel_path()]",
                               kernel=kernel)
     # the path asked for is the one that ran, where this CPU has it (an AMD EPYC VM without AVX-512
-    # runs the portable one for "avx512": the library falls back, and the numbers are checked alike)
+    # runs AVX2 for "avx512": the library falls back, and the numbers are checked alike)
     assert errors[-1] == min(path, kernel_path())
     assert len(errors) == 4 * len(SHAPES) + 5 and max(errors[:-5]) < 2e-6 and all(errors[-5:-1])
 

@@ -156,10 +156,11 @@ def test_prompt_rows_unnormalized_weights_and_one_thread(generated):
     assert check(20, 8, 3, 64, 64, normalize=False, generated=generated, threads=1) < 2e-6
 
 
-def test_portable_path_matches_too():
+@pytest.mark.parametrize("kernel", ["generic", "avx2"])  # (avx2: the portable path where the CPU lacks it)
+def test_portable_and_avx2_paths_match_too(kernel):
     errors = on_portable_path("test_cpu_moe", "[check(*s, dtype=d, generated=g) for s in SHAPES[:-1] for d in DTYPES "
                               "for g in (0, 1)] + [check_quant(*s, bits=b, generated=g) for s in SHAPES[:-1] "
-                              "for b in (4, 8) for g in (0, 1)]")
+                              "for b in (4, 8) for g in (0, 1)]", kernel=kernel)
     assert len(errors) == 10 * (len(SHAPES) - 1) and max(errors) < 2e-6
 
 

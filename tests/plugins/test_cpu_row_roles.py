@@ -39,18 +39,19 @@ def models(kind: str) -> tuple[bytes, int]:
     return op_model(K, N, bits, *packed), 4
 
 
-def rows_alone_and_together(kind: str, flag: int | None) -> list[bool]:
-    """For rows 0, 17 and 39: is the row alone bit-identical to the same row in a 40-row call?"""
+def rows_alone_and_together(kind: str, flag: int | None, m: int = M) -> list[bool]:
+    """For rows 0, 17 and 39 (of m; 0, m // 2 and m - 1 where m < 40): is the row alone bit-identical
+    to the same row in an m-row call?"""
     model, position = models(kind)
     s = session(with_flag(model, position) if flag is not None else model)
-    x = np.random.default_rng(6).standard_normal((1, M, K)).astype(np.float32)
+    x = np.random.default_rng(6).standard_normal((1, m, K)).astype(np.float32)
 
     def run(rows):
         feeds = {"x": rows} if flag is None else {"x": rows, "generated": np.full(1, flag, np.int64)}
         return s.run(None, feeds)[0][0]
 
     together = run(x)
-    return [bool(np.array_equal(run(x[:, r:r + 1])[0], together[r])) for r in (0, 17, 39)]
+    return [bool(np.array_equal(run(x[:, r:r + 1])[0], together[r])) for r in ((0, 17, 39) if m == M else (0, m // 2, m - 1))]
 
 
 @pytest.mark.parametrize("kind, flag", [("int4", 0), ("int8", 0), ("half", 0), ("half", 1)])
@@ -64,16 +65,26 @@ def test_a_row_is_the_same_alone_and_in_a_batch(kind, flag):
 @pytest.mark.parametrize("kind", ["int4", "half"])
 def test_without_the_input_the_call_size_decides(kind):
     """The wrong variant: 1 row takes the decode path, 40 rows the prefill path; they differ where the
-    two paths are AVX-512's (a CPU without AVX-512, an AMD EPYC VM here, runs one portable path for both,
-    and they agree)."""
+    two paths are AVX-512's or AVX2's (the portable code runs one path for both, and they agree)."""
     from tests.plugins.test_cpu_matmul_int8 import kernel_path
 
     assert (rows_alone_and_together(kind, None) != [True] * 3) == (kernel_path() >= 2)
 
 
+@pytest.mark.parametrize("kernel", ["generic", "avx2"])
 @pytest.mark.parametrize("kind", ["int4", "half"])
-def test_portable_path_too(kind):
-    assert on_portable_path("test_cpu_row_roles", f"rows_alone_and_together({kind!r}, 0)") == [True] * 3
+def test_portable_and_avx2_paths_too(kind, kernel):
+    assert on_portable_path("test_cpu_row_roles", f"rows_alone_and_together({kind!r}, 0)", kernel=kernel) == [True] * 3
+
+
+@pytest.mark.parametrize("m", [3, 16])
+@pytest.mark.parametrize("kind", ["int4", "int8"])
+def test_avx2_decode_rows_of_quantized_weights_are_the_same_alone_and_in_a_batch(kind, m):
+    """Up to 16 rows (the decode path) with float32 activations: the AVX2 path makes each weight as
+    s q + o for every row count (AVX-512's takes the scale out for 1-2 rows), so a row does not
+    depend on how many share the call. (Past 16 rows the prefill path runs, test_without_the_input...)"""
+    got = on_portable_path("test_cpu_row_roles", f"rows_alone_and_together({kind!r}, 1, {m})", kernel="avx2")
+    assert got == [True] * 3
 
 
 @pytest.mark.parametrize("kind", ["int4", "half"])

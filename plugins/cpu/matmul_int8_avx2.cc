@@ -1,0 +1,208 @@
+// Integer activations on AVX2 (matmul.h, avx2::int_tile): matmul_int8.cc's AVX-512BW tile (maddubs
+// pairs to 16 bits, madd to 32) on CPUs without AVX-512, which ran the portable loop before.
+//
+// The activations keep the AVX-512 layout (quantize_rows): each of its 64-byte vectors is read as
+// two 256-bit halves. Every step of that tile stays within 128-bit lanes (the 4 x 4 transposes of
+// 32-bit words, the byte products), so half h of a vector holds lanes 8h .. 8h + 7 of its sums, and
+// the block in each lane is the one the layout puts there. The integer sums are exact, as on every
+// path; only their float sums, in 8 lanes here, are rounded in another order.
+#include "matmul.h"
+
+#ifdef TRTLLM_X86
+
+#include <algorithm>
+#include <cstring>
+
+namespace trtllm_cpu::matmul::avx2 {
+namespace {
+
+#define AVX2 TRTLLM_AVX2
+using trtllm_cpu::lanes_avx2;
+
+// acc + sums of four byte products per 32-bit lane. 4-bit codes are unsigned and the activations
+// signed (2 * 15 * 127 < 32767: the 16-bit pairs cannot saturate); 8-bit codes are signed, so |q|
+// times a with q's sign (2 * 128 * 127 < 32767).
+template <int BITS>
+AVX2 inline __m256i dot(__m256i acc, __m256i codes, __m256i a) {
+  if constexpr (BITS == 8) {
+    a = _mm256_sign_epi8(a, codes);
+    codes = _mm256_abs_epi8(codes);
+  }
+  return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(codes, a), _mm256_set1_epi16(1)));
+}
+
+// One activation row's sums over N code halves, its activations' halves 64 bytes apart from a (and,
+// int16, the second digit `part` bytes on: 256 a + a2).
+template <int BITS, int LEVELS, int N>
+AVX2 inline __m256i dots(const __m256i* codes, const int8_t* a, int64_t part) {
+  __m256i sum = _mm256_setzero_si256();
+#pragma GCC unroll 8
+  for (int j = 0; j < N; ++j) sum = dot<BITS>(sum, codes[j], _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + 64 * j)));
+  if constexpr (LEVELS == 2) {
+    sum = _mm256_slli_epi32(sum, 8);
+#pragma GCC unroll 8
+    for (int j = 0; j < N; ++j)
+      sum = dot<BITS>(sum, codes[j], _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + part + 64 * j)));
+  }
+  return sum;
+}
+
+// v[0..3] -> u[j]: 32-bit word j of each 128-bit lane L of v[i], at lane 4L + i (as matmul_int8.cc).
+AVX2 inline void transpose(const __m256i* v, __m256i* u) {
+  const __m256i t0 = _mm256_unpacklo_epi32(v[0], v[1]), t1 = _mm256_unpackhi_epi32(v[0], v[1]);
+  const __m256i t2 = _mm256_unpacklo_epi32(v[2], v[3]), t3 = _mm256_unpackhi_epi32(v[2], v[3]);
+  u[0] = _mm256_unpacklo_epi64(t0, t2), u[1] = _mm256_unpackhi_epi64(t0, t2);
+  u[2] = _mm256_unpacklo_epi64(t1, t3), u[3] = _mm256_unpackhi_epi64(t1, t3);
+}
+
+AVX2 inline __m256i load(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
+
+// The 8 scales of lanes 8h .. 8h + 7, lane e holding s[block(e)].
+template <typename F>
+AVX2 inline __m256 scales_of(const float* s, int h, F block) {
+  alignas(32) float lane[8];
+  for (int e = 0; e < 8; ++e) lane[e] = s[block(8 * h + e)];
+  return _mm256_load_ps(lane);
+}
+
+// count (<= 16) float16 values as float32, zeros past them (not through a copy: 16 bytes loaded from
+// a copy made in 2-byte stores wait for those stores).
+AVX2 inline void halves(const uint16_t* h, int64_t count, float* out) {
+  if (count < 16) {
+    for (int i = 0; i < 16; ++i) out[i] = i < count ? _cvtsh_ss(h[i]) : 0.0f;
+    return;
+  }
+  _mm256_store_ps(out, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(h))));
+  _mm256_store_ps(out + 8, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(h + 8))));
+}
+
+constexpr int64_t kAhead = 16;  // weight rows prefetched ahead, as matmul_int8.cc
+constexpr int kTileBatch = 4;   // MR: 4 accumulators + 8 code halves + temporaries <= 16 ymm
+
+// nr weight rows from row0 times MR activation rows from m0, one weight row at a time.
+template <int BITS, int LEVELS, int MR>
+AVX2 void tile(const Job& job, int64_t row0, int nr, int64_t m0, float* out, int64_t ldy) {
+  const Weights& w = job.w;
+  const int64_t nb = w.blocks(), runs = nb / kRun, row_bytes = nb * kBlock * BITS / 8;
+  const IntRow shape = int_row(w.k, BITS, LEVELS);
+  const int8_t* xq = job.xq + m0 * shape.bytes;
+  const float* xd = job.xd + m0 * shape.scales;
+  const float* xs = job.xs + m0 * nb;
+  const __m256i low = _mm256_set1_epi8(0x0F);
+  for (int64_t row = row0; row < row0 + nr; ++row) {
+    const uint8_t* codes = w.codes + row * row_bytes;
+    const char* ahead = reinterpret_cast<const char*>(codes + kAhead * row_bytes);
+    __m256 acc[MR];
+#pragma GCC unroll 4
+    for (int m = 0; m < MR; ++m) acc[m] = _mm256_setzero_ps();
+    _mm_prefetch(reinterpret_cast<const char*>(w.scale + (row + kAhead) * nb), _MM_HINT_T0);
+    if (w.offset) _mm_prefetch(reinterpret_cast<const char*>(w.offset + (row + kAhead) * nb), _MM_HINT_T0);
+    for (int64_t b0 = 0; b0 < nb; b0 += kRun) {
+      const int64_t count = std::min<int64_t>(kRun, nb - b0);
+      // the run's scales and offsets as float32 (zeros past count: a unit's lanes may reach there)
+      alignas(32) float s[24], o[16];  // (zeros past count: a unit's lanes may reach there)
+      halves(w.scale + row * nb + b0, count, s);
+      std::fill(s + 16, s + 24, 0.0f);
+      if (w.offset) {  // the offsets' share: o . (the blocks' sums of x), in lanes summed at the end
+        halves(w.offset + row * nb + b0, count, o);
+#pragma GCC unroll 4
+        for (int m = 0; m < MR; ++m) {
+          const float* sums = xs + m * nb + b0;
+          // (masked lanes read as 0, from no memory: a short run's sums end the row's)
+          const __m256 lo = _mm256_maskload_ps(sums, _mm256_castps_si256(lanes_avx2(0, 0, count)));
+          const __m256 hi = _mm256_maskload_ps(sums + 8, _mm256_castps_si256(lanes_avx2(8, 0, count)));
+          acc[m] = _mm256_fmadd_ps(_mm256_load_ps(o), lo, acc[m]);
+          acc[m] = _mm256_fmadd_ps(_mm256_load_ps(o + 8), hi, acc[m]);
+        }
+      }
+#pragma GCC unroll 8
+      for (int l = 0; l < BITS; ++l) _mm_prefetch(ahead + b0 * kBlock * BITS / 8 + l * 64, _MM_HINT_T0);
+      if (count == kRun) {
+        const int64_t at = (b0 / kRun) * kRunBytes, d_at = (b0 / kRun) * run_scales(BITS);
+        if constexpr (BITS == 4) {  // 4 loads of 4 blocks; lane e holds block 4 (e % 4) + e / 4
+#pragma GCC unroll 2
+          for (int h = 0; h < 2; ++h) {
+            __m256i v[4], u[4], nib[8];
+#pragma GCC unroll 4
+            for (int i = 0; i < 4; ++i) v[i] = load(codes + (b0 + 4 * i) * 16 + 32 * h);
+            transpose(v, u);
+#pragma GCC unroll 4
+            for (int j = 0; j < 4; ++j) {
+              nib[2 * j] = _mm256_and_si256(u[j], low);
+              nib[2 * j + 1] = _mm256_and_si256(_mm256_srli_epi16(u[j], 4), low);
+            }
+            const __m256 scale = scales_of(s, h, [](int e) { return 4 * (e % 4) + e / 4; });
+#pragma GCC unroll 4
+            for (int m = 0; m < MR; ++m) {
+              const __m256i sum = dots<4, LEVELS, 8>(nib, xq + m * shape.bytes + at + 32 * h, shape.part);
+              const __m256 d = _mm256_loadu_ps(xd + m * shape.scales + d_at + 8 * h);
+              acc[m] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(sum), d), scale, acc[m]);
+            }
+          }
+        } else {  // per half-run of 8 blocks, 4 loads of 2 blocks; lane e holds block 8 hh + 2 (e % 4) + e / 8
+          for (int hh = 0; hh < 2; ++hh)
+#pragma GCC unroll 2
+            for (int h = 0; h < 2; ++h) {
+              __m256i v[4], u[4];
+#pragma GCC unroll 4
+              for (int i = 0; i < 4; ++i) v[i] = load(codes + (b0 + 8 * hh + 2 * i) * kBlock + 32 * h);
+              transpose(v, u);
+              const __m256 scale = scales_of(s, h, [hh](int e) { return 8 * hh + 2 * (e % 4) + e / 8; });
+#pragma GCC unroll 4
+              for (int m = 0; m < MR; ++m) {
+                const __m256i sum = dots<8, LEVELS, 4>(u, xq + m * shape.bytes + at + hh * 256 + 32 * h, shape.part);
+                const __m256 d = _mm256_loadu_ps(xd + m * shape.scales + d_at + hh * 16 + 8 * h);
+                acc[m] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(sum), d), scale, acc[m]);
+              }
+            }
+        }
+        continue;
+      }
+      // The rest, in units of 4 blocks (4-bit: 4 lanes per block) or 2 (8-bit: 8 lanes).
+      constexpr int64_t kUnit = unit_blocks(BITS), kUnitCode = kUnit * kBlock * BITS / 8;  // = 64 bytes
+      for (int64_t g = 0; g * kUnit < count; ++g) {
+        alignas(32) uint8_t raw[kUnitCode] = {};
+        std::memcpy(raw, codes + (b0 + kUnit * g) * kBlock * BITS / 8,
+                    std::min<int64_t>(kUnit, count - kUnit * g) * kBlock * BITS / 8);
+        const int64_t at = runs * kRunBytes + g * unit_bytes(BITS), d_at = runs * run_scales(BITS) + g * kUnitScales;
+#pragma GCC unroll 2
+        for (int h = 0; h < 2; ++h) {
+          const __m256i r = load(raw + 32 * h);
+          __m256i vec[2] = {r, r};
+          if constexpr (BITS == 4) vec[0] = _mm256_and_si256(r, low), vec[1] = _mm256_and_si256(_mm256_srli_epi16(r, 4), low);
+          const int first = static_cast<int>(kUnit * g);
+          const __m256 scale = scales_of(s, h, [first](int e) { return first + e / (BITS == 4 ? 4 : 8); });
+#pragma GCC unroll 4
+          for (int m = 0; m < MR; ++m) {
+            const __m256i sum = dots<BITS, LEVELS, BITS == 4 ? 2 : 1>(vec, xq + m * shape.bytes + at + 32 * h, shape.part);
+            const __m256 d = _mm256_loadu_ps(xd + m * shape.scales + d_at + 8 * h);
+            acc[m] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(sum), d), scale, acc[m]);
+          }
+        }
+      }
+    }
+#pragma GCC unroll 4
+    for (int m = 0; m < MR; ++m) out[(m0 + m) * ldy + row - row0] = sum_avx2(acc[m]);
+  }
+}
+
+using TileFn = void (*)(const Job&, int64_t, int, int64_t, float*, int64_t);
+
+template <int BITS, int LEVELS>
+constexpr TileFn kTiles[kTileBatch] = {tile<BITS, LEVELS, 1>, tile<BITS, LEVELS, 2>, tile<BITS, LEVELS, 3>,
+                                       tile<BITS, LEVELS, 4>};
+
+}  // namespace
+
+void int_tile(const Job& job, int64_t row, int nr, float* out, int64_t ldy) {
+  const TileFn* tiles = job.w.bits == 4 ? (job.levels == 2 ? kTiles<4, 2> : kTiles<4, 1>)
+                                        : (job.levels == 2 ? kTiles<8, 2> : kTiles<8, 1>);
+  for (int64_t m = 0; m < job.m; m += kTileBatch) {
+    const int mr = static_cast<int>(std::min<int64_t>(kTileBatch, job.m - m));
+    tiles[mr - 1](job, row, nr, m, out, ldy);
+  }
+}
+
+}  // namespace trtllm_cpu::matmul::avx2
+
+#endif  // TRTLLM_X86
