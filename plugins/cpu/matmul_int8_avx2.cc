@@ -57,23 +57,26 @@ AVX2 inline void transpose(const __m256i* v, __m256i* u) {
 
 AVX2 inline __m256i load(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
 
-// The 8 scales of lanes 8h .. 8h + 7, lane e holding s[block(e)].
-template <typename F>
-AVX2 inline __m256 scales_of(const float* s, int h, F block) {
-  alignas(32) float lane[8];
-  for (int e = 0; e < 8; ++e) lane[e] = s[block(8 * h + e)];
-  return _mm256_load_ps(lane);
-}
+// Value i of count float16 values as float32, 0 past them.
+AVX2 inline float half_at(const uint16_t* h, int64_t count, int i) { return i < count ? _cvtsh_ss(h[i]) : 0.0f; }
 
-// count (<= 16) float16 values as float32, zeros past them (not through a copy: 16 bytes loaded from
-// a copy made in 2-byte stores wait for those stores).
-AVX2 inline void halves(const uint16_t* h, int64_t count, float* out) {
-  if (count < 16) {
-    for (int i = 0; i < 16; ++i) out[i] = i < count ? _cvtsh_ss(h[i]) : 0.0f;
+// A run's count (<= 16) float16 values as float32 in two vectors (values 0-7, 8-15), zeros past
+// count; kept in registers: a vector loaded from a copy made in smaller stores waits for them.
+AVX2 inline void halves(const uint16_t* h, int64_t count, __m256* v) {
+  if (count == 16) {
+    v[0] = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(h)));
+    v[1] = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(h + 8)));
     return;
   }
-  _mm256_store_ps(out, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(h))));
-  _mm256_store_ps(out + 8, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(h + 8))));
+  for (int i = 0; i < 2; ++i)
+    v[i] = _mm256_setr_ps(half_at(h, count, 8 * i), half_at(h, count, 8 * i + 1), half_at(h, count, 8 * i + 2),
+                          half_at(h, count, 8 * i + 3), half_at(h, count, 8 * i + 4), half_at(h, count, 8 * i + 5),
+                          half_at(h, count, 8 * i + 6), half_at(h, count, 8 * i + 7));
+}
+
+// Lane e of the result: s[idx[e] + 8 (lanes of `high`)], from s's two vectors.
+AVX2 inline __m256 pick(const __m256* s, __m256i idx, int high) {
+  return _mm256_blend_ps(_mm256_permutevar8x32_ps(s[0], idx), _mm256_permutevar8x32_ps(s[1], idx), high);
 }
 
 constexpr int64_t kAhead = 16;  // weight rows prefetched ahead, as matmul_int8.cc
@@ -100,9 +103,8 @@ AVX2 void tile(const Job& job, int64_t row0, int nr, int64_t m0, float* out, int
     for (int64_t b0 = 0; b0 < nb; b0 += kRun) {
       const int64_t count = std::min<int64_t>(kRun, nb - b0);
       // the run's scales and offsets as float32 (zeros past count: a unit's lanes may reach there)
-      alignas(32) float s[24], o[16];  // (zeros past count: a unit's lanes may reach there)
+      __m256 s[2], o[2];
       halves(w.scale + row * nb + b0, count, s);
-      std::fill(s + 16, s + 24, 0.0f);
       if (w.offset) {  // the offsets' share: o . (the blocks' sums of x), in lanes summed at the end
         halves(w.offset + row * nb + b0, count, o);
 #pragma GCC unroll 4
@@ -111,8 +113,8 @@ AVX2 void tile(const Job& job, int64_t row0, int nr, int64_t m0, float* out, int
           // (masked lanes read as 0, from no memory: a short run's sums end the row's)
           const __m256 lo = _mm256_maskload_ps(sums, _mm256_castps_si256(lanes_avx2(0, 0, count)));
           const __m256 hi = _mm256_maskload_ps(sums + 8, _mm256_castps_si256(lanes_avx2(8, 0, count)));
-          acc[m] = _mm256_fmadd_ps(_mm256_load_ps(o), lo, acc[m]);
-          acc[m] = _mm256_fmadd_ps(_mm256_load_ps(o + 8), hi, acc[m]);
+          acc[m] = _mm256_fmadd_ps(o[0], lo, acc[m]);
+          acc[m] = _mm256_fmadd_ps(o[1], hi, acc[m]);
         }
       }
 #pragma GCC unroll 8
@@ -131,7 +133,9 @@ AVX2 void tile(const Job& job, int64_t row0, int nr, int64_t m0, float* out, int
               nib[2 * j] = _mm256_and_si256(u[j], low);
               nib[2 * j + 1] = _mm256_and_si256(_mm256_srli_epi16(u[j], 4), low);
             }
-            const __m256 scale = scales_of(s, h, [](int e) { return 4 * (e % 4) + e / 4; });
+            // half h: blocks 0 4 8 12 1 5 9 13 (+ 2h), lanes 2, 3, 6, 7 from s[1]
+            const __m256 scale = pick(s, _mm256_setr_epi32(2 * h, 4 + 2 * h, 2 * h, 4 + 2 * h, 1 + 2 * h, 5 + 2 * h,
+                                                           1 + 2 * h, 5 + 2 * h), 0xCC);
 #pragma GCC unroll 4
             for (int m = 0; m < MR; ++m) {
               const __m256i sum = dots<4, LEVELS, 8>(nib, xq + m * shape.bytes + at + 32 * h, shape.part);
@@ -147,7 +151,9 @@ AVX2 void tile(const Job& job, int64_t row0, int nr, int64_t m0, float* out, int
 #pragma GCC unroll 4
               for (int i = 0; i < 4; ++i) v[i] = load(codes + (b0 + 8 * hh + 2 * i) * kBlock + 32 * h);
               transpose(v, u);
-              const __m256 scale = scales_of(s, h, [hh](int e) { return 8 * hh + 2 * (e % 4) + e / 8; });
+              // half h: blocks 8 hh + (0 2 4 6 0 2 4 6) + h, all in s[hh]
+              const __m256i idx = _mm256_add_epi32(_mm256_setr_epi32(0, 2, 4, 6, 0, 2, 4, 6), _mm256_set1_epi32(h));
+              const __m256 scale = _mm256_permutevar8x32_ps(s[hh], idx);
 #pragma GCC unroll 4
               for (int m = 0; m < MR; ++m) {
                 const __m256i sum = dots<8, LEVELS, 4>(u, xq + m * shape.bytes + at + hh * 256 + 32 * h, shape.part);
@@ -159,19 +165,23 @@ AVX2 void tile(const Job& job, int64_t row0, int nr, int64_t m0, float* out, int
         continue;
       }
       // The rest, in units of 4 blocks (4-bit: 4 lanes per block) or 2 (8-bit: 8 lanes).
-      constexpr int64_t kUnit = unit_blocks(BITS), kUnitCode = kUnit * kBlock * BITS / 8;  // = 64 bytes
+      constexpr int64_t kUnit = unit_blocks(BITS);
       for (int64_t g = 0; g * kUnit < count; ++g) {
-        alignas(32) uint8_t raw[kUnitCode] = {};
-        std::memcpy(raw, codes + (b0 + kUnit * g) * kBlock * BITS / 8,
-                    std::min<int64_t>(kUnit, count - kUnit * g) * kBlock * BITS / 8);
+        // the unit's codes of blocks before count (masked words read as 0, from no memory)
+        const int* unit = reinterpret_cast<const int*>(codes + (b0 + kUnit * g) * kBlock * BITS / 8);
+        const int64_t words = std::min<int64_t>(kUnit, count - kUnit * g) * kBlock * BITS / 32;
         const int64_t at = runs * kRunBytes + g * unit_bytes(BITS), d_at = runs * run_scales(BITS) + g * kUnitScales;
 #pragma GCC unroll 2
         for (int h = 0; h < 2; ++h) {
-          const __m256i r = load(raw + 32 * h);
+          const __m256i r = _mm256_maskload_epi32(unit + 8 * h, _mm256_castps_si256(lanes_avx2(8 * h, 0, words)));
           __m256i vec[2] = {r, r};
           if constexpr (BITS == 4) vec[0] = _mm256_and_si256(r, low), vec[1] = _mm256_and_si256(_mm256_srli_epi16(r, 4), low);
-          const int first = static_cast<int>(kUnit * g);
-          const __m256 scale = scales_of(s, h, [first](int e) { return first + e / (BITS == 4 ? 4 : 8); });
+          // lane e holds block first + e / 4 (4-bit) or first + e / 8 (8-bit): its half's one or two
+          const int block = static_cast<int>(kUnit * g) + (BITS == 4 ? 2 * h : h);
+          const __m256i idx = BITS == 4 ? _mm256_setr_epi32(block % 8, block % 8, block % 8, block % 8, block % 8 + 1,
+                                                            block % 8 + 1, block % 8 + 1, block % 8 + 1)
+                                        : _mm256_set1_epi32(block % 8);
+          const __m256 scale = _mm256_permutevar8x32_ps(s[block / 8], idx);
 #pragma GCC unroll 4
           for (int m = 0; m < MR; ++m) {
             const __m256i sum = dots<BITS, LEVELS, BITS == 4 ? 2 : 1>(vec, xq + m * shape.bytes + at + 32 * h, shape.part);
