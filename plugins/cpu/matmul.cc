@@ -531,7 +531,7 @@ void run_chunk(void* data, size_t chunk) {
         continue;
       }
       if (use_avx2()) {
-        avx2::decode(w, r, nr, job.x, job.m, out + (r - r0), ldy);
+        avx2::decode(job, r, nr, out + (r - r0), ldy);
         continue;
       }
 #endif

@@ -88,10 +88,10 @@ void decode_inputs(const float* x, int64_t m, int64_t k, float* sums, float* spl
 
 #ifdef TRTLLM_X86
 // The AVX2 path (matmul_avx2.cc), where AVX-512 is not: `nr` weight rows from `row` times m activation
-// rows x [m][K] into y[i * ldy + r] (decode: nr <= kRows; prefill: a chunk, nr <= kChunkRows), and
-// rows as float32 [nr][K].
+// rows into y[i * ldy + r] (decode: the job's rows, x, xs and xt, nr <= kRows; prefill: x [m][K], a
+// chunk, nr <= kChunkRows), and rows as float32 [nr][K].
 namespace avx2 {
-void decode(const Weights& w, int64_t row, int nr, const float* x, int64_t m, float* y, int64_t ldy);
+void decode(const Job& job, int64_t row, int nr, float* y, int64_t ldy);
 void prefill(const Weights& w, int64_t row, int nr, const float* x, int64_t m, float* y, int64_t ldy);
 void dequant_rows(const Weights& w, int64_t row, int nr, float* out);
 void swiglu(const float* gate, const float* up, int64_t count, float* out);

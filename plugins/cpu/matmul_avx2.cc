@@ -1,10 +1,10 @@
 // The MatMul kernels' AVX2 path (matmul.h), for x86-64 CPUs without AVX-512 (AMD Zen 1-3, Intel's
 // client cores), which ran the portable code before.
 //
-// Decode rows multiply weights made in registers, 8 at a time: s q + o for quantized codes, widened
-// for 16-bit ones. Unlike the AVX-512 path, which takes the scale out of one or two rows' dot
-// products, every (row, weight row) pair sums in the same order whatever the tile it is in (two
-// accumulators, a block's halves), so decode rows are batch-invariant here without Job::row_exact.
+// Decode rows multiply weights made in registers, 8 at a time (quantized codes with the scale taken
+// out of each block's dot product, for every row count; 16-bit ones widened). Unlike the AVX-512
+// path, which dequantizes for 3-4 rows, every (row, weight row) pair sums in the same order
+// whatever the tile it is in, so decode rows are batch-invariant here without Job::row_exact.
 // Prefill rows go through a chunk's 32 weight rows transposed into a panel, as on AVX-512, each input
 // an outer product of 6 broadcast activations and 16 panel columns.
 #include "matmul.h"
@@ -20,6 +20,7 @@ namespace trtllm_cpu::matmul::avx2 {
 namespace {
 
 #define AVX2 TRTLLM_AVX2
+using trtllm_cpu::lanes_avx2;
 using trtllm_cpu::sum_avx2;
 
 enum Kind { kInt4, kInt8, kHalf, kBrain, kSingle };
@@ -71,9 +72,14 @@ AVX2 inline void block(const uint8_t* p, __m256 s, __m256 o, __m256* out) {
 
 constexpr int64_t bytes_per_block(int kind) { return kind == kInt4 ? 16 : kind == kInt8 ? 32 : kind == kSingle ? 128 : 64; }
 
-// Decode: MR activation rows times NR weight rows from `row`, each weight made once for the MR rows.
+// Decode: MR activation rows times NR weight rows from `row`. Float weights are widened once for
+// the MR rows. Quantized ones take the scale out of each block's dot product and the offset out of
+// the loop, as fused_avx512 does for 1-2 rows: y = sum_b s_b (q_b . x_b) + o_b sum(x_b) (xs: the
+// block sums); 4-bit codes meet x split (Job::xt: byte i's v = q[i] + 16 q[i + 16] gives
+// (v & 15) a + v c with a = x[i] - x[i + 16] / 16, c = x[i + 16] / 16), so 16 code bytes take two
+// widenings, two ANDs and four conversions. Every row count computes a row alike.
 template <int KIND, int MR, int NR>
-AVX2 void tile(const Weights& w, int64_t row, const float* x, int64_t ldx, float* y, int64_t ldy) {
+AVX2 void tile(const Weights& w, int64_t row, const float* x, const float* xs, int64_t ldx, float* y, int64_t ldy) {
   constexpr bool kQuant = KIND == kInt4 || KIND == kInt8;
   constexpr int64_t kBytes = bytes_per_block(KIND);
   const int64_t nb = w.blocks();
@@ -86,15 +92,20 @@ AVX2 void tile(const Weights& w, int64_t row, const float* x, int64_t ldx, float
   const char* ahead = reinterpret_cast<const char*>(w.codes) + (row + kAhead * NR) * nb * kBytes;
   const char* ahead_scale = kQuant ? reinterpret_cast<const char*>(w.scale + (row + kAhead * NR) * nb) : nullptr;
   const char* ahead_offset = kQuant && w.offset ? reinterpret_cast<const char*>(w.offset + (row + kAhead * NR) * nb) : nullptr;
-  alignas(32) float scale[NR][8], offset[NR][8];  // (not cleared every call: only what is read is set)
-  if (kQuant && !w.offset) std::fill(&offset[0][0], &offset[0][0] + NR * 8, 0.0f);
+  alignas(32) float scale[NR][8];
   for (int64_t b0 = 0; b0 < nb; b0 += 8) {
     const int count = static_cast<int>(std::min<int64_t>(8, nb - b0));
     if constexpr (kQuant) {
 #pragma GCC unroll 4
       for (int r = 0; r < NR; ++r) {
         params8(w.scale + (row + r) * nb + b0, count, scale[r]);
-        if (w.offset) params8(w.offset + (row + r) * nb + b0, count, offset[r]);
+        if (!w.offset) continue;
+        alignas(32) float offset[8];
+        params8(w.offset + (row + r) * nb + b0, count, offset);
+        const __m256 o = _mm256_load_ps(offset), valid = lanes_avx2(0, 0, count);
+#pragma GCC unroll 4
+        for (int m = 0; m < MR; ++m)  // 8 blocks' offsets at once (xs past count masked: it may end there)
+          acc[m][r][1] = _mm256_fmadd_ps(o, _mm256_maskload_ps(xs + m * nb + b0, _mm256_castps_si256(valid)), acc[m][r][1]);
       }
     }
     for (int64_t b = b0; b < b0 + count; ++b) {
@@ -106,14 +117,36 @@ AVX2 void tile(const Weights& w, int64_t row, const float* x, int64_t ldx, float
       }
 #pragma GCC unroll 4
       for (int r = 0; r < NR; ++r) {
+        const uint8_t* p = w.codes + ((row + r) * nb + b) * kBytes;
         __m256 wv[4];
-        block<KIND>(w.codes + ((row + r) * nb + b) * kBytes, kQuant ? _mm256_set1_ps(scale[r][b - b0]) : _mm256_setzero_ps(),
-                    kQuant ? _mm256_set1_ps(offset[r][b - b0]) : _mm256_setzero_ps(), wv);
+        if constexpr (KIND == kInt4) {  // (v & 15) for a, v for c, of bytes 0-7 and 8-15
+          const __m256i v0 = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+          const __m256i v1 = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 8)));
+          wv[0] = _mm256_cvtepi32_ps(_mm256_and_si256(v0, _mm256_set1_epi32(15)));
+          wv[1] = _mm256_cvtepi32_ps(_mm256_and_si256(v1, _mm256_set1_epi32(15)));
+          wv[2] = _mm256_cvtepi32_ps(v0);
+          wv[3] = _mm256_cvtepi32_ps(v1);
+        } else if constexpr (KIND == kInt8) {
 #pragma GCC unroll 4
-        for (int j = 0; j < 4; ++j)
+          for (int j = 0; j < 4; ++j)
+            wv[j] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 8 * j))));
+        } else {
+          block<KIND>(p, _mm256_setzero_ps(), _mm256_setzero_ps(), wv);
+        }
 #pragma GCC unroll 4
-          for (int m = 0; m < MR; ++m)
-            acc[m][r][j >> 1] = _mm256_fmadd_ps(_mm256_loadu_ps(x + m * ldx + b * kBlock + 8 * j), wv[j], acc[m][r][j >> 1]);
+        for (int m = 0; m < MR; ++m) {
+          const float* xb = x + m * ldx + b * kBlock;
+          if constexpr (kQuant) {
+            __m256 dot = _mm256_mul_ps(_mm256_loadu_ps(xb), wv[0]);
+#pragma GCC unroll 3
+            for (int j = 1; j < 4; ++j) dot = _mm256_fmadd_ps(_mm256_loadu_ps(xb + 8 * j), wv[j], dot);
+            acc[m][r][0] = _mm256_fmadd_ps(dot, _mm256_set1_ps(scale[r][b - b0]), acc[m][r][0]);
+          } else {
+#pragma GCC unroll 4
+            for (int j = 0; j < 4; ++j)
+              acc[m][r][j >> 1] = _mm256_fmadd_ps(_mm256_loadu_ps(xb + 8 * j), wv[j], acc[m][r][j >> 1]);
+          }
+        }
       }
     }
   }
@@ -126,18 +159,21 @@ AVX2 void tile(const Weights& w, int64_t row, const float* x, int64_t ldx, float
 // nr weight rows from `row` for MR activation rows: tiles of NR rows, then one at a time. 8
 // accumulators each: one activation row takes 4 weight rows at once, two take 2, four take 1.
 template <int KIND, int MR, int NR>
-void tiles(const Weights& w, int64_t row, int nr, const float* x, int64_t ldx, float* y, int64_t ldy) {
+void tiles(const Weights& w, int64_t row, int nr, const float* x, const float* xs, float* y, int64_t ldy) {
   int r = 0;
-  for (; r + NR <= nr; r += NR) tile<KIND, MR, NR>(w, row + r, x, ldx, y + r, ldy);
-  for (; r < nr; ++r) tile<KIND, MR, 1>(w, row + r, x, ldx, y + r, ldy);
+  for (; r + NR <= nr; r += NR) tile<KIND, MR, NR>(w, row + r, x, xs, w.k, y + r, ldy);
+  for (; r < nr; ++r) tile<KIND, MR, 1>(w, row + r, x, xs, w.k, y + r, ldy);
 }
 
 template <int KIND>
-void decode_kind(const Weights& w, int64_t row, int nr, const float* x, int64_t m, float* y, int64_t ldy) {
+void decode_kind(const Job& job, int64_t row, int nr, float* y, int64_t ldy) {
+  const Weights& w = job.w;
+  const float* x = KIND == kInt4 ? job.xt : job.x;  // (4-bit codes take x split)
+  const int64_t nb = w.blocks();
   int64_t i = 0;
-  for (; i + 4 <= m; i += 4) tiles<KIND, 4, 1>(w, row, nr, x + i * w.k, w.k, y + i * ldy, ldy);
-  for (; i + 2 <= m; i += 2) tiles<KIND, 2, 2>(w, row, nr, x + i * w.k, w.k, y + i * ldy, ldy);
-  for (; i < m; ++i) tiles<KIND, 1, 4>(w, row, nr, x + i * w.k, w.k, y + i * ldy, ldy);
+  for (; i + 4 <= job.m; i += 4) tiles<KIND, 4, 1>(w, row, nr, x + i * w.k, job.xs + i * nb, y + i * ldy, ldy);
+  for (; i + 2 <= job.m; i += 2) tiles<KIND, 2, 2>(w, row, nr, x + i * w.k, job.xs + i * nb, y + i * ldy, ldy);
+  for (; i < job.m; ++i) tiles<KIND, 1, 4>(w, row, nr, x + i * w.k, job.xs + i * nb, y + i * ldy, ldy);
 }
 
 int kind_of(const Weights& w) {
@@ -226,13 +262,13 @@ constexpr PanelFn kPanelFns[kPanelRows] = {panel_tile<1>, panel_tile<2>, panel_t
 
 }  // namespace
 
-void decode(const Weights& w, int64_t row, int nr, const float* x, int64_t m, float* y, int64_t ldy) {
-  switch (kind_of(w)) {
-    case kInt4: return decode_kind<kInt4>(w, row, nr, x, m, y, ldy);
-    case kInt8: return decode_kind<kInt8>(w, row, nr, x, m, y, ldy);
-    case kHalf: return decode_kind<kHalf>(w, row, nr, x, m, y, ldy);
-    case kBrain: return decode_kind<kBrain>(w, row, nr, x, m, y, ldy);
-    default: return decode_kind<kSingle>(w, row, nr, x, m, y, ldy);
+void decode(const Job& job, int64_t row, int nr, float* y, int64_t ldy) {
+  switch (kind_of(job.w)) {
+    case kInt4: return decode_kind<kInt4>(job, row, nr, y, ldy);
+    case kInt8: return decode_kind<kInt8>(job, row, nr, y, ldy);
+    case kHalf: return decode_kind<kHalf>(job, row, nr, y, ldy);
+    case kBrain: return decode_kind<kBrain>(job, row, nr, y, ldy);
+    default: return decode_kind<kSingle>(job, row, nr, y, ldy);
   }
 }
 

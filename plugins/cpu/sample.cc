@@ -194,9 +194,74 @@ TRTLLM_AVX512 int64_t scan_avx512(const float* x, int64_t from, int64_t n, float
 }
 #endif
 
+#ifdef TRTLLM_X86
+// The same three on AVX2 (x86-64 without AVX-512), 8 lanes: the same numbers but for the exp
+// polynomial's last bit and the double sums' order, as above.
+
+TRTLLM_AVX2 inline __m256d sum8_pd(__m256d acc, __m256 e) {
+  acc = _mm256_add_pd(acc, _mm256_cvtps_pd(_mm256_castps256_ps128(e)));
+  return _mm256_add_pd(acc, _mm256_cvtps_pd(_mm256_extractf128_ps(e, 1)));
+}
+
+TRTLLM_AVX2 inline double sum_pd(__m256d v) {
+  alignas(32) double d[4];
+  _mm256_store_pd(d, v);
+  return (d[0] + d[1]) + (d[2] + d[3]);
+}
+
+TRTLLM_AVX2 double sum_exp_avx2(const float* x, int64_t n, float xmax) {
+  __m256d acc = _mm256_setzero_pd();
+  const __m256 m = _mm256_set1_ps(xmax);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) acc = sum8_pd(acc, trtllm_cpu::exp_avx2(_mm256_sub_ps(_mm256_loadu_ps(x + i), m)));
+  return sum_pd(acc) + sum_exp_portable(x + i, n - i, xmax);
+}
+
+TRTLLM_AVX2 double exp_weights_avx2(const float* y, int64_t n, float ymax, float t, float cut, float* w,
+                                           int64_t& count) {
+  const __m256 m = _mm256_set1_ps(ymax), tv = _mm256_set1_ps(t), cv = _mm256_set1_ps(cut), floor = _mm256_set1_ps(-87.0f);
+  __m256d acc = _mm256_setzero_pd();
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 d = _mm256_div_ps(_mm256_sub_ps(_mm256_loadu_ps(y + i), m), tv);
+    __m256 e = trtllm_cpu::exp_avx2(d);
+    const int tail = _mm256_movemask_ps(_mm256_cmp_ps(d, floor, _CMP_LT_OQ));  // libm's exp there, as above
+    if (tail) {
+      alignas(32) float ds[8], es[8];
+      _mm256_store_ps(ds, d);
+      _mm256_store_ps(es, e);
+      for (int j = 0; j < 8; ++j)
+        if (tail >> j & 1) es[j] = std::exp(ds[j]);
+      e = _mm256_load_ps(es);
+    }
+    _mm256_storeu_ps(w + i, e);
+    const __m256 kept = _mm256_cmp_ps(d, cv, _CMP_GE_OQ);
+    count += __builtin_popcount(_mm256_movemask_ps(kept));
+    acc = sum8_pd(acc, _mm256_and_ps(kept, e));
+  }
+  return sum_pd(acc) + exp_weights_portable(y + i, n - i, ymax, t, cut, w + i, count);
+}
+
+TRTLLM_AVX2 float add_max_avx2(const float* a, const float* b, float* out, int64_t n, bool& nan) {
+  __m256 mx = _mm256_set1_ps(-kInf), unordered = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 x = _mm256_add_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i));
+    _mm256_storeu_ps(out + i, x);
+    unordered = _mm256_or_ps(unordered, _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+    mx = _mm256_max_ps(mx, x);
+  }
+  bool tail_nan = false;
+  const float m = std::max(trtllm_cpu::max_avx2(mx), add_max_portable(a + i, b + i, out + i, n - i, tail_nan));
+  nan = _mm256_movemask_ps(unordered) != 0 || tail_nan;
+  return m;
+}
+#endif
+
 double sum_exp(const float* x, int64_t n, float xmax) {
 #ifdef TRTLLM_X86
   if (trtllm_cpu::use_avx512()) return sum_exp_avx512(x, n, xmax);
+  if (trtllm_cpu::use_avx2()) return sum_exp_avx2(x, n, xmax);
 #endif
   return sum_exp_portable(x, n, xmax);
 }
@@ -204,6 +269,7 @@ double sum_exp(const float* x, int64_t n, float xmax) {
 double exp_weights(const float* y, int64_t n, float ymax, float t, float cut, float* w, int64_t& count) {
 #ifdef TRTLLM_X86
   if (trtllm_cpu::use_avx512()) return exp_weights_avx512(y, n, ymax, t, cut, w, count);
+  if (trtllm_cpu::use_avx2()) return exp_weights_avx2(y, n, ymax, t, cut, w, count);
 #endif
   return exp_weights_portable(y, n, ymax, t, cut, w, count);
 }
@@ -211,6 +277,7 @@ double exp_weights(const float* y, int64_t n, float ymax, float t, float cut, fl
 float add_max(const float* a, const float* b, float* out, int64_t n, bool& nan) {
 #ifdef TRTLLM_X86
   if (trtllm_cpu::use_avx512()) return add_max_avx512(a, b, out, n, nan);
+  if (trtllm_cpu::use_avx2()) return add_max_avx2(a, b, out, n, nan);
 #endif
   return add_max_portable(a, b, out, n, nan);
 }

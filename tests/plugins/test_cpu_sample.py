@@ -55,11 +55,12 @@ def portable_outputs(seed: int) -> list:
     return [[o.tolist() for o in run_kernel(case, m)] for case, m in cases(seed, per_config=5)]
 
 
-def test_portable_path_gives_the_same_tokens():
-    """A CPU without AVX-512 runs the portable loops: the same tokens and logprob ids, logprobs within
-    1e-6 (the log-softmax's sum is the one vectorised exp)."""
+@pytest.mark.parametrize("kernel", ["generic", "avx2"])
+def test_portable_and_avx2_paths_give_the_same_tokens(kernel):
+    """The portable loops (a CPU other than x86) and the AVX2 ones (x86 without AVX-512): the same
+    tokens and logprob ids, logprobs within 1e-6 (the log-softmax's sum is the one vectorised exp)."""
     fast = portable_outputs(9)
-    portable = on_portable_path("test_cpu_sample", "portable_outputs(9)")
+    portable = on_portable_path("test_cpu_sample", "portable_outputs(9)", kernel=kernel)
     for (tokens, logprobs, ids), (p_tokens, p_logprobs, p_ids) in zip(fast, portable):
         assert tokens == p_tokens and ids == p_ids
         np.testing.assert_allclose(p_logprobs, logprobs, atol=1e-6, rtol=0)
