@@ -19,6 +19,8 @@ namespace {
 #define AVX2 TRTLLM_AVX2
 using trtllm_cpu::lanes_avx2;
 
+AVX2 inline __m256i load(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
+
 // acc + sums of four byte products per 32-bit lane. 4-bit codes are unsigned and the activations
 // signed (2 * 15 * 127 < 32767: the 16-bit pairs cannot saturate); 8-bit codes are signed, so |q|
 // times a with q's sign (2 * 128 * 127 < 32767).
@@ -35,6 +37,22 @@ AVX2 inline __m256i dot(__m256i acc, __m256i codes, __m256i a) {
 // int16, the second digit `part` bytes on: 256 a + a2).
 template <int BITS, int LEVELS, int N>
 AVX2 inline __m256i dots(const __m256i* codes, const int8_t* a, int64_t part) {
+  if constexpr (BITS == 4) {
+    // A pair of 4-bit products is at most 2 * 15 * 127 = 3,810, so N <= 8 pairs add up in 16 bits
+    // (30,480): one madd per digit, not one per vector. Exact, as the per-vector sums.
+    static_assert(N <= 8, "16-bit sums of at most 8 products of pairs");
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256i sum = _mm256_setzero_si256();
+#pragma GCC unroll 2
+    for (int digit = 0; digit < LEVELS; ++digit) {
+      __m256i pairs = _mm256_setzero_si256();
+#pragma GCC unroll 8
+      for (int j = 0; j < N; ++j)
+        pairs = _mm256_add_epi16(pairs, _mm256_maddubs_epi16(codes[j], load(a + digit * part + 64 * j)));
+      sum = _mm256_add_epi32(_mm256_slli_epi32(sum, 8), _mm256_madd_epi16(pairs, ones));
+    }
+    return sum;
+  }
   __m256i sum = _mm256_setzero_si256();
 #pragma GCC unroll 8
   for (int j = 0; j < N; ++j) sum = dot<BITS>(sum, codes[j], _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + 64 * j)));
@@ -54,8 +72,6 @@ AVX2 inline void transpose(const __m256i* v, __m256i* u) {
   u[0] = _mm256_unpacklo_epi64(t0, t2), u[1] = _mm256_unpackhi_epi64(t0, t2);
   u[2] = _mm256_unpacklo_epi64(t1, t3), u[3] = _mm256_unpackhi_epi64(t1, t3);
 }
-
-AVX2 inline __m256i load(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
 
 // Value i of count float16 values as float32, 0 past them.
 AVX2 inline float half_at(const uint16_t* h, int64_t count, int i) { return i < count ? _cvtsh_ss(h[i]) : 0.0f; }

@@ -89,7 +89,7 @@ def test_wrong_variant_prompt_steps_called_generated(tiny_checkpoint, tmp_path, 
         alone = prefill(engine, [PROMPT])[0]
         kv = KVCacheManager(engine.manifest.model, 1, CAPACITY)
         prefill(engine, [PROMPT[:12]], kv)
-        # (where the decode and prefill paths are AVX-512's: the portable code has one path for both)
+        # (where the decode and prefill paths are AVX-512's or AVX2's: the portable code has one for both)
         assert np.array_equal(prefill(engine, [PROMPT], kv, reused=[12])[0], alone) == portable_only()
     finally:
         engine.close()
