@@ -377,7 +377,6 @@ template <typename T>
 constexpr BlockFn<T> kBlock[9] = {attend_block_avx512<1, T>, attend_block_avx512<2, T>, attend_block_avx512<3, T>,
                                   attend_block_avx512<4, T>, attend_block_avx512<5, T>, attend_block_avx512<6, T>,
                                   attend_block_avx512<7, T>, attend_block_avx512<8, T>, attend_block_avx512<16, T>};
-inline int block_index(int64_t d) { return d % 16 || d < 16 ? -1 : d <= 128 ? static_cast<int>(d / 16 - 1) : d == 256 ? 8 : -1; }
 #endif
 
 template <typename T>

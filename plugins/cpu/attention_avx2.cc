@@ -7,7 +7,6 @@
 
 #ifdef TRTLLM_X86
 
-#include <vector>
 
 namespace trtllm_cpu::attention {
 namespace {
@@ -164,7 +163,7 @@ AVX2 void block(const float* q, int qn, const int64_t* lo, const int64_t* t, con
 template <typename T>
 using BlockFn = void (*)(const float*, int, const int64_t*, const int64_t*, const T*, const T*, const Tree*, float,
                          float*, int64_t, float* const*, float*);
-// D = 16 .. 128 in steps of 16, and 256 (Gemma 3), as on AVX-512; other sizes take the portable loop
+// D = 8 ND for block_index's sizes, as on AVX-512
 template <typename T>
 constexpr BlockFn<T> kBlocks[9] = {block<2, T>, block<4, T>, block<6, T>, block<8, T>, block<10, T>,
                                    block<12, T>, block<14, T>, block<16, T>, block<32, T>};
@@ -175,7 +174,7 @@ template <typename T>
 bool attend_block_avx2(int64_t d, const float* q, int qn, const int64_t* lo, const int64_t* t, const T* key,
                        const T* value, const Tree* tree, float softcap, float* scores, int64_t ld, float* const* out,
                        float* stats) {
-  const int index = d % 16 || d < 16 ? -1 : d <= 128 ? static_cast<int>(d / 16 - 1) : d == 256 ? 8 : -1;
+  const int index = block_index(d);
   if (index < 0) return false;
   kBlocks<T>[index](q, qn, lo, t, key, value, tree, softcap, scores, ld, out, stats);
   return true;

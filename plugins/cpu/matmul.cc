@@ -543,7 +543,8 @@ void run_chunk(void* data, size_t chunk) {
     // Prefill: the chunk's rows are dequantized once (L2) and reused by panels of activation rows.
     if (scratch.size() < static_cast<size_t>(kChunkRows * w.k)) scratch.resize(kChunkRows * w.k);
 #ifdef TRTLLM_X86
-    if (use_avx512() && w.k % 16 == 0) {  // outer products over a transposed panel (kPanelRows above)
+    const bool avx512 = use_avx512() && w.k % 16 == 0;
+    if (avx512 || use_avx2()) {  // outer products over a transposed panel (kPanelRows above; matmul_avx2.cc)
       thread_local std::vector<float> panel;
       if (panel.size() < static_cast<size_t>(kChunkRows * w.k)) panel.resize(kChunkRows * w.k);
       const int nr = static_cast<int>(r1 - r0);
@@ -554,13 +555,15 @@ void run_chunk(void* data, size_t chunk) {
         dequant_rows(w, r0, nr, scratch.data());
         std::fill(scratch.begin() + nr * w.k, scratch.begin() + kChunkRows * w.k, 0.0f);  // a short chunk's rest
       }
-      transpose_panel(rows, w.k, panel.data());
-      for (int64_t m = 0; m < job.m; m += kPanelRows) {
-        const int mr = static_cast<int>(std::min<int64_t>(kPanelRows, job.m - m));
-        kPanelFns[mr - 1](panel.data(), w.k, job.x + m * w.k, w.k, out + m * ldy, ldy, nr);
+      if (!avx512) {
+        avx2::prefill(rows, w.k, nr, job.x, job.m, out, ldy, panel.data());
+      } else {
+        transpose_panel(rows, w.k, panel.data());
+        for (int64_t m = 0; m < job.m; m += kPanelRows) {
+          const int mr = static_cast<int>(std::min<int64_t>(kPanelRows, job.m - m));
+          kPanelFns[mr - 1](panel.data(), w.k, job.x + m * w.k, w.k, out + m * ldy, ldy, nr);
+        }
       }
-    } else if (use_avx2()) {
-      avx2::prefill(w, r0, static_cast<int>(r1 - r0), job.x, job.m, out, ldy);
     } else
 #endif
     {

@@ -87,12 +87,13 @@ void int_tile(const Job& job, int64_t row, int nr, float* out, int64_t ldy);
 void decode_inputs(const float* x, int64_t m, int64_t k, float* sums, float* split);
 
 #ifdef TRTLLM_X86
-// The AVX2 path (matmul_avx2.cc), where AVX-512 is not: `nr` weight rows from `row` times m activation
-// rows into y[i * ldy + r] (decode: the job's rows, x, xs and xt, nr <= kRows; prefill: x [m][K], a
-// chunk, nr <= kChunkRows), and rows as float32 [nr][K].
+// The AVX2 path (matmul_avx2.cc), where AVX-512 is not. decode: `nr` (<= kRows) weight rows from
+// `row` times the job's m rows (x, xs and xt) into y[i * ldy + r]. prefill: a chunk's float32 rows
+// [kChunkRows][k] (zeros past nr) times x [m][k], through `panel` (kChunkRows * k floats).
+// dequant_rows: nr rows from `row` as float32 [nr][K].
 namespace avx2 {
 void decode(const Job& job, int64_t row, int nr, float* y, int64_t ldy);
-void prefill(const Weights& w, int64_t row, int nr, const float* x, int64_t m, float* y, int64_t ldy);
+void prefill(const float* rows, int64_t k, int nr, const float* x, int64_t m, float* y, int64_t ldy, float* panel);
 void dequant_rows(const Weights& w, int64_t row, int nr, float* out);
 void swiglu(const float* gate, const float* up, int64_t count, float* out);
 // int_tile's (matmul_int8_avx2.cc): the AVX-512 layout read as two 256-bit halves per vector.

@@ -14,7 +14,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <vector>
 
 namespace trtllm_cpu::matmul::avx2 {
 namespace {
@@ -282,24 +281,12 @@ void dequant_rows(const Weights& w, int64_t r0, int nr, float* out) {
   }
 }
 
-void prefill(const Weights& w, int64_t r0, int nr, const float* x, int64_t m, float* y, int64_t ldy) {
-  thread_local std::vector<float> scratch, panel;
-  if (panel.size() < static_cast<size_t>(kChunkRows * w.k)) {
-    scratch.resize(kChunkRows * w.k);
-    panel.resize(kChunkRows * w.k);
-  }
-  const float* rows = scratch.data();
-  if (w.bits == 32 && nr == kChunkRows) {  // float32 rows are transposed where they lie
-    rows = reinterpret_cast<const float*>(w.codes) + r0 * w.k;
-  } else {
-    dequant_rows(w, r0, nr, scratch.data());
-    std::fill(scratch.begin() + nr * w.k, scratch.begin() + kChunkRows * w.k, 0.0f);  // a short chunk's rest
-  }
-  transpose_panel(rows, w.k, panel.data());
+void prefill(const float* rows, int64_t k, int nr, const float* x, int64_t m, float* y, int64_t ldy, float* panel) {
+  transpose_panel(rows, k, panel);
   for (int c0 = 0; c0 < nr; c0 += 16)
     for (int64_t i = 0; i < m; i += kPanelRows) {
       const int mr = static_cast<int>(std::min<int64_t>(kPanelRows, m - i));
-      kPanelFns[mr - 1](panel.data(), w.k, x + i * w.k, w.k, y + i * ldy, ldy, c0, std::min(16, nr - c0));
+      kPanelFns[mr - 1](panel, k, x + i * k, k, y + i * ldy, ldy, c0, std::min(16, nr - c0));
     }
 }
 

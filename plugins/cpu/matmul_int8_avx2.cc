@@ -21,47 +21,34 @@ using trtllm_cpu::lanes_avx2;
 
 AVX2 inline __m256i load(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
 
-// acc + sums of four byte products per 32-bit lane. 4-bit codes are unsigned and the activations
-// signed (2 * 15 * 127 < 32767: the 16-bit pairs cannot saturate); 8-bit codes are signed, so |q|
-// times a with q's sign (2 * 128 * 127 < 32767).
-template <int BITS>
-AVX2 inline __m256i dot(__m256i acc, __m256i codes, __m256i a) {
-  if constexpr (BITS == 8) {
-    a = _mm256_sign_epi8(a, codes);
-    codes = _mm256_abs_epi8(codes);
+// One digit's sums of four byte products per 32-bit lane over N code halves, the activations' halves
+// 64 bytes apart from a. 4-bit codes are unsigned and the activations signed: a pair of products is
+// at most 2 * 15 * 127 = 3,810, so the N <= 8 vectors' pairs add up in 16 bits (30,480) and widen
+// once. 8-bit codes are signed: |q| times a with q's sign (2 * 128 * 127 < 32767), widened each.
+template <int BITS, int N>
+AVX2 inline __m256i digit_sums(const __m256i* codes, const int8_t* a) {
+  static_assert(BITS == 8 || N <= 8, "16-bit sums of at most 8 products of pairs");
+  const __m256i ones = _mm256_set1_epi16(1);
+  __m256i pairs = _mm256_setzero_si256(), sum = _mm256_setzero_si256();
+#pragma GCC unroll 8
+  for (int j = 0; j < N; ++j) {
+    __m256i c = codes[j], x = load(a + 64 * j);
+    if constexpr (BITS == 8) {
+      x = _mm256_sign_epi8(x, c);
+      c = _mm256_abs_epi8(c);
+    }
+    const __m256i p = _mm256_maddubs_epi16(c, x);
+    if constexpr (BITS == 4) pairs = _mm256_add_epi16(pairs, p);
+    else sum = _mm256_add_epi32(sum, _mm256_madd_epi16(p, ones));
   }
-  return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(codes, a), _mm256_set1_epi16(1)));
+  return BITS == 4 ? _mm256_madd_epi16(pairs, ones) : sum;
 }
 
-// One activation row's sums over N code halves, its activations' halves 64 bytes apart from a (and,
-// int16, the second digit `part` bytes on: 256 a + a2).
+// One activation row's sums (int16: of the second digit too, `part` bytes on: 256 a + a2).
 template <int BITS, int LEVELS, int N>
 AVX2 inline __m256i dots(const __m256i* codes, const int8_t* a, int64_t part) {
-  if constexpr (BITS == 4) {
-    // A pair of 4-bit products is at most 2 * 15 * 127 = 3,810, so N <= 8 pairs add up in 16 bits
-    // (30,480): one madd per digit, not one per vector. Exact, as the per-vector sums.
-    static_assert(N <= 8, "16-bit sums of at most 8 products of pairs");
-    const __m256i ones = _mm256_set1_epi16(1);
-    __m256i sum = _mm256_setzero_si256();
-#pragma GCC unroll 2
-    for (int digit = 0; digit < LEVELS; ++digit) {
-      __m256i pairs = _mm256_setzero_si256();
-#pragma GCC unroll 8
-      for (int j = 0; j < N; ++j)
-        pairs = _mm256_add_epi16(pairs, _mm256_maddubs_epi16(codes[j], load(a + digit * part + 64 * j)));
-      sum = _mm256_add_epi32(_mm256_slli_epi32(sum, 8), _mm256_madd_epi16(pairs, ones));
-    }
-    return sum;
-  }
-  __m256i sum = _mm256_setzero_si256();
-#pragma GCC unroll 8
-  for (int j = 0; j < N; ++j) sum = dot<BITS>(sum, codes[j], _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + 64 * j)));
-  if constexpr (LEVELS == 2) {
-    sum = _mm256_slli_epi32(sum, 8);
-#pragma GCC unroll 8
-    for (int j = 0; j < N; ++j)
-      sum = dot<BITS>(sum, codes[j], _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + part + 64 * j)));
-  }
+  __m256i sum = digit_sums<BITS, N>(codes, a);
+  if constexpr (LEVELS == 2) sum = _mm256_add_epi32(_mm256_slli_epi32(sum, 8), digit_sums<BITS, N>(codes, a + part));
   return sum;
 }
 

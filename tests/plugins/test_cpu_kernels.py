@@ -141,7 +141,7 @@ def test_one_thread_and_a_2d_input():
 def test_portable_and_avx2_paths_match_too(kernel):
     errors = on_portable_path("test_cpu_kernels", "[check(b, *s) for b in (4, 8) for s in SHAPES] + "
                                                   "[check_swiglu(b, *s) for b in (4, 8) for s in SWIGLU]",
-                                                                                 kernel=kernel)
+                              kernel=kernel)
     assert len(errors) == 2 * (len(SHAPES) + len(SWIGLU)) and max(errors) < 2e-6
 
 

@@ -51,7 +51,8 @@ def rows_alone_and_together(kind: str, flag: int | None, m: int = M) -> list[boo
         return s.run(None, feeds)[0][0]
 
     together = run(x)
-    return [bool(np.array_equal(run(x[:, r:r + 1])[0], together[r])) for r in ((0, 17, 39) if m == M else (0, m // 2, m - 1))]
+    picked = (0, 17, 39) if m == M else (0, m // 2, m - 1)
+    return [bool(np.array_equal(run(x[:, r:r + 1])[0], together[r])) for r in picked]
 
 
 @pytest.mark.parametrize("kind, flag", [("int4", 0), ("int8", 0), ("half", 0), ("half", 1)])
@@ -80,9 +81,9 @@ def test_portable_and_avx2_paths_too(kind, kernel):
 @pytest.mark.parametrize("m", [3, 16])
 @pytest.mark.parametrize("kind", ["int4", "int8"])
 def test_avx2_decode_rows_of_quantized_weights_are_the_same_alone_and_in_a_batch(kind, m):
-    """Up to 16 rows (the decode path) with float32 activations: the AVX2 path makes each weight as
-    s q + o for every row count (AVX-512's takes the scale out for 1-2 rows), so a row does not
-    depend on how many share the call. (Past 16 rows the prefill path runs, test_without_the_input...)"""
+    """Up to 16 rows (the decode path) with float32 activations: the AVX2 path takes the scale out of
+    each block's dot product for every row count (AVX-512's dequantizes for 3-4 rows), so a row does
+    not depend on how many share the call. (Past 16 rows the prefill path runs, test_without_the_input...)"""
     got = on_portable_path("test_cpu_row_roles", f"rows_alone_and_together({kind!r}, 1, {m})", kernel="avx2")
     assert got == [True] * 3
 
