@@ -219,6 +219,21 @@ TRTLLM_AVX2 inline __m256 lanes_avx2(int64_t j, int64_t lo, int64_t hi) {
   return _mm256_castsi256_ps(in);
 }
 
+// count (<= 8; none when <= 0) float16 values at h as float32, zeros past them. Where 8 values from
+// h stay within the buffer (`end`: its end) they are loaded and the rest masked; only a buffer's
+// last values go one at a time, in registers (a vector loaded from a copy made in 2-byte stores
+// waits for the stores).
+TRTLLM_AVX2 inline __m256 halves_avx2(const uint16_t* h, int64_t count, const uint16_t* end) {
+  if (count <= 0) return _mm256_setzero_ps();
+  if (count >= 8 || h + 8 <= end) {
+    const __m256 v = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(h)));
+    return count >= 8 ? v : _mm256_and_ps(v, lanes_avx2(0, 0, count));
+  }
+  float f[8];
+  for (int i = 0; i < 8; ++i) f[i] = i < count ? _cvtsh_ss(h[i]) : 0.0f;
+  return _mm256_setr_ps(f[0], f[1], f[2], f[3], f[4], f[5], f[6], f[7]);
+}
+
 // The largest of a vector's 8 lanes.
 TRTLLM_AVX2 inline float max_avx2(__m256 x) {
   __m128 m = _mm_max_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));

@@ -140,6 +140,58 @@ __attribute__((target("avx512f,avx512bw,avx512vl,fma"))) void tb_avx512(const fl
       for (int v = 0; v < 4; ++v) _mm512_mask_storeu_ps(y + i * ldy + c0 + 16 * v, mask[v], acc[i][v]);
   }
 }
+
+// The AVX-512 kernels in 8 lanes, where AVX-512 is not (a row sums as there: the same chains of k,
+// each term one fused multiply-add): xa 8 ranks at a time, tb 16 columns, accumulators for up to 4
+// rows within 16 registers.
+template <int G>
+TRTLLM_AVX2 void xa_avx2(const float* x, int64_t ldx, const float* a, int64_t k_count, int64_t r, float* t) {
+  constexpr int C = 2;
+  for (int64_t q0 = 0; q0 < r; q0 += 8) {
+    const __m256i mask = _mm256_castps_si256(trtllm_cpu::lanes_avx2(q0, 0, r));
+    __m256 acc[G][C];
+    for (int i = 0; i < G; ++i)
+      for (int c = 0; c < C; ++c) acc[i][c] = _mm256_setzero_ps();
+#define TRTLLM_XA_STEP(kk, c)                                                            \
+  {                                                                                      \
+    const __m256 av = _mm256_maskload_ps(a + (kk) * r + q0, mask);                       \
+    for (int i = 0; i < G; ++i)                                                          \
+      acc[i][c] = _mm256_fmadd_ps(_mm256_set1_ps(x[i * ldx + (kk)]), av, acc[i][c]);     \
+  }
+    int64_t k = 0;
+    for (; k + C <= k_count; k += C)
+      for (int c = 0; c < C; ++c) TRTLLM_XA_STEP(k + c, c)
+    for (; k < k_count; ++k) TRTLLM_XA_STEP(k, 0)
+#undef TRTLLM_XA_STEP
+    for (int i = 0; i < G; ++i) {
+      __m256 sum = _mm256_maskload_ps(t + i * r + q0, mask);
+      for (int c = 0; c < C; ++c) sum = _mm256_add_ps(sum, acc[i][c]);
+      _mm256_maskstore_ps(t + i * r + q0, mask, sum);
+    }
+  }
+}
+
+template <int G>
+TRTLLM_AVX2 void tb_avx2(const float* t, const float* b, int64_t r, int64_t ldb, int64_t c, float* y, int64_t ldy) {
+  for (int64_t c0 = 0; c0 < c; c0 += 16) {
+    __m256i mask[2];
+    __m256 acc[G][2];
+    for (int v = 0; v < 2; ++v) {
+      mask[v] = _mm256_castps_si256(trtllm_cpu::lanes_avx2(c0 + 8 * v, 0, c));
+      for (int i = 0; i < G; ++i) acc[i][v] = _mm256_maskload_ps(y + i * ldy + c0 + 8 * v, mask[v]);
+    }
+    for (int64_t q = 0; q < r; ++q) {
+      const __m256 b0 = _mm256_maskload_ps(b + q * ldb + c0, mask[0]), b1 = _mm256_maskload_ps(b + q * ldb + c0 + 8, mask[1]);
+      for (int i = 0; i < G; ++i) {
+        const __m256 tq = _mm256_set1_ps(t[i * r + q]);
+        acc[i][0] = _mm256_fmadd_ps(tq, b0, acc[i][0]);
+        acc[i][1] = _mm256_fmadd_ps(tq, b1, acc[i][1]);
+      }
+    }
+    for (int i = 0; i < G; ++i)
+      for (int v = 0; v < 2; ++v) _mm256_maskstore_ps(y + i * ldy + c0 + 8 * v, mask[v], acc[i][v]);
+  }
+}
 #endif
 
 struct Kernels {
@@ -151,6 +203,8 @@ Kernels kernels() {
 #ifdef TRTLLM_X86
   if (trtllm_cpu::use_avx512())
     return {{xa_avx512<1>, xa_avx512<2>, xa_avx512<3>, xa_avx512<4>}, {tb_avx512<1>, tb_avx512<2>, tb_avx512<3>, tb_avx512<4>}};
+  if (trtllm_cpu::use_avx2())
+    return {{xa_avx2<1>, xa_avx2<2>, xa_avx2<3>, xa_avx2<4>}, {tb_avx2<1>, tb_avx2<2>, tb_avx2<3>, tb_avx2<4>}};
 #endif
   return {{xa_generic<1>, xa_generic<2>, xa_generic<3>, xa_generic<4>},
           {tb_generic<1>, tb_generic<2>, tb_generic<3>, tb_generic<4>}};

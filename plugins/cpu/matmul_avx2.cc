@@ -19,6 +19,7 @@ namespace trtllm_cpu::matmul::avx2 {
 namespace {
 
 #define AVX2 TRTLLM_AVX2
+using trtllm_cpu::halves_avx2;
 using trtllm_cpu::lanes_avx2;
 using trtllm_cpu::sum_avx2;
 
@@ -36,13 +37,6 @@ AVX2 inline __m256 load8(const void* p) {
     if constexpr (KIND == kHalf) return _mm256_cvtph_ps(h);
     else return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));  // bfloat16: exact
   }
-}
-
-// count (<= 8) float16 parameters as float32, zeros past them. (Not through a copy: 16 bytes loaded
-// from a copy made in 2-byte stores wait for the stores, which cost int4 decode a third.)
-AVX2 inline void params8(const uint16_t* h, int count, float* out) {
-  if (count == 8) return _mm256_store_ps(out, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(h))));
-  for (int i = 0; i < 8; ++i) out[i] = i < count ? _cvtsh_ss(h[i]) : 0.0f;
 }
 
 // A block of 32 weights of one row as 4 vectors: quantized codes as s q + o (a 4-bit block's byte i
@@ -97,11 +91,10 @@ AVX2 void tile(const Weights& w, int64_t row, const float* x, const float* xs, i
     if constexpr (kQuant) {
 #pragma GCC unroll 4
       for (int r = 0; r < NR; ++r) {
-        params8(w.scale + (row + r) * nb + b0, count, scale[r]);
+        _mm256_store_ps(scale[r], halves_avx2(w.scale + (row + r) * nb + b0, count, w.scale + w.n * nb));
         if (!w.offset) continue;
-        alignas(32) float offset[8];
-        params8(w.offset + (row + r) * nb + b0, count, offset);
-        const __m256 o = _mm256_load_ps(offset), valid = lanes_avx2(0, 0, count);
+        const __m256 o = halves_avx2(w.offset + (row + r) * nb + b0, count, w.offset + w.n * nb);
+        const __m256 valid = lanes_avx2(0, 0, count);
 #pragma GCC unroll 4
         for (int m = 0; m < MR; ++m)  // 8 blocks' offsets at once (xs past count masked: it may end there)
           acc[m][r][1] = _mm256_fmadd_ps(o, _mm256_maskload_ps(xs + m * nb + b0, _mm256_castps_si256(valid)), acc[m][r][1]);
@@ -189,8 +182,8 @@ AVX2 void dequant_kind(const Weights& w, int64_t r0, int nr, float* out) {
     for (int64_t b0 = 0; b0 < nb; b0 += 8) {
       const int count = static_cast<int>(std::min<int64_t>(8, nb - b0));
       if constexpr (KIND == kInt4 || KIND == kInt8) {
-        params8(w.scale + (r0 + r) * nb + b0, count, scale);
-        if (w.offset) params8(w.offset + (r0 + r) * nb + b0, count, offset);
+        _mm256_store_ps(scale, halves_avx2(w.scale + (r0 + r) * nb + b0, count, w.scale + w.n * nb));
+        if (w.offset) _mm256_store_ps(offset, halves_avx2(w.offset + (r0 + r) * nb + b0, count, w.offset + w.n * nb));
       }
       for (int64_t b = b0; b < b0 + count; ++b) {
         __m256 wv[4];

@@ -205,6 +205,42 @@ __attribute__((target("avx512f,avx512bw,avx512vl,fma"))) float digits_avx512(con
   return levels == 2 ? d / 256.0f : d;
 }
 
+// f with its NaN lanes 0.
+TRTLLM_AVX2 inline __m256 ordered_avx2(__m256 f) { return _mm256_andnot_ps(_mm256_cmp_ps(f, f, _CMP_UNORD_Q), f); }
+
+// 32 int32 values (|v| <= 127) as bytes in order: the packs interleave 128-bit lanes, a permute undoes it.
+TRTLLM_AVX2 inline void store_digits_avx2(const __m256i* q, int8_t* out) {
+  const __m256i bytes = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out),
+                      _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+}
+
+// digits_avx512 in 8 lanes. NaN products go in as 0 (the digit a NaN gets everywhere) before the
+// conversion, whose NaN value the saturating packs would make -128.
+TRTLLM_AVX2 float digits_avx2(const float* v, int levels, int8_t* a, int8_t* a2) {
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  __m256 x[4], top = _mm256_setzero_ps(), unordered = _mm256_setzero_ps();
+  for (int j = 0; j < 4; ++j) {
+    x[j] = _mm256_loadu_ps(v + 8 * j);
+    top = _mm256_max_ps(top, _mm256_andnot_ps(sign, x[j]));
+    unordered = _mm256_or_ps(unordered, _mm256_cmp_ps(x[j], x[j], _CMP_UNORD_Q));
+  }
+  float inv, d;
+  block_scales(trtllm_cpu::max_avx2(top), _mm256_movemask_ps(unordered) != 0, inv, d);
+  __m256i whole[4], part[4];
+  for (int j = 0; j < 4; ++j) whole[j] = _mm256_cvtps_epi32(ordered_avx2(_mm256_mul_ps(x[j], _mm256_set1_ps(inv))));
+  store_digits_avx2(whole, a);
+  if (levels == 2) {
+    for (int j = 0; j < 4; ++j) {
+      const __m256 rest = ordered_avx2(_mm256_fnmadd_ps(_mm256_cvtepi32_ps(whole[j]), _mm256_set1_ps(d), x[j]));
+      part[j] = _mm256_cvtps_epi32(_mm256_mul_ps(rest, _mm256_set1_ps(256.0f * inv)));
+      part[j] = _mm256_min_epi32(_mm256_max_epi32(part[j], _mm256_set1_epi32(-127)), _mm256_set1_epi32(127));
+    }
+    store_digits_avx2(part, a2);
+  }
+  return levels == 2 ? d / 256.0f : d;
+}
+
 // acc + sums of four byte products per 32-bit lane, codes times activations. 4-bit: codes unsigned,
 // activations signed (without VNNI, pairs to 16 bits cannot saturate: 2 * 15 * 127 < 32767). 8-bit:
 // with VNNI activations unsigned (a + 128) and codes signed; without, |q| times a with q's sign.
@@ -387,6 +423,7 @@ void quantize_rows(const float* x, int64_t m, int64_t k, int bits, int levels, i
   float (*digits)(const float*, int, int8_t*, int8_t*) = digits_generic;
 #ifdef TRTLLM_X86
   if (use_avx512()) digits = digits_avx512;
+  else if (use_avx2()) digits = digits_avx2;
 #endif
   const Layout lay{k / kBlock, k / kBlock / kRun, bits};
   const IntRow shape = int_row(k, bits, levels);

@@ -17,6 +17,7 @@ namespace trtllm_cpu::matmul::avx2 {
 namespace {
 
 #define AVX2 TRTLLM_AVX2
+using trtllm_cpu::halves_avx2;
 using trtllm_cpu::lanes_avx2;
 
 AVX2 inline __m256i load(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
@@ -60,21 +61,11 @@ AVX2 inline void transpose(const __m256i* v, __m256i* u) {
   u[2] = _mm256_unpacklo_epi64(t1, t3), u[3] = _mm256_unpackhi_epi64(t1, t3);
 }
 
-// Value i of count float16 values as float32, 0 past them.
-AVX2 inline float half_at(const uint16_t* h, int64_t count, int i) { return i < count ? _cvtsh_ss(h[i]) : 0.0f; }
-
 // A run's count (<= 16) float16 values as float32 in two vectors (values 0-7, 8-15), zeros past
-// count; kept in registers: a vector loaded from a copy made in smaller stores waits for them.
-AVX2 inline void halves(const uint16_t* h, int64_t count, __m256* v) {
-  if (count == 16) {
-    v[0] = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(h)));
-    v[1] = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(h + 8)));
-    return;
-  }
-  for (int i = 0; i < 2; ++i)
-    v[i] = _mm256_setr_ps(half_at(h, count, 8 * i), half_at(h, count, 8 * i + 1), half_at(h, count, 8 * i + 2),
-                          half_at(h, count, 8 * i + 3), half_at(h, count, 8 * i + 4), half_at(h, count, 8 * i + 5),
-                          half_at(h, count, 8 * i + 6), half_at(h, count, 8 * i + 7));
+// count, kept in registers (halves_avx2).
+AVX2 inline void halves(const uint16_t* h, int64_t count, const uint16_t* end, __m256* v) {
+  v[0] = halves_avx2(h, count, end);
+  v[1] = halves_avx2(h + 8, count - 8, end);
 }
 
 // Lane e of the result: s[idx[e] + 8 (lanes of `high`)], from s's two vectors.
@@ -107,9 +98,9 @@ AVX2 void tile(const Job& job, int64_t row0, int nr, int64_t m0, float* out, int
       const int64_t count = std::min<int64_t>(kRun, nb - b0);
       // the run's scales and offsets as float32 (zeros past count: a unit's lanes may reach there)
       __m256 s[2], o[2];
-      halves(w.scale + row * nb + b0, count, s);
+      halves(w.scale + row * nb + b0, count, w.scale + w.n * nb, s);
       if (w.offset) {  // the offsets' share: o . (the blocks' sums of x), in lanes summed at the end
-        halves(w.offset + row * nb + b0, count, o);
+        halves(w.offset + row * nb + b0, count, w.offset + w.n * nb, o);
 #pragma GCC unroll 4
         for (int m = 0; m < MR; ++m) {
           const float* sums = xs + m * nb + b0;

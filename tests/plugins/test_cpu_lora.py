@@ -1,5 +1,6 @@
 """trtllm.cpu::LoraAdd against a float64 numpy reference: shared and per-row adapters, modules of
-rank 0, every rank and column tail, SwiGLU, prefill-sized inputs, the portable path, and bad shapes.
+rank 0, every rank and column tail, SwiGLU, prefill-sized inputs, the portable and AVX2 paths, and bad
+shapes.
 The deliberately wrong variant (each row taking row 0's adapter) must miss."""
 from __future__ import annotations
 
@@ -100,8 +101,10 @@ def test_y_made_by_another_node(ranks):
     np.testing.assert_allclose(got, reference(doubled, 3), atol=1e-4, rtol=1e-5)
 
 
-def test_portable_path_matches_too():
-    errors = on_portable_path("test_cpu_lora", "[error(*c) for c in CASES] + [error(2, 3, 64, [48, 48], [4, 4], False, True)]")
+@pytest.mark.parametrize("kernel", ["generic", "avx2"])
+def test_portable_and_avx2_paths_match_too(kernel):
+    errors = on_portable_path("test_cpu_lora", "[error(*c) for c in CASES] + [error(2, 3, 64, [48, 48], [4, 4], False, True)]",
+                              kernel=kernel)
     assert max(errors) < 1e-5
 
 
@@ -145,5 +148,6 @@ def test_a_row_alone_is_the_row_in_a_batch(shared, swiglu):
     assert rows_alone_match(shared, swiglu)
 
 
-def test_a_row_alone_is_the_row_in_a_batch_on_the_portable_path():
-    assert on_portable_path("test_cpu_lora", "[rows_alone_match(s) for s in (True, False)]") == [True, True]
+@pytest.mark.parametrize("kernel", ["generic", "avx2"])
+def test_a_row_alone_is_the_row_in_a_batch_on_the_portable_and_avx2_paths(kernel):
+    assert on_portable_path("test_cpu_lora", "[rows_alone_match(s) for s in (True, False)]", kernel=kernel) == [True, True]
