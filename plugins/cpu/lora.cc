@@ -142,32 +142,38 @@ __attribute__((target("avx512f,avx512bw,avx512vl,fma"))) void tb_avx512(const fl
 }
 
 // The AVX-512 kernels in 8 lanes, where AVX-512 is not (a row sums as there: the same chains of k,
-// each term one fused multiply-add): xa 8 ranks at a time, tb 16 columns, accumulators for up to 4
-// rows within 16 registers.
+// each term one fused multiply-add): xa 8 or 16 ranks at a time, tb 16 columns, accumulators for up
+// to 4 rows within 16 registers.
 template <int G>
 TRTLLM_AVX2 void xa_avx2(const float* x, int64_t ldx, const float* a, int64_t k_count, int64_t r, float* t) {
-  constexpr int C = 2;
-  for (int64_t q0 = 0; q0 < r; q0 += 8) {
-    const __m256i mask = _mm256_castps_si256(trtllm_cpu::lanes_avx2(q0, 0, r));
-    __m256 acc[G][C];
+  constexpr int C = 2, V = G <= 2 ? 2 : 1;  // 8 V ranks at a time: G x V x C accumulators
+  for (int64_t q0 = 0; q0 < r; q0 += 8 * V) {
+    __m256i mask[V];
+    __m256 acc[G][V][C];
+    for (int v = 0; v < V; ++v) mask[v] = _mm256_castps_si256(trtllm_cpu::lanes_avx2(q0 + 8 * v, 0, r));
     for (int i = 0; i < G; ++i)
-      for (int c = 0; c < C; ++c) acc[i][c] = _mm256_setzero_ps();
-#define TRTLLM_XA_STEP(kk, c)                                                            \
-  {                                                                                      \
-    const __m256 av = _mm256_maskload_ps(a + (kk) * r + q0, mask);                       \
-    for (int i = 0; i < G; ++i)                                                          \
-      acc[i][c] = _mm256_fmadd_ps(_mm256_set1_ps(x[i * ldx + (kk)]), av, acc[i][c]);     \
+      for (int v = 0; v < V; ++v)
+        for (int c = 0; c < C; ++c) acc[i][v][c] = _mm256_setzero_ps();
+#define TRTLLM_XA_STEP(kk, c)                                                                  \
+  {                                                                                            \
+    __m256 av[V];                                                                              \
+    for (int v = 0; v < V; ++v) av[v] = _mm256_maskload_ps(a + (kk) * r + q0 + 8 * v, mask[v]); \
+    for (int i = 0; i < G; ++i) {                                                              \
+      const __m256 xk = _mm256_set1_ps(x[i * ldx + (kk)]);                                     \
+      for (int v = 0; v < V; ++v) acc[i][v][c] = _mm256_fmadd_ps(xk, av[v], acc[i][v][c]);     \
+    }                                                                                          \
   }
     int64_t k = 0;
     for (; k + C <= k_count; k += C)
       for (int c = 0; c < C; ++c) TRTLLM_XA_STEP(k + c, c)
     for (; k < k_count; ++k) TRTLLM_XA_STEP(k, 0)
 #undef TRTLLM_XA_STEP
-    for (int i = 0; i < G; ++i) {
-      __m256 sum = _mm256_maskload_ps(t + i * r + q0, mask);
-      for (int c = 0; c < C; ++c) sum = _mm256_add_ps(sum, acc[i][c]);
-      _mm256_maskstore_ps(t + i * r + q0, mask, sum);
-    }
+    for (int i = 0; i < G; ++i)
+      for (int v = 0; v < V; ++v) {
+        __m256 sum = _mm256_maskload_ps(t + i * r + q0 + 8 * v, mask[v]);
+        for (int c = 0; c < C; ++c) sum = _mm256_add_ps(sum, acc[i][v][c]);
+        _mm256_maskstore_ps(t + i * r + q0 + 8 * v, mask[v], sum);
+      }
   }
 }
 
