@@ -166,7 +166,8 @@ AVX2 void tile(const Job& job, int64_t row0, int nr, int64_t m0, float* out, int
         const int64_t words = std::min<int64_t>(kUnit, count - kUnit * g) * kBlock * BITS / 32;
         const int64_t at = runs * kRunBytes + g * unit_bytes(BITS), d_at = runs * run_scales(BITS) + g * kUnitScales;
 #pragma GCC unroll 2
-        for (int h = 0; h < 2 && 8 * h < words; ++h) {  // (a half past the blocks would add exact zeros)
+        for (int h = 0; h < 2; ++h) {
+          if (8 * h >= words) break;  // (a half past the blocks would add exact zeros)
           const __m256i r = _mm256_maskload_epi32(unit + 8 * h, _mm256_castps_si256(lanes_avx2(8 * h, 0, words)));
           __m256i vec[2] = {r, r};
           if constexpr (BITS == 4) vec[0] = _mm256_and_si256(r, low), vec[1] = _mm256_and_si256(_mm256_srli_epi16(r, 4), low);

@@ -195,7 +195,7 @@ TRTLLM_AVX512 int64_t scan_avx512(const float* x, int64_t from, int64_t n, float
 #endif
 
 #ifdef TRTLLM_X86
-// The same three on AVX2 (x86-64 without AVX-512), 8 lanes: the same numbers but for the exp
+// The same five on AVX2 (x86-64 without AVX-512), 8 lanes: the same numbers but for the exp
 // polynomial's last bit and the double sums' order, as above.
 
 TRTLLM_AVX2 inline __m256d sum8_pd(__m256d acc, __m256 e) {
@@ -256,6 +256,36 @@ TRTLLM_AVX2 float add_max_avx2(const float* a, const float* b, float* out, int64
   nan = _mm256_movemask_ps(unordered) != 0 || tail_nan;
   return m;
 }
+
+TRTLLM_AVX2 float penalize_avx2(const float* x, const bool* seen, const float* pbias, float r, float* y, int64_t n) {
+  __m256 mx = _mm256_set1_ps(-kInf);
+  const __m256 rv = _mm256_set1_ps(r), zero = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    __m256 v = _mm256_loadu_ps(x + i);
+    const __m128i flags = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(seen + i));
+    if (!_mm_testz_si128(flags, flags)) {  // seen tokens: x / r where positive, x r otherwise
+      const __m256 on = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_cvtepu8_epi32(flags), _mm256_setzero_si256()));
+      const __m256 positive = _mm256_cmp_ps(v, zero, _CMP_GT_OQ);
+      v = _mm256_blendv_ps(v, _mm256_blendv_ps(_mm256_mul_ps(v, rv), _mm256_div_ps(v, rv), positive), on);
+    }
+    v = _mm256_add_ps(v, _mm256_loadu_ps(pbias + i));
+    _mm256_storeu_ps(y + i, v);
+    mx = _mm256_max_ps(mx, v);
+  }
+  return std::max(trtllm_cpu::max_avx2(mx), penalize_portable(x + i, seen + i, pbias + i, r, y + i, n - i));
+}
+
+template <bool kStrict>
+TRTLLM_AVX2 int64_t scan_avx2(const float* x, int64_t from, int64_t n, float thr) {
+  const __m256 t = _mm256_set1_ps(thr);
+  int64_t i = from;
+  for (; i + 8 <= n; i += 8) {
+    const int hit = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(x + i), t, kStrict ? _CMP_GT_OQ : _CMP_GE_OQ));
+    if (hit) return i + __builtin_ctz(hit);
+  }
+  return scan_portable<kStrict>(x, i, n, thr);
+}
 #endif
 
 double sum_exp(const float* x, int64_t n, float xmax) {
@@ -285,6 +315,7 @@ float add_max(const float* a, const float* b, float* out, int64_t n, bool& nan) 
 float penalize(const float* x, const bool* seen, const float* pbias, float r, float* y, int64_t n) {
 #ifdef TRTLLM_X86
   if (trtllm_cpu::use_avx512()) return penalize_avx512(x, seen, pbias, r, y, n);
+  if (trtllm_cpu::use_avx2()) return penalize_avx2(x, seen, pbias, r, y, n);
 #endif
   return penalize_portable(x, seen, pbias, r, y, n);
 }
@@ -293,6 +324,7 @@ template <bool kStrict>
 int64_t scan(const float* x, int64_t from, int64_t n, float thr) {
 #ifdef TRTLLM_X86
   if (trtllm_cpu::use_avx512()) return scan_avx512<kStrict>(x, from, n, thr);
+  if (trtllm_cpu::use_avx2()) return scan_avx2<kStrict>(x, from, n, thr);
 #endif
   return scan_portable<kStrict>(x, from, n, thr);
 }
