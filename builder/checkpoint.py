@@ -142,7 +142,7 @@ def load_model(source, model_arg: str):
                               "the unquantized checkpoint (--quantization int4 or int8 quantizes its language model)")
         model, info = vision.load(source, config)
         check_loaded(info, model_arg)
-        return model, info, AutoTokenizer.from_pretrained(source)
+        return model, info, vision.tokenizer_of(source)
     with quiet_loading(packing is not None):  # (its report would call the packed projections missing)
         model, info = AutoModelForCausalLM.from_pretrained(source, config=config, dtype=torch.float32,
                                                            output_loading_info=True, ignore_mismatched_sizes=True)

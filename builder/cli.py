@@ -88,9 +88,10 @@ def resolve(options: dict, profile: str) -> dict:
               help="An EAGLE-3 draft head (config.json + model.safetensors, as SpecForge writes them): the engine "
                    "then decodes requests speculatively (greedy and sampled ones).")
 @click.option("--max-image-tiles", type=int,
-              help="Vision-language models: cut an image into at most this many tiles (plus the thumbnail), "
-                   "fewer than the checkpoint's max_patches: fewer image tokens, a faster prefill. [default: the "
-                   "checkpoint's]")
+              help="Vision-language models that tile images (InternVL, Idefics3, SmolVLM): at most this many tiles "
+                   "an image, fewer than the checkpoint gives (InternVL: max_patches, plus the thumbnail; Idefics3 and "
+                   "SmolVLM: the longest edge lowered to whole tiles, the whole image counted): fewer image tokens, "
+                   "a faster prefill. [default: the checkpoint's]")
 @click.option("--max-image-pixels", type=int,
               help="Vision-language models that resize each image to its own grid (Qwen-VL): at most this many "
                    "pixels an image, fewer than the checkpoint's max_pixels: fewer image tokens (one per 28 x 28 "

@@ -431,7 +431,7 @@ def make_manifest(ck, config: BuildConfig, backend: str, spec, max_top_k: int, n
         lowerings=tuple(lowerings),
         lora=({"sites": lora_sites(spec, lora_on_experts(spec, bool({"MoE", "QMoE"} & set(lowerings)))), "adapters": {},
                **({"interleaved_rope": spec.rotary_dim or spec.head_dim} if spec.interleaved_rope else {}),
-               **({"prefix": vision.LANGUAGE_PREFIX} if spec.image_embeds else {})}
+               **({"prefix": vision.language_prefix(ck.vision)} if spec.image_embeds else {})}
               if config.max_lora_rank else {}),
         eagle=eagle_section or {},
         vision=vision_section or {},

@@ -26,8 +26,9 @@ PIXELS, EMBEDS = "pixel_values", "image_embeds"
 VISION_NAME = "vision.onnx"
 VISION_COMPILED = "vision.ort.onnx"  # ONNX Runtime's form on our kernels (builder/vision_export.write_sharing)
 # config.model_type of the vision-language models built
-MODEL_TYPES = ("internvl", "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe")
+MODEL_TYPES = ("internvl", "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "idefics3", "smolvlm")
 LANGUAGE_PREFIX = "model.language_model"  # where their decoder layers are (PEFT adapters name them so)
+TEXT_MODEL = ("idefics3", "smolvlm")  # ...but these call it model.text_model
 F32 = onnx.TensorProto.FLOAT
 # Qwen-VL language models: a text model's layers (Qwen2's; Qwen3-VL: Qwen3's), their RoPE multimodal
 # (DecoderSpec.mrope_section), with no causal LM class of their own: the text model's, holding theirs
@@ -75,6 +76,24 @@ def load(source, config):
                                                        output_loading_info=True, ignore_mismatched_sizes=True)
 
 
+def tokenizer_of(source):
+    """The tokenizer, with the processor's chat template where the tokenizer has none: many
+    vision-language checkpoints keep theirs in chat_template.json alone (the processor's legacy
+    file), which AutoTokenizer does not read."""
+    import json
+
+    from transformers import AutoTokenizer
+    from transformers.utils import cached_file
+
+    tok = AutoTokenizer.from_pretrained(source)
+    if tok.chat_template is None:
+        path = cached_file(str(source), "chat_template.json", _raise_exceptions_for_missing_entries=False)
+        if path is not None:
+            with open(path) as f:
+                tok.chat_template = json.load(f).get("chat_template")
+    return tok
+
+
 def language_model(vlm):
     """The language model of a loaded vision-language model as a causal LM of its text_config's class,
     holding the same modules (no copy): what the rest of the build reads, and verifies against."""
@@ -93,9 +112,19 @@ def language_model(vlm):
             text = getattr(transformers, f"{base}ForCausalLM")(getattr(transformers, f"{base}Config")(**kept))
         else:
             text = transformers.AutoModelForCausalLM.from_config(config)
-    text.model, text.lm_head = vlm.model.language_model, vlm.lm_head
+    text.model, text.lm_head = language_module(vlm), vlm.lm_head
     text.generation_config = vlm.generation_config
     return text.eval()
+
+
+def language_module(vlm):
+    """The whole model's language model (its decoder, without the head)."""
+    return vlm.model.text_model if vlm.config.model_type in TEXT_MODEL else vlm.model.language_model
+
+
+def language_prefix(vlm) -> str:
+    """Where the whole model's decoder layers are, as its PEFT adapters name them."""
+    return "model.text_model" if vlm.config.model_type in TEXT_MODEL else LANGUAGE_PREFIX
 
 
 def mrope_section(config) -> tuple[int, ...] | None:
@@ -188,14 +217,18 @@ class VisionWriter:
         return g.op("Mul", f"{name}/Scale", [g.op("Div", f"{name}/Div", [x, root]), self.weight(f"{module}.weight")])
 
     def attention(self, i: int, x: str) -> str:
+        return self.self_attention(f"/vision/layers.{i}/attn", x, f"vision_tower.encoder.layer.{i}.attention",
+                                   "projection_layer", self.s.qk_norm)
+
+    def self_attention(self, name: str, x: str, p: str, out_proj: str, qk_norm: bool = False) -> str:
+        """Bidirectional multi-head attention of module `p` (its q_proj, k_proj, v_proj and `out_proj`)."""
         s, g = self.s, self.g
-        p, name = f"vision_tower.encoder.layer.{i}.attention", f"/vision/layers.{i}/attn"
         head = s.hidden_size // s.num_heads
         split = g.const([0, -1, s.num_heads, head])
         heads = {}
         for proj in ("q", "k", "v"):
             y = self.linear(f"{name}/{proj}_proj", x, f"{p}.{proj}_proj")
-            if s.qk_norm and proj != "v":  # over the whole projection, before the heads split
+            if qk_norm and proj != "v":  # over the whole projection, before the heads split
                 y = self.norm(f"{name}/{proj}_norm", y, f"{p}.{proj}_norm", "rms_norm", 1e-6)
             y = g.op("Reshape", f"{name}/{proj}/Reshape", [y, split])
             heads[proj] = g.op("Transpose", f"{name}/{proj}/Transpose", [y], perm=[0, 2, 1, 3])
@@ -206,7 +239,7 @@ class VisionWriter:
         out = g.op("MatMul", f"{name}/Context", [probs, heads["v"]])
         out = g.op("Transpose", f"{name}/Context/Transpose", [out], perm=[0, 2, 1, 3])
         out = g.op("Reshape", f"{name}/Context/Reshape", [out, g.const([0, -1, s.hidden_size])])
-        return self.linear(f"{name}/projection_layer", out, f"{p}.projection_layer")
+        return self.linear(f"{name}/{out_proj}", out, f"{p}.{out_proj}")
 
     def layer(self, i: int, x: str) -> str:
         s, g = self.s, self.g

@@ -7,13 +7,17 @@ import dataclasses
 from pathlib import Path
 
 from trtllm.builder import checkpoint as ckpt
-from trtllm.builder import vision, vision_qwen
+from trtllm.builder import vision, vision_idefics3, vision_qwen
 from trtllm.builder.config import MODERN_MIN_TRT, BuildConfig, ConfigError, parse_trt_version
 
 
 def family(vlm):
-    """The module that writes a vision-language model's encoder: vision_qwen (Qwen-VL) or vision (InternVL)."""
-    return vision_qwen if vlm.config.model_type in vision_qwen.MODEL_TYPES else vision
+    """The module that writes a vision-language model's encoder: vision_qwen (Qwen-VL), vision_idefics3
+    (Idefics3, SmolVLM) or vision (InternVL)."""
+    for module in (vision_qwen, vision_idefics3):
+        if vlm.config.model_type in module.MODEL_TYPES:
+            return module
+    return vision
 
 
 def language_spec(ck: ckpt.Checkpoint, config: BuildConfig, backend: str, spec, encoder):
@@ -67,8 +71,9 @@ def section(ck: ckpt.Checkpoint, config: BuildConfig) -> tuple[dict, object]:
         if qwen:
             spec = vision_qwen.spec_of(ck.vision.config)
             return vision_qwen.section(ck.vision, ck.tokenizer, spec, ck.source["model"], config.max_image_pixels), spec
-        spec = vision.spec_of(ck.vision.config)
-        return vision.section(ck.vision, ck.tokenizer, spec, ck.source["model"], config.max_image_tiles), spec
+        tiled = family(ck.vision)  # (InternVL's tiles or Idefics3's)
+        spec = tiled.spec_of(ck.vision.config)
+        return tiled.section(ck.vision, ck.tokenizer, spec, ck.source["model"], config.max_image_tiles), spec
     except ckpt.Unsupported as e:
         raise ckpt.CheckpointError(f"--model {config.model!r}: {e}") from e
 
@@ -100,6 +105,11 @@ def write(ck: ckpt.Checkpoint, config: BuildConfig, out_dir: Path, log, made: di
                 "encoder's attention; --max-image-pixels lowers it (the memory grows with its square)")
         weights = vision_qwen.weights_of(ck.vision)
         writer = vision_qwen.QwenVisionWriter(spec, weights)
+    elif family(ck.vision) is vision_idefics3:
+        log(f"writing the vision graph ({spec.num_layers} layers, hidden {spec.hidden_size}, {spec.image_size}px "
+            f"tiles, {spec.tokens_per_tile} tokens a tile, up to {vision_idefics3.most_tiles(made['preprocess'])} "
+            "tiles an image)")
+        writer = vision_idefics3.Idefics3Writer(spec, vision_idefics3.weights_of(ck.vision))
     else:
         most = made["preprocess"]["max_patches"] if made["preprocess"]["crop_to_patches"] else 1
         log(f"writing the vision graph ({spec.num_layers} layers, hidden {spec.hidden_size}, {spec.image_size[0]}px "

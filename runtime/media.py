@@ -4,7 +4,9 @@ encoded by the vision graph, and placed in its prompt.
 The chat template writes one image token where each image item is. As transformers' processors do,
 InternVL's (`<IMG_CONTEXT>`) becomes `<img>`, tiles x tokens_per_tile image tokens and `</img>`;
 Qwen-VL's (`<|image_pad|>`, between the template's own start and end tokens) becomes one token per
-2 x 2 patches of the image resized to its own grid (runtime/images_qwen.py). The prompt's ids then hold
+2 x 2 patches of the image resized to its own grid (runtime/images_qwen.py); Idefics3's and SmolVLM's
+(`<image>`) becomes each tile's tag and tokens, row by row, then the whole image's (runtime/images_idefics3.py:
+an image's tokens are not contiguous there). The prompt's ids then hold
 the image tokens, and PromptImages their embeddings, which a prefill step feeds the graph (image_embeds
 at image_index) in place of the token table's. Qwen's language model turns each token by three
 positions (multimodal RoPE): an image's tokens by their row and column, the text after it from past
@@ -28,7 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from trtllm.plugins import cpu as cpu_kernels
-from trtllm.runtime import images, images_qwen
+from trtllm.runtime import images, images_idefics3, images_qwen
 
 TILES_A_RUN = 4  # tiles the vision graph encodes at once: its attention's memory grows with them
 # embeddings kept by their image's bytes (ImageEncoder.kept): the same image in another request, or
@@ -42,7 +44,7 @@ class PromptImages:
     their embeddings."""
 
     def __init__(self, positions: np.ndarray, sources: list[bytes], keyed: list[int], encode,
-                 rope: np.ndarray | None = None, rope_delta: int = 0):
+                 rope: np.ndarray | None = None, rope_delta: int = 0, counts: list[int] | None = None):
         self.positions = positions  # int64 [N]: the prompt positions of the image tokens, ascending
         # multimodal RoPE engines: each prompt token's (temporal, height, width) position int64 [3, n],
         # and the shift from a slot past the prompt to its position (None, 0: positions are slots)
@@ -53,8 +55,10 @@ class PromptImages:
         self.keyed = keyed
         self.count = len(sources)
         self._encode = encode       # bytes -> [its image tokens, hidden] (None: counted only)
-        # each image's first and last index into positions (its tokens are contiguous), and embeddings
-        starts = [0, *(np.flatnonzero(np.diff(positions) != 1) + 1).tolist()]
+        # each image's first and last index into positions, and embeddings. `counts`: each image's
+        # tokens, which other tokens may part (Idefics3's tiles); None: each image's are contiguous
+        starts = [0, *(np.flatnonzero(np.diff(positions) != 1) + 1).tolist()] if counts is None else \
+            np.cumsum([0, *counts[:-1]]).tolist()
         self.spans = [(lo, hi) for lo, hi in zip(starts, [*starts[1:], len(positions)])]
         self.embeds: list[np.ndarray | None] = [None] * self.count
 
@@ -170,7 +174,7 @@ class ImageEncoder:
                 "patch_positions", "image_ids", "window_ids", "window_rows", "window_slots", "pos_index", "pos_weights")
                 if k in at}}], at["reverse"]
         else:
-            pixels = images.pixel_values(image, pre)
+            pixels = (images_idefics3 if self.section["architecture"] == "idefics3" else images).pixel_values(image, pre)
             runs = [{"pixel_values": pixels[i:i + TILES_A_RUN]} for i in range(0, len(pixels), TILES_A_RUN)]
         with self.lock:
             if self.session is None:
@@ -243,6 +247,8 @@ def image_tokens(width: int, height: int, section: dict) -> int:
     pre = section["preprocess"]
     if section["architecture"] in QWEN:
         return images_qwen.token_count(width, height, pre)
+    if section["architecture"] == "idefics3":
+        return images_idefics3.tile_count(width, height, pre) * section["tokens_per_tile"]
     return images.tile_count(width, height, pre) * section["tokens_per_tile"]
 
 
@@ -260,7 +266,7 @@ def place(ids: list[int], req, index: int, section: dict, encoder=None,
                          "chat template (apply_chat_template true), and the text must not write that token itself")
     if not items:
         return ids, None
-    pre, qwen = section["preprocess"], section["architecture"] in QWEN
+    pre, qwen, idefics3 = section["preprocess"], section["architecture"] in QWEN, section["architecture"] == "idefics3"
     out, positions, sources, grids, last = [], [], [], [], 0
     for (where, item), at in zip(items, found):
         if item.do_resize is False:
@@ -269,13 +275,21 @@ def place(ids: list[int], req, index: int, section: dict, encoder=None,
         data, width, height = read(item.value, where, media_dir)
         sources.append(data)
         # InternVL's template writes the image token alone, and its processor wraps the image's tokens
-        # in start and end tokens; Qwen's writes all three, and its processor repeats the middle one
+        # in start and end tokens; Qwen's writes all three, and its processor repeats the middle one;
+        # Idefics3's writes it alone, and its processor writes each tile's tokens after a row-and-column tag
         if qwen and not (0 < at < len(ids) - 1 and ids[at - 1] == section["start_token_id"]
                          and ids[at + 1] == section["end_token_id"]):
             raise MediaError(f"`requests[{index}].messages`: the chat template wrote {section['image_token']!r} for "
                              f"`{where}` without the image's start and end tokens around it, as Qwen's template "
                              "writes them: the engine's chat template is needed (apply_chat_template true)")
-        out += ids[last:at] + [section["start_token_id"]] * (not qwen)
+        out += ids[last:at]
+        last = at + 1
+        if idefics3:
+            piece = np.array(images_idefics3.prompt_ids(*images_idefics3.grid(width, height, pre), section))
+            positions.append(len(out) + np.flatnonzero(piece == context))
+            out += piece.tolist()
+            continue
+        out += [section["start_token_id"]] * (not qwen)
         try:
             if qwen:
                 grids.append(images_qwen.grid(width, height, pre))
@@ -284,11 +298,13 @@ def place(ids: list[int], req, index: int, section: dict, encoder=None,
             raise MediaError(f"`{where}`: {e}") from None
         positions.append(np.arange(len(out), len(out) + tokens))
         out += [context] * tokens + [section["end_token_id"]] * (not qwen)
-        last = at + 1
     out += ids[last:]
     keyed = list(out)  # (each image's tokens as an id of its bytes' own: 60 bits, below 0, within int64)
     for at, data in zip(positions, sources):
-        keyed[at[0]:at[-1] + 1] = [-1 - int(hashlib.sha256(data).hexdigest()[:15], 16)] * len(at)
+        key = -1 - int(hashlib.sha256(data).hexdigest()[:15], 16)
+        for p in at.tolist():
+            keyed[p] = key
     rope = images_qwen.rope_positions(len(out), [(int(at[0]), g) for at, g in zip(positions, grids)],
                                       pre["merge_size"]) if qwen else (None, 0)
-    return out, PromptImages(np.concatenate(positions).astype(np.int64), sources, keyed, encoder, *rope)
+    return out, PromptImages(np.concatenate(positions).astype(np.int64), sources, keyed, encoder, *rope,
+                             counts=[len(at) for at in positions])

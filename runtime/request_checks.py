@@ -99,7 +99,8 @@ def token_problem(p, req: fmt.Request, index: int, tokenizer, manifest) -> str |
         # (a build asked for more and was lowered to the model's positions: a rebuild cannot raise it)
         lowered = isinstance(asked, int) and asked > limit
         if p.images is not None:  # (truncating would cut an image: fewer tiles or pixels are the way)
-            knob = "--max-image-tiles" if manifest.vision["architecture"] == "internvl" else "--max-image-pixels"
+            knob = "--max-image-tiles" if manifest.vision["architecture"] in ("internvl", "idefics3") else \
+                "--max-image-pixels"
             more = " (the model's position limit)" if lowered else "; rebuild with a larger --max-input-len"
             return (f"`{prompt}`: the prompt is {len(p.prompt_ids)} tokens, {len(p.images.positions)} of them its "
                     f"images', more than the engine's max_input_len {limit}{more}, or give fewer or smaller images "

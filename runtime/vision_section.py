@@ -18,6 +18,9 @@ KINDS = {
     "qwen2_5_vl": QWEN,
     "qwen2_vl": QWEN,  # (its window_size null: no windowed layers)
     "qwen3_vl": QWEN,  # (no windows either; deepstack_layers of its language model take extra image rows)
+    # Idefics3 and SmolVLM: the ids of each piece of an image's prompt text (runtime/images_idefics3.py)
+    "idefics3": (("image_size", "tokens_per_tile", "global_ids", "row_col_ids", "newline_ids", "break_ids"),
+                 ("longest_edge", "tile", "splitting", "resample", "rescale_factor", "image_mean", "image_std")),
 }
 
 
@@ -59,6 +62,8 @@ def check(m) -> str:
     if not numbers or 0 in pre["image_std"] or not whole(pre["resample"], 0) or pre["resample"] > 5:
         return (f"vision.preprocess's image_mean and image_std must be 3 numbers each (no std 0), and resample a "
                 f"PIL filter number 0..5, got {pre!r:.200}")
+    if v["architecture"] == "idefics3":
+        return idefics3(v, pre, m.model.vocab_size)
     if v["architecture"] == "internvl":
         if not whole(v["tokens_per_tile"]) or pre["size"] != v["image_size"] \
                 or not all(whole(pre[k]) for k in ("min_patches", "max_patches")):
@@ -87,4 +92,25 @@ def check(m) -> str:
     if (v["window_size"] is not None) if windowless else not whole(v["window_size"], least):
         return ("vision.window_size must be " + (f"null on {v['architecture']}" if windowless else
                 f"an integer >= merge_size x patch_size ({least})") + f", got {v['window_size']!r}")
+    return ""
+
+
+def idefics3(v: dict, pre: dict, vocab: int) -> str:
+    from trtllm.runtime.images_idefics3 import MAX_IMAGE_SIZE
+    from trtllm.runtime.manifest import whole
+
+    def ids(x) -> bool:
+        return isinstance(x, list) and all(whole(t, 0) and t < vocab for t in x)
+
+    if not (whole(v["tokens_per_tile"]) and all(whole(pre[k]) for k in ("longest_edge", "tile"))
+            and isinstance(pre["splitting"], bool) and v["image_size"] == [pre["tile"]] * 2):
+        return (f"vision.tokens_per_tile and preprocess.longest_edge and tile must be integers >= 1, preprocess.splitting "
+                f"true or false and vision.image_size [tile, tile], got {v['tokens_per_tile']!r}, {pre!r:.200}")
+    side = -(-min(pre["longest_edge"], MAX_IMAGE_SIZE) // pre["tile"]) if pre["splitting"] else 0
+    grid = v["row_col_ids"]
+    if not all(ids(v[k]) and v[k] for k in ("global_ids", "newline_ids", "break_ids")) or not (
+            isinstance(grid, list) and len(grid) >= side and all(
+                isinstance(row, list) and len(row) >= side and all(ids(t) and t for t in row) for row in grid)):
+        return (f"vision.global_ids, newline_ids, break_ids and row_col_ids ({side} x {side} at least) must hold "
+                f"token ids below the vocabulary size {vocab}")
     return ""

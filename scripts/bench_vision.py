@@ -1,9 +1,10 @@
 """What an image costs on the CPU: the vision graph (builder/vision.py, through ONNX Runtime) against
-transformers' InternVL get_image_features on the same pixels, at InternVL3's encoder size
-(InternViT-300M: 24 layers, 1,024 wide, 448 x 448 tiles of 1,025 patches, 256 tokens each), with
-random weights (no checkpoint is downloaded here).
+transformers' get_image_features on the same pixels, at InternVL3's encoder size (InternViT-300M: 24
+layers, 1,024 wide, 448 x 448 tiles of 1,025 patches, 256 tokens each) or with --model smolvlm at
+SmolVLM-256M's (builder/vision_idefics3.py; SigLIP-93M: 12 layers, 768 wide, 512 x 512 tiles of 1,024
+patches, 64 tokens each), with random weights (no checkpoint is downloaded here).
 
-    python scripts/bench_vision.py [--tiles 1 4] [--rounds 3] [--threads 2]
+    python scripts/bench_vision.py [--model internvl|smolvlm] [--tiles 1 4] [--rounds 3] [--threads 2]
 
 Each round times both on each tile count, alternating, in this one process; the ratio is paired
 by round (transformers' time / ours: > 1 is ours faster), as median [min-max]: the machine is
@@ -21,6 +22,27 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+
+def smolvlm_encoder(tmp: Path):
+    """As encoder(), at SmolVLM-256M-Instruct's vision config."""
+    import torch
+    import transformers
+
+    from trtllm.builder import vision, vision_idefics3
+    from trtllm.builder.export import save
+
+    vision_config = transformers.SmolVLMVisionConfig(hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
+                                                     intermediate_size=3072, image_size=512, patch_size=16)
+    text = transformers.LlamaConfig(vocab_size=1000, hidden_size=576, intermediate_size=256, num_hidden_layers=1,
+                                    num_attention_heads=9, num_key_value_heads=3)
+    config = transformers.SmolVLMConfig(vision_config=vision_config.to_dict(), text_config=text.to_dict(),
+                                        scale_factor=4, image_token_id=999)
+    torch.manual_seed(0)
+    model = transformers.SmolVLMForConditionalGeneration(config).eval()
+    spec = vision_idefics3.spec_of(model.config)
+    save(vision_idefics3.Idefics3Writer(spec, vision_idefics3.weights_of(model)).write(), tmp, vision.VISION_NAME)
+    return model, tmp / vision.VISION_NAME, spec
 
 
 def encoder(tmp: Path):
@@ -48,6 +70,7 @@ def encoder(tmp: Path):
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", choices=["internvl", "smolvlm"], default="internvl")
     parser.add_argument("--tiles", type=int, nargs="+", default=[1, 4])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
@@ -57,20 +80,25 @@ def main() -> None:
 
     torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as tmp:
-        model, path, spec = encoder(Path(tmp))
+        model, path, spec = (smolvlm_encoder if args.model == "smolvlm" else encoder)(Path(tmp))
+        side = spec.image_size if args.model == "smolvlm" else spec.image_size[0]
         opts = ort.SessionOptions()
         opts.intra_op_num_threads = args.threads
         session = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
         times: dict[int, list[tuple[float, float]]] = {n: [] for n in args.tiles}
         for r in range(args.rounds):
             for n in args.tiles:
-                pixels = np.random.default_rng(r).standard_normal((n, 3, *spec.image_size)).astype(np.float32)
+                pixels = np.random.default_rng(r).standard_normal((n, 3, side, side)).astype(np.float32)
                 began = time.perf_counter()
                 ours = session.run(None, {"pixel_values": pixels})[0]
                 mine = time.perf_counter() - began
                 began = time.perf_counter()
                 with torch.no_grad():
-                    ref = model.model.get_image_features(torch.from_numpy(pixels), return_dict=True).pooler_output
+                    if args.model == "smolvlm":  # (its images come [batch, images, 3, H, W]; a list back)
+                        ref = torch.cat(list(model.model.get_image_features(torch.from_numpy(pixels)[None],
+                                                                            return_dict=True).pooler_output))
+                    else:
+                        ref = model.model.get_image_features(torch.from_numpy(pixels), return_dict=True).pooler_output
                 theirs = time.perf_counter() - began
                 error = float(np.abs(ours - ref.reshape(ours.shape).numpy()).max())
                 times[n].append((mine, theirs))

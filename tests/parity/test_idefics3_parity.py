@@ -1,0 +1,251 @@
+"""A vision-language engine of the Idefics3 family (Idefics3 and SmolVLM: builder/vision_idefics3.py,
+runtime/images_idefics3.py) against transformers: greedy tokens exact and first-step logprobs within
+float32 tolerance, for images cut into 2 x 3, 3 x 2 and 3 x 3 tiles plus the global one, two images in
+one prompt, a text-only row beside them, one-tile images (--max-image-tiles 1), chunked prefill that
+cuts an image, and KV kept per image. The reference is transformers' Idefics3ForConditionalGeneration
+(or SmolVLM's) fed what Idefics3Processor gives it, with Idefics3ImageProcessorPil's pixels."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from tests.tiny_idefics3 import TEMPLATE, make_idefics3_checkpoint
+from tests.tiny_vlm import assert_answer
+
+NEW_TOKENS = 12
+# (width, height); square2 is square's size with other pixels: the same token ids, another image
+SIZES = {"wide.png": (200, 90), "square.png": (60, 60), "tall.png": (70, 150), "square2.png": (60, 60)}
+
+
+def make(tmp_path_factory, model_type: str = "idefics3", legacy_template: bool = False, **build_options):
+    """(checkpoint dir, engine dir, images dir, transformers model, tokenizer with the chat template)."""
+    import torch
+    import transformers
+    from PIL import Image
+
+    from trtllm.builder.config import BuildConfig
+    from trtllm.builder.export import build
+
+    ckpt = make_idefics3_checkpoint(tmp_path_factory.mktemp(f"{model_type}-ckpt"), model_type=model_type,
+                                    legacy_template=legacy_template)
+    engine = tmp_path_factory.mktemp(f"{model_type}-engine") / "engine"
+    build(BuildConfig(model=str(ckpt), output=str(engine), max_batch_size=4, max_input_len=256,
+                      max_kv_cache_capacity=512, **build_options), log=lambda m: None)
+    images = tmp_path_factory.mktemp("idefics3-images")
+    rng = np.random.default_rng(3)
+    for name, (w, h) in SIZES.items():
+        Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)).save(images / name)
+    model = transformers.AutoModelForImageTextToText.from_pretrained(ckpt, dtype=torch.float32).eval()
+    model.generation_config.eos_token_id = None  # (our rows ignore EOS: both run NEW_TOKENS)
+    tok = transformers.AutoTokenizer.from_pretrained(ckpt)
+    tok.chat_template = TEMPLATE  # (what the processor would read from chat_template.json)
+    return ckpt, engine, images, model, tok
+
+
+@pytest.fixture(scope="module")
+def vlm(tmp_path_factory):
+    return make(tmp_path_factory)
+
+
+def reference(vlm, content: list, model=None, **processor_options) -> tuple[list[int], np.ndarray]:
+    """transformers' greedy tokens and first-step log-probabilities for one user turn; `model`: another
+    than the checkpoint's (one with a LoRA adapter)."""
+    import torch
+    from PIL import Image
+    from transformers import Idefics3Processor
+    from transformers.models.idefics3.image_processing_pil_idefics3 import Idefics3ImageProcessorPil
+
+    ckpt, _, images, base, tok = vlm
+    model = base if model is None else model
+    messages = [{"role": "user", "content": [{"type": "image"} if "image" in c else c for c in content]}]
+    text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    files = [c["image"] for c in content if "image" in c]
+    config = json.loads((ckpt / "preprocessor_config.json").read_text())
+    processor = Idefics3Processor(Idefics3ImageProcessorPil(**{k: v for k, v in config.items()
+                                                               if k != "image_processor_type"}), tok, image_seq_len=4)
+    pictures = [Image.open(images / f).convert("RGB") for f in files] or None
+    feats = processor(text=text, images=pictures, return_tensors="pt", add_special_tokens=False, **processor_options)
+    ids = feats["input_ids"]
+    kwargs = {k: feats[k] for k in ("pixel_values", "pixel_attention_mask") if k in feats}
+    with torch.no_grad():
+        first = torch.log_softmax(model(input_ids=ids, **kwargs).logits[0, -1], -1).numpy()
+        out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW_TOKENS,
+                             do_sample=False, **kwargs)
+    return out[0, ids.shape[1]:].tolist(), first
+
+
+CASES = [
+    [{"type": "image", "image": "wide.png"}, {"type": "text", "text": "What is in this picture?"}],
+    [{"type": "text", "text": "Compare"}, {"type": "image", "image": "square.png"},
+     {"type": "image", "image": "tall.png"}],
+    [{"type": "text", "text": "The quick brown fox"}],
+    [{"type": "image", "image": "square.png"}, {"type": "text", "text": "What is in this picture?"}],
+]
+
+
+def run(vlm, run_cli, contents: list, *extra, **top):
+    _, engine, images, _, _ = vlm
+    payload = {"batch_size": 4, "temperature": 0.0, "ignore_eos": True, "max_generate_length": NEW_TOKENS,
+               "num_logprobs": 5, **top,
+               "requests": [{"messages": [{"role": "user", "content": [
+                   {**c, "image": str(images / c["image"])} if "image" in c else c for c in content]}]}
+                   for content in contents]}
+    return run_cli(engine, payload, *extra)
+
+
+def test_greedy_tokens_and_logprobs_match_transformers(vlm, run_cli):
+    result, out = run(vlm, run_cli, CASES)
+    assert result.exit_code == 0, result.output
+    for content, response in zip(CASES, out["responses"]):
+        assert_answer(response, *reference(vlm, content))
+
+
+def test_the_prompt_holds_the_processors_ids(vlm):
+    """The ids an image stands for are the processor's, tile tags and newlines included (each grid)."""
+    from PIL import Image
+    from transformers import Idefics3Processor
+    from transformers.models.idefics3.image_processing_pil_idefics3 import Idefics3ImageProcessorPil
+
+    from trtllm.runtime import manifest as mf
+    from trtllm.runtime import media
+    from trtllm.runtime.input_format import parse_input
+
+    _, engine, images, _, tok = vlm
+    section = mf.load(engine).vision
+    processor = Idefics3Processor(Idefics3ImageProcessorPil(size={"longest_edge": 96}, max_image_size={"longest_edge": 32}),
+                                  tok, image_seq_len=4)
+    for content in CASES[:2]:
+        req = parse_input({"requests": [{"messages": [{"role": "user", "content": content}]}]}).requests[0]
+        messages = [{"role": "user", "content": [{"type": "image"} if "image" in c else c for c in content]}]
+        text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        placed, prompt_images = media.place(tok(text, add_special_tokens=False)["input_ids"], req, 0, section,
+                                            media_dir=images)
+        pictures = [Image.open(images / c["image"]).convert("RGB") for c in content if "image" in c]
+        want = list(processor(text=text, images=pictures, add_special_tokens=False)["input_ids"][0])
+        assert placed == want
+        assert prompt_images.positions.tolist() == [i for i, t in enumerate(want) if t == section["image_token_id"]]
+
+
+def test_a_wrong_reference_is_told_apart(vlm, run_cli):
+    """The deliberately wrong variant: the processor without splitting (one tile an image) gives other
+    tokens, and the comparison above would fail on them."""
+    result, out = run(vlm, run_cli, CASES[:1])
+    assert result.exit_code == 0, result.output
+    tokens, _ = reference(vlm, CASES[0], do_image_splitting=False)
+    assert out["responses"][0]["output_ids"] != tokens
+
+
+def asking(image: str) -> list:
+    return [{"type": "image", "image": image}, {"type": "text", "text": "What is in this picture?"}]
+
+
+def test_chunked_prefill_and_kv_kept_per_image(vlm, run_cli, tmp_path):
+    """A prompt prefilled in chunks of 16 (its image's 40 tokens parted by tile tags, cut across chunks)
+    gives transformers' tokens; two images of one size (the same ids) never share KV, the same image
+    again does (--context-reuse)."""
+    one, other = reference(vlm, asking("square.png"))[0], reference(vlm, asking("square2.png"))[0]
+    assert one != other  # (else sharing one's KV with the other would go unseen)
+    result, out = run(vlm, run_cli, [asking("square.png")], "--prefill-chunk", "16")
+    assert result.exit_code == 0, result.output
+    assert out["responses"][0]["output_ids"] == one
+    profile = tmp_path / "profile.json"
+    result, out = run(vlm, run_cli, [asking("square.png"), asking("square2.png"), asking("square.png")],
+                      "--context-reuse", "--profile", str(profile), batch_size=1)
+    assert result.exit_code == 0, result.output
+    assert [r["output_ids"] for r in out["responses"]] == [one, other, one]
+    prof = json.loads(profile.read_text())
+    assert prof["prefill"]["reused_tokens"] > 0  # the third took the first's
+    assert prof["multimodal"]["total_images"] == 3 and prof["multimodal"]["total_image_tokens"] == 3 * 40
+
+
+def test_one_tile_images_and_smolvlm(tmp_path_factory, run_cli):
+    """--max-image-tiles 1 lowers the longest edge to one tile (the processor's one-tile layout: no row
+    tags), on a SmolVLM checkpoint (SmolVLMForConditionalGeneration: the same encoder and prompts)
+    whose chat template is in chat_template.json alone."""
+    vlm = make(tmp_path_factory, "smolvlm", legacy_template=True, max_image_tiles=1)
+    assert not (vlm[0] / "chat_template.jinja").exists()
+    manifest = json.loads((vlm[1] / "manifest.json").read_text())
+    assert manifest["vision"]["preprocess"]["longest_edge"] == 32
+    assert manifest["lora"] == {} and manifest["vision"]["architecture"] == "idefics3"
+    result, out = run(vlm, run_cli, CASES[:2])
+    assert result.exit_code == 0, result.output
+    for content, response in zip(CASES[:2], out["responses"]):
+        assert_answer(response, *reference(vlm, content, size={"longest_edge": 32}))
+
+
+@pytest.mark.parametrize("damage, named", [
+    (lambda v: v.pop("row_col_ids"), "vision lacks row_col_ids"),
+    (lambda v: v["row_col_ids"].pop(), "row_col_ids \\(3 x 3 at least\\)"),
+    (lambda v: v.update(break_ids=[10 ** 6]), "token ids below the vocabulary size"),
+    (lambda v: v["preprocess"].update(tile=64), "vision.image_size \\[tile, tile\\]"),
+])
+def test_a_damaged_vision_section_is_refused_by_name(vlm, tmp_path, damage, named):
+    import shutil
+
+    from trtllm.runtime.manifest import ManifestError, load
+
+    engine = tmp_path / "engine"
+    shutil.copytree(vlm[1], engine)
+    manifest = json.loads((engine / "manifest.json").read_text())
+    damage(manifest["vision"])
+    (engine / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ManifestError, match=named):
+        load(engine)
+
+
+def test_lora_adapters_on_the_language_model_match_peft(vlm, run_cli, tmp_path):
+    """A PEFT adapter of the language model as PEFT names it in the whole model (model.text_model),
+    bundled (the build checks it against PEFT's merge) and given at run time, with images, beside a
+    row with no adapter."""
+    import copy
+
+    import peft
+    import torch
+    from click.testing import CliRunner
+
+    from trtllm.builder.cli import main as build_main
+
+    models = {None: None}
+    for seed, name in enumerate(("bundled", "given"), 1):
+        torch.manual_seed(seed)
+        config = peft.LoraConfig(r=4, lora_alpha=8, init_lora_weights=False,
+                                 target_modules=r".*text_model.*\.(q_proj|v_proj|o_proj|gate_proj|down_proj)")
+        models[name] = peft.get_peft_model(copy.deepcopy(vlm[3]), config).eval()
+        models[name].save_pretrained(tmp_path / name)
+    engine = tmp_path / "engine"
+    result = CliRunner().invoke(build_main, ["--model", str(vlm[0]), "--output", str(engine), "--max-batch-size", "4",
+                                             "--max-input-len", "256", "--max-kv-cache-capacity", "512",
+                                             "--lora", f"bundled={tmp_path / 'bundled'}"])
+    assert result.exit_code == 0, result.output
+    assert "verified adapter bundled" in result.output
+    names = ["bundled", "given", None]
+    result, out = run_cli(engine, {
+        "temperature": 0.0, "ignore_eos": True, "max_generate_length": NEW_TOKENS, "batch_size": 4,
+        "available_lora_weights": {"given": str(tmp_path / "given")},
+        "requests": [{"messages": [{"role": "user", "content": [
+            {**c, "image": str(vlm[2] / c["image"])} if "image" in c else c for c in CASES[0]]}],
+            **({"lora_name": name} if name else {})} for name in names]})
+    assert result.exit_code == 0, result.output
+    for name, response in zip(names, out["responses"]):
+        assert response["output_ids"] == reference(vlm, CASES[0], model=models[name])[0], name
+    assert out["responses"][0]["output_ids"] != out["responses"][2]["output_ids"]  # (the adapter changes it)
+
+
+def test_an_eagle_head_speculates_over_prompts_with_images(vlm, run_cli, tmp_path):
+    """An EAGLE-3 head on an Idefics3 engine (its prompts' image tokens parted by tile tags): greedy
+    answers stay transformers'."""
+    from tests.eagle_drafts import random_draft
+    from trtllm.builder.config import BuildConfig
+    from trtllm.builder.export import build
+
+    draft = random_draft(vlm[0], tmp_path / "draft", seed=3, aux=[0, 1, 1])
+    engine = build(BuildConfig(model=str(vlm[0]), output=str(tmp_path / "engine"), eagle=str(draft),
+                               max_batch_size=4, max_input_len=256, max_kv_cache_capacity=512), log=lambda m: None)
+    profile = tmp_path / "profile.json"
+    result, out = run(vlm[:1] + (engine,) + vlm[2:], run_cli, CASES, "--profile", str(profile))
+    assert result.exit_code == 0, result.output
+    for content, response in zip(CASES, out["responses"]):
+        assert response["output_ids"] == reference(vlm, content)[0]
+    assert json.loads(profile.read_text())["eagle_generation"]["total_runs"] > 0
