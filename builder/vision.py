@@ -254,14 +254,9 @@ class VisionWriter:
 
     def write(self) -> onnx.ModelProto:
         s, g = self.s, self.g
-        h, w = s.image_size
-        pixels = g.input(PIXELS, F32, ["tiles", 3, h, w])
+        pixels = g.input(PIXELS, F32, ["tiles", 3, *s.image_size])
         e = "vision_tower.embeddings"
-        x = g.op("Conv", "/vision/patch/Conv", [pixels, self.weight(f"{e}.patch_embeddings.projection.weight"),
-                                                self.weight(f"{e}.patch_embeddings.projection.bias")],
-                 kernel_shape=[s.patch_size, s.patch_size], strides=[s.patch_size, s.patch_size])
-        x = g.op("Reshape", "/vision/patch/Reshape", [x, g.const([0, s.hidden_size, -1])])
-        x = g.op("Transpose", "/vision/patch/Transpose", [x], perm=[0, 2, 1])
+        x = self.patches(pixels, f"{e}.patch_embeddings.projection")
         tiles = g.op("Slice", "/vision/tiles", [g.op("Shape", "/vision/Shape", [pixels]), g.const([0]), g.const([1])])
         cls_shape = g.op("Concat", "/vision/cls/shape", [tiles, g.const([1, s.hidden_size])], axis=0)
         cls = g.op("Expand", "/vision/cls/Expand", [self.weight(f"{e}.cls_token"), cls_shape])
@@ -283,6 +278,14 @@ class VisionWriter:
         g.output(EMBEDS, F32, ["image_tokens", s.out_hidden])
         return g.model("trtllm-edge")
 
+    def patches(self, pixels: str, conv: str) -> str:
+        """[tiles, 3, H, W] -> [tiles, patches, hidden]: module `conv`, a Conv whose stride is its kernel."""
+        s, g = self.s, self.g
+        x = g.op("Conv", "/vision/patch/Conv", [pixels, self.weight(f"{conv}.weight"), self.weight(f"{conv}.bias")],
+                 kernel_shape=[s.patch_size, s.patch_size], strides=[s.patch_size, s.patch_size])
+        x = g.op("Reshape", "/vision/patch/Reshape", [x, g.const([0, s.hidden_size, -1])])
+        return g.op("Transpose", "/vision/patch/Transpose", [x], perm=[0, 2, 1])
+
     def pixel_shuffle(self, x: str) -> str:
         """[tiles, F*F, C] -> [tiles, (F/n)^2, C*n*n] as InternVLModel.pixel_shuffle folds it (its two
         reshapes and transposes, for a square grid)."""
@@ -293,6 +296,10 @@ class VisionWriter:
         x = g.op("Reshape", "/vision/shuffle/Reshape1", [x, g.const([0, f // n, f // n, c * n * n])])
         x = g.op("Transpose", "/vision/shuffle/Transpose1", [x], perm=[0, 2, 1, 3])
         return g.op("Reshape", "/vision/shuffle/Reshape2", [x, g.const([0, -1, c * n * n])])
+
+
+def image_features(vlm, pixels):
+    return vlm.model.get_image_features(pixels, return_dict=True).pooler_output
 
 
 def section(vlm, tokenizer, spec: VisionSpec, source, max_tiles: int | None = None) -> dict:
@@ -339,16 +346,17 @@ def section(vlm, tokenizer, spec: VisionSpec, source, max_tiles: int | None = No
             "preprocess": pre}
 
 
-def verify(graph_path, vlm, spec: VisionSpec, tiles: int = 2) -> dict:
-    """vision.onnx through ONNX Runtime against transformers' get_image_features on random pixels;
-    a mismatch raises. Returns the figures for verify.json."""
+def verify(graph_path, vlm, spec: VisionSpec, tiles: int = 2, features=None) -> dict:
+    """vision.onnx through ONNX Runtime against transformers' get_image_features on random pixels
+    (`features(vlm, pixels)`: the family's call of it, InternVL's where None); a mismatch raises.
+    Returns the figures for verify.json."""
     import onnxruntime as ort
     import torch
 
     pixels = np.random.default_rng(0).standard_normal((tiles, 3, *spec.image_size)).astype(np.float32)
     ours = ort.InferenceSession(str(graph_path), providers=["CPUExecutionProvider"]).run(None, {PIXELS: pixels})[0]
     with torch.no_grad():
-        ref = vlm.model.get_image_features(torch.from_numpy(pixels), return_dict=True).pooler_output
+        ref = (features or image_features)(vlm, torch.from_numpy(pixels))
     ref = ref.reshape(-1, spec.out_hidden).numpy()
     error, scale = float(np.abs(ours - ref).max()), float(np.abs(ref).max())
     if ours.shape != ref.shape or not error <= 1e-4 * max(1.0, scale):

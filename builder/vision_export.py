@@ -106,7 +106,7 @@ def write(ck: ckpt.Checkpoint, config: BuildConfig, out_dir: Path, log, made: di
         weights = vision_qwen.weights_of(ck.vision)
         writer = vision_qwen.QwenVisionWriter(spec, weights)
     elif family(ck.vision) is vision_idefics3:
-        log(f"writing the vision graph ({spec.num_layers} layers, hidden {spec.hidden_size}, {spec.image_size}px "
+        log(f"writing the vision graph ({spec.num_layers} layers, hidden {spec.hidden_size}, {spec.image_size[0]}px "
             f"tiles, {spec.tokens_per_tile} tokens a tile, up to {vision_idefics3.most_tiles(made['preprocess'])} "
             "tiles an image)")
         writer = vision_idefics3.Idefics3Writer(spec, vision_idefics3.weights_of(ck.vision))

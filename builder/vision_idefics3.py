@@ -14,12 +14,12 @@ bucketing of fractional coordinates) and the graph adds those rows of the table 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import numpy as np
 
+from trtllm.builder import vision
 from trtllm.builder.config import ConfigError, Unsupported
-from trtllm.builder.vision import ACTIVATIONS, EMBEDS, F32, PIXELS, VisionWriter
+from trtllm.builder.vision import ACTIVATIONS, EMBEDS, F32, PIXELS, VisionSpec, VisionWriter
 
 MODEL_TYPES = ("idefics3", "smolvlm")
 LANGUAGE_PREFIX = "model.text_model"  # where their decoder layers are (PEFT adapters name them so)
@@ -29,29 +29,9 @@ TOKENS = {"image_token": "<image>", "fake_image_token": "<fake_token_around_imag
           "global_image_token": "<global-img>"}
 
 
-@dataclass(frozen=True)
-class Idefics3Spec:
-    image_size: int       # a tile's side in pixels
-    patch_size: int
-    hidden_size: int
-    num_heads: int
-    num_layers: int
-    eps: float
-    act: str              # Gelu's approximate: "none" or "tanh"
-    downsample: int       # scale_factor: the pixel shuffle folds n x n patches into one token
-    out_hidden: int       # the language model's hidden size
-
-    @property
-    def grid(self) -> int:
-        return self.image_size // self.patch_size
-
-    @property
-    def tokens_per_tile(self) -> int:
-        return (self.grid // self.downsample) ** 2
-
-
-def spec_of(config) -> Idefics3Spec:
-    """Idefics3Config / SmolVLMConfig -> Idefics3Spec; what the graph does not do is refused by name."""
+def spec_of(config) -> VisionSpec:
+    """Idefics3Config / SmolVLMConfig -> InternVL's VisionSpec (LayerNorm layers without q/k norms, a
+    final LayerNorm; its connector has no activation); what the graph does not do is refused by name."""
     v, n = config.vision_config, int(config.scale_factor)
     grid = v.image_size // v.patch_size
     checks = [
@@ -66,8 +46,9 @@ def spec_of(config) -> Idefics3Spec:
     for ok, what in checks:
         if not ok:
             raise Unsupported(f"the vision encoder: {what}")
-    return Idefics3Spec(v.image_size, v.patch_size, v.hidden_size, v.num_attention_heads, v.num_hidden_layers,
-                        float(v.layer_norm_eps), ACTIVATIONS[v.hidden_act], n, config.text_config.hidden_size)
+    return VisionSpec((v.image_size, v.image_size), v.patch_size, v.hidden_size, v.num_attention_heads,
+                      v.num_hidden_layers, "layer_norm", float(v.layer_norm_eps), False, ACTIVATIONS[v.hidden_act],
+                      "none", n, True, config.text_config.hidden_size)
 
 
 def weights_of(vlm) -> dict[str, np.ndarray]:
@@ -104,13 +85,8 @@ class Idefics3Writer(VisionWriter):
 
     def write(self):
         s, g = self.s, self.g
-        pixels = g.input(PIXELS, F32, ["tiles", 3, s.image_size, s.image_size])
-        e = "vision_model.embeddings"
-        x = g.op("Conv", "/vision/patch/Conv", [pixels, self.weight(f"{e}.patch_embedding.weight"),
-                                                self.weight(f"{e}.patch_embedding.bias")],
-                 kernel_shape=[s.patch_size, s.patch_size], strides=[s.patch_size, s.patch_size])
-        x = g.op("Reshape", "/vision/patch/Reshape", [x, g.const([0, s.hidden_size, -1])])
-        x = g.op("Transpose", "/vision/patch/Transpose", [x], perm=[0, 2, 1])
+        pixels = g.input(PIXELS, F32, ["tiles", 3, *s.image_size])
+        x = self.patches(pixels, "vision_model.embeddings.patch_embedding")
         x = g.op("Add", "/vision/position/Add", [x, self.weight("positions")])
         for i in range(s.num_layers):
             x = self.layer(i, x)
@@ -133,18 +109,17 @@ def most_tiles(pre: dict) -> int:
     return side * side + 1 if side > 1 else 1
 
 
-def section(vlm, tokenizer, spec: Idefics3Spec, source, max_tiles: int | None = None) -> dict:
+def section(vlm, tokenizer, spec: VisionSpec, source, max_tiles: int | None = None) -> dict:
     """The manifest's vision section: the graph, the ids an image's prompt is made of and how pixels are
     made (runtime/images_idefics3.py); `max_tiles` (--max-image-tiles) lowers the longest edge to the
     most whole tiles a side that keep an image within that many tiles."""
     from transformers.image_processing_utils import ImageProcessingMixin
 
-    from trtllm.builder.vision import VISION_NAME
     from trtllm.runtime import images_idefics3
 
     try:
         processor, _ = ImageProcessingMixin.get_image_processor_dict(source)
-        pre = images_idefics3.preprocess_config(processor, tile=spec.image_size)
+        pre = images_idefics3.preprocess_config(processor, tile=spec.image_size[0])
     except (OSError, ValueError) as e:
         raise Unsupported(f"its image processor's config (preprocessor_config.json) cannot be used: {e}") from e
     if max_tiles is not None:
@@ -173,7 +148,7 @@ def section(vlm, tokenizer, spec: Idefics3Spec, source, max_tiles: int | None = 
         return tokenizer(piece, add_special_tokens=False)["input_ids"]
 
     side = largest_side(pre)
-    out = {"architecture": "idefics3", "graph": VISION_NAME, "image_size": [spec.image_size] * 2,
+    out = {"architecture": "idefics3", "graph": vision.VISION_NAME, "image_size": list(spec.image_size),
            "tokens_per_tile": spec.tokens_per_tile, "hidden_size": spec.out_hidden,
            "image_token": text["image_token"], "image_token_id": single["image_token"],
            "start_token_id": single["fake_image_token"], "end_token_id": single["fake_image_token"],
@@ -212,19 +187,14 @@ def read_seq_len(source) -> int | None:
     return value if isinstance(value, int) else None
 
 
-def verify(graph_path, vlm, spec: Idefics3Spec, tiles: int = 2) -> dict:
-    """vision.onnx through ONNX Runtime against transformers' get_image_features on random tiles;
-    a mismatch raises. Returns the figures for verify.json."""
-    import onnxruntime as ort
+def verify(graph_path, vlm, spec: VisionSpec, tiles: int = 2) -> dict:
+    """vision.onnx against transformers' get_image_features on random tiles (vision.verify)."""
+    return vision.verify(graph_path, vlm, spec, tiles, features=image_features)
+
+
+def image_features(vlm, pixels):
+    """The tiles as one image of a batch of one, as Idefics3Model takes them (its features come back a
+    list, one entry a row)."""
     import torch
 
-    pixels = np.random.default_rng(0).standard_normal((tiles, 3, spec.image_size, spec.image_size)).astype(np.float32)
-    ours = ort.InferenceSession(str(graph_path), providers=["CPUExecutionProvider"]).run(None, {PIXELS: pixels})[0]
-    with torch.no_grad():
-        ref = vlm.model.get_image_features(torch.from_numpy(pixels)[None], return_dict=True).pooler_output
-    ref = torch.cat(list(ref)).reshape(-1, spec.out_hidden).numpy()
-    error, scale = float(np.abs(ours - ref).max()), float(np.abs(ref).max())
-    if ours.shape != ref.shape or not error <= 1e-4 * max(1.0, scale):
-        raise RuntimeError(f"the vision graph's image embeddings differ from transformers': max |error| {error:.3g} "
-                           f"(largest value {scale:.3g}; shapes {list(ours.shape)} and {list(ref.shape)})")
-    return {"max_abs_error": error, "max_abs_value": scale, "tiles": tiles}
+    return torch.cat(list(vlm.model.get_image_features(pixels[None], return_dict=True).pooler_output))

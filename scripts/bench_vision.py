@@ -78,27 +78,25 @@ def main() -> None:
     import onnxruntime as ort
     import torch
 
+    from trtllm.builder import vision, vision_idefics3
+
     torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as tmp:
         model, path, spec = (smolvlm_encoder if args.model == "smolvlm" else encoder)(Path(tmp))
-        side = spec.image_size if args.model == "smolvlm" else spec.image_size[0]
+        features = (vision_idefics3 if args.model == "smolvlm" else vision).image_features
         opts = ort.SessionOptions()
         opts.intra_op_num_threads = args.threads
         session = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
         times: dict[int, list[tuple[float, float]]] = {n: [] for n in args.tiles}
         for r in range(args.rounds):
             for n in args.tiles:
-                pixels = np.random.default_rng(r).standard_normal((n, 3, side, side)).astype(np.float32)
+                pixels = np.random.default_rng(r).standard_normal((n, 3, *spec.image_size)).astype(np.float32)
                 began = time.perf_counter()
                 ours = session.run(None, {"pixel_values": pixels})[0]
                 mine = time.perf_counter() - began
                 began = time.perf_counter()
                 with torch.no_grad():
-                    if args.model == "smolvlm":  # (its images come [batch, images, 3, H, W]; a list back)
-                        ref = torch.cat(list(model.model.get_image_features(torch.from_numpy(pixels)[None],
-                                                                            return_dict=True).pooler_output))
-                    else:
-                        ref = model.model.get_image_features(torch.from_numpy(pixels), return_dict=True).pooler_output
+                    ref = features(model, torch.from_numpy(pixels))
                 theirs = time.perf_counter() - began
                 error = float(np.abs(ours - ref.reshape(ours.shape).numpy()).max())
                 times[n].append((mine, theirs))

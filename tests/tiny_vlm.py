@@ -59,6 +59,45 @@ def make_vlm_checkpoint(out_dir: Path, seed: int = 0, max_patches: int = 4, qk_n
     return out_dir
 
 
+CASES = [
+    [{"type": "image", "image": "wide.png"}, {"type": "text", "text": "What is in this picture?"}],
+    [{"type": "text", "text": "Compare"}, {"type": "image", "image": "square.png"},
+     {"type": "image", "image": "tall.png"}],
+    [{"type": "text", "text": "The quick brown fox"}],
+    [{"type": "image", "image": "square.png"}, {"type": "text", "text": "What is in this picture?"}],
+]
+
+
+def greedy(model, ids, new_tokens: int, **inputs) -> tuple[list[int], object]:
+    """transformers' greedy tokens after `ids` and the first step's log-probabilities (numpy, over the
+    vocabulary), with the image inputs its processor gave."""
+    import torch
+
+    with torch.no_grad():
+        first = torch.log_softmax(model(input_ids=ids, **inputs).logits[0, -1], -1).numpy()
+        out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens,
+                             do_sample=False, **inputs)
+    return out[0, ids.shape[1]:].tolist(), first
+
+
+def assert_damage_refused(engine_dir: Path, tmp_path: Path, damage, named: str) -> None:
+    """A copy of the engine whose manifest's vision section `damage(section)` changed is refused at load,
+    with a message matching `named`."""
+    import shutil
+
+    import pytest
+
+    from trtllm.runtime.manifest import ManifestError, load
+
+    engine = tmp_path / "engine"
+    shutil.copytree(engine_dir, engine)
+    manifest = json.loads((engine / "manifest.json").read_text())
+    damage(manifest["vision"])
+    (engine / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ManifestError, match=named):
+        load(engine)
+
+
 def assert_answer(response: dict, tokens: list[int], first) -> None:
     """An engine's response against transformers' greedy tokens and first-step log-probabilities
     (a numpy array over the vocabulary): the tokens exact, the top logprobs within 1e-4."""

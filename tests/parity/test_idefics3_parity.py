@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from tests.tiny_idefics3 import TEMPLATE, make_idefics3_checkpoint
-from tests.tiny_vlm import assert_answer
+from tests.tiny_vlm import CASES, assert_answer, assert_damage_refused, greedy
 
 NEW_TOKENS = 12
 # (width, height); square2 is square's size with other pixels: the same token ids, another image
@@ -52,7 +52,6 @@ def vlm(tmp_path_factory):
 def reference(vlm, content: list, model=None, **processor_options) -> tuple[list[int], np.ndarray]:
     """transformers' greedy tokens and first-step log-probabilities for one user turn; `model`: another
     than the checkpoint's (one with a LoRA adapter)."""
-    import torch
     from PIL import Image
     from transformers import Idefics3Processor
     from transformers.models.idefics3.image_processing_pil_idefics3 import Idefics3ImageProcessorPil
@@ -69,20 +68,9 @@ def reference(vlm, content: list, model=None, **processor_options) -> tuple[list
     feats = processor(text=text, images=pictures, return_tensors="pt", add_special_tokens=False, **processor_options)
     ids = feats["input_ids"]
     kwargs = {k: feats[k] for k in ("pixel_values", "pixel_attention_mask") if k in feats}
-    with torch.no_grad():
-        first = torch.log_softmax(model(input_ids=ids, **kwargs).logits[0, -1], -1).numpy()
-        out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW_TOKENS,
-                             do_sample=False, **kwargs)
-    return out[0, ids.shape[1]:].tolist(), first
+    return greedy(model, ids, NEW_TOKENS, **kwargs)
 
 
-CASES = [
-    [{"type": "image", "image": "wide.png"}, {"type": "text", "text": "What is in this picture?"}],
-    [{"type": "text", "text": "Compare"}, {"type": "image", "image": "square.png"},
-     {"type": "image", "image": "tall.png"}],
-    [{"type": "text", "text": "The quick brown fox"}],
-    [{"type": "image", "image": "square.png"}, {"type": "text", "text": "What is in this picture?"}],
-]
 
 
 def run(vlm, run_cli, contents: list, *extra, **top):
@@ -182,17 +170,7 @@ def test_one_tile_images_and_smolvlm(tmp_path_factory, run_cli):
     (lambda v: v["preprocess"].update(tile=64), "vision.image_size \\[tile, tile\\]"),
 ])
 def test_a_damaged_vision_section_is_refused_by_name(vlm, tmp_path, damage, named):
-    import shutil
-
-    from trtllm.runtime.manifest import ManifestError, load
-
-    engine = tmp_path / "engine"
-    shutil.copytree(vlm[1], engine)
-    manifest = json.loads((engine / "manifest.json").read_text())
-    damage(manifest["vision"])
-    (engine / "manifest.json").write_text(json.dumps(manifest))
-    with pytest.raises(ManifestError, match=named):
-        load(engine)
+    assert_damage_refused(vlm[1], tmp_path, damage, named)
 
 
 def test_lora_adapters_on_the_language_model_match_peft(vlm, run_cli, tmp_path):

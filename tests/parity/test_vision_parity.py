@@ -11,7 +11,7 @@ import json
 import numpy as np
 import pytest
 
-from tests.tiny_vlm import assert_answer, make_vlm_checkpoint
+from tests.tiny_vlm import CASES, assert_answer, assert_damage_refused, greedy, make_vlm_checkpoint
 from trtllm.runtime import images
 
 NEW_TOKENS = 12
@@ -47,7 +47,6 @@ def reference(vlm, content: list, crop_to_patches: bool = True, system: dict | N
               history: list | None = None, **processor_options) -> tuple[list[int], np.ndarray]:
     """transformers' greedy tokens and first-step log-probabilities for one user turn (after `system`
     and the `history` of messages); `model`: another than the checkpoint's (one with a LoRA adapter)."""
-    import torch
     from PIL import Image
     from transformers.models.got_ocr2.image_processing_pil_got_ocr2 import GotOcr2ImageProcessorPil
 
@@ -69,20 +68,9 @@ def reference(vlm, content: list, crop_to_patches: bool = True, system: dict | N
                                   for n, rest in zip(feats["num_patches"].tolist(), parts[1:]))
         kwargs["pixel_values"] = feats["pixel_values"]
     ids = tok(text, return_tensors="pt", add_special_tokens=False)["input_ids"]
-    with torch.no_grad():
-        first = torch.log_softmax(model(input_ids=ids, **kwargs).logits[0, -1], -1).numpy()
-        out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW_TOKENS,
-                             do_sample=False, **kwargs)
-    return out[0, ids.shape[1]:].tolist(), first
+    return greedy(model, ids, NEW_TOKENS, **kwargs)
 
 
-CASES = [
-    [{"type": "image", "image": "wide.png"}, {"type": "text", "text": "What is in this picture?"}],
-    [{"type": "text", "text": "Compare"}, {"type": "image", "image": "square.png"},
-     {"type": "image", "image": "tall.png"}],
-    [{"type": "text", "text": "The quick brown fox"}],
-    [{"type": "image", "image": "square.png"}, {"type": "text", "text": "What is in this picture?"}],
-]
 
 
 def run(vlm, run_cli, contents: list, *extra, **top):
@@ -348,17 +336,7 @@ def test_max_image_tiles_is_the_processors_max_patches(vlm, run_cli, tmp_path):
     (lambda v: v.pop("tokens_per_tile"), "vision lacks tokens_per_tile"),
 ])
 def test_a_damaged_vision_section_is_refused_by_name(vlm, tmp_path, damage, named):
-    import shutil
-
-    from trtllm.runtime.manifest import ManifestError, load
-
-    engine = tmp_path / "engine"
-    shutil.copytree(vlm[1], engine)
-    manifest = json.loads((engine / "manifest.json").read_text())
-    damage(manifest["vision"])
-    (engine / "manifest.json").write_text(json.dumps(manifest))
-    with pytest.raises(ManifestError, match=named):
-        load(engine)
+    assert_damage_refused(vlm[1], tmp_path, damage, named)
 
 
 def peft_adapter(vlm, path, seed: int, target_modules, alone: bool = False) -> object:
