@@ -43,8 +43,6 @@ def refuse(config: BuildConfig, backend: str, spec) -> None:
     """What a vision-language model's engine does not do yet, named before anything is written."""
     for refused, what in ((backend == "tensorrt", f"--backend {config.backend} (TensorRT: the vision graph's plan is "
                            "not built yet; use --backend onnxruntime)"),
-                          ((config.max_lora_rank or config.lora) and spec.moe is not None,
-                           "LoRA on a mixture-of-experts language model"),
                           (config.eagle and spec.mrope_section, "EAGLE-3 heads (its language model's RoPE is "
                            "multimodal, and no head is trained for it here)"),
                           # (vision.onnx is written once, at opset 24, and linted at the profile's version)

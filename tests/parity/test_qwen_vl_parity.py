@@ -180,13 +180,43 @@ def test_qwen3_vl_matches_transformers(q3, run_cli, tmp_path):
 
 def test_qwen3_vl_moe_matches_transformers(tmp_path_factory, run_cli):
     """Qwen3-VL-MoE: Qwen3-VL's encoder on a mixture-of-experts Qwen3 (its router always renormalizes
-    the chosen experts' weights), on our MoE kernel."""
+    the chosen experts' weights), on our MoE kernel; and with LoRA adapters of its language model, the
+    routed experts' included (PEFT's target_parameters), bundled and given at run time, as PEFT."""
+    import copy
+
+    import peft
+    import torch
+
+    from trtllm.builder.config import BuildConfig
+    from trtllm.builder.export import build
+
     qm = make(tmp_path_factory, "qwen3_vl_moe")
     result, out = run(qm, run_cli, CASES[:3])
     assert result.exit_code == 0, result.output
     check(qm, CASES[:3], out)
     manifest = json.loads((qm[1] / "manifest.json").read_text())
     assert manifest["vision"]["architecture"] == "qwen3_vl" and manifest["architecture"] == "Qwen3MoeForCausalLM"
+    root, models = tmp_path_factory.mktemp("qwen3_vl_moe-lora"), {}
+    for seed, (name, experts) in enumerate((("bundled", True), ("given", False)), 1):
+        torch.manual_seed(seed)
+        config = peft.LoraConfig(r=4, lora_alpha=8, init_lora_weights=False,
+                                 target_modules=r".*language_model.*\.(q_proj|v_proj|o_proj)",
+                                 target_parameters=["mlp.experts.gate_up_proj", "mlp.experts.down_proj"] * experts)
+        models[name] = peft.get_peft_model(copy.deepcopy(qm[3]), config).eval()
+        models[name].save_pretrained(root / name)
+    engine = build(BuildConfig(model=str(qm[0]), output=str(root / "engine"), max_batch_size=4, max_input_len=256,
+                               max_kv_cache_capacity=512, max_lora_rank=16, lora=[("bundled", str(root / "bundled"))]),
+                   log=lambda m: None)
+    names = ["bundled", "given", None]
+    result, out = run_cli(engine, {
+        "temperature": 0.0, "ignore_eos": True, "max_generate_length": NEW_TOKENS, "batch_size": 4,
+        "available_lora_weights": {"given": str(root / "given")},
+        "requests": [{"messages": [{"role": "user", "content": placed(qm, CASES[0])}],
+                      **({"lora_name": name} if name else {})} for name in names]})
+    assert result.exit_code == 0, result.output
+    for name, response in zip(names, out["responses"]):
+        assert response["output_ids"] == reference(qm, CASES[0], model=models.get(name))[0], name
+    assert out["responses"][0]["output_ids"] != out["responses"][2]["output_ids"]  # (the adapter changes it)
 
 
 def test_chunked_prefill_and_prompt_lookup_keep_the_positions(qvl, run_cli, tmp_path):
