@@ -236,7 +236,8 @@ class Beams:
 
 def restore(kv: KVCacheManager, slot: int, prompt: list[int], p: BeamParams, prefixes, contexts) -> int:
     """The saved KV the prompt starts from into `slot` (a saved system prompt's, then a longer
-    --context-reuse hit's), as runtime/generate.py restores a row's: how many positions it holds."""
+    --context-reuse hit's), as runtime/generate.py restores a row's: how many positions it holds.
+    `prompt`: its ids as KV is keyed by them (each image's tokens its own: PromptImages.keyed)."""
     reused = restore_prefix_kv(prefixes, kv, slot, prompt, p.prefix_ids, adapter_key(p))
     return restore_context_kv(contexts, kv, slot, prompt, adapter_key(p), reused) if p.context_lookup else reused
 
@@ -329,7 +330,8 @@ def run_many(engine, jobs: list[tuple[list[int], BeamParams]], timing=None, done
         if isinstance(outcome, Exception):  # (its KV may be NaN: kv_cache.py clear)
             kv.clear(beams.base, beams.slots.stop)
         elif contexts is not None and beams.p.context_commit:
-            contexts.commit(tuple(beams.prompt), adapter_key(beams.p), lambda length: kv.read(beams.base, length))
+            contexts.commit(tuple(keyed(beams.p, beams.prompt)), adapter_key(beams.p),
+                            lambda length: kv.read(beams.base, length))
 
     try:
         while waiting or active:
@@ -349,7 +351,8 @@ def run_many(engine, jobs: list[tuple[list[int], BeamParams]], timing=None, done
                 try:
                     # prompt_logprobs: the prompt computed whole (nothing restored), in steps that give
                     # its positions' logits (runtime/prompt_scores.py)
-                    reused = 0 if p.scorer is not None else restore(kv, base, prompt, p, prefixes, contexts)
+                    reused = 0 if p.scorer is not None else restore(kv, base, keyed(p, prompt), p, prefixes,
+                                                                    contexts)
                     start = reused
                     while start < n:
                         end = n if p.scorer is None else chunk_stop(n, start, prompt_scores.SCORE_CHUNK)
@@ -357,7 +360,8 @@ def run_many(engine, jobs: list[tuple[list[int], BeamParams]], timing=None, done
                             input_ids=np.array([prompt[start:end]], np.int64), position_ids=np.arange(start, end)[None],
                             write_index=np.array([start], np.int64), last_index=np.array([end - start - 1], np.int64),
                             sampling=sampling.rows(batch, 0, 1), prompt=True,
-                            verify_index=None if p.scorer is None else prompt_scores.index(p.scorer, start, end)),
+                            verify_index=None if p.scorer is None else prompt_scores.index(p.scorer, start, end),
+                            **image_feeds(p.images, start, end)),
                             base, base + 1, not graph[job] or p.scorer is not None)
                         why = None if p.scorer is None else prompt_scores.record(p.scorer, start, out.verify_logits[0])
                         if why:
@@ -386,15 +390,18 @@ def run_many(engine, jobs: list[tuple[list[int], BeamParams]], timing=None, done
             lo, hi = min(active[j].base for j in going), max(active[j].slots.stop for j in going)
             span = hi - lo  # the slots between the searches' that are idle take a pad token at position 0
             ids, pos = np.full((span, 1), m.pad_token_id, np.int64), np.zeros(span, np.int64)
+            shift = np.zeros(span, np.int64)  # (multimodal RoPE: each beam's prompt's shift past its images)
             for job in going:
                 beams = active[job]
                 at = slice(beams.base - lo, beams.slots.stop - lo)
                 ids[at, 0] = [beam[-1] for beam in beams.search.running]
                 pos[at] = len(beams.prompt) + beams.search.generated - 1  # where each running beam's last token goes
+                shift[at] = beams.p.images.rope_delta if beams.p.images is not None else 0
             try:
                 out = timed("llm_generation", StepInputs(input_ids=ids, position_ids=pos[:, None], write_index=pos,
                                                           last_index=np.zeros(span, np.int64),
-                                                          sampling=sampling.rows(batch, 0, span)), lo, hi,
+                                                          sampling=sampling.rows(batch, 0, span),
+                                                          rope_delta=shift if shift.any() else None), lo, hi,
                             not all(graph[j] for j in going))
             except Exception as e:  # noqa: BLE001 - the step's searches fail; those waiting still run
                 for job in going:
@@ -411,6 +418,24 @@ def run_many(engine, jobs: list[tuple[list[int], BeamParams]], timing=None, done
                 done(job, Interrupted(beams.search.so_far()), beams.base)
         raise
     return results
+
+
+def keyed(p: BeamParams, prompt: list[int]) -> list[int]:
+    """The prompt's ids as its KV is keyed (an image's tokens by the image's own id: runtime/media.py)."""
+    return prompt if p.images is None else p.images.keyed
+
+
+def image_feeds(images, start: int, end: int) -> dict:
+    """A prompt step's image inputs for prompt positions [start, end), one row: its images' embeddings
+    and, multimodal RoPE, the tokens' three positions (as step_inputs.prefill_inputs gives a row's)."""
+    if images is None:
+        return {}
+    feeds, window, turns = {}, images.window(0, start, end), images.rope_window(0, start, end)
+    if window is not None:
+        feeds.update(image_index=window[0], image_embeds=window[1])
+    if turns is not None:
+        feeds.update(rope_index=turns[0], rope_positions=turns[1])
+    return feeds
 
 
 def reorder(kv: KVCacheManager, parents: np.ndarray, held: list, prompt_len: int, length: int, base: int = 0) -> list:

@@ -46,6 +46,9 @@ class BeamParams:
     # prompt's and answer's tokens in a row (NoRepeatNGramLogitsProcessor; runtime/bans.py)
     no_repeat_ngram_size: int = 0
     where: object = field(default=None, compare=False)  # setting name -> its JSON path (bans.banning)
+    # a vision-language engine's prompt images (runtime/media.py PromptImages): their embeddings go in
+    # at the prompt step; its KV is keyed by their ids (keyed); Qwen's beams take its RoPE shift
+    images: object = field(default=None, compare=False)
 
     @property
     def shaped(self) -> bool:

@@ -35,7 +35,8 @@ def params_for(req, row, capacity: int) -> BeamParams:
                       context_commit=row.context_commit, scorer=row if row.prompt_logprobs is not None else None,
                       guide=row.guide, bad_words=row.params.bad_words,
                       allowed_token_ids=row.params.allowed_token_ids,
-                      no_repeat_ngram_size=row.params.no_repeat_ngram_size, where=row.params.where)
+                      no_repeat_ngram_size=row.params.no_repeat_ngram_size, where=row.params.where,
+                      images=row.images)
 
 
 def replay(row, hypothesis: Hypothesis, max_new_tokens: int, finish: bool = True) -> None:

@@ -15,8 +15,6 @@ def unsupported(req: fmt.Request, index: int, manifest=None) -> str | None:
     if media - {"image"}:
         return (f"`requests[{index}].messages` contain {', '.join(sorted(media - {'image'}))} content: this engine "
                 "takes images only")
-    if media and req.num_beams > 1:
-        return f"`{req.where(index, 'num_beams')}`: beam search does not take images yet"
     return None
 
 

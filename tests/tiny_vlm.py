@@ -80,6 +80,28 @@ def greedy(model, ids, new_tokens: int, **inputs) -> tuple[list[int], object]:
     return out[0, ids.shape[1]:].tolist(), first
 
 
+def beam_answers(model, ids, new_tokens: int, num_beams: int, **inputs) -> list[tuple[list[int], float]]:
+    """transformers' beam search after `ids` (no EOS: every beam runs new_tokens): each returned
+    hypothesis' tokens and score, best first."""
+    import torch
+
+    with torch.no_grad():
+        out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens,
+                             do_sample=False, num_beams=num_beams, num_return_sequences=num_beams,
+                             eos_token_id=None, return_dict_in_generate=True, output_scores=True, **inputs)
+    return [(seq, float(score)) for seq, score in zip(out.sequences[:, ids.shape[1]:].tolist(),
+                                                      out.sequences_scores.tolist())]
+
+
+def assert_beams(responses: list, answers: list) -> None:
+    """trtllm-run's responses of one request's beams against beam_answers: tokens exact, scores within
+    float32 rounding."""
+    import numpy as np
+
+    assert [r["output_ids"] for r in responses] == [tokens for tokens, _ in answers]
+    np.testing.assert_allclose([r["beam_score"] for r in responses], [s for _, s in answers], atol=1e-4)
+
+
 def assert_damage_refused(engine_dir: Path, tmp_path: Path, damage, named: str) -> None:
     """A copy of the engine whose manifest's vision section `damage(section)` changed is refused at load,
     with a message matching `named`."""

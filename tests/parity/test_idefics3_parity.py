@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from tests.tiny_idefics3 import TEMPLATE, make_idefics3_checkpoint
-from tests.tiny_vlm import CASES, assert_answer, assert_damage_refused, greedy
+from tests.tiny_vlm import CASES, assert_answer, assert_beams, assert_damage_refused, beam_answers, greedy
 
 NEW_TOKENS = 12
 # (width, height); square2 is square's size with other pixels: the same token ids, another image
@@ -49,7 +49,7 @@ def vlm(tmp_path_factory):
     return make(tmp_path_factory)
 
 
-def reference(vlm, content: list, model=None, **processor_options) -> tuple[list[int], np.ndarray]:
+def reference(vlm, content: list, model=None, beams: int = 0, **processor_options) -> tuple[list[int], np.ndarray]:
     """transformers' greedy tokens and first-step log-probabilities for one user turn; `model`: another
     than the checkpoint's (one with a LoRA adapter)."""
     from PIL import Image
@@ -68,6 +68,8 @@ def reference(vlm, content: list, model=None, **processor_options) -> tuple[list
     feats = processor(text=text, images=pictures, return_tensors="pt", add_special_tokens=False, **processor_options)
     ids = feats["input_ids"]
     kwargs = {k: feats[k] for k in ("pixel_values", "pixel_attention_mask") if k in feats}
+    if beams:  # (then transformers' beam search's hypotheses: tiny_vlm.beam_answers)
+        return beam_answers(model, ids, NEW_TOKENS, beams, **kwargs)
     return greedy(model, ids, NEW_TOKENS, **kwargs)
 
 
@@ -227,3 +229,30 @@ def test_an_eagle_head_speculates_over_prompts_with_images(vlm, run_cli, tmp_pat
     for content, response in zip(CASES, out["responses"]):
         assert response["output_ids"] == reference(vlm, content)[0]
     assert json.loads(profile.read_text())["eagle_generation"]["total_runs"] > 0
+
+
+def test_beam_search_with_images_is_transformers(vlm, run_cli):
+    """num_beams with images (Idefics3's tiles parted by their tags): each returned beam's tokens and score are transformers' beam
+    search's, beside a greedy row of the same batch."""
+    contents = [CASES[1], CASES[0]]
+    result, out = run_cli(vlm[1], {"temperature": 0.0, "ignore_eos": True, "max_generate_length": NEW_TOKENS, "requests": [
+        {"messages": [{"role": "user", "content": [{**c, "image": str(vlm[2] / c["image"])} if "image" in c else c
+                                                   for c in content]}], **extra}
+        for content, extra in zip(contents, ({"num_beams": 3, "n": 3}, {}))]})
+    assert result.exit_code == 0, result.output
+    responses = out["responses"]
+    assert_beams(responses[:3], reference(vlm, contents[0], beams=3))
+    assert responses[3]["output_ids"] == reference(vlm, contents[1])[0]
+
+
+def test_beam_search_keeps_kv_per_image(vlm, run_cli):
+    """--context-reuse with beams: a search about one image never starts from the KV of another image
+    of the same size (the same ids), and its beams are still transformers'."""
+    requests = [{"messages": [{"role": "user", "content": [{**c, "image": str(vlm[2] / c["image"])} if "image" in c
+                                                           else c for c in asking(image)]}], "num_beams": 2, "n": 2}
+                for image in ("square.png", "square2.png", "square.png")]
+    result, out = run_cli(vlm[1], {"temperature": 0.0, "ignore_eos": True, "max_generate_length": NEW_TOKENS,
+                                   "batch_size": 2, "requests": requests}, "--context-reuse")
+    assert result.exit_code == 0, result.output
+    for k, image in enumerate(("square.png", "square2.png", "square.png")):
+        assert_beams(out["responses"][2 * k:2 * k + 2], reference(vlm, asking(image), beams=2))

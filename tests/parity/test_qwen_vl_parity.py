@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from tests.tiny_qwen_vl import make_qwen_vl_checkpoint
-from tests.tiny_vlm import assert_answer
+from tests.tiny_vlm import assert_answer, assert_beams, beam_answers
 
 NEW_TOKENS = 12
 # (width, height); square2 is square's size with other pixels: the same token ids, another image
@@ -50,7 +50,7 @@ def qvl(tmp_path_factory):
 
 
 def reference(qvl, content: list, history: list | None = None, flat_positions: bool = False,
-              model=None, no_deepstack: bool = False, **processor_options) -> tuple[list[int], np.ndarray]:
+              model=None, no_deepstack: bool = False, beams: int = 0, **processor_options) -> tuple[list[int], np.ndarray]:
     """transformers' greedy tokens and first-step log-probabilities for one user turn after `history`;
     `flat_positions`: the deliberately wrong variant, every token at its slot on all three axes (no
     token marked an image's in mm_token_type_ids); `no_deepstack`: another (Qwen3-VL), the encoder's
@@ -85,6 +85,9 @@ def reference(qvl, content: list, history: list | None = None, flat_positions: b
     text_model = inner.language_model
     if no_deepstack:
         text_model._deepstack_process = lambda hidden, mask, embeds: hidden
+    if beams:  # (then transformers' beam search's hypotheses: tiny_vlm.beam_answers)
+        inner.rope_deltas = None
+        return beam_answers(model, ids, NEW_TOKENS, beams, **kwargs)
     with torch.no_grad():
         inner.rope_deltas = None
         first = torch.log_softmax(model(input_ids=ids, **kwargs).logits[0, -1], -1).numpy()
@@ -534,3 +537,16 @@ def test_served_images_match_transformers_and_one_too_long_is_not_encoded(qvl, t
     status, body = post(short, (qvl[2] / "big.png").read_bytes())  # (54 tokens: past max_input_len 48)
     assert status == 400 and "more than the engine's max_input_len 48" in body["error"]["message"], body
     assert encoded == []
+
+
+def test_beam_search_with_images_is_transformers(qvl, run_cli):
+    """num_beams with images (Qwen's multimodal RoPE: the beams' shift past the images): each returned beam's tokens and score are transformers' beam
+    search's, beside a greedy row of the same batch."""
+    contents = [CASES[1], CASES[0]]
+    result, out = run_cli(qvl[1], {"temperature": 0.0, "ignore_eos": True, "max_generate_length": NEW_TOKENS, "requests": [
+        {"messages": [{"role": "user", "content": placed(qvl, c)}], **extra}
+        for c, extra in zip(contents, ({"num_beams": 3, "n": 3}, {}))]})
+    assert result.exit_code == 0, result.output
+    responses = out["responses"]
+    assert_beams(responses[:3], reference(qvl, contents[0], beams=3))
+    assert responses[3]["output_ids"] == reference(qvl, contents[1])[0]

@@ -11,7 +11,7 @@ import json
 import numpy as np
 import pytest
 
-from tests.tiny_vlm import CASES, assert_answer, assert_damage_refused, greedy, make_vlm_checkpoint
+from tests.tiny_vlm import CASES, assert_answer, assert_beams, assert_damage_refused, beam_answers, greedy, make_vlm_checkpoint
 from trtllm.runtime import images
 
 NEW_TOKENS = 12
@@ -44,7 +44,7 @@ def vlm(tmp_path_factory):
 
 
 def reference(vlm, content: list, crop_to_patches: bool = True, system: dict | None = None, model=None,
-              history: list | None = None, **processor_options) -> tuple[list[int], np.ndarray]:
+              history: list | None = None, beams: int = 0, **processor_options) -> tuple[list[int], np.ndarray]:
     """transformers' greedy tokens and first-step log-probabilities for one user turn (after `system`
     and the `history` of messages); `model`: another than the checkpoint's (one with a LoRA adapter)."""
     from PIL import Image
@@ -68,6 +68,8 @@ def reference(vlm, content: list, crop_to_patches: bool = True, system: dict | N
                                   for n, rest in zip(feats["num_patches"].tolist(), parts[1:]))
         kwargs["pixel_values"] = feats["pixel_values"]
     ids = tok(text, return_tensors="pt", add_special_tokens=False)["input_ids"]
+    if beams:  # (then transformers' beam search's hypotheses: tiny_vlm.beam_answers)
+        return beam_answers(model, ids, NEW_TOKENS, beams, **kwargs)
     return greedy(model, ids, NEW_TOKENS, **kwargs)
 
 
@@ -439,3 +441,17 @@ def test_an_eagle_head_speculates_over_prompts_with_images(vlm, run_cli, tmp_pat
     for content, response in zip(CASES, out["responses"]):
         assert response["output_ids"] == reference(vlm, content)[0]
     assert json.loads(profile.read_text())["eagle_generation"]["total_runs"] > 0
+
+
+def test_beam_search_with_images_is_transformers(vlm, run_cli):
+    """num_beams with images (InternVL's tiles): each returned beam's tokens and score are transformers' beam
+    search's, beside a greedy row of the same batch."""
+    contents = [CASES[1], CASES[0]]
+    result, out = run_cli(vlm[1], {"temperature": 0.0, "ignore_eos": True, "max_generate_length": NEW_TOKENS, "requests": [
+        {"messages": [{"role": "user", "content": [{**c, "image": str(vlm[2] / c["image"])} if "image" in c else c
+                                                   for c in content]}], **extra}
+        for content, extra in zip(contents, ({"num_beams": 3, "n": 3}, {}))]})
+    assert result.exit_code == 0, result.output
+    responses = out["responses"]
+    assert_beams(responses[:3], reference(vlm, contents[0], beams=3))
+    assert responses[3]["output_ids"] == reference(vlm, contents[1])[0]
