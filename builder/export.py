@@ -27,7 +27,7 @@ from trtllm.builder.architectures import spec_for, weights_of
 from trtllm.builder.config import MODERN_MIN_TRT, BuildConfig, ConfigError, legacy_profile_hint, listed, parse_trt_version
 from trtllm.builder import eagle, lora, prequantized, provenance, vision, vision_export
 from trtllm.builder.plan import build_tensorrt
-from trtllm.builder.verify_logits import REFERENCE_NAME, number_format
+from trtllm.builder.verify_logits import REFERENCE_NAME, VISION_REFERENCE_NAME, check_vision_plan, number_format
 from trtllm.builder.decoder import (DecoderWriter, attention_supported, gqa_supported, half_supported, lora_sites,
                                     projection_widths)
 from trtllm.builder.engine_dir import (binary_sizes, check_output, in_place, readable_by_all, replace_engine,
@@ -426,7 +426,8 @@ def make_manifest(ck, config: BuildConfig, backend: str, spec, max_top_k: int, n
                "tokenizer_config": "tokenizer_config.json", "chat_template": "chat_template.jinja",
                "generation_config": "generation_config.json",
                **({"vision": vision_section["graph"]} if vision_section else {}),
-               **({"vision_compiled": vision_section["compiled"]} if vision_section.get("compiled") else {})},
+               **({"vision_compiled": vision_section["compiled"]} if vision_section.get("compiled") else {}),
+               **({"vision_plan": trt_build.VISION_PLAN_NAME} if vision_section and backend == "tensorrt" else {})},
         build_config=config.to_json(), source=ck.source, versions=versions(), build_id=uuid.uuid4().hex,
         lowerings=tuple(lowerings),
         lora=({"sites": lora_sites(spec, lora_on_experts(spec, bool({"MoE", "QMoE"} & set(lowerings)))), "adapters": {},
@@ -545,11 +546,16 @@ def build(config: BuildConfig, log=print) -> Path:
                                       reference=reference, draft_engine=draft_engine), "code": code}
             if vision_spec is not None:
                 compiled = {"compiled": tmp / image_section["compiled"]} if image_section.get("compiled") else {}
+                if backend == "tensorrt":  # (transformers' side kept: the vision plan is checked against it)
+                    compiled["save"] = tmp / VISION_REFERENCE_NAME
                 report["vision"] = vision_export.family(ck.vision).verify(tmp / vision.VISION_NAME, ck.vision,
                                                                           vision_spec, **compiled)
                 log(f"verified the vision graph: max |error| {report['vision']['max_abs_error']:.2e} of the image "
                     "embeddings" + (f"; its ONNX Runtime form's {report['vision']['compiled_max_abs_error']:.2e}"
-                                    if compiled else ""))
+                                    if "compiled" in compiled else ""))
+                if backend == "tensorrt" and not config.plan_later:
+                    report["vision_plan"] = check_vision_plan(tmp, manifest)
+                    log(f"verified the vision plan: max |error| {report['vision_plan']['max_abs_error']:.2e}")
             (tmp / "verify.json").write_text(json.dumps(report, indent=2) + "\n")
             log(f"verified: max |logit error| {report['max_abs_error']:.2e} over {report['num_positions']} "
                 f"positions (greedy tokens agree: {report['tokens_agree']}); top-1 agreement "

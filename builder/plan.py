@@ -26,7 +26,7 @@ from trtllm.plugins import lint
 from trtllm.runtime import manifest as mf
 
 def build_tensorrt(out_dir: Path, options, manifest: mf.Manifest, log, source: Path | None = None) -> mf.Manifest:
-    """llm.onnx -> llm.plan (and the EAGLE head's plan), the graphs read from `source` (else
+    """llm.onnx -> llm.plan (and the EAGLE head's plan, and vision.onnx's), the graphs read from `source` (else
     out_dir), the plans written to out_dir; returns the manifest with its tensorrt section (version,
     GPU, profiles). `options`: sampling_plugin, workspace_gib, opt_level, timing_cache, graph and
     trt_version (a BuildConfig, or the plan step's)."""
@@ -35,7 +35,7 @@ def build_tensorrt(out_dir: Path, options, manifest: mf.Manifest, log, source: P
     onnx_name = manifest.files.get("onnx", "llm.onnx")
     lint.check_model(source / onnx_name, trt_build.minor_version(trt))  # the graph must parse on the TensorRT here
     profiles = trt_build.optimization_profiles(manifest.limits, manifest.model, manifest.io, manifest.lora,
-                                               eagle=bool(manifest.eagle))
+                                               eagle=bool(manifest.eagle), vision=manifest.vision)
     plugins = []
     if options.sampling_plugin:  # registered before parsing, so the parser picks it over the ONNX body
         from trtllm.plugins.sample import trt_plugin
@@ -59,6 +59,14 @@ def build_tensorrt(out_dir: Path, options, manifest: mf.Manifest, log, source: P
         draft = trt_build.draft_profiles(manifest.limits, mf.ModelShape(**manifest.eagle["model"]), manifest.io)
         plan_of(source / manifest.eagle["onnx"], draft, manifest.eagle["plan"])
         manifest = dataclasses.replace(manifest, eagle={**manifest.eagle, "profiles": [p.to_json() for p in draft]})
+    if manifest.vision:  # the image encoder's plan (float32, one profile of tiles)
+        lint.check_model(source / manifest.vision["graph"], trt_build.minor_version(trt))
+        shapes = trt_build.vision_profiles(manifest.vision)
+        plan = trt_build.build_plan(source / manifest.vision["graph"], shapes, workspace_gib=options.workspace_gib,
+                                    opt_level=options.opt_level, timing_cache=timing_cache, log=log)
+        (out_dir / manifest.files["vision_plan"]).write_bytes(plan)
+        log(f"wrote {manifest.files['vision_plan']} ({len(plan) / 2**20:.1f} MiB)")
+        manifest = dataclasses.replace(manifest, vision={**manifest.vision, "profiles": [p.to_json() for p in shapes]})
     return dataclasses.replace(manifest, tensorrt=section)
 
 
@@ -78,14 +86,15 @@ def plan_engine(engine_dir: Path, options: PlanOptions, verify: bool = True, log
     plan is pending, the plans and verify.json replace the engine's, and the new manifest comes
     last: an interruption anywhere leaves an engine this step takes again. Returns the check's
     report (None without one)."""
-    from trtllm.builder.verify_logits import REFERENCE_NAME, check_against_reference, number_format
+    from trtllm.builder.verify_logits import REFERENCE_NAME, check_against_reference, check_vision_plan, number_format
     from trtllm.runtime.engine import load_engine
 
     engine_dir = Path(engine_dir).resolve()
     manifest = mf.load(engine_dir, planning=True)  # (its plans, if any, may be missing or damaged)
     reference = engine_dir / REFERENCE_NAME
     refuse(engine_dir, manifest, reference if verify else None)
-    plans = [manifest.files.get("plan", trt_build.PLAN_NAME)] + ([manifest.eagle["plan"]] if manifest.eagle else [])
+    plans = [manifest.files.get("plan", trt_build.PLAN_NAME)] + ([manifest.eagle["plan"]] if manifest.eagle else []) \
+        + ([manifest.files["vision_plan"]] if manifest.vision else [])
     written = [*plans, VERIFY_NAME, mf.MANIFEST_NAME]
     check_copy(engine_dir, written)
     stage = Path(tempfile.mkdtemp(dir=engine_dir, prefix=".plan.partial-"))
@@ -109,6 +118,10 @@ def plan_engine(engine_dir: Path, options: PlanOptions, verify: bool = True, log
                 report = check_against_reference(engine, reference, number_format(built))
             finally:
                 engine.close()
+            if built.vision:  # the image encoder's plan against transformers' embeddings of the export
+                report["vision_plan"] = check_vision_plan(stage, built)
+                log(f"verified the vision plan: max |error| {report['vision_plan']['max_abs_error']:.2e} of the image "
+                    "embeddings transformers gave at the export")
             log(f"verified the plan against transformers' logits recorded at the export: max |logit error| "
                 f"{report['max_abs_error']:.2e}; top-1 agreement {report['top1_agreement']:.1%} over "
                 f"{report['agreement_positions']} positions" + (f", and with {len(report['adapters'])} adapters"

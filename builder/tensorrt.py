@@ -23,6 +23,7 @@ from trtllm.runtime.kv_cache import kv_storage
 from trtllm.runtime.manifest import GraphIO, Limits, ModelShape, lora_projections
 
 PLAN_NAME = "llm.plan"
+VISION_PLAN_NAME = "vision.plan"  # a vision-language engine's image encoder (vision.onnx's plan)
 
 
 class TensorRTUnavailable(RuntimeError):
@@ -41,7 +42,7 @@ class Profile:
 
 
 def optimization_profiles(limits: Limits, model: ModelShape, io: GraphIO, lora: dict | None = None,
-                          eagle: bool = False) -> list[Profile]:
+                          eagle: bool = False, vision: dict | None = None) -> list[Profile]:
     """The prefill and decode profiles for every graph input, sized from the build limits, in the
     order the runtime indexes them (runtime/backends/tensorrt.py PREFILL, DECODE).
 
@@ -53,6 +54,8 @@ def optimization_profiles(limits: Limits, model: ModelShape, io: GraphIO, lora: 
     max_lora_rank, optimised for one shared adapter of the full rank.
     EAGLE engines: verify_index [B, T], T 0 (a plain step) up to the step's tokens, and tree_mask
     [B, S, T] likewise; a verification step has more than one token, so it runs in the prefill profile.
+    Vision-language engines (manifest `vision`): image_embeds [N, hidden] and image_index [N, 2], N 0
+    (a step without image tokens) up to every token of the step.
     """
     b, s_max, cap = limits.max_batch_size, limits.max_input_len, limits.max_kv_cache_capacity
     vocab = model.vocab_size
@@ -77,12 +80,25 @@ def optimization_profiles(limits: Limits, model: ModelShape, io: GraphIO, lora: 
             e = (experts,) if experts else ()  # (an adapter per routed expert)
             shapes[io.lora_a.format(i=i, module=module)] = ((1, *e, n_in, 0), (1, *e, n_in, r), (b, *e, n_in, r))
             shapes[io.lora_b.format(i=i, module=module)] = ((1, *e, 0, n_out), (1, *e, r, n_out), (b, *e, r, n_out))
+        if vision:  # (tile encoders only: Qwen's multimodal RoPE inputs are refused before a plan)
+            most = seq[2][0] * seq[2][1]
+            shapes[io.image_embeds] = ((0, model.hidden_size), (most // 2, model.hidden_size), (most, model.hidden_size))
+            shapes[io.image_index] = ((0, 2), (most // 2, 2), (most, 2))
         if eagle:
             shapes[io.verify_index] = shapes[io.verify_uniform] = ((1, 0), (b, 0), (b, seq[2][1]))
             # a tree over the step's tokens: [B, S, 0] (a plain step, a chain) to [B, S, S]
             shapes[io.tree_mask] = tuple((*d, t) for d, t in zip(seq, (0, 0, seq[2][1])))
         profiles.append(Profile(name, shapes))
     return profiles
+
+
+def vision_profiles(vision: dict) -> list[Profile]:
+    """vision.onnx's one profile: pixel_values [tiles, 3, H, W], 1 to the tiles the runtime encodes at
+    once (runtime/media.py TILES_A_RUN)."""
+    from trtllm.runtime.media import TILES_A_RUN
+
+    h, w = vision["image_size"]
+    return [Profile("vision", {"pixel_values": ((1, 3, h, w), (TILES_A_RUN, 3, h, w), (TILES_A_RUN, 3, h, w))})]
 
 
 def draft_profiles(limits: Limits, draft: ModelShape, io: GraphIO) -> list[Profile]:

@@ -247,3 +247,28 @@ def check_against_reference(engine, path: Path, quantization: str, atol: float =
         e.report = report
         raise
     return report
+
+
+VISION_REFERENCE_NAME = "vision_reference.npz"  # a TensorRT VLM's: pixels and transformers' embeddings of them
+
+
+def check_vision_plan(engine_dir: Path, manifest: mf.Manifest) -> dict:
+    """vision.plan on the export's reference pixels against transformers' embeddings of them (as the
+    build checks vision.onnx: within 1e-4 of the largest value); a mismatch raises VerifyError."""
+    from trtllm.runtime.backends.tensorrt import TensorRTVision
+
+    ref = np.load(Path(engine_dir) / VISION_REFERENCE_NAME)
+    encoder = TensorRTVision(engine_dir, manifest)
+    try:
+        ours = encoder({"pixel_values": ref["pixel_values"]})
+    finally:
+        encoder.close()
+    want = ref["image_embeds"]
+    error, scale = float(np.abs(ours - want).max()), float(np.abs(want).max())
+    report = {"max_abs_error": error, "max_abs_value": scale, "tiles": int(len(ref["pixel_values"]))}
+    if ours.shape != want.shape or not error <= 1e-4 * max(1.0, scale):
+        e = VerifyError(f"the vision plan's image embeddings differ from transformers': max |error| {error:.3g} "
+                        f"(largest value {scale:.3g}; shapes {list(ours.shape)} and {list(want.shape)})")
+        e.report = {"vision_plan": report}
+        raise e
+    return report

@@ -346,10 +346,11 @@ def section(vlm, tokenizer, spec: VisionSpec, source, max_tiles: int | None = No
             "preprocess": pre}
 
 
-def verify(graph_path, vlm, spec: VisionSpec, tiles: int = 2, features=None) -> dict:
+def verify(graph_path, vlm, spec: VisionSpec, tiles: int = 2, features=None, save=None) -> dict:
     """vision.onnx through ONNX Runtime against transformers' get_image_features on random pixels
     (`features(vlm, pixels)`: the family's call of it, InternVL's where None); a mismatch raises.
-    Returns the figures for verify.json."""
+    `save`: a path for the pixels and transformers' embeddings (a TensorRT engine's vision plan is
+    checked against them where it is built: builder/verify_logits.py). Returns the figures for verify.json."""
     import onnxruntime as ort
     import torch
 
@@ -358,6 +359,8 @@ def verify(graph_path, vlm, spec: VisionSpec, tiles: int = 2, features=None) -> 
     with torch.no_grad():
         ref = (features or image_features)(vlm, torch.from_numpy(pixels))
     ref = ref.reshape(-1, spec.out_hidden).numpy()
+    if save is not None:
+        np.savez(save, pixel_values=pixels, image_embeds=ref)
     error, scale = float(np.abs(ours - ref).max()), float(np.abs(ref).max())
     if ours.shape != ref.shape or not error <= 1e-4 * max(1.0, scale):
         raise RuntimeError(f"the vision graph's image embeddings differ from transformers': max |error| {error:.3g} "

@@ -41,8 +41,9 @@ def language_spec(ck: ckpt.Checkpoint, config: BuildConfig, backend: str, spec, 
 
 def refuse(config: BuildConfig, backend: str, spec) -> None:
     """What a vision-language model's engine does not do yet, named before anything is written."""
-    for refused, what in ((backend == "tensorrt", f"--backend {config.backend} (TensorRT: the vision graph's plan is "
-                           "not built yet; use --backend onnxruntime)"),
+    for refused, what in ((backend == "tensorrt" and spec.mrope_section, f"--backend {config.backend} (TensorRT: "
+                           "the Qwen models' vision plan and multimodal RoPE inputs are not built yet; use --backend "
+                           "onnxruntime)"),
                           (config.eagle and spec.mrope_section, "EAGLE-3 heads (its language model's RoPE is "
                            "multimodal, and no head is trained for it here)"),
                           # (vision.onnx is written once, at opset 24, and linted at the profile's version)

@@ -187,9 +187,9 @@ def read_seq_len(source) -> int | None:
     return value if isinstance(value, int) else None
 
 
-def verify(graph_path, vlm, spec: VisionSpec, tiles: int = 2) -> dict:
+def verify(graph_path, vlm, spec: VisionSpec, tiles: int = 2, save=None) -> dict:
     """vision.onnx against transformers' get_image_features on random tiles (vision.verify)."""
-    return vision.verify(graph_path, vlm, spec, tiles, features=image_features)
+    return vision.verify(graph_path, vlm, spec, tiles, features=image_features, save=save)
 
 
 def image_features(vlm, pixels):

@@ -316,7 +316,7 @@ def load(engine_dir: str | os.PathLike, planning: bool = False) -> Manifest:
         raise ManifestError(f"{path} is malformed ({e}); {hint(backend)}") from e
     sections = (manifest.files, manifest.eagle, manifest.sizes)
     if planning and backend == "tensorrt" and all(isinstance(x, dict) for x in sections):
-        plans = {manifest.files.get("plan"), manifest.eagle.get("plan")}
+        plans = {manifest.files.get("plan"), manifest.eagle.get("plan"), manifest.files.get("vision_plan")}
         manifest = dataclasses.replace(manifest, tensorrt=dict(PLAN_PENDING),
                                        sizes={k: v for k, v in dict(manifest.sizes).items() if k not in plans})
     problem = check(manifest, Path(engine_dir))
@@ -374,7 +374,7 @@ def check(m: Manifest, engine_dir: Path) -> str:
     if problem:
         return problem
     pending = plan_pending(m)  # (exported with --plan-later: the plan step writes it)
-    named = [(f"files.{k}", v) for k, v in m.files.items() if not (pending and k == "plan")]
+    named = [(f"files.{k}", v) for k, v in m.files.items() if not (pending and k in ("plan", "vision_plan"))]
     named += [(f"eagle.{k}", m.eagle.get(k)) for k in ("compiled", "plan") if k in m.eagle
               and not (pending and k == "plan")]
     named += [(f"lora.adapters.{k}", v) for k, v in m.lora.get("adapters", {}).items()]

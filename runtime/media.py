@@ -104,9 +104,10 @@ class ImageEncoder:
 
     def __init__(self, engine_dir, manifest, timing=None, num_threads: int | None = None):
         self.dir, self.section, self.timing, self.threads = Path(engine_dir), manifest.vision, timing, num_threads
+        self.manifest = manifest
         self.limit = manifest.limits.max_input_len  # (an image with more tokens is refused, not encoded ahead)
-        self.session = None
-        self.graph: str | None = None  # the graph it runs (load()'s choice)
+        self.session = None  # feeds -> the embeddings (load()'s: ONNX Runtime's session, or vision.plan's)
+        self.graph: str | None = None  # the graph or plan it runs (load()'s choice)
         self.lock = threading.Lock()  # (warm runs in a server's request threads, __call__ in its generation loop)
         # one encoding at a time: each takes every core and its attention's memory, and a second caller
         # of the same image then finds it kept
@@ -180,10 +181,7 @@ class ImageEncoder:
             if self.session is None:
                 self.session = self.load()
         began = time.perf_counter()
-        # (Qwen2-VL's graph has no windows; vision.ort.onnx takes window_ids, vision.onnx window_rows and _slots)
-        takes = {i.name for i in self.session.get_inputs()}
-        out = np.concatenate([self.session.run(None, {k: v for k, v in feeds.items() if k in takes})[0]
-                              for feeds in runs])
+        out = np.concatenate([self.session(feeds) for feeds in runs])
         if order is not None:  # (Qwen2.5-VL's encoder works in window order: back to the image's)
             out = out[order]
         if self.timing is not None:
@@ -191,10 +189,16 @@ class ImageEncoder:
         return out
 
     def load(self):
-        """The vision graph's session: its ONNX Runtime form on our kernels where the build wrote one
+        """The vision graph's runner (feeds -> embeddings): a TensorRT engine's vision.plan; else its
+        ONNX Runtime session, on its ONNX Runtime form on our kernels where the build wrote one
         (vision.ort.onnx: attention as trtllm.cpu::SegmentAttention, memory linear in an image's
         patches) and the kernel's fast path runs on this CPU (AVX2), else vision.onnx (ONNX's
         Attention: faster than the kernel's portable path; its memory grows with the patches' square)."""
+        if self.manifest.backend == "tensorrt":  # (vision.plan, on the device beside llm.plan)
+            from trtllm.runtime.backends.tensorrt import TensorRTVision
+
+            self.graph = self.manifest.files["vision_plan"]
+            return TensorRTVision(self.dir, self.manifest)
         import onnxruntime as ort
 
         opts = ort.SessionOptions()
@@ -206,8 +210,10 @@ class ImageEncoder:
         else:
             compiled = None
         self.graph = compiled or self.section["graph"]
-        return ort.InferenceSession(str(self.dir / self.graph), opts,
-                                    providers=["CPUExecutionProvider"])
+        session = ort.InferenceSession(str(self.dir / self.graph), opts, providers=["CPUExecutionProvider"])
+        # (Qwen2-VL's graph has no windows; vision.ort.onnx takes window_ids, vision.onnx window_rows and _slots)
+        takes = {i.name for i in session.get_inputs()}
+        return lambda feeds: session.run(None, {k: v for k, v in feeds.items() if k in takes})[0]
 
 
 def image_items(req, index: int) -> list[tuple[str, object]]:

@@ -351,6 +351,11 @@ class TensorRTEngine:
             if self.manifest.eagle.get("tree"):  # no tree: [B, S, 0], the causal mask alone
                 feeds[io.tree_mask] = inputs.tree_mask if inputs.tree_mask is not None \
                     else np.zeros((batch, seq, 0), np.bool_)
+        if self.manifest.vision:  # (a step without image tokens: none, [0, H])
+            no_image = inputs.image_embeds is None
+            feeds[io.image_embeds] = np.zeros((0, self.manifest.model.hidden_size), np.float32) if no_image \
+                else inputs.image_embeds
+            feeds[io.image_index] = np.zeros((0, 2), np.int64) if no_image else inputs.image_index
         for name, array in feeds.items():
             self.bind(name, array, alive)
         for name, array in (inputs.lora or self.no_adapter).items():
@@ -427,6 +432,64 @@ class TensorRTEngine:
         for buf in [*self.buffers.values(), *self.scratch.values()]:
             buf.close()
         self.buffers, self.scratch = {}, {}
+        self.context = self.engine = None
+        self.stream.close()
+        self.stream = None
+
+
+class TensorRTVision:
+    """A vision-language engine's image encoder plan (vision.plan, builder/tensorrt.py vision_profiles):
+    feeds {"pixel_values": [tiles, 3, H, W]} -> the image tokens' embeddings [tiles x tokens_per_tile,
+    hidden], in runs of at most the profile's tiles. Loaded at an engine's first image, beside llm.plan
+    (whose load checked the TensorRT version and GPU both plans were built for)."""
+
+    def __init__(self, engine_dir, manifest: Manifest):
+        trt = import_tensorrt(engine_dir)
+        from trtllm.runtime.backends import cuda
+
+        path = Path(engine_dir) / manifest.files["vision_plan"]
+        if not path.is_file():
+            raise ManifestError(f"{path} is missing; {trt_rebuild_hint(engine_dir)}")
+        self.runtime = trt.Runtime(shared_logger(trt))
+        self.engine = self.runtime.deserialize_cuda_engine(path.read_bytes())
+        if self.engine is None:
+            raise ManifestError(f"TensorRT could not deserialize {path}; {trt_rebuild_hint(engine_dir)}")
+        self.context = self.engine.create_execution_context()
+        if self.context is None:
+            raise ManifestError(f"TensorRT could not create an execution context for {path} (its error is above; "
+                                "usually too little free device memory)")
+        self.stream = cuda.Stream()
+        self.tokens, self.width = manifest.vision["tokens_per_tile"], manifest.vision["hidden_size"]
+        most = tuple(self.engine.get_tensor_profile_shape("pixel_values", 0)[2])
+        self.most = most[0]
+        self.pixels = cuda.DeviceBuffer(int(np.prod(most)) * 4)
+        self.embeds = cuda.DeviceBuffer(self.most * self.tokens * self.width * 4)
+
+    def __call__(self, feeds: dict) -> np.ndarray:
+        pixels, out = np.ascontiguousarray(feeds["pixel_values"], np.float32), []
+        for i in range(0, len(pixels), self.most):
+            part = pixels[i:i + self.most]
+            if not self.context.set_input_shape("pixel_values", part.shape):
+                raise RuntimeError(f"TensorRT rejected pixel_values of shape {part.shape} (vision.plan's profile: "
+                                   f"up to {self.most} tiles)")
+            self.stream.upload(self.pixels.ptr, part)
+            for name, buffer in (("pixel_values", self.pixels), ("image_embeds", self.embeds)):
+                if not self.context.set_tensor_address(name, buffer.ptr):
+                    raise RuntimeError(f"TensorRT rejected the address of {name}: vision.plan has no such tensor")
+            if not self.context.execute_async_v3(int(self.stream)):
+                raise RuntimeError("TensorRT failed to enqueue the vision encoder (see its log)")
+            embeds = np.empty((len(part) * self.tokens, self.width), np.float32)
+            self.stream.download(embeds, self.embeds.ptr)
+            self.stream.sync()
+            out.append(embeds)
+        return np.concatenate(out)
+
+    def close(self) -> None:
+        if getattr(self, "stream", None) is None:
+            return
+        self.stream.sync()
+        self.pixels.close()
+        self.embeds.close()
         self.context = self.engine = None
         self.stream.close()
         self.stream = None

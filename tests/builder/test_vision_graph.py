@@ -67,15 +67,17 @@ def test_a_wrong_pixel_shuffle_is_caught(tmp_path, monkeypatch):
     assert not np.allclose(ours, ref, atol=1e-3)
 
 
-def test_build_refuses_tensorrt_for_a_vision_language_model(tmp_path):
-    """vision.onnx has no plan step yet: a TensorRT engine of one is refused by name, nothing written."""
+def test_build_refuses_a_legacy_tensorrt_profile_for_a_vision_language_model(tmp_path):
+    """vision.onnx is written at opset 24 for TensorRT >= 10.15: a legacy (TensorRT 10.3) engine of a
+    vision-language model is refused by name, nothing written."""
     from trtllm.builder.config import BuildConfig, ConfigError
     from trtllm.builder.export import build
 
     ckpt = make_vlm_checkpoint(tmp_path / "ckpt")
-    with pytest.raises(ConfigError, match="vision-language model.*TensorRT"):
+    with pytest.raises(ConfigError, match="vision-language model.*TensorRT 10.3 profile"):
         build(BuildConfig(model=str(ckpt), output=str(tmp_path / "engine"), max_batch_size=1, max_input_len=64,
-                          max_kv_cache_capacity=128, backend="tensorrt", plan_later=True), log=lambda m: None)
+                          max_kv_cache_capacity=128, backend="tensorrt", plan_later=True, graph="legacy",
+                          trt_version="10.3"), log=lambda m: None)
     assert not (tmp_path / "engine").exists()
 
 

@@ -256,3 +256,30 @@ def test_beam_search_keeps_kv_per_image(vlm, run_cli):
     assert result.exit_code == 0, result.output
     for k, image in enumerate(("square.png", "square2.png", "square.png")):
         assert_beams(out["responses"][2 * k:2 * k + 2], reference(vlm, asking(image), beams=2))
+
+
+def test_a_tensorrt_engine_answers_with_images_as_transformers(vlm, run_cli, tmp_path):
+    """--backend tensorrt (the stand-ins, tests/fakes): llm.plan takes the image embeddings, vision.plan
+    encodes the tiles (checked at the build against transformers' embeddings); exported with
+    --plan-later, the plan step builds both plans on the device and checks them against the export's
+    reference, and the engine answers as transformers."""
+    from tests import fakes
+    from trtllm.builder import plan
+    from trtllm.builder.config import BuildConfig
+    from trtllm.builder.export import build
+
+    options = dict(model=str(vlm[0]), backend="tensorrt", max_batch_size=4, max_input_len=256, max_kv_cache_capacity=512)
+    later = build(BuildConfig(output=str(tmp_path / "later"), plan_later=True, **options), log=lambda m: None)
+    assert not (later / "vision.plan").exists() and (later / "vision_reference.npz").is_file()
+    with fakes.installed():
+        whole = build(BuildConfig(output=str(tmp_path / "whole"), **options), log=lambda m: None)
+        checks = json.loads((whole / "verify.json").read_text())
+        assert checks["vision_plan"]["max_abs_error"] < 1e-4
+        assert plan.main([str(later)]) == 0
+        assert json.loads((later / "verify.json").read_text())["plan"]["vision_plan"]["max_abs_error"] < 1e-4
+        assert "vision.plan" in (later / "checksums.sha256").read_text()
+        for engine in (whole, later):
+            result, out = run(vlm[:1] + (engine,) + vlm[2:], run_cli, CASES)
+            assert result.exit_code == 0, result.output
+            for content, response in zip(CASES, out["responses"]):
+                assert_answer(response, *reference(vlm, content))

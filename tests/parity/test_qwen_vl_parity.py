@@ -550,3 +550,16 @@ def test_beam_search_with_images_is_transformers(qvl, run_cli):
     responses = out["responses"]
     assert_beams(responses[:3], reference(qvl, contents[0], beams=3))
     assert responses[3]["output_ids"] == reference(qvl, contents[1])[0]
+
+
+def test_tensorrt_is_refused_by_name(qvl, tmp_path):
+    """Qwen's vision plan and multimodal RoPE inputs have no TensorRT build yet: refused before anything
+    is written (InternVL's and Idefics3's engines build for TensorRT)."""
+    from tests import fakes
+    from trtllm.builder.config import BuildConfig, ConfigError
+    from trtllm.builder.export import build
+
+    with fakes.installed(), pytest.raises(ConfigError, match="the Qwen models' vision plan and multimodal RoPE"):
+        build(BuildConfig(model=str(qvl[0]), output=str(tmp_path / "engine"), backend="tensorrt", max_batch_size=4,
+                          max_input_len=256, max_kv_cache_capacity=512), log=lambda m: None)
+    assert not (tmp_path / "engine").exists()

@@ -455,3 +455,22 @@ def test_beam_search_with_images_is_transformers(vlm, run_cli):
     responses = out["responses"]
     assert_beams(responses[:3], reference(vlm, contents[0], beams=3))
     assert responses[3]["output_ids"] == reference(vlm, contents[1])[0]
+
+
+def test_a_tensorrt_engine_answers_with_images_as_transformers(vlm, run_cli, tmp_path):
+    """--backend tensorrt (the stand-ins, tests/fakes): llm.plan takes the image embeddings and
+    vision.plan encodes the tiles (4 at a time, its profile's most), as transformers."""
+    from tests import fakes
+    from trtllm.builder.config import BuildConfig
+    from trtllm.builder.export import build
+
+    with fakes.installed():
+        engine = build(BuildConfig(model=str(vlm[0]), output=str(tmp_path / "engine"), backend="tensorrt",
+                                   max_batch_size=4, max_input_len=256, max_kv_cache_capacity=512), log=lambda m: None)
+        manifest = json.loads((engine / "manifest.json").read_text())
+        assert manifest["files"]["vision_plan"] == "vision.plan"
+        assert manifest["vision"]["profiles"][0]["shapes"]["pixel_values"][2] == [4, 3, 56, 56]
+        result, out = run((vlm[0], engine, *vlm[2:]), run_cli, CASES)
+    assert result.exit_code == 0, result.output
+    for content, response in zip(CASES, out["responses"]):
+        assert_answer(response, *reference(vlm, content))
