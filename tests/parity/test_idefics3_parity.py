@@ -283,3 +283,20 @@ def test_a_tensorrt_engine_answers_with_images_as_transformers(vlm, run_cli, tmp
             assert result.exit_code == 0, result.output
             for content, response in zip(CASES, out["responses"]):
                 assert_answer(response, *reference(vlm, content))
+
+
+def test_a_vision_plan_off_from_transformers_fails_the_build(vlm, tmp_path, monkeypatch):
+    """The TensorRT check's wrong variant: a vision plan whose embeddings are 1e-3 off (of values about
+    1) fails the build, and no engine is written."""
+    from tests import fakes
+    from trtllm.builder.config import BuildConfig
+    from trtllm.builder.export import build
+    from trtllm.builder.verify_logits import VerifyError
+    from trtllm.runtime.backends import tensorrt
+
+    real = tensorrt.TensorRTVision.__call__
+    monkeypatch.setattr(tensorrt.TensorRTVision, "__call__", lambda self, feeds: real(self, feeds) + 1e-3)
+    with fakes.installed(), pytest.raises(VerifyError, match="the vision plan's image embeddings differ"):
+        build(BuildConfig(model=str(vlm[0]), output=str(tmp_path / "engine"), backend="tensorrt", max_batch_size=4,
+                          max_input_len=256, max_kv_cache_capacity=512), log=lambda m: None)
+    assert not (tmp_path / "engine").exists()
