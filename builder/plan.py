@@ -61,7 +61,7 @@ def build_tensorrt(out_dir: Path, options, manifest: mf.Manifest, log, source: P
         manifest = dataclasses.replace(manifest, eagle={**manifest.eagle, "profiles": [p.to_json() for p in draft]})
     if manifest.vision:  # the image encoder's plan (float32, one profile of tiles)
         lint.check_model(source / manifest.vision["graph"], trt_build.minor_version(trt))
-        shapes = trt_build.vision_profiles(manifest.vision)
+        shapes = trt_build.vision_profiles(manifest.vision, source / manifest.vision["graph"])
         plan = trt_build.build_plan(source / manifest.vision["graph"], shapes, workspace_gib=options.workspace_gib,
                                     opt_level=options.opt_level, timing_cache=timing_cache, log=log)
         (out_dir / manifest.files["vision_plan"]).write_bytes(plan)

@@ -54,8 +54,9 @@ def optimization_profiles(limits: Limits, model: ModelShape, io: GraphIO, lora: 
     max_lora_rank, optimised for one shared adapter of the full rank.
     EAGLE engines: verify_index [B, T], T 0 (a plain step) up to the step's tokens, and tree_mask
     [B, S, T] likewise; a verification step has more than one token, so it runs in the prefill profile.
-    Vision-language engines (manifest `vision`): image_embeds [N, hidden] and image_index [N, 2], N 0
-    (a step without image tokens) up to every token of the step.
+    Vision-language engines (manifest `vision`): image_embeds [N, hidden (Qwen3-VL: x (1 + its DeepStack
+    layers))] and image_index [N, 2], N 0 (a step without image tokens) up to every token of the step;
+    multimodal RoPE (Qwen-VL): rope_delta [B], and rope_index [M, 2] and rope_positions [M, 3] as N.
     """
     b, s_max, cap = limits.max_batch_size, limits.max_input_len, limits.max_kv_cache_capacity
     vocab = model.vocab_size
@@ -80,10 +81,14 @@ def optimization_profiles(limits: Limits, model: ModelShape, io: GraphIO, lora: 
             e = (experts,) if experts else ()  # (an adapter per routed expert)
             shapes[io.lora_a.format(i=i, module=module)] = ((1, *e, n_in, 0), (1, *e, n_in, r), (b, *e, n_in, r))
             shapes[io.lora_b.format(i=i, module=module)] = ((1, *e, 0, n_out), (1, *e, r, n_out), (b, *e, r, n_out))
-        if vision:  # (tile encoders only: Qwen's multimodal RoPE inputs are refused before a plan)
-            most = seq[2][0] * seq[2][1]
-            shapes[io.image_embeds] = ((0, model.hidden_size), (most // 2, model.hidden_size), (most, model.hidden_size))
+        if vision:
+            most, width = seq[2][0] * seq[2][1], model.hidden_size * (1 + vision.get("deepstack_layers", 0))
+            shapes[io.image_embeds] = ((0, width), (most // 2, width), (most, width))
             shapes[io.image_index] = ((0, 2), (most // 2, 2), (most, 2))
+            if vision.get("mrope_section"):
+                shapes[io.rope_delta] = batch()
+                shapes[io.rope_index] = ((0, 2), (most // 2, 2), (most, 2))
+                shapes[io.rope_positions] = ((0, 3), (most // 2, 3), (most, 3))
         if eagle:
             shapes[io.verify_index] = shapes[io.verify_uniform] = ((1, 0), (b, 0), (b, seq[2][1]))
             # a tree over the step's tokens: [B, S, 0] (a plain step, a chain) to [B, S, S]
@@ -92,13 +97,29 @@ def optimization_profiles(limits: Limits, model: ModelShape, io: GraphIO, lora: 
     return profiles
 
 
-def vision_profiles(vision: dict) -> list[Profile]:
-    """vision.onnx's one profile: pixel_values [tiles, 3, H, W], 1 to the tiles the runtime encodes at
-    once (runtime/media.py TILES_A_RUN)."""
+def vision_profiles(vision: dict, onnx_path: Path) -> list[Profile]:
+    """vision.onnx's one profile, each input's axes from the graph: InternVL's and Idefics3's tiles
+    [tiles, 3, H, W], 1 to the tiles the runtime encodes at once (runtime/media.py TILES_A_RUN); Qwen's
+    patches (one image a run), merge x merge of them up to an image of max_pixels, and Qwen2.5-VL's
+    windows (a merge unit at least each) of up to window_size / patch_size squared patches."""
+    import onnx
+
     from trtllm.runtime.media import TILES_A_RUN
 
-    h, w = vision["image_size"]
-    return [Profile("vision", {"pixel_values": ((1, 3, h, w), (TILES_A_RUN, 3, h, w), (TILES_A_RUN, 3, h, w))})]
+    pre = vision["preprocess"]
+    if "merge_size" in pre:
+        unit = pre["merge_size"] ** 2
+        patches = max(unit, pre["max_pixels"] // pre["patch_size"] ** 2 // unit * unit)
+        widest = (vision["window_size"] // pre["patch_size"]) ** 2 if vision.get("window_size") else 1
+        axes = {"patches": (unit, max(unit, patches // 2 // unit * unit), patches),
+                "windows": (1, max(1, patches // unit // 2), patches // unit), "window_width": (1, widest, widest)}
+    else:
+        axes = {"tiles": (1, TILES_A_RUN, TILES_A_RUN)}
+    shapes = {}
+    for t in onnx.load(str(onnx_path), load_external_data=False).graph.input:
+        dims = [(d.dim_value,) * 3 if d.HasField("dim_value") else axes[d.dim_param] for d in t.type.tensor_type.shape.dim]
+        shapes[t.name] = tuple(tuple(d[k] for d in dims) for k in range(3))
+    return [Profile("vision", shapes)]
 
 
 def draft_profiles(limits: Limits, draft: ModelShape, io: GraphIO) -> list[Profile]:

@@ -259,10 +259,12 @@ def check_vision_plan(engine_dir: Path, manifest: mf.Manifest) -> dict:
 
     ref = np.load(Path(engine_dir) / VISION_REFERENCE_NAME)
     encoder = TensorRTVision(engine_dir, manifest)
-    try:
-        ours = encoder({"pixel_values": ref["pixel_values"]})
+    try:  # (Qwen's: the graph's feeds, and its rows' order back to transformers')
+        ours = encoder({k: ref[k] for k in ref.files if k not in ("image_embeds", "unpermute")})
     finally:
         encoder.close()
+    if "unpermute" in ref.files:
+        ours = ours[ref["unpermute"]]
     want = ref["image_embeds"]
     error, scale = float(np.abs(ours - want).max()), float(np.abs(want).max())
     report = {"max_abs_error": error, "max_abs_value": scale, "tiles": int(len(ref["pixel_values"]))}

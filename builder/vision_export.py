@@ -41,10 +41,7 @@ def language_spec(ck: ckpt.Checkpoint, config: BuildConfig, backend: str, spec, 
 
 def refuse(config: BuildConfig, backend: str, spec) -> None:
     """What a vision-language model's engine does not do yet, named before anything is written."""
-    for refused, what in ((backend == "tensorrt" and spec.mrope_section, f"--backend {config.backend} (TensorRT: "
-                           "the Qwen models' vision plan and multimodal RoPE inputs are not built yet; use --backend "
-                           "onnxruntime)"),
-                          (config.eagle and spec.mrope_section, "EAGLE-3 heads (its language model's RoPE is "
+    for refused, what in ((config.eagle and spec.mrope_section, "EAGLE-3 heads (its language model's RoPE is "
                            "multimodal, and no head is trained for it here)"),
                           # (vision.onnx is written once, at opset 24, and linted at the profile's version)
                           (parse_trt_version(config.trt_version) < MODERN_MIN_TRT,

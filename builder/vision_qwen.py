@@ -370,10 +370,12 @@ def _inputs(grids, spec: QwenVisionSpec) -> dict[str, np.ndarray]:
     return out
 
 
-def verify(graph_path, vlm, spec: QwenVisionSpec, grids=((1, 8, 12), (1, 4, 4)), compiled=None) -> dict:
+def verify(graph_path, vlm, spec: QwenVisionSpec, grids=((1, 8, 12), (1, 4, 4)), compiled=None, save=None) -> dict:
     """vision.onnx through ONNX Runtime against transformers' get_image_features (its pooler_output and
     deepstack_features side by side) on random pixels for `grids` (one run, all images packed), and
-    `compiled` (vision.ort.onnx, on our kernels) alike; a mismatch raises. Returns the figures for verify.json."""
+    `compiled` (vision.ort.onnx, on our kernels) alike; a mismatch raises. `save`: a path for
+    vision.onnx's feeds and transformers' embeddings (a TensorRT engine's vision plan is checked against
+    them where it is built: builder/verify_logits.py). Returns the figures for verify.json."""
     import torch
 
     total = sum(t * h * w for t, h, w in grids)
@@ -387,6 +389,8 @@ def verify(graph_path, vlm, spec: QwenVisionSpec, grids=((1, 8, 12), (1, 4, 4)),
     ref = torch.cat([torch.cat(list(images)) for images in blocks], dim=-1).numpy()
     scale = float(np.abs(ref).max())
     out = {"max_abs_value": scale, "grids": [list(g) for g in grids]}
+    if save is not None:
+        np.savez(save, image_embeds=ref, unpermute=feeds["unpermute"], **canonical_feeds(pixels[feeds["rows"]], feeds))
     for key, path in (("max_abs_error", graph_path), ("compiled_max_abs_error", compiled)):
         if path is None:
             continue
@@ -400,22 +404,29 @@ def verify(graph_path, vlm, spec: QwenVisionSpec, grids=((1, 8, 12), (1, 4, 4)),
     return out
 
 
+def canonical_feeds(pixels, feeds) -> dict:
+    """What _inputs made as vision.onnx's feeds (its windows as a padded batch), with the rows' pixels."""
+    from trtllm.runtime.images_qwen import window_layout
+
+    out = {PIXELS: pixels, **{k: feeds[k] for k in (POSITIONS, IMAGE_IDS, POS_INDEX, POS_WEIGHTS) if k in feeds}}
+    if WINDOW_IDS in feeds:
+        out[WINDOW_ROWS], out[WINDOW_SLOTS] = window_layout(feeds[WINDOW_IDS])
+    return out
+
+
 def _run(path, pixels, feeds, native: bool) -> np.ndarray:
     """One run of a vision graph (`native`: with our kernel library) on what _inputs made."""
     import onnxruntime as ort
 
     from trtllm.plugins import cpu as cpu_kernels
-    from trtllm.runtime.images_qwen import window_layout
 
     opts = ort.SessionOptions()
     if native:
         opts.register_custom_ops_library(str(cpu_kernels.library()))
     session = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
-    feeds = dict(feeds)
-    if WINDOW_IDS in feeds:
-        feeds[WINDOW_ROWS], feeds[WINDOW_SLOTS] = window_layout(feeds[WINDOW_IDS])
+    feeds = {**feeds, **canonical_feeds(pixels, feeds)}
     names = [i.name for i in session.get_inputs()]
-    return session.run(None, {PIXELS: pixels, **{n: feeds[n] for n in names if n != PIXELS}})[0]
+    return session.run(None, {n: feeds[n] for n in names})[0]
 
 
 def section(vlm, tokenizer, spec: QwenVisionSpec, source, max_pixels: int | None = None) -> dict:

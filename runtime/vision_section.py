@@ -52,10 +52,8 @@ def check(m) -> str:
         return f"vision.hidden_size must be model.hidden_size ({m.model.hidden_size}), got {v['hidden_size']!r}"
     if not isinstance(v["image_token"], str):
         return f"vision.image_token must be a string, got {v['image_token']!r}"
-    if m.backend != "onnxruntime" and (kind is QWEN or not m.files.get("vision_plan")):
-        # (TensorRT engines: the tile encoders' vision.plan; Qwen's has no plan step yet)
-        return (f"a vision section on a {m.backend!r} engine is for InternVL and Idefics3 with files.vision_plan, got "
-                f"{v['architecture']!r} and {m.files.get('vision_plan')!r}")
+    if m.backend != "onnxruntime" and not m.files.get("vision_plan"):  # (TensorRT engines: vision.onnx's plan)
+        return f"a vision section on a {m.backend!r} engine needs files.vision_plan, got {m.files.get('vision_plan')!r}"
     pre = v["preprocess"]
     if not isinstance(pre, dict) or set(pre) != set(kind[1]):
         return f"vision.preprocess must hold {', '.join(kind[1])}, got {pre!r:.200}"

@@ -351,11 +351,17 @@ class TensorRTEngine:
             if self.manifest.eagle.get("tree"):  # no tree: [B, S, 0], the causal mask alone
                 feeds[io.tree_mask] = inputs.tree_mask if inputs.tree_mask is not None \
                     else np.zeros((batch, seq, 0), np.bool_)
-        if self.manifest.vision:  # (a step without image tokens: none, [0, H])
+        v = self.manifest.vision
+        if v:  # (a step without image tokens: none, [0, H]; as the ONNX Runtime engine feeds them)
             no_image = inputs.image_embeds is None
-            feeds[io.image_embeds] = np.zeros((0, self.manifest.model.hidden_size), np.float32) if no_image \
-                else inputs.image_embeds
+            width = self.manifest.model.hidden_size * (1 + v.get("deepstack_layers", 0))  # (Qwen3-VL's extra rows)
+            feeds[io.image_embeds] = np.zeros((0, width), np.float32) if no_image else inputs.image_embeds
             feeds[io.image_index] = np.zeros((0, 2), np.int64) if no_image else inputs.image_index
+            if v.get("mrope_section"):  # (text alone: its slots, [B] 0s; none given whole, [0, 3])
+                feeds[io.rope_delta] = np.zeros(batch, np.int64) if inputs.rope_delta is None else inputs.rope_delta
+                given = inputs.rope_index is not None
+                feeds[io.rope_index] = inputs.rope_index if given else np.zeros((0, 2), np.int64)
+                feeds[io.rope_positions] = inputs.rope_positions if given else np.zeros((0, 3), np.int64)
         for name, array in feeds.items():
             self.bind(name, array, alive)
         for name, array in (inputs.lora or self.no_adapter).items():
@@ -439,9 +445,10 @@ class TensorRTEngine:
 
 class TensorRTVision:
     """A vision-language engine's image encoder plan (vision.plan, builder/tensorrt.py vision_profiles):
-    feeds {"pixel_values": [tiles, 3, H, W]} -> the image tokens' embeddings [tiles x tokens_per_tile,
-    hidden], in runs of at most the profile's tiles. Loaded at an engine's first image, beside llm.plan
-    (whose load checked the TensorRT version and GPU both plans were built for)."""
+    an image's feeds (runtime/media.py ImageEncoder.encode's) -> its tokens' embeddings [tokens, hidden
+    (Qwen3-VL: x (1 + its DeepStack layers))]. InternVL's and Idefics3's tiles run a profile's most at a
+    time; Qwen's patches run whole, with their index inputs. Loaded at an engine's first image, beside
+    llm.plan (whose load checked the TensorRT version and GPU both plans were built for)."""
 
     def __init__(self, engine_dir, manifest: Manifest):
         trt = import_tensorrt(engine_dir)
@@ -459,37 +466,53 @@ class TensorRTVision:
             raise ManifestError(f"TensorRT could not create an execution context for {path} (its error is above; "
                                 "usually too little free device memory)")
         self.stream = cuda.Stream()
-        self.tokens, self.width = manifest.vision["tokens_per_tile"], manifest.vision["hidden_size"]
-        most = tuple(self.engine.get_tensor_profile_shape("pixel_values", 0)[2])
-        self.most = most[0]
-        self.pixels = cuda.DeviceBuffer(int(np.prod(most)) * 4)
-        self.embeds = cuda.DeviceBuffer(self.most * self.tokens * self.width * 4)
+        v = manifest.vision
+        self.width = v["hidden_size"] * (1 + v.get("deepstack_layers", 0))
+        names = [self.engine.get_tensor_name(i) for i in range(self.engine.num_io_tensors)]
+        self.inputs = [n for n in names if self.engine.get_tensor_mode(n) == trt.TensorIOMode.INPUT]
+        self.dtypes = {n: held_dtype(trt, self.engine.get_tensor_dtype(n)) for n in self.inputs}
+        most = {n: tuple(self.engine.get_tensor_profile_shape(n, 0)[2]) for n in self.inputs}
+        self.tiled = "merge_size" not in v["preprocess"]  # (Qwen's: one run of patches, M x M a token)
+        self.per = v["tokens_per_tile"] if self.tiled else v["preprocess"]["merge_size"] ** 2
+        self.most = most["pixel_values"][0]  # tiles, or patches
+        rows = self.most * self.per if self.tiled else self.most // self.per
+        self.buffers = {n: cuda.DeviceBuffer(int(np.prod(most[n])) * self.dtypes[n].itemsize) for n in self.inputs}
+        self.buffers["image_embeds"] = cuda.DeviceBuffer(rows * self.width * 4)
 
     def __call__(self, feeds: dict) -> np.ndarray:
-        pixels, out = np.ascontiguousarray(feeds["pixel_values"], np.float32), []
-        for i in range(0, len(pixels), self.most):
-            part = pixels[i:i + self.most]
-            if not self.context.set_input_shape("pixel_values", part.shape):
-                raise RuntimeError(f"TensorRT rejected pixel_values of shape {part.shape} (vision.plan's profile: "
-                                   f"up to {self.most} tiles)")
-            self.stream.upload(self.pixels.ptr, part)
-            for name, buffer in (("pixel_values", self.pixels), ("image_embeds", self.embeds)):
-                if not self.context.set_tensor_address(name, buffer.ptr):
-                    raise RuntimeError(f"TensorRT rejected the address of {name}: vision.plan has no such tensor")
-            if not self.context.execute_async_v3(int(self.stream)):
-                raise RuntimeError("TensorRT failed to enqueue the vision encoder (see its log)")
-            embeds = np.empty((len(part) * self.tokens, self.width), np.float32)
-            self.stream.download(embeds, self.embeds.ptr)
-            self.stream.sync()
-            out.append(embeds)
-        return np.concatenate(out)
+        if not self.tiled:
+            return self.run(feeds, len(feeds["pixel_values"]) // self.per)
+        pixels = feeds["pixel_values"]
+        return np.concatenate([self.run({"pixel_values": pixels[i:i + self.most]}, len(pixels[i:i + self.most]) * self.per)
+                               for i in range(0, len(pixels), self.most)])
+
+    def run(self, feeds: dict, rows: int) -> np.ndarray:
+        alive = []
+        for name in self.inputs:
+            array = np.ascontiguousarray(feeds[name], self.dtypes[name])
+            alive.append(array)
+            if not self.context.set_input_shape(name, array.shape):
+                lo, _, hi = self.engine.get_tensor_profile_shape(name, 0)
+                raise RuntimeError(f"TensorRT rejected {name} of shape {array.shape} (vision.plan's profile: "
+                                   f"{tuple(lo)} to {tuple(hi)}): the engine's image limits are in manifest.json")
+            if array.size:
+                self.stream.upload(self.buffers[name].ptr, array)
+        for name, buffer in self.buffers.items():
+            if not self.context.set_tensor_address(name, buffer.ptr):
+                raise RuntimeError(f"TensorRT rejected the address of {name}: vision.plan has no such tensor")
+        if not self.context.execute_async_v3(int(self.stream)):
+            raise RuntimeError("TensorRT failed to enqueue the vision encoder (see its log)")
+        embeds = np.empty((rows, self.width), np.float32)
+        self.stream.download(embeds, self.buffers["image_embeds"].ptr)
+        self.stream.sync()
+        return embeds
 
     def close(self) -> None:
         if getattr(self, "stream", None) is None:
             return
         self.stream.sync()
-        self.pixels.close()
-        self.embeds.close()
+        for buffer in self.buffers.values():
+            buffer.close()
         self.context = self.engine = None
         self.stream.close()
         self.stream = None

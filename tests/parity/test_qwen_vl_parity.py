@@ -552,14 +552,22 @@ def test_beam_search_with_images_is_transformers(qvl, run_cli):
     assert responses[3]["output_ids"] == reference(qvl, contents[1])[0]
 
 
-def test_tensorrt_is_refused_by_name(qvl, tmp_path):
-    """Qwen's vision plan and multimodal RoPE inputs have no TensorRT build yet: refused before anything
-    is written (InternVL's and Idefics3's engines build for TensorRT)."""
+def test_tensorrt_engines_answer_with_images_as_transformers(qvl, q3, tmp_path_factory, run_cli):
+    """--backend tensorrt (the stand-ins, tests/fakes) on Qwen2.5-VL (windowed layers: window_rows and
+    window_slots in vision.plan's profile) and Qwen3-VL (its position grid's taps, DeepStack rows on
+    image_embeds): llm.plan takes the M-RoPE inputs, vision.plan an image's patches whole (checked at
+    the build against transformers' embeddings), and the answers with images are transformers'."""
     from tests import fakes
-    from trtllm.builder.config import BuildConfig, ConfigError
+    from trtllm.builder.config import BuildConfig
     from trtllm.builder.export import build
 
-    with fakes.installed(), pytest.raises(ConfigError, match="the Qwen models' vision plan and multimodal RoPE"):
-        build(BuildConfig(model=str(qvl[0]), output=str(tmp_path / "engine"), backend="tensorrt", max_batch_size=4,
-                          max_input_len=256, max_kv_cache_capacity=512), log=lambda m: None)
-    assert not (tmp_path / "engine").exists()
+    for model in (qvl, q3):
+        root = tmp_path_factory.mktemp("qwen-trt")
+        with fakes.installed():
+            engine = build(BuildConfig(model=str(model[0]), output=str(root / "engine"), backend="tensorrt",
+                                       max_batch_size=4, max_input_len=256, max_kv_cache_capacity=512),
+                           log=lambda m: None)
+            assert json.loads((engine / "verify.json").read_text())["vision_plan"]["max_abs_error"] < 1e-4
+            result, out = run((model[0], engine, *model[2:]), run_cli, CASES)
+        assert result.exit_code == 0, result.output
+        check(model, CASES, out)

@@ -116,7 +116,7 @@ SHAPE_SLOTS = {"Reshape": (1,), "Expand": (1,), "Slice": (1, 2, 3, 4), "Range": 
 
 def shape_tensors(model) -> set[str]:
     """The graph inputs TensorRT would take as shape tensors: those a shape slot reads, directly or
-    through the ops that compute it (a Shape op's input is not one: it reads only its shape). By
+    through the ops that compute it (a Shape or Size op's input is not one: it reads only its shape). By
     use, as TensorRT decides (ITensor.is_shape_tensor), not by dtype: an int64 [1] input that only
     indexes or compares (a batch-1 graph's write_index) is an execution tensor."""
     nodes = list(model.graph.node)
@@ -137,7 +137,7 @@ def shape_tensors(model) -> set[str]:
             continue
         seen.add(name)
         node = made.get(name)
-        if node is not None and node.op_type != "Shape":
+        if node is not None and node.op_type not in ("Shape", "Size"):  # (both read their input's shape alone)
             needed += [i for i in node.input if i]
     return seen & {i.name for i in model.graph.input}
 
