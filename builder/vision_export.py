@@ -43,8 +43,9 @@ def refuse(config: BuildConfig, backend: str, spec) -> None:
     """What a vision-language model's engine does not do yet, named before anything is written."""
     for refused, what in ((config.eagle and spec.mrope_section, "EAGLE-3 heads (its language model's RoPE is "
                            "multimodal, and no head is trained for it here)"),
-                          # (vision.onnx is written once, at opset 24, and linted at the profile's version)
-                          (parse_trt_version(config.trt_version) < MODERN_MIN_TRT,
+                          # (Qwen's vision.onnx is opset 24, its attention ONNX's Attention op; the tile
+                          # encoders' ops are all opset 20's: the legacy profile writes them so)
+                          (parse_trt_version(config.trt_version) < MODERN_MIN_TRT and spec.mrope_section,
                            f"a TensorRT {config.trt_version} profile (its vision graph needs TensorRT >= "
                            f"{MODERN_MIN_TRT[0]}.{MODERN_MIN_TRT[1]}'s ops)")):
         if refused:
@@ -112,7 +113,12 @@ def write(ck: ckpt.Checkpoint, config: BuildConfig, out_dir: Path, log, made: di
             f"tiles, {spec.tokens_per_tile} tokens a tile, up to {most} tiles an image"
             + " and its thumbnail" * (most > 1) + ")")
         writer = vision.VisionWriter(spec, vision.weights_of(ck.vision))
-    save_linted(writer.write(), out_dir, vision.VISION_NAME, "the vision graph", config.trt_version)
+    model = writer.write()
+    if config.graph == "legacy" and family(ck.vision) is not vision_qwen:  # (TensorRT 10.3: opset 20 at most)
+        from trtllm.builder import legacy_ops
+
+        next(o for o in model.opset_import if o.domain == "").version = legacy_ops.OPSET
+    save_linted(model, out_dir, vision.VISION_NAME, "the vision graph", config.trt_version)
     del writer
     if native:
         log(f"lowering the vision graph's attention to {cpu_kernels.SEGMENT_ATTENTION_LOWERING} (plugins/cpu: its "

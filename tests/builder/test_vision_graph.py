@@ -67,20 +67,6 @@ def test_a_wrong_pixel_shuffle_is_caught(tmp_path, monkeypatch):
     assert not np.allclose(ours, ref, atol=1e-3)
 
 
-def test_build_refuses_a_legacy_tensorrt_profile_for_a_vision_language_model(tmp_path):
-    """vision.onnx is written at opset 24 for TensorRT >= 10.15: a legacy (TensorRT 10.3) engine of a
-    vision-language model is refused by name, nothing written."""
-    from trtllm.builder.config import BuildConfig, ConfigError
-    from trtllm.builder.export import build
-
-    ckpt = make_vlm_checkpoint(tmp_path / "ckpt")
-    with pytest.raises(ConfigError, match="vision-language model.*TensorRT 10.3 profile"):
-        build(BuildConfig(model=str(ckpt), output=str(tmp_path / "engine"), max_batch_size=1, max_input_len=64,
-                          max_kv_cache_capacity=128, backend="tensorrt", plan_later=True, graph="legacy",
-                          trt_version="10.3"), log=lambda m: None)
-    assert not (tmp_path / "engine").exists()
-
-
 def test_a_hub_id_loads_as_a_vision_language_model(tmp_path, monkeypatch):
     """A hub ID's checkpoint is split as a directory's is (the files here come from a local one)."""
     from trtllm.builder import checkpoint as ckpt

@@ -457,19 +457,26 @@ def test_beam_search_with_images_is_transformers(vlm, run_cli):
     assert responses[3]["output_ids"] == reference(vlm, contents[1])[0]
 
 
-def test_a_tensorrt_engine_answers_with_images_as_transformers(vlm, run_cli, tmp_path):
-    """--backend tensorrt (the stand-ins, tests/fakes): llm.plan takes the image embeddings and
-    vision.plan encodes the tiles (4 at a time, its profile's most), as transformers."""
+@pytest.mark.parametrize("graph, version, lint", [("modern", "10.16.0.1", "10.16"), ("legacy", "10.3.0.30", "10.3")])
+def test_a_tensorrt_engine_answers_with_images_as_transformers(vlm, run_cli, tmp_path, graph, version, lint):
+    """--backend tensorrt (the stand-ins, tests/fakes), the modern profile and the legacy one (TensorRT
+    10.3, JetPack 6: vision.onnx at opset 20): llm.plan takes the image embeddings and vision.plan
+    encodes the tiles (4 at a time, its profile's most), as transformers."""
+    import onnx
+
     from tests import fakes
     from trtllm.builder.config import BuildConfig
     from trtllm.builder.export import build
 
-    with fakes.installed():
+    with fakes.installed(FAKE_TRT_VERSION=version):
         engine = build(BuildConfig(model=str(vlm[0]), output=str(tmp_path / "engine"), backend="tensorrt",
-                                   max_batch_size=4, max_input_len=256, max_kv_cache_capacity=512), log=lambda m: None)
+                                   graph=graph, trt_version=lint, max_batch_size=4,
+                                   max_input_len=256, max_kv_cache_capacity=512), log=lambda m: None)
         manifest = json.loads((engine / "manifest.json").read_text())
         assert manifest["files"]["vision_plan"] == "vision.plan"
         assert manifest["vision"]["profiles"][0]["shapes"]["pixel_values"][2] == [4, 3, 56, 56]
+        opset = onnx.load(str(engine / "vision.onnx"), load_external_data=False).opset_import[0].version
+        assert opset == {"modern": 24, "legacy": 20}[graph]
         result, out = run((vlm[0], engine, *vlm[2:]), run_cli, CASES)
     assert result.exit_code == 0, result.output
     for content, response in zip(CASES, out["responses"]):
