@@ -59,7 +59,7 @@ def build_tensorrt(out_dir: Path, options, manifest: mf.Manifest, log, source: P
         draft = trt_build.draft_profiles(manifest.limits, mf.ModelShape(**manifest.eagle["model"]), manifest.io)
         plan_of(source / manifest.eagle["onnx"], draft, manifest.eagle["plan"])
         manifest = dataclasses.replace(manifest, eagle={**manifest.eagle, "profiles": [p.to_json() for p in draft]})
-    if manifest.vision:  # the image encoder's plan (float32, one profile of tiles)
+    if manifest.vision:  # the image encoder's plan (float32, one profile: tiles, or a Qwen image's patches)
         lint.check_model(source / manifest.vision["graph"], trt_build.minor_version(trt))
         shapes = trt_build.vision_profiles(manifest.vision, source / manifest.vision["graph"])
         plan = trt_build.build_plan(source / manifest.vision["graph"], shapes, workspace_gib=options.workspace_gib,
