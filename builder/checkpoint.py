@@ -77,9 +77,6 @@ def load_config(source, model_arg: str):
         if str(method).lower() in prequantized.METHODS:
             packing = prequantized.packing_of(quant if isinstance(quant, dict) else quant.to_dict(), model_arg)
             del config.quantization_config
-            if any(getattr(config, key, None) for key in ("num_experts", "num_local_experts")):
-                raise Unsupported(f"--model {model_arg!r}: a {method} mixture of experts: pre-quantized experts are "
-                                  "not supported yet; build from the unquantized checkpoint")
         elif str(method) not in DEQUANTIZED:
             raise Unsupported(f"--model {model_arg!r}: config.quantization_config (quant_method {method!r}): a "
                               "pre-quantized checkpoint cannot be built; build from the unquantized one, with "
@@ -119,8 +116,9 @@ def load(model_arg: str) -> Checkpoint:
             check_generation_config(path)
             model, info, tok = load_model(path, model_arg)
         source = {"model": str(path.resolve()), "kind": "dir", "sha256": weights_hash(loaded_weight_files(path))}
-        if info.get("packing"):
-            source["prequantized"] = info["packing"].to_json()
+        if info.get("packing"):  # (with a mixture of experts' stacked parameters read back from packed experts)
+            source["prequantized"] = {**info["packing"].to_json(),
+                                      **({"experts": len(info["experts"])} if info.get("experts") else {})}
         model, whole = split_vision(model)
         return check_vocab(Checkpoint(model.eval(), tok, source, tuple(sorted(info.get("unexpected_keys") or ())),
                                       grids=info.get("grids"), vision=whole), model_arg)
@@ -194,11 +192,14 @@ def unpacked_into(model, info: dict, packing, files: list[Path], model_arg: str)
             raise CheckpointError(f"{name} unpacks to {list(weight.shape)}, and the model's is {list(param.shape)}")
         with torch.no_grad():
             param.copy_(weight)
+    filled = prequantized.experts_into(model, grids, model_arg)  # (a mixture of experts' stacked parameters)
+    unexpected = prequantized.consumed(list(info.get("unexpected_keys") or []), grids)
     grids = {k: v for k, v in grids.items() if k in names}
-    missing = [k for k in info.get("missing_keys") or [] if (k if isinstance(k, str) else k[0]) not in grids]
-    mismatched = [k for k in info.get("mismatched_keys") or [] if (k if isinstance(k, str) else k[0]) not in grids]
+    done = set(grids) | filled
+    missing = [k for k in info.get("missing_keys") or [] if (k if isinstance(k, str) else k[0]) not in done]
+    mismatched = [k for k in info.get("mismatched_keys") or [] if (k if isinstance(k, str) else k[0]) not in done]
     return {**info, "missing_keys": missing, "mismatched_keys": mismatched, "grids": grids, "packing": packing,
-            "unexpected_keys": prequantized.consumed(list(info.get("unexpected_keys") or []), grids)}
+            "unexpected_keys": unexpected, "experts": sorted(filled)}
 
 
 def load_hub(hub_id: str) -> Checkpoint:

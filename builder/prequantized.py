@@ -19,6 +19,7 @@ scales (on_blocks) instead of being quantized again from the float weight.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -238,6 +239,56 @@ def read_grids(files: list[Path], packing: Packing) -> dict[str, Grid]:
     return {f"{m}.weight": grid_of(packing, parts, m) for m, parts in sorted(found.items())}
 
 
+# A mixture of experts' stacked parameters (transformers 5), and the per-expert Linear weights GPTQ and
+# AutoAWQ pack in their place: gate and up (Mixtral's w1 and w3) side by side in gate_up_proj
+# [E, 2I, H], down (w2) alone in down_proj [E, H, I], as transformers merges a float checkpoint's
+EXPERT_PARTS = {"gate_up_proj": (("gate_proj", "up_proj"), ("w1", "w3")), "down_proj": (("down_proj",), ("w2",))}
+EXPERT_NAME = re.compile(r"(.*\.experts)\.(\d+)\.(\w+)\.weight$")
+# where transformers 5 moved an older checkpoint's experts (its conversion mapping renames Mixtral's)
+EXPERT_HOLDERS = ((".block_sparse_moe.experts", ".mlp.experts"),)
+
+
+def experts_into(model, grids: dict[str, Grid], model_arg: str) -> set[str]:
+    """Each expert's packed projections (`<holder>.experts.<e>.<name>.weight`) read back into the
+    model's stacked expert parameters (EXPERT_PARTS), exactly as the dense ones are; the names filled.
+    A packed expert projection with no such place, or a set missing one of its experts, is refused."""
+    import torch
+
+    found: dict[str, dict] = {}
+    for name, grid in grids.items():
+        match = EXPERT_NAME.match(name)
+        if match:
+            found.setdefault(match.group(1), {})[int(match.group(2)), match.group(3)] = grid
+    params, filled = dict(model.named_parameters()), set()
+    for packed, parts in found.items():
+        holder = next((packed.replace(old, new) for old, new in EXPERT_HOLDERS
+                       if old in packed and f"{packed.replace(old, new)}.down_proj" in params), packed)
+        experts, left = 1 + max(e for e, _ in parts), set(parts)
+        for target, spellings in EXPERT_PARTS.items():
+            names = next((s for s in spellings if any(p in s for _, p in parts)), None)
+            if names is None:
+                continue
+            want = {(e, p) for e in range(experts) for p in names}
+            name = f"{holder}.{target}"
+            if not want <= set(parts) or name not in params:
+                why = (f"the model holds no {name} to put them in" if name not in params else
+                       f"{listed(sorted(f'{packed}.{e}.{p}' for e, p in want - set(parts)))} are not packed with them")
+                raise Unsupported(f"--model {model_arg!r}: {packed}'s packed {'/'.join(names)} experts: {why}")
+            stacked = np.stack([np.concatenate([parts[e, p].weight_t().T for p in names]) for e in range(experts)])
+            param = params[name]
+            if tuple(param.shape) != stacked.shape:
+                raise CheckpointError(f"{packed}'s packed experts unpack to {list(stacked.shape)} for {name}, and the "
+                                      f"model's is {list(param.shape)}")
+            with torch.no_grad():
+                param.copy_(torch.from_numpy(np.ascontiguousarray(stacked)))
+            filled.add(name)
+            left -= want
+        if left:
+            raise Unsupported(f"--model {model_arg!r}: packed expert projections with no stacked parameter here: "
+                              f"{listed(sorted(f'{packed}.{e}.{p}' for e, p in left))}")
+    return filled
+
+
 def consumed(unexpected: list[str], grids: dict[str, Grid]) -> list[str]:
     """transformers' unexpected keys less the packed tensors read here."""
     modules = {name[:-len(".weight")] for name in grids}
@@ -300,6 +351,14 @@ def grid_note(packing: dict, quant: QuantScheme | None, grids: dict[str, Grid], 
     source.prequantized; `grids` as written, `kept` those int4 or int8 took as they are;
     `takes_quantization`: whether this build's graph and dtype take --quantization)."""
     what = f"{packing['method'].upper()} {packing['bits']}-bit checkpoint (group size {packing['group_size']})"
+    return _grid_note(packing, quant, grids, kept, spec, takes_quantization, what) + (
+        f"; its experts ({packing['experts']} stacked parameters) are read back to the float weights they stand for"
+        + (f" and quantized again to int{quant.bits} from them" if quant is not None else "")
+        if packing.get("experts") else "")
+
+
+def _grid_note(packing: dict, quant, grids: dict[str, Grid], kept: list[str], spec, takes_quantization: bool,
+               what: str) -> str:
     packed = sorted(name[:-len(".weight")] for name in grids)
     bits = packing["bits"]
     why = (f"its grid is kept by --quantization int{bits} only" if quant is not None and quant.bits != bits else

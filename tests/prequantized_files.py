@@ -13,7 +13,8 @@ from onnx import numpy_helper
 
 from trtllm.builder.quantize import dequantize
 
-PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "qkv_proj", "gate_up_proj")
+PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "qkv_proj", "gate_up_proj",
+               "w1", "w2", "w3")  # (w1-w3: Mixtral's experts, as its checkpoints name them)
 AWQ_PACK_ORDER = [0, 2, 4, 6, 1, 3, 5, 7]  # AutoAWQ: nibble i of a word holds output col * 8 + order[i]
 
 

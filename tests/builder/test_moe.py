@@ -242,14 +242,40 @@ def test_configs_the_graph_would_route_wrong_are_refused(arch, changes, message,
               log=lambda m: None)
 
 
-def test_a_pre_quantized_mixture_of_experts_is_refused_by_name(qwen3_moe, tmp_path):
-    """GPTQ/AWQ pack each expert on its own, where transformers' class holds them fused: refused,
-    not failed with a list of "missing" weights that are there, packed."""
-    from tests.prequantized_files import write_prequantized
+@pytest.mark.parametrize("arch, method", [("qwen3_moe", "gptq"), ("qwen2_moe", "awq"), ("mixtral", "gptq")])
+def test_a_pre_quantized_mixture_of_experts_is_transformers_on_its_weights(arch, method, tmp_path, monkeypatch):
+    """GPTQ/AWQ pack each expert's projections on their own (one Linear each; Mixtral's w1, w2, w3 under
+    block_sparse_moe), where transformers 5 holds them stacked: each is read back and stacked as
+    transformers stacks a float checkpoint's, and the engine computes transformers fed those float
+    weights as a float checkpoint of per-expert weights (transformers stacks them itself), at float32
+    tolerance. The wrong variant, up before gate in the stack, must miss it."""
+    import shutil
 
-    write_prequantized(qwen3_moe, tmp_path / "gptq", "gptq")
-    with pytest.raises(CheckpointError, match=r"a gptq mixture of experts: pre-quantized experts are not supported"):
-        build(BuildConfig(model=str(tmp_path / "gptq"), output=str(tmp_path / "e"), **LIMITS), log=lambda m: None)
+    from safetensors.numpy import load_file, save_file
+
+    from tests.prequantized_files import write_prequantized
+    from trtllm.builder import prequantized
+
+    src = make_checkpoint(arch, tmp_path / "float")
+    reference = write_prequantized(src, tmp_path / "packed", method, sym=method == "gptq")  # {weight: its float}
+    assert sum(".experts.0." in name for name in reference) % 3 == 0 < len(reference)  # (every expert packed)
+    assert not any(name.endswith((".gate_up_proj", ".experts.down_proj")) for name in load_file(tmp_path / "packed" /
+                                                                                              "model.safetensors"))
+    theirs = shutil.copytree(src, tmp_path / "reference")
+    tensors = load_file(src / "model.safetensors")
+    save_file({**tensors, **{k: np.ascontiguousarray(w) for k, w in reference.items()}}, theirs / "model.safetensors",
+              metadata={"format": "pt"})  # (safetensors writes an array's buffer as it lies: C order needed)
+
+    def engine_against_reference(name: str) -> tuple[np.ndarray, np.ndarray]:
+        out = build(BuildConfig(model=str(tmp_path / "packed"), output=str(tmp_path / name), **LIMITS),
+                    log=lambda m: None)
+        generated, got = engine_logits(load_engine(out), PROMPT, num_decode=4)
+        return got, reference_logits(theirs, generated)
+
+    np.testing.assert_allclose(*engine_against_reference("e"), atol=1e-4, rtol=0)
+    swapped = {"gate_up_proj": (("up_proj", "gate_proj"), ("w3", "w1")), "down_proj": (("down_proj",), ("w2",))}
+    monkeypatch.setattr(prequantized, "EXPERT_PARTS", swapped)
+    assert not np.allclose(*engine_against_reference("wrong"), atol=1e-2)
 
 
 def test_keys_only_qwen_reads_change_nothing_elsewhere(tmp_path):
