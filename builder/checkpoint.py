@@ -120,8 +120,13 @@ def load(model_arg: str) -> Checkpoint:
             source["prequantized"] = {**info["packing"].to_json(),
                                       **({"experts": len(info["experts"])} if info.get("experts") else {})}
         model, whole = split_vision(model)
+        grids = info.get("grids")
+        if grids and whole is not None:  # the language model's own names (its projections are what the build keeps)
+            own = {id(p): name for name, p in model.named_parameters()}
+            params = dict(whole.named_parameters())
+            grids = {own[id(params[name])]: grid for name, grid in grids.items() if id(params[name]) in own}
         return check_vocab(Checkpoint(model.eval(), tok, source, tuple(sorted(info.get("unexpected_keys") or ())),
-                                      grids=info.get("grids"), vision=whole), model_arg)
+                                      grids=grids, vision=whole), model_arg)
     if model_arg.startswith((".", "/", "~")) or model_arg.count("/") > 1:  # a path, not "org/name"
         raise CheckpointError(f"--model {model_arg!r}: no such directory or file")
     return load_hub(model_arg)
@@ -135,10 +140,10 @@ def load_model(source, model_arg: str):
         raise CheckpointError(f"--model {model_arg!r} is a {packing.method.upper()} checkpoint, whose packed weights "
                               "are read from a local directory: download it (hf download) and pass its directory")
     if getattr(config, "model_type", None) in vision.MODEL_TYPES:
-        if packing is not None:
-            raise Unsupported(f"--model {model_arg!r}: a {packing.method.upper()} vision-language model: build from "
-                              "the unquantized checkpoint (--quantization int4 or int8 quantizes its language model)")
-        model, info = vision.load(source, config)
+        with quiet_loading(packing is not None):
+            model, info = vision.load(source, config)
+        if packing is not None:  # (AWQ / GPTQ releases of VLMs pack the language model's projections)
+            info = unpacked_into(model, info, packing, loaded_weight_files(Path(source)), model_arg)
         check_loaded(info, model_arg)
         return model, info, vision.tokenizer_of(source)
     with quiet_loading(packing is not None):  # (its report would call the packed projections missing)
@@ -182,7 +187,8 @@ def unpacked_into(model, info: dict, packing, files: list[Path], model_arg: str)
         raise CheckpointError(f"--model {model_arg!r}: {e}") from e
     if not grids:
         return info
-    names = set(dict(model.named_parameters()))
+    names, raw = set(dict(model.named_parameters())), grids
+    grids = prequantized.renamed(grids, names)  # (a vision-language checkpoint's older names: model.layers...)
     for name, grid in grids.items():
         if name not in names:  # (a packed module the model has no place for stays an unused tensor)
             continue
@@ -193,7 +199,8 @@ def unpacked_into(model, info: dict, packing, files: list[Path], model_arg: str)
         with torch.no_grad():
             param.copy_(weight)
     filled = prequantized.experts_into(model, grids, model_arg)  # (a mixture of experts' stacked parameters)
-    unexpected = prequantized.consumed(list(info.get("unexpected_keys") or []), grids)
+    # (transformers reports the packed tensors under the file's names or its own: both are read here)
+    unexpected = prequantized.consumed(list(info.get("unexpected_keys") or []), {**raw, **grids})
     grids = {k: v for k, v in grids.items() if k in names}
     done = set(grids) | filled
     missing = [k for k in info.get("missing_keys") or [] if (k if isinstance(k, str) else k[0]) not in done]

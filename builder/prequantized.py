@@ -289,6 +289,26 @@ def experts_into(model, grids: dict[str, Grid], model_arg: str) -> set[str]:
     return filled
 
 
+def renamed(grids: dict[str, Grid], names: set[str]) -> dict[str, Grid]:
+    """`grids` under the model's parameter names: a name the model does not have is matched by its
+    tail from its layer container on ("layers.0.self_attn.q_proj.weight"), where exactly one parameter
+    ends so: the older names vision-language checkpoints keep ("model.layers..." or
+    "language_model.model.layers..." for transformers 5's "model.language_model.layers..."). A packed
+    module with no such match keeps its name (an unused tensor, or a mixture of experts' expert)."""
+    out = {}
+    for name, grid in grids.items():
+        parts, found = name.split("."), name
+        first = next((i for i, p in enumerate(parts) if p.isdigit()), 0)  # (the tail keeps "<container>.<i>")
+        for k in range(1, first):
+            tail = ".".join(parts[k:])
+            matches = [n for n in names if n.endswith("." + tail)] if name not in names else []
+            if len(matches) == 1:
+                found = matches[0]
+                break
+        out[found] = grid
+    return out
+
+
 def consumed(unexpected: list[str], grids: dict[str, Grid]) -> list[str]:
     """transformers' unexpected keys less the packed tensors read here."""
     modules = {name[:-len(".weight")] for name in grids}

@@ -65,8 +65,9 @@ def pack_awq(q: np.ndarray) -> np.ndarray:
 
 def write_prequantized(src: Path, out: Path, method: str, bits: int = 4, group: int = 32, sym: bool = True,
                        act_order: bool = False, config_extra: dict | None = None,
-                       side_file: bool = False) -> dict[str, np.ndarray]:
-    """A copy of the float checkpoint `src` with every decoder projection packed (GPTQ or AWQ);
+                       side_file: bool = False, skip: tuple[str, ...] = ()) -> dict[str, np.ndarray]:
+    """A copy of the float checkpoint `src` with every decoder projection packed (GPTQ or AWQ), but
+    those whose names start with one of `skip` (a VLM's vision tower, which releases keep float);
     returns the float weights [out, in] each packed projection stands for, by weight name.
     `side_file`: the quantization config in quantize_config.json (GPTQ) or quant_config.json (AWQ,
     AutoAWQ's field names), as older repositories have it, not in config.json."""
@@ -78,7 +79,8 @@ def write_prequantized(src: Path, out: Path, method: str, bits: int = 4, group: 
             shutil.copy(f, out / f.name)
     tensors, reference = load_file(src / "model.safetensors"), {}
     rng = np.random.default_rng(7)
-    for name in [k for k in tensors if k.endswith(".weight") and k.split(".")[-2] in PROJECTIONS]:
+    for name in [k for k in tensors if k.endswith(".weight") and k.split(".")[-2] in PROJECTIONS
+                 and not k.startswith(skip)]:
         w_t = tensors.pop(name).astype(np.float32).T.copy()              # [in, out]
         k = w_t.shape[0]
         groups = np.arange(k) // group

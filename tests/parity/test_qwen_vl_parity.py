@@ -571,3 +571,40 @@ def test_tensorrt_engines_answer_with_images_as_transformers(qvl, q3, tmp_path_f
             result, out = run((model[0], engine, *model[2:]), run_cli, CASES)
         assert result.exit_code == 0, result.output
         check(model, CASES, out)
+
+
+@pytest.mark.parametrize("method", ["awq", "gptq"])
+def test_a_pre_quantized_language_model_is_transformers_on_its_weights(method, qvl, tmp_path, run_cli):
+    """AWQ and GPTQ releases of vision-language models (Qwen2.5-VL-*-AWQ) pack the language model's
+    projections under the file's older names (model.layers...; the vision tower stays float): each is
+    read back exactly into transformers 5's model.language_model, and the engine answers with images
+    as transformers fed those float weights (a float checkpoint of them, which transformers loads
+    itself); --quantization int4 keeps their grid."""
+    import shutil
+
+    import torch
+    import transformers
+    from safetensors.numpy import load_file, save_file
+
+    from tests.prequantized_files import write_prequantized
+    from trtllm.builder.config import BuildConfig
+    from trtllm.builder.export import build
+
+    weights = write_prequantized(qvl[0], tmp_path / "packed", method, sym=method == "gptq", skip=("visual.",))
+    assert weights and all(name.startswith("model.layers.") for name in weights)
+    theirs = shutil.copytree(qvl[0], tmp_path / "reference")
+    save_file({**load_file(qvl[0] / "model.safetensors"), **{k: np.ascontiguousarray(w) for k, w in weights.items()}},
+              theirs / "model.safetensors", metadata={"format": "pt"})
+    model = transformers.AutoModelForImageTextToText.from_pretrained(theirs, dtype=torch.float32).eval()
+    model.generation_config.eos_token_id = None
+    limits = dict(max_batch_size=4, max_input_len=256, max_kv_cache_capacity=512)
+    engine = build(BuildConfig(model=str(tmp_path / "packed"), output=str(tmp_path / "float"), **limits),
+                   log=lambda m: None)
+    result, out = run((qvl[0], engine, *qvl[2:]), run_cli, CASES[:2])
+    assert result.exit_code == 0, result.output
+    for content, response in zip(CASES[:2], out["responses"]):
+        assert_answer(response, *reference(qvl, content, model=model))
+    said = []
+    build(BuildConfig(model=str(tmp_path / "packed"), output=str(tmp_path / "int4"), quantization="int4", **limits),
+          log=said.append)
+    assert any(f"int4 keeps its codes and scales for {len(weights)} of {len(weights)}" in m for m in said), said
