@@ -255,7 +255,7 @@ VISION_REFERENCE_NAME = "vision_reference.npz"  # a TensorRT VLM's: pixels and t
 def check_vision_plan(engine_dir: Path, manifest: mf.Manifest) -> dict:
     """vision.plan on the export's reference pixels against transformers' embeddings of them (as the
     build checks vision.onnx: within 1e-4 of the largest value); a mismatch raises VerifyError."""
-    from trtllm.runtime.backends.tensorrt import TensorRTVision
+    from trtllm.runtime.backends.tensorrt_vision import TensorRTVision
 
     ref = np.load(Path(engine_dir) / VISION_REFERENCE_NAME)
     encoder = TensorRTVision(engine_dir, manifest)

@@ -195,7 +195,7 @@ class ImageEncoder:
         patches) and the kernel's fast path runs on this CPU (AVX2), else vision.onnx (ONNX's
         Attention: faster than the kernel's portable path; its memory grows with the patches' square)."""
         if self.manifest.backend == "tensorrt":  # (vision.plan, on the device beside llm.plan)
-            from trtllm.runtime.backends.tensorrt import TensorRTVision
+            from trtllm.runtime.backends.tensorrt_vision import TensorRTVision
 
             self.graph = self.manifest.files["vision_plan"]
             return TensorRTVision(self.dir, self.manifest)

@@ -292,7 +292,7 @@ def test_a_vision_plan_off_from_transformers_fails_the_build(vlm, tmp_path, monk
     from trtllm.builder.config import BuildConfig
     from trtllm.builder.export import build
     from trtllm.builder.verify_logits import VerifyError
-    from trtllm.runtime.backends import tensorrt
+    from trtllm.runtime.backends import tensorrt_vision as tensorrt
 
     real = tensorrt.TensorRTVision.__call__
     monkeypatch.setattr(tensorrt.TensorRTVision, "__call__", lambda self, feeds: real(self, feeds) + 1e-3)
