@@ -93,6 +93,11 @@ def beam_answers(model, ids, new_tokens: int, num_beams: int, **inputs) -> list[
                                                       out.sequences_scores.tolist())]
 
 
+def generated(model, ids, new_tokens: int, beams: int = 0, **inputs):
+    """greedy()'s answer, or with `beams` beam_answers()'."""
+    return beam_answers(model, ids, new_tokens, beams, **inputs) if beams else greedy(model, ids, new_tokens, **inputs)
+
+
 def assert_beams(responses: list, answers: list) -> None:
     """trtllm-run's responses of one request's beams against beam_answers: tokens exact, scores within
     float32 rounding."""
@@ -100,6 +105,43 @@ def assert_beams(responses: list, answers: list) -> None:
 
     assert [r["output_ids"] for r in responses] == [tokens for tokens, _ in answers]
     np.testing.assert_allclose([r["beam_score"] for r in responses], [s for _, s in answers], atol=1e-4)
+
+
+def assert_beams_beside_a_greedy_row(engine, images_dir: Path, run_cli, reference, beamed: list, greedy: list,
+                                     new_tokens: int) -> None:
+    """num_beams 3 (n 3) on content `beamed`, beside a greedy row of `greedy` in the same batch: each
+    returned beam's tokens and score are transformers' beam search's (`reference(content, beams=3)`),
+    the greedy row transformers' greedy tokens (`reference(content)`)."""
+    requests = [{"messages": [{"role": "user", "content": [{**c, "image": str(images_dir / c["image"])} if "image" in c
+                                                           else c for c in content]}], **extra}
+                for content, extra in ((beamed, {"num_beams": 3, "n": 3}), (greedy, {}))]
+    result, out = run_cli(engine, {"temperature": 0.0, "ignore_eos": True, "max_generate_length": new_tokens,
+                                   "requests": requests})
+    assert result.exit_code == 0, result.output
+    assert_beams(out["responses"][:3], reference(beamed, beams=3))
+    assert out["responses"][3]["output_ids"] == reference(greedy)[0]
+
+
+def assert_eagle_answers(vlm, run_cli, tmp_path: Path, reference, new_tokens: int) -> None:
+    """An EAGLE-3 head (a random one) on the checkpoint `vlm[0]`: it drafts from the model's hidden
+    states (image-aware) and the token table's rows (an image token's own); the greedy answers to
+    CASES, in one batch, stay transformers' (`reference(content)`), and the head drafted."""
+    from tests.eagle_drafts import random_draft
+    from trtllm.builder.config import BuildConfig
+    from trtllm.builder.export import build
+
+    draft = random_draft(vlm[0], tmp_path / "draft", seed=3, aux=[0, 1, 1])
+    engine = build(BuildConfig(model=str(vlm[0]), output=str(tmp_path / "engine"), eagle=str(draft),
+                               max_batch_size=4, max_input_len=256, max_kv_cache_capacity=512), log=lambda m: None)
+    profile = tmp_path / "profile.json"
+    result, out = run_cli(engine, {"temperature": 0.0, "ignore_eos": True, "max_generate_length": new_tokens,
+                                   "batch_size": 4, "requests": [{"messages": [{"role": "user", "content": [
+                                       {**c, "image": str(vlm[2] / c["image"])} if "image" in c else c
+                                       for c in content]}]} for content in CASES]}, "--profile", str(profile))
+    assert result.exit_code == 0, result.output
+    for content, response in zip(CASES, out["responses"]):
+        assert response["output_ids"] == reference(content)[0]
+    assert json.loads(profile.read_text())["eagle_generation"]["total_runs"] > 0
 
 
 def assert_damage_refused(engine_dir: Path, tmp_path: Path, damage, named: str) -> None:

@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from tests.tiny_idefics3 import TEMPLATE, make_idefics3_checkpoint
-from tests.tiny_vlm import CASES, assert_answer, assert_beams, assert_damage_refused, beam_answers, greedy
+from tests.tiny_vlm import (CASES, assert_answer, assert_beams, assert_beams_beside_a_greedy_row, assert_damage_refused,
+                            assert_eagle_answers, generated)
 
 NEW_TOKENS = 12
 # (width, height); square2 is square's size with other pixels: the same token ids, another image
@@ -68,11 +69,7 @@ def reference(vlm, content: list, model=None, beams: int = 0, **processor_option
     feats = processor(text=text, images=pictures, return_tensors="pt", add_special_tokens=False, **processor_options)
     ids = feats["input_ids"]
     kwargs = {k: feats[k] for k in ("pixel_values", "pixel_attention_mask") if k in feats}
-    if beams:  # (then transformers' beam search's hypotheses: tiny_vlm.beam_answers)
-        return beam_answers(model, ids, NEW_TOKENS, beams, **kwargs)
-    return greedy(model, ids, NEW_TOKENS, **kwargs)
-
-
+    return generated(model, ids, NEW_TOKENS, beams, **kwargs)
 
 
 def run(vlm, run_cli, contents: list, *extra, **top):
@@ -216,33 +213,14 @@ def test_lora_adapters_on_the_language_model_match_peft(vlm, run_cli, tmp_path):
 def test_an_eagle_head_speculates_over_prompts_with_images(vlm, run_cli, tmp_path):
     """An EAGLE-3 head on an Idefics3 engine (its prompts' image tokens parted by tile tags): greedy
     answers stay transformers'."""
-    from tests.eagle_drafts import random_draft
-    from trtllm.builder.config import BuildConfig
-    from trtllm.builder.export import build
-
-    draft = random_draft(vlm[0], tmp_path / "draft", seed=3, aux=[0, 1, 1])
-    engine = build(BuildConfig(model=str(vlm[0]), output=str(tmp_path / "engine"), eagle=str(draft),
-                               max_batch_size=4, max_input_len=256, max_kv_cache_capacity=512), log=lambda m: None)
-    profile = tmp_path / "profile.json"
-    result, out = run(vlm[:1] + (engine,) + vlm[2:], run_cli, CASES, "--profile", str(profile))
-    assert result.exit_code == 0, result.output
-    for content, response in zip(CASES, out["responses"]):
-        assert response["output_ids"] == reference(vlm, content)[0]
-    assert json.loads(profile.read_text())["eagle_generation"]["total_runs"] > 0
+    assert_eagle_answers(vlm, run_cli, tmp_path, lambda content: reference(vlm, content), NEW_TOKENS)
 
 
 def test_beam_search_with_images_is_transformers(vlm, run_cli):
-    """num_beams with images (Idefics3's tiles parted by their tags): each returned beam's tokens and score are transformers' beam
-    search's, beside a greedy row of the same batch."""
-    contents = [CASES[1], CASES[0]]
-    result, out = run_cli(vlm[1], {"temperature": 0.0, "ignore_eos": True, "max_generate_length": NEW_TOKENS, "requests": [
-        {"messages": [{"role": "user", "content": [{**c, "image": str(vlm[2] / c["image"])} if "image" in c else c
-                                                   for c in content]}], **extra}
-        for content, extra in zip(contents, ({"num_beams": 3, "n": 3}, {}))]})
-    assert result.exit_code == 0, result.output
-    responses = out["responses"]
-    assert_beams(responses[:3], reference(vlm, contents[0], beams=3))
-    assert responses[3]["output_ids"] == reference(vlm, contents[1])[0]
+    """num_beams with images (Idefics3's tiles parted by their tags): each returned beam's tokens and score are
+    transformers' beam search's, beside a greedy row of the same batch."""
+    assert_beams_beside_a_greedy_row(vlm[1], vlm[2], run_cli, lambda content, **kw: reference(vlm, content, **kw),
+                                     CASES[1], CASES[0], NEW_TOKENS)
 
 
 def test_beam_search_keeps_kv_per_image(vlm, run_cli):

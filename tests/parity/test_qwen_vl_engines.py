@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from tests.parity.test_qwen_vl_parity import CASES, NEW_TOKENS, check, make, placed, reference, run
-from tests.tiny_vlm import assert_answer, assert_beams
+from tests.tiny_vlm import assert_answer, assert_beams_beside_a_greedy_row
 
 
 @pytest.fixture(scope="module")
@@ -23,16 +23,10 @@ def q3(tmp_path_factory):
 
 
 def test_beam_search_with_images_is_transformers(qvl, run_cli):
-    """num_beams with images (Qwen's multimodal RoPE: the beams' shift past the images): each returned beam's tokens and score are transformers' beam
-    search's, beside a greedy row of the same batch."""
-    contents = [CASES[1], CASES[0]]
-    result, out = run_cli(qvl[1], {"temperature": 0.0, "ignore_eos": True, "max_generate_length": NEW_TOKENS, "requests": [
-        {"messages": [{"role": "user", "content": placed(qvl, c)}], **extra}
-        for c, extra in zip(contents, ({"num_beams": 3, "n": 3}, {}))]})
-    assert result.exit_code == 0, result.output
-    responses = out["responses"]
-    assert_beams(responses[:3], reference(qvl, contents[0], beams=3))
-    assert responses[3]["output_ids"] == reference(qvl, contents[1])[0]
+    """num_beams with images (Qwen's multimodal RoPE: the beams' shift past the images): each returned beam's tokens and score are
+    transformers' beam search's, beside a greedy row of the same batch."""
+    assert_beams_beside_a_greedy_row(qvl[1], qvl[2], run_cli, lambda content, **kw: reference(qvl, content, **kw),
+                                     CASES[1], CASES[0], NEW_TOKENS)
 
 
 def test_tensorrt_engines_answer_with_images_as_transformers(qvl, q3, tmp_path_factory, run_cli):
