@@ -263,6 +263,10 @@ def experts_into(model, grids: dict[str, Grid], model_arg: str) -> set[str]:
     for packed, parts in found.items():
         holder = next((packed.replace(old, new) for old, new in EXPERT_HOLDERS
                        if old in packed and f"{packed.replace(old, new)}.down_proj" in params), packed)
+        if getattr(model.get_submodule(holder), "is_transposed", False) if f"{holder}.down_proj" in params else False:
+            # ([E, H, 2I] and its kin: a stack the shape check alone could not tell from ours where H = 2I)
+            raise Unsupported(f"--model {model_arg!r}: {packed}'s packed experts: the model stacks them transposed "
+                              f"({type(model.get_submodule(holder)).__name__}), which is not read here")
         experts, left = 1 + max(e for e, _ in parts), set(parts)
         for target, spellings in EXPERT_PARTS.items():
             names = next((s for s in spellings if any(p in s for _, p in parts)), None)
