@@ -278,3 +278,32 @@ def test_a_vision_plan_off_from_transformers_fails_the_build(vlm, tmp_path, monk
         build(BuildConfig(model=str(vlm[0]), output=str(tmp_path / "engine"), backend="tensorrt", max_batch_size=4,
                           max_input_len=256, max_kv_cache_capacity=512), log=lambda m: None)
     assert not (tmp_path / "engine").exists()
+
+
+def test_served_image_url_parts_match_transformers(vlm, tmp_path):
+    """trtllm-serve: an image_url part (a data: URL) on an Idefics3 engine answers as transformers."""
+    import base64
+    import http.client
+    import threading
+
+    from trtllm.runtime import server
+
+    httpd = server.build(vlm[1], "127.0.0.1", 0, None, {}, {}, 2, 1, tmp_path / "kv", 1 << 30, True, None)
+    httpd.quiet = True
+    threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+    try:
+        url = "data:image/png;base64," + base64.b64encode((vlm[2] / "wide.png").read_bytes()).decode()
+        c = http.client.HTTPConnection("127.0.0.1", httpd.server_address[1], timeout=120)
+        c.request("POST", "/v1/chat/completions", json.dumps({
+            "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}},
+                                                      {"type": "text", "text": "What is in this picture?"}]}],
+            "temperature": 0, "ignore_eos": True, "max_tokens": NEW_TOKENS, "logprobs": True}))
+        r = c.getresponse()
+        body = json.loads(r.read())
+        assert r.status == 200, body
+        tokens, first = reference(vlm, CASES[0])
+        assert body["choices"][0]["message"]["content"] == vlm[4].decode(tokens, skip_special_tokens=True)
+        assert abs(body["choices"][0]["logprobs"]["content"][0]["logprob"] - first[tokens[0]]) < 1e-4
+    finally:
+        httpd.shutdown()
+        server.stop(httpd)
