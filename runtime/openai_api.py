@@ -190,8 +190,6 @@ def translate(body: object, served: str, adapters: frozenset[str], defaults: dic
     for name, why in SERVER_ONLY.items():
         if name in body:
             raise ApiError(f"`{name}` cannot be given in a request: {why}", name)
-    if body.get("num_beams", 1) != 1:
-        raise ApiError("`num_beams`: beam search is answered by trtllm-run, not trtllm-serve", "num_beams")
     request: dict = {}
     if model is not None and model != served:
         request["lora_name"] = model

@@ -10,6 +10,7 @@ import queue
 import threading
 import time
 
+from trtllm.runtime import beam_requests
 from trtllm.runtime import input_format as fmt
 from trtllm.runtime.generate import run_rows
 from trtllm.runtime.runner import Runner, Sample
@@ -110,6 +111,7 @@ class Service:
                 with self.lock:
                     self.queued -= 1
                 rows += self.admit(job)
+                self.settle()  # (a beam request's answers are there already: sent before the loop waits again)
         # closing: what runs ends with what it has (the rows just admitted too: their jobs are ended)
         for job in self.jobs:
             self.end(job)
@@ -144,7 +146,20 @@ class Service:
         for p in prepared:
             p.guide = None  # (each row has its copy)
         self.jobs.append(job)
-        return [smp.row for smp in job.samples]
+        # num_beams > 1: its searches run whole, here, between the running rows' steps (those wait for
+        # them), in KV of their own, as trtllm-run runs them (runtime/beam_requests.py); its answers come
+        # then, each sample one of the best beams (a search with nothing to generate is a plain row)
+        searched = [smp for smp in job.samples if smp.prepared.request.num_beams > 1 and smp.row.max_new_tokens > 0]
+        if searched:
+            try:
+                beam_requests.answer(r.engine, searched, r.timing, self.streams.on_token, self.num_slots,
+                                     r.prefixes, r.contexts)
+            except Exception as e:  # noqa: BLE001 - the engine failed in the search: its request alone
+                for smp in searched:
+                    if not smp.row.finish_reason:
+                        smp.row.fail(f"the engine failed: {type(e).__name__}: {e}")
+        beamed = {id(smp) for smp in searched}
+        return [smp.row for smp in job.samples if id(smp) not in beamed]
 
     def end(self, job: Job) -> None:
         for smp in job.samples:

@@ -56,7 +56,6 @@ def test_template_switches_go_to_the_top_level_and_adapters_are_models():
     ({"stream_options": {"include_usage": True}}, "stream_options"),
     ({"response_format": {"type": "json_object"}, "guided_regex": "a+"}, "guided_regex"),
     ({"requests": []}, "requests"),
-    ({"num_beams": 3}, "num_beams"),
     ({"model": "other"}, "model"),
 ])
 def test_refusals_name_the_bodys_field(body, param):
