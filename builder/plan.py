@@ -62,10 +62,7 @@ def build_tensorrt(out_dir: Path, options, manifest: mf.Manifest, log, source: P
     if manifest.vision:  # the image encoder's plan (float32, one profile: tiles, or a Qwen image's patches)
         lint.check_model(source / manifest.vision["graph"], trt_build.minor_version(trt))
         shapes = trt_build.vision_profiles(manifest.vision, source / manifest.vision["graph"])
-        plan = trt_build.build_plan(source / manifest.vision["graph"], shapes, workspace_gib=options.workspace_gib,
-                                    opt_level=options.opt_level, timing_cache=timing_cache, log=log)
-        (out_dir / manifest.files["vision_plan"]).write_bytes(plan)
-        log(f"wrote {manifest.files['vision_plan']} ({len(plan) / 2**20:.1f} MiB)")
+        plan_of(source / manifest.vision["graph"], shapes, manifest.files["vision_plan"])  # (no sampler in it)
         manifest = dataclasses.replace(manifest, vision={**manifest.vision, "profiles": [p.to_json() for p in shapes]})
     return dataclasses.replace(manifest, tensorrt=section)
 

@@ -263,10 +263,11 @@ def experts_into(model, grids: dict[str, Grid], model_arg: str) -> set[str]:
     for packed, parts in found.items():
         holder = next((packed.replace(old, new) for old, new in EXPERT_HOLDERS
                        if old in packed and f"{packed.replace(old, new)}.down_proj" in params), packed)
-        if getattr(model.get_submodule(holder), "is_transposed", False) if f"{holder}.down_proj" in params else False:
+        stack = model.get_submodule(holder) if f"{holder}.down_proj" in params else None
+        if getattr(stack, "is_transposed", False):
             # ([E, H, 2I] and its kin: a stack the shape check alone could not tell from ours where H = 2I)
             raise Unsupported(f"--model {model_arg!r}: {packed}'s packed experts: the model stacks them transposed "
-                              f"({type(model.get_submodule(holder)).__name__}), which is not read here")
+                              f"({type(stack).__name__}), which is not read here")
         experts, left = 1 + max(e for e, _ in parts), set(parts)
         for target, spellings in EXPERT_PARTS.items():
             names = next((s for s in spellings if any(p in s for _, p in parts)), None)
@@ -302,10 +303,9 @@ def renamed(grids: dict[str, Grid], names: set[str]) -> dict[str, Grid]:
     out = {}
     for name, grid in grids.items():
         parts, found = name.split("."), name
-        first = next((i for i, p in enumerate(parts) if p.isdigit()), 0)  # (the tail keeps "<container>.<i>")
-        for k in range(1, first):
-            tail = ".".join(parts[k:])
-            matches = [n for n in names if n.endswith("." + tail)] if name not in names else []
+        first = 0 if name in names else next((i for i, p in enumerate(parts) if p.isdigit()), 0)
+        for k in range(1, first):  # (the tail keeps "<container>.<i>")
+            matches = [n for n in names if n.endswith("." + ".".join(parts[k:]))]
             if len(matches) == 1:
                 found = matches[0]
                 break

@@ -13,13 +13,12 @@ bucketing of fractional coordinates) and the graph adds those rows of the table 
 """
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
 from trtllm.builder import vision
 from trtllm.builder.config import ConfigError, Unsupported
 from trtllm.builder.vision import ACTIVATIONS, EMBEDS, F32, PIXELS, VisionSpec, VisionWriter
+from trtllm.runtime.images_idefics3 import largest_side
 
 MODEL_TYPES = ("idefics3", "smolvlm")
 LANGUAGE_PREFIX = "model.text_model"  # where their decoder layers are (PEFT adapters name them so)
@@ -95,13 +94,6 @@ class Idefics3Writer(VisionWriter):
         g.op("Reshape", "/vision/flatten", [x, g.const([-1, s.out_hidden])], outputs=[EMBEDS])
         g.output(EMBEDS, F32, ["image_tokens", s.out_hidden])
         return g.model("trtllm-edge")
-
-
-def largest_side(pre: dict) -> int:
-    """The most tiles an image's side can have (its longest edge resized to longest_edge, capped at 4096)."""
-    from trtllm.runtime.images_idefics3 import MAX_IMAGE_SIZE
-
-    return math.ceil(min(pre["longest_edge"], MAX_IMAGE_SIZE) / pre["tile"]) if pre["splitting"] else 0
 
 
 def most_tiles(pre: dict) -> int:

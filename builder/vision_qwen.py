@@ -378,6 +378,8 @@ def verify(graph_path, vlm, spec: QwenVisionSpec, grids=((1, 8, 12), (1, 4, 4)),
     them where it is built: builder/verify_logits.py). Returns the figures for verify.json."""
     import torch
 
+    from trtllm.builder.verify_logits import embeddings_error
+
     total = sum(t * h * w for t, h, w in grids)
     pixels = np.random.default_rng(0).standard_normal((total, spec.patch_dim)).astype(np.float32)
     feeds = _inputs(grids, spec)
@@ -395,12 +397,7 @@ def verify(graph_path, vlm, spec: QwenVisionSpec, grids=((1, 8, 12), (1, 4, 4)),
         if path is None:
             continue
         ours = _run(path, pixels[feeds["rows"]], feeds, native=key != "max_abs_error")[feeds["unpermute"]]
-        error = float(np.abs(ours - ref).max()) if ours.shape == ref.shape else float("inf")
-        if not error <= 1e-4 * max(1.0, scale):
-            raise RuntimeError(f"the vision graph {Path(path).name}'s image embeddings differ from transformers': "
-                               f"max |error| {error:.3g} (largest value {scale:.3g}; shapes {list(ours.shape)} and "
-                               f"{list(ref.shape)})")
-        out[key] = error
+        out[key] = embeddings_error(ours, ref, f"the vision graph {Path(path).name}")
     return out
 
 

@@ -36,7 +36,7 @@ from trtllm.runtime.engine import StepInputs
 from trtllm.runtime.kv_cache import KVCacheManager
 from trtllm.runtime.lora import StepAdapters
 from trtllm.runtime.rows import overflow_causes
-from trtllm.runtime.step_inputs import adapter_key, chunk_stop, restore_context_kv, restore_prefix_kv
+from trtllm.runtime.step_inputs import adapter_key, chunk_stop, image_inputs, restore_context_kv, restore_prefix_kv
 
 MASK = np.float32(-1.0e9)  # transformers' "very large negative value"
 
@@ -361,7 +361,7 @@ def run_many(engine, jobs: list[tuple[list[int], BeamParams]], timing=None, done
                             write_index=np.array([start], np.int64), last_index=np.array([end - start - 1], np.int64),
                             sampling=sampling.rows(batch, 0, 1), prompt=True,
                             verify_index=None if p.scorer is None else prompt_scores.index(p.scorer, start, end),
-                            **image_feeds(p.images, start, end)),
+                            **image_inputs([(0, p.images, start, end)])),
                             base, base + 1, not graph[job] or p.scorer is not None)
                         why = None if p.scorer is None else prompt_scores.record(p.scorer, start, out.verify_logits[0])
                         if why:
@@ -423,19 +423,6 @@ def run_many(engine, jobs: list[tuple[list[int], BeamParams]], timing=None, done
 def keyed(p: BeamParams, prompt: list[int]) -> list[int]:
     """The prompt's ids as its KV is keyed (an image's tokens by the image's own id: runtime/media.py)."""
     return prompt if p.images is None else p.images.keyed
-
-
-def image_feeds(images, start: int, end: int) -> dict:
-    """A prompt step's image inputs for prompt positions [start, end), one row: its images' embeddings
-    and, multimodal RoPE, the tokens' three positions (as step_inputs.prefill_inputs gives a row's)."""
-    if images is None:
-        return {}
-    feeds, window, turns = {}, images.window(0, start, end), images.rope_window(0, start, end)
-    if window is not None:
-        feeds.update(image_index=window[0], image_embeds=window[1])
-    if turns is not None:
-        feeds.update(rope_index=turns[0], rope_positions=turns[1])
-    return feeds
 
 
 def reorder(kv: KVCacheManager, parents: np.ndarray, held: list, prompt_len: int, length: int, base: int = 0) -> list:

@@ -20,6 +20,12 @@ def unrunnable(req, index: int, manifest) -> str | None:
     return None
 
 
+def searched(samples: list) -> list:
+    """The samples (runner.Sample, rows made) that beam search answers: num_beams > 1 with something to
+    generate (with nothing, a beam request runs as a plain one: it scores its prompt, prompt_logprobs)."""
+    return [smp for smp in samples if smp.prepared.request.num_beams > 1 and smp.row.max_new_tokens > 0]
+
+
 def params_for(req, row, capacity: int) -> BeamParams:
     """A request's beam search as its first sample's row has it: the EOS ids it stops at (none with
     ignore_eos) and its stop_token_ids, min_new_tokens, and max_generate_length within the KV

@@ -116,6 +116,27 @@ def load_engine(engine_dir, **options) -> Engine:
     return cls(engine_dir, m, **options)
 
 
+def vision_feeds(m: manifest_mod.Manifest, inputs: StepInputs, batch: int, zeros) -> dict:
+    """A vision-language engine's image inputs of a step ({} where the manifest has no vision section):
+    its image tokens' embeddings and their index, and on multimodal RoPE engines each row's shift and
+    the tokens whose three positions come whole. A step without them gives empty ones: [0, H] (Qwen3-VL:
+    H x (1 + its DeepStack layers)), [0, 2], [B] 0s (text alone: its slots), [0, 2], [0, 3].
+    `zeros(shape, dtype)` makes those (the ONNX Runtime engine keeps its own, bound step after step)."""
+    io, v = m.io, m.vision
+    if not v:
+        return {}
+    no_image = inputs.image_embeds is None
+    width = m.model.hidden_size * (1 + v.get("deepstack_layers", 0))
+    feeds = {io.image_embeds: zeros((0, width), np.float32) if no_image else inputs.image_embeds,
+             io.image_index: zeros((0, 2), np.int64) if no_image else inputs.image_index}
+    if v.get("mrope_section"):
+        given = inputs.rope_index is not None
+        feeds[io.rope_delta] = zeros((batch,), np.int64) if inputs.rope_delta is None else inputs.rope_delta
+        feeds[io.rope_index] = inputs.rope_index if given else zeros((0, 2), np.int64)
+        feeds[io.rope_positions] = inputs.rope_positions if given else zeros((0, 3), np.int64)
+    return feeds
+
+
 def optional_inputs_mismatch(inputs: set[str], m: manifest_mod.Manifest) -> str:
     """The LoRA, EAGLE and image inputs the graph has against those the manifest's sections make the
     runtime feed, or "" (an input left unfed failed every request in ONNX Runtime)."""

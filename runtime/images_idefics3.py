@@ -102,6 +102,12 @@ def grid(width: int, height: int, pre: dict) -> tuple[int, int]:
     return 0, 0
 
 
+def largest_side(pre: dict) -> int:
+    """The most tiles an image's side can have (its longest edge resized to longest_edge, capped at
+    MAX_IMAGE_SIZE); 0 without splitting. The row and column tags go this far."""
+    return math.ceil(min(pre["longest_edge"], MAX_IMAGE_SIZE) / pre["tile"]) if pre["splitting"] else 0
+
+
 def tile_count(width: int, height: int, pre: dict) -> int:
     rows, columns = grid(width, height, pre)
     return rows * columns + 1 if rows else 1

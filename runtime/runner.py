@@ -296,8 +296,7 @@ class Runner:
         # written; before, the first one ends generation, caught below wherever it lands
         try:
             try:
-                # (nothing to generate: no search; as a plain request it scores its prompt, prompt_logprobs)
-                searched = [smp for smp in live if smp.prepared.request.num_beams > 1 and smp.row.max_new_tokens > 0]
+                searched = beam_requests.searched(live)
                 beam_requests.answer(self.engine, searched, self.timing, on_token if on_text else None, num_slots,
                                      self.prefixes, self.contexts)
                 beams = {id(smp) for smp in searched}

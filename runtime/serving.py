@@ -148,8 +148,8 @@ class Service:
         self.jobs.append(job)
         # num_beams > 1: its searches run whole, here, between the running rows' steps (those wait for
         # them), in KV of their own, as trtllm-run runs them (runtime/beam_requests.py); its answers come
-        # then, each sample one of the best beams (a search with nothing to generate is a plain row)
-        searched = [smp for smp in job.samples if smp.prepared.request.num_beams > 1 and smp.row.max_new_tokens > 0]
+        # then, each sample one of the best beams
+        searched = beam_requests.searched(job.samples)
         if searched:
             try:
                 beam_requests.answer(r.engine, searched, r.timing, self.streams.on_token, self.num_slots,

@@ -142,17 +142,24 @@ def prefill_inputs(rows: list[RowState], pad_id: int, batch: sampling.SamplingBa
     for b, t in enumerate(rests):
         ids[b, : len(t)] = t
     positions = np.array(starts, np.int64)[:, None] + np.arange(width, dtype=np.int64)[None, :]
-    windows = [w for b, (r, t) in enumerate(zip(rows, rests))
-               if r.images is not None and (w := r.images.window(b, r.computed, r.computed + len(t))) is not None]
-    # multimodal RoPE: the tokens whose three positions are not their slot's (an image's, and the text after)
-    turns = [w for b, (r, t) in enumerate(zip(rows, rests))
-             if r.images is not None and (w := r.images.rope_window(b, r.computed, r.computed + len(t))) is not None]
     return StepInputs(input_ids=ids, position_ids=positions, write_index=np.array(starts, np.int64), prompt=True,
                       last_index=np.array([len(t) - 1 for t in rests], np.int64), sampling=batch,
-                      **({"image_index": np.concatenate([w[0] for w in windows]),
-                          "image_embeds": np.concatenate([w[1] for w in windows])} if windows else {}),
-                      **({"rope_index": np.concatenate([w[0] for w in turns]),
-                          "rope_positions": np.concatenate([w[1] for w in turns])} if turns else {}))
+                      **image_inputs([(b, r.images, r.computed, r.computed + len(t))
+                                      for b, (r, t) in enumerate(zip(rows, rests))]))
+
+
+def image_inputs(spans: list[tuple[int, object, int, int]]) -> dict:
+    """A prompt step's image inputs: for each (row, its PromptImages or None, start, end) of prompt
+    positions the step computes, the image tokens' embeddings and, multimodal RoPE, the tokens whose
+    three positions are not their slot's (an image's, and the text after it); {} where there are none."""
+    windows = [w for b, images, start, end in spans
+               if images is not None and (w := images.window(b, start, end)) is not None]
+    turns = [w for b, images, start, end in spans
+             if images is not None and (w := images.rope_window(b, start, end)) is not None]
+    return {**({"image_index": np.concatenate([w[0] for w in windows]),
+                "image_embeds": np.concatenate([w[1] for w in windows])} if windows else {}),
+            **({"rope_index": np.concatenate([w[0] for w in turns]),
+                "rope_positions": np.concatenate([w[1] for w in turns])} if turns else {})}
 
 
 def rope_deltas(rows: list[RowState | None]) -> np.ndarray | None:

@@ -96,7 +96,7 @@ def check(m) -> str:
 
 
 def idefics3(v: dict, pre: dict, vocab: int) -> str:
-    from trtllm.runtime.images_idefics3 import MAX_IMAGE_SIZE
+    from trtllm.runtime.images_idefics3 import largest_side
     from trtllm.runtime.manifest import whole
 
     def ids(x) -> bool:
@@ -106,7 +106,7 @@ def idefics3(v: dict, pre: dict, vocab: int) -> str:
             and isinstance(pre["splitting"], bool) and v["image_size"] == [pre["tile"]] * 2):
         return (f"vision.tokens_per_tile and preprocess.longest_edge and tile must be integers >= 1, preprocess.splitting "
                 f"true or false and vision.image_size [tile, tile], got {v['tokens_per_tile']!r}, {pre!r:.200}")
-    side = -(-min(pre["longest_edge"], MAX_IMAGE_SIZE) // pre["tile"]) if pre["splitting"] else 0
+    side = largest_side(pre)
     grid = v["row_col_ids"]
     if not all(ids(v[k]) and v[k] for k in ("global_ids", "newline_ids", "break_ids")) or not (
             isinstance(grid, list) and len(grid) >= side and all(

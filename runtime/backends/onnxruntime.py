@@ -19,7 +19,7 @@ import onnxruntime as ort
 
 from trtllm.plugins import cpu as cpu_kernels
 from trtllm.runtime import hugepages, lora
-from trtllm.runtime.engine import StepInputs, StepOutputs, optional_inputs_mismatch
+from trtllm.runtime.engine import StepInputs, StepOutputs, optional_inputs_mismatch, vision_feeds
 from trtllm.runtime.manifest import BFLOAT16, Manifest, ManifestError, ModelShape, rebuild_hint
 
 
@@ -243,18 +243,7 @@ class OnnxRuntimeEngine:
         if m.samples_verified:
             feeds[io.verify_uniform] = inputs.verify_uniform if inputs.verify_uniform is not None \
                 else self.zeros_of(feeds[io.verify_index].shape, np.float32)
-        if m.vision:  # (a step without image tokens: none, [0, H])
-            no_image = inputs.image_embeds is None
-            width = m.model.hidden_size * (1 + m.vision.get("deepstack_layers", 0))  # (Qwen3-VL's extra rows)
-            feeds[io.image_embeds] = self.zeros_of((0, width), np.float32) if no_image \
-                else inputs.image_embeds
-            feeds[io.image_index] = self.zeros_of((0, 2), np.int64) if no_image else inputs.image_index
-            if m.vision.get("mrope_section"):  # (text alone: its slots, [B] 0s; none given whole, [0, 3])
-                feeds[io.rope_delta] = self.zeros_of((batch,), np.int64) if inputs.rope_delta is None \
-                    else inputs.rope_delta
-                given = inputs.rope_index is not None
-                feeds[io.rope_index] = inputs.rope_index if given else self.zeros_of((0, 2), np.int64)
-                feeds[io.rope_positions] = inputs.rope_positions if given else self.zeros_of((0, 3), np.int64)
+        feeds.update(vision_feeds(m, inputs, batch, self.zeros_of))
         if m.eagle:
             if m.eagle.get("tree"):  # no tree: [B, S, 0], the causal mask alone
                 feeds[io.tree_mask] = inputs.tree_mask if inputs.tree_mask is not None \

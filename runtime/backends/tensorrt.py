@@ -21,7 +21,7 @@ from typing import NamedTuple
 import numpy as np
 
 from trtllm.runtime import lora
-from trtllm.runtime.engine import StepInputs, StepOutputs, optional_inputs_mismatch
+from trtllm.runtime.engine import StepInputs, StepOutputs, optional_inputs_mismatch, vision_feeds
 from trtllm.runtime.kv_cache import KVCacheManager, kv_storage
 from trtllm.runtime.manifest import Manifest, ManifestError, ModelShape, plan_pending, rebuild_hint
 
@@ -52,6 +52,21 @@ def import_tensorrt(engine_dir):
                             f"TensorRT (on Jetson: JetPack's python3-libnvinfer) or "
                             f"{rebuild_hint(engine_dir, 'onnxruntime')}") from None
     return trt
+
+
+def deserialize(trt, path: Path, engine_dir, advice: str = "") -> tuple:
+    """(runtime, engine, execution context) of the plan at `path`, or ManifestError: one that does
+    not deserialize names the build to re-run; one without a context (TensorRT says why in its log:
+    most often the device memory its activations take) says so, then `advice`."""
+    runtime = trt.Runtime(shared_logger(trt))
+    engine = runtime.deserialize_cuda_engine(path.read_bytes())
+    if engine is None:
+        raise ManifestError(f"TensorRT could not deserialize {path}; {trt_rebuild_hint(engine_dir)}")
+    context = engine.create_execution_context()
+    if context is None:
+        raise ManifestError(f"TensorRT could not create an execution context for {path} (its error is above; "
+                            f"usually too little free device memory){advice}")
+    return runtime, engine, context
 
 
 def held_dtype(trt, dtype) -> np.dtype:
@@ -179,16 +194,9 @@ class TensorRTEngine:
         if not path.is_file():
             raise ManifestError(f"{path} is missing; {trt_rebuild_hint(engine_dir)}")
         self.register_plugins(engine_dir)
-        self.runtime = trt.Runtime(shared_logger(trt))
-        self.engine = self.runtime.deserialize_cuda_engine(path.read_bytes())
-        if self.engine is None:
-            raise ManifestError(f"TensorRT could not deserialize {path}; {trt_rebuild_hint(engine_dir)}")
-        self.context = self.engine.create_execution_context()
-        if self.context is None:  # (TensorRT says why in its log: most often the device memory its activations take)
-            raise ManifestError(f"TensorRT could not create an execution context for {path} (its error is above; "
-                                "usually too little free device memory): free some, or rebuild for smaller "
-                                f"limits (--max-batch-size, --max-input-len, --max-kv-cache-capacity): "
-                                f"{trt_rebuild_hint(engine_dir)}")
+        self.runtime, self.engine, self.context = deserialize(
+            trt, path, engine_dir, ": free some, or rebuild for smaller limits (--max-batch-size, --max-input-len, "
+            f"--max-kv-cache-capacity): {trt_rebuild_hint(engine_dir)}")
         self.stream = cuda.Stream()
         self.profile: int | None = None
         self.kv_pairs = self.io.kv_pairs(manifest.model.num_layers)
@@ -351,17 +359,7 @@ class TensorRTEngine:
             if self.manifest.eagle.get("tree"):  # no tree: [B, S, 0], the causal mask alone
                 feeds[io.tree_mask] = inputs.tree_mask if inputs.tree_mask is not None \
                     else np.zeros((batch, seq, 0), np.bool_)
-        v = self.manifest.vision
-        if v:  # (a step without image tokens: none, [0, H]; as the ONNX Runtime engine feeds them)
-            no_image = inputs.image_embeds is None
-            width = self.manifest.model.hidden_size * (1 + v.get("deepstack_layers", 0))  # (Qwen3-VL's extra rows)
-            feeds[io.image_embeds] = np.zeros((0, width), np.float32) if no_image else inputs.image_embeds
-            feeds[io.image_index] = np.zeros((0, 2), np.int64) if no_image else inputs.image_index
-            if v.get("mrope_section"):  # (text alone: its slots, [B] 0s; none given whole, [0, 3])
-                feeds[io.rope_delta] = np.zeros(batch, np.int64) if inputs.rope_delta is None else inputs.rope_delta
-                given = inputs.rope_index is not None
-                feeds[io.rope_index] = inputs.rope_index if given else np.zeros((0, 2), np.int64)
-                feeds[io.rope_positions] = inputs.rope_positions if given else np.zeros((0, 3), np.int64)
+        feeds.update(vision_feeds(self.manifest, inputs, batch, np.zeros))
         for name, array in feeds.items():
             self.bind(name, array, alive)
         for name, array in (inputs.lora or self.no_adapter).items():

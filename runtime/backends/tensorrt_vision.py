@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
-from trtllm.runtime.backends.tensorrt import held_dtype, import_tensorrt, shared_logger, trt_rebuild_hint
+from trtllm.runtime.backends.tensorrt import deserialize, held_dtype, import_tensorrt, trt_rebuild_hint
 from trtllm.runtime.manifest import Manifest, ManifestError
 
 
@@ -24,14 +24,7 @@ class TensorRTVision:
         path = Path(engine_dir) / manifest.files["vision_plan"]
         if not path.is_file():
             raise ManifestError(f"{path} is missing; {trt_rebuild_hint(engine_dir)}")
-        self.runtime = trt.Runtime(shared_logger(trt))
-        self.engine = self.runtime.deserialize_cuda_engine(path.read_bytes())
-        if self.engine is None:
-            raise ManifestError(f"TensorRT could not deserialize {path}; {trt_rebuild_hint(engine_dir)}")
-        self.context = self.engine.create_execution_context()
-        if self.context is None:
-            raise ManifestError(f"TensorRT could not create an execution context for {path} (its error is above; "
-                                "usually too little free device memory)")
+        self.runtime, self.engine, self.context = deserialize(trt, path, engine_dir)
         self.stream = cuda.Stream()
         v = manifest.vision
         self.width = v["hidden_size"] * (1 + v.get("deepstack_layers", 0))
