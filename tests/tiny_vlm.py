@@ -68,6 +68,88 @@ CASES = [
 ]
 
 
+def built(tmp_path_factory, ckpt: Path, name: str, sizes: dict, **build_options) -> tuple:
+    """(checkpoint dir, engine dir, images dir, transformers model, tokenizer) of a vision-language
+    suite: the engine built from `ckpt` (4 rows, 256 prompt tokens, 512 KV positions, and
+    `build_options`), random images of `sizes` ({file: (width, height)}), and transformers' model of
+    the checkpoint, which ignores EOS (our rows run their whole length)."""
+    import numpy as np
+    import torch
+    import transformers
+    from PIL import Image
+
+    from trtllm.builder.config import BuildConfig
+    from trtllm.builder.export import build
+
+    engine = tmp_path_factory.mktemp(f"{name}-engine") / "engine"
+    build(BuildConfig(model=str(ckpt), output=str(engine), max_batch_size=4, max_input_len=256,
+                      max_kv_cache_capacity=512, **build_options), log=lambda m: None)
+    images = tmp_path_factory.mktemp(f"{name}-images")
+    rng = np.random.default_rng(3)
+    for file, (w, h) in sizes.items():
+        Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)).save(images / file)
+    model = transformers.AutoModelForImageTextToText.from_pretrained(ckpt, dtype=torch.float32).eval()
+    model.generation_config.eos_token_id = None
+    return ckpt, engine, images, model, transformers.AutoTokenizer.from_pretrained(ckpt)
+
+
+def peft_adapter(vlm, path, seed: int, target_modules, alone: bool = False) -> object:
+    """A random PEFT adapter of the whole model (its B not zero; `alone`: of its language model as a
+    model of its own), saved to `path`; the PEFT model."""
+    import copy
+
+    import peft
+    import torch
+
+    from trtllm.builder.vision import language_model
+
+    torch.manual_seed(seed)
+    config = peft.LoraConfig(r=4, lora_alpha=8, target_modules=target_modules, init_lora_weights=False)
+    whole = copy.deepcopy(vlm[3])
+    model = peft.get_peft_model(language_model(whole) if alone else whole, config).eval()
+    model.save_pretrained(path)
+    return model
+
+
+def bundled_lora_engine(vlm, tmp_path: Path) -> Path:
+    """trtllm-build (its CLI) of the suite's checkpoint with the adapter at tmp_path / "bundled" bundled:
+    the build checks it against PEFT's own merge, and says so."""
+    from click.testing import CliRunner
+
+    from trtllm.builder.cli import main as build_main
+
+    engine = tmp_path / "engine"
+    result = CliRunner().invoke(build_main, ["--model", str(vlm[0]), "--output", str(engine), "--max-batch-size", "4",
+                                             "--max-input-len", "256", "--max-kv-cache-capacity", "512",
+                                             "--lora", f"bundled={tmp_path / 'bundled'}"])
+    assert result.exit_code == 0, result.output
+    assert "verified adapter bundled" in result.output
+    return engine
+
+
+def asking(image: str, text: str = "What is in this picture?") -> list:
+    """A user turn's content: the image, then the question."""
+    return [{"type": "image", "image": image}, {"type": "text", "text": text}]
+
+
+def assert_context_reuse_tells_images_apart(run, one: list[int], other: list[int], tokens_each: int | None,
+                                            tmp_path: Path) -> None:
+    """--context-reuse, one row at a time, on square.png, square2.png (its size: the same token ids,
+    other pixels) and square.png again: the answers are transformers' `one`, `other`, `one` (the
+    second never takes the first's KV; the third does), and the profile counts 3 images of
+    `tokens_each` image tokens (None: not counted). `run(contents, *extra, **top)`: the suite's trtllm-run."""
+    profile = tmp_path / "profile.json"
+    result, out = run([asking("square.png"), asking("square2.png"), asking("square.png")],
+                      "--context-reuse", "--profile", str(profile), batch_size=1)
+    assert result.exit_code == 0, result.output
+    assert [r["output_ids"] for r in out["responses"]] == [one, other, one]
+    prof = json.loads(profile.read_text())
+    assert prof["prefill"]["reused_tokens"] > 0  # the third took the first's
+    assert prof["multimodal"]["total_images"] == 3
+    assert tokens_each is None or prof["multimodal"]["total_image_tokens"] == 3 * tokens_each
+    assert "vision_encoder" in [s["stage_id"] for s in prof["stages"]]
+
+
 def greedy(model, ids, new_tokens: int, **inputs) -> tuple[list[int], object]:
     """transformers' greedy tokens after `ids` and the first step's log-probabilities (numpy, over the
     vocabulary), with the image inputs its processor gave."""

@@ -12,8 +12,9 @@ import numpy as np
 import pytest
 
 from tests.tiny_idefics3 import TEMPLATE, make_idefics3_checkpoint
-from tests.tiny_vlm import (CASES, assert_answer, assert_beams, assert_beams_beside_a_greedy_row, assert_damage_refused,
-                            assert_eagle_answers, generated)
+from tests.tiny_vlm import (CASES, asking, assert_answer, assert_beams, assert_beams_beside_a_greedy_row,
+                            assert_context_reuse_tells_images_apart, assert_damage_refused, assert_eagle_answers,
+                            built, bundled_lora_engine, generated, peft_adapter)
 
 NEW_TOKENS = 12
 # (width, height); square2 is square's size with other pixels: the same token ids, another image
@@ -22,27 +23,11 @@ SIZES = {"wide.png": (200, 90), "square.png": (60, 60), "tall.png": (70, 150), "
 
 def make(tmp_path_factory, model_type: str = "idefics3", legacy_template: bool = False, **build_options):
     """(checkpoint dir, engine dir, images dir, transformers model, tokenizer with the chat template)."""
-    import torch
-    import transformers
-    from PIL import Image
-
-    from trtllm.builder.config import BuildConfig
-    from trtllm.builder.export import build
-
     ckpt = make_idefics3_checkpoint(tmp_path_factory.mktemp(f"{model_type}-ckpt"), model_type=model_type,
                                     legacy_template=legacy_template)
-    engine = tmp_path_factory.mktemp(f"{model_type}-engine") / "engine"
-    build(BuildConfig(model=str(ckpt), output=str(engine), max_batch_size=4, max_input_len=256,
-                      max_kv_cache_capacity=512, **build_options), log=lambda m: None)
-    images = tmp_path_factory.mktemp("idefics3-images")
-    rng = np.random.default_rng(3)
-    for name, (w, h) in SIZES.items():
-        Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)).save(images / name)
-    model = transformers.AutoModelForImageTextToText.from_pretrained(ckpt, dtype=torch.float32).eval()
-    model.generation_config.eos_token_id = None  # (our rows ignore EOS: both run NEW_TOKENS)
-    tok = transformers.AutoTokenizer.from_pretrained(ckpt)
-    tok.chat_template = TEMPLATE  # (what the processor would read from chat_template.json)
-    return ckpt, engine, images, model, tok
+    vlm = built(tmp_path_factory, ckpt, model_type, SIZES, **build_options)
+    vlm[4].chat_template = TEMPLATE  # (what the processor would read from chat_template.json)
+    return vlm
 
 
 @pytest.fixture(scope="module")
@@ -101,8 +86,8 @@ def test_the_prompt_holds_the_processors_ids(vlm):
 
     _, engine, images, _, tok = vlm
     section = mf.load(engine).vision
-    processor = Idefics3Processor(Idefics3ImageProcessorPil(size={"longest_edge": 96}, max_image_size={"longest_edge": 32}),
-                                  tok, image_seq_len=4)
+    processor = Idefics3Processor(Idefics3ImageProcessorPil(size={"longest_edge": 96},
+                                                            max_image_size={"longest_edge": 32}), tok, image_seq_len=4)
     for content in CASES[:2]:
         req = parse_input({"requests": [{"messages": [{"role": "user", "content": content}]}]}).requests[0]
         messages = [{"role": "user", "content": [{"type": "image"} if "image" in c else c for c in content]}]
@@ -124,10 +109,6 @@ def test_a_wrong_reference_is_told_apart(vlm, run_cli):
     assert out["responses"][0]["output_ids"] != tokens
 
 
-def asking(image: str) -> list:
-    return [{"type": "image", "image": image}, {"type": "text", "text": "What is in this picture?"}]
-
-
 def test_chunked_prefill_and_kv_kept_per_image(vlm, run_cli, tmp_path):
     """A prompt prefilled in chunks of 16 (its image's 40 tokens parted by tile tags, cut across chunks)
     gives transformers' tokens; two images of one size (the same ids) never share KV, the same image
@@ -137,14 +118,7 @@ def test_chunked_prefill_and_kv_kept_per_image(vlm, run_cli, tmp_path):
     result, out = run(vlm, run_cli, [asking("square.png")], "--prefill-chunk", "16")
     assert result.exit_code == 0, result.output
     assert out["responses"][0]["output_ids"] == one
-    profile = tmp_path / "profile.json"
-    result, out = run(vlm, run_cli, [asking("square.png"), asking("square2.png"), asking("square.png")],
-                      "--context-reuse", "--profile", str(profile), batch_size=1)
-    assert result.exit_code == 0, result.output
-    assert [r["output_ids"] for r in out["responses"]] == [one, other, one]
-    prof = json.loads(profile.read_text())
-    assert prof["prefill"]["reused_tokens"] > 0  # the third took the first's
-    assert prof["multimodal"]["total_images"] == 3 and prof["multimodal"]["total_image_tokens"] == 3 * 40
+    assert_context_reuse_tells_images_apart(lambda *a, **k: run(vlm, run_cli, *a, **k), one, other, 40, tmp_path)
 
 
 def test_one_tile_images_and_smolvlm(tmp_path_factory, run_cli):
@@ -176,27 +150,10 @@ def test_lora_adapters_on_the_language_model_match_peft(vlm, run_cli, tmp_path):
     """A PEFT adapter of the language model as PEFT names it in the whole model (model.text_model),
     bundled (the build checks it against PEFT's merge) and given at run time, with images, beside a
     row with no adapter."""
-    import copy
-
-    import peft
-    import torch
-    from click.testing import CliRunner
-
-    from trtllm.builder.cli import main as build_main
-
-    models = {None: None}
-    for seed, name in enumerate(("bundled", "given"), 1):
-        torch.manual_seed(seed)
-        config = peft.LoraConfig(r=4, lora_alpha=8, init_lora_weights=False,
-                                 target_modules=r".*text_model.*\.(q_proj|v_proj|o_proj|gate_proj|down_proj)")
-        models[name] = peft.get_peft_model(copy.deepcopy(vlm[3]), config).eval()
-        models[name].save_pretrained(tmp_path / name)
-    engine = tmp_path / "engine"
-    result = CliRunner().invoke(build_main, ["--model", str(vlm[0]), "--output", str(engine), "--max-batch-size", "4",
-                                             "--max-input-len", "256", "--max-kv-cache-capacity", "512",
-                                             "--lora", f"bundled={tmp_path / 'bundled'}"])
-    assert result.exit_code == 0, result.output
-    assert "verified adapter bundled" in result.output
+    targets = r".*text_model.*\.(q_proj|v_proj|o_proj|gate_proj|down_proj)"
+    models = {None: None, **{name: peft_adapter(vlm, tmp_path / name, seed, targets)
+                             for seed, name in enumerate(("bundled", "given"), 1)}}
+    engine = bundled_lora_engine(vlm, tmp_path)
     names = ["bundled", "given", None]
     result, out = run_cli(engine, {
         "temperature": 0.0, "ignore_eos": True, "max_generate_length": NEW_TOKENS, "batch_size": 4,
@@ -246,7 +203,8 @@ def test_a_tensorrt_engine_answers_with_images_as_transformers(vlm, run_cli, tmp
     from trtllm.builder.config import BuildConfig
     from trtllm.builder.export import build
 
-    options = dict(model=str(vlm[0]), backend="tensorrt", max_batch_size=4, max_input_len=256, max_kv_cache_capacity=512)
+    options = dict(model=str(vlm[0]), backend="tensorrt", max_batch_size=4, max_input_len=256,
+                   max_kv_cache_capacity=512)
     later = build(BuildConfig(output=str(tmp_path / "later"), plan_later=True, **options), log=lambda m: None)
     assert not (later / "vision.plan").exists() and (later / "vision_reference.npz").is_file()
     with fakes.installed():

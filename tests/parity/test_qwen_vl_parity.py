@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 
 from tests.tiny_qwen_vl import make_qwen_vl_checkpoint
-from tests.tiny_vlm import assert_answer, beam_answers
+from tests.tiny_vlm import (asking, assert_answer, assert_context_reuse_tells_images_apart, beam_answers, built,
+                            bundled_lora_engine, peft_adapter)
 
 NEW_TOKENS = 12
 # (width, height); square2 is square's size with other pixels: the same token ids, another image
@@ -24,24 +25,8 @@ SIZES = {"wide.png": (200, 90), "square.png": (60, 60), "tall.png": (70, 150), "
 
 def make(tmp_path_factory, kind: str):
     """(checkpoint dir, engine dir, images dir, transformers model, tokenizer)."""
-    import torch
-    import transformers
-    from PIL import Image
-
-    from trtllm.builder.config import BuildConfig
-    from trtllm.builder.export import build
-
-    ckpt = make_qwen_vl_checkpoint(tmp_path_factory.mktemp(f"{kind}-ckpt"), kind=kind)
-    engine = tmp_path_factory.mktemp(f"{kind}-engine") / "engine"
-    build(BuildConfig(model=str(ckpt), output=str(engine), max_batch_size=4, max_input_len=256,
-                      max_kv_cache_capacity=512), log=lambda m: None)
-    images = tmp_path_factory.mktemp(f"{kind}-images")
-    rng = np.random.default_rng(3)
-    for name, (w, h) in SIZES.items():
-        Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)).save(images / name)
-    model = transformers.AutoModelForImageTextToText.from_pretrained(ckpt, dtype=torch.float32).eval()
-    model.generation_config.eos_token_id = None  # (our rows ignore EOS: both run NEW_TOKENS)
-    return ckpt, engine, images, model, transformers.AutoTokenizer.from_pretrained(ckpt)
+    return built(tmp_path_factory, make_qwen_vl_checkpoint(tmp_path_factory.mktemp(f"{kind}-ckpt"), kind=kind), kind,
+                 SIZES)
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +35,8 @@ def qvl(tmp_path_factory):
 
 
 def reference(qvl, content: list, history: list | None = None, flat_positions: bool = False,
-              model=None, no_deepstack: bool = False, beams: int = 0, **processor_options) -> tuple[list[int], np.ndarray]:
+              model=None, no_deepstack: bool = False, beams: int = 0,
+              **processor_options) -> tuple[list[int], np.ndarray]:
     """transformers' greedy tokens and first-step log-probabilities for one user turn after `history`;
     `flat_positions`: the deliberately wrong variant, every token at its slot on all three axes (no
     token marked an image's in mm_token_type_ids); `no_deepstack`: another (Qwen3-VL), the encoder's
@@ -96,10 +82,6 @@ def reference(qvl, content: list, history: list | None = None, flat_positions: b
                              do_sample=False, **kwargs)
     text_model.__dict__.pop("_deepstack_process", None)
     return out[0, ids.shape[1]:].tolist(), first
-
-
-def asking(image: str, text: str = "What is in this picture?") -> list:
-    return [{"type": "image", "image": image}, {"type": "text", "text": text}]
 
 
 CASES = [
@@ -220,14 +202,8 @@ def test_kv_is_never_shared_across_images_and_is_reused_for_the_same(request, ru
     qvl = request.getfixturevalue(kind)
     one, other = reference(qvl, asking("square.png"))[0], reference(qvl, asking("square2.png"))[0]
     assert one != other
-    profile = tmp_path / "profile.json"
+    assert_context_reuse_tells_images_apart(lambda *a, **k: run(qvl, run_cli, *a, **k), one, other, None, tmp_path)
     contents = [asking("square.png"), asking("square2.png"), asking("square.png")]
-    result, out = run(qvl, run_cli, contents, "--context-reuse", "--profile", str(profile), batch_size=1)
-    assert result.exit_code == 0, result.output
-    assert [r["output_ids"] for r in out["responses"]] == [one, other, one]
-    prof = json.loads(profile.read_text())
-    assert prof["prefill"]["reused_tokens"] > 0
-    assert prof["multimodal"]["total_images"] == 3
     result, out = run(qvl, run_cli, contents, batch_size=3)  # (one batch: the third copies the first's KV)
     assert [r["output_ids"] for r in out["responses"]] == [one, other, one]
     result, out = run(qvl, run_cli, [asking("square2.png")], n=2)  # (two samples: one prompt, its KV copied)
@@ -426,30 +402,11 @@ def test_lora_adapters_on_the_language_model_match_peft(qvl, run_cli, tmp_path):
     """A PEFT adapter of the language model (its modules under model.language_model), bundled (the
     build checks it against PEFT's merge) and given at run time, with images, beside a row with none;
     one that adapts the vision tower (its MLP has gate_proj too) is refused by name."""
-    import copy
-
-    import peft
-    import torch
-    from click.testing import CliRunner
-
-    from trtllm.builder.cli import main as build_main
-
-    def adapter(path, seed, targets):
-        torch.manual_seed(seed)
-        config = peft.LoraConfig(r=4, lora_alpha=8, target_modules=targets, init_lora_weights=False)
-        model = peft.get_peft_model(copy.deepcopy(qvl[3]), config).eval()
-        model.save_pretrained(path)
-        return model
-
     language = r".*language_model.*\.(q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj)"
-    bundled, given = adapter(tmp_path / "bundled", 1, language), adapter(tmp_path / "given", 2, language)
-    adapter(tmp_path / "vision", 3, ["gate_proj"])
-    engine = tmp_path / "engine"
-    result = CliRunner().invoke(build_main, ["--model", str(qvl[0]), "--output", str(engine), "--max-batch-size", "4",
-                                             "--max-input-len", "256", "--max-kv-cache-capacity", "512",
-                                             "--lora", f"bundled={tmp_path / 'bundled'}"])
-    assert result.exit_code == 0, result.output
-    assert "verified adapter bundled" in result.output
+    bundled = peft_adapter(qvl, tmp_path / "bundled", 1, language)
+    given = peft_adapter(qvl, tmp_path / "given", 2, language)
+    peft_adapter(qvl, tmp_path / "vision", 3, ["gate_proj"])
+    engine = bundled_lora_engine(qvl, tmp_path)
     contents, names = [CASES[0], CASES[1], CASES[0], CASES[0]], ["bundled", "given", None, "vision"]
     payload = {"temperature": 0.0, "ignore_eos": True, "max_generate_length": NEW_TOKENS, "batch_size": 4,
                "available_lora_weights": {name: str(tmp_path / name) for name in ("given", "vision")},

@@ -11,8 +11,9 @@ import json
 import numpy as np
 import pytest
 
-from tests.tiny_vlm import (CASES, assert_answer, assert_beams_beside_a_greedy_row, assert_damage_refused,
-                            assert_eagle_answers, generated, make_vlm_checkpoint)
+from tests.tiny_vlm import (CASES, asking, assert_answer, assert_beams_beside_a_greedy_row,
+                            assert_context_reuse_tells_images_apart, assert_damage_refused, assert_eagle_answers,
+                            built, bundled_lora_engine, generated, make_vlm_checkpoint, peft_adapter)
 from trtllm.runtime import images
 
 NEW_TOKENS = 12
@@ -24,24 +25,7 @@ SIZES = {"wide.png": (200, 90), "square.png": (60, 60), "tall.png": (70, 150), "
 @pytest.fixture(scope="module")
 def vlm(tmp_path_factory):
     """(checkpoint dir, engine dir, images dir, transformers model, tokenizer)."""
-    import torch
-    import transformers
-    from PIL import Image
-
-    from trtllm.builder.config import BuildConfig
-    from trtllm.builder.export import build
-
-    ckpt = make_vlm_checkpoint(tmp_path_factory.mktemp("vlm-ckpt"))
-    engine = tmp_path_factory.mktemp("vlm-engine") / "engine"
-    build(BuildConfig(model=str(ckpt), output=str(engine), max_batch_size=4, max_input_len=256,
-                      max_kv_cache_capacity=512), log=lambda m: None)
-    images = tmp_path_factory.mktemp("vlm-images")
-    rng = np.random.default_rng(3)
-    for name, (w, h) in SIZES.items():
-        Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)).save(images / name)
-    model = transformers.AutoModelForImageTextToText.from_pretrained(ckpt, dtype=torch.float32).eval()
-    model.generation_config.eos_token_id = None  # (our rows ignore EOS: both run NEW_TOKENS)
-    return ckpt, engine, images, model, transformers.AutoTokenizer.from_pretrained(ckpt)
+    return built(tmp_path_factory, make_vlm_checkpoint(tmp_path_factory.mktemp("vlm-ckpt")), "vlm", SIZES)
 
 
 def reference(vlm, content: list, crop_to_patches: bool = True, system: dict | None = None, model=None,
@@ -101,10 +85,6 @@ def test_a_wrong_reference_is_told_apart(vlm, run_cli):
     assert out["responses"][0]["output_ids"] != tokens
 
 
-def asking(image: str, text: str = "What is in this picture?") -> list:
-    return [{"type": "image", "image": image}, {"type": "text", "text": text}]
-
-
 def test_kv_is_never_shared_across_images(vlm, run_cli, tmp_path):
     """Two images of one size give the same token ids: rows of one batch sharing a prompt (n samples,
     a common prompt) and --context-reuse must tell them apart by their pixels; the same image again
@@ -114,15 +94,7 @@ def test_kv_is_never_shared_across_images(vlm, run_cli, tmp_path):
     result, out = run(vlm, run_cli, [asking("square.png"), asking("square2.png"), asking("square.png")])
     assert result.exit_code == 0, result.output  # one batch: the third copies the first's KV
     assert [r["output_ids"] for r in out["responses"]] == [one, other, one]
-    profile = tmp_path / "profile.json"
-    result, out = run(vlm, run_cli, [asking("square.png"), asking("square2.png"), asking("square.png")],
-                      "--context-reuse", "--profile", str(profile), batch_size=1)
-    assert result.exit_code == 0, result.output
-    assert [r["output_ids"] for r in out["responses"]] == [one, other, one]
-    prof = json.loads(profile.read_text())
-    assert prof["prefill"]["reused_tokens"] > 0  # the third took the first's
-    assert prof["multimodal"]["total_images"] == 3 and prof["multimodal"]["total_image_tokens"] == 3 * 4
-    assert "vision_encoder" in [s["stage_id"] for s in prof["stages"]]
+    assert_context_reuse_tells_images_apart(lambda *a, **k: run(vlm, run_cli, *a, **k), one, other, 4, tmp_path)
     result, out = run(vlm, run_cli, [asking("square2.png")], n=2)  # two samples: one prompt, its KV copied
     assert [c["output_ids"] for c in out["responses"]] == [other, other]
 
@@ -338,43 +310,16 @@ def test_a_damaged_vision_section_is_refused_by_name(vlm, tmp_path, damage, name
     assert_damage_refused(vlm[1], tmp_path, damage, named)
 
 
-def peft_adapter(vlm, path, seed: int, target_modules, alone: bool = False) -> object:
-    """A random PEFT adapter of the whole model (its B not zero; `alone`: of its language model as a
-    model of its own), saved to `path`; the PEFT model."""
-    import copy
-
-    import peft
-    import torch
-
-    from trtllm.builder.vision import language_model
-
-    torch.manual_seed(seed)
-    config = peft.LoraConfig(r=4, lora_alpha=8, target_modules=target_modules, init_lora_weights=False)
-    whole = copy.deepcopy(vlm[3])
-    model = peft.get_peft_model(language_model(whole) if alone else whole, config).eval()
-    model.save_pretrained(path)
-    return model
-
-
 def test_lora_adapters_on_the_language_model_match_peft(vlm, run_cli, tmp_path):
     """A PEFT adapter of InternVL's language model (as PEFT names it in the whole model: its modules
     under model.language_model), bundled (the build checks it against PEFT's merge) and given at run
     time, with images, beside rows with no adapter; one that adapts the vision encoder is refused."""
-    from click.testing import CliRunner
-
-    from trtllm.builder.cli import main as build_main
-
     language = r".*language_model.*\.(q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj)"
     bundled = peft_adapter(vlm, tmp_path / "bundled", 1, language)
     given = peft_adapter(vlm, tmp_path / "given", 2, language)
     peft_adapter(vlm, tmp_path / "vision", 3, ["q_proj", "v_proj"])  # (the encoder's attention has them too)
     peft_adapter(vlm, tmp_path / "alone", 4, ["q_proj"], alone=True)
-    engine = tmp_path / "engine"
-    result = CliRunner().invoke(build_main, ["--model", str(vlm[0]), "--output", str(engine), "--max-batch-size", "4",
-                                             "--max-input-len", "256", "--max-kv-cache-capacity", "512",
-                                             "--lora", f"bundled={tmp_path / 'bundled'}"])
-    assert result.exit_code == 0, result.output
-    assert "verified adapter bundled" in result.output
+    engine = bundled_lora_engine(vlm, tmp_path)
     _, _, images_dir, _, _ = vlm
     contents = [CASES[0], CASES[0], CASES[1], CASES[2], CASES[0], CASES[0]]
     names = ["bundled", "given", None, "given", "vision", "alone"]
