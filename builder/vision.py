@@ -76,21 +76,28 @@ def load(source, config):
                                                        output_loading_info=True, ignore_mismatched_sizes=True)
 
 
+def processor_file(source, name: str) -> dict:
+    """A JSON file of the checkpoint's processor (a directory's, or the hub's cache), {} where it has none."""
+    import json
+
+    from transformers.utils import cached_file
+
+    path = cached_file(str(source), name, _raise_exceptions_for_missing_entries=False)
+    if path is None:
+        return {}
+    with open(path) as f:
+        return json.load(f)
+
+
 def tokenizer_of(source):
     """The tokenizer, with the processor's chat template where the tokenizer has none: many
     vision-language checkpoints keep theirs in chat_template.json alone (the processor's legacy
     file), which AutoTokenizer does not read."""
-    import json
-
     from transformers import AutoTokenizer
-    from transformers.utils import cached_file
 
     tok = AutoTokenizer.from_pretrained(source)
     if tok.chat_template is None:
-        path = cached_file(str(source), "chat_template.json", _raise_exceptions_for_missing_entries=False)
-        if path is not None:
-            with open(path) as f:
-                tok.chat_template = json.load(f).get("chat_template")
+        tok.chat_template = processor_file(source, "chat_template.json").get("chat_template")
     return tok
 
 

@@ -120,8 +120,8 @@ def section(vlm, tokenizer, spec: VisionSpec, source, max_tiles: int | None = No
                               f"the processor's longest_edge {pre['longest_edge']}: it only lowers it")
         side = max([1] + [n for n in range(2, largest_side(pre) + 1) if n * n + 1 <= max_tiles])
         pre["longest_edge"] = min(pre["longest_edge"], side * pre["tile"])
-    seq_len = read_seq_len(source)
-    if seq_len is not None and seq_len != spec.tokens_per_tile:
+    seq_len = vision.processor_file(source, "processor_config.json").get("image_seq_len")
+    if isinstance(seq_len, int) and seq_len != spec.tokens_per_tile:
         raise Unsupported(f"processor_config.image_seq_len {seq_len} is not the {spec.tokens_per_tile} tokens the "
                           "vision encoder gives a tile")
     smol = vlm.config.model_type == "smolvlm"
@@ -163,20 +163,6 @@ def layout_text(rows: int, columns: int, tokens: int, text: dict) -> str:
         return whole
     return "".join("".join(f"{fake}<row_{r + 1}_col_{c + 1}>{image}" for c in range(columns)) + "\n"
                    for r in range(rows)) + "\n" + whole
-
-
-def read_seq_len(source) -> int | None:
-    """processor_config.json's image_seq_len, where the checkpoint has one."""
-    import json
-
-    from transformers.utils import cached_file
-
-    path = cached_file(str(source), "processor_config.json", _raise_exceptions_for_missing_entries=False)
-    if path is None:
-        return None
-    with open(path) as f:
-        value = json.load(f).get("image_seq_len")
-    return value if isinstance(value, int) else None
 
 
 def verify(graph_path, vlm, spec: VisionSpec, tiles: int = 2, save=None) -> dict:
