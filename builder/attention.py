@@ -157,8 +157,10 @@ class AttentionWriter:
                 attrs["epsilon"] = s.rms_norm_eps
                 if s.qk_norm_after_rope:
                     attrs["norm_after_rotary"] = 1
-            if self.tree:  # input 10 (8 and 9 left empty without q/k norms)
-                ins += ["", ""] * (not s.qk_norm) + [self.tree_mask]
+            if self.tree or self.ahead:  # inputs 10 and 11 (those before left empty where absent)
+                ins += ["", ""] * (not s.qk_norm) + [self.tree_mask if self.tree else ""]
+            if self.ahead:
+                ins.append(self.ahead)
             y = g.op(cpu_kernels.ATTENTION, f"{name}/Attention", ins, outputs=[f"{name}/Attention/output_0", *present],
                      domain=cpu_kernels.DOMAIN, num_heads=s.num_heads, kv_num_heads=s.num_kv_heads,
                      scale=s.scale, **attrs)[0]
@@ -185,7 +187,8 @@ class AttentionWriter:
 
     def masks(self, input_ids: str, write_index: str) -> dict[int | None, str]:
         """bool [B,1,S,C] per window the layers use (None: full attention): slot j is visible to query s
-        of row b iff j <= write_index[b] + s (and, in a window W, j > write_index[b] + s - W)."""
+        of row b iff j <= write_index[b] + s (and, in a window W, j > write_index[b] + s - W); with
+        image_ahead (Gemma 3), j <= write_index[b] + s + its look-ahead (the window still from its slot)."""
         g = self.g
         zero, one = g.const(0), g.const(1)
         seq = g.op("Gather", "/model/mask/seq_len", [g.op("Shape", "/model/mask/ids_shape", [input_ids]), one], axis=0)
@@ -196,7 +199,9 @@ class AttentionWriter:
         wi = g.op("Unsqueeze", "/model/mask/wi", [write_index, g.const([1])])               # [B,1]
         q_slot = g.op("Add", "/model/mask/q_slot", [wi, q_off])                             # [B,S]
         q_slot = g.op("Unsqueeze", "/model/mask/q_slot4", [q_slot, g.const([1, 3])])        # [B,1,S,1]
-        causal = g.op("LessOrEqual", "/model/mask/causal", [kv_slot, q_slot])               # [B,1,S,C]
+        seen_to = q_slot if self.ahead is None else g.op(  # Gemma 3's image tokens: the rest of their image too
+            "Add", "/model/mask/seen_to", [q_slot, g.op("Unsqueeze", "/model/mask/ahead4", [self.ahead, g.const([1, 3])])])
+        causal = g.op("LessOrEqual", "/model/mask/causal", [kv_slot, seen_to])              # [B,1,S,C]
         if self.tree:
             causal = g.op("And", "/model/mask/tree", [causal, self.tree_visible(write_index, seq, kv_slot)])
             # a token's window counts from its position: a tree's tokens share positions, not slots

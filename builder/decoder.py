@@ -33,6 +33,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from onnx import TensorProto
+from onnx import helper as onnx_helper
 
 from trtllm.builder import legacy_ops
 from trtllm.builder.attention import AttentionWriter
@@ -96,6 +97,8 @@ class DecoderSpec:
     mrope_section: tuple[int, ...] | None = None  # Qwen2-VL's multimodal RoPE: the rotary columns (head_dim / 2
                                       # in all) that turn with a token's temporal, height and width position
     mrope_interleaved: bool = False   # ... taken in turn (Qwen3-VL: t, h, w, t, h, w, ...), not in three runs
+    image_bidirectional: bool = False  # Gemma 3: in the prompt an image's tokens see each other both ways
+                                      # (image_ahead: how many slots past its own each also sees)
     deepstack_layers: int = 0         # Qwen3-VL: the image tokens' rows after each of the first K layers get
                                       # the vision graph's k-th extra embeddings added (image_embeds' columns
                                       # H(k+1)..H(k+2): it is [N, H * (1 + K)])
@@ -182,11 +185,12 @@ def gqa_supported(spec: DecoderSpec, dtype: str) -> bool:
     """Where ONNX Runtime's GroupQueryAttention is proven equal to the canonical attention (tests):
     its CPU kernel needs head_dim % 16 == 0, and a partial rotary table a multiple of 8 wide; sliding
     windows, q/k norms (Qwen3, Gemma, OLMo 2), NoPE layers (SmolLM3: it rotates every layer), a scale
-    of the model's own, soft-capped scores (Gemma 2) and float16 are not lowered to it."""
+    of the model's own, soft-capped scores (Gemma 2), images seen both ways (Gemma 3) and float16 are not
+    lowered to it."""
     partial_ok = spec.rotary_dim is None or (spec.rotary_dim // 2) % 8 == 0
     # (multimodal RoPE's per-token tables are shorter than the KV, which GroupQueryAttention refuses)
     return (spec.head_dim % 16 == 0 and partial_ok and not spec.sliding_window and not spec.qk_norm
-            and spec.mrope_section is None
+            and spec.mrope_section is None and not spec.image_bidirectional
             and not spec.full_qk_norm and not spec.nope_layers and spec.query_scale is None
             and spec.attn_softcap is None and dtype == "float32")
 
@@ -300,6 +304,7 @@ class DecoderWriter(AttentionWriter, HeadWriter, WeightWriter, MoEWriter):
         # the step's last slots each token sees. The build decides it for both together (export.py);
         # not where attention is ONNX Runtime's GroupQueryAttention, which takes no such mask.
         self.tree = tree
+        self.ahead = None  # Gemma 3's image_ahead as [B,S] (prologue), where spec.image_bidirectional
         if tree and self.gqa and not self.native_attention:
             raise ValueError("draft trees need a tree mask, which ONNX Runtime's GroupQueryAttention does not take")
         self.half_embedding = False  # the token embedding table in float16, computing in float32 (EAGLE heads)
@@ -526,6 +531,12 @@ class DecoderWriter(AttentionWriter, HeadWriter, WeightWriter, MoEWriter):
                 num_outputs=1 + s.deepstack_layers, axis=-1)
             self.deepstack = parts[1:]  # (each added after its layer: write)
             h = g.op("ScatterND", "/model/image_embeds/ScatterND", [h, self.image_index, parts[0]])
+        if s.image_bidirectional:  # [B,S]: 0 but for the image tokens, which see the rest of their image
+            given = g.input(io.image_ahead, I64, ["image_tokens"])
+            shape = g.op("Shape", "/model/image_ahead/shape", [input_ids])
+            zeros = g.op("ConstantOfShape", "/model/image_ahead/zeros", [shape],
+                         value=onnx_helper.make_tensor("value", I64, [1], [0]))
+            self.ahead = g.op("ScatterND", "/model/image_ahead/ScatterND", [zeros, self.image_index, given])
         if self.gqa:
             mask = None
             if not self.native_attention:

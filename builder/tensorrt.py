@@ -55,7 +55,8 @@ def optimization_profiles(limits: Limits, model: ModelShape, io: GraphIO, lora: 
     EAGLE engines: verify_index [B, T], T 0 (a plain step) up to the step's tokens, and tree_mask
     [B, S, T] likewise; a verification step has more than one token, so it runs in the prefill profile.
     Vision-language engines (manifest `vision`): image_embeds [N, hidden (Qwen3-VL: x (1 + its DeepStack
-    layers))] and image_index [N, 2], N 0 (a step without image tokens) up to every token of the step;
+    layers))] and image_index [N, 2] (Gemma 3: and image_ahead [N]), N 0 (a step without image tokens) up
+    to every token of the step;
     multimodal RoPE (Qwen-VL): rope_delta [B], and rope_index [M, 2] and rope_positions [M, 3] as N.
     """
     b, s_max, cap = limits.max_batch_size, limits.max_input_len, limits.max_kv_cache_capacity
@@ -85,6 +86,8 @@ def optimization_profiles(limits: Limits, model: ModelShape, io: GraphIO, lora: 
             most, width = seq[2][0] * seq[2][1], model.hidden_size * (1 + vision.get("deepstack_layers", 0))
             shapes[io.image_embeds] = ((0, width), (most // 2, width), (most, width))
             shapes[io.image_index] = ((0, 2), (most // 2, 2), (most, 2))
+            if vision.get("bidirectional"):  # (Gemma 3: each image token's look-ahead)
+                shapes[io.image_ahead] = ((0,), (most // 2,), (most,))
             if vision.get("mrope_section"):
                 shapes[io.rope_delta] = batch()
                 shapes[io.rope_index] = ((0, 2), (most // 2, 2), (most, 2))

@@ -26,7 +26,7 @@ PIXELS, EMBEDS = "pixel_values", "image_embeds"
 VISION_NAME = "vision.onnx"
 VISION_COMPILED = "vision.ort.onnx"  # ONNX Runtime's form on our kernels (builder/vision_export.write_sharing)
 # config.model_type of the vision-language models built
-MODEL_TYPES = ("internvl", "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "idefics3", "smolvlm")
+MODEL_TYPES = ("internvl", "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "idefics3", "smolvlm", "gemma3")
 LANGUAGE_PREFIX = "model.language_model"  # where their decoder layers are (PEFT adapters name them so)
 TEXT_MODEL = ("idefics3", "smolvlm")  # ...but these call it model.text_model
 F32 = onnx.TensorProto.FLOAT

@@ -1,20 +1,21 @@
 """A vision-language build's steps beside the language model's export (builder/export.py): the
 language model's spec with its image inputs, the manifest's vision section, and vision.onnx, by family
-(builder/vision.py: InternVL; builder/vision_qwen.py: Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Qwen3-VL-MoE)."""
+(builder/vision.py: InternVL; builder/vision_qwen.py: Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Qwen3-VL-MoE;
+builder/vision_idefics3.py: Idefics3, SmolVLM; builder/vision_gemma3.py: Gemma 3)."""
 from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
 
 from trtllm.builder import checkpoint as ckpt
-from trtllm.builder import vision, vision_idefics3, vision_qwen
+from trtllm.builder import vision, vision_gemma3, vision_idefics3, vision_qwen
 from trtllm.builder.config import MODERN_MIN_TRT, BuildConfig, ConfigError, parse_trt_version
 
 
 def family(vlm):
     """The module that writes a vision-language model's encoder: vision_qwen (Qwen-VL), vision_idefics3
-    (Idefics3, SmolVLM) or vision (InternVL)."""
-    for module in (vision_qwen, vision_idefics3):
+    (Idefics3, SmolVLM), vision_gemma3 (Gemma 3) or vision (InternVL)."""
+    for module in (vision_qwen, vision_idefics3, vision_gemma3):
         if vlm.config.model_type in module.MODEL_TYPES:
             return module
     return vision
@@ -22,7 +23,7 @@ def family(vlm):
 
 def language_spec(ck: ckpt.Checkpoint, config: BuildConfig, backend: str, spec, encoder):
     """The language model's DecoderSpec with what the images add: their embeddings' inputs, Qwen's
-    multimodal RoPE and Qwen3-VL's DeepStack layers (`encoder`: the encoder's spec, section's, which
+    multimodal RoPE, Qwen3-VL's DeepStack layers and Gemma 3's images seen both ways (`encoder`: the encoder's spec, section's, which
     checked the DeepStack list: its extra rows go to as many first layers); what its engines do not
     take is refused."""
     try:
@@ -34,7 +35,8 @@ def language_spec(ck: ckpt.Checkpoint, config: BuildConfig, backend: str, spec, 
         raise ckpt.CheckpointError(f"--model {config.model!r}: vision_config.deepstack_visual_indexes must name "
                                    f"at most the language model's {spec.num_layers} layers, got {deepstack}")
     spec = dataclasses.replace(spec, image_embeds=True, mrope_section=mrope, deepstack_layers=deepstack,
-                               mrope_interleaved=vision.mrope_interleaved(ck.vision.config))
+                               mrope_interleaved=vision.mrope_interleaved(ck.vision.config),
+                               image_bidirectional=family(ck.vision) is vision_gemma3)
     refuse(config, backend, spec)
     return spec
 
@@ -56,19 +58,21 @@ def refuse(config: BuildConfig, backend: str, spec) -> None:
 def section(ck: ckpt.Checkpoint, config: BuildConfig) -> tuple[dict, object]:
     """The manifest's vision section and the encoder's spec: what a vision-language build refuses,
     before the language model's export."""
-    qwen = family(ck.vision) is vision_qwen
-    # each model's own knob for its image tokens: InternVL's tiles, Qwen's pixels (its own grid an image)
-    wrong = "--max-image-tiles" if qwen and config.max_image_tiles is not None else \
+    qwen, gemma3 = family(ck.vision) is vision_qwen, family(ck.vision) is vision_gemma3
+    # each model's own knob for its image tokens: InternVL's tiles, Qwen's pixels (its own grid an image);
+    # Gemma 3's images are one tile of a fixed size
+    wrong = "--max-image-tiles" if (qwen or gemma3) and config.max_image_tiles is not None else \
         "--max-image-pixels" if not qwen and config.max_image_pixels is not None else None
     if wrong:
         raise ConfigError(f"{wrong} is not for --model {config.model!r}: its images are "
                           + ("resized to a grid of their own; use --max-image-pixels" if qwen else
+                             "each one tile of a fixed size, whatever theirs" if gemma3 else
                              "cut into tiles; use --max-image-tiles"))
     try:  # (the processor's config is read where the checkpoint was: a directory, or the hub's cache)
         if qwen:
             spec = vision_qwen.spec_of(ck.vision.config)
             return vision_qwen.section(ck.vision, ck.tokenizer, spec, ck.source["model"], config.max_image_pixels), spec
-        tiled = family(ck.vision)  # (InternVL's tiles or Idefics3's)
+        tiled = family(ck.vision)  # (InternVL's tiles, Idefics3's or Gemma 3's one)
         spec = tiled.spec_of(ck.vision.config)
         return tiled.section(ck.vision, ck.tokenizer, spec, ck.source["model"], config.max_image_tiles), spec
     except ckpt.Unsupported as e:
@@ -102,6 +106,10 @@ def write(ck: ckpt.Checkpoint, config: BuildConfig, out_dir: Path, log, made: di
                 "encoder's attention; --max-image-pixels lowers it (the memory grows with its square)")
         weights = vision_qwen.weights_of(ck.vision)
         writer = vision_qwen.QwenVisionWriter(spec, weights)
+    elif family(ck.vision) is vision_gemma3:
+        log(f"writing the vision graph ({spec.num_layers} layers, hidden {spec.hidden_size}, {spec.image_size[0]}px "
+            f"images, {spec.tokens_per_tile} tokens an image, seen both ways in the prompt)")
+        writer = vision_gemma3.Gemma3Writer(spec, vision_gemma3.weights_of(ck.vision))
     elif family(ck.vision) is vision_idefics3:
         log(f"writing the vision graph ({spec.num_layers} layers, hidden {spec.hidden_size}, {spec.image_size[0]}px "
             f"tiles, {spec.tokens_per_tile} tokens a tile, up to {vision_idefics3.most_tiles(made['preprocess'])} "

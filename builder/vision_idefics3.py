@@ -33,21 +33,28 @@ def spec_of(config) -> VisionSpec:
     final LayerNorm; its connector has no activation); what the graph does not do is refused by name."""
     v, n = config.vision_config, int(config.scale_factor)
     grid = v.image_size // v.patch_size
+    refuse([(n >= 1 and grid % n == 0, f"scale_factor {config.scale_factor} must divide the {grid} patches a side")],
+           v)
+    return VisionSpec((v.image_size, v.image_size), v.patch_size, v.hidden_size, v.num_attention_heads,
+                      v.num_hidden_layers, "layer_norm", float(v.layer_norm_eps), False, ACTIVATIONS[v.hidden_act],
+                      "none", n, True, config.text_config.hidden_size)
+
+
+def refuse(checks: list[tuple[bool, str]], v) -> None:
+    """Raise Unsupported for the first of `checks` (ok, what) that fails, after what every SigLIP tower
+    (vision_config `v`) must be here: whole patches, an activation the graph has, whole heads, RGB."""
     checks = [
         (v.image_size % v.patch_size == 0, f"vision_config.image_size {v.image_size} must be a multiple of "
          f"patch_size {v.patch_size}"),
-        (n >= 1 and grid % n == 0, f"scale_factor {config.scale_factor} must divide the {grid} patches a side"),
         (v.hidden_act in ACTIVATIONS, f"vision_config.hidden_act {v.hidden_act!r}: supported {sorted(ACTIVATIONS)}"),
         (v.hidden_size % v.num_attention_heads == 0, "vision hidden_size must be a multiple of its heads"),
         (getattr(v, "num_channels", 3) == 3, f"vision_config.num_channels {getattr(v, 'num_channels', 3)}: images "
          "are RGB"),
+        *checks,
     ]
     for ok, what in checks:
         if not ok:
             raise Unsupported(f"the vision encoder: {what}")
-    return VisionSpec((v.image_size, v.image_size), v.patch_size, v.hidden_size, v.num_attention_heads,
-                      v.num_hidden_layers, "layer_norm", float(v.layer_norm_eps), False, ACTIVATIONS[v.hidden_act],
-                      "none", n, True, config.text_config.hidden_size)
 
 
 def weights_of(vlm) -> dict[str, np.ndarray]:

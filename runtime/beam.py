@@ -355,7 +355,7 @@ def run_many(engine, jobs: list[tuple[list[int], BeamParams]], timing=None, done
                                                                     contexts)
                     start = reused
                     while start < n:
-                        end = n if p.scorer is None else chunk_stop(n, start, prompt_scores.SCORE_CHUNK)
+                        end = n if p.scorer is None else chunk_stop(n, start, prompt_scores.SCORE_CHUNK, p.images)
                         out = timed("llm_prefill", StepInputs(
                             input_ids=np.array([prompt[start:end]], np.int64), position_ids=np.arange(start, end)[None],
                             write_index=np.array([start], np.int64), last_index=np.array([end - start - 1], np.int64),

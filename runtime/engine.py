@@ -55,6 +55,9 @@ class StepInputs:
     # in the step) int64 [N, 2] (None: N = 0)
     image_embeds: np.ndarray | None = None
     image_index: np.ndarray | None = None
+    # engines whose images see themselves both ways (vision.bidirectional): for each image_index token,
+    # the slots past its own it also sees, int64 [N] (None: 0s)
+    image_ahead: np.ndarray | None = None
     # multimodal RoPE engines (manifest.vision.mrope_section): int64 [B], added to each row's text tokens'
     # slots for their rotary positions (None: 0s); and the step's tokens whose three positions are given
     # whole: (row, position in the step) int64 [M, 2] and (temporal, height, width) int64 [M, 3] (None: M = 0)
@@ -120,7 +123,8 @@ def vision_feeds(m: manifest_mod.Manifest, inputs: StepInputs, batch: int, zeros
     """A vision-language engine's image inputs of a step ({} where the manifest has no vision section):
     its image tokens' embeddings and their index, and on multimodal RoPE engines each row's shift and
     the tokens whose three positions come whole. A step without them gives empty ones: [0, H] (Qwen3-VL:
-    H x (1 + its DeepStack layers)), [0, 2], [B] 0s (text alone: its slots), [0, 2], [0, 3].
+    H x (1 + its DeepStack layers)), [0, 2], [B] 0s (text alone: its slots), [0, 2], [0, 3]; Gemma 3's
+    look-ahead of its image tokens (vision.bidirectional), 0s where none is given.
     `zeros(shape, dtype)` makes those (the ONNX Runtime engine keeps its own, bound step after step)."""
     io, v = m.io, m.vision
     if not v:
@@ -129,6 +133,9 @@ def vision_feeds(m: manifest_mod.Manifest, inputs: StepInputs, batch: int, zeros
     width = m.model.hidden_size * (1 + v.get("deepstack_layers", 0))
     feeds = {io.image_embeds: zeros((0, width), np.float32) if no_image else inputs.image_embeds,
              io.image_index: zeros((0, 2), np.int64) if no_image else inputs.image_index}
+    if v.get("bidirectional"):
+        n = 0 if no_image else len(inputs.image_index)
+        feeds[io.image_ahead] = zeros((n,), np.int64) if inputs.image_ahead is None else inputs.image_ahead
     if v.get("mrope_section"):
         given = inputs.rope_index is not None
         feeds[io.rope_delta] = zeros((batch,), np.int64) if inputs.rope_delta is None else inputs.rope_delta
@@ -150,6 +157,7 @@ def optional_inputs_mismatch(inputs: set[str], m: manifest_mod.Manifest) -> str:
     mrope = bool(m.vision.get("mrope_section"))
     for name, fed, section in ((io.image_embeds, bool(m.vision), "vision section"),
                                (io.image_index, bool(m.vision), "vision section"),
+                               (io.image_ahead, bool(m.vision.get("bidirectional")), "vision.bidirectional"),
                                (io.rope_delta, mrope, "vision.mrope_section"),
                                (io.rope_index, mrope, "vision.mrope_section"),
                                (io.rope_positions, mrope, "vision.mrope_section"),

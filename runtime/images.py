@@ -1,4 +1,5 @@
-"""InternVL's image input: a file or bytes -> the vision tower's pixel_values.
+"""InternVL's image input (and Gemma 3's: one tile, the whole image resized): a file or bytes -> the
+vision tower's pixel_values.
 
 Reproduces transformers 5.24's `GotOcr2ImageProcessorPil` (what `InternVLProcessor` runs, with
 crop_to_patches=True) with numpy and Pillow; PIL is imported only when an image is touched.
@@ -148,10 +149,13 @@ def pixel_values(image: Image, pre: dict) -> np.ndarray:
     return np.ascontiguousarray(x.transpose(0, 3, 1, 2))
 
 
-def preprocess_config(processor_config: dict, *, crop_to_patches: bool | None = None) -> dict:
+def preprocess_config(processor_config: dict, *, crop_to_patches: bool | None = None,
+                      defaults: dict = DEFAULTS) -> dict:
     """A checkpoint's preprocessor_config.json -> `pre`; refuses a setting it does not reproduce.
 
     crop_to_patches: None keeps the file's; InternVLProcessor passes True whatever the file says.
+    defaults: what a key missing from (or null in) the file means: GotOcr2's; Gemma 3's processor
+    (builder/vision_gemma3.py) has its own, and never tiles.
     """
     def own(cfg: dict) -> list[tuple[str, bool, str]]:
         size, lo, hi = cfg["size"], cfg["min_patches"], cfg["max_patches"]
@@ -161,7 +165,7 @@ def preprocess_config(processor_config: dict, *, crop_to_patches: bool | None = 
                 ("max_patches", is_int(hi) and hi >= 1, "an int >= 1"),
                 ("min_patches", not (is_int(lo) and is_int(hi)) or lo <= hi, "<= max_patches")]
 
-    cfg, pixels = read_processor_config(processor_config, DEFAULTS, IGNORED, FLAGS, own)
+    cfg, pixels = read_processor_config(processor_config, defaults, IGNORED, FLAGS, own)
     return {
         "size": [cfg["size"]["height"], cfg["size"]["width"]],
         "crop_to_patches": cfg["crop_to_patches"] if crop_to_patches is None else crop_to_patches,

@@ -115,6 +115,9 @@ class GraphIO:
                                               # engines only (manifest.vision), the
     image_index: str = "image_index"          # image tokens' embeddings, and int64 [N, 2] their (row, position
                                               # in the step); N = 0 in a step without one
+    image_ahead: str = "image_ahead"          # int64 [N]: engines whose images see themselves both ways (Gemma 3:
+                                              # vision.bidirectional), the slots past its own each image token
+                                              # also sees (the rest of its image), in image_index's order
     rope_delta: str = "rope_delta"            # int64 [batch]: multimodal RoPE engines (Qwen2-VL): added to a
                                               # text token's slot for its three rotary positions
     rope_index: str = "rope_index"            # int64 [M, 2]: (row, position in the step) of the tokens whose

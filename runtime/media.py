@@ -6,7 +6,9 @@ InternVL's (`<IMG_CONTEXT>`) becomes `<img>`, tiles x tokens_per_tile image toke
 Qwen-VL's (`<|image_pad|>`, between the template's own start and end tokens) becomes one token per
 2 x 2 patches of the image resized to its own grid (runtime/images_qwen.py); Idefics3's and SmolVLM's
 (`<image>`) becomes each tile's tag and tokens, row by row, then the whole image's (runtime/images_idefics3.py:
-an image's tokens are not contiguous there). The prompt's ids then hold
+an image's tokens are not contiguous there); Gemma 3's (`<start_of_image>`) becomes "\n\n", itself, its
+image tokens, `<end_of_image>` and "\n\n" in the prompt's text, before it is tokenized (expanded_text), as
+its processor writes it, and its image tokens see each other both ways. The prompt's ids then hold
 the image tokens, and PromptImages their embeddings, which a prefill step feeds the graph (image_embeds
 at image_index) in place of the token table's. Qwen's language model turns each token by three
 positions (multimodal RoPE): an image's tokens by their row and column, the text after it from past
@@ -44,7 +46,8 @@ class PromptImages:
     their embeddings."""
 
     def __init__(self, positions: np.ndarray, sources: list[bytes], keyed: list[int], encode,
-                 rope: np.ndarray | None = None, rope_delta: int = 0, counts: list[int] | None = None):
+                 rope: np.ndarray | None = None, rope_delta: int = 0, counts: list[int] | None = None,
+                 bidirectional: bool = False):
         self.positions = positions  # int64 [N]: the prompt positions of the image tokens, ascending
         # multimodal RoPE engines: each prompt token's (temporal, height, width) position int64 [3, n],
         # and the shift from a slot past the prompt to its position (None, 0: positions are slots)
@@ -61,6 +64,9 @@ class PromptImages:
             np.cumsum([0, *counts[:-1]]).tolist()
         self.spans = [(lo, hi) for lo, hi in zip(starts, [*starts[1:], len(positions)])]
         self.embeds: list[np.ndarray | None] = [None] * self.count
+        # Gemma 3: in the prompt an image's tokens see each other both ways, so a step computes an image
+        # whole (stop) and each of its tokens sees up to the image's last (ahead)
+        self.bidirectional = bidirectional
 
     def window(self, row: int, start: int, end: int) -> tuple[np.ndarray, np.ndarray] | None:
         """The image tokens among prompt positions [start, end): their (row, position - start) and
@@ -80,6 +86,30 @@ class PromptImages:
                 self.embeds[k] = None
         at = self.positions[lo:hi] - start
         return np.stack([np.full_like(at, row), at], axis=1), np.concatenate(parts)
+
+    def ahead(self, start: int, end: int) -> np.ndarray | None:
+        """Images seen both ways (bidirectional): for the image tokens among prompt positions [start, end),
+        in window()'s order, how many slots past its own each also sees (to its image's last token, in
+        the same step: stop()); None where there are none (or the images are seen causally)."""
+        lo, hi = np.searchsorted(self.positions, [start, end])
+        if not self.bidirectional or hi == lo:
+            return None
+        last = np.concatenate([np.full(b - a, self.positions[b - 1]) for a, b in self.spans])
+        if last[hi - 1] >= end:
+            raise ValueError(f"prompt positions [{start}, {end}) cut an image seen both ways (stop() says where "
+                             "a step must end)")
+        return last[lo:hi] - self.positions[lo:hi]
+
+    def stop(self, start: int, end: int) -> int:
+        """Where a step from `start` that would end at `end` ends instead, images seen both ways whole:
+        before an image that `end` cuts, or after it where it begins at `start` or before."""
+        if not self.bidirectional:
+            return end
+        for a, b in self.spans:
+            first, last = int(self.positions[a]), int(self.positions[b - 1])
+            if first < end <= last:
+                return first if first > start else last + 1
+        return end
 
     def rope_window(self, row: int, start: int, end: int) -> tuple[np.ndarray, np.ndarray] | None:
         """Multimodal RoPE: the tokens among prompt positions [start, end) whose three positions are not
@@ -248,6 +278,16 @@ def read(value: str, where: str, media_dir: str | os.PathLike | None) -> tuple[b
     return data, image.width, image.height
 
 
+def expanded_text(text: str, section: dict) -> str:
+    """The prompt's text with each image's tokens written out where its processor writes them in the
+    text itself (Gemma 3's: "\n\n", the start token, tokens_per_tile image tokens, the end token,
+    "\n\n" for each start token the chat template wrote), else the text as it is."""
+    if section["architecture"] != "gemma3":
+        return text
+    image = section["image_token"] * section["tokens_per_tile"]
+    return text.replace(section["start_token"], f"\n\n{section['start_token']}{image}{section['end_token']}\n\n")
+
+
 def image_tokens(width: int, height: int, section: dict) -> int:
     """The tokens an image of this size takes in the prompt."""
     pre = section["preprocess"]
@@ -265,6 +305,8 @@ def place(ids: list[int], req, index: int, section: dict, encoder=None,
     Raises MediaError naming the item or field at fault."""
     items = image_items(req, index)
     context = section["image_token_id"]
+    if section["architecture"] == "gemma3":  # (its image tokens are in the ids already: expanded_text)
+        return place_expanded(ids, items, index, section, encoder, media_dir)
     found = [i for i, t in enumerate(ids) if t == context]
     if len(found) != len(items):
         raise MediaError(f"`requests[{index}].messages`: {len(items)} image item(s), and the prompt the chat template "
@@ -314,3 +356,31 @@ def place(ids: list[int], req, index: int, section: dict, encoder=None,
                                       pre["merge_size"]) if qwen else (None, 0)
     return out, PromptImages(np.concatenate(positions).astype(np.int64), sources, keyed, encoder, *rope,
                              counts=[len(at) for at in positions])
+
+
+def place_expanded(ids: list[int], items: list, index: int, section: dict, encoder,
+                   media_dir) -> tuple[list[int], PromptImages | None]:
+    """place() where the prompt's text held each image's tokens already (expanded_text: Gemma 3's): the
+    ids as they are, each image's tokens the run after a start token, seen both ways."""
+    start, context, n = section["start_token_id"], section["image_token_id"], section["tokens_per_tile"]
+    found = [i for i, t in enumerate(ids) if t == start]
+    runs = [at for at in found if ids[at + 1:at + 2 + n] == [context] * n + [section["end_token_id"]]]
+    if len(found) != len(items) or len(runs) != len(found) or ids.count(context) != n * len(found):
+        raise MediaError(f"`requests[{index}].messages`: {len(items)} image item(s), and the prompt the chat template "
+                         f"wrote has {len(found)} {section['start_token']!r} token(s) and {ids.count(context)} "
+                         f"{section['image_token']!r} token(s): the images need the engine's chat template "
+                         "(apply_chat_template true), and the text must not write those tokens itself")
+    if not items:
+        return ids, None
+    sources = []
+    for where, item in items:
+        if item.do_resize is False:
+            raise MediaError(f"`{where.rsplit('.', 1)[0]}.do_resize`: false is not possible on this engine "
+                             "(its images are always resized)")
+        sources.append(read(item.value, where, media_dir)[0])
+    positions = [np.arange(at + 1, at + 1 + n) for at in found]
+    keyed = list(ids)  # (each image's tokens as an id of its bytes' own: place())
+    for at, data in zip(positions, sources):
+        keyed[at[0]:at[-1] + 1] = [-1 - int(hashlib.sha256(data).hexdigest()[:15], 16)] * n
+    return ids, PromptImages(np.concatenate(positions).astype(np.int64), sources, keyed, encoder,
+                             counts=[n] * len(sources), bidirectional=True)

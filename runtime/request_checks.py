@@ -97,12 +97,13 @@ def token_problem(p, req: fmt.Request, index: int, tokenizer, manifest) -> str |
         # (a build asked for more and was lowered to the model's positions: a rebuild cannot raise it)
         lowered = isinstance(asked, int) and asked > limit
         if p.images is not None:  # (truncating would cut an image: fewer tiles or pixels are the way)
-            knob = "--max-image-tiles" if manifest.vision["architecture"] in ("internvl", "idefics3") else \
-                "--max-image-pixels"
+            arch = manifest.vision["architecture"]
+            knob = "--max-image-tiles" if arch in ("internvl", "idefics3") else \
+                None if arch == "gemma3" else "--max-image-pixels"  # (Gemma 3's images are 256 tokens each)
             more = " (the model's position limit)" if lowered else "; rebuild with a larger --max-input-len"
             return (f"`{prompt}`: the prompt is {len(p.prompt_ids)} tokens, {len(p.images.positions)} of them its "
-                    f"images', more than the engine's max_input_len {limit}{more}, or give fewer or smaller images "
-                    f"(or rebuild with a lower {knob})")
+                    f"images', more than the engine's max_input_len {limit}{more}, or give fewer "
+                    + (f"or smaller images (or rebuild with a lower {knob})" if knob else "images"))
         fix = " (the model's position limit: a rebuild cannot raise it); give" if lowered \
             else "; rebuild with a larger --max-input-len, or give"
         return (f"`{prompt}`: the prompt is {len(p.prompt_ids)} tokens, more than the engine's "

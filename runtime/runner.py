@@ -208,7 +208,9 @@ class Runner:
         except ChatTemplateError as e:
             p.error = f"`requests[{index}].messages`: the chat template failed: {e}"
             return p
-        ids = self.tokenizer.encode(fp.text, add_special_tokens=not templated)
+        # (Gemma 3's processor writes each image's tokens into the text before tokenizing: so do we)
+        text = media.expanded_text(fp.text, m.vision) if m.vision else fp.text
+        ids = self.tokenizer.encode(text, add_special_tokens=not templated)
         if m.vision:
             try:
                 ids, p.images = media.place(ids, req, index, m.vision, None if counting else self.image_encoder(),

@@ -120,14 +120,17 @@ def runs(slots: list[int]) -> list[tuple[int, int]]:
 
 def chunk_end(row: RowState, chunk: int) -> int:
     """Where a prefill step stops in a row's prompt: `chunk_stop` from what its KV holds."""
-    return chunk_stop(len(row.prompt_ids), row.computed, chunk)
+    return chunk_stop(len(row.prompt_ids), row.computed, chunk, row.images)
 
 
-def chunk_stop(n: int, start: int, chunk: int) -> int:
+def chunk_stop(n: int, start: int, chunk: int, images=None) -> int:
     """Where a prefill step from `start` stops in a prompt of n tokens: `chunk` tokens on (0: at its
     end), but never short of the end by less than MIN_COMPUTED: a last chunk of one token would take
-    ONNX Runtime's one-token (decode) attention, whose low bits differ from a prompt's."""
+    ONNX Runtime's one-token (decode) attention, whose low bits differ from a prompt's. An image whose
+    tokens see each other both ways (`images`, the prompt's PromptImages: Gemma 3's) is never cut."""
     end = start + chunk
+    if chunk > 0 and images is not None:
+        end = images.stop(start, end)
     return n if chunk <= 0 or n - end < MIN_COMPUTED else end
 
 
@@ -150,14 +153,18 @@ def prefill_inputs(rows: list[RowState], pad_id: int, batch: sampling.SamplingBa
 
 def image_inputs(spans: list[tuple[int, object, int, int]]) -> dict:
     """A prompt step's image inputs: for each (row, its PromptImages or None, start, end) of prompt
-    positions the step computes, the image tokens' embeddings and, multimodal RoPE, the tokens whose
-    three positions are not their slot's (an image's, and the text after it); {} where there are none."""
+    positions the step computes, the image tokens' embeddings (and, images seen both ways, their look-ahead)
+    and, multimodal RoPE, the tokens whose three positions are not their slot's (an image's, and the text
+    after it); {} where there are none."""
     windows = [w for b, images, start, end in spans
                if images is not None and (w := images.window(b, start, end)) is not None]
+    aheads = [a for b, images, start, end in spans
+              if images is not None and (a := images.ahead(start, end)) is not None]
     turns = [w for b, images, start, end in spans
              if images is not None and (w := images.rope_window(b, start, end)) is not None]
     return {**({"image_index": np.concatenate([w[0] for w in windows]),
                 "image_embeds": np.concatenate([w[1] for w in windows])} if windows else {}),
+            **({"image_ahead": np.concatenate(aheads)} if aheads else {}),
             **({"rope_index": np.concatenate([w[0] for w in turns]),
                 "rope_positions": np.concatenate([w[1] for w in turns])} if turns else {})}
 

@@ -11,10 +11,13 @@ KEYS = ("architecture", "graph", "hidden_size", "image_token", "image_token_id",
 QWEN = (("mrope_section", "mrope_interleaved", "window_size", "deepstack_layers", "num_grid_per_side"),
         ("patch_size", "temporal_patch_size", "merge_size", "min_pixels", "max_pixels", "resample",
          "rescale_factor", "image_mean", "image_std"))
+TILES = ("size", "crop_to_patches", "min_patches", "max_patches", "resample", "rescale_factor", "image_mean",
+         "image_std")  # (runtime/images.py)
 KINDS = {
-    "internvl": (("image_size", "tokens_per_tile"),
-                 ("size", "crop_to_patches", "min_patches", "max_patches", "resample", "rescale_factor", "image_mean",
-                  "image_std")),
+    "internvl": (("image_size", "tokens_per_tile"), TILES),
+    # Gemma 3: one tile an image; the text of its start and end tokens, which the prompt's text takes
+    # (media.expanded_text), and its image tokens seen both ways (the graph's image_ahead)
+    "gemma3": (("image_size", "tokens_per_tile", "start_token", "end_token", "bidirectional"), TILES),
     "qwen2_5_vl": QWEN,
     "qwen2_vl": QWEN,  # (its window_size null: no windowed layers)
     "qwen3_vl": QWEN,  # (no windows either; deepstack_layers of its language model take extra image rows)
@@ -62,9 +65,15 @@ def check(m) -> str:
     if not numbers or 0 in pre["image_std"] or not whole(pre["resample"], 0) or pre["resample"] > 5:
         return (f"vision.preprocess's image_mean and image_std must be 3 numbers each (no std 0), and resample a "
                 f"PIL filter number 0..5, got {pre!r:.200}")
+    if v.get("bidirectional", False) is not (v["architecture"] == "gemma3"):
+        return f"vision.bidirectional must be true on gemma3 and absent elsewhere, got {v.get('bidirectional')!r}"
     if v["architecture"] == "idefics3":
         return idefics3(v, pre, m.model.vocab_size)
-    if v["architecture"] == "internvl":
+    if v["architecture"] == "gemma3" and not (
+            pre["crop_to_patches"] is False and all(isinstance(v[k], str) and v[k] for k in ("start_token", "end_token"))):
+        return (f"vision.start_token and end_token must be the text of those tokens and preprocess.crop_to_patches "
+                f"false on gemma3, got {v['start_token']!r}, {v['end_token']!r}, {pre['crop_to_patches']!r}")
+    if v["architecture"] in ("internvl", "gemma3"):
         if not whole(v["tokens_per_tile"]) or pre["size"] != v["image_size"] \
                 or not all(whole(pre[k]) for k in ("min_patches", "max_patches")):
             return (f"vision.tokens_per_tile and preprocess.min_patches and max_patches must be integers >= 1 and "

@@ -2,9 +2,11 @@
 transformers' get_image_features on the same pixels, at InternVL3's encoder size (InternViT-300M: 24
 layers, 1,024 wide, 448 x 448 tiles of 1,025 patches, 256 tokens each) or with --model smolvlm at
 SmolVLM-256M's (builder/vision_idefics3.py; SigLIP-93M: 12 layers, 768 wide, 512 x 512 tiles of 1,024
-patches, 64 tokens each), with random weights (no checkpoint is downloaded here).
+patches, 64 tokens each) or with --model gemma3 at gemma-3-4b-it's (builder/vision_gemma3.py; SigLIP-so400m:
+27 layers, 1,152 wide, 896 x 896 images of 4,096 patches pooled to 256 tokens), with random weights (no
+checkpoint is downloaded here).
 
-    python scripts/bench_vision.py [--model internvl|smolvlm] [--tiles 1 4] [--rounds 3] [--threads 2]
+    python scripts/bench_vision.py [--model internvl|smolvlm|gemma3] [--tiles 1 4] [--rounds 3] [--threads 2]
 
 Each round times both on each tile count, alternating, in this one process; the ratio is paired
 by round (transformers' time / ours: > 1 is ours faster), as median [min-max]: the machine is
@@ -45,6 +47,29 @@ def smolvlm_encoder(tmp: Path):
     return model, tmp / vision.VISION_NAME, spec
 
 
+def gemma3_encoder(tmp: Path):
+    """As encoder(), at gemma-3-4b-it's vision config (a tile is an image)."""
+    import torch
+    import transformers
+
+    from trtllm.builder import vision, vision_gemma3
+    from trtllm.builder.export import save
+
+    vision_config = transformers.SiglipVisionConfig(hidden_size=1152, intermediate_size=4304, num_hidden_layers=27,
+                                                    num_attention_heads=16, image_size=896, patch_size=14,
+                                                    hidden_act="gelu_pytorch_tanh", vision_use_head=False)
+    text = transformers.Gemma3TextConfig(vocab_size=1000, hidden_size=640, intermediate_size=256, num_hidden_layers=1,
+                                         num_attention_heads=4, num_key_value_heads=1, head_dim=256)
+    config = transformers.Gemma3Config(vision_config=vision_config.to_dict(), text_config=text.to_dict(),
+                                       mm_tokens_per_image=256, boi_token_index=997, eoi_token_index=998,
+                                       image_token_index=999)
+    torch.manual_seed(0)
+    model = transformers.Gemma3ForConditionalGeneration(config).eval()
+    spec = vision_gemma3.spec_of(model.config)
+    save(vision_gemma3.Gemma3Writer(spec, vision_gemma3.weights_of(model)).write(), tmp, vision.VISION_NAME)
+    return model, tmp / vision.VISION_NAME, spec
+
+
 def encoder(tmp: Path):
     """(transformers' model, our vision.onnx path, its spec): InternVL3-1B's vision config, a one-layer
     text model (it plays no part), random weights."""
@@ -70,7 +95,7 @@ def encoder(tmp: Path):
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", choices=["internvl", "smolvlm"], default="internvl")
+    parser.add_argument("--model", choices=["internvl", "smolvlm", "gemma3"], default="internvl")
     parser.add_argument("--tiles", type=int, nargs="+", default=[1, 4])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
@@ -82,7 +107,7 @@ def main() -> None:
 
     torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as tmp:
-        model, path, spec = (smolvlm_encoder if args.model == "smolvlm" else encoder)(Path(tmp))
+        model, path, spec = {"smolvlm": smolvlm_encoder, "gemma3": gemma3_encoder}.get(args.model, encoder)(Path(tmp))
         features = (vision_idefics3 if args.model == "smolvlm" else vision).image_features
         opts = ort.SessionOptions()
         opts.intra_op_num_threads = args.threads

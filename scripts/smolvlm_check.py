@@ -60,35 +60,52 @@ def checkpoint(language: Path, out: Path) -> None:
     (out / "processor_config.json").write_text(json.dumps({"processor_class": "Idefics3Processor", "image_seq_len": 64}))
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def prepared(doc: str, make_checkpoint, max_len: int, prefix: str) -> tuple:
+    """A check's command line (--model, --work, --tokens), its checkpoint (`make_checkpoint(language
+    model dir, out dir)`) and its engine (`max_len` prompt and KV positions, 2 rows), built with
+    trtllm-build: (args, work dir, checkpoint dir, engine dir)."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     parser.add_argument("--model", type=Path, default=ROOT / "models" / "smollm2-135m-instruct")
     parser.add_argument("--work", type=Path, default=None, help="where the checkpoint and engine go (default: a temp dir)")
     parser.add_argument("--tokens", type=int, default=16)
     args = parser.parse_args()
+    work = args.work or Path(tempfile.mkdtemp(prefix=prefix))
+    work.mkdir(parents=True, exist_ok=True)
+    ckpt, engine = work / "checkpoint", work / "engine"
+    make_checkpoint(args.model, ckpt)
+    subprocess.run([sys.executable, "-m", "trtllm.builder", "--model", str(ckpt), "--output", str(engine),
+                    "--max-input-len", str(max_len), "--max-kv-cache-capacity", str(max_len), "--max-batch-size", "2"],
+                   check=True)
+    return args, work, ckpt, engine
+
+
+def answered(work: Path, engine: Path, content: list, tokens: int, **top) -> tuple[dict, float, dict]:
+    """trtllm-run's greedy answer to one user turn of `content` (paths from `work`): (its response, the
+    seconds the run took, the profile's stage times in ms)."""
+    (work / "input.json").write_text(json.dumps({"temperature": 0.0, "max_generate_length": tokens,
+                                                 "ignore_eos": True, **top, "requests": [{"messages": [
+                                                     {"role": "user", "content": content}]}]}))
+    began = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "trtllm.runtime", str(work / "input.json"), "--engine", str(engine),
+                    "--output", str(work / "output.json"), "--profile", str(work / "profile.json")], check=True)
+    took = time.perf_counter() - began
+    stages = {s["stage_id"]: s["total_gpu_time_ms"] for s in json.loads((work / "profile.json").read_text())["stages"]}
+    return json.loads((work / "output.json").read_text())["responses"][0], took, stages
+
+
+def main() -> int:
+    args, work, ckpt, engine = prepared(__doc__, checkpoint, 2048, "smolvlm-check-")
     import numpy as np
     import torch
     import transformers
     from PIL import Image
     from transformers.models.idefics3.image_processing_pil_idefics3 import Idefics3ImageProcessorPil
 
-    work = args.work or Path(tempfile.mkdtemp(prefix="smolvlm-check-"))
-    work.mkdir(parents=True, exist_ok=True)
-    ckpt, engine = work / "checkpoint", work / "engine"
-    checkpoint(args.model, ckpt)
-    subprocess.run([sys.executable, "-m", "trtllm.builder", "--model", str(ckpt), "--output", str(engine),
-                    "--max-input-len", "2048", "--max-kv-cache-capacity", "2048", "--max-batch-size", "2"], check=True)
     image = Image.fromarray(np.random.default_rng(0).integers(0, 256, (768, 1024, 3), dtype=np.uint8))
     image.save(work / "photo.png")
     content = [{"type": "image", "image": "photo.png"}, {"type": "text", "text": "Describe this picture."}]
-    (work / "input.json").write_text(json.dumps({"temperature": 0.0, "max_generate_length": args.tokens,
-                                                 "ignore_eos": True, "requests": [{"messages": [
-                                                     {"role": "user", "content": content}]}]}))
-    began = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "trtllm.runtime", str(work / "input.json"), "--engine", str(engine),
-                    "--output", str(work / "output.json"), "--profile", str(work / "profile.json")], check=True)
-    ours = json.loads((work / "output.json").read_text())["responses"][0]["output_ids"]
-    took = time.perf_counter() - began
+    response, took, stages = answered(work, engine, content, args.tokens)
+    ours = response["output_ids"]
     tok = transformers.AutoTokenizer.from_pretrained(ckpt)
     processor = transformers.Idefics3Processor(Idefics3ImageProcessorPil(**{k: v for k, v in PROCESSOR.items()
                                                                            if k != "image_processor_type"}),
@@ -100,7 +117,6 @@ def main() -> int:
     with torch.no_grad():
         out = model.generate(**feats, max_new_tokens=args.tokens, do_sample=False, eos_token_id=None)
     theirs = out[0, feats["input_ids"].shape[1]:].tolist()
-    stages = {s["stage_id"]: s["total_gpu_time_ms"] for s in json.loads((work / "profile.json").read_text())["stages"]}
     print(f"prompt: {feats['input_ids'].shape[1]} tokens, {feats['pixel_values'].shape[1]} tiles; trtllm-run {took:.1f} s "
           f"(vision encoder {stages.get('vision_encoder', 0) / 1e3:.1f} s, prefill {stages.get('llm_prefill', 0) / 1e3:.1f} s)")
     print(f"ours         {ours}\ntransformers {theirs}\ntoken-exact: {ours == theirs}")

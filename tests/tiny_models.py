@@ -154,3 +154,14 @@ def saved(model, tok, out_dir: Path) -> None:
                                                pad_token_id=tok.pad_token_id, do_sample=False)
     model.save_pretrained(out_dir)
     tok.save_pretrained(out_dir)
+
+
+def named_special_tokens(out_dir: Path, tokens: dict) -> None:
+    """The saved tokenizer's extra_special_tokens (tokenizer_config.json): `tokens` {attribute: token},
+    which transformers' tokenizer then has as attributes (a vision-language processor's image tokens)."""
+    import json
+
+    path = Path(out_dir) / "tokenizer_config.json"
+    config = json.loads(path.read_text())
+    config["extra_special_tokens"] = tokens
+    path.write_text(json.dumps(config, indent=2))

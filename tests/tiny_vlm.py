@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tests.tiny_models import make_tokenizer, randomized, saved
+from tests.tiny_models import make_tokenizer, named_special_tokens, randomized, saved
 
 IMAGE_TOKENS = {"start_image_token": "<img>", "end_image_token": "</img>", "context_image_token": "<IMG_CONTEXT>",
                 "video_token": "<video>"}
@@ -45,10 +45,7 @@ def make_vlm_checkpoint(out_dir: Path, seed: int = 0, max_patches: int = 4, qk_n
     model = transformers.InternVLForConditionalGeneration(config).eval()
     randomized(model, ("norm.weight", "layernorm_before.weight", "layernorm_after.weight"))
     saved(model, tok, out_dir)
-    config_path = out_dir / "tokenizer_config.json"
-    tok_config = json.loads(config_path.read_text())
-    tok_config["extra_special_tokens"] = IMAGE_TOKENS
-    config_path.write_text(json.dumps(tok_config, indent=2))
+    named_special_tokens(out_dir, IMAGE_TOKENS)
     (out_dir / "preprocessor_config.json").write_text(json.dumps({
         "image_processor_type": "GotOcr2ImageProcessor", "crop_to_patches": True, "min_patches": 1,
         "max_patches": max_patches, "size": {"height": IMAGE_SIZE, "width": IMAGE_SIZE}, "resample": 3,
@@ -254,3 +251,54 @@ def assert_answer(response: dict, tokens: list[int], first) -> None:
     ids = [e["token_id"] for e in top]
     assert ids[0] == int(np.argmax(first))
     np.testing.assert_allclose([e["logprob"] for e in top], first[ids], atol=1e-4)
+
+
+def assert_lora_matches_peft(vlm, run_cli, tmp_path: Path, reference, targets: str, new_tokens: int) -> None:
+    """PEFT adapters of the language model (`targets`: the modules' pattern, as PEFT names them in the
+    whole model), one bundled (the build checks it against PEFT's merge) and one given at run time, with
+    images, beside a row with no adapter: each row's greedy tokens are transformers' with its adapter
+    (`reference(content, model=...)`), and the adapter changes them."""
+    models = {None: None, **{name: peft_adapter(vlm, tmp_path / name, seed, targets)
+                             for seed, name in enumerate(("bundled", "given"), 1)}}
+    engine = bundled_lora_engine(vlm, tmp_path)
+    names = ["bundled", "given", None]
+    result, out = run_cli(engine, {
+        "temperature": 0.0, "ignore_eos": True, "max_generate_length": new_tokens, "batch_size": 4,
+        "available_lora_weights": {"given": str(tmp_path / "given")},
+        "requests": [{"messages": [{"role": "user", "content": [
+            {**c, "image": str(vlm[2] / c["image"])} if "image" in c else c for c in CASES[0]]}],
+            **({"lora_name": name} if name else {})} for name in names]})
+    assert result.exit_code == 0, result.output
+    for name, response in zip(names, out["responses"]):
+        assert response["output_ids"] == reference(CASES[0], model=models[name])[0], name
+    assert out["responses"][0]["output_ids"] != out["responses"][2]["output_ids"]  # (the adapter changes it)
+
+
+def assert_served_image_url(vlm, tmp_path: Path, reference, new_tokens: int) -> None:
+    """trtllm-serve on the engine `vlm[1]`: an image_url part (a data: URL) and a question answer as
+    transformers (`reference(content)`: tokens and first-step log-probabilities)."""
+    import base64
+    import http.client
+    import threading
+
+    from trtllm.runtime import server
+
+    httpd = server.build(vlm[1], "127.0.0.1", 0, None, {}, {}, 2, 1, tmp_path / "kv", 1 << 30, True, None)
+    httpd.quiet = True
+    threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+    try:
+        url = "data:image/png;base64," + base64.b64encode((vlm[2] / "wide.png").read_bytes()).decode()
+        c = http.client.HTTPConnection("127.0.0.1", httpd.server_address[1], timeout=120)
+        c.request("POST", "/v1/chat/completions", json.dumps({
+            "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}},
+                                                      {"type": "text", "text": "What is in this picture?"}]}],
+            "temperature": 0, "ignore_eos": True, "max_tokens": new_tokens, "logprobs": True}))
+        r = c.getresponse()
+        body = json.loads(r.read())
+        assert r.status == 200, body
+        tokens, first = reference(CASES[0])
+        assert body["choices"][0]["message"]["content"] == vlm[4].decode(tokens, skip_special_tokens=True)
+        assert abs(body["choices"][0]["logprobs"]["content"][0]["logprob"] - first[tokens[0]]) < 1e-4
+    finally:
+        httpd.shutdown()
+        server.stop(httpd)

@@ -21,6 +21,9 @@
 //            norm_after_rotary 1: Hunyuan)
 //          10 tree_mask [B, S, T] bool, optional (EAGLE tree verification; 8 and 9 may be absent): it
 //            covers row b's last T slots of the step, from start = write_index[b] + S - T
+//          11 look_ahead [B, S] int64, optional (Gemma 3's images; 8 to 10 may be absent): how many
+//            slots past its own token s also sees, all among the row's new tokens (an image token:
+//            the rest of its image, whose tokens see each other both ways); 0: causal
 // Outputs: 0 y [B, S, H D]; 1 present_key, 2 present_value [B, Hk, C, D]: the past buffers when the
 //          caller binds them so (the runtime does); otherwise past is copied first.
 // Attributes: num_heads H, kv_num_heads Hk, scale (0: 1 / sqrt(D)), window (0: none), epsilon,
@@ -33,6 +36,9 @@
 // With tree_mask, a slot j in [start, slot] is seen only where tree_mask[b, s, j - start] (exactly 0
 // weight otherwise), and a window counts from the position: slots [position - W + 1, slot] (a tree's
 // tokens share positions, not slots). Each token must see its own slot (the caller's part).
+// With look_ahead, query s attends to slots [.., slot + look_ahead[b, s]]: the step writes every new
+// key before any query reads one, and a row's ends never fall from one token to the next (checked),
+// as a block of queries sharing its reads of the cache needs.
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -123,6 +129,7 @@ struct Job {
   const bool* tree;    // tree_mask [B, S, tree_width], or null
   int64_t tree_width;  // T
   float softcap;       // 0: none
+  const int64_t* ahead;  // look_ahead [B, S], or null
 };
 
 // out[0:D] = x RMS-normalized and scaled by w (a q or k head's norm): in float32, as transformers
@@ -404,8 +411,9 @@ void run_task(void* data, size_t task) {
   normed.resize(n.d);
   for (int r = 0; r < qn; ++r) {
     const int64_t s = s0 + r / split.heads, h = h0 + r % split.heads, pos = job.position_ids[b * n.s + s];
-    t[r] = job.write_index[b] + s + 1;
-    const int64_t from = job.tree ? pos + 1 : t[r];  // a tree's window: from the position (see the top)
+    const int64_t own = job.write_index[b] + s + 1;  // (a window counts back from its own slot)
+    t[r] = own + (job.ahead ? job.ahead[b * n.s + s] : 0);
+    const int64_t from = job.tree ? pos + 1 : own;  // a tree's window: from the position (see the top)
     lo[r] = job.window > 0 ? std::max<int64_t>(0, from - job.window) : 0;
     if (job.tree) tree.row[r] = job.tree + (b * n.s + s) * job.tree_width;
     outs[r] = job.y + ((b * n.s + s) * n.h + h) * n.d;
@@ -554,6 +562,9 @@ struct Kernel {
         const auto ts = tree.GetTensorTypeAndShapeInfo().GetShape();
         if (ts.size() != 3 || ts[0] != n.b || ts[1] != n.s) return fail("tree_mask must be [batch, seq, T]");
       }
+      if (auto ahead = trtllm_cpu::optional_input(ctx, 11)) {
+        if (ahead.GetTensorTypeAndShapeInfo().GetShape() != grid) return fail("look_ahead must be [batch, seq]");
+      }
       if (past_value.GetTensorTypeAndShapeInfo().GetElementType() != kv_type)
         return fail("past_key and past_value differ in element type");
       auto y = ctx.GetOutput(0, {n.b, n.s, h * n.d});
@@ -588,7 +599,9 @@ struct Kernel {
     const float* sind = ctx.GetInput(7).GetTensorData<float>();
     auto q_norm = trtllm_cpu::optional_input(ctx, 8), k_norm = trtllm_cpu::optional_input(ctx, 9);
     const float* kn = k_norm ? k_norm.GetTensorData<float>() : nullptr;
-    auto tree = trtllm_cpu::optional_input(ctx, 10);
+    auto tree = trtllm_cpu::optional_input(ctx, 10), look_ahead = trtllm_cpu::optional_input(ctx, 11);
+    const int64_t* ahead = look_ahead ? look_ahead.GetTensorData<int64_t>() : nullptr;
+    const int64_t tree_width = tree ? tree.GetTensorTypeAndShapeInfo().GetShape()[2] : 0;
     const int64_t width = (h + 2 * hk) * n.d;
     thread_local std::vector<float> rotated, normed;
     rotated.resize(n.d);
@@ -598,6 +611,13 @@ struct Kernel {
       if (wi[b] < 0 || wi[b] >= n.c || li[b] >= n.c - wi[b])  // no wi + li: it could overflow
         return fail("row " + std::to_string(b) + " writes " + std::to_string(li[b] + 1) + " slots from slot " +
                     std::to_string(wi[b]) + " of a KV cache of " + std::to_string(n.c));
+      for (int64_t s = 0; ahead && s <= li[b]; ++s) {  // each end in the row's new slots, never falling
+        const int64_t a = ahead[b * n.s + s];
+        if (a < 0 || a > li[b] - s || (s > 0 && a < ahead[b * n.s + s - 1] - 1) || (a > 0 && tree_width > 0))
+          return fail("look_ahead[" + std::to_string(b) + ", " + std::to_string(s) + "] = " + std::to_string(a) +
+                      ": a token sees 0 or more of its row's next new slots, no fewer than the token before it "
+                      "(and none in a tree step)");
+      }
       for (int64_t s = 0; s <= li[b]; ++s) {
         const int64_t p = pos[b * n.s + s], slot = wi[b] + s;
         if (p < 0 || p >= n.p) return fail("position " + std::to_string(p) + " is beyond the rotary tables");
@@ -631,8 +651,7 @@ struct Kernel {
     if (split.parts > 1) partial.resize(split.tasks * split.rows() * (n.d + 2));
     Job<T> job{n, split, x, wi, li, pos, cosd, sind, key, value, scale > 0 ? scale : 1.0f / std::sqrt(static_cast<float>(n.d)),
                y.GetTensorMutableData<float>(), q_norm ? q_norm.GetTensorData<float>() : nullptr, epsilon, norm_after, window,
-               partial.data(), tree ? tree.GetTensorData<bool>() : nullptr,
-               tree ? tree.GetTensorTypeAndShapeInfo().GetShape()[2] : 0, softcap};
+               partial.data(), tree ? tree.GetTensorData<bool>() : nullptr, tree_width, softcap, ahead};
     if (job.split.tasks) trtllm_cpu::parallel_for(ctx, run_task<T>, job.split.tasks, &job);
     if (split.parts > 1) merge_parts(job);
     return nullptr;
@@ -663,15 +682,15 @@ struct Op : Ort::CustomOpBase<Op<KV>, Kernel, true> {
   }
   const char* GetName() const { return "Attention"; }
   const char* GetExecutionProviderType() const { return "CPUExecutionProvider"; }
-  size_t GetInputTypeCount() const { return 11; }
+  size_t GetInputTypeCount() const { return 12; }
   ONNXTensorElementDataType GetInputType(size_t i) const {
-    return i == 1 || i == 2   ? KV
-           : i >= 3 && i <= 5 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64
+    return i == 1 || i == 2                ? KV
+           : (i >= 3 && i <= 5) || i == 11 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64
            : i == 10          ? ONNX_TENSOR_ELEMENT_DATA_TYPE_BOOL
                               : ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
   }
   OrtCustomOpInputOutputCharacteristic GetInputCharacteristic(size_t i) const {
-    return i >= 8 ? INPUT_OUTPUT_OPTIONAL : INPUT_OUTPUT_REQUIRED;  // q_norm, k_norm, tree_mask
+    return i >= 8 ? INPUT_OUTPUT_OPTIONAL : INPUT_OUTPUT_REQUIRED;  // q_norm, k_norm, tree_mask, look_ahead
   }
   size_t GetOutputTypeCount() const { return 3; }
   ONNXTensorElementDataType GetOutputType(size_t i) const { return i == 0 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT : KV; }

@@ -14,7 +14,7 @@ import pytest
 from tests.tiny_idefics3 import TEMPLATE, make_idefics3_checkpoint
 from tests.tiny_vlm import (CASES, asking, assert_answer, assert_beams, assert_beams_beside_a_greedy_row,
                             assert_context_reuse_tells_images_apart, assert_damage_refused, assert_eagle_answers,
-                            built, bundled_lora_engine, generated, peft_adapter)
+                            assert_lora_matches_peft, assert_served_image_url, built, generated)
 
 NEW_TOKENS = 12
 # (width, height); square2 is square's size with other pixels: the same token ids, another image
@@ -151,20 +151,8 @@ def test_lora_adapters_on_the_language_model_match_peft(vlm, run_cli, tmp_path):
     bundled (the build checks it against PEFT's merge) and given at run time, with images, beside a
     row with no adapter."""
     targets = r".*text_model.*\.(q_proj|v_proj|o_proj|gate_proj|down_proj)"
-    models = {None: None, **{name: peft_adapter(vlm, tmp_path / name, seed, targets)
-                             for seed, name in enumerate(("bundled", "given"), 1)}}
-    engine = bundled_lora_engine(vlm, tmp_path)
-    names = ["bundled", "given", None]
-    result, out = run_cli(engine, {
-        "temperature": 0.0, "ignore_eos": True, "max_generate_length": NEW_TOKENS, "batch_size": 4,
-        "available_lora_weights": {"given": str(tmp_path / "given")},
-        "requests": [{"messages": [{"role": "user", "content": [
-            {**c, "image": str(vlm[2] / c["image"])} if "image" in c else c for c in CASES[0]]}],
-            **({"lora_name": name} if name else {})} for name in names]})
-    assert result.exit_code == 0, result.output
-    for name, response in zip(names, out["responses"]):
-        assert response["output_ids"] == reference(vlm, CASES[0], model=models[name])[0], name
-    assert out["responses"][0]["output_ids"] != out["responses"][2]["output_ids"]  # (the adapter changes it)
+    assert_lora_matches_peft(vlm, run_cli, tmp_path, lambda content, **kw: reference(vlm, content, **kw), targets,
+                             NEW_TOKENS)
 
 
 def test_an_eagle_head_speculates_over_prompts_with_images(vlm, run_cli, tmp_path):
@@ -240,28 +228,4 @@ def test_a_vision_plan_off_from_transformers_fails_the_build(vlm, tmp_path, monk
 
 def test_served_image_url_parts_match_transformers(vlm, tmp_path):
     """trtllm-serve: an image_url part (a data: URL) on an Idefics3 engine answers as transformers."""
-    import base64
-    import http.client
-    import threading
-
-    from trtllm.runtime import server
-
-    httpd = server.build(vlm[1], "127.0.0.1", 0, None, {}, {}, 2, 1, tmp_path / "kv", 1 << 30, True, None)
-    httpd.quiet = True
-    threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
-    try:
-        url = "data:image/png;base64," + base64.b64encode((vlm[2] / "wide.png").read_bytes()).decode()
-        c = http.client.HTTPConnection("127.0.0.1", httpd.server_address[1], timeout=120)
-        c.request("POST", "/v1/chat/completions", json.dumps({
-            "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}},
-                                                      {"type": "text", "text": "What is in this picture?"}]}],
-            "temperature": 0, "ignore_eos": True, "max_tokens": NEW_TOKENS, "logprobs": True}))
-        r = c.getresponse()
-        body = json.loads(r.read())
-        assert r.status == 200, body
-        tokens, first = reference(vlm, CASES[0])
-        assert body["choices"][0]["message"]["content"] == vlm[4].decode(tokens, skip_special_tokens=True)
-        assert abs(body["choices"][0]["logprobs"]["content"][0]["logprob"] - first[tokens[0]]) < 1e-4
-    finally:
-        httpd.shutdown()
-        server.stop(httpd)
+    assert_served_image_url(vlm, tmp_path, lambda content: reference(vlm, content), NEW_TOKENS)

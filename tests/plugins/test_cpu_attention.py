@@ -23,11 +23,13 @@ NAMES = ["qkv", "past_key", "past_value", "write_index", "last_index", "position
 
 def op_model(h: int, hk: int, d: int, scale: float | None = None, kv: int = F32, window: int = 0,
              norms: bool = False, epsilon: float | None = None, tree: bool = False, softcap: float = 0.0,
-             norm_after: bool = False) -> bytes:
-    """tree: input 10 tree_mask (8 and 9 left empty without norms, as the builder wires it)."""
-    names = NAMES + (["q_norm", "k_norm"] if norms else ["", ""] if tree else [])
-    names += ["tree_mask"] if tree else []
-    types = [F32, kv, kv, I64, I64, I64, F32, F32, F32, F32, BOOL]
+             norm_after: bool = False, ahead: bool = False) -> bytes:
+    """tree: input 10 tree_mask; ahead: input 11 look_ahead (those before left empty where not given,
+    as the builder wires them)."""
+    names = NAMES + (["q_norm", "k_norm"] if norms else ["", ""] if tree or ahead else [])
+    names += ["tree_mask"] if tree else [""] if ahead else []
+    names += ["look_ahead"] if ahead else []
+    types = [F32, kv, kv, I64, I64, I64, F32, F32, F32, F32, BOOL, I64]
     inputs = [helper.make_tensor_value_info(n, t, None) for n, t in zip(names, types) if n]
     outputs = [helper.make_tensor_value_info(n, t, None) for n, t in (("y", F32), ("present_key", kv), ("present_value", kv))]
     attrs = {"num_heads": h, "kv_num_heads": hk, **({"scale": scale} if scale else {}),
@@ -57,14 +59,16 @@ def qk(x, norm, cos, sin, epsilon, after):
 
 
 def reference(qkv, key, value, write_index, last_index, position_ids, cos, sin, h, hk, scale, cache=None, window=0,
-              norms=None, epsilon=1e-6, tree=None, window_from_slot=False, softcap=0.0, norm_after=False):
+              norms=None, epsilon=1e-6, tree=None, window_from_slot=False, softcap=0.0, norm_after=False,
+              ahead=None):
     """float64: the op's documented semantics, token by token. `cache` (key, value): attend over
     these instead of the reference's own writes (a float16 cache's contents, checked apart);
     `window`: slots [t - window, t) only; `norms` (q_norm, k_norm): each head normed before rotary;
     `tree` [B, S, T] (tree_mask): slot j >= start = write_index + S - T is seen iff tree[b, s, j - start],
     and a window counts from the position, [p + 1 - window, t) (`window_from_slot`: the wrong variant);
     `softcap` c: each scaled score x becomes c tanh(x / c) (Gemma 2); `norm_after`: the norms after
-    the rotary (Hunyuan)."""
+    the rotary (Hunyuan); `ahead` [B, S] (look_ahead): token s also sees the ahead[b, s] slots after
+    its own, its window still counted back from its own slot."""
     b_, s_, _ = qkv.shape
     d = key.shape[-1]
     qn, kn = (None, None) if norms is None else (n.astype(np.float64) for n in norms)
@@ -84,8 +88,9 @@ def reference(qkv, key, value, write_index, last_index, position_ids, cos, sin, 
     for b in range(b_):
         start = write_index[b] + s_ - (0 if tree is None else tree.shape[2])
         for s in range(last_index[b] + 1):
-            p, t = position_ids[b, s], write_index[b] + s + 1
-            end = p + 1 if tree is not None and not window_from_slot else t
+            p, own = position_ids[b, s], write_index[b] + s + 1
+            t = own + (0 if ahead is None else ahead[b, s])
+            end = p + 1 if tree is not None and not window_from_slot else own
             lo = max(0, end - window) if window else 0
             seen = np.array([tree is None or j < start or tree[b, s, j - start] for j in range(lo, t)])
             for head in range(h):
@@ -157,6 +162,21 @@ def check_half_cache(b, s, h, hk, d, c, past) -> float:
 def bf16_step(x: np.ndarray) -> np.ndarray:
     """A bfloat16 step (8 significant bits) at each |x|."""
     return 2.0 ** (np.floor(np.log2(np.maximum(np.abs(x), 1e-30))) - 7)
+
+
+def relative_error(out: tuple, ref: tuple, kv) -> float:
+    """The op's (y, key, value) against the reference's: the largest error relative to its bound (pass:
+    <= 1): y 1e-5; the caches 1e-5 in float32, half a step of a 16-bit cache (`kv` its type)."""
+    (y, key, value), (ref_y, ref_k, ref_v) = out, ref
+    errors = [np.abs(y - ref_y).max() / 1e-5]
+    for got, want in ((key, ref_k), (value, ref_v)):
+        got = np.asarray(got, np.float64)
+        if kv == F32:
+            errors.append(np.abs(got - want).max() / 1e-5)
+            continue
+        step = bf16_step(want) if kv == BF16 else np.spacing(np.abs(want).astype(np.float16)).astype(np.float64)
+        errors.append((np.abs(got - want) / step).max() / 0.501)
+    return float(np.max(errors))  # a NaN anywhere: NaN, which fails
 
 
 def check_bf16_cache(b, s, h, hk, d, c, past) -> float:

@@ -11,7 +11,7 @@ pytest.importorskip("onnx")
 
 from tests.plugins.cpu_ops import on_portable_path, session  # noqa: E402
 from tests.plugins.test_cpu_attention import (  # noqa: E402
-    BF16, F16, F32, NAMES, bf16_step, case, op_model, reference, run_op)
+    BF16, F16, F32, NAMES, case, op_model, reference, relative_error, run_op)
 
 
 def tree_case(shape, t, seed=0, star=False):
@@ -61,15 +61,7 @@ def check_tree(shape, t, kv=F32, window=0, norms=False, seed=0, star=False, wron
                                     window_from_slot=wrong == "slot")
     if wrong:
         return float(np.abs(y - ref_y).max())
-    errors = [np.abs(y - ref_y).max() / 1e-5]
-    for got, want in ((key, ref_k), (value, ref_v)):
-        got = np.asarray(got, np.float64)
-        if kv == F32:
-            errors.append(np.abs(got - want).max() / 1e-5)
-            continue
-        step = bf16_step(want) if kv == BF16 else np.spacing(np.abs(want).astype(np.float16)).astype(np.float64)
-        errors.append((np.abs(got - want) / step).max() / 0.501)
-    return float(np.max(errors))  # a NaN anywhere: NaN, which fails
+    return relative_error((y, key, value), (ref_y, ref_k, ref_v), kv)
 
 
 # (shape as in CASES, tree size T): head size 64 (the AVX-512 path) and 24 (the portable path) with
