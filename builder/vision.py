@@ -21,6 +21,7 @@ import onnx
 
 from trtllm.builder.config import ConfigError, Unsupported
 from trtllm.builder.graph import GraphWriter
+from trtllm.plugins.cpu import DOMAIN as CPU_DOMAIN
 
 PIXELS, EMBEDS = "pixel_values", "image_embeds"
 VISION_NAME = "vision.onnx"
@@ -200,8 +201,15 @@ def weights_of(vlm) -> dict[str, np.ndarray]:
 
 
 class VisionWriter:
-    def __init__(self, spec: VisionSpec, weights: dict[str, np.ndarray]):
-        self.s, self.w, self.g = spec, weights, GraphWriter("vision")
+    def __init__(self, spec: VisionSpec, weights: dict[str, np.ndarray], native: bool = False):
+        """native: ONNX Runtime's form on our kernels (vision.ort.onnx), each layer's attention one
+        trtllm.cpu::SegmentAttention over each tile's patches, its memory linear in them (Gemma 3's 4,096
+        patches an image: builder/vision_export.native_form)."""
+        self.s, self.w, self.g, self.native = spec, weights, GraphWriter("vision"), native
+        self.segments = None  # native: each patch row's tile, [tiles x patches] int64 (made once)
+
+    def model(self) -> onnx.ModelProto:
+        return self.g.model("trtllm-edge", {CPU_DOMAIN: 1} if self.native else None)
 
     def weight(self, name: str, transpose: bool = False) -> str:
         array = self.w[name]
@@ -231,13 +239,22 @@ class VisionWriter:
         """Bidirectional multi-head attention of module `p` (its q_proj, k_proj, v_proj and `out_proj`)."""
         s, g = self.s, self.g
         head = s.hidden_size // s.num_heads
-        split = g.const([0, -1, s.num_heads, head])
         heads = {}
         for proj in ("q", "k", "v"):
             y = self.linear(f"{name}/{proj}_proj", x, f"{p}.{proj}_proj")
             if qk_norm and proj != "v":  # over the whole projection, before the heads split
                 y = self.norm(f"{name}/{proj}_norm", y, f"{p}.{proj}_norm", "rms_norm", 1e-6)
-            y = g.op("Reshape", f"{name}/{proj}/Reshape", [y, split])
+            heads[proj] = y
+        if self.native:  # [tiles, n, C] x 3 -> rows [tiles * n, 3C], each tile's rows one segment
+            qkv = g.op("Reshape", f"{name}/qkv/Reshape", [g.op("Concat", f"{name}/qkv", list(heads.values()), axis=-1),
+                                                           g.const([-1, 3 * s.hidden_size])])
+            out = g.op("SegmentAttention", f"{name}/SegmentAttention", [qkv, "", "", self.segment_ids(x)],
+                       domain=CPU_DOMAIN, num_heads=s.num_heads, scale=head ** -0.5)
+            out = g.op("Reshape", f"{name}/Context/Reshape", [out, g.op("Shape", f"{name}/Shape", [x])])
+            return self.linear(f"{name}/{out_proj}", out, f"{p}.{out_proj}")
+        split = g.const([0, -1, s.num_heads, head])
+        for proj in ("q", "k", "v"):
+            y = g.op("Reshape", f"{name}/{proj}/Reshape", [heads[proj], split])
             heads[proj] = g.op("Transpose", f"{name}/{proj}/Transpose", [y], perm=[0, 2, 1, 3])
         k_t = g.op("Transpose", f"{name}/k/TransposeT", [heads["k"]], perm=[0, 1, 3, 2])
         scores = g.op("MatMul", f"{name}/Scores", [heads["q"], k_t])
@@ -247,6 +264,18 @@ class VisionWriter:
         out = g.op("Transpose", f"{name}/Context/Transpose", [out], perm=[0, 2, 1, 3])
         out = g.op("Reshape", f"{name}/Context/Reshape", [out, g.const([0, -1, s.hidden_size])])
         return self.linear(f"{name}/{out_proj}", out, f"{p}.{out_proj}")
+
+    def segment_ids(self, x: str) -> str:
+        """[tiles * n] int64: each row's tile (x [tiles, n, C]), SegmentAttention's segments."""
+        if self.segments is None:
+            g = self.g
+            shape = g.op("Shape", "/vision/segments/shape", [x])
+            rows = g.op("ReduceProd", "/vision/segments/rows", [g.op("Slice", "/vision/segments/tiles_n", [
+                shape, g.const([0]), g.const([2])])], keepdims=0)
+            n = g.op("Gather", "/vision/segments/n", [shape, g.const(1)], axis=0)
+            self.segments = g.op("Div", "/vision/segments/Div", [g.op("Range", "/vision/segments/Range", [
+                g.const(0), rows, g.const(1)]), n])
+        return self.segments
 
     def layer(self, i: int, x: str) -> str:
         s, g = self.s, self.g
@@ -283,7 +312,7 @@ class VisionWriter:
         x = self.linear("/projector/linear_2", x, f"{p}.linear_2")
         g.op("Reshape", "/vision/flatten", [x, g.const([-1, s.out_hidden])], outputs=[EMBEDS])
         g.output(EMBEDS, F32, ["image_tokens", s.out_hidden])
-        return g.model("trtllm-edge")
+        return self.model()
 
     def patches(self, pixels: str, conv: str) -> str:
         """[tiles, 3, H, W] -> [tiles, patches, hidden]: module `conv`, a Conv whose stride is its kernel."""
@@ -353,22 +382,31 @@ def section(vlm, tokenizer, spec: VisionSpec, source, max_tiles: int | None = No
             "preprocess": pre}
 
 
-def verify(graph_path, vlm, spec: VisionSpec, tiles: int = 2, features=None, save=None) -> dict:
+def verify(graph_path, vlm, spec: VisionSpec, tiles: int = 2, features=None, save=None, compiled=None) -> dict:
     """vision.onnx through ONNX Runtime against transformers' get_image_features on random pixels
-    (`features(vlm, pixels)`: the family's call of it, InternVL's where None); a mismatch raises.
-    `save`: a path for the pixels and transformers' embeddings (a TensorRT engine's vision plan is
-    checked against them where it is built: builder/verify_logits.py). Returns the figures for verify.json."""
+    (`features(vlm, pixels)`: the family's call of it, InternVL's where None), and `compiled`
+    (vision.ort.onnx, on our kernels) alike; a mismatch raises. `save`: a path for the pixels and
+    transformers' embeddings (a TensorRT engine's vision plan is checked against them where it is built:
+    builder/verify_logits.py). Returns the figures for verify.json."""
     import onnxruntime as ort
     import torch
 
+    from trtllm.builder.verify_logits import embeddings_error
+    from trtllm.plugins import cpu as cpu_kernels
+
     pixels = np.random.default_rng(0).standard_normal((tiles, 3, *spec.image_size)).astype(np.float32)
-    ours = ort.InferenceSession(str(graph_path), providers=["CPUExecutionProvider"]).run(None, {PIXELS: pixels})[0]
     with torch.no_grad():
         ref = (features or image_features)(vlm, torch.from_numpy(pixels))
     ref = ref.reshape(-1, spec.out_hidden).numpy()
     if save is not None:
         np.savez(save, pixel_values=pixels, image_embeds=ref)
-    from trtllm.builder.verify_logits import embeddings_error
-
-    return {"max_abs_error": embeddings_error(ours, ref, "the vision graph"),
-            "max_abs_value": float(np.abs(ref).max()), "tiles": tiles}
+    out = {"max_abs_value": float(np.abs(ref).max()), "tiles": tiles}
+    for key, path in (("max_abs_error", graph_path), ("compiled_max_abs_error", compiled)):
+        if path is None:
+            continue
+        opts = ort.SessionOptions()
+        if path == compiled:
+            opts.register_custom_ops_library(str(cpu_kernels.library()))
+        ours = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"]).run(None, {PIXELS: pixels})[0]
+        out[key] = embeddings_error(ours, ref, "the vision graph" + "'s ONNX Runtime form" * (path == compiled))
+    return out

@@ -80,12 +80,14 @@ def section(ck: ckpt.Checkpoint, config: BuildConfig) -> tuple[dict, object]:
 
 
 def native_form(ck: ckpt.Checkpoint, config: BuildConfig, backend: str) -> bool:
-    """Whether vision.onnx gets an ONNX Runtime form on our kernels (vision.ort.onnx, Qwen-VL's: its attention
-    as trtllm.cpu::SegmentAttention), as llm.onnx's follows --cpu-kernels."""
+    """Whether vision.onnx gets an ONNX Runtime form on our kernels (vision.ort.onnx: its attention as
+    trtllm.cpu::SegmentAttention, streamed), as llm.onnx's follows --cpu-kernels: Qwen-VL's (an image's
+    patches, up to tens of thousands) and Gemma 3's (4,096 an image); the tile encoders' 1,025 patches
+    gain nothing from it."""
     from trtllm.plugins import cpu as cpu_kernels
 
-    return (family(ck.vision) is vision_qwen and backend == "onnxruntime" and config.cpu_kernels != "onnxruntime"
-            and cpu_kernels.library() is not None)
+    return (family(ck.vision) in (vision_qwen, vision_gemma3) and backend == "onnxruntime"
+            and config.cpu_kernels != "onnxruntime" and cpu_kernels.library() is not None)
 
 
 def write(ck: ckpt.Checkpoint, config: BuildConfig, out_dir: Path, log, made: dict, spec, native: bool = False) -> None:
@@ -109,7 +111,8 @@ def write(ck: ckpt.Checkpoint, config: BuildConfig, out_dir: Path, log, made: di
     elif family(ck.vision) is vision_gemma3:
         log(f"writing the vision graph ({spec.num_layers} layers, hidden {spec.hidden_size}, {spec.image_size[0]}px "
             f"images, {spec.tokens_per_tile} tokens an image, seen both ways in the prompt)")
-        writer = vision_gemma3.Gemma3Writer(spec, vision_gemma3.weights_of(ck.vision))
+        weights = vision_gemma3.weights_of(ck.vision)
+        writer = vision_gemma3.Gemma3Writer(spec, weights)
     elif family(ck.vision) is vision_idefics3:
         log(f"writing the vision graph ({spec.num_layers} layers, hidden {spec.hidden_size}, {spec.image_size[0]}px "
             f"tiles, {spec.tokens_per_tile} tokens a tile, up to {vision_idefics3.most_tiles(made['preprocess'])} "
@@ -131,7 +134,8 @@ def write(ck: ckpt.Checkpoint, config: BuildConfig, out_dir: Path, log, made: di
     if native:
         log(f"lowering the vision graph's attention to {cpu_kernels.SEGMENT_ATTENTION_LOWERING} (plugins/cpu: its "
             f"memory linear in an image's patches) in {vision.VISION_COMPILED}")
-        write_sharing(vision_qwen.QwenVisionWriter(spec, weights, native=True).write(), out_dir)
+        native_writer = vision_gemma3.Gemma3Writer if family(ck.vision) is vision_gemma3 else vision_qwen.QwenVisionWriter
+        write_sharing(native_writer(spec, weights, native=True).write(), out_dir)
         made.update(compiled=vision.VISION_COMPILED, lowerings=[cpu_kernels.SEGMENT_ATTENTION_LOWERING])
 
 

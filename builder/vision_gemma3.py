@@ -84,7 +84,7 @@ class Gemma3Writer(Idefics3Writer):
         x = g.op("MatMul", "/projector/MatMul", [x, self.weight(f"{p}.mm_input_projection_weight")])
         g.op("Reshape", "/vision/flatten", [x, g.const([-1, s.out_hidden])], outputs=[EMBEDS])
         g.output(EMBEDS, F32, ["image_tokens", s.out_hidden])
-        return g.model("trtllm-edge")
+        return self.model()
 
 
 def section(vlm, tokenizer, spec: VisionSpec, source, max_tiles: int | None = None) -> dict:
@@ -144,6 +144,7 @@ def section(vlm, tokenizer, spec: VisionSpec, source, max_tiles: int | None = No
     return out
 
 
-def verify(graph_path, vlm, spec: VisionSpec, tiles: int = 2, save=None) -> dict:
-    """vision.onnx against transformers' get_image_features on random images (vision.verify)."""
-    return vision.verify(graph_path, vlm, spec, tiles, save=save)
+def verify(graph_path, vlm, spec: VisionSpec, tiles: int = 2, save=None, compiled=None) -> dict:
+    """vision.onnx (and vision.ort.onnx) against transformers' get_image_features on random images
+    (vision.verify)."""
+    return vision.verify(graph_path, vlm, spec, tiles, save=save, compiled=compiled)

@@ -100,7 +100,7 @@ class Idefics3Writer(VisionWriter):
         x = self.linear("/connector/proj", self.pixel_shuffle(x), "connector.modality_projection.proj", bias=False)
         g.op("Reshape", "/vision/flatten", [x, g.const([-1, s.out_hidden])], outputs=[EMBEDS])
         g.output(EMBEDS, F32, ["image_tokens", s.out_hidden])
-        return g.model("trtllm-edge")
+        return self.model()
 
 
 def most_tiles(pre: dict) -> int:

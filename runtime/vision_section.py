@@ -42,12 +42,12 @@ def check(m) -> str:
         return f"vision lacks {', '.join(missing)}"
     if v["graph"] != m.files.get("vision"):
         return f"vision.graph {v['graph']!r} must be files.vision {m.files.get('vision')!r}"
-    # its ONNX Runtime form on our kernels (Qwen-VL's, vision.ort.onnx), where the build wrote one
+    # its ONNX Runtime form on our kernels (Qwen-VL's and Gemma 3's, vision.ort.onnx), where the build wrote one
     compiled = v.get("compiled")
     if compiled != m.files.get("vision_compiled") or (compiled is not None and (
-            kind is not QWEN or v.get("lowerings") != [SEGMENT_ATTENTION])):
+            kind is not QWEN and v["architecture"] != "gemma3" or v.get("lowerings") != [SEGMENT_ATTENTION])):
         return (f"vision.compiled {compiled!r} must be files.vision_compiled {m.files.get('vision_compiled')!r}, on "
-                f"a Qwen-VL engine, with lowerings [{SEGMENT_ATTENTION!r}], got {v.get('lowerings')!r}")
+                f"a Qwen-VL or Gemma 3 engine, with lowerings [{SEGMENT_ATTENTION!r}], got {v.get('lowerings')!r}")
     for name in ("image_token_id", "start_token_id", "end_token_id"):
         if not (whole(v[name], 0) and v[name] < m.model.vocab_size):
             return f"vision.{name} must be a token id below the vocabulary size {m.model.vocab_size}, got {v[name]!r}"

@@ -10,7 +10,9 @@ checkpoint is downloaded here).
 
 Each round times both on each tile count, alternating, in this one process; the ratio is paired
 by round (transformers' time / ours: > 1 is ours faster), as median [min-max]: the machine is
-shared, so only ratios of one round mean anything. The outputs are compared too.
+shared, so only ratios of one round mean anything. The outputs are compared too. With --model gemma3,
+its ONNX Runtime form on our kernels (vision.ort.onnx: attention as trtllm.cpu::SegmentAttention) is timed
+beside vision.onnx where our kernel library runs its AVX2 path.
 """
 from __future__ import annotations
 
@@ -65,8 +67,13 @@ def gemma3_encoder(tmp: Path):
                                        image_token_index=999)
     torch.manual_seed(0)
     model = transformers.Gemma3ForConditionalGeneration(config).eval()
+    with torch.no_grad():  # (its init leaves the projection 0: every output would be 0)
+        model.model.multi_modal_projector.mm_input_projection_weight.normal_(0.0, 1152 ** -0.5)
     spec = vision_gemma3.spec_of(model.config)
-    save(vision_gemma3.Gemma3Writer(spec, vision_gemma3.weights_of(model)).write(), tmp, vision.VISION_NAME)
+    weights = vision_gemma3.weights_of(model)
+    save(vision_gemma3.Gemma3Writer(spec, weights).write(), tmp, vision.VISION_NAME)
+    # (and its ONNX Runtime form on our kernels, vision.ort.onnx, which the engine runs where it can)
+    save(vision_gemma3.Gemma3Writer(spec, weights, native=True).write(), tmp, vision.VISION_COMPILED)
     return model, tmp / vision.VISION_NAME, spec
 
 
@@ -109,27 +116,38 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         model, path, spec = {"smolvlm": smolvlm_encoder, "gemma3": gemma3_encoder}.get(args.model, encoder)(Path(tmp))
         features = (vision_idefics3 if args.model == "smolvlm" else vision).image_features
-        opts = ort.SessionOptions()
-        opts.intra_op_num_threads = args.threads
-        session = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
-        times: dict[int, list[tuple[float, float]]] = {n: [] for n in args.tiles}
+        from trtllm.plugins import cpu as cpu_kernels
+
+        sessions = {}
+        for form, graph in (("vision.onnx", path), ("vision.ort.onnx", path.with_name(vision.VISION_COMPILED))):
+            if not graph.exists() or (form != "vision.onnx" and not cpu_kernels.segment_attention_fast()):
+                continue
+            opts = ort.SessionOptions()
+            opts.intra_op_num_threads = args.threads
+            if form != "vision.onnx":
+                opts.register_custom_ops_library(str(cpu_kernels.library()))
+            sessions[form] = ort.InferenceSession(str(graph), opts, providers=["CPUExecutionProvider"])
+        times: dict[tuple, list[tuple[float, float]]] = {(form, n): [] for form in sessions for n in args.tiles}
         for r in range(args.rounds):
             for n in args.tiles:
                 pixels = np.random.default_rng(r).standard_normal((n, 3, *spec.image_size)).astype(np.float32)
-                began = time.perf_counter()
-                ours = session.run(None, {"pixel_values": pixels})[0]
-                mine = time.perf_counter() - began
+                mine, outs = {}, []
+                for form, session in sessions.items():
+                    began = time.perf_counter()
+                    outs.append(session.run(None, {"pixel_values": pixels})[0])
+                    mine[form] = time.perf_counter() - began
                 began = time.perf_counter()
                 with torch.no_grad():
                     ref = features(model, torch.from_numpy(pixels))
                 theirs = time.perf_counter() - began
-                error = float(np.abs(ours - ref.reshape(ours.shape).numpy()).max())
-                times[n].append((mine, theirs))
-                print(f"round {r + 1}, {n} tile(s): ours {mine:.2f} s, transformers {theirs:.2f} s, "
-                      f"max |difference| {error:.2e}", flush=True)
-        for n, pairs in times.items():
+                error = max(float(np.abs(ours - ref.reshape(ours.shape).numpy()).max()) for ours in outs)
+                for form in sessions:
+                    times[(form, n)].append((mine[form], theirs))
+                print(f"round {r + 1}, {n} tile(s): " + ", ".join(f"{form} {t:.2f} s" for form, t in mine.items())
+                      + f", transformers {theirs:.2f} s, max |difference| {error:.2e}", flush=True)
+        for (form, n), pairs in times.items():
             ratios = [theirs / mine for mine, theirs in pairs]
-            print(f"{n} tile(s): ours best {min(m for m, _ in pairs) / n:.2f} s a tile, transformers best "
+            print(f"{n} tile(s), {form}: ours best {min(m for m, _ in pairs) / n:.2f} s a tile, transformers best "
                   f"{min(t for _, t in pairs) / n:.2f} s a tile; transformers / ours {statistics.median(ratios):.2f} "
                   f"[{min(ratios):.2f}-{max(ratios):.2f}]")
 

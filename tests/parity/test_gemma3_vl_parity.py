@@ -65,10 +65,19 @@ def run(vlm, run_cli, contents: list, *extra, engine=None, **top):
 
 
 def test_greedy_tokens_and_logprobs_match_transformers(vlm, run_cli):
+    """On our kernels the images are encoded by vision.ort.onnx (its attention trtllm.cpu::SegmentAttention,
+    a tile a segment), checked at the build against transformers' embeddings as vision.onnx is."""
+    from trtllm.plugins import cpu as cpu_kernels
+
     result, out = run(vlm, run_cli, CASES)
     assert result.exit_code == 0, result.output
     for content, response in zip(CASES, out["responses"]):
         assert_answer(response, *reference(vlm, content))
+    if cpu_kernels.library() is not None:
+        manifest = json.loads((vlm[1] / "manifest.json").read_text())
+        assert manifest["vision"]["compiled"] == manifest["files"]["vision_compiled"] == "vision.ort.onnx"
+        checks = json.loads((vlm[1] / "verify.json").read_text())["vision"]
+        assert checks["compiled_max_abs_error"] < 1e-4 and checks["max_abs_error"] < 1e-4
 
 
 def test_an_image_seen_causally_is_told_apart(vlm, run_cli):
