@@ -199,8 +199,7 @@ class AttentionWriter:
         wi = g.op("Unsqueeze", "/model/mask/wi", [write_index, g.const([1])])               # [B,1]
         q_slot = g.op("Add", "/model/mask/q_slot", [wi, q_off])                             # [B,S]
         q_slot = g.op("Unsqueeze", "/model/mask/q_slot4", [q_slot, g.const([1, 3])])        # [B,1,S,1]
-        seen_to = q_slot if self.ahead is None else g.op(  # Gemma 3's image tokens: the rest of their image too
-            "Add", "/model/mask/seen_to", [q_slot, g.op("Unsqueeze", "/model/mask/ahead4", [self.ahead, g.const([1, 3])])])
+        seen_to = q_slot if self.ahead is None else self.seen_to(q_slot, write_index)
         causal = g.op("LessOrEqual", "/model/mask/causal", [kv_slot, seen_to])              # [B,1,S,C]
         if self.tree:
             causal = g.op("And", "/model/mask/tree", [causal, self.tree_visible(write_index, seq, kv_slot)])
@@ -215,6 +214,17 @@ class AttentionWriter:
                 out[window] = g.op("And", "/model/mask/window",
                                    [causal, g.op("Greater", "/model/mask/in_window", [kv_slot, lo])])
         return out
+
+    def seen_to(self, q_slot: str, write_index: str) -> str:
+        """[B,1,S,1]: the last slot each token sees with its look-ahead (Gemma 3's image tokens: the rest of
+        their image), never past its row's last new slot (write_index + last_index), as our kernel checks."""
+        g = self.g
+        ahead = g.op("Add", "/model/mask/ahead", [q_slot, g.op("Unsqueeze", "/model/mask/ahead4",
+                                                              [self.ahead, g.const([1, 3])])])
+        last = g.op("Add", "/model/mask/last_slot", [write_index, self.io.last_index])
+        last = g.op("Max", "/model/mask/own_or_last", [q_slot, g.op("Unsqueeze", "/model/mask/last4",
+                                                                    [last, g.const([1, 2, 3])])])
+        return g.op("Min", "/model/mask/seen_to", [ahead, last])
 
     def tree_visible(self, write_index: str, seq: str, kv_slot: str) -> str:
         """bool [B,1,S,C]: tree_mask [B,S,T] covers the step's last T slots (from write_index + S - T):

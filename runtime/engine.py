@@ -133,9 +133,10 @@ def vision_feeds(m: manifest_mod.Manifest, inputs: StepInputs, batch: int, zeros
     width = m.model.hidden_size * (1 + v.get("deepstack_layers", 0))
     feeds = {io.image_embeds: zeros((0, width), np.float32) if no_image else inputs.image_embeds,
              io.image_index: zeros((0, 2), np.int64) if no_image else inputs.image_index}
-    if v.get("bidirectional"):
-        n = 0 if no_image else len(inputs.image_index)
-        feeds[io.image_ahead] = zeros((n,), np.int64) if inputs.image_ahead is None else inputs.image_ahead
+    if v.get("bidirectional"):  # (an image's tokens without their look-ahead would be seen causally: wrong)
+        if not no_image and inputs.image_ahead is None:
+            raise ValueError("a step of image tokens on an engine whose images are seen both ways needs image_ahead")
+        feeds[io.image_ahead] = zeros((0,), np.int64) if no_image else inputs.image_ahead
     if v.get("mrope_section"):
         given = inputs.rope_index is not None
         feeds[io.rope_delta] = zeros((batch,), np.int64) if inputs.rope_delta is None else inputs.rope_delta

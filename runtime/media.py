@@ -100,15 +100,16 @@ class PromptImages:
                              "a step must end)")
         return last[lo:hi] - self.positions[lo:hi]
 
-    def stop(self, start: int, end: int) -> int:
+    def stop(self, start: int, end: int, least: int = 1) -> int:
         """Where a step from `start` that would end at `end` ends instead, images seen both ways whole:
-        before an image that `end` cuts, or after it where it begins at `start` or before."""
+        before an image that `end` cuts, or after it where it begins fewer than `least` tokens after
+        `start` (or before: KV restored into it)."""
         if not self.bidirectional:
             return end
         for a, b in self.spans:
             first, last = int(self.positions[a]), int(self.positions[b - 1])
             if first < end <= last:
-                return first if first > start else last + 1
+                return first if first - start >= least else last + 1
         return end
 
     def rope_window(self, row: int, start: int, end: int) -> tuple[np.ndarray, np.ndarray] | None:

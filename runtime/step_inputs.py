@@ -130,7 +130,7 @@ def chunk_stop(n: int, start: int, chunk: int, images=None) -> int:
     tokens see each other both ways (`images`, the prompt's PromptImages: Gemma 3's) is never cut."""
     end = start + chunk
     if chunk > 0 and images is not None:
-        end = images.stop(start, end)
+        end = images.stop(start, end, MIN_COMPUTED)  # (no one-token step before an image either)
     return n if chunk <= 0 or n - end < MIN_COMPUTED else end
 
 

@@ -168,7 +168,7 @@ def test_chunked_prefill_never_cuts_an_image_and_kv_is_kept_per_image(vlm, run_c
 
 def test_a_chunk_end_moves_off_an_image():
     """PromptImages.stop: an end inside an image moves before it, or past it where the image starts at
-    the chunk's start (or before: KV restored into it)."""
+    the chunk's start (or before: KV restored into it), or too few tokens after it for a step of its own."""
     from trtllm.runtime.media import PromptImages
     from trtllm.runtime.step_inputs import chunk_stop
 
@@ -176,12 +176,33 @@ def test_a_chunk_end_moves_off_an_image():
                      bidirectional=True)
     assert [p.stop(0, e) for e in (3, 5, 6, 9, 13)] == [3, 5, 5, 9, 12]
     assert [p.stop(5, 7), p.stop(6, 7), p.stop(12, 14)] == [9, 9, 16]
+    assert [p.stop(4, 6, 2), p.stop(3, 6, 2)] == [9, 5]  # (no step of fewer than `least` tokens before an image)
+    assert chunk_stop(30, 4, 2, p) == 9
     assert chunk_stop(30, 0, 6, p) == 5 and chunk_stop(30, 5, 2, p) == 9 and chunk_stop(17, 12, 2, p) == 17
     assert p.ahead(5, 9).tolist() == [3, 2, 1, 0] and p.ahead(6, 16).tolist() == [2, 1, 0, 3, 2, 1, 0]
     with pytest.raises(ValueError, match="cut an image"):
         p.ahead(0, 7)
     causal = PromptImages(p.positions, [b"a", b"b"], [], None, counts=[4, 4])
     assert causal.stop(0, 6) == 6 and causal.ahead(0, 20) is None
+
+
+def test_image_tokens_without_their_look_ahead_are_refused(vlm):
+    """A step of image tokens with no image_ahead would see them causally: the engine's feeds refuse it
+    rather than answer wrong."""
+    from trtllm.runtime import manifest as mf
+    from trtllm.runtime.engine import StepInputs, vision_feeds
+
+    m = mf.load(vlm[1])
+    zeros = lambda shape, dtype: np.zeros(shape, dtype)  # noqa: E731
+    step = dict(input_ids=np.zeros((1, 16), np.int64), position_ids=np.arange(16)[None], sampling=None,
+                write_index=np.zeros(1, np.int64), last_index=np.array([15]), image_embeds=np.zeros((16, 64), np.float32),
+                image_index=np.stack([np.zeros(16, np.int64), np.arange(16)], axis=1))
+    with pytest.raises(ValueError, match="needs image_ahead"):
+        vision_feeds(m, StepInputs(**step), 1, zeros)
+    ahead = np.arange(15, -1, -1)
+    assert vision_feeds(m, StepInputs(**step, image_ahead=ahead), 1, zeros)[m.io.image_ahead] is ahead
+    assert vision_feeds(m, StepInputs(**{**step, "image_embeds": None, "image_index": None}), 1,
+                        zeros)[m.io.image_ahead].shape == (0,)
 
 
 @pytest.mark.parametrize("damage, named", [
