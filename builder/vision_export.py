@@ -58,15 +58,14 @@ def refuse(config: BuildConfig, backend: str, spec) -> None:
 def section(ck: ckpt.Checkpoint, config: BuildConfig) -> tuple[dict, object]:
     """The manifest's vision section and the encoder's spec: what a vision-language build refuses,
     before the language model's export."""
-    qwen, gemma3 = family(ck.vision) is vision_qwen, family(ck.vision) is vision_gemma3
-    # each model's own knob for its image tokens: InternVL's tiles, Qwen's pixels (its own grid an image);
-    # Gemma 3's images are one tile of a fixed size
-    wrong = "--max-image-tiles" if (qwen or gemma3) and config.max_image_tiles is not None else \
+    qwen = family(ck.vision) is vision_qwen
+    # each model's own knob for its image tokens: InternVL's and Idefics3's tiles (Gemma 3's crops), Qwen's
+    # pixels (its own grid an image)
+    wrong = "--max-image-tiles" if qwen and config.max_image_tiles is not None else \
         "--max-image-pixels" if not qwen and config.max_image_pixels is not None else None
     if wrong:
         raise ConfigError(f"{wrong} is not for --model {config.model!r}: its images are "
                           + ("resized to a grid of their own; use --max-image-pixels" if qwen else
-                             "each one tile of a fixed size, whatever theirs" if gemma3 else
                              "cut into tiles; use --max-image-tiles"))
     try:  # (the processor's config is read where the checkpoint was: a directory, or the hub's cache)
         if qwen:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from trtllm.builder import vision
-from trtllm.builder.config import ConfigError, Unsupported
+from trtllm.builder.config import Unsupported
 from trtllm.builder.vision import ACTIVATIONS, EMBEDS, F32, PIXELS, VisionSpec
 from trtllm.builder.vision_idefics3 import Idefics3Writer, refuse
 
@@ -87,24 +87,41 @@ class Gemma3Writer(Idefics3Writer):
         return self.model()
 
 
+def pan_and_scan(processor: dict, max_tiles: int | None) -> dict | None:
+    """The processor's pan-and-scan settings (runtime/images_gemma3.py), or None where it is off: on where
+    the config turns it on, or where `max_tiles` (--max-image-tiles) is 2 or more, then with at most
+    max_tiles - 1 crops (the whole image is the other tile); Gemma3Processor's defaults where the config
+    has none. transformers leaves it off unless a call asks for it."""
+    on = bool(processor.get("do_pan_and_scan")) if max_tiles is None else max_tiles > 1
+    if not on:
+        return None
+    out = {}
+    for key, default, least in (("min_crop_size", 256, 1), ("max_num_crops", 4, 1), ("min_ratio_to_activate", 1.2, 1)):
+        value = processor.get(f"pan_and_scan_{key}")
+        value = default if value is None else value
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < least \
+                or (key != "min_ratio_to_activate" and not isinstance(value, int)):
+            raise ValueError(f"preprocessor_config.pan_and_scan_{key} must be a number >= {least}"
+                             + " (an integer)" * (key != "min_ratio_to_activate") + f", got {value!r}")
+        out[key] = value
+    if max_tiles is not None:
+        out["max_num_crops"] = max_tiles - 1
+    return out
+
+
 def section(vlm, tokenizer, spec: VisionSpec, source, max_tiles: int | None = None) -> dict:
     """The manifest's vision section: the graph, the image tokens and their text, and how pixels are made
-    (runtime/images.py: one tile, the whole image resized). Its images are never tiled: `max_tiles`
-    (--max-image-tiles) is refused."""
+    (runtime/images_gemma3.py: the whole image resized to one tile, and with pan-and-scan its crops);
+    `max_tiles` (--max-image-tiles): 1 turns pan-and-scan off, N >= 2 on with at most N - 1 crops."""
     from transformers.image_processing_utils import ImageProcessingMixin
 
     from trtllm.runtime.images import preprocess_config
 
-    if max_tiles is not None:
-        raise ConfigError("--max-image-tiles is not for Gemma 3: each image is one tile of its encoder's "
-                          f"{spec.image_size[0]} px, {spec.tokens_per_tile} tokens")
     try:
         processor, _ = ImageProcessingMixin.get_image_processor_dict(source)
-        if processor.get("do_pan_and_scan"):
-            raise ValueError("preprocessor_config.do_pan_and_scan must be false or null (its crops are not "
-                             "reproduced)")
         pre = preprocess_config({k: v for k, v in processor.items() if k not in ("do_pan_and_scan", *PAN_AND_SCAN)},
                                 defaults=DEFAULTS)
+        pre["pan_and_scan"] = pan_and_scan(processor, max_tiles)
     except (OSError, ValueError) as e:
         raise Unsupported(f"its image processor's config (preprocessor_config.json) cannot be used: {e}") from e
     if pre["size"] != list(spec.image_size):

@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 
 from trtllm.plugins import cpu as cpu_kernels
-from trtllm.runtime import images, images_idefics3, images_qwen
+from trtllm.runtime import images, images_gemma3, images_idefics3, images_qwen
 
 TILES_A_RUN = 4  # tiles the vision graph encodes at once: its attention's memory grows with them
 # embeddings kept by their image's bytes (ImageEncoder.kept): the same image in another request, or
@@ -64,9 +64,12 @@ class PromptImages:
             np.cumsum([0, *counts[:-1]]).tolist()
         self.spans = [(lo, hi) for lo, hi in zip(starts, [*starts[1:], len(positions)])]
         self.embeds: list[np.ndarray | None] = [None] * self.count
-        # Gemma 3: in the prompt an image's tokens see each other both ways, so a step computes an image
-        # whole (stop) and each of its tokens sees up to the image's last (ahead)
+        # Gemma 3: in the prompt the tokens of an image (and of each of its crops: each a run of its own)
+        # see each other both ways, so a step computes such a run whole (stop) and each of its tokens
+        # sees up to the run's last (ahead)
         self.bidirectional = bidirectional
+        cuts = (np.flatnonzero(np.diff(positions) != 1) + 1).tolist()
+        self.runs = list(zip([0, *cuts], [*cuts, len(positions)]))
 
     def window(self, row: int, start: int, end: int) -> tuple[np.ndarray, np.ndarray] | None:
         """The image tokens among prompt positions [start, end): their (row, position - start) and
@@ -94,7 +97,7 @@ class PromptImages:
         lo, hi = np.searchsorted(self.positions, [start, end])
         if not self.bidirectional or hi == lo:
             return None
-        last = np.concatenate([np.full(b - a, self.positions[b - 1]) for a, b in self.spans])
+        last = np.concatenate([np.full(b - a, self.positions[b - 1]) for a, b in self.runs])
         if last[hi - 1] >= end:
             raise ValueError(f"prompt positions [{start}, {end}) cut an image seen both ways (stop() says where "
                              "a step must end)")
@@ -106,7 +109,7 @@ class PromptImages:
         `start` (or before: KV restored into it)."""
         if not self.bidirectional:
             return end
-        for a, b in self.spans:
+        for a, b in self.runs:
             first, last = int(self.positions[a]), int(self.positions[b - 1])
             if first < end <= last:
                 return first if first - start >= least else last + 1
@@ -206,8 +209,10 @@ class ImageEncoder:
                 "patch_positions", "image_ids", "window_ids", "window_rows", "window_slots", "pos_index", "pos_weights")
                 if k in at}}], at["reverse"]
         else:
-            pixels = (images_idefics3 if self.section["architecture"] == "idefics3" else images).pixel_values(image, pre)
-            runs = [{"pixel_values": pixels[i:i + TILES_A_RUN]} for i in range(0, len(pixels), TILES_A_RUN)]
+            module = {"idefics3": images_idefics3, "gemma3": images_gemma3}.get(self.section["architecture"], images)
+            pixels = module.pixel_values(image, pre)
+            most = 1 if self.section["architecture"] == "gemma3" else TILES_A_RUN  # (its vision plan's profile)
+            runs = [{"pixel_values": pixels[i:i + most]} for i in range(0, len(pixels), most)]
         with self.lock:
             if self.session is None:
                 self.session = self.load()
@@ -279,14 +284,27 @@ def read(value: str, where: str, media_dir: str | os.PathLike | None) -> tuple[b
     return data, image.width, image.height
 
 
-def expanded_text(text: str, section: dict) -> str:
+def expanded_text(text: str, section: dict, crops: list[int] | None = None) -> str:
     """The prompt's text with each image's tokens written out where its processor writes them in the
     text itself (Gemma 3's: "\n\n", the start token, tokens_per_tile image tokens, the end token,
-    "\n\n" for each start token the chat template wrote), else the text as it is."""
+    "\n\n" for each start token the chat template wrote; with `crops`, each image's crop count from
+    pan-and-scan: crop_counts, its crops' too), else the text as it is."""
     if section["architecture"] != "gemma3":
         return text
-    image = section["image_token"] * section["tokens_per_tile"]
-    return text.replace(section["start_token"], f"\n\n{section['start_token']}{image}{section['end_token']}\n\n")
+    full = f"\n\n{section['start_token']}{section['image_token'] * section['tokens_per_tile']}{section['end_token']}\n\n"
+    pieces = text.split(section["start_token"])
+    crops = list(crops or []) + [0] * len(pieces)
+    return pieces[0] + "".join(images_gemma3.prompt_text(n, full) + piece for n, piece in zip(crops, pieces[1:]))
+
+
+def crop_counts(req, index: int, section: dict, media_dir) -> list[int] | None:
+    """Each image item's pan-and-scan crops (Gemma 3's, where the engine has it on), read from its file;
+    None where there are none to count. Raises MediaError naming an item that cannot be read."""
+    pas = section["preprocess"].get("pan_and_scan") if section["architecture"] == "gemma3" else None
+    if not pas:
+        return None
+    return [len(images_gemma3.crop_boxes(*read(item.value, where, media_dir)[1:], pas))
+            for where, item in image_items(req, index)]
 
 
 def image_tokens(width: int, height: int, section: dict) -> int:
@@ -296,6 +314,8 @@ def image_tokens(width: int, height: int, section: dict) -> int:
         return images_qwen.token_count(width, height, pre)
     if section["architecture"] == "idefics3":
         return images_idefics3.tile_count(width, height, pre) * section["tokens_per_tile"]
+    if section["architecture"] == "gemma3":
+        return images_gemma3.tile_count(width, height, pre) * section["tokens_per_tile"]
     return images.tile_count(width, height, pre) * section["tokens_per_tile"]
 
 
@@ -362,26 +382,33 @@ def place(ids: list[int], req, index: int, section: dict, encoder=None,
 def place_expanded(ids: list[int], items: list, index: int, section: dict, encoder,
                    media_dir) -> tuple[list[int], PromptImages | None]:
     """place() where the prompt's text held each image's tokens already (expanded_text: Gemma 3's): the
-    ids as they are, each image's tokens the run after a start token, seen both ways."""
+    ids as they are, each image's tokens (and each of its pan-and-scan crops') the run after a start
+    token, seen both ways."""
     start, context, n = section["start_token_id"], section["image_token_id"], section["tokens_per_tile"]
-    found = [i for i, t in enumerate(ids) if t == start]
-    runs = [at for at in found if ids[at + 1:at + 2 + n] == [context] * n + [section["end_token_id"]]]
-    if len(found) != len(items) or len(runs) != len(found) or ids.count(context) != n * len(found):
-        raise MediaError(f"`requests[{index}].messages`: {len(items)} image item(s), and the prompt the chat template "
-                         f"wrote has {len(found)} {section['start_token']!r} token(s) and {ids.count(context)} "
-                         f"{section['image_token']!r} token(s): the images need the engine's chat template "
-                         "(apply_chat_template true), and the text must not write those tokens itself")
-    if not items:
-        return ids, None
-    sources = []
+    sources, tiles = [], []
     for where, item in items:
         if item.do_resize is False:
             raise MediaError(f"`{where.rsplit('.', 1)[0]}.do_resize`: false is not possible on this engine "
                              "(its images are always resized)")
-        sources.append(read(item.value, where, media_dir)[0])
-    positions = [np.arange(at + 1, at + 1 + n) for at in found]
+        data, width, height = read(item.value, where, media_dir)
+        sources.append(data)
+        tiles.append(images_gemma3.tile_count(width, height, section["preprocess"]))  # (itself and its crops)
+    found = [i for i, t in enumerate(ids) if t == start]
+    runs = [at for at in found if ids[at + 1:at + 2 + n] == [context] * n + [section["end_token_id"]]]
+    if len(found) != sum(tiles) or len(runs) != len(found) or ids.count(context) != n * len(found):
+        raise MediaError(f"`requests[{index}].messages`: {len(items)} image item(s) ({sum(tiles)} with their crops), "
+                         f"and the prompt the chat template wrote has {len(found)} {section['start_token']!r} token(s) "
+                         f"and {ids.count(context)} {section['image_token']!r} token(s): the images need the engine's "
+                         "chat template (apply_chat_template true), and the text must not write those tokens itself")
+    if not items:
+        return ids, None
+    firsts = np.cumsum([0, *tiles])
+    positions = [np.concatenate([np.arange(at + 1, at + 1 + n) for at in found[lo:hi]])
+                 for lo, hi in zip(firsts[:-1], firsts[1:])]
     keyed = list(ids)  # (each image's tokens as an id of its bytes' own: place())
     for at, data in zip(positions, sources):
-        keyed[at[0]:at[-1] + 1] = [-1 - int(hashlib.sha256(data).hexdigest()[:15], 16)] * n
+        key = -1 - int(hashlib.sha256(data).hexdigest()[:15], 16)
+        for p in at.tolist():
+            keyed[p] = key
     return ids, PromptImages(np.concatenate(positions).astype(np.int64), sources, keyed, encoder,
-                             counts=[n] * len(sources), bidirectional=True)
+                             counts=[len(at) for at in positions], bidirectional=True)

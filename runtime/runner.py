@@ -209,7 +209,13 @@ class Runner:
             p.error = f"`requests[{index}].messages`: the chat template failed: {e}"
             return p
         # (Gemma 3's processor writes each image's tokens into the text before tokenizing: so do we)
-        text = media.expanded_text(fp.text, m.vision) if m.vision else fp.text
+        text = fp.text
+        if m.vision:
+            try:
+                text = media.expanded_text(text, m.vision, media.crop_counts(req, index, m.vision, self.media_dir))
+            except media.MediaError as e:
+                p.error = str(e)
+                return p
         ids = self.tokenizer.encode(text, add_special_tokens=not templated)
         if m.vision:
             try:

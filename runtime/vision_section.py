@@ -15,9 +15,10 @@ TILES = ("size", "crop_to_patches", "min_patches", "max_patches", "resample", "r
          "image_std")  # (runtime/images.py)
 KINDS = {
     "internvl": (("image_size", "tokens_per_tile"), TILES),
-    # Gemma 3: one tile an image; the text of its start and end tokens, which the prompt's text takes
-    # (media.expanded_text), and its image tokens seen both ways (the graph's image_ahead)
-    "gemma3": (("image_size", "tokens_per_tile", "start_token", "end_token", "bidirectional"), TILES),
+    # Gemma 3: one tile an image (and with pan-and-scan its crops: runtime/images_gemma3.py); the text of
+    # its start and end tokens, which the prompt's text takes (media.expanded_text), and its image tokens
+    # seen both ways (the graph's image_ahead)
+    "gemma3": (("image_size", "tokens_per_tile", "start_token", "end_token", "bidirectional"), (*TILES, "pan_and_scan")),
     "qwen2_5_vl": QWEN,
     "qwen2_vl": QWEN,  # (its window_size null: no windowed layers)
     "qwen3_vl": QWEN,  # (no windows either; deepstack_layers of its language model take extra image rows)
@@ -73,6 +74,13 @@ def check(m) -> str:
             pre["crop_to_patches"] is False and all(isinstance(v[k], str) and v[k] for k in ("start_token", "end_token"))):
         return (f"vision.start_token and end_token must be the text of those tokens and preprocess.crop_to_patches "
                 f"false on gemma3, got {v['start_token']!r}, {v['end_token']!r}, {pre['crop_to_patches']!r}")
+    pas = pre.get("pan_and_scan")
+    if v["architecture"] == "gemma3" and pas is not None and not (
+            isinstance(pas, dict) and set(pas) == {"min_crop_size", "max_num_crops", "min_ratio_to_activate"}
+            and whole(pas["min_crop_size"]) and whole(pas["max_num_crops"])
+            and isinstance(pas["min_ratio_to_activate"], (int, float)) and pas["min_ratio_to_activate"] >= 1):
+        return (f"vision.preprocess.pan_and_scan must be null or hold min_crop_size and max_num_crops (integers >= 1) "
+                f"and min_ratio_to_activate (>= 1), got {pas!r}")
     if v["architecture"] in ("internvl", "gemma3"):
         if not whole(v["tokens_per_tile"]) or pre["size"] != v["image_size"] \
                 or not all(whole(pre[k]) for k in ("min_patches", "max_patches")):

@@ -22,6 +22,7 @@ TEMPLATE = (
 )
 
 
+# (pan-and-scan, off unless asked for, would crop none of the test images at its default 256 px: 16 here)
 def make_gemma3_checkpoint(out_dir: Path, seed: int = 0, window: int = 12) -> Path:
     import torch
     import transformers
@@ -56,7 +57,7 @@ def make_gemma3_checkpoint(out_dir: Path, seed: int = 0, window: int = 12) -> Pa
         "image_processor_type": "Gemma3ImageProcessor", "do_convert_rgb": None, "do_normalize": True,
         "do_pan_and_scan": None, "do_rescale": True, "do_resize": True, "image_mean": [0.5, 0.5, 0.5],
         "image_std": [0.5, 0.5, 0.5], "image_seq_length": TOKENS, "pan_and_scan_max_num_crops": None,
-        "pan_and_scan_min_crop_size": None, "pan_and_scan_min_ratio_to_activate": None,
+        "pan_and_scan_min_crop_size": 16, "pan_and_scan_min_ratio_to_activate": None,
         "processor_class": "Gemma3Processor", "resample": 2, "rescale_factor": 1 / 255,
         "size": {"height": IMAGE_SIZE, "width": IMAGE_SIZE}}, indent=2))
     (out_dir / "processor_config.json").write_text(json.dumps({"processor_class": "Gemma3Processor",

@@ -38,17 +38,20 @@ def processor(tok):
     return Gemma3Processor(pixels, tok, image_seq_length=TOKENS)
 
 
-def reference(vlm, content: list, model=None, beams: int = 0, both_ways: bool = True) -> tuple[list[int], np.ndarray]:
+def reference(vlm, content: list, model=None, beams: int = 0, both_ways: bool = True,
+              **processor_options) -> tuple[list[int], np.ndarray]:
     """transformers' greedy tokens and first-step log-probabilities for one user turn; `model`: another
     than the checkpoint's (one with a LoRA adapter); `both_ways` False leaves out token_type_ids, which
-    make an image's tokens see each other both ways (the deliberately wrong variant)."""
+    make an image's tokens see each other both ways (the deliberately wrong variant); `processor_options`
+    for Gemma3Processor (pan-and-scan's)."""
     from PIL import Image
 
     _, _, images, base, tok = vlm
     messages = [{"role": "user", "content": [{"type": "image"} if "image" in c else c for c in content]}]
     text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, chat_template=TEMPLATE)
     pictures = [Image.open(images / c["image"]).convert("RGB") for c in content if "image" in c] or None
-    feats = processor(tok)(text=text, images=pictures, return_tensors="pt", add_special_tokens=False)
+    feats = processor(tok)(text=text, images=pictures, return_tensors="pt", add_special_tokens=False,
+                           **processor_options)
     kwargs = {k: feats[k] for k in ("pixel_values", "token_type_ids") if k in feats
               and (both_ways or k != "token_type_ids")}
     return generated(base if model is None else model, feats["input_ids"], NEW_TOKENS, beams, **kwargs)
@@ -279,3 +282,87 @@ def test_a_tensorrt_engine_answers_with_images_as_transformers(vlm, run_cli, tmp
 def test_served_image_url_parts_match_transformers(vlm, tmp_path):
     """trtllm-serve: an image_url part (a data: URL) on a Gemma 3 engine answers as transformers."""
     assert_served_image_url(vlm, tmp_path, lambda content: reference(vlm, content), NEW_TOKENS)
+
+
+PAN_AND_SCAN = {"do_pan_and_scan": True, "pan_and_scan_max_num_crops": 2, "pan_and_scan_min_crop_size": 16,
+                "pan_and_scan_min_ratio_to_activate": 1.2}
+
+
+def test_pan_and_scan_crops_and_pixels_are_the_processors():
+    """runtime/images_gemma3.py's crops (how many, where, and their pixels) are Gemma3ImageProcessorPil's
+    with do_pan_and_scan: wide and tall images, a ratio under the threshold, crops that would be narrower
+    than the minimum, sides that do not divide evenly (the last crop stops at the edge)."""
+    from PIL import Image
+    from transformers.models.gemma3.image_processing_pil_gemma3 import Gemma3ImageProcessorPil
+
+    from trtllm.builder.vision_gemma3 import DEFAULTS
+    from trtllm.runtime import images, images_gemma3
+
+    config = {"size": {"height": 32, "width": 32}, "resample": 2, "image_mean": [0.5] * 3, "image_std": [0.5] * 3}
+    pre = {**images.preprocess_config(config, defaults=DEFAULTS),
+           "pan_and_scan": {"min_crop_size": 20, "max_num_crops": 3, "min_ratio_to_activate": 1.2}}
+    rng = np.random.default_rng(1)
+    counts = []
+    for w, h in ((301, 100), (100, 250), (110, 100), (100, 15), (37, 200), (120, 39)):
+        image = Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8))
+        want = Gemma3ImageProcessorPil(**config)(image, return_tensors="np", do_pan_and_scan=True,
+                                                 pan_and_scan_min_crop_size=20, pan_and_scan_max_num_crops=3,
+                                                 pan_and_scan_min_ratio_to_activate=1.2)
+        got = images_gemma3.pixel_values(image, pre)
+        assert len(got) == images_gemma3.tile_count(w, h, pre) == 1 + int(want["num_crops"][0]), (w, h)
+        np.testing.assert_allclose(got, want["pixel_values"], atol=1e-6)
+        counts.append(len(got) - 1)
+    assert counts == [3, 3, 0, 0, 3, 3]  # (none under the ratio, nor where a crop's short side is under 20)
+
+
+@pytest.fixture(scope="module")
+def pan(vlm, tmp_path_factory):
+    """The suite's checkpoint built with --max-image-tiles 3: pan-and-scan on, at most 2 crops an image."""
+    from trtllm.builder.config import BuildConfig
+    from trtllm.builder.export import build
+
+    engine = build(BuildConfig(model=str(vlm[0]), output=str(tmp_path_factory.mktemp("gemma3-pan") / "engine"),
+                               max_batch_size=4, max_input_len=256, max_kv_cache_capacity=512, max_image_tiles=3),
+                   log=lambda m: None)
+    return (vlm[0], engine, *vlm[2:])
+
+
+def test_pan_and_scan_answers_as_transformers(pan, run_cli):
+    """--max-image-tiles 3 turns pan-and-scan on (2 crops at most): a wide and a tall image each give two
+    crops, each 16 tokens seen both ways, in the processor's words, and a square one none; greedy tokens
+    and logprobs are transformers' with do_pan_and_scan, and the prompt ids the processor's."""
+    from PIL import Image
+
+    from trtllm.runtime import manifest as mf
+    from trtllm.runtime import media
+    from trtllm.runtime.input_format import parse_input
+
+    section = mf.load(pan[1]).vision
+    assert section["preprocess"]["pan_and_scan"] == {"min_crop_size": 16, "max_num_crops": 2,
+                                                     "min_ratio_to_activate": 1.2}
+    result, out = run(pan, run_cli, CASES[:3])
+    assert result.exit_code == 0, result.output
+    for content, response in zip(CASES[:3], out["responses"]):
+        assert_answer(response, *reference(pan, content, **PAN_AND_SCAN))
+    content = CASES[1]  # (square and tall: 1 + 3 images' tokens)
+    req = parse_input({"requests": [{"messages": [{"role": "user", "content": content}]}]}).requests[0]
+    tok, images = pan[4], pan[2]
+    text = tok.apply_chat_template([{"role": "user", "content": [{"type": "image"} if "image" in c else c
+                                                                  for c in content]}],
+                                   tokenize=False, add_generation_prompt=True, chat_template=TEMPLATE)
+    crops = media.crop_counts(req, 0, section, images)
+    ids = tok(media.expanded_text(text, section, crops), add_special_tokens=False)["input_ids"]
+    placed, prompt_images = media.place(ids, req, 0, section, media_dir=images)
+    pictures = [Image.open(images / c["image"]).convert("RGB") for c in content if "image" in c]
+    want = processor(tok)(text=text, images=pictures, add_special_tokens=False, **PAN_AND_SCAN)
+    assert crops == [0, 2] and placed == list(want["input_ids"][0])
+    assert prompt_images.positions.tolist() == np.flatnonzero(np.array(want["token_type_ids"][0])).tolist()
+    assert prompt_images.ahead(0, len(placed)).tolist() == list(range(TOKENS - 1, -1, -1)) * 4
+
+
+def test_without_pan_and_scan_the_crops_are_missed(pan, run_cli):
+    """The deliberately wrong variant: transformers without pan-and-scan answers a wide image otherwise."""
+    result, out = run(pan, run_cli, CASES[:1])
+    assert result.exit_code == 0, result.output
+    with pytest.raises(AssertionError):
+        assert_answer(out["responses"][0], *reference(pan, CASES[0]))
