@@ -208,6 +208,56 @@ def test_config_variants_match_transformers(name, tmp_path):
     np.testing.assert_allclose(got, ref, atol=ATOL, rtol=0)
 
 
+# EXAONE 3.0 / 3.5's own names for Llama's modules, and for its config keys (transformers' conversion
+# mapping reads them back: the model loads as LlamaForCausalLM)
+EXAONE_NAMES = [("model.embed_tokens.", "transformer.wte."), ("model.layers.", "transformer.h."),
+                ("model.norm.", "transformer.ln_f."), (".self_attn.o_proj.", ".attn.attention.out_proj."),
+                (".self_attn.", ".attn.attention."), (".input_layernorm.", ".ln_1."),
+                (".post_attention_layernorm.", ".ln_2."), (".mlp.gate_proj.", ".mlp.c_fc_0."),
+                (".mlp.up_proj.", ".mlp.c_fc_1."), (".mlp.down_proj.", ".mlp.c_proj.")]
+EXAONE_KEYS = {"num_hidden_layers": "num_layers", "rms_norm_eps": "layer_norm_epsilon", "hidden_act": "activation_function"}
+
+
+def test_an_exaone_checkpoint_in_its_own_names_matches_transformers(tmp_path):
+    """EXAONE 3.0 and 3.5 (model_type exaone: LGAI-EXAONE/EXAONE-3.5-2.4B-Instruct and the like) keep
+    GPT-2-style module names (transformer.h.N.attn.attention.q_proj, ln_1, mlp.c_fc_0, ...) and config keys
+    (num_layers, layer_norm_epsilon, activation_function). transformers loads them as LlamaForCausalLM, and
+    the build takes that model: the engine's logits are transformers'. Its deliberately wrong variant,
+    gate and up swapped in the file, is caught by the same comparison."""
+    from safetensors.torch import load_file, save_file
+
+    from tests.tiny_models import make_checkpoint
+    from trtllm.builder.config import BuildConfig
+    from trtllm.builder.export import build
+
+    ckpt = make_checkpoint("llama", tmp_path / "ckpt", seed=3)
+    config = json.loads((ckpt / "config.json").read_text())
+    config = {EXAONE_KEYS.get(k, k): v for k, v in config.items()}
+    config.update(model_type="exaone", architectures=["ExaoneForCausalLM"])
+    (ckpt / "config.json").write_text(json.dumps(config))
+    weights = load_file(ckpt / "model.safetensors")
+    for old, new in EXAONE_NAMES:
+        weights = {k.replace(old, new): v for k, v in weights.items()}
+    assert "transformer.h.0.attn.attention.q_proj.weight" in weights and "transformer.h.0.mlp.c_fc_1.weight" in weights
+    save_file(weights, ckpt / "model.safetensors", metadata={"format": "pt"})
+    out = build(BuildConfig(model=str(ckpt), output=str(tmp_path / "engine"), max_kv_cache_capacity=128,
+                            max_input_len=64, verify=False), log=lambda m: None)
+    assert json.loads((out / "manifest.json").read_text())["architecture"] == "LlamaForCausalLM"
+    prompt = PROMPTS[1]
+    generated, got = engine_logits(load_engine(out), prompt, num_decode=6)
+    model = hf_model(ckpt)
+    with torch.no_grad():
+        ref = model(torch.tensor([prompt + generated[:-1]])).logits[0, len(prompt) - 1:].numpy()
+    np.testing.assert_allclose(got, ref, atol=ATOL, rtol=0)
+    for key in [k for k in weights if ".mlp.c_fc_0." in k]:  # (the wrong variant)
+        other = key.replace("c_fc_0", "c_fc_1")
+        weights[key], weights[other] = weights[other], weights[key]
+    save_file(weights, ckpt / "model.safetensors", metadata={"format": "pt"})
+    with torch.no_grad():
+        wrong = hf_model(ckpt)(torch.tensor([prompt + generated[:-1]])).logits[0, len(prompt) - 1:].numpy()
+    assert np.abs(got - wrong).max() > 1e-2
+
+
 def test_longrope_with_a_short_original_length_passes_the_build_check(tmp_path):
     """The build's agreement check compares with transformers on the tokens the engine was fed: one
     more took transformers' LongRoPE past original_max_position_embeddings (64 here), to its long
