@@ -1,5 +1,5 @@
-"""Shared by the trtllm.cpu op tests: one-node models, sessions with the library registered, and a
-run of the same checks on the portable code path."""
+"""Shared by the trtllm.cpu op tests: one-node models, sessions with the library registered, a run of
+the same checks on the portable code path, and the attention op's error against its reference."""
 from __future__ import annotations
 
 import json
@@ -9,7 +9,8 @@ import sys
 from pathlib import Path
 
 import onnxruntime as ort
-from onnx import helper
+import numpy as np
+from onnx import TensorProto, helper
 
 from trtllm.plugins import cpu
 
@@ -52,3 +53,24 @@ def portable_only() -> bool:
 
     library = cpu.library()
     return library is not None and ctypes.CDLL(str(library)).trtllm_cpu_kernel_path() == 1
+
+
+def bf16_step(x: np.ndarray) -> np.ndarray:
+    """A bfloat16 step (8 significant bits) at each |x|."""
+    return 2.0 ** (np.floor(np.log2(np.maximum(np.abs(x), 1e-30))) - 7)
+
+
+def relative_error(out: tuple, ref: tuple, kv) -> float:
+    """The op's (y, key, value) against the reference's: the largest error relative to its bound (pass:
+    <= 1): y 1e-5; the caches 1e-5 in float32, half a step of a 16-bit cache (`kv` its type)."""
+    (y, key, value), (ref_y, ref_k, ref_v) = out, ref
+    errors = [np.abs(y - ref_y).max() / 1e-5]
+    for got, want in ((key, ref_k), (value, ref_v)):
+        got = np.asarray(got, np.float64)
+        if kv == TensorProto.FLOAT:
+            errors.append(np.abs(got - want).max() / 1e-5)
+            continue
+        step = bf16_step(want) if kv == TensorProto.BFLOAT16 else \
+            np.spacing(np.abs(want).astype(np.float16)).astype(np.float64)
+        errors.append((np.abs(got - want) / step).max() / 0.501)
+    return float(np.max(errors))  # a NaN anywhere: NaN, which fails

@@ -13,7 +13,7 @@ from onnx import TensorProto, helper  # noqa: E402
 
 from trtllm.plugins import cpu  # noqa: E402
 
-from tests.plugins.cpu_ops import on_portable_path, one_node_model, session  # noqa: E402
+from tests.plugins.cpu_ops import on_portable_path, one_node_model, relative_error, session  # noqa: E402
 
 F32, F16, BF16, I64 = TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16, TensorProto.INT64
 I8 = TensorProto.INT8
@@ -151,32 +151,7 @@ def check_half_cache(b, s, h, hk, d, c, past) -> float:
         feeds[name] = feeds[name].astype(np.float16)
     y, key, value = session(op_model(h, hk, d, kv=F16)).run(None, feeds)
     assert key.dtype == value.dtype == np.float16
-    ref_y, ref_k, ref_v = reference(*feeds.values(), h, hk, d ** -0.5, cache=(key, value))
-    worst = 0.0
-    for got, want in ((key, ref_k), (value, ref_v)):
-        step = np.spacing(np.abs(want).astype(np.float16)).astype(np.float64)
-        worst = max(worst, float((np.abs(got.astype(np.float64) - want) / step).max()) / 0.501)
-    return float(np.max([worst, np.abs(y - ref_y).max() / 1e-5]))  # np.max: a NaN fails
-
-
-def bf16_step(x: np.ndarray) -> np.ndarray:
-    """A bfloat16 step (8 significant bits) at each |x|."""
-    return 2.0 ** (np.floor(np.log2(np.maximum(np.abs(x), 1e-30))) - 7)
-
-
-def relative_error(out: tuple, ref: tuple, kv) -> float:
-    """The op's (y, key, value) against the reference's: the largest error relative to its bound (pass:
-    <= 1): y 1e-5; the caches 1e-5 in float32, half a step of a 16-bit cache (`kv` its type)."""
-    (y, key, value), (ref_y, ref_k, ref_v) = out, ref
-    errors = [np.abs(y - ref_y).max() / 1e-5]
-    for got, want in ((key, ref_k), (value, ref_v)):
-        got = np.asarray(got, np.float64)
-        if kv == F32:
-            errors.append(np.abs(got - want).max() / 1e-5)
-            continue
-        step = bf16_step(want) if kv == BF16 else np.spacing(np.abs(want).astype(np.float16)).astype(np.float64)
-        errors.append((np.abs(got - want) / step).max() / 0.501)
-    return float(np.max(errors))  # a NaN anywhere: NaN, which fails
+    return relative_error((y, key, value), reference(*feeds.values(), h, hk, d ** -0.5, cache=(key, value)), F16)
 
 
 def check_bf16_cache(b, s, h, hk, d, c, past) -> float:
@@ -188,11 +163,7 @@ def check_bf16_cache(b, s, h, hk, d, c, past) -> float:
     feeds = case(b, s, h, hk, d, c, past, seed=b + s + d)
     feeds.update((name, feeds[name].astype(ml_dtypes.bfloat16)) for name in ("past_key", "past_value"))
     y, key, value = run_op(session(op_model(h, hk, d, kv=BF16)), feeds, BF16, h * d)  # (feeds' caches untouched)
-    ref_y, ref_k, ref_v = reference(*feeds.values(), h, hk, d ** -0.5, cache=(key, value))
-    worst = 0.0
-    for got, want in ((key, ref_k), (value, ref_v)):
-        worst = max(worst, float((np.abs(got - want) / bf16_step(want)).max()) / 0.501)
-    return float(np.max([worst, np.abs(y - ref_y).max() / 1e-5]))  # np.max: a NaN fails
+    return relative_error((y, key, value), reference(*feeds.values(), h, hk, d ** -0.5, cache=(key, value)), BF16)
 
 
 @pytest.mark.parametrize("shape", CASES)

@@ -10,9 +10,9 @@ import pytest
 
 pytest.importorskip("onnx")
 
-from tests.plugins.cpu_ops import on_portable_path, session  # noqa: E402
+from tests.plugins.cpu_ops import on_portable_path, relative_error, session  # noqa: E402
 from tests.plugins.test_cpu_attention import (  # noqa: E402
-    BF16, F16, F32, NAMES, case, op_model, reference, relative_error, run_op)
+    BF16, F16, F32, NAMES, case, op_model, reference, run_op)
 
 
 def ahead_case(shape, blocks, seed=0):
