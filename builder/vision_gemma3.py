@@ -1,7 +1,8 @@
 """Gemma 3's image encoder as vision.onnx (builder/vision.py says what the graph is for): transformers'
 Gemma3Model.get_image_features, the SigLIP tower and the multimodal projector.
 
-    pixel_values [images, 3, S, S] f32 (one S x S tile an image: runtime/images.py, no tiling)
+    pixel_values [images, 3, S, S] f32 (an image, and with pan-and-scan its crops, each one S x S tile:
+                                        runtime/images_gemma3.py)
       -> Conv(patch) + position embeddings
       -> layers: x += attn(LayerNorm(x)); x += mlp(LayerNorm(x))   (SigLIP's, bidirectional attention)
       -> LayerNorm -> the P x P patches average-pooled to n x n (n^2 = mm_tokens_per_image)
