@@ -102,14 +102,14 @@ def optimization_profiles(limits: Limits, model: ModelShape, io: GraphIO, lora: 
 
 def vision_profiles(vision: dict, onnx_path: Path) -> list[Profile]:
     """vision.onnx's one profile, each input's axes from the graph: InternVL's and Idefics3's tiles
-    [tiles, 3, H, W], 1 to the tiles the runtime encodes at once (runtime/media.py TILES_A_RUN), Gemma 3's
-    one image (the runtime encodes an image a run: a profile for 4 would size TensorRT's workspace for
-    4 x 16 heads' [4096, 4096] scores, 4 GiB); Qwen's
+    [tiles, 3, H, W], 1 to the tiles the runtime encodes at once (runtime/media.py tiles_a_run: Gemma 3's
+    one image, as a profile for 4 would size TensorRT's workspace for 4 x 16 heads' [4096, 4096] scores,
+    4 GiB); Qwen's
     patches (one image a run), merge x merge of them up to an image of max_pixels, and Qwen2.5-VL's
     windows (a merge unit at least each) of up to window_size / patch_size squared patches."""
     import onnx
 
-    from trtllm.runtime.media import TILES_A_RUN
+    from trtllm.runtime.media import tiles_a_run
 
     pre = vision["preprocess"]
     if "merge_size" in pre:
@@ -119,8 +119,7 @@ def vision_profiles(vision: dict, onnx_path: Path) -> list[Profile]:
         axes = {"patches": (unit, max(unit, patches // 2 // unit * unit), patches),
                 "windows": (1, max(1, patches // unit // 2), patches // unit), "window_width": (1, widest, widest)}
     else:
-        most = 1 if vision["architecture"] == "gemma3" else TILES_A_RUN
-        axes = {"tiles": (1, most, most)}
+        axes = {"tiles": (1, tiles_a_run(vision), tiles_a_run(vision))}
     shapes = {}
     for t in onnx.load(str(onnx_path), load_external_data=False).graph.input:
         dims = [(d.dim_value,) * 3 if d.HasField("dim_value") else axes[d.dim_param] for d in t.type.tensor_type.shape.dim]

@@ -211,7 +211,7 @@ class ImageEncoder:
         else:
             module = {"idefics3": images_idefics3, "gemma3": images_gemma3}.get(self.section["architecture"], images)
             pixels = module.pixel_values(image, pre)
-            most = 1 if self.section["architecture"] == "gemma3" else TILES_A_RUN  # (its vision plan's profile)
+            most = tiles_a_run(self.section)
             runs = [{"pixel_values": pixels[i:i + most]} for i in range(0, len(pixels), most)]
         with self.lock:
             if self.session is None:
@@ -284,6 +284,31 @@ def read(value: str, where: str, media_dir: str | os.PathLike | None) -> tuple[b
     return data, image.width, image.height
 
 
+def resized_image(item, where: str, media_dir) -> tuple[bytes, int, int]:
+    """read() of an image item, which every family resizes (do_resize false is refused by name)."""
+    if item.do_resize is False:
+        raise MediaError(f"`{where.rsplit('.', 1)[0]}.do_resize`: false is not possible on this engine "
+                         "(its images are always resized)")
+    return read(item.value, where, media_dir)
+
+
+def keyed_ids(ids: list[int], positions: list[np.ndarray], sources: list[bytes]) -> list[int]:
+    """The prompt's ids with each image's tokens (`positions`, an array an image) as an id of its bytes'
+    own (PromptImages.keyed): the first 60 bits of their SHA-256, below 0, within int64."""
+    keyed = list(ids)
+    for at, data in zip(positions, sources):
+        key = -1 - int(hashlib.sha256(data).hexdigest()[:15], 16)
+        for p in at.tolist():
+            keyed[p] = key
+    return keyed
+
+
+def tiles_a_run(section: dict) -> int:
+    """The most tiles the vision graph encodes in one run (TensorRT's vision profile is built for as
+    many: builder/tensorrt.vision_profiles): TILES_A_RUN, and Gemma 3's one image (its 4,096 patches)."""
+    return 1 if section["architecture"] == "gemma3" else TILES_A_RUN
+
+
 def expanded_text(text: str, section: dict, crops: list[int] | None = None) -> str:
     """The prompt's text with each image's tokens written out where its processor writes them in the
     text itself (Gemma 3's: "\n\n", the start token, tokens_per_tile image tokens, the end token,
@@ -338,10 +363,7 @@ def place(ids: list[int], req, index: int, section: dict, encoder=None,
     pre, qwen, idefics3 = section["preprocess"], section["architecture"] in QWEN, section["architecture"] == "idefics3"
     out, positions, sources, grids, last = [], [], [], [], 0
     for (where, item), at in zip(items, found):
-        if item.do_resize is False:
-            raise MediaError(f"`{where.rsplit('.', 1)[0]}.do_resize`: false is not possible on this engine "
-                             "(its images are always resized)")
-        data, width, height = read(item.value, where, media_dir)
+        data, width, height = resized_image(item, where, media_dir)
         sources.append(data)
         # InternVL's template writes the image token alone, and its processor wraps the image's tokens
         # in start and end tokens; Qwen's writes all three, and its processor repeats the middle one;
@@ -368,11 +390,7 @@ def place(ids: list[int], req, index: int, section: dict, encoder=None,
         positions.append(np.arange(len(out), len(out) + tokens))
         out += [context] * tokens + [section["end_token_id"]] * (not qwen)
     out += ids[last:]
-    keyed = list(out)  # (each image's tokens as an id of its bytes' own: 60 bits, below 0, within int64)
-    for at, data in zip(positions, sources):
-        key = -1 - int(hashlib.sha256(data).hexdigest()[:15], 16)
-        for p in at.tolist():
-            keyed[p] = key
+    keyed = keyed_ids(out, positions, sources)
     rope = images_qwen.rope_positions(len(out), [(int(at[0]), g) for at, g in zip(positions, grids)],
                                       pre["merge_size"]) if qwen else (None, 0)
     return out, PromptImages(np.concatenate(positions).astype(np.int64), sources, keyed, encoder, *rope,
@@ -387,10 +405,7 @@ def place_expanded(ids: list[int], items: list, index: int, section: dict, encod
     start, context, n = section["start_token_id"], section["image_token_id"], section["tokens_per_tile"]
     sources, tiles = [], []
     for where, item in items:
-        if item.do_resize is False:
-            raise MediaError(f"`{where.rsplit('.', 1)[0]}.do_resize`: false is not possible on this engine "
-                             "(its images are always resized)")
-        data, width, height = read(item.value, where, media_dir)
+        data, width, height = resized_image(item, where, media_dir)
         sources.append(data)
         tiles.append(images_gemma3.tile_count(width, height, section["preprocess"]))  # (itself and its crops)
     found = [i for i, t in enumerate(ids) if t == start]
@@ -405,10 +420,6 @@ def place_expanded(ids: list[int], items: list, index: int, section: dict, encod
     firsts = np.cumsum([0, *tiles])
     positions = [np.concatenate([np.arange(at + 1, at + 1 + n) for at in found[lo:hi]])
                  for lo, hi in zip(firsts[:-1], firsts[1:])]
-    keyed = list(ids)  # (each image's tokens as an id of its bytes' own: place())
-    for at, data in zip(positions, sources):
-        key = -1 - int(hashlib.sha256(data).hexdigest()[:15], 16)
-        for p in at.tolist():
-            keyed[p] = key
+    keyed = keyed_ids(ids, positions, sources)
     return ids, PromptImages(np.concatenate(positions).astype(np.int64), sources, keyed, encoder,
                              counts=[len(at) for at in positions], bidirectional=True)
