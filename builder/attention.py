@@ -22,42 +22,55 @@ from trtllm.plugins import cpu as cpu_kernels
 class AttentionWriter:
     """The attention half of DecoderWriter (see the module docstring)."""
 
-    def attention(self, i: int, x: str, position_ids: str, write_index: str, mask: str) -> str:
+    def attention(self, i: int, x: str, position_ids: str, write_index: str, mask: dict) -> str:
         g, s, p = self.g, self.spec, f"model.layers.{i}.self_attn"
         name = f"/model/layers.{i}/attn"
         if self.gqa:
             return self.attention_gqa(i, x, position_ids)
-        q, k, v = self.fused_linear(f"{name}/qkv_proj", x, f"{p}.qkv_proj",
-                                    [f"{p}.q_proj", f"{p}.k_proj", f"{p}.v_proj"], s.attention_bias, (i, "qkv"))
-        if s.full_qk_norm:
-            q, k = self.full_qk_norms(name, p, q, k)
+        d, kv_heads, own = s.head_size(i), s.kv_heads(i), s.kv_source(i) == i
+        if not own:  # (Gemma 4's last layers) q alone: K and V are an earlier layer's, written this step
+            q = self.lora(f"{name}/q_proj", x, self.linear(f"{name}/q_proj", x, f"{p}.q_proj", s.attention_bias), i,
+                          "qkv")
+        else:  # (Gemma 4's attention_k_eq_v: a full layer's v is its k projection, before k's norm and RoPE)
+            v_of_k = s.value_is_key and s.window(i) is None
+            parts = [f"{p}.q_proj", f"{p}.k_proj"] + ([] if v_of_k else [f"{p}.v_proj"])
+            q, k, *v = self.fused_linear(f"{name}/qkv_proj", x, f"{p}.qkv_proj", parts, s.attention_bias, (i, "qkv"))
+            v = v[0] if v else k
+            if s.full_qk_norm:
+                q, k = self.full_qk_norms(name, p, q, k)
         first = s.qk_norm and not s.qk_norm_after_rope  # each head normed before its RoPE (Qwen3), or after
-        q = self.heads(f"{name}/q", q, s.num_heads, f"{p}.q_norm.weight" if first else None)
-        k = self.heads(f"{name}/k", k, s.num_kv_heads, f"{p}.k_norm.weight" if first else None)
-        v = self.heads(f"{name}/v", v, s.num_kv_heads, None)
+        q = self.heads(f"{name}/q", q, s.num_heads, f"{p}.q_norm.weight" if first else None, d)
+        if own:
+            k = self.heads(f"{name}/k", k, kv_heads, f"{p}.k_norm.weight" if first else None, d)
+            v = self.heads(f"{name}/v", v, kv_heads, None, d, unscaled=s.v_norm)
         if s.rope(i):
-            q = self.rotary(f"{name}/q_rotary", q, position_ids, s.rope(i))
-            k = self.rotary(f"{name}/k_rotary", k, position_ids, s.rope(i))
+            q = self.rotary(f"{name}/q_rotary", q, position_ids, s.rope(i), d)
+            if own:
+                k = self.rotary(f"{name}/k_rotary", k, position_ids, s.rope(i), d)
         if s.qk_norm and s.qk_norm_after_rope:  # (Hunyuan) [B,heads,S,D]: over each head's D
             q = self.rms_norm(f"{name}/q/norm", q, f"{p}.q_norm.weight")
             k = self.rms_norm(f"{name}/k/norm", k, f"{p}.k_norm.weight")
-        mask = mask[s.window(i)]  # this layer's: causal, or causal within its window
-        kv_shape, kv_type = ["batch", s.num_kv_heads, "kv_capacity", s.head_dim], self.ftype
-        caches = []
-        for kind, new in (("key", k), ("value", v)):
-            past = g.input(getattr(self.io, f"past_{kind}").format(i=i), kv_type, kv_shape)
-            present = getattr(self.io, f"present_{kind}").format(i=i)
-            self.kv_write(f"{name}/{kind}_cache", past, new, write_index, present)
-            g.output(present, kv_type, kv_shape)
-            caches.append(present)
+        groups = s.num_heads // kv_heads
+        mask = mask[(s.window(i), groups) if self.decomposed else s.window(i)]  # this layer's: causal, or in its window
+        if own:
+            kv_shape, kv_type = ["batch", kv_heads, "kv_capacity", d], self.ftype
+            caches = []
+            for kind, new in (("key", k), ("value", v)):
+                past = g.input(getattr(self.io, f"past_{kind}").format(i=i), kv_type, kv_shape)
+                present = getattr(self.io, f"present_{kind}").format(i=i)
+                self.kv_write(f"{name}/{kind}_cache", past, new, write_index, present, kv_heads)
+                g.output(present, kv_type, kv_shape)
+                caches.append(present)
+        else:  # the source layer's buffers as it left them this step (present_*: its new rows written)
+            caches = [getattr(self.io, f"present_{kind}").format(i=s.kv_source(i)) for kind in ("key", "value")]
         if self.decomposed:
             y = legacy_ops.attention(g, f"{name}/attention", q, caches[0], caches[1], mask, s.num_heads,
-                                     s.num_kv_heads, s.head_dim, self.ftype, s.scale, s.attn_softcap)
+                                     kv_heads, d, self.ftype, s.scale, s.attn_softcap)
         else:
             y = g.op("Attention", f"{name}/Attention", [q, caches[0], caches[1], mask],
                      scale=s.scale, softmax_precision=TensorProto.FLOAT)
         y = g.op("Transpose", f"{name}/out/Transpose", [y], perm=[0, 2, 1, 3])
-        y = g.op("Reshape", f"{name}/out/Reshape", [y, g.const([0, 0, s.num_heads * s.head_dim])])
+        y = g.op("Reshape", f"{name}/out/Reshape", [y, g.const([0, 0, s.num_heads * d])])
         return self.lora(f"{name}/o_proj", y, self.linear(f"{name}/o_proj", y, f"{p}.o_proj", s.o_proj_bias), i, "o")
 
     def full_qk_norms(self, name: str, p: str, q: str, k: str) -> tuple[str, str]:
@@ -80,12 +93,14 @@ class AttentionWriter:
             return self.identity_rope()
         return (self.local_cos, self.local_sin) if kind == "local" else (self.cos, self.sin)
 
-    def rotary(self, name: str, x: str, position_ids: str, kind: str = "global") -> str:
-        """RoPE at position_ids with the table of spec.rope()'s `kind` ("local": a sliding layer's own)."""
+    def rotary(self, name: str, x: str, position_ids: str, kind: str = "global", head_dim: int | None = None) -> str:
+        """RoPE at position_ids with the table of spec.rope()'s `kind` ("local": a sliding layer's own),
+        on heads `head_dim` wide (a layer's own: spec.head_size)."""
         s = self.spec
-        if self.legacy:
+        if self.legacy:  # (a partial rotary_dim is the model's head_dim's; a layer's own head size has its own table)
+            d = head_dim or s.head_dim
             return legacy_ops.rotary(self.g, name, x, self.local_rope_rows if kind == "local" else self.rope,
-                                     s.head_dim, s.rotary_dim)
+                                     d, s.rotary_dim if d == s.head_dim else None)
         cos, sin = self.rope_tables(kind)
         attrs = {"rotary_embedding_dim": s.rotary_dim} if s.rotary_dim not in (None, s.head_dim) else {}
         return self.g.op("RotaryEmbedding", f"{name}/RotaryEmbedding", [x, cos, sin, position_ids], **attrs)
@@ -122,10 +137,10 @@ class AttentionWriter:
             setattr(self, kind, g.op("Reshape", f"/model/mrope/{kind}/Reshape", [picked, g.const([-1, len(axes)])]))
         return g.op("Reshape", "/model/mrope/flat", [flat, shape])
 
-    def kv_write(self, name: str, past: str, new: str, write_index: str, present: str) -> None:
+    def kv_write(self, name: str, past: str, new: str, write_index: str, present: str, kv_heads: int) -> None:
         """new [B,kv_heads,S,D] into slots write_index[b].. of past; present is the same buffer."""
         if self.legacy:
-            legacy_ops.kv_write(self.g, name, past, new, self.kv_index, present)
+            legacy_ops.kv_write(self.g, name, past, new, self.kv_index[kv_heads], present)
         else:
             self.g.op("TensorScatter", f"{name}/TensorScatter", [past, new, write_index], outputs=[present], axis=-2)
 

@@ -28,6 +28,9 @@ class Checkpoint:
     grids: dict | None = None
     # a vision-language checkpoint's whole model (builder/vision.py); `model` is then its language model
     vision: "torch.nn.Module | None" = None
+    # the encoders of a multimodal checkpoint the build does not take yet (vision.LANGUAGE_ONLY): `model`
+    # is its language model, and the engine takes text alone
+    left_out: tuple[str, ...] = ()
 
 
 @contextlib.contextmanager
@@ -126,7 +129,7 @@ def load(model_arg: str) -> Checkpoint:
             params = dict(whole.named_parameters())
             grids = {own[id(params[name])]: grid for name, grid in grids.items() if id(params[name]) in own}
         return check_vocab(Checkpoint(model.eval(), tok, source, tuple(sorted(info.get("unexpected_keys") or ())),
-                                      grids=grids, vision=whole), model_arg)
+                                      grids=grids, vision=whole, left_out=tuple(info.get("left_out", ()))), model_arg)
     if model_arg.startswith((".", "/", "~")) or model_arg.count("/") > 1:  # a path, not "org/name"
         raise CheckpointError(f"--model {model_arg!r}: no such directory or file")
     return load_hub(model_arg)
@@ -139,12 +142,16 @@ def load_model(source, model_arg: str):
     if packing is not None and not Path(str(source)).is_dir():
         raise CheckpointError(f"--model {model_arg!r} is a {packing.method.upper()} checkpoint, whose packed weights "
                               "are read from a local directory: download it (hf download) and pass its directory")
-    if getattr(config, "model_type", None) in vision.MODEL_TYPES:
+    kind = getattr(config, "model_type", None)
+    if kind in vision.MODEL_TYPES or kind in vision.LANGUAGE_ONLY:
         with quiet_loading(packing is not None):
             model, info = vision.load(source, config)
         if packing is not None:  # (AWQ / GPTQ releases of VLMs pack the language model's projections)
             info = unpacked_into(model, info, packing, loaded_weight_files(Path(source)), model_arg)
         check_loaded(info, model_arg)
+        if kind in vision.LANGUAGE_ONLY:  # (its language model alone: a text engine)
+            info = {**info, "left_out": vision.encoders_of(config)}
+            model = vision.language_model(model)
         return model, info, vision.tokenizer_of(source)
     with quiet_loading(packing is not None):  # (its report would call the packed projections missing)
         model, info = AutoModelForCausalLM.from_pretrained(source, config=config, dtype=torch.float32,

@@ -40,8 +40,10 @@ from trtllm.builder.attention import AttentionWriter
 from trtllm.builder.config import GRAPHS
 from trtllm.builder.graph import DTYPES, STORAGE, GraphWriter
 from trtllm.builder.head import HeadWriter
+from trtllm.builder.lora_sites import lora_sites, site_for
 from trtllm.builder.moe import MoE, MoEWriter
 from trtllm.builder.moe import kernel_takes as moe_kernel_takes
+from trtllm.builder.per_layer import PerLayerWriter
 from trtllm.builder.quantize import QuantScheme
 from trtllm.builder.weights import WeightWriter
 from trtllm.plugins import cpu as cpu_kernels
@@ -102,6 +104,17 @@ class DecoderSpec:
     deepstack_layers: int = 0         # Qwen3-VL: the image tokens' rows after each of the first K layers get
                                       # the vision graph's k-th extra embeddings added (image_embeds' columns
                                       # H(k+1)..H(k+2): it is [N, H * (1 + K)])
+    global_head_dim: int | None = None  # full-attention layers' own head size (Gemma 4: 512, its sliding ones 256)
+    global_kv_heads: int | None = None  # ... and their own kv heads
+    kv_shared_layers: int = 0         # the last N layers keep no KV: each reads the KV of the last layer of its
+                                      # kind (sliding or full) before them (Gemma 4's num_kv_shared_layers)
+    v_norm: bool = False              # each v head RMS-normed, without a scale (Gemma 4)
+    value_is_key: bool = False        # full-attention layers' v is their k projection (Gemma 4's attention_k_eq_v)
+    per_layer_input: int = 0          # Gemma 4's per-layer embeddings (PLE), this wide a layer: a gated
+                                      # projection of them joins each layer's output (hidden_size_per_layer_input)
+    layer_scalars: bool = False       # each layer's output times its own layer_scalar (Gemma 4)
+    wide_mlp_layers: tuple[int, ...] = ()  # layers whose MLP is twice intermediate_size wide (Gemma 4's
+                                      # KV-sharing layers with use_double_wide_mlp)
 
     def mrope_axes(self) -> np.ndarray:
         """Multimodal RoPE: which position (0 temporal, 1 height, 2 width) turns each rotary column, as
@@ -126,59 +139,34 @@ class DecoderSpec:
             return None
         return "local" if self.local_rope and self.window(layer) is not None else "global"
 
+    def head_size(self, layer: int) -> int:
+        """Layer `layer`'s head size: global_head_dim on a full-attention layer where set, else head_dim."""
+        return self.global_head_dim if self.global_head_dim and self.window(layer) is None else self.head_dim
+
+    def kv_heads(self, layer: int) -> int:
+        return self.global_kv_heads if self.global_kv_heads and self.window(layer) is None else self.num_kv_heads
+
+    def kv_source(self, layer: int) -> int:
+        """The layer whose KV layer `layer` attends over: its own, or in the last kv_shared_layers the
+        last one of its kind (sliding or full) before them."""
+        first = self.num_layers - self.kv_shared_layers
+        if layer < first:
+            return layer
+        return max(j for j in range(first) if self.window(j) == self.window(layer))
+
+    def mlp_width(self, layer: int) -> int:
+        return self.intermediate_size * (2 if layer in self.wide_mlp_layers else 1)
+
+    def kv_layers(self) -> tuple[tuple[int, int], ...] | None:
+        """(kv_heads, head size) of each layer that keeps KV (manifest model.kv_layers), or None where
+        every layer keeps its own of one shape."""
+        if not self.kv_shared_layers and not self.global_head_dim and not self.global_kv_heads:
+            return None
+        return tuple((self.kv_heads(i), self.head_size(i)) for i in range(self.num_layers - self.kv_shared_layers))
+
     @property
     def scale(self) -> float:
         return float(self.head_dim) ** -0.5 if self.query_scale is None else float(self.query_scale)
-
-
-def lora_sites(spec: DecoderSpec, experts: bool = False) -> dict[str, dict]:
-    """Where LoRA deltas enter a layer: each fused projection (site), with its input width and, per
-    PEFT module, the columns of its output [name, start, stop]; each module has its own inputs. A site
-    on some layers only lists them in "layers": a mixture of experts' dense MLP is on its dense layers,
-    its shared expert (and that expert's gate) and its router on the others, and with `experts` its
-    routed experts' gate|up and down too ("experts": E, an adapter per expert; not where ONNX Runtime's
-    MoE node runs them, which takes none)."""
-    h, i = spec.hidden_size, spec.intermediate_size
-    q, kv = spec.num_heads * spec.head_dim, spec.num_kv_heads * spec.head_dim
-
-    def columns(*modules: tuple[str, int]) -> list[list]:
-        out, start = [], 0
-        for name, width in modules:
-            out.append([name, start, start + width])
-            start += width
-        return out
-
-    # one PEFT module per fused projection, as the checkpoint has them
-    qkv = columns(("self_attn.qkv_proj", q + 2 * kv)) if spec.fused_projections else \
-        columns(("self_attn.q_proj", q), ("self_attn.k_proj", kv), ("self_attn.v_proj", kv))
-    gate_up = columns(("mlp.gate_up_proj", 2 * i)) if spec.fused_projections or spec.fused_gate_up else \
-        columns(("mlp.gate_proj", i), ("mlp.up_proj", i))
-    sites = {"qkv": {"in": h, "modules": qkv}, "o": {"in": q, "modules": columns(("self_attn.o_proj", h))}}
-    moe, every = spec.moe, list(range(spec.num_layers))
-    dense = every if moe is None else list(moe.dense_layers)
-    sparse = [n for n in every if n not in dense]  # (a mixture's layers)
-    if dense:
-        sites["gate_up"] = {"in": h, "modules": gate_up, "layers": dense}
-        sites["down"] = {"in": i, "modules": columns(("mlp.down_proj", h)), "layers": dense}
-    if moe is not None and moe.shared_size:
-        s = moe.shared_size
-        shared = (columns(("shared_mlp.input_linear", 2 * s)), columns(("shared_mlp.output_linear", h))) \
-            if moe.shared_fused else (columns(("mlp.shared_expert.gate_proj", s), ("mlp.shared_expert.up_proj", s)),
-                                      columns(("mlp.shared_expert.down_proj", h)))
-        sites["shared_gate_up"] = {"in": h, "modules": shared[0], "layers": sparse}
-        sites["shared_down"] = {"in": s, "modules": shared[1], "layers": sparse}
-        if moe.shared_gate:
-            sites["shared_expert_gate"] = {"in": h, "modules": columns(("mlp.shared_expert_gate", 1)), "layers": sparse}
-    if moe is not None:  # (the router's delta joins its logits, before the softmax, in every form)
-        sites["router"] = {"in": h, "modules": columns((moe.router_module, moe.num_experts)), "layers": sparse}
-    if moe is not None and experts:
-        e, w = moe.num_experts, moe.expert_size
-        gate_up = columns(("mlp.experts.gate_proj", w), ("mlp.experts.up_proj", w))
-        sites["experts_gate_up"] = {"in": h, "modules": gate_up, "experts": e, "layers": sparse}
-        sites["experts_down"] = {"in": w, "modules": columns(("mlp.experts.down_proj", h)), "experts": e,
-                                 "layers": sparse}
-    # ("layers" only where a site is on some layers: a dense model's manifest stays as it was)
-    return {name: {k: v for k, v in site.items() if k != "layers" or v != every} for name, site in sites.items()}
 
 
 def gqa_supported(spec: DecoderSpec, dtype: str) -> bool:
@@ -190,6 +178,7 @@ def gqa_supported(spec: DecoderSpec, dtype: str) -> bool:
     partial_ok = spec.rotary_dim is None or (spec.rotary_dim // 2) % 8 == 0
     # (multimodal RoPE's per-token tables are shorter than the KV, which GroupQueryAttention refuses)
     return (spec.head_dim % 16 == 0 and partial_ok and not spec.sliding_window and not spec.qk_norm
+            and spec.kv_layers() is None and not spec.v_norm
             and spec.mrope_section is None and not spec.image_bidirectional
             and not spec.full_qk_norm and not spec.nope_layers and spec.query_scale is None
             and spec.attn_softcap is None and dtype == "float32")
@@ -201,7 +190,8 @@ def attention_supported(spec: DecoderSpec, dtype: str) -> bool:
     some), q/k norms, the sliding layers' own RoPE table, the model's own scale and soft-capped scores
     (Gemma 2). Its AVX-512 path
     takes head sizes 16..128 in steps of 16 and 256; the others run its portable loop."""
-    return spec.head_dim % 16 == 0 and dtype == "float32"
+    # (not Gemma 4's: its v is normed, and its last layers attend over other layers' KV)
+    return spec.head_dim % 16 == 0 and dtype == "float32" and spec.kv_layers() is None and not spec.v_norm
 
 
 def half_supported(spec: DecoderSpec, dtype: str, quant: QuantScheme | None) -> bool:
@@ -219,18 +209,24 @@ def projection_widths(spec: DecoderSpec) -> dict[str, int]:
     takes them where moe.kernel_takes says (else ONNX Runtime's MoE node, any width); quantized,
     their width is export.check_blocks' to ask for."""
     widths = {"hidden_size": spec.hidden_size, "num_attention_heads x head_dim": spec.num_heads * spec.head_dim}
+    if spec.global_head_dim:
+        widths["num_attention_heads x global_head_dim"] = spec.num_heads * spec.global_head_dim
+    if spec.per_layer_input:
+        widths["hidden_size_per_layer_input"] = spec.per_layer_input
     if spec.moe is None or spec.moe.dense_layers:
         widths["intermediate_size"] = spec.intermediate_size
+    if spec.wide_mlp_layers:
+        widths["twice intermediate_size (use_double_wide_mlp)"] = 2 * spec.intermediate_size
     if spec.moe is not None and spec.moe.shared_size:
         widths["shared expert's intermediate size"] = spec.moe.shared_size
     return widths
 
 
-class DecoderWriter(AttentionWriter, HeadWriter, WeightWriter, MoEWriter):
+class DecoderWriter(AttentionWriter, HeadWriter, WeightWriter, MoEWriter, PerLayerWriter):
     """Writes one decoder graph; `graph` picks the profile ("modern" opset 24, "legacy" opset 20,
     which refuses `quant` and `ort_attention`). Its attention (builder/attention.py), head and sampler
-    (builder/head.py), weights (builder/weights.py) and mixture-of-experts MLPs (builder/moe.py) are
-    written by its mixins."""
+    (builder/head.py), weights (builder/weights.py), mixture-of-experts MLPs (builder/moe.py) and
+    Gemma 4's per-layer embeddings (builder/per_layer.py) are written by its mixins."""
 
     def __init__(self, spec: DecoderSpec, weights: dict[str, np.ndarray], rope_cos: np.ndarray,
                  rope_sin: np.ndarray, max_top_k: int, io: GraphIO = GraphIO(), quant: QuantScheme | None = None,
@@ -357,7 +353,7 @@ class DecoderWriter(AttentionWriter, HeadWriter, WeightWriter, MoEWriter):
         On our kernels, one trtllm.cpu::LoraAdd node does it all (plugins/cpu/lora.cc; SiLU only)."""
         if not self.lora_rank:
             return y
-        g, site_io, deltas, pairs = self.g, self.sites[site], [], []
+        g, site_io, deltas, pairs = self.g, self.sites[site_for(self.sites, layer, site)], [], []
         for module, lo, hi in site_io["modules"]:
             where = f"{name}/lora/{module.split('.')[-1]}"
             a, b = self.lora_pair(layer, site_io, module, hi - lo, where)
@@ -381,12 +377,14 @@ class DecoderWriter(AttentionWriter, HeadWriter, WeightWriter, MoEWriter):
 
     def gated(self, name: str, gate: str, up: str) -> str:
         """act(gate) * up: the gated MLP, act the spec's hidden_act."""
-        g = self.g
+        return self.g.op("Mul", f"{name}/Mul", [self.activation(f"{name}/act", gate), up])
+
+    def activation(self, name: str, x: str) -> str:
+        """The spec's hidden_act of x."""
         if self.spec.hidden_act == "gelu_tanh":
-            act = self.gelu_tanh(f"{name}/act", gate)
-        else:  # SiLU as x*sigmoid(x): Swish is only in TensorRT >= 11.0's parser.
-            act = g.op("Mul", f"{name}/act/Mul", [gate, g.op("Sigmoid", f"{name}/act/Sigmoid", [gate])])
-        return g.op("Mul", f"{name}/Mul", [act, up])
+            return self.gelu_tanh(name, x)
+        # SiLU as x*sigmoid(x): Swish is only in TensorRT >= 11.0's parser.
+        return self.g.op("Mul", f"{name}/Mul", [x, self.g.op("Sigmoid", f"{name}/Sigmoid", [x])])
 
     def gelu_tanh(self, name: str, x: str) -> str:
         """GELU's tanh form, 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), as torch computes it, in
@@ -411,10 +409,13 @@ class DecoderWriter(AttentionWriter, HeadWriter, WeightWriter, MoEWriter):
         sizes = self.g.const([self.w[f"{p}.weight"].shape[0] for p in parts])
         return self.g.op("Split", f"{name}/Split", [y, sizes], num_outputs=len(parts), axis=-1)
 
-    def norm_scale(self, weight_name: str) -> str:
+    def norm_scale(self, weight_name: str | None, width: int = 0) -> str:
         """An RMSNorm's scale: its weight, or with spec.norm_offset (Gemma) 1 + w in float32, from w
         as the engine stores it: transformers computes a 16-bit Gemma's norms so (1 + w rounded to
-        bfloat16 would be 1/256 off), and rms_norm normalizes in float32 for it."""
+        bfloat16 would be 1/256 off), and rms_norm normalizes in float32 for it. No weight: ones
+        `width` wide (a norm without a scale: Gemma 4's on v)."""
+        if weight_name is None:  # (rms_norm computes such a norm in float32)
+            return self.g.const(np.ones(width), np.float32)
         w = self.w[weight_name]
         if not self.spec.norm_offset:
             return self.fw(weight_name, w)
@@ -422,9 +423,9 @@ class DecoderWriter(AttentionWriter, HeadWriter, WeightWriter, MoEWriter):
             w = w.astype(self.storage)
         return self.g.weight(weight_name, w.astype(np.float32) + np.float32(self.spec.norm_offset))
 
-    def rms_norm(self, name: str, x: str, weight_name: str) -> str:
-        g, scale = self.g, self.norm_scale(weight_name)
-        wide = self.spec.norm_offset and self.ftype != F32  # a 16-bit Gemma: in float32, cast back after
+    def rms_norm(self, name: str, x: str, weight_name: str | None, width: int = 0) -> str:
+        g, scale = self.g, self.norm_scale(weight_name, width)
+        wide = (self.spec.norm_offset or weight_name is None) and self.ftype != F32  # a 16-bit Gemma: in float32, cast back after
         if wide:
             x = g.op("Cast", f"{name}/Cast", [x], to=F32)
         if self.legacy:
@@ -463,12 +464,16 @@ class DecoderWriter(AttentionWriter, HeadWriter, WeightWriter, MoEWriter):
                                     domain="com.microsoft", epsilon=self.spec.rms_norm_eps)
         return normed, h
 
-    def heads(self, name: str, x: str, num_heads: int, norm: str | None) -> str:
-        """[B,S,heads*D] -> [B,heads,S,D], with an optional per-head RMSNorm (Qwen3 q/k norm)."""
-        g, d = self.g, self.spec.head_dim
+    def heads(self, name: str, x: str, num_heads: int, norm: str | None, head_dim: int | None = None,
+              unscaled: bool = False) -> str:
+        """[B,S,heads*D] -> [B,heads,S,D], with an optional per-head RMSNorm (Qwen3 q/k norm; `unscaled`:
+        one without a weight, Gemma 4's on v)."""
+        g, d = self.g, head_dim or self.spec.head_dim
         x = g.op("Reshape", f"{name}/Reshape", [x, g.const([0, 0, num_heads, d])])
         if norm:
             x = self.rms_norm(f"{name}/norm", x, norm)
+        elif unscaled:
+            x = self.rms_norm(f"{name}/norm", x, None, width=d)
         return g.op("Transpose", f"{name}/Transpose", [x], perm=[0, 2, 1, 3])
 
     def mlp(self, i: int, x: str) -> str:
@@ -531,6 +536,8 @@ class DecoderWriter(AttentionWriter, HeadWriter, WeightWriter, MoEWriter):
                 num_outputs=1 + s.deepstack_layers, axis=-1)
             self.deepstack = parts[1:]  # (each added after its layer: write)
             h = g.op("ScatterND", "/model/image_embeds/ScatterND", [h, self.image_index, parts[0]])
+        if s.per_layer_input:
+            self.per_layer = self.per_layer_inputs(input_ids, h)
         if s.image_bidirectional:  # [B,S]: 0 but for the image tokens, which see the rest of their image
             given = g.input(io.image_ahead, I64, ["image_tokens"])
             shape = g.op("Shape", "/model/image_ahead/shape", [input_ids])
@@ -543,16 +550,22 @@ class DecoderWriter(AttentionWriter, HeadWriter, WeightWriter, MoEWriter):
                 self.gqa_lengths(write_index, last_index)
         else:
             mask = self.masks(input_ids, write_index)
-        if self.decomposed and mask is not None:  # additive masks, for attention as MatMul and Softmax
-            mask = {w: legacy_ops.attention_bias(g, m, s.num_heads // s.num_kv_heads,
-                                                 "/model/mask/bias" if w is None else "/model/mask/window_bias")
-                    for w, m in mask.items()}
+        if self.decomposed and mask is not None:  # additive masks, for attention as MatMul and Softmax: per
+            # window and query group size (Gemma 4's full layers have kv heads of their own)
+            kinds = sorted({(s.window(i), s.num_heads // s.kv_heads(i)) for i in range(s.num_layers)},
+                           key=lambda k: (k[0] or 0, k[1]))
+            mask = {(w, n): legacy_ops.attention_bias(g, mask[w], n, ("/model/mask/bias" if w is None else
+                                                                     "/model/mask/window_bias") + ("" if n == kinds[0][1]
+                                                                                                   else f"_{n}"))
+                    for w, n in kinds}
         if self.legacy:  # what every layer shares, built once: the cos/sin rows, KV addresses
             self.rope = legacy_ops.rope_tables(g, position_ids, self.cos, self.sin)
             if s.local_rope:
                 self.local_rope_rows = legacy_ops.rope_tables(g, position_ids, self.local_cos, self.local_sin,
                                                               "/model/rotary_local")
-            self.kv_index = legacy_ops.scatter_indices(g, input_ids, write_index, s.num_kv_heads)
+            self.kv_index = {n: legacy_ops.scatter_indices(g, input_ids, write_index, n, "" if n == s.num_kv_heads
+                                                           else f"_{n}")
+                             for n in {s.kv_heads(i) for i in range(s.num_layers - s.kv_shared_layers)}}
         return input_ids, position_ids, write_index, last_index, h, mask
 
     def deepstack_add(self, i: int, h: str) -> str:
@@ -595,8 +608,11 @@ class DecoderWriter(AttentionWriter, HeadWriter, WeightWriter, MoEWriter):
                 y = self.rms_norm(f"/model/layers.{i}/post_feedforward_layernorm", y,
                                   f"model.layers.{i}.post_feedforward_layernorm.weight")
             branch = (f"/model/layers.{i}/mlp/residual", self.residual_scaled(f"/model/layers.{i}/mlp", y))
+            if s.per_layer_input or s.layer_scalars:  # (Gemma 4) more after the MLP's residual add
+                h, branch = self.per_layer_block(i, g.op("Add", branch[0], [h, branch[1]])), None
             if i < s.deepstack_layers:  # (Qwen3-VL) the layer's output, then the image tokens' extra rows added
-                h, branch = self.deepstack_add(i, g.op("Add", branch[0], [h, branch[1]])), None
+                h = h if branch is None else g.op("Add", branch[0], [h, branch[1]])
+                h, branch = self.deepstack_add(i, h), None
         if branch is not None:  # (None: the last layer took its image rows already)
             h = g.op("Add", branch[0], [h, branch[1]])
         if self.eagle is not None:

@@ -28,10 +28,10 @@ from trtllm.builder.config import MODERN_MIN_TRT, BuildConfig, ConfigError, lega
 from trtllm.builder import eagle, lora, prequantized, provenance, vision, vision_export
 from trtllm.builder.plan import build_tensorrt
 from trtllm.builder.verify_logits import REFERENCE_NAME, VISION_REFERENCE_NAME, check_vision_plan, number_format
-from trtllm.builder.decoder import (DecoderWriter, attention_supported, gqa_supported, half_supported, lora_sites,
-                                    projection_widths)
+from trtllm.builder.decoder import DecoderWriter, attention_supported, gqa_supported, half_supported, projection_widths
 from trtllm.builder.engine_dir import (binary_sizes, check_output, in_place, readable_by_all, replace_engine,
                                        write_checksums)
+from trtllm.builder.lora_sites import lora_sites
 from trtllm.builder.kernel_choice import half_obstacle, ort_activations, refuse_bfloat16, use_native_kernels
 from trtllm.builder.moe import kernel_takes as moe_kernel_takes
 from trtllm.builder.quantize import QuantScheme
@@ -65,6 +65,8 @@ def export_onnx(ck: ckpt.Checkpoint, config: BuildConfig, out_dir: Path, log, ba
         weights = weights_of(ck.model, spec)
     except ckpt.Unsupported as e:
         raise ckpt.CheckpointError(f"--model {config.model!r}: {e}") from e
+    if spec.kv_layers() is not None or spec.per_layer_input:
+        refuse_for_layer_shapes(config, spec, backend)
     if ck.vision is not None:
         spec = vision_export.language_spec(ck, config, backend, spec, encoder)
     elif config.max_image_tiles is not None or config.max_image_pixels is not None:
@@ -224,6 +226,17 @@ def refuse_for_experts(config: BuildConfig, spec, backend: str, native_experts: 
         if config.dtype != "float32":
             raise ConfigError(f"--quantization {q} --dtype {config.dtype}: {what}, whose int4 experts run on ONNX "
                               f"Runtime's QMoE without our CPU kernels ({why}), with --dtype float32 only")
+
+
+def refuse_for_layer_shapes(config: BuildConfig, spec, backend: str) -> None:
+    """What a model whose layers differ in their attention's shape, or share KV, or take per-layer
+    embeddings (Gemma 4) cannot be built with yet: TensorRT, whose plan keeps one KV shape for every
+    layer (LoRA takes them: decoder.layered_sites; EAGLE heads have their own graph and KV)."""
+    if backend == "tensorrt":
+        sizes = sorted({spec.head_size(i) for i in range(spec.num_layers)})
+        raise ConfigError(f"--backend tensorrt (its plan keeps one KV shape for every layer): {spec.architecture}'s "
+                          f"layers differ in their attention (head sizes {sizes}, {spec.kv_shared_layers} layers "
+                          "reading earlier layers' KV), which it does not take yet; build with --backend onnxruntime")
 
 
 def lora_on_experts(spec, ort_moe_node: bool) -> bool:
@@ -420,7 +433,8 @@ def make_manifest(ck, config: BuildConfig, backend: str, spec, max_top_k: int, n
         model=mf.ModelShape(vocab_size=spec.vocab_size, hidden_size=spec.hidden_size, num_layers=spec.num_layers,
                             num_heads=spec.num_heads, num_kv_heads=spec.num_kv_heads, head_dim=spec.head_dim,
                             sliding_window=spec.sliding_window, sliding_layers=spec.sliding_layers,
-                            kv_dtype="int8" if config.kv_cache_dtype == "int8" else config.dtype),
+                            kv_dtype="int8" if config.kv_cache_dtype == "int8" else config.dtype,
+                            kv_layers=spec.kv_layers()),
         eos_token_ids=tuple(ckpt.eos_ids(ck)), max_top_k=max_top_k, pad_token_id=int(pad) if pad is not None else 0,
         files={"onnx": ONNX_NAME, **compiled, "tokenizer": "tokenizer.json",
                "tokenizer_config": "tokenizer_config.json", "chat_template": "chat_template.jinja",
@@ -432,7 +446,9 @@ def make_manifest(ck, config: BuildConfig, backend: str, spec, max_top_k: int, n
         lowerings=tuple(lowerings),
         lora=({"sites": lora_sites(spec, lora_on_experts(spec, bool({"MoE", "QMoE"} & set(lowerings)))), "adapters": {},
                **({"interleaved_rope": spec.rotary_dim or spec.head_dim} if spec.interleaved_rope else {}),
-               **({"prefix": vision.language_prefix(ck.vision)} if spec.image_embeds else {})}
+               # (a multimodal checkpoint's adapters name its language model's layers: the whole model's)
+               **({"prefix": vision.language_prefix(ck.vision)} if spec.image_embeds else
+                  {"prefix": vision.LANGUAGE_PREFIX} if ck.left_out else {})}
               if config.max_lora_rank else {}),
         eagle=eagle_section or {},
         vision=vision_section or {},
@@ -496,6 +512,10 @@ def build(config: BuildConfig, log=print) -> Path:
     try:
         log(f"loading {config.model}")
         ck = ckpt.load(config.model)
+        if ck.left_out:
+            log(f"note: {config.model} is a multimodal checkpoint whose {' and '.join(ck.left_out)} encoder"
+                f"{'s are' if len(ck.left_out) > 1 else ' is'} not built yet: the engine is its language model, "
+                "and takes text alone")
         if ck.unused:  # (the engine is the model transformers loads, without them, and is checked against it)
             log(f"warning: {config.model} holds tensors its config gives the model no place for, which "
                 f"transformers drops and so does the engine: {listed(ck.unused)}")

@@ -82,24 +82,24 @@ def rotary(g: GraphWriter, name: str, x: str, tables: tuple[str, str], head_dim:
     return y if rest is None else g.op("Concat", f"{name}/ConcatRest", [y, rest], axis=-1)
 
 
-def scatter_indices(g: GraphWriter, input_ids: str, write_index: str, num_kv_heads: int) -> str:
-    """int64 [B,kv_heads,S,3]: the cache address (b, h, write_index[b] + s) of each new K/V row."""
-    zero, one = g.const(0), g.const(1)
-    ids_shape = g.op("Shape", "/model/kv_index/ids_shape", [input_ids])
-    batch = g.op("Gather", "/model/kv_index/batch", [ids_shape, zero], axis=0)
-    seq = g.op("Gather", "/model/kv_index/seq_len", [ids_shape, one], axis=0)
-    slot = g.op("Add", "/model/kv_index/slot", [g.op("Unsqueeze", "/model/kv_index/wi", [write_index, g.const([1])]),
-                                                 g.op("Range", "/model/kv_index/s", [zero, seq, one])])   # [B,S]
-    slot = g.op("Unsqueeze", "/model/kv_index/slot4", [slot, g.const([1, 3])])                            # [B,1,S,1]
+def scatter_indices(g: GraphWriter, input_ids: str, write_index: str, num_kv_heads: int, suffix: str = "") -> str:
+    """int64 [B,kv_heads,S,3]: the cache address (b, h, write_index[b] + s) of each new K/V row (`suffix`
+    names a second set, for layers with another number of kv heads)."""
+    zero, one, n = g.const(0), g.const(1), f"/model/kv_index{suffix}"
+    ids_shape = g.op("Shape", f"{n}/ids_shape", [input_ids])
+    batch = g.op("Gather", f"{n}/batch", [ids_shape, zero], axis=0)
+    seq = g.op("Gather", f"{n}/seq_len", [ids_shape, one], axis=0)
+    slot = g.op("Add", f"{n}/slot", [g.op("Unsqueeze", f"{n}/wi", [write_index, g.const([1])]),
+                                     g.op("Range", f"{n}/s", [zero, seq, one])])                  # [B,S]
+    slot = g.op("Unsqueeze", f"{n}/slot4", [slot, g.const([1, 3])])                               # [B,1,S,1]
     # + zeros [1,H,1,1] broadcasts the slots to every head: [B,H,S,1], whose shape the rest expand to
-    slot = g.op("Add", "/model/kv_index/slot_per_head", [slot, g.const(np.zeros((1, num_kv_heads, 1, 1)))])
-    full = g.op("Shape", "/model/kv_index/shape", [slot])
+    slot = g.op("Add", f"{n}/slot_per_head", [slot, g.const(np.zeros((1, num_kv_heads, 1, 1)))])
+    full = g.op("Shape", f"{n}/shape", [slot])
     heads = g.const(np.arange(num_kv_heads).reshape(1, num_kv_heads, 1, 1))
-    rows = g.op("Reshape", "/model/kv_index/rows", [g.op("Range", "/model/kv_index/b", [zero, batch, one]),
-                                                      g.const([-1, 1, 1, 1])])                             # [B,1,1,1]
-    rows = g.op("Expand", "/model/kv_index/rows_full", [rows, full])
-    heads = g.op("Expand", "/model/kv_index/heads_full", [heads, full])
-    return g.op("Concat", "/model/kv_index/Concat", [rows, heads, slot], axis=-1)
+    rows = g.op("Reshape", f"{n}/rows", [g.op("Range", f"{n}/b", [zero, batch, one]), g.const([-1, 1, 1, 1])])  # [B,1,1,1]
+    rows = g.op("Expand", f"{n}/rows_full", [rows, full])
+    heads = g.op("Expand", f"{n}/heads_full", [heads, full])
+    return g.op("Concat", f"{n}/Concat", [rows, heads, slot], axis=-1)
 
 
 def kv_write(g: GraphWriter, name: str, past: str, new: str, indices: str, present: str) -> str:

@@ -28,6 +28,9 @@ VISION_NAME = "vision.onnx"
 VISION_COMPILED = "vision.ort.onnx"  # ONNX Runtime's form on our kernels (builder/vision_export.write_sharing)
 # config.model_type of the vision-language models built
 MODEL_TYPES = ("internvl", "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "idefics3", "smolvlm", "gemma3")
+# multimodal checkpoints whose encoders are not built yet: the build takes their language model alone
+# (a text engine), as Gemma 4's releases (gemma-4-E2B-it, -E4B-it: Gemma4ForConditionalGeneration) hold it
+LANGUAGE_ONLY = ("gemma4",)
 LANGUAGE_PREFIX = "model.language_model"  # where their decoder layers are (PEFT adapters name them so)
 TEXT_MODEL = ("idefics3", "smolvlm")  # ...but these call it model.text_model
 F32 = onnx.TensorProto.FLOAT
@@ -88,6 +91,12 @@ def processor_file(source, name: str) -> dict:
         return {}
     with open(path) as f:
         return json.load(f)
+
+
+def encoders_of(config) -> tuple[str, ...]:
+    """The encoders a multimodal config gives its model (what a LANGUAGE_ONLY build leaves out)."""
+    return tuple(name for name, key in (("vision", "vision_config"), ("audio", "audio_config"))
+                 if getattr(config, key, None) is not None)
 
 
 def tokenizer_of(source):

@@ -157,20 +157,22 @@ class WeightWriter:
             self.has_generated = True
         return self.io.generated
 
-    def quantized_embedding(self, ids: str) -> str:
+    def quantized_embedding(self, ids: str, table: str = "model.embed_tokens") -> str:
         """A quantized engine's token embeddings [B,S,H]: the table in int8, blocks of 32 along H (the
         lm_head's scheme; a tied lm_head's very codes and scales), and only the rows looked up are
         dequantized (s * c, exactly as DequantizeLinear computes it). Our kernels' form gathers the
         packed rows (int8 codes held as uint8); MatMulNBits' form gathers its own copy of the codes
         [H, V] by column; the canonical graph, for TensorRT (whose Gather takes no int8), gathers from
-        the DequantizeLinear output that a tied lm_head reads too."""
+        the DequantizeLinear output that a tied lm_head reads too. `table`: another table's rows
+        (Gemma 4's per-layer embeddings), never the lm_head's."""
         g, s = self.g, self.spec
         scheme = self.quant.for_lm_head()
         # its own copy in ONNX Runtime's MatMulNBits form: a shared one keeps the lm_head from fusing
-        shared = s.tie_word_embeddings and (self.native or not self.ort_form)
-        prefix = "lm_head" if shared else "model.embed_tokens"
-        codes, scale, _ = self.quantized_weight(prefix, self.w["model.embed_tokens.weight"], scheme)
-        blocks, name = s.hidden_size // scheme.block_size, "/model/embed_tokens"
+        shared = table == "model.embed_tokens" and s.tie_word_embeddings and (self.native or not self.ort_form)
+        prefix = "lm_head" if shared else table
+        w = self.w[f"{table}.weight"]
+        codes, scale, _ = self.quantized_weight(prefix, w, scheme)
+        blocks, name, width = w.shape[1] // scheme.block_size, f"/{table.replace('.', '/')}", w.shape[1]
         if not self.ort_form:
             rows = g.op("Gather", f"{name}/Gather", [self.dequantized(prefix, codes, scale, scheme), ids], axis=1)
             return g.op("Transpose", f"{name}/Transpose", [rows], perm=[1, 2, 0])          # [H,B,S] -> [B,S,H]
@@ -188,4 +190,4 @@ class WeightWriter:
                           [g.op("Gather", f"{name}/ScaleGather", [scale, ids], axis=1)], perm=[1, 2, 0])
         c = g.op("Reshape", f"{name}/Blocks", [c, g.const([0, 0, blocks, scheme.block_size])])
         y = g.op("Mul", f"{name}/Dequantize", [c, g.op("Unsqueeze", f"{name}/ScaleUnsqueeze", [scales, g.const([-1])])])
-        return g.op("Reshape", f"{name}/Reshape", [y, g.const([0, 0, s.hidden_size])])
+        return g.op("Reshape", f"{name}/Reshape", [y, g.const([0, 0, width])])

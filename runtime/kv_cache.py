@@ -13,9 +13,14 @@ The most memory a run can take is known before anything runs: `bytes_for(model, 
 limit)`, at most max_batch_size x max_kv_cache_capacity tokens from the manifest. The buffers
 start smaller and `grow` (copying what they hold) as generation needs positions, up to `limit`.
 Slots of a contiguous range are a contiguous `[n, kv_heads, capacity, kv_row]` view, which is
-what the engine binds for a step.
+what the engine binds for a step. A model whose layers keep KV of different shapes, or not every
+layer its own (model.kv_layers: Gemma 4), has a buffer pair per KV layer, each of its own shape; a
+copy of a slot's KV (`read`, what saved prefixes hold) is then its layers' rows cut into pieces of one
+width (`piece`), [pieces, 1, n, piece], where a model of one shape has [2 * layers, kv_heads, n, kv_row].
 """
 from __future__ import annotations
+
+import math
 
 import numpy as np
 
@@ -28,7 +33,14 @@ def kv_storage(kv_dtype: str) -> np.dtype:
     return np.dtype(KV_STORAGE[kv_dtype])
 
 def bytes_per_token(model: ModelShape) -> int:
-    return model.num_layers * 2 * model.num_kv_heads * model.kv_row * kv_storage(model.kv_dtype).itemsize
+    return 2 * sum(heads * row for heads, row in model.kv_shapes()) * kv_storage(model.kv_dtype).itemsize
+
+
+def piece(model: ModelShape) -> int | None:
+    """The width a saved copy cuts every KV row into where the layers' shapes differ (their rows'
+    greatest common divisor), or None where they share one and a copy keeps it."""
+    shapes = model.kv_shapes()
+    return None if len(set(shapes)) == 1 else math.gcd(*(row for _, row in shapes))
 
 
 def bytes_for(model: ModelShape, num_slots: int, capacity: int) -> int:
@@ -41,15 +53,22 @@ class KVCacheManager:
         self.limit = capacity  # what `grow` may reach (the scheduler raises it) and `acquire` admits
         self.owners: list[object | None] = [None] * num_slots
         self.views: dict[tuple[int, int], tuple] = {}
-        self.buffers = self.allocate((num_slots, model.num_kv_heads, capacity, model.kv_row))
+        self.buffers = self.allocate(num_slots, capacity)
 
-    def allocate(self, shape: tuple[int, ...]) -> list:
-        """Per layer K and V storage (host numpy here; device memory in the TensorRT backend)."""
+    def allocate(self, num_slots: int, capacity: int) -> list:
+        """Per layer K and V storage [num_slots, kv_heads, capacity, kv_row] (host numpy here; device
+        memory in the TensorRT backend)."""
         # Zeroed: unwritten slots are masked, but must not hold NaN (0 * NaN = NaN in attention).
         # One allocation for all layers: numpy backs an allocation this large with 2 MiB pages on
         # Linux, and attention streams the whole cache every step (at batch 8, as much as a fifth
         # of the weights' bytes).
-        return list(np.zeros((2 * self.model.num_layers, *shape), kv_storage(self.model.kv_dtype)))
+        m, dtype = self.model, kv_storage(self.model.kv_dtype)
+        if m.kv_layers is None:
+            return list(np.zeros((2 * m.num_layers, num_slots, m.num_kv_heads, capacity, m.kv_row), dtype))
+        shapes = [(num_slots, heads, capacity, row) for heads, row in m.kv_shapes() for _ in "kv"]
+        whole = np.zeros(sum(math.prod(x) for x in shapes), dtype)
+        ends = np.cumsum([math.prod(x) for x in shapes])
+        return [whole[end - math.prod(x):end].reshape(x) for x, end in zip(shapes, ends)]
 
     def grow(self, capacity: int) -> None:
         """Positions 0..capacity-1 per slot (at most `limit`), the KV so far copied over. A new
@@ -58,7 +77,7 @@ class KVCacheManager:
         if capacity <= self.capacity:
             return
         old = self.buffers
-        self.buffers = self.allocate((self.num_slots, self.model.num_kv_heads, capacity, self.model.kv_row))
+        self.buffers = self.allocate(self.num_slots, capacity)
         for new, b in zip(self.buffers, old):
             new[:, :, : self.capacity] = b
         self.capacity, self.views = capacity, {}
@@ -124,19 +143,53 @@ class KVCacheManager:
         return views
 
     def read(self, slot: int, length: int) -> np.ndarray:
-        """A copy of positions 0..length-1 of a slot: [2 * num_layers, kv_heads, length, kv_row]."""
-        return np.stack([b[slot, :, :length] for b in self.buffers])
+        """A copy of positions 0..length-1 of a slot: [2 * num_layers, kv_heads, length, kv_row], or
+        with layers of different shapes [pieces, 1, length, piece] (the module's docstring)."""
+        return saved_form(self.model, [b[slot, :, :length] for b in self.buffers])
 
     def layout(self, length: int) -> tuple[tuple[int, ...], np.dtype]:
         """The (shape, dtype) that `read(slot, length)` gives: what a saved prefix must be to restore."""
-        m = self.model  # (not the buffers': a device cache's are not arrays)
-        return (2 * m.num_layers, m.num_kv_heads, length, m.kv_row), kv_storage(m.kv_dtype)
+        return saved_layout(self.model, length)
 
     def write(self, slot: int, kv: np.ndarray) -> None:
         """Restore `kv` (as returned by `read`) into positions 0..n-1 of a slot."""
         n = kv.shape[2]
-        for b, layer_kv in zip(self.buffers, kv):
+        for b, layer_kv in zip(self.buffers, layer_rows(self.model, kv)):
             b[slot, :, :n] = layer_kv
+
+
+def saved_layout(model: ModelShape, length: int) -> tuple[tuple[int, ...], np.dtype]:
+    """The (shape, dtype) of a copy of `length` positions of one slot's KV (KVCacheManager.read)."""
+    width, dtype = piece(model), kv_storage(model.kv_dtype)
+    if width is None:
+        heads, row = model.kv_shapes()[0]
+        return (2 * model.num_kv_layers, heads, length, row), dtype
+    return (2 * sum(heads * row // width for heads, row in model.kv_shapes()), 1, length, width), dtype
+
+
+def saved_form(model: ModelShape, rows: list[np.ndarray]) -> np.ndarray:
+    """Each KV buffer's [kv_heads, n, kv_row] of one slot (K0, V0, K1, ...) as one array (saved_layout)."""
+    width = piece(model)
+    if width is None:
+        return np.stack(rows)
+    n = rows[0].shape[1]  # [heads, n, row] -> [heads, row / width, n, width]: each row's pieces, position-major
+    return np.concatenate([r.reshape(r.shape[0], n, -1, width).transpose(0, 2, 1, 3).reshape(-1, n, width)
+                           for r in rows])[:, None]
+
+
+def layer_rows(model: ModelShape, kv: np.ndarray) -> list[np.ndarray]:
+    """saved_form's inverse: each KV buffer's [kv_heads, n, kv_row], in the buffers' order."""
+    width = piece(model)
+    if width is None:
+        return list(kv)
+    n, out, at = kv.shape[2], [], 0
+    for heads, row in model.kv_shapes():
+        count = heads * row // width
+        for _ in "kv":
+            part = kv[at:at + count, 0].reshape(heads, row // width, n, width)
+            out.append(part.transpose(0, 2, 1, 3).reshape(heads, n, row))
+            at += count
+    return out
 
 
 def for_engine(engine, num_slots: int, capacity: int) -> KVCacheManager:

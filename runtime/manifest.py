@@ -63,11 +63,27 @@ class ModelShape:
     sliding_window: int | None = None
     sliding_layers: tuple[int, ...] | None = None  # the layers sliding_window applies to; None: all (Gemma 3 mixes)
     kv_dtype: str = "float32"  # the engine's KV type: --dtype's (float32, float16 or bfloat16), or int8
+    # (kv_heads, head_dim) of each layer that keeps KV, in layer order, where they differ or not every layer
+    # keeps its own (Gemma 4: full-attention layers' heads are wider, the last layers read earlier ones'
+    # KV); None: every layer, num_kv_heads x head_dim
+    kv_layers: tuple[tuple[int, int], ...] | None = None
 
     @property
     def kv_row(self) -> int:
         """Elements of one KV slot row: head_dim, and an int8 cache's 4 bytes of float32 scale."""
         return self.head_dim + 4 if self.kv_dtype == "int8" else self.head_dim
+
+    @property
+    def num_kv_layers(self) -> int:
+        """How many layers keep KV (past_key.0 .. past_key.{n-1}): one K and one V buffer each."""
+        return self.num_layers if self.kv_layers is None else len(self.kv_layers)
+
+    def kv_shapes(self) -> list[tuple[int, int]]:
+        """(kv_heads, kv_row) of each KV layer's buffers, in their order."""
+        extra = 4 if self.kv_dtype == "int8" else 0
+        if self.kv_layers is None:
+            return [(self.num_kv_heads, self.kv_row)] * self.num_layers
+        return [(heads, dim + extra) for heads, dim in self.kv_layers]
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,8 +200,10 @@ class Manifest:
 
 def model_shape(raw: dict) -> ModelShape:
     """manifest.json's "model": JSON's list of sliding layers back to the tuple it was written from."""
-    layers = raw.get("sliding_layers")
-    return ModelShape(**{**raw, "sliding_layers": tuple(layers) if isinstance(layers, list) else layers})
+    layers, kv = raw.get("sliding_layers"), raw.get("kv_layers")
+    return ModelShape(**{**raw, "sliding_layers": tuple(layers) if isinstance(layers, list) else layers,
+                         "kv_layers": tuple(tuple(x) if isinstance(x, list) else x for x in kv)
+                         if isinstance(kv, list) else kv})
 
 
 def save(manifest: Manifest, engine_dir: str | os.PathLike) -> Path:
@@ -354,6 +372,12 @@ def check(m: Manifest, engine_dir: Path) -> str:
         return f"model.sliding_window must be null or an integer >= 1, got {model.sliding_window!r}"
     if model.sliding_layers is not None and not all(whole(i, 0) and i < model.num_layers for i in model.sliding_layers):
         return f"model.sliding_layers must be layer indices below {model.num_layers}, got {list(model.sliding_layers)}"
+    kv = model.kv_layers
+    if kv is not None and not (isinstance(kv, tuple) and 1 <= len(kv) <= model.num_layers and all(
+            isinstance(x, tuple) and len(x) == 2 and whole(x[0]) and whole(x[1]) and model.num_heads % x[0] == 0
+            for x in kv)):
+        return (f"model.kv_layers must be null or 1 to {model.num_layers} [kv_heads, head_dim] pairs, kv_heads "
+                f"dividing model.num_heads {model.num_heads}, got {m.to_json()['model']['kv_layers']!r}")
     for name, value, allowed in (("model.kv_dtype", model.kv_dtype, tuple(KV_STORAGE)), ("dtype", m.dtype, DTYPES),
                                  ("quantization", m.quantization, QUANTIZATIONS),
                                  ("graph_profile", m.graph_profile, GRAPHS)):

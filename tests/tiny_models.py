@@ -87,7 +87,21 @@ ARCHS = {
     "granitemoe": ("GraniteMoeSharedConfig", "GraniteMoeSharedForCausalLM", {
         "num_local_experts": 4, "num_experts_per_tok": 2, "shared_intermediate_size": 64,
         "embedding_multiplier": 4.0, "attention_multiplier": 0.1, "residual_multiplier": 0.3, "logits_scaling": 2.5}),
+    # Gemma 4 as gemma-4-E2B is made: wider heads on the full layers, the last two layers reading the KV of
+    # the last earlier layer of their kind, twice as wide MLPs there, per-layer embeddings
+    "gemma4": ("Gemma4TextConfig", "Gemma4ForCausalLM", {
+        "sliding_window": 8, "global_head_dim": 32, "num_kv_shared_layers": 2, "use_double_wide_mlp": True,
+        "hidden_size_per_layer_input": 32, "final_logit_softcapping": 8.0,
+        "rope_parameters": {"sliding_attention": {"rope_type": "default", "rope_theta": 100.0},
+                            "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25,
+                                               "rope_theta": 10000.0}}}),
+    # ... and as gemma-4-31B: the full layers' v their k projection, with a kv head of their own; no sharing
+    "gemma4-kv": ("Gemma4TextConfig", "Gemma4ForCausalLM", {
+        "sliding_window": 8, "global_head_dim": 32, "attention_k_eq_v": True, "num_global_key_value_heads": 1,
+        "hidden_size_per_layer_input": 0, "final_logit_softcapping": 8.0}),
 }
+# Gemma 4's layer kinds: full ones with sliding ones between, the last one full
+GEMMA4_LAYERS = ["sliding_attention", "full_attention", "sliding_attention", "sliding_attention", "full_attention"]
 
 
 def make_tokenizer(out_dir: Path):
@@ -117,8 +131,13 @@ def make_checkpoint(arch: str, out_dir: Path, seed: int = 0, num_layers: int = 2
     if arch in ("gemma2", "gemma3", "ministral", "olmo3", "exaone4"):  # sliding layers with a full one every other layer
         extra = {**extra, "layer_types": ["full_attention" if i % 2 else "sliding_attention"
                                           for i in range(num_layers)]}
+    if arch.startswith("gemma4"):  # (untied: tied, the tiny model repeats the last token whatever it is given)
+        num_layers, tie = len(GEMMA4_LAYERS), False
+        extra = {**extra, "layer_types": GEMMA4_LAYERS}
     out_dir = Path(out_dir)
     tok = make_tokenizer(out_dir)
+    if arch.startswith("gemma4"):
+        extra = {**extra, "vocab_size_per_layer_input": len(tok) + padded_vocab}
     config = getattr(transformers, cfg_name)(
         vocab_size=len(tok) + padded_vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=num_layers,
         num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=max_positions,
@@ -129,6 +148,10 @@ def make_checkpoint(arch: str, out_dir: Path, seed: int = 0, num_layers: int = 2
     torch.manual_seed(seed)
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
     randomized(model)
+    with torch.no_grad():  # (Gemma 4's per-layer output scale is a buffer, not a parameter)
+        for name, b in model.named_buffers():
+            if name.endswith("layer_scalar"):
+                b.copy_(0.5 + torch.rand_like(b))
     saved(model, tok, out_dir)
     return out_dir
 
@@ -165,3 +188,25 @@ def named_special_tokens(out_dir: Path, tokens: dict) -> None:
     config = json.loads(path.read_text())
     config["extra_special_tokens"] = tokens
     path.write_text(json.dumps(config, indent=2))
+
+
+def make_gemma4_multimodal(out_dir: Path, seed: int = 0) -> Path:
+    """gemma-4-E2B's release form (Gemma4ForConditionalGeneration, model_type gemma4): the tiny "gemma4"
+    language model under model.language_model, beside a tiny vision tower the build leaves out."""
+    import torch
+    import transformers
+
+    text_dir = make_checkpoint("gemma4", Path(out_dir) / "text", seed=seed)
+    text = transformers.AutoModelForCausalLM.from_pretrained(text_dir, dtype=torch.float32)
+    vision = transformers.Gemma4VisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                             num_attention_heads=2, num_key_value_heads=2, head_dim=16)
+    config = transformers.Gemma4Config(text_config=text.config, vision_config=vision, audio_config=None,
+                                       tie_word_embeddings=False)
+    torch.manual_seed(seed)
+    model = transformers.Gemma4ForConditionalGeneration(config).eval()
+    with torch.no_grad():  # the language model's weights are the text checkpoint's
+        model.model.language_model.load_state_dict(text.model.state_dict())
+        model.lm_head.weight.copy_(text.lm_head.weight)
+    tok = transformers.AutoTokenizer.from_pretrained(text_dir)
+    saved(model, tok, Path(out_dir))
+    return Path(out_dir)

@@ -10,9 +10,9 @@ import dataclasses
 import numpy as np
 
 from trtllm.builder import moe
-from trtllm.builder.architectures import (ernie4_5, exaone4, gemma, gemma2, gemma3, glm, glm4, granite, granitemoe,
-                                          helium, hunyuan, llama, ministral, mistral, mixtral, olmo2, olmo3, olmoe,
-                                          phi3, qwen2, qwen2_moe, qwen3, qwen3_moe, smollm3)
+from trtllm.builder.architectures import (ernie4_5, exaone4, gemma, gemma2, gemma3, gemma4, glm, glm4, granite,
+                                          granitemoe, helium, hunyuan, llama, ministral, mistral, mixtral, olmo2,
+                                          olmo3, olmoe, phi3, qwen2, qwen2_moe, qwen3, qwen3_moe, smollm3)
 from trtllm.builder.checkpoint import Unsupported, state_dict_numpy
 from trtllm.runtime.lora import rope_pair_order
 
@@ -22,6 +22,7 @@ ARCHITECTURES = {
     "GemmaForCausalLM": gemma.spec_from_config,
     "Gemma2ForCausalLM": gemma2.spec_from_config,
     "Gemma3ForCausalLM": gemma3.spec_from_config,
+    "Gemma4ForCausalLM": gemma4.spec_from_config,
     "GlmForCausalLM": glm.spec_from_config,
     "Glm4ForCausalLM": glm4.spec_from_config,
     "GraniteForCausalLM": granite.spec_from_config,

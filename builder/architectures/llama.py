@@ -24,7 +24,11 @@ def check_common(config, act_key: str = "hidden_act", acts: dict = SILU) -> str:
 def base_spec(config, architecture: str, act: tuple[str, dict] = ("hidden_act", SILU),
               **overrides) -> DecoderSpec:
     hidden_act = check_common(config, *act)
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    # (read only where the architecture does not give them: Gemma 4's config refuses to name one for all layers)
+    head_dim = overrides.get("head_dim") or getattr(config, "head_dim", None) or \
+        config.hidden_size // config.num_attention_heads
+    kv_heads = overrides.get("num_kv_heads") or getattr(config, "num_key_value_heads", None) or \
+        config.num_attention_heads
     fields = dict(
         architecture=architecture,
         vocab_size=config.vocab_size,
@@ -32,7 +36,7 @@ def base_spec(config, architecture: str, act: tuple[str, dict] = ("hidden_act", 
         intermediate_size=config.intermediate_size,
         num_layers=config.num_hidden_layers,
         num_heads=config.num_attention_heads,
-        num_kv_heads=getattr(config, "num_key_value_heads", None) or config.num_attention_heads,
+        num_kv_heads=kv_heads,
         head_dim=head_dim,
         rms_norm_eps=config.rms_norm_eps,
         attention_bias=bool(getattr(config, "attention_bias", False)),

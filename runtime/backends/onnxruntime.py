@@ -97,14 +97,18 @@ def graph_mismatch(session, m: Manifest, draft: bool = False) -> str:
         if problem:
             return problem
     layers = sum(1 for name in inputs if name.startswith(io.past_key.split("{")[0]))
-    if layers != model.num_layers or io.past_key.format(i=0) not in inputs:
-        return f"the graph has {layers} layers' {io.past_key!r} inputs, the manifest says model.num_layers {model.num_layers}"
-    kv = inputs[io.past_key.format(i=0)]
-    want = [None, model.num_kv_heads, None, model.kv_row]  # [batch, kv heads, capacity, head_dim (+ 4: int8)]
-    if len(kv.shape) != 4 or any(w is not None and isinstance(d, int) and d != w for d, w in zip(kv.shape, want)):
-        return f"{kv.name} is {kv.shape}, the manifest says [batch, {model.num_kv_heads}, capacity, {model.kv_row}]"
-    if kv.type != ORT_TYPES[model.kv_dtype]:
-        return f"{kv.name} is {kv.type}, the manifest says model.kv_dtype {model.kv_dtype}"
+    if layers != model.num_kv_layers or io.past_key.format(i=0) not in inputs:
+        said = "model.num_layers" if model.kv_layers is None else "model.kv_layers gives"
+        return f"the graph has {layers} layers' {io.past_key!r} inputs, the manifest says {said} {model.num_kv_layers}"
+    for i, (heads, row) in enumerate(model.kv_shapes() if model.kv_layers is not None else model.kv_shapes()[:1]):
+        kv = inputs.get(io.past_key.format(i=i))
+        if kv is None:
+            return f"the graph has no input {io.past_key.format(i=i)!r}"
+        want = [None, heads, None, row]  # [batch, kv heads, capacity, head_dim (+ 4: int8)]
+        if len(kv.shape) != 4 or any(w is not None and isinstance(d, int) and d != w for d, w in zip(kv.shape, want)):
+            return f"{kv.name} is {kv.shape}, the manifest says [batch, {heads}, capacity, {row}]"
+        if kv.type != ORT_TYPES[model.kv_dtype]:
+            return f"{kv.name} is {kv.type}, the manifest says model.kv_dtype {model.kv_dtype}"
     embeds = model.hidden_size * (1 + m.vision.get("deepstack_layers", 0)) if m.vision else None
     for name, width, what in () if draft else ((io.logits, model.vocab_size, "model.vocab_size"),
                                                (io.top_logprobs, m.logprob_width, "min(max_num_logprobs, max_top_k)"),
@@ -199,7 +203,7 @@ class OnnxRuntimeEngine:
         binding = self.bindings.get(key)
         if binding is None:
             binding = self.session.io_binding()
-            for (past, present), buf in zip(self.io.kv_pairs(self.manifest.model.num_layers), kv):
+            for (past, present), buf in zip(self.io.kv_pairs(self.manifest.model.num_kv_layers), kv):
                 if not buf.flags.c_contiguous:
                     raise ValueError(f"KV buffer for {past} must be C-contiguous")
                 value = kv_value(buf, self.manifest.model.kv_dtype)

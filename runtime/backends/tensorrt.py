@@ -93,9 +93,13 @@ class DeviceKVCache(KVCacheManager):
         self.scratch = None  # (copy_positions': one slot's worth per slot, made on first use)
         super().__init__(model, num_slots, capacity)
 
-    def allocate(self, shape):
+    def allocate(self, num_slots: int, capacity: int):
         from trtllm.runtime.backends import cuda
 
+        if self.model.kv_layers is not None:  # (the build does not write such a plan: builder/tensorrt.py)
+            raise ManifestError("a TensorRT engine keeps one KV shape for every layer; this manifest gives "
+                                "model.kv_layers: rebuild the engine with --backend onnxruntime")
+        shape = (num_slots, self.model.num_kv_heads, capacity, self.model.kv_row)
         self.shape, self.itemsize = shape, kv_storage(self.model.kv_dtype).itemsize
         self.slot_bytes = int(np.prod(shape[1:])) * self.itemsize
         if self.slot_bytes % ALIGNMENT:  # every slot's view is a bound address

@@ -71,8 +71,13 @@ def dequantized_model(ckpt, scheme: QuantScheme):
 
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if name.endswith(("proj.weight", "input_linear.weight", "output_linear.weight")):
+            # (Gemma 4's per-layer embeddings: their gate and projections as well, and their table as the
+            # token embedding's)
+            if name.endswith(("proj.weight", "input_linear.weight", "output_linear.weight", "projection.weight",
+                              "per_layer_input_gate.weight")):
                 rounded(p, scheme)
+            elif name.endswith("embed_tokens_per_layer.weight"):
+                rounded(p, head)
         rounded(model.model.embed_tokens.weight, head)  # a tied lm_head is this same tensor
         if model.lm_head.weight.data_ptr() != model.model.embed_tokens.weight.data_ptr():
             rounded(model.lm_head.weight, head)
@@ -113,12 +118,18 @@ def test_native_kernel_engine_matches_dequantized_transformers(name, quantized):
     assert np.abs(got_ort[0] - ref[0]).max() > 1e-4  # int8 activations: the wrong variant at this tolerance
 
 
+# each arch's quantized nodes: Gemma 2 and 3's qkv, o, gate|up and down on each of 2 layers, and the lm_head;
+# Gemma 4's on its 3 layers with KV, q instead of qkv on its 2 that share it, the per-layer embeddings'
+# gate and projection on each of its 5 layers, and their projection from the token embeddings
+QUANTIZED_NODES = {"gemma3": 2 * 4 + 1, "gemma2": 2 * 4 + 1, "gemma4": 5 * 4 + 5 * 2 + 1 + 1}
+
+
 @pytest.mark.parametrize("name", SCHEMES)
-@pytest.mark.parametrize("arch", ["gemma3", "gemma2"])
+@pytest.mark.parametrize("arch", ["gemma3", "gemma2", "gemma4"])
 def test_gemma_on_our_kernels_matches_dequantized_transformers(arch, name, tiny_checkpoint, tmp_path):
     """Gemma's GELU MLP is not our kernels' fused SwiGLU: gate|up is one quantized node, split and
     activated in standard ops. The same logits as transformers with the dequantized weights (Gemma 2:
-    with its soft-capped scores and logits)."""
+    with its soft-capped scores and logits; Gemma 4: with its per-layer embeddings' table in int8)."""
     import onnx
 
     ckpt = tiny_checkpoint(arch)
@@ -126,7 +137,7 @@ def test_gemma_on_our_kernels_matches_dequantized_transformers(arch, name, tiny_
                             max_kv_cache_capacity=128, verify=False), log=lambda m: None)
     nodes = onnx.load(out / "llm.ort.onnx", load_external_data=False).graph.node
     assert not [n for n in nodes if any(a.name == "activation" for a in n.attribute)]  # no fused SwiGLU
-    assert sum(n.op_type == cpu_kernels.OP for n in nodes) == 2 * 4 + 1  # qkv, o, gate|up, down; lm_head
+    assert sum(n.op_type == cpu_kernels.OP for n in nodes) == QUANTIZED_NODES[arch]
     prompt = [5, 17, 42, 99, 7, 31, 8, 64, 3, 11, 12, 13]  # past the window (8)
     generated, got = engine_logits(load_engine(out), prompt, num_decode=4)
     with torch.no_grad():

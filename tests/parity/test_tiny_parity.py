@@ -21,7 +21,7 @@ from tests.engine_helpers import resized, run_greedy  # noqa: E402
 
 pytestmark = pytest.mark.hf
 ARCHS = ["llama", "mistral", "ministral", "qwen2", "qwen3", "phi3", "phi4-mini", "smollm3", "gemma", "gemma2", "gemma3",
-         "granite", "olmo2", "olmo3", "exaone4", "ernie4_5", "helium", "hunyuan", "glm", "glm4",
+         "gemma4", "gemma4-kv", "granite", "olmo2", "olmo3", "exaone4", "ernie4_5", "helium", "hunyuan", "glm", "glm4",
          "qwen3_moe", "qwen2_moe", "olmoe", "mixtral", "granitemoe", "granitemoe-plain"]
 MOE_ARCHS = ("qwen3_moe", "qwen2_moe", "olmoe", "mixtral", "granitemoe", "granitemoe-plain")
 PROMPTS = [[5, 17, 42, 99, 7], list(range(30, 52)), [3, 200, 11], list(range(100, 140, 3))]
@@ -281,6 +281,14 @@ UNDONE = {
     "gemma3, scores scaled by head_dim": ("gemma3", dict(query_scale=None)),
     "gemma3, norm scales without the 1": ("gemma3", dict(norm_offset=0.0)),
     "gemma3, SiLU MLP": ("gemma3", dict(hidden_act="silu")),
+    "gemma4, nothing undone (the control: passes)": ("gemma4", {}),
+    "gemma4, v not normed": ("gemma4", dict(v_norm=False)),
+    "gemma4, no per-layer embeddings": ("gemma4", dict(per_layer_input=0)),
+    "gemma4, layer outputs not scaled": ("gemma4", dict(layer_scalars=False)),
+    "gemma4, scores scaled by head_dim": ("gemma4", dict(query_scale=None)),
+    "gemma4, norm scales with a 1": ("gemma4", dict(norm_offset=1.0)),
+    "gemma4-kv, nothing undone (the control: passes)": ("gemma4-kv", {}),
+    "gemma4-kv, v (the full layers' k projection) not normed": ("gemma4-kv", dict(v_norm=False)),
     "gemma2, nothing undone (the control: passes)": ("gemma2", {}),
     "gemma2, scores not soft-capped": ("gemma2", dict(attn_softcap=None)),
     "gemma2, logits not soft-capped": ("gemma2", dict(final_softcap=None)),

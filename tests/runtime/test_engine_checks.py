@@ -53,6 +53,10 @@ MANIFEST = [("limits.max_batch_size", "abc", "limits.max_batch_size must be an i
             ("files.compiled", "/etc/passwd", "files.compiled must name a file inside the engine directory"),
             ("files.compiled", "../llm.ort.onnx", "files.compiled must name a file inside the engine directory"),
             ("model.sliding_layers", [0, 99], "model.sliding_layers must be layer indices"),
+            ("model.kv_layers", [[3, 16]], "model.kv_layers must be null or 1 to"),
+            ("model.kv_layers", [[2, 16]] * 9, "model.kv_layers must be null or 1 to"),
+            ("model.kv_layers", [], "model.kv_layers must be null or 1 to"),
+            ("model.kv_layers", [[2, "16"]], "model.kv_layers must be null or 1 to"),
             ("sizes", {"../llm.onnx": 1}, "sizes must map files inside the engine directory"),
             ("sizes", {"llm.onnx": -1}, "sizes must map files inside the engine directory"),
             ("sizes", [], "sizes must be an object")]
@@ -65,6 +69,21 @@ GRAPH = [("model.num_layers", 1, "layers"), ("model.head_dim", 8, "the manifest 
 @pytest.mark.parametrize("path, value, message", MANIFEST + GRAPH)
 def test_an_edited_manifest_is_refused_when_it_loads(tmp_path, tiny_engine, path, value, message):
     engine = edited(tmp_path, tiny_engine("llama"), setter(path, value))
+    with pytest.raises(mf.ManifestError, match="rebuild it: trtllm-build") as caught:
+        load_engine(engine)
+    assert message in str(caught.value)
+
+
+# a Gemma 4 engine's KV layers (model.kv_layers: [[2, 16], [2, 32], [2, 16]]) against its graph's
+KV_LAYERS = [([[2, 16], [2, 32]], "the manifest says model.kv_layers gives 2"),
+             ([[2, 16], [2, 16], [2, 16]], "past_key.1 is ['batch', 2, 'kv_capacity', 32], the manifest says [batch, 2, "
+                                           "capacity, 16]"),
+             (None, "the manifest says model.num_layers 5")]
+
+
+@pytest.mark.parametrize("value, message", KV_LAYERS)
+def test_kv_layers_the_graph_contradicts_are_refused(tmp_path, tiny_engine, value, message):
+    engine = edited(tmp_path, tiny_engine("gemma4"), setter("model.kv_layers", value))
     with pytest.raises(mf.ManifestError, match="rebuild it: trtllm-build") as caught:
         load_engine(engine)
     assert message in str(caught.value)

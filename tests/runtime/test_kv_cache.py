@@ -80,6 +80,32 @@ def test_manager_books_slots():
         kv.release(0) or kv.release(0)
 
 
+def test_layers_of_their_own_shapes_get_their_own_buffers_in_one_allocation():
+    """model.kv_layers (Gemma 4): a buffer pair per KV layer in its own shape, views of one allocation; a
+    slot's copy (what saved prefixes hold) cuts every row into pieces of one width and writes back the same."""
+    shape = mf.ModelShape(vocab_size=VOCAB, hidden_size=8, num_layers=5, num_heads=4, num_kv_heads=2, head_dim=8,
+                          kv_layers=((2, 8), (1, 16), (2, 8)))
+    kv = KVCacheManager(shape, 3, 6)
+    assert [b.shape for b in kv.buffers] == [(3, 2, 6, 8)] * 2 + [(3, 1, 6, 16)] * 2 + [(3, 2, 6, 8)] * 2
+    assert len({b.base.ctypes.data for b in kv.buffers}) == 1 and kv.nbytes == bytes_for(shape, 3, 6)
+    assert bytes_per_token(shape) == 2 * (2 * 8 + 16 + 2 * 8) * 4
+    rng = np.random.default_rng(0)
+    for b in kv.buffers:
+        b[...] = rng.standard_normal(b.shape)
+    saved = kv.read(1, 4)
+    assert (saved.shape, saved.dtype) == kv.layout(4) == ((2 * (2 + 2 + 2), 1, 4, 8), np.dtype(np.float32))
+    kv.write(2, saved)
+    for b in kv.buffers:
+        assert np.array_equal(b[2, :, :4], b[1, :, :4]) and not np.array_equal(b[2, :, 4:], b[1, :, 4:])
+    # the wrong variant: the pieces written back in another order put one layer's rows in another's
+    kv.write(0, saved[::-1])
+    assert not all(np.array_equal(b[0, :, :4], b[1, :, :4]) for b in kv.buffers)
+    # layers of one shape keep the stacked form, whatever says so
+    same = mf.ModelShape(vocab_size=VOCAB, hidden_size=8, num_layers=3, num_heads=4, num_kv_heads=2, head_dim=8,
+                         kv_layers=((2, 8), (2, 8)))
+    assert KVCacheManager(same, 1, 4).read(0, 3).shape == (4, 2, 3, 8) == KVCacheManager(same, 1, 4).layout(3)[0]
+
+
 def test_in_flight_batching_matches_alone():
     expected = [alone(p) for p in PROMPTS]
     rows = [row(p) for p in PROMPTS]

@@ -26,9 +26,10 @@ def run(run_cli, engine, reqs, cache_dir, tmp_path, batch_size=2):
 
 
 @pytest.mark.hf
-def test_reuse_is_token_exact_within_and_across_runs(run_cli, tiny_engine, tmp_path):
+@pytest.mark.parametrize("arch", ["llama", "gemma4"])  # (gemma4: KV of two shapes, and layers with none)
+def test_reuse_is_token_exact_within_and_across_runs(run_cli, tiny_engine, tmp_path, arch):
     pytest.importorskip("torch")
-    engine = tiny_engine("llama")
+    engine = tiny_engine(arch)
     baseline, prof = run(run_cli, engine, requests(save_first=False), tmp_path / "none", tmp_path, batch_size=1)
     assert prof["reused_tokens"] == 0 and not (tmp_path / "none").exists()  # (batch 1: none shared in a wave)
     cache = tmp_path / "cache"

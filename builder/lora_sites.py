@@ -1,0 +1,97 @@
+"""Where LoRA deltas enter a decoder's layers (its "sites"): each fused projection with its input width
+and, per PEFT module, the columns of its output; what the manifest's lora.sites records and both the
+graph (DecoderWriter.lora) and the runtime (runtime/lora.py) read."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # (decoder.py imports this module)
+    from trtllm.builder.decoder import DecoderSpec
+
+
+def lora_sites(spec: DecoderSpec, experts: bool = False) -> dict[str, dict]:
+    """Where LoRA deltas enter a layer: each fused projection (site), with its input width and, per
+    PEFT module, the columns of its output [name, start, stop]; each module has its own inputs. A site
+    on some layers only lists them in "layers": a mixture of experts' dense MLP is on its dense layers,
+    its shared expert (and that expert's gate) and its router on the others, and with `experts` its
+    routed experts' gate|up and down too ("experts": E, an adapter per expert; not where ONNX Runtime's
+    MoE node runs them, which takes none)."""
+    if spec.kv_layers() is not None or spec.wide_mlp_layers:
+        return layered_sites(spec)
+    h, i = spec.hidden_size, spec.intermediate_size
+    q, kv = spec.num_heads * spec.head_dim, spec.num_kv_heads * spec.head_dim
+
+    # one PEFT module per fused projection, as the checkpoint has them
+    qkv = columns(("self_attn.qkv_proj", q + 2 * kv)) if spec.fused_projections else \
+        columns(("self_attn.q_proj", q), ("self_attn.k_proj", kv), ("self_attn.v_proj", kv))
+    gate_up = columns(("mlp.gate_up_proj", 2 * i)) if spec.fused_projections or spec.fused_gate_up else \
+        columns(("mlp.gate_proj", i), ("mlp.up_proj", i))
+    sites = {"qkv": {"in": h, "modules": qkv}, "o": {"in": q, "modules": columns(("self_attn.o_proj", h))}}
+    moe, every = spec.moe, list(range(spec.num_layers))
+    dense = every if moe is None else list(moe.dense_layers)
+    sparse = [n for n in every if n not in dense]  # (a mixture's layers)
+    if dense:
+        sites["gate_up"] = {"in": h, "modules": gate_up, "layers": dense}
+        sites["down"] = {"in": i, "modules": columns(("mlp.down_proj", h)), "layers": dense}
+    if moe is not None and moe.shared_size:
+        s = moe.shared_size
+        shared = (columns(("shared_mlp.input_linear", 2 * s)), columns(("shared_mlp.output_linear", h))) \
+            if moe.shared_fused else (columns(("mlp.shared_expert.gate_proj", s), ("mlp.shared_expert.up_proj", s)),
+                                      columns(("mlp.shared_expert.down_proj", h)))
+        sites["shared_gate_up"] = {"in": h, "modules": shared[0], "layers": sparse}
+        sites["shared_down"] = {"in": s, "modules": shared[1], "layers": sparse}
+        if moe.shared_gate:
+            sites["shared_expert_gate"] = {"in": h, "modules": columns(("mlp.shared_expert_gate", 1)), "layers": sparse}
+    if moe is not None:  # (the router's delta joins its logits, before the softmax, in every form)
+        sites["router"] = {"in": h, "modules": columns((moe.router_module, moe.num_experts)), "layers": sparse}
+    if moe is not None and experts:
+        e, w = moe.num_experts, moe.expert_size
+        gate_up = columns(("mlp.experts.gate_proj", w), ("mlp.experts.up_proj", w))
+        sites["experts_gate_up"] = {"in": h, "modules": gate_up, "experts": e, "layers": sparse}
+        sites["experts_down"] = {"in": w, "modules": columns(("mlp.experts.down_proj", h)), "experts": e,
+                                 "layers": sparse}
+    # ("layers" only where a site is on some layers: a dense model's manifest stays as it was)
+    return {name: {k: v for k, v in site.items() if k != "layers" or v != every} for name, site in sites.items()}
+
+
+def columns(*modules: tuple[str, int]) -> list[list]:
+    """A site's modules [name, start, stop], side by side in its fused output."""
+    out, start = [], 0
+    for name, width in modules:
+        out.append([name, start, start + width])
+        start += width
+    return out
+
+
+def layered_sites(spec: DecoderSpec) -> dict[str, dict]:
+    """lora_sites of a model whose layers differ in shape (Gemma 4: wider heads on the full layers, q
+    alone on the layers reading another's KV, v from k's projection, wider MLPs): a site per kind of
+    projection and shape, on its layers; the first keeps the kind's name (qkv, o, gate_up, down), the
+    others add their first layer's index (qkv.1: layer 1's shape)."""
+    h, groups = spec.hidden_size, {}
+    for layer in range(spec.num_layers):
+        d, kv, width = spec.head_size(layer), spec.kv_heads(layer), spec.mlp_width(layer)
+        qkv = [("self_attn.q_proj", spec.num_heads * d)]
+        if spec.kv_source(layer) == layer:
+            qkv.append(("self_attn.k_proj", kv * d))
+            if not (spec.value_is_key and spec.window(layer) is None):
+                qkv.append(("self_attn.v_proj", kv * d))
+        for kind, width_in, modules in (("qkv", h, qkv), ("o", spec.num_heads * d, [("self_attn.o_proj", h)]),
+                                        ("gate_up", h, [("mlp.gate_proj", width), ("mlp.up_proj", width)]),
+                                        ("down", width, [("mlp.down_proj", h)])):
+            groups.setdefault((kind, width_in, tuple(modules)), []).append(layer)
+    sites = {}
+    for (kind, width_in, modules), layers in groups.items():  # (in layer order: layer 0's come first)
+        name = kind if kind not in sites else f"{kind}.{layers[0]}"
+        sites[name] = {"in": width_in, "modules": columns(*modules),
+                       **({"layers": layers} if len(layers) < spec.num_layers else {})}
+    return sites
+
+
+def site_for(sites: dict[str, dict], layer: int, kind: str) -> str:
+    """The name of layer `layer`'s site of a kind (lora_sites; layered_sites' on models whose layers
+    differ)."""
+    for name, site in sites.items():
+        if name.split(".")[0] == kind and ("layers" not in site or layer in site["layers"]):
+            return name
+    raise KeyError(f"no {kind} site on layer {layer}")

@@ -1,0 +1,44 @@
+"""Gemma 4's per-layer embeddings (PLE), as DecoderWriter writes them: a second token table gives each
+token a small vector per layer, which with a projection of its embedding joins each layer's output
+through a gate; and each layer's output times its layer_scalar.
+
+A mixin of DecoderWriter (builder/decoder.py), whose __init__ and prologue set what these methods read:
+g, spec, w, dtype, quant, and the per-layer inputs (`per_layer`, made by per_layer_inputs in prologue).
+"""
+from __future__ import annotations
+
+
+class PerLayerWriter:
+    """The per-layer-embedding part of DecoderWriter (see the module docstring)."""
+
+    def per_layer_inputs(self, input_ids: str, h: str) -> str:
+        """Gemma 4's per-layer embeddings [B,S,L,P], as Gemma4TextModel makes them from the token ids and
+        their embeddings h: (RMSNorm over each layer's P of (h @ per_layer_model_projection.T) / sqrt(H)
+        + embed_tokens_per_layer[ids] * sqrt(P)) / sqrt(2)."""
+        g, s, name = self.g, self.spec, "/model/per_layer"
+        shape = g.const([0, 0, s.num_layers, s.per_layer_input])
+        if self.quant is not None:  # (int8 as the token embedding: gemma-4-E2B's table is 2.3 G values)
+            rows = self.quantized_embedding(input_ids, "model.embed_tokens_per_layer")
+        else:
+            table = self.fw("model.embed_tokens_per_layer.weight", self.w["model.embed_tokens_per_layer.weight"])
+            rows = g.op("Gather", f"{name}/Gather", [table, input_ids], axis=0)                # [B,S,L*P]
+        rows = g.op("Mul", f"{name}/Scale", [rows, g.const(float(s.per_layer_input) ** 0.5, self.dtype)])
+        proj = self.linear(f"{name}/projection", h, "model.per_layer_model_projection")
+        proj = g.op("Mul", f"{name}/projection/Scale", [proj, g.const(float(s.hidden_size) ** -0.5, self.dtype)])
+        proj = self.rms_norm(f"{name}/norm", g.op("Reshape", f"{name}/projection/Reshape", [proj, shape]),
+                             "model.per_layer_projection_norm.weight")
+        both = g.op("Add", f"{name}/Add", [proj, g.op("Reshape", f"{name}/Reshape", [rows, shape])])
+        return g.op("Mul", f"{name}/Mul", [both, g.const(2.0 ** -0.5, self.dtype)])
+
+    def per_layer_block(self, i: int, h: str) -> str:
+        """Gemma 4: h + RMSNorm((act(h @ per_layer_input_gate.T) * the layer's per-layer input) @
+        per_layer_projection.T), then times the layer's layer_scalar."""
+        g, s, p, name = self.g, self.spec, f"model.layers.{i}", f"/model/layers.{i}/per_layer"
+        if s.per_layer_input:
+            gate = self.activation(f"{name}/act", self.linear(f"{name}/gate", h, f"{p}.per_layer_input_gate"))
+            mine = g.op("Gather", f"{name}/Gather", [self.per_layer, g.const(i)], axis=2)        # [B,S,P]
+            t = self.linear(f"{name}/projection", g.op("Mul", f"{name}/Mul", [gate, mine]), f"{p}.per_layer_projection")
+            h = g.op("Add", f"{name}/Add", [h, self.rms_norm(f"{name}/norm", t, f"{p}.post_per_layer_input_norm.weight")])
+        if s.layer_scalars:
+            h = g.op("Mul", f"/model/layers.{i}/layer_scalar", [h, self.fw(f"{p}.layer_scalar", self.w[f"{p}.layer_scalar"])])
+        return h

@@ -1,0 +1,114 @@
+"""Gemma 4 beyond the tiny-model parity suite (test_tiny_parity.py's "gemma4" and "gemma4-kv"): its release
+form (Gemma4ForConditionalGeneration) builds its language model alone, the KV the engine keeps, and the
+options it cannot be built with yet."""
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from trtllm.builder.config import BuildConfig, ConfigError  # noqa: E402
+from trtllm.builder.export import build  # noqa: E402
+from trtllm.builder.verify import engine_logits  # noqa: E402
+from trtllm.runtime import manifest as mf  # noqa: E402
+from trtllm.runtime.engine import load_engine  # noqa: E402
+from trtllm.runtime.kv_cache import bytes_per_token  # noqa: E402
+
+from tests.tiny_models import make_gemma4_multimodal  # noqa: E402
+
+pytestmark = pytest.mark.hf
+LIMITS = dict(max_batch_size=2, max_input_len=64, max_kv_cache_capacity=128)
+PROMPT = [5, 17, 42, 99, 7, 31, 8, 64, 3, 11, 12, 13]  # past the sliding window (8)
+
+
+def test_the_release_form_builds_its_language_model_alone(tmp_path, run_cli):
+    """gemma-4-E2B-it's form: the engine is its language model, says so, matches the whole model on text,
+    and refuses a request with an image by name."""
+    ckpt = make_gemma4_multimodal(tmp_path / "ckpt")
+    said = []
+    engine = build(BuildConfig(model=str(ckpt), output=str(tmp_path / "engine"), **LIMITS), log=said.append)
+    assert any("whose vision encoder is not built yet" in m and "takes text alone" in m for m in said)
+    manifest = mf.load(engine)
+    assert manifest.architecture == "Gemma4ForCausalLM" and not manifest.vision
+    whole = transformers.Gemma4ForConditionalGeneration.from_pretrained(ckpt, dtype=torch.float32).eval()
+    generated, got = engine_logits(load_engine(engine), PROMPT, num_decode=4)
+    with torch.no_grad():
+        want = whole(input_ids=torch.tensor([PROMPT + generated[:-1]])).logits[0, len(PROMPT) - 1:].numpy()
+    np.testing.assert_allclose(got, want, atol=1e-4, rtol=0)
+    image = {"type": "image", "image": "data:image/png;base64,iVBORw0KGgo="}
+    result, out = run_cli(engine, {"max_generate_length": 4, "temperature": 0, "requests": [
+        {"messages": [{"role": "user", "content": [image, {"type": "text", "text": "what is it?"}]}]},
+        {"messages": [{"role": "user", "content": "hello"}]}]})
+    assert "`requests[0].messages` contain image content: this engine is text-only" in out["responses"][0]["error"]
+    assert out["responses"][1]["output_ids"]  # (its neighbour is answered)
+
+
+def test_the_release_form_takes_adapters_of_the_whole_model(tmp_path):
+    """A PEFT adapter trained on Gemma4ForConditionalGeneration names model.language_model's layers: the
+    language-model engine of that checkpoint takes it, and answers as PEFT's whole model does on text."""
+    import peft
+
+    from tests.parity.test_lora_parity import ALL
+    from trtllm.runtime import lora
+
+    ckpt = make_gemma4_multimodal(tmp_path / "ckpt")
+    engine = load_engine(build(BuildConfig(model=str(ckpt), output=str(tmp_path / "engine"), max_lora_rank=4,
+                                           **LIMITS), log=lambda m: None))
+    assert engine.manifest.lora["prefix"] == "model.language_model"
+    torch.manual_seed(0)
+    whole = transformers.Gemma4ForConditionalGeneration.from_pretrained(ckpt, dtype=torch.float32).eval()
+    pm = peft.get_peft_model(whole, peft.LoraConfig(r=4, lora_alpha=8, init_lora_weights=False,
+                                                    target_modules=r".*language_model.*\.(" + "|".join(ALL) + ")")).eval()
+    with torch.no_grad():
+        for name, p in pm.named_parameters():
+            if "lora_" in name:
+                p.normal_(0, 0.2)
+    pm.save_pretrained(tmp_path / "adapter")
+    adapter = lora.load_adapter("a", tmp_path / "adapter", engine.manifest)
+    generated, got = engine_logits(engine, PROMPT, num_decode=4, lora=adapter.arrays)
+    with torch.no_grad():
+        want = pm(input_ids=torch.tensor([PROMPT + generated[:-1]])).logits[0, len(PROMPT) - 1:].numpy()
+        with pm.disable_adapter():
+            base = pm(input_ids=torch.tensor([PROMPT + generated[:-1]])).logits[0, len(PROMPT) - 1:].numpy()
+    np.testing.assert_allclose(got, want, atol=1e-4 * max(1.0, float(np.abs(want).max()) / 5), rtol=0)
+    assert np.abs(want - base).max() > 0.1  # (the adapter moves the logits: the comparison sees it)
+
+
+def test_the_engine_keeps_kv_for_the_layers_that_make_it(tiny_engine):
+    """gemma4: 5 layers, the last 2 reading layers 2 (sliding) and 1 (full), whose heads are twice as wide:
+    3 KV layers, not 5 of one shape."""
+    manifest = mf.load(tiny_engine("gemma4"))
+    assert manifest.model.kv_layers == ((2, 16), (2, 32), (2, 16))
+    # K and V of 2 heads a layer, float32: against 2 * 4 * (16 + 32 + 16 + 16 + 32) with every layer its own
+    assert bytes_per_token(manifest.model) == 2 * 4 * (2 * 16 + 2 * 32 + 2 * 16)
+    inputs = [i.name for i in load_engine(tiny_engine("gemma4")).session.get_inputs() if i.name.startswith("past_")]
+    assert sorted(inputs) == sorted(f"past_{kind}.{i}" for kind in ("key", "value") for i in range(3))
+
+
+@pytest.mark.parametrize("options, said", [
+    (dict(backend="tensorrt", plan_later=True), "--backend tensorrt (its plan keeps one KV shape for every layer): "
+                                                "Gemma4ForCausalLM's layers differ in their attention"),
+    (dict(kv_cache_dtype="int8"), "--kv-cache-dtype int8 is read by our attention kernel alone, and this model's "
+                                  "attention is not one it runs"),
+])
+def test_what_it_cannot_be_built_with_yet_is_refused_by_name(options, said, tiny_checkpoint, tmp_path):
+    with pytest.raises(ConfigError, match="^" + re.escape(said)):
+        build(BuildConfig(model=str(tiny_checkpoint("gemma4")), output=str(tmp_path / "e"), **LIMITS, **options),
+              log=lambda m: None)
+    assert not (tmp_path / "e").exists()
+
+
+def test_eagle_heads_draft_chains(tmp_path):
+    """An EAGLE-3 head on Gemma 4 (test_eagle_parity.py: its greedy tokens are transformers'): chains, not
+    trees, since the head's own graph runs ONNX Runtime's GroupQueryAttention, which takes no tree mask."""
+    from tests.eagle_drafts import random_draft
+    from tests.tiny_models import make_checkpoint
+
+    ckpt = make_checkpoint("gemma4", tmp_path / "ckpt")
+    engine = build(BuildConfig(model=str(ckpt), output=str(tmp_path / "e"), eagle=str(random_draft(ckpt, tmp_path / "d")),
+                               **LIMITS), log=lambda m: None)
+    assert mf.load(engine).eagle["tree"] is False
