@@ -146,46 +146,86 @@ class AttentionWriter:
 
     def attention_gqa(self, i: int, x: str, position_ids: str) -> str:
         """ONNX Runtime only: com.microsoft GroupQueryAttention does RoPE, the in-place KV write and
-        attention over the valid length in one kernel (see docs/notes/ort_lowering.md for the recipe)."""
+        attention over the valid length in one kernel (see docs/notes/ort_lowering.md for the recipe); or
+        our kernel (plugins/cpu/attention.cc), which also takes Gemma 4's layers (native_attention)."""
         g, s, p = self.g, self.spec, f"model.layers.{i}.self_attn"
         name = f"/model/layers.{i}/attn"
+        if self.native_attention:
+            return self.attention_native(i, x, position_ids)
         parts = [f"{p}.q_proj", f"{p}.k_proj", f"{p}.v_proj"]
         if s.full_qk_norm:  # q and k normed whole before the fused kernel takes q|k|v
             q, k, v = self.fused_linear(f"{name}/qkv_proj", x, f"{p}.qkv_proj", parts, s.attention_bias, (i, "qkv"))
             qkv = g.op("Concat", f"{name}/qkv_normed", [*self.full_qk_norms(name, p, q, k), v], axis=-1)
         else:
             qkv = self.fused_proj(f"{name}/qkv_proj", x, f"{p}.qkv_proj", parts, s.attention_bias, (i, "qkv"))
-        kv_shape = ["batch", s.num_kv_heads, "kv_capacity", self.kv_width]
-        past = [g.input(getattr(self.io, f"past_{k}").format(i=i), self.kv_type, kv_shape) for k in ("key", "value")]
-        present = [getattr(self.io, f"present_{k}").format(i=i) for k in ("key", "value")]
-        for name_out in present:
-            g.output(name_out, self.kv_type, kv_shape)
-        if self.native_attention:  # the same semantics, plugins/cpu/attention.cc
-            window = s.window(i)
-            cos, sin = self.rope_tables(s.rope(i))
-            ins = [qkv, *past, self.io.write_index, self.io.last_index, position_ids, cos, sin]
-            attrs = {"window": window} if window else {}
-            if s.attn_softcap is not None:
-                attrs["softcap"] = s.attn_softcap
-            if s.qk_norm:  # each q and k head normed before its rotary (or after), inside the kernel
-                ins += [self.norm_scale(f"{p}.q_norm.weight"), self.norm_scale(f"{p}.k_norm.weight")]
-                attrs["epsilon"] = s.rms_norm_eps
-                if s.qk_norm_after_rope:
-                    attrs["norm_after_rotary"] = 1
-            if self.tree or self.ahead:  # inputs 10 and 11 (those before left empty where absent)
-                ins += ["", ""] * (not s.qk_norm) + [self.tree_mask if self.tree else ""]
-            if self.ahead:
-                ins.append(self.ahead)
-            y = g.op(cpu_kernels.ATTENTION, f"{name}/Attention", ins, outputs=[f"{name}/Attention/output_0", *present],
-                     domain=cpu_kernels.DOMAIN, num_heads=s.num_heads, kv_num_heads=s.num_kv_heads,
-                     scale=s.scale, **attrs)[0]
-            return self.lora(f"{name}/o_proj", y, self.linear(f"{name}/o_proj", y, f"{p}.o_proj", s.o_proj_bias), i, "o")
+        past, present = self.kv_io(i)
         ins = [qkv, "", "", *past, self.seqlens_k, self.total_len, self.cos, self.sin, position_ids,
                "", "", "", "", "", "", self.query_seqlens]
         y = g.op("GroupQueryAttention", f"{name}/GroupQueryAttention", ins,
                  outputs=[f"{name}/GroupQueryAttention/output_0", *present], domain="com.microsoft",
                  num_heads=s.num_heads, kv_num_heads=s.num_kv_heads, do_rotary=1, rotary_interleaved=0,
                  scale=s.scale)[0]
+        return self.lora(f"{name}/o_proj", y, self.linear(f"{name}/o_proj", y, f"{p}.o_proj", s.o_proj_bias), i, "o")
+
+    def kv_io(self, i: int) -> tuple[list[str], list[str]]:
+        """Layer i's KV graph inputs and outputs (past_key/value.i, present_key/value.i), declared: its
+        own shape [batch, kv heads, capacity, head size (+ 4: an int8 cache's scale)]."""
+        g, s = self.g, self.spec
+        kv_shape = ["batch", s.kv_heads(i), "kv_capacity", s.head_size(i) + self.kv_width - s.head_dim]
+        past = [g.input(getattr(self.io, f"past_{k}").format(i=i), self.kv_type, kv_shape) for k in ("key", "value")]
+        present = [getattr(self.io, f"present_{k}").format(i=i) for k in ("key", "value")]
+        for name_out in present:
+            g.output(name_out, self.kv_type, kv_shape)
+        return past, present
+
+    def attention_native(self, i: int, x: str, position_ids: str) -> str:
+        """Our kernel: q|k|v (RoPE, q/k norms, the in-place KV write and attention in one node). Gemma 4:
+        its layers' own head sizes and kv heads, v normed in the kernel, a full layer's v its k projection
+        (attention_k_eq_v: k's columns again, after the LoRA delta), and a layer reading another's KV
+        giving q alone and reading that layer's present buffers (shared_kv: written this step already)."""
+        g, s, p = self.g, self.spec, f"model.layers.{i}.self_attn"
+        name, own = f"/model/layers.{i}/attn", s.kv_source(i) == i
+        v_of_k = own and s.value_is_key and s.window(i) is None
+        parts = [f"{p}.q_proj"] + ([f"{p}.k_proj"] if own else []) + ([f"{p}.v_proj"] if own and not v_of_k else [])
+        if s.full_qk_norm:  # q and k normed whole before the fused kernel takes q|k|v
+            q, k, v = self.fused_linear(f"{name}/qkv_proj", x, f"{p}.qkv_proj", parts, s.attention_bias, (i, "qkv"))
+            qkv = g.op("Concat", f"{name}/qkv_normed", [*self.full_qk_norms(name, p, q, k), v], axis=-1)
+        elif len(parts) == 1:
+            qkv = self.lora(f"{name}/q_proj", x, self.linear(f"{name}/q_proj", x, parts[0], s.attention_bias), i, "qkv")
+        else:
+            qkv = self.fused_proj(f"{name}/qkv_proj", x, f"{p}.qkv_proj", parts, s.attention_bias, (i, "qkv"))
+        if v_of_k:
+            width = s.kv_heads(i) * s.head_size(i)
+            k = g.op("Slice", f"{name}/v_of_k", [qkv, g.const([-width]), g.const([np.iinfo(np.int64).max]),
+                                                 g.const([-1])])
+            qkv = g.op("Concat", f"{name}/qkv", [qkv, k], axis=-1)
+        if own:
+            past, present = self.kv_io(i)
+        else:  # (the source layer's buffers as its node left them this step)
+            past, present = [getattr(self.io, f"present_{k}").format(i=s.kv_source(i)) for k in ("key", "value")], []
+        window = s.window(i)
+        cos, sin = self.rope_tables(s.rope(i))
+        ins = [qkv, *past, self.io.write_index, self.io.last_index, position_ids, cos, sin]
+        attrs = {"window": window} if window else {}
+        if s.attn_softcap is not None:
+            attrs["softcap"] = s.attn_softcap
+        if s.qk_norm:  # each q and k head normed before its rotary (or after), inside the kernel
+            ins += [self.norm_scale(f"{p}.q_norm.weight"), self.norm_scale(f"{p}.k_norm.weight") if own else ""]
+            if s.qk_norm_after_rope:
+                attrs["norm_after_rotary"] = 1
+        if s.qk_norm or s.v_norm:
+            attrs["epsilon"] = s.rms_norm_eps
+        if s.v_norm:
+            attrs["v_norm"] = 1
+        if not own:
+            attrs["shared_kv"] = 1
+        if self.tree or self.ahead:  # inputs 10 and 11 (those before left empty where absent)
+            ins += ["", ""] * (not s.qk_norm) + [self.tree_mask if self.tree else ""]
+        if self.ahead:
+            ins.append(self.ahead)
+        out = g.op(cpu_kernels.ATTENTION, f"{name}/Attention", ins, outputs=[f"{name}/Attention/output_0", *present],
+                   domain=cpu_kernels.DOMAIN, num_heads=s.num_heads, kv_num_heads=s.kv_heads(i), scale=s.scale, **attrs)
+        y = out if isinstance(out, str) else out[0]
         return self.lora(f"{name}/o_proj", y, self.linear(f"{name}/o_proj", y, f"{p}.o_proj", s.o_proj_bias), i, "o")
 
     def gqa_lengths(self, write_index: str, last_index: str) -> None:

@@ -187,11 +187,11 @@ def gqa_supported(spec: DecoderSpec, dtype: str) -> bool:
 def attention_supported(spec: DecoderSpec, dtype: str) -> bool:
     """Where our trtllm.cpu::Attention (plugins/cpu/attention.cc) is proven equal to the canonical
     attention (tests): everything GroupQueryAttention takes, and sliding windows (on every layer or
-    some), q/k norms, the sliding layers' own RoPE table, the model's own scale and soft-capped scores
-    (Gemma 2). Its AVX-512 path
-    takes head sizes 16..128 in steps of 16 and 256; the others run its portable loop."""
-    # (not Gemma 4's: its v is normed, and its last layers attend over other layers' KV)
-    return spec.head_dim % 16 == 0 and dtype == "float32" and spec.kv_layers() is None and not spec.v_norm
+    some), q/k norms, the sliding layers' own RoPE table, the model's own scale, soft-capped scores
+    (Gemma 2), and Gemma 4's layers (their own head sizes, v norms, KV read from another layer). Its
+    AVX-512 and AVX2 paths take head sizes 16..128 in steps of 16, 256 and 512; the others run its
+    portable loop."""
+    return all(spec.head_size(i) % 16 == 0 for i in range(spec.num_layers)) and dtype == "float32"
 
 
 def half_supported(spec: DecoderSpec, dtype: str, quant: QuantScheme | None) -> bool:

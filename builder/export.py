@@ -65,8 +65,6 @@ def export_onnx(ck: ckpt.Checkpoint, config: BuildConfig, out_dir: Path, log, ba
         weights = weights_of(ck.model, spec)
     except ckpt.Unsupported as e:
         raise ckpt.CheckpointError(f"--model {config.model!r}: {e}") from e
-    if spec.kv_layers() is not None or spec.per_layer_input:
-        refuse_for_layer_shapes(config, spec, backend)
     if ck.vision is not None:
         spec = vision_export.language_spec(ck, config, backend, spec, encoder)
     elif config.max_image_tiles is not None or config.max_image_pixels is not None:
@@ -226,17 +224,6 @@ def refuse_for_experts(config: BuildConfig, spec, backend: str, native_experts: 
         if config.dtype != "float32":
             raise ConfigError(f"--quantization {q} --dtype {config.dtype}: {what}, whose int4 experts run on ONNX "
                               f"Runtime's QMoE without our CPU kernels ({why}), with --dtype float32 only")
-
-
-def refuse_for_layer_shapes(config: BuildConfig, spec, backend: str) -> None:
-    """What a model whose layers differ in their attention's shape, or share KV, or take per-layer
-    embeddings (Gemma 4) cannot be built with yet: TensorRT, whose plan keeps one KV shape for every
-    layer (LoRA takes them: decoder.layered_sites; EAGLE heads have their own graph and KV)."""
-    if backend == "tensorrt":
-        sizes = sorted({spec.head_size(i) for i in range(spec.num_layers)})
-        raise ConfigError(f"--backend tensorrt (its plan keeps one KV shape for every layer): {spec.architecture}'s "
-                          f"layers differ in their attention (head sizes {sizes}, {spec.kv_shared_layers} layers "
-                          "reading earlier layers' KV), which it does not take yet; build with --backend onnxruntime")
 
 
 def lora_on_experts(spec, ort_moe_node: bool) -> bool:

@@ -61,7 +61,6 @@ def optimization_profiles(limits: Limits, model: ModelShape, io: GraphIO, lora: 
     """
     b, s_max, cap = limits.max_batch_size, limits.max_input_len, limits.max_kv_cache_capacity
     vocab = model.vocab_size
-    kv = (model.num_kv_heads, cap, model.head_dim)
 
     def batch(*rest):  # min batch 1, opt and max the full batch
         return ((1, *rest), (b, *rest), (b, *rest))
@@ -74,9 +73,9 @@ def optimization_profiles(limits: Limits, model: ModelShape, io: GraphIO, lora: 
             shapes[n] = batch()
         for n in (io.logit_bias, io.penalty_bias, io.seen):
             shapes[n] = batch(vocab)
-        for i in range(model.num_layers):
-            shapes[io.past_key.format(i=i)] = batch(*kv)
-            shapes[io.past_value.format(i=i)] = batch(*kv)
+        for i, (heads, row) in enumerate(model.kv_shapes()):  # (each layer that keeps KV, in its shape: Gemma 4)
+            shapes[io.past_key.format(i=i)] = batch(heads, cap, row)
+            shapes[io.past_value.format(i=i)] = batch(heads, cap, row)
         r = limits.max_lora_rank
         for i, module, n_in, n_out, experts in lora_projections(lora or {}, model.num_layers):
             e = (experts,) if experts else ()  # (an adapter per routed expert)
@@ -153,8 +152,9 @@ def aligned_capacity(capacity: int, spec, dtype: str, log=print, draft=None) -> 
     head's KV buffers too, which have the same capacity)."""
     step = 1
     for s in (spec, draft) if draft is not None else (spec,):
-        row = s.num_kv_heads * s.head_dim * kv_storage(dtype).itemsize  # bytes per position per slot
-        step = math.lcm(step, ALIGNMENT // math.gcd(ALIGNMENT, row))
+        for heads, dim in s.kv_layers() or [(s.num_kv_heads, s.head_dim)]:  # (each layer's shape: Gemma 4)
+            row = heads * dim * kv_storage(dtype).itemsize  # bytes per position per slot
+            step = math.lcm(step, ALIGNMENT // math.gcd(ALIGNMENT, row))
     aligned = capacity // step * step
     if aligned < 1:
         raise ValueError(f"--max-kv-cache-capacity {capacity} is below the {step} positions a KV slot needs to "

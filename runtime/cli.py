@@ -455,7 +455,9 @@ def serve(input_file: str | Path, engine_dir: Path, output: str | None, profile:
         summary = stdout.Printer(answers_wanted=True, tell=False)  # the answers are in the file: a failing stdout loses nothing
         for r in responses:  # a line per answer; on stderr when a JSON document goes to stdout
             sample = f" #{r['sample_idx']}" if "sample_idx" in r else ""
-            line = f"[{r['request_idx']}{sample}] ({r['finish_reason']}) {shown_text(r['output_text'])}"
+            # (a failed request's line says why, not the output's fixed text: the reason is in its `error`)
+            said = r.get("error") if r["finish_reason"] == "error" and r.get("error") else r["output_text"]
+            line = f"[{r['request_idx']}{sample}] ({r['finish_reason']}) {shown_text(said)}"
             if to_stdout or profile_to_stdout:
                 stdout.say(line)
             else:

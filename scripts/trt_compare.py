@@ -52,7 +52,7 @@ def feeds(m: mf.Manifest) -> tuple[dict, callable]:
     common = {io.logit_bias: s.logit_bias, io.penalty_bias: s.penalty_bias, io.seen: s.seen,
               io.repetition_penalty: s.repetition_penalty, io.temperature: s.temperature, io.min_p: s.min_p,
               io.top_k: s.top_k, io.top_p: s.top_p, io.uniform: s.uniform, **lora_feeds(m)}
-    kv = np.zeros((batch, shape.num_kv_heads, capacity, shape.head_dim), shape.kv_dtype)
+    kvs = [np.zeros((batch, heads, capacity, row), shape.kv_dtype) for heads, row in shape.kv_shapes()]  # (per layer)
     prefill = {io.input_ids: np.array([p + [0] * (width - len(p)) for p in ids], np.int64),
                io.position_ids: np.tile(np.arange(width, dtype=np.int64), (batch, 1)),
                io.write_index: np.zeros(batch, np.int64), io.last_index: np.array([len(p) - 1 for p in ids], np.int64),
@@ -66,8 +66,8 @@ def feeds(m: mf.Manifest) -> tuple[dict, callable]:
     if m.eagle:
         if m.eagle.get("tree"):  # no tree: the causal mask alone
             prefill[io.tree_mask] = np.zeros((batch, width, 0), np.bool_)
-    kv_pairs = io.kv_pairs(shape.num_layers)
-    prefill.update((past, kv) for past, _ in kv_pairs)
+    kv_pairs = io.kv_pairs(shape.num_kv_layers)
+    prefill.update((past, kvs[k // 2]) for k, (past, _) in enumerate(kv_pairs))
 
     def decode(out: dict) -> dict:
         step = {io.input_ids: out[io.token_ids][:, None].astype(np.int64),
@@ -129,7 +129,7 @@ def kv_error(m: mf.Manifest, ref: dict, got: dict, written: list[int]) -> float:
     """Largest KV difference over the slots each row has written (pad slots are masked, and a
     lowered attention may leave them unwritten)."""
     worst = 0.0
-    for _, name in m.io.kv_pairs(m.model.num_layers):
+    for _, name in m.io.kv_pairs(m.model.num_kv_layers):
         for b, n in enumerate(written):
             diff = np.abs(ref[name][b, :, :n].astype(np.float64) - got[name][b, :, :n])
             worst = max(worst, float(diff.max()))

@@ -6,7 +6,8 @@
 // with AVX-512 (or AVX2: attention_avx2.cc) and splits the work over (row, heads of one kv head,
 // block of queries).
 //
-// Inputs:  0 qkv [B, S, (H + 2 Hk) D] float32 (the q heads, then the k heads, then the v heads)
+// Inputs:  0 qkv [B, S, (H + 2 Hk) D] float32 (the q heads, then the k heads, then the v heads); with
+//            shared_kv 1, [B, S, H D]: the q heads alone
 //          1 past_key, 2 past_value [B, Hk, C, D] float32, or both float16 or bfloat16 (a float16 or
 //            bfloat16 engine's cache: read and written in that type, computed in float32), or both
 //            int8 [B, Hk, C, D + 4] (--kv-cache-dtype int8): each slot's row holds its D values
@@ -25,10 +26,14 @@
 //            slots past its own token s also sees, all among the row's new tokens (an image token:
 //            the rest of its image, whose tokens see each other both ways); 0: causal
 // Outputs: 0 y [B, S, H D]; 1 present_key, 2 present_value [B, Hk, C, D]: the past buffers when the
-//          caller binds them so (the runtime does); otherwise past is copied first.
+//          caller binds them so (the runtime does); otherwise past is copied first. Absent with
+//          shared_kv 1.
 // Attributes: num_heads H, kv_num_heads Hk, scale (0: 1 / sqrt(D)), window (0: none), epsilon,
 // norm_after_rotary (0: q_norm and k_norm before the rotary, 1: after it),
-// softcap c (0: none; Gemma 2: each scaled score x becomes c tanh(x / c) before the softmax).
+// softcap c (0: none; Gemma 2: each scaled score x becomes c tanh(x / c) before the softmax),
+// v_norm (1: each v head RMS-normalized, epsilon, without a scale, before it is written: Gemma 4),
+// shared_kv (1: the KV is another layer's, this step's keys and values already written by it:
+// Gemma 4's last layers; this node reads inputs 1 and 2 and writes nothing).
 // For row b and s <= last_index[b]: slot = write_index[b] + s; q and k get the rotary embedding of
 // position_ids[b, s] (rotate_half: x[i] cos - x[i + D/2] sin, x[i + D/2] cos + x[i] sin); k and v
 // are written at the slot; query s attends to slots [0, slot] of its kv head h / (H / Hk), or with
@@ -112,6 +117,7 @@ struct Job {
   Shape n;
   Split split;  // of n
   const float* qkv;
+  int64_t width;  // of a token's row of qkv: (H + 2 Hk) D, or H D (shared_kv)
   const int64_t* write_index;
   const int64_t* last_index;
   const int64_t* position_ids;
@@ -132,13 +138,13 @@ struct Job {
   const int64_t* ahead;  // look_ahead [B, S], or null
 };
 
-// out[0:D] = x RMS-normalized and scaled by w (a q or k head's norm): in float32, as transformers
-// normalizes Qwen3's and Gemma's heads. out may not be x.
+// out[0:D] = x RMS-normalized and scaled by w (a q or k head's norm; w null: no scale, Gemma 4's v): in
+// float32, as transformers normalizes Qwen3's and Gemma's heads. out may not be x.
 void head_norm(const float* x, const float* w, float epsilon, int64_t d, float* out) {
   float sum = 0.0f;
   for (int64_t i = 0; i < d; ++i) sum += x[i] * x[i];
   const float inv = 1.0f / std::sqrt(sum / static_cast<float>(d) + epsilon);
-  for (int64_t i = 0; i < d; ++i) out[i] = x[i] * inv * w[i];
+  for (int64_t i = 0; i < d; ++i) out[i] = w ? x[i] * inv * w[i] : x[i] * inv;
 }
 
 // One query against slots [lo, t) (with `mask`, a tree's: those it hides weigh 0): scores, softmax,
@@ -379,11 +385,13 @@ __attribute__((target("avx512f,avx512bw,avx512vl,fma"))) void attend_block_avx51
 template <typename T>
 using BlockFn = void (*)(const float*, int, const int64_t*, const int64_t*, const T*, const T*, const Tree*, float,
                          float*, int64_t, float* const*, float*);
-// D = 16 .. 128 in steps of 16, and 256 (Gemma 3); other sizes take the portable loop
+// D = 16 .. 128 in steps of 16, 256 (Gemma 3) and 512 (Gemma 4's full layers); other sizes take the
+// portable loop
 template <typename T>
-constexpr BlockFn<T> kBlock[9] = {attend_block_avx512<1, T>, attend_block_avx512<2, T>, attend_block_avx512<3, T>,
-                                  attend_block_avx512<4, T>, attend_block_avx512<5, T>, attend_block_avx512<6, T>,
-                                  attend_block_avx512<7, T>, attend_block_avx512<8, T>, attend_block_avx512<16, T>};
+constexpr BlockFn<T> kBlock[10] = {attend_block_avx512<1, T>, attend_block_avx512<2, T>, attend_block_avx512<3, T>,
+                                   attend_block_avx512<4, T>, attend_block_avx512<5, T>, attend_block_avx512<6, T>,
+                                   attend_block_avx512<7, T>, attend_block_avx512<8, T>, attend_block_avx512<16, T>,
+                                   attend_block_avx512<32, T>};
 #endif
 
 template <typename T>
@@ -393,7 +401,7 @@ void run_task(void* data, size_t task) {
   const Split& split = job.split;
   const int64_t part = static_cast<int64_t>(task) % split.parts;
   const auto [b, h0, s0, s1, last, qn] = split.rows_of(static_cast<int64_t>(task) / split.parts, n, job.last_index);
-  const int64_t g = h0 / (n.h / n.hk), width = (n.h + 2 * n.hk) * n.d;
+  const int64_t g = h0 / (n.h / n.hk), width = job.width;
   const T* key = job.key + (b * n.hk + g) * n.c * (n.d + kScaleBytes<T>);
   const T* value = job.value + (b * n.hk + g) * n.c * (n.d + kScaleBytes<T>);
   for (int64_t s = std::max(s0, last); s < s1; ++s)  // padding tokens: 0
@@ -526,6 +534,8 @@ struct Kernel {
   float epsilon;
   float softcap;
   bool norm_after;
+  bool v_norm;
+  bool shared;  // shared_kv: another layer's KV, read only
 
   OrtStatusPtr ComputeV2(OrtKernelContext* raw) {
     try {
@@ -539,8 +549,9 @@ struct Kernel {
       const auto kv_type = past_key.GetTensorTypeAndShapeInfo().GetElementType();
       const bool int8 = kv_type == ONNX_TENSOR_ELEMENT_DATA_TYPE_INT8;  // rows of D values and a float32 scale
       Shape n{qs[0], qs[1], h, hk, ks[3] - (int8 ? 4 : 0), ks[2], cs[0], cs[1]};
-      if (ks[0] != n.b || ks[1] != hk || qs[2] != (h + 2 * hk) * n.d)
-        return fail("qkv's width " + std::to_string(qs[2]) + " is not (num_heads + 2 kv_num_heads) x the KV's head size " +
+      if (ks[0] != n.b || ks[1] != hk || qs[2] != (shared ? h : h + 2 * hk) * n.d)
+        return fail("qkv's width " + std::to_string(qs[2]) + " is not " +
+                    (shared ? "num_heads" : "(num_heads + 2 kv_num_heads)") + " x the KV's head size " +
                     std::to_string(n.d) + ", or the KV's batch/heads differ");
       if (cs[1] < 1 || cs[1] * 2 > n.d) return fail("cos/sin must be [positions, R / 2] with 2 <= R <= head_size");
       // The per-row inputs are read by index below: a tensor of another shape would be read past its end.
@@ -556,8 +567,8 @@ struct Kernel {
         if (norm && norm.GetTensorTypeAndShapeInfo().GetShape() != std::vector<int64_t>{n.d})
           return fail("q_norm and k_norm must be [head_size]");
       }
-      if (bool(trtllm_cpu::optional_input(ctx, 8)) != bool(trtllm_cpu::optional_input(ctx, 9)))
-        return fail("q_norm and k_norm come together");
+      if (!shared && bool(trtllm_cpu::optional_input(ctx, 8)) != bool(trtllm_cpu::optional_input(ctx, 9)))
+        return fail("q_norm and k_norm come together");  // (shared_kv: k_norm's keys are written, q_norm alone)
       if (auto tree = trtllm_cpu::optional_input(ctx, 10)) {
         const auto ts = tree.GetTensorTypeAndShapeInfo().GetShape();
         if (ts.size() != 3 || ts[0] != n.b || ts[1] != n.s) return fail("tree_mask must be [batch, seq, T]");
@@ -583,14 +594,18 @@ struct Kernel {
   OrtStatusPtr run(Ort::KernelContext& ctx, const Shape& n, Ort::UnownedValue& y) {
     auto qkv = ctx.GetInput(0), past_key = ctx.GetInput(1), past_value = ctx.GetInput(2);
     const auto ks = past_key.GetTensorTypeAndShapeInfo().GetShape();
-    auto present_key = ctx.GetOutput(1, ks), present_value = ctx.GetOutput(2, ks);
-    T* key = static_cast<T*>(present_key.GetTensorMutableRawData());
-    T* value = static_cast<T*>(present_value.GetTensorMutableRawData());
+    T* key = nullptr;
+    T* value = nullptr;
     const int64_t rd = n.d + kScaleBytes<T>;  // a cache row's elements
-    const size_t kv_bytes = static_cast<size_t>(n.b * n.hk * n.c * rd) * sizeof(T);
-    if (kv_bytes > 0 && key != past_key.GetTensorRawData()) std::memcpy(key, past_key.GetTensorRawData(), kv_bytes);
-    if (kv_bytes > 0 && value != past_value.GetTensorRawData())  // (an empty batch's buffers may be null)
-      std::memcpy(value, past_value.GetTensorRawData(), kv_bytes);
+    if (!shared) {
+      auto present_key = ctx.GetOutput(1, ks), present_value = ctx.GetOutput(2, ks);
+      key = static_cast<T*>(present_key.GetTensorMutableRawData());
+      value = static_cast<T*>(present_value.GetTensorMutableRawData());
+      const size_t kv_bytes = static_cast<size_t>(n.b * n.hk * n.c * rd) * sizeof(T);
+      if (kv_bytes > 0 && key != past_key.GetTensorRawData()) std::memcpy(key, past_key.GetTensorRawData(), kv_bytes);
+      if (kv_bytes > 0 && value != past_value.GetTensorRawData())  // (an empty batch's buffers may be null)
+        std::memcpy(value, past_value.GetTensorRawData(), kv_bytes);
+    }
     const int64_t* wi = ctx.GetInput(3).GetTensorData<int64_t>();
     const int64_t* li = ctx.GetInput(4).GetTensorData<int64_t>();
     const int64_t* pos = ctx.GetInput(5).GetTensorData<int64_t>();
@@ -602,7 +617,7 @@ struct Kernel {
     auto tree = trtllm_cpu::optional_input(ctx, 10), look_ahead = trtllm_cpu::optional_input(ctx, 11);
     const int64_t* ahead = look_ahead ? look_ahead.GetTensorData<int64_t>() : nullptr;
     const int64_t tree_width = tree ? tree.GetTensorTypeAndShapeInfo().GetShape()[2] : 0;
-    const int64_t width = (h + 2 * hk) * n.d;
+    const int64_t width = (shared ? h : h + 2 * hk) * n.d;
     thread_local std::vector<float> rotated, normed;
     rotated.resize(n.d);
     normed.resize(n.d);
@@ -625,7 +640,7 @@ struct Kernel {
           return fail("row " + std::to_string(b) + " token " + std::to_string(s) + ": position " + std::to_string(p) +
                       " with a window of " + std::to_string(window) + " does not reach its slot " +
                       std::to_string(slot));
-        for (int64_t g = 0; g < hk; ++g) {
+        for (int64_t g = 0; g < hk && !shared; ++g) {
           const float* src = x + (b * n.s + s) * width + (h + g) * n.d;
           const int64_t at = ((b * hk + g) * n.c + slot) * rd;
           const float* k = src;
@@ -640,7 +655,12 @@ struct Kernel {
           } else {
             store(rotated.data(), n.d, key + at);
           }
-          store(src + hk * n.d, n.d, value + at);
+          if (v_norm) {
+            head_norm(src + hk * n.d, nullptr, epsilon, n.d, normed.data());
+            store(normed.data(), n.d, value + at);
+          } else {
+            store(src + hk * n.d, n.d, value + at);
+          }
         }
       }
     }
@@ -649,7 +669,10 @@ struct Kernel {
     const Split split(n, longest);
     thread_local std::vector<float> partial;
     if (split.parts > 1) partial.resize(split.tasks * split.rows() * (n.d + 2));
-    Job<T> job{n, split, x, wi, li, pos, cosd, sind, key, value, scale > 0 ? scale : 1.0f / std::sqrt(static_cast<float>(n.d)),
+    const T* keys = shared ? static_cast<const T*>(past_key.GetTensorRawData()) : key;
+    const T* values = shared ? static_cast<const T*>(past_value.GetTensorRawData()) : value;
+    Job<T> job{n, split, x, width, wi, li, pos, cosd, sind, keys, values,
+               scale > 0 ? scale : 1.0f / std::sqrt(static_cast<float>(n.d)),
                y.GetTensorMutableData<float>(), q_norm ? q_norm.GetTensorData<float>() : nullptr, epsilon, norm_after, window,
                partial.data(), tree ? tree.GetTensorData<bool>() : nullptr, tree_width, softcap, ahead};
     if (job.split.tasks) trtllm_cpu::parallel_for(ctx, run_task<T>, job.split.tasks, &job);
@@ -671,10 +694,13 @@ struct Op : Ort::CustomOpBase<Op<KV>, Kernel, true> {
       const float epsilon = trtllm_cpu::attribute_or<float>(ki, "epsilon", 1e-6f);  // of q_norm and k_norm
       const bool norm_after = trtllm_cpu::attribute_or<int64_t>(ki, "norm_after_rotary", 0) != 0;
       const float softcap = trtllm_cpu::attribute_or<float>(ki, "softcap", 0.0f);  // 0: none
+      const bool v_norm = trtllm_cpu::attribute_or<int64_t>(ki, "v_norm", 0) != 0;
+      const bool shared = trtllm_cpu::attribute_or<int64_t>(ki, "shared_kv", 0) != 0;
       if (h < 1 || hk < 1 || h % hk) return fail("num_heads must be a positive multiple of kv_num_heads");
       if (window < 0) return fail("window must be >= 0 (0: none)");
       if (!(softcap >= 0.0f) || std::isinf(softcap)) return fail("softcap must be a finite number >= 0 (0: none)");
-      *kernel = new Kernel{h, hk, scale, window, epsilon, softcap, norm_after};
+      if (shared && ki.GetOutputCount() != 1) return fail("shared_kv 1 writes no KV: its node has one output, y");
+      *kernel = new Kernel{h, hk, scale, window, epsilon, softcap, norm_after, v_norm, shared};
       return nullptr;
     } catch (const std::exception& e) {
       return fail(e.what());
@@ -693,6 +719,9 @@ struct Op : Ort::CustomOpBase<Op<KV>, Kernel, true> {
     return i >= 8 ? INPUT_OUTPUT_OPTIONAL : INPUT_OUTPUT_REQUIRED;  // q_norm, k_norm, tree_mask, look_ahead
   }
   size_t GetOutputTypeCount() const { return 3; }
+  OrtCustomOpInputOutputCharacteristic GetOutputCharacteristic(size_t i) const {
+    return i >= 1 ? INPUT_OUTPUT_OPTIONAL : INPUT_OUTPUT_REQUIRED;  // present_key, present_value: not with shared_kv
+  }
   ONNXTensorElementDataType GetOutputType(size_t i) const { return i == 0 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT : KV; }
 };
 

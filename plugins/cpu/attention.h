@@ -51,7 +51,9 @@ inline void hide(const bool* mask, int64_t start, int64_t lo, int64_t t, float* 
 
 // The head sizes the vector blocks have code for, as an index into their tables: D = 16 .. 128 in
 // steps of 16, and 256 (Gemma 3); -1 for any other (the portable loop).
-inline int block_index(int64_t d) { return d % 16 || d < 16 ? -1 : d <= 128 ? static_cast<int>(d / 16 - 1) : d == 256 ? 8 : -1; }
+inline int block_index(int64_t d) {
+  return d % 16 || d < 16 ? -1 : d <= 128 ? static_cast<int>(d / 16 - 1) : d == 256 ? 8 : d == 512 ? 9 : -1;
+}
 
 #ifdef TRTLLM_X86
 // A block of query rows of one kv head against their keys and values, as attend_block_avx512 does

@@ -165,8 +165,8 @@ using BlockFn = void (*)(const float*, int, const int64_t*, const int64_t*, cons
                          float*, int64_t, float* const*, float*);
 // D = 8 ND for block_index's sizes, as on AVX-512
 template <typename T>
-constexpr BlockFn<T> kBlocks[9] = {block<2, T>, block<4, T>, block<6, T>, block<8, T>, block<10, T>,
-                                   block<12, T>, block<14, T>, block<16, T>, block<32, T>};
+constexpr BlockFn<T> kBlocks[10] = {block<2, T>, block<4, T>, block<6, T>, block<8, T>, block<10, T>,
+                                    block<12, T>, block<14, T>, block<16, T>, block<32, T>, block<64, T>};
 
 }  // namespace
 

@@ -22,7 +22,7 @@ import numpy as np
 
 from trtllm.runtime import lora
 from trtllm.runtime.engine import StepInputs, StepOutputs, optional_inputs_mismatch, vision_feeds
-from trtllm.runtime.kv_cache import KVCacheManager, kv_storage
+from trtllm.runtime.kv_cache import KVCacheManager, kv_storage, layer_rows, saved_form
 from trtllm.runtime.manifest import Manifest, ManifestError, ModelShape, plan_pending, rebuild_hint
 
 PREFILL, DECODE = 0, 1  # the builder's profile order (builder/tensorrt.py)
@@ -86,26 +86,25 @@ class DeviceView(NamedTuple):
 
 
 class DeviceKVCache(KVCacheManager):
-    """KVCacheManager with device storage; read/write copy one slot to and from the host."""
+    """KVCacheManager with device storage; read/write copy one slot to and from the host. Each buffer
+    has its layer's shape (model.kv_layers: Gemma 4's layers differ), `shapes[i]` and `slot_bytes[i]`."""
 
     def __init__(self, model: ModelShape, num_slots: int, capacity: int, stream):
         self.stream = stream
-        self.scratch = None  # (copy_positions': one slot's worth per slot, made on first use)
+        self.scratch = None  # (copy_positions': one slot's worth of the widest buffer per slot, made on first use)
         super().__init__(model, num_slots, capacity)
 
     def allocate(self, num_slots: int, capacity: int):
         from trtllm.runtime.backends import cuda
 
-        if self.model.kv_layers is not None:  # (the build does not write such a plan: builder/tensorrt.py)
-            raise ManifestError("a TensorRT engine keeps one KV shape for every layer; this manifest gives "
-                                "model.kv_layers: rebuild the engine with --backend onnxruntime")
-        shape = (num_slots, self.model.num_kv_heads, capacity, self.model.kv_row)
-        self.shape, self.itemsize = shape, kv_storage(self.model.kv_dtype).itemsize
-        self.slot_bytes = int(np.prod(shape[1:])) * self.itemsize
-        if self.slot_bytes % ALIGNMENT:  # every slot's view is a bound address
-            raise ManifestError(f"a KV slot of {shape[1:]} {self.model.kv_dtype} is not a multiple of {ALIGNMENT} "
-                                "bytes, which TensorRT needs for each bound address; rebuild the engine")
-        buffers = [cuda.DeviceBuffer(int(np.prod(shape)) * self.itemsize) for _ in range(2 * self.model.num_layers)]
+        self.itemsize = kv_storage(self.model.kv_dtype).itemsize
+        self.shapes = [(num_slots, heads, capacity, row) for heads, row in self.model.kv_shapes() for _ in "kv"]
+        self.slot_bytes = [int(np.prod(shape[1:])) * self.itemsize for shape in self.shapes]
+        for shape, size in zip(self.shapes, self.slot_bytes):
+            if size % ALIGNMENT:  # every slot's view is a bound address
+                raise ManifestError(f"a KV slot of {shape[1:]} {self.model.kv_dtype} is not a multiple of {ALIGNMENT} "
+                                    "bytes, which TensorRT needs for each bound address; rebuild the engine")
+        buffers = [cuda.DeviceBuffer(int(np.prod(shape)) * self.itemsize) for shape in self.shapes]
         weakref.finalize(self, lambda bs=buffers: [b.close() for b in bs])
         return buffers
 
@@ -119,20 +118,23 @@ class DeviceKVCache(KVCacheManager):
         return sum(b.nbytes for b in self.buffers)
 
     def view(self, start: int, stop: int) -> list[DeviceView]:
-        shape, slot = (stop - start, *self.shape[1:]), self.slot_bytes
-        return [DeviceView(b.ptr + start * slot, shape, (stop - start) * slot) for b in self.buffers]
+        return [DeviceView(b.ptr + start * slot, (stop - start, *shape[1:]), (stop - start) * slot)
+                for b, shape, slot in zip(self.buffers, self.shapes, self.slot_bytes)]
+
+    def layers(self):
+        """Per buffer: (buffer, kv_heads, capacity, row elements, slot bytes)."""
+        return [(b, shape[1], shape[2], shape[3], slot) for b, shape, slot in zip(self.buffers, self.shapes, self.slot_bytes)]
 
     def _rows(self, slot: int, length: int):
         """Per buffer: kv_heads rows of `length` positions inside one slot (pitch = capacity)."""
-        _, heads, cap, dim = self.shape
-        row, pitch = length * dim * self.itemsize, cap * dim * self.itemsize
-        return [(b.ptr + slot * heads * pitch, pitch, row, heads) for b in self.buffers]
+        return [(b.ptr + slot * size, cap * dim * self.itemsize, length * dim * self.itemsize, heads)
+                for b, heads, cap, dim, size in self.layers()]
 
     def clear(self, start: int, stop: int) -> None:
         """Slots start..stop-1 zeroed on the device, in stream order (KVCacheManager.clear's reason: a
         failed row's KV may be NaN; the host version assigned into the buffers, which fails here)."""
-        for b in self.buffers:
-            self.stream.zero(b.ptr + start * self.slot_bytes, (stop - start) * self.slot_bytes)
+        for b, size in zip(self.buffers, self.slot_bytes):
+            self.stream.zero(b.ptr + start * size, (stop - start) * size)
 
     def copy_positions(self, dst, src, start: int, stop: int) -> None:
         """KVCacheManager.copy_positions on the device, in stream order: per buffer, the sources'
@@ -140,18 +142,17 @@ class DeviceKVCache(KVCacheManager):
         strided copy each way per slot (kv_heads rows of stop - start positions)."""
         from trtllm.runtime.backends import cuda
 
-        _, heads, cap, dim = self.shape
-        pitch, width, offset = cap * dim * self.itemsize, (stop - start) * dim * self.itemsize, start * dim * self.itemsize
         if self.scratch is None:  # (never short: at most every slot is a source)
-            self.scratch = cuda.DeviceBuffer(len(self.owners) * self.slot_bytes)
+            self.scratch = cuda.DeviceBuffer(len(self.owners) * max(self.slot_bytes))
             weakref.finalize(self, self.scratch.close)
-        for b in self.buffers:
+        for b, heads, cap, dim, size in self.layers():
+            pitch, width, offset = cap * dim * self.itemsize, (stop - start) * dim * self.itemsize, start * dim * self.itemsize
             for i, s in enumerate(src):
-                self.stream.copy_2d(self.scratch.ptr + i * self.slot_bytes + offset, pitch,
-                                    b.ptr + int(s) * self.slot_bytes + offset, pitch, width, heads, "d2d")
+                self.stream.copy_2d(self.scratch.ptr + i * size + offset, pitch,
+                                    b.ptr + int(s) * size + offset, pitch, width, heads, "d2d")
             for i, d in enumerate(dst):
-                self.stream.copy_2d(b.ptr + int(d) * self.slot_bytes + offset, pitch,
-                                    self.scratch.ptr + i * self.slot_bytes + offset, pitch, width, heads, "d2d")
+                self.stream.copy_2d(b.ptr + int(d) * size + offset, pitch,
+                                    self.scratch.ptr + i * size + offset, pitch, width, heads, "d2d")
 
     def copy_slot(self, src: int, dst: int, length: int) -> None:
         """On the device, in stream order (it went to the host and back)."""
@@ -159,24 +160,24 @@ class DeviceKVCache(KVCacheManager):
 
     def move_position(self, slot: int, src: int, dst: int) -> None:
         """On the device, in stream order (the next step sees it): one strided copy per buffer."""
-        _, heads, cap, dim = self.shape
-        row, pitch = dim * self.itemsize, cap * dim * self.itemsize
-        for b in self.buffers:
-            base = b.ptr + slot * heads * pitch
+        for b, heads, cap, dim, size in self.layers():
+            row, pitch = dim * self.itemsize, cap * dim * self.itemsize
+            base = b.ptr + slot * size
             self.stream.copy_2d(base + dst * row, pitch, base + src * row, pitch, row, heads, "d2d")
 
     def read(self, slot: int, length: int) -> np.ndarray:
-        _, heads, _, dim = self.shape
-        out = np.empty((len(self.buffers), heads, length, dim), kv_storage(self.model.kv_dtype))
-        for i, (src, pitch, row, rows) in enumerate(self._rows(slot, length)):
-            self.stream.copy_2d(out[i].ctypes.data, row, src, pitch, row, rows, "d2h")
+        rows = []
+        for (src, pitch, row, heads), (_, _, _, dim, _) in zip(self._rows(slot, length), self.layers()):
+            out = np.empty((heads, length, dim), kv_storage(self.model.kv_dtype))
+            self.stream.copy_2d(out.ctypes.data, row, src, pitch, row, heads, "d2h")
+            rows.append(out)
         self.stream.sync()
-        return out
+        return saved_form(self.model, rows)
 
     def write(self, slot: int, kv: np.ndarray) -> None:
-        kv = np.ascontiguousarray(kv, kv_storage(self.model.kv_dtype))
-        for i, (dst, pitch, row, rows) in enumerate(self._rows(slot, kv.shape[2])):
-            self.stream.copy_2d(dst, pitch, kv[i].ctypes.data, row, row, rows, "h2d")
+        rows = [np.ascontiguousarray(r, kv_storage(self.model.kv_dtype)) for r in layer_rows(self.model, kv)]
+        for (dst, pitch, row, heads), data in zip(self._rows(slot, kv.shape[2]), rows):
+            self.stream.copy_2d(dst, pitch, data.ctypes.data, row, row, heads, "h2d")
         self.stream.sync()
 
 
@@ -203,7 +204,7 @@ class TensorRTEngine:
             f"--max-kv-cache-capacity): {trt_rebuild_hint(engine_dir)}")
         self.stream = cuda.Stream()
         self.profile: int | None = None
-        self.kv_pairs = self.io.kv_pairs(manifest.model.num_layers)
+        self.kv_pairs = self.io.kv_pairs(manifest.model.num_kv_layers)
         self.in_place = self.kv_in_place(engine_dir)
         kv_names = {name for pair in self.kv_pairs for name in pair}
         names = [self.engine.get_tensor_name(i) for i in range(self.engine.num_io_tensors)]

@@ -289,13 +289,19 @@ def test_legacy_build_for_tensorrt_10_3(tiny_checkpoint, tmp_path):
 def test_kv_capacity_keeps_every_slot_256_byte_aligned():
     from types import SimpleNamespace
 
-    demo = SimpleNamespace(num_kv_heads=3, head_dim=64)          # 384 bytes per position in float16
+    def shape(heads, dim, layers=None):
+        return SimpleNamespace(num_kv_heads=heads, head_dim=dim, kv_layers=lambda: layers)
+
+    demo = shape(3, 64)                                          # 384 bytes per position in float16
     assert trt_build.aligned_capacity(2048, demo, "float16") == 2048
     assert trt_build.aligned_capacity(2047, demo, "float16", log=lambda m: None) == 2046
-    odd = SimpleNamespace(num_kv_heads=1, head_dim=6)            # 12 bytes per position in float16
+    odd = shape(1, 6)                                            # 12 bytes per position in float16
     assert trt_build.aligned_capacity(100, odd, "float16", log=lambda m: None) == 64
     with pytest.raises(ValueError, match="below the 64 positions"):
         trt_build.aligned_capacity(63, odd, "float16")
+    # layers of their own shapes (Gemma 4): every layer's slot aligned, its 12-byte rows too (16 alone: 96)
+    assert trt_build.aligned_capacity(100, shape(2, 4, ((2, 4), (1, 6))), "float16", log=lambda m: None) == 64
+    assert trt_build.aligned_capacity(100, shape(2, 4), "float16", log=lambda m: None) == 96
 
 
 def test_sampling_plugin_needs_tensorrt_plugin_support(tiny_checkpoint, tmp_path):

@@ -34,8 +34,9 @@ from tests.parity.test_tiny_parity import hf_greedy, hf_model  # noqa: E402
 pytestmark = pytest.mark.hf
 # (arch, graph): our attention kernel (modern, ONNX Runtime form), the standard ops of the legacy
 # graph, and sliding windows (Gemma 3's, 8 on some layers, with their own RoPE: a node's window
-# counts from its position, not its slot)
-CASES = [("llama", "modern"), ("llama", "legacy"), ("mistral", "modern"), ("gemma3", "modern")]
+# counts from its position, not its slot), and Gemma 4's (its last layers reading earlier layers' KV, the
+# tree's rows in it too, from our kernel's shared_kv nodes)
+CASES = [("llama", "modern"), ("llama", "legacy"), ("mistral", "modern"), ("gemma3", "modern"), ("gemma4", "modern")]
 # a tree over 6 nodes: 0 the row's last token, 1-2-3 the chain, 4 and 5 branches beside 1
 PARENTS = [-1, 0, 1, 2, 0, 0]
 

@@ -1,9 +1,8 @@
-"""Gemma 4 beyond the tiny-model parity suite (test_tiny_parity.py's "gemma4" and "gemma4-kv"): its release
-form (Gemma4ForConditionalGeneration) builds its language model alone, the KV the engine keeps, and the
-options it cannot be built with yet."""
+"""Gemma 4 beyond the tiny-model parity suites (test_tiny_parity.py's "gemma4" and "gemma4-kv", and the
+LoRA, EAGLE, legacy-graph and quantized ones): its release form (Gemma4ForConditionalGeneration) builds its
+language model alone and takes whole-model adapters, the KV the engine keeps, TensorRT engines, and the
+formats that run on our attention kernel."""
 from __future__ import annotations
-
-import re
 
 import numpy as np
 import pytest
@@ -11,7 +10,7 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from trtllm.builder.config import BuildConfig, ConfigError  # noqa: E402
+from trtllm.builder.config import BuildConfig  # noqa: E402
 from trtllm.builder.export import build  # noqa: E402
 from trtllm.builder.verify import engine_logits  # noqa: E402
 from trtllm.runtime import manifest as mf  # noqa: E402
@@ -89,26 +88,88 @@ def test_the_engine_keeps_kv_for_the_layers_that_make_it(tiny_engine):
     assert sorted(inputs) == sorted(f"past_{kind}.{i}" for kind in ("key", "value") for i in range(3))
 
 
-@pytest.mark.parametrize("options, said", [
-    (dict(backend="tensorrt", plan_later=True), "--backend tensorrt (its plan keeps one KV shape for every layer): "
-                                                "Gemma4ForCausalLM's layers differ in their attention"),
-    (dict(kv_cache_dtype="int8"), "--kv-cache-dtype int8 is read by our attention kernel alone, and this model's "
-                                  "attention is not one it runs"),
-])
-def test_what_it_cannot_be_built_with_yet_is_refused_by_name(options, said, tiny_checkpoint, tmp_path):
-    with pytest.raises(ConfigError, match="^" + re.escape(said)):
-        build(BuildConfig(model=str(tiny_checkpoint("gemma4")), output=str(tmp_path / "e"), **LIMITS, **options),
+@pytest.mark.parametrize("graph", ["modern", "legacy"])
+def test_tensorrt_engines_answer_as_onnx_runtime(graph, tiny_checkpoint, tmp_path, run_cli):
+    """TensorRT (tests/fakes: it runs the plan's llm.onnx as written, with the KV in device buffers bound in
+    place, each KV layer in its own shape): the same answers as the ONNX Runtime engine, with a saved
+    system prompt's KV read from the device and written back (saved_form's pieces)."""
+    from tests import fakes
+    from tests.runtime.test_tensorrt_engine import LIMITS as TRT_LIMITS, PAYLOAD, same
+
+    ckpt = str(tiny_checkpoint("gemma4"))
+    env = {"FAKE_TRT_VERSION": "10.3.0.30"} if graph == "legacy" else {}
+    legacy = dict(graph="legacy", trt_version="10.3") if graph == "legacy" else {}
+    build(BuildConfig(model=ckpt, output=str(tmp_path / "ort"), backend="onnxruntime", **TRT_LIMITS), log=lambda m: None)
+    with fakes.installed(**env):
+        build(BuildConfig(model=ckpt, output=str(tmp_path / "trt"), backend="tensorrt", **legacy, **TRT_LIMITS),
               log=lambda m: None)
-    assert not (tmp_path / "e").exists()
+    payload = {**PAYLOAD, "batch_size": 2}
+
+    def answers(engine, *extra):
+        result, out = run_cli(engine, payload, *extra)
+        assert result.exit_code == 0, result.output
+        return out["responses"]
+
+    want = answers(tmp_path / "ort")
+    with fakes.installed(**env):
+        same(answers(tmp_path / "trt"), want)
+        cache = ("--kv-cache-dir", str(tmp_path / "kv"))
+        same(answers(tmp_path / "trt", *cache), want)
+        assert list((tmp_path / "kv").iterdir())
+        same(answers(tmp_path / "trt", *cache), want)  # (restored into the device's buffers)
 
 
-def test_eagle_heads_draft_chains(tmp_path):
-    """An EAGLE-3 head on Gemma 4 (test_eagle_parity.py: its greedy tokens are transformers'): chains, not
-    trees, since the head's own graph runs ONNX Runtime's GroupQueryAttention, which takes no tree mask."""
+@pytest.mark.parametrize("options, kv_dtype, row", [(dict(dtype="bfloat16"), "bfloat16", 0),
+                                                     (dict(kv_cache_dtype="int8"), "int8", 4)])
+def test_bfloat16_and_int8_kv_engines_run_our_attention_and_pass_the_build_check(options, kv_dtype, row,
+                                                                                tiny_checkpoint, tmp_path):
+    """Gemma's own type, and an int8 cache (each row its values and a float32 scale), on our attention
+    kernel: the build's check against transformers (its top-1 floor for the format) passes, and each KV
+    layer keeps its own row width."""
+    engine = build(BuildConfig(model=str(tiny_checkpoint("gemma4")), output=str(tmp_path / "e"), **LIMITS, **options),
+                   log=lambda m: None)
+    manifest = mf.load(engine)
+    assert manifest.model.kv_dtype == kv_dtype and "trtllm.cpu::Attention" in manifest.lowerings
+    assert manifest.model.kv_shapes() == [(2, 16 + row), (2, 32 + row), (2, 16 + row)]
+
+
+def test_eagle_heads_draft_trees_on_our_kernels_and_chains_without(tmp_path):
+    """An EAGLE-3 head on Gemma 4 (test_eagle_parity.py and test_eagle_tree.py: its greedy tokens are
+    transformers'): trees on our attention kernel, which takes a tree mask; chains without it, where the
+    head's own graph runs ONNX Runtime's GroupQueryAttention, which takes none."""
     from tests.eagle_drafts import random_draft
     from tests.tiny_models import make_checkpoint
 
     ckpt = make_checkpoint("gemma4", tmp_path / "ckpt")
-    engine = build(BuildConfig(model=str(ckpt), output=str(tmp_path / "e"), eagle=str(random_draft(ckpt, tmp_path / "d")),
-                               **LIMITS), log=lambda m: None)
-    assert mf.load(engine).eagle["tree"] is False
+    draft = random_draft(ckpt, tmp_path / "d")
+    for kernels, tree in (("auto", True), ("onnxruntime", False)):
+        engine = build(BuildConfig(model=str(ckpt), output=str(tmp_path / kernels), eagle=str(draft), cpu_kernels=kernels,
+                                   **LIMITS), log=lambda m: None)
+        assert mf.load(engine).eagle["tree"] is tree, kernels
+
+
+def test_beam_search_and_prompt_lookup_answer_as_transformers(tiny_checkpoint, tiny_engine, run_cli):
+    """Beams copy each layer's KV in its own shape (and none for the sharing layers), and prompt lookup's
+    verify steps write and roll back positions: both are transformers' (generate's beams; its greedy)."""
+    ckpt, engine = tiny_checkpoint("gemma4"), tiny_engine("gemma4")
+    tok = transformers.AutoTokenizer.from_pretrained(ckpt)
+    model = transformers.AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.float32).eval()
+    beam, lookup = "The quick brown fox jumps", "one two three one two three one two three one two"
+
+    def prompt(text):
+        return tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+                                       return_tensors="pt", return_dict=True)["input_ids"]
+
+    with torch.no_grad():
+        ids = prompt(beam)
+        beams = model.generate(ids, attention_mask=torch.ones_like(ids), num_beams=3, num_return_sequences=3,
+                               max_new_tokens=10, min_new_tokens=10, do_sample=False, eos_token_id=None)
+        ids2 = prompt(lookup)
+        greedy = model.generate(ids2, attention_mask=torch.ones_like(ids2), max_new_tokens=16, min_new_tokens=16,
+                                do_sample=False, eos_token_id=None)
+    _, out = run_cli(engine, {"max_generate_length": 10, "ignore_eos": True, "temperature": 0, "requests": [
+        {"messages": [{"role": "user", "content": beam}], "num_beams": 3, "n": 3}]})
+    assert [r["output_ids"] for r in out["responses"]] == [b[ids.shape[1]:].tolist() for b in beams]
+    _, out = run_cli(engine, {"max_generate_length": 16, "ignore_eos": True, "temperature": 0, "requests": [
+        {"messages": [{"role": "user", "content": lookup}]}]}, "--spec-ngram", "3")
+    assert out["responses"][0]["output_ids"] == greedy[0, ids2.shape[1]:].tolist()

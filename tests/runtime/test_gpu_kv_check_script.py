@@ -30,12 +30,11 @@ def test_a_device_op_gone_wrong_is_reported(tmp_path, monkeypatch):
     from trtllm.runtime.backends.tensorrt import DeviceKVCache
 
     def direct(self, dst, src, start, stop):
-        _, heads, cap, dim = self.shape
-        pitch, width, offset = cap * dim * self.itemsize, (stop - start) * dim * self.itemsize, start * dim * self.itemsize
-        for b in self.buffers:
+        for b, heads, cap, dim, size in self.layers():
+            pitch, width, offset = cap * dim * self.itemsize, (stop - start) * dim * self.itemsize, start * dim * self.itemsize
             for d, s in zip(dst, src):
-                self.stream.copy_2d(b.ptr + int(d) * self.slot_bytes + offset, pitch,
-                                    b.ptr + int(s) * self.slot_bytes + offset, pitch, width, heads, "d2d")
+                self.stream.copy_2d(b.ptr + int(d) * size + offset, pitch,
+                                    b.ptr + int(s) * size + offset, pitch, width, heads, "d2d")
 
     monkeypatch.setattr(DeviceKVCache, "copy_positions", direct)
     out = tmp_path / "kv.json"

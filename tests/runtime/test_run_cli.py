@@ -96,6 +96,9 @@ def test_bad_request_fails_alone(run_cli, tmp_path, tiny_engine):
     assert "lora_name" in out["responses"][2]["error"]
     assert "image" in out["responses"][3]["error"]
     assert [r["batch_idx"] for r in out["responses"]] == [0, None, None, None, 1, 2]
+    # the summary's line of a failed request says why (its output_text is the fixed failure text)
+    assert f"[1] (error) {out['responses'][1]['error'][:60]}" in result.output
+    assert "cannot handle this request" not in result.output
 
 
 @pytest.mark.parametrize("payload, field", [
