@@ -44,6 +44,7 @@ from trtllm.builder.lora_sites import lora_sites, site_for
 from trtllm.builder.moe import MoE, MoEWriter
 from trtllm.builder.moe import kernel_takes as moe_kernel_takes
 from trtllm.builder.per_layer import PerLayerWriter
+from trtllm.builder.short_conv import ConvWriter
 from trtllm.builder.quantize import QuantScheme
 from trtllm.builder.weights import WeightWriter
 from trtllm.plugins import cpu as cpu_kernels
@@ -115,6 +116,9 @@ class DecoderSpec:
     layer_scalars: bool = False       # each layer's output times its own layer_scalar (Gemma 4)
     wide_mlp_layers: tuple[int, ...] = ()  # layers whose MLP is twice intermediate_size wide (Gemma 4's
                                       # KV-sharing layers with use_double_wide_mlp)
+    conv_layers: tuple[int, ...] = ()  # LFM2's short-convolution layers (in place of attention: builder/short_conv.py)
+    conv_kernel: int = 3              # ... their kernel (conv_L_cache): each token mixes its row's last this many
+    conv_bias: bool = False           # ... and their projections' and convolution's biases
 
     def mrope_axes(self) -> np.ndarray:
         """Multimodal RoPE: which position (0 temporal, 1 height, 2 width) turns each rotary column, as
@@ -140,10 +144,15 @@ class DecoderSpec:
         return "local" if self.local_rope and self.window(layer) is not None else "global"
 
     def head_size(self, layer: int) -> int:
-        """Layer `layer`'s head size: global_head_dim on a full-attention layer where set, else head_dim."""
+        """Layer `layer`'s head size: global_head_dim on a full-attention layer where set, else head_dim;
+        a convolution layer's KV row (half its hidden_size: builder/short_conv.py)."""
+        if layer in self.conv_layers:
+            return self.hidden_size // 2
         return self.global_head_dim if self.global_head_dim and self.window(layer) is None else self.head_dim
 
     def kv_heads(self, layer: int) -> int:
+        if layer in self.conv_layers:  # (one row a position: half its values as keys, half as values)
+            return 1
         return self.global_kv_heads if self.global_kv_heads and self.window(layer) is None else self.num_kv_heads
 
     def kv_source(self, layer: int) -> int:
@@ -160,7 +169,7 @@ class DecoderSpec:
     def kv_layers(self) -> tuple[tuple[int, int], ...] | None:
         """(kv_heads, head size) of each layer that keeps KV (manifest model.kv_layers), or None where
         every layer keeps its own of one shape."""
-        if not self.kv_shared_layers and not self.global_head_dim and not self.global_kv_heads:
+        if not (self.kv_shared_layers or self.global_head_dim or self.global_kv_heads or self.conv_layers):
             return None
         return tuple((self.kv_heads(i), self.head_size(i)) for i in range(self.num_layers - self.kv_shared_layers))
 
@@ -222,11 +231,12 @@ def projection_widths(spec: DecoderSpec) -> dict[str, int]:
     return widths
 
 
-class DecoderWriter(AttentionWriter, HeadWriter, WeightWriter, MoEWriter, PerLayerWriter):
+class DecoderWriter(AttentionWriter, HeadWriter, WeightWriter, MoEWriter, PerLayerWriter, ConvWriter):
     """Writes one decoder graph; `graph` picks the profile ("modern" opset 24, "legacy" opset 20,
     which refuses `quant` and `ort_attention`). Its attention (builder/attention.py), head and sampler
-    (builder/head.py), weights (builder/weights.py), mixture-of-experts MLPs (builder/moe.py) and
-    Gemma 4's per-layer embeddings (builder/per_layer.py) are written by its mixins."""
+    (builder/head.py), weights (builder/weights.py), mixture-of-experts MLPs (builder/moe.py), Gemma 4's
+    per-layer embeddings (builder/per_layer.py) and LFM2's convolutions (builder/short_conv.py) are written
+    by its mixins."""
 
     def __init__(self, spec: DecoderSpec, weights: dict[str, np.ndarray], rope_cos: np.ndarray,
                  rope_sin: np.ndarray, max_top_k: int, io: GraphIO = GraphIO(), quant: QuantScheme | None = None,
@@ -552,7 +562,8 @@ class DecoderWriter(AttentionWriter, HeadWriter, WeightWriter, MoEWriter, PerLay
             mask = self.masks(input_ids, write_index)
         if self.decomposed and mask is not None:  # additive masks, for attention as MatMul and Softmax: per
             # window and query group size (Gemma 4's full layers have kv heads of their own)
-            kinds = sorted({(s.window(i), s.num_heads // s.kv_heads(i)) for i in range(s.num_layers)},
+            kinds = sorted({(s.window(i), s.num_heads // s.kv_heads(i)) for i in range(s.num_layers)
+                            if i not in s.conv_layers},
                            key=lambda k: (k[0] or 0, k[1]))
             mask = {(w, n): legacy_ops.attention_bias(g, mask[w], n, ("/model/mask/bias" if w is None else
                                                                      "/model/mask/window_bias") + ("" if n == kinds[0][1]
@@ -595,7 +606,8 @@ class DecoderWriter(AttentionWriter, HeadWriter, WeightWriter, MoEWriter, PerLay
             x, h = self.layer_input(f"/model/layers.{i}/input_layernorm", h, branch,
                                     f"model.layers.{i}.input_layernorm.weight")
             aux[i] = h
-            y = self.attention(i, x, position_ids, write_index, mask)
+            y = self.short_conv(i, x, write_index) if i in s.conv_layers else \
+                self.attention(i, x, position_ids, write_index, mask)
             if s.sandwich_norms:  # Gemma: the output is normed first, and the MLP's own norm is "pre_feedforward"
                 y = self.rms_norm(f"/model/layers.{i}/post_attention_layernorm", y,
                                   f"model.layers.{i}.post_attention_layernorm.weight")

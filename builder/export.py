@@ -65,6 +65,8 @@ def export_onnx(ck: ckpt.Checkpoint, config: BuildConfig, out_dir: Path, log, ba
         weights = weights_of(ck.model, spec)
     except ckpt.Unsupported as e:
         raise ckpt.CheckpointError(f"--model {config.model!r}: {e}") from e
+    if spec.conv_layers:
+        refuse_for_convolutions(config, spec)
     if ck.vision is not None:
         spec = vision_export.language_spec(ck, config, backend, spec, encoder)
     elif config.max_image_tiles is not None or config.max_image_pixels is not None:
@@ -224,6 +226,18 @@ def refuse_for_experts(config: BuildConfig, spec, backend: str, native_experts: 
         if config.dtype != "float32":
             raise ConfigError(f"--quantization {q} --dtype {config.dtype}: {what}, whose int4 experts run on ONNX "
                               f"Runtime's QMoE without our CPU kernels ({why}), with --dtype float32 only")
+
+
+def refuse_for_convolutions(config: BuildConfig, spec) -> None:
+    """What a model with short-convolution layers (LFM2: builder/short_conv.py) cannot be built with yet:
+    EAGLE (its draft trees' tokens do not follow their parents, which a convolution reads), LoRA (sites
+    for the convolutions' projections are not written) and an int8 KV cache (our attention kernel's
+    rows; the convolutions keep theirs in standard ops)."""
+    what = f"{spec.architecture} has short-convolution layers ({len(spec.conv_layers)} of {spec.num_layers})"
+    for wanted, option in ((bool(config.eagle), "--eagle"), (config.max_lora_rank > 0, "--max-lora-rank / --lora"),
+                           (config.kv_cache_dtype == "int8", "--kv-cache-dtype int8")):
+        if wanted:
+            raise ConfigError(f"{option}: {what}, which it does not take yet; build without it")
 
 
 def lora_on_experts(spec, ort_moe_node: bool) -> bool:

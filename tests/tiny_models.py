@@ -99,6 +99,9 @@ ARCHS = {
     "gemma4-kv": ("Gemma4TextConfig", "Gemma4ForCausalLM", {
         "sliding_window": 8, "global_head_dim": 32, "attention_k_eq_v": True, "num_global_key_value_heads": 1,
         "hidden_size_per_layer_input": 0, "final_logit_softcapping": 8.0}),
+    # LFM2: convolution layers (with biases) between attention ones, as LFM2-350M mixes them
+    "lfm2": ("Lfm2Config", "Lfm2ForCausalLM", {"conv_bias": True, "block_auto_adjust_ff_dim": False,
+                                               "layer_types": ["conv", "conv", "full_attention", "conv"]}),
 }
 # Gemma 4's layer kinds: full ones with sliding ones between, the last one full
 GEMMA4_LAYERS = ["sliding_attention", "full_attention", "sliding_attention", "sliding_attention", "full_attention"]
@@ -134,6 +137,9 @@ def make_checkpoint(arch: str, out_dir: Path, seed: int = 0, num_layers: int = 2
     if arch.startswith("gemma4"):  # (untied: tied, the tiny model repeats the last token whatever it is given)
         num_layers, tie = len(GEMMA4_LAYERS), False
         extra = {**extra, "layer_types": GEMMA4_LAYERS}
+    if arch == "lfm2":
+        num_layers = len(extra["layer_types"])
+        extra = {**extra, "norm_eps": 1e-6}
     out_dir = Path(out_dir)
     tok = make_tokenizer(out_dir)
     if arch.startswith("gemma4"):

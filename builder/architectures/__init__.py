@@ -11,8 +11,8 @@ import numpy as np
 
 from trtllm.builder import moe
 from trtllm.builder.architectures import (ernie4_5, exaone4, gemma, gemma2, gemma3, gemma4, glm, glm4, granite,
-                                          granitemoe, helium, hunyuan, llama, ministral, mistral, mixtral, olmo2,
-                                          olmo3, olmoe, phi3, qwen2, qwen2_moe, qwen3, qwen3_moe, smollm3)
+                                          granitemoe, helium, hunyuan, lfm2, llama, ministral, mistral, mixtral,
+                                          olmo2, olmo3, olmoe, phi3, qwen2, qwen2_moe, qwen3, qwen3_moe, smollm3)
 from trtllm.builder.checkpoint import Unsupported, state_dict_numpy
 from trtllm.runtime.lora import rope_pair_order
 
@@ -30,6 +30,7 @@ ARCHITECTURES = {
     "GraniteMoeSharedForCausalLM": granitemoe.shared_spec_from_config,
     "HeliumForCausalLM": helium.spec_from_config,
     "HunYuanDenseV1ForCausalLM": hunyuan.spec_from_config,
+    "Lfm2ForCausalLM": lfm2.spec_from_config,
     "LlamaForCausalLM": llama.spec_from_config,
     "MinistralForCausalLM": ministral.spec_from_config,
     "MistralForCausalLM": mistral.spec_from_config,
@@ -54,6 +55,11 @@ RENAMES = {
     "Glm4ForCausalLM": {"post_self_attn_layernorm": "post_attention_layernorm",
                         "post_attention_layernorm": "pre_feedforward_layernorm",
                         "post_mlp_layernorm": "post_feedforward_layernorm"},
+    # LFM2's (its convolutions' out_proj too: conv.o_proj)
+    "Lfm2ForCausalLM": {"out_proj": "o_proj", "q_layernorm": "q_norm", "k_layernorm": "k_norm",
+                        "feed_forward": "mlp", "w1": "gate_proj", "w3": "up_proj", "w2": "down_proj",
+                        "operator_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
+                        "embedding_norm": "norm"},
 }
 
 
@@ -80,11 +86,14 @@ def spec_for(model):
 def from_modules(model, spec) -> dict:
     """The biases and the lm_head tie as the loaded modules have them; refuses what the graph lacks."""
     layers = model.model.layers
-    attn = layers[0].self_attn
+    # (the first attention layer's: LFM2's first layers are convolutions, and its MLP is feed_forward, w1
+    # w3 w2, without biases)
+    attn = next(layer.self_attn for layer in layers if hasattr(layer, "self_attn"))
     if spec.moe is not None:
         moe.check_modules(layers, spec)
     # the MLP's biases, on a dense layer (a mixture of experts has none: moe.check_modules)
-    mlp = next((layer.mlp for i, layer in enumerate(layers) if spec.moe is None or i in spec.moe.dense_layers), None)
+    mlp = next((layer.mlp for i, layer in enumerate(layers) if hasattr(layer, "mlp") and
+                (spec.moe is None or i in spec.moe.dense_layers)), None)
 
     def has_bias(module) -> bool:
         return getattr(module, "bias", None) is not None
@@ -100,13 +109,15 @@ def from_modules(model, spec) -> dict:
     expected = [spec.window(i) for i in range(len(layers))]
     # the window a layer's attention uses: EXAONE 4's keeps config.sliding_window on every layer, and
     # applies it where is_sliding
-    windows = [getattr(layer.self_attn, "sliding_window", w) if getattr(layer.self_attn, "is_sliding", True) else None
+    windows = [w if not hasattr(layer, "self_attn") else  # (a convolution layer: no window)
+               getattr(layer.self_attn, "sliding_window", w) if getattr(layer.self_attn, "is_sliding", True) else None
                for layer, w in zip(layers, expected)]
     if windows != expected:  # a class that keeps its window per layer says what it uses
         raise Unsupported(f"the layers' sliding windows {windows} differ from what the config gives ({expected})")
     head = model.get_output_embeddings().weight
     tied = head.data_ptr() == model.get_input_embeddings().weight.data_ptr()
-    return {"attention_bias": qkv.pop(), "o_proj_bias": has_bias(attn.o_proj), "tie_word_embeddings": tied}
+    out = getattr(attn, "o_proj", None) or attn.out_proj  # (LFM2's name)
+    return {"attention_bias": qkv.pop(), "o_proj_bias": has_bias(out), "tie_word_embeddings": tied}
 
 
 def weights_of(model, spec) -> dict[str, np.ndarray]:

@@ -72,9 +72,9 @@ def dequantized_model(ckpt, scheme: QuantScheme):
     with torch.no_grad():
         for name, p in model.named_parameters():
             # (Gemma 4's per-layer embeddings: their gate and projections as well, and their table as the
-            # token embedding's)
+            # token embedding's; LFM2's MLP: w1 w3 w2)
             if name.endswith(("proj.weight", "input_linear.weight", "output_linear.weight", "projection.weight",
-                              "per_layer_input_gate.weight")):
+                              "per_layer_input_gate.weight", "w1.weight", "w2.weight", "w3.weight")):
                 rounded(p, scheme)
             elif name.endswith("embed_tokens_per_layer.weight"):
                 rounded(p, head)

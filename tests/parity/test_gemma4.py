@@ -146,30 +146,3 @@ def test_eagle_heads_draft_trees_on_our_kernels_and_chains_without(tmp_path):
         engine = build(BuildConfig(model=str(ckpt), output=str(tmp_path / kernels), eagle=str(draft), cpu_kernels=kernels,
                                    **LIMITS), log=lambda m: None)
         assert mf.load(engine).eagle["tree"] is tree, kernels
-
-
-def test_beam_search_and_prompt_lookup_answer_as_transformers(tiny_checkpoint, tiny_engine, run_cli):
-    """Beams copy each layer's KV in its own shape (and none for the sharing layers), and prompt lookup's
-    verify steps write and roll back positions: both are transformers' (generate's beams; its greedy)."""
-    ckpt, engine = tiny_checkpoint("gemma4"), tiny_engine("gemma4")
-    tok = transformers.AutoTokenizer.from_pretrained(ckpt)
-    model = transformers.AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.float32).eval()
-    beam, lookup = "The quick brown fox jumps", "one two three one two three one two three one two"
-
-    def prompt(text):
-        return tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
-                                       return_tensors="pt", return_dict=True)["input_ids"]
-
-    with torch.no_grad():
-        ids = prompt(beam)
-        beams = model.generate(ids, attention_mask=torch.ones_like(ids), num_beams=3, num_return_sequences=3,
-                               max_new_tokens=10, min_new_tokens=10, do_sample=False, eos_token_id=None)
-        ids2 = prompt(lookup)
-        greedy = model.generate(ids2, attention_mask=torch.ones_like(ids2), max_new_tokens=16, min_new_tokens=16,
-                                do_sample=False, eos_token_id=None)
-    _, out = run_cli(engine, {"max_generate_length": 10, "ignore_eos": True, "temperature": 0, "requests": [
-        {"messages": [{"role": "user", "content": beam}], "num_beams": 3, "n": 3}]})
-    assert [r["output_ids"] for r in out["responses"]] == [b[ids.shape[1]:].tolist() for b in beams]
-    _, out = run_cli(engine, {"max_generate_length": 16, "ignore_eos": True, "temperature": 0, "requests": [
-        {"messages": [{"role": "user", "content": lookup}]}]}, "--spec-ngram", "3")
-    assert out["responses"][0]["output_ids"] == greedy[0, ids2.shape[1]:].tolist()

@@ -21,7 +21,7 @@ from tests.engine_helpers import resized, run_greedy  # noqa: E402
 
 pytestmark = pytest.mark.hf
 ARCHS = ["llama", "mistral", "ministral", "qwen2", "qwen3", "phi3", "phi4-mini", "smollm3", "gemma", "gemma2", "gemma3",
-         "gemma4", "gemma4-kv", "granite", "olmo2", "olmo3", "exaone4", "ernie4_5", "helium", "hunyuan", "glm", "glm4",
+         "gemma4", "gemma4-kv", "lfm2", "granite", "olmo2", "olmo3", "exaone4", "ernie4_5", "helium", "hunyuan", "glm", "glm4",
          "qwen3_moe", "qwen2_moe", "olmoe", "mixtral", "granitemoe", "granitemoe-plain"]
 MOE_ARCHS = ("qwen3_moe", "qwen2_moe", "olmoe", "mixtral", "granitemoe", "granitemoe-plain")
 PROMPTS = [[5, 17, 42, 99, 7], list(range(30, 52)), [3, 200, 11], list(range(100, 140, 3))]
@@ -289,6 +289,9 @@ UNDONE = {
     "gemma4, norm scales with a 1": ("gemma4", dict(norm_offset=1.0)),
     "gemma4-kv, nothing undone (the control: passes)": ("gemma4-kv", {}),
     "gemma4-kv, v (the full layers' k projection) not normed": ("gemma4-kv", dict(v_norm=False)),
+    "lfm2, nothing undone (the control: passes)": ("lfm2", {}),
+    "lfm2, no convolution and projection biases": ("lfm2", dict(conv_bias=False)),
+    "lfm2, no q/k norms": ("lfm2", dict(qk_norm=False)),
     "gemma2, nothing undone (the control: passes)": ("gemma2", {}),
     "gemma2, scores not soft-capped": ("gemma2", dict(attn_softcap=None)),
     "gemma2, logits not soft-capped": ("gemma2", dict(final_softcap=None)),

@@ -170,22 +170,23 @@ def profile_of(path) -> dict:
     return json.loads(path.read_text())
 
 
-@pytest.mark.parametrize("kind", ["float32", "float16", "int4", "kv-int8", "gemma4"])
+@pytest.mark.parametrize("kind", ["float32", "float16", "int4", "kv-int8", "gemma4", "lfm2"])
 def test_the_next_turn_reuses_the_last_ones_kv_and_answers_the_same(run_cli, tmp_path, tiny_checkpoint, kind):
     """Bit for bit on float32 engines. Elsewhere the answer's KV, computed in decode steps, differs
     in the last bits from a prefill's (float16 arithmetic; int4's kernels specialise by row count),
     so `including_generated_tokens` (the default) gives logprobs equal to rounding only and
     `prefill_state_only` is the exact policy. gemma4: a float32 engine whose layers keep KV of two
-    shapes, and some none (model.kv_layers)."""
+    shapes, and some none (model.kv_layers); lfm2: convolution layers, whose state is kept by position
+    as KV (builder/short_conv.py)."""
     pytest.importorskip("torch")
     from trtllm.builder.config import BuildConfig
     from trtllm.builder.export import build
     from trtllm.runtime.tokenizer import Tokenizer
 
     engine = tmp_path / "engine"
-    options = {"int4": {"quantization": "int4"}, "kv-int8": {"kv_cache_dtype": "int8"}, "gemma4": {}}.get(
+    options = {"int4": {"quantization": "int4"}, "kv-int8": {"kv_cache_dtype": "int8"}, "gemma4": {}, "lfm2": {}}.get(
         kind, {"dtype": kind})
-    build(BuildConfig(model=str(tiny_checkpoint("gemma4" if kind == "gemma4" else "llama")), output=str(engine), max_batch_size=2, max_input_len=256,
+    build(BuildConfig(model=str(tiny_checkpoint(kind if kind in ("gemma4", "lfm2") else "llama")), output=str(engine), max_batch_size=2, max_input_len=256,
                       max_kv_cache_capacity=512, verify=False, **options), log=lambda m: None)
     tokenizer = Tokenizer.from_engine_dir(engine)
     base = {"temperature": 0, "max_generate_length": 24, "num_logprobs": 2}
@@ -213,11 +214,11 @@ def test_the_next_turn_reuses_the_last_ones_kv_and_answers_the_same(run_cli, tmp
         assert shared >= first["prompt_tokens"] and prefill["reused_tokens"] == min(shared, len(now) - 2)
         # (positions of the answer, computed in decode steps, restored: the random llama's answer tokenizes
         # again so far; the gemma4 one's does not)
-        if policy == "including_generated_tokens" and kind != "gemma4":
+        if policy == "including_generated_tokens" and kind not in ("gemma4", "lfm2"):
             assert shared >= first["prompt_tokens"] + 2
         assert prefill["reused_tokens"] + prefill["computed_tokens"] == len(now)
         assert answer["output_ids"] == fresh["output_ids"]
-        if kind in ("float32", "gemma4") or policy == "prefill_state_only":
+        if kind in ("float32", "gemma4", "lfm2") or policy == "prefill_state_only":
             assert answer["logprobs"] == fresh["logprobs"]  # bit for bit
         else:
             got, want = ([e["logprob"] for step in r["logprobs"] for e in step] for r in (answer, fresh))

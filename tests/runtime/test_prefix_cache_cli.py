@@ -26,7 +26,8 @@ def run(run_cli, engine, reqs, cache_dir, tmp_path, batch_size=2):
 
 
 @pytest.mark.hf
-@pytest.mark.parametrize("arch", ["llama", "gemma4"])  # (gemma4: KV of two shapes, and layers with none)
+# (gemma4: KV of two shapes, and layers with none; lfm2: convolutions' state kept by position as KV)
+@pytest.mark.parametrize("arch", ["llama", "gemma4", "lfm2"])
 def test_reuse_is_token_exact_within_and_across_runs(run_cli, tiny_engine, tmp_path, arch):
     pytest.importorskip("torch")
     engine = tiny_engine(arch)

@@ -1,0 +1,41 @@
+"""LFM2 (Lfm2ForCausalLM: LFM2-350M, -700M, -1.2B, -2.6B; Liquid AI's models for devices).
+
+Llama's layers with these changes: most layers are short convolutions instead of attention
+(config.layer_types "conv": builder/short_conv.py, whose state the engine keeps by position as KV), the
+attention layers RMS-norm each q and k head before RoPE (Qwen3's), and the final norm is called
+embedding_norm. The build reads its modules under Llama's names (architectures.RENAMES). Not taken:
+draft trees and EAGLE heads (a tree's tokens do not follow their parents, which a convolution reads)."""
+from __future__ import annotations
+
+from trtllm.builder.architectures.llama import base_spec
+from trtllm.builder.checkpoint import Unsupported
+
+
+def mlp_width(config) -> int:
+    """The MLP's width as Lfm2MLP computes it (block_auto_adjust_ff_dim: 2/3 of intermediate_size,
+    times block_ffn_dim_multiplier, rounded up to block_multiple_of)."""
+    width = config.intermediate_size
+    if getattr(config, "block_auto_adjust_ff_dim", False):
+        width = int(2 * width / 3)
+        if getattr(config, "block_ffn_dim_multiplier", None) is not None:
+            width = int(config.block_ffn_dim_multiplier * width)
+            width = config.block_multiple_of * ((width + config.block_multiple_of - 1) // config.block_multiple_of)
+    return width
+
+
+def spec_from_config(config):
+    types = list(config.layer_types)
+    unknown = sorted(set(types) - {"conv", "full_attention"})
+    if unknown or len(types) != config.num_hidden_layers:
+        raise Unsupported(f"config.layer_types must give each of the {config.num_hidden_layers} layers 'conv' or "
+                          f"'full_attention', got {types!r}")
+    if config.hidden_size % 2:
+        raise Unsupported(f"hidden_size ({config.hidden_size}) must be even: a convolution layer keeps its state as "
+                          "keys and values of half of it each")
+    kernel = config.conv_L_cache
+    if isinstance(kernel, bool) or not isinstance(kernel, int) or kernel < 1:
+        raise Unsupported(f"config.conv_L_cache must be a positive integer, got {kernel!r}")
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    return base_spec(config, "Lfm2ForCausalLM", rms_norm_eps=config.norm_eps, intermediate_size=mlp_width(config),
+                     head_dim=head_dim, qk_norm=True, conv_layers=tuple(i for i, t in enumerate(types) if t == "conv"),
+                     conv_kernel=kernel, conv_bias=bool(config.conv_bias))
