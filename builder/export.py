@@ -130,8 +130,10 @@ def export_onnx(ck: ckpt.Checkpoint, config: BuildConfig, out_dir: Path, log, ba
                            "this model's attention is not one it runs"))
     # Draft trees need a tree mask in both graphs the runtime runs (the model's and the head's):
     # not where either's attention is ONNX Runtime's GroupQueryAttention, which takes none.
+    # Nor with short convolutions (LFM2), which read the slots before a token's: a tree's are not its parents'.
     ort_gqa = backend == "onnxruntime" and config.graph == "modern" and not native
-    tree = draft is not None and not (ort_gqa and (gqa or gqa_supported(draft.spec, ort_activations(config, quant))))
+    tree = draft is not None and not (ort_gqa and (gqa or gqa_supported(draft.spec, ort_activations(config, quant)))) \
+        and not spec.conv_layers
     refuse_bfloat16(config, backend, half, spec)
     if backend == "onnxruntime" and quant is not None and config.dtype != "float32" and not (quant_native and ours):
         why = ("ONNX Runtime's own (MatMulNBits, GroupQueryAttention) take one type for both, and --cpu-kernels "
@@ -230,11 +232,11 @@ def refuse_for_experts(config: BuildConfig, spec, backend: str, native_experts: 
 
 def refuse_for_convolutions(config: BuildConfig, spec) -> None:
     """What a model with short-convolution layers (LFM2: builder/short_conv.py) cannot be built with yet:
-    EAGLE (its draft trees' tokens do not follow their parents, which a convolution reads), LoRA (sites
-    for the convolutions' projections are not written) and an int8 KV cache (our attention kernel's
-    rows; the convolutions keep theirs in standard ops)."""
+    LoRA (sites for the convolutions' projections are not written) and an int8 KV cache (our attention
+    kernel's rows; the convolutions keep theirs in standard ops). (EAGLE heads draft chains there, not
+    trees: a tree's tokens do not follow their parents, which a convolution reads.)"""
     what = f"{spec.architecture} has short-convolution layers ({len(spec.conv_layers)} of {spec.num_layers})"
-    for wanted, option in ((bool(config.eagle), "--eagle"), (config.max_lora_rank > 0, "--max-lora-rank / --lora"),
+    for wanted, option in ((config.max_lora_rank > 0, "--max-lora-rank / --lora"),
                            (config.kv_cache_dtype == "int8", "--kv-cache-dtype int8")):
         if wanted:
             raise ConfigError(f"{option}: {what}, which it does not take yet; build without it")

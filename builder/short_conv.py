@@ -12,7 +12,7 @@ H / 2 wide, manifest model.kv_layers), and each new token reads the rows of slot
 chunked prefill, saved system prompts and context reuse, beam copies, rows moved between slots, a
 speculative step's rejected positions (written over later, never read before). It costs H values a
 token per layer, where a rolling state would keep L - 1 tokens' worth; a draft tree, whose tokens do not
-sit after their parents, is not taken (EAGLE is refused for such models).
+sit after their parents, is not taken (EAGLE heads draft chains for such models).
 
 A mixin of DecoderWriter (builder/decoder.py), whose __init__ sets what this reads: g, spec, io, w, dtype,
 ftype, kv_type, kv_write (AttentionWriter), linear.

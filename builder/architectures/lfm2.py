@@ -4,7 +4,8 @@ Llama's layers with these changes: most layers are short convolutions instead of
 (config.layer_types "conv": builder/short_conv.py, whose state the engine keeps by position as KV), the
 attention layers RMS-norm each q and k head before RoPE (Qwen3's), and the final norm is called
 embedding_norm. The build reads its modules under Llama's names (architectures.RENAMES). Not taken:
-draft trees and EAGLE heads (a tree's tokens do not follow their parents, which a convolution reads)."""
+draft trees (a tree's tokens do not follow their parents, which a convolution reads: EAGLE heads draft
+chains), LoRA."""
 from __future__ import annotations
 
 from trtllm.builder.architectures.llama import base_spec

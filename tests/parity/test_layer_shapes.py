@@ -92,11 +92,22 @@ def test_quantized_lfm2_is_transformers_on_its_dequantized_weights(name, tiny_ch
     np.testing.assert_allclose(got, ref[0, len(prompt) - 1:].numpy(), atol=1e-4, rtol=0)
 
 
-@pytest.mark.parametrize("options, named", [(dict(eagle="a-draft-head"), "--eagle"),
-                                            (dict(max_lora_rank=4), "--max-lora-rank / --lora"),
+@pytest.mark.parametrize("options, named", [(dict(max_lora_rank=4), "--max-lora-rank / --lora"),
                                             (dict(kv_cache_dtype="int8"), "--kv-cache-dtype int8")])
 def test_what_lfm2_cannot_be_built_with_yet_is_refused_by_name(options, named, tiny_checkpoint, tmp_path):
     with pytest.raises(ConfigError, match=f"^{named}: Lfm2ForCausalLM has short-convolution layers"):
         build(BuildConfig(model=str(tiny_checkpoint("lfm2")), output=str(tmp_path / "e"), **LIMITS, **options),
               log=lambda m: None)
     assert not (tmp_path / "e").exists()
+
+
+def test_lfm2_eagle_heads_draft_chains(tiny_checkpoint, tmp_path):
+    """EAGLE-3 on LFM2 (test_eagle_parity.py: speculative greedy tokens are transformers'): chains, which
+    sit in consecutive slots as the convolution reads them, never trees."""
+    from tests.eagle_drafts import random_draft
+    from trtllm.runtime import manifest as mf
+
+    ckpt = tiny_checkpoint("lfm2")
+    engine = build(BuildConfig(model=str(ckpt), output=str(tmp_path / "e"), eagle=str(random_draft(ckpt, tmp_path / "d")),
+                               **LIMITS), log=lambda m: None)
+    assert mf.load(engine).eagle["tree"] is False
