@@ -119,6 +119,8 @@ class DecoderSpec:
     conv_layers: tuple[int, ...] = ()  # LFM2's short-convolution layers (in place of attention: builder/short_conv.py)
     conv_kernel: int = 3              # ... their kernel (conv_L_cache): each token mixes its row's last this many
     conv_bias: bool = False           # ... and their projections' and convolution's biases
+    module_names: tuple[tuple[str, str], ...] = ()  # (ours, the checkpoint's) where a module's name differs
+                                      # (LFM2's self_attn.out_proj, feed_forward.w1): LoRA's names are the checkpoint's
 
     def mrope_axes(self) -> np.ndarray:
         """Multimodal RoPE: which position (0 temporal, 1 height, 2 width) turns each rotary column, as

@@ -232,14 +232,12 @@ def refuse_for_experts(config: BuildConfig, spec, backend: str, native_experts: 
 
 def refuse_for_convolutions(config: BuildConfig, spec) -> None:
     """What a model with short-convolution layers (LFM2: builder/short_conv.py) cannot be built with yet:
-    LoRA (sites for the convolutions' projections are not written) and an int8 KV cache (our attention
-    kernel's rows; the convolutions keep theirs in standard ops). (EAGLE heads draft chains there, not
-    trees: a tree's tokens do not follow their parents, which a convolution reads.)"""
-    what = f"{spec.architecture} has short-convolution layers ({len(spec.conv_layers)} of {spec.num_layers})"
-    for wanted, option in ((config.max_lora_rank > 0, "--max-lora-rank / --lora"),
-                           (config.kv_cache_dtype == "int8", "--kv-cache-dtype int8")):
-        if wanted:
-            raise ConfigError(f"{option}: {what}, which it does not take yet; build without it")
+    an int8 KV cache (our attention kernel's rows; the convolutions keep theirs in standard ops). (EAGLE
+    heads draft chains there, not trees: a tree's tokens do not follow their parents, which a
+    convolution reads.)"""
+    if config.kv_cache_dtype == "int8":
+        raise ConfigError(f"--kv-cache-dtype int8: {spec.architecture} has short-convolution layers "
+                          f"({len(spec.conv_layers)} of {spec.num_layers}), which it does not take yet; build without it")
 
 
 def lora_on_experts(spec, ort_moe_node: bool) -> bool:

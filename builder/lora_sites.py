@@ -65,10 +65,11 @@ def columns(*modules: tuple[str, int]) -> list[list]:
 
 def layered_sites(spec: DecoderSpec) -> dict[str, dict]:
     """lora_sites of a model whose layers differ in shape (Gemma 4: wider heads on the full layers, q
-    alone on the layers reading another's KV, v from k's projection, wider MLPs): a site per kind of
-    projection and shape, on its layers; the first keeps the kind's name (qkv, o, gate_up, down), the
-    others add their first layer's index (qkv.1: layer 1's shape)."""
-    h, groups = spec.hidden_size, {}
+    alone on the layers reading another's KV, v from k's projection, wider MLPs; LFM2: convolution
+    layers, conv_in and conv_out): a site per kind of projection and shape, on its layers; the first
+    keeps the kind's name (qkv, o, gate_up, down), the others add their first layer's index (qkv.1:
+    layer 1's shape). Modules under the checkpoint's names (spec.module_names)."""
+    h, groups, named = spec.hidden_size, {}, dict(spec.module_names)
     for layer in range(spec.num_layers):
         d, kv, width = spec.head_size(layer), spec.kv_heads(layer), spec.mlp_width(layer)
         qkv = [("self_attn.q_proj", spec.num_heads * d)]
@@ -76,10 +77,15 @@ def layered_sites(spec: DecoderSpec) -> dict[str, dict]:
             qkv.append(("self_attn.k_proj", kv * d))
             if not (spec.value_is_key and spec.window(layer) is None):
                 qkv.append(("self_attn.v_proj", kv * d))
-        for kind, width_in, modules in (("qkv", h, qkv), ("o", spec.num_heads * d, [("self_attn.o_proj", h)]),
-                                        ("gate_up", h, [("mlp.gate_proj", width), ("mlp.up_proj", width)]),
-                                        ("down", width, [("mlp.down_proj", h)])):
-            groups.setdefault((kind, width_in, tuple(modules)), []).append(layer)
+        mlp = (("gate_up", h, [("mlp.gate_proj", width), ("mlp.up_proj", width)]),
+               ("down", width, [("mlp.down_proj", h)]))
+        if layer in spec.conv_layers:  # (LFM2: its convolution's in and out projections, builder/short_conv.py)
+            kinds = (("conv_in", h, [("conv.in_proj", 3 * h)]), ("conv_out", h, [("conv.out_proj", h)])) + mlp
+        else:
+            kinds = (("qkv", h, qkv), ("o", spec.num_heads * d, [("self_attn.o_proj", h)])) + mlp
+        for kind, width_in, modules in kinds:
+            modules = tuple((named.get(m, m), w) for m, w in modules)
+            groups.setdefault((kind, width_in, modules), []).append(layer)
     sites = {}
     for (kind, width_in, modules), layers in groups.items():  # (in layer order: layer 0's come first)
         name = kind if kind not in sites else f"{kind}.{layers[0]}"

@@ -15,7 +15,7 @@ token per layer, where a rolling state would keep L - 1 tokens' worth; a draft t
 sit after their parents, is not taken (EAGLE heads draft chains for such models).
 
 A mixin of DecoderWriter (builder/decoder.py), whose __init__ sets what this reads: g, spec, io, w, dtype,
-ftype, kv_type, kv_write (AttentionWriter), linear.
+ftype, kv_type, kv_write (AttentionWriter), linear, lora (its sites conv_in and conv_out: lora_sites.py).
 """
 from __future__ import annotations
 
@@ -28,8 +28,9 @@ class ConvWriter:
     def short_conv(self, i: int, x: str, write_index: str) -> str:
         g, s, p, name = self.g, self.spec, f"model.layers.{i}.conv", f"/model/layers.{i}/conv"
         h, taps = s.hidden_size, s.conv_kernel
-        b, c, xx = g.op("Split", f"{name}/Split", [self.linear(f"{name}/in_proj", x, f"{p}.in_proj", s.conv_bias),
-                                                    g.const([h, h, h])], num_outputs=3, axis=-1)
+        bcx = self.lora(f"{name}/in_proj", x, self.linear(f"{name}/in_proj", x, f"{p}.in_proj", s.conv_bias), i,
+                        "conv_in")
+        b, c, xx = g.op("Split", f"{name}/Split", [bcx, g.const([h, h, h])], num_outputs=3, axis=-1)
         bx = g.op("Mul", f"{name}/Bx", [b, xx])                                                  # [B,S,H]
         if self.kv_type != self.ftype:
             bx = g.op("Cast", f"{name}/Bx/Cast", [bx], to=self.kv_type)
@@ -68,4 +69,6 @@ class ConvWriter:
                  keepdims=0)                                                                     # [B,S,H]
         if s.conv_bias:
             y = g.op("Add", f"{name}/conv/bias", [y, self.fw(f"{p}.conv.bias", self.w[f"{p}.conv.bias"])])
-        return self.linear(f"{name}/out_proj", g.op("Mul", f"{name}/Cy", [c, y]), f"{p}.o_proj", s.conv_bias)
+        y = g.op("Mul", f"{name}/Cy", [c, y])
+        return self.lora(f"{name}/out_proj", y, self.linear(f"{name}/out_proj", y, f"{p}.o_proj", s.conv_bias), i,
+                         "conv_out")

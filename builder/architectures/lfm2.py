@@ -5,7 +5,7 @@ Llama's layers with these changes: most layers are short convolutions instead of
 attention layers RMS-norm each q and k head before RoPE (Qwen3's), and the final norm is called
 embedding_norm. The build reads its modules under Llama's names (architectures.RENAMES). Not taken:
 draft trees (a tree's tokens do not follow their parents, which a convolution reads: EAGLE heads draft
-chains), LoRA."""
+chains). LoRA adapters name its modules as the checkpoint does (DecoderSpec.module_names)."""
 from __future__ import annotations
 
 from trtllm.builder.architectures.llama import base_spec
@@ -39,4 +39,6 @@ def spec_from_config(config):
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     return base_spec(config, "Lfm2ForCausalLM", rms_norm_eps=config.norm_eps, intermediate_size=mlp_width(config),
                      head_dim=head_dim, qk_norm=True, conv_layers=tuple(i for i, t in enumerate(types) if t == "conv"),
-                     conv_kernel=kernel, conv_bias=bool(config.conv_bias))
+                     conv_kernel=kernel, conv_bias=bool(config.conv_bias),
+                     module_names=(("self_attn.o_proj", "self_attn.out_proj"), ("mlp.gate_proj", "feed_forward.w1"),
+                                   ("mlp.up_proj", "feed_forward.w3"), ("mlp.down_proj", "feed_forward.w2")))
