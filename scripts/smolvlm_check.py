@@ -93,6 +93,64 @@ def answered(work: Path, engine: Path, content: list, tokens: int, **top) -> tup
     return json.loads((work / "output.json").read_text())["responses"][0], took, stages
 
 
+# a prompt past a 512-token window (about 690 tokens of the demo tokenizer), for text_check
+LONG_TEXT = ("Edge devices run small language models on their own processors, and every layer of such a model "
+             "reads what the layers before it wrote. ") * 26 + "What do the layers read?"
+
+
+def saved_random(model, tok, out: Path) -> None:
+    """A random text model with weights large enough that its answer depends on the prompt (the init's are
+    tiny), greedy, saved to `out` with its tokenizer."""
+    import torch
+    import transformers
+
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() > 1:
+                p.normal_(0.0, 2.0 / p.shape[-1] ** 0.5)
+    model.generation_config = transformers.GenerationConfig(bos_token_id=tok.bos_token_id, do_sample=False)
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+
+
+def text_check(doc: str, make_checkpoint, prefix: str, text: str = LONG_TEXT) -> int:
+    """A text model's check (scripts/gemma4_check.py, lfm2_check.py): `make_checkpoint`'s model built,
+    `text` answered greedily with trtllm-run, its tokens against transformers' and its first step's top-5
+    log-probabilities against transformers' in float64, which they must be at least about as close to as
+    transformers' own float32 is (2x, or 1e-4). 0 when both hold."""
+    args, work, ckpt, engine = prepared(doc, make_checkpoint, 1024, prefix)
+    import numpy as np
+    import torch
+    import transformers
+
+    from trtllm.runtime import manifest as mf
+    from trtllm.runtime.kv_cache import bytes_per_token
+
+    response, took, stages = answered(work, engine, text, args.tokens, num_logprobs=5)
+    tok = transformers.AutoTokenizer.from_pretrained(ckpt)
+    ids = tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+                                  return_tensors="pt", return_dict=True)["input_ids"]
+    first = {}  # the first step's log-probabilities, float32 and (the yardstick of both) float64
+    for dtype in (torch.float64, torch.float32):
+        model = transformers.AutoModelForCausalLM.from_pretrained(ckpt, dtype=dtype).eval()
+        with torch.no_grad():
+            first[dtype] = torch.log_softmax(model(ids).logits[0, -1].double(), -1).numpy()
+    with torch.no_grad():
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=args.tokens, do_sample=False,
+                             eos_token_id=None)
+    theirs, ours = out[0, ids.shape[1]:].tolist(), response["output_ids"]
+    top = [e["token_id"] for e in response["logprobs"][0]]
+    error = max(abs(e["logprob"] - first[torch.float64][e["token_id"]]) for e in response["logprobs"][0])
+    own = float(np.abs(first[torch.float32][top] - first[torch.float64][top]).max())
+    shape = mf.load(engine).model
+    print(f"prompt: {ids.shape[1]} tokens (ours {response['prompt_tokens']}); trtllm-run {took:.1f} s (prefill "
+          f"{stages.get('llm_prefill', 0) / 1e3:.1f} s); KV {bytes_per_token(shape)} bytes a token for "
+          f"{shape.num_kv_layers} of {shape.num_layers} layers {list(shape.kv_layers or [])}")
+    print(f"ours         {ours}\ntransformers {theirs}\ntoken-exact: {ours == theirs}; first step's top-5 "
+          f"logprobs {error:.1e} from float64's (transformers' float32: {own:.1e})")
+    return 0 if ours == theirs and error <= max(1e-4, 2 * own) else 1
+
+
 def main() -> int:
     args, work, ckpt, engine = prepared(__doc__, checkpoint, 2048, "smolvlm-check-")
     import numpy as np

@@ -1,7 +1,7 @@
 """Gemma 4 beyond the tiny-model parity suites (test_tiny_parity.py's "gemma4" and "gemma4-kv", and the
 LoRA, EAGLE, legacy-graph and quantized ones): its release form (Gemma4ForConditionalGeneration) builds its
-language model alone and takes whole-model adapters, the KV the engine keeps, TensorRT engines, and the
-formats that run on our attention kernel."""
+language model alone and takes whole-model adapters, the KV the engine keeps, and the formats that run on
+our attention kernel (test_layer_shapes.py: beams, prompt lookup and TensorRT)."""
 from __future__ import annotations
 
 import numpy as np
@@ -86,37 +86,6 @@ def test_the_engine_keeps_kv_for_the_layers_that_make_it(tiny_engine):
     assert bytes_per_token(manifest.model) == 2 * 4 * (2 * 16 + 2 * 32 + 2 * 16)
     inputs = [i.name for i in load_engine(tiny_engine("gemma4")).session.get_inputs() if i.name.startswith("past_")]
     assert sorted(inputs) == sorted(f"past_{kind}.{i}" for kind in ("key", "value") for i in range(3))
-
-
-@pytest.mark.parametrize("graph", ["modern", "legacy"])
-def test_tensorrt_engines_answer_as_onnx_runtime(graph, tiny_checkpoint, tmp_path, run_cli):
-    """TensorRT (tests/fakes: it runs the plan's llm.onnx as written, with the KV in device buffers bound in
-    place, each KV layer in its own shape): the same answers as the ONNX Runtime engine, with a saved
-    system prompt's KV read from the device and written back (saved_form's pieces)."""
-    from tests import fakes
-    from tests.runtime.test_tensorrt_engine import LIMITS as TRT_LIMITS, PAYLOAD, same
-
-    ckpt = str(tiny_checkpoint("gemma4"))
-    env = {"FAKE_TRT_VERSION": "10.3.0.30"} if graph == "legacy" else {}
-    legacy = dict(graph="legacy", trt_version="10.3") if graph == "legacy" else {}
-    build(BuildConfig(model=ckpt, output=str(tmp_path / "ort"), backend="onnxruntime", **TRT_LIMITS), log=lambda m: None)
-    with fakes.installed(**env):
-        build(BuildConfig(model=ckpt, output=str(tmp_path / "trt"), backend="tensorrt", **legacy, **TRT_LIMITS),
-              log=lambda m: None)
-    payload = {**PAYLOAD, "batch_size": 2}
-
-    def answers(engine, *extra):
-        result, out = run_cli(engine, payload, *extra)
-        assert result.exit_code == 0, result.output
-        return out["responses"]
-
-    want = answers(tmp_path / "ort")
-    with fakes.installed(**env):
-        same(answers(tmp_path / "trt"), want)
-        cache = ("--kv-cache-dir", str(tmp_path / "kv"))
-        same(answers(tmp_path / "trt", *cache), want)
-        assert list((tmp_path / "kv").iterdir())
-        same(answers(tmp_path / "trt", *cache), want)  # (restored into the device's buffers)
 
 
 @pytest.mark.parametrize("options, kv_dtype, row", [(dict(dtype="bfloat16"), "bfloat16", 0),

@@ -48,14 +48,16 @@ def test_beam_search_and_prompt_lookup_answer_as_transformers(arch, tiny_checkpo
     assert out["responses"][0]["output_ids"] == greedy[0, ids2.shape[1]:].tolist()
 
 
-@pytest.mark.parametrize("graph", ["modern", "legacy"])
-def test_lfm2_tensorrt_engines_answer_as_onnx_runtime(graph, tiny_checkpoint, tmp_path, run_cli):
-    """On the TensorRT stand-ins (tests/fakes), the convolutions' rows in device buffers of their own
-    shape: the ONNX Runtime engine's answers, with a saved system prompt's rows restored on the device."""
+@pytest.mark.parametrize("arch, graph", [("gemma4", "modern"), ("gemma4", "legacy"), ("lfm2", "modern"),
+                                         ("lfm2", "legacy")])
+def test_tensorrt_engines_answer_as_onnx_runtime(arch, graph, tiny_checkpoint, tmp_path, run_cli):
+    """TensorRT (tests/fakes: it runs the plan's llm.onnx as written, the KV in device buffers bound in
+    place, each KV layer in its own shape): the same answers as the ONNX Runtime engine, with a saved
+    system prompt's KV read from the device and written back (saved_form's pieces)."""
     from tests import fakes
     from tests.runtime.test_tensorrt_engine import LIMITS as TRT_LIMITS, PAYLOAD, same
 
-    ckpt = str(tiny_checkpoint("lfm2"))
+    ckpt = str(tiny_checkpoint(arch))
     env = {"FAKE_TRT_VERSION": "10.3.0.30"} if graph == "legacy" else {}
     legacy = dict(graph="legacy", trt_version="10.3") if graph == "legacy" else {}
     build(BuildConfig(model=ckpt, output=str(tmp_path / "ort"), backend="onnxruntime", **TRT_LIMITS), log=lambda m: None)
@@ -73,7 +75,8 @@ def test_lfm2_tensorrt_engines_answer_as_onnx_runtime(graph, tiny_checkpoint, tm
         same(answers(tmp_path / "trt"), want)
         cache = ("--kv-cache-dir", str(tmp_path / "kv"))
         same(answers(tmp_path / "trt", *cache), want)
-        same(answers(tmp_path / "trt", *cache), want)
+        assert list((tmp_path / "kv").iterdir())
+        same(answers(tmp_path / "trt", *cache), want)  # (restored into the device's buffers)
 
 
 @pytest.mark.parametrize("name", ["int4", "int8"])
