@@ -39,13 +39,13 @@ def checkpoint(language: Path, out: Path) -> None:
         vocab_size_per_layer_input=len(tok), final_logit_softcapping=30.0, rms_norm_eps=1e-6,
         max_position_embeddings=32768, tie_word_embeddings=False,  # (tied, a random head repeats the last token)
         bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
-    torch.manual_seed(0)
-    model = transformers.Gemma4ForCausalLM(config).eval()
-    with torch.no_grad():  # (a buffer, not a parameter)
+    def scalars(model):  # (a buffer, not a parameter)
         for name, b in model.named_buffers():
             if name.endswith("layer_scalar"):
                 b.uniform_(0.5, 1.5)
-    saved_random(model, tok, out)
+
+    torch.manual_seed(0)
+    saved_random(transformers.Gemma4ForCausalLM(config).eval(), tok, out, then=scalars)
 
 
 def main() -> int:

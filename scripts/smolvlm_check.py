@@ -98,9 +98,9 @@ LONG_TEXT = ("Edge devices run small language models on their own processors, an
              "reads what the layers before it wrote. ") * 26 + "What do the layers read?"
 
 
-def saved_random(model, tok, out: Path) -> None:
+def saved_random(model, tok, out: Path, then=None) -> None:
     """A random text model with weights large enough that its answer depends on the prompt (the init's are
-    tiny), greedy, saved to `out` with its tokenizer."""
+    tiny), `then(model)` after them (buffers of its own), greedy, saved to `out` with its tokenizer."""
     import torch
     import transformers
 
@@ -108,6 +108,8 @@ def saved_random(model, tok, out: Path) -> None:
         for p in model.parameters():
             if p.dim() > 1:
                 p.normal_(0.0, 2.0 / p.shape[-1] ** 0.5)
+        if then is not None:
+            then(model)
     model.generation_config = transformers.GenerationConfig(bos_token_id=tok.bos_token_id, do_sample=False)
     model.save_pretrained(out)
     tok.save_pretrained(out)
