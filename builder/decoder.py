@@ -437,7 +437,8 @@ class DecoderWriter(AttentionWriter, HeadWriter, WeightWriter, MoEWriter, PerLay
 
     def rms_norm(self, name: str, x: str, weight_name: str | None, width: int = 0) -> str:
         g, scale = self.g, self.norm_scale(weight_name, width)
-        wide = (self.spec.norm_offset or weight_name is None) and self.ftype != F32  # a 16-bit Gemma: in float32, cast back after
+        # a 16-bit Gemma's norms (and any without a weight): in float32, cast back after
+        wide = (self.spec.norm_offset or weight_name is None) and self.ftype != F32
         if wide:
             x = g.op("Cast", f"{name}/Cast", [x], to=F32)
         if self.legacy:
@@ -564,13 +565,12 @@ class DecoderWriter(AttentionWriter, HeadWriter, WeightWriter, MoEWriter, PerLay
             mask = self.masks(input_ids, write_index)
         if self.decomposed and mask is not None:  # additive masks, for attention as MatMul and Softmax: per
             # window and query group size (Gemma 4's full layers have kv heads of their own)
+            groups = s.num_heads // s.num_kv_heads  # (the model's own: its biases keep their plain names)
             kinds = sorted({(s.window(i), s.num_heads // s.kv_heads(i)) for i in range(s.num_layers)
-                            if i not in s.conv_layers},
-                           key=lambda k: (k[0] or 0, k[1]))
-            mask = {(w, n): legacy_ops.attention_bias(g, mask[w], n, ("/model/mask/bias" if w is None else
-                                                                     "/model/mask/window_bias") + ("" if n == kinds[0][1]
-                                                                                                   else f"_{n}"))
-                    for w, n in kinds}
+                            if i not in s.conv_layers}, key=lambda k: (k[0] or 0, k[1]))
+            mask = {(w, n): legacy_ops.attention_bias(
+                g, mask[w], n, ("/model/mask/bias" if w is None else "/model/mask/window_bias") + f"_{n}" * (n != groups))
+                for w, n in kinds}
         if self.legacy:  # what every layer shares, built once: the cos/sin rows, KV addresses
             self.rope = legacy_ops.rope_tables(g, position_ids, self.cos, self.sin)
             if s.local_rope:

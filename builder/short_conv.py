@@ -15,7 +15,7 @@ token per layer, where a rolling state would keep L - 1 tokens' worth; a draft t
 sit after their parents, is not taken (EAGLE heads draft chains for such models).
 
 A mixin of DecoderWriter (builder/decoder.py), whose __init__ sets what this reads: g, spec, io, w, dtype,
-ftype, kv_type, kv_write (AttentionWriter), linear, lora (its sites conv_in and conv_out: lora_sites.py).
+ftype, kv_type, kv_io and kv_write (AttentionWriter), linear, lora (its sites conv_in and conv_out: lora_sites.py).
 """
 from __future__ import annotations
 
@@ -35,14 +35,11 @@ class ConvWriter:
         if self.kv_type != self.ftype:
             bx = g.op("Cast", f"{name}/Bx/Cast", [bx], to=self.kv_type)
         halves = g.op("Split", f"{name}/Halves", [bx, g.const([h // 2, h // 2])], num_outputs=2, axis=-1)
-        kv_shape, caches = ["batch", 1, "kv_capacity", h // 2], []
-        for kind, half in zip(("key", "value"), halves):
-            past = g.input(getattr(self.io, f"past_{kind}").format(i=i), self.kv_type, kv_shape)
-            present = getattr(self.io, f"present_{kind}").format(i=i)
+        caches, present = self.kv_io(i)  # [B,1,C,H/2] each (spec.kv_heads and head_size of a convolution layer)
+        for kind, half, past, out in zip(("key", "value"), halves, caches, present):
             new = g.op("Unsqueeze", f"{name}/{kind}/Unsqueeze", [half, g.const([1])])           # [B,1,S,H/2]
-            self.kv_write(f"{name}/{kind}_cache", past, new, write_index, present, 1)
-            g.output(present, self.kv_type, kv_shape)
-            caches.append(present)
+            self.kv_write(f"{name}/{kind}_cache", past, new, write_index, out, 1)
+        caches = present
         # each token's taps: slots slot - L + 1 .. slot of its row, as [B, S * L] (a slot before 0: zeros)
         shape = g.op("Shape", f"{name}/shape", [x])
         seq = g.op("Gather", f"{name}/seq", [shape, g.const(1)], axis=0)

@@ -62,13 +62,11 @@ class KVCacheManager:
         # One allocation for all layers: numpy backs an allocation this large with 2 MiB pages on
         # Linux, and attention streams the whole cache every step (at batch 8, as much as a fifth
         # of the weights' bytes).
-        m, dtype = self.model, kv_storage(self.model.kv_dtype)
-        if m.kv_layers is None:
-            return list(np.zeros((2 * m.num_layers, num_slots, m.num_kv_heads, capacity, m.kv_row), dtype))
-        shapes = [(num_slots, heads, capacity, row) for heads, row in m.kv_shapes() for _ in "kv"]
-        whole = np.zeros(sum(math.prod(x) for x in shapes), dtype)
-        ends = np.cumsum([math.prod(x) for x in shapes])
-        return [whole[end - math.prod(x):end].reshape(x) for x, end in zip(shapes, ends)]
+        shapes = [(num_slots, heads, capacity, row) for heads, row in self.model.kv_shapes() for _ in "kv"]
+        sizes = [math.prod(shape) for shape in shapes]
+        whole = np.zeros(sum(sizes), kv_storage(self.model.kv_dtype))
+        starts = np.cumsum([0, *sizes])
+        return [whole[start:start + size].reshape(shape) for shape, size, start in zip(shapes, sizes, starts)]
 
     def grow(self, capacity: int) -> None:
         """Positions 0..capacity-1 per slot (at most `limit`), the KV so far copied over. A new

@@ -10,8 +10,8 @@ ones with a RoPE table each) with these changes, each a DecoderSpec field:
 - the last num_kv_shared_layers layers compute no K and V: each attends over those of the last earlier
   layer of its kind, which the engine keeps once (manifest model.kv_layers);
 - per-layer embeddings (PLE): a second table gives each token a small vector per layer, which with a
-  projection of its embedding joins each layer's output through a gate (builder/decoder.py's
-  per_layer_inputs and per_layer_block), and each layer's output is times its layer_scalar;
+  projection of its embedding joins each layer's output through a gate (builder/per_layer.py), and
+  each layer's output is times its layer_scalar;
 - the KV-sharing layers' MLPs may be twice as wide (use_double_wide_mlp: their weights say so), and
   attention_k_eq_v takes a full layer's v from its k projection.
 Not taken: mixture-of-experts layers (enable_moe_block, gemma-4-26B-A4B) and attention both ways over

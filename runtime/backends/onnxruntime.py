@@ -100,7 +100,7 @@ def graph_mismatch(session, m: Manifest, draft: bool = False) -> str:
     if layers != model.num_kv_layers or io.past_key.format(i=0) not in inputs:
         said = "model.num_layers" if model.kv_layers is None else "model.kv_layers gives"
         return f"the graph has {layers} layers' {io.past_key!r} inputs, the manifest says {said} {model.num_kv_layers}"
-    for i, (heads, row) in enumerate(model.kv_shapes() if model.kv_layers is not None else model.kv_shapes()[:1]):
+    for i, (heads, row) in enumerate(model.kv_shapes()):
         kv = inputs.get(io.past_key.format(i=i))
         if kv is None:
             return f"the graph has no input {io.past_key.format(i=i)!r}"
