@@ -219,10 +219,12 @@ class AttentionWriter:
             attrs["v_norm"] = 1
         if not own:
             attrs["shared_kv"] = 1
-        if self.tree or self.ahead:  # inputs 10 and 11 (those before left empty where absent)
+        # (Gemma 4 sees an image both ways on its sliding layers alone)
+        ahead = self.ahead if not (s.image_ahead_windows_only and window is None) else None
+        if self.tree or ahead:  # inputs 10 and 11 (those before left empty where absent)
             ins += ["", ""] * (not s.qk_norm) + [self.tree_mask if self.tree else ""]
-        if self.ahead:
-            ins.append(self.ahead)
+        if ahead:
+            ins.append(ahead)
         out = g.op(cpu_kernels.ATTENTION, f"{name}/Attention", ins, outputs=[f"{name}/Attention/output_0", *present],
                    domain=cpu_kernels.DOMAIN, num_heads=s.num_heads, kv_num_heads=s.kv_heads(i), scale=s.scale, **attrs)
         y = out if isinstance(out, str) else out[0]
@@ -256,14 +258,19 @@ class AttentionWriter:
         q_slot = g.op("Unsqueeze", "/model/mask/q_slot4", [q_slot, g.const([1, 3])])        # [B,1,S,1]
         seen_to = q_slot if self.ahead is None else self.seen_to(q_slot, write_index)
         causal = g.op("LessOrEqual", "/model/mask/causal", [kv_slot, seen_to])              # [B,1,S,C]
+        # Gemma 4: its full-attention layers see images causally (image_ahead is its sliding layers')
+        own = self.ahead is not None and self.spec.image_ahead_windows_only
+        full = g.op("LessOrEqual", "/model/mask/causal_full", [kv_slot, q_slot]) if own else None
         if self.tree:
-            causal = g.op("And", "/model/mask/tree", [causal, self.tree_visible(write_index, seq, kv_slot)])
+            visible = self.tree_visible(write_index, seq, kv_slot)
+            causal = g.op("And", "/model/mask/tree", [causal, visible])
+            full = g.op("And", "/model/mask/tree_full", [full, visible]) if own else None
             # a token's window counts from its position: a tree's tokens share positions, not slots
             q_slot = g.op("Unsqueeze", "/model/mask/q_pos4", [self.io.position_ids, g.const([1, 3])])
         out = {}
         for window in sorted({self.spec.window(i) for i in range(self.spec.num_layers)}, key=lambda w: w or 0):
             if window is None:
-                out[None] = causal
+                out[None] = full or causal
             else:
                 lo = g.op("Sub", "/model/mask/window_lo", [q_slot, g.const(window)])
                 out[window] = g.op("And", "/model/mask/window",

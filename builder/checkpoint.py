@@ -28,8 +28,8 @@ class Checkpoint:
     grids: dict | None = None
     # a vision-language checkpoint's whole model (builder/vision.py); `model` is then its language model
     vision: "torch.nn.Module | None" = None
-    # the encoders of a multimodal checkpoint the build does not take yet (vision.LANGUAGE_ONLY): `model`
-    # is its language model, and the engine takes text alone
+    # the encoders of a multimodal checkpoint the build does not take yet (vision.left_out: Gemma 4's
+    # audio one); the engine takes what the others and the language model take
     left_out: tuple[str, ...] = ()
 
 
@@ -143,14 +143,15 @@ def load_model(source, model_arg: str):
         raise CheckpointError(f"--model {model_arg!r} is a {packing.method.upper()} checkpoint, whose packed weights "
                               "are read from a local directory: download it (hf download) and pass its directory")
     kind = getattr(config, "model_type", None)
-    if kind in vision.MODEL_TYPES or kind in vision.LANGUAGE_ONLY:
+    if kind in vision.MODEL_TYPES:
         with quiet_loading(packing is not None):
             model, info = vision.load(source, config)
         if packing is not None:  # (AWQ / GPTQ releases of VLMs pack the language model's projections)
             info = unpacked_into(model, info, packing, loaded_weight_files(Path(source)), model_arg)
         check_loaded(info, model_arg)
-        if kind in vision.LANGUAGE_ONLY:  # (its language model alone: a text engine)
-            info = {**info, "left_out": vision.encoders_of(config)}
+        if vision.left_out(config):  # (Gemma 4's audio encoder: the engine takes text and images)
+            info = {**info, "left_out": vision.left_out(config)}
+        if not vision.has_vision(config):  # (its language model alone: a text engine)
             model = vision.language_model(model)
         return model, info, vision.tokenizer_of(source)
     with quiet_loading(packing is not None):  # (its report would call the packed projections missing)

@@ -102,6 +102,10 @@ class DecoderSpec:
     mrope_interleaved: bool = False   # ... taken in turn (Qwen3-VL: t, h, w, t, h, w, ...), not in three runs
     image_bidirectional: bool = False  # Gemma 3: in the prompt an image's tokens see each other both ways
                                       # (image_ahead: how many slots past its own each also sees)
+    image_ahead_windows_only: bool = False  # Gemma 4: ... on the sliding layers only (full ones causal)
+    placeholder_ids: tuple[int, ...] = ()  # Gemma 4: tokens read as placeholder_pad_id by the token tables (the
+    placeholder_pad_id: int = 0       # image, video and audio tokens: Gemma4Model.forward's llm_input_ids), so
+                                      # the image tokens' per-layer rows are the pad's, as is a generated one's
     deepstack_layers: int = 0         # Qwen3-VL: the image tokens' rows after each of the first K layers get
                                       # the vision graph's k-th extra embeddings added (image_embeds' columns
                                       # H(k+1)..H(k+2): it is [N, H * (1 + K)])
@@ -525,17 +529,18 @@ class DecoderWriter(AttentionWriter, HeadWriter, WeightWriter, MoEWriter, PerLay
         last_index = g.input(io.last_index, I64, ["batch"])
         if self.tree:
             self.tree_mask = g.input(io.tree_mask, TensorProto.BOOL, ["batch", "seq", "tree"])
+        table_ids = self.placeholders(input_ids) if s.placeholder_ids else input_ids
         if self.half or self.half_embedding:  # one 16-bit table for the lookup and a tied lm_head
             table = self.storage if self.half else np.dtype(np.float16)  # a quantized EAGLE head's: float16
             embed = g.weight("model.embed_tokens.weight", self.w["model.embed_tokens.weight"].astype(table))
-            h = g.op("Gather", "/model/embed_tokens/Gather", [embed, input_ids], axis=0)
+            h = g.op("Gather", "/model/embed_tokens/Gather", [embed, table_ids], axis=0)
             if table != self.dtype:
                 h = g.op("Cast", "/model/embed_tokens/Cast", [h], to=self.ftype)
         elif self.quant is not None:
-            h = self.quantized_embedding(input_ids)
+            h = self.quantized_embedding(table_ids)
         else:
             embed = self.fw("model.embed_tokens.weight", self.w["model.embed_tokens.weight"])
-            h = g.op("Gather", "/model/embed_tokens/Gather", [embed, input_ids], axis=0)
+            h = g.op("Gather", "/model/embed_tokens/Gather", [embed, table_ids], axis=0)
         if s.embed_scale != 1.0:  # in the table's type, as transformers multiplies
             h = g.op("Mul", "/model/embed_tokens/Scale", [h, g.const(s.embed_scale, self.dtype)])
         if s.image_embeds:  # written over the image tokens' rows, as transformers' masked_scatter does
@@ -550,7 +555,7 @@ class DecoderWriter(AttentionWriter, HeadWriter, WeightWriter, MoEWriter, PerLay
             self.deepstack = parts[1:]  # (each added after its layer: write)
             h = g.op("ScatterND", "/model/image_embeds/ScatterND", [h, self.image_index, parts[0]])
         if s.per_layer_input:
-            self.per_layer = self.per_layer_inputs(input_ids, h)
+            self.per_layer = self.per_layer_inputs(table_ids, h)
         if s.image_bidirectional:  # [B,S]: 0 but for the image tokens, which see the rest of their image
             given = g.input(io.image_ahead, I64, ["image_tokens"])
             shape = g.op("Shape", "/model/image_ahead/shape", [input_ids])
@@ -580,6 +585,15 @@ class DecoderWriter(AttentionWriter, HeadWriter, WeightWriter, MoEWriter, PerLay
                                                            else f"_{n}")
                              for n in {s.kv_heads(i) for i in range(s.num_layers - s.kv_shared_layers)}}
         return input_ids, position_ids, write_index, last_index, h, mask
+
+    def placeholders(self, input_ids: str) -> str:
+        """input_ids with each of spec.placeholder_ids as placeholder_pad_id: what the token tables read."""
+        g, s, name = self.g, self.spec, "/model/placeholders"
+        hit = None
+        for k, t in enumerate(s.placeholder_ids):
+            eq = g.op("Equal", f"{name}/Equal{k}", [input_ids, g.const(t)])
+            hit = eq if hit is None else g.op("Or", f"{name}/Or{k}", [hit, eq])
+        return g.op("Where", f"{name}/Where", [hit, g.const(s.placeholder_pad_id), input_ids])
 
     def deepstack_add(self, i: int, h: str) -> str:
         """h's image token rows += the vision graph's i-th extra rows (Gather, Add, Scatter: TensorRT's

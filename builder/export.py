@@ -515,8 +515,8 @@ def build(config: BuildConfig, log=print) -> Path:
         ck = ckpt.load(config.model)
         if ck.left_out:
             log(f"note: {config.model} is a multimodal checkpoint whose {' and '.join(ck.left_out)} encoder"
-                f"{'s are' if len(ck.left_out) > 1 else ' is'} not built yet: the engine is its language model, "
-                "and takes text alone")
+                f"{'s are' if len(ck.left_out) > 1 else ' is'} not built yet: the engine takes "
+                + ("text and images" if ck.vision is not None else "text alone (its language model)"))
         if ck.unused:  # (the engine is the model transformers loads, without them, and is checked against it)
             log(f"warning: {config.model} holds tensors its config gives the model no place for, which "
                 f"transformers drops and so does the engine: {listed(ck.unused)}")

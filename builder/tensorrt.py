@@ -105,7 +105,8 @@ def vision_profiles(vision: dict, onnx_path: Path) -> list[Profile]:
     one image, as a profile for 4 would size TensorRT's workspace for 4 x 16 heads' [4096, 4096] scores,
     4 GiB); Qwen's
     patches (one image a run), merge x merge of them up to an image of max_pixels, and Qwen2.5-VL's
-    windows (a merge unit at least each) of up to window_size / patch_size squared patches."""
+    windows (a merge unit at least each) of up to window_size / patch_size squared patches; Gemma 4's
+    patches (one image a run), up to vision.max_patches."""
     import onnx
 
     from trtllm.runtime.media import tiles_a_run
@@ -117,6 +118,9 @@ def vision_profiles(vision: dict, onnx_path: Path) -> list[Profile]:
         widest = (vision["window_size"] // pre["patch_size"]) ** 2 if vision.get("window_size") else 1
         axes = {"patches": (unit, max(unit, patches // 2 // unit * unit), patches),
                 "windows": (1, max(1, patches // unit // 2), patches // unit), "window_width": (1, widest, widest)}
+    elif "max_soft_tokens" in pre:  # Gemma 4: an image's own patches, k x k of them a token, up to max_patches
+        unit, most = pre["pooling_kernel_size"] ** 2, vision["max_patches"]
+        axes = {"patches": (unit, max(unit, most // 2 // unit * unit), most)}
     else:
         axes = {"tiles": (1, tiles_a_run(vision), tiles_a_run(vision))}
     shapes = {}

@@ -27,10 +27,11 @@ PIXELS, EMBEDS = "pixel_values", "image_embeds"
 VISION_NAME = "vision.onnx"
 VISION_COMPILED = "vision.ort.onnx"  # ONNX Runtime's form on our kernels (builder/vision_export.write_sharing)
 # config.model_type of the vision-language models built
-MODEL_TYPES = ("internvl", "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "idefics3", "smolvlm", "gemma3")
-# multimodal checkpoints whose encoders are not built yet: the build takes their language model alone
-# (a text engine), as Gemma 4's releases (gemma-4-E2B-it, -E4B-it: Gemma4ForConditionalGeneration) hold it
-LANGUAGE_ONLY = ("gemma4",)
+MODEL_TYPES = ("internvl", "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "idefics3", "smolvlm", "gemma3",
+               "gemma4")
+# the encoders the build takes (left_out: the others a multimodal config gives its model, e.g. Gemma 4's
+# audio encoder: the engine takes text and images then)
+BUILT_ENCODERS = ("vision",)
 LANGUAGE_PREFIX = "model.language_model"  # where their decoder layers are (PEFT adapters name them so)
 TEXT_MODEL = ("idefics3", "smolvlm")  # ...but these call it model.text_model
 F32 = onnx.TensorProto.FLOAT
@@ -68,7 +69,13 @@ class VisionSpec:
 
 
 def is_vision_language(model) -> bool:
-    return getattr(model.config, "model_type", None) in MODEL_TYPES
+    return has_vision(model.config)
+
+
+def has_vision(config) -> bool:
+    """Whether a config is a vision-language model's with a vision encoder (a Gemma 4 checkpoint may have
+    none: its language model is then built alone)."""
+    return getattr(config, "model_type", None) in MODEL_TYPES and getattr(config, "vision_config", True) is not None
 
 
 def load(source, config):
@@ -94,9 +101,14 @@ def processor_file(source, name: str) -> dict:
 
 
 def encoders_of(config) -> tuple[str, ...]:
-    """The encoders a multimodal config gives its model (what a LANGUAGE_ONLY build leaves out)."""
+    """The encoders a multimodal config gives its model."""
     return tuple(name for name, key in (("vision", "vision_config"), ("audio", "audio_config"))
                  if getattr(config, key, None) is not None)
+
+
+def left_out(config) -> tuple[str, ...]:
+    """The encoders of a multimodal config that the build does not take (Gemma 4's audio)."""
+    return tuple(name for name in encoders_of(config) if name not in BUILT_ENCODERS)
 
 
 def tokenizer_of(source):

@@ -1,21 +1,22 @@
 """A vision-language build's steps beside the language model's export (builder/export.py): the
 language model's spec with its image inputs, the manifest's vision section, and vision.onnx, by family
 (builder/vision.py: InternVL; builder/vision_qwen.py: Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Qwen3-VL-MoE;
-builder/vision_idefics3.py: Idefics3, SmolVLM; builder/vision_gemma3.py: Gemma 3)."""
+builder/vision_idefics3.py: Idefics3, SmolVLM; builder/vision_gemma3.py: Gemma 3; builder/vision_gemma4.py:
+Gemma 4)."""
 from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
 
 from trtllm.builder import checkpoint as ckpt
-from trtllm.builder import vision, vision_gemma3, vision_idefics3, vision_qwen
+from trtllm.builder import vision, vision_gemma3, vision_gemma4, vision_idefics3, vision_qwen
 from trtllm.builder.config import MODERN_MIN_TRT, BuildConfig, ConfigError, parse_trt_version
 
 
 def family(vlm):
     """The module that writes a vision-language model's encoder: vision_qwen (Qwen-VL), vision_idefics3
-    (Idefics3, SmolVLM), vision_gemma3 (Gemma 3) or vision (InternVL)."""
-    for module in (vision_qwen, vision_idefics3, vision_gemma3):
+    (Idefics3, SmolVLM), vision_gemma3 (Gemma 3), vision_gemma4 (Gemma 4) or vision (InternVL)."""
+    for module in (vision_qwen, vision_idefics3, vision_gemma3, vision_gemma4):
         if vlm.config.model_type in module.MODEL_TYPES:
             return module
     return vision
@@ -23,7 +24,8 @@ def family(vlm):
 
 def language_spec(ck: ckpt.Checkpoint, config: BuildConfig, backend: str, spec, encoder):
     """The language model's DecoderSpec with what the images add: their embeddings' inputs, Qwen's
-    multimodal RoPE, Qwen3-VL's DeepStack layers and Gemma 3's images seen both ways (`encoder`: the encoder's spec, section's, which
+    multimodal RoPE, Qwen3-VL's DeepStack layers and Gemma 3's images seen both ways (Gemma 4's on its
+    sliding layers, where its config says so) (`encoder`: the encoder's spec, section's, which
     checked the DeepStack list: its extra rows go to as many first layers); what its engines do not
     take is refused."""
     try:
@@ -34,9 +36,12 @@ def language_spec(ck: ckpt.Checkpoint, config: BuildConfig, backend: str, spec, 
     if deepstack > spec.num_layers:
         raise ckpt.CheckpointError(f"--model {config.model!r}: vision_config.deepstack_visual_indexes must name "
                                    f"at most the language model's {spec.num_layers} layers, got {deepstack}")
+    gemma4_both_ways = family(ck.vision) is vision_gemma4 and vision_gemma4.bidirectional(ck.vision.config)
     spec = dataclasses.replace(spec, image_embeds=True, mrope_section=mrope, deepstack_layers=deepstack,
                                mrope_interleaved=vision.mrope_interleaved(ck.vision.config),
-                               image_bidirectional=family(ck.vision) is vision_gemma3)
+                               image_bidirectional=family(ck.vision) is vision_gemma3 or gemma4_both_ways,
+                               image_ahead_windows_only=gemma4_both_ways, **vision_gemma4.placeholders(ck.vision.config)
+                               if family(ck.vision) is vision_gemma4 else {})
     refuse(config, backend, spec)
     return spec
 
@@ -59,6 +64,10 @@ def section(ck: ckpt.Checkpoint, config: BuildConfig) -> tuple[dict, object]:
     """The manifest's vision section and the encoder's spec: what a vision-language build refuses,
     before the language model's export."""
     qwen = family(ck.vision) is vision_qwen
+    if family(ck.vision) is vision_gemma4 and (config.max_image_tiles or config.max_image_pixels) is not None:
+        raise ConfigError(f"--max-image-{'tiles' if config.max_image_tiles is not None else 'pixels'} is not for "
+                          f"--model {config.model!r}: its images are resized to at most the processor's "
+                          "max_soft_tokens tokens (preprocessor_config.json)")
     # each model's own knob for its image tokens: InternVL's and Idefics3's tiles (Gemma 3's crops), Qwen's
     # pixels (its own grid an image)
     wrong = "--max-image-tiles" if qwen and config.max_image_tiles is not None else \
@@ -71,7 +80,7 @@ def section(ck: ckpt.Checkpoint, config: BuildConfig) -> tuple[dict, object]:
         if qwen:
             spec = vision_qwen.spec_of(ck.vision.config)
             return vision_qwen.section(ck.vision, ck.tokenizer, spec, ck.source["model"], config.max_image_pixels), spec
-        tiled = family(ck.vision)  # (InternVL's tiles, Idefics3's or Gemma 3's one)
+        tiled = family(ck.vision)  # (InternVL's tiles, Idefics3's or Gemma 3's one; Gemma 4's patches)
         spec = tiled.spec_of(ck.vision.config)
         return tiled.section(ck.vision, ck.tokenizer, spec, ck.source["model"], config.max_image_tiles), spec
     except ckpt.Unsupported as e:
@@ -82,10 +91,10 @@ def native_form(ck: ckpt.Checkpoint, config: BuildConfig, backend: str) -> bool:
     """Whether vision.onnx gets an ONNX Runtime form on our kernels (vision.ort.onnx: its attention as
     trtllm.cpu::SegmentAttention, streamed), as llm.onnx's follows --cpu-kernels: Qwen-VL's (an image's
     patches, up to tens of thousands) and Gemma 3's (4,096 an image); the tile encoders' 1,025 patches
-    gain nothing from it."""
+    gain nothing from it. Gemma 4's: up to max_soft_tokens x 9 patches an image (2,520 by default)."""
     from trtllm.plugins import cpu as cpu_kernels
 
-    return (family(ck.vision) in (vision_qwen, vision_gemma3) and backend == "onnxruntime"
+    return (family(ck.vision) in (vision_qwen, vision_gemma3, vision_gemma4) and backend == "onnxruntime"
             and config.cpu_kernels != "onnxruntime" and cpu_kernels.library() is not None)
 
 
@@ -112,6 +121,12 @@ def write(ck: ckpt.Checkpoint, config: BuildConfig, out_dir: Path, log, made: di
             f"images, {spec.tokens_per_tile} tokens an image, seen both ways in the prompt)")
         weights = vision_gemma3.weights_of(ck.vision)
         writer = vision_gemma3.Gemma3Writer(spec, weights)
+    elif family(ck.vision) is vision_gemma4:
+        log(f"writing the vision graph ({spec.num_layers} layers, hidden {spec.hidden_size}, {spec.patch_size}px "
+            f"patches, up to {made['preprocess']['max_soft_tokens']} tokens an image"
+            + (", seen both ways in the prompt on the sliding layers" if made["bidirectional"] else "") + ")")
+        weights = vision_gemma4.weights_of(ck.vision)
+        writer = vision_gemma4.Gemma4Writer(spec, weights)
     elif family(ck.vision) is vision_idefics3:
         log(f"writing the vision graph ({spec.num_layers} layers, hidden {spec.hidden_size}, {spec.image_size[0]}px "
             f"tiles, {spec.tokens_per_tile} tokens a tile, up to {vision_idefics3.most_tiles(made['preprocess'])} "
@@ -133,7 +148,8 @@ def write(ck: ckpt.Checkpoint, config: BuildConfig, out_dir: Path, log, made: di
     if native:
         log(f"lowering the vision graph's attention to {cpu_kernels.SEGMENT_ATTENTION_LOWERING} (plugins/cpu: its "
             f"memory linear in an image's patches) in {vision.VISION_COMPILED}")
-        native_writer = vision_gemma3.Gemma3Writer if family(ck.vision) is vision_gemma3 else vision_qwen.QwenVisionWriter
+        native_writer = {vision_gemma3: vision_gemma3.Gemma3Writer, vision_gemma4: vision_gemma4.Gemma4Writer}.get(
+            family(ck.vision), vision_qwen.QwenVisionWriter)
         write_sharing(native_writer(spec, weights, native=True).write(), out_dir)
         made.update(compiled=vision.VISION_COMPILED, lowerings=[cpu_kernels.SEGMENT_ATTENTION_LOWERING])
 

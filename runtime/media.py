@@ -3,6 +3,8 @@ encoded by the vision graph, and placed in its prompt.
 
 The chat template writes one image token where each image item is. As transformers' processors do,
 InternVL's (`<IMG_CONTEXT>`) becomes `<img>`, tiles x tokens_per_tile image tokens and `</img>`;
+Gemma 4's (`<|image|>`) becomes `<|image>`, one image token per k x k patches of the image resized to its
+token budget (runtime/images_gemma4.py) and `<image|>`, its tokens seen both ways where the config says;
 Qwen-VL's (`<|image_pad|>`, between the template's own start and end tokens) becomes one token per
 2 x 2 patches of the image resized to its own grid (runtime/images_qwen.py); Idefics3's and SmolVLM's
 (`<image>`) becomes each tile's tag and tokens, row by row, then the whole image's (runtime/images_idefics3.py:
@@ -32,7 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from trtllm.plugins import cpu as cpu_kernels
-from trtllm.runtime import images, images_gemma3, images_idefics3, images_qwen
+from trtllm.runtime import images, images_gemma3, images_gemma4, images_idefics3, images_qwen
 
 TILES_A_RUN = 4  # tiles the vision graph encodes at once: its attention's memory grows with them
 # embeddings kept by their image's bytes (ImageEncoder.kept): the same image in another request, or
@@ -208,6 +210,9 @@ class ImageEncoder:
             runs, order = [{"pixel_values": pixels[at["order"]], **{k: at[k] for k in (
                 "patch_positions", "image_ids", "window_ids", "window_rows", "window_slots", "pos_index", "pos_weights")
                 if k in at}}], at["reverse"]
+        elif self.section["architecture"] == "gemma4":  # (an image's own patches, one run)
+            pixels, positions = images_gemma4.pixel_values(image, pre)
+            runs = [{"pixel_values": pixels, "pixel_position_ids": positions}]
         else:
             module = {"idefics3": images_idefics3, "gemma3": images_gemma3}.get(self.section["architecture"], images)
             pixels = module.pixel_values(image, pre)
@@ -341,6 +346,8 @@ def image_tokens(width: int, height: int, section: dict) -> int:
         return images_idefics3.tile_count(width, height, pre) * section["tokens_per_tile"]
     if section["architecture"] == "gemma3":
         return images_gemma3.tile_count(width, height, pre) * section["tokens_per_tile"]
+    if section["architecture"] == "gemma4":
+        return images_gemma4.token_count(width, height, pre)
     return images.tile_count(width, height, pre) * section["tokens_per_tile"]
 
 
@@ -394,7 +401,7 @@ def place(ids: list[int], req, index: int, section: dict, encoder=None,
     rope = images_qwen.rope_positions(len(out), [(int(at[0]), g) for at, g in zip(positions, grids)],
                                       pre["merge_size"]) if qwen else (None, 0)
     return out, PromptImages(np.concatenate(positions).astype(np.int64), sources, keyed, encoder, *rope,
-                             counts=[len(at) for at in positions])
+                             counts=[len(at) for at in positions], bidirectional=bool(section.get("bidirectional")))
 
 
 def place_expanded(ids: list[int], items: list, index: int, section: dict, encoder,

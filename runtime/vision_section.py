@@ -25,6 +25,11 @@ KINDS = {
     # Idefics3 and SmolVLM: the ids of each piece of an image's prompt text (runtime/images_idefics3.py)
     "idefics3": (("image_size", "tokens_per_tile", "global_ids", "row_col_ids", "newline_ids", "break_ids"),
                  ("longest_edge", "tile", "splitting", "resample", "rescale_factor", "image_mean", "image_std")),
+    # Gemma 4: each image its own patches, up to max_patches (runtime/images_gemma4.py); its tokens seen
+    # both ways on the sliding layers where bidirectional
+    "gemma4": (("bidirectional", "max_patches"),
+               ("patch_size", "pooling_kernel_size", "max_soft_tokens", "resample", "rescale_factor", "image_mean",
+                "image_std")),
 }
 
 
@@ -43,12 +48,13 @@ def check(m) -> str:
         return f"vision lacks {', '.join(missing)}"
     if v["graph"] != m.files.get("vision"):
         return f"vision.graph {v['graph']!r} must be files.vision {m.files.get('vision')!r}"
-    # its ONNX Runtime form on our kernels (Qwen-VL's and Gemma 3's, vision.ort.onnx), where the build wrote one
+    # its ONNX Runtime form on our kernels (Qwen-VL's, Gemma 3's and 4's: vision.ort.onnx), where the build wrote one
     compiled = v.get("compiled")
     if compiled != m.files.get("vision_compiled") or (compiled is not None and (
-            kind is not QWEN and v["architecture"] != "gemma3" or v.get("lowerings") != [SEGMENT_ATTENTION])):
+            kind is not QWEN and v["architecture"] not in ("gemma3", "gemma4")
+            or v.get("lowerings") != [SEGMENT_ATTENTION])):
         return (f"vision.compiled {compiled!r} must be files.vision_compiled {m.files.get('vision_compiled')!r}, on "
-                f"a Qwen-VL or Gemma 3 engine, with lowerings [{SEGMENT_ATTENTION!r}], got {v.get('lowerings')!r}")
+                f"a Qwen-VL or Gemma engine, with lowerings [{SEGMENT_ATTENTION!r}], got {v.get('lowerings')!r}")
     for name in ("image_token_id", "start_token_id", "end_token_id"):
         if not (whole(v[name], 0) and v[name] < m.model.vocab_size):
             return f"vision.{name} must be a token id below the vocabulary size {m.model.vocab_size}, got {v[name]!r}"
@@ -66,6 +72,8 @@ def check(m) -> str:
     if not numbers or 0 in pre["image_std"] or not whole(pre["resample"], 0) or pre["resample"] > 5:
         return (f"vision.preprocess's image_mean and image_std must be 3 numbers each (no std 0), and resample a "
                 f"PIL filter number 0..5, got {pre!r:.200}")
+    if v["architecture"] == "gemma4":
+        return gemma4(v, pre)
     if v.get("bidirectional", False) is not (v["architecture"] == "gemma3"):
         return f"vision.bidirectional must be true on gemma3 and absent elsewhere, got {v.get('bidirectional')!r}"
     if v["architecture"] == "idefics3":
@@ -109,6 +117,20 @@ def check(m) -> str:
     if (v["window_size"] is not None) if windowless else not whole(v["window_size"], least):
         return ("vision.window_size must be " + (f"null on {v['architecture']}" if windowless else
                 f"an integer >= merge_size x patch_size ({least})") + f", got {v['window_size']!r}")
+    return ""
+
+
+def gemma4(v: dict, pre: dict) -> str:
+    from trtllm.runtime.images_gemma4 import SOFT_TOKENS
+    from trtllm.runtime.manifest import whole
+
+    if not isinstance(v["bidirectional"], bool):
+        return f"vision.bidirectional must be true or false on gemma4, got {v['bidirectional']!r}"
+    if not (whole(pre["patch_size"]) and whole(pre["pooling_kernel_size"]) and pre["max_soft_tokens"] in SOFT_TOKENS
+            and v["max_patches"] == pre["max_soft_tokens"] * pre["pooling_kernel_size"] ** 2):
+        return (f"vision.preprocess.patch_size and pooling_kernel_size must be integers >= 1, max_soft_tokens one of "
+                f"{list(SOFT_TOKENS)} and vision.max_patches max_soft_tokens x pooling_kernel_size^2, got "
+                f"{v['max_patches']!r}, {pre!r:.200}")
     return ""
 
 

@@ -197,16 +197,17 @@ def named_special_tokens(out_dir: Path, tokens: dict) -> None:
 
 
 def make_gemma4_multimodal(out_dir: Path, seed: int = 0) -> Path:
-    """gemma-4-E2B's release form (Gemma4ForConditionalGeneration, model_type gemma4): the tiny "gemma4"
-    language model under model.language_model, beside a tiny vision tower the build leaves out."""
+    """gemma-4-E2B's release form (Gemma4ForConditionalGeneration, model_type gemma4) with an audio encoder
+    alone: the tiny "gemma4" language model under model.language_model, beside a tiny audio tower the build
+    leaves out (tests/tiny_gemma4.py has the vision one, which it builds)."""
     import torch
     import transformers
 
     text_dir = make_checkpoint("gemma4", Path(out_dir) / "text", seed=seed)
     text = transformers.AutoModelForCausalLM.from_pretrained(text_dir, dtype=torch.float32)
-    vision = transformers.Gemma4VisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                                             num_attention_heads=2, num_key_value_heads=2, head_dim=16)
-    config = transformers.Gemma4Config(text_config=text.config, vision_config=vision, audio_config=None,
+    audio = transformers.Gemma4AudioConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                           subsampling_conv_channels=[8, 4], output_proj_dims=32)
+    config = transformers.Gemma4Config(text_config=text.config, vision_config=None, audio_config=audio,
                                        tie_word_embeddings=False)
     torch.manual_seed(seed)
     model = transformers.Gemma4ForConditionalGeneration(config).eval()

@@ -14,7 +14,7 @@ class TensorRTVision:
     """A vision-language engine's image encoder plan (vision.plan, builder/tensorrt.py vision_profiles):
     an image's feeds (runtime/media.py ImageEncoder.encode's) -> its tokens' embeddings [tokens, hidden
     (Qwen3-VL: x (1 + its DeepStack layers))]. InternVL's and Idefics3's tiles run a profile's most at a
-    time; Qwen's patches run whole, with their index inputs. Loaded at an engine's first image, beside
+    time; Qwen's patches run whole, with their index inputs, as do Gemma 4's with their positions. Loaded at an engine's first image, beside
     llm.plan (whose load checked the TensorRT version and GPU both plans were built for)."""
 
     def __init__(self, engine_dir, manifest: Manifest):
@@ -32,8 +32,10 @@ class TensorRTVision:
         self.inputs = [n for n in names if self.engine.get_tensor_mode(n) == trt.TensorIOMode.INPUT]
         self.dtypes = {n: held_dtype(trt, self.engine.get_tensor_dtype(n)) for n in self.inputs}
         most = {n: tuple(self.engine.get_tensor_profile_shape(n, 0)[2]) for n in self.inputs}
-        self.tiled = "merge_size" not in v["preprocess"]  # (Qwen's: one run of patches, M x M a token)
-        self.per = v["tokens_per_tile"] if self.tiled else v["preprocess"]["merge_size"] ** 2
+        # (Qwen's: one run of patches, M x M a token; Gemma 4's: one of patches, k x k a token)
+        patch_unit = v["preprocess"].get("merge_size", v["preprocess"].get("pooling_kernel_size"))
+        self.tiled = patch_unit is None
+        self.per = v["tokens_per_tile"] if self.tiled else patch_unit ** 2
         self.most = most["pixel_values"][0]  # tiles, or patches
         rows = self.most * self.per if self.tiled else self.most // self.per
         self.buffers = {n: cuda.DeviceBuffer(int(np.prod(most[n])) * self.dtypes[n].itemsize) for n in self.inputs}

@@ -39,12 +39,39 @@ def test_huge_logits_pass_within_float32_s_relative_tolerance(huge_logits, tmp_p
 
 
 def test_the_absolute_tolerance_alone_fails_them(huge_logits, tmp_path, monkeypatch):
-    """The wrong variant: without RTOL, the same correct engine is refused."""
+    """The wrong variant: without RTOL (nor the float64 opinion below), the same correct engine is refused."""
     from trtllm.builder import verify_logits
 
     monkeypatch.setattr(verify_logits, "RTOL", 0.0)  # (where the bounds are judged)
+    monkeypatch.setattr(verify, "RTOL", 0.0)
+    monkeypatch.setattr(verify, "near_miss", lambda *a: False)
     with pytest.raises(verify.VerifyError, match="the build is wrong"):
         build_it(huge_logits, tmp_path / "engine")
+
+
+def test_a_near_miss_is_judged_against_transformers_in_float64(huge_logits, tmp_path, monkeypatch):
+    """Past the absolute bound by less than 10x, the check asks transformers in float64: the correct engine
+    is as close to it as twice transformers' own float32 is, and passes (the report says so)."""
+    from trtllm.builder import verify_logits
+
+    monkeypatch.setattr(verify_logits, "RTOL", 0.0)
+    monkeypatch.setattr(verify, "RTOL", 0.0)
+    monkeypatch.setattr(verify, "near_miss", lambda err, atol, top: err > atol)  # (however far past: ~1e-2 here)
+    report = json.loads((build_it(huge_logits, tmp_path / "engine") / "verify.json").read_text())
+    assert report["max_abs_error"] > 1e-3 and report["max_abs_logit"] > 1e4
+    wide = report["float64"]
+    assert wide["max_abs_error"] <= 2 * wide["transformers_float32_error"]
+
+
+def test_float64_close_takes_twice_transformers_own_error_and_no_more():
+    from trtllm.builder.verify_logits import float64_close
+
+    assert float64_close({"max_abs_error": 3e-3, "transformers_float32_error": 2e-3}, 1e-3)
+    assert not float64_close({"max_abs_error": 5e-3, "transformers_float32_error": 2e-3}, 1e-3)
+    assert float64_close({"max_abs_error": 9e-4, "transformers_float32_error": 0.0}, 1e-3)
+    assert not float64_close(None, 1e-3)  # (no float64 copy: too large for the memory there is)
+    assert verify.near_miss(5e-3, 1e-3, 1.0) and not verify.near_miss(2e-2, 1e-3, 1.0)
+    assert not verify.near_miss(5e-4, 1e-3, 1.0)
 
 
 def changed(tiny_checkpoint, tmp_path, change):
@@ -80,3 +107,20 @@ def test_an_engine_below_its_formats_floor_fails_the_agreement_check(tiny_engine
     with pytest.raises(verify.VerifyError, match="too inaccurate") as e:
         verify.verify_engine(engine, wrong, "int4")
     assert e.value.report["top1_agreement"] < 0.9
+
+
+def test_image_embeddings_a_near_miss_is_judged_against_float64():
+    """The vision checks' bound (1e-4 of the largest value) past by less than 10x: ours pass where they are
+    within twice transformers' own float32 distance from its float64 embeddings, and fail where they are
+    not, or are 10x past (float64 is then not asked)."""
+    from trtllm.builder.verify_logits import VerifyError, embeddings_error
+
+    want = np.ones((2, 3))
+    ours = want + 5e-4
+    assert embeddings_error(ours, want, "x", lambda: want + 4e-4) == pytest.approx(5e-4)
+    with pytest.raises(VerifyError, match="x's image embeddings differ"):
+        embeddings_error(ours, want, "x", lambda: want)  # (transformers' float32 is exact: ours are off)
+    with pytest.raises(VerifyError, match="x's image embeddings differ"):
+        embeddings_error(want + 2e-3, want, "x", lambda: pytest.fail("float64 asked 20x past the bound"))
+    with pytest.raises(VerifyError):
+        embeddings_error(ours, want, "x", lambda: None)  # (no float64 copy fits in memory)

@@ -25,12 +25,12 @@ PROMPT = [5, 17, 42, 99, 7, 31, 8, 64, 3, 11, 12, 13]  # past the sliding window
 
 
 def test_the_release_form_builds_its_language_model_alone(tmp_path, run_cli):
-    """gemma-4-E2B-it's form: the engine is its language model, says so, matches the whole model on text,
-    and refuses a request with an image by name."""
+    """gemma-4-E2B-it's form with an audio encoder and no vision one: the engine is its language model,
+    says so, matches the whole model on text, and refuses a request with an image by name."""
     ckpt = make_gemma4_multimodal(tmp_path / "ckpt")
     said = []
     engine = build(BuildConfig(model=str(ckpt), output=str(tmp_path / "engine"), **LIMITS), log=said.append)
-    assert any("whose vision encoder is not built yet" in m and "takes text alone" in m for m in said)
+    assert any("whose audio encoder is not built yet" in m and "takes text alone" in m for m in said)
     manifest = mf.load(engine)
     assert manifest.architecture == "Gemma4ForCausalLM" and not manifest.vision
     whole = transformers.Gemma4ForConditionalGeneration.from_pretrained(ckpt, dtype=torch.float32).eval()
