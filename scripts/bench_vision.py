@@ -3,15 +3,18 @@ transformers' get_image_features on the same pixels, at InternVL3's encoder size
 layers, 1,024 wide, 448 x 448 tiles of 1,025 patches, 256 tokens each) or with --model smolvlm at
 SmolVLM-256M's (builder/vision_idefics3.py; SigLIP-93M: 12 layers, 768 wide, 512 x 512 tiles of 1,024
 patches, 64 tokens each) or with --model gemma3 at gemma-3-4b-it's (builder/vision_gemma3.py; SigLIP-so400m:
-27 layers, 1,152 wide, 896 x 896 images of 4,096 patches pooled to 256 tokens), with random weights (no
+27 layers, 1,152 wide, 896 x 896 images of 4,096 patches pooled to 256 tokens) or with --model gemma4 at
+gemma-4-E2B-it's (builder/vision_gemma4.py; 16 layers, 768 wide, a 1024 x 768 photo resized to 2,394
+patches of 16 px, pooled 3 x 3 to 266 tokens: a "tile" is such a photo, which transformers takes padded to
+its processor's 2,520 patches and ours takes as it is, one image a run), with random weights (no
 checkpoint is downloaded here).
 
-    python scripts/bench_vision.py [--model internvl|smolvlm|gemma3] [--tiles 1 4] [--rounds 3] [--threads 2]
+    python scripts/bench_vision.py [--model internvl|smolvlm|gemma3|gemma4] [--tiles 1 4] [--rounds 3] [--threads 2]
 
 Each round times both on each tile count, alternating, in this one process; the ratio is paired
 by round (transformers' time / ours: > 1 is ours faster), as median [min-max]: the machine is
-shared, so only ratios of one round mean anything. The outputs are compared too. With --model gemma3,
-its ONNX Runtime form on our kernels (vision.ort.onnx: attention as trtllm.cpu::SegmentAttention) is timed
+shared, so only ratios of one round mean anything. The outputs are compared too. With --model gemma3
+and gemma4, its ONNX Runtime form on our kernels (vision.ort.onnx: attention as trtllm.cpu::SegmentAttention) is timed
 beside vision.onnx where our kernel library runs its AVX2 path.
 """
 from __future__ import annotations
@@ -77,6 +80,44 @@ def gemma3_encoder(tmp: Path):
     return model, tmp / vision.VISION_NAME, spec
 
 
+def gemma4_encoder(tmp: Path):
+    """As encoder(), at gemma-4-E2B-it's vision config (transformers' Gemma4VisionConfig defaults)."""
+    import torch
+    import transformers
+
+    from trtllm.builder import vision, vision_gemma4
+    from trtllm.builder.export import save
+
+    text = transformers.Gemma4TextConfig(vocab_size=1000, hidden_size=256, intermediate_size=256, num_hidden_layers=1,
+                                         num_attention_heads=2, num_key_value_heads=1, head_dim=128,
+                                         hidden_size_per_layer_input=0, layer_types=["full_attention"])
+    config = transformers.Gemma4Config(vision_config=transformers.Gemma4VisionConfig().to_dict(), audio_config=None,
+                                       text_config=text.to_dict(), boi_token_id=997, eoi_token_id=998,
+                                       image_token_id=999)
+    torch.manual_seed(0)
+    model = transformers.Gemma4ForConditionalGeneration(config).eval()
+    spec = vision_gemma4.spec_of(model.config)
+    weights = vision_gemma4.weights_of(model)
+    save(vision_gemma4.Gemma4Writer(spec, weights).write(), tmp, vision.VISION_NAME)
+    save(vision_gemma4.Gemma4Writer(spec, weights, native=True).write(), tmp, vision.VISION_COMPILED)
+    return model, tmp / vision.VISION_NAME, spec
+
+
+def gemma4_inputs(n: int, seed: int) -> tuple[list[dict], dict]:
+    """n random 1024 x 768 photos: ours, each image's feeds; transformers', the processor's padded batch."""
+    from PIL import Image
+    from transformers.models.gemma4.image_processing_pil_gemma4 import Gemma4ImageProcessorPil
+
+    from trtllm.runtime import images_gemma4
+
+    rng = np.random.default_rng(seed)
+    photos = [Image.fromarray(rng.integers(0, 256, (768, 1024, 3), dtype=np.uint8)) for _ in range(n)]
+    pre = images_gemma4.preprocess_config({})
+    ours = [dict(zip(("pixel_values", "pixel_position_ids"), images_gemma4.pixel_values(p, pre))) for p in photos]
+    theirs = Gemma4ImageProcessorPil()(photos, return_tensors="pt")
+    return ours, {"pixel_values": theirs["pixel_values"], "image_position_ids": theirs["image_position_ids"]}
+
+
 def encoder(tmp: Path):
     """(transformers' model, our vision.onnx path, its spec): InternVL3-1B's vision config, a one-layer
     text model (it plays no part), random weights."""
@@ -102,7 +143,7 @@ def encoder(tmp: Path):
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", choices=["internvl", "smolvlm", "gemma3"], default="internvl")
+    parser.add_argument("--model", choices=["internvl", "smolvlm", "gemma3", "gemma4"], default="internvl")
     parser.add_argument("--tiles", type=int, nargs="+", default=[1, 4])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
@@ -114,7 +155,8 @@ def main() -> None:
 
     torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as tmp:
-        model, path, spec = {"smolvlm": smolvlm_encoder, "gemma3": gemma3_encoder}.get(args.model, encoder)(Path(tmp))
+        model, path, spec = {"smolvlm": smolvlm_encoder, "gemma3": gemma3_encoder,
+                             "gemma4": gemma4_encoder}.get(args.model, encoder)(Path(tmp))
         features = (vision_idefics3 if args.model == "smolvlm" else vision).image_features
         from trtllm.plugins import cpu as cpu_kernels
 
@@ -130,15 +172,20 @@ def main() -> None:
         times: dict[tuple, list[tuple[float, float]]] = {(form, n): [] for form in sessions for n in args.tiles}
         for r in range(args.rounds):
             for n in args.tiles:
-                pixels = np.random.default_rng(r).standard_normal((n, 3, *spec.image_size)).astype(np.float32)
+                if args.model == "gemma4":  # (an image a run, as runtime/media.py encodes them)
+                    feeds, padded = gemma4_inputs(n, r)
+                else:
+                    pixels = np.random.default_rng(r).standard_normal((n, 3, *spec.image_size)).astype(np.float32)
+                    feeds = [{"pixel_values": pixels}]
                 mine, outs = {}, []
                 for form, session in sessions.items():
                     began = time.perf_counter()
-                    outs.append(session.run(None, {"pixel_values": pixels})[0])
+                    outs.append(np.concatenate([session.run(None, f)[0] for f in feeds]))
                     mine[form] = time.perf_counter() - began
                 began = time.perf_counter()
                 with torch.no_grad():
-                    ref = features(model, torch.from_numpy(pixels))
+                    ref = torch.cat(model.model.get_image_features(**padded, return_dict=True).pooler_output) \
+                        if args.model == "gemma4" else features(model, torch.from_numpy(pixels))
                 theirs = time.perf_counter() - began
                 error = max(float(np.abs(ours - ref.reshape(ours.shape).numpy()).max()) for ours in outs)
                 for form in sessions:
