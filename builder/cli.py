@@ -96,6 +96,10 @@ def resolve(options: dict, profile: str) -> dict:
               help="Vision-language models that resize each image to its own grid (Qwen-VL): at most this many "
                    "pixels an image, fewer than the checkpoint's max_pixels: fewer image tokens (one per 28 x 28 "
                    "pixels; Qwen3-VL: 32 x 32), a faster prefill. [default: the checkpoint's]")
+@click.option("--max-image-tokens", type=int,
+              help="Gemma 4: each image resized to at most this many tokens (its processor's max_soft_tokens: 70, "
+                   "140, 280, 560 or 1120): fewer for a faster encoder and prefill, more for finer detail. "
+                   "[default: the checkpoint's]")
 @click.option("--no-verify", is_flag=True, help="Skip the logit check against transformers after building.")
 @click.option("--if-changed", is_flag=True,
               help="Build only if --output does not already hold this build's engine (the same options, checkpoint "

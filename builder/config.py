@@ -131,6 +131,7 @@ class BuildConfig:
     plan_later: bool = False        # TensorRT: export all but the plan, built on the device (builder/plan.py)
     max_image_tiles: int | None = None  # vision-language models: at most this many tiles an image (None: the checkpoint's)
     max_image_pixels: int | None = None  # ... resized to their own grid (Qwen-VL): at most this many pixels an image
+    max_image_tokens: int | None = None  # ... to a token budget (Gemma 4's max_soft_tokens)
 
     def __post_init__(self):
         for name, allowed in (("backend", BACKENDS), ("dtype", DTYPES), ("quantization", QUANTIZATIONS),
@@ -163,6 +164,9 @@ class BuildConfig:
         if self.max_image_pixels is not None and (isinstance(self.max_image_pixels, bool) or
                                                   not isinstance(self.max_image_pixels, int) or self.max_image_pixels < 1):
             raise ConfigError(f"--max-image-pixels must be an integer >= 1, got {self.max_image_pixels!r}")
+        if self.max_image_tokens is not None and (isinstance(self.max_image_tokens, bool) or
+                                                  not isinstance(self.max_image_tokens, int) or self.max_image_tokens < 1):
+            raise ConfigError(f"--max-image-tokens must be an integer >= 1, got {self.max_image_tokens!r}")
         if self.eagle and self.max_input_len < 2:  # the head drafts from a prompt's second token on
             raise ConfigError(f"--eagle needs --max-input-len >= 2, got {self.max_input_len}")
         if self.max_input_len > self.max_kv_cache_capacity:

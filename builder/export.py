@@ -45,6 +45,12 @@ ONNX_NAME, ORT_NAME, ORT_SOURCE = "llm.onnx", "llm.ort.onnx", "llm.ort-source.on
 MAX_TOP_K = 1024  # the sampler's top-k/top-p candidate set; TensorRT's TopK needs K < 3840
 
 
+def image_flag(config: BuildConfig) -> str | None:
+    """The first image option the build was given (--max-image-tiles, -pixels or -tokens), or None."""
+    return next((f"--max-image-{name}" for name in ("tiles", "pixels", "tokens")
+                 if getattr(config, f"max_image_{name}") is not None), None)
+
+
 def versions() -> dict:
     out = {}
     for dist in ("trtllm-edge", "torch", "transformers", "onnx", "onnxruntime", "tokenizers"):
@@ -69,8 +75,8 @@ def export_onnx(ck: ckpt.Checkpoint, config: BuildConfig, out_dir: Path, log, ba
         refuse_for_convolutions(config, spec)
     if ck.vision is not None:
         spec = vision_export.language_spec(ck, config, backend, spec, encoder)
-    elif config.max_image_tiles is not None or config.max_image_pixels is not None:
-        flag = "--max-image-tiles" if config.max_image_tiles is not None else "--max-image-pixels"
+    elif image_flag(config):
+        flag = image_flag(config)
         raise ConfigError(f"{flag} is for vision-language models, and --model {config.model!r} is a text model")
     draft = eagle.load(config.eagle, spec, weights["model.embed_tokens.weight"]) if config.eagle else None
     most = ck.model.config.max_position_embeddings

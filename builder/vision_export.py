@@ -63,26 +63,24 @@ def refuse(config: BuildConfig, backend: str, spec) -> None:
 def section(ck: ckpt.Checkpoint, config: BuildConfig) -> tuple[dict, object]:
     """The manifest's vision section and the encoder's spec: what a vision-language build refuses,
     before the language model's export."""
-    qwen = family(ck.vision) is vision_qwen
-    if family(ck.vision) is vision_gemma4 and (config.max_image_tiles or config.max_image_pixels) is not None:
-        raise ConfigError(f"--max-image-{'tiles' if config.max_image_tiles is not None else 'pixels'} is not for "
-                          f"--model {config.model!r}: its images are resized to at most the processor's "
-                          "max_soft_tokens tokens (preprocessor_config.json)")
+    qwen, gemma4 = family(ck.vision) is vision_qwen, family(ck.vision) is vision_gemma4
     # each model's own knob for its image tokens: InternVL's and Idefics3's tiles (Gemma 3's crops), Qwen's
-    # pixels (its own grid an image)
-    wrong = "--max-image-tiles" if qwen and config.max_image_tiles is not None else \
-        "--max-image-pixels" if not qwen and config.max_image_pixels is not None else None
+    # pixels (its own grid an image), Gemma 4's token budget
+    own = "pixels" if qwen else "tokens" if gemma4 else "tiles"
+    wrong = next((name for name in ("tiles", "pixels", "tokens")
+                  if name != own and getattr(config, f"max_image_{name}") is not None), None)
     if wrong:
-        raise ConfigError(f"{wrong} is not for --model {config.model!r}: its images are "
-                          + ("resized to a grid of their own; use --max-image-pixels" if qwen else
-                             "cut into tiles; use --max-image-tiles"))
+        raise ConfigError(f"--max-image-{wrong} is not for --model {config.model!r}: its images are "
+                          + {"pixels": "resized to a grid of their own", "tokens": "resized to a token budget",
+                             "tiles": "cut into tiles"}[own] + f"; use --max-image-{own}")
     try:  # (the processor's config is read where the checkpoint was: a directory, or the hub's cache)
         if qwen:
             spec = vision_qwen.spec_of(ck.vision.config)
             return vision_qwen.section(ck.vision, ck.tokenizer, spec, ck.source["model"], config.max_image_pixels), spec
         tiled = family(ck.vision)  # (InternVL's tiles, Idefics3's or Gemma 3's one; Gemma 4's patches)
         spec = tiled.spec_of(ck.vision.config)
-        return tiled.section(ck.vision, ck.tokenizer, spec, ck.source["model"], config.max_image_tiles), spec
+        return tiled.section(ck.vision, ck.tokenizer, spec, ck.source["model"],
+                             config.max_image_tokens if gemma4 else config.max_image_tiles), spec
     except ckpt.Unsupported as e:
         raise ckpt.CheckpointError(f"--model {config.model!r}: {e}") from e
 

@@ -27,7 +27,7 @@ import numpy as np
 import onnx
 
 from trtllm.builder import vision
-from trtllm.builder.config import Unsupported
+from trtllm.builder.config import ConfigError, Unsupported
 from trtllm.builder.vision import ACTIVATIONS, EMBEDS, F32, VisionWriter
 
 MODEL_TYPES = ("gemma4",)
@@ -250,18 +250,24 @@ class Gemma4Writer(VisionWriter):
         return self.model()
 
 
-def section(vlm, tokenizer, spec: Gemma4VisionSpec, source, max_tiles: int | None = None) -> dict:
+def section(vlm, tokenizer, spec: Gemma4VisionSpec, source, max_tokens: int | None = None) -> dict:
     """The manifest's vision section: the graph, the image tokens and how pixels are made
-    (runtime/images_gemma4.py); `max_tiles` is not Gemma 4's (vision_export refuses it)."""
+    (runtime/images_gemma4.py); `max_tokens` (--max-image-tokens): the token budget an image is resized to,
+    in place of the processor's max_soft_tokens (as transformers' processor takes it in a call)."""
     from transformers.image_processing_utils import ImageProcessingMixin
 
-    from trtllm.runtime.images_gemma4 import preprocess_config
+    from trtllm.runtime.images_gemma4 import SOFT_TOKENS, preprocess_config
 
+    if max_tokens is not None and max_tokens not in SOFT_TOKENS:
+        raise ConfigError(f"--max-image-tokens must be one of {', '.join(map(str, SOFT_TOKENS))} (the budgets "
+                          f"Gemma 4's image processor takes), got {max_tokens}")
     try:
         processor, _ = ImageProcessingMixin.get_image_processor_dict(source)
         pre = preprocess_config(processor)
     except (OSError, ValueError) as e:
         raise Unsupported(f"its image processor's config (preprocessor_config.json) cannot be used: {e}") from e
+    if max_tokens is not None:
+        pre["max_soft_tokens"] = max_tokens
     for key, want in (("patch_size", spec.patch_size), ("pooling_kernel_size", spec.pooling)):
         if pre[key] != want:
             raise Unsupported(f"preprocessor_config.{key} {pre[key]} is not the vision encoder's {want}")

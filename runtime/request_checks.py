@@ -100,7 +100,8 @@ def token_problem(p, req: fmt.Request, index: int, tokenizer, manifest) -> str |
             arch = manifest.vision["architecture"]
             # (Gemma 3's images are 256 tokens each, and their pan-and-scan crops as many: fewer crops)
             knob = "--max-image-tiles" if arch in ("internvl", "idefics3") or manifest.vision["preprocess"].get(
-                "pan_and_scan") else None if arch in ("gemma3", "gemma4") else "--max-image-pixels"
+                "pan_and_scan") else None if arch == "gemma3" else "--max-image-tokens" if arch == "gemma4" \
+                else "--max-image-pixels"
             more = " (the model's position limit)" if lowered else "; rebuild with a larger --max-input-len"
             return (f"`{prompt}`: the prompt is {len(p.prompt_ids)} tokens, {len(p.images.positions)} of them its "
                     f"images', more than the engine's max_input_len {limit}{more}, or give fewer "

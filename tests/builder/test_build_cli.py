@@ -51,6 +51,7 @@ ARCHS = ["llama", "mistral", "qwen2", "qwen3"]
     (["--backend", "onnxruntime", "--timing-cache", "t.cache", "--opt-level", "2"],
      "--opt-level, --timing-cache: TensorRT build options, and the backend is onnxruntime"),
     (["--activations", "int8"], "--activations int8 needs --quantization int8|int4 on ONNX Runtime"),
+    (["--max-image-tokens", "0"], "--max-image-tokens must be an integer >= 1"),
     (["--activations", "int8", "--quantization", "int4", "--backend", "tensorrt"], "--backend tensorrt"),
     (["--activations", "int4"], "Invalid value for '--activations'"),
     (["--activations", "int16", "--quantization", "int4", "--cpu-kernels", "onnxruntime"], "MatMulNBits always"),
@@ -394,3 +395,10 @@ def test_tensors_the_model_drops_are_named_in_a_warning(tiny_checkpoint, tmp_pat
     assert result.exit_code == 0, result.output
     assert ("holds tensors its config gives the model no place for, which transformers drops and so does the "
             "engine: model.layers.0.mlp.down_proj.bias, model.layers.2.mlp.down_proj.weight") in result.output
+
+
+def test_image_options_on_a_text_model_are_refused_by_name(tmp_path, tiny_checkpoint):
+    for option in ("--max-image-tiles", "--max-image-pixels", "--max-image-tokens"):
+        result = CliRunner().invoke(main, ["--model", str(tiny_checkpoint("llama")), "--output", str(tmp_path / "e"),
+                                           option, "70"])
+        assert result.exit_code == 2 and f"{option} is for vision-language models" in result.output, result.output

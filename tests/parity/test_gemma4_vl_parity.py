@@ -36,14 +36,15 @@ def causal(tmp_path_factory):
     return built(tmp_path_factory, ckpt, "gemma4-causal", SIZES)
 
 
-def image_processor():
+def image_processor(budget: int = SOFT_TOKENS):
     from transformers.models.gemma4.image_processing_pil_gemma4 import Gemma4ImageProcessorPil
 
-    return Gemma4ImageProcessorPil(patch_size=PATCH, pooling_kernel_size=POOL, max_soft_tokens=SOFT_TOKENS)
+    return Gemma4ImageProcessorPil(patch_size=PATCH, pooling_kernel_size=POOL, max_soft_tokens=budget)
 
 
-def processed(vlm, content: list) -> tuple:
-    """(input_ids, the model's image inputs) as Gemma4Processor makes them for one user turn."""
+def processed(vlm, content: list, budget: int = SOFT_TOKENS) -> tuple:
+    """(input_ids, the model's image inputs) as Gemma4Processor makes them for one user turn (`budget`: its
+    max_soft_tokens)."""
     from PIL import Image
 
     _, _, images, _, tok = vlm
@@ -52,7 +53,7 @@ def processed(vlm, content: list) -> tuple:
     pictures = [Image.open(images / c["image"]).convert("RGB") for c in content if "image" in c]
     inputs = {}
     if pictures:
-        pixels = image_processor()(pictures, return_tensors="pt")
+        pixels = image_processor(budget)(pictures, return_tensors="pt")
         pieces = text.split(IMAGE_TOKENS["image_token"])  # (Gemma4Processor.replace_image_token)
         text = pieces[0] + "".join(IMAGE_TOKENS["boi_token"] + IMAGE_TOKENS["image_token"] * n + IMAGE_TOKENS["eoi_token"]
                                    + piece for n, piece in zip(pixels["num_soft_tokens_per_image"], pieces[1:]))
@@ -61,11 +62,11 @@ def processed(vlm, content: list) -> tuple:
     return ids, inputs
 
 
-def reference(vlm, content: list, both_ways: bool = True, beams: int = 0, model=None) -> tuple:
+def reference(vlm, content: list, both_ways: bool = True, beams: int = 0, model=None, budget: int = SOFT_TOKENS) -> tuple:
     """transformers' greedy tokens and first-step log-probabilities (`model`: another than the checkpoint's,
     one with a LoRA adapter); `both_ways` False leaves out mm_token_type_ids, which make an image's tokens
     see each other both ways (the wrong variant)."""
-    ids, inputs = processed(vlm, content)
+    ids, inputs = processed(vlm, content, budget)
     if both_ways and inputs:
         inputs["mm_token_type_ids"] = (ids == vlm[4].convert_tokens_to_ids(IMAGE_TOKENS["image_token"])).long()
     return generated(vlm[3] if model is None else model, ids, NEW_TOKENS, beams, **inputs)
@@ -267,3 +268,33 @@ def test_beam_search_with_images_is_transformers(vlm, run_cli):
 def test_served_image_url_parts_match_transformers(vlm, tmp_path):
     """trtllm-serve: an image_url part (a data: URL) on a Gemma 4 engine answers as transformers."""
     assert_served_image_url(vlm, tmp_path, lambda content: reference(vlm, content), NEW_TOKENS)
+
+
+def test_max_image_tokens_sets_the_budget(vlm, run_cli, tmp_path):
+    """--max-image-tokens 140: each image resized to at most 140 tokens (the processor's max_soft_tokens=140
+    in transformers), more than the checkpoint's 70: the answers are transformers' with that budget."""
+    from trtllm.builder.config import BuildConfig
+    from trtllm.builder.export import build
+
+    engine = build(BuildConfig(model=str(vlm[0]), output=str(tmp_path / "engine"), max_batch_size=4, max_input_len=256,
+                               max_kv_cache_capacity=512, max_image_tokens=140), log=lambda m: None)
+    section = json.loads((engine / "manifest.json").read_text())["vision"]
+    assert section["preprocess"]["max_soft_tokens"] == 140 and section["max_patches"] == 140 * POOL ** 2
+    result, out = run(vlm, run_cli, CASES[:1], engine=engine)
+    assert result.exit_code == 0, result.output
+    assert out["responses"][0]["prompt_tokens"] > processed(vlm, CASES[0])[0].shape[1]  # (more image tokens)
+    assert_answer(out["responses"][0], *reference(vlm, CASES[0], budget=140))
+
+
+@pytest.mark.parametrize("option, named", [
+    ({"max_image_tokens": 100}, "--max-image-tokens must be one of 70, 140, 280, 560, 1120"),
+    ({"max_image_tiles": 2}, "--max-image-tiles is not for .* resized to a token budget; use --max-image-tokens"),
+    ({"max_image_pixels": 10000}, "--max-image-pixels is not for .* use --max-image-tokens"),
+])
+def test_image_options_gemma4_does_not_take_are_refused_by_name(vlm, tmp_path, option, named):
+    from trtllm.builder.config import BuildConfig, ConfigError
+    from trtllm.builder.export import build
+
+    with pytest.raises(ConfigError, match=named):
+        build(BuildConfig(model=str(vlm[0]), output=str(tmp_path / "engine"), max_batch_size=4, max_input_len=256,
+                          max_kv_cache_capacity=512, **option), log=lambda m: None)

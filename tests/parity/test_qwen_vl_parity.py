@@ -223,16 +223,17 @@ def test_a_conversation_keeps_its_image_positions(qvl, run_cli):
 
 def test_max_image_pixels_is_the_processors_max_pixels(qvl, run_cli, tmp_path):
     """--max-image-pixels: what transformers gives with max_pixels lowered (the big image: fewer tokens);
-    --max-image-tiles is InternVL's knob, refused here by name."""
+    --max-image-tiles (InternVL's knob) and --max-image-tokens (Gemma 4's) are refused here by name."""
     from click.testing import CliRunner
 
     from trtllm.builder.cli import main as build_main
 
     engine = tmp_path / "engine"
     args = ["--model", str(qvl[0]), "--output", str(engine), "--max-input-len", "256", "--max-kv-cache-capacity", "512"]
-    result = CliRunner().invoke(build_main, [*args, "--max-image-tiles", "2"])
-    assert result.exit_code == 2 and "--max-image-tiles is not for" in result.output
-    assert "--max-image-pixels" in result.output
+    for other in ("tiles", "tokens"):  # (InternVL's and Gemma 4's)
+        result = CliRunner().invoke(build_main, [*args, f"--max-image-{other}", "140"])
+        assert result.exit_code == 2 and f"--max-image-{other} is not for" in result.output
+        assert "use --max-image-pixels" in result.output
     result = CliRunner().invoke(build_main, [*args, "--max-image-pixels", str(28 * 28 * 65)])
     assert result.exit_code == 2 and "above the processor's max_pixels 50176: it only lowers it" in result.output
     result = CliRunner().invoke(build_main, [*args, "--max-image-pixels", str(28 * 28 * 16)])
