@@ -409,11 +409,7 @@ def verify(graph_path, vlm, spec: VisionSpec, tiles: int = 2, features=None, sav
     (vision.ort.onnx, on our kernels) alike; a mismatch raises. `save`: a path for the pixels and
     transformers' embeddings (a TensorRT engine's vision plan is checked against them where it is built:
     builder/verify_logits.py). Returns the figures for verify.json."""
-    import onnxruntime as ort
     import torch
-
-    from trtllm.builder.verify_logits import embeddings_error
-    from trtllm.plugins import cpu as cpu_kernels
 
     pixels = np.random.default_rng(0).standard_normal((tiles, 3, *spec.image_size)).astype(np.float32)
     with torch.no_grad():
@@ -421,13 +417,26 @@ def verify(graph_path, vlm, spec: VisionSpec, tiles: int = 2, features=None, sav
     ref = ref.reshape(-1, spec.out_hidden).numpy()
     if save is not None:
         np.savez(save, pixel_values=pixels, image_embeds=ref)
-    out = {"max_abs_value": float(np.abs(ref).max()), "tiles": tiles}
+    return {"max_abs_value": float(np.abs(ref).max()), "tiles": tiles,
+            **forms_errors(graph_path, compiled, {PIXELS: pixels}, ref)}
+
+
+def forms_errors(graph_path, compiled, feeds: dict, ref: np.ndarray, float64=None) -> dict:
+    """vision.onnx (and vision.ort.onnx, where `compiled` names it) run on `feeds` through ONNX Runtime against
+    transformers' embeddings `ref`: {"max_abs_error", "compiled_max_abs_error"}; a mismatch raises
+    (verify_logits.embeddings_error, which asks `float64()` for transformers' float64 ones on a near miss)."""
+    import onnxruntime as ort
+
+    from trtllm.builder.verify_logits import embeddings_error
+    from trtllm.plugins import cpu as cpu_kernels
+
+    out = {}
     for key, path in (("max_abs_error", graph_path), ("compiled_max_abs_error", compiled)):
         if path is None:
             continue
         opts = ort.SessionOptions()
         if path == compiled:
             opts.register_custom_ops_library(str(cpu_kernels.library()))
-        ours = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"]).run(None, {PIXELS: pixels})[0]
-        out[key] = embeddings_error(ours, ref, "the vision graph" + "'s ONNX Runtime form" * (path == compiled))
+        ours = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+        out[key] = embeddings_error(ours, ref, "the vision graph" + "'s ONNX Runtime form" * (path == compiled), float64)
     return out

@@ -132,17 +132,7 @@ def section(vlm, tokenizer, spec: VisionSpec, source, max_tiles: int | None = No
     if seq_len is not None and seq_len != spec.tokens_per_tile:
         raise Unsupported(f"preprocessor_config.image_seq_length {seq_len} is not the {spec.tokens_per_tile} tokens "
                           "the vision encoder gives an image")
-    config = vlm.config
-    text, ids = {}, {}
-    for key, default in TOKENS.items():
-        text[key] = getattr(tokenizer, key, None) or default
-        token_id = tokenizer.convert_tokens_to_ids(text[key])
-        if token_id is None or token_id == tokenizer.unk_token_id:
-            raise Unsupported(f"the tokenizer has no {text[key]!r} token ({key}), which its prompts' images need")
-        ids[key] = int(token_id)
-    for key, name in (("image_token", "image_token_id"), ("boi_token", "boi_token_id"), ("eoi_token", "eoi_token_id")):
-        if ids[key] != getattr(config, name):
-            raise Unsupported(f"config.{name} {getattr(config, name)} is not the tokenizer's {text[key]!r} ({ids[key]})")
+    text, ids = image_tokens(tokenizer, vlm.config, TOKENS)
     out = {"architecture": "gemma3", "graph": vision.VISION_NAME, "image_size": list(spec.image_size),
            "tokens_per_tile": spec.tokens_per_tile, "hidden_size": spec.out_hidden,
            "image_token": text["image_token"], "image_token_id": ids["image_token"],
@@ -160,6 +150,22 @@ def section(vlm, tokenizer, spec: VisionSpec, source, max_tiles: int | None = No
         raise Unsupported(f"its tokenizer does not keep {text['boi_token']!r}, {text['image_token']!r} and "
                           f"{text['eoi_token']!r} as tokens of their own (they must be special tokens)")
     return out
+
+
+def image_tokens(tokenizer, config, tokens: dict) -> tuple[dict, dict]:
+    """(text, id) of each of `tokens` {tokenizer attribute: default text} (boi_token, image_token, eoi_token:
+    Gemma 3's and 4's), each checked to be a token of the tokenizer's and the config's `{key}_id`."""
+    text, ids = {}, {}
+    for key, default in tokens.items():
+        text[key] = getattr(tokenizer, key, None) or default
+        token_id = tokenizer.convert_tokens_to_ids(text[key])
+        if token_id is None or token_id == tokenizer.unk_token_id:
+            raise Unsupported(f"the tokenizer has no {text[key]!r} token ({key}), which its prompts' images need")
+        ids[key] = int(token_id)
+        name = f"{key}_id"
+        if ids[key] != getattr(config, name):
+            raise Unsupported(f"config.{name} {getattr(config, name)} is not the tokenizer's {text[key]!r} ({ids[key]})")
+    return text, ids
 
 
 def verify(graph_path, vlm, spec: VisionSpec, tiles: int = 2, save=None, compiled=None) -> dict:

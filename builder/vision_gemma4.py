@@ -29,13 +29,13 @@ import onnx
 from trtllm.builder import vision
 from trtllm.builder.config import ConfigError, Unsupported
 from trtllm.builder.vision import ACTIVATIONS, EMBEDS, F32, VisionWriter
+from trtllm.builder.vision_gemma3 import image_tokens
 
 MODEL_TYPES = ("gemma4",)
 POSITIONS = "pixel_position_ids"
 I64 = onnx.TensorProto.INT64
 # the tokenizer's names for the image tokens (Gemma4Processor's), and transformers' defaults for their text
 TOKENS = {"boi_token": "<|image>", "image_token": "<|image|>", "eoi_token": "<image|>"}
-CONFIG_IDS = {"image_token": "image_token_id", "boi_token": "boi_token_id", "eoi_token": "eoi_token_id"}
 
 
 @dataclass(frozen=True)
@@ -271,16 +271,8 @@ def section(vlm, tokenizer, spec: Gemma4VisionSpec, source, max_tokens: int | No
     for key, want in (("patch_size", spec.patch_size), ("pooling_kernel_size", spec.pooling)):
         if pre[key] != want:
             raise Unsupported(f"preprocessor_config.{key} {pre[key]} is not the vision encoder's {want}")
-    config, text, ids = vlm.config, {}, {}
-    for key, default in TOKENS.items():
-        text[key] = getattr(tokenizer, key, None) or default
-        token_id = tokenizer.convert_tokens_to_ids(text[key])
-        if token_id is None or token_id == tokenizer.unk_token_id:
-            raise Unsupported(f"the tokenizer has no {text[key]!r} token ({key}), which its prompts' images need")
-        ids[key] = int(token_id)
-        if ids[key] != getattr(config, CONFIG_IDS[key]):
-            raise Unsupported(f"config.{CONFIG_IDS[key]} {getattr(config, CONFIG_IDS[key])} is not the tokenizer's "
-                              f"{text[key]!r} ({ids[key]})")
+    config = vlm.config
+    text, ids = image_tokens(tokenizer, config, TOKENS)
     return {"architecture": "gemma4", "graph": vision.VISION_NAME, "hidden_size": spec.out_hidden,
             "image_token": text["image_token"], "image_token_id": ids["image_token"],
             "start_token_id": ids["boi_token"], "end_token_id": ids["eoi_token"],
@@ -295,11 +287,9 @@ def verify(graph_path, vlm, spec: Gemma4VisionSpec, grid: tuple[int, int] | None
     mismatch raises (vision.verify's figures; a near miss asks transformers in float64: embeddings_error)."""
     import copy
 
-    import onnxruntime as ort
     import torch
 
-    from trtllm.builder.verify_logits import embeddings_error, fits_in_float64
-    from trtllm.plugins import cpu as cpu_kernels
+    from trtllm.builder.verify_logits import fits_in_float64
 
     columns, rows = grid or (2 * spec.pooling, 3 * spec.pooling)
     rng = np.random.default_rng(0)
@@ -326,14 +316,5 @@ def verify(graph_path, vlm, spec: Gemma4VisionSpec, grid: tuple[int, int] | None
     feeds = {vision.PIXELS: pixels, POSITIONS: positions}
     if save is not None:
         np.savez(save, image_embeds=ref, **feeds)
-    figures = {"max_abs_value": float(np.abs(ref).max()), "patches": int(len(pixels))}
-    for key, path in (("max_abs_error", graph_path), ("compiled_max_abs_error", compiled)):
-        if path is None:
-            continue
-        opts = ort.SessionOptions()
-        if path == compiled:
-            opts.register_custom_ops_library(str(cpu_kernels.library()))
-        ours = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"]).run(None, feeds)[0]
-        figures[key] = embeddings_error(ours, ref, "the vision graph" + "'s ONNX Runtime form" * (path == compiled),
-                                        float64)
-    return figures
+    return {"max_abs_value": float(np.abs(ref).max()), "patches": int(len(pixels)),
+            **vision.forms_errors(graph_path, compiled, feeds, ref, float64)}

@@ -14,11 +14,10 @@ tokenizer is used.
 """
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
-from smolvlm_check import answered, prepared  # (this directory: the script's own)
+from smolvlm_check import answered, prepared, saved_vlm  # (this directory: the script's own)
 
 TOKENS = {"boi_token": "<start_of_image>", "eoi_token": "<end_of_image>", "image_token": "<image_soft_token>"}
 TEMPLATE = ("{{ bos_token }}{% for message in messages %}{{ '<start_of_turn>' + message['role'] + '\n' }}"
@@ -51,19 +50,7 @@ def checkpoint(language: Path, out: Path) -> None:
                                        eoi_token_index=ids["eoi_token"], image_token_index=ids["image_token"],
                                        tie_word_embeddings=False)  # (tied, a random head repeats the last token)
     torch.manual_seed(0)
-    model = transformers.Gemma3ForConditionalGeneration(config).eval()
-    with torch.no_grad():  # weights large enough that the answer depends on the images (the init's are tiny)
-        for name, p in model.named_parameters():
-            if p.dim() > 1 and "vision_tower" not in name:
-                p.normal_(0.0, 2.0 / p.shape[-1] ** 0.5)
-    model.generation_config = transformers.GenerationConfig(bos_token_id=tok.bos_token_id, do_sample=False)
-    model.save_pretrained(out)
-    tok.save_pretrained(out)
-    config_path = out / "tokenizer_config.json"
-    tok_config = json.loads(config_path.read_text())
-    tok_config["extra_special_tokens"] = TOKENS
-    config_path.write_text(json.dumps(tok_config, indent=2))
-    (out / "preprocessor_config.json").write_text(json.dumps(PROCESSOR))
+    saved_vlm(transformers.Gemma3ForConditionalGeneration(config).eval(), tok, out, TOKENS, PROCESSOR)
 
 
 def main() -> int:

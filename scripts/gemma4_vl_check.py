@@ -17,12 +17,11 @@ tokenizer is used.
 """
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
 from gemma4_check import LAYERS  # (this directory: the script's own)
-from smolvlm_check import answered, prepared
+from smolvlm_check import answered, prepared, saved_vlm
 
 TOKENS = {"boi_token": "<|image>", "eoi_token": "<image|>", "image_token": "<|image|>"}
 TEMPLATE = ("{{ bos_token }}{% for message in messages %}{{ '<start_of_turn>' + message['role'] + '\n' }}"
@@ -52,23 +51,13 @@ def checkpoint(language: Path, out: Path) -> None:
     config = transformers.Gemma4Config(text_config=text.to_dict(), vision_config=transformers.Gemma4VisionConfig().to_dict(),
                                        audio_config=None, boi_token_id=ids["boi_token"], eoi_token_id=ids["eoi_token"],
                                        image_token_id=ids["image_token"], tie_word_embeddings=False)
-    torch.manual_seed(0)
-    model = transformers.Gemma4ForConditionalGeneration(config).eval()
-    with torch.no_grad():  # weights large enough that the answer depends on the images (the init's are tiny);
-        for name, p in model.named_parameters():  # the tower's own init (16 layers of those would amplify
-            if p.dim() > 1 and "vision_tower" not in name:  # float32 rounding as much as the answer's signal)
-                p.normal_(0.0, 2.0 / p.shape[-1] ** 0.5)
+    def scalars(model):  # (a buffer, not a parameter)
         for name, b in model.named_buffers():
             if name.endswith("layer_scalar"):
                 b.uniform_(0.5, 1.5)
-    model.generation_config = transformers.GenerationConfig(bos_token_id=tok.bos_token_id, do_sample=False)
-    model.save_pretrained(out)
-    tok.save_pretrained(out)
-    config_path = out / "tokenizer_config.json"
-    tok_config = json.loads(config_path.read_text())
-    tok_config["extra_special_tokens"] = TOKENS
-    config_path.write_text(json.dumps(tok_config, indent=2))
-    (out / "preprocessor_config.json").write_text(json.dumps(PROCESSOR))
+
+    torch.manual_seed(0)
+    saved_vlm(transformers.Gemma4ForConditionalGeneration(config).eval(), tok, out, TOKENS, PROCESSOR, then=scalars)
 
 
 def main() -> int:

@@ -98,21 +98,34 @@ LONG_TEXT = ("Edge devices run small language models on their own processors, an
              "reads what the layers before it wrote. ") * 26 + "What do the layers read?"
 
 
-def saved_random(model, tok, out: Path, then=None) -> None:
+def saved_random(model, tok, out: Path, then=None, keep: str | None = None) -> None:
     """A random text model with weights large enough that its answer depends on the prompt (the init's are
-    tiny), `then(model)` after them (buffers of its own), greedy, saved to `out` with its tokenizer."""
+    tiny), `then(model)` after them (buffers of its own), greedy, saved to `out` with its tokenizer; `keep`:
+    parameters whose names hold it keep their init (a vision tower's: many layers of large weights would
+    amplify float32 rounding as much as the answer's signal)."""
     import torch
     import transformers
 
     with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() > 1:
+        for name, p in model.named_parameters():
+            if p.dim() > 1 and (keep is None or keep not in name):
                 p.normal_(0.0, 2.0 / p.shape[-1] ** 0.5)
         if then is not None:
             then(model)
     model.generation_config = transformers.GenerationConfig(bos_token_id=tok.bos_token_id, do_sample=False)
     model.save_pretrained(out)
     tok.save_pretrained(out)
+
+
+def saved_vlm(model, tok, out: Path, tokens: dict, processor: dict, then=None) -> None:
+    """saved_random of a vision-language model (its vision tower's init kept), with its image tokens named
+    in tokenizer_config.json's extra_special_tokens and `processor` as preprocessor_config.json."""
+    saved_random(model, tok, out, then=then, keep="vision_tower")
+    config_path = out / "tokenizer_config.json"
+    tok_config = json.loads(config_path.read_text())
+    tok_config["extra_special_tokens"] = tokens
+    config_path.write_text(json.dumps(tok_config, indent=2))
+    (out / "preprocessor_config.json").write_text(json.dumps(processor))
 
 
 def text_check(doc: str, make_checkpoint, prefix: str, text: str = LONG_TEXT) -> int:

@@ -90,6 +90,19 @@ def built(tmp_path_factory, ckpt: Path, name: str, sizes: dict, **build_options)
     return ckpt, engine, images, model, transformers.AutoTokenizer.from_pretrained(ckpt)
 
 
+def run_contents(vlm, run_cli, contents: list, new_tokens: int, *extra, engine=None, **top):
+    """trtllm-run on one user turn a request (each content's images from the suite's images dir), greedy,
+    `new_tokens` each with EOS ignored, 5 logprobs a step, 4 rows at once (`top`: other top-level keys);
+    `engine`: another than the suite's."""
+    _, built_engine, images, _, _ = vlm
+    payload = {"batch_size": 4, "temperature": 0.0, "ignore_eos": True, "max_generate_length": new_tokens,
+               "num_logprobs": 5, **top,
+               "requests": [{"messages": [{"role": "user", "content": [
+                   {**c, "image": str(images / c["image"])} if "image" in c else c for c in content]}]}
+                   for content in contents]}
+    return run_cli(engine or built_engine, payload, *extra)
+
+
 def peft_adapter(vlm, path, seed: int, target_modules, alone: bool = False) -> object:
     """A random PEFT adapter of the whole model (its B not zero; `alone`: of its language model as a
     model of its own), saved to `path`; the PEFT model."""

@@ -15,7 +15,8 @@ import pytest
 
 from tests.tiny_gemma4 import IMAGE_TOKENS, PATCH, POOL, SOFT_TOKENS, TEMPLATE, make_gemma4_vl_checkpoint
 from tests.tiny_vlm import (CASES, assert_answer, assert_beams_beside_a_greedy_row, assert_damage_refused,
-                            assert_eagle_answers, assert_lora_matches_peft, assert_served_image_url, built, generated)
+                            assert_eagle_answers, assert_lora_matches_peft, assert_served_image_url, built, generated,
+                            run_contents)
 
 pytestmark = pytest.mark.hf
 NEW_TOKENS = 10
@@ -73,13 +74,7 @@ def reference(vlm, content: list, both_ways: bool = True, beams: int = 0, model=
 
 
 def run(vlm, run_cli, contents: list, *extra, engine=None, **top):
-    _, built_engine, images, _, _ = vlm
-    payload = {"batch_size": 4, "temperature": 0.0, "ignore_eos": True, "max_generate_length": NEW_TOKENS,
-               "num_logprobs": 5, **top,
-               "requests": [{"messages": [{"role": "user", "content": [
-                   {**c, "image": str(images / c["image"])} if "image" in c else c for c in content]}]}
-                   for content in contents]}
-    return run_cli(engine or built_engine, payload, *extra)
+    return run_contents(vlm, run_cli, contents, NEW_TOKENS, *extra, engine=engine, **top)
 
 
 def test_greedy_tokens_and_logprobs_match_transformers(vlm, run_cli):
