@@ -205,7 +205,9 @@ class AttentionWriter:
             past, present = [getattr(self.io, f"present_{k}").format(i=s.kv_source(i)) for k in ("key", "value")], []
         window = s.window(i)
         cos, sin = self.rope_tables(s.rope(i))
-        ins = [qkv, *past, self.io.write_index, self.io.last_index, position_ids, cos, sin]
+        # (past Gemma 4's first KV-sharing layer, the rows kept: shared_rows' write and last indices)
+        write_index, last_index = self.step_indices or (self.io.write_index, self.io.last_index)
+        ins = [qkv, *past, write_index, last_index, position_ids, cos, sin]
         attrs = {"window": window} if window else {}
         if s.attn_softcap is not None:
             attrs["softcap"] = s.attn_softcap

@@ -316,6 +316,8 @@ class DecoderWriter(AttentionWriter, HeadWriter, WeightWriter, MoEWriter, PerLay
         # the step's last slots each token sees. The build decides it for both together (export.py);
         # not where attention is ONNX Runtime's GroupQueryAttention, which takes no such mask.
         self.tree = tree
+        self._verify_index = None  # (HeadWriter.verify_index_input)
+        self.step_indices = None  # (write_index, last_index) of the rows kept past shared_rows, where it slices
         self.ahead = None  # Gemma 3's image_ahead as [B,S] (prologue), where spec.image_bidirectional
         if tree and self.gqa and not self.native_attention:
             raise ValueError("draft trees need a tree mask, which ONNX Runtime's GroupQueryAttention does not take")
@@ -619,6 +621,8 @@ class DecoderWriter(AttentionWriter, HeadWriter, WeightWriter, MoEWriter, PerLay
         aux = {}  # EAGLE: the residual stream at the input of the draft head's three layers
         branch = None  # (residual Add name, the attention or MLP output still to be added into h)
         for i in range(s.num_layers):
+            if i == s.num_layers - s.kv_shared_layers and self.slices_shared():  # (Gemma 4: h is whole here)
+                h, position_ids, last_index = self.shared_rows(h, position_ids, write_index, last_index)
             x, h = self.layer_input(f"/model/layers.{i}/input_layernorm", h, branch,
                                     f"model.layers.{i}.input_layernorm.weight")
             aux[i] = h

@@ -80,11 +80,17 @@ class HeadWriter:
         g.output(self.io.logits, F32, ["batch", s.vocab_size])
         return logits
 
+    def verify_index_input(self) -> str:
+        """The verify_index input [B,T] (declared once: shared_rows reads it too)."""
+        if self._verify_index is None:
+            self._verify_index = self.g.input(self.io.verify_index, I64, ["batch", "verify"])
+        return self._verify_index
+
     def verify_head(self, h: str, last_index: str) -> str:
         """[B,1+T] positions (last_index, then verify_index) through norm and lm_head at once: the
         sampler takes the first; the others are sampled too (verify_sampler)."""
         g, s, io = self.g, self.spec, self.io
-        verify_index = g.input(io.verify_index, I64, ["batch", "verify"])
+        verify_index = self.verify_index_input()
         last = g.op("Unsqueeze", "/verify/last", [last_index, g.const([1])])
         idx = g.op("Concat", "/verify/index", [last, verify_index], axis=1)                 # [B,1+T]
         idx3 = g.op("Expand", "/verify/Expand", [g.op("Unsqueeze", "/verify/idx3", [idx, g.const([2])]),

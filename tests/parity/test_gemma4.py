@@ -115,3 +115,29 @@ def test_eagle_heads_draft_trees_on_our_kernels_and_chains_without(tmp_path):
         engine = build(BuildConfig(model=str(ckpt), output=str(tmp_path / kernels), eagle=str(draft), cpu_kernels=kernels,
                                    **LIMITS), log=lambda m: None)
         assert mf.load(engine).eagle["tree"] is tree, kernels
+
+
+def test_the_sharing_layers_compute_each_rows_last_token_alone(tiny_checkpoint, tmp_path, monkeypatch):
+    """Past the first KV-sharing layer the graph keeps each row's last token (or every token where the
+    step asks for verify_index' logits: test_prompt_logprobs.py, prompt lookup in test_layer_shapes.py), as
+    transformers slices by logits_to_keep: the build's check against transformers passes. The wrong
+    variant, keeping each row's first token, fails it."""
+    import onnx
+
+    from trtllm.builder.per_layer import PerLayerWriter
+    from trtllm.builder.verify import VerifyError
+
+    engine = build(BuildConfig(model=str(tiny_checkpoint("gemma4")), output=str(tmp_path / "engine"), **LIMITS),
+                   log=lambda m: None)
+    graph = onnx.load(str(engine / "llm.ort.onnx"), load_external_data=False)
+    assert any(n.name == "/model/shared_rows/h" and n.op_type == "GatherElements" for n in graph.graph.node)
+    right = PerLayerWriter.shared_rows
+
+    def first_rows(self, h, position_ids, write_index, last_index):
+        zero = self.g.op("Mul", "/wrong/zero", [last_index, self.g.const(0)])
+        return right(self, h, position_ids, write_index, zero)
+
+    monkeypatch.setattr(PerLayerWriter, "shared_rows", first_rows)
+    with pytest.raises(VerifyError, match="differ from transformers"):
+        build(BuildConfig(model=str(tiny_checkpoint("gemma4")), output=str(tmp_path / "wrong"), **LIMITS),
+              log=lambda m: None)

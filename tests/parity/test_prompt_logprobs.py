@@ -65,10 +65,11 @@ def run(run_cli, engine, requests, *extra, **top):
     return out["responses"]
 
 
-@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+@pytest.mark.parametrize("arch", ["llama", "gemma3", "gemma4"])
 @pytest.mark.parametrize("chunk", [5, prompt_scores.SCORE_CHUNK])
 def test_prompt_logprobs_match_transformers(arch, chunk, tiny_checkpoint, tiny_engine, run_cli, monkeypatch):
-    """Whole, and in chunks of 5 positions (gemma3's sliding window is 8: chunks cross it)."""
+    """Whole, and in chunks of 5 positions (gemma3's sliding window is 8: chunks cross it; gemma4's KV-sharing
+    layers then compute every position, not the last alone: DecoderWriter.shared_rows)."""
     monkeypatch.setattr(prompt_scores, "SCORE_CHUNK", chunk)
     engine = tiny_engine(arch)
     responses = run(run_cli, engine, [chat(TEXTS[0], prompt_logprobs=3), chat(TEXTS[1], prompt_logprobs=0)])
