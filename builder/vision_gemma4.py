@@ -308,9 +308,16 @@ def verify(graph_path, vlm, spec: Gemma4VisionSpec, grid: tuple[int, int] | None
     ref = features(vlm, torch.float32)
     wide = {}
 
-    def float64():  # (once, for either form: a near miss's yardstick, embeddings_error)
+    def float64():  # (once, for either form: a near miss's yardstick, embeddings_error; the encoder alone)
         if "ref" not in wide:
-            wide["ref"] = features(copy.deepcopy(vlm).double(), torch.float64) if fits_in_float64(vlm) else None
+            encoder = torch.nn.ModuleList([vlm.model.vision_tower, vlm.model.embed_vision])
+            wide["ref"] = None
+            if fits_in_float64(encoder):
+                tower, embed = copy.deepcopy(encoder).double()
+                with torch.no_grad():
+                    hidden = tower(pixel_values=torch.from_numpy(padded).double(),
+                                   pixel_position_ids=torch.from_numpy(padded_at)).last_hidden_state
+                    wide["ref"] = embed(inputs_embeds=hidden).numpy()
         return wide["ref"]
 
     feeds = {vision.PIXELS: pixels, POSITIONS: positions}
