@@ -75,8 +75,7 @@ def export_onnx(ck: ckpt.Checkpoint, config: BuildConfig, out_dir: Path, log, ba
         refuse_for_convolutions(config, spec)
     if ck.vision is not None:
         spec = vision_export.language_spec(ck, config, backend, spec, encoder)
-    elif image_flag(config):
-        flag = image_flag(config)
+    elif flag := image_flag(config):
         raise ConfigError(f"{flag} is for vision-language models, and --model {config.model!r} is a text model")
     draft = eagle.load(config.eagle, spec, weights["model.embed_tokens.weight"]) if config.eagle else None
     most = ck.model.config.max_position_embeddings

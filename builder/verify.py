@@ -29,6 +29,7 @@ from trtllm.builder.verify_logits import (RTOL, BrokenCheckpoint, VerifyError, a
                                           fits_in_float64,
                                           engine_logits, judge, judge_eagle, measure_eagle, min_agreement,
                                           save_reference)
+from trtllm.builder import verify_logits
 from trtllm.runtime.engine import load_engine
 
 VERIFY_TEXT = "The quick brown fox jumps over the lazy dog. Edge devices run language models"
@@ -45,10 +46,9 @@ def hf_logits(model, ids: list[int]) -> np.ndarray:
 
 
 def near_miss(err: float, atol: float, max_abs_logit: float) -> bool:
-    """Whether a float32 engine's logit error is past its bound by less than 10x: what float32 arithmetic in
-    another order can come to on a model that amplifies it (random weights of a large spread, say)."""
-    bound = max(atol, RTOL * max_abs_logit)
-    return bound < err <= 10 * bound
+    """Whether a float32 engine's logit error is a near miss of its bound (verify_logits.near_miss), where
+    transformers in float64 is asked (float64_opinion)."""
+    return verify_logits.near_miss(err, verify_logits.logit_bound(atol, max_abs_logit))
 
 
 def float64_opinion(model, ids: list[int], first: int, got: np.ndarray, ref: np.ndarray) -> dict | None:

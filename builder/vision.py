@@ -242,7 +242,8 @@ class VisionWriter:
             y = self.g.op("Add", f"{name}/Add", [y, self.weight(f"{module}.bias")])
         return y
 
-    def norm(self, name: str, x: str, module: str, kind: str, eps: float) -> str:
+    def norm(self, name: str, x: str, module: str | None, kind: str, eps: float) -> str:
+        """LayerNorm, or RMSNorm in float32 (times module's weight; none where module is None: Gemma 4's)."""
         g = self.g
         if kind == "layer_norm":
             return g.op("LayerNormalization", name, [x, self.weight(f"{module}.weight"), self.weight(f"{module}.bias")],
@@ -250,7 +251,8 @@ class VisionWriter:
         # RMSNorm in float32, as InternVLVisionRMSNorm computes it
         mean = g.op("ReduceMean", f"{name}/ReduceMean", [g.op("Mul", f"{name}/Square", [x, x]), g.const([-1])])
         root = g.op("Sqrt", f"{name}/Sqrt", [g.op("Add", f"{name}/Eps", [mean, g.const(eps, np.float32)])])
-        return g.op("Mul", f"{name}/Scale", [g.op("Div", f"{name}/Div", [x, root]), self.weight(f"{module}.weight")])
+        y = g.op("Div", f"{name}/Div", [x, root])
+        return y if module is None else g.op("Mul", f"{name}/Scale", [y, self.weight(f"{module}.weight")])
 
     def attention(self, i: int, x: str) -> str:
         return self.self_attention(f"/vision/layers.{i}/attn", x, f"vision_tower.encoder.layer.{i}.attention",

@@ -121,13 +121,10 @@ class Gemma4Writer(VisionWriter):
         big = float(np.finfo(np.float32).max)
         return self.g.op("Clip", name, [x, self.g.const(max(lo, -big), np.float32), self.g.const(min(hi, big), np.float32)])
 
-    def rms(self, name: str, x: str, weight: str | None, eps: float) -> str:
-        """Gemma4RMSNorm over the last axis: x / sqrt(mean(x^2) + eps), times w where it has one."""
-        g = self.g
-        mean = g.op("ReduceMean", f"{name}/ReduceMean", [g.op("Mul", f"{name}/Square", [x, x]), g.const([-1])])
-        root = g.op("Sqrt", f"{name}/Sqrt", [g.op("Add", f"{name}/Eps", [mean, g.const(eps, np.float32)])])
-        y = g.op("Div", f"{name}/Div", [x, root])
-        return y if weight is None else g.op("Mul", f"{name}/Scale", [y, self.weight(weight)])
+    def rms(self, name: str, x: str, module: str | None) -> str:
+        """Gemma4RMSNorm over the last axis (VisionWriter.norm's): x / sqrt(mean(x^2) + eps), times w where
+        module has one."""
+        return self.norm(name, x, module, "rms_norm", self.s.eps)
 
     def rope_tables(self, positions: str) -> tuple[str, str]:
         """cos, sin [P, 1, D]: the x angles on each head's first half, the y angles on its second (each
@@ -160,7 +157,7 @@ class Gemma4Writer(VisionWriter):
         parts = {}
         for proj in ("q", "k", "v"):
             y = g.op("Reshape", f"{name}/{proj}/Reshape", [self.linear(f"{name}/{proj}_proj", x, f"{p}.{proj}_proj"), heads])
-            y = self.rms(f"{name}/{proj}_norm", y, f"{p}.{proj}_norm.weight" if proj != "v" else None, s.eps)
+            y = self.rms(f"{name}/{proj}_norm", y, f"{p}.{proj}_norm" if proj != "v" else None)
             parts[proj] = y if proj == "v" else self.rotate(f"{name}/{proj}/rope", y, cos, sin)     # [P, H, D]
         width = s.num_heads * s.head_dim
         if self.native:  # [P, 3 H D], the image's patches one segment
@@ -190,16 +187,16 @@ class Gemma4Writer(VisionWriter):
     def layer(self, i: int, x: str, cos: str = "", sin: str = "") -> str:
         s, g = self.s, self.g
         p, name = f"vision_tower.encoder.layers.{i}", f"/vision/layers.{i}"
-        y = self.layer_attention(i, self.rms(f"{name}/input_layernorm", x, f"{p}.input_layernorm.weight", s.eps), cos, sin)
+        y = self.layer_attention(i, self.rms(f"{name}/input_layernorm", x, f"{p}.input_layernorm"), cos, sin)
         x = g.op("Add", f"{name}/attn/Residual", [x, self.rms(f"{name}/post_attention_layernorm", y,
-                                                             f"{p}.post_attention_layernorm.weight", s.eps)])
-        y = self.rms(f"{name}/pre_feedforward_layernorm", x, f"{p}.pre_feedforward_layernorm.weight", s.eps)
+                                                             f"{p}.post_attention_layernorm")])
+        y = self.rms(f"{name}/pre_feedforward_layernorm", x, f"{p}.pre_feedforward_layernorm")
         gate = g.op("Gelu", f"{name}/mlp/act", [self.linear(f"{name}/mlp/gate_proj", y, f"{p}.mlp.gate_proj")],
                     approximate=s.act)
         y = g.op("Mul", f"{name}/mlp/Mul", [gate, self.linear(f"{name}/mlp/up_proj", y, f"{p}.mlp.up_proj")])
         y = self.linear(f"{name}/mlp/down_proj", y, f"{p}.mlp.down_proj")
         return g.op("Add", f"{name}/mlp/Residual", [x, self.rms(f"{name}/post_feedforward_layernorm", y,
-                                                               f"{p}.post_feedforward_layernorm.weight", s.eps)])
+                                                               f"{p}.post_feedforward_layernorm")])
 
     def pool(self, x: str, positions: str) -> str:
         """[P, C] -> [P / k^2, C]: each k x k block of patches averaged, the blocks row by row, as
@@ -243,7 +240,7 @@ class Gemma4Writer(VisionWriter):
             x = g.op("Mul", "/vision/standardize/Scale", [
                 g.op("Sub", "/vision/standardize/Bias", [x, self.weight("vision_tower.std_bias")]),
                 self.weight("vision_tower.std_scale")])
-        x = self.rms("/embed_vision/norm", x, None, s.eps)
+        x = self.rms("/embed_vision/norm", x, None)
         x = super().linear("/embed_vision/projection", x, "embed_vision.embedding_projection", bias=False)
         g.op("Identity", "/vision/out", [x], outputs=[EMBEDS])
         g.output(EMBEDS, F32, ["image_tokens", s.out_hidden])
