@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -31,6 +31,9 @@ class Checkpoint:
     # the encoders of a multimodal checkpoint the build does not take yet (vision.left_out: Gemma 4's
     # audio one); the engine takes what the others and the language model take
     left_out: tuple[str, ...] = ()
+    # DecoderSpec fields the whole model gives a language model built alone (Gemma 4's placeholder tokens,
+    # which its token tables read as the pad: vision_gemma4.placeholders)
+    language_fields: dict = field(default_factory=dict)
 
 
 @contextlib.contextmanager
@@ -123,13 +126,16 @@ def load(model_arg: str) -> Checkpoint:
             source["prequantized"] = {**info["packing"].to_json(),
                                       **({"experts": len(info["experts"])} if info.get("experts") else {})}
         model, whole = split_vision(model)
+        if info.get("language_fields", {}).get("placeholder_ids"):
+            read_as_pad(model, **info["language_fields"])
         grids = info.get("grids")
         if grids and whole is not None:  # the language model's own names (its projections are what the build keeps)
             own = {id(p): name for name, p in model.named_parameters()}
             params = dict(whole.named_parameters())
             grids = {own[id(params[name])]: grid for name, grid in grids.items() if id(params[name]) in own}
         return check_vocab(Checkpoint(model.eval(), tok, source, tuple(sorted(info.get("unexpected_keys") or ())),
-                                      grids=grids, vision=whole, left_out=tuple(info.get("left_out", ()))), model_arg)
+                                      grids=grids, vision=whole, left_out=tuple(info.get("left_out", ())),
+                                      language_fields=info.get("language_fields", {})), model_arg)
     if model_arg.startswith((".", "/", "~")) or model_arg.count("/") > 1:  # a path, not "org/name"
         raise CheckpointError(f"--model {model_arg!r}: no such directory or file")
     return load_hub(model_arg)
@@ -151,6 +157,7 @@ def load_model(source, model_arg: str):
         check_loaded(info, model_arg)
         if vision.left_out(config):  # (Gemma 4's audio encoder: the engine takes text and images)
             info = {**info, "left_out": vision.left_out(config)}
+        info = {**info, "language_fields": vision.language_fields(config)}
         if not vision.has_vision(config):  # (its language model alone: a text engine)
             model = vision.language_model(model)
         return model, info, vision.tokenizer_of(source)
@@ -231,6 +238,25 @@ def load_hub(hub_id: str) -> Checkpoint:
     model, whole = split_vision(model)
     return check_vocab(Checkpoint(model.eval(), tok, {"model": hub_id, "kind": "hub", "sha256": None}, vision=whole),
                        hub_id)
+
+
+def read_as_pad(model, placeholder_ids: tuple[int, ...], placeholder_pad_id: int) -> None:
+    """The language model fed placeholder_ids as the pad token, as the whole model's forward feeds it
+    (Gemma4Model: its image, video and audio tokens), so that the build's checks, which run the language
+    model, compare the engine with what the whole model computes (a forward pre-hook on input_ids)."""
+    placeholders = torch.tensor(placeholder_ids, dtype=torch.int64)
+
+    def mapped(ids):
+        return torch.where(torch.isin(ids, placeholders.to(ids.device)), torch.full_like(ids, placeholder_pad_id), ids)
+
+    def hook(module, args, kwargs):
+        if args and torch.is_tensor(args[0]):
+            args = (mapped(args[0]), *args[1:])
+        if torch.is_tensor(kwargs.get("input_ids")):
+            kwargs = {**kwargs, "input_ids": mapped(kwargs["input_ids"])}
+        return args, kwargs
+
+    model.register_forward_pre_hook(hook, with_kwargs=True)
 
 
 def split_vision(model) -> tuple:

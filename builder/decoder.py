@@ -228,7 +228,7 @@ def projection_widths(spec: DecoderSpec) -> dict[str, int]:
         widths["num_attention_heads x global_head_dim"] = spec.num_heads * spec.global_head_dim
     if spec.per_layer_input:
         widths["hidden_size_per_layer_input"] = spec.per_layer_input
-    if spec.moe is None or spec.moe.dense_layers:
+    if spec.moe is None or spec.moe.dense_layers or spec.moe.beside_dense:
         widths["intermediate_size"] = spec.intermediate_size
     if spec.wide_mlp_layers:
         widths["twice intermediate_size (use_double_wide_mlp)"] = 2 * spec.intermediate_size
@@ -496,7 +496,7 @@ class DecoderWriter(AttentionWriter, HeadWriter, WeightWriter, MoEWriter, PerLay
         return g.op("Transpose", f"{name}/Transpose", [x], perm=[0, 2, 1, 3])
 
     def mlp(self, i: int, x: str) -> str:
-        if self.spec.moe is not None and i not in self.spec.moe.dense_layers:
+        if self.spec.moe is not None and i not in self.spec.moe.dense_layers and not self.spec.moe.beside_dense:
             return self.moe(i, x)
         p, name = f"model.layers.{i}.mlp", f"/model/layers.{i}/mlp"
         # ONNX Runtime's float form: two MatMuls cost less than one plus a Split (its copy). Not for
@@ -597,6 +597,16 @@ class DecoderWriter(AttentionWriter, HeadWriter, WeightWriter, MoEWriter, PerLay
             hit = eq if hit is None else g.op("Or", f"{name}/Or{k}", [hit, eq])
         return g.op("Where", f"{name}/Where", [hit, g.const(s.placeholder_pad_id), input_ids])
 
+    def experts_beside(self, i: int, y: str, h: str) -> str:
+        """Gemma 4's MoE layer: the dense MLP's y normed, plus the experts of h (the residual stream
+        the MLP's input was normed from) normed, the router reading h normed without a scale."""
+        p, name = f"model.layers.{i}", f"/model/layers.{i}"
+        y = self.rms_norm(f"{name}/post_feedforward_layernorm_1", y, f"{p}.post_feedforward_layernorm_1.weight")
+        x = self.rms_norm(f"{name}/pre_feedforward_layernorm_2", h, f"{p}.pre_feedforward_layernorm_2.weight")
+        experts = self.moe(i, x, router_x=self.rms_norm(f"{name}/router/norm", h, None, width=self.spec.hidden_size))
+        experts = self.rms_norm(f"{name}/post_feedforward_layernorm_2", experts, f"{p}.post_feedforward_layernorm_2.weight")
+        return self.g.op("Add", f"{name}/experts_beside/Add", [y, experts])
+
     def deepstack_add(self, i: int, h: str) -> str:
         """h's image token rows += the vision graph's i-th extra rows (Gather, Add, Scatter: TensorRT's
         ScatterND takes no reduction)."""
@@ -636,6 +646,8 @@ class DecoderWriter(AttentionWriter, HeadWriter, WeightWriter, MoEWriter, PerLay
             x, h = self.layer_input(f"/model/layers.{i}/{pre_mlp}", h, (f"/model/layers.{i}/attn/residual", y),
                                     f"model.layers.{i}.{pre_mlp}.weight")
             y = self.mlp(i, x)
+            if s.moe is not None and s.moe.beside_dense:
+                y = self.experts_beside(i, y, h)
             if s.sandwich_norms:
                 y = self.rms_norm(f"/model/layers.{i}/post_feedforward_layernorm", y,
                                   f"model.layers.{i}.post_feedforward_layernorm.weight")

@@ -73,6 +73,7 @@ def export_onnx(ck: ckpt.Checkpoint, config: BuildConfig, out_dir: Path, log, ba
         raise ckpt.CheckpointError(f"--model {config.model!r}: {e}") from e
     if spec.conv_layers:
         refuse_for_convolutions(config, spec)
+    spec = dataclasses.replace(spec, **ck.language_fields)
     if ck.vision is not None:
         spec = vision_export.language_spec(ck, config, backend, spec, encoder)
     elif flag := image_flag(config):
@@ -153,7 +154,8 @@ def export_onnx(ck: ckpt.Checkpoint, config: BuildConfig, out_dir: Path, log, ba
     grids = prequantized.as_written(ck.grids, spec) if ck.grids else None
     # An ONNX Runtime form follows llm.onnx: it takes llm.onnx's quantized weights (WeightWriter.quantize_weight)
     # (a float32, `half` or quantized mixture of experts: one node a layer computes only the chosen experts)
-    moe_node = spec.moe is not None and (config.dtype == "float32" or half or (native_experts and quant is not None))
+    moe_node = spec.moe is not None and (config.dtype == "float32" or half or (native_experts and quant is not None)) \
+        and (native_experts or spec.hidden_act == "silu")  # (ONNX Runtime's nodes: SiLU experts only, not Gemma 4's)
     # quantized experts on our kernel: quantized as the other projections, in both graphs
     dense_experts = native_experts and quant is not None
     ort_form = backend == "onnxruntime" and config.graph == "modern" and (gqa or quant is not None or half or moe_node)
@@ -248,7 +250,7 @@ def refuse_for_convolutions(config: BuildConfig, spec) -> None:
 def lora_on_experts(spec, ort_moe_node: bool) -> bool:
     """Whether a mixture of experts' routed experts get LoRA inputs: where our MoE kernel or standard
     ops run them, not where ONNX Runtime's MoE / QMoE node does (`ort_moe_node`: it takes no deltas)."""
-    return spec.moe is not None and not ort_moe_node
+    return spec.moe is not None and not spec.moe.beside_dense and not ort_moe_node  # (Gemma 4's: not yet)
 
 
 def check_blocks(spec, quant: QuantScheme, what: str) -> None:
@@ -417,8 +419,9 @@ def quant_section(scheme: QuantScheme | None, spec, lowerings=()) -> dict:
     if spec.moe is not None:
         section["experts"] = ((f"int{scheme.bits} as the other projections (trtllm.cpu::MoEBlockQuant)"
                                if cpu_kernels.MOE_QUANT_LOWERING in lowerings else
-                               "int4 by row, blocks of 32 inputs, a float32 scale and an integer zero point each "
-                               "(ONNX Runtime's QMoE node)") +
+                               "int4 by row, blocks of 32 inputs, a float32 scale and an integer zero point each " +
+                               ("(ONNX Runtime's QMoE node)" if "QMoE" in lowerings else
+                                "(standard ops: every expert on every token)")) +
                               ", computed with float32 activations whatever `activations` says")
         section["not_quantized"] += ", the experts' router" + " and the shared expert's gate" * spec.moe.shared_gate
     return section

@@ -65,7 +65,7 @@ def columns(*modules: tuple[str, int]) -> list[list]:
 
 def layered_sites(spec: DecoderSpec) -> dict[str, dict]:
     """lora_sites of a model whose layers differ in shape (Gemma 4: wider heads on the full layers, q
-    alone on the layers reading another's KV, v from k's projection, wider MLPs; LFM2: convolution
+    alone on the layers reading another's KV, v from k's projection, wider MLPs, 26B-A4B's router; LFM2: convolution
     layers, conv_in and conv_out): a site per kind of projection and shape, on its layers; the first
     keeps the kind's name (qkv, o, gate_up, down), the others add their first layer's index (qkv.1:
     layer 1's shape). Modules under the checkpoint's names (spec.module_names)."""
@@ -79,6 +79,8 @@ def layered_sites(spec: DecoderSpec) -> dict[str, dict]:
                 qkv.append(("self_attn.v_proj", kv * d))
         mlp = (("gate_up", h, [("mlp.gate_proj", width), ("mlp.up_proj", width)]),
                ("down", width, [("mlp.down_proj", h)]))
+        if spec.moe is not None and spec.moe.beside_dense:  # (Gemma 4's router: a Linear, as all-linear adapts it)
+            mlp += (("router", h, [("router.proj", spec.moe.num_experts)]),)
         if layer in spec.conv_layers:  # (LFM2: its convolution's in and out projections, builder/short_conv.py)
             kinds = (("conv_in", h, [("conv.in_proj", 3 * h)]), ("conv_out", h, [("conv.out_proj", h)])) + mlp
         else:

@@ -1,5 +1,5 @@
-"""Mixture-of-experts MLPs (Qwen3-MoE, Qwen2-MoE, OLMoE, Mixtral, Granite MoE): the spec, the
-checkpoint's names, and the graph.
+"""Mixture-of-experts MLPs (Qwen3-MoE, Qwen2-MoE, OLMoE, Mixtral, Granite MoE, Gemma 4's 26B-A4B): the
+spec, the checkpoint's names, and the graph.
 
 Every class here routes the same way, written once:
 
@@ -9,7 +9,11 @@ Every class here routes the same way, written once:
     (+ a shared expert's MLP on every token, times sigmoid(x @ shared_gate.T) where there is one)
 
 Mixtral's and Granite MoE's softmax over the top-k logits alone is the normalized form (the same
-values). llm.onnx computes every expert on every token and weights the k chosen ones (the rest get
+values). Gemma 4 (`beside_dense`) runs its experts beside a dense MLP, each normed on its own
+(Gemma4TextDecoderLayer): its experts read pre_feedforward_layernorm_2 of the residual stream, its
+router a scale-less RMSNorm of it (`router_norm`; the router's scale and 1/sqrt(H) are folded into its
+weight), each expert's output is times its per_expert_scale (folded into its down_proj), and the
+experts' activation is GELU's tanh form (the spec's hidden_act). llm.onnx computes every expert on every token and weights the k chosen ones (the rest get
 weight 0 and are masked, so one that overflows in float16 adds nothing), in standard ops TensorRT
 parses: exact, and E / k times the chosen experts' arithmetic. The ONNX Runtime form (float32
 arithmetic) computes the chosen experts only, in one node a layer: on our CPU kernels
@@ -49,6 +53,8 @@ class MoE:
     shared_gate: bool = False            # ... times sigmoid(x @ shared_expert_gate.T) (Qwen2-MoE)
     shared_fused: bool = False           # the checkpoint holds its gate|up whole (Granite's shared_mlp): LoRA's names
     router_module: str = "mlp.gate"      # the router's module name in PEFT's keys (LoRA)
+    beside_dense: bool = False           # Gemma 4: a dense MLP on every layer too, experts and router on
+    #                                      the residual stream with norms of their own (module docstring)
 
 
 def kernel_takes(spec, quant) -> bool:
@@ -67,15 +73,16 @@ def positive(config, key: str) -> int:
 
 def moe_from_config(config, experts_key: str, size_key: str, normalize: bool, shared_size: int = 0,
                     shared_gate: bool = False, dense_layers: tuple[int, ...] = (), shared_fused: bool = False,
-                    router_module: str = "mlp.gate") -> MoE:
+                    router_module: str = "mlp.gate", top_k_key: str = "num_experts_per_tok",
+                    beside_dense: bool = False) -> MoE:
     """The MoE section of a config; refuses what the graph does not route the way transformers does.
     (Mixtral's router_jitter_noise is ignored, as transformers does outside training.)"""
-    num, k = positive(config, experts_key), positive(config, "num_experts_per_tok")
+    num, k = positive(config, experts_key), positive(config, top_k_key)
     if k > num:
-        raise Unsupported(f"config.num_experts_per_tok ({k}) must be at most config.{experts_key} ({num})")
+        raise Unsupported(f"config.{top_k_key} ({k}) must be at most config.{experts_key} ({num})")
     return MoE(num_experts=num, top_k=k, expert_size=positive(config, size_key), normalize=bool(normalize),
                dense_layers=dense_layers, shared_size=shared_size, shared_gate=shared_gate, shared_fused=shared_fused,
-               router_module=router_module)
+               router_module=router_module, beside_dense=beside_dense)
 
 
 def qwen_dense_layers(config) -> tuple[int, ...]:
@@ -94,11 +101,14 @@ ROUTER_NAMES = ("mlp.gate.weight", "mlp.router.weight", "block_sparse_moe.router
 
 def canonical_names(w: dict[str, np.ndarray], spec) -> None:
     """Rename (in place) each MoE layer's weights to the names above: Qwen's and OLMoE's router `gate`,
-    Granite MoE's block_sparse_moe and shared_mlp (its input_linear holds gate|up)."""
+    Granite MoE's block_sparse_moe and shared_mlp (its input_linear holds gate|up), Gemma 4's router and
+    experts beside its MLP (gemma4_names)."""
     for i in range(spec.num_layers):
         if i in spec.moe.dense_layers:
             continue
         p = f"model.layers.{i}"
+        if spec.moe.beside_dense:
+            gemma4_names(w, p, spec.hidden_size)
         router = [n for n in ROUTER_NAMES if f"{p}.{n}" in w]
         if len(router) != 1:
             raise Unsupported(f"layer {i}: expected one MoE router weight of {ROUTER_NAMES}, found {router}")
@@ -116,11 +126,23 @@ def canonical_names(w: dict[str, np.ndarray], spec) -> None:
                               f"{(spec.moe.num_experts, 2 * spec.moe.expert_size, spec.hidden_size)}")
 
 
+def gemma4_names(w: dict[str, np.ndarray], p: str, hidden: int) -> None:
+    """Gemma 4's layer p: router.proj times its scale and 1/sqrt(H) per input column (Gemma4TextRouter
+    scales its normed input so) as mlp.router; experts.* as mlp.experts.*, each expert's down_proj times
+    its per_expert_scale (the router's weight of it, which y is linear in)."""
+    scale = w.pop(f"{p}.router.scale") * np.float32(hidden ** -0.5)
+    w[f"{p}.mlp.router.weight"] = w.pop(f"{p}.router.proj.weight") * scale[None, :]
+    w[f"{p}.mlp.router.input_scale"] = scale  # (what a LoRA delta on router.proj reads its input times)
+    per_expert = w.pop(f"{p}.router.per_expert_scale")
+    w[f"{p}.mlp.experts.gate_up_proj"] = w.pop(f"{p}.experts.gate_up_proj")
+    w[f"{p}.mlp.experts.down_proj"] = w.pop(f"{p}.experts.down_proj") * per_expert[:, None, None]
+
+
 def check_modules(layers, spec) -> None:
     """Refuse expert biases (gpt-oss has them; none of the classes here do)."""
     for layer in layers:
         block = getattr(layer, "block_sparse_moe", None) or layer.mlp
-        experts = getattr(block, "experts", None)
+        experts = getattr(block, "experts", None) or getattr(layer, "experts", None)  # (Gemma 4's: the layer's)
         if experts is None:
             continue
         if any(getattr(experts, n, None) is not None for n in ("gate_up_proj_bias", "down_proj_bias")):
@@ -132,14 +154,23 @@ class MoEWriter:
     storage, half, quant, ort_form, native_moe, dense_experts, handoff, hand_on, lora_rank and sites, and
     DecoderWriter's fw, linear, fused_proj, lora, lora_pair, gated, generated_input and quantize_weight."""
 
-    def moe(self, i: int, x: str) -> str:
-        """Layer i's mixture of experts of x [B,S,H] (its shared expert's MLP added)."""
+    def moe(self, i: int, x: str, router_x: str | None = None) -> str:
+        """Layer i's mixture of experts of x [B,S,H] (its shared expert's MLP added); the router reads
+        router_x where given (Gemma 4's), else x."""
         g, m = self.g, self.spec.moe
         p, name = f"model.layers.{i}.mlp", f"/model/layers.{i}/mlp"
         # the router in the graph's type, as transformers' Linear (never quantized: it picks the
         # experts); its softmax in float32
-        logits = self.lora(f"{name}/router", x, self.float_linear(f"{name}/router", x, f"{p}.router"), i, "router")
-        if self.ort_form and self.ftype == F32:
+        router_x = router_x or x
+        logits = self.float_linear(f"{name}/router", router_x, f"{p}.router")
+        if m.beside_dense and self.lora_rank:  # (Gemma 4: router.proj's input is router_x times its scale, folded
+            # into the weight: its LoRA delta reads the scaled input)
+            router_x = g.op("Mul", f"{name}/router/lora/Scale", [router_x, self.fw(
+                f"{p}.router.input_scale", self.w[f"{p}.router.input_scale"])])
+        logits = self.lora(f"{name}/router", router_x, logits, i, "router")
+        # (ONNX Runtime's MoE node has GELU's erf form only: Gemma 4's experts take the standard ops' form
+        # without our kernel)
+        if self.ort_form and self.ftype == F32 and (self.native_moe or self.spec.hidden_act == "silu"):
             y = self.kernel_moe(i, x, logits) if self.native_moe else self.ort_moe(i, x, logits)
             return y if not m.shared_size else self.shared_expert(i, x, y)
         if self.ftype != F32:
@@ -264,7 +295,7 @@ class MoEWriter:
         scores = g.op("Reshape", f"{name}/router/Rows", [logits, g.const([-1, m.num_experts])])
         pairs = np.stack([np.arange(m.expert_size), np.arange(m.expert_size) + m.expert_size], axis=1).reshape(-1)
         attrs = dict(domain="com.microsoft", k=m.top_k, normalize_routing_weights=int(m.normalize),
-                     # (every MoE spec's hidden_act is silu: base_spec's check)
+                     # (moe() sends only silu experts here)
                      activation_type="swiglu", swiglu_fusion=1, activation_alpha=1.0, activation_beta=0.0)
         if self.quant is None:
             y = g.op("MoE", f"{name}/experts/MoE", [rows, scores, self.fw(w1, self.w[w1][:, pairs]), "",
@@ -291,6 +322,8 @@ class MoEWriter:
         p, name = f"model.layers.{i}.mlp", f"/model/layers.{i}/mlp"
         w1, w2 = f"{p}.experts.gate_up_proj", f"{p}.experts.down_proj"
         order, attrs = swiglu_rows(m.expert_size), dict(domain=cpu_kernels.DOMAIN, k=m.top_k, normalize=int(m.normalize))
+        if self.spec.hidden_act != "silu":  # (Gemma 4's GELU; other graphs keep the attribute out, as before it)
+            attrs["activation"] = self.spec.hidden_act
         if self.quant is None:
             held = self.storage if self.half else np.float32
             gate_up = g.weight(w1, self.w[w1][:, order].astype(held))

@@ -58,6 +58,8 @@ def float64_opinion(model, ids: list[int], first: int, got: np.ndarray, ref: np.
     if not fits_in_float64(model):
         return None
     wide = copy.deepcopy(model).double()
+    if getattr(wide.config, "_experts_implementation", None) not in (None, "eager"):
+        wide.set_experts_implementation("eager")  # (transformers' grouped_mm experts take no float64)
     with torch.no_grad():
         ref64 = wide(torch.tensor([ids], dtype=torch.int64)).logits[0].double().numpy()[first:]
     del wide

@@ -106,6 +106,17 @@ def encoders_of(config) -> tuple[str, ...]:
                  if getattr(config, key, None) is not None)
 
 
+def language_fields(config) -> dict:
+    """DecoderSpec fields that a multimodal checkpoint's language model, built alone, takes from the whole
+    config: Gemma 4's placeholder tokens, read as the pad token by its token tables as Gemma4Model reads
+    them (a generated one, say an audio token of the audio-only form, is embedded as the pad)."""
+    if getattr(config, "model_type", None) != "gemma4":
+        return {}
+    from trtllm.builder import vision_gemma4  # (it imports this module)
+
+    return vision_gemma4.placeholders(config)
+
+
 def left_out(config) -> tuple[str, ...]:
     """The encoders of a multimodal config that the build does not take (Gemma 4's audio)."""
     return tuple(name for name in encoders_of(config) if name not in BUILT_ENCODERS)

@@ -40,8 +40,7 @@ def language_spec(ck: ckpt.Checkpoint, config: BuildConfig, backend: str, spec, 
     spec = dataclasses.replace(spec, image_embeds=True, mrope_section=mrope, deepstack_layers=deepstack,
                                mrope_interleaved=vision.mrope_interleaved(ck.vision.config),
                                image_bidirectional=family(ck.vision) is vision_gemma3 or gemma4_both_ways,
-                               image_ahead_windows_only=gemma4_both_ways, **vision_gemma4.placeholders(ck.vision.config)
-                               if family(ck.vision) is vision_gemma4 else {})
+                               image_ahead_windows_only=gemma4_both_ways)  # (Gemma 4's placeholders: ck.language_fields)
     refuse(config, backend, spec)
     return spec
 

@@ -147,7 +147,8 @@ def text_check(doc: str, make_checkpoint, prefix: str, text: str = LONG_TEXT) ->
                                   return_tensors="pt", return_dict=True)["input_ids"]
     first = {}  # the first step's log-probabilities, float32 and (the yardstick of both) float64
     for dtype in (torch.float64, torch.float32):
-        model = transformers.AutoModelForCausalLM.from_pretrained(ckpt, dtype=dtype).eval()
+        # (eager experts: transformers' grouped_mm takes no float64)
+        model = transformers.AutoModelForCausalLM.from_pretrained(ckpt, dtype=dtype, experts_implementation="eager").eval()
         with torch.no_grad():
             first[dtype] = torch.log_softmax(model(ids).logits[0, -1].double(), -1).numpy()
     with torch.no_grad():

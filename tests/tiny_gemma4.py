@@ -9,7 +9,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tests.tiny_models import ARCHS, GEMMA4_LAYERS, make_tokenizer, named_special_tokens, randomized, saved
+from tests.tiny_models import (ARCHS, GEMMA4_LAYERS, NORMS, gemma4_scales, make_tokenizer, named_special_tokens,
+                               randomized, saved)
 
 PATCH, POOL, SOFT_TOKENS = 4, 2, 70
 IMAGE_TOKENS = {"boi_token": "<|image>", "eoi_token": "<image|>", "image_token": "<|image|>"}
@@ -23,9 +24,10 @@ TEMPLATE = (
 )
 
 
-def make_gemma4_vl_checkpoint(out_dir: Path, seed: int = 0, both_ways: bool = True) -> Path:
+def make_gemma4_vl_checkpoint(out_dir: Path, seed: int = 0, both_ways: bool = True, text: str = "gemma4") -> Path:
     """`both_ways`: text_config.use_bidirectional_attention "vision" (an image's tokens see each other both
-    ways on the sliding layers), else None (causal, as the smaller models' configs have it)."""
+    ways on the sliding layers), else None (causal, as the smaller models' configs have it). `text`: the
+    tiny language model's ARCHS entry ("gemma4-moe": gemma-4-26B-A4B's form)."""
     import torch
     import transformers
 
@@ -39,7 +41,7 @@ def make_gemma4_vl_checkpoint(out_dir: Path, seed: int = 0, both_ways: bool = Tr
         num_hidden_layers=len(GEMMA4_LAYERS), layer_types=GEMMA4_LAYERS, num_attention_heads=4, num_key_value_heads=2,
         head_dim=16, max_position_embeddings=1024, rms_norm_eps=1e-6, tie_word_embeddings=False,
         bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
-        use_bidirectional_attention="vision" if both_ways else None, **ARCHS["gemma4"][2])
+        use_bidirectional_attention="vision" if both_ways else None, **ARCHS[text][2])
     vision = transformers.Gemma4VisionConfig(
         hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2,
         head_dim=16, patch_size=PATCH, pooling_kernel_size=POOL, position_embedding_size=64,
@@ -49,12 +51,11 @@ def make_gemma4_vl_checkpoint(out_dir: Path, seed: int = 0, both_ways: bool = Tr
                                        image_token_id=ids["image_token"], tie_word_embeddings=False)
     torch.manual_seed(seed)
     model = transformers.Gemma4ForConditionalGeneration(config).eval()
-    randomized(model, ("norm.weight", "layernorm.weight"))
+    randomized(model, (*NORMS, "layernorm.weight"))
+    gemma4_scales(model)
     with torch.no_grad():
         for name, b in model.named_buffers():
-            if name.endswith("layer_scalar"):
-                b.copy_(0.5 + torch.rand_like(b))
-            elif name.endswith(("std_bias", "std_scale")):  # (the pooled features are x sqrt(32))
+            if name.endswith(("std_bias", "std_scale")):  # (the pooled features are x sqrt(32))
                 b.copy_(torch.randn_like(b) if name.endswith("bias") else 0.2 + 0.1 * torch.rand_like(b))
             elif name.endswith(("input_max", "output_max")):  # (some clip, most are wide)
                 b.fill_(3.0 if "mlp.gate_proj" in name else 1e4)

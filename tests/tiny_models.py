@@ -99,6 +99,12 @@ ARCHS = {
     "gemma4-kv": ("Gemma4TextConfig", "Gemma4ForCausalLM", {
         "sliding_window": 8, "global_head_dim": 32, "attention_k_eq_v": True, "num_global_key_value_heads": 1,
         "hidden_size_per_layer_input": 0, "final_logit_softcapping": 8.0}),
+    # ... and as gemma-4-26B-A4B: a mixture of experts beside each layer's dense MLP (GELU experts, a
+    # normed router with a scale per expert)
+    "gemma4-moe": ("Gemma4TextConfig", "Gemma4ForCausalLM", {
+        "sliding_window": 8, "global_head_dim": 32, "attention_k_eq_v": True, "num_global_key_value_heads": 1,
+        "hidden_size_per_layer_input": 0, "final_logit_softcapping": 8.0, "enable_moe_block": True,
+        "num_experts": 4, "top_k_experts": 2, "moe_intermediate_size": 32}),
     # LFM2: convolution layers (with biases) between attention ones, as LFM2-350M mixes them
     "lfm2": ("Lfm2Config", "Lfm2ForCausalLM", {"conv_bias": True, "block_auto_adjust_ff_dim": False,
                                                "layer_types": ["conv", "conv", "full_attention", "conv"]}),
@@ -153,13 +159,26 @@ def make_checkpoint(arch: str, out_dir: Path, seed: int = 0, num_layers: int = 2
         config.attention_bias = False
     torch.manual_seed(seed)
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
-    randomized(model)
-    with torch.no_grad():  # (Gemma 4's per-layer output scale is a buffer, not a parameter)
-        for name, b in model.named_buffers():
-            if name.endswith("layer_scalar"):
-                b.copy_(0.5 + torch.rand_like(b))
+    randomized(model, NORMS)
+    gemma4_scales(model)
     saved(model, tok, out_dir)
     return out_dir
+
+
+# the weights randomized near 1 (`randomized`): norms, Gemma 4's MoE layers' extra ones and its router's
+# input scale
+NORMS = ("norm.weight", "layernorm_1.weight", "layernorm_2.weight", "router.scale")
+
+
+def gemma4_scales(model) -> None:
+    """Gemma 4's per-layer output scales (buffers, not parameters) in [0.5, 1.5), and its experts'
+    per_expert_scale likewise (each expert's own weight, away from 1)."""
+    import torch
+
+    with torch.no_grad():
+        for name, t in [*model.named_buffers(), *model.named_parameters()]:
+            if name.endswith(("layer_scalar", "per_expert_scale")):
+                t.copy_(0.5 + torch.rand_like(t))
 
 
 def randomized(model, norms: tuple[str, ...] = ("norm.weight",)) -> None:
@@ -207,8 +226,10 @@ def make_gemma4_multimodal(out_dir: Path, seed: int = 0) -> Path:
     text = transformers.AutoModelForCausalLM.from_pretrained(text_dir, dtype=torch.float32)
     audio = transformers.Gemma4AudioConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
                                            subsampling_conv_channels=[8, 4], output_proj_dims=32)
+    vocab = text.config.vocab_size  # (the placeholder tokens within the tiny vocabulary: a prompt can hold them)
     config = transformers.Gemma4Config(text_config=text.config, vision_config=None, audio_config=audio,
-                                       tie_word_embeddings=False)
+                                       tie_word_embeddings=False, image_token_id=vocab - 1, audio_token_id=vocab - 2,
+                                       video_token_id=vocab - 3)
     torch.manual_seed(seed)
     model = transformers.Gemma4ForConditionalGeneration(config).eval()
     with torch.no_grad():  # the language model's weights are the text checkpoint's

@@ -93,7 +93,7 @@ def from_modules(model, spec) -> dict:
         moe.check_modules(layers, spec)
     # the MLP's biases, on a dense layer (a mixture of experts has none: moe.check_modules)
     mlp = next((layer.mlp for i, layer in enumerate(layers) if hasattr(layer, "mlp") and
-                (spec.moe is None or i in spec.moe.dense_layers)), None)
+                (spec.moe is None or i in spec.moe.dense_layers or spec.moe.beside_dense)), None)
 
     def has_bias(module) -> bool:
         return getattr(module, "bias", None) is not None

@@ -14,14 +14,16 @@ ones with a RoPE table each) with these changes, each a DecoderSpec field:
   each layer's output is times its layer_scalar;
 - the KV-sharing layers' MLPs may be twice as wide (use_double_wide_mlp: their weights say so), and
   attention_k_eq_v takes a full layer's v from its k projection.
-Not taken: mixture-of-experts layers (enable_moe_block, gemma-4-26B-A4B) and attention both ways over
-the whole text (use_bidirectional_attention "all")."""
+- enable_moe_block (gemma-4-26B-A4B): each layer's dense MLP has a mixture of experts beside it, each
+  normed on its own and their outputs added (builder/moe.py, `beside_dense`).
+Not taken: attention both ways over the whole text (use_bidirectional_attention "all")."""
 from __future__ import annotations
 
 from trtllm.builder.architectures.gemma3 import GELU_TANH, softcap
 from trtllm.builder.architectures.llama import base_spec
 from trtllm.builder.architectures.mistral import layer_windows
 from trtllm.builder.checkpoint import Unsupported
+from trtllm.builder.moe import moe_from_config
 
 
 def layer_shapes(config, layers: list[int]) -> tuple[int, int] | None:
@@ -34,9 +36,10 @@ def layer_shapes(config, layers: list[int]) -> tuple[int, int] | None:
 
 
 def spec_from_config(config):
-    if getattr(config, "enable_moe_block", False):
-        raise Unsupported("config.enable_moe_block must be false: Gemma 4's mixture-of-experts layers (26B-A4B) "
-                          "are not supported")
+    # (Gemma4TextRouter always divides the chosen weights by their sum)
+    moe = moe_from_config(config, "num_experts", "moe_intermediate_size", True, top_k_key="top_k_experts",
+                          router_module="router.proj", beside_dense=True) \
+        if getattr(config, "enable_moe_block", False) else None
     if getattr(config, "use_bidirectional_attention", None) == "all":
         raise Unsupported("config.use_bidirectional_attention 'all' is not supported: the engine decodes causally")
     windows = layer_windows(config)
@@ -61,7 +64,7 @@ def spec_from_config(config):
                      final_softcap=softcap(config, "final_logit_softcapping"), qk_norm=True, v_norm=True,
                      local_rope=bool(sliding), kv_shared_layers=shared,
                      value_is_key=bool(getattr(config, "attention_k_eq_v", False)),
-                     per_layer_input=ple, layer_scalars=True,
+                     per_layer_input=ple, layer_scalars=True, moe=moe,
                      # (transformers widens the MLP of the layers that read another's KV: kv_sharing_modes "reuse")
                      wide_mlp_layers=tuple(range(config.num_hidden_layers - shared, config.num_hidden_layers))
                      if shared and getattr(config, "use_double_wide_mlp", False) else ())

@@ -26,7 +26,9 @@
 //          LoRA adapter on the experts (a rank of 0: none on that projection).
 // Output:  y [..., H] float32: sum over the token's chosen experts e of p_e (silu(x W1g_e.T) *
 //          (x W1u_e.T)) @ W2_e.T. H and I multiples of 32.
-// Attributes: k (experts a token), normalize (1: the chosen probabilities divided by their sum).
+// Attributes: k (experts a token), normalize (1: the chosen probabilities divided by their sum),
+//          activation ("silu", the default, or "gelu_tanh": Gemma 4's experts, gelu_tanh(gate) * up with
+//          GELU's tanh form as torch computes it).
 // Routing as transformers': softmax of the logits in float32, the k largest probabilities (an exact
 // tie goes to the lower expert index, as ONNX's TopK), normalized when asked; products accumulate in
 // float32, and a token's experts are summed in the router's order.
@@ -67,8 +69,9 @@ struct Pass {  // one block of tokens, routed
   int64_t count, h, k;
   int64_t t0 = 0, e = 0, inner = 0;  // the block's first token; experts; I
   const Lora* lora = nullptr;
+  bool gelu = false;                // the activation: GELU's tanh form (else SiLU)
   std::vector<int64_t> row_expert;  // gathered row -> its expert (LoRA)
-  std::vector<float> pre;           // LoRA on gate|up: the rows' gate|up before the activation [rows, 2I]
+  std::vector<float> pre;           // LoRA on gate|up or GELU: the rows' gate|up before the activation [rows, 2I]
   std::vector<int64_t> slot_row;    // token slot t * k + j -> its row in the gathered buffers
   std::vector<int64_t> row_token;   // gathered row -> its token
   std::vector<float> weight;        // token slot -> its expert's weight
@@ -114,29 +117,39 @@ void add_delta(const float* in, int64_t k, const float* a, const float* b, int64
 // The adapter (of n) of gathered row r: its token's batch row's, or the one.
 int64_t adapter_of(const Pass& p, int64_t r) { return p.lora->n == 1 ? 0 : (p.t0 + p.row_token[r]) / p.lora->per; }
 
-// LoRA on gate|up: each row's gate and up deltas added to its gate|up, then silu(gate) * up into hg
-// (what the fused swiglu jobs write without it). gate|up is in w1's swiglu order, per 32 columns 16
-// gate then their 16 up; the deltas are in the checkpoint's order, and go to those places.
-void lora_gate_up(void* data, size_t task) {
+// gelu_tanh(gate) * up, GELU's tanh form with torch's constants and order of operations.
+void geglu(const float* gate, const float* up, int64_t count, float* out) {
+  constexpr float kBeta = 0.7978845608028654f, kKappa = 0.044715f;  // sqrt(2 / pi)
+  for (int64_t t = 0; t < count; ++t) {
+    const float x = gate[t], inner = kBeta * (x + kKappa * (x * x * x));
+    out[t] = 0.5f * x * (1.0f + std::tanh(inner)) * up[t];
+  }
+}
+
+// The rows' gate|up (p.pre) to hg where the fused swiglu jobs do not write it (LoRA on gate|up, or
+// GELU): each row's gate and up deltas added first, then act(gate) * up. gate|up is in w1's swiglu
+// order, per 32 columns 16 gate then their 16 up; the deltas are in the checkpoint's order, and go to
+// those places.
+void activate(void* data, size_t task) {
   Pass& p = *static_cast<Pass*>(data);
   const Lora& l = *p.lora;
   const int64_t half = kChunkRows / 2;
   const Span s = span(task, p.count * p.k);
   thread_local std::vector<float> delta;
   for (int64_t r = s.first; r < s.end; ++r) {
-    const int64_t at = adapter_of(p, r) * p.e + p.row_expert[r];
     float* pre = p.pre.data() + r * 2 * p.inner;
     const Lora::Pair* pairs[2] = {&l.gate, &l.up};
     for (int j = 0; j < 2; ++j) {
       const Lora::Pair& q = *pairs[j];
       if (!q.r) continue;
+      const int64_t at = adapter_of(p, r) * p.e + p.row_expert[r];
       delta.assign(p.inner, 0.0f);
       add_delta(p.xg.data() + r * p.h, p.h, q.a + at * p.h * q.r, q.b + at * q.r * p.inner, q.r, p.inner, delta.data());
       for (int64_t c = 0; c < p.inner; c += half)  // (gate column c at 2c - c % 16; up's 16 after)
         for (int64_t t = 0; t < half; ++t) pre[2 * c + j * half + t] += delta[c + t];
     }
     for (int64_t c = 0; c < 2 * p.inner; c += kChunkRows)
-      swiglu(pre + c, pre + c + half, half, p.hg.data() + r * p.inner + c / 2);
+      (p.gelu ? geglu : swiglu)(pre + c, pre + c + half, half, p.hg.data() + r * p.inner + c / 2);
   }
 }
 
@@ -216,6 +229,7 @@ struct MoEKernel {
   int64_t bits;  // 32 or 16 (brain: bfloat16): the float op; 4 or 8: MoEBlockQuant
   bool brain;
   bool exact_rows;  // quantized generated rows 1-2 at a time (Job::row_exact): the exact_rows attribute
+  bool gelu;        // the activation attribute: gelu_tanh
   const char* name;
   std::mutex lock;  // guards the copies
   trtllm_cpu::Resident copies[6];  // w1's codes, scale, offset, then w2's
@@ -324,7 +338,8 @@ struct MoEKernel {
         p.jobs.clear();
         p.count = std::min(kTokens, rows.m - t0);
         p.x = xs + t0 * h, p.y = ys + t0 * h, p.h = h, p.k = k;
-        p.t0 = t0, p.e = e, p.inner = inner, p.lora = &lora;
+        p.t0 = t0, p.e = e, p.inner = inner, p.lora = &lora, p.gelu = gelu;
+        const bool apart = gelu || lora.gate_up();  // gate|up to p.pre, activated by `activate`
         const int64_t slots = p.count * k;
         const int64_t* pick = chosen.data() + t0 * k;
         p.weight.assign(weight.begin() + t0 * k, weight.begin() + t0 * k + slots);
@@ -342,8 +357,8 @@ struct MoEKernel {
         if (lora.gate_up() || lora.down.r) {
           p.row_expert.resize(slots);
           for (int64_t i = 0; i < e; ++i) std::fill(p.row_expert.begin() + start[i], p.row_expert.begin() + start[i + 1], i);
-          if (lora.gate_up()) p.pre.resize(slots * 2 * inner);
         }
+        if (apart) p.pre.resize(slots * 2 * inner);
         parallel_for(ctx, gather, spans(slots), &p);
         std::vector<int64_t> used;
         for (int64_t i = 0; i < e; ++i)
@@ -358,9 +373,9 @@ struct MoEKernel {
             Job job{};
             job.w = (pass == 0 ? w1 : w2).of(i);
             job.x = (pass == 0 ? p.xg.data() : p.hg.data()) + r0 * width;
-            // (LoRA on gate|up: the rows' gate|up as they are, the delta and activation after)
-            job.y = pass == 1 ? p.og.data() + r0 * h : lora.gate_up() ? p.pre.data() + r0 * 2 * inner : p.hg.data() + r0 * inner;
-            job.m = m, job.swiglu = pass == 0 && !lora.gate_up();
+            // (apart: the rows' gate|up as they are, the delta and activation after)
+            job.y = pass == 1 ? p.og.data() + r0 * h : apart ? p.pre.data() + r0 * 2 * inner : p.hg.data() + r0 * inner;
+            job.m = m, job.swiglu = pass == 0 && !apart;
             job.prompt = flag == 0, job.generated = flag == 1;
             job.row_exact = exact_rows && flag == 1;
             decode[pass] = decode[pass] || (quantized() && job.decode_path());
@@ -384,8 +399,8 @@ struct MoEKernel {
           for (size_t j = pass * half; j < (pass + 1) * half; ++j)
             for (int64_t c = 0; c < chunks(p.jobs[j]); ++c) p.tasks.emplace_back(j, c);
           parallel_for(ctx, compute, p.tasks.size(), &p);  // a task's exception reaches the catch below
-          if (pass == 0 ? lora.gate_up() : lora.down.r > 0)
-            parallel_for(ctx, pass == 0 ? lora_gate_up : lora_down, spans(slots), &p);
+          if (pass == 0 ? apart : lora.down.r > 0)
+            parallel_for(ctx, pass == 0 ? activate : lora_down, spans(slots), &p);
         }
         parallel_for(ctx, combine, spans(p.count), &p);
       }
@@ -410,8 +425,11 @@ struct MoEOp : Ort::CustomOpBase<MoEOp<W>, MoEKernel, true> {
       const int64_t bits = kQuant ? ki.GetAttribute<int64_t>("bits") : W == ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT ? 32 : 16;
       if (kQuant && bits != 4 && bits != 8) return fail("bits must be 4 or 8", GetName());
       const bool exact_rows = trtllm_cpu::attribute_or<int64_t>(ki, "exact_rows", 0) != 0;
+      const std::string activation = trtllm_cpu::attribute_or<std::string>(ki, "activation", "silu");
+      if (activation != "silu" && activation != "gelu_tanh")
+        return fail("activation must be silu or gelu_tanh, got " + activation, GetName());
       auto* made = new MoEKernel{k, normalize != 0, bits, W == ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16, exact_rows,
-                                 GetName(), {}, {}};
+                                 activation == "gelu_tanh", GetName(), {}, {}};
       for (size_t j = 0; j < (kQuant ? 6u : 2u); ++j)  // an input that is not a constant is read where it is
         made->copies[kQuant ? j : 3 * j].constant = trtllm_cpu::constant_input(ki, 2 + j);
       *kernel = made;

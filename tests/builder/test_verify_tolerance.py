@@ -63,6 +63,20 @@ def test_a_near_miss_is_judged_against_transformers_in_float64(huge_logits, tmp_
     assert wide["max_abs_error"] <= 2 * wide["transformers_float32_error"]
 
 
+@pytest.mark.parametrize("arch", ["qwen3_moe", "gemma4-moe"])
+def test_the_float64_opinion_runs_a_mixture_of_experts(arch, tiny_checkpoint, tiny_engine):
+    """transformers' experts run grouped_mm, which takes no float64: the float64 copy runs its eager loop, and
+    the engine's logits are as close to it as transformers' own float32 is (about)."""
+    from trtllm.builder.verify import engine_logits, hf_logits
+    from trtllm.runtime.engine import load_engine
+
+    ck, ids = ckpt.load(str(tiny_checkpoint(arch))), [5, 17, 42, 99, 7]
+    generated, got = engine_logits(load_engine(tiny_engine(arch)), ids, 4)
+    ref = hf_logits(ck.model, ids + generated[:-1])[len(ids) - 1:]
+    wide = verify.float64_opinion(ck.model, ids + generated[:-1], len(ids) - 1, got, ref)
+    assert 0 < wide["transformers_float32_error"] < 1e-4 and wide["max_abs_error"] < 1e-4
+
+
 def test_float64_close_takes_twice_transformers_own_error_and_no_more():
     from trtllm.builder.verify_logits import float64_close
 

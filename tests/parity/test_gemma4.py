@@ -38,6 +38,20 @@ def test_the_release_form_builds_its_language_model_alone(tmp_path, run_cli):
     with torch.no_grad():
         want = whole(input_ids=torch.tensor([PROMPT + generated[:-1]])).logits[0, len(PROMPT) - 1:].numpy()
     np.testing.assert_allclose(got, want, atol=1e-4, rtol=0)
+    # the audio, image and video tokens are the pad token to the token tables, as to the whole model (the
+    # wrong variant: the language model alone, which embeds them as themselves)
+    placeholders = [whole.config.audio_token_id, whole.config.image_token_id, whole.config.video_token_id]
+    prompt = PROMPT[:4] + placeholders + PROMPT[4:]
+    generated, got = engine_logits(load_engine(engine), prompt, num_decode=2)
+    ids = torch.tensor([prompt + generated[:-1]])
+    with torch.no_grad():
+        want = whole(input_ids=ids).logits[0, len(prompt) - 1:].numpy()
+        alone = whole.model.language_model(input_ids=ids).last_hidden_state
+        alone = whole.lm_head(alone)[0, len(prompt) - 1:]
+        cap = whole.config.text_config.final_logit_softcapping
+        alone = (torch.tanh(alone / cap) * cap).numpy()
+    np.testing.assert_allclose(got, want, atol=1e-4, rtol=0)
+    assert np.abs(alone - want).max() > 1e-2, np.abs(alone - want).max()
     image = {"type": "image", "image": "data:image/png;base64,iVBORw0KGgo="}
     result, out = run_cli(engine, {"max_generate_length": 4, "temperature": 0, "requests": [
         {"messages": [{"role": "user", "content": [image, {"type": "text", "text": "what is it?"}]}]},

@@ -1,6 +1,6 @@
 """A Gemma 4 vision-language engine (builder/vision_gemma4.py) against transformers: greedy tokens exact and
 first-step logprobs within float32 tolerance, for one image, two images in one prompt and a text-only row
-beside them; each image resized to its own token budget; its tokens seen both ways on the sliding layers
+beside them (on gemma-4-26B-A4B's form too, its experts beside each MLP); each image resized to its own token budget; its tokens seen both ways on the sliding layers
 where the config says so ("vision"), causally where it does not; the image tokens' per-layer embeddings
 the pad token's. The reference is transformers' Gemma4ForConditionalGeneration fed what Gemma4Processor
 gives it: its prompt expansion (each image token the start token, one token per 2 x 2 patches and the end
@@ -35,6 +35,13 @@ def causal(tmp_path_factory):
     """The same model with use_bidirectional_attention None (the smaller models' configs): images causal."""
     ckpt = make_gemma4_vl_checkpoint(tmp_path_factory.mktemp("gemma4-causal-ckpt"), both_ways=False)
     return built(tmp_path_factory, ckpt, "gemma4-causal", SIZES)
+
+
+@pytest.fixture(scope="module")
+def experts(tmp_path_factory):
+    """gemma-4-26B-A4B's form: the language model's layers each with a mixture of experts beside the MLP."""
+    ckpt = make_gemma4_vl_checkpoint(tmp_path_factory.mktemp("gemma4-moe-ckpt"), text="gemma4-moe")
+    return built(tmp_path_factory, ckpt, "gemma4-moe", SIZES)
 
 
 def image_processor(budget: int = SOFT_TOKENS):
@@ -113,6 +120,19 @@ def test_a_causal_config_sees_images_causally(causal, run_cli):
     assert result.exit_code == 0, result.output
     for content, response in zip(CASES[:3], out["responses"]):
         assert_answer(response, *reference(causal, content, both_ways=False))
+
+
+def test_a_mixture_of_experts_language_model_answers_images_as_transformers(experts, run_cli):
+    """26B-A4B's form (builder/moe.py, beside_dense): images, two in a prompt and a text row beside them, on
+    our MoE kernel, as transformers answers them."""
+    from trtllm.plugins import cpu as cpu_kernels
+
+    if cpu_kernels.library() is not None:
+        assert cpu_kernels.MOE_LOWERING in json.loads((experts[1] / "manifest.json").read_text())["lowerings"]
+    result, out = run(experts, run_cli, CASES[:3])
+    assert result.exit_code == 0, result.output
+    for content, response in zip(CASES[:3], out["responses"]):
+        assert_answer(response, *reference(experts, content))
 
 
 def test_the_prompt_holds_the_processors_ids(vlm):
