@@ -23,7 +23,8 @@ import numpy as np
 from onnx import TensorProto
 
 from trtllm.builder.config import ConfigError
-from trtllm.builder.decoder import DecoderSpec, DecoderWriter
+from trtllm.builder.decoder import DecoderWriter
+from trtllm.builder.decoder_spec import DecoderSpec
 from trtllm.builder.architectures.llama import SILU
 from trtllm.runtime.manifest import whole
 

@@ -28,7 +28,8 @@ from trtllm.builder.config import MODERN_MIN_TRT, BuildConfig, ConfigError, lega
 from trtllm.builder import eagle, lora, prequantized, provenance, vision, vision_export
 from trtllm.builder.plan import build_tensorrt
 from trtllm.builder.verify_logits import REFERENCE_NAME, VISION_REFERENCE_NAME, check_vision_plan, number_format
-from trtllm.builder.decoder import DecoderWriter, attention_supported, gqa_supported, half_supported, projection_widths
+from trtllm.builder.decoder import DecoderWriter
+from trtllm.builder.decoder_spec import attention_supported, gqa_supported, half_supported, projection_widths
 from trtllm.builder.engine_dir import (binary_sizes, check_output, in_place, readable_by_all, replace_engine,
                                        write_checksums)
 from trtllm.builder.lora_sites import lora_sites
@@ -256,7 +257,7 @@ def lora_on_experts(spec, ort_moe_node: bool) -> bool:
 def check_blocks(spec, quant: QuantScheme, what: str) -> None:
     """Each quantized MatMul's input features must split into whole blocks: hidden_size (q/k/v,
     gate/up, lm_head), heads x head_dim (o_proj) and intermediate_size (down_proj), as
-    decoder.projection_widths gives them, and the experts' (down_proj) of a mixture of experts."""
+    decoder_spec.projection_widths gives them, and the experts' (down_proj) of a mixture of experts."""
     sizes = projection_widths(spec)
     if spec.moe is not None:
         sizes["the experts' intermediate size"] = spec.moe.expert_size

@@ -3,7 +3,7 @@ or ONNX Runtime's own, and what neither can run, refused naming what stands in t
 from __future__ import annotations
 
 from trtllm.builder.config import BuildConfig, ConfigError
-from trtllm.builder.decoder import projection_widths
+from trtllm.builder.decoder_spec import projection_widths
 from trtllm.builder.quantize import QuantScheme
 from trtllm.plugins import cpu as cpu_kernels
 
@@ -31,7 +31,7 @@ def refuse_bfloat16(config: BuildConfig, backend: str, runs: bool, spec, what: s
 
 
 def half_obstacle(spec, what: str = "this model") -> str:
-    """Why a 16-bit model's form cannot run on our kernels (decoder.half_supported), named."""
+    """Why a 16-bit model's form cannot run on our kernels (decoder_spec.half_supported), named."""
     if spec.head_dim % 16:
         return f"{what} cannot run on them: its head size ({spec.head_dim}) is not a multiple of 16"
     for name, width in projection_widths(spec).items():

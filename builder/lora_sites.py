@@ -3,10 +3,7 @@ and, per PEFT module, the columns of its output; what the manifest's lora.sites 
 graph (DecoderWriter.lora) and the runtime (runtime/lora.py) read."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:  # (decoder.py imports this module)
-    from trtllm.builder.decoder import DecoderSpec
+from trtllm.builder.decoder_spec import DecoderSpec
 
 
 def lora_sites(spec: DecoderSpec, experts: bool = False) -> dict[str, dict]:

@@ -4,7 +4,7 @@ The biases and the lm_head tie are then taken from the loaded modules (architect
 from __future__ import annotations
 
 from trtllm.builder.checkpoint import Unsupported
-from trtllm.builder.decoder import DecoderSpec
+from trtllm.builder.decoder_spec import DecoderSpec
 
 
 SILU = {"silu": "silu", "swish": "silu"}  # transformers' names of the same function

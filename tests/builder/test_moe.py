@@ -215,7 +215,7 @@ def test_int4_needs_expert_widths_in_whole_blocks():
     """Each expert's input widths (hidden size for gate|up, its own width for down) split into blocks of 32."""
     import dataclasses
 
-    from trtllm.builder.decoder import DecoderSpec
+    from trtllm.builder.decoder_spec import DecoderSpec
     from trtllm.builder.export import check_blocks
     from trtllm.builder.moe import MoE
     from trtllm.builder.quantize import QuantScheme
