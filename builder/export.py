@@ -251,7 +251,7 @@ def refuse_for_convolutions(config: BuildConfig, spec) -> None:
 def lora_on_experts(spec, ort_moe_node: bool) -> bool:
     """Whether a mixture of experts' routed experts get LoRA inputs: where our MoE kernel or standard
     ops run them, not where ONNX Runtime's MoE / QMoE node does (`ort_moe_node`: it takes no deltas)."""
-    return spec.moe is not None and not spec.moe.beside_dense and not ort_moe_node  # (Gemma 4's: not yet)
+    return spec.moe is not None and not ort_moe_node
 
 
 def check_blocks(spec, quant: QuantScheme, what: str) -> None:

@@ -14,7 +14,7 @@ def lora_sites(spec: DecoderSpec, experts: bool = False) -> dict[str, dict]:
     routed experts' gate|up and down too ("experts": E, an adapter per expert; not where ONNX Runtime's
     MoE node runs them, which takes none)."""
     if spec.kv_layers() is not None or spec.wide_mlp_layers:
-        return layered_sites(spec)
+        return layered_sites(spec, experts)
     h, i = spec.hidden_size, spec.intermediate_size
     q, kv = spec.num_heads * spec.head_dim, spec.num_kv_heads * spec.head_dim
 
@@ -60,7 +60,7 @@ def columns(*modules: tuple[str, int]) -> list[list]:
     return out
 
 
-def layered_sites(spec: DecoderSpec) -> dict[str, dict]:
+def layered_sites(spec: DecoderSpec, experts: bool = False) -> dict[str, dict]:
     """lora_sites of a model whose layers differ in shape (Gemma 4: wider heads on the full layers, q
     alone on the layers reading another's KV, v from k's projection, wider MLPs, 26B-A4B's router; LFM2: convolution
     layers, conv_in and conv_out): a site per kind of projection and shape, on its layers; the first
@@ -78,6 +78,10 @@ def layered_sites(spec: DecoderSpec) -> dict[str, dict]:
                ("down", width, [("mlp.down_proj", h)]))
         if spec.moe is not None and spec.moe.beside_dense:  # (Gemma 4's router: a Linear, as all-linear adapts it)
             mlp += (("router", h, [("router.proj", spec.moe.num_experts)]),)
+            if experts:  # (its routed experts, under the engine's names for them: runtime/lora_experts.py)
+                w = spec.moe.expert_size
+                mlp += (("experts_gate_up", h, [("mlp.experts.gate_proj", w), ("mlp.experts.up_proj", w)]),
+                        ("experts_down", w, [("mlp.experts.down_proj", h)]))
         if layer in spec.conv_layers:  # (LFM2: its convolution's in and out projections, builder/short_conv.py)
             kinds = (("conv_in", h, [("conv.in_proj", 3 * h)]), ("conv_out", h, [("conv.out_proj", h)])) + mlp
         else:
@@ -89,6 +93,7 @@ def layered_sites(spec: DecoderSpec) -> dict[str, dict]:
     for (kind, width_in, modules), layers in groups.items():  # (in layer order: layer 0's come first)
         name = kind if kind not in sites else f"{kind}.{layers[0]}"
         sites[name] = {"in": width_in, "modules": columns(*modules),
+                       **({"experts": spec.moe.num_experts} if kind.startswith("experts") else {}),
                        **({"layers": layers} if len(layers) < spec.num_layers else {})}
     return sites
 

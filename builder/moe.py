@@ -12,8 +12,9 @@ Mixtral's and Granite MoE's softmax over the top-k logits alone is the normalize
 values). Gemma 4 (`beside_dense`) runs its experts beside a dense MLP, each normed on its own
 (Gemma4TextDecoderLayer): its experts read pre_feedforward_layernorm_2 of the residual stream, its
 router a scale-less RMSNorm of it (`router_norm`; the router's scale and 1/sqrt(H) are folded into its
-weight), each expert's output is times its per_expert_scale (folded into its down_proj), and the
-experts' activation is GELU's tanh form (the spec's hidden_act). llm.onnx computes every expert on every token and weights the k chosen ones (the rest get
+weight), each chosen expert's weight is times its per_expert_scale after the normalization (our kernel's
+expert_scale input; a Mul on the weights in standard ops), and the experts' activation is GELU's tanh form
+(the spec's hidden_act). llm.onnx computes every expert on every token and weights the k chosen ones (the rest get
 weight 0 and are masked, so one that overflows in float16 adds nothing), in standard ops TensorRT
 parses: exact, and E / k times the chosen experts' arithmetic. The ONNX Runtime form (float32
 arithmetic) computes the chosen experts only, in one node a layer: on our CPU kernels
@@ -128,14 +129,14 @@ def canonical_names(w: dict[str, np.ndarray], spec) -> None:
 
 def gemma4_names(w: dict[str, np.ndarray], p: str, hidden: int) -> None:
     """Gemma 4's layer p: router.proj times its scale and 1/sqrt(H) per input column (Gemma4TextRouter
-    scales its normed input so) as mlp.router; experts.* as mlp.experts.*, each expert's down_proj times
-    its per_expert_scale (the router's weight of it, which y is linear in)."""
+    scales its normed input so) as mlp.router; experts.* as mlp.experts.*; per_expert_scale as
+    mlp.router.expert_scale (each chosen expert's weight times it, after the normalization: MoEWriter)."""
     scale = w.pop(f"{p}.router.scale") * np.float32(hidden ** -0.5)
     w[f"{p}.mlp.router.weight"] = w.pop(f"{p}.router.proj.weight") * scale[None, :]
     w[f"{p}.mlp.router.input_scale"] = scale  # (what a LoRA delta on router.proj reads its input times)
-    per_expert = w.pop(f"{p}.router.per_expert_scale")
+    w[f"{p}.mlp.router.expert_scale"] = w.pop(f"{p}.router.per_expert_scale")
     w[f"{p}.mlp.experts.gate_up_proj"] = w.pop(f"{p}.experts.gate_up_proj")
-    w[f"{p}.mlp.experts.down_proj"] = w.pop(f"{p}.experts.down_proj") * per_expert[:, None, None]
+    w[f"{p}.mlp.experts.down_proj"] = w.pop(f"{p}.experts.down_proj")
 
 
 def check_modules(layers, spec) -> None:
@@ -180,6 +181,10 @@ class MoEWriter:
         if m.normalize:
             total = g.op("ReduceSum", f"{name}/router/ReduceSum", [top, g.const([-1])], keepdims=1)
             top = g.op("Div", f"{name}/router/Div", [top, total])
+        if m.beside_dense:  # (Gemma 4: each chosen weight times its expert's scale, in float32 as transformers)
+            top = g.op("Mul", f"{name}/router/ExpertScale", [top, g.op("Gather", f"{name}/router/ExpertScale/Gather", [
+                g.weight(f"{p}.router.expert_scale", self.w[f"{p}.router.expert_scale"].astype(np.float32)), chosen],
+                axis=0)])
         zeros = g.op("ConstantOfShape", f"{name}/router/Zeros", [g.op("Shape", f"{name}/router/Shape", [probs])])
         # [B,S,E]: each token's weight per expert (0 where not chosen), and which were chosen
         weights = g.op("ScatterElements", f"{name}/router/Weights", [zeros, chosen, top], axis=-1)
@@ -328,8 +333,8 @@ class MoEWriter:
             held = self.storage if self.half else np.float32
             gate_up = g.weight(w1, self.w[w1][:, order].astype(held))
             return g.op(cpu_kernels.MOE, f"{name}/experts/MoE", [x, logits, gate_up, g.weight(w2, self.w[w2].astype(held)),
-                                                                 self.generated_input(),
-                                                                 *self.kernel_lora(i, f"{name}/experts")], **attrs)
+                                                                 self.generated_input(), *self.kernel_tail(i, name)],
+                        **attrs)
         inputs = [x, logits]
         for prefix, rows in ((w1, order), (w2, slice(None))):  # MatMulBlockQuant's packing, expert by expert
             packed = [pack_rows(*parts, self.quant.bits) for parts in self.expert_weights(prefix)]
@@ -339,8 +344,17 @@ class MoEWriter:
         # generated rows as exact as the engine's other projections: with integer activations those are
         # the same in any batch, and so the experts' must be (with float32 ones neither is: faster)
         return g.op(cpu_kernels.MOE_QUANT, f"{name}/experts/MoEBlockQuant",
-                    [*inputs, self.generated_input(), *self.kernel_lora(i, f"{name}/experts")],
+                    [*inputs, self.generated_input(), *self.kernel_tail(i, name)],
                     bits=self.quant.bits, exact_rows=int(self.quant.activations != "float32"), **attrs)
+
+    def kernel_tail(self, i: int, name: str) -> list[str]:
+        """Our MoE kernel's inputs after `generated`: LoRA's six, and Gemma 4's expert_scale (each chosen
+        expert's weight times it) after them ("" where a LoRA input is left out)."""
+        lora = self.kernel_lora(i, f"{name}/experts")
+        if not self.spec.moe.beside_dense:
+            return lora
+        scale = f"model.layers.{i}.mlp.router.expert_scale"
+        return [*(lora or [""] * 6), self.g.weight(scale, self.w[scale].astype(np.float32))]
 
     def shared_expert(self, i: int, x: str, y: str) -> str:
         """y + the shared expert's MLP of x (times sigmoid(x @ shared_expert_gate.T) with shared_gate).

@@ -94,7 +94,9 @@ def merged_model(model, adapter, manifest):
 def expert_parameter(layer, module: str, width: int):
     """transformers' stacked parameter of a routed experts' projection ([E, 2I, H] gate|up, [E, H, I]
     down) and the rows of it `module` is (mlp.experts.gate_proj: the first I)."""
-    experts = (getattr(layer, "mlp", None) or layer.block_sparse_moe).experts  # (Granite MoE's holder)
+    # (Granite MoE's holder is block_sparse_moe; Gemma 4's experts are the layer's, beside its dense mlp)
+    experts = getattr(getattr(layer, "mlp", None), "experts", None) or getattr(layer, "experts", None) \
+        or layer.block_sparse_moe.experts
     kind = module.rsplit(".", 1)[1]
     weight = experts.down_proj if kind == "down_proj" else experts.gate_up_proj
     rows = {"gate_proj": slice(0, width), "up_proj": slice(width, 2 * width)}.get(kind, slice(None))

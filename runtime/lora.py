@@ -51,7 +51,8 @@ def key_pattern(prefix: str) -> re.Pattern:
         rf"base_model\.model\.{re.escape(prefix)}\.layers\.(\d+)\.([\w.]+?)\.lora_([AB])\.weight")
 # A mixture of experts' routed experts and router (transformers' and PEFT's names): the experts
 # where the engine has their sites (runtime/lora_experts.py), the router never
-ROUTED = re.compile(r"(?:mlp|block_sparse_moe)\.(?:experts\b.*|gate|router\b.*|input_linear|output_linear)")
+ROUTED = re.compile(r"(?:mlp|block_sparse_moe)\.(?:experts\b.*|gate|router\b.*|input_linear|output_linear)"
+                    r"|experts\b.*|router\.proj")  # (Gemma 4's, the layer's own)
 SAFETENSORS_DTYPES = {"F32": "<f4", "F16": "<f2", "F64": "<f8", "BF16": "<u2"}
 
 
@@ -312,7 +313,7 @@ def convert(name: str, path: str | Path, manifest: Manifest) -> Adapter:
                                "pair per expert, mlp.experts.{e}.gate_proj ..., or target_parameters' stacked "
                                "mlp.experts): docs/lora.md")
         if routed:
-            router = m[2].split(".")[1] in ("gate", "router")
+            router = any(part in ("gate", "router") for part in m[2].split(".")[:2])
             why = ("Edge-LLM's processed adapters are read on the dense projections only" if processed else
                    "this engine has no LoRA inputs on its router: it was built before trtllm-edge took them (rebuild "
                    "it), or the adapter names it otherwise (transformers 4's Granite MoE router.layer)" if router else

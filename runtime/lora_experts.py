@@ -7,7 +7,7 @@ expert; runtime/lora.py makes the rest), from either of PEFT's forms:
   w3, w2), lora_A [r, in] and lora_B [out, r] as for any projection;
 - stacked, as PEFT adapts transformers 5's experts, whose projections are one parameter each
   (target_parameters: mlp.experts.gate_up_proj [E, 2I, H] and down_proj [E, H, I]; Granite MoE's
-  under block_sparse_moe): a ParamWrapper's lora_A [r E, in], expert e's rows e r .. e r + r,
+  under block_sparse_moe, Gemma 4's the layer's own, experts.gate_up_proj): a ParamWrapper's lora_A [r E, in], expert e's rows e r .. e r + r,
   and lora_B [out, r E], expert e's columns j E + e (PEFT's get_delta_weight), under the keys
   mlp.experts[.base_layer...] (one wrapper nests in the other), told apart by their shapes. Its
   gate|up pair gives the gate and up modules the same lora_A and each its half of lora_B.
@@ -18,8 +18,9 @@ import re
 
 import numpy as np
 
-PER_EXPERT = re.compile(r"(?:mlp|block_sparse_moe)\.experts\.(\d+)\.(gate_proj|up_proj|down_proj|w1|w3|w2)")
-STACKED = re.compile(r"(?:mlp|block_sparse_moe)\.experts(?:\.base_layer)*")
+# (Gemma 4's experts are the layer's own, beside its dense mlp: experts.gate_up_proj)
+PER_EXPERT = re.compile(r"(?:(?:mlp|block_sparse_moe)\.)?experts\.(\d+)\.(gate_proj|up_proj|down_proj|w1|w3|w2)")
+STACKED = re.compile(r"(?:(?:mlp|block_sparse_moe)\.)?experts(?:\.base_layer)*")
 NAMES = {"gate_proj": "gate_proj", "w1": "gate_proj", "up_proj": "up_proj", "w3": "up_proj", "down_proj": "down_proj",
          "w2": "down_proj"}
 # target_parameters naming a mixture of experts' parameters: its experts' (by suffix, as PEFT matches
@@ -90,7 +91,7 @@ class ExpertTensors:
                                    f"LoRA of this model's {experts} experts (gate|up: [r x {experts}, {h}] and "
                                    f"[{2 * w}, r x {experts}]; down: [r x {experts}, {w}] and [{h}, r x {experts}])")
             # PEFT's rank_pattern and alpha_pattern name the parameter (model.layers.i.mlp.experts.down_proj)
-            parameter = f"{key.split('.')[0]}.experts.{'gate_up_proj' if kind == 'gate_up' else 'down_proj'}"
+            parameter = f"{key[:key.index('experts')]}experts.{'gate_up_proj' if kind == 'gate_up' else 'down_proj'}"
             declared = pattern_value(cfg.get("rank_pattern"), f"model.layers.{layer}.{parameter}", cfg["r"])
             if r != declared:
                 raise AdapterError(f"{where} has rank {r} an expert, but its config says {declared} (r or rank_pattern)")

@@ -24,6 +24,8 @@
 //          or x's leading dimension (row b's own). Each chosen expert's gate gets (x gate_a_e)
 //          gate_b_e before the activation, its up likewise, and its down (h down_a_e) down_b_e: a
 //          LoRA adapter on the experts (a rank of 0: none on that projection).
+// expert_scale (both ops, optional, last): [E] float32, each chosen expert's weight times its own
+//          (Gemma 4's per_expert_scale), after the normalization.
 // Output:  y [..., H] float32: sum over the token's chosen experts e of p_e (silu(x W1g_e.T) *
 //          (x W1u_e.T)) @ W2_e.T. H and I multiples of 32.
 // Attributes: k (experts a token), normalize (1: the chosen probabilities divided by their sum),
@@ -180,8 +182,8 @@ void combine(void* data, size_t task) {
 }
 
 // Each token's k experts and their weights (chosen [count, k], weight [count, k]).
-void route(const float* logits, int64_t count, int64_t e, int64_t k, bool normalize, std::vector<int64_t>& chosen,
-           std::vector<float>& weight) {
+void route(const float* logits, int64_t count, int64_t e, int64_t k, bool normalize, const float* scale,
+           std::vector<int64_t>& chosen, std::vector<float>& weight) {
   std::vector<float> probs(e);
   std::vector<char> taken(e);
   for (int64_t t = 0; t < count; ++t) {
@@ -202,6 +204,8 @@ void route(const float* logits, int64_t count, int64_t e, int64_t k, bool normal
     }
     if (normalize)
       for (int64_t j = 0; j < k; ++j) weight[t * k + j] /= picked;
+    if (scale)
+      for (int64_t j = 0; j < k; ++j) weight[t * k + j] *= scale[chosen[t * k + j]];
   }
 }
 
@@ -330,7 +334,11 @@ struct MoEKernel {
       float* ys = y.GetTensorMutableData<float>();
       std::vector<int64_t> chosen(rows.m * k);
       std::vector<float> weight(rows.m * k);
-      route(logits.GetTensorData<float>(), rows.m, e, k, normalize, chosen, weight);
+      const auto scale = trtllm_cpu::optional_input(ctx, (quantized() ? 8 : 4) + 7);  // (after generated and LoRA's 6)
+      if (scale && static_cast<int64_t>(scale.GetTensorTypeAndShapeInfo().GetElementCount()) != e)
+        return fail("expert_scale must hold E = " + std::to_string(e) + " values", name);
+      route(logits.GetTensorData<float>(), rows.m, e, k, normalize, scale ? scale.GetTensorData<float>() : nullptr,
+            chosen, weight);
       // the calling thread's buffers, kept between calls: new pages each call cost more than the
       // gather (page faults, zeroing); they hold the largest pass's rows until the thread ends
       thread_local Pass p;
@@ -442,9 +450,9 @@ struct MoEOp : Ort::CustomOpBase<MoEOp<W>, MoEKernel, true> {
   const char* GetExecutionProviderType() const { return "CPUExecutionProvider"; }
   // float: x, logits, w1, w2, generated; MoEBlockQuant: x, logits, w1, w1_scale, w1_offset, w2,
   // w2_scale, w2_offset, generated (offsets optional at 8 bits; generated int64 [1], optional);
-  // then both: LoRA's gate_a, gate_b, up_a, up_b, down_a, down_b (optional, float32)
+  // then both: LoRA's gate_a, gate_b, up_a, up_b, down_a, down_b, then expert_scale (optional, float32)
   static constexpr size_t kGenerated = kQuant ? 8 : 4;
-  size_t GetInputTypeCount() const { return kGenerated + 7; }
+  size_t GetInputTypeCount() const { return kGenerated + 8; }  // (LoRA's 6, then expert_scale)
   ONNXTensorElementDataType GetInputType(size_t i) const {
     if (i < 2 || i > kGenerated) return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
     if (i == kGenerated) return ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64;

@@ -70,11 +70,6 @@ def dequantized_model(ckpt, scheme: QuantScheme):
         p.copy_(torch.from_numpy(dequantized_weight(p.numpy(), s).copy()))
 
     with torch.no_grad():
-        for layer in model.model.layers:  # (Gemma 4's experts: each one's scale in its down_proj, as the engine
-            router = getattr(layer, "router", None)  # holds and quantizes them: builder/moe.py gemma4_names)
-            if router is not None:
-                layer.experts.down_proj.mul_(router.per_expert_scale[:, None, None])
-                router.per_expert_scale.fill_(1.0)
         for name, p in model.named_parameters():
             # (Gemma 4's per-layer embeddings: their gate and projections as well, and their table as the
             # token embedding's; LFM2's MLP: w1 w3 w2. Never a router: Gemma 4's is router.proj)

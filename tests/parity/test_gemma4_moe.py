@@ -1,7 +1,8 @@
 """Gemma 4's mixture of experts (gemma-4-26B-A4B's form: each layer's dense MLP with experts beside it) beyond
 the suites that take the tiny "gemma4-moe" model with the others (test_tiny_parity.py: logits and greedy
 tokens against transformers, in a batch, and its wrong variants; test_moe.py: int4 and int8 experts): the
-scales the build folds into the weights, the form without our kernels, 16-bit engines, LoRA, and images."""
+scales the build folds into the weights, the form without our kernels, a 16-bit engine and LoRA (test_lora_moe.py
+too: its experts and router against PEFT; test_gemma4_vl_parity.py: images)."""
 from __future__ import annotations
 
 import json
@@ -49,20 +50,20 @@ def test_both_graphs_match_transformers_on_our_moe_kernel(tiny_checkpoint, tiny_
 
 @pytest.mark.parametrize("left", ["router scale", "per-expert scale"])
 def test_each_folded_scale_is_needed(left, tiny_checkpoint, tmp_path, monkeypatch):
-    """The build folds the router's input scale (and 1/sqrt(H)) into its weight, and each expert's
-    per_expert_scale into its down_proj (builder/moe.py gemma4_names). The deliberately wrong variants,
-    each leaving one out, fail the build's check against transformers."""
+    """The build folds the router's input scale (and 1/sqrt(H)) into its weight, and gives each expert's
+    per_expert_scale to the routing (builder/moe.py gemma4_names). The deliberately wrong variants, each
+    leaving one out, fail the build's check against transformers."""
     from trtllm.builder import moe
 
     right = moe.gemma4_names
 
     def unfolded(w, p, hidden):
-        scale, per_expert = w[f"{p}.router.scale"], w[f"{p}.router.per_expert_scale"]
+        scale = w[f"{p}.router.scale"]
         right(w, p, hidden)
         if left == "router scale":
             w[f"{p}.mlp.router.weight"] /= scale[None, :]
         else:
-            w[f"{p}.mlp.experts.down_proj"] /= per_expert[:, None, None]
+            w[f"{p}.mlp.router.expert_scale"] = np.ones_like(w[f"{p}.mlp.router.expert_scale"])
 
     monkeypatch.setattr(moe, "gemma4_names", unfolded)
     with pytest.raises(VerifyError, match="differ from transformers"):
@@ -95,8 +96,9 @@ def test_a_float16_engine_passes_the_build_check(tiny_checkpoint, tmp_path):
 
 def test_lora_adapts_the_attention_the_dense_mlp_and_the_router(tiny_checkpoint, tmp_path):
     """A LoRA engine's sites are the attention's, the dense MLP's and the router's projections, what PEFT's
-    all-linear adapts (the experts, parameters, take none yet): such an adapter answers as PEFT does. The
-    router's delta reads its input times the router's scale, which the build folded into its weight."""
+    all-linear adapts, and the experts' (test_lora_moe.py: PEFT's target_parameters): an all-linear adapter
+    answers as PEFT does. The router's delta reads its input times the router's scale, which the build
+    folded into its weight."""
     import peft
 
     from tests.parity.test_lora_parity import ALL
@@ -106,8 +108,9 @@ def test_lora_adapts_the_attention_the_dense_mlp_and_the_router(tiny_checkpoint,
     engine = load_engine(build(BuildConfig(model=str(ckpt), output=str(tmp_path / "engine"), max_lora_rank=4,
                                            **LIMITS), log=lambda m: None))
     modules = {m for site in engine.manifest.lora["sites"].values() for m, _, _ in site["modules"]}
-    assert modules == {"router.proj"} | {f"{part}.{name}" for name in ALL for part in ("self_attn", "mlp") if
-                                         (part == "mlp") == (name in ("gate_proj", "up_proj", "down_proj"))}
+    experts = {f"mlp.experts.{name}" for name in ("gate_proj", "up_proj", "down_proj")}
+    assert modules == {"router.proj", *experts} | {f"{part}.{name}" for name in ALL for part in ("self_attn", "mlp")
+                                                  if (part == "mlp") == (name in ("gate_proj", "up_proj", "down_proj"))}
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.float32).eval()
     pm = peft.get_peft_model(model, peft.LoraConfig(r=4, lora_alpha=8, init_lora_weights=False,

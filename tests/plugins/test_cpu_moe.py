@@ -28,18 +28,23 @@ def experts(e: int, h: int, i: int, seed: int, dtype: str) -> tuple[np.ndarray, 
             (rng.standard_normal((e, h, i)) * 0.1).astype(DTYPES[dtype]))
 
 
-def op_model(w1: np.ndarray, w2: np.ndarray, k: int, normalize: bool = True, reorder: bool = True) -> bytes:
+def op_model(w1: np.ndarray, w2: np.ndarray, k: int, normalize: bool = True, reorder: bool = True,
+             activation: str | None = None, scale: np.ndarray | None = None) -> bytes:
     """One MoE node; w1 [E, 2I, H] in the checkpoint's order (gate rows, then up rows), stored in the
-    kernel's swiglu order (`reorder`; else as given)."""
+    kernel's swiglu order (`reorder`; else as given); `activation` its attribute (None: left out, SiLU),
+    `scale` its expert_scale input (Gemma 4's per_expert_scale)."""
     e, h, i = w2.shape
-    node = helper.make_node(cpu.MOE, ["x", "logits", "w1", "w2", "generated"], ["y"], domain=cpu.DOMAIN, k=k,
-                            normalize=int(normalize))
+    tail = ["", "", "", "", "", "", "expert_scale"] if scale is not None else []
+    node = helper.make_node(cpu.MOE, ["x", "logits", "w1", "w2", "generated", *tail], ["y"], domain=cpu.DOMAIN, k=k,
+                            normalize=int(normalize), **({"activation": activation} if activation else {}))
     return one_node_model(node, [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["t", "h"]),
                                  helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["t", "e"]),
                                  helper.make_tensor_value_info("generated", TensorProto.INT64, [1])],
                           [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["t", "h"])],
                           [numpy_helper.from_array(np.ascontiguousarray(w1[:, swiglu_rows(i)] if reorder else w1), "w1"),
-                           numpy_helper.from_array(w2, "w2")])
+                           numpy_helper.from_array(w2, "w2"),
+                           *([numpy_helper.from_array(scale.astype(np.float32), "expert_scale")]
+                             if scale is not None else [])])
 
 
 def quantized(w: np.ndarray, bits: int) -> tuple[list[np.ndarray], np.ndarray]:
@@ -90,9 +95,11 @@ def check_quant(t: int, e: int, k: int, h: int, i: int, bits: int, generated: in
     return float(np.abs(y - ref).max() / np.abs(ref).max())
 
 
-def reference(x, logits, w1, w2, k: int, normalize: bool = True, ties: str = "lower") -> np.ndarray:
+def reference(x, logits, w1, w2, k: int, normalize: bool = True, ties: str = "lower", gelu: bool = False,
+              scale: np.ndarray | None = None) -> np.ndarray:
     """float64: softmax, the k largest (an exact tie to the lower index; `ties="higher"` the other
-    way, a wrong variant), normalized or not, sum of weight x down(silu(gate) * up)."""
+    way, a wrong variant), normalized or not (then times each expert's `scale`), sum of weight x
+    down(act(gate) * up), act SiLU or GELU's tanh form."""
     e, i = w1.shape[0], w2.shape[2]
     p = np.exp(logits - logits.max(-1, keepdims=True)).astype(np.float64)
     p /= p.sum(-1, keepdims=True)
@@ -101,10 +108,14 @@ def reference(x, logits, w1, w2, k: int, normalize: bool = True, ties: str = "lo
         key = (lambda j: (-p[t, j], j)) if ties == "lower" else (lambda j: (-p[t, j], -j))
         chosen = sorted(range(e), key=key)[:k]
         weights = p[t, chosen] / (p[t, chosen].sum() if normalize else 1.0)
+        if scale is not None:
+            weights = weights * scale[chosen]
         for j, w in zip(chosen, weights):
             both = w1[j].astype(np.float64) @ x[t].astype(np.float64)
             gate, up = both[:i], both[i:]
-            y[t] += w * (w2[j].astype(np.float64) @ (gate * 0.5 * (1 + np.tanh(gate / 2)) * up))
+            act = (0.5 * gate * (1 + np.tanh(np.sqrt(2 / np.pi) * (gate + 0.044715 * gate ** 3))) if gelu else
+                   gate * 0.5 * (1 + np.tanh(gate / 2)))
+            y[t] += w * (w2[j].astype(np.float64) @ (act * up))
     return y
 
 
@@ -149,6 +160,29 @@ def test_block_quantized_experts_against_their_float_weights_fail():
     feed = inputs(5, 8, 64, 1)
     ref = reference(feed["x"], feed["logits"], w1, w2, 2)
     assert np.abs(session(model).run(None, feed)[0] - ref).max() / np.abs(ref).max() > 1e-3
+
+
+@pytest.mark.parametrize("generated", [0, 1])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("t, e, k, h, i", SHAPES[:3])
+def test_gemma4_s_gelu_experts_and_scales_per_expert(t, e, k, h, i, dtype, generated):
+    """activation="gelu_tanh" (gate|up apart, then GELU's tanh form) and expert_scale (each chosen
+    weight times its expert's, after the normalization): the float64 reference; the wrong variants, SiLU
+    or no scale, are far from it."""
+    w1, w2 = experts(e, h, i, t + e + h, dtype)
+    feed, scale = inputs(t, e, h, t + k, generated), np.random.default_rng(t).uniform(0.5, 1.5, e)
+    y = session(op_model(w1, w2, k, activation="gelu_tanh", scale=scale)).run(None, feed)[0]
+    ref = reference(feed["x"], feed["logits"], w1, w2, k, gelu=True, scale=scale)
+    assert np.abs(y - ref).max() / np.abs(ref).max() < 2e-6
+    for wrong in (reference(feed["x"], feed["logits"], w1, w2, k, gelu=False, scale=scale),
+                  reference(feed["x"], feed["logits"], w1, w2, k, gelu=True)):
+        assert np.abs(y - wrong).max() / np.abs(ref).max() > 1e-3
+
+
+def test_an_unknown_activation_fails():
+    w1, w2 = experts(4, 32, 32, 0, "float32")
+    with pytest.raises(Exception, match="activation must be silu or gelu_tanh, got relu"):
+        session(op_model(w1, w2, 2, activation="relu"))
 
 
 @pytest.mark.parametrize("generated", [0, 1])
