@@ -177,7 +177,7 @@ def projection_widths(spec: DecoderSpec) -> dict[str, int]:
     """The input widths of the projections on MatMul kernels (16-bit: MatMulHalf; quantized: block
     quantization), by the config's names for them. The experts are not among them: our MoE kernel
     takes them where moe.kernel_takes says (else ONNX Runtime's MoE node, any width); quantized,
-    their width is export.check_blocks' to ask for."""
+    their width is model_limits.check_blocks' to ask for."""
     widths = {"hidden_size": spec.hidden_size, "num_attention_heads x head_dim": spec.num_heads * spec.head_dim}
     if spec.global_head_dim:
         widths["num_attention_heads x global_head_dim"] = spec.num_heads * spec.global_head_dim

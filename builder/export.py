@@ -29,10 +29,12 @@ from trtllm.builder import eagle, lora, prequantized, provenance, vision, vision
 from trtllm.builder.plan import build_tensorrt
 from trtllm.builder.verify_logits import REFERENCE_NAME, VISION_REFERENCE_NAME, check_vision_plan, number_format
 from trtllm.builder.decoder import DecoderWriter
-from trtllm.builder.decoder_spec import attention_supported, gqa_supported, half_supported, projection_widths
+from trtllm.builder.decoder_spec import attention_supported, gqa_supported, half_supported
 from trtllm.builder.engine_dir import (binary_sizes, check_output, in_place, readable_by_all, replace_engine,
                                        write_checksums)
 from trtllm.builder.lora_sites import lora_sites
+from trtllm.builder.model_limits import check_blocks, lora_on_experts, refuse_for_convolutions, refuse_for_experts
+from trtllm.builder.tokenizer_files import OPTIONAL_FILES, save_tokenizer
 from trtllm.builder.kernel_choice import half_obstacle, ort_activations, refuse_bfloat16, use_native_kernels
 from trtllm.builder.moe import kernel_takes as moe_kernel_takes
 from trtllm.builder.quantize import QuantScheme
@@ -214,59 +216,6 @@ def export_onnx(ck: ckpt.Checkpoint, config: BuildConfig, out_dir: Path, log, ba
     return spec, max_top_k, num_positions, lowerings, section
 
 
-def refuse_for_experts(config: BuildConfig, spec, backend: str, native_experts: bool) -> None:
-    """What a mixture-of-experts model cannot be built with yet: quantized experts for TensorRT, int8
-    ones or 16-bit engines' int4 ones without our kernel (ONNX Runtime's QMoE rounds 8-bit activations
-    too, and holds float32 scales). (LoRA adapts its attention, dense layers, shared expert and routed
-    experts, router: decoder.lora_sites.)"""
-    what = f"{spec.architecture} is a mixture of experts ({spec.moe.num_experts} experts, {spec.moe.top_k} a token)"
-    q = config.quantization
-    if q != "none" and backend == "tensorrt":
-        raise ConfigError(f"--quantization {q} --backend tensorrt: {what}; quantized experts are built for ONNX "
-                          "Runtime only for now (their graph for TensorRT has not run on it); build it unquantized")
-    if q != "none" and not native_experts:
-        why = ("--cpu-kernels onnxruntime asks for ONNX Runtime's own" if config.cpu_kernels == "onnxruntime" else
-               cpu_kernels.missing_hint() if cpu_kernels.library() is None else
-               f"they need a hidden size and expert width that are multiples of 32 (this model's: "
-               f"{spec.hidden_size}, {spec.moe.expert_size})")
-        if q == "int8":
-            raise ConfigError(f"--quantization int8: {what}, whose int8 experts run on our CPU kernels only (ONNX "
-                              f"Runtime's 8-bit QMoE rounds the activations to 8 bits too), and {why}; use "
-                              "--quantization int4, or build it unquantized")
-        if config.dtype != "float32":
-            raise ConfigError(f"--quantization {q} --dtype {config.dtype}: {what}, whose int4 experts run on ONNX "
-                              f"Runtime's QMoE without our CPU kernels ({why}), with --dtype float32 only")
-
-
-def refuse_for_convolutions(config: BuildConfig, spec) -> None:
-    """What a model with short-convolution layers (LFM2: builder/short_conv.py) cannot be built with yet:
-    an int8 KV cache (our attention kernel's rows; the convolutions keep theirs in standard ops). (EAGLE
-    heads draft chains there, not trees: a tree's tokens do not follow their parents, which a
-    convolution reads.)"""
-    if config.kv_cache_dtype == "int8":
-        raise ConfigError(f"--kv-cache-dtype int8: {spec.architecture} has short-convolution layers "
-                          f"({len(spec.conv_layers)} of {spec.num_layers}), which it does not take yet; build without it")
-
-
-def lora_on_experts(spec, ort_moe_node: bool) -> bool:
-    """Whether a mixture of experts' routed experts get LoRA inputs: where our MoE kernel or standard
-    ops run them, not where ONNX Runtime's MoE / QMoE node does (`ort_moe_node`: it takes no deltas)."""
-    return spec.moe is not None and not ort_moe_node
-
-
-def check_blocks(spec, quant: QuantScheme, what: str) -> None:
-    """Each quantized MatMul's input features must split into whole blocks: hidden_size (q/k/v,
-    gate/up, lm_head), heads x head_dim (o_proj) and intermediate_size (down_proj), as
-    decoder_spec.projection_widths gives them, and the experts' (down_proj) of a mixture of experts."""
-    sizes = projection_widths(spec)
-    if spec.moe is not None:
-        sizes["the experts' intermediate size"] = spec.moe.expert_size
-    bad = [f"{name} {n}" for name, n in sizes.items() if n % quant.block_size]
-    if bad:
-        raise ConfigError(f"--quantization int{quant.bits}: {what} has {', '.join(bad)}, not a "
-                          f"multiple of the quantization block ({quant.block_size}); build it unquantized")
-
-
 def export_draft(draft: "eagle.Draft", config: BuildConfig, out_dir: Path, log, num_positions: int,
                  quant: QuantScheme | None, native: bool, backend: str, tree: bool) -> dict:
     """eagle/draft.onnx (canonical, linted) and, for ONNX Runtime, the source of its compiled form,
@@ -375,40 +324,6 @@ def compile_onnxruntime(out_dir: Path, log, quant: "QuantScheme | None" = None, 
     if source.name == Path(source_name).name:
         source.unlink()
         source.with_name(source.name + ".data").unlink()
-
-
-OPTIONAL_FILES = ("chat_template", "generation_config")  # files a checkpoint may not give
-
-
-def save_tokenizer(ck: ckpt.Checkpoint, out_dir: Path, model_arg: str) -> bool:
-    """The tokenizer's files and generation_config.json into out_dir; whether it has a chat template."""
-    ck.tokenizer.save_pretrained(out_dir)
-    ck.model.generation_config.to_json_file(out_dir / "generation_config.json")
-    if not (out_dir / "tokenizer.json").is_file():
-        raise ckpt.CheckpointError(f"--model {model_arg!r}: its tokenizer ({type(ck.tokenizer).__name__}) has no fast "
-                                   "(tokenizer.json) form, which the runtime needs")
-    return check_chat_template(out_dir, model_arg)
-
-
-def check_chat_template(out_dir: Path, model_arg: str) -> bool:
-    """The chat template as trtllm-run will read it: one that does not compile (trtllm-run would
-    refuse the engine, and rebuilding it would not help), or fails on a plain user turn (every chat
-    request would fail), is the checkpoint's to fix. Its own raise_exception on that turn is left
-    to the requests it refuses. Whether there is one."""
-    from trtllm.runtime.chat_template import ChatTemplate, ChatTemplateError, TemplateRaised
-
-    try:
-        template = ChatTemplate.from_engine_dir(out_dir)
-        if template is not None:
-            template.render([{"role": "user", "content": "Hello"}])
-        return template is not None
-    except ChatTemplateError as e:
-        if not isinstance(e.__cause__, TemplateRaised):
-            raise ckpt.CheckpointError(f"--model {model_arg!r}: its chat template cannot be used: {e}") from e
-    except Exception as e:  # noqa: BLE001 - jinja2's syntax errors, a chat_template that is no string
-        raise ckpt.CheckpointError(f"--model {model_arg!r}: its chat template cannot be used: "
-                                   f"{type(e).__name__}: {e}") from e
-    return True  # (one that raises on a plain turn: it is there)
 
 
 def quant_section(scheme: QuantScheme | None, spec, lowerings=()) -> dict:

@@ -216,7 +216,7 @@ def test_int4_needs_expert_widths_in_whole_blocks():
     import dataclasses
 
     from trtllm.builder.decoder_spec import DecoderSpec
-    from trtllm.builder.export import check_blocks
+    from trtllm.builder.model_limits import check_blocks
     from trtllm.builder.moe import MoE
     from trtllm.builder.quantize import QuantScheme
 
