@@ -323,7 +323,8 @@ def rope_tables(model, num_positions: int, layer_type: str = "full_attention") -
     """cos/sin [positions, head_dim/2] from the model's own rotary module, so every RoPE variant
     (scaling types, attention factor) matches transformers by construction. A module with a table
     per layer type (Gemma 3: sliding layers have their own base) gives `layer_type`'s, or its only one."""
-    return rotary_tables(model.model.rotary_emb, num_positions, layer_type)
+    rotary = getattr(model.model, "rotary_emb", None) or model.model.pos_emb  # (LFM2-MoE's name for it)
+    return rotary_tables(rotary, num_positions, layer_type)
 
 
 def rope_position_limit(model) -> int | None:

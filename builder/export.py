@@ -37,6 +37,7 @@ from trtllm.builder.model_limits import check_blocks, lora_on_experts, refuse_fo
 from trtllm.builder.tokenizer_files import OPTIONAL_FILES, save_tokenizer
 from trtllm.builder.kernel_choice import half_obstacle, ort_activations, refuse_bfloat16, use_native_kernels
 from trtllm.builder.moe import kernel_takes as moe_kernel_takes
+from trtllm.builder.moe import ort_node_takes
 from trtllm.builder.quantize import QuantScheme
 from trtllm.plugins import cpu as cpu_kernels
 from trtllm.plugins import lint
@@ -158,7 +159,7 @@ def export_onnx(ck: ckpt.Checkpoint, config: BuildConfig, out_dir: Path, log, ba
     # An ONNX Runtime form follows llm.onnx: it takes llm.onnx's quantized weights (WeightWriter.quantize_weight)
     # (a float32, `half` or quantized mixture of experts: one node a layer computes only the chosen experts)
     moe_node = spec.moe is not None and (config.dtype == "float32" or half or (native_experts and quant is not None)) \
-        and (native_experts or spec.hidden_act == "silu")  # (ONNX Runtime's nodes: SiLU experts only, not Gemma 4's)
+        and (native_experts or ort_node_takes(spec))  # (ONNX Runtime's nodes: SiLU experts routed by softmax only)
     # quantized experts on our kernel: quantized as the other projections, in both graphs
     dense_experts = native_experts and quant is not None
     ort_form = backend == "onnxruntime" and config.graph == "modern" and (gqa or quant is not None or half or moe_node)

@@ -56,6 +56,20 @@ class MoE:
     router_module: str = "mlp.gate"      # the router's module name in PEFT's keys (LoRA)
     beside_dense: bool = False           # Gemma 4: a dense MLP on every layer too, experts and router on
     #                                      the residual stream with norms of their own (module docstring)
+    scoring: str = "softmax"             # the router's scores: softmax, or sigmoid each (LFM2-MoE: normalized
+    #                                      by their sum + 1e-6)
+    selection_bias: bool = False         # a bias added to the scores that choose the experts only (LFM2-MoE's
+    #                                      expert_bias, a buffer: mlp.expert_bias)
+    routed_scale: float = 1.0            # the chosen weights times this (LFM2-MoE's routed_scaling_factor)
+
+
+def ort_node_takes(spec) -> bool:
+    """Whether ONNX Runtime's MoE / QMoE node routes this model's experts as transformers does: SiLU
+    experts in place of the MLP, softmax scores, no selection bias nor scale (else, without our kernel,
+    llm.onnx's standard ops run them)."""
+    m = spec.moe
+    return (m is not None and spec.hidden_act == "silu" and not m.beside_dense and m.scoring == "softmax"
+            and not m.selection_bias and m.routed_scale == 1.0)
 
 
 def kernel_takes(spec, quant) -> bool:
@@ -75,7 +89,7 @@ def positive(config, key: str) -> int:
 def moe_from_config(config, experts_key: str, size_key: str, normalize: bool, shared_size: int = 0,
                     shared_gate: bool = False, dense_layers: tuple[int, ...] = (), shared_fused: bool = False,
                     router_module: str = "mlp.gate", top_k_key: str = "num_experts_per_tok",
-                    beside_dense: bool = False) -> MoE:
+                    beside_dense: bool = False, **routing) -> MoE:
     """The MoE section of a config; refuses what the graph does not route the way transformers does.
     (Mixtral's router_jitter_noise is ignored, as transformers does outside training.)"""
     num, k = positive(config, experts_key), positive(config, top_k_key)
@@ -83,7 +97,7 @@ def moe_from_config(config, experts_key: str, size_key: str, normalize: bool, sh
         raise Unsupported(f"config.{top_k_key} ({k}) must be at most config.{experts_key} ({num})")
     return MoE(num_experts=num, top_k=k, expert_size=positive(config, size_key), normalize=bool(normalize),
                dense_layers=dense_layers, shared_size=shared_size, shared_gate=shared_gate, shared_fused=shared_fused,
-               router_module=router_module, beside_dense=beside_dense)
+               router_module=router_module, beside_dense=beside_dense, **routing)
 
 
 def qwen_dense_layers(config) -> tuple[int, ...]:
@@ -142,7 +156,7 @@ def gemma4_names(w: dict[str, np.ndarray], p: str, hidden: int) -> None:
 def check_modules(layers, spec) -> None:
     """Refuse expert biases (gpt-oss has them; none of the classes here do)."""
     for layer in layers:
-        block = getattr(layer, "block_sparse_moe", None) or layer.mlp
+        block = getattr(layer, "block_sparse_moe", None) or getattr(layer, "mlp", None) or layer.feed_forward  # (LFM2)
         experts = getattr(block, "experts", None) or getattr(layer, "experts", None)  # (Gemma 4's: the layer's)
         if experts is None:
             continue
@@ -169,22 +183,14 @@ class MoEWriter:
             router_x = g.op("Mul", f"{name}/router/lora/Scale", [router_x, self.fw(
                 f"{p}.router.input_scale", self.w[f"{p}.router.input_scale"])])
         logits = self.lora(f"{name}/router", router_x, logits, i, "router")
-        # (ONNX Runtime's MoE node has GELU's erf form only: Gemma 4's experts take the standard ops' form
-        # without our kernel)
-        if self.ort_form and self.ftype == F32 and (self.native_moe or self.spec.hidden_act == "silu"):
+        # (ONNX Runtime's MoE node routes by softmax alone, and has GELU's erf form only: Gemma 4's and
+        # LFM2-MoE's experts take the standard ops' form without our kernel)
+        if self.ort_form and self.ftype == F32 and (self.native_moe or ort_node_takes(self.spec)):
             y = self.kernel_moe(i, x, logits) if self.native_moe else self.ort_moe(i, x, logits)
             return y if not m.shared_size else self.shared_expert(i, x, y)
         if self.ftype != F32:
             logits = g.op("Cast", f"{name}/router/Cast", [logits], to=F32)
-        probs = g.op("Softmax", f"{name}/router/Softmax", [logits], axis=-1)
-        top, chosen = g.op("TopK", f"{name}/router/TopK", [probs, g.const([m.top_k])], num_outputs=2, axis=-1)
-        if m.normalize:
-            total = g.op("ReduceSum", f"{name}/router/ReduceSum", [top, g.const([-1])], keepdims=1)
-            top = g.op("Div", f"{name}/router/Div", [top, total])
-        if m.beside_dense:  # (Gemma 4: each chosen weight times its expert's scale, in float32 as transformers)
-            top = g.op("Mul", f"{name}/router/ExpertScale", [top, g.op("Gather", f"{name}/router/ExpertScale/Gather", [
-                g.weight(f"{p}.router.expert_scale", self.w[f"{p}.router.expert_scale"].astype(np.float32)), chosen],
-                axis=0)])
+        top, chosen, probs = self.routed(i, logits)
         zeros = g.op("ConstantOfShape", f"{name}/router/Zeros", [g.op("Shape", f"{name}/router/Shape", [probs])])
         # [B,S,E]: each token's weight per expert (0 where not chosen), and which were chosen
         weights = g.op("ScatterElements", f"{name}/router/Weights", [zeros, chosen, top], axis=-1)
@@ -211,6 +217,32 @@ class MoEWriter:
         y = g.op("Where", f"{name}/experts/Where", [keep, y, g.const(0.0, self.dtype)])
         y = g.op("ReduceSum", f"{name}/experts/ReduceSum", [y, g.const([1])], keepdims=0)
         return y if not m.shared_size else self.shared_expert(i, x, y)
+
+    def routed(self, i: int, logits: str) -> tuple[str, str, str]:
+        """The standard ops' routing of float32 logits [B,S,E]: (the chosen weights and experts [B,S,k],
+        the scores [B,S,E]); as transformers': softmax (or each logit's sigmoid), the k largest (of the
+        scores plus a selection bias), normalized (a sigmoid's sum + 1e-6), times each expert's scale."""
+        g, m = self.g, self.spec.moe
+        p, name = f"model.layers.{i}.mlp", f"/model/layers.{i}/mlp"
+        probs = (g.op("Sigmoid", f"{name}/router/Sigmoid", [logits]) if m.scoring == "sigmoid" else
+                 g.op("Softmax", f"{name}/router/Softmax", [logits], axis=-1))
+        keys = probs if not m.selection_bias else g.op("Add", f"{name}/router/SelectionBias", [
+            probs, g.weight(f"{p}.expert_bias", self.w[f"{p}.expert_bias"].astype(np.float32))])
+        top, chosen = g.op("TopK", f"{name}/router/TopK", [keys, g.const([m.top_k])], num_outputs=2, axis=-1)
+        if m.selection_bias:  # (the chosen experts' own scores)
+            top = g.op("GatherElements", f"{name}/router/Chosen", [probs, chosen], axis=-1)
+        if m.normalize:
+            total = g.op("ReduceSum", f"{name}/router/ReduceSum", [top, g.const([-1])], keepdims=1)
+            if m.scoring == "sigmoid":
+                total = g.op("Add", f"{name}/router/Epsilon", [total, g.const(1e-6, np.float32)])
+            top = g.op("Div", f"{name}/router/Div", [top, total])
+        if m.beside_dense:  # (Gemma 4: each chosen weight times its expert's scale, in float32 as transformers)
+            top = g.op("Mul", f"{name}/router/ExpertScale", [top, g.op("Gather", f"{name}/router/ExpertScale/Gather", [
+                g.weight(f"{p}.router.expert_scale", self.w[f"{p}.router.expert_scale"].astype(np.float32)), chosen],
+                axis=0)])
+        if m.routed_scale != 1.0:
+            top = g.op("Mul", f"{name}/router/RoutedScale", [top, g.const(m.routed_scale, np.float32)])
+        return top, chosen, probs
 
     def expert_lora(self, name: str, x: str, y: str, i: int, site: str) -> str:
         """y [B,E,S,out] + each expert's LoRA delta of x [B,1|E,S,in]: (x @ lora_a_e) @ lora_b_e, lora_a
@@ -329,6 +361,8 @@ class MoEWriter:
         order, attrs = swiglu_rows(m.expert_size), dict(domain=cpu_kernels.DOMAIN, k=m.top_k, normalize=int(m.normalize))
         if self.spec.hidden_act != "silu":  # (Gemma 4's GELU; other graphs keep the attribute out, as before it)
             attrs["activation"] = self.spec.hidden_act
+        if m.scoring != "softmax":  # (LFM2-MoE's)
+            attrs["scoring"] = m.scoring
         if self.quant is None:
             held = self.storage if self.half else np.float32
             gate_up = g.weight(w1, self.w[w1][:, order].astype(held))
@@ -348,13 +382,19 @@ class MoEWriter:
                     bits=self.quant.bits, exact_rows=int(self.quant.activations != "float32"), **attrs)
 
     def kernel_tail(self, i: int, name: str) -> list[str]:
-        """Our MoE kernel's inputs after `generated`: LoRA's six, and Gemma 4's expert_scale (each chosen
-        expert's weight times it) after them ("" where a LoRA input is left out)."""
+        """Our MoE kernel's inputs after `generated`: LoRA's six, then expert_scale (each chosen expert's
+        weight times it: Gemma 4's per_expert_scale, LFM2-MoE's routed_scaling_factor) and selection_bias
+        (LFM2-MoE's expert_bias) where the model has them ("" for those it leaves out)."""
+        m, p = self.spec.moe, f"model.layers.{i}.mlp"
         lora = self.kernel_lora(i, f"{name}/experts")
-        if not self.spec.moe.beside_dense:
+        scale = (self.w[f"{p}.router.expert_scale"] if m.beside_dense else
+                 np.full(m.num_experts, m.routed_scale) if m.routed_scale != 1.0 else None)
+        if scale is None and not m.selection_bias:
             return lora
-        scale = f"model.layers.{i}.mlp.router.expert_scale"
-        return [*(lora or [""] * 6), self.g.weight(scale, self.w[scale].astype(np.float32))]
+        return [*(lora or [""] * 6), "" if scale is None else self.g.weight(f"{p}.router.expert_scale",
+                                                                            scale.astype(np.float32)),
+                *([self.g.weight(f"{p}.expert_bias", self.w[f"{p}.expert_bias"].astype(np.float32))]
+                  if m.selection_bias else [])]
 
     def shared_expert(self, i: int, x: str, y: str) -> str:
         """y + the shared expert's MLP of x (times sigmoid(x @ shared_expert_gate.T) with shared_gate).

@@ -105,6 +105,12 @@ ARCHS = {
         "sliding_window": 8, "global_head_dim": 32, "attention_k_eq_v": True, "num_global_key_value_heads": 1,
         "hidden_size_per_layer_input": 0, "final_logit_softcapping": 8.0, "enable_moe_block": True,
         "num_experts": 4, "top_k_experts": 2, "moe_intermediate_size": 32}),
+    # LFM2-MoE (LFM2-8B-A1B's form): a dense first layer, then experts routed by sigmoid scores, chosen with
+    # a bias (expert_bias), normalized and scaled
+    "lfm2_moe": ("Lfm2MoeConfig", "Lfm2MoeForCausalLM", {
+        "conv_bias": False, "layer_types": ["conv", "full_attention", "conv", "full_attention"], "num_dense_layers": 1,
+        "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32, "use_expert_bias": True,
+        "routed_scaling_factor": 1.5, "norm_topk_prob": True}),
     # LFM2: convolution layers (with biases) between attention ones, as LFM2-350M mixes them
     "lfm2": ("Lfm2Config", "Lfm2ForCausalLM", {"conv_bias": True, "block_auto_adjust_ff_dim": False,
                                                "layer_types": ["conv", "conv", "full_attention", "conv"]}),
@@ -143,7 +149,7 @@ def make_checkpoint(arch: str, out_dir: Path, seed: int = 0, num_layers: int = 2
     if arch.startswith("gemma4"):  # (untied: tied, the tiny model repeats the last token whatever it is given)
         num_layers, tie = len(GEMMA4_LAYERS), False
         extra = {**extra, "layer_types": GEMMA4_LAYERS}
-    if arch == "lfm2":
+    if arch.startswith("lfm2"):
         num_layers = len(extra["layer_types"])
         extra = {**extra, "norm_eps": 1e-6}
     out_dir = Path(out_dir)
@@ -161,6 +167,10 @@ def make_checkpoint(arch: str, out_dir: Path, seed: int = 0, num_layers: int = 2
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
     randomized(model, NORMS)
     gemma4_scales(model)
+    with torch.no_grad():  # (LFM2-MoE's, a buffer: large enough to move which experts are chosen)
+        for name, b in model.named_buffers():
+            if name.endswith("expert_bias"):
+                b.copy_(0.3 * torch.randn_like(b))
     saved(model, tok, out_dir)
     return out_dir
 

@@ -31,6 +31,7 @@ ARCHITECTURES = {
     "HeliumForCausalLM": helium.spec_from_config,
     "HunYuanDenseV1ForCausalLM": hunyuan.spec_from_config,
     "Lfm2ForCausalLM": lfm2.spec_from_config,
+    "Lfm2MoeForCausalLM": lfm2.moe_spec_from_config,
     "LlamaForCausalLM": llama.spec_from_config,
     "MinistralForCausalLM": ministral.spec_from_config,
     "MistralForCausalLM": mistral.spec_from_config,
@@ -61,6 +62,7 @@ RENAMES = {
                         "operator_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
                         "embedding_norm": "norm"},
 }
+RENAMES["Lfm2MoeForCausalLM"] = RENAMES["Lfm2ForCausalLM"]  # (its router feed_forward.gate: mlp.gate)
 
 
 def spec_for(model):

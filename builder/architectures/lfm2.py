@@ -1,15 +1,22 @@
-"""LFM2 (Lfm2ForCausalLM: LFM2-350M, -700M, -1.2B, -2.6B; Liquid AI's models for devices).
+"""LFM2 (Lfm2ForCausalLM: LFM2-350M, -700M, -1.2B, -2.6B; Liquid AI's models for devices), and LFM2-MoE
+(Lfm2MoeForCausalLM: LFM2-8B-A1B).
 
 Llama's layers with these changes: most layers are short convolutions instead of attention
 (config.layer_types "conv": builder/short_conv.py, whose state the engine keeps by position as KV), the
 attention layers RMS-norm each q and k head before RoPE (Qwen3's), and the final norm is called
 embedding_norm. The build reads its modules under Llama's names (architectures.RENAMES). Not taken:
 draft trees (a tree's tokens do not follow their parents, which a convolution reads: EAGLE heads draft
-chains). LoRA adapters name its modules as the checkpoint does (DecoderSpec.module_names)."""
+chains). LoRA adapters name its modules as the checkpoint does (DecoderSpec.module_names).
+
+LFM2-MoE: the same layers, with a mixture of experts (builder/moe.py) in place of the MLP past the first
+num_dense_layers: SiLU experts, the router's scores each logit's sigmoid, the experts chosen by the scores
+plus expert_bias (a buffer) and weighted by the scores alone, normalized by their sum + 1e-6
+(norm_topk_prob), times routed_scaling_factor."""
 from __future__ import annotations
 
 from trtllm.builder.architectures.llama import base_spec
 from trtllm.builder.checkpoint import Unsupported
+from trtllm.builder.moe import moe_from_config
 
 
 def mlp_width(config) -> int:
@@ -24,7 +31,7 @@ def mlp_width(config) -> int:
     return width
 
 
-def spec_from_config(config):
+def spec_from_config(config, architecture: str = "Lfm2ForCausalLM", **extra):
     types = list(config.layer_types)
     unknown = sorted(set(types) - {"conv", "full_attention"})
     if unknown or len(types) != config.num_hidden_layers:
@@ -37,8 +44,22 @@ def spec_from_config(config):
     if isinstance(kernel, bool) or not isinstance(kernel, int) or kernel < 1:
         raise Unsupported(f"config.conv_L_cache must be a positive integer, got {kernel!r}")
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    return base_spec(config, "Lfm2ForCausalLM", rms_norm_eps=config.norm_eps, intermediate_size=mlp_width(config),
-                     head_dim=head_dim, qk_norm=True, conv_layers=tuple(i for i, t in enumerate(types) if t == "conv"),
+    extra = {"intermediate_size": mlp_width(config), **extra}
+    return base_spec(config, architecture, rms_norm_eps=config.norm_eps, head_dim=head_dim, qk_norm=True, conv_layers=tuple(i for i, t in enumerate(types) if t == "conv"),
                      conv_kernel=kernel, conv_bias=bool(config.conv_bias),
                      module_names=(("self_attn.o_proj", "self_attn.out_proj"), ("mlp.gate_proj", "feed_forward.w1"),
-                                   ("mlp.up_proj", "feed_forward.w3"), ("mlp.down_proj", "feed_forward.w2")))
+                                   ("mlp.up_proj", "feed_forward.w3"), ("mlp.down_proj", "feed_forward.w2")), **extra)
+
+
+def moe_spec_from_config(config):
+    dense = int(config.num_dense_layers)
+    if not 0 <= dense <= config.num_hidden_layers:
+        raise Unsupported(f"config.num_dense_layers must be in [0, {config.num_hidden_layers}], got {dense}")
+    factor = config.routed_scaling_factor
+    if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not factor > 0:
+        raise Unsupported(f"config.routed_scaling_factor must be a positive number, got {factor!r}")
+    moe = moe_from_config(config, "num_experts", "moe_intermediate_size", bool(config.norm_topk_prob),
+                          dense_layers=tuple(range(dense)), router_module="feed_forward.gate", scoring="sigmoid",
+                          selection_bias=bool(config.use_expert_bias), routed_scale=float(factor))
+    # (its dense MLP is intermediate_size wide: Lfm2MoeMLP adjusts nothing)
+    return spec_from_config(config, "Lfm2MoeForCausalLM", moe=moe, intermediate_size=config.intermediate_size)

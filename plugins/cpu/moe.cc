@@ -24,16 +24,19 @@
 //          or x's leading dimension (row b's own). Each chosen expert's gate gets (x gate_a_e)
 //          gate_b_e before the activation, its up likewise, and its down (h down_a_e) down_b_e: a
 //          LoRA adapter on the experts (a rank of 0: none on that projection).
-// expert_scale (both ops, optional, last): [E] float32, each chosen expert's weight times its own
-//          (Gemma 4's per_expert_scale), after the normalization.
+// expert_scale (both ops, optional, after LoRA's): [E] float32, each chosen expert's weight times its own
+//          (Gemma 4's per_expert_scale; LFM2-MoE's routed_scaling_factor, E times), after the normalization.
+// selection_bias (both ops, optional, last): [E] float32, added to the scores that choose the experts,
+//          not to their weights (LFM2-MoE's expert_bias).
 // Output:  y [..., H] float32: sum over the token's chosen experts e of p_e (silu(x W1g_e.T) *
 //          (x W1u_e.T)) @ W2_e.T. H and I multiples of 32.
 // Attributes: k (experts a token), normalize (1: the chosen probabilities divided by their sum),
 //          activation ("silu", the default, or "gelu_tanh": Gemma 4's experts, gelu_tanh(gate) * up with
-//          GELU's tanh form as torch computes it).
-// Routing as transformers': softmax of the logits in float32, the k largest probabilities (an exact
-// tie goes to the lower expert index, as ONNX's TopK), normalized when asked; products accumulate in
-// float32, and a token's experts are summed in the router's order.
+//          GELU's tanh form as torch computes it), scoring ("softmax", the default, or "sigmoid":
+//          LFM2-MoE's, each logit's sigmoid, normalized by their sum + 1e-6 as transformers does).
+// Routing as transformers': softmax (or sigmoid) of the logits in float32, the k largest scores (an
+// exact tie goes to the lower expert index, as ONNX's TopK), normalized when asked; products accumulate
+// in float32, and a token's experts are summed in the router's order.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -182,26 +185,35 @@ void combine(void* data, size_t task) {
 }
 
 // Each token's k experts and their weights (chosen [count, k], weight [count, k]).
-void route(const float* logits, int64_t count, int64_t e, int64_t k, bool normalize, const float* scale,
-           std::vector<int64_t>& chosen, std::vector<float>& weight) {
-  std::vector<float> probs(e);
+// Each token's k experts and their weights: the scores (softmax, or `sigmoid` each), the k largest of
+// scores + bias (bias: null, or [E] added for the choice only), their scores normalized where asked
+// (sigmoid's by the sum + 1e-6, as LFM2-MoE's router), then times scale (null, or [E]).
+void route(const float* logits, int64_t count, int64_t e, int64_t k, bool normalize, bool sigmoid, const float* bias,
+           const float* scale, std::vector<int64_t>& chosen, std::vector<float>& weight) {
+  std::vector<float> probs(e), keys(e);
   std::vector<char> taken(e);
   for (int64_t t = 0; t < count; ++t) {
     const float* l = logits + t * e;
-    const float top = *std::max_element(l, l + e);
-    float sum = 0.0f;
-    for (int64_t i = 0; i < e; ++i) sum += probs[i] = std::exp(l[i] - top);
-    for (int64_t i = 0; i < e; ++i) probs[i] /= sum;
+    if (sigmoid) {
+      for (int64_t i = 0; i < e; ++i) probs[i] = 1.0f / (1.0f + std::exp(-l[i]));
+    } else {
+      const float top = *std::max_element(l, l + e);
+      float sum = 0.0f;
+      for (int64_t i = 0; i < e; ++i) sum += probs[i] = std::exp(l[i] - top);
+      for (int64_t i = 0; i < e; ++i) probs[i] /= sum;
+    }
+    for (int64_t i = 0; i < e; ++i) keys[i] = bias ? probs[i] + bias[i] : probs[i];
     std::fill(taken.begin(), taken.end(), 0);
     float picked = 0.0f;
     for (int64_t j = 0; j < k; ++j) {
       int64_t best = -1;
       for (int64_t i = 0; i < e; ++i)  // strictly greater: a tie keeps the lower index
-        if (!taken[i] && (best < 0 || probs[i] > probs[best])) best = i;
+        if (!taken[i] && (best < 0 || keys[i] > keys[best])) best = i;
       taken[best] = 1;
       chosen[t * k + j] = best;
       picked += weight[t * k + j] = probs[best];
     }
+    if (normalize && sigmoid) picked += 1e-6f;
     if (normalize)
       for (int64_t j = 0; j < k; ++j) weight[t * k + j] /= picked;
     if (scale)
@@ -234,6 +246,7 @@ struct MoEKernel {
   bool brain;
   bool exact_rows;  // quantized generated rows 1-2 at a time (Job::row_exact): the exact_rows attribute
   bool gelu;        // the activation attribute: gelu_tanh
+  bool sigmoid;     // the scoring attribute: sigmoid
   const char* name;
   std::mutex lock;  // guards the copies
   trtllm_cpu::Resident copies[6];  // w1's codes, scale, offset, then w2's
@@ -334,11 +347,13 @@ struct MoEKernel {
       float* ys = y.GetTensorMutableData<float>();
       std::vector<int64_t> chosen(rows.m * k);
       std::vector<float> weight(rows.m * k);
-      const auto scale = trtllm_cpu::optional_input(ctx, (quantized() ? 8 : 4) + 7);  // (after generated and LoRA's 6)
-      if (scale && static_cast<int64_t>(scale.GetTensorTypeAndShapeInfo().GetElementCount()) != e)
-        return fail("expert_scale must hold E = " + std::to_string(e) + " values", name);
-      route(logits.GetTensorData<float>(), rows.m, e, k, normalize, scale ? scale.GetTensorData<float>() : nullptr,
-            chosen, weight);
+      const size_t tail = (quantized() ? 8 : 4) + 7;  // (after generated and LoRA's 6)
+      const auto scale = trtllm_cpu::optional_input(ctx, tail), bias = trtllm_cpu::optional_input(ctx, tail + 1);
+      for (const auto& [v, what] : {std::pair{scale, "expert_scale"}, std::pair{bias, "selection_bias"}})
+        if (v && static_cast<int64_t>(v.GetTensorTypeAndShapeInfo().GetElementCount()) != e)
+          return fail(std::string(what) + " must hold E = " + std::to_string(e) + " values", name);
+      route(logits.GetTensorData<float>(), rows.m, e, k, normalize, sigmoid, bias ? bias.GetTensorData<float>() : nullptr,
+            scale ? scale.GetTensorData<float>() : nullptr, chosen, weight);
       // the calling thread's buffers, kept between calls: new pages each call cost more than the
       // gather (page faults, zeroing); they hold the largest pass's rows until the thread ends
       thread_local Pass p;
@@ -436,8 +451,11 @@ struct MoEOp : Ort::CustomOpBase<MoEOp<W>, MoEKernel, true> {
       const std::string activation = trtllm_cpu::attribute_or<std::string>(ki, "activation", "silu");
       if (activation != "silu" && activation != "gelu_tanh")
         return fail("activation must be silu or gelu_tanh, got " + activation, GetName());
+      const std::string scoring = trtllm_cpu::attribute_or<std::string>(ki, "scoring", "softmax");
+      if (scoring != "softmax" && scoring != "sigmoid")
+        return fail("scoring must be softmax or sigmoid, got " + scoring, GetName());
       auto* made = new MoEKernel{k, normalize != 0, bits, W == ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16, exact_rows,
-                                 activation == "gelu_tanh", GetName(), {}, {}};
+                                 activation == "gelu_tanh", scoring == "sigmoid", GetName(), {}, {}};
       for (size_t j = 0; j < (kQuant ? 6u : 2u); ++j)  // an input that is not a constant is read where it is
         made->copies[kQuant ? j : 3 * j].constant = trtllm_cpu::constant_input(ki, 2 + j);
       *kernel = made;
@@ -450,9 +468,10 @@ struct MoEOp : Ort::CustomOpBase<MoEOp<W>, MoEKernel, true> {
   const char* GetExecutionProviderType() const { return "CPUExecutionProvider"; }
   // float: x, logits, w1, w2, generated; MoEBlockQuant: x, logits, w1, w1_scale, w1_offset, w2,
   // w2_scale, w2_offset, generated (offsets optional at 8 bits; generated int64 [1], optional);
-  // then both: LoRA's gate_a, gate_b, up_a, up_b, down_a, down_b, then expert_scale (optional, float32)
+  // then both: LoRA's gate_a, gate_b, up_a, up_b, down_a, down_b, expert_scale, selection_bias (optional,
+  // float32)
   static constexpr size_t kGenerated = kQuant ? 8 : 4;
-  size_t GetInputTypeCount() const { return kGenerated + 8; }  // (LoRA's 6, then expert_scale)
+  size_t GetInputTypeCount() const { return kGenerated + 9; }  // (LoRA's 6, expert_scale, selection_bias)
   ONNXTensorElementDataType GetInputType(size_t i) const {
     if (i < 2 || i > kGenerated) return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
     if (i == kGenerated) return ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64;

@@ -161,14 +161,14 @@ def dense_experts(experts: np.ndarray, scheme) -> np.ndarray:
 
 
 @pytest.mark.parametrize("arch", ["qwen3_moe", "olmoe", "qwen2_moe", "granitemoe", "granitemoe-plain", "mixtral",
-                                  "gemma4-moe"])
+                                  "gemma4-moe", "lfm2_moe"])
 @pytest.mark.parametrize("quantization, kernel", [("int4", True), ("int8", True), ("int4", False)])
 def test_quantized_experts_compute_their_dequantized_weights(arch, quantization, kernel, tiny_checkpoint, tmp_path,
                                                               monkeypatch):
     """--quantization int4|int8: the ONNX Runtime form, on our MoEBlockQuant (experts quantized as the
     other projections), or without it (`kernel` False: a build without our MoE kernel) on QMoE (int4
-    by row with zero points, moe_quant.py; Gemma 4's GELU experts: standard ops, no ONNX Runtime node takes
-    them), and llm.onnx (DequantizeLinear, as TensorRT parses it)
+    by row with zero points, moe_quant.py; Gemma 4's GELU experts and LFM2-MoE's: standard ops, no ONNX
+    Runtime node routes them), and llm.onnx (DequantizeLinear, as TensorRT parses it)
     all compute transformers with every weight replaced by its dequantized value, at float32
     tolerance; normalized top-k weights or not (QMoE is given the softmax for those), shared experts
     gated or not, a dense layer. Random tiny weights are too fragile for the build's agreement
@@ -187,8 +187,9 @@ def test_quantized_experts_compute_their_dequantized_weights(arch, quantization,
     out = build(BuildConfig(model=str(ckpt), output=str(tmp_path / "e"), quantization=quantization, verify=False,
                             **LIMITS), log=lambda m: None)
     manifest = json.loads((out / "manifest.json").read_text())
-    # (Gemma 4's GELU experts have no ONNX Runtime node: without our kernel, standard ops run them)
-    node = cpu.MOE_QUANT_LOWERING if kernel else "QMoE" if arch != "gemma4-moe" else "standard ops"
+    # (Gemma 4's GELU experts and LFM2-MoE's sigmoid routing have no ONNX Runtime node: without our kernel,
+    # standard ops run them)
+    node = cpu.MOE_QUANT_LOWERING if kernel else "QMoE" if arch not in ("gemma4-moe", "lfm2_moe") else "standard ops"
     assert node.split("::")[-1] in manifest["quantization_scheme"]["experts"]
     assert (node in manifest["lowerings"]) == (node != "standard ops")
     assert "router" in manifest["quantization_scheme"]["not_quantized"]
@@ -305,3 +306,29 @@ def test_each_config_gives_its_routing(tiny_checkpoint):
     assert (qwen2.shared_size, qwen2.shared_gate, qwen2.dense_layers, qwen2.normalize) == (64, True, (1,), False)
     granite = moe("granitemoe")
     assert (granite.shared_size, granite.shared_gate, granite.normalize, granite.expert_size) == (64, False, True, 128)
+
+
+@pytest.mark.parametrize("options", [dict(cpu_kernels="onnxruntime"), dict(dtype="bfloat16"), dict(dtype="float16")])
+def test_lfm2_moe_s_routing_runs_without_our_kernels_and_in_16_bits(options, tiny_checkpoint, tmp_path):
+    """LFM2-MoE's routing (sigmoid scores, the expert bias choosing, a routed scale: test_tiny_parity.py's
+    "lfm2_moe" on our kernel) has no ONNX Runtime node: without our kernels its experts are llm.onnx's
+    standard ops; 16-bit engines hold them on our MoE kernel. The build's check passes each."""
+    from trtllm.plugins import cpu
+
+    engine = build(BuildConfig(model=str(tiny_checkpoint("lfm2_moe")), output=str(tmp_path / "e"), **options,
+                               **LIMITS), log=lambda m: None)
+    lowerings = json.loads((engine / "manifest.json").read_text())["lowerings"]
+    ops = {n.op_type for n in onnx.load(str(engine / "llm.ort.onnx"), load_external_data=False).graph.node}
+    if "cpu_kernels" in options:
+        assert not {"MoE", "QMoE", cpu.MOE} & ops and {"Sigmoid", "TopK", "GatherElements"} <= ops
+        assert not {"MoE", "QMoE", cpu.MOE_LOWERING} & set(lowerings)
+    elif cpu.library() is not None:
+        assert cpu.MOE_LOWERING in lowerings
+
+
+def test_lora_on_lfm2_moe_is_refused_by_name(tiny_checkpoint, tmp_path):
+    with pytest.raises(ConfigError, match=r"--max-lora-rank: Lfm2MoeForCausalLM mixes short convolutions with a "
+                                          r"mixture of experts, whose LoRA sites are not written yet"):
+        build(BuildConfig(model=str(tiny_checkpoint("lfm2_moe")), output=str(tmp_path / "e"), max_lora_rank=4,
+                          **LIMITS), log=lambda m: None)
+    assert not (tmp_path / "e").exists()

@@ -29,14 +29,18 @@ def experts(e: int, h: int, i: int, seed: int, dtype: str) -> tuple[np.ndarray, 
 
 
 def op_model(w1: np.ndarray, w2: np.ndarray, k: int, normalize: bool = True, reorder: bool = True,
-             activation: str | None = None, scale: np.ndarray | None = None) -> bytes:
+             activation: str | None = None, scale: np.ndarray | None = None, scoring: str | None = None,
+             bias: np.ndarray | None = None) -> bytes:
     """One MoE node; w1 [E, 2I, H] in the checkpoint's order (gate rows, then up rows), stored in the
-    kernel's swiglu order (`reorder`; else as given); `activation` its attribute (None: left out, SiLU),
-    `scale` its expert_scale input (Gemma 4's per_expert_scale)."""
+    kernel's swiglu order (`reorder`; else as given); `activation` and `scoring` its attributes (None: left
+    out, SiLU and softmax), `scale` its expert_scale input (Gemma 4's per_expert_scale), `bias` its
+    selection_bias (LFM2-MoE's expert_bias)."""
     e, h, i = w2.shape
-    tail = ["", "", "", "", "", "", "expert_scale"] if scale is not None else []
+    tail = ["", "", "", "", "", "", "expert_scale" if scale is not None else "", "selection_bias" if bias is not None
+            else ""] if scale is not None or bias is not None else []
     node = helper.make_node(cpu.MOE, ["x", "logits", "w1", "w2", "generated", *tail], ["y"], domain=cpu.DOMAIN, k=k,
-                            normalize=int(normalize), **({"activation": activation} if activation else {}))
+                            normalize=int(normalize), **({"activation": activation} if activation else {}),
+                            **({"scoring": scoring} if scoring else {}))
     return one_node_model(node, [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["t", "h"]),
                                  helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["t", "e"]),
                                  helper.make_tensor_value_info("generated", TensorProto.INT64, [1])],
@@ -44,7 +48,9 @@ def op_model(w1: np.ndarray, w2: np.ndarray, k: int, normalize: bool = True, reo
                           [numpy_helper.from_array(np.ascontiguousarray(w1[:, swiglu_rows(i)] if reorder else w1), "w1"),
                            numpy_helper.from_array(w2, "w2"),
                            *([numpy_helper.from_array(scale.astype(np.float32), "expert_scale")]
-                             if scale is not None else [])])
+                             if scale is not None else []),
+                           *([numpy_helper.from_array(bias.astype(np.float32), "selection_bias")]
+                             if bias is not None else [])])
 
 
 def quantized(w: np.ndarray, bits: int) -> tuple[list[np.ndarray], np.ndarray]:
@@ -96,18 +102,22 @@ def check_quant(t: int, e: int, k: int, h: int, i: int, bits: int, generated: in
 
 
 def reference(x, logits, w1, w2, k: int, normalize: bool = True, ties: str = "lower", gelu: bool = False,
-              scale: np.ndarray | None = None) -> np.ndarray:
-    """float64: softmax, the k largest (an exact tie to the lower index; `ties="higher"` the other
-    way, a wrong variant), normalized or not (then times each expert's `scale`), sum of weight x
-    down(act(gate) * up), act SiLU or GELU's tanh form."""
+              scale: np.ndarray | None = None, sigmoid: bool = False, bias: np.ndarray | None = None) -> np.ndarray:
+    """float64: softmax (or `sigmoid` each), the k largest (of the scores + `bias`; an exact tie to the lower
+    index; `ties="higher"` the other way, a wrong variant), normalized or not (sigmoid's by the sum + 1e-6),
+    then times each expert's `scale`, sum of weight x down(act(gate) * up), act SiLU or GELU's tanh form."""
     e, i = w1.shape[0], w2.shape[2]
-    p = np.exp(logits - logits.max(-1, keepdims=True)).astype(np.float64)
-    p /= p.sum(-1, keepdims=True)
+    if sigmoid:
+        p = 1 / (1 + np.exp(-logits.astype(np.float64)))
+    else:
+        p = np.exp(logits - logits.max(-1, keepdims=True)).astype(np.float64)
+        p /= p.sum(-1, keepdims=True)
+    keys = p if bias is None else p + bias
     y = np.zeros(x.shape, np.float64)
     for t in range(x.shape[0]):
-        key = (lambda j: (-p[t, j], j)) if ties == "lower" else (lambda j: (-p[t, j], -j))
+        key = (lambda j: (-keys[t, j], j)) if ties == "lower" else (lambda j: (-keys[t, j], -j))
         chosen = sorted(range(e), key=key)[:k]
-        weights = p[t, chosen] / (p[t, chosen].sum() if normalize else 1.0)
+        weights = p[t, chosen] / ((p[t, chosen].sum() + 1e-6 * sigmoid) if normalize else 1.0)
         if scale is not None:
             weights = weights * scale[chosen]
         for j, w in zip(chosen, weights):
@@ -176,6 +186,23 @@ def test_gemma4_s_gelu_experts_and_scales_per_expert(t, e, k, h, i, dtype, gener
     assert np.abs(y - ref).max() / np.abs(ref).max() < 2e-6
     for wrong in (reference(feed["x"], feed["logits"], w1, w2, k, gelu=False, scale=scale),
                   reference(feed["x"], feed["logits"], w1, w2, k, gelu=True)):
+        assert np.abs(y - wrong).max() / np.abs(ref).max() > 1e-3
+
+
+@pytest.mark.parametrize("generated", [0, 1])
+@pytest.mark.parametrize("t, e, k, h, i", SHAPES[:3])
+def test_lfm2_moe_s_sigmoid_scores_and_selection_bias(t, e, k, h, i, generated):
+    """scoring="sigmoid" (each logit's sigmoid, normalized by their sum + 1e-6), selection_bias (added to
+    the scores that choose, not to the weights) and a routed scale: the float64 reference; the wrong
+    variants, softmax or the bias added to the logits (so to the weights too), are far from it."""
+    w1, w2 = experts(e, h, i, t + e + h, "float32")
+    feed, rng = inputs(t, e, h, t + k, generated), np.random.default_rng(t)
+    bias, scale = rng.standard_normal(e) * 0.3, np.full(e, 1.5)
+    y = session(op_model(w1, w2, k, scale=scale, scoring="sigmoid", bias=bias)).run(None, feed)[0]
+    ref = reference(feed["x"], feed["logits"], w1, w2, k, scale=scale, sigmoid=True, bias=bias)
+    assert np.abs(y - ref).max() / np.abs(ref).max() < 2e-6
+    for wrong in (reference(feed["x"], feed["logits"], w1, w2, k, scale=scale, bias=bias),
+                  reference(feed["x"], feed["logits"] + bias, w1, w2, k, scale=scale, sigmoid=True)):
         assert np.abs(y - wrong).max() / np.abs(ref).max() > 1e-3
 
 
