@@ -62,10 +62,12 @@ def columns(*modules: tuple[str, int]) -> list[list]:
 
 def layered_sites(spec: DecoderSpec, experts: bool = False) -> dict[str, dict]:
     """lora_sites of a model whose layers differ in shape (Gemma 4: wider heads on the full layers, q
-    alone on the layers reading another's KV, v from k's projection, wider MLPs, 26B-A4B's router; LFM2: convolution
-    layers, conv_in and conv_out): a site per kind of projection and shape, on its layers; the first
+    alone on the layers reading another's KV, v from k's projection, wider MLPs, 26B-A4B's router and
+    experts; LFM2: convolution layers, conv_in and conv_out; LFM2-MoE's mixture layers, a router and
+    experts in place of the MLP): a site per kind of projection and shape, on its layers; the first
     keeps the kind's name (qkv, o, gate_up, down), the others add their first layer's index (qkv.1:
-    layer 1's shape). Modules under the checkpoint's names (spec.module_names)."""
+    layer 1's shape). Modules under the checkpoint's names (spec.module_names); the experts' under the
+    engine's (mlp.experts.*: runtime/lora_experts.py)."""
     h, groups, named = spec.hidden_size, {}, dict(spec.module_names)
     for layer in range(spec.num_layers):
         d, kv, width = spec.head_size(layer), spec.kv_heads(layer), spec.mlp_width(layer)
@@ -74,14 +76,16 @@ def layered_sites(spec: DecoderSpec, experts: bool = False) -> dict[str, dict]:
             qkv.append(("self_attn.k_proj", kv * d))
             if not (spec.value_is_key and spec.window(layer) is None):
                 qkv.append(("self_attn.v_proj", kv * d))
-        mlp = (("gate_up", h, [("mlp.gate_proj", width), ("mlp.up_proj", width)]),
-               ("down", width, [("mlp.down_proj", h)]))
-        if spec.moe is not None and spec.moe.beside_dense:  # (Gemma 4's router: a Linear, as all-linear adapts it)
-            mlp += (("router", h, [("router.proj", spec.moe.num_experts)]),)
-            if experts:  # (its routed experts, under the engine's names for them: runtime/lora_experts.py)
-                w = spec.moe.expert_size
-                mlp += (("experts_gate_up", h, [("mlp.experts.gate_proj", w), ("mlp.experts.up_proj", w)]),
-                        ("experts_down", w, [("mlp.experts.down_proj", h)]))
+        m = spec.moe
+        routed = m is not None and layer not in m.dense_layers
+        mlp = () if routed and not m.beside_dense else (
+            ("gate_up", h, [("mlp.gate_proj", width), ("mlp.up_proj", width)]), ("down", width, [("mlp.down_proj", h)]))
+        if routed:  # (the router: Gemma 4's router.proj, a Linear, as all-linear adapts it; LFM2-MoE's feed_forward.gate)
+            mlp += (("router", h, [(m.router_module, m.num_experts)]),)
+            if experts:
+                mlp += (("experts_gate_up", h, [("mlp.experts.gate_proj", m.expert_size),
+                                                ("mlp.experts.up_proj", m.expert_size)]),
+                        ("experts_down", m.expert_size, [("mlp.experts.down_proj", h)]))
         if layer in spec.conv_layers:  # (LFM2: its convolution's in and out projections, builder/short_conv.py)
             kinds = (("conv_in", h, [("conv.in_proj", 3 * h)]), ("conv_out", h, [("conv.out_proj", h)])) + mlp
         else:

@@ -35,18 +35,13 @@ def refuse_for_experts(config: BuildConfig, spec, backend: str, native_experts: 
 
 def refuse_for_convolutions(config: BuildConfig, spec) -> None:
     """What a model with short-convolution layers (LFM2: builder/short_conv.py) cannot be built with yet:
-    an int8 KV cache (our attention kernel's rows; the convolutions keep theirs in standard ops), and LoRA
-    on LFM2-MoE. (EAGLE
+    an int8 KV cache (our attention kernel's rows; the convolutions keep theirs in standard ops). (EAGLE
     heads draft chains there, not trees: a tree's tokens do not follow their parents, which a
     convolution reads.)"""
     if config.kv_cache_dtype == "int8":
         raise ConfigError(f"--kv-cache-dtype int8: {spec.architecture} has short-convolution layers "
                           f"({len(spec.conv_layers)} of {spec.num_layers}), which it does not take yet; build without it")
-    if spec.moe is not None and (config.max_lora_rank or config.lora):  # (its sites: one per layer shape, not yet
-        # a mixture's dense layers and experts)
-        raise ConfigError(f"{'--max-lora-rank' if config.max_lora_rank else '--lora'}: {spec.architecture} mixes short "
-                          "convolutions with a mixture of experts, whose LoRA sites are not written yet; build without "
-                          "LoRA")
+
 
 
 def lora_on_experts(spec, ort_moe_node: bool) -> bool:

@@ -94,9 +94,11 @@ def merged_model(model, adapter, manifest):
 def expert_parameter(layer, module: str, width: int):
     """transformers' stacked parameter of a routed experts' projection ([E, 2I, H] gate|up, [E, H, I]
     down) and the rows of it `module` is (mlp.experts.gate_proj: the first I)."""
-    # (Granite MoE's holder is block_sparse_moe; Gemma 4's experts are the layer's, beside its dense mlp)
-    experts = getattr(getattr(layer, "mlp", None), "experts", None) or getattr(layer, "experts", None) \
-        or layer.block_sparse_moe.experts
+    # (Granite MoE's holder is block_sparse_moe, LFM2-MoE's feed_forward; Gemma 4's experts are the layer's,
+    # beside its dense mlp)
+    experts = next(e for e in (getattr(getattr(layer, holder, None), "experts", None) for holder in
+                               ("mlp", "block_sparse_moe", "feed_forward")) if e is not None) \
+        if not hasattr(layer, "experts") else layer.experts
     kind = module.rsplit(".", 1)[1]
     weight = experts.down_proj if kind == "down_proj" else experts.gate_up_proj
     rows = {"gate_proj": slice(0, width), "up_proj": slice(width, 2 * width)}.get(kind, slice(None))

@@ -51,8 +51,8 @@ def key_pattern(prefix: str) -> re.Pattern:
         rf"base_model\.model\.{re.escape(prefix)}\.layers\.(\d+)\.([\w.]+?)\.lora_([AB])\.weight")
 # A mixture of experts' routed experts and router (transformers' and PEFT's names): the experts
 # where the engine has their sites (runtime/lora_experts.py), the router never
-ROUTED = re.compile(r"(?:mlp|block_sparse_moe)\.(?:experts\b.*|gate|router\b.*|input_linear|output_linear)"
-                    r"|experts\b.*|router\.proj")  # (Gemma 4's, the layer's own)
+ROUTED = re.compile(r"(?:mlp|block_sparse_moe|feed_forward)\.(?:experts\b.*|gate|router\b.*|input_linear|output_linear)"
+                    r"|experts\b.*|router\.proj")  # (Gemma 4's, the layer's own; LFM2-MoE's under feed_forward)
 SAFETENSORS_DTYPES = {"F32": "<f4", "F16": "<f2", "F64": "<f8", "BF16": "<u2"}
 
 

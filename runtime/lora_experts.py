@@ -18,9 +18,10 @@ import re
 
 import numpy as np
 
-# (Gemma 4's experts are the layer's own, beside its dense mlp: experts.gate_up_proj)
-PER_EXPERT = re.compile(r"(?:(?:mlp|block_sparse_moe)\.)?experts\.(\d+)\.(gate_proj|up_proj|down_proj|w1|w3|w2)")
-STACKED = re.compile(r"(?:(?:mlp|block_sparse_moe)\.)?experts(?:\.base_layer)*")
+# (Gemma 4's experts are the layer's own, beside its dense mlp: experts.gate_up_proj; LFM2-MoE's under
+# feed_forward)
+PER_EXPERT = re.compile(r"(?:(?:mlp|block_sparse_moe|feed_forward)\.)?experts\.(\d+)\.(gate_proj|up_proj|down_proj|w1|w3|w2)")
+STACKED = re.compile(r"(?:(?:mlp|block_sparse_moe|feed_forward)\.)?experts(?:\.base_layer)*")
 NAMES = {"gate_proj": "gate_proj", "w1": "gate_proj", "up_proj": "up_proj", "w3": "up_proj", "down_proj": "down_proj",
          "w2": "down_proj"}
 # target_parameters naming a mixture of experts' parameters: its experts' (by suffix, as PEFT matches

@@ -325,10 +325,3 @@ def test_lfm2_moe_s_routing_runs_without_our_kernels_and_in_16_bits(options, tin
     elif cpu.library() is not None:
         assert cpu.MOE_LOWERING in lowerings
 
-
-def test_lora_on_lfm2_moe_is_refused_by_name(tiny_checkpoint, tmp_path):
-    with pytest.raises(ConfigError, match=r"--max-lora-rank: Lfm2MoeForCausalLM mixes short convolutions with a "
-                                          r"mixture of experts, whose LoRA sites are not written yet"):
-        build(BuildConfig(model=str(tiny_checkpoint("lfm2_moe")), output=str(tmp_path / "e"), max_lora_rank=4,
-                          **LIMITS), log=lambda m: None)
-    assert not (tmp_path / "e").exists()

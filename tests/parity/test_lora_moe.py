@@ -38,14 +38,16 @@ ATTENTION = ["q_proj", "k_proj", "v_proj", "o_proj"]
 BESIDES = {"qwen3_moe": [], "olmoe": [], "mixtral": [],
            "qwen2_moe": ["gate_proj", "up_proj", "down_proj", "shared_expert_gate"],
            "granitemoe": ["shared_mlp.input_linear", "shared_mlp.output_linear"],
-           "gemma4-moe": ["gate_proj", "up_proj", "down_proj", "router.proj"]}
+           "gemma4-moe": ["gate_proj", "up_proj", "down_proj", "router.proj"],
+           "lfm2_moe": ["feed_forward.w1", "feed_forward.w3", "feed_forward.w2", "conv.in_proj", "conv.out_proj"]}
 ARCHS = list(BESIDES)
 LIMITS = dict(max_batch_size=4, max_input_len=128, max_kv_cache_capacity=256, max_lora_rank=MAX_RANK)
 
 
 def expert_parameters(arch: str) -> list[str]:
     """transformers 5's stacked experts' parameters, as PEFT's target_parameters names them."""
-    holder = {"granitemoe": "block_sparse_moe.", "gemma4-moe": ""}.get(arch, "mlp.")  # (Gemma 4's: the layer's)
+    # (Gemma 4's: the layer's own; LFM2-MoE's under feed_forward)
+    holder = {"granitemoe": "block_sparse_moe.", "gemma4-moe": "", "lfm2_moe": "feed_forward."}.get(arch, "mlp.")
     return [f"{holder}experts.gate_up_proj", f"{holder}experts.down_proj"]
 
 
@@ -131,31 +133,35 @@ def test_every_site_is_used_and_mixed_rows_compute_what_each_does_alone(moe_lora
     assert run_greedy(engine, prompts, 12, picks, num_slots=2) == alone
 
 
-@pytest.mark.parametrize("arch", ["qwen3_moe", "granitemoe", "gemma4-moe"])
+@pytest.mark.parametrize("arch", ["qwen3_moe", "granitemoe", "gemma4-moe", "lfm2_moe"])
 def test_the_router_and_the_experts_are_adapted(arch, moe_lora, tiny_checkpoint, tmp_path):
     """PEFT's all-linear on Qwen3-MoE adapts the router (target_parameters: its weight) and every expert;
-    Granite MoE's router (block_sparse_moe.router, which all-linear leaves) named by target_parameters;
-    Gemma 4's router.proj (a Linear, in "all") and its experts (target_parameters, "experts"): PEFT's
-    logits, and zeroing the router's (or an expert projection's) lora_b moves them."""
+    Granite MoE's router (block_sparse_moe.router, which all-linear leaves) and LFM2-MoE's
+    (feed_forward.gate, a parameter) named by target_parameters; Gemma 4's router.proj (a Linear, in "all")
+    and its experts (target_parameters, "experts"): PEFT's logits, and zeroing the router's (or an expert
+    projection's) lora_b moves them."""
     out, made = moe_lora(arch)
     engine = load_engine(out)
-    if arch == "granitemoe":
+    if arch in ("granitemoe", "lfm2_moe"):
+        router_weight = {"granitemoe": "block_sparse_moe.router.weight", "lfm2_moe": "feed_forward.gate.weight"}[arch]
         pm = make_adapter(tiny_checkpoint(arch), tmp_path / "router", 3, r=4, lora_alpha=8, target_modules=["q_proj"],
-                          target_parameters=["block_sparse_moe.router.weight"])
+                          target_parameters=[router_weight])
         path = tmp_path / "router"
     router = engine.manifest.lora["sites"]["router"]["modules"][0][0]
     experts = ["mlp.experts.gate_proj", "mlp.experts.down_proj"]
     cases = {"qwen3_moe": [("all-linear", [router, *experts])], "granitemoe": [(None, [router])],
-             "gemma4-moe": [("all", [router]), ("experts", experts)]}[arch]
+             "gemma4-moe": [("all", [router]), ("experts", experts)],
+             "lfm2_moe": [(None, [router]), ("experts", experts)]}[arch]
     for name, modules in cases:
         if name is not None:
             pm, path = made[name]
+        layer = engine.manifest.lora["sites"]["router"].get("layers", [0])[0]  # (LFM2-MoE's first is dense)
         adapter = lora.load_adapter("a", path, engine.manifest)
         generated, full = engine_logits(engine, PROMPTS[1], num_decode=4, lora=adapter.arrays)
         want = peft_logits(pm, PROMPTS[1], generated)
         np.testing.assert_allclose(full, want, atol=atol(want), rtol=0)
         for module in modules:
-            b = engine.manifest.io.lora_b.format(i=0, module=module)
+            b = engine.manifest.io.lora_b.format(i=layer, module=module)
             assert adapter.arrays[b].shape[-2] > 0, module  # (its rank)
             cut = {**adapter.arrays, b: np.zeros_like(adapter.arrays[b])}
             assert np.abs(engine_logits(engine, PROMPTS[1], num_decode=4, lora=cut)[1] - full).max() > 1e-3, module
