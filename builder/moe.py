@@ -1,5 +1,5 @@
-"""Mixture-of-experts MLPs (Qwen3-MoE, Qwen2-MoE, OLMoE, Mixtral, Granite MoE, Gemma 4's 26B-A4B): the
-spec, the checkpoint's names, and the graph.
+"""Mixture-of-experts MLPs (Qwen3-MoE, Qwen2-MoE, OLMoE, Mixtral, Granite MoE, Gemma 4's 26B-A4B,
+LFM2-MoE): the spec, the checkpoint's names, and the graph.
 
 Every class here routes the same way, written once:
 
@@ -11,10 +11,12 @@ Every class here routes the same way, written once:
 Mixtral's and Granite MoE's softmax over the top-k logits alone is the normalized form (the same
 values). Gemma 4 (`beside_dense`) runs its experts beside a dense MLP, each normed on its own
 (Gemma4TextDecoderLayer): its experts read pre_feedforward_layernorm_2 of the residual stream, its
-router a scale-less RMSNorm of it (`router_norm`; the router's scale and 1/sqrt(H) are folded into its
-weight), each chosen expert's weight is times its per_expert_scale after the normalization (our kernel's
-expert_scale input; a Mul on the weights in standard ops), and the experts' activation is GELU's tanh form
-(the spec's hidden_act). llm.onnx computes every expert on every token and weights the k chosen ones (the rest get
+router a scale-less RMSNorm of it (DecoderWriter.experts_beside; the router's scale and 1/sqrt(H) are
+folded into its weight), each chosen expert's weight is times its per_expert_scale after the
+normalization (our kernel's expert_scale input; a Mul on the weights in standard ops), and the experts'
+activation is GELU's tanh form (the spec's hidden_act). LFM2-MoE scores each expert by its logit's
+sigmoid (`scoring`), chooses by the scores plus a bias (`selection_bias`), normalizes the chosen scores by
+their sum + 1e-6 and scales them (`routed_scale`). llm.onnx computes every expert on every token and weights the k chosen ones (the rest get
 weight 0 and are masked, so one that overflows in float16 adds nothing), in standard ops TensorRT
 parses: exact, and E / k times the chosen experts' arithmetic. The ONNX Runtime form (float32
 arithmetic) computes the chosen experts only, in one node a layer: on our CPU kernels

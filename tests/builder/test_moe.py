@@ -63,18 +63,21 @@ def test_without_our_kernels_onnx_runtime_moe_node_runs_the_experts(qwen3_moe, t
     np.testing.assert_allclose(got, reference_logits(qwen3_moe, generated), atol=1e-4, rtol=0)
 
 
+@pytest.mark.parametrize("arch", ["qwen3_moe", "gemma4-moe", "lfm2_moe"])
 @pytest.mark.parametrize("options, env", [({}, {}), ({"graph": "legacy", "trt_version": "10.3"},
                                                    {"FAKE_TRT_VERSION": "10.3.0.30"})])
-def test_the_tensorrt_graph_matches_transformers(options, env, qwen3_moe, tmp_path):
+def test_the_tensorrt_graph_matches_transformers(options, env, arch, qwen3_moe, tiny_checkpoint, tmp_path):
     """llm.onnx, what TensorRT parses (modern and legacy profiles, each linted for its version by the
-    build): every expert on every token in standard ops, the chosen ones weighted; the stand-in runs it."""
+    build): every expert on every token in standard ops, the chosen ones weighted (Gemma 4's experts beside
+    its MLP, LFM2-MoE's sigmoid routing); the stand-in runs it."""
+    ckpt = qwen3_moe if arch == "qwen3_moe" else tiny_checkpoint(arch)
     with fakes.installed(**env):
-        out = build(BuildConfig(model=str(qwen3_moe), output=str(tmp_path / "e"), backend="tensorrt", **options,
+        out = build(BuildConfig(model=str(ckpt), output=str(tmp_path / "e"), backend="tensorrt", **options,
                                 **LIMITS), log=lambda m: None)
         generated, got = engine_logits(load_engine(out), PROMPT, num_decode=4)
     ops = {n.op_type for n in onnx.load(out / "llm.onnx", load_external_data=False).graph.node}
     assert {"TopK", "ScatterElements"} <= ops and "MoE" not in ops
-    np.testing.assert_allclose(got, reference_logits(qwen3_moe, generated), atol=1e-4, rtol=0)
+    np.testing.assert_allclose(got, reference_logits(ckpt, generated), atol=1e-4, rtol=0)
 
 
 @pytest.mark.parametrize("options, message", [
