@@ -66,7 +66,6 @@ def test_the_release_form_takes_adapters_of_the_whole_model(tmp_path):
     import peft
 
     from tests.parity.test_lora_parity import ALL
-    from trtllm.runtime import lora
 
     ckpt = make_gemma4_multimodal(tmp_path / "ckpt")
     engine = load_engine(build(BuildConfig(model=str(ckpt), output=str(tmp_path / "engine"), max_lora_rank=4,
@@ -76,19 +75,27 @@ def test_the_release_form_takes_adapters_of_the_whole_model(tmp_path):
     whole = transformers.Gemma4ForConditionalGeneration.from_pretrained(ckpt, dtype=torch.float32).eval()
     pm = peft.get_peft_model(whole, peft.LoraConfig(r=4, lora_alpha=8, init_lora_weights=False,
                                                     target_modules=r".*language_model.*\.(" + "|".join(ALL) + ")")).eval()
+    assert_answers_as_peft(engine, pm, tmp_path / "adapter")
+
+
+def assert_answers_as_peft(engine, pm, where) -> None:
+    """PeftModel `pm`'s LoRA weights drawn at random (std 0.2) and saved to `where`: the engine with that
+    adapter gives PEFT's logits, which the adapter moves (the comparison sees it)."""
+    from trtllm.runtime import lora
+
     with torch.no_grad():
         for name, p in pm.named_parameters():
             if "lora_" in name:
                 p.normal_(0, 0.2)
-    pm.save_pretrained(tmp_path / "adapter")
-    adapter = lora.load_adapter("a", tmp_path / "adapter", engine.manifest)
+    pm.save_pretrained(where)
+    adapter = lora.load_adapter("a", where, engine.manifest)
     generated, got = engine_logits(engine, PROMPT, num_decode=4, lora=adapter.arrays)
     with torch.no_grad():
         want = pm(input_ids=torch.tensor([PROMPT + generated[:-1]])).logits[0, len(PROMPT) - 1:].numpy()
         with pm.disable_adapter():
             base = pm(input_ids=torch.tensor([PROMPT + generated[:-1]])).logits[0, len(PROMPT) - 1:].numpy()
     np.testing.assert_allclose(got, want, atol=1e-4 * max(1.0, float(np.abs(want).max()) / 5), rtol=0)
-    assert np.abs(want - base).max() > 0.1  # (the adapter moves the logits: the comparison sees it)
+    assert np.abs(want - base).max() > 0.1
 
 
 def test_the_engine_keeps_kv_for_the_layers_that_make_it(tiny_engine):
