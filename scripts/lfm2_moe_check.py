@@ -3,7 +3,7 @@
 a dense MLP of 7,168 and the others 4 of 16 experts of width 1,792 a token (LFM2-8B-A1B has 32: fewer here so
 that transformers in float64 fits in memory), routed by sigmoid scores with an expert bias; random weights (no
 checkpoint is downloaded here) and the demo model's tokenizer with a ChatML template. It builds the engine (the
-experts on trtllm.cpu::MoE), answers a 690-token prompt with trtllm-run, and checks its greedy tokens against
+experts on trtllm.cpu::MoE), answers a 712-token prompt with trtllm-run, and checks its greedy tokens against
 transformers' Lfm2MoeForCausalLM, and its first-step log-probabilities against transformers' in float64 (at
 least as close as transformers' own float32).
 
