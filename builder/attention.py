@@ -244,51 +244,54 @@ class AttentionWriter:
                                                       g.const(2)], axis=0)
         self.total_len = g.op("Cast", "/model/gqa/total", [cap], to=i32)
 
-    def masks(self, input_ids: str, write_index: str) -> dict[int | None, str]:
+    def masks(self, input_ids: str, write_index: str, last_index: str | None = None,
+              prefix: str = "/model/mask") -> dict[int | None, str]:
         """bool [B,1,S,C] per window the layers use (None: full attention): slot j is visible to query s
         of row b iff j <= write_index[b] + s (and, in a window W, j > write_index[b] + s - W); with
-        image_ahead (Gemma 3), j <= write_index[b] + s + its look-ahead (the window still from its slot)."""
+        image_ahead (Gemma 3), j <= write_index[b] + s + its look-ahead (the window still from its slot).
+        S is input_ids' second dimension; `last_index` (default the step's) and `prefix` are another row
+        set's (Gemma 4's kept rows: per_layer.shared_rows)."""
         g = self.g
         zero, one = g.const(0), g.const(1)
-        seq = g.op("Gather", "/model/mask/seq_len", [g.op("Shape", "/model/mask/ids_shape", [input_ids]), one], axis=0)
+        seq = g.op("Gather", f"{prefix}/seq_len", [g.op("Shape", f"{prefix}/ids_shape", [input_ids]), one], axis=0)
         past0 = self.io.past_key.format(i=0)
-        cap = g.op("Gather", "/model/mask/capacity", [g.op("Shape", "/model/mask/kv_shape", [past0]), g.const(2)], axis=0)
-        q_off = g.op("Range", "/model/mask/q_range", [zero, seq, one])                      # [S]
-        kv_slot = g.op("Range", "/model/mask/kv_range", [zero, cap, one])                   # [C]
-        wi = g.op("Unsqueeze", "/model/mask/wi", [write_index, g.const([1])])               # [B,1]
-        q_slot = g.op("Add", "/model/mask/q_slot", [wi, q_off])                             # [B,S]
-        q_slot = g.op("Unsqueeze", "/model/mask/q_slot4", [q_slot, g.const([1, 3])])        # [B,1,S,1]
-        seen_to = q_slot if self.ahead is None else self.seen_to(q_slot, write_index)
-        causal = g.op("LessOrEqual", "/model/mask/causal", [kv_slot, seen_to])              # [B,1,S,C]
+        cap = g.op("Gather", f"{prefix}/capacity", [g.op("Shape", f"{prefix}/kv_shape", [past0]), g.const(2)], axis=0)
+        q_off = g.op("Range", f"{prefix}/q_range", [zero, seq, one])                      # [S]
+        kv_slot = g.op("Range", f"{prefix}/kv_range", [zero, cap, one])                   # [C]
+        wi = g.op("Unsqueeze", f"{prefix}/wi", [write_index, g.const([1])])               # [B,1]
+        q_slot = g.op("Add", f"{prefix}/q_slot", [wi, q_off])                             # [B,S]
+        q_slot = g.op("Unsqueeze", f"{prefix}/q_slot4", [q_slot, g.const([1, 3])])        # [B,1,S,1]
+        seen_to = q_slot if self.ahead is None else self.seen_to(q_slot, write_index, last_index, prefix)
+        causal = g.op("LessOrEqual", f"{prefix}/causal", [kv_slot, seen_to])              # [B,1,S,C]
         # Gemma 4: its full-attention layers see images causally (image_ahead is its sliding layers')
         own = self.ahead is not None and self.spec.image_ahead_windows_only
-        full = g.op("LessOrEqual", "/model/mask/causal_full", [kv_slot, q_slot]) if own else None
+        full = g.op("LessOrEqual", f"{prefix}/causal_full", [kv_slot, q_slot]) if own else None
         if self.tree:
             visible = self.tree_visible(write_index, seq, kv_slot)
-            causal = g.op("And", "/model/mask/tree", [causal, visible])
-            full = g.op("And", "/model/mask/tree_full", [full, visible]) if own else None
+            causal = g.op("And", f"{prefix}/tree", [causal, visible])
+            full = g.op("And", f"{prefix}/tree_full", [full, visible]) if own else None
             # a token's window counts from its position: a tree's tokens share positions, not slots
-            q_slot = g.op("Unsqueeze", "/model/mask/q_pos4", [self.io.position_ids, g.const([1, 3])])
+            q_slot = g.op("Unsqueeze", f"{prefix}/q_pos4", [self.io.position_ids, g.const([1, 3])])
         out = {}
         for window in sorted({self.spec.window(i) for i in range(self.spec.num_layers)}, key=lambda w: w or 0):
             if window is None:
                 out[None] = full or causal
             else:
-                lo = g.op("Sub", "/model/mask/window_lo", [q_slot, g.const(window)])
-                out[window] = g.op("And", "/model/mask/window",
-                                   [causal, g.op("Greater", "/model/mask/in_window", [kv_slot, lo])])
+                lo = g.op("Sub", f"{prefix}/window_lo", [q_slot, g.const(window)])
+                out[window] = g.op("And", f"{prefix}/window",
+                                   [causal, g.op("Greater", f"{prefix}/in_window", [kv_slot, lo])])
         return out
 
-    def seen_to(self, q_slot: str, write_index: str) -> str:
+    def seen_to(self, q_slot: str, write_index: str, last_index: str | None = None, prefix: str = "/model/mask") -> str:
         """[B,1,S,1]: the last slot each token sees with its look-ahead (Gemma 3's image tokens: the rest of
         their image), never past its row's last new slot (write_index + last_index), as our kernel checks."""
         g = self.g
-        ahead = g.op("Add", "/model/mask/ahead", [q_slot, g.op("Unsqueeze", "/model/mask/ahead4",
+        ahead = g.op("Add", f"{prefix}/ahead", [q_slot, g.op("Unsqueeze", f"{prefix}/ahead4",
                                                               [self.ahead, g.const([1, 3])])])
-        last = g.op("Add", "/model/mask/last_slot", [write_index, self.io.last_index])
-        last = g.op("Max", "/model/mask/own_or_last", [q_slot, g.op("Unsqueeze", "/model/mask/last4",
+        last = g.op("Add", f"{prefix}/last_slot", [write_index, last_index or self.io.last_index])
+        last = g.op("Max", f"{prefix}/own_or_last", [q_slot, g.op("Unsqueeze", f"{prefix}/last4",
                                                                     [last, g.const([1, 2, 3])])])
-        return g.op("Min", "/model/mask/seen_to", [ahead, last])
+        return g.op("Min", f"{prefix}/seen_to", [ahead, last])
 
     def tree_visible(self, write_index: str, seq: str, kv_slot: str) -> str:
         """bool [B,1,S,C]: tree_mask [B,S,T] covers the step's last T slots (from write_index + S - T):

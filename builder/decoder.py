@@ -386,15 +386,7 @@ class DecoderWriter(AttentionWriter, HeadWriter, WeightWriter, MoEWriter, PerLay
             if not self.native_attention:
                 self.gqa_lengths(write_index, last_index)
         else:
-            mask = self.masks(input_ids, write_index)
-        if self.decomposed and mask is not None:  # additive masks, for attention as MatMul and Softmax: per
-            # window and query group size (Gemma 4's full layers have kv heads of their own)
-            groups = s.num_heads // s.num_kv_heads  # (the model's own: its biases keep their plain names)
-            kinds = sorted({(s.window(i), s.num_heads // s.kv_heads(i)) for i in range(s.num_layers)
-                            if i not in s.conv_layers}, key=lambda k: (k[0] or 0, k[1]))
-            mask = {(w, n): legacy_ops.attention_bias(
-                g, mask[w], n, ("/model/mask/bias" if w is None else "/model/mask/window_bias") + f"_{n}" * (n != groups))
-                for w, n in kinds}
+            mask = self.step_masks(input_ids, write_index)
         if self.legacy:  # what every layer shares, built once: the cos/sin rows, KV addresses
             self.rope = legacy_ops.rope_tables(g, position_ids, self.cos, self.sin)
             if s.local_rope:
@@ -404,6 +396,22 @@ class DecoderWriter(AttentionWriter, HeadWriter, WeightWriter, MoEWriter, PerLay
                                                            else f"_{n}")
                              for n in {s.kv_heads(i) for i in range(s.num_layers - s.kv_shared_layers)}}
         return input_ids, position_ids, write_index, last_index, h, mask
+
+    def step_masks(self, input_ids: str, write_index: str, last_index: str | None = None,
+                   prefix: str = "/model/mask") -> dict:
+        """The standard ops' attention masks (AttentionWriter.masks: input_ids' rows, or another row set's
+        with `last_index` and a name `prefix` of its own); decomposed attention's as additive biases per
+        window and query group size (Gemma 4's full layers have kv heads of their own)."""
+        g, s = self.g, self.spec
+        mask = self.masks(input_ids, write_index, last_index, prefix)
+        if not self.decomposed:
+            return mask
+        groups = s.num_heads // s.num_kv_heads  # (the model's own: its biases keep their plain names)
+        kinds = sorted({(s.window(i), s.num_heads // s.kv_heads(i)) for i in range(s.num_layers)
+                        if i not in s.conv_layers}, key=lambda k: (k[0] or 0, k[1]))
+        return {(w, n): legacy_ops.attention_bias(
+            g, mask[w], n, f"{prefix}/{'bias' if w is None else 'window_bias'}" + f"_{n}" * (n != groups))
+            for w, n in kinds}
 
     def placeholders(self, input_ids: str) -> str:
         """input_ids with each of spec.placeholder_ids as placeholder_pad_id: what the token tables read."""
@@ -450,6 +458,8 @@ class DecoderWriter(AttentionWriter, HeadWriter, WeightWriter, MoEWriter, PerLay
         for i in range(s.num_layers):
             if i == s.num_layers - s.kv_shared_layers and self.slices_shared():  # (Gemma 4: h is whole here)
                 h, position_ids, last_index = self.shared_rows(h, position_ids, write_index, last_index)
+                if not self.native_attention:  # (the standard ops' masks, of the kept rows)
+                    mask = self.step_masks(h, *self.step_indices, prefix="/model/shared_rows/mask")
             x, h = self.layer_input(f"/model/layers.{i}/input_layernorm", h, branch,
                                     f"model.layers.{i}.input_layernorm.weight")
             aux[i] = h

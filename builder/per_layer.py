@@ -32,8 +32,11 @@ class PerLayerWriter:
 
     def slices_shared(self) -> bool:
         """Whether the layers past the first KV-sharing one compute each row's last token alone (shared_rows):
-        on our attention kernel, where no EAGLE head reads their hidden states and no draft tree is verified."""
-        return bool(self.spec.kv_shared_layers) and self.native_attention and self.eagle is None and not self.tree
+        on our attention kernel, or the modern graph's standard ops (llm.onnx, TensorRT's: their masks made
+        again for the kept rows; the legacy graph's RoPE rows and KV addresses are the step's, made once),
+        where no EAGLE head reads their hidden states and no draft tree is verified."""
+        return (bool(self.spec.kv_shared_layers) and (self.native_attention or not (self.gqa or self.legacy))
+                and self.eagle is None and not self.tree)
 
     def shared_rows(self, h: str, position_ids: str, write_index: str, last_index: str) -> tuple[str, str, str]:
         """Gemma 4's KV-sharing layers write no KV, so past the first of them only the positions whose logits

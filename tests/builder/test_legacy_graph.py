@@ -178,9 +178,9 @@ def test_sliding_window_matches_modern(tmp_path):
 class MaskOffByOne(DecoderWriter):
     """The deliberately wrong variant: query s of row b also sees slot write_index[b] + s + 1."""
 
-    def masks(self, input_ids: str, write_index: str) -> dict:
+    def masks(self, input_ids: str, write_index: str, *rest) -> dict:
         shifted = self.g.op("Add", "/model/mask/wrong_shift", [write_index, self.g.const(1)])
-        return super().masks(input_ids, shifted)
+        return super().masks(input_ids, shifted, *rest)
 
 
 def test_wrong_mask_is_caught(engines, tiny_checkpoint, tmp_path):

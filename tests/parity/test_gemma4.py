@@ -138,20 +138,29 @@ def test_eagle_heads_draft_trees_on_our_kernels_and_chains_without(tmp_path):
         assert mf.load(engine).eagle["tree"] is tree, kernels
 
 
-def test_the_sharing_layers_compute_each_rows_last_token_alone(tiny_checkpoint, tmp_path, monkeypatch):
+@pytest.mark.parametrize("kernels", ["auto", "onnxruntime"])
+def test_the_sharing_layers_compute_each_rows_last_token_alone(kernels, tiny_checkpoint, tmp_path, monkeypatch):
     """Past the first KV-sharing layer the graph keeps each row's last token (or every token where the
     step asks for verify_index' logits: test_prompt_logprobs.py, prompt lookup in test_layer_shapes.py), as
-    transformers slices by logits_to_keep: the build's check against transformers passes. The wrong
-    variant, keeping each row's first token, fails it."""
+    transformers slices by logits_to_keep, on our attention kernel and in llm.onnx's standard ops (masks
+    made again for the kept rows; `kernels` onnxruntime: the compiled form is those ops too): the build's
+    check against transformers passes, and llm.onnx gives transformers' logits, a prompt's too. The wrong
+    variant, keeping each row's first token, fails the check."""
     import onnx
 
     from trtllm.builder.per_layer import PerLayerWriter
     from trtllm.builder.verify import VerifyError
 
-    engine = build(BuildConfig(model=str(tiny_checkpoint("gemma4")), output=str(tmp_path / "engine"), **LIMITS),
-                   log=lambda m: None)
-    graph = onnx.load(str(engine / "llm.ort.onnx"), load_external_data=False)
-    assert any(n.name == "/model/shared_rows/h" and n.op_type == "GatherElements" for n in graph.graph.node)
+    engine = build(BuildConfig(model=str(tiny_checkpoint("gemma4")), output=str(tmp_path / "engine"),
+                               cpu_kernels=kernels, **LIMITS), log=lambda m: None)
+    for name in ("llm.ort.onnx", "llm.onnx"):
+        graph = onnx.load(str(engine / name), load_external_data=False)
+        assert any(n.name == "/model/shared_rows/h" and n.op_type == "GatherElements" for n in graph.graph.node)
+    model = transformers.AutoModelForCausalLM.from_pretrained(tiny_checkpoint("gemma4"), dtype=torch.float32).eval()
+    generated, got = engine_logits(load_engine(engine, graph="onnx"), PROMPT, num_decode=4)
+    with torch.no_grad():
+        want = model(torch.tensor([PROMPT + generated[:-1]])).logits[0, len(PROMPT) - 1:].numpy()
+    np.testing.assert_allclose(got, want, atol=1e-4, rtol=0)
     right = PerLayerWriter.shared_rows
 
     def first_rows(self, h, position_ids, write_index, last_index):
@@ -160,5 +169,5 @@ def test_the_sharing_layers_compute_each_rows_last_token_alone(tiny_checkpoint, 
 
     monkeypatch.setattr(PerLayerWriter, "shared_rows", first_rows)
     with pytest.raises(VerifyError, match="differ from transformers"):
-        build(BuildConfig(model=str(tiny_checkpoint("gemma4")), output=str(tmp_path / "wrong"), **LIMITS),
-              log=lambda m: None)
+        build(BuildConfig(model=str(tiny_checkpoint("gemma4")), output=str(tmp_path / "wrong"), cpu_kernels=kernels,
+                          **LIMITS), log=lambda m: None)

@@ -78,6 +78,16 @@ def test_prompt_logprobs_match_transformers(arch, chunk, tiny_checkpoint, tiny_e
     assert error(tiny_checkpoint(arch), engine, responses[1], 0) < ATOL
 
 
+def test_gemma4_s_standard_op_graph_scores_every_position(tiny_checkpoint, run_cli, tmp_path):
+    """Without our kernels (the compiled form llm.onnx's standard ops, TensorRT's graph) Gemma 4's KV-sharing
+    layers keep every position where the step asks for them, as on our kernel."""
+    engine = build(BuildConfig(model=str(tiny_checkpoint("gemma4")), output=str(tmp_path / "e"), cpu_kernels="onnxruntime",
+                               max_batch_size=4, max_input_len=256, max_kv_cache_capacity=512), log=lambda m: None)
+    responses = run(run_cli, engine, [chat(TEXTS[0], prompt_logprobs=3), chat(TEXTS[1], prompt_logprobs=0)])
+    assert error(tiny_checkpoint("gemma4"), engine, responses[0], 3) < ATOL
+    assert error(tiny_checkpoint("gemma4"), engine, responses[1], 0) < ATOL
+
+
 def test_a_prompt_is_scored_with_nothing_generated(tiny_checkpoint, tiny_engine, run_cli):
     """max_generate_length 0 (a continuation's log-likelihood): the prompt is prefilled for its
     scores alone, with n samples and a plain neighbour, which still takes no step."""
