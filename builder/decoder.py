@@ -388,14 +388,19 @@ class DecoderWriter(AttentionWriter, HeadWriter, WeightWriter, MoEWriter, PerLay
         else:
             mask = self.step_masks(input_ids, write_index)
         if self.legacy:  # what every layer shares, built once: the cos/sin rows, KV addresses
-            self.rope = legacy_ops.rope_tables(g, position_ids, self.cos, self.sin)
-            if s.local_rope:
-                self.local_rope_rows = legacy_ops.rope_tables(g, position_ids, self.local_cos, self.local_sin,
-                                                              "/model/rotary_local")
+            self.legacy_rope_rows(position_ids)
             self.kv_index = {n: legacy_ops.scatter_indices(g, input_ids, write_index, n, "" if n == s.num_kv_heads
                                                            else f"_{n}")
                              for n in {s.kv_heads(i) for i in range(s.num_layers - s.kv_shared_layers)}}
         return input_ids, position_ids, write_index, last_index, h, mask
+
+    def legacy_rope_rows(self, position_ids: str, prefix: str = "/model") -> None:
+        """The legacy graph's cos/sin rows at position_ids (and the sliding layers' own), which its layers
+        share: the step's, or (another `prefix`) the rows shared_rows keeps."""
+        self.rope = legacy_ops.rope_tables(self.g, position_ids, self.cos, self.sin, f"{prefix}/rotary")
+        if self.spec.local_rope:
+            self.local_rope_rows = legacy_ops.rope_tables(self.g, position_ids, self.local_cos, self.local_sin,
+                                                          f"{prefix}/rotary_local")
 
     def step_masks(self, input_ids: str, write_index: str, last_index: str | None = None,
                    prefix: str = "/model/mask") -> dict:
@@ -458,8 +463,10 @@ class DecoderWriter(AttentionWriter, HeadWriter, WeightWriter, MoEWriter, PerLay
         for i in range(s.num_layers):
             if i == s.num_layers - s.kv_shared_layers and self.slices_shared():  # (Gemma 4: h is whole here)
                 h, position_ids, last_index = self.shared_rows(h, position_ids, write_index, last_index)
-                if not self.native_attention:  # (the standard ops' masks, of the kept rows)
+                if not self.native_attention:  # (the standard ops' masks and legacy RoPE rows, of the kept rows)
                     mask = self.step_masks(h, *self.step_indices, prefix="/model/shared_rows/mask")
+                    if self.legacy:
+                        self.legacy_rope_rows(position_ids, "/model/shared_rows")
             x, h = self.layer_input(f"/model/layers.{i}/input_layernorm", h, branch,
                                     f"model.layers.{i}.input_layernorm.weight")
             aux[i] = h

@@ -32,10 +32,10 @@ class PerLayerWriter:
 
     def slices_shared(self) -> bool:
         """Whether the layers past the first KV-sharing one compute each row's last token alone (shared_rows):
-        on our attention kernel, or the modern graph's standard ops (llm.onnx, TensorRT's: their masks made
-        again for the kept rows; the legacy graph's RoPE rows and KV addresses are the step's, made once),
-        where no EAGLE head reads their hidden states and no draft tree is verified."""
-        return (bool(self.spec.kv_shared_layers) and (self.native_attention or not (self.gqa or self.legacy))
+        on our attention kernel, or in standard ops (llm.onnx, TensorRT's, modern or legacy: their masks,
+        and the legacy graph's RoPE rows, made again for the kept rows; those layers write no KV), where no
+        EAGLE head reads their hidden states and no draft tree is verified."""
+        return (bool(self.spec.kv_shared_layers) and (self.native_attention or not self.gqa)
                 and self.eagle is None and not self.tree)
 
     def shared_rows(self, h: str, position_ids: str, write_index: str, last_index: str) -> tuple[str, str, str]:

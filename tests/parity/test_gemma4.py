@@ -138,21 +138,22 @@ def test_eagle_heads_draft_trees_on_our_kernels_and_chains_without(tmp_path):
         assert mf.load(engine).eagle["tree"] is tree, kernels
 
 
-@pytest.mark.parametrize("kernels", ["auto", "onnxruntime"])
-def test_the_sharing_layers_compute_each_rows_last_token_alone(kernels, tiny_checkpoint, tmp_path, monkeypatch):
+@pytest.mark.parametrize("kernels, graph", [("auto", "modern"), ("onnxruntime", "modern"), ("auto", "legacy")])
+def test_the_sharing_layers_compute_each_rows_last_token_alone(kernels, graph, tiny_checkpoint, tmp_path, monkeypatch):
     """Past the first KV-sharing layer the graph keeps each row's last token (or every token where the
     step asks for verify_index' logits: test_prompt_logprobs.py, prompt lookup in test_layer_shapes.py), as
-    transformers slices by logits_to_keep, on our attention kernel and in llm.onnx's standard ops (masks
-    made again for the kept rows; `kernels` onnxruntime: the compiled form is those ops too): the build's
-    check against transformers passes, and llm.onnx gives transformers' logits, a prompt's too. The wrong
-    variant, keeping each row's first token, fails the check."""
+    transformers slices by logits_to_keep, on our attention kernel and in llm.onnx's standard ops (masks,
+    and the legacy graph's RoPE rows, made again for the kept rows; `kernels` onnxruntime, or the legacy
+    graph: the compiled form is those ops too): the build's check against transformers passes, and llm.onnx
+    gives transformers' logits. The wrong variant, keeping each row's first token, fails the check."""
     import onnx
 
     from trtllm.builder.per_layer import PerLayerWriter
     from trtllm.builder.verify import VerifyError
 
+    legacy = dict(graph="legacy", trt_version="10.3") if graph == "legacy" else {}
     engine = build(BuildConfig(model=str(tiny_checkpoint("gemma4")), output=str(tmp_path / "engine"),
-                               cpu_kernels=kernels, **LIMITS), log=lambda m: None)
+                               cpu_kernels=kernels, **legacy, **LIMITS), log=lambda m: None)
     for name in ("llm.ort.onnx", "llm.onnx"):
         graph = onnx.load(str(engine / name), load_external_data=False)
         assert any(n.name == "/model/shared_rows/h" and n.op_type == "GatherElements" for n in graph.graph.node)
@@ -170,4 +171,4 @@ def test_the_sharing_layers_compute_each_rows_last_token_alone(kernels, tiny_che
     monkeypatch.setattr(PerLayerWriter, "shared_rows", first_rows)
     with pytest.raises(VerifyError, match="differ from transformers"):
         build(BuildConfig(model=str(tiny_checkpoint("gemma4")), output=str(tmp_path / "wrong"), cpu_kernels=kernels,
-                          **LIMITS), log=lambda m: None)
+                          **legacy, **LIMITS), log=lambda m: None)
