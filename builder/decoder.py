@@ -434,7 +434,8 @@ class DecoderWriter(AttentionWriter, HeadWriter, WeightWriter, MoEWriter, PerLay
         y = self.rms_norm(f"{name}/post_feedforward_layernorm_1", y, f"{p}.post_feedforward_layernorm_1.weight")
         x = self.rms_norm(f"{name}/pre_feedforward_layernorm_2", h, f"{p}.pre_feedforward_layernorm_2.weight")
         experts = self.moe(i, x, router_x=self.rms_norm(f"{name}/router/norm", h, None, width=self.spec.hidden_size))
-        experts = self.rms_norm(f"{name}/post_feedforward_layernorm_2", experts, f"{p}.post_feedforward_layernorm_2.weight")
+        experts = self.rms_norm(f"{name}/post_feedforward_layernorm_2", experts,
+                                f"{p}.post_feedforward_layernorm_2.weight")
         return self.g.op("Add", f"{name}/experts_beside/Add", [y, experts])
 
     def deepstack_add(self, i: int, h: str) -> str:

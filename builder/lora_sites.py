@@ -40,15 +40,23 @@ def lora_sites(spec: DecoderSpec, experts: bool = False) -> dict[str, dict]:
         if moe.shared_gate:
             sites["shared_expert_gate"] = {"in": h, "modules": columns(("mlp.shared_expert_gate", 1)), "layers": sparse}
     if moe is not None:  # (the router's delta joins its logits, before the softmax, in every form)
-        sites["router"] = {"in": h, "modules": columns((moe.router_module, moe.num_experts)), "layers": sparse}
-    if moe is not None and experts:
-        e, w = moe.num_experts, moe.expert_size
-        gate_up = columns(("mlp.experts.gate_proj", w), ("mlp.experts.up_proj", w))
-        sites["experts_gate_up"] = {"in": h, "modules": gate_up, "experts": e, "layers": sparse}
-        sites["experts_down"] = {"in": w, "modules": columns(("mlp.experts.down_proj", h)), "experts": e,
-                                 "layers": sparse}
+        for kind, width_in, modules in routed_kinds(spec, experts):
+            sites[kind] = {"in": width_in, "modules": columns(*modules),
+                           **({"experts": moe.num_experts} if kind.startswith("experts") else {}), "layers": sparse}
     # ("layers" only where a site is on some layers: a dense model's manifest stays as it was)
     return {name: {k: v for k, v in site.items() if k != "layers" or v != every} for name, site in sites.items()}
+
+
+def routed_kinds(spec: DecoderSpec, experts: bool) -> tuple[tuple[str, int, list], ...]:
+    """A mixture of experts' layer's router site and, with `experts`, its routed experts' gate|up and down
+    (under the engine's names for them: runtime/lora_experts.py), as (kind, input width, [(module, width)])."""
+    moe, h = spec.moe, spec.hidden_size
+    kinds = (("router", h, [(moe.router_module, moe.num_experts)]),)
+    if experts:
+        w = moe.expert_size
+        kinds += (("experts_gate_up", h, [("mlp.experts.gate_proj", w), ("mlp.experts.up_proj", w)]),
+                  ("experts_down", w, [("mlp.experts.down_proj", h)]))
+    return kinds
 
 
 def columns(*modules: tuple[str, int]) -> list[list]:
@@ -76,16 +84,12 @@ def layered_sites(spec: DecoderSpec, experts: bool = False) -> dict[str, dict]:
             qkv.append(("self_attn.k_proj", kv * d))
             if not (spec.value_is_key and spec.window(layer) is None):
                 qkv.append(("self_attn.v_proj", kv * d))
-        m = spec.moe
-        routed = m is not None and layer not in m.dense_layers
-        mlp = () if routed and not m.beside_dense else (
+        routed = spec.moe is not None and layer not in spec.moe.dense_layers
+        # (Gemma 4's mixture is beside its dense MLP; LFM2-MoE's in its place)
+        mlp = () if routed and not spec.moe.beside_dense else (
             ("gate_up", h, [("mlp.gate_proj", width), ("mlp.up_proj", width)]), ("down", width, [("mlp.down_proj", h)]))
-        if routed:  # (the router: Gemma 4's router.proj, a Linear, as all-linear adapts it; LFM2-MoE's feed_forward.gate)
-            mlp += (("router", h, [(m.router_module, m.num_experts)]),)
-            if experts:
-                mlp += (("experts_gate_up", h, [("mlp.experts.gate_proj", m.expert_size),
-                                                ("mlp.experts.up_proj", m.expert_size)]),
-                        ("experts_down", m.expert_size, [("mlp.experts.down_proj", h)]))
+        if routed:
+            mlp += routed_kinds(spec, experts)
         if layer in spec.conv_layers:  # (LFM2: its convolution's in and out projections, builder/short_conv.py)
             kinds = (("conv_in", h, [("conv.in_proj", 3 * h)]), ("conv_out", h, [("conv.out_proj", h)])) + mlp
         else:

@@ -16,8 +16,8 @@ folded into its weight), each chosen expert's weight is times its per_expert_sca
 normalization (our kernel's expert_scale input; a Mul on the weights in standard ops), and the experts'
 activation is GELU's tanh form (the spec's hidden_act). LFM2-MoE scores each expert by its logit's
 sigmoid (`scoring`), chooses by the scores plus a bias (`selection_bias`), normalizes the chosen scores by
-their sum + 1e-6 and scales them (`routed_scale`). llm.onnx computes every expert on every token and weights the k chosen ones (the rest get
-weight 0 and are masked, so one that overflows in float16 adds nothing), in standard ops TensorRT
+their sum + 1e-6 and scales them (`routed_scale`). llm.onnx computes every expert on every token and
+weights the k chosen ones (the rest get weight 0 and are masked, so one that overflows in float16 adds nothing), in standard ops TensorRT
 parses: exact, and E / k times the chosen experts' arithmetic. The ONNX Runtime form (float32
 arithmetic) computes the chosen experts only, in one node a layer: on our CPU kernels
 trtllm.cpu::MoE (plugins/cpu/moe.cc), which holds a 16-bit engine's experts in their own type, or
@@ -155,11 +155,18 @@ def gemma4_names(w: dict[str, np.ndarray], p: str, hidden: int) -> None:
     w[f"{p}.mlp.experts.down_proj"] = w.pop(f"{p}.experts.down_proj")
 
 
+def experts_module(layer):
+    """A transformers decoder layer's routed experts (their stacked parameters), or None: under its mlp,
+    Granite MoE's block_sparse_moe, LFM2-MoE's feed_forward, or the layer's own (Gemma 4's, beside its
+    dense mlp)."""
+    holders = (layer, *(getattr(layer, name, None) for name in ("mlp", "block_sparse_moe", "feed_forward")))
+    return next((h.experts for h in holders if getattr(h, "experts", None) is not None), None)
+
+
 def check_modules(layers, spec) -> None:
     """Refuse expert biases (gpt-oss has them; none of the classes here do)."""
     for layer in layers:
-        block = getattr(layer, "block_sparse_moe", None) or getattr(layer, "mlp", None) or layer.feed_forward  # (LFM2)
-        experts = getattr(block, "experts", None) or getattr(layer, "experts", None)  # (Gemma 4's: the layer's)
+        experts = experts_module(layer)
         if experts is None:
             continue
         if any(getattr(experts, n, None) is not None for n in ("gate_up_proj_bias", "down_proj_bias")):
@@ -225,11 +232,11 @@ class MoEWriter:
         the scores [B,S,E]); as transformers': softmax (or each logit's sigmoid), the k largest (of the
         scores plus a selection bias), normalized (a sigmoid's sum + 1e-6), times each expert's scale."""
         g, m = self.g, self.spec.moe
-        p, name = f"model.layers.{i}.mlp", f"/model/layers.{i}/mlp"
+        name = f"/model/layers.{i}/mlp"
         probs = (g.op("Sigmoid", f"{name}/router/Sigmoid", [logits]) if m.scoring == "sigmoid" else
                  g.op("Softmax", f"{name}/router/Softmax", [logits], axis=-1))
         keys = probs if not m.selection_bias else g.op("Add", f"{name}/router/SelectionBias", [
-            probs, g.weight(f"{p}.expert_bias", self.w[f"{p}.expert_bias"].astype(np.float32))])
+            probs, self.router_vector(i, "expert_bias")])
         top, chosen = g.op("TopK", f"{name}/router/TopK", [keys, g.const([m.top_k])], num_outputs=2, axis=-1)
         if m.selection_bias:  # (the chosen experts' own scores)
             top = g.op("GatherElements", f"{name}/router/Chosen", [probs, chosen], axis=-1)
@@ -238,13 +245,25 @@ class MoEWriter:
             if m.scoring == "sigmoid":
                 total = g.op("Add", f"{name}/router/Epsilon", [total, g.const(1e-6, np.float32)])
             top = g.op("Div", f"{name}/router/Div", [top, total])
-        if m.beside_dense:  # (Gemma 4: each chosen weight times its expert's scale, in float32 as transformers)
+        if self.expert_scales(i) is not None:  # (each chosen weight times its expert's, in float32 as transformers)
             top = g.op("Mul", f"{name}/router/ExpertScale", [top, g.op("Gather", f"{name}/router/ExpertScale/Gather", [
-                g.weight(f"{p}.router.expert_scale", self.w[f"{p}.router.expert_scale"].astype(np.float32)), chosen],
-                axis=0)])
-        if m.routed_scale != 1.0:
-            top = g.op("Mul", f"{name}/router/RoutedScale", [top, g.const(m.routed_scale, np.float32)])
+                self.router_vector(i, "router.expert_scale"), chosen], axis=0)])
         return top, chosen, probs
+
+    def expert_scales(self, i: int) -> np.ndarray | None:
+        """Layer i's factor on each chosen expert's weight, after the normalization (Gemma 4's
+        per_expert_scale, LFM2-MoE's routed_scaling_factor E times), or None: the routing's last step
+        in both forms (routed; our kernel's expert_scale input)."""
+        m = self.spec.moe
+        if m.beside_dense:
+            return self.w[f"model.layers.{i}.mlp.router.expert_scale"]
+        return np.full(m.num_experts, m.routed_scale) if m.routed_scale != 1.0 else None
+
+    def router_vector(self, i: int, key: str) -> str:
+        """A float32 [E] weight of layer i's routing: `router.expert_scale` (expert_scales) or `expert_bias`
+        (LFM2-MoE's selection bias)."""
+        values = self.expert_scales(i) if key == "router.expert_scale" else self.w[f"model.layers.{i}.mlp.{key}"]
+        return self.g.weight(f"model.layers.{i}.mlp.{key}", np.asarray(values, np.float32))
 
     def expert_lora(self, name: str, x: str, y: str, i: int, site: str) -> str:
         """y [B,E,S,out] + each expert's LoRA delta of x [B,1|E,S,in]: (x @ lora_a_e) @ lora_b_e, lora_a
@@ -387,16 +406,12 @@ class MoEWriter:
         """Our MoE kernel's inputs after `generated`: LoRA's six, then expert_scale (each chosen expert's
         weight times it: Gemma 4's per_expert_scale, LFM2-MoE's routed_scaling_factor) and selection_bias
         (LFM2-MoE's expert_bias) where the model has them ("" for those it leaves out)."""
-        m, p = self.spec.moe, f"model.layers.{i}.mlp"
         lora = self.kernel_lora(i, f"{name}/experts")
-        scale = (self.w[f"{p}.router.expert_scale"] if m.beside_dense else
-                 np.full(m.num_experts, m.routed_scale) if m.routed_scale != 1.0 else None)
-        if scale is None and not m.selection_bias:
+        scaled, biased = self.expert_scales(i) is not None, self.spec.moe.selection_bias
+        if not (scaled or biased):
             return lora
-        return [*(lora or [""] * 6), "" if scale is None else self.g.weight(f"{p}.router.expert_scale",
-                                                                            scale.astype(np.float32)),
-                *([self.g.weight(f"{p}.expert_bias", self.w[f"{p}.expert_bias"].astype(np.float32))]
-                  if m.selection_bias else [])]
+        return [*(lora or [""] * 6), self.router_vector(i, "router.expert_scale") if scaled else "",
+                *([self.router_vector(i, "expert_bias")] if biased else [])]
 
     def shared_expert(self, i: int, x: str, y: str) -> str:
         """y + the shared expert's MLP of x (times sigmoid(x @ shared_expert_gate.T) with shared_gate).

@@ -30,6 +30,7 @@ from trtllm.builder.verify_logits import (RTOL, BrokenCheckpoint, VerifyError, a
                                           engine_logits, judge, judge_eagle, measure_eagle, min_agreement,
                                           save_reference)
 from trtllm.builder import verify_logits
+from trtllm.builder.moe import experts_module
 from trtllm.runtime.engine import load_engine
 
 VERIFY_TEXT = "The quick brown fox jumps over the lazy dog. Edge devices run language models"
@@ -94,11 +95,7 @@ def merged_model(model, adapter, manifest):
 def expert_parameter(layer, module: str, width: int):
     """transformers' stacked parameter of a routed experts' projection ([E, 2I, H] gate|up, [E, H, I]
     down) and the rows of it `module` is (mlp.experts.gate_proj: the first I)."""
-    # (Granite MoE's holder is block_sparse_moe, LFM2-MoE's feed_forward; Gemma 4's experts are the layer's,
-    # beside its dense mlp)
-    experts = next(e for e in (getattr(getattr(layer, holder, None), "experts", None) for holder in
-                               ("mlp", "block_sparse_moe", "feed_forward")) if e is not None) \
-        if not hasattr(layer, "experts") else layer.experts
+    experts = experts_module(layer)
     kind = module.rsplit(".", 1)[1]
     weight = experts.down_proj if kind == "down_proj" else experts.gate_up_proj
     rows = {"gate_proj": slice(0, width), "up_proj": slice(width, 2 * width)}.get(kind, slice(None))

@@ -7,10 +7,10 @@ expert; runtime/lora.py makes the rest), from either of PEFT's forms:
   w3, w2), lora_A [r, in] and lora_B [out, r] as for any projection;
 - stacked, as PEFT adapts transformers 5's experts, whose projections are one parameter each
   (target_parameters: mlp.experts.gate_up_proj [E, 2I, H] and down_proj [E, H, I]; Granite MoE's
-  under block_sparse_moe, Gemma 4's the layer's own, experts.gate_up_proj): a ParamWrapper's lora_A [r E, in], expert e's rows e r .. e r + r,
-  and lora_B [out, r E], expert e's columns j E + e (PEFT's get_delta_weight), under the keys
-  mlp.experts[.base_layer...] (one wrapper nests in the other), told apart by their shapes. Its
-  gate|up pair gives the gate and up modules the same lora_A and each its half of lora_B.
+  under block_sparse_moe, Gemma 4's the layer's own, experts.gate_up_proj): a ParamWrapper's lora_A
+  [r E, in], expert e's rows e r .. e r + r, and lora_B [out, r E], expert e's columns j E + e (PEFT's
+  get_delta_weight), under the keys mlp.experts[.base_layer...] (one wrapper nests in the other), told
+  apart by their shapes. Its gate|up pair gives the gate and up modules the same lora_A and each its half of lora_B.
 """
 from __future__ import annotations
 
@@ -18,10 +18,11 @@ import re
 
 import numpy as np
 
-# (Gemma 4's experts are the layer's own, beside its dense mlp: experts.gate_up_proj; LFM2-MoE's under
-# feed_forward)
-PER_EXPERT = re.compile(r"(?:(?:mlp|block_sparse_moe|feed_forward)\.)?experts\.(\d+)\.(gate_proj|up_proj|down_proj|w1|w3|w2)")
-STACKED = re.compile(r"(?:(?:mlp|block_sparse_moe|feed_forward)\.)?experts(?:\.base_layer)*")
+# the experts' module under its holder (Gemma 4's are the layer's own, beside its dense mlp: experts.gate_up_proj;
+# LFM2-MoE's under feed_forward)
+EXPERTS = r"(?:(?:mlp|block_sparse_moe|feed_forward)\.)?experts"
+PER_EXPERT = re.compile(EXPERTS + r"\.(\d+)\.(gate_proj|up_proj|down_proj|w1|w3|w2)")
+STACKED = re.compile(EXPERTS + r"(?:\.base_layer)*")
 NAMES = {"gate_proj": "gate_proj", "w1": "gate_proj", "up_proj": "up_proj", "w3": "up_proj", "down_proj": "down_proj",
          "w2": "down_proj"}
 # target_parameters naming a mixture of experts' parameters: its experts' (by suffix, as PEFT matches

@@ -45,8 +45,9 @@ def spec_from_config(config, architecture: str = "Lfm2ForCausalLM", **extra):
         raise Unsupported(f"config.conv_L_cache must be a positive integer, got {kernel!r}")
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     extra = {"intermediate_size": mlp_width(config), **extra}
-    return base_spec(config, architecture, rms_norm_eps=config.norm_eps, head_dim=head_dim, qk_norm=True, conv_layers=tuple(i for i, t in enumerate(types) if t == "conv"),
-                     conv_kernel=kernel, conv_bias=bool(config.conv_bias),
+    return base_spec(config, architecture, rms_norm_eps=config.norm_eps, head_dim=head_dim, qk_norm=True,
+                     conv_layers=tuple(i for i, t in enumerate(types) if t == "conv"), conv_kernel=kernel,
+                     conv_bias=bool(config.conv_bias),
                      module_names=(("self_attn.o_proj", "self_attn.out_proj"), ("mlp.gate_proj", "feed_forward.w1"),
                                    ("mlp.up_proj", "feed_forward.w3"), ("mlp.down_proj", "feed_forward.w2")), **extra)
 

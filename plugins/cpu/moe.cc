@@ -184,9 +184,10 @@ void combine(void* data, size_t task) {
   }
 }
 
-// Each token's k experts and their weights (chosen [count, k], weight [count, k]): the scores (softmax, or `sigmoid` each), the k largest of
-// scores + bias (bias: null, or [E] added for the choice only), their scores normalized where asked
-// (sigmoid's by the sum + 1e-6, as LFM2-MoE's router), then times scale (null, or [E]).
+// Each token's k experts and their weights (chosen [count, k], weight [count, k]): the scores (softmax,
+// or `sigmoid` each), the k largest of scores + bias (bias: null, or [E] added for the choice only),
+// their scores normalized where asked (sigmoid's by the sum + 1e-6, as LFM2-MoE's router), then times
+// scale (null, or [E]).
 void route(const float* logits, int64_t count, int64_t e, int64_t k, bool normalize, bool sigmoid, const float* bias,
            const float* scale, std::vector<int64_t>& chosen, std::vector<float>& weight) {
   std::vector<float> probs(e), keys(e);
