@@ -26,8 +26,9 @@ from trtllm.builder import tensorrt as trt_build
 from trtllm.builder.architectures import spec_for, weights_of
 from trtllm.builder.config import MODERN_MIN_TRT, BuildConfig, ConfigError, legacy_profile_hint, listed, parse_trt_version
 from trtllm.builder import eagle, lora, prequantized, provenance, vision, vision_export
+from trtllm.builder.build_check import let_model_go, transformers_side
 from trtllm.builder.plan import build_tensorrt
-from trtllm.builder.verify_logits import REFERENCE_NAME, VISION_REFERENCE_NAME, check_vision_plan, number_format
+from trtllm.builder.verify_logits import REFERENCE_NAME, check_vision_plan, number_format
 from trtllm.builder.decoder import DecoderWriter
 from trtllm.builder.decoder_spec import attention_supported, gqa_supported, half_supported
 from trtllm.builder.engine_dir import (binary_sizes, check_output, in_place, readable_by_all, replace_engine,
@@ -170,6 +171,7 @@ def export_onnx(ck: ckpt.Checkpoint, config: BuildConfig, out_dir: Path, log, ba
                            graph=config.graph, lora_rank=config.max_lora_rank, eagle=joint, local_rope=local,
                            tree=tree, verify_logits=backend == "onnxruntime", grids=grids,
                            hand_on=handoff, dense_experts=dense_experts, lora_experts=lora_experts)
+    writer.g.store_in(out_dir / ONNX_NAME)
     save_linted(writer.write(), out_dir, ONNX_NAME, "the exported graph", config.trt_version)
     if grids:
         log(prequantized.grid_note(ck.source["prequantized"], quant, grids, writer.kept, spec,
@@ -211,6 +213,7 @@ def export_onnx(ck: ckpt.Checkpoint, config: BuildConfig, out_dir: Path, log, ba
                                lora_rank=config.max_lora_rank, eagle=joint, local_rope=local, ort_form=True,
                                tree=tree, verify_logits=True, kv_int8=config.kv_cache_dtype == "int8",
                                grids=grids, handoff=handoff, dense_experts=dense_experts, lora_experts=lora_experts)
+        writer.g.store_in(out_dir / ORT_SOURCE)
         save(writer.write(), out_dir, ORT_SOURCE)
         del writer, handoff  # (whatever the second did not take)
     section = export_draft(draft, config, out_dir, log, num_positions, quant, native, backend, tree) if draft else {}
@@ -278,8 +281,12 @@ def save_linted(model: onnx.ModelProto, out_dir: Path, name: str, what: str, trt
 
 
 def save(model: onnx.ModelProto, out_dir: Path, name: str) -> None:
-    """`name` may be in a subdirectory (eagle/draft.onnx); its data file sits next to it."""
+    """`name` may be in a subdirectory (eagle/draft.onnx); its data file sits next to it, where a
+    writer that stored its weights as it made them (GraphWriter.store_in) left them."""
     path = out_dir / name
+    if Path(f"{path}.data").exists():
+        onnx.save_model(model, path)  # (the small tensors stay in the graph, as below)
+        return
     cwd = os.getcwd()
     os.chdir(path.parent)  # onnx refuses a data file name that exists in the *current* directory
     try:
@@ -305,6 +312,8 @@ def compile_onnxruntime(out_dir: Path, log, quant: "QuantScheme | None" = None, 
     opts.add_session_config_entry("session.optimized_model_external_initializers_file_name",
                                   Path(compiled_name).name + ".data")
     opts.add_session_config_entry("session.optimized_model_external_initializers_min_size_in_bytes", "1024")
+    # (this session only writes the graph: its MatMuls' packed copies of the weights would be memory for nothing)
+    opts.add_session_config_entry("session.disable_prepacking", "1")
     if quant is not None:  # DequantizeLinear + MatMul -> MatMulNBits with int8 activations
         opts.add_session_config_entry("session.qdq_matmulnbits_accuracy_level", str(quant.ort_accuracy_level))
     if native:
@@ -460,6 +469,9 @@ def build(config: BuildConfig, log=print) -> Path:
                                  image_section)
         if config.lora:
             manifest = lora.bundle(config, manifest, tmp, log)
+        side, vision_report = transformers_side(ck, config, tmp, manifest, backend, image_section, vision_spec, log) \
+            if config.verify else (None, None)
+        let_model_go(ck)  # (what is left of the build and its check is ONNX Runtime's or TensorRT's)
         if backend == "tensorrt" and config.plan_later:
             manifest = dataclasses.replace(manifest, tensorrt=dict(mf.PLAN_PENDING))
         elif backend == "tensorrt":
@@ -477,7 +489,7 @@ def build(config: BuildConfig, log=print) -> Path:
                                        sizes=binary_sizes(tmp))
         mf.save(manifest, tmp)
         if config.verify:
-            from trtllm.builder.verify import verify_engine
+            from trtllm.builder.verify import check_engine
 
             engine = draft_engine = None
             if config.plan_later:  # no plan yet: its graphs, through ONNX Runtime
@@ -488,17 +500,10 @@ def build(config: BuildConfig, log=print) -> Path:
             log("verifying the engine against transformers" + " (llm.onnx, through ONNX Runtime)" * config.plan_later)
             # a TensorRT engine keeps transformers' side: its plan is checked against it where it is built again
             reference = tmp / REFERENCE_NAME if backend == "tensorrt" else None
-            report = {**verify_engine(tmp, ck, number_format(manifest), eagle=config.eagle, engine=engine,
-                                      reference=reference, draft_engine=draft_engine), "code": code}
-            if vision_spec is not None:
-                compiled = {"compiled": tmp / image_section["compiled"]} if image_section.get("compiled") else {}
-                if backend == "tensorrt":  # (transformers' side kept: the vision plan is checked against it)
-                    compiled["save"] = tmp / VISION_REFERENCE_NAME
-                report["vision"] = vision_export.family(ck.vision).verify(tmp / vision.VISION_NAME, ck.vision,
-                                                                          vision_spec, **compiled)
-                log(f"verified the vision graph: max |error| {report['vision']['max_abs_error']:.2e} of the image "
-                    "embeddings" + (f"; its ONNX Runtime form's {report['vision']['compiled_max_abs_error']:.2e}"
-                                    if "compiled" in compiled else ""))
+            report = {**check_engine(tmp, side, number_format(manifest), engine=engine, reference=reference,
+                                     draft_engine=draft_engine), "code": code}
+            if vision_report is not None:
+                report["vision"] = vision_report
                 if backend == "tensorrt" and not config.plan_later:
                     report["vision_plan"] = check_vision_plan(tmp, manifest)
                     log(f"verified the vision plan: max |error| {report['vision_plan']['max_abs_error']:.2e}")

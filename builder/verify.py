@@ -1,8 +1,8 @@
 """Check a freshly built engine against transformers before trtllm-build reports success.
 
-1. Exactness (float32 engines): the engine prefills a short prompt and decodes 8 greedy tokens;
-   every position's logits must be within `atol` (or RTOL of the largest logit, where that is more)
-   of one transformers forward pass.
+1. Exactness (float32 engines): the engine prefills a short prompt and is fed transformers' 8 greedy
+   tokens after it; every position's logits must be within `atol` (or RTOL of the largest logit, where
+   that is more) of transformers' there (tokens_agree: it chose the same tokens).
 2. Agreement (every engine): a fixed English text is fed token by token (teacher forcing); the
    engine's top-1 next token must match transformers' at `min_agreement` of the positions
    (float32 0.98, for ties; float16 0.95; bfloat16 0.93, having 8 significant bits to float16's 11;
@@ -12,6 +12,8 @@
 4. EAGLE (--eagle): the graph's eagle_hidden and the draft head's two steps against the reference
    head of transformers' modules (builder/eagle_reference.py); float32 engines within 1e-3 of the
    largest value and the same proposals, others reported only.
+transformers' side of all of it (TransformersSide) is computed first, so that a build can let the
+model go before the engine's session is made (builder/build_check.py).
 Engine logits that are not finite fail every check. The agreement floor allows at least one
 mismatch, for a short text (a small --max-kv-cache-capacity).
 `quantization` names the engine's number format: a quantization scheme, or its dtype when unquantized,
@@ -20,6 +22,7 @@ and "/int16" or "/int8" for integer activations (--activations, or int8 in ONNX 
 from __future__ import annotations
 
 import copy
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -116,30 +119,31 @@ def peft_merged_model(ck, adapter_dir):
     return merged if ck.vision is None else vision.language_model(merged)
 
 
-def verify_adapter(engine, engine_dir, name: str, ck, ids: list[int], num_decode: int, text: list[int],
-                   refs: dict | None = None) -> dict:
-    """A bundled adapter: the engine's logits with it against transformers with it merged (by PEFT
-    when it is installed, as `pip install .[build]` does), on the short prompt (exactness) and on
-    the agreement text. `refs`: gets transformers' side under `name` (generated, logits, text_argmax)."""
+def greedy(model, ids: list[int], num_decode: int) -> tuple[list[int], np.ndarray]:
+    """transformers' greedy continuation of ids: its num_decode + 1 tokens and the logits it chose them
+    from [num_decode + 1, V], each a forward pass over the tokens before (the engine is then fed these,
+    and judged on its logits there and on choosing the same tokens)."""
+    generated, rows = [], []
+    for _ in range(num_decode + 1):
+        rows.append(hf_logits(model, ids + generated)[-1])
+        generated.append(int(rows[-1].argmax()))
+    return generated, np.stack(rows)
+
+
+def adapter_side(ck, engine_dir, manifest, name: str, ids: list[int], num_decode: int, text: list[int]) -> dict:
+    """transformers' side of a bundled adapter's check: the model with it merged (by PEFT when it is
+    installed, as `pip install .[build]` does), on the short prompt and the agreement text."""
     from trtllm.runtime import lora
 
-    path = Path(engine_dir) / engine.manifest.lora["adapters"][name]
-    adapter = lora.load_adapter(name, path, engine.manifest)
+    path = Path(engine_dir) / manifest.lora["adapters"][name]
     try:
         model, reference = peft_merged_model(ck, path if path.is_dir() else path.parent), "peft"
     except ImportError:
-        model, reference = merged_model(ck.model, adapter, engine.manifest), "the engine's reading of the adapter"
-    generated, got = engine_logits(engine, ids, num_decode, lora=adapter.arrays)
-    check_finite(got, f"with adapter {name} ")
-    ref = hf_logits(model, ids + generated[:-1])[len(ids) - 1:]
-    chosen, forced = engine_logits(engine, text[:1], len(text) - 2, forced=text[1:], lora=adapter.arrays)
-    check_finite(forced, f"with adapter {name} ")
-    text_ref = hf_logits(model, text[: len(chosen)])
-    if refs is not None:
-        refs[name] = (generated, ref, text_ref.argmax(-1))
-    return {"reference": reference, "max_abs_error": float(np.abs(got - ref).max()),
-            "max_abs_logit": float(np.abs(ref).max()), "tokens_agree": [int(t) for t in ref.argmax(-1)] == generated,
-            **agreement(chosen, text_ref.argmax(-1))}
+        adapter = lora.load_adapter(name, path, manifest)
+        model, reference = merged_model(ck.model, adapter, manifest), "the engine's reading of the adapter"
+    generated, logits = greedy(model, ids, num_decode)
+    return {"reference": reference, "generated": generated, "logits": logits,
+            "text_argmax": hf_logits(model, text[:-1]).argmax(-1)}
 
 
 def eagle_reference(draft_dir, ck, ids: list[int]) -> dict:
@@ -158,74 +162,125 @@ def eagle_reference(draft_dir, ck, ids: list[int]) -> dict:
             "draft_hidden": np.stack([ref_h[-1].numpy(), ref_h2[-1].numpy()]).astype(np.float32)}
 
 
+@dataclasses.dataclass
+class TransformersSide:
+    """What transformers computes for the build check, all before the engine is compiled: the build lets
+    its model go then, so transformers' model and ONNX Runtime's session are never in memory together.
+    `float64` gives the near-miss opinion (float64_opinion) of a model it may load again."""
+    ids: list[int]           # the exactness prompt
+    generated: list[int]     # transformers' greedy tokens after it (NUM_DECODE + 1 at most)
+    logits: np.ndarray       # [len(generated), V]: the logits it chose them from
+    text: list[int]          # the agreement text
+    text_logits: np.ndarray  # [len(text) - 1, V]
+    adapters: dict           # name -> adapter_side's
+    eagle: dict | None       # eagle_reference's
+    float64: object          # (ids, first, got, ref) -> float64_opinion's
+
+
+def transformers_side(ck, manifest, engine_dir, eagle: str | None = None, model_again=None) -> TransformersSide:
+    """transformers' side of every check the engine in `engine_dir` (its manifest given, its graphs not
+    needed) gets. `model_again`: loads ck.model again for a near miss's float64 opinion, once the
+    build has let it go (default: ck.model)."""
+    # Every check fits the engine's limits, down to one prompt token and no decode step: a prompt
+    # of P tokens and D decode steps fill P + D KV positions (the last token is not fed).
+    limits = manifest.limits
+    room = limits.max_kv_cache_capacity
+    num_decode = min(NUM_DECODE, room // 2)
+    ids = text_ids(ck.tokenizer, VERIFY_TEXT, max(1, min(24, limits.max_input_len, room - num_decode)))
+    if not np.isfinite(hf_logits(ck.model, ids)).all():  # not the engine's fault: say whose it is
+        raise BrokenCheckpoint("transformers' own logits for this checkpoint are NaN or infinite: the checkpoint "
+                               "is broken (NaN or infinite weights, or a config value such as a rope_theta of 0?), "
+                               "not the build")
+    generated, logits = greedy(ck.model, ids, num_decode)
+    text = text_ids(ck.tokenizer, AGREEMENT_TEXT, min(128, room + 1))
+    adapters = {name: adapter_side(ck, engine_dir, manifest, name, ids, num_decode, text)
+                for name in manifest.lora.get("adapters", {})}
+    eagle_ref = None
+    if eagle:  # (the head drafts from the prompt's second token: >= 2 tokens; config.py asks max_input_len >= 2)
+        eagle_ref = eagle_reference(eagle, ck, text_ids(ck.tokenizer, VERIFY_TEXT,
+                                                        max(2, min(24, limits.max_input_len, room))))
+    model_again = model_again or (lambda: ck.model)
+    return TransformersSide(ids, generated, logits, text, hf_logits(ck.model, text[:-1]), adapters, eagle_ref,
+                            lambda *a: float64_opinion(model_again(), *a))
+
+
 def verify_engine(engine_dir, ck, quantization: str = "none", atol: float = 1e-3, eagle: str | None = None,
                   engine=None, reference: Path | None = None, draft_engine=None) -> dict:
-    """`eagle`: the draft head's directory, for an engine built with one. `engine`: the engine to
-    check, loaded (else the directory's compiled form); it is closed. `reference`: where to save
-    transformers' logits for the plan step to check a TensorRT plan against (builder/plan.py);
-    `draft_engine`: the EAGLE head's, loaded, as `engine`. A VerifyError carries the report so far
-    (the build writes it beside the engine it did not replace)."""
+    """transformers_side, then check_engine: the engine in engine_dir (or `engine`, loaded) against the
+    checkpoint `ck`, whose model stays (see check_engine)."""
+    from trtllm.runtime import manifest as mf
+
+    manifest = engine.manifest if engine is not None else mf.load(engine_dir)
+    side = transformers_side(ck, manifest, engine_dir, eagle)
+    return check_engine(engine_dir, side, quantization, atol, engine, reference, draft_engine)
+
+
+def check_engine(engine_dir, side: TransformersSide, quantization: str = "none", atol: float = 1e-3, engine=None,
+                 reference: Path | None = None, draft_engine=None) -> dict:
+    """The engine fed transformers' tokens (`side`), its logits and choices against transformers'. `engine`:
+    the engine to check, loaded (else the directory's compiled form); it is closed. `reference`: where to
+    save transformers' side for the plan step to check a TensorRT plan against (builder/plan.py);
+    `draft_engine`: the EAGLE head's, loaded, as `engine`. A VerifyError carries the report so far (the
+    build writes it beside the engine it did not replace)."""
     report = {"quantization": quantization}
     try:
-        return checked(engine_dir, ck, quantization, atol, eagle, report, engine, reference, draft_engine)
+        return checked(engine_dir, side, quantization, atol, report, engine, reference, draft_engine)
     except VerifyError as e:
         e.report = report
         raise
 
 
-def checked(engine_dir, ck, quantization: str, atol: float, eagle: str | None, report: dict, engine=None,
+def checked(engine_dir, side: TransformersSide, quantization: str, atol: float, report: dict, engine=None,
             reference: Path | None = None, draft_engine=None) -> dict:
     if engine is None:
         engine = load_engine(engine_dir, graph="compiled", huge_pages=False)  # checked, then closed
     try:
-        # Every check fits the engine's limits, down to one prompt token and no decode step: a
-        # prompt of P tokens and D decode steps fill P + D KV positions (the last token is not fed).
-        limits = engine.manifest.limits
-        room = limits.max_kv_cache_capacity
-        num_decode = min(NUM_DECODE, room // 2)
-        ids = text_ids(ck.tokenizer, VERIFY_TEXT, max(1, min(24, limits.max_input_len, room - num_decode)))
-        # Before the engine's run: on NaN weights its tokens may lie past the vocabulary, which
-        # transformers cannot be fed (one 24-token forward more, once per build).
-        if not np.isfinite(hf_logits(ck.model, ids)).all():  # not the engine's fault: say whose it is
-            raise BrokenCheckpoint("transformers' own logits for this checkpoint are NaN or infinite: the checkpoint "
-                                   "is broken (NaN or infinite weights, or a config value such as a rope_theta of 0?), "
-                                   "not the build")
-        generated, got = engine_logits(engine, ids, num_decode)
+        ids, num_decode = side.ids, len(side.generated) - 1
+        chosen, got = engine_logits(engine, ids, num_decode, forced=side.generated[:-1])
         check_finite(got)
-        ref = hf_logits(ck.model, ids + generated[:-1])[len(ids) - 1:]
-        prompt_ref = (ids, generated, ref)  # (for the plan step's reference)
+        ref = side.logits
         err = float(np.abs(got - ref).max())
         report.update(num_positions=int(ref.shape[0]), max_abs_error=err, atol=atol,
-                      max_abs_logit=float(np.abs(ref).max()),
-                      tokens_agree=[int(t) for t in ref.argmax(-1)] == generated)
+                      max_abs_logit=float(np.abs(ref).max()), tokens_agree=chosen == side.generated)
         if quantization in ("none", "float32") and near_miss(err, atol, report["max_abs_logit"]):
-            report["float64"] = float64_opinion(ck.model, ids + generated[:-1], len(ids) - 1, got, ref)
-        text = text_ids(ck.tokenizer, AGREEMENT_TEXT, min(128, room + 1))
+            report["float64"] = side.float64(ids + side.generated[:-1], len(ids) - 1, got, ref)
+        text = side.text
         chosen, got = engine_logits(engine, text[:1], len(text) - 2, forced=text[1:])
         check_finite(got)
-        # (the tokens the engine was fed, not one more: LongRoPE's factors depend on the whole length)
-        ref = hf_logits(ck.model, text[: len(chosen)])
+        ref = side.text_logits  # (the tokens the engine was fed: LongRoPE's factors depend on the whole length)
         floor, text_top = min_agreement(quantization), ref.argmax(-1)
         report.update(**agreement(chosen, text_top), min_agreement=floor,
                       allowed_mismatches=allowed_mismatches(len(chosen), floor),
                       agreement_max_abs_error=float(np.abs(got - ref).max()),
                       agreement_mean_abs_error=float(np.abs(got - ref).mean()))
-        adapter_refs: dict = {}
-        adapters = {name: verify_adapter(engine, engine_dir, name, ck, ids, num_decode, text, adapter_refs)
-                    for name in engine.manifest.lora.get("adapters", {})}
+        adapters = {name: check_adapter(engine, engine_dir, name, a, ids, text)
+                    for name, a in side.adapters.items()}
         if adapters:
             report["adapters"] = adapters
-        eagle_ref = None
-        if eagle:
-            # The head drafts from the prompt's second token: >= 2 tokens (config.py asks max_input_len >= 2).
-            eagle_ids = text_ids(ck.tokenizer, VERIFY_TEXT, max(2, min(24, limits.max_input_len, room)))
-            eagle_ref = eagle_reference(eagle, ck, eagle_ids)
-            report["eagle"] = measure_eagle(engine, engine_dir, eagle_ref, draft_engine)
+        if side.eagle is not None:
+            report["eagle"] = measure_eagle(engine, engine_dir, side.eagle, draft_engine)
         if reference is not None:
-            save_reference(reference, *prompt_ref, text[: len(chosen)], text_top, adapter_refs, export_error=err,
-                           eagle=eagle_ref)
+            save_reference(reference, ids, side.generated, side.logits, text[:-1], text_top,  # (the tokens fed)
+                           {name: (a["generated"], a["logits"], a["text_argmax"]) for name, a in side.adapters.items()},
+                           export_error=err, eagle=side.eagle)
     finally:
         engine.close()
     if judge(report, quantization, atol) and "eagle" in report:
         judge_eagle(report["eagle"], atol)
     return report
+
+
+def check_adapter(engine, engine_dir, name: str, side: dict, ids: list[int], text: list[int]) -> dict:
+    """A bundled adapter: the engine's logits with it against transformers with it merged (adapter_side),
+    on the short prompt (exactness) and on the agreement text."""
+    from trtllm.runtime import lora
+
+    adapter = lora.load_adapter(name, Path(engine_dir) / engine.manifest.lora["adapters"][name], engine.manifest)
+    chosen, got = engine_logits(engine, ids, len(side["generated"]) - 1, forced=side["generated"][:-1],
+                                lora=adapter.arrays)
+    check_finite(got, f"with adapter {name} ")
+    text_chosen, forced = engine_logits(engine, text[:1], len(text) - 2, forced=text[1:], lora=adapter.arrays)
+    check_finite(forced, f"with adapter {name} ")
+    return {"reference": side["reference"], "max_abs_error": float(np.abs(got - side["logits"]).max()),
+            "max_abs_logit": float(np.abs(side["logits"]).max()), "tokens_agree": chosen == side["generated"],
+            **agreement(text_chosen, side["text_argmax"])}

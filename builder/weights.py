@@ -30,7 +30,7 @@ class WeightWriter:
         array = np.asarray(array)
         if self.half:
             array = array.astype(self.storage)
-        return self.g.weight(name, array.astype(self.dtype))
+        return self.g.weight(name, array.astype(self.dtype, copy=False))  # (a float32 table: not copied)
 
     def matmul(self, name: str, x: str, prefix: str, w: np.ndarray, rank: int = 3,
                parts: list[str] | None = None) -> str:

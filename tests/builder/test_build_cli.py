@@ -332,7 +332,7 @@ def test_a_check_that_fails_while_the_code_changes_says_so(tmp_path, tiny_checkp
 
     fingerprints = iter(["before", "after"])
     monkeypatch.setattr(provenance, "code_fingerprint", lambda: next(fingerprints))
-    monkeypatch.setattr(verify, "verify_engine", failing)
+    monkeypatch.setattr(verify, "check_engine", failing)
     result = CliRunner().invoke(main, ["--model", str(tiny_checkpoint("llama")), "--output", str(tmp_path / "e")])
     assert result.exit_code == 1 and "changed during the build: run it again" in result.output, result.output
     report = json.loads((tmp_path / "e.verify-failed.json").read_text())

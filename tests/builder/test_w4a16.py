@@ -178,20 +178,16 @@ def test_a_mistyped_w4a16_graph_fails_the_stand_in_parser(tiny_checkpoint, tmp_p
     """The deliberately wrong variant for the graph's types: int4 offsets left float32 in the float16
     graph. The stand-in parses strongly typed, as TensorRT does, so the build fails; computing in
     float32 (the tests above) could not tell."""
-    from onnx import TensorProto, numpy_helper
+    from trtllm.builder.graph import GraphWriter
 
-    from trtllm.builder import weights
+    original = GraphWriter.weight
 
-    original = weights.WeightWriter.quantized_weight
+    def float32_offsets(self, name, array):  # (as written: the weights go to the data file as they are made)
+        if name.endswith(".weight_offset") and np.asarray(array).dtype == np.float16:
+            array = np.asarray(array).astype(np.float32)
+        return original(self, name, array)
 
-    def float32_offsets(self, *args, **kwargs):
-        names = original(self, *args, **kwargs)
-        for init in self.g.initializers:
-            if names[2] is not None and init.name == names[2] and init.data_type == TensorProto.FLOAT16:
-                init.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(init).astype(np.float32), init.name))
-        return names
-
-    monkeypatch.setattr(weights.WeightWriter, "quantized_weight", float32_offsets)
+    monkeypatch.setattr(GraphWriter, "weight", float32_offsets)
     with pytest.raises(Exception, match="type check"):
         build_w4a16(tiny_checkpoint("llama"), tmp_path / "e", "int4", "tensorrt")
 
