@@ -160,7 +160,16 @@ def main(model, output, profile, lora, eagle, no_verify, if_changed, **options):
     except Exception as e:
         click.echo(f"error: the build failed: {type(e).__name__}: {e}", err=True)
         sys.exit(1)
-    log(f"engine written to {out}")
+    log(f"engine written to {out} (the build's peak memory: {peak_memory_gb():.2f} GB)")
+
+
+def peak_memory_gb() -> float:
+    """This process's peak resident memory: what a machine needs to build the model (README: about 1.8x its
+    float32 weights above the process itself)."""
+    import resource
+
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / 2**30 if sys.platform == "darwin" else peak / 2**20  # (bytes on macOS, KiB on Linux)
 
 
 if __name__ == "__main__":  # python -m trtllm.builder.cli, as python -m trtllm.builder

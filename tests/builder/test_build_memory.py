@@ -127,3 +127,16 @@ def test_letting_go_drops_the_model_the_whole_model_and_the_grids():
     ck = ckpt.Checkpoint(model=object(), tokenizer=None, source={}, grids={"w": 1}, vision=object())
     build_check.let_model_go(ck)
     assert (ck.model, ck.vision, ck.grids) == (None, None, None)
+
+
+def test_the_build_says_its_peak_memory(tmp_path, tiny_checkpoint):
+    import re
+
+    from click.testing import CliRunner
+
+    from trtllm.builder.cli import main, peak_memory_gb
+
+    result = CliRunner().invoke(main, ["--model", str(tiny_checkpoint("llama")), "--output", str(tmp_path / "e")])
+    said = re.search(r"engine written to .* \(the build's peak memory: ([0-9.]+) GB\)", result.output)
+    assert result.exit_code == 0 and said, result.output
+    assert 0.05 < float(said.group(1)) <= peak_memory_gb() + 0.005  # (this process's, to 2 decimals: it built)
