@@ -98,7 +98,7 @@ def native_form(ck: ckpt.Checkpoint, config: BuildConfig, backend: str) -> bool:
 def write(ck: ckpt.Checkpoint, config: BuildConfig, out_dir: Path, log, made: dict, spec, native: bool = False) -> None:
     """vision.onnx: the image encoder and projector, float32, linted as llm.onnx is (`made`: its section);
     `native` (native_form): and vision.ort.onnx, which reads vision.onnx's weights (made["compiled"] names it)."""
-    from trtllm.builder.export import save_linted
+    from trtllm.builder.onnx_files import save_linted
     from trtllm.plugins import cpu as cpu_kernels
 
     if family(ck.vision) is vision_qwen:
