@@ -223,6 +223,7 @@ def export_draft(draft: "eagle.Draft", config: BuildConfig, out_dir: Path, log, 
     (out_dir / eagle.DRAFT_DIR).mkdir()
     cos, sin = eagle.rope_tables(draft, num_positions)
     writer = eagle.DraftWriter(draft, cos, sin, tree, quant=quant, dtype=config.dtype, graph=config.graph)
+    writer.g.store_in(out_dir / eagle.DRAFT_ONNX)
     save_linted(writer.write(), out_dir, eagle.DRAFT_ONNX, "the draft graph", config.trt_version)
     spec, lowerings = draft.spec, []
     gqa = (attention_supported if native else gqa_supported)(spec, ort_activations(config, quant))
@@ -234,6 +235,7 @@ def export_draft(draft: "eagle.Draft", config: BuildConfig, out_dir: Path, log, 
         lowerings += [cpu_kernels.HALF_LOWERING] if half else []
         writer = eagle.DraftWriter(draft, cos, sin, tree, quant=quant, dtype=config.dtype, ort_attention=gqa or half,
                                    native_kernels=native)
+        writer.g.store_in(out_dir / eagle.DRAFT_SOURCE)
         save(writer.write(), out_dir, eagle.DRAFT_SOURCE)
     log(f"wrote the draft head's graph ({', '.join(lowerings) or 'standard ops'})")
     compiled = {"onnxruntime": {"compiled": eagle.DRAFT_COMPILED}, "tensorrt": {"plan": eagle.DRAFT_PLAN}}[backend]

@@ -135,6 +135,7 @@ def write(ck: ckpt.Checkpoint, config: BuildConfig, out_dir: Path, log, made: di
             f"tiles, {spec.tokens_per_tile} tokens a tile, up to {most} tiles an image"
             + " and its thumbnail" * (most > 1) + ")")
         writer = vision.VisionWriter(spec, vision.weights_of(ck.vision))
+    writer.g.store_in(out_dir / vision.VISION_NAME)  # (each weight to vision.onnx.data as it is made)
     model = writer.write()
     if config.graph == "legacy" and family(ck.vision) is not vision_qwen:  # (TensorRT 10.3: opset 20 at most)
         from trtllm.builder import legacy_ops
