@@ -3,8 +3,6 @@ transformers' model and the engine's session (or TensorRT's builder) are never i
 the engine's side (verify.check_engine) comes after the engine is compiled."""
 from __future__ import annotations
 
-import ctypes
-import gc
 from pathlib import Path
 
 from trtllm.builder import checkpoint as ckpt
@@ -37,20 +35,3 @@ def transformers_side(ck: ckpt.Checkpoint, config: BuildConfig, tmp: Path, manif
     log(f"verified the vision graph: max |error| {report['max_abs_error']:.2e} of the image embeddings" +
         (f"; its ONNX Runtime form's {report['compiled_max_abs_error']:.2e}" if "compiled" in compiled else ""))
     return side, report
-
-
-def let_model_go(ck: ckpt.Checkpoint) -> None:
-    """Drop transformers' model (and a GPTQ/AWQ checkpoint's grids), and hand the freed memory back to the
-    system: the engine's session or TensorRT's builder comes next, and the two were the build's peak
-    (3.4x the float32 weights with the graph's writing; about 2x now)."""
-    ck.model = ck.vision = ck.grids = None
-    gc.collect()
-    trim_heap()
-
-
-def trim_heap() -> None:
-    """glibc's malloc_trim: freed memory its heap keeps (many weights' temporaries) back to the system."""
-    try:
-        ctypes.CDLL(None).malloc_trim(0)
-    except (OSError, AttributeError):  # (not glibc: musl, macOS)
-        pass

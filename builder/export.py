@@ -23,7 +23,8 @@ from trtllm.builder import tensorrt as trt_build
 from trtllm.builder.architectures import spec_for, weights_of
 from trtllm.builder.config import MODERN_MIN_TRT, BuildConfig, ConfigError, legacy_profile_hint, listed, parse_trt_version
 from trtllm.builder import eagle, lora, prequantized, provenance, vision, vision_export
-from trtllm.builder.build_check import let_model_go, transformers_side
+from trtllm.builder.build_check import transformers_side
+from trtllm.builder.build_memory import let_model_go, memory_note
 # (ORT_NAME and save: the names other modules, scripts and tests import from here)
 from trtllm.builder.onnx_files import ONNX_NAME, ORT_NAME, ORT_SOURCE, compile_onnxruntime, save, save_linted  # noqa: F401
 from trtllm.builder.plan import build_tensorrt
@@ -376,6 +377,7 @@ def build(config: BuildConfig, log=print) -> Path:
     ck = None
     try:
         log(f"loading {config.model}")
+        memory_note(config.model, log)
         ck = ckpt.load(config.model)
         if ck.left_out:
             log(f"note: {config.model} is a multimodal checkpoint whose {' and '.join(ck.left_out)} encoder"

@@ -13,7 +13,7 @@ import onnx
 import onnxruntime as ort
 from onnx import TensorProto, numpy_helper
 
-from trtllm.builder import build_check, export
+from trtllm.builder import build_memory, export
 from trtllm.builder import checkpoint as ckpt
 from trtllm.builder.config import BuildConfig
 from trtllm.builder.graph import EXTERNAL_BYTES, PAGE, GraphWriter
@@ -125,7 +125,7 @@ def test_a_near_miss_loads_the_model_again_for_float64(tmp_path, tiny_checkpoint
 
 def test_letting_go_drops_the_model_the_whole_model_and_the_grids():
     ck = ckpt.Checkpoint(model=object(), tokenizer=None, source={}, grids={"w": 1}, vision=object())
-    build_check.let_model_go(ck)
+    build_memory.let_model_go(ck)
     assert (ck.model, ck.vision, ck.grids) == (None, None, None)
 
 
@@ -140,3 +140,31 @@ def test_the_build_says_its_peak_memory(tmp_path, tiny_checkpoint):
     said = re.search(r"engine written to .* \(the build's peak memory: ([0-9.]+) GB\)", result.output)
     assert result.exit_code == 0 and said, result.output
     assert 0.05 < float(said.group(1)) <= peak_memory_gb() + 0.005  # (this process's, to 2 decimals: it built)
+
+
+def test_the_estimate_counts_the_checkpoint_s_weights_from_its_headers(tiny_checkpoint):
+    """parameters_in reads the safetensors headers alone: the count transformers' model has (a tied lm_head
+    is stored once), and nothing where the files do not say (a GGUF, a missing directory)."""
+    ck = ckpt.load(str(tiny_checkpoint("llama")))
+    stored = {id(p): p.numel() for p in ck.model.parameters()}  # (shared parameters once)
+    assert build_memory.parameters_in(str(tiny_checkpoint("llama"))) == sum(stored.values())
+    assert build_memory.parameters_in("/nonexistent") is None
+
+
+def test_a_machine_short_of_memory_is_warned_before_the_model_loads(tiny_checkpoint, monkeypatch):
+    lines = []
+    monkeypatch.setattr(build_memory, "available_memory", lambda: 1 << 20)
+    build_memory.memory_note(str(tiny_checkpoint("llama")), lines.append)
+    assert lines[0].startswith("warning: ") and "may be killed when memory runs out" in lines[0]
+    monkeypatch.setattr(build_memory, "available_memory", lambda: 1 << 40)  # the wrong variant: plenty there
+    build_memory.memory_note(str(tiny_checkpoint("llama")), lines.append)
+    assert lines[1].startswith("note: ") and "the build takes about 0.3 GB of memory" in lines[1]
+
+
+def test_packed_integer_weights_are_not_estimated(tmp_path):
+    """A GPTQ checkpoint's int32 words hold 8 weights each: no estimate rather than a wrong one."""
+    from safetensors.numpy import save_file
+
+    save_file({"qweight": np.zeros((4, 8), np.int32), "scales": np.zeros((1, 8), np.float16)},
+              str(tmp_path / "model.safetensors"))
+    assert build_memory.parameters_in(str(tmp_path)) is None
