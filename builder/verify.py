@@ -187,11 +187,11 @@ def transformers_side(ck, manifest, engine_dir, eagle: str | None = None, model_
     room = limits.max_kv_cache_capacity
     num_decode = min(NUM_DECODE, room // 2)
     ids = text_ids(ck.tokenizer, VERIFY_TEXT, max(1, min(24, limits.max_input_len, room - num_decode)))
-    if not np.isfinite(hf_logits(ck.model, ids)).all():  # not the engine's fault: say whose it is
+    generated, logits = greedy(ck.model, ids, num_decode)
+    if not np.isfinite(logits).all():  # not the engine's fault: say whose it is
         raise BrokenCheckpoint("transformers' own logits for this checkpoint are NaN or infinite: the checkpoint "
                                "is broken (NaN or infinite weights, or a config value such as a rope_theta of 0?), "
                                "not the build")
-    generated, logits = greedy(ck.model, ids, num_decode)
     text = text_ids(ck.tokenizer, AGREEMENT_TEXT, min(128, room + 1))
     adapters = {name: adapter_side(ck, engine_dir, manifest, name, ids, num_decode, text)
                 for name in manifest.lora.get("adapters", {})}

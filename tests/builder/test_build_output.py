@@ -156,7 +156,7 @@ def test_an_in_place_swap_that_fails_puts_the_old_engine_back(tmp_path, tiny_che
     """--output . (or a mount point): the entries are swapped one by one; a move that fails half way
     (a busy mount, Ctrl-C) moves back what was moved, so the old engine is whole, and no hidden
     directory is left."""
-    from trtllm.builder import export
+    from trtllm.builder import engine_dir
 
     engine = tmp_path / "engine"
     args = ["--model", str(tiny_checkpoint("llama")), "--output", ".", "--no-verify"]
@@ -173,7 +173,7 @@ def test_an_in_place_swap_that_fails_puts_the_old_engine_back(tmp_path, tiny_che
                 raise OSError(16, "Device or resource busy")
         return real(src, dst)
 
-    monkeypatch.setattr(export.os, "replace", busy_on_the_third_new_entry)
+    monkeypatch.setattr(engine_dir.os, "replace", busy_on_the_third_new_entry)  # (where the swap renames)
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 1 and "Device or resource busy" in result.output
     assert {p.name: p.read_bytes() for p in engine.iterdir() if p.is_file()} == before
