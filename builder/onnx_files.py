@@ -31,7 +31,7 @@ def save(model: onnx.ModelProto, out_dir: Path, name: str) -> None:
     """`name` may be in a subdirectory (eagle/draft.onnx); its data file sits next to it, where a
     writer that stored its weights as it made them (GraphWriter.store_in) left them."""
     path = out_dir / name
-    if Path(f"{path}.data").exists():
+    if any(t.data_location == onnx.TensorProto.EXTERNAL for t in model.graph.initializer):  # (stored)
         onnx.save_model(model, path)  # (the small tensors stay in the graph, as below)
         return
     cwd = os.getcwd()
