@@ -78,12 +78,12 @@ class GraphWriter:
         # (order="C", not np.ascontiguousarray, which makes a 0-d array 1-d: a scalar must stay one, as
         # Range and Gather read it)
         array = np.asarray(array, order="C")
-        if self._data is not None and array.nbytes >= EXTERNAL_BYTES and array.dtype.itemsize and \
-                helper.np_dtype_to_tensor_dtype(array.dtype) not in PACKED and sys.byteorder == "little":
-            # (its bytes as they lie, where from_array would copy them: a 16 GiB table once, not twice)
-            self.initializers.append(self._external(name, array.shape, helper.np_dtype_to_tensor_dtype(array.dtype),
-                                                    memoryview(array.reshape(-1).view(np.uint8))))
-            return name
+        if self._data is not None and array.nbytes >= EXTERNAL_BYTES and sys.byteorder == "little":
+            kind = helper.np_dtype_to_tensor_dtype(array.dtype)
+            if kind not in PACKED:  # (its bytes as they lie, where from_array would copy them: a table once, not twice)
+                self.initializers.append(self._external(name, array.shape, kind,
+                                                        memoryview(array.reshape(-1).view(np.uint8))))
+                return name
         tensor = numpy_helper.from_array(array, name)
         self.initializers.append(tensor if self._data is None else self._stored(tensor))
         return name

@@ -31,7 +31,7 @@ import torch
 from trtllm.builder.verify_logits import (RTOL, BrokenCheckpoint, VerifyError, agreement, allowed_mismatches, check_finite,  # noqa: F401
                                           fits_in_float64,
                                           engine_logits, judge, judge_eagle, measure_eagle, min_agreement,
-                                          save_reference)
+                                          run_along, save_reference)
 from trtllm.builder import verify_logits
 from trtllm.builder.moe import experts_module
 from trtllm.runtime.engine import load_engine
@@ -143,7 +143,7 @@ def adapter_side(ck, engine_dir, manifest, name: str, ids: list[int], num_decode
         model, reference = merged_model(ck.model, adapter, manifest), "the engine's reading of the adapter"
     generated, logits = greedy(model, ids, num_decode)
     return {"reference": reference, "generated": generated, "logits": logits,
-            "text_argmax": hf_logits(model, text[:-1]).argmax(-1)}
+            "text_argmax": hf_logits(model, text).argmax(-1)}
 
 
 def eagle_reference(draft_dir, ck, ids: list[int]) -> dict:
@@ -170,8 +170,8 @@ class TransformersSide:
     ids: list[int]           # the exactness prompt
     generated: list[int]     # transformers' greedy tokens after it (NUM_DECODE + 1 at most)
     logits: np.ndarray       # [len(generated), V]: the logits it chose them from
-    text: list[int]          # the agreement text
-    text_logits: np.ndarray  # [len(text) - 1, V]
+    text: list[int]          # the agreement text, as the engine is fed it
+    text_logits: np.ndarray  # [len(text), V]
     adapters: dict           # name -> adapter_side's
     eagle: dict | None       # eagle_reference's
     float64: object          # (ids, first, got, ref) -> float64_opinion's
@@ -192,7 +192,7 @@ def transformers_side(ck, manifest, engine_dir, eagle: str | None = None, model_
         raise BrokenCheckpoint("transformers' own logits for this checkpoint are NaN or infinite: the checkpoint "
                                "is broken (NaN or infinite weights, or a config value such as a rope_theta of 0?), "
                                "not the build")
-    text = text_ids(ck.tokenizer, AGREEMENT_TEXT, min(128, room + 1))
+    text = text_ids(ck.tokenizer, AGREEMENT_TEXT, min(128, room + 1))[:-1]  # (the last token is never fed)
     adapters = {name: adapter_side(ck, engine_dir, manifest, name, ids, num_decode, text)
                 for name in manifest.lora.get("adapters", {})}
     eagle_ref = None
@@ -200,7 +200,7 @@ def transformers_side(ck, manifest, engine_dir, eagle: str | None = None, model_
         eagle_ref = eagle_reference(eagle, ck, text_ids(ck.tokenizer, VERIFY_TEXT,
                                                         max(2, min(24, limits.max_input_len, room))))
     model_again = model_again or (lambda: ck.model)
-    return TransformersSide(ids, generated, logits, text, hf_logits(ck.model, text[:-1]), adapters, eagle_ref,
+    return TransformersSide(ids, generated, logits, text, hf_logits(ck.model, text), adapters, eagle_ref,
                             lambda *a: float64_opinion(model_again(), *a))
 
 
@@ -235,24 +235,20 @@ def checked(engine_dir, side: TransformersSide, quantization: str, atol: float, 
     if engine is None:
         engine = load_engine(engine_dir, graph="compiled", huge_pages=False)  # checked, then closed
     try:
-        ids, num_decode = side.ids, len(side.generated) - 1
-        chosen, got = engine_logits(engine, ids, num_decode, forced=side.generated[:-1])
-        check_finite(got)
+        ids, text = side.ids, side.text
+        chosen, got, text_chosen, text_got = run_along(engine, ids, side.generated, text)
         ref = side.logits
         err = float(np.abs(got - ref).max())
         report.update(num_positions=int(ref.shape[0]), max_abs_error=err, atol=atol,
                       max_abs_logit=float(np.abs(ref).max()), tokens_agree=chosen == side.generated)
         if quantization in ("none", "float32") and near_miss(err, atol, report["max_abs_logit"]):
             report["float64"] = side.float64(ids + side.generated[:-1], len(ids) - 1, got, ref)
-        text = side.text
-        chosen, got = engine_logits(engine, text[:1], len(text) - 2, forced=text[1:])
-        check_finite(got)
-        ref = side.text_logits  # (the tokens the engine was fed: LongRoPE's factors depend on the whole length)
+        ref = side.text_logits
         floor, text_top = min_agreement(quantization), ref.argmax(-1)
-        report.update(**agreement(chosen, text_top), min_agreement=floor,
-                      allowed_mismatches=allowed_mismatches(len(chosen), floor),
-                      agreement_max_abs_error=float(np.abs(got - ref).max()),
-                      agreement_mean_abs_error=float(np.abs(got - ref).mean()))
+        report.update(**agreement(text_chosen, text_top), min_agreement=floor,
+                      allowed_mismatches=allowed_mismatches(len(text_chosen), floor),
+                      agreement_max_abs_error=float(np.abs(text_got - ref).max()),
+                      agreement_mean_abs_error=float(np.abs(text_got - ref).mean()))
         adapters = {name: check_adapter(engine, engine_dir, name, a, ids, text)
                     for name, a in side.adapters.items()}
         if adapters:
@@ -260,7 +256,7 @@ def checked(engine_dir, side: TransformersSide, quantization: str, atol: float, 
         if side.eagle is not None:
             report["eagle"] = measure_eagle(engine, engine_dir, side.eagle, draft_engine)
         if reference is not None:
-            save_reference(reference, ids, side.generated, side.logits, text[:-1], text_top,  # (the tokens fed)
+            save_reference(reference, ids, side.generated, side.logits, text, text_top,
                            {name: (a["generated"], a["logits"], a["text_argmax"]) for name, a in side.adapters.items()},
                            export_error=err, eagle=side.eagle)
     finally:
@@ -276,11 +272,8 @@ def check_adapter(engine, engine_dir, name: str, side: dict, ids: list[int], tex
     from trtllm.runtime import lora
 
     adapter = lora.load_adapter(name, Path(engine_dir) / engine.manifest.lora["adapters"][name], engine.manifest)
-    chosen, got = engine_logits(engine, ids, len(side["generated"]) - 1, forced=side["generated"][:-1],
-                                lora=adapter.arrays)
-    check_finite(got, f"with adapter {name} ")
-    text_chosen, forced = engine_logits(engine, text[:1], len(text) - 2, forced=text[1:], lora=adapter.arrays)
-    check_finite(forced, f"with adapter {name} ")
+    chosen, got, text_chosen, _ = run_along(engine, ids, side["generated"], text, adapter.arrays,
+                                            f"with adapter {name} ")
     return {"reference": side["reference"], "max_abs_error": float(np.abs(got - side["logits"]).max()),
             "max_abs_logit": float(np.abs(side["logits"]).max()), "tokens_agree": chosen == side["generated"],
             **agreement(text_chosen, side["text_argmax"])}

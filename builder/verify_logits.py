@@ -73,6 +73,18 @@ def engine_logits(engine, prompt_ids: list[int], num_decode: int, forced: list[i
     return chosen, np.stack(logits)
 
 
+def run_along(engine, ids: list[int], generated: list[int], text: list[int], lora: dict | None = None,
+              what: str = "") -> tuple[list[int], np.ndarray, list[int], np.ndarray]:
+    """The engine along recorded tokens, as every check runs it: the prompt `ids` then transformers'
+    `generated` tokens fed one by one, and the agreement `text` (the tokens fed) likewise; its choices
+    and logits at each position of both [(chosen, logits), (text chosen, text logits)], none NaN."""
+    chosen, got = engine_logits(engine, ids, len(generated) - 1, forced=generated, lora=lora)
+    check_finite(got, what)
+    text_chosen, text_got = engine_logits(engine, text[:1], len(text) - 1, forced=text[1:], lora=lora)
+    check_finite(text_got, what)
+    return chosen, got, text_chosen, text_got
+
+
 def check_finite(logits: np.ndarray, what: str = "") -> None:
     # A NaN would also slip through every `error > atol` test below: refuse it outright.
     bad = ~np.isfinite(logits).all(axis=-1)
@@ -226,10 +238,7 @@ def check_against_reference(engine, path: Path, quantization: str, atol: float =
     def measured(prefix: str, arrays: dict | None, what: str) -> dict:
         generated, want = [int(t) for t in ref[f"{prefix}generated"]], ref[f"{prefix}logits"]
         # fed the tokens transformers was fed (its own greedy ones may differ where the logits near-tie)
-        _, got = engine_logits(engine, ids, len(generated) - 1, forced=generated, lora=arrays)
-        check_finite(got, what)
-        chosen, forced = engine_logits(engine, text[:1], len(text) - 1, forced=text[1:], lora=arrays)
-        check_finite(forced, what)
+        _, got, chosen, _ = run_along(engine, ids, generated, text, arrays, what)
         return {"num_positions": int(want.shape[0]), "max_abs_error": float(np.abs(got - want).max()),
                 "max_abs_logit": float(np.abs(want).max()), "atol": atol,
                 "tokens_agree": [int(t) for t in want.argmax(-1)] == [int(t) for t in got.argmax(-1)],

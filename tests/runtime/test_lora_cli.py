@@ -237,16 +237,16 @@ def test_the_build_check_judges_adapters_of_a_float16_engine(tiny_checkpoint, tm
 
 def test_the_build_check_refuses_logits_that_are_not_finite(tiny_checkpoint, tmp_path, monkeypatch):
     """One NaN position must fail the build (a NaN error compares False with every bound)."""
-    from trtllm.builder import verify
+    from trtllm.builder import verify, verify_logits
 
-    real = verify.engine_logits
+    real = verify_logits.engine_logits
 
     def one_nan(*args, **kwargs):
         chosen, logits = real(*args, **kwargs)
         logits[min(3, len(logits) - 1)] = np.nan
         return chosen, logits
 
-    monkeypatch.setattr(verify, "engine_logits", one_nan)
+    monkeypatch.setattr(verify_logits, "engine_logits", one_nan)  # (where every check runs the engine: run_along)
     with pytest.raises(verify.VerifyError, match="logits are not finite at 1 of"):
         build(BuildConfig(model=str(tiny_checkpoint("llama")), output=str(tmp_path / "e"), **LIMITS), log=lambda m: None)
     assert not (tmp_path / "e").exists()
