@@ -1,7 +1,9 @@
-"""Load a checkpoint (HF directory, .gguf file or hub ID) into a float32 transformers model."""
+"""Load a checkpoint (HF directory, .gguf file or hub ID) into a float32 transformers model (or one held in
+its 16-bit type that computes as the float32 one: builder/held.py)."""
 from __future__ import annotations
 
 import contextlib
+from collections.abc import MutableMapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -10,7 +12,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
 from trtllm.builder.weight_files import loaded_weight_files, weights_hash  # noqa: F401 - ckpt.weights_hash
-from trtllm.builder import prequantized, vision
+from trtllm.builder import held, prequantized, vision
 from trtllm.builder.config import CheckpointError, Unsupported, listed  # noqa: F401 - raised as ckpt.CheckpointError
 
 
@@ -34,6 +36,7 @@ class Checkpoint:
     # DecoderSpec fields the whole model gives a language model built alone (Gemma 4's placeholder tokens,
     # which its token tables read as the pad: vision_gemma4.placeholders)
     language_fields: dict = field(default_factory=dict)
+    held: str | None = None  # "bfloat16" or "float16": the model held in its checkpoint's type (builder/held.py)
 
 
 @contextlib.contextmanager
@@ -100,7 +103,8 @@ def check_generation_config(path: Path) -> None:
         GenerationConfig.from_pretrained(path)
 
 
-def load(model_arg: str) -> Checkpoint:
+def load(model_arg: str, hold: bool = False) -> Checkpoint:
+    """`hold`: a checkpoint of 16-bit weights alone is held in their type where it can be (builder/held.py)."""
     path = Path(model_arg).expanduser()
     if path.suffix.lower() == ".gguf":
         if not path.is_file():
@@ -120,7 +124,7 @@ def load(model_arg: str) -> Checkpoint:
                                   "needs one; copy the model's tokenizer files into the directory")
         with unreadable(model_arg):
             check_generation_config(path)
-            model, info, tok = load_model(path, model_arg)
+            model, info, tok = load_model(path, model_arg, hold)
         source = {"model": str(path.resolve()), "kind": "dir", "sha256": weights_hash(loaded_weight_files(path))}
         if info.get("packing"):  # (with a mixture of experts' stacked parameters read back from packed experts)
             source["prequantized"] = {**info["packing"].to_json(),
@@ -135,13 +139,14 @@ def load(model_arg: str) -> Checkpoint:
             grids = {own[id(params[name])]: grid for name, grid in grids.items() if id(params[name]) in own}
         return check_vocab(Checkpoint(model.eval(), tok, source, tuple(sorted(info.get("unexpected_keys") or ())),
                                       grids=grids, vision=whole, left_out=tuple(info.get("left_out", ())),
-                                      language_fields=info.get("language_fields", {})), model_arg)
+                                      language_fields=info.get("language_fields", {}),
+                                      held=info.get("held")), model_arg)
     if model_arg.startswith((".", "/", "~")) or model_arg.count("/") > 1:  # a path, not "org/name"
         raise CheckpointError(f"--model {model_arg!r}: no such directory or file")
     return load_hub(model_arg)
 
 
-def load_model(source, model_arg: str):
+def load_model(source, model_arg: str, hold: bool = False):
     """(model, loading info, tokenizer); weights of other shapes are loaded as missing ones (not
     transformers' error about an option nobody set) so that check_loaded names them."""
     config, packing = load_config(source, model_arg)
@@ -149,9 +154,11 @@ def load_model(source, model_arg: str):
         raise CheckpointError(f"--model {model_arg!r} is a {packing.method.upper()} checkpoint, whose packed weights "
                               "are read from a local directory: download it (hf download) and pass its directory")
     kind = getattr(config, "model_type", None)
+    hold = hold and packing is None
     if kind in vision.MODEL_TYPES:
         with quiet_loading(packing is not None):
-            model, info = vision.load(source, config)
+            model, info = held.loaded(lambda dtype: vision.load(source, config, dtype), source, hold,
+                                      language=lambda vlm: [vision.language_module(vlm), vlm.lm_head])
         if packing is not None:  # (AWQ / GPTQ releases of VLMs pack the language model's projections)
             info = unpacked_into(model, info, packing, loaded_weight_files(Path(source)), model_arg)
         check_loaded(info, model_arg)
@@ -162,8 +169,8 @@ def load_model(source, model_arg: str):
             model = vision.language_model(model)
         return model, info, vision.tokenizer_of(source)
     with quiet_loading(packing is not None):  # (its report would call the packed projections missing)
-        model, info = AutoModelForCausalLM.from_pretrained(source, config=config, dtype=torch.float32,
-                                                           output_loading_info=True, ignore_mismatched_sizes=True)
+        model, info = held.loaded(lambda dtype: AutoModelForCausalLM.from_pretrained(
+            source, config=config, dtype=dtype, output_loading_info=True, ignore_mismatched_sizes=True), source, hold)
     if packing is not None:
         info = unpacked_into(model, info, packing, loaded_weight_files(Path(source)), model_arg)
     elif any(str(k).endswith(".qweight") for k in info.get("unexpected_keys") or []):
@@ -314,9 +321,56 @@ def check_loaded(info: dict, model_arg: str) -> None:
             raise CheckpointError(f"--model {model_arg!r} {what} weights the model needs: {listed(names)}")
 
 
-def state_dict_numpy(model) -> dict:
-    """Weights as float32 numpy arrays under their HF names (lm_head kept even when tied)."""
-    return {k: v.detach().to(torch.float32).numpy() for k, v in model.state_dict().items()}
+def state_dict_numpy(model) -> "Weights":
+    """Weights as float32 numpy arrays under their HF names (lm_head kept even when tied): a float32
+    model's as it holds them, a held one's (builder/held.py) widened each time one is read."""
+    return Weights({k: v.detach().numpy() if v.dtype == torch.float32 else
+                    (lambda v=v: v.detach().to(torch.float32).numpy()) for k, v in model.state_dict().items()})
+
+
+class Weights(MutableMapping):
+    """name -> float32 array, where an entry is an array or a function that makes it when it is read (and
+    not kept: a held model's weights in float32 all at once were what holding it saves). Renames and
+    derived entries (a split, reordered rows) stay made on reading: rename, derive."""
+
+    def __init__(self, entries: dict):
+        self._entries = entries
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        entry = self._entries[name]
+        return entry() if callable(entry) else entry
+
+    def __setitem__(self, name: str, value) -> None:
+        self._entries[name] = value
+
+    def __delitem__(self, name: str) -> None:
+        del self._entries[name]
+
+    def __contains__(self, name) -> bool:  # (Mapping's would make the array)
+        return name in self._entries
+
+    def __iter__(self):
+        return iter(self._entries)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def rename(self, old: str, new: str) -> None:
+        self._entries[new] = self._entries.pop(old)
+
+    def derive(self, name: str, source: str, make) -> None:
+        """Entry `name` = make(source's array), made when it is read (source may be name itself)."""
+        entry = self._entries[source]
+        self._entries[name] = lambda: make(entry() if callable(entry) else entry)
+
+    def split(self, name: str, parts: list[str], at) -> None:
+        """Entry `name` as `parts`: np.split(its array, at)."""
+        for k, part in enumerate(parts):
+            self.derive(part, name, lambda a, k=k: np.split(a, at)[k])
+        del self[name]
+
+    def renamed(self, new_name) -> "Weights":
+        return Weights({new_name(k): v for k, v in self._entries.items()})
 
 
 def rope_tables(model, num_positions: int, layer_type: str = "full_attention") -> tuple:

@@ -377,8 +377,12 @@ def build(config: BuildConfig, log=print) -> Path:
     ck = None
     try:
         log(f"loading {config.model}")
-        memory_note(config.model, log)
-        ck = ckpt.load(config.model)
+        hold = not (config.lora or config.eagle)  # (PEFT and the EAGLE reference: builder/held.py)
+        memory_note(config.model, log, hold, float32_engine=config.dtype == "float32" and config.quantization == "none")
+        ck = ckpt.load(config.model, hold=hold)
+        if ck.held:
+            log(f"holding the checkpoint's {ck.held} weights as they are (widened to float32 where they are used: "
+                "half the memory of a float32 model)")
         if ck.left_out:
             log(f"note: {config.model} is a multimodal checkpoint whose {' and '.join(ck.left_out)} encoder"
                 f"{'s are' if len(ck.left_out) > 1 else ' is'} not built yet: the engine takes "

@@ -116,8 +116,8 @@ def qwen_dense_layers(config) -> tuple[int, ...]:
 ROUTER_NAMES = ("mlp.gate.weight", "mlp.router.weight", "block_sparse_moe.router.weight")
 
 
-def canonical_names(w: dict[str, np.ndarray], spec) -> None:
-    """Rename (in place) each MoE layer's weights to the names above: Qwen's and OLMoE's router `gate`,
+def canonical_names(w, spec) -> None:
+    """Rename (in place: checkpoint.Weights) each MoE layer's weights to the names above: Qwen's and OLMoE's router `gate`,
     Granite MoE's block_sparse_moe and shared_mlp (its input_linear holds gate|up), Gemma 4's router and
     experts beside its MLP (gemma4_names)."""
     for i in range(spec.num_layers):
@@ -129,30 +129,30 @@ def canonical_names(w: dict[str, np.ndarray], spec) -> None:
         router = [n for n in ROUTER_NAMES if f"{p}.{n}" in w]
         if len(router) != 1:
             raise Unsupported(f"layer {i}: expected one MoE router weight of {ROUTER_NAMES}, found {router}")
-        w[f"{p}.mlp.router.weight"] = w.pop(f"{p}.{router[0]}")
+        w.rename(f"{p}.{router[0]}", f"{p}.mlp.router.weight")
         for part in ("gate_up_proj", "down_proj"):
             if f"{p}.block_sparse_moe.experts.{part}" in w:
-                w[f"{p}.mlp.experts.{part}"] = w.pop(f"{p}.block_sparse_moe.experts.{part}")
+                w.rename(f"{p}.block_sparse_moe.experts.{part}", f"{p}.mlp.experts.{part}")
         if f"{p}.shared_mlp.input_linear.weight" in w:
-            gate, up = np.split(w.pop(f"{p}.shared_mlp.input_linear.weight"), 2)
-            w[f"{p}.mlp.shared_expert.gate_proj.weight"], w[f"{p}.mlp.shared_expert.up_proj.weight"] = gate, up
-            w[f"{p}.mlp.shared_expert.down_proj.weight"] = w.pop(f"{p}.shared_mlp.output_linear.weight")
+            w.split(f"{p}.shared_mlp.input_linear.weight",
+                    [f"{p}.mlp.shared_expert.gate_proj.weight", f"{p}.mlp.shared_expert.up_proj.weight"], 2)
+            w.rename(f"{p}.shared_mlp.output_linear.weight", f"{p}.mlp.shared_expert.down_proj.weight")
         e, i2, h = w[f"{p}.mlp.experts.gate_up_proj"].shape
         if (e, i2, h) != (spec.moe.num_experts, 2 * spec.moe.expert_size, spec.hidden_size):
             raise Unsupported(f"layer {i}: experts.gate_up_proj is {(e, i2, h)}, the config says "
                               f"{(spec.moe.num_experts, 2 * spec.moe.expert_size, spec.hidden_size)}")
 
 
-def gemma4_names(w: dict[str, np.ndarray], p: str, hidden: int) -> None:
+def gemma4_names(w, p: str, hidden: int) -> None:
     """Gemma 4's layer p: router.proj times its scale and 1/sqrt(H) per input column (Gemma4TextRouter
     scales its normed input so) as mlp.router; experts.* as mlp.experts.*; per_expert_scale as
     mlp.router.expert_scale (each chosen expert's weight times it, after the normalization: MoEWriter)."""
     scale = w.pop(f"{p}.router.scale") * np.float32(hidden ** -0.5)
     w[f"{p}.mlp.router.weight"] = w.pop(f"{p}.router.proj.weight") * scale[None, :]
     w[f"{p}.mlp.router.input_scale"] = scale  # (what a LoRA delta on router.proj reads its input times)
-    w[f"{p}.mlp.router.expert_scale"] = w.pop(f"{p}.router.per_expert_scale")
-    w[f"{p}.mlp.experts.gate_up_proj"] = w.pop(f"{p}.experts.gate_up_proj")
-    w[f"{p}.mlp.experts.down_proj"] = w.pop(f"{p}.experts.down_proj")
+    w.rename(f"{p}.router.per_expert_scale", f"{p}.mlp.router.expert_scale")
+    w.rename(f"{p}.experts.gate_up_proj", f"{p}.mlp.experts.gate_up_proj")
+    w.rename(f"{p}.experts.down_proj", f"{p}.mlp.experts.down_proj")
 
 
 def experts_module(layer):

@@ -78,12 +78,11 @@ def has_vision(config) -> bool:
     return getattr(config, "model_type", None) in MODEL_TYPES and getattr(config, "vision_config", True) is not None
 
 
-def load(source, config):
-    """(the whole model, transformers' loading info), float32."""
-    import torch
+def load(source, config, dtype):
+    """(the whole model, transformers' loading info) in `dtype` (float32, or its 16-bit type: builder/held.py)."""
     from transformers import AutoModelForImageTextToText
 
-    return AutoModelForImageTextToText.from_pretrained(source, config=config, dtype=torch.float32,
+    return AutoModelForImageTextToText.from_pretrained(source, config=config, dtype=dtype,
                                                        output_loading_info=True, ignore_mismatched_sizes=True)
 
 

@@ -33,3 +33,36 @@ def loaded_weight_files(path: Path) -> list[Path]:
             except (OSError, ValueError, KeyError, TypeError, AttributeError):
                 break  # (transformers has read it: an odd one is hashed whole, as below)
     return [p for p in path.iterdir() if p.suffix in (".safetensors", ".bin")]
+
+
+FLOATS = {"F32", "F16", "BF16", "F64"}
+
+
+def float_counts(path: Path, names: dict | None = None) -> dict[str, int] | None:
+    """{safetensors dtype: parameters} over the float weights a checkpoint directory's safetensors hold,
+    from their headers (nothing loaded); None where that is not known: a GGUF, pickles, or packed integer
+    weights (a GPTQ/AWQ checkpoint). `names`, where given, gets {dtype: [tensor names]}."""
+    if not path.is_dir():
+        return None
+    files = loaded_weight_files(path)
+    if not files or any(f.suffix != ".safetensors" for f in files):
+        return None
+    counts: dict[str, int] = {}
+    try:
+        for f in files:
+            with open(f, "rb") as handle:
+                header = json.loads(handle.read(int.from_bytes(handle.read(8), "little")))
+            for name, entry in header.items():
+                if name == "__metadata__":
+                    continue
+                if entry["dtype"] not in FLOATS:
+                    return None
+                size = 1
+                for n in entry["shape"]:
+                    size *= n
+                counts[entry["dtype"]] = counts.get(entry["dtype"], 0) + size
+                if names is not None:
+                    names.setdefault(entry["dtype"], []).append(name)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None  # (transformers says what is wrong with such a file, when it loads it)
+    return counts

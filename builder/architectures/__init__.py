@@ -7,13 +7,11 @@ from __future__ import annotations
 
 import dataclasses
 
-import numpy as np
-
 from trtllm.builder import moe
 from trtllm.builder.architectures import (ernie4_5, exaone4, gemma, gemma2, gemma3, gemma4, glm, glm4, granite,
                                           granitemoe, helium, hunyuan, lfm2, llama, ministral, mistral, mixtral,
                                           olmo2, olmo3, olmoe, phi3, qwen2, qwen2_moe, qwen3, qwen3_moe, smollm3)
-from trtllm.builder.checkpoint import Unsupported, state_dict_numpy
+from trtllm.builder.checkpoint import Unsupported, Weights, state_dict_numpy
 from trtllm.runtime.lora import rope_pair_order
 
 ARCHITECTURES = {
@@ -122,7 +120,7 @@ def from_modules(model, spec) -> dict:
     return {"attention_bias": qkv.pop(), "o_proj_bias": has_bias(out), "tie_word_embeddings": tied}
 
 
-def weights_of(model, spec) -> dict[str, np.ndarray]:
+def weights_of(model, spec) -> Weights:
     """The checkpoint's weights as DecoderWriter reads them: float32 numpy under transformers' names,
     with module names RENAMES maps, projections a checkpoint stores whole (Phi-3's qkv_proj and
     gate_up_proj, GLM's gate_up_proj) split into q/k/v and gate/up, which the graph fuses again its own
@@ -130,7 +128,7 @@ def weights_of(model, spec) -> dict[str, np.ndarray]:
     w = state_dict_numpy(model)
     names = RENAMES.get(spec.architecture, {})
     if names:  # all at once: a name may be another's new name (GLM-4's post_attention_layernorm)
-        w = {".".join(names.get(part, part) for part in k.split(".")): v for k, v in w.items()}
+        w = w.renamed(lambda k: ".".join(names.get(part, part) for part in k.split(".")))
     if spec.interleaved_rope:
         reorder_rope_rows(w, spec)
     if spec.moe is not None:
@@ -142,15 +140,13 @@ def weights_of(model, spec) -> dict[str, np.ndarray]:
         p = f"model.layers.{i}"
         for suffix in ("weight", "bias"):
             if f"{p}.self_attn.qkv_proj.{suffix}" in w:
-                parts = np.split(w.pop(f"{p}.self_attn.qkv_proj.{suffix}"), [q, q + kv])
-                for name, part in zip(("q_proj", "k_proj", "v_proj"), parts):
-                    w[f"{p}.self_attn.{name}.{suffix}"] = part
-        gate, up = np.split(w.pop(f"{p}.mlp.gate_up_proj.weight"), 2)
-        w[f"{p}.mlp.gate_proj.weight"], w[f"{p}.mlp.up_proj.weight"] = gate, up
+                w.split(f"{p}.self_attn.qkv_proj.{suffix}", [f"{p}.self_attn.{n}_proj.{suffix}" for n in "qkv"],
+                        [q, q + kv])
+        w.split(f"{p}.mlp.gate_up_proj.weight", [f"{p}.mlp.gate_proj.weight", f"{p}.mlp.up_proj.weight"], 2)
     return w
 
 
-def reorder_rope_rows(w: dict[str, np.ndarray], spec) -> None:
+def reorder_rope_rows(w: Weights, spec) -> None:
     """q and k rows (weights, biases, per-head norm weights) in rope_pair_order, in place: the graph's
     rotate-half RoPE then computes the checkpoint's interleaved one, and every score is unchanged."""
     if spec.fused_projections:
@@ -161,7 +157,8 @@ def reorder_rope_rows(w: dict[str, np.ndarray], spec) -> None:
             order = rope_pair_order(heads * spec.head_dim, spec.head_dim, rotary)
             for key in (f"{name}_proj.weight", f"{name}_proj.bias", f"{name}_norm.weight"):
                 key = f"model.layers.{i}.self_attn.{key}"
-                if key in w and len(w[key]) == len(order):  # a norm over one head (Qwen3's) has one head's order
-                    w[key] = w[key][order]
-                elif key in w and len(w[key]) == spec.head_dim:
-                    w[key] = w[key][order[:spec.head_dim]]
+                rows = len(w[key]) if key in w else None
+                if rows == len(order):  # a norm over one head (Qwen3's) has one head's order
+                    w.derive(key, key, lambda a, order=order: a[order])
+                elif rows == spec.head_dim:
+                    w.derive(key, key, lambda a, order=order[:spec.head_dim]: a[order])

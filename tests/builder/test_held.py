@@ -1,0 +1,148 @@
+"""A 16-bit checkpoint held in its type (builder/held.py) is the float32 model to everything the build
+computes with it: transformers' logits bit for bit, and every weight the graph writer reads."""
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from tests.tiny_models import ARCHS, make_checkpoint
+from trtllm.builder import checkpoint as ckpt
+from trtllm.builder import export, held
+from trtllm.builder.architectures import spec_for, weights_of
+from trtllm.builder.config import BuildConfig
+
+IDS = torch.tensor([[1, 5, 9, 20, 33, 7, 2, 11, 40, 3, 8, 15]])
+
+
+def sixteen_bit(arch: str, out_dir, dtype=torch.bfloat16):
+    """A tiny `arch` checkpoint saved in `dtype` (as most releases are)."""
+    path = make_checkpoint(arch, out_dir)
+    AutoModelForCausalLM.from_pretrained(path, dtype=dtype).save_pretrained(path)
+    return path
+
+
+def logits(model) -> torch.Tensor:
+    with torch.no_grad():
+        return model(IDS).logits
+
+
+@pytest.mark.parametrize("arch", sorted(ARCHS))
+def test_the_held_model_computes_as_the_float32_one(arch, tmp_path):
+    path = sixteen_bit(arch, tmp_path)
+    wide, kept = ckpt.load(str(path)), ckpt.load(str(path), hold=True)
+    assert wide.held is None and kept.held == "bfloat16"
+    assert {p.dtype for p in kept.model.parameters()} == {torch.bfloat16}
+    assert torch.equal(logits(kept.model), logits(wide.model))
+    assert {p.dtype for p in kept.model.parameters()} == {torch.bfloat16}  # (each given back after its forward)
+    spec = spec_for(wide.model)
+    want, got = weights_of(wide.model, spec), weights_of(kept.model, spec_for(kept.model))
+    assert sorted(got) == sorted(want)
+    for name in want:
+        assert got[name].dtype == np.float32 and np.array_equal(got[name], want[name]), name
+
+
+def test_without_its_buffers_made_in_float32_a_held_model_computes_otherwise(tmp_path, monkeypatch):
+    """The wrong variant: Gemma 4's per-layer scalars, loaded as the 16-bit type made them, move its logits."""
+    path = sixteen_bit("gemma4", tmp_path)
+    monkeypatch.setattr(held, "float32_buffers", lambda model, dtype: None)
+    assert not torch.equal(logits(ckpt.load(str(path), hold=True).model), logits(ckpt.load(str(path)).model))
+
+
+def test_float16_is_held_too_and_float32_weights_the_16_bit_load_would_round_are_not(tmp_path):
+    path = sixteen_bit("llama", tmp_path / "half", torch.float16)
+    assert held.held_dtype(path) == (torch.float16, [])
+    assert ckpt.load(str(path), hold=True).held == "float16"
+    wide = make_checkpoint("llama", tmp_path / "wide")
+    assert held.held_dtype(wide) == (None, []) and ckpt.load(str(wide), hold=True).held is None
+    model = AutoModelForCausalLM.from_pretrained(wide, dtype=torch.bfloat16)
+    model.model.norm.weight.data = model.model.norm.weight.data.float()  # (a float32 norm: the 16-bit load rounds it)
+    shutil.copytree(wide, tmp_path / "mixed")
+    model.save_pretrained(tmp_path / "mixed")
+    assert held.held_dtype(tmp_path / "mixed") == (torch.bfloat16, ["model.norm.weight"])
+    mixed = ckpt.load(str(tmp_path / "mixed"), hold=True)
+    assert mixed.held is None and mixed.model.model.norm.weight.dtype == torch.float32
+    assert torch.equal(mixed.model.model.norm.weight, model.model.norm.weight)
+
+
+def built(path, out, monkeypatch, hold: bool, **options):
+    if not hold:
+        load = ckpt.load
+        monkeypatch.setattr(ckpt, "load", lambda arg, hold=False: load(arg))
+    said = []
+    engine = export.build(BuildConfig(model=str(path), output=str(out), max_batch_size=1, max_input_len=32,
+                                      max_kv_cache_capacity=64, **options), log=said.append)
+    monkeypatch.undo()
+    return engine, said
+
+
+@pytest.mark.parametrize("arch,options", [("llama", {"quantization": "int4", "verify": False}),
+                                          ("phi3", {}), ("gemma3", {"dtype": "bfloat16"}),
+                                          ("qwen3_moe", {"quantization": "int8", "verify": False})])
+def test_a_held_build_writes_the_float32_build_s_engine(arch, options, tmp_path, monkeypatch):
+    """The same graphs and data files, byte for byte, and its check passes (a tiny random model's
+    quantized logits are too near one another for the check's agreement floor: those are compared
+    unchecked)."""
+    path = sixteen_bit(arch, tmp_path / "ckpt")
+    kept, said = built(path, tmp_path / "kept", monkeypatch, True, **options)
+    wide, _ = built(path, tmp_path / "wide", monkeypatch, False, **options)
+    assert any("holding the checkpoint's bfloat16 weights" in line for line in said)
+    if options.get("verify", True):
+        report = json.loads((kept / "verify.json").read_text())
+        assert report["tokens_agree"] and report["mismatches"] <= report["allowed_mismatches"]
+    files = sorted(p.name for p in wide.iterdir() if p.name.startswith("llm."))
+    assert files == sorted(p.name for p in kept.iterdir() if p.name.startswith("llm.")) and files
+    for name in files:
+        assert (kept / name).read_bytes() == (wide / name).read_bytes(), name
+
+
+def test_the_estimate_of_a_held_build_is_its_own(tmp_path, monkeypatch):
+    """1.8x the float32 weights, held: 1.5x for a float32 engine, 1.1x for another (build_memory)."""
+    from trtllm.builder import build_memory
+
+    path = sixteen_bit("llama", tmp_path)
+    monkeypatch.setattr(build_memory, "parameters_in", lambda arg: 10**9)
+    monkeypatch.setattr(build_memory, "BASE_BYTES", 0)
+    monkeypatch.setattr(build_memory, "available_memory", lambda: 1 << 40)
+    lines = []
+    for hold, wide in ((False, True), (True, True), (True, False)):
+        build_memory.memory_note(str(path), lines.append, hold, float32_engine=wide)
+    assert [line.rsplit("about ", 1)[1] for line in lines] == ["6.7 GB of memory", "5.6 GB of memory", "4.1 GB of memory"]
+
+
+def vision_checkpoint(family: str, out_dir):
+    """A tiny vision-language checkpoint of `family`, saved in bfloat16."""
+    from transformers import AutoModelForImageTextToText
+
+    from tests.tiny_gemma3 import make_gemma3_checkpoint
+    from tests.tiny_gemma4 import make_gemma4_vl_checkpoint
+    from tests.tiny_idefics3 import make_idefics3_checkpoint
+    from tests.tiny_qwen_vl import make_qwen_vl_checkpoint
+    from tests.tiny_vlm import make_vlm_checkpoint
+
+    path = {"internvl": make_vlm_checkpoint, "qwen2_5_vl": make_qwen_vl_checkpoint, "idefics3": make_idefics3_checkpoint,
+            "qwen3_vl": lambda out: make_qwen_vl_checkpoint(out, kind="qwen3_vl"),
+            "gemma3": make_gemma3_checkpoint, "gemma4": make_gemma4_vl_checkpoint}[family](out_dir)
+    AutoModelForImageTextToText.from_pretrained(path, dtype=torch.bfloat16).save_pretrained(path)
+    return path
+
+
+@pytest.mark.parametrize("family", ["internvl", "qwen2_5_vl", "qwen3_vl", "idefics3", "gemma3", "gemma4"])
+def test_a_held_vision_language_build_writes_and_checks_as_the_float32_one(family, tmp_path, monkeypatch):
+    """Its language model held, its encoders widened (held.loaded): the same engine files byte for byte,
+    and its check (the vision graph's too) measures the same errors, so transformers' side is the same."""
+    path = vision_checkpoint(family, tmp_path / "ckpt")
+    kept, said = built(path, tmp_path / "kept", monkeypatch, True)
+    wide, _ = built(path, tmp_path / "wide", monkeypatch, False)
+    assert any("holding the checkpoint's bfloat16 weights" in line for line in said)
+    files = sorted(p.name for p in wide.iterdir() if p.suffix in (".onnx", ".data") or p.name.endswith(".onnx.data"))
+    assert files == sorted(p.name for p in kept.iterdir() if p.suffix in (".onnx", ".data")
+                           or p.name.endswith(".onnx.data")) and any(n.startswith("vision") for n in files)
+    for name in files:
+        assert (kept / name).read_bytes() == (wide / name).read_bytes(), name
+    report, want = (json.loads((e / "verify.json").read_text()) for e in (kept, wide))
+    assert report == want and "vision" in report
