@@ -4,7 +4,7 @@ the machine has less available), and transformers' model let go once the build i
 The estimate is the measured peak (README), above the process itself: about 1.8x the model's float32
 weights (transformers' model, then the engine's session in its stead); for a checkpoint held in its
 16-bit type (builder/held.py), about 1.5x for a float32 engine (its session) and 1.1x for the others
-(the held model, an int4 build's codes between its two graphs, one weight widened at a time)."""
+(the held model and one weight widened at a time; an int4 build's codes wait on disk: builder/handoff.py)."""
 from __future__ import annotations
 
 import ctypes

@@ -30,6 +30,7 @@ from trtllm.builder.onnx_files import ONNX_NAME, ORT_NAME, ORT_SOURCE, compile_o
 from trtllm.builder.plan import build_tensorrt
 from trtllm.builder.verify_logits import REFERENCE_NAME, check_vision_plan, number_format
 from trtllm.builder.decoder import DecoderWriter
+from trtllm.builder.handoff import HANDOFF_NAME, Handoff
 from trtllm.builder.decoder_spec import attention_supported, gqa_supported, half_supported
 from trtllm.builder.engine_dir import (binary_sizes, check_output, in_place, readable_by_all, replace_engine,
                                        write_checksums)
@@ -161,7 +162,7 @@ def export_onnx(ck: ckpt.Checkpoint, config: BuildConfig, out_dir: Path, log, ba
     # quantized experts on our kernel: quantized as the other projections, in both graphs
     dense_experts = native_experts and quant is not None
     ort_form = backend == "onnxruntime" and config.graph == "modern" and (gqa or quant is not None or half or moe_node)
-    handoff = {} if ort_form and quant is not None else None
+    handoff = Handoff(out_dir / HANDOFF_NAME) if ort_form and quant is not None else None
     # LoRA on the routed experts: in both graphs, unless ONNX Runtime's MoE node runs them (it takes none)
     lora_experts = lora_on_experts(spec, ort_form and moe_node and not native_experts)
     writer = DecoderWriter(spec, weights, cos, sin, max_top_k, quant=quant, dtype=config.dtype,
@@ -212,7 +213,9 @@ def export_onnx(ck: ckpt.Checkpoint, config: BuildConfig, out_dir: Path, log, ba
                                grids=grids, handoff=handoff, dense_experts=dense_experts, lora_experts=lora_experts)
         writer.g.store_in(out_dir / ORT_SOURCE)
         save(writer.write(), out_dir, ORT_SOURCE)
-        del writer, handoff  # (whatever the second did not take)
+        del writer
+        if handoff is not None:  # (whatever the second did not take; a failed build's goes with its directory)
+            handoff.close()
     section = export_draft(draft, config, out_dir, log, num_positions, quant, native, backend, tree) if draft else {}
     return spec, max_top_k, num_positions, lowerings, section
 

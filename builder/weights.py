@@ -91,7 +91,7 @@ class WeightWriter:
             made = unpack_nibbles(codes), scale, offset
         else:
             made, kept = self.quantize_new(w, scheme, parts)
-            # int4 only, its codes two to a byte (0.75 bytes a weight held between the writers): int8's
+            # int4 only, its codes two to a byte (0.75 bytes a weight, in export's Handoff file): int8's
             # rounding is quick (the demo model's int8 build took as long with it, and 10% more memory)
             if self.hand_on is not None and scheme.bits == 4:
                 codes, scale, offset = made
