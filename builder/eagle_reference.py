@@ -62,7 +62,7 @@ class Reference:
 
         with torch.no_grad():
             s = len(ids)
-            e = self.embed[torch.tensor([ids])]
+            e = self.embed[torch.tensor([ids])].float()  # (a held target's rows, widened: builder/held.py)
             x = torch.cat([self.norms["input_layernorm"](e), self.norms["hidden_norm"](hidden[None])], -1)
             pos = self.rotary(x, torch.arange(s)[None])
             mask = torch.full((s, s), float("-inf")).triu(1)[None, None]

@@ -380,9 +380,9 @@ def build(config: BuildConfig, log=print) -> Path:
     ck = None
     try:
         log(f"loading {config.model}")
-        hold = not (config.lora or config.eagle)  # (PEFT and the EAGLE reference: builder/held.py)
-        memory_note(config.model, log, hold, float32_engine=config.dtype == "float32" and config.quantization == "none")
-        ck = ckpt.load(config.model, hold=hold)
+        memory_note(config.model, log, hold=True,
+                    float32_engine=config.dtype == "float32" and config.quantization == "none")
+        ck = ckpt.load(config.model, hold=True)
         if ck.held:
             log(f"holding the checkpoint's {ck.held} weights as they are (widened to float32 where they are used: "
                 "half the memory of a float32 model)")

@@ -18,9 +18,10 @@ tests/builder/test_held.py checks transformers' logits bit for bit against the f
 every architecture of tests/tiny_models.py.
 
 The build holds a checkpoint so when it can (held_dtype, still_wide): safetensors of one 16-bit type
-(with float32 tensors where the 16-bit load keeps them float32), no packed GPTQ/AWQ projections, no
---lora or --eagle (PEFT and the EAGLE reference would cast their own float32 weights to the held
-type). A vision-language model's language model is held, its encoders widened (loaded).
+(with float32 tensors where the 16-bit load keeps them float32) and no packed GPTQ/AWQ projections.
+A vision-language model's language model is held, its encoders widened (loaded). A bundled LoRA
+adapter's check merges it into a float32 copy (widened); the EAGLE reference widens the rows of
+the embedding it reads.
 """
 from __future__ import annotations
 
@@ -105,8 +106,9 @@ def float32_forward(model, dtype: torch.dtype) -> None:
                   if p is not None and p.dtype == dtype]
         if params:
             held: dict[int, torch.Tensor] = {}
-            unit.register_forward_pre_hook(lambda _m, _a, ps=params, held=held: widen(ps, held))
-            unit.register_forward_hook(lambda _m, _a, _o, ps=params, held=held: narrow(ps, held))
+            hooks = (unit.register_forward_pre_hook(lambda _m, _a, ps=params, held=held: widen(ps, held)),
+                     unit.register_forward_hook(lambda _m, _a, _o, ps=params, held=held: narrow(ps, held)))
+            unit._held_hooks = tuple(hook.id for hook in hooks)
 
 
 def widen(params: list, held: dict) -> None:
@@ -120,3 +122,21 @@ def narrow(params: list, held: dict) -> None:
     for p in params:
         if id(p) in held:
             p.data = held.pop(id(p))
+
+
+def widened(model):
+    """A copy of a model in float32 without the hooks above (a float32 model's plain copy): what a check
+    merges a LoRA adapter into (PEFT's merge and ours write the sum into the weights, which the held
+    type would round)."""
+    import copy
+
+    twin = copy.deepcopy(model)
+    for module in twin.modules():
+        for hook in getattr(module, "_held_hooks", ()):
+            module._forward_pre_hooks.pop(hook, None)
+            module._forward_hooks.pop(hook, None)
+        module.__dict__.pop("_held_hooks", None)
+    for p in twin.parameters():
+        if p.dtype in HELD.values():
+            p.data = p.data.float()
+    return twin

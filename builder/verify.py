@@ -21,7 +21,6 @@ and "/int16" or "/int8" for integer activations (--activations, or int8 in ONNX 
 """
 from __future__ import annotations
 
-import copy
 import dataclasses
 from pathlib import Path
 
@@ -32,7 +31,7 @@ from trtllm.builder.verify_logits import (RTOL, BrokenCheckpoint, VerifyError, a
                                           fits_in_float64,
                                           engine_logits, judge, judge_eagle, measure_eagle, min_agreement,
                                           run_along, save_reference)
-from trtllm.builder import verify_logits
+from trtllm.builder import held, verify_logits
 from trtllm.builder.moe import experts_module
 from trtllm.runtime.engine import load_engine
 
@@ -61,7 +60,7 @@ def float64_opinion(model, ids: list[int], first: int, got: np.ndarray, ref: np.
     float64 copy of the model would take more than half the memory available."""
     if not fits_in_float64(model):
         return None
-    wide = copy.deepcopy(model).double()
+    wide = held.widened(model).double()
     if getattr(wide.config, "_experts_implementation", None) not in (None, "eager"):
         wide.set_experts_implementation("eager")  # (transformers' grouped_mm experts take no float64)
     with torch.no_grad():
@@ -81,7 +80,7 @@ def merged_model(model, adapter, manifest):
     module, from the engine's own lora_a / lora_b): what the engine must compute with that adapter."""
     from trtllm.runtime.lora import projections
 
-    merged, io = copy.deepcopy(model), manifest.io
+    merged, io = held.widened(model), manifest.io
     with torch.no_grad():
         for i, name, _, _, experts in projections(manifest):
             a = adapter.arrays[io.lora_a.format(i=i, module=name)][0].astype(np.float64)  # [in, r] ([E, in, r])
@@ -114,7 +113,7 @@ def peft_merged_model(ck, adapter_dir):
 
     from trtllm.builder import vision
 
-    merged = peft.PeftModel.from_pretrained(copy.deepcopy(ck.vision if ck.vision is not None else ck.model),
+    merged = peft.PeftModel.from_pretrained(held.widened(ck.vision if ck.vision is not None else ck.model),
                                             str(adapter_dir)).merge_and_unload().eval()
     return merged if ck.vision is None else vision.language_model(merged)
 

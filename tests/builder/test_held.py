@@ -19,9 +19,9 @@ from trtllm.builder.config import BuildConfig
 IDS = torch.tensor([[1, 5, 9, 20, 33, 7, 2, 11, 40, 3, 8, 15]])
 
 
-def sixteen_bit(arch: str, out_dir, dtype=torch.bfloat16):
+def sixteen_bit(arch: str, out_dir, dtype=torch.bfloat16, **options):
     """A tiny `arch` checkpoint saved in `dtype` (as most releases are)."""
-    path = make_checkpoint(arch, out_dir)
+    path = make_checkpoint(arch, out_dir, **options)
     AutoModelForCausalLM.from_pretrained(path, dtype=dtype).save_pretrained(path)
     return path
 
@@ -146,3 +146,28 @@ def test_a_held_vision_language_build_writes_and_checks_as_the_float32_one(famil
         assert (kept / name).read_bytes() == (wide / name).read_bytes(), name
     report, want = (json.loads((e / "verify.json").read_text()) for e in (kept, wide))
     assert report == want and "vision" in report
+
+
+def test_held_builds_with_a_lora_adapter_and_an_eagle_head_are_the_float32_ones(tmp_path, monkeypatch):
+    """A bundled adapter's check merges it into a float32 copy (held.widened), and the EAGLE reference
+    widens the embedding rows it reads: the same engine files and the same report (the adapter's and
+    the EAGLE check's figures included)."""
+    from tests.eagle_drafts import random_draft
+    from tests.runtime.test_lora_cli import random_adapter
+    from trtllm.runtime import manifest as mf
+
+    path = sixteen_bit("llama", tmp_path / "ckpt", num_layers=6)  # (EAGLE-3's default layers: [2, L/2, L-3])
+    probe, _ = built(path, tmp_path / "probe", monkeypatch, True, max_lora_rank=4, verify=False)
+    random_adapter(tmp_path / "math", mf.load(probe), 4, seed=3)
+    draft = random_draft(path, tmp_path / "draft")
+    for options in ({"lora": (("math", str(tmp_path / "math")),)}, {"eagle": str(draft)}):
+        kept, said = built(path, tmp_path / "kept", monkeypatch, True, **options)
+        wide, _ = built(path, tmp_path / "wide", monkeypatch, False, **options)
+        assert any("holding the checkpoint's bfloat16 weights" in line for line in said)
+        files = sorted(str(p.relative_to(wide)) for p in wide.rglob("*") if ".onnx" in p.name)
+        assert files == sorted(str(p.relative_to(kept)) for p in kept.rglob("*") if ".onnx" in p.name) and files
+        for name in files:
+            assert (kept / name).read_bytes() == (wide / name).read_bytes(), name
+        report, want = (json.loads((e / "verify.json").read_text()) for e in (kept, wide))
+        assert report == want and ("adapters" in report or "eagle" in report), report
+        shutil.rmtree(kept), shutil.rmtree(wide)
