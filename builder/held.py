@@ -13,7 +13,7 @@ each weight widened where it is used:
   inverse frequencies, Gemma's embedding scale, Gemma 4's per-layer scalars) are made again as the
   float32 model makes them, where a 16-bit load would have rounded them (float32_buffers);
 - the graph's weights: checkpoint.state_dict_numpy gives each in float32 when it is read
-  (weights.Weights), never all at once.
+  (checkpoint.Weights), never all at once.
 tests/builder/test_held.py checks transformers' logits bit for bit against the float32 model's, on
 every architecture of tests/tiny_models.py.
 
