@@ -3,7 +3,6 @@ its 16-bit type that computes as the float32 one: builder/held.py)."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import MutableMapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -13,6 +12,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, Genera
 
 from trtllm.builder.weight_files import loaded_weight_files, weights_hash  # noqa: F401 - ckpt.weights_hash
 from trtllm.builder import held, prequantized, vision
+from trtllm.builder.entry_map import EntryMap
 from trtllm.builder.config import CheckpointError, Unsupported, listed  # noqa: F401 - raised as ckpt.CheckpointError
 
 
@@ -328,32 +328,13 @@ def state_dict_numpy(model) -> "Weights":
                     (lambda v=v: v.detach().to(torch.float32).numpy()) for k, v in model.state_dict().items()})
 
 
-class Weights(MutableMapping):
+class Weights(EntryMap):
     """name -> float32 array, where an entry is an array or a function that makes it when it is read (and
     not kept: a held model's weights in float32 all at once were what holding it saves). Renames and
     derived entries (a split, reordered rows) stay made on reading: rename, derive."""
 
-    def __init__(self, entries: dict):
-        self._entries = entries
-
-    def __getitem__(self, name: str) -> np.ndarray:
-        entry = self._entries[name]
+    def read(self, entry) -> np.ndarray:
         return entry() if callable(entry) else entry
-
-    def __setitem__(self, name: str, value) -> None:
-        self._entries[name] = value
-
-    def __delitem__(self, name: str) -> None:
-        del self._entries[name]
-
-    def __contains__(self, name) -> bool:  # (Mapping's would make the array)
-        return name in self._entries
-
-    def __iter__(self):
-        return iter(self._entries)
-
-    def __len__(self) -> int:
-        return len(self._entries)
 
     def rename(self, old: str, new: str) -> None:
         self._entries[new] = self._entries.pop(old)
@@ -361,7 +342,7 @@ class Weights(MutableMapping):
     def derive(self, name: str, source: str, make) -> None:
         """Entry `name` = make(source's array), made when it is read (source may be name itself)."""
         entry = self._entries[source]
-        self._entries[name] = lambda: make(entry() if callable(entry) else entry)
+        self._entries[name] = lambda: make(self.read(entry))
 
     def split(self, name: str, parts: list[str], at) -> None:
         """Entry `name` as `parts`: np.split(its array, at)."""

@@ -5,13 +5,15 @@ writers was a quarter of a held 16-bit build's peak (builder/held.py)."""
 from __future__ import annotations
 
 import os
-from collections.abc import MutableMapping
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from trtllm.builder.entry_map import EntryMap
+
 HANDOFF_NAME = ".handoff"  # (in the engine's staging directory; removed before the engine is finished)
+
 
 @dataclass(frozen=True)
 class Spilled:
@@ -21,55 +23,37 @@ class Spilled:
     dtype: np.dtype
 
 
-class Handoff(MutableMapping):
+class Handoff(EntryMap):
     """key -> value, where a value is arrays in tuples and lists (and anything else, kept as it is): its
     arrays written to `path` when it is set, read back when it is read. close() removes the file."""
 
     def __init__(self, path: Path):
+        super().__init__()
         self.path = Path(path)
         self._file = open(self.path, "x+b")
-        self._index: dict = {}
-
-    def __setitem__(self, key, value) -> None:
-        self._index[key] = self._spilled(value)
-
-    def __getitem__(self, key):
-        return self._read(self._index[key])
-
-    def __delitem__(self, key) -> None:
-        del self._index[key]
-
-    def __contains__(self, key) -> bool:  # (Mapping's would read the arrays)
-        return key in self._index
-
-    def __iter__(self):
-        return iter(self._index)
-
-    def __len__(self) -> int:
-        return len(self._index)
 
     def close(self) -> None:
-        self._index.clear()
+        self._entries.clear()
         if not self._file.closed:
             self._file.close()
             self.path.unlink(missing_ok=True)
 
-    def _spilled(self, value):
+    def store(self, value):
         if isinstance(value, np.ndarray):
             array = np.asarray(value, order="C")  # (not ascontiguousarray, which makes a 0-d array 1-d)
             offset = self._file.seek(0, os.SEEK_END)
             self._file.write(memoryview(array.reshape(-1).view(np.uint8)))
             return Spilled(offset, array.shape, array.dtype)
         if isinstance(value, (tuple, list)):
-            return type(value)(self._spilled(v) for v in value)
+            return type(value)(self.store(v) for v in value)
         return value
 
-    def _read(self, value):
+    def read(self, value):
         if isinstance(value, Spilled):
             self._file.flush()
             self._file.seek(value.offset)
             count = int(np.prod(value.shape, dtype=np.int64))
             return np.fromfile(self._file, value.dtype, count).reshape(value.shape)
         if isinstance(value, (tuple, list)):
-            return type(value)(self._read(v) for v in value)
+            return type(value)(self.read(v) for v in value)
         return value

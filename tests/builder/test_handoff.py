@@ -32,7 +32,7 @@ def arrays_in(value) -> int:
 def test_what_is_handed_on_comes_back_as_it_was_and_waits_on_disk(tmp_path):
     handoff = Handoff(tmp_path / ".handoff")
     handoff[("a", (4, 6))], handoff[("b", (2,))] = (MADE, True), (np.ones((3, 5), np.float32), False)
-    assert arrays_in(list(handoff._index.values())) == 0 and isinstance(handoff._index[("b", (2,))][0], Spilled)
+    assert arrays_in(list(handoff._entries.values())) == 0 and isinstance(handoff._entries[("b", (2,))][0], Spilled)
     same(handoff.pop(("a", (4, 6))), (MADE, True))
     assert (tmp_path / ".handoff").stat().st_size == 24 + 32 + 2 + 60  # (every byte: read back, flushed)
     assert ("a", (4, 6)) not in handoff and ("b", (2,)) in handoff and len(handoff) == 1
