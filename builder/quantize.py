@@ -69,7 +69,9 @@ class QuantScheme:
                 "not_quantized": "norms, biases, KV cache, activations between layers"}
 
 
-SLICE_BYTES = 64 << 20  # float32 weights quantized at once: the work takes several times its input
+# float32 weights quantized at once: the work takes several times its input (16 MiB: 50 MB less at a held
+# int4 build's peak than 64, in the same time)
+SLICE_BYTES = 16 << 20
 
 
 def quantize(w_t: np.ndarray, scheme: QuantScheme) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
