@@ -324,8 +324,22 @@ def check_loaded(info: dict, model_arg: str) -> None:
 def state_dict_numpy(model) -> "Weights":
     """Weights as float32 numpy arrays under their HF names (lm_head kept even when tied): a float32
     model's as it holds them, a held one's (builder/held.py) widened each time one is read."""
-    return Weights({k: v.detach().numpy() if v.dtype == torch.float32 else
-                    (lambda v=v: v.detach().to(torch.float32).numpy()) for k, v in model.state_dict().items()})
+    return Weights({k: v.detach().numpy() if v.dtype == torch.float32 else Widened(v)
+                    for k, v in model.state_dict().items()})
+
+
+class Widened:
+    """A tensor of another type, as the float32 array it is each time it is called (not kept)."""
+
+    def __init__(self, tensor):
+        self.tensor = tensor
+
+    @property
+    def shape(self) -> tuple:
+        return tuple(self.tensor.shape)
+
+    def __call__(self) -> np.ndarray:
+        return self.tensor.detach().to(torch.float32).numpy()
 
 
 class Weights(EntryMap):
@@ -335,6 +349,11 @@ class Weights(EntryMap):
 
     def read(self, entry) -> np.ndarray:
         return entry() if callable(entry) else entry
+
+    def shape(self, name: str) -> tuple:
+        """An entry's shape, without making a held weight's array where its entry knows it."""
+        entry = self._entries[name]
+        return tuple(entry.shape) if hasattr(entry, "shape") else self[name].shape
 
     def rename(self, old: str, new: str) -> None:
         self._entries[new] = self._entries.pop(old)

@@ -117,9 +117,9 @@ ROUTER_NAMES = ("mlp.gate.weight", "mlp.router.weight", "block_sparse_moe.router
 
 
 def canonical_names(w, spec) -> None:
-    """Rename (in place: checkpoint.Weights) each MoE layer's weights to the names above: Qwen's and OLMoE's router `gate`,
-    Granite MoE's block_sparse_moe and shared_mlp (its input_linear holds gate|up), Gemma 4's router and
-    experts beside its MLP (gemma4_names)."""
+    """Rename (in place: checkpoint.Weights) each MoE layer's weights to the names above: Qwen's and OLMoE's
+    router `gate`, Granite MoE's block_sparse_moe and shared_mlp (its input_linear holds gate|up), Gemma 4's
+    router and experts beside its MLP (gemma4_names)."""
     for i in range(spec.num_layers):
         if i in spec.moe.dense_layers:
             continue
@@ -137,7 +137,7 @@ def canonical_names(w, spec) -> None:
             w.split(f"{p}.shared_mlp.input_linear.weight",
                     [f"{p}.mlp.shared_expert.gate_proj.weight", f"{p}.mlp.shared_expert.up_proj.weight"], 2)
             w.rename(f"{p}.shared_mlp.output_linear.weight", f"{p}.mlp.shared_expert.down_proj.weight")
-        e, i2, h = w[f"{p}.mlp.experts.gate_up_proj"].shape
+        e, i2, h = w.shape(f"{p}.mlp.experts.gate_up_proj")
         if (e, i2, h) != (spec.moe.num_experts, 2 * spec.moe.expert_size, spec.hidden_size):
             raise Unsupported(f"layer {i}: experts.gate_up_proj is {(e, i2, h)}, the config says "
                               f"{(spec.moe.num_experts, 2 * spec.moe.expert_size, spec.hidden_size)}")

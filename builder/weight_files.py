@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from pathlib import Path
 
 
@@ -57,10 +58,7 @@ def float_counts(path: Path, names: dict | None = None) -> dict[str, int] | None
                     continue
                 if entry["dtype"] not in FLOATS:
                     return None
-                size = 1
-                for n in entry["shape"]:
-                    size *= n
-                counts[entry["dtype"]] = counts.get(entry["dtype"], 0) + size
+                counts[entry["dtype"]] = counts.get(entry["dtype"], 0) + math.prod(entry["shape"])
                 if names is not None:
                     names.setdefault(entry["dtype"], []).append(name)
     except (OSError, ValueError, KeyError, TypeError, AttributeError):

@@ -157,7 +157,7 @@ def reorder_rope_rows(w: Weights, spec) -> None:
             order = rope_pair_order(heads * spec.head_dim, spec.head_dim, rotary)
             for key in (f"{name}_proj.weight", f"{name}_proj.bias", f"{name}_norm.weight"):
                 key = f"model.layers.{i}.self_attn.{key}"
-                rows = len(w[key]) if key in w else None
+                rows = w.shape(key)[0] if key in w else None
                 if rows == len(order):  # a norm over one head (Qwen3's) has one head's order
                     w.derive(key, key, lambda a, order=order: a[order])
                 elif rows == spec.head_dim:

@@ -44,6 +44,7 @@ def test_the_held_model_computes_as_the_float32_one(arch, tmp_path):
     assert sorted(got) == sorted(want)
     for name in want:
         assert got[name].dtype == np.float32 and np.array_equal(got[name], want[name]), name
+        assert got.shape(name) == want[name].shape, name  # (read without widening where the entry knows it)
 
 
 def test_without_its_buffers_made_in_float32_a_held_model_computes_otherwise(tmp_path, monkeypatch):
@@ -111,7 +112,8 @@ def test_the_estimate_of_a_held_build_is_its_own(tmp_path, monkeypatch):
     lines = []
     for hold, wide in ((False, True), (True, True), (True, False)):
         build_memory.memory_note(str(path), lines.append, hold, float32_engine=wide)
-    assert [line.rsplit("about ", 1)[1] for line in lines] == ["6.7 GB of memory", "5.6 GB of memory", "4.1 GB of memory"]
+    assert [line.rsplit("about ", 1)[1] for line in lines] == ["6.7 GB of memory", "5.6 GB of memory",
+                                                                "4.1 GB of memory"]
 
 
 def vision_checkpoint(family: str, out_dir):
@@ -124,9 +126,10 @@ def vision_checkpoint(family: str, out_dir):
     from tests.tiny_qwen_vl import make_qwen_vl_checkpoint
     from tests.tiny_vlm import make_vlm_checkpoint
 
-    path = {"internvl": make_vlm_checkpoint, "qwen2_5_vl": make_qwen_vl_checkpoint, "idefics3": make_idefics3_checkpoint,
+    path = {"internvl": make_vlm_checkpoint, "qwen2_5_vl": make_qwen_vl_checkpoint,
             "qwen3_vl": lambda out: make_qwen_vl_checkpoint(out, kind="qwen3_vl"),
-            "gemma3": make_gemma3_checkpoint, "gemma4": make_gemma4_vl_checkpoint}[family](out_dir)
+            "idefics3": make_idefics3_checkpoint, "gemma3": make_gemma3_checkpoint,
+            "gemma4": make_gemma4_vl_checkpoint}[family](out_dir)
     AutoModelForImageTextToText.from_pretrained(path, dtype=torch.bfloat16).save_pretrained(path)
     return path
 
