@@ -341,6 +341,10 @@ class Widened:
     def __call__(self) -> np.ndarray:
         return self.tensor.detach().to(torch.float32).numpy()
 
+    def __getitem__(self, rows) -> np.ndarray:
+        """Some of its rows, widened alone (quantize.in_slices, quantize.quantize_rows)."""
+        return self.tensor[rows].detach().to(torch.float32).numpy()
+
 
 class Weights(EntryMap):
     """name -> float32 array, where an entry is an array or a function that makes it when it is read (and
@@ -354,6 +358,12 @@ class Weights(EntryMap):
         """An entry's shape, without making a held weight's array where its entry knows it."""
         entry = self._entries[name]
         return tuple(entry.shape) if hasattr(entry, "shape") else self[name].shape
+
+    def rows(self, name: str):
+        """An entry as rows to slice (w[a:b], w.shape): a held weight's Widened, whose slices are widened
+        alone (quantize.in_slices and quantize_rows: its whole table in float32 is not made), else its array."""
+        entry = self._entries[name]
+        return entry if isinstance(entry, Widened) else self[name]
 
     def rename(self, old: str, new: str) -> None:
         self._entries[new] = self._entries.pop(old)

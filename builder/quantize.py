@@ -76,15 +76,40 @@ SLICE_BYTES = 16 << 20
 
 def quantize(w_t: np.ndarray, scheme: QuantScheme) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     """w_t [in, out] float32 -> (codes [in, out] in the ONNX integer type, scales [blocks, out] f32,
-    offsets [blocks, out] f32 or None). `in` must be a multiple of the block size. Done in slices of
-    output columns (each column's blocks are its own: the same result): the whole of a large
-    embedding at once took 3-4x its bytes more (6 GiB for a 128k x 4096 one)."""
-    k, n = w_t.shape
+    offsets [blocks, out] f32 or None). `in` must be a multiple of the block size."""
+    return quantize_rows(w_t.T, scheme)
+
+
+def quantize_rows(w, scheme: QuantScheme) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """quantize(w.T) of w [out, in]: an array or anything that gives float32 arrays of its rows (w[a:b],
+    w.shape: a held weight's checkpoint.Widened, widened a slice at a time). Done in slices of rows
+    (each row's blocks are its own: the same result): the whole of a large embedding at once took 3-4x
+    its bytes more (6 GiB for a 128k x 4096 one)."""
+    n, k = w.shape
     step = max(1, SLICE_BYTES // (4 * max(k, 1)))
     if n <= step:
-        return quantize_columns(w_t, scheme)
-    parts = [quantize_columns(w_t[:, s:s + step], scheme) for s in range(0, n, step)]
+        return quantize_columns(np.asarray(w[:]).T, scheme)
+    parts = [quantize_columns(np.asarray(w[s:s + step]).T, scheme) for s in range(0, n, step)]
     return tuple(None if parts[0][i] is None else np.concatenate([p[i] for p in parts], axis=1) for i in range(3))
+
+
+def in_slices(rows, dtype, transposed: bool = False) -> np.ndarray:
+    """`rows` (an array, or a held weight's checkpoint.Widened: Weights.rows) as one C-ordered array of
+    `dtype`, or of its transpose, widened a slice of rows at a time: widened whole first, a large table
+    (gemma-4-E2B's per-layer embeddings: 2.3 G values) took 4 bytes a value more for a while, and a
+    transposed lm_head its float32 transpose and a copy besides. The values of
+    np.asarray(rows).astype(dtype) (or of its .T)."""
+    if isinstance(rows, (np.ndarray, np.generic, list, tuple, float, int)) and not transposed:
+        return np.asarray(rows).astype(dtype, copy=False)
+    n = rows.shape[0]
+    out = np.empty(rows.shape[::-1] if transposed else rows.shape, dtype)
+    step = max(1, SLICE_BYTES // (4 * max(1, int(np.prod(rows.shape[1:])))))
+    for s in range(0, n, step):  # (assigned as astype casts)
+        if transposed:
+            out[:, s:s + step] = np.asarray(rows[s:s + step]).T
+        else:
+            out[s:s + step] = rows[s:s + step]
+    return out
 
 
 def quantize_columns(w_t: np.ndarray, scheme: QuantScheme) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:

@@ -15,7 +15,8 @@ import numpy as np
 from onnx import TensorProto
 
 from trtllm.builder import prequantized
-from trtllm.builder.quantize import QuantScheme, pack_nibbles, pack_rows, quantize, swiglu_rows, unpack_nibbles
+from trtllm.builder.quantize import (QuantScheme, in_slices, pack_nibbles, pack_rows, quantize_rows, swiglu_rows,
+                                     unpack_nibbles)
 from trtllm.plugins import cpu as cpu_kernels
 
 F32, I64 = TensorProto.FLOAT, TensorProto.INT64
@@ -24,23 +25,28 @@ F32, I64 = TensorProto.FLOAT, TensorProto.INT64
 class WeightWriter:
     """The weight-writing half of DecoderWriter (see the module docstring)."""
 
+    def rows(self, name: str):
+        """Weight `name` as rows to slice: a held weight's are widened a slice at a time (Weights.rows)
+        where self.w is the checkpoint's Weights, not a plain dict of arrays (an EAGLE head's)."""
+        return self.w.rows(name) if hasattr(self.w, "rows") else self.w[name]
+
     def fw(self, name: str, array: np.ndarray) -> str:
         """A float weight in the graph's dtype (`half`: the engine's float16 or bfloat16 values, held
-        as float32)."""
-        array = np.asarray(array)
-        if self.half:
-            array = array.astype(self.storage)
+        as float32); `array` may be a held weight's rows (Weights.rows), converted a slice at a time."""
+        array = in_slices(array, self.storage if self.half else self.dtype)
         return self.g.weight(name, array.astype(self.dtype, copy=False))  # (a float32 table: not copied)
 
     def matmul(self, name: str, x: str, prefix: str, w: np.ndarray, rank: int = 3,
                parts: list[str] | None = None) -> str:
         """x @ w.T, with w.T stored as [in, out] (no Transpose); block-quantized when asked. `parts`:
-        the projections w joins (default: prefix), whose checkpoint grids quantize_weight may keep."""
+        the projections w joins (default: prefix), whose checkpoint grids quantize_weight may keep. w
+        may be a held weight's rows (Weights.rows: an lm_head), widened a slice at a time."""
         g, scheme = self.g, self.quant
         if self.half:
-            return self.half_matmul(name, x, g.weight(f"{prefix}.weight", w.astype(self.storage)), w.shape[0])
+            return self.half_matmul(name, x, g.weight(f"{prefix}.weight", in_slices(w, self.storage)), w.shape[0])
         if scheme is None:
-            return g.op("MatMul", f"{name}/MatMul", [x, self.fw(f"{prefix}.weight", w.T)])
+            w_t = in_slices(w, self.dtype, transposed=True)  # [in, out]
+            return g.op("MatMul", f"{name}/MatMul", [x, self.fw(f"{prefix}.weight", w_t)])
         if prefix == "lm_head":
             scheme = scheme.for_lm_head()
         if self.native:  # the same weights, in the kernel's row-major layout: one node instead of six
@@ -104,10 +110,10 @@ class WeightWriter:
         """(quantize_weight's result, whether it is the checkpoint's own grid)."""
         grids = [self.grids.get(f"{p}.weight") for p in parts]
         if grids and all(grids):
-            kept = prequantized.on_blocks(grids, w.T, scheme)
+            kept = prequantized.on_blocks(grids, np.asarray(w[:]).T, scheme)
             if kept is not None:
                 return kept, True
-        return quantize(w.T, scheme), False  # (a view: quantize copies a slice at a time)
+        return quantize_rows(w, scheme), False  # (a slice at a time: a held table is not widened whole)
 
     def dequantized(self, prefix: str, codes: str, scale: str, scheme: QuantScheme) -> str:
         """DequantizeLinear of a quantized weight [in, out], one node per weight (a tied lm_head and
@@ -170,7 +176,7 @@ class WeightWriter:
         # its own copy in ONNX Runtime's MatMulNBits form: a shared one keeps the lm_head from fusing
         shared = table == "model.embed_tokens" and s.tie_word_embeddings and (self.native or not self.ort_form)
         prefix = "lm_head" if shared else table
-        w = self.w[f"{table}.weight"]
+        w = self.rows(f"{table}.weight")
         codes, scale, _ = self.quantized_weight(prefix, w, scheme)
         blocks, name, width = w.shape[1] // scheme.block_size, f"/{table.replace('.', '/')}", w.shape[1]
         if not self.ort_form:

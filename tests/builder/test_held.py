@@ -101,6 +101,64 @@ def test_a_held_build_writes_the_float32_build_s_engine(arch, options, tmp_path,
         assert (kept / name).read_bytes() == (wide / name).read_bytes(), name
 
 
+@pytest.mark.parametrize("arch,tie,options", [("llama", True, {"quantization": "int4", "verify": False}),
+                                              ("llama", False, {"quantization": "int8", "verify": False}),
+                                              ("llama", False, {}),
+                                              ("gemma3", True, {"dtype": "bfloat16"}),
+                                              ("gemma4", False, {"quantization": "int4", "verify": False})])
+def test_a_held_build_widens_its_tables_a_slice_at_a_time(arch, tie, options, tmp_path, monkeypatch):
+    """The token tables and the lm_head (Gemma 4's per-layer table too) are quantized or converted a few
+    rows at a time, each slice widened alone, never the whole table in float32; the engine is the
+    float32 build's, byte for byte."""
+    from trtllm.builder import quantize
+
+    path = sixteen_bit(arch, tmp_path / "ckpt", tie=tie)
+    wide, _ = built(path, tmp_path / "wide", monkeypatch, False, **options)
+    whole, sliced = [], []
+    widen, rows = ckpt.Widened.__call__, ckpt.Widened.__getitem__
+    monkeypatch.setattr(ckpt.Widened, "__call__", lambda self: whole.append(self.shape) or widen(self))
+    monkeypatch.setattr(ckpt.Widened, "__getitem__", lambda self, at: sliced.append(self.shape) or rows(self, at))
+    monkeypatch.setattr(quantize, "SLICE_BYTES", 4096)  # (a few rows of a tiny table)
+    config = json.loads((path / "config.json").read_text())
+    tables = {(config["vocab_size"], config["hidden_size"])}
+    if arch == "gemma4":
+        tables.add((config["vocab_size_per_layer_input"], config["num_hidden_layers"] *
+                    config["hidden_size_per_layer_input"]))
+    kept = export.build(BuildConfig(model=str(path), output=str(tmp_path / "kept"), max_batch_size=1,
+                                    max_input_len=32, max_kv_cache_capacity=64, **options), log=lambda line: None)
+    monkeypatch.undo()
+    assert not tables & set(whole), whole
+    assert tables <= set(sliced) and len(sliced) > 2 * len(tables)
+    files = sorted(p.name for p in wide.iterdir() if p.name.startswith("llm."))
+    for name in files:
+        assert (kept / name).read_bytes() == (wide / name).read_bytes(), name
+
+
+def test_slices_of_rows_give_the_whole_array_s_values(monkeypatch):
+    """in_slices (converted, or transposed too) and quantize_rows, a few rows at a time, give what the whole
+    array gives: every float type's rounding, infinities, NaN and subnormals included."""
+    import ml_dtypes
+
+    from trtllm.builder import quantize
+
+    monkeypatch.setattr(quantize, "SLICE_BYTES", 1000)
+    a = (np.random.default_rng(0).standard_normal((301, 96)) * 1e3).astype(np.float32)
+    a[0, :5] = [np.inf, -np.inf, np.nan, 1e-40, 65519.0]
+    held = ckpt.Widened(torch.from_numpy(a).to(torch.bfloat16))
+    for rows, whole in ((a, a), (held, held())):
+        for dtype in (ml_dtypes.bfloat16, np.float16, np.float32):
+            for transposed in (False, True):
+                with np.errstate(over="ignore"):  # (65,536 as float16: infinity, both ways)
+                    got = quantize.in_slices(rows, dtype, transposed)
+                    want = (whole.T if transposed else whole).astype(dtype)
+                assert got.flags.c_contiguous and got.dtype == want.dtype and got.tobytes() == want.tobytes()
+    b = a[1:288]  # (no infinities: blocks of 32 inputs)
+    for scheme in (quantize.QuantScheme(4, asymmetric=True), quantize.QuantScheme(8)):
+        whole = quantize.quantize_columns(b.T, scheme)
+        for got, want in zip(quantize.quantize_rows(b, scheme), whole):
+            assert (got is None and want is None) or np.array_equal(got, want)
+
+
 def test_the_estimate_of_a_held_build_is_its_own(tmp_path, monkeypatch):
     """1.8x the float32 weights, held: 1.5x for a float32 engine, 1.1x for another (build_memory)."""
     from trtllm.builder import build_memory

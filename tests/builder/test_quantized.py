@@ -478,9 +478,9 @@ def test_each_int4_weight_is_quantized_once_for_both_graphs(kernels, quantized, 
 
     ckpt, engines = quantized
     calls = []
-    real = weights.quantize
-    monkeypatch.setattr(weights, "quantize",
-                        lambda w_t, scheme: calls.append(scheme.bits) or real(w_t, scheme))
+    real = weights.quantize_rows
+    monkeypatch.setattr(weights, "quantize_rows",
+                        lambda w, scheme: calls.append(scheme.bits) or real(w, scheme))
     again = tmp_path / "again"
     build(BuildConfig(model=str(ckpt), output=str(again), quantization=name, max_input_len=128,
                       max_kv_cache_capacity=256, verify=False, cpu_kernels=kernels), log=lambda m: None)
