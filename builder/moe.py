@@ -39,7 +39,7 @@ from onnx import TensorProto, helper
 
 from trtllm.builder.checkpoint import Unsupported
 from trtllm.builder.moe_quant import BLOCK, Experts, handed_on, quantize_experts, taken
-from trtllm.builder.quantize import pack_rows, swiglu_rows
+from trtllm.builder.quantize import in_slices, pack_rows, swiglu_rows
 from trtllm.plugins import cpu as cpu_kernels
 
 F32 = TensorProto.FLOAT
@@ -299,10 +299,11 @@ class MoEWriter:
         as one 2-D DequantizeLinear [E*K, N] reshaped to [E,K,N], plus blocksum(x) @ the offsets
         [E, K/32, N] (run by ONNX Runtime here; TensorRT's int4 path wants a 2-D weight straight into a
         MatMul, so a TensorRT build of int4 experts is refused until it is proven there)."""
-        g, w = self.g, self.w[prefix]
+        g = self.g
         if self.quant is None:
-            return g.op("MatMul", f"{name}/MatMul", [x, self.fw(prefix, w.transpose(0, 2, 1))])
-        e, n, k = w.shape
+            w_t = experts_in(self.rows(prefix), self.dtype, transposed=True)  # [E, K, N]
+            return g.op("MatMul", f"{name}/MatMul", [x, self.fw(prefix, w_t)])
+        e, n, k = self.rows(prefix).shape
         if self.dense_experts:  # each expert's [K, N] blocks stacked: [E*K, N], [E*K/32, N]
             codes, scale, offset = (None if parts[0] is None else np.concatenate(parts)
                                     for parts in zip(*self.expert_weights(prefix)))
@@ -325,7 +326,7 @@ class MoEWriter:
     def expert_weights(self, prefix: str) -> list[tuple]:
         """dense_experts: each expert of one projection quantized as the model's other projections
         (WeightWriter.quantize_weight, once for both writers): (codes [K, N], scale, offset or None)."""
-        w = self.w[prefix]
+        w = self.rows(prefix)  # (a held model's experts widened one at a time)
         return [self.quantize_weight(w[i], self.quant, [f"{prefix}.{i}"]) for i in range(w.shape[0])]
 
     def quantized_experts(self, prefix: str) -> Experts:
@@ -334,7 +335,7 @@ class MoEWriter:
         key = ("experts", prefix)
         if key in self.handoff:
             return taken(self.handoff.pop(key))
-        made = quantize_experts(self.w[prefix])
+        made = quantize_experts(self.rows(prefix))  # (expert by expert: a held model's widened one at a time)
         if self.hand_on is not None:
             self.hand_on[key] = handed_on(made)
         return made
@@ -385,11 +386,11 @@ class MoEWriter:
         if m.scoring != "softmax":  # (LFM2-MoE's)
             attrs["scoring"] = m.scoring
         if self.quant is None:
-            held = self.storage if self.half else np.float32
-            gate_up = g.weight(w1, self.w[w1][:, order].astype(held))
-            return g.op(cpu_kernels.MOE, f"{name}/experts/MoE", [x, logits, gate_up, g.weight(w2, self.w[w2].astype(held)),
-                                                                 self.generated_input(), *self.kernel_tail(i, name)],
-                        **attrs)
+            kind = self.storage if self.half else np.float32
+            gate_up = g.weight(w1, experts_in(self.rows(w1), kind, order))
+            down = g.weight(w2, in_slices(self.rows(w2), kind))
+            return g.op(cpu_kernels.MOE, f"{name}/experts/MoE", [x, logits, gate_up, down, self.generated_input(),
+                                                                 *self.kernel_tail(i, name)], **attrs)
         inputs = [x, logits]
         for prefix, rows in ((w1, order), (w2, slice(None))):  # MatMulBlockQuant's packing, expert by expert
             packed = [pack_rows(*parts, self.quant.bits) for parts in self.expert_weights(prefix)]
@@ -434,3 +435,15 @@ class MoEWriter:
             gate = self.lora(f"{name}/shared_expert_gate", x, gate, i, "shared_expert_gate")
             shared = g.op("Mul", f"{e}/Gated", [shared, g.op("Sigmoid", f"{name}/shared_expert_gate/Sigmoid", [gate])])
         return g.op("Add", f"{e}/Add", [y, shared])
+
+
+def experts_in(rows, dtype, order: np.ndarray | None = None, transposed: bool = False) -> np.ndarray:
+    """Stacked experts [E, N, K] (an array, or a held model's Weights.rows) in `dtype`, each expert's rows
+    taken in `order` or each expert transposed ([E, K, N]): made expert by expert (a held model's widened
+    one at a time), the values of np.asarray(rows)[:, order].astype(dtype) (or .transpose(0, 2, 1))."""
+    e, n, k = rows.shape
+    out = np.empty((e, k, n) if transposed else (e, n if order is None else len(order), k), dtype)
+    for i in range(e):
+        one = np.asarray(rows[i])
+        out[i] = one.T if transposed else one if order is None else one[order]
+    return out

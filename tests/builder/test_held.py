@@ -105,11 +105,13 @@ def test_a_held_build_writes_the_float32_build_s_engine(arch, options, tmp_path,
                                               ("llama", False, {"quantization": "int8", "verify": False}),
                                               ("llama", False, {}),
                                               ("gemma3", True, {"dtype": "bfloat16"}),
-                                              ("gemma4", False, {"quantization": "int4", "verify": False})])
+                                              ("gemma4", False, {"quantization": "int4", "verify": False}),
+                                              ("qwen3_moe", True, {"quantization": "int8", "verify": False}),
+                                              ("qwen3_moe", True, {"dtype": "bfloat16", "verify": False})])
 def test_a_held_build_widens_its_tables_a_slice_at_a_time(arch, tie, options, tmp_path, monkeypatch):
     """The token tables and the lm_head (Gemma 4's per-layer table too) are quantized or converted a few
-    rows at a time, each slice widened alone, never the whole table in float32; the engine is the
-    float32 build's, byte for byte."""
+    rows at a time, and a mixture's stacked experts one expert at a time, each slice widened alone,
+    never the whole table in float32; the engine is the float32 build's, byte for byte."""
     from trtllm.builder import quantize
 
     path = sixteen_bit(arch, tmp_path / "ckpt", tie=tie)
@@ -124,6 +126,9 @@ def test_a_held_build_widens_its_tables_a_slice_at_a_time(arch, tie, options, tm
     if arch == "gemma4":
         tables.add((config["vocab_size_per_layer_input"], config["num_hidden_layers"] *
                     config["hidden_size_per_layer_input"]))
+    if arch == "qwen3_moe":  # gate|up and down, stacked
+        e, h, inner = config["num_local_experts"], config["hidden_size"], config["moe_intermediate_size"]
+        tables |= {(e, 2 * inner, h), (e, h, inner)}
     kept = export.build(BuildConfig(model=str(path), output=str(tmp_path / "kept"), max_batch_size=1,
                                     max_input_len=32, max_kv_cache_capacity=64, **options), log=lambda line: None)
     monkeypatch.undo()
