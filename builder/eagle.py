@@ -97,9 +97,10 @@ def read(path: Path) -> tuple[dict, dict]:
                     for k, v in tensors.items()}
 
 
-def load(path_arg: str, target: DecoderSpec, embed: np.ndarray) -> Draft:
-    """Read and check a draft head against its target (`embed`: the target's token embedding,
-    which EAGLE-3 heads share unless they carry their own)."""
+def load(path_arg: str, target: DecoderSpec, embed) -> Draft:
+    """Read and check a draft head against its target (`embed`: the target's token embedding, an array
+    or a held table's rows (checkpoint.Weights.rows), which EAGLE-3 heads share unless they carry their
+    own)."""
     path = Path(path_arg)
     config, t = read(path)
     arch = config.get("architectures") or []

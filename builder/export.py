@@ -81,7 +81,8 @@ def export_onnx(ck: ckpt.Checkpoint, config: BuildConfig, out_dir: Path, log, ba
         spec = vision_export.language_spec(ck, config, backend, spec, encoder)
     elif flag := image_flag(config):
         raise ConfigError(f"{flag} is for vision-language models, and --model {config.model!r} is a text model")
-    draft = eagle.load(config.eagle, spec, weights["model.embed_tokens.weight"]) if config.eagle else None
+    # (the target's table as rows: a held one is widened a slice at a time where the head's graph is written)
+    draft = eagle.load(config.eagle, spec, weights.rows("model.embed_tokens.weight")) if config.eagle else None
     most = ck.model.config.max_position_embeddings
     if isinstance(most, bool) or not isinstance(most, int) or most < 1:  # (0 failed later, naming a temporary dir)
         raise ckpt.CheckpointError(f"--model {config.model!r}: config.max_position_embeddings must be an integer "

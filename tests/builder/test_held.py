@@ -217,7 +217,7 @@ def test_a_held_vision_language_build_writes_and_checks_as_the_float32_one(famil
 def test_held_builds_with_a_lora_adapter_and_an_eagle_head_are_the_float32_ones(tmp_path, monkeypatch):
     """A bundled adapter's check merges it into a float32 copy (held.widened), and the EAGLE reference
     widens the embedding rows it reads: the same engine files and the same report (the adapter's and
-    the EAGLE check's figures included)."""
+    the EAGLE check's figures included). The head's graph takes the target's table a slice at a time."""
     from tests.eagle_drafts import random_draft
     from tests.runtime.test_lora_cli import random_adapter
     from trtllm.runtime import manifest as mf
@@ -226,8 +226,12 @@ def test_held_builds_with_a_lora_adapter_and_an_eagle_head_are_the_float32_ones(
     probe, _ = built(path, tmp_path / "probe", monkeypatch, True, max_lora_rank=4, verify=False)
     random_adapter(tmp_path / "math", mf.load(probe), 4, seed=3)
     draft = random_draft(path, tmp_path / "draft")
+    table = tuple(json.loads((path / "config.json").read_text())[k] for k in ("vocab_size", "hidden_size"))
     for options in ({"lora": (("math", str(tmp_path / "math")),)}, {"eagle": str(draft)}):
+        whole, widen = [], ckpt.Widened.__call__
+        monkeypatch.setattr(ckpt.Widened, "__call__", lambda self: whole.append(self.shape) or widen(self))
         kept, said = built(path, tmp_path / "kept", monkeypatch, True, **options)
+        assert table not in whole, whole
         wide, _ = built(path, tmp_path / "wide", monkeypatch, False, **options)
         assert any("holding the checkpoint's bfloat16 weights" in line for line in said)
         files = sorted(str(p.relative_to(wide)) for p in wide.rglob("*") if ".onnx" in p.name)
