@@ -89,8 +89,15 @@ def quantize_rows(w, scheme: QuantScheme) -> tuple[np.ndarray, np.ndarray, np.nd
     step = max(1, SLICE_BYTES // (4 * max(k, 1)))
     if n <= step:
         return quantize_columns(np.asarray(w[:]).T, scheme)
-    parts = [quantize_columns(np.asarray(w[s:s + step]).T, scheme) for s in range(0, n, step)]
-    return tuple(None if parts[0][i] is None else np.concatenate([p[i] for p in parts], axis=1) for i in range(3))
+    made = None  # (filled slice by slice: the slices and their concatenation at once took twice the codes)
+    for s in range(0, n, step):
+        part = quantize_columns(np.asarray(w[s:s + step]).T, scheme)
+        if made is None:
+            made = tuple(None if a is None else np.empty((a.shape[0], n), a.dtype) for a in part)
+        for whole, a in zip(made, part):
+            if a is not None:
+                whole[:, s:s + step] = a
+    return made
 
 
 def in_slices(rows, dtype, transposed: bool = False) -> np.ndarray:
@@ -338,7 +345,7 @@ def pack_rows(codes: np.ndarray, scale: np.ndarray, offset: np.ndarray | None, b
     them on float16's grid). int4's offset becomes the block minimum o - 8 s: w = s q + offset."""
     if block_size != 32:
         raise ValueError("MatMulBlockQuant takes blocks of 32")
-    c = np.ascontiguousarray(codes.astype(np.int8).T)            # [out, in]
+    c = np.ascontiguousarray(codes.astype(np.int8, copy=False).T)  # [out, in] (int8 codes: one copy, not two)
     n, k = c.shape
     if bits == 4:
         q = (c.astype(np.int16) + 8).astype(np.uint8).reshape(n, k // 32, 32)
