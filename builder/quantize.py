@@ -80,22 +80,28 @@ def quantize(w_t: np.ndarray, scheme: QuantScheme) -> tuple[np.ndarray, np.ndarr
     return quantize_rows(w_t.T, scheme)
 
 
-def quantize_rows(w, scheme: QuantScheme) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+def quantize_rows(w, scheme: QuantScheme, packed: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     """quantize(w.T) of w [out, in]: an array or anything that gives float32 arrays of its rows (w[a:b],
-    w.shape: a held weight's checkpoint.Widened, widened a slice at a time). Done in slices of rows
-    (each row's blocks are its own: the same result): the whole of a large embedding at once took 3-4x
-    its bytes more (6 GiB for a 128k x 4096 one)."""
+    w.shape: a held weight's checkpoint.Widened, widened a slice at a time), or with `packed`
+    pack_rows() of it, packed a slice at a time too. Done in slices of rows (each row's blocks are its
+    own: the same result): the whole of a large embedding at once took 3-4x its bytes more (6 GiB for
+    a 128k x 4096 one)."""
     n, k = w.shape
     step = max(1, SLICE_BYTES // (4 * max(k, 1)))
-    if n <= step:
-        return quantize_columns(np.asarray(w[:]).T, scheme)
     made = None  # (filled slice by slice: the slices and their concatenation at once took twice the codes)
     for s in range(0, n, step):
         part = quantize_columns(np.asarray(w[s:s + step]).T, scheme)
+        if packed:  # (rows of pack_rows' [out, ...] arrays)
+            part = pack_rows(*part, scheme.bits, scheme.block_size)
+        if n <= step:
+            return part
         if made is None:
-            made = tuple(None if a is None else np.empty((a.shape[0], n), a.dtype) for a in part)
+            made = tuple(None if a is None else np.empty((n, *a.shape[1:]) if packed else (a.shape[0], n), a.dtype)
+                         for a in part)
         for whole, a in zip(made, part):
-            if a is not None:
+            if a is not None and packed:
+                whole[s:s + step] = a
+            elif a is not None:
                 whole[:, s:s + step] = a
     return made
 

@@ -70,10 +70,14 @@ class WeightWriter:
         optionally reordered). A tied lm_head's are the quantized embedding's (quantized_embedding)."""
         if prefix in self.quantized:
             return self.quantized[prefix]
-        g = self.g
-        codes, scale, offset = self.quantize_weight(w, scheme, parts or [prefix])
+        g, parts = self.g, parts or [prefix]
+        if self.native and self.packed_as_made(w, scheme, parts):
+            codes, scale, offset = quantize_rows(w, scheme, packed=True)
+        else:
+            codes, scale, offset = self.quantize_weight(w, scheme, parts)
+            if self.native:
+                codes, scale, offset = pack_rows(codes, scale, offset, scheme.bits, scheme.block_size)
         if self.native:
-            codes, scale, offset = pack_rows(codes, scale, offset, scheme.bits, scheme.block_size)
             if order is not None:
                 codes, scale = codes[order], scale[order]
                 offset = None if offset is None else offset[order]
@@ -83,6 +87,15 @@ class WeightWriter:
                  None if offset is None else g.weight(f"{prefix}.weight_offset", offset))
         self.quantized[prefix] = names
         return names
+
+    def packed_as_made(self, w, scheme: QuantScheme, parts: list[str]) -> bool:
+        """Whether our kernels' form of w can be quantized straight into its packed rows, a slice at a
+        time (quantize_rows(packed=True)): not where it comes from the other writer (quantize_weight's
+        hand-off) or goes to it, nor from a GPTQ/AWQ checkpoint's grid. quantize() and then pack_rows
+        held a table's codes twice over: 4.7 GB at once for gemma-4-E2B's per-layer table in int8."""
+        grids = [self.grids.get(f"{p}.weight") for p in parts]
+        return (self.hand_on is None and (tuple(parts), w.shape, scheme) not in self.handoff
+                and not (grids and all(grids)))
 
     def quantize_weight(self, w: np.ndarray, scheme: QuantScheme, parts: list[str]):
         """quantize() of w [out, in] or, where its parts are a GPTQ/AWQ checkpoint's projections that

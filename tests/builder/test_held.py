@@ -140,8 +140,9 @@ def test_a_held_build_widens_its_tables_a_slice_at_a_time(arch, tie, options, tm
 
 
 def test_slices_of_rows_give_the_whole_array_s_values(monkeypatch):
-    """in_slices (converted, or transposed too) and quantize_rows, a few rows at a time, give what the whole
-    array gives: every float type's rounding, infinities, NaN and subnormals included."""
+    """in_slices (converted, or transposed too) and quantize_rows (packed for our kernels too), a few rows at
+    a time, give what the whole array gives: every float type's rounding, infinities, NaN and subnormals
+    included."""
     import ml_dtypes
 
     from trtllm.builder import quantize
@@ -162,6 +163,8 @@ def test_slices_of_rows_give_the_whole_array_s_values(monkeypatch):
         whole = quantize.quantize_columns(b.T, scheme)
         for got, want in zip(quantize.quantize_rows(b, scheme), whole):
             assert (got is None and want is None) or np.array_equal(got, want)
+        for got, want in zip(quantize.quantize_rows(b, scheme, packed=True), quantize.pack_rows(*whole, scheme.bits)):
+            assert (got is None and want is None) or (got.dtype == want.dtype and np.array_equal(got, want))
 
 
 def test_the_estimate_of_a_held_build_is_its_own(tmp_path, monkeypatch):

@@ -480,7 +480,7 @@ def test_each_int4_weight_is_quantized_once_for_both_graphs(kernels, quantized, 
     calls = []
     real = weights.quantize_rows
     monkeypatch.setattr(weights, "quantize_rows",
-                        lambda w, scheme: calls.append(scheme.bits) or real(w, scheme))
+                        lambda w, scheme, **kw: calls.append(scheme.bits) or real(w, scheme, **kw))
     again = tmp_path / "again"
     build(BuildConfig(model=str(ckpt), output=str(again), quantization=name, max_input_len=128,
                       max_kv_cache_capacity=256, verify=False, cpu_kernels=kernels), log=lambda m: None)
