@@ -89,7 +89,7 @@ def quantize_rows(w, scheme: QuantScheme, packed: bool = False) -> tuple[np.ndar
     n, k = w.shape
     step = max(1, SLICE_BYTES // (4 * max(k, 1)))
     made = None  # (filled slice by slice: the slices and their concatenation at once took twice the codes)
-    for s in range(0, n, step):
+    for s in range(0, max(n, 1), step):  # (an empty weight: one empty slice)
         part = quantize_columns(np.asarray(w[s:s + step]).T, scheme)
         if packed:  # (rows of pack_rows' [out, ...] arrays)
             part = pack_rows(*part, scheme.bits, scheme.block_size)
