@@ -351,14 +351,14 @@ class DecoderWriter(AttentionWriter, HeadWriter, WeightWriter, MoEWriter, PerLay
         table_ids = self.placeholders(input_ids) if s.placeholder_ids else input_ids
         if self.half or self.half_embedding:  # one 16-bit table for the lookup and a tied lm_head
             table = self.storage if self.half else np.dtype(np.float16)  # a quantized EAGLE head's: float16
-            embed = g.weight("model.embed_tokens.weight", in_slices(self.rows("model.embed_tokens.weight"), table))
+            embed = g.weight("model.embed_tokens.weight", in_slices(self.w.rows("model.embed_tokens.weight"), table))
             h = g.op("Gather", "/model/embed_tokens/Gather", [embed, table_ids], axis=0)
             if table != self.dtype:
                 h = g.op("Cast", "/model/embed_tokens/Cast", [h], to=self.ftype)
         elif self.quant is not None:
             h = self.quantized_embedding(table_ids)
         else:
-            embed = self.fw("model.embed_tokens.weight", self.rows("model.embed_tokens.weight"))
+            embed = self.fw("model.embed_tokens.weight", self.w.rows("model.embed_tokens.weight"))
             h = g.op("Gather", "/model/embed_tokens/Gather", [embed, table_ids], axis=0)
         if s.embed_scale != 1.0:  # in the table's type, as transformers multiplies
             h = g.op("Mul", "/model/embed_tokens/Scale", [h, g.const(s.embed_scale, self.dtype)])

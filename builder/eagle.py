@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 from onnx import TensorProto
 
+from trtllm.builder.checkpoint import Weights
 from trtllm.builder.config import ConfigError
 from trtllm.builder.decoder import DecoderWriter
 from trtllm.builder.decoder_spec import DecoderSpec
@@ -59,7 +60,7 @@ class Draft:
 
     path: Path
     spec: DecoderSpec
-    weights: dict[str, np.ndarray]
+    weights: Weights        # (the target's embedding, where the head shares it, as its rows: Weights.rows)
     fc: np.ndarray          # [H, 3H]
     d2t: np.ndarray         # int64 [Vd]
     aux_layers: tuple[int, int, int]
@@ -191,7 +192,7 @@ def load(path_arg: str, target: DecoderSpec, embed) -> Draft:
     spec = DecoderSpec(architecture="eagle3", vocab_size=draft_vocab, hidden_size=h, intermediate_size=inter,
                        num_layers=1, num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim,
                        rms_norm_eps=float(config.get("rms_norm_eps", target.rms_norm_eps)))
-    return Draft(path, spec, weights, f32["fc.weight"], d2t, tuple(aux), config)
+    return Draft(path, spec, Weights(weights), f32["fc.weight"], d2t, tuple(aux), config)
 
 
 def rope_tables(draft: Draft, num_positions: int):

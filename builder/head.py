@@ -58,7 +58,7 @@ class HeadWriter:
             # Gemm with transB shares the embedding table instead of storing a transposed copy.
             logits = g.op("Gemm", "/lm_head/Gemm", [h, "model.embed_tokens.weight"], transB=1)
         else:  # quantized: the lm_head gets its own quantized copy; the embedding stays float32
-            w = self.rows("model.embed_tokens.weight" if s.tie_word_embeddings else "lm_head.weight")
+            w = self.w.rows("model.embed_tokens.weight" if s.tie_word_embeddings else "lm_head.weight")
             logits = self.matmul("/lm_head", h, "lm_head", w, rank=2)
         if s.logits_scale != 1.0:
             logits = g.op("Div", "/lm_head/logits_scale", [logits, g.const(s.logits_scale, self.dtype)])

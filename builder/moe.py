@@ -301,9 +301,9 @@ class MoEWriter:
         MatMul, so a TensorRT build of int4 experts is refused until it is proven there)."""
         g = self.g
         if self.quant is None:
-            w_t = experts_in(self.rows(prefix), self.dtype, transposed=True)  # [E, K, N]
+            w_t = experts_in(self.w.rows(prefix), self.dtype, transposed=True)  # [E, K, N]
             return g.op("MatMul", f"{name}/MatMul", [x, self.fw(prefix, w_t)])
-        e, n, k = self.rows(prefix).shape
+        e, n, k = self.w.shape(prefix)
         if self.dense_experts:  # each expert's [K, N] blocks stacked: [E*K, N], [E*K/32, N]
             codes, scale, offset = (None if parts[0] is None else np.concatenate(parts)
                                     for parts in zip(*self.expert_weights(prefix)))
@@ -326,7 +326,7 @@ class MoEWriter:
     def expert_weights(self, prefix: str) -> list[tuple]:
         """dense_experts: each expert of one projection quantized as the model's other projections
         (WeightWriter.quantize_weight, once for both writers): (codes [K, N], scale, offset or None)."""
-        w = self.rows(prefix)  # (a held model's experts widened one at a time)
+        w = self.w.rows(prefix)  # (a held model's experts widened one at a time)
         return [self.quantize_weight(w[i], self.quant, [f"{prefix}.{i}"]) for i in range(w.shape[0])]
 
     def quantized_experts(self, prefix: str) -> Experts:
@@ -335,7 +335,7 @@ class MoEWriter:
         key = ("experts", prefix)
         if key in self.handoff:
             return taken(self.handoff.pop(key))
-        made = quantize_experts(self.rows(prefix))  # (expert by expert: a held model's widened one at a time)
+        made = quantize_experts(self.w.rows(prefix))  # (expert by expert: a held model's widened one at a time)
         if self.hand_on is not None:
             self.hand_on[key] = handed_on(made)
         return made
@@ -387,8 +387,8 @@ class MoEWriter:
             attrs["scoring"] = m.scoring
         if self.quant is None:
             kind = self.storage if self.half else np.float32
-            gate_up = g.weight(w1, experts_in(self.rows(w1), kind, order))
-            down = g.weight(w2, in_slices(self.rows(w2), kind))
+            gate_up = g.weight(w1, experts_in(self.w.rows(w1), kind, order))
+            down = g.weight(w2, in_slices(self.w.rows(w2), kind))
             return g.op(cpu_kernels.MOE, f"{name}/experts/MoE", [x, logits, gate_up, down, self.generated_input(),
                                                                  *self.kernel_tail(i, name)], **attrs)
         inputs = [x, logits]

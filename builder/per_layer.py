@@ -20,7 +20,7 @@ class PerLayerWriter:
         if self.quant is not None:  # (int8 as the token embedding: gemma-4-E2B's table is 2.3 G values)
             rows = self.quantized_embedding(input_ids, "model.embed_tokens_per_layer")
         else:
-            table = self.fw("model.embed_tokens_per_layer.weight", self.rows("model.embed_tokens_per_layer.weight"))
+            table = self.fw("model.embed_tokens_per_layer.weight", self.w.rows("model.embed_tokens_per_layer.weight"))
             rows = g.op("Gather", f"{name}/Gather", [table, input_ids], axis=0)                # [B,S,L*P]
         rows = g.op("Mul", f"{name}/Scale", [rows, g.const(float(s.per_layer_input) ** 0.5, self.dtype)])
         proj = self.linear(f"{name}/projection", h, "model.per_layer_model_projection")

@@ -25,11 +25,6 @@ F32, I64 = TensorProto.FLOAT, TensorProto.INT64
 class WeightWriter:
     """The weight-writing half of DecoderWriter (see the module docstring)."""
 
-    def rows(self, name: str):
-        """Weight `name` as rows to slice: a held weight's are widened a slice at a time (Weights.rows)
-        where self.w is the checkpoint's Weights, not a plain dict of arrays (an EAGLE head's)."""
-        return self.w.rows(name) if hasattr(self.w, "rows") else self.w[name]
-
     def fw(self, name: str, array: np.ndarray) -> str:
         """A float weight in the graph's dtype (`half`: the engine's float16 or bfloat16 values, held
         as float32); `array` may be a held weight's rows (Weights.rows), converted a slice at a time."""
@@ -70,13 +65,8 @@ class WeightWriter:
         optionally reordered). A tied lm_head's are the quantized embedding's (quantized_embedding)."""
         if prefix in self.quantized:
             return self.quantized[prefix]
-        g, parts = self.g, parts or [prefix]
-        if self.native and self.packed_as_made(w, scheme, parts):
-            codes, scale, offset = quantize_rows(w, scheme, packed=True)
-        else:
-            codes, scale, offset = self.quantize_weight(w, scheme, parts)
-            if self.native:
-                codes, scale, offset = pack_rows(codes, scale, offset, scheme.bits, scheme.block_size)
+        g = self.g
+        codes, scale, offset = self.quantize_weight(w, scheme, parts or [prefix], packed=self.native)
         if self.native:
             if order is not None:
                 codes, scale = codes[order], scale[order]
@@ -88,45 +78,43 @@ class WeightWriter:
         self.quantized[prefix] = names
         return names
 
-    def packed_as_made(self, w, scheme: QuantScheme, parts: list[str]) -> bool:
-        """Whether our kernels' form of w can be quantized straight into its packed rows, a slice at a
-        time (quantize_rows(packed=True)): not where it comes from the other writer (quantize_weight's
-        hand-off) or goes to it, nor from a GPTQ/AWQ checkpoint's grid. quantize() and then pack_rows
-        held a table's codes twice over: 4.7 GB at once for gemma-4-E2B's per-layer table in int8."""
-        grids = [self.grids.get(f"{p}.weight") for p in parts]
-        return (self.hand_on is None and (tuple(parts), w.shape, scheme) not in self.handoff
-                and not (grids and all(grids)))
-
-    def quantize_weight(self, w: np.ndarray, scheme: QuantScheme, parts: list[str]):
+    def quantize_weight(self, w: np.ndarray, scheme: QuantScheme, parts: list[str], packed: bool = False):
         """quantize() of w [out, in] or, where its parts are a GPTQ/AWQ checkpoint's projections that
         the scheme's blocks hold, their own codes and scales (prequantized.on_blocks; `kept` lists
-        those). An int4 weight is made once per build: where the build writes two graphs of the
-        weights, the first leaves each result in `hand_on` and the second takes it from `handoff`,
-        the same dict (int4's grid and offset searches are most of an int4 build's time)."""
+        those); `packed`: in our kernels' rows (pack_rows). An int4 weight is made once per build: where
+        the build writes two graphs of the weights, the first leaves each result in `hand_on` and the
+        second takes it from `handoff`, the same dict (int4's grid and offset searches are most of an int4
+        build's time). A weight neither handed on nor taken is quantized straight into its packed rows
+        (quantized, then packed, a table's codes were held twice over: 4.7 GB at once for gemma-4-E2B's
+        per-layer table in int8)."""
         # (the same parts, shape and scheme are the same array in both writers: both read self.w)
         key = (tuple(parts), w.shape, scheme)
-        if key in self.handoff:
+        # int4 only, its codes two to a byte (0.75 bytes a weight, in export's Handoff file): int8's
+        # rounding is quick (the demo model's int8 build took as long with it, and 10% more memory)
+        handed, taken = self.hand_on is not None and scheme.bits == 4, key in self.handoff
+        if taken:
             (codes, scale, offset), kept = self.handoff.pop(key)
             made = unpack_nibbles(codes), scale, offset
         else:
-            made, kept = self.quantize_new(w, scheme, parts)
-            # int4 only, its codes two to a byte (0.75 bytes a weight, in export's Handoff file): int8's
-            # rounding is quick (the demo model's int8 build took as long with it, and 10% more memory)
-            if self.hand_on is not None and scheme.bits == 4:
+            made, kept = self.quantize_new(w, scheme, parts, packed and not handed)
+            if handed:
                 codes, scale, offset = made
                 self.hand_on[key] = (pack_nibbles(codes), scale, offset), kept
         if kept:
             self.kept.extend(parts)
+        if packed and (taken or handed):  # (handed on in quantize()'s [in, out] layout)
+            made = pack_rows(*made, scheme.bits, scheme.block_size)
         return made
 
-    def quantize_new(self, w: np.ndarray, scheme: QuantScheme, parts: list[str]):
-        """(quantize_weight's result, whether it is the checkpoint's own grid)."""
+    def quantize_new(self, w: np.ndarray, scheme: QuantScheme, parts: list[str], packed: bool = False):
+        """(quantize_weight's result, packed where asked, and whether it is the checkpoint's own grid)."""
         grids = [self.grids.get(f"{p}.weight") for p in parts]
         if grids and all(grids):
             kept = prequantized.on_blocks(grids, np.asarray(w[:]).T, scheme)
             if kept is not None:
-                return kept, True
-        return quantize_rows(w, scheme), False  # (a slice at a time: a held table is not widened whole)
+                return (pack_rows(*kept, scheme.bits, scheme.block_size) if packed else kept), True
+        # (a slice at a time: a held table is not widened whole)
+        return quantize_rows(w, scheme, packed=packed), False
 
     def dequantized(self, prefix: str, codes: str, scale: str, scheme: QuantScheme) -> str:
         """DequantizeLinear of a quantized weight [in, out], one node per weight (a tied lm_head and
@@ -189,7 +177,7 @@ class WeightWriter:
         # its own copy in ONNX Runtime's MatMulNBits form: a shared one keeps the lm_head from fusing
         shared = table == "model.embed_tokens" and s.tie_word_embeddings and (self.native or not self.ort_form)
         prefix = "lm_head" if shared else table
-        w = self.rows(f"{table}.weight")
+        w = self.w.rows(f"{table}.weight")
         codes, scale, _ = self.quantized_weight(prefix, w, scheme)
         blocks, name, width = w.shape[1] // scheme.block_size, f"/{table.replace('.', '/')}", w.shape[1]
         if not self.ort_form:

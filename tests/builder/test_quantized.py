@@ -488,9 +488,9 @@ def test_each_int4_weight_is_quantized_once_for_both_graphs(kernels, quantized, 
     calls.clear()
     quantize_weight = weights.WeightWriter.quantize_weight
 
-    def without_handoff(self, *args):  # each writer quantizes for itself, as before
+    def without_handoff(self, *args, **kwargs):  # each writer quantizes for itself, as before
         self.handoff, self.hand_on = {}, None
-        return quantize_weight(self, *args)
+        return quantize_weight(self, *args, **kwargs)
 
     monkeypatch.setattr(weights.WeightWriter, "quantize_weight", without_handoff)
     twice = tmp_path / "twice"
