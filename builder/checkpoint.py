@@ -387,7 +387,11 @@ def rope_tables(model, num_positions: int, layer_type: str = "full_attention") -
     """cos/sin [positions, head_dim/2] from the model's own rotary module, so every RoPE variant
     (scaling types, attention factor) matches transformers by construction. A module with a table
     per layer type (Gemma 3: sliding layers have their own base) gives `layer_type`'s, or its only one."""
-    rotary = getattr(model.model, "rotary_emb", None) or model.model.pos_emb  # (LFM2-MoE's name for it)
+    rotary = getattr(model.model, "rotary_emb", None) or getattr(model.model, "pos_emb", None)  # (LFM2-MoE's name)
+    if rotary is None:  # no RoPE on any layer (Granite 4's without position_embedding_type "rope"): no turn
+        c = model.config
+        half = (getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads) // 2
+        return np.ones((num_positions, half), np.float32), np.zeros((num_positions, half), np.float32)
     return rotary_tables(rotary, num_positions, layer_type)
 
 

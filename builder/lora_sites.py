@@ -43,6 +43,9 @@ def lora_sites(spec: DecoderSpec, experts: bool = False) -> dict[str, dict]:
         for kind, width_in, modules in routed_kinds(spec, experts):
             sites[kind] = {"in": width_in, "modules": columns(*modules),
                            **({"experts": moe.num_experts} if kind.startswith("experts") else {}), "layers": sparse}
+    named = dict(spec.module_names)  # (under the checkpoint's names: Granite 4's shared_mlp as its MLP)
+    for site in sites.values():
+        site["modules"] = [[named.get(m, m), start, stop] for m, start, stop in site["modules"]]
     # ("layers" only where a site is on some layers: a dense model's manifest stays as it was)
     return {name: {k: v for k, v in site.items() if k != "layers" or v != every} for name, site in sites.items()}
 

@@ -87,6 +87,14 @@ ARCHS = {
     "granitemoe": ("GraniteMoeSharedConfig", "GraniteMoeSharedForCausalLM", {
         "num_local_experts": 4, "num_experts_per_tok": 2, "shared_intermediate_size": 64,
         "embedding_multiplier": 4.0, "attention_multiplier": 0.1, "residual_multiplier": 0.3, "logits_scaling": 2.5}),
+    # Granite 4 (granite-4.0-micro's form): every layer attention, its MLP the class's shared_mlp; and with
+    # experts beside it and no RoPE (position_embedding_type unset), as the hybrid releases' attention layers
+    "granite4": ("GraniteMoeHybridConfig", "GraniteMoeHybridForCausalLM", {
+        "num_local_experts": 0, "shared_intermediate_size": 128, "position_embedding_type": "rope",
+        "embedding_multiplier": 4.0, "attention_multiplier": 0.1, "residual_multiplier": 0.3, "logits_scaling": 2.5}),
+    "granite4-moe": ("GraniteMoeHybridConfig", "GraniteMoeHybridForCausalLM", {
+        "num_local_experts": 4, "num_experts_per_tok": 2, "shared_intermediate_size": 64,
+        "embedding_multiplier": 4.0, "attention_multiplier": 0.1, "residual_multiplier": 0.3, "logits_scaling": 2.5}),
     # Gemma 4 as gemma-4-E2B is made: wider heads on the full layers, the last two layers reading the KV of
     # the last earlier layer of their kind, twice as wide MLPs there, per-layer embeddings
     "gemma4": ("Gemma4TextConfig", "Gemma4ForCausalLM", {
@@ -149,6 +157,8 @@ def make_checkpoint(arch: str, out_dir: Path, seed: int = 0, num_layers: int = 2
     if arch.startswith("gemma4"):  # (untied: tied, the tiny model repeats the last token whatever it is given)
         num_layers, tie = len(GEMMA4_LAYERS), False
         extra = {**extra, "layer_types": GEMMA4_LAYERS}
+    if arch.startswith("granite4"):
+        extra = {**extra, "layer_types": ["attention"] * num_layers}
     if arch.startswith("lfm2"):
         num_layers = len(extra["layer_types"])
         extra = {**extra, "norm_eps": 1e-6}

@@ -9,8 +9,9 @@ import dataclasses
 
 from trtllm.builder import moe
 from trtllm.builder.architectures import (ernie4_5, exaone4, gemma, gemma2, gemma3, gemma4, glm, glm4, granite,
-                                          granitemoe, helium, hunyuan, lfm2, llama, ministral, mistral, mixtral,
-                                          olmo2, olmo3, olmoe, phi3, qwen2, qwen2_moe, qwen3, qwen3_moe, smollm3)
+                                          granitemoe, granitemoehybrid, helium, hunyuan, lfm2, llama, ministral,
+                                          mistral, mixtral, olmo2, olmo3, olmoe, phi3, qwen2, qwen2_moe, qwen3,
+                                          qwen3_moe, smollm3)
 from trtllm.builder.checkpoint import Unsupported, Weights, state_dict_numpy
 from trtllm.runtime.lora import rope_pair_order
 
@@ -26,6 +27,7 @@ ARCHITECTURES = {
     "GraniteForCausalLM": granite.spec_from_config,
     "GraniteMoeForCausalLM": granitemoe.spec_from_config,
     "GraniteMoeSharedForCausalLM": granitemoe.shared_spec_from_config,
+    "GraniteMoeHybridForCausalLM": granitemoehybrid.spec_from_config,
     "HeliumForCausalLM": helium.spec_from_config,
     "HunYuanDenseV1ForCausalLM": hunyuan.spec_from_config,
     "Lfm2ForCausalLM": lfm2.spec_from_config,
@@ -129,6 +131,8 @@ def weights_of(model, spec) -> Weights:
     names = RENAMES.get(spec.architecture, {})
     if names:  # all at once: a name may be another's new name (GLM-4's post_attention_layernorm)
         w = w.renamed(lambda k: ".".join(names.get(part, part) for part in k.split(".")))
+    if spec.module_names:  # a layer's modules the class names otherwise (Granite 4's shared_mlp as its MLP)
+        w = w.renamed(lambda k: module_renamed(k, dict((theirs, ours) for ours, theirs in spec.module_names)))
     if spec.interleaved_rope:
         reorder_rope_rows(w, spec)
     if spec.moe is not None:
@@ -144,6 +148,16 @@ def weights_of(model, spec) -> Weights:
                         [q, q + kv])
         w.split(f"{p}.mlp.gate_up_proj.weight", [f"{p}.mlp.gate_proj.weight", f"{p}.mlp.up_proj.weight"], 2)
     return w
+
+
+def module_renamed(key: str, ours: dict[str, str]) -> str:
+    """A layer's weight under our module name (model.layers.N.<theirs>.weight -> model.layers.N.<ours>.weight)."""
+    parts = key.split(".")
+    if parts[:2] == ["model", "layers"] and len(parts) > 3:
+        for n in range(4, len(parts)):
+            if ".".join(parts[3:n]) in ours:
+                return ".".join(parts[:3] + [ours[".".join(parts[3:n])]] + parts[n:])
+    return key
 
 
 def reorder_rope_rows(w: Weights, spec) -> None:

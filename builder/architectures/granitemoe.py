@@ -9,10 +9,10 @@ from trtllm.builder.architectures.llama import base_spec
 from trtllm.builder.moe import moe_from_config
 
 
-def spec(config, architecture: str, shared_size: int = 0):
+def spec(config, architecture: str, shared_size: int = 0, **overrides):
     moe = moe_from_config(config, "num_local_experts", "intermediate_size", normalize=True, shared_size=shared_size,
                           shared_fused=True, router_module="block_sparse_moe.router")  # (shared_mlp.input_linear: gate|up)
-    return base_spec(config, architecture, moe=moe, **multipliers(config))
+    return base_spec(config, architecture, moe=moe, **multipliers(config), **overrides)
 
 
 def spec_from_config(config):

@@ -356,6 +356,23 @@ def test_a_helium_whose_heads_do_not_span_the_hidden_size_is_refused():
     assert helium.spec_from_config(HeliumConfig(**{**config.to_dict(), "head_dim": 16})).head_dim == 16
 
 
+def test_a_granite_4_hybrid_s_mamba_layers_are_refused_by_name():
+    """granite-4.0-h-* put Mamba-2 layers between the attention ones (config.layer_types "mamba", which
+    transformers reads as linear_attention): the graph has no such layer, so the build names them; the
+    same config with attention on every layer (granite-4.0-micro's form) gives a spec."""
+    from transformers import GraniteMoeHybridConfig
+
+    from trtllm.builder.architectures import granitemoehybrid
+    from trtllm.builder.checkpoint import Unsupported
+
+    config = dict(vocab_size=400, hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4,
+                  num_key_value_heads=2, num_local_experts=0, shared_intermediate_size=96, mamba_n_heads=4)
+    with pytest.raises(Unsupported, match=r"layers \[0, 2\] of 3 are Mamba-2 layers .*\(granite-4.0-h-\*\)"):
+        granitemoehybrid.spec_from_config(GraniteMoeHybridConfig(**config, layer_types=["mamba", "attention", "mamba"]))
+    spec = granitemoehybrid.spec_from_config(GraniteMoeHybridConfig(**config, layer_types=["attention"] * 3))
+    assert (spec.intermediate_size, spec.moe, spec.nope_layers) == (96, None, (0, 1, 2))
+
+
 def test_heads_that_do_not_group_over_the_kv_heads_are_refused(tmp_path):
     """4 attention heads over 3 key/value heads: transformers loads it and fails running it; the
     build refuses it by name with exit 2 (it failed in the verification's kernel, exit 1, or built

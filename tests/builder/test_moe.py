@@ -164,7 +164,7 @@ def dense_experts(experts: np.ndarray, scheme) -> np.ndarray:
 
 
 @pytest.mark.parametrize("arch", ["qwen3_moe", "olmoe", "qwen2_moe", "granitemoe", "granitemoe-plain", "mixtral",
-                                  "gemma4-moe", "lfm2_moe"])
+                                  "gemma4-moe", "lfm2_moe", "granite4-moe"])
 @pytest.mark.parametrize("quantization, kernel", [("int4", True), ("int8", True), ("int4", False)])
 def test_quantized_experts_compute_their_dequantized_weights(arch, quantization, kernel, tiny_checkpoint, tmp_path,
                                                               monkeypatch):

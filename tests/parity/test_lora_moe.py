@@ -38,6 +38,7 @@ ATTENTION = ["q_proj", "k_proj", "v_proj", "o_proj"]
 BESIDES = {"qwen3_moe": [], "olmoe": [], "mixtral": [],
            "qwen2_moe": ["gate_proj", "up_proj", "down_proj", "shared_expert_gate"],
            "granitemoe": ["shared_mlp.input_linear", "shared_mlp.output_linear"],
+           "granite4-moe": ["shared_mlp.input_linear", "shared_mlp.output_linear"],
            "gemma4-moe": ["gate_proj", "up_proj", "down_proj", "router.proj"],
            "lfm2_moe": ["feed_forward.w1", "feed_forward.w3", "feed_forward.w2", "conv.in_proj", "conv.out_proj"]}
 ARCHS = list(BESIDES)
@@ -47,7 +48,8 @@ LIMITS = dict(max_batch_size=4, max_input_len=128, max_kv_cache_capacity=256, ma
 def expert_parameters(arch: str) -> list[str]:
     """transformers 5's stacked experts' parameters, as PEFT's target_parameters names them."""
     # (Gemma 4's: the layer's own; LFM2-MoE's under feed_forward)
-    holder = {"granitemoe": "block_sparse_moe.", "gemma4-moe": "", "lfm2_moe": "feed_forward."}.get(arch, "mlp.")
+    holder = {"granitemoe": "block_sparse_moe.", "granite4-moe": "block_sparse_moe.", "gemma4-moe": "",
+              "lfm2_moe": "feed_forward."}.get(arch, "mlp.")
     return [f"{holder}experts.gate_up_proj", f"{holder}experts.down_proj"]
 
 
@@ -133,7 +135,7 @@ def test_every_site_is_used_and_mixed_rows_compute_what_each_does_alone(moe_lora
     assert run_greedy(engine, prompts, 12, picks, num_slots=2) == alone
 
 
-@pytest.mark.parametrize("arch", ["qwen3_moe", "granitemoe", "gemma4-moe", "lfm2_moe"])
+@pytest.mark.parametrize("arch", ["qwen3_moe", "granitemoe", "granite4-moe", "gemma4-moe", "lfm2_moe"])
 def test_the_router_and_the_experts_are_adapted(arch, moe_lora, tiny_checkpoint, tmp_path):
     """PEFT's all-linear on Qwen3-MoE adapts the router (target_parameters: its weight) and every expert;
     Granite MoE's router (block_sparse_moe.router, which all-linear leaves) and LFM2-MoE's
@@ -142,14 +144,15 @@ def test_the_router_and_the_experts_are_adapted(arch, moe_lora, tiny_checkpoint,
     projection's) lora_b moves them."""
     out, made = moe_lora(arch)
     engine = load_engine(out)
-    if arch in ("granitemoe", "lfm2_moe"):
-        router_weight = {"granitemoe": "block_sparse_moe.router.weight", "lfm2_moe": "feed_forward.gate.weight"}[arch]
+    if arch in ("granitemoe", "granite4-moe", "lfm2_moe"):
+        router_weight = "feed_forward.gate.weight" if arch == "lfm2_moe" else "block_sparse_moe.router.weight"
         pm = make_adapter(tiny_checkpoint(arch), tmp_path / "router", 3, r=4, lora_alpha=8, target_modules=["q_proj"],
                           target_parameters=[router_weight])
         path = tmp_path / "router"
     router = engine.manifest.lora["sites"]["router"]["modules"][0][0]
     experts = ["mlp.experts.gate_proj", "mlp.experts.down_proj"]
     cases = {"qwen3_moe": [("all-linear", [router, *experts])], "granitemoe": [(None, [router])],
+             "granite4-moe": [(None, [router])],
              "gemma4-moe": [("all", [router]), ("experts", experts)],
              "lfm2_moe": [(None, [router]), ("experts", experts)]}[arch]
     for name, modules in cases:

@@ -24,7 +24,8 @@ pytestmark = pytest.mark.hf
 # ernie4_5: an interleaved RoPE, its q and k rows reordered in the engine, and in each adapter's lora_B;
 # glm: the same on half of each head, and gate|up stored whole
 ARCHS = ["llama", "mistral", "ministral", "qwen2", "qwen3", "phi3", "phi4-mini", "smollm3", "gemma", "gemma2", "gemma3",
-         "gemma4", "gemma4-kv", "lfm2", "granite", "olmo2", "olmo3", "exaone4", "ernie4_5", "helium", "hunyuan", "glm", "glm4"]
+         "gemma4", "gemma4-kv", "lfm2", "granite", "olmo2", "olmo3", "exaone4", "ernie4_5", "helium", "hunyuan", "glm", "glm4",
+         "granite4"]
 ALL = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 PROMPTS = [[5, 17, 42, 99, 7], list(range(30, 52)), [3, 200, 11]]
 ATOL = 1e-4
@@ -54,6 +55,8 @@ FUSED = {"q_proj": "qkv_proj", "k_proj": "qkv_proj", "v_proj": "qkv_proj", "gate
 # LFM2 names its attention's output and its MLP's projections so; its convolutions' in_proj joins the
 # adapters on every kind of module (their out_proj is matched by the attention's name)
 LFM2 = {"o_proj": "out_proj", "gate_proj": "w1", "up_proj": "w3", "down_proj": "w2"}
+# Granite 4's MLP is its shared_mlp: input_linear holds gate|up, output_linear is down_proj
+GRANITE4 = {"gate_proj": "input_linear", "up_proj": "input_linear", "down_proj": "output_linear"}
 
 
 def for_arch(arch: str, config: dict) -> dict:
@@ -62,9 +65,10 @@ def for_arch(arch: str, config: dict) -> dict:
         return {k: ([LFM2.get(m, m) for m in v] + ["in_proj"] * (v == ALL) if k == "target_modules" else
                     {LFM2.get(m, m): x for m, x in v.items()} if k.endswith("_pattern") else v)
                 for k, v in config.items()}
-    if arch not in ("phi3", "phi4-mini", "glm", "glm4"):
+    if arch not in ("phi3", "phi4-mini", "glm", "glm4", "granite4"):
         return config
-    fused = FUSED if arch.startswith("phi") else {m: f for m, f in FUSED.items() if f == "gate_up_proj"}
+    fused = FUSED if arch.startswith("phi") else GRANITE4 if arch == "granite4" else \
+        {m: f for m, f in FUSED.items() if f == "gate_up_proj"}
     return {k: (list(dict.fromkeys(fused.get(m, m) for m in v)) if k == "target_modules" else
                 {fused.get(m, m): x for m, x in v.items()} if k.endswith("_pattern") else v)
             for k, v in config.items()}

@@ -22,8 +22,9 @@ from tests.engine_helpers import resized, run_greedy  # noqa: E402
 pytestmark = pytest.mark.hf
 ARCHS = ["llama", "mistral", "ministral", "qwen2", "qwen3", "phi3", "phi4-mini", "smollm3", "gemma", "gemma2", "gemma3",
          "gemma4", "gemma4-kv", "gemma4-moe", "lfm2", "lfm2_moe", "granite", "olmo2", "olmo3", "exaone4", "ernie4_5", "helium", "hunyuan", "glm", "glm4",
-         "qwen3_moe", "qwen2_moe", "olmoe", "mixtral", "granitemoe", "granitemoe-plain"]
-MOE_ARCHS = ("qwen3_moe", "qwen2_moe", "olmoe", "mixtral", "granitemoe", "granitemoe-plain", "gemma4-moe", "lfm2_moe")
+         "qwen3_moe", "qwen2_moe", "olmoe", "mixtral", "granitemoe", "granitemoe-plain", "granite4", "granite4-moe"]
+MOE_ARCHS = ("qwen3_moe", "qwen2_moe", "olmoe", "mixtral", "granitemoe", "granitemoe-plain", "gemma4-moe", "lfm2_moe",
+             "granite4-moe")
 PROMPTS = [[5, 17, 42, 99, 7], list(range(30, 52)), [3, 200, 11], list(range(100, 140, 3))]
 ATOL = 1e-4
 
@@ -325,6 +326,8 @@ UNDONE = {
     "granite, scores scaled by head_dim": ("granite", dict(query_scale=None)),
     "granite, unscaled residual branches": ("granite", dict(residual_scale=1.0)),
     "granite, unscaled logits": ("granite", dict(logits_scale=1.0)),
+    "granite4, nothing undone (the control: passes)": ("granite4", {}),
+    "granite4, unscaled residual branches": ("granite4", dict(residual_scale=1.0)),
     "olmo2, nothing undone (the control: passes)": ("olmo2", {}),
     "olmo2, no q/k norms": ("olmo2", dict(full_qk_norm=False)),
     "olmo2, outputs not normed": ("olmo2", dict(sandwich_norms=False)),
@@ -339,6 +342,8 @@ UNDONE = {
     "qwen2_moe, shared expert not gated": ("qwen2_moe", dict(moe=dict(shared_gate=False))),
     "granitemoe, nothing undone (the control: passes)": ("granitemoe", {}),
     "granitemoe, no shared expert": ("granitemoe", dict(moe=dict(shared_size=0))),
+    "granite4-moe, nothing undone (the control: passes)": ("granite4-moe", {}),
+    "granite4-moe, no shared expert": ("granite4-moe", dict(moe=dict(shared_size=0))),
     "gemma4-moe, nothing undone (the control: passes)": ("gemma4-moe", {}),
     # (normalizing the chosen weights or not is the same here: post_feedforward_layernorm_2 undoes a common factor)
     "gemma4-moe, one expert a token": ("gemma4-moe", dict(moe=dict(top_k=1))),
@@ -429,7 +434,8 @@ def test_a_class_without_a_graph_is_refused(tmp_path):
                                           ("glm", True), ("glm4", True),
                                           ("granite", True), ("olmo2", True), ("qwen3_moe", True),
                                           ("qwen2_moe", True), ("olmoe", True), ("mixtral", True),
-                                          ("granitemoe", True), ("granitemoe-plain", True)])
+                                          ("granitemoe", True), ("granitemoe-plain", True), ("granite4", True),
+                                          ("granite4-moe", True)])
 def test_onnxruntime_lowering_matches_the_canonical_graph(arch, lowered, tiny_engine):
     """The compiled ONNX Runtime form may use GroupQueryAttention (one fused kernel) where it is
     proven equal: its logits match the canonical standard-op graph's (and, above, transformers')."""
