@@ -71,6 +71,19 @@ class AttentionWriter:
                      scale=s.scale, softmax_precision=TensorProto.FLOAT)
         y = g.op("Transpose", f"{name}/out/Transpose", [y], perm=[0, 2, 1, 3])
         y = g.op("Reshape", f"{name}/out/Reshape", [y, g.const([0, 0, s.num_heads * d])])
+        return self.out_proj(i, x, y)
+
+    def out_proj(self, i: int, x: str, y: str) -> str:
+        """o_proj of the heads' outputs y [B,S,heads*D]; with an attention gate (LFM3's g_proj, read from
+        the layer's input x) each head's output times sigmoid of its gate logit first."""
+        g, s, p, name = self.g, self.spec, f"model.layers.{i}.self_attn", f"/model/layers.{i}/attn"
+        if s.attn_gate:
+            gate = self.lora(f"{name}/g_proj", x, self.linear(f"{name}/g_proj", x, f"{p}.g_proj"), i, "attn_gate")
+            gate = g.op("Unsqueeze", f"{name}/gate/Unsqueeze", [g.op("Sigmoid", f"{name}/gate/Sigmoid", [gate]),
+                                                                 g.const([-1])])                 # [B,S,heads,1]
+            heads = g.op("Reshape", f"{name}/gate/heads", [y, g.const([0, 0, s.num_heads, s.head_size(i)])])
+            y = g.op("Reshape", f"{name}/gate/Reshape", [g.op("Mul", f"{name}/gate/Mul", [heads, gate]),
+                                                         g.const([0, 0, s.num_heads * s.head_size(i)])])
         return self.lora(f"{name}/o_proj", y, self.linear(f"{name}/o_proj", y, f"{p}.o_proj", s.o_proj_bias), i, "o")
 
     def full_qk_norms(self, name: str, p: str, q: str, k: str) -> tuple[str, str]:
@@ -165,7 +178,7 @@ class AttentionWriter:
                  outputs=[f"{name}/GroupQueryAttention/output_0", *present], domain="com.microsoft",
                  num_heads=s.num_heads, kv_num_heads=s.num_kv_heads, do_rotary=1, rotary_interleaved=0,
                  scale=s.scale)[0]
-        return self.lora(f"{name}/o_proj", y, self.linear(f"{name}/o_proj", y, f"{p}.o_proj", s.o_proj_bias), i, "o")
+        return self.out_proj(i, x, y)
 
     def kv_io(self, i: int) -> tuple[list[str], list[str]]:
         """Layer i's KV graph inputs and outputs (past_key/value.i, present_key/value.i), declared: its
@@ -230,7 +243,7 @@ class AttentionWriter:
         out = g.op(cpu_kernels.ATTENTION, f"{name}/Attention", ins, outputs=[f"{name}/Attention/output_0", *present],
                    domain=cpu_kernels.DOMAIN, num_heads=s.num_heads, kv_num_heads=s.kv_heads(i), scale=s.scale, **attrs)
         y = out if isinstance(out, str) else out[0]
-        return self.lora(f"{name}/o_proj", y, self.linear(f"{name}/o_proj", y, f"{p}.o_proj", s.o_proj_bias), i, "o")
+        return self.out_proj(i, x, y)
 
     def gqa_lengths(self, write_index: str, last_index: str) -> None:
         """GroupQueryAttention's per-row lengths: Q = last_index + 1 new tokens, P + Q - 1 =

@@ -13,7 +13,7 @@ def lora_sites(spec: DecoderSpec, experts: bool = False) -> dict[str, dict]:
     its shared expert (and that expert's gate) and its router on the others, and with `experts` its
     routed experts' gate|up and down too ("experts": E, an adapter per expert; not where ONNX Runtime's
     MoE node runs them, which takes none)."""
-    if spec.kv_layers() is not None or spec.wide_mlp_layers:
+    if spec.kv_layers() is not None or spec.wide_mlp_layers or spec.attn_gate:
         return layered_sites(spec, experts)
     h, i = spec.hidden_size, spec.intermediate_size
     q, kv = spec.num_heads * spec.head_dim, spec.num_kv_heads * spec.head_dim
@@ -95,8 +95,9 @@ def layered_sites(spec: DecoderSpec, experts: bool = False) -> dict[str, dict]:
             mlp += routed_kinds(spec, experts)
         if layer in spec.conv_layers:  # (LFM2: its convolution's in and out projections, builder/short_conv.py)
             kinds = (("conv_in", h, [("conv.in_proj", 3 * h)]), ("conv_out", h, [("conv.out_proj", h)])) + mlp
-        else:
-            kinds = (("qkv", h, qkv), ("o", spec.num_heads * d, [("self_attn.o_proj", h)])) + mlp
+        else:  # (LFM3's attention gate: g_proj, a logit a head)
+            gate = (("attn_gate", h, [("self_attn.g_proj", spec.num_heads)]),) if spec.attn_gate else ()
+            kinds = (("qkv", h, qkv), ("o", spec.num_heads * d, [("self_attn.o_proj", h)])) + gate + mlp
         for kind, width_in, modules in kinds:
             modules = tuple((named.get(m, m), w) for m, w in modules)
             groups.setdefault((kind, width_in, modules), []).append(layer)

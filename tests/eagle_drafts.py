@@ -43,13 +43,16 @@ def random_draft(target_dir: Path, out_dir: Path, seed: int = 0, draft_vocab: in
     out_dir.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(out_dir / "model.safetensors"))
     rope = {k: cfg[k] for k in ("rope_theta", "rope_parameters", "rope_scaling") if cfg.get(k) is not None}
-    if (cfg.get("rope_parameters") or {}).get("partial_rotary_factor", 1.0) != 1.0:
+    params = cfg.get("rope_parameters") or {}
+    per_type = bool(params) and all(isinstance(v, dict) for v in params.values())  # (LFM3: a set per layer type)
+    params = params.get("full_attention", next(iter(params.values()))) if per_type else params
+    if per_type or params.get("partial_rotary_factor", 1.0) != 1.0:
         # the head is a Llama layer, which rotates whole heads (the builder refuses a partial factor):
         # the model's base, without its scaling (Phi-4-mini's LongRoPE factors are for half a head)
-        rope = {"rope_parameters": {"rope_type": "default", "rope_theta": cfg["rope_parameters"]["rope_theta"]}}
+        rope = {"rope_parameters": {"rope_type": "default", "rope_theta": params["rope_theta"]}}
     config = {"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "hidden_size": h,
               "intermediate_size": inter, "num_attention_heads": heads, "num_key_value_heads": kv, "head_dim": d,
-              "num_hidden_layers": 1, "rms_norm_eps": cfg["rms_norm_eps"], "vocab_size": vocab,
+              "num_hidden_layers": 1, "rms_norm_eps": cfg.get("rms_norm_eps", cfg.get("norm_eps")), "vocab_size": vocab,
               "draft_vocab_size": vd, "max_position_embeddings": cfg["max_position_embeddings"], **rope}
     if aux is not None:
         config["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": aux}

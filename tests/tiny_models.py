@@ -119,6 +119,14 @@ ARCHS = {
         "conv_bias": False, "layer_types": ["conv", "full_attention", "conv", "full_attention"], "num_dense_layers": 1,
         "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32, "use_expert_bias": True,
         "routed_scaling_factor": 1.5, "norm_topk_prob": True}),
+    # LFM3 (LFM3-1.7B's form): convolutions, sliding layers and a full one with a proportional RoPE on half of
+    # each head, sandwich norms, each attention head gated by sigmoid(g_proj(x))
+    "lfm3": ("Lfm3Config", "Lfm3ForCausalLM", {
+        "conv_bias": False, "sliding_window": 8, "use_sandwich_norm": True, "use_attention_gate": True,
+        "layer_types": ["conv", "sliding_attention", "conv", "full_attention", "sliding_attention"],
+        "rope_parameters": {"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                            "full_attention": {"rope_type": "proportional", "rope_theta": 1000000.0,
+                                               "partial_rotary_factor": 0.5}}}),
     # LFM2: convolution layers (with biases) between attention ones, as LFM2-350M mixes them
     "lfm2": ("Lfm2Config", "Lfm2ForCausalLM", {"conv_bias": True, "block_auto_adjust_ff_dim": False,
                                                "layer_types": ["conv", "conv", "full_attention", "conv"]}),
@@ -159,7 +167,7 @@ def make_checkpoint(arch: str, out_dir: Path, seed: int = 0, num_layers: int = 2
         extra = {**extra, "layer_types": GEMMA4_LAYERS}
     if arch.startswith("granite4"):
         extra = {**extra, "layer_types": ["attention"] * num_layers}
-    if arch.startswith("lfm2"):
+    if arch.startswith(("lfm2", "lfm3")):
         num_layers = len(extra["layer_types"])
         extra = {**extra, "norm_eps": 1e-6}
     out_dir = Path(out_dir)

@@ -9,7 +9,7 @@ import dataclasses
 
 from trtllm.builder import moe
 from trtllm.builder.architectures import (ernie4_5, exaone4, gemma, gemma2, gemma3, gemma4, glm, glm4, granite,
-                                          granitemoe, granitemoehybrid, helium, hunyuan, lfm2, llama, ministral,
+                                          granitemoe, granitemoehybrid, helium, hunyuan, lfm2, lfm3, llama, ministral,
                                           mistral, mixtral, olmo2, olmo3, olmoe, phi3, qwen2, qwen2_moe, qwen3,
                                           qwen3_moe, smollm3)
 from trtllm.builder.checkpoint import Unsupported, Weights, state_dict_numpy
@@ -32,6 +32,7 @@ ARCHITECTURES = {
     "HunYuanDenseV1ForCausalLM": hunyuan.spec_from_config,
     "Lfm2ForCausalLM": lfm2.spec_from_config,
     "Lfm2MoeForCausalLM": lfm2.moe_spec_from_config,
+    "Lfm3ForCausalLM": lfm3.spec_from_config,
     "LlamaForCausalLM": llama.spec_from_config,
     "MinistralForCausalLM": ministral.spec_from_config,
     "MistralForCausalLM": mistral.spec_from_config,
@@ -63,6 +64,7 @@ RENAMES = {
                         "embedding_norm": "norm"},
 }
 RENAMES["Lfm2MoeForCausalLM"] = RENAMES["Lfm2ForCausalLM"]  # (its router feed_forward.gate: mlp.gate)
+RENAMES["Lfm3ForCausalLM"] = lfm3.renames  # (a function of the spec: its norms' names hang on sandwich_norms)
 
 
 def spec_for(model):
@@ -129,6 +131,7 @@ def weights_of(model, spec) -> Weights:
     way, and an interleaved RoPE's q and k rows reordered for the graph's rotate-half RoPE."""
     w = state_dict_numpy(model)
     names = RENAMES.get(spec.architecture, {})
+    names = names(spec) if callable(names) else names
     if names:  # all at once: a name may be another's new name (GLM-4's post_attention_layernorm)
         w = w.renamed(lambda k: ".".join(names.get(part, part) for part in k.split(".")))
     if spec.module_names:  # a layer's modules the class names otherwise (Granite 4's shared_mlp as its MLP)

@@ -31,23 +31,27 @@ def mlp_width(config) -> int:
     return width
 
 
-def spec_from_config(config, architecture: str = "Lfm2ForCausalLM", **extra):
-    types = list(config.layer_types)
-    unknown = sorted(set(types) - {"conv", "full_attention"})
-    if unknown or len(types) != config.num_hidden_layers:
-        raise Unsupported(f"config.layer_types must give each of the {config.num_hidden_layers} layers 'conv' or "
-                          f"'full_attention', got {types!r}")
+def conv_fields(config, types: list[str]) -> dict:
+    """The DecoderSpec fields of the convolution layers (LFM3's too), and the attention's head size."""
     if config.hidden_size % 2:
         raise Unsupported(f"hidden_size ({config.hidden_size}) must be even: a convolution layer keeps its state as "
                           "keys and values of half of it each")
     kernel = config.conv_L_cache
     if isinstance(kernel, bool) or not isinstance(kernel, int) or kernel < 1:
         raise Unsupported(f"config.conv_L_cache must be a positive integer, got {kernel!r}")
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    return {"conv_layers": tuple(i for i, t in enumerate(types) if t == "conv"), "conv_kernel": kernel,
+            "conv_bias": bool(config.conv_bias),
+            "head_dim": getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads}
+
+
+def spec_from_config(config, architecture: str = "Lfm2ForCausalLM", **extra):
+    types = list(config.layer_types)
+    unknown = sorted(set(types) - {"conv", "full_attention"})
+    if unknown or len(types) != config.num_hidden_layers:
+        raise Unsupported(f"config.layer_types must give each of the {config.num_hidden_layers} layers 'conv' or "
+                          f"'full_attention', got {types!r}")
     extra = {"intermediate_size": mlp_width(config), **extra}
-    return base_spec(config, architecture, rms_norm_eps=config.norm_eps, head_dim=head_dim, qk_norm=True,
-                     conv_layers=tuple(i for i, t in enumerate(types) if t == "conv"), conv_kernel=kernel,
-                     conv_bias=bool(config.conv_bias),
+    return base_spec(config, architecture, rms_norm_eps=config.norm_eps, qk_norm=True, **conv_fields(config, types),
                      module_names=(("self_attn.o_proj", "self_attn.out_proj"), ("mlp.gate_proj", "feed_forward.w1"),
                                    ("mlp.up_proj", "feed_forward.w3"), ("mlp.down_proj", "feed_forward.w2")), **extra)
 

@@ -25,7 +25,7 @@ pytestmark = pytest.mark.hf
 # glm: the same on half of each head, and gate|up stored whole
 ARCHS = ["llama", "mistral", "ministral", "qwen2", "qwen3", "phi3", "phi4-mini", "smollm3", "gemma", "gemma2", "gemma3",
          "gemma4", "gemma4-kv", "lfm2", "granite", "olmo2", "olmo3", "exaone4", "ernie4_5", "helium", "hunyuan", "glm", "glm4",
-         "granite4"]
+         "granite4", "lfm3"]
 ALL = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 PROMPTS = [[5, 17, 42, 99, 7], list(range(30, 52)), [3, 200, 11]]
 ATOL = 1e-4
@@ -55,15 +55,19 @@ FUSED = {"q_proj": "qkv_proj", "k_proj": "qkv_proj", "v_proj": "qkv_proj", "gate
 # LFM2 names its attention's output and its MLP's projections so; its convolutions' in_proj joins the
 # adapters on every kind of module (their out_proj is matched by the attention's name)
 LFM2 = {"o_proj": "out_proj", "gate_proj": "w1", "up_proj": "w3", "down_proj": "w2"}
+# LFM3 names its MLP's as LFM2 does, its attention's o_proj so; its convolutions' in_proj and out_proj and its
+# attention gate g_proj join the adapters on every kind of module
+LFM3 = {"gate_proj": "w1", "up_proj": "w3", "down_proj": "w2"}
 # Granite 4's MLP is its shared_mlp: input_linear holds gate|up, output_linear is down_proj
 GRANITE4 = {"gate_proj": "input_linear", "up_proj": "input_linear", "down_proj": "output_linear"}
 
 
 def for_arch(arch: str, config: dict) -> dict:
     """An ADAPTERS entry with its module names as `arch`'s checkpoint has them."""
-    if arch == "lfm2":
-        return {k: ([LFM2.get(m, m) for m in v] + ["in_proj"] * (v == ALL) if k == "target_modules" else
-                    {LFM2.get(m, m): x for m, x in v.items()} if k.endswith("_pattern") else v)
+    if arch in ("lfm2", "lfm3"):
+        names, extra = (LFM2, ["in_proj"]) if arch == "lfm2" else (LFM3, ["in_proj", "out_proj", "g_proj"])
+        return {k: ([names.get(m, m) for m in v] + extra * (v == ALL) if k == "target_modules" else
+                    {names.get(m, m): x for m, x in v.items()} if k.endswith("_pattern") else v)
                 for k, v in config.items()}
     if arch not in ("phi3", "phi4-mini", "glm", "glm4", "granite4"):
         return config
