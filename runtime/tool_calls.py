@@ -27,9 +27,10 @@ from trtllm.runtime.strict_json import (check_keys, choice, compact, did_you_mea
                                         string)
 
 MODES = ("auto", "none", "required")
-PARSERS = ("hermes", "llama3_json", "mistral", "pythonic")
+PARSERS = ("hermes", "lfm2", "llama3_json", "mistral", "pythonic")
 HERMES, MISTRAL = "<tool_call>", "[TOOL_CALLS]"  # the markers before each call (the text before the first: content)
 PYTHON_TAG, PYTHON_START, PYTHON_END = "<|python_tag|>", "<|python_start|>", "<|python_end|>"
+LFM_START, LFM_END = "<|tool_call_start|>", "<|tool_call_end|>"  # (LFM2's and LFM3's, around Python calls)
 
 
 @dataclass(frozen=True, slots=True)
@@ -210,6 +211,27 @@ def _hermes(text: str) -> tuple[str | None, list] | None:
     return text[:start] or None, calls
 
 
+_LFM2 = re.compile(re.escape(LFM_START) + "(.*?)" + re.escape(LFM_END) + "|" + re.escape(LFM_START) + "(.*)",
+                   re.DOTALL)
+
+
+def _lfm2(text: str) -> tuple[str | None, list] | None:
+    """LFM2, LFM2.5 and LFM3: a Python list of calls (as pythonic's) between `<|tool_call_start|>` and
+    `<|tool_call_end|>`, any number of them; the last may be unclosed (the answer ended first). Content:
+    the text before the first. The markers are special tokens: the answer needs skip_special_tokens
+    false."""
+    start = text.find(LFM_START)
+    if start < 0:
+        return None
+    calls = []
+    for closed, open_ in _LFM2.findall(text):
+        got = _pythonic(closed or open_)
+        if got is None:
+            return None
+        calls += got[1]
+    return text[:start] or None, calls
+
+
 def _llama3_json(text: str) -> tuple[str | None, list] | None:
     """Llama 3.1/3.2's JSON calls: the answer is `{"name": ..., "parameters": {...}}` (after an
     optional `<|python_tag|>`), several joined by `;`. Unlike vLLM, which takes the first JSON
@@ -297,7 +319,8 @@ def _mistral(text: str) -> tuple[str | None, list] | None:
 
 
 ALPHANUMERIC = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
-_READERS = {"hermes": _hermes, "llama3_json": _llama3_json, "mistral": _mistral, "pythonic": _pythonic}
+_READERS = {"hermes": _hermes, "lfm2": _lfm2, "llama3_json": _llama3_json, "mistral": _mistral,
+            "pythonic": _pythonic}
 
 
 def reads_calls(tc: ToolChoice | None, parser: str | None, tools: tuple[dict, ...] | None) -> bool:

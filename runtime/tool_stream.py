@@ -5,15 +5,17 @@ from __future__ import annotations
 
 import re
 
-from trtllm.runtime.tool_calls import HERMES, MISTRAL, PYTHON_START, PYTHON_TAG, ToolChoice, extract_or_none, forced
+from trtllm.runtime.tool_calls import (HERMES, LFM_START, MISTRAL, PYTHON_START, PYTHON_TAG, ToolChoice, extract_or_none,
+                                       forced)
 from trtllm.runtime.tool_pieces import Pieces
 
-MARKERS = {"hermes": HERMES, "mistral": MISTRAL}  # the content is the text before the first
+MARKERS = {"hermes": HERMES, "lfm2": LFM_START, "mistral": MISTRAL}  # the content is the text before the first
 OPENERS = {"llama3_json": ("{", PYTHON_TAG), "pythonic": ("[", PYTHON_START)}  # how an answer of calls begins
 # Where a call may just have ended, and the beginning of the answer that then holds the calls so far
 # (group "keep": up to and with it; "list": a list's calls, closed after it; else up to the match):
 # only there (and at the end) is the answer read, so a line does not cost the answer's length.
 ENDS = {"hermes": re.compile(r"(?P<keep></tool_call>)"),
+        "lfm2": re.compile(r"(?P<keep><\|tool_call_end\|>)"),
         "mistral": re.compile(r"\[TOOL_CALLS\]|(?P<list>\})\s*,|(?P<keep>\}\s*\])"),
         "llama3_json": re.compile(r";"),
         "pythonic": re.compile(r"(?P<list>\))\s*,|(?P<keep>\)\s*\])"),

@@ -56,6 +56,19 @@ def test_pythonic_reads_literal_keyword_calls_and_evaluates_nothing():
         assert calls(text, "pythonic") is None, text
 
 
+def test_lfm2_reads_python_call_lists_between_its_markers_and_the_text_before_them():
+    """LFM2 and LFM3's format: pythonic lists inside <|tool_call_start|> ... <|tool_call_end|>, any number
+    (the last may be unclosed); the text before the first marker is the content."""
+    text = ('Checking.<|tool_call_start|>[get_weather(city="Paris"), now()]<|tool_call_end|>'
+            '<|tool_call_start|>[now()]')  # (the last unclosed: the answer ended first)
+    assert calls(text, "lfm2") == ("Checking.", [("get_weather", {"city": "Paris"}), ("now", {}), ("now", {})])
+    assert calls("<|tool_call_start|>[now()]<|tool_call_end|>", "lfm2") == (None, [("now", {})])
+    for text in ("[now()]", "No call.", "<|tool_call_start|>now()<|tool_call_end|>",  # (the markers, a list)
+                 '<|tool_call_start|>[now()]<|tool_call_end|><|tool_call_start|>[os.system("rm")]<|tool_call_end|>',
+                 "<|tool_call_start|>[now(]<|tool_call_end|>", "<|tool_call_start|>[]<|tool_call_end|>"):
+        assert calls(text, "lfm2") is None, text
+
+
 def test_forced_choices_read_their_json_and_choice_none_or_no_parser_read_nothing():
     required = ToolChoice("required")
     assert calls('[{"name": "now", "parameters": {}}]', choice=required) == (None, [("now", {})])
@@ -247,6 +260,9 @@ STREAMED = [  # (parser, tool choice, answer): calls, calls after content, no ca
     ("mistral", None, '[TOOL_CALLS]now[ARGS]{}[TOOL_CALLS]get_weather[ARGS]{"city": "Rome"}'),
     ("pythonic", None, '[now(), get_weather(city="Rome")]'),
     ("pythonic", None, "It is (about) [noon]."),
+    ("lfm2", None, 'Sure.<|tool_call_start|>[now(), get_weather(city="Rome")]<|tool_call_end|><|tool_call_start|>'
+                   '[now()]<|tool_call_end|>'),
+    ("lfm2", None, "Just text, <|tool_call at the end"),
     (None, ToolChoice("required"), '[{"name": "now", "parameters": {}}, {"name": "get_weather", '
                                    '"parameters": {"city": "Rome"}}]'),
     (None, ToolChoice("function", "get_weather"), '{"city": "Rome"}'),

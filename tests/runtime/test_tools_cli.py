@@ -174,7 +174,8 @@ def test_tool_choice_errors_name_the_field_and_fail_alone(run_cli, tmp_path, tin
     assert errors[2].startswith("`requests[2].tool_choice` must be given with `tool_call_parser`")
     assert errors[3].startswith('`requests[3].tool_choice` must be "auto" or "none" when the request has no `tools`')
     assert errors[4].startswith("`requests[4].ignore_eos` must be false with `requests[4].tool_choice`")
-    assert errors[5].startswith("`requests[5].tool_call_parser` must be one of 'hermes', 'llama3_json', 'mistral', 'pythonic'")
+    assert errors[5].startswith("`requests[5].tool_call_parser` must be one of 'hermes', 'lfm2', 'llama3_json', "
+                                "'mistral', 'pythonic'")
     assert errors[6] is None and "tool_calls" not in out["responses"][6]  # free text: no calls in it
 
     def broken(*args):  # a bug in reading one request fails that request alone, saying so
