@@ -1,5 +1,5 @@
 """Mixture-of-experts MLPs (Qwen3-MoE, Qwen2-MoE, OLMoE, Mixtral, Granite MoE, Gemma 4's 26B-A4B,
-LFM2-MoE): the spec, the checkpoint's names, and the graph.
+LFM2-MoE, ERNIE 4.5 MoE): the spec, the checkpoint's names, and the graph.
 
 Every class here routes the same way, written once:
 
@@ -16,7 +16,8 @@ folded into its weight), each chosen expert's weight is times its per_expert_sca
 normalization (our kernel's expert_scale input; a Mul on the weights in standard ops), and the experts'
 activation is GELU's tanh form (the spec's hidden_act). LFM2-MoE scores each expert by its logit's
 sigmoid (`scoring`), chooses by the scores plus a bias (`selection_bias`), normalizes the chosen scores by
-their sum + 1e-6 and scales them (`routed_scale`). llm.onnx computes every expert on every token and
+their sum + 1e-6 and scales them (`routed_scale`). ERNIE 4.5 chooses by softmax scores plus a bias
+(its e_score_correction_bias) and divides the chosen scores by their sum clamped below at `norm_min`. llm.onnx computes every expert on every token and
 weights the k chosen ones (the rest get weight 0 and are masked, so one that overflows in float16 adds nothing), in standard ops TensorRT
 parses: exact, and E / k times the chosen experts' arithmetic. The ONNX Runtime form (float32
 arithmetic) computes the chosen experts only, in one node a layer: on our CPU kernels
@@ -63,6 +64,7 @@ class MoE:
     selection_bias: bool = False         # a bias added to the scores that choose the experts only (LFM2-MoE's
     #                                      expert_bias, a buffer: mlp.expert_bias)
     routed_scale: float = 1.0            # the chosen weights times this (LFM2-MoE's routed_scaling_factor)
+    norm_min: float = 0.0                # the normalizing sum at least this (ERNIE 4.5's moe_norm_min clamps it)
 
 
 def ort_node_takes(spec) -> bool:
@@ -71,7 +73,7 @@ def ort_node_takes(spec) -> bool:
     llm.onnx's standard ops run them)."""
     m = spec.moe
     return (m is not None and spec.hidden_act == "silu" and not m.beside_dense and m.scoring == "softmax"
-            and not m.selection_bias and m.routed_scale == 1.0)
+            and not m.selection_bias and m.routed_scale == 1.0 and not m.norm_min)
 
 
 def kernel_takes(spec, quant) -> bool:
@@ -133,6 +135,10 @@ def canonical_names(w, spec) -> None:
         for part in ("gate_up_proj", "down_proj"):
             if f"{p}.block_sparse_moe.experts.{part}" in w:
                 w.rename(f"{p}.block_sparse_moe.experts.{part}", f"{p}.mlp.experts.{part}")
+        bias = f"{p}.mlp.gate.moe_statics.e_score_correction_bias"
+        if bias in w:  # (ERNIE 4.5's selection bias, [1, E])
+            w.derive(f"{p}.mlp.expert_bias", bias, lambda a: a.reshape(-1))
+            del w[bias]
         if f"{p}.shared_mlp.input_linear.weight" in w:
             w.split(f"{p}.shared_mlp.input_linear.weight",
                     [f"{p}.mlp.shared_expert.gate_proj.weight", f"{p}.mlp.shared_expert.up_proj.weight"], 2)
@@ -244,6 +250,8 @@ class MoEWriter:
             total = g.op("ReduceSum", f"{name}/router/ReduceSum", [top, g.const([-1])], keepdims=1)
             if m.scoring == "sigmoid":
                 total = g.op("Add", f"{name}/router/Epsilon", [total, g.const(1e-6, np.float32)])
+            if m.norm_min:  # (ERNIE 4.5: torch.clamp(sum, min=moe_norm_min))
+                total = g.op("Max", f"{name}/router/NormMin", [total, g.const(m.norm_min, np.float32)])
             top = g.op("Div", f"{name}/router/Div", [top, total])
         if self.expert_scales(i) is not None:  # (each chosen weight times its expert's, in float32 as transformers)
             top = g.op("Mul", f"{name}/router/ExpertScale", [top, g.op("Gather", f"{name}/router/ExpertScale/Gather", [
@@ -385,6 +393,8 @@ class MoEWriter:
             attrs["activation"] = self.spec.hidden_act
         if m.scoring != "softmax":  # (LFM2-MoE's)
             attrs["scoring"] = m.scoring
+        if m.norm_min:  # (ERNIE 4.5's)
+            attrs["norm_min"] = float(m.norm_min)
         if self.quant is None:
             kind = self.storage if self.half else np.float32
             gate_up = g.weight(w1, experts_in(self.w.rows(w1), kind, order))

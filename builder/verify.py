@@ -77,10 +77,11 @@ def text_ids(tokenizer, text: str, limit: int) -> list[int]:
 
 def merged_model(model, adapter, manifest):
     """A copy of the transformers model with the adapter merged into its weights (W += (A @ B)^T per
-    module, from the engine's own lora_a / lora_b): what the engine must compute with that adapter."""
-    from trtllm.runtime.lora import projections
+    module, from the engine's own lora_a / lora_b): what the engine must compute with that adapter. (An
+    interleaved RoPE's q and k rows are in the engine's order there: put back in the model's.)"""
+    from trtllm.runtime.lora import projections, rope_pair_order
 
-    merged, io = held.widened(model), manifest.io
+    merged, io, rope = held.widened(model), manifest.io, manifest.lora.get("interleaved_rope")
     with torch.no_grad():
         for i, name, _, _, experts in projections(manifest):
             a = adapter.arrays[io.lora_a.format(i=i, module=name)][0].astype(np.float64)  # [in, r] ([E, in, r])
@@ -89,8 +90,10 @@ def merged_model(model, adapter, manifest):
                 weight, rows = expert_parameter(merged.model.layers[i], name, b.shape[-1])
                 weight[:, rows] += torch.from_numpy(np.einsum("eir,ero->eoi", a, b)).to(weight.dtype)
                 continue
-            weight = merged.model.layers[i].get_submodule(name).weight
-            weight += torch.from_numpy((a @ b).T).to(weight.dtype)
+            weight, delta = merged.model.layers[i].get_submodule(name).weight, (a @ b).T
+            if rope and name in ("self_attn.q_proj", "self_attn.k_proj"):
+                delta = delta[np.argsort(rope_pair_order(len(delta), manifest.model.head_dim, rope))]
+            weight += torch.from_numpy(delta).to(weight.dtype)
     return merged
 
 

@@ -79,6 +79,11 @@ ARCHS = {
     "qwen2_moe": ("Qwen2MoeConfig", "Qwen2MoeForCausalLM", {
         "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32, "norm_topk_prob": False,
         "shared_expert_intermediate_size": 64, "mlp_only_layers": [1]}),
+    # ERNIE 4.5's: a dense first layer, experts chosen by softmax scores plus a bias, their weights' sum
+    # clamped below (moe_norm_min, large here so that it acts), two shared experts
+    "ernie4_5_moe": ("Ernie4_5_MoeConfig", "Ernie4_5_MoeForCausalLM", {
+        "moe_num_experts": 4, "moe_k": 2, "moe_intermediate_size": 32, "moe_num_shared_experts": 2,
+        "moe_layer_start_index": 1, "moe_norm_min": 0.9}),
     "olmoe": ("OlmoeConfig", "OlmoeForCausalLM", {"num_experts": 4, "num_experts_per_tok": 2}),
     "mixtral": ("MixtralConfig", "MixtralForCausalLM", {"num_local_experts": 4, "num_experts_per_tok": 2}),
     "granitemoe-plain": ("GraniteMoeConfig", "GraniteMoeForCausalLM", {

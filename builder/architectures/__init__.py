@@ -8,15 +8,16 @@ from __future__ import annotations
 import dataclasses
 
 from trtllm.builder import moe
-from trtllm.builder.architectures import (ernie4_5, exaone4, gemma, gemma2, gemma3, gemma4, glm, glm4, granite,
-                                          granitemoe, granitemoehybrid, helium, hunyuan, lfm2, lfm3, llama, ministral,
-                                          mistral, mixtral, olmo2, olmo3, olmoe, phi3, qwen2, qwen2_moe, qwen3,
-                                          qwen3_moe, smollm3)
+from trtllm.builder.architectures import (ernie4_5, ernie4_5_moe, exaone4, gemma, gemma2, gemma3, gemma4, glm,
+                                          glm4, granite, granitemoe, granitemoehybrid, helium, hunyuan, lfm2, lfm3,
+                                          llama, ministral, mistral, mixtral, olmo2, olmo3, olmoe, phi3, qwen2,
+                                          qwen2_moe, qwen3, qwen3_moe, smollm3)
 from trtllm.builder.checkpoint import Unsupported, Weights, state_dict_numpy
 from trtllm.runtime.lora import rope_pair_order
 
 ARCHITECTURES = {
     "Ernie4_5ForCausalLM": ernie4_5.spec_from_config,
+    "Ernie4_5_MoeForCausalLM": ernie4_5_moe.spec_from_config,
     "Exaone4ForCausalLM": exaone4.spec_from_config,
     "GemmaForCausalLM": gemma.spec_from_config,
     "Gemma2ForCausalLM": gemma2.spec_from_config,

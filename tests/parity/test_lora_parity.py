@@ -163,6 +163,25 @@ def test_logits_and_tokens_match_peft(arch, lora_engine, adapters):
         assert base != want or (arch == "gemma2" and moved > 1.0), f"{name} does not change the tokens ({moved=})"
 
 
+@pytest.mark.parametrize("arch", ["ernie4_5", "glm", "llama"])
+def test_the_build_checks_reference_without_peft_is_peft(arch, lora_engine, adapters, tiny_checkpoint):
+    """Without PEFT, a bundled adapter's build check merges the engine's reading of it into transformers
+    (verify.merged_model): that model's logits are PEFT's, where the engine holds q and k rows in another
+    order too (an interleaved RoPE: ERNIE 4.5, GLM; the merge puts them back). Merged weights sum in
+    another order than PEFT's x W + (x A) B: within 1e-3 of the largest logit (q and k rows left in the
+    engine's order were off by more than 1)."""
+    from trtllm.builder.verify import merged_model
+
+    engine = lora_engine(arch)
+    base = transformers.AutoModelForCausalLM.from_pretrained(tiny_checkpoint(arch), dtype=torch.float32).eval()
+    for name, (pm, path) in adapters(arch).items():
+        merged = merged_model(base, lora.load_adapter(name, path, engine.manifest), engine.manifest)
+        ids = torch.tensor([PROMPTS[1]])
+        with torch.no_grad():
+            want, got = pm(ids).logits.numpy(), merged(ids).logits.numpy()
+        np.testing.assert_allclose(got, want, atol=1e-3 * np.abs(want).max(), rtol=0, err_msg=name)
+
+
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])
 def test_mixed_adapters_in_one_batch_and_in_flight(arch, lora_engine, adapters):
     """Rows with different adapters (and none) in one step compute what each computes alone, in one

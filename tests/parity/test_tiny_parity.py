@@ -23,9 +23,10 @@ pytestmark = pytest.mark.hf
 ARCHS = ["llama", "mistral", "ministral", "qwen2", "qwen3", "phi3", "phi4-mini", "smollm3", "gemma", "gemma2", "gemma3",
          "gemma4", "gemma4-kv", "gemma4-moe", "lfm2", "lfm2_moe", "lfm3", "granite", "olmo2", "olmo3", "exaone4",
          "ernie4_5", "helium", "hunyuan", "glm", "glm4",
-         "qwen3_moe", "qwen2_moe", "olmoe", "mixtral", "granitemoe", "granitemoe-plain", "granite4", "granite4-moe"]
+         "qwen3_moe", "qwen2_moe", "olmoe", "mixtral", "granitemoe", "granitemoe-plain", "granite4", "granite4-moe",
+         "ernie4_5_moe"]
 MOE_ARCHS = ("qwen3_moe", "qwen2_moe", "olmoe", "mixtral", "granitemoe", "granitemoe-plain", "gemma4-moe", "lfm2_moe",
-             "granite4-moe")
+             "granite4-moe", "ernie4_5_moe")
 PROMPTS = [[5, 17, 42, 99, 7], list(range(30, 52)), [3, 200, 11], list(range(100, 140, 3))]
 ATOL = 1e-4
 
@@ -353,6 +354,10 @@ UNDONE = {
     # (normalizing the chosen weights or not is the same here: post_feedforward_layernorm_2 undoes a common factor)
     "gemma4-moe, one expert a token": ("gemma4-moe", dict(moe=dict(top_k=1))),
     "gemma4-moe, every expert on every token (top-k = all)": ("gemma4-moe", dict(moe=dict(top_k=4))),
+    "ernie4_5_moe, nothing undone (the control: passes)": ("ernie4_5_moe", {}),
+    "ernie4_5_moe, chosen without the selection bias": ("ernie4_5_moe", dict(moe=dict(selection_bias=False))),
+    "ernie4_5_moe, the weights' sum not clamped": ("ernie4_5_moe", dict(moe=dict(norm_min=0.0))),
+    "ernie4_5_moe, no shared experts": ("ernie4_5_moe", dict(moe=dict(shared_size=0))),
     "lfm2_moe, nothing undone (the control: passes)": ("lfm2_moe", {}),
     "lfm2_moe, softmax scores": ("lfm2_moe", dict(moe=dict(scoring="softmax"))),
     "lfm2_moe, chosen without the expert bias": ("lfm2_moe", dict(moe=dict(selection_bias=False))),

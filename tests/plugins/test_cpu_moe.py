@@ -30,7 +30,7 @@ def experts(e: int, h: int, i: int, seed: int, dtype: str) -> tuple[np.ndarray, 
 
 def op_model(w1: np.ndarray, w2: np.ndarray, k: int, normalize: bool = True, reorder: bool = True,
              activation: str | None = None, scale: np.ndarray | None = None, scoring: str | None = None,
-             bias: np.ndarray | None = None) -> bytes:
+             bias: np.ndarray | None = None, norm_min: float | None = None) -> bytes:
     """One MoE node; w1 [E, 2I, H] in the checkpoint's order (gate rows, then up rows), stored in the
     kernel's swiglu order (`reorder`; else as given); `activation` and `scoring` its attributes (None: left
     out, SiLU and softmax), `scale` its expert_scale input (Gemma 4's per_expert_scale), `bias` its
@@ -40,7 +40,8 @@ def op_model(w1: np.ndarray, w2: np.ndarray, k: int, normalize: bool = True, reo
             else ""] if scale is not None or bias is not None else []
     node = helper.make_node(cpu.MOE, ["x", "logits", "w1", "w2", "generated", *tail], ["y"], domain=cpu.DOMAIN, k=k,
                             normalize=int(normalize), **({"activation": activation} if activation else {}),
-                            **({"scoring": scoring} if scoring else {}))
+                            **({"scoring": scoring} if scoring else {}),
+                            **({"norm_min": norm_min} if norm_min is not None else {}))
     return one_node_model(node, [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["t", "h"]),
                                  helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["t", "e"]),
                                  helper.make_tensor_value_info("generated", TensorProto.INT64, [1])],
@@ -102,7 +103,8 @@ def check_quant(t: int, e: int, k: int, h: int, i: int, bits: int, generated: in
 
 
 def reference(x, logits, w1, w2, k: int, normalize: bool = True, ties: str = "lower", gelu: bool = False,
-              scale: np.ndarray | None = None, sigmoid: bool = False, bias: np.ndarray | None = None) -> np.ndarray:
+              scale: np.ndarray | None = None, sigmoid: bool = False, bias: np.ndarray | None = None,
+              norm_min: float = 0.0) -> np.ndarray:
     """float64: softmax (or `sigmoid` each), the k largest (of the scores + `bias`; an exact tie to the lower
     index; `ties="higher"` the other way, a wrong variant), normalized or not (sigmoid's by the sum + 1e-6),
     then times each expert's `scale`, sum of weight x down(act(gate) * up), act SiLU or GELU's tanh form."""
@@ -117,7 +119,7 @@ def reference(x, logits, w1, w2, k: int, normalize: bool = True, ties: str = "lo
     for t in range(x.shape[0]):
         key = (lambda j: (-keys[t, j], j)) if ties == "lower" else (lambda j: (-keys[t, j], -j))
         chosen = sorted(range(e), key=key)[:k]
-        weights = p[t, chosen] / ((p[t, chosen].sum() + 1e-6 * sigmoid) if normalize else 1.0)
+        weights = p[t, chosen] / (max(p[t, chosen].sum() + 1e-6 * sigmoid, norm_min) if normalize else 1.0)
         if scale is not None:
             weights = weights * scale[chosen]
         for j, w in zip(chosen, weights):
@@ -204,6 +206,21 @@ def test_lfm2_moe_s_sigmoid_scores_and_selection_bias(t, e, k, h, i, generated):
     for wrong in (reference(feed["x"], feed["logits"], w1, w2, k, scale=scale, bias=bias),
                   reference(feed["x"], feed["logits"] + bias, w1, w2, k, scale=scale, sigmoid=True)):
         assert np.abs(y - wrong).max() / np.abs(ref).max() > 1e-3
+
+
+@pytest.mark.parametrize("t, e, k, h, i", SHAPES[:3])
+def test_ernie_s_selection_bias_on_softmax_scores_and_norm_min(t, e, k, h, i):
+    """ERNIE 4.5's routing: softmax scores, the experts chosen by the scores plus a bias, their scores
+    divided by their sum clamped below at norm_min (0.5 here, so that the clamp acts on some tokens): the
+    float64 reference; the wrong variant, the sum not clamped, is far from it."""
+    w1, w2 = experts(e, h, i, t + e + h, "float32")
+    feed, rng = inputs(t, e, h, t + k, 1), np.random.default_rng(t)
+    bias = rng.standard_normal(e) * 0.3
+    y = session(op_model(w1, w2, k, bias=bias, norm_min=0.5)).run(None, feed)[0]
+    ref = reference(feed["x"], feed["logits"], w1, w2, k, bias=bias, norm_min=0.5)
+    assert np.abs(y - ref).max() / np.abs(ref).max() < 2e-6
+    wrong = reference(feed["x"], feed["logits"], w1, w2, k, bias=bias)
+    assert np.abs(y - wrong).max() / np.abs(ref).max() > 1e-3
 
 
 def test_an_unknown_activation_fails():
