@@ -168,6 +168,12 @@ def load_model(source, model_arg: str, hold: bool = False):
         if not vision.has_vision(config):  # (its language model alone: a text engine)
             model = vision.language_model(model)
         return model, info, vision.tokenizer_of(source)
+    from trtllm.builder.architectures import refuse_before_loading  # (it imports this module)
+
+    try:
+        refuse_before_loading(config)
+    except Unsupported as e:
+        raise CheckpointError(f"--model {model_arg!r}: {e}") from e
     with quiet_loading(packing is not None):  # (its report would call the packed projections missing)
         model, info = held.loaded(lambda dtype: AutoModelForCausalLM.from_pretrained(
             source, config=config, dtype=dtype, output_loading_info=True, ignore_mismatched_sizes=True), source, hold)

@@ -76,16 +76,32 @@ def spec_for(model):
     the config is then checked against its modules, since a config may carry keys a class ignores
     (sliding_window on Llama) or a class may do more than a key says (attention_bias also puts a
     bias on Llama's o_proj)."""
-    name = type(model).__name__
-    if name not in ARCHITECTURES:
-        raise Unsupported(f"the checkpoint loads as {name} (config.model_type "
-                         f"{getattr(model.config, 'model_type', None)!r}); supported: {sorted(ARCHITECTURES)}")
-    spec = ARCHITECTURES[name](model.config)
+    spec = spec_of_class(type(model).__name__, model.config)
     if spec.num_kv_heads < 1 or spec.num_heads % spec.num_kv_heads:  # (grouped-query attention shares each kv head)
         raise Unsupported(f"num_attention_heads ({spec.num_heads}) must be a multiple of num_key_value_heads "
                           f"({spec.num_kv_heads}): each key/value head serves a group of query heads (transformers "
                           "cannot run it either)")
     return dataclasses.replace(spec, **from_modules(model, spec))
+
+
+def spec_of_class(name: str, config):
+    """The DecoderSpec the config gives class `name` (what it refuses raised), before its modules are read."""
+    if name not in ARCHITECTURES:
+        raise Unsupported(f"the checkpoint loads as {name} (config.model_type {getattr(config, 'model_type', None)!r}); "
+                          f"supported: {sorted(ARCHITECTURES)}")
+    return ARCHITECTURES[name](config)
+
+
+def refuse_before_loading(config) -> None:
+    """What spec_for would refuse from the config alone (a class without a graph, a config its class's graph
+    does not take: granite-4.0-h's Mamba-2 layers), said before the weights load: a large checkpoint took
+    minutes to load, or more memory than the machine has, before it was refused. A model_type transformers
+    does not map to a causal LM is left to its own loader's error."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    name = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(getattr(config, "model_type", None))
+    if name is not None:
+        spec_of_class(name, config)
 
 
 def from_modules(model, spec) -> dict:

@@ -373,6 +373,32 @@ def test_a_granite_4_hybrid_s_mamba_layers_are_refused_by_name():
     assert (spec.intermediate_size, spec.moe, spec.nope_layers) == (96, None, (0, 1, 2))
 
 
+@pytest.mark.parametrize("arch, change, match", [
+    ("llama", {"model_type": "gpt2"}, "loads as GPT2LMHeadModel"),
+    ("granite4", {"layer_types": ["mamba", "attention"]}, r"layers \[0\] of 2 are Mamba-2 layers")])
+def test_a_config_without_a_graph_is_refused_before_the_weights_load(arch, change, match, tiny_checkpoint, tmp_path,
+                                                                     monkeypatch):
+    """A class without a graph, or a config its graph does not take, is refused from config.json (exit 2),
+    before transformers loads the weights (minutes, or more memory than the machine has, for a large one)."""
+    import json
+    import shutil
+
+    import transformers
+
+    from trtllm.builder import checkpoint
+
+    ckpt = shutil.copytree(tiny_checkpoint(arch), tmp_path / "ckpt")
+    config = json.loads((ckpt / "config.json").read_text())
+    (ckpt / "config.json").write_text(json.dumps({**config, **change}))
+
+    def loaded(*args, **kwargs):
+        raise AssertionError("the weights were loaded")
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", loaded)
+    with pytest.raises(checkpoint.CheckpointError, match=match):
+        checkpoint.load(str(ckpt))
+
+
 def test_heads_that_do_not_group_over_the_kv_heads_are_refused(tmp_path):
     """4 attention heads over 3 key/value heads: transformers loads it and fails running it; the
     build refuses it by name with exit 2 (it failed in the verification's kernel, exit 1, or built
