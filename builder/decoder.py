@@ -218,6 +218,9 @@ class DecoderWriter(AttentionWriter, HeadWriter, WeightWriter, MoEWriter, PerLay
         """The spec's hidden_act of x."""
         if self.spec.hidden_act == "gelu_tanh":
             return self.gelu_tanh(name, x)
+        if self.spec.hidden_act == "relu2":  # (Arcee) relu(x)^2
+            r = self.g.op("Relu", f"{name}/Relu", [x])
+            return self.g.op("Mul", f"{name}/Square", [r, r])
         # SiLU as x*sigmoid(x): Swish is only in TensorRT >= 11.0's parser.
         return self.g.op("Mul", f"{name}/Mul", [x, self.g.op("Sigmoid", f"{name}/Sigmoid", [x])])
 
@@ -316,6 +319,10 @@ class DecoderWriter(AttentionWriter, HeadWriter, WeightWriter, MoEWriter, PerLay
         if self.spec.moe is not None and i not in self.spec.moe.dense_layers and not self.spec.moe.beside_dense:
             return self.moe(i, x)
         p, name = f"model.layers.{i}.mlp", f"/model/layers.{i}/mlp"
+        if not self.spec.gated_mlp:  # (Arcee) down(act(up(x))): LoRA's "up" site, then "down"
+            act = self.activation(f"{name}/act", self.lora(f"{name}/up_proj", x, self.linear(
+                f"{name}/up_proj", x, f"{p}.up_proj"), i, "up"))
+            return self.lora(f"{name}/down_proj", act, self.linear(f"{name}/down_proj", act, f"{p}.down_proj"), i, "down")
         # ONNX Runtime's float form: two MatMuls cost less than one plus a Split (its copy). Not for
         # int4/int8: each quantized projection carries its own offset kernels (measured 6% slower).
         if self.lora_rank:  # the delta joins gate|up before the activation: LoRA's own node activates

@@ -34,7 +34,8 @@ class DecoderSpec:
     embed_scale: float = 1.0          # token embeddings are multiplied by this (Gemma: sqrt(hidden_size))
     norm_offset: float = 0.0          # every RMSNorm scales by offset + weight (Gemma: 1 + w)
     sandwich_norms: bool = False      # Gemma: the attention and MLP outputs are normed before their residual add
-    hidden_act: str = "silu"          # the gated MLP's activation: silu or gelu_tanh (Gemma)
+    hidden_act: str = "silu"          # the MLP's activation: silu, gelu_tanh (Gemma) or relu2 (relu(x)^2: Arcee)
+    gated_mlp: bool = True            # False: down(act(up(x))), no gate_proj (Arcee's)
     query_scale: float | None = None  # attention's score scale; None: head_dim ** -0.5
     nope_layers: tuple[int, ...] = ()  # layers whose q and k get no RoPE (SmolLM3's NoPE layers)
     rotary_dim: int | None = None     # RoPE on the first rotary_dim of each head only (partial_rotary_factor)

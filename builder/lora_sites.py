@@ -27,8 +27,9 @@ def lora_sites(spec: DecoderSpec, experts: bool = False) -> dict[str, dict]:
     moe, every = spec.moe, list(range(spec.num_layers))
     dense = every if moe is None else list(moe.dense_layers)
     sparse = [n for n in every if n not in dense]  # (a mixture's layers)
-    if dense:
-        sites["gate_up"] = {"in": h, "modules": gate_up, "layers": dense}
+    if dense:  # (Arcee's MLP has no gate: up_proj alone)
+        sites["gate_up" if spec.gated_mlp else "up"] = {"in": h, "modules": gate_up if spec.gated_mlp else
+                                                       columns(("mlp.up_proj", i)), "layers": dense}
         sites["down"] = {"in": i, "modules": columns(("mlp.down_proj", h)), "layers": dense}
     if moe is not None and moe.shared_size:
         s = moe.shared_size

@@ -67,6 +67,8 @@ ARCHS = {
     "glm": ("GlmConfig", "GlmForCausalLM", {"attention_bias": True}),
     # GLM with the attention and MLP outputs normed too
     "glm4": ("Glm4Config", "Glm4ForCausalLM", {"attention_bias": True}),
+    # an MLP without a gate: down(relu(up(x))^2)
+    "arcee": ("ArceeConfig", "ArceeForCausalLM", {}),
     # every multiplier away from 1 (and the score scale from head_dim ** -0.5 = 0.25)
     "granite": ("GraniteConfig", "GraniteForCausalLM", {"embedding_multiplier": 4.0, "attention_multiplier": 0.1,
                                                         "residual_multiplier": 0.3, "logits_scaling": 2.5}),

@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 
 from trtllm.builder import moe
-from trtllm.builder.architectures import (ernie4_5, ernie4_5_moe, exaone4, gemma, gemma2, gemma3, gemma4, glm,
+from trtllm.builder.architectures import (arcee, ernie4_5, ernie4_5_moe, exaone4, gemma, gemma2, gemma3, gemma4, glm,
                                           glm4, granite, granitemoe, granitemoehybrid, helium, hunyuan, lfm2, lfm3,
                                           llama, ministral, mistral, mixtral, olmo2, olmo3, olmoe, phi3, qwen2,
                                           qwen2_moe, qwen3, qwen3_moe, smollm3)
@@ -16,6 +16,7 @@ from trtllm.builder.checkpoint import Unsupported, Weights, state_dict_numpy
 from trtllm.runtime.lora import rope_pair_order
 
 ARCHITECTURES = {
+    "ArceeForCausalLM": arcee.spec_from_config,
     "Ernie4_5ForCausalLM": ernie4_5.spec_from_config,
     "Ernie4_5_MoeForCausalLM": ernie4_5_moe.spec_from_config,
     "Exaone4ForCausalLM": exaone4.spec_from_config,
@@ -124,7 +125,8 @@ def from_modules(model, spec) -> dict:
     if len(qkv) > 1:
         raise Unsupported("q_proj, k_proj and v_proj must all have a bias or none")
     if mlp is not None:
-        gate_up = (mlp.gate_up_proj,) if fused or spec.fused_gate_up else (mlp.gate_proj, mlp.up_proj)  # (GLM: gate|up)
+        gate_up = (mlp.gate_up_proj,) if fused or spec.fused_gate_up else \
+            (mlp.up_proj,) if not spec.gated_mlp else (mlp.gate_proj, mlp.up_proj)  # (GLM: gate|up; Arcee: up)
         if any(has_bias(m) for m in gate_up + (mlp.down_proj,)):
             raise Unsupported("MLP biases (config.mlp_bias) are not supported")
     expected = [spec.window(i) for i in range(len(layers))]

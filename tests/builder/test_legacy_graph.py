@@ -36,7 +36,7 @@ from tests.engine_helpers import resized, run_greedy, unoptimized_sessions  # no
 
 ARCHS = ["llama", "mistral", "ministral", "qwen2", "qwen3", "phi3", "phi4-mini", "smollm3", "gemma", "gemma2", "gemma3",
          "gemma4", "gemma4-kv", "lfm2", "granite", "olmo2", "olmo3", "exaone4", "ernie4_5", "helium", "hunyuan", "glm", "glm4",
-         "granite4", "lfm3"]
+         "granite4", "lfm3", "arcee"]
 DTYPES = ["float32", "float16"]
 PROMPTS = [[5, 17, 42, 99, 7], list(range(30, 52)), [3, 200, 11], list(range(100, 140, 3))]
 NUM_DECODE = 6
@@ -147,8 +147,11 @@ def test_logits_and_kv_match_modern(arch, dtype, engines):
 
 
 # Not tiny Gemma 1 in float16: its two float16 graphs are 0.08 apart (each as far from float32: the
-# logits test above), which flips a near-tie in its third prompt's answer; bfloat16 is Gemma's type
-@pytest.mark.parametrize("arch, dtype", [(a, d) for a in ARCHS for d in DTYPES if (a, d) != ("gemma", "float16")])
+# logits test above), which flips a near-tie in its third prompt's answer; bfloat16 is Gemma's type. Nor
+# tiny Arcee's: the legacy graph computes in float16 (the modern one's kernels in float32), and its ReLU
+# squared doubles each activation's rounding error: a near-tie in its fourth prompt's answer flips
+@pytest.mark.parametrize("arch, dtype", [(a, d) for a in ARCHS for d in DTYPES
+                                         if (a, d) not in (("gemma", "float16"), ("arcee", "float16"))])
 def test_greedy_tokens_match_modern(arch, dtype, engines):
     modern_dir, legacy_dir = engines(arch, dtype)
     want = run_greedy(load_engine(modern_dir), PROMPTS, NUM_TOKENS)
