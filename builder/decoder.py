@@ -39,6 +39,7 @@ from trtllm.builder.config import GRAPHS
 from trtllm.builder.graph import DTYPES, STORAGE, GraphWriter
 from trtllm.builder.head import HeadWriter
 from trtllm.builder.lora_sites import lora_sites, site_for
+from trtllm.builder.mlp import MLPWriter
 from trtllm.builder.decoder_spec import DecoderSpec, attention_supported, gqa_supported, half_supported
 from trtllm.builder.moe import MoEWriter
 from trtllm.builder.moe import kernel_takes as moe_kernel_takes
@@ -54,12 +55,12 @@ from trtllm.runtime.manifest import GraphIO
 F32, I64 = TensorProto.FLOAT, TensorProto.INT64
 
 
-class DecoderWriter(AttentionWriter, HeadWriter, WeightWriter, MoEWriter, PerLayerWriter, ConvWriter):
+class DecoderWriter(AttentionWriter, MLPWriter, HeadWriter, WeightWriter, MoEWriter, PerLayerWriter, ConvWriter):
     """Writes one decoder graph; `graph` picks the profile ("modern" opset 24, "legacy" opset 20,
-    which refuses `quant` and `ort_attention`). Its attention (builder/attention.py), head and sampler
-    (builder/head.py), weights (builder/weights.py), mixture-of-experts MLPs (builder/moe.py), Gemma 4's
-    per-layer embeddings (builder/per_layer.py) and LFM2's convolutions (builder/short_conv.py) are written
-    by its mixins."""
+    which refuses `quant` and `ort_attention`). Its attention (builder/attention.py), MLPs (builder/mlp.py),
+    head and sampler (builder/head.py), weights (builder/weights.py), mixture-of-experts MLPs
+    (builder/moe.py), Gemma 4's per-layer embeddings (builder/per_layer.py) and LFM2's convolutions
+    (builder/short_conv.py) are written by its mixins."""
 
     def __init__(self, spec: DecoderSpec, weights: dict[str, np.ndarray], rope_cos: np.ndarray,
                  rope_sin: np.ndarray, max_top_k: int, io: GraphIO = GraphIO(), quant: QuantScheme | None = None,
@@ -210,36 +211,6 @@ class DecoderWriter(AttentionWriter, HeadWriter, WeightWriter, MoEWriter, PerLay
         half = site_io["modules"][-1][2] // 2  # gate|up: the two halves of the site's columns
         return self.gated(name, *g.op("Split", f"{name}/Split", [y, g.const([half, half])], num_outputs=2, axis=-1))
 
-    def gated(self, name: str, gate: str, up: str) -> str:
-        """act(gate) * up: the gated MLP, act the spec's hidden_act."""
-        return self.g.op("Mul", f"{name}/Mul", [self.activation(f"{name}/act", gate), up])
-
-    def activation(self, name: str, x: str) -> str:
-        """The spec's hidden_act of x."""
-        if self.spec.hidden_act == "gelu_tanh":
-            return self.gelu_tanh(name, x)
-        if self.spec.hidden_act == "relu2":  # (Arcee) relu(x)^2
-            r = self.g.op("Relu", f"{name}/Relu", [x])
-            return self.g.op("Mul", f"{name}/Square", [r, r])
-        # SiLU as x*sigmoid(x): Swish is only in TensorRT >= 11.0's parser.
-        return self.g.op("Mul", f"{name}/Mul", [x, self.g.op("Sigmoid", f"{name}/Sigmoid", [x])])
-
-    def gelu_tanh(self, name: str, x: str) -> str:
-        """GELU's tanh form, 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), as torch computes it, in
-        standard ops: Gelu(approximate=tanh) is opset 20, and TensorRT fuses this pattern itself. In
-        float32 whatever the graph's type, as torch computes a 16-bit gelu (its constants rounded to
-        bfloat16 would be 0.1-0.3% off)."""
-        g, t = self.g, np.float32
-        wide = self.ftype != F32
-        if wide:
-            x = g.op("Cast", f"{name}/Cast", [x], to=F32)
-        cube = g.op("Mul", f"{name}/Cube", [g.op("Mul", f"{name}/Square", [x, x]), x])
-        inner = g.op("Add", f"{name}/Inner", [x, g.op("Mul", f"{name}/Kappa", [cube, g.const(0.044715, t)])])
-        tanh = g.op("Tanh", f"{name}/Tanh", [g.op("Mul", f"{name}/Beta", [inner, g.const((2 / np.pi) ** 0.5, t)])])
-        half_x = g.op("Mul", f"{name}/Half", [x, g.const(0.5, t)])
-        y = g.op("Mul", f"{name}/Mul", [half_x, g.op("Add", f"{name}/OnePlus", [tanh, g.const(1.0, t)])])
-        return g.op("Cast", f"{name}/CastBack", [y], to=self.ftype) if wide else y
-
     def fused_linear(self, name: str, x: str, prefix: str, parts: list[str], bias: bool = False,
                      lora: tuple[int, str] | None = None) -> list[str]:
         """fused_proj, then Split into the parts."""
@@ -314,34 +285,6 @@ class DecoderWriter(AttentionWriter, HeadWriter, WeightWriter, MoEWriter, PerLay
         elif unscaled:
             x = self.rms_norm(f"{name}/norm", x, None, width=d)
         return g.op("Transpose", f"{name}/Transpose", [x], perm=[0, 2, 1, 3])
-
-    def mlp(self, i: int, x: str) -> str:
-        if self.spec.moe is not None and i not in self.spec.moe.dense_layers and not self.spec.moe.beside_dense:
-            return self.moe(i, x)
-        p, name = f"model.layers.{i}.mlp", f"/model/layers.{i}/mlp"
-        if not self.spec.gated_mlp:  # (Arcee) down(act(up(x))): LoRA's "up" site, then "down"
-            act = self.activation(f"{name}/act", self.lora(f"{name}/up_proj", x, self.linear(
-                f"{name}/up_proj", x, f"{p}.up_proj"), i, "up"))
-            return self.lora(f"{name}/down_proj", act, self.linear(f"{name}/down_proj", act, f"{p}.down_proj"), i, "down")
-        # ONNX Runtime's float form: two MatMuls cost less than one plus a Split (its copy). Not for
-        # int4/int8: each quantized projection carries its own offset kernels (measured 6% slower).
-        if self.lora_rank:  # the delta joins gate|up before the activation: LoRA's own node activates
-            y = self.fused_proj(f"{name}/gate_up_proj", x, f"{p}.gate_up_proj", [f"{p}.gate_proj", f"{p}.up_proj"])
-            act = self.lora(f"{name}/gate_up_proj", x, y, i, "gate_up", gated=True)
-            down = self.linear(f"{name}/down_proj", act, f"{p}.down_proj")
-            return self.lora(f"{name}/down_proj", act, down, i, "down")
-        if (self.native or self.half) and self.spec.hidden_act == "silu":  # gate, up, silu(gate) * up: one node of ours
-            act = self.swiglu_matmul(f"{name}/gate_up_proj", x, f"{p}.gate_up_proj",
-                                     self.w[f"{p}.gate_proj.weight"], self.w[f"{p}.up_proj.weight"],
-                                     parts=[f"{p}.gate_proj", f"{p}.up_proj"])
-            return self.linear(f"{name}/down_proj", act, f"{p}.down_proj")
-        if self.gqa and self.quant is None:
-            gate = self.linear(f"{name}/gate_proj", x, f"{p}.gate_proj")
-            up = self.linear(f"{name}/up_proj", x, f"{p}.up_proj")
-        else:
-            gate, up = self.fused_linear(f"{name}/gate_up_proj", x, f"{p}.gate_up_proj",
-                                         [f"{p}.gate_proj", f"{p}.up_proj"])
-        return self.linear(f"{name}/down_proj", self.gated(name, gate, up), f"{p}.down_proj")
 
     def prologue(self) -> tuple[str, str, str, str, str, str | None]:
         """The step inputs every graph takes, the token embeddings and the attention mask:

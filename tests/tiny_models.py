@@ -69,6 +69,10 @@ ARCHS = {
     "glm4": ("Glm4Config", "Glm4ForCausalLM", {"attention_bias": True}),
     # an MLP without a gate: down(relu(up(x))^2)
     "arcee": ("ArceeConfig", "ArceeForCausalLM", {}),
+    # ... whose activation is xIELU with each layer's own parameters; q and k heads normed
+    "apertus": ("ApertusConfig", "ApertusForCausalLM", {"rope_parameters": {
+        "rope_type": "llama3", "rope_theta": 12000000.0, "factor": 8.0, "original_max_position_embeddings": 256,
+        "low_freq_factor": 1.0, "high_freq_factor": 4.0}}),
     # every multiplier away from 1 (and the score scale from head_dim ** -0.5 = 0.25)
     "granite": ("GraniteConfig", "GraniteForCausalLM", {"embedding_multiplier": 4.0, "attention_multiplier": 0.1,
                                                         "residual_multiplier": 0.3, "logits_scaling": 2.5}),

@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 
 from trtllm.builder import moe
-from trtllm.builder.architectures import (arcee, ernie4_5, ernie4_5_moe, exaone4, gemma, gemma2, gemma3, gemma4, glm,
+from trtllm.builder.architectures import (apertus, arcee, ernie4_5, ernie4_5_moe, exaone4, gemma, gemma2, gemma3, gemma4, glm,
                                           glm4, granite, granitemoe, granitemoehybrid, helium, hunyuan, lfm2, lfm3,
                                           llama, ministral, mistral, mixtral, olmo2, olmo3, olmoe, phi3, qwen2,
                                           qwen2_moe, qwen3, qwen3_moe, smollm3)
@@ -16,6 +16,7 @@ from trtllm.builder.checkpoint import Unsupported, Weights, state_dict_numpy
 from trtllm.runtime.lora import rope_pair_order
 
 ARCHITECTURES = {
+    "ApertusForCausalLM": apertus.spec_from_config,
     "ArceeForCausalLM": arcee.spec_from_config,
     "Ernie4_5ForCausalLM": ernie4_5.spec_from_config,
     "Ernie4_5_MoeForCausalLM": ernie4_5_moe.spec_from_config,
@@ -55,6 +56,7 @@ ARCHITECTURES = {
 # Gemma's four norms with sandwich_norms): Hunyuan's q/k norms; GLM-4's norms on the attention and MLP
 # outputs, its pre-MLP norm keeping Llama's name for it
 RENAMES = {
+    "ApertusForCausalLM": {"attention_layernorm": "input_layernorm", "feedforward_layernorm": "post_attention_layernorm"},
     "HunYuanDenseV1ForCausalLM": {"query_layernorm": "q_norm", "key_layernorm": "k_norm"},
     "Glm4ForCausalLM": {"post_self_attn_layernorm": "post_attention_layernorm",
                         "post_attention_layernorm": "pre_feedforward_layernorm",

@@ -271,7 +271,7 @@ def test_float16_engine_matches_transformers(kernels, tiny_checkpoint, tmp_path,
     assert result.exit_code == 0, result.output
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2", "granite", "olmo2", "arcee"])
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "granite", "olmo2", "arcee", "apertus"])
 def test_float16_native_engine_is_transformers_on_float16_weights(arch, tiny_checkpoint, tmp_path, monkeypatch):
     """On trtllm.cpu::MatMulHalf and Attention, a float16 engine is transformers in float32 with the
     weights rounded to float16 and the cache's keys (after rotary) and values rounded as they are

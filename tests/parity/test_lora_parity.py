@@ -25,7 +25,7 @@ pytestmark = pytest.mark.hf
 # glm: the same on half of each head, and gate|up stored whole
 ARCHS = ["llama", "mistral", "ministral", "qwen2", "qwen3", "phi3", "phi4-mini", "smollm3", "gemma", "gemma2", "gemma3",
          "gemma4", "gemma4-kv", "lfm2", "granite", "olmo2", "olmo3", "exaone4", "ernie4_5", "helium", "hunyuan", "glm", "glm4",
-         "granite4", "lfm3", "arcee"]
+         "granite4", "lfm3", "arcee", "apertus"]
 ALL = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 PROMPTS = [[5, 17, 42, 99, 7], list(range(30, 52)), [3, 200, 11]]
 ATOL = 1e-4

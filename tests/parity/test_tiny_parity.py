@@ -22,7 +22,7 @@ from tests.engine_helpers import resized, run_greedy  # noqa: E402
 pytestmark = pytest.mark.hf
 ARCHS = ["llama", "mistral", "ministral", "qwen2", "qwen3", "phi3", "phi4-mini", "smollm3", "gemma", "gemma2", "gemma3",
          "gemma4", "gemma4-kv", "gemma4-moe", "lfm2", "lfm2_moe", "lfm3", "granite", "olmo2", "olmo3", "exaone4",
-         "ernie4_5", "helium", "hunyuan", "glm", "glm4", "arcee",
+         "ernie4_5", "helium", "hunyuan", "glm", "glm4", "arcee", "apertus",
          "qwen3_moe", "qwen2_moe", "olmoe", "mixtral", "granitemoe", "granitemoe-plain", "granite4", "granite4-moe",
          "ernie4_5_moe"]
 MOE_ARCHS = ("qwen3_moe", "qwen2_moe", "olmoe", "mixtral", "granitemoe", "granitemoe-plain", "gemma4-moe", "lfm2_moe",
@@ -334,6 +334,9 @@ UNDONE = {
     "lfm3, one RoPE table for all layers": ("lfm3", dict(local_rope=False)),
     "arcee, nothing undone (the control: passes)": ("arcee", {}),
     "arcee, SiLU for its ReLU squared": ("arcee", dict(hidden_act="silu")),
+    "apertus, nothing undone (the control: passes)": ("apertus", {}),
+    "apertus, SiLU for its xIELU": ("apertus", dict(hidden_act="silu")),
+    "apertus, no q/k norms": ("apertus", dict(qk_norm=False)),
     "granite4, nothing undone (the control: passes)": ("granite4", {}),
     "granite4, unscaled residual branches": ("granite4", dict(residual_scale=1.0)),
     "olmo2, nothing undone (the control: passes)": ("olmo2", {}),
