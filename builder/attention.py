@@ -16,6 +16,7 @@ import numpy as np
 from onnx import TensorProto
 
 from trtllm.builder import legacy_ops
+from trtllm.builder.lora_sites import gate_module
 from trtllm.plugins import cpu as cpu_kernels
 
 
@@ -74,16 +75,22 @@ class AttentionWriter:
         return self.out_proj(i, x, y)
 
     def out_proj(self, i: int, x: str, y: str) -> str:
-        """o_proj of the heads' outputs y [B,S,heads*D]; with an attention gate (LFM3's g_proj, read from
-        the layer's input x) each head's output times sigmoid of its gate logit first."""
+        """o_proj of the heads' outputs y [B,S,heads*D]; with an attention gate (read from the layer's input
+        x) first each head's output times sigmoid of its logit (LFM3's g_proj), or each value times its own
+        (AFMoE's gate_proj)."""
         g, s, p, name = self.g, self.spec, f"model.layers.{i}.self_attn", f"/model/layers.{i}/attn"
         if s.attn_gate:
-            gate = self.lora(f"{name}/g_proj", x, self.linear(f"{name}/g_proj", x, f"{p}.g_proj"), i, "attn_gate")
-            gate = g.op("Unsqueeze", f"{name}/gate/Unsqueeze", [g.op("Sigmoid", f"{name}/gate/Sigmoid", [gate]),
-                                                                 g.const([-1])])                 # [B,S,heads,1]
-            heads = g.op("Reshape", f"{name}/gate/heads", [y, g.const([0, 0, s.num_heads, s.head_size(i)])])
-            y = g.op("Reshape", f"{name}/gate/Reshape", [g.op("Mul", f"{name}/gate/Mul", [heads, gate]),
-                                                         g.const([0, 0, s.num_heads * s.head_size(i)])])
+            module = gate_module(s, s.head_size(i))[0].split(".")[-1]
+            gate = self.lora(f"{name}/{module}", x, self.linear(f"{name}/{module}", x, f"{p}.{module}"), i,
+                             "attn_gate")
+            gate = g.op("Sigmoid", f"{name}/gate/Sigmoid", [gate])
+            if s.attn_gate == "element":
+                y = g.op("Mul", f"{name}/gate/Mul", [y, gate])
+            else:
+                gate = g.op("Unsqueeze", f"{name}/gate/Unsqueeze", [gate, g.const([-1])])          # [B,S,heads,1]
+                heads = g.op("Reshape", f"{name}/gate/heads", [y, g.const([0, 0, s.num_heads, s.head_size(i)])])
+                y = g.op("Reshape", f"{name}/gate/Reshape", [g.op("Mul", f"{name}/gate/Mul", [heads, gate]),
+                                                             g.const([0, 0, s.num_heads * s.head_size(i)])])
         return self.lora(f"{name}/o_proj", y, self.linear(f"{name}/o_proj", y, f"{p}.o_proj", s.o_proj_bias), i, "o")
 
     def full_qk_norms(self, name: str, p: str, q: str, k: str) -> tuple[str, str]:

@@ -79,8 +79,8 @@ class DecoderSpec:
     conv_layers: tuple[int, ...] = ()  # LFM2's short-convolution layers (in place of attention: builder/short_conv.py)
     conv_kernel: int = 3              # ... their kernel (conv_L_cache): each token mixes its row's last this many
     conv_bias: bool = False           # ... and their projections' and convolution's biases
-    attn_gate: bool = False           # each head's attention output times sigmoid(g_proj(x)[head]) before
-                                      # o_proj (LFM3's use_attention_gate)
+    attn_gate: str = ""               # the attention output times a sigmoid gate of x before o_proj: "head" one
+                                      # logit a head (LFM3's g_proj), "element" one a value (AFMoE's gate_proj)
     module_names: tuple[tuple[str, str], ...] = ()  # (ours, the checkpoint's) where a module's name differs
                                       # (LFM2's self_attn.out_proj, feed_forward.w1): LoRA's names are the checkpoint's
 

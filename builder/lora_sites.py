@@ -31,15 +31,8 @@ def lora_sites(spec: DecoderSpec, experts: bool = False) -> dict[str, dict]:
         sites["gate_up" if spec.gated_mlp else "up"] = {"in": h, "modules": gate_up if spec.gated_mlp else
                                                        columns(("mlp.up_proj", i)), "layers": dense}
         sites["down"] = {"in": i, "modules": columns(("mlp.down_proj", h)), "layers": dense}
-    if moe is not None and moe.shared_size:
-        s = moe.shared_size
-        shared = (columns(("shared_mlp.input_linear", 2 * s)), columns(("shared_mlp.output_linear", h))) \
-            if moe.shared_fused else (columns(("mlp.shared_expert.gate_proj", s), ("mlp.shared_expert.up_proj", s)),
-                                      columns(("mlp.shared_expert.down_proj", h)))
-        sites["shared_gate_up"] = {"in": h, "modules": shared[0], "layers": sparse}
-        sites["shared_down"] = {"in": s, "modules": shared[1], "layers": sparse}
-        if moe.shared_gate:
-            sites["shared_expert_gate"] = {"in": h, "modules": columns(("mlp.shared_expert_gate", 1)), "layers": sparse}
+    for kind, width_in, modules in shared_kinds(spec):
+        sites[kind] = {"in": width_in, "modules": columns(*modules), "layers": sparse}
     if moe is not None:  # (the router's delta joins its logits, before the softmax, in every form)
         for kind, width_in, modules in routed_kinds(spec, experts):
             sites[kind] = {"in": width_in, "modules": columns(*modules),
@@ -49,6 +42,22 @@ def lora_sites(spec: DecoderSpec, experts: bool = False) -> dict[str, dict]:
         site["modules"] = [[named.get(m, m), start, stop] for m, start, stop in site["modules"]]
     # ("layers" only where a site is on some layers: a dense model's manifest stays as it was)
     return {name: {k: v for k, v in site.items() if k != "layers" or v != every} for name, site in sites.items()}
+
+
+def shared_kinds(spec: DecoderSpec) -> tuple[tuple[str, int, list], ...]:
+    """A mixture of experts' layer's shared expert sites (gate|up, down, and its gate where it has one) as
+    (kind, input width, [(module, width)]): Granite MoE's shared_mlp whole, the others' gate and up."""
+    moe, h = spec.moe, spec.hidden_size
+    if moe is None or not moe.shared_size:
+        return ()
+    s = moe.shared_size
+    if moe.shared_fused:
+        kinds = (("shared_gate_up", h, [("shared_mlp.input_linear", 2 * s)]),
+                 ("shared_down", s, [("shared_mlp.output_linear", h)]))
+    else:
+        kinds = (("shared_gate_up", h, [("mlp.shared_expert.gate_proj", s), ("mlp.shared_expert.up_proj", s)]),
+                 ("shared_down", s, [("mlp.shared_expert.down_proj", h)]))
+    return kinds + ((("shared_expert_gate", h, [("mlp.shared_expert_gate", 1)]),) if moe.shared_gate else ())
 
 
 def routed_kinds(spec: DecoderSpec, experts: bool) -> tuple[tuple[str, int, list], ...]:
@@ -93,11 +102,11 @@ def layered_sites(spec: DecoderSpec, experts: bool = False) -> dict[str, dict]:
         mlp = () if routed and not spec.moe.beside_dense else (
             ("gate_up", h, [("mlp.gate_proj", width), ("mlp.up_proj", width)]), ("down", width, [("mlp.down_proj", h)]))
         if routed:
-            mlp += routed_kinds(spec, experts)
+            mlp += shared_kinds(spec) + routed_kinds(spec, experts)
         if layer in spec.conv_layers:  # (LFM2: its convolution's in and out projections, builder/short_conv.py)
             kinds = (("conv_in", h, [("conv.in_proj", 3 * h)]), ("conv_out", h, [("conv.out_proj", h)])) + mlp
         else:  # (LFM3's attention gate: g_proj, a logit a head)
-            gate = (("attn_gate", h, [("self_attn.g_proj", spec.num_heads)]),) if spec.attn_gate else ()
+            gate = (("attn_gate", h, [gate_module(spec, d)]),) if spec.attn_gate else ()
             kinds = (("qkv", h, qkv), ("o", spec.num_heads * d, [("self_attn.o_proj", h)])) + gate + mlp
         for kind, width_in, modules in kinds:
             modules = tuple((named.get(m, m), w) for m, w in modules)
@@ -109,6 +118,13 @@ def layered_sites(spec: DecoderSpec, experts: bool = False) -> dict[str, dict]:
                        **({"experts": spec.moe.num_experts} if kind.startswith("experts") else {}),
                        **({"layers": layers} if len(layers) < spec.num_layers else {})}
     return sites
+
+
+def gate_module(spec: DecoderSpec, head_size: int) -> tuple[str, int]:
+    """The attention gate's projection and its width: a logit a head (LFM3's g_proj), or one a value (AFMoE's
+    gate_proj)."""
+    return ("self_attn.g_proj", spec.num_heads) if spec.attn_gate == "head" else \
+        ("self_attn.gate_proj", spec.num_heads * head_size)
 
 
 def site_for(sites: dict[str, dict], layer: int, kind: str) -> str:

@@ -1,5 +1,5 @@
 """Mixture-of-experts MLPs (Qwen3-MoE, Qwen2-MoE, OLMoE, Mixtral, Granite MoE, Gemma 4's 26B-A4B,
-LFM2-MoE, ERNIE 4.5 MoE): the spec, the checkpoint's names, and the graph.
+LFM2-MoE, ERNIE 4.5 MoE, AFMoE): the spec, the checkpoint's names, and the graph.
 
 Every class here routes the same way, written once:
 
@@ -16,10 +16,11 @@ folded into its weight), each chosen expert's weight is times its per_expert_sca
 normalization (our kernel's expert_scale input; a Mul on the weights in standard ops), and the experts'
 activation is GELU's tanh form (the spec's hidden_act). LFM2-MoE scores each expert by its logit's
 sigmoid (`scoring`), chooses by the scores plus a bias (`selection_bias`), normalizes the chosen scores by
-their sum + 1e-6 and scales them (`routed_scale`). ERNIE 4.5 chooses by softmax scores plus a bias
-(its e_score_correction_bias) and divides the chosen scores by their sum clamped below at `norm_min`. llm.onnx computes every expert on every token and
-weights the k chosen ones (the rest get weight 0 and are masked, so one that overflows in float16 adds nothing), in standard ops TensorRT
-parses: exact, and E / k times the chosen experts' arithmetic. The ONNX Runtime form (float32
+their sum + 1e-6 and scales them (`routed_scale`); AFMoE the same with its sum + 1e-20 (`norm_add`) and
+shared experts. ERNIE 4.5 chooses by softmax scores plus a bias (its e_score_correction_bias) and
+divides the chosen scores by their sum clamped below at `norm_min`. llm.onnx computes every expert on
+every token and weights the k chosen ones (the rest get weight 0 and are masked, so one that overflows
+in float16 adds nothing), in standard ops TensorRT parses: exact, and E / k times the chosen experts' arithmetic. The ONNX Runtime form (float32
 arithmetic) computes the chosen experts only, in one node a layer: on our CPU kernels
 trtllm.cpu::MoE (plugins/cpu/moe.cc), which holds a 16-bit engine's experts in their own type, or
 MoEBlockQuant for int4/int8 experts quantized as the model's other projections (both graphs then
@@ -65,6 +66,13 @@ class MoE:
     #                                      expert_bias, a buffer: mlp.expert_bias)
     routed_scale: float = 1.0            # the chosen weights times this (LFM2-MoE's routed_scaling_factor)
     norm_min: float = 0.0                # the normalizing sum at least this (ERNIE 4.5's moe_norm_min clamps it)
+    norm_add: float | None = None        # added to the normalizing sum (None: 1e-6 for sigmoid scores, as
+    #                                      LFM2-MoE's; none for softmax ones; AFMoE's 1e-20)
+
+
+def norm_epsilon(m: MoE) -> float:
+    """What the chosen scores' sum gets added before it divides them."""
+    return m.norm_add if m.norm_add is not None else 1e-6 if m.scoring == "sigmoid" else 0.0
 
 
 def ort_node_takes(spec) -> bool:
@@ -73,7 +81,7 @@ def ort_node_takes(spec) -> bool:
     llm.onnx's standard ops run them)."""
     m = spec.moe
     return (m is not None and spec.hidden_act == "silu" and not m.beside_dense and m.scoring == "softmax"
-            and not m.selection_bias and m.routed_scale == 1.0 and not m.norm_min)
+            and not m.selection_bias and m.routed_scale == 1.0 and not m.norm_min and not norm_epsilon(m))
 
 
 def kernel_takes(spec, quant) -> bool:
@@ -115,7 +123,7 @@ def qwen_dense_layers(config) -> tuple[int, ...]:
 # A MoE layer's weights under the names MoEWriter reads, from each class's own:
 #   mlp.router.weight [E, H]; mlp.experts.gate_up_proj [E, 2I, H] (gate rows, then up);
 #   mlp.experts.down_proj [E, H, I]; mlp.shared_expert.{gate,up,down}_proj.weight; mlp.shared_expert_gate.weight
-ROUTER_NAMES = ("mlp.gate.weight", "mlp.router.weight", "block_sparse_moe.router.weight")
+ROUTER_NAMES = ("mlp.gate.weight", "mlp.router.weight", "block_sparse_moe.router.weight", "mlp.router.gate.weight")
 
 
 def canonical_names(w, spec) -> None:
@@ -248,8 +256,8 @@ class MoEWriter:
             top = g.op("GatherElements", f"{name}/router/Chosen", [probs, chosen], axis=-1)
         if m.normalize:
             total = g.op("ReduceSum", f"{name}/router/ReduceSum", [top, g.const([-1])], keepdims=1)
-            if m.scoring == "sigmoid":
-                total = g.op("Add", f"{name}/router/Epsilon", [total, g.const(1e-6, np.float32)])
+            if norm_epsilon(m):
+                total = g.op("Add", f"{name}/router/Epsilon", [total, g.const(norm_epsilon(m), np.float32)])
             if m.norm_min:  # (ERNIE 4.5: torch.clamp(sum, min=moe_norm_min))
                 total = g.op("Max", f"{name}/router/NormMin", [total, g.const(m.norm_min, np.float32)])
             top = g.op("Div", f"{name}/router/Div", [top, total])
@@ -395,6 +403,8 @@ class MoEWriter:
             attrs["scoring"] = m.scoring
         if m.norm_min:  # (ERNIE 4.5's)
             attrs["norm_min"] = float(m.norm_min)
+        if m.norm_add is not None:  # (AFMoE's; without it the kernel adds LFM2-MoE's 1e-6 to sigmoid scores' sum)
+            attrs["norm_epsilon"] = float(m.norm_add)
         if self.quant is None:
             kind = self.storage if self.half else np.float32
             gate_up = g.weight(w1, experts_in(self.w.rows(w1), kind, order))

@@ -90,6 +90,13 @@ ARCHS = {
     "ernie4_5_moe": ("Ernie4_5_MoeConfig", "Ernie4_5_MoeForCausalLM", {
         "moe_num_experts": 4, "moe_k": 2, "moe_intermediate_size": 32, "moe_num_shared_experts": 2,
         "moe_layer_start_index": 1, "moe_norm_min": 0.9}),
+    # AFMoE (Trinity's): sliding layers with RoPE and a full one without, each attention value gated, four
+    # norms a layer, a dense first layer, then experts by sigmoid scores chosen with a bias, scaled, and two
+    # shared experts; muP's scaled embeddings
+    "afmoe": ("AfmoeConfig", "AfmoeForCausalLM", {
+        "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32, "num_shared_experts": 2,
+        "num_dense_layers": 1, "route_scale": 1.5, "sliding_window": 8, "global_attn_every_n_layers": 2,
+        "mup_enabled": True}),
     "olmoe": ("OlmoeConfig", "OlmoeForCausalLM", {"num_experts": 4, "num_experts_per_tok": 2}),
     "mixtral": ("MixtralConfig", "MixtralForCausalLM", {"num_local_experts": 4, "num_experts_per_tok": 2}),
     "granitemoe-plain": ("GraniteMoeConfig", "GraniteMoeForCausalLM", {
@@ -176,6 +183,8 @@ def make_checkpoint(arch: str, out_dir: Path, seed: int = 0, num_layers: int = 2
     if arch.startswith("gemma4"):  # (untied: tied, the tiny model repeats the last token whatever it is given)
         num_layers, tie = len(GEMMA4_LAYERS), False
         extra = {**extra, "layer_types": GEMMA4_LAYERS}
+    if arch == "afmoe":  # (untied, as Gemma 4: tied, its outputs normed, the tiny model repeats one token)
+        tie = False
     if arch.startswith("granite4"):
         extra = {**extra, "layer_types": ["attention"] * num_layers}
     if arch.startswith(("lfm2", "lfm3")):

@@ -34,7 +34,8 @@
 //          activation ("silu", the default, or "gelu_tanh": Gemma 4's experts, gelu_tanh(gate) * up with
 //          GELU's tanh form as torch computes it), scoring ("softmax", the default, or "sigmoid":
 //          LFM2-MoE's, each logit's sigmoid, normalized by their sum + 1e-6 as transformers does), norm_min
-//          (float, default 0: the normalizing sum at least this, as ERNIE 4.5's moe_norm_min clamps it).
+//          (float, default 0: the normalizing sum at least this, as ERNIE 4.5's moe_norm_min clamps it),
+//          norm_epsilon (float: added to the sum first; default 1e-6 with sigmoid scores, else 0; AFMoE's 1e-20).
 // Routing as transformers': softmax (or sigmoid) of the logits in float32, the k largest scores (an
 // exact tie goes to the lower expert index, as ONNX's TopK), normalized when asked; products accumulate
 // in float32, and a token's experts are summed in the router's order.
@@ -189,8 +190,9 @@ void combine(void* data, size_t task) {
 // or `sigmoid` each), the k largest of scores + bias (bias: null, or [E] added for the choice only),
 // their scores normalized where asked (sigmoid's by the sum + 1e-6, as LFM2-MoE's router; the sum at least
 // norm_min, as ERNIE 4.5's), then times scale (null, or [E]).
-void route(const float* logits, int64_t count, int64_t e, int64_t k, bool normalize, bool sigmoid, float norm_min,
-           const float* bias, const float* scale, std::vector<int64_t>& chosen, std::vector<float>& weight) {
+void route(const float* logits, int64_t count, int64_t e, int64_t k, bool normalize, bool sigmoid, float epsilon,
+           float norm_min, const float* bias, const float* scale, std::vector<int64_t>& chosen,
+           std::vector<float>& weight) {
   std::vector<float> probs(e), keys(e);
   std::vector<char> taken(e);
   for (int64_t t = 0; t < count; ++t) {
@@ -214,8 +216,7 @@ void route(const float* logits, int64_t count, int64_t e, int64_t k, bool normal
       chosen[t * k + j] = best;
       picked += weight[t * k + j] = probs[best];
     }
-    if (normalize && sigmoid) picked += 1e-6f;
-    if (normalize) picked = std::max(picked, norm_min);
+    if (normalize) picked = std::max(picked + epsilon, norm_min);
     if (normalize)
       for (int64_t j = 0; j < k; ++j) weight[t * k + j] /= picked;
     if (scale)
@@ -249,6 +250,7 @@ struct MoEKernel {
   bool exact_rows;  // quantized generated rows 1-2 at a time (Job::row_exact): the exact_rows attribute
   bool gelu;        // the activation attribute: gelu_tanh
   bool sigmoid;     // the scoring attribute: sigmoid
+  float epsilon;    // the norm_epsilon attribute
   float norm_min;   // the norm_min attribute
   const char* name;
   std::mutex lock;  // guards the copies
@@ -355,7 +357,7 @@ struct MoEKernel {
       for (const auto& [v, what] : {std::pair{scale, "expert_scale"}, std::pair{bias, "selection_bias"}})
         if (v && static_cast<int64_t>(v.GetTensorTypeAndShapeInfo().GetElementCount()) != e)
           return fail(std::string(what) + " must hold E = " + std::to_string(e) + " values", name);
-      route(logits.GetTensorData<float>(), rows.m, e, k, normalize, sigmoid, norm_min,
+      route(logits.GetTensorData<float>(), rows.m, e, k, normalize, sigmoid, epsilon, norm_min,
             bias ? bias.GetTensorData<float>() : nullptr, scale ? scale.GetTensorData<float>() : nullptr, chosen, weight);
       // the calling thread's buffers, kept between calls: new pages each call cost more than the
       // gather (page faults, zeroing); they hold the largest pass's rows until the thread ends
@@ -458,9 +460,11 @@ struct MoEOp : Ort::CustomOpBase<MoEOp<W>, MoEKernel, true> {
       if (scoring != "softmax" && scoring != "sigmoid")
         return fail("scoring must be softmax or sigmoid, got " + scoring, GetName());
       const float norm_min = trtllm_cpu::attribute_or<float>(ki, "norm_min", 0.0f);
-      if (!(norm_min >= 0.0f)) return fail("norm_min must be >= 0", GetName());
+      const float epsilon = trtllm_cpu::attribute_or<float>(ki, "norm_epsilon", scoring == "sigmoid" ? 1e-6f : 0.0f);
+      if (!(norm_min >= 0.0f) || !(epsilon >= 0.0f)) return fail("norm_min and norm_epsilon must be >= 0", GetName());
       auto* made = new MoEKernel{k, normalize != 0, bits, W == ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16,
-                                 exact_rows, activation == "gelu_tanh", scoring == "sigmoid", norm_min, GetName(), {}, {}};
+                                 exact_rows, activation == "gelu_tanh", scoring == "sigmoid", epsilon, norm_min,
+                                 GetName(), {}, {}};
       for (size_t j = 0; j < (kQuant ? 6u : 2u); ++j)  // an input that is not a constant is read where it is
         made->copies[kQuant ? j : 3 * j].constant = trtllm_cpu::constant_input(ki, 2 + j);
       *kernel = made;

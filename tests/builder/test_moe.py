@@ -164,7 +164,7 @@ def dense_experts(experts: np.ndarray, scheme) -> np.ndarray:
 
 
 @pytest.mark.parametrize("arch", ["qwen3_moe", "olmoe", "qwen2_moe", "granitemoe", "granitemoe-plain", "mixtral",
-                                  "gemma4-moe", "lfm2_moe", "granite4-moe", "ernie4_5_moe"])
+                                  "gemma4-moe", "lfm2_moe", "granite4-moe", "ernie4_5_moe", "afmoe"])
 @pytest.mark.parametrize("quantization, kernel", [("int4", True), ("int8", True), ("int4", False)])
 def test_quantized_experts_compute_their_dequantized_weights(arch, quantization, kernel, tiny_checkpoint, tmp_path,
                                                               monkeypatch):
@@ -192,7 +192,7 @@ def test_quantized_experts_compute_their_dequantized_weights(arch, quantization,
     manifest = json.loads((out / "manifest.json").read_text())
     # (Gemma 4's GELU experts, LFM2-MoE's sigmoid routing and ERNIE 4.5's selection bias have no ONNX Runtime
     # node: without our kernel, standard ops run them)
-    standard = arch in ("gemma4-moe", "lfm2_moe", "ernie4_5_moe")
+    standard = arch in ("gemma4-moe", "lfm2_moe", "ernie4_5_moe", "afmoe")
     node = cpu.MOE_QUANT_LOWERING if kernel else "standard ops" if standard else "QMoE"
     assert node.split("::")[-1] in manifest["quantization_scheme"]["experts"]
     assert (node in manifest["lowerings"]) == (node != "standard ops")

@@ -32,7 +32,7 @@ from tests.tiny_models import make_checkpoint  # noqa: E402
 pytestmark = pytest.mark.hf
 ARCHS = ["llama", "mistral", "ministral", "qwen2", "qwen3", "phi3", "phi4-mini", "smollm3", "gemma", "gemma2", "gemma3",
          "gemma4", "lfm2", "granite", "olmo2", "olmo3", "exaone4", "ernie4_5", "helium", "hunyuan", "glm", "glm4",
-         "granite4", "lfm3", "arcee", "apertus", "qwen3_moe", "qwen2_moe", "granite4-moe", "ernie4_5_moe"]  # (mixtures of experts: the head reads the
+         "granite4", "lfm3", "arcee", "apertus", "qwen3_moe", "qwen2_moe", "granite4-moe", "ernie4_5_moe", "afmoe"]  # (mixtures of experts: the head reads the
 # residual stream, whatever the MLP)
 PROMPTS = [[5, 17, 42, 99, 7], list(range(30, 52)), [3, 200, 11]]
 ATOL = 1e-4

@@ -40,6 +40,7 @@ BESIDES = {"qwen3_moe": [], "olmoe": [], "mixtral": [],
            "granitemoe": ["shared_mlp.input_linear", "shared_mlp.output_linear"],
            "granite4-moe": ["shared_mlp.input_linear", "shared_mlp.output_linear"],
            "ernie4_5_moe": ["gate_proj", "up_proj", "down_proj"],  # (its dense layer 0, and its shared_experts)
+           "afmoe": ["gate_proj", "up_proj", "down_proj"],  # (... and its attention's gate_proj)
            "gemma4-moe": ["gate_proj", "up_proj", "down_proj", "router.proj"],
            "lfm2_moe": ["feed_forward.w1", "feed_forward.w3", "feed_forward.w2", "conv.in_proj", "conv.out_proj"]}
 ARCHS = list(BESIDES)

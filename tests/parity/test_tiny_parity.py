@@ -24,9 +24,9 @@ ARCHS = ["llama", "mistral", "ministral", "qwen2", "qwen3", "phi3", "phi4-mini",
          "gemma4", "gemma4-kv", "gemma4-moe", "lfm2", "lfm2_moe", "lfm3", "granite", "olmo2", "olmo3", "exaone4",
          "ernie4_5", "helium", "hunyuan", "glm", "glm4", "arcee", "apertus",
          "qwen3_moe", "qwen2_moe", "olmoe", "mixtral", "granitemoe", "granitemoe-plain", "granite4", "granite4-moe",
-         "ernie4_5_moe"]
+         "ernie4_5_moe", "afmoe"]
 MOE_ARCHS = ("qwen3_moe", "qwen2_moe", "olmoe", "mixtral", "granitemoe", "granitemoe-plain", "gemma4-moe", "lfm2_moe",
-             "granite4-moe", "ernie4_5_moe")
+             "granite4-moe", "ernie4_5_moe", "afmoe")
 PROMPTS = [[5, 17, 42, 99, 7], list(range(30, 52)), [3, 200, 11], list(range(100, 140, 3))]
 ATOL = 1e-4
 
@@ -329,7 +329,7 @@ UNDONE = {
     "granite, unscaled residual branches": ("granite", dict(residual_scale=1.0)),
     "granite, unscaled logits": ("granite", dict(logits_scale=1.0)),
     "lfm3, nothing undone (the control: passes)": ("lfm3", {}),
-    "lfm3, no attention gate": ("lfm3", dict(attn_gate=False)),
+    "lfm3, no attention gate": ("lfm3", dict(attn_gate="")),
     "lfm3, outputs not normed": ("lfm3", dict(sandwich_norms=False)),
     "lfm3, one RoPE table for all layers": ("lfm3", dict(local_rope=False)),
     "arcee, nothing undone (the control: passes)": ("arcee", {}),
@@ -363,6 +363,11 @@ UNDONE = {
     "ernie4_5_moe, chosen without the selection bias": ("ernie4_5_moe", dict(moe=dict(selection_bias=False))),
     "ernie4_5_moe, the weights' sum not clamped": ("ernie4_5_moe", dict(moe=dict(norm_min=0.0))),
     "ernie4_5_moe, no shared experts": ("ernie4_5_moe", dict(moe=dict(shared_size=0))),
+    "afmoe, nothing undone (the control: passes)": ("afmoe", {}),
+    "afmoe, attention values ungated": ("afmoe", dict(attn_gate="")),
+    "afmoe, RoPE on its full layers too": ("afmoe", dict(nope_layers=())),
+    "afmoe, unscaled embeddings": ("afmoe", dict(embed_scale=1.0)),
+    "afmoe, weights not scaled": ("afmoe", dict(moe=dict(routed_scale=1.0))),
     "lfm2_moe, nothing undone (the control: passes)": ("lfm2_moe", {}),
     "lfm2_moe, softmax scores": ("lfm2_moe", dict(moe=dict(scoring="softmax"))),
     "lfm2_moe, chosen without the expert bias": ("lfm2_moe", dict(moe=dict(selection_bias=False))),

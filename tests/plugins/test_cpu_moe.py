@@ -30,7 +30,8 @@ def experts(e: int, h: int, i: int, seed: int, dtype: str) -> tuple[np.ndarray, 
 
 def op_model(w1: np.ndarray, w2: np.ndarray, k: int, normalize: bool = True, reorder: bool = True,
              activation: str | None = None, scale: np.ndarray | None = None, scoring: str | None = None,
-             bias: np.ndarray | None = None, norm_min: float | None = None) -> bytes:
+             bias: np.ndarray | None = None, norm_min: float | None = None,
+             epsilon: float | None = None) -> bytes:
     """One MoE node; w1 [E, 2I, H] in the checkpoint's order (gate rows, then up rows), stored in the
     kernel's swiglu order (`reorder`; else as given); `activation` and `scoring` its attributes (None: left
     out, SiLU and softmax), `scale` its expert_scale input (Gemma 4's per_expert_scale), `bias` its
@@ -41,7 +42,8 @@ def op_model(w1: np.ndarray, w2: np.ndarray, k: int, normalize: bool = True, reo
     node = helper.make_node(cpu.MOE, ["x", "logits", "w1", "w2", "generated", *tail], ["y"], domain=cpu.DOMAIN, k=k,
                             normalize=int(normalize), **({"activation": activation} if activation else {}),
                             **({"scoring": scoring} if scoring else {}),
-                            **({"norm_min": norm_min} if norm_min is not None else {}))
+                            **({"norm_min": norm_min} if norm_min is not None else {}),
+                            **({"norm_epsilon": epsilon} if epsilon is not None else {}))
     return one_node_model(node, [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["t", "h"]),
                                  helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["t", "e"]),
                                  helper.make_tensor_value_info("generated", TensorProto.INT64, [1])],
@@ -104,7 +106,7 @@ def check_quant(t: int, e: int, k: int, h: int, i: int, bits: int, generated: in
 
 def reference(x, logits, w1, w2, k: int, normalize: bool = True, ties: str = "lower", gelu: bool = False,
               scale: np.ndarray | None = None, sigmoid: bool = False, bias: np.ndarray | None = None,
-              norm_min: float = 0.0) -> np.ndarray:
+              norm_min: float = 0.0, epsilon: float | None = None) -> np.ndarray:
     """float64: softmax (or `sigmoid` each), the k largest (of the scores + `bias`; an exact tie to the lower
     index; `ties="higher"` the other way, a wrong variant), normalized or not (sigmoid's by the sum + 1e-6),
     then times each expert's `scale`, sum of weight x down(act(gate) * up), act SiLU or GELU's tanh form."""
@@ -119,7 +121,8 @@ def reference(x, logits, w1, w2, k: int, normalize: bool = True, ties: str = "lo
     for t in range(x.shape[0]):
         key = (lambda j: (-keys[t, j], j)) if ties == "lower" else (lambda j: (-keys[t, j], -j))
         chosen = sorted(range(e), key=key)[:k]
-        weights = p[t, chosen] / (max(p[t, chosen].sum() + 1e-6 * sigmoid, norm_min) if normalize else 1.0)
+        add = 1e-6 * sigmoid if epsilon is None else epsilon
+        weights = p[t, chosen] / (max(p[t, chosen].sum() + add, norm_min) if normalize else 1.0)
         if scale is not None:
             weights = weights * scale[chosen]
         for j, w in zip(chosen, weights):
@@ -220,6 +223,19 @@ def test_ernie_s_selection_bias_on_softmax_scores_and_norm_min(t, e, k, h, i):
     ref = reference(feed["x"], feed["logits"], w1, w2, k, bias=bias, norm_min=0.5)
     assert np.abs(y - ref).max() / np.abs(ref).max() < 2e-6
     wrong = reference(feed["x"], feed["logits"], w1, w2, k, bias=bias)
+    assert np.abs(y - wrong).max() / np.abs(ref).max() > 1e-3
+
+
+def test_norm_epsilon_replaces_the_sigmoid_scores_default():
+    """norm_epsilon: what the chosen scores' sum gets added (AFMoE's 1e-20 in place of LFM2-MoE's 1e-6, the
+    default with sigmoid scores); 0.5 here, so that it shows: the reference with it, not without."""
+    t, e, k, h, i = SHAPES[1]
+    w1, w2 = experts(e, h, i, 7, "float32")
+    feed, bias = inputs(t, e, h, 3, 1), np.random.default_rng(1).standard_normal(e) * 0.3
+    y = session(op_model(w1, w2, k, scoring="sigmoid", bias=bias, epsilon=0.5)).run(None, feed)[0]
+    ref = reference(feed["x"], feed["logits"], w1, w2, k, sigmoid=True, bias=bias, epsilon=0.5)
+    assert np.abs(y - ref).max() / np.abs(ref).max() < 2e-6
+    wrong = reference(feed["x"], feed["logits"], w1, w2, k, sigmoid=True, bias=bias)
     assert np.abs(y - wrong).max() / np.abs(ref).max() > 1e-3
 
 
