@@ -50,7 +50,18 @@ def still_wide(model, names: list[str]) -> bool:
     """Whether the checkpoint's float32 tensors are float32 in the model loaded in a 16-bit type (LFM2-MoE's
     expert biases are, as transformers loads buffers; a float32 norm would be rounded)."""
     state = model.state_dict()
-    return all(name in state and state[name].dtype == torch.float32 for name in names)
+    wide = [k for k, v in state.items() if v.dtype == torch.float32]
+
+    def kept(name: str) -> bool:
+        if name in state:
+            return state[name].dtype == torch.float32
+        # a name transformers maps as it loads (ERNIE 4.5 MoE's moe_statics, under its gate in the model): a
+        # float32 entry of the same layer with the same last name
+        parts = name.split(".")
+        layer = ".".join(parts[:3]) + "." if parts[:2] == ["model", "layers"] else ""
+        return any(k.startswith(layer) and k.endswith("." + parts[-1]) for k in wide)
+
+    return all(kept(name) for name in names)
 
 
 def loaded(load_in, source, hold: bool, language=None):
