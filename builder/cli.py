@@ -7,8 +7,9 @@ import time
 
 import click
 
-from trtllm.builder.config import (ACTIVATIONS, BACKENDS, CPU_KERNELS, DTYPES, GRAPHS, KV_CACHE_DTYPES, QUANTIZATIONS,
-                                   BuildConfig, CheckpointError, ConfigError, profile_defaults)
+from trtllm.builder.config import (ACTIVATIONS, BACKENDS, CPU_KERNELS, DTYPES, GRAPHS, KV_CACHE_DTYPES,
+                                   LM_HEAD_QUANTIZATIONS, QUANTIZATIONS, BuildConfig, CheckpointError, ConfigError,
+                                   profile_defaults)
 from trtllm.builder.tensorrt import TensorRTUnavailable  # (no tensorrt import: that is lazy)
 from trtllm.runtime.interrupt import terminate_as_interrupt
 
@@ -51,6 +52,10 @@ def resolve(options: dict, profile: str) -> dict:
 @click.option("--backend", type=click.Choice(BACKENDS), help=f"[profile; default {DEFAULTS['backend']}]")
 @click.option("--dtype", type=click.Choice(DTYPES), help=f"[profile; default {DEFAULTS['dtype']}]")
 @click.option("--quantization", type=click.Choice(QUANTIZATIONS), default="none", show_default=True)
+@click.option("--lm-head-quantization", type=click.Choice(LM_HEAD_QUANTIZATIONS), default="auto", show_default=True,
+              help="--quantization's lm_head (and a tied token table's scores): auto holds it in int8; int4 "
+                   "reads half its bytes a token (a large vocabulary's decode is mostly its lm_head) for some "
+                   "accuracy (the build's check takes 70% top-1 agreement). The token embedding stays int8.")
 @click.option("--cpu-kernels", type=click.Choice(CPU_KERNELS), default="auto", show_default=True,
               help="ONNX Runtime engines: run attention and the quantized MatMuls on trtllm-edge's native "
                    "kernels (plugins/cpu, built by scripts/setup.sh) or on ONNX Runtime's own (GroupQueryAttention, "

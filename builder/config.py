@@ -19,6 +19,7 @@ from trtllm.runtime.manifest import DTYPES, GRAPHS, PROFILE_ALIASES, QUANTIZATIO
 
 BACKENDS = ("auto", "onnxruntime", "tensorrt")
 ACTIVATIONS = ("float32", "int16", "int8")  # quantized MatMuls' activations on our CPU kernels' decode steps
+LM_HEAD_QUANTIZATIONS = ("auto", "int8", "int4")  # auto: int8 (a quantized engine's lm_head and token table)
 KV_CACHE_DTYPES = ("auto", "int8")  # auto: --dtype's; int8: rows of int8 values and a scale (our attention kernel)
 CPU_KERNELS = ("auto", "native", "onnxruntime")  # ONNX Runtime engines: plugins/cpu's kernels, or ORT's own
 PROFILES = ("cpu-default", "tensorrt-modern", "tensorrt-legacy", "jetson-orin-jp6", "jetson-thor-jp7")
@@ -127,6 +128,7 @@ class BuildConfig:
     cpu_kernels: str = "auto"       # ONNX Runtime: native (plugins/cpu: attention, quantized MatMuls) or onnxruntime
     activations: str = "float32"    # int16/int8: quantized decode steps multiply quantized activations (plugins/cpu)
     kv_cache_dtype: str = "auto"    # int8: the KV cache as int8 rows with a float32 scale each (plugins/cpu attention)
+    lm_head_quantization: str = "auto"  # --quantization's lm_head: int8 (auto), or int4 (fewer bytes a token)
     tensorrt_options: tuple[str, ...] = ()  # TensorRT-only flags given on the command line (--timing-cache, ...)
     plan_later: bool = False        # TensorRT: export all but the plan, built on the device (builder/plan.py)
     max_image_tiles: int | None = None  # vision-language models: at most this many tiles an image (None: the checkpoint's)
@@ -136,7 +138,7 @@ class BuildConfig:
     def __post_init__(self):
         for name, allowed in (("backend", BACKENDS), ("dtype", DTYPES), ("quantization", QUANTIZATIONS),
                               ("graph", GRAPHS), ("cpu_kernels", CPU_KERNELS), ("activations", ACTIVATIONS),
-                              ("kv_cache_dtype", KV_CACHE_DTYPES)):
+                              ("kv_cache_dtype", KV_CACHE_DTYPES), ("lm_head_quantization", LM_HEAD_QUANTIZATIONS)):
             if getattr(self, name) not in allowed:
                 raise ConfigError(f"--{name.replace('_', '-')} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}")
         for name in ("max_batch_size", "max_input_len", "max_kv_cache_capacity"):
@@ -195,6 +197,9 @@ class BuildConfig:
         if self.sampling_plugin and parse_trt_version(self.trt_version) < PLUGIN_MIN_TRT:
             raise ConfigError(f"--sampling-plugin needs TensorRT >= 10.6 (tensorrt.plugin), but trt_version is "
                               f"{self.trt_version}: leave it out (the in-graph sampler draws the same tokens)")
+        if self.lm_head_quantization != "auto" and self.quantization == "none":
+            raise ConfigError(f"--lm-head-quantization {self.lm_head_quantization} needs --quantization int8|int4 (it "
+                              "picks how a quantized engine holds its lm_head), got --quantization none")
         if self.activations != "float32" and self.cpu_kernels == "onnxruntime":
             raise ConfigError(f"--activations {self.activations} is for our kernels: with --cpu-kernels onnxruntime, "
                               "MatMulNBits always quantizes activations to int8")

@@ -104,7 +104,7 @@ def export_onnx(ck: ckpt.Checkpoint, config: BuildConfig, out_dir: Path, log, ba
     log(f"writing the {spec.architecture} graph ({config.graph} profile; {spec.num_layers} layers, hidden "
         f"{spec.hidden_size}, {spec.num_heads}/{spec.num_kv_heads} heads)")
     max_top_k = min(MAX_TOP_K, spec.vocab_size)
-    quant = QuantScheme.named(config.quantization, config.activations)
+    quant = QuantScheme.named(config.quantization, config.activations, config.lm_head_quantization)
     if quant:
         check_blocks(spec, quant, "the model")
         if draft:
@@ -297,7 +297,8 @@ def make_manifest(ck, config: BuildConfig, backend: str, spec, max_top_k: int, n
     return mf.Manifest(
         architecture=spec.architecture, backend=backend, dtype=config.dtype, graph_profile=config.graph,
         quantization=config.quantization,
-        quantization_scheme=quant_section(QuantScheme.named(config.quantization, activations), spec, lowerings),
+        quantization_scheme=quant_section(QuantScheme.named(config.quantization, activations,
+                                                            config.lm_head_quantization), spec, lowerings),
         limits=mf.Limits(max_batch_size=config.max_batch_size, max_input_len=min(config.max_input_len, num_positions),
                          max_kv_cache_capacity=num_positions, max_lora_rank=config.max_lora_rank),
         model=mf.ModelShape(vocab_size=spec.vocab_size, hidden_size=spec.hidden_size, num_layers=spec.num_layers,
@@ -417,7 +418,7 @@ def build(config: BuildConfig, log=print) -> Path:
         elif backend == "tensorrt":
             manifest = build_tensorrt(tmp, config, manifest, log)
         else:
-            quant = QuantScheme.named(config.quantization, config.activations)
+            quant = QuantScheme.named(config.quantization, config.activations, config.lm_head_quantization)
             compile_onnxruntime(tmp, log, quant, native=cpu_kernels.needed_by(lowerings))
             if eagle_section:
                 compile_onnxruntime(tmp, log, quant, native=cpu_kernels.needed_by(eagle_section["lowerings"]),

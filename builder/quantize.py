@@ -50,21 +50,31 @@ class QuantScheme:
     activations: str = "float32"
 
     @classmethod
-    def named(cls, name: str, activations: str = "float32") -> "QuantScheme | None":
-        # int4 keeps the lm_head in int8: on SmolLM2-135M an int4 lm_head alone drops top-1
-        # agreement from 92% to 80% (measured on builder/verify.py's text).
-        return {"none": None, "int8": cls(8, activations=activations),
-                "int4": cls(4, method="rtn-asymmetric", asymmetric=True, lm_head_bits=8, activations=activations)}[name]
+    def named(cls, name: str, activations: str = "float32", lm_head: str = "auto") -> "QuantScheme | None":
+        # The lm_head in int8 unless asked (--lm-head-quantization int4): on SmolLM2-135M an int4 lm_head
+        # alone drops top-1 agreement from 92% to 80% (measured on builder/verify.py's text).
+        head = {"auto": None, "int8": 8, "int4": 4}[lm_head]
+        return {"none": None, "int8": cls(8, activations=activations, lm_head_bits=None if head == 8 else head),
+                "int4": cls(4, method="rtn-asymmetric", asymmetric=True, lm_head_bits=head or 8,
+                            activations=activations)}[name]
 
     def for_lm_head(self) -> "QuantScheme":
-        """The lm_head's scheme: `lm_head_bits` when set (asymmetric only at 4 bits)."""
+        """The lm_head's scheme: `lm_head_bits` when set (int8 symmetric, int4 with offsets as the int4 layers')."""
         if not self.lm_head_bits or self.lm_head_bits == self.bits:
             return self
-        return replace(self, bits=self.lm_head_bits, asymmetric=self.asymmetric and self.lm_head_bits == 4)
+        four = self.lm_head_bits == 4
+        return replace(self, bits=self.lm_head_bits, asymmetric=four,
+                       method="rtn-asymmetric" if four else "rtn-symmetric")
+
+    def for_tables(self) -> "QuantScheme":
+        """The token tables' scheme (the embedding, Gemma 4's per-layer one: their rows gathered, int8 codes):
+        the lm_head's where it is int8 (a tied lm_head and the lookup share one table), int8 otherwise."""
+        head = self.for_lm_head()
+        return head if head.bits == 8 else replace(head, bits=8, asymmetric=False, method="rtn-symmetric")
 
     def to_json(self) -> dict:
         return {"scheme": f"int{self.bits}", **asdict(self),
-                "weights": "all decoder linear layers, and the lm_head and token embedding in int{}".format(
+                "weights": "all decoder linear layers, the lm_head in int{} and the token embedding in int8".format(
                     self.lm_head_bits or self.bits),
                 "not_quantized": "norms, biases, KV cache, activations between layers"}
 

@@ -20,13 +20,17 @@ from trtllm.runtime.generate import RowState, decode_inputs, prefill_inputs
 MIN_AGREEMENT = {"none": 0.98, "float32": 0.98, "float16": 0.95, "bfloat16": 0.93, "int8": 0.93, "int4": 0.90,
                  "int8/int16": 0.93, "int4/int16": 0.90, "int8/int8": 0.90, "int4/int8": 0.85}
 # An int8 KV cache (" kv-int8" after the format) holds each key and value within 1/254 of its row's
-# largest: its floor is the format's, at most KV_INT8_FLOOR.
+# largest: its floor is the format's, at most KV_INT8_FLOOR. An int4 lm_head (" lm_head-int4",
+# --lm-head-quantization int4) moves every logit: the demo model measured 80% (int4 layers), a broken
+# build far less (58% for symmetric int4 layers), so at most LM_HEAD_INT4_FLOOR.
 KV_INT8_FLOOR = 0.93
+LM_HEAD_INT4_FLOOR = 0.70
+FLOORS = {"kv-int8": KV_INT8_FLOOR, "lm_head-int4": LM_HEAD_INT4_FLOOR}
 
 
 def min_agreement(quantization: str) -> float:
-    fmt, _, kv = quantization.partition(" ")
-    return min(MIN_AGREEMENT[fmt], KV_INT8_FLOOR) if kv == "kv-int8" else MIN_AGREEMENT[fmt]
+    fmt, *flags = quantization.split(" ")
+    return min([MIN_AGREEMENT[fmt]] + [FLOORS[flag] for flag in flags])
 
 
 RTOL = 1e-5  # float32 engines' logits: this much of the largest logit, where that is more than atol
@@ -149,12 +153,15 @@ def judge_eagle(e: dict, atol: float) -> None:
 
 def number_format(manifest: mf.Manifest) -> str:
     """What verify.py calls the engine's numbers, as its manifest records them: int8, int4, int4/int8
-    (activations: quant_activations) or the dtype, and " kv-int8" after it with an int8 KV cache."""
+    (activations: quant_activations) or the dtype, " kv-int8" after it with an int8 KV cache, and
+    " lm_head-int4" with an int4 lm_head (--lm-head-quantization int4)."""
     kv = " kv-int8" if manifest.model.kv_dtype == "int8" else ""
     if manifest.quantization == "none":
         return manifest.dtype + kv
-    activations = manifest.quantization_scheme.get("activations", "float32")
-    return manifest.quantization + ("" if activations == "float32" else "/" + activations) + kv
+    scheme = manifest.quantization_scheme
+    activations = scheme.get("activations", "float32")
+    head = " lm_head-int4" if (scheme.get("lm_head_bits") or scheme.get("bits")) == 4 else ""
+    return manifest.quantization + ("" if activations == "float32" else "/" + activations) + kv + head
 
 
 def logit_bound(atol: float, max_abs_logit: float) -> float:

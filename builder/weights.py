@@ -173,9 +173,11 @@ class WeightWriter:
         the DequantizeLinear output that a tied lm_head reads too. `table`: another table's rows
         (Gemma 4's per-layer embeddings), never the lm_head's."""
         g, s = self.g, self.spec
-        scheme = self.quant.for_lm_head()
-        # its own copy in ONNX Runtime's MatMulNBits form: a shared one keeps the lm_head from fusing
-        shared = table == "model.embed_tokens" and s.tie_word_embeddings and (self.native or not self.ort_form)
+        scheme = self.quant.for_tables()
+        # its own copy in ONNX Runtime's MatMulNBits form: a shared one keeps the lm_head from fusing; and
+        # where the lm_head is int4 (--lm-head-quantization), whose codes the lookup does not read
+        shared = table == "model.embed_tokens" and s.tie_word_embeddings and (self.native or not self.ort_form) \
+            and scheme == self.quant.for_lm_head()
         prefix = "lm_head" if shared else table
         w = self.w.rows(f"{table}.weight")
         codes, scale, _ = self.quantized_weight(prefix, w, scheme)

@@ -51,6 +51,7 @@ ARCHS = ["llama", "mistral", "qwen2", "qwen3"]
     (["--backend", "onnxruntime", "--timing-cache", "t.cache", "--opt-level", "2"],
      "--opt-level, --timing-cache: TensorRT build options, and the backend is onnxruntime"),
     (["--activations", "int8"], "--activations int8 needs --quantization int8|int4 on ONNX Runtime"),
+    (["--lm-head-quantization", "int4"], "--lm-head-quantization int4 needs --quantization int8|int4"),
     (["--max-image-tokens", "0"], "--max-image-tokens must be an integer >= 1"),
     (["--activations", "int8", "--quantization", "int4", "--backend", "tensorrt"], "--backend tensorrt"),
     (["--activations", "int4"], "Invalid value for '--activations'"),
