@@ -36,7 +36,8 @@ def reference(ckpt, scheme: QuantScheme):
                 p.copy_(torch.from_numpy(dequantized_weight(p.numpy(), scheme).copy()))
         model.model.embed_tokens.weight = torch.nn.Parameter(
             torch.from_numpy(dequantized_weight(table, scheme.for_tables()).copy()))
-        model.lm_head.weight = torch.nn.Parameter(torch.from_numpy(dequantized_weight(table, scheme.for_lm_head()).copy()))
+        head = dequantized_weight(table, scheme.for_lm_head())
+        model.lm_head.weight = torch.nn.Parameter(torch.from_numpy(head.copy()))
     return model
 
 
