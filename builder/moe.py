@@ -20,9 +20,10 @@ their sum + 1e-6 and scales them (`routed_scale`); AFMoE the same with its sum +
 shared experts. ERNIE 4.5 chooses by softmax scores plus a bias (its e_score_correction_bias) and
 divides the chosen scores by their sum clamped below at `norm_min`. llm.onnx computes every expert on
 every token and weights the k chosen ones (the rest get weight 0 and are masked, so one that overflows
-in float16 adds nothing), in standard ops TensorRT parses: exact, and E / k times the chosen experts' arithmetic. The ONNX Runtime form (float32
-arithmetic) computes the chosen experts only, in one node a layer: on our CPU kernels
-trtllm.cpu::MoE (plugins/cpu/moe.cc), which holds a 16-bit engine's experts in their own type, or
+in float16 adds nothing), in standard ops TensorRT parses: exact, and E / k times the chosen experts'
+arithmetic. The ONNX Runtime form (float32 arithmetic) computes the chosen experts only, in one node
+a layer: on our CPU kernels trtllm.cpu::MoE (plugins/cpu/moe.cc), which holds a 16-bit engine's experts
+in their own type, or
 MoEBlockQuant for int4/int8 experts quantized as the model's other projections (both graphs then
 hold those: `dense_experts`); else com.microsoft MoE (its experts float32), or QMoE for int4
 experts (moe_quant.py).
@@ -34,6 +35,7 @@ takes none, so where it runs the experts they have no LoRA inputs.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -96,6 +98,28 @@ def positive(config, key: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise Unsupported(f"config.{key} must be a positive integer, got {value!r}")
     return value
+
+
+def positive_number(config, key: str, default: float | None = None) -> float:
+    """config.key as a finite positive float (Granite's multipliers, a router's scale); `default` where absent."""
+    value = getattr(config, key, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise Unsupported(f"config.{key} must be a positive number, got {value!r}")
+    return float(value)
+
+
+def leading_dense(config) -> tuple[int, ...]:
+    """The first config.num_dense_layers layers, which keep a dense MLP (LFM2-MoE's, AFMoE's)."""
+    dense = int(getattr(config, "num_dense_layers", 0) or 0)
+    if not 0 <= dense <= config.num_hidden_layers:
+        raise Unsupported(f"config.num_dense_layers must be in [0, {config.num_hidden_layers}], got {dense}")
+    return tuple(range(dense))
+
+
+# A shared expert the checkpoint holds as mlp.shared_experts (ERNIE 4.5's, AFMoE's): (ours, the checkpoint's)
+# for DecoderSpec.module_names, which renames its weights and names its LoRA modules
+SHARED_EXPERTS_NAMES = tuple((f"mlp.shared_expert.{n}_proj", f"mlp.shared_experts.{n}_proj")
+                             for n in ("gate", "up", "down"))
 
 
 def moe_from_config(config, experts_key: str, size_key: str, normalize: bool, shared_size: int = 0,

@@ -193,26 +193,43 @@ def _from_object(obj: object) -> dict | None:
     return _call(obj.get("name"), obj["arguments"] if "arguments" in obj else obj["parameters"])
 
 
-_HERMES = re.compile(r"<tool_call>(.*?)</tool_call>|<tool_call>(.*)", re.DOTALL)
+def _marked(start: str, end: str) -> re.Pattern:
+    """Blocks of calls between two markers, the last block possibly unclosed (the answer ended first)."""
+    s, e = re.escape(start), re.escape(end)
+    return re.compile(f"{s}(.*?){e}|{s}(.*)", re.DOTALL)
+
+
+def _blocks(text: str, start: str, blocks: re.Pattern, read) -> tuple[str | None, list] | None:
+    """The calls `read` gives of each block (None: a block it cannot read), with the text before the first
+    block as content; None where there is no block."""
+    first = text.find(start)
+    if first < 0:
+        return None
+    calls = []
+    for closed, open_ in blocks.findall(text):
+        got = read(closed or open_)
+        if got is None:
+            return None
+        calls += got
+    return text[:first] or None, calls
+
+
+_HERMES = _marked(HERMES, "</tool_call>")
 
 
 def _hermes(text: str) -> tuple[str | None, list] | None:
     """Hermes, Qwen 2.5/3, SmolLM3: `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`, any
     number; the last may be unclosed (the answer ended first). Content: the text before the first."""
-    start = text.find(HERMES)
-    if start < 0:
-        return None
-    calls = []
-    for closed, open_ in _HERMES.findall(text):
+    def read(block: str) -> list | None:
         try:
-            calls.append(_from_object(_JSON.decode(closed or open_)))
+            return [_from_object(_JSON.decode(block))]
         except (ValueError, RecursionError):
             return None
-    return text[:start] or None, calls
+
+    return _blocks(text, HERMES, _HERMES, read)
 
 
-_LFM2 = re.compile(re.escape(LFM_START) + "(.*?)" + re.escape(LFM_END) + "|" + re.escape(LFM_START) + "(.*)",
-                   re.DOTALL)
+_LFM2 = _marked(LFM_START, LFM_END)
 
 
 def _lfm2(text: str) -> tuple[str | None, list] | None:
@@ -220,16 +237,7 @@ def _lfm2(text: str) -> tuple[str | None, list] | None:
     `<|tool_call_end|>`, any number of them; the last may be unclosed (the answer ended first). Content:
     the text before the first. The markers are special tokens: the answer needs skip_special_tokens
     false."""
-    start = text.find(LFM_START)
-    if start < 0:
-        return None
-    calls = []
-    for closed, open_ in _LFM2.findall(text):
-        got = _pythonic(closed or open_)
-        if got is None:
-            return None
-        calls += got[1]
-    return text[:start] or None, calls
+    return _blocks(text, LFM_START, _LFM2, lambda block: None if (got := _pythonic(block)) is None else got[1])
 
 
 def _llama3_json(text: str) -> tuple[str | None, list] | None:

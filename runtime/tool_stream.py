@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import re
 
-from trtllm.runtime.tool_calls import (HERMES, LFM_START, MISTRAL, PYTHON_START, PYTHON_TAG, ToolChoice, extract_or_none,
-                                       forced)
+from trtllm.runtime.tool_calls import (HERMES, LFM_START, MISTRAL, PYTHON_START, PYTHON_TAG, ToolChoice,
+                                       extract_or_none, forced)
 from trtllm.runtime.tool_pieces import Pieces
 
 MARKERS = {"hermes": HERMES, "lfm2": LFM_START, "mistral": MISTRAL}  # the content is the text before the first

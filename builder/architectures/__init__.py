@@ -59,7 +59,8 @@ ARCHITECTURES = {
 RENAMES = {
     "AfmoeForCausalLM": {"pre_mlp_layernorm": "pre_feedforward_layernorm",
                          "post_mlp_layernorm": "post_feedforward_layernorm"},
-    "ApertusForCausalLM": {"attention_layernorm": "input_layernorm", "feedforward_layernorm": "post_attention_layernorm"},
+    "ApertusForCausalLM": {"attention_layernorm": "input_layernorm",
+                           "feedforward_layernorm": "post_attention_layernorm"},
     "HunYuanDenseV1ForCausalLM": {"query_layernorm": "q_norm", "key_layernorm": "k_norm"},
     "Glm4ForCausalLM": {"post_self_attn_layernorm": "post_attention_layernorm",
                         "post_attention_layernorm": "pre_feedforward_layernorm",
@@ -93,8 +94,8 @@ def spec_for(model):
 def spec_of_class(name: str, config):
     """The DecoderSpec the config gives class `name` (what it refuses raised), before its modules are read."""
     if name not in ARCHITECTURES:
-        raise Unsupported(f"the checkpoint loads as {name} (config.model_type {getattr(config, 'model_type', None)!r}); "
-                          f"supported: {sorted(ARCHITECTURES)}")
+        raise Unsupported(f"the checkpoint loads as {name} (config.model_type "
+                          f"{getattr(config, 'model_type', None)!r}); supported: {sorted(ARCHITECTURES)}")
     return ARCHITECTURES[name](config)
 
 
@@ -159,7 +160,8 @@ def weights_of(model, spec) -> Weights:
     if names:  # all at once: a name may be another's new name (GLM-4's post_attention_layernorm)
         w = w.renamed(lambda k: ".".join(names.get(part, part) for part in k.split(".")))
     if spec.module_names:  # a layer's modules the class names otherwise (Granite 4's shared_mlp as its MLP)
-        w = w.renamed(lambda k: module_renamed(k, dict((theirs, ours) for ours, theirs in spec.module_names)))
+        ours = {theirs: mine for mine, theirs in spec.module_names}
+        w = w.renamed(lambda k: module_renamed(k, ours))
     if spec.interleaved_rope:
         reorder_rope_rows(w, spec)
     if spec.moe is not None:

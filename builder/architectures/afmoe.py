@@ -14,25 +14,17 @@ import math
 
 from trtllm.builder.architectures.llama import base_spec
 from trtllm.builder.architectures.mistral import layer_windows
-from trtllm.builder.checkpoint import Unsupported
-from trtllm.builder.moe import moe_from_config, positive
+from trtllm.builder.moe import SHARED_EXPERTS_NAMES, leading_dense, moe_from_config, positive, positive_number
 
 
 def spec_from_config(config):
     windows = layer_windows(config)
     sliding = windows["sliding_layers"] or ()
-    dense = int(config.num_dense_layers or 0)
-    if not 0 <= dense <= config.num_hidden_layers:
-        raise Unsupported(f"config.num_dense_layers must be in [0, {config.num_hidden_layers}], got {dense}")
-    scale = config.route_scale
-    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not scale > 0:
-        raise Unsupported(f"config.route_scale must be a positive number, got {scale!r}")
     shared = int(config.num_shared_experts or 0) * positive(config, "moe_intermediate_size")
     moe = moe_from_config(config, "num_experts", "moe_intermediate_size", True, shared_size=shared,
-                          dense_layers=tuple(range(dense)), router_module="mlp.router.gate", scoring="sigmoid",
-                          selection_bias=True, routed_scale=float(scale), norm_add=1e-20)
-    names = tuple((f"mlp.shared_expert.{n}_proj", f"mlp.shared_experts.{n}_proj") for n in ("gate", "up", "down"))
+                          dense_layers=leading_dense(config), router_module="mlp.router.gate", scoring="sigmoid",
+                          selection_bias=True, routed_scale=positive_number(config, "route_scale"), norm_add=1e-20)
     return base_spec(config, "AfmoeForCausalLM", moe=moe, qk_norm=True, sandwich_norms=True, attn_gate="element",
                      nope_layers=tuple(i for i in range(config.num_hidden_layers) if i not in sliding),
-                     embed_scale=math.sqrt(config.hidden_size) if config.mup_enabled else 1.0, module_names=names,
-                     **windows)
+                     embed_scale=math.sqrt(config.hidden_size) if config.mup_enabled else 1.0,
+                     module_names=SHARED_EXPERTS_NAMES, **windows)

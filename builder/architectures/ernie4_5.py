@@ -9,7 +9,12 @@ from trtllm.builder.architectures.llama import base_spec
 from trtllm.builder.checkpoint import Unsupported
 
 
-def spec_from_config(config):
+def refuse_bias(config) -> None:
+    """config.use_bias (ERNIE 4.5's, dense and MoE) puts biases on the MLP too, which are not supported."""
     if getattr(config, "use_bias", False):
         raise Unsupported("config.use_bias must be false: it puts biases on the MLP too, which are not supported")
+
+
+def spec_from_config(config):
+    refuse_bias(config)
     return base_spec(config, "Ernie4_5ForCausalLM", interleaved_rope=True)

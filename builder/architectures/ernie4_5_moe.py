@@ -8,9 +8,10 @@ alone, divided by their sum clamped below at moe_norm_min; moe_num_shared_expert
 MLP of their summed width on every token, ungated."""
 from __future__ import annotations
 
+from trtllm.builder.architectures.ernie4_5 import refuse_bias
 from trtllm.builder.architectures.llama import base_spec
 from trtllm.builder.checkpoint import Unsupported
-from trtllm.builder.moe import moe_from_config, positive
+from trtllm.builder.moe import SHARED_EXPERTS_NAMES, moe_from_config, positive
 
 
 def moe_layers(config) -> tuple[int, ...]:
@@ -23,8 +24,7 @@ def moe_layers(config) -> tuple[int, ...]:
 
 
 def spec_from_config(config):
-    if getattr(config, "use_bias", False):
-        raise Unsupported("config.use_bias must be false: it puts biases on the MLP too, which are not supported")
+    refuse_bias(config)
     norm_min = config.moe_norm_min
     if isinstance(norm_min, bool) or not isinstance(norm_min, (int, float)) or not norm_min >= 0:
         raise Unsupported(f"config.moe_norm_min must be a number >= 0, got {norm_min!r}")
@@ -37,5 +37,5 @@ def spec_from_config(config):
                           dense_layers=tuple(i for i in range(config.num_hidden_layers) if i not in sparse),
                           selection_bias=True, norm_min=float(norm_min))
     # (its shared experts are one MLP under mlp.shared_experts: the graph's mlp.shared_expert)
-    names = tuple((f"mlp.shared_expert.{n}_proj", f"mlp.shared_experts.{n}_proj") for n in ("gate", "up", "down"))
-    return base_spec(config, "Ernie4_5_MoeForCausalLM", moe=moe, interleaved_rope=True, module_names=names)
+    return base_spec(config, "Ernie4_5_MoeForCausalLM", moe=moe, interleaved_rope=True,
+                     module_names=SHARED_EXPERTS_NAMES)

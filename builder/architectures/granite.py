@@ -6,25 +6,16 @@ head_dim ** -0.5), the attention and MLP outputs times residual_multiplier befor
 add, and the logits divided by logits_scaling."""
 from __future__ import annotations
 
-import math
-
 from trtllm.builder.architectures.llama import base_spec
-from trtllm.builder.checkpoint import Unsupported
-
-
-def multiplier(config, key: str) -> float:
-    value = getattr(config, key, 1.0)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-        raise Unsupported(f"config.{key} must be a positive number, got {value!r}")
-    return float(value)
+from trtllm.builder.moe import positive_number
 
 
 def multipliers(config) -> dict:
-    """The four multipliers as DecoderSpec fields (Granite MoE's too)."""
-    return {"embed_scale": multiplier(config, "embedding_multiplier"),
-            "query_scale": multiplier(config, "attention_multiplier"),
-            "residual_scale": multiplier(config, "residual_multiplier"),
-            "logits_scale": multiplier(config, "logits_scaling")}
+    """The four multipliers as DecoderSpec fields (Granite MoE's too); 1 where the config has none."""
+    return {"embed_scale": positive_number(config, "embedding_multiplier", 1.0),
+            "query_scale": positive_number(config, "attention_multiplier", 1.0),
+            "residual_scale": positive_number(config, "residual_multiplier", 1.0),
+            "logits_scale": positive_number(config, "logits_scaling", 1.0)}
 
 
 def spec_from_config(config):

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from trtllm.builder.architectures.llama import base_spec
 from trtllm.builder.checkpoint import Unsupported
-from trtllm.builder.moe import moe_from_config
+from trtllm.builder.moe import leading_dense, moe_from_config, positive_number
 
 
 def mlp_width(config) -> int:
@@ -57,14 +57,9 @@ def spec_from_config(config, architecture: str = "Lfm2ForCausalLM", **extra):
 
 
 def moe_spec_from_config(config):
-    dense = int(config.num_dense_layers)
-    if not 0 <= dense <= config.num_hidden_layers:
-        raise Unsupported(f"config.num_dense_layers must be in [0, {config.num_hidden_layers}], got {dense}")
-    factor = config.routed_scaling_factor
-    if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not factor > 0:
-        raise Unsupported(f"config.routed_scaling_factor must be a positive number, got {factor!r}")
     moe = moe_from_config(config, "num_experts", "moe_intermediate_size", bool(config.norm_topk_prob),
-                          dense_layers=tuple(range(dense)), router_module="feed_forward.gate", scoring="sigmoid",
-                          selection_bias=bool(config.use_expert_bias), routed_scale=float(factor))
+                          dense_layers=leading_dense(config), router_module="feed_forward.gate", scoring="sigmoid",
+                          selection_bias=bool(config.use_expert_bias),
+                          routed_scale=positive_number(config, "routed_scaling_factor"))
     # (its dense MLP is intermediate_size wide: Lfm2MoeMLP adjusts nothing)
     return spec_from_config(config, "Lfm2MoeForCausalLM", moe=moe, intermediate_size=config.intermediate_size)

@@ -40,7 +40,8 @@ def spec_from_config(config):
     if sliding and window is None:
         raise Unsupported("config.sliding_window must be a positive integer: config.layer_types has sliding layers")
     return base_spec(config, NAME, rms_norm_eps=config.norm_eps, qk_norm=True,
-                     sandwich_norms=bool(config.use_sandwich_norm), attn_gate="head" if config.use_attention_gate else "",
+                     sandwich_norms=bool(config.use_sandwich_norm),
+                     attn_gate="head" if config.use_attention_gate else "",
                      sliding_window=window, sliding_layers=sliding or None, local_rope=bool(sliding),
                      **conv_fields(config, types),
                      module_names=(("mlp.gate_proj", "feed_forward.w1"), ("mlp.up_proj", "feed_forward.w3"),

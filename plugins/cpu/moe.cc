@@ -358,7 +358,8 @@ struct MoEKernel {
         if (v && static_cast<int64_t>(v.GetTensorTypeAndShapeInfo().GetElementCount()) != e)
           return fail(std::string(what) + " must hold E = " + std::to_string(e) + " values", name);
       route(logits.GetTensorData<float>(), rows.m, e, k, normalize, sigmoid, epsilon, norm_min,
-            bias ? bias.GetTensorData<float>() : nullptr, scale ? scale.GetTensorData<float>() : nullptr, chosen, weight);
+            bias ? bias.GetTensorData<float>() : nullptr, scale ? scale.GetTensorData<float>() : nullptr, chosen,
+            weight);
       // the calling thread's buffers, kept between calls: new pages each call cost more than the
       // gather (page faults, zeroing); they hold the largest pass's rows until the thread ends
       thread_local Pass p;
