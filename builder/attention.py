@@ -57,13 +57,14 @@ class AttentionWriter:
             kv_shape, kv_type = ["batch", kv_heads, "kv_capacity", d], self.ftype
             caches = []
             for kind, new in (("key", k), ("value", v)):
-                past = g.input(getattr(self.io, f"past_{kind}").format(i=i), kv_type, kv_shape)
-                present = getattr(self.io, f"present_{kind}").format(i=i)
+                past = g.input(getattr(self.io, f"past_{kind}").format(i=s.kv_index(i)), kv_type, kv_shape)
+                present = getattr(self.io, f"present_{kind}").format(i=s.kv_index(i))
                 self.kv_write(f"{name}/{kind}_cache", past, new, write_index, present, kv_heads)
                 g.output(present, kv_type, kv_shape)
                 caches.append(present)
         else:  # the source layer's buffers as it left them this step (present_*: its new rows written)
-            caches = [getattr(self.io, f"present_{kind}").format(i=s.kv_source(i)) for kind in ("key", "value")]
+            source = s.kv_index(s.kv_source(i))
+            caches = [getattr(self.io, f"present_{kind}").format(i=source) for kind in ("key", "value")]
         if self.decomposed:
             y = legacy_ops.attention(g, f"{name}/attention", q, caches[0], caches[1], mask, s.num_heads,
                                      kv_heads, d, self.ftype, s.scale, s.attn_softcap)
@@ -192,8 +193,9 @@ class AttentionWriter:
         own shape [batch, kv heads, capacity, head size (+ 4: an int8 cache's scale)]."""
         g, s = self.g, self.spec
         kv_shape = ["batch", s.kv_heads(i), "kv_capacity", s.head_size(i) + self.kv_width - s.head_dim]
-        past = [g.input(getattr(self.io, f"past_{k}").format(i=i), self.kv_type, kv_shape) for k in ("key", "value")]
-        present = [getattr(self.io, f"present_{k}").format(i=i) for k in ("key", "value")]
+        index = s.kv_index(i)  # (past_key.{index}: the layers that keep KV, counted)
+        past = [g.input(getattr(self.io, f"past_{k}").format(i=index), self.kv_type, kv_shape) for k in ("key", "value")]
+        present = [getattr(self.io, f"present_{k}").format(i=index) for k in ("key", "value")]
         for name_out in present:
             g.output(name_out, self.kv_type, kv_shape)
         return past, present
@@ -222,7 +224,8 @@ class AttentionWriter:
         if own:
             past, present = self.kv_io(i)
         else:  # (the source layer's buffers as its node left them this step)
-            past, present = [getattr(self.io, f"present_{k}").format(i=s.kv_source(i)) for k in ("key", "value")], []
+            source = s.kv_index(s.kv_source(i))
+            past, present = [getattr(self.io, f"present_{k}").format(i=source) for k in ("key", "value")], []
         window = s.window(i)
         cos, sin = self.rope_tables(s.rope(i))
         # (past Gemma 4's first KV-sharing layer, the rows kept: shared_rows' write and last indices)

@@ -39,6 +39,7 @@ from trtllm.builder.config import GRAPHS
 from trtllm.builder.graph import DTYPES, STORAGE, GraphWriter
 from trtllm.builder.head import HeadWriter
 from trtllm.builder.lora_sites import lora_sites, site_for
+from trtllm.builder.mamba import MambaWriter
 from trtllm.builder.mlp import MLPWriter
 from trtllm.builder.decoder_spec import DecoderSpec, attention_supported, gqa_supported, half_supported
 from trtllm.builder.moe import MoEWriter
@@ -55,12 +56,13 @@ from trtllm.runtime.manifest import GraphIO
 F32, I64 = TensorProto.FLOAT, TensorProto.INT64
 
 
-class DecoderWriter(AttentionWriter, MLPWriter, HeadWriter, WeightWriter, MoEWriter, PerLayerWriter, ConvWriter):
+class DecoderWriter(AttentionWriter, MLPWriter, HeadWriter, WeightWriter, MoEWriter, PerLayerWriter, ConvWriter,
+                    MambaWriter):
     """Writes one decoder graph; `graph` picks the profile ("modern" opset 24, "legacy" opset 20,
     which refuses `quant` and `ort_attention`). Its attention (builder/attention.py), MLPs (builder/mlp.py),
     head and sampler (builder/head.py), weights (builder/weights.py), mixture-of-experts MLPs
-    (builder/moe.py), Gemma 4's per-layer embeddings (builder/per_layer.py) and LFM2's convolutions
-    (builder/short_conv.py) are written by its mixins."""
+    (builder/moe.py), Gemma 4's per-layer embeddings (builder/per_layer.py), LFM2's convolutions
+    (builder/short_conv.py) and Mamba-2 layers (builder/mamba.py) are written by its mixins."""
 
     def __init__(self, spec: DecoderSpec, weights: dict[str, np.ndarray], rope_cos: np.ndarray,
                  rope_sin: np.ndarray, max_top_k: int, io: GraphIO = GraphIO(), quant: QuantScheme | None = None,
@@ -363,7 +365,7 @@ class DecoderWriter(AttentionWriter, MLPWriter, HeadWriter, WeightWriter, MoEWri
             return mask
         groups = s.num_heads // s.num_kv_heads  # (the model's own: its biases keep their plain names)
         kinds = sorted({(s.window(i), s.num_heads // s.kv_heads(i)) for i in range(s.num_layers)
-                        if i not in s.conv_layers}, key=lambda k: (k[0] or 0, k[1]))
+                        if i not in s.conv_layers and i not in s.mamba_layers}, key=lambda k: (k[0] or 0, k[1]))
         return {(w, n): legacy_ops.attention_bias(
             g, mask[w], n, f"{prefix}/{'bias' if w is None else 'window_bias'}" + f"_{n}" * (n != groups))
             for w, n in kinds}
@@ -409,6 +411,9 @@ class DecoderWriter(AttentionWriter, MLPWriter, HeadWriter, WeightWriter, MoEWri
     def write(self) -> "onnx.ModelProto":  # noqa: F821
         g, s = self.g, self.spec
         input_ids, position_ids, write_index, last_index, h, mask = self.prologue()
+        if s.mamba_layers:  # a parked row's last_index is -1 (its Mamba states kept): 0 for everything else
+            state_last, last_index = last_index, g.op("Max", "/model/last_index/Max", [last_index, g.const(0)])
+            self.step_indices = (write_index, last_index)
         aux = {}  # EAGLE: the residual stream at the input of the draft head's three layers
         branch = None  # (residual Add name, the attention or MLP output still to be added into h)
         for i in range(s.num_layers):
@@ -421,8 +426,12 @@ class DecoderWriter(AttentionWriter, MLPWriter, HeadWriter, WeightWriter, MoEWri
             x, h = self.layer_input(f"/model/layers.{i}/input_layernorm", h, branch,
                                     f"model.layers.{i}.input_layernorm.weight")
             aux[i] = h
-            y = self.short_conv(i, x, write_index) if i in s.conv_layers else \
-                self.attention(i, x, position_ids, write_index, mask)
+            if i in s.mamba_layers:
+                y = self.mamba_mixer(i, x, write_index, state_last)
+            elif i in s.conv_layers:
+                y = self.short_conv(i, x, write_index)
+            else:
+                y = self.attention(i, x, position_ids, write_index, mask)
             if s.sandwich_norms:  # Gemma: the output is normed first, and the MLP's own norm is "pre_feedforward"
                 y = self.rms_norm(f"/model/layers.{i}/post_attention_layernorm", y,
                                   f"model.layers.{i}.post_attention_layernorm.weight")

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from trtllm.builder.mamba import Mamba
 from trtllm.builder.moe import MoE
 from trtllm.builder.quantize import QuantScheme
 
@@ -81,6 +82,8 @@ class DecoderSpec:
     conv_bias: bool = False           # ... and their projections' and convolution's biases
     attn_gate: str = ""               # the attention output times a sigmoid gate of x before o_proj: "head" one
                                       # logit a head (LFM3's g_proj), "element" one a value (AFMoE's gate_proj)
+    mamba_layers: tuple[int, ...] = ()  # Mamba-2 layers (in place of attention: builder/mamba.py), keeping no KV
+    mamba: Mamba | None = None        # ... their shape
     module_names: tuple[tuple[str, str], ...] = ()  # (ours, the checkpoint's) where a module's name differs
                                       # (LFM2's self_attn.out_proj, feed_forward.w1): LoRA's names are the checkpoint's
 
@@ -119,6 +122,15 @@ class DecoderSpec:
             return 1
         return self.global_kv_heads if self.global_kv_heads and self.window(layer) is None else self.num_kv_heads
 
+    def kv_index(self, layer: int) -> int:
+        """Layer `layer`'s KV buffers' index (past_key.{index}): its own, or among the layers that keep KV
+        where Mamba layers keep none."""
+        return layer - sum(1 for m in self.mamba_layers if m < layer)
+
+    def state_shapes(self) -> tuple[tuple[int, ...], ...] | None:
+        """Each recurrent state buffer's shape after the batch (manifest model.state_shapes), or None."""
+        return self.mamba.state_shapes() * len(self.mamba_layers) if self.mamba_layers else None
+
     def kv_source(self, layer: int) -> int:
         """The layer whose KV layer `layer` attends over: its own, or in the last kv_shared_layers the
         last one of its kind (sliding or full) before them."""
@@ -133,9 +145,11 @@ class DecoderSpec:
     def kv_layers(self) -> tuple[tuple[int, int], ...] | None:
         """(kv_heads, head size) of each layer that keeps KV (manifest model.kv_layers), or None where
         every layer keeps its own of one shape."""
-        if not (self.kv_shared_layers or self.global_head_dim or self.global_kv_heads or self.conv_layers):
+        if not (self.kv_shared_layers or self.global_head_dim or self.global_kv_heads or self.conv_layers
+                or self.mamba_layers):
             return None
-        return tuple((self.kv_heads(i), self.head_size(i)) for i in range(self.num_layers - self.kv_shared_layers))
+        return tuple((self.kv_heads(i), self.head_size(i)) for i in range(self.num_layers - self.kv_shared_layers)
+                     if i not in self.mamba_layers)
 
     @property
     def scale(self) -> float:
@@ -192,4 +206,6 @@ def projection_widths(spec: DecoderSpec) -> dict[str, int]:
         widths["twice intermediate_size (use_double_wide_mlp)"] = 2 * spec.intermediate_size
     if spec.moe is not None and spec.moe.shared_size:
         widths["shared expert's intermediate size"] = spec.moe.shared_size
+    if spec.mamba_layers:
+        widths["mamba_expand x hidden_size"] = spec.mamba.inner
     return widths

@@ -35,7 +35,8 @@ from trtllm.builder.decoder_spec import attention_supported, gqa_supported, half
 from trtllm.builder.engine_dir import (binary_sizes, check_output, in_place, readable_by_all, replace_engine,
                                        write_checksums)
 from trtllm.builder.lora_sites import lora_sites
-from trtllm.builder.model_limits import check_blocks, lora_on_experts, refuse_for_convolutions, refuse_for_experts
+from trtllm.builder.model_limits import (check_blocks, lora_on_experts, refuse_for_convolutions, refuse_for_experts,
+                                         refuse_for_mamba)
 from trtllm.builder.tokenizer_files import OPTIONAL_FILES, save_tokenizer
 from trtllm.builder.kernel_choice import half_obstacle, ort_activations, refuse_bfloat16, use_native_kernels
 from trtllm.builder.moe import kernel_takes as moe_kernel_takes
@@ -76,6 +77,8 @@ def export_onnx(ck: ckpt.Checkpoint, config: BuildConfig, out_dir: Path, log, ba
         raise ckpt.CheckpointError(f"--model {config.model!r}: {e}") from e
     if spec.conv_layers:
         refuse_for_convolutions(config, spec)
+    if spec.mamba_layers:
+        refuse_for_mamba(config, spec, backend)
     spec = dataclasses.replace(spec, **ck.language_fields)
     if ck.vision is not None:
         spec = vision_export.language_spec(ck, config, backend, spec, encoder)
@@ -305,7 +308,7 @@ def make_manifest(ck, config: BuildConfig, backend: str, spec, max_top_k: int, n
                             num_heads=spec.num_heads, num_kv_heads=spec.num_kv_heads, head_dim=spec.head_dim,
                             sliding_window=spec.sliding_window, sliding_layers=spec.sliding_layers,
                             kv_dtype="int8" if config.kv_cache_dtype == "int8" else config.dtype,
-                            kv_layers=spec.kv_layers()),
+                            kv_layers=spec.kv_layers(), state_shapes=spec.state_shapes()),
         eos_token_ids=tuple(ckpt.eos_ids(ck)), max_top_k=max_top_k, pad_token_id=int(pad) if pad is not None else 0,
         files={"onnx": ONNX_NAME, **compiled, "tokenizer": "tokenizer.json",
                "tokenizer_config": "tokenizer_config.json", "chat_template": "chat_template.jinja",

@@ -84,7 +84,8 @@ def columns(*modules: tuple[str, int]) -> list[list]:
 def layered_sites(spec: DecoderSpec, experts: bool = False) -> dict[str, dict]:
     """lora_sites of a model whose layers differ in shape (Gemma 4: wider heads on the full layers, q
     alone on the layers reading another's KV, v from k's projection, wider MLPs, 26B-A4B's router and
-    experts; LFM2: convolution layers, conv_in and conv_out; LFM2-MoE's mixture layers, a router and
+    experts; LFM2: convolution layers, conv_in and conv_out; Granite 4's Mamba layers, mamba_in and mamba_out;
+    LFM2-MoE's mixture layers, a router and
     experts in place of the MLP): a site per kind of projection and shape, on its layers; the first
     keeps the kind's name (qkv, o, gate_up, down), the others add their first layer's index (qkv.1:
     layer 1's shape). Modules under the checkpoint's names (spec.module_names); the experts' under the
@@ -99,12 +100,18 @@ def layered_sites(spec: DecoderSpec, experts: bool = False) -> dict[str, dict]:
                 qkv.append(("self_attn.v_proj", kv * d))
         routed = spec.moe is not None and layer not in spec.moe.dense_layers
         # (Gemma 4's mixture is beside its dense MLP; LFM2-MoE's in its place)
+        gate_up = [("mlp.gate_up_proj", 2 * width)] if spec.fused_gate_up else \
+            [("mlp.gate_proj", width), ("mlp.up_proj", width)]  # (Granite 4's shared_mlp.input_linear: module_names)
         mlp = () if routed and not spec.moe.beside_dense else (
-            ("gate_up", h, [("mlp.gate_proj", width), ("mlp.up_proj", width)]), ("down", width, [("mlp.down_proj", h)]))
+            ("gate_up", h, gate_up), ("down", width, [("mlp.down_proj", h)]))
         if routed:
             mlp += shared_kinds(spec) + routed_kinds(spec, experts)
         if layer in spec.conv_layers:  # (LFM2: its convolution's in and out projections, builder/short_conv.py)
             kinds = (("conv_in", h, [("conv.in_proj", 3 * h)]), ("conv_out", h, [("conv.out_proj", h)])) + mlp
+        elif layer in spec.mamba_layers:  # (Granite 4's Mamba-2 layers: in_proj, out_proj; builder/mamba.py)
+            m = spec.mamba
+            kinds = (("mamba_in", h, [("mamba.in_proj", m.inner + m.conv_dim + m.heads)]),
+                     ("mamba_out", m.inner, [("mamba.out_proj", h)])) + mlp
         else:  # (LFM3's attention gate: g_proj, a logit a head)
             gate = (("attn_gate", h, [gate_module(spec, d)]),) if spec.attn_gate else ()
             kinds = (("qkv", h, qkv), ("o", spec.num_heads * d, [("self_attn.o_proj", h)])) + gate + mlp

@@ -33,6 +33,19 @@ def refuse_for_experts(config: BuildConfig, spec, backend: str, native_experts: 
                               f"Runtime's QMoE without our CPU kernels ({why}), with --dtype float32 only")
 
 
+def refuse_for_mamba(config: BuildConfig, spec, backend: str) -> None:
+    """What a model with Mamba-2 layers (builder/mamba.py) cannot be built with yet: TensorRT (its engine
+    binds no state buffers yet), an EAGLE head (speculative decoding rolls back by position; a recurrent
+    state cannot be)."""
+    what = f"{spec.architecture} has Mamba-2 layers ({len(spec.mamba_layers)} of {spec.num_layers})"
+    if backend == "tensorrt":
+        raise ConfigError(f"--backend tensorrt: {what}, whose recurrent state the TensorRT engine does not bind yet; "
+                          "use --backend onnxruntime")
+    if config.eagle:
+        raise ConfigError(f"--eagle: {what}, whose recurrent state cannot be rolled back to a draft's accepted "
+                          "tokens; build without it")
+
+
 def refuse_for_convolutions(config: BuildConfig, spec) -> None:
     """What a model with short-convolution layers (LFM2: builder/short_conv.py) cannot be built with yet:
     an int8 KV cache (our attention kernel's rows; the convolutions keep theirs in standard ops). (EAGLE

@@ -269,6 +269,8 @@ def run_many(engine, jobs: list[tuple[list[int], BeamParams]], timing=None, done
     alone. `prefixes` (runtime/prefix_cache.py), `contexts` (runtime/context_cache.py): the saved
     KV a search's prompt starts from, as plain decoding restores it (runtime/generate.py)."""
     m = engine.manifest
+    if m.model.state_shapes:  # (recurrent layers: a state is restored from nothing saved, generate.py's Scheduler)
+        prefixes = contexts = None
     # searches run side by side while their beams fit in `limit` rows; one of more beams runs alone
     # (trtllm-run refuses more beams than max_batch_size; ONNX Runtime's batch is not bounded by it)
     limit = rows or m.limits.max_batch_size

@@ -408,6 +408,9 @@ def serve(input_file: str | Path, engine_dir: Path, output: str | None, profile:
                                               huge_pages=huge_pages, spin=spin)
     except spec_options.OptionError as e:
         fail_usage(str(e))
+    if m.model.state_shapes and (context_reuse or any(r.save_system_prompt_kv_cache for r in inp.requests)):
+        stdout.say(f"note: {engine_dir}'s recurrent (Mamba) layers keep one state per sequence, not KV per "
+                   "position: no system prompt's KV is saved or reused" + (", nor --context-reuse's" * context_reuse))
     if context_reuse:
         from trtllm.runtime.context_cache import ContextCache
 

@@ -48,6 +48,11 @@ class Scheduler:
     def __init__(self, engine: Engine, rows: list[RowState], num_slots: int, timing: Timing | None,
                  on_token=None, prefixes: PrefixSource | None = None, prefill_chunk: int = 0, feed=None):
         m = engine.manifest
+        # Recurrent layers (Mamba-2) keep one state per sequence, not KV per position: nothing restores a
+        # prefix's state (saved system prompts, context reuse, a neighbour's shared prompt), and a parked
+        # row rides along in decode steps with last_index -1, which leaves its state as it was
+        self.recurrent = bool(m.model.state_shapes)
+        prefixes = None if self.recurrent else prefixes
         self.engine, self.timing, self.on_token, self.prefixes = engine, timing or Timing(), on_token, prefixes
         self.feed = feed
         # (a chunk of one token would take ONNX Runtime's decode attention: see chunk_end)
@@ -163,7 +168,7 @@ class Scheduler:
         saved prefix, MIN_COMPUTED prompt tokens are left to compute, and the logits are the same."""
         leaders: dict[tuple, int] = {}
         followers: dict[int, tuple[int, int]] = {}
-        for slot in admitted:
+        for slot in admitted if not self.recurrent else ():
             row = self.active[slot]
             most = len(row.prompt_ids) - MIN_COMPUTED
             keys = [((adapter_key(row), "prompt", tuple(key_ids(row))), most)]
@@ -412,7 +417,7 @@ class Scheduler:
         self.ensure(max(r.filled() + 1 for r in rows if r is not None and not r.prefilling))  # (parked rows write below)
         reuse = self.decode_feeds.get(hi)
         feeds = decode_inputs(rows, self.engine.manifest.pad_token_id,
-                              reuse.sampling if reuse else sampling.rows(self.batch, 0, hi), reuse)
+                              reuse.sampling if reuse else sampling.rows(self.batch, 0, hi), reuse, self.recurrent)
         self.decode_feeds[hi] = feeds
         out, elapsed = self.step(0, hi, feeds)
         live = [s for s, r in enumerate(rows) if r is not None and not r.finish_reason and not r.prefilling]
@@ -495,7 +500,7 @@ def run_rows(engine: Engine, rows: list[RowState], num_slots: int | None = None,
                                    lookup=lookup, feed=feed)
     else:
         scheduler = Scheduler(engine, rows, num_slots or len(rows), timing, on_token, prefixes, prefill_chunk, feed)
-    scheduler.contexts = contexts
+    scheduler.contexts = None if scheduler.recurrent else contexts
     scheduler.run()
 
 

@@ -17,6 +17,10 @@ what the engine binds for a step. A model whose layers keep KV of different shap
 layer its own (model.kv_layers: Gemma 4), has a buffer pair per KV layer, each of its own shape; a
 copy of a slot's KV (`read`, what saved prefixes hold) is then its layers' rows cut into pieces of one
 width (`piece`), [pieces, 1, n, piece], where a model of one shape has [2 * layers, kv_heads, n, kv_row].
+
+A model with recurrent layers (model.state_shapes: Mamba-2's) has a state buffer [num_slots, *shape] per
+state too, after the KV in a view: a sequence's state so far, not one per position. Moving a slot or a
+beam takes it whole; nothing else here keeps it (no `read`: saved prefixes are refused for such models).
 """
 from __future__ import annotations
 
@@ -44,7 +48,12 @@ def piece(model: ModelShape) -> int | None:
 
 
 def bytes_for(model: ModelShape, num_slots: int, capacity: int) -> int:
-    return num_slots * capacity * bytes_per_token(model)
+    return num_slots * (capacity * bytes_per_token(model) + state_bytes(model))
+
+
+def state_bytes(model: ModelShape) -> int:
+    """One slot's recurrent state (float32), 0 without recurrent layers."""
+    return 4 * sum(math.prod(shape) for shape in model.state_shapes or ())
 
 
 class KVCacheManager:
@@ -54,6 +63,9 @@ class KVCacheManager:
         self.owners: list[object | None] = [None] * num_slots
         self.views: dict[tuple[int, int], tuple] = {}
         self.buffers = self.allocate(num_slots, capacity)
+        # recurrent layers' state, one per slot whatever the capacity (model.state_shapes: Mamba-2's),
+        # bound after the KV (the views' tail); float32, zeroed (the graph takes zeros where a row starts)
+        self.states = [np.zeros((num_slots, *shape), np.float32) for shape in model.state_shapes or ()]
 
     def allocate(self, num_slots: int, capacity: int) -> list:
         """Per layer K and V storage [num_slots, kv_heads, capacity, kv_row] (host numpy here; device
@@ -82,7 +94,7 @@ class KVCacheManager:
 
     @property
     def nbytes(self) -> int:
-        return sum(b.nbytes for b in self.buffers)
+        return sum(b.nbytes for b in self.buffers) + sum(b.nbytes for b in self.states)
 
     def acquire(self, owner: object, num_tokens: int) -> int | None:
         """The lowest free slot for `owner`, or None when every slot is taken or it cannot fit."""
@@ -102,7 +114,7 @@ class KVCacheManager:
         """Slots start..stop-1 zeroed, every position: a failed request's KV may be NaN (its model
         overflowed), and a graph whose attention reads the masked positions too (the legacy graph's
         standard-op attention) would pass that on to the next request in its slots."""
-        for b in self.buffers:
+        for b in (*self.buffers, *self.states):
             b[start:stop] = 0
 
     def move(self, src: int, dst: int, length: int) -> None:
@@ -116,6 +128,8 @@ class KVCacheManager:
         (through `read` and `write`: 4.4x the time, 44 MiB of the demo model's 1,000 positions twice)."""
         for b in self.buffers:
             b[dst, :, :length] = b[src, :, :length]
+        for b in self.states:  # (a slot's state is its sequence's so far: a move takes it whole)
+            b[dst] = b[src]
 
     def move_position(self, slot: int, src: int, dst: int) -> None:
         """Position src's K and V into position dst of the same slot, every layer: a verified token
@@ -128,6 +142,8 @@ class KVCacheManager:
         read before a destination is written (beam search: slots trade places)."""
         for b in self.buffers:
             b[dst, :, start:stop] = b[src, :, start:stop]  # (the right side is a copy: fancy indexing)
+        for b in self.states:  # (each beam's state is the one it extends)
+            b[dst] = b[src]
 
     def active(self) -> list[int]:
         return [s for s, o in enumerate(self.owners) if o is not None]
@@ -137,7 +153,7 @@ class KVCacheManager:
         for the same range, so a backend can tell at a glance that nothing needs binding again."""
         views = self.views.get((start, stop))
         if views is None:
-            views = self.views[(start, stop)] = tuple(b[start:stop] for b in self.buffers)
+            views = self.views[(start, stop)] = tuple(b[start:stop] for b in (*self.buffers, *self.states))
         return views
 
     def read(self, slot: int, length: int) -> np.ndarray:

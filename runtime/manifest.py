@@ -67,6 +67,12 @@ class ModelShape:
     # keeps its own (Gemma 4: full-attention layers' heads are wider, the last layers read earlier ones'
     # KV); None: every layer, num_kv_heads x head_dim
     kv_layers: tuple[tuple[int, int], ...] | None = None
+    # the shape (after the batch) of each recurrent state buffer (past_state.i), float32: a Mamba-2 layer's
+    # convolution inputs [conv_kernel - 1, conv_dim] and its SSM state [heads, head_dim, state_size]. A
+    # state is one per sequence, not one per position: the features that keep KV by position (saved
+    # system prompts, context reuse, prompts shared between rows, speculative decoding) are refused
+    # (docs/kv_cache.md). None: no recurrent layers
+    state_shapes: tuple[tuple[int, ...], ...] | None = None
 
     @property
     def kv_row(self) -> int:
@@ -98,6 +104,8 @@ class GraphIO:
     past_value: str = "past_value.{i}"
     present_key: str = "present_key.{i}"      # the same buffer, updated in place
     present_value: str = "present_value.{i}"
+    past_state: str = "past_state.{i}"        # f32 [batch, *model.state_shapes[i]]: recurrent layers' state,
+    present_state: str = "present_state.{i}"  # the same buffer, written whole (zero taken where write_index is 0)
     logit_bias: str = "logit_bias"            # f32 [batch, vocab]
     penalty_bias: str = "penalty_bias"        # f32 [batch, vocab]: frequency/presence, -inf = banned
     seen: str = "seen"                        # bool [batch, vocab]: prompt + output tokens
@@ -140,6 +148,10 @@ class GraphIO:
     rope_positions: str = "rope_positions"    # three positions, int64 [M, 3], are given whole (M = 0: none)
     generated: str = "generated"              # int64 [1], graphs on plugins/cpu's MatMul kernels: 1 when the
                                               # step's tokens were generated, 0 for a prompt (kernel path per role)
+
+    def state_pairs(self, num_states: int) -> list[tuple[str, str]]:
+        """(past, present) names of the recurrent state buffers, in the KV manager's order (model.state_shapes)."""
+        return [(self.past_state.format(i=i), self.present_state.format(i=i)) for i in range(num_states)]
 
     def kv_pairs(self, num_layers: int) -> list[tuple[str, str]]:
         """(past, present) names in the order of the KV manager's buffers: K0, V0, K1, V1, ..."""
@@ -200,10 +212,12 @@ class Manifest:
 
 def model_shape(raw: dict) -> ModelShape:
     """manifest.json's "model": JSON's list of sliding layers back to the tuple it was written from."""
-    layers, kv = raw.get("sliding_layers"), raw.get("kv_layers")
+    layers, kv, states = raw.get("sliding_layers"), raw.get("kv_layers"), raw.get("state_shapes")
     return ModelShape(**{**raw, "sliding_layers": tuple(layers) if isinstance(layers, list) else layers,
                          "kv_layers": tuple(tuple(x) if isinstance(x, list) else x for x in kv)
-                         if isinstance(kv, list) else kv})
+                         if isinstance(kv, list) else kv,
+                         "state_shapes": tuple(tuple(x) if isinstance(x, list) else x for x in states)
+                         if isinstance(states, list) else states})
 
 
 def save(manifest: Manifest, engine_dir: str | os.PathLike) -> Path:
@@ -378,6 +392,13 @@ def check(m: Manifest, engine_dir: Path) -> str:
             for x in kv)):
         return (f"model.kv_layers must be null or 1 to {model.num_layers} [kv_heads, head_dim] pairs, kv_heads "
                 f"dividing model.num_heads {model.num_heads}, got {m.to_json()['model']['kv_layers']!r}")
+    states = model.state_shapes
+    if states is not None and not (isinstance(states, tuple) and states and all(
+            isinstance(x, tuple) and x and all(whole(d) for d in x) for x in states)):
+        return ("model.state_shapes must be null or a list of shapes (lists of integers >= 1), got "
+                f"{m.to_json()['model']['state_shapes']!r}")
+    if states is not None and m.backend != "onnxruntime":  # (the TensorRT engine binds no state buffers yet)
+        return "model.state_shapes (recurrent layers) are run by the onnxruntime backend only"
     for name, value, allowed in (("model.kv_dtype", model.kv_dtype, tuple(KV_STORAGE)), ("dtype", m.dtype, DTYPES),
                                  ("quantization", m.quantization, QUANTIZATIONS),
                                  ("graph_profile", m.graph_profile, GRAPHS)):

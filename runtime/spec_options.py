@@ -14,10 +14,12 @@ class OptionError(Exception):
 
 def ignores_guesses(manifest: Manifest, draft_step: int | str) -> str:
     """Why an engine leaves --spec-ngram's or --spec-draft-engine's guesses unused ("" where it checks
-    them): its EAGLE head drafts (unless --spec-draft-step 0 turns it off), or its graph does not give
-    the logits of the positions a step checks."""
+    them): its EAGLE head drafts (unless --spec-draft-step 0 turns it off), it has recurrent layers, or its
+    graph does not give the logits of the positions a step checks."""
     if manifest.eagle and draft_step != 0:
         return "its EAGLE head drafts"
+    if manifest.model.state_shapes:
+        return "its recurrent (Mamba) layers' state cannot be rolled back to the guesses a step accepts"
     if manifest.backend == "tensorrt":
         return "a TensorRT plan does not give the checked positions' logits"
     if manifest.prompt_logits or manifest.eagle.get("logprobs"):

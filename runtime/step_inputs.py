@@ -200,21 +200,24 @@ def write_position(row: RowState | None) -> int:
 
 
 def decode_inputs(rows: list[RowState | None], pad_id: int, batch: sampling.SamplingBatch,
-                  reuse: StepInputs | None = None) -> StepInputs:
+                  reuse: StepInputs | None = None, recurrent: bool = False) -> StepInputs:
     """Each active row feeds its last token at its next position; an idle or parked slot feeds a
     pad at its write_position. With `reuse` (an earlier result for the same rows and batch), its
     arrays are overwritten in place: a backend that bound them once (ONNX Runtime's IOBinding) has
-    nothing to bind again."""
+    nothing to bind again. `recurrent` (an engine with model.state_shapes): an idle or parked slot's
+    last_index is -1, so that its pad does not enter its recurrent state (builder/mamba.py)."""
     last = [pad_id if r is None or not r.output_ids else r.output_ids[-1] for r in rows]
     pos = [write_position(r) for r in rows]
+    taken = [-1 if recurrent and (r is None or not r.output_ids) else 0 for r in rows]
     delta = rope_deltas(rows)
     if reuse is not None and (reuse.rope_delta is None) == (delta is None):
         reuse.input_ids[:, 0] = last
         reuse.position_ids[:, 0] = pos
         reuse.write_index[:] = pos
+        reuse.last_index[:] = taken
         if delta is not None:
             reuse.rope_delta[:] = delta
         return reuse
     return StepInputs(input_ids=np.array(last, np.int64)[:, None], position_ids=np.array(pos, np.int64)[:, None],
-                      write_index=np.array(pos, np.int64), last_index=np.zeros(len(rows), np.int64),
+                      write_index=np.array(pos, np.int64), last_index=np.array(taken, np.int64),
                       sampling=batch, rope_delta=delta)

@@ -116,7 +116,8 @@ def from_modules(model, spec) -> dict:
     layers = model.model.layers
     # (the first attention layer's: LFM2's first layers are convolutions, and its MLP is feed_forward, w1
     # w3 w2, without biases)
-    attn = next(layer.self_attn for layer in layers if hasattr(layer, "self_attn"))
+    # (Granite 4's Mamba layers: self_attn None)
+    attn = next(layer.self_attn for layer in layers if getattr(layer, "self_attn", None) is not None)
     if spec.moe is not None:
         moe.check_modules(layers, spec)
     # the MLP's biases, on a dense layer (a mixture of experts has none: moe.check_modules)
@@ -138,7 +139,7 @@ def from_modules(model, spec) -> dict:
     expected = [spec.window(i) for i in range(len(layers))]
     # the window a layer's attention uses: EXAONE 4's keeps config.sliding_window on every layer, and
     # applies it where is_sliding
-    windows = [w if not hasattr(layer, "self_attn") else  # (a convolution layer: no window)
+    windows = [w if getattr(layer, "self_attn", None) is None else  # (a convolution or Mamba layer: no window)
                getattr(layer.self_attn, "sliding_window", w) if getattr(layer.self_attn, "is_sliding", True) else None
                for layer, w in zip(layers, expected)]
     if windows != expected:  # a class that keeps its window per layer says what it uses

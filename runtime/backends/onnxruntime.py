@@ -109,6 +109,15 @@ def graph_mismatch(session, m: Manifest, draft: bool = False) -> str:
             return f"{kv.name} is {kv.shape}, the manifest says [batch, {heads}, capacity, {row}]"
         if kv.type != ORT_TYPES[model.kv_dtype]:
             return f"{kv.name} is {kv.type}, the manifest says model.kv_dtype {model.kv_dtype}"
+    states = model.state_shapes or ()
+    given = sum(1 for name in inputs if name.startswith(io.past_state.split("{")[0]))
+    if given != len(states):
+        return f"the graph has {given} {io.past_state!r} inputs, the manifest's model.state_shapes {len(states)}"
+    for i, shape in enumerate(states):
+        state = inputs.get(io.past_state.format(i=i))
+        if state is None or list(state.shape[1:]) != list(shape) or state.type != "tensor(float)":
+            return (f"the graph's {io.past_state.format(i=i)!r} is not float32 [batch, {', '.join(map(str, shape))}] "
+                    "(model.state_shapes)")
     embeds = model.hidden_size * (1 + m.vision.get("deepstack_layers", 0)) if m.vision else None
     for name, width, what in () if draft else ((io.logits, model.vocab_size, "model.vocab_size"),
                                                (io.top_logprobs, m.logprob_width, "min(max_num_logprobs, max_top_k)"),
@@ -203,10 +212,13 @@ class OnnxRuntimeEngine:
         binding = self.bindings.get(key)
         if binding is None:
             binding = self.session.io_binding()
-            for (past, present), buf in zip(self.io.kv_pairs(self.manifest.model.num_kv_layers), kv):
+            model = self.manifest.model
+            pairs = self.io.kv_pairs(model.num_kv_layers) + self.io.state_pairs(len(model.state_shapes or ()))
+            for k, ((past, present), buf) in enumerate(zip(pairs, kv, strict=True)):
                 if not buf.flags.c_contiguous:
                     raise ValueError(f"KV buffer for {past} must be C-contiguous")
-                value = kv_value(buf, self.manifest.model.kv_dtype)
+                # (the recurrent states after the KV: float32 whatever the KV's type)
+                value = kv_value(buf, model.kv_dtype if k < 2 * model.num_kv_layers else "float32")
                 binding.bind_ortvalue_input(past, value)
                 binding.bind_ortvalue_output(present, value)
             self.bindings[key] = binding

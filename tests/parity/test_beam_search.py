@@ -87,7 +87,7 @@ def test_beams_are_transformers(llama, num_beams, length_penalty, early_stopping
     assert ended > 0 or length_penalty > 1
 
 
-@pytest.mark.parametrize("arch", ["qwen3", "gemma3"])
+@pytest.mark.parametrize("arch", ["qwen3", "gemma3", "granite4-h"])  # (granite4-h: each beam's Mamba state copied)
 def test_other_architectures(arch, tiny_checkpoint, tiny_engine):
     model = transformers.AutoModelForCausalLM.from_pretrained(tiny_checkpoint(arch), dtype=torch.float32).eval()
     engine = load_engine(tiny_engine(arch))

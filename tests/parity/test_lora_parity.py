@@ -25,7 +25,7 @@ pytestmark = pytest.mark.hf
 # glm: the same on half of each head, and gate|up stored whole
 ARCHS = ["llama", "mistral", "ministral", "qwen2", "qwen3", "phi3", "phi4-mini", "smollm3", "gemma", "gemma2", "gemma3",
          "gemma4", "gemma4-kv", "lfm2", "granite", "olmo2", "olmo3", "exaone4", "ernie4_5", "helium", "hunyuan", "glm", "glm4",
-         "granite4", "lfm3", "arcee", "apertus"]
+         "granite4", "lfm3", "arcee", "apertus", "granite4-h"]
 ALL = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 PROMPTS = [[5, 17, 42, 99, 7], list(range(30, 52)), [3, 200, 11]]
 ATOL = 1e-4
@@ -69,9 +69,12 @@ def for_arch(arch: str, config: dict) -> dict:
         return {k: ([names.get(m, m) for m in v] + extra * (v == ALL) if k == "target_modules" else
                     {names.get(m, m): x for m, x in v.items()} if k.endswith("_pattern") else v)
                 for k, v in config.items()}
-    if arch not in ("phi3", "phi4-mini", "glm", "glm4", "granite4"):
+    if arch == "granite4-h":  # (its Mamba layers' in_proj and out_proj join the adapters on every kind of module)
+        config = {**config, "target_modules": config["target_modules"] + ["in_proj", "out_proj"] * (
+            config["target_modules"] == ALL)}
+    if arch not in ("phi3", "phi4-mini", "glm", "glm4", "granite4", "granite4-h"):
         return config
-    fused = FUSED if arch.startswith("phi") else GRANITE4 if arch == "granite4" else \
+    fused = FUSED if arch.startswith("phi") else GRANITE4 if arch.startswith("granite4") else \
         {m: f for m, f in FUSED.items() if f == "gate_up_proj"}
     return {k: (list(dict.fromkeys(fused.get(m, m) for m in v)) if k == "target_modules" else
                 {fused.get(m, m): x for m, x in v.items()} if k.endswith("_pattern") else v)
@@ -163,7 +166,7 @@ def test_logits_and_tokens_match_peft(arch, lora_engine, adapters):
         assert base != want or (arch == "gemma2" and moved > 1.0), f"{name} does not change the tokens ({moved=})"
 
 
-@pytest.mark.parametrize("arch", ["ernie4_5", "glm", "llama"])
+@pytest.mark.parametrize("arch", ["ernie4_5", "glm", "llama", "granite4-h"])
 def test_the_build_checks_reference_without_peft_is_peft(arch, lora_engine, adapters, tiny_checkpoint):
     """Without PEFT, a bundled adapter's build check merges the engine's reading of it into transformers
     (verify.merged_model): that model's logits are PEFT's, where the engine holds q and k rows in another
@@ -182,7 +185,7 @@ def test_the_build_checks_reference_without_peft_is_peft(arch, lora_engine, adap
         np.testing.assert_allclose(got, want, atol=1e-3 * np.abs(want).max(), rtol=0, err_msg=name)
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+@pytest.mark.parametrize("arch", ["llama", "qwen3", "granite4-h"])
 def test_mixed_adapters_in_one_batch_and_in_flight(arch, lora_engine, adapters):
     """Rows with different adapters (and none) in one step compute what each computes alone, in one
     static batch and in flight (2 slots, so adapters change under running rows)."""

@@ -24,9 +24,9 @@ ARCHS = ["llama", "mistral", "ministral", "qwen2", "qwen3", "phi3", "phi4-mini",
          "gemma4", "gemma4-kv", "gemma4-moe", "lfm2", "lfm2_moe", "lfm3", "granite", "olmo2", "olmo3", "exaone4",
          "ernie4_5", "helium", "hunyuan", "glm", "glm4", "arcee", "apertus",
          "qwen3_moe", "qwen2_moe", "olmoe", "mixtral", "granitemoe", "granitemoe-plain", "granite4", "granite4-moe",
-         "ernie4_5_moe", "afmoe"]
+         "ernie4_5_moe", "afmoe", "granite4-h", "granite4-h-moe"]
 MOE_ARCHS = ("qwen3_moe", "qwen2_moe", "olmoe", "mixtral", "granitemoe", "granitemoe-plain", "gemma4-moe", "lfm2_moe",
-             "granite4-moe", "ernie4_5_moe", "afmoe")
+             "granite4-moe", "ernie4_5_moe", "afmoe", "granite4-h-moe")
 PROMPTS = [[5, 17, 42, 99, 7], list(range(30, 52)), [3, 200, 11], list(range(100, 140, 3))]
 ATOL = 1e-4
 
