@@ -123,6 +123,7 @@ class DecoderWriter(AttentionWriter, MLPWriter, HeadWriter, WeightWriter, MoEWri
         self.native_lora = native_kernels and lora_rank > 0  # as trtllm.cpu::LoraAdd nodes
         self.native_sample = native_kernels  # trtllm::Sample as trtllm.cpu::Sample (its body costs 2 ms a row)
         self.native_moe = native_kernels and moe_kernel_takes(spec, quant)  # trtllm.cpu::MoE (builder/moe.py)
+        self.native_mamba = native_kernels and bool(spec.mamba_layers)  # trtllm.cpu::MambaScan (builder/mamba.py)
         # quantized experts as the other projections (our kernel's form, and llm.onnx's to match), not
         # QMoE's zero points (moe_quant.py): the build decides it for both of its writers
         self.dense_experts = dense_experts

@@ -125,7 +125,8 @@ def export_onnx(ck: ckpt.Checkpoint, config: BuildConfig, out_dir: Path, log, ba
     # What runs where on ONNX Runtime, decided before anything is written: a refusal costs no export
     half = half_supported(spec, config.dtype, quant)  # only on the native kernels
     ours = attention_supported(spec, ort_activations(config, quant))
-    native = backend == "onnxruntime" and config.graph == "modern" and use_native_kernels(config, ours or half, log)
+    native = backend == "onnxruntime" and config.graph == "modern" and use_native_kernels(
+        config, ours or half or bool(spec.mamba_layers), log)
     native_experts = native and moe_kernel_takes(spec, quant)  # (False without experts)
     if spec.moe is not None:
         refuse_for_experts(config, spec, backend, native_experts)
@@ -165,7 +166,8 @@ def export_onnx(ck: ckpt.Checkpoint, config: BuildConfig, out_dir: Path, log, ba
         and (native_experts or ort_node_takes(spec))  # (ONNX Runtime's nodes: SiLU experts routed by softmax only)
     # quantized experts on our kernel: quantized as the other projections, in both graphs
     dense_experts = native_experts and quant is not None
-    ort_form = backend == "onnxruntime" and config.graph == "modern" and (gqa or quant is not None or half or moe_node)
+    ort_form = backend == "onnxruntime" and config.graph == "modern" and (
+        gqa or quant is not None or half or moe_node or (native and bool(spec.mamba_layers)))
     handoff = Handoff(out_dir / HANDOFF_NAME) if ort_form and quant is not None else None
     # LoRA on the routed experts: in both graphs, unless ONNX Runtime's MoE node runs them (it takes none)
     lora_experts = lora_on_experts(spec, ort_form and moe_node and not native_experts)
@@ -207,6 +209,9 @@ def export_onnx(ck: ckpt.Checkpoint, config: BuildConfig, out_dir: Path, log, ba
         if native:
             log(f"lowering the sampler to {cpu_kernels.SAMPLE_LOWERING} (plugins/cpu)")
             lowerings.append(cpu_kernels.SAMPLE_LOWERING)
+        if native and spec.mamba_layers:
+            log(f"lowering the Mamba-2 layers' convolution and scan to {cpu_kernels.MAMBA_LOWERING} (plugins/cpu)")
+            lowerings.append(cpu_kernels.MAMBA_LOWERING)
         if native and config.max_lora_rank:
             log(f"lowering the LoRA deltas to {cpu_kernels.LORA_LOWERING} (plugins/cpu: one node per projection)")
             lowerings.append(cpu_kernels.LORA_LOWERING)

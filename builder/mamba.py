@@ -7,7 +7,7 @@ attention, in standard ops:
     dt         = softplus(dt + dt_bias), 0 past last_index (a pad: the state neither decays nor takes it in)
     a          = dt * A   (A = -exp(A_log)),   c = CumSum(a) over the step's tokens
     y_t        = sum_{s <= t} exp(c_t - c_s) (C_t . B_s) dt_s x_s  +  exp(c_t) C_t . S_0  +  D x_t
-    S_new      = exp(c_T) S_0 + sum_s exp(c_T - c_s) dt_s x_s B_s^T        (S [B,H,P,N]: the SSM state)
+    S_new      = exp(c_T) S_0 + sum_s exp(c_T - c_s) dt_s x_s B_s^T        (S [B,G,H/G,P,N]: the SSM state)
     out        = out_proj(RMSNorm per group(y * silu(z)) * norm.weight)
 
 This is the state-space dual form of transformers' chunked scan taken as one chunk (the step's tokens):
@@ -15,7 +15,7 @@ exact for a decode step (one token: the recurrence) and for a prompt chunk. A st
 H x S x S values, as decomposed attention's scores do; the runtime prefills long prompts in chunks.
 
 The states are one per sequence, not one per position (the KV cache's): per layer the convolution's
-last K - 1 inputs [B,K-1,I+2GN] and the SSM state [B,H,P,N], float32, graph inputs past_state.{2m} and
+last K - 1 inputs [B,K-1,I+2GN] and the SSM state [B,G,H/G,P,N], float32, graph inputs past_state.{2m} and
 past_state.{2m+1} (m: the layer's index among the Mamba layers) written whole to present_state.*, which
 the runtime binds to the same buffers. A row starting a sequence (write_index 0) takes zeros, not its
 slot's old state; a row with last_index -1 (a parked prompt's pad in a decode step) keeps its state.
@@ -31,6 +31,8 @@ from dataclasses import dataclass
 
 import numpy as np
 from onnx import TensorProto
+
+from trtllm.plugins import cpu as cpu_kernels
 
 
 @dataclass(frozen=True)
@@ -55,7 +57,8 @@ class Mamba:
 
     def state_shapes(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
         """The convolution's and the SSM's state of one sequence (manifest model.state_shapes)."""
-        return (self.conv_kernel - 1, self.conv_dim), (self.heads, self.head_dim, self.state_size)
+        return (self.conv_kernel - 1, self.conv_dim), (self.groups, self.heads // self.groups, self.head_dim,
+                                                        self.state_size)
 
 
 class MambaWriter:
@@ -73,15 +76,48 @@ class MambaWriter:
 
     def mamba_mixer(self, i: int, x: str, write_index: str, last_index: str) -> str:
         g, m = self.g, self.spec.mamba
+        p, name, inner, groups = f"model.layers.{i}.mamba", f"/model/layers.{i}/mamba", m.inner, m.groups
+        zxbcdt = self.lora(f"{name}/in_proj", x, self.linear(f"{name}/in_proj", x, f"{p}.in_proj", m.proj_bias), i,
+                           "mamba_in")
+        z, xbc, dt = g.op("Split", f"{name}/Split", [zxbcdt, g.const([inner, m.conv_dim, m.heads])], num_outputs=3,
+                          axis=-1)
+        scan = self.mamba_kernel if self.native_mamba else self.mamba_ops
+        y = scan(i, x, xbc, dt, write_index, last_index)                                           # [B,S,I] float32
+        if self.ftype != TensorProto.FLOAT:  # (the gate and the norm in float32 too, as transformers' RMSNormGated;
+            z = g.op("Cast", f"{name}/z/Cast", [z], to=TensorProto.FLOAT)  # rms_norm casts back)
+        y = g.op("Mul", f"{name}/gate", [y, g.op("Mul", f"{name}/gate/silu", [
+            z, g.op("Sigmoid", f"{name}/gate/Sigmoid", [z])])])
+        y = g.op("Reshape", f"{name}/norm/groups", [y, g.const([0, 0, groups, inner // groups])])
+        y = self.rms_norm(f"{name}/norm", y, None, width=inner // groups)
+        y = g.op("Mul", f"{name}/norm/weight", [g.op("Reshape", f"{name}/norm/back", [y, g.const([0, 0, inner])]),
+                                                self.fw(f"{p}.norm.weight", self.w[f"{p}.norm.weight"])])
+        return self.lora(f"{name}/out_proj", y, self.linear(f"{name}/out_proj", y, f"{p}.out_proj", m.proj_bias), i,
+                         "mamba_out")
+
+    def mamba_kernel(self, i: int, x: str, xbc: str, dt: str, write_index: str, last_index: str) -> str:
+        """The convolution and scan as one trtllm.cpu::MambaScan node (plugins/cpu/mamba.cc: the states
+        updated in place; a float32 graph, as the ONNX Runtime form on our kernels computes)."""
+        g, m, p, name = self.g, self.spec.mamba, f"model.layers.{i}.mamba", f"/model/layers.{i}/mamba"
+        (conv_past, ssm_past), (conv_out, ssm_out) = self.state_io(i)
+        f32 = np.float32
+        ins = [xbc, dt, conv_past, ssm_past, write_index, last_index,
+               self.fw(f"{p}.conv1d.weight", self.w[f"{p}.conv1d.weight"][:, 0, :].T),
+               self.fw(f"{p}.conv1d.bias", self.w[f"{p}.conv1d.bias"]) if m.conv_bias else "",
+               g.weight(f"{p}.A", -np.exp(self.w[f"{p}.A_log"].astype(f32))),
+               g.weight(f"{p}.dt_bias", self.w[f"{p}.dt_bias"].astype(f32)),
+               g.weight(f"{p}.D", self.w[f"{p}.D"].astype(f32))]
+        return g.op(cpu_kernels.MAMBA, f"{name}/MambaScan", ins, outputs=[f"{name}/MambaScan/y", conv_out, ssm_out],
+                    domain=cpu_kernels.DOMAIN, heads=m.heads, head_dim=m.head_dim, state_size=m.state_size,
+                    groups=m.groups)[0]
+
+    def mamba_ops(self, i: int, x: str, xbc: str, dt: str, write_index: str, last_index: str) -> str:
+        """The convolution and scan in standard ops (the module docstring): y [B,S,I] in float32."""
+        g, m = self.g, self.spec.mamba
         p, name = f"model.layers.{i}.mamba", f"/model/layers.{i}/mamba"
         inner, heads, dim, n, groups, taps = m.inner, m.heads, m.head_dim, m.state_size, m.groups, m.conv_kernel
         per_group = heads // groups
         (conv_past, ssm_past), (conv_out, ssm_out) = self.state_io(i)
         narrow = self.ftype != TensorProto.FLOAT  # a 16-bit graph: its states and scan in float32 still
-        zxbcdt = self.lora(f"{name}/in_proj", x, self.linear(f"{name}/in_proj", x, f"{p}.in_proj", m.proj_bias), i,
-                           "mamba_in")
-        z, xbc, dt = g.op("Split", f"{name}/Split", [zxbcdt, g.const([inner, m.conv_dim, heads])], num_outputs=3,
-                          axis=-1)
         # which of the step's tokens are the row's (t <= last_index), and whether it starts a sequence
         seq = g.op("Gather", f"{name}/seq", [g.op("Shape", f"{name}/shape", [x]), g.const(1)], axis=0)
         t = g.op("Range", f"{name}/t", [g.const(0), seq, g.const(1)])                                   # [S]
@@ -104,12 +140,17 @@ class MambaWriter:
                     outputs=[f"{name}/conv/tail" if narrow else conv_out])
         if narrow:
             g.op("Cast", f"{name}/conv/state", [tail], outputs=[conv_out], to=TensorProto.FLOAT)
-        weight = self.fw(f"{p}.conv1d.weight", self.w[f"{p}.conv1d.weight"])                        # [C,1,K]
-        conv_in = [g.op("Transpose", f"{name}/conv/Transpose", [full], perm=[0, 2, 1]), weight]
+        # token t: sum over k of full[t + k] * w[k] (taps as shifted slices: ONNX Runtime's grouped Conv
+        # took 250 us a layer for a one-token step, a hundred times these)
+        weight = self.w[f"{p}.conv1d.weight"][:, 0, :].T                                          # [K,C]
+        xbc = None
+        for k in range(taps):
+            rows = g.op("Slice", f"{name}/conv/tap{k}", [full, g.const([k]), g.const(
+                [k - taps + 1 if k < taps - 1 else np.iinfo(np.int64).max]), g.const([1])])          # [B,S,C]
+            tap = g.op("Mul", f"{name}/conv/tap{k}/Mul", [rows, self.fw(f"{p}.conv1d.weight.{k}", weight[k])])
+            xbc = tap if xbc is None else g.op("Add", f"{name}/conv/tap{k}/Add", [xbc, tap])
         if m.conv_bias:
-            conv_in.append(self.fw(f"{p}.conv1d.bias", self.w[f"{p}.conv1d.bias"]))
-        xbc = g.op("Transpose", f"{name}/conv/TransposeBack",
-                   [g.op("Conv", f"{name}/conv/Conv", conv_in, group=m.conv_dim, kernel_shape=[taps])], perm=[0, 2, 1])
+            xbc = g.op("Add", f"{name}/conv/bias", [xbc, self.fw(f"{p}.conv1d.bias", self.w[f"{p}.conv1d.bias"])])
         xbc = g.op("Mul", f"{name}/conv/silu", [xbc, g.op("Sigmoid", f"{name}/conv/Sigmoid", [xbc])])   # [B,S,C]
         xs, b, cc = g.op("Split", f"{name}/xBC", [xbc, g.const([inner, groups * n, groups * n])], num_outputs=3,
                          axis=-1)
@@ -147,10 +188,11 @@ class MambaWriter:
             causal, gaps, g.const(-np.inf, np.float32)])])                                          # [B,G,r,S,S]
         scores = g.op("Mul", f"{name}/scores", [g.op("MatMul", f"{name}/CB", [cc, bt]), decay])
         y = g.op("MatMul", f"{name}/y_within", [scores, xdt])                                       # [B,G,r,S,P]
-        # from the state before the step
-        keep4 = g.op("Reshape", f"{name}/keep4", [keep, g.const([-1, 1, 1, 1])])
-        start = g.op("Reshape", f"{name}/state/start", [g.op("Mul", f"{name}/state/keep", [ssm_past, keep4]),
-                                                        g.const([0, groups, per_group, dim, n])])     # [B,G,r,P,N]
+        # from the state before the step [B,G,r,P,N], zeros where the row starts. `start` is past_state's one
+        # reader: present_state is the same buffer, written by the last node, which must come after every
+        # read (another reader, not its ancestor, could run after the write)
+        start = g.op("Mul", f"{name}/state/keep", [ssm_past, g.op("Reshape", f"{name}/keep5", [
+            keep, g.const([-1, 1, 1, 1, 1])])])
         from_state = g.op("MatMul", f"{name}/y_state", [cc, g.op("Transpose", f"{name}/state/T", [start],
                                                                   perm=[0, 1, 2, 4, 3])])         # [B,G,r,S,P]
         from_state = g.op("Mul", f"{name}/y_state/decay", [from_state, g.op("Exp", f"{name}/cum/Exp", [
@@ -167,19 +209,8 @@ class MambaWriter:
                 xdt, g.op("Unsqueeze", f"{name}/weights5", [weights, g.const([-1])])])], perm=[0, 1, 2, 4, 3]), b])
         kept = g.op("Mul", f"{name}/state/kept", [start, g.op("Exp", f"{name}/state/decay", [
             g.op("Unsqueeze", f"{name}/last5", [last, g.const([-1])])])])
-        g.op("Reshape", f"{name}/state/Reshape", [g.op("Add", f"{name}/state/new", [kept, taken]),
-                                                  g.const([0, heads, dim, n])], outputs=[ssm_out])
-        # [B,G,r,S,P] -> [B,S,I]; gated, normed by group
-        y = g.op("Reshape", f"{name}/y/Reshape", [g.op("Transpose", f"{name}/y/Transpose", [
+        g.op("Add", f"{name}/state/new", [kept, taken], outputs=[ssm_out])
+        # [B,G,r,S,P] -> [B,S,I]
+        return g.op("Reshape", f"{name}/y/Reshape", [g.op("Transpose", f"{name}/y/Transpose", [
             g.op("Reshape", f"{name}/y/heads", [y, g.const([0, heads, -1, dim])])], perm=[0, 2, 1, 3]),
             g.const([0, 0, inner])])
-        if narrow:  # (the gate and the norm in float32 too, as transformers' RMSNormGated; rms_norm casts back)
-            z = g.op("Cast", f"{name}/z/Cast", [z], to=TensorProto.FLOAT)
-        y = g.op("Mul", f"{name}/gate", [y, g.op("Mul", f"{name}/gate/silu", [
-            z, g.op("Sigmoid", f"{name}/gate/Sigmoid", [z])])])
-        y = g.op("Reshape", f"{name}/norm/groups", [y, g.const([0, 0, groups, inner // groups])])
-        y = self.rms_norm(f"{name}/norm", y, None, width=inner // groups)
-        y = g.op("Mul", f"{name}/norm/weight", [g.op("Reshape", f"{name}/norm/back", [y, g.const([0, 0, inner])]),
-                                                self.fw(f"{p}.norm.weight", self.w[f"{p}.norm.weight"])])
-        return self.lora(f"{name}/out_proj", y, self.linear(f"{name}/out_proj", y, f"{p}.out_proj", m.proj_bias), i,
-                         "mamba_out")

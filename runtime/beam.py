@@ -36,7 +36,8 @@ from trtllm.runtime.engine import StepInputs
 from trtllm.runtime.kv_cache import KVCacheManager
 from trtllm.runtime.lora import StepAdapters
 from trtllm.runtime.rows import overflow_causes
-from trtllm.runtime.step_inputs import adapter_key, chunk_stop, image_inputs, restore_context_kv, restore_prefix_kv
+from trtllm.runtime.step_inputs import (RECURRENT_CHUNK, adapter_key, chunk_stop, image_inputs, restore_context_kv,
+                                        restore_prefix_kv)
 
 MASK = np.float32(-1.0e9)  # transformers' "very large negative value"
 
@@ -357,7 +358,9 @@ def run_many(engine, jobs: list[tuple[list[int], BeamParams]], timing=None, done
                                                                     contexts)
                     start = reused
                     while start < n:
-                        end = n if p.scorer is None else chunk_stop(n, start, prompt_scores.SCORE_CHUNK, p.images)
+                        chunk = prompt_scores.SCORE_CHUNK if p.scorer is not None else \
+                            RECURRENT_CHUNK if m.model.state_shapes else 0  # (0: the prompt whole)
+                        end = chunk_stop(n, start, chunk, p.images)
                         out = timed("llm_prefill", StepInputs(
                             input_ids=np.array([prompt[start:end]], np.int64), position_ids=np.arange(start, end)[None],
                             write_index=np.array([start], np.int64), last_index=np.array([end - start - 1], np.int64),

@@ -29,8 +29,8 @@ from trtllm.runtime.engine import Engine, StepInputs
 from trtllm.runtime.input_fields import MAX_NUM_LOGPROBS as MAX_LOGPROBS
 from trtllm.runtime.lora import StepAdapters
 from trtllm.runtime.rows import PrefixSource, RowState, Timing
-from trtllm.runtime.step_inputs import (GENERATION_HEADROOM, MIN_COMPUTED, adapter_key, by_width, key_ids,
-                                        capacity_for, chunk_end, decode_inputs, kv_need, prefill_inputs,
+from trtllm.runtime.step_inputs import (GENERATION_HEADROOM, MIN_COMPUTED, RECURRENT_CHUNK, adapter_key, by_width,
+                                        key_ids, capacity_for, chunk_end, decode_inputs, kv_need, prefill_inputs,
                                         restore_context_kv, restore_prefix_kv, rounded, runs, runs_to_length,
                                         write_position)
 
@@ -347,8 +347,10 @@ class Scheduler:
 
     def chunk_now(self) -> int:
         """Chunk prompts (0: do not) only while another row is generating: with no stream to keep
-        going, a prompt is one step (one graph run; on TensorRT one profile switch)."""
-        return self.prefill_chunk if self.prefill_chunk and self.decoding() else 0
+        going, a prompt is one step (one graph run; on TensorRT one profile switch). An engine with
+        recurrent layers chunks them at RECURRENT_CHUNK at most whatever runs."""
+        chunk = self.prefill_chunk if self.prefill_chunk and self.decoding() else 0
+        return min(chunk or RECURRENT_CHUNK, RECURRENT_CHUNK) if self.recurrent else chunk
 
     def prefill(self, start: int, stop: int) -> None:
         rows = [self.active[s] for s in range(start, stop)]

@@ -68,10 +68,10 @@ class ModelShape:
     # KV); None: every layer, num_kv_heads x head_dim
     kv_layers: tuple[tuple[int, int], ...] | None = None
     # the shape (after the batch) of each recurrent state buffer (past_state.i), float32: a Mamba-2 layer's
-    # convolution inputs [conv_kernel - 1, conv_dim] and its SSM state [heads, head_dim, state_size]. A
-    # state is one per sequence, not one per position: the features that keep KV by position (saved
-    # system prompts, context reuse, prompts shared between rows, speculative decoding) are refused
-    # (docs/kv_cache.md). None: no recurrent layers
+    # convolution inputs [conv_kernel - 1, conv_dim] and its SSM state [groups, heads / groups, head_dim,
+    # state_size]. A state is one per sequence, not one per position: the features that keep KV by
+    # position (saved system prompts, context reuse, prompts shared between rows, speculative decoding)
+    # are left aside (docs/kv_cache.md). None: no recurrent layers
     state_shapes: tuple[tuple[int, ...], ...] | None = None
 
     @property

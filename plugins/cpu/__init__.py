@@ -17,6 +17,7 @@ LORA_SWIGLU = "LoraAddSwiglu"  # the same, then silu(gate) * up (gate|up)
 SAMPLE = "Sample"  # trtllm::Sample (plugins/sample) in C++: the sampler of the engines on our kernels
 MOE = "MoE"        # a mixture of experts' MLP, the chosen experts only (float32, float16 or bfloat16 experts)
 MOE_QUANT = "MoEBlockQuant"  # the same for int4 or int8 experts, packed as MatMulBlockQuant's weights
+MAMBA = "MambaScan"  # a Mamba-2 layer's convolution and selective scan, its states in place (builder/mamba.py)
 LOWERING = f"{DOMAIN}::{OP}"  # how an engine's manifest (`lowerings`) says it needs this library
 ATTENTION_LOWERING = f"{DOMAIN}::{ATTENTION}"
 SEGMENT_ATTENTION_LOWERING = f"{DOMAIN}::SegmentAttention"  # a vision encoder's (vision.ort.onnx)
@@ -25,6 +26,7 @@ LORA_LOWERING = f"{DOMAIN}::{LORA}"
 SAMPLE_LOWERING = f"{DOMAIN}::{SAMPLE}"
 MOE_LOWERING = f"{DOMAIN}::{MOE}"
 MOE_QUANT_LOWERING = f"{DOMAIN}::{MOE_QUANT}"
+MAMBA_LOWERING = f"{DOMAIN}::{MAMBA}"
 LAYOUT = 1         # the weight packing the kernel reads (its `layout` attribute; kLayout in the .cc)
 SWIGLU_GROUP = 16  # activation=swiglu: outputs per 32-row task (kChunkRows / 2 in the .cc)
 LIBRARY = Path(__file__).with_name("libtrtllm_cpu.so")

@@ -26,7 +26,8 @@ from trtllm.plugins.cpu import LIBRARY, compiler_name
 HERE = Path(__file__).resolve().parent
 SOURCES = [HERE / name for name in ("matmul.cc", "matmul_avx2.cc", "matmul_int8.cc", "matmul_int8_avx2.cc",
                                      "matmul_block_quant.cc", "matmul_half.cc", "attention.cc", "attention_avx2.cc",
-                                     "segment_attention.cc", "lora.cc", "sample.cc", "moe.cc", "register.cc")]
+                                     "segment_attention.cc", "lora.cc", "sample.cc", "moe.cc", "mamba.cc",
+                                     "register.cc")]
 HEADERS = [HERE / "common.h", HERE / "resident.h", HERE / "matmul.h", HERE / "attention.h"]
 ROOT = HERE.parent.parent
 HEADERS_DEB = ("https://deb.debian.org/debian/pool/main/o/onnxruntime/libonnxruntime-dev_1.21.0+dfsg-1_amd64.deb",

@@ -102,6 +102,7 @@ OrtCustomOp* moe_op();       // float32 experts
 OrtCustomOp* moe_half_op();  // the same op for float16 experts
 OrtCustomOp* moe_bf16_op();  // and for bfloat16 ones
 OrtCustomOp* moe_block_quant_op();  // MoEBlockQuant: int4 or int8 experts (MatMulBlockQuant's packing)
+OrtCustomOp* mamba_scan_op();  // MambaScan: a Mamba-2 layer's convolution and selective scan (mamba.cc)
 
 // IEEE float16 bits <-> float32, portable (the AVX-512 paths use F16C's conversions, which agree).
 inline float half_to_float(uint16_t h) {

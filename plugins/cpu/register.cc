@@ -109,6 +109,7 @@ __attribute__((visibility("default"))) OrtStatus* ORT_API_CALL RegisterCustomOps
       domain->Add(trtllm_cpu::moe_half_op());
       domain->Add(trtllm_cpu::moe_bf16_op());
       domain->Add(trtllm_cpu::moe_block_quant_op());
+      domain->Add(trtllm_cpu::mamba_scan_op());
     });
     Ort::UnownedSessionOptions(options).Add(*domain);
   } catch (const std::exception& e) {

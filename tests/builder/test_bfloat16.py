@@ -193,7 +193,7 @@ def test_a_16_bit_model_our_kernels_cannot_take_is_told_which_dimension(monkeypa
     from trtllm.builder.config import BuildConfig, ConfigError
 
     spec = SimpleNamespace(head_dim=16, hidden_size=64, intermediate_size=80, num_heads=4, moe=None, global_head_dim=None,
-                           per_layer_input=0, wide_mlp_layers=())
+                           per_layer_input=0, wide_mlp_layers=(), mamba_layers=())
     assert "its intermediate_size (80), a projection's input width, is not a multiple of 32" in export.half_obstacle(spec)
     assert "head size (8) is not a multiple of 16" in export.half_obstacle(SimpleNamespace(**{**vars(spec), "head_dim": 8}))
     monkeypatch.setattr(export.cpu_kernels, "library", lambda: "libtrtllm_cpu.so")

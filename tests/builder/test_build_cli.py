@@ -357,26 +357,35 @@ def test_a_helium_whose_heads_do_not_span_the_hidden_size_is_refused():
     assert helium.spec_from_config(HeliumConfig(**{**config.to_dict(), "head_dim": 16})).head_dim == 16
 
 
-def test_a_granite_4_hybrid_s_mamba_layers_are_refused_by_name():
+def test_a_granite_4_hybrid_s_mamba_layers_are_read_and_one_without_attention_is_refused():
     """granite-4.0-h-* put Mamba-2 layers between the attention ones (config.layer_types "mamba", which
-    transformers reads as linear_attention): the graph has no such layer, so the build names them; the
-    same config with attention on every layer (granite-4.0-micro's form) gives a spec."""
+    transformers reads as linear_attention): the spec names them and their shape (builder/mamba.py); a
+    config without an attention layer is refused, and so is a time step limit."""
     from transformers import GraniteMoeHybridConfig
 
     from trtllm.builder.architectures import granitemoehybrid
     from trtllm.builder.checkpoint import Unsupported
+    from trtllm.builder.mamba import Mamba
 
     config = dict(vocab_size=400, hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4,
-                  num_key_value_heads=2, num_local_experts=0, shared_intermediate_size=96, mamba_n_heads=4)
-    with pytest.raises(Unsupported, match=r"layers \[0, 2\] of 3 are Mamba-2 layers .*\(granite-4.0-h-\*\)"):
-        granitemoehybrid.spec_from_config(GraniteMoeHybridConfig(**config, layer_types=["mamba", "attention", "mamba"]))
+                  num_key_value_heads=2, num_local_experts=0, shared_intermediate_size=96, mamba_n_heads=4,
+                  mamba_d_state=16, mamba_n_groups=2)
+    hybrid = ["mamba", "attention", "mamba"]
+    spec = granitemoehybrid.spec_from_config(GraniteMoeHybridConfig(**config, layer_types=hybrid))
+    assert spec.mamba_layers == (0, 2) and spec.mamba == Mamba(4, 32, 16, 2, 4)
+    assert spec.kv_layers() == ((2, 16),) and spec.state_shapes() == ((3, 128 + 64), (2, 2, 32, 16)) * 2
+    with pytest.raises(Unsupported, match="every layer is a Mamba-2 layer"):
+        granitemoehybrid.spec_from_config(GraniteMoeHybridConfig(**config, layer_types=["mamba"] * 3))
+    with pytest.raises(Unsupported, match=r"time_step_limit \[0.0, 100.0\]"):
+        granitemoehybrid.spec_from_config(GraniteMoeHybridConfig(**config, layer_types=hybrid,
+                                                                 time_step_limit=(0.0, 100.0)))
     spec = granitemoehybrid.spec_from_config(GraniteMoeHybridConfig(**config, layer_types=["attention"] * 3))
-    assert (spec.intermediate_size, spec.moe, spec.nope_layers) == (96, None, (0, 1, 2))
+    assert (spec.intermediate_size, spec.moe, spec.nope_layers, spec.mamba_layers) == (96, None, (0, 1, 2), ())
 
 
 @pytest.mark.parametrize("arch, change, match", [
     ("llama", {"model_type": "gpt2"}, "loads as GPT2LMHeadModel"),
-    ("granite4", {"layer_types": ["mamba", "attention"]}, r"layers \[0\] of 2 are Mamba-2 layers")])
+    ("granite4", {"layer_types": ["mamba", "mamba"]}, r"every layer is a Mamba-2 layer")])
 def test_a_config_without_a_graph_is_refused_before_the_weights_load(arch, change, match, tiny_checkpoint, tmp_path,
                                                                      monkeypatch):
     """A class without a graph, or a config its graph does not take, is refused from config.json (exit 2),

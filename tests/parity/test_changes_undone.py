@@ -85,6 +85,10 @@ UNDONE = {
     "olmo2, nothing undone (the control: passes)": ("olmo2", {}),
     "olmo2, no q/k norms": ("olmo2", dict(full_qk_norm=False)),
     "olmo2, outputs not normed": ("olmo2", dict(sandwich_norms=False)),
+    # Mamba-2 layers: `mamba` changes the spec's Mamba section
+    "granite4-h, nothing undone (the control: passes)": ("granite4-h", {}),
+    "granite4-h, no convolution bias": ("granite4-h", dict(mamba=dict(conv_bias=False))),
+    "granite4-h, unscaled residual branches": ("granite4-h", dict(residual_scale=1.0)),
     # mixtures of experts: `moe` changes the spec's MoE section
     "qwen3_moe, nothing undone (the control: passes)": ("qwen3_moe", {}),
     "qwen3_moe, top-k weights not normalized": ("qwen3_moe", dict(moe=dict(normalize=False))),
@@ -135,8 +139,9 @@ def test_each_change_undone_is_caught(name, tiny_checkpoint, tiny_engine, tmp_pa
     ck = ckpt.load(str(tiny_checkpoint(arch)))
     long_factors = changes.get("long_factors", False)  # not the spec's: the RoPE table's
     spec = spec_for(ck.model)
-    if "moe" in changes:
-        changes = {**changes, "moe": dataclasses.replace(spec.moe, **changes["moe"])}
+    for section in ("moe", "mamba"):
+        if section in changes:
+            changes = {**changes, section: dataclasses.replace(getattr(spec, section), **changes[section])}
     spec = dataclasses.replace(spec, **{k: v for k, v in changes.items() if k != "long_factors"})
     manifest = mf.load(engine_dir)  # (before llm.onnx is taken away: a manifest's files must be there)
     positions = manifest.limits.max_kv_cache_capacity

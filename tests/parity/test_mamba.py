@@ -2,10 +2,10 @@
 it: each row's recurrent state is its own alone, whatever its neighbours do. In flight with chunked
 prefill (a parked row's pad in a decode step must leave its state alone: last_index -1), with a slot
 taken again (zeros where write_index is 0), with the same prompt twice (no KV copied from a neighbour,
-whose state is past the copy); quantized on our kernels; the features that keep KV by position left
-aside, not run wrong. The wrong variant (parked rows' pads taken into their state) must miss.
-The logits, greedy tokens, beams and LoRA against transformers and PEFT: test_tiny_parity.py,
-test_beam_search.py, test_lora_parity.py."""
+whose state is past the copy); on our MambaScan kernel and in standard ops; quantized; the features
+that keep KV by position left aside, not run wrong. The wrong variant (parked rows' pads taken into
+their state) must miss. The logits, greedy tokens, beams and LoRA against transformers and PEFT:
+test_tiny_parity.py, test_beam_search.py, test_lora_parity.py."""
 from __future__ import annotations
 
 import json
@@ -53,9 +53,35 @@ def greedy(engine, prompts, slots: int, chunk: int = 0) -> list[list[int]]:
 
 
 @pytest.mark.parametrize("slots, chunk", [(2, 4), (3, 3), (1, 0), (4, 5)])
-def test_in_flight_with_chunked_prompts_each_row_is_alone(hybrid, slots, chunk):
+@pytest.mark.parametrize("graph", ["compiled", "onnx"])
+def test_in_flight_with_chunked_prompts_each_row_is_alone(hybrid, tiny_engine, slots, chunk, graph):
+    """On our MambaScan kernel (the compiled form) and in standard ops (llm.onnx, as without the kernels)."""
     _, engine, answers = hybrid
+    if graph == "onnx":
+        engine = load_engine(tiny_engine("granite4-h"), graph="onnx")
     assert greedy(engine, PROMPTS, slots, chunk) == answers
+
+
+def test_prompts_go_in_steps_of_at_most_recurrent_chunk(hybrid, monkeypatch):
+    """The scan's step costs tokens x tokens a head: prompts are cut (here at 4 tokens) with nothing else
+    running too, in beam search as well, and the answers stay transformers'."""
+    from tests.parity.test_beam_search import hf_beams, same
+    from trtllm.runtime import beam
+
+    ckpt, engine, answers = hybrid
+    widths, real = [], engine.step
+    monkeypatch.setattr(engine, "step", lambda inputs, *a, **k: widths.append(inputs.input_ids.shape[1]) or
+                        real(inputs, *a, **k))
+    monkeypatch.setattr(generate, "RECURRENT_CHUNK", 4)
+    monkeypatch.setattr(beam, "RECURRENT_CHUNK", 4)
+    assert greedy(engine, PROMPTS, 4) == answers
+    # (22- and 14-token prompts: 4 pieces a step; a last piece of one token joins the one before)
+    assert max(widths) <= 5 and sum(w > 1 for w in widths) >= 8
+    widths.clear()
+    p = beam.BeamParams(3, 8, frozenset())
+    model = transformers.AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.float32).eval()
+    assert same(beam.run(engine, PROMPTS[1], p), hf_beams(model, PROMPTS[1], p))
+    assert max(widths) <= 5 and len(widths) > 8
 
 
 def test_the_same_prompt_twice_computes_both(hybrid):
@@ -75,12 +101,21 @@ def test_wrong_variant_parked_pads_taken_into_the_state_miss(hybrid, monkeypatch
 
 
 def test_the_manifest_and_graph(hybrid, tiny_engine):
-    """KV for the attention layer alone, two state buffers per Mamba layer; the graph lints for TensorRT."""
+    """KV for the attention layer alone, two state buffers per Mamba layer; the graph lints for TensorRT.
+    Each past_state has one reader in both graphs (ONNX Runtime's compiled one too): present_state is the
+    same buffer, written by a node that only a reader it descends from is sure to follow (a second
+    reader of the SSM state, the output's, ran after the write: every decoded token off by up to 0.7)."""
+    import onnx
+
     _, engine, _ = hybrid
     model = engine.manifest.model
     assert model.kv_layers == ((2, 16),)
-    assert model.state_shapes == ((3, 128 + 2 * 2 * 16), (8, 16, 16)) * 2
+    assert model.state_shapes == ((3, 128 + 2 * 2 * 16), (2, 4, 16, 16)) * 2
     assert lint_model(str(tiny_engine("granite4-h") / "llm.onnx")) == []
+    for graph in ("llm.onnx", "llm.ort.onnx"):
+        nodes = onnx.load(tiny_engine("granite4-h") / graph, load_external_data=False).graph.node
+        readers = {f"past_state.{i}": sum(f"past_state.{i}" in n.input for n in nodes) for i in range(4)}
+        assert set(readers.values()) == {1}, (graph, readers)
 
 
 @pytest.mark.parametrize("name", ["int8", "int4"])
@@ -133,4 +168,4 @@ def test_16_bit_engines_pass_the_build_check(dtype, tiny_checkpoint, tmp_path):
     out = build(BuildConfig(model=str(tiny_checkpoint("granite4-h")), output=str(tmp_path / "e"), dtype=dtype,
                             max_input_len=64, max_kv_cache_capacity=128), log=lambda m: None)
     manifest = json.loads((out / "manifest.json").read_text())
-    assert manifest["dtype"] == dtype and manifest["model"]["state_shapes"] == [[3, 192], [8, 16, 16]] * 2
+    assert manifest["dtype"] == dtype and manifest["model"]["state_shapes"] == [[3, 192], [2, 4, 16, 16]] * 2

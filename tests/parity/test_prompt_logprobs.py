@@ -65,7 +65,7 @@ def run(run_cli, engine, requests, *extra, **top):
     return out["responses"]
 
 
-@pytest.mark.parametrize("arch", ["llama", "gemma3", "gemma4"])
+@pytest.mark.parametrize("arch", ["llama", "gemma3", "gemma4", "granite4-h"])
 @pytest.mark.parametrize("chunk", [5, prompt_scores.SCORE_CHUNK])
 def test_prompt_logprobs_match_transformers(arch, chunk, tiny_checkpoint, tiny_engine, run_cli, monkeypatch):
     """Whole, and in chunks of 5 positions (gemma3's sliding window is 8: chunks cross it; gemma4's KV-sharing

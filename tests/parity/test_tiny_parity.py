@@ -308,7 +308,7 @@ def test_a_class_without_a_graph_is_refused(tmp_path):
                                           ("granite", True), ("olmo2", True), ("qwen3_moe", True),
                                           ("qwen2_moe", True), ("olmoe", True), ("mixtral", True),
                                           ("granitemoe", True), ("granitemoe-plain", True), ("granite4", True),
-                                          ("granite4-moe", True)])
+                                          ("granite4-moe", True), ("granite4-h", True), ("granite4-h-moe", True)])
 def test_onnxruntime_lowering_matches_the_canonical_graph(arch, lowered, tiny_engine):
     """The compiled ONNX Runtime form may use GroupQueryAttention (one fused kernel) where it is
     proven equal: its logits match the canonical standard-op graph's (and, above, transformers')."""
@@ -325,10 +325,12 @@ def test_onnxruntime_lowering_matches_the_canonical_graph(arch, lowered, tiny_en
     # (OLMo 2, 3 and EXAONE 4 norm before their residual adds, not after: nothing to fuse)
     skip = lowered and arch not in ("olmo2", "olmo3", "exaone4")
     moe = arch in MOE_ARCHS  # (its experts on our MoE kernel: the chosen ones only)
+    mamba = arch.startswith("granite4-h")  # (its Mamba layers' convolution and scan on our MambaScan)
     assert manifest["lowerings"] == ([cpu.ATTENTION_LOWERING, *["SkipSimplifiedLayerNormalization"] * skip,
-                                      *[cpu.MOE_LOWERING] * moe, cpu.SAMPLE_LOWERING] if lowered else [])
+                                      *[cpu.MOE_LOWERING] * moe, cpu.SAMPLE_LOWERING,
+                                      *[cpu.MAMBA_LOWERING] * mamba] if lowered else [])
     ops = {(n.domain, n.op_type) for n in onnx.load(engine_dir / "llm.ort.onnx", load_external_data=False).graph.node}
-    assert ((cpu.DOMAIN, cpu.MOE) in ops) == moe
+    assert ((cpu.DOMAIN, cpu.MOE) in ops) == moe and ((cpu.DOMAIN, cpu.MAMBA) in ops) == mamba
     assert ((cpu.DOMAIN, cpu.ATTENTION) in ops) == lowered == ((cpu.DOMAIN, cpu.SAMPLE) in ops)
     assert (("com.microsoft", "SkipSimplifiedLayerNormalization") in ops) == skip
     assert "GroupQueryAttention" not in {n.op_type for n in onnx.load(engine_dir / "llm.onnx",
