@@ -357,8 +357,8 @@ def test_wrong_variant_a_parked_slot_writing_at_position_0_fails(monkeypatch):
 
     real = generate.decode_inputs
 
-    def at_zero(rows, pad_id, batch, reuse=None):
-        feeds = real(rows, pad_id, batch, reuse)
+    def at_zero(rows, pad_id, batch, reuse=None, recurrent=False):
+        feeds = real(rows, pad_id, batch, reuse, recurrent)
         for b, r in enumerate(rows):
             if r is not None and not r.output_ids:
                 feeds.position_ids[b, 0] = feeds.write_index[b] = 0
