@@ -20,7 +20,8 @@ width (`piece`), [pieces, 1, n, piece], where a model of one shape has [2 * laye
 
 A model with recurrent layers (model.state_shapes: Mamba-2's) has a state buffer [num_slots, *shape] per
 state too, after the KV in a view: a sequence's state so far, not one per position. Moving a slot or a
-beam takes it whole; nothing else here keeps it (no `read`: saved prefixes are refused for such models).
+beam takes it whole; `read` and `write` (saved prefixes, context reuse: left aside for such models by the
+scheduler) refuse, a copy by position being no such state.
 """
 from __future__ import annotations
 
@@ -159,7 +160,13 @@ class KVCacheManager:
     def read(self, slot: int, length: int) -> np.ndarray:
         """A copy of positions 0..length-1 of a slot: [2 * num_layers, kv_heads, length, kv_row], or
         with layers of different shapes [pieces, 1, length, piece] (the module's docstring)."""
+        self.by_position_only()
         return saved_form(self.model, [b[slot, :, :length] for b in self.buffers])
+
+    def by_position_only(self) -> None:
+        if self.states:
+            raise RuntimeError("a model with recurrent layers keeps a state per sequence: a slot's KV by position "
+                               "is not all it holds (docs/kv_cache.md)")
 
     def layout(self, length: int) -> tuple[tuple[int, ...], np.dtype]:
         """The (shape, dtype) that `read(slot, length)` gives: what a saved prefix must be to restore."""
@@ -167,6 +174,7 @@ class KVCacheManager:
 
     def write(self, slot: int, kv: np.ndarray) -> None:
         """Restore `kv` (as returned by `read`) into positions 0..n-1 of a slot."""
+        self.by_position_only()
         n = kv.shape[2]
         for b, layer_kv in zip(self.buffers, layer_rows(self.model, kv)):
             b[slot, :, :n] = layer_kv

@@ -38,8 +38,9 @@ from trtllm.runtime import manifest as mf  # noqa: E402
 ROOT, PEERS_DIR = bench.ROOT, bench.PEERS_DIR
 OUR_MOE = {cpu_kernels.MOE_LOWERING, cpu_kernels.MOE_QUANT_LOWERING}
 OURS = {"fp32": [], "bf16": ["--dtype", "bfloat16"], "int4": ["--quantization", "int4"]}
-LLAMA = {"llamacpp-f32": ("moe-f32.gguf", "fp32"), "llamacpp-bf16": ("moe-bf16.gguf", "bf16"),
-         "llamacpp-q4_1": ("moe-q4_1.gguf", "int4")}
+# llama.cpp's files, by the name the peer is measured under: (file name after the model's stem, precision)
+LLAMA = {"llamacpp-f32": ("f32.gguf", "fp32"), "llamacpp-bf16": ("bf16.gguf", "bf16"),
+         "llamacpp-q4_1": ("q4_1.gguf", "int4")}
 ORDER = ["fp32", "llamacpp-f32", "bf16", "llamacpp-bf16", "int4", "llamacpp-q4_1"]
 
 
@@ -63,37 +64,41 @@ def make_checkpoint(out: Path) -> None:
     tok.save_pretrained(out)
 
 
-def prepare(work: Path, llama_bin: Path) -> dict[str, Path]:
-    """The checkpoint, llama.cpp's GGUF files and our engines, each made once."""
+def prepare(work: Path, llama_bin: Path, script: str = __file__, stem: str = "moe", ours: dict = OURS,
+            kernels: set = OUR_MOE) -> dict[str, Path]:
+    """The checkpoint (`script --_checkpoint DIR` makes it), llama.cpp's GGUF files (`stem`-f32.gguf ...)
+    and our engines (`ours`: name -> trtllm-build options; rebuilt where built before the `kernels`
+    lowerings were), each made once."""
     ckpt = work / "ckpt"
     if not (ckpt / "config.json").is_file():
         # in a child process: a child's peak RSS (wait4) starts from this process's at fork, so the
         # checkpoint's gigabytes held here would count in every system's figure
-        subprocess.run([sys.executable, __file__, "--_checkpoint", str(ckpt)], check=True)
+        subprocess.run([sys.executable, script, "--_checkpoint", str(ckpt)], check=True)
     convert = next((PEERS_DIR / "src").glob("llama_cpp_python-*/vendor/llama.cpp/convert_hf_to_gguf.py"))
     for outtype in ("f32", "bf16"):
-        gguf = work / f"moe-{outtype}.gguf"
+        gguf = work / f"{stem}-{outtype}.gguf"
         if not gguf.is_file():
             subprocess.run([str(PEERS_DIR / "venv" / "bin" / "python"), str(convert), str(ckpt), "--outtype", outtype,
                             "--outfile", str(gguf)], check=True, capture_output=True)
-    if not (work / "moe-q4_1.gguf").is_file():
-        subprocess.run([str(llama_bin / "llama-quantize"), str(work / "moe-f32.gguf"), str(work / "moe-q4_1.gguf"),
-                        "Q4_1", "2"], check=True, capture_output=True)
+    if not (work / f"{stem}-q4_1.gguf").is_file():
+        subprocess.run([str(llama_bin / "llama-quantize"), str(work / f"{stem}-f32.gguf"),
+                        str(work / f"{stem}-q4_1.gguf"), "Q4_1", "2"], check=True, capture_output=True)
     engines = {}
-    for name, options in OURS.items():
+    for name, options in ours.items():
         engines[name] = work / f"engine-{name}"
         # random weights: int4 misses the build's agreement floor, which measures nothing here
         extra = ["--max-input-len", "512", "--max-kv-cache-capacity", "1024", "--no-verify"]
         bench.ensure_engine(ckpt, engines[name], options, extra)
-        if cpu_kernels.library() is not None and not set(mf.load(engines[name]).lowerings) & OUR_MOE:
-            # built before our MoE kernel, with the same options (ensure_engine compares options only)
+        if cpu_kernels.library() is not None and not set(mf.load(engines[name]).lowerings) & kernels:
+            # built before our kernel, with the same options (ensure_engine compares options only)
             shutil.rmtree(engines[name])
             bench.ensure_engine(ckpt, engines[name], options, extra)
     return {"ckpt": ckpt, **engines}
 
 
-def measure_llama(peer: str, work: Path, llama_bin: Path, args) -> dict:
+def measure_llama(peer: str, work: Path, llama_bin: Path, args, stem: str = "moe") -> dict:
     gguf, precision = LLAMA[peer]
+    gguf = f"{stem}-{gguf}"
     res = {"peer": peer, "precision": precision}
     env = {**os.environ, "LD_LIBRARY_PATH": str(args.llama_libs)}
     cmd = [str(llama_bin / "llama-bench"), "-m", str(work / gguf), "-t", str(args.threads), "-r", str(args.runs),
@@ -116,35 +121,37 @@ def measure_llama(peer: str, work: Path, llama_bin: Path, args) -> dict:
     return res
 
 
-def main() -> None:
+def main(doc: str = __doc__, script: str = __file__, stem: str = "moe", ours: dict = OURS, order: list = ORDER,
+         kernels: set = OUR_MOE, checkpoint=make_checkpoint, model: str = "synthetic Qwen3-MoE (scripts/bench_moe.py)"):
+    """The bench (scripts/bench_mamba.py runs it for its own model: its checkpoint, engines and names)."""
     if sys.argv[1:2] == ["--_checkpoint"]:  # prepare()'s child
-        return make_checkpoint(Path(sys.argv[2]))
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+        return checkpoint(Path(sys.argv[2]))
+    ap = argparse.ArgumentParser(description=doc.split("\n")[0])
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--gen", type=int, default=64)
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--timeout", type=int, default=900)
-    ap.add_argument("--work", type=Path, default=ROOT / "out" / "bench-moe")
+    ap.add_argument("--work", type=Path, default=ROOT / "out" / f"bench-{stem}")
     ap.add_argument("--llama-build", type=Path, default=PEERS_DIR / "llama.cpp" / "build",
                     help="where llama-bench, llama-batched-bench and llama-quantize are (bin/)")
     ap.add_argument("--llama-libs", type=Path, default=PEERS_DIR / "llama.cpp" / "build-noamx" / "bin",
                     help="the libraries they load: the build without AMX (see the docstring)")
-    ap.add_argument("--out", type=Path, default=ROOT / "out" / "bench-moe.json")
-    ap.add_argument("--systems", default=",".join(ORDER), help=f"which of {','.join(ORDER)} (default: all)")
+    ap.add_argument("--out", type=Path, default=ROOT / "out" / f"bench-{stem}.json")
+    ap.add_argument("--systems", default=",".join(order), help=f"which of {','.join(order)} (default: all)")
     args = ap.parse_args()
-    order = [name for name in ORDER if name in args.systems.split(",")]
+    order = [name for name in order if name in args.systems.split(",")]
     args.batch = 8
     llama_bin = args.llama_build / "bin"
     args.work.mkdir(parents=True, exist_ok=True)
-    paths = prepare(args.work, llama_bin)
+    paths = prepare(args.work, llama_bin, script, stem, ours, kernels)
     rounds: dict[str, list[dict]] = {name: [] for name in order}
     for k in range(args.rounds):
         for name in order if k % 2 == 0 else order[::-1]:
-            if name in OURS:
+            if name in ours:
                 res = bench.measure_ours(name, paths[name], paths["ckpt"], args)
             else:
-                res = measure_llama(name, args.work, llama_bin, args)
+                res = measure_llama(name, args.work, llama_bin, args, stem)
             rounds[name].append(res)
             print(f"round {k + 1}: {name}: " + ", ".join(f"{m} {res.get(m)}" for m, _ in bench.METRICS), flush=True)
     results = [{**bench.best_of(rounds[name]), "peer": rounds[name][0]["peer"]} for name in order]
@@ -154,7 +161,7 @@ def main() -> None:
               ("  ratios " + " / ".join(f"{r.get(f'ratio_{m}')} {r.get(f'ratio_{m}_range')}" for m, _ in bench.METRICS)
                if r["peer"].startswith("trtllm-") else ""))
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"model": "synthetic Qwen3-MoE (scripts/bench_moe.py)", "threads": args.threads,
+    args.out.write_text(json.dumps({"model": model, "threads": args.threads,
                                     "gen": args.gen, "rounds": args.rounds, "llama_libs": str(args.llama_libs),
                                     "results": results}, indent=1))
 

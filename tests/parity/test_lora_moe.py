@@ -39,6 +39,8 @@ BESIDES = {"qwen3_moe": [], "olmoe": [], "mixtral": [],
            "qwen2_moe": ["gate_proj", "up_proj", "down_proj", "shared_expert_gate"],
            "granitemoe": ["shared_mlp.input_linear", "shared_mlp.output_linear"],
            "granite4-moe": ["shared_mlp.input_linear", "shared_mlp.output_linear"],
+           # (granite-4.0-h-tiny's form: its Mamba layers' projections too)
+           "granite4-h-moe": ["shared_mlp.input_linear", "shared_mlp.output_linear", "mamba.in_proj", "mamba.out_proj"],
            "ernie4_5_moe": ["gate_proj", "up_proj", "down_proj"],  # (its dense layer 0, and its shared_experts)
            "afmoe": ["gate_proj", "up_proj", "down_proj"],  # (... and its attention's gate_proj)
            "gemma4-moe": ["gate_proj", "up_proj", "down_proj", "router.proj"],
@@ -50,7 +52,8 @@ LIMITS = dict(max_batch_size=4, max_input_len=128, max_kv_cache_capacity=256, ma
 def expert_parameters(arch: str) -> list[str]:
     """transformers 5's stacked experts' parameters, as PEFT's target_parameters names them."""
     # (Gemma 4's: the layer's own; LFM2-MoE's under feed_forward)
-    holder = {"granitemoe": "block_sparse_moe.", "granite4-moe": "block_sparse_moe.", "gemma4-moe": "",
+    holder = {"granitemoe": "block_sparse_moe.", "granite4-moe": "block_sparse_moe.",
+              "granite4-h-moe": "block_sparse_moe.", "gemma4-moe": "",
               "lfm2_moe": "feed_forward."}.get(arch, "mlp.")
     return [f"{holder}experts.gate_up_proj", f"{holder}experts.down_proj"]
 

@@ -169,3 +169,29 @@ def test_16_bit_engines_pass_the_build_check(dtype, tiny_checkpoint, tmp_path):
                             max_input_len=64, max_kv_cache_capacity=128), log=lambda m: None)
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["dtype"] == dtype and manifest["model"]["state_shapes"] == [[3, 192], [2, 4, 16, 16]] * 2
+
+
+def test_the_kv_manager_keeps_states_per_slot_and_refuses_copies_by_position(hybrid):
+    """Zeroed, moved with their slot, copied with a beam's, their bytes counted; `read` and `write`
+    (copies by position) refused."""
+    from trtllm.runtime.kv_cache import KVCacheManager, bytes_for
+
+    _, engine, _ = hybrid
+    model = engine.manifest.model
+    kv = KVCacheManager(model, 3, 64)
+    assert [s.shape for s in kv.states] == [(3, *shape) for shape in model.state_shapes]
+    assert len(kv.view(0, 2)) == 2 * len(model.kv_layers) + len(model.state_shapes)
+    for s in kv.states:
+        s[1] = 7.0
+    owner = object()
+    assert kv.acquire(owner, 8) == 0 and kv.acquire(object(), 8) == 1
+    kv.release(0)
+    kv.move(1, 0, 8)
+    assert all((s[0] == 7.0).all() for s in kv.states)
+    kv.copy_positions(np.array([2]), np.array([0]), 0, 8)
+    assert all((s[2] == 7.0).all() for s in kv.states)
+    kv.clear(0, 3)
+    assert all(not s.any() for s in kv.states)
+    assert kv.nbytes == bytes_for(model, 3, 64)
+    with pytest.raises(RuntimeError, match="state per sequence"):
+        kv.read(0, 4)
