@@ -12,7 +12,10 @@ attention, in standard ops:
 
 This is the state-space dual form of transformers' chunked scan taken as one chunk (the step's tokens):
 exact for a decode step (one token: the recurrence) and for a prompt chunk. A step's tokens cost
-H x S x S values, as decomposed attention's scores do; the runtime prefills long prompts in chunks.
+H x S x S values, as decomposed attention's scores do; the runtime prefills prompts on such engines in
+steps of at most 256 tokens (step_inputs.RECURRENT_CHUNK). The ONNX Runtime form on our kernels
+computes the convolution and scan as one trtllm.cpu::MambaScan node instead (mamba_kernel; the
+recurrence token by token, plugins/cpu/mamba.cc).
 
 The states are one per sequence, not one per position (the KV cache's): per layer the convolution's
 last K - 1 inputs [B,K-1,I+2GN] and the SSM state [B,G,H/G,P,N], float32, graph inputs past_state.{2m} and
@@ -22,6 +25,7 @@ slot's old state; a row with last_index -1 (a parked prompt's pad in a decode st
 
 A 16-bit graph keeps its states, and computes its scan, gate and norm, in float32 (as transformers' does),
 the projections and the convolution in its type.
+
 A mixin of DecoderWriter (builder/decoder.py), whose __init__ sets what this reads: g, spec, w, io, fw,
 linear, lora (its sites mamba_in and mamba_out: lora_sites.py), rms_norm.
 """
