@@ -125,6 +125,10 @@ ARCHS = {
         "position_embedding_type": "nope", "mamba_n_heads": 8, "mamba_d_head": 16, "mamba_n_groups": 1,
         "mamba_d_state": 16, "mamba_d_conv": 4, "mamba_chunk_size": 8, "embedding_multiplier": 4.0,
         "attention_multiplier": 0.1, "residual_multiplier": 0.3, "logits_scaling": 2.5}),
+    # Bamba-9B's form: Granite 4's Mamba-2 layers around an attention layer with RoPE on half of each head
+    "bamba": ("BambaConfig", "BambaForCausalLM", {
+        "attn_layer_indices": [1], "mamba_n_heads": 8, "mamba_d_head": 16, "mamba_n_groups": 2, "mamba_d_state": 16,
+        "mamba_d_conv": 4, "mamba_chunk_size": 8}),
     # Gemma 4 as gemma-4-E2B is made: wider heads on the full layers, the last two layers reading the KV of
     # the last earlier layer of their kind, twice as wide MLPs there, per-layer embeddings
     "gemma4": ("Gemma4TextConfig", "Gemma4ForCausalLM", {
@@ -197,9 +201,9 @@ def make_checkpoint(arch: str, out_dir: Path, seed: int = 0, num_layers: int = 2
         extra = {**extra, "layer_types": GEMMA4_LAYERS}
     if arch == "afmoe":  # (untied, as Gemma 4: tied, its outputs normed, the tiny model repeats one token)
         tie = False
-    if arch.startswith("granite4-h"):  # (a Mamba layer on each side of the attention)
+    if arch.startswith("granite4-h") or arch == "bamba":  # (a Mamba layer on each side of the attention)
         num_layers = 3
-        extra = {**extra, "layer_types": ["mamba", "attention", "mamba"]}
+        extra = {**extra, "layer_types": ["mamba", "attention", "mamba"]} if arch != "bamba" else extra
     elif arch.startswith("granite4"):
         extra = {**extra, "layer_types": ["attention"] * num_layers}
     if arch.startswith(("lfm2", "lfm3")):

@@ -8,10 +8,10 @@ from __future__ import annotations
 import dataclasses
 
 from trtllm.builder import moe
-from trtllm.builder.architectures import (afmoe, apertus, arcee, ernie4_5, ernie4_5_moe, exaone4, gemma, gemma2,
-                                          gemma3, gemma4, glm, glm4, granite, granitemoe, granitemoehybrid, helium,
-                                          hunyuan, lfm2, lfm3, llama, ministral, mistral, mixtral, olmo2, olmo3,
-                                          olmoe, phi3, qwen2, qwen2_moe, qwen3, qwen3_moe, smollm3)
+from trtllm.builder.architectures import (afmoe, apertus, arcee, bamba, ernie4_5, ernie4_5_moe, exaone4, gemma,
+                                          gemma2, gemma3, gemma4, glm, glm4, granite, granitemoe, granitemoehybrid,
+                                          helium, hunyuan, lfm2, lfm3, llama, ministral, mistral, mixtral, olmo2,
+                                          olmo3, olmoe, phi3, qwen2, qwen2_moe, qwen3, qwen3_moe, smollm3)
 from trtllm.builder.checkpoint import Unsupported, Weights, state_dict_numpy
 from trtllm.runtime.lora import rope_pair_order
 
@@ -19,6 +19,7 @@ ARCHITECTURES = {
     "AfmoeForCausalLM": afmoe.spec_from_config,
     "ApertusForCausalLM": apertus.spec_from_config,
     "ArceeForCausalLM": arcee.spec_from_config,
+    "BambaForCausalLM": bamba.spec_from_config,
     "Ernie4_5ForCausalLM": ernie4_5.spec_from_config,
     "Ernie4_5_MoeForCausalLM": ernie4_5_moe.spec_from_config,
     "Exaone4ForCausalLM": exaone4.spec_from_config,
@@ -61,6 +62,7 @@ RENAMES = {
                          "post_mlp_layernorm": "post_feedforward_layernorm"},
     "ApertusForCausalLM": {"attention_layernorm": "input_layernorm",
                            "feedforward_layernorm": "post_attention_layernorm"},
+    "BambaForCausalLM": bamba.RENAMES,
     "HunYuanDenseV1ForCausalLM": {"query_layernorm": "q_norm", "key_layernorm": "k_norm"},
     "Glm4ForCausalLM": {"post_self_attn_layernorm": "post_attention_layernorm",
                         "post_attention_layernorm": "pre_feedforward_layernorm",

@@ -37,19 +37,19 @@ def spec_from_config(config):
                      **nope, **layers, **multipliers(config))
 
 
-def mamba_shape(config) -> Mamba:
-    """The hybrid releases' Mamba-2 layers (builder/mamba.py), refusing what their graph does not compute:
-    another activation than SiLU, a time step limit (transformers applies it to a prompt's scan but not
-    to a generated token's)."""
+def mamba_shape(config, name: str = NAME) -> Mamba:
+    """The hybrid releases' Mamba-2 layers (builder/mamba.py; Bamba's too), refusing what their graph does
+    not compute: another activation than SiLU, a time step limit (transformers applies it to a prompt's
+    scan but not to a generated token's)."""
     if config.hidden_act != "silu":
-        raise Unsupported(f"{NAME}: the Mamba-2 layers' hidden_act {config.hidden_act!r}: the graph's convolution "
+        raise Unsupported(f"{name}: the Mamba-2 layers' hidden_act {config.hidden_act!r}: the graph's convolution "
                           "and gate take silu only")
     limit = tuple(config.time_step_limit) if config.time_step_limit is not None else (0.0, float("inf"))
     if limit != (0.0, float("inf")):
-        raise Unsupported(f"{NAME}: time_step_limit {list(limit)}: only (0, inf), no limit, is taken")
+        raise Unsupported(f"{name}: time_step_limit {list(limit)}: only (0, inf), no limit, is taken")
     heads, groups = int(config.mamba_n_heads), int(config.mamba_n_groups)
     if heads % groups:
-        raise Unsupported(f"{NAME}: mamba_n_heads {heads} must be a multiple of mamba_n_groups {groups}")
+        raise Unsupported(f"{name}: mamba_n_heads {heads} must be a multiple of mamba_n_groups {groups}")
     return Mamba(heads=heads, head_dim=int(config.mamba_d_head), state_size=int(config.mamba_d_state),
                  groups=groups, conv_kernel=int(config.mamba_d_conv), conv_bias=bool(config.mamba_conv_bias),
                  proj_bias=bool(config.mamba_proj_bias))

@@ -383,6 +383,24 @@ def test_a_granite_4_hybrid_s_mamba_layers_are_read_and_one_without_attention_is
     assert (spec.intermediate_size, spec.moe, spec.nope_layers, spec.mamba_layers) == (96, None, (0, 1, 2), ())
 
 
+def test_bamba_s_layers_are_read_and_one_without_attention_is_refused():
+    """Bamba's attention layers are config.attn_layer_indices; RoPE on half of each head (its class's
+    fixed partial_rotary_factor); without an attention layer, or with MLP biases, it is refused."""
+    from transformers import BambaConfig
+
+    from trtllm.builder.architectures import bamba
+    from trtllm.builder.checkpoint import Unsupported
+
+    config = dict(vocab_size=400, hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
+                  num_key_value_heads=2, mamba_n_heads=4, mamba_d_state=16, mamba_n_groups=2)
+    spec = bamba.spec_from_config(BambaConfig(**config, attn_layer_indices=[1, 3]))
+    assert (spec.mamba_layers, spec.rotary_dim, spec.kv_layers()) == ((0, 2), 8, ((2, 16), (2, 16)))
+    with pytest.raises(Unsupported, match="every layer is a Mamba-2 layer"):
+        bamba.spec_from_config(BambaConfig(**config, attn_layer_indices=[]))
+    with pytest.raises(Unsupported, match="mlp_bias"):
+        bamba.spec_from_config(BambaConfig(**config, attn_layer_indices=[1], mlp_bias=True))
+
+
 @pytest.mark.parametrize("arch, change, match", [
     ("llama", {"model_type": "gpt2"}, "loads as GPT2LMHeadModel"),
     ("granite4", {"layer_types": ["mamba", "mamba"]}, r"every layer is a Mamba-2 layer")])

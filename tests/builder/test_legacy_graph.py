@@ -36,7 +36,7 @@ from tests.engine_helpers import resized, run_greedy, unoptimized_sessions  # no
 
 ARCHS = ["llama", "mistral", "ministral", "qwen2", "qwen3", "phi3", "phi4-mini", "smollm3", "gemma", "gemma2", "gemma3",
          "gemma4", "gemma4-kv", "lfm2", "granite", "olmo2", "olmo3", "exaone4", "ernie4_5", "helium", "hunyuan", "glm", "glm4",
-         "granite4", "lfm3", "arcee", "apertus", "granite4-h"]
+         "granite4", "lfm3", "arcee", "apertus", "granite4-h", "bamba"]
 DTYPES = ["float32", "float16"]
 PROMPTS = [[5, 17, 42, 99, 7], list(range(30, 52)), [3, 200, 11], list(range(100, 140, 3))]
 NUM_DECODE = 6

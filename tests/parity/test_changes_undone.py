@@ -89,6 +89,8 @@ UNDONE = {
     "granite4-h, nothing undone (the control: passes)": ("granite4-h", {}),
     "granite4-h, no convolution bias": ("granite4-h", dict(mamba=dict(conv_bias=False))),
     "granite4-h, unscaled residual branches": ("granite4-h", dict(residual_scale=1.0)),
+    "bamba, nothing undone (the control: passes)": ("bamba", {}),
+    "bamba, no convolution bias": ("bamba", dict(mamba=dict(conv_bias=False))),
     # mixtures of experts: `moe` changes the spec's MoE section
     "qwen3_moe, nothing undone (the control: passes)": ("qwen3_moe", {}),
     "qwen3_moe, top-k weights not normalized": ("qwen3_moe", dict(moe=dict(normalize=False))),

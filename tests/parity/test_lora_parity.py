@@ -25,7 +25,7 @@ pytestmark = pytest.mark.hf
 # glm: the same on half of each head, and gate|up stored whole
 ARCHS = ["llama", "mistral", "ministral", "qwen2", "qwen3", "phi3", "phi4-mini", "smollm3", "gemma", "gemma2", "gemma3",
          "gemma4", "gemma4-kv", "lfm2", "granite", "olmo2", "olmo3", "exaone4", "ernie4_5", "helium", "hunyuan", "glm", "glm4",
-         "granite4", "lfm3", "arcee", "apertus", "granite4-h"]
+         "granite4", "lfm3", "arcee", "apertus", "granite4-h", "bamba"]
 ALL = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 PROMPTS = [[5, 17, 42, 99, 7], list(range(30, 52)), [3, 200, 11]]
 ATOL = 1e-4
@@ -69,7 +69,7 @@ def for_arch(arch: str, config: dict) -> dict:
         return {k: ([names.get(m, m) for m in v] + extra * (v == ALL) if k == "target_modules" else
                     {names.get(m, m): x for m, x in v.items()} if k.endswith("_pattern") else v)
                 for k, v in config.items()}
-    if arch == "granite4-h":  # (its Mamba layers' in_proj and out_proj join the adapters on every kind of module)
+    if arch in ("granite4-h", "bamba"):  # (their Mamba layers' in_proj and out_proj join the adapters on every kind)
         config = {**config, "target_modules": config["target_modules"] + ["in_proj", "out_proj"] * (
             config["target_modules"] == ALL)}
     if arch not in ("phi3", "phi4-mini", "glm", "glm4", "granite4", "granite4-h"):

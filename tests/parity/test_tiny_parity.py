@@ -24,7 +24,7 @@ ARCHS = ["llama", "mistral", "ministral", "qwen2", "qwen3", "phi3", "phi4-mini",
          "gemma4", "gemma4-kv", "gemma4-moe", "lfm2", "lfm2_moe", "lfm3", "granite", "olmo2", "olmo3", "exaone4",
          "ernie4_5", "helium", "hunyuan", "glm", "glm4", "arcee", "apertus",
          "qwen3_moe", "qwen2_moe", "olmoe", "mixtral", "granitemoe", "granitemoe-plain", "granite4", "granite4-moe",
-         "ernie4_5_moe", "afmoe", "granite4-h", "granite4-h-moe"]
+         "ernie4_5_moe", "afmoe", "granite4-h", "granite4-h-moe", "bamba"]
 MOE_ARCHS = ("qwen3_moe", "qwen2_moe", "olmoe", "mixtral", "granitemoe", "granitemoe-plain", "gemma4-moe", "lfm2_moe",
              "granite4-moe", "ernie4_5_moe", "afmoe", "granite4-h-moe")
 PROMPTS = [[5, 17, 42, 99, 7], list(range(30, 52)), [3, 200, 11], list(range(100, 140, 3))]
@@ -308,7 +308,8 @@ def test_a_class_without_a_graph_is_refused(tmp_path):
                                           ("granite", True), ("olmo2", True), ("qwen3_moe", True),
                                           ("qwen2_moe", True), ("olmoe", True), ("mixtral", True),
                                           ("granitemoe", True), ("granitemoe-plain", True), ("granite4", True),
-                                          ("granite4-moe", True), ("granite4-h", True), ("granite4-h-moe", True)])
+                                          ("granite4-moe", True), ("granite4-h", True), ("granite4-h-moe", True),
+                                          ("bamba", True)])
 def test_onnxruntime_lowering_matches_the_canonical_graph(arch, lowered, tiny_engine):
     """The compiled ONNX Runtime form may use GroupQueryAttention (one fused kernel) where it is
     proven equal: its logits match the canonical standard-op graph's (and, above, transformers')."""
@@ -325,7 +326,7 @@ def test_onnxruntime_lowering_matches_the_canonical_graph(arch, lowered, tiny_en
     # (OLMo 2, 3 and EXAONE 4 norm before their residual adds, not after: nothing to fuse)
     skip = lowered and arch not in ("olmo2", "olmo3", "exaone4")
     moe = arch in MOE_ARCHS  # (its experts on our MoE kernel: the chosen ones only)
-    mamba = arch.startswith("granite4-h")  # (its Mamba layers' convolution and scan on our MambaScan)
+    mamba = arch.startswith("granite4-h") or arch == "bamba"  # (its Mamba layers' convolution and scan: MambaScan)
     assert manifest["lowerings"] == ([cpu.ATTENTION_LOWERING, *["SkipSimplifiedLayerNormalization"] * skip,
                                       *[cpu.MOE_LOWERING] * moe, cpu.SAMPLE_LOWERING,
                                       *[cpu.MAMBA_LOWERING] * mamba] if lowered else [])
