@@ -128,6 +128,7 @@ def export_onnx(ck: ckpt.Checkpoint, config: BuildConfig, out_dir: Path, log, ba
     native = backend == "onnxruntime" and config.graph == "modern" and use_native_kernels(
         config, ours or half or bool(spec.mamba_layers), log)
     native_experts = native and moe_kernel_takes(spec, quant)  # (False without experts)
+    native_mamba = native and bool(spec.mamba_layers)  # (MambaScan: False without Mamba layers)
     if spec.moe is not None:
         refuse_for_experts(config, spec, backend, native_experts)
     gqa = ours if native else gqa_supported(spec, config.dtype)  # attention as one node: ours, or ONNX Runtime's
@@ -167,7 +168,7 @@ def export_onnx(ck: ckpt.Checkpoint, config: BuildConfig, out_dir: Path, log, ba
     # quantized experts on our kernel: quantized as the other projections, in both graphs
     dense_experts = native_experts and quant is not None
     ort_form = backend == "onnxruntime" and config.graph == "modern" and (
-        gqa or quant is not None or half or moe_node or (native and bool(spec.mamba_layers)))
+        gqa or quant is not None or half or moe_node or native_mamba)
     handoff = Handoff(out_dir / HANDOFF_NAME) if ort_form and quant is not None else None
     # LoRA on the routed experts: in both graphs, unless ONNX Runtime's MoE node runs them (it takes none)
     lora_experts = lora_on_experts(spec, ort_form and moe_node and not native_experts)
@@ -209,7 +210,7 @@ def export_onnx(ck: ckpt.Checkpoint, config: BuildConfig, out_dir: Path, log, ba
         if native:
             log(f"lowering the sampler to {cpu_kernels.SAMPLE_LOWERING} (plugins/cpu)")
             lowerings.append(cpu_kernels.SAMPLE_LOWERING)
-        if native and spec.mamba_layers:
+        if native_mamba:
             log(f"lowering the Mamba-2 layers' convolution and scan to {cpu_kernels.MAMBA_LOWERING} (plugins/cpu)")
             lowerings.append(cpu_kernels.MAMBA_LOWERING)
         if native and config.max_lora_rank:

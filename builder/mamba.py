@@ -98,18 +98,21 @@ class MambaWriter:
         return self.lora(f"{name}/out_proj", y, self.linear(f"{name}/out_proj", y, f"{p}.out_proj", m.proj_bias), i,
                          "mamba_out")
 
+    def scan_weights(self, p: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """A layer's convolution taps [K, C] and its A = -exp(A_log), dt_bias and D [H] (float32), as both
+        forms of the scan read them."""
+        return (self.w[f"{p}.conv1d.weight"][:, 0, :].T, -np.exp(self.w[f"{p}.A_log"].astype(np.float32)),
+                self.w[f"{p}.dt_bias"].astype(np.float32), self.w[f"{p}.D"].astype(np.float32))
+
     def mamba_kernel(self, i: int, x: str, xbc: str, dt: str, write_index: str, last_index: str) -> str:
         """The convolution and scan as one trtllm.cpu::MambaScan node (plugins/cpu/mamba.cc: the states
         updated in place; a float32 graph, as the ONNX Runtime form on our kernels computes)."""
         g, m, p, name = self.g, self.spec.mamba, f"model.layers.{i}.mamba", f"/model/layers.{i}/mamba"
         (conv_past, ssm_past), (conv_out, ssm_out) = self.state_io(i)
-        f32 = np.float32
-        ins = [xbc, dt, conv_past, ssm_past, write_index, last_index,
-               self.fw(f"{p}.conv1d.weight", self.w[f"{p}.conv1d.weight"][:, 0, :].T),
+        taps, a, dt_bias, d = self.scan_weights(p)
+        ins = [xbc, dt, conv_past, ssm_past, write_index, last_index, self.fw(f"{p}.conv1d.weight", taps),
                self.fw(f"{p}.conv1d.bias", self.w[f"{p}.conv1d.bias"]) if m.conv_bias else "",
-               g.weight(f"{p}.A", -np.exp(self.w[f"{p}.A_log"].astype(f32))),
-               g.weight(f"{p}.dt_bias", self.w[f"{p}.dt_bias"].astype(f32)),
-               g.weight(f"{p}.D", self.w[f"{p}.D"].astype(f32))]
+               g.weight(f"{p}.A", a), g.weight(f"{p}.dt_bias", dt_bias), g.weight(f"{p}.D", d)]
         return g.op(cpu_kernels.MAMBA, f"{name}/MambaScan", ins, outputs=[f"{name}/MambaScan/y", conv_out, ssm_out],
                     domain=cpu_kernels.DOMAIN, heads=m.heads, head_dim=m.head_dim, state_size=m.state_size,
                     groups=m.groups)[0]
@@ -121,6 +124,7 @@ class MambaWriter:
         inner, heads, dim, n, groups, taps = m.inner, m.heads, m.head_dim, m.state_size, m.groups, m.conv_kernel
         per_group = heads // groups
         (conv_past, ssm_past), (conv_out, ssm_out) = self.state_io(i)
+        weight, a_heads, dt_bias, d_heads = self.scan_weights(p)
         narrow = self.ftype != TensorProto.FLOAT  # a 16-bit graph: its states and scan in float32 still
         # which of the step's tokens are the row's (t <= last_index), and whether it starts a sequence
         seq = g.op("Gather", f"{name}/seq", [g.op("Shape", f"{name}/shape", [x]), g.const(1)], axis=0)
@@ -146,7 +150,6 @@ class MambaWriter:
             g.op("Cast", f"{name}/conv/state", [tail], outputs=[conv_out], to=TensorProto.FLOAT)
         # token t: sum over k of full[t + k] * w[k] (taps as shifted slices: ONNX Runtime's grouped Conv
         # took 250 us a layer for a one-token step, a hundred times these)
-        weight = self.w[f"{p}.conv1d.weight"][:, 0, :].T                                          # [K,C]
         xbc = None
         for k in range(taps):
             rows = g.op("Slice", f"{name}/conv/tap{k}", [full, g.const([k]), g.const(
@@ -164,12 +167,11 @@ class MambaWriter:
 
         # dt [B,S,H] -> [B,G,r,S]; x [B,G,r,S,P]; B, C [B,G,1,S,N]
         dt = g.op("Softplus", f"{name}/dt/Softplus", [g.op("Add", f"{name}/dt/bias", [
-            dt, g.weight(f"{p}.dt_bias", self.w[f"{p}.dt_bias"].astype(np.float32))])])
+            dt, g.weight(f"{p}.dt_bias", dt_bias)])])
         dt = g.op("Mul", f"{name}/dt/valid", [dt, g.op("Unsqueeze", f"{name}/valid3", [valid, g.const([2])])])
         dt = g.op("Reshape", f"{name}/dt/heads", [g.op("Transpose", f"{name}/dt/Transpose", [dt], perm=[0, 2, 1]),
                                                   g.const([0, groups, per_group, -1])])
-        a = g.op("Mul", f"{name}/a", [dt, g.weight(f"{p}.A", -np.exp(
-            self.w[f"{p}.A_log"].astype(np.float32)).reshape(groups, per_group, 1))])
+        a = g.op("Mul", f"{name}/a", [dt, g.weight(f"{p}.A", a_heads.reshape(groups, per_group, 1))])
         cum = g.op("CumSum", f"{name}/cum", [a, g.const(-1)])                                          # [B,G,r,S]
         xh = g.op("Reshape", f"{name}/x/heads", [g.op("Transpose", f"{name}/x/Transpose", [
             g.op("Reshape", f"{name}/x/Reshape", [xs, g.const([0, 0, heads, dim])])], perm=[0, 2, 1, 3]),
@@ -203,7 +205,7 @@ class MambaWriter:
             g.op("Unsqueeze", f"{name}/cum5", [cum, g.const([-1])])])])
         y = g.op("Add", f"{name}/y", [y, from_state])
         y = g.op("Add", f"{name}/y/D", [y, g.op("Mul", f"{name}/Dx", [xh, g.weight(
-            f"{p}.D", self.w[f"{p}.D"].astype(np.float32).reshape(groups, per_group, 1, 1))])])
+            f"{p}.D", d_heads.reshape(groups, per_group, 1, 1))])])
         # the state after the step's last token (a pad's a is 0: c_T is the row's last token's)
         last = g.op("Slice", f"{name}/cum/last", [cum, g.const([-1]), g.const([np.iinfo(np.int64).max]),
                                                   g.const([-1])])                                   # [B,G,r,1]

@@ -211,13 +211,14 @@ class Manifest:
 
 
 def model_shape(raw: dict) -> ModelShape:
-    """manifest.json's "model": JSON's list of sliding layers back to the tuple it was written from."""
-    layers, kv, states = raw.get("sliding_layers"), raw.get("kv_layers"), raw.get("state_shapes")
+    """manifest.json's "model": JSON's lists (sliding layers, KV layers, state shapes) back to the tuples they
+    were written from."""
+    def rows(value):  # a list of lists -> a tuple of tuples (anything else as it is, for check() to name)
+        return tuple(tuple(x) if isinstance(x, list) else x for x in value) if isinstance(value, list) else value
+
+    layers = raw.get("sliding_layers")
     return ModelShape(**{**raw, "sliding_layers": tuple(layers) if isinstance(layers, list) else layers,
-                         "kv_layers": tuple(tuple(x) if isinstance(x, list) else x for x in kv)
-                         if isinstance(kv, list) else kv,
-                         "state_shapes": tuple(tuple(x) if isinstance(x, list) else x for x in states)
-                         if isinstance(states, list) else states})
+                         "kv_layers": rows(raw.get("kv_layers")), "state_shapes": rows(raw.get("state_shapes"))})
 
 
 def save(manifest: Manifest, engine_dir: str | os.PathLike) -> Path:

@@ -90,7 +90,7 @@ def restore_context_kv(contexts, kv, slot: int, prompt_ids, adapter: str | None,
 
 # A Mamba-2 layer's step costs tokens x tokens a head (builder/mamba.py: its scan over the step's tokens
 # at once, as attention's scores): prompts on such engines go in steps of at most this many tokens
-# (transformers' mamba_chunk_size), 64 MiB of float32 a row per tensor of them at 64 heads.
+# (transformers' mamba_chunk_size): 16 MiB of float32 a row per tokens x tokens tensor at 64 heads.
 RECURRENT_CHUNK = 256
 
 PAD_WASTE = 1.25  # a prefill step may compute at most this much more than its rows' real tokens

@@ -6,7 +6,7 @@ read under Llama's names (DecoderSpec.module_names, architectures.RENAMES); LoRA
 checkpoint does."""
 from __future__ import annotations
 
-from trtllm.builder.architectures.granitemoehybrid import mamba_shape
+from trtllm.builder.architectures.granitemoehybrid import mamba_fields
 from trtllm.builder.architectures.llama import base_spec
 from trtllm.builder.architectures.phi3 import partial_rotary
 from trtllm.builder.checkpoint import Unsupported
@@ -17,12 +17,9 @@ RENAMES = {"pre_ff_layernorm": "post_attention_layernorm", "final_layernorm": "n
 
 def spec_from_config(config):
     mamba = tuple(i for i, kind in enumerate(config.layers_block_type) if kind == "linear_attention")
-    if len(mamba) == config.num_hidden_layers:
-        raise Unsupported(f"{NAME}: every layer is a Mamba-2 layer (config.attn_layer_indices is empty), and the "
-                          "graph needs at least one attention layer")
+    layers = mamba_fields(config, mamba, NAME, "config.attn_layer_indices is empty")
     if getattr(config, "mlp_bias", False):
         raise Unsupported(f"{NAME}: config.mlp_bias: MLP biases are not supported")
-    return base_spec(config, NAME, rotary_dim=partial_rotary(config), mamba_layers=mamba,
-                     **({"mamba": mamba_shape(config, NAME)} if mamba else {}),
+    return base_spec(config, NAME, rotary_dim=partial_rotary(config), **layers,
                      module_names=tuple((f"mlp.{p}", f"feed_forward.{p}") for p in ("gate_proj", "up_proj",
                                                                                    "down_proj")))

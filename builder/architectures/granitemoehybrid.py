@@ -23,11 +23,8 @@ def spec_from_config(config):
     # (transformers reads the hub's "mamba" and "attention" as linear_attention and full_attention, and builds
     # attention on every layer but a linear_attention one)
     mamba = tuple(i for i, kind in enumerate(kinds) if kind in ("linear_attention", "mamba"))
-    if len(mamba) == config.num_hidden_layers:
-        raise Unsupported(f"{NAME}: every layer is a Mamba-2 layer (config.layer_types), and the graph needs at "
-                          "least one attention layer")
+    layers = mamba_fields(config, mamba, NAME, "config.layer_types")
     nope = {} if config.position_embedding_type == "rope" else {"nope_layers": tuple(range(config.num_hidden_layers))}
-    layers = {"mamba_layers": mamba, "mamba": mamba_shape(config)} if mamba else {}
     size = int(config.shared_intermediate_size)
     if config.num_local_experts:
         return granitemoe.spec(config, NAME, shared_size=size, **nope, **layers)
@@ -35,6 +32,15 @@ def spec_from_config(config):
                      module_names=(("mlp.gate_up_proj", "shared_mlp.input_linear"),
                                    ("mlp.down_proj", "shared_mlp.output_linear")),
                      **nope, **layers, **multipliers(config))
+
+
+def mamba_fields(config, mamba: tuple[int, ...], name: str, where: str) -> dict:
+    """The DecoderSpec fields of the Mamba-2 layers `mamba` (none: {}); a model of Mamba layers alone is
+    refused (`where`: the config key that says which layers are which)."""
+    if len(mamba) == config.num_hidden_layers:
+        raise Unsupported(f"{name}: every layer is a Mamba-2 layer ({where}), and the graph needs at least one "
+                          "attention layer")
+    return {"mamba_layers": mamba, "mamba": mamba_shape(config, name)} if mamba else {}
 
 
 def mamba_shape(config, name: str = NAME) -> Mamba:
