@@ -85,9 +85,9 @@ def layered_sites(spec: DecoderSpec, experts: bool = False) -> dict[str, dict]:
     """lora_sites of a model whose layers differ in shape (Gemma 4: wider heads on the full layers, q
     alone on the layers reading another's KV, v from k's projection, wider MLPs, 26B-A4B's router and
     experts; LFM2: convolution layers, conv_in and conv_out; Granite 4's and Bamba's Mamba layers, mamba_in
-    and mamba_out; LFM2-MoE's mixture layers, a router and experts in place of the MLP): a site per kind of projection and shape, on its layers; the first
-    keeps the kind's name (qkv, o, gate_up, down), the others add their first layer's index (qkv.1:
-    layer 1's shape). Modules under the checkpoint's names (spec.module_names); the experts' under the
+    and mamba_out; LFM2-MoE's mixture layers, a router and experts in place of the MLP): a site per kind
+    of projection and shape, on its layers; the first keeps the kind's name (qkv, o, gate_up, down), the
+    others add their first layer's index (qkv.1: layer 1's shape). Modules under the checkpoint's names (spec.module_names); the experts' under the
     engine's (mlp.experts.*: runtime/lora_experts.py)."""
     h, groups, named = spec.hidden_size, {}, dict(spec.module_names)
     for layer in range(spec.num_layers):
